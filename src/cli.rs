@@ -1,0 +1,135 @@
+//! The command line: one subcommand per lab, plus the hands-on worker and server helpers.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use colored::Colorize;
+
+use crate::labs::gc_pause::{self, GcPauseArgs};
+use crate::servers;
+use crate::worker::{self, HandsOnArgs};
+
+/// The lab ran and its verdict was read back (a stale write is the lesson, not a failure).
+pub const EXIT_OK: u8 = 0;
+/// The lab could not run: a backend did not answer, a server would not start, a worker failed.
+pub const EXIT_COULD_NOT_RUN: u8 = 1;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockslab",
+    version,
+    about = "Learn distributed locks by breaking them: real workers, real Redis/etcd/Postgres, real SIGSTOP.",
+    after_help = "\
+Servers: each lab finds Redis, etcd and Postgres by --redis-url/--etcd-url/--postgres-url
+(or LOCKSLAB_REDIS_URL…), then `lockslab up`'s servers, then the docker-compose.yml
+defaults; if none answers it starts private servers from local binaries and removes them
+afterwards.
+
+Exit status:
+  0    the lab ran and its verdict was read back from the store
+  1    the lab could not run (a backend did not answer, a worker failed)
+  2    bad command line (an unknown flag, a malformed duration or URL)
+  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP); workers and servers were stopped
+
+Examples:
+  lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing
+  lockslab up                   keep servers running for the hands-on exercises
+  lockslab worker               take the lock by hand and freeze yourself with kill -STOP"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Lab 1: a lock holder freezes past its TTL; its stale write lands unfenced, is refused fenced
+    GcPause(GcPauseArgs),
+    /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
+    #[command(after_help = "\
+Example, in two terminals (after `lockslab up` and its export lines):
+  1$ lockslab worker --fencing            # prints its PID; then: kill -STOP <pid>
+  2$ lockslab worker --fencing --work 2s  # after the TTL: takes the lock, writes
+  1$ kill -CONT <pid>                     # the first worker wakes and writes: rejected")]
+    Worker(HandsOnArgs),
+    /// Start private Redis, etcd and Postgres and keep them running between commands
+    Up,
+    /// Stop the servers `lockslab up` started and delete their data
+    Down,
+    /// Show the servers `lockslab up` started and whether they answer
+    Status,
+    /// A lab's worker process (started by the labs themselves)
+    #[command(name = "__worker", hide = true)]
+    InternalWorker { spec: String },
+    /// Private servers for as long as stdin stays open: prints their URLs as one JSON line
+    /// (used by the test suite, which must never depend on fixed ports)
+    #[command(name = "__serve", hide = true)]
+    Serve,
+}
+
+/// Parses the command line and runs it; errors are printed once, by `main`.
+pub fn run() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    if let Command::InternalWorker { spec } = &cli.command {
+        return Ok(worker::run_internal(spec));
+    }
+    crate::procs::install_interrupt_handler()?;
+    match cli.command {
+        Command::GcPause(args) => gc_pause::run(&args)?,
+        Command::Worker(args) => worker::hands_on(&args)?,
+        Command::Up => up()?,
+        Command::Down => {
+            if servers::down()? {
+                println!("stopped the servers `lockslab up` started");
+            } else {
+                println!("no servers from `lockslab up` to stop");
+            }
+        }
+        Command::Status => status()?,
+        Command::Serve => servers::serve_until_stdin_closes()?,
+        Command::InternalWorker { .. } => unreachable!("handled above"),
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+fn up() -> Result<()> {
+    let state = servers::up()?;
+    println!(
+        "{}",
+        "Private servers are running (until `lockslab down`):".bold()
+    );
+    println!("  Redis     {}", state.redis.as_deref().unwrap_or("-"));
+    println!("  etcd      {}", state.etcd.as_deref().unwrap_or("-"));
+    println!("  Postgres  {}", state.postgres.as_deref().unwrap_or("-"));
+    println!(
+        "Labs here find them by themselves. In another terminal, or for redis-cli/psql, paste:"
+    );
+    for line in state.exports() {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+fn status() -> Result<()> {
+    match servers::status()? {
+        None => println!(
+            "no servers from `lockslab up`; labs will use docker-compose defaults or private servers"
+        ),
+        Some((state, health)) => {
+            for (backend, answers) in health {
+                let url = state.url(backend).unwrap_or("-");
+                let mark = if answers {
+                    "up".green().bold()
+                } else {
+                    "not answering".red().bold()
+                };
+                println!("  {:<9} {url}  {mark}", backend.name());
+            }
+            for line in state.exports() {
+                println!("  {line}");
+            }
+        }
+    }
+    Ok(())
+}

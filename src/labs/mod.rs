@@ -1,0 +1,248 @@
+//! The labs, one file each, and the stage they all play on.
+//!
+//! A lab is an orchestrator: it starts worker processes, freezes or kills them at the
+//! moments the story needs, watches the lock in its backend, and finally reads the verdict
+//! back from the store. [`Stage`] is what every lab uses for that: it spawns workers,
+//! collects their events on one clock, and shows them on the timeline.
+
+pub mod gc_pause;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::events::{self, Event, Incoming};
+use crate::output::{Style, Timeline};
+use crate::procs::{self, StopPlan};
+use crate::worker::WorkerSpec;
+
+/// Options every lab shares.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct OutputArgs {
+    /// Print JSON Lines on stdout: one object per event, then one `"kind": "verdict"` object
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `1500ms`, `2s`, `1m`… for duration flags; clap adds the flag's name to errors.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(format!(
+            "'{text}' has no unit: write e.g. {text}s or {text}ms"
+        ));
+    }
+    humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 1500ms, 2s, 1m30s)"))
+}
+
+/// A short random id that namespaces a run's keys, counters and rows, so that one shared
+/// server can host a whole workshop without runs seeing each other.
+pub fn new_run_id() -> String {
+    crate::lock::random_owner()[..8].to_string()
+}
+
+/// The orchestrator's side of a lab run: workers, their events, the timeline.
+pub struct Stage {
+    start: Instant,
+    tx: Sender<Incoming>,
+    rx: Receiver<Incoming>,
+    pub timeline: Timeline,
+    /// Every event shown so far, in order: what verdicts and tests look at.
+    pub log: Vec<Event>,
+    closed: HashSet<String>,
+}
+
+impl Stage {
+    pub fn new(style: Style) -> Stage {
+        let (tx, rx) = mpsc::channel();
+        Stage {
+            start: Instant::now(),
+            tx,
+            rx,
+            timeline: Timeline::new(style),
+            log: Vec::new(),
+            closed: HashSet::new(),
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Starts a worker process: this binary, re-executed with the worker's script.
+    pub fn spawn(&mut self, name: &str, spec: &WorkerSpec) -> Result<WorkerHandle> {
+        let exe =
+            std::env::current_exe().context("finding the lockslab binary to start a worker")?;
+        let mut command = Command::new(exe);
+        command
+            .arg("__worker")
+            .arg(serde_json::to_string(spec)?)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = procs::spawn_registered(&mut command, StopPlan::kill())
+            .with_context(|| format!("starting worker {name}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
+        events::forward(name.to_string(), stdout, self.start, self.tx.clone());
+        Ok(WorkerHandle {
+            name: name.to_string(),
+            pid: child.id() as i32,
+            stdin: child.stdin.take(),
+            reaped: false,
+        })
+    }
+
+    /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
+    pub fn record(&mut self, mut event: Event) {
+        event.t_ms = self.start.elapsed().as_millis() as u64;
+        self.timeline.show(&event);
+        self.log.push(event);
+    }
+
+    /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
+    pub fn next(&mut self, timeout: Duration) -> Option<Event> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Incoming::Event(event)) => {
+                self.timeline.show(&event);
+                self.log.push(event.clone());
+                Some(event)
+            }
+            Ok(Incoming::Closed { worker }) => {
+                self.closed.insert(worker);
+                None
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Takes events until one matches, failing after `timeout` with `what` in the message.
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        matches: impl Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        if let Some(seen) = self.log.iter().find(|e| matches(e)) {
+            return Ok(seen.clone());
+        }
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(event) = self.next(left.min(Duration::from_millis(50))) {
+                if event.kind == "error" {
+                    bail!("worker {} failed: {}", event.worker, event.text);
+                }
+                if matches(&event) {
+                    return Ok(event);
+                }
+            }
+        }
+        bail!(
+            "timed out after {} waiting for {what}",
+            crate::output::human(timeout)
+        )
+    }
+
+    /// Shows incoming events until `deadline`, calling `tick` between them (about every 10ms).
+    pub fn run_until(
+        &mut self,
+        deadline: Instant,
+        mut tick: impl FnMut(&mut Stage) -> Result<()>,
+    ) -> Result<()> {
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            self.next(left.min(Duration::from_millis(10)));
+            tick(self)?;
+        }
+        Ok(())
+    }
+
+    /// True once the named worker's event stream has ended (it exited or was killed).
+    pub fn has_exited(&self, worker: &str) -> bool {
+        self.closed.contains(worker)
+    }
+
+    /// Reads everything already sent, so the timeline is complete before the verdict.
+    pub fn drain(&mut self) {
+        while self.next(Duration::from_millis(20)).is_some() {}
+    }
+
+    /// Was there an event of this kind from this worker?
+    pub fn saw(&self, worker: &str, kind: &str) -> Option<&Event> {
+        self.log.iter().find(|e| e.is(worker, kind))
+    }
+}
+
+/// A running worker process. Dropping it resumes, kills and reaps the process.
+pub struct WorkerHandle {
+    pub name: String,
+    pub pid: i32,
+    stdin: Option<ChildStdin>,
+    reaped: bool,
+}
+
+impl WorkerHandle {
+    /// Sends the worker a command line on its stdin (`finish`, `release`…).
+    pub fn tell(&mut self, command: &str) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("worker {} no longer listens", self.name))?;
+        writeln!(stdin, "{command}")
+            .and_then(|_| stdin.flush())
+            .with_context(|| format!("telling worker {} to {command}", self.name))
+    }
+
+    /// SIGSTOP to the worker's process group: it stops mid-instruction, like a GC pause.
+    pub fn freeze(&self) -> Result<()> {
+        procs::signal_group(self.pid, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT: the worker carries on exactly where it stopped, unaware of the gap.
+    pub fn resume(&self) -> Result<()> {
+        procs::signal_group(self.pid, Signal::SIGCONT)
+    }
+
+    /// SIGKILL, the way a crash ends a client: no cleanup code runs.
+    pub fn kill(&mut self) {
+        if !self.reaped {
+            procs::stop(self.pid, &StopPlan::kill());
+            self.reaped = true;
+        }
+    }
+
+    /// Waits up to `timeout` for the worker to exit by itself; kills it after that.
+    pub fn finish(&mut self, timeout: Duration) -> bool {
+        self.stdin.take();
+        let deadline = Instant::now() + timeout;
+        while !self.reaped {
+            match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Ok(WaitStatus::StillAlive) => break,
+                _ => {
+                    self.reaped = true;
+                    procs::forget(self.pid);
+                    return true;
+                }
+            }
+        }
+        self.kill();
+        false
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,25 @@
+//! The locks, one file per backend, the broken variants beside the correct ones.
+//!
+//! Read [`redis`] first: it is the lock most people write, with each of its mistakes and
+//! each fix next to each other.
+
+pub mod redis;
+
+/// A random owner value: 16 bytes from the OS, as 32 hex digits.
+///
+/// It answers "is this lock still mine?" and nothing else: it has no order, so it cannot
+/// serve as a fencing token.
+pub fn random_owner() -> String {
+    let mut bytes = [0u8; 16];
+    // The OS random source does not fail on Linux once booted; a fixed value would only
+    // weaken the owner check, so fall back to the time and pid rather than abort.
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes[..8].copy_from_slice(&(nanos as u64).to_le_bytes());
+        bytes[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,156 @@
+//! The single-instance Redis lock.
+//!
+//! The correct version has three parts, and each exists because of a bug:
+//! - acquire with **one** command, `SET key owner NX PX ttl`: "only if absent" and "expire
+//!   after ttl" happen together, so no crash can leave a key without an expiry;
+//! - the value is a random **owner**, unique to this acquisition;
+//! - release with a Lua script that deletes the key **only if it still holds our owner**,
+//!   because a GET followed by a DEL leaves a window in which the key can change hands.
+//!
+//! Even correct, it is a lease: once the TTL passes, Redis hands the lock to someone else,
+//! whether or not the first holder is done (or frozen). Protecting data needs a fencing
+//! token as well; [`RedisLock::try_acquire_fenced`] hands one out.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use redis::{Connection, Script};
+
+use super::random_owner;
+
+/// Deletes the key only if it still holds the caller's owner value. Redis runs a script
+/// atomically, so nothing can happen between the GET and the DEL.
+const COMPARE_AND_DELETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// Takes the lock and a fencing token in one atomic step.
+///
+/// The token must be drawn *with* the lock: a client that ran SET NX, then paused, then
+/// ran INCR could draw a token higher than the holder that came after it, and its stale
+/// write would then win. Inside one script nothing runs in between.
+const ACQUIRE_WITH_TOKEN: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('INCR', KEYS[2])
+end
+return false
+"#;
+
+/// How often a waiting client tries again.
+pub const RETRY_EVERY: Duration = Duration::from_millis(20);
+
+/// One acquisition of the lock.
+#[derive(Clone, Debug)]
+pub struct Held {
+    /// The random value stored in the key: proof of ownership for the release.
+    pub owner: String,
+    /// The fencing token drawn with the lock, when fencing is on.
+    pub token: Option<i64>,
+}
+
+pub struct RedisLock {
+    connection: Connection,
+    pub key: String,
+    pub ttl: Duration,
+}
+
+impl RedisLock {
+    pub fn new(connection: Connection, key: &str, ttl: Duration) -> RedisLock {
+        RedisLock {
+            connection,
+            key: key.to_string(),
+            ttl,
+        }
+    }
+
+    /// ✅ `SET key owner NX PX ttl`: one atomic command; None when someone else holds it.
+    pub fn try_acquire(&mut self) -> Result<Option<Held>> {
+        let owner = random_owner();
+        let reply: Option<String> = redis::cmd("SET")
+            .arg(&self.key)
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms())
+            .query(&mut self.connection)
+            .context("SET NX PX")?;
+        Ok(reply.map(|_| Held { owner, token: None }))
+    }
+
+    /// ✅ The same acquisition, plus a fencing token from the counter `counter_key`,
+    /// drawn atomically with the lock.
+    pub fn try_acquire_fenced(&mut self, counter_key: &str) -> Result<Option<Held>> {
+        let owner = random_owner();
+        let token: Option<i64> = Script::new(ACQUIRE_WITH_TOKEN)
+            .key(&self.key)
+            .key(counter_key)
+            .arg(&owner)
+            .arg(self.ttl_ms())
+            .invoke(&mut self.connection)
+            .context("acquiring with a fencing token")?;
+        Ok(token.map(|token| Held {
+            owner,
+            token: Some(token),
+        }))
+    }
+
+    /// Tries until the lock is ours or `wait` has passed. A bounded wait: a client that
+    /// waits forever for a lock turns a stuck holder into a stuck application.
+    pub fn acquire_within(
+        &mut self,
+        wait: Duration,
+        fence_counter: Option<&str>,
+    ) -> Result<Option<Held>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let held = match fence_counter {
+                Some(counter) => self.try_acquire_fenced(counter)?,
+                None => self.try_acquire()?,
+            };
+            if held.is_some() || Instant::now() >= deadline {
+                return Ok(held);
+            }
+            thread::sleep(RETRY_EVERY);
+        }
+    }
+
+    /// ✅ Compare-and-delete: true if our key was deleted, false if it was no longer ours
+    /// (it expired, and perhaps someone else holds it now).
+    pub fn release(&mut self, held: &Held) -> Result<bool> {
+        let deleted: i64 = Script::new(COMPARE_AND_DELETE)
+            .key(&self.key)
+            .arg(&held.owner)
+            .invoke(&mut self.connection)
+            .context("releasing with compare-and-delete")?;
+        Ok(deleted == 1)
+    }
+
+    /// The key's remaining time to live in milliseconds, as Redis sees it:
+    /// -2 when the key is gone, -1 when it exists with no expiry.
+    pub fn pttl(&mut self) -> Result<i64> {
+        redis::cmd("PTTL")
+            .arg(&self.key)
+            .query(&mut self.connection)
+            .context("PTTL")
+    }
+
+    /// Who holds the lock now (the owner value), if anyone.
+    pub fn current_owner(&mut self) -> Result<Option<String>> {
+        redis::cmd("GET")
+            .arg(&self.key)
+            .query(&mut self.connection)
+            .context("GET")
+    }
+
+    pub fn connection(&mut self) -> &mut Connection {
+        &mut self.connection
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis().max(1) as u64
+    }
+}

@@ -1,0 +1,216 @@
+//! Everything a lab prints: the live timeline, progress bars, verdict tables and `--json`.
+//!
+//! The output style is decided once, here: colours and progress bars only when stdout is a
+//! terminal and `NO_COLOR` is not set; with `--json`, stdout carries JSON Lines and nothing
+//! else, and the human-readable timeline is not printed at all.
+
+use std::io::{self, IsTerminal, Write};
+use std::time::Duration;
+
+use colored::{Color, Colorize};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use crate::events::Event;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Style {
+    /// `--json`: stdout is JSON Lines only.
+    pub json: bool,
+    /// Colours and progress bars: a terminal, and no `NO_COLOR`.
+    pub fancy: bool,
+}
+
+impl Style {
+    pub fn detect(json: bool) -> Style {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let fancy = !json && !no_color && io::stdout().is_terminal();
+        colored::control::set_override(fancy);
+        Style { json, fancy }
+    }
+
+    /// The one place a progress bar is made: hidden unless the style is fancy.
+    pub fn progress(&self, len: u64, template: &str) -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(
+            Some(len),
+            if self.fancy {
+                ProgressDrawTarget::stderr()
+            } else {
+                ProgressDrawTarget::hidden()
+            },
+        );
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("█▓░"));
+        }
+        bar
+    }
+}
+
+/// Lane colours, in the order lanes appear.
+const LANE_COLORS: [Color; 6] = [
+    Color::Cyan,
+    Color::Magenta,
+    Color::Yellow,
+    Color::Blue,
+    Color::Green,
+    Color::BrightRed,
+];
+
+/// The live timeline: one line per event, one coloured lane per worker.
+pub struct Timeline {
+    pub style: Style,
+    lanes: Vec<String>,
+    bar: Option<ProgressBar>,
+}
+
+impl Timeline {
+    pub fn new(style: Style) -> Timeline {
+        Timeline {
+            style,
+            lanes: Vec::new(),
+            bar: None,
+        }
+    }
+
+    /// Shows a progress bar; timeline lines are printed above it while it lives.
+    pub fn attach_bar(&mut self, bar: ProgressBar) {
+        self.bar = Some(bar);
+    }
+
+    pub fn bar(&self) -> Option<&ProgressBar> {
+        self.bar.as_ref()
+    }
+
+    pub fn clear_bar(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn lane_color(&mut self, worker: &str) -> Color {
+        let index = match self.lanes.iter().position(|lane| lane == worker) {
+            Some(index) => index,
+            None => {
+                self.lanes.push(worker.to_string());
+                self.lanes.len() - 1
+            }
+        };
+        LANE_COLORS[index % LANE_COLORS.len()]
+    }
+
+    /// Prints one event: a JSON line with `--json`, a timeline line otherwise.
+    pub fn show(&mut self, event: &Event) {
+        if self.style.json {
+            json_line(event);
+            return;
+        }
+        let color = self.lane_color(&event.worker);
+        let seconds = event.t_ms as f64 / 1000.0;
+        let line = format!(
+            "{:>9}  {:<7} {}",
+            format!("+{seconds:.3}s").dimmed(),
+            event.worker.color(color).bold(),
+            emphasize(&event.kind, &event.text),
+        );
+        self.println(&line);
+    }
+
+    /// Prints a line of prose (a heading, a note) in human mode; nothing with `--json`.
+    pub fn say(&self, line: &str) {
+        if !self.style.json {
+            self.println(line);
+        }
+    }
+
+    fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) if !bar.is_hidden() => bar.println(line),
+            _ => println!("{line}"),
+        }
+    }
+}
+
+/// Colours the events a learner must not miss.
+fn emphasize(kind: &str, text: &str) -> String {
+    match kind {
+        "frozen" | "freezing" => format!("❄ {text}").bright_blue().bold().to_string(),
+        "resumed" => format!("▶ {text}").bright_blue().to_string(),
+        "killed" => format!("✖ {text}").red().bold().to_string(),
+        "expired" => format!("⌛ {text}").yellow().to_string(),
+        "rejected" | "stale" => text.green().bold().to_string(),
+        "accepted_stale" | "two_holders" | "violation" => text.red().bold().to_string(),
+        "error" => text.red().to_string(),
+        _ => text.to_string(),
+    }
+}
+
+/// Writes one JSON object on its own line to stdout.
+pub fn json_line<T: Serialize>(value: &T) {
+    let mut out = io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, value);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+/// A plain table: a header row and body rows, columns padded to fit.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let columns = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| visible_width(h)).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(columns) {
+            widths[i] = widths[i].max(visible_width(cell));
+        }
+    }
+    let render = |cells: Vec<&str>| -> String {
+        let mut line = String::from(" ");
+        for (i, cell) in cells.iter().enumerate() {
+            line.push(' ');
+            line.push_str(cell);
+            line.push_str(&" ".repeat(widths[i].saturating_sub(visible_width(cell))));
+            line.push_str("  ");
+        }
+        line.trim_end().to_string()
+    };
+    let mut out = vec![
+        render(header.iter().map(|h| &**h).collect())
+            .bold()
+            .to_string(),
+    ];
+    out.push(
+        format!(
+            "  {}",
+            "─".repeat(widths.iter().map(|w| w + 2).sum::<usize>())
+        )
+        .dimmed()
+        .to_string(),
+    );
+    for row in rows {
+        out.push(render(row.iter().map(String::as_str).collect()));
+    }
+    out.join("\n")
+}
+
+/// The width of a string as shown, ignoring colour escape codes.
+fn visible_width(text: &str) -> usize {
+    let mut width = 0;
+    let mut in_escape = false;
+    for c in text.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => width += 1,
+        }
+    }
+    width
+}
+
+/// `1.234s` or `850ms`, for durations a learner reads.
+pub fn human(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        format!("{:.3}s", duration.as_secs_f64())
+    }
+}

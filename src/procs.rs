@@ -1,0 +1,227 @@
+//! Child processes: spawn them, freeze them, kill them — and never leave one behind.
+//!
+//! A lab that leaves a frozen worker behind ruins a workshop, so every child lockslab starts
+//! goes through this module:
+//!
+//! - it asks the kernel to kill the child if lockslab dies (`PR_SET_PDEATHSIG`), and checks
+//!   `getppid` right after, because the parent may already have died before the request;
+//! - it puts the child in its own process group, so the terminal's Ctrl-C reaches lockslab
+//!   only, and lockslab decides how each child ends;
+//! - it records the child in a registry, so that one Ctrl-C, SIGTERM or SIGHUP can resume,
+//!   end and reap every child that is still alive, wherever the lab happened to be.
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the process.
+//! Spawn children from the main thread (or a thread that lives as long as they do).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+/// How a registered child is asked to stop.
+#[derive(Clone, Debug)]
+pub struct StopPlan {
+    /// The first signal: SIGKILL for workers, a graceful one for servers.
+    pub signal: Signal,
+    /// How long to wait for a graceful exit before SIGKILL.
+    pub grace: Duration,
+    /// A directory to delete once the child is gone (a private server's data).
+    pub remove_dir: Option<PathBuf>,
+}
+
+impl StopPlan {
+    pub fn kill() -> StopPlan {
+        StopPlan {
+            signal: Signal::SIGKILL,
+            grace: Duration::ZERO,
+            remove_dir: None,
+        }
+    }
+}
+
+/// Every live child, by pid. The interrupt handler ends them all.
+static LIVE: Mutex<Option<HashMap<i32, StopPlan>>> = Mutex::new(None);
+
+fn with_live<T>(f: impl FnOnce(&mut HashMap<i32, StopPlan>) -> T) -> T {
+    let mut guard = LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// Makes `command` a well-behaved child: own process group, dies with lockslab.
+pub fn tie_to_parent(command: &mut Command) {
+    let parent = nix::unistd::getpid();
+    command.process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: prctl and getppid are plain system calls, and
+    // the error is built from a raw errno without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc_esrch()));
+            }
+            Ok(())
+        });
+    }
+}
+
+fn libc_esrch() -> i32 {
+    nix::errno::Errno::ESRCH as i32
+}
+
+/// Spawns a child tied to lockslab and registers it for cleanup.
+pub fn spawn_registered(command: &mut Command, plan: StopPlan) -> io::Result<Child> {
+    tie_to_parent(command);
+    let child = command.spawn()?;
+    with_live(|live| live.insert(child.id() as i32, plan));
+    Ok(child)
+}
+
+/// Registers a child that was started elsewhere (so it will be cleaned up too).
+pub fn register(pid: i32, plan: StopPlan) {
+    with_live(|live| live.insert(pid, plan));
+}
+
+/// Removes a child from the registry once it is known to be gone and reaped.
+pub fn forget(pid: i32) {
+    with_live(|live| live.remove(&pid));
+}
+
+/// Sends `signal` to the child's whole process group.
+pub fn signal_group(pid: i32, signal: Signal) -> Result<()> {
+    killpg(Pid::from_raw(pid), signal)
+        .with_context(|| format!("sending {signal} to process group {pid}"))
+}
+
+/// True while the process is stopped (state `T` in `/proc/<pid>/stat`).
+pub fn is_stopped(pid: i32) -> bool {
+    process_state(pid) == Some('T')
+}
+
+/// The one-letter state of a process (`R`, `S`, `T`, `Z`…), or None when it is gone.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: the state follows the last ')'.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.trim_start().chars().next()
+}
+
+/// Waits until the process is stopped, or the timeout passes.
+pub fn wait_until_stopped(pid: i32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if is_stopped(pid) {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// Ends one child the way its plan says, reaps it and removes its directory.
+///
+/// The child is resumed first: a stopped process does not act on SIGTERM until it is
+/// continued, and a stopped process group left behind is exactly the mess we refuse to leave.
+pub fn stop(pid: i32, plan: &StopPlan) {
+    let group = Pid::from_raw(pid);
+    let _ = killpg(group, Signal::SIGCONT);
+    if plan.signal == Signal::SIGKILL {
+        let _ = killpg(group, Signal::SIGKILL);
+    } else {
+        let _ = kill(group, plan.signal);
+    }
+    let deadline = Instant::now() + plan.grace;
+    loop {
+        match waitpid(group, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = killpg(group, Signal::SIGKILL);
+                let _ = waitpid(group, None);
+                break;
+            }
+            // Exited and reaped now, or reaped earlier (ECHILD), or not our child.
+            _ => break,
+        }
+    }
+    // Whatever else lived in the group (a server's helpers) goes too.
+    let _ = killpg(group, Signal::SIGKILL);
+    if let Some(dir) = &plan.remove_dir {
+        let _ = fs::remove_dir_all(dir);
+    }
+    forget(pid);
+}
+
+/// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP.
+pub fn stop_all() {
+    let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
+    // Workers first (instant), then servers (graceful, may take a moment).
+    let (workers, servers): (Vec<_>, Vec<_>) = live
+        .into_iter()
+        .partition(|(_, plan)| plan.signal == Signal::SIGKILL);
+    for (pid, plan) in workers.iter().chain(servers.iter()) {
+        stop(*pid, plan);
+    }
+}
+
+/// Kills every registered child at once, without waiting: the second Ctrl-C.
+fn kill_all_now() {
+    let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
+    for (pid, plan) in live {
+        let group = Pid::from_raw(pid);
+        let _ = killpg(group, Signal::SIGCONT);
+        let _ = killpg(group, Signal::SIGKILL);
+        let _ = waitpid(group, None);
+        if let Some(dir) = plan.remove_dir {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Exit status for "ended by signal N", the shell's convention.
+pub fn exit_code_for(signal: i32) -> i32 {
+    128 + signal
+}
+
+/// Installs the handler for Ctrl-C, SIGTERM and SIGHUP.
+///
+/// The first signal stops every worker and private server and exits; a second one while
+/// that is under way kills what is left and exits at once.
+pub fn install_interrupt_handler() -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("installing the Ctrl-C handler")?;
+    thread::Builder::new()
+        .name("interrupts".into())
+        .spawn(move || {
+            let mut first = true;
+            for signal in signals.forever() {
+                if first {
+                    first = false;
+                    eprintln!(
+                        "\nlockslab: interrupted; stopping workers and servers (again to quit now)"
+                    );
+                    thread::spawn(move || {
+                        stop_all();
+                        std::process::exit(exit_code_for(signal));
+                    });
+                } else {
+                    kill_all_now();
+                    std::process::exit(exit_code_for(signal));
+                }
+            }
+        })
+        .context("starting the Ctrl-C handler")?;
+    Ok(())
+}

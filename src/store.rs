@@ -1,0 +1,203 @@
+//! The protected resource: one value per resource in a Postgres table, guarded by fencing.
+//!
+//! A lock cannot stop a client that has already passed its check and then paused, so the
+//! safety has to live where the data lives. The store accepts a fenced write only if its
+//! token is **not lower** than the highest token it has accepted for that resource, and it
+//! decides that inside the database, in the same statement as the write: there is no
+//! window between "check" and "write" for a stale writer to slip through.
+//!
+//! Two details that loose descriptions get wrong:
+//! - The comparison is `>=`, not `>`: a holder may write more than once with its token.
+//! - It is an ordering, not an equality check: `WHERE token = 7` only works if every writer
+//!   knows the previous token; `WHERE stored <= new` works with any monotonic source.
+//!
+//! Every attempt, accepted or not, is recorded in an append-only table, so the verdict of a
+//! lab is read back from the store, never taken from what a worker believed.
+
+use anyhow::{Context, Result};
+use postgres::Client;
+use serde::Serialize;
+
+use crate::connect;
+
+/// The tables, shared by every run; each row carries its run's id, so runs never mix.
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS lockslab_resource (
+        run_id   text   NOT NULL,
+        resource text   NOT NULL,
+        value    text   NOT NULL,
+        writer   text   NOT NULL,
+        -- the highest fencing token accepted so far; NULL while only unfenced writes happened
+        token    bigint,
+        PRIMARY KEY (run_id, resource)
+    );
+    CREATE TABLE IF NOT EXISTS lockslab_attempt (
+        id       bigserial PRIMARY KEY,
+        run_id   text    NOT NULL,
+        resource text    NOT NULL,
+        writer   text    NOT NULL,
+        value    text    NOT NULL,
+        token    bigint,
+        fenced   boolean NOT NULL,
+        accepted boolean NOT NULL,
+        at       timestamptz NOT NULL DEFAULT clock_timestamp()
+    );";
+
+/// ❌ No fencing: the write always lands, whoever sends it and however late.
+const UNFENCED_WRITE: &str = "
+    WITH written AS (
+        INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+        VALUES ($1, $2, $3, $4, NULL)
+        ON CONFLICT (run_id, resource) DO UPDATE
+            SET value = EXCLUDED.value, writer = EXCLUDED.writer
+        RETURNING 1
+    )
+    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted)
+    SELECT $1, $2, $4, $3, NULL, false, EXISTS (SELECT 1 FROM written)
+    RETURNING accepted";
+
+/// ✅ Fenced: the database compares the token with the highest accepted one and writes
+/// only if it is not lower, atomically (`ON CONFLICT … DO UPDATE … WHERE` locks the row
+/// and evaluates the condition on its latest version).
+const FENCED_WRITE: &str = "
+    WITH written AS (
+        INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+        VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (run_id, resource) DO UPDATE
+            SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
+            WHERE lockslab_resource.token IS NULL OR lockslab_resource.token <= EXCLUDED.token
+        RETURNING 1
+    )
+    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted)
+    SELECT $1, $2, $4, $3, $5, true, EXISTS (SELECT 1 FROM written)
+    RETURNING accepted";
+
+/// What the store said about one write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Accepted,
+    Rejected,
+    /// The write was sent but no answer came back (timeout, lost connection): it may or
+    /// may not have landed. Only reading the store back tells.
+    Unknown,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Rejected => "rejected",
+            Outcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// One recorded write attempt, in the order the database saw them.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    pub writer: String,
+    pub value: String,
+    pub token: Option<i64>,
+    pub fenced: bool,
+    pub accepted: bool,
+}
+
+/// The resource as read back at the end of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadBack {
+    pub final_value: Option<String>,
+    pub final_writer: Option<String>,
+    pub final_token: Option<i64>,
+    pub attempts: Vec<Attempt>,
+}
+
+pub struct Store {
+    client: Client,
+}
+
+impl Store {
+    pub fn connect(url: &str) -> Result<Store> {
+        Ok(Store {
+            client: connect::postgres(url)?,
+        })
+    }
+
+    /// Creates the tables if they are missing. Concurrent `CREATE TABLE IF NOT EXISTS` can
+    /// still collide in the catalog, so creators queue on an advisory lock.
+    pub fn prepare(&mut self) -> Result<()> {
+        let mut tx = self.client.transaction()?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('lockslab schema'))",
+            &[],
+        )?;
+        tx.batch_execute(SCHEMA)
+            .context("creating the store's tables")?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Writes `value` to the resource, fenced by `token` when there is one.
+    pub fn write(
+        &mut self,
+        run_id: &str,
+        resource: &str,
+        writer: &str,
+        value: &str,
+        token: Option<i64>,
+    ) -> Outcome {
+        let result = match token {
+            None => self
+                .client
+                .query_one(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer]),
+            Some(token) => self
+                .client
+                .query_one(FENCED_WRITE, &[&run_id, &resource, &value, &writer, &token]),
+        };
+        match result {
+            Ok(row) if row.get::<_, bool>(0) => Outcome::Accepted,
+            Ok(_) => Outcome::Rejected,
+            Err(_) => Outcome::Unknown,
+        }
+    }
+
+    pub fn read_back(&mut self, run_id: &str, resource: &str) -> Result<ReadBack> {
+        let current = self.client.query_opt(
+            "SELECT value, writer, token FROM lockslab_resource WHERE run_id = $1 AND resource = $2",
+            &[&run_id, &resource],
+        )?;
+        let attempts = self
+            .client
+            .query(
+                "SELECT writer, value, token, fenced, accepted FROM lockslab_attempt
+                 WHERE run_id = $1 AND resource = $2 ORDER BY id",
+                &[&run_id, &resource],
+            )?
+            .iter()
+            .map(|row| Attempt {
+                writer: row.get(0),
+                value: row.get(1),
+                token: row.get(2),
+                fenced: row.get(3),
+                accepted: row.get(4),
+            })
+            .collect();
+        Ok(ReadBack {
+            final_value: current.as_ref().map(|row| row.get(0)),
+            final_writer: current.as_ref().map(|row| row.get(1)),
+            final_token: current.as_ref().and_then(|row| row.get(2)),
+            attempts,
+        })
+    }
+
+    /// Deletes a run's rows once its verdict has been read.
+    pub fn forget_run(&mut self, run_id: &str) -> Result<()> {
+        self.client.execute(
+            "DELETE FROM lockslab_resource WHERE run_id = $1",
+            &[&run_id],
+        )?;
+        self.client
+            .execute("DELETE FROM lockslab_attempt WHERE run_id = $1", &[&run_id])?;
+        Ok(())
+    }
+}

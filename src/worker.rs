@@ -1,0 +1,204 @@
+//! The worker side: the hidden entry point the labs start, and the hands-on `lockslab worker`.
+//!
+//! A lab's workers are this binary, re-executed as `lockslab __worker '<script as JSON>'`.
+//! They report what they do as events on stdout and take commands (`finish`) on stdin, so
+//! that the orchestrator decides when the story moves on, while every lock operation and
+//! every write is the worker's own, made over its own connections.
+
+use std::io::{self, BufRead};
+use std::process::ExitCode;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use colored::Colorize;
+use serde::{Deserialize, Serialize};
+
+use crate::connect::{self, Backend};
+use crate::events::Emitter;
+use crate::labs::{self, gc_pause};
+use crate::lock::redis::RedisLock;
+use crate::output::{Style, human};
+use crate::servers::{self, ServerArgs};
+use crate::store::{Outcome, Store};
+
+/// Every worker script a lab can start, tagged by lab.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "lab", rename_all = "kebab-case")]
+pub enum WorkerSpec {
+    GcPause(gc_pause::Role),
+}
+
+/// `lockslab __worker <spec>`: runs one worker script and reports failure as an event.
+pub fn run_internal(spec: &str) -> ExitCode {
+    let spec: WorkerSpec = match serde_json::from_str(spec) {
+        Ok(spec) => spec,
+        Err(err) => {
+            eprintln!("lockslab worker: bad script: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let (name, result) = match spec {
+        WorkerSpec::GcPause(role) => (role.name.clone(), gc_pause::work(&role)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            Emitter::new(&name).say("error", format!("{err:#}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Blocks until the orchestrator sends `expected` on stdin. End of input means the
+/// orchestrator is gone, and so should this worker be.
+pub fn await_command(expected: &str) -> Result<()> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if io::stdin().lock().read_line(&mut line)? == 0 {
+            bail!("the lab went away while this worker waited for `{expected}`");
+        }
+        if line.trim() == expected {
+            return Ok(());
+        }
+    }
+}
+
+/// Options of the hands-on worker.
+#[derive(clap::Args, Debug)]
+pub struct HandsOnArgs {
+    /// Name of the lock (and of the store's resource); pick your own in a shared workshop
+    #[arg(long, default_value = "demo")]
+    pub lock: String,
+    /// How long the lock lives in Redis unless released
+    #[arg(long, default_value = "10s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    pub ttl: Duration,
+    /// How long the worker "works" while holding the lock, before it writes (keep it below the TTL)
+    #[arg(long, default_value = "8s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    pub work: Duration,
+    /// How long to keep trying when someone else holds the lock
+    #[arg(long, default_value = "30s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    pub wait: Duration,
+    /// Draw a fencing token with the lock and send it with the write
+    #[arg(long)]
+    pub fencing: bool,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// `lockslab worker`: one worker, by hand, narrated for a human.
+pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
+    let style = Style::detect(false);
+    let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
+    let pid = std::process::id();
+    let me = format!("worker {pid}");
+    let key = format!("lockslab:hands-on:{}:lock", args.lock);
+    let counter = format!("lockslab:hands-on:{}:fence", args.lock);
+    let mut store = Store::connect(servers.url(Backend::Postgres))?;
+    store.prepare()?;
+    let mut lock = RedisLock::new(connect::redis(servers.url(Backend::Redis))?, &key, args.ttl);
+
+    println!(
+        "{me}: taking lock '{}' (TTL {})…",
+        args.lock,
+        human(args.ttl)
+    );
+    let fence = args.fencing.then_some(counter.as_str());
+    let held = lock.acquire_within(args.wait, fence)?;
+    let acquired_at = Instant::now();
+    let Some(held) = held else {
+        bail!(
+            "lock '{}' stayed taken for {}; is a frozen worker holding it? (try again after its TTL)",
+            args.lock,
+            human(args.wait)
+        );
+    };
+    let token = held
+        .token
+        .map(|t| format!(", fencing token {t}"))
+        .unwrap_or_default();
+    println!(
+        "{}",
+        format!(
+            "{me}: holds lock '{}'{token}; it expires in {} unless released",
+            args.lock,
+            human(args.ttl)
+        )
+        .bold()
+    );
+    println!();
+    println!("  To play the GC pause, in another terminal:");
+    println!(
+        "    {}    freeze me now",
+        format!("kill -STOP {pid}").cyan().bold()
+    );
+    println!(
+        "    wait more than {}, then start a second `lockslab worker`",
+        human(args.ttl)
+    );
+    println!(
+        "    {}    wake me up while the second one works",
+        format!("kill -CONT {pid}").cyan().bold()
+    );
+    println!();
+
+    if args.work >= args.ttl {
+        println!(
+            "  note: --work {} is not shorter than --ttl {}: the lock expires while I work, pause or not",
+            human(args.work),
+            human(args.ttl)
+        );
+    }
+    let paused = work_watching_the_clock(acquired_at, args.work, style);
+    if paused > Duration::from_millis(500) {
+        println!(
+            "{me}: {} — my clock jumped by {} while I worked. My lock may be gone, but I write anyway, as most code would.",
+            "I was paused".yellow().bold(),
+            human(paused)
+        );
+    }
+    let value = format!("written by {me}");
+    let outcome = store.write("hands-on", &args.lock, &me, &value, held.token);
+    let verdict = match outcome {
+        Outcome::Accepted => "ACCEPTED".green().bold(),
+        Outcome::Rejected => "REJECTED (a newer token was already accepted)".red().bold(),
+        Outcome::Unknown => "UNKNOWN (no answer from the store)".yellow().bold(),
+    };
+    println!("{me}: wrote '{value}'{token}: the store says {verdict}");
+    let now = store.read_back("hands-on", &args.lock)?;
+    println!(
+        "{me}: the store now holds '{}' (highest token accepted: {})",
+        now.final_value.unwrap_or_default(),
+        now.final_token
+            .map(|t| t.to_string())
+            .unwrap_or_else(|| "none".into())
+    );
+    if lock.release(&held)? {
+        println!("{me}: released the lock");
+    } else {
+        println!(
+            "{me}: my lock had already expired; compare-and-delete left the current holder's key alone"
+        );
+    }
+    Ok(())
+}
+
+/// Works until `work` has passed since `started` (the moment the lock was taken), in small steps, and returns the longest
+/// gap between two steps: a frozen process cannot see the freeze, but afterwards it can see
+/// that its clock jumped.
+fn work_watching_the_clock(started: Instant, work: Duration, style: Style) -> Duration {
+    let bar = style.progress(work.as_millis() as u64, "  working [{bar:30}] {msg}");
+    let step = Duration::from_millis(100);
+    let mut last = started;
+    let mut longest_gap = Duration::ZERO;
+    while started.elapsed() < work {
+        thread::sleep(step.min(work.saturating_sub(started.elapsed())));
+        longest_gap = longest_gap.max(last.elapsed().saturating_sub(step));
+        last = Instant::now();
+        bar.set_position(started.elapsed().as_millis() as u64);
+        bar.set_message(format!("{} of {}", human(started.elapsed()), human(work)));
+    }
+    bar.finish_and_clear();
+    longest_gap
+}

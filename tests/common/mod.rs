@@ -1,0 +1,165 @@
+//! What every integration test shares: real servers started once per test binary, the
+//! lockslab binary, and a check of the process table.
+//!
+//! The servers come from `lockslab __serve`, which keeps private Redis, etcd and Postgres
+//! on free loopback ports for as long as its stdin is open. The pipe's write end lives in
+//! a static, so it closes when the test binary exits — however it exits — and the servers
+//! are stopped and deleted with it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lockslab");
+
+pub struct Servers {
+    pub redis: String,
+    pub etcd: String,
+    pub postgres: String,
+    _keeper: Mutex<(Child, ChildStdin)>,
+}
+
+/// The servers of this test binary, started on first use.
+pub fn servers() -> &'static Servers {
+    static SERVERS: OnceLock<Servers> = OnceLock::new();
+    SERVERS.get_or_init(|| {
+        let mut keeper = Command::new(BIN)
+            .arg("__serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting `lockslab __serve`");
+        let stdin = keeper.stdin.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(keeper.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("reading the server URLs");
+        let urls: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("`lockslab __serve` said {line:?}: {e}"));
+        let url = |name: &str| {
+            urls[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {name} URL in {line}"))
+                .to_string()
+        };
+        Servers {
+            redis: url("redis"),
+            etcd: url("etcd"),
+            postgres: url("postgres"),
+            _keeper: Mutex::new((keeper, stdin)),
+        }
+    })
+}
+
+/// A lockslab command that uses this binary's servers and nothing from the environment.
+pub fn lockslab(args: &[&str]) -> Command {
+    let servers = servers();
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env("LOCKSLAB_REDIS_URL", &servers.redis)
+        .env("LOCKSLAB_ETCD_URL", &servers.etcd)
+        .env("LOCKSLAB_POSTGRES_URL", &servers.postgres)
+        .env("NO_COLOR", "1")
+        .env_remove("LOCKSLAB_PRIVATE_SERVERS");
+    command
+}
+
+/// Runs a lab with `--json` and returns its events and its final verdict object.
+pub fn run_json(args: &[&str]) -> (Vec<Value>, Value, Output) {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let output = lockslab(&all).output().expect("running lockslab");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "lockslab {all:?} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let verdict = lines.last().cloned().expect("no output");
+    assert_eq!(
+        verdict["kind"], "verdict",
+        "the last line must be the verdict: {verdict}"
+    );
+    (lines, verdict, output)
+}
+
+/// Processes whose parent is `pid` (direct children only).
+pub fn children_of(pid: u32) -> Vec<(u32, char, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child_pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+            let name = stat[stat.find('(').unwrap_or(0) + 1..close].to_string();
+            found.push((child_pid, fields[0].chars().next().unwrap_or('?'), name));
+        }
+    }
+    found
+}
+
+/// Every process whose command line mentions `needle`, with its state letter.
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, char, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(needle) {
+            continue;
+        }
+        let state = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s[s.rfind(')')? + 1..]
+                    .split_whitespace()
+                    .next()
+                    .and_then(|f| f.chars().next())
+            })
+            .unwrap_or('?');
+        found.push((pid, state, cmdline));
+    }
+    found
+}
+
+/// Waits until `check` holds, for at most `timeout`.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check()
+}
+
+/// Events of one kind from one worker.
+pub fn events<'a>(lines: &'a [Value], worker: &str, kind: &str) -> Vec<&'a Value> {
+    lines
+        .iter()
+        .filter(|e| e["worker"] == worker && e["kind"] == kind)
+        .collect()
+}

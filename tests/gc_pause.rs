@@ -1,0 +1,379 @@
+//! Lab 1 against real Redis and Postgres: the verdicts are read back from the store.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+fn run_of(verdict: &Value, fencing: bool) -> &Value {
+    verdict["runs"]
+        .as_array()
+        .expect("runs array")
+        .iter()
+        .find(|run| run["fencing"] == fencing)
+        .unwrap_or_else(|| panic!("no run with fencing={fencing} in {verdict}"))
+}
+
+fn worker_pids(lines: &[Value]) -> Vec<i32> {
+    lines
+        .iter()
+        .filter(|e| e["kind"] == "waiting")
+        .filter_map(|e| e["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect()
+}
+
+fn assert_gone(pids: &[i32]) {
+    for &pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__worker"),
+            "worker {pid} is still there: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        );
+    }
+}
+
+#[test]
+fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
+    let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
+    let unfenced = run_of(&verdict, false);
+    assert_eq!(unfenced["two_holders"], true, "{unfenced}");
+    assert_eq!(unfenced["stale_write_attempted"], true, "{unfenced}");
+    assert_eq!(unfenced["stale_write_accepted"], true, "{unfenced}");
+    assert_eq!(
+        unfenced["final_writer"], "A",
+        "the stale writer has the last word: {unfenced}"
+    );
+    assert_eq!(unfenced["final_value"], "A's result");
+
+    let fenced = run_of(&verdict, true);
+    assert_eq!(fenced["two_holders"], true, "{fenced}");
+    assert_eq!(fenced["stale_write_accepted"], false, "{fenced}");
+    assert_eq!(fenced["final_writer"], "B", "{fenced}");
+    assert_eq!(fenced["final_value"], "B's result");
+    let (stale, newer) = (
+        fenced["stale_token"].as_i64().unwrap(),
+        fenced["newer_token"].as_i64().unwrap(),
+    );
+    assert!(
+        stale < newer,
+        "A's token {stale} must be lower than B's {newer}"
+    );
+    assert_eq!(fenced["final_token"].as_i64(), Some(newer));
+    // The store recorded both attempts, in order: B accepted, then A rejected.
+    let attempts: Vec<(String, bool)> = fenced["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["writer"].as_str().unwrap().to_string(),
+                a["accepted"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![("B".to_string(), true), ("A".to_string(), false)]
+    );
+
+    // Every event has the promised fields; the workers are gone.
+    for event in &lines[..lines.len() - 1] {
+        assert!(
+            event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
+            "{event}"
+        );
+    }
+    let pids = worker_pids(&lines);
+    assert_eq!(pids.len(), 4, "two workers per run");
+    assert_gone(&pids);
+}
+
+#[test]
+fn peer_freeze_gives_the_same_verdict() {
+    let (lines, verdict, _) = run_json(&[
+        "gc-pause", "--freeze", "peer", "--ttl", "600ms", "--pause", "1200ms",
+    ]);
+    assert_eq!(verdict["freeze"], "peer");
+    assert_eq!(
+        run_of(&verdict, false)["stale_write_accepted"],
+        true,
+        "{verdict}"
+    );
+    assert_eq!(
+        run_of(&verdict, true)["stale_write_accepted"],
+        false,
+        "{verdict}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|e| e["worker"] == "lab" && e["kind"] == "frozen"),
+        "the lab froze A"
+    );
+    assert!(
+        events(&lines, "A", "freezing").is_empty(),
+        "A did not freeze itself"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+#[test]
+fn a_pause_shorter_than_the_ttl_breaks_nothing() {
+    let (_, verdict, _) = run_json(&[
+        "gc-pause",
+        "--ttl",
+        "1500ms",
+        "--pause",
+        "300ms",
+        "--fencing",
+        "off",
+    ]);
+    let run = run_of(&verdict, false);
+    assert_eq!(run["two_holders"], false, "{run}");
+    assert_eq!(run["stale_write_attempted"], false, "{run}");
+    assert_eq!(run["final_writer"], "B", "B wrote after A released: {run}");
+    let writers: Vec<&str> = run["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["writer"].as_str().unwrap())
+        .collect();
+    assert_eq!(writers, ["A", "B"]);
+}
+
+#[test]
+fn human_output_tells_the_story_and_the_verdict() {
+    let output = lockslab(&["gc-pause", "--ttl", "500ms", "--pause", "1s"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "without fencing",
+        "with fencing",
+        "ACCEPTED",
+        "rejected",
+        "A's key has expired",
+        "Verdict",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(
+        !text.contains('\u{1b}'),
+        "no colours when NO_COLOR is set or stdout is a pipe"
+    );
+}
+
+#[test]
+fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
+    let mut lab = lockslab(&["gc-pause", "--ttl", "5s", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    let started = Instant::now();
+    // Wait until the lab reports A frozen (state T), then interrupt.
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["kind"] == "waiting" {
+            pids.push(event["pid"].as_i64().unwrap() as i32);
+        }
+        if event["worker"] == "lab" && event["kind"] == "frozen" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "A never froze");
+    }
+    let a = pids[0];
+    assert!(
+        eventually(Duration::from_secs(2), || proc_state(a) == Some('T')),
+        "A is stopped before the interrupt"
+    );
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    let status = lab.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C exits with 130");
+    assert_gone(&pids);
+    assert!(
+        proc_state(a).is_none(),
+        "A is neither running, stopped nor a zombie"
+    );
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+#[test]
+fn the_hands_on_worker_plays_the_pause_by_hand() {
+    let lock = format!("test-{}", std::process::id());
+    let worker = |work: &str| {
+        lockslab(&[
+            "worker",
+            "--lock",
+            &lock,
+            "--ttl",
+            "700ms",
+            "--work",
+            work,
+            "--fencing",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    // The first worker takes the lock and prints the kill command with its PID.
+    let mut first = worker("2s");
+    let mut first_out = BufReader::new(first.stdout.take().unwrap()).lines();
+    let pid = first.id() as i32;
+    let instructions = first_out
+        .by_ref()
+        .take(6)
+        .map(|l| l.unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        instructions.contains(&format!("kill -STOP {pid}")),
+        "{instructions}"
+    );
+    // Freeze it past its TTL, let a second worker take the lock and write, then resume it.
+    kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    let second = worker("100ms").wait_with_output().unwrap();
+    let second_text = String::from_utf8_lossy(&second.stdout);
+    assert!(second.status.success(), "{second_text}");
+    assert!(
+        second_text.contains("the store says ACCEPTED"),
+        "{second_text}"
+    );
+    kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
+    let rest: Vec<String> = first_out.map(|l| l.unwrap()).collect();
+    assert!(first.wait().unwrap().success());
+    let rest = rest.join("\n");
+    assert!(
+        rest.contains("I was paused"),
+        "the worker notices its clock jumped:\n{rest}"
+    );
+    assert!(
+        rest.contains("REJECTED"),
+        "the frozen worker's write is refused:\n{rest}"
+    );
+    assert!(
+        rest.contains("compare-and-delete left the current holder's key alone")
+            || rest.contains("released"),
+        "{rest}"
+    );
+    assert!(
+        rest.contains("written by worker"),
+        "it reads the store back:\n{rest}"
+    );
+}
+
+#[test]
+fn an_unreachable_backend_fails_fast_with_a_clear_message() {
+    // A port that nobody listens on: bind one, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let output = lockslab(&["gc-pause"])
+        .env("LOCKSLAB_REDIS_URL", format!("redis://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr.contains("Redis")
+            && stderr.contains(&port.to_string())
+            && stderr.contains("lockslab up"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_frozen_backend_fails_within_seconds() {
+    // Something that accepts connections and never answers, like a frozen server.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgres://lab:secret@127.0.0.1:{}/db",
+        listener.local_addr().unwrap().port()
+    );
+    let started = Instant::now();
+    let output = lockslab(&["gc-pause"])
+        .env("LOCKSLAB_POSTGRES_URL", &url)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains("Postgres") && stderr.contains(":***@"),
+        "password hidden: {stderr}"
+    );
+    assert!(!stderr.contains("secret"), "{stderr}");
+    drop(listener);
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    let output = lockslab(&["gc-pause", "--ttl", "2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr.contains("--ttl") && stderr.contains("no unit"),
+        "{stderr}"
+    );
+
+    let output = lockslab(&["gc-pause", "--redis-url", "localhost:6379"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("--redis-url") && stderr.contains("redis://"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_documents_exit_codes_and_examples() {
+    let output = lockslab(&["--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("Exit status") && text.contains("130"),
+        "{text}"
+    );
+    let output = lockslab(&["gc-pause", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("Examples") && text.contains("--freeze"),
+        "{text}"
+    );
+}
