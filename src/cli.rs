@@ -6,7 +6,10 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use colored::Colorize;
 
+use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
+use crate::labs::naive::{self, NaiveArgs};
+use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker::{self, HandsOnArgs};
 
@@ -46,6 +49,15 @@ pub struct Cli {
 enum Command {
     /// Lab 1: a lock holder freezes past its TTL; its stale write lands unfenced, is refused fenced
     GcPause(GcPauseArgs),
+    /// Lab 2: the naive Redis lock broken every way, each bug beside its fix, with counts
+    #[command(hide = true)]
+    Naive(NaiveArgs),
+    /// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
+    #[command(hide = true)]
+    SkipLocked(SkipLockedArgs),
+    /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
+    #[command(hide = true)]
+    EtcdVsRedis(EtcdVsRedisArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -77,6 +89,9 @@ pub fn run() -> Result<ExitCode> {
     crate::procs::install_interrupt_handler()?;
     match cli.command {
         Command::GcPause(args) => gc_pause::run(&args)?,
+        Command::Naive(args) => naive::run(&args)?,
+        Command::SkipLocked(args) => skip_locked::run(&args)?,
+        Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
         Command::Worker(args) => worker::hands_on(&args)?,
         Command::Up => up()?,
         Command::Down => {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::connect::{self, Backend};
 use crate::events::Emitter;
-use crate::labs::{self, gc_pause};
+use crate::labs::{self, etcd_vs_redis, gc_pause, naive, skip_locked};
 use crate::lock::redis::RedisLock;
 use crate::output::{Style, human};
 use crate::servers::{self, ServerArgs};
@@ -27,6 +27,9 @@ use crate::store::{Outcome, Store};
 #[serde(tag = "lab", rename_all = "kebab-case")]
 pub enum WorkerSpec {
     GcPause(gc_pause::Role),
+    Naive(naive::Role),
+    SkipLocked(skip_locked::Role),
+    EtcdVsRedis(etcd_vs_redis::Role),
 }
 
 /// `lockslab __worker <spec>`: runs one worker script and reports failure as an event.
@@ -40,6 +43,9 @@ pub fn run_internal(spec: &str) -> ExitCode {
     };
     let (name, result) = match spec {
         WorkerSpec::GcPause(role) => (role.name.clone(), gc_pause::work(&role)),
+        WorkerSpec::Naive(role) => (role.name.clone(), naive::work(&role)),
+        WorkerSpec::SkipLocked(role) => (role.name.clone(), skip_locked::work(&role)),
+        WorkerSpec::EtcdVsRedis(role) => (role.name.clone(), etcd_vs_redis::work(&role)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

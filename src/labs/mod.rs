@@ -5,7 +5,10 @@
 //! back from the store. [`Stage`] is what every lab uses for that: it spawns workers,
 //! collects their events on one clock, and shows them on the timeline.
 
+pub mod etcd_vs_redis;
 pub mod gc_pause;
+pub mod naive;
+pub mod skip_locked;
 
 use std::collections::HashSet;
 use std::io::Write;

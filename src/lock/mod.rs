@@ -3,6 +3,8 @@
 //! Read [`redis`] first: it is the lock most people write, with each of its mistakes and
 //! each fix next to each other.
 
+pub mod etcd;
+pub mod postgres;
 pub mod redis;
 
 /// A random owner value: 16 bytes from the OS, as 32 hex digits.

@@ -1,0 +1,88 @@
+//! Lab 1's speed, measured against real servers: `cargo bench --bench gc_pause`.
+//!
+//! Reports (a) how long private Redis, etcd and Postgres take to start together, and
+//! (b) `lockslab gc-pause` with defaults: wall time for both runs, and per run the time
+//! beyond the pause the lab waits on purpose. Targets: servers < 5s, both runs < 12s,
+//! overhead < 1s per run. Figures are printed, not asserted: the machine is shared.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const ROUNDS: usize = 5;
+
+fn main() {
+    println!("private servers (Redis + etcd + Postgres), {ROUNDS} starts:");
+    let mut starts = Vec::new();
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let mut keeper = Command::new(BIN)
+            .arg("__serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("__serve");
+        let mut line = String::new();
+        BufReader::new(keeper.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        starts.push(started.elapsed());
+        drop(keeper.stdin.take());
+        keeper.wait().unwrap();
+    }
+    report("  ready", &mut starts);
+
+    servers(); // started once, outside the timings below
+    println!("lockslab gc-pause (defaults: --ttl 2s --pause 3s, both runs), {ROUNDS} rounds:");
+    let mut walls = Vec::new();
+    let mut overheads = Vec::new();
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let output = lockslab(&["gc-pause", "--json"]).output().unwrap();
+        walls.push(started.elapsed());
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let verdict = lines.last().unwrap();
+        let pause = Duration::from_millis(verdict["pause_ms"].as_u64().unwrap());
+        // Each run's clock restarts at 0: a run ends at the last event before the clock drops.
+        let mut run_ends = Vec::new();
+        let mut last = 0;
+        for event in &lines[..lines.len() - 1] {
+            let t = event["t_ms"].as_u64().unwrap();
+            if t < last {
+                run_ends.push(last);
+            }
+            last = t;
+        }
+        run_ends.push(last);
+        for end in run_ends {
+            overheads.push(Duration::from_millis(end).saturating_sub(pause));
+        }
+    }
+    report("  both runs, wall clock", &mut walls);
+    report("  per run, beyond the pause", &mut overheads);
+}
+
+fn report(what: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{what:<30} min {:>8.1}ms  median {:>8.1}ms  max {:>8.1}ms",
+        ms(samples[0]),
+        ms(samples[samples.len() / 2]),
+        ms(samples[samples.len() - 1])
+    );
+}

@@ -1,0 +1,5 @@
+//! Benchmark for lab naive (being written).
+
+fn main() {
+    println!("not written yet");
+}

@@ -1,0 +1,1 @@
+//! The etcd lock (being written for lab 4).

@@ -1,0 +1,1 @@
+//! The Postgres advisory lock (being written for lab 4).
