@@ -96,9 +96,9 @@ pub fn run() -> Result<ExitCode> {
         Command::Up => up()?,
         Command::Down => {
             if servers::down()? {
-                println!("stopped the servers `lockslab up` started");
+                crate::outln!("stopped the servers `lockslab up` started");
             } else {
-                println!("no servers from `lockslab up` to stop");
+                crate::outln!("no servers from `lockslab up` to stop");
             }
         }
         Command::Status => status()?,
@@ -110,25 +110,25 @@ pub fn run() -> Result<ExitCode> {
 
 fn up() -> Result<()> {
     let state = servers::up()?;
-    println!(
+    crate::outln!(
         "{}",
         "Private servers are running (until `lockslab down`):".bold()
     );
-    println!("  Redis     {}", state.redis.as_deref().unwrap_or("-"));
-    println!("  etcd      {}", state.etcd.as_deref().unwrap_or("-"));
-    println!("  Postgres  {}", state.postgres.as_deref().unwrap_or("-"));
-    println!(
+    crate::outln!("  Redis     {}", state.redis.as_deref().unwrap_or("-"));
+    crate::outln!("  etcd      {}", state.etcd.as_deref().unwrap_or("-"));
+    crate::outln!("  Postgres  {}", state.postgres.as_deref().unwrap_or("-"));
+    crate::outln!(
         "Labs here find them by themselves. In another terminal, or for redis-cli/psql, paste:"
     );
     for line in state.exports() {
-        println!("  {line}");
+        crate::outln!("  {line}");
     }
     Ok(())
 }
 
 fn status() -> Result<()> {
     match servers::status()? {
-        None => println!(
+        None => crate::outln!(
             "no servers from `lockslab up`; labs will use docker-compose defaults or private servers"
         ),
         Some((state, health)) => {
@@ -139,10 +139,10 @@ fn status() -> Result<()> {
                 } else {
                     "not answering".red().bold()
                 };
-                println!("  {:<9} {url}  {mark}", backend.name());
+                crate::outln!("  {:<9} {url}  {mark}", backend.name());
             }
             for line in state.exports() {
-                println!("  {line}");
+                crate::outln!("  {line}");
             }
         }
     }

@@ -122,10 +122,10 @@ impl Timeline {
         }
     }
 
-    fn println(&self, line: &str) {
+    fn println(&self, text: &str) {
         match &self.bar {
-            Some(bar) if !bar.is_hidden() => bar.println(line),
-            _ => println!("{line}"),
+            Some(bar) if !bar.is_hidden() => bar.println(text),
+            _ => line(text),
         }
     }
 }
@@ -144,12 +144,32 @@ fn emphasize(kind: &str, text: &str) -> String {
     }
 }
 
+/// `println!` for lab output: stops cleanly when stdout is closed (see [`line`]).
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::output::line("") };
+    ($($arg:tt)*) => { $crate::output::line(&format!($($arg)*)) };
+}
+
+/// Prints one line on stdout.
+///
+/// When stdout has been closed (`lockslab gc-pause | head`), there is no one left to show
+/// the lab to: stop every worker and server, and exit the way a process killed by SIGPIPE
+/// would, instead of panicking or carrying on into a closed pipe.
+pub fn line(text: &str) {
+    let mut out = io::stdout().lock();
+    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
+        drop(out);
+        crate::procs::stop_all();
+        std::process::exit(crate::procs::exit_code_for(
+            nix::sys::signal::Signal::SIGPIPE as i32,
+        ));
+    }
+}
+
 /// Writes one JSON object on its own line to stdout.
 pub fn json_line<T: Serialize>(value: &T) {
-    let mut out = io::stdout().lock();
-    let _ = serde_json::to_writer(&mut out, value);
-    let _ = out.write_all(b"\n");
-    let _ = out.flush();
+    line(&serde_json::to_string(value).unwrap_or_default());
 }
 
 /// A plain table: a header row and body rows, columns padded to fit.

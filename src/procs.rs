@@ -35,8 +35,6 @@ pub struct StopPlan {
     pub signal: Signal,
     /// How long to wait for a graceful exit before SIGKILL.
     pub grace: Duration,
-    /// A directory to delete once the child is gone (a private server's data).
-    pub remove_dir: Option<PathBuf>,
 }
 
 impl StopPlan {
@@ -44,13 +42,33 @@ impl StopPlan {
         StopPlan {
             signal: Signal::SIGKILL,
             grace: Duration::ZERO,
-            remove_dir: None,
         }
     }
 }
 
 /// Every live child, by pid. The interrupt handler ends them all.
 static LIVE: Mutex<Option<HashMap<i32, StopPlan>>> = Mutex::new(None);
+
+/// Directories to delete once every child is gone (private servers' data).
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Deletes `dir` when the children are stopped on an interrupt or a closed stdout.
+pub fn remove_on_cleanup(dir: PathBuf) {
+    DIRS.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+}
+
+/// The directory was deleted the normal way: nothing left to do for it.
+pub fn forget_dir(dir: &std::path::Path) {
+    DIRS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|d| d != dir);
+}
+
+fn remove_registered_dirs() {
+    for dir in DIRS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        let _ = fs::remove_dir_all(dir);
+    }
+}
 
 fn with_live<T>(f: impl FnOnce(&mut HashMap<i32, StopPlan>) -> T) -> T {
     let mut guard = LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -128,7 +146,7 @@ pub fn wait_until_stopped(pid: i32, timeout: Duration) -> bool {
     false
 }
 
-/// Ends one child the way its plan says, reaps it and removes its directory.
+/// Ends one child the way its plan says, and reaps it.
 ///
 /// The child is resumed first: a stopped process does not act on SIGTERM until it is
 /// continued, and a stopped process group left behind is exactly the mess we refuse to leave.
@@ -157,9 +175,6 @@ pub fn stop(pid: i32, plan: &StopPlan) {
     }
     // Whatever else lived in the group (a server's helpers) goes too.
     let _ = killpg(group, Signal::SIGKILL);
-    if let Some(dir) = &plan.remove_dir {
-        let _ = fs::remove_dir_all(dir);
-    }
     forget(pid);
 }
 
@@ -173,20 +188,19 @@ pub fn stop_all() {
     for (pid, plan) in workers.iter().chain(servers.iter()) {
         stop(*pid, plan);
     }
+    remove_registered_dirs();
 }
 
 /// Kills every registered child at once, without waiting: the second Ctrl-C.
 fn kill_all_now() {
     let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
-    for (pid, plan) in live {
+    for (pid, _) in live {
         let group = Pid::from_raw(pid);
         let _ = killpg(group, Signal::SIGCONT);
         let _ = killpg(group, Signal::SIGKILL);
         let _ = waitpid(group, None);
-        if let Some(dir) = plan.remove_dir {
-            let _ = fs::remove_dir_all(dir);
-        }
     }
+    remove_registered_dirs();
 }
 
 /// Exit status for "ended by signal N", the shell's convention.

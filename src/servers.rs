@@ -388,7 +388,6 @@ impl PrivateServers {
         let plan = StopPlan {
             signal: stop_signal,
             grace: Duration::from_secs(5),
-            remove_dir: None,
         };
         let pid = match self.lifetime {
             Lifetime::ThisRun => procs::spawn_registered(&mut command, plan)
@@ -428,12 +427,12 @@ impl PrivateServers {
                 &StopPlan {
                     signal,
                     grace: Duration::from_secs(5),
-                    remove_dir: None,
                 },
             );
         }
         if self.lifetime == Lifetime::ThisRun {
             let _ = fs::remove_dir_all(&self.dir);
+            procs::forget_dir(&self.dir);
         }
     }
 

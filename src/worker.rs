@@ -105,7 +105,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     store.prepare()?;
     let mut lock = RedisLock::new(connect::redis(servers.url(Backend::Redis))?, &key, args.ttl);
 
-    println!(
+    crate::outln!(
         "{me}: taking lock '{}' (TTL {})…",
         args.lock,
         human(args.ttl)
@@ -124,7 +124,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         .token
         .map(|t| format!(", fencing token {t}"))
         .unwrap_or_default();
-    println!(
+    crate::outln!(
         "{}",
         format!(
             "{me}: holds lock '{}'{token}; it expires in {} unless released",
@@ -133,24 +133,24 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         )
         .bold()
     );
-    println!();
-    println!("  To play the GC pause, in another terminal:");
-    println!(
+    crate::outln!();
+    crate::outln!("  To play the GC pause, in another terminal:");
+    crate::outln!(
         "    {}    freeze me now",
         format!("kill -STOP {pid}").cyan().bold()
     );
-    println!(
+    crate::outln!(
         "    wait more than {}, then start a second `lockslab worker`",
         human(args.ttl)
     );
-    println!(
+    crate::outln!(
         "    {}    wake me up while the second one works",
         format!("kill -CONT {pid}").cyan().bold()
     );
-    println!();
+    crate::outln!();
 
     if args.work >= args.ttl {
-        println!(
+        crate::outln!(
             "  note: --work {} is not shorter than --ttl {}: the lock expires while I work, pause or not",
             human(args.work),
             human(args.ttl)
@@ -158,7 +158,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     }
     let paused = work_watching_the_clock(acquired_at, args.work, style);
     if paused > Duration::from_millis(500) {
-        println!(
+        crate::outln!(
             "{me}: {} — my clock jumped by {} while I worked. My lock may be gone, but I write anyway, as most code would.",
             "I was paused".yellow().bold(),
             human(paused)
@@ -171,9 +171,9 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         Outcome::Rejected => "REJECTED (a newer token was already accepted)".red().bold(),
         Outcome::Unknown => "UNKNOWN (no answer from the store)".yellow().bold(),
     };
-    println!("{me}: wrote '{value}'{token}: the store says {verdict}");
+    crate::outln!("{me}: wrote '{value}'{token}: the store says {verdict}");
     let now = store.read_back("hands-on", &args.lock)?;
-    println!(
+    crate::outln!(
         "{me}: the store now holds '{}' (highest token accepted: {})",
         now.final_value.unwrap_or_default(),
         now.final_token
@@ -181,9 +181,9 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
             .unwrap_or_else(|| "none".into())
     );
     if lock.release(&held)? {
-        println!("{me}: released the lock");
+        crate::outln!("{me}: released the lock");
     } else {
-        println!(
+        crate::outln!(
             "{me}: my lock had already expired; compare-and-delete left the current holder's key alone"
         );
     }

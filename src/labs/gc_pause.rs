@@ -632,16 +632,16 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
                 .join(" ")
         }),
     ];
-    println!();
-    println!("{}", "Verdict".bold());
-    println!("{}", table(&header, &rows));
-    println!();
+    crate::outln!();
+    crate::outln!("{}", "Verdict".bold());
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!();
     for verdict in verdicts {
         let label = if verdict.fencing {
             "with fencing:"
         } else {
             "without fencing:"
         };
-        println!("  {} {}", label.bold(), verdict.meaning(ttl, pause));
+        crate::outln!("  {} {}", label.bold(), verdict.meaning(ttl, pause));
     }
 }
