@@ -53,6 +53,9 @@ impl ServerArgs {
     }
 }
 
+/// Every backend, for the commands that start them all.
+const ALL: [Backend; 3] = [Backend::Redis, Backend::Etcd, Backend::Postgres];
+
 /// The docker-compose.yml defaults.
 pub fn compose_default(backend: Backend) -> &'static str {
     match backend {
@@ -414,6 +417,13 @@ impl PrivateServers {
         Ok(())
     }
 
+    pub fn url(&self, backend: Backend) -> Option<String> {
+        self.urls
+            .iter()
+            .find(|(b, _)| *b == backend)
+            .map(|(_, url)| url.clone())
+    }
+
     /// Stops every server and deletes the directory (of a temporary run).
     pub fn stop(&mut self) {
         for (backend, pid) in self.pids.drain(..) {
@@ -588,7 +598,7 @@ impl UpState {
 /// `lockslab up`: start all three servers and leave them running.
 pub fn up() -> Result<UpState> {
     if let Ok(state) = UpState::load() {
-        if [Backend::Redis, Backend::Etcd, Backend::Postgres]
+        if ALL
             .iter()
             .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
         {
@@ -596,17 +606,8 @@ pub fn up() -> Result<UpState> {
         }
         down()?;
     }
-    let mut servers = PrivateServers::start(
-        &[Backend::Redis, Backend::Etcd, Backend::Postgres],
-        Lifetime::Detached,
-    )?;
-    let url = |backend| {
-        servers
-            .urls
-            .iter()
-            .find(|(b, _)| *b == backend)
-            .map(|(_, u)| u.clone())
-    };
+    let mut servers = PrivateServers::start(&ALL, Lifetime::Detached)?;
+    let url = |backend| servers.url(backend);
     let state = UpState {
         redis: url(Backend::Redis),
         etcd: url(Backend::Etcd),
@@ -683,7 +684,7 @@ pub fn status() -> Result<Option<(UpState, Health)>> {
     let Ok(state) = UpState::load() else {
         return Ok(None);
     };
-    let health = [Backend::Redis, Backend::Etcd, Backend::Postgres]
+    let health = ALL
         .iter()
         .filter_map(|b| state.url(*b).map(|url| (*b, answers(*b, url))))
         .collect();
@@ -695,15 +696,8 @@ pub fn status() -> Result<Option<(UpState, Health)>> {
 /// The test suite starts one of these per test binary and keeps its stdin open; when the
 /// tests end, however they end, the pipe closes and the servers are stopped and deleted.
 pub fn serve_until_stdin_closes() -> Result<()> {
-    let all = [Backend::Redis, Backend::Etcd, Backend::Postgres];
-    let servers = PrivateServers::start(&all, Lifetime::ThisRun)?;
-    let url = |backend| {
-        servers
-            .urls
-            .iter()
-            .find(|(b, _)| *b == backend)
-            .map(|(_, u)| u.clone())
-    };
+    let servers = PrivateServers::start(&ALL, Lifetime::ThisRun)?;
+    let url = |backend| servers.url(backend);
     crate::output::json_line(&serde_json::json!({
         "redis": url(Backend::Redis),
         "etcd": url(Backend::Etcd),
