@@ -13,7 +13,7 @@ pub mod skip_locked;
 use std::collections::HashSet;
 use std::io::Write;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -60,6 +60,8 @@ pub struct Stage {
     /// Every event shown so far, in order: what verdicts and tests look at.
     pub log: Vec<Event>,
     closed: HashSet<String>,
+    /// While `run_until` holds back an event: its stamp, the latest a lab event may carry.
+    observed_before: Option<u64>,
 }
 
 impl Stage {
@@ -72,6 +74,7 @@ impl Stage {
             timeline: Timeline::new(style),
             log: Vec::new(),
             closed: HashSet::new(),
+            observed_before: None,
         }
     }
 
@@ -107,24 +110,29 @@ impl Stage {
 
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
     pub fn record(&mut self, mut event: Event) {
-        event.t_ms = self.start.elapsed().as_millis() as u64;
+        let now = self.start.elapsed().as_millis() as u64;
+        event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
         self.timeline.show(&event);
         self.log.push(event);
     }
 
     /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
     pub fn next(&mut self, timeout: Duration) -> Option<Event> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(Incoming::Event(event)) => {
+        let incoming = self.rx.recv_timeout(timeout).ok()?;
+        self.accept(incoming)
+    }
+
+    fn accept(&mut self, incoming: Incoming) -> Option<Event> {
+        match incoming {
+            Incoming::Event(event) => {
                 self.timeline.show(&event);
                 self.log.push(event.clone());
                 Some(event)
             }
-            Ok(Incoming::Closed { worker }) => {
+            Incoming::Closed { worker } => {
                 self.closed.insert(worker);
                 None
             }
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
         }
     }
 
@@ -155,15 +163,31 @@ impl Stage {
         )
     }
 
-    /// Shows incoming events until `deadline`, calling `tick` between them (about every 10ms).
+    /// Shows incoming events until `deadline`, calling `tick` about every 10ms.
+    ///
+    /// `tick` looks at the world (a key in Redis) *before* an event that just arrived is
+    /// shown, so that an effect (B took the lock) never appears above its cause (A's key
+    /// expired); what `tick` records is stamped no later than that event.
     pub fn run_until(
         &mut self,
         deadline: Instant,
         mut tick: impl FnMut(&mut Stage) -> Result<()>,
     ) -> Result<()> {
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            self.next(left.min(Duration::from_millis(10)));
-            tick(self)?;
+            let incoming = self
+                .rx
+                .recv_timeout(left.min(Duration::from_millis(10)))
+                .ok();
+            self.observed_before = match &incoming {
+                Some(Incoming::Event(event)) => Some(event.t_ms),
+                _ => None,
+            };
+            let ticked = tick(self);
+            self.observed_before = None;
+            if let Some(incoming) = incoming {
+                self.accept(incoming);
+            }
+            ticked?;
         }
         Ok(())
     }
