@@ -797,7 +797,7 @@ impl Lab<'_> {
         let rate = violations as f64 / trials as f64;
         let text = if violations == 0 {
             format!(
-                "{trials} trials with {variant} {} in {}: never two holders at once (the holders lists in Redis agree)",
+                "{trials} trials with {} in {}: never two holders at once (the holders lists in Redis agree)",
                 if fixed { "SET NX" } else { "GET-then-SET" },
                 human(took)
             )
