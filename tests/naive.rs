@@ -231,7 +231,7 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
     }
 
     // The example is a real broken trial: two SETs answered OK before either worker let go.
-    let example = &verdict["race_example"];
+    let example = &run["example"];
     let steps = example["steps"].as_array().unwrap();
     let sets = steps.iter().filter(|s| s["step"] == "set").count();
     assert!(sets >= 2, "{example}");

@@ -468,6 +468,9 @@ pub struct ScenarioVerdict {
     pub fixed: Tally,
     /// One sentence on what the two runs show.
     pub meaning: String,
+    /// race: one broken trial, step by step, from the workers' monotonic stamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub example: Option<Value>,
 }
 
 /// Replays a holders list (`+W3`, `-W3`… in the order Redis received them): the most
@@ -544,15 +547,10 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         None => Scenario::ALL.to_vec(),
     };
     let mut verdicts = Vec::new();
-    let mut example = None;
     let result = (|| -> Result<()> {
         for scenario in scenarios {
             let verdict = match scenario {
-                Scenario::Race => {
-                    let (verdict, found) = lab.race()?;
-                    example = found;
-                    verdict
-                }
+                Scenario::Race => lab.race()?,
                 Scenario::NoTtl | Scenario::SetnxExpire => {
                     let broken = lab.stuck(scenario, false)?;
                     let fixed = lab.stuck(scenario, true)?;
@@ -577,7 +575,6 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
             "lab": "naive",
             "run_id": lab.run_id,
             "scenarios": verdicts,
-            "race_example": example,
         }));
     } else {
         print_verdicts(&verdicts);
@@ -657,7 +654,7 @@ impl Lab<'_> {
     // ── race ──
 
     /// Both runs of the race on the same worker processes, then the verdict.
-    fn race(&self) -> Result<(ScenarioVerdict, Option<Value>)> {
+    fn race(&self) -> Result<ScenarioVerdict> {
         let args = self.args;
         let mut stage = Stage::new(self.style);
         stage.timeline.say("");
@@ -713,12 +710,12 @@ impl Lab<'_> {
         }
         stage.drain();
 
-        let example = broken.example.clone();
-        if let Some(example) = &example {
+        if let Some(example) = &broken.example {
             print_example(&stage, example);
         }
-        let verdict = self.verdict(Scenario::Race, broken.tally, fixed.tally);
-        Ok((verdict, example))
+        let mut verdict = self.verdict(Scenario::Race, broken.tally, fixed.tally);
+        verdict.example = broken.example;
+        Ok(verdict)
     }
 
     fn race_run(
@@ -1169,6 +1166,7 @@ impl Lab<'_> {
             broken,
             fixed,
             meaning,
+            example: None,
         }
     }
 
