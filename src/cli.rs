@@ -50,7 +50,6 @@ enum Command {
     /// Lab 1: a lock holder freezes past its TTL; its stale write lands unfenced, is refused fenced
     GcPause(GcPauseArgs),
     /// Lab 2: the naive Redis lock broken every way, each bug beside its fix, with counts
-    #[command(hide = true)]
     Naive(NaiveArgs),
     /// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
     #[command(hide = true)]

@@ -136,6 +136,19 @@ impl Stage {
         }
     }
 
+    /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
+    /// for labs whose workers report hundreds of trials, which the lab sums up instead.
+    pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Incoming::Event(event)) => Some(event),
+            Ok(Incoming::Closed { worker }) => {
+                self.closed.insert(worker);
+                None
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
     /// Takes events until one matches, failing after `timeout` with `what` in the message.
     pub fn wait_for(
         &mut self,

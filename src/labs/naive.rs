@@ -1,29 +1,1470 @@
-//! Lab 2 — `lockslab naive` (being written; see issue for lab 2).
+//! Lab 2 — the naive Redis lock, broken four ways, each bug run beside its fix.
+//!
+//! ```text
+//!  race           W1  GET → nil ─┐ SET ✓  holds          several workers hold the lock,
+//!                 W2    GET → nil┴─ SET ✓  holds          each sure it is alone
+//!  no-ttl         A   SETNX ✓ ── ✖ SIGKILL                the key stays forever (PTTL -1)
+//!  setnx-expire   A   SETNX ✓ ── ✖ SIGKILL ── (PEXPIRE)   the same stuck key
+//!  wrong-release  A   SET NX PX ✓ … lease runs out … DEL  A's DEL removes B's lock,
+//!                 B                  SET NX PX ✓ ……………    and C gets in while B works
+//!                 C                                 SET NX PX ✓
+//! ```
+//!
+//! Each scenario runs twice under the same conditions: once with the broken lock from
+//! [`crate::lock::redis`] (the ❌ methods), once with its fix (the ✅ ones). Every lock
+//! operation is made by worker processes over their own Redis connections; the lab only
+//! plays the clock (kill A now, B may finish) and then reads the evidence back from Redis:
+//!
+//! - every holder appends `+name` to a list in Redis when it believes it took the lock and
+//!   `-name` when it lets go; replaying that list in Redis's own order shows who held the
+//!   lock at the same time, without trusting anyone's clock;
+//! - the workers also stamp those moments with `CLOCK_MONOTONIC`, which is one clock for
+//!   every process on the machine, so their intervals can be laid side by side;
+//! - `GET` and `PTTL` on the lock key show a stuck lock (a dead owner, no expiry) directly.
 
-use anyhow::{Result, bail};
+use std::collections::HashMap;
+use std::io::{self, BufRead};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use colored::Colorize;
+use nix::time::{ClockId, clock_gettime};
+use redis::Connection;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
 
-use super::OutputArgs;
-use crate::servers::ServerArgs;
+use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use crate::connect::{self, Backend};
+use crate::events::{Emitter, Event};
+use crate::lock::redis::{Held, RETRY_EVERY, RedisLock};
+use crate::output::{Style, human, json_line, table};
+use crate::servers::{self, ServerArgs};
+use crate::worker::{WorkerSpec, await_command};
 
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  lockslab naive                          all four scenarios, each broken and fixed
+  lockslab naive race                     only the check-then-set race (10 workers × 200 trials)
+  lockslab naive race --window 0ms        no help: does GET-then-SET still break?
+  lockslab naive race --workers 2 --trials 1000 --window 0ms
+  lockslab naive no-ttl --wait 2s         a dead holder with no TTL; give up after 2s
+  lockslab naive wrong-release --ttl 500ms
+  lockslab naive --json | jq 'select(.kind == \"verdict\")'
+
+By hand: labs/02-naive.md plays each bug with redis-cli in two terminals.")]
 pub struct NaiveArgs {
+    /// Run one scenario only [default: all four, in this order]
+    #[arg(value_enum)]
+    pub scenario: Option<Scenario>,
+    /// race: worker processes that race for the lock in every trial
+    #[arg(long, default_value_t = 10, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub workers: u32,
+    /// race: how many trials, each on a fresh lock
+    #[arg(long, default_value_t = 200, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub trials: u32,
+    /// race: each worker arrives at a random moment within this span, like real requests
+    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub spread: Duration,
+    /// race: extra time between the GET and the SET (in the fix: before the SET NX)
+    #[arg(long, default_value = "0ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub window: Duration,
+    /// race: how long a worker that got the lock works before it lets go
+    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub work: Duration,
+    /// no-ttl, setnx-expire: how long the next worker keeps trying before it gives up
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Duration,
+    /// The lock's TTL wherever it has one (all fixes, race, wrong-release)
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub ttl: Duration,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// GET, then SET: several workers take the lock at once
+    Race,
+    /// SETNX with no TTL: a killed holder's lock stays forever
+    NoTtl,
+    /// SETNX, then EXPIRE: a holder killed between the two leaves a stuck lock
+    SetnxExpire,
+    /// Release by DEL: an expired holder deletes the next holder's lock
+    WrongRelease,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 4] = [
+        Scenario::Race,
+        Scenario::NoTtl,
+        Scenario::SetnxExpire,
+        Scenario::WrongRelease,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Race => "race",
+            Scenario::NoTtl => "no-ttl",
+            Scenario::SetnxExpire => "setnx-expire",
+            Scenario::WrongRelease => "wrong-release",
+        }
+    }
+
+    /// What the broken and the fixed run use, for headings and the verdict.
+    fn broken_and_fix(self) -> (&'static str, &'static str) {
+        match self {
+            Scenario::Race => ("GET, then SET", "SET NX"),
+            Scenario::NoTtl => ("SETNX, no TTL", "SET NX PX"),
+            Scenario::SetnxExpire => ("SETNX, then PEXPIRE", "SET NX PX"),
+            Scenario::WrongRelease => ("release by DEL", "compare-and-delete"),
+        }
+    }
+
+    /// What a violation is, as counted from the evidence.
+    fn counted(self) -> &'static str {
+        match self {
+            Scenario::Race => "trials with 2+ holders at once",
+            Scenario::NoTtl | Scenario::SetnxExpire => "lock still held by a dead worker",
+            Scenario::WrongRelease => "holders whose lock was deleted under them",
+        }
+    }
+}
+
+// ───────────────────────────── the workers ─────────────────────────────
+
 /// One worker's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
     pub name: String,
+    pub redis_url: String,
+    pub script: Script,
 }
 
-pub fn run(_args: &NaiveArgs) -> Result<()> {
-    bail!("lab 2 (`lockslab naive`) is not built yet")
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "script", rename_all = "snake_case")]
+pub enum Script {
+    /// Races for a fresh lock whenever the lab says `trial <n> <broken|fixed>`.
+    Racer {
+        /// Keys of trial n are `<prefix>:<variant>:<n>:lock` and `…:holders`.
+        prefix: String,
+        spread_us: u64,
+        window_us: u64,
+        work_ms: u64,
+        ttl_ms: u64,
+    },
+    /// Takes one lock, holds it until told `finish`, releases it.
+    Holder(Holder),
 }
 
-pub fn work(_role: &Role) -> Result<()> {
-    bail!("lab 2 has no workers yet")
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Holder {
+    pub key: String,
+    /// The list of `+name` / `-name` entries: who held the lock, in Redis's order.
+    pub holders: String,
+    pub acquire: Acquire,
+    pub release: Release,
+    pub ttl_ms: u64,
+    /// How long to keep trying; zero means one try.
+    pub wait_ms: u64,
+    /// With SETNX-then-PEXPIRE: stop between the two commands until told `expire`.
+    pub stop_between: bool,
+}
+
+/// How a holder takes the lock.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Acquire {
+    /// ❌ [`RedisLock::try_acquire_setnx`]
+    Setnx,
+    /// ❌ [`RedisLock::try_acquire_setnx_then_expire`]
+    SetnxThenExpire,
+    /// ✅ [`RedisLock::try_acquire`]
+    SetNxPx,
+}
+
+/// How a holder lets go.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    /// ❌ [`RedisLock::release_by_del`]
+    Del,
+    /// ✅ [`RedisLock::release`]
+    CompareAndDelete,
+}
+
+/// This machine's `CLOCK_MONOTONIC` in nanoseconds: one clock shared by every process here,
+/// so stamps taken by different workers can be compared.
+fn monotonic_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// A random pause in [0, limit): when this worker arrives in a trial.
+fn random_below(limit: Duration) -> Duration {
+    let mut bytes = [0u8; 8];
+    if limit.is_zero() || getrandom::fill(&mut bytes).is_err() {
+        return Duration::ZERO;
+    }
+    let micros = limit.as_micros().max(1) as u64;
+    Duration::from_micros(u64::from_le_bytes(bytes) % micros)
+}
+
+/// Appends `entry` to a holders list; the list expires on its own if the lab is interrupted.
+fn note_holder(redis: &mut Connection, list: &str, entry: String) -> Result<()> {
+    redis::pipe()
+        .cmd("RPUSH")
+        .arg(list)
+        .arg(entry)
+        .ignore()
+        .cmd("EXPIRE")
+        .arg(list)
+        .arg(600)
+        .ignore()
+        .query::<()>(redis)
+        .context("noting the holder in Redis")
+}
+
+/// The worker script.
+pub fn work(role: &Role) -> Result<()> {
+    let me = Emitter::new(&role.name);
+    match &role.script {
+        Script::Racer {
+            prefix,
+            spread_us,
+            window_us,
+            work_ms,
+            ttl_ms,
+        } => race(
+            &me,
+            &role.redis_url,
+            prefix,
+            Duration::from_micros(*spread_us),
+            Duration::from_micros(*window_us),
+            Duration::from_millis(*work_ms),
+            Duration::from_millis(*ttl_ms),
+        ),
+        Script::Holder(holder) => hold(&me, &role.redis_url, holder),
+    }
+}
+
+/// A racer: one attempt per `trial` command, reported as one (unshown) `trial` event.
+fn race(
+    me: &Emitter,
+    redis_url: &str,
+    prefix: &str,
+    spread: Duration,
+    window: Duration,
+    work: Duration,
+    ttl: Duration,
+) -> Result<()> {
+    let mut lock = RedisLock::new(connect::redis(redis_url)?, "", ttl);
+    let mut notes = connect::redis(redis_url)?;
+    me.send(
+        me.event("ready", "ready to race")
+            .with("pid", std::process::id()),
+    );
+    for line in io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (trial, fixed) = match words.as_slice() {
+            ["trial", n, variant] => (n.parse::<u32>()?, *variant == "fixed"),
+            ["quit"] => break,
+            _ => bail!("unknown command {line:?}"),
+        };
+        let variant = if fixed { "fixed" } else { "broken" };
+        lock.key = format!("{prefix}:{variant}:{trial}:lock");
+        let holders = format!("{prefix}:{variant}:{trial}:holders");
+
+        thread::sleep(random_below(spread));
+        let start_ns = monotonic_ns();
+        let held = if fixed {
+            // The same delay as the broken run's window, but before the one command:
+            // there is no gap inside the acquisition for it to widen.
+            thread::sleep(window);
+            lock.try_acquire()?
+        } else {
+            lock.try_acquire_get_then_set(window)?
+        };
+        let mut report = me
+            .event("trial", "")
+            .with("trial", trial)
+            .with("variant", variant)
+            .with("start_ns", start_ns)
+            .with("answer_ns", monotonic_ns())
+            .with("acquired", held.is_some());
+        if let Some(held) = held {
+            let enter_ns = monotonic_ns();
+            note_holder(&mut notes, &holders, format!("+{}", me.name()))?;
+            thread::sleep(work);
+            note_holder(&mut notes, &holders, format!("-{}", me.name()))?;
+            let leave_ns = monotonic_ns();
+            let released = lock.release(&held)?;
+            report = report
+                .with("enter_ns", enter_ns)
+                .with("leave_ns", leave_ns)
+                .with("released", released);
+        }
+        me.send(report);
+    }
+    Ok(())
+}
+
+/// A holder: take the lock (trying for up to `wait`), hold it until told `finish`, release.
+fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
+    let Holder {
+        key,
+        holders,
+        acquire,
+        release,
+        stop_between,
+        ..
+    } = script;
+    let (acquire, release, stop_between) = (*acquire, *release, *stop_between);
+    let ttl = Duration::from_millis(script.ttl_ms);
+    let wait = Duration::from_millis(script.wait_ms);
+    let mut lock = RedisLock::new(connect::redis(redis_url)?, key, ttl);
+    let mut notes = connect::redis(redis_url)?;
+    me.send(
+        me.event("waiting", "tries to take the lock")
+            .with("pid", std::process::id()),
+    );
+    let ttl_ms = ttl.as_millis();
+    let started = Instant::now();
+    let mut tries = 0u32;
+    let held = loop {
+        tries += 1;
+        let held = match acquire {
+            Acquire::Setnx => lock.try_acquire_setnx()?,
+            Acquire::SetNxPx => lock.try_acquire()?,
+            Acquire::SetnxThenExpire => lock.try_acquire_setnx_then_expire(|held: &Held| {
+                if stop_between {
+                    me.send(
+                        me.event(
+                            "between",
+                            "SETNX answered 1: it holds the lock, with no expiry yet; PEXPIRE comes next",
+                        )
+                        .with("owner", held.owner.clone()),
+                    );
+                    await_command("expire")?;
+                }
+                Ok(())
+            })?,
+        };
+        if held.is_some() || started.elapsed() >= wait {
+            break held;
+        }
+        thread::sleep(RETRY_EVERY);
+    };
+    let waited = started.elapsed();
+    let Some(held) = held else {
+        let text = if tries == 1 {
+            "tries once: the lock is taken, so it goes away".to_string()
+        } else {
+            format!(
+                "gives up after {tries} tries in {}: the lock stayed taken",
+                human(waited)
+            )
+        };
+        me.send(
+            me.event("gave_up", text)
+                .with("waited_ms", waited.as_millis() as u64)
+                .with("tries", tries),
+        );
+        return Ok(());
+    };
+    let how = match acquire {
+        Acquire::Setnx => "SETNX; the key has no expiry".to_string(),
+        Acquire::SetnxThenExpire => format!("SETNX, then PEXPIRE {ttl_ms}"),
+        Acquire::SetNxPx => format!("SET NX PX {ttl_ms}"),
+    };
+    let after = if tries > 1 {
+        format!(" after waiting {} ({tries} tries)", human(waited))
+    } else {
+        String::new()
+    };
+    let enter_ns = monotonic_ns();
+    note_holder(&mut notes, holders, format!("+{}", me.name()))?;
+    me.send(
+        me.event(
+            "acquired",
+            format!("took the lock ({how}){after}; works while holding it"),
+        )
+        .with("owner", held.owner.clone())
+        .with("waited_ms", waited.as_millis() as u64)
+        .with("tries", tries)
+        .with("enter_ns", enter_ns),
+    );
+
+    await_command("finish")?;
+    note_holder(&mut notes, holders, format!("-{}", me.name()))?;
+    let leave_ns = monotonic_ns();
+    let deleted = match release {
+        Release::Del => lock.release_by_del()?,
+        Release::CompareAndDelete => lock.release(&held)?,
+    };
+    let text = match (release, deleted) {
+        (Release::Del, true) => {
+            "finishes and releases with DEL (no owner check): a key was deleted"
+        }
+        (Release::Del, false) => "finishes and releases with DEL: there was no key left to delete",
+        (Release::CompareAndDelete, true) => {
+            "finishes and releases with compare-and-delete: its own key is deleted"
+        }
+        (Release::CompareAndDelete, false) => {
+            "finishes; compare-and-delete finds another owner's value and returns 0: nothing deleted"
+        }
+    };
+    me.send(
+        me.event("released", text)
+            .with("deleted", deleted)
+            .with("leave_ns", leave_ns),
+    );
+    Ok(())
+}
+
+// ───────────────────────────── the verdict ─────────────────────────────
+
+/// One run (broken or fixed) of a scenario, counted from the evidence.
+#[derive(Serialize, Debug, Clone)]
+pub struct Tally {
+    pub violations: u32,
+    pub trials: u32,
+    /// The evidence behind the count (holders lists, PTTL, waits…).
+    #[serde(flatten)]
+    pub details: Map<String, Value>,
+}
+
+impl Tally {
+    fn new(violations: u32, trials: u32) -> Tally {
+        Tally {
+            violations,
+            trials,
+            details: Map::new(),
+        }
+    }
+
+    fn with(mut self, key: &str, value: impl Into<Value>) -> Tally {
+        self.details.insert(key.into(), value.into());
+        self
+    }
+
+    fn detail_u64(&self, key: &str) -> Option<u64> {
+        self.details.get(key).and_then(Value::as_u64)
+    }
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ScenarioVerdict {
+    pub name: &'static str,
+    pub broken: Tally,
+    pub fixed: Tally,
+    /// One sentence on what the two runs show.
+    pub meaning: String,
+    /// race: one broken trial, step by step, from the workers' monotonic stamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub example: Option<Value>,
+}
+
+/// Replays a holders list (`+W3`, `-W3`… in the order Redis received them): the most
+/// holders at once, and every pair that held the lock at the same time.
+fn replay(entries: &[String]) -> (usize, Vec<(String, String)>) {
+    let mut inside: Vec<String> = Vec::new();
+    let mut most = 0;
+    let mut pairs = Vec::new();
+    for entry in entries {
+        if let Some(name) = entry.strip_prefix('+') {
+            for other in &inside {
+                pairs.push((other.clone(), name.to_string()));
+            }
+            inside.push(name.to_string());
+            most = most.max(inside.len());
+        } else if let Some(name) = entry.strip_prefix('-') {
+            inside.retain(|n| n != name);
+        }
+    }
+    (most, pairs)
+}
+
+fn lrange(redis: &mut Connection, list: &str) -> Result<Vec<String>> {
+    redis::cmd("LRANGE")
+        .arg(list)
+        .arg(0)
+        .arg(-1)
+        .query(redis)
+        .context("reading the holders list back from Redis")
+}
+
+// ───────────────────────────── the lab ─────────────────────────────
+
+/// `lockslab naive [scenario]`.
+pub fn run(args: &NaiveArgs) -> Result<()> {
+    if args.ttl < Duration::from_millis(100) {
+        bail!(
+            "--ttl {}: use at least 100ms, or process start-up blurs the story",
+            human(args.ttl)
+        );
+    }
+    if args.wait <= args.ttl {
+        bail!(
+            "--wait {} must be longer than --ttl {}: otherwise the fixed runs give up before the lock can lapse",
+            human(args.wait),
+            human(args.ttl)
+        );
+    }
+    if args.work + args.window >= args.ttl {
+        bail!(
+            "--work {} plus --window {} must stay below --ttl {}: a race winner's lock must not expire while it works",
+            short(args.work),
+            short(args.window),
+            human(args.ttl)
+        );
+    }
+    let style = Style::detect(args.output.json);
+    let servers = servers::provide(&args.servers, &[Backend::Redis])?;
+    let lab = Lab {
+        run_id: new_run_id(),
+        redis_url: servers.url(Backend::Redis).to_string(),
+        style,
+        args,
+    };
+    let intro = crate::output::Timeline::new(style);
+    intro.say(&format!("{} run {}", "lockslab naive".bold(), lab.run_id));
+    for line in servers.describe() {
+        intro.say(&format!("  {}", line.dimmed()));
+    }
+    intro.say("The lock everyone writes first, broken four ways; each bug runs beside its fix.");
+
+    let scenarios = match args.scenario {
+        Some(one) => vec![one],
+        None => Scenario::ALL.to_vec(),
+    };
+    let mut verdicts = Vec::new();
+    let result = (|| -> Result<()> {
+        for scenario in scenarios {
+            let verdict = match scenario {
+                Scenario::Race => lab.race()?,
+                Scenario::NoTtl | Scenario::SetnxExpire => {
+                    let broken = lab.stuck(scenario, false)?;
+                    let fixed = lab.stuck(scenario, true)?;
+                    lab.verdict(scenario, broken, fixed)
+                }
+                Scenario::WrongRelease => {
+                    let broken = lab.wrong_release(false)?;
+                    let fixed = lab.wrong_release(true)?;
+                    lab.verdict(scenario, broken, fixed)
+                }
+            };
+            verdicts.push(verdict);
+        }
+        Ok(())
+    })();
+    lab.cleanup();
+    result?;
+
+    if style.json {
+        json_line(&json!({
+            "kind": "verdict",
+            "lab": "naive",
+            "run_id": lab.run_id,
+            "scenarios": verdicts,
+        }));
+    } else {
+        print_verdicts(&verdicts);
+    }
+    Ok(())
+}
+
+struct Lab<'a> {
+    run_id: String,
+    redis_url: String,
+    style: Style,
+    args: &'a NaiveArgs,
+}
+
+impl Lab<'_> {
+    fn key(&self, scenario: Scenario, fixed: bool, what: &str) -> String {
+        let variant = if fixed { "fixed" } else { "broken" };
+        format!(
+            "lockslab:{}:naive:{}:{variant}:{what}",
+            self.run_id,
+            scenario.name()
+        )
+    }
+
+    fn redis(&self) -> Result<Connection> {
+        connect::redis(&self.redis_url)
+    }
+
+    /// A fresh stage (its clock starts at 0) under a heading naming the lock in play.
+    fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
+        let stage = Stage::new(self.style);
+        let (broken, fix) = scenario.broken_and_fix();
+        stage.timeline.say("");
+        stage.timeline.say(&format!(
+            "{}",
+            if fixed {
+                format!("── {}: fixed, {fix} ──", scenario.name())
+                    .green()
+                    .bold()
+            } else {
+                format!("── {}: broken, {broken} ──", scenario.name())
+                    .red()
+                    .bold()
+            }
+        ));
+        stage
+    }
+
+    /// A holder's script on this run's keys; it tries for `--wait` and does not stop
+    /// between SETNX and PEXPIRE unless told to.
+    fn holder(
+        &self,
+        scenario: Scenario,
+        fixed: bool,
+        acquire: Acquire,
+        release: Release,
+    ) -> Holder {
+        Holder {
+            key: self.key(scenario, fixed, "lock"),
+            holders: self.key(scenario, fixed, "holders"),
+            acquire,
+            release,
+            ttl_ms: self.args.ttl.as_millis() as u64,
+            wait_ms: self.args.wait.as_millis() as u64,
+            stop_between: false,
+        }
+    }
+
+    fn spec(&self, name: &str, holder: Holder) -> WorkerSpec {
+        WorkerSpec::Naive(Role {
+            name: name.into(),
+            redis_url: self.redis_url.clone(),
+            script: Script::Holder(holder),
+        })
+    }
+
+    // ── race ──
+
+    /// Both runs of the race on the same worker processes, then the verdict.
+    fn race(&self) -> Result<ScenarioVerdict> {
+        let args = self.args;
+        let mut stage = Stage::new(self.style);
+        stage.timeline.say("");
+        stage.timeline.say(&format!(
+            "{}",
+            "── race: GET-then-SET (broken) vs SET NX (fixed) ──".bold()
+        ));
+        let prefix = format!("lockslab:{}:naive:race", self.run_id);
+        let mut workers = Vec::new();
+        for i in 1..=args.workers {
+            let name = format!("W{i}");
+            let role = Role {
+                name: name.clone(),
+                redis_url: self.redis_url.clone(),
+                script: Script::Racer {
+                    prefix: prefix.clone(),
+                    spread_us: args.spread.as_micros() as u64,
+                    window_us: args.window.as_micros() as u64,
+                    work_ms: args.work.as_millis() as u64,
+                    ttl_ms: args.ttl.as_millis() as u64,
+                },
+            };
+            workers.push(stage.spawn(&name, &WorkerSpec::Naive(role))?);
+        }
+        let mut pids = Vec::new();
+        collect(&mut stage, &workers, "ready", |event| {
+            pids.push(event.get_i64("pid").unwrap_or(0));
+            Ok(())
+        })?;
+        stage.record(
+            Event::new(
+                "lab",
+                "workers",
+                format!(
+                    "starts {} worker processes; in every trial each tries once for a fresh lock, \
+                     arriving within {} (window {}, work {})",
+                    args.workers,
+                    short(args.spread),
+                    short(args.window),
+                    short(args.work)
+                ),
+            )
+            .with("pids", pids),
+        );
+
+        let broken = self.race_run(&mut stage, &mut workers, false)?;
+        let fixed = self.race_run(&mut stage, &mut workers, true)?;
+        for worker in &mut workers {
+            let _ = worker.tell("quit");
+        }
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(5));
+        }
+        stage.drain();
+
+        if let Some(example) = &broken.example {
+            print_example(&stage, example);
+        }
+        let mut verdict = self.verdict(Scenario::Race, broken.tally, fixed.tally);
+        verdict.example = broken.example;
+        Ok(verdict)
+    }
+
+    fn race_run(
+        &self,
+        stage: &mut Stage,
+        workers: &mut [WorkerHandle],
+        fixed: bool,
+    ) -> Result<RaceRun> {
+        let args = self.args;
+        let variant = if fixed { "fixed" } else { "broken" };
+        let bar = self.style.progress(
+            args.trials as u64,
+            &format!("  {variant:>6} trials [{{bar:30}}] {{pos}}/{{len}}"),
+        );
+        stage.timeline.attach_bar(bar);
+        let started = Instant::now();
+        let mut reports: Vec<Vec<Event>> = Vec::with_capacity(args.trials as usize);
+        for trial in 1..=args.trials {
+            for worker in workers.iter_mut() {
+                worker.tell(&format!("trial {trial} {variant}"))?;
+            }
+            let mut these = Vec::with_capacity(workers.len());
+            collect(stage, workers, "trial", |event| {
+                if event.get_i64("trial") != Some(trial as i64) {
+                    bail!("worker {} answered for the wrong trial", event.worker);
+                }
+                these.push(event.clone());
+                Ok(())
+            })?;
+            reports.push(these);
+            if let Some(bar) = stage.timeline.bar() {
+                bar.inc(1);
+            }
+        }
+        stage.timeline.clear_bar();
+        let took = started.elapsed();
+
+        // The verdict: each trial's holders list, read back from Redis.
+        let mut redis = self.redis()?;
+        let mut pipe = redis::pipe();
+        for trial in 1..=args.trials {
+            pipe.cmd("LRANGE")
+                .arg(format!("{}:{variant}:{trial}:holders", self.race_prefix()))
+                .arg(0)
+                .arg(-1);
+        }
+        let lists: Vec<Vec<String>> = pipe
+            .query(&mut redis)
+            .context("reading the holders lists back from Redis")?;
+
+        let mut violations = 0;
+        let mut clock_overlaps = 0;
+        let mut believers_total = 0;
+        let mut most_at_once = 0;
+        let mut holders_per_trial = Vec::with_capacity(lists.len());
+        let mut example = None;
+        for (index, (list, these)) in lists.iter().zip(&reports).enumerate() {
+            let (most, pairs) = replay(list);
+            holders_per_trial.push(most);
+            most_at_once = most_at_once.max(most);
+            believers_total += these
+                .iter()
+                .filter(|e| e.get_bool("acquired") == Some(true))
+                .count();
+            if intervals_overlap(these) {
+                clock_overlaps += 1;
+            }
+            if most >= 2 {
+                violations += 1;
+                if example.is_none() {
+                    example = Some(race_example(index as u32 + 1, these, &pairs));
+                }
+            }
+        }
+        let trials = args.trials;
+        let rate = violations as f64 / trials as f64;
+        let text = if violations == 0 {
+            format!(
+                "{trials} trials with {} in {}: never two holders at once (the holders lists in Redis agree)",
+                if fixed { "SET NX" } else { "GET-then-SET" },
+                human(took)
+            )
+        } else {
+            format!(
+                "{trials} trials with GET-then-SET in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
+                human(took),
+                rate * 100.0
+            )
+        };
+        let kind = if violations > 0 {
+            "violation"
+        } else {
+            "counted"
+        };
+        stage.record(
+            Event::new("redis", kind, text)
+                .with("variant", variant)
+                .with("violations", violations)
+                .with("trials", trials)
+                .with("clock_overlaps", clock_overlaps)
+                .with("holders_per_trial", holders_per_trial.clone()),
+        );
+        let tally = Tally::new(violations, trials)
+            .with("rate", (rate * 1000.0).round() / 1000.0)
+            .with("clock_overlaps", clock_overlaps)
+            .with("most_at_once", most_at_once)
+            .with("believers", believers_total)
+            .with("took_ms", took.as_millis() as u64);
+        Ok(RaceRun { tally, example })
+    }
+
+    fn race_prefix(&self) -> String {
+        format!("lockslab:{}:naive:race", self.run_id)
+    }
+
+    // ── no-ttl and setnx-expire ──
+
+    /// A takes the lock and is killed holding it; B tries for `--wait`. Broken: B gives
+    /// up and the key still names the dead A, with PTTL -1. Fixed: the key lapses after
+    /// its TTL and B gets the lock.
+    fn stuck(&self, scenario: Scenario, fixed: bool) -> Result<Tally> {
+        let args = self.args;
+        let mut stage = self.stage(scenario, fixed);
+        let acquire = match (scenario, fixed) {
+            (_, true) => Acquire::SetNxPx,
+            (Scenario::SetnxExpire, false) => Acquire::SetnxThenExpire,
+            _ => Acquire::Setnx,
+        };
+        let key = self.key(scenario, fixed, "lock");
+        let mut redis = self.redis()?;
+
+        let holder = self.holder(scenario, fixed, acquire, Release::CompareAndDelete);
+        let a_script = Holder {
+            stop_between: true,
+            ..holder.clone()
+        };
+        let mut a = stage.spawn("A", &self.spec("A", a_script))?;
+        // With SETNX-then-PEXPIRE, A stops between the two commands and says so; the
+        // lab kills it right there. Otherwise A stops after taking the lock.
+        let took = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+            e.worker == "A" && (e.kind == "acquired" || e.kind == "between")
+        })?;
+        let a_owner = took
+            .data
+            .get("owner")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+        stage.record(
+            Event::new(
+                "redis",
+                "pttl",
+                if pttl == -1 {
+                    "PTTL → -1: the key exists and has no expiry".to_string()
+                } else {
+                    format!("PTTL → {pttl}ms: the key will expire by itself")
+                },
+            )
+            .with("pttl_ms", pttl),
+        );
+        a.kill();
+        let killed_at = Instant::now();
+        let where_ = match acquire {
+            Acquire::SetnxThenExpire => "between SETNX and PEXPIRE: the PEXPIRE is never sent",
+            _ => "while it holds the lock: its release never runs",
+        };
+        stage.record(
+            Event::new(
+                "lab",
+                "killed",
+                format!("SIGKILL to A (pid {}) {where_}", a.pid),
+            )
+            .with("pid", a.pid),
+        );
+
+        let mut b = stage.spawn("B", &self.spec("B", holder))?;
+        let bar = self
+            .style
+            .progress(args.wait.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let deadline = Instant::now() + args.wait + Duration::from_secs(10);
+        let mut last_look = Instant::now() - Duration::from_secs(1);
+        let b_result = loop {
+            if let Some(event) = stage.next(Duration::from_millis(10)) {
+                if event.kind == "error" {
+                    bail!("worker {} failed: {}", event.worker, event.text);
+                }
+                if event.worker == "B" && (event.kind == "acquired" || event.kind == "gave_up") {
+                    break event;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for B to take the lock or give up");
+            }
+            if last_look.elapsed() >= Duration::from_millis(50) {
+                last_look = Instant::now();
+                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.set_position(killed_at.elapsed().as_millis() as u64);
+                    bar.set_message(format!("B keeps trying; A's key: PTTL {pttl:>5}ms"));
+                }
+            }
+        };
+        stage.timeline.clear_bar();
+
+        // The evidence: who the key names now, and whether it will ever expire.
+        let (owner, pttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis)
+            .context("reading the lock back from Redis")?;
+        let dead_owner = owner.is_some() && owner == a_owner;
+        let since_kill = killed_at.elapsed();
+        let text = if dead_owner {
+            format!(
+                "GET → A's value, PTTL → {pttl}: {} after A died the lock still belongs to it{}",
+                human(since_kill),
+                if pttl == -1 { ", and always will" } else { "" }
+            )
+        } else {
+            format!(
+                "GET → {}, PTTL → {pttl}: A's key expired on its own, {} after A took it",
+                if b_result.kind == "acquired" {
+                    "B's value"
+                } else {
+                    "(nil)"
+                },
+                human(args.ttl)
+            )
+        };
+        stage.record(
+            Event::new(
+                "redis",
+                if dead_owner { "violation" } else { "lapsed" },
+                text,
+            )
+            .with("dead_owner", dead_owner)
+            .with("pttl_ms", pttl),
+        );
+        if b_result.kind == "acquired" {
+            b.tell("finish")?;
+            stage.wait_for(Duration::from_secs(5), "B to release", |e| {
+                e.is("B", "released")
+            })?;
+        }
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+
+        let waited_ms = b_result.get_i64("waited_ms").unwrap_or(0);
+        Ok(Tally::new(dead_owner as u32, 1)
+            .with("next_holder_got_lock", b_result.kind == "acquired")
+            .with("waited_ms", waited_ms)
+            .with("pttl_ms_after_wait", pttl)
+            .with("ttl_ms", args.ttl.as_millis() as u64))
+    }
+
+    // ── wrong-release ──
+
+    /// A's lease runs out while it works; B takes the lock; A releases; C tries once.
+    fn wrong_release(&self, fixed: bool) -> Result<Tally> {
+        let args = self.args;
+        let scenario = Scenario::WrongRelease;
+        let mut stage = self.stage(scenario, fixed);
+        let release = if fixed {
+            Release::CompareAndDelete
+        } else {
+            Release::Del
+        };
+        let key = self.key(scenario, fixed, "lock");
+        let holders = self.key(scenario, fixed, "holders");
+        let mut redis = self.redis()?;
+        let long = args.ttl + Duration::from_secs(10);
+        let holder = self.holder(scenario, fixed, Acquire::SetNxPx, release);
+        let spec = |name: &str, wait: Duration| {
+            self.spec(
+                name,
+                Holder {
+                    wait_ms: wait.as_millis() as u64,
+                    ..holder.clone()
+                },
+            )
+        };
+
+        let mut a = stage.spawn("A", &spec("A", args.wait))?;
+        let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", "acquired"))?;
+        let a_owner = a_took
+            .data
+            .get("owner")
+            .and_then(Value::as_str)
+            .map(String::from);
+
+        // A works on; watch its key in Redis until the lease runs out.
+        let bar = self
+            .style
+            .progress(args.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let deadline = Instant::now() + long;
+        loop {
+            stage.next(Duration::from_millis(10));
+            let (owner, pttl): (Option<String>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(&key)
+                .cmd("PTTL")
+                .arg(&key)
+                .query(&mut redis)
+                .context("watching the lock in Redis")?;
+            if owner != a_owner {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("A's key did not expire within {}", human(long));
+            }
+            if let Some(bar) = stage.timeline.bar() {
+                bar.set_position(args.ttl.as_millis() as u64 - pttl.max(0) as u64);
+                bar.set_message(format!("A works; its key: PTTL {pttl:>5}ms"));
+            }
+        }
+        stage.timeline.clear_bar();
+        stage.record(Event::new(
+            "redis",
+            "expired",
+            format!(
+                "A's key expired (TTL {}) while A still works: for Redis the lock is free",
+                human(args.ttl)
+            ),
+        ));
+
+        let mut b = stage.spawn("B", &spec("B", args.wait))?;
+        let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", "acquired"))?;
+        let b_owner = b_took
+            .data
+            .get("owner")
+            .and_then(Value::as_str)
+            .map(String::from);
+
+        a.tell("finish")?;
+        stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
+        let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+        let b_lost_lock = owner != b_owner;
+        stage.record(Event::new(
+            "redis",
+            if b_lost_lock { "violation" } else { "kept" },
+            if b_lost_lock {
+                "GET → (nil): A's DEL removed B's lock, and B is still working"
+            } else {
+                "GET → B's value: A's release left B's lock alone; B keeps it"
+            },
+        ));
+
+        // C tries once, as any newcomer would.
+        let mut c = stage.spawn("C", &spec("C", Duration::ZERO))?;
+        let c_result = stage.wait_for(long, "C to try the lock", |e| {
+            e.worker == "C" && (e.kind == "acquired" || e.kind == "gave_up")
+        })?;
+        if c_result.kind == "acquired" {
+            let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+            let c_owner = c_result.data.get("owner").and_then(Value::as_str);
+            if owner.as_deref() == c_owner {
+                stage.record(Event::new(
+                    "redis",
+                    "two_holders",
+                    "GET → C's value while B still works and believes it holds the lock: two holders, B and C",
+                ));
+            }
+        }
+
+        b.tell("finish")?;
+        stage.wait_for(long, "B to release", |e| e.is("B", "released"))?;
+        if c_result.kind == "acquired" {
+            c.tell("finish")?;
+            stage.wait_for(long, "C to release", |e| e.is("C", "released"))?;
+        }
+        for worker in [&mut a, &mut b, &mut c] {
+            worker.finish(Duration::from_secs(5));
+        }
+        stage.drain();
+
+        // The verdict: who held the lock together, in Redis's order; and, by the workers'
+        // monotonic stamps, whether the earlier holder's lease had run out by then. A pair
+        // whose first lease had run out is lab 1's problem (the TTL), the same in both runs;
+        // a pair whose first lease still ran means someone deleted a live lock.
+        let list = lrange(&mut redis, &holders)?;
+        let (_, pairs) = replay(&list);
+        let entered: HashMap<String, u64> = stage
+            .log
+            .iter()
+            .filter(|e| e.kind == "acquired")
+            .filter_map(|e| Some((e.worker.clone(), e.get_i64("enter_ns")? as u64)))
+            .collect();
+        let ttl_ns = args.ttl.as_nanos() as u64;
+        let mut violations = 0;
+        let mut overlaps = Vec::new();
+        for (first, second) in &pairs {
+            let gap = entered
+                .get(second)
+                .zip(entered.get(first))
+                .map(|(s, f)| s.saturating_sub(*f));
+            let lease_ran_out = gap.is_some_and(|gap| gap >= ttl_ns);
+            if !lease_ran_out {
+                violations += 1;
+            }
+            overlaps.push(json!({
+                "holders": [first, second],
+                "second_entered_after_ms": gap.map(|g| g / 1_000_000),
+                "cause": if lease_ran_out { "lease expired" } else { "lock deleted by another worker" },
+            }));
+        }
+        let pairs_text = overlaps
+            .iter()
+            .map(|o| {
+                format!(
+                    "{} and {} ({})",
+                    o["holders"][0].as_str().unwrap_or("?"),
+                    o["holders"][1].as_str().unwrap_or("?"),
+                    o["cause"].as_str().unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        stage.record(
+            Event::new(
+                "redis",
+                if violations > 0 {
+                    "violation"
+                } else {
+                    "counted"
+                },
+                format!(
+                    "holders list [{}]: held at the same time: {pairs_text}",
+                    list.join(" ")
+                ),
+            )
+            .with("holders", list.clone())
+            .with("violations", violations),
+        );
+        Ok(Tally::new(violations, 1)
+            .with("holders_list", list)
+            .with("overlaps", overlaps)
+            .with("c_got_lock", c_result.kind == "acquired"))
+    }
+
+    fn verdict(&self, scenario: Scenario, broken: Tally, fixed: Tally) -> ScenarioVerdict {
+        let meaning = meaning(scenario, &broken, &fixed, self.args);
+        ScenarioVerdict {
+            name: scenario.name(),
+            broken,
+            fixed,
+            meaning,
+            example: None,
+        }
+    }
+
+    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay forever.
+    fn cleanup(&self) {
+        if let Ok(mut redis) = self.redis() {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("lockslab:{}:*", self.run_id))
+                .query(&mut redis)
+                .unwrap_or_default();
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut redis);
+            }
+        }
+    }
+}
+
+struct RaceRun {
+    tally: Tally,
+    example: Option<Value>,
+}
+
+/// Takes one unshown event of `kind` from every worker, failing with a clear message
+/// if a worker fails, exits, or stays silent.
+fn collect(
+    stage: &mut Stage,
+    workers: &[WorkerHandle],
+    kind: &str,
+    mut take: impl FnMut(&Event) -> Result<()>,
+) -> Result<()> {
+    let mut waiting: Vec<&str> = workers.iter().map(|w| w.name.as_str()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !waiting.is_empty() {
+        if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
+            if event.kind == "error" {
+                bail!("worker {} failed: {}", event.worker, event.text);
+            }
+            if event.kind == kind {
+                waiting.retain(|w| *w != event.worker);
+                take(&event)?;
+            }
+        }
+        if let Some(gone) = waiting.iter().find(|w| stage.has_exited(w)) {
+            bail!("worker {gone} exited before reporting `{kind}`");
+        }
+        if Instant::now() > deadline {
+            bail!("no `{kind}` from {} within 10s", waiting.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// Did two workers that believed they held the lock hold it at overlapping moments, by
+/// their monotonic clocks?
+fn intervals_overlap(reports: &[Event]) -> bool {
+    let mut intervals: Vec<(i64, i64)> = reports
+        .iter()
+        .filter_map(|e| Some((e.get_i64("enter_ns")?, e.get_i64("leave_ns")?)))
+        .collect();
+    intervals.sort();
+    intervals.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// One broken trial, step by step, from the workers' monotonic stamps: the first (up to)
+/// three workers that held the lock together.
+fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Value {
+    let mut shown: Vec<&str> = Vec::new();
+    let mut together: Vec<&str> = pairs
+        .iter()
+        .flat_map(|(a, b)| [a.as_str(), b.as_str()])
+        .collect();
+    together.dedup();
+    let mut by_entry: Vec<&Event> = reports
+        .iter()
+        .filter(|e| together.contains(&e.worker.as_str()))
+        .collect();
+    by_entry.sort_by_key(|e| e.get_i64("answer_ns"));
+    for event in by_entry.iter().take(3) {
+        shown.push(&event.worker);
+    }
+    let holders = by_entry.len();
+    let mut steps: Vec<(i64, String, String, String)> = Vec::new();
+    for event in &by_entry {
+        if !shown.contains(&event.worker.as_str()) {
+            continue;
+        }
+        let worker = event.worker.clone();
+        if let Some(t) = event.get_i64("start_ns") {
+            steps.push((
+                t,
+                worker.clone(),
+                "get".into(),
+                "GET: no holder, the lock looks free".into(),
+            ));
+        }
+        if let Some(t) = event.get_i64("answer_ns") {
+            steps.push((
+                t,
+                worker.clone(),
+                "set".into(),
+                "SET → OK: believes it holds the lock".into(),
+            ));
+        }
+        if let Some(t) = event.get_i64("leave_ns") {
+            let text = if event.get_bool("released") == Some(true) {
+                "done: compare-and-delete finds its own value and deletes the key"
+            } else {
+                "done: compare-and-delete finds another worker's value (its own was overwritten); deletes nothing"
+            };
+            steps.push((t, worker, "done".into(), text.into()));
+        }
+    }
+    steps.sort_by_key(|s| s.0);
+    let origin = steps.first().map(|s| s.0).unwrap_or(0);
+    json!({
+        "trial": trial,
+        "holders": holders,
+        "steps": steps.iter().map(|(t, worker, step, text)| json!({
+            "t_us": (t - origin) / 1000,
+            "worker": worker,
+            "step": step,
+            "text": text,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_example(stage: &Stage, example: &Value) {
+    let timeline = &stage.timeline;
+    timeline.say("");
+    timeline.say(&format!(
+        "  One trial that broke (#{}), as the workers' CLOCK_MONOTONIC stamps saw it:",
+        example["trial"]
+    ));
+    for step in example["steps"].as_array().into_iter().flatten() {
+        let ms = step["t_us"].as_i64().unwrap_or(0) as f64 / 1000.0;
+        timeline.say(&format!(
+            "  {:>10}  {:<4} {}",
+            format!("{ms:.3}ms").dimmed(),
+            step["worker"].as_str().unwrap_or("?").bold(),
+            step["text"].as_str().unwrap_or("")
+        ));
+    }
+    let holders = example["holders"].as_u64().unwrap_or(0);
+    if holders > 3 {
+        timeline.say(&format!(
+            "  {}",
+            format!(
+                "…and {} more workers held the lock in this trial at the same time",
+                holders - 3
+            )
+            .dimmed()
+        ));
+    }
+}
+
+/// A duration as a learner reads it, down to microseconds for the race's small ones.
+fn short(duration: Duration) -> String {
+    if !duration.is_zero() && duration < Duration::from_millis(1) {
+        format!("{}µs", duration.as_micros())
+    } else {
+        human(duration)
+    }
+}
+
+/// One sentence on what a scenario's two runs show.
+fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, args: &NaiveArgs) -> String {
+    let waited = |t: &Tally| {
+        t.detail_u64("waited_ms")
+            .map(|ms| human(Duration::from_millis(ms)))
+            .unwrap_or_default()
+    };
+    let fixed_ok = fixed.violations == 0;
+    match scenario {
+        Scenario::Race => {
+            let head = if broken.violations == 0 {
+                format!(
+                    "GET-then-SET got lucky this time: no trial broke (try a --window above {})",
+                    short(args.window)
+                )
+            } else {
+                format!(
+                    "GET-then-SET let two or more workers hold the lock at once in {} of {} trials (up to {} together)",
+                    broken.violations,
+                    broken.trials,
+                    broken.detail_u64("most_at_once").unwrap_or(0)
+                )
+            };
+            let tail = if fixed_ok {
+                "SET NX let exactly one in, every time"
+            } else {
+                "SET NX broke too, which it should not: look at the holders lists"
+            };
+            format!("{head}; {tail}.")
+        }
+        Scenario::NoTtl | Scenario::SetnxExpire => {
+            let how = if scenario == Scenario::NoTtl {
+                "A died holding a key with no TTL"
+            } else {
+                "A died between SETNX and PEXPIRE"
+            };
+            let head = if broken.violations > 0 {
+                format!(
+                    "{how}: after {} the key still named it (PTTL {}), and nothing will ever remove it",
+                    human(args.wait),
+                    broken
+                        .details
+                        .get("pttl_ms_after_wait")
+                        .cloned()
+                        .unwrap_or(Value::Null)
+                )
+            } else {
+                format!("{how}, yet the lock came free, which the bug should not allow")
+            };
+            let tail = if fixed_ok {
+                format!(
+                    "with SET NX PX the lock lapsed with its TTL ({}) and B got it after {}",
+                    human(args.ttl),
+                    waited(fixed)
+                )
+            } else {
+                "with SET NX PX, B still did not get the lock: look at the timeline".into()
+            };
+            format!("{head}; {tail}.")
+        }
+        Scenario::WrongRelease => {
+            let head = if broken.violations > 0 {
+                "A's DEL removed B's live lock and C took it while B still worked: two holders"
+            } else {
+                "A's DEL did not let anyone in this time"
+            };
+            let tail = if fixed_ok {
+                "with compare-and-delete A's release deleted nothing (the script returned 0), B kept the lock and C was turned away"
+            } else {
+                "compare-and-delete still let someone in: look at the holders list"
+            };
+            format!("{head}; {tail}.")
+        }
+    }
+}
+
+fn print_verdicts(verdicts: &[ScenarioVerdict]) {
+    let count = |t: &Tally, broken: bool| {
+        let text = if t.trials > 1 {
+            format!(
+                "{}/{} ({:.1}%)",
+                t.violations,
+                t.trials,
+                t.violations as f64 * 100.0 / t.trials as f64
+            )
+        } else {
+            format!("{}/{}", t.violations, t.trials)
+        };
+        match (t.violations > 0, broken) {
+            (true, _) => text.red().bold().to_string(),
+            (false, false) => text.green().bold().to_string(),
+            (false, true) => text,
+        }
+    };
+    let rows: Vec<Vec<String>> = verdicts
+        .iter()
+        .map(|v| {
+            let scenario = Scenario::ALL
+                .into_iter()
+                .find(|s| s.name() == v.name)
+                .unwrap_or(Scenario::Race);
+            let (broken, fix) = scenario.broken_and_fix();
+            vec![
+                v.name.to_string(),
+                scenario.counted().to_string(),
+                broken.to_string(),
+                count(&v.broken, true),
+                fix.to_string(),
+                count(&v.fixed, false),
+            ]
+        })
+        .collect();
+    println!();
+    println!("{}", "Verdict (counted from what Redis recorded)".bold());
+    println!(
+        "{}",
+        table(
+            &[
+                "scenario",
+                "violation counted",
+                "broken lock",
+                "count",
+                "fixed lock",
+                "count"
+            ],
+            &rows
+        )
+    );
+    println!();
+    for verdict in verdicts {
+        println!(
+            "  {} {}",
+            format!("{}:", verdict.name).bold(),
+            verdict.meaning
+        );
+    }
 }

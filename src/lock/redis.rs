@@ -7,6 +7,10 @@
 //! - release with a Lua script that deletes the key **only if it still holds our owner**,
 //!   because a GET followed by a DEL leaves a window in which the key can change hands.
 //!
+//! Below the correct lock sit the versions people write first (marked ❌), each with the bug
+//! it carries and a pointer to the ✅ method that fixes it. Lab 2 (`lockslab naive`) runs
+//! them against a real Redis and counts what goes wrong.
+//!
 //! Even correct, it is a lease: once the TTL passes, Redis hands the lock to someone else,
 //! whether or not the first holder is done (or frozen). Protecting data needs a fencing
 //! token as well; [`RedisLock::try_acquire_fenced`] hands one out.
@@ -152,5 +156,98 @@ impl RedisLock {
 
     fn ttl_ms(&self) -> u64 {
         self.ttl.as_millis().max(1) as u64
+    }
+}
+
+// The naive lock, broken four ways. Each ❌ method is one real mistake on its own, with the
+// rest of the lock done right, so that lab 2 can show one bug at a time beside its fix.
+impl RedisLock {
+    /// ❌ Check-then-set: `GET` the key, and if nobody holds the lock, `SET` it.
+    ///
+    /// Two commands, and Redis serves other clients in between. Every client whose GET
+    /// lands before the first SET sees a free lock; each then SETs its own owner over the
+    /// one before and returns "acquired": several holders at once, each sure it is alone.
+    /// `window` is extra time between the GET and the SET (a slow network, a busy client),
+    /// so the race shows on a quiet machine too. The key does get a TTL here: this variant
+    /// has exactly one bug.
+    ///
+    /// Fix: [`RedisLock::try_acquire`], where `SET NX` asks and takes in one command.
+    pub fn try_acquire_get_then_set(&mut self, window: Duration) -> Result<Option<Held>> {
+        let current: Option<String> = redis::cmd("GET")
+            .arg(&self.key)
+            .query(&mut self.connection)
+            .context("GET")?;
+        if current.is_some() {
+            return Ok(None);
+        }
+        if !window.is_zero() {
+            thread::sleep(window);
+        }
+        let owner = random_owner();
+        redis::cmd("SET")
+            .arg(&self.key)
+            .arg(&owner)
+            .arg("PX")
+            .arg(self.ttl_ms())
+            .query::<()>(&mut self.connection)
+            .context("SET")?;
+        Ok(Some(Held { owner, token: None }))
+    }
+
+    /// ❌ `SETNX key owner`: atomic, but with no expiry.
+    ///
+    /// The race is gone — SETNX asks and takes in one command — but the key never expires.
+    /// A holder that dies before releasing (SIGKILL, the OOM killer, a lost machine) leaves
+    /// the key behind for good: `PTTL` answers -1, and every other client waits forever.
+    ///
+    /// Fix: [`RedisLock::try_acquire`], `SET NX PX ttl`: a dead holder's lock lapses.
+    pub fn try_acquire_setnx(&mut self) -> Result<Option<Held>> {
+        let owner = random_owner();
+        let created: bool = redis::cmd("SETNX")
+            .arg(&self.key)
+            .arg(&owner)
+            .query(&mut self.connection)
+            .context("SETNX")?;
+        Ok(created.then_some(Held { owner, token: None }))
+    }
+
+    /// ❌ `SETNX`, then `PEXPIRE`: the expiry added by a second command.
+    ///
+    /// It looks like the fix for [`RedisLock::try_acquire_setnx`], and it works until the
+    /// client dies between the two commands: then the key stays with no expiry, exactly as
+    /// if it had never been given one. `between` runs in that gap — lab 2 kills the worker
+    /// there; in production the gap is a crash, a network timeout or a deploy.
+    ///
+    /// Fix: [`RedisLock::try_acquire`], `SET NX PX ttl`: one command, no gap to die in.
+    pub fn try_acquire_setnx_then_expire(
+        &mut self,
+        between: impl FnOnce(&Held) -> Result<()>,
+    ) -> Result<Option<Held>> {
+        let Some(held) = self.try_acquire_setnx()? else {
+            return Ok(None);
+        };
+        between(&held)?;
+        redis::cmd("PEXPIRE")
+            .arg(&self.key)
+            .arg(self.ttl_ms())
+            .query::<()>(&mut self.connection)
+            .context("PEXPIRE")?;
+        Ok(Some(held))
+    }
+
+    /// ❌ Release with a plain `DEL key`, without asking whose key it is.
+    ///
+    /// If our lock expired while we worked, the key may now belong to the next holder, and
+    /// DEL removes *their* lock; a third client then takes it while they still work. Returns
+    /// true if a key was deleted — whoever it belonged to.
+    ///
+    /// Fix: [`RedisLock::release`], compare-and-delete in one Lua script. (GET, compare in
+    /// the client, then DEL is no fix: the key can change hands between the GET and the DEL.)
+    pub fn release_by_del(&mut self) -> Result<bool> {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&self.key)
+            .query(&mut self.connection)
+            .context("DEL")?;
+        Ok(deleted == 1)
     }
 }

@@ -1,0 +1,386 @@
+//! Lab 2 against a real Redis: every bug shows, every fix holds, counted from the evidence.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// Short TTL and wait so the deterministic scenarios take about two seconds each.
+const FAST: [&str; 4] = ["--ttl", "300ms", "--wait", "1200ms"];
+
+fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
+    verdict["scenarios"]
+        .as_array()
+        .expect("scenarios array")
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no scenario {name} in {verdict}"))
+}
+
+fn naive(args: &[&str]) -> (Vec<Value>, Value) {
+    let mut all = vec!["naive"];
+    all.extend_from_slice(args);
+    let (lines, verdict, _) = run_json(&all);
+    (lines, verdict)
+}
+
+/// Every worker pid the run reported: holders say `waiting`, racers are listed by the lab.
+fn worker_pids(lines: &[Value]) -> Vec<i32> {
+    let mut pids: Vec<i32> = lines
+        .iter()
+        .filter(|e| e["kind"] == "waiting")
+        .filter_map(|e| e["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect();
+    for event in lines.iter().filter(|e| e["kind"] == "workers") {
+        pids.extend(
+            event["pids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_i64().unwrap() as i32),
+        );
+    }
+    pids
+}
+
+fn assert_gone(pids: &[i32]) {
+    assert!(!pids.is_empty(), "the run reported no workers");
+    for &pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__worker"),
+            "worker {pid} is still there: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        );
+    }
+}
+
+fn counts(run: &Value) -> (u64, u64) {
+    (
+        run["violations"].as_u64().unwrap(),
+        run["trials"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn a_dead_holder_without_ttl_blocks_the_lock_for_good_and_set_nx_px_frees_it() {
+    for round in 0..2 {
+        let (lines, verdict) = naive(&[&["no-ttl"][..], &FAST].concat());
+        let run = scenario(&verdict, "no-ttl");
+        assert_eq!(counts(&run["broken"]), (1, 1), "round {round}: {run}");
+        assert_eq!(run["broken"]["pttl_ms_after_wait"], -1, "{run}");
+        assert_eq!(run["broken"]["next_holder_got_lock"], false, "{run}");
+        assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
+        assert_eq!(run["fixed"]["next_holder_got_lock"], true, "{run}");
+        // B got the lock once A's key lapsed: not at once, and well before the wait ran out.
+        let waited = run["fixed"]["waited_ms"].as_u64().unwrap();
+        assert!((150..1200).contains(&waited), "B waited {waited}ms: {run}");
+
+        // The story on the timeline: A was killed holding the lock, B gave up, then (fixed) got it.
+        let killed = lines
+            .iter()
+            .filter(|e| e["worker"] == "lab" && e["kind"] == "killed")
+            .count();
+        assert_eq!(killed, 2, "A is killed in both runs");
+        assert_eq!(events(&lines, "B", "gave_up").len(), 1);
+        assert_eq!(events(&lines, "B", "acquired").len(), 1);
+        assert_gone(&worker_pids(&lines));
+    }
+}
+
+#[test]
+fn a_holder_killed_between_setnx_and_expire_leaves_a_stuck_lock() {
+    for round in 0..2 {
+        let (lines, verdict) = naive(&[&["setnx-expire"][..], &FAST].concat());
+        let run = scenario(&verdict, "setnx-expire");
+        assert_eq!(counts(&run["broken"]), (1, 1), "round {round}: {run}");
+        assert_eq!(run["broken"]["pttl_ms_after_wait"], -1, "{run}");
+        assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
+        assert_eq!(run["fixed"]["next_holder_got_lock"], true, "{run}");
+
+        // A stopped between the two commands and was killed there, before any `acquired`.
+        let between = events(&lines, "A", "between");
+        assert_eq!(between.len(), 1, "only the broken run has a gap to stop in");
+        let pttl_seen = lines
+            .iter()
+            .find(|e| e["worker"] == "redis" && e["kind"] == "pttl")
+            .unwrap();
+        assert_eq!(
+            pttl_seen["pttl_ms"], -1,
+            "no expiry right after SETNX: {pttl_seen}"
+        );
+        let a_acquired: Vec<_> = events(&lines, "A", "acquired");
+        assert_eq!(a_acquired.len(), 1, "A acquires only in the fixed run");
+        assert!(
+            a_acquired[0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("SET NX PX")
+        );
+        assert_gone(&worker_pids(&lines));
+    }
+}
+
+#[test]
+fn releasing_by_del_lets_a_third_holder_in_and_compare_and_delete_does_not() {
+    for round in 0..2 {
+        let (lines, verdict) = naive(&[&["wrong-release"][..], &FAST].concat());
+        let run = scenario(&verdict, "wrong-release");
+        assert_eq!(counts(&run["broken"]), (1, 1), "round {round}: {run}");
+        assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
+
+        // Redis's own order of who held the lock.
+        let list = |r: &Value| -> Vec<String> {
+            r["holders_list"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            list(&run["broken"]),
+            ["+A", "+B", "-A", "+C", "-B", "-C"],
+            "{run}"
+        );
+        assert_eq!(list(&run["fixed"]), ["+A", "+B", "-A", "-B"], "{run}");
+        let causes: Vec<(String, String)> = run["broken"]["overlaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    format!("{}{}", o["holders"][0], o["holders"][1]).replace('"', ""),
+                    o["cause"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            causes,
+            [
+                ("AB".to_string(), "lease expired".to_string()),
+                (
+                    "BC".to_string(),
+                    "lock deleted by another worker".to_string()
+                )
+            ]
+        );
+
+        // A's release: DEL deleted a key (B's); compare-and-delete deleted nothing.
+        let a_released = events(&lines, "A", "released");
+        assert_eq!(a_released.len(), 2);
+        assert_eq!(a_released[0]["deleted"], true);
+        assert_eq!(a_released[1]["deleted"], false);
+        assert_eq!(events(&lines, "C", "acquired").len(), 1, "C gets in once");
+        assert_eq!(
+            events(&lines, "C", "gave_up").len(),
+            1,
+            "and is turned away once"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|e| e["worker"] == "redis" && e["kind"] == "two_holders"),
+            "GET showed C's value while B still worked"
+        );
+        assert_gone(&worker_pids(&lines));
+    }
+}
+
+#[test]
+fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
+    let (lines, verdict) = naive(&[
+        "race",
+        "--workers",
+        "6",
+        "--trials",
+        "30",
+        "--window",
+        "2ms",
+    ]);
+    let run = scenario(&verdict, "race");
+    let (broken, trials) = counts(&run["broken"]);
+    assert_eq!(trials, 30);
+    assert!(broken > 15, "only {broken}/30 trials broke: {run}");
+    assert_eq!(counts(&run["fixed"]), (0, 30), "{run}");
+    assert_eq!(run["fixed"]["clock_overlaps"], 0, "{run}");
+    assert_eq!(run["fixed"]["most_at_once"], 1, "{run}");
+    // Two holders in Redis's list always means overlapping monotonic intervals too.
+    assert!(run["broken"]["clock_overlaps"].as_u64().unwrap() >= broken);
+
+    // The verdict's count is what the per-trial holders lists say.
+    for variant in ["broken", "fixed"] {
+        let summary = lines
+            .iter()
+            .find(|e| e["worker"] == "redis" && e["variant"] == variant)
+            .unwrap();
+        let per_trial = summary["holders_per_trial"].as_array().unwrap();
+        assert_eq!(per_trial.len(), 30);
+        let broke = per_trial
+            .iter()
+            .filter(|h| h.as_u64().unwrap() >= 2)
+            .count() as u64;
+        assert_eq!(broke, run[variant]["violations"].as_u64().unwrap());
+    }
+
+    // The example is a real broken trial: two SETs answered OK before either worker let go.
+    let example = &run["example"];
+    let steps = example["steps"].as_array().unwrap();
+    let sets = steps.iter().filter(|s| s["step"] == "set").count();
+    assert!(sets >= 2, "{example}");
+    let second_set = steps.iter().filter(|s| s["step"] == "set").nth(1).unwrap()["t_us"]
+        .as_i64()
+        .unwrap();
+    let first_done = steps.iter().find(|s| s["step"] == "done").unwrap()["t_us"]
+        .as_i64()
+        .unwrap();
+    assert!(second_set < first_done, "{example}");
+    assert_gone(&worker_pids(&lines));
+}
+
+#[test]
+fn printed_counts_match_the_json_verdict() {
+    let args = [&["wrong-release"][..], &FAST].concat();
+    let (_, verdict) = naive(&args);
+    let output = lockslab(&[&["naive"][..], &args].concat())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let run = scenario(&verdict, "wrong-release");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("wrong-release"))
+        .unwrap_or_else(|| panic!("no verdict row in:\n{text}"));
+    let (b, bt) = counts(&run["broken"]);
+    let (f, ft) = counts(&run["fixed"]);
+    let printed: Vec<&str> = row.split_whitespace().filter(|w| w.contains('/')).collect();
+    assert_eq!(printed, [format!("{b}/{bt}"), format!("{f}/{ft}")], "{row}");
+
+    // The race table row shows the same numbers as the race's own summary lines.
+    let output = lockslab(&["naive", "race", "--trials", "20", "--workers", "4"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("race "))
+        .unwrap();
+    let broken = row
+        .split_whitespace()
+        .find(|w| w.ends_with("/20"))
+        .unwrap()
+        .trim_end_matches("/20");
+    let summary = text
+        .lines()
+        .find(|l| l.contains("20 trials with GET-then-SET"))
+        .unwrap();
+    if broken == "0" {
+        assert!(summary.contains("never two holders"), "{summary}");
+    } else {
+        assert!(
+            summary.contains(&format!("in {broken} (")),
+            "{row}\n{summary}"
+        );
+    }
+}
+
+#[test]
+fn human_output_shows_the_timelines_table_and_example_without_colours() {
+    let output = lockslab(&[&["naive", "setnx-expire"][..], &FAST].concat())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "setnx-expire: broken, SETNX, then PEXPIRE",
+        "setnx-expire: fixed, SET NX PX",
+        "PTTL → -1",
+        "between SETNX and PEXPIRE",
+        "Verdict",
+        "lock still held by a dead worker",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(!text.contains('\u{1b}'), "no colours when NO_COLOR is set");
+
+    let output = lockslab(&["naive", "race", "--trials", "10", "--window", "2ms"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("One trial that broke"), "{text}");
+    assert!(text.contains("SET → OK"), "{text}");
+}
+
+#[test]
+fn ctrl_c_while_b_waits_for_a_stuck_lock_leaves_nothing_behind() {
+    let mut lab = lockslab(&["naive", "no-ttl", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    let started = Instant::now();
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["kind"] == "waiting" {
+            pids.push(event["pid"].as_i64().unwrap() as i32);
+            if event["worker"] == "B" {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "B never started"
+        );
+    }
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    let status = lab.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C exits with 130");
+    assert_gone(&pids);
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    let output = lockslab(&["naive", "--wait", "500ms", "--ttl", "1s"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--wait") && stderr.contains("--ttl"),
+        "{stderr}"
+    );
+
+    let output = lockslab(&["naive", "racy"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr.contains("race") && stderr.contains("wrong-release"),
+        "{stderr}"
+    );
+
+    let output = lockslab(&["naive", "--workers", "1"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr.contains("--workers"), "{stderr}");
+
+    let output = lockslab(&["naive", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("Examples") && text.contains("--window"),
+        "{text}"
+    );
+}
