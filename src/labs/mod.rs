@@ -139,13 +139,12 @@ impl Stage {
     /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
     /// for labs whose workers report hundreds of trials, which the lab sums up instead.
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(Incoming::Event(event)) => Some(event),
-            Ok(Incoming::Closed { worker }) => {
+        match self.rx.recv_timeout(timeout).ok()? {
+            Incoming::Event(event) => Some(event),
+            Incoming::Closed { worker } => {
                 self.closed.insert(worker);
                 None
             }
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
         }
     }
 
