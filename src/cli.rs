@@ -53,7 +53,6 @@ enum Command {
     #[command(hide = true)]
     Naive(NaiveArgs),
     /// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
-    #[command(hide = true)]
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     #[command(hide = true)]
