@@ -356,7 +356,8 @@ pub fn work(role: &Role) -> Result<()> {
                             format!("claims job {} ({how}) and works on it…", claim.job),
                         )
                         .with("job", claim.job)
-                        .with("pid", std::process::id()),
+                        .with("pid", std::process::id())
+                        .with("mode", role.mode.name()),
                 );
                 match lines.next() {
                     Some(Ok(line)) if line.trim() == "commit" => {}
@@ -370,7 +371,8 @@ pub fn work(role: &Role) -> Result<()> {
                                 "committed",
                                 format!("finishes job {}: recorded and committed", claim.job),
                             )
-                            .with("job", claim.job),
+                            .with("job", claim.job)
+                            .with("mode", role.mode.name()),
                     ),
                     Err(err) => {
                         worker.me.send(
@@ -384,7 +386,8 @@ pub fn work(role: &Role) -> Result<()> {
                                         pg_message(&err)
                                     ),
                                 )
-                                .with("job", claim.job),
+                                .with("job", claim.job)
+                                .with("mode", role.mode.name()),
                         );
                         // Its session is gone; this worker has nothing left to do.
                         return Ok(());
@@ -660,6 +663,8 @@ impl Play<'_> {
         }
         let mut round = Round {
             stage: &mut stage,
+            mode: self.mode,
+            run_id: self.run_id,
             db,
             queue: &self.queue,
             style: self.style,
@@ -709,7 +714,7 @@ impl Play<'_> {
             reclaim_ms,
         };
         let once: i64 = row.get("once");
-        round.stage.record(
+        round.record(
             Event::new(
                 "pg",
                 if verdict.duplicates > 0 || verdict.lost > 0 {
@@ -722,7 +727,6 @@ impl Play<'_> {
                     verdict.jobs, verdict.duplicates, verdict.lost
                 ),
             )
-            .with("mode", self.mode.name())
             .with("once", once)
             .with("duplicates", verdict.duplicates)
             .with("lost", verdict.lost),
@@ -773,7 +777,7 @@ impl Play<'_> {
         } else {
             "its job is marked 'running', not done"
         };
-        round.stage.record(
+        round.record(
             Event::new(
                 "lab",
                 "killed",
@@ -799,7 +803,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
             {
                 let (by, ms): (String, f64) = (row.get(0), row.get(1));
-                round.stage.record(
+                round.record(
                     Event::new(
                         "pg",
                         "reclaimed",
@@ -819,7 +823,7 @@ impl Play<'_> {
 
         let by = round.processed_by(job)?;
         if reclaim.is_none() {
-            round.stage.record(
+            round.record(
                 Event::new(
                     "pg",
                     "lost",
@@ -832,7 +836,7 @@ impl Play<'_> {
                 .with("times_processed", by.len()),
             );
         }
-        round.stage.record(
+        round.record(
             Event::new(
                 "lab",
                 "kill_result",
@@ -889,7 +893,7 @@ impl Play<'_> {
             );
         }
         let frozen_at = Instant::now();
-        round.stage.record(
+        round.record(
             Event::new(
                 "lab",
                 "frozen",
@@ -926,7 +930,7 @@ impl Play<'_> {
                 let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
                 if n == 0 {
                     session_gone = true;
-                    round.stage.record(Event::new(
+                    round.record(Event::new(
                         "pg",
                         "expired",
                         format!(
@@ -943,7 +947,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
             {
                 let by: String = row.get(0);
-                round.stage.record(
+                round.record(
                     Event::new(
                         "pg",
                         "taken_over",
@@ -974,7 +978,7 @@ impl Play<'_> {
         }
         let frozen = &mut workers[frozen_index];
         frozen.resume()?;
-        round.stage.record(
+        round.record(
             Event::new(
                 "lab",
                 "resumed",
@@ -1005,7 +1009,7 @@ impl Play<'_> {
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
-        round.stage.record(
+        round.record(
             Event::new(
                 "lab",
                 "freeze_result",
@@ -1026,6 +1030,8 @@ impl Play<'_> {
 /// The orchestrator's view of one mode's queue while its rounds play.
 struct Round<'a> {
     stage: &'a mut Stage,
+    mode: Mode,
+    run_id: &'a str,
     db: &'a mut Client,
     queue: &'a Queue,
     style: Style,
@@ -1035,6 +1041,11 @@ struct Round<'a> {
 }
 
 impl Round<'_> {
+    /// Shows one of the lab's own events, tagged with the mode (`--compare` runs three).
+    fn record(&mut self, event: Event) {
+        self.stage.record(event.with("mode", self.mode.name()));
+    }
+
     fn fill(&mut self, round: i32, jobs: u32) -> Result<()> {
         let first = self.next_id;
         let last = first + jobs as i64 - 1;
@@ -1170,7 +1181,7 @@ impl Round<'_> {
             listing.push(format!("{worker} {n}"));
             per_worker.insert(worker, n);
         }
-        self.stage.record(
+        self.record(
             Event::new(
                 "lab",
                 "round",
@@ -1184,7 +1195,10 @@ impl Round<'_> {
             .with("jobs", jobs)
             .with("seconds", seconds)
             .with("jobs_per_s", jobs_per_s)
-            .with("per_worker", serde_json::to_value(&per_worker)?),
+            .with("per_worker", serde_json::to_value(&per_worker)?)
+            .with("run_id", self.run_id)
+            .with("jobs_table", self.queue.jobs.as_str())
+            .with("processing_table", self.queue.processing.as_str()),
         );
         Ok(jobs_per_s)
     }
@@ -1220,7 +1234,7 @@ impl Round<'_> {
     fn show_waiters(&mut self, prefix: &str, holder: &str, job: i64) -> Result<()> {
         let waiting = self.lock_waiters(prefix)?;
         if waiting > 0 {
-            self.stage.record(
+            self.record(
                 Event::new(
                     "pg",
                     "waiting",
