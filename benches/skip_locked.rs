@@ -137,6 +137,8 @@ fn main() {
         "-n",
         "-T",
         PGBENCH_SECONDS,
+        "-M",
+        "prepared",
         "-f",
         script.path().to_str().unwrap(),
         &url,
@@ -149,7 +151,7 @@ fn main() {
         .unwrap()
         .get(0);
     println!(
-        "  {:<24} tps {queue:>8.0}   lab / pgbench = {:.2}   (claim, record, mark done; duplicates: {duplicates})",
+        "  {:<24} tps {queue:>8.0}   lab / pgbench = {:.2}   (-M prepared; claim, record, mark done; duplicates: {duplicates})",
         "the queue's statements",
         lab / queue
     );
