@@ -664,6 +664,7 @@ impl Play<'_> {
         let mut round = Round {
             stage: &mut stage,
             mode: self.mode,
+            work: args.work,
             run_id: self.run_id,
             db,
             queue: &self.queue,
@@ -840,7 +841,7 @@ impl Play<'_> {
             Event::new(
                 "lab",
                 "kill_result",
-                format!("job {job} was processed {}", processed(&by)),
+                format!("job {job} was {}", processed(&by)),
             )
             .with("job", job)
             .with("times_processed", by.len())
@@ -1013,7 +1014,7 @@ impl Play<'_> {
             Event::new(
                 "lab",
                 "freeze_result",
-                format!("job {job} was processed {}", processed(&by)),
+                format!("job {job} was {}", processed(&by)),
             )
             .with("job", job)
             .with("times_processed", by.len())
@@ -1031,6 +1032,7 @@ impl Play<'_> {
 struct Round<'a> {
     stage: &'a mut Stage,
     mode: Mode,
+    work: Duration,
     run_id: &'a str,
     db: &'a mut Client,
     queue: &'a Queue,
@@ -1129,7 +1131,8 @@ impl Round<'_> {
         jobs: u32,
         mut watch: impl FnMut(&mut Round) -> Result<()>,
     ) -> Result<()> {
-        let limit = Duration::from_secs(60);
+        // Generous: even one worker at a time (for-update) gets through in this time.
+        let limit = Duration::from_secs(60) + (self.work + Duration::from_millis(5)) * jobs;
         let started = Instant::now();
         loop {
             self.pump(Duration::from_millis(10))?;
@@ -1284,14 +1287,13 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// "exactly once — w3", "0 times — by nobody".
+/// "processed exactly once by w3", "never processed".
 fn processed(by: &[String]) -> String {
-    let who = if by.is_empty() {
-        "by nobody".to_string()
+    if by.is_empty() {
+        "never processed".to_string()
     } else {
-        format!("by {}", by.join(", "))
-    };
-    format!("{} {who}", times(by.len()))
+        format!("processed {} by {}", times(by.len()), by.join(", "))
+    }
 }
 
 fn times(n: usize) -> &'static str {
