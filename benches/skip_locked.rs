@@ -1,5 +1,198 @@
-//! Benchmark for lab skip_locked (being written).
+//! Lab 3's speed against a real Postgres: `cargo bench --bench skip_locked`.
+//!
+//! With no simulated work, 10 workers in skip-locked mode (target: at least 1,000 jobs/s),
+//! next to what `pgbench` gets from the same server in the same run, with 10 clients:
+//! - its built-in TPC-B-like transaction, and its simple-update variant (at scale 1,
+//!   TPC-B-like has every client update the same branches row: a contention test);
+//! - a custom script with the queue's own statements (claim with SKIP LOCKED, record,
+//!   mark done, commit), so the ratio says how close the lab's workers get to what
+//!   Postgres can do with this very work.
+//!
+//! Figures are printed, not asserted: the machine is shared.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const ROUNDS: usize = 3;
+const JOBS: &str = "5000";
+const PGBENCH_SECONDS: &str = "5";
+
+/// The queue's statements for pgbench: one job per transaction, as the lab's worker does it.
+const QUEUE_SCRIPT: &str = "\
+BEGIN;
+WITH claimed AS (SELECT id FROM bench_jobs WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT id, clock_timestamp() AS at FROM claimed \\gset
+INSERT INTO bench_processing (job_id, worker, claimed_at) VALUES (:id, 'pgbench', clock_timestamp());
+UPDATE bench_jobs SET status = 'done', claimed_by = 'pgbench' WHERE id = :id;
+COMMIT;
+";
 
 fn main() {
-    println!("not written yet");
+    let url = servers().postgres.clone();
+
+    println!(
+        "lockslab skip-locked --fault none --work 0ms --jobs {JOBS} (10 workers), {ROUNDS} rounds:"
+    );
+    let mut rates = Vec::new();
+    for _ in 0..ROUNDS {
+        let output = lockslab(&[
+            "skip-locked",
+            "--fault",
+            "none",
+            "--work",
+            "0ms",
+            "--jobs",
+            JOBS,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let verdict: Value = serde_json::from_str(
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .last()
+                .unwrap(),
+        )
+        .unwrap();
+        let mode = &verdict["modes"][0];
+        assert_eq!(mode["duplicates"], 0);
+        assert_eq!(mode["lost"], 0);
+        rates.push(mode["jobs_per_s"].as_f64().unwrap());
+    }
+    rates.sort_by(f64::total_cmp);
+    let lab = rates[rates.len() / 2];
+    println!(
+        "  jobs/s        min {:>8.0}  median {:>8.0}  max {:>8.0}   (target ≥ 1000: {})",
+        rates[0],
+        lab,
+        rates[rates.len() - 1],
+        if lab >= 1000.0 { "met" } else { "NOT met" }
+    );
+
+    let Some(pgbench) = find_pgbench() else {
+        println!("pgbench not found (PATH, /usr/lib/postgresql/*/bin): no comparison");
+        return;
+    };
+    println!("pgbench on the same server, -c 10 -j 2 -T {PGBENCH_SECONDS}:");
+    run(Command::new(&pgbench).args(["-i", "-q", "-s", "1", &url]));
+    for (name, builtin, note) in [
+        (
+            "built-in tpcb-like",
+            "tpcb-like",
+            "every transaction updates the one branches row of scale 1: a contention test",
+        ),
+        (
+            "built-in simple-update",
+            "simple-update",
+            "the same without the branches and tellers updates",
+        ),
+    ] {
+        let rate = tps(Command::new(&pgbench).args([
+            "-c",
+            "10",
+            "-j",
+            "2",
+            "-n",
+            "-T",
+            PGBENCH_SECONDS,
+            "-b",
+            builtin,
+            &url,
+        ]));
+        println!(
+            "  {name:<24} tps {rate:>8.0}   lab / pgbench = {:.2}   ({note})",
+            lab / rate
+        );
+    }
+
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    db.batch_execute(
+        "DROP TABLE IF EXISTS bench_jobs, bench_processing;
+         CREATE TABLE bench_jobs (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', claimed_by text);
+         CREATE INDEX ON bench_jobs (id) WHERE status = 'pending';
+         CREATE TABLE bench_processing (job_id bigint NOT NULL, worker text NOT NULL,
+                                        claimed_at timestamptz NOT NULL,
+                                        done_at timestamptz NOT NULL DEFAULT clock_timestamp());
+         INSERT INTO bench_jobs (id) SELECT generate_series(1, 200000);",
+    )
+    .unwrap();
+    db.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), QUEUE_SCRIPT).unwrap();
+    let queue = tps(Command::new(&pgbench).args([
+        "-c",
+        "10",
+        "-j",
+        "2",
+        "-n",
+        "-T",
+        PGBENCH_SECONDS,
+        "-M",
+        "prepared",
+        "-f",
+        script.path().to_str().unwrap(),
+        &url,
+    ]));
+    let duplicates: i64 = db
+        .query_one(
+            "SELECT count(*) FROM (SELECT job_id FROM bench_processing GROUP BY job_id HAVING count(*) > 1) d",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    println!(
+        "  {:<24} tps {queue:>8.0}   lab / pgbench = {:.2}   (-M prepared; claim, record, mark done; duplicates: {duplicates})",
+        "the queue's statements",
+        lab / queue
+    );
+    db.batch_execute(
+        "DROP TABLE IF EXISTS bench_jobs, bench_processing, pgbench_accounts, pgbench_branches, \
+         pgbench_history, pgbench_tellers",
+    )
+    .unwrap();
+}
+
+fn find_pgbench() -> Option<PathBuf> {
+    if Command::new("pgbench").arg("--version").output().is_ok() {
+        return Some("pgbench".into());
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|dir| dir.path().join("bin/pgbench"))
+        .filter(|path| path.exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn run(command: &mut Command) -> String {
+    let output = command.output().expect("running pgbench");
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The `tps = …` figure of a pgbench run.
+fn tps(command: &mut Command) -> f64 {
+    let out = run(command);
+    out.lines()
+        .find_map(|line| {
+            let rest = line.trim().strip_prefix("tps = ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no tps in pgbench's output:\n{out}"))
 }

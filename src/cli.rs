@@ -52,7 +52,6 @@ enum Command {
     /// Lab 2: the naive Redis lock broken every way, each bug beside its fix, with counts
     Naive(NaiveArgs),
     /// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
-    #[command(hide = true)]
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     #[command(hide = true)]

@@ -1,29 +1,1416 @@
-//! Lab 3 — `lockslab skip-locked` (being written; see issue for lab 3).
+//! Lab 3 — a job queue in Postgres that needs no lock service: `FOR UPDATE SKIP LOCKED`.
+//!
+//! Ten worker processes share one jobs table. Each one loops: claim a pending job, work on
+//! it, record that it processed it, mark it done. Three ways to claim, side by side below:
+//!
+//! ```text
+//!  naive        SELECT a pending id … UPDATE it to 'running'   two workers read the same id
+//!  for-update   … FOR UPDATE             inside a transaction   correct, but one at a time
+//!  skip-locked  … FOR UPDATE SKIP LOCKED inside a transaction   correct, and nobody waits
+//! ```
+//!
+//! The row lock taken by `FOR UPDATE` belongs to the claiming transaction, and the
+//! transaction belongs to the worker's connection. That is the whole trick: when a worker
+//! dies, the kernel closes its socket, Postgres rolls its transaction back and the row is
+//! free again within milliseconds — no TTL, no lease, no guess. When a worker merely
+//! *pauses* (SIGSTOP), its socket stays open and so does its lock: nobody else processes
+//! its job, and nothing is done twice. If a paused worker should not hold a job forever,
+//! `idle_in_transaction_session_timeout` lets Postgres end the session; the sleeper's
+//! commit then fails when it wakes, and still nothing is done twice.
+//!
+//! A run has up to three rounds per mode, each on a fresh batch of jobs:
+//! 1. the queue — every worker drains the batch, nothing breaks; this round's speed is
+//!    the mode's jobs/s;
+//! 2. the kill — one worker claims a job and is SIGKILLed before it commits;
+//! 3. the freeze — one worker claims a job and is SIGSTOPped for `--pause`.
+//!
+//! Every processing goes into an append-only table with no unique constraint, so a job
+//! done twice is visible there. The verdict is read back from that table with SQL.
 
-use anyhow::{Result, bail};
+use std::collections::BTreeMap;
+use std::io::{self, BufRead};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, anyhow, bail};
+use colored::Colorize;
+use postgres::Client;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-use super::OutputArgs;
-use crate::servers::ServerArgs;
+use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use crate::connect::{self, Backend};
+use crate::events::{Emitter, Event};
+use crate::output::{Style, human, json_line, table};
+use crate::servers::{self, ServerArgs};
+use crate::worker::WorkerSpec;
 
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  lockslab skip-locked                        skip-locked mode: the queue, a kill, a freeze
+  lockslab skip-locked --mode naive           SELECT then UPDATE: watch the duplicates
+  lockslab skip-locked --compare              all three modes, one table
+  lockslab skip-locked --idle-timeout 500ms   Postgres ends the frozen worker's session
+  lockslab skip-locked --fault none --work 0ms --jobs 5000   just the speed
+  lockslab skip-locked --json | jq .          events and verdict as JSON Lines
+
+By hand, with psql in two terminals: see labs/03-skip-locked.md.")]
 pub struct SkipLockedArgs {
+    /// How workers claim a job
+    #[arg(long, value_enum, default_value_t = Mode::SkipLocked, conflicts_with = "compare")]
+    pub mode: Mode,
+    /// Run all three modes on the same job count and print one table
+    #[arg(long)]
+    pub compare: bool,
+    /// Jobs in the first round's queue (the kill and freeze rounds use min(jobs, 5 × workers))
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    pub jobs: u32,
+    /// Worker processes
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub workers: u32,
+    /// Simulated work per job, inside the claim (the transaction, where there is one)
+    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub work: Duration,
+    /// naive mode: the gap between reading a pending id and marking it taken
+    #[arg(long, default_value = "1ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub window: Duration,
+    /// Which faults to inject after the first round
+    #[arg(long, value_enum, default_value_t = Fault::Both)]
+    pub fault: Fault,
+    /// How long the frozen worker stays frozen
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub pause: Duration,
+    /// Let Postgres end sessions idle in a transaction this long
+    /// (idle_in_transaction_session_timeout); at least 500ms
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_timeout: Option<Duration>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
 
-/// One worker's script.
+/// How a worker claims a job: the lesson of this lab.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// FOR UPDATE SKIP LOCKED in a transaction: correct, and workers never wait on each other
+    SkipLocked,
+    /// SELECT a pending job, then UPDATE it, with no row lock: duplicates
+    Naive,
+    /// FOR UPDATE without SKIP LOCKED: correct, but workers queue behind one row lock
+    ForUpdate,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::SkipLocked, Mode::Naive, Mode::ForUpdate];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::SkipLocked => "skip-locked",
+            Mode::Naive => "naive",
+            Mode::ForUpdate => "for-update",
+        }
+    }
+
+    /// Whether the claim lives inside a transaction that Postgres can roll back.
+    fn transactional(self) -> bool {
+        self != Mode::Naive
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// A kill, then a freeze
+    Both,
+    /// SIGKILL a worker that holds a job
+    Kill,
+    /// SIGSTOP a worker that holds a job, for --pause
+    Freeze,
+    /// Only the first round: the queue and its speed
+    None,
+}
+
+impl Fault {
+    fn kill(self) -> bool {
+        matches!(self, Fault::Both | Fault::Kill)
+    }
+    fn freeze(self) -> bool {
+        matches!(self, Fault::Both | Fault::Freeze)
+    }
+}
+
+// ─── The queue's SQL ──────────────────────────────────────────────────────────────────
+//
+// `{jobs}` and `{processing}` stand for the run's two tables (see `Queue`). Every claim
+// picks the lowest pending id of a round, so that all workers want the same row at the
+// same moment: the harshest contention, and the clearest difference between the modes.
+
+/// The jobs: `pending`, then `done`. The naive mode also writes `running` (and who) in
+/// between, because without a transaction that is the only way it can say "taken".
+const CREATE_JOBS: &str = "
+    CREATE TABLE {jobs} (
+        id         bigint  PRIMARY KEY,
+        round      int     NOT NULL,
+        status     text    NOT NULL DEFAULT 'pending',
+        claimed_by text
+    );
+    CREATE INDEX ON {jobs} (round, id) WHERE status = 'pending'";
+
+/// One row per processing, append-only. There is deliberately **no** `UNIQUE (job_id)`:
+/// a constraint would turn a double processing into an error and hide it; here it stays
+/// visible, and the verdict counts it.
+const CREATE_PROCESSING: &str = "
+    CREATE TABLE {processing} (
+        job_id     bigint      NOT NULL,
+        worker     text        NOT NULL,
+        claimed_at timestamptz NOT NULL,
+        done_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+    )";
+
+/// ✅ skip-locked. Inside a transaction, lock the first pending row **that nobody else has
+/// locked**, skipping the locked ones instead of waiting for them. Two workers can never
+/// get the same row, and none ever waits for another. The lock lasts until COMMIT or
+/// ROLLBACK — and a dead connection is a ROLLBACK — so a crashed worker's job is free
+/// again at once, while a paused worker keeps its job for as long as its connection lives.
+///
+/// (The CTE makes `clock_timestamp()` run after the row is locked, not before.)
+const CLAIM_SKIP_LOCKED: &str = "
+    WITH claimed AS (
+        SELECT id FROM {jobs}
+        WHERE round = $1 AND status = 'pending'
+        ORDER BY id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT id, clock_timestamp() FROM claimed";
+
+/// ⚠️ for-update. The same claim without SKIP LOCKED: still correct — the row lock makes
+/// the others wait, and when the holder commits, Postgres re-checks `status = 'pending'`
+/// on the waiters' behalf and moves them on to the next row. But everyone wants the first
+/// pending row, so everyone waits for whoever holds it: the workers take turns, the
+/// throughput is one worker's, and one frozen worker stalls the whole queue.
+const CLAIM_FOR_UPDATE: &str = "
+    WITH claimed AS (
+        SELECT id FROM {jobs}
+        WHERE round = $1 AND status = 'pending'
+        ORDER BY id
+        LIMIT 1
+        FOR UPDATE
+    )
+    SELECT id, clock_timestamp() FROM claimed";
+
+/// ❌ naive, step 1: read the first pending id. No lock: any number of workers read the
+/// same id in the same instant…
+const NAIVE_PICK: &str = "
+    SELECT id FROM {jobs}
+    WHERE round = $1 AND status = 'pending'
+    ORDER BY id
+    LIMIT 1";
+
+/// ❌ naive, step 2: …and each of them marks it taken, because this UPDATE does not check
+/// that the row is still pending (that check-then-act gap is the race). Every worker that
+/// read the id now processes the job. Adding `AND status = 'pending'` and looking at the
+/// row count would close this race — but the claim would still not be tied to anything
+/// alive: committed outside a transaction, `running` stays `running` if the worker dies,
+/// and the job is lost unless something resets it after a timeout — a lease, with all the
+/// TTL guessing of a Redis lock, and a paused worker waking up to redo a job that was
+/// handed to someone else.
+const NAIVE_MARK: &str = "
+    UPDATE {jobs} SET status = 'running', claimed_by = $2
+    WHERE id = $1
+    RETURNING clock_timestamp()";
+
+/// Every mode records a processing, then marks the job done (in the claim's transaction,
+/// where there is one: both happen, or neither).
+const RECORD: &str = "INSERT INTO {processing} (job_id, worker, claimed_at) VALUES ($1, $2, $3)";
+const MARK_DONE: &str = "UPDATE {jobs} SET status = 'done', claimed_by = $2 WHERE id = $1";
+
+/// Is anything left to claim in this round? A plain read ignores row locks, so it also
+/// sees the pending jobs that other workers hold right now.
+const ANY_PENDING: &str =
+    "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE round = $1 AND status = 'pending')";
+
+/// The verdict: how many times each job was processed, read from the append-only table.
+const VERDICT: &str = "
+    SELECT count(*)                         AS jobs,
+           count(*) FILTER (WHERE n = 1)    AS once,
+           count(*) FILTER (WHERE n >= 2)   AS twice_or_more,
+           count(*) FILTER (WHERE n = 0)    AS never
+    FROM (SELECT j.id, count(p.job_id) AS n
+          FROM {jobs} j LEFT JOIN {processing} p ON p.job_id = j.id
+          GROUP BY j.id) AS per_job";
+
+/// The run's two tables, named with the run id and the mode, so that runs sharing a
+/// server never see each other's jobs.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Queue {
+    pub jobs: String,
+    pub processing: String,
+}
+
+impl Queue {
+    fn new(run_id: &str, mode: Mode) -> Queue {
+        let mode = mode.name().replace('-', "_");
+        Queue {
+            jobs: format!("lockslab_{run_id}_{mode}_jobs"),
+            processing: format!("lockslab_{run_id}_{mode}_processing"),
+        }
+    }
+
+    fn sql(&self, template: &str) -> String {
+        template
+            .replace("{jobs}", &self.jobs)
+            .replace("{processing}", &self.processing)
+    }
+}
+
+// ─── The worker ───────────────────────────────────────────────────────────────────────
+
+/// One worker's script. It takes commands on stdin, one per line:
+/// `drain <round>` (process that round's jobs until none is pending), `hold <round>`
+/// (claim one job, report it, and wait for `commit` before finishing it), and end of
+/// input to exit.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
     pub name: String,
+    pub postgres_url: String,
+    pub mode: Mode,
+    pub queue: Queue,
+    /// `application_name` of the session, so the lab can find it in `pg_stat_activity`.
+    pub session: String,
+    pub work_ms: u64,
+    pub window_ms: u64,
+    pub idle_timeout_ms: Option<u64>,
+    /// Longer than any lock wait the lab causes (a for-update worker waits out a freeze).
+    pub statement_timeout_ms: u64,
 }
 
-pub fn run(_args: &SkipLockedArgs) -> Result<()> {
-    bail!("lab 3 (`lockslab skip-locked`) is not built yet")
+/// A claimed job: its id and when the claim happened (the database's clock).
+struct Claim {
+    job: i64,
+    claimed_at: SystemTime,
 }
 
-pub fn work(_role: &Role) -> Result<()> {
-    bail!("lab 3 has no workers yet")
+struct Statements {
+    claim: postgres::Statement,
+    naive_mark: postgres::Statement,
+    record: postgres::Statement,
+    mark_done: postgres::Statement,
+    any_pending: postgres::Statement,
+}
+
+pub fn work(role: &Role) -> Result<()> {
+    let me = Emitter::new(&role.name);
+    let mut db = connect::postgres(&role.postgres_url)?;
+    db.batch_execute(&format!(
+        "SET application_name = '{}'; SET statement_timeout = {}",
+        role.session, role.statement_timeout_ms
+    ))?;
+    if let Some(ms) = role.idle_timeout_ms {
+        db.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))?;
+    }
+    let q = &role.queue;
+    let claim_sql = match role.mode {
+        Mode::SkipLocked => CLAIM_SKIP_LOCKED,
+        Mode::ForUpdate => CLAIM_FOR_UPDATE,
+        Mode::Naive => NAIVE_PICK,
+    };
+    let statements = Statements {
+        claim: db.prepare(&q.sql(claim_sql))?,
+        naive_mark: db.prepare(&q.sql(NAIVE_MARK))?,
+        record: db.prepare(&q.sql(RECORD))?,
+        mark_done: db.prepare(&q.sql(MARK_DONE))?,
+        any_pending: db.prepare(&q.sql(ANY_PENDING))?,
+    };
+    let mut worker = Worker {
+        role,
+        me,
+        db,
+        st: statements,
+    };
+
+    let stdin = io::stdin();
+    let mut lines = stdin.lock().lines();
+    while let Some(line) = lines.next() {
+        let line = line?;
+        let mut words = line.split_whitespace();
+        let command = words.next().unwrap_or("");
+        let round: i32 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        match command {
+            "drain" => worker.drain(round)?,
+            "hold" => {
+                let Some(claim) = worker.claim(round)? else {
+                    bail!("was told to hold a job of round {round}, but none was pending");
+                };
+                let how = match role.mode {
+                    Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
+                    Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
+                    Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
+                };
+                worker.me.send(
+                    worker
+                        .me
+                        .event(
+                            "claimed",
+                            format!("claims job {} ({how}) and works on it…", claim.job),
+                        )
+                        .with("job", claim.job)
+                        .with("pid", std::process::id())
+                        .with("mode", role.mode.name()),
+                );
+                match lines.next() {
+                    Some(Ok(line)) if line.trim() == "commit" => {}
+                    _ => bail!("the lab went away while this worker held job {}", claim.job),
+                }
+                match worker.finish(&claim) {
+                    Ok(()) => worker.me.send(
+                        worker
+                            .me
+                            .event(
+                                "committed",
+                                format!("finishes job {}: recorded and committed", claim.job),
+                            )
+                            .with("job", claim.job)
+                            .with("mode", role.mode.name()),
+                    ),
+                    Err(err) => {
+                        worker.me.send(
+                            worker
+                                .me
+                                .event(
+                                    "commit_failed",
+                                    format!(
+                                        "wakes and tries to finish job {}: Postgres says \"{}\" — nothing recorded",
+                                        claim.job,
+                                        pg_message(&err)
+                                    ),
+                                )
+                                .with("job", claim.job)
+                                .with("mode", role.mode.name()),
+                        );
+                        // Its session is gone; this worker has nothing left to do.
+                        return Ok(());
+                    }
+                }
+            }
+            "" => {}
+            other => bail!("unknown command {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+struct Worker<'a> {
+    role: &'a Role,
+    me: Emitter,
+    db: Client,
+    st: Statements,
+}
+
+impl Worker<'_> {
+    /// Claims, works, records, commits — until the round has no pending job left.
+    fn drain(&mut self, round: i32) -> Result<()> {
+        loop {
+            match self.claim(round)? {
+                Some(claim) => self.finish(&claim)?,
+                None => {
+                    // Nothing claimable. Pending jobs may still exist, held by others
+                    // (skip-locked skips them): they come back if their holder dies.
+                    let row = self.db.query_one(&self.st.any_pending, &[&round])?;
+                    if !row.get::<_, bool>(0) {
+                        return Ok(());
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Claims one job. In the transactional modes this opens a transaction that stays open
+    /// until [`Worker::finish`] commits it (or the connection dies).
+    fn claim(&mut self, round: i32) -> Result<Option<Claim>> {
+        if self.role.mode.transactional() {
+            self.db.batch_execute("BEGIN")?;
+            let row = self.db.query_opt(&self.st.claim, &[&round])?;
+            match row {
+                Some(row) => Ok(Some(Claim {
+                    job: row.get(0),
+                    claimed_at: row.get(1),
+                })),
+                None => {
+                    self.db.batch_execute("ROLLBACK")?;
+                    Ok(None)
+                }
+            }
+        } else {
+            let Some(row) = self.db.query_opt(&self.st.claim, &[&round])? else {
+                return Ok(None);
+            };
+            let job: i64 = row.get(0);
+            if self.role.window_ms > 0 {
+                std::thread::sleep(Duration::from_millis(self.role.window_ms));
+            }
+            let marked = self
+                .db
+                .query_one(&self.st.naive_mark, &[&job, &self.role.name])?;
+            Ok(Some(Claim {
+                job,
+                claimed_at: marked.get(0),
+            }))
+        }
+    }
+
+    /// Works, records the processing, marks the job done, and commits.
+    fn finish(&mut self, claim: &Claim) -> Result<(), postgres::Error> {
+        if self.role.work_ms > 0 {
+            std::thread::sleep(Duration::from_millis(self.role.work_ms));
+        }
+        let name = &self.role.name;
+        self.db
+            .execute(&self.st.record, &[&claim.job, name, &claim.claimed_at])?;
+        self.db.execute(&self.st.mark_done, &[&claim.job, name])?;
+        if self.role.mode.transactional() {
+            self.db.batch_execute("COMMIT")?;
+        }
+        Ok(())
+    }
+}
+
+/// What Postgres said, for errors that came from it.
+fn pg_message(err: &postgres::Error) -> String {
+    connect::pg_cause(err)
+}
+
+// ─── The orchestrator ─────────────────────────────────────────────────────────────────
+
+/// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
+#[derive(Serialize, Clone, Debug)]
+pub struct ModeVerdict {
+    pub mode: Mode,
+    /// Jobs put through the queue, all rounds together.
+    pub jobs: i64,
+    /// Jobs processed twice or more.
+    pub duplicates: i64,
+    /// Jobs never processed.
+    pub lost: i64,
+    /// The first round's speed (no faults): jobs done per second.
+    pub jobs_per_s: f64,
+    /// From the kill until another worker claimed the killed worker's job; None when there
+    /// was no kill, or when the job was never claimed again.
+    pub reclaim_ms: Option<f64>,
+}
+
+/// What the lab learned along the way, for the sentences under the verdict table.
+#[derive(Default)]
+struct Notes {
+    frozen_job_taken_while_frozen: Option<i64>,
+    others_done_while_frozen: i64,
+    session_ended: bool,
+    commit_failed: bool,
+}
+
+/// How long the lab waits after the others start before it kills the victim: long
+/// enough to see them carry on (or not, in for-update mode).
+const KILL_AFTER: Duration = Duration::from_millis(200);
+
+pub fn run(args: &SkipLockedArgs) -> Result<()> {
+    check_args(args)?;
+    let style = Style::detect(args.output.json);
+    let servers = servers::provide(&args.servers, &[Backend::Postgres])?;
+    let url = servers.url(Backend::Postgres).to_string();
+    let run_id = new_run_id();
+
+    let intro = crate::output::Timeline::new(style);
+    intro.say(&format!("{} run {run_id}", "lockslab skip-locked".bold()));
+    for line in servers.describe() {
+        intro.say(&format!("  {}", line.dimmed()));
+    }
+    intro.say(&format!(
+        "A jobs table in Postgres and {} worker processes. Each worker claims a job, works {}, \
+         records the processing in an append-only table, and marks the job done.",
+        args.workers,
+        human(args.work)
+    ));
+
+    let modes: Vec<Mode> = if args.compare {
+        Mode::ALL.to_vec()
+    } else {
+        vec![args.mode]
+    };
+    let mut verdicts = Vec::new();
+    let mut notes = Vec::new();
+    for mode in modes {
+        let play = Play {
+            args,
+            mode,
+            style,
+            url: &url,
+            queue: Queue::new(&run_id, mode),
+            run_id: &run_id,
+        };
+        let (verdict, note) = play.run()?;
+        verdicts.push(verdict);
+        notes.push(note);
+    }
+
+    if style.json {
+        json_line(&json!({ "kind": "verdict", "modes": verdicts }));
+    } else {
+        print_verdict(args, &verdicts, &notes);
+    }
+    Ok(())
+}
+
+fn check_args(args: &SkipLockedArgs) -> Result<()> {
+    if args.jobs == 0 {
+        bail!("--jobs 0: the queue needs at least one job");
+    }
+    let needed = match (args.fault.kill(), args.fault.freeze()) {
+        (true, true) => 3,
+        (true, false) | (false, true) => 2,
+        (false, false) => 1,
+    };
+    if args.workers < needed {
+        bail!(
+            "--workers {}: --fault {:?} needs at least {needed} (one to kill or freeze, others to carry on)",
+            args.workers,
+            args.fault
+        );
+    }
+    if args.workers > 50 {
+        bail!("--workers {}: at most 50", args.workers);
+    }
+    if let Some(idle) = args.idle_timeout {
+        if idle < Duration::from_millis(500) {
+            bail!(
+                "--idle-timeout {}: use at least 500ms; the worker the lab kills holds its job about {} \
+                 before the kill, and Postgres must not end its session first",
+                human(idle),
+                human(KILL_AFTER)
+            );
+        }
+        if args.work * 4 > idle {
+            bail!(
+                "--idle-timeout {} is too close to --work {}: a worker is idle in its transaction \
+                 while it works, and Postgres would end ordinary workers' sessions",
+                human(idle),
+                human(args.work)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One mode, all its rounds, on its own tables and workers.
+struct Play<'a> {
+    args: &'a SkipLockedArgs,
+    mode: Mode,
+    style: Style,
+    url: &'a str,
+    queue: Queue,
+    run_id: &'a str,
+}
+
+impl Play<'_> {
+    fn run(&self) -> Result<(ModeVerdict, Notes)> {
+        let mut db = connect::postgres(self.url)?;
+        let create = format!(
+            "{}; {}",
+            self.queue.sql(CREATE_JOBS),
+            self.queue.sql(CREATE_PROCESSING)
+        );
+        db.batch_execute(&create)
+            .with_context(|| format!("creating the tables {}", self.queue.jobs))?;
+        let result = self.rounds(&mut db);
+        // The verdict has been read by now (or the run failed): the tables go either way.
+        let _ = db.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {}, {}",
+            self.queue.jobs, self.queue.processing
+        ));
+        result
+    }
+
+    fn rounds(&self, db: &mut Client) -> Result<(ModeVerdict, Notes)> {
+        let args = self.args;
+        let mut stage = Stage::new(self.style);
+        stage.timeline.say("");
+        let heading = format!("── {} ──", self.mode.name());
+        stage.timeline.say(&format!(
+            "{}",
+            match self.mode {
+                Mode::SkipLocked => heading.green().bold(),
+                Mode::Naive => heading.red().bold(),
+                Mode::ForUpdate => heading.yellow().bold(),
+            }
+        ));
+
+        let mut workers = Vec::new();
+        for i in 1..=args.workers {
+            let name = format!("w{i}");
+            let role = Role {
+                name: name.clone(),
+                postgres_url: self.url.to_string(),
+                mode: self.mode,
+                queue: self.queue.clone(),
+                session: self.session(&name),
+                work_ms: args.work.as_millis() as u64,
+                window_ms: args.window.as_millis() as u64,
+                idle_timeout_ms: args.idle_timeout.map(|d| d.as_millis() as u64),
+                statement_timeout_ms: (args.pause + Duration::from_secs(30)).as_millis() as u64,
+            };
+            workers.push(stage.spawn(&name, &WorkerSpec::SkipLocked(role))?);
+        }
+        let mut round = Round {
+            stage: &mut stage,
+            mode: self.mode,
+            work: args.work,
+            run_id: self.run_id,
+            db,
+            queue: &self.queue,
+            style: self.style,
+            dead: Vec::new(),
+            next_id: 1,
+        };
+        let mut notes = Notes::default();
+
+        // Round 1: the queue, nothing breaks.
+        round.stage.timeline.say(&format!(
+            "{}",
+            format!(
+                "Round 1 — the queue: {} jobs, {} workers, nothing breaks",
+                args.jobs, args.workers
+            )
+            .bold()
+        ));
+        round.fill(1, args.jobs)?;
+        for worker in &mut workers {
+            worker.tell("drain 1")?;
+        }
+        round.until_done(1, args.jobs, |_| Ok(()))?;
+        let jobs_per_s = round.summarise_speed(1)?;
+
+        let fault_jobs = args.jobs.min(args.workers * 5);
+        let mut reclaim_ms = None;
+        if args.fault.kill() {
+            reclaim_ms = self.kill_round(&mut round, &mut workers, fault_jobs)?;
+        }
+        if args.fault.freeze() {
+            self.freeze_round(&mut round, &mut workers, fault_jobs, &mut notes)?;
+        }
+
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(5));
+        }
+        round.stage.drain();
+        round.check_errors()?;
+
+        let row = round.db.query_one(&self.queue.sql(VERDICT), &[])?;
+        let verdict = ModeVerdict {
+            mode: self.mode,
+            jobs: row.get("jobs"),
+            duplicates: row.get("twice_or_more"),
+            lost: row.get("never"),
+            jobs_per_s,
+            reclaim_ms,
+        };
+        let once: i64 = row.get("once");
+        round.record(
+            Event::new(
+                "pg",
+                if verdict.duplicates > 0 || verdict.lost > 0 {
+                    "violation"
+                } else {
+                    "exactly_once"
+                },
+                format!(
+                    "the processing table says: {} jobs, {once} exactly once, {} twice or more, {} never",
+                    verdict.jobs, verdict.duplicates, verdict.lost
+                ),
+            )
+            .with("once", once)
+            .with("duplicates", verdict.duplicates)
+            .with("lost", verdict.lost),
+        );
+        Ok((verdict, notes))
+    }
+
+    fn session(&self, worker: &str) -> String {
+        format!("lockslab-{}-{}-{worker}", self.run_id, self.mode.name())
+    }
+
+    /// Round 2: a worker claims a job and is killed before it commits.
+    fn kill_round(
+        &self,
+        round: &mut Round,
+        workers: &mut [WorkerHandle],
+        jobs: u32,
+    ) -> Result<Option<f64>> {
+        round.stage.timeline.say(&format!(
+            "{}",
+            format!(
+                "Round 2 — the kill: {jobs} new jobs; w1 claims one and dies before it commits"
+            )
+            .bold()
+        ));
+        round.fill(2, jobs)?;
+        let (victim, others) = workers.split_first_mut().expect("at least 3 workers");
+        victim.tell("hold 2")?;
+        let job = round
+            .stage
+            .wait_for(Duration::from_secs(10), "w1 to claim a job", |e| {
+                e.is("w1", "claimed")
+            })?
+            .get_i64("job")
+            .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
+        for worker in others.iter_mut() {
+            worker.tell("drain 2")?;
+        }
+        round.pump_for(KILL_AFTER, 2, jobs)?;
+        let (done_before_kill, _) = round.counts(2)?;
+        round.show_waiters(&self.session(""), "w1", job)?;
+
+        let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
+        victim.kill();
+        round.dead.push(victim.name.clone());
+        let how = if self.mode.transactional() {
+            "its transaction is open, the job is claimed but not done"
+        } else {
+            "its job is marked 'running', not done"
+        };
+        round.record(
+            Event::new(
+                "lab",
+                "killed",
+                format!(
+                    "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done \
+                     {done_before_kill} jobs meanwhile",
+                    victim.pid
+                ),
+            )
+            .with("pid", victim.pid)
+            .with("others_done", done_before_kill)
+            .with("job", job),
+        );
+
+        // Watch for the job coming back, until the round is over.
+        let reclaim_sql = self.queue.sql(
+            "SELECT worker, extract(epoch FROM claimed_at - $2::timestamptz)::float8 * 1000
+             FROM {processing} WHERE job_id = $1 ORDER BY claimed_at LIMIT 1",
+        );
+        let mut reclaim: Option<(String, f64)> = None;
+        round.until_done(2, jobs, |round| {
+            if reclaim.is_none()
+                && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
+            {
+                let (by, ms): (String, f64) = (row.get(0), row.get(1));
+                round.record(
+                    Event::new(
+                        "pg",
+                        "reclaimed",
+                        format!(
+                            "{by} claimed job {job} {ms:.1}ms after the kill: Postgres rolled back \
+                                 w1's transaction when its connection closed (no TTL involved)"
+                        ),
+                    )
+                    .with("job", job)
+                    .with("by", by.clone())
+                    .with("reclaim_ms", round1(ms)),
+                );
+                reclaim = Some((by, ms));
+            }
+            Ok(())
+        })?;
+
+        let by = round.processed_by(job)?;
+        if reclaim.is_none() {
+            round.record(
+                Event::new(
+                    "pg",
+                    "lost",
+                    format!(
+                        "job {job} was never claimed again: its row still says 'running', claimed by \
+                         w1, who is dead. Nothing will ever hand it back — lost"
+                    ),
+                )
+                .with("job", job)
+                .with("times_processed", by.len()),
+            );
+        }
+        round.record(
+            Event::new(
+                "lab",
+                "kill_result",
+                format!("job {job} was {}", processed(&by)),
+            )
+            .with("job", job)
+            .with("times_processed", by.len())
+            .with("by", by.clone()),
+        );
+        Ok(reclaim.map(|(_, ms)| round1(ms)))
+    }
+
+    /// Round 3: a worker claims a job and is frozen for `--pause`.
+    fn freeze_round(
+        &self,
+        round: &mut Round,
+        workers: &mut [WorkerHandle],
+        jobs: u32,
+        notes: &mut Notes,
+    ) -> Result<()> {
+        let pause = self.args.pause;
+        let third = if self.args.fault.kill() {
+            "Round 3"
+        } else {
+            "Round 2"
+        };
+        round.stage.timeline.say(&format!(
+            "{}",
+            format!(
+                "{third} — the freeze: {jobs} new jobs; w2 claims one and is frozen for {}",
+                human(pause)
+            )
+            .bold()
+        ));
+        round.fill(3, jobs)?;
+        let frozen_index = 1;
+        let frozen_name = workers[frozen_index].name.clone();
+        workers[frozen_index].tell("hold 3")?;
+        let job = round
+            .stage
+            .wait_for(
+                Duration::from_secs(10),
+                &format!("{frozen_name} to claim a job"),
+                |e| e.is(&frozen_name, "claimed"),
+            )?
+            .get_i64("job")
+            .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
+        let frozen = &workers[frozen_index];
+        frozen.freeze()?;
+        if !crate::procs::wait_until_stopped(frozen.pid, Duration::from_secs(2)) {
+            bail!(
+                "worker {frozen_name} (pid {}) did not stop after SIGSTOP",
+                frozen.pid
+            );
+        }
+        let frozen_at = Instant::now();
+        round.record(
+            Event::new(
+                "lab",
+                "frozen",
+                format!(
+                    "SIGSTOP {frozen_name} (pid {}) while it holds job {job}; its connection stays open",
+                    frozen.pid
+                ),
+            )
+            .with("pid", frozen.pid)
+            .with("job", job),
+        );
+        let session = self.session(&frozen_name);
+        round.show_session(&frozen_name, &session)?;
+        for (i, worker) in workers.iter_mut().enumerate() {
+            if i != frozen_index && !round.dead.contains(&worker.name) {
+                worker.tell("drain 3")?;
+            }
+        }
+
+        // While frozen: the others carry on (or wait, in for-update mode); with an idle
+        // timeout, Postgres ends the frozen session and the job moves on.
+        let taken_sql = self
+            .queue
+            .sql("SELECT worker FROM {processing} WHERE job_id = $1 AND worker <> $2 LIMIT 1");
+        let session_sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+        let watch_session = self.args.idle_timeout.is_some();
+        let mut session_gone = false;
+        let mut taken_by: Option<String> = None;
+        let deadline = frozen_at + pause;
+        while Instant::now() < deadline {
+            round.pump(Duration::from_millis(20))?;
+            round.show_progress(3, jobs)?;
+            if watch_session && !session_gone {
+                let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
+                if n == 0 {
+                    session_gone = true;
+                    round.record(Event::new(
+                        "pg",
+                        "expired",
+                        format!(
+                            "ends {frozen_name}'s session, {} into the freeze: idle in its \
+                             transaction longer than idle_in_transaction_session_timeout ({}); \
+                             job {job} is free again",
+                            human(frozen_at.elapsed()),
+                            human(self.args.idle_timeout.unwrap_or_default())
+                        ),
+                    ));
+                }
+            }
+            if taken_by.is_none()
+                && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
+            {
+                let by: String = row.get(0);
+                round.record(
+                    Event::new(
+                        "pg",
+                        "taken_over",
+                        format!("{by} processed job {job} while {frozen_name} was frozen"),
+                    )
+                    .with("job", job)
+                    .with("by", by.clone()),
+                );
+                taken_by = Some(by);
+            }
+        }
+        round.stage.timeline.clear_bar();
+
+        // Just before the resume: what did the others do, and who touched the frozen job?
+        let row = round.db.query_one(
+            &self.queue.sql(
+                "SELECT count(DISTINCT j.id) FILTER (WHERE j.id <> $2),
+                        count(*) FILTER (WHERE j.id = $2)
+                 FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
+                 WHERE j.round = $1",
+            ),
+            &[&3i32, &job],
+        )?;
+        let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
+        round.show_waiters(&self.session(""), &frozen_name, job)?;
+        if !session_gone && watch_session {
+            round.show_session(&frozen_name, &session)?;
+        }
+        let frozen = &mut workers[frozen_index];
+        frozen.resume()?;
+        round.record(
+            Event::new(
+                "lab",
+                "resumed",
+                format!(
+                    "SIGCONT {frozen_name} after {}; meanwhile the others processed {others_done} \
+                     jobs, and job {job} {}",
+                    human(frozen_at.elapsed()),
+                    if frozen_job_done == 0 {
+                        "not at all".to_string()
+                    } else {
+                        times(frozen_job_done as usize).to_string()
+                    }
+                ),
+            )
+            .with("job", job)
+            .with("others_processed", others_done)
+            .with("frozen_job_processed", frozen_job_done),
+        );
+        frozen.tell("commit")?;
+        let outcome = round.stage.wait_for(
+            Duration::from_secs(10),
+            &format!("{frozen_name} to finish its job"),
+            |e| e.worker == frozen_name && (e.kind == "committed" || e.kind == "commit_failed"),
+        )?;
+        if outcome.kind == "commit_failed" {
+            round.dead.push(frozen_name.clone());
+            notes.commit_failed = true;
+        }
+        round.until_done(3, jobs, |_| Ok(()))?;
+        let by = round.processed_by(job)?;
+        round.record(
+            Event::new(
+                "lab",
+                "freeze_result",
+                format!("job {job} was {}", processed(&by)),
+            )
+            .with("job", job)
+            .with("times_processed", by.len())
+            .with("by", by.clone())
+            .with("frozen_job_processed_while_frozen", frozen_job_done),
+        );
+        notes.frozen_job_taken_while_frozen = Some(frozen_job_done);
+        notes.others_done_while_frozen = others_done;
+        notes.session_ended = session_gone;
+        Ok(())
+    }
+}
+
+/// The orchestrator's view of one mode's queue while its rounds play.
+struct Round<'a> {
+    stage: &'a mut Stage,
+    mode: Mode,
+    work: Duration,
+    run_id: &'a str,
+    db: &'a mut Client,
+    queue: &'a Queue,
+    style: Style,
+    /// Workers that are gone: a naive job they marked 'running' stays that way.
+    dead: Vec<String>,
+    next_id: i64,
+}
+
+impl Round<'_> {
+    /// Shows one of the lab's own events, tagged with the mode (`--compare` runs three).
+    fn record(&mut self, event: Event) {
+        self.stage.record(event.with("mode", self.mode.name()));
+    }
+
+    fn fill(&mut self, round: i32, jobs: u32) -> Result<()> {
+        let first = self.next_id;
+        let last = first + jobs as i64 - 1;
+        self.db.execute(
+            &self.queue.sql(
+                "INSERT INTO {jobs} (id, round) SELECT g, $3 FROM generate_series($1::bigint, $2::bigint) g",
+            ),
+            &[&first, &last, &round],
+        )?;
+        self.next_id = last + 1;
+        Ok(())
+    }
+
+    /// Takes worker events for `duration`, failing on a worker's error.
+    fn pump(&mut self, duration: Duration) -> Result<()> {
+        let deadline = Instant::now() + duration;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(event) = self.stage.next(left)
+                && event.kind == "error"
+            {
+                bail!("worker {} failed: {}", event.worker, event.text);
+            }
+        }
+        Ok(())
+    }
+
+    fn pump_for(&mut self, duration: Duration, round: i32, jobs: u32) -> Result<()> {
+        let deadline = Instant::now() + duration;
+        while Instant::now() < deadline {
+            self.pump(Duration::from_millis(20))?;
+            self.show_progress(round, jobs)?;
+        }
+        Ok(())
+    }
+
+    fn check_errors(&self) -> Result<()> {
+        if let Some(event) = self.stage.log.iter().find(|e| e.kind == "error") {
+            bail!("worker {} failed: {}", event.worker, event.text);
+        }
+        Ok(())
+    }
+
+    /// (jobs done, jobs still to do) in a round. A naive job marked 'running' by a dead
+    /// worker is not "to do": nobody will ever touch it again.
+    fn counts(&mut self, round: i32) -> Result<(i64, i64)> {
+        let row = self.db.query_one(
+            &self.queue.sql(
+                "SELECT count(*) FILTER (WHERE status = 'done'),
+                        count(*) FILTER (WHERE status <> 'done'
+                                         AND NOT (status = 'running' AND claimed_by = ANY($2)))
+                 FROM {jobs} WHERE round = $1",
+            ),
+            &[&round, &self.dead],
+        )?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    fn show_progress(&mut self, round: i32, jobs: u32) -> Result<(i64, i64)> {
+        let (done, left) = self.counts(round)?;
+        if self.stage.timeline.bar().is_none() {
+            let bar = self
+                .style
+                .progress(jobs as u64, "  {bar:30} {pos}/{len} jobs done  {msg}");
+            self.stage.timeline.attach_bar(bar);
+        }
+        if let Some(bar) = self.stage.timeline.bar() {
+            bar.set_position(done as u64);
+            let seconds = bar.elapsed().as_secs_f64();
+            if seconds > 0.05 {
+                bar.set_message(format!("{:.0} jobs/s", done as f64 / seconds));
+            }
+        }
+        Ok((done, left))
+    }
+
+    /// Shows progress until every job of the round is done (or can never be), calling
+    /// `watch` about every 10ms.
+    fn until_done(
+        &mut self,
+        round: i32,
+        jobs: u32,
+        mut watch: impl FnMut(&mut Round) -> Result<()>,
+    ) -> Result<()> {
+        // Generous: even one worker at a time (for-update) gets through in this time.
+        let limit = Duration::from_secs(60) + (self.work + Duration::from_millis(5)) * jobs;
+        let started = Instant::now();
+        loop {
+            self.pump(Duration::from_millis(10))?;
+            watch(self)?;
+            let (_, left) = self.show_progress(round, jobs)?;
+            if left == 0 {
+                break;
+            }
+            if started.elapsed() > limit {
+                bail!(
+                    "round {round} did not finish within {}: {left} jobs still to do",
+                    human(limit)
+                );
+            }
+        }
+        watch(self)?;
+        self.stage.timeline.clear_bar();
+        Ok(())
+    }
+
+    /// Reads the round's speed and per-worker counts from the processing table.
+    fn summarise_speed(&mut self, round: i32) -> Result<f64> {
+        let row = self.db.query_one(
+            &self.queue.sql(
+                "SELECT count(DISTINCT p.job_id),
+                        coalesce(extract(epoch FROM max(p.done_at) - min(p.claimed_at))::float8, 0)
+                 FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
+                 WHERE j.round = $1",
+            ),
+            &[&round],
+        )?;
+        let (jobs, seconds): (i64, f64) = (row.get(0), row.get(1));
+        let jobs_per_s = if seconds > 0.0 {
+            round1(jobs as f64 / seconds)
+        } else {
+            0.0
+        };
+        let mut per_worker = BTreeMap::new();
+        let rows = self.db.query(
+            &self.queue.sql(
+                "SELECT p.worker, count(*) FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
+                 WHERE j.round = $1 GROUP BY p.worker ORDER BY length(p.worker), p.worker",
+            ),
+            &[&round],
+        )?;
+        let mut listing = Vec::new();
+        for row in rows {
+            let (worker, n): (String, i64) = (row.get(0), row.get(1));
+            listing.push(format!("{worker} {n}"));
+            per_worker.insert(worker, n);
+        }
+        self.record(
+            Event::new(
+                "lab",
+                "round",
+                format!(
+                    "{jobs} jobs done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                    human(Duration::from_secs_f64(seconds)),
+                    listing.join(" · ")
+                ),
+            )
+            .with("round", round)
+            .with("jobs", jobs)
+            .with("seconds", seconds)
+            .with("jobs_per_s", jobs_per_s)
+            .with("per_worker", serde_json::to_value(&per_worker)?)
+            .with("run_id", self.run_id)
+            .with("jobs_table", self.queue.jobs.as_str())
+            .with("processing_table", self.queue.processing.as_str()),
+        );
+        Ok(jobs_per_s)
+    }
+
+    /// Who processed the job, in order (from the processing table).
+    fn processed_by(&mut self, job: i64) -> Result<Vec<String>> {
+        Ok(self
+            .db
+            .query(
+                &self
+                    .queue
+                    .sql("SELECT worker FROM {processing} WHERE job_id = $1 ORDER BY done_at"),
+                &[&job],
+            )?
+            .iter()
+            .map(|row| row.get(0))
+            .collect())
+    }
+
+    /// How many of this mode's worker sessions (names starting with `prefix`) wait for a lock.
+    fn lock_waiters(&mut self, prefix: &str) -> Result<i64> {
+        Ok(self
+            .db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock'",
+                &[&prefix],
+            )?
+            .get(0))
+    }
+
+    /// Shows how many worker sessions wait for a lock, if any: the queue behind `holder`.
+    fn show_waiters(&mut self, prefix: &str, holder: &str, job: i64) -> Result<()> {
+        let waiting = self.lock_waiters(prefix)?;
+        if waiting > 0 {
+            self.record(
+                Event::new(
+                    "pg",
+                    "waiting",
+                    format!(
+                        "pg_stat_activity: {waiting} sessions are waiting for a lock — the row \
+                         lock {holder} holds on job {job}"
+                    ),
+                )
+                .with("waiting", waiting),
+            );
+        }
+        Ok(())
+    }
+
+    /// What Postgres itself says about a worker's session.
+    fn show_session(&mut self, worker: &str, session: &str) -> Result<()> {
+        let row = self.db.query_opt(
+            "SELECT state,
+                    extract(epoch FROM clock_timestamp() - xact_start)::float8 * 1000
+             FROM pg_stat_activity WHERE application_name = $1",
+            &[&session],
+        )?;
+        let text = match row {
+            Some(row) => {
+                let state: Option<String> = row.get(0);
+                let open_ms: Option<f64> = row.get(1);
+                match (state.as_deref(), open_ms) {
+                    (Some(state), Some(ms)) => format!(
+                        "pg_stat_activity: {worker}'s session is '{state}', its transaction open for {}",
+                        human(Duration::from_millis(ms.max(0.0) as u64))
+                    ),
+                    (Some(state), None) => format!(
+                        "pg_stat_activity: {worker}'s session is '{state}', with no transaction open"
+                    ),
+                    _ => format!("pg_stat_activity: {worker}'s session has no state"),
+                }
+            }
+            None => format!("pg_stat_activity: {worker} has no session"),
+        };
+        self.stage
+            .record(Event::new("pg", "session", text).with("session_of", worker));
+        Ok(())
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// "processed exactly once by w3", "never processed".
+fn processed(by: &[String]) -> String {
+    if by.is_empty() {
+        "never processed".to_string()
+    } else {
+        format!("processed {} by {}", times(by.len()), by.join(", "))
+    }
+}
+
+fn times(n: usize) -> &'static str {
+    match n {
+        0 => "0 times",
+        1 => "exactly once",
+        2 => "TWICE",
+        _ => "three times or more",
+    }
+}
+
+fn print_verdict(args: &SkipLockedArgs, verdicts: &[ModeVerdict], notes: &[Notes]) {
+    let header = [
+        "mode",
+        "jobs",
+        "processed twice+",
+        "lost",
+        "jobs/s (round 1)",
+        "kill → reclaimed",
+    ];
+    let count = |n: i64| {
+        if n == 0 {
+            "0".green().to_string()
+        } else {
+            n.to_string().red().bold().to_string()
+        }
+    };
+    let rows: Vec<Vec<String>> = verdicts
+        .iter()
+        .map(|v| {
+            vec![
+                v.mode.name().to_string(),
+                v.jobs.to_string(),
+                count(v.duplicates),
+                count(v.lost),
+                format!("{:.0}", v.jobs_per_s),
+                match (v.reclaim_ms, args.fault.kill()) {
+                    (Some(ms), _) => format!("{ms:.1}ms"),
+                    (None, true) => "never".red().bold().to_string(),
+                    (None, false) => "-".to_string(),
+                },
+            ]
+        })
+        .collect();
+    println!();
+    println!("{}", "Verdict (read back from the processing table)".bold());
+    println!("{}", table(&header, &rows));
+    println!();
+    let fastest = verdicts
+        .iter()
+        .map(|v| v.jobs_per_s)
+        .fold(0.0_f64, f64::max);
+    for (verdict, note) in verdicts.iter().zip(notes) {
+        println!(
+            "  {} {}",
+            format!("{}:", verdict.mode.name()).bold(),
+            meaning(args, verdict, note, fastest)
+        );
+    }
+}
+
+/// One sentence (or two) on what a mode's numbers mean.
+fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -> String {
+    let mut parts = Vec::new();
+    if v.duplicates == 0 && v.lost == 0 {
+        parts.push("every job was processed exactly once.".to_string());
+    }
+    if v.duplicates > 0 {
+        parts.push(format!(
+            "{} jobs were processed twice or more: workers read the same pending id before any \
+             of them marked it.",
+            v.duplicates
+        ));
+    }
+    if v.lost > 0 {
+        parts.push(format!(
+            "{} job(s) never processed: the killed worker's 'running' mark outlives it, and \
+             only a timeout (a lease, with its TTL guess) could hand it back.",
+            v.lost
+        ));
+    }
+    if let Some(ms) = v.reclaim_ms {
+        parts.push(format!(
+            "The killed worker's job was claimed again {ms:.1}ms after the kill: Postgres rolled \
+             its transaction back when the connection closed."
+        ));
+    }
+    if v.mode == Mode::ForUpdate && fastest > 0.0 && v.jobs_per_s < fastest * 0.8 {
+        parts.push(format!(
+            "At {:.0} jobs/s against {:.0}: the workers queue behind one row lock, one at a time.",
+            v.jobs_per_s, fastest
+        ));
+    }
+    match note.frozen_job_taken_while_frozen {
+        Some(0) if v.mode.transactional() => parts.push(format!(
+            "The frozen worker kept its job for the whole {} pause, and finished it once{}",
+            human(args.pause),
+            if note.others_done_while_frozen == 0 {
+                "; the whole queue stood still behind its row lock."
+            } else {
+                "; the others carried on around it."
+            }
+        )),
+        Some(0) => parts.push(
+            "The frozen worker's job stayed 'running' until it woke: no transaction, no timeout, \
+             nothing would have freed it."
+                .to_string(),
+        ),
+        Some(_) if note.session_ended && note.commit_failed => parts.push(
+            "Postgres ended the frozen session, another worker took its job, and the sleeper's \
+             commit failed when it woke: still nothing twice."
+                .to_string(),
+        ),
+        Some(n) => parts.push(format!(
+            "The frozen worker's job was processed {n} time(s) by others while it was frozen."
+        )),
+        None => {}
+    }
+    parts.join(" ")
 }

@@ -1,0 +1,395 @@
+//! Lab 3 against a real Postgres: the verdicts come from the append-only processing table,
+//! and the freeze is checked by reading that table ourselves while the worker is stopped.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+fn mode<'a>(verdict: &'a Value, name: &str) -> &'a Value {
+    verdict["modes"]
+        .as_array()
+        .expect("modes array")
+        .iter()
+        .find(|m| m["mode"] == name)
+        .unwrap_or_else(|| panic!("no mode {name} in {verdict}"))
+}
+
+fn lab_event<'a>(lines: &'a [Value], kind: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|e| e["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} event in {lines:#?}"))
+}
+
+fn run_id(lines: &[Value]) -> String {
+    lab_event(lines, "round")["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_string()
+}
+
+/// No worker of this run is left: running, stopped or zombie.
+fn assert_no_workers_left(run_id: &str) {
+    let needle = format!("lockslab-{run_id}-");
+    let left = processes_mentioning(&needle);
+    assert!(left.is_empty(), "workers left behind: {left:?}");
+}
+
+fn tables_left(run_id: &str) -> i64 {
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    db.query_one(
+        "SELECT count(*) FROM pg_tables WHERE tablename LIKE $1",
+        &[&format!("lockslab_{run_id}_%")],
+    )
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
+    let (lines, verdict, _) = run_json(&["skip-locked", "--fault", "kill", "--jobs", "150"]);
+    let modes = verdict["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 1, "{verdict}");
+    let m = mode(&verdict, "skip-locked");
+    let mut fields: Vec<&str> = m.as_object().unwrap().keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "duplicates",
+            "jobs",
+            "jobs_per_s",
+            "lost",
+            "mode",
+            "reclaim_ms"
+        ],
+        "exactly the fields the issue names"
+    );
+    // 150 in the queue round, min(150, 5 × 10 workers) in the kill round.
+    assert_eq!(m["jobs"], 200, "{m}");
+    assert_eq!(m["duplicates"], 0, "{m}");
+    assert_eq!(m["lost"], 0, "{m}");
+    assert!(m["jobs_per_s"].as_f64().unwrap() > 0.0, "{m}");
+
+    // The killed worker's job was claimed again by someone else, and processed exactly once.
+    let killed = lab_event(&lines, "killed");
+    let job = killed["job"].as_i64().unwrap();
+    assert_eq!(
+        lines
+            .iter()
+            .find(|e| e["worker"] == "w1" && e["kind"] == "claimed")
+            .unwrap()["job"],
+        job
+    );
+    let reclaim = m["reclaim_ms"].as_f64().expect("reclaim_ms is a number");
+    assert!(
+        (0.0..10_000.0).contains(&reclaim),
+        "reclaimed {reclaim}ms after the kill: no TTL should be involved"
+    );
+    let result = lab_event(&lines, "kill_result");
+    assert_eq!(result["job"], job);
+    assert_eq!(result["times_processed"], 1, "{result}");
+    assert_ne!(result["by"][0], "w1", "the dead worker processed nothing");
+    assert_eq!(lab_event(&lines, "reclaimed")["job"], job);
+
+    // Every event has the promised fields; the per-job work is not flooding the stream.
+    for event in &lines[..lines.len() - 1] {
+        assert!(
+            event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
+            "{event}"
+        );
+    }
+    assert!(lines.len() < 30, "{} events for 200 jobs", lines.len());
+    let run = run_id(&lines);
+    assert_no_workers_left(&run);
+    assert_eq!(tables_left(&run), 0, "the run's tables are dropped");
+}
+
+#[test]
+fn naive_mode_processes_jobs_twice_and_loses_the_killed_workers_job() {
+    let (lines, verdict, _) = run_json(&["skip-locked", "--mode", "naive", "--fault", "kill"]);
+    let m = mode(&verdict, "naive");
+    assert!(
+        m["duplicates"].as_i64().unwrap() > 0,
+        "10 workers reading the same pending id must collide: {m}"
+    );
+    // The victim's 'running' mark outlives it: nobody ever takes that job again.
+    assert_eq!(m["lost"], 1, "{m}");
+    assert!(m["reclaim_ms"].is_null(), "{m}");
+    let result = lab_event(&lines, "kill_result");
+    assert_eq!(result["times_processed"], 0, "{result}");
+    assert_no_workers_left(&run_id(&lines));
+}
+
+/// While the worker is stopped, we read the processing table ourselves: its job must not
+/// appear, while the other workers' jobs do. Then it resumes and finishes the job once.
+#[test]
+fn a_frozen_worker_keeps_its_job_until_it_resumes() {
+    let mut lab = lockslab(&[
+        "skip-locked",
+        "--fault",
+        "freeze",
+        "--pause",
+        "1500ms",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    let started = Instant::now();
+    let (processing, frozen) = loop {
+        let line = stdout
+            .next()
+            .expect("the lab ended before the freeze")
+            .unwrap();
+        let event: Value = serde_json::from_str(&line).unwrap();
+        lines.push(event.clone());
+        if event["worker"] == "lab" && event["kind"] == "frozen" {
+            let round = lab_event(&lines, "round");
+            break (
+                round["processing_table"].as_str().unwrap().to_string(),
+                event,
+            );
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no freeze");
+    };
+    let job = frozen["job"].as_i64().unwrap();
+    let pid = frozen["pid"].as_i64().unwrap() as i32;
+    assert_eq!(proc_state(pid), Some('T'), "w2 is stopped");
+
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    let count = |db: &mut postgres::Client, sql: &str| -> i64 {
+        db.query_one(&sql.replace("{p}", &processing), &[&job])
+            .unwrap()
+            .get(0)
+    };
+    let before = count(&mut db, "SELECT count(*) FROM {p} WHERE job_id > $1");
+    // The others carry on around the frozen worker…
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            count(&mut db, "SELECT count(*) FROM {p} WHERE job_id > $1") > before
+        }),
+        "the other workers processed jobs during the freeze"
+    );
+    // …and nobody else touches its job for as long as it stays frozen (nor after).
+    while proc_state(pid) == Some('T') {
+        assert_eq!(
+            count(
+                &mut db,
+                "SELECT count(*) FROM {p} WHERE job_id = $1 AND worker <> 'w2'"
+            ),
+            0,
+            "job {job} was processed while its worker was frozen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    for line in stdout {
+        lines.push(serde_json::from_str(&line.unwrap()).unwrap());
+    }
+    assert!(lab.wait().unwrap().success());
+    let resumed = lab_event(&lines, "resumed");
+    assert_eq!(resumed["frozen_job_processed"], 0, "{resumed}");
+    assert!(
+        resumed["others_processed"].as_i64().unwrap() > 0,
+        "{resumed}"
+    );
+    let committed = lab_event(&lines, "committed");
+    assert_eq!(
+        (&committed["worker"], &committed["job"]),
+        (&"w2".into(), &job.into())
+    );
+    let result = lab_event(&lines, "freeze_result");
+    assert_eq!(result["times_processed"], 1, "{result}");
+    assert_eq!(result["by"][0], "w2", "{result}");
+    let verdict = lines.last().unwrap();
+    assert_eq!(mode(verdict, "skip-locked")["duplicates"], 0);
+    assert_eq!(mode(verdict, "skip-locked")["lost"], 0);
+    assert!(
+        mode(verdict, "skip-locked")["reclaim_ms"].is_null(),
+        "no kill"
+    );
+    assert_no_workers_left(&run_id(&lines));
+}
+
+#[test]
+fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_commit_fails() {
+    let (lines, verdict, _) = run_json(&[
+        "skip-locked",
+        "--fault",
+        "freeze",
+        "--pause",
+        "1500ms",
+        "--idle-timeout",
+        "500ms",
+        "--jobs",
+        "60",
+    ]);
+    let frozen_job = lab_event(&lines, "frozen")["job"].as_i64().unwrap();
+    let failed = lab_event(&lines, "commit_failed");
+    assert_eq!(failed["worker"], "w2");
+    assert_eq!(failed["job"], frozen_job);
+    assert!(
+        failed["text"]
+            .as_str()
+            .unwrap()
+            .contains("idle-in-transaction"),
+        "{failed}"
+    );
+    let taken = lab_event(&lines, "taken_over");
+    assert_ne!(taken["by"], "w2");
+    let result = lab_event(&lines, "freeze_result");
+    assert_eq!(result["times_processed"], 1, "{result}");
+    assert_ne!(result["by"][0], "w2", "{result}");
+    let m = mode(&verdict, "skip-locked");
+    assert_eq!(
+        (&m["duplicates"], &m["lost"]),
+        (&0.into(), &0.into()),
+        "{m}"
+    );
+    assert_no_workers_left(&run_id(&lines));
+}
+
+#[test]
+fn compare_runs_three_modes_and_for_update_is_slower() {
+    let (lines, verdict, _) = run_json(&[
+        "skip-locked",
+        "--compare",
+        "--jobs",
+        "100",
+        "--pause",
+        "300ms",
+    ]);
+    let names: Vec<&str> = verdict["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["skip-locked", "naive", "for-update"]);
+    let (skip, naive, for_update) = (
+        mode(&verdict, "skip-locked"),
+        mode(&verdict, "naive"),
+        mode(&verdict, "for-update"),
+    );
+    for m in [skip, naive, for_update] {
+        assert_eq!(m["jobs"], 200, "100 + 50 + 50: {m}");
+    }
+    assert_eq!(skip["duplicates"], 0);
+    assert_eq!(for_update["duplicates"], 0);
+    assert_eq!(for_update["lost"], 0);
+    assert!(naive["duplicates"].as_i64().unwrap() > 0, "{naive}");
+    assert!(skip["reclaim_ms"].is_number() && for_update["reclaim_ms"].is_number());
+    assert!(naive["reclaim_ms"].is_null());
+    // One row lock for everyone: the workers take turns.
+    assert!(
+        for_update["jobs_per_s"].as_f64() < skip["jobs_per_s"].as_f64(),
+        "{verdict}"
+    );
+    // In for-update mode the frozen worker's row lock stalls everyone, and Postgres shows it.
+    assert!(
+        lines
+            .iter()
+            .any(|e| e["kind"] == "waiting" && e["mode"] == "for-update"),
+        "pg_stat_activity shows workers waiting on the frozen worker's lock"
+    );
+    assert_no_workers_left(&run_id(&lines));
+}
+
+#[test]
+fn human_output_tells_the_story_and_the_verdict() {
+    let output = lockslab(&["skip-locked", "--jobs", "60", "--pause", "300ms"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "Round 1",
+        "SIGKILL w1",
+        "after the kill",
+        "SIGSTOP w2",
+        "idle in transaction",
+        "Verdict",
+        "exactly once",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(!text.contains('\u{1b}'), "no colours when NO_COLOR is set");
+}
+
+#[test]
+fn ctrl_c_while_a_worker_is_frozen_leaves_nothing_behind() {
+    let mut lab = lockslab(&[
+        "skip-locked",
+        "--fault",
+        "freeze",
+        "--pause",
+        "20s",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = Vec::new();
+    let mut stdout = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let pid = loop {
+        let event: Value = serde_json::from_str(&stdout.next().unwrap().unwrap()).unwrap();
+        lines.push(event.clone());
+        if event["kind"] == "frozen" {
+            break event["pid"].as_i64().unwrap() as i32;
+        }
+    };
+    assert!(eventually(Duration::from_secs(2), || proc_state(pid) == Some('T')));
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(lab.wait().unwrap().code(), Some(130));
+    assert_eq!(
+        proc_state(pid),
+        None,
+        "the frozen worker is gone, not a zombie"
+    );
+    assert_no_workers_left(&run_id(&lines));
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["skip-locked", "--idle-timeout", "100ms"],
+            "--idle-timeout",
+        ),
+        (&["skip-locked", "--workers", "2"], "--workers"),
+        (
+            &["skip-locked", "--mode", "naive", "--compare"],
+            "--compare",
+        ),
+    ];
+    for (args, flag) in cases {
+        let output = lockslab(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} should fail");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
