@@ -59,9 +59,11 @@ enum Command {
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
-  1$ lockslab worker --fencing            # prints its PID; then: kill -STOP <pid>
-  2$ lockslab worker --fencing --work 2s  # after the TTL: takes the lock, writes
-  1$ kill -CONT <pid>                     # the first worker wakes and writes: rejected")]
+  1$ lockslab worker --fencing            # takes the lock, prints its PID
+  2$ kill -STOP <pid>                     # freeze it; wait past the TTL (10s)
+  2$ lockslab worker --fencing --work 2s  # takes the lock, writes (accepted), releases
+  2$ kill -CONT <pid>                     # the first worker wakes and writes: REJECTED
+Without --fencing on both, the late write is ACCEPTED and overwrites the second one's.")]
     Worker(HandsOnArgs),
     /// Start private Redis, etcd and Postgres and keep them running between commands
     Up,

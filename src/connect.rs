@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 
 /// How long to wait for a TCP connection and the server's first answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -37,6 +37,14 @@ impl Backend {
             Backend::Redis => "--redis-url",
             Backend::Etcd => "--etcd-url",
             Backend::Postgres => "--postgres-url",
+        }
+    }
+
+    pub fn env_var(self) -> &'static str {
+        match self {
+            Backend::Redis => "LOCKSLAB_REDIS_URL",
+            Backend::Etcd => "LOCKSLAB_ETCD_URL",
+            Backend::Postgres => "LOCKSLAB_POSTGRES_URL",
         }
     }
 
@@ -83,26 +91,25 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Checks a URL's shape before anything connects, naming the flag when it is wrong.
-pub fn check_url(backend: Backend, url: &str) -> Result<()> {
+/// What is wrong with a URL's shape, if anything: checked before anything connects.
+pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
     let schemes: &[&str] = match backend {
         Backend::Redis => &["redis://"],
         Backend::Etcd => &["http://"],
         Backend::Postgres => &["postgres://", "postgresql://"],
     };
     if !schemes.iter().any(|scheme| url.starts_with(scheme)) {
-        bail!(
-            "{} {}: expected a URL starting with {}",
-            backend.flag(),
-            redact(url),
+        return Some(format!(
+            "expected a {} URL starting with {}",
+            backend.name(),
             schemes.join(" or ")
-        );
+        ));
     }
     let host = url.split("://").nth(1).unwrap_or("");
     if host.is_empty() || host.starts_with('/') {
-        bail!("{} {}: the URL names no host", backend.flag(), redact(url));
+        return Some("the URL names no host".into());
     }
-    Ok(())
+    None
 }
 
 /// A Redis connection whose every command gives up after [`COMMAND_TIMEOUT`].
@@ -111,7 +118,7 @@ pub fn redis(url: &str) -> Result<redis::Connection> {
         .map_err(|err| anyhow!("{} {}: {err}", Backend::Redis.flag(), redact(url)))?;
     let mut connection = client
         .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(|err| Backend::Redis.unreachable(url, err))?;
+        .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
     connection
         .set_read_timeout(Some(COMMAND_TIMEOUT))
         .context("setting the Redis read timeout")?;
@@ -120,8 +127,17 @@ pub fn redis(url: &str) -> Result<redis::Connection> {
         .context("setting the Redis write timeout")?;
     redis::cmd("PING")
         .query::<String>(&mut connection)
-        .map_err(|err| Backend::Redis.unreachable(url, err))?;
+        .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
     Ok(connection)
+}
+
+/// Says "timed out" plainly for a server that accepts connections and never answers.
+fn redis_cause(err: &redis::RedisError) -> String {
+    if err.is_timeout() {
+        "it accepted the connection but gave no answer in time: frozen or overloaded?".into()
+    } else {
+        err.to_string()
+    }
 }
 
 /// A Postgres client, connected within [`CONNECT_TIMEOUT`].
@@ -215,11 +231,10 @@ mod tests {
     }
 
     #[test]
-    fn check_url_names_the_flag() {
-        let err = check_url(Backend::Redis, "http://x")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--redis-url"), "{err}");
-        assert!(check_url(Backend::Postgres, "postgresql://u@h/db").is_ok());
+    fn url_problem_says_what_is_expected() {
+        let problem = url_problem(Backend::Redis, "http://x").unwrap();
+        assert!(problem.contains("redis://"), "{problem}");
+        assert!(url_problem(Backend::Postgres, "postgresql://u@h/db").is_none());
+        assert!(url_problem(Backend::Etcd, "http:///x").is_some());
     }
 }

@@ -124,6 +124,7 @@ impl Timeline {
 
     fn println(&self, text: &str) {
         match &self.bar {
+            _ if crate::procs::interrupted() => {}
             Some(bar) if !bar.is_hidden() => bar.println(text),
             _ => line(text),
         }
@@ -137,8 +138,8 @@ fn emphasize(kind: &str, text: &str) -> String {
         "resumed" => format!("▶ {text}").bright_blue().to_string(),
         "killed" => format!("✖ {text}").red().bold().to_string(),
         "expired" => format!("⌛ {text}").yellow().to_string(),
-        "rejected" | "stale" => text.green().bold().to_string(),
-        "accepted_stale" | "two_holders" | "violation" => text.red().bold().to_string(),
+        "rejected" | "stale_write_rejected" => text.green().bold().to_string(),
+        "stale_write_accepted" | "two_holders" | "violation" => text.red().bold().to_string(),
         "error" => text.red().to_string(),
         _ => text.to_string(),
     }
@@ -157,6 +158,9 @@ macro_rules! outln {
 /// the lab to: stop every worker and server, and exit the way a process killed by SIGPIPE
 /// would, instead of panicking or carrying on into a closed pipe.
 pub fn line(text: &str) {
+    if crate::procs::interrupted() {
+        return; // cleaning up after Ctrl-C: what workers say while they die is noise
+    }
     let mut out = io::stdout().lock();
     if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
         drop(out);

@@ -64,6 +64,48 @@ pub fn forget_dir(dir: &std::path::Path) {
         .retain(|d| d != dir);
 }
 
+type Cleanup = Box<dyn FnOnce() + Send>;
+
+/// A lab's own mess (its rows, tables and keys on a shared server), by registration number.
+static CLEANUPS: Mutex<Vec<(u64, Cleanup)>> = Mutex::new(Vec::new());
+
+/// Runs `cleanup` if lockslab is interrupted while the guard lives, after the workers are
+/// stopped and before the private servers are. Dropping the guard unregisters it: the lab
+/// then cleans up the normal way.
+pub fn on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> InterruptCleanup {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CLEANUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((id, Box::new(cleanup)));
+    InterruptCleanup { id }
+}
+
+pub struct InterruptCleanup {
+    id: u64,
+}
+
+impl Drop for InterruptCleanup {
+    fn drop(&mut self) {
+        CLEANUPS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(id, _)| *id != self.id);
+    }
+}
+
+fn run_cleanups() {
+    let cleanups: Vec<(u64, Cleanup)> = CLEANUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain(..)
+        .collect();
+    for (_, cleanup) in cleanups {
+        cleanup();
+    }
+}
+
 fn remove_registered_dirs() {
     for dir in DIRS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
         let _ = fs::remove_dir_all(dir);
@@ -152,10 +194,13 @@ pub fn wait_until_stopped(pid: i32, timeout: Duration) -> bool {
 /// continued, and a stopped process group left behind is exactly the mess we refuse to leave.
 pub fn stop(pid: i32, plan: &StopPlan) {
     let group = Pid::from_raw(pid);
-    let _ = killpg(group, Signal::SIGCONT);
     if plan.signal == Signal::SIGKILL {
+        // SIGKILL ends even a stopped process; the SIGCONT that follows makes sure nothing
+        // in the group stays stopped, without letting a frozen worker run a single step.
         let _ = killpg(group, Signal::SIGKILL);
+        let _ = killpg(group, Signal::SIGCONT);
     } else {
+        let _ = killpg(group, Signal::SIGCONT);
         let _ = kill(group, plan.signal);
     }
     let deadline = Instant::now() + plan.grace;
@@ -179,13 +224,25 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 }
 
 /// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP.
+///
+/// Each child leaves the registry only once it is stopped, so that a second Ctrl-C in the
+/// middle still finds, and kills, whatever is left.
 pub fn stop_all() {
-    let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    let live: Vec<(i32, StopPlan)> = with_live(|live| {
+        live.iter()
+            .map(|(pid, plan)| (*pid, plan.clone()))
+            .collect()
+    });
     // Workers first (instant), then servers (graceful, may take a moment).
     let (workers, servers): (Vec<_>, Vec<_>) = live
         .into_iter()
         .partition(|(_, plan)| plan.signal == Signal::SIGKILL);
-    for (pid, plan) in workers.iter().chain(servers.iter()) {
+    for (pid, plan) in &workers {
+        stop(*pid, plan);
+    }
+    run_cleanups();
+    for (pid, plan) in &servers {
         stop(*pid, plan);
     }
     remove_registered_dirs();
@@ -196,11 +253,19 @@ fn kill_all_now() {
     let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
     for (pid, _) in live {
         let group = Pid::from_raw(pid);
-        let _ = killpg(group, Signal::SIGCONT);
         let _ = killpg(group, Signal::SIGKILL);
+        let _ = killpg(group, Signal::SIGCONT);
         let _ = waitpid(group, None);
     }
     remove_registered_dirs();
+}
+
+/// Set once lockslab is shutting down early: the lab's output stops there.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True once an interrupt (or a closed stdout) has started the cleanup.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Exit status for "ended by signal N", the shell's convention.

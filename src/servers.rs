@@ -29,17 +29,43 @@ use crate::procs::{self, StopPlan};
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ServerArgs {
     /// Redis to use, e.g. redis://127.0.0.1:6379
-    #[arg(long, env = "LOCKSLAB_REDIS_URL", value_name = "URL", global = true)]
+    #[arg(long, env = "LOCKSLAB_REDIS_URL", value_name = "URL", global = true, value_parser = redis_url)]
     pub redis_url: Option<String>,
     /// etcd to use, e.g. http://127.0.0.1:2379
-    #[arg(long, env = "LOCKSLAB_ETCD_URL", value_name = "URL", global = true)]
+    #[arg(long, env = "LOCKSLAB_ETCD_URL", value_name = "URL", global = true, value_parser = etcd_url)]
     pub etcd_url: Option<String>,
     /// Postgres to use, e.g. postgres://lockslab:lockslab@127.0.0.1:5432/lockslab
-    #[arg(long, env = "LOCKSLAB_POSTGRES_URL", value_name = "URL", global = true)]
+    #[arg(long, env = "LOCKSLAB_POSTGRES_URL", value_name = "URL", global = true, value_parser = postgres_url)]
     pub postgres_url: Option<String>,
     /// Skip the docker-compose defaults and `lockslab up`: start private servers for this run
-    #[arg(long, env = "LOCKSLAB_PRIVATE_SERVERS", global = true)]
+    #[arg(long, env = "LOCKSLAB_PRIVATE_SERVERS", global = true, action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub private_servers: bool,
+}
+
+fn redis_url(text: &str) -> Result<String, String> {
+    checked_url(Backend::Redis, text)
+}
+
+fn etcd_url(text: &str) -> Result<String, String> {
+    checked_url(Backend::Etcd, text)
+}
+
+fn postgres_url(text: &str) -> Result<String, String> {
+    checked_url(Backend::Postgres, text)
+}
+
+/// A URL flag's value parser: a malformed URL is a command-line error (exit status 2) that
+/// names the flag and its environment variable.
+fn checked_url(backend: Backend, text: &str) -> Result<String, String> {
+    match connect::url_problem(backend, text) {
+        Some(problem) => Err(format!(
+            "{problem} (from {} or {})",
+            backend.flag(),
+            backend.env_var()
+        )),
+        None => Ok(text.to_string()),
+    }
 }
 
 impl ServerArgs {
@@ -134,7 +160,6 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     };
     for &backend in needs {
         if let Some(url) = args.given(backend) {
-            connect::check_url(backend, url)?;
             connect::probe(backend, url)?;
             urls.push((backend, url.to_string(), Origin::Given));
         } else if let Some(url) = up_state
@@ -228,6 +253,7 @@ impl PrivateServers {
                     .prefix("lockslab-")
                     .tempdir()
                     .context("creating a temporary directory")?;
+                procs::remove_on_cleanup(temp.path().to_path_buf());
                 (temp.path().to_path_buf(), Some(temp))
             }
             Lifetime::Detached => {

@@ -140,11 +140,11 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         format!("kill -STOP {pid}").cyan().bold()
     );
     crate::outln!(
-        "    wait more than {}, then start a second `lockslab worker`",
+        "    wait more than {}, then run a second `lockslab worker --work 2s` until it has written",
         human(args.ttl)
     );
     crate::outln!(
-        "    {}    wake me up while the second one works",
+        "    {}    wake me up: I finish my work and write, late",
         format!("kill -CONT {pid}").cyan().bold()
     );
     crate::outln!();

@@ -184,12 +184,16 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
         .unwrap();
     let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
     let mut pids = Vec::new();
+    let mut run_id = String::new();
     let started = Instant::now();
     // Wait until the lab reports A frozen (state T), then interrupt.
     for line in lines.by_ref() {
         let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
         if event["kind"] == "waiting" {
             pids.push(event["pid"].as_i64().unwrap() as i32);
+        }
+        if event["kind"] == "run" {
+            run_id = event["run_id"].as_str().unwrap().to_string();
         }
         if event["worker"] == "lab" && event["kind"] == "frozen" {
             break;
@@ -209,6 +213,23 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
         proc_state(a).is_none(),
         "A is neither running, stopped nor a zombie"
     );
+
+    // The run's keys and rows are gone from the shared servers too.
+    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut redis)
+        .unwrap();
+    assert!(keys.is_empty(), "keys left behind: {keys:?}");
+    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
+    let rows: i64 = db
+        .query_one(
+            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "rows left behind for run {run_id}");
 }
 
 fn proc_state(pid: i32) -> Option<char> {
@@ -355,11 +376,16 @@ fn bad_flags_name_the_flag() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2), "a malformed URL is a usage error");
     assert!(
         stderr.contains("--redis-url") && stderr.contains("redis://"),
         "{stderr}"
     );
+
+    let output = lockslab(&["gc-pause", "--ttl", "50ms"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--ttl") && stderr.contains("100ms"), "{stderr}");
 }
 
 #[test]

@@ -44,8 +44,8 @@ Examples:
 
 By hand, in two terminals: `lockslab up`, then `lockslab worker` (see labs/01-gc-pause.md).")]
 pub struct GcPauseArgs {
-    /// How long the lock lives in Redis
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the lock lives in Redis (at least 100ms)
+    #[arg(long, default_value = "2s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// How long A stays frozen [default: 1.5 × TTL]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -60,6 +60,15 @@ pub struct GcPauseArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
+}
+
+/// Below 100ms, process start-up and Redis's expiry cycle blur the story.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if ttl < Duration::from_millis(100) {
+        return Err("use at least 100ms: shorter, and process start-up blurs the story".into());
+    }
+    Ok(ttl)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +226,8 @@ pub struct RunVerdict {
     pub stale_write_attempted: bool,
     /// Whether the store took that stale write; null when its outcome is unknown.
     pub stale_write_accepted: Option<bool>,
+    /// A's compare-and-delete found its key gone: Redis had ended A's lease before A let go.
+    pub a_lease_ran_out: bool,
     pub final_value: Option<String>,
     pub final_writer: Option<String>,
     pub final_token: Option<i64>,
@@ -230,6 +241,7 @@ impl RunVerdict {
     fn from_store(
         fencing: bool,
         two_holders: bool,
+        a_lease_ran_out: bool,
         a_outcome: Option<Outcome>,
         read: ReadBack,
     ) -> RunVerdict {
@@ -252,6 +264,7 @@ impl RunVerdict {
         RunVerdict {
             fencing,
             two_holders,
+            a_lease_ran_out,
             stale_write_attempted,
             stale_write_accepted,
             stale_token: a_index.and_then(|a| read.attempts[a].token),
@@ -265,6 +278,14 @@ impl RunVerdict {
 
     /// One sentence on what the run shows.
     fn meaning(&self, ttl: Duration, pause: Duration) -> String {
+        if !self.two_holders && self.a_lease_ran_out {
+            return format!(
+                "A's {} lease ran out during its {} pause (its release found the key gone), but B had not \
+                 taken the lock yet: no stale write this time — by luck, not by design.",
+                human(ttl),
+                human(pause)
+            );
+        }
         if !self.two_holders {
             return format!(
                 "The pause ({}) did not outlast the TTL ({}): A still held the lock when it woke, \
@@ -303,12 +324,6 @@ impl RunVerdict {
 pub fn run(args: &GcPauseArgs) -> Result<()> {
     let ttl = args.ttl;
     let pause = args.pause.unwrap_or(ttl.mul_f64(1.5));
-    if ttl < Duration::from_millis(100) {
-        bail!(
-            "--ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
-            human(ttl)
-        );
-    }
     let style = Style::detect(args.output.json);
     let servers = servers::provide(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let run_id = new_run_id();
@@ -324,7 +339,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         "Two workers, A and B, share one Redis lock with a {} TTL. A takes it, then freezes for {}{}.",
         human(ttl),
         human(pause),
-        if pause > ttl { " — longer than the TTL" } else { " — less than the TTL" }
+        if pause > ttl { " — longer than the TTL" } else { " — no longer than the TTL" }
     ));
 
     let fencing_runs: &[bool] = match args.fencing {
@@ -333,6 +348,17 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         Fencing::Both => &[false, true],
     };
     let mut verdicts = Vec::new();
+    let _on_interrupt = crate::procs::on_interrupt({
+        let run_id = run_id.clone();
+        let redis_url = servers.url(Backend::Redis).to_string();
+        let postgres_url = servers.url(Backend::Postgres).to_string();
+        move || {
+            if let Ok(mut store) = Store::connect(&postgres_url) {
+                let _ = store.forget_run(&run_id);
+            }
+            super::forget_redis_keys(&redis_url, &run_id);
+        }
+    });
     let result = (|| -> Result<()> {
         for &fenced in fencing_runs {
             let play = Play {
@@ -373,15 +399,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
 /// Deletes the run's keys and rows; the verdict has been read by then.
 fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
     let _ = store.forget_run(run_id);
-    if let Ok(mut redis) = connect::redis(redis_url) {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("lockslab:{run_id}:*"))
-            .query(&mut redis)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut redis);
-        }
-    }
+    super::forget_redis_keys(redis_url, run_id);
 }
 
 /// One run of the story.
@@ -432,6 +450,19 @@ impl Play<'_> {
             self.ttl,
         );
 
+        stage.record(
+            Event::new(
+                "lab",
+                "run",
+                format!(
+                    "run {}: the lock is the Redis key {}",
+                    self.run_id, lock_watch.key
+                ),
+            )
+            .with("run_id", self.run_id)
+            .with("fencing", self.fenced)
+            .with("lock_key", lock_watch.key.clone()),
+        );
         let mut a = stage.spawn("A", &WorkerSpec::GcPause(role("A", a_script, false)))?;
         let a_owner = stage
             .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
@@ -444,6 +475,11 @@ impl Play<'_> {
 
         match self.freeze {
             Freeze::Peer => {
+                // A is at work (waiting for `finish`) before it is frozen, as a real pause
+                // catches a client in the middle of what it does.
+                stage.wait_for(Duration::from_secs(5), "A to start working", |e| {
+                    e.is("A", "working")
+                })?;
                 a.freeze()?;
                 if !crate::procs::wait_until_stopped(a.pid, Duration::from_secs(2)) {
                     bail!("worker A (pid {}) did not stop after SIGSTOP", a.pid);
@@ -552,19 +588,32 @@ impl Play<'_> {
             None => None,
         };
         let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
-        let verdict =
-            RunVerdict::from_store(self.fenced, b_took_lock_during_pause, a_outcome, read);
+        // A's release is a compare-and-delete: 0 deleted means Redis had already ended A's lease.
+        let a_lease_ran_out = stage
+            .saw("A", "released")
+            .and_then(|e| e.get_bool("deleted"))
+            == Some(false);
+        let verdict = RunVerdict::from_store(
+            self.fenced,
+            b_took_lock_during_pause,
+            a_lease_ran_out,
+            a_outcome,
+            read,
+        );
         if verdict.stale_write_attempted {
             let (kind, text) = match verdict.stale_write_accepted {
                 Some(true) => (
-                    "accepted_stale",
+                    "stale_write_accepted",
                     "the store holds A's stale result: B's write is lost",
                 ),
                 Some(false) => (
-                    "stale",
+                    "stale_write_rejected",
                     "the store rejected A's stale write: B's result stands",
                 ),
-                None => ("unknown", "A's stale write has an unknown outcome"),
+                None => (
+                    "stale_write_unknown",
+                    "A's stale write has an unknown outcome",
+                ),
             };
             stage.record(Event::new("store", kind, text).with("fencing", self.fenced));
         }
@@ -580,7 +629,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             "no".to_string()
         }
     };
-    let header: Vec<&str> = std::iter::once("read back from the store")
+    let header: Vec<&str> = std::iter::once("evidence")
         .chain(verdicts.iter().map(|v| {
             if v.fencing {
                 "with fencing"
@@ -601,23 +650,25 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             .collect::<Vec<_>>()
     };
     let rows = vec![
-        row("two holders at once", &|v| yes_no(v.two_holders)),
-        row("A's late (stale) write", &stale),
-        row("last accepted writer", &|v| {
+        row("two holders at once (lock events)", &|v| {
+            yes_no(v.two_holders)
+        }),
+        row("A's late write (store)", &stale),
+        row("last accepted writer (store)", &|v| {
             v.final_writer.clone().unwrap_or("nobody".into())
         }),
-        row("final value", &|v| {
+        row("final value (store)", &|v| {
             v.final_value
                 .clone()
                 .map(|s| format!("'{s}'"))
                 .unwrap_or("none".into())
         }),
-        row("highest token accepted", &|v| {
+        row("highest token accepted (store)", &|v| {
             v.final_token
                 .map(|t| t.to_string())
                 .unwrap_or("none".into())
         }),
-        row("attempts (writer:token → outcome)", &|v| {
+        row("attempts in store order", &|v| {
             v.attempts
                 .iter()
                 .map(|a| {

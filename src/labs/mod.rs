@@ -51,6 +51,22 @@ pub fn new_run_id() -> String {
     crate::lock::random_owner()[..8].to_string()
 }
 
+/// Deletes every Redis key of a run (`lockslab:<run id>:*`). SCAN, not KEYS: on a server a
+/// whole workshop shares, KEYS would stall everyone while it walks the keyspace.
+pub fn forget_redis_keys(redis_url: &str, run_id: &str) {
+    let Ok(mut redis) = crate::connect::redis(redis_url) else {
+        return;
+    };
+    let keys: Vec<String> =
+        match redis::Commands::scan_match(&mut redis, format!("lockslab:{run_id}:*")) {
+            Ok(keys) => keys.filter_map(Result::ok).collect(),
+            Err(_) => return,
+        };
+    for chunk in keys.chunks(500) {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut redis);
+    }
+}
+
 /// The orchestrator's side of a lab run: workers, their events, the timeline.
 pub struct Stage {
     start: Instant,
@@ -62,6 +78,8 @@ pub struct Stage {
     closed: HashSet<String>,
     /// While `run_until` holds back an event: its stamp, the latest a lab event may carry.
     observed_before: Option<u64>,
+    /// Facts added to every event from here on (which run of a lab it belongs to).
+    tags: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Stage {
@@ -75,6 +93,7 @@ impl Stage {
             log: Vec::new(),
             closed: HashSet::new(),
             observed_before: None,
+            tags: serde_json::Map::new(),
         }
     }
 
@@ -108,10 +127,27 @@ impl Stage {
         })
     }
 
+    /// Adds a fact to every event shown from now on, so that `--json` readers can tell the
+    /// runs of one lab apart (`"fencing": true`).
+    pub fn tag(&mut self, key: &str, value: impl Into<serde_json::Value>) {
+        self.tags.insert(key.into(), value.into());
+    }
+
+    fn with_tags(&self, mut event: Event) -> Event {
+        for (key, value) in &self.tags {
+            event
+                .data
+                .entry(key.clone())
+                .or_insert_with(|| value.clone());
+        }
+        event
+    }
+
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
     pub fn record(&mut self, mut event: Event) {
         let now = self.start.elapsed().as_millis() as u64;
         event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
+        let event = self.with_tags(event);
         self.timeline.show(&event);
         self.log.push(event);
     }
@@ -125,6 +161,7 @@ impl Stage {
     fn accept(&mut self, incoming: Incoming) -> Option<Event> {
         match incoming {
             Incoming::Event(event) => {
+                let event = self.with_tags(event);
                 self.timeline.show(&event);
                 self.log.push(event.clone());
                 Some(event)

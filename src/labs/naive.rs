@@ -547,6 +547,10 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         None => Scenario::ALL.to_vec(),
     };
     let mut verdicts = Vec::new();
+    let _on_interrupt = crate::procs::on_interrupt({
+        let (redis_url, run_id) = (lab.redis_url.clone(), lab.run_id.clone());
+        move || super::forget_redis_keys(&redis_url, &run_id)
+    });
     let result = (|| -> Result<()> {
         for scenario in scenarios {
             let verdict = match scenario {
@@ -1172,15 +1176,7 @@ impl Lab<'_> {
 
     /// Deletes the run's keys — the stuck ones above all, which would otherwise stay forever.
     fn cleanup(&self) {
-        if let Ok(mut redis) = self.redis() {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("lockslab:{}:*", self.run_id))
-                .query(&mut redis)
-                .unwrap_or_default();
-            for chunk in keys.chunks(500) {
-                let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut redis);
-            }
-        }
+        super::forget_redis_keys(&self.redis_url, &self.run_id);
     }
 }
 

@@ -622,12 +622,21 @@ impl Play<'_> {
         );
         db.batch_execute(&create)
             .with_context(|| format!("creating the tables {}", self.queue.jobs))?;
-        let result = self.rounds(&mut db);
-        // The verdict has been read by now (or the run failed): the tables go either way.
-        let _ = db.batch_execute(&format!(
+        let drop_tables = format!(
             "DROP TABLE IF EXISTS {}, {}",
             self.queue.jobs, self.queue.processing
-        ));
+        );
+        let _on_interrupt = crate::procs::on_interrupt({
+            let (url, drop_tables) = (self.url.to_string(), drop_tables.clone());
+            move || {
+                if let Ok(mut db) = connect::postgres(&url) {
+                    let _ = db.batch_execute(&drop_tables);
+                }
+            }
+        });
+        let result = self.rounds(&mut db);
+        // The verdict has been read by now (or the run failed): the tables go either way.
+        let _ = db.batch_execute(&drop_tables);
         result
     }
 
