@@ -56,7 +56,6 @@ enum Command {
     #[command(hide = true)]
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
-    #[command(hide = true)]
     EtcdVsRedis(EtcdVsRedisArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
