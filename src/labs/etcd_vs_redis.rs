@@ -1023,9 +1023,16 @@ impl Lane {
             // A killed holder holds nothing; a waiter that got in before the kill would be a
             // broken lock, and would show here.
             Scenario::Kill => waiter_acquired.is_some_and(|t| t < strike_t),
-            // The backend itself said, before the resume, that the lock was the waiter's,
-            // while the frozen holder had never let go.
-            Scenario::Freeze => self.backend_saw.as_deref() == Some("waiter"),
+            // The backend granted the lock to the waiter before the lab resumed the holder,
+            // which could not have let go while stopped. (The lab's question to the backend
+            // just before the resume usually confirms it, unless the waiter's own short TTL
+            // has run out by then as well.)
+            Scenario::Freeze => {
+                waiter_acquired
+                    .zip(self.resumed_t)
+                    .is_some_and(|(a, r)| a < r)
+                    || self.backend_saw.as_deref() == Some("waiter")
+            }
         };
         let waiter_index = read
             .attempts
