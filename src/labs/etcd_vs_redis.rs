@@ -908,22 +908,30 @@ impl Lane {
                 }
                 return Ok(());
             }
+            // The lab stamps its action *before* sending the signal, so that nothing the
+            // signal causes (the waiter's acquisition) can carry an earlier time.
             let pid = self.holder.pid;
+            let (kind, text) = match scenario {
+                Scenario::Kill => (
+                    "killed",
+                    format!(
+                        "SIGKILL → {} (pid {pid}) mid-work: no release, no goodbye",
+                        self.holder_name
+                    ),
+                ),
+                Scenario::Freeze => (
+                    "frozen",
+                    format!(
+                        "SIGSTOP → {} (pid {pid}) mid-work, for {}",
+                        self.holder_name,
+                        human(plan.pause)
+                    ),
+                ),
+            };
+            stage.record(Event::new("lab", kind, text).with("target", self.holder_name.clone()));
+            self.struck = Some((Instant::now(), last_t(stage)));
             match scenario {
-                Scenario::Kill => {
-                    self.holder.kill();
-                    stage.record(
-                        Event::new(
-                            "lab",
-                            "killed",
-                            format!(
-                                "SIGKILL → {} (pid {pid}) mid-work: no release, no goodbye",
-                                self.holder_name
-                            ),
-                        )
-                        .with("target", self.holder_name.clone()),
-                    );
-                }
+                Scenario::Kill => self.holder.kill(),
                 Scenario::Freeze => {
                     self.holder.freeze()?;
                     if !crate::procs::wait_until_stopped(pid, Duration::from_secs(2)) {
@@ -932,22 +940,8 @@ impl Lane {
                             self.holder_name
                         );
                     }
-                    stage.record(
-                        Event::new(
-                            "lab",
-                            "frozen",
-                            format!(
-                                "SIGSTOP → {} (pid {pid}) mid-work, for {}",
-                                self.holder_name,
-                                human(plan.pause)
-                            ),
-                        )
-                        .with("target", self.holder_name.clone()),
-                    );
                 }
             }
-            let t_ms = stage.elapsed().as_millis() as u64;
-            self.struck = Some((Instant::now(), t_ms));
             return Ok(());
         }
         let (struck_at, _) = self.struck.expect("checked above");
@@ -983,7 +977,6 @@ impl Lane {
                 .with("holder", who),
             );
             self.backend_saw = Some(who.to_string());
-            self.holder.resume()?;
             stage.record(
                 Event::new(
                     "lab",
@@ -996,7 +989,8 @@ impl Lane {
                 )
                 .with("target", self.holder_name.clone()),
             );
-            self.resumed_t = Some(stage.elapsed().as_millis() as u64);
+            self.resumed_t = Some(last_t(stage));
+            self.holder.resume()?;
             return Ok(());
         }
 
@@ -1118,6 +1112,11 @@ impl Lane {
     }
 }
 
+/// The time stamp of the event just recorded.
+fn last_t(stage: &Stage) -> u64 {
+    stage.log.last().map(|e| e.t_ms).unwrap_or_default()
+}
+
 /// The backend identity a worker reported with its lock.
 fn owner_of(stage: &Stage, worker: &str) -> Option<String> {
     stage
@@ -1165,7 +1164,7 @@ impl Cell {
             Scenario::Freeze => {
                 let stale = match (self.detail.stale_attempted, self.stale_write_accepted) {
                     (true, Some(true)) if !self.fencing_token => {
-                        "the woken holder wrote with no token, and the store took its stale write over the waiter's".to_string()
+                        "the woken holder, with no token to check, had its stale write accepted over the waiter's".to_string()
                     }
                     (true, Some(true)) => "the store took the woken holder's stale write".to_string(),
                     (true, Some(false)) => format!(
