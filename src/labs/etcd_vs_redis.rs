@@ -1072,6 +1072,26 @@ impl Lane {
             (Some((_, strike)), Some(acquired)) => strike.saturating_sub(acquired.t_ms),
             _ => 0,
         };
+        let lease = stage
+            .saw(&self.holder_name, "waiting")
+            .and_then(|e| e.get_i64("lease_ttl_ms"))
+            .map(|ms| Duration::from_millis(ms as u64))
+            .unwrap_or(plan.lease);
+        // The earliest moment the backend could free a frozen holder's lock by itself.
+        let earliest = match (self.kind, plan.pg_timeout) {
+            (Kind::Redis, _) => plan
+                .redis_ttl
+                .saturating_sub(Duration::from_millis(held_ms)),
+            (Kind::Etcd, _) => lease * 2 / 3,
+            (Kind::Postgres, Some(t)) => t * 2 / 3,
+            (Kind::Postgres, None) => Duration::MAX,
+        };
+        if scenario == Scenario::Freeze && plan.pause < earliest {
+            return format!(
+                "> {} (the pause ends first; the holder wakes and releases)",
+                human(plan.pause)
+            );
+        }
         match self.kind {
             Kind::Redis => {
                 let left = plan
@@ -1085,11 +1105,6 @@ impl Lane {
                 )
             }
             Kind::Etcd => {
-                let lease = stage
-                    .saw(&self.holder_name, "waiting")
-                    .and_then(|e| e.get_i64("lease_ttl_ms"))
-                    .map(|ms| Duration::from_millis(ms as u64))
-                    .unwrap_or(plan.lease);
                 format!(
                     "{}–{} (⅔–1 lease TTL, + etcd's 0.5s expiry sweep)",
                     human(lease * 2 / 3),
@@ -1103,10 +1118,7 @@ impl Lane {
                     human(t * 2 / 3),
                     human(t)
                 ),
-                (Scenario::Freeze, None) => format!(
-                    "> {} (not before the holder wakes and releases)",
-                    human(plan.pause)
-                ),
+                (Scenario::Freeze, None) => unreachable!("returned above"),
             },
         }
     }
@@ -1158,9 +1170,26 @@ impl Cell {
                     "its write carried no token.".into()
                 }
             ),
-            Scenario::Freeze if !self.two_holders => format!(
-                "{why_handover}: no second holder (safe), but no progress either — the waiter got the lock after {handover}, only once the holder woke and let go."
-            ),
+            Scenario::Freeze if !self.two_holders => {
+                let why_not = match self.backend {
+                    "redis" => format!(
+                        "the {} pause ended before the key's TTL ran out, so the holder woke still holding the lock",
+                        human(plan.pause)
+                    ),
+                    "etcd" => format!(
+                        "the {} pause ended before etcd expired the lease",
+                        human(plan.pause)
+                    ),
+                    _ if plan.pg_timeout.is_some() => format!(
+                        "the {} pause ended before idle_session_timeout ended the session",
+                        human(plan.pause)
+                    ),
+                    _ => why_handover.to_string(),
+                };
+                format!(
+                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}, only once the holder woke and let go."
+                )
+            }
             Scenario::Freeze => {
                 let stale = match (self.detail.stale_attempted, self.stale_write_accepted) {
                     (true, Some(true)) if !self.fencing_token => {
