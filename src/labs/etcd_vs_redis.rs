@@ -813,7 +813,11 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         for lane in &mut lanes {
             lane.step(&mut stage, plan, scenario, &role, &mut observer)?;
         }
+        if scenario == Scenario::Freeze {
+            freeze_bar(&mut stage, &lanes, plan);
+        }
     }
+    stage.timeline.clear_bar();
     for lane in &mut lanes {
         lane.holder.finish(Duration::from_secs(5));
         if let Some(waiter) = lane.waiter.as_mut() {
@@ -854,6 +858,38 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         cells.push(cell);
     }
     Ok(cells)
+}
+
+/// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
+fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan) {
+    let frozen: Vec<&Lane> = lanes
+        .iter()
+        .filter(|lane| lane.struck.is_some() && lane.resumed_t.is_none())
+        .collect();
+    let Some(first) = frozen
+        .iter()
+        .filter_map(|lane| lane.struck)
+        .min_by_key(|s| s.0)
+    else {
+        stage.timeline.clear_bar();
+        return;
+    };
+    if stage.timeline.bar().is_none() {
+        let bar = plan
+            .style
+            .progress(plan.pause.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+    }
+    if let Some(bar) = stage.timeline.bar() {
+        let elapsed = first.0.elapsed().min(plan.pause);
+        bar.set_position(elapsed.as_millis() as u64);
+        bar.set_message(format!(
+            "holders frozen: {} — {} of {}",
+            frozen.len(),
+            human(elapsed),
+            human(plan.pause)
+        ));
+    }
 }
 
 fn token_text(token: Option<i64>) -> String {

@@ -156,6 +156,9 @@ impl EtcdLock {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return Ok(Acquired::TimedOut);
             };
+            if !lease.alive() {
+                return Ok(Acquired::LeaseExpired);
+            }
             let call = self.client.lock(
                 self.name.as_str(),
                 Some(LockOptions::new().with_lease(lease.id)),
