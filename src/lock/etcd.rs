@@ -284,10 +284,8 @@ impl Heartbeat {
                 Ok(Some(why)) => why,
                 Err(err) => format!("{err:#}"),
             };
-            if !stop_flag.load(Ordering::SeqCst) {
-                lost_flag.store(true, Ordering::SeqCst);
-                on_beat(Beat::Lost { why });
-            }
+            lost_flag.store(true, Ordering::SeqCst);
+            on_beat(Beat::Lost { why });
         });
         Heartbeat {
             stop,
@@ -332,10 +330,14 @@ fn keep_alive(
             .context("etcd: opening the keepalive stream")?;
         let mut last = Instant::now();
         loop {
-            if stop.load(Ordering::SeqCst) {
+            // Told to stop while a renewal is overdue (the process was just paused), the
+            // heartbeat makes that one last renewal first: its answer says whether the lease
+            // was still alive, and a loss must not go unreported because a release came first.
+            let overdue = last.elapsed() >= every;
+            if stop.load(Ordering::SeqCst) && !overdue {
                 return Ok(None);
             }
-            if last.elapsed() < every {
+            if !overdue {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }

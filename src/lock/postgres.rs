@@ -178,9 +178,15 @@ impl Pinger {
         let stop_flag = stop.clone();
         let thread = thread::spawn(move || {
             let mut last = Instant::now();
-            while !stop_flag.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(20));
-                if last.elapsed() < every {
+            loop {
+                // As etcd's heartbeat: a stop while a ping is overdue (the process was just
+                // paused) makes that ping first, so that a lost session is always reported.
+                let overdue = last.elapsed() >= every;
+                if stop_flag.load(Ordering::SeqCst) && !overdue {
+                    return;
+                }
+                if !overdue {
+                    thread::sleep(Duration::from_millis(20));
                     continue;
                 }
                 let result = session
@@ -189,9 +195,7 @@ impl Pinger {
                     .simple_query("SELECT 1");
                 last = Instant::now();
                 if let Err(err) = result {
-                    if !stop_flag.load(Ordering::SeqCst) {
-                        on_lost(connect::pg_cause(&err));
-                    }
+                    on_lost(connect::pg_cause(&err));
                     return;
                 }
             }
