@@ -61,6 +61,7 @@ pub struct Timeline {
     pub style: Style,
     lanes: Vec<String>,
     bar: Option<ProgressBar>,
+    lane_width: usize,
 }
 
 impl Timeline {
@@ -69,7 +70,13 @@ impl Timeline {
             style,
             lanes: Vec::new(),
             bar: None,
+            lane_width: 7,
         }
+    }
+
+    /// Widens the lane column, for labs whose lane names are longer than the default 7.
+    pub fn set_lane_width(&mut self, width: usize) {
+        self.lane_width = width;
     }
 
     /// Shows a progress bar; timeline lines are printed above it while it lives.
@@ -107,10 +114,11 @@ impl Timeline {
         let color = self.lane_color(&event.worker);
         let seconds = event.t_ms as f64 / 1000.0;
         let line = format!(
-            "{:>9}  {:<7} {}",
+            "{:>9}  {:<width$} {}",
             format!("+{seconds:.3}s").dimmed(),
             event.worker.color(color).bold(),
             emphasize(&event.kind, &event.text),
+            width = self.lane_width,
         );
         self.println(&line);
     }

@@ -1,29 +1,1313 @@
-//! Lab 4 — `lockslab etcd-vs-redis` (being written; see issue for lab 4).
+//! Lab 4 — the same lock on Redis, etcd and Postgres: kill or freeze the holder; who
+//! recovers, how fast, and who can fence.
+//!
+//! Each backend gets a holder and a waiter, all six worker processes at once:
+//!
+//! ```text
+//!  redis:holder   takes the lock, works…  ✖ SIGKILL (or ❄ SIGSTOP … ▶ SIGCONT, writes)
+//!  redis:waiter         waits ─────────────────────────▶ takes the lock, writes
+//!  (the same on etcd and on Postgres, side by side)
+//! ```
+//!
+//! - **Kill**: the holder dies mid-work. How long until the waiter gets the lock is set by
+//!   what the backend waits for: Redis for the key's TTL, etcd for the lease (its heartbeat
+//!   stopped), Postgres for nothing (the session closed with the process).
+//! - **Freeze**: the holder stops mid-work, longer than its TTL or lease, then wakes and
+//!   writes to the store of lab 1 with whatever token it has. Redis hands the lock on and
+//!   has no token: the stale write lands. etcd hands the lock on, but the waiter's key
+//!   revision is higher: the store refuses the stale write. Postgres keeps the frozen
+//!   session's lock: no second holder, but no progress either — unless `--pg-timeout` has
+//!   the server end the idle session.
+//!
+//! The locks are in `src/lock/` (`redis.rs`, `etcd.rs`, `postgres.rs`), one file each, to
+//! be read side by side. The verdict comes from the backends (who holds the lock when the
+//! frozen holder wakes) and from the store (which writes it accepted), never from what a
+//! worker believed.
 
-use anyhow::{Result, bail};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use colored::Colorize;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-use super::OutputArgs;
-use crate::servers::ServerArgs;
+use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use crate::connect::{self, Backend};
+use crate::events::{Emitter, Event};
+use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
+use crate::lock::postgres::{self as pg, PgLock};
+use crate::lock::redis::RedisLock;
+use crate::output::{Style, human, json_line, table};
+use crate::servers::{self, ServerArgs};
+use crate::store::{Outcome, ReadBack, Store};
+use crate::worker::{WorkerSpec, await_command};
 
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  lockslab etcd-vs-redis                     kill, then freeze, the holder on all three backends
+  lockslab etcd-vs-redis --kill              only the kill: time until the next holder
+  lockslab etcd-vs-redis --freeze            only the freeze: two holders? stale write?
+  lockslab etcd-vs-redis --freeze --pg-timeout 2s
+                                             Postgres ends the frozen session after 2s idle
+  lockslab etcd-vs-redis --redis-ttl 3s --lease 1s --kill
+                                             shorter TTLs, faster handover
+  lockslab etcd-vs-redis --json | jq -c 'select(.kind == \"verdict\") | .cells[]'
+
+The locks are in src/lock/redis.rs, etcd.rs and postgres.rs; the walkthrough is
+labs/04-etcd-vs-redis.md.")]
 pub struct EtcdVsRedisArgs {
+    /// Run only the kill scenario (SIGKILL the holder mid-work)
+    #[arg(long)]
+    pub kill: bool,
+    /// Run only the freeze scenario (SIGSTOP the holder past its TTL, then resume it)
+    #[arg(long)]
+    pub freeze: bool,
+    /// Redis: the lock's TTL, set once when the key is set (the usual advice: several times
+    /// the work)
+    #[arg(long, default_value = "6s", value_parser = parse_duration, value_name = "DURATION")]
+    pub redis_ttl: Duration,
+    /// etcd: each worker's lease TTL, whole seconds; a heartbeat renews it every TTL/3
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease: Duration,
+    /// Postgres: end a session after this long without a command (idle_session_timeout);
+    /// off by default, so a frozen holder keeps its lock
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub pg_timeout: Option<Duration>,
+    /// How long the holder's work takes; the lab strikes halfway through it
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub work: Duration,
+    /// How long the freeze lasts [default: the longest of the TTLs and timeouts + 1s]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub pause: Option<Duration>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
 
+/// Which backend a worker locks on.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Redis,
+    Etcd,
+    Postgres,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Redis, Kind::Etcd, Kind::Postgres];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis",
+            Kind::Etcd => "etcd",
+            Kind::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    Kill,
+    Freeze,
+}
+
 /// One worker's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
     pub name: String,
+    pub kind: Kind,
+    /// The lock backend's URL.
+    pub lock_url: String,
+    /// The store's URL (Postgres).
+    pub store_url: String,
+    pub run_id: String,
+    pub lock_name: String,
+    pub resource: String,
+    /// Redis: the key's TTL. etcd: the lease TTL. Unused by Postgres.
+    pub ttl_ms: u64,
+    /// Postgres: idle_session_timeout for the lock's session.
+    pub pg_timeout_ms: Option<u64>,
+    /// How long to keep trying for the lock.
+    pub wait_ms: u64,
+    pub job: Job,
 }
 
-pub fn run(_args: &EtcdVsRedisArgs) -> Result<()> {
-    bail!("lab 4 (`lockslab etcd-vs-redis`) is not built yet")
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Job {
+    /// Work `work_ms` while holding the lock, write, release. The lab strikes halfway.
+    Holder { work_ms: u64 },
+    /// Write as soon as the lock is ours, then hold it until told `finish`, so that a
+    /// frozen holder wakes into a lock that is taken.
+    Waiter,
 }
 
-pub fn work(_role: &Role) -> Result<()> {
-    bail!("lab 4 has no workers yet")
+/// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
+enum AnyLock {
+    Redis {
+        lock: RedisLock,
+        held: Option<crate::lock::redis::Held>,
+    },
+    Etcd {
+        lock: Box<EtcdLock>,
+        lease: Option<etcd::Lease>,
+        held: Option<etcd::Held>,
+    },
+    Postgres {
+        lock: PgLock,
+    },
+}
+
+/// What a worker got with the lock.
+struct Grant {
+    token: Option<i64>,
+    /// What identifies this holder in the backend (Redis owner value, etcd key, session pid).
+    owner: String,
+    how: String,
+}
+
+impl AnyLock {
+    fn open(role: &Role) -> Result<AnyLock> {
+        let lost = |what: &'static str| {
+            let me = Emitter::new(&role.name);
+            move |why: String| {
+                me.send(
+                    me.event("lost", format!("{what}: {why} — the lock is lost"))
+                        .with("why", why),
+                )
+            }
+        };
+        Ok(match role.kind {
+            Kind::Redis => AnyLock::Redis {
+                lock: RedisLock::new(
+                    connect::redis(&role.lock_url)?,
+                    &role.lock_name,
+                    Duration::from_millis(role.ttl_ms),
+                ),
+                held: None,
+            },
+            Kind::Etcd => {
+                let mut lock = EtcdLock::connect(&role.lock_url, &role.lock_name)?;
+                let on_lost = lost("heartbeat");
+                let lease = lock.grant_lease(Duration::from_millis(role.ttl_ms), move |beat| {
+                    if let Beat::Lost { why } = beat {
+                        on_lost(why)
+                    }
+                })?;
+                AnyLock::Etcd {
+                    lock: Box::new(lock),
+                    lease: Some(lease),
+                    held: None,
+                }
+            }
+            Kind::Postgres => AnyLock::Postgres {
+                lock: PgLock::connect(
+                    &role.lock_url,
+                    &role.lock_name,
+                    role.pg_timeout_ms.map(Duration::from_millis),
+                    lost("session"),
+                )?,
+            },
+        })
+    }
+
+    /// Facts for the `waiting` event: what this worker brings to the lock.
+    fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
+        let mut facts = serde_json::Map::new();
+        let text = match self {
+            AnyLock::Redis { lock, .. } => {
+                format!("tries SET NX PX {} every 20ms", lock.ttl.as_millis())
+            }
+            AnyLock::Etcd { lease, .. } => {
+                let lease = lease.as_ref().expect("granted in open");
+                facts.insert("lease".into(), format!("{:x}", lease.id).into());
+                facts.insert("lease_ttl_ms".into(), (lease.ttl.as_millis() as u64).into());
+                format!(
+                    "granted its own lease {:x} (TTL {}, heartbeat every {}); calls lock with it",
+                    lease.id,
+                    human(lease.ttl),
+                    human(lease.ttl / 3)
+                )
+            }
+            AnyLock::Postgres { lock } => {
+                facts.insert("backend_pid".into(), lock.backend_pid.into());
+                format!(
+                    "calls pg_advisory_lock on its session (server pid {}) and queues",
+                    lock.backend_pid
+                )
+            }
+        };
+        (text, facts)
+    }
+
+    /// Takes the lock within `wait`. Ok(None): the wait ran out (or, on etcd, the lock
+    /// call came back after our lease had expired — not a lock).
+    fn acquire(&mut self, wait: Duration, me: &Emitter) -> Result<Option<Grant>> {
+        match self {
+            AnyLock::Redis { lock, held } => {
+                let Some(got) = lock.acquire_within(wait, None)? else {
+                    return Ok(None);
+                };
+                let grant = Grant {
+                    token: None,
+                    owner: got.owner.clone(),
+                    how: format!(
+                        "SET NX PX {} succeeded (owner {}…; no fencing token: the value is random, not ordered)",
+                        lock.ttl.as_millis(),
+                        &got.owner[..8]
+                    ),
+                };
+                *held = Some(got);
+                Ok(Some(grant))
+            }
+            AnyLock::Etcd { lock, lease, held } => {
+                let lease_ref = lease.as_ref().expect("granted in open");
+                match lock.acquire_within(lease_ref, wait)? {
+                    Acquired::Held(got) => {
+                        let grant = Grant {
+                            token: Some(got.token),
+                            owner: got.key.clone(),
+                            how: format!(
+                                "etcd lock returned key {}; read back: it exists, create revision {} = fencing token, lease TTL left {}s",
+                                got.key,
+                                got.token,
+                                got.ttl_left.as_secs()
+                            ),
+                        };
+                        *held = Some(got);
+                        Ok(Some(grant))
+                    }
+                    Acquired::TimedOut => Ok(None),
+                    Acquired::LeaseExpired => {
+                        me.say(
+                            "not_a_lock",
+                            "the lock call returned, but its lease had expired meanwhile: its key is gone, so this is not a lock",
+                        );
+                        Ok(None)
+                    }
+                }
+            }
+            AnyLock::Postgres { lock } => {
+                if !lock.acquire_within(wait)? {
+                    return Ok(None);
+                }
+                Ok(Some(Grant {
+                    token: None,
+                    owner: lock.backend_pid.to_string(),
+                    how: format!(
+                        "pg_advisory_lock returned: its session (server pid {}) holds the lock; no fencing token",
+                        lock.backend_pid
+                    ),
+                }))
+            }
+        }
+    }
+
+    /// Releases (or gives back the lease of a waiter that got nothing); a sentence for the timeline.
+    fn release(self) -> Result<(bool, String)> {
+        match self {
+            AnyLock::Redis {
+                mut lock,
+                held: Some(held),
+            } => Ok(if lock.release(&held)? {
+                (true, "releases: compare-and-delete deleted its key".into())
+            } else {
+                (
+                    false,
+                    "tries to release: the key is no longer its own (it expired), compare-and-delete deletes nothing"
+                        .into(),
+                )
+            }),
+            AnyLock::Etcd {
+                mut lock,
+                lease: Some(lease),
+                held: Some(held),
+            } => Ok(if lock.release(lease, &held)? {
+                (
+                    true,
+                    "releases: unlock deleted its key, the lease is revoked".into(),
+                )
+            } else {
+                (
+                    false,
+                    "tries to release: its lease had already expired, and its key with it".into(),
+                )
+            }),
+            AnyLock::Etcd {
+                mut lock,
+                lease: Some(lease),
+                ..
+            } => {
+                lock.revoke(lease)?;
+                Ok((false, "revokes its lease".into()))
+            }
+            AnyLock::Postgres { mut lock } => Ok(match lock.release() {
+                Ok(true) => (true, "releases: pg_advisory_unlock returned true".into()),
+                Ok(false) => (
+                    false,
+                    "tries to release: its session no longer held the lock".into(),
+                ),
+                Err(err) => (
+                    false,
+                    format!(
+                        "cannot release: its session is gone ({err:#}), and the lock went with it"
+                    ),
+                ),
+            }),
+            _ => Ok((false, "had nothing to release".into())),
+        }
+    }
+}
+
+/// The worker script: take the lock, (work), write, release.
+pub fn work(role: &Role) -> Result<()> {
+    let me = Emitter::new(&role.name);
+    let mut store = Store::connect(&role.store_url)?;
+    let mut lock = AnyLock::open(role)?;
+    let (text, facts) = lock.describe();
+    let mut waiting = me.event("waiting", text).with("pid", std::process::id());
+    waiting.data.extend(facts);
+    me.send(waiting);
+
+    let Some(grant) = lock.acquire(Duration::from_millis(role.wait_ms), &me)? else {
+        me.say(
+            "gave_up",
+            format!("gave up: no lock within {}ms", role.wait_ms),
+        );
+        let (_, text) = lock.release()?;
+        me.say("released", text);
+        return Ok(());
+    };
+    me.send(
+        me.event("acquired", grant.how)
+            .with("token", grant.token)
+            .with("owner", grant.owner),
+    );
+
+    if let Job::Holder { work_ms } = role.job {
+        let work = Duration::from_millis(work_ms);
+        me.say("working", format!("works for {}", human(work)));
+        let gap = work_watching_the_clock(work);
+        if gap > Duration::from_millis(300) {
+            me.send(
+                me.event(
+                    "resumed",
+                    format!(
+                        "wakes: its clock jumped by {}; it finishes its work and writes, still believing it holds the lock",
+                        human(gap)
+                    ),
+                )
+                .with("paused_ms", gap.as_millis() as u64),
+            );
+        }
+    }
+
+    let value = format!("{}'s result", role.name);
+    let outcome = store.write(
+        &role.run_id,
+        &role.resource,
+        &role.name,
+        &value,
+        grant.token,
+    );
+    let token_text = match grant.token {
+        Some(token) => format!("with token {token}"),
+        None => "with no token".to_string(),
+    };
+    me.send(
+        me.event(
+            "wrote",
+            format!(
+                "writes '{value}' {token_text}: the store says {}",
+                outcome.as_str()
+            ),
+        )
+        .with("outcome", outcome.as_str())
+        .with("token", grant.token),
+    );
+
+    if role.job == Job::Waiter {
+        await_command("finish")?;
+    }
+    let (released, text) = lock.release()?;
+    me.send(me.event("released", text).with("released", released));
+    Ok(())
+}
+
+/// Works for `work` in small steps and returns the longest gap between two steps: a frozen
+/// process cannot see its freeze, but afterwards it can see that its clock jumped.
+fn work_watching_the_clock(work: Duration) -> Duration {
+    let started = Instant::now();
+    let step = Duration::from_millis(20);
+    let mut last = started;
+    let mut longest = Duration::ZERO;
+    while started.elapsed() < work {
+        std::thread::sleep(step.min(work.saturating_sub(started.elapsed())));
+        longest = longest.max(last.elapsed().saturating_sub(step));
+        last = Instant::now();
+    }
+    longest
+}
+
+/// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
+#[derive(Serialize, Debug, Clone)]
+pub struct Cell {
+    pub backend: &'static str,
+    pub scenario: Scenario,
+    /// From the strike (kill or freeze) until the waiter held the lock; null if it never did.
+    pub handover_ms: Option<u64>,
+    /// The backend gave the lock to the waiter while the old holder had not let go of it.
+    pub two_holders: bool,
+    /// The old holder wrote after the waiter, and the store took it; null if its outcome
+    /// is unknown.
+    pub stale_write_accepted: Option<bool>,
+    /// The writes reached the store with a token from the lock.
+    pub fencing_token: bool,
+    #[serde(skip)]
+    detail: Detail,
+}
+
+/// What the matrix prints beside the JSON fields.
+#[derive(Debug, Clone, Default)]
+struct Detail {
+    expected: String,
+    stale_attempted: bool,
+    holder_token: Option<i64>,
+    waiter_token: Option<i64>,
+}
+
+/// The options every lane of a run shares.
+struct Plan {
+    run_id: String,
+    redis_ttl: Duration,
+    lease: Duration,
+    pg_timeout: Option<Duration>,
+    work: Duration,
+    pause: Duration,
+    style: Style,
+}
+
+impl Plan {
+    fn strike_after(&self) -> Duration {
+        self.work / 2
+    }
+
+    fn ttl_for(&self, kind: Kind) -> Duration {
+        match kind {
+            Kind::Redis => self.redis_ttl,
+            Kind::Etcd => self.lease,
+            Kind::Postgres => Duration::ZERO,
+        }
+    }
+
+    /// A bound on any wait in a run, generous: a worker that waits longer is stuck.
+    fn longest_wait(&self) -> Duration {
+        self.work
+            + self.pause
+            + self.redis_ttl
+            + self.lease
+            + self.pg_timeout.unwrap_or_default()
+            + Duration::from_secs(10)
+    }
+}
+
+/// `lockslab etcd-vs-redis`.
+pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
+    let plan = plan_from(args)?;
+    let style = plan.style;
+    let servers = servers::provide(
+        &args.servers,
+        &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    )?;
+    let mut store = Store::connect(servers.url(Backend::Postgres))?;
+    store.prepare()?;
+
+    let intro = crate::output::Timeline::new(style);
+    intro.say(&format!(
+        "{} run {}",
+        "lockslab etcd-vs-redis".bold(),
+        plan.run_id
+    ));
+    for line in servers.describe() {
+        intro.say(&format!("  {}", line.dimmed()));
+    }
+    intro.say(&format!(
+        "The same lock on three backends, each with a holder and a waiter. The holder works {}; the lab strikes after {}.",
+        human(plan.work),
+        human(plan.strike_after())
+    ));
+    intro.say(&format!(
+        "  redis     SET NX PX, TTL {} (set once, {:.0}× the work)",
+        human(plan.redis_ttl),
+        plan.redis_ttl.as_secs_f64() / plan.work.as_secs_f64()
+    ));
+    intro.say(&format!(
+        "  etcd      a lease per worker, TTL {}, heartbeat every {}; token = the lock key's create revision",
+        human(plan.lease),
+        human(plan.lease / 3)
+    ));
+    intro.say(&format!(
+        "  postgres  pg_advisory_lock on the worker's session; {}",
+        match plan.pg_timeout {
+            Some(t) => format!(
+                "idle_session_timeout {} (a ping every {})",
+                human(t),
+                human(t / 3)
+            ),
+            None => "no server-side timeout".into(),
+        }
+    ));
+
+    let scenarios: Vec<Scenario> = match (args.kill, args.freeze) {
+        (true, false) => vec![Scenario::Kill],
+        (false, true) => vec![Scenario::Freeze],
+        _ => vec![Scenario::Kill, Scenario::Freeze],
+    };
+    let urls = Urls {
+        redis: servers.url(Backend::Redis).to_string(),
+        etcd: servers.url(Backend::Etcd).to_string(),
+        postgres: servers.url(Backend::Postgres).to_string(),
+    };
+    let mut cells = Vec::new();
+    let result = (|| -> Result<()> {
+        for &scenario in &scenarios {
+            cells.extend(play(&plan, scenario, &urls, &mut store)?);
+        }
+        Ok(())
+    })();
+    cleanup(&plan.run_id, &urls.redis, &mut store);
+    result?;
+
+    if style.json {
+        json_line(&json!({ "kind": "verdict", "cells": cells }));
+    } else {
+        print_matrix(&cells, &plan);
+    }
+    Ok(())
+}
+
+fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
+    if args.redis_ttl < Duration::from_millis(100) {
+        bail!(
+            "--redis-ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
+            human(args.redis_ttl)
+        );
+    }
+    if args.lease < Duration::from_secs(1) || args.lease.subsec_nanos() != 0 {
+        bail!(
+            "--lease {}: etcd grants leases in whole seconds; use e.g. 1s or 2s",
+            human(args.lease)
+        );
+    }
+    if args.work < Duration::from_millis(200) {
+        bail!(
+            "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
+            human(args.work)
+        );
+    }
+    if let Some(t) = args.pg_timeout
+        && t < Duration::from_millis(300)
+    {
+        bail!(
+            "--pg-timeout {}: use at least 300ms; the holder pings its session every third of it",
+            human(t)
+        );
+    }
+    let longest = [
+        args.redis_ttl,
+        args.lease,
+        args.pg_timeout.unwrap_or_default(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or_default();
+    Ok(Plan {
+        run_id: new_run_id(),
+        redis_ttl: args.redis_ttl,
+        lease: args.lease,
+        pg_timeout: args.pg_timeout,
+        work: args.work,
+        pause: args.pause.unwrap_or(longest + Duration::from_secs(1)),
+        style: Style::detect(args.output.json),
+    })
+}
+
+struct Urls {
+    redis: String,
+    etcd: String,
+    postgres: String,
+}
+
+impl Urls {
+    fn lock(&self, kind: Kind) -> &str {
+        match kind {
+            Kind::Redis => &self.redis,
+            Kind::Etcd => &self.etcd,
+            Kind::Postgres => &self.postgres,
+        }
+    }
+}
+
+/// Deletes the run's rows and keys. etcd's keys hang on leases that are revoked or expired
+/// by now; Postgres's advisory locks ended with their sessions.
+fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
+    let _ = store.forget_run(run_id);
+    if let Ok(mut redis) = connect::redis(redis_url) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("lockslab:{run_id}:*"))
+            .query(&mut redis)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut redis);
+        }
+    }
+}
+
+/// One backend's holder and waiter within a scenario.
+struct Lane {
+    kind: Kind,
+    holder_name: String,
+    waiter_name: String,
+    lock_name: String,
+    resource: String,
+    holder: WorkerHandle,
+    waiter: Option<WorkerHandle>,
+    acquired_at: Option<Instant>,
+    struck: Option<(Instant, u64)>,
+    resumed_t: Option<u64>,
+    backend_saw: Option<String>,
+    told_finish: bool,
+}
+
+/// The lab's own view into the backends, to ask who holds a lock.
+struct Observer {
+    redis: redis::Connection,
+    etcd_url: String,
+    postgres: postgres::Client,
+}
+
+impl Observer {
+    /// Who the backend says holds `lock` now (the same identity the workers report).
+    fn holder(&mut self, kind: Kind, lock: &str) -> Result<Option<String>> {
+        Ok(match kind {
+            Kind::Redis => redis::cmd("GET")
+                .arg(lock)
+                .query(&mut self.redis)
+                .context("Redis: GET")?,
+            Kind::Etcd => EtcdLock::connect(&self.etcd_url, lock)?
+                .current_holder()?
+                .map(|(key, _)| key),
+            Kind::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
+                .0
+                .map(|pid| pid.to_string()),
+        })
+    }
+}
+
+fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Result<Vec<Cell>> {
+    let mut stage = Stage::new(plan.style);
+    stage.timeline.set_lane_width(15);
+    stage.timeline.say("");
+    stage.timeline.say(&format!(
+        "{}",
+        match scenario {
+            Scenario::Kill =>
+                "── kill: SIGKILL each holder mid-work; how long until the waiter holds the lock? ──",
+            Scenario::Freeze => "── freeze: SIGSTOP each holder, resume it, let it write ──",
+        }
+        .bold()
+    ));
+    if scenario == Scenario::Freeze {
+        stage.timeline.say(&format!(
+            "   each holder stays frozen for {}",
+            human(plan.pause)
+        ));
+    }
+    let mut observer = Observer {
+        redis: connect::redis(&urls.redis)?,
+        etcd_url: urls.etcd.clone(),
+        postgres: connect::postgres(&urls.postgres)?,
+    };
+    let label = match scenario {
+        Scenario::Kill => "kill",
+        Scenario::Freeze => "freeze",
+    };
+    let role = |kind: Kind, job: Job| {
+        let who = if matches!(job, Job::Waiter) {
+            "waiter"
+        } else {
+            "holder"
+        };
+        Role {
+            name: format!("{}:{who}", kind.name()),
+            kind,
+            lock_url: urls.lock(kind).to_string(),
+            store_url: urls.postgres.clone(),
+            run_id: plan.run_id.clone(),
+            lock_name: format!(
+                "lockslab:{}:etcd-vs-redis:{label}:{}",
+                plan.run_id,
+                kind.name()
+            ),
+            resource: format!("etcd-vs-redis-{label}-{}", kind.name()),
+            ttl_ms: plan.ttl_for(kind).as_millis() as u64,
+            pg_timeout_ms: plan.pg_timeout.map(|t| t.as_millis() as u64),
+            wait_ms: plan.longest_wait().as_millis() as u64,
+            job,
+        }
+    };
+
+    let mut lanes = Vec::new();
+    for kind in Kind::ALL {
+        let holder_role = role(
+            kind,
+            Job::Holder {
+                work_ms: plan.work.as_millis() as u64,
+            },
+        );
+        let holder = stage.spawn(
+            &holder_role.name,
+            &WorkerSpec::EtcdVsRedis(holder_role.clone()),
+        )?;
+        lanes.push(Lane {
+            kind,
+            holder_name: holder_role.name.clone(),
+            waiter_name: role(kind, Job::Waiter).name,
+            lock_name: holder_role.lock_name.clone(),
+            resource: holder_role.resource.clone(),
+            holder,
+            waiter: None,
+            acquired_at: None,
+            struck: None,
+            resumed_t: None,
+            backend_saw: None,
+            told_finish: false,
+        });
+    }
+
+    let deadline = Instant::now() + plan.longest_wait() + Duration::from_secs(10);
+    let mut seen_errors = 0;
+    while !lanes.iter().all(|lane| lane.done(&stage)) {
+        if Instant::now() > deadline {
+            bail!(
+                "the {label} scenario did not finish within {}",
+                human(plan.longest_wait())
+            );
+        }
+        // Show everything that has arrived before the lab acts, so the timeline stays in order.
+        if stage.next(Duration::from_millis(10)).is_some() {
+            while stage.next(Duration::ZERO).is_some() {}
+        }
+        if let Some(error) = stage
+            .log
+            .iter()
+            .skip(seen_errors)
+            .find(|e| e.kind == "error")
+        {
+            bail!("worker {} failed: {}", error.worker, error.text);
+        }
+        seen_errors = stage.log.len();
+        for lane in &mut lanes {
+            lane.step(&mut stage, plan, scenario, &role, &mut observer)?;
+        }
+        if scenario == Scenario::Freeze {
+            freeze_bar(&mut stage, &lanes, plan);
+        }
+    }
+    stage.timeline.clear_bar();
+    for lane in &mut lanes {
+        lane.holder.finish(Duration::from_secs(5));
+        if let Some(waiter) = lane.waiter.as_mut() {
+            waiter.finish(Duration::from_secs(5));
+        }
+    }
+    stage.drain();
+
+    let mut cells = Vec::new();
+    for lane in &lanes {
+        let read = store.read_back(&plan.run_id, &lane.resource)?;
+        let cell = lane.verdict(&stage, plan, scenario, read);
+        if cell.detail.stale_attempted {
+            let (kind, text) = match cell.stale_write_accepted {
+                Some(true) => (
+                    "accepted_stale",
+                    format!(
+                        "{}: the store took the woken holder's stale write over the waiter's",
+                        lane.kind.name()
+                    ),
+                ),
+                Some(false) => (
+                    "stale",
+                    format!(
+                        "{}: the store refused the woken holder's token {} (it had accepted {})",
+                        lane.kind.name(),
+                        token_text(cell.detail.holder_token),
+                        token_text(cell.detail.waiter_token)
+                    ),
+                ),
+                None => (
+                    "unknown",
+                    format!("{}: the stale write's outcome is unknown", lane.kind.name()),
+                ),
+            };
+            stage.record(Event::new("store", kind, text));
+        }
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+/// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
+fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan) {
+    let frozen: Vec<&Lane> = lanes
+        .iter()
+        .filter(|lane| lane.struck.is_some() && lane.resumed_t.is_none())
+        .collect();
+    let Some(first) = frozen
+        .iter()
+        .filter_map(|lane| lane.struck)
+        .min_by_key(|s| s.0)
+    else {
+        stage.timeline.clear_bar();
+        return;
+    };
+    if stage.timeline.bar().is_none() {
+        let bar = plan
+            .style
+            .progress(plan.pause.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+    }
+    if let Some(bar) = stage.timeline.bar() {
+        let elapsed = first.0.elapsed().min(plan.pause);
+        bar.set_position(elapsed.as_millis() as u64);
+        bar.set_message(format!(
+            "holders frozen: {} — {} of {}",
+            frozen.len(),
+            human(elapsed),
+            human(plan.pause)
+        ));
+    }
+}
+
+fn token_text(token: Option<i64>) -> String {
+    token.map(|t| t.to_string()).unwrap_or("none".into())
+}
+
+impl Lane {
+    fn done(&self, stage: &Stage) -> bool {
+        let holder_gone = self.struck.is_some() && stage.has_exited(&self.holder_name);
+        let waiter_gone = self.waiter.is_some() && stage.has_exited(&self.waiter_name);
+        holder_gone && waiter_gone
+    }
+
+    fn step(
+        &mut self,
+        stage: &mut Stage,
+        plan: &Plan,
+        scenario: Scenario,
+        role: &dyn Fn(Kind, Job) -> Role,
+        observer: &mut Observer,
+    ) -> Result<()> {
+        // 1. The holder has the lock: start the waiter.
+        if self.waiter.is_none() {
+            let Some(acquired) = stage.saw(&self.holder_name, "acquired") else {
+                return Ok(());
+            };
+            let ago = stage
+                .elapsed()
+                .saturating_sub(Duration::from_millis(acquired.t_ms));
+            self.acquired_at = Some(Instant::now() - ago);
+            let waiter_role = role(self.kind, Job::Waiter);
+            self.waiter = Some(stage.spawn(
+                &waiter_role.name,
+                &WorkerSpec::EtcdVsRedis(waiter_role.clone()),
+            )?);
+            return Ok(());
+        }
+        let acquired_at = self.acquired_at.expect("set with the waiter");
+
+        // 2. Halfway through the holder's work, once the waiter is waiting: strike.
+        if self.struck.is_none() {
+            if Instant::now() < acquired_at + plan.strike_after() {
+                return Ok(());
+            }
+            if stage.saw(&self.waiter_name, "waiting").is_none() {
+                if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
+                    bail!(
+                        "{} was not waiting for the lock before {} finished its work; try a longer --work",
+                        self.waiter_name,
+                        self.holder_name
+                    );
+                }
+                return Ok(());
+            }
+            // The lab stamps its action *before* sending the signal, so that nothing the
+            // signal causes (the waiter's acquisition) can carry an earlier time.
+            let pid = self.holder.pid;
+            let (kind, text) = match scenario {
+                Scenario::Kill => (
+                    "killed",
+                    format!(
+                        "SIGKILL → {} (pid {pid}) mid-work: no release, no goodbye",
+                        self.holder_name
+                    ),
+                ),
+                Scenario::Freeze => (
+                    "frozen",
+                    format!(
+                        "SIGSTOP → {} (pid {pid}) mid-work, for {}",
+                        self.holder_name,
+                        human(plan.pause)
+                    ),
+                ),
+            };
+            stage.record(Event::new("lab", kind, text).with("target", self.holder_name.clone()));
+            self.struck = Some((Instant::now(), last_t(stage)));
+            match scenario {
+                Scenario::Kill => self.holder.kill(),
+                Scenario::Freeze => {
+                    self.holder.freeze()?;
+                    if !crate::procs::wait_until_stopped(pid, Duration::from_secs(2)) {
+                        bail!(
+                            "worker {} (pid {pid}) did not stop after SIGSTOP",
+                            self.holder_name
+                        );
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let (struck_at, _) = self.struck.expect("checked above");
+
+        // 3. Freeze: at the end of the pause, ask the backend who holds the lock, then resume.
+        if scenario == Scenario::Freeze && self.resumed_t.is_none() {
+            if Instant::now() < struck_at + plan.pause {
+                return Ok(());
+            }
+            let holder = observer.holder(self.kind, &self.lock_name)?;
+            let holder_owner = owner_of(stage, &self.holder_name);
+            let waiter_owner = owner_of(stage, &self.waiter_name);
+            let (who, text) = match &holder {
+                Some(h) if Some(h) == holder_owner.as_ref() => {
+                    ("holder", "still belongs to the frozen holder".to_string())
+                }
+                Some(h) if Some(h) == waiter_owner.as_ref() => (
+                    "waiter",
+                    "belongs to the waiter: the frozen holder lost it without knowing".to_string(),
+                ),
+                Some(h) => ("other", format!("belongs to someone else ({h})")),
+                None => ("nobody", "is free".to_string()),
+            };
+            stage.record(
+                Event::new(
+                    self.kind.name(),
+                    "holder_now",
+                    format!(
+                        "asked before the resume, {} says the lock {text}",
+                        self.kind.name()
+                    ),
+                )
+                .with("holder", who),
+            );
+            self.backend_saw = Some(who.to_string());
+            stage.record(
+                Event::new(
+                    "lab",
+                    "resumed",
+                    format!(
+                        "SIGCONT → {} after {}",
+                        self.holder_name,
+                        human(struck_at.elapsed())
+                    ),
+                )
+                .with("target", self.holder_name.clone()),
+            );
+            self.resumed_t = Some(last_t(stage));
+            self.holder.resume()?;
+            return Ok(());
+        }
+
+        // 4. The old holder is gone and the waiter has written (or given up): let it finish.
+        let holder_gone = stage.has_exited(&self.holder_name);
+        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some()
+            || stage.saw(&self.waiter_name, "gave_up").is_some();
+        if holder_gone && waiter_ready && !self.told_finish {
+            self.told_finish = true;
+            if let Some(waiter) = self.waiter.as_mut() {
+                // A waiter that gave up has exited already; nothing to tell.
+                let _ = waiter.tell("finish");
+            }
+        }
+        Ok(())
+    }
+
+    /// The cell, from the store's attempts and the backend's answer at the resume.
+    fn verdict(&self, stage: &Stage, plan: &Plan, scenario: Scenario, read: ReadBack) -> Cell {
+        let strike_t = self.struck.map(|(_, t)| t).unwrap_or_default();
+        let waiter_acquired = stage.saw(&self.waiter_name, "acquired").map(|e| e.t_ms);
+        let handover_ms = waiter_acquired.map(|t| t.saturating_sub(strike_t));
+        let two_holders = match scenario {
+            // A killed holder holds nothing; a waiter that got in before the kill would be a
+            // broken lock, and would show here.
+            Scenario::Kill => waiter_acquired.is_some_and(|t| t < strike_t),
+            // The backend granted the lock to the waiter before the lab resumed the holder,
+            // which could not have let go while stopped. (The lab's question to the backend
+            // just before the resume usually confirms it, unless the waiter's own short TTL
+            // has run out by then as well.)
+            Scenario::Freeze => {
+                waiter_acquired
+                    .zip(self.resumed_t)
+                    .is_some_and(|(a, r)| a < r)
+                    || self.backend_saw.as_deref() == Some("waiter")
+            }
+        };
+        let waiter_index = read
+            .attempts
+            .iter()
+            .position(|a| a.writer == self.waiter_name && a.accepted);
+        let holder_index = read
+            .attempts
+            .iter()
+            .position(|a| a.writer == self.holder_name);
+        let stale_attempted = matches!((holder_index, waiter_index), (Some(h), Some(w)) if h > w);
+        let holder_said = stage.saw(&self.holder_name, "wrote").and_then(|e| {
+            e.data
+                .get("outcome")
+                .and_then(|v| v.as_str())
+                .map(String::from)
+        });
+        let stale_write_accepted = match holder_index {
+            Some(h) if stale_attempted => Some(read.attempts[h].accepted),
+            None if holder_said.as_deref() == Some(Outcome::Unknown.as_str()) => None,
+            _ => Some(false),
+        };
+        let fencing_token =
+            !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
+        Cell {
+            backend: self.kind.name(),
+            scenario,
+            handover_ms,
+            two_holders,
+            stale_write_accepted,
+            fencing_token,
+            detail: Detail {
+                expected: self.expected(stage, plan, scenario),
+                stale_attempted,
+                holder_token: holder_index.and_then(|h| read.attempts[h].token),
+                waiter_token: waiter_index.and_then(|w| read.attempts[w].token),
+            },
+        }
+    }
+
+    /// The handover the options predict.
+    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> String {
+        let held_ms = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
+            (Some((_, strike)), Some(acquired)) => strike.saturating_sub(acquired.t_ms),
+            _ => 0,
+        };
+        let lease = stage
+            .saw(&self.holder_name, "waiting")
+            .and_then(|e| e.get_i64("lease_ttl_ms"))
+            .map(|ms| Duration::from_millis(ms as u64))
+            .unwrap_or(plan.lease);
+        // The earliest moment the backend could free a frozen holder's lock by itself.
+        let earliest = match (self.kind, plan.pg_timeout) {
+            (Kind::Redis, _) => plan
+                .redis_ttl
+                .saturating_sub(Duration::from_millis(held_ms)),
+            (Kind::Etcd, _) => lease * 2 / 3,
+            (Kind::Postgres, Some(t)) => t * 2 / 3,
+            (Kind::Postgres, None) => Duration::MAX,
+        };
+        if scenario == Scenario::Freeze && plan.pause < earliest {
+            return format!(
+                "> {} (the pause ends first; the holder wakes and releases)",
+                human(plan.pause)
+            );
+        }
+        match self.kind {
+            Kind::Redis => {
+                let left = plan
+                    .redis_ttl
+                    .saturating_sub(Duration::from_millis(held_ms));
+                format!(
+                    "≈ {} (TTL {} − {} held)",
+                    human(left),
+                    human(plan.redis_ttl),
+                    human(Duration::from_millis(held_ms))
+                )
+            }
+            Kind::Etcd => {
+                format!(
+                    "{}–{} (⅔–1 lease TTL, + etcd's 0.5s expiry sweep)",
+                    human(lease * 2 / 3),
+                    human(lease + Duration::from_millis(500))
+                )
+            }
+            Kind::Postgres => match (scenario, plan.pg_timeout) {
+                (Scenario::Kill, _) => "at once (the session ends with the process)".into(),
+                (Scenario::Freeze, Some(t)) => format!(
+                    "{}–{} (⅔–1 idle_session_timeout)",
+                    human(t * 2 / 3),
+                    human(t)
+                ),
+                (Scenario::Freeze, None) => unreachable!("returned above"),
+            },
+        }
+    }
+}
+
+/// The time stamp of the event just recorded.
+fn last_t(stage: &Stage) -> u64 {
+    stage.log.last().map(|e| e.t_ms).unwrap_or_default()
+}
+
+/// The backend identity a worker reported with its lock.
+fn owner_of(stage: &Stage, worker: &str) -> Option<String> {
+    stage
+        .saw(worker, "acquired")
+        .and_then(|e| e.data.get("owner"))
+        .and_then(|v| v.as_str())
+        .map(String::from)
+}
+
+impl Cell {
+    /// One sentence on what the cell shows, from its evidence.
+    fn meaning(&self, plan: &Plan) -> String {
+        let handover = self
+            .handover_ms
+            .map(|ms| human(Duration::from_millis(ms)))
+            .unwrap_or("never".into());
+        let why_handover = match (self.backend, self.scenario) {
+            ("redis", _) => "Redis gave the lock away only when the key's TTL ran out",
+            ("etcd", _) => {
+                "the heartbeat stopped and etcd expired the lease, deleting the lock key"
+            }
+            ("postgres", Scenario::Kill) => {
+                "the dead process's socket closed, the server ended its session, and the queued waiter got the lock at once"
+            }
+            ("postgres", _) if plan.pg_timeout.is_some() => {
+                "idle_session_timeout ended the frozen client's session, and its lock with it"
+            }
+            _ => "the frozen client's session stayed open, so it kept the lock for the whole pause",
+        };
+        match self.scenario {
+            Scenario::Kill => format!(
+                "{why_handover}: the waiter held it {handover} after the kill; {}",
+                if self.fencing_token {
+                    format!(
+                        "its write carried token {}.",
+                        token_text(self.detail.waiter_token)
+                    )
+                } else {
+                    "its write carried no token.".into()
+                }
+            ),
+            Scenario::Freeze if !self.two_holders => {
+                let why_not = match self.backend {
+                    "redis" => format!(
+                        "the {} pause ended before the key's TTL ran out, so the holder woke still holding the lock",
+                        human(plan.pause)
+                    ),
+                    "etcd" => format!(
+                        "the {} pause ended before etcd expired the lease",
+                        human(plan.pause)
+                    ),
+                    _ if plan.pg_timeout.is_some() => format!(
+                        "the {} pause ended before idle_session_timeout ended the session",
+                        human(plan.pause)
+                    ),
+                    _ => why_handover.to_string(),
+                };
+                format!(
+                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}, only once the holder woke and let go."
+                )
+            }
+            Scenario::Freeze => {
+                let stale = match (self.detail.stale_attempted, self.stale_write_accepted) {
+                    (true, Some(true)) if !self.fencing_token => {
+                        "the woken holder, with no token to check, had its stale write accepted over the waiter's".to_string()
+                    }
+                    (true, Some(true)) => "the store took the woken holder's stale write".to_string(),
+                    (true, Some(false)) => format!(
+                        "the store refused the woken holder's token {} because it had accepted the waiter's {}",
+                        token_text(self.detail.holder_token),
+                        token_text(self.detail.waiter_token)
+                    ),
+                    (true, None) => "the woken holder's write has an unknown outcome".to_string(),
+                    (false, _) => "the woken holder's write did not come after the waiter's".to_string(),
+                };
+                format!(
+                    "{why_handover}; after {handover} the waiter held it too — two holders — and {stale}."
+                )
+            }
+        }
+    }
+}
+
+fn print_matrix(cells: &[Cell], plan: &Plan) {
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    let header = [
+        "backend",
+        "scenario",
+        "next holder after",
+        "expected",
+        "two holders",
+        "stale write",
+        "fencing token",
+    ];
+    let rows: Vec<Vec<String>> = cells
+        .iter()
+        .map(|cell| {
+            let scenario = match cell.scenario {
+                Scenario::Kill => "kill",
+                Scenario::Freeze => "freeze",
+            };
+            let two = if cell.two_holders {
+                "YES".red().bold().to_string()
+            } else {
+                "no".to_string()
+            };
+            let stale = match (cell.detail.stale_attempted, cell.stale_write_accepted) {
+                (false, _) => "none".to_string(),
+                (true, Some(true)) => "ACCEPTED".red().bold().to_string(),
+                (true, Some(false)) => "rejected".green().bold().to_string(),
+                (true, None) => "unknown".yellow().to_string(),
+            };
+            vec![
+                cell.backend.to_string(),
+                scenario.to_string(),
+                cell.handover_ms
+                    .map(|ms| human(Duration::from_millis(ms)))
+                    .unwrap_or("nobody".into()),
+                cell.detail.expected.clone(),
+                two,
+                stale,
+                yes_no(cell.fencing_token),
+            ]
+        })
+        .collect();
+    println!();
+    println!("{}", "Verdict (from the backends and the store)".bold());
+    println!("{}", table(&header, &rows));
+    println!();
+    for cell in cells {
+        let scenario = match cell.scenario {
+            Scenario::Kill => "kill",
+            Scenario::Freeze => "freeze",
+        };
+        println!(
+            "  {} {}",
+            format!("{} / {scenario}:", cell.backend).bold(),
+            cell.meaning(plan)
+        );
+    }
+    println!();
+    println!(
+        "  {} a short lease or a session gets the next holder in fast (efficiency); only a token the store checks keeps a woken holder's write out (correctness).",
+        "In short:".bold()
+    );
 }
