@@ -1,7 +1,13 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    match lockslab::cli::run() {
+    let result = lockslab::cli::run();
+    if lockslab::procs::interrupted() {
+        // Ctrl-C (or SIGTERM, SIGHUP, a closed stdout) arrived: whatever the lab was doing
+        // failed because its workers were being stopped. The cleanup decides the exit.
+        lockslab::procs::wait_for_cleanup();
+    }
+    match result {
         Ok(code) => code,
         Err(err) => {
             eprintln!("lockslab: error: {err:#}");

@@ -268,6 +268,13 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// Blocks while the cleanup that an interrupt started finishes; that cleanup exits.
+pub fn wait_for_cleanup() -> ! {
+    loop {
+        thread::park();
+    }
+}
+
 /// Exit status for "ended by signal N", the shell's convention.
 pub fn exit_code_for(signal: i32) -> i32 {
     128 + signal

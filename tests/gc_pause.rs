@@ -376,7 +376,11 @@ fn bad_flags_name_the_flag() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "a malformed URL is a usage error");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a malformed URL is a usage error"
+    );
     assert!(
         stderr.contains("--redis-url") && stderr.contains("redis://"),
         "{stderr}"
@@ -385,7 +389,10 @@ fn bad_flags_name_the_flag() {
     let output = lockslab(&["gc-pause", "--ttl", "50ms"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--ttl") && stderr.contains("100ms"), "{stderr}");
+    assert!(
+        stderr.contains("--ttl") && stderr.contains("100ms"),
+        "{stderr}"
+    );
 }
 
 #[test]
