@@ -9,10 +9,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
 
 const ROUNDS: usize = 3;
 
@@ -22,16 +21,8 @@ fn main() {
     let mut walls = Vec::new();
     let mut handovers: BTreeMap<String, Vec<Option<u64>>> = BTreeMap::new();
     for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let output = lockslab(&["etcd-vs-redis", "--json"]).output().unwrap();
-        walls.push(started.elapsed());
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let (wall, _, verdict) = timed_json(&["etcd-vs-redis"]);
+        walls.push(wall);
         for cell in verdict["cells"].as_array().unwrap() {
             handovers
                 .entry(format!(

@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::Value;
 
 const ROUNDS: usize = 5;
 
@@ -43,19 +42,8 @@ fn main() {
     let mut walls = Vec::new();
     let mut overheads = Vec::new();
     for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let output = lockslab(&["gc-pause", "--json"]).output().unwrap();
-        walls.push(started.elapsed());
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let verdict = lines.last().unwrap();
+        let (wall, lines, verdict) = timed_json(&["gc-pause"]);
+        walls.push(wall);
         let pause = Duration::from_millis(verdict["pause_ms"].as_u64().unwrap());
         // Each run's clock restarts at 0: a run ends at the last event before the clock drops.
         let mut run_ends = Vec::new();
@@ -74,15 +62,4 @@ fn main() {
     }
     report("  both runs, wall clock", &mut walls);
     report("  per run, beyond the pause", &mut overheads);
-}
-
-fn report(what: &str, samples: &mut [Duration]) {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{what:<30} min {:>8.1}ms  median {:>8.1}ms  max {:>8.1}ms",
-        ms(samples[0]),
-        ms(samples[samples.len() / 2]),
-        ms(samples[samples.len() - 1])
-    );
 }

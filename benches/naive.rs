@@ -10,10 +10,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
 
 const ROUNDS: usize = 3;
 
@@ -29,16 +28,8 @@ fn main() {
     let mut waits = Vec::new();
     let mut overheads = Vec::new();
     for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let output = lockslab(&["naive", "--json"]).output().unwrap();
-        walls.push(started.elapsed());
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let (wall, _, verdict) = timed_json(&["naive"]);
+        walls.push(wall);
         let race = verdict["scenarios"]
             .as_array()
             .unwrap()
@@ -85,16 +76,5 @@ fn main() {
             .map(|r| format!("{:.1}%", r * 100.0))
             .collect::<Vec<_>>()
             .join(", ")
-    );
-}
-
-fn report(what: &str, samples: &mut [Duration]) {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{what:<36} min {:>8.1}ms  median {:>8.1}ms  max {:>8.1}ms",
-        ms(samples[0]),
-        ms(samples[samples.len() / 2]),
-        ms(samples[samples.len() - 1])
     );
 }

@@ -224,3 +224,22 @@ pub fn run_human(args: &[&str]) -> String {
     );
     text
 }
+
+/// Runs a lab with `--json` and returns how long it took, its events and its verdict.
+pub fn timed_json(args: &[&str]) -> (Duration, Vec<Value>, Value) {
+    let started = Instant::now();
+    let (lines, verdict, _) = run_json(args);
+    (started.elapsed(), lines, verdict)
+}
+
+/// Prints min, median and max of a benchmark's samples, in milliseconds.
+pub fn report(what: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{what:<36} min {:>8.1}ms  median {:>8.1}ms  max {:>8.1}ms",
+        ms(samples[0]),
+        ms(samples[samples.len() / 2]),
+        ms(samples[samples.len() - 1])
+    );
+}
