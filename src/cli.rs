@@ -37,8 +37,14 @@ Exit status:
 
 Examples:
   lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing
+  lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
+  lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
+  lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
   lockslab up                   keep servers running for the hands-on exercises
-  lockslab worker               take the lock by hand and freeze yourself with kill -STOP"
+  lockslab worker               take the lock by hand and freeze yourself with kill -STOP
+  lockslab <lab> --help         options and examples of one lab
+
+Walkthroughs: labs/01-gc-pause.md … labs/04-etcd-vs-redis.md in the repository."
 )]
 pub struct Cli {
     #[command(subcommand)]
