@@ -13,6 +13,30 @@ use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker::{self, HandsOnArgs};
 
+/// A bad value or combination of flags found after parsing: reported like clap's own
+/// errors, with exit status 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// `bail!` for a command-line mistake: returns a [`UsageError`] (exit status 2).
+#[macro_export]
+macro_rules! bail_usage {
+    ($($arg:tt)*) => {
+        return Err($crate::cli::UsageError(format!($($arg)*)).into())
+    };
+}
+
+/// Bad command line: an unknown flag, a malformed value, flags that do not fit together.
+pub const EXIT_USAGE: u8 = 2;
+
 /// The lab ran and its verdict was read back (a stale write is the lesson, not a failure).
 pub const EXIT_OK: u8 = 0;
 /// The lab could not run: a backend did not answer, a server would not start, a worker failed.
@@ -32,7 +56,7 @@ afterwards.
 Exit status:
   0    the lab ran and its verdict was read back from the store
   1    the lab could not run (a backend did not answer, a worker failed)
-  2    bad command line (an unknown flag, a malformed duration or URL)
+  2    bad command line (an unknown flag, a malformed duration or URL, flags that clash)
   130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP); workers and servers were stopped
 
 Examples:

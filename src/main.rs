@@ -11,7 +11,12 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("lockslab: error: {err:#}");
-            ExitCode::from(lockslab::cli::EXIT_COULD_NOT_RUN)
+            if err.downcast_ref::<lockslab::cli::UsageError>().is_some() {
+                eprintln!("\nFor more information, try '--help'.");
+                ExitCode::from(lockslab::cli::EXIT_USAGE)
+            } else {
+                ExitCode::from(lockslab::cli::EXIT_COULD_NOT_RUN)
+            }
         }
     }
 }

@@ -249,7 +249,7 @@ fn bad_options_name_the_flag() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--lease") && stderr.contains("whole seconds"),
         "{stderr}"

@@ -310,7 +310,7 @@ fn bad_flags_name_the_flag() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--wait") && stderr.contains("--ttl"),
         "{stderr}"

@@ -591,19 +591,19 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
 
 fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if args.redis_ttl < Duration::from_millis(100) {
-        bail!(
+        crate::bail_usage!(
             "--redis-ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
             human(args.redis_ttl)
         );
     }
     if args.lease < Duration::from_secs(1) || args.lease.subsec_nanos() != 0 {
-        bail!(
+        crate::bail_usage!(
             "--lease {}: etcd grants leases in whole seconds; use e.g. 1s or 2s",
             human(args.lease)
         );
     }
     if args.work < Duration::from_millis(200) {
-        bail!(
+        crate::bail_usage!(
             "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
             human(args.work)
         );
@@ -611,7 +611,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if let Some(t) = args.pg_timeout
         && t < Duration::from_millis(300)
     {
-        bail!(
+        crate::bail_usage!(
             "--pg-timeout {}: use at least 300ms; the holder pings its session every third of it",
             human(t)
         );

@@ -507,20 +507,20 @@ fn lrange(redis: &mut Connection, list: &str) -> Result<Vec<String>> {
 /// `lockslab naive [scenario]`.
 pub fn run(args: &NaiveArgs) -> Result<()> {
     if args.ttl < Duration::from_millis(100) {
-        bail!(
+        crate::bail_usage!(
             "--ttl {}: use at least 100ms, or process start-up blurs the story",
             human(args.ttl)
         );
     }
     if args.wait <= args.ttl {
-        bail!(
+        crate::bail_usage!(
             "--wait {} must be longer than --ttl {}: otherwise the fixed runs give up before the lock can lapse",
             human(args.wait),
             human(args.ttl)
         );
     }
     if args.work + args.window >= args.ttl {
-        bail!(
+        crate::bail_usage!(
             "--work {} plus --window {} must stay below --ttl {}: a race winner's lock must not expire while it works",
             short(args.work),
             short(args.window),

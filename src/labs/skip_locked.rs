@@ -564,7 +564,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
 
 fn check_args(args: &SkipLockedArgs) -> Result<()> {
     if args.jobs == 0 {
-        bail!("--jobs 0: the queue needs at least one job");
+        crate::bail_usage!("--jobs 0: the queue needs at least one job");
     }
     let needed = match (args.fault.kill(), args.fault.freeze()) {
         (true, true) => 3,
@@ -572,18 +572,18 @@ fn check_args(args: &SkipLockedArgs) -> Result<()> {
         (false, false) => 1,
     };
     if args.workers < needed {
-        bail!(
+        crate::bail_usage!(
             "--workers {}: --fault {:?} needs at least {needed} (one to kill or freeze, others to carry on)",
             args.workers,
             args.fault
         );
     }
     if args.workers > 50 {
-        bail!("--workers {}: at most 50", args.workers);
+        crate::bail_usage!("--workers {}: at most 50", args.workers);
     }
     if let Some(idle) = args.idle_timeout {
         if idle < Duration::from_millis(500) {
-            bail!(
+            crate::bail_usage!(
                 "--idle-timeout {}: use at least 500ms; the worker the lab kills holds its job about {} \
                  before the kill, and Postgres must not end its session first",
                 human(idle),
@@ -591,7 +591,7 @@ fn check_args(args: &SkipLockedArgs) -> Result<()> {
             );
         }
         if args.work * 4 > idle {
-            bail!(
+            crate::bail_usage!(
                 "--idle-timeout {} is too close to --work {}: a worker is idle in its transaction \
                  while it works, and Postgres would end ordinary workers' sessions",
                 human(idle),
