@@ -132,7 +132,7 @@ pub fn redis(url: &str) -> Result<redis::Connection> {
 }
 
 /// Says "timed out" plainly for a server that accepts connections and never answers.
-fn redis_cause(err: &redis::RedisError) -> String {
+pub fn redis_cause(err: &redis::RedisError) -> String {
     if err.is_timeout() {
         "it accepted the connection but gave no answer in time: frozen or overloaded?".into()
     } else {
