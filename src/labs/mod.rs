@@ -78,6 +78,8 @@ pub struct Stage {
     closed: HashSet<String>,
     /// While `run_until` holds back an event: its stamp, the latest a lab event may carry.
     observed_before: Option<u64>,
+    /// The workers started on this stage, by name.
+    spawned: Vec<String>,
     /// Facts added to every event from here on (which run of a lab it belongs to).
     tags: serde_json::Map<String, serde_json::Value>,
 }
@@ -94,6 +96,7 @@ impl Stage {
             closed: HashSet::new(),
             observed_before: None,
             tags: serde_json::Map::new(),
+            spawned: Vec::new(),
         }
     }
 
@@ -119,6 +122,7 @@ impl Stage {
             .take()
             .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
         events::forward(name.to_string(), stdout, self.start, self.tx.clone());
+        self.spawned.push(name.to_string());
         Ok(WorkerHandle {
             name: name.to_string(),
             pid: child.id() as i32,
@@ -204,6 +208,11 @@ impl Stage {
                 if matches(&event) {
                     return Ok(event);
                 }
+            } else if !self.spawned.is_empty()
+                && self.spawned.iter().all(|w| self.closed.contains(w))
+            {
+                // No worker is left to say it: waiting longer would only hide the failure.
+                bail!("every worker had exited before {what}");
             }
         }
         bail!(
