@@ -23,10 +23,34 @@ fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no scenario {name} in {verdict}"))
 }
 
+/// Runs `lockslab naive <args> --json`; every event must say which scenario and which run
+/// (broken or fixed) it belongs to, since each run's clock starts again at zero.
 fn naive(args: &[&str]) -> (Vec<Value>, Value) {
     let mut all = vec!["naive"];
     all.extend_from_slice(args);
     let (lines, verdict, _) = run_json(&all);
+    let names = ["race", "no-ttl", "setnx-expire", "wrong-release"];
+    let chosen = args.iter().find(|a| names.contains(a));
+    for event in &lines[..lines.len() - 1] {
+        let scenario = event["scenario"].as_str();
+        assert!(
+            scenario.is_some_and(|s| names.contains(&s)),
+            "no scenario on {event}"
+        );
+        if let Some(chosen) = chosen {
+            assert_eq!(scenario, Some(*chosen), "{event}");
+        }
+        assert!(
+            matches!(event["variant"].as_str(), Some("broken" | "fixed")),
+            "no variant on {event}"
+        );
+    }
+    for variant in ["broken", "fixed"] {
+        assert!(
+            lines.iter().any(|e| e["variant"] == variant),
+            "no {variant} events"
+        );
+    }
     (lines, verdict)
 }
 

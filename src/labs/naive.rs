@@ -137,6 +137,11 @@ impl Scenario {
     }
 }
 
+/// The name of a run, in keys, trial commands and `--json` events.
+fn variant_name(fixed: bool) -> &'static str {
+    if fixed { "fixed" } else { "broken" }
+}
+
 // ───────────────────────────── the workers ─────────────────────────────
 
 /// One worker's script.
@@ -279,7 +284,7 @@ fn race(
             ["quit"] => break,
             _ => bail!("unknown command {line:?}"),
         };
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
         lock.key = format!("{prefix}:{variant}:{trial}:lock");
         let holders = format!("{prefix}:{variant}:{trial}:holders");
 
@@ -595,7 +600,7 @@ struct Lab<'a> {
 
 impl Lab<'_> {
     fn key(&self, scenario: Scenario, fixed: bool, what: &str) -> String {
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
         format!(
             "lockslab:{}:naive:{}:{variant}:{what}",
             self.run_id,
@@ -608,8 +613,11 @@ impl Lab<'_> {
     }
 
     /// A fresh stage (its clock starts at 0) under a heading naming the lock in play.
+    /// Every event it shows carries `scenario` and `variant`, for `--json` readers.
     fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
-        let stage = Stage::new(self.style);
+        let mut stage = Stage::new(self.style);
+        stage.tag("scenario", scenario.name());
+        stage.tag("variant", variant_name(fixed));
         let (broken, fix) = scenario.broken_and_fix();
         stage.timeline.say("");
         stage.timeline.say(&format!(
@@ -660,7 +668,11 @@ impl Lab<'_> {
     /// Both runs of the race on the same worker processes, then the verdict.
     fn race(&self) -> Result<ScenarioVerdict> {
         let args = self.args;
+        // One stage, one clock for both runs. The start-up below is the broken run's
+        // (it comes first); `race_run` switches the tag when the fixed run begins.
         let mut stage = Stage::new(self.style);
+        stage.tag("scenario", Scenario::Race.name());
+        stage.tag("variant", variant_name(false));
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
@@ -729,7 +741,8 @@ impl Lab<'_> {
         fixed: bool,
     ) -> Result<RaceRun> {
         let args = self.args;
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
+        stage.tag("variant", variant);
         let bar = self.style.progress(
             args.trials as u64,
             &format!("  {variant:>6} trials [{{bar:30}}] {{pos}}/{{len}}"),
