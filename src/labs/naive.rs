@@ -1283,7 +1283,9 @@ fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Va
             let text = if event.get_bool("released") == Some(true) {
                 "done: compare-and-delete finds its own value and deletes the key"
             } else {
-                "done: compare-and-delete finds another worker's value (its own was overwritten); deletes nothing"
+                // The key then holds another worker's value, or none if that worker has
+                // already released: either way, this worker's own value is gone.
+                "done: compare-and-delete finds its own value gone (another worker's SET overwrote it): deletes nothing"
             };
             steps.push((t, worker, "done".into(), text.into()));
         }
