@@ -27,7 +27,7 @@ use std::io::{self, BufRead};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 use nix::time::{ClockId, clock_gettime};
 use redis::Connection;
@@ -137,6 +137,59 @@ impl Scenario {
     }
 }
 
+/// A failed Redis command as one line: the step the lab was on, which Redis, and why.
+///
+/// A `RedisError`'s message already contains its I/O cause, which is also its `source()`,
+/// so printing the error with its chain would say the cause twice; this builds the
+/// message from text instead.
+fn redis_failed(step: &str, url: &str, err: &redis::RedisError) -> anyhow::Error {
+    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+        anyhow!(
+            "{step}: {}",
+            Backend::Redis.unreachable(url, connect::redis_cause(err))
+        )
+    } else {
+        anyhow!(
+            "{step}: Redis at {} answered with an error: {err}",
+            connect::redact(url)
+        )
+    }
+}
+
+/// The same for an error that came up through other code (a worker's lock call): the
+/// contexts above the `RedisError` name the step.
+fn flatten_redis_error(err: anyhow::Error, url: &str) -> anyhow::Error {
+    let Some(cause) = err
+        .chain()
+        .find_map(|e| e.downcast_ref::<redis::RedisError>())
+    else {
+        return err;
+    };
+    let steps: Vec<String> = err
+        .chain()
+        .take_while(|e| !e.is::<redis::RedisError>())
+        .map(ToString::to_string)
+        .collect();
+    let step = if steps.is_empty() {
+        "a Redis command".to_string()
+    } else {
+        steps.join(": ")
+    };
+    redis_failed(&step, url, cause)
+}
+
+/// `.step(url, "reading …")` on a Redis reply: [`redis_failed`] for the orchestrator's
+/// own queries.
+trait RedisStep<T> {
+    fn step(self, url: &str, step: &str) -> Result<T>;
+}
+
+impl<T> RedisStep<T> for redis::RedisResult<T> {
+    fn step(self, url: &str, step: &str) -> Result<T> {
+        self.map_err(|err| redis_failed(step, url, &err))
+    }
+}
+
 /// The name of a run, in keys, trial commands and `--json` events.
 fn variant_name(fixed: bool) -> &'static str {
     if fixed { "fixed" } else { "broken" }
@@ -240,7 +293,7 @@ fn note_holder(redis: &mut Connection, list: &str, entry: String) -> Result<()> 
 /// The worker script.
 pub fn work(role: &Role) -> Result<()> {
     let me = Emitter::new(&role.name);
-    match &role.script {
+    let result = match &role.script {
         Script::Racer {
             prefix,
             spread_us,
@@ -257,7 +310,8 @@ pub fn work(role: &Role) -> Result<()> {
             Duration::from_millis(*ttl_ms),
         ),
         Script::Holder(holder) => hold(&me, &role.redis_url, holder),
-    }
+    };
+    result.map_err(|err| flatten_redis_error(err, &role.redis_url))
 }
 
 /// A racer: one attempt per `trial` command, reported as one (unshown) `trial` event.
@@ -498,13 +552,13 @@ fn replay(entries: &[String]) -> (usize, Vec<(String, String)>) {
     (most, pairs)
 }
 
-fn lrange(redis: &mut Connection, list: &str) -> Result<Vec<String>> {
+fn lrange(redis: &mut Connection, url: &str, list: &str) -> Result<Vec<String>> {
     redis::cmd("LRANGE")
         .arg(list)
         .arg(0)
         .arg(-1)
         .query(redis)
-        .context("reading the holders list back from Redis")
+        .step(url, "reading the holders list back from Redis")
 }
 
 // ───────────────────────────── the lab ─────────────────────────────
@@ -781,7 +835,7 @@ impl Lab<'_> {
         }
         let lists: Vec<Vec<String>> = pipe
             .query(&mut redis)
-            .context("reading the holders lists back from Redis")?;
+            .step(&self.redis_url, "reading the holders lists back from Redis")?;
 
         let mut violations = 0;
         let mut clock_overlaps = 0;
@@ -862,6 +916,7 @@ impl Lab<'_> {
             _ => Acquire::Setnx,
         };
         let key = self.key(scenario, fixed, "lock");
+        let url = self.redis_url.as_str();
         let mut redis = self.redis()?;
 
         let holder = self.holder(scenario, fixed, acquire, Release::CompareAndDelete);
@@ -880,7 +935,10 @@ impl Lab<'_> {
             .get("owner")
             .and_then(Value::as_str)
             .map(String::from);
-        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading A's key's PTTL after it took the lock")?;
         stage.record(
             Event::new(
                 "redis",
@@ -929,7 +987,10 @@ impl Lab<'_> {
             }
             if last_look.elapsed() >= Duration::from_millis(50) {
                 last_look = Instant::now();
-                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query(&mut redis)
+                    .step(url, "watching A's key's PTTL while B waits")?;
                 if let Some(bar) = stage.timeline.bar() {
                     bar.set_position(killed_at.elapsed().as_millis() as u64);
                     bar.set_message(format!("B keeps trying; A's key: PTTL {pttl:>5}ms"));
@@ -945,7 +1006,7 @@ impl Lab<'_> {
             .cmd("PTTL")
             .arg(&key)
             .query(&mut redis)
-            .context("reading the lock back from Redis")?;
+            .step(url, "reading the lock back from Redis")?;
         let dead_owner = owner.is_some() && owner == a_owner;
         let since_kill = killed_at.elapsed();
         let text = if dead_owner {
@@ -1005,6 +1066,7 @@ impl Lab<'_> {
         };
         let key = self.key(scenario, fixed, "lock");
         let holders = self.key(scenario, fixed, "holders");
+        let url = self.redis_url.as_str();
         let mut redis = self.redis()?;
         let long = args.ttl + Duration::from_secs(10);
         let holder = self.holder(scenario, fixed, Acquire::SetNxPx, release);
@@ -1040,7 +1102,7 @@ impl Lab<'_> {
                 .cmd("PTTL")
                 .arg(&key)
                 .query(&mut redis)
-                .context("watching the lock in Redis")?;
+                .step(url, "watching A's key in Redis while A works")?;
             if owner != a_owner {
                 break;
             }
@@ -1072,7 +1134,10 @@ impl Lab<'_> {
 
         a.tell("finish")?;
         stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
-        let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading the lock after A's release")?;
         let b_lost_lock = owner != b_owner;
         stage.record(Event::new(
             "redis",
@@ -1090,7 +1155,10 @@ impl Lab<'_> {
             e.worker == "C" && (e.kind == "acquired" || e.kind == "gave_up")
         })?;
         if c_result.kind == "acquired" {
-            let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut redis)
+                .step(url, "reading the lock after C took it")?;
             let c_owner = c_result.data.get("owner").and_then(Value::as_str);
             if owner.as_deref() == c_owner {
                 stage.record(Event::new(
@@ -1116,7 +1184,7 @@ impl Lab<'_> {
         // monotonic stamps, whether the earlier holder's lease had run out by then. A pair
         // whose first lease had run out is lab 1's problem (the TTL), the same in both runs;
         // a pair whose first lease still ran means someone deleted a live lock.
-        let list = lrange(&mut redis, &holders)?;
+        let list = lrange(&mut redis, url, &holders)?;
         let (_, pairs) = replay(&list);
         let entered: HashMap<String, u64> = stage
             .log
@@ -1187,9 +1255,32 @@ impl Lab<'_> {
         }
     }
 
-    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay forever.
+    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay
+    /// forever — and says so in one line if Redis does not let it.
     fn cleanup(&self) {
-        super::forget_redis_keys(&self.redis_url, &self.run_id);
+        let pattern = format!("lockslab:{}:*", self.run_id);
+        let forget = || -> Result<()> {
+            let mut redis = self.redis()?;
+            let keys: Vec<String> = redis::cmd("SCAN")
+                .cursor_arg(0)
+                .arg("MATCH")
+                .arg(&pattern)
+                .clone()
+                .iter(&mut redis)
+                .step(&self.redis_url, "listing the run's keys")?
+                .collect::<redis::RedisResult<_>>()
+                .step(&self.redis_url, "listing the run's keys")?;
+            for chunk in keys.chunks(500) {
+                redis::cmd("DEL")
+                    .arg(chunk)
+                    .query::<i64>(&mut redis)
+                    .step(&self.redis_url, "deleting the run's keys")?;
+            }
+            Ok(())
+        };
+        if let Err(err) = forget() {
+            eprintln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
+        }
     }
 }
 
