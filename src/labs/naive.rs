@@ -190,6 +190,13 @@ impl<T> RedisStep<T> for redis::RedisResult<T> {
     }
 }
 
+/// How long past the expected time the lab waits for a worker before calling it stuck:
+/// room for starting a process and for a few Redis commands to time out on their own.
+const SLACK: Duration = Duration::from_secs(3 * connect::COMMAND_TIMEOUT.as_secs());
+
+/// The longest --spread or --window: each trial lasts about that long, twice per trial.
+const LONGEST_RACE_DELAY: Duration = Duration::from_secs(60);
+
 /// The name of a run, in keys, trial commands and `--json` events.
 fn variant_name(fixed: bool) -> &'static str {
     if fixed { "fixed" } else { "broken" }
@@ -571,6 +578,16 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
             human(args.ttl)
         );
     }
+    for (flag, value) in [("--spread", args.spread), ("--window", args.window)] {
+        if value > LONGEST_RACE_DELAY {
+            crate::bail_usage!(
+                "{flag} {} is too long: use at most {} (each of the {} trials, run twice, lasts about that long)",
+                human(value),
+                human(LONGEST_RACE_DELAY),
+                args.trials
+            );
+        }
+    }
     if args.wait <= args.ttl {
         crate::bail_usage!(
             "--wait {} must be longer than --ttl {}: otherwise the fixed runs give up before the lock can lapse",
@@ -750,7 +767,7 @@ impl Lab<'_> {
             workers.push(stage.spawn(&name, &WorkerSpec::Naive(role))?);
         }
         let mut pids = Vec::new();
-        collect(&mut stage, &workers, "ready", |event| {
+        collect(&mut stage, &workers, "ready", SLACK, |event| {
             pids.push(event.get_i64("pid").unwrap_or(0));
             Ok(())
         })?;
@@ -802,6 +819,10 @@ impl Lab<'_> {
             &format!("  {variant:>6} trials [{{bar:30}}] {{pos}}/{{len}}"),
         );
         stage.timeline.attach_bar(bar);
+        // A trial lasts at most the latest arrival, the window and the work, plus a few
+        // Redis round trips; the slack lets a worker whose Redis stopped answering report
+        // that itself (its commands time out after COMMAND_TIMEOUT).
+        let trial_timeout = args.spread + args.window + args.work + SLACK;
         let started = Instant::now();
         let mut reports: Vec<Vec<Event>> = Vec::with_capacity(args.trials as usize);
         for trial in 1..=args.trials {
@@ -809,7 +830,7 @@ impl Lab<'_> {
                 worker.tell(&format!("trial {trial} {variant}"))?;
             }
             let mut these = Vec::with_capacity(workers.len());
-            collect(stage, workers, "trial", |event| {
+            collect(stage, workers, "trial", trial_timeout, |event| {
                 if event.get_i64("trial") != Some(trial as i64) {
                     bail!("worker {} answered for the wrong trial", event.worker);
                 }
@@ -1290,15 +1311,16 @@ struct RaceRun {
 }
 
 /// Takes one unshown event of `kind` from every worker, failing with a clear message
-/// if a worker fails, exits, or stays silent.
+/// if a worker fails, exits, or stays silent for `timeout`.
 fn collect(
     stage: &mut Stage,
     workers: &[WorkerHandle],
     kind: &str,
+    timeout: Duration,
     mut take: impl FnMut(&Event) -> Result<()>,
 ) -> Result<()> {
     let mut waiting: Vec<&str> = workers.iter().map(|w| w.name.as_str()).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
             if event.kind == "error" {
@@ -1313,7 +1335,11 @@ fn collect(
             bail!("worker {gone} exited before reporting `{kind}`");
         }
         if Instant::now() > deadline {
-            bail!("no `{kind}` from {} within 10s", waiting.join(", "));
+            bail!(
+                "no `{kind}` from {} within {}",
+                waiting.join(", "),
+                human(timeout)
+            );
         }
     }
     Ok(())
