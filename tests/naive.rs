@@ -330,15 +330,30 @@ fn ctrl_c_while_b_waits_for_a_stuck_lock_leaves_nothing_behind() {
 
 #[test]
 fn bad_flags_name_the_flag() {
-    let output = lockslab(&["naive", "--wait", "500ms", "--ttl", "1s"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("--wait") && stderr.contains("--ttl"),
-        "{stderr}"
-    );
+    // Each is a command-line error (exit 2) that names every flag involved.
+    for (args, flags) in [
+        (
+            &["--wait", "500ms", "--ttl", "1s"][..],
+            &["--wait", "--ttl"][..],
+        ),
+        (&["no-ttl", "--wait", "0s"], &["--wait", "--ttl"]),
+        (&["--ttl", "50ms"], &["--ttl"]),
+        (&["race", "--work", "2s"], &["--work", "--ttl"]),
+        (&["race", "--spread", "1h"], &["--spread"]),
+        (&["race", "--window", "2m"], &["--window"]),
+    ] {
+        let output = lockslab(&[&["naive"][..], args].concat()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        for flag in flags {
+            assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        }
+    }
+
+    // Only what the chosen scenario uses is checked: race never waits for a lapse, so a
+    // --ttl above the default --wait is fine for it.
+    let (_, verdict) = naive(&["race", "--ttl", "10s", "--trials", "3", "--workers", "2"]);
+    assert_eq!(counts(&scenario(&verdict, "race")["fixed"]).1, 3);
 
     let output = lockslab(&["naive", "racy"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

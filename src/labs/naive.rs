@@ -572,37 +572,11 @@ fn lrange(redis: &mut Connection, url: &str, list: &str) -> Result<Vec<String>> 
 
 /// `lockslab naive [scenario]`.
 pub fn run(args: &NaiveArgs) -> Result<()> {
-    if args.ttl < Duration::from_millis(100) {
-        crate::bail_usage!(
-            "--ttl {}: use at least 100ms, or process start-up blurs the story",
-            human(args.ttl)
-        );
-    }
-    for (flag, value) in [("--spread", args.spread), ("--window", args.window)] {
-        if value > LONGEST_RACE_DELAY {
-            crate::bail_usage!(
-                "{flag} {} is too long: use at most {} (each of the {} trials, run twice, lasts about that long)",
-                human(value),
-                human(LONGEST_RACE_DELAY),
-                args.trials
-            );
-        }
-    }
-    if args.wait <= args.ttl {
-        crate::bail_usage!(
-            "--wait {} must be longer than --ttl {}: otherwise the fixed runs give up before the lock can lapse",
-            human(args.wait),
-            human(args.ttl)
-        );
-    }
-    if args.work + args.window >= args.ttl {
-        crate::bail_usage!(
-            "--work {} plus --window {} must stay below --ttl {}: a race winner's lock must not expire while it works",
-            short(args.work),
-            short(args.window),
-            human(args.ttl)
-        );
-    }
+    let scenarios = match args.scenario {
+        Some(one) => vec![one],
+        None => Scenario::ALL.to_vec(),
+    };
+    check_flags(args, &scenarios)?;
     let style = Style::detect(args.output.json);
     let servers = servers::provide(&args.servers, &[Backend::Redis])?;
     let lab = Lab {
@@ -618,10 +592,6 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     }
     intro.say("The lock everyone writes first, broken four ways; each bug runs beside its fix.");
 
-    let scenarios = match args.scenario {
-        Some(one) => vec![one],
-        None => Scenario::ALL.to_vec(),
-    };
     let mut verdicts = Vec::new();
     let _on_interrupt = crate::procs::on_interrupt({
         let (redis_url, run_id) = (lab.redis_url.clone(), lab.run_id.clone());
@@ -658,6 +628,48 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         }));
     } else {
         print_verdicts(&verdicts);
+    }
+    Ok(())
+}
+
+/// Flags that do not fit, checked only for the scenarios that will run: `race` does not
+/// wait for a stuck lock, and the others do not race.
+fn check_flags(args: &NaiveArgs, scenarios: &[Scenario]) -> Result<()> {
+    if args.ttl < Duration::from_millis(100) {
+        crate::bail_usage!(
+            "--ttl {}: use at least 100ms, or process start-up blurs the story",
+            short(args.ttl)
+        );
+    }
+    if scenarios.contains(&Scenario::Race) {
+        for (flag, value) in [("--spread", args.spread), ("--window", args.window)] {
+            if value > LONGEST_RACE_DELAY {
+                crate::bail_usage!(
+                    "{flag} {} is too long for race: use at most {} (each of the {} trials, run twice, lasts about that long)",
+                    human(value),
+                    human(LONGEST_RACE_DELAY),
+                    args.trials
+                );
+            }
+        }
+        if args.work + args.window >= args.ttl {
+            crate::bail_usage!(
+                "--work {} plus --window {} must stay below --ttl {} for race: a winner's lock must not expire while it works",
+                short(args.work),
+                short(args.window),
+                human(args.ttl)
+            );
+        }
+    }
+    let waits_for_lapse = scenarios
+        .iter()
+        .any(|s| matches!(s, Scenario::NoTtl | Scenario::SetnxExpire));
+    if waits_for_lapse && args.wait <= args.ttl {
+        crate::bail_usage!(
+            "--wait {} must be longer than --ttl {} for no-ttl and setnx-expire: otherwise their fixed runs give up before the lock can lapse",
+            short(args.wait),
+            human(args.ttl)
+        );
     }
     Ok(())
 }
