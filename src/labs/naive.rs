@@ -47,8 +47,9 @@ use crate::worker::{WorkerSpec, await_command};
 Examples:
   lockslab naive                          all four scenarios, each broken and fixed
   lockslab naive race                     only the check-then-set race (10 workers × 200 trials)
-  lockslab naive race --window 0ms        no help: does GET-then-SET still break?
-  lockslab naive race --workers 2 --trials 1000 --window 0ms
+  lockslab naive race --window 1ms        1ms between GET and SET: how often now?
+  lockslab naive race --spread 0ms        everyone arrives at once
+  lockslab naive race --workers 2 --trials 1000   only two clients: rarer, but gone?
   lockslab naive no-ttl --wait 2s         a dead holder with no TTL; give up after 2s
   lockslab naive wrong-release --ttl 500ms
   lockslab naive --json | jq 'select(.kind == \"verdict\")'
@@ -75,7 +76,8 @@ pub struct NaiveArgs {
     /// race: how long a worker that got the lock works before it lets go
     #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
     pub work: Duration,
-    /// no-ttl, setnx-expire: how long the next worker keeps trying before it gives up
+    /// How long a worker keeps trying for the lock before it gives up: B in no-ttl and
+    /// setnx-expire (must be longer than --ttl), A and B in wrong-release
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
     /// The lock's TTL wherever it has one (all fixes, race, wrong-release)
