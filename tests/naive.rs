@@ -128,7 +128,7 @@ fn releasing_by_del_lets_a_third_holder_in_and_compare_and_delete_does_not() {
         assert_eq!(counts(&run["broken"]), (1, 1), "round {round}: {run}");
         assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
 
-        // Redis's own order of who held the lock.
+        // The holder entries the workers wrote, in the order Redis received them.
         let list = |r: &Value| -> Vec<String> {
             r["holders_list"]
                 .as_array()
@@ -220,6 +220,12 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
             .filter(|h| h.as_u64().unwrap() >= 2)
             .count() as u64;
         assert_eq!(broke, run[variant]["violations"].as_u64().unwrap());
+        // Every overwritten holder learns it at release: compare-and-delete finds its value
+        // gone. So at least as many trials show that as the holders lists count.
+        assert!(
+            summary["overwritten_trials"].as_u64().unwrap() >= broke,
+            "{summary}"
+        );
     }
 
     // The example is a real broken trial: two SETs answered OK before either worker let go.

@@ -16,10 +16,12 @@
 //! plays the clock (kill A now, B may finish) and then reads the evidence back from Redis:
 //!
 //! - every holder appends `+name` to a list in Redis when it believes it took the lock and
-//!   `-name` when it lets go; replaying that list in Redis's own order shows who held the
-//!   lock at the same time, without trusting anyone's clock;
+//!   `-name` when it lets go; the entries are the workers' own words, but Redis puts them
+//!   in one order, so replaying the list shows who believed they held the lock at the same
+//!   time without comparing anyone's clock;
 //! - the workers also stamp those moments with `CLOCK_MONOTONIC`, which is one clock for
-//!   every process on the machine, so their intervals can be laid side by side;
+//!   every process on the machine, so their intervals can be laid side by side; the race
+//!   compares the two witnesses trial by trial and says so when they disagree;
 //! - `GET` and `PTTL` on the lock key show a stuck lock (a dead owner, no expiry) directly.
 
 use std::collections::HashMap;
@@ -233,7 +235,8 @@ pub enum Script {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Holder {
     pub key: String,
-    /// The list of `+name` / `-name` entries: who held the lock, in Redis's order.
+    /// The list of `+name` / `-name` entries the holders write: who believed they held the
+    /// lock, in the order Redis received the entries.
     pub holders: String,
     pub acquire: Acquire,
     pub release: Release,
@@ -859,7 +862,8 @@ impl Lab<'_> {
         stage.timeline.clear_bar();
         let took = started.elapsed();
 
-        // The verdict: each trial's holders list, read back from Redis.
+        // The verdict: each trial's holders list, the entries the workers wrote to Redis,
+        // read back in Redis's order.
         let mut redis = self.redis()?;
         let mut pipe = redis::pipe();
         for trial in 1..=args.trials {
@@ -874,6 +878,13 @@ impl Lab<'_> {
 
         let mut violations = 0;
         let mut clock_overlaps = 0;
+        // Trials where the two witnesses differ: the holders list, and the intervals
+        // stamped with CLOCK_MONOTONIC (which contain the list's: a worker stamps before
+        // its `+` and after its `-`).
+        let mut disagreements = Vec::new();
+        // Trials in which a compare-and-delete found its worker's own value gone: the
+        // release's view of the same overwrite.
+        let mut overwritten = 0;
         let mut believers_total = 0;
         let mut most_at_once = 0;
         let mut holders_per_trial = Vec::with_capacity(lists.len());
@@ -886,8 +897,15 @@ impl Lab<'_> {
                 .iter()
                 .filter(|e| e.get_bool("acquired") == Some(true))
                 .count();
-            if intervals_overlap(these) {
+            let clock_overlap = intervals_overlap(these);
+            if clock_overlap {
                 clock_overlaps += 1;
+            }
+            if clock_overlap != (most >= 2) {
+                disagreements.push(index as u32 + 1);
+            }
+            if these.iter().any(|e| e.get_bool("released") == Some(false)) {
+                overwritten += 1;
             }
             if most >= 2 {
                 violations += 1;
@@ -898,19 +916,24 @@ impl Lab<'_> {
         }
         let trials = args.trials;
         let rate = violations as f64 / trials as f64;
-        let text = if violations == 0 {
+        let lock = if fixed { "SET NX" } else { "GET-then-SET" };
+        let mut text = if violations == 0 {
             format!(
-                "{trials} trials with {} in {}: never two holders at once (the holders lists in Redis agree)",
-                if fixed { "SET NX" } else { "GET-then-SET" },
+                "{trials} trials with {lock} in {}: never two holders at once",
                 human(took)
             )
         } else {
             format!(
-                "{trials} trials with GET-then-SET in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
+                "{trials} trials with {lock} in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
                 human(took),
                 rate * 100.0
             )
         };
+        if overwritten > 0 {
+            text.push_str(&format!(
+                "; in {overwritten} a worker's compare-and-delete found its own value gone"
+            ));
+        }
         let kind = if violations > 0 {
             "violation"
         } else {
@@ -922,8 +945,26 @@ impl Lab<'_> {
                 .with("violations", violations)
                 .with("trials", trials)
                 .with("clock_overlaps", clock_overlaps)
+                .with("overwritten_trials", overwritten)
                 .with("holders_per_trial", holders_per_trial.clone()),
         );
+        if !disagreements.is_empty() {
+            let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
+            stage.record(
+                Event::new(
+                    "lab",
+                    "warning",
+                    format!(
+                        "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
+                         whether two workers held the lock at once; the count follows the holders list",
+                        disagreements.len(),
+                        shown.join(", #"),
+                        if disagreements.len() > 5 { ", …" } else { "" }
+                    ),
+                )
+                .with("disagreeing_trials", disagreements),
+            );
+        }
         let tally = Tally::new(violations, trials)
             .with("rate", (rate * 1000.0).round() / 1000.0)
             .with("clock_overlaps", clock_overlaps)
@@ -1215,8 +1256,8 @@ impl Lab<'_> {
         }
         stage.drain();
 
-        // The verdict: who held the lock together, in Redis's order; and, by the workers'
-        // monotonic stamps, whether the earlier holder's lease had run out by then. A pair
+        // The verdict: who held the lock together, from the entries the workers wrote to
+        // Redis, in Redis's order; and, by the workers' monotonic stamps, whether the earlier holder's lease had run out by then. A pair
         // whose first lease had run out is lab 1's problem (the TTL), the same in both runs;
         // a pair whose first lease still ran means someone deleted a live lock.
         let list = lrange(&mut redis, url, &holders)?;
@@ -1586,7 +1627,7 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
         })
         .collect();
     println!();
-    println!("{}", "Verdict (counted from what Redis recorded)".bold());
+    println!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
     println!(
         "{}",
         table(
