@@ -294,6 +294,7 @@ fn human_output_shows_the_timelines_table_and_example_without_colours() {
         "setnx-expire: broken, SETNX, then PEXPIRE",
         "setnx-expire: fixed, SET NX PX",
         "PTTL → -1",
+        "GET → A's value, PTTL → -1 (no expiry)",
         "between SETNX and PEXPIRE",
         "Verdict",
         "lock still held by a dead worker",

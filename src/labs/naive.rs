@@ -841,25 +841,30 @@ impl Lab<'_> {
         // that itself (its commands time out after COMMAND_TIMEOUT).
         let trial_timeout = args.spread + args.window + args.work + SLACK;
         let started = Instant::now();
-        let mut reports: Vec<Vec<Event>> = Vec::with_capacity(args.trials as usize);
-        for trial in 1..=args.trials {
-            for worker in workers.iter_mut() {
-                worker.tell(&format!("trial {trial} {variant}"))?;
-            }
-            let mut these = Vec::with_capacity(workers.len());
-            collect(stage, workers, "trial", trial_timeout, |event| {
-                if event.get_i64("trial") != Some(trial as i64) {
-                    bail!("worker {} answered for the wrong trial", event.worker);
+        let reports = (|| -> Result<Vec<Vec<Event>>> {
+            let mut reports = Vec::with_capacity(args.trials as usize);
+            for trial in 1..=args.trials {
+                for worker in workers.iter_mut() {
+                    worker.tell(&format!("trial {trial} {variant}"))?;
                 }
-                these.push(event.clone());
-                Ok(())
-            })?;
-            reports.push(these);
-            if let Some(bar) = stage.timeline.bar() {
-                bar.inc(1);
+                let mut these = Vec::with_capacity(workers.len());
+                collect(stage, workers, "trial", trial_timeout, |event| {
+                    if event.get_i64("trial") != Some(trial as i64) {
+                        bail!("worker {} answered for the wrong trial", event.worker);
+                    }
+                    these.push(event.clone());
+                    Ok(())
+                })?;
+                reports.push(these);
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.inc(1);
+                }
             }
-        }
+            Ok(reports)
+        })();
+        // Cleared on the error path too, so the error is not printed under a stale bar.
         stage.timeline.clear_bar();
+        let reports = reports?;
         let took = started.elapsed();
 
         // The verdict: each trial's holders list, the entries the workers wrote to Redis,
@@ -1019,10 +1024,10 @@ impl Lab<'_> {
             Event::new(
                 "redis",
                 "pttl",
-                if pttl == -1 {
-                    "PTTL → -1: the key exists and has no expiry".to_string()
-                } else {
-                    format!("PTTL → {pttl}ms: the key will expire by itself")
+                match pttl {
+                    -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
+                    -2 => "PTTL → -2: there is no key".to_string(),
+                    ms => format!("PTTL → {ms}ms: the key will expire by itself"),
                 },
             )
             .with("pttl_ms", pttl),
@@ -1049,13 +1054,13 @@ impl Lab<'_> {
         stage.timeline.attach_bar(bar);
         let deadline = Instant::now() + args.wait + Duration::from_secs(10);
         let mut last_look = Instant::now() - Duration::from_secs(1);
-        let b_result = loop {
+        let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 if event.kind == "error" {
                     bail!("worker {} failed: {}", event.worker, event.text);
                 }
                 if event.worker == "B" && (event.kind == "acquired" || event.kind == "gave_up") {
-                    break event;
+                    return Ok(event);
                 }
             }
             if Instant::now() > deadline {
@@ -1069,11 +1074,17 @@ impl Lab<'_> {
                     .step(url, "watching A's key's PTTL while B waits")?;
                 if let Some(bar) = stage.timeline.bar() {
                     bar.set_position(killed_at.elapsed().as_millis() as u64);
-                    bar.set_message(format!("B keeps trying; A's key: PTTL {pttl:>5}ms"));
+                    bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
                 }
             }
-        };
+        })();
         stage.timeline.clear_bar();
+        let b_result = b_result?;
+        let b_owner = b_result
+            .data
+            .get("owner")
+            .and_then(Value::as_str)
+            .map(String::from);
 
         // The evidence: who the key names now, and whether it will ever expire.
         let (owner, pttl): (Option<String>, i64) = redis::pipe()
@@ -1085,20 +1096,20 @@ impl Lab<'_> {
             .step(url, "reading the lock back from Redis")?;
         let dead_owner = owner.is_some() && owner == a_owner;
         let since_kill = killed_at.elapsed();
+        let read = format!(
+            "GET → {}, PTTL → {}",
+            whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
+            pttl_text(pttl)
+        );
         let text = if dead_owner {
             format!(
-                "GET → A's value, PTTL → {pttl}: {} after A died the lock still belongs to it{}",
+                "{read}: {} after A died the lock still belongs to it{}",
                 human(since_kill),
                 if pttl == -1 { ", and always will" } else { "" }
             )
         } else {
             format!(
-                "GET → {}, PTTL → {pttl}: A's key expired on its own, {} after A took it",
-                if b_result.kind == "acquired" {
-                    "B's value"
-                } else {
-                    "(nil)"
-                },
+                "{read}: A's key is gone, lapsed with its TTL of {}",
                 human(args.ttl)
             )
         };
@@ -1170,7 +1181,7 @@ impl Lab<'_> {
             .progress(args.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
         stage.timeline.attach_bar(bar);
         let deadline = Instant::now() + long;
-        loop {
+        let lapsed = (|| loop {
             stage.next(Duration::from_millis(10));
             let (owner, pttl): (Option<String>, i64) = redis::pipe()
                 .cmd("GET")
@@ -1180,17 +1191,18 @@ impl Lab<'_> {
                 .query(&mut redis)
                 .step(url, "watching A's key in Redis while A works")?;
             if owner != a_owner {
-                break;
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!("A's key did not expire within {}", human(long));
             }
             if let Some(bar) = stage.timeline.bar() {
                 bar.set_position(args.ttl.as_millis() as u64 - pttl.max(0) as u64);
-                bar.set_message(format!("A works; its key: PTTL {pttl:>5}ms"));
+                bar.set_message(format!("A works; its key: PTTL {}", pttl_text(pttl)));
             }
-        }
+        })();
         stage.timeline.clear_bar();
+        lapsed?;
         stage.record(Event::new(
             "redis",
             "expired",
@@ -1215,13 +1227,14 @@ impl Lab<'_> {
             .query(&mut redis)
             .step(url, "reading the lock after A's release")?;
         let b_lost_lock = owner != b_owner;
+        let read = whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]);
         stage.record(Event::new(
             "redis",
             if b_lost_lock { "violation" } else { "kept" },
             if b_lost_lock {
-                "GET → (nil): A's DEL removed B's lock, and B is still working"
+                format!("GET → {read}: A's DEL removed B's lock, and B is still working")
             } else {
-                "GET → B's value: A's release left B's lock alone; B keeps it"
+                format!("GET → {read}: A's release left B's lock alone; B keeps it")
             },
         ));
 
@@ -1505,6 +1518,27 @@ fn print_example(stage: &Stage, example: &Value) {
     }
 }
 
+/// PTTL's answer as a learner reads it: -1 and -2 are not durations.
+fn pttl_text(pttl: i64) -> String {
+    match pttl {
+        -1 => "-1 (no expiry)".into(),
+        -2 => "-2 (no key)".into(),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A value read with GET, named by the worker whose owner value it is.
+fn whose(value: Option<&str>, owners: &[(&str, &Option<String>)]) -> String {
+    let Some(value) = value else {
+        return "(nil)".into();
+    };
+    owners
+        .iter()
+        .find(|(_, owner)| owner.as_deref() == Some(value))
+        .map(|(name, _)| format!("{name}'s value"))
+        .unwrap_or_else(|| format!("{value:?}, nobody's here"))
+}
+
 /// A duration as a learner reads it, down to microseconds for the race's small ones.
 fn short(duration: Duration) -> String {
     if !duration.is_zero() && duration < Duration::from_millis(1) {
@@ -1552,13 +1586,14 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, args: &NaiveArgs) 
             };
             let head = if broken.violations > 0 {
                 format!(
-                    "{how}: after {} the key still named it (PTTL {}), and nothing will ever remove it",
+                    "{how}: after {} the key still named it, with PTTL {}, and nothing will ever remove it",
                     human(args.wait),
                     broken
                         .details
                         .get("pttl_ms_after_wait")
-                        .cloned()
-                        .unwrap_or(Value::Null)
+                        .and_then(Value::as_i64)
+                        .map(pttl_text)
+                        .unwrap_or_default()
                 )
             } else {
                 format!("{how}, yet the lock came free, which the bug should not allow")
