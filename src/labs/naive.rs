@@ -534,6 +534,8 @@ impl Tally {
 
 #[derive(Serialize, Debug, Clone)]
 pub struct ScenarioVerdict {
+    #[serde(skip)]
+    pub scenario: Scenario,
     pub name: &'static str,
     pub broken: Tally,
     pub fixed: Tally,
@@ -766,7 +768,7 @@ impl Lab<'_> {
             "{}",
             "── race: GET-then-SET (broken) vs SET NX (fixed) ──".bold()
         ));
-        let prefix = format!("lockslab:{}:naive:race", self.run_id);
+        let prefix = self.race_prefix();
         let mut workers = Vec::new();
         for i in 1..=args.workers {
             let name = format!("W{i}");
@@ -1336,6 +1338,7 @@ impl Lab<'_> {
     fn verdict(&self, scenario: Scenario, broken: Tally, fixed: Tally) -> ScenarioVerdict {
         let meaning = meaning(scenario, &broken, &fixed, self.args);
         ScenarioVerdict {
+            scenario,
             name: scenario.name(),
             broken,
             fixed,
@@ -1428,11 +1431,11 @@ fn intervals_overlap(reports: &[Event]) -> bool {
 /// three workers that held the lock together.
 fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Value {
     let mut shown: Vec<&str> = Vec::new();
-    let mut together: Vec<&str> = pairs
+    // Only asked "is this worker in it?", so repeats do no harm.
+    let together: Vec<&str> = pairs
         .iter()
         .flat_map(|(a, b)| [a.as_str(), b.as_str()])
         .collect();
-    together.dedup();
     let mut by_entry: Vec<&Event> = reports
         .iter()
         .filter(|e| together.contains(&e.worker.as_str()))
@@ -1646,14 +1649,10 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
     let rows: Vec<Vec<String>> = verdicts
         .iter()
         .map(|v| {
-            let scenario = Scenario::ALL
-                .into_iter()
-                .find(|s| s.name() == v.name)
-                .unwrap_or(Scenario::Race);
-            let (broken, fix) = scenario.broken_and_fix();
+            let (broken, fix) = v.scenario.broken_and_fix();
             vec![
                 v.name.to_string(),
-                scenario.counted().to_string(),
+                v.scenario.counted().to_string(),
                 broken.to_string(),
                 count(&v.broken, true),
                 fix.to_string(),
