@@ -23,10 +23,34 @@ fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no scenario {name} in {verdict}"))
 }
 
+/// Runs `lockslab naive <args> --json`; every event must say which scenario and which run
+/// (broken or fixed) it belongs to, since each run's clock starts again at zero.
 fn naive(args: &[&str]) -> (Vec<Value>, Value) {
     let mut all = vec!["naive"];
     all.extend_from_slice(args);
     let (lines, verdict, _) = run_json(&all);
+    let names = ["race", "no-ttl", "setnx-expire", "wrong-release"];
+    let chosen = args.iter().find(|a| names.contains(a));
+    for event in &lines[..lines.len() - 1] {
+        let scenario = event["scenario"].as_str();
+        assert!(
+            scenario.is_some_and(|s| names.contains(&s)),
+            "no scenario on {event}"
+        );
+        if let Some(chosen) = chosen {
+            assert_eq!(scenario, Some(*chosen), "{event}");
+        }
+        assert!(
+            matches!(event["variant"].as_str(), Some("broken" | "fixed")),
+            "no variant on {event}"
+        );
+    }
+    for variant in ["broken", "fixed"] {
+        assert!(
+            lines.iter().any(|e| e["variant"] == variant),
+            "no {variant} events"
+        );
+    }
     (lines, verdict)
 }
 
@@ -104,7 +128,7 @@ fn releasing_by_del_lets_a_third_holder_in_and_compare_and_delete_does_not() {
         assert_eq!(counts(&run["broken"]), (1, 1), "round {round}: {run}");
         assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
 
-        // Redis's own order of who held the lock.
+        // The holder entries the workers wrote, in the order Redis received them.
         let list = |r: &Value| -> Vec<String> {
             r["holders_list"]
                 .as_array()
@@ -196,6 +220,12 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
             .filter(|h| h.as_u64().unwrap() >= 2)
             .count() as u64;
         assert_eq!(broke, run[variant]["violations"].as_u64().unwrap());
+        // Every overwritten holder learns it at release: compare-and-delete finds its value
+        // gone. So at least as many trials show that as the holders lists count.
+        assert!(
+            summary["overwritten_trials"].as_u64().unwrap() >= broke,
+            "{summary}"
+        );
     }
 
     // The example is a real broken trial: two SETs answered OK before either worker let go.
@@ -264,6 +294,7 @@ fn human_output_shows_the_timelines_table_and_example_without_colours() {
         "setnx-expire: broken, SETNX, then PEXPIRE",
         "setnx-expire: fixed, SET NX PX",
         "PTTL → -1",
+        "GET → A's value, PTTL → -1 (no expiry)",
         "between SETNX and PEXPIRE",
         "Verdict",
         "lock still held by a dead worker",
@@ -306,15 +337,30 @@ fn ctrl_c_while_b_waits_for_a_stuck_lock_leaves_nothing_behind() {
 
 #[test]
 fn bad_flags_name_the_flag() {
-    let output = lockslab(&["naive", "--wait", "500ms", "--ttl", "1s"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("--wait") && stderr.contains("--ttl"),
-        "{stderr}"
-    );
+    // Each is a command-line error (exit 2) that names every flag involved.
+    for (args, flags) in [
+        (
+            &["--wait", "500ms", "--ttl", "1s"][..],
+            &["--wait", "--ttl"][..],
+        ),
+        (&["no-ttl", "--wait", "0s"], &["--wait", "--ttl"]),
+        (&["--ttl", "50ms"], &["--ttl"]),
+        (&["race", "--work", "2s"], &["--work", "--ttl"]),
+        (&["race", "--spread", "1h"], &["--spread"]),
+        (&["race", "--window", "2m"], &["--window"]),
+    ] {
+        let output = lockslab(&[&["naive"][..], args].concat()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        for flag in flags {
+            assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        }
+    }
+
+    // Only what the chosen scenario uses is checked: race never waits for a lapse, so a
+    // --ttl above the default --wait is fine for it.
+    let (_, verdict) = naive(&["race", "--ttl", "10s", "--trials", "3", "--workers", "2"]);
+    assert_eq!(counts(&scenario(&verdict, "race")["fixed"]).1, 3);
 
     let output = lockslab(&["naive", "racy"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -16,10 +16,12 @@
 //! plays the clock (kill A now, B may finish) and then reads the evidence back from Redis:
 //!
 //! - every holder appends `+name` to a list in Redis when it believes it took the lock and
-//!   `-name` when it lets go; replaying that list in Redis's own order shows who held the
-//!   lock at the same time, without trusting anyone's clock;
+//!   `-name` when it lets go; the entries are the workers' own words, but Redis puts them
+//!   in one order, so replaying the list shows who believed they held the lock at the same
+//!   time without comparing anyone's clock;
 //! - the workers also stamp those moments with `CLOCK_MONOTONIC`, which is one clock for
-//!   every process on the machine, so their intervals can be laid side by side;
+//!   every process on the machine, so their intervals can be laid side by side; the race
+//!   compares the two witnesses trial by trial and says so when they disagree;
 //! - `GET` and `PTTL` on the lock key show a stuck lock (a dead owner, no expiry) directly.
 
 use std::collections::HashMap;
@@ -27,7 +29,7 @@ use std::io::{self, BufRead};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 use nix::time::{ClockId, clock_gettime};
 use redis::Connection;
@@ -47,8 +49,9 @@ use crate::worker::{WorkerSpec, await_command};
 Examples:
   lockslab naive                          all four scenarios, each broken and fixed
   lockslab naive race                     only the check-then-set race (10 workers × 200 trials)
-  lockslab naive race --window 0ms        no help: does GET-then-SET still break?
-  lockslab naive race --workers 2 --trials 1000 --window 0ms
+  lockslab naive race --window 1ms        1ms between GET and SET: how often now?
+  lockslab naive race --spread 0ms        everyone arrives at once
+  lockslab naive race --workers 2 --trials 1000   only two clients: rarer, but gone?
   lockslab naive no-ttl --wait 2s         a dead holder with no TTL; give up after 2s
   lockslab naive wrong-release --ttl 500ms
   lockslab naive --json | jq 'select(.kind == \"verdict\")'
@@ -75,7 +78,8 @@ pub struct NaiveArgs {
     /// race: how long a worker that got the lock works before it lets go
     #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
     pub work: Duration,
-    /// no-ttl, setnx-expire: how long the next worker keeps trying before it gives up
+    /// How long a worker keeps trying for the lock before it gives up: B in no-ttl and
+    /// setnx-expire (must be longer than --ttl), A and B in wrong-release
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
     /// The lock's TTL wherever it has one (all fixes, race, wrong-release)
@@ -137,6 +141,71 @@ impl Scenario {
     }
 }
 
+/// A failed Redis command as one line: the step the lab was on, which Redis, and why.
+///
+/// A `RedisError`'s message already contains its I/O cause, which is also its `source()`,
+/// so printing the error with its chain would say the cause twice; this builds the
+/// message from text instead.
+fn redis_failed(step: &str, url: &str, err: &redis::RedisError) -> anyhow::Error {
+    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+        anyhow!(
+            "{step}: {}",
+            Backend::Redis.unreachable(url, connect::redis_cause(err))
+        )
+    } else {
+        anyhow!(
+            "{step}: Redis at {} answered with an error: {err}",
+            connect::redact(url)
+        )
+    }
+}
+
+/// The same for an error that came up through other code (a worker's lock call): the
+/// contexts above the `RedisError` name the step.
+fn flatten_redis_error(err: anyhow::Error, url: &str) -> anyhow::Error {
+    let Some(cause) = err
+        .chain()
+        .find_map(|e| e.downcast_ref::<redis::RedisError>())
+    else {
+        return err;
+    };
+    let steps: Vec<String> = err
+        .chain()
+        .take_while(|e| !e.is::<redis::RedisError>())
+        .map(ToString::to_string)
+        .collect();
+    let step = if steps.is_empty() {
+        "a Redis command".to_string()
+    } else {
+        steps.join(": ")
+    };
+    redis_failed(&step, url, cause)
+}
+
+/// `.step(url, "reading …")` on a Redis reply: [`redis_failed`] for the orchestrator's
+/// own queries.
+trait RedisStep<T> {
+    fn step(self, url: &str, step: &str) -> Result<T>;
+}
+
+impl<T> RedisStep<T> for redis::RedisResult<T> {
+    fn step(self, url: &str, step: &str) -> Result<T> {
+        self.map_err(|err| redis_failed(step, url, &err))
+    }
+}
+
+/// How long past the expected time the lab waits for a worker before calling it stuck:
+/// room for starting a process and for a few Redis commands to time out on their own.
+const SLACK: Duration = Duration::from_secs(3 * connect::COMMAND_TIMEOUT.as_secs());
+
+/// The longest --spread or --window: each trial lasts about that long, twice per trial.
+const LONGEST_RACE_DELAY: Duration = Duration::from_secs(60);
+
+/// The name of a run, in keys, trial commands and `--json` events.
+fn variant_name(fixed: bool) -> &'static str {
+    if fixed { "fixed" } else { "broken" }
+}
+
 // ───────────────────────────── the workers ─────────────────────────────
 
 /// One worker's script.
@@ -166,7 +235,8 @@ pub enum Script {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Holder {
     pub key: String,
-    /// The list of `+name` / `-name` entries: who held the lock, in Redis's order.
+    /// The list of `+name` / `-name` entries the holders write: who believed they held the
+    /// lock, in the order Redis received the entries.
     pub holders: String,
     pub acquire: Acquire,
     pub release: Release,
@@ -235,7 +305,7 @@ fn note_holder(redis: &mut Connection, list: &str, entry: String) -> Result<()> 
 /// The worker script.
 pub fn work(role: &Role) -> Result<()> {
     let me = Emitter::new(&role.name);
-    match &role.script {
+    let result = match &role.script {
         Script::Racer {
             prefix,
             spread_us,
@@ -252,7 +322,8 @@ pub fn work(role: &Role) -> Result<()> {
             Duration::from_millis(*ttl_ms),
         ),
         Script::Holder(holder) => hold(&me, &role.redis_url, holder),
-    }
+    };
+    result.map_err(|err| flatten_redis_error(err, &role.redis_url))
 }
 
 /// A racer: one attempt per `trial` command, reported as one (unshown) `trial` event.
@@ -279,7 +350,7 @@ fn race(
             ["quit"] => break,
             _ => bail!("unknown command {line:?}"),
         };
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
         lock.key = format!("{prefix}:{variant}:{trial}:lock");
         let holders = format!("{prefix}:{variant}:{trial}:holders");
 
@@ -463,6 +534,8 @@ impl Tally {
 
 #[derive(Serialize, Debug, Clone)]
 pub struct ScenarioVerdict {
+    #[serde(skip)]
+    pub scenario: Scenario,
     pub name: &'static str,
     pub broken: Tally,
     pub fixed: Tally,
@@ -493,40 +566,24 @@ fn replay(entries: &[String]) -> (usize, Vec<(String, String)>) {
     (most, pairs)
 }
 
-fn lrange(redis: &mut Connection, list: &str) -> Result<Vec<String>> {
+fn lrange(redis: &mut Connection, url: &str, list: &str) -> Result<Vec<String>> {
     redis::cmd("LRANGE")
         .arg(list)
         .arg(0)
         .arg(-1)
         .query(redis)
-        .context("reading the holders list back from Redis")
+        .step(url, "reading the holders list back from Redis")
 }
 
 // ───────────────────────────── the lab ─────────────────────────────
 
 /// `lockslab naive [scenario]`.
 pub fn run(args: &NaiveArgs) -> Result<()> {
-    if args.ttl < Duration::from_millis(100) {
-        crate::bail_usage!(
-            "--ttl {}: use at least 100ms, or process start-up blurs the story",
-            human(args.ttl)
-        );
-    }
-    if args.wait <= args.ttl {
-        crate::bail_usage!(
-            "--wait {} must be longer than --ttl {}: otherwise the fixed runs give up before the lock can lapse",
-            human(args.wait),
-            human(args.ttl)
-        );
-    }
-    if args.work + args.window >= args.ttl {
-        crate::bail_usage!(
-            "--work {} plus --window {} must stay below --ttl {}: a race winner's lock must not expire while it works",
-            short(args.work),
-            short(args.window),
-            human(args.ttl)
-        );
-    }
+    let scenarios = match args.scenario {
+        Some(one) => vec![one],
+        None => Scenario::ALL.to_vec(),
+    };
+    check_flags(args, &scenarios)?;
     let style = Style::detect(args.output.json);
     let servers = servers::provide(&args.servers, &[Backend::Redis])?;
     let lab = Lab {
@@ -542,10 +599,6 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     }
     intro.say("The lock everyone writes first, broken four ways; each bug runs beside its fix.");
 
-    let scenarios = match args.scenario {
-        Some(one) => vec![one],
-        None => Scenario::ALL.to_vec(),
-    };
     let mut verdicts = Vec::new();
     let _on_interrupt = crate::procs::on_interrupt({
         let (redis_url, run_id) = (lab.redis_url.clone(), lab.run_id.clone());
@@ -586,6 +639,48 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     Ok(())
 }
 
+/// Flags that do not fit, checked only for the scenarios that will run: `race` does not
+/// wait for a stuck lock, and the others do not race.
+fn check_flags(args: &NaiveArgs, scenarios: &[Scenario]) -> Result<()> {
+    if args.ttl < Duration::from_millis(100) {
+        crate::bail_usage!(
+            "--ttl {}: use at least 100ms, or process start-up blurs the story",
+            short(args.ttl)
+        );
+    }
+    if scenarios.contains(&Scenario::Race) {
+        for (flag, value) in [("--spread", args.spread), ("--window", args.window)] {
+            if value > LONGEST_RACE_DELAY {
+                crate::bail_usage!(
+                    "{flag} {} is too long for race: use at most {} (each of the {} trials, run twice, lasts about that long)",
+                    human(value),
+                    human(LONGEST_RACE_DELAY),
+                    args.trials
+                );
+            }
+        }
+        if args.work + args.window >= args.ttl {
+            crate::bail_usage!(
+                "--work {} plus --window {} must stay below --ttl {} for race: a winner's lock must not expire while it works",
+                short(args.work),
+                short(args.window),
+                human(args.ttl)
+            );
+        }
+    }
+    let waits_for_lapse = scenarios
+        .iter()
+        .any(|s| matches!(s, Scenario::NoTtl | Scenario::SetnxExpire));
+    if waits_for_lapse && args.wait <= args.ttl {
+        crate::bail_usage!(
+            "--wait {} must be longer than --ttl {} for no-ttl and setnx-expire: otherwise their fixed runs give up before the lock can lapse",
+            short(args.wait),
+            human(args.ttl)
+        );
+    }
+    Ok(())
+}
+
 struct Lab<'a> {
     run_id: String,
     redis_url: String,
@@ -595,7 +690,7 @@ struct Lab<'a> {
 
 impl Lab<'_> {
     fn key(&self, scenario: Scenario, fixed: bool, what: &str) -> String {
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
         format!(
             "lockslab:{}:naive:{}:{variant}:{what}",
             self.run_id,
@@ -608,8 +703,11 @@ impl Lab<'_> {
     }
 
     /// A fresh stage (its clock starts at 0) under a heading naming the lock in play.
+    /// Every event it shows carries `scenario` and `variant`, for `--json` readers.
     fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
-        let stage = Stage::new(self.style);
+        let mut stage = Stage::new(self.style);
+        stage.tag("scenario", scenario.name());
+        stage.tag("variant", variant_name(fixed));
         let (broken, fix) = scenario.broken_and_fix();
         stage.timeline.say("");
         stage.timeline.say(&format!(
@@ -660,13 +758,17 @@ impl Lab<'_> {
     /// Both runs of the race on the same worker processes, then the verdict.
     fn race(&self) -> Result<ScenarioVerdict> {
         let args = self.args;
+        // One stage, one clock for both runs. The start-up below is the broken run's
+        // (it comes first); `race_run` switches the tag when the fixed run begins.
         let mut stage = Stage::new(self.style);
+        stage.tag("scenario", Scenario::Race.name());
+        stage.tag("variant", variant_name(false));
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
             "── race: GET-then-SET (broken) vs SET NX (fixed) ──".bold()
         ));
-        let prefix = format!("lockslab:{}:naive:race", self.run_id);
+        let prefix = self.race_prefix();
         let mut workers = Vec::new();
         for i in 1..=args.workers {
             let name = format!("W{i}");
@@ -684,7 +786,7 @@ impl Lab<'_> {
             workers.push(stage.spawn(&name, &WorkerSpec::Naive(role))?);
         }
         let mut pids = Vec::new();
-        collect(&mut stage, &workers, "ready", |event| {
+        collect(&mut stage, &workers, "ready", SLACK, |event| {
             pids.push(event.get_i64("pid").unwrap_or(0));
             Ok(())
         })?;
@@ -729,35 +831,46 @@ impl Lab<'_> {
         fixed: bool,
     ) -> Result<RaceRun> {
         let args = self.args;
-        let variant = if fixed { "fixed" } else { "broken" };
+        let variant = variant_name(fixed);
+        stage.tag("variant", variant);
         let bar = self.style.progress(
             args.trials as u64,
             &format!("  {variant:>6} trials [{{bar:30}}] {{pos}}/{{len}}"),
         );
         stage.timeline.attach_bar(bar);
+        // A trial lasts at most the latest arrival, the window and the work, plus a few
+        // Redis round trips; the slack lets a worker whose Redis stopped answering report
+        // that itself (its commands time out after COMMAND_TIMEOUT).
+        let trial_timeout = args.spread + args.window + args.work + SLACK;
         let started = Instant::now();
-        let mut reports: Vec<Vec<Event>> = Vec::with_capacity(args.trials as usize);
-        for trial in 1..=args.trials {
-            for worker in workers.iter_mut() {
-                worker.tell(&format!("trial {trial} {variant}"))?;
-            }
-            let mut these = Vec::with_capacity(workers.len());
-            collect(stage, workers, "trial", |event| {
-                if event.get_i64("trial") != Some(trial as i64) {
-                    bail!("worker {} answered for the wrong trial", event.worker);
+        let reports = (|| -> Result<Vec<Vec<Event>>> {
+            let mut reports = Vec::with_capacity(args.trials as usize);
+            for trial in 1..=args.trials {
+                for worker in workers.iter_mut() {
+                    worker.tell(&format!("trial {trial} {variant}"))?;
                 }
-                these.push(event.clone());
-                Ok(())
-            })?;
-            reports.push(these);
-            if let Some(bar) = stage.timeline.bar() {
-                bar.inc(1);
+                let mut these = Vec::with_capacity(workers.len());
+                collect(stage, workers, "trial", trial_timeout, |event| {
+                    if event.get_i64("trial") != Some(trial as i64) {
+                        bail!("worker {} answered for the wrong trial", event.worker);
+                    }
+                    these.push(event.clone());
+                    Ok(())
+                })?;
+                reports.push(these);
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.inc(1);
+                }
             }
-        }
+            Ok(reports)
+        })();
+        // Cleared on the error path too, so the error is not printed under a stale bar.
         stage.timeline.clear_bar();
+        let reports = reports?;
         let took = started.elapsed();
 
-        // The verdict: each trial's holders list, read back from Redis.
+        // The verdict: each trial's holders list, the entries the workers wrote to Redis,
+        // read back in Redis's order.
         let mut redis = self.redis()?;
         let mut pipe = redis::pipe();
         for trial in 1..=args.trials {
@@ -768,10 +881,17 @@ impl Lab<'_> {
         }
         let lists: Vec<Vec<String>> = pipe
             .query(&mut redis)
-            .context("reading the holders lists back from Redis")?;
+            .step(&self.redis_url, "reading the holders lists back from Redis")?;
 
         let mut violations = 0;
         let mut clock_overlaps = 0;
+        // Trials where the two witnesses differ: the holders list, and the intervals
+        // stamped with CLOCK_MONOTONIC (which contain the list's: a worker stamps before
+        // its `+` and after its `-`).
+        let mut disagreements = Vec::new();
+        // Trials in which a compare-and-delete found its worker's own value gone: the
+        // release's view of the same overwrite.
+        let mut overwritten = 0;
         let mut believers_total = 0;
         let mut most_at_once = 0;
         let mut holders_per_trial = Vec::with_capacity(lists.len());
@@ -784,8 +904,15 @@ impl Lab<'_> {
                 .iter()
                 .filter(|e| e.get_bool("acquired") == Some(true))
                 .count();
-            if intervals_overlap(these) {
+            let clock_overlap = intervals_overlap(these);
+            if clock_overlap {
                 clock_overlaps += 1;
+            }
+            if clock_overlap != (most >= 2) {
+                disagreements.push(index as u32 + 1);
+            }
+            if these.iter().any(|e| e.get_bool("released") == Some(false)) {
+                overwritten += 1;
             }
             if most >= 2 {
                 violations += 1;
@@ -796,19 +923,24 @@ impl Lab<'_> {
         }
         let trials = args.trials;
         let rate = violations as f64 / trials as f64;
-        let text = if violations == 0 {
+        let lock = if fixed { "SET NX" } else { "GET-then-SET" };
+        let mut text = if violations == 0 {
             format!(
-                "{trials} trials with {} in {}: never two holders at once (the holders lists in Redis agree)",
-                if fixed { "SET NX" } else { "GET-then-SET" },
+                "{trials} trials with {lock} in {}: never two holders at once",
                 human(took)
             )
         } else {
             format!(
-                "{trials} trials with GET-then-SET in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
+                "{trials} trials with {lock} in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
                 human(took),
                 rate * 100.0
             )
         };
+        if overwritten > 0 {
+            text.push_str(&format!(
+                "; in {overwritten} a worker's compare-and-delete found its own value gone"
+            ));
+        }
         let kind = if violations > 0 {
             "violation"
         } else {
@@ -820,8 +952,26 @@ impl Lab<'_> {
                 .with("violations", violations)
                 .with("trials", trials)
                 .with("clock_overlaps", clock_overlaps)
+                .with("overwritten_trials", overwritten)
                 .with("holders_per_trial", holders_per_trial.clone()),
         );
+        if !disagreements.is_empty() {
+            let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
+            stage.record(
+                Event::new(
+                    "lab",
+                    "warning",
+                    format!(
+                        "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
+                         whether two workers held the lock at once; the count follows the holders list",
+                        disagreements.len(),
+                        shown.join(", #"),
+                        if disagreements.len() > 5 { ", …" } else { "" }
+                    ),
+                )
+                .with("disagreeing_trials", disagreements),
+            );
+        }
         let tally = Tally::new(violations, trials)
             .with("rate", (rate * 1000.0).round() / 1000.0)
             .with("clock_overlaps", clock_overlaps)
@@ -849,6 +999,7 @@ impl Lab<'_> {
             _ => Acquire::Setnx,
         };
         let key = self.key(scenario, fixed, "lock");
+        let url = self.redis_url.as_str();
         let mut redis = self.redis()?;
 
         let holder = self.holder(scenario, fixed, acquire, Release::CompareAndDelete);
@@ -867,15 +1018,18 @@ impl Lab<'_> {
             .get("owner")
             .and_then(Value::as_str)
             .map(String::from);
-        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading A's key's PTTL after it took the lock")?;
         stage.record(
             Event::new(
                 "redis",
                 "pttl",
-                if pttl == -1 {
-                    "PTTL → -1: the key exists and has no expiry".to_string()
-                } else {
-                    format!("PTTL → {pttl}ms: the key will expire by itself")
+                match pttl {
+                    -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
+                    -2 => "PTTL → -2: there is no key".to_string(),
+                    ms => format!("PTTL → {ms}ms: the key will expire by itself"),
                 },
             )
             .with("pttl_ms", pttl),
@@ -902,13 +1056,13 @@ impl Lab<'_> {
         stage.timeline.attach_bar(bar);
         let deadline = Instant::now() + args.wait + Duration::from_secs(10);
         let mut last_look = Instant::now() - Duration::from_secs(1);
-        let b_result = loop {
+        let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 if event.kind == "error" {
                     bail!("worker {} failed: {}", event.worker, event.text);
                 }
                 if event.worker == "B" && (event.kind == "acquired" || event.kind == "gave_up") {
-                    break event;
+                    return Ok(event);
                 }
             }
             if Instant::now() > deadline {
@@ -916,14 +1070,23 @@ impl Lab<'_> {
             }
             if last_look.elapsed() >= Duration::from_millis(50) {
                 last_look = Instant::now();
-                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis)?;
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query(&mut redis)
+                    .step(url, "watching A's key's PTTL while B waits")?;
                 if let Some(bar) = stage.timeline.bar() {
                     bar.set_position(killed_at.elapsed().as_millis() as u64);
-                    bar.set_message(format!("B keeps trying; A's key: PTTL {pttl:>5}ms"));
+                    bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
                 }
             }
-        };
+        })();
         stage.timeline.clear_bar();
+        let b_result = b_result?;
+        let b_owner = b_result
+            .data
+            .get("owner")
+            .and_then(Value::as_str)
+            .map(String::from);
 
         // The evidence: who the key names now, and whether it will ever expire.
         let (owner, pttl): (Option<String>, i64) = redis::pipe()
@@ -932,23 +1095,23 @@ impl Lab<'_> {
             .cmd("PTTL")
             .arg(&key)
             .query(&mut redis)
-            .context("reading the lock back from Redis")?;
+            .step(url, "reading the lock back from Redis")?;
         let dead_owner = owner.is_some() && owner == a_owner;
         let since_kill = killed_at.elapsed();
+        let read = format!(
+            "GET → {}, PTTL → {}",
+            whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
+            pttl_text(pttl)
+        );
         let text = if dead_owner {
             format!(
-                "GET → A's value, PTTL → {pttl}: {} after A died the lock still belongs to it{}",
+                "{read}: {} after A died the lock still belongs to it{}",
                 human(since_kill),
                 if pttl == -1 { ", and always will" } else { "" }
             )
         } else {
             format!(
-                "GET → {}, PTTL → {pttl}: A's key expired on its own, {} after A took it",
-                if b_result.kind == "acquired" {
-                    "B's value"
-                } else {
-                    "(nil)"
-                },
+                "{read}: A's key is gone, lapsed with its TTL of {}",
                 human(args.ttl)
             )
         };
@@ -992,6 +1155,7 @@ impl Lab<'_> {
         };
         let key = self.key(scenario, fixed, "lock");
         let holders = self.key(scenario, fixed, "holders");
+        let url = self.redis_url.as_str();
         let mut redis = self.redis()?;
         let long = args.ttl + Duration::from_secs(10);
         let holder = self.holder(scenario, fixed, Acquire::SetNxPx, release);
@@ -1019,7 +1183,7 @@ impl Lab<'_> {
             .progress(args.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
         stage.timeline.attach_bar(bar);
         let deadline = Instant::now() + long;
-        loop {
+        let lapsed = (|| loop {
             stage.next(Duration::from_millis(10));
             let (owner, pttl): (Option<String>, i64) = redis::pipe()
                 .cmd("GET")
@@ -1027,19 +1191,20 @@ impl Lab<'_> {
                 .cmd("PTTL")
                 .arg(&key)
                 .query(&mut redis)
-                .context("watching the lock in Redis")?;
+                .step(url, "watching A's key in Redis while A works")?;
             if owner != a_owner {
-                break;
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!("A's key did not expire within {}", human(long));
             }
             if let Some(bar) = stage.timeline.bar() {
                 bar.set_position(args.ttl.as_millis() as u64 - pttl.max(0) as u64);
-                bar.set_message(format!("A works; its key: PTTL {pttl:>5}ms"));
+                bar.set_message(format!("A works; its key: PTTL {}", pttl_text(pttl)));
             }
-        }
+        })();
         stage.timeline.clear_bar();
+        lapsed?;
         stage.record(Event::new(
             "redis",
             "expired",
@@ -1059,15 +1224,19 @@ impl Lab<'_> {
 
         a.tell("finish")?;
         stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
-        let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading the lock after A's release")?;
         let b_lost_lock = owner != b_owner;
+        let read = whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]);
         stage.record(Event::new(
             "redis",
             if b_lost_lock { "violation" } else { "kept" },
             if b_lost_lock {
-                "GET → (nil): A's DEL removed B's lock, and B is still working"
+                format!("GET → {read}: A's DEL removed B's lock, and B is still working")
             } else {
-                "GET → B's value: A's release left B's lock alone; B keeps it"
+                format!("GET → {read}: A's release left B's lock alone; B keeps it")
             },
         ));
 
@@ -1077,7 +1246,10 @@ impl Lab<'_> {
             e.worker == "C" && (e.kind == "acquired" || e.kind == "gave_up")
         })?;
         if c_result.kind == "acquired" {
-            let owner: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis)?;
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut redis)
+                .step(url, "reading the lock after C took it")?;
             let c_owner = c_result.data.get("owner").and_then(Value::as_str);
             if owner.as_deref() == c_owner {
                 stage.record(Event::new(
@@ -1099,11 +1271,11 @@ impl Lab<'_> {
         }
         stage.drain();
 
-        // The verdict: who held the lock together, in Redis's order; and, by the workers'
-        // monotonic stamps, whether the earlier holder's lease had run out by then. A pair
+        // The verdict: who held the lock together, from the entries the workers wrote to
+        // Redis, in Redis's order; and, by the workers' monotonic stamps, whether the earlier holder's lease had run out by then. A pair
         // whose first lease had run out is lab 1's problem (the TTL), the same in both runs;
         // a pair whose first lease still ran means someone deleted a live lock.
-        let list = lrange(&mut redis, &holders)?;
+        let list = lrange(&mut redis, url, &holders)?;
         let (_, pairs) = replay(&list);
         let entered: HashMap<String, u64> = stage
             .log
@@ -1166,6 +1338,7 @@ impl Lab<'_> {
     fn verdict(&self, scenario: Scenario, broken: Tally, fixed: Tally) -> ScenarioVerdict {
         let meaning = meaning(scenario, &broken, &fixed, self.args);
         ScenarioVerdict {
+            scenario,
             name: scenario.name(),
             broken,
             fixed,
@@ -1174,9 +1347,32 @@ impl Lab<'_> {
         }
     }
 
-    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay forever.
+    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay
+    /// forever — and says so in one line if Redis does not let it.
     fn cleanup(&self) {
-        super::forget_redis_keys(&self.redis_url, &self.run_id);
+        let pattern = format!("lockslab:{}:*", self.run_id);
+        let forget = || -> Result<()> {
+            let mut redis = self.redis()?;
+            let keys: Vec<String> = redis::cmd("SCAN")
+                .cursor_arg(0)
+                .arg("MATCH")
+                .arg(&pattern)
+                .clone()
+                .iter(&mut redis)
+                .step(&self.redis_url, "listing the run's keys")?
+                .collect::<redis::RedisResult<_>>()
+                .step(&self.redis_url, "listing the run's keys")?;
+            for chunk in keys.chunks(500) {
+                redis::cmd("DEL")
+                    .arg(chunk)
+                    .query::<i64>(&mut redis)
+                    .step(&self.redis_url, "deleting the run's keys")?;
+            }
+            Ok(())
+        };
+        if let Err(err) = forget() {
+            eprintln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
+        }
     }
 }
 
@@ -1186,15 +1382,16 @@ struct RaceRun {
 }
 
 /// Takes one unshown event of `kind` from every worker, failing with a clear message
-/// if a worker fails, exits, or stays silent.
+/// if a worker fails, exits, or stays silent for `timeout`.
 fn collect(
     stage: &mut Stage,
     workers: &[WorkerHandle],
     kind: &str,
+    timeout: Duration,
     mut take: impl FnMut(&Event) -> Result<()>,
 ) -> Result<()> {
     let mut waiting: Vec<&str> = workers.iter().map(|w| w.name.as_str()).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
             if event.kind == "error" {
@@ -1209,7 +1406,11 @@ fn collect(
             bail!("worker {gone} exited before reporting `{kind}`");
         }
         if Instant::now() > deadline {
-            bail!("no `{kind}` from {} within 10s", waiting.join(", "));
+            bail!(
+                "no `{kind}` from {} within {}",
+                waiting.join(", "),
+                human(timeout)
+            );
         }
     }
     Ok(())
@@ -1230,11 +1431,11 @@ fn intervals_overlap(reports: &[Event]) -> bool {
 /// three workers that held the lock together.
 fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Value {
     let mut shown: Vec<&str> = Vec::new();
-    let mut together: Vec<&str> = pairs
+    // Only asked "is this worker in it?", so repeats do no harm.
+    let together: Vec<&str> = pairs
         .iter()
         .flat_map(|(a, b)| [a.as_str(), b.as_str()])
         .collect();
-    together.dedup();
     let mut by_entry: Vec<&Event> = reports
         .iter()
         .filter(|e| together.contains(&e.worker.as_str()))
@@ -1270,7 +1471,9 @@ fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Va
             let text = if event.get_bool("released") == Some(true) {
                 "done: compare-and-delete finds its own value and deletes the key"
             } else {
-                "done: compare-and-delete finds another worker's value (its own was overwritten); deletes nothing"
+                // The key then holds another worker's value, or none if that worker has
+                // already released: either way, this worker's own value is gone.
+                "done: compare-and-delete finds its own value gone (another worker's SET overwrote it): deletes nothing"
             };
             steps.push((t, worker, "done".into(), text.into()));
         }
@@ -1316,6 +1519,27 @@ fn print_example(stage: &Stage, example: &Value) {
             .dimmed()
         ));
     }
+}
+
+/// PTTL's answer as a learner reads it: -1 and -2 are not durations.
+fn pttl_text(pttl: i64) -> String {
+    match pttl {
+        -1 => "-1 (no expiry)".into(),
+        -2 => "-2 (no key)".into(),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A value read with GET, named by the worker whose owner value it is.
+fn whose(value: Option<&str>, owners: &[(&str, &Option<String>)]) -> String {
+    let Some(value) = value else {
+        return "(nil)".into();
+    };
+    owners
+        .iter()
+        .find(|(_, owner)| owner.as_deref() == Some(value))
+        .map(|(name, _)| format!("{name}'s value"))
+        .unwrap_or_else(|| format!("{value:?}, nobody's here"))
 }
 
 /// A duration as a learner reads it, down to microseconds for the race's small ones.
@@ -1365,13 +1589,14 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, args: &NaiveArgs) 
             };
             let head = if broken.violations > 0 {
                 format!(
-                    "{how}: after {} the key still named it (PTTL {}), and nothing will ever remove it",
+                    "{how}: after {} the key still named it, with PTTL {}, and nothing will ever remove it",
                     human(args.wait),
                     broken
                         .details
                         .get("pttl_ms_after_wait")
-                        .cloned()
-                        .unwrap_or(Value::Null)
+                        .and_then(Value::as_i64)
+                        .map(pttl_text)
+                        .unwrap_or_default()
                 )
             } else {
                 format!("{how}, yet the lock came free, which the bug should not allow")
@@ -1424,14 +1649,10 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
     let rows: Vec<Vec<String>> = verdicts
         .iter()
         .map(|v| {
-            let scenario = Scenario::ALL
-                .into_iter()
-                .find(|s| s.name() == v.name)
-                .unwrap_or(Scenario::Race);
-            let (broken, fix) = scenario.broken_and_fix();
+            let (broken, fix) = v.scenario.broken_and_fix();
             vec![
                 v.name.to_string(),
-                scenario.counted().to_string(),
+                v.scenario.counted().to_string(),
                 broken.to_string(),
                 count(&v.broken, true),
                 fix.to_string(),
@@ -1440,7 +1661,7 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
         })
         .collect();
     println!();
-    println!("{}", "Verdict (counted from what Redis recorded)".bold());
+    println!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
     println!(
         "{}",
         table(
