@@ -243,13 +243,13 @@ impl AnyLock {
         (text, facts)
     }
 
-    /// Takes the lock within `wait`. Ok(None): the wait ran out (or, on etcd, the lock
-    /// call came back after our lease had expired — not a lock).
-    fn acquire(&mut self, wait: Duration, me: &Emitter) -> Result<Option<Grant>> {
+    /// Takes the lock within `wait`. `Ok(Err(why))`: no lock, and why the worker gives up.
+    fn acquire(&mut self, wait: Duration) -> Result<Result<Grant, String>> {
+        let timed_out = || Err(format!("no lock within {}", human(wait)));
         match self {
             AnyLock::Redis { lock, held } => {
                 let Some(got) = lock.acquire_within(wait, None)? else {
-                    return Ok(None);
+                    return Ok(timed_out());
                 };
                 let grant = Grant {
                     token: None,
@@ -261,40 +261,38 @@ impl AnyLock {
                     ),
                 };
                 *held = Some(got);
-                Ok(Some(grant))
+                Ok(Ok(grant))
             }
             AnyLock::Etcd { lock, lease, held } => {
                 let lease_ref = lease.as_ref().expect("granted in open");
-                match lock.acquire_within(lease_ref, wait)? {
+                Ok(match lock.acquire_within(lease_ref, wait)? {
                     Acquired::Held(got) => {
                         let grant = Grant {
                             token: Some(got.token),
                             owner: got.key.clone(),
                             how: format!(
-                                "etcd lock returned key {}; read back: it exists, create revision {} = fencing token, lease TTL left {}s",
-                                got.key,
-                                got.token,
-                                got.ttl_left.as_secs()
+                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} = fencing token",
+                                short_key(&got.key),
+                                got.token
                             ),
                         };
                         *held = Some(got);
-                        Ok(Some(grant))
+                        Ok(grant)
                     }
-                    Acquired::TimedOut => Ok(None),
-                    Acquired::LeaseExpired => {
-                        me.say(
-                            "not_a_lock",
-                            "the lock call returned, but its lease had expired meanwhile: its key is gone, so this is not a lock",
-                        );
-                        Ok(None)
-                    }
-                }
+                    Acquired::TimedOut => timed_out(),
+                    Acquired::LeaseLost { why } => Err(format!(
+                        "its lease was lost while it waited ({why}); its queued key went with it"
+                    )),
+                    Acquired::NotALock { why } => Err(format!(
+                        "the lock call returned, but the read-back says it is not a lock: {why}"
+                    )),
+                })
             }
             AnyLock::Postgres { lock } => {
                 if !lock.acquire_within(wait)? {
-                    return Ok(None);
+                    return Ok(timed_out());
                 }
-                Ok(Some(Grant {
+                Ok(Ok(Grant {
                     token: None,
                     owner: lock.backend_pid.to_string(),
                     how: format!(
@@ -372,14 +370,17 @@ pub fn work(role: &Role) -> Result<()> {
     waiting.data.extend(facts);
     me.send(waiting);
 
-    let Some(grant) = lock.acquire(Duration::from_millis(role.wait_ms), &me)? else {
-        me.say(
-            "gave_up",
-            format!("gave up: no lock within {}ms", role.wait_ms),
-        );
-        let (_, text) = lock.release()?;
-        me.say("released", text);
-        return Ok(());
+    let grant = match lock.acquire(Duration::from_millis(role.wait_ms))? {
+        Ok(grant) => grant,
+        Err(why) => {
+            me.send(
+                me.event("gave_up", format!("gives up: {why}"))
+                    .with("why", why),
+            );
+            let (_, text) = lock.release()?;
+            me.say("released", text);
+            return Ok(());
+        }
     };
     me.send(
         me.event("acquired", grant.how)
@@ -685,7 +686,7 @@ struct Lane {
 /// The lab's own view into the backends, to ask who holds a lock.
 struct Observer {
     redis: redis::Connection,
-    etcd_url: String,
+    etcd: EtcdLock,
     postgres: postgres::Client,
 }
 
@@ -697,9 +698,7 @@ impl Observer {
                 .arg(lock)
                 .query(&mut self.redis)
                 .context("Redis: GET")?,
-            Kind::Etcd => EtcdLock::connect(&self.etcd_url, lock)?
-                .current_holder()?
-                .map(|(key, _)| key),
+            Kind::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
             Kind::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
                 .0
                 .map(|pid| pid.to_string()),
@@ -728,7 +727,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
     }
     let mut observer = Observer {
         redis: connect::redis(&urls.redis)?,
-        etcd_url: urls.etcd.clone(),
+        etcd: EtcdLock::connect(&urls.etcd, "")?,
         postgres: connect::postgres(&urls.postgres)?,
     };
     let label = match scenario {
@@ -889,6 +888,14 @@ fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan) {
             human(elapsed),
             human(plan.pause)
         ));
+    }
+}
+
+/// An etcd lock key for the timeline: the run's long prefix cut down to `…:<scenario>:etcd/<lease>`.
+fn short_key(key: &str) -> String {
+    match key.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
+        [tail, scenario, _] => format!("…:{scenario}:{tail}"),
+        _ => key.to_string(),
     }
 }
 
