@@ -114,6 +114,15 @@ pub enum Scenario {
     Freeze,
 }
 
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Kill => "kill",
+            Scenario::Freeze => "freeze",
+        }
+    }
+}
+
 /// One worker's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
@@ -709,6 +718,7 @@ impl Observer {
 fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Result<Vec<Cell>> {
     let mut stage = Stage::new(plan.style);
     stage.timeline.set_lane_width(15);
+    stage.tag("scenario", scenario.name());
     stage.timeline.say("");
     stage.timeline.say(&format!(
         "{}",
@@ -730,10 +740,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         etcd: EtcdLock::connect(&urls.etcd, "")?,
         postgres: connect::postgres(&urls.postgres)?,
     };
-    let label = match scenario {
-        Scenario::Kill => "kill",
-        Scenario::Freeze => "freeze",
-    };
+    let label = scenario.name();
     let role = |kind: Kind, job: Job| {
         let who = if matches!(job, Job::Waiter) {
             "waiter"
@@ -787,30 +794,42 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         });
     }
 
-    let deadline = Instant::now() + plan.longest_wait() + Duration::from_secs(10);
-    let mut seen_errors = 0;
+    // Workers wait up to the longest wait for their lock; the lab gives them 10s more.
+    let limit = plan.longest_wait() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
+    let mut seen = 0;
     while !lanes.iter().all(|lane| lane.done(&stage)) {
         if Instant::now() > deadline {
             bail!(
                 "the {label} scenario did not finish within {}",
-                human(plan.longest_wait())
+                human(limit)
             );
         }
         // Show everything that has arrived before the lab acts, so the timeline stays in order.
         if stage.next(Duration::from_millis(10)).is_some() {
-            while stage.next(Duration::ZERO).is_some() {}
+            catch_up(&mut stage);
         }
-        if let Some(error) = stage
-            .log
-            .iter()
-            .skip(seen_errors)
-            .find(|e| e.kind == "error")
-        {
-            bail!("worker {} failed: {}", error.worker, error.text);
+        // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
+        for event in stage.log.iter().skip(seen) {
+            match event.kind.as_str() {
+                "error" => bail!("worker {} failed: {}", event.worker, event.text),
+                "gave_up" => bail!("worker {} {}", event.worker, event.text),
+                _ => {}
+            }
         }
-        seen_errors = stage.log.len();
+        seen = stage.log.len();
+        for lane in &lanes {
+            for name in [&lane.holder_name, &lane.waiter_name] {
+                if stage.has_exited(name) && stage.saw(name, "acquired").is_none() {
+                    bail!(
+                        "worker {name} exited before it took the lock (its error, if any, is above)"
+                    );
+                }
+            }
+        }
         for lane in &mut lanes {
             lane.step(&mut stage, plan, scenario, &role, &mut observer)?;
+            lane.reap_exited(&stage);
         }
         if scenario == Scenario::Freeze {
             freeze_bar(&mut stage, &lanes, plan);
@@ -852,11 +871,16 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                     format!("{}: the stale write's outcome is unknown", lane.kind.name()),
                 ),
             };
-            stage.record(Event::new("store", kind, text));
+            stage.record(Event::new("store", kind, text).with("backend", lane.kind.name()));
         }
         cells.push(cell);
     }
     Ok(cells)
+}
+
+/// Shows the events that have already arrived, so that what the lab records next comes after them.
+fn catch_up(stage: &mut Stage) {
+    while stage.next(Duration::ZERO).is_some() {}
 }
 
 /// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
@@ -904,6 +928,19 @@ fn token_text(token: Option<i64>) -> String {
 }
 
 impl Lane {
+    /// Reaps the workers that have exited (their event stream ended), so that none stays a
+    /// zombie until the scenario ends. A killed holder was reaped by `kill` already.
+    fn reap_exited(&mut self, stage: &Stage) {
+        if stage.has_exited(&self.holder_name) {
+            self.holder.finish(Duration::from_secs(1));
+        }
+        if let Some(waiter) = self.waiter.as_mut()
+            && stage.has_exited(&self.waiter_name)
+        {
+            waiter.finish(Duration::from_secs(1));
+        }
+    }
+
     fn done(&self, stage: &Stage) -> bool {
         let holder_gone = self.struck.is_some() && stage.has_exited(&self.holder_name);
         let waiter_gone = self.waiter.is_some() && stage.has_exited(&self.waiter_name);
@@ -971,7 +1008,12 @@ impl Lane {
                     ),
                 ),
             };
-            stage.record(Event::new("lab", kind, text).with("target", self.holder_name.clone()));
+            catch_up(stage);
+            stage.record(
+                Event::new("lab", kind, text)
+                    .with("target", self.holder_name.clone())
+                    .with("backend", self.kind.name()),
+            );
             self.struck = Some((Instant::now(), last_t(stage)));
             match scenario {
                 Scenario::Kill => self.holder.kill(),
@@ -995,6 +1037,8 @@ impl Lane {
                 return Ok(());
             }
             let holder = observer.holder(self.kind, &self.lock_name)?;
+            // Events that arrived during the question come first, and may name the owner.
+            catch_up(stage);
             let holder_owner = owner_of(stage, &self.holder_name);
             let waiter_owner = owner_of(stage, &self.waiter_name);
             let (who, text) = match &holder {
@@ -1017,9 +1061,11 @@ impl Lane {
                         self.kind.name()
                     ),
                 )
-                .with("holder", who),
+                .with("holder", who)
+                .with("backend", self.kind.name()),
             );
             self.backend_saw = Some(who.to_string());
+            catch_up(stage);
             stage.record(
                 Event::new(
                     "lab",
@@ -1030,22 +1076,21 @@ impl Lane {
                         human(struck_at.elapsed())
                     ),
                 )
-                .with("target", self.holder_name.clone()),
+                .with("target", self.holder_name.clone())
+                .with("backend", self.kind.name()),
             );
             self.resumed_t = Some(last_t(stage));
             self.holder.resume()?;
             return Ok(());
         }
 
-        // 4. The old holder is gone and the waiter has written (or given up): let it finish.
+        // 4. The old holder is gone and the waiter has written: let it finish.
         let holder_gone = stage.has_exited(&self.holder_name);
-        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some()
-            || stage.saw(&self.waiter_name, "gave_up").is_some();
+        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some();
         if holder_gone && waiter_ready && !self.told_finish {
             self.told_finish = true;
             if let Some(waiter) = self.waiter.as_mut() {
-                // A waiter that gave up has exited already; nothing to tell.
-                let _ = waiter.tell("finish");
+                waiter.tell("finish")?;
             }
         }
         Ok(())
@@ -1269,10 +1314,7 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     let rows: Vec<Vec<String>> = cells
         .iter()
         .map(|cell| {
-            let scenario = match cell.scenario {
-                Scenario::Kill => "kill",
-                Scenario::Freeze => "freeze",
-            };
+            let scenario = cell.scenario.name();
             let two = if cell.two_holders {
                 "YES".red().bold().to_string()
             } else {
@@ -1302,10 +1344,7 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     println!("{}", table(&header, &rows));
     println!();
     for cell in cells {
-        let scenario = match cell.scenario {
-            Scenario::Kill => "kill",
-            Scenario::Freeze => "freeze",
-        };
+        let scenario = cell.scenario.name();
         println!(
             "  {} {}",
             format!("{} / {scenario}:", cell.backend).bold(),
