@@ -483,7 +483,10 @@ pub struct Cell {
 /// What the matrix prints beside the JSON fields.
 #[derive(Debug, Clone, Default)]
 struct Detail {
+    /// The handover the options predict, short, for the matrix…
     expected: String,
+    /// …and where it comes from, for the sentence below it.
+    expected_why: String,
     stale_attempted: bool,
     holder_token: Option<i64>,
     waiter_token: Option<i64>,
@@ -599,23 +602,40 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     Ok(())
 }
 
+/// A flag's value as the user most likely typed it: `0s`, `2s`, `1500ms`.
+fn typed(value: Duration) -> String {
+    if value.subsec_nanos() == 0 {
+        format!("{}s", value.as_secs())
+    } else {
+        human(value)
+    }
+}
+
 fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if args.redis_ttl < Duration::from_millis(100) {
         crate::bail_usage!(
             "--redis-ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
-            human(args.redis_ttl)
+            typed(args.redis_ttl)
         );
     }
     if args.lease < Duration::from_secs(1) || args.lease.subsec_nanos() != 0 {
         crate::bail_usage!(
             "--lease {}: etcd grants leases in whole seconds; use e.g. 1s or 2s",
-            human(args.lease)
+            typed(args.lease)
         );
     }
     if args.work < Duration::from_millis(200) {
         crate::bail_usage!(
             "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
-            human(args.work)
+            typed(args.work)
+        );
+    }
+    if let Some(pause) = args.pause
+        && pause < Duration::from_millis(100)
+    {
+        crate::bail_usage!(
+            "--pause {}: use at least 100ms; a freeze shorter than that shows nothing",
+            typed(pause)
         );
     }
     if let Some(t) = args.pg_timeout
@@ -623,7 +643,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     {
         crate::bail_usage!(
             "--pg-timeout {}: use at least 300ms; the holder pings its session every third of it",
-            human(t)
+            typed(t)
         );
     }
     let longest = [
@@ -806,9 +826,8 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
             );
         }
         // Show everything that has arrived before the lab acts, so the timeline stays in order.
-        if stage.next(Duration::from_millis(10)).is_some() {
-            catch_up(&mut stage);
-        }
+        stage.next(Duration::from_millis(10));
+        catch_up(&mut stage);
         // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
         for event in stage.log.iter().skip(seen) {
             match event.kind.as_str() {
@@ -879,8 +898,18 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
 }
 
 /// Shows the events that have already arrived, so that what the lab records next comes after them.
+///
+/// `Stage::next` answers None both when nothing is waiting and when it consumed a worker's
+/// end of stream; there is at most one of those per worker (six per scenario), so seven
+/// Nones in a row mean the queue is empty.
 fn catch_up(stage: &mut Stage) {
-    while stage.next(Duration::ZERO).is_some() {}
+    let mut nones = 0;
+    while nones < 7 {
+        match stage.next(Duration::ZERO) {
+            Some(_) => nones = 0,
+            None => nones += 1,
+        }
+    }
 }
 
 /// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
@@ -980,8 +1009,9 @@ impl Lane {
             }
             if stage.saw(&self.waiter_name, "waiting").is_none() {
                 if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
-                    bail!(
-                        "{} was not waiting for the lock before {} finished its work; try a longer --work",
+                    crate::bail_usage!(
+                        "--work {}: {} was not waiting for the lock before {} finished its work; try a longer --work",
+                        typed(plan.work),
                         self.waiter_name,
                         self.holder_name
                     );
@@ -1138,6 +1168,7 @@ impl Lane {
         };
         let fencing_token =
             !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
+        let (expected, expected_why) = self.expected(stage, plan, scenario);
         Cell {
             backend: self.kind.name(),
             scenario,
@@ -1146,7 +1177,8 @@ impl Lane {
             stale_write_accepted,
             fencing_token,
             detail: Detail {
-                expected: self.expected(stage, plan, scenario),
+                expected,
+                expected_why,
                 stale_attempted,
                 holder_token: holder_index.and_then(|h| read.attempts[h].token),
                 waiter_token: waiter_index.and_then(|w| read.attempts[w].token),
@@ -1154,11 +1186,13 @@ impl Lane {
         }
     }
 
-    /// The handover the options predict.
-    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> String {
-        let held_ms = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
-            (Some((_, strike)), Some(acquired)) => strike.saturating_sub(acquired.t_ms),
-            _ => 0,
+    /// The handover the options predict: a short figure, and where it comes from.
+    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> (String, String) {
+        let held = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
+            (Some((_, strike)), Some(acquired)) => {
+                Duration::from_millis(strike.saturating_sub(acquired.t_ms))
+            }
+            _ => Duration::ZERO,
         };
         let lease = stage
             .saw(&self.holder_name, "waiting")
@@ -1167,44 +1201,37 @@ impl Lane {
             .unwrap_or(plan.lease);
         // The earliest moment the backend could free a frozen holder's lock by itself.
         let earliest = match (self.kind, plan.pg_timeout) {
-            (Kind::Redis, _) => plan
-                .redis_ttl
-                .saturating_sub(Duration::from_millis(held_ms)),
+            (Kind::Redis, _) => plan.redis_ttl.saturating_sub(held),
             (Kind::Etcd, _) => lease * 2 / 3,
             (Kind::Postgres, Some(t)) => t * 2 / 3,
             (Kind::Postgres, None) => Duration::MAX,
         };
         if scenario == Scenario::Freeze && plan.pause < earliest {
-            return format!(
-                "> {} (the pause ends first; the holder wakes and releases)",
-                human(plan.pause)
+            return (
+                format!("> {}", human(plan.pause)),
+                "the pause ends first; the holder wakes and releases".into(),
             );
         }
         match self.kind {
-            Kind::Redis => {
-                let left = plan
-                    .redis_ttl
-                    .saturating_sub(Duration::from_millis(held_ms));
+            Kind::Redis => (
+                format!("≈ {}", human(plan.redis_ttl.saturating_sub(held))),
+                format!("TTL {} − {} held", human(plan.redis_ttl), human(held)),
+            ),
+            Kind::Etcd => (
                 format!(
-                    "≈ {} (TTL {} − {} held)",
-                    human(left),
-                    human(plan.redis_ttl),
-                    human(Duration::from_millis(held_ms))
-                )
-            }
-            Kind::Etcd => {
-                format!(
-                    "{}–{} (⅔–1 lease TTL, + etcd's 0.5s expiry sweep)",
+                    "{}–{}",
                     human(lease * 2 / 3),
                     human(lease + Duration::from_millis(500))
-                )
-            }
+                ),
+                "⅔–1 lease TTL, + etcd's 0.5s expiry sweep".into(),
+            ),
             Kind::Postgres => match (scenario, plan.pg_timeout) {
-                (Scenario::Kill, _) => "at once (the session ends with the process)".into(),
-                (Scenario::Freeze, Some(t)) => format!(
-                    "{}–{} (⅔–1 idle_session_timeout)",
-                    human(t * 2 / 3),
-                    human(t)
+                (Scenario::Kill, _) => {
+                    ("at once".into(), "the session ends with the process".into())
+                }
+                (Scenario::Freeze, Some(t)) => (
+                    format!("{}–{}", human(t * 2 / 3), human(t)),
+                    "⅔–1 idle_session_timeout".into(),
                 ),
                 (Scenario::Freeze, None) => unreachable!("returned above"),
             },
@@ -1233,6 +1260,10 @@ impl Cell {
             .handover_ms
             .map(|ms| human(Duration::from_millis(ms)))
             .unwrap_or("never".into());
+        let handover = format!(
+            "{handover} (expected {}: {})",
+            self.detail.expected, self.detail.expected_why
+        );
         let why_handover = match (self.backend, self.scenario) {
             ("redis", _) => "Redis gave the lock away only when the key's TTL ran out",
             ("etcd", _) => {
@@ -1305,11 +1336,11 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     let header = [
         "backend",
         "scenario",
-        "next holder after",
+        "next holder",
         "expected",
         "two holders",
         "stale write",
-        "fencing token",
+        "token",
     ];
     let rows: Vec<Vec<String>> = cells
         .iter()
