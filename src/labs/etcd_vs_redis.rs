@@ -1260,8 +1260,8 @@ impl Cell {
             .handover_ms
             .map(|ms| human(Duration::from_millis(ms)))
             .unwrap_or("never".into());
-        let handover = format!(
-            "{handover} (expected {}: {})",
+        let expected = format!(
+            " (expected {}: {})",
             self.detail.expected, self.detail.expected_why
         );
         let why_handover = match (self.backend, self.scenario) {
@@ -1279,7 +1279,7 @@ impl Cell {
         };
         match self.scenario {
             Scenario::Kill => format!(
-                "{why_handover}: the waiter held it {handover} after the kill; {}",
+                "{why_handover}: the waiter held it {handover} after the kill{expected}; {}",
                 if self.fencing_token {
                     format!(
                         "its write carried token {}.",
@@ -1306,7 +1306,7 @@ impl Cell {
                     _ => why_handover.to_string(),
                 };
                 format!(
-                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}, only once the holder woke and let go."
+                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}{expected}, only once the holder woke and let go."
                 )
             }
             Scenario::Freeze => {
@@ -1324,7 +1324,7 @@ impl Cell {
                     (false, _) => "the woken holder's write did not come after the waiter's".to_string(),
                 };
                 format!(
-                    "{why_handover}; after {handover} the waiter held it too — two holders — and {stale}."
+                    "{why_handover}; after {handover}{expected} the waiter held it too — two holders — and {stale}."
                 )
             }
         }
