@@ -187,6 +187,120 @@ fn a_postgres_idle_session_timeout_frees_the_frozen_holders_lock() {
 }
 
 #[test]
+fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
+    // The servers here use a 300ms election timeout, so etcd grants 1s as asked. A live 1s
+    // lease reads TTL 0 from etcd for most of its life: the lock must not take that for
+    // expired (it used to, and no etcd worker ever got the lock).
+    let (lines, verdict, _) = run_json(&[
+        "etcd-vs-redis",
+        "--kill",
+        "--redis-ttl",
+        "3s",
+        "--lease",
+        "1s",
+        "--work",
+        "600ms",
+    ]);
+    for worker in ["etcd:holder", "etcd:waiter"] {
+        let waiting = &events(&lines, worker, "waiting")[0];
+        assert_eq!(waiting["lease_ttl_ms"], 1000, "{waiting}");
+        assert_eq!(events(&lines, worker, "acquired").len(), 1, "{worker}");
+        assert!(events(&lines, worker, "gave_up").is_empty(), "{worker}");
+    }
+    let etcd = handover(cell(&verdict, "etcd", "kill"));
+    let redis = handover(cell(&verdict, "redis", "kill"));
+    assert!(
+        etcd < redis,
+        "a 1s lease beats a 3s TTL: {etcd}ms vs {redis}ms"
+    );
+    assert!(etcd < 2500, "etcd took {etcd}ms with a 1s lease");
+    // Every event says which scenario it belongs to; the lab's own say which backend.
+    for e in lines.iter().filter(|e| e["kind"] != "verdict") {
+        assert_eq!(e["scenario"], "kill", "{e}");
+    }
+    for e in lines
+        .iter()
+        .filter(|e| e["worker"] == "lab" || e["worker"] == "store")
+    {
+        assert!(e["backend"].is_string(), "no backend on {e}");
+    }
+    assert_gone(&worker_pids(&lines));
+}
+
+#[test]
+fn a_waiter_whose_lease_is_revoked_stops_waiting_at_once_and_the_lab_says_why() {
+    // A long work and Redis TTL keep the etcd waiter waiting; the test revokes its lease
+    // behind its back, as etcd would after a lost connection.
+    let mut lab = lockslab(&[
+        "etcd-vs-redis",
+        "--kill",
+        "--json",
+        "--work",
+        "10s",
+        "--redis-ttl",
+        "20s",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    let mut revoked_at = None;
+    let mut gave_up = None;
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["kind"] == "waiting" {
+            pids.push(event["pid"].as_i64().unwrap() as i32);
+        }
+        if event["worker"] == "etcd:waiter" && event["kind"] == "waiting" {
+            let lease = i64::from_str_radix(event["lease"].as_str().unwrap(), 16).unwrap();
+            // Let the waiter queue its lock call first.
+            std::thread::sleep(Duration::from_millis(300));
+            revoke(lease);
+            revoked_at = Some(Instant::now());
+        }
+        if event["worker"] == "etcd:waiter" && event["kind"] == "gave_up" {
+            gave_up = Some((revoked_at.expect("revoked first").elapsed(), event));
+            break;
+        }
+    }
+    let (after, event) = gave_up.expect("the waiter gave up");
+    // The heartbeat renews every 666ms: it learns of the loss within about that, and the
+    // lock call is raced against it (it used to block for up to 4s more).
+    assert!(
+        after < Duration::from_secs(3),
+        "gave up {after:?} after the revoke"
+    );
+    let why = event["text"].as_str().unwrap();
+    assert!(why.contains("lease was lost"), "{why}");
+    assert!(!why.contains("no lock within"), "{why}");
+
+    let output = lab.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("etcd:waiter") && stderr.contains("lease was lost"),
+        "the lab stops with the worker's own reason: {stderr}"
+    );
+    assert_eq!(pids.len(), 6, "{pids:?}");
+    assert_gone(&pids);
+}
+
+fn revoke(lease: i64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([servers().etcd.as_str()], None)
+            .await
+            .unwrap();
+        client.lease_revoke(lease).await.unwrap();
+    });
+}
+
+#[test]
 fn human_output_shows_the_timeline_and_the_matrix_without_colour() {
     let text = run_human(&[
         "etcd-vs-redis",
@@ -201,7 +315,7 @@ fn human_output_shows_the_timeline_and_the_matrix_without_colour() {
         "etcd:waiter",
         "postgres:waiter",
         "SIGKILL",
-        "next holder after",
+        "next holder",
         "expected",
         "fencing token",
         "etcd / kill:",
@@ -264,6 +378,32 @@ fn bad_options_name_the_flag() {
         stderr.contains("--redis-ttl") && stderr.contains("no unit"),
         "{stderr}"
     );
+
+    for (args, flag, says) in [
+        (&["--lease", "0s"][..], "--lease 0s", "whole seconds"),
+        (&["--pause", "0s"][..], "--pause 0s", "at least 100ms"),
+        (&["--work", "100ms"][..], "--work", "at least 200ms"),
+        (
+            &["--pg-timeout", "100ms"][..],
+            "--pg-timeout",
+            "at least 300ms",
+        ),
+        (
+            &["--redis-ttl", "10ms"][..],
+            "--redis-ttl",
+            "at least 100ms",
+        ),
+    ] {
+        let output = lockslab(&[&["etcd-vs-redis"][..], args].concat())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+    }
 
     let output = lockslab(&["etcd-vs-redis", "--help"]).output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout);

@@ -114,6 +114,15 @@ pub enum Scenario {
     Freeze,
 }
 
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Kill => "kill",
+            Scenario::Freeze => "freeze",
+        }
+    }
+}
+
 /// One worker's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
@@ -243,13 +252,13 @@ impl AnyLock {
         (text, facts)
     }
 
-    /// Takes the lock within `wait`. Ok(None): the wait ran out (or, on etcd, the lock
-    /// call came back after our lease had expired — not a lock).
-    fn acquire(&mut self, wait: Duration, me: &Emitter) -> Result<Option<Grant>> {
+    /// Takes the lock within `wait`. `Ok(Err(why))`: no lock, and why the worker gives up.
+    fn acquire(&mut self, wait: Duration) -> Result<Result<Grant, String>> {
+        let timed_out = || Err(format!("no lock within {}", human(wait)));
         match self {
             AnyLock::Redis { lock, held } => {
                 let Some(got) = lock.acquire_within(wait, None)? else {
-                    return Ok(None);
+                    return Ok(timed_out());
                 };
                 let grant = Grant {
                     token: None,
@@ -261,40 +270,38 @@ impl AnyLock {
                     ),
                 };
                 *held = Some(got);
-                Ok(Some(grant))
+                Ok(Ok(grant))
             }
             AnyLock::Etcd { lock, lease, held } => {
                 let lease_ref = lease.as_ref().expect("granted in open");
-                match lock.acquire_within(lease_ref, wait)? {
+                Ok(match lock.acquire_within(lease_ref, wait)? {
                     Acquired::Held(got) => {
                         let grant = Grant {
                             token: Some(got.token),
                             owner: got.key.clone(),
                             how: format!(
-                                "etcd lock returned key {}; read back: it exists, create revision {} = fencing token, lease TTL left {}s",
-                                got.key,
-                                got.token,
-                                got.ttl_left.as_secs()
+                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} = fencing token",
+                                short_key(&got.key),
+                                got.token
                             ),
                         };
                         *held = Some(got);
-                        Ok(Some(grant))
+                        Ok(grant)
                     }
-                    Acquired::TimedOut => Ok(None),
-                    Acquired::LeaseExpired => {
-                        me.say(
-                            "not_a_lock",
-                            "the lock call returned, but its lease had expired meanwhile: its key is gone, so this is not a lock",
-                        );
-                        Ok(None)
-                    }
-                }
+                    Acquired::TimedOut => timed_out(),
+                    Acquired::LeaseLost { why } => Err(format!(
+                        "its lease was lost while it waited ({why}); its queued key went with it"
+                    )),
+                    Acquired::NotALock { why } => Err(format!(
+                        "the lock call returned, but the read-back says it is not a lock: {why}"
+                    )),
+                })
             }
             AnyLock::Postgres { lock } => {
                 if !lock.acquire_within(wait)? {
-                    return Ok(None);
+                    return Ok(timed_out());
                 }
-                Ok(Some(Grant {
+                Ok(Ok(Grant {
                     token: None,
                     owner: lock.backend_pid.to_string(),
                     how: format!(
@@ -372,14 +379,17 @@ pub fn work(role: &Role) -> Result<()> {
     waiting.data.extend(facts);
     me.send(waiting);
 
-    let Some(grant) = lock.acquire(Duration::from_millis(role.wait_ms), &me)? else {
-        me.say(
-            "gave_up",
-            format!("gave up: no lock within {}ms", role.wait_ms),
-        );
-        let (_, text) = lock.release()?;
-        me.say("released", text);
-        return Ok(());
+    let grant = match lock.acquire(Duration::from_millis(role.wait_ms))? {
+        Ok(grant) => grant,
+        Err(why) => {
+            me.send(
+                me.event("gave_up", format!("gives up: {why}"))
+                    .with("why", why),
+            );
+            let (_, text) = lock.release()?;
+            me.say("released", text);
+            return Ok(());
+        }
     };
     me.send(
         me.event("acquired", grant.how)
@@ -473,7 +483,10 @@ pub struct Cell {
 /// What the matrix prints beside the JSON fields.
 #[derive(Debug, Clone, Default)]
 struct Detail {
+    /// The handover the options predict, short, for the matrix…
     expected: String,
+    /// …and where it comes from, for the sentence below it.
+    expected_why: String,
     stale_attempted: bool,
     holder_token: Option<i64>,
     waiter_token: Option<i64>,
@@ -589,23 +602,40 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     Ok(())
 }
 
+/// A flag's value as the user most likely typed it: `0s`, `2s`, `1500ms`.
+fn typed(value: Duration) -> String {
+    if value.subsec_nanos() == 0 {
+        format!("{}s", value.as_secs())
+    } else {
+        human(value)
+    }
+}
+
 fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if args.redis_ttl < Duration::from_millis(100) {
         crate::bail_usage!(
             "--redis-ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
-            human(args.redis_ttl)
+            typed(args.redis_ttl)
         );
     }
     if args.lease < Duration::from_secs(1) || args.lease.subsec_nanos() != 0 {
         crate::bail_usage!(
             "--lease {}: etcd grants leases in whole seconds; use e.g. 1s or 2s",
-            human(args.lease)
+            typed(args.lease)
         );
     }
     if args.work < Duration::from_millis(200) {
         crate::bail_usage!(
             "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
-            human(args.work)
+            typed(args.work)
+        );
+    }
+    if let Some(pause) = args.pause
+        && pause < Duration::from_millis(100)
+    {
+        crate::bail_usage!(
+            "--pause {}: use at least 100ms; a freeze shorter than that shows nothing",
+            typed(pause)
         );
     }
     if let Some(t) = args.pg_timeout
@@ -613,7 +643,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     {
         crate::bail_usage!(
             "--pg-timeout {}: use at least 300ms; the holder pings its session every third of it",
-            human(t)
+            typed(t)
         );
     }
     let longest = [
@@ -685,7 +715,7 @@ struct Lane {
 /// The lab's own view into the backends, to ask who holds a lock.
 struct Observer {
     redis: redis::Connection,
-    etcd_url: String,
+    etcd: EtcdLock,
     postgres: postgres::Client,
 }
 
@@ -697,9 +727,7 @@ impl Observer {
                 .arg(lock)
                 .query(&mut self.redis)
                 .context("Redis: GET")?,
-            Kind::Etcd => EtcdLock::connect(&self.etcd_url, lock)?
-                .current_holder()?
-                .map(|(key, _)| key),
+            Kind::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
             Kind::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
                 .0
                 .map(|pid| pid.to_string()),
@@ -710,6 +738,7 @@ impl Observer {
 fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Result<Vec<Cell>> {
     let mut stage = Stage::new(plan.style);
     stage.timeline.set_lane_width(15);
+    stage.tag("scenario", scenario.name());
     stage.timeline.say("");
     stage.timeline.say(&format!(
         "{}",
@@ -728,13 +757,10 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
     }
     let mut observer = Observer {
         redis: connect::redis(&urls.redis)?,
-        etcd_url: urls.etcd.clone(),
+        etcd: EtcdLock::connect(&urls.etcd, "")?,
         postgres: connect::postgres(&urls.postgres)?,
     };
-    let label = match scenario {
-        Scenario::Kill => "kill",
-        Scenario::Freeze => "freeze",
-    };
+    let label = scenario.name();
     let role = |kind: Kind, job: Job| {
         let who = if matches!(job, Job::Waiter) {
             "waiter"
@@ -788,30 +814,41 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         });
     }
 
-    let deadline = Instant::now() + plan.longest_wait() + Duration::from_secs(10);
-    let mut seen_errors = 0;
+    // Workers wait up to the longest wait for their lock; the lab gives them 10s more.
+    let limit = plan.longest_wait() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
+    let mut seen = 0;
     while !lanes.iter().all(|lane| lane.done(&stage)) {
         if Instant::now() > deadline {
             bail!(
                 "the {label} scenario did not finish within {}",
-                human(plan.longest_wait())
+                human(limit)
             );
         }
         // Show everything that has arrived before the lab acts, so the timeline stays in order.
-        if stage.next(Duration::from_millis(10)).is_some() {
-            while stage.next(Duration::ZERO).is_some() {}
+        stage.next(Duration::from_millis(10));
+        catch_up(&mut stage);
+        // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
+        for event in stage.log.iter().skip(seen) {
+            match event.kind.as_str() {
+                "error" => bail!("worker {} failed: {}", event.worker, event.text),
+                "gave_up" => bail!("worker {} {}", event.worker, event.text),
+                _ => {}
+            }
         }
-        if let Some(error) = stage
-            .log
-            .iter()
-            .skip(seen_errors)
-            .find(|e| e.kind == "error")
-        {
-            bail!("worker {} failed: {}", error.worker, error.text);
+        seen = stage.log.len();
+        for lane in &lanes {
+            for name in [&lane.holder_name, &lane.waiter_name] {
+                if stage.has_exited(name) && stage.saw(name, "acquired").is_none() {
+                    bail!(
+                        "worker {name} exited before it took the lock (its error, if any, is above)"
+                    );
+                }
+            }
         }
-        seen_errors = stage.log.len();
         for lane in &mut lanes {
             lane.step(&mut stage, plan, scenario, &role, &mut observer)?;
+            lane.reap_exited(&stage);
         }
         if scenario == Scenario::Freeze {
             freeze_bar(&mut stage, &lanes, plan);
@@ -853,11 +890,26 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                     format!("{}: the stale write's outcome is unknown", lane.kind.name()),
                 ),
             };
-            stage.record(Event::new("store", kind, text));
+            stage.record(Event::new("store", kind, text).with("backend", lane.kind.name()));
         }
         cells.push(cell);
     }
     Ok(cells)
+}
+
+/// Shows the events that have already arrived, so that what the lab records next comes after them.
+///
+/// `Stage::next` answers None both when nothing is waiting and when it consumed a worker's
+/// end of stream; there is at most one of those per worker (six per scenario), so seven
+/// Nones in a row mean the queue is empty.
+fn catch_up(stage: &mut Stage) {
+    let mut nones = 0;
+    while nones < 7 {
+        match stage.next(Duration::ZERO) {
+            Some(_) => nones = 0,
+            None => nones += 1,
+        }
+    }
 }
 
 /// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
@@ -892,11 +944,32 @@ fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan) {
     }
 }
 
+/// An etcd lock key for the timeline: the run's long prefix cut down to `…:<scenario>:etcd/<lease>`.
+fn short_key(key: &str) -> String {
+    match key.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
+        [tail, scenario, _] => format!("…:{scenario}:{tail}"),
+        _ => key.to_string(),
+    }
+}
+
 fn token_text(token: Option<i64>) -> String {
     token.map(|t| t.to_string()).unwrap_or("none".into())
 }
 
 impl Lane {
+    /// Reaps the workers that have exited (their event stream ended), so that none stays a
+    /// zombie until the scenario ends. A killed holder was reaped by `kill` already.
+    fn reap_exited(&mut self, stage: &Stage) {
+        if stage.has_exited(&self.holder_name) {
+            self.holder.finish(Duration::from_secs(1));
+        }
+        if let Some(waiter) = self.waiter.as_mut()
+            && stage.has_exited(&self.waiter_name)
+        {
+            waiter.finish(Duration::from_secs(1));
+        }
+    }
+
     fn done(&self, stage: &Stage) -> bool {
         let holder_gone = self.struck.is_some() && stage.has_exited(&self.holder_name);
         let waiter_gone = self.waiter.is_some() && stage.has_exited(&self.waiter_name);
@@ -936,8 +1009,9 @@ impl Lane {
             }
             if stage.saw(&self.waiter_name, "waiting").is_none() {
                 if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
-                    bail!(
-                        "{} was not waiting for the lock before {} finished its work; try a longer --work",
+                    crate::bail_usage!(
+                        "--work {}: {} was not waiting for the lock before {} finished its work; try a longer --work",
+                        typed(plan.work),
                         self.waiter_name,
                         self.holder_name
                     );
@@ -964,7 +1038,12 @@ impl Lane {
                     ),
                 ),
             };
-            stage.record(Event::new("lab", kind, text).with("target", self.holder_name.clone()));
+            catch_up(stage);
+            stage.record(
+                Event::new("lab", kind, text)
+                    .with("target", self.holder_name.clone())
+                    .with("backend", self.kind.name()),
+            );
             self.struck = Some((Instant::now(), last_t(stage)));
             match scenario {
                 Scenario::Kill => self.holder.kill(),
@@ -988,6 +1067,8 @@ impl Lane {
                 return Ok(());
             }
             let holder = observer.holder(self.kind, &self.lock_name)?;
+            // Events that arrived during the question come first, and may name the owner.
+            catch_up(stage);
             let holder_owner = owner_of(stage, &self.holder_name);
             let waiter_owner = owner_of(stage, &self.waiter_name);
             let (who, text) = match &holder {
@@ -1010,9 +1091,11 @@ impl Lane {
                         self.kind.name()
                     ),
                 )
-                .with("holder", who),
+                .with("holder", who)
+                .with("backend", self.kind.name()),
             );
             self.backend_saw = Some(who.to_string());
+            catch_up(stage);
             stage.record(
                 Event::new(
                     "lab",
@@ -1023,22 +1106,21 @@ impl Lane {
                         human(struck_at.elapsed())
                     ),
                 )
-                .with("target", self.holder_name.clone()),
+                .with("target", self.holder_name.clone())
+                .with("backend", self.kind.name()),
             );
             self.resumed_t = Some(last_t(stage));
             self.holder.resume()?;
             return Ok(());
         }
 
-        // 4. The old holder is gone and the waiter has written (or given up): let it finish.
+        // 4. The old holder is gone and the waiter has written: let it finish.
         let holder_gone = stage.has_exited(&self.holder_name);
-        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some()
-            || stage.saw(&self.waiter_name, "gave_up").is_some();
+        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some();
         if holder_gone && waiter_ready && !self.told_finish {
             self.told_finish = true;
             if let Some(waiter) = self.waiter.as_mut() {
-                // A waiter that gave up has exited already; nothing to tell.
-                let _ = waiter.tell("finish");
+                waiter.tell("finish")?;
             }
         }
         Ok(())
@@ -1086,6 +1168,7 @@ impl Lane {
         };
         let fencing_token =
             !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
+        let (expected, expected_why) = self.expected(stage, plan, scenario);
         Cell {
             backend: self.kind.name(),
             scenario,
@@ -1094,7 +1177,8 @@ impl Lane {
             stale_write_accepted,
             fencing_token,
             detail: Detail {
-                expected: self.expected(stage, plan, scenario),
+                expected,
+                expected_why,
                 stale_attempted,
                 holder_token: holder_index.and_then(|h| read.attempts[h].token),
                 waiter_token: waiter_index.and_then(|w| read.attempts[w].token),
@@ -1102,11 +1186,13 @@ impl Lane {
         }
     }
 
-    /// The handover the options predict.
-    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> String {
-        let held_ms = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
-            (Some((_, strike)), Some(acquired)) => strike.saturating_sub(acquired.t_ms),
-            _ => 0,
+    /// The handover the options predict: a short figure, and where it comes from.
+    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> (String, String) {
+        let held = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
+            (Some((_, strike)), Some(acquired)) => {
+                Duration::from_millis(strike.saturating_sub(acquired.t_ms))
+            }
+            _ => Duration::ZERO,
         };
         let lease = stage
             .saw(&self.holder_name, "waiting")
@@ -1115,44 +1201,37 @@ impl Lane {
             .unwrap_or(plan.lease);
         // The earliest moment the backend could free a frozen holder's lock by itself.
         let earliest = match (self.kind, plan.pg_timeout) {
-            (Kind::Redis, _) => plan
-                .redis_ttl
-                .saturating_sub(Duration::from_millis(held_ms)),
+            (Kind::Redis, _) => plan.redis_ttl.saturating_sub(held),
             (Kind::Etcd, _) => lease * 2 / 3,
             (Kind::Postgres, Some(t)) => t * 2 / 3,
             (Kind::Postgres, None) => Duration::MAX,
         };
         if scenario == Scenario::Freeze && plan.pause < earliest {
-            return format!(
-                "> {} (the pause ends first; the holder wakes and releases)",
-                human(plan.pause)
+            return (
+                format!("> {}", human(plan.pause)),
+                "the pause ends first; the holder wakes and releases".into(),
             );
         }
         match self.kind {
-            Kind::Redis => {
-                let left = plan
-                    .redis_ttl
-                    .saturating_sub(Duration::from_millis(held_ms));
+            Kind::Redis => (
+                format!("≈ {}", human(plan.redis_ttl.saturating_sub(held))),
+                format!("TTL {} − {} held", human(plan.redis_ttl), human(held)),
+            ),
+            Kind::Etcd => (
                 format!(
-                    "≈ {} (TTL {} − {} held)",
-                    human(left),
-                    human(plan.redis_ttl),
-                    human(Duration::from_millis(held_ms))
-                )
-            }
-            Kind::Etcd => {
-                format!(
-                    "{}–{} (⅔–1 lease TTL, + etcd's 0.5s expiry sweep)",
+                    "{}–{}",
                     human(lease * 2 / 3),
                     human(lease + Duration::from_millis(500))
-                )
-            }
+                ),
+                "⅔–1 lease TTL, + etcd's 0.5s expiry sweep".into(),
+            ),
             Kind::Postgres => match (scenario, plan.pg_timeout) {
-                (Scenario::Kill, _) => "at once (the session ends with the process)".into(),
-                (Scenario::Freeze, Some(t)) => format!(
-                    "{}–{} (⅔–1 idle_session_timeout)",
-                    human(t * 2 / 3),
-                    human(t)
+                (Scenario::Kill, _) => {
+                    ("at once".into(), "the session ends with the process".into())
+                }
+                (Scenario::Freeze, Some(t)) => (
+                    format!("{}–{}", human(t * 2 / 3), human(t)),
+                    "⅔–1 idle_session_timeout".into(),
                 ),
                 (Scenario::Freeze, None) => unreachable!("returned above"),
             },
@@ -1181,6 +1260,10 @@ impl Cell {
             .handover_ms
             .map(|ms| human(Duration::from_millis(ms)))
             .unwrap_or("never".into());
+        let expected = format!(
+            " (expected {}: {})",
+            self.detail.expected, self.detail.expected_why
+        );
         let why_handover = match (self.backend, self.scenario) {
             ("redis", _) => "Redis gave the lock away only when the key's TTL ran out",
             ("etcd", _) => {
@@ -1196,7 +1279,7 @@ impl Cell {
         };
         match self.scenario {
             Scenario::Kill => format!(
-                "{why_handover}: the waiter held it {handover} after the kill; {}",
+                "{why_handover}: the waiter held it {handover} after the kill{expected}; {}",
                 if self.fencing_token {
                     format!(
                         "its write carried token {}.",
@@ -1223,7 +1306,7 @@ impl Cell {
                     _ => why_handover.to_string(),
                 };
                 format!(
-                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}, only once the holder woke and let go."
+                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}{expected}, only once the holder woke and let go."
                 )
             }
             Scenario::Freeze => {
@@ -1241,7 +1324,7 @@ impl Cell {
                     (false, _) => "the woken holder's write did not come after the waiter's".to_string(),
                 };
                 format!(
-                    "{why_handover}; after {handover} the waiter held it too — two holders — and {stale}."
+                    "{why_handover}; after {handover}{expected} the waiter held it too — two holders — and {stale}."
                 )
             }
         }
@@ -1253,19 +1336,16 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     let header = [
         "backend",
         "scenario",
-        "next holder after",
+        "next holder",
         "expected",
         "two holders",
         "stale write",
-        "fencing token",
+        "token",
     ];
     let rows: Vec<Vec<String>> = cells
         .iter()
         .map(|cell| {
-            let scenario = match cell.scenario {
-                Scenario::Kill => "kill",
-                Scenario::Freeze => "freeze",
-            };
+            let scenario = cell.scenario.name();
             let two = if cell.two_holders {
                 "YES".red().bold().to_string()
             } else {
@@ -1295,10 +1375,7 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     println!("{}", table(&header, &rows));
     println!();
     for cell in cells {
-        let scenario = match cell.scenario {
-            Scenario::Kill => "kill",
-            Scenario::Freeze => "freeze",
-        };
+        let scenario = cell.scenario.name();
         println!(
             "  {} {}",
             format!("{} / {scenario}:", cell.backend).bold(),

@@ -14,37 +14,37 @@
 //! revision of its one, totally ordered history, and the lock key's create revision is a
 //! number that grows from holder to holder — a fencing token for free.
 //!
-//! Three traps this file handles, each commented where it happens:
+//! The traps this file handles, each commented where it happens:
 //! - a lock call can return *after* the caller's lease expired: it is not a lock;
-//! - the heartbeat can fail or get `TTL 0` back: the lock is gone, say so;
+//! - the lease's TTL reads in whole seconds rounded down: a live lease can read 0;
+//! - a lock call cancelled and called again can have its key deleted under it;
+//! - the heartbeat can get `TTL 0` back (the lock is gone, say so), or a late answer
+//!   (not yet a loss: keep trying until the lease would have run out);
 //! - the lock response carries two revisions, and only one of them is a safe token.
 //!
 //! etcd-client is async; [`EtcdLock`] owns a small single-threaded tokio runtime and offers
 //! blocking methods, so the lab's code reads like the Redis and Postgres locks beside it.
 
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use etcd_client::{Client, GetOptions, LockOptions, SortOrder, SortTarget};
+use etcd_client::{Client, ConnectOptions, GetOptions, LockOptions, SortOrder, SortTarget};
 use tokio::runtime::Runtime;
 
-use crate::connect;
-
-/// How long one lock call may wait before we re-check the clock and call again. It stays
-/// below the client's request timeout ([`connect::COMMAND_TIMEOUT`]), which would otherwise
-/// end a long wait with an error.
-const LOCK_CALL_LIMIT: Duration = Duration::from_secs(4);
+use crate::connect::{self, Backend};
 
 /// What the heartbeat reports.
 #[derive(Clone, Debug)]
 pub enum Beat {
     /// etcd renewed the lease for another `ttl` seconds.
     Renewed { ttl: i64 },
-    /// The lease cannot be vouched for any more: it expired (etcd answered TTL 0), or the
-    /// heartbeat got no answer, or an error. Whatever this client locked with it is gone.
+    /// The lease cannot be vouched for any more: etcd answered that it has expired, or no
+    /// renewal got through before the last one ran out. Whatever this client locked with it
+    /// is gone.
     Lost { why: String },
 }
 
@@ -62,6 +62,19 @@ impl Lease {
     pub fn alive(&self) -> bool {
         !self.heartbeat.lost.load(Ordering::SeqCst)
     }
+
+    /// Why the heartbeat gave the lease up, once it has.
+    pub fn lost_why(&self) -> Option<String> {
+        self.heartbeat.why.lock().ok().and_then(|why| why.clone())
+    }
+
+    /// Resolves once the heartbeat has given the lease up: raced against a lock call, so
+    /// that a waiter whose lease is gone stops waiting at once.
+    async fn lost(&self) {
+        while self.alive() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// One acquisition of the lock.
@@ -71,8 +84,6 @@ pub struct Held {
     pub key: String,
     /// The key's create revision: the fencing token (see [`EtcdLock::acquire_within`]).
     pub token: i64,
-    /// How long the lease had left when we checked it, right after the lock call.
-    pub ttl_left: Duration,
 }
 
 /// How a lock attempt ended.
@@ -81,9 +92,16 @@ pub enum Acquired {
     Held(Held),
     /// Nobody released the lock within the wait.
     TimedOut,
-    /// The lock call returned, but our lease had expired by then: the key it would have
-    /// held is gone, and someone else may hold the lock. Not a lock.
-    LeaseExpired,
+    /// Our lease was lost while we waited (the heartbeat gave it up): our queued key went
+    /// with it, so waiting on is pointless. `why` is the heartbeat's reason.
+    LeaseLost {
+        why: String,
+    },
+    /// The lock call returned, but the read-back did not find our key with our lease on it:
+    /// the lease expired meanwhile, and someone else may hold the lock. Not a lock.
+    NotALock {
+        why: String,
+    },
 }
 
 pub struct EtcdLock {
@@ -124,7 +142,7 @@ impl EtcdLock {
             return Err(anyhow!("etcd: granting a lease: {}", granted.error()));
         }
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
-        let heartbeat = Heartbeat::start(self.url.clone(), granted.id(), ttl / 3, on_beat);
+        let heartbeat = Heartbeat::start(self.url.clone(), granted.id(), ttl, on_beat);
         Ok(Lease {
             id: granted.id(),
             ttl,
@@ -138,6 +156,16 @@ impl EtcdLock {
     /// key under `<name>/` created before ours is gone. The holder is the key with the
     /// lowest create revision.
     ///
+    /// ✅ **One lock call per wait.** The call goes out on a client of its own whose request
+    /// timeout covers the whole wait. ❌ Cancelling a waiting call and calling again is a
+    /// trap: etcd (3.4) deletes the cancelled call's key in the background — and a new call
+    /// with the same lease uses the *same key name*, so that late delete can remove the key
+    /// the retry is queued (or already holding the lock) with. Each retry also goes to the
+    /// back of the queue.
+    ///
+    /// ✅ **The call is raced against the heartbeat.** If the lease is lost while we wait,
+    /// our key is gone with it and the call can only end badly: we stop at once and say why.
+    ///
     /// ✅ **The token is the key's create revision**, read back from the key itself. Holders
     /// follow each other in create-revision order (the next holder is always the oldest
     /// remaining key), so it only grows from holder to holder, and it names this acquisition
@@ -149,63 +177,65 @@ impl EtcdLock {
     /// ✅ **A returned lock call is checked before it is trusted.** If our lease expired
     /// while we waited (we were frozen, the heartbeat lost its connection), etcd deleted our
     /// key, yet the waiting call may still return success once the older keys are gone.
-    /// Only the key's presence, with our lease on it, says that we hold the lock.
+    /// Only the key's presence, with our lease on it, says that we hold the lock — and it
+    /// also says the lease was alive when we read it, since etcd deletes a lease's keys
+    /// together with the lease. ❌ Asking for the lease's TTL instead is a trap of its own:
+    /// etcd answers in whole seconds, rounded *down*, so a live 2s lease reads "1", then "0"
+    /// for its last second; only -1 means expired.
     pub fn acquire_within(&mut self, lease: &Lease, wait: Duration) -> Result<Acquired> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return Ok(Acquired::TimedOut);
-            };
-            if !lease.alive() {
-                return Ok(Acquired::LeaseExpired);
+        if let Some(why) = lease.lost_why() {
+            return Ok(Acquired::LeaseLost { why });
+        }
+        let name = self.name.clone();
+        let url = self.url.clone();
+        let waited = self.runtime.block_on(async {
+            // Room for connecting on top of the wait, so the client never ends the call first.
+            let mut waiting = waiting_client(&url, wait + connect::COMMAND_TIMEOUT).await?;
+            let call = waiting.lock(name.as_str(), Some(LockOptions::new().with_lease(lease.id)));
+            anyhow::Ok(tokio::select! {
+                result = call => Waited::Answer(result.context("etcd: lock")?),
+                () = lease.lost() => Waited::LeaseLost,
+                () = tokio::time::sleep(wait) => Waited::TimedOut,
+            })
+        })?;
+        let response = match waited {
+            Waited::Answer(response) => response,
+            Waited::TimedOut => return Ok(Acquired::TimedOut),
+            Waited::LeaseLost => {
+                let why = lease
+                    .lost_why()
+                    .unwrap_or_else(|| "the lease was lost".into());
+                return Ok(Acquired::LeaseLost { why });
             }
-            let call = self.client.lock(
-                self.name.as_str(),
-                Some(LockOptions::new().with_lease(lease.id)),
-            );
-            let answer = self
-                .runtime
-                .block_on(async { tokio::time::timeout(left.min(LOCK_CALL_LIMIT), call).await });
-            let key = match answer {
-                // Still waiting: drop the call (etcd deletes the waiting key) and call again.
-                Err(_elapsed) => continue,
-                Ok(result) => {
-                    let response = result.context("etcd: lock")?;
-                    String::from_utf8_lossy(response.key()).into_owned()
-                }
-            };
-            match self.check(&key, lease.id)? {
-                Some(held) => return Ok(Acquired::Held(held)),
-                None if self.lease_ttl(lease.id)? <= 0 => return Ok(Acquired::LeaseExpired),
-                // Our key went missing while the lease lives on (a cancelled call's clean-up
-                // can delete the key a retry reused): not a lock, but we may try again.
-                None => continue,
+        };
+        let key = String::from_utf8_lossy(response.key()).into_owned();
+        match self.read_back(&key, lease.id)? {
+            Some(token) => Ok(Acquired::Held(Held { key, token })),
+            None => {
+                let why = match self.lease_ttl(lease.id)? {
+                    ttl if ttl < 0 => "etcd has expired its lease, and deleted its key with it",
+                    _ => "its key is gone although the lease lives (someone deleted it)",
+                };
+                Ok(Acquired::NotALock { why: why.into() })
             }
         }
     }
 
-    /// The lock is ours if our key exists with our lease on it; its create revision is the token.
-    fn check(&mut self, key: &str, lease: i64) -> Result<Option<Held>> {
+    /// Our key's create revision — the token — if the key exists with our lease on it.
+    fn read_back(&mut self, key: &str, lease: i64) -> Result<Option<i64>> {
         let found = self
             .runtime
             .block_on(self.client.get(key, None))
             .context("etcd: reading back the lock key")?;
-        let Some(kv) = found.kvs().first().filter(|kv| kv.lease() == lease) else {
-            return Ok(None);
-        };
-        let token = kv.create_revision();
-        let ttl = self.lease_ttl(lease)?;
-        if ttl <= 0 {
-            return Ok(None);
-        }
-        Ok(Some(Held {
-            key: key.to_string(),
-            token,
-            ttl_left: Duration::from_secs(ttl as u64),
-        }))
+        Ok(found
+            .kvs()
+            .first()
+            .filter(|kv| kv.lease() == lease)
+            .map(|kv| kv.create_revision()))
     }
 
-    /// The lease's remaining TTL in seconds as etcd sees it; -1 once it has expired.
+    /// The lease's remaining TTL as etcd reports it: whole seconds, rounded **down** (a live
+    /// lease with 0.9s left reads 0); -1 once it has expired or does not exist.
     pub fn lease_ttl(&mut self, lease: i64) -> Result<i64> {
         let answer = self
             .runtime
@@ -229,16 +259,16 @@ impl EtcdLock {
         Ok(self.runtime.block_on(self.client.lease_revoke(id)).is_ok())
     }
 
-    /// Who holds the lock now, as etcd says: the key under `<name>/` with the lowest create
-    /// revision, and that revision. What a bystander (the lab) looks at.
-    pub fn current_holder(&mut self) -> Result<Option<(String, i64)>> {
+    /// Who holds the lock `name` now, as etcd says: the key under `<name>/` with the lowest
+    /// create revision, and that revision. What a bystander (the lab) looks at.
+    pub fn holder_of(&mut self, name: &str) -> Result<Option<(String, i64)>> {
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let found = self
             .runtime
-            .block_on(self.client.get(format!("{}/", self.name), Some(options)))
+            .block_on(self.client.get(format!("{name}/"), Some(options)))
             .context("etcd: reading the lock's keys")?;
         Ok(found.kvs().first().map(|kv| {
             (
@@ -256,6 +286,24 @@ impl EtcdLock {
     }
 }
 
+/// How the one lock call of a wait ended.
+enum Waited {
+    Answer(etcd_client::LockResponse),
+    LeaseLost,
+    TimedOut,
+}
+
+/// A client for one lock call: its request timeout is `timeout`, not the usual few seconds,
+/// because the call waits, by design, as long as the current holder holds the lock.
+async fn waiting_client(url: &str, timeout: Duration) -> Result<Client> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(connect::CONNECT_TIMEOUT)
+        .with_timeout(timeout);
+    Client::connect([url], Some(options))
+        .await
+        .map_err(|err| Backend::Etcd.unreachable(url, err))
+}
+
 /// The keepalive loop, on its own thread with its own runtime and connection.
 ///
 /// Its own thread, because the worker's main thread is busy with the work (or blocked in a
@@ -265,6 +313,7 @@ impl EtcdLock {
 struct Heartbeat {
     stop: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
+    why: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -272,24 +321,29 @@ impl Heartbeat {
     fn start(
         url: String,
         lease: i64,
-        every: Duration,
+        ttl: Duration,
         mut on_beat: impl FnMut(Beat) + Send + 'static,
     ) -> Heartbeat {
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicBool::new(false));
-        let (stop_flag, lost_flag) = (stop.clone(), lost.clone());
+        let why = Arc::new(Mutex::new(None));
+        let (stop_flag, lost_flag, why_slot) = (stop.clone(), lost.clone(), why.clone());
         let thread = thread::spawn(move || {
-            let why = match keep_alive(&url, lease, every, &stop_flag, &mut on_beat) {
+            let why = match keep_alive(&url, lease, ttl, &stop_flag, &mut on_beat) {
                 Ok(None) => return,
                 Ok(Some(why)) => why,
                 Err(err) => format!("{err:#}"),
             };
+            if let Ok(mut slot) = why_slot.lock() {
+                *slot = Some(why.clone());
+            }
             lost_flag.store(true, Ordering::SeqCst);
             on_beat(Beat::Lost { why });
         });
         Heartbeat {
             stop,
             lost,
+            why,
             thread: Some(thread),
         }
     }
@@ -312,60 +366,136 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Renews `lease` every `every` until told to stop (Ok(None)) or the lease is lost (the reason).
+/// After a failed renewal, how soon the heartbeat tries again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// Renews `lease` every TTL/3 until told to stop (Ok(None)) or the lease is lost (the reason).
+///
+/// ✅ **One late or failed keepalive is not a loss.** etcd keeps the lease for a full TTL
+/// after the last renewal it granted, so the heartbeat keeps trying — reopening the stream
+/// if it broke — until then, less a small margin, and only then gives the lock up. ❌ Giving
+/// up at the first slow answer throws a healthy lock away; trying on past the deadline
+/// claims a lock that etcd may already have deleted. One answer ends it at once: etcd's
+/// own word that the lease has expired (TTL 0).
 fn keep_alive(
     url: &str,
     lease: i64,
-    every: Duration,
+    ttl: Duration,
     stop: &AtomicBool,
     on_beat: &mut impl FnMut(Beat),
 ) -> Result<Option<String>> {
+    let every = ttl / 3;
+    let margin = (ttl / 10).max(Duration::from_millis(100));
+    // Counted from just after the grant: a little late, which the margin covers.
+    let mut renewed = Instant::now();
     let runtime = connect::etcd_runtime()?;
     runtime.block_on(async {
         let mut client = connect::etcd(url).await?;
-        // Opening the stream sends the first keepalive; it fails if the lease is gone.
-        let (mut keeper, mut answers) = client
-            .lease_keep_alive(lease)
-            .await
-            .context("etcd: opening the keepalive stream")?;
-        let mut last = Instant::now();
+        let mut stream = None;
+        let mut last_try = Instant::now();
+        let mut failing: Option<String> = None;
         loop {
-            // Told to stop while a renewal is overdue (the process was just paused), the
+            let vouched_until = renewed + ttl - margin;
+            let due = last_try.elapsed()
+                >= if failing.is_some() {
+                    RETRY_AFTER
+                } else {
+                    every
+                };
+            // Told to stop while a renewal is due (the process was just paused), the
             // heartbeat makes that one last renewal first: its answer says whether the lease
             // was still alive, and a loss must not go unreported because a release came first.
-            let overdue = last.elapsed() >= every;
-            if stop.load(Ordering::SeqCst) && !overdue {
+            if stop.load(Ordering::SeqCst) && !due {
                 return Ok(None);
             }
-            if !overdue {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            if !due {
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
-            last = Instant::now();
-            keeper
-                .keep_alive()
+            last_try = Instant::now();
+            // Within the vouched time, an attempt may not run past it; after it (we were
+            // frozen), only etcd's answer can tell, so give that answer a fair chance.
+            let limit = match vouched_until.checked_duration_since(last_try) {
+                Some(left) => left.min(every).max(Duration::from_millis(20)),
+                None => every,
+            };
+            let attempt = renew(&mut client, &mut stream, lease, ttl.as_secs() as i64);
+            let outcome = tokio::time::timeout(limit, attempt)
                 .await
-                .context("etcd: sending a keepalive")?;
-            match tokio::time::timeout(every, answers.message()).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
-                    on_beat(Beat::Renewed { ttl: answer.ttl() })
+                .unwrap_or_else(|_| {
+                    Err(anyhow!(
+                        "no keepalive answer within {}ms",
+                        limit.as_millis()
+                    ))
+                });
+            match outcome {
+                Ok(Renewal::Renewed(seconds)) => {
+                    renewed = last_try;
+                    failing = None;
+                    on_beat(Beat::Renewed { ttl: seconds });
                 }
                 // ❗ An "empty" answer is not a renewal: TTL 0 means etcd has expired the
                 // lease, and every key attached to it — our lock — is already deleted.
-                Ok(Ok(Some(_))) => {
+                Ok(Renewal::Expired) => {
                     return Ok(Some(
                         "etcd answered the keepalive with TTL 0: the lease has expired".into(),
                     ));
                 }
-                Ok(Ok(None)) => return Ok(Some("the keepalive stream was closed".into())),
-                Ok(Err(err)) => return Ok(Some(format!("the keepalive failed: {err}"))),
-                Err(_) => {
-                    return Ok(Some(format!(
-                        "no keepalive answer within {}ms: the lease may expire unseen",
-                        every.as_millis()
-                    )));
+                Err(err) => {
+                    stream = None;
+                    if Instant::now() >= vouched_until {
+                        return Ok(Some(format!(
+                            "no renewal for {}ms, close to the {}s lease TTL (last try: {err:#})",
+                            renewed.elapsed().as_millis(),
+                            ttl.as_secs()
+                        )));
+                    }
+                    if stop.load(Ordering::SeqCst) {
+                        return Ok(None);
+                    }
+                    failing = Some(format!("{err:#}"));
                 }
             }
         }
     })
+}
+
+enum Renewal {
+    Renewed(i64),
+    Expired,
+}
+
+/// One keepalive: on the open stream, or on a new one if there is none (opening a stream
+/// sends a keepalive and reads its answer).
+async fn renew(
+    client: &mut Client,
+    stream: &mut Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
+    lease: i64,
+    granted: i64,
+) -> Result<Renewal> {
+    let Some((keeper, answers)) = stream.as_mut() else {
+        return match client.lease_keep_alive(lease).await {
+            Ok(opened) => {
+                *stream = Some(opened);
+                Ok(Renewal::Renewed(granted))
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(why)) if why.contains("not found") => {
+                Ok(Renewal::Expired)
+            }
+            Err(err) => Err(err).context("etcd: opening the keepalive stream"),
+        };
+    };
+    keeper
+        .keep_alive()
+        .await
+        .context("etcd: sending a keepalive")?;
+    match answers
+        .message()
+        .await
+        .context("etcd: the keepalive answer")?
+    {
+        Some(answer) if answer.ttl() > 0 => Ok(Renewal::Renewed(answer.ttl())),
+        Some(_) => Ok(Renewal::Expired),
+        None => Err(anyhow!("the keepalive stream was closed")),
+    }
 }
