@@ -11,12 +11,19 @@
 //!
 //! The row lock taken by `FOR UPDATE` belongs to the claiming transaction, and the
 //! transaction belongs to the worker's connection. That is the whole trick: when a worker
-//! dies, the kernel closes its socket, Postgres rolls its transaction back and the row is
-//! free again within milliseconds — no TTL, no lease, no guess. When a worker merely
-//! *pauses* (SIGSTOP), its socket stays open and so does its lock: nobody else processes
-//! its job, and nothing is done twice. If a paused worker should not hold a job forever,
-//! `idle_in_transaction_session_timeout` lets Postgres end the session; the sleeper's
-//! commit then fails when it wakes, and still nothing is done twice.
+//! *process* dies, its kernel closes its socket, Postgres sees the connection end, rolls
+//! the transaction back, and the row is free again within milliseconds — no TTL to wait
+//! out. When a worker merely *pauses* (SIGSTOP), its socket stays open and so does its
+//! lock: nobody else processes its job, and nothing is done twice.
+//!
+//! The fast release needs a kernel that survives to close the socket. When the worker's
+//! whole *machine* dies (power loss, kernel panic) or the network between them breaks, no
+//! FIN or RST is ever sent: Postgres sees an open connection that says nothing — exactly
+//! the paused worker of round 3, not the killed one of round 2 — and keeps the lock until
+//! a timeout notices: TCP keepalives (Linux's defaults declare a silent peer dead after
+//! about 2 h 11 min) or `idle_in_transaction_session_timeout`. That timeout (`--idle-timeout`)
+//! is the lab's answer to a paused worker too: Postgres ends the session, the sleeper's
+//! first statement after waking fails, and still nothing is done twice.
 //!
 //! A run has up to three rounds per mode, each on a fresh batch of jobs:
 //! 1. the queue — every worker drains the batch, nothing breaks; this round's speed is
@@ -171,8 +178,10 @@ const CREATE_PROCESSING: &str = "
 /// ✅ skip-locked. Inside a transaction, lock the first pending row **that nobody else has
 /// locked**, skipping the locked ones instead of waiting for them. Two workers can never
 /// get the same row, and none ever waits for another. The lock lasts until COMMIT or
-/// ROLLBACK — and a dead connection is a ROLLBACK — so a crashed worker's job is free
-/// again at once, while a paused worker keeps its job for as long as its connection lives.
+/// ROLLBACK — and a closed connection is a ROLLBACK — so a killed worker's job is free
+/// again at once (its kernel closes the socket), while a paused worker, or one on a machine
+/// that vanished without closing anything, keeps its job for as long as Postgres believes
+/// its connection lives.
 ///
 /// (The CTE makes `clock_timestamp()` run after the row is locked, not before.)
 const CLAIM_SKIP_LOCKED: &str = "
