@@ -78,6 +78,20 @@ fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
     assert_eq!(m["lost"], 0, "{m}");
     assert!(m["jobs_per_s"].as_f64().unwrap() > 0.0, "{m}");
 
+    // Round 1's counts name every worker, including any that processed nothing.
+    let per_worker = lab_event(&lines, "round")["per_worker"]
+        .as_object()
+        .expect("per_worker")
+        .clone();
+    let mut names: Vec<&str> = per_worker.keys().map(String::as_str).collect();
+    names.sort_by_key(|w| w[1..].parse::<u32>().unwrap());
+    assert_eq!(
+        names,
+        ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10"]
+    );
+    let total: i64 = per_worker.values().map(|n| n.as_i64().unwrap()).sum();
+    assert_eq!(total, 150, "{per_worker:?}");
+
     // The killed worker's job was claimed again by someone else, and processed exactly once.
     let killed = lab_event(&lines, "killed");
     let job = killed["job"].as_i64().unwrap();

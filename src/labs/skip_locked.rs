@@ -687,6 +687,7 @@ impl Play<'_> {
             db,
             queue: &self.queue,
             style: self.style,
+            workers: args.workers,
             dead: Vec::new(),
             next_id: 1,
         };
@@ -1055,6 +1056,8 @@ struct Round<'a> {
     db: &'a mut Client,
     queue: &'a Queue,
     style: Style,
+    /// How many workers the mode started (w1…wN).
+    workers: u32,
     /// Workers that are gone: a naive job they marked 'running' stays that way.
     dead: Vec<String>,
     next_id: i64,
@@ -1188,20 +1191,24 @@ impl Round<'_> {
         } else {
             0.0
         };
-        let mut per_worker = BTreeMap::new();
+        // Every worker, including those that processed nothing: a 0 is what starvation
+        // looks like (for-update), and leaving it out would hide it.
+        let names: Vec<String> = (1..=self.workers).map(|i| format!("w{i}")).collect();
+        let mut per_worker: BTreeMap<String, i64> = names.iter().map(|w| (w.clone(), 0)).collect();
         let rows = self.db.query(
             &self.queue.sql(
                 "SELECT p.worker, count(*) FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
-                 WHERE j.round = $1 GROUP BY p.worker ORDER BY length(p.worker), p.worker",
+                 WHERE j.round = $1 GROUP BY p.worker",
             ),
             &[&round],
         )?;
-        let mut listing = Vec::new();
         for row in rows {
-            let (worker, n): (String, i64) = (row.get(0), row.get(1));
-            listing.push(format!("{worker} {n}"));
-            per_worker.insert(worker, n);
+            per_worker.insert(row.get(0), row.get(1));
         }
+        let listing: Vec<String> = names
+            .iter()
+            .map(|w| format!("{w} {}", per_worker[w]))
+            .collect();
         self.record(
             Event::new(
                 "lab",
