@@ -787,7 +787,7 @@ impl Play<'_> {
         }
         round.pump_for(KILL_AFTER, 2, jobs)?;
         let (done_before_kill, _) = round.counts(2)?;
-        round.show_waiters(&self.session(""), "w1", job)?;
+        round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
 
         let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
         victim.kill();
@@ -843,16 +843,31 @@ impl Play<'_> {
 
         let by = round.processed_by(job)?;
         if reclaim.is_none() {
+            let row = round.db.query_one(
+                &self
+                    .queue
+                    .sql("SELECT status, claimed_by FROM {jobs} WHERE id = $1"),
+                &[&job],
+            )?;
+            let (status, claimed_by): (String, Option<String>) = (row.get(0), row.get(1));
+            let holder = claimed_by.as_deref().unwrap_or("nobody");
+            let why = if round.dead.iter().any(|w| w == holder) {
+                format!("{holder} is dead, and nothing will ever hand the job back — lost")
+            } else {
+                "nothing handed it back — lost".to_string()
+            };
             round.record(
                 Event::new(
                     "pg",
                     "lost",
                     format!(
-                        "job {job} was never claimed again: its row still says 'running', claimed by \
-                         w1, who is dead. Nothing will ever hand it back — lost"
+                        "job {job} was never claimed again: its row says status '{status}', \
+                         claimed_by {holder}; {why}"
                     ),
                 )
                 .with("job", job)
+                .with("status", status.as_str())
+                .with("claimed_by", claimed_by.clone())
                 .with("times_processed", by.len()),
             );
         }
@@ -954,9 +969,11 @@ impl Play<'_> {
                         "pg",
                         "expired",
                         format!(
-                            "ends {frozen_name}'s session, {} into the freeze: idle in its \
-                             transaction longer than idle_in_transaction_session_timeout ({}); \
-                             job {job} is free again",
+                            "pg_stat_activity no longer lists {frozen_name}'s session, {} into \
+                             the freeze. A stopped process closes nothing, so Postgres ended it: \
+                             idle in its transaction longer than \
+                             idle_in_transaction_session_timeout ({}); its row lock on job {job} \
+                             went with it",
                             human(frozen_at.elapsed()),
                             human(self.args.idle_timeout.unwrap_or_default())
                         ),
@@ -992,7 +1009,7 @@ impl Play<'_> {
             &[&3i32, &job],
         )?;
         let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
-        round.show_waiters(&self.session(""), &frozen_name, job)?;
+        round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
         if !session_gone && watch_session {
             round.show_session(&frozen_name, &session)?;
         }
@@ -1246,35 +1263,52 @@ impl Round<'_> {
             .collect())
     }
 
-    /// How many of this mode's worker sessions (names starting with `prefix`) wait for a lock.
-    fn lock_waiters(&mut self, prefix: &str) -> Result<i64> {
-        Ok(self
-            .db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock'",
-                &[&prefix],
-            )?
-            .get(0))
+    /// How many of this mode's worker sessions (names starting with `prefix`) are blocked
+    /// by the session named `holder`, as `pg_blocking_pids` reports it: (directly, in all).
+    ///
+    /// Only the first waiter on a row waits for the holder itself; the next ones queue for
+    /// the row's tuple lock, which that first waiter holds. So the chain is followed: a
+    /// session blocked by a session blocked by the holder waits for the holder too.
+    fn blocked_by(&mut self, prefix: &str, holder: &str) -> Result<(i64, i64)> {
+        let row = self.db.query_one(
+            "WITH RECURSIVE
+                 holder AS (SELECT pid FROM pg_stat_activity WHERE application_name = $2),
+                 blocked AS (
+                     SELECT pid, pg_blocking_pids(pid) AS by FROM pg_stat_activity
+                     WHERE starts_with(application_name, $1) AND pid NOT IN (SELECT pid FROM holder)
+                 ),
+                 chain (pid, direct) AS (
+                     SELECT b.pid, true FROM blocked b, holder h WHERE h.pid = ANY(b.by)
+                     UNION
+                     SELECT b.pid, false FROM blocked b JOIN chain c ON c.pid = ANY(b.by)
+                 )
+             SELECT count(DISTINCT pid) FILTER (WHERE direct), count(DISTINCT pid) FROM chain",
+            &[&prefix, &holder],
+        )?;
+        Ok((row.get(0), row.get(1)))
     }
 
-    /// Shows how many worker sessions wait for a lock, if any: the queue behind `holder`.
-    fn show_waiters(&mut self, prefix: &str, holder: &str, job: i64) -> Result<()> {
-        let waiting = self.lock_waiters(prefix)?;
-        if waiting > 0 {
+    /// Shows the sessions blocked behind `holder`'s row lock, if any, and returns how many.
+    fn show_blocked(&mut self, prefix: &str, holder: &str, session: &str, job: i64) -> Result<i64> {
+        let (direct, all) = self.blocked_by(prefix, session)?;
+        if all > 0 {
             self.record(
                 Event::new(
                     "pg",
                     "waiting",
                     format!(
-                        "pg_stat_activity: {waiting} sessions are waiting for a lock — the row \
-                         lock {holder} holds on job {job}"
+                        "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
+                         job {job}'s row lock ({direct} waiting for it directly, {} queued \
+                         behind another waiter)",
+                        plural(all, "worker session is", "worker sessions are"),
+                        all - direct
                     ),
                 )
-                .with("waiting", waiting),
+                .with("waiting", all)
+                .with("waiting_directly", direct),
             );
         }
-        Ok(())
+        Ok(all)
     }
 
     /// What Postgres itself says about a worker's session.
@@ -1306,6 +1340,11 @@ impl Round<'_> {
             .record(Event::new("pg", "session", text).with("session_of", worker));
         Ok(())
     }
+}
+
+/// "1 worker session is", "3 worker sessions are": the count and the right form.
+fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn round1(x: f64) -> f64 {
