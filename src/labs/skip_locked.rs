@@ -515,6 +515,10 @@ pub struct ModeVerdict {
 struct Notes {
     frozen_job_taken_while_frozen: Option<i64>,
     others_done_while_frozen: i64,
+    /// Worker sessions blocked behind the frozen one just before the resume (pg_blocking_pids).
+    blocked_at_resume: i64,
+    /// Jobs in the freeze round, the frozen one included.
+    freeze_jobs: u32,
     session_ended: bool,
     commit_failed: bool,
 }
@@ -1009,7 +1013,7 @@ impl Play<'_> {
             &[&3i32, &job],
         )?;
         let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
-        round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
+        let blocked = round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
         if !session_gone && watch_session {
             round.show_session(&frozen_name, &session)?;
         }
@@ -1059,6 +1063,8 @@ impl Play<'_> {
         );
         notes.frozen_job_taken_while_frozen = Some(frozen_job_done);
         notes.others_done_while_frozen = others_done;
+        notes.blocked_at_resume = blocked;
+        notes.freeze_jobs = jobs;
         notes.session_ended = session_gone;
         Ok(())
     }
@@ -1347,6 +1353,34 @@ fn plural(n: i64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// What the other workers did while one was frozen holding a job, from what was measured:
+/// jobs they processed, and sessions `pg_blocking_pids` showed blocked behind it.
+fn around_the_freeze(note: &Notes) -> String {
+    let (done, blocked) = (note.others_done_while_frozen, note.blocked_at_resume);
+    match (done, blocked) {
+        (0, 0) if note.freeze_jobs <= 1 => {
+            "it was the round's only job, so the others had nothing to do.".to_string()
+        }
+        (0, 0) => "the others processed nothing meanwhile, and none was blocked on its lock \
+                   at the resume."
+            .to_string(),
+        (0, _) => format!(
+            "the whole queue stood still behind its row lock: the others processed nothing, \
+             and at the resume {} blocked behind it.",
+            plural(blocked, "worker session was", "worker sessions were")
+        ),
+        (_, 0) => format!(
+            "the others carried on around it ({}).",
+            plural(done, "job", "jobs")
+        ),
+        (_, _) => format!(
+            "the others processed {}, and at the resume {} blocked behind it.",
+            plural(done, "job", "jobs"),
+            plural(blocked, "worker session was", "worker sessions were")
+        ),
+    }
+}
+
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
@@ -1453,13 +1487,9 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
     }
     match note.frozen_job_taken_while_frozen {
         Some(0) if v.mode.transactional() => parts.push(format!(
-            "The frozen worker kept its job for the whole {} pause, and finished it once{}",
+            "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
             human(args.pause),
-            if note.others_done_while_frozen == 0 {
-                "; the whole queue stood still behind its row lock."
-            } else {
-                "; the others carried on around it."
-            }
+            around_the_freeze(note)
         )),
         Some(0) => parts.push(
             "The frozen worker's job stayed 'running' until it woke: no transaction, no timeout, \
