@@ -309,6 +309,26 @@ fn compare_runs_three_modes_and_for_update_is_slower() {
         for_update["jobs_per_s"].as_f64() < skip["jobs_per_s"].as_f64(),
         "{verdict}"
     );
+    // Every event says which mode it belongs to, and the modes share one clock: each mode's
+    // events come after all of the previous mode's.
+    let events = &lines[..lines.len() - 1];
+    let mut last_of_previous = 0;
+    for name in names {
+        let of_mode: Vec<u64> = events
+            .iter()
+            .filter(|e| e["mode"] == name)
+            .map(|e| e["t_ms"].as_u64().unwrap())
+            .collect();
+        assert!(
+            of_mode.iter().all(|&t| t >= last_of_previous),
+            "{name}'s t_ms restarted"
+        );
+        last_of_previous = *of_mode.iter().max().expect("events of every mode");
+    }
+    assert!(
+        events.iter().all(|e| e["mode"].is_string()),
+        "every event has its mode"
+    );
     // In for-update mode the frozen worker's row lock stalls everyone, and Postgres shows it.
     assert!(
         lines

@@ -61,6 +61,9 @@ Examples:
   lockslab skip-locked --fault none --work 0ms --jobs 5000   just the speed
   lockslab skip-locked --json | jq .          events and verdict as JSON Lines
 
+With --json every event carries t_ms (one clock for the whole run, --compare included) and
+mode (skip-locked, naive or for-update): split a --compare stream on mode.
+
 By hand, with psql in two terminals: see labs/03-skip-locked.md.")]
 pub struct SkipLockedArgs {
     /// How workers claim a job
@@ -551,9 +554,13 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     } else {
         vec![args.mode]
     };
+    // One stage, one clock for every mode: with --compare, t_ms keeps growing across the
+    // three, and the `mode` tag tells their events apart.
+    let mut stage = Stage::new(style);
     let mut verdicts = Vec::new();
     let mut notes = Vec::new();
     for mode in modes {
+        stage.tag("mode", mode.name());
         let play = Play {
             args,
             mode,
@@ -562,7 +569,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
             queue: Queue::new(&run_id, mode),
             run_id: &run_id,
         };
-        let (verdict, note) = play.run()?;
+        let (verdict, note) = play.run(&mut stage)?;
         verdicts.push(verdict);
         notes.push(note);
     }
@@ -626,7 +633,7 @@ struct Play<'a> {
 }
 
 impl Play<'_> {
-    fn run(&self) -> Result<(ModeVerdict, Notes)> {
+    fn run(&self, stage: &mut Stage) -> Result<(ModeVerdict, Notes)> {
         let mut db = connect::postgres(self.url)?;
         let create = format!(
             "{}; {}",
@@ -647,15 +654,14 @@ impl Play<'_> {
                 }
             }
         });
-        let result = self.rounds(&mut db);
+        let result = self.rounds(&mut db, stage);
         // The verdict has been read by now (or the run failed): the tables go either way.
         let _ = db.batch_execute(&drop_tables);
         result
     }
 
-    fn rounds(&self, db: &mut Client) -> Result<(ModeVerdict, Notes)> {
+    fn rounds(&self, db: &mut Client, stage: &mut Stage) -> Result<(ModeVerdict, Notes)> {
         let args = self.args;
-        let mut stage = Stage::new(self.style);
         stage.timeline.say("");
         let heading = format!("── {} ──", self.mode.name());
         stage.timeline.say(&format!(
@@ -684,8 +690,7 @@ impl Play<'_> {
             workers.push(stage.spawn(&name, &WorkerSpec::SkipLocked(role))?);
         }
         let mut round = Round {
-            stage: &mut stage,
-            mode: self.mode,
+            stage,
             work: args.work,
             run_id: self.run_id,
             db,
@@ -738,7 +743,7 @@ impl Play<'_> {
             reclaim_ms,
         };
         let once: i64 = row.get("once");
-        round.record(
+        round.stage.record(
             Event::new(
                 "pg",
                 if verdict.duplicates > 0 || verdict.lost > 0 {
@@ -782,7 +787,7 @@ impl Play<'_> {
         let job = round
             .stage
             .wait_for(Duration::from_secs(10), "w1 to claim a job", |e| {
-                e.is("w1", "claimed")
+                e.is("w1", "claimed") && in_mode(e, self.mode)
             })?
             .get_i64("job")
             .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
@@ -801,7 +806,7 @@ impl Play<'_> {
         } else {
             "its job is marked 'running', not done"
         };
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "killed",
@@ -827,7 +832,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
             {
                 let (by, ms): (String, f64) = (row.get(0), row.get(1));
-                round.record(
+                round.stage.record(
                     Event::new(
                         "pg",
                         "reclaimed",
@@ -860,7 +865,7 @@ impl Play<'_> {
             } else {
                 "nothing handed it back — lost".to_string()
             };
-            round.record(
+            round.stage.record(
                 Event::new(
                     "pg",
                     "lost",
@@ -875,7 +880,7 @@ impl Play<'_> {
                 .with("times_processed", by.len()),
             );
         }
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "kill_result",
@@ -919,7 +924,7 @@ impl Play<'_> {
             .wait_for(
                 Duration::from_secs(10),
                 &format!("{frozen_name} to claim a job"),
-                |e| e.is(&frozen_name, "claimed"),
+                |e| e.is(&frozen_name, "claimed") && in_mode(e, self.mode),
             )?
             .get_i64("job")
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
@@ -932,7 +937,7 @@ impl Play<'_> {
             );
         }
         let frozen_at = Instant::now();
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "frozen",
@@ -969,7 +974,7 @@ impl Play<'_> {
                 let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
                 if n == 0 {
                     session_gone = true;
-                    round.record(Event::new(
+                    round.stage.record(Event::new(
                         "pg",
                         "expired",
                         format!(
@@ -988,7 +993,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
             {
                 let by: String = row.get(0);
-                round.record(
+                round.stage.record(
                     Event::new(
                         "pg",
                         "taken_over",
@@ -1019,7 +1024,7 @@ impl Play<'_> {
         }
         let frozen = &mut workers[frozen_index];
         frozen.resume()?;
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "resumed",
@@ -1042,7 +1047,11 @@ impl Play<'_> {
         let outcome = round.stage.wait_for(
             Duration::from_secs(10),
             &format!("{frozen_name} to finish its job"),
-            |e| e.worker == frozen_name && (e.kind == "committed" || e.kind == "commit_failed"),
+            |e| {
+                e.worker == frozen_name
+                    && (e.kind == "committed" || e.kind == "commit_failed")
+                    && in_mode(e, self.mode)
+            },
         )?;
         if outcome.kind == "commit_failed" {
             round.dead.push(frozen_name.clone());
@@ -1050,7 +1059,7 @@ impl Play<'_> {
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "freeze_result",
@@ -1073,7 +1082,6 @@ impl Play<'_> {
 /// The orchestrator's view of one mode's queue while its rounds play.
 struct Round<'a> {
     stage: &'a mut Stage,
-    mode: Mode,
     work: Duration,
     run_id: &'a str,
     db: &'a mut Client,
@@ -1087,11 +1095,6 @@ struct Round<'a> {
 }
 
 impl Round<'_> {
-    /// Shows one of the lab's own events, tagged with the mode (`--compare` runs three).
-    fn record(&mut self, event: Event) {
-        self.stage.record(event.with("mode", self.mode.name()));
-    }
-
     fn fill(&mut self, round: i32, jobs: u32) -> Result<()> {
         let first = self.next_id;
         let last = first + jobs as i64 - 1;
@@ -1232,7 +1235,7 @@ impl Round<'_> {
             .iter()
             .map(|w| format!("{w} {}", per_worker[w]))
             .collect();
-        self.record(
+        self.stage.record(
             Event::new(
                 "lab",
                 "round",
@@ -1298,7 +1301,7 @@ impl Round<'_> {
     fn show_blocked(&mut self, prefix: &str, holder: &str, session: &str, job: i64) -> Result<i64> {
         let (direct, all) = self.blocked_by(prefix, session)?;
         if all > 0 {
-            self.record(
+            self.stage.record(
                 Event::new(
                     "pg",
                     "waiting",
@@ -1346,6 +1349,11 @@ impl Round<'_> {
             .record(Event::new("pg", "session", text).with("session_of", worker));
         Ok(())
     }
+}
+
+/// Whether an event belongs to this mode's play (the stage's log holds every mode's events).
+fn in_mode(event: &Event, mode: Mode) -> bool {
+    event.data.get("mode").and_then(|m| m.as_str()) == Some(mode.name())
 }
 
 /// "1 worker session is", "3 worker sessions are": the count and the right form.
