@@ -390,12 +390,21 @@ fn ctrl_c_while_a_worker_is_frozen_leaves_nothing_behind() {
 
 #[test]
 fn bad_flags_name_the_flag() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["skip-locked", "--idle-timeout", "100ms"],
             "--idle-timeout",
         ),
         (&["skip-locked", "--workers", "2"], "--workers"),
+        // The fault as it is typed, not as Rust spells it.
+        (
+            &["skip-locked", "--workers", "2"],
+            "--fault both needs at least 3",
+        ),
+        (
+            &["skip-locked", "--workers", "0", "--fault", "none"],
+            "--fault none needs at least 1 (someone has to work the queue)",
+        ),
         (
             &["skip-locked", "--mode", "naive", "--compare"],
             "--compare",

@@ -142,6 +142,15 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The name as typed on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Both => "both",
+            Fault::Kill => "kill",
+            Fault::Freeze => "freeze",
+            Fault::None => "none",
+        }
+    }
     fn kill(self) -> bool {
         matches!(self, Fault::Both | Fault::Kill)
     }
@@ -586,16 +595,17 @@ fn check_args(args: &SkipLockedArgs) -> Result<()> {
     if args.jobs == 0 {
         crate::bail_usage!("--jobs 0: the queue needs at least one job");
     }
-    let needed = match (args.fault.kill(), args.fault.freeze()) {
-        (true, true) => 3,
-        (true, false) | (false, true) => 2,
-        (false, false) => 1,
+    let (needed, why) = match args.fault {
+        Fault::Both => (3, "one to kill, one to freeze, one to carry on"),
+        Fault::Kill => (2, "one to kill, one to carry on"),
+        Fault::Freeze => (2, "one to freeze, one to carry on"),
+        Fault::None => (1, "someone has to work the queue"),
     };
     if args.workers < needed {
         crate::bail_usage!(
-            "--workers {}: --fault {:?} needs at least {needed} (one to kill or freeze, others to carry on)",
+            "--workers {}: --fault {} needs at least {needed} ({why})",
             args.workers,
-            args.fault
+            args.fault.name()
         );
     }
     if args.workers > 50 {
