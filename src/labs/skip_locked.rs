@@ -960,7 +960,10 @@ impl Play<'_> {
             .with("job", job),
         );
         let session = self.session(&frozen_name);
-        round.show_session(&frozen_name, &session)?;
+        if self.mode.transactional() {
+            // Seen again just before the resume: the same transaction, open for the pause.
+            round.show_session(&frozen_name, &session)?;
+        }
         for (i, worker) in workers.iter_mut().enumerate() {
             if i != frozen_index && !round.dead.contains(&worker.name) {
                 worker.tell("drain 3")?;
@@ -979,7 +982,7 @@ impl Play<'_> {
         let deadline = frozen_at + pause;
         while Instant::now() < deadline {
             round.pump(Duration::from_millis(20))?;
-            round.show_progress(3, jobs)?;
+            round.show_freeze(3, jobs, &frozen_name, frozen_at, pause)?;
             if watch_session && !session_gone {
                 let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
                 if n == 0 {
@@ -1029,9 +1032,7 @@ impl Play<'_> {
         )?;
         let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
         let blocked = round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
-        if !session_gone && watch_session {
-            round.show_session(&frozen_name, &session)?;
-        }
+        round.show_session(&frozen_name, &session)?;
         let frozen = &mut workers[frozen_index];
         frozen.resume()?;
         round.stage.record(
@@ -1178,6 +1179,33 @@ impl Round<'_> {
             }
         }
         Ok((done, left))
+    }
+
+    /// During a freeze: a countdown of the pause, with the round's jobs done beside it.
+    fn show_freeze(
+        &mut self,
+        round: i32,
+        jobs: u32,
+        frozen: &str,
+        frozen_at: Instant,
+        pause: Duration,
+    ) -> Result<()> {
+        let (done, _) = self.counts(round)?;
+        if self.stage.timeline.bar().is_none() {
+            let bar = self
+                .style
+                .progress(pause.as_millis() as u64, "  ❄ {bar:30} {msg}");
+            self.stage.timeline.attach_bar(bar);
+        }
+        if let Some(bar) = self.stage.timeline.bar() {
+            let elapsed = frozen_at.elapsed().min(pause);
+            bar.set_position(elapsed.as_millis() as u64);
+            bar.set_message(format!(
+                "{frozen} frozen, {:.1}s to go · {done}/{jobs} jobs done",
+                (pause - elapsed).as_secs_f64()
+            ));
+        }
+        Ok(())
     }
 
     /// Shows progress until every job of the round is done (or can never be), calling
