@@ -249,7 +249,7 @@ fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_commit
         "60",
     ]);
     let frozen_job = lab_event(&lines, "frozen")["job"].as_i64().unwrap();
-    let failed = lab_event(&lines, "commit_failed");
+    let failed = lab_event(&lines, "finish_failed");
     assert_eq!(failed["worker"], "w2");
     assert_eq!(failed["job"], frozen_job);
     assert!(

@@ -361,58 +361,8 @@ pub fn work(role: &Role) -> Result<()> {
         match command {
             "drain" => worker.drain(round)?,
             "hold" => {
-                let Some(claim) = worker.claim(round)? else {
-                    bail!("was told to hold a job of round {round}, but none was pending");
-                };
-                let how = match role.mode {
-                    Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
-                    Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
-                    Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
-                };
-                worker.me.send(
-                    worker
-                        .me
-                        .event(
-                            "claimed",
-                            format!("claims job {} ({how}) and works on it…", claim.job),
-                        )
-                        .with("job", claim.job)
-                        .with("pid", std::process::id())
-                        .with("mode", role.mode.name()),
-                );
-                match lines.next() {
-                    Some(Ok(line)) if line.trim() == "commit" => {}
-                    _ => bail!("the lab went away while this worker held job {}", claim.job),
-                }
-                match worker.finish(&claim) {
-                    Ok(()) => worker.me.send(
-                        worker
-                            .me
-                            .event(
-                                "committed",
-                                format!("finishes job {}: recorded and committed", claim.job),
-                            )
-                            .with("job", claim.job)
-                            .with("mode", role.mode.name()),
-                    ),
-                    Err(err) => {
-                        worker.me.send(
-                            worker
-                                .me
-                                .event(
-                                    "commit_failed",
-                                    format!(
-                                        "wakes and tries to finish job {}: Postgres says \"{}\" — nothing recorded",
-                                        claim.job,
-                                        pg_message(&err)
-                                    ),
-                                )
-                                .with("job", claim.job)
-                                .with("mode", role.mode.name()),
-                        );
-                        // Its session is gone; this worker has nothing left to do.
-                        return Ok(());
-                    }
+                if !worker.hold(round, &mut lines)? {
+                    return Ok(()); // Postgres ended the session: nothing left to do
                 }
             }
             "" => {}
@@ -430,6 +380,65 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
+    /// Tells the lab what this worker does with a job: one line on its stdout.
+    fn say(&self, kind: &str, text: String, job: i64) {
+        let event = self.me.event(kind, text).with("job", job);
+        let event = event.with("pid", std::process::id());
+        self.me.send(event.with("mode", self.role.mode.name()));
+    }
+
+    /// Claims one job and says so, waits for the lab's `commit`, then finishes the job.
+    /// False when that failed because Postgres had ended the session meanwhile.
+    fn hold(
+        &mut self,
+        round: i32,
+        commands: &mut impl Iterator<Item = io::Result<String>>,
+    ) -> Result<bool> {
+        let Some(claim) = self.claim(round)? else {
+            bail!("was told to hold a job of round {round}, but none was pending");
+        };
+        let how = match self.role.mode {
+            Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
+            Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
+            Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
+        };
+        let job = claim.job;
+        self.say(
+            "claimed",
+            format!("claims job {job} ({how}) and works on it…"),
+            job,
+        );
+
+        // Frozen or killed here, by the lab, while it holds the job.
+        match commands.next() {
+            Some(Ok(line)) if line.trim() == "commit" => {}
+            _ => bail!("the lab went away while this worker held job {job}"),
+        }
+
+        match self.finish(&claim) {
+            Ok(()) => {
+                self.say(
+                    "committed",
+                    format!("finishes job {job}: recorded and committed"),
+                    job,
+                );
+                Ok(true)
+            }
+            Err(err) => {
+                let why = connect::pg_cause(&err);
+                self.say(
+                    "finish_failed",
+                    format!(
+                        "wakes, and its first statement (the INSERT recording job {job}) fails: \
+                         Postgres says \"{why}\" — nothing recorded"
+                    ),
+                    job,
+                );
+                Ok(false)
+            }
+        }
+    }
+
     /// Claims, works, records, commits — until the round has no pending job left.
     fn drain(&mut self, round: i32) -> Result<()> {
         loop {
@@ -498,11 +507,6 @@ impl Worker<'_> {
     }
 }
 
-/// What Postgres said, for errors that came from it.
-fn pg_message(err: &postgres::Error) -> String {
-    connect::pg_cause(err)
-}
-
 // ─── The orchestrator ─────────────────────────────────────────────────────────────────
 
 /// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
@@ -532,7 +536,7 @@ struct Notes {
     /// Jobs in the freeze round, the frozen one included.
     freeze_jobs: u32,
     session_ended: bool,
-    commit_failed: bool,
+    finish_failed: bool,
 }
 
 /// How long the lab waits after the others start before it kills the victim: long
@@ -912,7 +916,7 @@ impl Play<'_> {
         notes: &mut Notes,
     ) -> Result<()> {
         let pause = self.args.pause;
-        let third = if self.args.fault.kill() {
+        let label = if self.args.fault.kill() {
             "Round 3"
         } else {
             "Round 2"
@@ -920,7 +924,7 @@ impl Play<'_> {
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "{third} — the freeze: {jobs} new jobs; w2 claims one and is frozen for {}",
+                "{label} — the freeze: {jobs} new jobs; w2 claims one and is frozen for {}",
                 human(pause)
             )
             .bold()
@@ -1060,13 +1064,13 @@ impl Play<'_> {
             &format!("{frozen_name} to finish its job"),
             |e| {
                 e.worker == frozen_name
-                    && (e.kind == "committed" || e.kind == "commit_failed")
+                    && (e.kind == "committed" || e.kind == "finish_failed")
                     && in_mode(e, self.mode)
             },
         )?;
-        if outcome.kind == "commit_failed" {
+        if outcome.kind == "finish_failed" {
             round.dead.push(frozen_name.clone());
-            notes.commit_failed = true;
+            notes.finish_failed = true;
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
@@ -1542,7 +1546,7 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
              nothing would have freed it."
                 .to_string(),
         ),
-        Some(_) if note.session_ended && note.commit_failed => parts.push(
+        Some(_) if note.session_ended && note.finish_failed => parts.push(
             "Postgres ended the frozen session, another worker took its job, and the sleeper's \
              commit failed when it woke: still nothing twice."
                 .to_string(),
