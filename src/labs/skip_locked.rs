@@ -26,7 +26,7 @@
 //! first statement after waking fails, and still nothing is done twice.
 //!
 //! A run has up to three rounds per mode, each on a fresh batch of jobs:
-//! 1. the queue — every worker drains the batch, nothing breaks; this round's speed is
+//! 1. the queue — every worker drains the batch, no faults; this round's speed is
 //!    the mode's jobs/s;
 //! 2. the kill — one worker claims a job and is SIGKILLed before it commits;
 //! 3. the freeze — one worker claims a job and is SIGSTOPped for `--pause`.
@@ -64,7 +64,7 @@ Examples:
 With --json every event carries t_ms (one clock for the whole run, --compare included) and
 mode (skip-locked, naive or for-update): split a --compare stream on mode.
 
-By hand, with psql in two terminals: see labs/03-skip-locked.md.")]
+By hand, with psql in three terminals: see labs/03-skip-locked.md.")]
 pub struct SkipLockedArgs {
     /// How workers claim a job
     #[arg(long, value_enum, default_value_t = Mode::SkipLocked, conflicts_with = "compare")]
@@ -716,12 +716,13 @@ impl Play<'_> {
         };
         let mut notes = Notes::default();
 
-        // Round 1: the queue, nothing breaks.
+        // Round 1: the queue, no faults.
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "Round 1 — the queue: {} jobs, {} workers, nothing breaks",
-                args.jobs, args.workers
+                "Round 1 — the queue: {}, {}, no faults",
+                plural(args.jobs.into(), "job", "jobs"),
+                plural(args.workers.into(), "worker", "workers")
             )
             .bold()
         ));
@@ -766,8 +767,10 @@ impl Play<'_> {
                     "exactly_once"
                 },
                 format!(
-                    "the processing table says: {} jobs, {once} exactly once, {} twice or more, {} never",
-                    verdict.jobs, verdict.duplicates, verdict.lost
+                    "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
+                    plural(verdict.jobs, "job", "jobs"),
+                    verdict.duplicates,
+                    verdict.lost
                 ),
             )
             .with("once", once)
@@ -791,7 +794,8 @@ impl Play<'_> {
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "Round 2 — the kill: {jobs} new jobs; w1 claims one and dies before it commits"
+                "Round 2 — the kill: {}; w1 claims one and dies before it commits",
+                plural(jobs.into(), "new job", "new jobs")
             )
             .bold()
         ));
@@ -826,8 +830,9 @@ impl Play<'_> {
                 "killed",
                 format!(
                     "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done \
-                     {done_before_kill} jobs meanwhile",
-                    victim.pid
+                     {} meanwhile",
+                    victim.pid,
+                    plural(done_before_kill, "job", "jobs")
                 ),
             )
             .with("pid", victim.pid)
@@ -924,7 +929,8 @@ impl Play<'_> {
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "{label} — the freeze: {jobs} new jobs; w2 claims one and is frozen for {}",
+                "{label} — the freeze: {}; w2 claims one and is frozen for {}",
+                plural(jobs.into(), "new job", "new jobs"),
                 human(pause)
             )
             .bold()
@@ -1044,9 +1050,10 @@ impl Play<'_> {
                 "lab",
                 "resumed",
                 format!(
-                    "SIGCONT {frozen_name} after {}; meanwhile the others processed {others_done} \
-                     jobs, and job {job} {}",
+                    "SIGCONT {frozen_name} after {}; meanwhile the others processed {}, and \
+                     job {job} {}",
                     human(frozen_at.elapsed()),
+                    plural(others_done, "job", "jobs"),
                     if frozen_job_done == 0 {
                         "not at all".to_string()
                     } else {
@@ -1232,8 +1239,9 @@ impl Round<'_> {
             }
             if started.elapsed() > limit {
                 bail!(
-                    "round {round} did not finish within {}: {left} jobs still to do",
-                    human(limit)
+                    "round {round} did not finish within {}: {} still to do",
+                    human(limit),
+                    plural(left, "job", "jobs")
                 );
             }
         }
@@ -1242,7 +1250,9 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// Reads the round's speed and per-worker counts from the processing table.
+    /// Reads the round's speed and per-worker counts from the processing table. The speed
+    /// runs from the first claim to the last `done_at`, which the processing INSERT stamps
+    /// just before the job is marked done and committed.
     fn summarise_speed(&mut self, round: i32) -> Result<f64> {
         let row = self.db.query_one(
             &self.queue.sql(
@@ -1282,7 +1292,8 @@ impl Round<'_> {
                 "lab",
                 "round",
                 format!(
-                    "{jobs} jobs done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                    "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                    plural(jobs, "job", "jobs"),
                     human(Duration::from_secs_f64(seconds)),
                     listing.join(" · ")
                 ),
@@ -1511,16 +1522,16 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
     }
     if v.duplicates > 0 {
         parts.push(format!(
-            "{} jobs were processed twice or more: workers read the same pending id before any \
-             of them marked it.",
-            v.duplicates
+            "{} processed twice or more: workers read the same pending id before any of \
+             them marked it.",
+            plural(v.duplicates, "job was", "jobs were")
         ));
     }
     if v.lost > 0 {
         parts.push(format!(
-            "{} job(s) never processed: the killed worker's 'running' mark outlives it, and \
+            "{} never processed: the killed worker's 'running' mark outlives it, and \
              only a timeout (a lease, with its TTL guess) could hand it back.",
-            v.lost
+            plural(v.lost, "job was", "jobs were")
         ));
     }
     if let Some(ms) = v.reclaim_ms {
@@ -1548,11 +1559,12 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
         ),
         Some(_) if note.session_ended && note.finish_failed => parts.push(
             "Postgres ended the frozen session, another worker took its job, and the sleeper's \
-             commit failed when it woke: still nothing twice."
+             first statement after waking (the INSERT) failed: still nothing twice."
                 .to_string(),
         ),
         Some(n) => parts.push(format!(
-            "The frozen worker's job was processed {n} time(s) by others while it was frozen."
+            "The frozen worker's job was processed {} by others while it was frozen.",
+            plural(n, "time", "times")
         )),
         None => {}
     }
