@@ -236,7 +236,7 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
 }
 
 #[test]
-fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_commit_fails() {
+fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_insert_fails() {
     let (lines, verdict, _) = run_json(&[
         "skip-locked",
         "--fault",
@@ -353,6 +353,24 @@ fn human_output_tells_the_story_and_the_verdict() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
+}
+
+/// With a single job in the freeze round, nobody else processing anything is not a stalled
+/// queue: the sentence follows what pg_blocking_pids measured, not the missing work.
+#[test]
+fn a_lone_frozen_job_is_not_called_a_stalled_queue() {
+    let text = run_human(&[
+        "skip-locked",
+        "--fault",
+        "freeze",
+        "--jobs",
+        "1",
+        "--pause",
+        "300ms",
+    ]);
+    assert!(text.contains("the round's only job"), "{text}");
+    assert!(!text.contains("stood still"), "{text}");
+    assert!(!text.contains("1 jobs"), "plurals: {text}");
 }
 
 #[test]
