@@ -78,6 +78,20 @@ fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
     assert_eq!(m["lost"], 0, "{m}");
     assert!(m["jobs_per_s"].as_f64().unwrap() > 0.0, "{m}");
 
+    // Round 1's counts name every worker, including any that processed nothing.
+    let per_worker = lab_event(&lines, "round")["per_worker"]
+        .as_object()
+        .expect("per_worker")
+        .clone();
+    let mut names: Vec<&str> = per_worker.keys().map(String::as_str).collect();
+    names.sort_by_key(|w| w[1..].parse::<u32>().unwrap());
+    assert_eq!(
+        names,
+        ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10"]
+    );
+    let total: i64 = per_worker.values().map(|n| n.as_i64().unwrap()).sum();
+    assert_eq!(total, 150, "{per_worker:?}");
+
     // The killed worker's job was claimed again by someone else, and processed exactly once.
     let killed = lab_event(&lines, "killed");
     let job = killed["job"].as_i64().unwrap();
@@ -222,7 +236,7 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
 }
 
 #[test]
-fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_commit_fails() {
+fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_insert_fails() {
     let (lines, verdict, _) = run_json(&[
         "skip-locked",
         "--fault",
@@ -235,7 +249,7 @@ fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_commit
         "60",
     ]);
     let frozen_job = lab_event(&lines, "frozen")["job"].as_i64().unwrap();
-    let failed = lab_event(&lines, "commit_failed");
+    let failed = lab_event(&lines, "finish_failed");
     assert_eq!(failed["worker"], "w2");
     assert_eq!(failed["job"], frozen_job);
     assert!(
@@ -295,6 +309,26 @@ fn compare_runs_three_modes_and_for_update_is_slower() {
         for_update["jobs_per_s"].as_f64() < skip["jobs_per_s"].as_f64(),
         "{verdict}"
     );
+    // Every event says which mode it belongs to, and the modes share one clock: each mode's
+    // events come after all of the previous mode's.
+    let events = &lines[..lines.len() - 1];
+    let mut last_of_previous = 0;
+    for name in names {
+        let of_mode: Vec<u64> = events
+            .iter()
+            .filter(|e| e["mode"] == name)
+            .map(|e| e["t_ms"].as_u64().unwrap())
+            .collect();
+        assert!(
+            of_mode.iter().all(|&t| t >= last_of_previous),
+            "{name}'s t_ms restarted"
+        );
+        last_of_previous = *of_mode.iter().max().expect("events of every mode");
+    }
+    assert!(
+        events.iter().all(|e| e["mode"].is_string()),
+        "every event has its mode"
+    );
     // In for-update mode the frozen worker's row lock stalls everyone, and Postgres shows it.
     assert!(
         lines
@@ -319,6 +353,24 @@ fn human_output_tells_the_story_and_the_verdict() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
+}
+
+/// With a single job in the freeze round, nobody else processing anything is not a stalled
+/// queue: the sentence follows what pg_blocking_pids measured, not the missing work.
+#[test]
+fn a_lone_frozen_job_is_not_called_a_stalled_queue() {
+    let text = run_human(&[
+        "skip-locked",
+        "--fault",
+        "freeze",
+        "--jobs",
+        "1",
+        "--pause",
+        "300ms",
+    ]);
+    assert!(text.contains("the round's only job"), "{text}");
+    assert!(!text.contains("stood still"), "{text}");
+    assert!(!text.contains("1 jobs"), "plurals: {text}");
 }
 
 #[test]
@@ -356,12 +408,21 @@ fn ctrl_c_while_a_worker_is_frozen_leaves_nothing_behind() {
 
 #[test]
 fn bad_flags_name_the_flag() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["skip-locked", "--idle-timeout", "100ms"],
             "--idle-timeout",
         ),
         (&["skip-locked", "--workers", "2"], "--workers"),
+        // The fault as it is typed, not as Rust spells it.
+        (
+            &["skip-locked", "--workers", "2"],
+            "--fault both needs at least 3",
+        ),
+        (
+            &["skip-locked", "--workers", "0", "--fault", "none"],
+            "--fault none needs at least 1 (someone has to work the queue)",
+        ),
         (
             &["skip-locked", "--mode", "naive", "--compare"],
             "--compare",

@@ -11,15 +11,22 @@
 //!
 //! The row lock taken by `FOR UPDATE` belongs to the claiming transaction, and the
 //! transaction belongs to the worker's connection. That is the whole trick: when a worker
-//! dies, the kernel closes its socket, Postgres rolls its transaction back and the row is
-//! free again within milliseconds — no TTL, no lease, no guess. When a worker merely
-//! *pauses* (SIGSTOP), its socket stays open and so does its lock: nobody else processes
-//! its job, and nothing is done twice. If a paused worker should not hold a job forever,
-//! `idle_in_transaction_session_timeout` lets Postgres end the session; the sleeper's
-//! commit then fails when it wakes, and still nothing is done twice.
+//! *process* dies, its kernel closes its socket, Postgres sees the connection end, rolls
+//! the transaction back, and the row is free again within milliseconds — no TTL to wait
+//! out. When a worker merely *pauses* (SIGSTOP), its socket stays open and so does its
+//! lock: nobody else processes its job, and nothing is done twice.
+//!
+//! The fast release needs a kernel that survives to close the socket. When the worker's
+//! whole *machine* dies (power loss, kernel panic) or the network between them breaks, no
+//! FIN or RST is ever sent: Postgres sees an open connection that says nothing — exactly
+//! the paused worker of round 3, not the killed one of round 2 — and keeps the lock until
+//! a timeout notices: TCP keepalives (Linux's defaults declare a silent peer dead after
+//! about 2 h 11 min) or `idle_in_transaction_session_timeout`. That timeout (`--idle-timeout`)
+//! is the lab's answer to a paused worker too: Postgres ends the session, the sleeper's
+//! first statement after waking fails, and still nothing is done twice.
 //!
 //! A run has up to three rounds per mode, each on a fresh batch of jobs:
-//! 1. the queue — every worker drains the batch, nothing breaks; this round's speed is
+//! 1. the queue — every worker drains the batch, no faults; this round's speed is
 //!    the mode's jobs/s;
 //! 2. the kill — one worker claims a job and is SIGKILLed before it commits;
 //! 3. the freeze — one worker claims a job and is SIGSTOPped for `--pause`.
@@ -54,7 +61,10 @@ Examples:
   lockslab skip-locked --fault none --work 0ms --jobs 5000   just the speed
   lockslab skip-locked --json | jq .          events and verdict as JSON Lines
 
-By hand, with psql in two terminals: see labs/03-skip-locked.md.")]
+With --json every event carries t_ms (one clock for the whole run, --compare included) and
+mode (skip-locked, naive or for-update): split a --compare stream on mode.
+
+By hand, with psql in three terminals: see labs/03-skip-locked.md.")]
 pub struct SkipLockedArgs {
     /// How workers claim a job
     #[arg(long, value_enum, default_value_t = Mode::SkipLocked, conflicts_with = "compare")]
@@ -132,6 +142,15 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The name as typed on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Both => "both",
+            Fault::Kill => "kill",
+            Fault::Freeze => "freeze",
+            Fault::None => "none",
+        }
+    }
     fn kill(self) -> bool {
         matches!(self, Fault::Both | Fault::Kill)
     }
@@ -171,8 +190,10 @@ const CREATE_PROCESSING: &str = "
 /// ✅ skip-locked. Inside a transaction, lock the first pending row **that nobody else has
 /// locked**, skipping the locked ones instead of waiting for them. Two workers can never
 /// get the same row, and none ever waits for another. The lock lasts until COMMIT or
-/// ROLLBACK — and a dead connection is a ROLLBACK — so a crashed worker's job is free
-/// again at once, while a paused worker keeps its job for as long as its connection lives.
+/// ROLLBACK — and a closed connection is a ROLLBACK — so a killed worker's job is free
+/// again at once (its kernel closes the socket), while a paused worker, or one on a machine
+/// that vanished without closing anything, keeps its job for as long as Postgres believes
+/// its connection lives.
 ///
 /// (The CTE makes `clock_timestamp()` run after the row is locked, not before.)
 const CLAIM_SKIP_LOCKED: &str = "
@@ -340,58 +361,8 @@ pub fn work(role: &Role) -> Result<()> {
         match command {
             "drain" => worker.drain(round)?,
             "hold" => {
-                let Some(claim) = worker.claim(round)? else {
-                    bail!("was told to hold a job of round {round}, but none was pending");
-                };
-                let how = match role.mode {
-                    Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
-                    Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
-                    Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
-                };
-                worker.me.send(
-                    worker
-                        .me
-                        .event(
-                            "claimed",
-                            format!("claims job {} ({how}) and works on it…", claim.job),
-                        )
-                        .with("job", claim.job)
-                        .with("pid", std::process::id())
-                        .with("mode", role.mode.name()),
-                );
-                match lines.next() {
-                    Some(Ok(line)) if line.trim() == "commit" => {}
-                    _ => bail!("the lab went away while this worker held job {}", claim.job),
-                }
-                match worker.finish(&claim) {
-                    Ok(()) => worker.me.send(
-                        worker
-                            .me
-                            .event(
-                                "committed",
-                                format!("finishes job {}: recorded and committed", claim.job),
-                            )
-                            .with("job", claim.job)
-                            .with("mode", role.mode.name()),
-                    ),
-                    Err(err) => {
-                        worker.me.send(
-                            worker
-                                .me
-                                .event(
-                                    "commit_failed",
-                                    format!(
-                                        "wakes and tries to finish job {}: Postgres says \"{}\" — nothing recorded",
-                                        claim.job,
-                                        pg_message(&err)
-                                    ),
-                                )
-                                .with("job", claim.job)
-                                .with("mode", role.mode.name()),
-                        );
-                        // Its session is gone; this worker has nothing left to do.
-                        return Ok(());
-                    }
+                if !worker.hold(round, &mut lines)? {
+                    return Ok(()); // Postgres ended the session: nothing left to do
                 }
             }
             "" => {}
@@ -409,6 +380,65 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
+    /// Tells the lab what this worker does with a job: one line on its stdout.
+    fn say(&self, kind: &str, text: String, job: i64) {
+        let event = self.me.event(kind, text).with("job", job);
+        let event = event.with("pid", std::process::id());
+        self.me.send(event.with("mode", self.role.mode.name()));
+    }
+
+    /// Claims one job and says so, waits for the lab's `commit`, then finishes the job.
+    /// False when that failed because Postgres had ended the session meanwhile.
+    fn hold(
+        &mut self,
+        round: i32,
+        commands: &mut impl Iterator<Item = io::Result<String>>,
+    ) -> Result<bool> {
+        let Some(claim) = self.claim(round)? else {
+            bail!("was told to hold a job of round {round}, but none was pending");
+        };
+        let how = match self.role.mode {
+            Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
+            Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
+            Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
+        };
+        let job = claim.job;
+        self.say(
+            "claimed",
+            format!("claims job {job} ({how}) and works on it…"),
+            job,
+        );
+
+        // Frozen or killed here, by the lab, while it holds the job.
+        match commands.next() {
+            Some(Ok(line)) if line.trim() == "commit" => {}
+            _ => bail!("the lab went away while this worker held job {job}"),
+        }
+
+        match self.finish(&claim) {
+            Ok(()) => {
+                self.say(
+                    "committed",
+                    format!("finishes job {job}: recorded and committed"),
+                    job,
+                );
+                Ok(true)
+            }
+            Err(err) => {
+                let why = connect::pg_cause(&err);
+                self.say(
+                    "finish_failed",
+                    format!(
+                        "wakes, and its first statement (the INSERT recording job {job}) fails: \
+                         Postgres says \"{why}\" — nothing recorded"
+                    ),
+                    job,
+                );
+                Ok(false)
+            }
+        }
+    }
+
     /// Claims, works, records, commits — until the round has no pending job left.
     fn drain(&mut self, round: i32) -> Result<()> {
         loop {
@@ -477,11 +507,6 @@ impl Worker<'_> {
     }
 }
 
-/// What Postgres said, for errors that came from it.
-fn pg_message(err: &postgres::Error) -> String {
-    connect::pg_cause(err)
-}
-
 // ─── The orchestrator ─────────────────────────────────────────────────────────────────
 
 /// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
@@ -506,8 +531,12 @@ pub struct ModeVerdict {
 struct Notes {
     frozen_job_taken_while_frozen: Option<i64>,
     others_done_while_frozen: i64,
+    /// Worker sessions blocked behind the frozen one just before the resume (pg_blocking_pids).
+    blocked_at_resume: i64,
+    /// Jobs in the freeze round, the frozen one included.
+    freeze_jobs: u32,
     session_ended: bool,
-    commit_failed: bool,
+    finish_failed: bool,
 }
 
 /// How long the lab waits after the others start before it kills the victim: long
@@ -538,9 +567,13 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     } else {
         vec![args.mode]
     };
+    // One stage, one clock for every mode: with --compare, t_ms keeps growing across the
+    // three, and the `mode` tag tells their events apart.
+    let mut stage = Stage::new(style);
     let mut verdicts = Vec::new();
     let mut notes = Vec::new();
     for mode in modes {
+        stage.tag("mode", mode.name());
         let play = Play {
             args,
             mode,
@@ -549,7 +582,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
             queue: Queue::new(&run_id, mode),
             run_id: &run_id,
         };
-        let (verdict, note) = play.run()?;
+        let (verdict, note) = play.run(&mut stage)?;
         verdicts.push(verdict);
         notes.push(note);
     }
@@ -566,16 +599,17 @@ fn check_args(args: &SkipLockedArgs) -> Result<()> {
     if args.jobs == 0 {
         crate::bail_usage!("--jobs 0: the queue needs at least one job");
     }
-    let needed = match (args.fault.kill(), args.fault.freeze()) {
-        (true, true) => 3,
-        (true, false) | (false, true) => 2,
-        (false, false) => 1,
+    let (needed, why) = match args.fault {
+        Fault::Both => (3, "one to kill, one to freeze, one to carry on"),
+        Fault::Kill => (2, "one to kill, one to carry on"),
+        Fault::Freeze => (2, "one to freeze, one to carry on"),
+        Fault::None => (1, "someone has to work the queue"),
     };
     if args.workers < needed {
         crate::bail_usage!(
-            "--workers {}: --fault {:?} needs at least {needed} (one to kill or freeze, others to carry on)",
+            "--workers {}: --fault {} needs at least {needed} ({why})",
             args.workers,
-            args.fault
+            args.fault.name()
         );
     }
     if args.workers > 50 {
@@ -613,7 +647,7 @@ struct Play<'a> {
 }
 
 impl Play<'_> {
-    fn run(&self) -> Result<(ModeVerdict, Notes)> {
+    fn run(&self, stage: &mut Stage) -> Result<(ModeVerdict, Notes)> {
         let mut db = connect::postgres(self.url)?;
         let create = format!(
             "{}; {}",
@@ -634,15 +668,14 @@ impl Play<'_> {
                 }
             }
         });
-        let result = self.rounds(&mut db);
+        let result = self.rounds(&mut db, stage);
         // The verdict has been read by now (or the run failed): the tables go either way.
         let _ = db.batch_execute(&drop_tables);
         result
     }
 
-    fn rounds(&self, db: &mut Client) -> Result<(ModeVerdict, Notes)> {
+    fn rounds(&self, db: &mut Client, stage: &mut Stage) -> Result<(ModeVerdict, Notes)> {
         let args = self.args;
-        let mut stage = Stage::new(self.style);
         stage.timeline.say("");
         let heading = format!("── {} ──", self.mode.name());
         stage.timeline.say(&format!(
@@ -671,24 +704,25 @@ impl Play<'_> {
             workers.push(stage.spawn(&name, &WorkerSpec::SkipLocked(role))?);
         }
         let mut round = Round {
-            stage: &mut stage,
-            mode: self.mode,
+            stage,
             work: args.work,
             run_id: self.run_id,
             db,
             queue: &self.queue,
             style: self.style,
+            workers: args.workers,
             dead: Vec::new(),
             next_id: 1,
         };
         let mut notes = Notes::default();
 
-        // Round 1: the queue, nothing breaks.
+        // Round 1: the queue, no faults.
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "Round 1 — the queue: {} jobs, {} workers, nothing breaks",
-                args.jobs, args.workers
+                "Round 1 — the queue: {}, {}, no faults",
+                plural(args.jobs.into(), "job", "jobs"),
+                plural(args.workers.into(), "worker", "workers")
             )
             .bold()
         ));
@@ -724,7 +758,7 @@ impl Play<'_> {
             reclaim_ms,
         };
         let once: i64 = row.get("once");
-        round.record(
+        round.stage.record(
             Event::new(
                 "pg",
                 if verdict.duplicates > 0 || verdict.lost > 0 {
@@ -733,8 +767,10 @@ impl Play<'_> {
                     "exactly_once"
                 },
                 format!(
-                    "the processing table says: {} jobs, {once} exactly once, {} twice or more, {} never",
-                    verdict.jobs, verdict.duplicates, verdict.lost
+                    "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
+                    plural(verdict.jobs, "job", "jobs"),
+                    verdict.duplicates,
+                    verdict.lost
                 ),
             )
             .with("once", once)
@@ -758,7 +794,8 @@ impl Play<'_> {
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "Round 2 — the kill: {jobs} new jobs; w1 claims one and dies before it commits"
+                "Round 2 — the kill: {}; w1 claims one and dies before it commits",
+                plural(jobs.into(), "new job", "new jobs")
             )
             .bold()
         ));
@@ -768,7 +805,7 @@ impl Play<'_> {
         let job = round
             .stage
             .wait_for(Duration::from_secs(10), "w1 to claim a job", |e| {
-                e.is("w1", "claimed")
+                e.is("w1", "claimed") && in_mode(e, self.mode)
             })?
             .get_i64("job")
             .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
@@ -777,7 +814,7 @@ impl Play<'_> {
         }
         round.pump_for(KILL_AFTER, 2, jobs)?;
         let (done_before_kill, _) = round.counts(2)?;
-        round.show_waiters(&self.session(""), "w1", job)?;
+        round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
 
         let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
         victim.kill();
@@ -787,14 +824,15 @@ impl Play<'_> {
         } else {
             "its job is marked 'running', not done"
         };
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "killed",
                 format!(
                     "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done \
-                     {done_before_kill} jobs meanwhile",
-                    victim.pid
+                     {} meanwhile",
+                    victim.pid,
+                    plural(done_before_kill, "job", "jobs")
                 ),
             )
             .with("pid", victim.pid)
@@ -813,7 +851,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
             {
                 let (by, ms): (String, f64) = (row.get(0), row.get(1));
-                round.record(
+                round.stage.record(
                     Event::new(
                         "pg",
                         "reclaimed",
@@ -833,20 +871,35 @@ impl Play<'_> {
 
         let by = round.processed_by(job)?;
         if reclaim.is_none() {
-            round.record(
+            let row = round.db.query_one(
+                &self
+                    .queue
+                    .sql("SELECT status, claimed_by FROM {jobs} WHERE id = $1"),
+                &[&job],
+            )?;
+            let (status, claimed_by): (String, Option<String>) = (row.get(0), row.get(1));
+            let holder = claimed_by.as_deref().unwrap_or("nobody");
+            let why = if round.dead.iter().any(|w| w == holder) {
+                format!("{holder} is dead, and nothing will ever hand the job back — lost")
+            } else {
+                "nothing handed it back — lost".to_string()
+            };
+            round.stage.record(
                 Event::new(
                     "pg",
                     "lost",
                     format!(
-                        "job {job} was never claimed again: its row still says 'running', claimed by \
-                         w1, who is dead. Nothing will ever hand it back — lost"
+                        "job {job} was never claimed again: its row says status '{status}', \
+                         claimed_by {holder}; {why}"
                     ),
                 )
                 .with("job", job)
+                .with("status", status.as_str())
+                .with("claimed_by", claimed_by.clone())
                 .with("times_processed", by.len()),
             );
         }
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "kill_result",
@@ -868,7 +921,7 @@ impl Play<'_> {
         notes: &mut Notes,
     ) -> Result<()> {
         let pause = self.args.pause;
-        let third = if self.args.fault.kill() {
+        let label = if self.args.fault.kill() {
             "Round 3"
         } else {
             "Round 2"
@@ -876,7 +929,8 @@ impl Play<'_> {
         round.stage.timeline.say(&format!(
             "{}",
             format!(
-                "{third} — the freeze: {jobs} new jobs; w2 claims one and is frozen for {}",
+                "{label} — the freeze: {}; w2 claims one and is frozen for {}",
+                plural(jobs.into(), "new job", "new jobs"),
                 human(pause)
             )
             .bold()
@@ -890,7 +944,7 @@ impl Play<'_> {
             .wait_for(
                 Duration::from_secs(10),
                 &format!("{frozen_name} to claim a job"),
-                |e| e.is(&frozen_name, "claimed"),
+                |e| e.is(&frozen_name, "claimed") && in_mode(e, self.mode),
             )?
             .get_i64("job")
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
@@ -903,7 +957,7 @@ impl Play<'_> {
             );
         }
         let frozen_at = Instant::now();
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "frozen",
@@ -916,7 +970,10 @@ impl Play<'_> {
             .with("job", job),
         );
         let session = self.session(&frozen_name);
-        round.show_session(&frozen_name, &session)?;
+        if self.mode.transactional() {
+            // Seen again just before the resume: the same transaction, open for the pause.
+            round.show_session(&frozen_name, &session)?;
+        }
         for (i, worker) in workers.iter_mut().enumerate() {
             if i != frozen_index && !round.dead.contains(&worker.name) {
                 worker.tell("drain 3")?;
@@ -935,18 +992,20 @@ impl Play<'_> {
         let deadline = frozen_at + pause;
         while Instant::now() < deadline {
             round.pump(Duration::from_millis(20))?;
-            round.show_progress(3, jobs)?;
+            round.show_freeze(3, jobs, &frozen_name, frozen_at, pause)?;
             if watch_session && !session_gone {
                 let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
                 if n == 0 {
                     session_gone = true;
-                    round.record(Event::new(
+                    round.stage.record(Event::new(
                         "pg",
                         "expired",
                         format!(
-                            "ends {frozen_name}'s session, {} into the freeze: idle in its \
-                             transaction longer than idle_in_transaction_session_timeout ({}); \
-                             job {job} is free again",
+                            "pg_stat_activity no longer lists {frozen_name}'s session, {} into \
+                             the freeze. A stopped process closes nothing, so Postgres ended it: \
+                             idle in its transaction longer than \
+                             idle_in_transaction_session_timeout ({}); its row lock on job {job} \
+                             went with it",
                             human(frozen_at.elapsed()),
                             human(self.args.idle_timeout.unwrap_or_default())
                         ),
@@ -957,7 +1016,7 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
             {
                 let by: String = row.get(0);
-                round.record(
+                round.stage.record(
                     Event::new(
                         "pg",
                         "taken_over",
@@ -982,20 +1041,19 @@ impl Play<'_> {
             &[&3i32, &job],
         )?;
         let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
-        round.show_waiters(&self.session(""), &frozen_name, job)?;
-        if !session_gone && watch_session {
-            round.show_session(&frozen_name, &session)?;
-        }
+        let blocked = round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
+        round.show_session(&frozen_name, &session)?;
         let frozen = &mut workers[frozen_index];
         frozen.resume()?;
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "resumed",
                 format!(
-                    "SIGCONT {frozen_name} after {}; meanwhile the others processed {others_done} \
-                     jobs, and job {job} {}",
+                    "SIGCONT {frozen_name} after {}; meanwhile the others processed {}, and \
+                     job {job} {}",
                     human(frozen_at.elapsed()),
+                    plural(others_done, "job", "jobs"),
                     if frozen_job_done == 0 {
                         "not at all".to_string()
                     } else {
@@ -1011,15 +1069,19 @@ impl Play<'_> {
         let outcome = round.stage.wait_for(
             Duration::from_secs(10),
             &format!("{frozen_name} to finish its job"),
-            |e| e.worker == frozen_name && (e.kind == "committed" || e.kind == "commit_failed"),
+            |e| {
+                e.worker == frozen_name
+                    && (e.kind == "committed" || e.kind == "finish_failed")
+                    && in_mode(e, self.mode)
+            },
         )?;
-        if outcome.kind == "commit_failed" {
+        if outcome.kind == "finish_failed" {
             round.dead.push(frozen_name.clone());
-            notes.commit_failed = true;
+            notes.finish_failed = true;
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
-        round.record(
+        round.stage.record(
             Event::new(
                 "lab",
                 "freeze_result",
@@ -1032,6 +1094,8 @@ impl Play<'_> {
         );
         notes.frozen_job_taken_while_frozen = Some(frozen_job_done);
         notes.others_done_while_frozen = others_done;
+        notes.blocked_at_resume = blocked;
+        notes.freeze_jobs = jobs;
         notes.session_ended = session_gone;
         Ok(())
     }
@@ -1040,23 +1104,19 @@ impl Play<'_> {
 /// The orchestrator's view of one mode's queue while its rounds play.
 struct Round<'a> {
     stage: &'a mut Stage,
-    mode: Mode,
     work: Duration,
     run_id: &'a str,
     db: &'a mut Client,
     queue: &'a Queue,
     style: Style,
+    /// How many workers the mode started (w1…wN).
+    workers: u32,
     /// Workers that are gone: a naive job they marked 'running' stays that way.
     dead: Vec<String>,
     next_id: i64,
 }
 
 impl Round<'_> {
-    /// Shows one of the lab's own events, tagged with the mode (`--compare` runs three).
-    fn record(&mut self, event: Event) {
-        self.stage.record(event.with("mode", self.mode.name()));
-    }
-
     fn fill(&mut self, round: i32, jobs: u32) -> Result<()> {
         let first = self.next_id;
         let last = first + jobs as i64 - 1;
@@ -1132,6 +1192,33 @@ impl Round<'_> {
         Ok((done, left))
     }
 
+    /// During a freeze: a countdown of the pause, with the round's jobs done beside it.
+    fn show_freeze(
+        &mut self,
+        round: i32,
+        jobs: u32,
+        frozen: &str,
+        frozen_at: Instant,
+        pause: Duration,
+    ) -> Result<()> {
+        let (done, _) = self.counts(round)?;
+        if self.stage.timeline.bar().is_none() {
+            let bar = self
+                .style
+                .progress(pause.as_millis() as u64, "  ❄ {bar:30} {msg}");
+            self.stage.timeline.attach_bar(bar);
+        }
+        if let Some(bar) = self.stage.timeline.bar() {
+            let elapsed = frozen_at.elapsed().min(pause);
+            bar.set_position(elapsed.as_millis() as u64);
+            bar.set_message(format!(
+                "{frozen} frozen, {:.1}s to go · {done}/{jobs} jobs done",
+                (pause - elapsed).as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
     /// Shows progress until every job of the round is done (or can never be), calling
     /// `watch` about every 10ms.
     fn until_done(
@@ -1152,8 +1239,9 @@ impl Round<'_> {
             }
             if started.elapsed() > limit {
                 bail!(
-                    "round {round} did not finish within {}: {left} jobs still to do",
-                    human(limit)
+                    "round {round} did not finish within {}: {} still to do",
+                    human(limit),
+                    plural(left, "job", "jobs")
                 );
             }
         }
@@ -1162,7 +1250,9 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// Reads the round's speed and per-worker counts from the processing table.
+    /// Reads the round's speed and per-worker counts from the processing table. The speed
+    /// runs from the first claim to the last `done_at`, which the processing INSERT stamps
+    /// just before the job is marked done and committed.
     fn summarise_speed(&mut self, round: i32) -> Result<f64> {
         let row = self.db.query_one(
             &self.queue.sql(
@@ -1179,26 +1269,31 @@ impl Round<'_> {
         } else {
             0.0
         };
-        let mut per_worker = BTreeMap::new();
+        // Every worker, including those that processed nothing: a 0 is what starvation
+        // looks like (for-update), and leaving it out would hide it.
+        let names: Vec<String> = (1..=self.workers).map(|i| format!("w{i}")).collect();
+        let mut per_worker: BTreeMap<String, i64> = names.iter().map(|w| (w.clone(), 0)).collect();
         let rows = self.db.query(
             &self.queue.sql(
                 "SELECT p.worker, count(*) FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
-                 WHERE j.round = $1 GROUP BY p.worker ORDER BY length(p.worker), p.worker",
+                 WHERE j.round = $1 GROUP BY p.worker",
             ),
             &[&round],
         )?;
-        let mut listing = Vec::new();
         for row in rows {
-            let (worker, n): (String, i64) = (row.get(0), row.get(1));
-            listing.push(format!("{worker} {n}"));
-            per_worker.insert(worker, n);
+            per_worker.insert(row.get(0), row.get(1));
         }
-        self.record(
+        let listing: Vec<String> = names
+            .iter()
+            .map(|w| format!("{w} {}", per_worker[w]))
+            .collect();
+        self.stage.record(
             Event::new(
                 "lab",
                 "round",
                 format!(
-                    "{jobs} jobs done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                    "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                    plural(jobs, "job", "jobs"),
                     human(Duration::from_secs_f64(seconds)),
                     listing.join(" · ")
                 ),
@@ -1230,35 +1325,52 @@ impl Round<'_> {
             .collect())
     }
 
-    /// How many of this mode's worker sessions (names starting with `prefix`) wait for a lock.
-    fn lock_waiters(&mut self, prefix: &str) -> Result<i64> {
-        Ok(self
-            .db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock'",
-                &[&prefix],
-            )?
-            .get(0))
+    /// How many of this mode's worker sessions (names starting with `prefix`) are blocked
+    /// by the session named `holder`, as `pg_blocking_pids` reports it: (directly, in all).
+    ///
+    /// Only the first waiter on a row waits for the holder itself; the next ones queue for
+    /// the row's tuple lock, which that first waiter holds. So the chain is followed: a
+    /// session blocked by a session blocked by the holder waits for the holder too.
+    fn blocked_by(&mut self, prefix: &str, holder: &str) -> Result<(i64, i64)> {
+        let row = self.db.query_one(
+            "WITH RECURSIVE
+                 holder AS (SELECT pid FROM pg_stat_activity WHERE application_name = $2),
+                 blocked AS (
+                     SELECT pid, pg_blocking_pids(pid) AS by FROM pg_stat_activity
+                     WHERE starts_with(application_name, $1) AND pid NOT IN (SELECT pid FROM holder)
+                 ),
+                 chain (pid, direct) AS (
+                     SELECT b.pid, true FROM blocked b, holder h WHERE h.pid = ANY(b.by)
+                     UNION
+                     SELECT b.pid, false FROM blocked b JOIN chain c ON c.pid = ANY(b.by)
+                 )
+             SELECT count(DISTINCT pid) FILTER (WHERE direct), count(DISTINCT pid) FROM chain",
+            &[&prefix, &holder],
+        )?;
+        Ok((row.get(0), row.get(1)))
     }
 
-    /// Shows how many worker sessions wait for a lock, if any: the queue behind `holder`.
-    fn show_waiters(&mut self, prefix: &str, holder: &str, job: i64) -> Result<()> {
-        let waiting = self.lock_waiters(prefix)?;
-        if waiting > 0 {
-            self.record(
+    /// Shows the sessions blocked behind `holder`'s row lock, if any, and returns how many.
+    fn show_blocked(&mut self, prefix: &str, holder: &str, session: &str, job: i64) -> Result<i64> {
+        let (direct, all) = self.blocked_by(prefix, session)?;
+        if all > 0 {
+            self.stage.record(
                 Event::new(
                     "pg",
                     "waiting",
                     format!(
-                        "pg_stat_activity: {waiting} sessions are waiting for a lock — the row \
-                         lock {holder} holds on job {job}"
+                        "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
+                         job {job}'s row lock ({direct} waiting for it directly, {} queued \
+                         behind another waiter)",
+                        plural(all, "worker session is", "worker sessions are"),
+                        all - direct
                     ),
                 )
-                .with("waiting", waiting),
+                .with("waiting", all)
+                .with("waiting_directly", direct),
             );
         }
-        Ok(())
+        Ok(all)
     }
 
     /// What Postgres itself says about a worker's session.
@@ -1289,6 +1401,44 @@ impl Round<'_> {
         self.stage
             .record(Event::new("pg", "session", text).with("session_of", worker));
         Ok(())
+    }
+}
+
+/// Whether an event belongs to this mode's play (the stage's log holds every mode's events).
+fn in_mode(event: &Event, mode: Mode) -> bool {
+    event.data.get("mode").and_then(|m| m.as_str()) == Some(mode.name())
+}
+
+/// "1 worker session is", "3 worker sessions are": the count and the right form.
+fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What the other workers did while one was frozen holding a job, from what was measured:
+/// jobs they processed, and sessions `pg_blocking_pids` showed blocked behind it.
+fn around_the_freeze(note: &Notes) -> String {
+    let (done, blocked) = (note.others_done_while_frozen, note.blocked_at_resume);
+    match (done, blocked) {
+        (0, 0) if note.freeze_jobs <= 1 => {
+            "it was the round's only job, so the others had nothing to do.".to_string()
+        }
+        (0, 0) => "the others processed nothing meanwhile, and none was blocked on its lock \
+                   at the resume."
+            .to_string(),
+        (0, _) => format!(
+            "the whole queue stood still behind its row lock: the others processed nothing, \
+             and at the resume {} blocked behind it.",
+            plural(blocked, "worker session was", "worker sessions were")
+        ),
+        (_, 0) => format!(
+            "the others carried on around it ({}).",
+            plural(done, "job", "jobs")
+        ),
+        (_, _) => format!(
+            "the others processed {}, and at the resume {} blocked behind it.",
+            plural(done, "job", "jobs"),
+            plural(blocked, "worker session was", "worker sessions were")
+        ),
     }
 }
 
@@ -1372,16 +1522,16 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
     }
     if v.duplicates > 0 {
         parts.push(format!(
-            "{} jobs were processed twice or more: workers read the same pending id before any \
-             of them marked it.",
-            v.duplicates
+            "{} processed twice or more: workers read the same pending id before any of \
+             them marked it.",
+            plural(v.duplicates, "job was", "jobs were")
         ));
     }
     if v.lost > 0 {
         parts.push(format!(
-            "{} job(s) never processed: the killed worker's 'running' mark outlives it, and \
+            "{} never processed: the killed worker's 'running' mark outlives it, and \
              only a timeout (a lease, with its TTL guess) could hand it back.",
-            v.lost
+            plural(v.lost, "job was", "jobs were")
         ));
     }
     if let Some(ms) = v.reclaim_ms {
@@ -1398,26 +1548,23 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
     }
     match note.frozen_job_taken_while_frozen {
         Some(0) if v.mode.transactional() => parts.push(format!(
-            "The frozen worker kept its job for the whole {} pause, and finished it once{}",
+            "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
             human(args.pause),
-            if note.others_done_while_frozen == 0 {
-                "; the whole queue stood still behind its row lock."
-            } else {
-                "; the others carried on around it."
-            }
+            around_the_freeze(note)
         )),
         Some(0) => parts.push(
             "The frozen worker's job stayed 'running' until it woke: no transaction, no timeout, \
              nothing would have freed it."
                 .to_string(),
         ),
-        Some(_) if note.session_ended && note.commit_failed => parts.push(
+        Some(_) if note.session_ended && note.finish_failed => parts.push(
             "Postgres ended the frozen session, another worker took its job, and the sleeper's \
-             commit failed when it woke: still nothing twice."
+             first statement after waking (the INSERT) failed: still nothing twice."
                 .to_string(),
         ),
         Some(n) => parts.push(format!(
-            "The frozen worker's job was processed {n} time(s) by others while it was frozen."
+            "The frozen worker's job was processed {} by others while it was frozen.",
+            plural(n, "time", "times")
         )),
         None => {}
     }
