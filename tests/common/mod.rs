@@ -20,12 +20,30 @@ pub struct Servers {
     pub redis: String,
     pub etcd: String,
     pub postgres: String,
-    _keeper: Mutex<(Child, ChildStdin)>,
+    keeper: Mutex<Option<(Child, ChildStdin)>>,
 }
+
+/// Runs when the test binary exits: closes the keeper's stdin, so that it stops and deletes
+/// the servers, and waits for it. Without this wait the keeper would outlive the tests and
+/// linger as a zombie until init reaped it.
+extern "C" fn stop_servers_at_exit() {
+    if let Some(servers) = SERVERS.get() {
+        let taken = servers
+            .keeper
+            .lock()
+            .ok()
+            .and_then(|mut keeper| keeper.take());
+        if let Some((mut child, stdin)) = taken {
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
+
+static SERVERS: OnceLock<Servers> = OnceLock::new();
 
 /// The servers of this test binary, started on first use.
 pub fn servers() -> &'static Servers {
-    static SERVERS: OnceLock<Servers> = OnceLock::new();
     SERVERS.get_or_init(|| {
         let mut keeper = Command::new(BIN)
             .arg("__serve")
@@ -47,11 +65,15 @@ pub fn servers() -> &'static Servers {
                 .unwrap_or_else(|| panic!("no {name} URL in {line}"))
                 .to_string()
         };
+        // SAFETY: registers a plain `extern "C" fn` that takes no arguments, as atexit expects.
+        unsafe {
+            nix::libc::atexit(stop_servers_at_exit);
+        }
         Servers {
             redis: url("redis"),
             etcd: url("etcd"),
             postgres: url("postgres"),
-            _keeper: Mutex::new((keeper, stdin)),
+            keeper: Mutex::new(Some((keeper, stdin))),
         }
     })
 }
