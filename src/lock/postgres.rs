@@ -4,8 +4,11 @@
 //! `pg_advisory_lock(key)` belongs to the database *session* (the connection) that took it,
 //! until `pg_advisory_unlock(key)` or until the session ends. So:
 //!
-//! - a client that **dies** loses the lock at once: its kernel closes the socket, the server
-//!   ends the session, and the next waiter in the lock queue gets the lock — no timer;
+//! - a client **process** that dies loses the lock at once: its kernel closes the socket, the
+//!   server ends the session, and the next waiter in the lock queue gets the lock — no timer.
+//!   A whole client **machine** that dies (power, kernel panic, network cut) sends nothing:
+//!   to the server it looks exactly like the frozen client below, and only TCP keepalives
+//!   (about two hours with Linux defaults) or a server-side timeout end the session;
 //! - a client that **freezes** keeps it for as long as it is frozen: its connection is open,
 //!   its kernel still acknowledges TCP traffic (keepalive probes included), and the server
 //!   has no reason to end the session. Nobody else gets in — safe — and nobody gets work
