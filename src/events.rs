@@ -52,6 +52,10 @@ impl Event {
         self.data.get(key).and_then(Value::as_i64)
     }
 
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.data.get(key).and_then(Value::as_str)
+    }
+
     pub fn get_bool(&self, key: &str) -> Option<bool> {
         self.data.get(key).and_then(Value::as_bool)
     }

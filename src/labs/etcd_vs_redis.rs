@@ -1155,12 +1155,9 @@ impl Lane {
             .iter()
             .position(|a| a.writer == self.holder_name);
         let stale_attempted = matches!((holder_index, waiter_index), (Some(h), Some(w)) if h > w);
-        let holder_said = stage.saw(&self.holder_name, "wrote").and_then(|e| {
-            e.data
-                .get("outcome")
-                .and_then(|v| v.as_str())
-                .map(String::from)
-        });
+        let holder_said = stage
+            .saw(&self.holder_name, "wrote")
+            .and_then(|e| e.get_str("outcome").map(String::from));
         let stale_write_accepted = match holder_index {
             Some(h) if stale_attempted => Some(read.attempts[h].accepted),
             None if holder_said.as_deref() == Some(Outcome::Unknown.as_str()) => None,

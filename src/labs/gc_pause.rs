@@ -468,9 +468,7 @@ impl Play<'_> {
             .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
                 e.is("A", "acquired")
             })?
-            .data
-            .get("owner")
-            .and_then(|v| v.as_str())
+            .get_str("owner")
             .map(String::from);
 
         match self.freeze {
@@ -581,7 +579,7 @@ impl Play<'_> {
             .saw("B", "acquired")
             .zip(stage.log.iter().find(|e| e.is("lab", "resumed")))
             .is_some_and(|(acquired, resumed)| acquired.t_ms <= resumed.t_ms);
-        let a_outcome = match a_wrote.data.get("outcome").and_then(|v| v.as_str()) {
+        let a_outcome = match a_wrote.get_str("outcome") {
             Some("accepted") => Some(Outcome::Accepted),
             Some("rejected") => Some(Outcome::Rejected),
             Some(_) => Some(Outcome::Unknown),

@@ -1013,11 +1013,7 @@ impl Lab<'_> {
         let took = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
             e.worker == "A" && (e.kind == "acquired" || e.kind == "between")
         })?;
-        let a_owner = took
-            .data
-            .get("owner")
-            .and_then(Value::as_str)
-            .map(String::from);
+        let a_owner = took.get_str("owner").map(String::from);
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)
             .query(&mut redis)
@@ -1082,11 +1078,7 @@ impl Lab<'_> {
         })();
         stage.timeline.clear_bar();
         let b_result = b_result?;
-        let b_owner = b_result
-            .data
-            .get("owner")
-            .and_then(Value::as_str)
-            .map(String::from);
+        let b_owner = b_result.get_str("owner").map(String::from);
 
         // The evidence: who the key names now, and whether it will ever expire.
         let (owner, pttl): (Option<String>, i64) = redis::pipe()
@@ -1171,11 +1163,7 @@ impl Lab<'_> {
 
         let mut a = stage.spawn("A", &spec("A", args.wait))?;
         let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", "acquired"))?;
-        let a_owner = a_took
-            .data
-            .get("owner")
-            .and_then(Value::as_str)
-            .map(String::from);
+        let a_owner = a_took.get_str("owner").map(String::from);
 
         // A works on; watch its key in Redis until the lease runs out.
         let bar = self
@@ -1216,11 +1204,7 @@ impl Lab<'_> {
 
         let mut b = stage.spawn("B", &spec("B", args.wait))?;
         let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", "acquired"))?;
-        let b_owner = b_took
-            .data
-            .get("owner")
-            .and_then(Value::as_str)
-            .map(String::from);
+        let b_owner = b_took.get_str("owner").map(String::from);
 
         a.tell("finish")?;
         stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
@@ -1250,7 +1234,7 @@ impl Lab<'_> {
                 .arg(&key)
                 .query(&mut redis)
                 .step(url, "reading the lock after C took it")?;
-            let c_owner = c_result.data.get("owner").and_then(Value::as_str);
+            let c_owner = c_result.get_str("owner");
             if owner.as_deref() == c_owner {
                 stage.record(Event::new(
                     "redis",
