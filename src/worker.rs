@@ -139,9 +139,18 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         "    {}    freeze me now",
         format!("kill -STOP {pid}").cyan().bold()
     );
+    // The second worker must share this one's lock and fencing, or the demo shows nothing.
+    let mut second = String::from("lockslab worker --work 2s");
+    if args.fencing {
+        second.push_str(" --fencing");
+    }
+    if args.lock != "demo" {
+        second.push_str(&format!(" --lock {}", args.lock));
+    }
     crate::outln!(
-        "    wait more than {}, then run a second `lockslab worker --work 2s` until it has written",
-        human(args.ttl)
+        "    wait more than {}, then run {} until it has written",
+        human(args.ttl),
+        second.cyan().bold()
     );
     crate::outln!(
         "    {}    wake me up: I finish my work and write, late",

@@ -41,7 +41,9 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
         "600ms",
     ]);
     // Exactly the fields the issue names, one cell per backend.
-    assert_eq!(verdict.as_object().unwrap().len(), 2, "{verdict}");
+    let mut keys: Vec<&String> = verdict.as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["cells", "kind", "lab", "run_id"], "{verdict}");
     let cells = verdict["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 3, "{verdict}");
     for c in cells {
@@ -392,6 +394,11 @@ fn bad_options_name_the_flag() {
             &["--redis-ttl", "10ms"][..],
             "--redis-ttl",
             "at least 100ms",
+        ),
+        (
+            &["--redis-ttl", "500ms", "--work", "1s"][..],
+            "--redis-ttl",
+            "must be longer than --work",
         ),
     ] {
         let output = lockslab(&[&["etcd-vs-redis"][..], args].concat())

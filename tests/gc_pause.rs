@@ -64,8 +64,10 @@ fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
         vec![("B".to_string(), true), ("A".to_string(), false)]
     );
 
-    // Every event has the promised fields; the workers are gone.
+    assert_eq!(verdict["freeze"], "self");
+    // Every event has the promised fields and says which run it belongs to; the workers are gone.
     for event in &lines[..lines.len() - 1] {
+        assert!(event["fencing"].is_boolean(), "no run tag: {event}");
         assert!(
             event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
             "{event}"

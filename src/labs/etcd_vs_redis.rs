@@ -595,7 +595,12 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     result?;
 
     if style.json {
-        json_line(&json!({ "kind": "verdict", "cells": cells }));
+        json_line(&json!({
+            "kind": "verdict",
+            "lab": "etcd-vs-redis",
+            "run_id": plan.run_id,
+            "cells": cells,
+        }));
     } else {
         print_matrix(&cells, &plan);
     }
@@ -627,6 +632,14 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if args.work < Duration::from_millis(200) {
         crate::bail_usage!(
             "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
+            typed(args.work)
+        );
+    }
+    if args.redis_ttl <= args.work {
+        crate::bail_usage!(
+            "--redis-ttl {} must be longer than --work {}: a Redis TTL is set once, so it must outlive \
+             the holder's work (the usual advice is several times the work)",
+            typed(args.redis_ttl),
             typed(args.work)
         );
     }

@@ -83,6 +83,7 @@ pub enum Fencing {
 pub enum Freeze {
     /// A raises SIGSTOP on itself in the middle of its work
     #[value(name = "self")]
+    #[serde(rename = "self")]
     Self_,
     /// The lab sends SIGSTOP to A, as a hypervisor or a starved cgroup would
     Peer,
@@ -450,6 +451,8 @@ impl Play<'_> {
             self.ttl,
         );
 
+        // Every event of this run says which run it belongs to: t_ms restarts per run.
+        stage.tag("fencing", self.fenced);
         stage.record(
             Event::new(
                 "lab",
@@ -460,7 +463,6 @@ impl Play<'_> {
                 ),
             )
             .with("run_id", self.run_id)
-            .with("fencing", self.fenced)
             .with("lock_key", lock_watch.key.clone()),
         );
         let mut a = stage.spawn("A", &WorkerSpec::GcPause(role("A", a_script, false)))?;
@@ -613,7 +615,7 @@ impl Play<'_> {
                     "A's stale write has an unknown outcome",
                 ),
             };
-            stage.record(Event::new("store", kind, text).with("fencing", self.fenced));
+            stage.record(Event::new("store", kind, text));
         }
         Ok(verdict)
     }

@@ -588,7 +588,9 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     }
 
     if style.json {
-        json_line(&json!({ "kind": "verdict", "modes": verdicts }));
+        json_line(
+            &json!({ "kind": "verdict", "lab": "skip-locked", "run_id": run_id, "modes": verdicts }),
+        );
     } else {
         print_verdict(args, &verdicts, &notes);
     }
