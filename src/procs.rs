@@ -140,11 +140,23 @@ fn libc_esrch() -> i32 {
 }
 
 /// Spawns a child tied to lockslab and registers it for cleanup.
+///
+/// Spawning and registering happen under the registry's lock, and not at all once cleanup
+/// has begun: otherwise a child born just as Ctrl-C arrived could miss the cleanup and live
+/// on for a moment — long enough to take a lock that the cleanup had just deleted.
 pub fn spawn_registered(command: &mut Command, plan: StopPlan) -> io::Result<Child> {
     tie_to_parent(command);
-    let child = command.spawn()?;
-    with_live(|live| live.insert(child.id() as i32, plan));
-    Ok(child)
+    with_live(|live| {
+        if interrupted() {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "lockslab is shutting down",
+            ));
+        }
+        let child = command.spawn()?;
+        live.insert(child.id() as i32, plan);
+        Ok(child)
+    })
 }
 
 /// Registers a child that was started elsewhere (so it will be cleaned up too).
@@ -228,8 +240,9 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 /// Each child leaves the registry only once it is stopped, so that a second Ctrl-C in the
 /// middle still finds, and kills, whatever is left.
 pub fn stop_all() {
-    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
+        // Under the registry's lock: no child can be spawned after this snapshot.
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         live.iter()
             .map(|(pid, plan)| (*pid, plan.clone()))
             .collect()
@@ -250,7 +263,10 @@ pub fn stop_all() {
 
 /// Kills every registered child at once, without waiting: the second Ctrl-C.
 fn kill_all_now() {
-    let live: Vec<(i32, StopPlan)> = with_live(|live| live.drain().collect());
+    let live: Vec<(i32, StopPlan)> = with_live(|live| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        live.drain().collect()
+    });
     for (pid, _) in live {
         let group = Pid::from_raw(pid);
         let _ = killpg(group, Signal::SIGKILL);
