@@ -370,4 +370,12 @@ fn help_documents_exit_codes_and_examples() {
         text.contains("Examples") && text.contains("--freeze"),
         "{text}"
     );
+    for lab in ["gc-pause", "naive", "skip-locked", "etcd-vs-redis"] {
+        let output = lockslab(&[lab, "--help"]).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            text.contains("Exit status") && text.contains("130 Ctrl-C"),
+            "{lab}: {text}"
+        );
+    }
 }

@@ -43,7 +43,7 @@ use crate::store::{Outcome, ReadBack, Store};
 use crate::worker::{WorkerSpec, await_command};
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
 Examples:
   lockslab etcd-vs-redis                     kill, then freeze, the holder on all three backends
   lockslab etcd-vs-redis --kill              only the kill: time until the next holder
@@ -55,7 +55,7 @@ Examples:
   lockslab etcd-vs-redis --json | jq -c 'select(.kind == \"verdict\") | .cells[]'
 
 The locks are in src/lock/redis.rs, etcd.rs and postgres.rs; the walkthrough is
-labs/04-etcd-vs-redis.md.")]
+labs/04-etcd-vs-redis.md.", crate::lab_exit_status_help!()))]
 pub struct EtcdVsRedisArgs {
     /// Run only the kill scenario (SIGKILL the holder mid-work)
     #[arg(long)]

@@ -26,6 +26,17 @@ use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
 use crate::worker::WorkerSpec;
 
+/// The exit-status lines every lab's `--help` ends with (a macro, so that `concat!` can
+/// join it to each lab's examples at compile time).
+#[macro_export]
+macro_rules! lab_exit_status_help {
+    () => {
+        "\n\nExit status: 0 the lab ran and its verdict was read back · 1 it could not run \
+         (a backend did not answer, a worker failed) · 2 bad command line · 130 Ctrl-C \
+         (143 SIGTERM, 129 SIGHUP); workers and servers are stopped either way."
+    };
+}
+
 /// Options every lab shares.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct OutputArgs {

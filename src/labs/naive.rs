@@ -45,7 +45,7 @@ use crate::servers::{self, ServerArgs};
 use crate::worker::{WorkerSpec, await_command};
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
 Examples:
   lockslab naive                          all four scenarios, each broken and fixed
   lockslab naive race                     only the check-then-set race (10 workers × 200 trials)
@@ -56,7 +56,7 @@ Examples:
   lockslab naive wrong-release --ttl 500ms
   lockslab naive --json | jq 'select(.kind == \"verdict\")'
 
-By hand: labs/02-naive.md plays each bug with redis-cli in two terminals.")]
+By hand: labs/02-naive.md plays each bug with redis-cli in two terminals.", crate::lab_exit_status_help!()))]
 pub struct NaiveArgs {
     /// Run one scenario only [default: all four, in this order]
     #[arg(value_enum)]

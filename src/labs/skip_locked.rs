@@ -52,7 +52,7 @@ use crate::servers::{self, ServerArgs};
 use crate::worker::WorkerSpec;
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
 Examples:
   lockslab skip-locked                        skip-locked mode: the queue, a kill, a freeze
   lockslab skip-locked --mode naive           SELECT then UPDATE: watch the duplicates
@@ -64,7 +64,7 @@ Examples:
 With --json every event carries t_ms (one clock for the whole run, --compare included) and
 mode (skip-locked, naive or for-update): split a --compare stream on mode.
 
-By hand, with psql in three terminals: see labs/03-skip-locked.md.")]
+By hand, with psql in three terminals: see labs/03-skip-locked.md.", crate::lab_exit_status_help!()))]
 pub struct SkipLockedArgs {
     /// How workers claim a job
     #[arg(long, value_enum, default_value_t = Mode::SkipLocked, conflicts_with = "compare")]
