@@ -534,13 +534,8 @@ impl Play<'_> {
             if expired {
                 return Ok(());
             }
-            let (owner, pttl): (Option<String>, i64) = redis::pipe()
-                .atomic()
-                .cmd("GET")
-                .arg(&lock_watch.key)
-                .cmd("PTTL")
-                .arg(&lock_watch.key)
-                .query(lock_watch.connection())
+            let (owner, pttl) = lock_watch
+                .owner_and_pttl()
                 .context("watching the lock in Redis")?;
             if owner != a_owner {
                 expired = true;

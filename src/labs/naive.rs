@@ -39,7 +39,7 @@ use serde_json::{Map, Value, json};
 use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
-use crate::lock::redis::{Held, RETRY_EVERY, RedisLock};
+use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, owner_and_pttl};
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
 use crate::worker::{WorkerSpec, await_command};
@@ -1081,13 +1081,8 @@ impl Lab<'_> {
         let b_owner = b_result.get_str("owner").map(String::from);
 
         // The evidence: who the key names now, and whether it will ever expire.
-        let (owner, pttl): (Option<String>, i64) = redis::pipe()
-            .cmd("GET")
-            .arg(&key)
-            .cmd("PTTL")
-            .arg(&key)
-            .query(&mut redis)
-            .step(url, "reading the lock back from Redis")?;
+        let (owner, pttl) =
+            owner_and_pttl(&mut redis, &key).step(url, "reading the lock back from Redis")?;
         let dead_owner = owner.is_some() && owner == a_owner;
         let since_kill = killed_at.elapsed();
         let read = format!(
@@ -1173,12 +1168,7 @@ impl Lab<'_> {
         let deadline = Instant::now() + long;
         let lapsed = (|| loop {
             stage.next(Duration::from_millis(10));
-            let (owner, pttl): (Option<String>, i64) = redis::pipe()
-                .cmd("GET")
-                .arg(&key)
-                .cmd("PTTL")
-                .arg(&key)
-                .query(&mut redis)
+            let (owner, pttl) = owner_and_pttl(&mut redis, &key)
                 .step(url, "watching A's key in Redis while A works")?;
             if owner != a_owner {
                 return Ok(());

@@ -142,16 +142,17 @@ impl RedisLock {
             .context("PTTL")
     }
 
+    /// Who holds the lock now and for how much longer, in one round trip.
+    pub fn owner_and_pttl(&mut self) -> redis::RedisResult<(Option<String>, i64)> {
+        owner_and_pttl(&mut self.connection, &self.key)
+    }
+
     /// Who holds the lock now (the owner value), if anyone.
     pub fn current_owner(&mut self) -> Result<Option<String>> {
         redis::cmd("GET")
             .arg(&self.key)
             .query(&mut self.connection)
             .context("GET")
-    }
-
-    pub fn connection(&mut self) -> &mut Connection {
-        &mut self.connection
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -250,4 +251,19 @@ impl RedisLock {
             .context("DEL")?;
         Ok(deleted == 1)
     }
+}
+
+/// The lock as Redis sees it: the owner value in `key` (if any) and its PTTL (-2: no key,
+/// -1: no expiry), read together in MULTI/EXEC so that both describe the same moment.
+pub fn owner_and_pttl(
+    connection: &mut Connection,
+    key: &str,
+) -> redis::RedisResult<(Option<String>, i64)> {
+    redis::pipe()
+        .atomic()
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .query(connection)
 }
