@@ -103,7 +103,8 @@ pub enum Origin {
 /// The servers a lab runs against. Private ones stop when this is dropped.
 pub struct Servers {
     urls: Vec<(Backend, String, Origin)>,
-    private: Option<PrivateServers>,
+    /// Held only to be dropped: the private servers live exactly as long as this value.
+    _private: Option<PrivateServers>,
 }
 
 impl Servers {
@@ -131,11 +132,6 @@ impl Servers {
                 format!("{:<8} {} ({from})", backend.name(), connect::redact(url))
             })
             .collect()
-    }
-
-    /// How long the private servers took to start, if any were started.
-    pub fn private_startup(&self) -> Option<Duration> {
-        self.private.as_ref().map(|p| p.started_in)
     }
 }
 
@@ -201,7 +197,10 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
         }
         Some(private)
     };
-    Ok(Servers { urls, private })
+    Ok(Servers {
+        urls,
+        _private: private,
+    })
 }
 
 fn answers(backend: Backend, url: &str) -> bool {

@@ -147,14 +147,6 @@ impl RedisLock {
         owner_and_pttl(&mut self.connection, &self.key)
     }
 
-    /// Who holds the lock now (the owner value), if anyone.
-    pub fn current_owner(&mut self) -> Result<Option<String>> {
-        redis::cmd("GET")
-            .arg(&self.key)
-            .query(&mut self.connection)
-            .context("GET")
-    }
-
     fn ttl_ms(&self) -> u64 {
         self.ttl.as_millis().max(1) as u64
     }
