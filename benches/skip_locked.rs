@@ -13,7 +13,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
@@ -97,18 +97,7 @@ fn main() {
             "the same without the branches and tellers updates",
         ),
     ] {
-        let rate = tps(Command::new(&pgbench).args([
-            "-c",
-            "10",
-            "-j",
-            "2",
-            "-n",
-            "-T",
-            PGBENCH_SECONDS,
-            "-b",
-            builtin,
-            &url,
-        ]));
+        let rate = pgbench_tps(&pgbench, &url, &["-b", builtin]);
         println!(
             "  {name:<24} tps {rate:>8.0}   lab / pgbench = {:.2}   ({note})",
             lab / rate
@@ -129,20 +118,11 @@ fn main() {
     db.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
     let script = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(script.path(), QUEUE_SCRIPT).unwrap();
-    let queue = tps(Command::new(&pgbench).args([
-        "-c",
-        "10",
-        "-j",
-        "2",
-        "-n",
-        "-T",
-        PGBENCH_SECONDS,
-        "-M",
-        "prepared",
-        "-f",
-        script.path().to_str().unwrap(),
+    let queue = pgbench_tps(
+        &pgbench,
         &url,
-    ]));
+        &["-M", "prepared", "-f", script.path().to_str().unwrap()],
+    );
     let duplicates: i64 = db
         .query_one(
             "SELECT count(*) FROM (SELECT job_id FROM bench_processing GROUP BY job_id HAVING count(*) > 1) d",
@@ -187,8 +167,15 @@ fn run(command: &mut Command) -> String {
 }
 
 /// The `tps = …` figure of a pgbench run.
-fn tps(command: &mut Command) -> f64 {
-    let out = run(command);
+/// pgbench with the lab's shape (10 clients, 2 threads, no vacuum, PGBENCH_SECONDS long)
+/// plus `what` to run: its transactions per second.
+fn pgbench_tps(pgbench: &Path, url: &str, what: &[&str]) -> f64 {
+    let mut command = Command::new(pgbench);
+    command
+        .args(["-c", "10", "-j", "2", "-n", "-T", PGBENCH_SECONDS])
+        .args(what)
+        .arg(url);
+    let out = run(&mut command);
     out.lines()
         .find_map(|line| {
             let rest = line.trim().strip_prefix("tps = ")?;

@@ -9,6 +9,17 @@ use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+/// A short fenced gc-pause run: enough to see which servers a lab found.
+const QUICK_LAB: [&str; 7] = [
+    "gc-pause",
+    "--ttl",
+    "300ms",
+    "--pause",
+    "600ms",
+    "--fencing",
+    "on",
+];
+
 /// A lockslab command with no server configured at all, and its own state directory.
 fn bare(args: &[&str], state_dir: &std::path::Path) -> Command {
     let mut command = Command::new(BIN);
@@ -42,16 +53,7 @@ fn private_servers_are_started_for_a_run_and_removed_after_it() {
     )
     .unwrap();
     let output = bare(
-        &[
-            "gc-pause",
-            "--private-servers",
-            "--ttl",
-            "300ms",
-            "--pause",
-            "600ms",
-            "--fencing",
-            "on",
-        ],
+        &[&QUICK_LAB[..], &["--private-servers"]].concat(),
         state.path(),
     )
     .env("TMPDIR", tmp.path())
@@ -123,20 +125,7 @@ fn up_status_down_keep_servers_between_commands() {
     assert_eq!(status_text.matches(" up").count(), 3, "{status_text}");
 
     // A lab with nothing configured finds `up`'s servers.
-    let lab = bare(
-        &[
-            "gc-pause",
-            "--ttl",
-            "300ms",
-            "--pause",
-            "600ms",
-            "--fencing",
-            "on",
-        ],
-        state.path(),
-    )
-    .output()
-    .unwrap();
+    let lab = bare(&QUICK_LAB, state.path()).output().unwrap();
     let lab_text = String::from_utf8_lossy(&lab.stdout);
     assert!(lab.status.success(), "{lab_text}");
     assert!(lab_text.contains("from `lockslab up`"), "{lab_text}");
