@@ -23,6 +23,7 @@
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do.
 //! - [`events`] is the worker-to-orchestrator protocol; [`output`] renders it.
 
+pub mod check;
 pub mod cli;
 pub mod connect;
 pub mod events;

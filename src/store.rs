@@ -12,7 +12,11 @@
 //!   knows the previous token; `WHERE stored <= new` works with any monotonic source.
 //!
 //! Every attempt, accepted or not, is recorded in an append-only table, so the verdict of a
-//! lab is read back from the store, never taken from what a worker believed.
+//! lab is read back from the store, never taken from what a worker believed. Each attempt
+//! carries its **decision number**: the resource's own counter, advanced while the write
+//! holds the resource's row lock. "Which write came last" is that order — the order in which
+//! the database decided — not the order in which requests left the workers or in which a
+//! sequence handed out ids before the row lock was taken.
 
 use anyhow::{Context, Result};
 use postgres::Client;
@@ -29,6 +33,8 @@ const SCHEMA: &str = "
         writer   text   NOT NULL,
         -- the highest fencing token accepted so far; NULL while only unfenced writes happened
         token    bigint,
+        -- how many writes the store has decided for this resource (advanced under its row lock)
+        decisions bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (run_id, resource)
     );
     CREATE TABLE IF NOT EXISTS lockslab_attempt (
@@ -40,37 +46,54 @@ const SCHEMA: &str = "
         token    bigint,
         fenced   boolean NOT NULL,
         accepted boolean NOT NULL,
+        -- the resource's decision number of this attempt: 1 for the first write decided, 2 next…
+        decided  bigint,
         at       timestamptz NOT NULL DEFAULT clock_timestamp()
-    );";
+    );
+    -- A server whose tables an older lockslab made gets the new columns, only when missing
+    -- (an ALTER would queue behind every run that is writing right now).
+    DO $$ BEGIN
+        IF NOT EXISTS (SELECT FROM information_schema.columns
+                       WHERE table_name = 'lockslab_resource' AND column_name = 'decisions') THEN
+            ALTER TABLE lockslab_resource ADD COLUMN decisions bigint NOT NULL DEFAULT 0;
+        END IF;
+        IF NOT EXISTS (SELECT FROM information_schema.columns
+                       WHERE table_name = 'lockslab_attempt' AND column_name = 'decided') THEN
+            ALTER TABLE lockslab_attempt ADD COLUMN decided bigint;
+        END IF;
+    END $$;";
 
 /// ❌ No fencing: the write always lands, whoever sends it and however late.
 const UNFENCED_WRITE: &str = "
-    WITH written AS (
-        INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
-        VALUES ($1, $2, $3, $4, NULL)
-        ON CONFLICT (run_id, resource) DO UPDATE
-            SET value = EXCLUDED.value, writer = EXCLUDED.writer
-        RETURNING 1
-    )
-    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted)
-    SELECT $1, $2, $4, $3, NULL, false, EXISTS (SELECT 1 FROM written)
-    RETURNING accepted";
+    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    VALUES ($1, $2, $3, $4, NULL)
+    ON CONFLICT (run_id, resource) DO UPDATE
+        SET value = EXCLUDED.value, writer = EXCLUDED.writer
+    RETURNING 1";
 
 /// ✅ Fenced: the database compares the token with the highest accepted one and writes
 /// only if it is not lower, atomically (`ON CONFLICT … DO UPDATE … WHERE` locks the row
-/// and evaluates the condition on its latest version).
+/// and evaluates the condition on its latest version). A refused write returns no row.
 const FENCED_WRITE: &str = "
-    WITH written AS (
-        INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
-        VALUES ($1, $2, $3, $4, $5)
-        ON CONFLICT (run_id, resource) DO UPDATE
-            SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
-            WHERE lockslab_resource.token IS NULL OR lockslab_resource.token <= EXCLUDED.token
-        RETURNING 1
-    )
-    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted)
-    SELECT $1, $2, $4, $3, $5, true, EXISTS (SELECT 1 FROM written)
-    RETURNING accepted";
+    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (run_id, resource) DO UPDATE
+        SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
+        WHERE lockslab_resource.token IS NULL OR lockslab_resource.token <= EXCLUDED.token
+    RETURNING 1";
+
+/// Numbers the decision just made. Both writes above leave the resource's row locked by
+/// this transaction — an accepted write because it changed the row, a refused one because
+/// `ON CONFLICT DO UPDATE` locks the conflicting row before it evaluates `WHERE` — so no
+/// other write to the resource is decided between the write and this number.
+const NUMBER_THE_DECISION: &str = "
+    UPDATE lockslab_resource SET decisions = decisions + 1
+    WHERE run_id = $1 AND resource = $2
+    RETURNING decisions";
+
+const RECORD_THE_ATTEMPT: &str = "
+    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted, decided)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// What the store said about one write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -93,7 +116,7 @@ impl Outcome {
     }
 }
 
-/// One recorded write attempt, in the order the database saw them.
+/// One recorded write attempt. Read back in decision order.
 #[derive(Clone, Debug, Serialize)]
 pub struct Attempt {
     pub writer: String,
@@ -101,6 +124,8 @@ pub struct Attempt {
     pub token: Option<i64>,
     pub fenced: bool,
     pub accepted: bool,
+    /// Its place in the order the database decided the resource's writes (1, 2, …).
+    pub decided: i64,
 }
 
 /// The resource as read back at the end of a run.
@@ -137,7 +162,8 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `value` to the resource, fenced by `token` when there is one.
+    /// Writes `value` to the resource, fenced by `token` when there is one, and records the
+    /// attempt with its decision number, all in one transaction.
     pub fn write(
         &mut self,
         run_id: &str,
@@ -146,17 +172,38 @@ impl Store {
         value: &str,
         token: Option<i64>,
     ) -> Outcome {
-        let result = match token {
-            None => self
-                .client
-                .query_one(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer]),
-            Some(token) => self
-                .client
-                .query_one(FENCED_WRITE, &[&run_id, &resource, &value, &writer, &token]),
+        let decide = |client: &mut Client| -> Result<bool, postgres::Error> {
+            let mut tx = client.transaction()?;
+            let accepted = match token {
+                None => tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?,
+                Some(token) => {
+                    tx.query_opt(FENCED_WRITE, &[&run_id, &resource, &value, &writer, &token])?
+                }
+            }
+            .is_some();
+            let decided: i64 = tx
+                .query_one(NUMBER_THE_DECISION, &[&run_id, &resource])?
+                .get(0);
+            tx.execute(
+                RECORD_THE_ATTEMPT,
+                &[
+                    &run_id,
+                    &resource,
+                    &writer,
+                    &value,
+                    &token,
+                    &token.is_some(),
+                    &accepted,
+                    &decided,
+                ],
+            )?;
+            tx.commit()?;
+            Ok(accepted)
         };
-        match result {
-            Ok(row) if row.get::<_, bool>(0) => Outcome::Accepted,
-            Ok(_) => Outcome::Rejected,
+        match decide(&mut self.client) {
+            Ok(true) => Outcome::Accepted,
+            Ok(false) => Outcome::Rejected,
+            // The commit may or may not have happened before the answer was lost.
             Err(_) => Outcome::Unknown,
         }
     }
@@ -169,8 +216,8 @@ impl Store {
         let attempts = self
             .client
             .query(
-                "SELECT writer, value, token, fenced, accepted FROM lockslab_attempt
-                 WHERE run_id = $1 AND resource = $2 ORDER BY id",
+                "SELECT writer, value, token, fenced, accepted, decided FROM lockslab_attempt
+                 WHERE run_id = $1 AND resource = $2 ORDER BY decided",
                 &[&run_id, &resource],
             )?
             .iter()
@@ -180,6 +227,7 @@ impl Store {
                 token: row.get(2),
                 fenced: row.get(3),
                 accepted: row.get(4),
+                decided: row.get(5),
             })
             .collect();
         Ok(ReadBack {

@@ -379,3 +379,22 @@ fn help_documents_exit_codes_and_examples() {
         );
     }
 }
+
+/// Issue 10, items 1 and 2: at pause ≈ TTL the verdict used to read "two holders" off the
+/// order in which events reached the lab, and the attempts off ids drawn before the row
+/// lock. Around the edge the outcomes flip from run to run; whichever way each run goes, its
+/// verdict must agree with the store's record and the timeline's store line.
+#[test]
+fn verdicts_at_the_ttl_edge_agree_with_the_store() {
+    for pause in ["990ms", "1005ms", "1015ms"] {
+        let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "1s", "--pause", pause]);
+        for run in verdict["runs"].as_array().unwrap() {
+            let store_lines: Vec<&Value> = lines
+                .iter()
+                .filter(|e| e["worker"] == "store" && e["fencing"] == run["fencing"])
+                .collect();
+            let problems = gc_pause_disagreements(run, &store_lines);
+            assert!(problems.is_empty(), "pause {pause}: {problems:?}\n{run}");
+        }
+    }
+}

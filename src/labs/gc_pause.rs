@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{OutputArgs, Stage, new_run_id, parse_duration};
+use crate::check::{self, LateWrite};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
-use crate::lock::redis::RedisLock;
+use crate::lock::redis::{RedisLock, Release};
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
 use crate::store::{Outcome, ReadBack, Store};
@@ -207,100 +208,147 @@ pub fn work(role: &Role) -> Result<()> {
     if role.hold_after_write {
         await_command("finish")?;
     }
-    let released = lock.release(&held)?;
-    let text = if released {
-        "releases the lock (compare-and-delete deleted its key)"
-    } else {
-        "tries to release: the key is no longer its own, so compare-and-delete deletes nothing"
+    // The release is the evidence of who held the lock when: what compare-and-delete found
+    // in the key is Redis's own answer, in Redis's order.
+    let release = lock.release_reporting(&held)?;
+    let (text, found) = match &release {
+        Release::Deleted => (
+            "releases the lock (compare-and-delete deleted its key)".to_string(),
+            None,
+        ),
+        Release::HeldBy(owner) => (
+            "tries to release: the key holds another owner now, so compare-and-delete deletes nothing"
+                .to_string(),
+            Some(owner.clone()),
+        ),
+        Release::Gone => (
+            "tries to release: its key had expired, so compare-and-delete deletes nothing"
+                .to_string(),
+            None,
+        ),
     };
-    me.send(me.event("released", text).with("deleted", released));
+    me.send(
+        me.event("released", text)
+            .with("deleted", release.deleted())
+            .with("found_owner", found),
+    );
     Ok(())
 }
 
-/// What one run found, read back from the store.
+/// A worker's release, as its event reported Redis's answer.
+fn release_of(event: &Event) -> Option<Release> {
+    Some(
+        match (event.get_bool("deleted")?, event.get_str("found_owner")) {
+            (true, _) => Release::Deleted,
+            (false, Some(owner)) => Release::HeldBy(owner.to_string()),
+            (false, None) => Release::Gone,
+        },
+    )
+}
+
+/// What one run found. Every field comes from a backend's answer: Redis's (who held the
+/// lock when) or the store's (which write it decided last, and what it decided).
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
     pub fencing: bool,
-    /// B took the lock while A was frozen: two workers believed they held it.
-    pub two_holders: bool,
-    /// A wrote after B had written (the write that can destroy B's result).
+    /// Redis granted B the lock while A still believed it held it (A's release found B's
+    /// key); null when the releases cannot order B's grant.
+    pub two_holders: Option<bool>,
+    /// A's write, in the store's decision order relative to B's accepted write.
+    pub late_write: LateWrite,
+    /// A's write was decided after B's (the write that can destroy B's result).
     pub stale_write_attempted: bool,
-    /// Whether the store took that stale write; null when its outcome is unknown.
+    /// Whether the store took that stale write; null when there was none.
     pub stale_write_accepted: Option<bool>,
-    /// A's compare-and-delete found its key gone: Redis had ended A's lease before A let go.
+    /// A's compare-and-delete found its key gone or taken: Redis had ended A's lease before
+    /// A let go.
     pub a_lease_ran_out: bool,
+    /// What A heard back for its write; a lost answer is "unknown" and the store decides.
+    pub a_heard: Option<Outcome>,
     pub final_value: Option<String>,
     pub final_writer: Option<String>,
     pub final_token: Option<i64>,
     pub stale_token: Option<i64>,
     pub newer_token: Option<i64>,
+    /// Every write attempt, in the order the database decided them.
     pub attempts: Vec<crate::store::Attempt>,
 }
 
 impl RunVerdict {
-    /// Judges the run from what the store recorded, in the order the database saw it.
-    fn from_store(
+    /// Judges the run from Redis's answers and the store's record.
+    fn judge(
         fencing: bool,
-        two_holders: bool,
-        a_lease_ran_out: bool,
-        a_outcome: Option<Outcome>,
+        a_release: &Release,
+        b_owner: Option<&str>,
+        b_release: Option<&Release>,
+        a_heard: Option<Outcome>,
         read: ReadBack,
-    ) -> RunVerdict {
-        let b_index = read
-            .attempts
-            .iter()
-            .position(|a| a.writer == "B" && a.accepted);
-        let a_index = read.attempts.iter().position(|a| a.writer == "A");
-        let stale_write_attempted = match (a_index, b_index) {
-            (Some(a), Some(b)) => a > b,
-            // A's write is not in the store: it may have been lost on the way, so if A never
-            // heard back, nobody knows; the store does not show a stale write either way.
-            _ => false,
+    ) -> Result<RunVerdict> {
+        if !check::last_accepted_is_final(&read.attempts, read.final_writer.as_deref()) {
+            bail!(
+                "the store's record disagrees with itself: its final writer is {:?} but its last accepted attempt is not",
+                read.final_writer
+            );
+        }
+        let late_write = check::late_write(&read.attempts, "A", "B");
+        let token_of = |writer: &str| {
+            read.attempts
+                .iter()
+                .rev()
+                .find(|a| a.writer == writer)
+                .and_then(|a| a.token)
         };
-        let stale_write_accepted = match a_index {
-            Some(a) if stale_write_attempted => Some(read.attempts[a].accepted),
-            None if a_outcome == Some(Outcome::Unknown) => None,
-            _ => Some(false),
-        };
-        RunVerdict {
+        Ok(RunVerdict {
             fencing,
-            two_holders,
-            a_lease_ran_out,
-            stale_write_attempted,
-            stale_write_accepted,
-            stale_token: a_index.and_then(|a| read.attempts[a].token),
-            newer_token: b_index.and_then(|b| read.attempts[b].token),
+            two_holders: check::two_holders(a_release, b_owner, b_release).as_option(),
+            late_write,
+            stale_write_attempted: late_write.attempted(),
+            stale_write_accepted: match late_write {
+                LateWrite::Accepted => Some(true),
+                LateWrite::Rejected => Some(false),
+                _ => None,
+            },
+            a_lease_ran_out: !a_release.deleted(),
+            a_heard,
+            stale_token: token_of("A"),
+            newer_token: token_of("B"),
             final_value: read.final_value,
             final_writer: read.final_writer,
             final_token: read.final_token,
             attempts: read.attempts,
-        }
+        })
     }
 
-    /// One sentence on what the run shows.
+    /// What the run shows, in sentences drawn from the same fields as the table: first who
+    /// held the lock, then what the store did with A's write.
     fn meaning(&self, ttl: Duration, pause: Duration) -> String {
-        if !self.two_holders && self.a_lease_ran_out {
-            return format!(
-                "A's {} lease ran out during its {} pause (its release found the key gone), but B had not \
-                 taken the lock yet: no stale write this time — by luck, not by design.",
+        let holders = match (self.two_holders, self.a_lease_ran_out) {
+            (Some(true), _) => format!(
+                "A's {} lease ran out during its {} pause and Redis gave the lock to B while A still \
+                 believed it held it (A's release found B's key).",
                 human(ttl),
                 human(pause)
-            );
-        }
-        if !self.two_holders {
-            return format!(
-                "The pause ({}) did not outlast the TTL ({}): A still held the lock when it woke, \
-                 B waited for A's release, and no stale write happened.",
-                human(pause),
-                human(ttl)
-            );
-        }
-        match (self.fencing, self.stale_write_accepted) {
-            (false, Some(true)) => "the store took A's late write: B's result is lost, \
-                                    although both workers used a correct lock."
-                .into(),
-            (true, Some(false)) => format!(
-                "the store refused A's token {} because it had accepted token {}: B's result stands.",
+            ),
+            (Some(false), true) => format!(
+                "A's {} lease ran out during its {} pause, but Redis granted B the lock only after \
+                 A let go.",
+                human(ttl),
+                human(pause)
+            ),
+            (Some(false), false) => format!(
+                "A's key outlived its {} pause: A still held the lock when it let go, and B waited.",
+                human(pause)
+            ),
+            (None, _) => "A's lease ran out, and B's key had expired too by the time B let go, \
+                          so Redis's answers cannot tell whether B got the lock before A let go."
+                .to_string(),
+        };
+        let store = match self.late_write {
+            LateWrite::Accepted => "The store decided A's write after B's and took it: B's result \
+                                    is lost, although both workers used a correct lock."
+                .to_string(),
+            LateWrite::Rejected => format!(
+                "The store refused A's token {} because it had accepted token {}: B's result stands.",
                 self.stale_token
                     .map(|t| t.to_string())
                     .unwrap_or("?".into()),
@@ -308,16 +356,17 @@ impl RunVerdict {
                     .map(|t| t.to_string())
                     .unwrap_or("?".into()),
             ),
-            (_, None) => {
-                "A's late write got no answer: the store's final value is the only truth.".into()
+            LateWrite::NotInStore => {
+                "A's write never took effect: the store has no record of it.".to_string()
             }
-            _ if !self.stale_write_attempted => {
-                "B took the lock during A's pause, but A's write reached the store before B's."
-                    .into()
+            LateWrite::None if self.a_lease_ran_out => {
+                "The store decided A's write before any write of B's: no stale write this time — \
+                 by luck, not by design."
+                    .to_string()
             }
-            _ => "The store's answer differs from what the lab expected; see the attempts above."
-                .into(),
-        }
+            LateWrite::None => "No stale write: the lock did its job.".to_string(),
+        };
+        format!("{holders} {store}")
     }
 }
 
@@ -572,45 +621,48 @@ impl Play<'_> {
         b.finish(Duration::from_secs(5));
         stage.drain();
 
-        let b_took_lock_during_pause = stage
-            .saw("B", "acquired")
-            .zip(stage.log.iter().find(|e| e.is("lab", "resumed")))
-            .is_some_and(|(acquired, resumed)| acquired.t_ms <= resumed.t_ms);
-        let a_outcome = match a_wrote.get_str("outcome") {
+        let a_heard = match a_wrote.get_str("outcome") {
             Some("accepted") => Some(Outcome::Accepted),
             Some("rejected") => Some(Outcome::Rejected),
             Some(_) => Some(Outcome::Unknown),
             None => None,
         };
-        let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
-        // A's release is a compare-and-delete: 0 deleted means Redis had already ended A's lease.
-        let a_lease_ran_out = stage
+        let a_release = stage
             .saw("A", "released")
-            .and_then(|e| e.get_bool("deleted"))
-            == Some(false);
-        let verdict = RunVerdict::from_store(
+            .and_then(release_of)
+            .context("A's release did not say what Redis answered")?;
+        let b_owner = stage
+            .saw("B", "acquired")
+            .and_then(|e| e.get_str("owner"))
+            .map(String::from);
+        let b_release = stage.saw("B", "released").and_then(release_of);
+        let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
+        let verdict = RunVerdict::judge(
             self.fenced,
-            b_took_lock_during_pause,
-            a_lease_ran_out,
-            a_outcome,
+            &a_release,
+            b_owner.as_deref(),
+            b_release.as_ref(),
+            a_heard,
             read,
-        );
-        if verdict.stale_write_attempted {
-            let (kind, text) = match verdict.stale_write_accepted {
-                Some(true) => (
-                    "stale_write_accepted",
-                    "the store holds A's stale result: B's write is lost",
+        )?;
+        let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
+        let store_line = match verdict.late_write {
+            LateWrite::Accepted => Some((
+                "stale_write_accepted",
+                format!(
+                    "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
                 ),
-                Some(false) => (
-                    "stale_write_rejected",
-                    "the store rejected A's stale write: B's result stands",
+            )),
+            LateWrite::Rejected => Some((
+                "stale_write_rejected",
+                format!(
+                    "decided A's stale write after B's and refused it: it holds {holds}'s result"
                 ),
-                None => (
-                    "stale_write_unknown",
-                    "A's stale write has an unknown outcome",
-                ),
-            };
-            stage.record(Event::new("store", kind, text));
+            )),
+            _ => None,
+        };
+        if let Some((kind, text)) = store_line {
+            stage.record(Event::new("store", kind, text).with("final_writer", holds));
         }
         Ok(verdict)
     }
@@ -633,11 +685,10 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             }
         }))
         .collect();
-    let stale = |v: &RunVerdict| match (v.stale_write_attempted, v.stale_write_accepted) {
-        (false, _) => "none".to_string(),
-        (true, Some(true)) => "ACCEPTED".red().bold().to_string(),
-        (true, Some(false)) => "rejected".green().bold().to_string(),
-        (true, None) => "unknown".yellow().to_string(),
+    let stale = |v: &RunVerdict| match v.late_write {
+        LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+        LateWrite::Rejected => "rejected".green().bold().to_string(),
+        other => other.as_str().to_string(),
     };
     let row = |name: &str, cell: &dyn Fn(&RunVerdict) -> String| {
         std::iter::once(name.to_string())
@@ -645,9 +696,13 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             .collect::<Vec<_>>()
     };
     let rows = vec![
-        row("two holders at once (lock events)", &|v| {
-            yes_no(v.two_holders)
-        }),
+        row(
+            "two holders at once (Redis's answers)",
+            &|v| match v.two_holders {
+                Some(b) => yes_no(b),
+                None => "unknown".yellow().to_string(),
+            },
+        ),
         row("A's late write (store)", &stale),
         row("last accepted writer (store)", &|v| {
             v.final_writer.clone().unwrap_or("nobody".into())
@@ -663,7 +718,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
                 .map(|t| t.to_string())
                 .unwrap_or("none".into())
         }),
-        row("attempts in store order", &|v| {
+        row("attempts in decision order", &|v| {
             v.attempts
                 .iter()
                 .map(|a| {

@@ -32,6 +32,19 @@ end
 return 0
 "#;
 
+/// The same compare-and-delete, telling what it found when the key was not ours: the owner
+/// value now in the key (someone else was granted the lock before we let go) or nothing (our
+/// lease ran out and nobody has taken the lock since). Redis's own answer, in Redis's order.
+/// (A missing key reads as `false` in Lua, and `false` travels back as a nil reply.)
+const COMPARE_AND_DELETE_REPORTING: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return {1, false}
+end
+return {0, current}
+"#;
+
 /// Takes the lock and a fencing token in one atomic step.
 ///
 /// The token must be drawn *with* the lock: a client that ran SET NX, then paused, then
@@ -54,6 +67,24 @@ pub struct Held {
     pub owner: String,
     /// The fencing token drawn with the lock, when fencing is on.
     pub token: Option<i64>,
+}
+
+/// What a release found in Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// The key still held our owner value, and is deleted: our lease lasted until we let go.
+    Deleted,
+    /// The key held someone else's owner value: Redis had granted them the lock before we
+    /// let go, while we still believed we held it.
+    HeldBy(String),
+    /// No key: our lease ran out and nobody held the lock at the moment we let go.
+    Gone,
+}
+
+impl Release {
+    pub fn deleted(&self) -> bool {
+        *self == Release::Deleted
+    }
 }
 
 pub struct RedisLock {
@@ -131,6 +162,21 @@ impl RedisLock {
             .invoke(&mut self.connection)
             .context("releasing with compare-and-delete")?;
         Ok(deleted == 1)
+    }
+
+    /// ✅ Compare-and-delete that also says what it found: the labs' evidence of whether
+    /// Redis handed the lock to someone else before this holder let go.
+    pub fn release_reporting(&mut self, held: &Held) -> Result<Release> {
+        let (deleted, current): (i64, Option<String>) = Script::new(COMPARE_AND_DELETE_REPORTING)
+            .key(&self.key)
+            .arg(&held.owner)
+            .invoke(&mut self.connection)
+            .context("releasing with compare-and-delete")?;
+        Ok(match (deleted, current) {
+            (1, _) => Release::Deleted,
+            (_, Some(owner)) => Release::HeldBy(owner),
+            (_, None) => Release::Gone,
+        })
     }
 
     /// The key's remaining time to live in milliseconds, as Redis sees it:

@@ -265,3 +265,70 @@ pub fn report(what: &str, samples: &mut [Duration]) {
         ms(samples[samples.len() - 1])
     );
 }
+
+/// Every way one run of a lab 1 verdict could contradict the store's record it carries (the
+/// attempts in decision order) or the timeline's store line (`store_lines`, that run's
+/// events from the `store` lane). Empty when the verdict is true to its evidence.
+pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
+    let decided: Vec<i64> = attempts
+        .iter()
+        .filter_map(|a| a["decided"].as_i64())
+        .collect();
+    if decided != (1..=attempts.len() as i64).collect::<Vec<_>>() {
+        problems.push(format!(
+            "decision numbers are not 1..n in order: {decided:?}"
+        ));
+    }
+    let last_accepted = attempts.iter().rev().find(|a| a["accepted"] == true);
+    if last_accepted.map(|a| &a["writer"]) != Some(&run["final_writer"])
+        && !(last_accepted.is_none() && run["final_writer"].is_null())
+    {
+        problems.push("the final writer is not the last accepted attempt".into());
+    }
+    let b_accepted = attempts
+        .iter()
+        .find(|a| a["writer"] == "B" && a["accepted"] == true);
+    let a_last = attempts.iter().rev().find(|a| a["writer"] == "A");
+    let expected = match (a_last, b_accepted) {
+        (None, _) => "not in store",
+        (Some(a), Some(b)) if a["decided"].as_i64() > b["decided"].as_i64() => {
+            if a["accepted"] == true {
+                "accepted"
+            } else {
+                "rejected"
+            }
+        }
+        _ => "none",
+    };
+    if run["late_write"] != expected {
+        problems.push(format!(
+            "late_write says {} but the attempts say {expected}",
+            run["late_write"]
+        ));
+    }
+    // A's write decided after B's means B held the lock before A let go.
+    if matches!(expected, "accepted" | "rejected") && run["two_holders"] == false {
+        problems.push("A wrote after B, yet the verdict says no two holders".into());
+    }
+    let says = match expected {
+        "accepted" => Some("stale_write_accepted"),
+        "rejected" => Some("stale_write_rejected"),
+        _ => None,
+    };
+    let said: Vec<&str> = store_lines
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    if said != says.into_iter().collect::<Vec<_>>() {
+        problems.push(format!("the timeline's store line says {said:?}"));
+    }
+    if store_lines
+        .iter()
+        .any(|e| e["final_writer"] != run["final_writer"])
+    {
+        problems.push("the timeline's store line names another final writer".into());
+    }
+    problems
+}

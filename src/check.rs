@@ -1,0 +1,254 @@
+//! Checkers: the facts a verdict states, computed from evidence the backends gave.
+//!
+//! A lab's timeline is stamped when events *reach* the orchestrator, and two events from two
+//! processes can arrive in either order whatever order they happened in. A verdict that reads
+//! "two holders" or "which write came last" off that order is right on the defaults and wrong
+//! at the edges — exactly where a pause ends within a few milliseconds of the TTL. So every
+//! fact here comes from an answer a backend gave, in the backend's own order:
+//!
+//! - **who held the lock when**: the lock service's replies — a compare-and-delete that found
+//!   someone else's owner value in the key proves Redis granted the lock to them before the
+//!   first holder let go;
+//! - **which write came last**: the store's decision numbers, taken under the resource's row
+//!   lock ([`crate::store`]).
+//!
+//! Where the evidence cannot decide, the answer is [`Finding::Unknown`], never a guess.
+//! Every function is pure, so each edge is a unit test on a small hand-written history.
+
+use serde::Serialize;
+
+use crate::lock::redis::Release;
+use crate::store::Attempt;
+
+/// A yes/no fact that the evidence may not settle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    Yes,
+    No,
+    Unknown,
+}
+
+impl Finding {
+    /// `Some(true)`, `Some(false)`, or `None` for unknown: how JSON carries a finding.
+    pub fn as_option(self) -> Option<bool> {
+        match self {
+            Finding::Yes => Some(true),
+            Finding::No => Some(false),
+            Finding::Unknown => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finding::Yes => "yes",
+            Finding::No => "no",
+            Finding::Unknown => "unknown",
+        }
+    }
+}
+
+/// Did Redis grant the lock to `second` while `first` still believed it held it?
+///
+/// `first_release` is what `first`'s compare-and-delete found when it let go; `second` is
+/// the owner value of the second acquisition (None if it never got the lock) and
+/// `second_release` what its own release found.
+///
+/// - `first` deleted its own key: the key lived from `first`'s grant to its release, and
+///   `SET NX` refuses everyone while it exists — no overlap.
+/// - `first` found `second`'s value: Redis had granted `second` the lock first — overlap.
+/// - `first` found no key: `second` was granted after `first` let go *if* `second`'s own key
+///   then lived until `second` released it (it did not exist at `first`'s release, and a
+///   key with a fresh owner value cannot reappear). If `second`'s key had expired too, the
+///   two releases cannot order the grant: unknown.
+pub fn two_holders(
+    first_release: &Release,
+    second: Option<&str>,
+    second_release: Option<&Release>,
+) -> Finding {
+    let Some(second) = second else {
+        return Finding::No;
+    };
+    match first_release {
+        Release::Deleted => Finding::No,
+        Release::HeldBy(owner) if owner == second => Finding::Yes,
+        // Someone else entirely held the key: still two holders at once.
+        Release::HeldBy(_) => Finding::Yes,
+        Release::Gone => match second_release {
+            Some(Release::Deleted) => Finding::No,
+            _ => Finding::Unknown,
+        },
+    }
+}
+
+/// What became of a write that may have come after its writer's lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LateWrite {
+    /// It was decided before the next holder's accepted write: it destroyed nothing.
+    None,
+    /// The store has no record of it: it never took effect (attempt and write commit together).
+    NotInStore,
+    /// Decided after the next holder's accepted write, and taken: the next holder's result is lost.
+    Accepted,
+    /// Decided after the next holder's accepted write, and refused (a lower fencing token).
+    Rejected,
+}
+
+impl LateWrite {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateWrite::None => "none",
+            LateWrite::NotInStore => "not in store",
+            LateWrite::Accepted => "accepted",
+            LateWrite::Rejected => "rejected",
+        }
+    }
+
+    /// A stale write reached the store after the next holder's (accepted or not).
+    pub fn attempted(self) -> bool {
+        matches!(self, LateWrite::Accepted | LateWrite::Rejected)
+    }
+}
+
+/// Did `late`'s write come after `next`'s accepted write, in the store's decision order, and
+/// what did the store decide? `attempts` must be in decision order (as
+/// [`crate::store::Store::read_back`] returns them).
+pub fn late_write(attempts: &[Attempt], late: &str, next: &str) -> LateWrite {
+    let next_accepted = attempts.iter().find(|a| a.writer == next && a.accepted);
+    let late_attempts: Vec<&Attempt> = attempts.iter().filter(|a| a.writer == late).collect();
+    let Some(last_late) = late_attempts.last() else {
+        return LateWrite::NotInStore;
+    };
+    match next_accepted {
+        Some(next) if last_late.decided > next.decided => {
+            if last_late.accepted {
+                LateWrite::Accepted
+            } else {
+                LateWrite::Rejected
+            }
+        }
+        _ => LateWrite::None,
+    }
+}
+
+/// The store's own consistency: the last accepted attempt, in decision order, is the writer
+/// the resource's row names. A verdict is read back only from a store that passes this.
+pub fn last_accepted_is_final(attempts: &[Attempt], final_writer: Option<&str>) -> bool {
+    attempts
+        .iter()
+        .rev()
+        .find(|a| a.accepted)
+        .map(|a| a.writer.as_str())
+        == final_writer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(decided: i64, writer: &str, token: Option<i64>, accepted: bool) -> Attempt {
+        Attempt {
+            writer: writer.into(),
+            value: format!("{writer}'s result"),
+            token,
+            fenced: token.is_some(),
+            accepted,
+            decided,
+        }
+    }
+
+    #[test]
+    fn a_release_that_deleted_its_own_key_rules_out_a_second_holder() {
+        let b_release = Release::Deleted;
+        assert_eq!(
+            two_holders(&Release::Deleted, Some("b"), Some(&b_release)),
+            Finding::No
+        );
+    }
+
+    #[test]
+    fn a_release_that_found_the_next_owner_proves_two_holders() {
+        // Lab 1 at pause ≈ TTL: B's "acquired" reached the orchestrator after A's "resumed",
+        // yet Redis had granted B the lock before A let go. Redis's answer decides.
+        let a_release = Release::HeldBy("b".into());
+        assert_eq!(
+            two_holders(&a_release, Some("b"), Some(&Release::Deleted)),
+            Finding::Yes
+        );
+    }
+
+    #[test]
+    fn a_lease_that_ran_out_with_nobody_waiting_is_not_two_holders() {
+        assert_eq!(
+            two_holders(&Release::Gone, Some("b"), Some(&Release::Deleted)),
+            Finding::No
+        );
+    }
+
+    #[test]
+    fn two_expired_keys_cannot_order_the_grant() {
+        assert_eq!(
+            two_holders(&Release::Gone, Some("b"), Some(&Release::Gone)),
+            Finding::Unknown
+        );
+        assert_eq!(
+            two_holders(&Release::Gone, Some("b"), None),
+            Finding::Unknown
+        );
+    }
+
+    #[test]
+    fn nobody_else_granted_is_not_two_holders() {
+        assert_eq!(two_holders(&Release::Gone, None, None), Finding::No);
+    }
+
+    #[test]
+    fn a_write_decided_after_the_next_holders_is_late() {
+        let unfenced = [attempt(1, "B", None, true), attempt(2, "A", None, true)];
+        assert_eq!(late_write(&unfenced, "A", "B"), LateWrite::Accepted);
+        let fenced = [
+            attempt(1, "B", Some(2), true),
+            attempt(2, "A", Some(1), false),
+        ];
+        assert_eq!(late_write(&fenced, "A", "B"), LateWrite::Rejected);
+    }
+
+    #[test]
+    fn decision_order_not_list_order_decides() {
+        // Listed out of order (as an id drawn before the row lock would list them): the
+        // decision numbers still say A's write was decided last.
+        let attempts = [attempt(2, "A", None, true), attempt(1, "B", None, true)];
+        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::Accepted);
+    }
+
+    #[test]
+    fn a_write_decided_before_the_next_holders_destroyed_nothing() {
+        let attempts = [attempt(1, "A", None, true), attempt(2, "B", None, true)];
+        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::None);
+        assert!(last_accepted_is_final(&attempts, Some("B")));
+    }
+
+    #[test]
+    fn a_write_the_store_never_recorded_is_not_in_store() {
+        let attempts = [attempt(1, "B", Some(2), true)];
+        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::NotInStore);
+    }
+
+    #[test]
+    fn without_a_next_write_nothing_is_late() {
+        let attempts = [attempt(1, "A", None, true)];
+        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::None);
+    }
+
+    #[test]
+    fn the_final_writer_must_be_the_last_accepted() {
+        let attempts = [
+            attempt(1, "B", Some(2), true),
+            attempt(2, "A", Some(1), false),
+        ];
+        assert!(last_accepted_is_final(&attempts, Some("B")));
+        assert!(!last_accepted_is_final(&attempts, Some("A")));
+        assert!(last_accepted_is_final(&[], None));
+    }
+}
