@@ -81,14 +81,40 @@ pub fn two_holders(
     }
 }
 
+/// The store's order can settle what the lock's answers leave open. Each holder writes after
+/// its grant and lets go after its write, so a write decided after the next holder's
+/// accepted write proves the next holder was granted the lock before the late writer let go:
+/// two holders, whatever the lock service remembers (lab 5's failover forgets a lock outright).
+pub fn two_holders_given_writes(from_lock: Finding, late: LateWrite) -> Finding {
+    if late.attempted() {
+        Finding::Yes
+    } else {
+        from_lock
+    }
+}
+
+/// The same question for a lock service that queues waiters in the server (an etcd lock, a
+/// Postgres advisory lock): the server hands the lock to the queued waiter the moment the
+/// holder's key or session goes. So if the holder's release found its lock already gone
+/// (`holder_kept` false) and the waiter, queued before the holder was struck, got the lock,
+/// the server granted it before the holder let go. If the release found the lock still the
+/// holder's, the queue granted nothing until then.
+pub fn two_holders_queued(holder_kept: bool, waiter_acquired: bool) -> Finding {
+    if !holder_kept && waiter_acquired {
+        Finding::Yes
+    } else {
+        Finding::No
+    }
+}
+
 /// What became of a write that may have come after its writer's lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LateWrite {
-    /// It was decided before the next holder's accepted write: it destroyed nothing.
+    /// It was decided before the next holder's accepted write, or the store has no record
+    /// of it at all (attempt and write commit together, so it never took effect): either way
+    /// it destroyed nothing.
     None,
-    /// The store has no record of it: it never took effect (attempt and write commit together).
-    NotInStore,
     /// Decided after the next holder's accepted write, and taken: the next holder's result is lost.
     Accepted,
     /// Decided after the next holder's accepted write, and refused (a lower fencing token).
@@ -99,7 +125,6 @@ impl LateWrite {
     pub fn as_str(self) -> &'static str {
         match self {
             LateWrite::None => "none",
-            LateWrite::NotInStore => "not in store",
             LateWrite::Accepted => "accepted",
             LateWrite::Rejected => "rejected",
         }
@@ -118,7 +143,7 @@ pub fn late_write(attempts: &[Attempt], late: &str, next: &str) -> LateWrite {
     let next_accepted = attempts.iter().find(|a| a.writer == next && a.accepted);
     let late_attempts: Vec<&Attempt> = attempts.iter().filter(|a| a.writer == late).collect();
     let Some(last_late) = late_attempts.last() else {
-        return LateWrite::NotInStore;
+        return LateWrite::None;
     };
     match next_accepted {
         Some(next) if last_late.decided > next.decided => {
@@ -204,6 +229,16 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_waiter_granted_before_the_holder_let_go_is_a_second_holder() {
+        // Lab 4 at a pause between ⅔ and 1 lease TTL: the keepalive answered TTL 0, the
+        // holder wrote and then found its lease gone at release; the waiter's "acquired"
+        // reached the lab after the resume. etcd's answers decide, not arrival order.
+        assert_eq!(two_holders_queued(false, true), Finding::Yes);
+        assert_eq!(two_holders_queued(true, true), Finding::No);
+        assert_eq!(two_holders_queued(false, false), Finding::No);
+    }
+
+    #[test]
     fn a_write_decided_after_the_next_holders_is_late() {
         let unfenced = [attempt(1, "B", None, true), attempt(2, "A", None, true)];
         assert_eq!(late_write(&unfenced, "A", "B"), LateWrite::Accepted);
@@ -230,9 +265,27 @@ mod tests {
     }
 
     #[test]
-    fn a_write_the_store_never_recorded_is_not_in_store() {
+    fn a_write_the_store_never_recorded_destroyed_nothing() {
         let attempts = [attempt(1, "B", Some(2), true)];
-        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::NotInStore);
+        assert_eq!(late_write(&attempts, "A", "B"), LateWrite::None);
+    }
+
+    #[test]
+    fn a_late_write_settles_what_expired_keys_leave_open() {
+        // Lab 4, Redis, both keys expired before their releases: the releases cannot order
+        // the grant, but the holder's write decided after the waiter's can.
+        assert_eq!(
+            two_holders_given_writes(Finding::Unknown, LateWrite::Accepted),
+            Finding::Yes
+        );
+        assert_eq!(
+            two_holders_given_writes(Finding::Unknown, LateWrite::None),
+            Finding::Unknown
+        );
+        assert_eq!(
+            two_holders_given_writes(Finding::No, LateWrite::None),
+            Finding::No
+        );
     }
 
     #[test]

@@ -32,14 +32,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use crate::check::{self, Finding, LateWrite};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::{self as pg, PgLock};
 use crate::lock::redis::RedisLock;
+use crate::lock::redis::Release;
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
-use crate::store::{Outcome, ReadBack, Store};
+use crate::store::{ReadBack, Store};
 use crate::worker::{WorkerSpec, await_command};
 
 #[derive(clap::Args, Debug)]
@@ -313,34 +315,49 @@ impl AnyLock {
         }
     }
 
-    /// Releases (or gives back the lease of a waiter that got nothing); a sentence for the timeline.
-    fn release(self) -> Result<(bool, String)> {
+    /// Releases (or gives back the lease of a waiter that got nothing). Says whether the lock
+    /// was still this worker's when it let go — the backend's answer, which the verdict uses —
+    /// with, on Redis, the owner value found in a key that was no longer ours, and a sentence.
+    fn release(self) -> Result<Released> {
+        let said = |kept: bool, found_owner: Option<String>, text: &str| Released {
+            kept,
+            found_owner,
+            text: text.to_string(),
+        };
         match self {
             AnyLock::Redis {
                 mut lock,
                 held: Some(held),
-            } => Ok(if lock.release(&held)? {
-                (true, "releases: compare-and-delete deleted its key".into())
-            } else {
-                (
+            } => Ok(match lock.release_reporting(&held)? {
+                Release::Deleted => {
+                    said(true, None, "releases: compare-and-delete deleted its key")
+                }
+                Release::HeldBy(owner) => said(
                     false,
-                    "tries to release: the key is no longer its own (it expired), compare-and-delete deletes nothing"
-                        .into(),
-                )
+                    Some(owner),
+                    "tries to release: the key holds the next holder's value, compare-and-delete deletes nothing",
+                ),
+                Release::Gone => said(
+                    false,
+                    None,
+                    "tries to release: its key had expired, compare-and-delete deletes nothing",
+                ),
             }),
             AnyLock::Etcd {
                 mut lock,
                 lease: Some(lease),
                 held: Some(held),
             } => Ok(if lock.release(lease, &held)? {
-                (
+                said(
                     true,
-                    "releases: unlock deleted its key, the lease is revoked".into(),
+                    None,
+                    "releases: unlock deleted its key, the lease is revoked",
                 )
             } else {
-                (
+                said(
                     false,
-                    "tries to release: its lease had already expired, and its key with it".into(),
+                    None,
+                    "tries to release: its lease had already expired, and its key with it",
                 )
             }),
             AnyLock::Etcd {
@@ -349,24 +366,35 @@ impl AnyLock {
                 ..
             } => {
                 lock.revoke(lease)?;
-                Ok((false, "revokes its lease".into()))
+                Ok(said(false, None, "revokes its lease"))
             }
             AnyLock::Postgres { mut lock } => Ok(match lock.release() {
-                Ok(true) => (true, "releases: pg_advisory_unlock returned true".into()),
-                Ok(false) => (
+                Ok(true) => said(true, None, "releases: pg_advisory_unlock returned true"),
+                Ok(false) => said(
                     false,
-                    "tries to release: its session no longer held the lock".into(),
+                    None,
+                    "tries to release: its session no longer held the lock",
                 ),
-                Err(err) => (
-                    false,
-                    format!(
+                Err(err) => Released {
+                    kept: false,
+                    found_owner: None,
+                    text: format!(
                         "cannot release: its session is gone ({err:#}), and the lock went with it"
                     ),
-                ),
+                },
             }),
-            _ => Ok((false, "had nothing to release".into())),
+            _ => Ok(said(false, None, "had nothing to release")),
         }
     }
+}
+
+/// What a release found.
+struct Released {
+    /// The lock was still this worker's when it let go.
+    kept: bool,
+    /// Redis only: the owner value found in a key that was no longer ours.
+    found_owner: Option<String>,
+    text: String,
 }
 
 /// The worker script: take the lock, (work), write, release.
@@ -386,8 +414,7 @@ pub fn work(role: &Role) -> Result<()> {
                 me.event("gave_up", format!("gives up: {why}"))
                     .with("why", why),
             );
-            let (_, text) = lock.release()?;
-            me.say("released", text);
+            me.say("released", lock.release()?.text);
             return Ok(());
         }
     };
@@ -442,8 +469,12 @@ pub fn work(role: &Role) -> Result<()> {
     if role.job == Job::Waiter {
         await_command("finish")?;
     }
-    let (released, text) = lock.release()?;
-    me.send(me.event("released", text).with("released", released));
+    let released = lock.release()?;
+    me.send(
+        me.event("released", released.text)
+            .with("released", released.kept)
+            .with("found_owner", released.found_owner),
+    );
     Ok(())
 }
 
@@ -463,16 +494,23 @@ fn work_watching_the_clock(work: Duration) -> Duration {
 }
 
 /// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
+/// Every cell of the printed matrix is a field here, so `--json` can rebuild the matrix.
 #[derive(Serialize, Debug, Clone)]
 pub struct Cell {
     pub backend: &'static str,
     pub scenario: Scenario,
     /// From the strike (kill or freeze) until the waiter held the lock; null if it never did.
     pub handover_ms: Option<u64>,
-    /// The backend gave the lock to the waiter while the old holder had not let go of it.
-    pub two_holders: bool,
-    /// The old holder wrote after the waiter, and the store took it; null if its outcome
-    /// is unknown.
+    /// The handover the options predict ("≈ 5s", "1.3s–2.5s"), and where that comes from.
+    pub expected: String,
+    pub expected_why: String,
+    /// The backend gave the lock to the waiter while the old holder had not let go of it,
+    /// by the backend's own answers; null when they cannot tell.
+    pub two_holders: Option<bool>,
+    /// The old holder's write, in the store's decision order relative to the waiter's
+    /// accepted write: "none", "accepted" or "rejected".
+    pub late_write: LateWrite,
+    /// Whether the store took a write that came after the waiter's; null when none did.
     pub stale_write_accepted: Option<bool>,
     /// The writes reached the store with a token from the lock.
     pub fencing_token: bool,
@@ -483,11 +521,6 @@ pub struct Cell {
 /// What the matrix prints beside the JSON fields.
 #[derive(Debug, Clone, Default)]
 struct Detail {
-    /// The handover the options predict, short, for the matrix…
-    expected: String,
-    /// …and where it comes from, for the sentence below it.
-    expected_why: String,
-    stale_attempted: bool,
     holder_token: Option<i64>,
     waiter_token: Option<i64>,
 }
@@ -495,6 +528,8 @@ struct Detail {
 /// The options every lane of a run shares.
 struct Plan {
     run_id: String,
+    /// The lab run's one clock: every scenario's events are stamped from here.
+    started: Instant,
     redis_ttl: Duration,
     lease: Duration,
     pg_timeout: Option<Duration>,
@@ -669,6 +704,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     .unwrap_or_default();
     Ok(Plan {
         run_id: new_run_id(),
+        started: Instant::now(),
         redis_ttl: args.redis_ttl,
         lease: args.lease,
         pg_timeout: args.pg_timeout,
@@ -749,7 +785,7 @@ impl Observer {
 }
 
 fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Result<Vec<Cell>> {
-    let mut stage = Stage::new(plan.style);
+    let mut stage = Stage::on_clock(plan.style, plan.started);
     stage.timeline.set_lane_width(15);
     stage.tag("scenario", scenario.name());
     stage.timeline.say("");
@@ -880,29 +916,26 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
     for lane in &lanes {
         let read = store.read_back(&plan.run_id, &lane.resource)?;
         let cell = lane.verdict(&stage, plan, scenario, read);
-        if cell.detail.stale_attempted {
-            let (kind, text) = match cell.stale_write_accepted {
-                Some(true) => (
-                    "accepted_stale",
-                    format!(
-                        "{}: the store took the woken holder's stale write over the waiter's",
-                        lane.kind.name()
-                    ),
+        let store_line = match cell.late_write {
+            LateWrite::Accepted => Some((
+                "accepted_stale",
+                format!(
+                    "{}: the store decided the woken holder's write after the waiter's, and took it",
+                    lane.kind.name()
                 ),
-                Some(false) => (
-                    "stale",
-                    format!(
-                        "{}: the store refused the woken holder's token {} (it had accepted {})",
-                        lane.kind.name(),
-                        token_text(cell.detail.holder_token),
-                        token_text(cell.detail.waiter_token)
-                    ),
+            )),
+            LateWrite::Rejected => Some((
+                "stale",
+                format!(
+                    "{}: the store refused the woken holder's token {} (it had accepted {})",
+                    lane.kind.name(),
+                    token_text(cell.detail.holder_token),
+                    token_text(cell.detail.waiter_token)
                 ),
-                None => (
-                    "unknown",
-                    format!("{}: the stale write's outcome is unknown", lane.kind.name()),
-                ),
-            };
+            )),
+            _ => None,
+        };
+        if let Some((kind, text)) = store_line {
             stage.record(Event::new("store", kind, text).with("backend", lane.kind.name()));
         }
         cells.push(cell);
@@ -1139,42 +1172,63 @@ impl Lane {
         Ok(())
     }
 
-    /// The cell, from the store's attempts and the backend's answer at the resume.
+    /// The cell, from the store's attempts and the backends' answers: who the backend said
+    /// held the lock just before the resume, and what each release found.
     fn verdict(&self, stage: &Stage, plan: &Plan, scenario: Scenario, read: ReadBack) -> Cell {
         let strike_t = self.struck.map(|(_, t)| t).unwrap_or_default();
-        let waiter_acquired = stage.saw(&self.waiter_name, "acquired").map(|e| e.t_ms);
-        let handover_ms = waiter_acquired.map(|t| t.saturating_sub(strike_t));
+        let waiter_acquired = stage.saw(&self.waiter_name, "acquired");
+        let late_write = check::late_write(&read.attempts, &self.holder_name, &self.waiter_name);
+        let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
         let two_holders = match scenario {
             // A killed holder holds nothing; a waiter that got in before the kill would be a
             // broken lock, and would show here.
-            Scenario::Kill => waiter_acquired.is_some_and(|t| t < strike_t),
-            // The backend granted the lock to the waiter before the lab resumed the holder,
-            // which could not have let go while stopped. (The lab's question to the backend
-            // just before the resume usually confirms it, unless the waiter's own short TTL
-            // has run out by then as well.)
+            Scenario::Kill => {
+                if waiter_acquired.is_some_and(|e| e.t_ms < strike_t) {
+                    Finding::Yes
+                } else {
+                    Finding::No
+                }
+            }
+            // Asked just before the resume, the backend named the waiter: the frozen holder
+            // could not have let go.
+            Scenario::Freeze if self.backend_saw.as_deref() == Some("waiter") => Finding::Yes,
             Scenario::Freeze => {
-                waiter_acquired
-                    .zip(self.resumed_t)
-                    .is_some_and(|(a, r)| a < r)
-                    || self.backend_saw.as_deref() == Some("waiter")
+                let release = |worker: &str| stage.saw(worker, "released");
+                let holder_kept = release(&self.holder_name)
+                    .and_then(|e| e.get_bool("released"))
+                    .unwrap_or(false);
+                match self.kind {
+                    Kind::Redis => {
+                        let as_release = |e: &Event| match e.get_bool("released") {
+                            Some(true) => Release::Deleted,
+                            _ => match e.get_str("found_owner") {
+                                Some(owner) => Release::HeldBy(owner.to_string()),
+                                None => Release::Gone,
+                            },
+                        };
+                        match release(&self.holder_name).map(as_release) {
+                            Some(holder) => check::two_holders(
+                                &holder,
+                                waiter_acquired.and_then(|e| e.get_str("owner")),
+                                release(&self.waiter_name).map(as_release).as_ref(),
+                            ),
+                            None => Finding::Unknown,
+                        }
+                    }
+                    // etcd and Postgres queue the waiter in the server, which grants it the
+                    // lock the moment the holder's key or session goes.
+                    Kind::Etcd | Kind::Postgres => {
+                        check::two_holders_queued(holder_kept, waiter_acquired.is_some())
+                    }
+                }
             }
         };
-        let waiter_index = read
-            .attempts
-            .iter()
-            .position(|a| a.writer == self.waiter_name && a.accepted);
-        let holder_index = read
-            .attempts
-            .iter()
-            .position(|a| a.writer == self.holder_name);
-        let stale_attempted = matches!((holder_index, waiter_index), (Some(h), Some(w)) if h > w);
-        let holder_said = stage
-            .saw(&self.holder_name, "wrote")
-            .and_then(|e| e.get_str("outcome").map(String::from));
-        let stale_write_accepted = match holder_index {
-            Some(h) if stale_attempted => Some(read.attempts[h].accepted),
-            None if holder_said.as_deref() == Some(Outcome::Unknown.as_str()) => None,
-            _ => Some(false),
+        let token_of = |writer: &str| {
+            read.attempts
+                .iter()
+                .rev()
+                .find(|a| a.writer == writer)
+                .and_then(|a| a.token)
         };
         let fencing_token =
             !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
@@ -1183,15 +1237,19 @@ impl Lane {
             backend: self.kind.name(),
             scenario,
             handover_ms,
-            two_holders,
-            stale_write_accepted,
+            expected,
+            expected_why,
+            two_holders: check::two_holders_given_writes(two_holders, late_write).as_option(),
+            late_write,
+            stale_write_accepted: match late_write {
+                LateWrite::Accepted => Some(true),
+                LateWrite::Rejected => Some(false),
+                _ => None,
+            },
             fencing_token,
             detail: Detail {
-                expected,
-                expected_why,
-                stale_attempted,
-                holder_token: holder_index.and_then(|h| read.attempts[h].token),
-                waiter_token: waiter_index.and_then(|w| read.attempts[w].token),
+                holder_token: token_of(&self.holder_name),
+                waiter_token: token_of(&self.waiter_name),
             },
         }
     }
@@ -1270,10 +1328,7 @@ impl Cell {
             .handover_ms
             .map(|ms| human(Duration::from_millis(ms)))
             .unwrap_or("never".into());
-        let expected = format!(
-            " (expected {}: {})",
-            self.detail.expected, self.detail.expected_why
-        );
+        let expected = format!(" (expected {}: {})", self.expected, self.expected_why);
         let why_handover = match (self.backend, self.scenario) {
             ("redis", _) => "Redis gave the lock away only when the key's TTL ran out",
             ("etcd", _) => {
@@ -1299,7 +1354,13 @@ impl Cell {
                     "its write carried no token.".into()
                 }
             ),
-            Scenario::Freeze if !self.two_holders => {
+            Scenario::Freeze if self.two_holders.is_none() => format!(
+                "{why_handover}; the waiter got the lock after {handover}{expected}, but both keys \
+                 had expired by the time their holders let go, so Redis's answers cannot tell \
+                 whether it did before the holder let go. {}",
+                late_write_sentence(self)
+            ),
+            Scenario::Freeze if self.two_holders == Some(false) => {
                 let why_not = match self.backend {
                     "redis" => format!(
                         "the {} pause ended before the key's TTL ran out, so the holder woke still holding the lock",
@@ -1319,25 +1380,30 @@ impl Cell {
                     "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}{expected}, only once the holder woke and let go."
                 )
             }
-            Scenario::Freeze => {
-                let stale = match (self.detail.stale_attempted, self.stale_write_accepted) {
-                    (true, Some(true)) if !self.fencing_token => {
-                        "the woken holder, with no token to check, had its stale write accepted over the waiter's".to_string()
-                    }
-                    (true, Some(true)) => "the store took the woken holder's stale write".to_string(),
-                    (true, Some(false)) => format!(
-                        "the store refused the woken holder's token {} because it had accepted the waiter's {}",
-                        token_text(self.detail.holder_token),
-                        token_text(self.detail.waiter_token)
-                    ),
-                    (true, None) => "the woken holder's write has an unknown outcome".to_string(),
-                    (false, _) => "the woken holder's write did not come after the waiter's".to_string(),
-                };
-                format!(
-                    "{why_handover}; after {handover}{expected} the waiter held it too — two holders — and {stale}."
-                )
-            }
+            Scenario::Freeze => format!(
+                "{why_handover}; after {handover}{expected} the waiter held it while the frozen \
+                 holder still believed it did — two holders. {}",
+                late_write_sentence(self)
+            ),
         }
+    }
+}
+
+/// What the store did with the old holder's write, from its decision order.
+fn late_write_sentence(cell: &Cell) -> String {
+    match cell.late_write {
+        LateWrite::Accepted if !cell.fencing_token => "The woken holder, with no token to check, \
+                                                       had its stale write accepted over the waiter's."
+            .to_string(),
+        LateWrite::Accepted => "The store took the woken holder's stale write.".to_string(),
+        LateWrite::Rejected => format!(
+            "The store refused the woken holder's token {} because it had accepted the waiter's {}.",
+            token_text(cell.detail.holder_token),
+            token_text(cell.detail.waiter_token)
+        ),
+        LateWrite::None => "The woken holder's write was decided before the waiter's, so it \
+                            destroyed nothing — by luck, not by design."
+            .to_string(),
     }
 }
 
@@ -1356,16 +1422,15 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
         .iter()
         .map(|cell| {
             let scenario = cell.scenario.name();
-            let two = if cell.two_holders {
-                "YES".red().bold().to_string()
-            } else {
-                "no".to_string()
+            let two = match cell.two_holders {
+                Some(true) => "YES".red().bold().to_string(),
+                Some(false) => "no".to_string(),
+                None => "unknown".yellow().to_string(),
             };
-            let stale = match (cell.detail.stale_attempted, cell.stale_write_accepted) {
-                (false, _) => "none".to_string(),
-                (true, Some(true)) => "ACCEPTED".red().bold().to_string(),
-                (true, Some(false)) => "rejected".green().bold().to_string(),
-                (true, None) => "unknown".yellow().to_string(),
+            let stale = match cell.late_write {
+                LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+                LateWrite::Rejected => "rejected".green().bold().to_string(),
+                other => other.as_str().to_string(),
             };
             vec![
                 cell.backend.to_string(),
@@ -1373,7 +1438,7 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
                 cell.handover_ms
                     .map(|ms| human(Duration::from_millis(ms)))
                     .unwrap_or("nobody".into()),
-                cell.detail.expected.clone(),
+                cell.expected.clone(),
                 two,
                 stale,
                 yes_no(cell.fencing_token),

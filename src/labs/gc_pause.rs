@@ -252,7 +252,7 @@ fn release_of(event: &Event) -> Option<Release> {
 pub struct RunVerdict {
     pub fencing: bool,
     /// Redis granted B the lock while A still believed it held it (A's release found B's
-    /// key); null when the releases cannot order B's grant.
+    /// key, or A's write was decided after B's); null when the evidence cannot order B's grant.
     pub two_holders: Option<bool>,
     /// A's write, in the store's decision order relative to B's accepted write.
     pub late_write: LateWrite,
@@ -300,7 +300,11 @@ impl RunVerdict {
         };
         Ok(RunVerdict {
             fencing,
-            two_holders: check::two_holders(a_release, b_owner, b_release).as_option(),
+            two_holders: check::two_holders_given_writes(
+                check::two_holders(a_release, b_owner, b_release),
+                late_write,
+            )
+            .as_option(),
             late_write,
             stale_write_attempted: late_write.attempted(),
             stale_write_accepted: match late_write {
@@ -356,7 +360,7 @@ impl RunVerdict {
                     .map(|t| t.to_string())
                     .unwrap_or("?".into()),
             ),
-            LateWrite::NotInStore => {
+            LateWrite::None if !self.attempts.iter().any(|a| a.writer == "A") => {
                 "A's write never took effect: the store has no record of it.".to_string()
             }
             LateWrite::None if self.a_lease_ran_out => {

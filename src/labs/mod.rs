@@ -97,9 +97,15 @@ pub struct Stage {
 
 impl Stage {
     pub fn new(style: Style) -> Stage {
+        Stage::on_clock(style, Instant::now())
+    }
+
+    /// A stage whose events are stamped from `start`: the scenarios of one lab run share
+    /// one clock, so their `t_ms` never restart at 0.
+    pub fn on_clock(style: Style, start: Instant) -> Stage {
         let (tx, rx) = mpsc::channel();
         Stage {
-            start: Instant::now(),
+            start,
             tx,
             rx,
             timeline: Timeline::new(style),

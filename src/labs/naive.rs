@@ -1403,6 +1403,12 @@ fn intervals_overlap(reports: &[Event]) -> bool {
 
 /// One broken trial, step by step, from the workers' monotonic stamps: the first (up to)
 /// three workers that held the lock together.
+///
+/// The stamps are client-side: a SET's stamp is when its answer *arrived*, not when Redis
+/// ran it, so two SETs a few microseconds apart can be stamped in the opposite order. The
+/// order Redis ran them in is told by what each release found — a value still in the key
+/// had no SET run over it; a value gone had — and each step says that, so no line draws a
+/// conclusion from the stamps that Redis's own answer contradicts.
 fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Value {
     let mut shown: Vec<&str> = Vec::new();
     // Only asked "is this worker in it?", so repeats do no harm.
@@ -1434,12 +1440,17 @@ fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Va
             ));
         }
         if let Some(t) = event.get_i64("answer_ns") {
-            steps.push((
-                t,
-                worker.clone(),
-                "set".into(),
-                "SET → OK: believes it holds the lock".into(),
-            ));
+            let text = match event.get_bool("released") {
+                Some(true) => {
+                    "SET → OK: believes it holds the lock (Redis ran no other SET over it: \
+                     its value was still in the key at its release)"
+                }
+                Some(false) => {
+                    "SET → OK: believes it holds the lock (Redis later ran another SET over it)"
+                }
+                None => "SET → OK: believes it holds the lock",
+            };
+            steps.push((t, worker.clone(), "set".into(), text.into()));
         }
         if let Some(t) = event.get_i64("leave_ns") {
             let text = if event.get_bool("released") == Some(true) {
@@ -1454,9 +1465,28 @@ fn race_example(trial: u32, reports: &[Event], pairs: &[(String, String)]) -> Va
     }
     steps.sort_by_key(|s| s.0);
     let origin = steps.first().map(|s| s.0).unwrap_or(0);
+    // Redis ran the surviving SET after the overwritten ones; say so when the stamps put it first.
+    let set_stamp = |event: &&Event| event.get_i64("answer_ns");
+    let in_example: Vec<&&Event> = by_entry
+        .iter()
+        .filter(|e| shown.contains(&e.worker.as_str()))
+        .collect();
+    let survivor = in_example
+        .iter()
+        .find(|e| e.get_bool("released") == Some(true));
+    let overwritten_though_stamped_later = survivor.and_then(|kept| {
+        in_example
+            .iter()
+            .find(|other| {
+                other.get_bool("released") == Some(false) && set_stamp(other) > set_stamp(kept)
+            })
+            .map(|other| other.worker.clone())
+    });
     json!({
         "trial": trial,
         "holders": holders,
+        "survivor": survivor.map(|e| e.worker.clone()),
+        "overwritten_though_stamped_later": overwritten_though_stamped_later,
         "steps": steps.iter().map(|(t, worker, step, text)| json!({
             "t_us": (t - origin) / 1000,
             "worker": worker,
@@ -1470,7 +1500,8 @@ fn print_example(stage: &Stage, example: &Value) {
     let timeline = &stage.timeline;
     timeline.say("");
     timeline.say(&format!(
-        "  One trial that broke (#{}), as the workers' CLOCK_MONOTONIC stamps saw it:",
+        "  One trial that broke (#{}), on the workers' CLOCK_MONOTONIC stamps (client-side: \
+         when each answer arrived, not when Redis ran the command):",
         example["trial"]
     ));
     for step in example["steps"].as_array().into_iter().flatten() {
@@ -1480,6 +1511,20 @@ fn print_example(stage: &Stage, example: &Value) {
             format!("{ms:.3}ms").dimmed(),
             step["worker"].as_str().unwrap_or("?").bold(),
             step["text"].as_str().unwrap_or("")
+        ));
+    }
+    if let (Some(kept), Some(other)) = (
+        example["survivor"].as_str(),
+        example["overwritten_though_stamped_later"].as_str(),
+    ) {
+        timeline.say(&format!(
+            "  {}",
+            format!(
+                "By the stamps {kept}'s SET came before {other}'s, yet Redis ran a SET over \
+                 {other}'s value and none over {kept}'s: stamps time the answers, Redis's \
+                 answers tell what it ran."
+            )
+            .dimmed()
         ));
     }
     let holders = example["holders"].as_u64().unwrap_or(0);

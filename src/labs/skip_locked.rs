@@ -537,6 +537,10 @@ struct Notes {
     freeze_jobs: u32,
     session_ended: bool,
     finish_failed: bool,
+    /// The frozen worker's name, and who processed its job in the end (the processing
+    /// table, read after the round): the facts the freeze sentence must agree with.
+    frozen_worker: String,
+    frozen_job_by: Vec<String>,
 }
 
 /// How long the lab waits after the others start before it kills the victim: long
@@ -1095,6 +1099,8 @@ impl Play<'_> {
             .with("frozen_job_processed_while_frozen", frozen_job_done),
         );
         notes.frozen_job_taken_while_frozen = Some(frozen_job_done);
+        notes.frozen_worker = frozen_name.clone();
+        notes.frozen_job_by = by;
         notes.others_done_while_frozen = others_done;
         notes.blocked_at_resume = blocked;
         notes.freeze_jobs = jobs;
@@ -1418,6 +1424,52 @@ fn plural(n: i64, one: &str, many: &str) -> String {
 
 /// What the other workers did while one was frozen holding a job, from what was measured:
 /// jobs they processed, and sessions `pg_blocking_pids` showed blocked behind it.
+/// What became of the frozen worker's job, from the processing table's final record (who
+/// processed it, how often) and the sleeper's own fate after the resume — never from the
+/// state at the resume alone: a session timeout just longer than the pause ends the session
+/// *after* the resume, and the job then moves on although nothing moved while it was frozen.
+fn freeze_sentence(
+    args: &SkipLockedArgs,
+    mode: Mode,
+    note: &Notes,
+    taken_while_frozen: i64,
+) -> String {
+    let sleeper = note.frozen_worker.as_str();
+    let by = &note.frozen_job_by;
+    let once = by.len() == 1;
+    if note.finish_failed {
+        let when = if note.session_ended {
+            "during the freeze"
+        } else {
+            "around the resume (its idle timeout ran out within moments of the pause)"
+        };
+        return format!(
+            "Postgres ended the frozen worker's session {when}; its first statement after waking \
+             (the INSERT) failed, and the job was {}{}",
+            processed(by),
+            if once { ": still nothing twice." } else { "." }
+        );
+    }
+    if once && by[0] == sleeper && taken_while_frozen == 0 {
+        return if mode.transactional() {
+            format!(
+                "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
+                human(args.pause),
+                around_the_freeze(note)
+            )
+        } else {
+            "The frozen worker's job stayed 'running' until it woke: no transaction, no timeout, \
+             nothing would have freed it."
+                .to_string()
+        };
+    }
+    format!(
+        "The frozen worker's job was {} (while {sleeper} was frozen: {}).",
+        processed(by),
+        plural(taken_while_frozen, "time", "times")
+    )
+}
+
 fn around_the_freeze(note: &Notes) -> String {
     let (done, blocked) = (note.others_done_while_frozen, note.blocked_at_resume);
     match (done, blocked) {
@@ -1548,27 +1600,8 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
             v.jobs_per_s, fastest
         ));
     }
-    match note.frozen_job_taken_while_frozen {
-        Some(0) if v.mode.transactional() => parts.push(format!(
-            "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
-            human(args.pause),
-            around_the_freeze(note)
-        )),
-        Some(0) => parts.push(
-            "The frozen worker's job stayed 'running' until it woke: no transaction, no timeout, \
-             nothing would have freed it."
-                .to_string(),
-        ),
-        Some(_) if note.session_ended && note.finish_failed => parts.push(
-            "Postgres ended the frozen session, another worker took its job, and the sleeper's \
-             first statement after waking (the INSERT) failed: still nothing twice."
-                .to_string(),
-        ),
-        Some(n) => parts.push(format!(
-            "The frozen worker's job was processed {} by others while it was frozen.",
-            plural(n, "time", "times")
-        )),
-        None => {}
+    if let Some(taken_while_frozen) = note.frozen_job_taken_while_frozen {
+        parts.push(freeze_sentence(args, v.mode, note, taken_while_frozen));
     }
     parts.join(" ")
 }

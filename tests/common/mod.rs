@@ -292,7 +292,7 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String
         .find(|a| a["writer"] == "B" && a["accepted"] == true);
     let a_last = attempts.iter().rev().find(|a| a["writer"] == "A");
     let expected = match (a_last, b_accepted) {
-        (None, _) => "not in store",
+        (None, _) => "none",
         (Some(a), Some(b)) if a["decided"].as_i64() > b["decided"].as_i64() => {
             if a["accepted"] == true {
                 "accepted"
