@@ -77,14 +77,21 @@ pub struct HandsOnArgs {
     /// Name of the lock (and of the store's resource); pick your own in a shared workshop
     #[arg(long, default_value = "demo")]
     pub lock: String,
-    /// How long the lock lives in Redis unless released
-    #[arg(long, default_value = "10s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long the lock lives in Redis unless released (100ms to 1h)
+    #[arg(long, default_value = "10s",
+          value_parser = labs::duration_in(Duration::from_millis(100), labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub ttl: Duration,
-    /// How long the worker "works" while holding the lock, before it writes (keep it below the TTL)
-    #[arg(long, default_value = "8s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long the worker "works" while holding the lock, before it writes (keep it below the
+    /// TTL); at most 1h
+    #[arg(long, default_value = "8s",
+          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub work: Duration,
-    /// How long to keep trying when someone else holds the lock
-    #[arg(long, default_value = "30s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long to keep trying when someone else holds the lock (at most 1h)
+    #[arg(long, default_value = "30s",
+          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub wait: Duration,
     /// Draw a fencing token with the lock and send it with the write
     #[arg(long)]

@@ -31,7 +31,9 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use super::{
+    LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
+};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
@@ -64,21 +66,26 @@ pub struct EtcdVsRedisArgs {
     #[arg(long)]
     pub freeze: bool,
     /// Redis: the lock's TTL, set once when the key is set (the usual advice: several times
-    /// the work)
-    #[arg(long, default_value = "6s", value_parser = parse_duration, value_name = "DURATION")]
+    /// the work); 100ms to 10m
+    #[arg(long, default_value = "6s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub redis_ttl: Duration,
-    /// etcd: each worker's lease TTL, whole seconds; a heartbeat renews it every TTL/3
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// etcd: each worker's lease TTL, whole seconds from 1s to 10m; a heartbeat renews it
+    /// every TTL/3
+    #[arg(long, default_value = "2s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub lease: Duration,
     /// Postgres: end a session after this long without a command (idle_session_timeout);
-    /// off by default, so a frozen holder keeps its lock
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// off by default, so a frozen holder keeps its lock; 300ms to 10m
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
     pub pg_timeout: Option<Duration>,
-    /// How long the holder's work takes; the lab strikes halfway through it
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the holder's work takes; the lab strikes halfway through it (200ms to 10m)
+    #[arg(long, default_value = "2s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub work: Duration,
-    /// How long the freeze lasts [default: the longest of the TTLs and timeouts + 1s]
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the freeze lasts, 100ms to 10m [default: the longest of the TTLs and
+    /// timeouts + 1s]
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
     pub pause: Option<Duration>,
     #[command(flatten)]
     pub output: OutputArgs,
