@@ -184,7 +184,11 @@ pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
                 "" => (host, None),
                 _ => match after.strip_prefix(':') {
                     Some(port) => (host, Some(port)),
-                    None => return Some("an IPv6 host is followed by something other than :port".into()),
+                    None => {
+                        return Some(
+                            "an IPv6 host is followed by something other than :port".into(),
+                        );
+                    }
                 },
             }
         } else {
@@ -327,7 +331,10 @@ mod tests {
     #[test]
     fn redact_hides_passwords_holding_url_delimiters() {
         for (url, shown) in [
-            ("postgres://u:S3cret/PW@h:5432/db", "postgres://u:***@h:5432/db"),
+            (
+                "postgres://u:S3cret/PW@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
             ("postgres://u:a:b@c@h/db", "postgres://u:***@h/db"),
             ("redis://u:p?w@h:6379", "redis://u:***@h:6379"),
         ] {
@@ -386,8 +393,14 @@ mod tests {
             (Backend::Redis, "redis://[::1]:6379"),
             (Backend::Etcd, "http://localhost:2379"),
             (Backend::Etcd, "http://localhost"),
-            (Backend::Postgres, "postgres://u:S3cret/PW@127.0.0.1:5432/db"),
-            (Backend::Postgres, "postgres://u@h1:5432,h2:5433/db?sslmode=disable"),
+            (
+                Backend::Postgres,
+                "postgres://u:S3cret/PW@127.0.0.1:5432/db",
+            ),
+            (
+                Backend::Postgres,
+                "postgres://u@h1:5432,h2:5433/db?sslmode=disable",
+            ),
         ] {
             assert_eq!(url_problem(backend, url), None, "{url}");
         }

@@ -31,9 +31,7 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{
-    LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
-};
+use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
@@ -592,13 +590,26 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
         postgres: servers.url(Backend::Postgres).to_string(),
     };
     let mut cells = Vec::new();
+    // On Ctrl-C the workers are killed mid-run: their rows, keys and leases would stay on
+    // a server that a whole workshop may share.
+    let _on_interrupt = crate::procs::on_interrupt({
+        let run_id = plan.run_id.clone();
+        let urls = urls.clone();
+        move || {
+            if let Ok(mut store) = Store::connect(&urls.postgres) {
+                let _ = store.forget_run(&run_id);
+            }
+            forget_keys(&run_id, &urls);
+        }
+    });
     let result = (|| -> Result<()> {
         for &scenario in &scenarios {
             cells.extend(play(&plan, scenario, &urls, &mut store)?);
         }
         Ok(())
     })();
-    cleanup(&plan.run_id, &urls.redis, &mut store);
+    let _ = store.forget_run(&plan.run_id);
+    forget_keys(&plan.run_id, &urls);
     result?;
 
     if style.json {
@@ -685,6 +696,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     })
 }
 
+#[derive(Clone)]
 struct Urls {
     redis: String,
     etcd: String,
@@ -701,19 +713,35 @@ impl Urls {
     }
 }
 
-/// Deletes the run's rows and keys. etcd's keys hang on leases that are revoked or expired
-/// by now; Postgres's advisory locks ended with their sessions.
-fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
-    let _ = store.forget_run(run_id);
-    if let Ok(mut redis) = connect::redis(redis_url) {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("lockslab:{run_id}:*"))
-            .query(&mut redis)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut redis);
+/// Deletes the run's keys (its rows are the store's to forget): Redis's by SCAN, and etcd's
+/// together with the leases they hang on. After a normal run those leases are revoked or
+/// expired already; after Ctrl-C a killed worker's lease would live on for its whole TTL,
+/// and its key with it. Postgres's advisory locks end with their sessions.
+fn forget_keys(run_id: &str, urls: &Urls) {
+    super::forget_redis_keys(&urls.redis, run_id);
+    let Ok(runtime) = connect::etcd_runtime() else {
+        return;
+    };
+    runtime.block_on(async {
+        let Ok(mut client) = connect::etcd(&urls.etcd).await else {
+            return;
+        };
+        let prefix = format!("lockslab:{run_id}:");
+        let options = etcd_client::GetOptions::new().with_prefix();
+        if let Ok(found) = client.get(prefix.as_str(), Some(options)).await {
+            let leases: std::collections::BTreeSet<i64> = found
+                .kvs()
+                .iter()
+                .map(|kv| kv.lease())
+                .filter(|&lease| lease != 0)
+                .collect();
+            for lease in leases {
+                let _ = client.lease_revoke(lease).await;
+            }
         }
-    }
+        let options = etcd_client::DeleteOptions::new().with_prefix();
+        let _ = client.delete(prefix.as_str(), Some(options)).await;
+    });
 }
 
 /// One backend's holder and waiter within a scenario.

@@ -146,14 +146,21 @@ impl Stage {
         self.start.elapsed()
     }
 
-    /// Starts a worker process: this binary, re-executed with the worker's script.
+    /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the
+    /// worker's script as the first line on its stdin.
+    ///
+    /// Not in its argv: the script holds the servers' URLs, passwords included, and any user
+    /// on the machine can read any process's command line (`ps`, `/proc/<pid>/cmdline`) — on
+    /// a workshop's shared machine, every attendee would see every password. A pipe is
+    /// readable by this process and the worker only.
     pub fn spawn(&mut self, name: &str, spec: &WorkerSpec) -> Result<WorkerHandle> {
         let exe =
             std::env::current_exe().context("finding the lockslab binary to start a worker")?;
+        let mut script = serde_json::to_string(spec)?;
+        script.push('\n');
         let mut command = Command::new(exe);
         command
             .arg("__worker")
-            .arg(serde_json::to_string(spec)?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -165,12 +172,20 @@ impl Stage {
             .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
         events::forward(name.to_string(), stdout, self.start, self.tx.clone());
         self.spawned.push(name.to_string());
-        Ok(WorkerHandle {
+        let mut worker = WorkerHandle {
             name: name.to_string(),
             pid: child.id() as i32,
             stdin: child.stdin.take(),
             reaped: false,
-        })
+        };
+        // One line of JSON, far below a pipe's buffer: this never waits for the worker.
+        worker
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("worker {name} has no stdin"))?
+            .write_all(script.as_bytes())
+            .with_context(|| format!("giving worker {name} its script"))?;
+        Ok(worker)
     }
 
     /// Adds a fact to every event shown from now on, so that `--json` readers can tell the
