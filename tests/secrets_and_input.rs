@@ -246,6 +246,15 @@ fn no_error_shows_the_password() {
         );
     }
 
+    // etcd's client has its own errors: they must not repeat the URL either.
+    let output = lockslab(&["etcd-vs-redis", "--kill"])
+        .args(["--etcd-url", &format!("http://u:{PASSWORD}@127.0.0.1:1")])
+        .output()
+        .unwrap();
+    let text = printed(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("etcd") && !text.contains(NEEDLE), "{text}");
+
     // --help shows what the variables hold, unless told not to.
     let output = lockslab(&["gc-pause", "--help"])
         .env("LOCKSLAB_POSTGRES_URL", postgres_url_with_password())
