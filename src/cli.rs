@@ -100,9 +100,10 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
     Down,
     /// Show the servers `lockslab up` started and whether they answer
     Status,
-    /// A lab's worker process (started by the labs themselves)
+    /// A lab's worker process (started by the labs themselves); its script is the first
+    /// line on stdin, never an argument, since it holds the servers' passwords
     #[command(name = "__worker", hide = true)]
-    InternalWorker { spec: String },
+    InternalWorker,
     /// Private servers for as long as stdin stays open: prints their URLs as one JSON line
     /// (used by the test suite, which must never depend on fixed ports)
     #[command(name = "__serve", hide = true)]
@@ -112,8 +113,8 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
 /// Parses the command line and runs it; errors are printed once, by `main`.
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
-    if let Command::InternalWorker { spec } = &cli.command {
-        return Ok(worker::run_internal(spec));
+    if let Command::InternalWorker = &cli.command {
+        return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
     match cli.command {
@@ -132,7 +133,7 @@ pub fn run() -> Result<ExitCode> {
         }
         Command::Status => status()?,
         Command::Serve => servers::serve_until_stdin_closes()?,
-        Command::InternalWorker { .. } => unreachable!("handled above"),
+        Command::InternalWorker => unreachable!("handled above"),
     }
     Ok(ExitCode::from(EXIT_OK))
 }

@@ -26,45 +26,79 @@ use crate::connect::{self, Backend};
 use crate::procs::{self, StopPlan};
 
 /// The flags and environment variables that name servers; every lab takes them.
+///
+/// An empty variable (`LOCKSLAB_ETCD_URL=`) counts as not set, as in most command-line tools.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ServerArgs {
     /// Redis to use, e.g. redis://127.0.0.1:6379
-    #[arg(long, env = "LOCKSLAB_REDIS_URL", value_name = "URL", global = true, value_parser = redis_url)]
+    #[arg(long, env = "LOCKSLAB_REDIS_URL", value_name = "URL", global = true,
+          value_parser = UrlParser(Backend::Redis), hide_env_values = true)]
     pub redis_url: Option<String>,
     /// etcd to use, e.g. http://127.0.0.1:2379
-    #[arg(long, env = "LOCKSLAB_ETCD_URL", value_name = "URL", global = true, value_parser = etcd_url)]
+    #[arg(long, env = "LOCKSLAB_ETCD_URL", value_name = "URL", global = true,
+          value_parser = UrlParser(Backend::Etcd), hide_env_values = true)]
     pub etcd_url: Option<String>,
     /// Postgres to use, e.g. postgres://lockslab:lockslab@127.0.0.1:5432/lockslab
-    #[arg(long, env = "LOCKSLAB_POSTGRES_URL", value_name = "URL", global = true, value_parser = postgres_url)]
+    #[arg(long, env = "LOCKSLAB_POSTGRES_URL", value_name = "URL", global = true,
+          value_parser = UrlParser(Backend::Postgres), hide_env_values = true)]
     pub postgres_url: Option<String>,
     /// Skip the docker-compose defaults and `lockslab up`: start private servers for this run
     #[arg(long, env = "LOCKSLAB_PRIVATE_SERVERS", global = true, action = clap::ArgAction::SetTrue,
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = boolish_or_empty)]
     pub private_servers: bool,
 }
 
-fn redis_url(text: &str) -> Result<String, String> {
-    checked_url(Backend::Redis, text)
-}
-
-fn etcd_url(text: &str) -> Result<String, String> {
-    checked_url(Backend::Etcd, text)
-}
-
-fn postgres_url(text: &str) -> Result<String, String> {
-    checked_url(Backend::Postgres, text)
-}
-
 /// A URL flag's value parser: a malformed URL is a command-line error (exit status 2) that
-/// names the flag and its environment variable.
-fn checked_url(backend: Backend, text: &str) -> Result<String, String> {
-    match connect::url_problem(backend, text) {
-        Some(problem) => Err(format!(
-            "{problem} (from {} or {})",
-            backend.flag(),
+/// names the flag or the environment variable it came from.
+///
+/// Not a plain `fn(&str) -> Result<String, String>`: for those, clap's error repeats the
+/// rejected value as typed — password included. This one builds the whole message itself
+/// and shows the URL redacted.
+#[derive(Clone, Copy, Debug)]
+struct UrlParser(Backend);
+
+impl clap::builder::TypedValueParser for UrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let backend = self.0;
+        let text = value.to_string_lossy();
+        if text.trim().is_empty() {
+            // An empty variable means "not set"; `ServerArgs::given` skips it.
+            return Ok(String::new());
+        }
+        let Some(problem) = connect::url_problem(backend, &text) else {
+            return Ok(text.into_owned());
+        };
+        // clap does not say where a value came from: the flag, if it is on the command line.
+        let on_command_line = std::env::args_os().any(|arg| {
+            let arg = arg.to_string_lossy();
+            arg == backend.flag() || arg.starts_with(&format!("{}=", backend.flag()))
+        });
+        let source = if on_command_line {
+            backend.flag()
+        } else {
             backend.env_var()
-        )),
-        None => Ok(text.to_string()),
+        };
+        let message = format!(
+            "invalid value '{}' for '{source}': {problem}\n\nFor more information, try '--help'.\n",
+            connect::redact(&text)
+        );
+        Err(clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd))
+    }
+}
+
+/// `LOCKSLAB_PRIVATE_SERVERS`: the usual yes/no words, and empty for "not set".
+fn boolish_or_empty(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "n" | "no" | "f" | "false" | "off" => Ok(false),
+        "1" | "y" | "yes" | "t" | "true" | "on" => Ok(true),
+        _ => Err("use 1/0, yes/no, true/false or on/off (empty means not set)".into()),
     }
 }
 

@@ -1,11 +1,13 @@
 //! The worker side: the hidden entry point the labs start, and the hands-on `lockslab worker`.
 //!
-//! A lab's workers are this binary, re-executed as `lockslab __worker '<script as JSON>'`.
-//! They report what they do as events on stdout and take commands (`finish`) on stdin, so
-//! that the orchestrator decides when the story moves on, while every lock operation and
-//! every write is the worker's own, made over its own connections.
+//! A lab's workers are this binary, re-executed as `lockslab __worker`. The first line on
+//! their stdin is their script, as JSON (never an argument: it holds the servers' URLs with
+//! their passwords, and anyone can read a command line). They report what they do as
+//! events on stdout and take commands (`finish`) on the following lines of stdin, so that
+//! the orchestrator decides when the story moves on, while every lock operation and every
+//! write is the worker's own, made over its own connections.
 
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -32,12 +34,20 @@ pub enum WorkerSpec {
     EtcdVsRedis(etcd_vs_redis::Role),
 }
 
-/// `lockslab __worker <spec>`: runs one worker script and reports failure as an event.
-pub fn run_internal(spec: &str) -> ExitCode {
-    let spec: WorkerSpec = match serde_json::from_str(spec) {
+/// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
+/// reports failure as an event.
+pub fn run_internal() -> ExitCode {
+    let mut line = String::new();
+    // Stdin's buffer is shared: what follows the script stays there for `await_command`.
+    let spec = match io::stdin().lock().read_line(&mut line) {
+        Ok(0) => Err("stdin closed before the script arrived".to_string()),
+        Ok(_) => serde_json::from_str::<WorkerSpec>(&line).map_err(|err| err.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    let spec = match spec {
         Ok(spec) => spec,
         Err(err) => {
-            eprintln!("lockslab worker: bad script: {err}");
+            let _ = writeln!(io::stderr(), "lockslab worker: bad script on stdin: {err}");
             return ExitCode::from(2);
         }
     };
@@ -77,14 +87,21 @@ pub struct HandsOnArgs {
     /// Name of the lock (and of the store's resource); pick your own in a shared workshop
     #[arg(long, default_value = "demo")]
     pub lock: String,
-    /// How long the lock lives in Redis unless released
-    #[arg(long, default_value = "10s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long the lock lives in Redis unless released (100ms to 1h)
+    #[arg(long, default_value = "10s",
+          value_parser = labs::duration_in(Duration::from_millis(100), labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub ttl: Duration,
-    /// How long the worker "works" while holding the lock, before it writes (keep it below the TTL)
-    #[arg(long, default_value = "8s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long the worker "works" while holding the lock, before it writes (keep it below the
+    /// TTL); at most 1h
+    #[arg(long, default_value = "8s",
+          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub work: Duration,
-    /// How long to keep trying when someone else holds the lock
-    #[arg(long, default_value = "30s", value_parser = labs::parse_duration, value_name = "DURATION")]
+    /// How long to keep trying when someone else holds the lock (at most 1h)
+    #[arg(long, default_value = "30s",
+          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_name = "DURATION")]
     pub wait: Duration,
     /// Draw a fencing token with the lock and send it with the write
     #[arg(long)]

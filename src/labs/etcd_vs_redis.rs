@@ -31,7 +31,7 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id};
 use crate::check::{self, Finding, LateWrite};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
@@ -66,21 +66,26 @@ pub struct EtcdVsRedisArgs {
     #[arg(long)]
     pub freeze: bool,
     /// Redis: the lock's TTL, set once when the key is set (the usual advice: several times
-    /// the work)
-    #[arg(long, default_value = "6s", value_parser = parse_duration, value_name = "DURATION")]
+    /// the work); 100ms to 10m
+    #[arg(long, default_value = "6s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub redis_ttl: Duration,
-    /// etcd: each worker's lease TTL, whole seconds; a heartbeat renews it every TTL/3
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// etcd: each worker's lease TTL, whole seconds from 1s to 10m; a heartbeat renews it
+    /// every TTL/3
+    #[arg(long, default_value = "2s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub lease: Duration,
     /// Postgres: end a session after this long without a command (idle_session_timeout);
-    /// off by default, so a frozen holder keeps its lock
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// off by default, so a frozen holder keeps its lock; 300ms to 10m
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
     pub pg_timeout: Option<Duration>,
-    /// How long the holder's work takes; the lab strikes halfway through it
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the holder's work takes; the lab strikes halfway through it (200ms to 10m)
+    #[arg(long, default_value = "2s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub work: Duration,
-    /// How long the freeze lasts [default: the longest of the TTLs and timeouts + 1s]
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the freeze lasts, 100ms to 10m [default: the longest of the TTLs and
+    /// timeouts + 1s]
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
     pub pause: Option<Duration>,
     #[command(flatten)]
     pub output: OutputArgs,
@@ -620,13 +625,26 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
         postgres: servers.url(Backend::Postgres).to_string(),
     };
     let mut cells = Vec::new();
+    // On Ctrl-C the workers are killed mid-run: their rows, keys and leases would stay on
+    // a server that a whole workshop may share.
+    let _on_interrupt = crate::procs::on_interrupt({
+        let run_id = plan.run_id.clone();
+        let urls = urls.clone();
+        move || {
+            if let Ok(mut store) = Store::connect(&urls.postgres) {
+                let _ = store.forget_run(&run_id);
+            }
+            forget_keys(&run_id, &urls);
+        }
+    });
     let result = (|| -> Result<()> {
         for &scenario in &scenarios {
             cells.extend(play(&plan, scenario, &urls, &mut store)?);
         }
         Ok(())
     })();
-    cleanup(&plan.run_id, &urls.redis, &mut store);
+    let _ = store.forget_run(&plan.run_id);
+    forget_keys(&plan.run_id, &urls);
     result?;
 
     if style.json {
@@ -714,6 +732,7 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     })
 }
 
+#[derive(Clone)]
 struct Urls {
     redis: String,
     etcd: String,
@@ -730,19 +749,35 @@ impl Urls {
     }
 }
 
-/// Deletes the run's rows and keys. etcd's keys hang on leases that are revoked or expired
-/// by now; Postgres's advisory locks ended with their sessions.
-fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
-    let _ = store.forget_run(run_id);
-    if let Ok(mut redis) = connect::redis(redis_url) {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("lockslab:{run_id}:*"))
-            .query(&mut redis)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut redis);
+/// Deletes the run's keys (its rows are the store's to forget): Redis's by SCAN, and etcd's
+/// together with the leases they hang on. After a normal run those leases are revoked or
+/// expired already; after Ctrl-C a killed worker's lease would live on for its whole TTL,
+/// and its key with it. Postgres's advisory locks end with their sessions.
+fn forget_keys(run_id: &str, urls: &Urls) {
+    super::forget_redis_keys(&urls.redis, run_id);
+    let Ok(runtime) = connect::etcd_runtime() else {
+        return;
+    };
+    runtime.block_on(async {
+        let Ok(mut client) = connect::etcd(&urls.etcd).await else {
+            return;
+        };
+        let prefix = format!("lockslab:{run_id}:");
+        let options = etcd_client::GetOptions::new().with_prefix();
+        if let Ok(found) = client.get(prefix.as_str(), Some(options)).await {
+            let leases: std::collections::BTreeSet<i64> = found
+                .kvs()
+                .iter()
+                .map(|kv| kv.lease())
+                .filter(|&lease| lease != 0)
+                .collect();
+            for lease in leases {
+                let _ = client.lease_revoke(lease).await;
+            }
         }
-    }
+        let options = etcd_client::DeleteOptions::new().with_prefix();
+        let _ = client.delete(prefix.as_str(), Some(options)).await;
+    });
 }
 
 /// One backend's holder and waiter within a scenario.

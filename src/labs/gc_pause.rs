@@ -24,7 +24,7 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{OutputArgs, Stage, new_run_id, parse_duration};
+use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, duration_in, new_run_id};
 use crate::check::{self, LateWrite};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
@@ -45,11 +45,12 @@ Examples:
 
 By hand, in two terminals: `lockslab up`, then `lockslab worker` (see labs/01-gc-pause.md).", crate::lab_exit_status_help!()))]
 pub struct GcPauseArgs {
-    /// How long the lock lives in Redis (at least 100ms)
+    /// How long the lock lives in Redis (100ms to 10m)
     #[arg(long, default_value = "2s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
-    /// How long A stays frozen [default: 1.5 × TTL]
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// How long A stays frozen, 100ms to 10m [default: 1.5 × TTL]
+    #[arg(long, value_parser = duration_in(Duration::from_millis(100), LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub pause: Option<Duration>,
     /// Which runs to play: without fencing, with it, or both side by side
     #[arg(long, value_enum, default_value_t = Fencing::Both)]
@@ -65,7 +66,7 @@ pub struct GcPauseArgs {
 
 /// Below 100ms, process start-up and Redis's expiry cycle blur the story.
 fn parse_ttl(text: &str) -> Result<Duration, String> {
-    let ttl = parse_duration(text)?;
+    let ttl = duration_in(Duration::ZERO, LONGEST_LAB_WAIT)(text)?;
     if ttl < Duration::from_millis(100) {
         return Err("use at least 100ms: shorter, and process start-up blurs the story".into());
     }

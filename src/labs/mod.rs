@@ -56,6 +56,37 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 1500ms, 2s, 1m30s)"))
 }
 
+/// The longest pause, TTL, lease or timeout a lab takes. A lab is a demonstration that
+/// someone watches: beyond this, a value is a typo — and an unbounded one overflows the
+/// arithmetic on it, or leaves an eleven-year lease in a shared etcd.
+pub const LONGEST_LAB_WAIT: Duration = Duration::from_secs(10 * 60);
+
+/// The longest step a lab repeats many times (a job's work, a race's spread or window).
+pub const LONGEST_STEP: Duration = Duration::from_secs(60);
+
+/// The longest TTL, work or wait of the hands-on worker: a person at a keyboard is slow,
+/// but an hour is still plenty.
+pub const LONGEST_HANDS_ON: Duration = Duration::from_secs(60 * 60);
+
+/// A duration flag's value parser that also checks bounds, at parse time: a value out of
+/// range is a bad command line (exit status 2, the flag named by clap) before any server is
+/// touched. Each flag's help states its bounds.
+pub fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let value = parse_duration(text)?;
+        if value < min {
+            return Err(format!("use at least {}", humantime::format_duration(min)));
+        }
+        if value > max {
+            return Err(format!("use at most {}", humantime::format_duration(max)));
+        }
+        Ok(value)
+    }
+}
+
 /// A short random id that namespaces a run's keys, counters and rows, so that one shared
 /// server can host a whole workshop without runs seeing each other.
 pub fn new_run_id() -> String {
@@ -121,14 +152,21 @@ impl Stage {
         self.start.elapsed()
     }
 
-    /// Starts a worker process: this binary, re-executed with the worker's script.
+    /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the
+    /// worker's script as the first line on its stdin.
+    ///
+    /// Not in its argv: the script holds the servers' URLs, passwords included, and any user
+    /// on the machine can read any process's command line (`ps`, `/proc/<pid>/cmdline`) — on
+    /// a workshop's shared machine, every attendee would see every password. A pipe is
+    /// readable by this process and the worker only.
     pub fn spawn(&mut self, name: &str, spec: &WorkerSpec) -> Result<WorkerHandle> {
         let exe =
             std::env::current_exe().context("finding the lockslab binary to start a worker")?;
+        let mut script = serde_json::to_string(spec)?;
+        script.push('\n');
         let mut command = Command::new(exe);
         command
             .arg("__worker")
-            .arg(serde_json::to_string(spec)?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -140,12 +178,20 @@ impl Stage {
             .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
         events::forward(name.to_string(), stdout, self.start, self.tx.clone());
         self.spawned.push(name.to_string());
-        Ok(WorkerHandle {
+        let mut worker = WorkerHandle {
             name: name.to_string(),
             pid: child.id() as i32,
             stdin: child.stdin.take(),
             reaped: false,
-        })
+        };
+        // One line of JSON, far below a pipe's buffer: this never waits for the worker.
+        worker
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("worker {name} has no stdin"))?
+            .write_all(script.as_bytes())
+            .with_context(|| format!("giving worker {name} its script"))?;
+        Ok(worker)
     }
 
     /// Adds a fact to every event shown from now on, so that `--json` readers can tell the

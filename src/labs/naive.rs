@@ -36,7 +36,9 @@ use redis::Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use super::{
+    LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
+};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
 use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, owner_and_pttl};
@@ -70,20 +72,26 @@ pub struct NaiveArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub trials: u32,
     /// race: each worker arrives at a random moment within this span, like real requests
-    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    /// (at most 1m)
+    #[arg(long, default_value = "5ms", value_parser = duration_in(Duration::ZERO, LONGEST_STEP),
+          value_name = "DURATION")]
     pub spread: Duration,
-    /// race: extra time between the GET and the SET (in the fix: before the SET NX)
-    #[arg(long, default_value = "0ms", value_parser = parse_duration, value_name = "DURATION")]
+    /// race: extra time between the GET and the SET (in the fix: before the SET NX); at most 1m
+    #[arg(long, default_value = "0ms", value_parser = duration_in(Duration::ZERO, LONGEST_STEP),
+          value_name = "DURATION")]
     pub window: Duration,
-    /// race: how long a worker that got the lock works before it lets go
-    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    /// race: how long a worker that got the lock works before it lets go (at most 1m)
+    #[arg(long, default_value = "5ms", value_parser = duration_in(Duration::ZERO, LONGEST_STEP),
+          value_name = "DURATION")]
     pub work: Duration,
     /// How long a worker keeps trying for the lock before it gives up: B in no-ttl and
-    /// setnx-expire (must be longer than --ttl), A and B in wrong-release
-    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    /// setnx-expire (must be longer than --ttl), A and B in wrong-release; at most 10m
+    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub wait: Duration,
-    /// The lock's TTL wherever it has one (all fixes, race, wrong-release)
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    /// The lock's TTL wherever it has one (all fixes, race, wrong-release); 100ms to 10m
+    #[arg(long, default_value = "1s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub ttl: Duration,
     #[command(flatten)]
     pub output: OutputArgs,

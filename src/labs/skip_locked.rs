@@ -44,7 +44,9 @@ use postgres::Client;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{OutputArgs, Stage, WorkerHandle, new_run_id, parse_duration};
+use super::{
+    LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
+};
 use crate::connect::{self, Backend};
 use crate::events::{Emitter, Event};
 use crate::output::{Style, human, json_line, table};
@@ -78,21 +80,25 @@ pub struct SkipLockedArgs {
     /// Worker processes
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub workers: u32,
-    /// Simulated work per job, inside the claim (the transaction, where there is one)
-    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    /// Simulated work per job, inside the claim (the transaction, where there is one); at most 1m
+    #[arg(long, default_value = "5ms", value_parser = duration_in(Duration::ZERO, LONGEST_STEP),
+          value_name = "DURATION")]
     pub work: Duration,
-    /// naive mode: the gap between reading a pending id and marking it taken
-    #[arg(long, default_value = "1ms", value_parser = parse_duration, value_name = "DURATION")]
+    /// naive mode: the gap between reading a pending id and marking it taken (at most 1m)
+    #[arg(long, default_value = "1ms", value_parser = duration_in(Duration::ZERO, LONGEST_STEP),
+          value_name = "DURATION")]
     pub window: Duration,
     /// Which faults to inject after the first round
     #[arg(long, value_enum, default_value_t = Fault::Both)]
     pub fault: Fault,
-    /// How long the frozen worker stays frozen
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long the frozen worker stays frozen (100ms to 10m)
+    #[arg(long, default_value = "2s",
+          value_parser = duration_in(Duration::from_millis(100), LONGEST_LAB_WAIT),
+          value_name = "DURATION")]
     pub pause: Duration,
     /// Let Postgres end sessions idle in a transaction this long
-    /// (idle_in_transaction_session_timeout); at least 500ms
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// (idle_in_transaction_session_timeout); 500ms to 10m
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
     pub idle_timeout: Option<Duration>,
     #[command(flatten)]
     pub output: OutputArgs,
