@@ -52,6 +52,7 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
         assert_eq!(
             keys,
             [
+                "attempts",
                 "backend",
                 "expected",
                 "expected_why",

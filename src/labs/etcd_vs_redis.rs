@@ -519,6 +519,8 @@ pub struct Cell {
     pub stale_write_accepted: Option<bool>,
     /// The writes reached the store with a token from the lock.
     pub fencing_token: bool,
+    /// The store's record the cell was read from: every write, in decision order.
+    pub attempts: Vec<crate::store::Attempt>,
     #[serde(skip)]
     detail: Detail,
 }
@@ -1286,6 +1288,7 @@ impl Lane {
                 holder_token: token_of(&self.holder_name),
                 waiter_token: token_of(&self.waiter_name),
             },
+            attempts: read.attempts,
         }
     }
 

@@ -332,3 +332,90 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String
     }
     problems
 }
+
+/// Every way one cell of a lab 4 verdict could contradict the store's record it carries,
+/// the releases the workers reported, or the timeline's store line for its backend.
+pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let backend = cell["backend"].as_str().unwrap_or("?");
+    let (holder, waiter) = (format!("{backend}:holder"), format!("{backend}:waiter"));
+    let attempts = cell["attempts"].as_array().cloned().unwrap_or_default();
+    let decided: Vec<i64> = attempts
+        .iter()
+        .filter_map(|a| a["decided"].as_i64())
+        .collect();
+    if decided != (1..=attempts.len() as i64).collect::<Vec<_>>() {
+        problems.push(format!(
+            "decision numbers are not 1..n in order: {decided:?}"
+        ));
+    }
+    let waiter_accepted = attempts
+        .iter()
+        .find(|a| a["writer"] == waiter.as_str() && a["accepted"] == true);
+    let holder_last = attempts
+        .iter()
+        .rev()
+        .find(|a| a["writer"] == holder.as_str());
+    let expected = match (holder_last, waiter_accepted) {
+        (Some(h), Some(w)) if h["decided"].as_i64() > w["decided"].as_i64() => {
+            if h["accepted"] == true {
+                "accepted"
+            } else {
+                "rejected"
+            }
+        }
+        _ => "none",
+    };
+    if cell["late_write"] != expected {
+        problems.push(format!(
+            "late_write says {} but the attempts say {expected}",
+            cell["late_write"]
+        ));
+    }
+    if expected != "none" && cell["two_holders"] != true {
+        problems.push("the holder wrote after the waiter, yet not two holders".into());
+    }
+    let wanted_accepted = match expected {
+        "accepted" => Value::Bool(true),
+        "rejected" => Value::Bool(false),
+        _ => Value::Null,
+    };
+    if cell["stale_write_accepted"] != wanted_accepted {
+        problems.push("stale_write_accepted disagrees with late_write".into());
+    }
+    // etcd and Postgres queue the waiter: a holder whose release found its lock gone while
+    // the waiter got the lock had a second holder beside it.
+    let released = |worker: &str| {
+        lines
+            .iter()
+            .find(|e| e["worker"] == worker && e["kind"] == "released")
+            .map(|e| e["released"].clone())
+    };
+    let waiter_got_it = lines
+        .iter()
+        .any(|e| e["worker"] == waiter.as_str() && e["kind"] == "acquired");
+    if cell["scenario"] == "freeze"
+        && backend != "redis"
+        && released(&holder) == Some(Value::Bool(false))
+        && waiter_got_it
+        && cell["two_holders"] != true
+    {
+        problems.push("the holder's release found its lock gone, yet not two holders".into());
+    }
+    let store_said: Vec<&str> = lines
+        .iter()
+        .filter(|e| {
+            e["worker"] == "store" && e["backend"] == backend && e["scenario"] == cell["scenario"]
+        })
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    let wanted: Vec<&str> = match expected {
+        "accepted" => vec!["accepted_stale"],
+        "rejected" => vec!["stale"],
+        _ => vec![],
+    };
+    if store_said != wanted {
+        problems.push(format!("the timeline's store line says {store_said:?}"));
+    }
+    problems
+}
