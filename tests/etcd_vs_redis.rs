@@ -43,7 +43,11 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
     // Exactly the fields the issue names, one cell per backend.
     let mut keys: Vec<&String> = verdict.as_object().unwrap().keys().collect();
     keys.sort();
-    assert_eq!(keys, ["cells", "kind", "lab", "run_id"], "{verdict}");
+    assert_eq!(
+        keys,
+        ["cells", "json_version", "kind", "lab", "run_id"],
+        "{verdict}"
+    );
     let cells = verdict["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 3, "{verdict}");
     for c in cells {

@@ -652,6 +652,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     if style.json {
         json_line(&json!({
             "kind": "verdict",
+            "json_version": super::JSON_VERSION,
             "lab": "etcd-vs-redis",
             "run_id": plan.run_id,
             "cells": cells,

@@ -438,6 +438,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     if style.json {
         json_line(&json!({
             "kind": "verdict",
+            "json_version": super::JSON_VERSION,
             "lab": "gc-pause",
             "run_id": run_id,
             "ttl_ms": ttl.as_millis() as u64,

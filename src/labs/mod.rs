@@ -37,6 +37,10 @@ macro_rules! lab_exit_status_help {
     };
 }
 
+/// The version of the `--json` shapes documented in docs/json.md; raised whenever a field
+/// changes meaning or goes away (new fields do not raise it).
+pub const JSON_VERSION: u32 = 2;
+
 /// Options every lab shares.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct OutputArgs {

@@ -637,6 +637,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     if style.json {
         json_line(&json!({
             "kind": "verdict",
+            "json_version": super::JSON_VERSION,
             "lab": "naive",
             "run_id": lab.run_id,
             "scenarios": verdicts,

@@ -598,9 +598,13 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     }
 
     if style.json {
-        json_line(
-            &json!({ "kind": "verdict", "lab": "skip-locked", "run_id": run_id, "modes": verdicts }),
-        );
+        json_line(&json!({
+            "kind": "verdict",
+            "json_version": super::JSON_VERSION,
+            "lab": "skip-locked",
+            "run_id": run_id,
+            "modes": verdicts,
+        }));
     } else {
         print_verdict(args, &verdicts, &notes);
     }
