@@ -2,10 +2,15 @@
 //!
 //! For each backend a lab needs, the first of these that applies wins:
 //! 1. the URL given by flag or environment (`--redis-url` / `LOCKSLAB_REDIS_URL`…): it must answer;
-//! 2. the servers `lockslab up` left running, if they still answer;
+//! 2. the servers `lockslab up` left running: while its state file is there they must answer,
+//!    and a lab stops with a line saying which one is down rather than mix in another server;
 //! 3. the docker-compose.yml defaults, if they answer (skipped with `--private-servers`);
 //! 4. a private server started from the binaries on this machine, in a temporary directory,
 //!    on a free loopback port, stopped and deleted when the lab ends.
+//!
+//! Start-up can be interrupted at any moment, by Ctrl-C or SIGKILL: every child (`initdb`
+//! too) is registered and dies with lockslab; `lockslab up` records each server as it spawns
+//! it, so `down` finds it; and what a killed run could not delete, the next start does.
 //!
 //! The tests use the same code, so no test depends on a fixed port.
 
