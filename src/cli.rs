@@ -156,25 +156,43 @@ fn up() -> Result<()> {
     Ok(())
 }
 
+/// Lists `up`'s servers; exits 1 (with one line saying what to do) when one does not answer,
+/// so that scripts can rely on `lockslab status && …`.
 fn status() -> Result<()> {
-    match servers::status()? {
-        None => crate::outln!(
+    let Some((state, health)) = servers::status()? else {
+        crate::outln!(
             "no servers from `lockslab up`; labs will use docker-compose defaults or private servers"
-        ),
-        Some((state, health)) => {
-            for (backend, answers) in health {
-                let url = state.url(backend).unwrap_or("-");
-                let mark = if answers {
-                    "up".green().bold()
-                } else {
-                    "not answering".red().bold()
-                };
-                crate::outln!("  {:<9} {url}  {mark}", backend.name());
-            }
-            for line in state.exports() {
-                crate::outln!("  {line}");
-            }
-        }
+        );
+        return Ok(());
+    };
+    for (backend, answers) in &health {
+        let url = state.url(*backend).unwrap_or("-");
+        let mark = if *answers {
+            "up".green().bold()
+        } else {
+            "not answering".red().bold()
+        };
+        crate::outln!("  {:<9} {url}  {mark}", backend.name());
+    }
+    for line in state.exports() {
+        crate::outln!("  {line}");
+    }
+    if state.starting {
+        anyhow::bail!(
+            "`lockslab up` has not finished starting its servers (still running, or interrupted): \
+             run `lockslab up` again, or `lockslab down`"
+        );
+    }
+    let down: Vec<&str> = health
+        .iter()
+        .filter(|(_, answers)| !answers)
+        .map(|(backend, _)| backend.name())
+        .collect();
+    if !down.is_empty() {
+        anyhow::bail!(
+            "{} of `lockslab up` not answering: run `lockslab up` to restart, or `lockslab down`",
+            down.join(" and ")
+        );
     }
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::thread;
@@ -49,19 +49,32 @@ impl StopPlan {
 /// Every live child, by pid. The interrupt handler ends them all.
 static LIVE: Mutex<Option<HashMap<i32, StopPlan>>> = Mutex::new(None);
 
+/// A directory to delete, and the function that deletes it.
+type DirRemoval = (PathBuf, fn(&Path));
+
 /// Directories to delete once every child is gone (private servers' data).
-static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static DIRS: Mutex<Vec<DirRemoval>> = Mutex::new(Vec::new());
 
 /// Deletes `dir` when the children are stopped on an interrupt or a closed stdout.
 pub fn remove_on_cleanup(dir: PathBuf) {
-    DIRS.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+    remove_on_cleanup_with(dir, |dir| {
+        let _ = fs::remove_dir_all(dir);
+    });
+}
+
+/// Like [`remove_on_cleanup`], for a directory that needs more than deleting its files
+/// (a Postgres directory names a shared-memory segment to release first).
+pub fn remove_on_cleanup_with(dir: PathBuf, remove: fn(&Path)) {
+    DIRS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((dir, remove));
 }
 
 /// The directory was deleted the normal way: nothing left to do for it.
-pub fn forget_dir(dir: &std::path::Path) {
+pub fn forget_dir(dir: &Path) {
     DIRS.lock()
         .unwrap_or_else(|p| p.into_inner())
-        .retain(|d| d != dir);
+        .retain(|(d, _)| d != dir);
 }
 
 type Cleanup = Box<dyn FnOnce() + Send>;
@@ -107,8 +120,13 @@ fn run_cleanups() {
 }
 
 fn remove_registered_dirs() {
-    for dir in DIRS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-        let _ = fs::remove_dir_all(dir);
+    let dirs: Vec<_> = DIRS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain(..)
+        .collect();
+    for (dir, remove) in dirs {
+        remove(&dir);
     }
 }
 

@@ -2,24 +2,33 @@
 //!
 //! For each backend a lab needs, the first of these that applies wins:
 //! 1. the URL given by flag or environment (`--redis-url` / `LOCKSLAB_REDIS_URL`…): it must answer;
-//! 2. the servers `lockslab up` left running, if they still answer;
+//! 2. the servers `lockslab up` left running: while its state file is there they must answer,
+//!    and a lab stops with a line saying which one is down rather than mix in another server;
 //! 3. the docker-compose.yml defaults, if they answer (skipped with `--private-servers`);
 //! 4. a private server started from the binaries on this machine, in a temporary directory,
 //!    on a free loopback port, stopped and deleted when the lab ends.
 //!
+//! Start-up can be interrupted at any moment, by Ctrl-C or SIGKILL: every child (`initdb`
+//! too) is registered and dies with lockslab; `lockslab up` records each server as it spawns
+//! it, so `down` finds it; and what a killed run could not delete, the next start does.
+//!
 //! The tests use the same code, so no test depends on a fixed port.
 
 use std::fs;
+use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Uid};
 use serde::{Deserialize, Serialize};
 
 use crate::connect::{self, Backend};
@@ -183,22 +192,28 @@ pub fn provide_shared(args: &ServerArgs, needs: &[Backend]) -> Result<Servers> {
 fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Result<Servers> {
     let mut urls = Vec::new();
     let mut missing = Vec::new();
-    let up_state = if args.private_servers {
-        None
-    } else {
-        UpState::load().ok()
-    };
+    // Read only when a backend is not given: a lab with every URL given ignores `up`.
+    let mut up_state: Option<Option<UpState>> = None;
     for &backend in needs {
         if let Some(url) = args.given(backend) {
             connect::probe(backend, url)?;
             urls.push((backend, url.to_string(), Origin::Given));
-        } else if let Some(url) = up_state
-            .as_ref()
-            .and_then(|s| s.url(backend))
-            .filter(|u| answers(backend, u))
-        {
-            urls.push((backend, url.to_string(), Origin::Up));
-        } else if !args.private_servers && answers_quickly(backend, compose_default(backend)) {
+            continue;
+        }
+        if !args.private_servers {
+            let state = match &up_state {
+                Some(state) => state,
+                None => up_state.insert(UpState::load()?),
+            };
+            if let Some(state) = state {
+                // `up`'s servers are this machine's configuration: when one is down, say so.
+                // Falling through to the compose default would quietly pair, say, `up`'s
+                // Postgres with whatever Redis someone else left on port 6379.
+                urls.push((backend, state.answering_url(backend)?, Origin::Up));
+                continue;
+            }
+        }
+        if !args.private_servers && answers_quickly(backend, compose_default(backend)) {
             urls.push((
                 backend,
                 compose_default(backend).to_string(),
@@ -262,6 +277,23 @@ pub enum Lifetime {
     Detached,
 }
 
+/// How many times a private server is started, each time on a new port, before giving up.
+///
+/// A free port is only free when we look: another process may bind it before the server
+/// does (busy machines lost 2 starts in 96 this way). The server then exits at once, and a
+/// new port almost always works.
+const START_TRIES: u32 = 3;
+
+/// How long a private server may take to answer once started.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The file in a private run's directory that says the run is alive: the run holds an
+/// exclusive `flock` on it for as long as it lives, and the kernel drops that lock when the
+/// process dies, however it dies. A later run that can take the lock knows the directory's
+/// owner is gone. Unlike a pid, a lock can't be fooled by a reused pid or hidden by another
+/// pid namespace.
+const OWNER_LOCK: &str = "owner.lock";
+
 /// Servers started from local binaries in a directory of their own.
 pub struct PrivateServers {
     pub dir: PathBuf,
@@ -269,8 +301,15 @@ pub struct PrivateServers {
     pub pids: Vec<(Backend, i32)>,
     pub started_in: Duration,
     lifetime: Lifetime,
-    /// Keeps the temporary directory until the servers are stopped.
-    _temp: Option<tempfile::TempDir>,
+    /// Holds Postgres's data directory, `pg`: `dir` itself, except for `lockslab up` as root
+    /// when the Postgres user can't enter `dir` (a private `XDG_RUNTIME_DIR`).
+    pg_home: PathBuf,
+    /// The user Postgres runs as, when lockslab runs as root.
+    pg_user: Option<RunAs>,
+    /// Set once `lockslab up` has handed its servers over: its directories stay.
+    released: bool,
+    /// This run's claim on `dir` (see [`OWNER_LOCK`]); released when the process ends.
+    _owner: Option<Flock<fs::File>>,
 }
 
 impl PrivateServers {
@@ -280,30 +319,32 @@ impl PrivateServers {
     /// signal is tied to a thread that outlives them; only the waiting runs in parallel.
     pub fn start(backends: &[Backend], lifetime: Lifetime) -> Result<PrivateServers> {
         let started = Instant::now();
-        let (dir, temp) = match lifetime {
+        let pg_user = unprivileged_owner()?;
+        let (dir, owner) = match lifetime {
             Lifetime::ThisRun => {
-                let temp = tempfile::Builder::new()
-                    .prefix("lockslab-")
-                    .tempdir()
-                    .context("creating a temporary directory")?;
-                procs::remove_on_cleanup(temp.path().to_path_buf());
-                (temp.path().to_path_buf(), Some(temp))
+                let root = std::env::temp_dir();
+                sweep_dead_runs(&root);
+                let (dir, owner) = new_run_dir(&root)?;
+                procs::remove_on_cleanup_with(dir.clone(), remove_server_dir);
+                (dir, Some(owner))
             }
             Lifetime::Detached => {
                 let dir = state_dir();
-                fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                own_dir(&dir)?;
+                procs::remove_on_cleanup_with(dir.clone(), clear_state_dir_quietly);
                 (dir, None)
             }
         };
-        // The private Postgres may run as another user, who must be able to enter the directory.
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))?;
         let mut servers = PrivateServers {
+            pg_home: dir.clone(),
             dir,
             urls: Vec::new(),
             pids: Vec::new(),
             started_in: Duration::ZERO,
             lifetime,
-            _temp: temp,
+            pg_user,
+            released: false,
+            _owner: owner,
         };
         let result = servers.start_each(backends);
         if let Err(err) = result {
@@ -315,22 +356,175 @@ impl PrivateServers {
     }
 
     fn start_each(&mut self, backends: &[Backend]) -> Result<()> {
+        if self.lifetime == Lifetime::Detached {
+            // Before anything starts: whatever happens next, `down` finds this record.
+            self.record(true)?;
+        }
+        let wants_postgres = backends.contains(&Backend::Postgres);
+        if wants_postgres {
+            self.choose_pg_home()?;
+        }
         // Redis and etcd start while initdb prepares Postgres's data directory.
-        for &backend in backends.iter().filter(|b| **b != Backend::Postgres) {
-            self.launch(backend)?;
-        }
-        if backends.contains(&Backend::Postgres) {
-            self.launch(Backend::Postgres)?;
-        }
-        let waits: Vec<_> = self
-            .urls
+        let initdb = if wants_postgres {
+            Some(self.start_initdb()?)
+        } else {
+            None
+        };
+        let others = backends
             .iter()
-            .cloned()
-            .map(|(backend, url)| thread::spawn(move || wait_until_answering(backend, &url)))
-            .collect();
-        for wait in waits {
-            wait.join()
-                .map_err(|_| anyhow!("a readiness check panicked"))??;
+            .filter(|b| **b != Backend::Postgres)
+            .try_for_each(|backend| self.launch(*backend));
+        if let Some(initdb) = initdb {
+            if others.is_err() {
+                // Not left writing into a directory about to be deleted.
+                procs::stop(initdb.id() as i32, &initdb_stop_plan());
+            } else {
+                self.finish_initdb(initdb)?;
+                self.launch(Backend::Postgres)?;
+            }
+        }
+        others?;
+        for try_number in 1.. {
+            let waits: Vec<_> = self
+                .urls
+                .iter()
+                .zip(&self.pids)
+                .map(|((backend, url), (_, pid))| {
+                    let (backend, url, pid) = (*backend, url.clone(), *pid);
+                    thread::spawn(move || (backend, wait_until_answering(backend, &url, pid)))
+                })
+                .collect();
+            let mut exited = Vec::new();
+            for wait in waits {
+                let (backend, outcome) = wait
+                    .join()
+                    .map_err(|_| anyhow!("a readiness check panicked"))?;
+                match outcome {
+                    Ok(()) => {}
+                    Err(StartFailure::Exited) if try_number < START_TRIES => exited.push(backend),
+                    Err(failure) => return Err(self.start_error(backend, failure, try_number)),
+                }
+            }
+            if exited.is_empty() {
+                return Ok(());
+            }
+            // Retried from this thread, for the parent-death signal (see `start`).
+            for backend in exited {
+                self.stop_one(backend);
+                self.launch(backend)?;
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// One line for a server that would not start, with the end of its log: the log is
+    /// deleted with the directory, so this line is the only place anyone can read it.
+    fn start_error(&self, backend: Backend, failure: StartFailure, tries: u32) -> anyhow::Error {
+        let url = self.url(backend).unwrap_or_default();
+        let what = match failure {
+            StartFailure::Exited if tries > 1 => {
+                format!("exited at start-up, {tries} times on {tries} different ports")
+            }
+            StartFailure::Exited => "exited at start-up".to_string(),
+            StartFailure::Silent => format!(
+                "did not answer within {}s (overloaded machine?)",
+                START_TIMEOUT.as_secs()
+            ),
+        };
+        let log = self.dir.join(format!("{}.log", backend.compose_service()));
+        anyhow!(
+            "the private {} ({}) {what}; the end of its log: {}",
+            backend.name(),
+            connect::redact(&url),
+            log_tail(&log)
+        )
+    }
+
+    /// Puts Postgres's data directory where its user can reach it.
+    ///
+    /// As root, Postgres runs as another user, who must be able to enter every directory on
+    /// the way to its data. A temporary directory is made so (0711); a real
+    /// `XDG_RUNTIME_DIR` is not (0700, and it must stay so). For `lockslab up` the data then
+    /// goes to a directory of its own under the temp root, recorded in the state file.
+    fn choose_pg_home(&mut self) -> Result<()> {
+        let Some(user) = &self.pg_user else {
+            return Ok(());
+        };
+        let Some((blocked, mode)) = user.blocked_on_way_to(&self.dir) else {
+            return Ok(());
+        };
+        let why = format!(
+            "Postgres runs as user `{}` (it refuses to run as root), and that user cannot enter {} (mode {mode:o})",
+            user.name,
+            blocked.display()
+        );
+        if self.lifetime == Lifetime::ThisRun {
+            bail!("{why}: set TMPDIR to a directory it can enter, e.g. TMPDIR=/tmp");
+        }
+        let home = tempfile::Builder::new()
+            .prefix("lockslab-up-")
+            .tempdir()
+            .context("creating a directory for `lockslab up`'s Postgres")?
+            .keep();
+        procs::remove_on_cleanup_with(home.clone(), remove_server_dir);
+        self.pg_home = home;
+        fs::set_permissions(&self.pg_home, fs::Permissions::from_mode(0o711))?;
+        self.record(true)?;
+        if let Some((blocked, mode)) = user.blocked_on_way_to(&self.pg_home) {
+            bail!(
+                "{why}, nor {} (mode {mode:o}): set LOCKSLAB_STATE_DIR or TMPDIR to a directory it can enter, e.g. /tmp",
+                blocked.display()
+            );
+        }
+        Ok(())
+    }
+
+    fn pg_data(&self) -> PathBuf {
+        self.pg_home.join("pg")
+    }
+
+    /// Starts `initdb` as a registered child, tied to this process like every other: an
+    /// interrupt stops it (SIGTERM: it finishes its step and removes what it wrote, and its
+    /// own `postgres` child ends normally, releasing its shared memory), and lockslab's
+    /// death kills it (its `postgres` child then reads end-of-input and ends normally too).
+    fn start_initdb(&mut self) -> Result<Child> {
+        let data = self.pg_data();
+        let owner = self.pg_user.as_ref().map(|u| (u.uid, u.gid));
+        fs::create_dir_all(&data)?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(&data, Some(uid), Some(gid))
+                .context("handing the Postgres directory to its user")?;
+        }
+        let mut initdb = Command::new(find_binary("initdb", Backend::Postgres)?);
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "lockslab",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ])
+            .current_dir(&data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(self.dir.join("initdb.log"))?);
+        as_user(&mut initdb, owner);
+        procs::spawn_registered(&mut initdb, initdb_stop_plan()).context("running initdb")
+    }
+
+    fn finish_initdb(&mut self, mut initdb: Child) -> Result<()> {
+        let status = initdb.wait().context("waiting for initdb");
+        procs::forget(initdb.id() as i32);
+        let status = status?;
+        if !status.success() {
+            bail!(
+                "initdb failed ({status}); the end of its log: {}",
+                log_tail(&self.dir.join("initdb.log"))
+            );
         }
         Ok(())
     }
@@ -384,37 +578,7 @@ impl PrivateServers {
                 (command, client, Signal::SIGTERM)
             }
             Backend::Postgres => {
-                let data = self.dir.join("pg");
-                let owner = unprivileged_owner()?;
-                fs::create_dir_all(&data)?;
-                if let Some((uid, gid)) = owner {
-                    nix::unistd::chown(&data, Some(uid), Some(gid))
-                        .context("handing the Postgres directory to its user")?;
-                }
-                let mut initdb = Command::new(find_binary("initdb", backend)?);
-                initdb
-                    .arg("-D")
-                    .arg(&data)
-                    .args([
-                        "-U",
-                        "lockslab",
-                        "--auth=trust",
-                        "--no-sync",
-                        "-E",
-                        "UTF8",
-                        "--no-instructions",
-                    ])
-                    .current_dir(&data)
-                    .stdout(Stdio::null())
-                    .stderr(fs::File::create(self.dir.join("initdb.log"))?);
-                as_user(&mut initdb, owner);
-                let status = initdb.status().context("running initdb")?;
-                if !status.success() {
-                    bail!(
-                        "initdb failed ({status}); see {}",
-                        self.dir.join("initdb.log").display()
-                    );
-                }
+                let data = self.pg_data();
                 let mut command = Command::new(find_binary("postgres", backend)?);
                 command
                     .arg("-D")
@@ -432,8 +596,10 @@ impl PrivateServers {
                         "full_page_writes=off",
                     ])
                     .args(["-c", "max_connections=200"])
-                    .current_dir(&data);
-                as_user(&mut command, owner);
+                    // Dynamic shared memory in the data directory rather than /dev/shm: if
+                    // the server is killed, it goes with the directory.
+                    .args(["-c", "dynamic_shared_memory_type=mmap"]);
+                as_user(&mut command, self.pg_user.as_ref().map(|u| (u.uid, u.gid)));
                 // SIGINT is Postgres's fast shutdown: it does not wait for clients to leave.
                 (
                     command,
@@ -442,8 +608,16 @@ impl PrivateServers {
                 )
             }
         };
+        // Every server works in its own directory: `down` and the sweep recognise a server
+        // by its working directory (Redis rewrites its command line; the others name it).
+        let workdir = if backend == Backend::Postgres {
+            self.pg_data()
+        } else {
+            self.dir.clone()
+        };
         let log = fs::File::create(&log)?;
         command
+            .current_dir(workdir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -466,14 +640,27 @@ impl PrivateServers {
                     .with_context(|| format!("starting a private {}", backend.name()))?;
                 let pid = child.id() as i32;
                 // Reaped by init once `lockslab up` exits; until then, registered so that a
-                // failed `up` does not leave it behind.
+                // failed or interrupted `up` does not leave it behind.
                 procs::register(pid, plan);
                 pid
             }
         };
         self.urls.push((backend, url));
         self.pids.push((backend, pid));
+        if self.lifetime == Lifetime::Detached {
+            // Before waiting for it: a `lockslab up` killed now leaves a server `down` finds.
+            self.record(true)?;
+        }
         Ok(())
+    }
+
+    /// Stops one server (before starting it again on another port).
+    fn stop_one(&mut self, backend: Backend) {
+        if let Some(index) = self.pids.iter().position(|(b, _)| *b == backend) {
+            let (_, pid) = self.pids.remove(index);
+            self.urls.remove(index);
+            procs::stop(pid, &stop_plan(backend));
+        }
     }
 
     pub fn url(&self, backend: Backend) -> Option<String> {
@@ -483,33 +670,55 @@ impl PrivateServers {
             .map(|(_, url)| url.clone())
     }
 
-    /// Stops every server and deletes the directory (of a temporary run).
-    pub fn stop(&mut self) {
-        for (backend, pid) in self.pids.drain(..) {
-            let signal = if backend == Backend::Postgres {
-                Signal::SIGINT
-            } else {
-                Signal::SIGTERM
-            };
-            procs::stop(
-                pid,
-                &StopPlan {
-                    signal,
-                    grace: Duration::from_secs(5),
-                },
-            );
-        }
-        if self.lifetime == Lifetime::ThisRun {
-            let _ = fs::remove_dir_all(&self.dir);
-            procs::forget_dir(&self.dir);
+    /// What `lockslab up` has started so far, as its state file says it.
+    fn up_state(&self, starting: bool) -> UpState {
+        let url = |backend| self.url(backend);
+        UpState {
+            redis: url(Backend::Redis),
+            etcd: url(Backend::Etcd),
+            postgres: url(Backend::Postgres),
+            pids: self.pids.iter().map(|(_, pid)| *pid).collect(),
+            dir: self.dir.clone(),
+            pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
+            starting,
         }
     }
 
+    fn record(&self, starting: bool) -> Result<()> {
+        self.up_state(starting).save()
+    }
+
+    /// Stops every server and, unless `lockslab up` handed them over, deletes their data.
+    pub fn stop(&mut self) {
+        for (backend, pid) in self.pids.drain(..) {
+            procs::stop(pid, &stop_plan(backend));
+        }
+        if self.released {
+            return;
+        }
+        match self.lifetime {
+            Lifetime::ThisRun => remove_server_dir(&self.dir),
+            Lifetime::Detached => {
+                clear_state_dir_quietly(&self.dir);
+                if self.pg_home != self.dir {
+                    remove_server_dir(&self.pg_home);
+                }
+            }
+        }
+        procs::forget_dir(&self.dir);
+        procs::forget_dir(&self.pg_home);
+    }
+
     /// After a successful `lockslab up`: the servers are no longer this process's to stop.
-    fn release_detached(&mut self) {
+    fn release_detached(&mut self) -> Result<()> {
+        self.record(false)?;
         for (_, pid) in self.pids.drain(..) {
             procs::forget(pid);
         }
+        self.released = true;
+        procs::forget_dir(&self.dir);
+        procs::forget_dir(&self.pg_home);
+        Ok(())
     }
 }
 
@@ -519,21 +728,78 @@ impl Drop for PrivateServers {
     }
 }
 
-fn wait_until_answering(backend: Backend, url: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match connect::probe(backend, url) {
-            Ok(()) => return Ok(()),
-            Err(err) if Instant::now() > deadline => {
-                return Err(err.context(format!("the private {} did not start", backend.name())));
-            }
-            Err(_) => thread::sleep(Duration::from_millis(25)),
-        }
+fn stop_plan(backend: Backend) -> StopPlan {
+    StopPlan {
+        // SIGINT is Postgres's fast shutdown; the others shut down on SIGTERM.
+        signal: if backend == Backend::Postgres {
+            Signal::SIGINT
+        } else {
+            Signal::SIGTERM
+        },
+        grace: Duration::from_secs(5),
     }
 }
 
+/// initdb stops cleanly on SIGTERM at the end of its current step, which takes a second or
+/// two on a busy machine; SIGKILL would leave its `postgres` child's shared memory behind.
+fn initdb_stop_plan() -> StopPlan {
+    StopPlan {
+        signal: Signal::SIGTERM,
+        grace: Duration::from_secs(15),
+    }
+}
+
+/// Why a private server did not start.
+enum StartFailure {
+    /// It exited: most often it lost its port to another process. Worth another port.
+    Exited,
+    /// It runs but does not answer.
+    Silent,
+}
+
+fn wait_until_answering(
+    backend: Backend,
+    url: &str,
+    pid: i32,
+) -> std::result::Result<(), StartFailure> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let gone = || procs::process_state(pid).is_none_or(|state| state == 'Z');
+    loop {
+        let answered = connect::probe(backend, url).is_ok();
+        // Whoever answered must be our server, not someone who took the port from it.
+        if gone() {
+            return Err(StartFailure::Exited);
+        }
+        if answered {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(StartFailure::Silent);
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The last lines of a server's log, on one line.
+fn log_tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return "(empty)".to_string();
+    }
+    lines[lines.len().saturating_sub(3)..]
+        .iter()
+        .map(|line| line.chars().take(240).collect::<String>())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// A port nobody listens on right now. Another process could take it before the server
-/// binds it; then the server fails to start and says so in its log.
+/// binds it; then the server exits, and [`START_TRIES`] gives it another port.
 fn free_port() -> Result<u16> {
     let listener =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free loopback port")?;
@@ -583,37 +849,235 @@ fn find_binary(name: &str, backend: Backend) -> Result<PathBuf> {
     )
 }
 
+/// The unprivileged user Postgres runs as when lockslab runs as root.
+struct RunAs {
+    name: String,
+    uid: Uid,
+    gid: Gid,
+}
+
+impl RunAs {
+    /// The first directory on the way to `dir` (or `dir` itself) that this user may not
+    /// pass through, with its mode; None when every one lets it in.
+    fn blocked_on_way_to(&self, dir: &Path) -> Option<(PathBuf, u32)> {
+        let groups = std::ffi::CString::new(self.name.clone())
+            .ok()
+            .and_then(|name| nix::unistd::getgrouplist(&name, self.gid).ok())
+            .unwrap_or_else(|| vec![self.gid]);
+        let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+        for step in absolute.ancestors() {
+            let Ok(meta) = fs::metadata(step) else {
+                continue; // not made yet: we make it, enterable
+            };
+            let mode = meta.mode();
+            let may_enter = if meta.uid() == self.uid.as_raw() {
+                mode & 0o100 != 0
+            } else if groups.iter().any(|g| g.as_raw() == meta.gid()) {
+                mode & 0o010 != 0
+            } else {
+                mode & 0o001 != 0
+            };
+            if !may_enter {
+                return Some((step.to_path_buf(), mode & 0o7777));
+            }
+        }
+        None
+    }
+}
+
 /// Postgres refuses to run as root: as root, run it as the `postgres` user (or `nobody`).
-fn unprivileged_owner() -> Result<Option<(nix::unistd::Uid, nix::unistd::Gid)>> {
-    if !nix::unistd::Uid::effective().is_root() {
+fn unprivileged_owner() -> Result<Option<RunAs>> {
+    if !Uid::effective().is_root() {
         return Ok(None);
     }
     for name in ["postgres", "nobody"] {
         if let Ok(Some(user)) = nix::unistd::User::from_name(name) {
-            return Ok(Some((user.uid, user.gid)));
+            return Ok(Some(RunAs {
+                name: name.to_string(),
+                uid: user.uid,
+                gid: user.gid,
+            }));
         }
     }
     bail!("Postgres will not run as root, and there is no `postgres` or `nobody` user to run it as")
 }
 
-fn as_user(command: &mut Command, owner: Option<(nix::unistd::Uid, nix::unistd::Gid)>) {
+fn as_user(command: &mut Command, owner: Option<(Uid, Gid)>) {
     if let Some((uid, gid)) = owner {
         command.uid(uid.as_raw()).gid(gid.as_raw());
     }
 }
 
+/// A fresh directory for one run's private servers under `root`, claimed by [`OWNER_LOCK`].
+fn new_run_dir(root: &Path) -> Result<(PathBuf, Flock<fs::File>)> {
+    let dir = tempfile::Builder::new()
+        .prefix("lockslab-")
+        .tempdir_in(root)
+        .with_context(|| format!("creating a temporary directory in {}", root.display()))?
+        .keep();
+    let claim = || -> Result<Flock<fs::File>> {
+        // The private Postgres may run as another user, who must be able to enter it.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))?;
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(OWNER_LOCK))?;
+        let mut lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| errno)?;
+        // Written after the lock is taken: a sweep that finds the pid and gets the lock knows
+        // the owner is dead; an empty file is a run still being born.
+        writeln!(lock, "{}", std::process::id())?;
+        Ok(lock)
+    };
+    claim().map(|lock| (dir.clone(), lock)).map_err(|err| {
+        let _ = fs::remove_dir_all(&dir);
+        err.context(format!("preparing {}", dir.display()))
+    })
+}
+
+/// Removes what killed runs left under `root`: each dead run's directory (about 39 MB of
+/// Postgres data) and the shared-memory segment its Postgres could not release.
+///
+/// A SIGKILL gives lockslab no chance to clean up; its servers die with it (parent-death
+/// signal) but their data stays. So every start of private servers looks for the leftovers
+/// of earlier runs. It is careful on a shared machine: only `lockslab-*` directories owned
+/// by this user, only when their [`OWNER_LOCK`] is free (the run that made it is gone), and
+/// only when no process still works inside them.
+fn sweep_dead_runs(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    let me = Uid::effective().as_raw();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("lockslab-") {
+            continue;
+        }
+        let dir = entry.path();
+        let ours = fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if !ours {
+            continue;
+        }
+        let Ok(file) = fs::File::open(dir.join(OWNER_LOCK)) else {
+            continue; // not a run directory (`lockslab up`'s, another version's)
+        };
+        let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            continue; // its run is alive
+        };
+        let owner_written = lock.metadata().is_ok_and(|m| m.len() > 0 && m.uid() == me);
+        if owner_written && processes_in(std::slice::from_ref(&dir)).is_empty() {
+            remove_server_dir(&dir);
+        }
+    }
+}
+
+/// Deletes a private servers' directory, after releasing the shared memory its Postgres
+/// left if it was killed.
+fn remove_server_dir(dir: &Path) {
+    release_shared_memory(&dir.join("pg"));
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Releases the System V shared-memory segment of a dead Postgres.
+///
+/// Postgres keeps one small segment while it runs and removes it when it shuts down; when
+/// it is killed, the segment stays — it belongs to no file, so deleting the data directory
+/// does not free it. The data directory's lock file names it (line 7 of `postmaster.pid`:
+/// key and id), which lets us release exactly that segment: only if its key still matches
+/// and no live process uses it (nobody attached, or its creator — the postmaster — gone).
+fn release_shared_memory(pg_data: &Path) {
+    let Ok(text) = fs::read_to_string(pg_data.join("postmaster.pid")) else {
+        return;
+    };
+    let mut fields = text.lines().nth(6).unwrap_or_default().split_whitespace();
+    let key = fields.next().and_then(|k| k.parse::<i64>().ok());
+    let id = fields.next().and_then(|i| i.parse::<i32>().ok());
+    let (Some(key), Some(id)) = (key, id) else {
+        return;
+    };
+    // SAFETY: shmid_ds is plain old data, for which all zeroes is a valid value.
+    let mut info: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: IPC_STAT only writes into `info`, which is a valid, exclusively borrowed shmid_ds.
+    if unsafe { nix::libc::shmctl(id, nix::libc::IPC_STAT, &mut info) } != 0 {
+        return;
+    }
+    let creator_alive = procs::process_state(info.shm_cpid).is_some_and(|state| state != 'Z');
+    if i64::from(info.shm_perm.__key) == key && (info.shm_nattch == 0 || !creator_alive) {
+        // SAFETY: IPC_RMID takes no buffer; it marks the segment for removal once detached.
+        unsafe {
+            nix::libc::shmctl(id, nix::libc::IPC_RMID, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Processes that work inside one of `dirs` (their working directory, or a path in their
+/// command line): (pid, parent pid, command name).
+fn processes_in(dirs: &[PathBuf]) -> Vec<(i32, i32, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let inside = |path: &Path| dirs.iter().any(|dir| path.starts_with(dir));
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if fields.first() == Some(&"Z") {
+            continue;
+        }
+        let cwd = fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let in_args = cmdline
+            .split(|b| *b == 0)
+            .any(|arg| inside(Path::new(std::ffi::OsStr::from_bytes(arg))));
+        if inside(&cwd) || in_args {
+            let ppid = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+            found.push((pid, ppid, stat[open + 1..close].to_string()));
+        }
+    }
+    found
+}
+
 /// Where `lockslab up` keeps its servers: `$LOCKSLAB_STATE_DIR`, else a per-user directory.
 pub fn state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("LOCKSLAB_STATE_DIR") {
+    if let Some(dir) = std::env::var_os("LOCKSLAB_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
     let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    base.join(format!("lockslab-{}", nix::unistd::Uid::effective()))
+    base.join(format!("lockslab-{}", Uid::effective()))
 }
 
-/// What `lockslab up` left running, saved in the state directory.
+/// Creates `dir` if needed and checks it is a directory of this user's (in a shared /tmp,
+/// `lockslab-0` could be anyone's, or a symlink to somewhere else).
+fn own_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != Uid::effective().as_raw() {
+        bail!(
+            "{} is not a directory of yours: remove it, or set LOCKSLAB_STATE_DIR to another place",
+            dir.display()
+        );
+    }
+    // The private Postgres may run as another user, who must be able to enter the directory.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    Ok(())
+}
+
+/// What `lockslab up` started, saved in the state directory. Written before the first
+/// server starts and again as each one is spawned, so that `down` finds everything even
+/// when `up` was killed half-way.
 #[derive(Serialize, Deserialize, Debug)]
 pub struct UpState {
     pub redis: Option<String>,
@@ -621,16 +1085,56 @@ pub struct UpState {
     pub postgres: Option<String>,
     pub pids: Vec<i32>,
     pub dir: PathBuf,
+    /// Where Postgres's data lives when not in `dir` (see `choose_pg_home`).
+    #[serde(default)]
+    pub pg_home: Option<PathBuf>,
+    /// True until every server answered: `up` is still starting, or was interrupted.
+    #[serde(default)]
+    pub starting: bool,
 }
+
+/// The entries `lockslab up` makes in its state directory: `down` removes these and no
+/// others, in case the directory was shared with something else.
+const STATE_ENTRIES: [&str; 9] = [
+    "servers.json",
+    "servers.json.tmp",
+    "redis.log",
+    "etcd.log",
+    "postgres.log",
+    "initdb.log",
+    "etcd",
+    "pg",
+    "dump.rdb",
+];
 
 impl UpState {
     fn file() -> PathBuf {
         state_dir().join("servers.json")
     }
 
-    pub fn load() -> Result<UpState> {
-        let text = fs::read_to_string(Self::file())?;
-        Ok(serde_json::from_str(&text)?)
+    /// The state `lockslab up` left, or None when it left none.
+    pub fn load() -> Result<Option<UpState>> {
+        let file = Self::file();
+        let text = match fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err).with_context(|| format!("reading {}", file.display())),
+        };
+        serde_json::from_str(&text).map(Some).with_context(|| {
+            format!(
+                "{} is not a state file of `lockslab up`: run `lockslab down`",
+                file.display()
+            )
+        })
+    }
+
+    /// Written to a temporary file and renamed: a reader never sees half a file.
+    fn save(&self) -> Result<()> {
+        let file = Self::file();
+        let temporary = file.with_extension("json.tmp");
+        fs::write(&temporary, serde_json::to_string_pretty(self)?)
+            .and_then(|()| fs::rename(&temporary, &file))
+            .with_context(|| format!("writing {}", file.display()))
     }
 
     pub fn url(&self, backend: Backend) -> Option<&str> {
@@ -639,6 +1143,31 @@ impl UpState {
             Backend::Etcd => self.etcd.as_deref(),
             Backend::Postgres => self.postgres.as_deref(),
         }
+    }
+
+    /// The URL of `up`'s server for `backend` if it answers; else an error that says which
+    /// one is down and how to go on.
+    pub fn answering_url(&self, backend: Backend) -> Result<String> {
+        match self.url(backend) {
+            _ if self.starting => bail!(
+                "`lockslab up` has not finished starting its servers (still running, or interrupted): \
+                 run `lockslab up` again, or `lockslab down` to stop using them"
+            ),
+            Some(url) if answers(backend, url) => Ok(url.to_string()),
+            url => bail!(
+                "the {} that `lockslab up` started ({}) does not answer: run `lockslab up` to restart it, \
+                 or `lockslab down` to stop using `up`'s servers",
+                backend.name(),
+                connect::redact(url.unwrap_or("-"))
+            ),
+        }
+    }
+
+    /// Every directory with data of `up`'s servers.
+    fn dirs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.dir.clone())
+            .chain(self.pg_home.clone())
+            .collect()
     }
 
     /// The lines to paste into a shell so that every command uses these servers.
@@ -655,68 +1184,94 @@ impl UpState {
 }
 
 /// `lockslab up`: start all three servers and leave them running.
+///
+/// Restartable after anything: when the state is incomplete (an interrupted `up`) or a
+/// server does not answer, whatever is there is stopped and removed first, and all three
+/// start afresh.
 pub fn up() -> Result<UpState> {
-    if let Ok(state) = UpState::load() {
-        if ALL
+    if let Ok(Some(state)) = UpState::load()
+        && !state.starting
+        && ALL
             .iter()
             .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
-        {
-            return Ok(state);
-        }
-        down()?;
+    {
+        return Ok(state);
     }
+    down()?;
     let mut servers = PrivateServers::start(&ALL, Lifetime::Detached)?;
-    let url = |backend| servers.url(backend);
-    let state = UpState {
-        redis: url(Backend::Redis),
-        etcd: url(Backend::Etcd),
-        postgres: url(Backend::Postgres),
-        pids: servers.pids.iter().map(|(_, pid)| *pid).collect(),
-        dir: servers.dir.clone(),
-    };
-    fs::write(UpState::file(), serde_json::to_string_pretty(&state)?)?;
-    servers.release_detached();
-    Ok(state)
+    servers.release_detached()?;
+    Ok(servers.up_state(false))
 }
 
-/// `lockslab down`: stop what `lockslab up` started and delete its directory.
+/// `lockslab down`: stop what `lockslab up` started and delete its data. True when there
+/// was something to stop or delete.
+///
+/// Servers are found by where they work — a directory of `up`'s — and by name, not by the
+/// pids in the state file alone: that covers a server spawned just before `up` was killed,
+/// and never signals a process that merely inherited a recorded pid.
 pub fn down() -> Result<bool> {
-    let Ok(state) = UpState::load() else {
+    let dir = state_dir();
+    let state = UpState::load().ok().flatten();
+    let dirs = state
+        .as_ref()
+        .map(UpState::dirs)
+        .unwrap_or_else(|| vec![dir.clone()]);
+    let servers: Vec<(i32, i32, String)> = processes_in(&dirs)
+        .into_iter()
+        .filter(|(_, _, name)| {
+            matches!(
+                name.as_str(),
+                "redis-server" | "etcd" | "postgres" | "initdb"
+            )
+        })
+        .collect();
+    let leftovers = STATE_ENTRIES
+        .iter()
+        .any(|entry| dir.join(entry).symlink_metadata().is_ok());
+    if state.is_none() && servers.is_empty() && !leftovers {
         return Ok(false);
-    };
-    for pid in &state.pids {
-        if is_server_process(*pid) {
-            let signal = if process_name(*pid).as_deref() == Some("postgres") {
-                Signal::SIGINT
-            } else {
-                Signal::SIGTERM
-            };
-            stop_unrelated(*pid, signal);
-        }
     }
-    remove_state_dir(&state.dir)?;
+    // Only the top of each process tree: Postgres's backends follow their postmaster.
+    let tops: Vec<_> = servers
+        .iter()
+        .filter(|(_, ppid, _)| !servers.iter().any(|(pid, _, _)| pid == ppid))
+        .collect();
+    for (pid, _, name) in tops {
+        let signal = if name == "postgres" {
+            Signal::SIGINT
+        } else {
+            Signal::SIGTERM
+        };
+        stop_unrelated(*pid, signal);
+    }
+    for home in dirs.iter().filter(|d| **d != dir) {
+        remove_server_dir(home);
+    }
+    clear_state_dir(&dir)?;
     Ok(true)
 }
 
-fn remove_state_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+/// Deletes what `up` made in its state directory, and the directory once empty.
+fn clear_state_dir(dir: &Path) -> Result<()> {
+    release_shared_memory(&dir.join("pg"));
+    for entry in STATE_ENTRIES {
+        let path = dir.join(entry);
+        let Ok(meta) = path.symlink_metadata() else {
+            continue;
+        };
+        if meta.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        }
+        .with_context(|| format!("removing {}", path.display()))?;
     }
+    let _ = fs::remove_dir(dir);
     Ok(())
 }
 
-fn process_name(pid: i32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-/// Guards against a recycled pid: only signal what still looks like one of our servers.
-fn is_server_process(pid: i32) -> bool {
-    matches!(
-        process_name(pid).as_deref(),
-        Some("redis-server" | "etcd" | "postgres")
-    )
+fn clear_state_dir_quietly(dir: &Path) {
+    let _ = clear_state_dir(dir);
 }
 
 /// Stops a process that is not our child (started by an earlier `lockslab up`): signal,
@@ -729,6 +1284,7 @@ fn stop_unrelated(pid: i32, signal: Signal) {
     while procs::process_state(pid).is_some_and(|state| state != 'Z') {
         if Instant::now() > deadline {
             let _ = nix::sys::signal::killpg(target, Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(target, Signal::SIGKILL);
             break;
         }
         thread::sleep(Duration::from_millis(20));
@@ -740,7 +1296,7 @@ pub type Health = Vec<(Backend, bool)>;
 
 /// `lockslab status`: each server `up` started, and whether it answers.
 pub fn status() -> Result<Option<(UpState, Health)>> {
-    let Ok(state) = UpState::load() else {
+    let Some(state) = UpState::load()? else {
         return Ok(None);
     };
     let health = ALL

@@ -1,0 +1,732 @@
+//! Private servers and `lockslab up` under interruption: signals while `initdb` runs, SIGKILL
+//! of lockslab, a server of `up` that died, a server that fails to start, root with a private
+//! runtime directory. Every test has its own temp root (TMPDIR) and state directory, so it can
+//! check that nothing of its own is left — no `lockslab-*` directory, no process, no SysV
+//! shared-memory segment created by its servers — without seeing other runs.
+
+mod common;
+
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{BIN, eventually};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A short fenced gc-pause run: enough to start and use Redis and Postgres.
+const QUICK_LAB: [&str; 7] = [
+    "gc-pause",
+    "--ttl",
+    "300ms",
+    "--pause",
+    "600ms",
+    "--fencing",
+    "on",
+];
+
+/// One test's world: a temp root for TMPDIR and a state directory for `up`/`down`.
+struct World {
+    tmp: tempfile::TempDir,
+    state: PathBuf,
+    /// Keeps the state directory's parent alive.
+    _state_parent: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        let tmp = tempfile::tempdir().unwrap();
+        // The private Postgres runs as another user when the tests run as root.
+        std::fs::set_permissions(tmp.path(), PermissionsExt::from_mode(0o711)).unwrap();
+        let parent = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(parent.path(), PermissionsExt::from_mode(0o711)).unwrap();
+        World {
+            state: parent.path().join("state"),
+            tmp,
+            _state_parent: parent,
+        }
+    }
+
+    fn tmp(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// A lockslab command with no server configured, this world's TMPDIR and state dir.
+    fn lockslab(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env_remove("LOCKSLAB_REDIS_URL")
+            .env_remove("LOCKSLAB_ETCD_URL")
+            .env_remove("LOCKSLAB_POSTGRES_URL")
+            .env_remove("LOCKSLAB_PRIVATE_SERVERS")
+            .env("LOCKSLAB_STATE_DIR", &self.state)
+            .env("TMPDIR", self.tmp())
+            .env("NO_COLOR", "1");
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.lockslab(args).output().unwrap()
+    }
+
+    /// `lockslab-*` directories left in this world's temp root.
+    fn leftover_dirs(&self) -> Vec<String> {
+        lockslab_dirs(self.tmp())
+    }
+
+    /// Live processes of this world's servers (in its temp root or state directory).
+    fn processes(&self) -> Vec<(i32, String)> {
+        [self.tmp(), self.state.as_path()]
+            .iter()
+            .flat_map(|dir| processes_in(dir))
+            .collect()
+    }
+}
+
+impl Drop for World {
+    /// Whatever a test started goes, even when it failed: `down`, then SIGKILL to every
+    /// process of this world that is still there.
+    fn drop(&mut self) {
+        let _ = self
+            .lockslab(&["down"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        for (pid, _) in self.processes() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn lockslab_dirs(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("lockslab-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Processes (not zombies) whose command line or working directory is inside `dir`.
+fn processes_in(dir: &Path) -> Vec<(i32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for (pid, _, state) in process_table() {
+        if state == 'Z' {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .unwrap_or_default();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if cmdline.contains(&needle) || cwd.starts_with(dir) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// (pid, parent pid, state letter) of every process.
+fn process_table() -> Vec<(i32, i32, char)> {
+    let mut table = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let state = fields.first().and_then(|f| f.chars().next()).unwrap_or('?');
+        let ppid = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        table.push((pid, ppid, state));
+    }
+    table
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Every pid that was ever a descendant of a process while it ran: the shared-memory
+/// segments these created are the test's own.
+struct Family {
+    pids: Arc<std::sync::Mutex<HashSet<i32>>>,
+    done: Arc<AtomicBool>,
+    watcher: Option<thread::JoinHandle<()>>,
+}
+
+impl Family {
+    fn watch(root: i32) -> Family {
+        let pids = Arc::new(std::sync::Mutex::new(HashSet::from([root])));
+        let done = Arc::new(AtomicBool::new(false));
+        let (p, d) = (pids.clone(), done.clone());
+        let watcher = thread::spawn(move || {
+            while !d.load(Ordering::SeqCst) {
+                let table = process_table();
+                let mut known = p.lock().unwrap();
+                // Parents come before children often but not always: iterate to a fixpoint.
+                loop {
+                    let before = known.len();
+                    for (pid, ppid, _) in &table {
+                        if known.contains(ppid) {
+                            known.insert(*pid);
+                        }
+                    }
+                    if known.len() == before {
+                        break;
+                    }
+                }
+                drop(known);
+                thread::sleep(Duration::from_millis(3));
+            }
+        });
+        Family {
+            pids,
+            done,
+            watcher: Some(watcher),
+        }
+    }
+
+    /// Is a process named `name` among the live descendants now?
+    fn has_live(&self, name: &str) -> bool {
+        let known = self.pids.lock().unwrap().clone();
+        known
+            .iter()
+            .any(|pid| comm(*pid) == name && common::proc_state(*pid).is_some_and(|s| s != 'Z'))
+    }
+
+    fn stop(&mut self) -> HashSet<i32> {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(watcher) = self.watcher.take() {
+            let _ = watcher.join();
+        }
+        self.pids.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Family {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// SysV shared-memory segments (shmid) whose creator is one of `pids`, from `ipcs -m -p`.
+fn shm_created_by(pids: &HashSet<i32>) -> Vec<String> {
+    let output = Command::new("ipcs").args(["-m", "-p"]).output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let shmid = fields.first()?.parse::<i64>().ok()?;
+            let cpid = fields.get(2)?.parse::<i32>().ok()?;
+            pids.contains(&cpid)
+                .then(|| format!("shmid {shmid} (creator {cpid})"))
+        })
+        .collect()
+}
+
+/// Waits until a descendant named `name` is alive; false after `timeout`.
+fn wait_for_child(family: &Family, name: &str, timeout: Duration) -> bool {
+    eventually(timeout, || family.has_live(name))
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Starts `args` in `world`, waits until its `initdb` runs, waits `after` more, sends
+/// `signal`; returns the exit status and every pid of the run's process tree.
+fn signal_during_initdb(
+    world: &World,
+    args: &[&str],
+    signal: Signal,
+    after: Duration,
+) -> (std::process::ExitStatus, HashSet<i32>) {
+    let mut child = world
+        .lockslab(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut family = Family::watch(child.id() as i32);
+    assert!(
+        wait_for_child(&family, "initdb", Duration::from_secs(30)),
+        "initdb never ran under lockslab {args:?}"
+    );
+    thread::sleep(after);
+    kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+    let status = wait_with_timeout(&mut child, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("lockslab {args:?} did not exit within 60 s of {signal}"));
+    // The servers' own children may outlive lockslab by a moment (they see their parent die).
+    thread::sleep(Duration::from_millis(300));
+    (status, family.stop())
+}
+
+// --- item 7: an interrupt while initdb runs ------------------------------------------------
+
+#[test]
+fn an_interrupt_while_initdb_runs_leaves_no_directory_process_or_shared_memory() {
+    let lab: Vec<&str> = [&QUICK_LAB[..], &["--private-servers"]].concat();
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        for after_ms in [0, 150, 400, 800] {
+            let world = World::new();
+            let (status, family) =
+                signal_during_initdb(&world, &lab, signal, Duration::from_millis(after_ms));
+            let case = format!("{signal} {after_ms} ms after initdb started");
+            assert_eq!(status.code(), Some(128 + signal as i32), "{case}");
+            assert!(
+                eventually(Duration::from_secs(10), || world.processes().is_empty()),
+                "{case}: left running: {:?}",
+                world.processes()
+            );
+            assert!(
+                world.leftover_dirs().is_empty(),
+                "{case}: left {:?} in the temp root",
+                world.leftover_dirs()
+            );
+            assert!(
+                eventually(Duration::from_secs(5), || shm_created_by(&family)
+                    .is_empty()),
+                "{case}: left shared memory: {:?}",
+                shm_created_by(&family)
+            );
+        }
+    }
+}
+
+// --- item 9: SIGKILL of lockslab -------------------------------------------------------------
+
+#[test]
+fn what_a_killed_run_left_is_removed_by_the_next_start_and_nothing_else() {
+    let world = World::new();
+    // A live run that must survive the sweep: `lockslab __serve` keeps servers until stdin closes.
+    let mut live = world
+        .lockslab(&["__serve"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(live.stdout.take().unwrap()),
+        &mut first_line,
+    )
+    .unwrap();
+    let live_dirs = world.leftover_dirs();
+    assert_eq!(live_dirs.len(), 1, "{first_line} {live_dirs:?}");
+
+    // Another user's directory of the same shape, whose owner is not running: not ours to remove.
+    let foreign = world.tmp().join("lockslab-foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("owner.lock"), "999999\n").unwrap();
+    let root = nix::unistd::Uid::effective().is_root();
+    if root {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        for path in [foreign.clone(), foreign.join("owner.lock")] {
+            nix::unistd::chown(&path, Some(nobody.uid), Some(nobody.gid)).unwrap();
+        }
+    }
+
+    // Kill runs: one while initdb runs, two once the lab is under way.
+    let lab: Vec<&str> = [&QUICK_LAB[..], &["--private-servers"]].concat();
+    let mut families = HashSet::new();
+    let (status, family) =
+        signal_during_initdb(&world, &lab, Signal::SIGKILL, Duration::from_millis(200));
+    assert_eq!(status.code(), None, "killed");
+    families.extend(family);
+    for _ in 0..2 {
+        let mut child = world
+            .lockslab(
+                &[
+                    &QUICK_LAB[..2],
+                    &["10s", "--pause", "12s", "--private-servers"],
+                ]
+                .concat(),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut family = Family::watch(child.id() as i32);
+        // Worker A frozen: the servers are up and in use.
+        let frozen = eventually(Duration::from_secs(40), || {
+            common::children_of(child.id())
+                .iter()
+                .any(|(_, state, name)| name == "lockslab" && *state == 'T')
+        });
+        assert!(frozen, "the lab never froze its worker");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        thread::sleep(Duration::from_millis(300));
+        families.extend(family.stop());
+    }
+    let killed_dirs: Vec<String> = world
+        .leftover_dirs()
+        .into_iter()
+        .filter(|d| !live_dirs.contains(d) && d != "lockslab-foreign")
+        .collect();
+    let size_kb = Command::new("du")
+        .arg("-sk")
+        .arg(world.tmp())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    eprintln!(
+        "after 3 SIGKILLs: {} dirs ({}) , shared memory {:?}",
+        killed_dirs.len(),
+        size_kb.split_whitespace().next().unwrap_or("?"),
+        shm_created_by(&families)
+    );
+
+    // The next start sweeps them.
+    let next = world.run(&[&QUICK_LAB[..], &["--private-servers"]].concat());
+    assert!(next.status.success(), "{}", text(&next));
+    let mut left = world.leftover_dirs();
+    left.sort();
+    let mut expected = live_dirs.clone();
+    if root {
+        expected.push("lockslab-foreign".to_string());
+    }
+    expected.sort();
+    assert_eq!(
+        left, expected,
+        "the killed runs' dirs must go, the live and foreign ones stay"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || shm_created_by(&families)
+            .is_empty()),
+        "the killed runs' shared memory is still there: {:?}",
+        shm_created_by(&families)
+    );
+    // The live run still works.
+    let urls: serde_json::Value = serde_json::from_str(&first_line).unwrap();
+    let probe = world
+        .lockslab(&QUICK_LAB)
+        .env("LOCKSLAB_REDIS_URL", urls["redis"].as_str().unwrap())
+        .env("LOCKSLAB_POSTGRES_URL", urls["postgres"].as_str().unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        probe.status.success(),
+        "the live run's Postgres: {}",
+        text(&probe)
+    );
+    drop(live.stdin.take());
+    assert!(wait_with_timeout(&mut live, Duration::from_secs(30)).is_some());
+    let _ = std::fs::remove_dir_all(&foreign);
+    assert!(
+        world.leftover_dirs().is_empty(),
+        "{:?}",
+        world.leftover_dirs()
+    );
+}
+
+// --- item 8: `lockslab up` interrupted ------------------------------------------------------
+
+#[test]
+fn up_interrupted_at_any_moment_can_be_downed_and_restarted() {
+    for (signal, after_ms) in [
+        (Signal::SIGINT, 100),
+        (Signal::SIGKILL, 100),
+        (Signal::SIGKILL, 600),
+    ] {
+        let world = World::new();
+        let case = format!("{signal} {after_ms} ms after initdb started");
+        let (status, _) =
+            signal_during_initdb(&world, &["up"], signal, Duration::from_millis(after_ms));
+        if signal == Signal::SIGINT {
+            assert_eq!(status.code(), Some(130), "{case}");
+            assert!(
+                eventually(Duration::from_secs(10), || world.processes().is_empty()),
+                "{case}: an interrupted `up` left {:?}",
+                world.processes()
+            );
+        }
+        // `down` stops whatever `up` started.
+        let down = world.run(&["down"]);
+        assert!(down.status.success(), "{case}: {}", text(&down));
+        assert!(
+            eventually(Duration::from_secs(10), || world.processes().is_empty()),
+            "{case}: left running after `down`: {:?}",
+            world.processes()
+        );
+        assert!(
+            !world.state.join("pg").exists(),
+            "{case}: `down` left the Postgres directory"
+        );
+        // And `up` works again, after `down`…
+        let up = world.run(&["up"]);
+        assert!(
+            up.status.success(),
+            "{case}: `up` after `down`: {}",
+            text(&up)
+        );
+        assert!(world.run(&["down"]).status.success());
+        assert!(
+            eventually(Duration::from_secs(10), || world.processes().is_empty()),
+            "{case}: {:?}",
+            world.processes()
+        );
+    }
+    // …and without `down` in between.
+    let world = World::new();
+    signal_during_initdb(&world, &["up"], Signal::SIGKILL, Duration::from_millis(100));
+    let up = world.run(&["up"]);
+    assert!(
+        up.status.success(),
+        "`up` right after a killed `up`: {}",
+        text(&up)
+    );
+    let status = world.run(&["status"]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert_eq!(
+        world
+            .processes()
+            .iter()
+            .filter(|(pid, _)| comm(*pid) == "redis-server")
+            .count(),
+        1,
+        "the killed `up`'s Redis must be gone: {:?}",
+        world.processes()
+    );
+    assert!(world.run(&["down"]).status.success());
+    assert!(
+        eventually(Duration::from_secs(10), || world.processes().is_empty()),
+        "{:?}",
+        world.processes()
+    );
+}
+
+// --- items 15 and 17: a server of `up` that died --------------------------------------------
+
+#[test]
+fn a_dead_server_of_up_is_named_and_never_replaced_silently() {
+    let world = World::new();
+    let up = world.run(&["up"]);
+    assert!(up.status.success(), "{}", text(&up));
+    let redis = world
+        .processes()
+        .into_iter()
+        .find(|(pid, _)| comm(*pid) == "redis-server")
+        .expect("up's Redis");
+    kill(Pid::from_raw(redis.0), Signal::SIGKILL).unwrap();
+    assert!(eventually(Duration::from_secs(5), || {
+        common::proc_state(redis.0).is_none_or(|s| s == 'Z')
+    }));
+
+    let lab = world.run(&QUICK_LAB);
+    let stderr = String::from_utf8_lossy(&lab.stderr);
+    assert_eq!(lab.status.code(), Some(1), "{}", text(&lab));
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    for word in ["Redis", "lockslab up", "lockslab down"] {
+        assert!(stderr.contains(word), "{word:?} in {stderr}");
+    }
+
+    let status = world.run(&["status"]);
+    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("not answering"),
+        "{}",
+        text(&status)
+    );
+
+    // `up` restarts it; then everything answers again.
+    let up = world.run(&["up"]);
+    assert!(up.status.success(), "{}", text(&up));
+    let status = world.run(&["status"]);
+    assert!(status.status.success(), "{}", text(&status));
+    let lab = world.run(&QUICK_LAB);
+    assert!(lab.status.success(), "{}", text(&lab));
+    assert!(String::from_utf8_lossy(&lab.stdout).contains("from `lockslab up`"));
+}
+
+// --- item 16: a server that fails to start ---------------------------------------------------
+
+/// A `redis-server` first on PATH that fails like a lost port race `failures` times, then
+/// runs the real one. Returns the directory to put first on PATH and the calls file.
+fn flaky_redis(dir: &Path, failures: u32) -> (PathBuf, PathBuf) {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|p| p.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = dir.join("calls");
+    let script = format!(
+        "#!/bin/sh\n\
+         echo \"$*\" >> '{calls}'\n\
+         n=$(wc -l < '{calls}')\n\
+         if [ \"$n\" -le {failures} ]; then\n\
+           echo \"Warning: Could not create server TCP listening socket 127.0.0.1:$2: bind: Address already in use (try $n)\"\n\
+           exit 1\n\
+         fi\n\
+         exec '{real}' \"$@\"\n",
+        calls = calls.display(),
+        real = real.display()
+    );
+    let wrapper = bin.join("redis-server");
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, PermissionsExt::from_mode(0o755)).unwrap();
+    (bin, calls)
+}
+
+fn path_with(first: &Path) -> std::ffi::OsString {
+    let mut paths = vec![first.to_path_buf()];
+    paths.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap()));
+    std::env::join_paths(paths).unwrap()
+}
+
+#[test]
+fn a_server_that_loses_its_port_is_retried_on_another() {
+    let world = World::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let (bin, calls) = flaky_redis(scratch.path(), 1);
+    let output = world
+        .lockslab(&[&QUICK_LAB[..], &["--private-servers"]].concat())
+        .env("PATH", path_with(&bin))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let calls = std::fs::read_to_string(&calls).unwrap();
+    let ports: HashSet<&str> = calls
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(calls.lines().count(), 2, "{calls}");
+    assert_eq!(ports.len(), 2, "a new port for the second try: {calls}");
+    assert!(
+        world.leftover_dirs().is_empty(),
+        "{:?}",
+        world.leftover_dirs()
+    );
+}
+
+#[test]
+fn a_server_that_never_starts_shows_the_end_of_its_log() {
+    let world = World::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let (bin, calls) = flaky_redis(scratch.path(), 100);
+    let started = Instant::now();
+    let output = world
+        .lockslab(&[&QUICK_LAB[..], &["--private-servers"]].concat())
+        .env("PATH", path_with(&bin))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(stderr.contains("Redis"), "{stderr}");
+    assert!(
+        stderr.contains("Address already in use"),
+        "the log's last lines: {stderr}"
+    );
+    let tries = std::fs::read_to_string(&calls).unwrap().lines().count();
+    assert!(
+        (2..=5).contains(&tries),
+        "a bounded number of tries: {tries}"
+    );
+    assert!(
+        world.leftover_dirs().is_empty(),
+        "{:?}",
+        world.leftover_dirs()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || world.processes().is_empty()),
+        "{:?}",
+        world.processes()
+    );
+}
+
+// --- item 18: root with a private runtime directory -------------------------------------------
+
+#[test]
+fn up_as_root_works_with_a_private_runtime_dir() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only root runs Postgres as another user");
+        return;
+    }
+    let world = World::new();
+    let runtime = tempfile::tempdir().unwrap();
+    // Mode 0700, like a real XDG_RUNTIME_DIR (/run/user/0).
+    std::fs::set_permissions(runtime.path(), PermissionsExt::from_mode(0o700)).unwrap();
+    let run = |args: &[&str]| {
+        world
+            .lockslab(args)
+            .env_remove("LOCKSLAB_STATE_DIR")
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap()
+    };
+    let guard = |args: &[&str]| run(args);
+    let up = run(&["up"]);
+    let ok = up.status.success();
+    let alive: Vec<_> = [runtime.path(), world.tmp()]
+        .iter()
+        .flat_map(|d| processes_in(d))
+        .collect();
+    let down = guard(&["down"]);
+    assert!(ok, "{}", text(&up));
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(!alive.is_empty(), "servers ran after `up`");
+    assert!(
+        eventually(Duration::from_secs(10), || [runtime.path(), world.tmp()]
+            .iter()
+            .all(|d| processes_in(d).is_empty())),
+        "left running after `down`"
+    );
+    assert!(
+        world.leftover_dirs().is_empty(),
+        "{:?}",
+        world.leftover_dirs()
+    );
+    assert!(
+        lockslab_dirs(runtime.path()).is_empty() || {
+            let dir = runtime
+                .path()
+                .join(lockslab_dirs(runtime.path())[0].clone());
+            std::fs::read_dir(dir).unwrap().next().is_none()
+        }
+    );
+}
