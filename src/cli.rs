@@ -6,12 +6,13 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use colored::Colorize;
 
+use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
-use crate::worker::{self, HandsOnArgs};
+use crate::worker;
 
 /// A bad value or combination of flags found after parsing: reported like clap's own
 /// errors, with exit status 2.
@@ -122,7 +123,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
-        Command::Worker(args) => worker::hands_on(&args)?,
+        Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up => up()?,
         Command::Down => {
             if servers::down()? {

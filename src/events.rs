@@ -14,6 +14,103 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// What happened: the one vocabulary every worker, lab and backend probe reports in.
+/// In JSON it is the `kind` field, in snake_case (`Kind::GaveUp` is `"gave_up"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    // A worker and its lock.
+    /// Started, and asks for the lock (its pid, lease or session with it).
+    Waiting,
+    /// The backend granted the lock (`owner`, `token`).
+    Acquired,
+    /// No lock within the wait (`why`).
+    GaveUp,
+    /// About to stop itself with SIGSTOP.
+    Freezing,
+    /// Running again after a freeze (`paused_ms` when it saw its own clock jump).
+    Resumed,
+    Working,
+    /// Told to finish its work.
+    Finished,
+    /// Wrote to the store (`outcome`, `token`, `value`).
+    Wrote,
+    /// Let go (`released`: the lock was still its own; `found_owner` on Redis).
+    Released,
+    /// Its heartbeat or session learned that the lock is gone (`why`).
+    Lost,
+    /// Between two commands of a non-atomic acquisition (lab 2's SETNX then PEXPIRE).
+    Between,
+    /// Ready for the next trial (lab 2's race).
+    Ready,
+    /// One trial's report (lab 2's race).
+    Trial,
+    /// A queue worker claimed a job (lab 3).
+    Claimed,
+    /// A queue worker committed a job (lab 3).
+    Committed,
+    /// A queue worker's statement failed after the lab resumed it (lab 3).
+    FinishFailed,
+    /// Failed; the run stops.
+    Error,
+    /// A line from a worker that was not an event.
+    Output,
+
+    // The lab, and what it saw in the backends.
+    /// A run of the lab begins (its id and keys).
+    Run,
+    /// Workers started (lab 2).
+    Workers,
+    /// A worker stopped with SIGSTOP.
+    Frozen,
+    /// A worker ended with SIGKILL.
+    Killed,
+    /// A backend ended a lease, a key or a session.
+    Expired,
+    /// Who the backend says holds the lock now.
+    HolderNow,
+    /// A frozen worker's job processed by another (lab 3).
+    TakenOver,
+    /// A killed worker's job claimed again (lab 3).
+    Reclaimed,
+    /// A round of jobs done (lab 3).
+    Round,
+    /// What became of the frozen or killed worker's job (lab 3).
+    FreezeResult,
+    KillResult,
+    /// A worker's session as Postgres lists it (lab 3).
+    Session,
+    /// A key's remaining time to live as Redis answers it (lab 2).
+    Pttl,
+    /// Two holders at once, as the evidence shows (lab 2).
+    TwoHolders,
+    /// A broken lock's failure counted (lab 2).
+    Violation,
+    /// A broken lock that did not fail this time (lab 2).
+    Counted,
+    /// Every job processed exactly once (lab 3).
+    ExactlyOnce,
+    /// A dead holder's lock lapsed with its TTL (lab 2).
+    Lapsed,
+    /// A holder kept its lock to the end (lab 2).
+    Kept,
+    Warning,
+    /// The store decided an old holder's write after the next holder's, and took it.
+    StaleWriteAccepted,
+    /// The store decided an old holder's write after the next holder's, and refused it.
+    StaleWriteRejected,
+}
+
+impl std::fmt::Display for Kind {
+    /// The word `--json` carries (`gave_up`), for messages that name an event.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(word)) => f.write_str(&word),
+            _ => write!(f, "{self:?}"),
+        }
+    }
+}
+
 /// One thing that happened, as a worker or the lab reports it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Event {
@@ -22,8 +119,8 @@ pub struct Event {
     pub t_ms: u64,
     /// Who: a worker's name (`A`, `B`…) or the lab's own lane (`redis`, `lab`).
     pub worker: String,
-    /// What, as a stable machine-readable word: `acquired`, `wrote`, `frozen`…
-    pub kind: String,
+    /// What, from the one vocabulary: `acquired`, `wrote`, `frozen`…
+    pub kind: Kind,
     /// What, in a sentence for the timeline.
     pub text: String,
     /// The event's facts (`token`, `accepted`, `pid`…), flattened into the JSON object.
@@ -32,11 +129,11 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn new(worker: &str, kind: &str, text: impl Into<String>) -> Event {
+    pub fn new(worker: &str, kind: Kind, text: impl Into<String>) -> Event {
         Event {
             t_ms: 0,
             worker: worker.into(),
-            kind: kind.into(),
+            kind,
             text: text.into(),
             data: Map::new(),
         }
@@ -60,7 +157,7 @@ impl Event {
         self.data.get(key).and_then(Value::as_bool)
     }
 
-    pub fn is(&self, worker: &str, kind: &str) -> bool {
+    pub fn is(&self, worker: &str, kind: Kind) -> bool {
         self.worker == worker && self.kind == kind
     }
 }
@@ -82,7 +179,7 @@ impl Emitter {
         &self.worker
     }
 
-    pub fn event(&self, kind: &str, text: impl Into<String>) -> Event {
+    pub fn event(&self, kind: Kind, text: impl Into<String>) -> Event {
         Event::new(&self.worker, kind, text)
     }
 
@@ -95,7 +192,7 @@ impl Emitter {
     }
 
     /// Shorthand for an event with no facts.
-    pub fn say(&self, kind: &str, text: impl Into<String>) {
+    pub fn say(&self, kind: Kind, text: impl Into<String>) {
         self.send(self.event(kind, text));
     }
 }
@@ -122,7 +219,7 @@ pub fn forward(worker: String, stdout: ChildStdout, start: Instant, to: Sender<I
                 }
                 // Anything that is not an event is still worth showing, never worth a crash.
                 Err(_) => {
-                    let mut event = Event::new(&worker, "output", line);
+                    let mut event = Event::new(&worker, Kind::Output, line);
                     event.t_ms = start.elapsed().as_millis() as u64;
                     event
                 }

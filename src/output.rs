@@ -11,7 +11,7 @@ use colored::{Color, Colorize};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::events::Event;
+use crate::events::{Event, Kind};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Style {
@@ -117,7 +117,7 @@ impl Timeline {
             "{:>9}  {:<width$} {}",
             format!("+{seconds:.3}s").dimmed(),
             event.worker.color(color).bold(),
-            emphasize(&event.kind, &event.text),
+            emphasize(event.kind, &event.text),
             width = self.lane_width,
         );
         self.println(&line);
@@ -140,15 +140,17 @@ impl Timeline {
 }
 
 /// Colours the events a learner must not miss.
-fn emphasize(kind: &str, text: &str) -> String {
+fn emphasize(kind: Kind, text: &str) -> String {
     match kind {
-        "frozen" | "freezing" => format!("❄ {text}").bright_blue().bold().to_string(),
-        "resumed" => format!("▶ {text}").bright_blue().to_string(),
-        "killed" => format!("✖ {text}").red().bold().to_string(),
-        "expired" => format!("⌛ {text}").yellow().to_string(),
-        "rejected" | "stale_write_rejected" => text.green().bold().to_string(),
-        "stale_write_accepted" | "two_holders" | "violation" => text.red().bold().to_string(),
-        "error" => text.red().to_string(),
+        Kind::Frozen | Kind::Freezing => format!("❄ {text}").bright_blue().bold().to_string(),
+        Kind::Resumed => format!("▶ {text}").bright_blue().to_string(),
+        Kind::Killed => format!("✖ {text}").red().bold().to_string(),
+        Kind::Expired => format!("⌛ {text}").yellow().to_string(),
+        Kind::StaleWriteRejected => text.green().bold().to_string(),
+        Kind::StaleWriteAccepted | Kind::TwoHolders | Kind::Violation => {
+            text.red().bold().to_string()
+        }
+        Kind::Error => text.red().to_string(),
         _ => text.to_string(),
     }
 }

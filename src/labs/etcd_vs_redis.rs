@@ -34,15 +34,14 @@ use serde_json::json;
 use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id};
 use crate::check::{self, Finding, LateWrite};
 use crate::connect::{self, Backend};
-use crate::events::{Emitter, Event};
-use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
-use crate::lock::postgres::{self as pg, PgLock};
-use crate::lock::redis::RedisLock;
-use crate::lock::redis::Release;
+use crate::events::{Event, Kind};
+use crate::lock::etcd::EtcdLock;
+use crate::lock::postgres as pg;
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
 use crate::store::{ReadBack, Store};
-use crate::worker::{WorkerSpec, await_command};
+use crate::worker::WorkerSpec;
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -93,23 +92,23 @@ pub struct EtcdVsRedisArgs {
     pub servers: ServerArgs,
 }
 
-/// Which backend a worker locks on.
+/// The lock service a lane of the lab runs on.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum Service {
     Redis,
     Etcd,
     Postgres,
 }
 
-impl Kind {
-    const ALL: [Kind; 3] = [Kind::Redis, Kind::Etcd, Kind::Postgres];
+impl Service {
+    const ALL: [Service; 3] = [Service::Redis, Service::Etcd, Service::Postgres];
 
     fn name(self) -> &'static str {
         match self {
-            Kind::Redis => "redis",
-            Kind::Etcd => "etcd",
-            Kind::Postgres => "postgres",
+            Service::Redis => "redis",
+            Service::Etcd => "etcd",
+            Service::Postgres => "postgres",
         }
     }
 }
@@ -130,372 +129,13 @@ impl Scenario {
     }
 }
 
-/// One worker's script.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Role {
-    pub name: String,
-    pub kind: Kind,
-    /// The lock backend's URL.
-    pub lock_url: String,
-    /// The store's URL (Postgres).
-    pub store_url: String,
-    pub run_id: String,
-    pub lock_name: String,
-    pub resource: String,
-    /// Redis: the key's TTL. etcd: the lease TTL. Unused by Postgres.
-    pub ttl_ms: u64,
-    /// Postgres: idle_session_timeout for the lock's session.
-    pub pg_timeout_ms: Option<u64>,
-    /// How long to keep trying for the lock.
-    pub wait_ms: u64,
-    pub job: Job,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Job {
-    /// Work `work_ms` while holding the lock, write, release. The lab strikes halfway.
+/// A lane's two workers: the holder works (and is struck halfway), the waiter writes as soon
+/// as the lock is its own and then keeps it until told, so that a frozen holder wakes into
+/// a lock that is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
     Holder { work_ms: u64 },
-    /// Write as soon as the lock is ours, then hold it until told `finish`, so that a
-    /// frozen holder wakes into a lock that is taken.
     Waiter,
-}
-
-/// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
-enum AnyLock {
-    Redis {
-        lock: RedisLock,
-        held: Option<crate::lock::redis::Held>,
-    },
-    Etcd {
-        lock: Box<EtcdLock>,
-        lease: Option<etcd::Lease>,
-        held: Option<etcd::Held>,
-    },
-    Postgres {
-        lock: PgLock,
-    },
-}
-
-/// What a worker got with the lock.
-struct Grant {
-    token: Option<i64>,
-    /// What identifies this holder in the backend (Redis owner value, etcd key, session pid).
-    owner: String,
-    how: String,
-}
-
-impl AnyLock {
-    fn open(role: &Role) -> Result<AnyLock> {
-        let lost = |what: &'static str| {
-            let me = Emitter::new(&role.name);
-            move |why: String| {
-                me.send(
-                    me.event("lost", format!("{what}: {why} — the lock is lost"))
-                        .with("why", why),
-                )
-            }
-        };
-        Ok(match role.kind {
-            Kind::Redis => AnyLock::Redis {
-                lock: RedisLock::new(
-                    connect::redis(&role.lock_url)?,
-                    &role.lock_name,
-                    Duration::from_millis(role.ttl_ms),
-                ),
-                held: None,
-            },
-            Kind::Etcd => {
-                let mut lock = EtcdLock::connect(&role.lock_url, &role.lock_name)?;
-                let on_lost = lost("heartbeat");
-                let lease = lock.grant_lease(Duration::from_millis(role.ttl_ms), move |beat| {
-                    if let Beat::Lost { why } = beat {
-                        on_lost(why)
-                    }
-                })?;
-                AnyLock::Etcd {
-                    lock: Box::new(lock),
-                    lease: Some(lease),
-                    held: None,
-                }
-            }
-            Kind::Postgres => AnyLock::Postgres {
-                lock: PgLock::connect(
-                    &role.lock_url,
-                    &role.lock_name,
-                    role.pg_timeout_ms.map(Duration::from_millis),
-                    lost("session"),
-                )?,
-            },
-        })
-    }
-
-    /// Facts for the `waiting` event: what this worker brings to the lock.
-    fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
-        let mut facts = serde_json::Map::new();
-        let text = match self {
-            AnyLock::Redis { lock, .. } => {
-                format!("tries SET NX PX {} every 20ms", lock.ttl.as_millis())
-            }
-            AnyLock::Etcd { lease, .. } => {
-                let lease = lease.as_ref().expect("granted in open");
-                facts.insert("lease".into(), format!("{:x}", lease.id).into());
-                facts.insert("lease_ttl_ms".into(), (lease.ttl.as_millis() as u64).into());
-                format!(
-                    "granted its own lease {:x} (TTL {}, heartbeat every {}); calls lock with it",
-                    lease.id,
-                    human(lease.ttl),
-                    human(lease.ttl / 3)
-                )
-            }
-            AnyLock::Postgres { lock } => {
-                facts.insert("backend_pid".into(), lock.backend_pid.into());
-                format!(
-                    "calls pg_advisory_lock on its session (server pid {}) and queues",
-                    lock.backend_pid
-                )
-            }
-        };
-        (text, facts)
-    }
-
-    /// Takes the lock within `wait`. `Ok(Err(why))`: no lock, and why the worker gives up.
-    fn acquire(&mut self, wait: Duration) -> Result<Result<Grant, String>> {
-        let timed_out = || Err(format!("no lock within {}", human(wait)));
-        match self {
-            AnyLock::Redis { lock, held } => {
-                let Some(got) = lock.acquire_within(wait, None)? else {
-                    return Ok(timed_out());
-                };
-                let grant = Grant {
-                    token: None,
-                    owner: got.owner.clone(),
-                    how: format!(
-                        "SET NX PX {} succeeded (owner {}…; no fencing token: the value is random, not ordered)",
-                        lock.ttl.as_millis(),
-                        &got.owner[..8]
-                    ),
-                };
-                *held = Some(got);
-                Ok(Ok(grant))
-            }
-            AnyLock::Etcd { lock, lease, held } => {
-                let lease_ref = lease.as_ref().expect("granted in open");
-                Ok(match lock.acquire_within(lease_ref, wait)? {
-                    Acquired::Held(got) => {
-                        let grant = Grant {
-                            token: Some(got.token),
-                            owner: got.key.clone(),
-                            how: format!(
-                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} = fencing token",
-                                short_key(&got.key),
-                                got.token
-                            ),
-                        };
-                        *held = Some(got);
-                        Ok(grant)
-                    }
-                    Acquired::TimedOut => timed_out(),
-                    Acquired::LeaseLost { why } => Err(format!(
-                        "its lease was lost while it waited ({why}); its queued key went with it"
-                    )),
-                    Acquired::NotALock { why } => Err(format!(
-                        "the lock call returned, but the read-back says it is not a lock: {why}"
-                    )),
-                })
-            }
-            AnyLock::Postgres { lock } => {
-                if !lock.acquire_within(wait)? {
-                    return Ok(timed_out());
-                }
-                Ok(Ok(Grant {
-                    token: None,
-                    owner: lock.backend_pid.to_string(),
-                    how: format!(
-                        "pg_advisory_lock returned: its session (server pid {}) holds the lock; no fencing token",
-                        lock.backend_pid
-                    ),
-                }))
-            }
-        }
-    }
-
-    /// Releases (or gives back the lease of a waiter that got nothing). Says whether the lock
-    /// was still this worker's when it let go — the backend's answer, which the verdict uses —
-    /// with, on Redis, the owner value found in a key that was no longer ours, and a sentence.
-    fn release(self) -> Result<Released> {
-        let said = |kept: bool, found_owner: Option<String>, text: &str| Released {
-            kept,
-            found_owner,
-            text: text.to_string(),
-        };
-        match self {
-            AnyLock::Redis {
-                mut lock,
-                held: Some(held),
-            } => Ok(match lock.release_reporting(&held)? {
-                Release::Deleted => {
-                    said(true, None, "releases: compare-and-delete deleted its key")
-                }
-                Release::HeldBy(owner) => said(
-                    false,
-                    Some(owner),
-                    "tries to release: the key holds the next holder's value, compare-and-delete deletes nothing",
-                ),
-                Release::Gone => said(
-                    false,
-                    None,
-                    "tries to release: its key had expired, compare-and-delete deletes nothing",
-                ),
-            }),
-            AnyLock::Etcd {
-                mut lock,
-                lease: Some(lease),
-                held: Some(held),
-            } => Ok(if lock.release(lease, &held)? {
-                said(
-                    true,
-                    None,
-                    "releases: unlock deleted its key, the lease is revoked",
-                )
-            } else {
-                said(
-                    false,
-                    None,
-                    "tries to release: its lease had already expired, and its key with it",
-                )
-            }),
-            AnyLock::Etcd {
-                mut lock,
-                lease: Some(lease),
-                ..
-            } => {
-                lock.revoke(lease)?;
-                Ok(said(false, None, "revokes its lease"))
-            }
-            AnyLock::Postgres { mut lock } => Ok(match lock.release() {
-                Ok(true) => said(true, None, "releases: pg_advisory_unlock returned true"),
-                Ok(false) => said(
-                    false,
-                    None,
-                    "tries to release: its session no longer held the lock",
-                ),
-                Err(err) => Released {
-                    kept: false,
-                    found_owner: None,
-                    text: format!(
-                        "cannot release: its session is gone ({err:#}), and the lock went with it"
-                    ),
-                },
-            }),
-            _ => Ok(said(false, None, "had nothing to release")),
-        }
-    }
-}
-
-/// What a release found.
-struct Released {
-    /// The lock was still this worker's when it let go.
-    kept: bool,
-    /// Redis only: the owner value found in a key that was no longer ours.
-    found_owner: Option<String>,
-    text: String,
-}
-
-/// The worker script: take the lock, (work), write, release.
-pub fn work(role: &Role) -> Result<()> {
-    let me = Emitter::new(&role.name);
-    let mut store = Store::connect(&role.store_url)?;
-    let mut lock = AnyLock::open(role)?;
-    let (text, facts) = lock.describe();
-    let mut waiting = me.event("waiting", text).with("pid", std::process::id());
-    waiting.data.extend(facts);
-    me.send(waiting);
-
-    let grant = match lock.acquire(Duration::from_millis(role.wait_ms))? {
-        Ok(grant) => grant,
-        Err(why) => {
-            me.send(
-                me.event("gave_up", format!("gives up: {why}"))
-                    .with("why", why),
-            );
-            me.say("released", lock.release()?.text);
-            return Ok(());
-        }
-    };
-    me.send(
-        me.event("acquired", grant.how)
-            .with("token", grant.token)
-            .with("owner", grant.owner),
-    );
-
-    if let Job::Holder { work_ms } = role.job {
-        let work = Duration::from_millis(work_ms);
-        me.say("working", format!("works for {}", human(work)));
-        let gap = work_watching_the_clock(work);
-        if gap > Duration::from_millis(300) {
-            me.send(
-                me.event(
-                    "resumed",
-                    format!(
-                        "wakes: its clock jumped by {}; it finishes its work and writes, still believing it holds the lock",
-                        human(gap)
-                    ),
-                )
-                .with("paused_ms", gap.as_millis() as u64),
-            );
-        }
-    }
-
-    let value = format!("{}'s result", role.name);
-    let outcome = store.write(
-        &role.run_id,
-        &role.resource,
-        &role.name,
-        &value,
-        grant.token,
-    );
-    let token_text = match grant.token {
-        Some(token) => format!("with token {token}"),
-        None => "with no token".to_string(),
-    };
-    me.send(
-        me.event(
-            "wrote",
-            format!(
-                "writes '{value}' {token_text}: the store says {}",
-                outcome.as_str()
-            ),
-        )
-        .with("outcome", outcome.as_str())
-        .with("token", grant.token),
-    );
-
-    if role.job == Job::Waiter {
-        await_command("finish")?;
-    }
-    let released = lock.release()?;
-    me.send(
-        me.event("released", released.text)
-            .with("released", released.kept)
-            .with("found_owner", released.found_owner),
-    );
-    Ok(())
-}
-
-/// Works for `work` in small steps and returns the longest gap between two steps: a frozen
-/// process cannot see its freeze, but afterwards it can see that its clock jumped.
-fn work_watching_the_clock(work: Duration) -> Duration {
-    let started = Instant::now();
-    let step = Duration::from_millis(20);
-    let mut last = started;
-    let mut longest = Duration::ZERO;
-    while started.elapsed() < work {
-        std::thread::sleep(step.min(work.saturating_sub(started.elapsed())));
-        longest = longest.max(last.elapsed().saturating_sub(step));
-        last = Instant::now();
-    }
-    longest
 }
 
 /// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
@@ -548,14 +188,6 @@ struct Plan {
 impl Plan {
     fn strike_after(&self) -> Duration {
         self.work / 2
-    }
-
-    fn ttl_for(&self, kind: Kind) -> Duration {
-        match kind {
-            Kind::Redis => self.redis_ttl,
-            Kind::Etcd => self.lease,
-            Kind::Postgres => Duration::ZERO,
-        }
     }
 
     /// A bound on any wait in a run, generous: a worker that waits longer is stuck.
@@ -743,11 +375,11 @@ struct Urls {
 }
 
 impl Urls {
-    fn lock(&self, kind: Kind) -> &str {
+    fn lock(&self, kind: Service) -> &str {
         match kind {
-            Kind::Redis => &self.redis,
-            Kind::Etcd => &self.etcd,
-            Kind::Postgres => &self.postgres,
+            Service::Redis => &self.redis,
+            Service::Etcd => &self.etcd,
+            Service::Postgres => &self.postgres,
         }
     }
 }
@@ -785,7 +417,7 @@ fn forget_keys(run_id: &str, urls: &Urls) {
 
 /// One backend's holder and waiter within a scenario.
 struct Lane {
-    kind: Kind,
+    kind: Service,
     holder_name: String,
     waiter_name: String,
     lock_name: String,
@@ -808,14 +440,14 @@ struct Observer {
 
 impl Observer {
     /// Who the backend says holds `lock` now (the same identity the workers report).
-    fn holder(&mut self, kind: Kind, lock: &str) -> Result<Option<String>> {
+    fn holder(&mut self, kind: Service, lock: &str) -> Result<Option<String>> {
         Ok(match kind {
-            Kind::Redis => redis::cmd("GET")
+            Service::Redis => redis::cmd("GET")
                 .arg(lock)
                 .query(&mut self.redis)
                 .context("Redis: GET")?,
-            Kind::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
-            Kind::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
+            Service::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
+            Service::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
                 .0
                 .map(|pid| pid.to_string()),
         })
@@ -848,48 +480,70 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         postgres: connect::postgres(&urls.postgres)?,
     };
     let label = scenario.name();
-    let role = |kind: Kind, job: Job| {
+    let lock_name = |kind: Service| {
+        format!(
+            "lockslab:{}:etcd-vs-redis:{label}:{}",
+            plan.run_id,
+            kind.name()
+        )
+    };
+    let role = |kind: Service, job: Job| {
         let who = if matches!(job, Job::Waiter) {
             "waiter"
         } else {
             "holder"
         };
-        Role {
+        let url = urls.lock(kind).to_string();
+        let name = lock_name(kind);
+        HolderScript {
             name: format!("{}:{who}", kind.name()),
-            kind,
-            lock_url: urls.lock(kind).to_string(),
+            lock: match kind {
+                Service::Redis => LockSpec::Redis {
+                    url,
+                    key: name,
+                    ttl_ms: plan.redis_ttl.as_millis() as u64,
+                    fence_counter: None,
+                },
+                Service::Etcd => LockSpec::Etcd {
+                    url,
+                    name,
+                    lease_ttl_ms: plan.lease.as_millis() as u64,
+                },
+                Service::Postgres => LockSpec::Postgres {
+                    url,
+                    name,
+                    idle_timeout_ms: plan.pg_timeout.map(|t| t.as_millis() as u64),
+                },
+            },
             store_url: urls.postgres.clone(),
             run_id: plan.run_id.clone(),
-            lock_name: format!(
-                "lockslab:{}:etcd-vs-redis:{label}:{}",
-                plan.run_id,
-                kind.name()
-            ),
             resource: format!("etcd-vs-redis-{label}-{}", kind.name()),
-            ttl_ms: plan.ttl_for(kind).as_millis() as u64,
-            pg_timeout_ms: plan.pg_timeout.map(|t| t.as_millis() as u64),
             wait_ms: plan.longest_wait().as_millis() as u64,
-            job,
+            before_write: match job {
+                Job::Holder { work_ms } => BeforeWrite::Work { ms: work_ms },
+                Job::Waiter => BeforeWrite::Nothing,
+            },
+            after_write: match job {
+                Job::Holder { .. } => AfterWrite::Release,
+                Job::Waiter => AfterWrite::HoldUntilTold,
+            },
         }
     };
 
     let mut lanes = Vec::new();
-    for kind in Kind::ALL {
+    for kind in Service::ALL {
         let holder_role = role(
             kind,
             Job::Holder {
                 work_ms: plan.work.as_millis() as u64,
             },
         );
-        let holder = stage.spawn(
-            &holder_role.name,
-            &WorkerSpec::EtcdVsRedis(holder_role.clone()),
-        )?;
+        let holder = stage.spawn(&holder_role.name, &WorkerSpec::Holder(holder_role.clone()))?;
         lanes.push(Lane {
             kind,
             holder_name: holder_role.name.clone(),
             waiter_name: role(kind, Job::Waiter).name,
-            lock_name: holder_role.lock_name.clone(),
+            lock_name: lock_name(kind),
             resource: holder_role.resource.clone(),
             holder,
             waiter: None,
@@ -917,16 +571,16 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         catch_up(&mut stage);
         // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
         for event in stage.log.iter().skip(seen) {
-            match event.kind.as_str() {
-                "error" => bail!("worker {} failed: {}", event.worker, event.text),
-                "gave_up" => bail!("worker {} {}", event.worker, event.text),
+            match event.kind {
+                Kind::Error => bail!("worker {} failed: {}", event.worker, event.text),
+                Kind::GaveUp => bail!("worker {} {}", event.worker, event.text),
                 _ => {}
             }
         }
         seen = stage.log.len();
         for lane in &lanes {
             for name in [&lane.holder_name, &lane.waiter_name] {
-                if stage.has_exited(name) && stage.saw(name, "acquired").is_none() {
+                if stage.has_exited(name) && stage.saw(name, Kind::Acquired).is_none() {
                     bail!(
                         "worker {name} exited before it took the lock (its error, if any, is above)"
                     );
@@ -956,14 +610,14 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         let cell = lane.verdict(&stage, plan, scenario, read);
         let store_line = match cell.late_write {
             LateWrite::Accepted => Some((
-                "accepted_stale",
+                Kind::StaleWriteAccepted,
                 format!(
                     "{}: the store decided the woken holder's write after the waiter's, and took it",
                     lane.kind.name()
                 ),
             )),
             LateWrite::Rejected => Some((
-                "stale",
+                Kind::StaleWriteRejected,
                 format!(
                     "{}: the store refused the woken holder's token {} (it had accepted {})",
                     lane.kind.name(),
@@ -1028,14 +682,6 @@ fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan) {
     }
 }
 
-/// An etcd lock key for the timeline: the run's long prefix cut down to `…:<scenario>:etcd/<lease>`.
-fn short_key(key: &str) -> String {
-    match key.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
-        [tail, scenario, _] => format!("…:{scenario}:{tail}"),
-        _ => key.to_string(),
-    }
-}
-
 fn token_text(token: Option<i64>) -> String {
     token.map(|t| t.to_string()).unwrap_or("none".into())
 }
@@ -1065,12 +711,12 @@ impl Lane {
         stage: &mut Stage,
         plan: &Plan,
         scenario: Scenario,
-        role: &dyn Fn(Kind, Job) -> Role,
+        role: &dyn Fn(Service, Job) -> HolderScript,
         observer: &mut Observer,
     ) -> Result<()> {
         // 1. The holder has the lock: start the waiter.
         if self.waiter.is_none() {
-            let Some(acquired) = stage.saw(&self.holder_name, "acquired") else {
+            let Some(acquired) = stage.saw(&self.holder_name, Kind::Acquired) else {
                 return Ok(());
             };
             let ago = stage
@@ -1078,10 +724,8 @@ impl Lane {
                 .saturating_sub(Duration::from_millis(acquired.t_ms));
             self.acquired_at = Some(Instant::now() - ago);
             let waiter_role = role(self.kind, Job::Waiter);
-            self.waiter = Some(stage.spawn(
-                &waiter_role.name,
-                &WorkerSpec::EtcdVsRedis(waiter_role.clone()),
-            )?);
+            self.waiter =
+                Some(stage.spawn(&waiter_role.name, &WorkerSpec::Holder(waiter_role.clone()))?);
             return Ok(());
         }
         let acquired_at = self.acquired_at.expect("set with the waiter");
@@ -1091,7 +735,7 @@ impl Lane {
             if Instant::now() < acquired_at + plan.strike_after() {
                 return Ok(());
             }
-            if stage.saw(&self.waiter_name, "waiting").is_none() {
+            if stage.saw(&self.waiter_name, Kind::Waiting).is_none() {
                 if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
                     crate::bail_usage!(
                         "--work {}: {} was not waiting for the lock before {} finished its work; try a longer --work",
@@ -1107,14 +751,14 @@ impl Lane {
             let pid = self.holder.pid;
             let (kind, text) = match scenario {
                 Scenario::Kill => (
-                    "killed",
+                    Kind::Killed,
                     format!(
                         "SIGKILL → {} (pid {pid}) mid-work: no release, no goodbye",
                         self.holder_name
                     ),
                 ),
                 Scenario::Freeze => (
-                    "frozen",
+                    Kind::Frozen,
                     format!(
                         "SIGSTOP → {} (pid {pid}) mid-work, for {}",
                         self.holder_name,
@@ -1169,7 +813,7 @@ impl Lane {
             stage.record(
                 Event::new(
                     self.kind.name(),
-                    "holder_now",
+                    Kind::HolderNow,
                     format!(
                         "asked before the resume, {} says the lock {text}",
                         self.kind.name()
@@ -1183,7 +827,7 @@ impl Lane {
             stage.record(
                 Event::new(
                     "lab",
-                    "resumed",
+                    Kind::Resumed,
                     format!(
                         "SIGCONT → {} after {}",
                         self.holder_name,
@@ -1200,7 +844,7 @@ impl Lane {
 
         // 4. The old holder is gone and the waiter has written: let it finish.
         let holder_gone = stage.has_exited(&self.holder_name);
-        let waiter_ready = stage.saw(&self.waiter_name, "wrote").is_some();
+        let waiter_ready = stage.saw(&self.waiter_name, Kind::Wrote).is_some();
         if holder_gone && waiter_ready && !self.told_finish {
             self.told_finish = true;
             if let Some(waiter) = self.waiter.as_mut() {
@@ -1214,7 +858,7 @@ impl Lane {
     /// held the lock just before the resume, and what each release found.
     fn verdict(&self, stage: &Stage, plan: &Plan, scenario: Scenario, read: ReadBack) -> Cell {
         let strike_t = self.struck.map(|(_, t)| t).unwrap_or_default();
-        let waiter_acquired = stage.saw(&self.waiter_name, "acquired");
+        let waiter_acquired = stage.saw(&self.waiter_name, Kind::Acquired);
         let late_write = check::late_write(&read.attempts, &self.holder_name, &self.waiter_name);
         let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
         let two_holders = match scenario {
@@ -1231,31 +875,22 @@ impl Lane {
             // could not have let go.
             Scenario::Freeze if self.backend_saw.as_deref() == Some("waiter") => Finding::Yes,
             Scenario::Freeze => {
-                let release = |worker: &str| stage.saw(worker, "released");
+                let release = |worker: &str| stage.saw(worker, Kind::Released);
                 let holder_kept = release(&self.holder_name)
                     .and_then(|e| e.get_bool("released"))
                     .unwrap_or(false);
                 match self.kind {
-                    Kind::Redis => {
-                        let as_release = |e: &Event| match e.get_bool("released") {
-                            Some(true) => Release::Deleted,
-                            _ => match e.get_str("found_owner") {
-                                Some(owner) => Release::HeldBy(owner.to_string()),
-                                None => Release::Gone,
-                            },
-                        };
-                        match release(&self.holder_name).map(as_release) {
-                            Some(holder) => check::two_holders(
-                                &holder,
-                                waiter_acquired.and_then(|e| e.get_str("owner")),
-                                release(&self.waiter_name).map(as_release).as_ref(),
-                            ),
-                            None => Finding::Unknown,
-                        }
-                    }
+                    Service::Redis => match release(&self.holder_name).and_then(release_of) {
+                        Some(holder) => check::two_holders(
+                            &holder,
+                            waiter_acquired.and_then(|e| e.get_str("owner")),
+                            release(&self.waiter_name).and_then(release_of).as_ref(),
+                        ),
+                        None => Finding::Unknown,
+                    },
                     // etcd and Postgres queue the waiter in the server, which grants it the
                     // lock the moment the holder's key or session goes.
-                    Kind::Etcd | Kind::Postgres => {
+                    Service::Etcd | Service::Postgres => {
                         check::two_holders_queued(holder_kept, waiter_acquired.is_some())
                     }
                 }
@@ -1295,23 +930,23 @@ impl Lane {
 
     /// The handover the options predict: a short figure, and where it comes from.
     fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> (String, String) {
-        let held = match (self.struck, stage.saw(&self.holder_name, "acquired")) {
+        let held = match (self.struck, stage.saw(&self.holder_name, Kind::Acquired)) {
             (Some((_, strike)), Some(acquired)) => {
                 Duration::from_millis(strike.saturating_sub(acquired.t_ms))
             }
             _ => Duration::ZERO,
         };
         let lease = stage
-            .saw(&self.holder_name, "waiting")
+            .saw(&self.holder_name, Kind::Waiting)
             .and_then(|e| e.get_i64("lease_ttl_ms"))
             .map(|ms| Duration::from_millis(ms as u64))
             .unwrap_or(plan.lease);
         // The earliest moment the backend could free a frozen holder's lock by itself.
         let earliest = match (self.kind, plan.pg_timeout) {
-            (Kind::Redis, _) => plan.redis_ttl.saturating_sub(held),
-            (Kind::Etcd, _) => lease * 2 / 3,
-            (Kind::Postgres, Some(t)) => t * 2 / 3,
-            (Kind::Postgres, None) => Duration::MAX,
+            (Service::Redis, _) => plan.redis_ttl.saturating_sub(held),
+            (Service::Etcd, _) => lease * 2 / 3,
+            (Service::Postgres, Some(t)) => t * 2 / 3,
+            (Service::Postgres, None) => Duration::MAX,
         };
         if scenario == Scenario::Freeze && plan.pause < earliest {
             return (
@@ -1320,11 +955,11 @@ impl Lane {
             );
         }
         match self.kind {
-            Kind::Redis => (
+            Service::Redis => (
                 format!("≈ {}", human(plan.redis_ttl.saturating_sub(held))),
                 format!("TTL {} − {} held", human(plan.redis_ttl), human(held)),
             ),
-            Kind::Etcd => (
+            Service::Etcd => (
                 format!(
                     "{}–{}",
                     human(lease * 2 / 3),
@@ -1332,7 +967,7 @@ impl Lane {
                 ),
                 "⅔–1 lease TTL, + etcd's 0.5s expiry sweep".into(),
             ),
-            Kind::Postgres => match (scenario, plan.pg_timeout) {
+            Service::Postgres => match (scenario, plan.pg_timeout) {
                 (Scenario::Kill, _) => {
                     ("at once".into(), "the session ends with the process".into())
                 }
@@ -1354,7 +989,7 @@ fn last_t(stage: &Stage) -> u64 {
 /// The backend identity a worker reported with its lock.
 fn owner_of(stage: &Stage, worker: &str) -> Option<String> {
     stage
-        .saw(worker, "acquired")
+        .saw(worker, Kind::Acquired)
         .and_then(|e| e.data.get("owner"))
         .and_then(|v| v.as_str())
         .map(String::from)

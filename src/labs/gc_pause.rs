@@ -27,12 +27,13 @@ use serde_json::json;
 use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, duration_in, new_run_id};
 use crate::check::{self, LateWrite};
 use crate::connect::{self, Backend};
-use crate::events::{Emitter, Event};
+use crate::events::{Event, Kind};
 use crate::lock::redis::{RedisLock, Release};
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
 use crate::store::{Outcome, ReadBack, Store};
-use crate::worker::{WorkerSpec, await_command};
+use crate::worker::WorkerSpec;
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -89,162 +90,6 @@ pub enum Freeze {
     Self_,
     /// The lab sends SIGSTOP to A, as a hypervisor or a starved cgroup would
     Peer,
-}
-
-/// One worker's script.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Role {
-    pub name: String,
-    pub redis_url: String,
-    pub postgres_url: String,
-    pub run_id: String,
-    pub lock_key: String,
-    /// The fencing counter; None in the unfenced run.
-    pub fence_counter: Option<String>,
-    pub resource: String,
-    pub ttl_ms: u64,
-    /// How long to keep trying for the lock.
-    pub wait_ms: u64,
-    /// What happens between taking the lock and writing.
-    pub before_write: BeforeWrite,
-    /// Keep the lock after writing until told `finish` (B, so that A wakes into a taken lock).
-    pub hold_after_write: bool,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum BeforeWrite {
-    /// Write at once.
-    Nothing,
-    /// Stop this very process with SIGSTOP: the pause hits in the middle of the work.
-    FreezeSelf,
-    /// Work until the lab says `finish` (the lab freezes us in the meantime).
-    WorkUntilTold,
-}
-
-/// The worker script: take the lock, (be paused), write, release.
-pub fn work(role: &Role) -> Result<()> {
-    let me = Emitter::new(&role.name);
-    let mut store = Store::connect(&role.postgres_url)?;
-    let ttl = Duration::from_millis(role.ttl_ms);
-    let mut lock = RedisLock::new(connect::redis(&role.redis_url)?, &role.lock_key, ttl);
-
-    me.send(
-        me.event("waiting", "tries to take the lock")
-            .with("pid", std::process::id()),
-    );
-    let Some(held) = lock.acquire_within(
-        Duration::from_millis(role.wait_ms),
-        role.fence_counter.as_deref(),
-    )?
-    else {
-        me.say(
-            "gave_up",
-            format!("gave up: the lock stayed taken for {}ms", role.wait_ms),
-        );
-        return Ok(());
-    };
-    let token_text = held
-        .token
-        .map(|t| format!(", fencing token {t}"))
-        .unwrap_or_default();
-    me.send(
-        me.event(
-            "acquired",
-            format!("took the lock (SET NX PX {}){token_text}", role.ttl_ms),
-        )
-        .with("token", held.token)
-        .with("owner", held.owner.clone()),
-    );
-
-    match role.before_write {
-        BeforeWrite::Nothing => {}
-        BeforeWrite::FreezeSelf => {
-            me.say(
-                "freezing",
-                "starts its work… and stops dead (raise SIGSTOP), like a stop-the-world GC pause",
-            );
-            let frozen_at = Instant::now();
-            nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)
-                .context("raising SIGSTOP")?;
-            let gap = frozen_at.elapsed();
-            me.send(
-                me.event(
-                    "resumed",
-                    format!(
-                        "wakes after {}; it still believes it holds the lock",
-                        human(gap)
-                    ),
-                )
-                .with("paused_ms", gap.as_millis() as u64),
-            );
-        }
-        BeforeWrite::WorkUntilTold => {
-            me.say("working", "works while holding the lock");
-            await_command("finish")?;
-            me.say(
-                "finished",
-                "finishes its work; writes, believing it still holds the lock",
-            );
-        }
-    }
-
-    let value = format!("{}'s result", role.name);
-    let outcome = store.write(&role.run_id, &role.resource, &role.name, &value, held.token);
-    let kind = match outcome {
-        Outcome::Accepted => "accepted",
-        Outcome::Rejected => "rejected",
-        Outcome::Unknown => "unknown",
-    };
-    me.send(
-        me.event(
-            "wrote",
-            format!("writes '{value}'{token_text}: the store says {kind}"),
-        )
-        .with("outcome", outcome.as_str())
-        .with("token", held.token)
-        .with("value", value),
-    );
-
-    if role.hold_after_write {
-        await_command("finish")?;
-    }
-    // The release is the evidence of who held the lock when: what compare-and-delete found
-    // in the key is Redis's own answer, in Redis's order.
-    let release = lock.release_reporting(&held)?;
-    let (text, found) = match &release {
-        Release::Deleted => (
-            "releases the lock (compare-and-delete deleted its key)".to_string(),
-            None,
-        ),
-        Release::HeldBy(owner) => (
-            "tries to release: the key holds another owner now, so compare-and-delete deletes nothing"
-                .to_string(),
-            Some(owner.clone()),
-        ),
-        Release::Gone => (
-            "tries to release: its key had expired, so compare-and-delete deletes nothing"
-                .to_string(),
-            None,
-        ),
-    };
-    me.send(
-        me.event("released", text)
-            .with("deleted", release.deleted())
-            .with("found_owner", found),
-    );
-    Ok(())
-}
-
-/// A worker's release, as its event reported Redis's answer.
-fn release_of(event: &Event) -> Option<Release> {
-    Some(
-        match (event.get_bool("deleted")?, event.get_str("found_owner")) {
-            (true, _) => Release::Deleted,
-            (false, Some(owner)) => Release::HeldBy(owner.to_string()),
-            (false, None) => Release::Gone,
-        },
-    )
 }
 
 /// What one run found. Every field comes from a backend's answer: Redis's (who held the
@@ -481,37 +326,36 @@ impl Play<'_> {
                 "── without fencing ──".red().bold()
             }
         ));
-        let role = |name: &str, before_write, hold_after_write| Role {
+        let lock_key = format!("lockslab:{}:gc-pause:{label}:lock", self.run_id);
+        let role = |name: &str, before_write, after_write| HolderScript {
             name: name.into(),
-            redis_url: redis_url.into(),
-            postgres_url: postgres_url.into(),
+            lock: LockSpec::Redis {
+                url: redis_url.into(),
+                key: lock_key.clone(),
+                ttl_ms: self.ttl.as_millis() as u64,
+                fence_counter: self
+                    .fenced
+                    .then(|| format!("lockslab:{}:gc-pause:fence", self.run_id)),
+            },
+            store_url: postgres_url.into(),
             run_id: self.run_id.into(),
-            lock_key: format!("lockslab:{}:gc-pause:{label}:lock", self.run_id),
-            fence_counter: self
-                .fenced
-                .then(|| format!("lockslab:{}:gc-pause:fence", self.run_id)),
             resource: format!("gc-pause-{label}"),
-            ttl_ms: self.ttl.as_millis() as u64,
             wait_ms: (self.ttl + self.pause + Duration::from_secs(10)).as_millis() as u64,
             before_write,
-            hold_after_write,
+            after_write,
         };
         let a_script = match self.freeze {
             Freeze::Self_ => BeforeWrite::FreezeSelf,
             Freeze::Peer => BeforeWrite::WorkUntilTold,
         };
-        let mut lock_watch = RedisLock::new(
-            connect::redis(redis_url)?,
-            &role("lab", BeforeWrite::Nothing, false).lock_key,
-            self.ttl,
-        );
+        let mut lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, self.ttl);
 
         // Every event of this run says which run it belongs to: t_ms restarts per run.
         stage.tag("fencing", self.fenced);
         stage.record(
             Event::new(
                 "lab",
-                "run",
+                Kind::Run,
                 format!(
                     "run {}: the lock is the Redis key {}",
                     self.run_id, lock_watch.key
@@ -520,10 +364,13 @@ impl Play<'_> {
             .with("run_id", self.run_id)
             .with("lock_key", lock_watch.key.clone()),
         );
-        let mut a = stage.spawn("A", &WorkerSpec::GcPause(role("A", a_script, false)))?;
+        let mut a = stage.spawn(
+            "A",
+            &WorkerSpec::Holder(role("A", a_script, AfterWrite::Release)),
+        )?;
         let a_owner = stage
             .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
-                e.is("A", "acquired")
+                e.is("A", Kind::Acquired)
             })?
             .get_str("owner")
             .map(String::from);
@@ -533,7 +380,7 @@ impl Play<'_> {
                 // A is at work (waiting for `finish`) before it is frozen, as a real pause
                 // catches a client in the middle of what it does.
                 stage.wait_for(Duration::from_secs(5), "A to start working", |e| {
-                    e.is("A", "working")
+                    e.is("A", Kind::Working)
                 })?;
                 a.freeze()?;
                 if !crate::procs::wait_until_stopped(a.pid, Duration::from_secs(2)) {
@@ -542,7 +389,7 @@ impl Play<'_> {
                 stage.record(
                     Event::new(
                         "lab",
-                        "frozen",
+                        Kind::Frozen,
                         format!(
                             "sends SIGSTOP to A (pid {}): frozen mid-work for {}",
                             a.pid,
@@ -554,7 +401,7 @@ impl Play<'_> {
             }
             Freeze::Self_ => {
                 stage.wait_for(Duration::from_secs(5), "A to freeze itself", |e| {
-                    e.is("A", "freezing")
+                    e.is("A", Kind::Freezing)
                 })?;
                 if !crate::procs::wait_until_stopped(a.pid, Duration::from_secs(2)) {
                     bail!("worker A (pid {}) said it would stop but did not", a.pid);
@@ -562,7 +409,7 @@ impl Play<'_> {
                 stage.record(
                     Event::new(
                         "lab",
-                        "frozen",
+                        Kind::Frozen,
                         format!(
                             "sees A (pid {}) stopped; will resume it in {}",
                             a.pid,
@@ -576,7 +423,7 @@ impl Play<'_> {
         let frozen_at = Instant::now();
         let mut b = stage.spawn(
             "B",
-            &WorkerSpec::GcPause(role("B", BeforeWrite::Nothing, true)),
+            &WorkerSpec::Holder(role("B", BeforeWrite::Nothing, AfterWrite::HoldUntilTold)),
         )?;
 
         // While A is frozen, watch its key in Redis: the countdown, then the expiry.
@@ -597,7 +444,7 @@ impl Play<'_> {
                 stage.timeline.clear_bar();
                 stage.record(Event::new(
                     "redis",
-                    "expired",
+                    Kind::Expired,
                     "A's key has expired: for Redis the lock is free",
                 ));
             } else if let Some(bar) = stage.timeline.bar() {
@@ -611,18 +458,18 @@ impl Play<'_> {
         a.resume()?;
         stage.record(Event::new(
             "lab",
-            "resumed",
+            Kind::Resumed,
             format!("sends SIGCONT to A after {}", human(frozen_at.elapsed())),
         ));
         if self.freeze == Freeze::Peer {
             a.tell("finish")?;
         }
         let long = self.ttl + self.pause + Duration::from_secs(15);
-        let a_wrote = stage.wait_for(long, "A to write", |e| e.is("A", "wrote"))?;
-        stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
-        stage.wait_for(long, "B to write", |e| e.is("B", "wrote"))?;
+        let a_wrote = stage.wait_for(long, "A to write", |e| e.is("A", Kind::Wrote))?;
+        stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        stage.wait_for(long, "B to write", |e| e.is("B", Kind::Wrote))?;
         b.tell("finish")?;
-        stage.wait_for(long, "B to release", |e| e.is("B", "released"))?;
+        stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
         a.finish(Duration::from_secs(5));
         b.finish(Duration::from_secs(5));
         stage.drain();
@@ -634,14 +481,14 @@ impl Play<'_> {
             None => None,
         };
         let a_release = stage
-            .saw("A", "released")
+            .saw("A", Kind::Released)
             .and_then(release_of)
             .context("A's release did not say what Redis answered")?;
         let b_owner = stage
-            .saw("B", "acquired")
+            .saw("B", Kind::Acquired)
             .and_then(|e| e.get_str("owner"))
             .map(String::from);
-        let b_release = stage.saw("B", "released").and_then(release_of);
+        let b_release = stage.saw("B", Kind::Released).and_then(release_of);
         let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
         let verdict = RunVerdict::judge(
             self.fenced,
@@ -654,13 +501,13 @@ impl Play<'_> {
         let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
         let store_line = match verdict.late_write {
             LateWrite::Accepted => Some((
-                "stale_write_accepted",
+                Kind::StaleWriteAccepted,
                 format!(
                     "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
                 ),
             )),
             LateWrite::Rejected => Some((
-                "stale_write_rejected",
+                Kind::StaleWriteRejected,
                 format!(
                     "decided A's stale write after B's and refused it: it holds {holds}'s result"
                 ),

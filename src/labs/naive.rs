@@ -25,13 +25,10 @@
 //! - `GET` and `PTTL` on the lock key show a stuck lock (a dead owner, no expiry) directly.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead};
-use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, bail};
 use colored::Colorize;
-use nix::time::{ClockId, clock_gettime};
 use redis::Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -40,11 +37,12 @@ use super::{
     LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
 };
 use crate::connect::{self, Backend};
-use crate::events::{Emitter, Event};
-use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, owner_and_pttl};
+use crate::events::{Event, Kind};
+use crate::lock::redis::owner_and_pttl;
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, ServerArgs};
-use crate::worker::{WorkerSpec, await_command};
+use crate::worker::WorkerSpec;
+use crate::worker::racer::{Acquire, Holder, Release, Role, Script, redis_failed, variant_name};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -149,47 +147,6 @@ impl Scenario {
     }
 }
 
-/// A failed Redis command as one line: the step the lab was on, which Redis, and why.
-///
-/// A `RedisError`'s message already contains its I/O cause, which is also its `source()`,
-/// so printing the error with its chain would say the cause twice; this builds the
-/// message from text instead.
-fn redis_failed(step: &str, url: &str, err: &redis::RedisError) -> anyhow::Error {
-    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
-        anyhow!(
-            "{step}: {}",
-            Backend::Redis.unreachable(url, connect::redis_cause(err))
-        )
-    } else {
-        anyhow!(
-            "{step}: Redis at {} answered with an error: {err}",
-            connect::redact(url)
-        )
-    }
-}
-
-/// The same for an error that came up through other code (a worker's lock call): the
-/// contexts above the `RedisError` name the step.
-fn flatten_redis_error(err: anyhow::Error, url: &str) -> anyhow::Error {
-    let Some(cause) = err
-        .chain()
-        .find_map(|e| e.downcast_ref::<redis::RedisError>())
-    else {
-        return err;
-    };
-    let steps: Vec<String> = err
-        .chain()
-        .take_while(|e| !e.is::<redis::RedisError>())
-        .map(ToString::to_string)
-        .collect();
-    let step = if steps.is_empty() {
-        "a Redis command".to_string()
-    } else {
-        steps.join(": ")
-    };
-    redis_failed(&step, url, cause)
-}
-
 /// `.step(url, "reading …")` on a Redis reply: [`redis_failed`] for the orchestrator's
 /// own queries.
 trait RedisStep<T> {
@@ -208,306 +165,6 @@ const SLACK: Duration = Duration::from_secs(3 * connect::COMMAND_TIMEOUT.as_secs
 
 /// The longest --spread or --window: each trial lasts about that long, twice per trial.
 const LONGEST_RACE_DELAY: Duration = Duration::from_secs(60);
-
-/// The name of a run, in keys, trial commands and `--json` events.
-fn variant_name(fixed: bool) -> &'static str {
-    if fixed { "fixed" } else { "broken" }
-}
-
-// ───────────────────────────── the workers ─────────────────────────────
-
-/// One worker's script.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Role {
-    pub name: String,
-    pub redis_url: String,
-    pub script: Script,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug)]
-#[serde(tag = "script", rename_all = "snake_case")]
-pub enum Script {
-    /// Races for a fresh lock whenever the lab says `trial <n> <broken|fixed>`.
-    Racer {
-        /// Keys of trial n are `<prefix>:<variant>:<n>:lock` and `…:holders`.
-        prefix: String,
-        spread_us: u64,
-        window_us: u64,
-        work_ms: u64,
-        ttl_ms: u64,
-    },
-    /// Takes one lock, holds it until told `finish`, releases it.
-    Holder(Holder),
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Holder {
-    pub key: String,
-    /// The list of `+name` / `-name` entries the holders write: who believed they held the
-    /// lock, in the order Redis received the entries.
-    pub holders: String,
-    pub acquire: Acquire,
-    pub release: Release,
-    pub ttl_ms: u64,
-    /// How long to keep trying; zero means one try.
-    pub wait_ms: u64,
-    /// With SETNX-then-PEXPIRE: stop between the two commands until told `expire`.
-    pub stop_between: bool,
-}
-
-/// How a holder takes the lock.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Acquire {
-    /// ❌ [`RedisLock::try_acquire_setnx`]
-    Setnx,
-    /// ❌ [`RedisLock::try_acquire_setnx_then_expire`]
-    SetnxThenExpire,
-    /// ✅ [`RedisLock::try_acquire`]
-    SetNxPx,
-}
-
-/// How a holder lets go.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Release {
-    /// ❌ [`RedisLock::release_by_del`]
-    Del,
-    /// ✅ [`RedisLock::release`]
-    CompareAndDelete,
-}
-
-/// This machine's `CLOCK_MONOTONIC` in nanoseconds: one clock shared by every process here,
-/// so stamps taken by different workers can be compared.
-fn monotonic_ns() -> u64 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
-/// A random pause in [0, limit): when this worker arrives in a trial.
-fn random_below(limit: Duration) -> Duration {
-    let mut bytes = [0u8; 8];
-    if limit.is_zero() || getrandom::fill(&mut bytes).is_err() {
-        return Duration::ZERO;
-    }
-    let micros = limit.as_micros().max(1) as u64;
-    Duration::from_micros(u64::from_le_bytes(bytes) % micros)
-}
-
-/// Appends `entry` to a holders list; the list expires on its own if the lab is interrupted.
-fn note_holder(redis: &mut Connection, list: &str, entry: String) -> Result<()> {
-    redis::pipe()
-        .cmd("RPUSH")
-        .arg(list)
-        .arg(entry)
-        .ignore()
-        .cmd("EXPIRE")
-        .arg(list)
-        .arg(600)
-        .ignore()
-        .query::<()>(redis)
-        .context("noting the holder in Redis")
-}
-
-/// The worker script.
-pub fn work(role: &Role) -> Result<()> {
-    let me = Emitter::new(&role.name);
-    let result = match &role.script {
-        Script::Racer {
-            prefix,
-            spread_us,
-            window_us,
-            work_ms,
-            ttl_ms,
-        } => race(
-            &me,
-            &role.redis_url,
-            prefix,
-            Duration::from_micros(*spread_us),
-            Duration::from_micros(*window_us),
-            Duration::from_millis(*work_ms),
-            Duration::from_millis(*ttl_ms),
-        ),
-        Script::Holder(holder) => hold(&me, &role.redis_url, holder),
-    };
-    result.map_err(|err| flatten_redis_error(err, &role.redis_url))
-}
-
-/// A racer: one attempt per `trial` command, reported as one (unshown) `trial` event.
-fn race(
-    me: &Emitter,
-    redis_url: &str,
-    prefix: &str,
-    spread: Duration,
-    window: Duration,
-    work: Duration,
-    ttl: Duration,
-) -> Result<()> {
-    let mut lock = RedisLock::new(connect::redis(redis_url)?, "", ttl);
-    let mut notes = connect::redis(redis_url)?;
-    me.send(
-        me.event("ready", "ready to race")
-            .with("pid", std::process::id()),
-    );
-    for line in io::stdin().lock().lines() {
-        let line = line?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let (trial, fixed) = match words.as_slice() {
-            ["trial", n, variant] => (n.parse::<u32>()?, *variant == "fixed"),
-            ["quit"] => break,
-            _ => bail!("unknown command {line:?}"),
-        };
-        let variant = variant_name(fixed);
-        lock.key = format!("{prefix}:{variant}:{trial}:lock");
-        let holders = format!("{prefix}:{variant}:{trial}:holders");
-
-        thread::sleep(random_below(spread));
-        let start_ns = monotonic_ns();
-        let held = if fixed {
-            // The same delay as the broken run's window, but before the one command:
-            // there is no gap inside the acquisition for it to widen.
-            thread::sleep(window);
-            lock.try_acquire()?
-        } else {
-            lock.try_acquire_get_then_set(window)?
-        };
-        let mut report = me
-            .event("trial", "")
-            .with("trial", trial)
-            .with("variant", variant)
-            .with("start_ns", start_ns)
-            .with("answer_ns", monotonic_ns())
-            .with("acquired", held.is_some());
-        if let Some(held) = held {
-            let enter_ns = monotonic_ns();
-            note_holder(&mut notes, &holders, format!("+{}", me.name()))?;
-            thread::sleep(work);
-            note_holder(&mut notes, &holders, format!("-{}", me.name()))?;
-            let leave_ns = monotonic_ns();
-            let released = lock.release(&held)?;
-            report = report
-                .with("enter_ns", enter_ns)
-                .with("leave_ns", leave_ns)
-                .with("released", released);
-        }
-        me.send(report);
-    }
-    Ok(())
-}
-
-/// A holder: take the lock (trying for up to `wait`), hold it until told `finish`, release.
-fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
-    let Holder {
-        key,
-        holders,
-        acquire,
-        release,
-        stop_between,
-        ..
-    } = script;
-    let (acquire, release, stop_between) = (*acquire, *release, *stop_between);
-    let ttl = Duration::from_millis(script.ttl_ms);
-    let wait = Duration::from_millis(script.wait_ms);
-    let mut lock = RedisLock::new(connect::redis(redis_url)?, key, ttl);
-    let mut notes = connect::redis(redis_url)?;
-    me.send(
-        me.event("waiting", "tries to take the lock")
-            .with("pid", std::process::id()),
-    );
-    let ttl_ms = ttl.as_millis();
-    let started = Instant::now();
-    let mut tries = 0u32;
-    let held = loop {
-        tries += 1;
-        let held = match acquire {
-            Acquire::Setnx => lock.try_acquire_setnx()?,
-            Acquire::SetNxPx => lock.try_acquire()?,
-            Acquire::SetnxThenExpire => lock.try_acquire_setnx_then_expire(|held: &Held| {
-                if stop_between {
-                    me.send(
-                        me.event(
-                            "between",
-                            "SETNX answered 1: it holds the lock, with no expiry yet; PEXPIRE comes next",
-                        )
-                        .with("owner", held.owner.clone()),
-                    );
-                    await_command("expire")?;
-                }
-                Ok(())
-            })?,
-        };
-        if held.is_some() || started.elapsed() >= wait {
-            break held;
-        }
-        thread::sleep(RETRY_EVERY);
-    };
-    let waited = started.elapsed();
-    let Some(held) = held else {
-        let text = if tries == 1 {
-            "tries once: the lock is taken, so it goes away".to_string()
-        } else {
-            format!(
-                "gives up after {tries} tries in {}: the lock stayed taken",
-                human(waited)
-            )
-        };
-        me.send(
-            me.event("gave_up", text)
-                .with("waited_ms", waited.as_millis() as u64)
-                .with("tries", tries),
-        );
-        return Ok(());
-    };
-    let how = match acquire {
-        Acquire::Setnx => "SETNX; the key has no expiry".to_string(),
-        Acquire::SetnxThenExpire => format!("SETNX, then PEXPIRE {ttl_ms}"),
-        Acquire::SetNxPx => format!("SET NX PX {ttl_ms}"),
-    };
-    let after = if tries > 1 {
-        format!(" after waiting {} ({tries} tries)", human(waited))
-    } else {
-        String::new()
-    };
-    let enter_ns = monotonic_ns();
-    note_holder(&mut notes, holders, format!("+{}", me.name()))?;
-    me.send(
-        me.event(
-            "acquired",
-            format!("took the lock ({how}){after}; works while holding it"),
-        )
-        .with("owner", held.owner.clone())
-        .with("waited_ms", waited.as_millis() as u64)
-        .with("tries", tries)
-        .with("enter_ns", enter_ns),
-    );
-
-    await_command("finish")?;
-    note_holder(&mut notes, holders, format!("-{}", me.name()))?;
-    let leave_ns = monotonic_ns();
-    let deleted = match release {
-        Release::Del => lock.release_by_del()?,
-        Release::CompareAndDelete => lock.release(&held)?,
-    };
-    let text = match (release, deleted) {
-        (Release::Del, true) => {
-            "finishes and releases with DEL (no owner check): a key was deleted"
-        }
-        (Release::Del, false) => "finishes and releases with DEL: there was no key left to delete",
-        (Release::CompareAndDelete, true) => {
-            "finishes and releases with compare-and-delete: its own key is deleted"
-        }
-        (Release::CompareAndDelete, false) => {
-            "finishes; compare-and-delete finds another owner's value and returns 0: nothing deleted"
-        }
-    };
-    me.send(
-        me.event("released", text)
-            .with("deleted", deleted)
-            .with("leave_ns", leave_ns),
-    );
-    Ok(())
-}
 
 // ───────────────────────────── the verdict ─────────────────────────────
 
@@ -755,7 +412,7 @@ impl Lab<'_> {
     }
 
     fn spec(&self, name: &str, holder: Holder) -> WorkerSpec {
-        WorkerSpec::Naive(Role {
+        WorkerSpec::Racer(Role {
             name: name.into(),
             redis_url: self.redis_url.clone(),
             script: Script::Holder(holder),
@@ -792,17 +449,17 @@ impl Lab<'_> {
                     ttl_ms: args.ttl.as_millis() as u64,
                 },
             };
-            workers.push(stage.spawn(&name, &WorkerSpec::Naive(role))?);
+            workers.push(stage.spawn(&name, &WorkerSpec::Racer(role))?);
         }
         let mut pids = Vec::new();
-        collect(&mut stage, &workers, "ready", SLACK, |event| {
+        collect(&mut stage, &workers, Kind::Ready, SLACK, |event| {
             pids.push(event.get_i64("pid").unwrap_or(0));
             Ok(())
         })?;
         stage.record(
             Event::new(
                 "lab",
-                "workers",
+                Kind::Workers,
                 format!(
                     "starts {} worker processes; in every trial each tries once for a fresh lock, \
                      arriving within {} (window {}, work {})",
@@ -859,7 +516,7 @@ impl Lab<'_> {
                     worker.tell(&format!("trial {trial} {variant}"))?;
                 }
                 let mut these = Vec::with_capacity(workers.len());
-                collect(stage, workers, "trial", trial_timeout, |event| {
+                collect(stage, workers, Kind::Trial, trial_timeout, |event| {
                     if event.get_i64("trial") != Some(trial as i64) {
                         bail!("worker {} answered for the wrong trial", event.worker);
                     }
@@ -951,9 +608,9 @@ impl Lab<'_> {
             ));
         }
         let kind = if violations > 0 {
-            "violation"
+            Kind::Violation
         } else {
-            "counted"
+            Kind::Counted
         };
         stage.record(
             Event::new("redis", kind, text)
@@ -969,7 +626,7 @@ impl Lab<'_> {
             stage.record(
                 Event::new(
                     "lab",
-                    "warning",
+                    Kind::Warning,
                     format!(
                         "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
                          whether two workers held the lock at once; the count follows the holders list",
@@ -1020,7 +677,7 @@ impl Lab<'_> {
         // With SETNX-then-PEXPIRE, A stops between the two commands and says so; the
         // lab kills it right there. Otherwise A stops after taking the lock.
         let took = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
-            e.worker == "A" && (e.kind == "acquired" || e.kind == "between")
+            e.worker == "A" && (e.kind == Kind::Acquired || e.kind == Kind::Between)
         })?;
         let a_owner = took.get_str("owner").map(String::from);
         let pttl: i64 = redis::cmd("PTTL")
@@ -1030,7 +687,7 @@ impl Lab<'_> {
         stage.record(
             Event::new(
                 "redis",
-                "pttl",
+                Kind::Pttl,
                 match pttl {
                     -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
                     -2 => "PTTL → -2: there is no key".to_string(),
@@ -1048,7 +705,7 @@ impl Lab<'_> {
         stage.record(
             Event::new(
                 "lab",
-                "killed",
+                Kind::Killed,
                 format!("SIGKILL to A (pid {}) {where_}", a.pid),
             )
             .with("pid", a.pid),
@@ -1063,10 +720,12 @@ impl Lab<'_> {
         let mut last_look = Instant::now() - Duration::from_secs(1);
         let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
-                if event.kind == "error" {
+                if event.kind == Kind::Error {
                     bail!("worker {} failed: {}", event.worker, event.text);
                 }
-                if event.worker == "B" && (event.kind == "acquired" || event.kind == "gave_up") {
+                if event.worker == "B"
+                    && (event.kind == Kind::Acquired || event.kind == Kind::GaveUp)
+                {
                     return Ok(event);
                 }
             }
@@ -1114,16 +773,20 @@ impl Lab<'_> {
         stage.record(
             Event::new(
                 "redis",
-                if dead_owner { "violation" } else { "lapsed" },
+                if dead_owner {
+                    Kind::Violation
+                } else {
+                    Kind::Lapsed
+                },
                 text,
             )
             .with("dead_owner", dead_owner)
             .with("pttl_ms", pttl),
         );
-        if b_result.kind == "acquired" {
+        if b_result.kind == Kind::Acquired {
             b.tell("finish")?;
             stage.wait_for(Duration::from_secs(5), "B to release", |e| {
-                e.is("B", "released")
+                e.is("B", Kind::Released)
             })?;
         }
         b.finish(Duration::from_secs(5));
@@ -1131,7 +794,7 @@ impl Lab<'_> {
 
         let waited_ms = b_result.get_i64("waited_ms").unwrap_or(0);
         Ok(Tally::new(dead_owner as u32, 1)
-            .with("next_holder_got_lock", b_result.kind == "acquired")
+            .with("next_holder_got_lock", b_result.kind == Kind::Acquired)
             .with("waited_ms", waited_ms)
             .with("pttl_ms_after_wait", pttl)
             .with("ttl_ms", args.ttl.as_millis() as u64))
@@ -1166,7 +829,7 @@ impl Lab<'_> {
         };
 
         let mut a = stage.spawn("A", &spec("A", args.wait))?;
-        let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", "acquired"))?;
+        let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
         let a_owner = a_took.get_str("owner").map(String::from);
 
         // A works on; watch its key in Redis until the lease runs out.
@@ -1194,7 +857,7 @@ impl Lab<'_> {
         lapsed?;
         stage.record(Event::new(
             "redis",
-            "expired",
+            Kind::Expired,
             format!(
                 "A's key expired (TTL {}) while A still works: for Redis the lock is free",
                 human(args.ttl)
@@ -1202,11 +865,11 @@ impl Lab<'_> {
         ));
 
         let mut b = stage.spawn("B", &spec("B", args.wait))?;
-        let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", "acquired"))?;
+        let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", Kind::Acquired))?;
         let b_owner = b_took.get_str("owner").map(String::from);
 
         a.tell("finish")?;
-        stage.wait_for(long, "A to release", |e| e.is("A", "released"))?;
+        stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
         let owner: Option<String> = redis::cmd("GET")
             .arg(&key)
             .query(&mut redis)
@@ -1215,7 +878,11 @@ impl Lab<'_> {
         let read = whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]);
         stage.record(Event::new(
             "redis",
-            if b_lost_lock { "violation" } else { "kept" },
+            if b_lost_lock {
+                Kind::Violation
+            } else {
+                Kind::Kept
+            },
             if b_lost_lock {
                 format!("GET → {read}: A's DEL removed B's lock, and B is still working")
             } else {
@@ -1226,9 +893,9 @@ impl Lab<'_> {
         // C tries once, as any newcomer would.
         let mut c = stage.spawn("C", &spec("C", Duration::ZERO))?;
         let c_result = stage.wait_for(long, "C to try the lock", |e| {
-            e.worker == "C" && (e.kind == "acquired" || e.kind == "gave_up")
+            e.worker == "C" && (e.kind == Kind::Acquired || e.kind == Kind::GaveUp)
         })?;
-        if c_result.kind == "acquired" {
+        if c_result.kind == Kind::Acquired {
             let owner: Option<String> = redis::cmd("GET")
                 .arg(&key)
                 .query(&mut redis)
@@ -1237,17 +904,17 @@ impl Lab<'_> {
             if owner.as_deref() == c_owner {
                 stage.record(Event::new(
                     "redis",
-                    "two_holders",
+                    Kind::TwoHolders,
                     "GET → C's value while B still works and believes it holds the lock: two holders, B and C",
                 ));
             }
         }
 
         b.tell("finish")?;
-        stage.wait_for(long, "B to release", |e| e.is("B", "released"))?;
-        if c_result.kind == "acquired" {
+        stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
+        if c_result.kind == Kind::Acquired {
             c.tell("finish")?;
-            stage.wait_for(long, "C to release", |e| e.is("C", "released"))?;
+            stage.wait_for(long, "C to release", |e| e.is("C", Kind::Released))?;
         }
         for worker in [&mut a, &mut b, &mut c] {
             worker.finish(Duration::from_secs(5));
@@ -1263,7 +930,7 @@ impl Lab<'_> {
         let entered: HashMap<String, u64> = stage
             .log
             .iter()
-            .filter(|e| e.kind == "acquired")
+            .filter(|e| e.kind == Kind::Acquired)
             .filter_map(|e| Some((e.worker.clone(), e.get_i64("enter_ns")? as u64)))
             .collect();
         let ttl_ns = args.ttl.as_nanos() as u64;
@@ -1300,9 +967,9 @@ impl Lab<'_> {
             Event::new(
                 "redis",
                 if violations > 0 {
-                    "violation"
+                    Kind::Violation
                 } else {
-                    "counted"
+                    Kind::Counted
                 },
                 format!(
                     "holders list [{}]: held at the same time: {pairs_text}",
@@ -1315,7 +982,7 @@ impl Lab<'_> {
         Ok(Tally::new(violations, 1)
             .with("holders_list", list)
             .with("overlaps", overlaps)
-            .with("c_got_lock", c_result.kind == "acquired"))
+            .with("c_got_lock", c_result.kind == Kind::Acquired))
     }
 
     fn verdict(&self, scenario: Scenario, broken: Tally, fixed: Tally) -> ScenarioVerdict {
@@ -1369,7 +1036,7 @@ struct RaceRun {
 fn collect(
     stage: &mut Stage,
     workers: &[WorkerHandle],
-    kind: &str,
+    kind: Kind,
     timeout: Duration,
     mut take: impl FnMut(&Event) -> Result<()>,
 ) -> Result<()> {
@@ -1377,7 +1044,7 @@ fn collect(
     let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
-            if event.kind == "error" {
+            if event.kind == Kind::Error {
                 bail!("worker {} failed: {}", event.worker, event.text);
             }
             if event.kind == kind {

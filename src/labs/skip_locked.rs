@@ -35,23 +35,24 @@
 //! done twice is visible there. The verdict is read back from that table with SQL.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 use postgres::Client;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 
 use super::{
     LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
 };
 use crate::connect::{self, Backend};
-use crate::events::{Emitter, Event};
+use crate::events::{Event, Kind};
 use crate::output::{Style, human, json_line, table};
+use crate::queue::*;
 use crate::servers::{self, ServerArgs};
 use crate::worker::WorkerSpec;
+use crate::worker::consumer::Role;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -106,35 +107,6 @@ pub struct SkipLockedArgs {
     pub servers: ServerArgs,
 }
 
-/// How a worker claims a job: the lesson of this lab.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// FOR UPDATE SKIP LOCKED in a transaction: correct, and workers never wait on each other
-    SkipLocked,
-    /// SELECT a pending job, then UPDATE it, with no row lock: duplicates
-    Naive,
-    /// FOR UPDATE without SKIP LOCKED: correct, but workers queue behind one row lock
-    ForUpdate,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::SkipLocked, Mode::Naive, Mode::ForUpdate];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::SkipLocked => "skip-locked",
-            Mode::Naive => "naive",
-            Mode::ForUpdate => "for-update",
-        }
-    }
-
-    /// Whether the claim lives inside a transaction that Postgres can roll back.
-    fn transactional(self) -> bool {
-        self != Mode::Naive
-    }
-}
-
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// A kill, then a freeze
@@ -162,354 +134,6 @@ impl Fault {
     }
     fn freeze(self) -> bool {
         matches!(self, Fault::Both | Fault::Freeze)
-    }
-}
-
-// ─── The queue's SQL ──────────────────────────────────────────────────────────────────
-//
-// `{jobs}` and `{processing}` stand for the run's two tables (see `Queue`). Every claim
-// picks the lowest pending id of a round, so that all workers want the same row at the
-// same moment: the harshest contention, and the clearest difference between the modes.
-
-/// The jobs: `pending`, then `done`. The naive mode also writes `running` (and who) in
-/// between, because without a transaction that is the only way it can say "taken".
-const CREATE_JOBS: &str = "
-    CREATE TABLE {jobs} (
-        id         bigint  PRIMARY KEY,
-        round      int     NOT NULL,
-        status     text    NOT NULL DEFAULT 'pending',
-        claimed_by text
-    );
-    CREATE INDEX ON {jobs} (round, id) WHERE status = 'pending'";
-
-/// One row per processing, append-only. There is deliberately **no** `UNIQUE (job_id)`:
-/// a constraint would turn a double processing into an error and hide it; here it stays
-/// visible, and the verdict counts it.
-const CREATE_PROCESSING: &str = "
-    CREATE TABLE {processing} (
-        job_id     bigint      NOT NULL,
-        worker     text        NOT NULL,
-        claimed_at timestamptz NOT NULL,
-        done_at    timestamptz NOT NULL DEFAULT clock_timestamp()
-    )";
-
-/// ✅ skip-locked. Inside a transaction, lock the first pending row **that nobody else has
-/// locked**, skipping the locked ones instead of waiting for them. Two workers can never
-/// get the same row, and none ever waits for another. The lock lasts until COMMIT or
-/// ROLLBACK — and a closed connection is a ROLLBACK — so a killed worker's job is free
-/// again at once (its kernel closes the socket), while a paused worker, or one on a machine
-/// that vanished without closing anything, keeps its job for as long as Postgres believes
-/// its connection lives.
-///
-/// (The CTE makes `clock_timestamp()` run after the row is locked, not before.)
-const CLAIM_SKIP_LOCKED: &str = "
-    WITH claimed AS (
-        SELECT id FROM {jobs}
-        WHERE round = $1 AND status = 'pending'
-        ORDER BY id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    )
-    SELECT id, clock_timestamp() FROM claimed";
-
-/// ⚠️ for-update. The same claim without SKIP LOCKED: still correct — the row lock makes
-/// the others wait, and when the holder commits, Postgres re-checks `status = 'pending'`
-/// on the waiters' behalf and moves them on to the next row. But everyone wants the first
-/// pending row, so everyone waits for whoever holds it: the workers take turns, the
-/// throughput is one worker's, and one frozen worker stalls the whole queue.
-const CLAIM_FOR_UPDATE: &str = "
-    WITH claimed AS (
-        SELECT id FROM {jobs}
-        WHERE round = $1 AND status = 'pending'
-        ORDER BY id
-        LIMIT 1
-        FOR UPDATE
-    )
-    SELECT id, clock_timestamp() FROM claimed";
-
-/// ❌ naive, step 1: read the first pending id. No lock: any number of workers read the
-/// same id in the same instant…
-const NAIVE_PICK: &str = "
-    SELECT id FROM {jobs}
-    WHERE round = $1 AND status = 'pending'
-    ORDER BY id
-    LIMIT 1";
-
-/// ❌ naive, step 2: …and each of them marks it taken, because this UPDATE does not check
-/// that the row is still pending (that check-then-act gap is the race). Every worker that
-/// read the id now processes the job. Adding `AND status = 'pending'` and looking at the
-/// row count would close this race — but the claim would still not be tied to anything
-/// alive: committed outside a transaction, `running` stays `running` if the worker dies,
-/// and the job is lost unless something resets it after a timeout — a lease, with all the
-/// TTL guessing of a Redis lock, and a paused worker waking up to redo a job that was
-/// handed to someone else.
-const NAIVE_MARK: &str = "
-    UPDATE {jobs} SET status = 'running', claimed_by = $2
-    WHERE id = $1
-    RETURNING clock_timestamp()";
-
-/// Every mode records a processing, then marks the job done (in the claim's transaction,
-/// where there is one: both happen, or neither).
-const RECORD: &str = "INSERT INTO {processing} (job_id, worker, claimed_at) VALUES ($1, $2, $3)";
-const MARK_DONE: &str = "UPDATE {jobs} SET status = 'done', claimed_by = $2 WHERE id = $1";
-
-/// Is anything left to claim in this round? A plain read ignores row locks, so it also
-/// sees the pending jobs that other workers hold right now.
-const ANY_PENDING: &str =
-    "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE round = $1 AND status = 'pending')";
-
-/// The verdict: how many times each job was processed, read from the append-only table.
-const VERDICT: &str = "
-    SELECT count(*)                         AS jobs,
-           count(*) FILTER (WHERE n = 1)    AS once,
-           count(*) FILTER (WHERE n >= 2)   AS twice_or_more,
-           count(*) FILTER (WHERE n = 0)    AS never
-    FROM (SELECT j.id, count(p.job_id) AS n
-          FROM {jobs} j LEFT JOIN {processing} p ON p.job_id = j.id
-          GROUP BY j.id) AS per_job";
-
-/// The run's two tables, named with the run id and the mode, so that runs sharing a
-/// server never see each other's jobs.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Queue {
-    pub jobs: String,
-    pub processing: String,
-}
-
-impl Queue {
-    fn new(run_id: &str, mode: Mode) -> Queue {
-        let mode = mode.name().replace('-', "_");
-        Queue {
-            jobs: format!("lockslab_{run_id}_{mode}_jobs"),
-            processing: format!("lockslab_{run_id}_{mode}_processing"),
-        }
-    }
-
-    fn sql(&self, template: &str) -> String {
-        template
-            .replace("{jobs}", &self.jobs)
-            .replace("{processing}", &self.processing)
-    }
-}
-
-// ─── The worker ───────────────────────────────────────────────────────────────────────
-
-/// One worker's script. It takes commands on stdin, one per line:
-/// `drain <round>` (process that round's jobs until none is pending), `hold <round>`
-/// (claim one job, report it, and wait for `commit` before finishing it), and end of
-/// input to exit.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Role {
-    pub name: String,
-    pub postgres_url: String,
-    pub mode: Mode,
-    pub queue: Queue,
-    /// `application_name` of the session, so the lab can find it in `pg_stat_activity`.
-    pub session: String,
-    pub work_ms: u64,
-    pub window_ms: u64,
-    pub idle_timeout_ms: Option<u64>,
-    /// Longer than any lock wait the lab causes (a for-update worker waits out a freeze).
-    pub statement_timeout_ms: u64,
-}
-
-/// A claimed job: its id and when the claim happened (the database's clock).
-struct Claim {
-    job: i64,
-    claimed_at: SystemTime,
-}
-
-struct Statements {
-    claim: postgres::Statement,
-    naive_mark: postgres::Statement,
-    record: postgres::Statement,
-    mark_done: postgres::Statement,
-    any_pending: postgres::Statement,
-}
-
-pub fn work(role: &Role) -> Result<()> {
-    let me = Emitter::new(&role.name);
-    let mut db = connect::postgres(&role.postgres_url)?;
-    db.batch_execute(&format!(
-        "SET application_name = '{}'; SET statement_timeout = {}",
-        role.session, role.statement_timeout_ms
-    ))?;
-    if let Some(ms) = role.idle_timeout_ms {
-        db.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))?;
-    }
-    let q = &role.queue;
-    let claim_sql = match role.mode {
-        Mode::SkipLocked => CLAIM_SKIP_LOCKED,
-        Mode::ForUpdate => CLAIM_FOR_UPDATE,
-        Mode::Naive => NAIVE_PICK,
-    };
-    let statements = Statements {
-        claim: db.prepare(&q.sql(claim_sql))?,
-        naive_mark: db.prepare(&q.sql(NAIVE_MARK))?,
-        record: db.prepare(&q.sql(RECORD))?,
-        mark_done: db.prepare(&q.sql(MARK_DONE))?,
-        any_pending: db.prepare(&q.sql(ANY_PENDING))?,
-    };
-    let mut worker = Worker {
-        role,
-        me,
-        db,
-        st: statements,
-    };
-
-    let stdin = io::stdin();
-    let mut lines = stdin.lock().lines();
-    while let Some(line) = lines.next() {
-        let line = line?;
-        let mut words = line.split_whitespace();
-        let command = words.next().unwrap_or("");
-        let round: i32 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-        match command {
-            "drain" => worker.drain(round)?,
-            "hold" => {
-                if !worker.hold(round, &mut lines)? {
-                    return Ok(()); // Postgres ended the session: nothing left to do
-                }
-            }
-            "" => {}
-            other => bail!("unknown command {other:?}"),
-        }
-    }
-    Ok(())
-}
-
-struct Worker<'a> {
-    role: &'a Role,
-    me: Emitter,
-    db: Client,
-    st: Statements,
-}
-
-impl Worker<'_> {
-    /// Tells the lab what this worker does with a job: one line on its stdout.
-    fn say(&self, kind: &str, text: String, job: i64) {
-        let event = self.me.event(kind, text).with("job", job);
-        let event = event.with("pid", std::process::id());
-        self.me.send(event.with("mode", self.role.mode.name()));
-    }
-
-    /// Claims one job and says so, waits for the lab's `commit`, then finishes the job.
-    /// False when that failed because Postgres had ended the session meanwhile.
-    fn hold(
-        &mut self,
-        round: i32,
-        commands: &mut impl Iterator<Item = io::Result<String>>,
-    ) -> Result<bool> {
-        let Some(claim) = self.claim(round)? else {
-            bail!("was told to hold a job of round {round}, but none was pending");
-        };
-        let how = match self.role.mode {
-            Mode::Naive => "SELECT, then UPDATE to 'running'; no transaction holds it",
-            Mode::ForUpdate => "FOR UPDATE; its transaction stays open",
-            Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
-        };
-        let job = claim.job;
-        self.say(
-            "claimed",
-            format!("claims job {job} ({how}) and works on it…"),
-            job,
-        );
-
-        // Frozen or killed here, by the lab, while it holds the job.
-        match commands.next() {
-            Some(Ok(line)) if line.trim() == "commit" => {}
-            _ => bail!("the lab went away while this worker held job {job}"),
-        }
-
-        match self.finish(&claim) {
-            Ok(()) => {
-                self.say(
-                    "committed",
-                    format!("finishes job {job}: recorded and committed"),
-                    job,
-                );
-                Ok(true)
-            }
-            Err(err) => {
-                let why = connect::pg_cause(&err);
-                self.say(
-                    "finish_failed",
-                    format!(
-                        "wakes, and its first statement (the INSERT recording job {job}) fails: \
-                         Postgres says \"{why}\" — nothing recorded"
-                    ),
-                    job,
-                );
-                Ok(false)
-            }
-        }
-    }
-
-    /// Claims, works, records, commits — until the round has no pending job left.
-    fn drain(&mut self, round: i32) -> Result<()> {
-        loop {
-            match self.claim(round)? {
-                Some(claim) => self.finish(&claim)?,
-                None => {
-                    // Nothing claimable. Pending jobs may still exist, held by others
-                    // (skip-locked skips them): they come back if their holder dies.
-                    let row = self.db.query_one(&self.st.any_pending, &[&round])?;
-                    if !row.get::<_, bool>(0) {
-                        return Ok(());
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        }
-    }
-
-    /// Claims one job. In the transactional modes this opens a transaction that stays open
-    /// until [`Worker::finish`] commits it (or the connection dies).
-    fn claim(&mut self, round: i32) -> Result<Option<Claim>> {
-        if self.role.mode.transactional() {
-            self.db.batch_execute("BEGIN")?;
-            let row = self.db.query_opt(&self.st.claim, &[&round])?;
-            match row {
-                Some(row) => Ok(Some(Claim {
-                    job: row.get(0),
-                    claimed_at: row.get(1),
-                })),
-                None => {
-                    self.db.batch_execute("ROLLBACK")?;
-                    Ok(None)
-                }
-            }
-        } else {
-            let Some(row) = self.db.query_opt(&self.st.claim, &[&round])? else {
-                return Ok(None);
-            };
-            let job: i64 = row.get(0);
-            if self.role.window_ms > 0 {
-                std::thread::sleep(Duration::from_millis(self.role.window_ms));
-            }
-            let marked = self
-                .db
-                .query_one(&self.st.naive_mark, &[&job, &self.role.name])?;
-            Ok(Some(Claim {
-                job,
-                claimed_at: marked.get(0),
-            }))
-        }
-    }
-
-    /// Works, records the processing, marks the job done, and commits.
-    fn finish(&mut self, claim: &Claim) -> Result<(), postgres::Error> {
-        if self.role.work_ms > 0 {
-            std::thread::sleep(Duration::from_millis(self.role.work_ms));
-        }
-        let name = &self.role.name;
-        self.db
-            .execute(&self.st.record, &[&claim.job, name, &claim.claimed_at])?;
-        self.db.execute(&self.st.mark_done, &[&claim.job, name])?;
-        if self.role.mode.transactional() {
-            self.db.batch_execute("COMMIT")?;
-        }
-        Ok(())
     }
 }
 
@@ -717,7 +341,7 @@ impl Play<'_> {
                 idle_timeout_ms: args.idle_timeout.map(|d| d.as_millis() as u64),
                 statement_timeout_ms: (args.pause + Duration::from_secs(30)).as_millis() as u64,
             };
-            workers.push(stage.spawn(&name, &WorkerSpec::SkipLocked(role))?);
+            workers.push(stage.spawn(&name, &WorkerSpec::Consumer(role))?);
         }
         let mut round = Round {
             stage,
@@ -778,9 +402,9 @@ impl Play<'_> {
             Event::new(
                 "pg",
                 if verdict.duplicates > 0 || verdict.lost > 0 {
-                    "violation"
+                    Kind::Violation
                 } else {
-                    "exactly_once"
+                    Kind::ExactlyOnce
                 },
                 format!(
                     "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
@@ -821,7 +445,7 @@ impl Play<'_> {
         let job = round
             .stage
             .wait_for(Duration::from_secs(10), "w1 to claim a job", |e| {
-                e.is("w1", "claimed") && in_mode(e, self.mode)
+                e.is("w1", Kind::Claimed) && in_mode(e, self.mode)
             })?
             .get_i64("job")
             .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
@@ -843,7 +467,7 @@ impl Play<'_> {
         round.stage.record(
             Event::new(
                 "lab",
-                "killed",
+                Kind::Killed,
                 format!(
                     "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done \
                      {} meanwhile",
@@ -870,7 +494,7 @@ impl Play<'_> {
                 round.stage.record(
                     Event::new(
                         "pg",
-                        "reclaimed",
+                        Kind::Reclaimed,
                         format!(
                             "{by} claimed job {job} {ms:.1}ms after the kill: Postgres rolled back \
                                  w1's transaction when its connection closed (no TTL involved)"
@@ -903,7 +527,7 @@ impl Play<'_> {
             round.stage.record(
                 Event::new(
                     "pg",
-                    "lost",
+                    Kind::Lost,
                     format!(
                         "job {job} was never claimed again: its row says status '{status}', \
                          claimed_by {holder}; {why}"
@@ -918,7 +542,7 @@ impl Play<'_> {
         round.stage.record(
             Event::new(
                 "lab",
-                "kill_result",
+                Kind::KillResult,
                 format!("job {job} was {}", processed(&by)),
             )
             .with("job", job)
@@ -960,7 +584,7 @@ impl Play<'_> {
             .wait_for(
                 Duration::from_secs(10),
                 &format!("{frozen_name} to claim a job"),
-                |e| e.is(&frozen_name, "claimed") && in_mode(e, self.mode),
+                |e| e.is(&frozen_name, Kind::Claimed) && in_mode(e, self.mode),
             )?
             .get_i64("job")
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
@@ -976,7 +600,7 @@ impl Play<'_> {
         round.stage.record(
             Event::new(
                 "lab",
-                "frozen",
+                Kind::Frozen,
                 format!(
                     "SIGSTOP {frozen_name} (pid {}) while it holds job {job}; its connection stays open",
                     frozen.pid
@@ -1015,7 +639,7 @@ impl Play<'_> {
                     session_gone = true;
                     round.stage.record(Event::new(
                         "pg",
-                        "expired",
+                        Kind::Expired,
                         format!(
                             "pg_stat_activity no longer lists {frozen_name}'s session, {} into \
                              the freeze. A stopped process closes nothing, so Postgres ended it: \
@@ -1035,7 +659,7 @@ impl Play<'_> {
                 round.stage.record(
                     Event::new(
                         "pg",
-                        "taken_over",
+                        Kind::TakenOver,
                         format!("{by} processed job {job} while {frozen_name} was frozen"),
                     )
                     .with("job", job)
@@ -1064,7 +688,7 @@ impl Play<'_> {
         round.stage.record(
             Event::new(
                 "lab",
-                "resumed",
+                Kind::Resumed,
                 format!(
                     "SIGCONT {frozen_name} after {}; meanwhile the others processed {}, and \
                      job {job} {}",
@@ -1087,11 +711,11 @@ impl Play<'_> {
             &format!("{frozen_name} to finish its job"),
             |e| {
                 e.worker == frozen_name
-                    && (e.kind == "committed" || e.kind == "finish_failed")
+                    && (e.kind == Kind::Committed || e.kind == Kind::FinishFailed)
                     && in_mode(e, self.mode)
             },
         )?;
-        if outcome.kind == "finish_failed" {
+        if outcome.kind == Kind::FinishFailed {
             round.dead.push(frozen_name.clone());
             notes.finish_failed = true;
         }
@@ -1100,7 +724,7 @@ impl Play<'_> {
         round.stage.record(
             Event::new(
                 "lab",
-                "freeze_result",
+                Kind::FreezeResult,
                 format!("job {job} was {}", processed(&by)),
             )
             .with("job", job)
@@ -1153,7 +777,7 @@ impl Round<'_> {
         let deadline = Instant::now() + duration;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             if let Some(event) = self.stage.next(left)
-                && event.kind == "error"
+                && event.kind == Kind::Error
             {
                 bail!("worker {} failed: {}", event.worker, event.text);
             }
@@ -1171,7 +795,7 @@ impl Round<'_> {
     }
 
     fn check_errors(&self) -> Result<()> {
-        if let Some(event) = self.stage.log.iter().find(|e| e.kind == "error") {
+        if let Some(event) = self.stage.log.iter().find(|e| e.kind == Kind::Error) {
             bail!("worker {} failed: {}", event.worker, event.text);
         }
         Ok(())
@@ -1308,7 +932,7 @@ impl Round<'_> {
         self.stage.record(
             Event::new(
                 "lab",
-                "round",
+                Kind::Round,
                 format!(
                     "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
                     plural(jobs, "job", "jobs"),
@@ -1375,7 +999,7 @@ impl Round<'_> {
             self.stage.record(
                 Event::new(
                     "pg",
-                    "waiting",
+                    Kind::Waiting,
                     format!(
                         "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
                          job {job}'s row lock ({direct} waiting for it directly, {} queued \
@@ -1417,7 +1041,7 @@ impl Round<'_> {
             None => format!("pg_stat_activity: {worker} has no session"),
         };
         self.stage
-            .record(Event::new("pg", "session", text).with("session_of", worker));
+            .record(Event::new("pg", Kind::Session, text).with("session_of", worker));
         Ok(())
     }
 }

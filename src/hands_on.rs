@@ -1,85 +1,18 @@
-//! The worker side: the hidden entry point the labs start, and the hands-on `lockslab worker`.
-//!
-//! A lab's workers are this binary, re-executed as `lockslab __worker`. The first line on
-//! their stdin is their script, as JSON (never an argument: it holds the servers' URLs with
-//! their passwords, and anyone can read a command line). They report what they do as
-//! events on stdout and take commands (`finish`) on the following lines of stdin, so that
-//! the orchestrator decides when the story moves on, while every lock operation and every
-//! write is the worker's own, made over its own connections.
+//! `lockslab worker`: one worker by hand, narrated for a person at a terminal, for the
+//! exercises where the learner freezes it with `kill -STOP` and wakes it with `kill -CONT`.
 
-use std::io::{self, BufRead, Write};
-use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use colored::Colorize;
-use serde::{Deserialize, Serialize};
 
 use crate::connect::{self, Backend};
-use crate::events::Emitter;
-use crate::labs::{self, etcd_vs_redis, gc_pause, naive, skip_locked};
+use crate::flags;
 use crate::lock::redis::RedisLock;
 use crate::output::{Style, human};
 use crate::servers::{self, ServerArgs};
 use crate::store::{Outcome, Store};
-
-/// Every worker script a lab can start, tagged by lab.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-#[serde(tag = "lab", rename_all = "kebab-case")]
-pub enum WorkerSpec {
-    GcPause(gc_pause::Role),
-    Naive(naive::Role),
-    SkipLocked(skip_locked::Role),
-    EtcdVsRedis(etcd_vs_redis::Role),
-}
-
-/// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
-/// reports failure as an event.
-pub fn run_internal() -> ExitCode {
-    let mut line = String::new();
-    // Stdin's buffer is shared: what follows the script stays there for `await_command`.
-    let spec = match io::stdin().lock().read_line(&mut line) {
-        Ok(0) => Err("stdin closed before the script arrived".to_string()),
-        Ok(_) => serde_json::from_str::<WorkerSpec>(&line).map_err(|err| err.to_string()),
-        Err(err) => Err(err.to_string()),
-    };
-    let spec = match spec {
-        Ok(spec) => spec,
-        Err(err) => {
-            let _ = writeln!(io::stderr(), "lockslab worker: bad script on stdin: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let (name, result) = match spec {
-        WorkerSpec::GcPause(role) => (role.name.clone(), gc_pause::work(&role)),
-        WorkerSpec::Naive(role) => (role.name.clone(), naive::work(&role)),
-        WorkerSpec::SkipLocked(role) => (role.name.clone(), skip_locked::work(&role)),
-        WorkerSpec::EtcdVsRedis(role) => (role.name.clone(), etcd_vs_redis::work(&role)),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            Emitter::new(&name).say("error", format!("{err:#}"));
-            ExitCode::from(1)
-        }
-    }
-}
-
-/// Blocks until the orchestrator sends `expected` on stdin. End of input means the
-/// orchestrator is gone, and so should this worker be.
-pub fn await_command(expected: &str) -> Result<()> {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if io::stdin().lock().read_line(&mut line)? == 0 {
-            bail!("the lab went away while this worker waited for `{expected}`");
-        }
-        if line.trim() == expected {
-            return Ok(());
-        }
-    }
-}
 
 /// Options of the hands-on worker.
 #[derive(clap::Args, Debug)]
@@ -89,18 +22,18 @@ pub struct HandsOnArgs {
     pub lock: String,
     /// How long the lock lives in Redis unless released (100ms to 1h)
     #[arg(long, default_value = "10s",
-          value_parser = labs::duration_in(Duration::from_millis(100), labs::LONGEST_HANDS_ON),
+          value_parser = flags::duration_in(Duration::from_millis(100), flags::LONGEST_HANDS_ON),
           value_name = "DURATION")]
     pub ttl: Duration,
     /// How long the worker "works" while holding the lock, before it writes (keep it below the
     /// TTL); at most 1h
     #[arg(long, default_value = "8s",
-          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_parser = flags::duration_in(Duration::ZERO, flags::LONGEST_HANDS_ON),
           value_name = "DURATION")]
     pub work: Duration,
     /// How long to keep trying when someone else holds the lock (at most 1h)
     #[arg(long, default_value = "30s",
-          value_parser = labs::duration_in(Duration::ZERO, labs::LONGEST_HANDS_ON),
+          value_parser = flags::duration_in(Duration::ZERO, flags::LONGEST_HANDS_ON),
           value_name = "DURATION")]
     pub wait: Duration,
     /// Draw a fencing token with the lock and send it with the write

@@ -1,0 +1,513 @@
+//! The lock holder's script: take a lock, work (or be frozen), write to the fenced store, and
+//! let go. Lab 1 (`gc-pause`) and lab 4 (`etcd-vs-redis`) both play it, on any of the three
+//! backends of `src/lock/`; later labs add their locks as new [`LockSpec`]s.
+//!
+//! Everything a lab's verdict needs comes back in the events, as the backends answered:
+//! the grant (owner and fencing token), what the store said to the write, and what the
+//! release found in the lock — the evidence of whether someone else had been given the lock
+//! before this holder let go.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::await_command;
+use crate::connect;
+use crate::events::{Emitter, Kind};
+use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
+use crate::lock::postgres::PgLock;
+use crate::lock::redis::{RedisLock, Release};
+use crate::output::human;
+use crate::store::Store;
+
+/// One holder's script.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct HolderScript {
+    /// The worker's lane name (`A`, `etcd:waiter`…), also its name in the store.
+    pub name: String,
+    pub lock: LockSpec,
+    /// The fenced store (Postgres).
+    pub store_url: String,
+    pub run_id: String,
+    /// The store's resource this holder writes.
+    pub resource: String,
+    /// How long to keep trying for the lock.
+    pub wait_ms: u64,
+    pub before_write: BeforeWrite,
+    pub after_write: AfterWrite,
+}
+
+/// Which lock, on which backend.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "backend", rename_all = "lowercase")]
+pub enum LockSpec {
+    /// `SET key owner NX PX ttl`; with `fence_counter`, a token drawn in the same script.
+    Redis {
+        url: String,
+        key: String,
+        ttl_ms: u64,
+        fence_counter: Option<String>,
+    },
+    /// A lease of its own with a heartbeat, and etcd's lock on it; the key's create
+    /// revision is the token.
+    Etcd {
+        url: String,
+        name: String,
+        lease_ttl_ms: u64,
+    },
+    /// A session advisory lock; `idle_timeout_ms` lets Postgres end a silent session.
+    Postgres {
+        url: String,
+        name: String,
+        idle_timeout_ms: Option<u64>,
+    },
+}
+
+/// What the holder does between taking the lock and writing.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BeforeWrite {
+    /// Write at once.
+    Nothing,
+    /// Stop this very process with SIGSTOP: the pause hits in the middle of the work, the
+    /// way a stop-the-world GC pause does.
+    FreezeSelf,
+    /// Work until the lab says `finish` (the lab freezes us in the meantime).
+    WorkUntilTold,
+    /// Work this long, watching the clock: a freeze from outside shows as a jump.
+    Work { ms: u64 },
+}
+
+/// What the holder does after writing.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterWrite {
+    Release,
+    /// Keep the lock until the lab says `finish`, so that a frozen holder wakes into a lock
+    /// that someone else holds.
+    HoldUntilTold,
+}
+
+/// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
+enum AnyLock {
+    Redis {
+        lock: RedisLock,
+        /// The fencing counter drawn with the lock; None: no token.
+        fence_counter: Option<String>,
+        held: Option<crate::lock::redis::Held>,
+    },
+    Etcd {
+        lock: Box<EtcdLock>,
+        lease: Option<etcd::Lease>,
+        held: Option<etcd::Held>,
+    },
+    Postgres {
+        lock: PgLock,
+    },
+}
+
+/// What a worker got with the lock.
+struct Grant {
+    token: Option<i64>,
+    /// What identifies this holder in the backend (Redis owner value, etcd key, session pid).
+    owner: String,
+    how: String,
+}
+
+impl AnyLock {
+    /// Connects to the lock's backend. etcd's lease is granted here, so that its heartbeat
+    /// runs from the start; a heartbeat or session that learns the lock is gone says so at
+    /// once with a `lost` event.
+    fn open(name: &str, spec: &LockSpec) -> Result<AnyLock> {
+        let lost = |what: &'static str| {
+            let me = Emitter::new(name);
+            move |why: String| {
+                me.send(
+                    me.event(Kind::Lost, format!("{what}: {why} — the lock is lost"))
+                        .with("why", why),
+                )
+            }
+        };
+        Ok(match spec {
+            LockSpec::Redis {
+                url,
+                key,
+                ttl_ms,
+                fence_counter,
+            } => AnyLock::Redis {
+                lock: RedisLock::new(connect::redis(url)?, key, Duration::from_millis(*ttl_ms)),
+                fence_counter: fence_counter.clone(),
+                held: None,
+            },
+            LockSpec::Etcd {
+                url,
+                name: lock_name,
+                lease_ttl_ms,
+            } => {
+                let mut lock = EtcdLock::connect(url, lock_name)?;
+                let on_lost = lost("heartbeat");
+                let lease =
+                    lock.grant_lease(Duration::from_millis(*lease_ttl_ms), move |beat| {
+                        if let Beat::Lost { why } = beat {
+                            on_lost(why)
+                        }
+                    })?;
+                AnyLock::Etcd {
+                    lock: Box::new(lock),
+                    lease: Some(lease),
+                    held: None,
+                }
+            }
+            LockSpec::Postgres {
+                url,
+                name: lock_name,
+                idle_timeout_ms,
+            } => AnyLock::Postgres {
+                lock: PgLock::connect(
+                    url,
+                    lock_name,
+                    idle_timeout_ms.map(Duration::from_millis),
+                    lost("session"),
+                )?,
+            },
+        })
+    }
+
+    /// Facts for the `waiting` event: what this worker brings to the lock.
+    fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
+        let mut facts = serde_json::Map::new();
+        let text = match self {
+            AnyLock::Redis { lock, .. } => {
+                format!(
+                    "tries to take the lock (SET NX PX {} every 20ms)",
+                    lock.ttl.as_millis()
+                )
+            }
+            AnyLock::Etcd { lease, .. } => {
+                let lease = lease.as_ref().expect("granted in open");
+                facts.insert("lease".into(), format!("{:x}", lease.id).into());
+                facts.insert("lease_ttl_ms".into(), (lease.ttl.as_millis() as u64).into());
+                format!(
+                    "granted its own lease {:x} (TTL {}, heartbeat every {}); calls lock with it",
+                    lease.id,
+                    human(lease.ttl),
+                    human(lease.ttl / 3)
+                )
+            }
+            AnyLock::Postgres { lock } => {
+                facts.insert("backend_pid".into(), lock.backend_pid.into());
+                format!(
+                    "calls pg_advisory_lock on its session (server pid {}) and queues",
+                    lock.backend_pid
+                )
+            }
+        };
+        (text, facts)
+    }
+
+    /// Takes the lock within `wait`. `Ok(Err(why))`: no lock, and why the worker gives up.
+    fn acquire(&mut self, wait: Duration) -> Result<Result<Grant, String>> {
+        let timed_out = || Err(format!("no lock within {}", human(wait)));
+        match self {
+            AnyLock::Redis {
+                lock,
+                fence_counter,
+                held,
+            } => {
+                let Some(got) = lock.acquire_within(wait, fence_counter.as_deref())? else {
+                    return Ok(timed_out());
+                };
+                let how = match got.token {
+                    Some(token) => format!(
+                        "took the lock (SET NX PX {}), fencing token {token}",
+                        lock.ttl.as_millis()
+                    ),
+                    None => format!(
+                        "took the lock (SET NX PX {}; owner {}…, a random value: no fencing token)",
+                        lock.ttl.as_millis(),
+                        &got.owner[..8]
+                    ),
+                };
+                let grant = Grant {
+                    token: got.token,
+                    owner: got.owner.clone(),
+                    how,
+                };
+                *held = Some(got);
+                Ok(Ok(grant))
+            }
+            AnyLock::Etcd { lock, lease, held } => {
+                let lease_ref = lease.as_ref().expect("granted in open");
+                Ok(match lock.acquire_within(lease_ref, wait)? {
+                    Acquired::Held(got) => {
+                        let grant = Grant {
+                            token: Some(got.token),
+                            owner: got.key.clone(),
+                            how: format!(
+                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} = fencing token",
+                                short_key(&got.key),
+                                got.token
+                            ),
+                        };
+                        *held = Some(got);
+                        Ok(grant)
+                    }
+                    Acquired::TimedOut => timed_out(),
+                    Acquired::LeaseLost { why } => Err(format!(
+                        "its lease was lost while it waited ({why}); its queued key went with it"
+                    )),
+                    Acquired::NotALock { why } => Err(format!(
+                        "the lock call returned, but the read-back says it is not a lock: {why}"
+                    )),
+                })
+            }
+            AnyLock::Postgres { lock } => {
+                if !lock.acquire_within(wait)? {
+                    return Ok(timed_out());
+                }
+                Ok(Ok(Grant {
+                    token: None,
+                    owner: lock.backend_pid.to_string(),
+                    how: format!(
+                        "pg_advisory_lock returned: its session (server pid {}) holds the lock; no fencing token",
+                        lock.backend_pid
+                    ),
+                }))
+            }
+        }
+    }
+
+    /// Releases (or gives back the lease of a waiter that got nothing). Says whether the lock
+    /// was still this worker's when it let go — the backend's answer, which the verdict uses —
+    /// with, on Redis, the owner value found in a key that was no longer ours, and a sentence.
+    fn release(self) -> Result<Released> {
+        let said = |kept: bool, found_owner: Option<String>, text: &str| Released {
+            kept,
+            found_owner,
+            text: text.to_string(),
+        };
+        match self {
+            AnyLock::Redis {
+                mut lock,
+                held: Some(held),
+                ..
+            } => Ok(match lock.release_reporting(&held)? {
+                Release::Deleted => said(
+                    true,
+                    None,
+                    "releases the lock (compare-and-delete deleted its key)",
+                ),
+                Release::HeldBy(owner) => said(
+                    false,
+                    Some(owner),
+                    "tries to release: the key holds another owner now, so compare-and-delete deletes nothing",
+                ),
+                Release::Gone => said(
+                    false,
+                    None,
+                    "tries to release: its key had expired, so compare-and-delete deletes nothing",
+                ),
+            }),
+            AnyLock::Etcd {
+                mut lock,
+                lease: Some(lease),
+                held: Some(held),
+            } => Ok(if lock.release(lease, &held)? {
+                said(
+                    true,
+                    None,
+                    "releases: unlock deleted its key, the lease is revoked",
+                )
+            } else {
+                said(
+                    false,
+                    None,
+                    "tries to release: its lease had already expired, and its key with it",
+                )
+            }),
+            AnyLock::Etcd {
+                mut lock,
+                lease: Some(lease),
+                ..
+            } => {
+                lock.revoke(lease)?;
+                Ok(said(false, None, "revokes its lease"))
+            }
+            AnyLock::Postgres { mut lock } => Ok(match lock.release() {
+                Ok(true) => said(true, None, "releases: pg_advisory_unlock returned true"),
+                Ok(false) => said(
+                    false,
+                    None,
+                    "tries to release: its session no longer held the lock",
+                ),
+                Err(err) => Released {
+                    kept: false,
+                    found_owner: None,
+                    text: format!(
+                        "cannot release: its session is gone ({err:#}), and the lock went with it"
+                    ),
+                },
+            }),
+            _ => Ok(said(false, None, "had nothing to release")),
+        }
+    }
+}
+
+/// What a release found.
+struct Released {
+    /// The lock was still this worker's when it let go.
+    kept: bool,
+    /// Redis only: the owner value found in a key that was no longer ours.
+    found_owner: Option<String>,
+    text: String,
+}
+
+/// The script: take the lock, (work or be frozen), write, release.
+pub fn run(script: &HolderScript) -> Result<()> {
+    let me = Emitter::new(&script.name);
+    let mut store = Store::connect(&script.store_url)?;
+    let mut lock = AnyLock::open(&script.name, &script.lock)?;
+    let (text, facts) = lock.describe();
+    let mut waiting = me
+        .event(Kind::Waiting, text)
+        .with("pid", std::process::id());
+    waiting.data.extend(facts);
+    me.send(waiting);
+
+    let grant = match lock.acquire(Duration::from_millis(script.wait_ms))? {
+        Ok(grant) => grant,
+        Err(why) => {
+            me.send(
+                me.event(Kind::GaveUp, format!("gives up: {why}"))
+                    .with("why", why),
+            );
+            me.say(Kind::Released, lock.release()?.text);
+            return Ok(());
+        }
+    };
+    me.send(
+        me.event(Kind::Acquired, grant.how)
+            .with("token", grant.token)
+            .with("owner", grant.owner),
+    );
+
+    match script.before_write {
+        BeforeWrite::Nothing => {}
+        BeforeWrite::FreezeSelf => {
+            me.say(
+                Kind::Freezing,
+                "starts its work… and stops dead (raise SIGSTOP), like a stop-the-world GC pause",
+            );
+            let frozen_at = Instant::now();
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)
+                .context("raising SIGSTOP")?;
+            let gap = frozen_at.elapsed();
+            me.send(
+                me.event(
+                    Kind::Resumed,
+                    format!(
+                        "wakes after {}; it still believes it holds the lock",
+                        human(gap)
+                    ),
+                )
+                .with("paused_ms", gap.as_millis() as u64),
+            );
+        }
+        BeforeWrite::WorkUntilTold => {
+            me.say(Kind::Working, "works while holding the lock");
+            await_command("finish")?;
+            me.say(
+                Kind::Finished,
+                "finishes its work; writes, believing it still holds the lock",
+            );
+        }
+        BeforeWrite::Work { ms } => {
+            let work = Duration::from_millis(ms);
+            me.say(Kind::Working, format!("works for {}", human(work)));
+            let gap = work_watching_the_clock(work);
+            if gap > Duration::from_millis(300) {
+                me.send(
+                    me.event(
+                        Kind::Resumed,
+                        format!(
+                            "wakes: its clock jumped by {}; it finishes its work and writes, still believing it holds the lock",
+                            human(gap)
+                        ),
+                    )
+                    .with("paused_ms", gap.as_millis() as u64),
+                );
+            }
+        }
+    }
+
+    let value = format!("{}'s result", script.name);
+    let outcome = store.write(
+        &script.run_id,
+        &script.resource,
+        &script.name,
+        &value,
+        grant.token,
+    );
+    let token_text = grant
+        .token
+        .map(|t| format!(", fencing token {t}"))
+        .unwrap_or_default();
+    me.send(
+        me.event(
+            Kind::Wrote,
+            format!(
+                "writes '{value}'{token_text}: the store says {}",
+                outcome.as_str()
+            ),
+        )
+        .with("outcome", outcome.as_str())
+        .with("token", grant.token)
+        .with("value", value),
+    );
+
+    if script.after_write == AfterWrite::HoldUntilTold {
+        await_command("finish")?;
+    }
+    let released = lock.release()?;
+    me.send(
+        me.event(Kind::Released, released.text)
+            .with("released", released.kept)
+            .with("found_owner", released.found_owner),
+    );
+    Ok(())
+}
+
+/// What a holder's `released` event says Redis found, for the checkers.
+pub fn release_of(event: &crate::events::Event) -> Option<Release> {
+    Some(
+        match (event.get_bool("released")?, event.get_str("found_owner")) {
+            (true, _) => Release::Deleted,
+            (false, Some(owner)) => Release::HeldBy(owner.to_string()),
+            (false, None) => Release::Gone,
+        },
+    )
+}
+
+/// Works for `work` in small steps and returns the longest gap between two steps: a frozen
+/// process cannot see its freeze, but afterwards it can see that its clock jumped.
+fn work_watching_the_clock(work: Duration) -> Duration {
+    let started = Instant::now();
+    let step = Duration::from_millis(20);
+    let mut last = started;
+    let mut longest = Duration::ZERO;
+    while started.elapsed() < work {
+        std::thread::sleep(step.min(work.saturating_sub(started.elapsed())));
+        longest = longest.max(last.elapsed().saturating_sub(step));
+        last = Instant::now();
+    }
+    longest
+}
+
+/// The tail of an etcd lock key, for the timeline: `…:<scenario>:<lease>`.
+fn short_key(key: &str) -> String {
+    match key.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
+        [tail, scenario, _] => format!("…:{scenario}:{tail}"),
+        _ => key.to_string(),
+    }
+}

@@ -1,0 +1,79 @@
+//! The worker side: the hidden entry point the labs start, and the hands-on `lockslab worker`.
+//!
+//! A lab's workers are this binary, re-executed as `lockslab __worker`. The first line on
+//! their stdin is their script, as JSON (never an argument: it holds the servers' URLs with
+//! their passwords, and anyone can read a command line). They report what they do as
+//! events on stdout and take commands (`finish`) on the following lines of stdin, so that
+//! the orchestrator decides when the story moves on, while every lock operation and every
+//! write is the worker's own, made over its own connections.
+
+pub mod consumer;
+pub mod holder;
+pub mod racer;
+
+use std::io::{self, BufRead, Write};
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::events::{Emitter, Kind};
+
+/// Every worker script, by what the worker does (not by which lab starts it): a lab picks
+/// a script and fills it in. None of them knows the labs.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "worker", rename_all = "kebab-case")]
+pub enum WorkerSpec {
+    /// Take a lock, work or be frozen, write to the fenced store, let go (labs 1 and 4).
+    Holder(holder::HolderScript),
+    /// Race for a fresh lock on every trial, or hold one naive lock (lab 2).
+    Racer(racer::Role),
+    /// Claim and process jobs from the queue, round by round (lab 3).
+    Consumer(consumer::Role),
+}
+
+/// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
+/// reports failure as an event.
+pub fn run_internal() -> ExitCode {
+    let mut line = String::new();
+    // Stdin's buffer is shared: what follows the script stays there for `await_command`.
+    let spec = match io::stdin().lock().read_line(&mut line) {
+        Ok(0) => Err("stdin closed before the script arrived".to_string()),
+        Ok(_) => serde_json::from_str::<WorkerSpec>(&line).map_err(|err| err.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(err) => {
+            let _ = writeln!(io::stderr(), "lockslab worker: bad script on stdin: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let (name, result) = match spec {
+        WorkerSpec::Holder(script) => (script.name.clone(), holder::run(&script)),
+        WorkerSpec::Racer(role) => (role.name.clone(), racer::run(&role)),
+        WorkerSpec::Consumer(role) => (role.name.clone(), consumer::run(&role)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            Emitter::new(&name).say(Kind::Error, format!("{err:#}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Blocks until the orchestrator sends `expected` on stdin. End of input means the
+/// orchestrator is gone, and so should this worker be.
+pub fn await_command(expected: &str) -> Result<()> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if io::stdin().lock().read_line(&mut line)? == 0 {
+            bail!("the lab went away while this worker waited for `{expected}`");
+        }
+        if line.trim() == expected {
+            return Ok(());
+        }
+    }
+}
