@@ -37,7 +37,7 @@ pub fn run_internal(spec: &str) -> ExitCode {
     let spec: WorkerSpec = match serde_json::from_str(spec) {
         Ok(spec) => spec,
         Err(err) => {
-            eprintln!("lockslab worker: bad script: {err}");
+            crate::errln!("lockslab worker: bad script: {err}");
             return ExitCode::from(2);
         }
     };
