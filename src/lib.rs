@@ -23,6 +23,10 @@
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do.
 //! - [`events`] is the worker-to-orchestrator protocol; [`output`] renders it.
 
+// Every line goes through `outln!`/`errln!` (see `output`): `println!` and `eprintln!` panic
+// when the terminal hangs up or the pipe closes, and a lab must clean up whatever happens.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod cli;
 pub mod connect;
 pub mod events;

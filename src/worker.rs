@@ -7,7 +7,7 @@
 //! the orchestrator decides when the story moves on, while every lock operation and every
 //! write is the worker's own, made over its own connections.
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead};
 use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ pub fn run_internal() -> ExitCode {
     let spec = match spec {
         Ok(spec) => spec,
         Err(err) => {
-            let _ = writeln!(io::stderr(), "lockslab worker: bad script on stdin: {err}");
+            crate::errln!("lockslab worker: bad script on stdin: {err}");
             return ExitCode::from(2);
         }
     };

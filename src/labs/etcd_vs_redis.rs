@@ -1415,20 +1415,20 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (from the backends and the store)".bold());
-    println!("{}", table(&header, &rows));
-    println!();
+    crate::outln!();
+    crate::outln!("{}", "Verdict (from the backends and the store)".bold());
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!();
     for cell in cells {
         let scenario = cell.scenario.name();
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{} / {scenario}:", cell.backend).bold(),
             cell.meaning(plan)
         );
     }
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "  {} a short lease or a session gets the next holder in fast (efficiency); only a token the store checks keeps a woken holder's write out (correctness).",
         "In short:".bold()
     );

@@ -33,7 +33,8 @@ macro_rules! lab_exit_status_help {
     () => {
         "\n\nExit status: 0 the lab ran and its verdict was read back · 1 it could not run \
          (a backend did not answer, a worker failed) · 2 bad command line · 130 Ctrl-C \
-         (143 SIGTERM, 129 SIGHUP); workers and servers are stopped either way."
+         (143 SIGTERM, 129 SIGHUP or the terminal closed) · 141 stdout closed early (| head); \
+         workers and servers are stopped either way."
     };
 }
 

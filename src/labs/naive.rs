@@ -1353,7 +1353,7 @@ impl Lab<'_> {
             Ok(())
         };
         if let Err(err) = forget() {
-            eprintln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
+            crate::errln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
         }
     }
 }
@@ -1642,9 +1642,9 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
-    println!(
+    crate::outln!();
+    crate::outln!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
+    crate::outln!(
         "{}",
         table(
             &[
@@ -1658,9 +1658,9 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             &rows
         )
     );
-    println!();
+    crate::outln!();
     for verdict in verdicts {
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{}:", verdict.name).bold(),
             verdict.meaning

@@ -1505,16 +1505,16 @@ fn print_verdict(args: &SkipLockedArgs, verdicts: &[ModeVerdict], notes: &[Notes
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (read back from the processing table)".bold());
-    println!("{}", table(&header, &rows));
-    println!();
+    crate::outln!();
+    crate::outln!("{}", "Verdict (read back from the processing table)".bold());
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!();
     let fastest = verdicts
         .iter()
         .map(|v| v.jobs_per_s)
         .fold(0.0_f64, f64::max);
     for (verdict, note) in verdicts.iter().zip(notes) {
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{}:", verdict.mode.name()).bold(),
             meaning(args, verdict, note, fastest)
