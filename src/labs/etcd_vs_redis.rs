@@ -590,7 +590,8 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
             cells.extend(play(&plan, scenario, &urls, &mut store)?);
         }
         Ok(())
-    })();
+    })()
+    .map_err(connect::explain);
     cleanup(&plan.run_id, &urls.redis, &mut store);
     result?;
 
@@ -698,6 +699,9 @@ impl Urls {
 /// by now; Postgres's advisory locks ended with their sessions.
 fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
     let _ = store.forget_run(run_id);
+    if connect::gave_up_on(redis_url) {
+        return;
+    }
     if let Ok(mut redis) = connect::redis(redis_url) {
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("lockslab:{run_id}:*"))
@@ -727,9 +731,9 @@ struct Lane {
 
 /// The lab's own view into the backends, to ask who holds a lock.
 struct Observer {
-    redis: redis::Connection,
+    redis: connect::RedisConn,
     etcd: EtcdLock,
-    postgres: postgres::Client,
+    postgres: connect::PgClient,
 }
 
 impl Observer {
@@ -844,7 +848,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
         for event in stage.log.iter().skip(seen) {
             match event.kind.as_str() {
-                "error" => bail!("worker {} failed: {}", event.worker, event.text),
+                "error" => return Err(super::worker_failed(&event.worker, &event.text)),
                 "gave_up" => bail!("worker {} {}", event.worker, event.text),
                 _ => {}
             }
