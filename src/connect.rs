@@ -115,24 +115,27 @@ pub fn gave_up_on(url: &str) -> bool {
 }
 
 /// A worker's error line, as the orchestrator received it: if it says that a server did not
-/// answer or went away, the orchestrator gives up on that server too (and says true).
-pub fn note_reported(line: &str) -> bool {
+/// answer or went away, the orchestrator gives up on that server too, and gets that part of
+/// the line back (without the step the worker was on: the server is the cause).
+pub fn note_reported(line: &str) -> Option<String> {
     for backend in [Backend::Redis, Backend::Etcd, Backend::Postgres] {
-        let Some(rest) = line.strip_prefix(&format!("{} at ", backend.name())) else {
+        let Some(start) = line.find(&format!("{} at ", backend.name())) else {
             continue;
         };
+        let failure = &line[start..];
+        let rest = &failure[backend.name().len() + 4..];
         if let Some((url, _)) = rest
             .split_once(" did not answer within ")
             .or_else(|| rest.split_once(" closed the connection"))
         {
             known(|k| {
                 k.gone.push(url.to_string());
-                k.first.get_or_insert_with(|| line.to_string());
+                k.first.get_or_insert_with(|| failure.to_string());
             });
-            return true;
+            return Some(failure.to_string());
         }
     }
-    false
+    None
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,8 +229,14 @@ impl Backend {
             Some(Source::Private) => "; lockslab started it for this run: was it killed?",
             _ => "; did it stop or restart?",
         };
+        let cause = cause.to_string();
+        let cause = if cause.is_empty() || cause == "connection closed" {
+            String::new()
+        } else {
+            format!(" ({cause})")
+        };
         format!(
-            "{} at {} closed the connection ({cause}){hint}",
+            "{} at {} closed the connection{cause}{hint}",
             self.name(),
             redact(url)
         )
@@ -280,9 +289,8 @@ pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
 /// A Redis connection: it derefs to the `redis::Connection` it wraps (and so works
 /// wherever one does), and a [`deadline::Guard`] watches its socket.
 pub struct RedisConn {
-    /// Declared first, so dropped first: it must stop before the socket is closed.
-    guard: Option<deadline::Guard>,
     connection: redis::Connection,
+    guard: Option<deadline::Guard>,
 }
 
 impl Deref for RedisConn {
@@ -320,8 +328,9 @@ pub fn redis(url: &str) -> Result<RedisConn> {
     let mut connection = client
         .get_connection_with_timeout(CONNECT_TIMEOUT)
         .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
+    // The first answer is part of connecting: a frozen server accepts and then says nothing.
     connection
-        .set_read_timeout(Some(COMMAND_TIMEOUT + Duration::from_secs(1)))
+        .set_read_timeout(Some(CONNECT_TIMEOUT))
         .context("setting the Redis read timeout")?;
     connection
         .set_write_timeout(Some(COMMAND_TIMEOUT))
@@ -329,6 +338,9 @@ pub fn redis(url: &str) -> Result<RedisConn> {
     redis::cmd("PING")
         .query::<String>(&mut connection)
         .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
+    connection
+        .set_read_timeout(Some(COMMAND_TIMEOUT + Duration::from_secs(1)))
+        .context("setting the Redis read timeout")?;
     // `addr=127.0.0.1:50312`: our own address, as the server sees it (Redis 6.2+).
     let port = redis::cmd("CLIENT")
         .arg("INFO")
@@ -347,7 +359,7 @@ pub fn redis(url: &str) -> Result<RedisConn> {
             note_gone(&url, &line)
         })
     });
-    Ok(RedisConn { guard, connection })
+    Ok(RedisConn { connection, guard })
 }
 
 /// Says "timed out" plainly for a server that accepts connections and never answers.
@@ -365,10 +377,21 @@ pub fn redis_cause(err: &redis::RedisError) -> String {
 /// A Postgres client whose calls cannot hang on a frozen server: it derefs to the
 /// `postgres::Client` it wraps, and a [`deadline::Guard`] watches its socket.
 pub struct PgClient {
-    /// Declared first, so dropped first: the guard looks at the client's socket by number
-    /// and must stop before that socket is closed.
-    guard: Option<deadline::Guard>,
+    /// Declared first, so dropped first: dropping a `postgres::Client` says goodbye to the
+    /// server and waits for it, and the guard bounds that wait too.
     client: postgres::Client,
+    guard: Option<deadline::Guard>,
+    url: String,
+}
+
+impl Drop for PgClient {
+    fn drop(&mut self) {
+        // A goodbye is not worth a long wait, and none at all to a server that is gone.
+        match &self.guard {
+            Some(guard) if gave_up_on(&self.url) => guard.abandon(),
+            _ => self.bound(CLEANUP_TIMEOUT),
+        }
+    }
 }
 
 impl PgClient {
@@ -447,7 +470,11 @@ fn postgres_within(url: &str, bound: Duration) -> Result<PgClient> {
                         note_gone(&url, &line)
                     })
                 });
-            Ok(PgClient { guard, client })
+            Ok(PgClient {
+                client,
+                guard,
+                url: url.to_string(),
+            })
         }
         Ok(Err(err)) => Err(Backend::Postgres.unreachable(url, pg_cause(&err))),
         Err(_) => Err(Backend::Postgres.unreachable(

@@ -37,7 +37,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::mem::ManuallyDrop;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::{self, JoinHandle};
@@ -62,10 +62,12 @@ impl Probe {
     pub const REDIS: Probe = Probe(b"PING\r\n");
 }
 
-/// The watchdog of one connection. Dropping it stops the watchdog; it must be dropped
-/// before the connection, whose socket it looks at by number.
+/// The watchdog of one connection. It holds a duplicate of the connection's socket (so the
+/// number it looks at can never come to mean another file), and dropping it stops it.
 pub struct Guard {
     shared: Arc<Shared>,
+    /// Another duplicate, for [`Guard::abandon`].
+    socket: Option<TcpStream>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -87,25 +89,28 @@ impl Guard {
         bound: Duration,
         on_fire: impl FnOnce() + Send + 'static,
     ) -> Option<Guard> {
-        let (fd, peer) = find_socket(local_port)?;
-        let first = traffic(fd)?;
+        let (socket, peer) = find_socket(local_port)?;
+        let first = traffic(socket.as_raw_fd())?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             fired: AtomicBool::new(false),
             bound_ticks: AtomicU32::new(ticks(bound)),
         });
         let watched = shared.clone();
+        let spare = socket.try_clone().ok();
         let thread = thread::Builder::new()
             .name("pg-deadline".into())
             .spawn(move || {
-                if watch(fd, peer, probe, first, &watched) {
+                if watch(socket.as_raw_fd(), peer, probe, first, &watched) {
                     on_fire();
-                    let _ = borrowed(fd).shutdown(Shutdown::Both);
+                    // Shuts the socket itself, not only our duplicate: the blocked call returns.
+                    let _ = socket.shutdown(Shutdown::Both);
                 }
             })
             .ok()?;
         Some(Guard {
             shared,
+            socket: spare,
             thread: Some(thread),
         })
     }
@@ -113,6 +118,14 @@ impl Guard {
     /// True once the watchdog has given up on the server and shut the connection.
     pub fn fired(&self) -> bool {
         self.shared.fired.load(Ordering::SeqCst)
+    }
+
+    /// Shuts the connection now: its server is known not to answer, waiting would only
+    /// confirm it (the goodbye of a connection being dropped, for one).
+    pub fn abandon(&self) {
+        if let Some(socket) = &self.socket {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     }
 
     /// Changes the bound from now on (cleanup after a failure uses a short one).
@@ -136,8 +149,8 @@ fn ticks(bound: Duration) -> u32 {
     (bound.as_millis() / TICK.as_millis()).max(2) as u32
 }
 
-/// The socket with this local port, connected over TCP: its number and the server's address.
-fn find_socket(local_port: u16) -> Option<(RawFd, SocketAddr)> {
+/// A duplicate of the TCP socket with this local port, and the server's address.
+fn find_socket(local_port: u16) -> Option<(TcpStream, SocketAddr)> {
     for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
         let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else {
             continue;
@@ -147,21 +160,28 @@ fn find_socket(local_port: u16) -> Option<(RawFd, SocketAddr)> {
         if !is_socket {
             continue;
         }
-        let socket = borrowed(fd);
+        // SAFETY: the number was open a moment ago; at worst it was closed since, and then
+        // the calls below fail. ManuallyDrop keeps this view from closing what it is not.
+        let view = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
+        if !view
+            .local_addr()
+            .is_ok_and(|local| local.port() == local_port)
+        {
+            continue;
+        }
+        // SAFETY: as above; the duplicate is checked again, in case the number changed hands.
+        let socket = TcpStream::from(
+            unsafe { BorrowedFd::borrow_raw(fd) }
+                .try_clone_to_owned()
+                .ok()?,
+        );
         if let (Ok(local), Ok(peer)) = (socket.local_addr(), socket.peer_addr())
             && local.port() == local_port
         {
-            return Some((fd, peer));
+            return Some((socket, peer));
         }
     }
     None
-}
-
-/// A socket we do not own, seen as a TcpStream that never closes it.
-fn borrowed(fd: RawFd) -> ManuallyDrop<TcpStream> {
-    // SAFETY: the fd is open for as long as the guard lives (the guard is dropped before the
-    // connection), and ManuallyDrop keeps this view from closing it.
-    ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) })
 }
 
 /// Data segments sent and received on the socket so far, as the kernel counts them.
@@ -235,6 +255,9 @@ fn watch(fd: RawFd, peer: SocketAddr, probe: Probe, mut last: Traffic, shared: &
         }
         if traffic(fd).is_none_or(|after| after != last) || answer_waiting(fd) {
             continue;
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
         }
         shared.fired.store(true, Ordering::SeqCst);
         return true;

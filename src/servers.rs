@@ -156,6 +156,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     };
     for &backend in needs {
         if let Some(url) = args.given(backend) {
+            connect::note_source(url, given_source(backend));
             connect::probe(backend, url)?;
             urls.push((backend, url.to_string(), Origin::Given));
         } else if let Some(url) = up_state
@@ -163,8 +164,10 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
             .and_then(|s| s.url(backend))
             .filter(|u| answers(backend, u))
         {
+            connect::note_source(url, connect::Source::Up);
             urls.push((backend, url.to_string(), Origin::Up));
         } else if !args.private_servers && answers_quickly(backend, compose_default(backend)) {
+            connect::note_source(compose_default(backend), connect::Source::Compose);
             urls.push((
                 backend,
                 compose_default(backend).to_string(),
@@ -187,6 +190,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     } else {
         let private = PrivateServers::start(&missing, Lifetime::ThisRun)?;
         for (backend, url) in &private.urls {
+            connect::note_source(url, connect::Source::Private);
             urls.push((
                 *backend,
                 url.clone(),
@@ -201,6 +205,23 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
         urls,
         _private: private,
     })
+}
+
+/// Whether a given URL came from its flag or its environment variable (clap prefers the
+/// flag when both are set), so that an error can say which one to change.
+fn given_source(backend: Backend) -> connect::Source {
+    let flag = backend.flag();
+    let on_command_line = std::env::args().any(|arg| {
+        arg == flag
+            || arg
+                .strip_prefix(flag)
+                .is_some_and(|rest| rest.starts_with('='))
+    });
+    if on_command_line {
+        connect::Source::Flag
+    } else {
+        connect::Source::Env
+    }
 }
 
 fn answers(backend: Backend, url: &str) -> bool {

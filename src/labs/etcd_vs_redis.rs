@@ -849,7 +849,21 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         for event in stage.log.iter().skip(seen) {
             match event.kind.as_str() {
                 "error" => return Err(super::worker_failed(&event.worker, &event.text)),
-                "gave_up" => bail!("worker {} {}", event.worker, event.text),
+                "gave_up" => {
+                    // The waiter's lock call outlasted its own wait: say which server it waited on.
+                    let on = lanes
+                        .iter()
+                        .find(|lane| lane.waiter_name == event.worker)
+                        .map(|lane| {
+                            format!(
+                                "{} at {}: ",
+                                lane.kind.name(),
+                                connect::redact(urls.lock(lane.kind))
+                            )
+                        })
+                        .unwrap_or_default();
+                    bail!("{on}worker {} {}", event.worker, event.text)
+                }
                 _ => {}
             }
         }

@@ -86,8 +86,8 @@ pub fn forget_redis_keys(redis_url: &str, run_id: &str) {
 /// that is the cause and leads the line (and the orchestrator gives up on that server
 /// too, so that its cleanup does not wait for it); anything else is the worker's own.
 pub fn worker_failed(worker: &str, text: &str) -> anyhow::Error {
-    if crate::connect::note_reported(text) {
-        anyhow!("{text} (worker {worker} saw it first)")
+    if let Some(failure) = crate::connect::note_reported(text) {
+        anyhow!("{failure} (worker {worker} saw it first)")
     } else {
         anyhow!("worker {worker} failed: {text}")
     }
