@@ -125,7 +125,7 @@ pub fn note_reported(line: &str) -> Option<String> {
         let failure = &line[start..];
         let rest = &failure[backend.name().len() + 4..];
         if let Some((url, _)) = rest
-            .split_once(" did not answer within ")
+            .split_once(" did not answer")
             .or_else(|| rest.split_once(" closed the connection"))
         {
             known(|k| {
@@ -178,8 +178,15 @@ impl Backend {
         }
     }
 
-    /// The one-line error for a backend that did not answer when first asked.
+    /// The one-line error for a backend that did not answer when first asked. Where the
+    /// URL came from decides the advice; a worker (which was handed the URL mid-run) gives
+    /// none: the server answered the lab a moment ago, so it froze or died since.
     pub fn unreachable(self, url: &str, cause: impl std::fmt::Display) -> anyhow::Error {
+        let line = format!(
+            "{} at {} did not answer ({cause})",
+            self.name(),
+            redact(url)
+        );
         let advice = match source_of(url) {
             Some(Source::Flag) => format!(
                 "start it, fix {}, or leave it out to let lockslab start a private one",
@@ -201,16 +208,12 @@ impl Backend {
             Some(Source::Private) => {
                 "lockslab started it for this run: did something stop it?".to_string()
             }
-            None => format!(
-                "start one with `lockslab up` or `docker compose up -d {}`",
-                self.compose_service()
-            ),
+            None => {
+                note_gone(url, &line);
+                return anyhow!(line);
+            }
         };
-        anyhow!(
-            "{} at {} did not answer ({cause}); {advice}",
-            self.name(),
-            redact(url)
-        )
+        anyhow!("{line}; {advice}")
     }
 
     /// The line for a server that stopped answering mid-run (frozen, or swamped).

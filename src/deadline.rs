@@ -243,17 +243,19 @@ fn watch(fd: RawFd, peer: SocketAddr, probe: Probe, mut last: Traffic, shared: &
         if !waiting || waited < patience.min(MAX_PATIENCE_TICKS) {
             continue;
         }
-        if answer_waiting(fd)
-            || server_answers(peer, probe, bound - bound * 3 / 5, shared)
+        if something_to_read(fd)
+            || server_answers(peer, probe, bound - bound * 3 / 5, shared) != Answer::Silence
             || shared.stop.load(Ordering::SeqCst)
         {
             // Alive: the statement waits for a reason of the server's (a lock, a big sort)
-            // and `statement_timeout` bounds it. Look again later, less often.
+            // and `statement_timeout` bounds it. Or dead, refusing connections: then our
+            // own connection is reset or closed, and the call fails by itself. Either way,
+            // look again later, less often.
             waited = 0;
             patience_factor = patience_factor.saturating_mul(BACKOFF);
             continue;
         }
-        if traffic(fd).is_none_or(|after| after != last) || answer_waiting(fd) {
+        if traffic(fd).is_none_or(|after| after != last) || something_to_read(fd) {
             continue;
         }
         if shared.stop.load(Ordering::SeqCst) {
@@ -264,8 +266,9 @@ fn watch(fd: RawFd, peer: SocketAddr, probe: Probe, mut last: Traffic, shared: &
     }
 }
 
-/// Bytes from the server wait unread in the socket (the caller has not run since).
-fn answer_waiting(fd: RawFd) -> bool {
+/// Bytes from the server wait unread in the socket (the caller has not run since), or the
+/// server closed its end: either way, the caller will hear from the socket by itself.
+fn something_to_read(fd: RawFd) -> bool {
     use nix::libc;
     let mut byte = 0u8;
     // SAFETY: reads at most one byte into `byte`; MSG_PEEK leaves it in the socket for its
@@ -278,33 +281,43 @@ fn answer_waiting(fd: RawFd) -> bool {
             libc::MSG_PEEK | libc::MSG_DONTWAIT,
         )
     };
-    n > 0
+    n >= 0
+}
+
+/// What a probe heard.
+#[derive(PartialEq, Eq)]
+enum Answer {
+    /// An answer, or the server closing the probe: it runs.
+    Spoke,
+    /// Connection refused (or another error): nobody listens; it is gone, not frozen.
+    Refused,
+    /// Connected (the kernel accepts for a stopped process), then nothing.
+    Silence,
 }
 
 /// Does the server answer a new connection's probe within `ticks` of our own run time?
-fn server_answers(peer: SocketAddr, probe: Probe, ticks: u32, shared: &Shared) -> bool {
+fn server_answers(peer: SocketAddr, probe: Probe, ticks: u32, shared: &Shared) -> Answer {
     let Probe(request) = probe;
     let Ok(mut probe) = TcpStream::connect_timeout(&peer, TICK * ticks) else {
-        return false;
+        return Answer::Refused;
     };
     if probe.set_read_timeout(Some(TICK)).is_err() || probe.write_all(request).is_err() {
-        return false;
+        return Answer::Refused;
     }
     let mut byte = [0u8; 1];
     for _ in 0..ticks {
         if shared.stop.load(Ordering::SeqCst) {
-            return true;
+            return Answer::Spoke;
         }
         match probe.read(&mut byte) {
-            // An answer, or the server closing: either way, it ran.
-            Ok(_) => return true,
+            Ok(_) => return Answer::Spoke,
             Err(err)
                 if matches!(
                     err.kind(),
                     ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
                 ) => {}
-            Err(_) => return false,
+            Err(_) => return Answer::Refused,
         }
     }
-    false
+    Answer::Silence
 }

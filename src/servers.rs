@@ -741,14 +741,27 @@ pub fn status() -> Result<Option<(UpState, Health)>> {
 ///
 /// The test suite starts one of these per test binary and keeps its stdin open; when the
 /// tests end, however they end, the pipe closes and the servers are stopped and deleted.
+/// The servers' pids are printed too, for tests that freeze or kill a server of their own.
 pub fn serve_until_stdin_closes() -> Result<()> {
     let servers = PrivateServers::start(&ALL, Lifetime::ThisRun)?;
     let url = |backend| servers.url(backend);
+    let pid = |backend| {
+        servers
+            .pids
+            .iter()
+            .find(|(b, _)| *b == backend)
+            .map(|(_, pid)| *pid)
+    };
     crate::output::json_line(&serde_json::json!({
         "redis": url(Backend::Redis),
         "etcd": url(Backend::Etcd),
         "postgres": url(Backend::Postgres),
         "started_ms": servers.started_in.as_millis() as u64,
+        "pids": {
+            "redis": pid(Backend::Redis),
+            "etcd": pid(Backend::Etcd),
+            "postgres": pid(Backend::Postgres),
+        },
     }));
     let mut sink = Vec::new();
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);

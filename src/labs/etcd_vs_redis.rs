@@ -1039,12 +1039,24 @@ impl Lane {
                 return Ok(());
             }
             if stage.saw(&self.waiter_name, "waiting").is_none() {
+                // Not a usage error: the same flags work on a machine that is less busy. But a
+                // waiter stuck on a frozen server is late too, and will say so within its own
+                // connect and command timeouts: give it that long to name the server.
                 if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
-                    crate::bail_usage!(
-                        "--work {}: {} was not waiting for the lock before {} finished its work; try a longer --work",
-                        typed(plan.work),
+                    let grace = connect::CONNECT_TIMEOUT + connect::COMMAND_TIMEOUT;
+                    let waiter = self.waiter_name.clone();
+                    let _ = stage.wait_for(grace, "the waiter", |e| {
+                        e.is(&waiter, "waiting") || e.is(&waiter, "error")
+                    });
+                    if let Some(failed) = stage.log.iter().find(|e| e.kind == "error") {
+                        return Err(super::worker_failed(&failed.worker, &failed.text));
+                    }
+                    bail!(
+                        "{} was still starting when {} finished its {} of work, so there was nothing \
+                         to measure (is the machine very busy?); run it again, or give a longer --work",
                         self.waiter_name,
-                        self.holder_name
+                        self.holder_name,
+                        human(plan.work)
                     );
                 }
                 return Ok(());
