@@ -189,11 +189,15 @@ impl Backend {
         );
         let advice = match source_of(url) {
             Some(Source::Flag) => format!(
-                "start it, fix {}, or leave it out to let lockslab start a private one",
+                "start one with `lockslab up` or `docker compose up -d {}`, or leave out {} \
+                 to let lockslab start a private one",
+                self.compose_service(),
                 self.flag()
             ),
             Some(Source::Env) => format!(
-                "start it, fix {}, or unset it to let lockslab start a private one",
+                "start one with `lockslab up` or `docker compose up -d {}`, or unset {} \
+                 to let lockslab start a private one",
+                self.compose_service(),
                 self.env_var()
             ),
             Some(Source::Up) => {

@@ -389,3 +389,33 @@ fn a_slow_waiter_is_not_a_usage_error() {
     }
     panic!("could not catch the waiter before it was waiting, in 3 attempts");
 }
+
+/// "Leave out --redis-url" is advice for a URL that came from that flag; a URL from the
+/// environment is unset instead.
+#[test]
+fn the_advice_fits_where_the_url_came_from() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("redis://127.0.0.1:{port}");
+    let run = |flag: bool| {
+        let mut command = Command::new(BIN);
+        command.arg("gc-pause").env("NO_COLOR", "1");
+        if flag {
+            command.args(["--redis-url", &dead]);
+            command.env_remove("LOCKSLAB_REDIS_URL");
+        } else {
+            command.env("LOCKSLAB_REDIS_URL", &dead);
+        }
+        let output = command.output().unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let from_flag = run(true);
+    assert!(from_flag.contains("leave out --redis-url"), "{from_flag}");
+    let from_env = run(false);
+    assert!(from_env.contains("unset LOCKSLAB_REDIS_URL"), "{from_env}");
+    assert!(!from_env.contains("leave out --redis-url"), "{from_env}");
+}
