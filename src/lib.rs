@@ -20,7 +20,8 @@
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones.
-//! - [`connect`] opens connections with bounded timeouts and errors that say what to do.
+//! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
+//!   [`deadline`] bounds Postgres calls on the client side, where a frozen server cannot.
 //! - [`events`] is the worker-to-orchestrator protocol; [`output`] renders it.
 
 // Every line goes through `outln!`/`errln!` (see `output`): `println!` and `eprintln!` panic
@@ -29,6 +30,7 @@
 
 pub mod cli;
 pub mod connect;
+pub mod deadline;
 pub mod events;
 pub mod labs;
 pub mod lock;

@@ -57,7 +57,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::SkipLocked(role) => (role.name.clone(), skip_locked::work(&role)),
         WorkerSpec::EtcdVsRedis(role) => (role.name.clone(), etcd_vs_redis::work(&role)),
     };
-    match result {
+    match result.map_err(connect::explain) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             Emitter::new(&name).say("error", format!("{err:#}"));

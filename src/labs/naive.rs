@@ -155,11 +155,8 @@ impl Scenario {
 /// so printing the error with its chain would say the cause twice; this builds the
 /// message from text instead.
 fn redis_failed(step: &str, url: &str, err: &redis::RedisError) -> anyhow::Error {
-    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
-        anyhow!(
-            "{step}: {}",
-            Backend::Redis.unreachable(url, connect::redis_cause(err))
-        )
+    if let Some(line) = connect::redis_failure(url, err) {
+        anyhow!("{step}: {line}")
     } else {
         anyhow!(
             "{step}: Redis at {} answered with an error: {err}",
@@ -630,7 +627,8 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
             verdicts.push(verdict);
         }
         Ok(())
-    })();
+    })()
+    .map_err(connect::explain);
     lab.cleanup();
     result?;
 
@@ -706,7 +704,7 @@ impl Lab<'_> {
         )
     }
 
-    fn redis(&self) -> Result<Connection> {
+    fn redis(&self) -> Result<connect::RedisConn> {
         connect::redis(&self.redis_url)
     }
 
@@ -1063,7 +1061,7 @@ impl Lab<'_> {
         let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 if event.kind == "error" {
-                    bail!("worker {} failed: {}", event.worker, event.text);
+                    return Err(super::worker_failed(&event.worker, &event.text));
                 }
                 if event.worker == "B" && (event.kind == "acquired" || event.kind == "gave_up") {
                     return Ok(event);
@@ -1332,6 +1330,9 @@ impl Lab<'_> {
     /// Deletes the run's keys — the stuck ones above all, which would otherwise stay
     /// forever — and says so in one line if Redis does not let it.
     fn cleanup(&self) {
+        if connect::gave_up_on(&self.redis_url) {
+            return;
+        }
         let pattern = format!("lockslab:{}:*", self.run_id);
         let forget = || -> Result<()> {
             let mut redis = self.redis()?;
@@ -1377,7 +1378,7 @@ fn collect(
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
             if event.kind == "error" {
-                bail!("worker {} failed: {}", event.worker, event.text);
+                return Err(super::worker_failed(&event.worker, &event.text));
             }
             if event.kind == kind {
                 waiting.retain(|w| *w != event.worker);

@@ -381,7 +381,7 @@ pub fn work(role: &Role) -> Result<()> {
 struct Worker<'a> {
     role: &'a Role,
     me: Emitter,
-    db: Client,
+    db: connect::PgClient,
     st: Statements,
 }
 
@@ -671,14 +671,18 @@ impl Play<'_> {
         let _on_interrupt = crate::procs::on_interrupt({
             let (url, drop_tables) = (self.url.to_string(), drop_tables.clone());
             move || {
-                if let Ok(mut db) = connect::postgres(&url) {
+                if let Ok(mut db) = connect::postgres_for_cleanup(&url) {
                     let _ = db.batch_execute(&drop_tables);
                 }
             }
         });
-        let result = self.rounds(&mut db, stage);
-        // The verdict has been read by now (or the run failed): the tables go either way.
-        let _ = db.batch_execute(&drop_tables);
+        let result = self.rounds(&mut db, stage).map_err(connect::explain);
+        // The verdict has been read by now (or the run failed): the tables go either way —
+        // unless the server stopped answering, and then waiting for it again helps nobody.
+        if !connect::gave_up_on(self.url) {
+            db.bound(connect::CLEANUP_TIMEOUT);
+            let _ = db.batch_execute(&drop_tables);
+        }
         result
     }
 
@@ -1145,7 +1149,7 @@ impl Round<'_> {
             if let Some(event) = self.stage.next(left)
                 && event.kind == "error"
             {
-                bail!("worker {} failed: {}", event.worker, event.text);
+                return Err(super::worker_failed(&event.worker, &event.text));
             }
         }
         Ok(())
@@ -1162,7 +1166,7 @@ impl Round<'_> {
 
     fn check_errors(&self) -> Result<()> {
         if let Some(event) = self.stage.log.iter().find(|e| e.kind == "error") {
-            bail!("worker {} failed: {}", event.worker, event.text);
+            return Err(super::worker_failed(&event.worker, &event.text));
         }
         Ok(())
     }
