@@ -58,7 +58,9 @@ Exit status:
   0    the lab ran and its verdict was read back from the store
   1    the lab could not run (a backend did not answer, a worker failed)
   2    bad command line (an unknown flag, a malformed duration or URL, flags that clash)
-  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP); workers and servers were stopped
+  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP or the terminal closed); workers and
+       servers were stopped
+  141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
 
 Examples:
   lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing

@@ -1,20 +1,142 @@
 //! Connections with bounded timeouts, and errors that say what to do.
 //!
 //! A lock client that waits forever on a frozen server is its own outage, so every
-//! connection here has a connect timeout and a read timeout measured in seconds. When a
-//! backend does not answer, the error names it, shows its URL with the password hidden,
-//! and says how to get one running.
+//! connection here has a connect timeout and a read timeout measured in seconds — for
+//! Postgres a client-side one as well ([`crate::deadline`]), since a frozen server cannot
+//! enforce its own `statement_timeout`. When a backend does not answer, the error names it,
+//! shows its URL with the password hidden, and says what to do about it.
+//!
+//! When a server freezes or dies mid-run, every client of it fails at once — the lab's
+//! workers, its watchers, its cleanup — each with a different symptom ("connection closed",
+//! "Resource temporarily unavailable"). [`explain`] turns those into the one line that
+//! names the cause, and this process remembers which servers stopped answering, so that the
+//! cleanup after a failure does not wait on the same frozen server once more.
 
-use std::sync::mpsc;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 
+use crate::deadline;
+
 /// How long to wait for a TCP connection and the server's first answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one command may take before the backend is called unresponsive.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// The bound for cleanup after a failure: deleting a run's rows is not worth a long wait.
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Where the URL of a server came from: it decides what an error can advise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `--postgres-url` and friends on the command line.
+    Flag,
+    /// `LOCKSLAB_POSTGRES_URL` and friends.
+    Env,
+    /// The servers `lockslab up` left running.
+    Up,
+    /// The docker-compose.yml defaults.
+    Compose,
+    /// A server lockslab started for this run.
+    Private,
+}
+
+/// What this process knows about the servers it uses.
+struct Known {
+    /// Where each URL came from (noted by [`crate::servers`] as it picks them).
+    sources: Vec<(String, Source)>,
+    /// Every URL this process connected to, by backend: errors that carry no URL get one.
+    used: Vec<(Backend, String)>,
+    /// Redacted URLs of servers that stopped answering (or went away) during this run.
+    gone: Vec<String>,
+    /// The first such failure, as the line to show: what every later error echoes.
+    first: Option<String>,
+}
+
+static KNOWN: Mutex<Known> = Mutex::new(Known {
+    sources: Vec::new(),
+    used: Vec::new(),
+    gone: Vec::new(),
+    first: None,
+});
+
+fn known<T>(f: impl FnOnce(&mut Known) -> T) -> T {
+    f(&mut KNOWN.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Notes where `url` came from, so that errors about it give advice that fits.
+pub fn note_source(url: &str, source: Source) {
+    known(|k| k.sources.push((url.to_string(), source)));
+}
+
+fn source_of(url: &str) -> Option<Source> {
+    known(|k| {
+        k.sources
+            .iter()
+            .rev()
+            .find(|(u, _)| u == url)
+            .map(|(_, s)| *s)
+    })
+}
+
+fn note_used(backend: Backend, url: &str) {
+    known(|k| {
+        if !k.used.iter().any(|(b, u)| *b == backend && u == url) {
+            k.used.push((backend, url.to_string()));
+        }
+    });
+}
+
+fn used_url(backend: Backend) -> Option<String> {
+    known(|k| {
+        k.used
+            .iter()
+            .rev()
+            .find(|(b, _)| *b == backend)
+            .map(|(_, u)| u.clone())
+    })
+}
+
+/// Remembers that the server at `url` failed mid-run, with the line that says so.
+fn note_gone(url: &str, line: &str) {
+    known(|k| {
+        k.gone.push(redact(url));
+        k.first.get_or_insert_with(|| line.to_string());
+    });
+}
+
+/// True when a server at this URL stopped answering earlier in this process (or a worker
+/// reported so): cleanup skips it rather than wait for it again.
+pub fn gave_up_on(url: &str) -> bool {
+    let url = redact(url);
+    known(|k| k.gone.contains(&url))
+}
+
+/// A worker's error line, as the orchestrator received it: if it says that a server did not
+/// answer or went away, the orchestrator gives up on that server too, and gets that part of
+/// the line back (without the step the worker was on: the server is the cause).
+pub fn note_reported(line: &str) -> Option<String> {
+    for backend in [Backend::Redis, Backend::Etcd, Backend::Postgres] {
+        let Some(start) = line.find(&format!("{} at ", backend.name())) else {
+            continue;
+        };
+        let failure = &line[start..];
+        let rest = &failure[backend.name().len() + 4..];
+        if let Some((url, _)) = rest
+            .split_once(" did not answer")
+            .or_else(|| rest.split_once(" closed the connection"))
+        {
+            known(|k| {
+                k.gone.push(url.to_string());
+                k.first.get_or_insert_with(|| failure.to_string());
+            });
+            return Some(failure.to_string());
+        }
+    }
+    None
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -56,15 +178,74 @@ impl Backend {
         }
     }
 
-    /// The one-line error for a backend that did not answer.
+    /// The one-line error for a backend that did not answer when first asked. Where the
+    /// URL came from decides the advice; a worker (which was handed the URL mid-run) gives
+    /// none: the server answered the lab a moment ago, so it froze or died since.
     pub fn unreachable(self, url: &str, cause: impl std::fmt::Display) -> anyhow::Error {
-        anyhow!(
-            "{} at {} did not answer ({cause}); start one with `lockslab up` or `docker compose up -d {}`, \
-             or leave out {} to let lockslab start a private one",
+        let line = format!(
+            "{} at {} did not answer ({cause})",
+            self.name(),
+            redact(url)
+        );
+        let advice = match source_of(url) {
+            Some(Source::Flag) => format!(
+                "start one with `lockslab up` or `docker compose up -d {}`, or leave out {} \
+                 to let lockslab start a private one",
+                self.compose_service(),
+                self.flag()
+            ),
+            Some(Source::Env) => format!(
+                "start one with `lockslab up` or `docker compose up -d {}`, or unset {} \
+                 to let lockslab start a private one",
+                self.compose_service(),
+                self.env_var()
+            ),
+            Some(Source::Up) => {
+                "`lockslab status` shows what `lockslab up` left running; `lockslab down` then \
+                 `lockslab up` starts afresh"
+                    .to_string()
+            }
+            Some(Source::Compose) => format!(
+                "`docker compose up -d {}` starts it again",
+                self.compose_service()
+            ),
+            Some(Source::Private) => {
+                "lockslab started it for this run: did something stop it?".to_string()
+            }
+            None => {
+                note_gone(url, &line);
+                return anyhow!(line);
+            }
+        };
+        anyhow!("{line}; {advice}")
+    }
+
+    /// The line for a server that stopped answering mid-run (frozen, or swamped).
+    pub fn frozen(self, url: &str, within: Duration) -> String {
+        format!(
+            "{} at {} did not answer within {}s (frozen or overloaded?)",
             self.name(),
             redact(url),
-            self.compose_service(),
-            self.flag()
+            within.as_secs_f64()
+        )
+    }
+
+    /// The line for a server that dropped the connection mid-run (killed, restarted).
+    pub fn lost(self, url: &str, cause: impl std::fmt::Display) -> String {
+        let hint = match source_of(url) {
+            Some(Source::Private) => "; lockslab started it for this run: was it killed?",
+            _ => "; did it stop or restart?",
+        };
+        let cause = cause.to_string();
+        let cause = if cause.is_empty() || cause == "connection closed" {
+            String::new()
+        } else {
+            format!(" ({cause})")
+        };
+        format!(
+            "{} at {} closed the connection{cause}{hint}",
+            self.name(),
+            redact(url)
         )
     }
 }
@@ -209,15 +390,51 @@ pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
     None
 }
 
+/// A Redis connection: it derefs to the `redis::Connection` it wraps (and so works
+/// wherever one does), and a [`deadline::Guard`] watches its socket.
+pub struct RedisConn {
+    connection: redis::Connection,
+    guard: Option<deadline::Guard>,
+}
+
+impl Deref for RedisConn {
+    type Target = redis::Connection;
+    fn deref(&self) -> &redis::Connection {
+        &self.connection
+    }
+}
+
+impl DerefMut for RedisConn {
+    fn deref_mut(&mut self) -> &mut redis::Connection {
+        &mut self.connection
+    }
+}
+
+impl RedisConn {
+    /// True once the guard gave up on the server (its errors mean "frozen", whatever they say).
+    pub fn gave_up(&self) -> bool {
+        self.guard.as_ref().is_some_and(deadline::Guard::fired)
+    }
+}
+
 /// A Redis connection whose every command gives up after [`COMMAND_TIMEOUT`].
-pub fn redis(url: &str) -> Result<redis::Connection> {
+///
+/// redis-rs's read timeout applies to each reply, so a pipeline or a MULTI block to a
+/// frozen server would wait once per reply; the guard bounds the whole call, and the read
+/// timeout (a little longer) is only the fallback where there is no guard.
+pub fn redis(url: &str) -> Result<RedisConn> {
     let client = redis::Client::open(url)
         .map_err(|err| anyhow!("{} {}: {err}", Backend::Redis.flag(), redact(url)))?;
+    note_used(Backend::Redis, url);
+    if gave_up_on(url) {
+        return Err(anyhow!(Backend::Redis.frozen(url, COMMAND_TIMEOUT)));
+    }
     let mut connection = client
         .get_connection_with_timeout(CONNECT_TIMEOUT)
         .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
+    // The first answer is part of connecting: a frozen server accepts and then says nothing.
     connection
-        .set_read_timeout(Some(COMMAND_TIMEOUT))
+        .set_read_timeout(Some(CONNECT_TIMEOUT))
         .context("setting the Redis read timeout")?;
     connection
         .set_write_timeout(Some(COMMAND_TIMEOUT))
@@ -225,10 +442,34 @@ pub fn redis(url: &str) -> Result<redis::Connection> {
     redis::cmd("PING")
         .query::<String>(&mut connection)
         .map_err(|err| Backend::Redis.unreachable(url, redis_cause(&err)))?;
-    Ok(connection)
+    connection
+        .set_read_timeout(Some(COMMAND_TIMEOUT + Duration::from_secs(1)))
+        .context("setting the Redis read timeout")?;
+    // `addr=127.0.0.1:50312`: our own address, as the server sees it (Redis 6.2+).
+    let port = redis::cmd("CLIENT")
+        .arg("INFO")
+        .query::<String>(&mut connection)
+        .ok()
+        .and_then(|info| {
+            let addr = info
+                .split(' ')
+                .find_map(|field| field.strip_prefix("addr="))?;
+            addr.rsplit(':').next()?.parse::<u16>().ok()
+        });
+    let guard = port.and_then(|port| {
+        let line = Backend::Redis.frozen(url, COMMAND_TIMEOUT);
+        let url = url.to_string();
+        deadline::Guard::watch(port, deadline::Probe::REDIS, COMMAND_TIMEOUT, move || {
+            note_gone(&url, &line)
+        })
+    });
+    Ok(RedisConn { connection, guard })
 }
 
 /// Says "timed out" plainly for a server that accepts connections and never answers.
+///
+/// redis-rs reports a socket read timeout as the raw `EAGAIN` ("Resource temporarily
+/// unavailable"), which `is_timeout` counts as a timeout.
 pub fn redis_cause(err: &redis::RedisError) -> String {
     if err.is_timeout() {
         "it accepted the connection but gave no answer in time: frozen or overloaded?".into()
@@ -237,16 +478,74 @@ pub fn redis_cause(err: &redis::RedisError) -> String {
     }
 }
 
-/// A Postgres client, connected within [`CONNECT_TIMEOUT`].
-///
+/// A Postgres client whose calls cannot hang on a frozen server: it derefs to the
+/// `postgres::Client` it wraps, and a [`deadline::Guard`] watches its socket.
+pub struct PgClient {
+    /// Declared first, so dropped first: dropping a `postgres::Client` says goodbye to the
+    /// server and waits for it, and the guard bounds that wait too.
+    client: postgres::Client,
+    guard: Option<deadline::Guard>,
+    url: String,
+}
+
+impl Drop for PgClient {
+    fn drop(&mut self) {
+        // A goodbye is not worth a long wait, and none at all to a server that is gone.
+        match &self.guard {
+            Some(guard) if gave_up_on(&self.url) => guard.abandon(),
+            _ => self.bound(CLEANUP_TIMEOUT),
+        }
+    }
+}
+
+impl PgClient {
+    /// Shortens the client-side bound from now on: for cleanup after a failure.
+    pub fn bound(&self, bound: Duration) {
+        if let Some(guard) = &self.guard {
+            guard.set_bound(bound);
+        }
+    }
+}
+
+impl Deref for PgClient {
+    type Target = postgres::Client;
+    fn deref(&self) -> &postgres::Client {
+        &self.client
+    }
+}
+
+impl DerefMut for PgClient {
+    fn deref_mut(&mut self) -> &mut postgres::Client {
+        &mut self.client
+    }
+}
+
+/// A Postgres client, connected within [`CONNECT_TIMEOUT`], each call bounded by
+/// [`COMMAND_TIMEOUT`] on both sides: `statement_timeout` in the server for a slow
+/// statement, and a [`deadline::Guard`] in this process for a server that does not run.
+pub fn postgres(url: &str) -> Result<PgClient> {
+    postgres_within(url, COMMAND_TIMEOUT)
+}
+
+/// A Postgres client for cleanup: a short bound, and none at all if this server already
+/// stopped answering during this run.
+pub fn postgres_for_cleanup(url: &str) -> Result<PgClient> {
+    if gave_up_on(url) {
+        return Err(anyhow!(Backend::Postgres.frozen(url, COMMAND_TIMEOUT)));
+    }
+    postgres_within(url, CLEANUP_TIMEOUT)
+}
+
 /// The postgres crate bounds only the TCP connect; a frozen server accepts the connection
 /// and then never answers the handshake. So the whole connect runs on a helper thread and
-/// we stop waiting for it after the timeout. Every statement also carries a server-side
-/// `statement_timeout`.
-pub fn postgres(url: &str) -> Result<postgres::Client> {
+/// we stop waiting for it after the timeout. It ends by asking the server which port we
+/// connect from (`inet_client_port()`): that is how the guard finds our socket among the
+/// process's file descriptors, whatever other threads connect at the same time.
+fn postgres_within(url: &str, bound: Duration) -> Result<PgClient> {
     let mut config: postgres::Config = url
         .parse()
         .map_err(|err| anyhow!("{} {}: {err}", Backend::Postgres.flag(), redact(url)))?;
+    note_used(Backend::Postgres, url);
     config
         .connect_timeout(CONNECT_TIMEOUT)
         .keepalives(true)
@@ -258,10 +557,29 @@ pub fn postgres(url: &str) -> Result<postgres::Client> {
         .application_name("lockslab");
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        let _ = tx.send(config.connect(postgres::NoTls));
+        let connected = config.connect(postgres::NoTls).and_then(|mut client| {
+            let port: Option<i32> = client.query_one("SELECT inet_client_port()", &[])?.get(0);
+            Ok((client, port))
+        });
+        let _ = tx.send(connected);
     });
     match rx.recv_timeout(CONNECT_TIMEOUT + Duration::from_millis(500)) {
-        Ok(Ok(client)) => Ok(client),
+        Ok(Ok((client, port))) => {
+            let guard = port
+                .and_then(|port| u16::try_from(port).ok())
+                .and_then(|port| {
+                    let line = Backend::Postgres.frozen(url, bound);
+                    let url = url.to_string();
+                    deadline::Guard::watch(port, deadline::Probe::POSTGRES, bound, move || {
+                        note_gone(&url, &line)
+                    })
+                });
+            Ok(PgClient {
+                client,
+                guard,
+                url: url.to_string(),
+            })
+        }
         Ok(Err(err)) => Err(Backend::Postgres.unreachable(url, pg_cause(&err))),
         Err(_) => Err(Backend::Postgres.unreachable(
             url,
@@ -281,8 +599,104 @@ pub fn pg_cause(err: &postgres::Error) -> String {
     }
 }
 
+/// What a Postgres error says, as one line: the server-failure line when the server froze
+/// or went away, else the server's own message (or the I/O cause).
+pub fn pg_failure(err: &postgres::Error) -> String {
+    server_failure(err).unwrap_or_else(|| pg_cause(err))
+}
+
+/// The line for a Redis error that says its server froze or went away (and notes that
+/// server as given up on); None for an answer from a working server.
+pub fn redis_failure(url: &str, err: &redis::RedisError) -> Option<String> {
+    let line = if err.is_timeout() || gave_up_on(url) {
+        Backend::Redis.frozen(url, COMMAND_TIMEOUT)
+    } else if err.is_connection_dropped() || err.is_io_error() {
+        Backend::Redis.lost(url, redis_cause(err))
+    } else {
+        return None;
+    };
+    note_gone(url, &line);
+    Some(line)
+}
+
+/// Turns a failure caused by a server that froze or went away into the one line that says
+/// so. Every lab passes its errors (and every worker its own) through here.
+///
+/// The first such failure this process saw wins: after it, the other clients of the same
+/// server fail too, each with its own symptom, and those are echoes, not causes. Errors
+/// that are not about a server (a usage error, a server's own refusal) pass unchanged.
+pub fn explain(err: anyhow::Error) -> anyhow::Error {
+    let Some(line) = err.chain().find_map(server_failure) else {
+        return err;
+    };
+    let first = known(|k| k.first.get_or_insert(line).clone());
+    anyhow!(first)
+}
+
+/// The line for one error from a client library, if it says that its server froze or went
+/// away (and notes that server as given up on).
+fn server_failure(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
+    if let Some(err) = cause.downcast_ref::<postgres::Error>() {
+        let url = used_url(Backend::Postgres)?;
+        if gave_up_on(&url) {
+            return Some(Backend::Postgres.frozen(&url, COMMAND_TIMEOUT));
+        }
+        // Class 08 is "connection exception", class 57 "operator intervention" (the server
+        // shutting down, or its backend killed); other server errors are the lab's business.
+        let gone = match err.code() {
+            Some(code) => code.code().starts_with("08") || code.code().starts_with("57"),
+            None => {
+                err.is_closed()
+                    || std::error::Error::source(err)
+                        .is_some_and(|source| source.is::<std::io::Error>())
+            }
+        };
+        return gone.then(|| {
+            let line = Backend::Postgres.lost(&url, pg_cause(err));
+            note_gone(&url, &line);
+            line
+        });
+    }
+    if let Some(err) = cause.downcast_ref::<redis::RedisError>() {
+        return redis_failure(&used_url(Backend::Redis)?, err);
+    }
+    if let Some(err) = cause.downcast_ref::<etcd_client::Error>() {
+        let url = used_url(Backend::Etcd)?;
+        let text = err.to_string();
+        let line = if text.contains("Timeout expired")
+            || text.contains("DeadlineExceeded")
+            || text.contains("deadline has elapsed")
+        {
+            Backend::Etcd.frozen(&url, COMMAND_TIMEOUT)
+        } else if matches!(
+            err,
+            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_)
+        ) || text.contains("Unavailable")
+            || text.contains("transport error")
+        {
+            Backend::Etcd.lost(&url, etcd_cause(err))
+        } else {
+            return None;
+        };
+        note_gone(&url, &line);
+        return Some(line);
+    }
+    None
+}
+
+/// An etcd error without the gRPC wrapping, when there is a plainer message inside.
+fn etcd_cause(err: &etcd_client::Error) -> String {
+    match err {
+        etcd_client::Error::GRpcStatus(status) if !status.message().is_empty() => {
+            status.message().to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
 /// An etcd client with connect and request timeouts, on the caller's runtime.
 pub async fn etcd(url: &str) -> Result<etcd_client::Client> {
+    note_used(Backend::Etcd, url);
     let options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(COMMAND_TIMEOUT);

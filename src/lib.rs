@@ -28,7 +28,9 @@
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones.
-//! - [`connect`] opens connections with bounded timeouts and errors that say what to do.
+//! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
+//!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
+//!   cannot.
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
 //!
@@ -36,9 +38,14 @@
 //! [`cli`]'s command enum, and — only if no script in [`worker`] does what its workers do —
 //! one script there.
 
+// Every line goes through `outln!`/`errln!` (see `output`): `println!` and `eprintln!` panic
+// when the terminal hangs up or the pipe closes, and a lab must clean up whatever happens.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod check;
 pub mod cli;
 pub mod connect;
+pub mod deadline;
 pub mod events;
 pub mod flags;
 pub mod hands_on;

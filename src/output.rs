@@ -3,8 +3,15 @@
 //! The output style is decided once, here: colours and progress bars only when stdout is a
 //! terminal and `NO_COLOR` is not set; with `--json`, stdout carries JSON Lines and nothing
 //! else, and the human-readable timeline is not printed at all.
+//!
+//! Every line lockslab prints goes through [`outln!`](crate::outln) (stdout) or
+//! [`errln!`](crate::errln) (stderr), never `println!`/`eprintln!` (clippy refuses them):
+//! those panic when the write fails, and a write fails exactly when things go wrong — the
+//! terminal window was closed, `| head` stopped reading, stderr is `/dev/full`. A failed
+//! stdout ends the lab cleanly (see [`line()`]); a failed stderr is ignored.
 
 use std::io::{self, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use colored::{Color, Colorize};
@@ -155,30 +162,69 @@ fn emphasize(kind: Kind, text: &str) -> String {
     }
 }
 
-/// `println!` for lab output: stops cleanly when stdout is closed (see [`line`]).
+/// `println!` for lab output: stops cleanly when stdout is closed (see [`line()`]).
 #[macro_export]
 macro_rules! outln {
     () => { $crate::output::line("") };
     ($($arg:tt)*) => { $crate::output::line(&format!($($arg)*)) };
 }
 
+/// `eprintln!` that cannot panic (see [`err_line`]).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::output::err_line(&format!($($arg)*)) };
+}
+
+/// Whether stdout was a terminal when lockslab started. Asked again after the terminal hung
+/// up, the descriptor no longer answers `isatty`, yet a failed write to it means just that.
+static STDOUT_WAS_TERMINAL: AtomicBool = AtomicBool::new(false);
+
+/// Notes what stdout is, before anything is printed: `main` calls it first.
+pub fn init() {
+    STDOUT_WAS_TERMINAL.store(io::stdout().is_terminal(), Ordering::Relaxed);
+}
+
 /// Prints one line on stdout.
 ///
-/// When stdout has been closed (`lockslab gc-pause | head`), there is no one left to show
-/// the lab to: stop every worker and server, and exit the way a process killed by SIGPIPE
-/// would, instead of panicking or carrying on into a closed pipe.
+/// When stdout can no longer be written, there is no one left to show the lab to: stop
+/// every worker and server, and exit with a status that says why, instead of panicking
+/// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
     if crate::procs::interrupted() {
         return; // cleaning up after Ctrl-C: what workers say while they die is noise
     }
     let mut out = io::stdout().lock();
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
+    if let Err(err) = writeln!(out, "{text}").and_then(|_| out.flush()) {
         drop(out);
-        crate::procs::stop_all();
-        std::process::exit(crate::procs::exit_code_for(
-            nix::sys::signal::Signal::SIGPIPE as i32,
-        ));
+        stdout_failed(&err);
     }
+}
+
+/// The exit after stdout failed, decided by what it was:
+///
+/// - a closed pipe (`lockslab gc-pause | head`): 141, as if SIGPIPE had killed us, which is
+///   what the shell expects of the left side of a pipe;
+/// - a terminal: it hung up (the window was closed, the ssh link dropped). The kernel marks
+///   the terminal hung up *before* it sends SIGHUP, and a shell forwards its own SIGHUP later
+///   still, so this write may fail first: it is the same event, and exits 129 like SIGHUP.
+///   A write error on a terminal is not a closed pipe;
+/// - anything else (`>/dev/full`, a disk error): the lab could not run, exit 1 with a reason.
+fn stdout_failed(err: &io::Error) -> ! {
+    use nix::sys::signal::Signal;
+    if err.kind() == io::ErrorKind::BrokenPipe {
+        crate::procs::shut_down(crate::procs::exit_code_for(Signal::SIGPIPE as i32), None)
+    } else if STDOUT_WAS_TERMINAL.load(Ordering::Relaxed) {
+        crate::procs::shut_down(crate::procs::exit_code_for(Signal::SIGHUP as i32), None)
+    } else {
+        let reason = format!("lockslab: error: writing the lab's output to stdout: {err}");
+        crate::procs::shut_down(crate::cli::EXIT_COULD_NOT_RUN.into(), Some(reason))
+    }
+}
+
+/// Prints one line on stderr, and carries on if it cannot: stderr may be a closed pipe, a
+/// full disk or a terminal that hung up, and no cleanup or exit status may depend on it.
+pub fn err_line(text: &str) {
+    let _ = writeln!(io::stderr().lock(), "{text}");
 }
 
 /// Writes one JSON object on its own line to stdout.

@@ -7,8 +7,9 @@
 //!   `getppid` right after, because the parent may already have died before the request;
 //! - it puts the child in its own process group, so the terminal's Ctrl-C reaches lockslab
 //!   only, and lockslab decides how each child ends;
-//! - it records the child in a registry, so that one Ctrl-C, SIGTERM or SIGHUP can resume,
-//!   end and reap every child that is still alive, wherever the lab happened to be.
+//! - it records the child in a registry, so that one Ctrl-C, SIGTERM or SIGHUP (or a stdout
+//!   that nobody reads any more) can resume, end and reap every child that is still alive,
+//!   wherever the lab happened to be — whether or not anything can still be printed.
 //!
 //! `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the process.
 //! Spawn children from the main thread (or a thread that lives as long as they do).
@@ -20,6 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -253,14 +255,14 @@ pub fn stop(pid: i32, plan: &StopPlan) {
     forget(pid);
 }
 
-/// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP.
+/// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP (through [`shut_down`]).
 ///
 /// Each child leaves the registry only once it is stopped, so that a second Ctrl-C in the
 /// middle still finds, and kills, whatever is left.
 pub fn stop_all() {
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
         // Under the registry's lock: no child can be spawned after this snapshot.
-        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        INTERRUPTED.store(true, Ordering::SeqCst);
         live.iter()
             .map(|(pid, plan)| (*pid, plan.clone()))
             .collect()
@@ -282,7 +284,7 @@ pub fn stop_all() {
 /// Kills every registered child at once, without waiting: the second Ctrl-C.
 fn kill_all_now() {
     let live: Vec<(i32, StopPlan)> = with_live(|live| {
-        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        INTERRUPTED.store(true, Ordering::SeqCst);
         live.drain().collect()
     });
     for (pid, _) in live {
@@ -295,11 +297,14 @@ fn kill_all_now() {
 }
 
 /// Set once lockslab is shutting down early: the lab's output stops there.
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Set by the first [`shut_down`]: there is only one cleanup, and one exit status.
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
 
 /// True once an interrupt (or a closed stdout) has started the cleanup.
 pub fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+    INTERRUPTED.load(Ordering::SeqCst)
 }
 
 /// Blocks while the cleanup that an interrupt started finishes; that cleanup exits.
@@ -314,10 +319,39 @@ pub fn exit_code_for(signal: i32) -> i32 {
     128 + signal
 }
 
+/// Ends lockslab early: stops every worker and private server, runs the labs' cleanups,
+/// then prints `last_words` (if any) and exits with `status`.
+///
+/// A signal and a failed write to stdout can arrive together (a terminal that hangs up does
+/// both), on different threads: the first caller cleans up and picks the status, a later
+/// one waits for it to exit. Nothing is printed before the cleanup is done, and whether the
+/// printing works changes nothing.
+pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
+    // First, so that `main` never returns on its own once a shutdown has begun, and what
+    // the workers say while they die is not shown.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    if SHUTTING_DOWN.swap(true, Ordering::SeqCst) {
+        wait_for_cleanup();
+    }
+    stop_all();
+    if let Some(text) = last_words {
+        crate::errln!("{text}");
+    }
+    std::process::exit(status);
+}
+
 /// Installs the handler for Ctrl-C, SIGTERM and SIGHUP.
 ///
-/// The first signal stops every worker and private server and exits; a second one while
-/// that is under way kills what is left and exits at once.
+/// The first signal stops every worker and private server and exits with 128+signal; a
+/// second Ctrl-C or SIGTERM while that is under way kills what is left and exits at once.
+/// A second SIGHUP does not: one hang-up often brings two (the shell forwards its own, and
+/// the kernel signals the foreground job when the shell exits), and nobody is there to be
+/// impatient.
+///
+/// The handler thread prints nothing itself: its message goes out from a thread of its own,
+/// after the cleanup has started, because stderr may be a closed pipe, a full disk, a
+/// terminal that just hung up, or a pipe nobody reads — and none of that may stop the
+/// cleanup or the next signal.
 pub fn install_interrupt_handler() -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
@@ -327,18 +361,23 @@ pub fn install_interrupt_handler() -> Result<()> {
         .spawn(move || {
             let mut first = true;
             for signal in signals.forever() {
+                let status = exit_code_for(signal);
                 if first {
                     first = false;
-                    eprintln!(
-                        "\nlockslab: interrupted; stopping workers and servers (again to quit now)"
-                    );
-                    thread::spawn(move || {
-                        stop_all();
-                        std::process::exit(exit_code_for(signal));
+                    let cleanup = thread::Builder::new()
+                        .name("cleanup".into())
+                        .spawn(move || shut_down(status, None));
+                    if cleanup.is_err() {
+                        shut_down(status, None); // no thread to be had: clean up right here
+                    }
+                    let _ = thread::Builder::new().spawn(|| {
+                        crate::errln!(
+                            "\nlockslab: interrupted; stopping workers and servers (again to quit now)"
+                        )
                     });
-                } else {
+                } else if signal != SIGHUP {
                     kill_all_now();
-                    std::process::exit(exit_code_for(signal));
+                    std::process::exit(status);
                 }
             }
         })

@@ -196,6 +196,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     let mut up_state: Option<Option<UpState>> = None;
     for &backend in needs {
         if let Some(url) = args.given(backend) {
+            connect::note_source(url, given_source(backend));
             connect::probe(backend, url)?;
             urls.push((backend, url.to_string(), Origin::Given));
             continue;
@@ -209,11 +210,14 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
                 // `up`'s servers are this machine's configuration: when one is down, say so.
                 // Falling through to the compose default would quietly pair, say, `up`'s
                 // Postgres with whatever Redis someone else left on port 6379.
-                urls.push((backend, state.answering_url(backend)?, Origin::Up));
+                let url = state.answering_url(backend)?;
+                connect::note_source(&url, connect::Source::Up);
+                urls.push((backend, url, Origin::Up));
                 continue;
             }
         }
         if !args.private_servers && answers_quickly(backend, compose_default(backend)) {
+            connect::note_source(compose_default(backend), connect::Source::Compose);
             urls.push((
                 backend,
                 compose_default(backend).to_string(),
@@ -236,6 +240,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     } else {
         let private = PrivateServers::start(&missing, Lifetime::ThisRun)?;
         for (backend, url) in &private.urls {
+            connect::note_source(url, connect::Source::Private);
             urls.push((
                 *backend,
                 url.clone(),
@@ -250,6 +255,23 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
         urls,
         _private: private,
     })
+}
+
+/// Whether a given URL came from its flag or its environment variable (clap prefers the
+/// flag when both are set), so that an error can say which one to change.
+fn given_source(backend: Backend) -> connect::Source {
+    let flag = backend.flag();
+    let on_command_line = std::env::args().any(|arg| {
+        arg == flag
+            || arg
+                .strip_prefix(flag)
+                .is_some_and(|rest| rest.starts_with('='))
+    });
+    if on_command_line {
+        connect::Source::Flag
+    } else {
+        connect::Source::Env
+    }
 }
 
 fn answers(backend: Backend, url: &str) -> bool {
@@ -1310,14 +1332,27 @@ pub fn status() -> Result<Option<(UpState, Health)>> {
 ///
 /// The test suite starts one of these per test binary and keeps its stdin open; when the
 /// tests end, however they end, the pipe closes and the servers are stopped and deleted.
+/// The servers' pids are printed too, for tests that freeze or kill a server of their own.
 pub fn serve_until_stdin_closes() -> Result<()> {
     let servers = PrivateServers::start(&ALL, Lifetime::ThisRun)?;
     let url = |backend| servers.url(backend);
+    let pid = |backend| {
+        servers
+            .pids
+            .iter()
+            .find(|(b, _)| *b == backend)
+            .map(|(_, pid)| *pid)
+    };
     crate::output::json_line(&serde_json::json!({
         "redis": url(Backend::Redis),
         "etcd": url(Backend::Etcd),
         "postgres": url(Backend::Postgres),
         "started_ms": servers.started_in.as_millis() as u64,
+        "pids": {
+            "redis": pid(Backend::Redis),
+            "etcd": pid(Backend::Etcd),
+            "postgres": pid(Backend::Postgres),
+        },
     }));
     let mut sink = Vec::new();
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);

@@ -19,10 +19,9 @@
 //! sequence handed out ids before the row lock was taken.
 
 use anyhow::{Context, Result};
-use postgres::Client;
 use serde::Serialize;
 
-use crate::connect;
+use crate::connect::{self, PgClient};
 
 /// The tables, shared by every run; each row carries its run's id, so runs never mix.
 const SCHEMA: &str = "
@@ -138,13 +137,24 @@ pub struct ReadBack {
 }
 
 pub struct Store {
-    client: Client,
+    client: PgClient,
+    url: String,
 }
 
 impl Store {
     pub fn connect(url: &str) -> Result<Store> {
         Ok(Store {
             client: connect::postgres(url)?,
+            url: url.to_string(),
+        })
+    }
+
+    /// A store connection for cleanup (after an interrupt or a failure): short bounds, and
+    /// none at all if this server already stopped answering.
+    pub fn connect_for_cleanup(url: &str) -> Result<Store> {
+        Ok(Store {
+            client: connect::postgres_for_cleanup(url)?,
+            url: url.to_string(),
         })
     }
 
@@ -172,7 +182,7 @@ impl Store {
         value: &str,
         token: Option<i64>,
     ) -> Outcome {
-        let decide = |client: &mut Client| -> Result<bool, postgres::Error> {
+        let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
             let mut tx = client.transaction()?;
             let accepted = match token {
                 None => tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?,
@@ -238,8 +248,13 @@ impl Store {
         })
     }
 
-    /// Deletes a run's rows once its verdict has been read.
+    /// Deletes a run's rows once its verdict has been read. Cleanup is best effort: after a
+    /// failure it waits only briefly, and not at all for a server that stopped answering.
     pub fn forget_run(&mut self, run_id: &str) -> Result<()> {
+        if connect::gave_up_on(&self.url) {
+            return Ok(());
+        }
+        self.client.bound(connect::CLEANUP_TIMEOUT);
         self.client.execute(
             "DELETE FROM lockslab_resource WHERE run_id = $1",
             &[&run_id],

@@ -276,7 +276,8 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
             cells.extend(play(&plan, scenario, &urls, &mut store)?);
         }
         Ok(())
-    })();
+    })()
+    .map_err(connect::explain);
     let _ = store.forget_run(&plan.run_id);
     forget_keys(&plan.run_id, &urls);
     result?;
@@ -390,6 +391,9 @@ impl Urls {
 /// and its key with it. Postgres's advisory locks end with their sessions.
 fn forget_keys(run_id: &str, urls: &Urls) {
     super::forget_redis_keys(&urls.redis, run_id);
+    if connect::gave_up_on(&urls.etcd) {
+        return;
+    }
     let Ok(runtime) = connect::etcd_runtime() else {
         return;
     };
@@ -433,9 +437,9 @@ struct Lane {
 
 /// The lab's own view into the backends, to ask who holds a lock.
 struct Observer {
-    redis: redis::Connection,
+    redis: connect::RedisConn,
     etcd: EtcdLock,
-    postgres: postgres::Client,
+    postgres: connect::PgClient,
 }
 
 impl Observer {
@@ -572,8 +576,22 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
         // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
         for event in stage.log.iter().skip(seen) {
             match event.kind {
-                Kind::Error => bail!("worker {} failed: {}", event.worker, event.text),
-                Kind::GaveUp => bail!("worker {} {}", event.worker, event.text),
+                Kind::Error => return Err(super::worker_failed(&event.worker, &event.text)),
+                Kind::GaveUp => {
+                    // The waiter's lock call outlasted its own wait: say which server it waited on.
+                    let on = lanes
+                        .iter()
+                        .find(|lane| lane.waiter_name == event.worker)
+                        .map(|lane| {
+                            format!(
+                                "{} at {}: ",
+                                lane.kind.name(),
+                                connect::redact(urls.lock(lane.kind))
+                            )
+                        })
+                        .unwrap_or_default();
+                    bail!("{on}worker {} {}", event.worker, event.text)
+                }
                 _ => {}
             }
         }
@@ -736,12 +754,24 @@ impl Lane {
                 return Ok(());
             }
             if stage.saw(&self.waiter_name, Kind::Waiting).is_none() {
+                // Not a usage error: the same flags work on a machine that is less busy. But a
+                // waiter stuck on a frozen server is late too, and will say so within its own
+                // connect and command timeouts: give it that long to name the server.
                 if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
-                    crate::bail_usage!(
-                        "--work {}: {} was not waiting for the lock before {} finished its work; try a longer --work",
-                        typed(plan.work),
+                    let grace = connect::CONNECT_TIMEOUT + connect::COMMAND_TIMEOUT;
+                    let waiter = self.waiter_name.clone();
+                    let _ = stage.wait_for(grace, "the waiter", |e| {
+                        e.is(&waiter, Kind::Waiting) || e.is(&waiter, Kind::Error)
+                    });
+                    if let Some(failed) = stage.log.iter().find(|e| e.kind == Kind::Error) {
+                        return Err(super::worker_failed(&failed.worker, &failed.text));
+                    }
+                    bail!(
+                        "{} was still starting when {} finished its {} of work, so there was nothing \
+                         to measure (is the machine very busy?); run it again, or give a longer --work",
                         self.waiter_name,
-                        self.holder_name
+                        self.holder_name,
+                        human(plan.work)
                     );
                 }
                 return Ok(());
@@ -1119,20 +1149,20 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (from the backends and the store)".bold());
-    println!("{}", table(&header, &rows));
-    println!();
+    crate::outln!();
+    crate::outln!("{}", "Verdict (from the backends and the store)".bold());
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!();
     for cell in cells {
         let scenario = cell.scenario.name();
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{} / {scenario}:", cell.backend).bold(),
             cell.meaning(plan)
         );
     }
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "  {} a short lease or a session gets the next holder in fast (efficiency); only a token the store checks keeps a woken holder's write out (correctness).",
         "In short:".bold()
     );

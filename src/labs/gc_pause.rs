@@ -253,7 +253,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         let redis_url = servers.url(Backend::Redis).to_string();
         let postgres_url = servers.url(Backend::Postgres).to_string();
         move || {
-            if let Ok(mut store) = Store::connect(&postgres_url) {
+            if let Ok(mut store) = Store::connect_for_cleanup(&postgres_url) {
                 let _ = store.forget_run(&run_id);
             }
             super::forget_redis_keys(&redis_url, &run_id);
@@ -276,7 +276,8 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
             )?);
         }
         Ok(())
-    })();
+    })()
+    .map_err(connect::explain);
     cleanup(&run_id, servers.url(Backend::Redis), &mut store);
     result?;
 

@@ -33,7 +33,8 @@ macro_rules! lab_exit_status_help {
     () => {
         "\n\nExit status: 0 the lab ran and its verdict was read back · 1 it could not run \
          (a backend did not answer, a worker failed) · 2 bad command line · 130 Ctrl-C \
-         (143 SIGTERM, 129 SIGHUP); workers and servers are stopped either way."
+         (143 SIGTERM, 129 SIGHUP or the terminal closed) · 141 stdout closed early (| head); \
+         workers and servers are stopped either way."
     };
 }
 
@@ -60,8 +61,12 @@ pub fn new_run_id() -> String {
 }
 
 /// Deletes every Redis key of a run (`lockslab:<run id>:*`). SCAN, not KEYS: on a server a
-/// whole workshop shares, KEYS would stall everyone while it walks the keyspace.
+/// whole workshop shares, KEYS would stall everyone while it walks the keyspace. Skipped
+/// when this Redis stopped answering during the run: cleanup must not wait on it again.
 pub fn forget_redis_keys(redis_url: &str, run_id: &str) {
+    if crate::connect::gave_up_on(redis_url) {
+        return;
+    }
     let Ok(mut redis) = crate::connect::redis(redis_url) else {
         return;
     };
@@ -72,6 +77,17 @@ pub fn forget_redis_keys(redis_url: &str, run_id: &str) {
         };
     for chunk in keys.chunks(500) {
         let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut redis);
+    }
+}
+
+/// A worker's failure, as the orchestrator reports it. When a server froze or went away,
+/// that is the cause and leads the line (and the orchestrator gives up on that server
+/// too, so that its cleanup does not wait for it); anything else is the worker's own.
+pub fn worker_failed(worker: &str, text: &str) -> anyhow::Error {
+    if let Some(failure) = crate::connect::note_reported(text) {
+        anyhow!("{failure} (worker {worker} saw it first)")
+    } else {
+        anyhow!("worker {worker} failed: {text}")
     }
 }
 
@@ -228,11 +244,16 @@ impl Stage {
         if let Some(seen) = self.log.iter().find(|e| matches(e)) {
             return Ok(seen.clone());
         }
+        // A worker that failed while the lab looked elsewhere (`run_until`) will not do
+        // what we wait for: say why now rather than after the timeout.
+        if let Some(failed) = self.log.iter().find(|e| e.kind == Kind::Error) {
+            return Err(worker_failed(&failed.worker, &failed.text));
+        }
         let deadline = Instant::now() + timeout;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             if let Some(event) = self.next(left.min(Duration::from_millis(50))) {
                 if event.kind == Kind::Error {
-                    bail!("worker {} failed: {}", event.worker, event.text);
+                    return Err(worker_failed(&event.worker, &event.text));
                 }
                 if matches(&event) {
                     return Ok(event);

@@ -287,7 +287,8 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
             verdicts.push(verdict);
         }
         Ok(())
-    })();
+    })()
+    .map_err(connect::explain);
     lab.cleanup();
     result?;
 
@@ -364,7 +365,7 @@ impl Lab<'_> {
         )
     }
 
-    fn redis(&self) -> Result<Connection> {
+    fn redis(&self) -> Result<connect::RedisConn> {
         connect::redis(&self.redis_url)
     }
 
@@ -721,7 +722,7 @@ impl Lab<'_> {
         let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 if event.kind == Kind::Error {
-                    bail!("worker {} failed: {}", event.worker, event.text);
+                    return Err(super::worker_failed(&event.worker, &event.text));
                 }
                 if event.worker == "B"
                     && (event.kind == Kind::Acquired || event.kind == Kind::GaveUp)
@@ -1000,6 +1001,9 @@ impl Lab<'_> {
     /// Deletes the run's keys — the stuck ones above all, which would otherwise stay
     /// forever — and says so in one line if Redis does not let it.
     fn cleanup(&self) {
+        if connect::gave_up_on(&self.redis_url) {
+            return;
+        }
         let pattern = format!("lockslab:{}:*", self.run_id);
         let forget = || -> Result<()> {
             let mut redis = self.redis()?;
@@ -1021,7 +1025,7 @@ impl Lab<'_> {
             Ok(())
         };
         if let Err(err) = forget() {
-            eprintln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
+            crate::errln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
         }
     }
 }
@@ -1045,7 +1049,7 @@ fn collect(
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
             if event.kind == Kind::Error {
-                bail!("worker {} failed: {}", event.worker, event.text);
+                return Err(super::worker_failed(&event.worker, &event.text));
             }
             if event.kind == kind {
                 waiting.retain(|w| *w != event.worker);
@@ -1355,9 +1359,9 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
-    println!(
+    crate::outln!();
+    crate::outln!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
+    crate::outln!(
         "{}",
         table(
             &[
@@ -1371,9 +1375,9 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             &rows
         )
     );
-    println!();
+    crate::outln!();
     for verdict in verdicts {
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{}:", verdict.name).bold(),
             verdict.meaning

@@ -303,14 +303,18 @@ impl Play<'_> {
         let _on_interrupt = crate::procs::on_interrupt({
             let (url, drop_tables) = (self.url.to_string(), drop_tables.clone());
             move || {
-                if let Ok(mut db) = connect::postgres(&url) {
+                if let Ok(mut db) = connect::postgres_for_cleanup(&url) {
                     let _ = db.batch_execute(&drop_tables);
                 }
             }
         });
-        let result = self.rounds(&mut db, stage);
-        // The verdict has been read by now (or the run failed): the tables go either way.
-        let _ = db.batch_execute(&drop_tables);
+        let result = self.rounds(&mut db, stage).map_err(connect::explain);
+        // The verdict has been read by now (or the run failed): the tables go either way —
+        // unless the server stopped answering, and then waiting for it again helps nobody.
+        if !connect::gave_up_on(self.url) {
+            db.bound(connect::CLEANUP_TIMEOUT);
+            let _ = db.batch_execute(&drop_tables);
+        }
         result
     }
 
@@ -779,7 +783,7 @@ impl Round<'_> {
             if let Some(event) = self.stage.next(left)
                 && event.kind == Kind::Error
             {
-                bail!("worker {} failed: {}", event.worker, event.text);
+                return Err(super::worker_failed(&event.worker, &event.text));
             }
         }
         Ok(())
@@ -796,7 +800,7 @@ impl Round<'_> {
 
     fn check_errors(&self) -> Result<()> {
         if let Some(event) = self.stage.log.iter().find(|e| e.kind == Kind::Error) {
-            bail!("worker {} failed: {}", event.worker, event.text);
+            return Err(super::worker_failed(&event.worker, &event.text));
         }
         Ok(())
     }
@@ -1185,16 +1189,16 @@ fn print_verdict(args: &SkipLockedArgs, verdicts: &[ModeVerdict], notes: &[Notes
             ]
         })
         .collect();
-    println!();
-    println!("{}", "Verdict (read back from the processing table)".bold());
-    println!("{}", table(&header, &rows));
-    println!();
+    crate::outln!();
+    crate::outln!("{}", "Verdict (read back from the processing table)".bold());
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!();
     let fastest = verdicts
         .iter()
         .map(|v| v.jobs_per_s)
         .fold(0.0_f64, f64::max);
     for (verdict, note) in verdicts.iter().zip(notes) {
-        println!(
+        crate::outln!(
             "  {} {}",
             format!("{}:", verdict.mode.name()).bold(),
             meaning(args, verdict, note, fastest)

@@ -27,11 +27,11 @@ use anyhow::{Context, Result, anyhow};
 use postgres::Client;
 use postgres::error::SqlState;
 
-use crate::connect;
+use crate::connect::{self, PgClient};
 
 /// One lock on one session. The advisory key is derived from the lock's name.
 pub struct PgLock {
-    session: Arc<Mutex<Client>>,
+    session: Arc<Mutex<PgClient>>,
     pub name: String,
     /// The server's process id for our session: what `pg_locks` shows and
     /// `pg_terminate_backend` takes.
@@ -106,12 +106,7 @@ impl PgLock {
         ) {
             Ok(_) => true,
             Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => false,
-            Err(err) => {
-                return Err(anyhow!(
-                    "Postgres: pg_advisory_lock: {}",
-                    connect::pg_cause(&err)
-                ));
-            }
+            Err(err) => return Err(anyhow::Error::new(err).context("Postgres: pg_advisory_lock")),
         };
         session
             .batch_execute("RESET lock_timeout; RESET statement_timeout")
@@ -135,7 +130,7 @@ impl PgLock {
         Ok(row.get(0))
     }
 
-    fn lock_session(&self) -> std::sync::MutexGuard<'_, Client> {
+    fn lock_session(&self) -> std::sync::MutexGuard<'_, PgClient> {
         self.session
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -172,7 +167,7 @@ struct Pinger {
 
 impl Pinger {
     fn start(
-        session: Arc<Mutex<Client>>,
+        session: Arc<Mutex<PgClient>>,
         every: Duration,
         on_lost: impl FnOnce(String) + Send + 'static,
     ) -> Pinger {
@@ -198,7 +193,7 @@ impl Pinger {
                     .simple_query("SELECT 1");
                 last = Instant::now();
                 if let Err(err) = result {
-                    on_lost(connect::pg_cause(&err));
+                    on_lost(connect::pg_failure(&err));
                     return;
                 }
             }

@@ -19,7 +19,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use redis::{Connection, Script};
+use redis::Script;
+
+use crate::connect::RedisConn;
 
 use super::random_owner;
 
@@ -88,13 +90,13 @@ impl Release {
 }
 
 pub struct RedisLock {
-    connection: Connection,
+    connection: RedisConn,
     pub key: String,
     pub ttl: Duration,
 }
 
 impl RedisLock {
-    pub fn new(connection: Connection, key: &str, ttl: Duration) -> RedisLock {
+    pub fn new(connection: RedisConn, key: &str, ttl: Duration) -> RedisLock {
         RedisLock {
             connection,
             key: key.to_string(),
@@ -294,7 +296,7 @@ impl RedisLock {
 /// The lock as Redis sees it: the owner value in `key` (if any) and its PTTL (-2: no key,
 /// -1: no expiry), read together in MULTI/EXEC so that both describe the same moment.
 pub fn owner_and_pttl(
-    connection: &mut Connection,
+    connection: &mut redis::Connection,
     key: &str,
 ) -> redis::RedisResult<(Option<String>, i64)> {
     redis::pipe()

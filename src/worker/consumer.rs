@@ -5,7 +5,6 @@ use std::io::{self, BufRead};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, bail};
-use postgres::Client;
 use serde::{Deserialize, Serialize};
 
 use crate::connect;
@@ -99,7 +98,7 @@ pub fn run(role: &Role) -> Result<()> {
 struct Worker<'a> {
     role: &'a Role,
     me: Emitter,
-    db: Client,
+    db: connect::PgClient,
     st: Statements,
 }
 

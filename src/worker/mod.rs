@@ -11,7 +11,7 @@ pub mod consumer;
 pub mod holder;
 pub mod racer;
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
@@ -45,7 +45,7 @@ pub fn run_internal() -> ExitCode {
     let spec = match spec {
         Ok(spec) => spec,
         Err(err) => {
-            let _ = writeln!(io::stderr(), "lockslab worker: bad script on stdin: {err}");
+            crate::errln!("lockslab worker: bad script on stdin: {err}");
             return ExitCode::from(2);
         }
     };
@@ -54,7 +54,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::Racer(role) => (role.name.clone(), racer::run(&role)),
         WorkerSpec::Consumer(role) => (role.name.clone(), consumer::run(&role)),
     };
-    match result {
+    match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             Emitter::new(&name).say(Kind::Error, format!("{err:#}"));

@@ -13,7 +13,7 @@ use redis::Connection;
 use serde::{Deserialize, Serialize};
 
 use super::await_command;
-use crate::connect::{self, Backend};
+use crate::connect::{self};
 use crate::events::{Emitter, Kind};
 use crate::lock::redis::{Held, RETRY_EVERY, RedisLock};
 use crate::output::human;
@@ -24,11 +24,8 @@ use crate::output::human;
 /// so printing the error with its chain would say the cause twice; this builds the
 /// message from text instead.
 pub fn redis_failed(step: &str, url: &str, err: &redis::RedisError) -> anyhow::Error {
-    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
-        anyhow!(
-            "{step}: {}",
-            Backend::Redis.unreachable(url, connect::redis_cause(err))
-        )
+    if let Some(line) = connect::redis_failure(url, err) {
+        anyhow!("{step}: {line}")
     } else {
         anyhow!(
             "{step}: Redis at {} answered with an error: {err}",

@@ -1,0 +1,475 @@
+//! Signals and terminals, with real processes and real signals: cleanup never depends on
+//! being able to print.
+//!
+//! - Ctrl-C, SIGTERM and SIGHUP clean up and exit 128+signal even when stderr cannot be
+//!   written (`2>/dev/full`, or a pipe whose reader is gone).
+//! - Closing the terminal (the pty's master side) ends a lab with 129, whether its stdout is
+//!   on that terminal or redirected, and whether the SIGHUP or the failed write comes first.
+//! - `lockslab <lab> | head` ends with 141 (SIGPIPE's status) and no panic, wherever the
+//!   reader goes away, the verdict table included.
+//!
+//! Every case records the lab's whole process tree while it runs and checks afterwards that
+//! none of it is left: not running, not stopped, not a zombie.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// A process as /proc shows it. The start time tells a process from a later one that got
+/// the same pid.
+#[derive(Clone, Debug)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    state: char,
+    start: u64,
+    cmdline: String,
+}
+
+fn proc_table() -> Vec<Proc> {
+    let mut table = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        // After the command name: state (field 3), ppid (4), … starttime (22).
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let (Some(state), Some(ppid), Some(start)) = (
+            fields.first().and_then(|f| f.chars().next()),
+            fields.get(1).and_then(|f| f.parse().ok()),
+            fields.get(19).and_then(|f| f.parse().ok()),
+        ) else {
+            continue;
+        };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        table.push(Proc {
+            pid,
+            ppid,
+            state,
+            start,
+            cmdline: String::from_utf8_lossy(&cmdline).replace('\0', " "),
+        });
+    }
+    table
+}
+
+/// Everything a lab started, as seen while it ran.
+struct Family {
+    root: i32,
+    seen: HashMap<i32, Proc>,
+}
+
+impl Family {
+    fn of(child: &Child) -> Family {
+        Family {
+            root: child.id() as i32,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The lab's descendants now (recorded for the final check).
+    fn look(&mut self) -> Vec<Proc> {
+        let table = proc_table();
+        let mut found = Vec::new();
+        let mut parents = vec![self.root];
+        while let Some(parent) = parents.pop() {
+            for p in table.iter().filter(|p| p.ppid == parent) {
+                parents.push(p.pid);
+                found.push(p.clone());
+                self.seen.insert(p.pid, p.clone());
+            }
+        }
+        found
+    }
+
+    /// True once one of the lab's workers is stopped (gc-pause's A, frozen past its TTL).
+    fn a_worker_is_frozen(&mut self) -> bool {
+        self.look()
+            .iter()
+            .any(|p| p.state == 'T' && p.cmdline.contains("__worker"))
+    }
+
+    /// Nothing the lab started is still there: not running, not stopped, not a zombie.
+    fn assert_gone(&self) {
+        assert!(
+            self.seen.values().any(|p| p.cmdline.contains("__worker")),
+            "the test never saw a worker: {:?}",
+            self.seen
+        );
+        let table = proc_table();
+        let left: Vec<&Proc> = table
+            .iter()
+            .filter(|p| self.seen.get(&p.pid).is_some_and(|s| s.start == p.start))
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:#?}");
+    }
+}
+
+/// Waits for the lab to exit; a lab still running after `within` is killed and reported.
+fn exit_within(child: &mut Child, within: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {within:?} (the signal was ignored)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until `ready` holds, polling; fails the test after a minute.
+fn wait_for(child: &mut Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the lab ended ({status}) before {what}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not happen within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The gc-pause run used by the signal cases: long enough to strike while A is frozen.
+const GC_PAUSE: [&str; 5] = ["gc-pause", "--ttl", "4s", "--fencing", "on"];
+
+/// The run's rows and keys are gone from the shared servers: the lab's own cleanup ran,
+/// not just the kernel's end of its children.
+fn assert_run_cleaned_up(json_out: &str) {
+    let run_id = json_out
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|event| event["kind"] == "run")
+        .and_then(|event| event["run_id"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("no run event in:\n{json_out}"));
+    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut redis)
+        .unwrap();
+    assert!(keys.is_empty(), "keys left behind: {keys:?}");
+    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
+    let rows: i64 = db
+        .query_one(
+            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "rows left behind for run {run_id}");
+}
+
+// ── stderr that cannot be written ────────────────────────────────────────────────────────
+
+#[derive(Clone, Copy, Debug)]
+enum DeadStderr {
+    /// `2>/dev/full`: every write fails with ENOSPC.
+    Full,
+    /// `2>&-` in spirit: a pipe whose reader has gone, every write fails with EPIPE.
+    ClosedPipe,
+}
+
+/// Signals gc-pause while A is frozen, with stderr unwritable: the cleanup runs anyway and
+/// the exit status is the signal's.
+fn signal_with_dead_stderr(stderr: DeadStderr, signal: Signal) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut args = GC_PAUSE.to_vec();
+    args.push("--json");
+    let mut command = lockslab(&args);
+    command
+        .stdin(Stdio::null())
+        .stdout(out.reopen().unwrap())
+        .env("RUST_BACKTRACE", "0");
+    let mut reader = None;
+    match stderr {
+        DeadStderr::Full => {
+            command.stderr(File::options().write(true).open("/dev/full").unwrap());
+        }
+        DeadStderr::ClosedPipe => {
+            let (read, write) = std::io::pipe().unwrap();
+            command.stderr(write);
+            reader = Some(read);
+        }
+    }
+    let mut lab = command.spawn().unwrap();
+    drop(command); // our copy of the pipe's write end
+    drop(reader); // nobody will ever read the lab's stderr
+    let mut family = Family::of(&lab);
+    wait_for(&mut lab, "A froze", || family.a_worker_is_frozen());
+
+    kill(Pid::from_raw(lab.id() as i32), signal).unwrap();
+    let status = exit_within(&mut lab, Duration::from_secs(30), &format!("{signal}"));
+    family.look();
+    assert_eq!(
+        status.code(),
+        Some(128 + signal as i32),
+        "{signal} with stderr on {stderr:?}: {status}"
+    );
+    family.assert_gone();
+    assert_run_cleaned_up(&fs::read_to_string(out.path()).unwrap());
+}
+
+#[test]
+fn sigint_cleans_up_with_stderr_on_dev_full() {
+    signal_with_dead_stderr(DeadStderr::Full, Signal::SIGINT);
+}
+
+#[test]
+fn sigterm_cleans_up_with_stderr_on_dev_full() {
+    signal_with_dead_stderr(DeadStderr::Full, Signal::SIGTERM);
+}
+
+#[test]
+fn sighup_cleans_up_with_stderr_on_dev_full() {
+    signal_with_dead_stderr(DeadStderr::Full, Signal::SIGHUP);
+}
+
+#[test]
+fn sigint_cleans_up_with_stderr_on_a_closed_pipe() {
+    signal_with_dead_stderr(DeadStderr::ClosedPipe, Signal::SIGINT);
+}
+
+#[test]
+fn sigterm_cleans_up_with_stderr_on_a_closed_pipe() {
+    signal_with_dead_stderr(DeadStderr::ClosedPipe, Signal::SIGTERM);
+}
+
+#[test]
+fn sighup_cleans_up_with_stderr_on_a_closed_pipe() {
+    signal_with_dead_stderr(DeadStderr::ClosedPipe, Signal::SIGHUP);
+}
+
+// ── a terminal that goes away ────────────────────────────────────────────────────────────
+
+/// A pseudo-terminal: the test holds the master (the terminal window), the lab gets the
+/// slave. Both ends are close-on-exec, so that no other process this test binary starts
+/// meanwhile keeps the master open: closing it must really hang the terminal up.
+fn open_pty() -> (File, OwnedFd) {
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let master = nix::pty::posix_openpt(flags).unwrap();
+    nix::pty::grantpt(&master).unwrap();
+    nix::pty::unlockpt(&master).unwrap();
+    let slave_path = nix::pty::ptsname_r(&master).unwrap();
+    let slave =
+        nix::fcntl::open(slave_path.as_str(), flags, nix::sys::stat::Mode::empty()).unwrap();
+    // SAFETY: the master was just opened here; into_raw_fd hands over its only owner.
+    let master = unsafe {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        File::from_raw_fd(master.into_raw_fd())
+    };
+    fcntl(&master, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+    (master, slave)
+}
+
+/// Where the lab's stdout goes while its terminal is the pty.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stdout {
+    Terminal,
+    File,
+}
+
+/// Runs gc-pause on a pty, closes the pty's master side while A is frozen, and returns the
+/// exit status. With `controlling`, the pty is the lab's controlling terminal (the lab leads
+/// its own session, so the kernel sends it SIGHUP on hang-up); without, the lab only finds
+/// out when a write to the terminal fails.
+fn hang_up(stdout: Stdout, controlling: bool) {
+    let (mut master, slave) = open_pty();
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut command = lockslab(&GC_PAUSE);
+    // A terminal as a learner has it: colours and progress bars on.
+    command
+        .env_remove("NO_COLOR")
+        .env("TERM", "xterm-256color")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    match stdout {
+        Stdout::Terminal => command.stdout(slave.try_clone().unwrap()),
+        Stdout::File => command.stdout(out.reopen().unwrap()),
+    };
+    if controlling {
+        // SAFETY: between fork and exec only async-signal-safe calls: setsid and ioctl are
+        // plain system calls, and the error is built from errno without allocating.
+        unsafe {
+            command.pre_exec(|| {
+                nix::unistd::setsid()?;
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut lab = command.spawn().unwrap();
+    drop(command);
+    drop(slave);
+    let mut family = Family::of(&lab);
+    let mut shown = Vec::new();
+    let mut drain = |master: &mut File| {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            shown.extend_from_slice(&buf[..n]);
+        }
+    };
+    wait_for(&mut lab, "A froze", || {
+        drain(&mut master);
+        family.a_worker_is_frozen()
+    });
+    drain(&mut master);
+
+    drop(master); // the terminal window closes
+    let status = exit_within(&mut lab, Duration::from_secs(60), "hang-up");
+    family.look();
+    let shown = String::from_utf8_lossy(&shown);
+    assert!(!shown.contains("panicked"), "{shown}");
+    assert_eq!(
+        status.code(),
+        Some(129),
+        "hang-up with stdout on {stdout:?} (controlling terminal: {controlling}): {status}\n{shown}"
+    );
+    family.assert_gone();
+}
+
+#[test]
+fn hang_up_with_stdout_on_the_terminal_exits_129() {
+    hang_up(Stdout::Terminal, true);
+}
+
+#[test]
+fn hang_up_with_stdout_redirected_exits_129() {
+    hang_up(Stdout::File, true);
+}
+
+/// The SIGHUP is not always first: the kernel switches the terminal to "hung up" before it
+/// signals, and a shell forwards its own SIGHUP later still. Here no SIGHUP comes at all:
+/// a failed write to a terminal is a hang-up too, not a closed pipe.
+#[test]
+fn a_write_to_a_hung_up_terminal_means_129_not_141() {
+    hang_up(Stdout::Terminal, false);
+}
+
+// ── stdout closed early: `lockslab <lab> | head` ─────────────────────────────────────────
+
+/// Runs a lab with stdout on a pipe and closes the pipe's read end after the line for which
+/// `enough` says so, like `head`. Returns the exit status, once checked for a clean end.
+fn closed_after(args: &[&str], enough: impl Fn(usize, &str) -> bool) -> ExitStatus {
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut lab = lockslab(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err.reopen().unwrap())
+        .env("RUST_BACKTRACE", "0")
+        .spawn()
+        .unwrap();
+    // The process table is read on a thread of its own: a scan of /proc takes longer than
+    // the few milliseconds between the lab's last timeline line and its verdict table, and
+    // the reader must not lag behind the lab.
+    let family = Arc::new(Mutex::new(Family::of(&lab)));
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (family, done) = (Arc::clone(&family), Arc::clone(&done));
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                family.lock().unwrap().look();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut count = 0;
+    let mut last = String::new();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                count += 1;
+                if enough(count, &line) {
+                    break;
+                }
+                last = line;
+            }
+            _ => {
+                done.store(true, Ordering::SeqCst);
+                panic!("the lab ended after {count} lines (last: {last:?}) before the reader left")
+            }
+        }
+    }
+    drop(lines); // the reader goes away, as `head` does
+    let status = exit_within(&mut lab, Duration::from_secs(60), "closed stdout");
+    done.store(true, Ordering::SeqCst);
+    watcher.join().unwrap();
+    let family = family.lock().unwrap();
+    let stderr = fs::read_to_string(err.path()).unwrap();
+    assert!(
+        !stderr.contains("failed printing") && !stderr.contains("panicked"),
+        "{args:?} after {count} lines: {status}\n{stderr}"
+    );
+    family.assert_gone();
+    status
+}
+
+/// The status of a lab whose reader left: 141, as if killed by SIGPIPE — or 0 when the lab
+/// had already written everything before the reader left (as `seq 3 | head -n 5`).
+fn assert_sigpipe_status(status: ExitStatus, what: &str) {
+    assert!(
+        matches!(status.code(), Some(141) | Some(0)),
+        "{what}: {status}, expected 141"
+    );
+}
+
+/// `lockslab skip-locked | head -n 21`: the 21st line, the processing table's count, is the
+/// last one before the verdict table, so the verdict is what meets the closed pipe.
+#[test]
+fn skip_locked_into_head_ends_with_141_not_a_panic() {
+    let status = closed_after(&["skip-locked"], |_, line| {
+        line.contains("the processing table says")
+    });
+    assert_sigpipe_status(status, "skip-locked | head -n 21");
+}
+
+/// `lockslab etcd-vs-redis | head -n 80`, give or take a line: closed right after the
+/// store's last answer (etcd's), so the verdict table is what meets the closed pipe.
+#[test]
+fn etcd_vs_redis_into_head_ends_with_141_not_a_panic() {
+    let status = closed_after(&["etcd-vs-redis"], |_, line| {
+        line.split_whitespace().nth(1) == Some("store") && line.contains("etcd:")
+    });
+    assert_sigpipe_status(status, "etcd-vs-redis | head -n 80");
+}
+
+/// Closed early, mid-timeline, with workers alive (one of them frozen in gc-pause): they are
+/// stopped, and the status is SIGPIPE's.
+#[test]
+fn gc_pause_and_naive_into_a_short_head_end_with_141() {
+    // gc-pause's 11th line: the lab sees A stopped; naive's 7th: ten racers are at it.
+    for (args, n) in [(&["gc-pause"][..], 11), (&["naive"][..], 7)] {
+        let status = closed_after(args, |count, _| count == n);
+        assert_eq!(status.code(), Some(141), "{args:?} | head -n {n}: {status}");
+    }
+}
