@@ -667,6 +667,15 @@ impl PrivateServers {
                 pid
             }
         };
+        // Known as ours before the first readiness probe: a probe refused while the server
+        // is still starting must not mark its URL as a server that went away.
+        connect::note_source(
+            &url,
+            match self.lifetime {
+                Lifetime::ThisRun => connect::Source::Private,
+                Lifetime::Detached => connect::Source::Up,
+            },
+        );
         self.urls.push((backend, url));
         self.pids.push((backend, pid));
         if self.lifetime == Lifetime::Detached {
