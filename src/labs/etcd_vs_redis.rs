@@ -31,6 +31,7 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::leftovers::Leftovers;
 use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id};
 use crate::check::{self, Finding, LateWrite};
 use crate::connect::{self, Backend};
@@ -261,16 +262,11 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     let mut cells = Vec::new();
     // On Ctrl-C the workers are killed mid-run: their rows, keys and leases would stay on
     // a server that a whole workshop may share.
-    let _on_interrupt = crate::procs::on_interrupt({
-        let run_id = plan.run_id.clone();
-        let urls = urls.clone();
-        move || {
-            if let Ok(mut store) = Store::connect(&urls.postgres) {
-                let _ = store.forget_run(&run_id);
-            }
-            forget_keys(&run_id, &urls);
-        }
-    });
+    let leftovers = Leftovers::of_run(&plan.run_id)
+        .store(&urls.postgres)
+        .redis(&urls.redis)
+        .etcd(&urls.etcd)
+        .removed_at_the_end();
     let result = (|| -> Result<()> {
         for &scenario in &scenarios {
             cells.extend(play(&plan, scenario, &urls, &mut store)?);
@@ -278,8 +274,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    let _ = store.forget_run(&plan.run_id);
-    forget_keys(&plan.run_id, &urls);
+    leftovers.now();
     result?;
 
     if style.json {
@@ -383,40 +378,6 @@ impl Urls {
             Service::Postgres => &self.postgres,
         }
     }
-}
-
-/// Deletes the run's keys (its rows are the store's to forget): Redis's by SCAN, and etcd's
-/// together with the leases they hang on. After a normal run those leases are revoked or
-/// expired already; after Ctrl-C a killed worker's lease would live on for its whole TTL,
-/// and its key with it. Postgres's advisory locks end with their sessions.
-fn forget_keys(run_id: &str, urls: &Urls) {
-    super::forget_redis_keys(&urls.redis, run_id);
-    if connect::gave_up_on(&urls.etcd) {
-        return;
-    }
-    let Ok(runtime) = connect::etcd_runtime() else {
-        return;
-    };
-    runtime.block_on(async {
-        let Ok(mut client) = connect::etcd(&urls.etcd).await else {
-            return;
-        };
-        let prefix = format!("lockslab:{run_id}:");
-        let options = etcd_client::GetOptions::new().with_prefix();
-        if let Ok(found) = client.get(prefix.as_str(), Some(options)).await {
-            let leases: std::collections::BTreeSet<i64> = found
-                .kvs()
-                .iter()
-                .map(|kv| kv.lease())
-                .filter(|&lease| lease != 0)
-                .collect();
-            for lease in leases {
-                let _ = client.lease_revoke(lease).await;
-            }
-        }
-        let options = etcd_client::DeleteOptions::new().with_prefix();
-        let _ = client.delete(prefix.as_str(), Some(options)).await;
-    });
 }
 
 /// One backend's holder and waiter within a scenario.

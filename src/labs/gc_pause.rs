@@ -24,6 +24,7 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::leftovers::Leftovers;
 use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, duration_in, new_run_id};
 use crate::check::{self, LateWrite};
 use crate::connect::{self, Backend};
@@ -248,17 +249,10 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         Fencing::Both => &[false, true],
     };
     let mut verdicts = Vec::new();
-    let _on_interrupt = crate::procs::on_interrupt({
-        let run_id = run_id.clone();
-        let redis_url = servers.url(Backend::Redis).to_string();
-        let postgres_url = servers.url(Backend::Postgres).to_string();
-        move || {
-            if let Ok(mut store) = Store::connect_for_cleanup(&postgres_url) {
-                let _ = store.forget_run(&run_id);
-            }
-            super::forget_redis_keys(&redis_url, &run_id);
-        }
-    });
+    let leftovers = Leftovers::of_run(&run_id)
+        .store(servers.url(Backend::Postgres))
+        .redis(servers.url(Backend::Redis))
+        .removed_at_the_end();
     let result = (|| -> Result<()> {
         for &fenced in fencing_runs {
             let play = Play {
@@ -278,7 +272,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    cleanup(&run_id, servers.url(Backend::Redis), &mut store);
+    leftovers.now();
     result?;
 
     if style.json {
@@ -296,12 +290,6 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         print_verdicts(&verdicts, ttl, pause);
     }
     Ok(())
-}
-
-/// Deletes the run's keys and rows; the verdict has been read by then.
-fn cleanup(run_id: &str, redis_url: &str, store: &mut Store) {
-    let _ = store.forget_run(run_id);
-    super::forget_redis_keys(redis_url, run_id);
 }
 
 /// One run of the story.

@@ -7,6 +7,7 @@
 
 pub mod etcd_vs_redis;
 pub mod gc_pause;
+pub mod leftovers;
 pub mod naive;
 pub mod skip_locked;
 
@@ -58,26 +59,6 @@ pub use crate::flags::{
 /// server can host a whole workshop without runs seeing each other.
 pub fn new_run_id() -> String {
     crate::lock::random_owner()[..8].to_string()
-}
-
-/// Deletes every Redis key of a run (`lockslab:<run id>:*`). SCAN, not KEYS: on a server a
-/// whole workshop shares, KEYS would stall everyone while it walks the keyspace. Skipped
-/// when this Redis stopped answering during the run: cleanup must not wait on it again.
-pub fn forget_redis_keys(redis_url: &str, run_id: &str) {
-    if crate::connect::gave_up_on(redis_url) {
-        return;
-    }
-    let Ok(mut redis) = crate::connect::redis(redis_url) else {
-        return;
-    };
-    let keys: Vec<String> =
-        match redis::Commands::scan_match(&mut redis, format!("lockslab:{run_id}:*")) {
-            Ok(keys) => keys.filter_map(Result::ok).collect(),
-            Err(_) => return,
-        };
-    for chunk in keys.chunks(500) {
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(chunk).query(&mut redis);
-    }
 }
 
 /// A worker's failure, as the orchestrator reports it. When a server froze or went away,

@@ -33,6 +33,7 @@ use redis::Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use super::leftovers::Leftovers;
 use super::{
     LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
 };
@@ -265,10 +266,10 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     intro.say("The lock everyone writes first, broken four ways; each bug runs beside its fix.");
 
     let mut verdicts = Vec::new();
-    let _on_interrupt = crate::procs::on_interrupt({
-        let (redis_url, run_id) = (lab.redis_url.clone(), lab.run_id.clone());
-        move || super::forget_redis_keys(&redis_url, &run_id)
-    });
+    // The stuck keys above all: without a TTL they would stay in Redis for good.
+    let leftovers = Leftovers::of_run(&lab.run_id)
+        .redis(&lab.redis_url)
+        .removed_at_the_end();
     let result = (|| -> Result<()> {
         for scenario in scenarios {
             let verdict = match scenario {
@@ -289,7 +290,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    lab.cleanup();
+    leftovers.now();
     result?;
 
     if style.json {
@@ -995,37 +996,6 @@ impl Lab<'_> {
             fixed,
             meaning,
             example: None,
-        }
-    }
-
-    /// Deletes the run's keys — the stuck ones above all, which would otherwise stay
-    /// forever — and says so in one line if Redis does not let it.
-    fn cleanup(&self) {
-        if connect::gave_up_on(&self.redis_url) {
-            return;
-        }
-        let pattern = format!("lockslab:{}:*", self.run_id);
-        let forget = || -> Result<()> {
-            let mut redis = self.redis()?;
-            let keys: Vec<String> = redis::cmd("SCAN")
-                .cursor_arg(0)
-                .arg("MATCH")
-                .arg(&pattern)
-                .clone()
-                .iter(&mut redis)
-                .step(&self.redis_url, "listing the run's keys")?
-                .collect::<redis::RedisResult<_>>()
-                .step(&self.redis_url, "listing the run's keys")?;
-            for chunk in keys.chunks(500) {
-                redis::cmd("DEL")
-                    .arg(chunk)
-                    .query::<i64>(&mut redis)
-                    .step(&self.redis_url, "deleting the run's keys")?;
-            }
-            Ok(())
-        };
-        if let Err(err) = forget() {
-            crate::errln!("lockslab: this run's keys ({pattern}) are still in Redis: {err:#}");
         }
     }
 }

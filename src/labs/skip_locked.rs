@@ -43,6 +43,7 @@ use postgres::Client;
 use serde::Serialize;
 use serde_json::json;
 
+use super::leftovers::Leftovers;
 use super::{
     LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
 };
@@ -300,21 +301,13 @@ impl Play<'_> {
             "DROP TABLE IF EXISTS {}, {}",
             self.queue.jobs, self.queue.processing
         );
-        let _on_interrupt = crate::procs::on_interrupt({
-            let (url, drop_tables) = (self.url.to_string(), drop_tables.clone());
-            move || {
-                if let Ok(mut db) = connect::postgres_for_cleanup(&url) {
-                    let _ = db.batch_execute(&drop_tables);
-                }
-            }
-        });
+        let leftovers = Leftovers::of_run(self.run_id)
+            .sql(self.url, &drop_tables)
+            .removed_at_the_end();
         let result = self.rounds(&mut db, stage).map_err(connect::explain);
-        // The verdict has been read by now (or the run failed): the tables go either way —
-        // unless the server stopped answering, and then waiting for it again helps nobody.
-        if !connect::gave_up_on(self.url) {
-            db.bound(connect::CLEANUP_TIMEOUT);
-            let _ = db.batch_execute(&drop_tables);
-        }
+        // The verdict has been read by now (or the run failed): the tables go either way.
+        drop(db);
+        leftovers.now();
         result
     }
 
