@@ -45,17 +45,16 @@ fn main() {
         let (wall, lines, verdict) = timed_json(&["gc-pause"]);
         walls.push(wall);
         let pause = Duration::from_millis(verdict["pause_ms"].as_u64().unwrap());
-        // Each run's clock restarts at 0: a run ends at the last event before the clock drops.
-        let mut run_ends = Vec::new();
-        let mut last = 0;
+        // Both runs share one clock; each event says which run (`fencing`) it belongs to.
+        let mut runs: Vec<(bool, u64, u64)> = Vec::new(); // (fencing, first t_ms, last t_ms)
         for event in &lines[..lines.len() - 1] {
-            let t = event["t_ms"].as_u64().unwrap();
-            if t < last {
-                run_ends.push(last);
+            let (fenced, t) = (event["fencing"] == true, event["t_ms"].as_u64().unwrap());
+            match runs.last_mut() {
+                Some(run) if run.0 == fenced => run.2 = t,
+                _ => runs.push((fenced, t, t)),
             }
-            last = t;
         }
-        run_ends.push(last);
+        let run_ends: Vec<u64> = runs.iter().map(|(_, first, last)| last - first).collect();
         for end in run_ends {
             overheads.push(Duration::from_millis(end).saturating_sub(pause));
         }

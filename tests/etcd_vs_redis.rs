@@ -462,12 +462,5 @@ fn a_lease_lost_near_the_end_of_the_pause_is_two_holders_by_etcds_answers() {
             _ => assert_eq!(accepted, &Value::Null, "{c}"),
         }
     }
-    let stamps: Vec<u64> = lines[..lines.len() - 1]
-        .iter()
-        .filter_map(|e| e["t_ms"].as_u64())
-        .collect();
-    assert!(
-        stamps.windows(2).all(|w| w[0] <= w[1]),
-        "one clock for the whole run: {stamps:?}"
-    );
+    assert_one_clock(&lines);
 }

@@ -396,5 +396,6 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
             let problems = gc_pause_disagreements(run, &store_lines);
             assert!(problems.is_empty(), "pause {pause}: {problems:?}\n{run}");
         }
+        assert_one_clock(&lines);
     }
 }

@@ -246,7 +246,9 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
 #[test]
 fn printed_counts_match_the_json_verdict() {
     let args = [&["wrong-release"][..], &FAST].concat();
-    let (_, verdict) = naive(&args);
+    let (lines, verdict) = naive(&args);
+    // Both variants of the scenario on the run's one clock.
+    assert_one_clock(&lines);
     let text = run_human(&[&["naive"][..], &args].concat());
     let run = scenario(&verdict, "wrong-release");
     let row = text

@@ -253,10 +253,12 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         .store(servers.url(Backend::Postgres))
         .redis(servers.url(Backend::Redis))
         .removed_at_the_end();
+    let started = Instant::now();
     let result = (|| -> Result<()> {
         for &fenced in fencing_runs {
             let play = Play {
                 run_id: &run_id,
+                started,
                 ttl,
                 pause,
                 freeze: args.freeze,
@@ -294,6 +296,8 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
 
 /// One run of the story.
 struct Play<'a> {
+    /// The lab run's one clock: both runs' events are stamped from here.
+    started: Instant,
     run_id: &'a str,
     ttl: Duration,
     pause: Duration,
@@ -305,7 +309,7 @@ struct Play<'a> {
 impl Play<'_> {
     fn run(&self, redis_url: &str, postgres_url: &str, store: &mut Store) -> Result<RunVerdict> {
         let label = if self.fenced { "fenced" } else { "unfenced" };
-        let mut stage = Stage::new(self.style);
+        let mut stage = Stage::on_clock(self.style, self.started);
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
@@ -339,7 +343,7 @@ impl Play<'_> {
         };
         let mut lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, self.ttl);
 
-        // Every event of this run says which run it belongs to: t_ms restarts per run.
+        // Every event of this run says which run it belongs to (both share one clock).
         stage.tag("fencing", self.fenced);
         stage.record(
             Event::new(

@@ -254,6 +254,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     let servers = servers::provide(&args.servers, &[Backend::Redis])?;
     let lab = Lab {
         run_id: new_run_id(),
+        started: Instant::now(),
         redis_url: servers.url(Backend::Redis).to_string(),
         style,
         args,
@@ -351,6 +352,8 @@ fn check_flags(args: &NaiveArgs, scenarios: &[Scenario]) -> Result<()> {
 
 struct Lab<'a> {
     run_id: String,
+    /// The lab run's one clock: every scenario's events are stamped from here.
+    started: Instant,
     redis_url: String,
     style: Style,
     args: &'a NaiveArgs,
@@ -370,10 +373,10 @@ impl Lab<'_> {
         connect::redis(&self.redis_url)
     }
 
-    /// A fresh stage (its clock starts at 0) under a heading naming the lock in play.
+    /// A fresh stage, on the run's one clock, under a heading naming the lock in play.
     /// Every event it shows carries `scenario` and `variant`, for `--json` readers.
     fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
-        let mut stage = Stage::new(self.style);
+        let mut stage = Stage::on_clock(self.style, self.started);
         stage.tag("scenario", scenario.name());
         stage.tag("variant", variant_name(fixed));
         let (broken, fix) = scenario.broken_and_fix();
@@ -428,7 +431,7 @@ impl Lab<'_> {
         let args = self.args;
         // One stage, one clock for both runs. The start-up below is the broken run's
         // (it comes first); `race_run` switches the tag when the fixed run begins.
-        let mut stage = Stage::new(self.style);
+        let mut stage = Stage::on_clock(self.style, self.started);
         stage.tag("scenario", Scenario::Race.name());
         stage.tag("variant", variant_name(false));
         stage.timeline.say("");

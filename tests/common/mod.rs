@@ -419,3 +419,17 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
     }
     problems
 }
+
+/// The events of one lab run are stamped on one clock: `t_ms` never goes backwards, across
+/// the runs and scenarios of one command too.
+pub fn assert_one_clock(lines: &[Value]) {
+    let stamps: Vec<u64> = lines
+        .iter()
+        .filter(|e| e["kind"] != "verdict")
+        .filter_map(|e| e["t_ms"].as_u64())
+        .collect();
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "one clock for the whole run: {stamps:?}"
+    );
+}
