@@ -130,6 +130,15 @@ impl LateWrite {
         }
     }
 
+    /// Whether the store took the late write; None when there was none.
+    pub fn accepted(self) -> Option<bool> {
+        match self {
+            LateWrite::Accepted => Some(true),
+            LateWrite::Rejected => Some(false),
+            LateWrite::None => None,
+        }
+    }
+
     /// A stale write reached the store after the next holder's (accepted or not).
     pub fn attempted(self) -> bool {
         matches!(self, LateWrite::Accepted | LateWrite::Rejected)

@@ -136,6 +136,17 @@ pub struct ReadBack {
     pub attempts: Vec<Attempt>,
 }
 
+impl ReadBack {
+    /// The token of `writer`'s last attempt, if it sent one.
+    pub fn last_token_of(&self, writer: &str) -> Option<i64> {
+        self.attempts
+            .iter()
+            .rev()
+            .find(|a| a.writer == writer)
+            .and_then(|a| a.token)
+    }
+}
+
 pub struct Store {
     client: PgClient,
     url: String,

@@ -185,21 +185,7 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
     );
 
     // The run's keys and rows are gone from the shared servers too.
-    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("lockslab:{run_id}:*"))
-        .query(&mut redis)
-        .unwrap();
-    assert!(keys.is_empty(), "keys left behind: {keys:?}");
-    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
-    let rows: i64 = db
-        .query_one(
-            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
-            &[&run_id],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 0, "rows left behind for run {run_id}");
+    assert_run_left_nothing(&run_id);
 }
 
 #[test]

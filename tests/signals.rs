@@ -169,21 +169,7 @@ fn assert_run_cleaned_up(json_out: &str) {
         .find(|event| event["kind"] == "run")
         .and_then(|event| event["run_id"].as_str().map(String::from))
         .unwrap_or_else(|| panic!("no run event in:\n{json_out}"));
-    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("lockslab:{run_id}:*"))
-        .query(&mut redis)
-        .unwrap();
-    assert!(keys.is_empty(), "keys left behind: {keys:?}");
-    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
-    let rows: i64 = db
-        .query_one(
-            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
-            &[&run_id],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 0, "rows left behind for run {run_id}");
+    assert_run_left_nothing(&run_id);
 }
 
 // ── stderr that cannot be written ────────────────────────────────────────────────────────

@@ -887,13 +887,6 @@ impl Lane {
                 }
             }
         };
-        let token_of = |writer: &str| {
-            read.attempts
-                .iter()
-                .rev()
-                .find(|a| a.writer == writer)
-                .and_then(|a| a.token)
-        };
         let fencing_token =
             !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
         let (expected, expected_why) = self.expected(stage, plan, scenario);
@@ -905,15 +898,11 @@ impl Lane {
             expected_why,
             two_holders: check::two_holders_given_writes(two_holders, late_write).as_option(),
             late_write,
-            stale_write_accepted: match late_write {
-                LateWrite::Accepted => Some(true),
-                LateWrite::Rejected => Some(false),
-                _ => None,
-            },
+            stale_write_accepted: late_write.accepted(),
             fencing_token,
             detail: Detail {
-                holder_token: token_of(&self.holder_name),
-                waiter_token: token_of(&self.waiter_name),
+                holder_token: read.last_token_of(&self.holder_name),
+                waiter_token: read.last_token_of(&self.waiter_name),
             },
             attempts: read.attempts,
         }

@@ -138,13 +138,6 @@ impl RunVerdict {
             );
         }
         let late_write = check::late_write(&read.attempts, "A", "B");
-        let token_of = |writer: &str| {
-            read.attempts
-                .iter()
-                .rev()
-                .find(|a| a.writer == writer)
-                .and_then(|a| a.token)
-        };
         Ok(RunVerdict {
             fencing,
             two_holders: check::two_holders_given_writes(
@@ -154,15 +147,11 @@ impl RunVerdict {
             .as_option(),
             late_write,
             stale_write_attempted: late_write.attempted(),
-            stale_write_accepted: match late_write {
-                LateWrite::Accepted => Some(true),
-                LateWrite::Rejected => Some(false),
-                _ => None,
-            },
+            stale_write_accepted: late_write.accepted(),
             a_lease_ran_out: !a_release.deleted(),
             a_heard,
-            stale_token: token_of("A"),
-            newer_token: token_of("B"),
+            stale_token: read.last_token_of("A"),
+            newer_token: read.last_token_of("B"),
             final_value: read.final_value,
             final_writer: read.final_writer,
             final_token: read.final_token,

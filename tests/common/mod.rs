@@ -266,42 +266,49 @@ pub fn report(what: &str, samples: &mut [Duration]) {
     );
 }
 
-/// Every way one run of a lab 1 verdict could contradict the store's record it carries (the
-/// attempts in decision order) or the timeline's store line (`store_lines`, that run's
-/// events from the `store` lane). Empty when the verdict is true to its evidence.
-pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
+/// The attempts must carry decision numbers 1, 2, … in the order they are listed.
+fn decision_order_problem(attempts: &[Value]) -> Option<String> {
     let decided: Vec<i64> = attempts
         .iter()
         .filter_map(|a| a["decided"].as_i64())
         .collect();
-    if decided != (1..=attempts.len() as i64).collect::<Vec<_>>() {
-        problems.push(format!(
-            "decision numbers are not 1..n in order: {decided:?}"
-        ));
-    }
-    let last_accepted = attempts.iter().rev().find(|a| a["accepted"] == true);
-    if last_accepted.map(|a| &a["writer"]) != Some(&run["final_writer"])
-        && !(last_accepted.is_none() && run["final_writer"].is_null())
-    {
-        problems.push("the final writer is not the last accepted attempt".into());
-    }
-    let b_accepted = attempts
+    (decided != (1..=attempts.len() as i64).collect::<Vec<_>>())
+        .then(|| format!("decision numbers are not 1..n in order: {decided:?}"))
+}
+
+/// What the store's record says of `late`'s write against `next`'s accepted one, worked out
+/// here independently of the lab: "accepted"/"rejected" when decided after it, else "none".
+fn late_write_in(attempts: &[Value], late: &str, next: &str) -> &'static str {
+    let next_accepted = attempts
         .iter()
-        .find(|a| a["writer"] == "B" && a["accepted"] == true);
-    let a_last = attempts.iter().rev().find(|a| a["writer"] == "A");
-    let expected = match (a_last, b_accepted) {
-        (None, _) => "none",
-        (Some(a), Some(b)) if a["decided"].as_i64() > b["decided"].as_i64() => {
-            if a["accepted"] == true {
+        .find(|a| a["writer"] == next && a["accepted"] == true);
+    let late_last = attempts.iter().rev().find(|a| a["writer"] == late);
+    match (late_last, next_accepted) {
+        (Some(l), Some(n)) if l["decided"].as_i64() > n["decided"].as_i64() => {
+            if l["accepted"] == true {
                 "accepted"
             } else {
                 "rejected"
             }
         }
         _ => "none",
-    };
+    }
+}
+
+/// Every way one run of a lab 1 verdict could contradict the store's record it carries (the
+/// attempts in decision order) or the timeline's store line (`store_lines`, that run's
+/// events from the `store` lane). Empty when the verdict is true to its evidence.
+pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
+    problems.extend(decision_order_problem(&attempts));
+    let last_accepted = attempts.iter().rev().find(|a| a["accepted"] == true);
+    if last_accepted.map(|a| &a["writer"]) != Some(&run["final_writer"])
+        && !(last_accepted.is_none() && run["final_writer"].is_null())
+    {
+        problems.push("the final writer is not the last accepted attempt".into());
+    }
+    let expected = late_write_in(&attempts, "A", "B");
     if run["late_write"] != expected {
         problems.push(format!(
             "late_write says {} but the attempts say {expected}",
@@ -340,32 +347,8 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
     let backend = cell["backend"].as_str().unwrap_or("?");
     let (holder, waiter) = (format!("{backend}:holder"), format!("{backend}:waiter"));
     let attempts = cell["attempts"].as_array().cloned().unwrap_or_default();
-    let decided: Vec<i64> = attempts
-        .iter()
-        .filter_map(|a| a["decided"].as_i64())
-        .collect();
-    if decided != (1..=attempts.len() as i64).collect::<Vec<_>>() {
-        problems.push(format!(
-            "decision numbers are not 1..n in order: {decided:?}"
-        ));
-    }
-    let waiter_accepted = attempts
-        .iter()
-        .find(|a| a["writer"] == waiter.as_str() && a["accepted"] == true);
-    let holder_last = attempts
-        .iter()
-        .rev()
-        .find(|a| a["writer"] == holder.as_str());
-    let expected = match (holder_last, waiter_accepted) {
-        (Some(h), Some(w)) if h["decided"].as_i64() > w["decided"].as_i64() => {
-            if h["accepted"] == true {
-                "accepted"
-            } else {
-                "rejected"
-            }
-        }
-        _ => "none",
-    };
+    problems.extend(decision_order_problem(&attempts));
+    let expected = late_write_in(&attempts, &holder, &waiter);
     if cell["late_write"] != expected {
         problems.push(format!(
             "late_write says {} but the attempts say {expected}",
@@ -432,4 +415,23 @@ pub fn assert_one_clock(lines: &[Value]) {
         stamps.windows(2).all(|w| w[0] <= w[1]),
         "one clock for the whole run: {stamps:?}"
     );
+}
+
+/// A run's keys (Redis, `lockslab:<run id>:*`) and store rows are gone from the test servers.
+pub fn assert_run_left_nothing(run_id: &str) {
+    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut redis)
+        .unwrap();
+    assert!(keys.is_empty(), "keys left behind: {keys:?}");
+    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
+    let rows: i64 = db
+        .query_one(
+            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "rows left behind for run {run_id}");
 }
