@@ -204,11 +204,19 @@ pub enum Incoming {
     /// The worker closed its stdout: it exited, or was killed.
     Closed {
         worker: String,
+        /// Which process it was: a later worker may carry the same name.
+        pid: i32,
     },
 }
 
 /// The orchestrator side: a thread that reads a worker's events, stamps them and forwards them.
-pub fn forward(worker: String, stdout: ChildStdout, start: Instant, to: Sender<Incoming>) {
+pub fn forward(
+    worker: String,
+    pid: i32,
+    stdout: ChildStdout,
+    start: Instant,
+    to: Sender<Incoming>,
+) {
     thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
@@ -228,6 +236,6 @@ pub fn forward(worker: String, stdout: ChildStdout, start: Instant, to: Sender<I
                 return;
             }
         }
-        let _ = to.send(Incoming::Closed { worker });
+        let _ = to.send(Incoming::Closed { worker, pid });
     });
 }

@@ -167,7 +167,8 @@ impl Servers {
                 let from = match origin {
                     Origin::Given => "given".to_string(),
                     Origin::Up => "from `lockslab up`".to_string(),
-                    Origin::Compose => "docker-compose default".to_string(),
+                    // docker compose's, or a system service that a package started there.
+                    Origin::Compose => "found on its default port".to_string(),
                     Origin::Private { started_in } => {
                         format!("private, started in {}", crate::output::human(*started_in))
                     }

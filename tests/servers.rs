@@ -173,8 +173,9 @@ fn sigterm_and_a_second_ctrl_c_clean_up_too() {
         .spawn()
         .unwrap();
         let lab_pid = lab.id();
-        // Wait until worker A exists and is frozen.
-        let frozen = eventually(Duration::from_secs(20), || {
+        // Wait until worker A exists and is frozen (private servers first: initdb is slow on
+        // a busy machine).
+        let frozen = eventually(Duration::from_secs(60), || {
             children_of(lab_pid)
                 .iter()
                 .any(|(_, state, name)| name == "lockslab" && *state == 'T')

@@ -80,11 +80,12 @@ pub struct Stage {
     pub timeline: Timeline,
     /// Every event shown so far, in order: what verdicts and tests look at.
     pub log: Vec<Event>,
-    closed: HashSet<String>,
+    /// The workers whose event stream has ended, by pid (names repeat across a lab's modes).
+    closed: HashSet<i32>,
     /// While `run_until` holds back an event: its stamp, the latest a lab event may carry.
     observed_before: Option<u64>,
-    /// The workers started on this stage, by name.
-    spawned: Vec<String>,
+    /// The workers started on this stage: (name, pid), in order.
+    spawned: Vec<(String, i32)>,
     /// Facts added to every event from here on (which run of a lab it belongs to).
     tags: serde_json::Map<String, serde_json::Value>,
 }
@@ -139,8 +140,9 @@ impl Stage {
             .stdout
             .take()
             .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
-        events::forward(name.to_string(), stdout, self.start, self.tx.clone());
-        self.spawned.push(name.to_string());
+        let pid = child.id() as i32;
+        events::forward(name.to_string(), pid, stdout, self.start, self.tx.clone());
+        self.spawned.push((name.to_string(), pid));
         let mut worker = WorkerHandle {
             name: name.to_string(),
             pid: child.id() as i32,
@@ -196,8 +198,8 @@ impl Stage {
                 self.log.push(event.clone());
                 Some(event)
             }
-            Incoming::Closed { worker } => {
-                self.closed.insert(worker);
+            Incoming::Closed { pid, .. } => {
+                self.closed.insert(pid);
                 None
             }
         }
@@ -208,8 +210,8 @@ impl Stage {
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
         match self.rx.recv_timeout(timeout).ok()? {
             Incoming::Event(event) => Some(event),
-            Incoming::Closed { worker } => {
-                self.closed.insert(worker);
+            Incoming::Closed { pid, .. } => {
+                self.closed.insert(pid);
                 None
             }
         }
@@ -240,7 +242,10 @@ impl Stage {
                     return Ok(event);
                 }
             } else if !self.spawned.is_empty()
-                && self.spawned.iter().all(|w| self.closed.contains(w))
+                && self
+                    .spawned
+                    .iter()
+                    .all(|(_, pid)| self.closed.contains(pid))
             {
                 // No worker is left to say it: waiting longer would only hide the failure.
                 bail!("every worker had exited before {what}");
@@ -283,7 +288,11 @@ impl Stage {
 
     /// True once the named worker's event stream has ended (it exited or was killed).
     pub fn has_exited(&self, worker: &str) -> bool {
-        self.closed.contains(worker)
+        self.spawned
+            .iter()
+            .rev()
+            .find(|(name, _)| name == worker)
+            .is_some_and(|(_, pid)| self.closed.contains(pid))
     }
 
     /// Reads everything already sent, so the timeline is complete before the verdict.
