@@ -10,7 +10,8 @@
 //!   someone else's owner value in the key proves Redis granted the lock to them before the
 //!   first holder let go;
 //! - **which write came last**: the store's decision numbers, taken under the resource's row
-//!   lock ([`crate::store`]).
+//!   lock ([`crate::store`]);
+//! - **exactly once**: how many rows each job has in lab 3's append-only processing table.
 //!
 //! Where the evidence cannot decide, the answer is [`Finding::Unknown`], never a guess.
 //! Every function is pure, so each edge is a unit test on a small hand-written history.
@@ -166,6 +167,28 @@ pub fn late_write(attempts: &[Attempt], late: &str, next: &str) -> LateWrite {
     }
 }
 
+/// A queue's jobs, by how many times the processing table says each was processed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Processed {
+    pub jobs: i64,
+    pub once: i64,
+    /// Processed twice or more: a claim that let two workers in.
+    pub duplicates: i64,
+    /// Never processed: a claim that outlived its worker.
+    pub lost: i64,
+}
+
+/// Counts exactly-once from each job's number of processings (lab 3's append-only table).
+pub fn exactly_once(times_processed: &[i64]) -> Processed {
+    let count = |keep: fn(i64) -> bool| times_processed.iter().filter(|&&n| keep(n)).count() as i64;
+    Processed {
+        jobs: times_processed.len() as i64,
+        once: count(|n| n == 1),
+        duplicates: count(|n| n >= 2),
+        lost: count(|n| n == 0),
+    }
+}
+
 /// The store's own consistency: the last accepted attempt, in decision order, is the writer
 /// the resource's row names. A verdict is read back only from a store that passes this.
 pub fn last_accepted_is_final(attempts: &[Attempt], final_writer: Option<&str>) -> bool {
@@ -301,6 +324,21 @@ mod tests {
     fn without_a_next_write_nothing_is_late() {
         let attempts = [attempt(1, "A", None, true)];
         assert_eq!(late_write(&attempts, "A", "B"), LateWrite::None);
+    }
+
+    #[test]
+    fn exactly_once_counts_twice_and_never_apart() {
+        let processed = exactly_once(&[1, 1, 2, 0, 3, 1]);
+        assert_eq!(
+            processed,
+            Processed {
+                jobs: 6,
+                once: 3,
+                duplicates: 2,
+                lost: 1
+            }
+        );
+        assert_eq!(exactly_once(&[]).jobs, 0);
     }
 
     #[test]

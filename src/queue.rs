@@ -127,15 +127,12 @@ pub const MARK_DONE: &str = "UPDATE {jobs} SET status = 'done', claimed_by = $2 
 pub const ANY_PENDING: &str =
     "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE round = $1 AND status = 'pending')";
 
-/// The verdict: how many times each job was processed, read from the append-only table.
-pub const VERDICT: &str = "
-    SELECT count(*)                         AS jobs,
-           count(*) FILTER (WHERE n = 1)    AS once,
-           count(*) FILTER (WHERE n >= 2)   AS twice_or_more,
-           count(*) FILTER (WHERE n = 0)    AS never
-    FROM (SELECT j.id, count(p.job_id) AS n
-          FROM {jobs} j LEFT JOIN {processing} p ON p.job_id = j.id
-          GROUP BY j.id) AS per_job";
+/// The evidence for the verdict: how many times each job was processed, read from the
+/// append-only table ([`crate::check::exactly_once`] counts what that means).
+pub const TIMES_PROCESSED: &str = "
+    SELECT count(p.job_id)
+    FROM {jobs} j LEFT JOIN {processing} p ON p.job_id = j.id
+    GROUP BY j.id";
 
 /// The run's two tables, named with the run id and the mode, so that runs sharing a
 /// server never see each other's jobs.

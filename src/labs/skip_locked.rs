@@ -47,6 +47,7 @@ use super::leftovers::Leftovers;
 use super::{
     LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in, new_run_id,
 };
+use crate::check;
 use crate::connect::{self, Backend};
 use crate::events::{Event, Kind};
 use crate::output::{Style, human, json_line, table};
@@ -385,16 +386,22 @@ impl Play<'_> {
         round.stage.drain();
         round.check_errors()?;
 
-        let row = round.db.query_one(&self.queue.sql(VERDICT), &[])?;
+        let times: Vec<i64> = round
+            .db
+            .query(&self.queue.sql(TIMES_PROCESSED), &[])?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let processed = check::exactly_once(&times);
         let verdict = ModeVerdict {
             mode: self.mode,
-            jobs: row.get("jobs"),
-            duplicates: row.get("twice_or_more"),
-            lost: row.get("never"),
+            jobs: processed.jobs,
+            duplicates: processed.duplicates,
+            lost: processed.lost,
             jobs_per_s,
             reclaim_ms,
         };
-        let once: i64 = row.get("once");
+        let once = processed.once;
         round.stage.record(
             Event::new(
                 "pg",
