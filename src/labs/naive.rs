@@ -1357,3 +1357,43 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn racer(name: &str, set_stamp: i64, kept_its_value: bool) -> Event {
+        Event::new(name, Kind::Trial, "")
+            .with("acquired", true)
+            .with("start_ns", set_stamp - 1_000)
+            .with("answer_ns", set_stamp)
+            .with("leave_ns", set_stamp + 5_000_000)
+            .with("released", kept_its_value)
+    }
+
+    /// Issue 10, item 3: W2's SET is stamped first, yet its value is the one Redis kept
+    /// (Redis ran W1's SET before it). The example must not read as if W2's came first in
+    /// Redis: each SET says what Redis's answers prove, and the contradiction is named.
+    #[test]
+    fn the_example_follows_redis_not_the_client_stamps() {
+        let reports = [racer("W1", 2_000_000, false), racer("W2", 1_000_000, true)];
+        let pairs = [("W1".to_string(), "W2".to_string())];
+        let example = race_example(7, &reports, &pairs);
+        assert_eq!(example["survivor"], "W2", "{example}");
+        assert_eq!(
+            example["overwritten_though_stamped_later"], "W1",
+            "{example}"
+        );
+        let set_of = |worker: &str| {
+            example["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["worker"] == worker && s["step"] == "set")
+                .map(|s| s["text"].as_str().unwrap().to_string())
+                .unwrap()
+        };
+        assert!(set_of("W2").contains("no other SET over it"), "{example}");
+        assert!(set_of("W1").contains("another SET over it"), "{example}");
+    }
+}

@@ -1066,12 +1066,7 @@ fn plural(n: i64, one: &str, many: &str) -> String {
 /// processed it, how often) and the sleeper's own fate after the resume — never from the
 /// state at the resume alone: a session timeout just longer than the pause ends the session
 /// *after* the resume, and the job then moves on although nothing moved while it was frozen.
-fn freeze_sentence(
-    args: &SkipLockedArgs,
-    mode: Mode,
-    note: &Notes,
-    taken_while_frozen: i64,
-) -> String {
+fn freeze_sentence(pause: Duration, mode: Mode, note: &Notes, taken_while_frozen: i64) -> String {
     let sleeper = note.frozen_worker.as_str();
     let by = &note.frozen_job_by;
     let once = by.len() == 1;
@@ -1092,7 +1087,7 @@ fn freeze_sentence(
         return if mode.transactional() {
             format!(
                 "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
-                human(args.pause),
+                human(pause),
                 around_the_freeze(note)
             )
         } else {
@@ -1239,7 +1234,47 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
         ));
     }
     if let Some(taken_while_frozen) = note.frozen_job_taken_while_frozen {
-        parts.push(freeze_sentence(args, v.mode, note, taken_while_frozen));
+        parts.push(freeze_sentence(
+            args.pause,
+            v.mode,
+            note,
+            taken_while_frozen,
+        ));
     }
     parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 10, item 4: with an idle timeout just above the pause, nothing moves while the
+    /// worker is frozen, then Postgres ends its session as it wakes, its INSERT fails and
+    /// another worker does the job. The sentence must say that, not "kept its job".
+    #[test]
+    fn a_session_ended_at_the_resume_is_not_a_job_kept() {
+        let note = Notes {
+            frozen_worker: "w1".into(),
+            frozen_job_by: vec!["w4".into()],
+            finish_failed: true,
+            session_ended: false,
+            ..Notes::default()
+        };
+        let sentence = freeze_sentence(Duration::from_secs(2), Mode::SkipLocked, &note, 0);
+        assert!(!sentence.contains("kept its job"), "{sentence}");
+        assert!(sentence.contains("failed"), "{sentence}");
+        assert!(sentence.contains("w4"), "{sentence}");
+    }
+
+    #[test]
+    fn a_job_finished_by_its_frozen_worker_was_kept() {
+        let note = Notes {
+            frozen_worker: "w1".into(),
+            frozen_job_by: vec!["w1".into()],
+            freeze_jobs: 1,
+            ..Notes::default()
+        };
+        let sentence = freeze_sentence(Duration::from_secs(2), Mode::SkipLocked, &note, 0);
+        assert!(sentence.contains("kept its job"), "{sentence}");
+    }
 }
