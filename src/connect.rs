@@ -232,11 +232,19 @@ impl Backend {
 
     /// The line for a server that dropped the connection mid-run (killed, restarted).
     pub fn lost(self, url: &str, cause: impl std::fmt::Display) -> String {
-        let hint = match source_of(url) {
-            Some(Source::Private) => "; lockslab started it for this run: was it killed?",
-            _ => "; did it stop or restart?",
-        };
         let cause = cause.to_string();
+        // Postgres ends an idle session on purpose when a timeout says so (lab 4's
+        // --pg-timeout, lab 3's --idle-timeout): the server is fine, the session is over.
+        let hint = if cause.contains("idle-session timeout")
+            || cause.contains("idle-in-transaction timeout")
+        {
+            "; the server ended the session on purpose, as its timeout says"
+        } else {
+            match source_of(url) {
+                Some(Source::Private) => "; lockslab started it for this run: was it killed?",
+                _ => "; did it stop or restart?",
+            }
+        };
         let cause = if cause.is_empty() || cause == "connection closed" {
             String::new()
         } else {

@@ -38,8 +38,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::mem::ManuallyDrop;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -66,6 +66,9 @@ impl Probe {
 /// number it looks at can never come to mean another file), and dropping it stops it.
 pub struct Guard {
     shared: Arc<Shared>,
+    /// Dropped to stop the watchdog at once: it waits for its next tick on this channel,
+    /// so a connection closes without waiting up to a tick for its guard.
+    stop: Option<mpsc::Sender<()>>,
     /// Another duplicate, for [`Guard::abandon`].
     socket: Option<TcpStream>,
     thread: Option<JoinHandle<()>>,
@@ -98,10 +101,11 @@ impl Guard {
         });
         let watched = shared.clone();
         let spare = socket.try_clone().ok();
+        let (stop, stopped) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("pg-deadline".into())
             .spawn(move || {
-                if watch(socket.as_raw_fd(), peer, probe, first, &watched) {
+                if watch(socket.as_raw_fd(), peer, probe, first, &watched, &stopped) {
                     on_fire();
                     // Shuts the socket itself, not only our duplicate: the blocked call returns.
                     let _ = socket.shutdown(Shutdown::Both);
@@ -110,6 +114,7 @@ impl Guard {
             .ok()?;
         Some(Guard {
             shared,
+            stop: Some(stop),
             socket: spare,
             thread: Some(thread),
         })
@@ -139,6 +144,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -214,13 +220,23 @@ fn traffic(fd: RawFd) -> Option<Traffic> {
 }
 
 /// Watches until stopped (false) or until the server is found not answering (true).
-fn watch(fd: RawFd, peer: SocketAddr, probe: Probe, mut last: Traffic, shared: &Shared) -> bool {
+fn watch(
+    fd: RawFd,
+    peer: SocketAddr,
+    probe: Probe,
+    mut last: Traffic,
+    shared: &Shared,
+    stopped: &mpsc::Receiver<()>,
+) -> bool {
     let mut waiting = false;
     let mut waited = 0u32;
     let mut patience_factor = 1u32;
     loop {
-        thread::sleep(TICK);
-        if shared.stop.load(Ordering::SeqCst) {
+        // One tick — counted only when this process ran through it, so a SIGSTOP does not
+        // age the call — or the guard's end, at once.
+        if stopped.recv_timeout(TICK) != Err(mpsc::RecvTimeoutError::Timeout)
+            || shared.stop.load(Ordering::SeqCst)
+        {
             return false;
         }
         let Some(now) = traffic(fd) else {

@@ -80,6 +80,10 @@ pub enum Kind {
     KillResult,
     /// A worker's session as Postgres lists it (lab 3).
     Session,
+    /// Sessions blocked behind a frozen worker's row lock, as `pg_blocking_pids` says (lab 3).
+    Blocked,
+    /// A killed worker's job that nothing will hand back (lab 3).
+    JobLost,
     /// A key's remaining time to live as Redis answers it (lab 2).
     Pttl,
     /// Two holders at once, as the evidence shows (lab 2).

@@ -9,7 +9,7 @@ use colored::Colorize;
 
 use crate::connect::{self, Backend};
 use crate::flags;
-use crate::lock::redis::RedisLock;
+use crate::lock::redis::{RedisLock, Release};
 use crate::output::{Style, human};
 use crate::servers::{self, ServerArgs};
 use crate::store::{Outcome, Store};
@@ -139,12 +139,15 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
             .map(|t| t.to_string())
             .unwrap_or_else(|| "none".into())
     );
-    if lock.release(&held)? {
-        crate::outln!("{me}: released the lock");
-    } else {
-        crate::outln!(
-            "{me}: my lock had already expired; compare-and-delete left the current holder's key alone"
-        );
+    match lock.release_reporting(&held)? {
+        Release::Deleted => crate::outln!("{me}: released the lock"),
+        Release::HeldBy(_) => crate::outln!(
+            "{me}: the key holds another worker's value now (my lock expired and someone took \
+             it): compare-and-delete left it alone"
+        ),
+        Release::Gone => crate::outln!(
+            "{me}: my key was gone already (it expired or was deleted): nothing to release"
+        ),
     }
     Ok(())
 }

@@ -854,7 +854,8 @@ impl Lane {
         let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
         let two_holders = match scenario {
             // A killed holder holds nothing; a waiter that got in before the kill would be a
-            // broken lock, and would show here.
+            // broken lock, and would show here. Its grant reached the lab before the lab even
+            // sent SIGKILL, so it happened before the kill: arrival order can only prove this.
             Scenario::Kill => {
                 if waiter_acquired.is_some_and(|e| e.t_ms < strike_t) {
                     Finding::Yes

@@ -531,7 +531,7 @@ impl Play<'_> {
             round.stage.record(
                 Event::new(
                     "pg",
-                    Kind::Lost,
+                    Kind::JobLost,
                     format!(
                         "job {job} was never claimed again: its row says status '{status}', \
                          claimed_by {holder}; {why}"
@@ -1003,7 +1003,7 @@ impl Round<'_> {
             self.stage.record(
                 Event::new(
                     "pg",
-                    Kind::Waiting,
+                    Kind::Blocked,
                     format!(
                         "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
                          job {job}'s row lock ({direct} waiting for it directly, {} queued \
