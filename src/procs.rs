@@ -103,6 +103,11 @@ pub struct InterruptCleanup {
 
 impl Drop for InterruptCleanup {
     fn drop(&mut self) {
+        // Once shutting down, the handler runs it after the workers are dead: a lab that
+        // unwinds meanwhile must not take it away (nor clean up while a worker still writes).
+        if interrupted() {
+            return;
+        }
         CLEANUPS
             .lock()
             .unwrap_or_else(|p| p.into_inner())

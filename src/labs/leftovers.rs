@@ -134,7 +134,12 @@ pub struct Removal {
 
 impl Removal {
     /// Removes them now — the verdict has been read — and says on stderr what stayed.
+    /// After an interrupt it leaves them to the handler, which removes them once every
+    /// worker is dead: removed any earlier, a worker still running could write them again.
     pub fn now(mut self) {
+        if procs::interrupted() {
+            return;
+        }
         if let Some(leftovers) = self.leftovers.take() {
             for line in leftovers.remove() {
                 crate::errln!("lockslab: {line}");
