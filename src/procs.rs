@@ -126,13 +126,15 @@ fn run_cleanups() {
     }
 }
 
+/// Deletes the registered directories, holding the registry's lock until done.
+///
+/// The first Ctrl-C's cleanup and the second Ctrl-C's "quit now" both end here, on two
+/// threads, and each exits the process right after: the one that comes second waits here
+/// instead of exiting in the middle of the other's removal (which left half a directory,
+/// its Postgres's shared memory with it).
 fn remove_registered_dirs() {
-    let dirs: Vec<_> = DIRS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain(..)
-        .collect();
-    for (dir, remove) in dirs {
+    let mut dirs = DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    for (dir, remove) in dirs.drain(..) {
         remove(&dir);
     }
 }

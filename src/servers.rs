@@ -1004,40 +1004,75 @@ fn sweep_dead_runs(root: &Path) {
 
 /// Deletes a private servers' directory, after releasing the shared memory its Postgres
 /// left if it was killed.
+///
+/// The directory is the only record of that segment (`pg/postmaster.pid` names it), so it
+/// stays while a live process still holds the segment: the next start's sweep removes both
+/// once that process is gone. [`OWNER_LOCK`] goes last, so that a removal cut short (a
+/// SIGKILL, the process exiting) leaves a directory the sweep still recognises as a run's.
 fn remove_server_dir(dir: &Path) {
-    release_shared_memory(&dir.join("pg"));
+    if !release_shared_memory(&dir.join("pg")) {
+        return;
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten().filter(|e| e.file_name() != OWNER_LOCK) {
+            let path = entry.path();
+            let _ = if path.is_dir() && !path.is_symlink() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+        }
+    }
     let _ = fs::remove_dir_all(dir);
 }
 
-/// Releases the System V shared-memory segment of a dead Postgres.
+/// How long a release waits for a dying Postgres to let go of its segment. A second Ctrl-C
+/// SIGKILLs initdb's process group, `postgres` child included, and removes the directory
+/// right after: for a moment the killed `postgres` is still alive and attached.
+const RELEASE_WAIT: Duration = Duration::from_secs(3);
+
+/// Releases the System V shared-memory segment of a dead Postgres; false when a live
+/// process still uses it (then it is left alone, and so must the file that names it be).
 ///
 /// Postgres keeps one small segment while it runs and removes it when it shuts down; when
 /// it is killed, the segment stays — it belongs to no file, so deleting the data directory
 /// does not free it. The data directory's lock file names it (line 7 of `postmaster.pid`:
-/// key and id), which lets us release exactly that segment: only if its key still matches
-/// and no live process uses it (nobody attached, or its creator — the postmaster — gone).
-fn release_shared_memory(pg_data: &Path) {
+/// key and id; initdb's own `postgres` writes one too), which lets us release exactly that
+/// segment: only if its key still matches and no live process uses it (nobody attached, or
+/// its creator — the postmaster — gone).
+fn release_shared_memory(pg_data: &Path) -> bool {
     let Ok(text) = fs::read_to_string(pg_data.join("postmaster.pid")) else {
-        return;
+        return true;
     };
     let mut fields = text.lines().nth(6).unwrap_or_default().split_whitespace();
     let key = fields.next().and_then(|k| k.parse::<i64>().ok());
     let id = fields.next().and_then(|i| i.parse::<i32>().ok());
     let (Some(key), Some(id)) = (key, id) else {
-        return;
+        return true;
     };
-    // SAFETY: shmid_ds is plain old data, for which all zeroes is a valid value.
-    let mut info: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: IPC_STAT only writes into `info`, which is a valid, exclusively borrowed shmid_ds.
-    if unsafe { nix::libc::shmctl(id, nix::libc::IPC_STAT, &mut info) } != 0 {
-        return;
-    }
-    let creator_alive = procs::process_state(info.shm_cpid).is_some_and(|state| state != 'Z');
-    if i64::from(info.shm_perm.__key) == key && (info.shm_nattch == 0 || !creator_alive) {
-        // SAFETY: IPC_RMID takes no buffer; it marks the segment for removal once detached.
-        unsafe {
-            nix::libc::shmctl(id, nix::libc::IPC_RMID, std::ptr::null_mut());
+    let deadline = Instant::now() + RELEASE_WAIT;
+    loop {
+        // SAFETY: shmid_ds is plain old data, for which all zeroes is a valid value.
+        let mut info: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: IPC_STAT only writes into `info`, a valid, exclusively borrowed shmid_ds.
+        if unsafe { nix::libc::shmctl(id, nix::libc::IPC_STAT, &mut info) } != 0 {
+            return true; // already gone
         }
+        if i64::from(info.shm_perm.__key) != key {
+            return true; // the id now names someone else's segment
+        }
+        let creator_alive = procs::process_state(info.shm_cpid).is_some_and(|state| state != 'Z');
+        if info.shm_nattch == 0 || !creator_alive {
+            // SAFETY: IPC_RMID takes no buffer; it marks the segment for removal once detached.
+            unsafe {
+                nix::libc::shmctl(id, nix::libc::IPC_RMID, std::ptr::null_mut());
+            }
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -1285,7 +1320,12 @@ pub fn down() -> Result<bool> {
 
 /// Deletes what `up` made in its state directory, and the directory once empty.
 fn clear_state_dir(dir: &Path) -> Result<()> {
-    release_shared_memory(&dir.join("pg"));
+    if !release_shared_memory(&dir.join("pg")) {
+        bail!(
+            "a Postgres still uses {}: stop it, then run `lockslab down` again",
+            dir.join("pg").display()
+        );
+    }
     for entry in STATE_ENTRIES {
         let path = dir.join(entry);
         let Ok(meta) = path.symlink_metadata() else {
