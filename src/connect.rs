@@ -239,6 +239,8 @@ impl Backend {
             || cause.contains("idle-in-transaction timeout")
         {
             "; the server ended the session on purpose, as its timeout says"
+        } else if cause.contains("statement timeout") {
+            "; a statement ran longer than its statement_timeout"
         } else {
             match source_of(url) {
                 Some(Source::Private) => "; lockslab started it for this run: was it killed?",
@@ -353,6 +355,15 @@ pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
             schemes.join(" or ")
         ));
     };
+    // The clients end the userinfo at its first '@', while `redact` (to hide all of a
+    // password) ends it at the last: a raw '@' in a password would send the client to
+    // another host than the one shown. Say how to write it instead.
+    let userinfo_end = rest[..rest.find(['?', '#']).unwrap_or(rest.len())].rfind('@');
+    if let Some(end) = userinfo_end
+        && rest[..end].contains('@')
+    {
+        return Some("the user or password holds a raw '@': write it as %40".into());
+    }
     // As in `redact`: the userinfo ends at the last '@', whatever its password holds.
     let after_userinfo = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
     let hosts = &after_userinfo[..after_userinfo
@@ -650,9 +661,13 @@ fn server_failure(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
             return Some(Backend::Postgres.frozen(&url, COMMAND_TIMEOUT));
         }
         // Class 08 is "connection exception", class 57 "operator intervention" (the server
-        // shutting down, or its backend killed); other server errors are the lab's business.
+        // shutting down, or its backend killed) — except 57014, a statement cancelled by its
+        // own statement_timeout: the server answered that. Other errors are the lab's business.
         let gone = match err.code() {
-            Some(code) => code.code().starts_with("08") || code.code().starts_with("57"),
+            Some(code) => {
+                let code = code.code();
+                code.starts_with("08") || (code.starts_with("57") && code != "57014")
+            }
             None => {
                 err.is_closed()
                     || std::error::Error::source(err)
@@ -679,8 +694,9 @@ fn server_failure(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
         } else if matches!(
             err,
             etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_)
-        ) || text.contains("Unavailable")
+        ) || text.to_lowercase().contains("unavailable")
             || text.contains("transport error")
+            || text.contains("tcp connect error")
         {
             Backend::Etcd.lost(&url, etcd_cause(err))
         } else {

@@ -274,7 +274,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    leftovers.now();
+    leftovers.now(&result);
     result?;
 
     if style.json {
@@ -1036,8 +1036,8 @@ impl Cell {
                 )
             }
             Scenario::Freeze => format!(
-                "{why_handover}; after {handover}{expected} the waiter held it while the frozen \
-                 holder still believed it did — two holders. {}",
+                "{why_handover}; after {handover}{expected} the waiter held it before the holder \
+                 (frozen, or just woken) had let go — two holders. {}",
                 late_write_sentence(self)
             ),
         }

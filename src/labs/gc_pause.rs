@@ -263,7 +263,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    leftovers.now();
+    leftovers.now(&result);
     result?;
 
     if style.json {

@@ -133,16 +133,20 @@ pub struct Removal {
 }
 
 impl Removal {
-    /// Removes them now — the verdict has been read — and says on stderr what stayed.
+    /// Removes them now that the run is over, and — when the run itself went well — says
+    /// on stderr what stayed (after a failure, the failure is the one line worth reading).
     /// After an interrupt it leaves them to the handler, which removes them once every
     /// worker is dead: removed any earlier, a worker still running could write them again.
-    pub fn now(mut self) {
+    pub fn now<T>(mut self, run: &anyhow::Result<T>) {
         if procs::interrupted() {
             return;
         }
         if let Some(leftovers) = self.leftovers.take() {
-            for line in leftovers.remove() {
-                crate::errln!("lockslab: {line}");
+            let left = leftovers.remove();
+            if run.is_ok() {
+                for line in left {
+                    crate::errln!("lockslab: {line}");
+                }
             }
         }
     }

@@ -291,7 +291,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         Ok(())
     })()
     .map_err(connect::explain);
-    leftovers.now();
+    leftovers.now(&result);
     result?;
 
     if style.json {

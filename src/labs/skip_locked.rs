@@ -77,8 +77,10 @@ pub struct SkipLockedArgs {
     /// Run all three modes on the same job count and print one table
     #[arg(long)]
     pub compare: bool,
-    /// Jobs in the first round's queue (the kill and freeze rounds use min(jobs, 5 × workers))
-    #[arg(long, default_value_t = 200, value_name = "N")]
+    /// Jobs in the first round's queue, 1 to 100000 (the kill and freeze rounds use
+    /// min(jobs, 5 × workers))
+    #[arg(long, default_value_t = 200, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub jobs: u32,
     /// Worker processes
     #[arg(long, default_value_t = 10, value_name = "N")]
@@ -308,7 +310,7 @@ impl Play<'_> {
         let result = self.rounds(&mut db, stage).map_err(connect::explain);
         // The verdict has been read by now (or the run failed): the tables go either way.
         drop(db);
-        leftovers.now();
+        leftovers.now(&result);
         result
     }
 
