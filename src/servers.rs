@@ -989,14 +989,28 @@ fn sweep_dead_runs(root: &Path) {
         if !ours {
             continue;
         }
+        // A run writes its lock and pid within microseconds of making its directory, so
+        // one that has shown neither for a minute was killed in between.
+        let stale = |path: &Path| {
+            fs::symlink_metadata(path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(60)))
+        };
         let Ok(file) = fs::File::open(dir.join(OWNER_LOCK)) else {
-            continue; // not a run directory (`lockslab up`'s, another version's)
+            // Not a run directory (`lockslab up`'s, another version's) — unless it is an
+            // empty one that a run killed at birth left: `remove_dir` takes only an empty one.
+            if stale(&dir) {
+                let _ = fs::remove_dir(&dir);
+            }
+            continue;
         };
         let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
             continue; // its run is alive
         };
         let owner_written = lock.metadata().is_ok_and(|m| m.len() > 0 && m.uid() == me);
-        if owner_written && processes_in(std::slice::from_ref(&dir)).is_empty() {
+        let killed_at_birth = !owner_written && stale(&dir.join(OWNER_LOCK));
+        if (owner_written || killed_at_birth) && processes_in(std::slice::from_ref(&dir)).is_empty()
+        {
             remove_server_dir(&dir);
         }
     }

@@ -816,3 +816,39 @@ fn up_as_root_works_with_a_private_runtime_dir() {
         }
     );
 }
+
+/// A run SIGKILLed a few milliseconds in, between making its directory and writing its
+/// pid, leaves an empty directory or an empty `owner.lock`: the next start removes them once
+/// they are a minute old (a live run writes both within microseconds), and nothing younger.
+#[test]
+fn a_run_killed_at_birth_is_swept_too() {
+    let world = World::new();
+    let old = |path: &Path| {
+        let status = Command::new("touch")
+            .arg("-d")
+            .arg("2 minutes ago")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let empty = world.tmp().join("lockslab-killedatbirth1");
+    std::fs::create_dir(&empty).unwrap();
+    old(&empty);
+    let unwritten = world.tmp().join("lockslab-killedatbirth2");
+    std::fs::create_dir(&unwritten).unwrap();
+    std::fs::write(unwritten.join("owner.lock"), "").unwrap();
+    old(&unwritten.join("owner.lock"));
+    let young = world.tmp().join("lockslab-justborn");
+    std::fs::create_dir(&young).unwrap();
+    std::fs::write(young.join("owner.lock"), "").unwrap();
+
+    let run = world.run(&[&QUICK_LAB[..], &["--private-servers"]].concat());
+    assert!(run.status.success(), "{}", text(&run));
+    assert!(!empty.exists(), "an empty run directory a minute old stays");
+    assert!(
+        !unwritten.exists(),
+        "a run directory with an empty owner.lock stays"
+    );
+    assert!(young.exists(), "a directory just made was taken for dead");
+}
