@@ -109,6 +109,21 @@ impl Family {
             .any(|p| p.state == 'T' && p.cmdline.contains("__worker"))
     }
 
+    /// A worker the lab named by pid, recorded even if the watcher never caught it running.
+    fn note_worker(&mut self, pid: i32) {
+        let start = proc_table()
+            .into_iter()
+            .find(|p| p.pid == pid)
+            .map_or(0, |p| p.start);
+        self.seen.entry(pid).or_insert(Proc {
+            pid,
+            ppid: 0,
+            state: '?',
+            start,
+            cmdline: "lockslab __worker (named by the lab)".into(),
+        });
+    }
+
     /// Nothing the lab started is still there: not running, not stopped, not a zombie.
     fn assert_gone(&self) {
         assert!(
@@ -395,6 +410,16 @@ fn closed_after(args: &[&str], enough: impl Fn(usize, &str) -> bool) -> ExitStat
         match lines.next() {
             Some(Ok(line)) => {
                 count += 1;
+                // A worker the lab names by pid ("sees A (pid 4242) stopped") may live only a
+                // few milliseconds after this line, too briefly for the watcher: note it here.
+                if let Some(pid) = line
+                    .split("(pid ")
+                    .nth(1)
+                    .and_then(|rest| rest.split(')').next())
+                    .and_then(|pid| pid.parse::<i32>().ok())
+                {
+                    family.lock().unwrap().note_worker(pid);
+                }
                 if enough(count, &line) {
                     break;
                 }

@@ -333,7 +333,7 @@ fn compare_runs_three_modes_and_for_update_is_slower() {
     assert!(
         lines
             .iter()
-            .any(|e| e["kind"] == "waiting" && e["mode"] == "for-update"),
+            .any(|e| e["kind"] == "blocked" && e["mode"] == "for-update"),
         "pg_stat_activity shows workers waiting on the frozen worker's lock"
     );
     assert_no_workers_left(&run_id(&lines));
