@@ -539,10 +539,12 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
             match event.kind {
                 Kind::Error => return Err(super::worker_failed(&event.worker, &event.text)),
                 Kind::GaveUp => {
-                    // The waiter's lock call outlasted its own wait: say which server it waited on.
+                    // A lock call outlasted its own wait: say which server it waited on.
                     let on = lanes
                         .iter()
-                        .find(|lane| lane.waiter_name == event.worker)
+                        .find(|lane| {
+                            lane.waiter_name == event.worker || lane.holder_name == event.worker
+                        })
                         .map(|lane| {
                             format!(
                                 "{} at {}: ",
