@@ -393,8 +393,8 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
         .filter_map(|e| e["kind"].as_str())
         .collect();
     let wanted: Vec<&str> = match expected {
-        "accepted" => vec!["accepted_stale"],
-        "rejected" => vec!["stale"],
+        "accepted" => vec!["stale_write_accepted"],
+        "rejected" => vec!["stale_write_rejected"],
         _ => vec![],
     };
     if store_said != wanted {
