@@ -2,9 +2,9 @@
 //! and on Ctrl-C, SIGTERM or SIGHUP alike.
 //!
 //! A whole workshop may share one set of servers, so a run must take its rows, keys, leases
-//! and tables with it. Every lab names what it leaves once, here, and the same removal runs
-//! at the end and from the interrupt handler; a server that stopped answering during the
-//! run is skipped rather than waited for again.
+//! and tables with it. Every lab names what it leaves once, with [`Leftovers`], and the same
+//! removal runs at the end and from the interrupt handler; a server that stopped answering
+//! during the run is skipped rather than waited for again.
 
 use crate::connect;
 use crate::procs::{self, InterruptCleanup};
