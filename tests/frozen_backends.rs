@@ -30,19 +30,7 @@ struct OwnServers {
 
 impl OwnServers {
     fn start() -> OwnServers {
-        let mut keeper = Command::new(BIN)
-            .arg("__serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting `lockslab __serve`");
-        let stdin = keeper.stdin.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(keeper.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("reading the servers");
-        let urls: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        let (keeper, stdin, urls) = common::start_serve();
         OwnServers {
             urls,
             keeper: Some((keeper, stdin)),

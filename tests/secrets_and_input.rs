@@ -67,44 +67,23 @@ fn postgres_url_with_password() -> String {
 
 /// Every process below `root` (children, grandchildren…), with its command line.
 fn descendants(root: u32) -> Vec<(u32, String)> {
-    let mut parent_of = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        if let Some(ppid) = stat[close + 1..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<u32>().ok())
-        {
-            parent_of.push((pid, ppid));
-        }
-    }
-    let mut family = HashSet::from([root]);
+    let table = process_table();
+    let mut family = HashSet::from([root as i32]);
     loop {
         let before = family.len();
-        for &(pid, ppid) in &parent_of {
-            if family.contains(&ppid) {
-                family.insert(pid);
+        for proc in &table {
+            if family.contains(&proc.ppid) {
+                family.insert(proc.pid);
             }
         }
         if family.len() == before {
             break;
         }
     }
-    family.remove(&root);
-    family
+    table
         .into_iter()
-        .filter_map(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
-        })
+        .filter(|proc| proc.pid != root as i32 && family.contains(&proc.pid))
+        .map(|proc| (proc.pid as u32, proc.cmdline))
         .collect()
 }
 

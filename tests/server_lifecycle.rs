@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, eventually};
+use common::{BIN, eventually, process_table};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -121,40 +121,16 @@ fn lockslab_dirs(root: &Path) -> Vec<String> {
 fn processes_in(dir: &Path) -> Vec<(i32, String)> {
     let needle = dir.to_string_lossy().into_owned();
     let mut found = Vec::new();
-    for (pid, _, state) in process_table() {
-        if state == 'Z' {
+    for proc in process_table() {
+        if proc.state == 'Z' {
             continue;
         }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-            .unwrap_or_default();
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-        if cmdline.contains(&needle) || cwd.starts_with(dir) {
-            found.push((pid, cmdline));
+        let cwd = std::fs::read_link(format!("/proc/{}/cwd", proc.pid)).unwrap_or_default();
+        if proc.cmdline.contains(&needle) || cwd.starts_with(dir) {
+            found.push((proc.pid, proc.cmdline));
         }
     }
     found
-}
-
-/// (pid, parent pid, state letter) of every process.
-fn process_table() -> Vec<(i32, i32, char)> {
-    let mut table = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let state = fields.first().and_then(|f| f.chars().next()).unwrap_or('?');
-        let ppid = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-        table.push((pid, ppid, state));
-    }
-    table
 }
 
 fn comm(pid: i32) -> String {
@@ -204,9 +180,9 @@ impl Family {
                 // Parents come before children often but not always: iterate to a fixpoint.
                 loop {
                     let before = known.len();
-                    for (pid, ppid, _) in &table {
-                        if known.contains(ppid) {
-                            known.insert(*pid);
+                    for proc in &table {
+                        if known.contains(&proc.ppid) {
+                            known.insert(proc.pid);
                         }
                     }
                     if known.len() == before {

@@ -29,50 +29,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// A process as /proc shows it. The start time tells a process from a later one that got
-/// the same pid.
-#[derive(Clone, Debug)]
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    state: char,
-    start: u64,
-    cmdline: String,
-}
-
-fn proc_table() -> Vec<Proc> {
-    let mut table = Vec::new();
-    for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        // After the command name: state (field 3), ppid (4), … starttime (22).
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let (Some(state), Some(ppid), Some(start)) = (
-            fields.first().and_then(|f| f.chars().next()),
-            fields.get(1).and_then(|f| f.parse().ok()),
-            fields.get(19).and_then(|f| f.parse().ok()),
-        ) else {
-            continue;
-        };
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        table.push(Proc {
-            pid,
-            ppid,
-            state,
-            start,
-            cmdline: String::from_utf8_lossy(&cmdline).replace('\0', " "),
-        });
-    }
-    table
-}
-
 /// Everything a lab started, as seen while it ran.
 struct Family {
     root: i32,
@@ -89,7 +45,7 @@ impl Family {
 
     /// The lab's descendants now (recorded for the final check).
     fn look(&mut self) -> Vec<Proc> {
-        let table = proc_table();
+        let table = process_table();
         let mut found = Vec::new();
         let mut parents = vec![self.root];
         while let Some(parent) = parents.pop() {
@@ -111,7 +67,7 @@ impl Family {
 
     /// A worker the lab named by pid, recorded even if the watcher never caught it running.
     fn note_worker(&mut self, pid: i32) {
-        let start = proc_table()
+        let start = process_table()
             .into_iter()
             .find(|p| p.pid == pid)
             .map_or(0, |p| p.start);
@@ -120,6 +76,7 @@ impl Family {
             ppid: 0,
             state: '?',
             start,
+            name: "lockslab".into(),
             cmdline: "lockslab __worker (named by the lab)".into(),
         });
     }
@@ -131,7 +88,7 @@ impl Family {
             "the test never saw a worker: {:?}",
             self.seen
         );
-        let table = proc_table();
+        let table = process_table();
         let left: Vec<&Proc> = table
             .iter()
             .filter(|p| self.seen.get(&p.pid).is_some_and(|s| s.start == p.start))

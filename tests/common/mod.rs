@@ -42,27 +42,35 @@ extern "C" fn stop_servers_at_exit() {
 
 static SERVERS: OnceLock<Servers> = OnceLock::new();
 
+/// Starts a `lockslab __serve` of its own: private Redis, etcd and Postgres that live until
+/// the returned stdin closes. Returns the keeper, its stdin, and the JSON line of URLs (and
+/// pids) it printed.
+pub fn start_serve() -> (Child, ChildStdin, Value) {
+    let mut keeper = Command::new(BIN)
+        .arg("__serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting `lockslab __serve`");
+    let stdin = keeper.stdin.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(keeper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("reading the server URLs");
+    let urls: Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("`lockslab __serve` said {line:?}: {e}"));
+    (keeper, stdin, urls)
+}
+
 /// The servers of this test binary, started on first use.
 pub fn servers() -> &'static Servers {
     SERVERS.get_or_init(|| {
-        let mut keeper = Command::new(BIN)
-            .arg("__serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting `lockslab __serve`");
-        let stdin = keeper.stdin.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(keeper.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("reading the server URLs");
-        let urls: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("`lockslab __serve` said {line:?}: {e}"));
+        let (keeper, stdin, urls) = start_serve();
         let url = |name: &str| {
             urls[name]
                 .as_str()
-                .unwrap_or_else(|| panic!("no {name} URL in {line}"))
+                .unwrap_or_else(|| panic!("no {name} URL in {urls}"))
                 .to_string()
         };
         // SAFETY: registers a plain `extern "C" fn` that takes no arguments, as atexit expects.
@@ -116,54 +124,73 @@ pub fn run_json(args: &[&str]) -> (Vec<Value>, Value, Output) {
     (lines, verdict, output)
 }
 
-/// Processes whose parent is `pid` (direct children only).
-pub fn children_of(pid: u32) -> Vec<(u32, char, String)> {
-    let mut found = Vec::new();
+/// One process, as `/proc/<pid>/stat` and `cmdline` describe it.
+#[derive(Clone, Debug)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    /// The state letter: `R`, `S`, `T` (stopped), `Z` (zombie)…
+    pub state: char,
+    /// Start time in clock ticks since boot: with the pid, it tells a process from a later
+    /// one that got the same pid.
+    pub start: u64,
+    /// The command name (`comm`, as in the parentheses of `stat`).
+    pub name: String,
+    /// The command line, arguments joined by spaces.
+    pub cmdline: String,
+}
+
+/// Every process on the machine, read from `/proc` (one that exits meanwhile is left out).
+pub fn process_table() -> Vec<Proc> {
+    let mut table = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child_pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        let Some(close) = stat.rfind(')') else {
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
             continue;
         };
+        // After the command name: state (field 3), ppid (4), … starttime (22).
         let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-            let name = stat[stat.find('(').unwrap_or(0) + 1..close].to_string();
-            found.push((child_pid, fields[0].chars().next().unwrap_or('?'), name));
-        }
+        let (Some(state), Some(ppid), Some(start)) = (
+            fields.first().and_then(|f| f.chars().next()),
+            fields.get(1).and_then(|f| f.parse().ok()),
+            fields.get(19).and_then(|f| f.parse().ok()),
+        ) else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        table.push(Proc {
+            pid,
+            ppid,
+            state,
+            start,
+            name: stat[open + 1..close].to_string(),
+            cmdline: String::from_utf8_lossy(&cmdline).replace('\0', " "),
+        });
     }
-    found
+    table
+}
+
+/// The direct children of `pid`: (pid, state letter, command name).
+pub fn children_of(pid: u32) -> Vec<(u32, char, String)> {
+    process_table()
+        .into_iter()
+        .filter(|p| p.ppid == pid as i32)
+        .map(|p| (p.pid as u32, p.state, p.name))
+        .collect()
 }
 
 /// Every process whose command line mentions `needle`, with its state letter.
 pub fn processes_mentioning(needle: &str) -> Vec<(u32, char, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if !cmdline.contains(needle) {
-            continue;
-        }
-        let state = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s[s.rfind(')')? + 1..]
-                    .split_whitespace()
-                    .next()
-                    .and_then(|f| f.chars().next())
-            })
-            .unwrap_or('?');
-        found.push((pid, state, cmdline));
-    }
-    found
+    process_table()
+        .into_iter()
+        .filter(|p| p.cmdline.contains(needle))
+        .map(|p| (p.pid as u32, p.state, p.cmdline))
+        .collect()
 }
 
 /// Waits until `check` holds, for at most `timeout`.
