@@ -69,17 +69,7 @@ fn postgres_url_with_password() -> String {
 fn descendants(root: u32) -> Vec<(u32, String)> {
     let table = process_table();
     let mut family = HashSet::from([root as i32]);
-    loop {
-        let before = family.len();
-        for proc in &table {
-            if family.contains(&proc.ppid) {
-                family.insert(proc.pid);
-            }
-        }
-        if family.len() == before {
-            break;
-        }
-    }
+    family_in(&table, &mut family);
     table
         .into_iter()
         .filter(|proc| proc.pid != root as i32 && family.contains(&proc.pid))

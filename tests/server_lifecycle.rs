@@ -15,20 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, eventually, process_table};
+use common::{BIN, QUICK_LAB, eventually, family_in, process_table};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-/// A short fenced gc-pause run: enough to start and use Redis and Postgres.
-const QUICK_LAB: [&str; 7] = [
-    "gc-pause",
-    "--ttl",
-    "300ms",
-    "--pause",
-    "600ms",
-    "--fencing",
-    "on",
-];
 
 /// One test's world: a temp root for TMPDIR and a state directory for `up`/`down`.
 struct World {
@@ -177,18 +166,7 @@ impl Family {
             while !d.load(Ordering::SeqCst) {
                 let table = process_table();
                 let mut known = p.lock().unwrap();
-                // Parents come before children often but not always: iterate to a fixpoint.
-                loop {
-                    let before = known.len();
-                    for proc in &table {
-                        if known.contains(&proc.ppid) {
-                            known.insert(proc.pid);
-                        }
-                    }
-                    if known.len() == before {
-                        break;
-                    }
-                }
+                family_in(&table, &mut known);
                 drop(known);
                 thread::sleep(Duration::from_millis(3));
             }

@@ -9,17 +9,6 @@ use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// A short fenced gc-pause run: enough to see which servers a lab found.
-const QUICK_LAB: [&str; 7] = [
-    "gc-pause",
-    "--ttl",
-    "300ms",
-    "--pause",
-    "600ms",
-    "--fencing",
-    "on",
-];
-
 /// A lockslab command with no server configured at all, and its own state directory.
 fn bare(args: &[&str], state_dir: &std::path::Path) -> Command {
     let mut command = Command::new(BIN);

@@ -16,6 +16,17 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockslab");
 
+/// A short fenced gc-pause run: enough to start and use Redis and Postgres.
+pub const QUICK_LAB: [&str; 7] = [
+    "gc-pause",
+    "--ttl",
+    "300ms",
+    "--pause",
+    "600ms",
+    "--fencing",
+    "on",
+];
+
 pub struct Servers {
     pub redis: String,
     pub etcd: String,
@@ -173,6 +184,22 @@ pub fn process_table() -> Vec<Proc> {
         });
     }
     table
+}
+
+/// `roots` and every process below them in `table` (children, grandchildren…). Parents are
+/// listed before their children often but not always: grown to a fixpoint.
+pub fn family_in(table: &[Proc], roots: &mut std::collections::HashSet<i32>) {
+    loop {
+        let before = roots.len();
+        for proc in table {
+            if roots.contains(&proc.ppid) {
+                roots.insert(proc.pid);
+            }
+        }
+        if roots.len() == before {
+            return;
+        }
+    }
 }
 
 /// The direct children of `pid`: (pid, state letter, command name).
