@@ -22,8 +22,7 @@ use crate::lock::redis::Release;
 use crate::store::Attempt;
 
 /// A yes/no fact that the evidence may not settle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finding {
     Yes,
     No,
@@ -37,14 +36,6 @@ impl Finding {
             Finding::Yes => Some(true),
             Finding::No => Some(false),
             Finding::Unknown => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finding::Yes => "yes",
-            Finding::No => "no",
-            Finding::Unknown => "unknown",
         }
     }
 }
@@ -168,7 +159,7 @@ pub fn late_write(attempts: &[Attempt], late: &str, next: &str) -> LateWrite {
 }
 
 /// A queue's jobs, by how many times the processing table says each was processed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Processed {
     pub jobs: i64,
     pub once: i64,
