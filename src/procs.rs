@@ -144,16 +144,20 @@ fn with_live<T>(f: impl FnOnce(&mut HashMap<i32, StopPlan>) -> T) -> T {
     f(guard.get_or_insert_with(HashMap::new))
 }
 
-/// Makes `command` a well-behaved child: own process group, dies with lockslab.
+/// Makes `command` a well-behaved child: own process group, dies with lockslab, and takes
+/// SIGINT, SIGTERM and SIGHUP again (the thread that spawns it blocks them, and a child
+/// inherits its parent's signal mask: a server would ignore the SIGTERM that stops it).
 pub fn tie_to_parent(command: &mut Command) {
     let parent = nix::unistd::getpid();
+    let unblock = interrupt_signals();
     command.process_group(0);
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: prctl and getppid are plain system calls, and
-    // the error is built from a raw errno without allocating.
+    // async-signal-safe calls are allowed: prctl, sigprocmask and getppid are plain system
+    // calls, and the error is built from a raw errno without allocating.
     unsafe {
         command.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            unblock.thread_unblock()?;
             if nix::unistd::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc_esrch()));
             }
@@ -359,6 +363,12 @@ pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
 /// after the cleanup has started, because stderr may be a closed pipe, a full disk, a
 /// terminal that just hung up, or a pipe nobody reads — and none of that may stop the
 /// cleanup or the next signal.
+///
+/// Only the handler thread receives these signals: every other thread blocks them. A signal
+/// delivered to a thread in the middle of a socket read that has a timeout (every Redis
+/// connection here has one) makes the read fail with EINTR, whatever `SA_RESTART` says —
+/// and a lab would take that for a server that went away, and skip its cleanup there.
+/// Must be called before any other thread starts: threads inherit the mask of their creator.
 pub fn install_interrupt_handler() -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
@@ -371,9 +381,10 @@ pub fn install_interrupt_handler() -> Result<()> {
                 let status = exit_code_for(signal);
                 if first {
                     first = false;
-                    let cleanup = thread::Builder::new()
-                        .name("cleanup".into())
-                        .spawn(move || shut_down(status, None));
+                    let cleanup = thread::Builder::new().name("cleanup".into()).spawn(move || {
+                        let _ = interrupt_signals().thread_block();
+                        shut_down(status, None)
+                    });
                     if cleanup.is_err() {
                         shut_down(status, None); // no thread to be had: clean up right here
                     }
@@ -389,5 +400,17 @@ pub fn install_interrupt_handler() -> Result<()> {
             }
         })
         .context("starting the Ctrl-C handler")?;
+    interrupt_signals()
+        .thread_block()
+        .context("leaving Ctrl-C to its handler thread")?;
     Ok(())
+}
+
+/// The signals that end lockslab early.
+pub fn interrupt_signals() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(signal);
+    }
+    set
 }

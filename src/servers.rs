@@ -653,10 +653,16 @@ impl PrivateServers {
                 .with_context(|| format!("starting a private {}", backend.name()))?
                 .id() as i32,
             Lifetime::Detached => {
-                // Outlives this command: its own session, no parent-death signal.
-                // SAFETY: setsid is async-signal-safe and touches nothing but this process.
+                // Outlives this command: its own session, no parent-death signal, and the
+                // signals `lockslab down` stops it with unblocked (this thread blocks them).
+                let unblock = procs::interrupt_signals();
+                // SAFETY: setsid and sigprocmask are async-signal-safe and touch nothing but
+                // this process.
                 unsafe {
-                    command.pre_exec(|| nix::unistd::setsid().map(drop).map_err(Into::into));
+                    command.pre_exec(move || {
+                        unblock.thread_unblock()?;
+                        nix::unistd::setsid().map(drop).map_err(Into::into)
+                    });
                 }
                 let child = command
                     .spawn()

@@ -2,14 +2,26 @@
 //!
 //! A lock cannot stop a client that has already passed its check and then paused, so the
 //! safety has to live where the data lives. The store accepts a fenced write only if its
-//! token is **not lower** than the highest token it has accepted for that resource, and it
-//! decides that inside the database, in the same statement as the write: there is no
-//! window between "check" and "write" for a stale writer to slip through.
+//! token is **higher** than the highest token it has accepted for that resource — or equal
+//! to it *and sent by the holder that sent it first* — and it decides that inside the
+//! database, in the same statement as the write: there is no window between "check" and
+//! "write" for a stale writer to slip through.
 //!
-//! Two details that loose descriptions get wrong:
-//! - The comparison is `>=`, not `>`: a holder may write more than once with its token.
+//! Three details that loose descriptions get wrong:
+//! - A holder may write more than once with its token, so an equal token cannot simply be
+//!   refused; but "not lower than the highest" (`>=`) is not enough either. A token source
+//!   can hand the same number out twice: a Redis `INCR` counter on a server restarted
+//!   without persistence, or failed over to a replica that missed the increment. Then two
+//!   holders carry one token, and `>=` accepts both. The store knows who sent each token,
+//!   so an equal token from a *different* writer is a reissue, and it is refused
+//!   ([`FenceRule::HigherOrSameHolder`]; the loose rule is kept as [`FenceRule::NotLower`]
+//!   for the labs that show it fail).
 //! - It is an ordering, not an equality check: `WHERE token = 7` only works if every writer
-//!   knows the previous token; `WHERE stored <= new` works with any monotonic source.
+//!   knows the previous token; `WHERE stored < new` works with any monotonic source.
+//! - No rule in the store can repair a source that goes *backwards* by more than one: if
+//!   the counter lost several increments, the rightful new holder carries the lower token
+//!   and is the one refused. Tokens must come from a source that survives what the lock
+//!   service does not (lab 5).
 //!
 //! Every attempt, accepted or not, is recorded in an append-only table, so the verdict of a
 //! lab is read back from the store, never taken from what a worker believed. Each attempt
@@ -70,16 +82,40 @@ const UNFENCED_WRITE: &str = "
         SET value = EXCLUDED.value, writer = EXCLUDED.writer
     RETURNING 1";
 
-/// ✅ Fenced: the database compares the token with the highest accepted one and writes
-/// only if it is not lower, atomically (`ON CONFLICT … DO UPDATE … WHERE` locks the row
-/// and evaluates the condition on its latest version). A refused write returns no row.
-const FENCED_WRITE: &str = "
+/// ❌ Fenced, loosely: accepts any token not lower than the highest accepted one. Right
+/// while the token source never repeats itself; a reissued token gets through.
+const FENCED_WRITE_NOT_LOWER: &str = "
     INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (run_id, resource) DO UPDATE
         SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
         WHERE lockslab_resource.token IS NULL OR lockslab_resource.token <= EXCLUDED.token
     RETURNING 1";
+
+/// ✅ Fenced: the database compares the token with the highest accepted one and writes
+/// only if it is higher, or equal and from the writer that holds it (a holder writing
+/// again), atomically (`ON CONFLICT … DO UPDATE … WHERE` locks the row and evaluates the
+/// condition on its latest version). A refused write returns no row.
+const FENCED_WRITE: &str = "
+    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (run_id, resource) DO UPDATE
+        SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
+        WHERE lockslab_resource.token IS NULL
+           OR lockslab_resource.token < EXCLUDED.token
+           OR (lockslab_resource.token = EXCLUDED.token
+               AND lockslab_resource.writer = EXCLUDED.writer)
+    RETURNING 1";
+
+/// Which fenced writes the store accepts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FenceRule {
+    /// ✅ A higher token, or the same token from the writer that already holds it.
+    #[default]
+    HigherOrSameHolder,
+    /// ❌ Any token not lower than the highest: a reissued token is accepted twice.
+    NotLower,
+}
 
 /// Numbers the decision just made. Both writes above leave the resource's row locked by
 /// this transaction — an accepted write because it changed the row, a refused one because
@@ -193,12 +229,29 @@ impl Store {
         value: &str,
         token: Option<i64>,
     ) -> Outcome {
+        self.write_under(FenceRule::default(), run_id, resource, writer, value, token)
+    }
+
+    /// [`Store::write`], with the fenced writes decided by `rule`.
+    pub fn write_under(
+        &mut self,
+        rule: FenceRule,
+        run_id: &str,
+        resource: &str,
+        writer: &str,
+        value: &str,
+        token: Option<i64>,
+    ) -> Outcome {
+        let fenced_write = match rule {
+            FenceRule::HigherOrSameHolder => FENCED_WRITE,
+            FenceRule::NotLower => FENCED_WRITE_NOT_LOWER,
+        };
         let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
             let mut tx = client.transaction()?;
             let accepted = match token {
                 None => tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?,
                 Some(token) => {
-                    tx.query_opt(FENCED_WRITE, &[&run_id, &resource, &value, &writer, &token])?
+                    tx.query_opt(fenced_write, &[&run_id, &resource, &value, &writer, &token])?
                 }
             }
             .is_some();
