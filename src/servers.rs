@@ -553,7 +553,10 @@ impl PrivateServers {
     }
 
     fn launch(&mut self, backend: Backend) -> Result<()> {
-        let port = free_port()?;
+        self.launch_on(backend, free_port()?)
+    }
+
+    fn launch_on(&mut self, backend: Backend, port: u16) -> Result<()> {
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
         let (mut command, url, stop_signal) = match backend {
             Backend::Redis => {
@@ -699,6 +702,53 @@ impl PrivateServers {
             self.urls.remove(index);
             procs::stop(pid, &stop_plan(backend));
         }
+    }
+
+    /// The process id of a private server: for the labs that freeze or kill a server.
+    pub fn pid(&self, backend: Backend) -> Option<i32> {
+        self.pids
+            .iter()
+            .find(|(b, _)| *b == backend)
+            .map(|(_, pid)| *pid)
+    }
+
+    /// Freezes a private server with SIGSTOP: its kernel still accepts connections, and
+    /// nothing answers them (a server paused by its VM, or swapping).
+    pub fn freeze(&self, backend: Backend) -> Result<()> {
+        let pid = self.pid(backend).context("no such private server")?;
+        procs::signal_group(pid, Signal::SIGSTOP)
+    }
+
+    /// Resumes a server frozen by [`PrivateServers::freeze`].
+    pub fn thaw(&self, backend: Backend) -> Result<()> {
+        let pid = self.pid(backend).context("no such private server")?;
+        procs::signal_group(pid, Signal::SIGCONT)
+    }
+
+    /// Kills a private server with SIGKILL, as a crash would, and starts it again on the
+    /// same port with the same settings; returns when it answers. A private Redis has no
+    /// persistence (`--save ""`, no AOF): it comes back empty, every key and counter gone.
+    pub fn crash_and_restart(&mut self, backend: Backend) -> Result<Duration> {
+        let url = self.url(backend).context("no such private server")?;
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|tail| tail.split('/').next())
+            .and_then(|port| port.parse().ok())
+            .with_context(|| format!("no port in {}", connect::redact(&url)))?;
+        let started = Instant::now();
+        if let Some(index) = self.pids.iter().position(|(b, _)| *b == backend) {
+            let (_, pid) = self.pids.remove(index);
+            self.urls.remove(index);
+            procs::stop(pid, &StopPlan::kill());
+        }
+        self.launch_on(backend, port)?;
+        let pid = self
+            .pid(backend)
+            .context("the restarted server has no pid")?;
+        wait_until_answering(backend, &url, pid)
+            .map_err(|failure| self.start_error(backend, failure, 1))?;
+        Ok(started.elapsed())
     }
 
     pub fn url(&self, backend: Backend) -> Option<String> {
