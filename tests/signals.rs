@@ -491,10 +491,12 @@ fn only_the_handler_thread_receives_interrupts() {
         ["interrupts"],
         "threads taking Ctrl-C: {threads:?}"
     );
+    // The frozen worker (A): stopped, it cannot exit and leave its pid to another process
+    // while its threads are read.
     let workers: Vec<Proc> = family
         .look()
         .into_iter()
-        .filter(|p| p.cmdline.contains("__worker"))
+        .filter(|p| p.cmdline.contains("__worker") && p.state == 'T')
         .collect();
     assert!(!workers.is_empty());
     for worker in &workers {
