@@ -63,6 +63,7 @@ Exit status:
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
 
 Examples:
+  lockslab                      the lab menu (also `lockslab list`)
   lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
@@ -74,8 +75,9 @@ Examples:
 Walkthroughs: labs/01-gc-pause.md … labs/04-etcd-vs-redis.md in the repository."
 )]
 pub struct Cli {
+    /// None: `lockslab` alone shows the lab menu.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -88,6 +90,8 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
+    List,
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -116,11 +120,16 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
 /// Parses the command line and runs it; errors are printed once, by `main`.
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
-    if let Command::InternalWorker = &cli.command {
+    let Some(command) = cli.command else {
+        crate::menu::print();
+        return Ok(ExitCode::from(EXIT_OK));
+    };
+    if let Command::InternalWorker = &command {
         return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
-    match cli.command {
+    match command {
+        Command::List => crate::menu::print(),
         Command::GcPause(args) => gc_pause::run(&args)?,
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,

@@ -31,6 +31,7 @@
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot.
+//! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
 //!
@@ -51,6 +52,7 @@ pub mod flags;
 pub mod hands_on;
 pub mod labs;
 pub mod lock;
+pub mod menu;
 pub mod output;
 pub mod procs;
 pub mod queue;
