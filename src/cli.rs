@@ -68,6 +68,7 @@ Examples:
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with kill -STOP
   lockslab <lab> --help         options and examples of one lab
@@ -92,6 +93,8 @@ enum Command {
     EtcdVsRedis(EtcdVsRedisArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
+    /// Check this machine before a session: tools, servers, free connections, each lab
+    Doctor(crate::doctor::DoctorArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -130,6 +133,7 @@ pub fn run() -> Result<ExitCode> {
     crate::procs::install_interrupt_handler()?;
     match command {
         Command::List => crate::menu::print(),
+        Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::GcPause(args) => gc_pause::run(&args)?,
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,

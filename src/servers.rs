@@ -112,7 +112,7 @@ fn boolish_or_empty(text: &str) -> Result<bool, String> {
 }
 
 impl ServerArgs {
-    fn given(&self, backend: Backend) -> Option<&str> {
+    pub fn given(&self, backend: Backend) -> Option<&str> {
         match backend {
             Backend::Redis => self.redis_url.as_deref(),
             Backend::Etcd => self.etcd_url.as_deref(),
@@ -123,7 +123,7 @@ impl ServerArgs {
 }
 
 /// Every backend, for the commands that start them all.
-const ALL: [Backend; 3] = [Backend::Redis, Backend::Etcd, Backend::Postgres];
+pub const ALL: [Backend; 3] = [Backend::Redis, Backend::Etcd, Backend::Postgres];
 
 /// The docker-compose.yml defaults.
 pub fn compose_default(backend: Backend) -> &'static str {
@@ -281,7 +281,7 @@ fn answers(backend: Backend, url: &str) -> bool {
 
 /// A compose default answers only if something listens on its port at all; checking the
 /// port first keeps the common case (nothing there) instant.
-fn answers_quickly(backend: Backend, url: &str) -> bool {
+pub fn answers_quickly(backend: Backend, url: &str) -> bool {
     let port = url
         .rsplit(':')
         .next()
@@ -895,7 +895,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// Finds a server binary on PATH, or (Postgres) under the usual Debian/Ubuntu locations.
-fn find_binary(name: &str, backend: Backend) -> Result<PathBuf> {
+pub fn find_binary(name: &str, backend: Backend) -> Result<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .map(|paths| {
             std::env::split_paths(&paths)

@@ -56,3 +56,62 @@ fn the_menu_lists_the_labs_plainly_when_piped() {
         assert!(text.contains("Type first:  lockslab gc-pause"), "{text}");
     }
 }
+
+#[test]
+fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
+    let output = lockslab(&["doctor"]).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_fits_80(&text);
+    for tool in ["redis-server", "etcd", "postgres", "initdb"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("OK") && l.contains(tool)),
+            "{tool}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("private Redis, etcd, Postgres started in"),
+        "{text}"
+    );
+    // The test binary's Postgres is shared here: doctor reads its free connections.
+    assert!(text.contains("connections free"), "{text}");
+    for lab in ["gc-pause", "naive", "skip-locked", "etcd-vs-redis"] {
+        assert!(
+            text.lines().any(|l| l.contains(lab) && l.contains("runs")),
+            "{lab}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn doctor_exits_1_and_says_what_to_do_when_a_server_does_not_answer() {
+    let output = lockslab(&["doctor"])
+        .env("LOCKSLAB_REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}\n{errors}");
+    assert_fits_80(&text);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FIX") && l.contains("Redis") && l.contains("127.0.0.1:1")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FIX") && l.contains("gc-pause")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("OK") && l.contains("skip-locked")),
+        "lab 3 needs no Redis: {text}"
+    );
+    assert!(errors.contains("could not run here"), "{errors}");
+}
