@@ -95,6 +95,17 @@ enum Command {
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
     Doctor(crate::doctor::DoctorArgs),
+    /// Print a shell's completion script: `lockslab completions bash > ~/.local/share/bash-completion/completions/lockslab`
+    Completions {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page (roff): `lockslab man | man -l -`; `--dir DIR` writes one page
+    /// per command there
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -134,6 +145,8 @@ pub fn run() -> Result<ExitCode> {
     match command {
         Command::List => crate::menu::print(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
+        Command::Completions { shell } => completions(shell),
+        Command::Man { dir } => man_pages(dir.as_deref())?,
         Command::GcPause(args) => gc_pause::run(&args)?,
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
@@ -152,6 +165,65 @@ pub fn run() -> Result<ExitCode> {
         Command::InternalWorker => unreachable!("handled above"),
     }
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// The shells `lockslab completions` writes for.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The command tree as people see it: the hidden internal commands left out, which a
+/// completion script would otherwise offer.
+fn documented_command() -> clap::Command {
+    use clap::CommandFactory;
+    let full = Cli::command();
+    let visible: Vec<clap::Command> = full
+        .get_subcommands()
+        .filter(|command| !command.is_hide_set())
+        .cloned()
+        .collect();
+    let mut command = clap::Command::new("lockslab")
+        .version(env!("CARGO_PKG_VERSION"))
+        .subcommands(visible);
+    if let Some(about) = full.get_about() {
+        command = command.about(about.clone());
+    }
+    if let Some(after) = full.get_after_help() {
+        command = command.after_help(after.clone());
+    }
+    command
+}
+
+/// Completions generated from this very command tree, so they never drift from it.
+fn completions(shell: CompletionShell) {
+    let shell = match shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut documented_command(), "lockslab", &mut script);
+    crate::output::line(String::from_utf8_lossy(&script).trim_end());
+}
+
+/// The manual pages, from the same command tree as `--help`: the main page on stdout, or
+/// one page per command (`lockslab-gc-pause.1`…) in `dir`.
+fn man_pages(dir: Option<&std::path::Path>) -> Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        clap_mangen::generate_to(documented_command(), dir)
+            .with_context(|| format!("writing manual pages to {}", dir.display()))?;
+        crate::outln!("manual pages written to {}", dir.display());
+        return Ok(());
+    }
+    let mut page = Vec::new();
+    clap_mangen::Man::new(documented_command()).render(&mut page)?;
+    crate::output::line(String::from_utf8_lossy(&page).trim_end());
+    Ok(())
 }
 
 fn up() -> Result<()> {

@@ -115,3 +115,45 @@ fn doctor_exits_1_and_says_what_to_do_when_a_server_does_not_answer() {
     );
     assert!(errors.contains("could not run here"), "{errors}");
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_tree() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for command in ["gc-pause", "etcd-vs-redis", "doctor", "fencing"] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+        assert!(
+            !script.contains("__serve") && !script.contains("'__worker"),
+            "{shell} offers an internal command"
+        );
+    }
+    let wrong = Command::new(BIN)
+        .args(["completions", "powershell"])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(2));
+
+    let page = Command::new(BIN).arg("man").output().unwrap();
+    let page = String::from_utf8(page.stdout).unwrap();
+    assert!(
+        page.contains(".TH lockslab 1") && page.contains("gc\\-pause"),
+        "{page}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let written = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    for page in ["lockslab.1", "lockslab-gc-pause.1", "lockslab-doctor.1"] {
+        assert!(dir.path().join(page).is_file(), "no {page}");
+    }
+    assert!(!dir.path().join("lockslab-__worker.1").exists());
+}
