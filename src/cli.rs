@@ -131,6 +131,19 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
     Serve,
 }
 
+impl Command {
+    /// The options every lab shares, when this is a lab.
+    fn lab_output(&self) -> Option<&crate::labs::OutputArgs> {
+        match self {
+            Command::GcPause(args) => Some(&args.output),
+            Command::Naive(args) => Some(&args.output),
+            Command::SkipLocked(args) => Some(&args.output),
+            Command::EtcdVsRedis(args) => Some(&args.output),
+            _ => None,
+        }
+    }
+}
+
 /// Parses the command line and runs it; errors are printed once, by `main`.
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
@@ -142,6 +155,9 @@ pub fn run() -> Result<ExitCode> {
         return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
+    if let Some(output) = command.lab_output() {
+        crate::labs::step::enable(output.step);
+    }
     match command {
         Command::List => crate::menu::print(),
         Command::Doctor(args) => crate::doctor::run(&args)?,

@@ -157,3 +157,295 @@ fn completions_and_man_pages_come_from_the_command_tree() {
     }
     assert!(!dir.path().join("lockslab-__worker.1").exists());
 }
+
+// ── --step, driven through a pseudo-terminal ──
+
+/// A lab run with `--step --json`: its stdin and stderr on a pseudo-terminal (where the
+/// questions appear and Enter is typed), its stdout (JSON Lines) on a pipe.
+struct Stepped {
+    child: std::process::Child,
+    master: std::fs::File,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Stepped {
+    fn start(args: &[&str]) -> Stepped {
+        use std::io::Read;
+        use std::sync::{Arc, Mutex};
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let mut command = lockslab(args);
+        command
+            .stdin(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(pty.slave))
+            .stdout(std::process::Stdio::piped());
+        let mut child = command.spawn().expect("starting a stepped lab");
+        drop(command); // the parent's copies of the slave side: EOF once the lab exits
+        let screen = Arc::new(Mutex::new(String::new()));
+        let mut master = std::fs::File::from(pty.master);
+        let mut reader = master.try_clone().unwrap();
+        let shown = screen.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            // EIO once the last slave descriptor closes: the lab has exited.
+            while let Ok(n @ 1..) = reader.read(&mut buffer) {
+                shown
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stdout.take().unwrap();
+        let printed = stdout.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buffer) {
+                printed
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let _ = &mut master;
+        Stepped {
+            child,
+            master,
+            screen,
+            stdout,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    fn events(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Waits until the checkpoint named `name` is on the screen; returns its position.
+    fn wait_for_checkpoint(&self, name: &str) -> usize {
+        let heading = format!("⏸ {name}");
+        let found = eventually(std::time::Duration::from_secs(60), || {
+            self.screen().contains(&heading)
+        });
+        assert!(
+            found,
+            "no checkpoint '{name}' within 60s; the screen:\n{}",
+            self.screen()
+        );
+        self.screen().find(&heading).unwrap()
+    }
+
+    fn type_line(&mut self, text: &str) {
+        use std::io::Write;
+        self.master
+            .write_all(format!("{text}\n").as_bytes())
+            .unwrap();
+    }
+
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<serde_json::Value>, String) {
+        let status = self.child.wait().unwrap();
+        // The readers end at EOF; give them a moment to take the last bytes.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        (status, self.events(), self.screen())
+    }
+}
+
+/// Walks a stepped run through `checkpoints`, asserting that each stops the lab (nothing
+/// new on stdout while it waits), in order, and that Enter moves it on.
+fn step_through(stepped: &mut Stepped, checkpoints: &[&str]) {
+    let mut last = 0;
+    for name in checkpoints {
+        let at = stepped.wait_for_checkpoint(name);
+        assert!(
+            at >= last,
+            "checkpoint '{name}' out of order:\n{}",
+            stepped.screen()
+        );
+        last = at;
+        let before = stepped.events().len();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        assert_eq!(
+            stepped.events().len(),
+            before,
+            "the lab went on at '{name}' before Enter"
+        );
+        stepped.type_line("");
+    }
+}
+
+/// What a verdict says, without what differs between any two runs (times, pids, owners).
+fn gist(runs: &[serde_json::Value], keys: &[&str]) -> Vec<String> {
+    runs.iter()
+        .map(|run| {
+            let mut facts: Vec<String> = keys.iter().map(|k| format!("{k}={}", run[*k])).collect();
+            // Tokens by presence only: etcd's revisions grow across runs.
+            for attempt in run["attempts"].as_array().into_iter().flatten() {
+                let token = if attempt["token"].is_null() {
+                    "-"
+                } else {
+                    "token"
+                };
+                facts.push(format!(
+                    "{}:{token}:{}",
+                    attempt["writer"], attempt["accepted"]
+                ));
+            }
+            facts.join(" ")
+        })
+        .collect()
+}
+
+const LAB1: [&str; 5] = ["gc-pause", "--ttl", "600ms", "--pause", "1200ms"];
+const LAB1_FACTS: [&str; 6] = [
+    "fencing",
+    "two_holders",
+    "late_write",
+    "stale_write_accepted",
+    "final_writer",
+    "final_token",
+];
+
+#[test]
+fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
+    let (_, unstepped, _) = run_json(&LAB1);
+    let mut args = LAB1.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    let first = stepped.wait_for_checkpoint("before the freeze (without fencing)");
+    assert!(
+        !stepped
+            .events()
+            .iter()
+            .any(|e| e["kind"] == "acquired" || e["kind"] == "waiting"),
+        "no worker starts before the first checkpoint"
+    );
+    assert!(stepped.screen()[first..].contains("Does B get the lock while A is frozen?"));
+    step_through(
+        &mut stepped,
+        &[
+            "before the freeze (without fencing)",
+            "before the fenced run",
+            "before the verdict",
+        ],
+    );
+    let (status, lines, screen) = stepped.finish();
+    assert!(status.success(), "{status}:\n{screen}");
+    let verdict = lines.last().expect("a verdict");
+    assert_eq!(verdict["kind"], "verdict", "{verdict}");
+    let runs = |v: &serde_json::Value| v["runs"].as_array().unwrap().clone();
+    assert_eq!(
+        gist(&runs(verdict), &LAB1_FACTS),
+        gist(&runs(&unstepped), &LAB1_FACTS),
+        "a stepped run's verdict must equal an unstepped one's"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+const LAB4: [&str; 9] = [
+    "etcd-vs-redis",
+    "--redis-ttl",
+    "1500ms",
+    "--lease",
+    "2s",
+    "--work",
+    "600ms",
+    "--pause",
+    "4s",
+];
+const LAB4_FACTS: [&str; 6] = [
+    "backend",
+    "scenario",
+    "two_holders",
+    "late_write",
+    "stale_write_accepted",
+    "fencing_token",
+];
+
+#[test]
+fn stepping_lab_4_stops_at_each_reveal_and_changes_no_verdict() {
+    let (_, unstepped, _) = run_json(&LAB4);
+    let mut args = LAB4.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    step_through(
+        &mut stepped,
+        &["before the kill", "before the freeze", "before the matrix"],
+    );
+    let (status, lines, screen) = stepped.finish();
+    assert!(status.success(), "{status}:\n{screen}");
+    let verdict = lines.last().expect("a verdict");
+    let cells = |v: &serde_json::Value| v["cells"].as_array().unwrap().clone();
+    assert_eq!(
+        gist(&cells(verdict), &LAB4_FACTS),
+        gist(&cells(&unstepped), &LAB4_FACTS),
+        "a stepped run's verdict must equal an unstepped one's"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+/// The run id in the first lock name an event mentions (`lockslab:<run id>:…`).
+fn run_id_in(lines: &[serde_json::Value]) -> Option<String> {
+    let text: String = lines.iter().map(|e| e.to_string()).collect();
+    text.match_indices("lockslab:").find_map(|(at, _)| {
+        let id = text.get(at + 9..at + 17)?;
+        let hex = id.chars().all(|c| c.is_ascii_hexdigit());
+        (hex && text[at + 17..].starts_with(':')).then(|| id.to_string())
+    })
+}
+
+/// Keys under `lockslab:<run id>:` in the test binary's etcd.
+fn etcd_keys_of(run_id: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut etcd = etcd_client::Client::connect([servers().etcd.as_str()], None)
+            .await
+            .unwrap();
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        etcd.get(format!("lockslab:{run_id}:"), Some(options))
+            .await
+            .unwrap()
+            .count()
+    })
+}
+
+#[test]
+fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
+    let mut args = LAB4.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    step_through(&mut stepped, &["before the kill"]);
+    stepped.wait_for_checkpoint("before the freeze");
+    let lab = stepped.child.id();
+    stepped.type_line("q");
+    let (status, lines, screen) = stepped.finish();
+    assert_eq!(status.code(), Some(130), "q ends like Ctrl-C:\n{screen}");
+    assert!(
+        screen.contains("stopped at 'before the freeze'"),
+        "{screen}"
+    );
+    assert!(
+        !lines.iter().any(|e| e["kind"] == "verdict"),
+        "no verdict after q"
+    );
+    let run_id = run_id_in(&lines).expect("the run's id in a lock name");
+    // The kill scenario ran: its six workers are gone, and so are its keys and rows.
+    let pids = worker_pids(&lines);
+    assert_eq!(pids.len(), 6, "{lines:?}");
+    assert_gone(&pids);
+    assert!(children_of(lab).is_empty());
+    assert_run_left_nothing(&run_id);
+    assert_eq!(etcd_keys_of(&run_id), 0, "etcd keys left behind");
+}
