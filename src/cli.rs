@@ -116,9 +116,24 @@ Example, in two terminals (after `lockslab up` and its export lines):
 Without --fencing on both, the late write is ACCEPTED and overwrites the second one's.")]
     Worker(HandsOnArgs),
     /// Start private Redis, etcd and Postgres and keep them running between commands
-    Up,
+    #[command(after_help = "\
+Examples:
+  lockslab up                      servers on 127.0.0.1 for this machine's terminals
+  lockslab up --room 192.168.1.20  servers a room shares, passwords on; prints the
+                                   export lines attendees paste
+
+A room's servers listen on ADDR only, each with a generated password (Redis requirepass,
+Postgres SCRAM, etcd auth with user root), and Postgres has room for 30 attendees running
+any lab at once. `lockslab down` stops them.")]
+    Up(UpArgs),
     /// Stop the servers `lockslab up` started and delete their data
     Down,
+    /// Clear one name's hands-on state: its lock, fencing counter and store row
+    #[command(after_help = "\
+Examples:
+  lockslab reset                    clear lock 'demo' (LOCKSLAB_NAME's, if set)
+  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana-demo' only; nobody else's")]
+    Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
     /// A lab's worker process (started by the labs themselves); its script is the first
@@ -168,7 +183,10 @@ pub fn run() -> Result<ExitCode> {
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
-        Command::Up => up()?,
+        Command::Up(args) => match args.room {
+            Some(addr) => up_room(addr)?,
+            None => up()?,
+        },
         Command::Down => {
             if servers::down()? {
                 crate::outln!("stopped the servers `lockslab up` started");
@@ -177,6 +195,7 @@ pub fn run() -> Result<ExitCode> {
             }
         }
         Command::Status => status()?,
+        Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::InternalWorker => unreachable!("handled above"),
     }
@@ -239,6 +258,47 @@ fn man_pages(dir: Option<&std::path::Path>) -> Result<()> {
     let mut page = Vec::new();
     clap_mangen::Man::new(documented_command()).render(&mut page)?;
     crate::output::line(String::from_utf8_lossy(&page).trim_end());
+    Ok(())
+}
+
+/// Options of `lockslab up`.
+#[derive(clap::Args, Debug)]
+struct UpArgs {
+    /// Listen on ADDR (an address of this machine the room can reach), with authentication
+    /// on, sized for a room of 30
+    #[arg(long, value_name = "ADDR")]
+    room: Option<std::net::IpAddr>,
+}
+
+fn up_room(addr: std::net::IpAddr) -> Result<()> {
+    let state = servers::up_room(addr)?;
+    let redact = |url: Option<&str>| crate::connect::redact(url.unwrap_or("-"));
+    crate::outln!(
+        "{}",
+        format!("Room servers on {addr}, passwords on (until `lockslab down`):").bold()
+    );
+    crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
+    crate::outln!("            requirepass");
+    crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
+    crate::outln!("            auth on, user root");
+    crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
+    crate::outln!(
+        "            SCRAM password; max_connections {} = {} attendees",
+        servers::ROOM_PG_CONNECTIONS,
+        servers::ROOM_ATTENDEES
+    );
+    crate::outln!(
+        "            × {} per lab run + 40 spare",
+        crate::doctor::PG_CONNECTIONS_PER_LAB
+    );
+    crate::outln!();
+    crate::outln!("Attendees paste these lines (the password is in them: share them with");
+    crate::outln!("the room only), then set their own name for the exercises by hand:");
+    crate::outln!();
+    for line in state.exports() {
+        crate::outln!("{line}");
+    }
+    crate::outln!("export LOCKSLAB_NAME=your-name");
     Ok(())
 }
 

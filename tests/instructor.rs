@@ -449,3 +449,216 @@ fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
     assert_run_left_nothing(&run_id);
     assert_eq!(etcd_keys_of(&run_id), 0, "etcd keys left behind");
 }
+
+// ── A room's servers, on a second loopback address standing in for a LAN one ──
+
+/// `lockslab up --room` in a state directory of its own; `lockslab down` when dropped,
+/// whatever the test's outcome.
+struct Room {
+    state: tempfile::TempDir,
+    exports: Vec<(String, String)>,
+    printed: String,
+}
+
+impl Room {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("LOCKSLAB_STATE_DIR", self.state.path())
+            .env("NO_COLOR", "1")
+            .env_remove("LOCKSLAB_REDIS_URL")
+            .env_remove("LOCKSLAB_ETCD_URL")
+            .env_remove("LOCKSLAB_POSTGRES_URL")
+            .env_remove("LOCKSLAB_PRIVATE_SERVERS")
+            .env_remove("LOCKSLAB_NAME");
+        command
+    }
+
+    fn up(addr: &str) -> Room {
+        let mut room = Room {
+            state: tempfile::tempdir().unwrap(),
+            exports: Vec::new(),
+            printed: String::new(),
+        };
+        let output = room.command(&["up", "--room", addr]).output().unwrap();
+        room.printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{}\n{}",
+            room.printed,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        room.exports = room
+            .printed
+            .lines()
+            .filter_map(|line| line.strip_prefix("export "))
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        room
+    }
+
+    fn url(&self, var: &str) -> &str {
+        &self
+            .exports
+            .iter()
+            .find(|(k, _)| k == var)
+            .unwrap_or_else(|| panic!("no {var} in:\n{}", self.printed))
+            .1
+    }
+
+    /// A command as an attendee runs it: the printed export lines in its environment.
+    fn attendee(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command.args(args).env("NO_COLOR", "1");
+        command.env("LOCKSLAB_STATE_DIR", tempfile::tempdir().unwrap().keep());
+        for (var, value) in &self.exports {
+            command.env(var, value);
+        }
+        command
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        let _ = self.command(&["down"]).output();
+    }
+}
+
+/// `host:port` of a URL, without its user and password.
+fn host_port(url: &str) -> String {
+    let rest = url.split("://").nth(1).unwrap();
+    let rest = rest.rsplit('@').next().unwrap();
+    rest.split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
+    let room = Room::up("127.0.0.2");
+    assert_fits_80(
+        &room
+            .printed
+            .lines()
+            .filter(|l| !l.starts_with("export "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    assert!(
+        room.printed.contains("max_connections 460"),
+        "{}",
+        room.printed
+    );
+    let redis_url = room.url("LOCKSLAB_REDIS_URL").to_string();
+    let etcd_url = room.url("LOCKSLAB_ETCD_URL").to_string();
+    let pg_url = room.url("LOCKSLAB_POSTGRES_URL").to_string();
+    for url in [&redis_url, &etcd_url, &pg_url] {
+        assert!(host_port(url).starts_with("127.0.0.2:"), "{url}");
+        assert!(
+            url.contains(':') && url.contains('@'),
+            "a password in {url}"
+        );
+    }
+
+    // Without the password, each server refuses.
+    let bare = redis::Client::open(format!("redis://{}", host_port(&redis_url))).unwrap();
+    let refused = bare
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+    assert!(refused.is_err(), "Redis answered without a password");
+    let mut with_password = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert_eq!(
+        redis::cmd("PING")
+            .query::<String>(&mut with_password)
+            .unwrap(),
+        "PONG"
+    );
+
+    let (host, port) = host_port(&pg_url)
+        .split_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    for password in ["", " password=wrong"] {
+        let conninfo = format!("host={host} port={port} user=lockslab dbname=postgres{password}");
+        assert!(
+            postgres::Client::connect(&conninfo, postgres::NoTls).is_err(),
+            "Postgres let in {conninfo}"
+        );
+    }
+    let mut db = postgres::Client::connect(&pg_url, postgres::NoTls).unwrap();
+    let max: String = db.query_one("SHOW max_connections", &[]).unwrap().get(0);
+    assert_eq!(max, "460");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let endpoint = format!("http://{}", host_port(&etcd_url));
+    runtime.block_on(async {
+        let mut anonymous = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .unwrap();
+        assert!(
+            anonymous
+                .put("lockslab:room-test", "x", None)
+                .await
+                .is_err(),
+            "etcd took a write without a user"
+        );
+    });
+    runtime.block_on(async {
+        let mut root = lockslab::connect::etcd(&etcd_url).await.unwrap();
+        root.put("lockslab:room-test", "x", None).await.unwrap();
+        root.delete("lockslab:room-test", None).await.unwrap();
+    });
+
+    // An attendee's shell: the exports, nothing else.
+    let output = room.attendee(&QUICK_LAB).arg("--json").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verdict: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        verdict["runs"][0]["stale_write_accepted"], false,
+        "{verdict}"
+    );
+
+    let reset = room.attendee(&["reset", "--name", "ana"]).output().unwrap();
+    let said = String::from_utf8_lossy(&reset.stdout);
+    assert!(reset.status.success(), "{said}");
+    assert!(said.contains("'ana-demo'"), "{said}");
+
+    let state_file = room.state.path().join("servers.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&state_file).unwrap().permissions(),
+    );
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "the state file holds the password: {mode:o}"
+    );
+    let pids: Vec<i32> = {
+        let state = std::fs::read_to_string(&state_file).unwrap();
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        state["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().unwrap() as i32)
+            .collect()
+    };
+    drop(room);
+    for pid in pids {
+        assert!(
+            eventually(std::time::Duration::from_secs(10), || proc_state(pid)
+                .is_none_or(|s| s == 'Z')),
+            "server {pid} still running after down"
+        );
+    }
+}
