@@ -63,10 +63,12 @@ Exit status:
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
 
 Examples:
+  lockslab                      the lab menu (also `lockslab list`)
   lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with kill -STOP
   lockslab <lab> --help         options and examples of one lab
@@ -74,8 +76,9 @@ Examples:
 Walkthroughs: labs/01-gc-pause.md … labs/04-etcd-vs-redis.md in the repository."
 )]
 pub struct Cli {
+    /// None: `lockslab` alone shows the lab menu.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -88,6 +91,21 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
+    List,
+    /// Check this machine before a session: tools, servers, free connections, each lab
+    Doctor(crate::doctor::DoctorArgs),
+    /// Print a shell's completion script: `lockslab completions bash > ~/.local/share/bash-completion/completions/lockslab`
+    Completions {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page (roff): `lockslab man | man -l -`; `--dir DIR` writes one page
+    /// per command there
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -98,9 +116,24 @@ Example, in two terminals (after `lockslab up` and its export lines):
 Without --fencing on both, the late write is ACCEPTED and overwrites the second one's.")]
     Worker(HandsOnArgs),
     /// Start private Redis, etcd and Postgres and keep them running between commands
-    Up,
+    #[command(after_help = "\
+Examples:
+  lockslab up                      servers on 127.0.0.1 for this machine's terminals
+  lockslab up --room 192.168.1.20  servers a room shares, passwords on; prints the
+                                   export lines attendees paste
+
+A room's servers listen on ADDR only, each with a generated password (Redis requirepass,
+Postgres SCRAM, etcd auth with user root), and Postgres has room for 30 attendees running
+any lab at once. `lockslab down` stops them.")]
+    Up(UpArgs),
     /// Stop the servers `lockslab up` started and delete their data
     Down,
+    /// Clear one name's hands-on state: its lock, fencing counter and store row
+    #[command(after_help = "\
+Examples:
+  lockslab reset                    clear lock 'demo' (LOCKSLAB_NAME's, if set)
+  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana-demo' only; nobody else's")]
+    Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
     /// A lab's worker process (started by the labs themselves); its script is the first
@@ -113,20 +146,47 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
     Serve,
 }
 
+impl Command {
+    /// The options every lab shares, when this is a lab.
+    fn lab_output(&self) -> Option<&crate::labs::OutputArgs> {
+        match self {
+            Command::GcPause(args) => Some(&args.output),
+            Command::Naive(args) => Some(&args.output),
+            Command::SkipLocked(args) => Some(&args.output),
+            Command::EtcdVsRedis(args) => Some(&args.output),
+            _ => None,
+        }
+    }
+}
+
 /// Parses the command line and runs it; errors are printed once, by `main`.
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
-    if let Command::InternalWorker = &cli.command {
+    let Some(command) = cli.command else {
+        crate::menu::print();
+        return Ok(ExitCode::from(EXIT_OK));
+    };
+    if let Command::InternalWorker = &command {
         return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
-    match cli.command {
+    if let Some(output) = command.lab_output() {
+        crate::labs::step::enable(output.step);
+    }
+    match command {
+        Command::List => crate::menu::print(),
+        Command::Doctor(args) => crate::doctor::run(&args)?,
+        Command::Completions { shell } => completions(shell),
+        Command::Man { dir } => man_pages(dir.as_deref())?,
         Command::GcPause(args) => gc_pause::run(&args)?,
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
-        Command::Up => up()?,
+        Command::Up(args) => match args.room {
+            Some(addr) => up_room(addr)?,
+            None => up()?,
+        },
         Command::Down => {
             if servers::down()? {
                 crate::outln!("stopped the servers `lockslab up` started");
@@ -135,10 +195,111 @@ pub fn run() -> Result<ExitCode> {
             }
         }
         Command::Status => status()?,
+        Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::InternalWorker => unreachable!("handled above"),
     }
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// The shells `lockslab completions` writes for.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The command tree as people see it: the hidden internal commands left out, which a
+/// completion script would otherwise offer.
+fn documented_command() -> clap::Command {
+    use clap::CommandFactory;
+    let full = Cli::command();
+    let visible: Vec<clap::Command> = full
+        .get_subcommands()
+        .filter(|command| !command.is_hide_set())
+        .cloned()
+        .collect();
+    let mut command = clap::Command::new("lockslab")
+        .version(env!("CARGO_PKG_VERSION"))
+        .subcommands(visible);
+    if let Some(about) = full.get_about() {
+        command = command.about(about.clone());
+    }
+    if let Some(after) = full.get_after_help() {
+        command = command.after_help(after.clone());
+    }
+    command
+}
+
+/// Completions generated from this very command tree, so they never drift from it.
+fn completions(shell: CompletionShell) {
+    let shell = match shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut documented_command(), "lockslab", &mut script);
+    crate::output::line(String::from_utf8_lossy(&script).trim_end());
+}
+
+/// The manual pages, from the same command tree as `--help`: the main page on stdout, or
+/// one page per command (`lockslab-gc-pause.1`…) in `dir`.
+fn man_pages(dir: Option<&std::path::Path>) -> Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        clap_mangen::generate_to(documented_command(), dir)
+            .with_context(|| format!("writing manual pages to {}", dir.display()))?;
+        crate::outln!("manual pages written to {}", dir.display());
+        return Ok(());
+    }
+    let mut page = Vec::new();
+    clap_mangen::Man::new(documented_command()).render(&mut page)?;
+    crate::output::line(String::from_utf8_lossy(&page).trim_end());
+    Ok(())
+}
+
+/// Options of `lockslab up`.
+#[derive(clap::Args, Debug)]
+struct UpArgs {
+    /// Listen on ADDR (an address of this machine the room can reach), with authentication
+    /// on, sized for a room of 30
+    #[arg(long, value_name = "ADDR")]
+    room: Option<std::net::IpAddr>,
+}
+
+fn up_room(addr: std::net::IpAddr) -> Result<()> {
+    let state = servers::up_room(addr)?;
+    let redact = |url: Option<&str>| crate::connect::redact(url.unwrap_or("-"));
+    crate::outln!(
+        "{}",
+        format!("Room servers on {addr}, passwords on (until `lockslab down`):").bold()
+    );
+    crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
+    crate::outln!("            requirepass");
+    crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
+    crate::outln!("            auth on, user root");
+    crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
+    crate::outln!(
+        "            SCRAM password; max_connections {} = {} attendees",
+        servers::ROOM_PG_CONNECTIONS,
+        servers::ROOM_ATTENDEES
+    );
+    crate::outln!(
+        "            × {} per lab run + 40 spare",
+        crate::doctor::PG_CONNECTIONS_PER_LAB
+    );
+    crate::outln!();
+    crate::outln!("Attendees paste these lines (the password is in them: share them with");
+    crate::outln!("the room only), then set their own name for the exercises by hand:");
+    crate::outln!();
+    for line in state.exports() {
+        crate::outln!("{line}");
+    }
+    crate::outln!("export LOCKSLAB_NAME=your-name");
+    Ok(())
 }
 
 fn up() -> Result<()> {

@@ -719,12 +719,20 @@ fn etcd_cause(err: &etcd_client::Error) -> String {
 }
 
 /// An etcd client with connect and request timeouts, on the caller's runtime.
+///
+/// A URL with a user (`http://root:PASSWORD@host:2379`, what `lockslab up --room` prints)
+/// authenticates as that user: etcd URLs carry no credentials of their own, so lockslab
+/// takes them out of the URL and hands them to the client.
 pub async fn etcd(url: &str) -> Result<etcd_client::Client> {
     note_used(Backend::Etcd, url);
-    let options = etcd_client::ConnectOptions::new()
+    let (endpoint, user) = etcd_credentials(url);
+    let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(COMMAND_TIMEOUT);
-    let mut client = etcd_client::Client::connect([url], Some(options))
+    if let Some((name, password)) = user {
+        options = options.with_user(name, password);
+    }
+    let mut client = etcd_client::Client::connect([endpoint.as_str()], Some(options))
         .await
         .map_err(|err| Backend::Etcd.unreachable(url, err))?;
     client
@@ -732,6 +740,45 @@ pub async fn etcd(url: &str) -> Result<etcd_client::Client> {
         .await
         .map_err(|err| Backend::Etcd.unreachable(url, err))?;
     Ok(client)
+}
+
+/// Splits `http://user:password@host:port` into the endpoint and the user's credentials
+/// (percent-escapes decoded); a URL without a user comes back as it is.
+pub fn etcd_credentials(url: &str) -> (String, Option<(String, String)>) {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return (url.to_string(), None);
+    };
+    let Some(at) = rest.rfind('@') else {
+        return (url.to_string(), None);
+    };
+    let (name, password) = rest[..at].split_once(':').unwrap_or((&rest[..at], ""));
+    (
+        format!("http://{}", &rest[at + 1..]),
+        Some((percent_decode(name), percent_decode(password))),
+    )
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A small single-threaded runtime for the etcd client, which is async-only.
@@ -754,6 +801,21 @@ pub fn probe(backend: Backend, url: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_urls_carry_their_user_to_the_client() {
+        assert_eq!(
+            etcd_credentials("http://root:p%40ss@10.0.0.5:2379"),
+            (
+                "http://10.0.0.5:2379".to_string(),
+                Some(("root".to_string(), "p@ss".to_string()))
+            )
+        );
+        assert_eq!(
+            etcd_credentials("http://127.0.0.1:2379"),
+            ("http://127.0.0.1:2379".to_string(), None)
+        );
+    }
 
     #[test]
     fn redact_hides_only_the_password() {

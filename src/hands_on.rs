@@ -39,25 +39,52 @@ pub struct HandsOnArgs {
     /// Draw a fencing token with the lock and send it with the write
     #[arg(long)]
     pub fencing: bool,
+    /// Your name in a shared room: your lock and store row become NAME-LOCK, apart from
+    /// everyone else's
+    #[arg(long, env = "LOCKSLAB_NAME", value_name = "NAME", value_parser = parse_name)]
+    pub name: Option<String>,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
 
+/// An attendee's name: letters, digits, `-` and `_`, as it becomes part of Redis keys.
+fn parse_name(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 40
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err("use 1 to 40 letters, digits, '-' or '_'".into())
+    }
+}
+
+/// The lock (and store resource) a hands-on command uses: `demo`, or `ana-demo` for Ana.
+pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
+    match name.filter(|n| !n.is_empty()) {
+        Some(name) => format!("{name}-{lock}"),
+        None => lock.to_string(),
+    }
+}
+
 /// `lockslab worker`: one worker, by hand, narrated for a human.
 pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
+    let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
     let style = Style::detect(false);
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let pid = std::process::id();
     let me = format!("worker {pid}");
-    let key = format!("lockslab:hands-on:{}:lock", args.lock);
-    let counter = format!("lockslab:hands-on:{}:fence", args.lock);
+    let key = format!("lockslab:hands-on:{lock_name}:lock");
+    let counter = format!("lockslab:hands-on:{lock_name}:fence");
     let mut store = Store::connect(servers.url(Backend::Postgres))?;
     store.prepare()?;
     let mut lock = RedisLock::new(connect::redis(servers.url(Backend::Redis))?, &key, args.ttl);
 
     crate::outln!(
         "{me}: taking lock '{}' (TTL {})…",
-        args.lock,
+        lock_name,
         human(args.ttl)
     );
     let fence = args.fencing.then_some(counter.as_str());
@@ -66,7 +93,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     let Some(held) = held else {
         bail!(
             "lock '{}' stayed taken for {}; is a frozen worker holding it? (try again after its TTL)",
-            args.lock,
+            lock_name,
             human(args.wait)
         );
     };
@@ -78,7 +105,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         "{}",
         format!(
             "{me}: holds lock '{}'{token}; it expires in {} unless released",
-            args.lock,
+            lock_name,
             human(args.ttl)
         )
         .bold()
@@ -96,6 +123,9 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     }
     if args.lock != "demo" {
         second.push_str(&format!(" --lock {}", args.lock));
+    }
+    if let Some(name) = &args.name {
+        second.push_str(&format!(" --name {name}"));
     }
     crate::outln!(
         "    wait more than {}, then run {} until it has written",
@@ -124,14 +154,14 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         );
     }
     let value = format!("written by {me}");
-    let outcome = store.write("hands-on", &args.lock, &me, &value, held.token);
+    let outcome = store.write("hands-on", &lock_name, &me, &value, held.token);
     let verdict = match outcome {
         Outcome::Accepted => "ACCEPTED".green().bold(),
         Outcome::Rejected => "REJECTED (a newer token was already accepted)".red().bold(),
         Outcome::Unknown => "UNKNOWN (no answer from the store)".yellow().bold(),
     };
     crate::outln!("{me}: wrote '{value}'{token}: the store says {verdict}");
-    let now = store.read_back("hands-on", &args.lock)?;
+    let now = store.read_back("hands-on", &lock_name)?;
     crate::outln!(
         "{me}: the store now holds '{}' (highest token accepted: {})",
         now.final_value.unwrap_or_default(),
@@ -169,4 +199,46 @@ fn work_watching_the_clock(started: Instant, work: Duration, style: Style) -> Du
     }
     bar.finish_and_clear();
     longest_gap
+}
+
+/// Options of `lockslab reset`.
+#[derive(clap::Args, Debug)]
+pub struct ResetArgs {
+    /// The lock to clear
+    #[arg(long, default_value = "demo")]
+    pub lock: String,
+    /// Whose: the same name `lockslab worker` was given
+    #[arg(long, env = "LOCKSLAB_NAME", value_name = "NAME", value_parser = parse_name)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// `lockslab reset`: deletes one name's lock key and fencing counter in Redis and its row
+/// and attempts in the store, so that the next exercise starts from token 1 and an empty
+/// store. Nothing of any other name is touched.
+pub fn reset(args: &ResetArgs) -> Result<()> {
+    let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
+    let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
+    let mut redis = connect::redis(servers.url(Backend::Redis))?;
+    let keys = [
+        format!("lockslab:hands-on:{lock_name}:lock"),
+        format!("lockslab:hands-on:{lock_name}:fence"),
+    ];
+    let deleted: i64 = redis::cmd("DEL").arg(&keys).query(&mut *redis)?;
+    let mut store = Store::connect(servers.url(Backend::Postgres))?;
+    store.prepare()?;
+    let mut db = connect::postgres(servers.url(Backend::Postgres))?;
+    let rows = db.execute(
+        "DELETE FROM lockslab_resource WHERE run_id = 'hands-on' AND resource = $1",
+        &[&lock_name],
+    )?;
+    let attempts = db.execute(
+        "DELETE FROM lockslab_attempt WHERE run_id = 'hands-on' AND resource = $1",
+        &[&lock_name],
+    )?;
+    crate::outln!(
+        "reset '{lock_name}': {deleted} Redis key(s), {rows} store row(s), {attempts} attempt(s) removed"
+    );
+    Ok(())
 }

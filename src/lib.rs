@@ -31,6 +31,8 @@
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot.
+//! - [`doctor`] checks a machine before a session.
+//! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
 //!
@@ -46,11 +48,13 @@ pub mod check;
 pub mod cli;
 pub mod connect;
 pub mod deadline;
+pub mod doctor;
 pub mod events;
 pub mod flags;
 pub mod hands_on;
 pub mod labs;
 pub mod lock;
+pub mod menu;
 pub mod output;
 pub mod procs;
 pub mod queue;

@@ -112,7 +112,7 @@ fn boolish_or_empty(text: &str) -> Result<bool, String> {
 }
 
 impl ServerArgs {
-    fn given(&self, backend: Backend) -> Option<&str> {
+    pub fn given(&self, backend: Backend) -> Option<&str> {
         match backend {
             Backend::Redis => self.redis_url.as_deref(),
             Backend::Etcd => self.etcd_url.as_deref(),
@@ -123,7 +123,7 @@ impl ServerArgs {
 }
 
 /// Every backend, for the commands that start them all.
-const ALL: [Backend; 3] = [Backend::Redis, Backend::Etcd, Backend::Postgres];
+pub const ALL: [Backend; 3] = [Backend::Redis, Backend::Etcd, Backend::Postgres];
 
 /// The docker-compose.yml defaults.
 pub fn compose_default(backend: Backend) -> &'static str {
@@ -281,7 +281,7 @@ fn answers(backend: Backend, url: &str) -> bool {
 
 /// A compose default answers only if something listens on its port at all; checking the
 /// port first keeps the common case (nothing there) instant.
-fn answers_quickly(backend: Backend, url: &str) -> bool {
+pub fn answers_quickly(backend: Backend, url: &str) -> bool {
     let port = url
         .rsplit(':')
         .next()
@@ -333,7 +333,25 @@ pub struct PrivateServers {
     released: bool,
     /// This run's claim on `dir` (see [`OWNER_LOCK`]); released when the process ends.
     _owner: Option<Flock<fs::File>>,
+    /// `lockslab up --room`: where the servers listen, and the password they all demand.
+    room: Option<Room>,
 }
+
+/// A room's servers (`lockslab up --room ADDR`): they listen on an address the attendees
+/// can reach, so each one demands a password — Redis `requirepass`, Postgres SCRAM, etcd
+/// auth with a root user. Servers never listen beyond loopback without one.
+#[derive(Clone)]
+pub struct Room {
+    pub addr: std::net::IpAddr,
+    pub password: String,
+}
+
+/// How many attendees a room's servers are sized for.
+pub const ROOM_ATTENDEES: i64 = 30;
+
+/// A room's Postgres connections: every attendee running the hungriest lab at once, and
+/// some to spare for `psql` and the by-hand exercises.
+pub const ROOM_PG_CONNECTIONS: i64 = ROOM_ATTENDEES * crate::doctor::PG_CONNECTIONS_PER_LAB + 40;
 
 impl PrivateServers {
     /// Starts the given backends and waits until each answers.
@@ -341,6 +359,15 @@ impl PrivateServers {
     /// Processes are spawned from this (the calling) thread, so that their parent-death
     /// signal is tied to a thread that outlives them; only the waiting runs in parallel.
     pub fn start(backends: &[Backend], lifetime: Lifetime) -> Result<PrivateServers> {
+        Self::start_with(backends, lifetime, None)
+    }
+
+    /// [`PrivateServers::start`], listening on a room's address with passwords on.
+    pub fn start_with(
+        backends: &[Backend],
+        lifetime: Lifetime,
+        room: Option<Room>,
+    ) -> Result<PrivateServers> {
         let started = Instant::now();
         let pg_user = unprivileged_owner()?;
         let (dir, owner) = match lifetime {
@@ -368,8 +395,11 @@ impl PrivateServers {
             pg_user,
             released: false,
             _owner: owner,
+            room,
         };
-        let result = servers.start_each(backends);
+        let result = servers
+            .start_each(backends)
+            .and_then(|()| servers.enable_etcd_auth());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -519,13 +549,34 @@ impl PrivateServers {
                 .context("handing the Postgres directory to its user")?;
         }
         let mut initdb = Command::new(find_binary("initdb", Backend::Postgres)?);
+        initdb.arg("-D").arg(&data);
+        match &self.room {
+            None => {
+                initdb.arg("--auth=trust");
+            }
+            Some(room) => {
+                // The password goes in a file only its user can read, never on a command
+                // line (`ps` shows those to everyone); it is deleted once initdb is done.
+                let file = self.pg_home.join("room-password");
+                let _ = fs::remove_file(&file);
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&file)?
+                    .write_all(room.password.as_bytes())?;
+                if let Some((uid, gid)) = owner {
+                    nix::unistd::chown(&file, Some(uid), Some(gid))?;
+                }
+                initdb
+                    .arg("--auth=scram-sha-256")
+                    .arg(format!("--pwfile={}", file.display()));
+            }
+        }
         initdb
-            .arg("-D")
-            .arg(&data)
             .args([
                 "-U",
                 "lockslab",
-                "--auth=trust",
                 "--no-sync",
                 "-E",
                 "UTF8",
@@ -542,7 +593,18 @@ impl PrivateServers {
     fn finish_initdb(&mut self, mut initdb: Child) -> Result<()> {
         let status = initdb.wait().context("waiting for initdb");
         procs::forget(initdb.id() as i32);
+        let _ = fs::remove_file(self.pg_home.join("room-password"));
         let status = status?;
+        if status.success() && self.room.is_some() {
+            // initdb lets in loopback clients only; a room's attendees come from the LAN,
+            // and every one of them must give the password.
+            let mut hba = fs::OpenOptions::new()
+                .append(true)
+                .open(self.pg_data().join("pg_hba.conf"))
+                .context("opening pg_hba.conf")?;
+            writeln!(hba, "host all all 0.0.0.0/0 scram-sha-256")?;
+            writeln!(hba, "host all all ::/0 scram-sha-256")?;
+        }
         if !status.success() {
             bail!(
                 "initdb failed ({status}); the end of its log: {}",
@@ -553,19 +615,47 @@ impl PrivateServers {
     }
 
     fn launch(&mut self, backend: Backend) -> Result<()> {
-        self.launch_on(backend, free_port()?)
+        self.launch_on(backend, free_port_on(self.host())?)
+    }
+
+    /// Where the servers listen: loopback, or a room's address.
+    fn host(&self) -> std::net::IpAddr {
+        self.room
+            .as_ref()
+            .map_or(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), |room| room.addr)
+    }
+
+    /// `host:port` as URLs write it (an IPv6 address in brackets).
+    fn host_port(&self, port: u16) -> String {
+        std::net::SocketAddr::new(self.host(), port).to_string()
     }
 
     fn launch_on(&mut self, backend: Backend, port: u16) -> Result<()> {
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
+        let host = self.host().to_string();
+        let at = self.host_port(port);
+        // A room's password in a URL: attendees paste these, so they must carry it.
+        let password = self.room.as_ref().map(|room| room.password.clone());
         let (mut command, url, stop_signal) = match backend {
             Backend::Redis => {
                 let mut command = Command::new(find_binary("redis-server", backend)?);
+                if let Some(password) = &password {
+                    // In a config file only we can read, not on the command line.
+                    let conf = self.dir.join("redis-room.conf");
+                    let _ = fs::remove_file(&conf);
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&conf)?
+                        .write_all(format!("requirepass {password}\n").as_bytes())?;
+                    command.arg(&conf);
+                }
                 command.args([
                     "--port",
                     &port.to_string(),
                     "--bind",
-                    "127.0.0.1",
+                    &host,
                     "--save",
                     "",
                     "--appendonly",
@@ -574,13 +664,17 @@ impl PrivateServers {
                 command.arg("--dir").arg(&self.dir);
                 (
                     command,
-                    format!("redis://127.0.0.1:{port}"),
+                    match &password {
+                        Some(password) => format!("redis://:{password}@{at}"),
+                        None => format!("redis://{at}"),
+                    },
                     Signal::SIGTERM,
                 )
             }
             Backend::Etcd => {
                 let peer_port = free_port()?;
-                let client = format!("http://127.0.0.1:{port}");
+                // Its URL gains the root user's password once auth is on (`enable_etcd_auth`).
+                let client = format!("http://{at}");
                 let peer = format!("http://127.0.0.1:{peer_port}");
                 let mut command = Command::new(find_binary("etcd", backend)?);
                 command
@@ -609,7 +703,8 @@ impl PrivateServers {
                 command
                     .arg("-D")
                     .arg(&data)
-                    .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+                    .args(["-p", &port.to_string(), "-c"])
+                    .arg(format!("listen_addresses={host}"))
                     .arg("-c")
                     .arg(format!("unix_socket_directories={}", data.display()))
                     // A throwaway server: durability off, room for a workshop's connections.
@@ -621,7 +716,15 @@ impl PrivateServers {
                         "-c",
                         "full_page_writes=off",
                     ])
-                    .args(["-c", "max_connections=200"])
+                    .arg("-c")
+                    .arg(format!(
+                        "max_connections={}",
+                        if password.is_some() {
+                            ROOM_PG_CONNECTIONS
+                        } else {
+                            200
+                        }
+                    ))
                     // Dynamic shared memory in the data directory rather than /dev/shm: if
                     // the server is killed, it goes with the directory.
                     .args(["-c", "dynamic_shared_memory_type=mmap"]);
@@ -629,7 +732,10 @@ impl PrivateServers {
                 // SIGINT is Postgres's fast shutdown: it does not wait for clients to leave.
                 (
                     command,
-                    format!("postgres://lockslab@127.0.0.1:{port}/postgres"),
+                    match &password {
+                        Some(password) => format!("postgres://lockslab:{password}@{at}/postgres"),
+                        None => format!("postgres://lockslab@{at}/postgres"),
+                    },
                     Signal::SIGINT,
                 )
             }
@@ -690,6 +796,38 @@ impl PrivateServers {
         self.pids.push((backend, pid));
         if self.lifetime == Lifetime::Detached {
             // Before waiting for it: a `lockslab up` killed now leaves a server `down` finds.
+            self.record(true)?;
+        }
+        Ok(())
+    }
+
+    /// A room's etcd: adds the root user with the room's password, turns auth on, and
+    /// from then on names the server by a URL that carries the user.
+    fn enable_etcd_auth(&mut self) -> Result<()> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Etcd) else {
+            return Ok(());
+        };
+        let plain = self.urls[index].1.clone();
+        connect::etcd_runtime()?
+            .block_on(async {
+                let mut client = connect::etcd(&plain).await?;
+                client
+                    .user_add("root", room.password.as_str(), None)
+                    .await?;
+                // The root role exists from the start in some versions, not in others.
+                let _ = client.role_add("root").await;
+                client.user_grant_role("root", "root").await?;
+                client.auth_enable().await?;
+                anyhow::Ok(())
+            })
+            .with_context(|| format!("turning on authentication in etcd at {plain}"))?;
+        let with_user = plain.replacen("http://", &format!("http://root:{}@", room.password), 1);
+        connect::note_source(&with_user, connect::Source::Up);
+        self.urls[index].1 = with_user;
+        if self.lifetime == Lifetime::Detached {
             self.record(true)?;
         }
         Ok(())
@@ -769,6 +907,7 @@ impl PrivateServers {
             dir: self.dir.clone(),
             pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
             starting,
+            room: self.room.as_ref().map(|room| room.addr.to_string()),
         }
     }
 
@@ -889,13 +1028,18 @@ fn log_tail(path: &Path) -> String {
 /// A port nobody listens on right now. Another process could take it before the server
 /// binds it; then the server exits, and [`START_TRIES`] gives it another port.
 fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free loopback port")?;
+    free_port_on(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// A port nobody listens on at `host` right now (see [`free_port`]).
+fn free_port_on(host: std::net::IpAddr) -> Result<u16> {
+    let listener = TcpListener::bind((host, 0))
+        .with_context(|| format!("finding a free port on {host} (is it this machine's?)"))?;
     Ok(listener.local_addr()?.port())
 }
 
 /// Finds a server binary on PATH, or (Postgres) under the usual Debian/Ubuntu locations.
-fn find_binary(name: &str, backend: Backend) -> Result<PathBuf> {
+pub fn find_binary(name: &str, backend: Backend) -> Result<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .map(|paths| {
             std::env::split_paths(&paths)
@@ -1228,11 +1372,14 @@ pub struct UpState {
     /// True until every server answered: `up` is still starting, or was interrupted.
     #[serde(default)]
     pub starting: bool,
+    /// `lockslab up --room ADDR`: the address the servers listen on, with passwords on.
+    #[serde(default)]
+    pub room: Option<String>,
 }
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 9] = [
+const STATE_ENTRIES: [&str; 11] = [
     "servers.json",
     "servers.json.tmp",
     "redis.log",
@@ -1242,6 +1389,8 @@ const STATE_ENTRIES: [&str; 9] = [
     "etcd",
     "pg",
     "dump.rdb",
+    "redis-room.conf",
+    "room-password",
 ];
 
 impl UpState {
@@ -1265,11 +1414,19 @@ impl UpState {
         })
     }
 
-    /// Written to a temporary file and renamed: a reader never sees half a file.
+    /// Written to a temporary file and renamed: a reader never sees half a file. Readable
+    /// by this user only: a room's URLs carry its password.
     fn save(&self) -> Result<()> {
         let file = Self::file();
         let temporary = file.with_extension("json.tmp");
-        fs::write(&temporary, serde_json::to_string_pretty(self)?)
+        let _ = fs::remove_file(&temporary);
+        let text = serde_json::to_string_pretty(self)?;
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temporary)
+            .and_then(|mut out| out.write_all(text.as_bytes()))
             .and_then(|()| fs::rename(&temporary, &file))
             .with_context(|| format!("writing {}", file.display()))
     }
@@ -1336,6 +1493,29 @@ pub fn up() -> Result<UpState> {
     }
     down()?;
     let mut servers = PrivateServers::start(&ALL, Lifetime::Detached)?;
+    servers.release_detached()?;
+    Ok(servers.up_state(false))
+}
+
+/// `lockslab up --room ADDR`: servers for a whole room, listening on `addr` with a fresh
+/// password each (see [`Room`]). Servers `up` started before are stopped first, unless
+/// they are this room's already and answer.
+pub fn up_room(addr: std::net::IpAddr) -> Result<UpState> {
+    if let Ok(Some(state)) = UpState::load()
+        && !state.starting
+        && state.room.as_deref() == Some(addr.to_string().as_str())
+        && ALL
+            .iter()
+            .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
+    {
+        return Ok(state);
+    }
+    down()?;
+    let room = Room {
+        addr,
+        password: crate::lock::random_owner()[..24].to_string(),
+    };
+    let mut servers = PrivateServers::start_with(&ALL, Lifetime::Detached, Some(room))?;
     servers.release_detached()?;
     Ok(servers.up_state(false))
 }

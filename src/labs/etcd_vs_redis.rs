@@ -276,6 +276,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    super::step::checkpoint(&super::step::etcd_vs_redis::VERDICT);
 
     if style.json {
         json_line(&json!({
@@ -423,6 +424,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
     let mut stage = Stage::on_clock(plan.style, plan.started);
     stage.timeline.set_lane_width(15);
     stage.tag("scenario", scenario.name());
+    stage.checkpoint(super::step::etcd_vs_redis::before(scenario.name()));
     stage.timeline.say("");
     stage.timeline.say(&format!(
         "{}",

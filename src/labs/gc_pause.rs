@@ -265,6 +265,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    super::step::checkpoint(&super::step::gc_pause::VERDICT);
 
     if style.json {
         json_line(&json!({
@@ -334,6 +335,7 @@ impl Play<'_> {
 
         // Every event of this run says which run it belongs to (both share one clock).
         stage.tag("fencing", self.fenced);
+        stage.checkpoint(super::step::gc_pause::before_run(self.fenced));
         stage.record(
             Event::new(
                 "lab",

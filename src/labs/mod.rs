@@ -10,6 +10,7 @@ pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
 pub mod skip_locked;
+pub mod step;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -49,6 +50,9 @@ pub struct OutputArgs {
     /// Print JSON Lines on stdout: one object per event, then one `"kind": "verdict"` object
     #[arg(long)]
     pub json: bool,
+    /// Stop before each reveal, print the question to ask the room, wait for Enter (q quits)
+    #[arg(long)]
+    pub step: bool,
 }
 
 pub use crate::flags::{
@@ -157,6 +161,13 @@ impl Stage {
             .write_all(script.as_bytes())
             .with_context(|| format!("giving worker {name} its script"))?;
         Ok(worker)
+    }
+
+    /// With `--step`: stops here, asks the room `at`'s question and waits for Enter (see
+    /// [`step`]). Call it only where no timer of the story runs — never while a worker holds
+    /// a lease or lies frozen — so that stepping cannot change what the lab measures.
+    pub fn checkpoint(&self, at: &step::Checkpoint) {
+        step::checkpoint(at);
     }
 
     /// Adds a fact to every event shown from now on, so that `--json` readers can tell the

@@ -273,6 +273,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         .removed_at_the_end();
     let result = (|| -> Result<()> {
         for scenario in scenarios {
+            super::step::checkpoint(super::step::naive::before(scenario.name()));
             let verdict = match scenario {
                 Scenario::Race => lab.race()?,
                 Scenario::NoTtl | Scenario::SetnxExpire => {
@@ -293,6 +294,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    super::step::checkpoint(&super::step::naive::VERDICT);
 
     if style.json {
         json_line(&json!({

@@ -212,6 +212,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     let mut notes = Vec::new();
     for mode in modes {
         stage.tag("mode", mode.name());
+        stage.checkpoint(super::step::skip_locked::before(mode.name()));
         let play = Play {
             args,
             mode,
@@ -224,6 +225,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
         verdicts.push(verdict);
         notes.push(note);
     }
+    super::step::checkpoint(&super::step::skip_locked::VERDICT);
 
     if style.json {
         json_line(&json!({

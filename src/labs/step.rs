@@ -1,0 +1,258 @@
+//! `--step`: a lab stops at named checkpoints before each reveal, asks the room the
+//! walkthrough's question for that moment, and waits for Enter.
+//!
+//! Stepping must never change what is measured. A checkpoint is placed only where no timer
+//! of the story is running — before the workers take their locks, between scenarios,
+//! before the verdict — never while a worker holds a lease or lies frozen: waiting for a
+//! person there would stretch the pause the lab measures. Without `--step` a checkpoint
+//! does nothing at all.
+//!
+//! The questions go to stderr, so that `--json --step` keeps stdout pure JSON Lines.
+//! At a checkpoint, `q` ends the run the way Ctrl-C does: workers stopped, the run's keys
+//! and rows removed, private servers stopped, exit status 130.
+
+use std::io::{BufRead, IsTerminal};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use colored::Colorize;
+
+/// A stop before a reveal: what is about to happen, and what to ask the room.
+#[derive(Clone, Copy, Debug)]
+pub struct Checkpoint {
+    pub name: &'static str,
+    pub question: &'static str,
+}
+
+static STEPPING: AtomicBool = AtomicBool::new(false);
+
+/// Turns stepping on for this run (`--step`).
+pub fn enable(on: bool) {
+    STEPPING.store(on, Ordering::SeqCst);
+}
+
+pub fn stepping() -> bool {
+    STEPPING.load(Ordering::SeqCst)
+}
+
+/// Shows the checkpoint and waits for Enter; `q` (then Enter) ends the run cleanly. When
+/// stdin ends (nobody to answer), the questions are still shown but no longer waited for.
+pub fn checkpoint(at: &Checkpoint) {
+    if !stepping() || crate::procs::interrupted() {
+        return;
+    }
+    crate::errln!("");
+    crate::errln!("{}", format!("⏸ {}", at.name).bright_blue().bold());
+    for line in wrap(at.question, 76) {
+        crate::errln!("  {}", line.bold());
+    }
+    let on_terminal = std::io::stdin().is_terminal();
+    crate::errln!(
+        "  {}",
+        "Enter: go on · q then Enter: stop the lab (cleans up)".dimmed()
+    );
+    let mut answer = String::new();
+    match std::io::stdin().lock().read_line(&mut answer) {
+        Ok(0) | Err(_) => {
+            if on_terminal {
+                crate::errln!("  (no input: carrying on without stopping)");
+            }
+            enable(false);
+        }
+        Ok(_) if answer.trim().eq_ignore_ascii_case("q") => {
+            use nix::sys::signal::Signal;
+            crate::procs::shut_down(
+                crate::procs::exit_code_for(Signal::SIGINT as i32),
+                Some(format!(
+                    "lockslab: stopped at '{}'; workers stopped, the run's keys and rows removed",
+                    at.name
+                )),
+            )
+        }
+        Ok(_) => {}
+    }
+}
+
+/// Splits a question into lines of at most `width` characters, at spaces.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split_whitespace() {
+        let line = lines.last_mut().expect("never empty");
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines
+}
+
+// ── The checkpoints of each lab, with the walkthroughs' questions ──
+
+pub mod gc_pause {
+    use super::Checkpoint;
+
+    /// Before a run's workers start: no lock is held yet, no timer runs.
+    pub fn before_run(fenced: bool) -> &'static Checkpoint {
+        if fenced {
+            &BEFORE_FENCED
+        } else {
+            &BEFORE_UNFENCED
+        }
+    }
+
+    const BEFORE_UNFENCED: Checkpoint = Checkpoint {
+        name: "before the freeze (without fencing)",
+        question: "A takes the lock, then freezes for longer than its TTL; B waits for the \
+                   same lock. Does B get the lock while A is frozen? Whose result is in the \
+                   store at the end? Does A's compare-and-delete release help?",
+    };
+
+    const BEFORE_FENCED: Checkpoint = Checkpoint {
+        name: "before the fenced run",
+        question: "The same story, but every acquisition now draws a fencing token and the \
+                   store keeps the highest token it accepted. What will the store do with \
+                   A's late write? Whose result will it hold?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Both runs used a correct lock. In which one was B's result lost, and what \
+                   refused A's write in the other: the lock, or the store?",
+    };
+}
+
+pub mod naive {
+    use super::Checkpoint;
+
+    /// Before each scenario (by its name: race, no-ttl, setnx-expire, wrong-release).
+    pub fn before(scenario: &str) -> &'static Checkpoint {
+        match scenario {
+            "race" => &RACE,
+            "no-ttl" => &NO_TTL,
+            "setnx-expire" => &SETNX_EXPIRE,
+            "wrong-release" => &WRONG_RELEASE,
+            _ => &NEXT,
+        }
+    }
+
+    const RACE: Checkpoint = Checkpoint {
+        name: "before the race",
+        question: "Ten workers GET the key and SET it when it is empty. How many of them \
+                   will believe they hold the lock at once? And with SET NX?",
+    };
+    const NO_TTL: Checkpoint = Checkpoint {
+        name: "before the kill (no TTL)",
+        question: "The holder took the lock with SETNX and no TTL, and is about to be \
+                   killed. When does the next worker get the lock?",
+    };
+    const SETNX_EXPIRE: Checkpoint = Checkpoint {
+        name: "before the kill (SETNX then EXPIRE)",
+        question: "The holder sets the key, then its TTL, in two commands, and dies in \
+                   between. What is left in Redis, and for how long?",
+    };
+    const WRONG_RELEASE: Checkpoint = Checkpoint {
+        name: "before the late release",
+        question: "A's lock expires while it works and B takes it. A finishes and releases \
+                   with a plain DEL. Whose lock does that DEL delete?",
+    };
+    const NEXT: Checkpoint = Checkpoint {
+        name: "before the next scenario",
+        question: "What will break, and what will the fix change?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the counts",
+        question: "Which of the four bugs could a test on one laptop catch, and which only \
+                   shows when a process dies or stalls?",
+    };
+}
+
+pub mod skip_locked {
+    use super::Checkpoint;
+
+    /// Before each claiming mode (skip-locked, for-update, naive).
+    pub fn before(mode: &str) -> &'static Checkpoint {
+        match mode {
+            "skip-locked" => &SKIP_LOCKED,
+            "for-update" => &FOR_UPDATE,
+            "naive" => &NO_LOCK,
+            _ => &NEXT,
+        }
+    }
+
+    const SKIP_LOCKED: Checkpoint = Checkpoint {
+        name: "before the queue runs (FOR UPDATE SKIP LOCKED)",
+        question: "One worker will be killed holding a job, one frozen. Is any job done \
+                   twice? When does the killed worker's job come back, and the frozen one's?",
+    };
+    const FOR_UPDATE: Checkpoint = Checkpoint {
+        name: "before the queue runs (FOR UPDATE, no SKIP LOCKED)",
+        question: "Without SKIP LOCKED, what do the other workers do while one worker holds \
+                   the first job's row lock?",
+    };
+    const NO_LOCK: Checkpoint = Checkpoint {
+        name: "before the queue runs (no lock at all)",
+        question: "Workers SELECT the first pending job and then mark it taken. How many \
+                   jobs will be processed twice?",
+    };
+    const NEXT: Checkpoint = Checkpoint {
+        name: "before the next mode",
+        question: "Is any job done twice? Does a dead worker's job come back?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "What held the frozen worker's job, and what would have freed it?",
+    };
+}
+
+pub mod etcd_vs_redis {
+    use super::Checkpoint;
+
+    /// Before each scenario (kill, freeze, or one added later).
+    pub fn before(scenario: &str) -> &'static Checkpoint {
+        match scenario {
+            "kill" => &KILL,
+            "freeze" => &FREEZE,
+            _ => &NEXT,
+        }
+    }
+
+    const KILL: Checkpoint = Checkpoint {
+        name: "before the kill",
+        question: "Each holder (Redis, etcd, Postgres) is killed mid-work. Rank the three: \
+                   how long until each waiter holds the lock, and what is each one waiting \
+                   for?",
+    };
+    const FREEZE: Checkpoint = Checkpoint {
+        name: "before the freeze",
+        question: "Each holder is frozen past its TTL or lease, then wakes and writes. On \
+                   which backend does the waiter get the lock meanwhile? Whose late write \
+                   will the store refuse, and thanks to what?",
+    };
+    const NEXT: Checkpoint = Checkpoint {
+        name: "before the next scenario",
+        question: "Who hands the lock over, how fast, and who can fence the late writer?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the matrix",
+        question: "Which backend would you pick for a lock that guards a payment, and which \
+                   for one that only saves duplicate work?",
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn questions_wrap_at_spaces_within_the_width() {
+        let lines = wrap("one two three four five six seven", 10);
+        assert_eq!(lines, ["one two", "three four", "five six", "seven"]);
+        assert!(lines.iter().all(|l| l.chars().count() <= 10));
+    }
+}

@@ -1,0 +1,160 @@
+//! `lockslab` with no arguments, and `lockslab list`: the lab menu.
+//!
+//! One table, [`LABS`], one row per lab. A row shows only when its subcommand exists in
+//! the command line's definition, so a lab written on another branch appears in the menu
+//! the moment its subcommand is merged, and a row never advertises a command that is not
+//! there.
+
+use clap::CommandFactory;
+use colored::Colorize;
+
+use crate::connect::Backend;
+use crate::output::Style;
+
+/// One lab, as the menu shows it.
+pub struct LabRow {
+    pub number: u8,
+    /// The subcommand.
+    pub command: &'static str,
+    /// What it shows, in one line.
+    pub shows: &'static str,
+    /// How long a run with the defaults takes, on a laptop, servers already started.
+    pub takes: &'static str,
+    pub needs: &'static [Backend],
+    pub walkthrough: &'static str,
+}
+
+use Backend::{Etcd, Postgres, Redis};
+
+/// Every lab, in the order of the course. Times are measured with defaults against running
+/// servers (`lockslab <lab>` with `lockslab up`'s servers); private servers add a few seconds.
+pub const LABS: &[LabRow] = &[
+    LabRow {
+        number: 1,
+        command: "gc-pause",
+        shows: "frozen past its TTL, A writes late: fencing refuses it",
+        takes: "6s",
+        needs: &[Redis, Postgres],
+        walkthrough: "labs/01-gc-pause.md",
+    },
+    LabRow {
+        number: 2,
+        command: "naive",
+        shows: "the naive Redis lock broken four ways, each beside its fix",
+        takes: "17s",
+        needs: &[Redis],
+        walkthrough: "labs/02-naive.md",
+    },
+    LabRow {
+        number: 3,
+        command: "skip-locked",
+        shows: "a Postgres job queue: kill and freeze a worker",
+        takes: "3s",
+        needs: &[Postgres],
+        walkthrough: "labs/03-skip-locked.md",
+    },
+    LabRow {
+        number: 4,
+        command: "etcd-vs-redis",
+        shows: "kill or freeze the holder: who hands over, who fences",
+        takes: "15s",
+        needs: &[Redis, Etcd, Postgres],
+        walkthrough: "labs/04-etcd-vs-redis.md",
+    },
+    // Labs 5–7 show once their subcommands are merged; check `takes` and `needs` then.
+    LabRow {
+        number: 5,
+        command: "failover",
+        shows: "Redis failover hands the lock out twice; etcd does not",
+        takes: "30s",
+        needs: &[Redis, Etcd, Postgres],
+        walkthrough: "labs/05-failover.md",
+    },
+    LabRow {
+        number: 6,
+        command: "redlock",
+        shows: "Redlock on five masters: quorum, validity, no fencing",
+        takes: "30s",
+        needs: &[Redis, Postgres],
+        walkthrough: "labs/06-redlock.md",
+    },
+    LabRow {
+        number: 7,
+        command: "no-lock",
+        shows: "the same job with no lock: optimistic writes, idempotency",
+        takes: "30s",
+        needs: &[Redis, Etcd, Postgres],
+        walkthrough: "labs/07-no-lock.md",
+    },
+];
+
+/// The labs this binary has: the rows of [`LABS`] whose subcommand exists.
+pub fn available() -> Vec<&'static LabRow> {
+    let cli = crate::cli::Cli::command();
+    LABS.iter()
+        .filter(|lab| cli.find_subcommand(lab.command).is_some())
+        .collect()
+}
+
+/// The menu, fitted to 80 columns: a lab takes two lines.
+pub fn print() {
+    Style::detect(false); // colours only on a terminal without NO_COLOR
+    crate::outln!(
+        "{} — learn distributed locks by breaking them",
+        "lockslab".bold()
+    );
+    crate::outln!();
+    for lab in available() {
+        let needs: Vec<&str> = lab.needs.iter().map(|b| b.name()).collect();
+        // Padded before it is coloured: escape codes would count as width.
+        let command = format!("{:<14}", lab.command);
+        crate::outln!(
+            "  {:>2}  {} {}",
+            lab.number,
+            command.cyan().bold(),
+            lab.shows
+        );
+        crate::outln!(
+            "      {:<14} {}",
+            "",
+            format!(
+                "~{} · {} · {}",
+                lab.takes,
+                needs.join(", "),
+                lab.walkthrough
+            )
+            .dimmed()
+        );
+    }
+    crate::outln!();
+    crate::outln!("Type first:  {}", "lockslab gc-pause".bold());
+    crate::outln!("Then read its walkthrough, labs/01-gc-pause.md: predict, run, read.");
+    crate::outln!();
+    crate::outln!("  lockslab <lab> --help   options and examples of one lab");
+    crate::outln!("  lockslab <lab> --step   stop before each reveal, to ask the room");
+    crate::outln!("  lockslab doctor         check this machine before a session");
+    crate::outln!("  lockslab up             servers for the exercises by hand");
+    crate::outln!("  lockslab --help         every command");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_has_a_walkthrough_path_and_a_unique_number() {
+        for (i, lab) in LABS.iter().enumerate() {
+            assert_eq!(lab.number as usize, i + 1);
+            assert!(
+                lab.walkthrough
+                    .starts_with(&format!("labs/{:02}-{}", lab.number, lab.command))
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_four_labs_exist() {
+        let shown: Vec<u8> = available().iter().map(|lab| lab.number).collect();
+        assert!(shown.starts_with(&[1, 2, 3, 4]), "{shown:?}");
+    }
+}

@@ -1,0 +1,664 @@
+//! Instructor and workshop mode: the lab menu, `doctor`, completions and the man page,
+//! `--step` driven through a pseudo-terminal, and a room's servers on a second loopback
+//! address.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+/// Every line of `text` fits a projector's 80 columns (counted in characters).
+fn assert_fits_80(text: &str) {
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns ({}): {line}",
+            line.chars().count()
+        );
+    }
+}
+
+#[test]
+fn the_menu_lists_the_labs_plainly_when_piped() {
+    for args in [&[][..], &["list"][..]] {
+        let output = Command::new(BIN).args(args).output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let text = String::from_utf8(output.stdout).unwrap();
+        assert!(!text.contains('\u{1b}'), "no colours in a pipe:\n{text}");
+        assert_fits_80(&text);
+        for (number, command, walkthrough, needs) in [
+            ("1", "gc-pause", "labs/01-gc-pause.md", "Redis, Postgres"),
+            ("2", "naive", "labs/02-naive.md", "Redis"),
+            ("3", "skip-locked", "labs/03-skip-locked.md", "Postgres"),
+            (
+                "4",
+                "etcd-vs-redis",
+                "labs/04-etcd-vs-redis.md",
+                "Redis, etcd, Postgres",
+            ),
+        ] {
+            let row = text
+                .lines()
+                .position(|l| l.split_whitespace().take(2).eq([number, command]))
+                .unwrap_or_else(|| panic!("no row for lab {number} {command}:\n{text}"));
+            let details = text.lines().nth(row + 1).unwrap();
+            assert!(
+                details.contains(walkthrough) && details.contains(needs) && details.contains('~'),
+                "lab {number}'s time, servers and walkthrough: {details}"
+            );
+            assert!(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join(walkthrough)
+                    .is_file()
+            );
+        }
+        assert!(text.contains("Type first:  lockslab gc-pause"), "{text}");
+    }
+}
+
+#[test]
+fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
+    let output = lockslab(&["doctor"]).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_fits_80(&text);
+    for tool in ["redis-server", "etcd", "postgres", "initdb"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("OK") && l.contains(tool)),
+            "{tool}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("private Redis, etcd, Postgres started in"),
+        "{text}"
+    );
+    // The test binary's Postgres is shared here: doctor reads its free connections.
+    assert!(text.contains("connections free"), "{text}");
+    for lab in ["gc-pause", "naive", "skip-locked", "etcd-vs-redis"] {
+        assert!(
+            text.lines().any(|l| l.contains(lab) && l.contains("runs")),
+            "{lab}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn doctor_exits_1_and_says_what_to_do_when_a_server_does_not_answer() {
+    let output = lockslab(&["doctor"])
+        .env("LOCKSLAB_REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}\n{errors}");
+    assert_fits_80(&text);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FIX") && l.contains("Redis") && l.contains("127.0.0.1:1")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FIX") && l.contains("gc-pause")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("OK") && l.contains("skip-locked")),
+        "lab 3 needs no Redis: {text}"
+    );
+    assert!(errors.contains("could not run here"), "{errors}");
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_tree() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for command in ["gc-pause", "etcd-vs-redis", "doctor", "fencing"] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+        assert!(
+            !script.contains("__serve") && !script.contains("'__worker"),
+            "{shell} offers an internal command"
+        );
+    }
+    let wrong = Command::new(BIN)
+        .args(["completions", "powershell"])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(2));
+
+    let page = Command::new(BIN).arg("man").output().unwrap();
+    let page = String::from_utf8(page.stdout).unwrap();
+    assert!(
+        page.contains(".TH lockslab 1") && page.contains("gc\\-pause"),
+        "{page}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let written = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    for page in ["lockslab.1", "lockslab-gc-pause.1", "lockslab-doctor.1"] {
+        assert!(dir.path().join(page).is_file(), "no {page}");
+    }
+    assert!(!dir.path().join("lockslab-__worker.1").exists());
+}
+
+// ── --step, driven through a pseudo-terminal ──
+
+/// A lab run with `--step --json`: its stdin and stderr on a pseudo-terminal (where the
+/// questions appear and Enter is typed), its stdout (JSON Lines) on a pipe.
+struct Stepped {
+    child: std::process::Child,
+    master: std::fs::File,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Stepped {
+    fn start(args: &[&str]) -> Stepped {
+        use std::io::Read;
+        use std::sync::{Arc, Mutex};
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let mut command = lockslab(args);
+        command
+            .stdin(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(pty.slave))
+            .stdout(std::process::Stdio::piped());
+        let mut child = command.spawn().expect("starting a stepped lab");
+        drop(command); // the parent's copies of the slave side: EOF once the lab exits
+        let screen = Arc::new(Mutex::new(String::new()));
+        let mut master = std::fs::File::from(pty.master);
+        let mut reader = master.try_clone().unwrap();
+        let shown = screen.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            // EIO once the last slave descriptor closes: the lab has exited.
+            while let Ok(n @ 1..) = reader.read(&mut buffer) {
+                shown
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stdout.take().unwrap();
+        let printed = stdout.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buffer) {
+                printed
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let _ = &mut master;
+        Stepped {
+            child,
+            master,
+            screen,
+            stdout,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    fn events(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Waits until the checkpoint named `name` is on the screen; returns its position.
+    fn wait_for_checkpoint(&self, name: &str) -> usize {
+        let heading = format!("⏸ {name}");
+        let found = eventually(std::time::Duration::from_secs(60), || {
+            self.screen().contains(&heading)
+        });
+        assert!(
+            found,
+            "no checkpoint '{name}' within 60s; the screen:\n{}",
+            self.screen()
+        );
+        self.screen().find(&heading).unwrap()
+    }
+
+    fn type_line(&mut self, text: &str) {
+        use std::io::Write;
+        self.master
+            .write_all(format!("{text}\n").as_bytes())
+            .unwrap();
+    }
+
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<serde_json::Value>, String) {
+        let status = self.child.wait().unwrap();
+        // The readers end at EOF; give them a moment to take the last bytes.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        (status, self.events(), self.screen())
+    }
+}
+
+/// Walks a stepped run through `checkpoints`, asserting that each stops the lab (nothing
+/// new on stdout while it waits), in order, and that Enter moves it on.
+fn step_through(stepped: &mut Stepped, checkpoints: &[&str]) {
+    let mut last = 0;
+    for name in checkpoints {
+        let at = stepped.wait_for_checkpoint(name);
+        assert!(
+            at >= last,
+            "checkpoint '{name}' out of order:\n{}",
+            stepped.screen()
+        );
+        last = at;
+        let before = stepped.events().len();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        assert_eq!(
+            stepped.events().len(),
+            before,
+            "the lab went on at '{name}' before Enter"
+        );
+        stepped.type_line("");
+    }
+}
+
+/// What a verdict says, without what differs between any two runs (times, pids, owners).
+fn gist(runs: &[serde_json::Value], keys: &[&str]) -> Vec<String> {
+    runs.iter()
+        .map(|run| {
+            let mut facts: Vec<String> = keys.iter().map(|k| format!("{k}={}", run[*k])).collect();
+            // Tokens by presence only: etcd's revisions grow across runs.
+            for attempt in run["attempts"].as_array().into_iter().flatten() {
+                let token = if attempt["token"].is_null() {
+                    "-"
+                } else {
+                    "token"
+                };
+                facts.push(format!(
+                    "{}:{token}:{}",
+                    attempt["writer"], attempt["accepted"]
+                ));
+            }
+            facts.join(" ")
+        })
+        .collect()
+}
+
+const LAB1: [&str; 5] = ["gc-pause", "--ttl", "600ms", "--pause", "1200ms"];
+const LAB1_FACTS: [&str; 6] = [
+    "fencing",
+    "two_holders",
+    "late_write",
+    "stale_write_accepted",
+    "final_writer",
+    "final_token",
+];
+
+#[test]
+fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
+    let (_, unstepped, _) = run_json(&LAB1);
+    let mut args = LAB1.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    let first = stepped.wait_for_checkpoint("before the freeze (without fencing)");
+    assert!(
+        !stepped
+            .events()
+            .iter()
+            .any(|e| e["kind"] == "acquired" || e["kind"] == "waiting"),
+        "no worker starts before the first checkpoint"
+    );
+    assert!(stepped.screen()[first..].contains("Does B get the lock while A is frozen?"));
+    step_through(
+        &mut stepped,
+        &[
+            "before the freeze (without fencing)",
+            "before the fenced run",
+            "before the verdict",
+        ],
+    );
+    let (status, lines, screen) = stepped.finish();
+    assert!(status.success(), "{status}:\n{screen}");
+    let verdict = lines.last().expect("a verdict");
+    assert_eq!(verdict["kind"], "verdict", "{verdict}");
+    let runs = |v: &serde_json::Value| v["runs"].as_array().unwrap().clone();
+    assert_eq!(
+        gist(&runs(verdict), &LAB1_FACTS),
+        gist(&runs(&unstepped), &LAB1_FACTS),
+        "a stepped run's verdict must equal an unstepped one's"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+const LAB4: [&str; 9] = [
+    "etcd-vs-redis",
+    "--redis-ttl",
+    "1500ms",
+    "--lease",
+    "2s",
+    "--work",
+    "600ms",
+    "--pause",
+    "4s",
+];
+const LAB4_FACTS: [&str; 6] = [
+    "backend",
+    "scenario",
+    "two_holders",
+    "late_write",
+    "stale_write_accepted",
+    "fencing_token",
+];
+
+#[test]
+fn stepping_lab_4_stops_at_each_reveal_and_changes_no_verdict() {
+    let (_, unstepped, _) = run_json(&LAB4);
+    let mut args = LAB4.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    step_through(
+        &mut stepped,
+        &["before the kill", "before the freeze", "before the matrix"],
+    );
+    let (status, lines, screen) = stepped.finish();
+    assert!(status.success(), "{status}:\n{screen}");
+    let verdict = lines.last().expect("a verdict");
+    let cells = |v: &serde_json::Value| v["cells"].as_array().unwrap().clone();
+    assert_eq!(
+        gist(&cells(verdict), &LAB4_FACTS),
+        gist(&cells(&unstepped), &LAB4_FACTS),
+        "a stepped run's verdict must equal an unstepped one's"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+/// The run id in the first lock name an event mentions (`lockslab:<run id>:…`).
+fn run_id_in(lines: &[serde_json::Value]) -> Option<String> {
+    let text: String = lines.iter().map(|e| e.to_string()).collect();
+    text.match_indices("lockslab:").find_map(|(at, _)| {
+        let id = text.get(at + 9..at + 17)?;
+        let hex = id.chars().all(|c| c.is_ascii_hexdigit());
+        (hex && text[at + 17..].starts_with(':')).then(|| id.to_string())
+    })
+}
+
+/// Keys under `lockslab:<run id>:` in the test binary's etcd.
+fn etcd_keys_of(run_id: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut etcd = etcd_client::Client::connect([servers().etcd.as_str()], None)
+            .await
+            .unwrap();
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        etcd.get(format!("lockslab:{run_id}:"), Some(options))
+            .await
+            .unwrap()
+            .count()
+    })
+}
+
+#[test]
+fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
+    let mut args = LAB4.to_vec();
+    args.extend(["--step", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    step_through(&mut stepped, &["before the kill"]);
+    stepped.wait_for_checkpoint("before the freeze");
+    let lab = stepped.child.id();
+    stepped.type_line("q");
+    let (status, lines, screen) = stepped.finish();
+    assert_eq!(status.code(), Some(130), "q ends like Ctrl-C:\n{screen}");
+    assert!(
+        screen.contains("stopped at 'before the freeze'"),
+        "{screen}"
+    );
+    assert!(
+        !lines.iter().any(|e| e["kind"] == "verdict"),
+        "no verdict after q"
+    );
+    let run_id = run_id_in(&lines).expect("the run's id in a lock name");
+    // The kill scenario ran: its six workers are gone, and so are its keys and rows.
+    let pids = worker_pids(&lines);
+    assert_eq!(pids.len(), 6, "{lines:?}");
+    assert_gone(&pids);
+    assert!(children_of(lab).is_empty());
+    assert_run_left_nothing(&run_id);
+    assert_eq!(etcd_keys_of(&run_id), 0, "etcd keys left behind");
+}
+
+// ── A room's servers, on a second loopback address standing in for a LAN one ──
+
+/// `lockslab up --room` in a state directory of its own; `lockslab down` when dropped,
+/// whatever the test's outcome.
+struct Room {
+    state: tempfile::TempDir,
+    exports: Vec<(String, String)>,
+    printed: String,
+}
+
+impl Room {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("LOCKSLAB_STATE_DIR", self.state.path())
+            .env("NO_COLOR", "1")
+            .env_remove("LOCKSLAB_REDIS_URL")
+            .env_remove("LOCKSLAB_ETCD_URL")
+            .env_remove("LOCKSLAB_POSTGRES_URL")
+            .env_remove("LOCKSLAB_PRIVATE_SERVERS")
+            .env_remove("LOCKSLAB_NAME");
+        command
+    }
+
+    fn up(addr: &str) -> Room {
+        let mut room = Room {
+            state: tempfile::tempdir().unwrap(),
+            exports: Vec::new(),
+            printed: String::new(),
+        };
+        let output = room.command(&["up", "--room", addr]).output().unwrap();
+        room.printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{}\n{}",
+            room.printed,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        room.exports = room
+            .printed
+            .lines()
+            .filter_map(|line| line.strip_prefix("export "))
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        room
+    }
+
+    fn url(&self, var: &str) -> &str {
+        &self
+            .exports
+            .iter()
+            .find(|(k, _)| k == var)
+            .unwrap_or_else(|| panic!("no {var} in:\n{}", self.printed))
+            .1
+    }
+
+    /// A command as an attendee runs it: the printed export lines in its environment.
+    fn attendee(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command.args(args).env("NO_COLOR", "1");
+        command.env("LOCKSLAB_STATE_DIR", tempfile::tempdir().unwrap().keep());
+        for (var, value) in &self.exports {
+            command.env(var, value);
+        }
+        command
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        let _ = self.command(&["down"]).output();
+    }
+}
+
+/// `host:port` of a URL, without its user and password.
+fn host_port(url: &str) -> String {
+    let rest = url.split("://").nth(1).unwrap();
+    let rest = rest.rsplit('@').next().unwrap();
+    rest.split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
+    let room = Room::up("127.0.0.2");
+    assert_fits_80(
+        &room
+            .printed
+            .lines()
+            .filter(|l| !l.starts_with("export "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    assert!(
+        room.printed.contains("max_connections 460"),
+        "{}",
+        room.printed
+    );
+    let redis_url = room.url("LOCKSLAB_REDIS_URL").to_string();
+    let etcd_url = room.url("LOCKSLAB_ETCD_URL").to_string();
+    let pg_url = room.url("LOCKSLAB_POSTGRES_URL").to_string();
+    for url in [&redis_url, &etcd_url, &pg_url] {
+        assert!(host_port(url).starts_with("127.0.0.2:"), "{url}");
+        assert!(
+            url.contains(':') && url.contains('@'),
+            "a password in {url}"
+        );
+    }
+
+    // Without the password, each server refuses.
+    let bare = redis::Client::open(format!("redis://{}", host_port(&redis_url))).unwrap();
+    let refused = bare
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+    assert!(refused.is_err(), "Redis answered without a password");
+    let mut with_password = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert_eq!(
+        redis::cmd("PING")
+            .query::<String>(&mut with_password)
+            .unwrap(),
+        "PONG"
+    );
+
+    let (host, port) = host_port(&pg_url)
+        .split_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    for password in ["", " password=wrong"] {
+        let conninfo = format!("host={host} port={port} user=lockslab dbname=postgres{password}");
+        assert!(
+            postgres::Client::connect(&conninfo, postgres::NoTls).is_err(),
+            "Postgres let in {conninfo}"
+        );
+    }
+    let mut db = postgres::Client::connect(&pg_url, postgres::NoTls).unwrap();
+    let max: String = db.query_one("SHOW max_connections", &[]).unwrap().get(0);
+    assert_eq!(max, "460");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let endpoint = format!("http://{}", host_port(&etcd_url));
+    runtime.block_on(async {
+        let mut anonymous = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .unwrap();
+        assert!(
+            anonymous
+                .put("lockslab:room-test", "x", None)
+                .await
+                .is_err(),
+            "etcd took a write without a user"
+        );
+    });
+    runtime.block_on(async {
+        let mut root = lockslab::connect::etcd(&etcd_url).await.unwrap();
+        root.put("lockslab:room-test", "x", None).await.unwrap();
+        root.delete("lockslab:room-test", None).await.unwrap();
+    });
+
+    // An attendee's shell: the exports, nothing else.
+    let output = room.attendee(&QUICK_LAB).arg("--json").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verdict: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        verdict["runs"][0]["stale_write_accepted"], false,
+        "{verdict}"
+    );
+
+    let reset = room.attendee(&["reset", "--name", "ana"]).output().unwrap();
+    let said = String::from_utf8_lossy(&reset.stdout);
+    assert!(reset.status.success(), "{said}");
+    assert!(said.contains("'ana-demo'"), "{said}");
+
+    let state_file = room.state.path().join("servers.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&state_file).unwrap().permissions(),
+    );
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "the state file holds the password: {mode:o}"
+    );
+    let pids: Vec<i32> = {
+        let state = std::fs::read_to_string(&state_file).unwrap();
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        state["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().unwrap() as i32)
+            .collect()
+    };
+    drop(room);
+    for pid in pids {
+        assert!(
+            eventually(std::time::Duration::from_secs(10), || proc_state(pid)
+                .is_none_or(|s| s == 'Z')),
+            "server {pid} still running after down"
+        );
+    }
+}
