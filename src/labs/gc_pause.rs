@@ -318,6 +318,7 @@ impl Play<'_> {
                 fence_counter: self
                     .fenced
                     .then(|| format!("lockslab:{}:gc-pause:fence", self.run_id)),
+                renew: false,
             },
             store_url: postgres_url.into(),
             run_id: self.run_id.into(),

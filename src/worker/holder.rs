@@ -17,7 +17,7 @@ use crate::connect;
 use crate::events::{Emitter, Kind};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::PgLock;
-use crate::lock::redis::{RedisLock, Release};
+use crate::lock::redis::{OnLost, RedisLock, Release, Renewal};
 use crate::output::human;
 use crate::store::Store;
 
@@ -42,12 +42,15 @@ pub struct HolderScript {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum LockSpec {
-    /// `SET key owner NX PX ttl`; with `fence_counter`, a token drawn in the same script.
+    /// `SET key owner NX PX ttl`; with `fence_counter`, a token drawn in the same script;
+    /// with `renew`, a heartbeat re-arms the TTL every TTL/3 while the process runs.
     Redis {
         url: String,
         key: String,
         ttl_ms: u64,
         fence_counter: Option<String>,
+        #[serde(default)]
+        renew: bool,
     },
     /// A lease of its own with a heartbeat, and etcd's lock on it; the key's create
     /// revision is the token.
@@ -96,6 +99,11 @@ enum AnyLock {
         /// The fencing counter drawn with the lock; None: no token.
         fence_counter: Option<String>,
         held: Option<crate::lock::redis::Held>,
+        /// The renewed lock: the heartbeat's own connection, until the lock is held…
+        heartbeat_lock: Option<RedisLock>,
+        /// …and then the heartbeat itself.
+        renewal: Option<Renewal>,
+        on_lost: Option<OnLost>,
     },
     Etcd {
         lock: Box<EtcdLock>,
@@ -135,11 +143,24 @@ impl AnyLock {
                 key,
                 ttl_ms,
                 fence_counter,
-            } => AnyLock::Redis {
-                lock: RedisLock::new(connect::redis(url)?, key, Duration::from_millis(*ttl_ms)),
-                fence_counter: fence_counter.clone(),
-                held: None,
-            },
+                renew,
+            } => {
+                let ttl = Duration::from_millis(*ttl_ms);
+                let heartbeat_lock = if *renew {
+                    Some(RedisLock::new(connect::redis(url)?, key, ttl))
+                } else {
+                    None
+                };
+                let on_lost: Option<OnLost> = renew.then(|| Box::new(lost("heartbeat")) as OnLost);
+                AnyLock::Redis {
+                    lock: RedisLock::new(connect::redis(url)?, key, ttl),
+                    fence_counter: fence_counter.clone(),
+                    held: None,
+                    heartbeat_lock,
+                    renewal: None,
+                    on_lost,
+                }
+            }
             LockSpec::Etcd {
                 url,
                 name: lock_name,
@@ -178,9 +199,18 @@ impl AnyLock {
     fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
         let mut facts = serde_json::Map::new();
         let text = match self {
-            AnyLock::Redis { lock, .. } => {
+            AnyLock::Redis {
+                lock,
+                heartbeat_lock,
+                ..
+            } => {
+                let renewed = if heartbeat_lock.is_some() {
+                    format!("; once held, a heartbeat renews it every {}", human(lock.ttl / 3))
+                } else {
+                    String::new()
+                };
                 format!(
-                    "tries to take the lock (SET NX PX {} every 20ms)",
+                    "tries to take the lock (SET NX PX {} every 20ms){renewed}",
                     lock.ttl.as_millis()
                 )
             }
@@ -214,18 +244,29 @@ impl AnyLock {
                 lock,
                 fence_counter,
                 held,
+                heartbeat_lock,
+                renewal,
+                on_lost,
             } => {
                 let Some(got) = lock.acquire_within(wait, fence_counter.as_deref())? else {
                     return Ok(timed_out());
                 };
+                let set = match heartbeat_lock.take() {
+                    Some(heartbeat) => {
+                        let on_lost = on_lost.take().expect("set with the heartbeat's lock");
+                        *renewal = Some(Renewal::start(heartbeat, got.clone(), on_lost));
+                        format!(
+                            "SET NX PX {}, renewed every {}",
+                            lock.ttl.as_millis(),
+                            human(lock.ttl / 3)
+                        )
+                    }
+                    None => format!("SET NX PX {}", lock.ttl.as_millis()),
+                };
                 let how = match got.token {
-                    Some(token) => format!(
-                        "took the lock (SET NX PX {}), fencing token {token}",
-                        lock.ttl.as_millis()
-                    ),
+                    Some(token) => format!("took the lock ({set}), fencing token {token}"),
                     None => format!(
-                        "took the lock (SET NX PX {}; owner {}…, a random value: no fencing token)",
-                        lock.ttl.as_millis(),
+                        "took the lock ({set}; owner {}…, a random value: no fencing token)",
                         &got.owner[..8]
                     ),
                 };
@@ -291,8 +332,15 @@ impl AnyLock {
             AnyLock::Redis {
                 mut lock,
                 held: Some(held),
+                renewal,
                 ..
-            } => Ok(match lock.release_reporting(&held)? {
+            } => Ok(match {
+                // Stop renewing first, so that no renewal lands after the delete.
+                if let Some(renewal) = renewal {
+                    renewal.stop();
+                }
+                lock.release_reporting(&held)?
+            } {
                 Release::Deleted => said(
                     true,
                     None,
