@@ -210,3 +210,104 @@ fn a_ttl_shorter_than_the_work_is_played_the_plain_lock_expires_under_a_live_hol
     }
     assert_gone(&worker_pids(&lines));
 }
+
+fn run_titled<'a>(verdict: &'a Value, rule: &str) -> &'a Value {
+    verdict["runs"]
+        .as_array()
+        .expect("runs array")
+        .iter()
+        .find(|run| run["store_rule"] == rule)
+        .unwrap_or_else(|| panic!("no run under {rule} in {verdict}"))
+}
+
+/// Lab 1's token-restart variation: Redis restarts empty while A is frozen, B draws A's
+/// token again; the loose rule (>=) takes A's stale write, the store's rule refuses it
+/// because the equal token came from another holder.
+#[test]
+fn a_reissued_token_is_accepted_by_not_lower_and_refused_by_the_store() {
+    let (lines, verdict, _) = run_json(&[
+        "gc-pause",
+        "--token-restart",
+        "--ttl",
+        "500ms",
+        "--pause",
+        "1s",
+    ]);
+    assert_eq!(verdict["token_restart"], true, "{verdict}");
+    let loose = run_titled(&verdict, "not_lower");
+    let strict = run_titled(&verdict, "higher_or_same_holder");
+    for run in [loose, strict] {
+        assert_eq!(run["fencing"], true, "{run}");
+        assert_eq!(run["token_restart"], true, "{run}");
+        assert_eq!(
+            run["stale_token"], run["newer_token"],
+            "B drew A's token again: {run}"
+        );
+        assert_eq!(run["two_holders"], true, "{run}");
+    }
+    assert_eq!(loose["stale_write_accepted"], true, "{loose}");
+    assert_eq!(loose["final_writer"], "A", "{loose}");
+    assert_eq!(strict["stale_write_accepted"], false, "{strict}");
+    assert_eq!(strict["final_writer"], "B", "{strict}");
+
+    // The lab says it crashed a Redis of its own, twice, and the store lines agree.
+    let crashes = lines
+        .iter()
+        .filter(|e| e["worker"] == "lab" && e["kind"] == "killed")
+        .count();
+    assert_eq!(crashes, 2, "one restart per run");
+    let store: Vec<&str> = lines
+        .iter()
+        .filter(|e| e["worker"] == "store")
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        store,
+        ["stale_write_accepted", "stale_write_rejected"],
+        "{store:?}"
+    );
+    assert_gone(&worker_pids(&lines));
+}
+
+/// The variation never restarts a server it did not start: the test binary's shared Redis
+/// keeps its process and its data through the run.
+#[test]
+fn the_token_restart_crashes_only_its_own_private_redis() {
+    let mut shared = lockslab::connect::redis(&servers().redis).unwrap();
+    let marker = format!("lockslab:test-corrections:{}:marker", std::process::id());
+    let _: () = redis::cmd("SET")
+        .arg(&marker)
+        .arg("still here")
+        .query(&mut *shared)
+        .unwrap();
+    let before: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut *shared)
+        .unwrap();
+    let run_id = |info: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|s| s.trim().to_string())
+    };
+    let text = run_human(&[
+        "gc-pause",
+        "--token-restart",
+        "--ttl",
+        "300ms",
+        "--pause",
+        "600ms",
+    ]);
+    assert!(
+        text.contains("never restarts a server it did not start"),
+        "{text}"
+    );
+    let mut shared = lockslab::connect::redis(&servers().redis).unwrap();
+    let after: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut *shared)
+        .unwrap();
+    assert_eq!(run_id(&before), run_id(&after), "the shared Redis restarted");
+    let kept: Option<String> = redis::cmd("GET").arg(&marker).query(&mut *shared).unwrap();
+    assert_eq!(kept.as_deref(), Some("still here"));
+    let _: () = redis::cmd("DEL").arg(&marker).query(&mut *shared).unwrap();
+}

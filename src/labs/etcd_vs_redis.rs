@@ -591,6 +591,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                 Job::Holder { .. } => AfterWrite::Release,
                 Job::Waiter => AfterWrite::HoldUntilTold,
             },
+            loose_fencing: false,
         }
     };
 

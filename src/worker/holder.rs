@@ -19,7 +19,7 @@ use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::PgLock;
 use crate::lock::redis::{OnLost, RedisLock, Release, Renewal};
 use crate::output::human;
-use crate::store::Store;
+use crate::store::{FenceRule, Store};
 
 /// One holder's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -36,6 +36,10 @@ pub struct HolderScript {
     pub wait_ms: u64,
     pub before_write: BeforeWrite,
     pub after_write: AfterWrite,
+    /// ❌ Write under the store's loose rule, "not lower than the highest" (`>=`), which
+    /// accepts a reissued token (lab 1's `--token-restart`); false: the store's own rule.
+    #[serde(default)]
+    pub loose_fencing: bool,
 }
 
 /// Which lock, on which backend.
@@ -96,6 +100,8 @@ pub enum AfterWrite {
 enum AnyLock {
     Redis {
         lock: RedisLock,
+        /// Where the lock lives, to connect again if the server restarted under us.
+        url: String,
         /// The fencing counter drawn with the lock; None: no token.
         fence_counter: Option<String>,
         held: Option<crate::lock::redis::Held>,
@@ -154,6 +160,7 @@ impl AnyLock {
                 let on_lost: Option<OnLost> = renew.then(|| Box::new(lost("heartbeat")) as OnLost);
                 AnyLock::Redis {
                     lock: RedisLock::new(connect::redis(url)?, key, ttl),
+                    url: url.clone(),
                     fence_counter: fence_counter.clone(),
                     held: None,
                     heartbeat_lock,
@@ -247,6 +254,7 @@ impl AnyLock {
                 heartbeat_lock,
                 renewal,
                 on_lost,
+                ..
             } => {
                 let Some(got) = lock.acquire_within(wait, fence_counter.as_deref())? else {
                     return Ok(timed_out());
@@ -331,6 +339,7 @@ impl AnyLock {
         match self {
             AnyLock::Redis {
                 mut lock,
+                url,
                 held: Some(held),
                 renewal,
                 ..
@@ -339,7 +348,15 @@ impl AnyLock {
                 if let Some(renewal) = renewal {
                     renewal.stop();
                 }
-                lock.release_reporting(&held)?
+                match lock.release_reporting(&held) {
+                    Ok(found) => found,
+                    // A Redis that restarted while we held the lock closed our connection:
+                    // ask again on a new one (compare-and-delete is safe to repeat).
+                    Err(_) => {
+                        let mut again = RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
+                        again.release_reporting(&held)?
+                    }
+                }
             } {
                 Release::Deleted => said(
                     true,
@@ -354,7 +371,7 @@ impl AnyLock {
                 Release::Gone => said(
                     false,
                     None,
-                    "tries to release: its key had expired, so compare-and-delete deletes nothing",
+                    "tries to release: its key is gone (expired, or lost with a restart), so compare-and-delete deletes nothing",
                 ),
             }),
             AnyLock::Etcd {
@@ -490,7 +507,13 @@ pub fn run(script: &HolderScript) -> Result<()> {
     }
 
     let value = format!("{}'s result", script.name);
-    let outcome = store.write(
+    let rule = if script.loose_fencing {
+        FenceRule::NotLower
+    } else {
+        FenceRule::default()
+    };
+    let outcome = store.write_under(
+        rule,
         &script.run_id,
         &script.resource,
         &script.name,
