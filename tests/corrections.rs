@@ -55,7 +55,11 @@ fn renew_extends_our_key_and_never_someone_elses() {
     assert!(!lock.renew(&stranger).unwrap(), "not ours: not renewed");
     assert!(lock.release(&held).unwrap());
     assert!(!lock.renew(&held).unwrap(), "no key: nothing to renew");
-    assert_eq!(lock.pttl().unwrap(), -2, "and the renewal did not recreate it");
+    assert_eq!(
+        lock.pttl().unwrap(),
+        -2,
+        "and the renewal did not recreate it"
+    );
 }
 
 /// The heartbeat keeps a short key alive well past its TTL while the process runs, and
@@ -105,7 +109,10 @@ fn after_a_kill_the_renewed_redis_lock_hands_over_like_etcd_not_like_the_plain_o
     let etcd = handover(cell(&verdict, "etcd", "kill"));
     let fast = handover(renewed);
     assert_eq!(renewed["two_holders"], false, "{renewed}");
-    assert_eq!(renewed["fencing_token"], false, "a random owner value: {renewed}");
+    assert_eq!(
+        renewed["fencing_token"], false,
+        "a random owner value: {renewed}"
+    );
     // ⅔–1 of its 1s TTL after the kill; generously under 2.5s, and never before ⅔ TTL.
     assert!(
         (600..2500).contains(&fast),
@@ -120,7 +127,10 @@ fn after_a_kill_the_renewed_redis_lock_hands_over_like_etcd_not_like_the_plain_o
     );
     let took = &events(&lines, "redis-renewed:waiter", "acquired")[0];
     assert!(
-        took["text"].as_str().unwrap().contains("renewed every 333ms"),
+        took["text"]
+            .as_str()
+            .unwrap()
+            .contains("renewed every 333ms"),
         "{took}"
     );
     assert_gone(&worker_pids(&lines));
@@ -185,9 +195,14 @@ fn a_ttl_shorter_than_the_work_is_played_the_plain_lock_expires_under_a_live_hol
     assert!(output.status.success());
     let cells = verdict["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 4, "only the overrun plays: {verdict}");
-    assert!(cells.iter().all(|c| c["scenario"] == "overrun"), "{verdict}");
     assert!(
-        lines.iter().all(|e| e["kind"] != "frozen" && e["kind"] != "killed"),
+        cells.iter().all(|c| c["scenario"] == "overrun"),
+        "{verdict}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|e| e["kind"] != "frozen" && e["kind"] != "killed"),
         "nobody is struck in the overrun"
     );
 
@@ -306,7 +321,11 @@ fn the_token_restart_crashes_only_its_own_private_redis() {
         .arg("server")
         .query(&mut *shared)
         .unwrap();
-    assert_eq!(run_id(&before), run_id(&after), "the shared Redis restarted");
+    assert_eq!(
+        run_id(&before),
+        run_id(&after),
+        "the shared Redis restarted"
+    );
     let kept: Option<String> = redis::cmd("GET").arg(&marker).query(&mut *shared).unwrap();
     assert_eq!(kept.as_deref(), Some("still here"));
     let _: () = redis::cmd("DEL").arg(&marker).query(&mut *shared).unwrap();

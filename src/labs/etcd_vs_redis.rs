@@ -424,14 +424,10 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
         );
     }
     let redis_ttl = args.redis_ttl.unwrap_or(Duration::from_secs(6));
-    let longest = [
-        redis_ttl,
-        args.lease,
-        args.pg_timeout.unwrap_or_default(),
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or_default();
+    let longest = [redis_ttl, args.lease, args.pg_timeout.unwrap_or_default()]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
     Ok(Plan {
         run_id: new_run_id(),
         started: Instant::now(),
@@ -988,16 +984,16 @@ impl Lane {
                     .and_then(|e| e.get_bool("released"))
                     .unwrap_or(false);
                 match self.kind {
-                    Service::Redis | Service::RedisRenewed => match release(&self.holder_name)
-                        .and_then(release_of)
-                    {
-                        Some(holder) => check::two_holders(
-                            &holder,
-                            waiter_acquired.and_then(|e| e.get_str("owner")),
-                            release(&self.waiter_name).and_then(release_of).as_ref(),
-                        ),
-                        None => Finding::Unknown,
-                    },
+                    Service::Redis | Service::RedisRenewed => {
+                        match release(&self.holder_name).and_then(release_of) {
+                            Some(holder) => check::two_holders(
+                                &holder,
+                                waiter_acquired.and_then(|e| e.get_str("owner")),
+                                release(&self.waiter_name).and_then(release_of).as_ref(),
+                            ),
+                            None => Finding::Unknown,
+                        }
+                    }
                     // etcd and Postgres queue the waiter in the server, which grants it the
                     // lock the moment the holder's key or session goes.
                     Service::Etcd | Service::Postgres => {
@@ -1143,7 +1139,10 @@ impl Cell {
             _ => "the frozen client's session stayed open, so it kept the lock for the whole pause".into(),
         };
         let carried = if self.fencing_token {
-            format!("its write carried token {}.", token_text(self.detail.waiter_token))
+            format!(
+                "its write carried token {}.",
+                token_text(self.detail.waiter_token)
+            )
         } else {
             "its write carried no token.".into()
         };

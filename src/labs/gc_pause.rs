@@ -200,9 +200,7 @@ impl RunVerdict {
                      gone, so B took the lock at once and drew token {b} — A's token, issued twice."
                 )
             } else {
-                format!(
-                    "Redis restarted while A was frozen; A holds token {a}, B drew token {b}."
-                )
+                format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
             };
             let store = match (self.late_write, self.store_rule) {
                 (LateWrite::Accepted, Some("not_lower")) => format!(
@@ -458,7 +456,14 @@ impl Play<'_> {
         // Every event of this run says which run it belongs to (both share one clock).
         stage.tag("fencing", self.fenced);
         if restart.is_some() {
-            stage.tag("store_rule", if self.loose { "not_lower" } else { "higher_or_same_holder" });
+            stage.tag(
+                "store_rule",
+                if self.loose {
+                    "not_lower"
+                } else {
+                    "higher_or_same_holder"
+                },
+            );
         }
         stage.record(
             Event::new(
@@ -575,10 +580,7 @@ impl Play<'_> {
                 if let Some(bar) = stage.timeline.bar() {
                     let left = resume_at.saturating_duration_since(Instant::now());
                     bar.set_position(frozen_at.elapsed().as_millis() as u64);
-                    bar.set_message(format!(
-                        "A stays frozen: SIGCONT in {:>6}",
-                        human(left)
-                    ));
+                    bar.set_message(format!("A stays frozen: SIGCONT in {:>6}", human(left)));
                 }
                 return Ok(());
             }

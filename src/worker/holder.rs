@@ -212,7 +212,10 @@ impl AnyLock {
                 ..
             } => {
                 let renewed = if heartbeat_lock.is_some() {
-                    format!("; once held, a heartbeat renews it every {}", human(lock.ttl / 3))
+                    format!(
+                        "; once held, a heartbeat renews it every {}",
+                        human(lock.ttl / 3)
+                    )
                 } else {
                     String::new()
                 };
@@ -343,37 +346,40 @@ impl AnyLock {
                 held: Some(held),
                 renewal,
                 ..
-            } => Ok(match {
-                // Stop renewing first, so that no renewal lands after the delete.
-                if let Some(renewal) = renewal {
-                    renewal.stop();
-                }
-                match lock.release_reporting(&held) {
-                    Ok(found) => found,
-                    // A Redis that restarted while we held the lock closed our connection:
-                    // ask again on a new one (compare-and-delete is safe to repeat).
-                    Err(_) => {
-                        let mut again = RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
-                        again.release_reporting(&held)?
+            } => Ok(
+                match {
+                    // Stop renewing first, so that no renewal lands after the delete.
+                    if let Some(renewal) = renewal {
+                        renewal.stop();
                     }
-                }
-            } {
-                Release::Deleted => said(
-                    true,
-                    None,
-                    "releases the lock (compare-and-delete deleted its key)",
-                ),
-                Release::HeldBy(owner) => said(
-                    false,
-                    Some(owner),
-                    "tries to release: the key holds another owner now, so compare-and-delete deletes nothing",
-                ),
-                Release::Gone => said(
-                    false,
-                    None,
-                    "tries to release: its key is gone (expired, or lost with a restart), so compare-and-delete deletes nothing",
-                ),
-            }),
+                    match lock.release_reporting(&held) {
+                        Ok(found) => found,
+                        // A Redis that restarted while we held the lock closed our connection:
+                        // ask again on a new one (compare-and-delete is safe to repeat).
+                        Err(_) => {
+                            let mut again =
+                                RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
+                            again.release_reporting(&held)?
+                        }
+                    }
+                } {
+                    Release::Deleted => said(
+                        true,
+                        None,
+                        "releases the lock (compare-and-delete deleted its key)",
+                    ),
+                    Release::HeldBy(owner) => said(
+                        false,
+                        Some(owner),
+                        "tries to release: the key holds another owner now, so compare-and-delete deletes nothing",
+                    ),
+                    Release::Gone => said(
+                        false,
+                        None,
+                        "tries to release: its key is gone (expired, or lost with a restart), so compare-and-delete deletes nothing",
+                    ),
+                },
+            ),
             AnyLock::Etcd {
                 mut lock,
                 lease: Some(lease),
@@ -472,7 +478,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
                 me.event(
                     Kind::Resumed,
                     format!(
-                        "wakes after {}; it still believes it holds the lock",
+                        "wakes after {}; it carries on without asking whether it still holds the lock",
                         human(gap)
                     ),
                 )
@@ -484,7 +490,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
             await_command("finish")?;
             me.say(
                 Kind::Finished,
-                "finishes its work; writes, believing it still holds the lock",
+                "finishes its work; writes without asking whether it still holds the lock",
             );
         }
         BeforeWrite::Work { ms } => {
@@ -496,7 +502,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
                     me.event(
                         Kind::Resumed,
                         format!(
-                            "wakes: its clock jumped by {}; it finishes its work and writes, still believing it holds the lock",
+                            "wakes: its clock jumped by {}; it finishes its work and writes without asking whether it still holds the lock",
                             human(gap)
                         ),
                     )
