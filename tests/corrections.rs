@@ -330,3 +330,60 @@ fn the_token_restart_crashes_only_its_own_private_redis() {
     assert_eq!(kept.as_deref(), Some("still here"));
     let _: () = redis::cmd("DEL").arg(&marker).query(&mut *shared).unwrap();
 }
+
+/// `lockslab up` after one of its servers died restarts all three on new ports: it must say
+/// so loudly, naming the dead one, since every pasted export line is now wrong.
+#[test]
+fn up_says_loudly_when_a_dead_server_makes_it_restart_on_new_ports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env_remove("LOCKSLAB_REDIS_URL")
+            .env_remove("LOCKSLAB_ETCD_URL")
+            .env_remove("LOCKSLAB_POSTGRES_URL")
+            .env_remove("LOCKSLAB_PRIVATE_SERVERS")
+            .env("LOCKSLAB_STATE_DIR", &state)
+            .env("TMPDIR", tmp.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    };
+    let first = run(&["up"]);
+    assert!(first.status.success(), "{first:?}");
+    let first_out = String::from_utf8_lossy(&first.stdout).into_owned();
+    let redis_url = first_out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Redis"))
+        .map(|u| u.trim().to_string())
+        .expect("up names its Redis");
+    // Redis says its own pid.
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut *lockslab::connect::redis(&redis_url).unwrap())
+        .unwrap();
+    let pid: i32 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("process_id in INFO");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(eventually(Duration::from_secs(5), || proc_state(pid)
+        .is_none_or(|s| s == 'Z')));
+
+    let again = run(&["up"]);
+    let down = run(&["down"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{again:?}");
+    assert!(down.status.success(), "{down:?}");
+    assert!(stderr.contains("redis"), "names the dead server: {stderr}");
+    assert!(
+        stderr.contains("NEW ports") && stderr.contains("export lines"),
+        "{stderr}"
+    );
+}
