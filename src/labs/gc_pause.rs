@@ -145,8 +145,7 @@ impl RunVerdict {
 
     /// Judges the run from Redis's answers and the store's record.
     fn judge(
-        fencing: bool,
-        loose: bool,
+        store_rule: Option<&'static str>,
         token_restart: bool,
         a_release: &Release,
         b_owner: Option<&str>,
@@ -162,12 +161,8 @@ impl RunVerdict {
         }
         let late_write = check::late_write(&read.attempts, "A", "B");
         Ok(RunVerdict {
-            fencing,
-            store_rule: fencing.then_some(if loose {
-                "not_lower"
-            } else {
-                "higher_or_same_holder"
-            }),
+            fencing: store_rule.is_some(),
+            store_rule,
             token_restart,
             two_holders: check::two_holders_given_writes(
                 check::two_holders(a_release, b_owner, b_release),
@@ -324,9 +319,9 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         None => servers.url(Backend::Redis).to_string(),
     };
     if args.token_restart {
-        intro.say(&format!(
-            "While A is frozen, the lab crashes that Redis and starts it again on the same port, without persistence: the lock key and the token counter are gone. Two fenced runs: the store accepting tokens not lower than the highest (>=), then refusing an equal token from another holder."
-        ));
+        intro.say(
+            "While A is frozen, the lab crashes that Redis and starts it again on the same port, without persistence: the lock key and the token counter are gone. Two fenced runs: the store accepting tokens not lower than the highest (>=), then refusing an equal token from another holder.",
+        );
     }
     let mut verdicts = Vec::new();
     let leftovers = Leftovers::of_run(&run_id)
@@ -638,9 +633,13 @@ impl Play<'_> {
             .map(String::from);
         let b_release = stage.saw("B", Kind::Released).and_then(release_of);
         let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
+        let store_rule = self.fenced.then_some(if self.loose {
+            "not_lower"
+        } else {
+            "higher_or_same_holder"
+        });
         let verdict = RunVerdict::judge(
-            self.fenced,
-            self.loose,
+            store_rule,
             restart.is_some(),
             &a_release,
             b_owner.as_deref(),

@@ -99,14 +99,14 @@ pub enum AfterWrite {
 /// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
 enum AnyLock {
     Redis {
-        lock: RedisLock,
+        lock: Box<RedisLock>,
         /// Where the lock lives, to connect again if the server restarted under us.
         url: String,
         /// The fencing counter drawn with the lock; None: no token.
         fence_counter: Option<String>,
         held: Option<crate::lock::redis::Held>,
         /// The renewed lock: the heartbeat's own connection, until the lock is held…
-        heartbeat_lock: Option<RedisLock>,
+        heartbeat_lock: Option<Box<RedisLock>>,
         /// …and then the heartbeat itself.
         renewal: Option<Renewal>,
         on_lost: Option<OnLost>,
@@ -153,13 +153,13 @@ impl AnyLock {
             } => {
                 let ttl = Duration::from_millis(*ttl_ms);
                 let heartbeat_lock = if *renew {
-                    Some(RedisLock::new(connect::redis(url)?, key, ttl))
+                    Some(Box::new(RedisLock::new(connect::redis(url)?, key, ttl)))
                 } else {
                     None
                 };
                 let on_lost: Option<OnLost> = renew.then(|| Box::new(lost("heartbeat")) as OnLost);
                 AnyLock::Redis {
-                    lock: RedisLock::new(connect::redis(url)?, key, ttl),
+                    lock: Box::new(RedisLock::new(connect::redis(url)?, key, ttl)),
                     url: url.clone(),
                     fence_counter: fence_counter.clone(),
                     held: None,
@@ -265,7 +265,7 @@ impl AnyLock {
                 let set = match heartbeat_lock.take() {
                     Some(heartbeat) => {
                         let on_lost = on_lost.take().expect("set with the heartbeat's lock");
-                        *renewal = Some(Renewal::start(heartbeat, got.clone(), on_lost));
+                        *renewal = Some(Renewal::start(*heartbeat, got.clone(), on_lost));
                         format!(
                             "SET NX PX {}, renewed every {}",
                             lock.ttl.as_millis(),
@@ -346,23 +346,21 @@ impl AnyLock {
                 held: Some(held),
                 renewal,
                 ..
-            } => Ok(
-                match {
-                    // Stop renewing first, so that no renewal lands after the delete.
-                    if let Some(renewal) = renewal {
-                        renewal.stop();
+            } => {
+                // Stop renewing first, so that no renewal lands after the delete.
+                if let Some(renewal) = renewal {
+                    renewal.stop();
+                }
+                let found = match lock.release_reporting(&held) {
+                    Ok(found) => found,
+                    // A Redis that restarted while we held the lock closed our connection:
+                    // ask again on a new one (compare-and-delete is safe to repeat).
+                    Err(_) => {
+                        let mut again = RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
+                        again.release_reporting(&held)?
                     }
-                    match lock.release_reporting(&held) {
-                        Ok(found) => found,
-                        // A Redis that restarted while we held the lock closed our connection:
-                        // ask again on a new one (compare-and-delete is safe to repeat).
-                        Err(_) => {
-                            let mut again =
-                                RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
-                            again.release_reporting(&held)?
-                        }
-                    }
-                } {
+                };
+                Ok(match found {
                     Release::Deleted => said(
                         true,
                         None,
@@ -378,8 +376,8 @@ impl AnyLock {
                         None,
                         "tries to release: its key is gone (expired, or lost with a restart), so compare-and-delete deletes nothing",
                     ),
-                },
-            ),
+                })
+            }
             AnyLock::Etcd {
                 mut lock,
                 lease: Some(lease),
