@@ -155,19 +155,29 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     }
     let value = format!("written by {me}");
     let outcome = store.write("hands-on", &lock_name, &me, &value, held.token);
+    // The labs' colours: red for a late write that landed, green for one that fencing kept
+    // out. An on-time write is just accepted.
+    let late = paused > Duration::from_millis(500);
     let verdict = match outcome {
-        Outcome::Accepted => "ACCEPTED".green().bold(),
-        Outcome::Rejected => "REJECTED (a newer token was already accepted)".red().bold(),
+        Outcome::Accepted if late => "ACCEPTED (a late write, taken)".red().bold(),
+        Outcome::Accepted => "ACCEPTED".bold(),
+        Outcome::Rejected => "REJECTED (a newer token was already accepted)"
+            .green()
+            .bold(),
         Outcome::Unknown => "UNKNOWN (no answer from the store)".yellow().bold(),
     };
     crate::outln!("{me}: wrote '{value}'{token}: the store says {verdict}");
     let now = store.read_back("hands-on", &lock_name)?;
+    let fencing = match (held.token, now.final_token) {
+        (Some(_), Some(highest)) => format!("highest token accepted: {highest}"),
+        (Some(_), None) => "highest token accepted: none".to_string(),
+        // An unfenced write leaves the row's token as earlier fenced writes set it; that
+        // number says nothing about this write, which the store did not check.
+        (None, _) => "sent without a token: the store checked nothing".to_string(),
+    };
     crate::outln!(
-        "{me}: the store now holds '{}' (highest token accepted: {})",
+        "{me}: the store now holds '{}' ({fencing})",
         now.final_value.unwrap_or_default(),
-        now.final_token
-            .map(|t| t.to_string())
-            .unwrap_or_else(|| "none".into())
     );
     match lock.release_reporting(&held)? {
         Release::Deleted => crate::outln!("{me}: released the lock"),

@@ -1359,7 +1359,7 @@ fn own_dir(dir: &Path) -> Result<()> {
 /// What `lockslab up` started, saved in the state directory. Written before the first
 /// server starts and again as each one is spawned, so that `down` finds everything even
 /// when `up` was killed half-way.
-#[derive(Serialize, Deserialize, Debug)]
+#[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct UpState {
     pub redis: Option<String>,
     pub etcd: Option<String>,
@@ -1481,15 +1481,36 @@ impl UpState {
 ///
 /// Restartable after anything: when the state is incomplete (an interrupted `up`) or a
 /// server does not answer, whatever is there is stopped and removed first, and all three
-/// start afresh.
+/// start afresh — on new ports, with empty data. That silently breaks every terminal where
+/// the old `export` lines were pasted, so it says so, loudly, naming what was dead.
 pub fn up() -> Result<UpState> {
-    if let Ok(Some(state)) = UpState::load()
+    let previous = UpState::load().ok().flatten();
+    if let Some(state) = &previous
         && !state.starting
         && ALL
             .iter()
             .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
     {
-        return Ok(state);
+        return Ok(state.clone());
+    }
+    if let Some(state) = &previous {
+        let dead: Vec<String> = ALL
+            .iter()
+            .filter_map(|b| {
+                let url = state.url(*b)?;
+                (!answers(*b, url)).then(|| format!("{} ({})", b.name(), connect::redact(url)))
+            })
+            .collect();
+        let why = if state.starting || dead.is_empty() {
+            "the last `lockslab up` did not finish".to_string()
+        } else {
+            format!("{} stopped answering", dead.join(", "))
+        };
+        crate::errln!(
+            "lockslab up: {why}. Restarting ALL THREE servers, on NEW ports and with empty data: \
+             the export lines pasted earlier now point at nothing. Paste the new ones below into \
+             every terminal."
+        );
     }
     down()?;
     let mut servers = PrivateServers::start(&ALL, Lifetime::Detached)?;

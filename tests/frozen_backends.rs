@@ -347,8 +347,8 @@ fn a_slow_waiter_is_not_a_usage_error() {
             .unwrap();
         let started = Instant::now();
         let mut stopped = None;
-        // The lab starts its three holders at once and each lane's waiter only once that
-        // holder has the lock: the fourth worker to appear is a waiter.
+        // The lab starts its four holders at once and each lane's waiter only once that
+        // holder has the lock: the fifth worker to appear is a waiter.
         let mut workers_seen: Vec<u32> = Vec::new();
         while stopped.is_none() && started.elapsed() < Duration::from_secs(20) {
             if lab.try_wait().unwrap().is_some() {
@@ -359,7 +359,7 @@ fn a_slow_waiter_is_not_a_usage_error() {
                     workers_seen.push(pid);
                 }
             }
-            if let Some(&waiter) = workers_seen.get(3) {
+            if let Some(&waiter) = workers_seen.get(4) {
                 stopped = Some(Stopped::freeze(vec![waiter as i32]));
             }
             thread::sleep(Duration::from_millis(1));

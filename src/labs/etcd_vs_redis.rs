@@ -1,23 +1,27 @@
-//! Lab 4 — the same lock on Redis, etcd and Postgres: kill or freeze the holder; who
-//! recovers, how fast, and who can fence.
+//! Lab 4 — the same lock on Redis (plain and renewed), etcd and Postgres: kill or freeze
+//! the holder, or let its work run long; who recovers, how fast, and who can fence.
 //!
-//! Each backend gets a holder and a waiter, all six worker processes at once:
+//! Each lock gets a holder and a waiter, all eight worker processes at once:
 //!
 //! ```text
 //!  redis:holder   takes the lock, works…  ✖ SIGKILL (or ❄ SIGSTOP … ▶ SIGCONT, writes)
 //!  redis:waiter         waits ─────────────────────────▶ takes the lock, writes
-//!  (the same on etcd and on Postgres, side by side)
+//!  (the same on the renewed Redis lock, on etcd and on Postgres, side by side)
 //! ```
 //!
 //! - **Kill**: the holder dies mid-work. How long until the waiter gets the lock is set by
-//!   what the backend waits for: Redis for the key's TTL, etcd for the lease (its heartbeat
-//!   stopped), Postgres for nothing (the session closed with the process).
+//!   what the backend waits for: the plain Redis lock for the key's TTL, set once; the
+//!   renewed one and etcd for one short TTL after the last heartbeat; Postgres for nothing
+//!   (the session closed with the process).
 //! - **Freeze**: the holder stops mid-work, longer than its TTL or lease, then wakes and
-//!   writes to the store of lab 1 with whatever token it has. Redis hands the lock on and
-//!   has no token: the stale write lands. etcd hands the lock on, but the waiter's key
-//!   revision is higher: the store refuses the stale write. Postgres keeps the frozen
-//!   session's lock: no second holder, but no progress either — unless `--pg-timeout` has
-//!   the server end the idle session.
+//!   writes to the store of lab 1 with whatever token it has. Redis, renewed or not, hands
+//!   the lock on (a heartbeat freezes with its process) and has no token: the stale write
+//!   lands. etcd hands the lock on, but the waiter's key revision is higher: the store
+//!   refuses the stale write. Postgres keeps the frozen session's lock: no second holder,
+//!   but no progress either — unless `--pg-timeout` has the server end the idle session.
+//! - **Overrun**: nobody is struck; the work simply takes longer than the plain Redis TTL,
+//!   the most common Redis lock bug. The plain key expires under a live holder; the renewed
+//!   key, the etcd lease and the session all last as long as the work.
 //!
 //! The locks are in `src/lock/` (`redis.rs`, `etcd.rs`, `postgres.rs`), one file each, to
 //! be read side by side. The verdict comes from the backends (who holds the lock when the
@@ -47,9 +51,10 @@ use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, rel
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab etcd-vs-redis                     kill, then freeze, the holder on all three backends
+  lockslab etcd-vs-redis                     kill, freeze, then overrun, on every lock
   lockslab etcd-vs-redis --kill              only the kill: time until the next holder
   lockslab etcd-vs-redis --freeze            only the freeze: two holders? stale write?
+  lockslab etcd-vs-redis --overrun           only the overrun: work longer than the TTL
   lockslab etcd-vs-redis --freeze --pg-timeout 2s
                                              Postgres ends the frozen session after 2s idle
   lockslab etcd-vs-redis --redis-ttl 3s --lease 1s --kill
@@ -65,13 +70,15 @@ pub struct EtcdVsRedisArgs {
     /// Run only the freeze scenario (SIGSTOP the holder past its TTL, then resume it)
     #[arg(long)]
     pub freeze: bool,
-    /// Redis: the lock's TTL, set once when the key is set (the usual advice: several times
-    /// the work); 100ms to 10m
-    #[arg(long, default_value = "6s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
-          value_name = "DURATION")]
-    pub redis_ttl: Duration,
+    /// Run only the overrun scenario (nobody is struck; the work outlasts the plain Redis TTL)
+    #[arg(long)]
+    pub overrun: bool,
+    /// The plain Redis lock's TTL, set once when the key is set; 100ms to 10m [default: 6s,
+    /// and half the work in the overrun scenario]
+    #[arg(long, value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT), value_name = "DURATION")]
+    pub redis_ttl: Option<Duration>,
     /// etcd: each worker's lease TTL, whole seconds from 1s to 10m; a heartbeat renews it
-    /// every TTL/3
+    /// every TTL/3. The renewed Redis lock uses the same TTL and heartbeat
     #[arg(long, default_value = "2s", value_parser = duration_in(Duration::ZERO, LONGEST_LAB_WAIT),
           value_name = "DURATION")]
     pub lease: Duration,
@@ -93,23 +100,41 @@ pub struct EtcdVsRedisArgs {
     pub servers: ServerArgs,
 }
 
-/// The lock service a lane of the lab runs on.
+/// The lock a lane of the lab runs on.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Service {
+    /// ❌ for long or unpredictable work: `SET NX PX ttl`, the TTL set once.
     Redis,
+    /// ✅ The same key with a short TTL that a heartbeat re-arms (owner-checked `PEXPIRE`).
+    RedisRenewed,
     Etcd,
     Postgres,
 }
 
 impl Service {
-    const ALL: [Service; 3] = [Service::Redis, Service::Etcd, Service::Postgres];
+    const ALL: [Service; 4] = [
+        Service::Redis,
+        Service::RedisRenewed,
+        Service::Etcd,
+        Service::Postgres,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Service::Redis => "redis",
+            Service::RedisRenewed => "redis-renewed",
             Service::Etcd => "etcd",
             Service::Postgres => "postgres",
+        }
+    }
+
+    /// The server the lock lives on.
+    fn backend(self) -> Backend {
+        match self {
+            Service::Redis | Service::RedisRenewed => Backend::Redis,
+            Service::Etcd => Backend::Etcd,
+            Service::Postgres => Backend::Postgres,
         }
     }
 }
@@ -119,13 +144,24 @@ impl Service {
 pub enum Scenario {
     Kill,
     Freeze,
+    /// Nobody is struck: the holder's work outlasts the plain Redis key's TTL.
+    Overrun,
 }
 
 impl Scenario {
+    /// The old holder, as the verdict's sentences call it.
+    fn late_holder(self) -> &'static str {
+        match self {
+            Scenario::Freeze => "woken",
+            Scenario::Kill | Scenario::Overrun => "old",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Scenario::Kill => "kill",
             Scenario::Freeze => "freeze",
+            Scenario::Overrun => "overrun",
         }
     }
 }
@@ -145,7 +181,8 @@ enum Job {
 pub struct Cell {
     pub backend: &'static str,
     pub scenario: Scenario,
-    /// From the strike (kill or freeze) until the waiter held the lock; null if it never did.
+    /// From the strike (kill or freeze) until the waiter held the lock; in the overrun
+    /// scenario, from the holder's grant; null if it never did.
     pub handover_ms: Option<u64>,
     /// The handover the options predict ("≈ 5s", "1.3s–2.5s"), and where that comes from.
     pub expected: String,
@@ -178,7 +215,11 @@ struct Plan {
     run_id: String,
     /// The lab run's one clock: every scenario's events are stamped from here.
     started: Instant,
+    /// The plain Redis lock's TTL in the kill and freeze scenarios…
     redis_ttl: Duration,
+    /// …and in the overrun scenario.
+    overrun_ttl: Duration,
+    /// etcd's lease TTL, and the renewed Redis lock's TTL.
     lease: Duration,
     pg_timeout: Option<Duration>,
     work: Duration,
@@ -191,11 +232,19 @@ impl Plan {
         self.work / 2
     }
 
+    /// The plain Redis lock's TTL in `scenario`.
+    fn plain_ttl(&self, scenario: Scenario) -> Duration {
+        match scenario {
+            Scenario::Overrun => self.overrun_ttl,
+            _ => self.redis_ttl,
+        }
+    }
+
     /// A bound on any wait in a run, generous: a worker that waits longer is stuck.
     fn longest_wait(&self) -> Duration {
         self.work
             + self.pause
-            + self.redis_ttl
+            + self.redis_ttl.max(self.overrun_ttl)
             + self.lease
             + self.pg_timeout.unwrap_or_default()
             + Duration::from_secs(10)
@@ -222,23 +271,37 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }
+    let scenarios = scenarios_from(args, &plan);
     intro.say(&format!(
-        "The same lock on three backends, each with a holder and a waiter. The holder works {}; the lab strikes after {}.",
+        "The same lock four ways, each with a holder and a waiter. The holder works {}; the lab strikes after {}.",
         human(plan.work),
         human(plan.strike_after())
     ));
+    let times_the_work = |ttl: Duration| ttl.as_secs_f64() / plan.work.as_secs_f64();
     intro.say(&format!(
-        "  redis     SET NX PX, TTL {} (set once, {:.0}× the work)",
+        "  redis          SET NX PX, TTL {} (set once, {:.1}× the work)",
         human(plan.redis_ttl),
-        plan.redis_ttl.as_secs_f64() / plan.work.as_secs_f64()
+        times_the_work(plan.redis_ttl)
     ));
+    if scenarios.contains(&Scenario::Overrun) {
+        intro.say(&format!(
+            "                 in the overrun: TTL {} ({:.1}× the work)",
+            human(plan.overrun_ttl),
+            times_the_work(plan.overrun_ttl)
+        ));
+    }
     intro.say(&format!(
-        "  etcd      a lease per worker, TTL {}, heartbeat every {}; token = the lock key's create revision",
+        "  redis-renewed  SET NX PX, TTL {}, a heartbeat re-arms it every {} (owner-checked PEXPIRE)",
         human(plan.lease),
         human(plan.lease / 3)
     ));
     intro.say(&format!(
-        "  postgres  pg_advisory_lock on the worker's session; {}",
+        "  etcd           a lease per worker, TTL {}, heartbeat every {}; token = the lock key's create revision",
+        human(plan.lease),
+        human(plan.lease / 3)
+    ));
+    intro.say(&format!(
+        "  postgres       pg_advisory_lock on the worker's session; {}",
         match plan.pg_timeout {
             Some(t) => format!(
                 "idle_session_timeout {} (a ping every {})",
@@ -249,11 +312,13 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
         }
     ));
 
-    let scenarios: Vec<Scenario> = match (args.kill, args.freeze) {
-        (true, false) => vec![Scenario::Kill],
-        (false, true) => vec![Scenario::Freeze],
-        _ => vec![Scenario::Kill, Scenario::Freeze],
-    };
+    if !(args.kill || args.freeze || args.overrun) && scenarios == [Scenario::Overrun] {
+        intro.say(&format!(
+            "--redis-ttl {} does not outlive --work {}: the plain lock will expire under a live holder. That is the overrun scenario, so the lab plays it (--kill and --freeze play the others).",
+            typed(plan.redis_ttl),
+            typed(plan.work)
+        ));
+    }
     let urls = Urls {
         redis: servers.url(Backend::Redis).to_string(),
         etcd: servers.url(Backend::Etcd).to_string(),
@@ -301,11 +366,34 @@ fn typed(value: Duration) -> String {
     }
 }
 
+/// The scenarios to play: those asked for, or all three. A `--redis-ttl` that does not
+/// outlive the work is the overrun scenario itself (in the kill and freeze the key would run
+/// out before the strike), so with no scenario named, that is what plays.
+fn scenarios_from(args: &EtcdVsRedisArgs, plan: &Plan) -> Vec<Scenario> {
+    let asked: Vec<Scenario> = [
+        (args.kill, Scenario::Kill),
+        (args.freeze, Scenario::Freeze),
+        (args.overrun, Scenario::Overrun),
+    ]
+    .into_iter()
+    .filter_map(|(on, scenario)| on.then_some(scenario))
+    .collect();
+    if !asked.is_empty() {
+        asked
+    } else if args.redis_ttl.is_some() && plan.redis_ttl <= plan.work {
+        vec![Scenario::Overrun]
+    } else {
+        vec![Scenario::Kill, Scenario::Freeze, Scenario::Overrun]
+    }
+}
+
 fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
-    if args.redis_ttl < Duration::from_millis(100) {
+    if let Some(ttl) = args.redis_ttl
+        && ttl < Duration::from_millis(100)
+    {
         crate::bail_usage!(
             "--redis-ttl {}: use at least 100ms, or Redis expiry and process start-up blur the story",
-            typed(args.redis_ttl)
+            typed(ttl)
         );
     }
     if args.lease < Duration::from_secs(1) || args.lease.subsec_nanos() != 0 {
@@ -317,14 +405,6 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
     if args.work < Duration::from_millis(200) {
         crate::bail_usage!(
             "--work {}: use at least 200ms, so that the lab can strike in the middle of it",
-            typed(args.work)
-        );
-    }
-    if args.redis_ttl <= args.work {
-        crate::bail_usage!(
-            "--redis-ttl {} must be longer than --work {}: a Redis TTL is set once, so it must outlive \
-             the holder's work (the usual advice is several times the work)",
-            typed(args.redis_ttl),
             typed(args.work)
         );
     }
@@ -344,18 +424,16 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
             typed(t)
         );
     }
-    let longest = [
-        args.redis_ttl,
-        args.lease,
-        args.pg_timeout.unwrap_or_default(),
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or_default();
+    let redis_ttl = args.redis_ttl.unwrap_or(Duration::from_secs(6));
+    let longest = [redis_ttl, args.lease, args.pg_timeout.unwrap_or_default()]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
     Ok(Plan {
         run_id: new_run_id(),
         started: Instant::now(),
-        redis_ttl: args.redis_ttl,
+        redis_ttl,
+        overrun_ttl: args.redis_ttl.unwrap_or(args.work / 2),
         lease: args.lease,
         pg_timeout: args.pg_timeout,
         work: args.work,
@@ -373,10 +451,10 @@ struct Urls {
 
 impl Urls {
     fn lock(&self, kind: Service) -> &str {
-        match kind {
-            Service::Redis => &self.redis,
-            Service::Etcd => &self.etcd,
-            Service::Postgres => &self.postgres,
+        match kind.backend() {
+            Backend::Redis => &self.redis,
+            Backend::Etcd => &self.etcd,
+            Backend::Postgres => &self.postgres,
         }
     }
 }
@@ -408,7 +486,7 @@ impl Observer {
     /// Who the backend says holds `lock` now (the same identity the workers report).
     fn holder(&mut self, kind: Service, lock: &str) -> Result<Option<String>> {
         Ok(match kind {
-            Service::Redis => redis::cmd("GET")
+            Service::Redis | Service::RedisRenewed => redis::cmd("GET")
                 .arg(lock)
                 .query(&mut self.redis)
                 .context("Redis: GET")?,
@@ -422,7 +500,7 @@ impl Observer {
 
 fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Result<Vec<Cell>> {
     let mut stage = Stage::on_clock(plan.style, plan.started);
-    stage.timeline.set_lane_width(15);
+    stage.timeline.set_lane_width(20);
     stage.tag("scenario", scenario.name());
     stage.checkpoint(super::step::etcd_vs_redis::before(scenario.name()));
     stage.timeline.say("");
@@ -432,9 +510,18 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
             Scenario::Kill =>
                 "── kill: SIGKILL each holder mid-work; how long until the waiter holds the lock? ──",
             Scenario::Freeze => "── freeze: SIGSTOP each holder, resume it, let it write ──",
+            Scenario::Overrun =>
+                "── overrun: nobody is struck; each holder simply works, longer than the plain TTL ──",
         }
         .bold()
     ));
+    if scenario == Scenario::Overrun {
+        stage.timeline.say(&format!(
+            "   each holder works {}; the plain Redis key lives {}; times count from the holder's grant",
+            human(plan.work),
+            human(plan.overrun_ttl)
+        ));
+    }
     if scenario == Scenario::Freeze {
         stage.timeline.say(&format!(
             "   each holder stays frozen for {}",
@@ -468,8 +555,16 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                 Service::Redis => LockSpec::Redis {
                     url,
                     key: name,
-                    ttl_ms: plan.redis_ttl.as_millis() as u64,
+                    ttl_ms: plan.plain_ttl(scenario).as_millis() as u64,
                     fence_counter: None,
+                    renew: false,
+                },
+                Service::RedisRenewed => LockSpec::Redis {
+                    url,
+                    key: name,
+                    ttl_ms: plan.lease.as_millis() as u64,
+                    fence_counter: None,
+                    renew: true,
                 },
                 Service::Etcd => LockSpec::Etcd {
                     url,
@@ -494,6 +589,7 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                 Job::Holder { .. } => AfterWrite::Release,
                 Job::Waiter => AfterWrite::HoldUntilTold,
             },
+            loose_fencing: false,
         }
     };
 
@@ -595,15 +691,17 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
             LateWrite::Accepted => Some((
                 Kind::StaleWriteAccepted,
                 format!(
-                    "{}: the store decided the woken holder's write after the waiter's, and took it",
-                    lane.kind.name()
+                    "{}: the store decided the {} holder's write after the waiter's, and took it",
+                    lane.kind.name(),
+                    scenario.late_holder()
                 ),
             )),
             LateWrite::Rejected => Some((
                 Kind::StaleWriteRejected,
                 format!(
-                    "{}: the store refused the woken holder's token {} (it had accepted {})",
+                    "{}: the store refused the {} holder's token {} (it had accepted {})",
                     lane.kind.name(),
+                    scenario.late_holder(),
                     token_text(cell.detail.holder_token),
                     token_text(cell.detail.waiter_token)
                 ),
@@ -621,11 +719,11 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
 /// Shows the events that have already arrived, so that what the lab records next comes after them.
 ///
 /// `Stage::next` answers None both when nothing is waiting and when it consumed a worker's
-/// end of stream; there is at most one of those per worker (six per scenario), so seven
+/// end of stream; there is at most one of those per worker (eight per scenario), so nine
 /// Nones in a row mean the queue is empty.
 fn catch_up(stage: &mut Stage) {
     let mut nones = 0;
-    while nones < 7 {
+    while nones < 2 * Service::ALL.len() + 1 {
         match stage.next(Duration::ZERO) {
             Some(_) => nones = 0,
             None => nones += 1,
@@ -713,6 +811,16 @@ impl Lane {
         }
         let acquired_at = self.acquired_at.expect("set with the waiter");
 
+        // 2. Overrun: no strike; times count from the holder's grant.
+        if self.struck.is_none() && scenario == Scenario::Overrun {
+            let acquired_t = stage
+                .saw(&self.holder_name, Kind::Acquired)
+                .map(|e| e.t_ms)
+                .unwrap_or_default();
+            self.struck = Some((acquired_at, acquired_t));
+            return Ok(());
+        }
+
         // 2. Halfway through the holder's work, once the waiter is waiting: strike.
         if self.struck.is_none() {
             if Instant::now() < acquired_at + plan.strike_after() {
@@ -760,6 +868,7 @@ impl Lane {
                         human(plan.pause)
                     ),
                 ),
+                Scenario::Overrun => unreachable!("nobody is struck in the overrun"),
             };
             catch_up(stage);
             stage.record(
@@ -770,6 +879,7 @@ impl Lane {
             self.struck = Some((Instant::now(), last_t(stage)));
             match scenario {
                 Scenario::Kill => self.holder.kill(),
+                Scenario::Overrun => {}
                 Scenario::Freeze => {
                     self.holder.freeze()?;
                     if !crate::procs::wait_until_stopped(pid, Duration::from_secs(2)) {
@@ -870,20 +980,22 @@ impl Lane {
             // Asked just before the resume, the backend named the waiter: the frozen holder
             // could not have let go.
             Scenario::Freeze if self.backend_saw.as_deref() == Some("waiter") => Finding::Yes,
-            Scenario::Freeze => {
+            Scenario::Freeze | Scenario::Overrun => {
                 let release = |worker: &str| stage.saw(worker, Kind::Released);
                 let holder_kept = release(&self.holder_name)
                     .and_then(|e| e.get_bool("released"))
                     .unwrap_or(false);
                 match self.kind {
-                    Service::Redis => match release(&self.holder_name).and_then(release_of) {
-                        Some(holder) => check::two_holders(
-                            &holder,
-                            waiter_acquired.and_then(|e| e.get_str("owner")),
-                            release(&self.waiter_name).and_then(release_of).as_ref(),
-                        ),
-                        None => Finding::Unknown,
-                    },
+                    Service::Redis | Service::RedisRenewed => {
+                        match release(&self.holder_name).and_then(release_of) {
+                            Some(holder) => check::two_holders(
+                                &holder,
+                                waiter_acquired.and_then(|e| e.get_str("owner")),
+                                release(&self.waiter_name).and_then(release_of).as_ref(),
+                            ),
+                            None => Finding::Unknown,
+                        }
+                    }
                     // etcd and Postgres queue the waiter in the server, which grants it the
                     // lock the moment the holder's key or session goes.
                     Service::Etcd | Service::Postgres => {
@@ -926,10 +1038,26 @@ impl Lane {
             .and_then(|e| e.get_i64("lease_ttl_ms"))
             .map(|ms| Duration::from_millis(ms as u64))
             .unwrap_or(plan.lease);
+        let ttl = plan.plain_ttl(scenario);
+        if scenario == Scenario::Overrun {
+            return match self.kind {
+                Service::Redis if ttl < plan.work => (
+                    format!("≈ {}", human(ttl)),
+                    format!(
+                        "the TTL, set once, runs out before the {} of work",
+                        human(plan.work)
+                    ),
+                ),
+                _ => (
+                    format!("≈ {}", human(plan.work)),
+                    "the work, then the holder's release".into(),
+                ),
+            };
+        }
         // The earliest moment the backend could free a frozen holder's lock by itself.
         let earliest = match (self.kind, plan.pg_timeout) {
-            (Service::Redis, _) => plan.redis_ttl.saturating_sub(held),
-            (Service::Etcd, _) => lease * 2 / 3,
+            (Service::Redis, _) => ttl.saturating_sub(held),
+            (Service::RedisRenewed | Service::Etcd, _) => lease * 2 / 3,
             (Service::Postgres, Some(t)) => t * 2 / 3,
             (Service::Postgres, None) => Duration::MAX,
         };
@@ -941,8 +1069,14 @@ impl Lane {
         }
         match self.kind {
             Service::Redis => (
-                format!("≈ {}", human(plan.redis_ttl.saturating_sub(held))),
-                format!("TTL {} − {} held", human(plan.redis_ttl), human(held)),
+                format!("≈ {}", human(ttl.saturating_sub(held))),
+                format!("TTL {} − {} held", human(ttl), human(held)),
+            ),
+            // Redis drops an expired key the moment anyone touches it, and the waiter's
+            // SET NX touches it every 20ms: no sweep to wait for, unlike etcd.
+            Service::RedisRenewed => (
+                format!("{}–{}", human(lease * 2 / 3), human(lease)),
+                "⅔–1 TTL after the last renewal".into(),
             ),
             Service::Etcd => (
                 format!(
@@ -956,11 +1090,11 @@ impl Lane {
                 (Scenario::Kill, _) => {
                     ("at once".into(), "the session ends with the process".into())
                 }
-                (Scenario::Freeze, Some(t)) => (
+                (_, Some(t)) => (
                     format!("{}–{}", human(t * 2 / 3), human(t)),
                     "⅔–1 idle_session_timeout".into(),
                 ),
-                (Scenario::Freeze, None) => unreachable!("returned above"),
+                (_, None) => unreachable!("returned above"),
             },
         }
     }
@@ -988,31 +1122,62 @@ impl Cell {
             .map(|ms| human(Duration::from_millis(ms)))
             .unwrap_or("never".into());
         let expected = format!(" (expected {}: {})", self.expected, self.expected_why);
+        let renewed_every = human(plan.lease / 3);
         let why_handover = match (self.backend, self.scenario) {
-            ("redis", _) => "Redis gave the lock away only when the key's TTL ran out",
+            ("redis", _) => "Redis gave the lock away only when the key's TTL ran out".to_string(),
+            ("redis-renewed", scenario) => format!(
+                "the heartbeat (a PEXPIRE every {renewed_every}) {} with the process, and the short TTL ran out",
+                if scenario == Scenario::Kill { "died" } else { "froze" }
+            ),
             ("etcd", _) => {
-                "the heartbeat stopped and etcd expired the lease, deleting the lock key"
+                "the heartbeat stopped and etcd expired the lease, deleting the lock key".into()
             }
             ("postgres", Scenario::Kill) => {
-                "the dead process's socket closed, the server ended its session, and the queued waiter got the lock at once"
+                "the dead process's socket closed, the server ended its session, and the queued waiter got the lock at once".into()
             }
             ("postgres", _) if plan.pg_timeout.is_some() => {
-                "idle_session_timeout ended the frozen client's session, and its lock with it"
+                "idle_session_timeout ended the frozen client's session, and its lock with it".into()
             }
-            _ => "the frozen client's session stayed open, so it kept the lock for the whole pause",
+            _ => "the frozen client's session stayed open, so it kept the lock for the whole pause".into(),
+        };
+        let carried = if self.fencing_token {
+            format!(
+                "its write carried token {}.",
+                token_text(self.detail.waiter_token)
+            )
+        } else {
+            "its write carried no token.".into()
         };
         match self.scenario {
-            Scenario::Kill => format!(
-                "{why_handover}: the waiter held it {handover} after the kill{expected}; {}",
-                if self.fencing_token {
-                    format!(
-                        "its write carried token {}.",
-                        token_text(self.detail.waiter_token)
-                    )
-                } else {
-                    "its write carried no token.".into()
-                }
+            Scenario::Kill if self.two_holders == Some(true) => format!(
+                "the key's TTL ran out before the kill, under a live holder: the waiter held the lock first — two holders. {}",
+                late_write_sentence(self)
             ),
+            Scenario::Kill => format!(
+                "{why_handover}: the waiter held it {handover} after the kill{expected}; {carried}"
+            ),
+            Scenario::Overrun if self.two_holders == Some(true) => format!(
+                "the key's TTL ({}, set once) ran out while its holder was still working ({}), \
+                 live and never paused: the waiter got the lock {handover} after the holder's \
+                 grant{expected} — two holders. {}",
+                human(plan.overrun_ttl),
+                human(plan.work),
+                late_write_sentence(self)
+            ),
+            Scenario::Overrun => {
+                let kept = match self.backend {
+                    "redis" => "the key's TTL outlived the work".to_string(),
+                    "redis-renewed" => format!(
+                        "the heartbeat re-armed the key every {renewed_every} while the holder worked"
+                    ),
+                    "etcd" => "the heartbeat renewed the lease while the holder worked".into(),
+                    _ => "the session stayed open while the holder worked".into(),
+                };
+                format!(
+                    "{kept}: the waiter got the lock {handover} after the holder's grant{expected}, \
+                     once the holder had finished and let go — no second holder."
+                )
+            }
             Scenario::Freeze if self.two_holders.is_none() => format!(
                 "{why_handover}; the waiter got the lock after {handover}{expected}, but both keys \
                  had expired by the time their holders let go, so Redis's answers cannot tell \
@@ -1025,6 +1190,10 @@ impl Cell {
                         "the {} pause ended before the key's TTL ran out, so the holder woke still holding the lock",
                         human(plan.pause)
                     ),
+                    "redis-renewed" => format!(
+                        "the {} pause ended before the key, renewed until the freeze, ran out",
+                        human(plan.pause)
+                    ),
                     "etcd" => format!(
                         "the {} pause ended before etcd expired the lease",
                         human(plan.pause)
@@ -1033,7 +1202,7 @@ impl Cell {
                         "the {} pause ended before idle_session_timeout ended the session",
                         human(plan.pause)
                     ),
-                    _ => why_handover.to_string(),
+                    _ => why_handover.clone(),
                 };
                 format!(
                     "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}{expected}, only once the holder woke and let go."
@@ -1050,19 +1219,21 @@ impl Cell {
 
 /// What the store did with the old holder's write, from its decision order.
 fn late_write_sentence(cell: &Cell) -> String {
+    let who = cell.scenario.late_holder();
     match cell.late_write {
-        LateWrite::Accepted if !cell.fencing_token => "The woken holder, with no token to check, \
-                                                       had its stale write accepted over the waiter's."
-            .to_string(),
-        LateWrite::Accepted => "The store took the woken holder's stale write.".to_string(),
+        LateWrite::Accepted if !cell.fencing_token => format!(
+            "The {who} holder, with no token to check, had its stale write accepted over the waiter's."
+        ),
+        LateWrite::Accepted => format!("The store took the {who} holder's stale write."),
         LateWrite::Rejected => format!(
-            "The store refused the woken holder's token {} because it had accepted the waiter's {}.",
+            "The store refused the {who} holder's token {} because it had accepted the waiter's {}.",
             token_text(cell.detail.holder_token),
             token_text(cell.detail.waiter_token)
         ),
-        LateWrite::None => "The woken holder's write was decided before the waiter's, so it \
-                            destroyed nothing — by luck, not by design."
-            .to_string(),
+        LateWrite::None => format!(
+            "The {who} holder's write was decided before the waiter's, so it destroyed nothing — \
+             by luck, not by design."
+        ),
     }
 }
 
@@ -1118,7 +1289,12 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
     }
     crate::outln!();
     crate::outln!(
-        "  {} a short lease or a session gets the next holder in fast (efficiency); only a token the store checks keeps a woken holder's write out (correctness).",
+        "  {} a short renewed TTL (Redis or etcd) or a session gets the next holder\n  \
+         in fast after a crash, and lasts as long as the work; a TTL set once must\n  \
+         choose between the two. None of them keeps a paused holder out: only a token\n  \
+         the store checks keeps its write out. etcd's revision is such a token, and\n  \
+         Raft keeps what etcd acknowledged through a failover; a Redis owner value is\n  \
+         random, and Redis replicates asynchronously (lab 5).",
         "In short:".bold()
     );
 }

@@ -31,7 +31,7 @@ use crate::connect::{self, Backend};
 use crate::events::{Event, Kind};
 use crate::lock::redis::{RedisLock, Release};
 use crate::output::{Style, human, json_line, table};
-use crate::servers::{self, ServerArgs};
+use crate::servers::{self, Lifetime, PrivateServers, ServerArgs};
 use crate::store::{Outcome, ReadBack, Store};
 use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
@@ -43,6 +43,7 @@ Examples:
   lockslab gc-pause --freeze peer        the lab stops A with kill(pid, SIGSTOP) instead
   lockslab gc-pause --fencing on         only the fenced run
   lockslab gc-pause --ttl 1s --pause 500ms   a pause shorter than the TTL: nothing goes wrong
+  lockslab gc-pause --token-restart      Redis restarts while A is frozen: B gets A's token
   lockslab gc-pause --json | jq .        events and verdict as JSON Lines
 
 By hand, in two terminals: `lockslab up`, then `lockslab worker` (see labs/01-gc-pause.md).", crate::lab_exit_status_help!()))]
@@ -60,6 +61,11 @@ pub struct GcPauseArgs {
     /// Who freezes A: A itself (raise SIGSTOP), or the lab (kill(pid, SIGSTOP))
     #[arg(long, value_enum, default_value_t = Freeze::Self_)]
     pub freeze: Freeze,
+    /// Crash and restart Redis (no persistence) while A is frozen: the token counter starts
+    /// over and B draws A's token again. Plays two fenced runs, the store's loose rule (>=)
+    /// and its real one, on a private Redis this lab starts (never on a shared one)
+    #[arg(long, conflicts_with = "fencing")]
+    pub token_restart: bool,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -98,6 +104,11 @@ pub enum Freeze {
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
     pub fencing: bool,
+    /// The store's rule for fenced writes: `higher_or_same_holder` (its own: an equal token
+    /// from another writer is a reissue, refused) or `not_lower` (`>=`); null unfenced.
+    pub store_rule: Option<&'static str>,
+    /// Redis was crashed and restarted empty between A's and B's acquisitions.
+    pub token_restart: bool,
     /// Redis granted B the lock while A still believed it held it (A's release found B's
     /// key, or A's write was decided after B's); null when the evidence cannot order B's grant.
     pub two_holders: Option<bool>,
@@ -122,9 +133,20 @@ pub struct RunVerdict {
 }
 
 impl RunVerdict {
+    /// The run's column in the table.
+    fn title(&self) -> &'static str {
+        match (self.fencing, self.store_rule) {
+            (false, _) => "without fencing",
+            (true, Some("not_lower")) => "fenced, >=",
+            (true, _) if self.token_restart => "fenced, reissue refused",
+            (true, _) => "with fencing",
+        }
+    }
+
     /// Judges the run from Redis's answers and the store's record.
     fn judge(
-        fencing: bool,
+        store_rule: Option<&'static str>,
+        token_restart: bool,
         a_release: &Release,
         b_owner: Option<&str>,
         b_release: Option<&Release>,
@@ -139,7 +161,9 @@ impl RunVerdict {
         }
         let late_write = check::late_write(&read.attempts, "A", "B");
         Ok(RunVerdict {
-            fencing,
+            fencing: store_rule.is_some(),
+            store_rule,
+            token_restart,
             two_holders: check::two_holders_given_writes(
                 check::two_holders(a_release, b_owner, b_release),
                 late_write,
@@ -162,6 +186,34 @@ impl RunVerdict {
     /// What the run shows, in sentences drawn from the same fields as the table: first who
     /// held the lock, then what the store did with A's write.
     fn meaning(&self, ttl: Duration, pause: Duration) -> String {
+        let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
+        if self.token_restart {
+            let (a, b) = (token(self.stale_token), token(self.newer_token));
+            let holders = if self.stale_token == self.newer_token {
+                format!(
+                    "Redis restarted empty while A was frozen: A's key and the token counter were \
+                     gone, so B took the lock at once and drew token {b} — A's token, issued twice."
+                )
+            } else {
+                format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
+            };
+            let store = match (self.late_write, self.store_rule) {
+                (LateWrite::Accepted, Some("not_lower")) => format!(
+                    "The store's rule, not lower than the highest (>=), took A's token {a} after \
+                     B's {b}: B's result is lost, fencing and all."
+                ),
+                (LateWrite::Rejected, Some("higher_or_same_holder")) => format!(
+                    "The store refused A's token {a}: equal to the highest it had accepted, but \
+                     accepted from B — a reissue, not a holder writing twice. B's result stands."
+                ),
+                (LateWrite::Accepted, _) => "The store took A's stale write.".to_string(),
+                (LateWrite::Rejected, _) => format!("The store refused A's token {a}."),
+                (LateWrite::None, _) => "The store decided A's write before B's: no stale \
+                                         write this time."
+                    .to_string(),
+            };
+            return format!("{holders} {store}");
+        }
         let holders = match (self.two_holders, self.a_lease_ran_out) {
             (Some(true), _) => format!(
                 "A's {} lease ran out during its {} pause and Redis gave the lock to B while A still \
@@ -215,7 +267,12 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     let ttl = args.ttl;
     let pause = args.pause.unwrap_or(ttl.mul_f64(1.5));
     let style = Style::detect(args.output.json);
-    let servers = servers::provide(&args.servers, &[Backend::Redis, Backend::Postgres])?;
+    let needs: &[Backend] = if args.token_restart {
+        &[Backend::Postgres]
+    } else {
+        &[Backend::Redis, Backend::Postgres]
+    };
+    let servers = servers::provide(&args.servers, needs)?;
     let run_id = new_run_id();
     let mut store = Store::connect(servers.url(Backend::Postgres))?;
     store.prepare()?;
@@ -232,19 +289,48 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         if pause > ttl { " — longer than the TTL" } else { " — no longer than the TTL" }
     ));
 
-    let fencing_runs: &[bool] = match args.fencing {
-        Fencing::Off => &[false],
-        Fencing::On => &[true],
-        Fencing::Both => &[false, true],
+    // (fenced, under the store's loose rule) for each run played.
+    let runs: &[(bool, bool)] = match (args.token_restart, args.fencing) {
+        (true, _) => &[(true, true), (true, false)],
+        (false, Fencing::Off) => &[(false, false)],
+        (false, Fencing::On) => &[(true, false)],
+        (false, Fencing::Both) => &[(false, false), (true, false)],
     };
+    // The token-restart variation crashes its Redis: never a server someone else started.
+    let mut own_redis = if args.token_restart {
+        let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
+        let url = private
+            .url(Backend::Redis)
+            .context("the private Redis has no URL")?;
+        intro.say(&format!(
+            "  {}",
+            format!(
+                "redis    {} (private, started for --token-restart, which crashes it: the lab never restarts a server it did not start)",
+                connect::redact(&url)
+            )
+            .dimmed()
+        ));
+        Some((private, url))
+    } else {
+        None
+    };
+    let redis_url = match &own_redis {
+        Some((_, url)) => url.clone(),
+        None => servers.url(Backend::Redis).to_string(),
+    };
+    if args.token_restart {
+        intro.say(
+            "While A is frozen, the lab crashes that Redis and starts it again on the same port, without persistence: the lock key and the token counter are gone. Two fenced runs: the store accepting tokens not lower than the highest (>=), then refusing an equal token from another holder.",
+        );
+    }
     let mut verdicts = Vec::new();
     let leftovers = Leftovers::of_run(&run_id)
         .store(servers.url(Backend::Postgres))
-        .redis(servers.url(Backend::Redis))
+        .redis(&redis_url)
         .removed_at_the_end();
     let started = Instant::now();
     let result = (|| -> Result<()> {
-        for &fenced in fencing_runs {
+        for &(fenced, loose) in runs {
             let play = Play {
                 run_id: &run_id,
                 started,
@@ -252,12 +338,14 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
                 pause,
                 freeze: args.freeze,
                 fenced,
+                loose,
                 style,
             };
             verdicts.push(play.run(
-                servers.url(Backend::Redis),
+                &redis_url,
                 servers.url(Backend::Postgres),
                 &mut store,
+                own_redis.as_mut().map(|(private, _)| private),
             )?);
         }
         Ok(())
@@ -276,6 +364,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
             "ttl_ms": ttl.as_millis() as u64,
             "pause_ms": pause.as_millis() as u64,
             "freeze": args.freeze,
+            "token_restart": args.token_restart,
             "runs": verdicts,
         }));
     } else {
@@ -293,32 +382,58 @@ struct Play<'a> {
     pause: Duration,
     freeze: Freeze,
     fenced: bool,
+    /// ❌ The store's loose rule (`>=`) for this run's writes.
+    loose: bool,
     style: Style,
 }
 
 impl Play<'_> {
-    fn run(&self, redis_url: &str, postgres_url: &str, store: &mut Store) -> Result<RunVerdict> {
-        let label = if self.fenced { "fenced" } else { "unfenced" };
+    /// One run; `restart`: the private Redis to crash and restart while A is frozen.
+    fn run(
+        &self,
+        redis_url: &str,
+        postgres_url: &str,
+        store: &mut Store,
+        mut restart: Option<&mut PrivateServers>,
+    ) -> Result<RunVerdict> {
+        let label = match (self.fenced, self.loose) {
+            (false, _) => "unfenced",
+            (true, false) => "fenced",
+            (true, true) => "fenced-loose",
+        };
         let mut stage = Stage::on_clock(self.style, self.started);
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
-            if self.fenced {
-                "── with fencing tokens ──".green().bold()
-            } else {
-                "── without fencing ──".red().bold()
+            match (self.fenced, self.loose) {
+                (true, false) if restart.is_some() =>
+                    "── with fencing tokens; the store refuses an equal token from another holder ──"
+                        .green()
+                        .bold(),
+                (true, false) => "── with fencing tokens ──".green().bold(),
+                (true, true) =>
+                    "── with fencing tokens; the store accepts any token not lower than the highest (>=) ──"
+                        .red()
+                        .bold(),
+                (false, _) => "── without fencing ──".red().bold(),
             }
         ));
         let lock_key = format!("lockslab:{}:gc-pause:{label}:lock", self.run_id);
+        let restarting = restart.is_some();
         let role = |name: &str, before_write, after_write| HolderScript {
             name: name.into(),
             lock: LockSpec::Redis {
                 url: redis_url.into(),
                 key: lock_key.clone(),
                 ttl_ms: self.ttl.as_millis() as u64,
-                fence_counter: self
-                    .fenced
-                    .then(|| format!("lockslab:{}:gc-pause:fence", self.run_id)),
+                fence_counter: self.fenced.then(|| {
+                    if restarting {
+                        format!("lockslab:{}:gc-pause:{label}:fence", self.run_id)
+                    } else {
+                        format!("lockslab:{}:gc-pause:fence", self.run_id)
+                    }
+                }),
+                renew: false,
             },
             store_url: postgres_url.into(),
             run_id: self.run_id.into(),
@@ -326,6 +441,7 @@ impl Play<'_> {
             wait_ms: (self.ttl + self.pause + Duration::from_secs(10)).as_millis() as u64,
             before_write,
             after_write,
+            loose_fencing: self.loose,
         };
         let a_script = match self.freeze {
             Freeze::Self_ => BeforeWrite::FreezeSelf,
@@ -336,6 +452,16 @@ impl Play<'_> {
         // Every event of this run says which run it belongs to (both share one clock).
         stage.tag("fencing", self.fenced);
         stage.checkpoint(super::step::gc_pause::before_run(self.fenced));
+        if restart.is_some() {
+            stage.tag(
+                "store_rule",
+                if self.loose {
+                    "not_lower"
+                } else {
+                    "higher_or_same_holder"
+                },
+            );
+        }
         stage.record(
             Event::new(
                 "lab",
@@ -405,19 +531,54 @@ impl Play<'_> {
             }
         }
         let frozen_at = Instant::now();
+        let mut expired = false;
+        if let Some(private) = restart.as_deref_mut() {
+            let pid = private.pid(Backend::Redis).unwrap_or_default();
+            stage.record(Event::new(
+                "lab",
+                Kind::Killed,
+                format!("SIGKILL → Redis (pid {pid}), then starts it again on the same port"),
+            ));
+            let took = private.crash_and_restart(Backend::Redis)?;
+            stage.record(Event::new(
+                "redis",
+                Kind::Expired,
+                format!(
+                    "back after {}, empty (no persistence): A's key and the token counter are gone",
+                    human(took)
+                ),
+            ));
+            lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, self.ttl);
+            expired = true;
+        }
         let mut b = stage.spawn(
             "B",
             &WorkerSpec::Holder(role("B", BeforeWrite::Nothing, AfterWrite::HoldUntilTold)),
         )?;
 
-        // While A is frozen, watch its key in Redis: the countdown, then the expiry.
+        // While A is frozen, watch its key in Redis: the countdown, then the expiry, then
+        // the time left until the resume (a long pause must not look like a hang).
         let bar = self
             .style
             .progress(self.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
         stage.timeline.attach_bar(bar);
-        let mut expired = false;
-        stage.run_until(frozen_at + self.pause, |stage| {
+        let mut counting_down = false;
+        let resume_at = frozen_at + self.pause;
+        stage.run_until(resume_at, |stage| {
             if expired {
+                if !counting_down {
+                    counting_down = true;
+                    stage.timeline.clear_bar();
+                    let bar = self
+                        .style
+                        .progress(self.pause.as_millis() as u64, "  {msg} [{bar:30}]");
+                    stage.timeline.attach_bar(bar);
+                }
+                if let Some(bar) = stage.timeline.bar() {
+                    let left = resume_at.saturating_duration_since(Instant::now());
+                    bar.set_position(frozen_at.elapsed().as_millis() as u64);
+                    bar.set_message(format!("A stays frozen: SIGCONT in {:>6}", human(left)));
+                }
                 return Ok(());
             }
             let (owner, pttl) = lock_watch
@@ -474,8 +635,14 @@ impl Play<'_> {
             .map(String::from);
         let b_release = stage.saw("B", Kind::Released).and_then(release_of);
         let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
+        let store_rule = self.fenced.then_some(if self.loose {
+            "not_lower"
+        } else {
+            "higher_or_same_holder"
+        });
         let verdict = RunVerdict::judge(
-            self.fenced,
+            store_rule,
+            restart.is_some(),
             &a_release,
             b_owner.as_deref(),
             b_release.as_ref(),
@@ -514,13 +681,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
         }
     };
     let header: Vec<&str> = std::iter::once("evidence")
-        .chain(verdicts.iter().map(|v| {
-            if v.fencing {
-                "with fencing"
-            } else {
-                "without fencing"
-            }
-        }))
+        .chain(verdicts.iter().map(|v| v.title()))
         .collect();
     let stale = |v: &RunVerdict| match v.late_write {
         LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
@@ -575,11 +736,10 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
     crate::outln!("{}", table(&header, &rows));
     crate::outln!();
     for verdict in verdicts {
-        let label = if verdict.fencing {
-            "with fencing:"
-        } else {
-            "without fencing:"
-        };
-        crate::outln!("  {} {}", label.bold(), verdict.meaning(ttl, pause));
+        crate::outln!(
+            "  {} {}",
+            format!("{}:", verdict.title()).bold(),
+            verdict.meaning(ttl, pause)
+        );
     }
 }

@@ -769,7 +769,11 @@ impl Lab<'_> {
             format!(
                 "{read}: {} after A died the lock still belongs to it{}",
                 human(since_kill),
-                if pttl == -1 { ", and always will" } else { "" }
+                if pttl == -1 {
+                    ", and no expiry will free it"
+                } else {
+                    ""
+                }
             )
         } else {
             format!(
@@ -1263,7 +1267,7 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, args: &NaiveArgs) 
             };
             let head = if broken.violations > 0 {
                 format!(
-                    "{how}: after {} the key still named it, with PTTL {}, and nothing will ever remove it",
+                    "{how}: after {} the key still named it, with PTTL {}: no expiry will ever remove it (only a DEL, a FLUSHALL, eviction under an allkeys-* policy, or a restart without persistence)",
                     human(args.wait),
                     broken
                         .details

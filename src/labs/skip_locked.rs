@@ -21,9 +21,13 @@
 //! FIN or RST is ever sent: Postgres sees an open connection that says nothing — exactly
 //! the paused worker of round 3, not the killed one of round 2 — and keeps the lock until
 //! a timeout notices: TCP keepalives (Linux's defaults declare a silent peer dead after
-//! about 2 h 11 min) or `idle_in_transaction_session_timeout`. That timeout (`--idle-timeout`)
-//! is the lab's answer to a paused worker too: Postgres ends the session, the sleeper's
-//! first statement after waking fails, and still nothing is done twice.
+//! about 2 h 11 min) or `idle_in_transaction_session_timeout`. Keepalives free a dead or
+//! unreachable *machine* only: a paused process's kernel is alive and answers their probes,
+//! so they never end a frozen worker's session. Only server-side timeouts bound that one —
+//! `idle_in_transaction_session_timeout`, `idle_session_timeout`, and `transaction_timeout`
+//! from Postgres 17. The first (`--idle-timeout`) is the lab's answer to a paused worker:
+//! Postgres ends the session, the sleeper's first statement after waking fails, and still
+//! nothing is done twice.
 //!
 //! A run has up to three rounds per mode, each on a fresh batch of jobs:
 //! 1. the queue — every worker drains the batch, no faults; this round's speed is
@@ -505,7 +509,8 @@ impl Play<'_> {
                         Kind::Reclaimed,
                         format!(
                             "{by} claimed job {job} {ms:.1}ms after the kill: Postgres rolled back \
-                                 w1's transaction when its connection closed (no TTL involved)"
+                                 w1's transaction when its connection closed (no TTL involved){}",
+                            reclaim_how(self.mode)
                         ),
                     )
                     .with("job", job)
@@ -1107,6 +1112,20 @@ fn freeze_sentence(pause: Duration, mode: Mode, note: &Notes, taken_while_frozen
     )
 }
 
+/// What the reclaim time measures besides Postgres's rollback, which differs by mode.
+fn reclaim_how(mode: Mode) -> String {
+    match mode {
+        Mode::SkipLocked => format!(
+            ", and the next worker to poll took it (idle workers poll every {}, so up to that much of the time is their sleep)",
+            human(crate::worker::consumer::IDLE_POLL)
+        ),
+        Mode::ForUpdate => {
+            ", and woke the worker already waiting on its row (no polling in this number)".into()
+        }
+        Mode::Naive => String::new(),
+    }
+}
+
 fn around_the_freeze(note: &Notes) -> String {
     let (done, blocked) = (note.others_done_while_frozen, note.blocked_at_resume);
     match (done, blocked) {
@@ -1116,6 +1135,11 @@ fn around_the_freeze(note: &Notes) -> String {
         (0, 0) => "the others processed nothing meanwhile, and none was blocked on its lock \
                    at the resume."
             .to_string(),
+        (0, _) if note.freeze_jobs <= 1 => format!(
+            "it was the round's only job, so there was no queue to stall; but without SKIP \
+             LOCKED the others did not pass over it: at the resume {} waiting for its row lock.",
+            plural(blocked, "worker session was", "worker sessions were")
+        ),
         (0, _) => format!(
             "the whole queue stood still behind its row lock: the others processed nothing, \
              and at the resume {} blocked behind it.",
@@ -1228,7 +1252,8 @@ fn meaning(args: &SkipLockedArgs, v: &ModeVerdict, note: &Notes, fastest: f64) -
     if let Some(ms) = v.reclaim_ms {
         parts.push(format!(
             "The killed worker's job was claimed again {ms:.1}ms after the kill: Postgres rolled \
-             its transaction back when the connection closed."
+             its transaction back when the connection closed{}.",
+            reclaim_how(v.mode)
         ));
     }
     if v.mode == Mode::ForUpdate && fastest > 0.0 && v.jobs_per_s < fastest * 0.8 {
@@ -1280,5 +1305,23 @@ mod tests {
         };
         let sentence = freeze_sentence(Duration::from_secs(2), Mode::SkipLocked, &note, 0);
         assert!(sentence.contains("kept its job"), "{sentence}");
+    }
+
+    /// Issue 11: with one job there is no queue to stall, whatever the blocked count.
+    #[test]
+    fn one_job_blocked_on_is_not_a_whole_queue_stalled() {
+        let note = Notes {
+            freeze_jobs: 1,
+            blocked_at_resume: 9,
+            ..Notes::default()
+        };
+        let sentence = around_the_freeze(&note);
+        assert!(!sentence.contains("whole queue"), "{sentence}");
+        assert!(sentence.contains("only job"), "{sentence}");
+        let many = Notes {
+            freeze_jobs: 50,
+            ..note
+        };
+        assert!(around_the_freeze(&many).contains("whole queue"));
     }
 }

@@ -14,8 +14,25 @@
 //! Even correct, it is a lease: once the TTL passes, Redis hands the lock to someone else,
 //! whether or not the first holder is done (or frozen). Protecting data needs a fencing
 //! token as well; [`RedisLock::try_acquire_fenced`] hands one out.
+//!
+//! How long should the TTL be? Two ways, side by side in lab 4 (`lockslab etcd-vs-redis`):
+//! - ❌ **set once**, long enough for the work: a TTL picked for the usual day expires under
+//!   a live, healthy holder on the day the work runs long — the most common Redis lock bug
+//!   (lab 4's overrun scenario) — and a long one keeps everyone waiting after a crash;
+//! - ✅ **renewed**: a short TTL that a heartbeat thread re-arms while the holder lives,
+//!   with an owner-checked `PEXPIRE` ([`RedisLock::renew`], [`Renewal`]), the way
+//!   Redisson's "watchdog" does. A crashed holder's lock goes one short TTL later, as an
+//!   etcd lease does; a *frozen* holder's heartbeat is frozen with it, so the lock goes
+//!   during a long pause exactly as an etcd lease does.
+//!
+//! What renewal does not change, and what separates Redis from etcd after all: the owner
+//! value is random (no order, no fencing token — draw one from a counter, and see lab 1 for
+//! when that counter goes back), Redis replicates asynchronously (a failover can lose an
+//! acknowledged `SET` or `INCR`: lab 5), and waiters poll instead of queueing in the server.
 
-use std::thread;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -45,6 +62,17 @@ if current == ARGV[1] then
     return {1, false}
 end
 return {0, current}
+"#;
+
+/// Re-arms the key's TTL only if it still holds the caller's owner value: the renewal.
+///
+/// ❌ A plain `PEXPIRE key ttl` would re-arm whatever is in the key — after our lock expired
+/// and someone else took it, it would stretch *their* lock on *our* schedule.
+const EXTEND_IF_OWNER: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
 "#;
 
 /// Takes the lock and a fencing token in one atomic step.
@@ -181,6 +209,19 @@ impl RedisLock {
         })
     }
 
+    /// ✅ Renews our lock for another full TTL, if it is still ours (see [`EXTEND_IF_OWNER`]).
+    /// False: the key expired or belongs to someone else — the lock is lost, and only a new
+    /// acquisition can take it back.
+    pub fn renew(&mut self, held: &Held) -> Result<bool> {
+        let renewed: i64 = Script::new(EXTEND_IF_OWNER)
+            .key(&self.key)
+            .arg(&held.owner)
+            .arg(self.ttl_ms())
+            .invoke(&mut self.connection)
+            .context("renewing with an owner-checked PEXPIRE")?;
+        Ok(renewed == 1)
+    }
+
     /// The key's remaining time to live in milliseconds, as Redis sees it:
     /// -2 when the key is gone, -1 when it exists with no expiry.
     pub fn pttl(&mut self) -> Result<i64> {
@@ -306,4 +347,95 @@ pub fn owner_and_pttl(
         .cmd("PTTL")
         .arg(key)
         .query(connection)
+}
+
+/// ✅ The renewed lock's heartbeat: a thread that re-arms our key every TTL/3 with
+/// [`RedisLock::renew`], on a connection of its own, until dropped.
+///
+/// Its own thread and connection, because the holder's main thread is busy with the work.
+/// And that is also its limit: SIGSTOP stops every thread of the process, so a frozen
+/// holder's heartbeat is frozen with it, its key runs out, and someone else gets the lock —
+/// exactly what happens to an etcd lease. Renewal makes a *dead* holder's lock go fast and a
+/// *live* holder's lock stay; it cannot tell a paused holder from a dead one.
+pub struct Renewal {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What the heartbeat reports when it gives the lock up.
+pub type OnLost = Box<dyn FnOnce(String) + Send>;
+
+impl Renewal {
+    /// Starts renewing `held` on `lock` (a connection of the heartbeat's own). `on_lost`
+    /// hears, once, why the lock is gone: Redis answered that the key is no longer ours, or
+    /// no renewal got through before the last one ran out.
+    pub fn start(mut lock: RedisLock, held: Held, on_lost: OnLost) -> Renewal {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let every = lock.ttl / 3;
+            let margin = (lock.ttl / 10).max(Duration::from_millis(50));
+            // Counted from just after the grant: a little late, which the margin covers.
+            let mut renewed = Instant::now();
+            let mut next_try = renewed + every;
+            while !stop_flag.load(Ordering::SeqCst) {
+                if Instant::now() < next_try {
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                let tried = Instant::now();
+                match lock.renew(&held) {
+                    Ok(true) => {
+                        renewed = tried;
+                        next_try = tried + every;
+                    }
+                    // The key is gone or someone else's: Redis's own word, the end at once.
+                    Ok(false) => {
+                        if !stop_flag.load(Ordering::SeqCst) {
+                            on_lost(format!(
+                                "PEXPIRE found the key no longer ours, {}ms after the last renewal",
+                                renewed.elapsed().as_millis()
+                            ));
+                        }
+                        return;
+                    }
+                    // One failed renewal is not a loss: the key lives a full TTL after the
+                    // last one that got through. Past that (less a margin), give it up.
+                    Err(err) => {
+                        if renewed.elapsed() + margin >= lock.ttl {
+                            on_lost(format!(
+                                "no renewal for {}ms of a {}ms TTL (last try: {err:#})",
+                                renewed.elapsed().as_millis(),
+                                lock.ttl.as_millis()
+                            ));
+                            return;
+                        }
+                        next_try = Instant::now() + Duration::from_millis(100);
+                    }
+                }
+            }
+        });
+        Renewal {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops renewing (before a release, so that no renewal races the delete).
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.halt();
+    }
 }

@@ -11,6 +11,11 @@ use crate::connect;
 use crate::events::{Emitter, Kind};
 use crate::queue::*;
 
+/// How long a worker that found nothing claimable sleeps before it asks again. In
+/// skip-locked mode a killed worker's job is claimed again by the next poll, so lab 3's
+/// reclaim time includes up to this much; a `FOR UPDATE` waiter is woken by Postgres itself.
+pub const IDLE_POLL: Duration = Duration::from_millis(10);
+
 /// One worker's script. It takes commands on stdin, one per line:
 /// `drain <round>` (process that round's jobs until none is pending), `hold <round>`
 /// (claim one job, report it, and wait for `commit` before finishing it), and end of
@@ -162,7 +167,8 @@ impl Worker<'_> {
         }
     }
 
-    /// Claims, works, records, commits — until the round has no pending job left.
+    /// Claims, works, records, commits — until the round has no pending job left. A worker
+    /// that finds nothing claimable polls again every [`IDLE_POLL`].
     fn drain(&mut self, round: i32) -> Result<()> {
         loop {
             match self.claim(round)? {
@@ -174,7 +180,7 @@ impl Worker<'_> {
                     if !row.get::<_, bool>(0) {
                         return Ok(());
                     }
-                    std::thread::sleep(Duration::from_millis(10));
+                    std::thread::sleep(IDLE_POLL);
                 }
             }
         }

@@ -17,9 +17,9 @@ use crate::connect;
 use crate::events::{Emitter, Kind};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::PgLock;
-use crate::lock::redis::{RedisLock, Release};
+use crate::lock::redis::{OnLost, RedisLock, Release, Renewal};
 use crate::output::human;
-use crate::store::Store;
+use crate::store::{FenceRule, Store};
 
 /// One holder's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -36,18 +36,25 @@ pub struct HolderScript {
     pub wait_ms: u64,
     pub before_write: BeforeWrite,
     pub after_write: AfterWrite,
+    /// ❌ Write under the store's loose rule, "not lower than the highest" (`>=`), which
+    /// accepts a reissued token (lab 1's `--token-restart`); false: the store's own rule.
+    #[serde(default)]
+    pub loose_fencing: bool,
 }
 
 /// Which lock, on which backend.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum LockSpec {
-    /// `SET key owner NX PX ttl`; with `fence_counter`, a token drawn in the same script.
+    /// `SET key owner NX PX ttl`; with `fence_counter`, a token drawn in the same script;
+    /// with `renew`, a heartbeat re-arms the TTL every TTL/3 while the process runs.
     Redis {
         url: String,
         key: String,
         ttl_ms: u64,
         fence_counter: Option<String>,
+        #[serde(default)]
+        renew: bool,
     },
     /// A lease of its own with a heartbeat, and etcd's lock on it; the key's create
     /// revision is the token.
@@ -92,10 +99,17 @@ pub enum AfterWrite {
 /// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
 enum AnyLock {
     Redis {
-        lock: RedisLock,
+        lock: Box<RedisLock>,
+        /// Where the lock lives, to connect again if the server restarted under us.
+        url: String,
         /// The fencing counter drawn with the lock; None: no token.
         fence_counter: Option<String>,
         held: Option<crate::lock::redis::Held>,
+        /// The renewed lock: the heartbeat's own connection, until the lock is held…
+        heartbeat_lock: Option<Box<RedisLock>>,
+        /// …and then the heartbeat itself.
+        renewal: Option<Renewal>,
+        on_lost: Option<OnLost>,
     },
     Etcd {
         lock: Box<EtcdLock>,
@@ -135,11 +149,25 @@ impl AnyLock {
                 key,
                 ttl_ms,
                 fence_counter,
-            } => AnyLock::Redis {
-                lock: RedisLock::new(connect::redis(url)?, key, Duration::from_millis(*ttl_ms)),
-                fence_counter: fence_counter.clone(),
-                held: None,
-            },
+                renew,
+            } => {
+                let ttl = Duration::from_millis(*ttl_ms);
+                let heartbeat_lock = if *renew {
+                    Some(Box::new(RedisLock::new(connect::redis(url)?, key, ttl)))
+                } else {
+                    None
+                };
+                let on_lost: Option<OnLost> = renew.then(|| Box::new(lost("heartbeat")) as OnLost);
+                AnyLock::Redis {
+                    lock: Box::new(RedisLock::new(connect::redis(url)?, key, ttl)),
+                    url: url.clone(),
+                    fence_counter: fence_counter.clone(),
+                    held: None,
+                    heartbeat_lock,
+                    renewal: None,
+                    on_lost,
+                }
+            }
             LockSpec::Etcd {
                 url,
                 name: lock_name,
@@ -178,9 +206,21 @@ impl AnyLock {
     fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
         let mut facts = serde_json::Map::new();
         let text = match self {
-            AnyLock::Redis { lock, .. } => {
+            AnyLock::Redis {
+                lock,
+                heartbeat_lock,
+                ..
+            } => {
+                let renewed = if heartbeat_lock.is_some() {
+                    format!(
+                        "; once held, a heartbeat renews it every {}",
+                        human(lock.ttl / 3)
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "tries to take the lock (SET NX PX {} every 20ms)",
+                    "tries to take the lock (SET NX PX {} every 20ms){renewed}",
                     lock.ttl.as_millis()
                 )
             }
@@ -214,18 +254,30 @@ impl AnyLock {
                 lock,
                 fence_counter,
                 held,
+                heartbeat_lock,
+                renewal,
+                on_lost,
+                ..
             } => {
                 let Some(got) = lock.acquire_within(wait, fence_counter.as_deref())? else {
                     return Ok(timed_out());
                 };
+                let set = match heartbeat_lock.take() {
+                    Some(heartbeat) => {
+                        let on_lost = on_lost.take().expect("set with the heartbeat's lock");
+                        *renewal = Some(Renewal::start(*heartbeat, got.clone(), on_lost));
+                        format!(
+                            "SET NX PX {}, renewed every {}",
+                            lock.ttl.as_millis(),
+                            human(lock.ttl / 3)
+                        )
+                    }
+                    None => format!("SET NX PX {}", lock.ttl.as_millis()),
+                };
                 let how = match got.token {
-                    Some(token) => format!(
-                        "took the lock (SET NX PX {}), fencing token {token}",
-                        lock.ttl.as_millis()
-                    ),
+                    Some(token) => format!("took the lock ({set}), fencing token {token}"),
                     None => format!(
-                        "took the lock (SET NX PX {}; owner {}…, a random value: no fencing token)",
-                        lock.ttl.as_millis(),
+                        "took the lock ({set}; owner {}…, a random value: no fencing token)",
                         &got.owner[..8]
                     ),
                 };
@@ -290,25 +342,42 @@ impl AnyLock {
         match self {
             AnyLock::Redis {
                 mut lock,
+                url,
                 held: Some(held),
+                renewal,
                 ..
-            } => Ok(match lock.release_reporting(&held)? {
-                Release::Deleted => said(
-                    true,
-                    None,
-                    "releases the lock (compare-and-delete deleted its key)",
-                ),
-                Release::HeldBy(owner) => said(
-                    false,
-                    Some(owner),
-                    "tries to release: the key holds another owner now, so compare-and-delete deletes nothing",
-                ),
-                Release::Gone => said(
-                    false,
-                    None,
-                    "tries to release: its key had expired, so compare-and-delete deletes nothing",
-                ),
-            }),
+            } => {
+                // Stop renewing first, so that no renewal lands after the delete.
+                if let Some(renewal) = renewal {
+                    renewal.stop();
+                }
+                let found = match lock.release_reporting(&held) {
+                    Ok(found) => found,
+                    // A Redis that restarted while we held the lock closed our connection:
+                    // ask again on a new one (compare-and-delete is safe to repeat).
+                    Err(_) => {
+                        let mut again = RedisLock::new(connect::redis(&url)?, &lock.key, lock.ttl);
+                        again.release_reporting(&held)?
+                    }
+                };
+                Ok(match found {
+                    Release::Deleted => said(
+                        true,
+                        None,
+                        "releases the lock (compare-and-delete deleted its key)",
+                    ),
+                    Release::HeldBy(owner) => said(
+                        false,
+                        Some(owner),
+                        "tries to release: the key holds another owner now, so compare-and-delete deletes nothing",
+                    ),
+                    Release::Gone => said(
+                        false,
+                        None,
+                        "tries to release: its key is gone (expired, or lost with a restart), so compare-and-delete deletes nothing",
+                    ),
+                })
+            }
             AnyLock::Etcd {
                 mut lock,
                 lease: Some(lease),
@@ -407,7 +476,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
                 me.event(
                     Kind::Resumed,
                     format!(
-                        "wakes after {}; it still believes it holds the lock",
+                        "wakes after {}; it carries on without asking whether it still holds the lock",
                         human(gap)
                     ),
                 )
@@ -419,7 +488,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
             await_command("finish")?;
             me.say(
                 Kind::Finished,
-                "finishes its work; writes, believing it still holds the lock",
+                "finishes its work; writes without asking whether it still holds the lock",
             );
         }
         BeforeWrite::Work { ms } => {
@@ -431,7 +500,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
                     me.event(
                         Kind::Resumed,
                         format!(
-                            "wakes: its clock jumped by {}; it finishes its work and writes, still believing it holds the lock",
+                            "wakes: its clock jumped by {}; it finishes its work and writes without asking whether it still holds the lock",
                             human(gap)
                         ),
                     )
@@ -442,7 +511,13 @@ pub fn run(script: &HolderScript) -> Result<()> {
     }
 
     let value = format!("{}'s result", script.name);
-    let outcome = store.write(
+    let rule = if script.loose_fencing {
+        FenceRule::NotLower
+    } else {
+        FenceRule::default()
+    };
+    let outcome = store.write_under(
+        rule,
         &script.run_id,
         &script.resource,
         &script.name,
