@@ -136,6 +136,15 @@ Examples:
     Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
+    /// Draw a saved run (`<lab> --json > RUN.jsonl`) as a self-contained HTML page or SVG
+    #[command(after_help = "\
+Examples:
+  lockslab gc-pause --json > run.jsonl       record a run (before a workshop)
+  lockslab render run.jsonl -o run.html      the picture, to open in any browser offline
+  lockslab render run.jsonl -o run.svg       the same drawing as an image
+
+Every lab also takes --html FILE and --svg FILE to draw the run it just played.")]
+    Render(RenderArgs),
     /// A lab's worker process (started by the labs themselves); its script is the first
     /// line on stdin, never an argument, since it holds the servers' passwords
     #[command(name = "__worker", hide = true)]
@@ -144,6 +153,16 @@ Examples:
     /// (used by the test suite, which must never depend on fixed ports)
     #[command(name = "__serve", hide = true)]
     Serve,
+}
+
+#[derive(clap::Args, Debug)]
+struct RenderArgs {
+    /// The JSON Lines a lab printed with --json
+    #[arg(value_name = "RUN.jsonl")]
+    input: std::path::PathBuf,
+    /// The picture to write: FILE.html (a page, details on hover) or FILE.svg
+    #[arg(short, long, value_name = "FILE")]
+    output: std::path::PathBuf,
 }
 
 impl Command {
@@ -170,6 +189,14 @@ pub fn run() -> Result<ExitCode> {
         return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
+    let pictures = match command.lab_output() {
+        Some(output) => output.pictures()?,
+        None => Vec::new(),
+    };
+    let json = command.lab_output().is_some_and(|output| output.json);
+    if !pictures.is_empty() {
+        crate::output::keep_history();
+    }
     if let Some(output) = command.lab_output() {
         crate::labs::step::enable(output.step);
     }
@@ -197,8 +224,10 @@ pub fn run() -> Result<ExitCode> {
         Command::Status => status()?,
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
+        Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
         Command::InternalWorker => unreachable!("handled above"),
     }
+    draw_pictures(&pictures, json)?;
     Ok(ExitCode::from(EXIT_OK))
 }
 
@@ -299,6 +328,40 @@ fn up_room(addr: std::net::IpAddr) -> Result<()> {
         crate::outln!("{line}");
     }
     crate::outln!("export LOCKSLAB_NAME=your-name");
+    Ok(())
+}
+
+/// After a lab: its `--html`/`--svg` pictures, drawn from the history the output kept.
+fn draw_pictures(pictures: &[crate::picture::Target], json: bool) -> Result<()> {
+    if pictures.is_empty() {
+        return Ok(());
+    }
+    let Some(history) = crate::output::take_history() else {
+        return Ok(());
+    };
+    let command = std::iter::once("lockslab".to_string())
+        .chain(
+            std::env::args()
+                .skip(1)
+                .map(|arg| crate::connect::redact(&arg)),
+        )
+        .collect::<Vec<_>>()
+        .join(" ");
+    let recording = crate::picture::Recording::from_history(history, command);
+    for target in pictures {
+        let bytes = target.write(&recording)?;
+        let line = format!(
+            "picture: {} ({} KB)",
+            target.path().display(),
+            bytes.div_ceil(1024)
+        );
+        // With --json, stdout is JSON Lines only.
+        if json {
+            crate::errln!("{line}");
+        } else {
+            crate::outln!("{line}");
+        }
+    }
     Ok(())
 }
 

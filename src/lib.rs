@@ -20,7 +20,8 @@
 //!   re-executed in a hidden mode, so that it is a real OS process that can be frozen with
 //!   SIGSTOP the way a GC pause freezes a real client.
 //! - [`events`] is the vocabulary workers and labs report in; [`check`] turns a run's
-//!   evidence into the facts a verdict states; [`output`] renders both.
+//!   evidence into the facts a verdict states; [`output`] renders both, and [`picture`]
+//!   draws a run as an SVG or HTML timeline (`--html`, `--svg`, `lockslab render`).
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
@@ -56,6 +57,7 @@ pub mod labs;
 pub mod lock;
 pub mod menu;
 pub mod output;
+pub mod picture;
 pub mod procs;
 pub mod queue;
 pub mod servers;

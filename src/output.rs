@@ -116,6 +116,7 @@ impl Timeline {
     pub fn show(&mut self, event: &Event) {
         if self.style.json {
             json_line(event);
+            remember_event(event);
             return;
         }
         let color = self.lane_color(&event.worker);
@@ -128,6 +129,8 @@ impl Timeline {
             width = self.lane_width,
         );
         self.println(&line);
+        // After its own line: what is printed after the last event is the verdict.
+        remember_event(event);
     }
 
     /// Prints a line of prose (a heading, a note) in human mode; nothing with `--json`.
@@ -190,6 +193,11 @@ pub fn init() {
 /// every worker and server, and exit with a status that says why, instead of panicking
 /// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
+    remember_line(text);
+    write_line(text);
+}
+
+fn write_line(text: &str) {
     if crate::procs::interrupted() {
         return; // cleaning up after Ctrl-C: what workers say while they die is noise
     }
@@ -229,7 +237,84 @@ pub fn err_line(text: &str) {
 
 /// Writes one JSON object on its own line to stdout.
 pub fn json_line<T: Serialize>(value: &T) {
-    line(&serde_json::to_string(value).unwrap_or_default());
+    if KEEPING.load(Ordering::Relaxed)
+        && let Ok(value) = serde_json::to_value(value)
+        && value.get("kind").and_then(serde_json::Value::as_str) == Some("verdict")
+    {
+        remember(|history| history.verdict = Some(value));
+    }
+    write_line(&serde_json::to_string(value).unwrap_or_default());
+}
+
+/// What a picture of the run is drawn from (`--html`, `--svg`): every event the timeline
+/// showed, as `--json` prints it, and the verdict — the JSON object with `--json`, else the
+/// lines the lab printed after its last event (its verdict table and sentences, as shown).
+///
+/// Kept here, where every event and every line already passes, so that a lab gets its
+/// picture without a line of its own: [`keep_history`] before the lab runs, then
+/// [`take_history`] after it returns.
+#[derive(Debug, Default)]
+pub struct History {
+    pub events: Vec<serde_json::Value>,
+    pub verdict: Option<serde_json::Value>,
+    /// Printed since the last event, without colour codes.
+    pub printed_after: Vec<String>,
+}
+
+static KEEPING: AtomicBool = AtomicBool::new(false);
+static HISTORY: std::sync::Mutex<Option<History>> = std::sync::Mutex::new(None);
+
+/// Starts keeping the run's history (for a picture drawn after the lab).
+pub fn keep_history() {
+    if let Ok(mut history) = HISTORY.lock() {
+        *history = Some(History::default());
+        KEEPING.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The history kept since [`keep_history`], which stops keeping it.
+pub fn take_history() -> Option<History> {
+    KEEPING.store(false, Ordering::Relaxed);
+    HISTORY.lock().ok()?.take()
+}
+
+fn remember(change: impl FnOnce(&mut History)) {
+    if !KEEPING.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Ok(mut guard) = HISTORY.lock()
+        && let Some(history) = guard.as_mut()
+    {
+        change(history);
+    }
+}
+
+fn remember_event(event: &Event) {
+    remember(|history| {
+        if let Ok(value) = serde_json::to_value(event) {
+            history.events.push(value);
+            history.printed_after.clear();
+        }
+    });
+}
+
+fn remember_line(text: &str) {
+    remember(|history| history.printed_after.push(without_colors(text)));
+}
+
+/// The text as shown, without colour escape codes.
+fn without_colors(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    let mut in_escape = false;
+    for c in text.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => shown.push(c),
+        }
+    }
+    shown
 }
 
 /// A plain table: a header row and body rows, columns padded to fit.

@@ -53,6 +53,39 @@ pub struct OutputArgs {
     /// Stop before each reveal, print the question to ask the room, wait for Enter (q quits)
     #[arg(long)]
     pub step: bool,
+    /// After the run, draw it into FILE as a self-contained HTML page (timeline, lock bars,
+    /// freezes, writes, verdict; details on hover)
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
+    /// After the run, draw it into FILE as an SVG image (the same drawing, verdict below)
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<std::path::PathBuf>,
+}
+
+impl OutputArgs {
+    /// The pictures asked for, checked before the lab plays (a bad name fails at once).
+    pub fn pictures(&self) -> Result<Vec<crate::picture::Target>> {
+        let mut targets = Vec::new();
+        for (flag, path) in [("--html", &self.html), ("--svg", &self.svg)] {
+            let Some(path) = path else { continue };
+            let target = crate::picture::Target::by_extension(path, flag)?;
+            let fits = matches!(
+                (flag, &target),
+                ("--html", crate::picture::Target::Html(_))
+                    | ("--svg", crate::picture::Target::Svg(_))
+            );
+            if !fits {
+                crate::bail_usage!(
+                    "{flag} {}: name the file {}",
+                    path.display(),
+                    if flag == "--html" { ".html" } else { ".svg" }
+                );
+            }
+            target.check_writable(flag)?;
+            targets.push(target);
+        }
+        Ok(targets)
+    }
 }
 
 pub use crate::flags::{
@@ -183,7 +216,25 @@ impl Stage {
                 .entry(key.clone())
                 .or_insert_with(|| value.clone());
         }
+        if !self.tags.is_empty() {
+            event.data.insert("part".into(), self.part().into());
+        }
         event
+    }
+
+    /// The tags as one label (`fencing=false`, `scenario=race variant=broken`): which part of
+    /// the lab run an event belongs to, without knowing which facts are tags. A picture of
+    /// the run draws each part as a band of its own.
+    fn part(&self) -> String {
+        let words: Vec<String> = self
+            .tags
+            .iter()
+            .map(|(key, value)| match value {
+                serde_json::Value::String(text) => format!("{key}={text}"),
+                other => format!("{key}={other}"),
+            })
+            .collect();
+        words.join(" ")
     }
 
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.

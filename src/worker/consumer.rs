@@ -131,11 +131,21 @@ impl Worker<'_> {
             Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
         };
         let job = claim.job;
-        self.say(
-            Kind::Claimed,
-            format!("claims job {job} ({how}) and works on it…"),
-            job,
-        );
+        let claimed = self
+            .me
+            .event(
+                Kind::Claimed,
+                format!("claims job {job} ({how}) and works on it…"),
+            )
+            .with("job", job)
+            .with("pid", std::process::id())
+            .with("mode", self.role.mode.name());
+        // Only an open transaction's row lock is a lock Postgres holds for the worker (the
+        // `backend` fact a picture draws as a lock); the naive queue's claim is just a status.
+        self.me.send(match self.role.mode {
+            Mode::Naive => claimed,
+            Mode::ForUpdate | Mode::SkipLocked => claimed.with("backend", "postgres"),
+        });
 
         // Frozen or killed here, by the lab, while it holds the job.
         match commands.next() {

@@ -202,6 +202,16 @@ impl AnyLock {
         })
     }
 
+    /// Which backend grants this lock, as the `backend` fact of `acquired`: a picture of the
+    /// run draws each backend's lock on a lane of its own.
+    fn backend(&self) -> &'static str {
+        match self {
+            AnyLock::Redis { .. } => "redis",
+            AnyLock::Etcd { .. } => "etcd",
+            AnyLock::Postgres { .. } => "postgres",
+        }
+    }
+
     /// Facts for the `waiting` event: what this worker brings to the lock.
     fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
         let mut facts = serde_json::Map::new();
@@ -458,7 +468,8 @@ pub fn run(script: &HolderScript) -> Result<()> {
     me.send(
         me.event(Kind::Acquired, grant.how)
             .with("token", grant.token)
-            .with("owner", grant.owner),
+            .with("owner", grant.owner)
+            .with("backend", lock.backend()),
     );
 
     match script.before_write {

@@ -275,7 +275,8 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
                             Kind::Between,
                             "SETNX answered 1: it holds the lock, with no expiry yet; PEXPIRE comes next",
                         )
-                        .with("owner", held.owner.clone()),
+                        .with("owner", held.owner.clone())
+                        .with("backend", "redis"),
                     );
                     await_command("expire")?;
                 }
@@ -322,6 +323,7 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
             format!("took the lock ({how}){after}; works while holding it"),
         )
         .with("owner", held.owner.clone())
+        .with("backend", "redis")
         .with("waited_ms", waited.as_millis() as u64)
         .with("tries", tries)
         .with("enter_ns", enter_ns),

@@ -1,0 +1,833 @@
+//! From a run's events to what the picture draws: parts, lanes, lock bars, freezes, marks.
+//!
+//! Everything here reads the events' facts (`kind`, `worker`, `backend`, `target`, `pid`,
+//! `released`, `outcome`, `token`…), never their sentences. A lock bar is cut by the
+//! backends' answers:
+//!
+//! - it starts at the holder's `acquired` (the backend granted it), or `between` (SETNX
+//!   answered 1), or a row-locking `claimed` (a transaction holds the job's row);
+//! - it ends at the first of: the holder's release that deleted its own lock (`released` or
+//!   `deleted` true); an `expired` the lab saw in that backend; another holder's grant on
+//!   the same lock (the backend grants an exclusive lock only once the previous one is
+//!   gone); a release that found the lock gone; a `lost` lock; the commit of a claimed job;
+//!   a kill, for Postgres (the session, and its lock, die with the process);
+//! - while the holder still acts on a lock the backend had ended — until its release or its
+//!   death — the bar goes on as a hatched "still believes it holds" tail.
+//!
+//! Where two holders' spans (grant to release or death) overlap on one lock, the lane shows
+//! "two holders". A write made after its writer's bar ended is stale.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::Recording;
+
+/// The kinds only a worker reports: a lane with one of them is a worker's lane.
+const WORKER_KINDS: &[&str] = &[
+    "waiting",
+    "acquired",
+    "gave_up",
+    "freezing",
+    "working",
+    "finished",
+    "wrote",
+    "released",
+    "lost",
+    "between",
+    "ready",
+    "trial",
+    "claimed",
+    "committed",
+    "finish_failed",
+    "error",
+    "output",
+];
+
+/// The backend a lane name stands for (`pg` is lab 3's Postgres lane).
+fn backend_of_lane(name: &str) -> Option<&'static str> {
+    match name {
+        "redis" => Some("redis"),
+        "etcd" => Some("etcd"),
+        "postgres" | "pg" => Some("postgres"),
+        _ => None,
+    }
+}
+
+/// A whole drawing.
+#[derive(Debug)]
+pub struct Picture {
+    pub title: String,
+    pub settings: Vec<String>,
+    pub parts: Vec<Part>,
+    /// The longest part, in ms: every part is drawn on this one scale.
+    pub span_ms: u64,
+    pub verdict: Verdict,
+    pub event_count: usize,
+}
+
+/// One run of the lab (`fencing=false`, `scenario=kill`…): a band of lanes on its own clock.
+#[derive(Debug)]
+pub struct Part {
+    pub label: String,
+    /// The first and last event's `t_ms`: the part is drawn from `start`.
+    pub start: u64,
+    pub end: u64,
+    pub lanes: Vec<Lane>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneKind {
+    /// A backend's lock (bars, one row per holder) and the backend's own events.
+    Lock,
+    Worker,
+    /// The lab, the store, anything else.
+    Other,
+}
+
+#[derive(Debug)]
+pub struct Lane {
+    pub name: String,
+    pub kind: LaneKind,
+    /// Lock lanes: one row per holder (or held job).
+    pub rows: Vec<String>,
+    pub bars: Vec<Bar>,
+    pub overlaps: Vec<Overlap>,
+    pub freezes: Vec<Span>,
+    pub marks: Vec<Mark>,
+}
+
+/// A lock held, as the backend says (`from`..`held_to`), and believed held after that
+/// (`held_to`..`believed_to`).
+#[derive(Debug, Clone)]
+pub struct Bar {
+    pub row: usize,
+    pub holder: String,
+    pub label: String,
+    pub from: u64,
+    pub held_to: u64,
+    pub believed_to: u64,
+    /// No end was seen before the part ended: still held at the end.
+    pub open: bool,
+    /// What ended it, in words, for the hover text.
+    pub ended_by: String,
+    pub color: usize,
+}
+
+/// Two holders at once on one lock.
+#[derive(Debug, Clone)]
+pub struct Overlap {
+    pub from: u64,
+    pub to: u64,
+    pub holders: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub from: u64,
+    pub to: u64,
+    pub open: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Write,
+    Kill,
+    Freeze,
+    Resume,
+    Expire,
+    Grant,
+    Release,
+    Tick,
+}
+
+/// How a mark should strike the eye (the terminal's colour meanings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    Plain,
+    /// Red in the terminal: a stale write taken, a kill, two holders.
+    Bad,
+    /// Green in the terminal: a stale write refused.
+    Good,
+    Warn,
+    Cold,
+}
+
+/// One event, drawn.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    /// Its position in the run's events: one mark per event.
+    pub index: usize,
+    pub t: u64,
+    pub kind: String,
+    pub shape: Shape,
+    pub tone: Tone,
+    pub label: Option<String>,
+    pub tip: String,
+}
+
+/// The verdict under the drawing.
+#[derive(Debug)]
+pub enum Verdict {
+    Table {
+        header: Vec<String>,
+        rows: Vec<Vec<String>>,
+    },
+    Text(Vec<String>),
+    Missing,
+}
+
+fn t_of(event: &Value) -> u64 {
+    event.get("t_ms").and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn str_of<'a>(event: &'a Value, key: &str) -> Option<&'a str> {
+    event.get(key).and_then(Value::as_str)
+}
+
+fn kind_of(event: &Value) -> &str {
+    str_of(event, "kind").unwrap_or("?")
+}
+
+fn lane_of(event: &Value) -> &str {
+    str_of(event, "worker").unwrap_or("?")
+}
+
+/// Which part an event belongs to: its `part` fact (lockslab ≥ this version), else the
+/// tags older streams carried.
+fn part_of(event: &Value) -> String {
+    if let Some(part) = str_of(event, "part") {
+        return part.to_string();
+    }
+    ["fencing", "mode", "scenario", "variant"]
+        .iter()
+        .filter_map(|key| {
+            event.get(*key).map(|value| match value {
+                Value::String(text) => format!("{key}={text}"),
+                other => format!("{key}={other}"),
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Picture {
+    pub fn of(recording: &Recording) -> Picture {
+        let mut order: Vec<String> = Vec::new();
+        let mut by_part: BTreeMap<String, Vec<(usize, &Value)>> = BTreeMap::new();
+        for (index, event) in recording.events.iter().enumerate() {
+            let part = part_of(event);
+            if !by_part.contains_key(&part) {
+                order.push(part.clone());
+            }
+            by_part.entry(part).or_default().push((index, event));
+        }
+        // One colour per worker across all parts: A is A everywhere.
+        let mut everyone: Vec<String> = Vec::new();
+        for event in &recording.events {
+            let lane = lane_of(event);
+            if WORKER_KINDS.contains(&kind_of(event)) && !everyone.iter().any(|w| w == lane) {
+                everyone.push(lane.to_string());
+            }
+        }
+        let parts: Vec<Part> = order
+            .iter()
+            .map(|label| Part::build(label, &by_part[label], &everyone))
+            .collect();
+        let span_ms = parts
+            .iter()
+            .map(|p| p.end - p.start)
+            .max()
+            .unwrap_or(0)
+            .max(1000);
+        Picture {
+            title: title(recording),
+            settings: settings(recording),
+            parts,
+            span_ms,
+            verdict: Verdict::of(recording),
+            event_count: recording.events.len(),
+        }
+    }
+}
+
+fn title(recording: &Recording) -> String {
+    let verdict = recording.verdict.as_ref();
+    let lab = verdict
+        .and_then(|v| str_of(v, "lab"))
+        .map(String::from)
+        .or_else(|| {
+            recording.command.as_ref().and_then(|c| {
+                c.split_whitespace()
+                    .nth(1)
+                    .filter(|word| !word.starts_with('-'))
+                    .map(String::from)
+            })
+        });
+    let run_id = verdict.and_then(|v| str_of(v, "run_id")).or_else(|| {
+        recording
+            .events
+            .iter()
+            .find_map(|event| str_of(event, "run_id"))
+    });
+    let mut title = format!("lockslab {}", lab.as_deref().unwrap_or("run"));
+    if let Some(run_id) = run_id {
+        title.push_str(&format!(" — run {run_id}"));
+    }
+    title
+}
+
+/// The run's settings: the verdict's own top-level facts (`ttl_ms`, `pause_ms`…), and the
+/// command line of a live run.
+fn settings(recording: &Recording) -> Vec<String> {
+    let mut settings = Vec::new();
+    if let Some(command) = &recording.command {
+        settings.push(command.clone());
+    }
+    if let Some(Value::Object(verdict)) = &recording.verdict {
+        let facts: Vec<String> = verdict
+            .iter()
+            .filter(|(key, _)| !matches!(key.as_str(), "kind" | "json_version" | "lab" | "run_id"))
+            .filter_map(|(key, value)| match value {
+                Value::String(text) => Some(format!("{key} {text}")),
+                Value::Number(_) | Value::Bool(_) => Some(format!("{key} {value}")),
+                _ => None,
+            })
+            .collect();
+        if !facts.is_empty() {
+            settings.push(facts.join(" · "));
+        }
+    }
+    settings
+}
+
+/// A hold on a lock while the part is being read.
+#[derive(Debug, Clone)]
+struct Hold {
+    holder: String,
+    /// Which lock: the backend, and for a claimed job its number.
+    lock: (String, Option<i64>),
+    from: u64,
+    token: Option<i64>,
+    held_to: Option<u64>,
+    believed_to: Option<u64>,
+    ended_by: String,
+}
+
+impl Part {
+    fn build(label: &str, events: &[(usize, &Value)], everyone: &[String]) -> Part {
+        let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
+        let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
+
+        // Who is a worker, which pid is whose.
+        let mut workers: Vec<String> = Vec::new();
+        let mut pids: BTreeMap<i64, String> = BTreeMap::new();
+        for (_, event) in events {
+            let lane = lane_of(event);
+            if WORKER_KINDS.contains(&kind_of(event)) && !workers.iter().any(|w| w == lane) {
+                workers.push(lane.to_string());
+            }
+        }
+        for (_, event) in events {
+            if workers.iter().any(|w| w == lane_of(event))
+                && let Some(pid) = event.get("pid").and_then(Value::as_i64)
+            {
+                pids.insert(pid, lane_of(event).to_string());
+            }
+        }
+        let target_of = |event: &Value| -> Option<String> {
+            if workers.iter().any(|w| w == lane_of(event)) {
+                return None;
+            }
+            if let Some(target) = str_of(event, "target")
+                && workers.iter().any(|w| w == target)
+            {
+                return Some(target.to_string());
+            }
+            let pid = event.get("pid").and_then(Value::as_i64)?;
+            pids.get(&pid).cloned()
+        };
+
+        // The backends whose locks appear.
+        let mut backends: Vec<String> = Vec::new();
+        for (_, event) in events {
+            let backend = str_of(event, "backend")
+                .filter(|_| matches!(kind_of(event), "acquired" | "between" | "claimed"))
+                .or_else(|| backend_of_lane(lane_of(event)));
+            if let Some(backend) = backend
+                && !backends.iter().any(|b| b == backend)
+            {
+                backends.push(backend.to_string());
+            }
+        }
+        let only_backend = (backends.len() == 1).then(|| backends[0].clone());
+
+        // Freezes and holds, event by event.
+        let mut freezes: BTreeMap<String, Vec<Span>> = BTreeMap::new();
+        let mut frozen_now: BTreeMap<String, u64> = BTreeMap::new();
+        let mut holds: Vec<Hold> = Vec::new();
+        let end_frozen = |frozen_now: &mut BTreeMap<String, u64>,
+                          freezes: &mut BTreeMap<String, Vec<Span>>,
+                          worker: &str,
+                          t: u64| {
+            if let Some(from) = frozen_now.remove(worker) {
+                freezes.entry(worker.to_string()).or_default().push(Span {
+                    from,
+                    to: t,
+                    open: false,
+                });
+            }
+        };
+        for (_, event) in events {
+            let t = t_of(event);
+            let kind = kind_of(event);
+            let lane = lane_of(event);
+            let is_worker = workers.iter().any(|w| w == lane);
+            let target = target_of(event);
+            match (kind, is_worker) {
+                ("freezing", true) => {
+                    frozen_now.entry(lane.to_string()).or_insert(t);
+                }
+                ("frozen", false) => {
+                    if let Some(target) = &target {
+                        frozen_now.entry(target.clone()).or_insert(t);
+                    }
+                }
+                ("resumed", true) => end_frozen(&mut frozen_now, &mut freezes, lane, t),
+                ("resumed", false) => {
+                    // A resume that does not name its worker resumes the one frozen one.
+                    let who = target.clone().or_else(|| {
+                        (frozen_now.len() == 1).then(|| frozen_now.keys().next().cloned())?
+                    });
+                    if let Some(who) = who {
+                        end_frozen(&mut frozen_now, &mut freezes, &who, t);
+                    }
+                }
+                ("killed", false) => {
+                    if let Some(target) = &target {
+                        end_frozen(&mut frozen_now, &mut freezes, target, t);
+                        for hold in holds.iter_mut().filter(|h| &h.holder == target) {
+                            if hold.believed_to.is_none() {
+                                hold.believed_to = Some(t);
+                            }
+                            if hold.held_to.is_none() && hold.lock.0 == "postgres" {
+                                hold.held_to = Some(t);
+                                hold.ended_by = "killed: its session ended with it".into();
+                            }
+                        }
+                    }
+                }
+                ("acquired" | "between" | "claimed", true) => {
+                    let backend = str_of(event, "backend")
+                        .map(String::from)
+                        .or_else(|| (kind != "claimed").then(|| only_backend.clone())?);
+                    let Some(backend) = backend else { continue };
+                    let job = event.get("job").and_then(Value::as_i64);
+                    let lock = (backend, job);
+                    let already = holds
+                        .iter()
+                        .any(|h| h.holder == lane && h.lock == lock && h.believed_to.is_none());
+                    if already {
+                        continue;
+                    }
+                    // An exclusive lock granted: every other hold on it had ended by now.
+                    for hold in holds.iter_mut().filter(|h| h.lock == lock) {
+                        if hold.held_to.is_none() {
+                            hold.held_to = Some(t);
+                            hold.ended_by = format!("ended no later than {lane}'s grant");
+                        }
+                    }
+                    holds.push(Hold {
+                        holder: lane.to_string(),
+                        lock,
+                        from: t,
+                        token: event.get("token").and_then(Value::as_i64),
+                        held_to: None,
+                        believed_to: None,
+                        ended_by: String::new(),
+                    });
+                }
+                ("released" | "committed" | "finish_failed" | "lost", true) => {
+                    let deleted_own = event.get("released").and_then(Value::as_bool) == Some(true)
+                        || event.get("deleted").and_then(Value::as_bool) == Some(true)
+                        || kind == "committed";
+                    let job = event.get("job").and_then(Value::as_i64);
+                    for hold in holds
+                        .iter_mut()
+                        .filter(|h| h.holder == lane && h.believed_to.is_none())
+                        .filter(|h| job.is_none() || h.lock.1 == job)
+                    {
+                        if hold.held_to.is_none() {
+                            hold.held_to = Some(t);
+                            hold.ended_by = match kind {
+                                "lost" => "its heartbeat or session learned it was lost".into(),
+                                "committed" => "committed: the row lock went".into(),
+                                _ if deleted_own => "released by its holder".into(),
+                                _ => "its release found it gone".into(),
+                            };
+                        }
+                        if kind != "lost" {
+                            hold.believed_to = Some(t);
+                        }
+                    }
+                }
+                ("expired", false) => {
+                    let backend = backend_of_lane(lane)
+                        .map(String::from)
+                        .or_else(|| only_backend.clone());
+                    if let Some(hold) = holds
+                        .iter_mut()
+                        .filter(|h| Some(&h.lock.0) == backend.as_ref() && h.held_to.is_none())
+                        .min_by_key(|h| h.from)
+                    {
+                        hold.held_to = Some(t);
+                        hold.ended_by = format!("{lane} said it expired");
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (worker, from) in frozen_now {
+            freezes.entry(worker).or_default().push(Span {
+                from,
+                to: end,
+                open: true,
+            });
+        }
+
+        // Lanes: locks first, then workers, then the rest in order of appearance.
+        let mut lanes: Vec<Lane> = Vec::new();
+        for backend in &backends {
+            let name = events
+                .iter()
+                .map(|(_, e)| lane_of(e))
+                .find(|lane| backend_of_lane(lane) == Some(backend.as_str()))
+                .unwrap_or(backend)
+                .to_string();
+            let mut lane = Lane::new(&name, LaneKind::Lock);
+            let mine: Vec<&Hold> = holds.iter().filter(|h| &h.lock.0 == backend).collect();
+            for hold in &mine {
+                let row_name = match hold.lock.1 {
+                    Some(job) => format!("{} job {job}", hold.holder),
+                    None => hold.holder.clone(),
+                };
+                let row = match lane.rows.iter().position(|r| r == &row_name) {
+                    Some(row) => row,
+                    None => {
+                        lane.rows.push(row_name);
+                        lane.rows.len() - 1
+                    }
+                };
+                let color = everyone.iter().position(|w| w == &hold.holder).unwrap_or(0);
+                let open = hold.held_to.is_none();
+                let held_to = hold.held_to.unwrap_or(end);
+                let believed_to = hold.believed_to.unwrap_or(end).max(held_to);
+                let mut label = hold.holder.clone();
+                if let Some(job) = hold.lock.1 {
+                    label.push_str(&format!(" job {job}"));
+                }
+                if let Some(token) = hold.token {
+                    label.push_str(&format!(" · token {token}"));
+                }
+                lane.bars.push(Bar {
+                    row,
+                    holder: hold.holder.clone(),
+                    label,
+                    from: hold.from,
+                    held_to,
+                    believed_to,
+                    open,
+                    ended_by: if open {
+                        "still held when the run ended".into()
+                    } else {
+                        hold.ended_by.clone()
+                    },
+                    color,
+                });
+            }
+            lane.overlaps = overlaps(&lane.bars, &mine);
+            lanes.push(lane);
+        }
+        for worker in &workers {
+            let mut lane = Lane::new(worker, LaneKind::Worker);
+            lane.freezes = freezes.remove(worker).unwrap_or_default();
+            lanes.push(lane);
+        }
+        for (index, event) in events {
+            let lane_name = target_of(event).unwrap_or_else(|| lane_of(event).to_string());
+            let position = lanes.iter().position(|lane| lane.name == lane_name);
+            let lane = match position {
+                Some(position) => &mut lanes[position],
+                None => {
+                    lanes.push(Lane::new(&lane_name, LaneKind::Other));
+                    lanes.last_mut().expect("just pushed")
+                }
+            };
+            lane.marks.push(mark(*index, event, &holds));
+        }
+        Part {
+            label: label.to_string(),
+            start,
+            end,
+            lanes,
+        }
+    }
+}
+
+impl Lane {
+    fn new(name: &str, kind: LaneKind) -> Lane {
+        Lane {
+            name: name.to_string(),
+            kind,
+            rows: Vec::new(),
+            bars: Vec::new(),
+            overlaps: Vec::new(),
+            freezes: Vec::new(),
+            marks: Vec::new(),
+        }
+    }
+}
+
+/// Where two holders of one lock act at once: each from its grant to its release or death.
+fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
+    let mut found: Vec<Overlap> = Vec::new();
+    for (i, a) in bars.iter().enumerate() {
+        for (j, b) in bars.iter().enumerate().skip(i + 1) {
+            if holds[i].lock != holds[j].lock || a.holder == b.holder {
+                continue;
+            }
+            let from = a.from.max(b.from);
+            let to = a.believed_to.min(b.believed_to);
+            if to > from {
+                let mut holders = vec![a.holder.clone(), b.holder.clone()];
+                holders.sort();
+                found.push(Overlap { from, to, holders });
+            }
+        }
+    }
+    found
+}
+
+fn mark(index: usize, event: &Value, holds: &[Hold]) -> Mark {
+    let t = t_of(event);
+    let kind = kind_of(event).to_string();
+    let lane = lane_of(event);
+    let (mut shape, mut tone, mut label) = match kind.as_str() {
+        "killed" => (Shape::Kill, Tone::Bad, Some("killed".to_string())),
+        "frozen" | "freezing" => (Shape::Freeze, Tone::Cold, None),
+        "resumed" => (Shape::Resume, Tone::Cold, None),
+        "expired" | "lapsed" => (Shape::Expire, Tone::Warn, Some(kind.clone())),
+        "acquired" | "between" | "claimed" => (Shape::Grant, Tone::Plain, None),
+        "released" | "committed" => (Shape::Release, Tone::Plain, None),
+        "stale_write_accepted" => (
+            Shape::Tick,
+            Tone::Bad,
+            Some("stale write ACCEPTED".to_string()),
+        ),
+        "stale_write_rejected" => (
+            Shape::Tick,
+            Tone::Good,
+            Some("stale write rejected".to_string()),
+        ),
+        "two_holders" | "violation" => (Shape::Tick, Tone::Bad, Some(kind.replace('_', " "))),
+        "lost" | "gave_up" | "error" | "job_lost" => {
+            (Shape::Tick, Tone::Warn, Some(kind.replace('_', " ")))
+        }
+        _ => (Shape::Tick, Tone::Plain, None),
+    };
+    if kind == "wrote" {
+        shape = Shape::Write;
+        let outcome = str_of(event, "outcome").unwrap_or("unknown");
+        let token = match event.get("token").and_then(Value::as_i64) {
+            Some(token) => format!("token {token}"),
+            None => "no token".to_string(),
+        };
+        // Stale: the writer's lock had ended, as the backend said, before this write.
+        let stale = holds
+            .iter()
+            .filter(|h| h.holder == lane && h.from <= t)
+            .max_by_key(|h| h.from)
+            .is_some_and(|h| h.held_to.is_some_and(|ended| ended < t));
+        tone = match (stale, outcome) {
+            (true, "accepted") => Tone::Bad,
+            (true, "rejected") => Tone::Good,
+            (true, _) => Tone::Warn,
+            _ => Tone::Plain,
+        };
+        label = Some(if stale {
+            format!("STALE write, {token}: {}", outcome.to_uppercase())
+        } else {
+            format!("write, {token}: {outcome}")
+        });
+    }
+    Mark {
+        index,
+        t,
+        tip: tip(event),
+        kind,
+        shape,
+        tone,
+        label,
+    }
+}
+
+/// The hover text: time, lane, kind, sentence, then every fact.
+fn tip(event: &Value) -> String {
+    let t = t_of(event);
+    let mut lines = vec![format!(
+        "+{:.3}s  {}  {}",
+        t as f64 / 1000.0,
+        lane_of(event),
+        kind_of(event)
+    )];
+    if let Some(text) = str_of(event, "text") {
+        lines.push(text.to_string());
+    }
+    if let Value::Object(facts) = event {
+        for (key, value) in facts {
+            if matches!(key.as_str(), "t_ms" | "worker" | "kind" | "text" | "part") {
+                continue;
+            }
+            let mut shown = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            if shown.chars().count() > 120 {
+                shown = shown.chars().take(117).collect::<String>() + "…";
+            }
+            lines.push(format!("{key}: {shown}"));
+        }
+    }
+    lines.join("\n")
+}
+
+impl Verdict {
+    fn of(recording: &Recording) -> Verdict {
+        match &recording.verdict {
+            Some(Value::Object(verdict)) => {
+                let columns = verdict.values().find_map(|value| match value {
+                    Value::Array(items)
+                        if items.iter().all(Value::is_object) && !items.is_empty() =>
+                    {
+                        Some(items)
+                    }
+                    _ => None,
+                });
+                match columns {
+                    Some(items) => table(items),
+                    None => Verdict::Table {
+                        header: vec!["verdict".into(), String::new()],
+                        rows: verdict
+                            .iter()
+                            .filter(|(key, _)| key.as_str() != "kind")
+                            .map(|(key, value)| vec![key.clone(), cell(value)])
+                            .collect(),
+                    },
+                }
+            }
+            _ if !recording.verdict_text.is_empty() => {
+                Verdict::Text(recording.verdict_text.clone())
+            }
+            _ => Verdict::Missing,
+        }
+    }
+}
+
+/// One column per run (or cell, scenario, mode), one row per fact, as the labs' tables.
+fn table(items: &[Value]) -> Verdict {
+    let flat: Vec<Vec<(String, String)>> = items.iter().map(flatten).collect();
+    let mut keys: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for item in &flat {
+        for (key, _) in item {
+            if seen.insert(key.clone()) {
+                keys.push(key.clone());
+            }
+        }
+    }
+    // The facts that name a column go first.
+    const NAMES: &[&str] = &["name", "scenario", "mode", "backend", "fencing", "variant"];
+    keys.sort_by_key(|key| NAMES.iter().position(|n| n == key).unwrap_or(NAMES.len()));
+    let header = std::iter::once("evidence".to_string())
+        .chain(flat.iter().enumerate().map(|(i, item)| {
+            let names: Vec<String> = item
+                .iter()
+                .filter(|(key, _)| NAMES.contains(&key.as_str()))
+                .map(|(key, value)| match key.as_str() {
+                    "fencing" => format!("fencing {value}"),
+                    _ => value.clone(),
+                })
+                .collect();
+            if names.is_empty() {
+                format!("#{}", i + 1)
+            } else {
+                names.join(" · ")
+            }
+        }))
+        .collect();
+    let rows = keys
+        .iter()
+        .map(|key| {
+            std::iter::once(key.clone())
+                .chain(flat.iter().map(|item| {
+                    item.iter()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_else(|| "—".into())
+                }))
+                .collect()
+        })
+        .collect();
+    Verdict::Table { header, rows }
+}
+
+fn flatten(item: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Value::Object(facts) = item {
+        for (key, value) in facts {
+            match value {
+                Value::Object(inner) if inner.values().all(|v| !v.is_object()) => {
+                    for (inner_key, inner_value) in inner {
+                        out.push((format!("{key}.{inner_key}"), cell(inner_value)));
+                    }
+                }
+                other => out.push((key.clone(), cell(other))),
+            }
+        }
+    }
+    out
+}
+
+/// A fact in a table cell: attempts as `writer:token→ok`, anything long shortened.
+fn cell(value: &Value) -> String {
+    let text = match value {
+        Value::Null => "null".to_string(),
+        Value::String(text) => text.clone(),
+        Value::Array(items)
+            if items.iter().all(|i| i.get("writer").is_some()) && !items.is_empty() =>
+        {
+            items
+                .iter()
+                .map(|attempt| {
+                    let token = attempt
+                        .get("token")
+                        .and_then(Value::as_i64)
+                        .map_or("-".to_string(), |t| t.to_string());
+                    let ok = attempt.get("accepted").and_then(Value::as_bool) == Some(true);
+                    format!(
+                        "{}:{token}→{}",
+                        str_of(attempt, "writer").unwrap_or("?"),
+                        if ok { "ok" } else { "no" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        other => other.to_string(),
+    };
+    if text.chars().count() > 90 {
+        text.chars().take(87).collect::<String>() + "…"
+    } else {
+        text
+    }
+}

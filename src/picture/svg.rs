@@ -1,0 +1,671 @@
+//! The drawing, as SVG: one band per part on one time scale, lanes inside each band.
+//!
+//! Colours follow the terminal's meanings on a light background, from the Okabe–Ito
+//! palette (told apart with the common colour-vision deficiencies): vermillion for what went
+//! wrong (a stale write taken, a kill, two holders), bluish green for a stale write refused,
+//! blue hatching for a freeze, orange for an expiry.
+
+use std::fmt::Write;
+
+use super::escape;
+use super::model::{Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
+
+pub const WIDTH: f64 = 1280.0;
+const X0: f64 = 150.0;
+const X1: f64 = 1230.0;
+const LANE: f64 = 17.0;
+const ROW: f64 = 13.0;
+const PART_HEAD: f64 = 20.0;
+/// About how wide an 11px label is per character.
+const LABEL_CHAR: f64 = 6.3;
+const MONO_CHAR: f64 = 6.6;
+
+const BAD: &str = "#D55E00";
+const GOOD: &str = "#009E73";
+const WARN: &str = "#E69F00";
+const COLD: &str = "#0072B2";
+const INK: &str = "#222222";
+/// One colour per holder, in the order workers appear; the text colour that reads on it.
+/// Blue is the freeze's, vermillion, green and orange the verdict's: holders get the rest.
+const HOLDERS: [(&str, &str); 5] = [
+    ("#332288", "#ffffff"),
+    ("#CC79A7", "#000000"),
+    ("#666666", "#ffffff"),
+    ("#F0E442", "#000000"),
+    ("#882255", "#ffffff"),
+];
+
+struct Scale {
+    per_ms: f64,
+}
+
+impl Scale {
+    fn x(&self, part: &Part, t: u64) -> f64 {
+        X0 + (t.saturating_sub(part.start)) as f64 * self.per_ms
+    }
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{:.3}s", ms as f64 / 1000.0)
+}
+
+/// The standalone SVG document, with the verdict table under the drawing.
+pub fn document(picture: &Picture) -> String {
+    let (body, height) = drawing(picture, true);
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{}",
+        wrap(&body, height, picture)
+    )
+}
+
+/// The `<svg>` element for a page (the page shows the verdict as an HTML table).
+pub fn inline(picture: &Picture) -> String {
+    let (body, height) = drawing(picture, false);
+    wrap(&body, height, picture)
+}
+
+fn wrap(body: &str, height: f64, picture: &Picture) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {WIDTH} {height:.0}\" role=\"img\" aria-label=\"{}\" \
+         font-family=\"DejaVu Sans, Liberation Sans, Arial, Helvetica, sans-serif\">\n\
+         <title>{}</title>\n{}{body}</svg>\n",
+        escape(&picture.title),
+        escape(&picture.title),
+        defs(),
+    )
+}
+
+fn defs() -> String {
+    let mut out = String::from("<defs>\n<style>\n");
+    out.push_str(
+        ".lbl{font-size:11px;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}\n\
+         .ev{cursor:default}\n.ev:hover{filter:drop-shadow(0 0 2px #000)}\n\
+         .lane-name{font-size:12px;font-weight:bold}\n.axis{font-size:11px;fill:#444}\n\
+         .mono{font-family:DejaVu Sans Mono, Liberation Mono, Consolas, monospace;font-size:11px}\n",
+    );
+    out.push_str("</style>\n");
+    for (i, (color, _)) in HOLDERS.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "<pattern id=\"believed{i}\" patternUnits=\"userSpaceOnUse\" width=\"6\" height=\"6\" \
+             patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ffffff\"/>\
+             <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"{color}\" stroke-width=\"2.5\"/></pattern>"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<pattern id=\"freeze\" patternUnits=\"userSpaceOnUse\" width=\"7\" height=\"7\" \
+         patternTransform=\"rotate(-45)\"><rect width=\"7\" height=\"7\" fill=\"#d6ebf8\"/>\
+         <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"7\" stroke=\"#56B4E9\" stroke-width=\"2\"/>\
+         <line x1=\"0\" y1=\"0\" x2=\"7\" y2=\"0\" stroke=\"#56B4E9\" stroke-width=\"2\"/></pattern>"
+    );
+    out.push_str("</defs>\n");
+    out
+}
+
+fn lane_height(lane: &Lane) -> f64 {
+    match lane.kind {
+        LaneKind::Lock => 8.0 + ROW * lane.rows.len().max(1) as f64,
+        _ => LANE,
+    }
+}
+
+/// The drawing's body and its height.
+fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
+    let scale = Scale {
+        per_ms: (X1 - X0) / picture.span_ms as f64,
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<rect width=\"{WIDTH}\" height=\"100%\" fill=\"#ffffff\"/>\n\
+         <text x=\"12\" y=\"26\" font-size=\"20\" font-weight=\"bold\" fill=\"{INK}\">{}</text>",
+        escape(&picture.title)
+    );
+    let mut y = 46.0;
+    for line in &picture.settings {
+        let _ = writeln!(
+            out,
+            "<text x=\"12\" y=\"{y}\" font-size=\"12\" fill=\"#333\" class=\"settings\">{}</text>",
+            escape(line)
+        );
+        y += 16.0;
+    }
+    y += 4.0;
+    out.push_str(&legend(y));
+    y += 26.0;
+    let step = tick_step(picture.span_ms, scale.per_ms);
+    out.push_str(&axis(y, picture.span_ms, step, &scale));
+    y += 8.0;
+    for part in &picture.parts {
+        y = draw_part(&mut out, part, y, &scale, step, picture.span_ms);
+        y += 8.0;
+    }
+    out.push_str(&axis(y + 10.0, picture.span_ms, step, &scale));
+    y += 24.0;
+    if with_verdict {
+        y = draw_verdict(&mut out, &picture.verdict, y + 10.0);
+    }
+    (out, y + 12.0)
+}
+
+fn legend(y: f64) -> String {
+    let mut out = format!("<g class=\"legend\" transform=\"translate(12,{y})\" font-size=\"11\">");
+    let mut x = 0.0;
+    let mut item = |swatch: String, text: &str| {
+        let _ = write!(
+            out,
+            "<g transform=\"translate({x},0)\">{swatch}<text x=\"22\" y=\"10\" fill=\"{INK}\">{}</text></g>",
+            escape(text)
+        );
+        x += 30.0 + text.chars().count() as f64 * 6.0;
+    };
+    item(
+        format!(
+            "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"{}\"/>",
+            HOLDERS[0].0
+        ),
+        "lock held (the backend says)",
+    );
+    item(
+        format!(
+            "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#believed0)\" stroke=\"{}\" stroke-dasharray=\"2 1\"/>",
+            HOLDERS[0].0
+        ),
+        "still believes it holds it",
+    );
+    item(
+        format!(
+            "<rect y=\"0\" width=\"18\" height=\"12\" fill=\"{BAD}\" fill-opacity=\"0.25\" stroke=\"{BAD}\"/>"
+        ),
+        "two holders at once",
+    );
+    item(
+        format!(
+            "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#freeze)\" stroke=\"{COLD}\"/>"
+        ),
+        "frozen (SIGSTOP)",
+    );
+    item(
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(Shape::Kill, Tone::Bad, false)
+        ),
+        "killed",
+    );
+    item(
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(Shape::Expire, Tone::Warn, false)
+        ),
+        "expired",
+    );
+    item(
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(Shape::Write, Tone::Plain, false)
+        ),
+        "write",
+    );
+    item(
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(Shape::Write, Tone::Bad, true)
+        ),
+        "stale write taken",
+    );
+    item(
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(Shape::Write, Tone::Good, true)
+        ),
+        "stale write refused",
+    );
+    out.push_str("</g>\n");
+    out
+}
+
+/// Seconds between ticks: the first round step that leaves 70px between labels.
+fn tick_step(span_ms: u64, per_ms: f64) -> u64 {
+    let steps = [
+        100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000,
+    ];
+    steps
+        .iter()
+        .copied()
+        .find(|step| *step as f64 * per_ms >= 70.0)
+        .unwrap_or_else(|| span_ms.max(1))
+}
+
+fn axis(y: f64, span_ms: u64, step: u64, scale: &Scale) -> String {
+    let mut out = format!(
+        "<g class=\"axis\"><text x=\"{}\" y=\"{y}\" text-anchor=\"end\">time in each part</text>",
+        X0 - 24.0
+    );
+    let mut t = 0;
+    while t <= span_ms + step / 2 {
+        let x = X0 + t as f64 * scale.per_ms;
+        let label = if step.is_multiple_of(1000) {
+            format!("+{}s", t / 1000)
+        } else {
+            format!("+{:.1}s", t as f64 / 1000.0)
+        };
+        let _ = write!(
+            out,
+            "<text x=\"{x:.1}\" y=\"{y}\" text-anchor=\"middle\">{label}</text>"
+        );
+        t += step;
+    }
+    out.push_str("</g>\n");
+    out
+}
+
+fn draw_part(
+    out: &mut String,
+    part: &Part,
+    top: f64,
+    scale: &Scale,
+    step: u64,
+    span_ms: u64,
+) -> f64 {
+    let lanes_height: f64 = part.lanes.iter().map(lane_height).sum();
+    let bottom = top + PART_HEAD + lanes_height;
+    let _ = writeln!(
+        out,
+        "<g class=\"part\" data-part=\"{}\">\n<rect x=\"6\" y=\"{top}\" width=\"{}\" height=\"{:.1}\" fill=\"none\" stroke=\"#bbbbbb\" rx=\"4\"/>",
+        escape(&part.label),
+        WIDTH - 12.0,
+        bottom - top + 4.0
+    );
+    let heading = if part.label.is_empty() {
+        "the run".to_string()
+    } else {
+        part.label.replace('=', ": ")
+    };
+    let _ = writeln!(
+        out,
+        "<text x=\"12\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{INK}\">{}</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\">from +{} of the run, {} long</text>",
+        top + 15.0,
+        escape(&heading),
+        12.0 + heading.chars().count() as f64 * 8.4 + 12.0,
+        top + 15.0,
+        seconds(part.start),
+        seconds(part.end - part.start)
+    );
+    let heading_end = 12.0 + heading.chars().count() as f64 * 8.4 + 12.0 + 40.0 * LABEL_CHAR;
+    // Grid.
+    let mut t = 0;
+    while t <= span_ms {
+        let x = X0 + t as f64 * scale.per_ms;
+        let _ = write!(
+            out,
+            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" stroke=\"#e3e3e3\"/>",
+            top + PART_HEAD
+        );
+        t += step;
+    }
+    out.push('\n');
+    let mut y = top + PART_HEAD;
+    for (i, lane) in part.lanes.iter().enumerate() {
+        let height = lane_height(lane);
+        let at = LaneAt {
+            y,
+            height,
+            index: i,
+            heading_end,
+        };
+        draw_lane(out, part, lane, at, scale);
+        y += height;
+    }
+    out.push_str("</g>\n");
+    bottom
+}
+
+struct LaneAt {
+    y: f64,
+    height: f64,
+    index: usize,
+    /// Where the part's heading ends: labels in the heading row start after it.
+    heading_end: f64,
+}
+
+fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Scale) {
+    let LaneAt {
+        y,
+        height,
+        index,
+        heading_end,
+    } = at;
+    let kind = match lane.kind {
+        LaneKind::Lock => "lock",
+        LaneKind::Worker => "worker",
+        LaneKind::Other => "other",
+    };
+    let _ = writeln!(
+        out,
+        "<g class=\"lane lane-{kind}\" data-lane=\"{}\">",
+        escape(&lane.name)
+    );
+    if index % 2 == 0 {
+        let _ = writeln!(
+            out,
+            "<rect x=\"10\" y=\"{y:.1}\" width=\"{}\" height=\"{height:.1}\" fill=\"#f4f4f4\"/>",
+            WIDTH - 20.0
+        );
+    }
+    let name = match lane.kind {
+        LaneKind::Lock => format!("{} lock", lane.name),
+        _ => lane.name.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "<text class=\"lane-name\" x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
+        X0 - 10.0,
+        y + 13.0,
+        escape(&name)
+    );
+    for overlap in &lane.overlaps {
+        let x = scale.x(part, overlap.from);
+        let w = (scale.x(part, overlap.to) - x).max(2.0);
+        let text = format!("two holders: {}", overlap.holders.join(" and "));
+        // Right-aligned to the band's end in the part's heading row, unless that would run
+        // into the heading: then just after the band.
+        let width = text.chars().count() as f64 * LABEL_CHAR;
+        let label_x = if x + w - 2.0 - width < heading_end {
+            x + w + 4.0 + width
+        } else {
+            x + w - 2.0
+        };
+        let _ = writeln!(
+            out,
+            "<g class=\"overlap\"><title>{} at once for {} (+{} to +{}): each from its grant to its release</title>\
+             <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.22\" \
+             stroke=\"{BAD}\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{BAD}\" font-weight=\"bold\" text-anchor=\"end\">{}</text></g>",
+            escape(&text),
+            seconds(overlap.to - overlap.from),
+            seconds(overlap.from - part.start),
+            seconds(overlap.to - part.start),
+            y - 1.0,
+            height + 2.0,
+            label_x,
+            y - 2.0,
+            escape(&text),
+        );
+    }
+    for bar in &lane.bars {
+        let (color, ink) = HOLDERS[bar.color % HOLDERS.len()];
+        let pattern = bar.color % HOLDERS.len();
+        let by = y + 4.0 + ROW * bar.row as f64;
+        let x = scale.x(part, bar.from);
+        let w = (scale.x(part, bar.held_to) - x).max(2.0);
+        let _ = writeln!(
+            out,
+            "<g class=\"bar\" data-holder=\"{}\" data-from=\"{}\" data-to=\"{}\"><title>{} held the {} lock from +{} to +{}: {}</title>\
+             <rect class=\"held\" x=\"{x:.1}\" y=\"{by:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{color}\" rx=\"2\"/>",
+            escape(&bar.holder),
+            bar.from,
+            bar.held_to,
+            escape(&bar.holder),
+            escape(&lane.name),
+            seconds(bar.from - part.start),
+            seconds(bar.held_to - part.start),
+            escape(&bar.ended_by),
+            ROW - 3.0,
+        );
+        let label_width = bar.label.chars().count() as f64 * 6.2;
+        if label_width + 6.0 < w {
+            let _ = writeln!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"{ink}\">{}</text>",
+                x + 3.0,
+                by + 9.0,
+                escape(&bar.label)
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "<text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
+                x - 3.0,
+                by + 9.0,
+                escape(&bar.label)
+            );
+        }
+        if bar.open {
+            let end = x + w;
+            let _ = writeln!(
+                out,
+                "<path d=\"M{end:.1},{by:.1} l6,{:.1} l-6,{:.1}z\" fill=\"{color}\"/>",
+                (ROW - 3.0) / 2.0,
+                (ROW - 3.0) / 2.0
+            );
+        }
+        out.push_str("</g>\n");
+        if bar.believed_to > bar.held_to {
+            let tx = x + w;
+            let tw = (scale.x(part, bar.believed_to) - tx).max(1.0);
+            let _ = writeln!(
+                out,
+                "<g class=\"believed\" data-holder=\"{}\"><title>{} still acted as the holder from +{} to +{}, after the backend had ended its lock</title>\
+                 <rect x=\"{tx:.1}\" y=\"{by:.1}\" width=\"{tw:.1}\" height=\"{:.1}\" fill=\"url(#believed{pattern})\" \
+                 stroke=\"{color}\" stroke-dasharray=\"3 2\"/></g>",
+                escape(&bar.holder),
+                escape(&bar.holder),
+                seconds(bar.held_to - part.start),
+                seconds(bar.believed_to - part.start),
+                ROW - 3.0,
+            );
+        }
+    }
+    for freeze in &lane.freezes {
+        let x = scale.x(part, freeze.from);
+        let w = (scale.x(part, freeze.to) - x).max(2.0);
+        let text = format!(
+            "frozen {}{}",
+            seconds(freeze.to - freeze.from),
+            if freeze.open {
+                " (still at the end)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            out,
+            "<g class=\"freeze\"><title>{} {} (SIGSTOP → SIGCONT)</title>\
+             <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"url(#freeze)\" stroke=\"{COLD}\"/>\
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{COLD}\" font-size=\"10\">{}</text></g>",
+            escape(&lane.name),
+            escape(&text),
+            y + 3.0,
+            height - 6.0,
+            x + 10.0,
+            y + 12.5,
+            escape(&text),
+        );
+    }
+    let mid = match lane.kind {
+        LaneKind::Lock => y + 7.5,
+        _ => y + height / 2.0,
+    };
+    let mut taken: Vec<(f64, f64)> = lane
+        .freezes
+        .iter()
+        .map(|f| {
+            let x = scale.x(part, f.from) + 10.0;
+            (x, x + 16.0 * LABEL_CHAR)
+        })
+        .collect();
+    for mark in &lane.marks {
+        draw_mark(out, part, mark, mid, scale, &mut taken);
+    }
+    out.push_str("</g>\n");
+}
+
+fn tone_color(tone: Tone) -> &'static str {
+    match tone {
+        Tone::Plain => INK,
+        Tone::Bad => BAD,
+        Tone::Good => GOOD,
+        Tone::Warn => WARN,
+        Tone::Cold => COLD,
+    }
+}
+
+fn shape_svg(shape: Shape, tone: Tone, big: bool) -> String {
+    let color = tone_color(tone);
+    match shape {
+        Shape::Write if big => format!(
+            "<path d=\"M0,-7L7,0L0,7L-7,0Z\" fill=\"{color}\" stroke=\"#000\" stroke-width=\"1.2\"/>"
+        ),
+        Shape::Write => format!("<path d=\"M0,-5L5,0L0,5L-5,0Z\" fill=\"{color}\"/>"),
+        Shape::Kill => format!(
+            "<path d=\"M-5,-5L5,5M5,-5L-5,5\" stroke=\"{color}\" stroke-width=\"2.8\" stroke-linecap=\"round\"/>"
+        ),
+        Shape::Freeze => format!(
+            "<rect x=\"-3.5\" y=\"-3.5\" width=\"7\" height=\"7\" fill=\"#56B4E9\" stroke=\"{color}\"/>"
+        ),
+        Shape::Resume => format!("<path d=\"M-3,-5L4,0L-3,5Z\" fill=\"{color}\"/>"),
+        Shape::Expire => format!(
+            "<path d=\"M-4,-5H4L-4,5H4Z\" fill=\"{color}\" stroke=\"#7a4f00\" stroke-width=\"0.8\"/>"
+        ),
+        Shape::Grant => format!("<path d=\"M-4,4L0,-4L4,4Z\" fill=\"{color}\"/>"),
+        Shape::Release => format!(
+            "<path d=\"M-4,-4L0,4L4,-4Z\" fill=\"#fff\" stroke=\"{color}\" stroke-width=\"1.2\"/>"
+        ),
+        Shape::Tick => format!("<circle r=\"3\" fill=\"{color}\"/>"),
+    }
+}
+
+/// Where a label goes: right of its mark, else left of it, else further left past the
+/// labels already on the lane, so that two marks at one moment stay readable.
+fn place_label(x: f64, width: f64, taken: &mut Vec<(f64, f64)>) -> f64 {
+    let free = |from: f64, to: f64, taken: &[(f64, f64)]| {
+        taken.iter().all(|(a, b)| to <= *a || from >= *b)
+    };
+    let mut start = x + 9.0;
+    if start + width > X1 + 40.0 || !free(start, start + width, taken) {
+        start = x - 9.0 - width;
+        while !free(start, start + width, taken) && start > X0 {
+            let blocking = taken
+                .iter()
+                .filter(|(a, b)| start + width > *a && start < *b)
+                .map(|(a, _)| *a)
+                .fold(f64::INFINITY, f64::min);
+            start = blocking - 4.0 - width;
+        }
+    }
+    taken.push((start, start + width));
+    start
+}
+
+fn draw_mark(
+    out: &mut String,
+    part: &Part,
+    mark: &Mark,
+    y: f64,
+    scale: &Scale,
+    taken: &mut Vec<(f64, f64)>,
+) {
+    let x = scale.x(part, mark.t);
+    let big =
+        mark.shape == Shape::Write && matches!(mark.tone, Tone::Bad | Tone::Good | Tone::Warn);
+    let _ = write!(
+        out,
+        "<g class=\"ev k-{}\" data-i=\"{}\" data-t=\"{}\" transform=\"translate({x:.1},{y:.1})\"><title>{}</title>{}",
+        escape(&mark.kind),
+        mark.index,
+        mark.t,
+        escape(&mark.tip),
+        shape_svg(mark.shape, mark.tone, big)
+    );
+    if let Some(label) = &mark.label {
+        let weight = if matches!(mark.tone, Tone::Bad | Tone::Good) {
+            " font-weight=\"bold\""
+        } else {
+            ""
+        };
+        let width = label.chars().count() as f64 * LABEL_CHAR;
+        let start = place_label(x, width, taken);
+        let _ = write!(
+            out,
+            "<text class=\"lbl\" x=\"{:.1}\" y=\"4\" fill=\"{}\"{weight}>{}</text>",
+            start - x,
+            tone_color(mark.tone),
+            escape(label)
+        );
+    }
+    out.push_str("</g>\n");
+}
+
+/// The verdict under the drawing: the lab's table (from the JSON) or its printed lines.
+fn draw_verdict(out: &mut String, verdict: &Verdict, top: f64) -> f64 {
+    let _ = writeln!(
+        out,
+        "<text x=\"12\" y=\"{top:.1}\" font-size=\"14\" font-weight=\"bold\" fill=\"{INK}\">Verdict</text>"
+    );
+    let mut y = top + 18.0;
+    let lines: Vec<String> = match verdict {
+        Verdict::Table { header, rows } => text_table(header, rows),
+        Verdict::Text(lines) => lines.clone(),
+        Verdict::Missing => vec!["(no verdict: the run did not finish)".to_string()],
+    };
+    let _ = writeln!(out, "<g class=\"verdict mono\" fill=\"{INK}\">");
+    for line in lines {
+        let _ = writeln!(
+            out,
+            "<text x=\"12\" y=\"{y:.1}\" xml:space=\"preserve\">{}</text>",
+            escape(&line)
+        );
+        y += 14.0;
+    }
+    out.push_str("</g>\n");
+    y
+}
+
+/// The table as monospace lines that fit the drawing's width: long cells are shortened.
+fn text_table(header: &[String], rows: &[Vec<String>]) -> Vec<String> {
+    let budget = ((WIDTH - 24.0) / MONO_CHAR) as usize;
+    let columns = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(columns) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    if columns > 1 {
+        let fixed = widths[0] + 2;
+        let each = budget.saturating_sub(fixed) / (columns - 1);
+        for width in widths.iter_mut().skip(1) {
+            *width = (*width).min(each.saturating_sub(2)).max(4);
+        }
+    }
+    let fit = |text: &str, width: usize| -> String {
+        let count = text.chars().count();
+        if count > width {
+            text.chars()
+                .take(width.saturating_sub(1))
+                .collect::<String>()
+                + "…"
+        } else {
+            format!("{text}{}", " ".repeat(width - count))
+        }
+    };
+    let render = |cells: &[String]| -> String {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| fit(cell, widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut lines = vec![render(header)];
+    lines.push("─".repeat(widths.iter().sum::<usize>() + 2 * (columns.saturating_sub(1))));
+    for row in rows {
+        lines.push(render(row));
+    }
+    lines
+}

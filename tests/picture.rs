@@ -1,0 +1,423 @@
+//! The picture of a run (`--html`, `--svg`, `lockslab render`), checked structurally: no
+//! browser needed here (scripts/check-pictures opens the pages in a real one).
+//!
+//! The fixtures are real runs' `--json` output: tests/fixtures/gc-pause.jsonl (both runs,
+//! default settings: the unfenced one has two holders and a stale write taken) and
+//! tests/fixtures/etcd-vs-redis.jsonl (kill and freeze on all three backends).
+
+mod common;
+
+use std::collections::HashSet;
+
+use lockslab::picture::{self, Recording};
+use serde_json::{Value, json};
+
+const GC_PAUSE: &str = include_str!("fixtures/gc-pause.jsonl");
+const ETCD_VS_REDIS: &str = include_str!("fixtures/etcd-vs-redis.jsonl");
+
+fn recording(text: &str) -> Recording {
+    Recording::from_jsonl(text).expect("the fixture parses")
+}
+
+/// A small well-formedness check: tags nest and close, attributes are quoted, `<` and `&`
+/// appear in text and attributes only as markup and entities. Returns the element names.
+fn well_formed(xml: &str) -> Result<Vec<String>, String> {
+    let mut stack: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    let bytes = xml.as_bytes();
+    let mut i = 0;
+    let check_entities = |text: &str, at: usize| -> Result<(), String> {
+        for (offset, _) in text.match_indices('&') {
+            let rest = &text[offset..];
+            let ok = ["&amp;", "&lt;", "&gt;", "&quot;", "&#39;"]
+                .iter()
+                .any(|e| rest.starts_with(e));
+            if !ok {
+                return Err(format!("a bare & near byte {}", at + offset));
+            }
+        }
+        if text.contains('>') && text.contains('<') {
+            return Err(format!("markup in text near byte {at}"));
+        }
+        Ok(())
+    };
+    while i < bytes.len() {
+        if bytes[i] != b'<' {
+            let end = xml[i..].find('<').map_or(xml.len(), |e| i + e);
+            check_entities(&xml[i..end], i)?;
+            i = end;
+            continue;
+        }
+        let end = xml[i..]
+            .find('>')
+            .map(|e| i + e)
+            .ok_or(format!("unclosed tag at byte {i}"))?;
+        let tag = &xml[i + 1..end];
+        if tag.starts_with('?') || tag.starts_with("!DOCTYPE") {
+            i = end + 1;
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
+            if open != name.trim() {
+                return Err(format!("<{open}> closed by </{name}>"));
+            }
+        } else {
+            let self_closing = tag.ends_with('/');
+            let body = tag.trim_end_matches('/');
+            let name: String = body.chars().take_while(|c| !c.is_whitespace()).collect();
+            let mut attributes = body[name.len()..].trim();
+            while !attributes.is_empty() {
+                let eq = attributes
+                    .find("=\"")
+                    .ok_or(format!("unquoted attribute in <{name}>: {attributes}"))?;
+                let value_end = attributes[eq + 2..]
+                    .find('"')
+                    .ok_or(format!("unterminated attribute in <{name}>"))?;
+                let value = &attributes[eq + 2..eq + 2 + value_end];
+                if value.contains('<') {
+                    return Err(format!("< inside an attribute of <{name}>"));
+                }
+                check_entities(value, i)?;
+                attributes = attributes[eq + 2 + value_end + 1..].trim_start();
+            }
+            names.push(name.clone());
+            if !self_closing {
+                stack.push(name);
+            }
+        }
+        i = end + 1;
+    }
+    match stack.last() {
+        Some(open) => Err(format!("<{open}> never closed")),
+        None => Ok(names),
+    }
+}
+
+fn count(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+/// The part of the drawing between two markers.
+fn between<'a>(text: &'a str, from: &str, to: &str) -> &'a str {
+    let start = text.find(from).expect("start marker");
+    let end = text[start..].find(to).map_or(text.len(), |e| start + e);
+    &text[start..end]
+}
+
+#[test]
+fn the_svg_of_a_real_run_is_well_formed_xml() {
+    let svg = picture::svg(&recording(GC_PAUSE));
+    let names = well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(names.first().map(String::as_str), Some("svg"));
+    assert!(svg.starts_with("<?xml"));
+    let svg = picture::svg(&recording(ETCD_VS_REDIS));
+    well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_checker_refuses_broken_xml() {
+    assert!(well_formed("<svg><g></svg>").is_err());
+    assert!(well_formed("<svg><text>A & B</text></svg>").is_err());
+    assert!(well_formed("<svg a=b></svg>").is_err());
+    assert!(well_formed("<svg><g/></svg>").is_ok());
+}
+
+#[test]
+fn every_event_is_one_mark_and_every_grant_one_bar() {
+    let run = recording(GC_PAUSE);
+    let svg = picture::svg(&run);
+    assert_eq!(count(&svg, "<g class=\"ev "), run.events.len());
+    let indices: HashSet<String> = svg
+        .match_indices("data-i=\"")
+        .map(|(at, _)| {
+            svg[at + 8..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect()
+        })
+        .collect();
+    assert_eq!(indices.len(), run.events.len(), "one mark per event index");
+    let grants = run
+        .events
+        .iter()
+        .filter(|e| e["kind"] == "acquired")
+        .count();
+    assert_eq!(grants, 4, "A and B in each of the two runs");
+    assert_eq!(count(&svg, "<g class=\"bar\""), grants);
+}
+
+#[test]
+fn each_run_is_a_part_with_a_lock_lane_and_a_lane_per_worker() {
+    let svg = picture::svg(&recording(GC_PAUSE));
+    assert_eq!(count(&svg, "<g class=\"part\""), 2);
+    for part in ["fencing=false", "fencing=true"] {
+        let drawn = between(&svg, &format!("data-part=\"{part}\""), "<g class=\"part\"");
+        assert!(drawn.contains("class=\"lane lane-lock\" data-lane=\"redis\""));
+        for worker in ["A", "B"] {
+            assert!(
+                drawn.contains(&format!(
+                    "class=\"lane lane-worker\" data-lane=\"{worker}\""
+                )),
+                "{part}: no lane for {worker}"
+            );
+        }
+        assert_eq!(count(drawn, "<g class=\"freeze\""), 1, "{part}: A's freeze");
+    }
+}
+
+#[test]
+fn the_two_holders_of_the_unfenced_run_are_drawn_as_an_overlap() {
+    let svg = picture::svg(&recording(GC_PAUSE));
+    let unfenced = between(
+        &svg,
+        "data-part=\"fencing=false\"",
+        "data-part=\"fencing=true\"",
+    );
+    assert!(unfenced.contains("<g class=\"overlap\""));
+    assert!(unfenced.contains("two holders: A and B"));
+    // A's key bar ends where Redis said it expired; its hatched tail runs on to its release.
+    assert!(unfenced.contains("<g class=\"believed\" data-holder=\"A\""));
+}
+
+#[test]
+fn no_overlap_when_the_first_holder_lets_go_before_the_next_is_granted() {
+    let history = [
+        json!({"t_ms": 0, "worker": "A", "kind": "acquired", "text": "", "backend": "redis"}),
+        json!({"t_ms": 500, "worker": "A", "kind": "released", "text": "", "released": true}),
+        json!({"t_ms": 600, "worker": "B", "kind": "acquired", "text": "", "backend": "redis"}),
+        json!({"t_ms": 900, "worker": "B", "kind": "released", "text": "", "released": true}),
+    ];
+    let text: String = history.iter().map(|e| format!("{e}\n")).collect();
+    let svg = picture::svg(&recording(&text));
+    assert_eq!(count(&svg, "<g class=\"bar\""), 2);
+    assert!(!svg.contains("<g class=\"overlap\""), "{svg}");
+    assert!(!svg.contains("<g class=\"believed\""));
+
+    // The same with B granted before A lets go: now there are two holders.
+    let mut overlapping = history.to_vec();
+    overlapping[2]["t_ms"] = json!(400);
+    overlapping.swap(1, 2);
+    let text: String = overlapping.iter().map(|e| format!("{e}\n")).collect();
+    let svg = picture::svg(&recording(&text));
+    assert!(svg.contains("two holders: A and B"));
+}
+
+#[test]
+fn the_stale_write_is_highlighted_with_the_stores_answer() {
+    let svg = picture::svg(&recording(GC_PAUSE));
+    let unfenced = between(
+        &svg,
+        "data-part=\"fencing=false\"",
+        "data-part=\"fencing=true\"",
+    );
+    let fenced = between(&svg, "data-part=\"fencing=true\"", "</svg>");
+    assert!(unfenced.contains("STALE write, no token: ACCEPTED"));
+    assert!(fenced.contains("STALE write, token 1: REJECTED"));
+    // B's writes were made under its own lock: plain.
+    assert!(unfenced.contains("write, no token: accepted"));
+    assert!(fenced.contains("write, token 2: accepted"));
+}
+
+#[test]
+fn etcd_vs_redis_draws_three_locks_kills_and_freezes() {
+    let svg = picture::svg(&recording(ETCD_VS_REDIS));
+    let kill = between(
+        &svg,
+        "data-part=\"scenario=kill\"",
+        "data-part=\"scenario=freeze\"",
+    );
+    let freeze = between(&svg, "data-part=\"scenario=freeze\"", "</svg>");
+    for backend in ["redis", "etcd", "postgres"] {
+        let lane = format!("class=\"lane lane-lock\" data-lane=\"{backend}\"");
+        assert!(kill.contains(&lane) && freeze.contains(&lane), "{backend}");
+    }
+    assert_eq!(count(kill, "<g class=\"ev k-killed"), 3);
+    assert_eq!(count(freeze, "<g class=\"freeze\""), 3);
+    // The frozen holders lost their lease or key to the waiter on etcd and Redis, not on
+    // Postgres (the session lives on).
+    assert!(freeze.contains("two holders: redis:holder and redis:waiter"));
+    assert!(freeze.contains("two holders: etcd:holder and etcd:waiter"));
+    assert!(!freeze.contains("two holders: postgres:holder"));
+}
+
+#[test]
+fn pictures_make_no_external_reference() {
+    for run in [recording(GC_PAUSE), recording(ETCD_VS_REDIS)] {
+        for text in [picture::svg(&run), picture::html(&run)] {
+            let without_namespace = text.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+            for banned in [
+                "http://",
+                "https://",
+                "src=",
+                "href=",
+                "@import",
+                "<link",
+                "@font-face",
+                "//cdn",
+            ] {
+                assert!(!without_namespace.contains(banned), "found {banned}");
+            }
+            assert!(text.len() < 200_000, "{} bytes", text.len());
+        }
+    }
+}
+
+#[test]
+fn the_page_holds_the_drawing_the_verdict_and_the_hover_script() {
+    let run = recording(GC_PAUSE);
+    let html = picture::html(&run);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert_eq!(count(&html, "<svg "), 1);
+    assert_eq!(count(&html, "<g class=\"ev "), run.events.len());
+    assert!(html.contains("<th>fencing false</th>") && html.contains("<th>fencing true</th>"));
+    assert!(html.contains("<td>late_write</td><td>accepted</td><td>rejected</td>"));
+    assert!(html.contains("<div id=\"tip\""));
+    assert!(html.contains("data-tip"));
+}
+
+#[test]
+fn the_same_run_always_gives_the_same_bytes() {
+    let first = picture::html(&recording(ETCD_VS_REDIS));
+    let second = picture::html(&recording(ETCD_VS_REDIS));
+    assert_eq!(first, second);
+    assert_eq!(
+        picture::svg(&recording(GC_PAUSE)),
+        picture::svg(&recording(GC_PAUSE))
+    );
+}
+
+#[test]
+fn render_writes_the_file_the_library_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gc-pause.jsonl");
+    for name in ["run.svg", "run.html"] {
+        let out = dir.path().join(name);
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"))
+            .args(["render", input, "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(status.status.success(), "{status:?}");
+        let written = std::fs::read_to_string(&out).unwrap();
+        let expected = if name.ends_with(".svg") {
+            picture::svg(&recording(GC_PAUSE))
+        } else {
+            picture::html(&recording(GC_PAUSE))
+        };
+        assert_eq!(written, expected);
+    }
+}
+
+#[test]
+fn render_refuses_what_it_cannot_draw_with_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gc-pause.jsonl");
+    let not_json = dir.path().join("notes.txt");
+    std::fs::write(&not_json, "hello\n").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                input.into(),
+                "-o".into(),
+                dir.path().join("x.png").display().to_string(),
+            ],
+            ".html or .svg",
+        ),
+        (
+            vec![
+                "/no/such/run.jsonl".into(),
+                "-o".into(),
+                dir.path().join("x.svg").display().to_string(),
+            ],
+            "cannot read",
+        ),
+        (
+            vec![
+                not_json.display().to_string(),
+                "-o".into(),
+                dir.path().join("x.svg").display().to_string(),
+            ],
+            "line 1 is not JSON",
+        ),
+        (
+            vec![input.into(), "-o".into(), "/no/such/dir/x.svg".into()],
+            "no directory",
+        ),
+    ];
+    for (args, says) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"))
+            .arg("render")
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_lab_refuses_a_picture_it_could_not_write_before_it_plays() {
+    let output = common::lockslab(&["gc-pause", "--html", "/no/such/dir/run.html"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let output = common::lockslab(&["gc-pause", "--svg", "run.html"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--svg run.html"));
+}
+
+#[test]
+fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("run.html");
+    let svg = dir.path().join("run.svg");
+    let (html_arg, svg_arg) = (html.display().to_string(), svg.display().to_string());
+    let args = [
+        "gc-pause",
+        "--ttl",
+        "300ms",
+        "--pause",
+        "600ms",
+        "--fencing",
+        "off",
+        "--html",
+        &html_arg,
+        "--svg",
+        &svg_arg,
+    ];
+    let (lines, verdict, output) = common::run_json(&args);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("picture: "));
+    // The picture drawn live is the picture of the JSON the run printed.
+    let printed: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    let mut from_json = Recording::from_jsonl(&printed).unwrap();
+    let live_svg = std::fs::read_to_string(&svg).unwrap();
+    well_formed(&live_svg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        count(&live_svg, "<g class=\"ev "),
+        lines.len() - 1,
+        "every event but the verdict"
+    );
+    let command = live_svg
+        .split("class=\"settings\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_default()
+        .replace("&#39;", "'");
+    from_json.command = Some(command);
+    assert_eq!(live_svg, picture::svg(&from_json));
+    let page = std::fs::read_to_string(&html).unwrap();
+    if verdict["runs"][0]["two_holders"] == Value::Bool(true) {
+        assert!(page.contains("<g class=\"overlap\""));
+    }
+    // Every event carries the part it belongs to, and every grant its backend.
+    assert!(
+        lines[..lines.len() - 1]
+            .iter()
+            .all(|e| e["part"] == "fencing=false")
+    );
+    assert!(common::events(&lines, "A", "acquired")[0]["backend"] == "redis");
+}
