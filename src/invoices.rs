@@ -618,8 +618,9 @@ impl Desk {
     /// that needs this customer waits — safe, not live. Only a server-side timeout bounds
     /// that (`idle_in_transaction_session_timeout`), and then the sleeper's COMMIT fails.
     fn with_advisory_xact_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let class = self.lock_class;
         self.say("BEGIN")?;
-        self.execute(ADVISORY_XACT_LOCK, &[&{ self.lock_class }, &job.customer])?;
+        self.execute(ADVISORY_XACT_LOCK, &[&class, &job.customer])?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             self.say("COMMIT")?;
@@ -649,10 +650,11 @@ impl Desk {
     /// and if Postgres ends the session (`idle_session_timeout`: the session is idle *outside*
     /// a transaction, so the in-transaction timeout never fires) its writes fail with it.
     fn with_advisory_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        self.execute(ADVISORY_LOCK, &[&{ self.lock_class }, &job.customer])?;
+        let class = self.lock_class;
+        self.execute(ADVISORY_LOCK, &[&class, &job.customer])?;
         let outcome = self.under_session_lock(job, gate);
         // Released on every path, errors included (an error here ends the worker anyway).
-        self.execute(ADVISORY_UNLOCK, &[&{ self.lock_class }, &job.customer])?;
+        self.execute(ADVISORY_UNLOCK, &[&class, &job.customer])?;
         outcome
     }
 

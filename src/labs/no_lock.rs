@@ -79,7 +79,8 @@ pub struct NoLockArgs {
           value_name = "DURATION")]
     pub work: Duration,
     /// Sweep the workers (2, 4, 8, 16, 32) on --keys customers (default 4) with no faults,
-    /// and show how each approach's retries grow
+    /// and show how the retries grow (optimistic, idempotency-key, partitioned and
+    /// advisory-xact, unless an approach is named)
     #[arg(long, conflicts_with = "fault")]
     pub contention: bool,
     #[command(flatten)]
@@ -121,8 +122,14 @@ impl Fault {
 /// The frozen worker and the killed one: always these names, whatever else runs.
 const FROZEN: &str = "w1";
 const KILLED: &str = "w2";
-/// The workers the contention sweep runs.
+/// The workers the contention sweep runs, and the approaches it compares by default.
 const SWEEP: [u32; 5] = [2, 4, 8, 16, 32];
+const SWEPT: [Approach; 4] = [
+    Approach::Optimistic,
+    Approach::IdempotencyKey,
+    Approach::Partitioned,
+    Approach::AdvisoryXact,
+];
 
 /// One approach's verdict: the `--json` verdict's `approaches` entries.
 #[derive(Serialize, Clone, Debug)]
@@ -166,6 +173,8 @@ pub fn run(args: &NoLockArgs) -> Result<()> {
     let style = Style::detect(args.output.json);
     let approaches: Vec<Approach> = match args.approach {
         Some(one) => vec![one],
+        // The sweep is about contention on the database: four approaches, no Redis.
+        None if args.contention => SWEPT.to_vec(),
         None => Approach::ALL.to_vec(),
     };
     let needs: Vec<Backend> = if approaches.iter().any(|a| a.uses_redis()) {
@@ -947,7 +956,10 @@ fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
     );
     crate::outln!();
     for v in verdicts {
-        crate::outln!("  {} {}", format!("{}:", v.name).bold(), meaning(args, v));
+        let text = format!("{}: {}", v.name, meaning(args, v));
+        let wrapped = wrap(&text, 76);
+        let (first, rest) = wrapped.split_at(v.name.len() + 1);
+        crate::outln!("  {}{}", first.bold(), rest.replace('\n', "\n  "));
     }
     crate::outln!();
     crate::outln!(
@@ -988,8 +1000,12 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
             v.no_ops
         )),
         "redis-fenced" if v.rejected > 0 => parts.push(format!(
-            "{} stale writes refused by the row's token check.",
-            v.rejected
+            "{} by the row's token check.",
+            plural(
+                v.rejected as i64,
+                "stale write refused",
+                "stale writes refused"
+            )
         )),
         _ => {}
     }
@@ -1005,6 +1021,23 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
     parts.join(" ")
 }
 
+/// Breaks prose into lines of at most `width` columns, at spaces.
+fn wrap(text: &str, width: usize) -> String {
+    let mut lines: Vec<String> = vec![String::new()];
+    for word in text.split(' ') {
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines.join("\n")
+}
+
 fn print_sweep(verdicts: &[ApproachVerdict]) {
     let mut names: Vec<&str> = Vec::new();
     for v in verdicts {
@@ -1012,35 +1045,40 @@ fn print_sweep(verdicts: &[ApproachVerdict]) {
             names.push(v.name);
         }
     }
-    let header: Vec<String> = std::iter::once("workers".to_string())
-        .chain(names.iter().map(|n| n.to_string()))
+    let columns: Vec<String> = SWEEP.iter().map(|w| format!("{w} w")).collect();
+    let header: Vec<&str> = std::iter::once("approach")
+        .chain(columns.iter().map(String::as_str))
         .collect();
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    let rows: Vec<Vec<String>> = SWEEP
-        .iter()
-        .map(|&w| {
-            std::iter::once(w.to_string())
-                .chain(names.iter().map(|name| {
-                    verdicts
-                        .iter()
-                        .find(|v| v.workers == w && v.name == *name)
-                        .map_or("-".into(), |v| {
-                            format!(
-                                "{}r {}/s",
-                                v.retries,
-                                v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}"))
-                            )
-                        })
-                }))
-                .collect()
-        })
-        .collect();
+    let grid = |cell: &dyn Fn(&ApproachVerdict) -> String| -> Vec<Vec<String>> {
+        names
+            .iter()
+            .map(|name| {
+                std::iter::once(name.to_string())
+                    .chain(SWEEP.iter().map(|&w| {
+                        verdicts
+                            .iter()
+                            .find(|v| v.workers == w && v.name == *name)
+                            .map_or("-".into(), cell)
+                    }))
+                    .collect()
+            })
+            .collect()
+    };
     crate::outln!();
     crate::outln!(
         "{}",
-        "Contention: retries (r) and jobs/s as the workers grow".bold()
+        "Retries (attempts that wrote nothing) as the workers grow".bold()
     );
-    crate::outln!("{}", table(&header, &rows));
+    crate::outln!("{}", table(&header, &grid(&|v| v.retries.to_string())));
+    crate::outln!();
+    crate::outln!("{}", "Jobs per second".bold());
+    crate::outln!(
+        "{}",
+        table(
+            &header,
+            &grid(&|v| v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}")))
+        )
+    );
     let wrong: Vec<&ApproachVerdict> = verdicts
         .iter()
         .filter(|v| v.duplicates + v.lost_updates + v.lost_jobs > 0)
