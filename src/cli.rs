@@ -90,7 +90,7 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
-    /// Lab 7: one job done seven ways (optimistic, idempotent, partitioned, advisory…) under a freeze and a kill
+    /// Lab 7: one job done seven ways, with and without a lock, under the same freeze and kill
     NoLock(NoLockArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
