@@ -10,6 +10,7 @@ use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
+use crate::labs::no_lock::{self, NoLockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
@@ -68,6 +69,7 @@ Examples:
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab no-lock              lab 7: the same job without a lock service, freeze and kill
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with kill -STOP
@@ -91,6 +93,8 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// Lab 7: one job done seven ways, with and without a lock, under the same freeze and kill
+    NoLock(NoLockArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -173,6 +177,7 @@ impl Command {
             Command::Naive(args) => Some(&args.output),
             Command::SkipLocked(args) => Some(&args.output),
             Command::EtcdVsRedis(args) => Some(&args.output),
+            Command::NoLock(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -209,6 +214,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
+        Command::NoLock(args) => no_lock::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr)?,

@@ -9,6 +9,7 @@
 
 pub mod consumer;
 pub mod holder;
+pub mod invoicer;
 pub mod racer;
 
 use std::io::{self, BufRead};
@@ -30,6 +31,8 @@ pub enum WorkerSpec {
     Racer(racer::Role),
     /// Claim and process jobs from the queue, round by round (lab 3).
     Consumer(consumer::Role),
+    /// Walk the job list and invoice what is not done yet, one approach's way (lab 7).
+    Invoicer(invoicer::Role),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -53,6 +56,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::Holder(script) => (script.name.clone(), holder::run(&script)),
         WorkerSpec::Racer(role) => (role.name.clone(), racer::run(&role)),
         WorkerSpec::Consumer(role) => (role.name.clone(), consumer::run(&role)),
+        WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,

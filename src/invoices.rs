@@ -1,0 +1,905 @@
+//! Lab 7's job, and seven ways to do it with many workers racing: the SQL is the lesson.
+//!
+//! **The job.** Issue the invoice for (customer, period) and add its amount to the
+//! customer's balance. Done right, every (customer, period) has exactly one invoice, and
+//! every balance equals the sum of its customer's invoices. Both rules are checked from the
+//! tables afterwards ([`Verdict`]), never from what a worker believed.
+//!
+//! **The race.** Every worker walks the whole list of jobs (from its own starting point),
+//! asks "is this one invoiced yet?" ([`IS_INVOICED`]) and does the ones that are not. The
+//! harm comes from the gap between *deciding* and *writing*: a worker frozen there wakes up
+//! believing what it read before the freeze.
+//!
+//! Read the approaches top to bottom, next to `labs/07-no-lock.md`:
+//!
+//! ```text
+//!  ❌ redis-lock        a Redis lock per customer, then read-modify-write the balance
+//!  ✅ redis-fenced      the same lock, and the customer row refuses a lower fencing token
+//!  ✅ optimistic        no lock: UPDATE … WHERE version = <what I read>; 0 rows → retry
+//!  ✅ idempotency-key   no lock: INSERT … ON CONFLICT DO NOTHING; balance += only if inserted
+//!  ✅ partitioned       no lock: worker k owns the customers with hash(id) mod N = k
+//!  ✅ advisory-xact     pg_advisory_xact_lock inside the transaction that writes
+//!  ✅ advisory-session  pg_advisory_lock on the session that writes (held until unlock)
+//! ```
+//!
+//! The first is the lock most people write, and it is correct only as long as no holder
+//! pauses longer than the TTL. Every other row is correct under the same pause, and only
+//! two of them use a lock service at all.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use postgres::Statement;
+use postgres::types::ToSql;
+use serde::{Deserialize, Serialize};
+
+use crate::connect::PgClient;
+use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, Release};
+
+/// How the workers keep the job safe: the lesson of this lab.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Approach {
+    /// ❌ A Redis lock per customer, no fencing: a pause past the TTL lets a stale write in
+    RedisLock,
+    /// Compare-and-set on a version column; zero rows updated means retry
+    Optimistic,
+    /// INSERT … ON CONFLICT (customer, period) DO NOTHING; balance changed only if inserted
+    IdempotencyKey,
+    /// Worker k does only the customers with hash(id) mod N = k: nothing is shared
+    Partitioned,
+    /// pg_advisory_xact_lock inside the transaction that does the work
+    AdvisoryXact,
+    /// pg_advisory_lock on the session that does the work, released by pg_advisory_unlock
+    AdvisorySession,
+    /// The Redis lock plus a fencing token that the customer row checks
+    RedisFenced,
+}
+
+impl Approach {
+    /// The order of the lab's runs and of its table: the baseline first, its fix last.
+    pub const ALL: [Approach; 7] = [
+        Approach::RedisLock,
+        Approach::Optimistic,
+        Approach::IdempotencyKey,
+        Approach::Partitioned,
+        Approach::AdvisoryXact,
+        Approach::AdvisorySession,
+        Approach::RedisFenced,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Approach::RedisLock => "redis-lock",
+            Approach::Optimistic => "optimistic",
+            Approach::IdempotencyKey => "idempotency-key",
+            Approach::Partitioned => "partitioned",
+            Approach::AdvisoryXact => "advisory-xact",
+            Approach::AdvisorySession => "advisory-session",
+            Approach::RedisFenced => "redis-fenced",
+        }
+    }
+
+    /// What the approach asks of the problem (or of the system around it).
+    pub fn needs(self) -> &'static str {
+        match self {
+            Approach::RedisLock => "a lock service (and luck: no pause past the TTL)",
+            Approach::RedisFenced => "a lock service, and a store that checks its token",
+            Approach::Optimistic => "a version column on the row it changes; one database",
+            Approach::IdempotencyKey => "a natural key for the job (customer, period)",
+            Approach::Partitioned => "partitionable work, and a new owner for a dead one",
+            Approach::AdvisoryXact | Approach::AdvisorySession => {
+                "the work and the lock in one database"
+            }
+        }
+    }
+
+    pub fn uses_redis(self) -> bool {
+        matches!(self, Approach::RedisLock | Approach::RedisFenced)
+    }
+}
+
+// ─── The tables ───────────────────────────────────────────────────────────────────────
+//
+// `{jobs}`, `{customers}` and `{invoices}` stand for one run's tables (see `Tables`): they
+// live in a schema named after the run, which the run drops when it ends.
+
+/// The job list, the customers, and the invoices. `version` is the optimistic approach's,
+/// `fence` the fenced approach's; the others leave them alone. `at` is stamped by the
+/// database when the invoice row is written: the lab's clock for jobs/s.
+pub const CREATE_TABLES: &str = "
+    CREATE TABLE {jobs} (
+        id       int    PRIMARY KEY,
+        customer int    NOT NULL,
+        period   int    NOT NULL,
+        amount   bigint NOT NULL
+    );
+    CREATE TABLE {customers} (
+        id      int    PRIMARY KEY,
+        balance bigint NOT NULL DEFAULT 0,
+        version bigint NOT NULL DEFAULT 0,
+        fence   bigint NOT NULL DEFAULT 0
+    );
+    CREATE TABLE {invoices} (
+        customer int         NOT NULL,
+        period   int         NOT NULL,
+        amount   bigint      NOT NULL,
+        worker   text        NOT NULL,
+        at       timestamptz NOT NULL DEFAULT clock_timestamp()
+    )";
+
+/// Every approach but one indexes invoices by (customer, period) **without** `UNIQUE`: a
+/// constraint would turn a duplicate into an error and hide what the approach did. Here a
+/// duplicate stays in the table, and the verdict counts it.
+pub const INDEX_INVOICES: &str = "CREATE INDEX ON {invoices} (customer, period)";
+
+/// ✅ The idempotency key *is* the unique index: the database refuses a second invoice for
+/// the same (customer, period), whoever sends it, however late.
+pub const UNIQUE_INVOICES: &str = "CREATE UNIQUE INDEX ON {invoices} (customer, period)";
+
+/// `$1` jobs spread over `$2` customers: job i is customer i mod keys, period i / keys, so
+/// consecutive jobs belong to different customers.
+pub const FILL_JOBS: &str = "
+    INSERT INTO {jobs} (id, customer, period, amount)
+        SELECT g, g % $2, g / $2, 100 + (g * 37) % 900 FROM generate_series(0, $1 - 1) g";
+pub const FILL_CUSTOMERS: &str = "INSERT INTO {customers} (id) SELECT generate_series(0, $1 - 1)";
+
+/// The job list, as each worker reads it once at the start.
+pub const READ_JOBS: &str = "SELECT id, customer, period, amount FROM {jobs} ORDER BY id";
+
+// ─── The statements every approach shares ─────────────────────────────────────────────
+
+/// "Is this one invoiced yet?": every worker asks before it does a job. A read is only a
+/// hint — by the time the worker writes, the answer may have changed. Each approach below
+/// is a different answer to that.
+pub const IS_INVOICED: &str =
+    "SELECT EXISTS (SELECT 1 FROM {invoices} WHERE customer = $1 AND period = $2)";
+
+/// The customer's balance and version, and whether the job is invoiced, in **one**
+/// statement, so that all three describe the same moment.
+pub const READ_CUSTOMER: &str = "
+    SELECT balance, version,
+           EXISTS (SELECT 1 FROM {invoices} WHERE customer = $1 AND period = $2)
+    FROM {customers} WHERE id = $1";
+
+pub const INSERT_INVOICE: &str =
+    "INSERT INTO {invoices} (customer, period, amount, worker) VALUES ($1, $2, $3, $4)";
+
+/// ❌ on its own: writes a balance the *worker* computed from what it read. Correct only if
+/// nobody else wrote the row since that read — which is what the lock is supposed to
+/// guarantee, and what a holder frozen past its TTL no longer has.
+pub const SET_BALANCE: &str = "UPDATE {customers} SET balance = $2 WHERE id = $1";
+
+// ─── The approaches ───────────────────────────────────────────────────────────────────
+
+/// ✅ optimistic: the same computed balance, written only if the row is still the version
+/// the worker read. Zero rows updated means someone else wrote in between: read again.
+pub const SET_BALANCE_IF_VERSION: &str =
+    "UPDATE {customers} SET balance = $2, version = version + 1 WHERE id = $1 AND version = $3";
+
+/// ✅ redis-fenced: the same computed balance, written only if no holder with a higher
+/// token has written this customer. The row remembers the highest token it took; a holder
+/// whose lease ran out while it was frozen carries a lower one and changes nothing.
+pub const SET_BALANCE_IF_FENCE: &str =
+    "UPDATE {customers} SET balance = $2, fence = $3 WHERE id = $1 AND fence <= $3";
+
+/// ✅ idempotency-key: one invoice per (customer, period), decided by the unique index.
+/// Zero rows inserted is a no-op: somebody already did this job.
+pub const INSERT_INVOICE_ONCE: &str = "
+    INSERT INTO {invoices} (customer, period, amount, worker) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (customer, period) DO NOTHING";
+
+/// ✅ idempotency-key: the database adds the amount to whatever the balance is *now*, in
+/// the transaction whose insert happened. No value read earlier is written back.
+pub const ADD_TO_BALANCE: &str = "UPDATE {customers} SET balance = balance + $2 WHERE id = $1";
+
+/// ✅ advisory-xact: waits for the lock on (run, customer); it is released by COMMIT or
+/// ROLLBACK — and a closed connection is a ROLLBACK.
+pub const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1, $2)";
+
+/// ✅ advisory-session: the same lock, held by the session until it says so.
+pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock($1, $2)";
+pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock($1, $2)";
+
+/// Every statement a worker prepares once, at the start (one round trip each later).
+const PREPARED: [&str; 13] = [
+    IS_INVOICED,
+    READ_CUSTOMER,
+    INSERT_INVOICE,
+    SET_BALANCE,
+    SET_BALANCE_IF_VERSION,
+    SET_BALANCE_IF_FENCE,
+    INSERT_INVOICE_ONCE,
+    ADD_TO_BALANCE,
+    ADVISORY_XACT_LOCK,
+    ADVISORY_LOCK,
+    ADVISORY_UNLOCK,
+    READ_JOBS,
+    "SELECT 1",
+];
+
+// ─── One worker's desk: the connections, the counts, and each approach as a function ──
+
+/// One job from the list.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub id: i32,
+    pub customer: i32,
+    pub period: i32,
+    pub amount: i64,
+}
+
+/// The moments a lab can stop a worker at, in the middle of one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Moment {
+    /// It has read what it needs and decided to do the job; it has written nothing.
+    Decided,
+    /// Its transaction has written the invoice, not yet the balance, and is not committed.
+    MidWrite,
+}
+
+/// What one stop looked like, for the lab: the job, and the Redis lock held, if any.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StopInfo {
+    pub lock_key: Option<String>,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+}
+
+/// Where a worker may be stopped: the worker script decides what a stop does.
+pub trait Gate {
+    fn at(&mut self, moment: Moment, job: &Job, info: StopInfo) -> Result<()>;
+}
+
+/// How a job ended for the worker that tried it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This worker wrote the invoice and the balance.
+    Invoiced,
+    /// Found invoiced before any attempt: nothing to do.
+    AlreadyDone,
+    /// Attempted, and the database said somebody else had done it (a conflicting insert,
+    /// or an optimistic retry that then found the invoice).
+    NoOp,
+    /// Attempted with a fencing token lower than one the row had taken: refused.
+    Rejected,
+}
+
+/// What one worker counted; summed by the lab.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Tally {
+    pub invoiced: u64,
+    pub already_done: u64,
+    /// Optimistic writes that found another version: each one is a retry.
+    pub conflicts: u64,
+    /// Attempts the database turned into nothing (ON CONFLICT, or a retry that found it done).
+    pub no_ops: u64,
+    /// Fenced writes refused for a lower token.
+    pub rejected: u64,
+    /// Redis `SET NX` attempts that found the lock taken.
+    pub lock_retries: u64,
+    /// Releases whose compare-and-delete found the key gone or someone else's: Redis ended
+    /// this holder's lease before it let go.
+    pub leases_lost: u64,
+    /// Requests sent to Postgres and Redis (a blocking lock wait counts once).
+    pub round_trips: u64,
+}
+
+/// A worker's connections and what it needs to do a job.
+pub struct Desk {
+    pub db: PgClient,
+    statements: Vec<(&'static str, Statement)>,
+    pub redis: Option<RedisLock>,
+    pub tables: Tables,
+    pub worker: String,
+    /// Simulated work between deciding and writing.
+    pub work: Duration,
+    /// How long a worker waits for a Redis lock before it gives up (and fails).
+    pub lock_wait: Duration,
+    /// The run's advisory-lock class: advisory locks are server-wide, so the first key
+    /// names the run and the approach, the second the customer.
+    pub lock_class: i32,
+    pub fence_counter: String,
+    pub redis_key_prefix: String,
+    pub tally: Tally,
+}
+
+impl Desk {
+    pub fn new(mut db: PgClient, tables: Tables, worker: &str) -> Result<Desk> {
+        let mut statements = Vec::new();
+        for template in PREPARED {
+            let statement = db
+                .prepare(&tables.sql(template))
+                .with_context(|| format!("preparing {}", template.trim()))?;
+            statements.push((template, statement));
+        }
+        Ok(Desk {
+            db,
+            statements,
+            redis: None,
+            tables,
+            worker: worker.to_string(),
+            work: Duration::ZERO,
+            lock_wait: Duration::from_secs(30),
+            lock_class: 0,
+            fence_counter: String::new(),
+            redis_key_prefix: String::new(),
+            tally: Tally::default(),
+        })
+    }
+
+    fn statement(&self, template: &str) -> Result<Statement> {
+        self.statements
+            .iter()
+            .find(|(t, _)| *t == template)
+            .map(|(_, s)| s.clone())
+            .with_context(|| format!("no prepared statement for {}", template.trim()))
+    }
+
+    /// Runs a statement and returns the rows it changed (one round trip).
+    fn execute(&mut self, template: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let statement = self.statement(template)?;
+        self.tally.round_trips += 1;
+        Ok(self.db.execute(&statement, params)?)
+    }
+
+    fn query_one(
+        &mut self,
+        template: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<postgres::Row> {
+        let statement = self.statement(template)?;
+        self.tally.round_trips += 1;
+        Ok(self.db.query_one(&statement, params)?)
+    }
+
+    /// BEGIN, COMMIT, ROLLBACK (one round trip each).
+    fn say(&mut self, command: &str) -> Result<()> {
+        self.tally.round_trips += 1;
+        Ok(self.db.batch_execute(command)?)
+    }
+
+    /// Reads the job list.
+    pub fn jobs(&mut self) -> Result<Vec<Job>> {
+        let statement = self.statement(READ_JOBS)?;
+        Ok(self
+            .db
+            .query(&statement, &[])?
+            .iter()
+            .map(|row| Job {
+                id: row.get(0),
+                customer: row.get(1),
+                period: row.get(2),
+                amount: row.get(3),
+            })
+            .collect())
+    }
+
+    /// Does one job the way `approach` says, stopping at `gate`'s moments.
+    pub fn do_job(
+        &mut self,
+        approach: Approach,
+        job: &Job,
+        gate: &mut dyn Gate,
+    ) -> Result<Outcome> {
+        if self.is_invoiced(job)? {
+            self.tally.already_done += 1;
+            return Ok(Outcome::AlreadyDone);
+        }
+        let outcome = match approach {
+            Approach::RedisLock => self.with_redis_lock(job, gate)?,
+            Approach::RedisFenced => self.with_redis_lock_and_fence(job, gate)?,
+            Approach::Optimistic => self.optimistic(job, gate)?,
+            Approach::IdempotencyKey => self.idempotency_key(job, gate)?,
+            Approach::Partitioned => self.as_the_only_owner(job, gate)?,
+            Approach::AdvisoryXact => self.with_advisory_xact_lock(job, gate)?,
+            Approach::AdvisorySession => self.with_advisory_session_lock(job, gate)?,
+        };
+        match outcome {
+            Outcome::Invoiced => self.tally.invoiced += 1,
+            Outcome::AlreadyDone => self.tally.already_done += 1,
+            Outcome::NoOp => self.tally.no_ops += 1,
+            Outcome::Rejected => self.tally.rejected += 1,
+        }
+        Ok(outcome)
+    }
+
+    fn is_invoiced(&mut self, job: &Job) -> Result<bool> {
+        Ok(self
+            .query_one(IS_INVOICED, &[&job.customer, &job.period])?
+            .get(0))
+    }
+
+    /// The customer's (balance, version, invoiced?) at one moment.
+    fn read_customer(&mut self, job: &Job) -> Result<(i64, i64, bool)> {
+        let row = self.query_one(READ_CUSTOMER, &[&job.customer, &job.period])?;
+        Ok((row.get(0), row.get(1), row.get(2)))
+    }
+
+    /// The work itself (computing the invoice, rendering a PDF…): here a sleep.
+    fn work(&self) {
+        if !self.work.is_zero() {
+            thread::sleep(self.work);
+        }
+    }
+
+    /// ❌ redis-lock: take the customer's Redis lock, read, decide, write, let go.
+    ///
+    /// Inside the lock everything looks safe: the worker checks that the job is not done,
+    /// reads the balance, computes the new one and writes both in one transaction. But the
+    /// lock is a lease. A worker frozen after its read and before its write (a GC pause, a
+    /// VM migration) wakes up past the TTL, when another worker has already taken the lock,
+    /// invoiced this very job and added other invoices to the balance. Nothing stops the
+    /// sleeper: it inserts a second invoice and writes its stale balance over the others'
+    /// work — a duplicate and a lost update, with a correct lock.
+    ///
+    /// Fix: [`Desk::with_redis_lock_and_fence`] — or no lock at all, below.
+    fn with_redis_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let held = self.take_redis_lock(job, false)?;
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            self.let_go(&held)?;
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, self.stop_info(&held))?;
+        self.work();
+        self.say("BEGIN")?;
+        self.execute(
+            INSERT_INVOICE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        self.say("COMMIT")?;
+        self.let_go(&held)?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ redis-fenced: the same lock, and a fencing token drawn with it; the customer row
+    /// takes the write only if it has seen no higher token. The balance update goes first,
+    /// so a refused write also rolls back its invoice: all or nothing.
+    ///
+    /// The lock still matters — it keeps the workers from doing the same job at the same
+    /// time — but it no longer decides correctness: the row does.
+    fn with_redis_lock_and_fence(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let held = self.take_redis_lock(job, true)?;
+        let token = held.token.context("a fenced lock without a token")?;
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            self.let_go(&held)?;
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, self.stop_info(&held))?;
+        self.work();
+        self.say("BEGIN")?;
+        let taken = self.execute(
+            SET_BALANCE_IF_FENCE,
+            &[&job.customer, &(balance + job.amount), &token],
+        )?;
+        if taken == 0 {
+            self.say("ROLLBACK")?;
+            self.let_go(&held)?;
+            return Ok(Outcome::Rejected);
+        }
+        self.execute(
+            INSERT_INVOICE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
+        self.say("COMMIT")?;
+        self.let_go(&held)?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ optimistic: no lock. Read the balance *and its version*, compute, then write only
+    /// if the version is still the one read. A worker that froze in between finds a newer
+    /// version (somebody invoiced this customer meanwhile), updates zero rows, reads again —
+    /// and now sees the invoice: nothing to do. Under contention the retries pile up; that
+    /// is its cost, counted in `conflicts`.
+    fn optimistic(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        const MOST_RETRIES: u32 = 10_000;
+        let mut stopped = false;
+        for attempt in 0..MOST_RETRIES {
+            let (balance, version, invoiced) = self.read_customer(job)?;
+            if invoiced {
+                return Ok(if attempt == 0 {
+                    Outcome::AlreadyDone
+                } else {
+                    Outcome::NoOp
+                });
+            }
+            if !stopped {
+                gate.at(Moment::Decided, job, StopInfo::default())?;
+            }
+            self.work();
+            self.say("BEGIN")?;
+            let written = self.execute(
+                SET_BALANCE_IF_VERSION,
+                &[&job.customer, &(balance + job.amount), &version],
+            )?;
+            if written == 0 {
+                self.say("ROLLBACK")?;
+                self.tally.conflicts += 1;
+                stopped = true;
+                continue;
+            }
+            self.execute(
+                INSERT_INVOICE,
+                &[
+                    &job.customer,
+                    &job.period,
+                    &job.amount,
+                    &self.worker.clone(),
+                ],
+            )?;
+            if !stopped {
+                gate.at(Moment::MidWrite, job, StopInfo::default())?;
+            }
+            self.say("COMMIT")?;
+            return Ok(Outcome::Invoiced);
+        }
+        bail!(
+            "gave up on customer {} after {MOST_RETRIES} version conflicts",
+            job.customer
+        )
+    }
+
+    /// ✅ idempotency-key: no lock, no read. Insert the invoice with ON CONFLICT DO NOTHING;
+    /// only if a row went in, add the amount to the balance — in the same transaction, and
+    /// with `balance + amount` computed by the database, not from an earlier read. A worker
+    /// that froze before its insert wakes up, inserts nothing, and changes nothing.
+    fn idempotency_key(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        gate.at(Moment::Decided, job, StopInfo::default())?;
+        self.work();
+        self.say("BEGIN")?;
+        let inserted = self.execute(
+            INSERT_INVOICE_ONCE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        if inserted == 0 {
+            self.say("COMMIT")?;
+            return Ok(Outcome::NoOp);
+        }
+        gate.at(Moment::MidWrite, job, StopInfo::default())?;
+        self.execute(ADD_TO_BALANCE, &[&job.customer, &job.amount])?;
+        self.say("COMMIT")?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ partitioned: exactly the ❌ read-modify-write of `redis-lock`, without any lock —
+    /// and correct, because only this worker ever writes these customers (the worker script
+    /// skips the others' jobs). A frozen owner corrupts nothing; its customers simply wait.
+    /// A dead owner needs a new one, and only once it is certainly dead: handing a partition
+    /// over while its owner may still wake up brings back every problem of a lease.
+    fn as_the_only_owner(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, StopInfo::default())?;
+        self.work();
+        self.say("BEGIN")?;
+        self.execute(
+            INSERT_INVOICE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        gate.at(Moment::MidWrite, job, StopInfo::default())?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        self.say("COMMIT")?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ advisory-xact: the same read-modify-write, under `pg_advisory_xact_lock` taken
+    /// *inside* the transaction that writes. The lock and the writes live and die together:
+    /// a killed worker's connection closes, Postgres rolls back and the lock is free at
+    /// once. A frozen worker keeps its connection, so it keeps the lock, and every worker
+    /// that needs this customer waits — safe, not live. Only a server-side timeout bounds
+    /// that (`idle_in_transaction_session_timeout`), and then the sleeper's COMMIT fails.
+    fn with_advisory_xact_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let class = self.lock_class;
+        self.say("BEGIN")?;
+        self.execute(ADVISORY_XACT_LOCK, &[&class, &job.customer])?;
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            self.say("COMMIT")?;
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, StopInfo::default())?;
+        self.work();
+        self.execute(
+            INSERT_INVOICE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        gate.at(Moment::MidWrite, job, StopInfo::default())?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        self.say("COMMIT")?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ advisory-session: `pg_advisory_lock` belongs to the session, not a transaction, so
+    /// it outlives COMMIT and ROLLBACK and must be released by hand — forget it on one error
+    /// path and a pooled connection carries it on for hours. Correct here because the writes
+    /// go through the session that holds the lock: while it is frozen nobody else gets in,
+    /// and if Postgres ends the session (`idle_session_timeout`: the session is idle *outside*
+    /// a transaction, so the in-transaction timeout never fires) its writes fail with it.
+    fn with_advisory_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let class = self.lock_class;
+        self.execute(ADVISORY_LOCK, &[&class, &job.customer])?;
+        let outcome = self.under_session_lock(job, gate);
+        // Released on every path, errors included (an error here ends the worker anyway).
+        self.execute(ADVISORY_UNLOCK, &[&class, &job.customer])?;
+        outcome
+    }
+
+    fn under_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, StopInfo::default())?;
+        self.work();
+        self.say("BEGIN")?;
+        self.execute(
+            INSERT_INVOICE,
+            &[
+                &job.customer,
+                &job.period,
+                &job.amount,
+                &self.worker.clone(),
+            ],
+        )?;
+        gate.at(Moment::MidWrite, job, StopInfo::default())?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        self.say("COMMIT")?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// Takes the customer's Redis lock (`SET NX PX`, with a token when `fenced`), trying
+    /// every [`RETRY_EVERY`] for at most `lock_wait`.
+    fn take_redis_lock(&mut self, job: &Job, fenced: bool) -> Result<Held> {
+        let key = format!("{}{}", self.redis_key_prefix, job.customer);
+        let counter = self.fence_counter.clone();
+        let lock = self.redis.as_mut().context("no Redis connection")?;
+        lock.key = key;
+        let deadline = Instant::now() + self.lock_wait;
+        loop {
+            self.tally.round_trips += 1;
+            let held = if fenced {
+                lock.try_acquire_fenced(&counter)?
+            } else {
+                lock.try_acquire()?
+            };
+            if let Some(held) = held {
+                return Ok(held);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "waited {:?} for the Redis lock {} and gave up",
+                    self.lock_wait,
+                    lock.key
+                );
+            }
+            self.tally.lock_retries += 1;
+            thread::sleep(RETRY_EVERY);
+        }
+    }
+
+    /// Compare-and-delete; counts a lease that Redis had ended before we let go.
+    fn let_go(&mut self, held: &Held) -> Result<()> {
+        let lock = self.redis.as_mut().context("no Redis connection")?;
+        self.tally.round_trips += 1;
+        if lock.release_reporting(held)? != Release::Deleted {
+            self.tally.leases_lost += 1;
+        }
+        Ok(())
+    }
+
+    fn stop_info(&self, held: &Held) -> StopInfo {
+        StopInfo {
+            lock_key: self.redis.as_ref().map(|lock| lock.key.clone()),
+            owner: Some(held.owner.clone()),
+            token: held.token,
+        }
+    }
+}
+
+/// Which of `owners` workers owns a customer: hash(key) mod N. With small integer keys the
+/// key is its own hash; a string key would go through a real hash first.
+pub fn owner_of(customer: i32, owners: u32) -> u32 {
+    customer.unsigned_abs() % owners.max(1)
+}
+
+/// One run's three tables, in the run's own schema.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tables {
+    pub schema: String,
+    pub approach: String,
+}
+
+impl Tables {
+    pub fn new(run_id: &str, approach: Approach) -> Tables {
+        Tables {
+            schema: schema_of(run_id),
+            approach: approach.name().replace('-', "_"),
+        }
+    }
+
+    pub fn name(&self, table: &str) -> String {
+        format!("{}.{}_{table}", self.schema, self.approach)
+    }
+
+    pub fn sql(&self, template: &str) -> String {
+        template
+            .replace("{jobs}", &self.name("jobs"))
+            .replace("{customers}", &self.name("customers"))
+            .replace("{invoices}", &self.name("invoices"))
+    }
+}
+
+/// The schema that holds every table of a run; dropping it removes them all.
+pub fn schema_of(run_id: &str) -> String {
+    format!("lockslab_{run_id}")
+}
+
+// ─── The verdict, read back from the tables ───────────────────────────────────────────
+
+/// How many invoices each job has: exactly one is right.
+pub const INVOICES_PER_JOB: &str = "
+    SELECT j.id, count(i.customer)
+    FROM {jobs} j LEFT JOIN {invoices} i ON i.customer = j.customer AND i.period = j.period
+    GROUP BY j.id ORDER BY j.id";
+
+/// Each customer's balance beside the sum of its invoices: they must be equal.
+pub const BALANCE_VS_INVOICES: &str = "
+    SELECT c.id, c.balance, coalesce(sum(i.amount), 0)::bigint
+    FROM {customers} c LEFT JOIN {invoices} i ON i.customer = c.id
+    GROUP BY c.id ORDER BY c.id";
+
+/// From the first invoice to the moment the last job got its first one, on the database's
+/// clock (a duplicate written later does not make the jobs any more done).
+pub const SPAN_OF_FIRST_INVOICES: &str = "
+    SELECT coalesce(extract(epoch FROM max(first) - min(first))::float8, 0)
+    FROM (SELECT min(at) AS first FROM {invoices} GROUP BY customer, period) f";
+
+/// The facts the verdict states, from the two read-backs above.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub jobs: i64,
+    /// Jobs invoiced twice or more.
+    pub duplicates: i64,
+    /// Jobs never invoiced.
+    pub lost_jobs: i64,
+    /// Customers whose balance is not the sum of their invoices: an update lost (or one
+    /// counted that has no invoice).
+    pub lost_updates: i64,
+    /// The jobs that went wrong, and the customers, for the freeze and kill columns.
+    pub bad_jobs: Vec<i32>,
+    pub bad_customers: Vec<i32>,
+}
+
+impl Verdict {
+    /// `per_job`: (job, invoices); `per_customer`: (customer, balance, sum of invoices).
+    pub fn judge(per_job: &[(i32, i64)], per_customer: &[(i32, i64, i64)]) -> Verdict {
+        let times: Vec<i64> = per_job.iter().map(|&(_, n)| n).collect();
+        let processed = crate::check::exactly_once(&times);
+        Verdict {
+            jobs: processed.jobs,
+            duplicates: processed.duplicates,
+            lost_jobs: processed.lost,
+            lost_updates: per_customer.iter().filter(|(_, b, s)| b != s).count() as i64,
+            bad_jobs: per_job
+                .iter()
+                .filter(|&&(_, n)| n != 1)
+                .map(|&(j, _)| j)
+                .collect(),
+            bad_customers: per_customer
+                .iter()
+                .filter(|(_, b, s)| b != s)
+                .map(|&(c, _, _)| c)
+                .collect(),
+        }
+    }
+
+    /// Did this job come out right: invoiced once, and its customer's balance matching?
+    pub fn job_is_right(&self, job: i32, customer: i32) -> bool {
+        !self.bad_jobs.contains(&job) && !self.bad_customers.contains(&customer)
+    }
+
+    pub fn correct(&self) -> bool {
+        self.duplicates == 0 && self.lost_jobs == 0 && self.lost_updates == 0
+    }
+}
+
+/// The p-th percentile (0–100) of some latencies, by nearest rank; None when there are none.
+pub fn percentile(sorted_us: &[u64], p: f64) -> Option<f64> {
+    if sorted_us.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted_us.len() as f64).ceil().max(1.0) as usize;
+    Some(sorted_us[rank.min(sorted_us.len()) - 1] as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicate_and_a_stale_balance_are_both_counted() {
+        // Job 1 invoiced twice; customer 1's balance was overwritten with a stale value.
+        let per_job = [(0, 1), (1, 2), (2, 1), (3, 0)];
+        let per_customer = [(0, 300, 300), (1, 150, 450)];
+        let verdict = Verdict::judge(&per_job, &per_customer);
+        assert_eq!(
+            (verdict.duplicates, verdict.lost_jobs, verdict.lost_updates),
+            (1, 1, 1)
+        );
+        assert!(!verdict.correct());
+        assert!(!verdict.job_is_right(1, 0), "invoiced twice");
+        assert!(
+            !verdict.job_is_right(2, 1),
+            "its customer's balance is wrong"
+        );
+        assert!(verdict.job_is_right(0, 0));
+    }
+
+    #[test]
+    fn every_job_once_and_every_balance_matching_is_correct() {
+        let verdict = Verdict::judge(&[(0, 1), (1, 1)], &[(0, 10, 10), (1, 0, 0)]);
+        assert!(verdict.correct());
+        assert_eq!(verdict.jobs, 2);
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let us: Vec<u64> = (1..=100).map(|ms| ms * 1000).collect();
+        assert_eq!(percentile(&us, 50.0), Some(50.0));
+        assert_eq!(percentile(&us, 99.0), Some(99.0));
+        assert_eq!(percentile(&[7000], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn every_owner_gets_some_customers() {
+        let mut owned = [0; 10];
+        for customer in 0..20 {
+            owned[owner_of(customer, 10) as usize] += 1;
+        }
+        assert!(owned.iter().all(|&n| n > 0), "{owned:?}");
+    }
+
+    #[test]
+    fn tables_live_in_the_runs_schema() {
+        let tables = Tables::new("ab12cd34", Approach::IdempotencyKey);
+        assert_eq!(
+            tables.sql("SELECT * FROM {invoices}"),
+            "SELECT * FROM lockslab_ab12cd34.idempotency_key_invoices"
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! The invoicer's script (lab 7, `no-lock`): walk the job list from a starting point and do
+//! every job not done yet, the way [`crate::invoices`] says for the run's approach.
+//!
+//! The worker connects, reads the list and says `ready`, then waits for `start`, so that
+//! every worker begins at the same moment. A worker the lab means to freeze or kill stops at
+//! its first job's [`Moment`]: it says `claimed` and waits for `go` on stdin, and the lab
+//! freezes it (or kills it) there. At the end it says `finished`, with its counts and the
+//! latency of every job it invoiced.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::connect;
+use crate::events::{Emitter, Kind};
+use crate::invoices::{Approach, Desk, Gate, Job, Moment, Outcome, StopInfo, Tables, owner_of};
+use crate::lock::redis::RedisLock;
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Role {
+    pub name: String,
+    pub approach: Approach,
+    pub postgres_url: String,
+    pub redis_url: Option<String>,
+    pub tables: Tables,
+    /// `application_name` of the session, so the lab can find it in `pg_stat_activity`.
+    pub session: String,
+    /// Where in the job list this worker starts (it wraps around to the start).
+    pub start_at: usize,
+    /// Partitioned: (this worker's partition, how many partitions).
+    pub partition: Option<(u32, u32)>,
+    /// Where to stop once for the lab, at the first job that gets that far.
+    pub stop_at: Option<Moment>,
+    pub work_ms: u64,
+    pub ttl_ms: u64,
+    pub lock_wait_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub lock_class: i32,
+    pub redis_key_prefix: String,
+    pub fence_counter: String,
+}
+
+/// Stops once, at the role's moment: says `claimed`, then waits for the lab's `go`.
+struct StopOnce<'a> {
+    me: &'a Emitter,
+    at: Option<Moment>,
+}
+
+impl Gate for StopOnce<'_> {
+    fn at(&mut self, moment: Moment, job: &Job, info: StopInfo) -> Result<()> {
+        if self.at != Some(moment) {
+            return Ok(());
+        }
+        self.at = None;
+        let what = match moment {
+            Moment::Decided => "decided to invoice it and has written nothing yet",
+            Moment::MidWrite => "has inserted the invoice, not the balance, and not committed",
+        };
+        let lock = match (&info.lock_key, info.token) {
+            (Some(_), Some(token)) => format!(" (holds the Redis lock, token {token})"),
+            (Some(_), None) => " (holds the Redis lock)".to_string(),
+            _ => String::new(),
+        };
+        let event = self
+            .me
+            .event(
+                Kind::Claimed,
+                format!(
+                    "job {} (customer {}, period {}): {what}{lock}",
+                    job.id, job.customer, job.period
+                ),
+            )
+            .with("job", job.id)
+            .with("customer", job.customer)
+            .with("period", job.period)
+            .with("moment", serde_json::to_value(moment)?)
+            .with("lock_key", info.lock_key)
+            .with("owner", info.owner)
+            .with("token", info.token)
+            .with("pid", std::process::id());
+        self.me.send(event);
+        super::await_command("go")
+    }
+}
+
+pub fn run(role: &Role) -> Result<()> {
+    let me = Emitter::new(&role.name);
+    let mut db = connect::postgres(&role.postgres_url)?;
+    db.batch_execute(&format!(
+        "SET application_name = '{}'; SET statement_timeout = {}",
+        role.session, role.statement_timeout_ms
+    ))?;
+    let mut desk = Desk::new(db, role.tables.clone(), &role.name)?;
+    desk.work = Duration::from_millis(role.work_ms);
+    desk.lock_wait = Duration::from_millis(role.lock_wait_ms);
+    desk.lock_class = role.lock_class;
+    desk.redis_key_prefix = role.redis_key_prefix.clone();
+    desk.fence_counter = role.fence_counter.clone();
+    if let Some(url) = &role.redis_url {
+        desk.redis = Some(RedisLock::new(
+            connect::redis(url)?,
+            "",
+            Duration::from_millis(role.ttl_ms),
+        ));
+    }
+    let jobs = desk.jobs()?;
+    me.send(
+        me.event(
+            Kind::Ready,
+            format!("ready: {} jobs on the list", jobs.len()),
+        )
+        .with("pid", std::process::id()),
+    );
+    super::await_command("start")?;
+
+    let mut gate = StopOnce {
+        me: &me,
+        at: role.stop_at,
+    };
+    let mut latencies_us = Vec::new();
+    let start = role.start_at.min(jobs.len());
+    for job in jobs[start..].iter().chain(&jobs[..start]) {
+        if let Some((mine, of)) = role.partition
+            && owner_of(job.customer, of) != mine
+        {
+            continue;
+        }
+        let began = Instant::now();
+        if desk.do_job(role.approach, job, &mut gate)? == Outcome::Invoiced {
+            latencies_us.push(began.elapsed().as_micros() as u64);
+        }
+    }
+    let tally = &desk.tally;
+    me.send(
+        me.event(
+            Kind::Finished,
+            format!(
+                "done with the list: invoiced {}, found {} done",
+                tally.invoiced, tally.already_done
+            ),
+        )
+        .with("tally", serde_json::to_value(tally)?)
+        .with("latencies_us", serde_json::to_value(&latencies_us)?),
+    );
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! Lab 7 against a real Redis and Postgres: every approach's verdict is read back from the
+//! invoices and balances, the Redis lock without fencing really fails under the freeze, and
+//! nothing of a run — workers, tables, keys — outlives it, Ctrl-C included.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+fn approach<'a>(verdict: &'a Value, name: &str) -> &'a Value {
+    verdict["approaches"]
+        .as_array()
+        .expect("approaches array")
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no approach {name} in {verdict}"))
+}
+
+/// The lab's own event of a kind in one approach's run.
+fn event_of<'a>(lines: &'a [Value], name: &str, kind: &str) -> Option<&'a Value> {
+    lines
+        .iter()
+        .find(|e| e["approach"] == name && e["kind"] == kind)
+}
+
+fn schema_exists(run_id: &str) -> bool {
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+        &[&format!("lockslab_{run_id}")],
+    )
+    .unwrap()
+    .get(0)
+}
+
+fn redis_keys(run_id: &str) -> Vec<String> {
+    let mut redis = lockslab::connect::redis(&servers().redis).unwrap();
+    redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut redis)
+        .unwrap()
+}
+
+fn run_id_of(verdict: &Value) -> String {
+    verdict["run_id"].as_str().expect("run_id").to_string()
+}
+
+#[test]
+fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the_kill() {
+    let (lines, verdict, _) = run_json(&[
+        "no-lock", "--jobs", "100", "--pause", "1s", "--ttl", "300ms",
+    ]);
+    let names: Vec<&str> = verdict["approaches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "redis-lock",
+            "optimistic",
+            "idempotency-key",
+            "partitioned",
+            "advisory-xact",
+            "advisory-session",
+            "redis-fenced"
+        ]
+    );
+    for field in [
+        "name",
+        "duplicates",
+        "lost_updates",
+        "lost_jobs",
+        "jobs_per_s",
+        "retries",
+        "p50_ms",
+        "p99_ms",
+    ] {
+        for name in &names {
+            assert!(
+                approach(&verdict, name).get(field).is_some(),
+                "{name} has no {field}"
+            );
+        }
+    }
+
+    // The baseline: the frozen worker's job comes out wrong, and the tables say how.
+    let baseline = approach(&verdict, "redis-lock");
+    assert_eq!(baseline["correct_under_freeze"], false, "{baseline}");
+    assert!(
+        baseline["duplicates"].as_i64().unwrap() + baseline["lost_updates"].as_i64().unwrap() > 0,
+        "{baseline}"
+    );
+    let frozen_job = baseline["frozen_job"].as_i64().unwrap();
+    let tables_said = event_of(&lines, "redis-lock", "violation").expect("a violation line");
+    assert!(
+        tables_said["bad_jobs"]
+            .as_array()
+            .unwrap()
+            .contains(&frozen_job.into())
+            || !tables_said["bad_customers"].as_array().unwrap().is_empty(),
+        "{tables_said}"
+    );
+    assert!(
+        event_of(&lines, "redis-lock", "expired").is_some(),
+        "Redis ended w1's lease during the freeze"
+    );
+    // A kill is not what breaks it: the killed transaction rolls back, the lock lapses.
+    assert_eq!(baseline["correct_under_kill"], true, "{baseline}");
+
+    for name in &names[1..] {
+        let a = approach(&verdict, name);
+        assert_eq!(
+            (&a["duplicates"], &a["lost_updates"], &a["lost_jobs"]),
+            (&0.into(), &0.into(), &0.into()),
+            "{a}"
+        );
+        assert_eq!(a["correct_under_freeze"], true, "{a}");
+        assert_eq!(a["correct_under_kill"], true, "{a}");
+        assert!(a["jobs_per_s"].as_f64().unwrap() > 0.0, "{a}");
+    }
+
+    // Each way of staying correct under the freeze leaves its own trace.
+    let count = |name: &str, field: &str| approach(&verdict, name)[field].as_i64().unwrap();
+    assert!(
+        count("optimistic", "conflicts") >= 1,
+        "w1's stale version conflicts"
+    );
+    assert!(
+        count("idempotency-key", "no_ops") >= 1,
+        "w1's late insert is a no-op"
+    );
+    assert!(
+        count("redis-fenced", "rejected") >= 1,
+        "w1's lower token is refused"
+    );
+    assert!(
+        count("partitioned", "waited_for_the_freeze") >= 1,
+        "w1's partition waits for it"
+    );
+    let held = event_of(&lines, "advisory-xact", "session").expect("w1's session");
+    assert_eq!(held["state"], "idle in transaction", "{held}");
+    assert!(
+        held["waiting"].as_i64().unwrap() >= 1,
+        "others wait for the frozen session's advisory lock: {held}"
+    );
+    let held = event_of(&lines, "advisory-session", "session").expect("w1's session");
+    assert_eq!(
+        held["state"], "idle",
+        "a session lock is held outside a transaction"
+    );
+    // The partitioned run gives the dead owner's partition to a new one.
+    assert!(event_of(&lines, "partitioned", "reclaimed").is_some());
+
+    assert_one_clock(&lines);
+    let pids = worker_pids(&lines);
+    assert!(pids.len() >= 70, "ten workers per approach: {pids:?}");
+    assert_gone(&pids);
+    let run_id = run_id_of(&verdict);
+    assert!(!schema_exists(&run_id), "the run's schema is dropped");
+    assert!(
+        redis_keys(&run_id).is_empty(),
+        "the run's Redis keys are gone"
+    );
+}
+
+#[test]
+fn human_output_fits_a_projector_and_names_the_failure() {
+    let text = run_human(&[
+        "no-lock",
+        "redis-lock",
+        "--jobs",
+        "60",
+        "--pause",
+        "800ms",
+        "--ttl",
+        "200ms",
+    ]);
+    let verdict = text
+        .split("Verdict")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no verdict in:\n{text}"));
+    for line in verdict.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    for expected in ["FAILED", "SIGSTOP w1", "SIGKILL w2", "invoiced twice"] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn optimistic_retries_grow_with_the_workers() {
+    let (_, verdict, _) = run_json(&["no-lock", "optimistic", "--contention", "--jobs", "60"]);
+    let runs = verdict["approaches"].as_array().unwrap();
+    let workers: Vec<i64> = runs
+        .iter()
+        .map(|r| r["workers"].as_i64().unwrap())
+        .collect();
+    assert_eq!(workers, [2, 4, 8, 16, 32]);
+    for run in runs {
+        assert_eq!(
+            (&run["duplicates"], &run["lost_updates"], &run["lost_jobs"]),
+            (&0.into(), &0.into(), &0.into()),
+            "{run}"
+        );
+    }
+    assert!(
+        runs[4]["retries"].as_i64().unwrap() > runs[0]["retries"].as_i64().unwrap(),
+        "32 workers on 4 customers conflict more than 2: {verdict}"
+    );
+    assert!(!schema_exists(&run_id_of(&verdict)));
+}
+
+#[test]
+fn ctrl_c_while_a_worker_is_frozen_leaves_no_worker_table_or_key() {
+    let mut lab = lockslab(&["no-lock", "redis-lock", "--pause", "20s", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut stdout = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let frozen = loop {
+        let line = stdout
+            .next()
+            .expect("the lab ended before the freeze")
+            .unwrap();
+        let event: Value = serde_json::from_str(&line).unwrap();
+        lines.push(event.clone());
+        if event["kind"] == "frozen" {
+            break event["pid"].as_i64().unwrap() as i32;
+        }
+    };
+    assert!(eventually(std::time::Duration::from_secs(2), || {
+        proc_state(frozen) == Some('T')
+    }));
+    let run_id = lines
+        .iter()
+        .find_map(|e| e["run_id"].as_str())
+        .expect("the workers line names the run")
+        .to_string();
+    assert!(schema_exists(&run_id), "the tables exist while it runs");
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(lab.wait().unwrap().code(), Some(130));
+    assert_eq!(proc_state(frozen), None, "the frozen worker is gone");
+    assert_gone(&worker_pids(&lines));
+    assert!(!schema_exists(&run_id), "the run's schema is dropped");
+    assert!(
+        redis_keys(&run_id).is_empty(),
+        "the run's Redis keys are gone"
+    );
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["no-lock", "--workers", "2"],
+            "--fault both needs at least 3",
+        ),
+        (&["no-lock", "--workers", "51"], "--workers 51"),
+        (&["no-lock", "--keys", "1"], "--keys 1"),
+        (&["no-lock", "pessimistic"], "pessimistic"),
+    ];
+    for (args, expected) in cases {
+        let output = lockslab(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
