@@ -10,6 +10,7 @@ use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
+use crate::labs::redlock::{self, RedlockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
@@ -67,6 +68,7 @@ Examples:
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab redlock              lab 6: five Redis masters, a quorum, and where it breaks
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with kill -STOP
   lockslab <lab> --help         options and examples of one lab
@@ -88,6 +90,9 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
+    /// clock jump, a client pause
+    Redlock(RedlockArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -125,6 +130,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
+        Command::Redlock(args) => redlock::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up => up()?,
         Command::Down => {

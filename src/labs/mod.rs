@@ -9,6 +9,7 @@ pub mod etcd_vs_redis;
 pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
+pub mod redlock;
 pub mod skip_locked;
 
 use std::collections::HashSet;

@@ -113,7 +113,13 @@ impl Master {
     ) -> Result<T, String> {
         let started = Instant::now();
         if self.connection.is_none() {
-            let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
+            // No `CLIENT SETINFO` after connecting: its two replies would each wait a full
+            // timeout on a frozen master, doubling what "no answer" costs the round.
+            let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
+                .map_err(|e| e.to_string())?;
+            let settings = info.redis_settings().clone().set_skip_set_lib_name();
+            let client = redis::Client::open(info.set_redis_settings(settings))
+                .map_err(|e| e.to_string())?;
             let connection = client
                 .get_connection_with_timeout(timeout)
                 .map_err(|e| describe_failure(&e))?;
@@ -170,6 +176,8 @@ fn describe_failure(err: &redis::RedisError) -> String {
         "no answer in time".to_string()
     } else if err.is_connection_refusal() {
         "connection refused".to_string()
+    } else if err.is_connection_dropped() || err.is_unrecoverable_error() {
+        "connection lost".to_string()
     } else {
         err.to_string()
     }
@@ -237,7 +245,7 @@ impl Attempt {
     /// The validity arithmetic in one line, with every number named.
     pub fn arithmetic(&self) -> String {
         format!(
-            "validity = TTL {} − elapsed {:.0} − drift {} = {}ms; {} of {} granted, quorum {} → {}",
+            "validity = TTL {} − elapsed {:.0} − drift {} = {}ms; {} of {} granted, quorum {}: {}",
             self.ttl_ms,
             self.elapsed_ms.ceil(),
             self.drift_ms,
@@ -258,12 +266,19 @@ impl Attempt {
     /// The round as the timeline shows it: one line per master, then the arithmetic.
     pub fn lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.answers.iter().map(answer_line).collect();
-        lines.push(self.arithmetic());
+        lines.extend(self.arithmetic().split("; ").map(String::from));
         if !self.released.is_empty() {
             let released: Vec<String> = self
                 .released
                 .iter()
-                .map(|a| format!("{} {}", a.master, short_reply(&a.reply)))
+                .map(|a| {
+                    let reply = match &a.reply {
+                        Reply::NoAnswer { .. } => "✗".to_string(),
+                        Reply::NotOurs { found: Some(_) } => "not ours".to_string(),
+                        other => short_reply(other),
+                    };
+                    format!("{} {reply}", a.master)
+                })
                 .collect();
             lines.push(format!(
                 "released on all {}: {}",
@@ -278,7 +293,7 @@ impl Attempt {
 /// `m3 :40123  +0.8ms  OK  (0.3ms)`.
 pub fn answer_line(answer: &Answer) -> String {
     format!(
-        "{:<3} :{:<5} sent +{:>5.1}ms  {:<26} ({:.1}ms)",
+        "{:<3} :{:<5} sent +{:>5.1}ms  {:<22} ({:.1}ms)",
         answer.master,
         answer.port,
         answer.sent_ms,
