@@ -295,6 +295,25 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
         values: Vec::new(),
         faults: vec![Fault::Up; args.masters],
     };
+    let masters_seen: Vec<serde_json::Value> = (0..lab.n())
+        .map(|i| {
+            json!({
+                "master": Lab::name(i),
+                "port": ports[i],
+                "pid": lab.masters[i].pid(Backend::Redis),
+                "dir": lab.masters[i].dir.display().to_string(),
+            })
+        })
+        .collect();
+    lab.stage.record(
+        Event::new(
+            "lab",
+            Kind::Run,
+            format!("run {run_id}: the lock is the key lockslab:{run_id}:redlock:<scenario>"),
+        )
+        .with("run_id", run_id.as_str())
+        .with("masters", masters_seen),
+    );
     let result = (|| -> Result<Vec<ScenarioVerdict>> {
         let mut verdicts = Vec::new();
         for scenario in &scenarios {
