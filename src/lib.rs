@@ -22,6 +22,7 @@
 //! - [`events`] is the vocabulary workers and labs report in; [`check`] turns a run's
 //!   evidence into the facts a verdict states; [`output`] renders both.
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
+//!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6).
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.

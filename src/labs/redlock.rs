@@ -512,7 +512,7 @@ impl Lab {
         let pid = self.masters[i].pid(Backend::Redis).unwrap_or(0);
         let text = format!(
             "{}{} back on :{} in {}, EMPTY (no persistence)",
-            if crash { "SIGKILL " } else { "" },
+            if crash { "SIGKILL, then " } else { "" },
             Lab::name(i),
             Master::new("", &self.url(i)).port(),
             human(took)
@@ -688,7 +688,13 @@ impl Lab {
         if frozen.held {
             self.release("A", &mut lock, &frozen);
         }
-        let cost = down.validity_ms - frozen.validity_ms;
+        // The share of the round spent waiting on the frozen masters, from the same round.
+        let waited: f64 = frozen
+            .answers
+            .iter()
+            .filter(|a| matches!(a.reply, Reply::NoAnswer { .. }))
+            .map(|a| a.took_ms)
+            .sum();
         verdicts.push(ScenarioVerdict {
             name: "minority-frozen",
             granted: frozen.held,
@@ -700,11 +706,12 @@ impl Lab {
             stale_write_sequence: None,
             left_after_release: None,
             meaning: format!(
-                "With {} frozen, {} of {n} granted ({}); the round waited for the frozen ones \
-                 and its validity is {}ms, {cost}ms less than with them down.",
+                "With {} frozen, {} of {n} granted ({}). Of the round's {:.0}ms, {waited:.0}ms \
+                 went on waiting for the frozen masters: validity {}ms.",
                 self.names(minority.clone()),
                 frozen.granted,
                 if frozen.held { "held" } else { "not held" },
+                frozen.elapsed_ms,
                 frozen.validity_ms
             ),
             rounds: vec![round("A", &frozen)],
@@ -1280,9 +1287,9 @@ fn two_holders(a: &Attempt, b: &Attempt, b_granted_at: Instant) -> bool {
     a.held && b.held && a.valid_until().is_some_and(|end| b_granted_at < end)
 }
 
+/// A random value read as a number, short but still comparable: `1.044e18`.
 fn short_number(n: i64) -> String {
-    let text = n.to_string();
-    format!("{}…", &text[..text.len().min(6)])
+    format!("{:.3e}", n as f64)
 }
 
 fn round(client: &str, attempt: &Attempt) -> ClientRound {

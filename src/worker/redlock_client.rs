@@ -196,13 +196,12 @@ pub fn indent(lines: &[String]) -> String {
         .join("\n")
 }
 
-/// A token for the timeline: a random value read as a number is 18 digits long, and its
-/// first six are all a reader needs to compare two of them.
+/// A token for the timeline: a random value read as a number has 18 or 19 digits, shown
+/// as `1.044e18` so that two of them still compare at a glance.
 pub fn short_token(token: i64) -> String {
-    let text = token.to_string();
-    if text.len() > 8 {
-        format!("{}…", &text[..6])
+    if token > 99_999_999 {
+        format!("{:.3e}", token as f64)
     } else {
-        text
+        token.to_string()
     }
 }
