@@ -246,7 +246,7 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     intro.say(&format!(
         "  {}",
         format!(
-            "{} private Redis masters, ports {} (started in {}; no replication, no persistence)",
+            "{} private Redis masters on ports {} (ready in {})\n  no replication, no persistence",
             args.masters,
             ports.join(" "),
             human(started.elapsed())
@@ -261,8 +261,9 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     let q = redlock::quorum(args.masters);
     let drift = redlock::drift(args.ttl, args.drift_factor);
     intro.say(&format!(
-        "Redlock: held when {q} of {} masters grant SET NX PX {} and validity = TTL − elapsed − drift > 0\n\
-         (drift = {} × TTL + 2ms = {}ms; each master gets {} to answer).",
+        "Redlock: held when {q} of {} masters grant SET NX PX {} and validity > 0,\n\
+         validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
+         each master gets {} to answer.",
         args.masters,
         args.ttl.as_millis(),
         args.drift_factor,
@@ -674,7 +675,7 @@ impl Lab {
         });
 
         self.note(&format!(
-            "now {} are frozen instead: each costs the per-instance timeout ({})",
+            "{} frozen instead: each costs the {} per-instance timeout",
             self.names(minority.clone()),
             human(self.settings.instance_timeout)
         ));
