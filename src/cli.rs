@@ -11,6 +11,7 @@ use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
+use crate::labs::redlock::{self, RedlockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
@@ -69,6 +70,7 @@ Examples:
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab redlock              lab 6: five Redis masters, a quorum, and where it breaks
   lockslab no-lock              lab 7: the same job without a lock service, freeze and kill
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
@@ -93,6 +95,9 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
+    /// clock jump, a client pause
+    Redlock(RedlockArgs),
     /// Lab 7: one job done seven ways, with and without a lock, under the same freeze and kill
     NoLock(NoLockArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
@@ -177,6 +182,7 @@ impl Command {
             Command::Naive(args) => Some(&args.output),
             Command::SkipLocked(args) => Some(&args.output),
             Command::EtcdVsRedis(args) => Some(&args.output),
+            Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
             _ => None,
         }
@@ -214,6 +220,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
+        Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {

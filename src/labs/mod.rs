@@ -10,6 +10,7 @@ pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
+pub mod redlock;
 pub mod skip_locked;
 pub mod step;
 

@@ -6,6 +6,7 @@
 pub mod etcd;
 pub mod postgres;
 pub mod redis;
+pub mod redlock;
 
 /// A random owner value: 16 bytes from the OS, as 32 hex digits.
 ///

@@ -1,0 +1,534 @@
+//! Redlock: one lock on N independent Redis masters, held while a majority agrees.
+//!
+//! [`super::redis`] is a lock on one Redis, and that Redis is a single point of failure:
+//! when it dies, the lock service is gone (or, with a replica promoted, the lock may be
+//! handed out twice — lab 5). Redlock's answer is to ask N masters that know nothing of
+//! each other — no replication, no shared clock — and to count:
+//!
+//! 1. pick one random value for this acquisition;
+//! 2. for each master in turn, `SET key value NX PX ttl`, waiting for each at most a
+//!    **per-instance timeout** much shorter than the TTL, so that a master that is down or
+//!    frozen costs little and is simply counted as "no";
+//! 3. measure the **elapsed** time of the whole round on a monotonic clock (a wall clock
+//!    could jump in the middle);
+//! 4. the lock is held if at least **⌊N/2⌋+1** masters said OK ([`quorum`]) and the
+//!    **validity** `ttl − elapsed − drift` is still positive ([`validity`]): the keys were set
+//!    at different moments during the round, the first one is already `elapsed` older, and
+//!    the masters' clocks may run a little faster than ours (`drift`);
+//! 5. otherwise, release on **all** masters — those that seemed to say no included: a reply
+//!    lost on the way back is a key set on a master that looked silent — with the same
+//!    compare-and-delete as the single-instance lock, then wait a **random** delay before
+//!    trying again, so that clients that collided do not collide again in lockstep.
+//!
+//! What it buys, and what it assumes, is the subject of lab 6 (`lockslab redlock`,
+//! labs/06-redlock.md): it survives a minority of masters failing, but its safety rests on
+//! bounded pauses, bounded network delays and clocks that do not jump, and its random value
+//! is not a fencing token.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use serde::Serialize;
+
+use super::random_owner;
+
+/// The same compare-and-delete as the single-instance lock ([`super::redis`]), reporting
+/// what it found: 1 deleted; 0 with the value found (another holder's), or 0 and nothing.
+const COMPARE_AND_DELETE_REPORTING: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return {1, false}
+end
+return {0, current}
+"#;
+
+/// Masters needed for a majority of `masters`: ⌊N/2⌋+1 (3 of 5, 2 of 3). Two majorities of
+/// the same N always share a master — the property the whole algorithm leans on.
+pub fn quorum(masters: usize) -> usize {
+    masters / 2 + 1
+}
+
+/// The allowance for clock drift between the masters and this client: `drift_factor` of
+/// the TTL plus 2ms (Redis expires keys with millisecond resolution).
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor.max(0.0)) + Duration::from_millis(2)
+}
+
+/// How long the lock may still be trusted, counted from the moment the round *began*:
+/// `ttl − elapsed − drift`, in milliseconds (negative when nothing is left). The elapsed
+/// time is rounded up: a client that errs here should err towards trusting the lock less.
+pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> i64 {
+    let elapsed_ms = elapsed.as_micros().div_ceil(1000) as i64;
+    ttl.as_millis() as i64 - elapsed_ms - drift.as_millis() as i64
+}
+
+/// The Redlock settings: the algorithm's knobs, named.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub ttl: Duration,
+    /// The fraction of the TTL allowed for clock drift (0.01 in the algorithm's description).
+    pub drift_factor: f64,
+    /// How long one master may take to answer before it counts as "no".
+    pub instance_timeout: Duration,
+    /// Retries wait a random delay from 0 to this.
+    pub retry_delay_max: Duration,
+}
+
+/// One master: where it is, and a connection when one is open.
+pub struct Master {
+    /// `m1`, `m2`… for the timeline.
+    pub name: String,
+    pub url: String,
+    connection: Option<redis::Connection>,
+}
+
+impl Master {
+    pub fn new(name: &str, url: &str) -> Master {
+        Master {
+            name: name.to_string(),
+            url: url.to_string(),
+            connection: None,
+        }
+    }
+
+    /// The port, which is how the walkthrough and `redis-cli -p` name a master.
+    pub fn port(&self) -> &str {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|tail| tail.split('/').next())
+            .unwrap_or("?")
+    }
+
+    /// Runs one command with the whole exchange (connecting included) bounded by `timeout`.
+    ///
+    /// After any failure the connection is dropped: a reply that arrives late would
+    /// otherwise be read as the answer to the next command.
+    fn ask<T: redis::FromRedisValue>(
+        &mut self,
+        timeout: Duration,
+        query: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, String> {
+        let started = Instant::now();
+        if self.connection.is_none() {
+            // No `CLIENT SETINFO` after connecting: its two replies would each wait a full
+            // timeout on a frozen master, doubling what "no answer" costs the round.
+            let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
+                .map_err(|e| e.to_string())?;
+            let settings = info.redis_settings().clone().set_skip_set_lib_name();
+            let client = redis::Client::open(info.set_redis_settings(settings))
+                .map_err(|e| e.to_string())?;
+            let connection = client
+                .get_connection_with_timeout(timeout)
+                .map_err(|e| describe_failure(&e))?;
+            self.connection = Some(connection);
+        }
+        let connection = self.connection.as_mut().expect("opened above");
+        let left = timeout
+            .checked_sub(started.elapsed())
+            .unwrap_or(Duration::from_millis(1))
+            .max(Duration::from_millis(1));
+        let answer = connection
+            .set_read_timeout(Some(left))
+            .and_then(|_| connection.set_write_timeout(Some(left)))
+            .and_then(|_| query(connection));
+        answer.map_err(|err| {
+            self.connection = None;
+            describe_failure(&err)
+        })
+    }
+
+    /// What this master holds under `key` now: its value and PTTL (-2: no key), in one
+    /// MULTI/EXEC so both describe the same moment. For the labs' read-backs.
+    pub fn read(&mut self, key: &str, timeout: Duration) -> Result<(Option<String>, i64), String> {
+        self.ask(timeout, |c| {
+            redis::pipe()
+                .atomic()
+                .cmd("GET")
+                .arg(key)
+                .cmd("PTTL")
+                .arg(key)
+                .query(c)
+        })
+    }
+
+    /// Runs any command on this master, bounded like the others (the labs' own probes).
+    pub fn command<T: redis::FromRedisValue>(
+        &mut self,
+        command: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, String> {
+        self.ask(timeout, |c| command.query(c))
+    }
+
+    /// Forgets the connection (after the lab killed or restarted the server).
+    pub fn disconnect(&mut self) {
+        self.connection = None;
+    }
+}
+
+/// "timed out" for a master that accepted the bytes and said nothing; the client
+/// library's words otherwise (connection refused…).
+fn describe_failure(err: &redis::RedisError) -> String {
+    if err.is_timeout() {
+        "no answer in time".to_string()
+    } else if err.is_connection_refusal() {
+        "connection refused".to_string()
+    } else if err.is_connection_dropped() || err.is_unrecoverable_error() {
+        "connection lost".to_string()
+    } else {
+        err.to_string()
+    }
+}
+
+/// What one master answered to one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// `SET NX PX` answered OK: the key is ours on this master.
+    Granted,
+    /// `SET NX PX` answered nil: the key exists there (someone else's).
+    Refused,
+    /// Release: our key was there and is deleted.
+    Deleted,
+    /// Release: the key held another value (`found`), or nothing.
+    NotOurs { found: Option<String> },
+    /// Down, frozen or too slow: no answer within the per-instance timeout.
+    NoAnswer { why: String },
+}
+
+/// One master's answer, and when it came.
+#[derive(Clone, Debug, Serialize)]
+pub struct Answer {
+    pub master: String,
+    pub port: String,
+    #[serde(flatten)]
+    pub reply: Reply,
+    /// When the request was sent, counted from the start of the round (ms, fractional).
+    pub sent_ms: f64,
+    /// How long this master took to answer (or to be given up on).
+    pub took_ms: f64,
+}
+
+/// One round of the algorithm: every master's answer, and the arithmetic.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    /// The random value written to every master.
+    pub value: String,
+    pub answers: Vec<Answer>,
+    pub granted: usize,
+    pub quorum: usize,
+    pub ttl_ms: u64,
+    /// The whole round, on the monotonic clock.
+    pub elapsed_ms: f64,
+    pub drift_ms: u64,
+    /// `ttl − elapsed − drift`, in whole milliseconds.
+    pub validity_ms: i64,
+    /// A majority granted and validity is left: the client holds the lock.
+    pub held: bool,
+    /// On failure: what the release-everywhere found, master by master.
+    pub released: Vec<Answer>,
+    /// When the round began (this process's monotonic clock): the validity counts from here.
+    #[serde(skip)]
+    pub started: Option<Instant>,
+}
+
+impl Attempt {
+    /// When the validity ends, on this process's monotonic clock.
+    pub fn valid_until(&self) -> Option<Instant> {
+        let started = self.started?;
+        (self.validity_ms > 0).then(|| started + Duration::from_millis(self.validity_ms as u64))
+    }
+
+    /// The validity arithmetic in one line, with every number named.
+    pub fn arithmetic(&self) -> String {
+        format!(
+            "validity = TTL {} − elapsed {:.0} − drift {} = {}ms; {} of {} granted, quorum {}: {}",
+            self.ttl_ms,
+            self.elapsed_ms.ceil(),
+            self.drift_ms,
+            self.validity_ms,
+            self.granted,
+            self.answers.len(),
+            self.quorum,
+            if self.held {
+                "HELD"
+            } else if self.granted >= self.quorum {
+                "NOT held (no validity left)"
+            } else {
+                "NOT held (no majority)"
+            }
+        )
+    }
+
+    /// The round as the timeline shows it: one line per master, then the arithmetic.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.answers.iter().map(answer_line).collect();
+        lines.extend(self.arithmetic().split("; ").map(String::from));
+        if !self.released.is_empty() {
+            let released: Vec<String> = self
+                .released
+                .iter()
+                .map(|a| {
+                    let reply = match &a.reply {
+                        Reply::NoAnswer { .. } => "✗".to_string(),
+                        Reply::NotOurs { found: Some(_) } => "not ours".to_string(),
+                        other => short_reply(other),
+                    };
+                    format!("{} {reply}", a.master)
+                })
+                .collect();
+            lines.push(format!(
+                "released on all {}: {}",
+                self.released.len(),
+                released.join(", ")
+            ));
+        }
+        lines
+    }
+}
+
+/// `m3 :40123  +0.8ms  OK  (0.3ms)`.
+pub fn answer_line(answer: &Answer) -> String {
+    format!(
+        "{:<3} :{:<5} sent +{:>5.1}ms  {:<22} ({:.1}ms)",
+        answer.master,
+        answer.port,
+        answer.sent_ms,
+        short_reply(&answer.reply),
+        answer.took_ms
+    )
+}
+
+fn short_reply(reply: &Reply) -> String {
+    match reply {
+        Reply::Granted => "OK".to_string(),
+        Reply::Refused => "nil (key taken)".to_string(),
+        Reply::Deleted => "deleted".to_string(),
+        Reply::NotOurs { found: Some(v) } => format!("not ours ({}…)", &v[..v.len().min(6)]),
+        Reply::NotOurs { found: None } => "no key".to_string(),
+        Reply::NoAnswer { why } => format!("✗ {why}"),
+    }
+}
+
+/// The lock over N masters.
+pub struct Redlock {
+    pub masters: Vec<Master>,
+    pub key: String,
+    pub settings: Settings,
+}
+
+impl Redlock {
+    pub fn new(masters: Vec<Master>, key: &str, settings: Settings) -> Redlock {
+        Redlock {
+            masters,
+            key: key.to_string(),
+            settings,
+        }
+    }
+
+    /// ✅ One round of the algorithm. Returns the round whether or not it got the lock; a
+    /// failed round has already been released everywhere.
+    pub fn try_acquire(&mut self) -> Attempt {
+        let ttl = self.settings.ttl;
+        let value = random_owner();
+        let started = Instant::now();
+        let mut answers = Vec::new();
+        for master in &mut self.masters {
+            let sent = started.elapsed();
+            let reply = master.ask(self.settings.instance_timeout, |c| {
+                redis::cmd("SET")
+                    .arg(&self.key)
+                    .arg(&value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl.as_millis().max(1) as u64)
+                    .query::<Option<String>>(c)
+            });
+            answers.push(Answer {
+                master: master.name.clone(),
+                port: master.port().to_string(),
+                reply: match reply {
+                    Ok(Some(_)) => Reply::Granted,
+                    Ok(None) => Reply::Refused,
+                    Err(why) => Reply::NoAnswer { why },
+                },
+                sent_ms: ms(sent),
+                took_ms: ms(started.elapsed() - sent),
+            });
+        }
+        let elapsed = started.elapsed();
+        let granted = answers.iter().filter(|a| a.reply == Reply::Granted).count();
+        let quorum = quorum(self.masters.len());
+        let drift = drift(ttl, self.settings.drift_factor);
+        let validity_ms = validity(ttl, elapsed, drift);
+        let mut attempt = Attempt {
+            value,
+            answers,
+            granted,
+            quorum,
+            ttl_ms: ttl.as_millis() as u64,
+            elapsed_ms: ms(elapsed),
+            drift_ms: drift.as_millis() as u64,
+            validity_ms,
+            held: granted >= quorum && validity_ms > 0,
+            released: Vec::new(),
+            started: Some(started),
+        };
+        if !attempt.held {
+            attempt.released = self.release(&attempt.value);
+        }
+        attempt
+    }
+
+    /// ✅ Rounds until one holds the lock or `wait` has passed, each failed round followed
+    /// by a random delay. Returns every round, the last one deciding.
+    pub fn acquire_within(&mut self, wait: Duration) -> Vec<Attempt> {
+        let deadline = Instant::now() + wait;
+        let mut rounds = Vec::new();
+        loop {
+            let attempt = self.try_acquire();
+            let held = attempt.held;
+            rounds.push(attempt);
+            if held || Instant::now() >= deadline {
+                return rounds;
+            }
+            thread::sleep(random_delay(self.settings.retry_delay_max));
+        }
+    }
+
+    /// ✅ Compare-and-delete on **every** master, whatever it answered to the SET.
+    pub fn release(&mut self, value: &str) -> Vec<Answer> {
+        let started = Instant::now();
+        let mut answers = Vec::new();
+        for master in &mut self.masters {
+            let sent = started.elapsed();
+            let reply = master.ask(self.settings.instance_timeout, |c| {
+                Script::new(COMPARE_AND_DELETE_REPORTING)
+                    .key(&self.key)
+                    .arg(value)
+                    .invoke::<(i64, Option<String>)>(c)
+            });
+            answers.push(Answer {
+                master: master.name.clone(),
+                port: master.port().to_string(),
+                reply: match reply {
+                    Ok((1, _)) => Reply::Deleted,
+                    Ok((_, found)) => Reply::NotOurs { found },
+                    Err(why) => Reply::NoAnswer { why },
+                },
+                sent_ms: ms(sent),
+                took_ms: ms(started.elapsed() - sent),
+            });
+        }
+        answers
+    }
+}
+
+// ❌ What Redlock is not: a fencing token.
+//
+// The value is random so that a release deletes only our own key; two values say nothing
+// about which acquisition came first. A store that compared them would keep whichever write
+// carries the larger random number — a coin toss, not the order of the grants. Lab 6 plays
+// exactly that (`as_number`) beside a token from an ordered, durable source.
+
+/// ❌ The random value read as a number (its first 15 hex digits), the way a store might
+/// be tempted to use it as a token. Its order is the order of two coin tosses.
+pub fn as_number(value: &str) -> i64 {
+    i64::from_str_radix(&value[..value.len().min(15)], 16).unwrap_or(0)
+}
+
+/// A random delay from 0 to `max`, from the OS's random source.
+pub fn random_delay(max: Duration) -> Duration {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        return max / 2;
+    }
+    let fraction = u64::from_le_bytes(bytes) as f64 / u64::MAX as f64;
+    max.mul_f64(fraction)
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_micros() as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_majority_is_floor_half_plus_one() {
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+        assert_eq!(quorum(7), 4);
+        // Two majorities of five share at least one master: 3 + 3 > 5.
+        assert!(2 * quorum(5) > 5);
+    }
+
+    #[test]
+    fn drift_is_a_fraction_of_the_ttl_plus_two_milliseconds() {
+        assert_eq!(
+            drift(Duration::from_secs(10), 0.01),
+            Duration::from_millis(102)
+        );
+        assert_eq!(
+            drift(Duration::from_secs(2), 0.01),
+            Duration::from_millis(22)
+        );
+        assert_eq!(drift(Duration::from_secs(2), 0.0), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn validity_is_ttl_minus_elapsed_minus_drift() {
+        let ttl = Duration::from_secs(2);
+        let d = drift(ttl, 0.01);
+        assert_eq!(validity(ttl, Duration::from_millis(3), d), 2000 - 3 - 22);
+        // Two frozen masters at 50ms each eat 100ms of it.
+        assert_eq!(validity(ttl, Duration::from_millis(103), d), 1875);
+        // A round slower than the TTL leaves nothing, majority or not.
+        assert!(validity(ttl, Duration::from_millis(1990), d) < 0);
+    }
+
+    #[test]
+    fn the_arithmetic_names_every_number() {
+        let attempt = Attempt {
+            value: "ab".repeat(16),
+            answers: Vec::new(),
+            granted: 3,
+            quorum: 3,
+            ttl_ms: 2000,
+            elapsed_ms: 101.2,
+            drift_ms: 22,
+            validity_ms: 1877,
+            held: true,
+            released: Vec::new(),
+            started: None,
+        };
+        let line = attempt.arithmetic();
+        for part in [
+            "TTL 2000",
+            "elapsed 102",
+            "drift 22",
+            "= 1877ms",
+            "quorum 3",
+            "HELD",
+        ] {
+            assert!(line.contains(part), "{part:?} missing from {line:?}");
+        }
+    }
+
+    #[test]
+    fn a_random_value_read_as_a_number_has_no_order_of_its_own() {
+        assert_eq!(as_number("000000000000001ffff"), 1);
+        assert!(as_number(&"f".repeat(32)) > 0);
+    }
+
+    #[test]
+    fn random_delays_stay_within_their_bound() {
+        for _ in 0..100 {
+            assert!(random_delay(Duration::from_millis(200)) <= Duration::from_millis(200));
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Lab 6, `lockslab redlock`: each scenario's verdict against the masters the lab starts
+//! itself, the release-everywhere rule on a real Redis, and what a run leaves behind —
+//! after a normal end and after Ctrl-C.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lockslab::lock::redlock::{Master, Redlock, Reply, Settings};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
+    verdict["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no scenario {name} in {verdict}"))
+}
+
+/// The masters a run announced in its `run` event: (port, dir).
+fn masters_of(lines: &[Value]) -> Vec<(String, String)> {
+    let run = lines
+        .iter()
+        .find(|e| e["kind"] == "run" && e["masters"].is_array())
+        .expect("a run event listing the masters");
+    run["masters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["port"].as_str().unwrap().to_string(),
+                m["dir"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// No redis-server of the run is left (running, stopped or zombie), and no directory.
+fn assert_masters_gone(masters: &[(String, String)]) {
+    assert!(!masters.is_empty());
+    for (port, dir) in masters {
+        let left: Vec<_> = process_table()
+            .into_iter()
+            .filter(|p| p.cmdline.contains(&format!("127.0.0.1:{port}")))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the master on port {port} is still there: {left:?}"
+        );
+        assert!(
+            !std::path::Path::new(dir).exists(),
+            "the master's directory {dir} is still there"
+        );
+    }
+}
+
+#[test]
+fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
+    let (lines, verdict, _) = run_json(&["redlock"]);
+    assert_one_clock(&lines);
+    assert_eq!(verdict["lab"], "redlock");
+    assert_eq!(verdict["masters"], 5);
+    assert_eq!(verdict["quorum"], 3);
+    let q = 3;
+
+    // 1. A minority down: granted; frozen: granted, with less validity; a majority down:
+    // not granted, and no master that answered keeps the failed round's key.
+    let down = scenario(&verdict, "minority-down");
+    assert_eq!(down["granted"], true, "{down}");
+    let frozen = scenario(&verdict, "minority-frozen");
+    assert_eq!(frozen["granted"], true, "{frozen}");
+    let frozen_answers = frozen["rounds"][0]["answers"].as_array().unwrap();
+    assert_eq!(
+        frozen_answers
+            .iter()
+            .filter(|a| a["reply"] == "no_answer")
+            .count(),
+        2,
+        "the two frozen masters count as no: {frozen}"
+    );
+    assert!(
+        frozen["validity_ms"].as_i64() < down["validity_ms"].as_i64(),
+        "waiting for frozen masters costs validity: {} vs {}",
+        frozen["validity_ms"],
+        down["validity_ms"]
+    );
+    let majority = scenario(&verdict, "majority-down");
+    assert_eq!(majority["granted"], false, "{majority}");
+    assert_eq!(majority["left_after_release"], Value::Array(vec![]));
+    let released = majority["rounds"][0]["released"].as_array().unwrap();
+    assert_eq!(released.len(), 5, "released on all five masters");
+    for state in majority["read_back"].as_array().unwrap() {
+        if state["answered"] == true {
+            assert!(
+                state["holder"].is_null(),
+                "a key left after release: {state}"
+            );
+        }
+    }
+
+    // 2. A master restarting empty: two holders, read back from the masters themselves.
+    let restart = scenario(&verdict, "restart-empty");
+    assert_eq!(restart["two_holders"], true, "{restart}");
+    let holders = |s: &Value, who: &str| {
+        s["read_back"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["holder"] == who && m["pttl_ms"].as_i64() > Some(0))
+            .count()
+    };
+    assert!(
+        holders(restart, "B") >= q,
+        "B's value on a majority: {restart}"
+    );
+    assert!(
+        holders(restart, "A") >= 1,
+        "A's value still alive elsewhere: {restart}"
+    );
+    let delayed = scenario(&verdict, "restart-delayed");
+    assert_eq!(delayed["granted"], false, "{delayed}");
+    assert_eq!(delayed["two_holders"], false, "{delayed}");
+
+    // 3. The clock jump: simulated, said so, and two holders.
+    let jump = scenario(&verdict, "clock-jump");
+    assert_eq!(jump["two_holders"], true, "{jump}");
+    assert!(jump["simulated"].as_str().unwrap().contains("PEXPIRE"));
+    let simulated: Vec<&Value> = lines.iter().filter(|e| e["simulated"] == true).collect();
+    assert_eq!(simulated.len(), 2, "two masters jump");
+    assert!(
+        simulated
+            .iter()
+            .all(|e| e["text"].as_str().unwrap().contains("SIMULATED"))
+    );
+    assert!(holders(jump, "B") >= q && holders(jump, "A") >= 1, "{jump}");
+
+    // 4. The client pause: unfenced accepted, by sequence rejected, by value a coin toss
+    // decided by the two numbers alone.
+    let pause = scenario(&verdict, "client-pause");
+    assert_eq!(pause["stale_write"]["accepted"], true, "{pause}");
+    assert_eq!(pause["stale_write_sequence"]["accepted"], false, "{pause}");
+    let by_value = &pause["stale_write_random_value"];
+    assert_eq!(
+        by_value["accepted"],
+        by_value["a_token"].as_i64() > by_value["b_token"].as_i64(),
+        "the random value orders the writes by chance only: {by_value}"
+    );
+    assert!(
+        pause["stale_write_sequence"]["a_token"].as_i64()
+            < pause["stale_write_sequence"]["b_token"].as_i64()
+    );
+
+    // Nothing left: workers, masters, their directories, the store's rows.
+    assert_gone(&worker_pids(&lines));
+    assert_masters_gone(&masters_of(&lines));
+    assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn a_failed_round_is_released_on_every_master() {
+    // Three "masters" on the test binary's Redis (databases 1–3: separate keyspaces) and a
+    // fourth that is down (nothing listens there): enough for the rule, no server faulted.
+    let redis = &servers().redis;
+    let key = format!("lockslab:test-{}:redlock", std::process::id());
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        format!("redis://127.0.0.1:{port}")
+    };
+    let urls = [
+        format!("{redis}/1"),
+        format!("{redis}/2"),
+        format!("{redis}/3"),
+        dead,
+        format!("{redis}/4"),
+    ];
+    // Someone else holds the key on databases 2, 3 and 4: our round can get only db 1.
+    for db in [2, 3, 4] {
+        let mut c = lockslab::connect::redis(&format!("{redis}/{db}")).unwrap();
+        redis::cmd("SET")
+            .arg(&key)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(10_000)
+            .query::<()>(&mut c)
+            .unwrap();
+    }
+    let masters = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
+        .collect();
+    let settings = Settings {
+        ttl: Duration::from_secs(5),
+        drift_factor: 0.01,
+        instance_timeout: Duration::from_millis(200),
+        retry_delay_max: Duration::from_millis(10),
+    };
+    let mut lock = Redlock::new(masters, &key, settings);
+    let attempt = lock.try_acquire();
+    assert!(!attempt.held, "{attempt:?}");
+    assert_eq!(attempt.granted, 1);
+    assert!(matches!(attempt.answers[3].reply, Reply::NoAnswer { .. }));
+    assert_eq!(attempt.released.len(), 5, "released on all five");
+    assert_eq!(attempt.released[0].reply, Reply::Deleted);
+    for db in 1..=4 {
+        let mut c = lockslab::connect::redis(&format!("{redis}/{db}")).unwrap();
+        let value: Option<String> = redis::cmd("GET").arg(&key).query(&mut c).unwrap();
+        assert_ne!(
+            value.as_deref(),
+            Some(attempt.value.as_str()),
+            "db {db} kept our key"
+        );
+        if db > 1 {
+            assert_eq!(
+                value.as_deref(),
+                Some("someone-else"),
+                "another's key is left alone"
+            );
+            redis::cmd("DEL").arg(&key).query::<()>(&mut c).unwrap();
+        }
+    }
+}
+
+/// Ctrl-C at `moment` (the first event it matches): exit 130, and no master, worker or
+/// directory left.
+fn interrupt_at(args: &[&str], moment: impl Fn(&Value) -> bool) {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let mut lab = lockslab(&all).stdout(Stdio::piped()).spawn().unwrap();
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    for line in BufReader::new(lab.stdout.take().unwrap()).lines() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let hit = moment(&event);
+        seen.push(event);
+        if hit {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "never reached the moment"
+        );
+    }
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    let status = lab.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C exits with 130");
+    let masters = masters_of(&seen);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            masters.iter().all(|(port, dir)| {
+                !std::path::Path::new(dir).exists()
+                    && !process_table()
+                        .iter()
+                        .any(|p| p.cmdline.contains(&format!("127.0.0.1:{port}")))
+            })
+        }),
+        "masters or their directories left after Ctrl-C"
+    );
+    assert_masters_gone(&masters);
+    let workers = worker_pids(&seen);
+    if !workers.is_empty() {
+        assert_gone(&workers);
+    }
+    let run_id = seen
+        .iter()
+        .find_map(|e| e["run_id"].as_str())
+        .unwrap()
+        .to_string();
+    assert_run_left_nothing(&run_id);
+}
+
+#[test]
+fn ctrl_c_while_two_masters_are_frozen_leaves_nothing() {
+    interrupt_at(&["redlock", "minority"], |e| {
+        e["kind"] == "frozen" && e["master"] == "m5"
+    });
+}
+
+#[test]
+fn ctrl_c_while_the_client_is_frozen_leaves_nothing() {
+    interrupt_at(&["redlock", "client-pause", "--ttl", "5s"], |e| {
+        e["worker"] == "lab" && e["kind"] == "frozen"
+    });
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    for (args, flag) in [
+        (vec!["redlock", "--masters", "4"], "--masters"),
+        (vec!["redlock", "--drift-factor", "2"], "--drift-factor"),
+        (
+            vec!["redlock", "--ttl", "500ms", "--instance-timeout", "100ms"],
+            "--instance-timeout",
+        ),
+    ] {
+        let output = lockslab(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}
