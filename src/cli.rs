@@ -8,6 +8,7 @@ use colored::Colorize;
 
 use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
+use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
@@ -88,6 +89,8 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// Lab 5: no pause needed: a Redis failover hands the lock out twice, etcd's Raft does not
+    Failover(FailoverArgs),
     /// Hands-on: take the lock, print the PID to freeze, work, write to the store, release
     #[command(after_help = "\
 Example, in two terminals (after `lockslab up` and its export lines):
@@ -125,6 +128,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
+        Command::Failover(args) => failover::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up => up()?,
         Command::Down => {

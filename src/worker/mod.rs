@@ -10,6 +10,7 @@
 pub mod consumer;
 pub mod holder;
 pub mod racer;
+pub mod sentinel_client;
 
 use std::io::{self, BufRead};
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ pub enum WorkerSpec {
     Racer(racer::Role),
     /// Claim and process jobs from the queue, round by round (lab 3).
     Consumer(consumer::Role),
+    /// Find the primary through Sentinel, take the lock there, write when told (lab 5).
+    SentinelClient(sentinel_client::SentinelClient),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -53,6 +56,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::Holder(script) => (script.name.clone(), holder::run(&script)),
         WorkerSpec::Racer(role) => (role.name.clone(), racer::run(&role)),
         WorkerSpec::Consumer(role) => (role.name.clone(), consumer::run(&role)),
+        WorkerSpec::SentinelClient(script) => (script.name.clone(), sentinel_client::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,
