@@ -855,10 +855,8 @@ impl Play<'_> {
                 etcd.members[near].name
             ),
         ));
-        let refused = try_to_lock_without_majority(&etcd.members[far].client_url, &lock_name);
-        let refusal = match &refused {
-            Ok(()) => bail!("etcd granted a lease with one member of three: that cannot be"),
-            Err(err) => format!("{err:#}"),
+        let Some(refusal) = try_to_lock_without_majority(&etcd.members[far].client_url)? else {
+            bail!("etcd granted a lease with one member of three: that cannot be");
         };
         stage.record(
             Event::new(
@@ -902,16 +900,23 @@ fn queued_keys(url: &str, lock: &str) -> Result<i64> {
     })
 }
 
-/// Client C's attempt on a member that lost its majority: a lease grant, bounded.
-fn try_to_lock_without_majority(url: &str, _lock: &str) -> Result<()> {
+/// Client C's attempt on a member that lost its majority: a lease grant, bounded at 3s.
+/// Returns what etcd (or the client's timeout) answered, or None if it was granted.
+fn try_to_lock_without_majority(url: &str) -> Result<Option<String>> {
     let runtime = connect::etcd_runtime()?;
     runtime.block_on(async {
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(3));
         let mut client = etcd_client::Client::connect([url], Some(options)).await?;
-        client.lease_grant(5, None).await?;
-        Ok(())
+        Ok(match client.lease_grant(5, None).await {
+            Ok(_) => None,
+            Err(etcd_client::Error::GRpcStatus(status)) => Some(status.message().to_string()),
+            Err(err) if err.to_string().contains("Timeout expired") => {
+                Some("no answer within 3s: the member cannot reach a majority".to_string())
+            }
+            Err(err) => Some(err.to_string()),
+        })
     })
 }
 
@@ -936,21 +941,17 @@ fn print_verdict(scenarios: &[Scenario]) {
                 _ => "none".to_string(),
             };
             let tokens = match (s.a_token, s.b_token) {
+                (Some(a), Some(b)) if b == a => format!("{a}→{b} {}", "again".red().bold()),
+                (Some(a), Some(b)) if b < a => format!("{a}→{b} {}", "lower".red().bold()),
                 (Some(a), Some(b)) => format!("{a}→{b}"),
                 _ => "-".into(),
             };
             let time = s
                 .failover_ms
-                .map(|ms| format!("failover {ms}ms"))
-                .or(s.election_ms.map(|ms| format!("election {ms}ms")))
+                .map(|ms| format!("{ms}ms failover"))
+                .or(s.election_ms.map(|ms| format!("{ms}ms election")))
                 .unwrap_or_else(|| "unavailable".into());
-            vec![
-                s.name.clone(),
-                yes_no(s.two_holders),
-                format!("{tokens} {}", yes_no(s.token_reissued)),
-                stale,
-                time,
-            ]
+            vec![s.name.clone(), yes_no(s.two_holders), tokens, stale, time]
         })
         .collect();
     crate::outln!();
