@@ -911,10 +911,10 @@ fn try_to_lock_without_majority(url: &str) -> Result<Option<String>> {
         let mut client = etcd_client::Client::connect([url], Some(options)).await?;
         Ok(match client.lease_grant(5, None).await {
             Ok(_) => None,
-            Err(etcd_client::Error::GRpcStatus(status)) => Some(status.message().to_string()),
             Err(err) if err.to_string().contains("Timeout expired") => {
                 Some("no answer within 3s: the member cannot reach a majority".to_string())
             }
+            Err(etcd_client::Error::GRpcStatus(status)) => Some(status.message().to_string()),
             Err(err) => Some(err.to_string()),
         })
     })
@@ -959,13 +959,7 @@ fn print_verdict(scenarios: &[Scenario]) {
     crate::outln!(
         "{}",
         table(
-            &[
-                "scenario",
-                "2 holders",
-                "A→B token, reissued",
-                "late write",
-                "time"
-            ],
+            &["scenario", "2 holders", "tokens A→B", "late write", "time"],
             &rows
         )
     );

@@ -107,7 +107,7 @@ pub fn run(script: &SentinelClient) -> Result<()> {
     me.send(
         me.event(
             Kind::Waiting,
-            format!("Sentinel says the primary is {primary}; tries SET NX PX there"),
+            format!("asks Sentinel: the primary is {primary}; SET NX PX there"),
         )
         .with("pid", std::process::id())
         .with("primary", primary.clone()),
@@ -183,7 +183,10 @@ pub fn run(script: &SentinelClient) -> Result<()> {
         Err(err) => (
             false,
             None,
-            format!("cannot release: the primary that granted the lock is gone ({err:#})"),
+            format!(
+                "cannot release: {primary}, which granted the lock, is gone ({})",
+                err.root_cause()
+            ),
         ),
     };
     me.send(
