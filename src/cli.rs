@@ -8,6 +8,7 @@ use colored::Colorize;
 
 use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
+use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
@@ -70,6 +71,7 @@ Examples:
   lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
   lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
   lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
+  lockslab failover             lab 5: a Redis failover hands the lock out twice; etcd does not
   lockslab redlock              lab 6: five Redis masters, a quorum, and where it breaks
   lockslab no-lock              lab 7: the same job without a lock service, freeze and kill
   lockslab doctor               check this machine the day before a session
@@ -77,7 +79,7 @@ Examples:
   lockslab worker               take the lock by hand and freeze yourself with kill -STOP
   lockslab <lab> --help         options and examples of one lab
 
-Walkthroughs: labs/01-gc-pause.md … labs/04-etcd-vs-redis.md in the repository."
+Walkthroughs: labs/01-gc-pause.md … labs/07-no-lock.md in the repository."
 )]
 pub struct Cli {
     /// None: `lockslab` alone shows the lab menu.
@@ -95,6 +97,8 @@ enum Command {
     SkipLocked(SkipLockedArgs),
     /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
     EtcdVsRedis(EtcdVsRedisArgs),
+    /// Lab 5: no pause needed: a Redis failover hands the lock out twice, etcd's Raft does not
+    Failover(FailoverArgs),
     /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
     /// clock jump, a client pause
     Redlock(RedlockArgs),
@@ -182,6 +186,7 @@ impl Command {
             Command::Naive(args) => Some(&args.output),
             Command::SkipLocked(args) => Some(&args.output),
             Command::EtcdVsRedis(args) => Some(&args.output),
+            Command::Failover(args) => Some(&args.output),
             Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
             _ => None,
@@ -220,6 +225,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,
         Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
+        Command::Failover(args) => failover::run(&args)?,
         Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,

@@ -49,6 +49,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod cluster;
 pub mod connect;
 pub mod deadline;
 pub mod doctor;

@@ -1008,7 +1008,7 @@ fn wait_until_answering(
 }
 
 /// The last lines of a server's log, on one line.
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text
         .lines()
@@ -1027,7 +1027,7 @@ fn log_tail(path: &Path) -> String {
 
 /// A port nobody listens on right now. Another process could take it before the server
 /// binds it; then the server exits, and [`START_TRIES`] gives it another port.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     free_port_on(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
@@ -1141,7 +1141,7 @@ fn as_user(command: &mut Command, owner: Option<(Uid, Gid)>) {
 }
 
 /// A fresh directory for one run's private servers under `root`, claimed by [`OWNER_LOCK`].
-fn new_run_dir(root: &Path) -> Result<(PathBuf, Flock<fs::File>)> {
+pub(crate) fn new_run_dir(root: &Path) -> Result<(PathBuf, Flock<fs::File>)> {
     let dir = tempfile::Builder::new()
         .prefix("lockslab-")
         .tempdir_in(root)
@@ -1175,7 +1175,7 @@ fn new_run_dir(root: &Path) -> Result<(PathBuf, Flock<fs::File>)> {
 /// of earlier runs. It is careful on a shared machine: only `lockslab-*` directories owned
 /// by this user, only when their [`OWNER_LOCK`] is free (the run that made it is gone), and
 /// only when no process still works inside them.
-fn sweep_dead_runs(root: &Path) {
+pub(crate) fn sweep_dead_runs(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };
@@ -1223,7 +1223,7 @@ fn sweep_dead_runs(root: &Path) {
 /// stays while a live process still holds the segment: the next start's sweep removes both
 /// once that process is gone. [`OWNER_LOCK`] goes last, so that a removal cut short (a
 /// SIGKILL, the process exiting) leaves a directory the sweep still recognises as a run's.
-fn remove_server_dir(dir: &Path) {
+pub(crate) fn remove_server_dir(dir: &Path) {
     if !release_shared_memory(&dir.join("pg")) {
         return;
     }

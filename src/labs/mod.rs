@@ -6,6 +6,7 @@
 //! collects their events on one clock, and shows them on the timeline.
 
 pub mod etcd_vs_redis;
+pub mod failover;
 pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;

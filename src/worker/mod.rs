@@ -11,6 +11,7 @@ pub mod consumer;
 pub mod holder;
 pub mod invoicer;
 pub mod racer;
+pub mod sentinel_client;
 pub mod redlock_client;
 
 use std::io::{self, BufRead};
@@ -32,6 +33,8 @@ pub enum WorkerSpec {
     Racer(racer::Role),
     /// Claim and process jobs from the queue, round by round (lab 3).
     Consumer(consumer::Role),
+    /// Find the primary through Sentinel, take the lock there, write when told (lab 5).
+    SentinelClient(sentinel_client::SentinelClient),
     /// Take a Redlock on N masters, freeze, wake, write three ways, release (lab 6).
     RedlockClient(redlock_client::RedlockClientScript),
     /// Walk the job list and invoice what is not done yet, one approach's way (lab 7).
@@ -59,6 +62,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::Holder(script) => (script.name.clone(), holder::run(&script)),
         WorkerSpec::Racer(role) => (role.name.clone(), racer::run(&role)),
         WorkerSpec::Consumer(role) => (role.name.clone(), consumer::run(&role)),
+        WorkerSpec::SentinelClient(script) => (script.name.clone(), sentinel_client::run(&script)),
         WorkerSpec::RedlockClient(script) => (script.name.clone(), redlock_client::run(&script)),
         WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
     };

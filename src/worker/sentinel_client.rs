@@ -1,0 +1,222 @@
+//! A client of a replicated Redis lock (lab 5): it asks Sentinel where the primary is,
+//! takes the lock there with `SET NX PX` and a fencing token from the source its script
+//! names, writes to the fenced store when the lab says `write`, and lets go on `finish`.
+//!
+//! It never pauses. Whatever goes wrong in lab 5 goes wrong in the lock service: the
+//! primary that granted the lock dies before its replica has the key, and the replica that
+//! replaces it has never heard of this client.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::await_command;
+use crate::cluster;
+use crate::connect;
+use crate::events::{Emitter, Kind};
+use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, Release};
+use crate::store::{FenceRule, Store};
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct SentinelClient {
+    /// Lane name (`A:unfenced`…), also its name in the store.
+    pub name: String,
+    /// Sentinel addresses (`redis://host:port`), asked in order.
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels know the primary by.
+    pub master: String,
+    pub key: String,
+    pub ttl_ms: u64,
+    pub token: TokenSource,
+    pub store_url: String,
+    pub run_id: String,
+    /// The store resources it writes, each under its own fencing rule.
+    pub writes: Vec<StoreWrite>,
+    /// How long to keep trying for the lock.
+    pub wait_ms: u64,
+}
+
+/// Where the fencing token comes from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum TokenSource {
+    /// No token: the store cannot tell holders apart.
+    None,
+    /// ❌ `INCR` on the lock's own Redis, in the script that takes the lock: it lives
+    /// exactly as long as what the primary replicated before it died.
+    RedisCounter { key: String },
+    /// ✅ `nextval` of a Postgres sequence in the store's own database, drawn once the lock
+    /// is held: it survives whatever happens to Redis.
+    PostgresSequence { name: String },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StoreWrite {
+    pub resource: String,
+    pub rule: Rule,
+}
+
+/// The store's fencing rule for a write (see [`FenceRule`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// ❌ Accept any token not lower than the highest accepted.
+    NotLower,
+    /// ✅ Accept a higher token, or the same token from the writer that holds it.
+    HigherOrSameHolder,
+}
+
+impl Rule {
+    fn fence_rule(self) -> FenceRule {
+        match self {
+            Rule::NotLower => FenceRule::NotLower,
+            Rule::HigherOrSameHolder => FenceRule::HigherOrSameHolder,
+        }
+    }
+}
+
+/// Asks each Sentinel in turn for the primary's address, as Sentinel clients do.
+pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<String> {
+    for url in sentinels {
+        let port = url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+        if let Some(addr) = port.and_then(|port| cluster::master_addr_from(port, master)) {
+            return Ok(addr);
+        }
+    }
+    bail!(
+        "no Sentinel of {} answered with an address for `{master}`",
+        sentinels.join(", ")
+    )
+}
+
+pub fn run(script: &SentinelClient) -> Result<()> {
+    let me = Emitter::new(&script.name);
+    let primary = primary_from_sentinels(&script.sentinels, &script.master)?;
+    let primary_url = format!("redis://{primary}");
+    let mut lock = RedisLock::new(
+        connect::redis(&primary_url)?,
+        &script.key,
+        Duration::from_millis(script.ttl_ms),
+    );
+    let mut store = Store::connect(&script.store_url)?;
+    let mut sequences = match script.token {
+        TokenSource::PostgresSequence { .. } => Some(connect::postgres(&script.store_url)?),
+        _ => None,
+    };
+    me.send(
+        me.event(
+            Kind::Waiting,
+            format!("asks Sentinel: the primary is {primary}; SET NX PX there"),
+        )
+        .with("pid", std::process::id())
+        .with("primary", primary.clone()),
+    );
+
+    let deadline = Instant::now() + Duration::from_millis(script.wait_ms);
+    let held = loop {
+        if let Some(held) = take(&mut lock, &script.token, sequences.as_mut())? {
+            break held;
+        }
+        if Instant::now() >= deadline {
+            me.say(Kind::GaveUp, "gives up: the lock stayed taken");
+            return Ok(());
+        }
+        std::thread::sleep(RETRY_EVERY);
+    };
+    let token_text = match (&script.token, held.token) {
+        (TokenSource::RedisCounter { .. }, Some(t)) => format!(", token {t} (Redis INCR)"),
+        (TokenSource::PostgresSequence { .. }, Some(t)) => {
+            format!(", token {t} (Postgres sequence)")
+        }
+        _ => ", no token".to_string(),
+    };
+    me.send(
+        me.event(
+            Kind::Acquired,
+            format!("{primary} granted the lock{token_text}"),
+        )
+        .with("token", held.token)
+        .with("owner", held.owner.clone())
+        .with("primary", primary.clone()),
+    );
+
+    await_command("write")?;
+    for write in &script.writes {
+        let value = format!("{}'s result", script.name);
+        let outcome = store.write_under(
+            write.rule.fence_rule(),
+            &script.run_id,
+            &write.resource,
+            &script.name,
+            &value,
+            held.token,
+        );
+        me.send(
+            me.event(
+                Kind::Wrote,
+                format!(
+                    "writes to {}: the store says {}",
+                    write.resource,
+                    outcome.as_str()
+                ),
+            )
+            .with("outcome", outcome.as_str())
+            .with("token", held.token)
+            .with("resource", write.resource.clone()),
+        );
+    }
+
+    await_command("finish")?;
+    let (released, found_owner, text) = match lock.release_reporting(&held) {
+        Ok(Release::Deleted) => (
+            true,
+            None,
+            "releases: compare-and-delete deleted its key".into(),
+        ),
+        Ok(Release::HeldBy(owner)) => (
+            false,
+            Some(owner),
+            "tries to release: the key holds another owner".into(),
+        ),
+        Ok(Release::Gone) => (false, None, "tries to release: its key is not there".into()),
+        Err(err) => (
+            false,
+            None,
+            format!(
+                "cannot release: {primary}, which granted the lock, is gone ({})",
+                err.root_cause()
+            ),
+        ),
+    };
+    me.send(
+        me.event(Kind::Released, text)
+            .with("released", released)
+            .with("found_owner", found_owner),
+    );
+    Ok(())
+}
+
+/// One attempt at the lock, with the token drawn from the script's source.
+fn take(
+    lock: &mut RedisLock,
+    token: &TokenSource,
+    sequences: Option<&mut connect::PgClient>,
+) -> Result<Option<Held>> {
+    match token {
+        TokenSource::None => lock.try_acquire(),
+        TokenSource::RedisCounter { key } => lock.try_acquire_fenced(key),
+        TokenSource::PostgresSequence { name } => {
+            let Some(mut held) = lock.try_acquire()? else {
+                return Ok(None);
+            };
+            let postgres = sequences.context("no Postgres connection for the sequence")?;
+            let token: i64 = postgres
+                .query_one("SELECT nextval($1::text::regclass)", &[name])
+                .context("drawing a token from the Postgres sequence")?
+                .get(0);
+            held.token = Some(token);
+            Ok(Some(held))
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Lab 5 against real clusters: a Redis primary + replica + 3 Sentinels and a 3-member etcd
+//! cluster that lockslab starts itself, the shared test Postgres as the store.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// The `lockslab-*` directories in `dir`.
+fn run_dirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("lockslab-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn alive(pid: i32) -> bool {
+    proc_state(pid).is_some_and(|s| s != 'Z')
+}
+
+/// `lockslab failover --json` with its temporary directories in `tmp`, stdout piped.
+fn failover_in(tmp: &Path, extra: &[&str]) -> std::process::Child {
+    let mut args = vec!["failover", "--json"];
+    args.extend_from_slice(extra);
+    lockslab(&args)
+        .env("TMPDIR", tmp)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lockslab failover")
+}
+
+/// Reads events until one matches; returns every line read so far.
+fn read_until(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    seen: &mut Vec<Value>,
+    matches: impl Fn(&Value) -> bool,
+) {
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let done = matches(&event);
+        seen.push(event);
+        if done {
+            return;
+        }
+    }
+    panic!("the lab ended before the awaited event: {seen:?}");
+}
+
+/// Every descendant of `root` now.
+fn family_of(root: i32) -> HashSet<i32> {
+    let mut family = HashSet::from([root]);
+    family_in(&process_table(), &mut family);
+    family.remove(&root);
+    family
+}
+
+#[test]
+fn clusters_start_and_stop_leaving_nothing_behind() {
+    let (redis, etcd) = lockslab::cluster::start_both().expect("starting both clusters");
+    let dirs = [redis.dir().to_path_buf(), etcd.dir().to_path_buf()];
+    let mut pids = Vec::new();
+    assert_eq!(
+        lockslab::cluster::role_of(redis.primary.port).as_deref(),
+        Some("master")
+    );
+    assert_eq!(
+        lockslab::cluster::role_of(redis.replica.port).as_deref(),
+        Some("slave")
+    );
+    for sentinel in &redis.sentinels {
+        assert_eq!(
+            lockslab::cluster::role_of(sentinel.port).as_deref(),
+            Some("sentinel")
+        );
+        assert_eq!(
+            lockslab::cluster::master_addr_from(sentinel.port, lockslab::cluster::MASTER_NAME),
+            Some(redis.primary.addr())
+        );
+    }
+    pids.extend(
+        [&redis.primary, &redis.replica]
+            .into_iter()
+            .chain(&redis.sentinels)
+            .map(|n| n.pid.unwrap()),
+    );
+    let (leader, _) = etcd.leader().expect("the members agree on a leader");
+    assert!(leader < 3);
+    for member in &etcd.members {
+        let status = lockslab::cluster::etcd_status(&member.client_url).unwrap();
+        assert_eq!(status.member_id, member.id);
+        assert_eq!(status.leader, etcd.members[leader].id);
+        pids.push(member.pid.unwrap());
+    }
+    assert!(pids.iter().all(|&pid| alive(pid)));
+    assert!(dirs.iter().all(|d| d.is_dir()));
+    drop(redis);
+    drop(etcd);
+    for pid in pids {
+        assert!(!alive(pid), "server {pid} is still there");
+    }
+    for dir in dirs {
+        assert!(!dir.exists(), "{} is still there", dir.display());
+    }
+}
+
+#[test]
+fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let child = failover_in(tmp.path(), &[]);
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "failover failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["kind"], "verdict");
+    assert_eq!(verdict["lab"], "failover");
+    let scenario = |name: &str| {
+        verdict["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no scenario {name} in {verdict}"))
+            .clone()
+    };
+    // The verdict's stale-write fields follow from the attempts it carries.
+    for s in verdict["scenarios"].as_array().unwrap() {
+        let attempts = s["attempts"].as_array().unwrap();
+        let a_last = attempts
+            .iter()
+            .rev()
+            .find(|a| a["writer"].as_str().is_some_and(|w| w.starts_with("A:")));
+        let b_ok = attempts.iter().find(|a| {
+            a["writer"].as_str().is_some_and(|w| w.starts_with("B:")) && a["accepted"] == true
+        });
+        let late = match (a_last, b_ok) {
+            (Some(a), Some(b)) if a["decided"].as_i64() > b["decided"].as_i64() => {
+                Some(a["accepted"].as_bool().unwrap())
+            }
+            _ => None,
+        };
+        assert_eq!(s["stale_write"]["attempted"], late.is_some(), "{s}");
+        assert_eq!(s["stale_write"]["accepted"], serde_json::json!(late), "{s}");
+        if let (Some(a), Some(b)) = (s["a_token"].as_i64(), s["b_token"].as_i64()) {
+            assert_eq!(s["token_reissued"], b <= a, "{s}");
+        }
+    }
+    for name in [
+        "redis-unfenced",
+        "redis-incr-not-lower",
+        "redis-incr-same-holder",
+        "redis-incr-lost",
+        "durable-token",
+    ] {
+        let s = scenario(name);
+        assert_eq!(s["two_holders"], true, "the failover forgot A's lock: {s}");
+        assert!(s["failover_ms"].as_u64().unwrap() > 0, "{s}");
+        assert_eq!(s["stale_write"]["attempted"], true, "A wrote after B: {s}");
+    }
+    assert_eq!(scenario("redis-unfenced")["stale_write"]["accepted"], true);
+    let not_lower = scenario("redis-incr-not-lower");
+    assert_eq!(not_lower["token_reissued"], true);
+    assert_eq!(not_lower["a_token"], not_lower["b_token"]);
+    assert_eq!(not_lower["stale_write"]["accepted"], true);
+    let same_holder = scenario("redis-incr-same-holder");
+    assert_eq!(same_holder["stale_write"]["accepted"], false);
+    let lost = scenario("redis-incr-lost");
+    assert!(
+        lost["b_token"].as_i64() < lost["a_token"].as_i64(),
+        "{lost}"
+    );
+    assert_eq!(lost["stale_write"]["accepted"], true, "{lost}");
+    let durable = scenario("durable-token");
+    assert_eq!(durable["token_reissued"], false, "{durable}");
+    assert_eq!(durable["stale_write"]["accepted"], false, "{durable}");
+
+    let etcd = scenario("etcd-leader-killed");
+    assert_eq!(etcd["two_holders"], false, "{etcd}");
+    assert!(etcd["election_ms"].as_u64().unwrap() > 0, "{etcd}");
+    assert!(
+        etcd["b_token"].as_i64() > etcd["a_token"].as_i64(),
+        "{etcd}"
+    );
+    assert_eq!(etcd["stale_write"]["attempted"], false, "{etcd}");
+    let majority = scenario("etcd-majority-lost");
+    assert_eq!(majority["two_holders"], false);
+    assert!(majority["unavailable"].is_string(), "{majority}");
+
+    assert_one_clock(&lines);
+    assert_gone(&worker_pids(&lines));
+    assert!(
+        run_dirs(tmp.path()).is_empty(),
+        "cluster directories left behind"
+    );
+    assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn ctrl_c_mid_failover_stops_every_cluster_process_and_removes_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = failover_in(tmp.path(), &[]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // Mid-run: the primary is dead, the Sentinels are promoting the replica.
+    read_until(&mut lines, &mut seen, |e| {
+        e["worker"] == "lab" && e["kind"] == "killed"
+    });
+    let family = family_of(child.id() as i32);
+    let names: Vec<String> = process_table()
+        .into_iter()
+        .filter(|p| family.contains(&p.pid))
+        .map(|p| p.name)
+        .collect();
+    assert!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("redis-server"))
+            .count()
+            >= 4
+            && names.iter().filter(|n| *n == "etcd").count() == 3,
+        "the clusters run as children of the lab: {names:?}"
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C's exit status");
+    for pid in family {
+        assert!(!alive(pid), "process {pid} outlived the lab");
+    }
+    assert!(run_dirs(tmp.path()).is_empty(), "directories left behind");
+    let run_id = seen
+        .iter()
+        .find_map(|e| e["run_id"].as_str())
+        .unwrap()
+        .to_string();
+    assert_run_left_nothing(&run_id);
+    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
+    let sequences: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_class WHERE relname = $1",
+            &[&format!("lockslab_fence_{run_id}")],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(sequences, 0, "the token sequence was left behind");
+}
+
+#[test]
+fn a_sigkilled_lab_leaves_no_server_and_its_directories_are_swept_next_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = failover_in(tmp.path(), &[]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    read_until(&mut lines, &mut seen, |e| e["kind"] == "run");
+    let family = family_of(child.id() as i32);
+    assert!(family.len() >= 8, "clusters and workers: {family:?}");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || family
+            .iter()
+            .all(|&pid| !alive(pid))),
+        "a cluster process outlived the SIGKILLed lab"
+    );
+    let left = run_dirs(tmp.path());
+    assert_eq!(left.len(), 2, "a SIGKILL leaves its two directories");
+    // The next start of private servers sweeps them.
+    let mut keeper = Command::new(BIN)
+        .arg("__serve")
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(keeper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    for dir in &left {
+        assert!(!dir.exists(), "{} was not swept", dir.display());
+    }
+    drop(keeper.stdin.take());
+    keeper.wait().unwrap();
+}
+
+#[test]
+fn own_clusters_are_refused_with_a_clear_usage_error() {
+    let output = lockslab(&["failover", "--sentinel-url", "redis://10.0.0.1:26379"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--sentinel-url"), "{stderr}");
+    assert!(stderr.contains("SIGKILL"), "{stderr}");
+}
