@@ -729,6 +729,7 @@ impl Play<'_> {
             wait_ms,
             before_write: before,
             after_write: AfterWrite::Release,
+            loose_fencing: false,
         };
         let mut a = stage.spawn(
             "A:etcd",
