@@ -697,6 +697,8 @@ fn server_failure(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
         ) || text.to_lowercase().contains("unavailable")
             || text.contains("transport error")
             || text.contains("tcp connect error")
+            // A call in flight when the server died: gRPC says "cancelled", hyper says why.
+            || text.contains("connection closed")
         {
             Backend::Etcd.lost(&url, etcd_cause(err))
         } else {

@@ -377,7 +377,12 @@ fn stepping_lab_4_stops_at_each_reveal_and_changes_no_verdict() {
     let mut stepped = Stepped::start(&args);
     step_through(
         &mut stepped,
-        &["before the kill", "before the freeze", "before the matrix"],
+        &[
+            "before the kill",
+            "before the freeze",
+            "before the overrun",
+            "before the matrix",
+        ],
     );
     let (status, lines, screen) = stepped.finish();
     assert!(status.success(), "{status}:\n{screen}");
@@ -441,9 +446,10 @@ fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
         "no verdict after q"
     );
     let run_id = run_id_in(&lines).expect("the run's id in a lock name");
-    // The kill scenario ran: its six workers are gone, and so are its keys and rows.
+    // The kill scenario ran: its eight workers (a holder and a waiter on each of plain
+    // Redis, renewed Redis, etcd and Postgres) are gone, and so are its keys and rows.
     let pids = worker_pids(&lines);
-    assert_eq!(pids.len(), 6, "{lines:?}");
+    assert_eq!(pids.len(), 8, "{lines:?}");
     assert_gone(&pids);
     assert!(children_of(lab).is_empty());
     assert_run_left_nothing(&run_id);

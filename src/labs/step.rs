@@ -217,21 +217,27 @@ pub mod etcd_vs_redis {
         match scenario {
             "kill" => &KILL,
             "freeze" => &FREEZE,
+            "overrun" => &OVERRUN,
             _ => &NEXT,
         }
     }
 
     const KILL: Checkpoint = Checkpoint {
         name: "before the kill",
-        question: "Each holder (Redis, etcd, Postgres) is killed mid-work. Rank the three: \
-                   how long until each waiter holds the lock, and what is each one waiting \
-                   for?",
+        question: "Each holder (Redis with its TTL set once, Redis renewed by a heartbeat, \
+                   etcd, Postgres) is killed mid-work. Rank the four: how long until each \
+                   waiter holds the lock, and what is each one waiting for?",
     };
     const FREEZE: Checkpoint = Checkpoint {
         name: "before the freeze",
         question: "Each holder is frozen past its TTL or lease, then wakes and writes. On \
                    which backend does the waiter get the lock meanwhile? Whose late write \
                    will the store refuse, and thanks to what?",
+    };
+    const OVERRUN: Checkpoint = Checkpoint {
+        name: "before the overrun",
+        question: "Nobody is frozen now: each holder simply works longer than the plain Redis \
+                   TTL. Which lock expires under a live holder, and which ones keep it?",
     };
     const NEXT: Checkpoint = Checkpoint {
         name: "before the next scenario",

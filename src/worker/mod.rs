@@ -11,8 +11,8 @@ pub mod consumer;
 pub mod holder;
 pub mod invoicer;
 pub mod racer;
-pub mod sentinel_client;
 pub mod redlock_client;
+pub mod sentinel_client;
 
 use std::io::{self, BufRead};
 use std::process::ExitCode;
