@@ -544,9 +544,9 @@ impl Desk {
                     &self.worker.clone(),
                 ],
             )?;
-            if !stopped {
-                gate.at(Moment::MidWrite, job, StopInfo::default())?;
-            }
+            // Mid-write on whichever attempt gets this far: after a conflict too, so that
+            // a worker whose first tries all lose still meets its kill.
+            gate.at(Moment::MidWrite, job, StopInfo::default())?;
             self.say("COMMIT")?;
             return Ok(Outcome::Invoiced);
         }

@@ -996,8 +996,8 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
             v.conflicts
         )),
         "idempotency-key" if v.no_ops > 0 => parts.push(format!(
-            "{} inserts found the invoice there and did nothing.",
-            v.no_ops
+            "{} found the invoice there and did nothing.",
+            plural(v.no_ops as i64, "insert", "inserts")
         )),
         "redis-fenced" if v.rejected > 0 => parts.push(format!(
             "{} by the row's token check.",
