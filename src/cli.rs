@@ -48,6 +48,7 @@ pub const EXIT_COULD_NOT_RUN: u8 = 1;
 
 #[derive(Parser, Debug)]
 #[command(
+    max_term_width = 80,
     name = "lockslab",
     version,
     about = "Learn distributed locks by breaking them: real workers, real Redis/etcd/Postgres, real SIGSTOP.",

@@ -1276,24 +1276,24 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
         })
         .collect();
     crate::outln!();
-    crate::outln!("{}", "Verdict (from the backends and the store)".bold());
-    crate::outln!("{}", table(&header, &rows));
+    crate::prose!("{}", "Verdict (from the backends and the store)".bold());
+    crate::prose!("{}", table(&header, &rows));
     crate::outln!();
     for cell in cells {
         let scenario = cell.scenario.name();
-        crate::outln!(
+        crate::prose!(
             "  {} {}",
             format!("{} / {scenario}:", cell.backend).bold(),
             cell.meaning(plan)
         );
     }
     crate::outln!();
-    crate::outln!(
-        "  {} a short renewed TTL (Redis or etcd) or a session gets the next holder\n  \
-         in fast after a crash, and lasts as long as the work; a TTL set once must\n  \
-         choose between the two. None of them keeps a paused holder out: only a token\n  \
-         the store checks keeps its write out. etcd's revision is such a token, and\n  \
-         Raft keeps what etcd acknowledged through a failover; a Redis owner value is\n  \
+    crate::prose!(
+        "  {} a short renewed TTL (Redis or etcd) or a session gets the next holder \
+         in fast after a crash, and lasts as long as the work; a TTL set once must \
+         choose between the two. None of them keeps a paused holder out: only a token \
+         the store checks keeps its write out. etcd's revision is such a token, and \
+         Raft keeps what etcd acknowledged through a failover; a Redis owner value is \
          random, and Redis replicates asynchronously (lab 5).",
         "In short:".bold()
     );

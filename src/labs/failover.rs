@@ -956,8 +956,8 @@ fn print_verdict(scenarios: &[Scenario]) {
         })
         .collect();
     crate::outln!();
-    crate::outln!("{}", "Verdict".bold());
-    crate::outln!(
+    crate::prose!("{}", "Verdict".bold());
+    crate::prose!(
         "{}",
         table(
             &["scenario", "2 holders", "tokens A→B", "late write", "time"],
@@ -966,7 +966,7 @@ fn print_verdict(scenarios: &[Scenario]) {
     );
     crate::outln!();
     for scenario in scenarios {
-        crate::outln!(
+        crate::prose!(
             "  {} {}",
             format!("{}:", scenario.name).bold(),
             scenario.meaning()

@@ -732,11 +732,11 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
         }),
     ];
     crate::outln!();
-    crate::outln!("{}", "Verdict".bold());
-    crate::outln!("{}", table(&header, &rows));
+    crate::prose!("{}", "Verdict".bold());
+    crate::prose!("{}", table(&header, &rows));
     crate::outln!();
     for verdict in verdicts {
-        crate::outln!(
+        crate::prose!(
             "  {} {}",
             format!("{}:", verdict.title()).bold(),
             verdict.meaning(ttl, pause)

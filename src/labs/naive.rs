@@ -1339,8 +1339,8 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
         })
         .collect();
     crate::outln!();
-    crate::outln!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
-    crate::outln!(
+    crate::prose!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
+    crate::prose!(
         "{}",
         table(
             &[
@@ -1356,7 +1356,7 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
     );
     crate::outln!();
     for verdict in verdicts {
-        crate::outln!(
+        crate::prose!(
             "  {} {}",
             format!("{}:", verdict.name).bold(),
             verdict.meaning

@@ -957,7 +957,7 @@ fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
     crate::outln!();
     for v in verdicts {
         let text = format!("{}: {}", v.name, meaning(args, v));
-        let wrapped = wrap(&text, 76);
+        let wrapped = crate::output::wrap(&text, 76).join("\n");
         let (first, rest) = wrapped.split_at(v.name.len() + 1);
         crate::outln!("  {}{}", first.bold(), rest.replace('\n', "\n  "));
     }
@@ -1019,23 +1019,6 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
     }
     parts.push(format!("Needs: {}.", v.needs));
     parts.join(" ")
-}
-
-/// Breaks prose into lines of at most `width` columns, at spaces.
-fn wrap(text: &str, width: usize) -> String {
-    let mut lines: Vec<String> = vec![String::new()];
-    for word in text.split(' ') {
-        let line = lines.last_mut().expect("one line at least");
-        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
-            lines.push(word.to_string());
-        } else {
-            if !line.is_empty() {
-                line.push(' ');
-            }
-            line.push_str(word);
-        }
-    }
-    lines.join("\n")
 }
 
 fn print_sweep(verdicts: &[ApproachVerdict]) {

@@ -1361,30 +1361,11 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
     crate::outln!();
     for verdict in verdicts {
         let text = format!("{}: {}", verdict.name, verdict.meaning);
-        for line in wrap(&text, 76) {
+        for line in crate::output::wrap(&text, 76) {
             crate::outln!("  {line}");
         }
-        for line in wrap(&format!("prevented by: {}", verdict.prevented_by), 74) {
+        for line in crate::output::wrap(&format!("prevented by: {}", verdict.prevented_by), 74) {
             crate::outln!("    {}", line.dimmed());
         }
     }
-}
-
-/// Breaks `text` into lines of at most `width` characters, at spaces.
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    for word in text.split_whitespace() {
-        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
-            lines.push(std::mem::take(&mut line));
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(word);
-    }
-    if !line.is_empty() {
-        lines.push(line);
-    }
-    lines
 }

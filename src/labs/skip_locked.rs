@@ -1213,15 +1213,15 @@ fn print_verdict(args: &SkipLockedArgs, verdicts: &[ModeVerdict], notes: &[Notes
         })
         .collect();
     crate::outln!();
-    crate::outln!("{}", "Verdict (read back from the processing table)".bold());
-    crate::outln!("{}", table(&header, &rows));
+    crate::prose!("{}", "Verdict (read back from the processing table)".bold());
+    crate::prose!("{}", table(&header, &rows));
     crate::outln!();
     let fastest = verdicts
         .iter()
         .map(|v| v.jobs_per_s)
         .fold(0.0_f64, f64::max);
     for (verdict, note) in verdicts.iter().zip(notes) {
-        crate::outln!(
+        crate::prose!(
             "  {} {}",
             format!("{}:", verdict.mode.name()).bold(),
             meaning(args, verdict, note, fastest)

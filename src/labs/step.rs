@@ -42,7 +42,7 @@ pub fn checkpoint(at: &Checkpoint) {
     }
     crate::errln!("");
     crate::errln!("{}", format!("⏸ {}", at.name).bright_blue().bold());
-    for line in wrap(at.question, 76) {
+    for line in crate::output::wrap(at.question, 76) {
         crate::errln!("  {}", line.bold());
     }
     let on_terminal = std::io::stdin().is_terminal();
@@ -70,23 +70,6 @@ pub fn checkpoint(at: &Checkpoint) {
         }
         Ok(_) => {}
     }
-}
-
-/// Splits a question into lines of at most `width` characters, at spaces.
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = vec![String::new()];
-    for word in text.split_whitespace() {
-        let line = lines.last_mut().expect("never empty");
-        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
-            lines.push(word.to_string());
-        } else {
-            if !line.is_empty() {
-                line.push(' ');
-            }
-            line.push_str(word);
-        }
-    }
-    lines
 }
 
 // ── The checkpoints of each lab, with the walkthroughs' questions ──
@@ -253,11 +236,10 @@ pub mod etcd_vs_redis {
 
 #[cfg(test)]
 mod tests {
-    use super::wrap;
 
     #[test]
     fn questions_wrap_at_spaces_within_the_width() {
-        let lines = wrap("one two three four five six seven", 10);
+        let lines = crate::output::wrap("one two three four five six seven", 10);
         assert_eq!(lines, ["one two", "three four", "five six", "seven"]);
         assert!(lines.iter().all(|l| l.chars().count() <= 10));
     }

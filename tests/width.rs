@@ -1,0 +1,109 @@
+//! Projector-fit output: every lab's default run, and every `--help`, fits 80 columns.
+//!
+//! An instructor's terminal on a projector is often 80 columns wide. Lines that run past it
+//! wrap mid-word and break the timeline's columns, so each lab wraps its own prose and
+//! events, and turns a table that would not fit into one block per row.
+
+mod common;
+
+use common::lockslab;
+
+const WIDTH: usize = 80;
+
+/// The lines longer than the width, not counting one that is a single unbreakable token
+/// (a URL) after its indentation.
+fn too_wide(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|line| line.chars().count() > WIDTH && line.trim_start().contains(' '))
+        .map(|line| format!("{:>3} {line}", line.chars().count()))
+        .collect()
+}
+
+fn default_run_fits(lab: &str) {
+    let output = lockslab(&[lab])
+        .env("COLUMNS", WIDTH.to_string())
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{lab}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.lines().count() > 10,
+        "{lab} printed little:\n{stdout}"
+    );
+    let wide = too_wide(&stdout);
+    assert!(
+        wide.is_empty(),
+        "{lab}: lines over {WIDTH}:\n{}",
+        wide.join("\n")
+    );
+}
+
+#[test]
+fn gc_pause_fits_80_columns() {
+    default_run_fits("gc-pause");
+}
+
+#[test]
+fn naive_fits_80_columns() {
+    default_run_fits("naive");
+}
+
+#[test]
+fn skip_locked_fits_80_columns() {
+    default_run_fits("skip-locked");
+}
+
+#[test]
+fn etcd_vs_redis_fits_80_columns() {
+    default_run_fits("etcd-vs-redis");
+}
+
+#[test]
+fn failover_fits_80_columns() {
+    default_run_fits("failover");
+}
+
+#[test]
+fn redlock_fits_80_columns() {
+    default_run_fits("redlock");
+}
+
+#[test]
+fn no_lock_fits_80_columns() {
+    default_run_fits("no-lock");
+}
+
+#[test]
+fn every_help_fits_80_columns_even_when_piped() {
+    for command in [
+        "",
+        "gc-pause",
+        "naive",
+        "skip-locked",
+        "etcd-vs-redis",
+        "failover",
+        "redlock",
+        "no-lock",
+        "worker",
+        "up",
+        "doctor",
+        "render",
+        "list",
+    ] {
+        let mut args: Vec<&str> = command.split_whitespace().collect();
+        args.push("--help");
+        let output = lockslab(&args).env_remove("COLUMNS").output().unwrap();
+        let wide = too_wide(&String::from_utf8_lossy(&output.stdout));
+        assert!(
+            wide.is_empty(),
+            "lockslab {command} --help:\n{}",
+            wide.join("\n")
+        );
+    }
+}
