@@ -421,7 +421,7 @@ pub fn width() -> usize {
             .and_then(|c| c.trim().parse::<usize>().ok())
             .or_else(terminal_width)
             .unwrap_or(80);
-        columns.clamp(40, 160)
+        columns.clamp(40, 1000)
     })
 }
 

@@ -107,6 +107,9 @@ pub fn lockslab(args: &[&str]) -> Command {
         .env("LOCKSLAB_ETCD_URL", &servers.etcd)
         .env("LOCKSLAB_POSTGRES_URL", &servers.postgres)
         .env("NO_COLOR", "1")
+        // Lines as the labs compose them, unwrapped, for the tests that read them word by
+        // word; tests/width.rs sets 80 to check what a projector shows.
+        .env("COLUMNS", "1000")
         .env_remove("LOCKSLAB_PRIVATE_SERVERS");
     command
 }
