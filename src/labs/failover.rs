@@ -7,6 +7,7 @@
 //!  Redis  A: SET NX on the primary ✓ ── primary SIGKILLed ── Sentinel promotes the replica
 //!         B: asks Sentinel, SET NX on the new primary ✓     (which never had A's key)
 //!         → two holders; and INCR on the new primary hands out A's token again
+//!         A:wait, after its SET NX: WAIT 1 → 0, so it never writes (Redis granted twice still)
 //!  etcd   A holds the lock ── the leader SIGKILLed ── a new leader, A's key and lease intact
 //!         B keeps waiting, gets a higher revision once A lets go
 //! ```
@@ -45,7 +46,7 @@ use crate::worker::sentinel_client::{Rule, SentinelClient, StoreWrite, TokenSour
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab failover                 Redis failover, durable tokens, then etcd
+  lockslab failover                 Redis failover (plain, WAIT, durable), then etcd
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper inside A's
   lockslab failover --json | jq .   events and verdict as JSON Lines
 
