@@ -198,6 +198,32 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
     assert_eq!(durable["token_reissued"], false, "{durable}");
     assert_eq!(durable["stale_write"]["accepted"], false, "{durable}");
 
+    // Scenario 2: WAIT answered 0 to A, so A wrote nothing; Redis still granted twice.
+    let wait = scenario("redis-wait");
+    assert_eq!(wait["two_holders"], true, "{wait}");
+    assert_eq!(wait["replicas_confirmed"], 0, "{wait}");
+    assert_eq!(wait["stale_write"]["attempted"], false, "{wait}");
+    assert!(wait["stale_write"]["accepted"].is_null(), "{wait}");
+    let writers: Vec<(&str, bool)> = wait["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["writer"].as_str().unwrap(), a["accepted"] == true))
+        .collect();
+    assert_eq!(writers, [("B:wait", true)], "only B wrote: {wait}");
+    assert_eq!(wait["final_writer"], "B:wait", "{wait}");
+    let refusal = lines
+        .iter()
+        .find(|e| e["worker"] == "A:wait" && e["kind"] == "lost")
+        .unwrap_or_else(|| panic!("A:wait never said its WAIT came back short"));
+    assert_eq!(refusal["replicas_confirmed"], wait["replicas_confirmed"]);
+    assert!(
+        !lines
+            .iter()
+            .any(|e| e["worker"] == "A:wait" && e["kind"] == "wrote"),
+        "A:wait wrote after refusing"
+    );
+
     let etcd = scenario("etcd-leader-killed");
     assert_eq!(etcd["two_holders"], false, "{etcd}");
     assert!(etcd["election_ms"].as_u64().unwrap() > 0, "{etcd}");

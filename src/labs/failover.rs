@@ -7,6 +7,7 @@
 //!  Redis  A: SET NX on the primary ✓ ── primary SIGKILLed ── Sentinel promotes the replica
 //!         B: asks Sentinel, SET NX on the new primary ✓     (which never had A's key)
 //!         → two holders; and INCR on the new primary hands out A's token again
+//!         A:wait, after its SET NX: WAIT 1 → 0, so it never writes (Redis granted twice still)
 //!  etcd   A holds the lock ── the leader SIGKILLed ── a new leader, A's key and lease intact
 //!         B keeps waiting, gets a higher revision once A lets go
 //! ```
@@ -45,7 +46,7 @@ use crate::worker::sentinel_client::{Rule, SentinelClient, StoreWrite, TokenSour
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab failover                 Redis failover, durable tokens, then etcd
+  lockslab failover                 Redis failover (plain, WAIT, durable), then etcd
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper inside A's
   lockslab failover --json | jq .   events and verdict as JSON Lines
 
@@ -75,6 +76,9 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
     }
     Ok(ttl)
 }
+
+/// How long A:wait's `WAIT 1` waits for the replica to confirm its key.
+const WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The etcd lease of lab 5's holders: renewed every second by their heartbeat.
 const ETCD_LEASE: Duration = Duration::from_secs(3);
@@ -108,6 +112,9 @@ pub struct Scenario {
     pub a_token: Option<i64>,
     pub b_token: Option<i64>,
     pub final_writer: Option<String>,
+    /// `redis-wait`: what the primary answered A's `WAIT 1` (replicas that had its key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas_confirmed: Option<i64>,
     /// etcd with its majority gone: what the client was told.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
@@ -155,6 +162,7 @@ impl Scenario {
             a_token,
             b_token,
             final_writer: read.final_writer,
+            replicas_confirmed: None,
             unavailable: None,
             attempts: read.attempts,
         })
@@ -171,6 +179,24 @@ impl Scenario {
             return format!(
                 "no majority: etcd granted nothing ({error}) — unavailable, not unsafe"
             );
+        }
+        let a_wrote = self.attempts.iter().any(|a| a.writer.starts_with("A:"));
+        if let Some(confirmed) = self.replicas_confirmed {
+            let holders = if self.two_holders == Some(true) {
+                "two holders all the same"
+            } else {
+                "one holder"
+            };
+            let a = if a_wrote {
+                "A wrote anyway"
+            } else {
+                "A wrote nothing"
+            };
+            let b = match self.final_writer.as_deref() {
+                Some(writer) => format!("{writer}'s result stands"),
+                None => "the store holds nothing".into(),
+            };
+            return format!("{holders}; A's WAIT 1 answered {confirmed}, {a}; {b}");
         }
         let store = match (self.stale_write.attempted, self.stale_write.accepted) {
             (true, Some(true)) => "A's late write ACCEPTED, B's result lost",
@@ -292,10 +318,13 @@ struct Play<'a> {
 
 /// One pair of Redis clients, A and B, with its own lock, token source and store writes.
 struct Pair {
-    /// `unfenced`, `incr`, `incr-lost`, `durable`.
+    /// `unfenced`, `incr`, `incr-lost`, `durable`, `wait`.
     label: &'static str,
     token: TokenSource,
     writes: Vec<(String, Rule)>,
+    /// A checks its lock with `WAIT 1` and refuses to use it unconfirmed. B does not: the
+    /// promoted replica has no replica of its own, so `WAIT 1` would refuse every client.
+    a_waits: bool,
 }
 
 impl Play<'_> {
@@ -316,6 +345,7 @@ impl Play<'_> {
                 label: "unfenced",
                 token: TokenSource::None,
                 writes: vec![("redis-unfenced".into(), Rule::HigherOrSameHolder)],
+                a_waits: false,
             },
             Pair {
                 label: "incr",
@@ -324,11 +354,13 @@ impl Play<'_> {
                     ("redis-incr-not-lower".into(), Rule::NotLower),
                     ("redis-incr-same-holder".into(), Rule::HigherOrSameHolder),
                 ],
+                a_waits: false,
             },
             Pair {
                 label: "incr-lost",
                 token: counter("incr-lost"),
                 writes: vec![("redis-incr-lost".into(), Rule::HigherOrSameHolder)],
+                a_waits: false,
             },
             Pair {
                 label: "durable",
@@ -336,6 +368,13 @@ impl Play<'_> {
                     name: self.sequence.to_string(),
                 },
                 writes: vec![("durable-token".into(), Rule::HigherOrSameHolder)],
+                a_waits: false,
+            },
+            Pair {
+                label: "wait",
+                token: TokenSource::None,
+                writes: vec![("redis-wait".into(), Rule::HigherOrSameHolder)],
+                a_waits: true,
             },
         ]
     }
@@ -359,10 +398,12 @@ impl Play<'_> {
                 })
                 .collect(),
             wait_ms: 20_000,
+            confirm_with_wait_ms: (who == "A" && pair.a_waits)
+                .then_some(WAIT_TIMEOUT.as_millis() as u64),
         })
     }
 
-    /// Scenarios 1 and 4: one failover, four pairs of clients.
+    /// Scenarios 1, 2 and 4: one failover, five pairs of clients.
     fn redis_failover(
         &self,
         stage: &mut Stage,
@@ -382,8 +423,9 @@ impl Play<'_> {
                 "lab",
                 Kind::Run,
                 format!(
-                    "run {}: four locks on the primary :{primary}, replicated to :{replica}",
-                    self.run_id
+                    "run {}: {} locks on the primary :{primary}, replicated to :{replica}",
+                    self.run_id,
+                    pairs.len()
                 ),
             )
             .with("run_id", self.run_id)
@@ -452,6 +494,21 @@ impl Play<'_> {
             )?;
             a_owners.push(got.get_str("owner").unwrap_or_default().to_string());
         }
+        // A:wait's `WAIT 1` runs out against the frozen replica before the primary dies.
+        let mut confirmed = Vec::new();
+        for pair in &pairs {
+            let name = format!("A:{}", pair.label);
+            confirmed.push(if pair.a_waits {
+                let answer = stage.wait_for(
+                    Duration::from_secs(10),
+                    &format!("{name}'s WAIT to answer"),
+                    |e| e.is(&name, Kind::Lost) || e.is(&name, Kind::Kept),
+                )?;
+                answer.get_i64("replicas_confirmed")
+            } else {
+                None
+            });
+        }
 
         // The primary's own answers just before the crash: A's keys, and no replica.
         let mut a_leases = Vec::new();
@@ -472,7 +529,8 @@ impl Play<'_> {
                 "redis",
                 Kind::HolderNow,
                 format!(
-                    "primary :{primary} holds all four of A's keys (PTTL ~{}); connected replicas: {replicas}",
+                    "primary :{primary} holds all {} of A's keys (PTTL ~{}); connected replicas: {replicas}",
+                    pairs.len(),
                     human(a_leases[0].1)
                 ),
             )
@@ -507,8 +565,9 @@ impl Play<'_> {
             "redis",
             Kind::Expired,
             format!(
-                "new primary :{replica} has {} of A's 4 keys; incr-lost counter: {}",
+                "new primary :{replica} has {} of A's {} keys; incr-lost counter: {}",
                 forgot.iter().filter(|f| !**f).count(),
+                pairs.len(),
                 counter_now.map_or("none".into(), |c| c.to_string())
             ),
         ));
@@ -548,9 +607,13 @@ impl Play<'_> {
         for a in &mut a_workers {
             a.tell("write")?;
         }
-        for pair in &pairs {
+        // Except A:wait, if its WAIT came back short: it writes nothing.
+        for (pair, confirmed) in pairs.iter().zip(&confirmed) {
             let name = format!("A:{}", pair.label);
-            let wanted = pair.writes.len();
+            let wanted = match confirmed {
+                Some(n) if *n < 1 => 0,
+                _ => pair.writes.len(),
+            };
             let deadline = Instant::now() + Duration::from_secs(10);
             while stage
                 .log
@@ -600,6 +663,7 @@ impl Play<'_> {
                     &format!("B:{}", pair.label),
                 )?;
                 scenario.failover_ms = failover.map(|d| d.as_millis() as u64);
+                scenario.replicas_confirmed = confirmed[index];
                 self.store_line(stage, &scenario);
                 scenarios.push(scenario);
             }
@@ -882,6 +946,7 @@ impl Play<'_> {
             a_token: None,
             b_token: None,
             final_writer: None,
+            replicas_confirmed: None,
             unavailable: Some(refusal),
             attempts: Vec::new(),
         };
@@ -936,9 +1001,11 @@ fn print_verdict(scenarios: &[Scenario]) {
     let rows: Vec<Vec<String>> = scenarios
         .iter()
         .map(|s| {
+            let a_wrote = s.attempts.iter().any(|a| a.writer.starts_with("A:"));
             let stale = match (s.stale_write.attempted, s.stale_write.accepted) {
                 (true, Some(true)) => "ACCEPTED".red().bold().to_string(),
                 (true, _) => "rejected".green().to_string(),
+                _ if s.replicas_confirmed.is_some() && !a_wrote => "not made".green().to_string(),
                 _ => "none".to_string(),
             };
             let tokens = match (s.a_token, s.b_token) {
@@ -971,5 +1038,18 @@ fn print_verdict(scenarios: &[Scenario]) {
             format!("{}:", scenario.name).bold(),
             scenario.meaning()
         );
+    }
+    if scenarios.iter().any(|s| s.replicas_confirmed == Some(0)) {
+        crate::outln!();
+        for line in [
+            "WAIT buys detection: A learned that its lock lived on the primary only",
+            "and wrote nothing. It is not consensus: the primary had granted the",
+            "lock anyway (two holders), WAIT rolls nothing back, and Sentinel may",
+            "promote a replica that never acknowledged while the one that did is",
+            "passed over, so even an answer of 1 promises nothing. Nor does it",
+            "order writes: it hands out no token.",
+        ] {
+            crate::outln!("  {}", line.dimmed());
+        }
     }
 }

@@ -222,6 +222,17 @@ impl RedisLock {
         Ok(renewed == 1)
     }
 
+    /// `WAIT replicas timeout` on the lock's own connection: how many replicas have
+    /// acknowledged every write this connection made so far (the `SET NX` included).
+    /// It reports on replication; it undoes nothing on the primary when the answer is short.
+    pub fn wait_for_replicas(&mut self, replicas: i64, timeout: Duration) -> Result<i64> {
+        redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis() as u64)
+            .query(&mut self.connection)
+            .context("WAIT")
+    }
+
     /// The key's remaining time to live in milliseconds, as Redis sees it:
     /// -2 when the key is gone, -1 when it exists with no expiry.
     pub fn pttl(&mut self) -> Result<i64> {

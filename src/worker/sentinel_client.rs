@@ -35,6 +35,10 @@ pub struct SentinelClient {
     pub writes: Vec<StoreWrite>,
     /// How long to keep trying for the lock.
     pub wait_ms: u64,
+    /// ✅ (as far as it goes) `WAIT 1 <ms>` right after taking the lock: with no replica
+    /// confirming the key, the client refuses to act on it. None: it trusts the `OK`.
+    #[serde(default)]
+    pub confirm_with_wait_ms: Option<u64>,
 }
 
 /// Where the fencing token comes from.
@@ -141,8 +145,32 @@ pub fn run(script: &SentinelClient) -> Result<()> {
         .with("primary", primary.clone()),
     );
 
+    // `WAIT` cannot take the key back from the primary: the lock stays granted there, and
+    // the client's only remedy is not to use it.
+    let mut refused = false;
+    if let Some(timeout_ms) = script.confirm_with_wait_ms {
+        let confirmed = lock.wait_for_replicas(1, Duration::from_millis(timeout_ms))?;
+        refused = confirmed < 1;
+        let event = if refused {
+            me.event(
+                Kind::Lost,
+                format!(
+                    "WAIT 1 {timeout_ms} answers {confirmed}: no replica has the key; \
+                     refuses to write"
+                ),
+            )
+            .with("why", "no replica confirmed the lock within the WAIT")
+        } else {
+            me.event(
+                Kind::Kept,
+                format!("WAIT 1 {timeout_ms} answers {confirmed}: a replica has the key"),
+            )
+        };
+        me.send(event.with("replicas_confirmed", confirmed));
+    }
+
     await_command("write")?;
-    for write in &script.writes {
+    for write in script.writes.iter().filter(|_| !refused) {
         let value = format!("{}'s result", script.name);
         let outcome = store.write_under(
             write.rule.fence_rule(),
@@ -168,6 +196,17 @@ pub fn run(script: &SentinelClient) -> Result<()> {
     }
 
     await_command("finish")?;
+    if refused {
+        me.send(
+            me.event(
+                Kind::Released,
+                "abandons the lock it never confirmed: wrote nothing, leaves the key to its TTL",
+            )
+            .with("released", false)
+            .with("abandoned", true),
+        );
+        return Ok(());
+    }
     let (released, found_owner, text) = match lock.release_reporting(&held) {
         Ok(Release::Deleted) => (
             true,
