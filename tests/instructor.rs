@@ -635,6 +635,41 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         "{verdict}"
     );
 
+    // etcd's lock call too runs as the room's user (it once went out without one, and a
+    // room's etcd refused it: "user name is empty").
+    let output = room
+        .attendee(&[
+            "etcd-vs-redis",
+            "--kill",
+            "--work",
+            "1s",
+            "--lease",
+            "1s",
+            "--redis-ttl",
+            "2s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verdict: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let etcd = verdict["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|cell| cell["backend"] == "etcd")
+        .unwrap_or_else(|| panic!("no etcd cell: {verdict}"));
+    assert_eq!(etcd["fencing_token"], true, "{etcd}");
+    assert!(
+        etcd["handover_ms"].as_u64().is_some(),
+        "the waiter got it: {etcd}"
+    );
+
     let reset = room.attendee(&["reset", "--name", "ana"]).output().unwrap();
     let said = String::from_utf8_lossy(&reset.stdout);
     assert!(reset.status.success(), "{said}");
@@ -666,5 +701,31 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
                 .is_none_or(|s| s == 'Z')),
             "server {pid} still running after down"
         );
+    }
+}
+
+/// Labs 5–7 stop at their first checkpoint too, and `q` there ends them like Ctrl-C.
+#[test]
+fn q_at_the_first_checkpoint_ends_labs_5_to_7() {
+    for (lab, first) in [
+        (&["failover"][..], "before the Redis failover"),
+        (&["redlock", "minority"][..], "before the minority"),
+        (&["no-lock", "optimistic"][..], "before the next approach"),
+    ] {
+        let mut args = lab.to_vec();
+        args.push("--step");
+        let mut child = lockslab(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"q\n").unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(130), "{lab:?}: {stderr}");
+        assert!(stderr.contains(&format!("⏸ {first}")), "{lab:?}: {stderr}");
+        assert!(stderr.contains("stopped at"), "{lab:?}: {stderr}");
     }
 }

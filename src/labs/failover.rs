@@ -54,7 +54,7 @@ lockslab starts its own clusters (Redis primary + replica + 3 Sentinels; 3 etcd 
 on free loopback ports and removes them at the end. The store is the usual Postgres.
 By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
-    /// How long each Redis lock lives (1s to 10m): long, so that B's grant falls inside A's
+    /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// A Sentinel of your own cluster (not supported yet: the lab SIGKILLs the primary)
@@ -71,8 +71,12 @@ pub struct FailoverArgs {
 
 fn parse_ttl(text: &str) -> Result<Duration, String> {
     let ttl = duration_in(Duration::ZERO, LONGEST_LAB_WAIT)(text)?;
-    if ttl < Duration::from_secs(1) {
-        return Err("use at least 1s: the failover itself takes about a second".into());
+    if ttl < Duration::from_secs(5) {
+        return Err(
+            "use at least 5s: Sentinel takes about 2s to name the new primary, and \
+                    a lock that ends before B asks would show lab 1's expiry, not a failover"
+                .into(),
+        );
     }
     Ok(ttl)
 }
@@ -278,14 +282,17 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
             sequence: &sequence,
             ttl: args.ttl,
         };
+        stage.checkpoint(&super::step::failover::REDIS);
         scenarios.extend(play.redis_failover(&mut stage, &mut redis, &mut store)?);
         redis.stop();
+        stage.checkpoint(&super::step::failover::ETCD);
         scenarios.extend(play.etcd_leader_killed(&mut stage, &mut etcd, &mut store)?);
         Ok(())
     })()
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    super::step::checkpoint(&super::step::failover::VERDICT);
 
     if style.json {
         json_line(&json!({

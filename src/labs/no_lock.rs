@@ -247,6 +247,7 @@ pub fn run(args: &NoLockArgs) -> Result<()> {
                     Tables::new(&run_id, approach)
                 },
             };
+            stage.checkpoint(&super::step::no_lock::BEFORE_APPROACH);
             verdicts.push(play.run(&mut stage, &mut db, &schema)?);
         }
         Ok(())
@@ -254,6 +255,7 @@ pub fn run(args: &NoLockArgs) -> Result<()> {
     .map_err(connect::explain);
     removal.now(&result);
     result?;
+    super::step::checkpoint(&super::step::no_lock::VERDICT);
 
     if style.json {
         json_line(&json!({

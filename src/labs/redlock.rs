@@ -124,6 +124,18 @@ pub enum Scenario {
     ClientPause,
 }
 
+impl Scenario {
+    /// Its name on the command line.
+    fn command_name(&self) -> &'static str {
+        match self {
+            Scenario::Minority => "minority",
+            Scenario::Restart => "restart",
+            Scenario::ClockJump => "clock-jump",
+            Scenario::ClientPause => "client-pause",
+        }
+    }
+}
+
 const ALL: [Scenario; 4] = [
     Scenario::Minority,
     Scenario::Restart,
@@ -318,6 +330,7 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     let result = (|| -> Result<Vec<ScenarioVerdict>> {
         let mut verdicts = Vec::new();
         for scenario in &scenarios {
+            super::step::checkpoint(super::step::redlock::before(scenario.command_name()));
             match scenario {
                 Scenario::Minority => verdicts.extend(lab.play_minority()?),
                 Scenario::Restart => verdicts.extend(lab.play_restart()?),
@@ -336,6 +349,7 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     .map_err(connect::explain);
     removal.now(&result);
     let verdicts = result?;
+    super::step::checkpoint(&super::step::redlock::VERDICT);
 
     if style.json {
         json_line(&json!({

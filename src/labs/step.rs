@@ -234,6 +234,82 @@ pub mod etcd_vs_redis {
     };
 }
 
+pub mod failover {
+    use super::Checkpoint;
+
+    pub const REDIS: Checkpoint = Checkpoint {
+        name: "before the Redis failover",
+        question: "Nobody will pause. A takes five locks on the primary, the primary dies \
+                   before its replica has them, and Sentinel promotes the replica. Will B \
+                   get the same locks? What will an INCR token do? Which store rule catches it?",
+    };
+    pub const ETCD: Checkpoint = Checkpoint {
+        name: "before the etcd leader is killed",
+        question: "A holds an etcd lock, B waits, and the leader dies. Does A keep its lock? \
+                   What does B see when two of three members are gone?",
+    };
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Which rows had two holders with nobody paused, and what would have made \
+                   the late write harmless in each?",
+    };
+}
+
+pub mod redlock {
+    use super::Checkpoint;
+
+    /// Before each scenario, by its command-line name.
+    pub fn before(scenario: &str) -> &'static Checkpoint {
+        match scenario {
+            "minority" => &MINORITY,
+            "restart" => &RESTART,
+            "clock-jump" => &CLOCK_JUMP,
+            _ => &CLIENT_PAUSE,
+        }
+    }
+
+    const MINORITY: Checkpoint = Checkpoint {
+        name: "before the minority",
+        question: "Two of five masters are killed, then frozen, then a third goes. When is \
+                   the lock still granted, and what does a frozen master cost the validity?",
+    };
+    const RESTART: Checkpoint = Checkpoint {
+        name: "before the restart",
+        question: "A holds three of five masters; one of them restarts empty. Can B now \
+                   collect three too? What if the master stays down longer than the TTL?",
+    };
+    const CLOCK_JUMP: Checkpoint = Checkpoint {
+        name: "before the clock jump",
+        question: "Some masters' clocks jump forward (simulated here). What happens to A's \
+                   keys there, and can B reach a quorum while A still counts on its validity?",
+    };
+    const CLIENT_PAUSE: Checkpoint = Checkpoint {
+        name: "before the client pause",
+        question: "A freezes past its validity, then writes. Which fence refuses it: none, \
+                   the random value, or a number from a sequence — and why?",
+    };
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Which faults did the quorum survive, and which handed the lock out twice?",
+    };
+}
+
+pub mod no_lock {
+    use super::Checkpoint;
+
+    pub const BEFORE_APPROACH: Checkpoint = Checkpoint {
+        name: "before the next approach",
+        question: "One worker freezes after deciding, another is killed mid-write. Will \
+                   this approach invoice a job twice or lose a balance update? What does \
+                   it cost?",
+    };
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Which approaches need a lock service at all, and which one would you \
+                   pick for this job?",
+    };
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -191,12 +191,25 @@ impl EtcdLock {
         let waited = self.runtime.block_on(async {
             // Room for connecting on top of the wait, so the client never ends the call first.
             let mut waiting = waiting_client(&url, wait + connect::COMMAND_TIMEOUT).await?;
-            let call = waiting.lock(name.as_str(), Some(LockOptions::new().with_lease(lease.id)));
-            anyhow::Ok(tokio::select! {
-                result = call => Waited::Answer(result.context("etcd: lock")?),
-                () = lease.lost() => Waited::LeaseLost,
-                () = tokio::time::sleep(wait) => Waited::TimedOut,
-            })
+            let give_up = tokio::time::Instant::now() + wait;
+            loop {
+                let call =
+                    waiting.lock(name.as_str(), Some(LockOptions::new().with_lease(lease.id)));
+                let answer = tokio::select! {
+                    result = call => result,
+                    () = lease.lost() => return anyhow::Ok(Waited::LeaseLost),
+                    () = tokio::time::sleep_until(give_up) => return Ok(Waited::TimedOut),
+                };
+                match answer {
+                    // The cluster elected a new leader while we queued: the request was
+                    // dropped, not refused. Asking again with the same lease finds our key
+                    // where it was, with its place in the queue (the key is named after it).
+                    Err(err) if err.to_string().contains("leader changed") => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    answer => return Ok(Waited::Answer(answer.context("etcd: lock")?)),
+                }
+            }
         })?;
         let response = match waited {
             Waited::Answer(response) => response,
@@ -296,10 +309,15 @@ enum Waited {
 /// A client for one lock call: its request timeout is `timeout`, not the usual few seconds,
 /// because the call waits, by design, as long as the current holder holds the lock.
 async fn waiting_client(url: &str, timeout: Duration) -> Result<Client> {
-    let options = ConnectOptions::new()
+    let (endpoint, user) = connect::etcd_credentials(url);
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(connect::CONNECT_TIMEOUT)
         .with_timeout(timeout);
-    Client::connect([url], Some(options))
+    // A room's etcd has auth on: the lock call is refused without the user.
+    if let Some((name, password)) = user {
+        options = options.with_user(name, password);
+    }
+    Client::connect([endpoint.as_str()], Some(options))
         .await
         .map_err(|err| Backend::Etcd.unreachable(url, err))
 }
