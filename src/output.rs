@@ -515,6 +515,8 @@ pub fn human(duration: Duration) -> String {
     if ms < 1000 {
         format!("{ms}ms")
     } else {
-        format!("{:.3}s", duration.as_secs_f64())
+        // Whole milliseconds, like the `_ms` fields of `--json`: the timeline and the
+        // verdict never disagree by a rounding.
+        format!("{}.{:03}s", ms / 1000, ms % 1000)
     }
 }

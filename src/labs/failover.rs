@@ -237,6 +237,14 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }
+    if args.servers.redis_url.is_some() || args.servers.etcd_url.is_some() {
+        intro.say(&format!(
+            "  {}",
+            "(the Redis and etcd URLs given are not used: this lab kills servers, so it \
+             starts clusters of its own)"
+                .dimmed()
+        ));
+    }
     let (mut redis, mut etcd) = cluster::start_both()?;
     intro.say(&format!(
         "  {}",
@@ -1023,8 +1031,10 @@ fn print_verdict(scenarios: &[Scenario]) {
             };
             let time = s
                 .failover_ms
-                .map(|ms| format!("{ms}ms failover"))
-                .or(s.election_ms.map(|ms| format!("{ms}ms election")))
+                .map(|ms| format!("{} failover", human(Duration::from_millis(ms))))
+                .or(s
+                    .election_ms
+                    .map(|ms| format!("{} election", human(Duration::from_millis(ms)))))
                 .unwrap_or_else(|| "unavailable".into());
             vec![s.name.clone(), yes_no(s.two_holders), tokens, stale, time]
         })
