@@ -345,6 +345,15 @@ impl Desk {
         Ok(self.db.execute(&statement, params)?)
     }
 
+    /// The invoice row of `job`, in the transaction under way (INSERT_INVOICE).
+    fn insert_invoice(&mut self, job: &Job) -> Result<u64> {
+        let worker = self.worker.clone();
+        self.execute(
+            INSERT_INVOICE,
+            &[&job.customer, &job.period, &job.amount, &worker],
+        )
+    }
+
     fn query_one(
         &mut self,
         template: &str,
@@ -446,15 +455,7 @@ impl Desk {
         gate.at(Moment::Decided, job, self.stop_info(&held))?;
         self.work();
         self.say("BEGIN")?;
-        self.execute(
-            INSERT_INVOICE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
+        self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
         self.say("COMMIT")?;
@@ -488,15 +489,7 @@ impl Desk {
             self.let_go(&held)?;
             return Ok(Outcome::Rejected);
         }
-        self.execute(
-            INSERT_INVOICE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
+        self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
         self.say("COMMIT")?;
         self.let_go(&held)?;
@@ -535,15 +528,7 @@ impl Desk {
                 stopped = true;
                 continue;
             }
-            self.execute(
-                INSERT_INVOICE,
-                &[
-                    &job.customer,
-                    &job.period,
-                    &job.amount,
-                    &self.worker.clone(),
-                ],
-            )?;
+            self.insert_invoice(job)?;
             // Mid-write on whichever attempt gets this far: after a conflict too, so that
             // a worker whose first tries all lose still meets its kill.
             gate.at(Moment::MidWrite, job, StopInfo::default())?;
@@ -596,15 +581,7 @@ impl Desk {
         gate.at(Moment::Decided, job, StopInfo::default())?;
         self.work();
         self.say("BEGIN")?;
-        self.execute(
-            INSERT_INVOICE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
+        self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
         self.say("COMMIT")?;
@@ -628,15 +605,7 @@ impl Desk {
         }
         gate.at(Moment::Decided, job, StopInfo::default())?;
         self.work();
-        self.execute(
-            INSERT_INVOICE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
+        self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
         self.say("COMMIT")?;
@@ -666,15 +635,7 @@ impl Desk {
         gate.at(Moment::Decided, job, StopInfo::default())?;
         self.work();
         self.say("BEGIN")?;
-        self.execute(
-            INSERT_INVOICE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
+        self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
         self.say("COMMIT")?;

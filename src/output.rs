@@ -496,17 +496,7 @@ pub fn prose(text: &str) {
 
 /// The width of a string as shown, ignoring colour escape codes.
 fn visible_width(text: &str) -> usize {
-    let mut width = 0;
-    let mut in_escape = false;
-    for c in text.chars() {
-        match (in_escape, c) {
-            (false, '\u{1b}') => in_escape = true,
-            (true, 'm') => in_escape = false,
-            (true, _) => {}
-            (false, _) => width += 1,
-        }
-    }
-    width
+    without_colors(text).chars().count()
 }
 
 /// `1.234s` or `850ms`, for durations a learner reads.
