@@ -169,11 +169,35 @@ struct Stepped {
     stdout: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
+/// A test that fails midway still ends its lab: Ctrl-C's way (SIGTERM), then SIGKILL.
+impl Drop for Stepped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Stepped {
     fn start(args: &[&str]) -> Stepped {
         use std::io::Read;
         use std::sync::{Arc, Mutex};
         let pty = nix::pty::openpty(None, None).expect("openpty");
+        // The master side is this test's alone: a lab that inherited it would keep its own
+        // terminal open, and a lab left waiting at a checkpoint would wait forever.
+        nix::fcntl::fcntl(
+            &pty.master,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .expect("FD_CLOEXEC on the pty's master");
         let mut command = lockslab(args);
         command
             .stdin(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
