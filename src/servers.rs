@@ -66,6 +66,39 @@ pub struct ServerArgs {
 #[derive(Clone, Copy, Debug)]
 struct UrlParser(Backend);
 
+/// The same value parser for a lab's own URL flag (`flag`, with no environment variable):
+/// lab 6's `--master`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LabUrlParser(pub(crate) Backend, pub(crate) &'static str);
+
+impl clap::builder::TypedValueParser for LabUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let text = value.to_string_lossy();
+        match connect::url_problem(self.0, &text) {
+            None if !text.trim().is_empty() => Ok(text.into_owned()),
+            problem => {
+                let problem = problem.unwrap_or_else(|| "it is empty".to_string());
+                let message = format!(
+                    "invalid value '{}' for '{}': {problem}\n\nFor more information, try '--help'.\n",
+                    connect::redact(&text),
+                    self.1
+                );
+                Err(
+                    clap::Error::raw(clap::error::ErrorKind::ValueValidation, message)
+                        .with_cmd(cmd),
+                )
+            }
+        }
+    }
+}
+
 impl clap::builder::TypedValueParser for UrlParser {
     type Value = String;
 

@@ -308,3 +308,181 @@ fn bad_flags_name_the_flag() {
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
 }
+
+/// Three Redis servers of the test's own, started apart from the test binary's shared ones:
+/// they stand for masters a user already runs.
+fn users_masters() -> Vec<lockslab::servers::PrivateServers> {
+    use lockslab::connect::Backend;
+    use lockslab::servers::{Lifetime, PrivateServers};
+    (0..3)
+        .map(|_| PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun).unwrap())
+        .collect()
+}
+
+fn urls_of(masters: &[lockslab::servers::PrivateServers]) -> Vec<String> {
+    masters
+        .iter()
+        .map(|m| m.url(lockslab::connect::Backend::Redis).unwrap())
+        .collect()
+}
+
+fn with_masters<'a>(args: &[&'a str], urls: &'a [String]) -> Vec<&'a str> {
+    let mut all = args.to_vec();
+    for url in urls {
+        all.extend(["--master", url.as_str()]);
+    }
+    all
+}
+
+/// Every key of run `run_id` still on `url`.
+fn run_keys_on(url: &str, run_id: &str) -> Vec<String> {
+    let mut c = lockslab::connect::redis(url).unwrap();
+    redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut c)
+        .unwrap()
+}
+
+#[test]
+fn given_masters_play_what_needs_no_process_and_keep_no_key() {
+    let masters = users_masters();
+    let urls = urls_of(&masters);
+    let (lines, verdict, _) = run_json(&with_masters(&["redlock"], &urls));
+    assert_eq!(verdict["masters"], 3);
+    assert_eq!(verdict["masters_given"], true);
+    assert_eq!(verdict["quorum"], 2);
+    let names: Vec<&str> = verdict["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["clock-jump", "client-pause"], "{verdict}");
+    let skipped: Vec<&str> = verdict["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["minority", "restart"]);
+
+    // The same lessons as on private masters, read back from the user's.
+    let jump = scenario(&verdict, "clock-jump");
+    assert_eq!(jump["two_holders"], true, "{jump}");
+    let pause = scenario(&verdict, "client-pause");
+    assert_eq!(pause["stale_write"]["accepted"], true, "{pause}");
+    assert_eq!(pause["stale_write_sequence"]["accepted"], false, "{pause}");
+    // The lab neither killed nor froze a master of the user's.
+    assert!(
+        !lines
+            .iter()
+            .any(|e| e["worker"] == "lab" && e["master"].is_string() && e["pid"].is_number()),
+        "the lab touched a given master's process"
+    );
+    let run_id = verdict["run_id"].as_str().unwrap();
+    for url in &urls {
+        assert_eq!(run_keys_on(url, run_id), Vec::<String>::new(), "on {url}");
+    }
+    assert_run_left_nothing(run_id);
+
+    // On screen: a row for each skipped scenario, and the reason.
+    let human = run_human(&with_masters(&["redlock"], &urls));
+    for row in ["minority", "restart"] {
+        assert!(
+            human
+                .lines()
+                .any(|l| l.trim_start().starts_with(row) && l.contains("skipped")),
+            "no skipped row for {row}:\n{human}"
+        );
+    }
+    assert!(
+        human.contains("needs masters lockslab starts itself"),
+        "{human}"
+    );
+    let output = lockslab(&with_masters(&["redlock", "restart"], &urls))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("restart") && stderr.contains("starts itself"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn ctrl_c_on_given_masters_removes_the_run_keys() {
+    let masters = users_masters();
+    let urls = urls_of(&masters);
+    let mut all = with_masters(&["redlock", "client-pause", "--ttl", "20s"], &urls);
+    all.push("--json");
+    let mut lab = lockslab(&all).stdout(Stdio::piped()).spawn().unwrap();
+    let mut seen = Vec::new();
+    for line in BufReader::new(lab.stdout.take().unwrap()).lines() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let frozen = event["worker"] == "lab" && event["kind"] == "frozen";
+        seen.push(event);
+        if frozen {
+            break;
+        }
+    }
+    let run_id = seen
+        .iter()
+        .find_map(|e| e["run_id"].as_str())
+        .unwrap()
+        .to_string();
+    // A froze holding the lock: its key is on the masters, with most of 20s to live.
+    let holding = urls
+        .iter()
+        .filter(|url| !run_keys_on(url, &run_id).is_empty())
+        .count();
+    assert!(holding >= 2, "A's key is on {holding} of 3 masters");
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(lab.wait().unwrap().code(), Some(130));
+    assert_gone(&worker_pids(&seen));
+    for url in &urls {
+        assert_eq!(run_keys_on(url, &run_id), Vec::<String>::new(), "on {url}");
+    }
+    assert_run_left_nothing(&run_id);
+}
+
+#[test]
+fn given_masters_must_be_odd_and_well_formed() {
+    let two = [
+        "redis://127.0.0.1:1".to_string(),
+        "redis://127.0.0.1:2".to_string(),
+    ];
+    let output = lockslab(&with_masters(&["redlock"], &two))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--master given 2 times"));
+
+    let output = lockslab(&["redlock", "--master", "http://u:sekrit@h:1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("'--master'"), "{stderr}");
+    assert!(!stderr.contains("sekrit"), "the password shows: {stderr}");
+
+    // Three that do not answer: one line naming the master, exit 1.
+    let dead: Vec<String> = (0..3)
+        .map(|_| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!(
+                "redis://:sekrit@127.0.0.1:{}",
+                listener.local_addr().unwrap().port()
+            )
+        })
+        .collect();
+    let output = lockslab(&with_masters(&["redlock", "clock-jump"], &dead))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("m1") && !stderr.contains("sekrit"),
+        "{stderr}"
+    );
+}

@@ -16,8 +16,8 @@ pub struct Leftovers {
     run_id: String,
     /// The fenced store: the run's rows in `lockslab_resource` and `lockslab_attempt`.
     store: Option<String>,
-    /// Redis: every key `lockslab:<run id>:*`.
-    redis: Option<String>,
+    /// Redis: every key `lockslab:<run id>:*`, on each server named (lab 6 writes to several).
+    redis: Vec<String>,
     /// etcd: every key under `lockslab:<run id>:`, and the leases they hang on.
     etcd: Option<String>,
     /// Postgres statements that drop what the run created (lab 3's tables).
@@ -38,7 +38,7 @@ impl Leftovers {
     }
 
     pub fn redis(mut self, redis_url: &str) -> Leftovers {
-        self.redis = Some(redis_url.to_string());
+        self.redis.push(redis_url.to_string());
         self
     }
 
@@ -98,9 +98,7 @@ impl Leftovers {
                 );
             }
         }
-        if let Some(url) = &self.redis
-            && !connect::gave_up_on(url)
-        {
+        for url in self.redis.iter().filter(|url| !connect::gave_up_on(url)) {
             note(
                 format!(
                     "this run's keys lockslab:{}:* in Redis at {}",

@@ -42,7 +42,7 @@ use crate::events::{Event, Kind};
 use crate::lock::redlock::{self, Attempt, Master, Redlock, Reply, Settings};
 use crate::output::{Style, human, json_line, table};
 use crate::procs;
-use crate::servers::{self, Lifetime, PrivateServers, ServerArgs};
+use crate::servers::{self, LabUrlParser, Lifetime, PrivateServers, ServerArgs};
 use crate::store::Store;
 use crate::worker::WorkerSpec;
 use crate::worker::redlock_client::{self, RedlockClientScript, Resources, indent, round_text};
@@ -55,9 +55,14 @@ Examples:
   lockslab redlock --masters 3           three masters (quorum 2)
   lockslab redlock --instance-timeout 200ms   frozen masters eat more of the validity
   lockslab redlock --json | jq .         events and verdict as JSON Lines
+  lockslab redlock --master redis://a:6379 --master redis://b:6379 \\
+                   --master redis://c:6379   three masters of yours
 
-The masters are always private to the run: the lab kills, freezes and restarts them, which
-it must never do to a server someone else uses (a given --redis-url is not used here).
+By default the masters are private to the run: the lab kills, freezes and
+restarts them, which it must never do to a server someone else uses (a given
+--redis-url is not used here). With --master it uses yours and plays only
+clock-jump and client-pause (minority and restart kill and restart masters);
+the run's keys lockslab:<run id>:* are removed from yours at the end.
 The clock jump is SIMULATED with PEXPIRE (redis-server cannot run under libfaketime).
 By hand, with redis-cli against five ports: see labs/06-redlock.md.", crate::lab_exit_status_help!()))]
 pub struct RedlockArgs {
@@ -65,8 +70,13 @@ pub struct RedlockArgs {
     #[arg(value_enum)]
     pub scenario: Option<Scenario>,
     /// How many Redis masters to start: odd, 3 to 9
-    #[arg(long, default_value_t = 5, value_parser = parse_masters, value_name = "N")]
+    #[arg(long, default_value_t = 5, value_parser = parse_masters, value_name = "N",
+          conflicts_with = "master")]
     pub masters: usize,
+    /// An existing Redis master to use instead of private ones; repeat it (3 to 9, odd)
+    #[arg(long = "master", value_name = "URL",
+          value_parser = LabUrlParser(Backend::Redis, "--master"))]
+    pub master: Vec<String>,
     /// The lock's TTL on every master (200ms to 1m)
     #[arg(long, default_value = "2s", value_name = "DURATION",
           value_parser = duration_in(Duration::from_millis(200), Duration::from_secs(60)))]
@@ -125,6 +135,11 @@ pub enum Scenario {
 }
 
 impl Scenario {
+    /// It kills, freezes or restarts masters: only masters the lab started itself will do.
+    fn needs_own_masters(&self) -> bool {
+        matches!(self, Scenario::Minority | Scenario::Restart)
+    }
+
     /// Its name on the command line.
     fn command_name(&self) -> &'static str {
         match self {
@@ -218,18 +233,37 @@ pub struct ScenarioVerdict {
 /// `lockslab redlock`.
 pub fn run(args: &RedlockArgs) -> Result<()> {
     let style = Style::detect(args.output.json);
-    if args.instance_timeout * (args.masters as u32) * 2 >= args.ttl {
+    let given = !args.master.is_empty();
+    let n = if given {
+        args.master.len()
+    } else {
+        args.masters
+    };
+    if given && (!(3..=9).contains(&n) || n.is_multiple_of(2)) {
         crate::bail_usage!(
-            "--instance-timeout {} × {} masters must stay well below --ttl {}: use a shorter timeout or a longer TTL",
+            "--master given {n} times: name an odd number of masters from 3 to 9 (an even one adds a master and no safety)"
+        );
+    }
+    if args.instance_timeout * (n as u32) * 2 >= args.ttl {
+        crate::bail_usage!(
+            "--instance-timeout {} × {n} masters must stay well below --ttl {}: use a shorter timeout or a longer TTL",
             human(args.instance_timeout),
-            args.masters,
             human(args.ttl)
         );
     }
-    let scenarios: Vec<Scenario> = match args.scenario {
+    let wanted: Vec<Scenario> = match args.scenario {
         Some(one) => vec![one],
         None => ALL.to_vec(),
     };
+    let (skipped, scenarios): (Vec<Scenario>, Vec<Scenario>) = wanted
+        .into_iter()
+        .partition(|s| given && s.needs_own_masters());
+    if scenarios.is_empty() {
+        crate::bail_usage!(
+            "{}: it needs masters lockslab starts itself (it kills, freezes and restarts them); run it without --master",
+            skipped[0].command_name()
+        );
+    }
     let run_id = new_run_id();
     let needs_store = scenarios.contains(&Scenario::ClientPause);
     let store_servers = if needs_store {
@@ -243,40 +277,74 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     // From this (the main) thread, one after another: each server's parent-death signal
     // is tied to the thread that starts it, which must outlive it.
     let started = Instant::now();
-    let mut masters = Vec::new();
-    for _ in 0..args.masters {
-        masters.push(PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?);
+    let mut private = Vec::new();
+    if !given {
+        for _ in 0..n {
+            private.push(PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?);
+        }
     }
-    let ports: Vec<String> = masters
+    let urls: Vec<String> = if given {
+        args.master.clone()
+    } else {
+        private
+            .iter()
+            .map(|m| m.url(Backend::Redis).unwrap_or_default())
+            .collect()
+    };
+    let ports: Vec<String> = urls
         .iter()
-        .map(|m| {
-            Master::new("", &m.url(Backend::Redis).unwrap_or_default())
-                .port()
-                .to_string()
-        })
+        .map(|url| Master::new("", url).port().to_string())
         .collect();
-    intro.say(&format!(
-        "  {}",
-        format!(
-            "{} private Redis masters on ports {} (ready in {})\n  no replication, no persistence",
-            args.masters,
-            ports.join(" "),
-            human(started.elapsed())
-        )
-        .dimmed()
-    ));
+    if given {
+        for (i, url) in urls.iter().enumerate() {
+            let mut master = Master::new(&Lab::name(i), url);
+            master
+                .command::<String>(&redis::cmd("PING"), Duration::from_secs(2))
+                .map_err(|why| {
+                    anyhow::anyhow!(
+                        "Redis master {} at {} did not answer PING: {why}; check that --master URL",
+                        Lab::name(i),
+                        connect::redact(url)
+                    )
+                })?;
+        }
+        let shown: Vec<String> = urls.iter().map(|url| connect::redact(url)).collect();
+        intro.say(&format!(
+            "  {}",
+            format!(
+                "{n} Redis masters of yours (--master): {}\n  the run's keys lockslab:{run_id}:* are removed from them at the end",
+                shown.join(" ")
+            )
+            .dimmed()
+        ));
+        for scenario in &skipped {
+            intro.say(&format!(
+                "  skipped: {} needs masters lockslab starts itself (it kills, freezes\n  and restarts them); run it without --master",
+                scenario.command_name()
+            ));
+        }
+    } else {
+        intro.say(&format!(
+            "  {}",
+            format!(
+                "{n} private Redis masters on ports {} (ready in {})\n  no replication, no persistence",
+                ports.join(" "),
+                human(started.elapsed())
+            )
+            .dimmed()
+        ));
+    }
     if let Some(servers) = &store_servers {
         for line in servers.describe() {
             intro.say(&format!("  {}", line.dimmed()));
         }
     }
-    let q = redlock::quorum(args.masters);
+    let q = redlock::quorum(n);
     let drift = redlock::drift(args.ttl, args.drift_factor);
     intro.say(&format!(
-        "Redlock: held when {q} of {} masters grant SET NX PX {} and validity > 0,\n\
+        "Redlock: held when {q} of {n} masters grant SET NX PX {} and validity > 0,\n\
          validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
          each master gets {} to answer.",
-        args.masters,
         args.ttl.as_millis(),
         args.drift_factor,
         drift.as_millis(),
@@ -284,6 +352,11 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     ));
 
     let mut leftovers = Leftovers::of_run(&run_id);
+    if given {
+        for url in &urls {
+            leftovers = leftovers.redis(url);
+        }
+    }
     let sequence = format!("lockslab_redlock_{run_id}");
     if let Some(servers) = &store_servers {
         let url = servers.url(Backend::Postgres);
@@ -300,21 +373,36 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
             instance_timeout: args.instance_timeout,
             retry_delay_max: args.retry,
         },
-        masters,
+        private,
+        urls,
         stage: Stage::on_clock(style, clock),
         style,
         started: clock,
         run_id: run_id.clone(),
         values: Vec::new(),
-        faults: vec![Fault::Up; args.masters],
+        faults: vec![Fault::Up; n],
     };
     let masters_seen: Vec<serde_json::Value> = (0..lab.n())
-        .map(|i| {
-            json!({
+        .map(|i| match lab.private.get(i) {
+            Some(server) => json!({
                 "master": Lab::name(i),
                 "port": ports[i],
-                "pid": lab.masters[i].pid(Backend::Redis),
-                "dir": lab.masters[i].dir.display().to_string(),
+                "pid": server.pid(Backend::Redis),
+                "dir": server.dir.display().to_string(),
+            }),
+            None => json!({
+                "master": Lab::name(i),
+                "port": ports[i],
+                "url": connect::redact(&lab.urls[i]),
+            }),
+        })
+        .collect();
+    let skipped_seen: Vec<serde_json::Value> = skipped
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.command_name(),
+                "why": "needs masters lockslab starts itself (it kills, freezes and restarts them)",
             })
         })
         .collect();
@@ -357,7 +445,8 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
             "json_version": super::JSON_VERSION,
             "lab": "redlock",
             "run_id": run_id,
-            "masters": args.masters,
+            "masters": n,
+            "masters_given": given,
             "quorum": q,
             "ttl_ms": args.ttl.as_millis() as u64,
             "drift_factor": args.drift_factor,
@@ -365,9 +454,10 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
             "instance_timeout_ms": args.instance_timeout.as_millis() as u64,
             "retry_ms": args.retry.as_millis() as u64,
             "scenarios": verdicts,
+            "skipped": skipped_seen,
         }));
     } else {
-        print_verdicts(&verdicts);
+        print_verdicts(&verdicts, &skipped);
     }
     Ok(())
 }
@@ -376,7 +466,10 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
 struct Lab {
     settings: Settings,
     /// One private server per master: each can be killed, frozen and restarted alone.
-    masters: Vec<PrivateServers>,
+    /// Empty when the masters are the user's (`--master`): those the lab never touches.
+    private: Vec<PrivateServers>,
+    /// Every master's URL, private or given.
+    urls: Vec<String>,
     stage: Stage,
     style: Style,
     /// The run's one clock: every scenario's events are stamped from here.
@@ -398,7 +491,7 @@ enum Fault {
 
 impl Lab {
     fn n(&self) -> usize {
-        self.masters.len()
+        self.urls.len()
     }
 
     fn q(&self) -> usize {
@@ -410,7 +503,14 @@ impl Lab {
     }
 
     fn url(&self, i: usize) -> String {
-        self.masters[i].url(Backend::Redis).unwrap_or_default()
+        self.urls[i].clone()
+    }
+
+    /// Master `i`'s own process, when the lab started it.
+    fn server(&mut self, i: usize) -> Result<&mut PrivateServers> {
+        self.private
+            .get_mut(i)
+            .context("the lab kills, freezes and restarts only masters it started itself")
     }
 
     fn names(&self, indexes: impl IntoIterator<Item = usize>) -> String {
@@ -491,7 +591,8 @@ impl Lab {
 
     /// SIGKILL to one master: down, its port refuses connections until it is restarted.
     fn kill(&mut self, i: usize) -> Result<()> {
-        let pid = self.masters[i]
+        let pid = self
+            .server(i)?
             .pid(Backend::Redis)
             .context("a master has no pid")?;
         procs::signal_group(pid, Signal::SIGKILL)?;
@@ -522,9 +623,9 @@ impl Lab {
     /// Starts a killed master again — or kills a live one first, as a crash would — on
     /// the same port. Without persistence it comes back empty.
     fn restart(&mut self, i: usize, crash: bool) -> Result<()> {
-        let took = self.masters[i].crash_and_restart(Backend::Redis)?;
+        let took = self.server(i)?.crash_and_restart(Backend::Redis)?;
         self.faults[i] = Fault::Up;
-        let pid = self.masters[i].pid(Backend::Redis).unwrap_or(0);
+        let pid = self.server(i)?.pid(Backend::Redis).unwrap_or(0);
         let text = format!(
             "{}{} back on :{} in {}, EMPTY (no persistence)",
             if crash { "SIGKILL, then " } else { "" },
@@ -546,8 +647,8 @@ impl Lab {
     }
 
     fn freeze(&mut self, i: usize) -> Result<()> {
-        self.masters[i].freeze(Backend::Redis)?;
-        let pid = self.masters[i].pid(Backend::Redis).unwrap_or(0);
+        self.server(i)?.freeze(Backend::Redis)?;
+        let pid = self.server(i)?.pid(Backend::Redis).unwrap_or(0);
         if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
             bail!(
                 "master {} (pid {pid}) did not stop after SIGSTOP",
@@ -571,7 +672,7 @@ impl Lab {
     }
 
     fn thaw(&mut self, i: usize) -> Result<()> {
-        self.masters[i].thaw(Backend::Redis)?;
+        self.server(i)?.thaw(Backend::Redis)?;
         self.faults[i] = Fault::Up;
         self.stage.record(
             Event::new(
@@ -948,11 +1049,20 @@ impl Lab {
                 self.names(jumping.clone())
             ),
         );
-        self.kill(last)?;
         let key = self.key("clock-jump");
+        let own = !self.private.is_empty();
+        if own {
+            self.kill(last)?;
+        } else {
+            self.stand_in(last, &key)?;
+        }
         let mut a_lock = self.lock(&key);
         let a = self.acquire("A", &mut a_lock);
-        self.restart(last, false)?;
+        if own {
+            self.restart(last, false)?;
+        } else {
+            self.stand_in_gone(last, &key)?;
+        }
         let jump = self.settings.ttl;
         for &i in &jumping {
             self.simulate_jump(i, &key, jump)?;
@@ -1001,6 +1111,46 @@ impl Lab {
             prevented_by: "masters whose expiry cannot jump (no stepped clocks: slew only), \
                            i.e. the timing assumption Redlock rests on",
         })
+    }
+
+    /// On a master of the user's, which the lab never kills: the lab takes the key there
+    /// first, so the master refuses A's round (as a down one would not grant it).
+    fn stand_in(&mut self, i: usize, key: &str) -> Result<()> {
+        let value = format!("lockslab-stand-in-{}", self.run_id);
+        let mut master = Master::new(&Lab::name(i), &self.url(i));
+        let _: Option<String> = master
+            .command(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(&value)
+                    .arg("PX")
+                    .arg(self.settings.ttl.as_millis() as u64),
+                READ_TIMEOUT,
+            )
+            .map_err(|why| {
+                anyhow::anyhow!("Redis master {} did not answer SET: {why}", Lab::name(i))
+            })?;
+        self.values.push((value, "lab".into()));
+        self.note(&format!(
+            "{} is yours, not the lab's to kill: the lab sets the key there first, so it \
+             refuses A",
+            Lab::name(i)
+        ));
+        Ok(())
+    }
+
+    fn stand_in_gone(&mut self, i: usize, key: &str) -> Result<()> {
+        let mut master = Master::new(&Lab::name(i), &self.url(i));
+        let _: i64 = master
+            .command(redis::cmd("DEL").arg(key), READ_TIMEOUT)
+            .map_err(|why| {
+                anyhow::anyhow!("Redis master {} did not answer DEL: {why}", Lab::name(i))
+            })?;
+        self.note(&format!(
+            "deletes its stand-in key on {}: it answers for itself again",
+            Lab::name(i)
+        ));
+        Ok(())
     }
 
     /// What a forward jump of a master's clock does to a key's expiry, done to the key:
@@ -1324,7 +1474,7 @@ fn state_line(state: &MasterState) -> String {
     format!("{:<3} :{:<5} {what}", state.master, state.port)
 }
 
-fn print_verdicts(verdicts: &[ScenarioVerdict]) {
+fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
     let yes_no = |b: Option<bool>| match b {
         Some(true) => "YES".red().bold().to_string(),
         Some(false) => "no".to_string(),
@@ -1355,6 +1505,11 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
                 stale(&v.stale_write_sequence),
             ]
         })
+        .chain(skipped.iter().map(|s| {
+            let mut row = vec![s.command_name().to_string(), "skipped".to_string()];
+            row.extend(std::iter::repeat_n("–".to_string(), 4));
+            row
+        }))
         .collect();
     crate::outln!();
     crate::outln!("{}", "Verdict".bold());
@@ -1380,6 +1535,16 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
         }
         for line in crate::output::wrap(&format!("prevented by: {}", verdict.prevented_by), 74) {
             crate::outln!("    {}", line.dimmed());
+        }
+    }
+    for scenario in skipped {
+        let text = format!(
+            "{}: skipped. It needs masters lockslab starts itself (it kills, freezes and \
+             restarts them); run it without --master.",
+            scenario.command_name()
+        );
+        for line in crate::output::wrap(&text, 76) {
+            crate::outln!("  {line}");
         }
     }
 }
