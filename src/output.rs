@@ -124,7 +124,17 @@ impl Timeline {
         // Long texts wrap under their own column, so the time and lane columns stay clear.
         let indent = 9 + 2 + self.lane_width.max(visible_width(&event.worker)) + 1;
         let text = format!("{}{}", symbol(event.kind), event.text);
-        let pieces = wrap(&text, width().saturating_sub(indent).max(20));
+        // A text of several lines (a round's answer from each server) keeps its lines and
+        // their indentation, each under the text's column.
+        let mut pieces = Vec::new();
+        for paragraph in text.split('\n') {
+            let body = paragraph.trim_start_matches(' ');
+            let inner = " ".repeat(paragraph.len() - body.len());
+            let room = width().saturating_sub(indent + inner.len()).max(20);
+            for piece in wrap(body, room) {
+                pieces.push(format!("{inner}{piece}"));
+            }
+        }
         for (i, piece) in pieces.iter().enumerate() {
             let line = if i == 0 {
                 format!(

@@ -187,11 +187,12 @@ pub fn round_text(conclusion: &str, attempt: &redlock::Attempt) -> String {
     format!("{conclusion}:\n{}", indent(&attempt.lines()))
 }
 
-/// Lines of one timeline event after its first: indented under the event's text column.
+/// Lines of one timeline event after its first: the timeline puts each under the event's
+/// text column; two more spaces set them off from the first.
 pub fn indent(lines: &[String]) -> String {
     lines
         .iter()
-        .map(|line| format!("{:19}{line}", ""))
+        .map(|line| format!("  {line}"))
         .collect::<Vec<_>>()
         .join("\n")
 }
