@@ -64,6 +64,7 @@ pub mod output;
 pub mod picture;
 pub mod procs;
 pub mod queue;
+pub mod seed;
 pub mod servers;
 pub mod store;
 pub mod worker;

@@ -277,14 +277,27 @@ pub fn err_line(text: &str) {
 }
 
 /// Writes one JSON object on its own line to stdout.
+///
+/// A lab's verdict gets the run's `seed` (see [`crate::seed`]), whichever lab wrote it.
 pub fn json_line<T: Serialize>(value: &T) {
-    if KEEPING.load(Ordering::Relaxed)
-        && let Ok(value) = serde_json::to_value(value)
-        && value.get("kind").and_then(serde_json::Value::as_str) == Some("verdict")
-    {
-        remember(|history| history.verdict = Some(value));
+    let text = serde_json::to_string(value).unwrap_or_default();
+    // Events keep their fields' order; only a verdict is taken apart.
+    if !text.contains("\"kind\":\"verdict\"") {
+        write_line(&text);
+        return;
     }
-    write_line(&serde_json::to_string(value).unwrap_or_default());
+    let Ok(mut verdict) = serde_json::from_str::<serde_json::Value>(&text) else {
+        write_line(&text);
+        return;
+    };
+    if let (Some(seed), Some(fields)) = (crate::seed::seed(), verdict.as_object_mut()) {
+        fields.insert("seed".into(), seed.into());
+    }
+    if KEEPING.load(Ordering::Relaxed) {
+        let kept = verdict.clone();
+        remember(|history| history.verdict = Some(kept));
+    }
+    write_line(&serde_json::to_string(&verdict).unwrap_or_default());
 }
 
 /// What a picture of the run is drawn from (`--html`, `--svg`): every event the timeline

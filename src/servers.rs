@@ -1567,7 +1567,7 @@ pub fn up_room(addr: std::net::IpAddr) -> Result<UpState> {
     down()?;
     let room = Room {
         addr,
-        password: crate::lock::random_owner()[..24].to_string(),
+        password: crate::seed::os_hex(24),
     };
     let mut servers = PrivateServers::start_with(&ALL, Lifetime::Detached, Some(room))?;
     servers.release_detached()?;

@@ -753,3 +753,28 @@ fn q_at_the_first_checkpoint_ends_labs_5_to_7() {
         assert!(stderr.contains("stopped at"), "{lab:?}: {stderr}");
     }
 }
+
+/// `--seed` plays the same random choices again: the same seed gives the same owner values
+/// (each worker has its own stream), another seed other ones; the seed is printed at the
+/// start and carried by the verdict.
+#[test]
+fn a_seed_replays_the_random_choices() {
+    let owners = |seed: &str| {
+        let mut args = QUICK_LAB.to_vec();
+        args.extend(["--seed", seed]);
+        let (events, verdict, output) = run_json(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(stderr.contains(&format!("seed {seed}")), "{stderr}");
+        assert_eq!(verdict["seed"].to_string(), seed, "{verdict}");
+        let owners: Vec<String> = events
+            .iter()
+            .filter(|e| e["kind"] == "acquired")
+            .map(|e| format!("{}={}", e["worker"], e["owner"]))
+            .collect();
+        assert!(!owners.is_empty(), "no grant in {events:?}");
+        owners
+    };
+    let first = owners("42");
+    assert_eq!(first, owners("42"), "the same seed, the same owner values");
+    assert_ne!(first, owners("43"), "another seed, other values");
+}

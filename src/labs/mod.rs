@@ -56,6 +56,10 @@ pub struct OutputArgs {
     /// Stop before each reveal, print the question to ask the room, wait for Enter (q quits)
     #[arg(long)]
     pub step: bool,
+    /// Play the random choices (owner values, arrival spreads, retry delays) of the run
+    /// that printed this seed; timing still varies
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
     /// After the run, draw it into FILE as a self-contained HTML page (timeline, lock bars,
     /// freezes, writes, verdict; details on hover)
     #[arg(long, value_name = "FILE")]
@@ -98,7 +102,7 @@ pub use crate::flags::{
 /// A short random id that namespaces a run's keys, counters and rows, so that one shared
 /// server can host a whole workshop without runs seeing each other.
 pub fn new_run_id() -> String {
-    crate::lock::random_owner()[..8].to_string()
+    crate::seed::os_hex(8)
 }
 
 /// A worker's failure, as the orchestrator reports it. When a server froze or went away,
@@ -169,6 +173,13 @@ impl Stage {
         let mut script = serde_json::to_string(spec)?;
         script.push('\n');
         let mut command = Command::new(exe);
+        if let Some(seed) = crate::seed::seed() {
+            // Its own stream, named by its place among the run's workers: two processes
+            // must never draw the same owner value (a lab reuses names from run to run).
+            static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nth = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            command.env(crate::seed::WORKER_SEED, format!("{seed}/{nth}:{name}"));
+        }
         command
             .arg("__worker")
             .stdin(Stdio::piped())

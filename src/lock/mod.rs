@@ -8,7 +8,8 @@ pub mod postgres;
 pub mod redis;
 pub mod redlock;
 
-/// A random owner value: 16 bytes from the OS, as 32 hex digits.
+/// A random owner value: 16 random bytes (from `--seed` when given, else the OS), as 32
+/// hex digits.
 ///
 /// It answers "is this lock still mine?" and nothing else: it has no order, so it cannot
 /// serve as a fencing token.
@@ -16,7 +17,7 @@ pub fn random_owner() -> String {
     let mut bytes = [0u8; 16];
     // The OS random source does not fail on Linux once booted; a fixed value would only
     // weaken the owner check, so fall back to the time and pid rather than abort.
-    if getrandom::fill(&mut bytes).is_err() {
+    if crate::seed::fill(&mut bytes).is_err() {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())

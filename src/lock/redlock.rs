@@ -440,10 +440,10 @@ pub fn as_number(value: &str) -> i64 {
     i64::from_str_radix(&value[..value.len().min(15)], 16).unwrap_or(0)
 }
 
-/// A random delay from 0 to `max`, from the OS's random source.
+/// A random delay from 0 to `max` (from the run's seed, see [`crate::seed`]).
 pub fn random_delay(max: Duration) -> Duration {
     let mut bytes = [0u8; 8];
-    if getrandom::fill(&mut bytes).is_err() {
+    if crate::seed::fill(&mut bytes).is_err() {
         return max / 2;
     }
     let fraction = u64::from_le_bytes(bytes) as f64 / u64::MAX as f64;

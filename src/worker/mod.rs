@@ -44,6 +44,7 @@ pub enum WorkerSpec {
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
 /// reports failure as an event.
 pub fn run_internal() -> ExitCode {
+    crate::seed::start_from_environment();
     let mut line = String::new();
     // Stdin's buffer is shared: what follows the script stays there for `await_command`.
     let spec = match io::stdin().lock().read_line(&mut line) {

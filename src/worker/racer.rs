@@ -133,7 +133,7 @@ pub fn monotonic_ns() -> u64 {
 /// A random pause in [0, limit): when this worker arrives in a trial.
 fn random_below(limit: Duration) -> Duration {
     let mut bytes = [0u8; 8];
-    if limit.is_zero() || getrandom::fill(&mut bytes).is_err() {
+    if limit.is_zero() || crate::seed::fill(&mut bytes).is_err() {
         return Duration::ZERO;
     }
     let micros = limit.as_micros().max(1) as u64;
