@@ -218,11 +218,6 @@ pub fn run() -> Result<ExitCode> {
         crate::labs::step::enable(output.step);
         let seed = output.seed.unwrap_or_else(crate::seed::fresh);
         crate::seed::start(seed, "lab");
-        // On stderr: with --json, stdout is JSON Lines only (the seed is in the verdict too).
-        crate::errln!(
-            "{}",
-            format!("seed {seed} (--seed {seed} plays the same random choices)").dimmed()
-        );
     }
     match command {
         Command::List => crate::menu::print(),

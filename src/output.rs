@@ -522,6 +522,14 @@ fn visible_width(text: &str) -> usize {
     without_colors(text).chars().count()
 }
 
+/// A lab's first line: its name, the run id, and the seed to replay its random choices.
+pub fn run_heading(lab: &str, run_id: &str) -> String {
+    let seed = crate::seed::seed()
+        .map(|seed| format!(" · --seed {seed}").dimmed().to_string())
+        .unwrap_or_default();
+    format!("{} run {run_id}{seed}", format!("lockslab {lab}").bold())
+}
+
 /// `1.234s` or `850ms`, for durations a learner reads.
 pub fn human(duration: Duration) -> String {
     let ms = duration.as_millis();

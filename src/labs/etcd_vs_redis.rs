@@ -263,11 +263,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     store.prepare()?;
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!(
-        "{} run {}",
-        "lockslab etcd-vs-redis".bold(),
-        plan.run_id
-    ));
+    intro.say(&crate::output::run_heading("etcd-vs-redis", &plan.run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }

@@ -233,7 +233,7 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
     store.prepare()?;
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {run_id}", "lockslab failover".bold()));
+    intro.say(&crate::output::run_heading("failover", &run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }

@@ -278,7 +278,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     store.prepare()?;
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {run_id}", "lockslab gc-pause".bold()));
+    intro.say(&crate::output::run_heading("gc-pause", &run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }

@@ -260,7 +260,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
         args,
     };
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {}", "lockslab naive".bold(), lab.run_id));
+    intro.say(&crate::output::run_heading("naive", &lab.run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }

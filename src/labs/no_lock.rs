@@ -190,7 +190,7 @@ pub fn run(args: &NoLockArgs) -> Result<()> {
     let run_id = super::new_run_id();
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {run_id}", "lockslab no-lock".bold()));
+    intro.say(&crate::output::run_heading("no-lock", &run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }

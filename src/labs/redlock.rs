@@ -273,7 +273,7 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     };
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {run_id}", "lockslab redlock".bold()));
+    intro.say(&crate::output::run_heading("redlock", &run_id));
     // From this (the main) thread, one after another: each server's parent-death signal
     // is tied to the thread that starts it, which must outlive it.
     let started = Instant::now();

@@ -193,7 +193,7 @@ pub fn run(args: &SkipLockedArgs) -> Result<()> {
     let run_id = new_run_id();
 
     let intro = crate::output::Timeline::new(style);
-    intro.say(&format!("{} run {run_id}", "lockslab skip-locked".bold()));
+    intro.say(&crate::output::run_heading("skip-locked", &run_id));
     for line in servers.describe() {
         intro.say(&format!("  {}", line.dimmed()));
     }
