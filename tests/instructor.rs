@@ -486,6 +486,8 @@ fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
 /// whatever the test's outcome.
 struct Room {
     state: tempfile::TempDir,
+    /// The attendees' own state directory (no `lockslab up` of theirs), removed with the room.
+    attendees: tempfile::TempDir,
     exports: Vec<(String, String)>,
     printed: String,
 }
@@ -508,6 +510,7 @@ impl Room {
     fn up(addr: &str) -> Room {
         let mut room = Room {
             state: tempfile::tempdir().unwrap(),
+            attendees: tempfile::tempdir().unwrap(),
             exports: Vec::new(),
             printed: String::new(),
         };
@@ -542,7 +545,7 @@ impl Room {
     fn attendee(&self, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command.args(args).env("NO_COLOR", "1");
-        command.env("LOCKSLAB_STATE_DIR", tempfile::tempdir().unwrap().keep());
+        command.env("LOCKSLAB_STATE_DIR", self.attendees.path());
         for (var, value) in &self.exports {
             command.env(var, value);
         }
