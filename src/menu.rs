@@ -65,7 +65,7 @@ pub const LABS: &[LabRow] = &[
         number: 5,
         command: "failover",
         shows: "Redis failover hands the lock out twice; etcd does not",
-        takes: "13s",
+        takes: "16s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/05-failover.md",
     },
