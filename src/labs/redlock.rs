@@ -925,12 +925,7 @@ impl Lab {
             self.restart(i, false)?;
         }
         self.restart(crashing, true)?;
-        let mut b_lock = self.lock(&key);
-        let b = self.acquire("B", &mut b_lock);
-        let b_granted_at = Instant::now();
-        let read = self.read_back(&key, "the masters, right after B's round");
-        let two = two_holders(&a, &b, b_granted_at);
-        self.say_two_holders(two, &a, b_granted_at);
+        let (mut b_lock, b, read, two) = self.b_asks(&key, &a);
         if a.held {
             self.release("A", &mut a_lock, &a);
         }
@@ -982,12 +977,7 @@ impl Lab {
         }
         self.kill(crashing)?;
         let crashed_at = Instant::now();
-        let mut b_lock = self.lock(&key);
-        let b = self.acquire("B", &mut b_lock);
-        let b_granted_at = Instant::now();
-        let read = self.read_back(&key, "the masters, right after B's round");
-        let two = two_holders(&a, &b, b_granted_at);
-        self.say_two_holders(two, &a, b_granted_at);
+        let (_, b, read, two) = self.b_asks(&key, &a);
         // The delay the algorithm's author proposes: longer than the longest TTL.
         let delay = self.settings.ttl + Duration::from_millis(200);
         if let Some(left) = (crashed_at + delay).checked_duration_since(Instant::now()) {
@@ -1067,12 +1057,7 @@ impl Lab {
         for &i in &jumping {
             self.simulate_jump(i, &key, jump)?;
         }
-        let mut b_lock = self.lock(&key);
-        let b = self.acquire("B", &mut b_lock);
-        let b_granted_at = Instant::now();
-        let read = self.read_back(&key, "the masters, right after B's round");
-        let two = two_holders(&a, &b, b_granted_at);
-        self.say_two_holders(two, &a, b_granted_at);
+        let (mut b_lock, b, read, two) = self.b_asks(&key, &a);
         if a.held {
             self.release("A", &mut a_lock, &a);
         }
@@ -1200,6 +1185,18 @@ impl Lab {
             .with("pttl_after_ms", now),
         );
         Ok(())
+    }
+
+    /// B's round on `key` after A's: its lock, its attempt, the masters read back right
+    /// after it, and whether both held a majority's grant at that moment (said on screen).
+    fn b_asks(&mut self, key: &str, a: &Attempt) -> (Redlock, Attempt, Vec<MasterState>, bool) {
+        let mut b_lock = self.lock(key);
+        let b = self.acquire("B", &mut b_lock);
+        let b_granted_at = Instant::now();
+        let read = self.read_back(key, "the masters, right after B's round");
+        let two = two_holders(a, &b, b_granted_at);
+        self.say_two_holders(two, a, b_granted_at);
+        (b_lock, b, read, two)
     }
 
     fn say_two_holders(&mut self, two: bool, a: &Attempt, b_granted_at: Instant) {
