@@ -727,21 +727,27 @@ fn etcd_cause(err: &etcd_client::Error) -> String {
 /// takes them out of the URL and hands them to the client.
 pub async fn etcd(url: &str) -> Result<etcd_client::Client> {
     note_used(Backend::Etcd, url);
-    let (endpoint, user) = etcd_credentials(url);
-    let mut options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(CONNECT_TIMEOUT)
-        .with_timeout(COMMAND_TIMEOUT);
-    if let Some((name, password)) = user {
-        options = options.with_user(name, password);
-    }
-    let mut client = etcd_client::Client::connect([endpoint.as_str()], Some(options))
-        .await
-        .map_err(|err| Backend::Etcd.unreachable(url, err))?;
+    let mut client = etcd_within(url, COMMAND_TIMEOUT).await?;
     client
         .status()
         .await
         .map_err(|err| Backend::Etcd.unreachable(url, err))?;
     Ok(client)
+}
+
+/// An etcd client whose requests may take up to `timeout`, logged in as the URL's user if it
+/// names one (a room's etcd has auth on).
+pub async fn etcd_within(url: &str, timeout: Duration) -> Result<etcd_client::Client> {
+    let (endpoint, user) = etcd_credentials(url);
+    let mut options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(timeout);
+    if let Some((name, password)) = user {
+        options = options.with_user(name, password);
+    }
+    etcd_client::Client::connect([endpoint.as_str()], Some(options))
+        .await
+        .map_err(|err| Backend::Etcd.unreachable(url, err))
 }
 
 /// Splits `http://user:password@host:port` into the endpoint and the user's credentials

@@ -32,10 +32,10 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use etcd_client::{Client, ConnectOptions, GetOptions, LockOptions, SortOrder, SortTarget};
+use etcd_client::{Client, GetOptions, LockOptions, SortOrder, SortTarget};
 use tokio::runtime::Runtime;
 
-use crate::connect::{self, Backend};
+use crate::connect;
 
 /// What the heartbeat reports.
 #[derive(Clone, Debug)]
@@ -189,8 +189,10 @@ impl EtcdLock {
         let name = self.name.clone();
         let url = self.url.clone();
         let waited = self.runtime.block_on(async {
-            // Room for connecting on top of the wait, so the client never ends the call first.
-            let mut waiting = waiting_client(&url, wait + connect::COMMAND_TIMEOUT).await?;
+            // A client for this one call: its requests may last the whole wait, not the usual
+            // few seconds, since the call waits, by design, as long as the holder holds the
+            // lock — plus room for connecting, so the client never ends the call first.
+            let mut waiting = connect::etcd_within(&url, wait + connect::COMMAND_TIMEOUT).await?;
             let give_up = tokio::time::Instant::now() + wait;
             loop {
                 let call =
@@ -304,22 +306,6 @@ enum Waited {
     Answer(etcd_client::LockResponse),
     LeaseLost,
     TimedOut,
-}
-
-/// A client for one lock call: its request timeout is `timeout`, not the usual few seconds,
-/// because the call waits, by design, as long as the current holder holds the lock.
-async fn waiting_client(url: &str, timeout: Duration) -> Result<Client> {
-    let (endpoint, user) = connect::etcd_credentials(url);
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(connect::CONNECT_TIMEOUT)
-        .with_timeout(timeout);
-    // A room's etcd has auth on: the lock call is refused without the user.
-    if let Some((name, password)) = user {
-        options = options.with_user(name, password);
-    }
-    Client::connect([endpoint.as_str()], Some(options))
-        .await
-        .map_err(|err| Backend::Etcd.unreachable(url, err))
 }
 
 /// The keepalive loop, on its own thread with its own runtime and connection.
