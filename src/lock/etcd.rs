@@ -205,17 +205,18 @@ impl EtcdLock {
                 };
                 match answer {
                     // The cluster elected a new leader while we queued: the call was dropped,
-                    // not refused — and etcd's lock, failing, deletes the key it queued for
-                    // us on its way out. Our place in the queue is gone: asking again puts a
-                    // new key at the back (a higher revision, behind whoever queued since).
+                    // not refused — and etcd's lock, failing, deletes (or tries to delete) the
+                    // key it queued for us. Our place in the queue is gone: asking again puts
+                    // a new key at the back (a higher revision, behind whoever queued since).
                     Err(err) if err.to_string().contains("leader changed") => {
                         let ours = format!("{name}/{:x}", lease.id);
-                        // ❌ Asking again at once races that delete: it can find our old key
-                        // still there, queue on it, and lose it a moment later. ✅ Delete it
-                        // ourselves first, and ask again only once etcd has committed that
-                        // delete: etcd made its own delete before it answered us, so ours
-                        // comes after it, and the next call starts from no key at all. (If
-                        // anything still removed the new key, the read-back below says so.)
+                        // etcd's lock tries that delete before it answers; if the delete
+                        // failed too (no leader yet) the key is still there, and if it timed
+                        // out it may yet be committed. ❌ Asking again at once can queue on
+                        // the old key and lose it to that late delete. ✅ Delete the key
+                        // ourselves, and ask again only once etcd has answered: the old key
+                        // is gone, and the next call queues a new one at the back. (Should a
+                        // late delete still remove the new key, the read-back below says so.)
                         loop {
                             let delete = waiting.delete(ours.as_str(), None);
                             tokio::select! {
