@@ -33,12 +33,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(25);
 pub const MASTER_NAME: &str = "lockslab";
 
 /// Sentinel's timers, short so that a failover takes about a second: a primary that has not
-/// answered for `DOWN_AFTER` is down for that Sentinel; two Sentinels agreeing make it
+/// answered for `DOWN_AFTER` (Sentinel's default is 30s) is down for that Sentinel; two Sentinels agreeing make it
 /// objectively down, and they elect one of themselves to promote the replica.
 pub const DOWN_AFTER: Duration = Duration::from_millis(500);
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// etcd's timers: a heartbeat every 50ms, a new election after 500ms of silence.
+/// etcd's timers: a heartbeat every 50ms; a follower calls an election after its election
+/// timeout of silence, which Raft draws at random between 500ms and twice that.
 pub const ETCD_HEARTBEAT_MS: u64 = 50;
 pub const ETCD_ELECTION_MS: u64 = 500;
 

@@ -232,6 +232,57 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
         "{etcd}"
     );
     assert_eq!(etcd["stale_write"]["attempted"], false, "{etcd}");
+    // The term printed for the new leader is the new term, not the applied entry's old one.
+    let event = |what: &str, matches: &dyn Fn(&Value) -> bool| {
+        lines
+            .iter()
+            .find(|e| matches(e))
+            .unwrap_or_else(|| panic!("no event for {what}"))
+            .clone()
+    };
+    let elected = event("the new leader", &|e| {
+        e["worker"] == "etcd" && e["election_ms"].is_u64()
+    });
+    assert!(
+        elected["raft_term"].as_u64() > elected["old_raft_term"].as_u64(),
+        "the new leader's term must be higher than the old one: {elected}"
+    );
+    // A's key is looked at only after the lease extension every lease got from the new
+    // leader (TTL + election timeout) has run out: only a keepalive can have kept it.
+    let kept = event("A's key after the election", &|e| {
+        e["a_key_held"].is_boolean()
+    });
+    assert_eq!(kept["a_key_held"], true, "{kept}");
+    let lease = event("A's lease", &|e| {
+        e["worker"] == "A:etcd" && e["lease_ttl_ms"].is_u64()
+    });
+    let extension = lease["lease_ttl_ms"].as_u64().unwrap() + lockslab::cluster::ETCD_ELECTION_MS;
+    assert!(
+        kept["after_election_ms"].as_u64().unwrap() > extension,
+        "looked at A's key within the lease extension: {kept}"
+    );
+    // B's place in the queue: the revision it queued with against the one it was granted.
+    let place = event("B's place in the queue", &|e| {
+        e["worker"] == "etcd" && e["b_token"].is_i64()
+    });
+    assert_eq!(place["b_token"], etcd["b_token"], "{place}");
+    assert_eq!(
+        place["b_kept_place"],
+        place["b_token"] == place["b_queued_revision"],
+        "{place}"
+    );
+
+    // min-replicas-to-write 1: the primary refused A's lock, so nothing was granted twice.
+    let min_replicas = scenario("redis-min-replicas");
+    assert!(
+        min_replicas["refused"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("NOREPLICAS")),
+        "{min_replicas}"
+    );
+    assert_eq!(min_replicas["two_holders"], false, "{min_replicas}");
+    assert_eq!(min_replicas["attempts"], serde_json::json!([]));
+
     let majority = scenario("etcd-majority-lost");
     assert_eq!(majority["two_holders"], false);
     assert!(majority["unavailable"].is_string(), "{majority}");

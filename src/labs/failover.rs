@@ -8,6 +8,7 @@
 //!         B: asks Sentinel, SET NX on the new primary ✓     (which never had A's key)
 //!         → two holders; and INCR on the new primary hands out A's token again
 //!         A:wait, after its SET NX: WAIT 1 → 0, so it never writes (Redis granted twice still)
+//!         A:min-replicas, with min-replicas-to-write 1: NOREPLICAS, no lock granted
 //!  etcd   A holds the lock ── the leader SIGKILLed ── a new leader, A's key and lease intact
 //!         B keeps waiting, gets a higher revision once A lets go
 //! ```
@@ -16,7 +17,8 @@
 //! write. A write acknowledged to one client can die with the primary; whatever was
 //! promoted never heard of it. etcd answers only once a majority of members has the write,
 //! so any majority that elects the next leader has it too — and with no majority left it
-//! refuses to answer at all: unavailable, never unsafe.
+//! grants nothing: unavailable, not unsafe. (It does not keep a paused holder's lease alive,
+//! lab 1; and a request that timed out must be read back.)
 //!
 //! Every verdict is read back from the servers (which node held which key, each node's own
 //! `ROLE`, etcd's `status`) and from the fenced store, never from what a worker believed.
@@ -85,8 +87,9 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
 const WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The etcd lease of lab 5's holders, renewed every 2s by their heartbeat. Longer than an
-/// election takes even on a busy machine (0.5–3s seen): while there is no leader nothing is
-/// renewed, and a holder whose lease it can no longer vouch for gives up.
+/// election takes even on a busy machine (0.5–3s seen): etcd expires no lease while there
+/// is no leader, but nothing is renewed either, and a holder that cannot know which of the
+/// two happened gives its lease up once it can no longer vouch for it.
 const ETCD_LEASE: Duration = Duration::from_secs(6);
 
 /// How two writes of one scenario were decided, and what that says.
@@ -124,6 +127,9 @@ pub struct Scenario {
     /// etcd with its majority gone: what the client was told.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
+    /// `redis-min-replicas`: the primary's answer to A's `SET NX` (`NOREPLICAS …`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     pub attempts: Vec<crate::store::Attempt>,
 }
 
@@ -170,8 +176,33 @@ impl Scenario {
             final_writer: read.final_writer,
             replicas_confirmed: None,
             unavailable: None,
+            refused: None,
             attempts: read.attempts,
         })
+    }
+
+    /// A row where the lock service granted nothing: no holder, no token, no write.
+    fn nothing_granted(name: &str, backend: &'static str) -> Scenario {
+        Scenario {
+            name: name.into(),
+            backend,
+            two_holders: Some(false),
+            token_reissued: None,
+            stale_write: StaleWrite {
+                attempted: false,
+                accepted: None,
+            },
+            failover_ms: None,
+            election_ms: None,
+            store_rule: None,
+            a_token: None,
+            b_token: None,
+            final_writer: None,
+            replicas_confirmed: None,
+            unavailable: None,
+            refused: None,
+            attempts: Vec::new(),
+        }
     }
 
     fn meaning(&self) -> String {
@@ -181,6 +212,12 @@ impl Scenario {
             (Some(a), Some(b)) => format!("B's token {b} is higher than A's {a}"),
             _ => "no tokens".into(),
         };
+        if let Some(answer) = &self.refused {
+            return format!(
+                "the primary refused A's SET ({answer}): no replica in reach, so no lock \
+                 was granted for the failover to lose"
+            );
+        }
         if let Some(error) = &self.unavailable {
             return format!(
                 "no majority: etcd granted nothing ({error}) — unavailable, not unsafe"
@@ -554,6 +591,8 @@ impl Play<'_> {
             .with("connected_replicas", replicas.clone()),
         );
 
+        let min_replicas = self.min_replicas_refusal(stage, &mut on_primary)?;
+
         let killed_at = Instant::now();
         SentinelCluster::kill(&mut redis.primary);
         SentinelCluster::thaw(&redis.replica)?;
@@ -685,7 +724,61 @@ impl Play<'_> {
                 scenarios.push(scenario);
             }
         }
+        scenarios.push(Scenario {
+            failover_ms: failover.map(|d| d.as_millis() as u64),
+            refused: Some(min_replicas),
+            ..Scenario::nothing_granted("redis-min-replicas", "redis")
+        });
         Ok(scenarios)
+    }
+
+    /// `min-replicas-to-write 1` on the primary, for one more lock: A's `SET NX` on the same
+    /// primary, with the replica gone, is refused (`NOREPLICAS`). The primary counts a
+    /// replica as good while its last acknowledgement is at most `min-replicas-max-lag`
+    /// seconds old (10 by default); this replica's link is closed, so none counts at once.
+    /// The setting goes back to 0 at once, so that the other locks' story is unchanged.
+    fn min_replicas_refusal(
+        &self,
+        stage: &mut Stage,
+        on_primary: &mut redis::Connection,
+    ) -> Result<String> {
+        let set = |connection: &mut redis::Connection, value: &str| {
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("min-replicas-to-write")
+                .arg(value)
+                .query::<()>(connection)
+                .context("CONFIG SET min-replicas-to-write")
+        };
+        set(on_primary, "1")?;
+        let answer: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(self.key("min-replicas"))
+            .arg("A")
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl.as_millis() as u64)
+            .query(on_primary);
+        set(on_primary, "0")?;
+        let refusal = match answer {
+            Err(err) if err.code() == Some("NOREPLICAS") => {
+                format!("NOREPLICAS {}", err.detail().unwrap_or_default())
+            }
+            Err(err) => return Err(err).context("A:min-replicas's SET NX"),
+            Ok(_) => {
+                bail!("the primary granted a lock with min-replicas-to-write 1 and no replica")
+            }
+        };
+        stage.record(
+            Event::new(
+                "A:min-replicas",
+                Kind::GaveUp,
+                format!(
+                    "with min-replicas-to-write 1, SET NX PX on the primary answers: {refusal}"
+                ),
+            )
+            .with("why", refusal.clone()),
+        );
+        Ok(refusal)
     }
 
     /// Watches until the replica answers `ROLE` with master: the failover time. Records
@@ -786,17 +879,20 @@ impl Play<'_> {
         let (near, far) = (followers[0], followers[1]);
         let lock_name = format!("lockslab:{}:failover:etcd", self.run_id);
         let resource = self.resource("etcd-leader-killed");
-        stage.record(Event::new(
-            "etcd",
-            Kind::HolderNow,
-            format!(
-                "leader is {} (term {}); A talks to {}, B to {}",
-                etcd.members[leader].name,
-                status.raft_term,
-                etcd.members[near].name,
-                etcd.members[far].name
-            ),
-        ));
+        stage.record(
+            Event::new(
+                "etcd",
+                Kind::HolderNow,
+                format!(
+                    "leader is {} (term {}); A talks to {}, B to {}",
+                    etcd.members[leader].name,
+                    status.raft_term,
+                    etcd.members[near].name,
+                    etcd.members[far].name
+                ),
+            )
+            .with("raft_term", status.raft_term),
+        );
         let holder = |name: &str, member: usize, before, wait_ms| HolderScript {
             name: name.into(),
             lock: LockSpec::Etcd {
@@ -838,11 +934,20 @@ impl Play<'_> {
             }
             stage.next(Duration::from_millis(10));
         }
-        stage.record(Event::new(
-            "etcd",
-            Kind::HolderNow,
-            "two keys under the lock: A's holds it, B's waits behind it",
-        ));
+        let b_queued_at = queue_of(&etcd.members[near].client_url, &lock_name)?
+            .get(1)
+            .map(|(_, revision)| *revision)
+            .context("B:etcd's key is not in the queue")?;
+        stage.record(
+            Event::new(
+                "etcd",
+                Kind::HolderNow,
+                format!(
+                    "two keys under the lock: A's holds it, B's (revision {b_queued_at}) waits behind it"
+                ),
+            )
+            .with("b_queued_revision", b_queued_at),
+        );
 
         let killed_at = Instant::now();
         etcd.kill(leader)?;
@@ -852,52 +957,82 @@ impl Play<'_> {
             format!("SIGKILLs the leader {}", etcd.members[leader].name),
         ));
         let old_leader = etcd.members[leader].id;
+        // etcd's `status` reports the term of the last entry the member has *applied*, not
+        // the term Raft is in: right after an election it still shows the old term. A new
+        // leader's first act is to commit an empty entry of its own term, so wait until a
+        // member has applied that (the term reported rises) before naming the term.
+        let mut named = None;
         let mut election = None;
         while killed_at.elapsed() < Duration::from_secs(15) {
             if let Ok(now) = cluster::etcd_status(&etcd.members[near].client_url)
                 && now.leader != 0
                 && now.leader != old_leader
             {
-                let took = killed_at.elapsed();
-                let name = etcd
-                    .members
-                    .iter()
-                    .find(|m| m.id == now.leader)
-                    .map_or("?".to_string(), |m| m.name.clone());
-                stage.record(
-                    Event::new(
-                        "etcd",
-                        Kind::HolderNow,
-                        format!(
-                            "{name} is the new leader (term {}), {} after the kill",
-                            now.raft_term,
-                            human(took)
-                        ),
-                    )
-                    .with("election_ms", took.as_millis() as u64),
-                );
-                election = Some(took);
-                break;
+                let took = *named.get_or_insert_with(|| killed_at.elapsed());
+                if now.raft_term > status.raft_term {
+                    let name = etcd
+                        .members
+                        .iter()
+                        .find(|m| m.id == now.leader)
+                        .map_or("?".to_string(), |m| m.name.clone());
+                    stage.record(
+                        Event::new(
+                            "etcd",
+                            Kind::HolderNow,
+                            format!(
+                                "{name} is the new leader, {} after the kill; term {} (was {})",
+                                human(took),
+                                now.raft_term,
+                                status.raft_term
+                            ),
+                        )
+                        .with("election_ms", took.as_millis() as u64)
+                        .with("raft_term", now.raft_term)
+                        .with("old_raft_term", status.raft_term),
+                    );
+                    election = Some(took);
+                    break;
+                }
             }
             stage.next(Duration::from_millis(10));
         }
         let election = election.context("etcd elected no new leader within 15s")?;
 
-        // A's key is still the lock's holder, on its lease, after the election and a full
-        // lease TTL more: its heartbeat reached the new leader through A's member.
-        stage.run_until(Instant::now() + ETCD_LEASE, |_| Ok(()))?;
+        // While there is no leader, no lease expires: only the leader expires leases, and a
+        // member that stops being leader pushes every lease's expiry out to "never". The new
+        // leader then gives every lease its full TTL again, plus an election timeout, counted
+        // from its election. So a lease that merely survived the election proves nothing:
+        // A's key is looked at only once that extension has run out (the new leader was
+        // elected before we saw it, so its extension ends before this), and it can then be
+        // there only if A's keepalives reached the new leader.
+        let extension = ETCD_LEASE + Duration::from_millis(cluster::ETCD_ELECTION_MS);
+        let look_at = killed_at + election + extension + Duration::from_millis(500);
+        stage.run_until(look_at, |_| Ok(()))?;
         let mut watch = EtcdLock::connect(&etcd.members[near].client_url, &lock_name)?;
         let holder_now = watch.holder_of(&lock_name)?.map(|(key, _)| key);
         let a_survived = holder_now.as_deref() == Some(a_key.as_str());
-        stage.record(Event::new(
-            "etcd",
-            Kind::HolderNow,
-            if a_survived {
-                "A's key still holds the lock, on its live lease; B still waits".to_string()
-            } else {
-                format!("the lock's holder is now {holder_now:?}")
-            },
-        ));
+        stage.record(
+            Event::new(
+                "etcd",
+                Kind::HolderNow,
+                if a_survived {
+                    format!(
+                        "A's key still holds the lock, {} after the election: past the {} \
+                         (TTL + election timeout) the new leader gave every lease, so A's \
+                         keepalives reached it; B still waits",
+                        human(look_at - (killed_at + election)),
+                        human(extension)
+                    )
+                } else {
+                    format!("the lock's holder is now {holder_now:?}")
+                },
+            )
+            .with("a_key_held", a_survived)
+            .with(
+                "after_election_ms",
+                (look_at - (killed_at + election)).as_millis() as u64,
+            ),
+        );
         a.tell("finish")?;
         for (worker, what) in [("A:etcd", Kind::Released), ("B:etcd", Kind::Released)] {
             stage.wait_for(
@@ -914,6 +1049,31 @@ impl Play<'_> {
             .and_then(release_of)
             .is_some_and(|r| r.deleted());
         let b_got = stage.saw("B:etcd", Kind::Acquired).is_some();
+        if let Some(b_token) = stage
+            .saw("B:etcd", Kind::Acquired)
+            .and_then(|e| e.get_i64("token"))
+        {
+            stage.record(
+                Event::new(
+                    "etcd",
+                    Kind::HolderNow,
+                    if b_token == b_queued_at {
+                        format!(
+                            "B held its place in the queue: its key kept revision {b_queued_at}"
+                        )
+                    } else {
+                        format!(
+                            "B lost its place in the queue: the leader change dropped its lock \
+                             call, etcd deleted its key (revision {b_queued_at}) and B queued a \
+                             new one (revision {b_token})"
+                        )
+                    },
+                )
+                .with("b_queued_revision", b_queued_at)
+                .with("b_token", b_token)
+                .with("b_kept_place", b_token == b_queued_at),
+            );
+        }
         let read = store.read_back(self.run_id, &resource)?;
         let mut leader_killed = Scenario::from_store(
             "etcd-leader-killed",
@@ -949,26 +1109,33 @@ impl Play<'_> {
             .with("error", refusal.clone()),
         );
         let majority_lost = Scenario {
-            name: "etcd-majority-lost".into(),
-            backend: "etcd",
-            two_holders: Some(false),
-            token_reissued: None,
-            stale_write: StaleWrite {
-                attempted: false,
-                accepted: None,
-            },
-            failover_ms: None,
-            election_ms: None,
-            store_rule: None,
-            a_token: None,
-            b_token: None,
-            final_writer: None,
-            replicas_confirmed: None,
             unavailable: Some(refusal),
-            attempts: Vec::new(),
+            ..Scenario::nothing_granted("etcd-majority-lost", "etcd")
         };
         Ok(vec![leader_killed, majority_lost])
     }
+}
+
+/// The keys under an etcd lock's prefix, oldest first, with their create revisions.
+fn queue_of(url: &str, lock: &str) -> Result<Vec<(String, i64)>> {
+    connect::etcd_runtime()?.block_on(async {
+        let mut client = connect::etcd(url).await?;
+        let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        );
+        let found = client.get(format!("{lock}/"), Some(options)).await?;
+        Ok(found
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.create_revision(),
+                )
+            })
+            .collect())
+    })
 }
 
 /// How many keys wait under an etcd lock's prefix (the holder's and the waiters').
@@ -1022,7 +1189,9 @@ fn print_verdict(scenarios: &[Scenario]) {
             let stale = match (s.stale_write.attempted, s.stale_write.accepted) {
                 (true, Some(true)) => "ACCEPTED".red().bold().to_string(),
                 (true, _) => "rejected".green().to_string(),
-                _ if s.replicas_confirmed.is_some() && !a_wrote => "not made".green().to_string(),
+                _ if (s.replicas_confirmed.is_some() || s.refused.is_some()) && !a_wrote => {
+                    "not made".green().to_string()
+                }
                 _ => "none".to_string(),
             };
             let tokens = match (s.a_token, s.b_token) {
@@ -1063,10 +1232,25 @@ fn print_verdict(scenarios: &[Scenario]) {
         for line in [
             "WAIT buys detection: A learned that its lock lived on the primary only",
             "and wrote nothing. It is not consensus: the primary had granted the",
-            "lock anyway (two holders), WAIT rolls nothing back, and Sentinel may",
-            "promote a replica that never acknowledged while the one that did is",
-            "passed over, so even an answer of 1 promises nothing. Nor does it",
-            "order writes: it hands out no token.",
+            "lock anyway (two holders) and WAIT rolls nothing back. An answer of 1",
+            "makes the lock's survival more likely, not certain: Sentinel may",
+            "promote a replica that never acknowledged and pass over the one that",
+            "did. Nor does it order writes: it hands out no token.",
+        ] {
+            crate::outln!("  {}", line.dimmed());
+        }
+    }
+    if scenarios.iter().any(|s| s.refused.is_some()) {
+        crate::outln!();
+        for line in [
+            "min-replicas-to-write 1 turns the lost lock into a refused one, and",
+            "leaves two gaps. A replica counts as good until its last",
+            "acknowledgement is min-replicas-max-lag seconds old (10 by default):",
+            "a lock granted inside that window can still die with the primary. And",
+            "an old primary cut off from the Sentinels, but not from the clients",
+            "beside it, keeps granting locks for that long after it loses its",
+            "replica, while the Sentinels promote another. Set on every node, it",
+            "also refuses writes on a promoted replica that has no replica yet.",
         ] {
             crate::outln!("  {}", line.dimmed());
         }

@@ -161,7 +161,8 @@ impl EtcdLock {
     /// trap: etcd (3.4) deletes the cancelled call's key in the background — and a new call
     /// with the same lease uses the *same key name*, so that late delete can remove the key
     /// the retry is queued (or already holding the lock) with. Each retry also goes to the
-    /// back of the queue.
+    /// back of the queue. The one call that is asked again is one the cluster dropped in a
+    /// leader change; see the comment where that happens: it too loses its place.
     ///
     /// ✅ **The call is raced against the heartbeat.** If the lease is lost while we wait,
     /// our key is gone with it and the call can only end badly: we stop at once and say why.
@@ -203,11 +204,28 @@ impl EtcdLock {
                     () = tokio::time::sleep_until(give_up) => return Ok(Waited::TimedOut),
                 };
                 match answer {
-                    // The cluster elected a new leader while we queued: the request was
-                    // dropped, not refused. Asking again with the same lease finds our key
-                    // where it was, with its place in the queue (the key is named after it).
+                    // The cluster elected a new leader while we queued: the call was dropped,
+                    // not refused — and etcd's lock, failing, deletes (or tries to delete) the
+                    // key it queued for us. Our place in the queue is gone: asking again puts
+                    // a new key at the back (a higher revision, behind whoever queued since).
                     Err(err) if err.to_string().contains("leader changed") => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let ours = format!("{name}/{:x}", lease.id);
+                        // etcd's lock tries that delete before it answers; if the delete
+                        // failed too (no leader yet) the key is still there, and if it timed
+                        // out it may yet be committed. ❌ Asking again at once can queue on
+                        // the old key and lose it to that late delete. ✅ Delete the key
+                        // ourselves, and ask again only once etcd has answered: the old key
+                        // is gone, and the next call queues a new one at the back. (Should a
+                        // late delete still remove the new key, the read-back below says so.)
+                        loop {
+                            let delete = waiting.delete(ours.as_str(), None);
+                            tokio::select! {
+                                deleted = delete => if deleted.is_ok() { break },
+                                () = lease.lost() => return Ok(Waited::LeaseLost),
+                                () = tokio::time::sleep_until(give_up) => return Ok(Waited::TimedOut),
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
                     answer => return Ok(Waited::Answer(answer.context("etcd: lock")?)),
                 }
