@@ -447,3 +447,25 @@ impl Drop for WorkerHandle {
         self.kill();
     }
 }
+
+/// The stage is the run's history: the nemesis records its faults here.
+impl crate::nemesis::Record for Stage {
+    fn record(&mut self, event: Event) {
+        Stage::record(self, event);
+    }
+}
+
+/// A worker is a process the nemesis can pause, resume and kill.
+impl crate::nemesis::Victim for WorkerHandle {
+    fn label(&self) -> String {
+        self.name.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        (!self.reaped).then_some(self.pid)
+    }
+
+    fn kill_now(&mut self) {
+        self.kill();
+    }
+}
