@@ -12,6 +12,7 @@ pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
 pub mod redlock;
+pub mod runner;
 pub mod skip_locked;
 pub mod step;
 
