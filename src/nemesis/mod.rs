@@ -81,6 +81,36 @@ pub trait Victim {
     }
 }
 
+/// What the history says of a fault besides its name and target: the line the timeline
+/// shows, and any fact the lab adds (`backend`, `master`).
+#[derive(Clone, Debug, Default)]
+pub struct Note {
+    pub words: String,
+    pub facts: Vec<(String, serde_json::Value)>,
+}
+
+impl Note {
+    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Note {
+        self.facts.push((key.into(), value.into()));
+        self
+    }
+}
+
+impl From<String> for Note {
+    fn from(words: String) -> Note {
+        Note {
+            words,
+            facts: Vec::new(),
+        }
+    }
+}
+
+impl From<&str> for Note {
+    fn from(words: &str) -> Note {
+        Note::from(words.to_string())
+    }
+}
+
 /// Where the nemesis writes what it did: the run's history (a lab's [`crate::labs::Stage`]).
 pub trait Record {
     fn record(&mut self, event: Event);
@@ -109,20 +139,23 @@ impl Nemesis {
         Nemesis::default()
     }
 
-    /// Pauses the victim with SIGSTOP and waits until the kernel says it is stopped, then
-    /// records the fault's start with `words` as its line on the timeline.
+    /// Pauses the victim with SIGSTOP and waits until the kernel says it is stopped.
+    ///
+    /// The fault is recorded *before* the signal goes out, like every fault here: nothing
+    /// the fault causes (another worker taking the lock) may stand above it on the timeline.
     pub fn pause(
         &mut self,
         history: &mut impl Record,
         victim: &dyn Victim,
-        words: impl Into<String>,
+        note: impl Into<Note>,
     ) -> Result<()> {
         let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
+        self.paused.insert(pid, Active::now(victim));
         procs::signal_group(pid, Signal::SIGSTOP)?;
         if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
             bail!("{} (pid {pid}) did not stop after SIGSTOP", victim.label());
         }
-        self.note_paused(history, victim, pid, words);
         Ok(())
     }
 
@@ -133,7 +166,7 @@ impl Nemesis {
         &mut self,
         history: &mut impl Record,
         victim: &dyn Victim,
-        words: impl Into<String>,
+        note: impl Into<Note>,
     ) -> Result<()> {
         let pid = alive_pid(victim)?;
         if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
@@ -142,84 +175,67 @@ impl Nemesis {
                 victim.label()
             );
         }
-        self.note_paused(history, victim, pid, words);
+        self.paused.insert(pid, Active::now(victim));
+        history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
         Ok(())
     }
 
-    fn note_paused(
-        &mut self,
-        history: &mut impl Record,
-        victim: &dyn Victim,
-        pid: i32,
-        words: impl Into<String>,
-    ) {
-        let label = victim.label();
-        self.paused.insert(
-            pid,
-            Active {
-                label: label.clone(),
-                since: Instant::now(),
-            },
-        );
-        history.record(fault_event(Fault::Pause, &label, pid, words));
-    }
-
-    /// Resumes a paused victim with SIGCONT and records the end of its pause; returns how
-    /// long it was paused.
+    /// Resumes a paused victim with SIGCONT and records the end of its pause, with how long
+    /// it lasted (`paused_ms`), which it returns.
     pub fn resume(
         &mut self,
         history: &mut impl Record,
         victim: &dyn Victim,
-        words: impl Into<String>,
+        note: impl Into<Note>,
     ) -> Result<Duration> {
         let pid = alive_pid(victim)?;
-        procs::signal_group(pid, Signal::SIGCONT)?;
         let lasted = self
             .paused
             .remove(&pid)
             .map_or(Duration::ZERO, |active| active.since.elapsed());
         history.record(
-            fault_event(Fault::Resume, &victim.label(), pid, words)
+            fault_event(Fault::Resume, &victim.label(), pid, note)
                 .with("paused_ms", lasted.as_millis() as u64),
         );
+        procs::signal_group(pid, Signal::SIGCONT)?;
         Ok(lasted)
     }
 
-    /// Kills the victim with SIGKILL (resumed first if paused, so nothing stays stopped)
-    /// and records it.
+    /// Kills the victim with SIGKILL and reaps it (a paused victim is resumed as it dies,
+    /// so nothing stays stopped).
     pub fn kill(
         &mut self,
         history: &mut impl Record,
         victim: &mut dyn Victim,
-        words: impl Into<String>,
+        note: impl Into<Note>,
     ) -> Result<()> {
         let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Kill, &victim.label(), pid, note));
         self.paused.remove(&pid);
         victim.kill_now();
-        history.record(fault_event(Fault::Kill, &victim.label(), pid, words));
         Ok(())
     }
 
-    /// Kills the victim and starts it again in the same place, recording the crash when
-    /// it happens and how long the victim was away once it answers again. `words` makes
-    /// the first line; `back` the second, given the time it took.
+    /// Kills the victim and starts it again in the same place. The crash is recorded when
+    /// it happens (`note`); the return once the victim answers again, with the line `back`
+    /// makes of how long it was away (`restart_ms`), which it returns.
     pub fn restart(
         &mut self,
         history: &mut impl Record,
         victim: &mut dyn Victim,
-        words: impl Into<String>,
-        back: impl FnOnce(Duration) -> String,
+        note: impl Into<Note>,
+        back: impl FnOnce(Duration) -> Note,
     ) -> Result<Duration> {
         let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Restart, &victim.label(), pid, note));
         self.paused.remove(&pid);
-        history.record(fault_event(Fault::Restart, &victim.label(), pid, words));
         let took = victim.restart_now()?;
         let new_pid = victim.pid().unwrap_or_default();
-        let mut back = fault_event(Fault::Restart, &victim.label(), new_pid, back(took))
+        let mut end = fault_event(Fault::Restart, &victim.label(), new_pid, back(took))
             .with("phase", "end")
             .with("restart_ms", took.as_millis() as u64);
-        back.kind = Kind::Resumed;
-        history.record(back);
+        end.kind = Kind::Resumed;
+        history.record(end);
         Ok(took)
     }
 
@@ -235,6 +251,15 @@ impl Nemesis {
     pub fn heal(&mut self) {
         for (pid, _) in self.paused.drain() {
             let _ = procs::signal_group(pid, Signal::SIGCONT);
+        }
+    }
+}
+
+impl Active {
+    fn now(victim: &dyn Victim) -> Active {
+        Active {
+            label: victim.label(),
+            since: Instant::now(),
         }
     }
 }
@@ -256,18 +281,23 @@ fn alive_pid(victim: &dyn Victim) -> Result<i32> {
 }
 
 /// The history's record of one fault: in the lab's lane, with the fault's name, its target,
-/// the pid it hit and whether it starts or ends the fault.
-pub fn fault_event(fault: Fault, target: &str, pid: i32, words: impl Into<String>) -> Event {
+/// the pid it hit and whether it starts or ends the fault, then the lab's own facts.
+pub fn fault_event(fault: Fault, target: &str, pid: i32, note: impl Into<Note>) -> Event {
+    let note = note.into();
     let phase = if fault == Fault::Resume {
         "end"
     } else {
         "start"
     };
-    Event::new(LANE, fault.kind(), words)
+    let mut event = Event::new(LANE, fault.kind(), note.words)
         .with("fault", fault.as_str())
         .with("target", target)
         .with("pid", pid)
-        .with("phase", phase)
+        .with("phase", phase);
+    for (key, value) in note.facts {
+        event = event.with(&key, value);
+    }
+    event
 }
 
 #[cfg(test)]
@@ -376,7 +406,7 @@ mod tests {
         let mut nemesis = Nemesis::new();
         let mut sleeper = Sleeper::start();
         let err = nemesis
-            .restart(&mut log, &mut sleeper, "restart S", |_| String::new())
+            .restart(&mut log, &mut sleeper, "restart S", |_| Note::default())
             .unwrap_err();
         assert!(format!("{err}").contains("cannot be restarted"), "{err}");
     }
