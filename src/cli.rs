@@ -17,34 +17,7 @@ use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
 
-/// A bad value or combination of flags found after parsing: reported like clap's own
-/// errors, with exit status 2.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// `bail!` for a command-line mistake: returns a [`UsageError`] (exit status 2).
-#[macro_export]
-macro_rules! bail_usage {
-    ($($arg:tt)*) => {
-        return Err($crate::cli::UsageError(format!($($arg)*)).into())
-    };
-}
-
-/// Bad command line: an unknown flag, a malformed value, flags that do not fit together.
-pub const EXIT_USAGE: u8 = 2;
-
-/// The lab ran and its verdict was read back (a stale write is the lesson, not a failure).
-pub const EXIT_OK: u8 = 0;
-/// The lab could not run: a backend did not answer, a server would not start, a worker failed.
-pub const EXIT_COULD_NOT_RUN: u8 = 1;
+pub use crate::exit::{EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, UsageError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -340,7 +313,7 @@ fn up_room(addr: std::net::IpAddr) -> Result<()> {
     );
     crate::outln!(
         "            × {} per lab run + 40 spare",
-        crate::doctor::PG_CONNECTIONS_PER_LAB
+        servers::PG_CONNECTIONS_PER_LAB
     );
     crate::outln!();
     crate::outln!("Attendees paste these lines (the password is in them: share them with");
@@ -444,4 +417,20 @@ fn status() -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_lab_in_the_menu_is_a_subcommand() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        for lab in crate::menu::available() {
+            assert!(
+                cli.find_subcommand(lab.command).is_some(),
+                "{}",
+                lab.command
+            );
+        }
+    }
 }

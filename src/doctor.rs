@@ -14,7 +14,9 @@ use colored::Colorize;
 use crate::connect::{self, Backend};
 use crate::menu;
 use crate::output::{Style, human};
-use crate::servers::{self, ALL, Lifetime, PrivateServers, ServerArgs, UpState};
+use crate::servers::{
+    self, ALL, Lifetime, PG_CONNECTIONS_PER_LAB, PrivateServers, ServerArgs, UpState,
+};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -28,10 +30,6 @@ pub struct DoctorArgs {
     #[command(flatten)]
     pub servers: ServerArgs,
 }
-
-/// The most Postgres connections one run of any lab holds at once (lab 3's ten consumers,
-/// its orchestrator and the store), measured by sampling `pg_stat_activity` during runs.
-pub const PG_CONNECTIONS_PER_LAB: i64 = 14;
 
 /// One finding: fine, to be fixed, or for information.
 #[derive(Clone, Copy, PartialEq, Eq)]

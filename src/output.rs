@@ -266,7 +266,7 @@ fn stdout_failed(err: &io::Error) -> ! {
         crate::procs::shut_down(crate::procs::exit_code_for(Signal::SIGHUP as i32), None)
     } else {
         let reason = format!("lockslab: error: writing the lab's output to stdout: {err}");
-        crate::procs::shut_down(crate::cli::EXIT_COULD_NOT_RUN.into(), Some(reason))
+        crate::procs::shut_down(crate::exit::EXIT_COULD_NOT_RUN.into(), Some(reason))
     }
 }
 

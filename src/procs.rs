@@ -337,6 +337,13 @@ pub fn exit_code_for(signal: i32) -> i32 {
 /// both), on different threads: the first caller cleans up and picks the status, a later
 /// one waits for it to exit. Nothing is printed before the cleanup is done, and whether the
 /// printing works changes nothing.
+/// One line on stderr, whatever becomes of it (the same as `errln!`, which this module
+/// sits below: the output layer calls [`shut_down`] when stdout fails).
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(io::stderr().lock(), "{text}");
+}
+
 pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     // First, so that `main` never returns on its own once a shutdown has begun, and what
     // the workers say while they die is not shown.
@@ -346,7 +353,7 @@ pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     }
     stop_all();
     if let Some(text) = last_words {
-        crate::errln!("{text}");
+        say(&text);
     }
     std::process::exit(status);
 }
@@ -389,9 +396,7 @@ pub fn install_interrupt_handler() -> Result<()> {
                         shut_down(status, None); // no thread to be had: clean up right here
                     }
                     let _ = thread::Builder::new().spawn(|| {
-                        crate::errln!(
-                            "\nlockslab: interrupted; stopping workers and servers (again to quit now)"
-                        )
+                        say("\nlockslab: interrupted; stopping workers and servers (again to quit now)")
                     });
                 } else if signal != SIGHUP {
                     kill_all_now();

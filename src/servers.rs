@@ -379,12 +379,16 @@ pub struct Room {
     pub password: String,
 }
 
+/// The most Postgres connections one run of any lab holds at once (lab 3's ten consumers,
+/// its orchestrator and the store), measured by sampling `pg_stat_activity` during runs.
+pub const PG_CONNECTIONS_PER_LAB: i64 = 14;
+
 /// How many attendees a room's servers are sized for.
 pub const ROOM_ATTENDEES: i64 = 30;
 
 /// A room's Postgres connections: every attendee running the hungriest lab at once, and
 /// some to spare for `psql` and the by-hand exercises.
-pub const ROOM_PG_CONNECTIONS: i64 = ROOM_ATTENDEES * crate::doctor::PG_CONNECTIONS_PER_LAB + 40;
+pub const ROOM_PG_CONNECTIONS: i64 = ROOM_ATTENDEES * PG_CONNECTIONS_PER_LAB + 40;
 
 impl PrivateServers {
     /// Starts the given backends and waits until each answers.

@@ -12,6 +12,7 @@ pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
 pub mod redlock;
+pub mod runner;
 pub mod skip_locked;
 pub mod step;
 
@@ -444,6 +445,28 @@ impl WorkerHandle {
 
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The stage is the run's history: the nemesis records its faults here.
+impl crate::nemesis::Record for Stage {
+    fn record(&mut self, event: Event) {
+        Stage::record(self, event);
+    }
+}
+
+/// A worker is a process the nemesis can pause, resume and kill.
+impl crate::nemesis::Victim for WorkerHandle {
+    fn label(&self) -> String {
+        self.name.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        (!self.reaped).then_some(self.pid)
+    }
+
+    fn kill_now(&mut self) {
         self.kill();
     }
 }

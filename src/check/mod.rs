@@ -16,6 +16,14 @@
 //! Where the evidence cannot decide, the answer is [`Finding::Unknown`], never a guess.
 //! Every function is pure, so each edge is a unit test on a small hand-written history.
 
+pub mod etcd_vs_redis;
+pub mod failover;
+pub mod gc_pause;
+pub mod naive;
+pub mod no_lock;
+pub mod redlock;
+pub mod skip_locked;
+
 use serde::Serialize;
 
 use crate::lock::redis::Release;

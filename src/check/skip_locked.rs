@@ -1,0 +1,2 @@
+//! The checkers of lab `skip-locked`: pure functions from the evidence the servers gave to the
+//! facts its verdict states (see [`super`] for the rules every checker follows).

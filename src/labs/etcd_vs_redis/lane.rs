@@ -1,0 +1,220 @@
+//! One lane of lab 4: a holder and a waiter on one lock, and what the lab does to them as
+//! the holder's work goes on.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::play::{Observer, catch_up};
+use super::{Job, Plan, Scenario, Service};
+use crate::connect;
+use crate::events::{Event, Kind};
+use crate::labs::{Stage, WorkerHandle};
+use crate::nemesis::{Nemesis, Note};
+use crate::output::human;
+use crate::worker::WorkerSpec;
+use crate::worker::holder::HolderScript;
+
+/// One backend's holder and waiter within a scenario.
+pub(super) struct Lane {
+    pub(super) kind: Service,
+    pub(super) holder_name: String,
+    pub(super) waiter_name: String,
+    pub(super) lock_name: String,
+    pub(super) resource: String,
+    pub(super) holder: WorkerHandle,
+    pub(super) waiter: Option<WorkerHandle>,
+    pub(super) acquired_at: Option<Instant>,
+    pub(super) struck: Option<(Instant, u64)>,
+    pub(super) resumed_t: Option<u64>,
+    pub(super) backend_saw: Option<String>,
+    pub(super) told_finish: bool,
+}
+
+impl Lane {
+    /// Reaps the workers that have exited (their event stream ended), so that none stays a
+    /// zombie until the scenario ends. A killed holder was reaped by `kill` already.
+    pub(super) fn reap_exited(&mut self, stage: &Stage) {
+        if stage.has_exited(&self.holder_name) {
+            self.holder.finish(Duration::from_secs(1));
+        }
+        if let Some(waiter) = self.waiter.as_mut()
+            && stage.has_exited(&self.waiter_name)
+        {
+            waiter.finish(Duration::from_secs(1));
+        }
+    }
+
+    pub(super) fn done(&self, stage: &Stage) -> bool {
+        let holder_gone = self.struck.is_some() && stage.has_exited(&self.holder_name);
+        let waiter_gone = self.waiter.is_some() && stage.has_exited(&self.waiter_name);
+        holder_gone && waiter_gone
+    }
+
+    pub(super) fn step(
+        &mut self,
+        stage: &mut Stage,
+        plan: &Plan,
+        scenario: Scenario,
+        role: &dyn Fn(Service, Job) -> HolderScript,
+        observer: &mut Observer,
+        nemesis: &mut Nemesis,
+    ) -> Result<()> {
+        // 1. The holder has the lock: start the waiter.
+        if self.waiter.is_none() {
+            let Some(acquired) = stage.saw(&self.holder_name, Kind::Acquired) else {
+                return Ok(());
+            };
+            let ago = stage
+                .elapsed()
+                .saturating_sub(Duration::from_millis(acquired.t_ms));
+            self.acquired_at = Some(Instant::now() - ago);
+            let waiter_role = role(self.kind, Job::Waiter);
+            self.waiter =
+                Some(stage.spawn(&waiter_role.name, &WorkerSpec::Holder(waiter_role.clone()))?);
+            return Ok(());
+        }
+        let acquired_at = self.acquired_at.expect("set with the waiter");
+
+        // 2. Overrun: no strike; times count from the holder's grant.
+        if self.struck.is_none() && scenario == Scenario::Overrun {
+            let acquired_t = stage
+                .saw(&self.holder_name, Kind::Acquired)
+                .map(|e| e.t_ms)
+                .unwrap_or_default();
+            self.struck = Some((acquired_at, acquired_t));
+            return Ok(());
+        }
+
+        // 2. Halfway through the holder's work, once the waiter is waiting: strike.
+        if self.struck.is_none() {
+            if Instant::now() < acquired_at + plan.strike_after() {
+                return Ok(());
+            }
+            if stage.saw(&self.waiter_name, Kind::Waiting).is_none() {
+                // Not a usage error: the same flags work on a machine that is less busy. But a
+                // waiter stuck on a frozen server is late too, and will say so within its own
+                // connect and command timeouts: give it that long to name the server.
+                if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
+                    let grace = connect::CONNECT_TIMEOUT + connect::COMMAND_TIMEOUT;
+                    let waiter = self.waiter_name.clone();
+                    let _ = stage.wait_for(grace, "the waiter", |e| {
+                        e.is(&waiter, Kind::Waiting) || e.is(&waiter, Kind::Error)
+                    });
+                    if let Some(failed) = stage.log.iter().find(|e| e.kind == Kind::Error) {
+                        return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
+                    }
+                    bail!(
+                        "{} was still starting when {} finished its {} of work, so there was nothing \
+                         to measure (is the machine very busy?); run it again, or give a longer --work",
+                        self.waiter_name,
+                        self.holder_name,
+                        human(plan.work)
+                    );
+                }
+                return Ok(());
+            }
+            // The nemesis records the strike before it sends the signal, so that nothing the
+            // signal causes (the waiter's acquisition) can carry an earlier time.
+            catch_up(stage);
+            let pid = self.holder.pid;
+            let name = &self.holder_name;
+            let note = |words: String| Note::from(words).with("backend", self.kind.name());
+            match scenario {
+                Scenario::Kill => nemesis.kill(
+                    stage,
+                    &mut self.holder,
+                    note(format!(
+                        "SIGKILL → {name} (pid {pid}) mid-work: no release, no goodbye"
+                    )),
+                )?,
+                Scenario::Freeze => nemesis.pause(
+                    stage,
+                    &self.holder,
+                    note(format!(
+                        "SIGSTOP → {name} (pid {pid}) mid-work, for {}",
+                        human(plan.pause)
+                    )),
+                )?,
+                Scenario::Overrun => unreachable!("nobody is struck in the overrun"),
+            }
+            self.struck = Some((Instant::now(), last_t(stage)));
+            return Ok(());
+        }
+        let (struck_at, _) = self.struck.expect("checked above");
+
+        // 3. Freeze: at the end of the pause, ask the backend who holds the lock, then resume.
+        if scenario == Scenario::Freeze && self.resumed_t.is_none() {
+            if Instant::now() < struck_at + plan.pause {
+                return Ok(());
+            }
+            let holder = observer.holder(self.kind, &self.lock_name)?;
+            // Events that arrived during the question come first, and may name the owner.
+            catch_up(stage);
+            let holder_owner = owner_of(stage, &self.holder_name);
+            let waiter_owner = owner_of(stage, &self.waiter_name);
+            let (who, text) = match &holder {
+                Some(h) if Some(h) == holder_owner.as_ref() => {
+                    ("holder", "still belongs to the frozen holder".to_string())
+                }
+                Some(h) if Some(h) == waiter_owner.as_ref() => (
+                    "waiter",
+                    "belongs to the waiter: the frozen holder lost it without knowing".to_string(),
+                ),
+                Some(h) => ("other", format!("belongs to someone else ({h})")),
+                None => ("nobody", "is free".to_string()),
+            };
+            stage.record(
+                Event::new(
+                    self.kind.name(),
+                    Kind::HolderNow,
+                    format!(
+                        "asked before the resume, {} says the lock {text}",
+                        self.kind.name()
+                    ),
+                )
+                .with("holder", who)
+                .with("backend", self.kind.name()),
+            );
+            self.backend_saw = Some(who.to_string());
+            catch_up(stage);
+            nemesis.resume(
+                stage,
+                &self.holder,
+                Note::from(format!(
+                    "SIGCONT → {} after {}",
+                    self.holder_name,
+                    human(struck_at.elapsed())
+                ))
+                .with("backend", self.kind.name()),
+            )?;
+            self.resumed_t = Some(last_t(stage));
+            return Ok(());
+        }
+
+        // 4. The old holder is gone and the waiter has written: let it finish.
+        let holder_gone = stage.has_exited(&self.holder_name);
+        let waiter_ready = stage.saw(&self.waiter_name, Kind::Wrote).is_some();
+        if holder_gone && waiter_ready && !self.told_finish {
+            self.told_finish = true;
+            if let Some(waiter) = self.waiter.as_mut() {
+                waiter.tell("finish")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The time stamp of the event just recorded.
+pub(super) fn last_t(stage: &Stage) -> u64 {
+    stage.log.last().map(|e| e.t_ms).unwrap_or_default()
+}
+
+/// The backend identity a worker reported with its lock.
+fn owner_of(stage: &Stage, worker: &str) -> Option<String> {
+    stage
+        .saw(worker, Kind::Acquired)
+        .and_then(|e| e.data.get("owner"))
+        .and_then(|v| v.as_str())
+        .map(String::from)
+}

@@ -1,0 +1,339 @@
+//! Lab 4's play: four lanes (a holder and a waiter on each lock) side by side, struck the
+//! same way at the same point of the holder's work.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use colored::Colorize;
+
+use super::lane::Lane;
+use super::verdict::{Cell, token_text};
+use super::{Job, Plan, Scenario, Service};
+use crate::check::LateWrite;
+use crate::connect::{self, Backend};
+use crate::events::{Event, Kind};
+use crate::labs::Stage;
+use crate::labs::runner::Run;
+use crate::lock::etcd::EtcdLock;
+use crate::lock::postgres as pg;
+use crate::nemesis::Nemesis;
+use crate::output::human;
+use crate::store::Store;
+use crate::worker::WorkerSpec;
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
+
+#[derive(Clone)]
+struct Urls {
+    redis: String,
+    etcd: String,
+    postgres: String,
+}
+
+impl Urls {
+    fn lock(&self, kind: Service) -> &str {
+        match kind.backend() {
+            Backend::Redis => &self.redis,
+            Backend::Etcd => &self.etcd,
+            Backend::Postgres => &self.postgres,
+        }
+    }
+}
+
+/// The lab's own view into the backends, to ask who holds a lock.
+pub(super) struct Observer {
+    redis: connect::RedisConn,
+    etcd: EtcdLock,
+    postgres: connect::PgClient,
+}
+
+impl Observer {
+    /// Who the backend says holds `lock` now (the same identity the workers report).
+    pub(super) fn holder(&mut self, kind: Service, lock: &str) -> Result<Option<String>> {
+        Ok(match kind {
+            Service::Redis | Service::RedisRenewed => redis::cmd("GET")
+                .arg(lock)
+                .query(&mut self.redis)
+                .context("Redis: GET")?,
+            Service::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
+            Service::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
+                .0
+                .map(|pid| pid.to_string()),
+        })
+    }
+}
+
+pub(super) fn play(
+    plan: &Plan,
+    run: &Run,
+    scenario: Scenario,
+    store: &mut Store,
+) -> Result<Vec<Cell>> {
+    let urls = &Urls {
+        redis: run.url(Backend::Redis).to_string(),
+        etcd: run.url(Backend::Etcd).to_string(),
+        postgres: run.url(Backend::Postgres).to_string(),
+    };
+    let mut stage = Stage::on_clock(run.style, run.started);
+    stage.timeline.set_lane_width(20);
+    stage.tag("scenario", scenario.name());
+    stage.checkpoint(crate::labs::step::etcd_vs_redis::before(scenario.name()));
+    stage.timeline.say("");
+    stage.timeline.say(&format!(
+        "{}",
+        match scenario {
+            Scenario::Kill =>
+                "── kill: SIGKILL each holder mid-work; how long until the waiter holds the lock? ──",
+            Scenario::Freeze => "── freeze: SIGSTOP each holder, resume it, let it write ──",
+            Scenario::Overrun =>
+                "── overrun: nobody is struck; each holder simply works, longer than the plain TTL ──",
+        }
+        .bold()
+    ));
+    if scenario == Scenario::Overrun {
+        stage.timeline.say(&format!(
+            "   each holder works {}; the plain Redis key lives {}; times count from the holder's grant",
+            human(plan.work),
+            human(plan.overrun_ttl)
+        ));
+    }
+    if scenario == Scenario::Freeze {
+        stage.timeline.say(&format!(
+            "   each holder stays frozen for {}",
+            human(plan.pause)
+        ));
+    }
+    let mut observer = Observer {
+        redis: connect::redis(&urls.redis)?,
+        etcd: EtcdLock::connect(&urls.etcd, "")?,
+        postgres: connect::postgres(&urls.postgres)?,
+    };
+    let label = scenario.name();
+    let lock_name =
+        |kind: Service| format!("lockslab:{}:etcd-vs-redis:{label}:{}", run.id, kind.name());
+    let role = |kind: Service, job: Job| {
+        let who = if matches!(job, Job::Waiter) {
+            "waiter"
+        } else {
+            "holder"
+        };
+        let url = urls.lock(kind).to_string();
+        let name = lock_name(kind);
+        HolderScript {
+            name: format!("{}:{who}", kind.name()),
+            lock: match kind {
+                Service::Redis => LockSpec::Redis {
+                    url,
+                    key: name,
+                    ttl_ms: plan.plain_ttl(scenario).as_millis() as u64,
+                    fence_counter: None,
+                    renew: false,
+                },
+                Service::RedisRenewed => LockSpec::Redis {
+                    url,
+                    key: name,
+                    ttl_ms: plan.lease.as_millis() as u64,
+                    fence_counter: None,
+                    renew: true,
+                },
+                Service::Etcd => LockSpec::Etcd {
+                    url,
+                    name,
+                    lease_ttl_ms: plan.lease.as_millis() as u64,
+                },
+                Service::Postgres => LockSpec::Postgres {
+                    url,
+                    name,
+                    idle_timeout_ms: plan.pg_timeout.map(|t| t.as_millis() as u64),
+                },
+            },
+            store_url: urls.postgres.clone(),
+            run_id: run.id.clone(),
+            resource: format!("etcd-vs-redis-{label}-{}", kind.name()),
+            wait_ms: plan.longest_wait().as_millis() as u64,
+            before_write: match job {
+                Job::Holder { work_ms } => BeforeWrite::Work { ms: work_ms },
+                Job::Waiter => BeforeWrite::Nothing,
+            },
+            after_write: match job {
+                Job::Holder { .. } => AfterWrite::Release,
+                Job::Waiter => AfterWrite::HoldUntilTold,
+            },
+            loose_fencing: false,
+        }
+    };
+
+    let mut nemesis = Nemesis::new();
+    let mut lanes = Vec::new();
+    for kind in Service::ALL {
+        let holder_role = role(
+            kind,
+            Job::Holder {
+                work_ms: plan.work.as_millis() as u64,
+            },
+        );
+        let holder = stage.spawn(&holder_role.name, &WorkerSpec::Holder(holder_role.clone()))?;
+        lanes.push(Lane {
+            kind,
+            holder_name: holder_role.name.clone(),
+            waiter_name: role(kind, Job::Waiter).name,
+            lock_name: lock_name(kind),
+            resource: holder_role.resource.clone(),
+            holder,
+            waiter: None,
+            acquired_at: None,
+            struck: None,
+            resumed_t: None,
+            backend_saw: None,
+            told_finish: false,
+        });
+    }
+
+    // Workers wait up to the longest wait for their lock; the lab gives them 10s more.
+    let limit = plan.longest_wait() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
+    let mut seen = 0;
+    while !lanes.iter().all(|lane| lane.done(&stage)) {
+        if Instant::now() > deadline {
+            bail!(
+                "the {label} scenario did not finish within {}",
+                human(limit)
+            );
+        }
+        // Show everything that has arrived before the lab acts, so the timeline stays in order.
+        stage.next(Duration::from_millis(10));
+        catch_up(&mut stage);
+        // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
+        for event in stage.log.iter().skip(seen) {
+            match event.kind {
+                Kind::Error => return Err(crate::labs::worker_failed(&event.worker, &event.text)),
+                Kind::GaveUp => {
+                    // A lock call outlasted its own wait: say which server it waited on.
+                    let on = lanes
+                        .iter()
+                        .find(|lane| {
+                            lane.waiter_name == event.worker || lane.holder_name == event.worker
+                        })
+                        .map(|lane| {
+                            format!(
+                                "{} at {}: ",
+                                lane.kind.name(),
+                                connect::redact(urls.lock(lane.kind))
+                            )
+                        })
+                        .unwrap_or_default();
+                    bail!("{on}worker {} {}", event.worker, event.text)
+                }
+                _ => {}
+            }
+        }
+        seen = stage.log.len();
+        for lane in &lanes {
+            for name in [&lane.holder_name, &lane.waiter_name] {
+                if stage.has_exited(name) && stage.saw(name, Kind::Acquired).is_none() {
+                    bail!(
+                        "worker {name} exited before it took the lock (its error, if any, is above)"
+                    );
+                }
+            }
+        }
+        for lane in &mut lanes {
+            lane.step(
+                &mut stage,
+                plan,
+                scenario,
+                &role,
+                &mut observer,
+                &mut nemesis,
+            )?;
+            lane.reap_exited(&stage);
+        }
+        if scenario == Scenario::Freeze {
+            freeze_bar(&mut stage, &lanes, plan, run.style);
+        }
+    }
+    stage.timeline.clear_bar();
+    for lane in &mut lanes {
+        lane.holder.finish(Duration::from_secs(5));
+        if let Some(waiter) = lane.waiter.as_mut() {
+            waiter.finish(Duration::from_secs(5));
+        }
+    }
+    stage.drain();
+
+    let mut cells = Vec::new();
+    for lane in &lanes {
+        let read = store.read_back(&run.id, &lane.resource)?;
+        let cell = lane.verdict(&stage, plan, scenario, read);
+        let store_line = match cell.late_write {
+            LateWrite::Accepted => Some((
+                Kind::StaleWriteAccepted,
+                format!(
+                    "{}: the store decided the {} holder's write after the waiter's, and took it",
+                    lane.kind.name(),
+                    scenario.late_holder()
+                ),
+            )),
+            LateWrite::Rejected => Some((
+                Kind::StaleWriteRejected,
+                format!(
+                    "{}: the store refused the {} holder's token {} (it had accepted {})",
+                    lane.kind.name(),
+                    scenario.late_holder(),
+                    token_text(cell.detail.holder_token),
+                    token_text(cell.detail.waiter_token)
+                ),
+            )),
+            _ => None,
+        };
+        if let Some((kind, text)) = store_line {
+            stage.record(Event::new("store", kind, text).with("backend", lane.kind.name()));
+        }
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+/// Shows the events that have already arrived, so that what the lab records next comes after them.
+///
+/// `Stage::next` answers None both when nothing is waiting and when it consumed a worker's
+/// end of stream; there is at most one of those per worker (eight per scenario), so nine
+/// Nones in a row mean the queue is empty.
+pub(super) fn catch_up(stage: &mut Stage) {
+    let mut nones = 0;
+    while nones < 2 * Service::ALL.len() + 1 {
+        match stage.next(Duration::ZERO) {
+            Some(_) => nones = 0,
+            None => nones += 1,
+        }
+    }
+}
+
+/// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.
+fn freeze_bar(stage: &mut Stage, lanes: &[Lane], plan: &Plan, style: crate::output::Style) {
+    let frozen: Vec<&Lane> = lanes
+        .iter()
+        .filter(|lane| lane.struck.is_some() && lane.resumed_t.is_none())
+        .collect();
+    let Some(first) = frozen
+        .iter()
+        .filter_map(|lane| lane.struck)
+        .min_by_key(|s| s.0)
+    else {
+        stage.timeline.clear_bar();
+        return;
+    };
+    if stage.timeline.bar().is_none() {
+        let bar = style.progress(plan.pause.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+    }
+    if let Some(bar) = stage.timeline.bar() {
+        let elapsed = first.0.elapsed().min(plan.pause);
+        bar.set_position(elapsed.as_millis() as u64);
+        bar.set_message(format!(
+            "holders frozen: {} — {} of {}",
+            frozen.len(),
+            human(elapsed),
+            human(plan.pause)
+        ));
+    }
+}

@@ -1,0 +1,404 @@
+//! Lab 4's verdict: one cell per lock and scenario, decided from the backends' answers and
+//! the store's record (see [`crate::check::etcd_vs_redis`]), and the sentences that say why.
+
+use std::time::Duration;
+
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::lane::Lane;
+use super::{Plan, Scenario, Service};
+use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
+use crate::check::{self, LateWrite};
+use crate::events::Kind;
+use crate::labs::Stage;
+use crate::labs::runner;
+use crate::output::{human, table};
+use crate::store::ReadBack;
+use crate::worker::holder::release_of;
+
+/// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
+/// Every cell of the printed matrix is a field here, so `--json` can rebuild the matrix.
+#[derive(Serialize, Debug, Clone)]
+pub struct Cell {
+    pub backend: &'static str,
+    pub scenario: Scenario,
+    /// From the strike (kill or freeze) until the waiter held the lock; in the overrun
+    /// scenario, from the holder's grant; null if it never did.
+    pub handover_ms: Option<u64>,
+    /// The handover the options predict ("≈ 5s", "1.3s–2.5s"), and where that comes from.
+    pub expected: String,
+    pub expected_why: String,
+    /// The backend gave the lock to the waiter while the old holder had not let go of it,
+    /// by the backend's own answers; null when they cannot tell.
+    pub two_holders: Option<bool>,
+    /// The old holder's write, in the store's decision order relative to the waiter's
+    /// accepted write: "none", "accepted" or "rejected".
+    pub late_write: LateWrite,
+    /// Whether the store took a write that came after the waiter's; null when none did.
+    pub stale_write_accepted: Option<bool>,
+    /// The writes reached the store with a token from the lock.
+    pub fencing_token: bool,
+    /// The store's record the cell was read from: every write, in decision order.
+    pub attempts: Vec<crate::store::Attempt>,
+    #[serde(skip)]
+    pub(super) detail: Detail,
+}
+
+/// What the matrix prints beside the JSON fields.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Detail {
+    pub(super) holder_token: Option<i64>,
+    pub(super) waiter_token: Option<i64>,
+}
+
+/// Every cell of the run, and the plan they are read against.
+pub struct Verdict {
+    pub cells: Vec<Cell>,
+    pub plan: Plan,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert(
+            "cells".into(),
+            serde_json::to_value(&self.cells).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        print_matrix(&self.cells, &self.plan);
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::etcd_vs_redis::VERDICT)
+    }
+}
+
+impl Lane {
+    /// The cell, from the store's attempts and the backends' answers: who the backend said
+    /// held the lock just before the resume, and what each release found.
+    pub(super) fn verdict(
+        &self,
+        stage: &Stage,
+        plan: &Plan,
+        scenario: Scenario,
+        read: ReadBack,
+    ) -> Cell {
+        let strike_t = self.struck.map(|(_, t)| t).unwrap_or_default();
+        let waiter_acquired = stage.saw(&self.waiter_name, Kind::Acquired);
+        let late_write = check::late_write(&read.attempts, &self.holder_name, &self.waiter_name);
+        let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
+        let release = |worker: &str| stage.saw(worker, Kind::Released);
+        let releases = match self.kind {
+            Service::Redis | Service::RedisRenewed => Releases::Redis {
+                holder: release(&self.holder_name).and_then(release_of),
+                waiter_owner: waiter_acquired.and_then(|e| e.get_str("owner")),
+                waiter: release(&self.waiter_name).and_then(release_of),
+            },
+            // etcd and Postgres queue the waiter in the server, which grants it the lock
+            // the moment the holder's key or session goes.
+            Service::Etcd | Service::Postgres => Releases::Queued {
+                holder_kept: release(&self.holder_name)
+                    .and_then(|e| e.get_bool("released"))
+                    .unwrap_or(false),
+            },
+        };
+        let two_holders = checks::two_holders(&checks::Lane {
+            strike: match scenario {
+                Scenario::Kill => Strike::Kill,
+                Scenario::Freeze => Strike::Freeze,
+                Scenario::Overrun => Strike::Overrun,
+            },
+            strike_t,
+            waiter_granted_t: waiter_acquired.map(|e| e.t_ms),
+            backend_saw: self.backend_saw.as_deref(),
+            releases,
+        });
+        let fencing_token =
+            !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
+        let (expected, expected_why) = self.expected(stage, plan, scenario);
+        Cell {
+            backend: self.kind.name(),
+            scenario,
+            handover_ms,
+            expected,
+            expected_why,
+            two_holders: check::two_holders_given_writes(two_holders, late_write).as_option(),
+            late_write,
+            stale_write_accepted: late_write.accepted(),
+            fencing_token,
+            detail: Detail {
+                holder_token: read.last_token_of(&self.holder_name),
+                waiter_token: read.last_token_of(&self.waiter_name),
+            },
+            attempts: read.attempts,
+        }
+    }
+
+    /// The handover the options predict: a short figure, and where it comes from.
+    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> (String, String) {
+        let held = match (self.struck, stage.saw(&self.holder_name, Kind::Acquired)) {
+            (Some((_, strike)), Some(acquired)) => {
+                Duration::from_millis(strike.saturating_sub(acquired.t_ms))
+            }
+            _ => Duration::ZERO,
+        };
+        let lease = stage
+            .saw(&self.holder_name, Kind::Waiting)
+            .and_then(|e| e.get_i64("lease_ttl_ms"))
+            .map(|ms| Duration::from_millis(ms as u64))
+            .unwrap_or(plan.lease);
+        let ttl = plan.plain_ttl(scenario);
+        if scenario == Scenario::Overrun {
+            return match self.kind {
+                Service::Redis if ttl < plan.work => (
+                    format!("≈ {}", human(ttl)),
+                    format!(
+                        "the TTL, set once, runs out before the {} of work",
+                        human(plan.work)
+                    ),
+                ),
+                _ => (
+                    format!("≈ {}", human(plan.work)),
+                    "the work, then the holder's release".into(),
+                ),
+            };
+        }
+        // The earliest moment the backend could free a frozen holder's lock by itself.
+        let earliest = match (self.kind, plan.pg_timeout) {
+            (Service::Redis, _) => ttl.saturating_sub(held),
+            (Service::RedisRenewed | Service::Etcd, _) => lease * 2 / 3,
+            (Service::Postgres, Some(t)) => t * 2 / 3,
+            (Service::Postgres, None) => Duration::MAX,
+        };
+        if scenario == Scenario::Freeze && plan.pause < earliest {
+            return (
+                format!("> {}", human(plan.pause)),
+                "the pause ends first; the holder wakes and releases".into(),
+            );
+        }
+        match self.kind {
+            Service::Redis => (
+                format!("≈ {}", human(ttl.saturating_sub(held))),
+                format!("TTL {} − {} held", human(ttl), human(held)),
+            ),
+            // Redis drops an expired key the moment anyone touches it, and the waiter's
+            // SET NX touches it every 20ms: no sweep to wait for, unlike etcd.
+            Service::RedisRenewed => (
+                format!("{}–{}", human(lease * 2 / 3), human(lease)),
+                "⅔–1 TTL after the last renewal".into(),
+            ),
+            Service::Etcd => (
+                format!(
+                    "{}–{}",
+                    human(lease * 2 / 3),
+                    human(lease + Duration::from_millis(500))
+                ),
+                "⅔–1 lease TTL, + etcd's 0.5s expiry sweep".into(),
+            ),
+            Service::Postgres => match (scenario, plan.pg_timeout) {
+                (Scenario::Kill, _) => {
+                    ("at once".into(), "the session ends with the process".into())
+                }
+                (_, Some(t)) => (
+                    format!("{}–{}", human(t * 2 / 3), human(t)),
+                    "⅔–1 idle_session_timeout".into(),
+                ),
+                (_, None) => unreachable!("returned above"),
+            },
+        }
+    }
+}
+
+impl Cell {
+    /// One sentence on what the cell shows, from its evidence.
+    fn meaning(&self, plan: &Plan) -> String {
+        let handover = self
+            .handover_ms
+            .map(|ms| human(Duration::from_millis(ms)))
+            .unwrap_or("never".into());
+        let expected = format!(" (expected {}: {})", self.expected, self.expected_why);
+        let renewed_every = human(plan.lease / 3);
+        let why_handover = match (self.backend, self.scenario) {
+            ("redis", _) => "Redis gave the lock away only when the key's TTL ran out".to_string(),
+            ("redis-renewed", scenario) => format!(
+                "the heartbeat (a PEXPIRE every {renewed_every}) {} with the process, and the short TTL ran out",
+                if scenario == Scenario::Kill { "died" } else { "froze" }
+            ),
+            ("etcd", _) => {
+                "the heartbeat stopped and etcd expired the lease, deleting the lock key".into()
+            }
+            ("postgres", Scenario::Kill) => {
+                "the dead process's socket closed, the server ended its session, and the queued waiter got the lock at once".into()
+            }
+            ("postgres", _) if plan.pg_timeout.is_some() => {
+                "idle_session_timeout ended the frozen client's session, and its lock with it".into()
+            }
+            _ => "the frozen client's session stayed open, so it kept the lock for the whole pause".into(),
+        };
+        let carried = if self.fencing_token {
+            format!(
+                "its write carried token {}.",
+                token_text(self.detail.waiter_token)
+            )
+        } else {
+            "its write carried no token.".into()
+        };
+        match self.scenario {
+            Scenario::Kill if self.two_holders == Some(true) => format!(
+                "the key's TTL ran out before the kill, under a live holder: the waiter held the lock first — two holders. {}",
+                late_write_sentence(self)
+            ),
+            Scenario::Kill => format!(
+                "{why_handover}: the waiter held it {handover} after the kill{expected}; {carried}"
+            ),
+            Scenario::Overrun if self.two_holders == Some(true) => format!(
+                "the key's TTL ({}, set once) ran out while its holder was still working ({}), \
+                 live and never paused: the waiter got the lock {handover} after the holder's \
+                 grant{expected} — two holders. {}",
+                human(plan.overrun_ttl),
+                human(plan.work),
+                late_write_sentence(self)
+            ),
+            Scenario::Overrun => {
+                let kept = match self.backend {
+                    "redis" => "the key's TTL outlived the work".to_string(),
+                    "redis-renewed" => format!(
+                        "the heartbeat re-armed the key every {renewed_every} while the holder worked"
+                    ),
+                    "etcd" => "the heartbeat renewed the lease while the holder worked".into(),
+                    _ => "the session stayed open while the holder worked".into(),
+                };
+                format!(
+                    "{kept}: the waiter got the lock {handover} after the holder's grant{expected}, \
+                     once the holder had finished and let go — no second holder."
+                )
+            }
+            Scenario::Freeze if self.two_holders.is_none() => format!(
+                "{why_handover}; the waiter got the lock after {handover}{expected}, but both keys \
+                 had expired by the time their holders let go, so Redis's answers cannot tell \
+                 whether it did before the holder let go. {}",
+                late_write_sentence(self)
+            ),
+            Scenario::Freeze if self.two_holders == Some(false) => {
+                let why_not = match self.backend {
+                    "redis" => format!(
+                        "the {} pause ended before the key's TTL ran out, so the holder woke still holding the lock",
+                        human(plan.pause)
+                    ),
+                    "redis-renewed" => format!(
+                        "the {} pause ended before the key, renewed until the freeze, ran out",
+                        human(plan.pause)
+                    ),
+                    "etcd" => format!(
+                        "the {} pause ended before etcd expired the lease",
+                        human(plan.pause)
+                    ),
+                    _ if plan.pg_timeout.is_some() => format!(
+                        "the {} pause ended before idle_session_timeout ended the session",
+                        human(plan.pause)
+                    ),
+                    _ => why_handover.clone(),
+                };
+                format!(
+                    "{why_not}: no second holder (safe), but no progress either — the waiter got the lock after {handover}{expected}, only once the holder woke and let go."
+                )
+            }
+            Scenario::Freeze => format!(
+                "{why_handover}; after {handover}{expected} the waiter held it before the holder \
+                 (frozen, or just woken) had let go — two holders. {}",
+                late_write_sentence(self)
+            ),
+        }
+    }
+}
+
+pub(super) fn token_text(token: Option<i64>) -> String {
+    token.map(|t| t.to_string()).unwrap_or("none".into())
+}
+
+/// What the store did with the old holder's write, from its decision order.
+fn late_write_sentence(cell: &Cell) -> String {
+    let who = cell.scenario.late_holder();
+    match cell.late_write {
+        LateWrite::Accepted if !cell.fencing_token => format!(
+            "The {who} holder, with no token to check, had its stale write accepted over the waiter's."
+        ),
+        LateWrite::Accepted => format!("The store took the {who} holder's stale write."),
+        LateWrite::Rejected => format!(
+            "The store refused the {who} holder's token {} because it had accepted the waiter's {}.",
+            token_text(cell.detail.holder_token),
+            token_text(cell.detail.waiter_token)
+        ),
+        LateWrite::None => format!(
+            "The {who} holder's write was decided before the waiter's, so it destroyed nothing — \
+             by luck, not by design."
+        ),
+    }
+}
+
+fn print_matrix(cells: &[Cell], plan: &Plan) {
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    let header = [
+        "backend",
+        "scenario",
+        "next holder",
+        "expected",
+        "two holders",
+        "stale write",
+        "token",
+    ];
+    let rows: Vec<Vec<String>> = cells
+        .iter()
+        .map(|cell| {
+            let scenario = cell.scenario.name();
+            let two = match cell.two_holders {
+                Some(true) => "YES".red().bold().to_string(),
+                Some(false) => "no".to_string(),
+                None => "unknown".yellow().to_string(),
+            };
+            let stale = match cell.late_write {
+                LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+                LateWrite::Rejected => "rejected".green().bold().to_string(),
+                other => other.as_str().to_string(),
+            };
+            vec![
+                cell.backend.to_string(),
+                scenario.to_string(),
+                cell.handover_ms
+                    .map(|ms| human(Duration::from_millis(ms)))
+                    .unwrap_or("nobody".into()),
+                cell.expected.clone(),
+                two,
+                stale,
+                yes_no(cell.fencing_token),
+            ]
+        })
+        .collect();
+    crate::outln!();
+    crate::prose!("{}", "Verdict (from the backends and the store)".bold());
+    crate::prose!("{}", table(&header, &rows));
+    crate::outln!();
+    for cell in cells {
+        let scenario = cell.scenario.name();
+        crate::prose!(
+            "  {} {}",
+            format!("{} / {scenario}:", cell.backend).bold(),
+            cell.meaning(plan)
+        );
+    }
+    crate::outln!();
+    crate::prose!(
+        "  {} a short renewed TTL (Redis or etcd) or a session gets the next holder \
+         in fast after a crash, and lasts as long as the work; a TTL set once must \
+         choose between the two. None of them keeps a paused holder out: only a token \
+         the store checks keeps its write out. etcd's revision is such a token, and \
+         Raft keeps what etcd acknowledged through a failover; a Redis owner value is \
+         random, and Redis replicates asynchronously (lab 5).",
+        "In short:".bold()
+    );
+}

@@ -1,0 +1,160 @@
+//! The runner: what every lab does the same way, done once.
+//!
+//! A lab is a plan (its flags, checked once when the plan is built), the scenarios it plays
+//! and its words. Everything around that is here: finding or starting the servers, the run
+//! id that namespaces the run's keys and rows, the heading and the server lines, removing
+//! what the run left (at the end and on Ctrl-C), the `--step` stop before the verdict, and
+//! the verdict itself — one `"kind": "verdict"` JSON object under `--json`, the lab's own
+//! table otherwise.
+//!
+//! ```text
+//! cli ──> Plan::from(args)? ──> runner::run(plan) ──> servers, run id, heading, leftovers
+//!                                     └──> plan.play(&mut run) ──> Verdict ──> JSON | table
+//! ```
+
+use std::time::Instant;
+
+use anyhow::Result;
+use colored::Colorize;
+use serde_json::{Map, Value};
+
+use super::leftovers::Leftovers;
+use super::step::Checkpoint;
+use crate::connect::{self, Backend};
+use crate::output::{Style, Timeline, json_line, run_heading};
+use crate::servers::{self, ServerArgs, Servers};
+
+/// What the runner needs to know of a lab.
+pub trait Lab {
+    /// The verdict this lab's play returns.
+    type Verdict: Verdict;
+
+    /// The subcommand (`gc-pause`): the heading's and the JSON's name for the lab.
+    fn name(&self) -> &'static str;
+
+    /// The servers it needs from [`servers::provide`] (a lab that starts its own cluster
+    /// needs none of them).
+    fn needs(&self) -> Vec<Backend>;
+
+    /// The lines under the heading: what is about to happen, in a sentence or two.
+    fn intro(&self, run: &Run) -> Vec<String>;
+
+    /// What the run writes on the servers, to be removed when it ends however it ends.
+    fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
+        let _ = run;
+        leftovers
+    }
+
+    /// Plays the lab's scenarios and decides the verdict from what the servers answered.
+    fn play(&mut self, run: &mut Run) -> Result<Self::Verdict>;
+}
+
+/// A lab's verdict: what `--json` carries and what the terminal shows.
+pub trait Verdict {
+    /// The verdict's own fields; the runner adds `kind`, `json_version`, `lab` and `run_id`.
+    fn fields(&self) -> Map<String, Value>;
+    /// The verdict table and its sentences, for a terminal.
+    fn print(&self);
+    /// The `--step` stop before the verdict is shown, if the lab has one.
+    fn checkpoint(&self) -> Option<&'static Checkpoint> {
+        None
+    }
+}
+
+/// One run of a lab: what the runner set up for it.
+pub struct Run {
+    /// The run id every key, row and counter of the run carries.
+    pub id: String,
+    pub style: Style,
+    pub servers: Servers,
+    /// The run's clock: every stage of the run stamps its events from here.
+    pub started: Instant,
+    /// The lines before the first scenario (the heading, the servers, the intro).
+    pub intro: Timeline,
+}
+
+impl Run {
+    pub fn url(&self, backend: Backend) -> &str {
+        self.servers.url(backend)
+    }
+
+    /// One more line under the heading (a lab that starts servers of its own says so).
+    pub fn say(&self, line: &str) {
+        self.intro.say(line);
+    }
+
+    /// One dimmed detail line under the heading, like the server lines.
+    pub fn detail(&self, line: &str) {
+        self.intro.say(&format!("  {}", line.dimmed()));
+    }
+}
+
+/// Runs a lab from start to verdict.
+pub fn run<L: Lab>(lab: &mut L, json: bool, server_args: &ServerArgs) -> Result<()> {
+    let style = Style::detect(json);
+    let servers = servers::provide(server_args, &lab.needs())?;
+    let mut run = Run {
+        id: super::new_run_id(),
+        style,
+        servers,
+        started: Instant::now(),
+        intro: Timeline::new(style),
+    };
+    run.intro.say(&run_heading(lab.name(), &run.id));
+    for line in run.servers.describe() {
+        run.detail(&line);
+    }
+    for line in lab.intro(&run) {
+        run.intro.say(&line);
+    }
+    let removal = lab
+        .leftovers(&run, Leftovers::of_run(&run.id))
+        .removed_at_the_end();
+    let verdict = lab.play(&mut run).map_err(connect::explain);
+    removal.now(&verdict);
+    let verdict = verdict?;
+    if let Some(stop) = verdict.checkpoint() {
+        super::step::checkpoint(stop);
+    }
+    if style.json {
+        json_line(&Value::Object(envelope(
+            lab.name(),
+            &run.id,
+            verdict.fields(),
+        )));
+    } else {
+        verdict.print();
+    }
+    Ok(())
+}
+
+/// The verdict's JSON object: the fields every lab's verdict starts with, then its own.
+pub fn envelope(lab: &str, run_id: &str, fields: Map<String, Value>) -> Map<String, Value> {
+    let mut object = Map::new();
+    object.insert("kind".into(), "verdict".into());
+    object.insert("json_version".into(), super::JSON_VERSION.into());
+    object.insert("lab".into(), lab.into());
+    object.insert("run_id".into(), run_id.into());
+    for (key, value) in fields {
+        object.entry(key).or_insert(value);
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_names_the_lab_and_a_lab_cannot_overwrite_it() {
+        let mut fields = Map::new();
+        fields.insert("lab".into(), "other".into());
+        fields.insert("ttl_ms".into(), 2000.into());
+        let object = envelope("gc-pause", "3f2a91c0", fields);
+        assert_eq!(object["kind"], "verdict");
+        assert_eq!(object["json_version"], crate::labs::JSON_VERSION);
+        assert_eq!(object["run_id"], "3f2a91c0");
+        assert_eq!(object["lab"], "gc-pause");
+        assert_eq!(object["ttl_ms"], 2000);
+    }
+}

@@ -1,0 +1,413 @@
+//! The nemesis: every fault lockslab injects, in one place, as data.
+//!
+//! A lab does not send signals itself. It names a fault ([`Fault`]) and what it is aimed
+//! at (a [`Victim`]: a worker, a server, a cluster member), and the nemesis acts and writes
+//! the fault's start — and, for a fault that lasts, its end — into the run's history. So
+//! every freeze, kill and restart a learner sees on the timeline was recorded by the code
+//! that did it, at the moment it did it, with the same fields every time.
+//!
+//! The faults, and what each stands for:
+//!
+//! | fault     | done with                       | stands for                                  |
+//! |-----------|---------------------------------|---------------------------------------------|
+//! | `pause`   | SIGSTOP to the process group     | a GC pause, a VM migration, a starved CPU   |
+//! | `resume`  | SIGCONT                          | the pause ends; the process never noticed   |
+//! | `kill`    | SIGKILL, then reaped             | a crash: no cleanup code runs               |
+//! | `restart` | SIGKILL, then started again      | a crash and a reboot (with or without data) |
+//!
+//! A pause on a *server* freezes it the same way: its kernel still accepts connections and
+//! nothing answers them. A [`Schedule`](schedule::Schedule) is a list of faults with their
+//! times, which a lab writes by hand or a generator draws from a seed.
+
+pub mod schedule;
+pub mod victims;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+
+use crate::events::{Event, Kind};
+use crate::procs;
+
+/// One fault, as a schedule names it and the history records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGSTOP: the process stops between two instructions, holding whatever it held.
+    Pause,
+    /// SIGCONT: the end of a pause.
+    Resume,
+    /// SIGKILL: the process is gone, its sockets closed by the kernel.
+    Kill,
+    /// SIGKILL, then the same server started again on the same port.
+    Restart,
+}
+
+impl Fault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Pause => "pause",
+            Fault::Resume => "resume",
+            Fault::Kill => "kill",
+            Fault::Restart => "restart",
+        }
+    }
+
+    /// The history's word for this fault (what the timeline and the pictures draw).
+    fn kind(self) -> Kind {
+        match self {
+            Fault::Pause => Kind::Frozen,
+            Fault::Resume => Kind::Resumed,
+            Fault::Kill | Fault::Restart => Kind::Killed,
+        }
+    }
+}
+
+/// Something the nemesis can aim at: a process it may stop, continue and kill, and — for
+/// a server it started — start again.
+pub trait Victim {
+    /// The name the history gives it: a worker's (`A`), a server's (`redis`), a member's (`m3`).
+    fn label(&self) -> String;
+    /// Its process, while it has one.
+    fn pid(&self) -> Option<i32>;
+    /// Ends the process as a crash would and reaps it.
+    fn kill_now(&mut self);
+    /// Kills it and starts it again in the same place; returns how long it was away.
+    fn restart_now(&mut self) -> Result<Duration> {
+        bail!("{} cannot be restarted", self.label())
+    }
+}
+
+/// What the history says of a fault besides its name and target: the line the timeline
+/// shows, and any fact the lab adds (`backend`, `master`).
+#[derive(Clone, Debug, Default)]
+pub struct Note {
+    pub words: String,
+    pub facts: Vec<(String, serde_json::Value)>,
+}
+
+impl Note {
+    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Note {
+        self.facts.push((key.into(), value.into()));
+        self
+    }
+}
+
+impl From<String> for Note {
+    fn from(words: String) -> Note {
+        Note {
+            words,
+            facts: Vec::new(),
+        }
+    }
+}
+
+impl From<&str> for Note {
+    fn from(words: &str) -> Note {
+        Note::from(words.to_string())
+    }
+}
+
+/// Where the nemesis writes what it did: the run's history (a lab's [`crate::labs::Stage`]).
+pub trait Record {
+    fn record(&mut self, event: Event);
+}
+
+/// A fault the nemesis started and has not ended: a pause not yet resumed.
+#[derive(Clone, Debug)]
+struct Active {
+    label: String,
+    since: Instant,
+}
+
+/// The one place faults are done. It remembers every pause it started, so that a lab
+/// which ends early (an error, Ctrl-C) can still resume everything with [`Nemesis::heal`]
+/// — a frozen process left behind ruins a workshop.
+#[derive(Default)]
+pub struct Nemesis {
+    paused: HashMap<i32, Active>,
+}
+
+/// Who acts, on the timeline: the nemesis's events stand in the lab's own lane.
+pub const LANE: &str = "lab";
+
+impl Nemesis {
+    pub fn new() -> Nemesis {
+        Nemesis::default()
+    }
+
+    /// Pauses the victim with SIGSTOP and waits until the kernel says it is stopped.
+    ///
+    /// The fault is recorded *before* the signal goes out, like every fault here: nothing
+    /// the fault causes (another worker taking the lock) may stand above it on the timeline.
+    pub fn pause(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
+        self.paused.insert(pid, Active::now(victim));
+        procs::signal_group(pid, Signal::SIGSTOP)?;
+        if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
+            bail!("{} (pid {pid}) did not stop after SIGSTOP", victim.label());
+        }
+        Ok(())
+    }
+
+    /// Records a pause the victim gave itself (a worker that sent itself SIGSTOP at an
+    /// exact point of its work): the nemesis checks that it is stopped and takes over
+    /// its end, as if it had started it.
+    pub fn adopt_pause(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let pid = alive_pid(victim)?;
+        if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
+            bail!(
+                "{} (pid {pid}) said it would stop but did not",
+                victim.label()
+            );
+        }
+        self.paused.insert(pid, Active::now(victim));
+        history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
+        Ok(())
+    }
+
+    /// Resumes a paused victim with SIGCONT and records the end of its pause, with how long
+    /// it lasted (`paused_ms`), which it returns.
+    pub fn resume(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<Duration> {
+        let pid = alive_pid(victim)?;
+        let lasted = self
+            .paused
+            .remove(&pid)
+            .map_or(Duration::ZERO, |active| active.since.elapsed());
+        history.record(
+            fault_event(Fault::Resume, &victim.label(), pid, note)
+                .with("paused_ms", lasted.as_millis() as u64),
+        );
+        procs::signal_group(pid, Signal::SIGCONT)?;
+        Ok(lasted)
+    }
+
+    /// Kills the victim with SIGKILL and reaps it (a paused victim is resumed as it dies,
+    /// so nothing stays stopped).
+    pub fn kill(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Kill, &victim.label(), pid, note));
+        self.paused.remove(&pid);
+        victim.kill_now();
+        Ok(())
+    }
+
+    /// Kills the victim and starts it again in the same place. The crash is recorded when
+    /// it happens (`note`); the return once the victim answers again, with the line `back`
+    /// makes of how long it was away (`restart_ms`), which it returns.
+    pub fn restart(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: impl Into<Note>,
+        back: impl FnOnce(Duration) -> Note,
+    ) -> Result<Duration> {
+        let pid = alive_pid(victim)?;
+        history.record(fault_event(Fault::Restart, &victim.label(), pid, note));
+        self.paused.remove(&pid);
+        let took = victim.restart_now()?;
+        let new_pid = victim.pid().unwrap_or_default();
+        let mut end = fault_event(Fault::Restart, &victim.label(), new_pid, back(took))
+            .with("phase", "end")
+            .with("restart_ms", took.as_millis() as u64);
+        end.kind = Kind::Resumed;
+        history.record(end);
+        Ok(took)
+    }
+
+    /// The victims this nemesis paused and has not resumed, by label.
+    pub fn paused(&self) -> Vec<String> {
+        let mut labels: Vec<String> = self.paused.values().map(|a| a.label.clone()).collect();
+        labels.sort();
+        labels
+    }
+
+    /// Resumes everything still paused, without recording: for the way out of a lab that
+    /// failed or was interrupted, so that no process is left stopped.
+    pub fn heal(&mut self) {
+        for (pid, _) in self.paused.drain() {
+            let _ = procs::signal_group(pid, Signal::SIGCONT);
+        }
+    }
+}
+
+impl Active {
+    fn now(victim: &dyn Victim) -> Active {
+        Active {
+            label: victim.label(),
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Nemesis {
+    fn drop(&mut self) {
+        self.heal();
+    }
+}
+
+fn alive_pid(victim: &dyn Victim) -> Result<i32> {
+    match victim.pid() {
+        Some(pid) => Ok(pid),
+        None => bail!(
+            "{} has no running process to aim a fault at",
+            victim.label()
+        ),
+    }
+}
+
+/// The history's record of one fault: in the lab's lane, with the fault's name, its target,
+/// the pid it hit and whether it starts or ends the fault, then the lab's own facts.
+pub fn fault_event(fault: Fault, target: &str, pid: i32, note: impl Into<Note>) -> Event {
+    let note = note.into();
+    let phase = if fault == Fault::Resume {
+        "end"
+    } else {
+        "start"
+    };
+    let mut event = Event::new(LANE, fault.kind(), note.words)
+        .with("fault", fault.as_str())
+        .with("target", target)
+        .with("pid", pid)
+        .with("phase", phase);
+    for (key, value) in note.facts {
+        event = event.with(&key, value);
+    }
+    event
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    struct Sleeper {
+        child: Option<std::process::Child>,
+    }
+
+    impl Sleeper {
+        fn start() -> Sleeper {
+            let mut command = Command::new("sleep");
+            command.arg("30");
+            procs::tie_to_parent(&mut command);
+            let child = procs::spawn_registered(&mut command, procs::StopPlan::kill()).unwrap();
+            Sleeper { child: Some(child) }
+        }
+    }
+
+    impl Victim for Sleeper {
+        fn label(&self) -> String {
+            "S".into()
+        }
+        fn pid(&self) -> Option<i32> {
+            self.child.as_ref().map(|c| c.id() as i32)
+        }
+        fn kill_now(&mut self) {
+            if let Some(child) = self.child.take() {
+                procs::stop(child.id() as i32, &procs::StopPlan::kill());
+            }
+        }
+    }
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            self.kill_now();
+        }
+    }
+
+    #[derive(Default)]
+    struct Log(Vec<Event>);
+
+    impl Record for Log {
+        fn record(&mut self, event: Event) {
+            self.0.push(event);
+        }
+    }
+
+    #[test]
+    fn a_pause_is_recorded_at_its_start_and_its_end_with_how_long_it_lasted() {
+        let mut log = Log::default();
+        let mut nemesis = Nemesis::new();
+        let sleeper = Sleeper::start();
+        let pid = sleeper.pid().unwrap();
+        nemesis.pause(&mut log, &sleeper, "freeze S").unwrap();
+        assert_eq!(procs::process_state(pid), Some('T'));
+        assert_eq!(nemesis.paused(), vec!["S".to_string()]);
+        std::thread::sleep(Duration::from_millis(30));
+        let lasted = nemesis.resume(&mut log, &sleeper, "thaw S").unwrap();
+        assert!(lasted >= Duration::from_millis(30));
+        assert_ne!(procs::process_state(pid), Some('T'));
+        assert!(nemesis.paused().is_empty());
+        let kinds: Vec<Kind> = log.0.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, vec![Kind::Frozen, Kind::Resumed]);
+        assert_eq!(log.0[0].get_str("fault"), Some("pause"));
+        assert_eq!(log.0[0].get_str("phase"), Some("start"));
+        assert_eq!(log.0[1].get_str("phase"), Some("end"));
+        assert_eq!(log.0[1].get_str("target"), Some("S"));
+        assert!(log.0[1].get_i64("paused_ms").unwrap() >= 30);
+    }
+
+    #[test]
+    fn dropping_the_nemesis_resumes_what_it_left_paused() {
+        let mut log = Log::default();
+        let sleeper = Sleeper::start();
+        let pid = sleeper.pid().unwrap();
+        {
+            let mut nemesis = Nemesis::new();
+            nemesis.pause(&mut log, &sleeper, "freeze S").unwrap();
+            assert_eq!(procs::process_state(pid), Some('T'));
+        }
+        assert_ne!(procs::process_state(pid), Some('T'));
+        assert_eq!(log.0.len(), 1, "healing on the way out records nothing");
+    }
+
+    #[test]
+    fn a_kill_ends_a_paused_victim_and_leaves_no_zombie() {
+        let mut log = Log::default();
+        let mut nemesis = Nemesis::new();
+        let mut sleeper = Sleeper::start();
+        let pid = sleeper.pid().unwrap();
+        nemesis.pause(&mut log, &sleeper, "freeze S").unwrap();
+        nemesis.kill(&mut log, &mut sleeper, "kill S").unwrap();
+        assert_eq!(procs::process_state(pid), None, "killed and reaped");
+        assert!(nemesis.paused().is_empty());
+        assert_eq!(log.0.last().unwrap().get_str("fault"), Some("kill"));
+        let err = nemesis.kill(&mut log, &mut sleeper, "again").unwrap_err();
+        assert!(format!("{err}").contains("no running process"), "{err}");
+    }
+
+    #[test]
+    fn a_victim_that_cannot_restart_says_so() {
+        let mut log = Log::default();
+        let mut nemesis = Nemesis::new();
+        let mut sleeper = Sleeper::start();
+        let err = nemesis
+            .restart(&mut log, &mut sleeper, "restart S", |_| Note::default())
+            .unwrap_err();
+        assert!(format!("{err}").contains("cannot be restarted"), "{err}");
+    }
+}
