@@ -585,7 +585,8 @@ fn play(plan: &Plan, scenario: Scenario, urls: &Urls, store: &mut Store) -> Resu
                 Job::Holder { .. } => AfterWrite::Release,
                 Job::Waiter => AfterWrite::HoldUntilTold,
             },
-            loose_fencing: false,
+            fence_rule: Default::default(),
+            token_sequence: None,
         }
     };
 
