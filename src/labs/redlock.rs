@@ -362,9 +362,9 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     let drift = redlock::drift(args.ttl, args.drift_factor);
     intro.say(&format!(
         "Redlock: held when {q} of {n} masters grant SET NX PX {} and validity > 0,\n\
-         validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms;\n\
-         the factor 0.01 and the 2ms are the reference implementations' choice, not the algorithm's);\n\
-         each master gets {} to answer.",
+         validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
+         each master gets {} to answer. The default drift factor 0.01 and the 2ms\n\
+         are the reference implementations' choice, not part of the algorithm.",
         args.ttl.as_millis(),
         args.drift_factor,
         drift.as_millis(),

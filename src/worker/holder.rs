@@ -491,10 +491,11 @@ pub fn run(script: &HolderScript) -> Result<()> {
             bail!("its lock ran out before it drew its fencing token");
         }
         grant.token = Some(token);
-        grant.how = format!(
-            "{}; fencing token {token} from the store's sequence",
-            grant.how
-        );
+        if let LockSpec::Redis { ttl_ms, .. } = &script.lock {
+            grant.how = format!(
+                "took the lock (SET NX PX {ttl_ms}), fencing token {token} from the store's sequence"
+            );
+        }
     }
     me.send(
         me.event(Kind::Acquired, grant.how)
