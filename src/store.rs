@@ -2,26 +2,32 @@
 //!
 //! A lock cannot stop a client that has already passed its check and then paused, so the
 //! safety has to live where the data lives. The store accepts a fenced write only if its
-//! token is **higher** than the highest token it has accepted for that resource — or equal
-//! to it *and sent by the holder that sent it first* — and it decides that inside the
+//! token is **not lower** than the highest token it has accepted for that resource (`>=`:
+//! a holder may write more than once with its token), and it decides that inside the
 //! database, in the same statement as the write: there is no window between "check" and
 //! "write" for a stale writer to slip through.
 //!
 //! Three details that loose descriptions get wrong:
-//! - A holder may write more than once with its token, so an equal token cannot simply be
-//!   refused; but "not lower than the highest" (`>=`) is not enough either. A token source
-//!   can hand the same number out twice: a Redis `INCR` counter on a server restarted
-//!   without persistence, or failed over to a replica that missed the increment. Then two
-//!   holders carry one token, and `>=` accepts both. The store knows who sent each token,
-//!   so an equal token from a *different* writer is a reissue, and it is refused
-//!   ([`FenceRule::HigherOrSameHolder`]; the loose rule is kept as [`FenceRule::NotLower`]
-//!   for the labs that show it fail).
 //! - It is an ordering, not an equality check: `WHERE token = 7` only works if every writer
-//!   knows the previous token; `WHERE stored < new` works with any monotonic source.
-//! - No rule in the store can repair a source that goes *backwards* by more than one: if
-//!   the counter lost several increments, the rightful new holder carries the lower token
-//!   and is the one refused. Tokens must come from a source that survives what the lock
-//!   service does not (lab 5).
+//!   knows the previous token; `WHERE stored <= new` works with any monotonic source.
+//! - The rule is only as good as the token's source. A source that hands a number out twice
+//!   — a Redis `INCR` counter on a server restarted without persistence, or failed over to
+//!   a replica that missed the increment — gives two holders one token, and `>=` accepts
+//!   both ([`FenceRule::NotLower`], played with such a source as a lesson). **No rule at the
+//!   store can tell two holders of one reissued token apart**: refusing "an equal token from
+//!   another writer" ([`FenceRule::HigherOrSameHolder`], kept only as a lesson) refuses
+//!   whichever of the two writes *second* — and if the stale holder writes first, that is
+//!   the rightful one. If the counter lost several increments, the new holder even carries
+//!   the *lower* token. The fix is the source: one that is ordered and survives what the
+//!   lock service does not — a Postgres sequence in the store's own database
+//!   ([`Store::next_token`]), an etcd revision, or a token that carries the lock service's
+//!   epoch (a restart or failover raises the epoch, so every token after it is higher).
+//! - A random lock value has no order. Checked by compare-and-set at the resource
+//!   ([`Store::claim`], [`Store::write_if_claimed`]) it refuses a stale writer whose claim
+//!   came first and was replaced; but a claim that arrives late (the old holder paused
+//!   between its grant and its claim) displaces the new holder's, and the resource cannot
+//!   tell (lab 6). A resource that can do that compare-and-set atomically could itself
+//!   have been the lock.
 //!
 //! Every attempt, accepted or not, is recorded in an append-only table, so the verdict of a
 //! lab is read back from the store, never taken from what a worker believed. Each attempt
@@ -61,6 +67,16 @@ const SCHEMA: &str = "
         decided  bigint,
         at       timestamptz NOT NULL DEFAULT clock_timestamp()
     );
+    -- Lab 6's compare-and-set by lock value: who claimed the resource last. Every write
+    -- guarded by a claim locks this row first, so its decisions are numbered here.
+    CREATE TABLE IF NOT EXISTS lockslab_claim (
+        run_id    text   NOT NULL,
+        resource  text   NOT NULL,
+        claim     text,
+        claimer   text,
+        decisions bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (run_id, resource)
+    );
     -- A server whose tables an older lockslab made gets the new columns, only when missing
     -- (an ALTER would queue behind every run that is writing right now).
     DO $$ BEGIN
@@ -82,8 +98,10 @@ const UNFENCED_WRITE: &str = "
         SET value = EXCLUDED.value, writer = EXCLUDED.writer
     RETURNING 1";
 
-/// ❌ Fenced, loosely: accepts any token not lower than the highest accepted one. Right
-/// while the token source never repeats itself; a reissued token gets through.
+/// The store's rule, `>=`: accepts any token not lower than the highest accepted one (a
+/// holder may write twice with its token). ✅ with tokens from an ordered source that never
+/// hands a number out twice; ❌ with a source that does (lab 1's `--token-restart`, lab 5):
+/// the stale holder's copy of a reissued token gets through.
 const FENCED_WRITE_NOT_LOWER: &str = "
     INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
@@ -92,11 +110,12 @@ const FENCED_WRITE_NOT_LOWER: &str = "
         WHERE lockslab_resource.token IS NULL OR lockslab_resource.token <= EXCLUDED.token
     RETURNING 1";
 
-/// ✅ Fenced: the database compares the token with the highest accepted one and writes
-/// only if it is higher, or equal and from the writer that holds it (a holder writing
-/// again), atomically (`ON CONFLICT … DO UPDATE … WHERE` locks the row and evaluates the
-/// condition on its latest version). A refused write returns no row.
-const FENCED_WRITE: &str = "
+/// ❌ A lesson, not a fix: higher, or equal and from the writer that sent it first. It
+/// looks as if it catches a reissued token, but it only refuses whichever holder of the
+/// token writes *second*: when the stale holder writes first, the rightful one is refused.
+/// (`ON CONFLICT … DO UPDATE … WHERE` locks the row and evaluates the condition on its
+/// latest version; a refused write returns no row.)
+const FENCED_WRITE_SAME_HOLDER: &str = "
     INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (run_id, resource) DO UPDATE
@@ -107,15 +126,50 @@ const FENCED_WRITE: &str = "
                AND lockslab_resource.writer = EXCLUDED.writer)
     RETURNING 1";
 
-/// Which fenced writes the store accepts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which fenced writes the store accepts. Neither rule repairs a token source that hands a
+/// number out twice; the fix is the source (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FenceRule {
-    /// ✅ A higher token, or the same token from the writer that already holds it.
+    /// `>=`, the store's rule: right with an ordered source that never reissues a token.
     #[default]
-    HigherOrSameHolder,
-    /// ❌ Any token not lower than the highest: a reissued token is accepted twice.
     NotLower,
+    /// ❌ Lesson only: an equal token from another writer is refused — whoever writes
+    /// second, stale or rightful.
+    HigherOrSameHolder,
 }
+
+impl FenceRule {
+    /// Its name in `--json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceRule::NotLower => "not_lower",
+            FenceRule::HigherOrSameHolder => "higher_or_same_holder",
+        }
+    }
+}
+
+/// Lab 6's claim by lock value (antirez's compare-and-set): the resource remembers the
+/// random value of the last client that claimed it. It has no order: a late claim from an
+/// old holder replaces a newer one just the same.
+const CLAIM: &str = "
+    INSERT INTO lockslab_claim (run_id, resource, claim, claimer)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (run_id, resource) DO UPDATE
+        SET claim = EXCLUDED.claim, claimer = EXCLUDED.claimer";
+
+/// Makes the claim row if missing, then locks it and reads it: the write is decided under
+/// that lock, so no claim can change between the compare and the set.
+const MAKE_THE_CLAIM_ROW: &str = "
+    INSERT INTO lockslab_claim (run_id, resource) VALUES ($1, $2)
+    ON CONFLICT (run_id, resource) DO NOTHING";
+const LOCK_THE_CLAIM: &str = "
+    SELECT claim FROM lockslab_claim WHERE run_id = $1 AND resource = $2 FOR UPDATE";
+
+const NUMBER_THE_CLAIMED_DECISION: &str = "
+    UPDATE lockslab_claim SET decisions = decisions + 1
+    WHERE run_id = $1 AND resource = $2
+    RETURNING decisions";
 
 /// Numbers the decision just made. Both writes above leave the resource's row locked by
 /// this transaction — an accepted write because it changed the row, a refused one because
@@ -243,7 +297,7 @@ impl Store {
         token: Option<i64>,
     ) -> Outcome {
         let fenced_write = match rule {
-            FenceRule::HigherOrSameHolder => FENCED_WRITE,
+            FenceRule::HigherOrSameHolder => FENCED_WRITE_SAME_HOLDER,
             FenceRule::NotLower => FENCED_WRITE_NOT_LOWER,
         };
         let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
@@ -280,6 +334,78 @@ impl Store {
             // The commit may or may not have happened before the answer was lost.
             Err(_) => Outcome::Unknown,
         }
+    }
+
+    /// Claims the resource for the client whose random lock value is `lock_value`: the
+    /// first half of antirez's compare-and-set. Returns false when the answer was lost.
+    pub fn claim(&mut self, run_id: &str, resource: &str, writer: &str, lock_value: &str) -> bool {
+        self.client
+            .execute(CLAIM, &[&run_id, &resource, &lock_value, &writer])
+            .is_ok()
+    }
+
+    /// The second half: writes `value` only if the resource's claim is still `lock_value`,
+    /// compared and set under the claim row's lock, and records the attempt (fenced, with
+    /// no token) with its decision number.
+    pub fn write_if_claimed(
+        &mut self,
+        run_id: &str,
+        resource: &str,
+        writer: &str,
+        value: &str,
+        lock_value: &str,
+    ) -> Outcome {
+        let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
+            let mut tx = client.transaction()?;
+            tx.execute(MAKE_THE_CLAIM_ROW, &[&run_id, &resource])?;
+            let claim: Option<String> = tx.query_one(LOCK_THE_CLAIM, &[&run_id, &resource])?.get(0);
+            let accepted = claim.as_deref() == Some(lock_value);
+            if accepted {
+                tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?;
+            }
+            let decided: i64 = tx
+                .query_one(NUMBER_THE_CLAIMED_DECISION, &[&run_id, &resource])?
+                .get(0);
+            let no_token: Option<i64> = None;
+            tx.execute(
+                RECORD_THE_ATTEMPT,
+                &[
+                    &run_id, &resource, &writer, &value, &no_token, &true, &accepted, &decided,
+                ],
+            )?;
+            tx.commit()?;
+            Ok(accepted)
+        };
+        match decide(&mut self.client) {
+            Ok(true) => Outcome::Accepted,
+            Ok(false) => Outcome::Rejected,
+            Err(_) => Outcome::Unknown,
+        }
+    }
+
+    /// Makes `sequence`, a token source in the store's own database, if it is missing.
+    pub fn create_token_sequence(&mut self, sequence: &str) -> Result<()> {
+        self.client
+            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"))
+            .context("creating the fencing token sequence")
+    }
+
+    /// Draws a fencing token from `sequence`: ordered (every draw is higher than every draw
+    /// before it) and durable (a sequence does not go back when Postgres restarts), so it
+    /// never hands a number out twice, whatever happens to the lock service.
+    pub fn next_token(&mut self, sequence: &str) -> Result<i64> {
+        Ok(self
+            .client
+            .query_one("SELECT nextval($1::text::regclass)", &[&sequence])
+            .context("drawing a fencing token from the Postgres sequence")?
+            .get(0))
+    }
+
+    /// Removes a sequence made by [`Store::create_token_sequence`].
+    pub fn drop_token_sequence(&mut self, sequence: &str) -> Result<()> {
+        self.client
+            .batch_execute(&format!("DROP SEQUENCE IF EXISTS {sequence}"))
+            .context("dropping the fencing token sequence")
     }
 
     pub fn read_back(&mut self, run_id: &str, resource: &str) -> Result<ReadBack> {
@@ -325,6 +451,8 @@ impl Store {
         )?;
         self.client
             .execute("DELETE FROM lockslab_attempt WHERE run_id = $1", &[&run_id])?;
+        self.client
+            .execute("DELETE FROM lockslab_claim WHERE run_id = $1", &[&run_id])?;
         Ok(())
     }
 }

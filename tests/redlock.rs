@@ -94,6 +94,16 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
     let majority = scenario(&verdict, "majority-down");
     assert_eq!(majority["granted"], false, "{majority}");
     assert_eq!(majority["left_after_release"], Value::Array(vec![]));
+    // "Released everywhere" only when no thawed master set the key after all.
+    let thawed_set_it = !majority["set_once_thawed"].as_array().unwrap().is_empty();
+    assert_eq!(
+        majority["meaning"]
+            .as_str()
+            .unwrap()
+            .contains("not released everywhere"),
+        thawed_set_it,
+        "{majority}"
+    );
     let released = majority["rounds"][0]["released"].as_array().unwrap();
     assert_eq!(released.len(), 5, "released on all five masters");
     for state in majority["read_back"].as_array().unwrap() {
@@ -141,21 +151,44 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
     );
     assert!(holders(jump, "B") >= q && holders(jump, "A") >= 1, "{jump}");
 
-    // 4. The client pause: unfenced accepted, by sequence rejected, by value a coin toss
-    // decided by the two numbers alone.
+    // 4. The client pause: B was granted only after A's validity ended (never twice within
+    // validity), yet A wrote late — a stale writer. Resource by resource, read back from the
+    // store: unfenced it is taken; by value claimed at the grant (antirez) it is refused;
+    // by value claimed after the pause (Kleppmann) it is taken and B's result is gone; by
+    // the sequence it is refused.
     let pause = scenario(&verdict, "client-pause");
+    assert_eq!(pause["two_holders"], false, "{pause}");
     assert_eq!(pause["stale_write"]["accepted"], true, "{pause}");
-    assert_eq!(pause["stale_write_sequence"]["accepted"], false, "{pause}");
-    let by_value = &pause["stale_write_random_value"];
-    assert_eq!(
-        by_value["accepted"],
-        by_value["a_token"].as_i64() > by_value["b_token"].as_i64(),
-        "the random value orders the writes by chance only: {by_value}"
-    );
+    let guarded = |guard: &str| -> &Value {
+        pause["guarded_writes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["guard"] == guard)
+            .unwrap_or_else(|| panic!("no {guard} row: {pause}"))
+    };
+    for (guard, taken, kept) in [
+        ("unfenced", true, "A"),
+        ("claim", false, "B"),
+        ("late_claim", true, "A"),
+        ("sequence", false, "B"),
+    ] {
+        let row = guarded(guard);
+        assert_eq!(row["attempted"], true, "{row}");
+        assert_eq!(row["accepted"], taken, "{row}");
+        assert_eq!(row["final_writer"], kept, "{row}");
+    }
+    let sequence = guarded("sequence");
     assert!(
-        pause["stale_write_sequence"]["a_token"].as_i64()
-            < pause["stale_write_sequence"]["b_token"].as_i64()
+        sequence["a_token"].as_i64() < sequence["b_token"].as_i64(),
+        "{sequence}"
     );
+    let text = pause["meaning"].as_str().unwrap();
+    assert!(
+        text.contains("never granted twice within validity"),
+        "{text}"
+    );
+    assert!(!text.contains("coin"), "{text}");
 
     // Nothing left: workers, masters, their directories, the store's rows.
     assert_gone(&worker_pids(&lines));
@@ -371,7 +404,13 @@ fn given_masters_play_what_needs_no_process_and_keep_no_key() {
     assert_eq!(jump["two_holders"], true, "{jump}");
     let pause = scenario(&verdict, "client-pause");
     assert_eq!(pause["stale_write"]["accepted"], true, "{pause}");
-    assert_eq!(pause["stale_write_sequence"]["accepted"], false, "{pause}");
+    let sequence = pause["guarded_writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["guard"] == "sequence")
+        .unwrap();
+    assert_eq!(sequence["accepted"], false, "{pause}");
     // The lab neither killed nor froze a master of the user's.
     assert!(
         !lines

@@ -906,7 +906,8 @@ impl Play<'_> {
             wait_ms,
             before_write: before,
             after_write: AfterWrite::Release,
-            loose_fencing: false,
+            fence_rule: Default::default(),
+            token_sequence: None,
         };
         let mut a = stage.spawn(
             "A:etcd",

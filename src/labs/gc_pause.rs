@@ -32,7 +32,7 @@ use crate::events::{Event, Kind};
 use crate::lock::redis::{RedisLock, Release};
 use crate::output::{Style, human, json_line, table};
 use crate::servers::{self, Lifetime, PrivateServers, ServerArgs};
-use crate::store::{Outcome, ReadBack, Store};
+use crate::store::{FenceRule, Outcome, ReadBack, Store};
 use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
 
@@ -62,8 +62,10 @@ pub struct GcPauseArgs {
     #[arg(long, value_enum, default_value_t = Freeze::Self_)]
     pub freeze: Freeze,
     /// Crash and restart Redis (no persistence) while A is frozen: the token counter starts
-    /// over and B draws A's token again. Plays two fenced runs, the store's loose rule (>=)
-    /// and its real one, on a private Redis this lab starts (never on a shared one)
+    /// over and B draws A's token again. Plays five fenced runs on a private Redis this lab
+    /// starts (never on a shared one): the reissued token under >= and under "refuse an
+    /// equal token from another holder" in both orders (lessons), then tokens from a
+    /// Postgres sequence in the store's database in both orders (the fix)
     #[arg(long, conflicts_with = "fencing")]
     pub token_restart: bool,
     #[command(flatten)]
@@ -104,9 +106,17 @@ pub enum Freeze {
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
     pub fencing: bool,
-    /// The store's rule for fenced writes: `higher_or_same_holder` (its own: an equal token
-    /// from another writer is a reissue, refused) or `not_lower` (`>=`); null unfenced.
+    /// The store's rule for fenced writes: `not_lower` (`>=`, its own) or
+    /// `higher_or_same_holder` (a lesson: an equal token from another writer refused); null
+    /// unfenced.
     pub store_rule: Option<&'static str>,
+    /// Where the tokens came from: `redis_incr` (drawn with the lock, on the Redis that
+    /// restarts) or `postgres_sequence` (the store's own database); null unfenced.
+    pub token_source: Option<&'static str>,
+    /// Who the store decided first (`A` or `B`), from its attempts.
+    pub first_writer: Option<String>,
+    /// Whether the store took B's write (B was granted after A); null when B did not write.
+    pub b_write_accepted: Option<bool>,
     /// Redis was crashed and restarted empty between A's and B's acquisitions.
     pub token_restart: bool,
     /// Redis granted B the lock while A still believed it held it (A's release found B's
@@ -134,18 +144,28 @@ pub struct RunVerdict {
 
 impl RunVerdict {
     /// The run's column in the table.
-    fn title(&self) -> &'static str {
-        match (self.fencing, self.store_rule) {
-            (false, _) => "without fencing",
-            (true, Some("not_lower")) => "fenced, >=",
-            (true, _) if self.token_restart => "fenced, reissue refused",
-            (true, _) => "with fencing",
+    fn title(&self) -> String {
+        if !self.token_restart {
+            return if self.fencing {
+                "with fencing"
+            } else {
+                "without fencing"
+            }
+            .into();
+        }
+        let first = self.first_writer.as_deref().unwrap_or("?");
+        match (self.token_source, self.store_rule) {
+            (Some("postgres_sequence"), _) => format!("sequence, {first} first"),
+            (_, Some("higher_or_same_holder")) => format!("same holder, {first} first"),
+            _ => format!(">=, {first} first"),
         }
     }
 
     /// Judges the run from Redis's answers and the store's record.
+    #[allow(clippy::too_many_arguments)]
     fn judge(
         store_rule: Option<&'static str>,
+        token_source: Option<&'static str>,
         token_restart: bool,
         a_release: &Release,
         b_owner: Option<&str>,
@@ -163,6 +183,14 @@ impl RunVerdict {
         Ok(RunVerdict {
             fencing: store_rule.is_some(),
             store_rule,
+            token_source,
+            first_writer: read.attempts.first().map(|a| a.writer.clone()),
+            b_write_accepted: read
+                .attempts
+                .iter()
+                .rev()
+                .find(|a| a.writer == "B")
+                .map(|a| a.accepted),
             token_restart,
             two_holders: check::two_holders_given_writes(
                 check::two_holders(a_release, b_owner, b_release),
@@ -194,22 +222,41 @@ impl RunVerdict {
                     "Redis restarted empty while A was frozen: A's key and the token counter were \
                      gone, so B took the lock at once and drew token {b} — A's token, issued twice."
                 )
+            } else if self.token_source == Some("postgres_sequence") {
+                format!(
+                    "Redis restarted empty while A was frozen and B took the lock at once, but the \
+                     tokens came from the store's sequence, which no Redis restart resets: A {a}, \
+                     B {b}."
+                )
             } else {
                 format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
             };
-            let store = match (self.late_write, self.store_rule) {
-                (LateWrite::Accepted, Some("not_lower")) => format!(
+            let store = match (self.late_write, self.store_rule, self.b_write_accepted) {
+                (LateWrite::Accepted, Some("not_lower"), _) => format!(
                     "The store's rule, not lower than the highest (>=), took A's token {a} after \
-                     B's {b}: B's result is lost, fencing and all."
+                     B's {b}: B's result is lost, fencing and all (a lesson: the source reissued)."
                 ),
-                (LateWrite::Rejected, Some("higher_or_same_holder")) => format!(
-                    "The store refused A's token {a}: equal to the highest it had accepted, but \
-                     accepted from B — a reissue, not a holder writing twice. B's result stands."
+                (LateWrite::Rejected, Some("higher_or_same_holder"), _) => format!(
+                    "Refusing an equal token from another holder refused A's {a}, because B's \
+                     came first (a lesson: see the run where A writes first)."
                 ),
-                (LateWrite::Accepted, _) => "The store took A's stale write.".to_string(),
-                (LateWrite::Rejected, _) => format!("The store refused A's token {a}."),
-                (LateWrite::None, _) => "The store decided A's write before B's: no stale \
-                                         write this time."
+                (LateWrite::None, Some("higher_or_same_holder"), Some(false)) => format!(
+                    "A, the stale holder, wrote first and was accepted; B, granted the lock after \
+                     A, came second with the same token {b} and was refused: A's result stands. No \
+                     rule at the store can tell two holders of one token apart (a lesson)."
+                ),
+                (LateWrite::Rejected, _, _) => {
+                    format!("The store refused A's token {a} after B's {b}: B's result stands.")
+                }
+                (LateWrite::None, _, Some(true)) if self.final_writer.as_deref() == Some("B") => {
+                    format!(
+                        "A's write was decided first; B's token {b} came after it and was \
+                         accepted: B's result stands."
+                    )
+                }
+                (LateWrite::Accepted, _, _) => "The store took A's stale write.".to_string(),
+                (LateWrite::None, _, _) => "The store decided A's write before B's: no stale \
+                                            write this time."
                     .to_string(),
             };
             return format!("{holders} {store}");
@@ -289,12 +336,11 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         if pause > ttl { " — longer than the TTL" } else { " — no longer than the TTL" }
     ));
 
-    // (fenced, under the store's loose rule) for each run played.
-    let runs: &[(bool, bool)] = match (args.token_restart, args.fencing) {
-        (true, _) => &[(true, true), (true, false)],
-        (false, Fencing::Off) => &[(false, false)],
-        (false, Fencing::On) => &[(true, false)],
-        (false, Fencing::Both) => &[(false, false), (true, false)],
+    let runs: &[Fence] = match (args.token_restart, args.fencing) {
+        (true, _) => &RESTART_RUNS,
+        (false, Fencing::Off) => &[Fence::OFF],
+        (false, Fencing::On) => &[Fence::ON],
+        (false, Fencing::Both) => &[Fence::OFF, Fence::ON],
     };
     // The token-restart variation crashes its Redis: never a server someone else started.
     let mut own_redis = if args.token_restart {
@@ -320,7 +366,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     };
     if args.token_restart {
         intro.say(
-            "While A is frozen, the lab crashes that Redis and starts it again on the same port, without persistence: the lock key and the token counter are gone. Two fenced runs: the store accepting tokens not lower than the highest (>=), then refusing an equal token from another holder.",
+            "While A is frozen, the lab crashes that Redis and starts it again on the same port, without persistence: the lock key and the token counter are gone. Five fenced runs. Lessons, with the token drawn from that Redis: the store's rule (>=); then refusing an equal token from another holder, with B writing first and with A writing first. The fix, with the token drawn from a Postgres sequence in the store's database, B first and A first.",
         );
     }
     let mut verdicts = Vec::new();
@@ -330,15 +376,14 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         .removed_at_the_end();
     let started = Instant::now();
     let result = (|| -> Result<()> {
-        for &(fenced, loose) in runs {
+        for &fence in runs {
             let play = Play {
                 run_id: &run_id,
                 started,
                 ttl,
                 pause,
                 freeze: args.freeze,
-                fenced,
-                loose,
+                fence,
                 style,
             };
             verdicts.push(play.run(
@@ -373,6 +418,69 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     Ok(())
 }
 
+/// How one run fences A's and B's writes.
+#[derive(Clone, Copy)]
+struct Fence {
+    fenced: bool,
+    /// The store's rule for the fenced writes.
+    rule: FenceRule,
+    /// ✅ Tokens from a Postgres sequence in the store's database, not the Redis counter.
+    sequence: bool,
+    /// A writes first: B works until A has written (only with a restart, where both hold
+    /// the lock at once).
+    a_first: bool,
+}
+
+impl Fence {
+    const OFF: Fence = Fence {
+        fenced: false,
+        rule: FenceRule::NotLower,
+        sequence: false,
+        a_first: false,
+    };
+    const ON: Fence = Fence {
+        fenced: true,
+        ..Fence::OFF
+    };
+
+    /// The run's name in its Redis keys and its store resource.
+    fn label(self) -> &'static str {
+        match (self.fenced, self.sequence, self.rule, self.a_first) {
+            (false, ..) => "unfenced",
+            (true, false, FenceRule::NotLower, false) => "fenced",
+            (true, false, FenceRule::NotLower, true) => "fenced-a-first",
+            (true, false, FenceRule::HigherOrSameHolder, false) => "same-holder",
+            (true, false, FenceRule::HigherOrSameHolder, true) => "same-holder-a-first",
+            (true, true, _, false) => "sequence",
+            (true, true, _, true) => "sequence-a-first",
+        }
+    }
+}
+
+/// `--token-restart`: the reissued token under the store's rule and under the ❌ lesson
+/// rule in both orders, then ✅ tokens from the store's sequence in both orders.
+const RESTART_RUNS: [Fence; 5] = [
+    Fence::ON,
+    Fence {
+        rule: FenceRule::HigherOrSameHolder,
+        ..Fence::ON
+    },
+    Fence {
+        rule: FenceRule::HigherOrSameHolder,
+        a_first: true,
+        ..Fence::ON
+    },
+    Fence {
+        sequence: true,
+        ..Fence::ON
+    },
+    Fence {
+        sequence: true,
+        a_first: true,
+        ..Fence::ON
+    },
+];
+
 /// One run of the story.
 struct Play<'a> {
     /// The lab run's one clock: both runs' events are stamped from here.
@@ -381,9 +489,7 @@ struct Play<'a> {
     ttl: Duration,
     pause: Duration,
     freeze: Freeze,
-    fenced: bool,
-    /// ❌ The store's loose rule (`>=`) for this run's writes.
-    loose: bool,
+    fence: Fence,
     style: Style,
 }
 
@@ -396,37 +502,52 @@ impl Play<'_> {
         store: &mut Store,
         mut restart: Option<&mut PrivateServers>,
     ) -> Result<RunVerdict> {
-        let label = match (self.fenced, self.loose) {
-            (false, _) => "unfenced",
-            (true, false) => "fenced",
-            (true, true) => "fenced-loose",
-        };
+        let fence = self.fence;
+        let label = fence.label();
         let mut stage = Stage::on_clock(self.style, self.started);
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
-            match (self.fenced, self.loose) {
-                (true, false) if restart.is_some() =>
-                    "── with fencing tokens; the store refuses an equal token from another holder ──"
-                        .green()
-                        .bold(),
-                (true, false) => "── with fencing tokens ──".green().bold(),
-                (true, true) =>
-                    "── with fencing tokens; the store accepts any token not lower than the highest (>=) ──"
+            match (fence.fenced, restart.is_some(), fence.sequence, fence.rule, fence.a_first) {
+                (false, ..) => "── without fencing ──".red().bold(),
+                (true, false, ..) => "── with fencing tokens ──".green().bold(),
+                (true, true, false, FenceRule::NotLower, _) =>
+                    "── lesson: tokens from the Redis counter; the store's rule, not lower than the highest (>=) ──"
                         .red()
                         .bold(),
-                (false, _) => "── without fencing ──".red().bold(),
+                (true, true, false, FenceRule::HigherOrSameHolder, false) =>
+                    "── lesson: tokens from the Redis counter; the store refuses an equal token from another holder; B writes first ──"
+                        .red()
+                        .bold(),
+                (true, true, false, FenceRule::HigherOrSameHolder, true) =>
+                    "── lesson: the same rule; A, the stale holder, writes first ──".red().bold(),
+                (true, true, true, _, false) =>
+                    "── the fix: tokens from a Postgres sequence in the store's database; B writes first ──"
+                        .green()
+                        .bold(),
+                (true, true, true, _, true) =>
+                    "── the fix: tokens from the store's sequence; A writes first ──".green().bold(),
             }
         ));
         let lock_key = format!("lockslab:{}:gc-pause:{label}:lock", self.run_id);
         let restarting = restart.is_some();
+        let sequence = fence.sequence.then(|| {
+            format!(
+                "lockslab_gc_pause_{}_{}",
+                self.run_id,
+                label.replace('-', "_")
+            )
+        });
+        if let Some(sequence) = &sequence {
+            store.create_token_sequence(sequence)?;
+        }
         let role = |name: &str, before_write, after_write| HolderScript {
             name: name.into(),
             lock: LockSpec::Redis {
                 url: redis_url.into(),
                 key: lock_key.clone(),
                 ttl_ms: self.ttl.as_millis() as u64,
-                fence_counter: self.fenced.then(|| {
+                fence_counter: (fence.fenced && !fence.sequence).then(|| {
                     if restarting {
                         format!("lockslab:{}:gc-pause:{label}:fence", self.run_id)
                     } else {
@@ -441,7 +562,8 @@ impl Play<'_> {
             wait_ms: (self.ttl + self.pause + Duration::from_secs(10)).as_millis() as u64,
             before_write,
             after_write,
-            loose_fencing: self.loose,
+            fence_rule: fence.rule,
+            token_sequence: sequence.clone(),
         };
         let a_script = match self.freeze {
             Freeze::Self_ => BeforeWrite::FreezeSelf,
@@ -450,17 +572,11 @@ impl Play<'_> {
         let mut lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, self.ttl);
 
         // Every event of this run says which run it belongs to (both share one clock).
-        stage.tag("fencing", self.fenced);
-        stage.checkpoint(super::step::gc_pause::before_run(self.fenced));
+        stage.tag("fencing", fence.fenced);
+        stage.checkpoint(super::step::gc_pause::before_run(fence.fenced));
         if restart.is_some() {
-            stage.tag(
-                "store_rule",
-                if self.loose {
-                    "not_lower"
-                } else {
-                    "higher_or_same_holder"
-                },
-            );
+            stage.tag("store_rule", fence.rule.as_str());
+            stage.tag("token_source", token_source(fence));
         }
         stage.record(
             Event::new(
@@ -551,10 +667,22 @@ impl Play<'_> {
             lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, self.ttl);
             expired = true;
         }
+        // B works until told when A is to write first: A wakes and writes while B holds the
+        // lock, as two holders of one reissued token can.
+        let b_before = if fence.a_first {
+            BeforeWrite::WorkUntilTold
+        } else {
+            BeforeWrite::Nothing
+        };
         let mut b = stage.spawn(
             "B",
-            &WorkerSpec::Holder(role("B", BeforeWrite::Nothing, AfterWrite::HoldUntilTold)),
+            &WorkerSpec::Holder(role("B", b_before, AfterWrite::HoldUntilTold)),
         )?;
+        if fence.a_first {
+            stage.wait_for(Duration::from_secs(10), "B to take the lock", |e| {
+                e.is("B", Kind::Working)
+            })?;
+        }
 
         // While A is frozen, watch its key in Redis: the countdown, then the expiry, then
         // the time left until the resume (a long pause must not look like a hang).
@@ -612,6 +740,9 @@ impl Play<'_> {
         let long = self.ttl + self.pause + Duration::from_secs(15);
         let a_wrote = stage.wait_for(long, "A to write", |e| e.is("A", Kind::Wrote))?;
         stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        if fence.a_first {
+            b.tell("finish")?;
+        }
         stage.wait_for(long, "B to write", |e| e.is("B", Kind::Wrote))?;
         b.tell("finish")?;
         stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
@@ -635,13 +766,12 @@ impl Play<'_> {
             .map(String::from);
         let b_release = stage.saw("B", Kind::Released).and_then(release_of);
         let read = store.read_back(self.run_id, &format!("gc-pause-{label}"))?;
-        let store_rule = self.fenced.then_some(if self.loose {
-            "not_lower"
-        } else {
-            "higher_or_same_holder"
-        });
+        if let Some(sequence) = &sequence {
+            store.drop_token_sequence(sequence)?;
+        }
         let verdict = RunVerdict::judge(
-            store_rule,
+            fence.fenced.then_some(fence.rule.as_str()),
+            fence.fenced.then_some(token_source(fence)),
             restart.is_some(),
             &a_release,
             b_owner.as_deref(),
@@ -672,6 +802,14 @@ impl Play<'_> {
     }
 }
 
+fn token_source(fence: Fence) -> &'static str {
+    if fence.sequence {
+        "postgres_sequence"
+    } else {
+        "redis_incr"
+    }
+}
+
 fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
     let yes_no = |b: bool| {
         if b {
@@ -680,8 +818,9 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             "no".to_string()
         }
     };
+    let titles: Vec<String> = verdicts.iter().map(|v| v.title()).collect();
     let header: Vec<&str> = std::iter::once("evidence")
-        .chain(verdicts.iter().map(|v| v.title()))
+        .chain(titles.iter().map(String::as_str))
         .collect();
     let stale = |v: &RunVerdict| match v.late_write {
         LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
@@ -693,7 +832,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             .chain(verdicts.iter().map(cell))
             .collect::<Vec<_>>()
     };
-    let rows = vec![
+    let mut rows = vec![
         row(
             "two holders at once (Redis's answers)",
             &|v| match v.two_holders {
@@ -731,6 +870,16 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
                 .join(" ")
         }),
     ];
+    if verdicts.iter().any(|v| v.token_restart) {
+        rows.insert(
+            2,
+            row("B's write (store)", &|v| match v.b_write_accepted {
+                Some(true) => "accepted".to_string(),
+                Some(false) => "REFUSED".red().bold().to_string(),
+                None => "none".to_string(),
+            }),
+        );
+    }
     crate::outln!();
     crate::prose!("{}", "Verdict".bold());
     crate::prose!("{}", table(&header, &rows));

@@ -5,14 +5,16 @@
 //!
 //! ```text
 //!  minority      two masters down (SIGKILL), then frozen (SIGSTOP): still granted;
-//!                three down: not granted, the partial acquisition released everywhere
+//!                three down: not granted, the release sent to every master (a frozen one
+//!                may still set the key once thawed)
 //!  restart       A holds m1–m3; m3 crashes and restarts empty; B gets m3–m5: two holders.
 //!                With m3 kept down longer than the TTL, B is refused
 //!  clock-jump    A holds m1–m4; the clocks of m3 and m4 jump (SIMULATED: PEXPIRE);
 //!                B gets m3–m5: two holders
 //!  client-pause  A freezes past its validity; B takes the lock; A wakes and writes:
-//!                unfenced it lands, "fenced" by the random value it is a coin toss,
-//!                fenced by a Postgres sequence it is refused
+//!                unfenced it lands; by its random value compare-and-set at the resource
+//!                it is refused if A claimed before its pause, taken if A's claim came
+//!                after it; fenced by a Postgres sequence it is refused
 //! ```
 //!
 //! What is real: the masters are real redis-server processes, really killed, frozen and
@@ -45,7 +47,7 @@ use crate::procs;
 use crate::servers::{self, LabUrlParser, Lifetime, PrivateServers, ServerArgs};
 use crate::store::Store;
 use crate::worker::WorkerSpec;
-use crate::worker::redlock_client::{self, RedlockClientScript, Resources, indent, round_text};
+use crate::worker::redlock_client::{RedlockClientScript, Resources, indent, round_text};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -81,7 +83,8 @@ pub struct RedlockArgs {
     #[arg(long, default_value = "2s", value_name = "DURATION",
           value_parser = duration_in(Duration::from_millis(200), Duration::from_secs(60)))]
     pub ttl: Duration,
-    /// The clock drift allowed, as a fraction of the TTL (0 to 0.5); 2ms are added to it
+    /// The clock drift allowed, as a fraction of the TTL (0 to 0.5); 2ms are added to it.
+    /// 0.01 and 2ms are the reference implementations' choice, not part of the algorithm
     #[arg(long, default_value_t = 0.01, value_parser = parse_drift_factor, value_name = "FRACTION")]
     pub drift_factor: f64,
     /// The longest random delay before a client tries again (0 to 10s)
@@ -130,7 +133,7 @@ pub enum Scenario {
     Restart,
     /// Clocks jumping forward on some masters (simulated with PEXPIRE)
     ClockJump,
-    /// The client pauses past its validity; fencing by value vs by sequence
+    /// The client pauses past its validity; its random value compare-and-set vs a token
     ClientPause,
 }
 
@@ -173,6 +176,20 @@ pub struct StaleWrite {
     pub b_token: Option<i64>,
 }
 
+/// What the paused client's late write came to in one resource of the store (client-pause).
+#[derive(Serialize, Debug, Clone)]
+pub struct GuardedWrite {
+    /// `unfenced`, `claim` (antirez: the random value compare-and-set at the resource,
+    /// claimed at the grant), `late_claim` (Kleppmann: the same, A's claim made after its
+    /// pause) or `sequence` (a token from a Postgres sequence).
+    pub guard: &'static str,
+    pub resource: String,
+    #[serde(flatten)]
+    pub stale: StaleWrite,
+    /// Whose result the resource holds at the end.
+    pub final_writer: Option<String>,
+}
+
 /// One master's state for a key, as it answered GET and PTTL.
 #[derive(Serialize, Debug, Clone)]
 pub struct MasterState {
@@ -211,15 +228,17 @@ pub struct ScenarioVerdict {
     pub two_holders: Option<bool>,
     /// The paused client's write to the unfenced resource (client-pause only).
     pub stale_write: Option<StaleWrite>,
-    /// The same write "fenced" by the random lock value read as a number (client-pause).
+    /// The paused client's write to each resource of the store, one row per guard
+    /// (client-pause only): unfenced, claimed by value, claimed late, sequence token.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_write_random_value: Option<StaleWrite>,
-    /// The same write fenced by a token from a Postgres sequence (client-pause).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_write_sequence: Option<StaleWrite>,
+    pub guarded_writes: Option<Vec<GuardedWrite>>,
     /// Masters that still held the failed round's value after its release (majority-down).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left_after_release: Option<Vec<String>>,
+    /// Frozen masters that set the failed round's key once thawed (majority-down): the
+    /// release did not reach it there, and only the TTL removes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_once_thawed: Option<Vec<String>>,
     pub rounds: Vec<ClientRound>,
     /// The masters read back at the scenario's decisive moment.
     pub read_back: Vec<MasterState>,
@@ -344,7 +363,8 @@ pub fn run(args: &RedlockArgs) -> Result<()> {
     intro.say(&format!(
         "Redlock: held when {q} of {n} masters grant SET NX PX {} and validity > 0,\n\
          validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
-         each master gets {} to answer.",
+         each master gets {} to answer. The default drift factor 0.01 and the 2ms\n\
+         are the reference implementations' choice, not part of the algorithm.",
         args.ttl.as_millis(),
         args.drift_factor,
         drift.as_millis(),
@@ -770,9 +790,9 @@ impl Lab {
             validity_ms: down.validity_ms,
             two_holders: None,
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             left_after_release: None,
+            set_once_thawed: None,
             meaning: format!(
                 "With {} down (connection refused at once), {} of {n} granted: {}.",
                 self.names(minority.clone()),
@@ -818,9 +838,9 @@ impl Lab {
             validity_ms: frozen.validity_ms,
             two_holders: None,
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             left_after_release: None,
+            set_once_thawed: None,
             meaning: format!(
                 "With {} frozen, {} of {n} granted ({}). Of the round's {:.0}ms, {waited:.0}ms \
                  went on waiting for the frozen masters: validity {}ms.",
@@ -854,11 +874,13 @@ impl Lab {
         self.restart(extra, false)?;
         // What the frozen masters did with the requests queued while they were stopped.
         let woke = self.read_back(&key, "the same key once the frozen masters woke");
-        let late: Vec<String> = woke
+        let thawed_holders: Vec<&MasterState> =
+            woke.iter().filter(|s| s.holder.is_some()).collect();
+        let late: Vec<String> = thawed_holders
             .iter()
-            .filter(|s| s.holder.is_some())
             .map(|s| format!("{} ({}ms left)", s.master, s.pttl_ms.unwrap_or_default()))
             .collect();
+        let set_once_thawed = thawed_holders.iter().map(|s| s.master.clone()).collect();
         let answering: Vec<usize> = (0..n)
             .filter(|i| *i != extra && !minority.contains(i))
             .collect();
@@ -869,31 +891,31 @@ impl Lab {
             validity_ms: failed.validity_ms,
             two_holders: None,
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             meaning: format!(
                 "With {} down and {} frozen, {} of {n} granted: {}. Right after the release on \
                  all {n}, {}.{}",
                 Lab::name(extra),
                 self.names(minority.clone()),
                 failed.granted,
-                if failed.held { "held" } else { "not held, and released everywhere" },
+                if failed.held { "held" } else { "not held, and the release was sent to every master" },
                 if left.is_empty() {
                     format!("no master that answered ({}) kept its key", self.names(answering))
                 } else {
                     format!("{} still held it", left.join(", "))
                 },
                 if late.is_empty() {
-                    String::new()
+                    " Once thawed, no master held it either: released everywhere.".to_string()
                 } else {
                     format!(
                         " Once thawed, {} set the key after all (a request that timed out still \
-                         landed): only its TTL removes it.",
+                         landed), so it was not released everywhere: only its TTL removes it.",
                         late.join(", ")
                     )
                 }
             ),
             left_after_release: Some(left),
+            set_once_thawed: Some(set_once_thawed),
             rounds: vec![round("A", &failed)],
             read_back: after,
             simulated: None,
@@ -939,9 +961,9 @@ impl Lab {
             validity_ms: b.validity_ms,
             two_holders: Some(two),
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             left_after_release: None,
+            set_once_thawed: None,
             meaning: format!(
                 "A was granted by {} of {n}. {} came back empty and, with {}, granted B {} of \
                  {n}: {}",
@@ -958,8 +980,10 @@ impl Lab {
             rounds: vec![round("A", &a), round("B", &b)],
             read_back: read,
             simulated: None,
-            prevented_by: "a master that keeps its keys across a crash (fsync every write), \
-                           or one that stays down longer than the longest TTL",
+            prevented_by: "a master that keeps its keys across the crash — for this SIGKILL, \
+                           appendonly yes with the default appendfsync everysec (an acknowledged \
+                           SET has reached the page cache); for a power loss, appendfsync \
+                           always — or one that stays down longer than the longest TTL",
         });
 
         self.note(&format!(
@@ -999,9 +1023,9 @@ impl Lab {
             validity_ms: b.validity_ms,
             two_holders: Some(two),
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             left_after_release: None,
+            set_once_thawed: None,
             meaning: format!(
                 "With {} kept down for {}, B got {} of {n}: {}. {}",
                 Lab::name(crashing),
@@ -1071,9 +1095,9 @@ impl Lab {
             validity_ms: b.validity_ms,
             two_holders: Some(two),
             stale_write: None,
-            stale_write_random_value: None,
-            stale_write_sequence: None,
+            guarded_writes: None,
             left_after_release: None,
+            set_once_thawed: None,
             meaning: format!(
                 "A was granted by {} of {n}. The (simulated) {} jump on {} expired A's key \
                  there early; B then got {} of {n}: {}",
@@ -1226,13 +1250,12 @@ impl Lab {
         );
         let mut store = Store::connect(store_url)?;
         store.prepare()?;
-        connect::postgres(store_url)?
-            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"))
-            .context("creating the fencing token sequence")?;
+        store.create_token_sequence(sequence)?;
         let key = self.key("client-pause");
         let resources = Resources {
             unfenced: "redlock-unfenced".into(),
-            random_value: "redlock-by-value".into(),
+            claimed: "redlock-claimed".into(),
+            late_claim: "redlock-claimed-late".into(),
             sequence: "redlock-by-sequence".into(),
         };
         let script = RedlockClientScript {
@@ -1254,6 +1277,8 @@ impl Lab {
         let acquired = self
             .stage
             .wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
+        // A's round ended before this moment, so its validity ends before `a_seen + validity`.
+        let a_seen = Instant::now();
         let a_value = acquired.get_str("owner").unwrap_or_default().to_string();
         let a_validity = acquired.get_i64("validity_ms").unwrap_or_default();
         self.values.push((a_value.clone(), "A".into()));
@@ -1303,42 +1328,48 @@ impl Lab {
             format!("A's key has expired on all {n} masters, each by its own clock"),
         ));
         let mut b_lock = self.lock(&key);
+        let mut b_asked = Instant::now();
         let mut b = self.acquire("B", &mut b_lock);
         let retry_until = Instant::now() + Duration::from_secs(5);
         while !b.held && Instant::now() < retry_until {
             std::thread::sleep(redlock::random_delay(self.settings.retry_delay_max));
+            b_asked = Instant::now();
             b = self.acquire("B", &mut b_lock);
         }
         if !b.held {
             bail!("B did not get the lock after A's key expired everywhere");
         }
-        let b_token = redlock_client::draw_token(store_url, sequence)?;
-        let b_writes = [
-            (&resources.unfenced, None, "unfenced"),
-            (
-                &resources.random_value,
-                Some(redlock::as_number(&b.value)),
-                "random value as token",
+        // B's round started after A's validity ended (proved on this process's clock), or
+        // the lab cannot tell: it never says "granted twice" without the evidence.
+        let a_validity_ended = a_seen + Duration::from_millis(a_validity.max(0) as u64);
+        let granted_twice = (b_asked >= a_validity_ended).then_some(false);
+        let b_token = store.next_token(sequence)?;
+        for resource in [&resources.claimed, &resources.late_claim] {
+            store.claim(&self.run_id, resource, "B", &b.value);
+        }
+        self.stage.record(Event::new(
+            "B",
+            Kind::Working,
+            format!(
+                "token {b_token} from the sequence; claims {} and {} with its value",
+                resources.claimed, resources.late_claim
             ),
-            (&resources.sequence, Some(b_token), "sequence token"),
-        ];
-        for (resource, token, how) in b_writes {
-            let outcome = store.write(&self.run_id, resource, "B", "B's result", token);
-            let shown = token
-                .map(|t| format!(" {}", redlock_client::short_token(t)))
-                .unwrap_or_default();
+        ));
+        for (resource, guard) in resources.guarded(&b.value, b_token) {
+            let outcome = guard.write(&mut store, &self.run_id, resource, "B", "B's result");
             self.stage.record(
                 Event::new(
                     "B",
                     Kind::Wrote,
                     format!(
-                        "writes 'B's result' ({how}{shown}): the store says {}",
+                        "writes 'B's result' to {resource} ({}): the store says {}",
+                        guard.how(),
                         outcome.as_str()
                     ),
                 )
-                .with("resource", resource.as_str())
+                .with("resource", resource)
                 .with("outcome", outcome.as_str())
-                .with("token", token),
+                .with("token", guard.token()),
             );
         }
         a.resume()?;
@@ -1353,93 +1384,111 @@ impl Lab {
         self.release("B", &mut b_lock, &b);
         self.stage.drain();
 
-        let mut judge = |resource: &str| -> Result<StaleWrite> {
+        let mut rows = Vec::new();
+        for (guard, resource) in [
+            ("unfenced", &resources.unfenced),
+            ("claim", &resources.claimed),
+            ("late_claim", &resources.late_claim),
+            ("sequence", &resources.sequence),
+        ] {
             let read = store.read_back(&self.run_id, resource)?;
             if !check::last_accepted_is_final(&read.attempts, read.final_writer.as_deref()) {
                 bail!("the store's record for {resource} disagrees with itself");
             }
             let late = check::late_write(&read.attempts, "A", "B");
-            Ok(StaleWrite {
-                attempted: late.attempted(),
-                accepted: late.accepted(),
-                a_token: read.last_token_of("A"),
-                b_token: read.last_token_of("B"),
-            })
-        };
-        let unfenced = judge(&resources.unfenced)?;
-        let by_value = judge(&resources.random_value)?;
-        let by_sequence = judge(&resources.sequence)?;
-        for (what, stale) in [
-            ("unfenced", &unfenced),
-            ("fenced by the random value", &by_value),
-            ("fenced by the sequence", &by_sequence),
-        ] {
-            let (kind, verb) = match stale.accepted {
-                Some(true) => (Kind::StaleWriteAccepted, "took"),
-                Some(false) => (Kind::StaleWriteRejected, "refused"),
-                None => continue,
+            let row = GuardedWrite {
+                guard,
+                resource: resource.clone(),
+                stale: StaleWrite {
+                    attempted: late.attempted(),
+                    accepted: late.accepted(),
+                    a_token: read.last_token_of("A"),
+                    b_token: read.last_token_of("B"),
+                },
+                final_writer: read.final_writer,
             };
-            self.stage.record(
-                Event::new(
-                    "store",
-                    kind,
-                    format!("{what}: decided A's stale write after B's and {verb} it"),
-                )
-                .with("fencing", what),
-            );
+            if let Some(accepted) = row.stale.accepted {
+                let (kind, verb) = if accepted {
+                    (Kind::StaleWriteAccepted, "took")
+                } else {
+                    (Kind::StaleWriteRejected, "refused")
+                };
+                self.stage.record(
+                    Event::new(
+                        "store",
+                        kind,
+                        format!(
+                            "{}: decided A's stale write after B's and {verb} it; it holds {}'s result",
+                            guard_label(guard),
+                            row.final_writer.as_deref().unwrap_or("nobody")
+                        ),
+                    )
+                    .with("guard", guard),
+                );
+            }
+            rows.push(row);
         }
         let read = self.read_back(&key, "the masters at the end");
-        let two = unfenced.attempted;
-        let coin = match (by_value.a_token, by_value.b_token, by_value.accepted) {
-            (Some(a), Some(b), Some(accepted)) => format!(
-                "by the random value it was {} only because A's number was {} than B's ({} vs {}): a coin toss",
-                if accepted { "taken" } else { "refused" },
-                if a > b { "larger" } else { "smaller" },
-                short_number(a),
-                short_number(b)
-            ),
-            _ => "by the random value the store had nothing to compare".to_string(),
+        let took = |row: &GuardedWrite| match row.stale.accepted {
+            Some(true) => "took",
+            Some(false) => "refused",
+            None => "never saw",
         };
+        let [unfenced, claim, late_claim, by_sequence] = &rows[..] else {
+            bail!("four resources were written, {} read back", rows.len());
+        };
+        let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
+        let stale_write = Some(unfenced.stale.clone());
+        let meaning = format!(
+            "A froze past its {a_validity}ms validity; B was granted {} of {n} once A's key \
+             expired everywhere: {}. A woke still believing it held the lock and wrote: a stale \
+             writer. Unfenced, the store {} A's write. Claimed by value at the grant \
+             (antirez), it {} it: B's claim had replaced A's. Claimed by value after the pause \
+             (Kleppmann), it {} it: A's late claim displaced B's, and the resource cannot tell \
+             which claim is older (and a resource that can compare-and-set atomically could \
+             itself have been the lock). By the sequence (token {} < {}) it {} it.",
+            b.granted,
+            match granted_twice {
+                Some(false) =>
+                    "B's round began after A's validity had ended, so the lock was \
+                                never granted twice within validity",
+                _ => "the lab's clock cannot order B's grant against the end of A's validity",
+            },
+            took(unfenced),
+            took(claim),
+            took(late_claim),
+            token(by_sequence.stale.a_token),
+            token(by_sequence.stale.b_token),
+            took(by_sequence),
+        );
         Ok(ScenarioVerdict {
             name: "client-pause",
             granted: b.held,
             quorum: q,
             validity_ms: b.validity_ms,
-            two_holders: Some(two),
-            meaning: format!(
-                "A froze past its {a_validity}ms validity; B was granted {} of {n} once A's key \
-                 expired everywhere, and A woke still believing it held the lock. Unfenced, the \
-                 store {} A's late write; {coin}; by the sequence (token {} < {}) it {} it.",
-                b.granted,
-                match unfenced.accepted {
-                    Some(true) => "took",
-                    Some(false) => "refused",
-                    None => "never saw",
-                },
-                by_sequence
-                    .a_token
-                    .map(|t| t.to_string())
-                    .unwrap_or("?".into()),
-                by_sequence
-                    .b_token
-                    .map(|t| t.to_string())
-                    .unwrap_or("?".into()),
-                match by_sequence.accepted {
-                    Some(true) => "took",
-                    Some(false) => "refused",
-                    None => "never saw",
-                },
-            ),
-            stale_write: Some(unfenced),
-            stale_write_random_value: Some(by_value),
-            stale_write_sequence: Some(by_sequence),
+            two_holders: granted_twice,
+            stale_write,
+            meaning,
+            guarded_writes: Some(rows),
             left_after_release: None,
+            set_once_thawed: None,
             rounds: vec![round("B", &b)],
             read_back: read,
             simulated: None,
             prevented_by: "a fencing token from an ordered, durable source (a Postgres \
-                           sequence, an etcd revision) checked by the store; not Redlock",
+                           sequence, an etcd revision) checked by the store; not Redlock, and \
+                           not its random value, even compare-and-set",
         })
+    }
+}
+
+/// A guard's row label in the verdict and the store's lines.
+fn guard_label(guard: &str) -> &'static str {
+    match guard {
+        "unfenced" => "unfenced",
+        "claim" => "value claimed at the grant (antirez)",
+        "late_claim" => "value claimed after the pause (Kleppmann)",
+        _ => "token from a Postgres sequence",
     }
 }
 
@@ -1447,11 +1496,6 @@ impl Lab {
 /// both on this process's monotonic clock, where both rounds ran.
 fn two_holders(a: &Attempt, b: &Attempt, b_granted_at: Instant) -> bool {
     a.held && b.held && a.valid_until().is_some_and(|end| b_granted_at < end)
-}
-
-/// A random value read as a number, short but still comparable: `1.044e18`.
-fn short_number(n: i64) -> String {
-    format!("{:.3e}", n as f64)
 }
 
 fn round(client: &str, attempt: &Attempt) -> ClientRound {
@@ -1477,7 +1521,7 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
         Some(false) => "no".to_string(),
         None => "–".to_string(),
     };
-    let stale = |s: &Option<StaleWrite>| match s {
+    let stale = |s: Option<&StaleWrite>| match s {
         None => "–".to_string(),
         Some(s) => match s.accepted {
             Some(true) => "ACCEPTED".red().bold().to_string(),
@@ -1497,14 +1541,12 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
                 v.name.to_string(),
                 format!("{} {granted}", if v.granted { "yes" } else { "no" }),
                 yes_no(v.two_holders),
-                stale(&v.stale_write),
-                stale(&v.stale_write_random_value),
-                stale(&v.stale_write_sequence),
+                stale(v.stale_write.as_ref()),
             ]
         })
         .chain(skipped.iter().map(|s| {
             let mut row = vec![s.command_name().to_string(), "skipped".to_string()];
-            row.extend(std::iter::repeat_n("–".to_string(), 4));
+            row.extend(std::iter::repeat_n("–".to_string(), 2));
             row
         }))
         .collect();
@@ -1516,14 +1558,36 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
             &[
                 "scenario",
                 "granted",
-                "two holders",
-                "stale write",
-                "by value",
-                "by sequence"
+                "granted twice within validity",
+                "stale write"
             ],
             &rows
         )
     );
+    for verdict in verdicts {
+        let Some(guarded) = &verdict.guarded_writes else {
+            continue;
+        };
+        let rows: Vec<Vec<String>> = guarded
+            .iter()
+            .map(|g| {
+                vec![
+                    guard_label(g.guard).to_string(),
+                    stale(Some(&g.stale)),
+                    g.final_writer.clone().unwrap_or("nobody".into()),
+                ]
+            })
+            .collect();
+        crate::outln!();
+        crate::outln!(
+            "  {}: A's stale write, resource by resource (read back from the store)",
+            verdict.name
+        );
+        crate::outln!(
+            "{}",
+            table(&["guard", "A's late write", "result kept"], &rows)
+        );
+    }
     crate::outln!();
     for verdict in verdicts {
         let text = format!("{}: {}", verdict.name, verdict.meaning);

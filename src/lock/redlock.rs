@@ -68,7 +68,8 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> i64 {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub ttl: Duration,
-    /// The fraction of the TTL allowed for clock drift (0.01 in the algorithm's description).
+    /// The fraction of the TTL allowed for clock drift. The algorithm only asks for a small
+    /// allowance; 0.01 (plus 2ms) is the reference implementations' choice, not part of it.
     pub drift_factor: f64,
     /// How long one master may take to answer before it counts as "no".
     pub instance_timeout: Duration,
@@ -429,16 +430,16 @@ impl Redlock {
 
 // ❌ What Redlock is not: a fencing token.
 //
-// The value is random so that a release deletes only our own key; two values say nothing
-// about which acquisition came first. A store that compared them would keep whichever write
-// carries the larger random number — a coin toss, not the order of the grants. Lab 6 plays
-// exactly that (`as_number`) beside a token from an ordered, durable source.
-
-/// ❌ The random value read as a number (its first 15 hex digits), the way a store might
-/// be tempted to use it as a token. Its order is the order of two coin tosses.
-pub fn as_number(value: &str) -> i64 {
-    i64::from_str_radix(&value[..value.len().min(15)], 16).unwrap_or(0)
-}
+// The value is random so that a release deletes only our own key; it has no order. Can it
+// still guard the data? antirez's answer: let the resource compare-and-set it — the holder
+// first claims the resource with its value, then every write goes through only while the
+// resource's claim is still that value, so an old holder whose claim was replaced is
+// refused. Kleppmann's reply: a claim carries no order either. If the old holder pauses
+// between its grant and its claim (or its claim is delayed in the network), the claim
+// lands after the new holder's and displaces it, and the old holder's writes go through;
+// and a resource that can do that compare-and-set atomically could itself be the lock.
+// Lab 6 plays both (the store's `claim` and `write_if_claimed`) beside a token from an
+// ordered, durable source.
 
 /// A random delay from 0 to `max` (from the run's seed, see [`crate::seed`]).
 pub fn random_delay(max: Duration) -> Duration {
@@ -517,12 +518,6 @@ mod tests {
         ] {
             assert!(line.contains(part), "{part:?} missing from {line:?}");
         }
-    }
-
-    #[test]
-    fn a_random_value_read_as_a_number_has_no_order_of_its_own() {
-        assert_eq!(as_number("000000000000001ffff"), 1);
-        assert!(as_number(&"f".repeat(32)) > 0);
     }
 
     #[test]

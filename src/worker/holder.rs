@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::await_command;
@@ -36,10 +36,15 @@ pub struct HolderScript {
     pub wait_ms: u64,
     pub before_write: BeforeWrite,
     pub after_write: AfterWrite,
-    /// ❌ Write under the store's loose rule, "not lower than the highest" (`>=`), which
-    /// accepts a reissued token (lab 1's `--token-restart`); false: the store's own rule.
+    /// The store's rule for this holder's fenced writes (lab 1's `--token-restart` plays
+    /// the ❌ lesson `HigherOrSameHolder`); by default the store's own, `>=`.
     #[serde(default)]
-    pub loose_fencing: bool,
+    pub fence_rule: FenceRule,
+    /// ✅ Draw the fencing token from this Postgres sequence in the store's database, after
+    /// the grant and while the lock is still ours (checked after the draw), instead of from
+    /// a counter on the lock's own server.
+    #[serde(default)]
+    pub token_sequence: Option<String>,
 }
 
 /// Which lock, on which backend.
@@ -256,6 +261,17 @@ impl AnyLock {
         (text, facts)
     }
 
+    /// The lock still holds `owner` (Redis: the key holds our value and has time left).
+    fn still_ours(&mut self, owner: &str) -> Result<bool> {
+        match self {
+            AnyLock::Redis { lock, .. } => {
+                let (now, pttl) = lock.owner_and_pttl().context("reading the lock back")?;
+                Ok(now.as_deref() == Some(owner) && pttl > 0)
+            }
+            _ => bail!("a token from a sequence is drawn only with the Redis lock here"),
+        }
+    }
+
     /// Takes the lock within `wait`. `Ok(Err(why))`: no lock, and why the worker gives up.
     fn acquire(&mut self, wait: Duration) -> Result<Result<Grant, String>> {
         let timed_out = || Err(format!("no lock within {}", human(wait)));
@@ -454,7 +470,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
     waiting.data.extend(facts);
     me.send(waiting);
 
-    let grant = match lock.acquire(Duration::from_millis(script.wait_ms))? {
+    let mut grant = match lock.acquire(Duration::from_millis(script.wait_ms))? {
         Ok(grant) => grant,
         Err(why) => {
             me.send(
@@ -465,6 +481,22 @@ pub fn run(script: &HolderScript) -> Result<()> {
             return Ok(());
         }
     };
+    if let Some(sequence) = &script.token_sequence {
+        // Drawn after the grant, the token only orders this holder after the one before if
+        // the lock was still ours once it was drawn: a holder paused between the two could
+        // draw after the next one.
+        let token = store.next_token(sequence)?;
+        if !lock.still_ours(&grant.owner)? {
+            me.say(Kind::Released, lock.release()?.text);
+            bail!("its lock ran out before it drew its fencing token");
+        }
+        grant.token = Some(token);
+        if let LockSpec::Redis { ttl_ms, .. } = &script.lock {
+            grant.how = format!(
+                "took the lock (SET NX PX {ttl_ms}), fencing token {token} from the store's sequence"
+            );
+        }
+    }
     me.send(
         me.event(Kind::Acquired, grant.how)
             .with("token", grant.token)
@@ -522,13 +554,8 @@ pub fn run(script: &HolderScript) -> Result<()> {
     }
 
     let value = format!("{}'s result", script.name);
-    let rule = if script.loose_fencing {
-        FenceRule::NotLower
-    } else {
-        FenceRule::default()
-    };
     let outcome = store.write_under(
-        rule,
+        script.fence_rule,
         &script.run_id,
         &script.resource,
         &script.name,

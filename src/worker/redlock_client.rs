@@ -3,21 +3,22 @@
 //! fenced store and release everywhere. Lab 6 (`redlock`) plays it in its client-pause
 //! scenario, where only a separate process can be frozen the way a pause freezes a client.
 //!
-//! After it wakes, the client writes the same result three times, to three resources of
-//! the store, each fenced differently: not at all; by its random lock value read as a
-//! number (❌ Redlock's value has no order); by a token drawn from a Postgres sequence
-//! (✅ ordered and durable). The lab's verdict reads the three back.
+//! After it wakes, the client writes the same result to four resources of the store, each
+//! guarded differently: not at all; by its random lock value, compare-and-set at the
+//! resource (antirez's counter), with the claim made at the grant; the same, with the claim
+//! made only after the pause (Kleppmann's reply: the late claim displaces the new holder's);
+//! by a token drawn from a Postgres sequence (✅ ordered and durable). The lab's verdict
+//! reads the four back.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::connect;
 use crate::events::{Emitter, Kind};
 use crate::lock::redlock::{self, Master, Redlock, Settings};
 use crate::output::human;
-use crate::store::Store;
+use crate::store::{Outcome, Store};
 
 /// One Redlock client's script.
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -39,22 +40,77 @@ pub struct RedlockClientScript {
     pub resources: Resources,
 }
 
-/// The three resources the client writes after it wakes, one per way of fencing.
+/// The four resources the client writes after it wakes, one per way of guarding them.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Resources {
     pub unfenced: String,
-    pub random_value: String,
+    /// Claimed with the random value right after the grant, before the pause.
+    pub claimed: String,
+    /// Claimed with the random value only after the pause: a delayed claim.
+    pub late_claim: String,
     pub sequence: String,
 }
 
-/// Draws a fencing token from `sequence` in the store's database: ordered (every draw is
-/// higher than the one before) and durable (a sequence survives a restart of Postgres).
-pub fn draw_token(store_url: &str, sequence: &str) -> Result<i64> {
-    let mut db = connect::postgres(store_url)?;
-    let row = db
-        .query_one("SELECT nextval($1::text::regclass)", &[&sequence])
-        .context("drawing a fencing token from the Postgres sequence")?;
-    Ok(row.get(0))
+impl Resources {
+    /// Each resource with what guards a write to it, for a client holding `value` and
+    /// `token`. A client writes all four the same way; only the guards differ.
+    pub fn guarded<'a>(&'a self, value: &'a str, token: i64) -> [(&'a str, Guard<'a>); 4] {
+        [
+            (&self.unfenced, Guard::Unfenced),
+            (&self.claimed, Guard::Claim { value, late: false }),
+            (&self.late_claim, Guard::Claim { value, late: true }),
+            (&self.sequence, Guard::Token(token)),
+        ]
+    }
+}
+
+/// What guards one write.
+#[derive(Clone, Copy, Debug)]
+pub enum Guard<'a> {
+    /// ❌ Nothing: the write always lands.
+    Unfenced,
+    /// ❌ antirez's compare-and-set by random value: the write lands only while the
+    /// resource's claim is `value`. Refuses a holder whose claim was replaced; a claim made
+    /// `late` (after the pause) replaces the new holder's, and then the stale write lands.
+    Claim { value: &'a str, late: bool },
+    /// ✅ A token from the store's Postgres sequence, under the store's rule (`>=`).
+    Token(i64),
+}
+
+impl Guard<'_> {
+    pub fn write(
+        self,
+        store: &mut Store,
+        run_id: &str,
+        resource: &str,
+        writer: &str,
+        result: &str,
+    ) -> Outcome {
+        match self {
+            Guard::Unfenced => store.write(run_id, resource, writer, result, None),
+            Guard::Claim { value, .. } => {
+                store.write_if_claimed(run_id, resource, writer, result, value)
+            }
+            Guard::Token(token) => store.write(run_id, resource, writer, result, Some(token)),
+        }
+    }
+
+    pub fn token(self) -> Option<i64> {
+        match self {
+            Guard::Token(token) => Some(token),
+            _ => None,
+        }
+    }
+
+    /// How the write is guarded, for the timeline.
+    pub fn how(self) -> String {
+        match self {
+            Guard::Unfenced => "unfenced".into(),
+            Guard::Claim { late: false, .. } => "its value, claimed at the grant".into(),
+            Guard::Claim { late: true, .. } => "its value, claimed after the pause".into(),
+            Guard::Token(token) => format!("sequence token {token}"),
+        }
+    }
 }
 
 pub fn run(script: &RedlockClientScript) -> Result<()> {
@@ -95,7 +151,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
     }
     // The token is drawn after the grant, so it is only good if the lock was still valid
     // once it was drawn: a client paused between the two could draw after the next holder.
-    let token = draw_token(&script.store_url, &script.token_sequence)?;
+    let token = store.next_token(&script.token_sequence)?;
     if attempt
         .valid_until()
         .is_none_or(|end| Instant::now() >= end)
@@ -111,9 +167,20 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
             .with("attempt", serde_json::to_value(&attempt)?),
     );
 
+    let claimed = store.claim(
+        &script.run_id,
+        &script.resources.claimed,
+        &script.name,
+        &attempt.value,
+    );
     me.say(
         Kind::Freezing,
-        format!("token {token} from the sequence; starts its work… and stops dead (SIGSTOP)"),
+        format!(
+            "token {token} from the sequence; {} {} with its value; starts its work… and stops dead (SIGSTOP) before claiming {}",
+            if claimed { "claimed" } else { "could not claim" },
+            script.resources.claimed,
+            script.resources.late_claim
+        ),
     );
     let frozen_at = Instant::now();
     nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP).context("raising SIGSTOP")?;
@@ -130,32 +197,35 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         .with("paused_ms", gap.as_millis() as u64),
     );
 
-    let value = format!("{}'s result", script.name);
-    let writes = [
-        ("unfenced", &script.resources.unfenced, None),
-        (
-            "random value as token",
-            &script.resources.random_value,
-            Some(redlock::as_number(&attempt.value)),
+    let late = store.claim(
+        &script.run_id,
+        &script.resources.late_claim,
+        &script.name,
+        &attempt.value,
+    );
+    me.say(
+        Kind::Working,
+        format!(
+            "{} {} with its value, late: the claim carries no order",
+            if late { "claims" } else { "could not claim" },
+            script.resources.late_claim
         ),
-        ("sequence token", &script.resources.sequence, Some(token)),
-    ];
-    for (how, resource, write_token) in writes {
-        let outcome = store.write(&script.run_id, resource, &script.name, &value, write_token);
-        let shown = write_token
-            .map(|t| format!(" {}", short_token(t)))
-            .unwrap_or_default();
+    );
+    let value = format!("{}'s result", script.name);
+    for (resource, guard) in script.resources.guarded(&attempt.value, token) {
+        let outcome = guard.write(&mut store, &script.run_id, resource, &script.name, &value);
         me.send(
             me.event(
                 Kind::Wrote,
                 format!(
-                    "writes '{value}' ({how}{shown}): the store says {}",
+                    "writes '{value}' to {resource} ({}): the store says {}",
+                    guard.how(),
                     outcome.as_str()
                 ),
             )
-            .with("resource", resource.as_str())
+            .with("resource", resource)
             .with("outcome", outcome.as_str())
-            .with("token", write_token)
+            .with("token", guard.token())
             .with("value", value.as_str()),
         );
     }
@@ -195,14 +265,4 @@ pub fn indent(lines: &[String]) -> String {
         .map(|line| format!("  {line}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// A token for the timeline: a random value read as a number has 18 or 19 digits, shown
-/// as `1.044e18` so that two of them still compare at a glance.
-pub fn short_token(token: i64) -> String {
-    if token > 99_999_999 {
-        format!("{:.3e}", token as f64)
-    } else {
-        token.to_string()
-    }
 }

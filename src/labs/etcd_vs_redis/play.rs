@@ -158,7 +158,8 @@ pub(super) fn play(
                 Job::Holder { .. } => AfterWrite::Release,
                 Job::Waiter => AfterWrite::HoldUntilTold,
             },
-            loose_fencing: false,
+            fence_rule: Default::default(),
+            token_sequence: None,
         }
     };
 
