@@ -1,0 +1,143 @@
+//! Lab 7's faults, aimed at every point of a job: four workers frozen past the TTL, each at
+//! another [`Moment`] (before its read, after it, between its two writes, before COMMIT),
+//! and one killed between its two writes. Each point's verdict is read back from the
+//! tables: the frozen worker's job invoiced once, its customer's balance the sum of its
+//! invoices.
+//!
+//! A lock that only fences the write looks right as long as the freeze lands before the
+//! write; the points inside the transaction are where it fails.
+
+use anyhow::Result;
+use colored::Colorize;
+use serde::Serialize;
+
+use crate::connect::PgClient;
+use crate::events::{Event, Kind};
+use crate::invoices::{self, Moment, Verdict};
+use crate::output::table;
+
+/// The killed worker: always this name, whatever else runs.
+pub const KILLED: &str = "w2";
+/// The killed worker stops here, where its transaction has written half of the job.
+pub const KILLED_AT: Moment = Moment::MidWrite;
+
+/// The frozen workers and where each stops, in the order of a job. `w1` keeps the lab's
+/// first freeze (after the read); the lab watches its lock and its session.
+pub const FROZEN: [(&str, Moment); 4] = [
+    ("w3", Moment::BeforeRead),
+    ("w1", Moment::Decided),
+    ("w4", Moment::MidWrite),
+    ("w5", Moment::BeforeCommit),
+];
+
+/// The worker whose lock and session the lab reports on during the freeze.
+pub const WATCHED: &str = "w1";
+
+/// The workers placed next to another worker's start (the frozen ones and the killed one):
+/// w1 to w5.
+pub const VICTIMS: usize = 5;
+
+/// Where a worker stops, if it is one of the struck.
+pub fn stop_at(worker: &str, freeze: bool, kill: bool) -> Option<Moment> {
+    if kill && worker == KILLED {
+        return Some(KILLED_AT);
+    }
+    if !freeze {
+        return None;
+    }
+    FROZEN
+        .iter()
+        .find(|(name, _)| *name == worker)
+        .map(|&(_, at)| at)
+}
+
+/// One freeze, judged from the tables.
+#[derive(Serialize, Clone, Debug)]
+pub struct PointVerdict {
+    /// Where in the job the worker was frozen: before-read, decided, mid-write, before-commit.
+    pub at: Moment,
+    pub worker: String,
+    pub job: i32,
+    pub customer: i32,
+    /// Its job invoiced once and its customer's balance right.
+    pub correct: bool,
+}
+
+pub fn judge(struck: &[(String, Moment, i32, i32)], verdict: &Verdict) -> Vec<PointVerdict> {
+    let mut points: Vec<PointVerdict> = struck
+        .iter()
+        .map(|(worker, at, job, customer)| PointVerdict {
+            at: *at,
+            worker: worker.clone(),
+            job: *job,
+            customer: *customer,
+            correct: verdict.job_is_right(*job, *customer),
+        })
+        .collect();
+    points.sort_by_key(|p| Moment::ALL.iter().position(|m| *m == p.at));
+    points
+}
+
+/// While a frozen worker holds customer `customer`'s advisory lock: what a worker that
+/// should skip rather than queue gets. `pg_try_advisory_xact_lock` answers `false` at once;
+/// the waiting form under `SET LOCAL lock_timeout` ends with SQLSTATE 55P03. Both asked on
+/// the lab's own connection, in a transaction that is rolled back.
+pub fn skip_rather_than_queue(db: &mut PgClient, class: i32, customer: i32) -> Result<Event> {
+    const TIMEOUT_MS: u32 = 200;
+    let mut tx = db.transaction()?;
+    let got: bool = tx
+        .query_one(invoices::ADVISORY_XACT_TRY_LOCK, &[&class, &customer])?
+        .get(0);
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{TIMEOUT_MS}ms'"))?;
+    let waited = tx.query_one(invoices::ADVISORY_XACT_LOCK, &[&class, &customer]);
+    let code = match &waited {
+        Ok(_) => None,
+        Err(e) => e.code().map(|c| c.code().to_string()),
+    };
+    drop(tx); // ROLLBACK: had either call got the lock, this lets it go
+    let text = match (&got, &code) {
+        (false, Some(code)) => format!(
+            "a worker that should skip customer {customer}: pg_try_advisory_xact_lock says \
+             false at once; pg_advisory_xact_lock under lock_timeout {TIMEOUT_MS}ms fails with \
+             {code} instead of queueing"
+        ),
+        _ => format!(
+            "customer {customer}'s advisory lock was free for the lab (try: {got}, wait: {})",
+            code.as_deref().unwrap_or("got it")
+        ),
+    };
+    Ok(Event::new("pg", Kind::GaveUp, text)
+        .with("try_lock", got)
+        .with("lock_timeout_ms", TIMEOUT_MS)
+        .with("sqlstate", code))
+}
+
+/// The verdict's first table: each approach, each freeze point, and the kill.
+pub fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)]) {
+    let mark = |finding: Option<bool>| match finding {
+        Some(true) => "ok".green().to_string(),
+        Some(false) => "FAILED".red().bold().to_string(),
+        None => "-".to_string(),
+    };
+    let mut header = vec!["approach"];
+    header.extend(Moment::ALL.iter().map(|m| m.column()));
+    header.push("kill");
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(name, points, kill)| {
+            let mut row = vec![name.to_string()];
+            row.extend(
+                Moment::ALL
+                    .iter()
+                    .map(|m| mark(points.iter().find(|p| p.at == *m).map(|p| p.correct))),
+            );
+            row.push(mark(*kill));
+            row
+        })
+        .collect();
+    crate::outln!(
+        "{}",
+        "Frozen past the TTL at each point of a job; killed mid-write".bold()
+    );
+    crate::outln!("{}", table(&header, &body));
+}
