@@ -1042,7 +1042,7 @@ fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
         .iter()
         .map(|v| (v.name, v.freezes.as_slice(), v.correct_under_kill))
         .collect();
-    points::print_points(&rows);
+    points::print_points(&rows, args.pause, args.ttl);
     crate::outln!();
     let header = [
         "approach",

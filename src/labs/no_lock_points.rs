@@ -7,6 +7,8 @@
 //! A lock that only fences the write looks right as long as the freeze lands before the
 //! write; the points inside the transaction are where it fails.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use colored::Colorize;
 use serde::Serialize;
@@ -14,7 +16,7 @@ use serde::Serialize;
 use crate::connect::PgClient;
 use crate::events::{Event, Kind};
 use crate::invoices::{self, Moment, Verdict};
-use crate::output::table;
+use crate::output::{human, table};
 
 /// The killed worker: always this name, whatever else runs.
 pub const KILLED: &str = "w2";
@@ -113,7 +115,11 @@ pub fn skip_rather_than_queue(db: &mut PgClient, class: i32, customer: i32) -> R
 }
 
 /// The verdict's first table: each approach, each freeze point, and the kill.
-pub fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)]) {
+pub fn print_points(
+    rows: &[(&str, &[PointVerdict], Option<bool>)],
+    pause: Duration,
+    ttl: Duration,
+) {
     let mark = |finding: Option<bool>| match finding {
         Some(true) => "ok".green().to_string(),
         Some(false) => "FAILED".red().bold().to_string(),
@@ -135,9 +141,15 @@ pub fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)]) {
             row
         })
         .collect();
+    let against = if pause > ttl { "past" } else { "within" };
     crate::outln!(
         "{}",
-        "Frozen past the TTL at each point of a job; killed mid-write".bold()
+        format!(
+            "Frozen {} ({against} the {} TTL) at each point of a job; killed mid-write",
+            human(pause),
+            human(ttl)
+        )
+        .bold()
     );
     crate::outln!("{}", table(&header, &body));
 }
