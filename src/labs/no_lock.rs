@@ -416,48 +416,6 @@ impl Play<'_> {
         }
     }
 
-    /// Where each worker starts in the list. The others spread evenly; each struck worker
-    /// (w1 to w5 with a freeze, w1 and w2 with only the kill) is paired with one of them:
-    /// the other starts on a job and the struck worker on the next, so that the struck job
-    /// is the very first one another worker comes to after its own. While there are
-    /// customers enough, no two pairs share a customer: a worker that met another frozen
-    /// customer first would wait there, and each verdict is its own job's.
-    fn starts(&self) -> Vec<usize> {
-        let jobs = self.args.jobs as usize;
-        let n = self.workers as usize;
-        let victims = match self.fault {
-            Fault::Both | Fault::Freeze => VICTIMS.min(n - 1),
-            Fault::Kill => 2.min(n - 1),
-            Fault::None => 0,
-        };
-        let others = n - victims;
-        let mut starts = vec![0; n];
-        for k in 0..others {
-            starts[victims + k] = k * jobs / others;
-        }
-        // Job i is customer i mod keys.
-        let keys = self.keys.max(1) as usize;
-        let customer = |job: usize| job % jobs % keys;
-        let mut used: Vec<usize> = Vec::new();
-        for v in 0..victims {
-            let base = starts[victims + v % others];
-            let fresh = |a: usize| {
-                let (mine, next) = (customer(a), customer(a + 1));
-                mine != next && !used.contains(&mine) && !used.contains(&next)
-            };
-            let a = (0..jobs)
-                .map(|d| (base + d) % jobs)
-                .find(|&a| fresh(a))
-                .unwrap_or(base);
-            starts[v] = (a + 1) % jobs;
-            if v < others {
-                starts[victims + v] = a;
-            }
-            used.extend([customer(a), customer(a + 1)]);
-        }
-        starts
-    }
-
     fn run(&self, stage: &mut Stage, db: &mut PgClient, schema: &str) -> Result<ApproachVerdict> {
         let name = self.approach.name();
         let t = &self.tables;
@@ -491,7 +449,12 @@ impl Play<'_> {
             }
         ));
 
-        let starts = self.starts();
+        let struck = match self.fault {
+            Fault::Both | Fault::Freeze => VICTIMS,
+            Fault::Kill => 2,
+            Fault::None => 0,
+        };
+        let starts = points::starts(self.args.jobs, self.workers, self.keys, struck);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for i in 0..self.workers {
             let worker_name = format!("w{}", i + 1);

@@ -153,3 +153,68 @@ pub fn print_points(
     );
     crate::outln!("{}", table(&header, &body));
 }
+
+/// Where each worker starts in the list: `struck` is how many of w1, w2… are struck (five
+/// with a freeze, two with only the kill). The others spread evenly; each struck worker is
+/// paired with one of them: the other starts on a job and the struck worker on the next, so
+/// that the struck job is the very first one another worker comes to after its own. While
+/// there are customers enough, no two pairs share a customer: a worker that met another
+/// frozen customer first would wait there, and each verdict is its own job's.
+pub fn starts(jobs: u32, workers: u32, keys: u32, struck: usize) -> Vec<usize> {
+    let jobs = jobs as usize;
+    let n = workers as usize;
+    let victims = struck.min(n.saturating_sub(1));
+    let others = n - victims;
+    let mut starts = vec![0; n];
+    for k in 0..others {
+        starts[victims + k] = k * jobs / others;
+    }
+    // Job i is customer i mod keys.
+    let keys = keys.max(1) as usize;
+    let customer = |job: usize| job % jobs % keys;
+    let mut used: Vec<usize> = Vec::new();
+    for v in 0..victims {
+        let base = starts[victims + v % others];
+        let fresh = |a: usize| {
+            let (mine, next) = (customer(a), customer(a + 1));
+            mine != next && !used.contains(&mine) && !used.contains(&next)
+        };
+        let a = (0..jobs)
+            .map(|d| (base + d) % jobs)
+            .find(|&a| fresh(a))
+            .unwrap_or(base);
+        starts[v] = (a + 1) % jobs;
+        if v < others {
+            starts[victims + v] = a;
+        }
+        used.extend([customer(a), customer(a + 1)]);
+    }
+    starts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_struck_worker_starts_right_after_its_pair_on_customers_of_its_own() {
+        let starts = starts(200, 10, 20, VICTIMS);
+        let mut customers = Vec::new();
+        for v in 0..VICTIMS {
+            assert_eq!(starts[v], starts[VICTIMS + v] + 1, "{starts:?}");
+            customers.extend([starts[v] % 20, starts[VICTIMS + v] % 20]);
+        }
+        customers.sort_unstable();
+        customers.dedup();
+        assert_eq!(customers.len(), 2 * VICTIMS, "{starts:?}");
+    }
+
+    #[test]
+    fn few_customers_or_workers_still_give_every_worker_a_start() {
+        for (jobs, workers, keys, struck) in [(2, 6, 2, 5), (1, 2, 1, 2), (60, 3, 2, 2)] {
+            let starts = starts(jobs, workers, keys, struck);
+            assert_eq!(starts.len(), workers as usize);
+            assert!(starts.iter().all(|&s| s < jobs as usize), "{starts:?}");
+        }
+    }
+}
