@@ -1,4 +1,4 @@
-//! Lab 7's job, and seven ways to do it with many workers racing: the SQL is the lesson.
+//! Lab 7's job, and eight ways to do it with many workers racing: the SQL is the lesson.
 //!
 //! **The job.** Issue the invoice for (customer, period) and add its amount to the
 //! customer's balance. Done right, every (customer, period) has exactly one invoice, and
