@@ -76,7 +76,7 @@ enum Command {
     /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
     /// clock jump, a client pause
     Redlock(RedlockArgs),
-    /// Lab 7: one job done seven ways, with and without a lock, under the same freeze and kill
+    /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,

@@ -1,4 +1,4 @@
-//! Lab 7's job, and seven ways to do it with many workers racing: the SQL is the lesson.
+//! Lab 7's job, and eight ways to do it with many workers racing: the SQL is the lesson.
 //!
 //! **The job.** Issue the invoice for (customer, period) and add its amount to the
 //! customer's balance. Done right, every (customer, period) has exactly one invoice, and
@@ -13,18 +13,22 @@
 //! Read the approaches top to bottom, next to `labs/07-no-lock.md`:
 //!
 //! ```text
-//!  ❌ redis-lock        a Redis lock per customer, then read-modify-write the balance
-//!  ✅ redis-fenced      the same lock, and the customer row refuses a lower fencing token
-//!  ✅ optimistic        no lock: UPDATE … WHERE version = <what I read>; 0 rows → retry
-//!  ✅ idempotency-key   no lock: INSERT … ON CONFLICT DO NOTHING; balance += only if inserted
-//!  ✅ partitioned       no lock: worker k owns the customers with hash(id) mod N = k
-//!  ✅ advisory-xact     pg_advisory_xact_lock inside the transaction that writes
-//!  ✅ advisory-session  pg_advisory_lock on the session that writes (held until unlock)
+//!  ❌ redis-lock          a Redis lock per customer, then read-modify-write the balance
+//!  ❌ fenced-write-only   the same lock, and the row checks a fencing token when it is
+//!                         written — fenced the write, not the read it depends on
+//!  ✅ optimistic          no lock: UPDATE … WHERE version = <what I read>; 0 rows → retry
+//!  ✅ idempotency-key     no lock: INSERT … ON CONFLICT DO NOTHING; balance += only if inserted
+//!  ✅ partitioned         no lock: worker k owns the customers with hash(id) mod N = k
+//!  ✅ advisory-xact       pg_advisory_xact_lock inside the transaction that writes
+//!  ✅ advisory-session    pg_advisory_lock on the session that writes (held until unlock)
+//!  ✅ redis-fenced        the Redis lock, and the token claims the row *before* the read
 //! ```
 //!
 //! The first is the lock most people write, and it is correct only as long as no holder
-//! pauses longer than the TTL. Every other row is correct under the same pause, and only
-//! two of them use a lock service at all.
+//! pauses longer than the TTL. The second adds a fencing token and still loses updates: the
+//! token is checked at the write, but the value written was computed from a read that no
+//! token guarded. Every other row is correct under a freeze at any [`Moment`] of a job, and
+//! only one of them uses a lock service at all.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -53,14 +57,17 @@ pub enum Approach {
     AdvisoryXact,
     /// pg_advisory_lock on the session that does the work, released by pg_advisory_unlock
     AdvisorySession,
-    /// The Redis lock plus a fencing token that the customer row checks
+    /// ❌ The Redis lock plus a token the row checks at the write: fenced the write, not the read
+    FencedWriteOnly,
+    /// The Redis lock plus a token that claims the customer row before reading it
     RedisFenced,
 }
 
 impl Approach {
     /// The order of the lab's runs and of its table: the baseline first, its fix last.
-    pub const ALL: [Approach; 7] = [
+    pub const ALL: [Approach; 8] = [
         Approach::RedisLock,
+        Approach::FencedWriteOnly,
         Approach::Optimistic,
         Approach::IdempotencyKey,
         Approach::Partitioned,
@@ -77,6 +84,7 @@ impl Approach {
             Approach::Partitioned => "partitioned",
             Approach::AdvisoryXact => "advisory-xact",
             Approach::AdvisorySession => "advisory-session",
+            Approach::FencedWriteOnly => "fenced-write-only",
             Approach::RedisFenced => "redis-fenced",
         }
     }
@@ -85,7 +93,8 @@ impl Approach {
     pub fn needs(self) -> &'static str {
         match self {
             Approach::RedisLock => "a lock service (and luck: no pause past the TTL)",
-            Approach::RedisFenced => "a lock service, and a store that checks its token",
+            Approach::FencedWriteOnly => "a lock service, a token, and luck: no pause mid-write",
+            Approach::RedisFenced => "a lock service, and a row claimed with its token",
             Approach::Optimistic => "a version column on the row it changes; one database",
             Approach::IdempotencyKey => "a natural key for the job (customer, period)",
             Approach::Partitioned => "partitionable work, and a new owner for a dead one",
@@ -96,7 +105,16 @@ impl Approach {
     }
 
     pub fn uses_redis(self) -> bool {
-        matches!(self, Approach::RedisLock | Approach::RedisFenced)
+        matches!(
+            self,
+            Approach::RedisLock | Approach::FencedWriteOnly | Approach::RedisFenced
+        )
+    }
+
+    /// The lab marks it ✅: the job comes out right whatever [`Moment`] a freeze lands on,
+    /// however long it lasts. The other two are the lessons.
+    pub fn safe(self) -> bool {
+        !matches!(self, Approach::RedisLock | Approach::FencedWriteOnly)
     }
 }
 
@@ -178,11 +196,23 @@ pub const SET_BALANCE: &str = "UPDATE {customers} SET balance = $2 WHERE id = $1
 pub const SET_BALANCE_IF_VERSION: &str =
     "UPDATE {customers} SET balance = $2, version = version + 1 WHERE id = $1 AND version = $3";
 
-/// ✅ redis-fenced: the same computed balance, written only if no holder with a higher
-/// token has written this customer. The row remembers the highest token it took; a holder
-/// whose lease ran out while it was frozen carries a lower one and changes nothing.
+/// ❌ fenced-write-only: the same computed balance, written only if no holder with a higher
+/// token has written this customer. It refuses a holder that *decided* while frozen — but
+/// not one frozen after this UPDATE and before its COMMIT: the next holder reads the old
+/// balance (the sleeper has not committed), its own UPDATE waits on the sleeper's row lock,
+/// and when the sleeper commits, `fence <= $3` still holds for the higher token. The write
+/// goes through with a balance computed from a read no token guarded: the sleeper's
+/// addition is lost. Fenced the write, not the read.
 pub const SET_BALANCE_IF_FENCE: &str =
     "UPDATE {customers} SET balance = $2, fence = $3 WHERE id = $1 AND fence <= $3";
+
+/// ✅ redis-fenced: the first statement of the transaction claims the row with the token and
+/// reads the balance *in the same statement*. The claim takes the row lock, so everything
+/// read after it is what the last holder committed; a holder whose claim waited behind a
+/// frozen one reads only once the frozen one has committed or rolled back, and a holder
+/// with a lower token than the row has seen claims nothing.
+pub const CLAIM_ROW: &str =
+    "UPDATE {customers} SET fence = $2 WHERE id = $1 AND fence < $2 RETURNING balance";
 
 /// ✅ idempotency-key: one invoice per (customer, period), decided by the unique index.
 /// Zero rows inserted is a no-op: somebody already did this job.
@@ -198,13 +228,19 @@ pub const ADD_TO_BALANCE: &str = "UPDATE {customers} SET balance = balance + $2 
 /// ROLLBACK — and a closed connection is a ROLLBACK.
 pub const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1, $2)";
 
+/// A worker that should *skip* a customer whose lock is taken, rather than queue behind a
+/// frozen holder: `false` at once instead of a wait. (`SET LOCAL lock_timeout` bounds the
+/// waiting form instead: the wait ends with an error, SQLSTATE 55P03.)
+pub const ADVISORY_XACT_TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1, $2)";
+
 /// ✅ advisory-session: the same lock, held by the session until it says so.
 pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock($1, $2)";
 pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock($1, $2)";
 
 /// Every statement a worker prepares once, at the start (one round trip each later).
-const PREPARED: [&str; 13] = [
+const PREPARED: [&str; 14] = [
     IS_INVOICED,
+    CLAIM_ROW,
     READ_CUSTOMER,
     INSERT_INVOICE,
     SET_BALANCE,
@@ -230,14 +266,58 @@ pub struct Job {
     pub amount: i64,
 }
 
-/// The moments a lab can stop a worker at, in the middle of one job.
+/// The moments a lab can stop a worker at, in the middle of one job: every approach passes
+/// each of them, in this order (an approach with no read passes the first two together).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Moment {
-    /// It has read what it needs and decided to do the job; it has written nothing.
+    /// It holds its lock, if it takes one, and has not read the customer yet.
+    BeforeRead,
+    /// It has read what it needs and decided to do the job; it has written nothing of it.
     Decided,
-    /// Its transaction has written the invoice, not yet the balance, and is not committed.
+    /// Its transaction has written one of the job's two rows, not the other.
     MidWrite,
+    /// Its transaction has written both rows and has not sent COMMIT.
+    BeforeCommit,
+}
+
+impl Moment {
+    pub const ALL: [Moment; 4] = [
+        Moment::BeforeRead,
+        Moment::Decided,
+        Moment::MidWrite,
+        Moment::BeforeCommit,
+    ];
+
+    /// A column heading.
+    pub fn label(self) -> &'static str {
+        match self {
+            Moment::BeforeRead => "before read",
+            Moment::Decided => "after read",
+            Moment::MidWrite => "mid-write",
+            Moment::BeforeCommit => "before commit",
+        }
+    }
+
+    /// A table's column: short, so that four of them fit beside an approach's name.
+    pub fn column(self) -> &'static str {
+        match self {
+            Moment::BeforeRead => "pre-read",
+            Moment::Decided => "post-read",
+            Moment::MidWrite => "mid-write",
+            Moment::BeforeCommit => "pre-commit",
+        }
+    }
+
+    /// What the worker has done when it stops there.
+    pub fn what(self) -> &'static str {
+        match self {
+            Moment::BeforeRead => "is about to read the customer and has written nothing",
+            Moment::Decided => "decided to invoice it and has written nothing yet",
+            Moment::MidWrite => "has written one of its two rows, not the other, uncommitted",
+            Moment::BeforeCommit => "has written both rows and not sent COMMIT",
+        }
+    }
 }
 
 /// What one stop looked like, for the lab: the job, and the Redis lock held, if any.
@@ -399,7 +479,8 @@ impl Desk {
         }
         let outcome = match approach {
             Approach::RedisLock => self.with_redis_lock(job, gate)?,
-            Approach::RedisFenced => self.with_redis_lock_and_fence(job, gate)?,
+            Approach::FencedWriteOnly => self.with_redis_lock_and_fenced_write(job, gate)?,
+            Approach::RedisFenced => self.with_redis_lock_and_claim(job, gate)?,
             Approach::Optimistic => self.optimistic(job, gate)?,
             Approach::IdempotencyKey => self.idempotency_key(job, gate)?,
             Approach::Partitioned => self.as_the_only_owner(job, gate)?,
@@ -438,15 +519,18 @@ impl Desk {
     ///
     /// Inside the lock everything looks safe: the worker checks that the job is not done,
     /// reads the balance, computes the new one and writes both in one transaction. But the
-    /// lock is a lease. A worker frozen after its read and before its write (a GC pause, a
-    /// VM migration) wakes up past the TTL, when another worker has already taken the lock,
-    /// invoiced this very job and added other invoices to the balance. Nothing stops the
-    /// sleeper: it inserts a second invoice and writes its stale balance over the others'
-    /// work — a duplicate and a lost update, with a correct lock.
+    /// lock is a lease. A worker frozen after its read (a GC pause, a VM migration) wakes up
+    /// past the TTL, when another worker has already taken the lock, invoiced this very job
+    /// and added other invoices to the balance. Nothing stops the sleeper: it inserts a
+    /// second invoice and writes its stale balance over the others' work — a duplicate and a
+    /// lost update, with a correct lock. Frozen before its COMMIT it does the same harm the
+    /// other way round: the next holder read before that COMMIT, waits on the row, and then
+    /// writes its own stale balance over the sleeper's.
     ///
-    /// Fix: [`Desk::with_redis_lock_and_fence`] — or no lock at all, below.
+    /// Fix: [`Desk::with_redis_lock_and_claim`] — or no lock at all, below.
     fn with_redis_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
         let held = self.take_redis_lock(job, false)?;
+        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             self.let_go(&held)?;
@@ -458,20 +542,31 @@ impl Desk {
         self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
         self.say("COMMIT")?;
         self.let_go(&held)?;
         Ok(Outcome::Invoiced)
     }
 
-    /// ✅ redis-fenced: the same lock, and a fencing token drawn with it; the customer row
-    /// takes the write only if it has seen no higher token. The balance update goes first,
-    /// so a refused write also rolls back its invoice: all or nothing.
+    /// ❌ fenced-write-only: the same lock, a fencing token drawn with it, and the customer
+    /// row takes the write only if it has seen no higher token ([`SET_BALANCE_IF_FENCE`]).
     ///
-    /// The lock still matters — it keeps the workers from doing the same job at the same
-    /// time — but it no longer decides correctness: the row does.
-    fn with_redis_lock_and_fence(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+    /// It refuses a holder frozen *before* its write: by then a higher token has written the
+    /// row. It does not survive a holder frozen *inside* its transaction, after the fenced
+    /// UPDATE: the next holder's read cannot see the uncommitted write, its fenced UPDATE
+    /// waits for the sleeper's row lock and then passes (its token is higher), and it writes
+    /// a balance computed from the read before — the sleeper's amount is gone, and if both
+    /// did the same job it is invoiced twice. The token fenced the write, not the read.
+    ///
+    /// Fix: [`Desk::with_redis_lock_and_claim`].
+    fn with_redis_lock_and_fenced_write(
+        &mut self,
+        job: &Job,
+        gate: &mut dyn Gate,
+    ) -> Result<Outcome> {
         let held = self.take_redis_lock(job, true)?;
         let token = held.token.context("a fenced lock without a token")?;
+        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             self.let_go(&held)?;
@@ -489,8 +584,47 @@ impl Desk {
             self.let_go(&held)?;
             return Ok(Outcome::Rejected);
         }
+        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
+        self.insert_invoice(job)?;
+        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
+        self.say("COMMIT")?;
+        self.let_go(&held)?;
+        Ok(Outcome::Invoiced)
+    }
+
+    /// ✅ redis-fenced: the same lock and token, and the token guards the *read*: the
+    /// transaction's first statement claims the customer row with it and reads the balance
+    /// ([`CLAIM_ROW`]); only then does the worker ask whether the job is done.
+    ///
+    /// A holder frozen before its claim wakes up to a row that a higher token has claimed:
+    /// it claims nothing and writes nothing. A holder frozen after its claim holds the row
+    /// lock: the next holder's claim waits for it — safe, not live, like the advisory locks
+    /// — and, once the sleeper has committed, reads what the sleeper wrote and finds the
+    /// invoice. The lock still keeps workers off each other's jobs; the row decides.
+    fn with_redis_lock_and_claim(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        let held = self.take_redis_lock(job, true)?;
+        let token = held.token.context("a fenced lock without a token")?;
+        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
+        self.say("BEGIN")?;
+        let claim = self.statement(CLAIM_ROW)?;
+        self.tally.round_trips += 1;
+        let Some(row) = self.db.query_opt(&claim, &[&job.customer, &token])? else {
+            self.say("ROLLBACK")?;
+            self.let_go(&held)?;
+            return Ok(Outcome::Rejected);
+        };
+        let balance: i64 = row.get(0);
+        if self.is_invoiced(job)? {
+            self.say("ROLLBACK")?;
+            self.let_go(&held)?;
+            return Ok(Outcome::AlreadyDone);
+        }
+        gate.at(Moment::Decided, job, self.stop_info(&held))?;
+        self.work();
         self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
         self.say("COMMIT")?;
         self.let_go(&held)?;
         Ok(Outcome::Invoiced)
@@ -499,12 +633,15 @@ impl Desk {
     /// ✅ optimistic: no lock. Read the balance *and its version*, compute, then write only
     /// if the version is still the one read. A worker that froze in between finds a newer
     /// version (somebody invoiced this customer meanwhile), updates zero rows, reads again —
-    /// and now sees the invoice: nothing to do. Under contention the retries pile up; that
-    /// is its cost, counted in `conflicts`.
+    /// and now sees the invoice: nothing to do. A worker frozen after its UPDATE holds the
+    /// row: the others' UPDATEs wait, then find the version moved and read again. Under
+    /// contention the retries pile up; that is its cost, counted in `conflicts`.
     fn optimistic(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
         const MOST_RETRIES: u32 = 10_000;
-        let mut stopped = false;
         for attempt in 0..MOST_RETRIES {
+            // Each moment stops a worker once (the gate's rule), on whichever attempt gets
+            // there first: a worker whose first tries all lose still meets its kill.
+            gate.at(Moment::BeforeRead, job, StopInfo::default())?;
             let (balance, version, invoiced) = self.read_customer(job)?;
             if invoiced {
                 return Ok(if attempt == 0 {
@@ -513,9 +650,7 @@ impl Desk {
                     Outcome::NoOp
                 });
             }
-            if !stopped {
-                gate.at(Moment::Decided, job, StopInfo::default())?;
-            }
+            gate.at(Moment::Decided, job, StopInfo::default())?;
             self.work();
             self.say("BEGIN")?;
             let written = self.execute(
@@ -525,13 +660,11 @@ impl Desk {
             if written == 0 {
                 self.say("ROLLBACK")?;
                 self.tally.conflicts += 1;
-                stopped = true;
                 continue;
             }
-            self.insert_invoice(job)?;
-            // Mid-write on whichever attempt gets this far: after a conflict too, so that
-            // a worker whose first tries all lose still meets its kill.
             gate.at(Moment::MidWrite, job, StopInfo::default())?;
+            self.insert_invoice(job)?;
+            gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
             self.say("COMMIT")?;
             return Ok(Outcome::Invoiced);
         }
@@ -544,8 +677,11 @@ impl Desk {
     /// ✅ idempotency-key: no lock, no read. Insert the invoice with ON CONFLICT DO NOTHING;
     /// only if a row went in, add the amount to the balance — in the same transaction, and
     /// with `balance + amount` computed by the database, not from an earlier read. A worker
-    /// that froze before its insert wakes up, inserts nothing, and changes nothing.
+    /// that froze before its insert wakes up, inserts nothing, and changes nothing; one
+    /// frozen after it makes the same insert of the others wait, and then do nothing.
     fn idempotency_key(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        // Nothing is read: "before the read" and "after it" are the same moment.
+        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
         gate.at(Moment::Decided, job, StopInfo::default())?;
         self.work();
         self.say("BEGIN")?;
@@ -564,6 +700,7 @@ impl Desk {
         }
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(ADD_TO_BALANCE, &[&job.customer, &job.amount])?;
+        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
         self.say("COMMIT")?;
         Ok(Outcome::Invoiced)
     }
@@ -574,30 +711,48 @@ impl Desk {
     /// A dead owner needs a new one, and only once it is certainly dead: handing a partition
     /// over while its owner may still wake up brings back every problem of a lease.
     fn as_the_only_owner(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             return Ok(Outcome::AlreadyDone);
         }
+        self.write_what_was_read(job, balance, gate)
+    }
+
+    /// The read-modify-write's second half, shared by the approaches whose exclusion comes
+    /// from elsewhere (a partition, an advisory lock): decide, insert, set, commit.
+    fn write_what_was_read(
+        &mut self,
+        job: &Job,
+        balance: i64,
+        gate: &mut dyn Gate,
+    ) -> Result<Outcome> {
         gate.at(Moment::Decided, job, StopInfo::default())?;
         self.work();
         self.say("BEGIN")?;
         self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
         self.say("COMMIT")?;
         Ok(Outcome::Invoiced)
     }
 
     /// ✅ advisory-xact: the same read-modify-write, under `pg_advisory_xact_lock` taken
-    /// *inside* the transaction that writes. The lock and the writes live and die together:
-    /// a killed worker's connection closes, Postgres rolls back and the lock is free at
-    /// once. A frozen worker keeps its connection, so it keeps the lock, and every worker
-    /// that needs this customer waits — safe, not live. Only a server-side timeout bounds
-    /// that (`idle_in_transaction_session_timeout`), and then the sleeper's COMMIT fails.
+    /// *inside* the transaction that writes — the robust form of the database's own lock.
+    /// The lock and the writes live and die together: COMMIT, ROLLBACK or a closed
+    /// connection ends both, so no code path can forget to unlock, and a pooler that hands
+    /// the connection to someone else between transactions cannot take the lock along. A
+    /// frozen worker keeps its connection, so it keeps the lock, and every worker that needs
+    /// this customer waits — safe, not live. Only a server-side timeout bounds that
+    /// (`idle_in_transaction_session_timeout`), and then the sleeper's COMMIT fails. A
+    /// worker that would rather skip a busy customer than queue behind a frozen one asks
+    /// [`ADVISORY_XACT_TRY_LOCK`], or bounds the wait with `SET LOCAL lock_timeout`.
     fn with_advisory_xact_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
         let class = self.lock_class;
         self.say("BEGIN")?;
         self.execute(ADVISORY_XACT_LOCK, &[&class, &job.customer])?;
+        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             self.say("COMMIT")?;
@@ -608,16 +763,24 @@ impl Desk {
         self.insert_invoice(job)?;
         gate.at(Moment::MidWrite, job, StopInfo::default())?;
         self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
         self.say("COMMIT")?;
         Ok(Outcome::Invoiced)
     }
 
     /// ✅ advisory-session: `pg_advisory_lock` belongs to the session, not a transaction, so
-    /// it outlives COMMIT and ROLLBACK and must be released by hand — forget it on one error
-    /// path and a pooled connection carries it on for hours. Correct here because the writes
-    /// go through the session that holds the lock: while it is frozen nobody else gets in,
-    /// and if Postgres ends the session (`idle_session_timeout`: the session is idle *outside*
-    /// a transaction, so the in-transaction timeout never fires) its writes fail with it.
+    /// it outlives COMMIT and ROLLBACK and must be released by hand. Correct here because
+    /// the writes go through the session that holds the lock, and that session lives exactly
+    /// as long as this worker: while it is frozen nobody else gets in, and if Postgres ends
+    /// the session (`idle_session_timeout`: the session is idle *outside* a transaction, so
+    /// the in-transaction timeout never fires) its writes fail with it.
+    ///
+    /// What breaks it is anything that parts the lock from the writes: a pooler in
+    /// transaction mode (PgBouncer's `pool_mode = transaction`) runs the unlock, or the next
+    /// write, on another server session; a driver that silently reconnects carries on
+    /// writing on a session that never held the lock (the old one's lock died with it); and
+    /// an error path that skips the unlock leaves a pooled session holding it for as long as
+    /// the session lives. [`Desk::with_advisory_xact_lock`] has none of these problems.
     fn with_advisory_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
         let class = self.lock_class;
         self.execute(ADVISORY_LOCK, &[&class, &job.customer])?;
@@ -628,18 +791,12 @@ impl Desk {
     }
 
     fn under_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
         let (balance, _, invoiced) = self.read_customer(job)?;
         if invoiced {
             return Ok(Outcome::AlreadyDone);
         }
-        gate.at(Moment::Decided, job, StopInfo::default())?;
-        self.work();
-        self.say("BEGIN")?;
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, StopInfo::default())?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        self.say("COMMIT")?;
-        Ok(Outcome::Invoiced)
+        self.write_what_was_read(job, balance, gate)
     }
 
     /// Takes the customer's Redis lock (`SET NX PX`, with a token when `fenced`), trying

@@ -27,7 +27,7 @@
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.
-//! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done seven ways.
+//! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done eight ways.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones.

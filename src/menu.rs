@@ -80,7 +80,7 @@ pub const LABS: &[LabRow] = &[
         number: 7,
         command: "no-lock",
         shows: "the same job with no lock: optimistic writes, idempotency",
-        takes: "13s",
+        takes: "26s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/07-no-lock.md",
     },

@@ -1,6 +1,7 @@
 //! Lab 7 against a real Redis and Postgres: every approach's verdict is read back from the
-//! invoices and balances, the Redis lock without fencing really fails under the freeze, and
-//! nothing of a run — workers, tables, keys — outlives it, Ctrl-C included.
+//! invoices and balances; a freeze lands at every point of a job, the approaches the lab
+//! marks ✅ survive it at every point, the two lessons fail where they fail; and nothing of
+//! a run — workers, tables, keys — outlives it, Ctrl-C included.
 
 mod common;
 
@@ -50,8 +51,25 @@ fn run_id_of(verdict: &Value) -> String {
     verdict["run_id"].as_str().expect("run_id").to_string()
 }
 
+/// Each freeze of one approach's run: (point, correct), in the order of a job.
+fn freezes(a: &Value) -> Vec<(String, bool)> {
+    a["freezes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no freezes in {a}"))
+        .iter()
+        .map(|p| {
+            (
+                p["at"].as_str().unwrap().to_string(),
+                p["correct"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+const POINTS: [&str; 4] = ["before-read", "decided", "mid-write", "before-commit"];
+
 #[test]
-fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the_kill() {
+fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_where_they_fail() {
     let (lines, verdict, _) = run_json(&[
         "no-lock", "--jobs", "100", "--pause", "1s", "--ttl", "300ms",
     ]);
@@ -65,6 +83,7 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
         names,
         [
             "redis-lock",
+            "fenced-write-only",
             "optimistic",
             "idempotency-key",
             "partitioned",
@@ -91,6 +110,59 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
         }
     }
 
+    // The sweep: four workers frozen past the TTL (1s on a 300ms lease), one at each point
+    // of a job. Every point reached in every approach's run, and each judged from the
+    // tables: the frozen job's invoices and its customer's balance.
+    for name in &names {
+        let a = approach(&verdict, name);
+        let at: Vec<String> = freezes(a).into_iter().map(|(at, _)| at).collect();
+        assert_eq!(at, POINTS, "{name}: {a}");
+        if a["safe"] == true {
+            assert!(
+                freezes(a).iter().all(|(_, correct)| *correct),
+                "{name} is marked safe: {a}"
+            );
+        }
+        let bad = event_of(&lines, name, "violation").or(event_of(&lines, name, "exactly_once"));
+        let bad = bad.expect("the tables' line");
+        for point in a["freezes"].as_array().unwrap() {
+            let named = bad["bad_jobs"].as_array().unwrap().contains(&point["job"])
+                || bad["bad_customers"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&point["customer"]);
+            assert_eq!(
+                named,
+                point["correct"] == false,
+                "{name}: a point is wrong exactly when the tables name its job or customer: {point} {bad}"
+            );
+        }
+    }
+    let safe: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|name| approach(&verdict, name)["safe"] == true)
+        .collect();
+    assert_eq!(safe, &names[2..], "all but the two lessons are marked safe");
+    // Unfenced: wrong from the read on (before it, the sleeper reads what is there now).
+    let outcome = |name: &str| -> Vec<bool> {
+        freezes(approach(&verdict, name))
+            .into_iter()
+            .map(|(_, correct)| correct)
+            .collect()
+    };
+    assert_eq!(&outcome("redis-lock")[1..], [false, false, false]);
+    // Fenced the write, not the read: a stale *decision* is refused; a freeze inside the
+    // transaction is not — the holder queued on the sleeper's row read before its COMMIT.
+    // (A holder that reads only after that COMMIT, and wins the row first, refuses the
+    // stale ones with its higher token: one of the two points may then come out right.)
+    let fenced = outcome("fenced-write-only");
+    assert!(fenced[1], "w1's stale decision is refused at its write");
+    assert!(
+        !fenced[2] || !fenced[3],
+        "a freeze inside the transaction loses an update: {fenced:?}"
+    );
+
     // The baseline: the frozen worker's job comes out wrong, and the tables say how.
     let baseline = approach(&verdict, "redis-lock");
     assert_eq!(baseline["correct_under_freeze"], false, "{baseline}");
@@ -115,7 +187,7 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
     // A kill is not what breaks it: the killed transaction rolls back, the lock lapses.
     assert_eq!(baseline["correct_under_kill"], true, "{baseline}");
 
-    for name in &names[1..] {
+    for name in &names[2..] {
         let a = approach(&verdict, name);
         assert_eq!(
             (&a["duplicates"], &a["lost_updates"], &a["lost_jobs"]),
@@ -138,8 +210,17 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
         "w1's late insert is a no-op"
     );
     assert!(
+        count("fenced-write-only", "rejected") >= 1,
+        "w1's lower token is refused at its write"
+    );
+    assert!(
         count("redis-fenced", "rejected") >= 1,
-        "w1's lower token is refused"
+        "w3's lower token claims nothing"
+    );
+    assert!(
+        count("redis-lock", "lock_retries") >= 1
+            && count("redis-lock", "retries") >= count("redis-lock", "lock_retries"),
+        "retries include the lock spins"
     );
     assert!(
         count("partitioned", "waited_for_the_freeze") >= 1,
@@ -147,6 +228,16 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
     );
     let held = event_of(&lines, "advisory-xact", "session").expect("w1's session");
     assert_eq!(held["state"], "idle in transaction", "{held}");
+    // A worker that should skip rather than queue: the try-lock says no at once, and the
+    // waiting form under lock_timeout gives up with lock_not_available.
+    for name in ["advisory-xact", "advisory-session"] {
+        let skip = event_of(&lines, name, "gave_up").expect("the skip probe");
+        assert_eq!(
+            (&skip["try_lock"], &skip["sqlstate"]),
+            (&false.into(), &"55P03".into()),
+            "{skip}"
+        );
+    }
     assert!(
         held["waiting"].as_i64().unwrap() >= 1,
         "others wait for the frozen session's advisory lock: {held}"
@@ -161,7 +252,7 @@ fn only_the_unfenced_redis_lock_fails_the_freeze_and_every_approach_survives_the
 
     assert_one_clock(&lines);
     let pids = worker_pids(&lines);
-    assert!(pids.len() >= 70, "ten workers per approach: {pids:?}");
+    assert!(pids.len() >= 80, "ten workers per approach: {pids:?}");
     assert_gone(&pids);
     let run_id = run_id_of(&verdict);
     assert!(!schema_exists(&run_id), "the run's schema is dropped");
@@ -266,7 +357,7 @@ fn bad_flags_name_the_flag() {
     let cases: [(&[&str], &str); 4] = [
         (
             &["no-lock", "--workers", "2"],
-            "--fault both needs at least 3",
+            "--fault both needs at least 6",
         ),
         (&["no-lock", "--workers", "51"], "--workers 51"),
         (&["no-lock", "--keys", "1"], "--keys 1"),

@@ -11,6 +11,7 @@ pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
+pub mod no_lock_points;
 pub mod redlock;
 pub mod runner;
 pub mod skip_locked;

@@ -2,20 +2,24 @@
 //!
 //! Ten worker processes race through one list of jobs: issue the invoice for (customer,
 //! period) and add its amount to the customer's balance ([`crate::invoices`] has the job and
-//! the SQL of every approach). In every approach's run the lab freezes `w1` right after it
-//! decided to do a job and before it wrote (SIGSTOP, longer than the Redis lock's TTL), and
-//! SIGKILLs `w2` in the middle of writing one:
+//! the SQL of every approach). In every approach's run the lab freezes four workers, each
+//! at another point of a job (SIGSTOP, longer than the Redis lock's TTL), and SIGKILLs `w2`
+//! between its two writes ([`super::no_lock_points`] has the roster):
 //!
 //! ```text
-//!  w1  reads, decides ──❄ frozen (longer than any TTL) ─────────────────▶ wakes, writes ?
-//!  w2  reads, decides, inserts the invoice ✖ killed before COMMIT
-//!  w3…  go on with the list, the frozen and the killed job included
+//!  w3  ❄ before its read ──────────────────────────────────────────────▶ wakes, reads, writes ?
+//!  w1  reads, decides ❄ ───────────────────────────────────────────────▶ wakes, writes ?
+//!  w4  reads, decides, writes one row ❄ ───────────────────────────────▶ wakes, writes, commits ?
+//!  w5  reads, decides, writes both rows ❄ ─────────────────────────────▶ wakes, commits ?
+//!  w2  reads, decides, writes one row ✖ killed before COMMIT
+//!  w6…  go on with the list, the frozen and the killed jobs included
 //! ```
 //!
 //! Then the tables are read back: invoices per (customer, period) must be exactly one, and
 //! every balance must equal the sum of its invoices. The Redis lock without fencing fails
-//! the freeze; every other approach passes both, at different costs — which the closing
-//! table puts side by side.
+//! from the read on; the one whose token fences only the write fails inside the
+//! transaction; every other approach passes every point, at different costs — which the
+//! closing tables put side by side.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
@@ -26,6 +30,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::leftovers::Leftovers;
+use super::no_lock_points::{self as points, KILLED, PointVerdict, VICTIMS, WATCHED};
 use super::{LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, WorkerHandle, duration_in};
 use crate::connect::{self, Backend, PgClient, RedisConn};
 use crate::events::{Event, Kind};
@@ -38,7 +43,7 @@ use crate::worker::invoicer::Role;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab no-lock                      all seven approaches, freeze and kill in each
+  lockslab no-lock                      all eight approaches, freezes and kill in each
   lockslab no-lock optimistic           one approach
   lockslab no-lock --fault freeze       only the freeze
   lockslab no-lock --keys 2             two customers: heavy contention
@@ -64,7 +69,7 @@ pub struct NoLockArgs {
     /// Which faults to inject in each approach's run
     #[arg(long, value_enum, default_value_t = Fault::Both)]
     pub fault: Fault,
-    /// How long w1 stays frozen (100ms to 10m); keep it above --ttl
+    /// How long each frozen worker stays frozen (100ms to 10m); keep it above --ttl
     #[arg(long, default_value = "1500ms",
           value_parser = duration_in(Duration::from_millis(100), LONGEST_LAB_WAIT),
           value_name = "DURATION")]
@@ -92,11 +97,12 @@ pub struct NoLockArgs {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fault {
-    /// Freeze w1 and kill w2
+    /// Freeze w1, w3, w4, w5 and kill w2
     Both,
     /// SIGKILL w2 while it writes a job
     Kill,
-    /// SIGSTOP w1 after it decided a job, before it wrote
+    /// SIGSTOP w3, w1, w4, w5 at four points of a job: before the read, after it, between
+    /// the two writes, before COMMIT
     Freeze,
     /// No faults: the speed
     None,
@@ -119,9 +125,6 @@ impl Fault {
     }
 }
 
-/// The frozen worker and the killed one: always these names, whatever else runs.
-const FROZEN: &str = "w1";
-const KILLED: &str = "w2";
 /// The workers the contention sweep runs, and the approaches it compares by default.
 const SWEEP: [u32; 5] = [2, 4, 8, 16, 32];
 const SWEPT: [Approach; 4] = [
@@ -142,9 +145,15 @@ pub struct ApproachVerdict {
     pub lost_updates: i64,
     /// Jobs with no invoice.
     pub lost_jobs: i64,
-    /// Jobs over the time from the first invoice to the last job's first invoice.
+    /// The lab marks it ✅: right whatever point of a job a freeze lands on.
+    pub safe: bool,
+    /// From the first invoice to the moment the last job got its first one, on the
+    /// database's clock. Under a fault this is the time to finish, freezes included.
+    pub finished_in_s: f64,
+    /// Jobs over `finished_in_s`: a throughput only when no fault was played.
     pub jobs_per_s: Option<f64>,
-    /// Attempts that wrote nothing: version conflicts, ON CONFLICT no-ops, refused tokens.
+    /// Attempts that did nothing: version conflicts, ON CONFLICT no-ops, refused tokens,
+    /// and lock spins (`lock_retries`).
     pub retries: u64,
     pub conflicts: u64,
     pub no_ops: u64,
@@ -157,13 +166,16 @@ pub struct ApproachVerdict {
     pub round_trips_per_job: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
-    /// The frozen job came out right (null: no freeze).
+    /// Every frozen worker's job came out right (null: no freeze).
     pub correct_under_freeze: Option<bool>,
+    /// Each freeze, by the point of the job it landed on.
+    pub freezes: Vec<PointVerdict>,
     /// The killed job came out right and no job was lost (null: no kill).
     pub correct_under_kill: Option<bool>,
+    /// w1's job (frozen after its read).
     pub frozen_job: Option<i32>,
     pub killed_job: Option<i32>,
-    /// Jobs whose first invoice came only after the frozen worker was resumed.
+    /// Jobs whose first invoice came only after the first frozen worker was resumed.
     pub waited_for_the_freeze: Option<i64>,
     pub needs: &'static str,
 }
@@ -284,9 +296,9 @@ fn check_args(args: &NoLockArgs) -> Result<()> {
         return Ok(());
     }
     let (needed, why) = match args.fault {
-        Fault::Both => (3, "one to freeze, one to kill, one to carry on"),
+        Fault::Both => (6, "four to freeze, one to kill, one to carry on"),
         Fault::Kill => (2, "one to kill, one to carry on"),
-        Fault::Freeze => (2, "one to freeze, one to carry on"),
+        Fault::Freeze => (5, "four to freeze, one to carry on"),
         Fault::None => (1, "someone has to do the jobs"),
     };
     if args.workers < needed {
@@ -302,7 +314,7 @@ fn check_args(args: &NoLockArgs) -> Result<()> {
     if args.fault == Fault::Both && (args.keys < 2 || args.jobs < 2) {
         crate::bail_usage!(
             "--keys {} --jobs {}: --fault both needs two customers and two jobs (the frozen \
-             and the killed job must not be the same customer's)",
+             and the killed jobs must not all be the same customer's)",
             args.keys,
             args.jobs
         );
@@ -323,17 +335,34 @@ struct Play<'a> {
     tables: Tables,
 }
 
-/// What the lab saw of its two faults while the run played.
+/// What the lab saw of its faults while the run played.
 #[derive(Default)]
 struct Faults {
-    frozen: Option<Struck>,
+    /// Every frozen worker, in the order they stopped.
+    frozen: Vec<Struck>,
     killed: Option<Struck>,
+    /// When the first frozen worker was resumed, on the database's clock.
     resumed_at: Option<SystemTime>,
     expired_seen: bool,
     taken_seen: bool,
 }
 
+impl Faults {
+    fn watched(&self) -> Option<&Struck> {
+        self.frozen.iter().find(|f| f.worker == WATCHED)
+    }
+}
+
+/// Who is told `start` when: the struck workers one by one, then the others together.
+struct Starts {
+    struck: Vec<String>,
+    others: Vec<String>,
+}
+
 struct Struck {
+    worker: String,
+    moment: Moment,
+    resumed: bool,
     job: i32,
     customer: i32,
     at: Instant,
@@ -387,42 +416,6 @@ impl Play<'_> {
         }
     }
 
-    /// Where each worker starts in the list. The others spread evenly; the frozen worker
-    /// starts one job after the first of them and the killed one after the second, so that
-    /// each victim's job is the very next one another worker comes to.
-    fn starts(&self) -> Vec<usize> {
-        let jobs = self.args.jobs as usize;
-        let n = self.workers as usize;
-        let victims = match self.fault {
-            Fault::Both => 2,
-            Fault::Kill | Fault::Freeze => 2.min(n - 1),
-            Fault::None => 0,
-        };
-        let others = n - victims;
-        let mut starts = vec![0; n];
-        for k in 0..others {
-            starts[victims + k] = k * jobs / others;
-        }
-        if victims >= 1 {
-            starts[0] = (starts[victims] + 1) % jobs;
-        }
-        if victims == 2 {
-            let after = if others >= 2 {
-                starts[3]
-            } else {
-                starts[2] + 1
-            };
-            let keys = self.keys.max(1) as usize;
-            let mut s = (after + 1) % jobs;
-            // Not the frozen worker's customer (job i is customer i mod keys).
-            while s % keys == starts[0] % keys && keys > 1 {
-                s = (s + 1) % jobs;
-            }
-            starts[1] = s;
-        }
-        starts
-    }
-
     fn run(&self, stage: &mut Stage, db: &mut PgClient, schema: &str) -> Result<ApproachVerdict> {
         let name = self.approach.name();
         let t = &self.tables;
@@ -449,22 +442,23 @@ impl Play<'_> {
         };
         stage.timeline.say(&format!(
             "{}",
-            if self.approach == Approach::RedisLock {
+            if !self.approach.safe() {
                 heading.red().bold()
             } else {
                 heading.green().bold()
             }
         ));
 
-        let starts = self.starts();
+        let struck = match self.fault {
+            Fault::Both | Fault::Freeze => VICTIMS,
+            Fault::Kill => 2,
+            Fault::None => 0,
+        };
+        let starts = points::starts(self.args.jobs, self.workers, self.keys, struck);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for i in 0..self.workers {
             let worker_name = format!("w{}", i + 1);
-            let stop_at = match worker_name.as_str() {
-                FROZEN if self.fault.freeze() => Some(Moment::Decided),
-                KILLED if self.fault.kill() => Some(Moment::MidWrite),
-                _ => None,
-            };
+            let stop_at = points::stop_at(&worker_name, self.fault.freeze(), self.fault.kill());
             let role = self.role(&worker_name, i, starts[i as usize], stop_at);
             workers.push(stage.spawn(&worker_name, &WorkerSpec::Invoicer(role))?);
         }
@@ -498,11 +492,20 @@ impl Play<'_> {
             .with("run_id", self.run_id)
             .with("invoices_table", t.name("invoices")),
         );
-        for worker in &mut workers {
-            worker.tell("start")?;
-        }
+        // The struck workers go first, one at a time, each to its stop on its first job; the
+        // others start once all of them have stopped, so that nobody takes a struck job
+        // first, and the struck job is the first one each paired worker comes to after its own.
+        let (struck, others): (Vec<&WorkerHandle>, Vec<&WorkerHandle>) =
+            workers.iter().partition(|w| {
+                points::stop_at(&w.name, self.fault.freeze(), self.fault.kill()).is_some()
+            });
+        let names = |ws: Vec<&WorkerHandle>| ws.iter().map(|w| w.name.clone()).collect();
+        let order = Starts {
+            struck: names(struck),
+            others: names(others),
+        };
 
-        let (faults, tallies, latencies) = self.watch(stage, db, &mut workers)?;
+        let (faults, tallies, latencies) = self.watch(stage, db, &mut workers, order)?;
         for worker in &mut workers {
             worker.finish(Duration::from_secs(5));
         }
@@ -516,7 +519,11 @@ impl Play<'_> {
         stage: &mut Stage,
         db: &mut PgClient,
         workers: &mut Vec<WorkerHandle>,
+        mut order: Starts,
     ) -> Result<(Faults, Vec<Tally>, Vec<u64>)> {
+        order.struck.reverse();
+        // The struck worker started last, until it stops (or 10 s pass).
+        let mut pending: Option<(String, Instant)> = None;
         let pause = self.args.pause;
         let mut faults = Faults::default();
         let mut finished: HashMap<String, Tally> = HashMap::new();
@@ -538,30 +545,52 @@ impl Play<'_> {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 match (event.kind, event.worker.as_str()) {
                     (Kind::Error, who) => return Err(super::worker_failed(who, &event.text)),
-                    (Kind::Claimed, FROZEN) if self.fault.freeze() => {
-                        let worker = find(workers, FROZEN)?;
+                    (Kind::Claimed, who)
+                        if who != KILLED
+                            && points::stop_at(who, self.fault.freeze(), false).is_some() =>
+                    {
+                        let struck = struck(&event)?;
+                        let worker = find(workers, who)?;
                         worker.freeze()?;
                         if !crate::procs::wait_until_stopped(worker.pid, Duration::from_secs(2)) {
-                            bail!("worker w1 (pid {}) did not stop after SIGSTOP", worker.pid);
+                            bail!(
+                                "worker {who} (pid {}) did not stop after SIGSTOP",
+                                worker.pid
+                            );
                         }
                         worker.tell("go")?;
-                        let struck = struck(&event)?;
                         stage.record(
                             Event::new(
                                 "lab",
                                 Kind::Frozen,
                                 format!(
-                                    "SIGSTOP w1 (pid {}) before it writes job {}; resumes in {}",
+                                    "SIGSTOP {who} (pid {}) at job {}, {}; resumes in {}",
                                     worker.pid,
                                     struck.job,
+                                    struck.moment.label(),
                                     human(pause)
                                 ),
                             )
                             .with("pid", worker.pid)
                             .with("job", struck.job)
-                            .with("customer", struck.customer),
+                            .with("customer", struck.customer)
+                            .with("at", serde_json::to_value(struck.moment)?),
                         );
-                        faults.frozen = Some(struck);
+                        if self.fault.freeze()
+                            && who == WATCHED
+                            && matches!(
+                                self.approach,
+                                Approach::AdvisoryXact | Approach::AdvisorySession
+                            )
+                        {
+                            let class = self.role(WATCHED, 0, 0, None).lock_class;
+                            stage.record(points::skip_rather_than_queue(
+                                db,
+                                class,
+                                struck.customer,
+                            )?);
+                        }
+                        faults.frozen.push(struck);
                     }
                     (Kind::Claimed, KILLED) if self.fault.kill() => {
                         let worker = find(workers, KILLED)?;
@@ -600,14 +629,37 @@ impl Play<'_> {
                     _ => {}
                 }
             }
-            if let Some(frozen) = &faults.frozen
-                && faults.resumed_at.is_none()
+            if let Some((name, since)) = &pending
+                && (faults.frozen.iter().any(|f| &f.worker == name)
+                    || faults.killed.is_some() && name == KILLED
+                    || finished.contains_key(name)
+                    || since.elapsed() > Duration::from_secs(10))
             {
-                if frozen.at.elapsed() >= pause {
-                    self.resume(stage, db, workers, &mut faults)?;
-                } else if let Some(conn) = redis_watch.as_mut() {
-                    self.watch_lock(stage, conn, &mut faults)?;
+                pending = None;
+            }
+            if pending.is_none() {
+                if let Some(name) = order.struck.pop() {
+                    find(workers, &name)?.tell("start")?;
+                    pending = Some((name, Instant::now()));
+                } else {
+                    for name in order.others.drain(..) {
+                        find(workers, &name)?.tell("start")?;
+                    }
                 }
+            }
+            let due: Vec<String> = faults
+                .frozen
+                .iter()
+                .filter(|f| !f.resumed && f.at.elapsed() >= pause)
+                .map(|f| f.worker.clone())
+                .collect();
+            for who in due {
+                self.resume(stage, db, workers, &mut faults, &who)?;
+            }
+            if faults.watched().is_some_and(|f| !f.resumed)
+                && let Some(conn) = redis_watch.as_mut()
+            {
+                self.watch_lock(stage, conn, &mut faults)?;
             }
             let live: Vec<&WorkerHandle> =
                 workers.iter().filter(|w| !dead.contains(&w.name)).collect();
@@ -659,51 +711,71 @@ impl Play<'_> {
         conn: &mut RedisConn,
         faults: &mut Faults,
     ) -> Result<()> {
-        let Some(frozen) = &faults.frozen else {
+        let Some(frozen) = faults.watched() else {
             return Ok(());
         };
-        let (Some(key), Some(owner)) = (&frozen.lock_key, &frozen.owner) else {
+        let (Some(key), Some(owner)) = (frozen.lock_key.clone(), frozen.owner.clone()) else {
             return Ok(());
         };
-        let (now, _) =
-            crate::lock::redis::owner_and_pttl(conn, key).context("watching w1's lock in Redis")?;
-        if now.as_ref() != Some(owner) && !faults.expired_seen {
+        let customer = frozen.customer;
+        let (now, _) = crate::lock::redis::owner_and_pttl(conn, &key)
+            .context("watching w1's lock in Redis")?;
+        if now.as_ref() != Some(&owner) && !faults.expired_seen {
             faults.expired_seen = true;
             stage.record(Event::new(
                 "redis",
                 Kind::Expired,
-                format!(
-                    "w1's lock on customer {} has expired: for Redis the lock is free",
-                    frozen.customer
-                ),
+                format!("w1's lock on customer {customer} has expired: for Redis the lock is free"),
             ));
         }
-        if now.is_some() && now.as_ref() != Some(owner) && !faults.taken_seen {
+        if now.is_some() && now.as_ref() != Some(&owner) && !faults.taken_seen {
             faults.taken_seen = true;
             stage.record(Event::new(
                 "redis",
                 Kind::HolderNow,
-                format!(
-                    "another worker holds customer {}'s lock now, while w1 is frozen",
-                    frozen.customer
-                ),
+                format!("another worker holds customer {customer}'s lock now, while w1 is frozen"),
             ));
         }
         Ok(())
     }
 
-    /// Just before the resume: what Postgres says about the frozen worker's session and who
-    /// waits for it. Then SIGCONT.
+    /// Just before w1's resume: what Postgres says about its session and who waits on a
+    /// lock. Then SIGCONT, for w1 and each of the other frozen workers.
     fn resume(
         &self,
         stage: &mut Stage,
         db: &mut PgClient,
         workers: &mut [WorkerHandle],
         faults: &mut Faults,
+        who: &str,
     ) -> Result<()> {
+        if who == WATCHED {
+            self.report_session(stage, db)?;
+        }
+        let worker = find(workers, who)?;
+        worker.resume()?;
+        if faults.resumed_at.is_none() {
+            faults.resumed_at = Some(db.query_one("SELECT clock_timestamp()", &[])?.get(0));
+        }
+        let Some(frozen) = faults.frozen.iter_mut().find(|f| f.worker == who) else {
+            bail!("no frozen worker {who}");
+        };
+        frozen.resumed = true;
+        stage.record(Event::new(
+            "lab",
+            Kind::Resumed,
+            format!(
+                "SIGCONT {who} after {}: it carries on from where it stopped",
+                human(frozen.at.elapsed())
+            ),
+        ));
+        Ok(())
+    }
+
+    fn report_session(&self, stage: &mut Stage, db: &mut PgClient) -> Result<()> {
         let row = db.query_opt(
             "SELECT state FROM pg_stat_activity WHERE application_name = $1",
-            &[&self.session(FROZEN)],
+            &[&self.session(WATCHED)],
         )?;
         let state: Option<String> = row.and_then(|r| r.get(0));
         let waiting = db.query(
@@ -732,18 +804,6 @@ impl Play<'_> {
                 .with("state", state)
                 .with("waiting", waits),
         );
-        let worker = find(workers, FROZEN)?;
-        worker.resume()?;
-        faults.resumed_at = Some(db.query_one("SELECT clock_timestamp()", &[])?.get(0));
-        let frozen_for = faults.frozen.as_ref().map(|f| f.at.elapsed());
-        stage.record(Event::new(
-            "lab",
-            Kind::Resumed,
-            format!(
-                "SIGCONT w1 after {}: it carries on from where it stopped",
-                human(frozen_for.unwrap_or_default())
-            ),
-        ));
         Ok(())
     }
 
@@ -789,43 +849,56 @@ impl Play<'_> {
         let (conflicts, no_ops, rejected) =
             (sum(|t| t.conflicts), sum(|t| t.no_ops), sum(|t| t.rejected));
         let round_trips = sum(|t| t.round_trips);
+        let lock_retries = sum(|t| t.lock_retries);
         latencies.sort_unstable();
         let jobs = verdict.jobs;
+        let struck: Vec<(String, Moment, i32, i32)> = faults
+            .frozen
+            .iter()
+            .map(|f| (f.worker.clone(), f.moment, f.job, f.customer))
+            .collect();
+        let freezes = points::judge(&struck, &verdict);
         let result = ApproachVerdict {
             name: self.approach.name(),
             workers: self.workers,
             duplicates: verdict.duplicates,
             lost_updates: verdict.lost_updates,
             lost_jobs: verdict.lost_jobs,
+            safe: self.approach.safe(),
+            finished_in_s: (span * 1000.0).round() / 1000.0,
             jobs_per_s: (span > 0.0).then(|| round1(jobs as f64 / span)),
-            retries: conflicts + no_ops + rejected,
+            retries: conflicts + no_ops + rejected + lock_retries,
             conflicts,
             no_ops,
             rejected,
-            lock_retries: sum(|t| t.lock_retries),
+            lock_retries,
             leases_lost: sum(|t| t.leases_lost),
             round_trips_per_job: (jobs > 0).then(|| round1(round_trips as f64 / jobs as f64)),
             p50_ms: invoices::percentile(&latencies, 50.0).map(round1),
             p99_ms: invoices::percentile(&latencies, 99.0).map(round1),
-            correct_under_freeze: faults
-                .frozen
-                .as_ref()
-                .map(|f| verdict.job_is_right(f.job, f.customer)),
+            correct_under_freeze: (!freezes.is_empty()).then(|| freezes.iter().all(|p| p.correct)),
+            freezes,
             correct_under_kill: faults
                 .killed
                 .as_ref()
                 .map(|k| verdict.job_is_right(k.job, k.customer) && verdict.lost_jobs == 0),
-            frozen_job: faults.frozen.as_ref().map(|f| f.job),
+            frozen_job: faults.watched().map(|f| f.job),
             killed_job: faults.killed.as_ref().map(|k| k.job),
             waited_for_the_freeze: waited,
             needs: self.approach.needs(),
         };
-        if self.fault.freeze() && faults.frozen.is_none() {
-            stage.record(Event::new(
-                "lab",
-                Kind::Warning,
-                "w1 finished without reaching a job to freeze at: no freeze in this run",
-            ));
+        for (who, at) in points::FROZEN {
+            if self.fault.freeze() && !faults.frozen.iter().any(|f| f.worker == who) {
+                stage.record(Event::new(
+                    "lab",
+                    Kind::Warning,
+                    format!(
+                        "{who} finished without reaching a job to freeze at ({}): no freeze \
+                         there in this run",
+                        at.label()
+                    ),
+                ));
+            }
         }
         if self.fault.kill() && faults.killed.is_none() {
             stage.record(Event::new(
@@ -859,8 +932,8 @@ impl Play<'_> {
             .with("bad_customers", verdict.bad_customers.clone()),
         );
         let mut cost = format!(
-            "{} retries (conflicts {conflicts}, no-ops {no_ops}, refused {rejected}), {} \
-             round trips per job",
+            "{} retries (conflicts {conflicts}, no-ops {no_ops}, refused {rejected}, lock \
+             spins {lock_retries}), {} round trips per job",
             result.retries,
             result
                 .round_trips_per_job
@@ -868,7 +941,7 @@ impl Play<'_> {
         );
         if let Some(waited) = waited {
             cost.push_str(&format!(
-                "; {} waited for w1's resume",
+                "; {} first invoiced after the first SIGCONT",
                 plural(waited, "job", "jobs")
             ));
         }
@@ -885,7 +958,15 @@ fn find<'a>(workers: &'a mut [WorkerHandle], name: &str) -> Result<&'a mut Worke
 }
 
 fn struck(event: &Event) -> Result<Struck> {
+    let moment = event
+        .data
+        .get("moment")
+        .cloned()
+        .context("a stop without its moment")?;
     Ok(Struck {
+        worker: event.worker.clone(),
+        moment: serde_json::from_value(moment)?,
+        resumed: false,
         job: event.get_i64("job").context("a stop without its job")? as i32,
         customer: event
             .get_i64("customer")
@@ -915,18 +996,23 @@ fn ms(value: Option<f64>) -> String {
 }
 
 fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
-    let mark = |finding: Option<bool>| match finding {
-        Some(true) => "ok".green().to_string(),
-        Some(false) => "FAILED".red().bold().to_string(),
-        None => "-".to_string(),
-    };
+    crate::outln!();
+    crate::outln!(
+        "{}",
+        "Verdict (read back from the invoices and balances)".bold()
+    );
+    let rows: Vec<(&str, &[PointVerdict], Option<bool>)> = verdicts
+        .iter()
+        .map(|v| (v.name, v.freezes.as_slice(), v.correct_under_kill))
+        .collect();
+    points::print_points(&rows, args.pause, args.ttl);
+    crate::outln!();
     let header = [
         "approach",
-        "freeze",
-        "kill",
-        "jobs/s",
+        "done in",
         "trips",
         "retries",
+        "of them spins",
         "p50/p99 ms",
     ];
     let rows: Vec<Vec<String>> = verdicts
@@ -934,26 +1020,21 @@ fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
         .map(|v| {
             vec![
                 v.name.to_string(),
-                mark(v.correct_under_freeze),
-                mark(v.correct_under_kill),
-                v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}")),
+                format!("{:.2}s", v.finished_in_s),
                 v.round_trips_per_job
                     .map_or("-".into(), |r| format!("{r:.1}")),
                 v.retries.to_string(),
+                v.lock_retries.to_string(),
                 format!("{}/{}", ms(v.p50_ms), ms(v.p99_ms)),
             ]
         })
         .collect();
-    crate::outln!();
-    crate::outln!(
-        "{}",
-        "Verdict (read back from the invoices and balances)".bold()
-    );
     crate::outln!("{}", table(&header, &rows));
     crate::outln!(
         "{}",
-        "  trips: requests to Postgres and Redis per job; retries: attempts that\n  \
-         wrote nothing (conflicts, no-ops, refused tokens)"
+        "  done in: first invoice to the last job's first invoice, freezes included (the\n  \
+         time to finish, not a throughput); trips: requests per job; retries: attempts\n  \
+         that did nothing: conflicts, no-ops, refused tokens, and lock spins"
             .dimmed()
     );
     crate::outln!();
@@ -967,12 +1048,13 @@ fn print_verdict(args: &NoLockArgs, verdicts: &[ApproachVerdict]) {
     crate::outln!(
         "  A lock for efficiency keeps workers from doing the same work twice; when it\n  \
          fails, work is wasted. A lock for correctness must never fail — and a lease\n  \
-         fails whenever a holder pauses past its TTL. Correctness belongs in the\n  \
-         write itself: a version, a unique key, a token, or a single owner."
+         fails whenever a holder pauses past its TTL. Correctness belongs in the data\n  \
+         itself, checked where the read happens and not only at the write: a version, a\n  \
+         unique key, a row claimed with a token, or a single owner."
     );
 }
 
-/// What one approach's numbers mean, in sentences drawn from the same fields as the table.
+/// What one approach's numbers mean, in sentences drawn from the same fields as the tables.
 fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
     let mut parts = Vec::new();
     if v.duplicates == 0 && v.lost_updates == 0 && v.lost_jobs == 0 {
@@ -985,11 +1067,24 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
             plural(v.lost_jobs, "job", "jobs"),
         ));
     }
-    if v.correct_under_freeze == Some(false) {
+    let failed: Vec<&str> = v
+        .freezes
+        .iter()
+        .filter(|p| !p.correct)
+        .map(|p| p.at.label())
+        .collect();
+    if !failed.is_empty() {
+        let lesson = if v.name == "fenced-write-only" {
+            "the token fenced the write, not the read: the next holder read before the \
+             sleeper's COMMIT, waited on its row, and its higher token let it write"
+        } else {
+            "the sleeper, or the holder after it, wrote what it had read before the freeze"
+        };
         parts.push(format!(
-            "w1 slept {} on a {} lease and wrote what it had read before the freeze.",
+            "Frozen {} on a {} lease, it failed {}: {lesson}.",
             human(args.pause),
-            human(args.ttl)
+            human(args.ttl),
+            failed.join(", ")
         ));
     }
     match v.name {
@@ -1001,12 +1096,12 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
             "{} found the invoice there and did nothing.",
             plural(v.no_ops as i64, "insert", "inserts")
         )),
-        "redis-fenced" if v.rejected > 0 => parts.push(format!(
+        "redis-fenced" | "fenced-write-only" if v.rejected > 0 => parts.push(format!(
             "{} by the row's token check.",
             plural(
                 v.rejected as i64,
-                "stale write refused",
-                "stale writes refused"
+                "stale holder refused",
+                "stale holders refused"
             )
         )),
         _ => {}
@@ -1015,7 +1110,7 @@ fn meaning(args: &NoLockArgs, v: &ApproachVerdict) -> String {
         && waited > 0
     {
         parts.push(format!(
-            "{} waited for the frozen worker.",
+            "{} got their first invoice only after the first SIGCONT.",
             plural(waited, "job", "jobs")
         ));
     }

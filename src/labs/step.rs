@@ -299,9 +299,10 @@ pub mod no_lock {
 
     pub const BEFORE_APPROACH: Checkpoint = Checkpoint {
         name: "before the next approach",
-        question: "One worker freezes after deciding, another is killed mid-write. Will \
-                   this approach invoice a job twice or lose a balance update? What does \
-                   it cost?",
+        question: "Four workers freeze, each at another point of a job (before the read, \
+                   after it, mid-write, before COMMIT); another is killed mid-write. At which \
+                   points will this approach invoice a job twice or lose a balance update? \
+                   What does it cost?",
     };
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",

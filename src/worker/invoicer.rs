@@ -53,10 +53,7 @@ impl Gate for StopOnce<'_> {
             return Ok(());
         }
         self.at = None;
-        let what = match moment {
-            Moment::Decided => "decided to invoice it and has written nothing yet",
-            Moment::MidWrite => "has inserted the invoice, not the balance, and not committed",
-        };
+        let what = moment.what();
         let lock = match (&info.lock_key, info.token) {
             (Some(_), Some(token)) => format!(" (holds the Redis lock, token {token})"),
             (Some(_), None) => " (holds the Redis lock)".to_string(),
