@@ -64,6 +64,8 @@ pub struct Picture {
     pub span_ms: u64,
     pub verdict: Verdict,
     pub event_count: usize,
+    /// Said above the drawing when lockslab itself was paused during the run.
+    pub disturbed: Option<String>,
 }
 
 /// One run of the lab (`fencing=false`, `scenario=kill`…): a band of lanes on its own clock.
@@ -247,8 +249,33 @@ impl Picture {
             span_ms,
             verdict: Verdict::of(recording),
             event_count: recording.events.len(),
+            disturbed: disturbed(recording),
         }
     }
+}
+
+/// The lab's own pauses (its verdict's `lab_paused_ms`, or its warnings' when there is no
+/// JSON verdict), in a sentence.
+fn disturbed(recording: &Recording) -> Option<String> {
+    let from_verdict = recording
+        .verdict
+        .as_ref()
+        .filter(|v| v.get("disturbed").and_then(Value::as_bool) == Some(true))
+        .and_then(|v| v.get("lab_paused_ms").and_then(Value::as_u64));
+    let from_events = || {
+        let gaps: Vec<u64> = recording
+            .events
+            .iter()
+            .filter_map(|e| e.get("lab_paused_ms").and_then(Value::as_u64))
+            .collect();
+        (!gaps.is_empty()).then(|| gaps.iter().sum())
+    };
+    let total = from_verdict.or_else(from_events)?;
+    Some(format!(
+        "DISTURBED: lockslab itself was not running for {:.3}s during this run; every time \
+         measured across that gap includes it",
+        total as f64 / 1000.0
+    ))
 }
 
 fn title(recording: &Recording) -> String {
@@ -287,7 +314,12 @@ fn settings(recording: &Recording) -> Vec<String> {
     if let Some(Value::Object(verdict)) = &recording.verdict {
         let facts: Vec<String> = verdict
             .iter()
-            .filter(|(key, _)| !matches!(key.as_str(), "kind" | "json_version" | "lab" | "run_id"))
+            .filter(|(key, _)| {
+                !matches!(
+                    key.as_str(),
+                    "kind" | "json_version" | "lab" | "run_id" | "disturbed" | "lab_paused_ms"
+                )
+            })
             .filter_map(|(key, value)| match value {
                 Value::String(text) => Some(format!("{key} {text}")),
                 Value::Number(_) | Value::Bool(_) => Some(format!("{key} {value}")),
@@ -736,6 +768,10 @@ fn mark(index: usize, event: &Value, ends: &HashMap<String, Vec<(u64, Option<u64
         }
         _ => (Shape::Tick, Tone::Plain, None),
     };
+    if event.get("lab_paused_ms").is_some() {
+        tone = Tone::Bad;
+        label = Some("lockslab paused: disturbed".to_string());
+    }
     if kind == "wrote" {
         shape = Shape::Write;
         let outcome = str_of(event, "outcome").unwrap_or("unknown");

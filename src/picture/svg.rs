@@ -132,6 +132,15 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         );
         y += 16.0;
     }
+    if let Some(disturbed) = &picture.disturbed {
+        let _ = writeln!(
+            out,
+            "<text x=\"12\" y=\"{y}\" font-size=\"12\" font-weight=\"bold\" fill=\"{}\" class=\"disturbed\">{}</text>",
+            tone_color(Tone::Bad),
+            escape(disturbed)
+        );
+        y += 16.0;
+    }
     y += 4.0;
     out.push_str(&legend(y));
     y += 26.0;

@@ -1,0 +1,121 @@
+//! Faults aimed at lockslab itself and at its servers (issue 20): the lab process stopped
+//! mid-run, a Redis that evicts keys, a dead run's leftovers on shared servers.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// Plays a quick gc-pause (fenced), stopping the lab process itself with SIGSTOP for
+/// `stop` right after it froze A, when `stop` is given. Returns stdout's lines and stderr.
+fn gc_pause_stopping_the_lab(stop: Option<Duration>, extra: &[&str]) -> (Vec<String>, String) {
+    let mut args = common::QUICK_LAB.to_vec();
+    args.extend_from_slice(extra);
+    let mut child = common::lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lab = Pid::from_raw(child.id() as i32);
+    let mut lines = Vec::new();
+    let mut stopped = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let froze_a = line.contains("\"kind\":\"frozen\"")
+            || line.contains("frozen mid-work for")
+            || line.contains("sees A (pid");
+        if let Some(stop) = stop.filter(|_| froze_a && !stopped) {
+            // The lab itself, not its workers (they are in process groups of their own).
+            kill(lab, Signal::SIGSTOP).unwrap();
+            std::thread::sleep(stop);
+            kill(lab, Signal::SIGCONT).unwrap();
+            stopped = true;
+        }
+        lines.push(line);
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {stderr}\n{}", lines.join("\n"));
+    assert!(
+        stop.is_none() || stopped,
+        "never saw A frozen:\n{}",
+        lines.join("\n")
+    );
+    (lines, stderr)
+}
+
+fn parsed(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn a_lab_stopped_itself_marks_its_figures_disturbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("run.svg");
+    let svg_arg = svg.display().to_string();
+    let (lines, stderr) =
+        gc_pause_stopping_the_lab(Some(Duration::from_secs(2)), &["--json", "--svg", &svg_arg]);
+    let lines = parsed(&lines);
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["kind"], "verdict");
+    assert_eq!(verdict["disturbed"], true, "{verdict}");
+    let paused = verdict["lab_paused_ms"].as_u64().unwrap();
+    assert!(paused >= 1500, "a 2s stop, seen as {paused}ms");
+    let gaps = verdict["lab_pauses"].as_array().unwrap();
+    assert_eq!(gaps.len(), 1, "{verdict}");
+    // On the timeline, where it happened, as a warning of the lab's lane.
+    let warnings: Vec<&Value> = lines
+        .iter()
+        .filter(|e| e["kind"] == "warning" && e.get("lab_paused_ms").is_some())
+        .collect();
+    assert_eq!(warnings.len(), 1, "{lines:?}");
+    assert!(warnings[0]["text"].as_str().unwrap().contains("disturbed"));
+    assert!(
+        stderr.contains("disturbed: lockslab itself was not running"),
+        "{stderr}"
+    );
+    // And in the picture.
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("class=\"disturbed\""));
+    assert!(drawn.contains("lockslab paused: disturbed"));
+}
+
+#[test]
+fn a_lab_stopped_itself_says_so_under_its_verdict() {
+    let (lines, _) = gc_pause_stopping_the_lab(Some(Duration::from_secs(2)), &[]);
+    let text = lines.join("\n");
+    // Under the verdict, last: what it says about the figures above.
+    let last = lines.iter().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(
+        last.starts_with("⚠ disturbed: lockslab itself was not running for"),
+        "{text}"
+    );
+    // And on the timeline, where it happened.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("lab") && l.contains("times measured across this gap include it")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_lab_not_stopped_is_not_marked_disturbed() {
+    let (lines, stderr) = gc_pause_stopping_the_lab(None, &["--json"]);
+    let lines = parsed(&lines);
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["disturbed"], false, "{verdict}");
+    assert_eq!(verdict["lab_paused_ms"], 0);
+    assert_eq!(verdict["lab_pauses"], serde_json::json!([]));
+    assert!(!lines.iter().any(|e| e["kind"] == "warning"), "{lines:?}");
+    assert!(!stderr.contains("disturbed"), "{stderr}");
+}
