@@ -119,3 +119,160 @@ fn a_lab_not_stopped_is_not_marked_disturbed() {
     assert!(!lines.iter().any(|e| e["kind"] == "warning"), "{lines:?}");
     assert!(!stderr.contains("disturbed"), "{stderr}");
 }
+
+/// A redis-server of a test's own, with the settings it is started with; stopped on drop.
+struct OwnRedis {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnRedis {
+    fn start(settings: &[&str]) -> OwnRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(settings)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting redis-server");
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let answered = common::eventually(Duration::from_secs(20), || {
+            client
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+        assert!(answered, "redis-server on port {port} did not answer");
+        OwnRedis {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    fn command(&self, args: &[&str]) {
+        let mut conn = redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query::<redis::Value>(&mut conn).unwrap();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_redis_that_evicts_keys_is_refused_before_the_lab_plays() {
+    for (policy, lab) in [("allkeys-lru", "gc-pause"), ("volatile-ttl", "naive")] {
+        let redis = OwnRedis::start(&["--maxmemory", "3mb", "--maxmemory-policy", policy]);
+        let output = common::lockslab(&[lab])
+            .env("LOCKSLAB_REDIS_URL", &redis.url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(1), "{lab}: {stderr}\n{stdout}");
+        assert!(
+            stderr.contains(&format!("maxmemory-policy {policy}, maxmemory 3145728"))
+                && stderr.contains("CONFIG SET maxmemory-policy noeviction"),
+            "{lab}: {stderr}"
+        );
+        assert!(!stdout.contains("took the lock"), "{lab} played: {stdout}");
+    }
+}
+
+/// Plays a quick gc-pause on `redis`, doing `meanwhile` to it while A is frozen.
+fn gc_pause_on(
+    redis: &OwnRedis,
+    meanwhile: impl FnOnce(&OwnRedis),
+) -> (Option<i32>, String, String) {
+    let mut child = common::lockslab(&common::QUICK_LAB)
+        .env("LOCKSLAB_REDIS_URL", &redis.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = Vec::new();
+    let mut meanwhile = Some(meanwhile);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("sees A (pid")
+            && let Some(act) = meanwhile.take()
+        {
+            act(redis);
+        }
+        stdout.push(line);
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        meanwhile.is_none(),
+        "never saw A frozen: {}",
+        stdout.join("\n")
+    );
+    (status.code(), stdout.join("\n"), stderr)
+}
+
+#[test]
+fn keys_flushed_during_a_run_are_not_called_an_expiry() {
+    let redis = OwnRedis::start(&[]);
+    let run = gc_pause_on(&redis, |redis| redis.command(&["FLUSHALL"]));
+    assert_no_verdict_for_lost_keys(run, "FLUSHALL or FLUSHDB ran 1 time(s)");
+}
+
+/// The lab failed instead of calling a lost key an expiry, and said why.
+fn assert_no_verdict_for_lost_keys(
+    (code, stdout, stderr): (Option<i32>, String, String),
+    cause: &str,
+) {
+    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("lost keys during this run without their TTL") && stderr.contains(cause),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("Verdict"), "no verdict: {stdout}");
+}
+
+#[test]
+fn keys_evicted_during_a_run_are_not_called_an_expiry() {
+    // Started without a limit (accepted), then made to evict while A is frozen.
+    let redis = OwnRedis::start(&[]);
+    let run = gc_pause_on(&redis, |redis| {
+        redis.command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-random"]);
+        redis.command(&["CONFIG", "SET", "maxmemory", "2mb"]);
+        let filler = "x".repeat(100_000);
+        for i in 0..60 {
+            redis.command(&["SET", &format!("filler:{i}"), &filler]);
+        }
+    });
+    assert_no_verdict_for_lost_keys(run, "INFO stats evicted_keys 0 → ");
+}
+
+#[test]
+fn a_redis_that_loses_nothing_gives_its_verdict() {
+    let redis = OwnRedis::start(&[]);
+    let (code, stdout, stderr) = gc_pause_on(&redis, |_| {});
+    assert_eq!(code, Some(0), "{stderr}\n{stdout}");
+    assert!(stdout.contains("Verdict"), "{stdout}");
+}

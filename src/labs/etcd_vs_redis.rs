@@ -28,6 +28,7 @@
 //! frozen holder wakes) and from the store (which writes it accepted), never from what a
 //! worker believed.
 
+use crate::redis_health::KeyLoss;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -323,6 +324,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     let mut cells = Vec::new();
     // On Ctrl-C the workers are killed mid-run: their rows, keys and leases would stay on
     // a server that a whole workshop may share.
+    let key_loss = KeyLoss::watch(&urls.redis)?;
     let leftovers = Leftovers::of_run(&plan.run_id)
         .store(&urls.postgres)
         .redis(&urls.redis)
@@ -337,6 +339,7 @@ pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    key_loss.check()?;
     super::step::checkpoint(&super::step::etcd_vs_redis::VERDICT);
 
     if style.json {
