@@ -297,3 +297,66 @@ fn a_lock_name_with_control_characters_is_refused_and_never_echoed_raw() {
         );
     }
 }
+
+#[test]
+fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
+    let servers = common::servers();
+    // A lab killed mid-run (A frozen, B waiting): no cleanup code of its own runs.
+    let mut child = common::lockslab(&[
+        "gc-pause",
+        "--ttl",
+        "1s",
+        "--pause",
+        "3s",
+        "--fencing",
+        "on",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut run_id = None;
+    let mut wrote = false;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if run_id.is_none() {
+            run_id = event["run_id"].as_str().map(String::from);
+        }
+        if event["worker"] == "B" && event["kind"] == "wrote" {
+            wrote = true;
+            break; // B wrote (a store row), A is still frozen with its lock key
+        }
+    }
+    assert!(wrote, "B never wrote");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let run_id = run_id.expect("a run id");
+    let mut redis = redis::Client::open(servers.redis.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys = |redis: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("lockslab:{run_id}:*"))
+            .query(redis)
+            .unwrap()
+    };
+    let mut db = postgres::Client::connect(&servers.postgres, postgres::NoTls).unwrap();
+    let rows = |db: &mut postgres::Client| -> i64 {
+        db.query_one(
+            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(!keys(&mut redis).is_empty(), "the killed run left its keys");
+    assert!(rows(&mut db) > 0, "the killed run left its rows");
+    // The next run on the same servers sweeps them.
+    let (_, verdict, _) = common::run_json(&common::QUICK_LAB);
+    assert_ne!(verdict["run_id"].as_str(), Some(run_id.as_str()));
+    assert_eq!(keys(&mut redis), Vec::<String>::new());
+    assert_eq!(rows(&mut db), 0);
+}
