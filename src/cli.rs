@@ -222,6 +222,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
         Command::InternalWorker => unreachable!("handled above"),
     }
+    crate::labs::say_if_disturbed(json);
     draw_pictures(&pictures, json)?;
     Ok(ExitCode::from(EXIT_OK))
 }

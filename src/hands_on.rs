@@ -61,6 +61,19 @@ fn parse_name(text: &str) -> Result<String, String> {
     }
 }
 
+/// A lock's name is printed on every line the worker says: a control character in it (an
+/// escape sequence that recolours the terminal, moves the cursor, retitles the window) would
+/// reach the terminal raw. Checked here rather than by clap, whose error would echo it raw.
+fn check_lock(lock: &str) -> Result<()> {
+    if lock.is_empty() || lock.chars().count() > 100 || lock.chars().any(char::is_control) {
+        crate::bail_usage!(
+            "--lock \"{}\": use 1 to 100 characters, none of them a control character",
+            lock.escape_debug()
+        );
+    }
+    Ok(())
+}
+
 /// The lock (and store resource) a hands-on command uses: `demo`, or `ana-demo` for Ana.
 pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
     match name.filter(|n| !n.is_empty()) {
@@ -71,6 +84,7 @@ pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
 
 /// `lockslab worker`: one worker, by hand, narrated for a human.
 pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
+    check_lock(&args.lock)?;
     let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
     let style = Style::detect(false);
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
@@ -228,6 +242,7 @@ pub struct ResetArgs {
 /// and attempts in the store, so that the next exercise starts from token 1 and an empty
 /// store. Nothing of any other name is touched.
 pub fn reset(args: &ResetArgs) -> Result<()> {
+    check_lock(&args.lock)?;
     let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let mut redis = connect::redis(servers.url(Backend::Redis))?;

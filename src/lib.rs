@@ -33,7 +33,8 @@
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones.
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
-//!   cannot.
+//!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
+//!   keys without their TTL (an eviction, a flush, a restart looks like an expiry).
 //! - [`doctor`] checks a machine before a session.
 //! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
@@ -66,6 +67,7 @@ pub mod output;
 pub mod picture;
 pub mod procs;
 pub mod queue;
+pub mod redis_health;
 pub mod seed;
 pub mod servers;
 pub mod store;

@@ -293,6 +293,9 @@ pub fn json_line<T: Serialize>(value: &T) {
     if let (Some(seed), Some(fields)) = (crate::seed::seed(), verdict.as_object_mut()) {
         fields.insert("seed".into(), seed.into());
     }
+    if let Some(fields) = verdict.as_object_mut() {
+        crate::labs::mark_disturbed(fields);
+    }
     if KEEPING.load(Ordering::Relaxed) {
         let kept = verdict.clone();
         remember(|history| history.verdict = Some(kept));

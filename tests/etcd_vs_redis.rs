@@ -45,7 +45,17 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
     keys.sort();
     assert_eq!(
         keys,
-        ["cells", "json_version", "kind", "lab", "run_id", "seed"],
+        [
+            "cells",
+            "disturbed",
+            "json_version",
+            "kind",
+            "lab",
+            "lab_paused_ms",
+            "lab_pauses",
+            "run_id",
+            "seed"
+        ],
         "{verdict}"
     );
     let cells = verdict["cells"].as_array().unwrap();

@@ -421,3 +421,255 @@ fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
     );
     assert!(common::events(&lines, "A", "acquired")[0]["backend"] == "redis");
 }
+
+/// Runs `lockslab render INPUT -o OUTPUT`, killed if it has not ended after a minute (a
+/// hang guard, not a timing check: a refusal comes at once).
+fn render_bounded(input: &std::path::Path, output: &std::path::Path) -> std::process::Output {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"))
+        .arg("render")
+        .arg(input)
+        .arg("-o")
+        .arg(output)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("render {} did not end within a minute", input.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+fn event_line(t_ms: u64, worker: &str, kind: &str, extra: &str) -> String {
+    format!(r#"{{"t_ms":{t_ms},"worker":"{worker}","kind":"{kind}","text":"x"{extra}}}"#)
+}
+
+#[test]
+fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.svg");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    // A time near 2^64 (the grid once wrapped and grew without end).
+    let absurd = write(
+        "absurd.jsonl",
+        &(event_line(0, "A", "acquired", "")
+            + "\n"
+            + &event_line(18_446_744_073_709_551_000, "A", "released", "")
+            + "\n"),
+    );
+    // More lanes than a page holds (20,000 workers once took 6.9 GB).
+    let lanes: String = (0..lockslab::picture::MOST_LANES + 1)
+        .map(|i| event_line(i as u64, &format!("w{i}"), "waiting", "") + "\n")
+        .collect();
+    let many_lanes = write("lanes.jsonl", &lanes);
+    // A verdict from a lockslab with a newer shape.
+    let newer = write(
+        "newer.jsonl",
+        &(event_line(0, "A", "acquired", "")
+            + "\n"
+            + r#"{"kind":"verdict","json_version":99,"lab":"gc-pause","run_id":"x"}"#
+            + "\n"),
+    );
+    // Two runs in one file, with their verdicts, and two runs without (interrupted ones).
+    let twice = write("twice.jsonl", &format!("{GC_PAUSE}{GC_PAUSE}"));
+    let two_ids = write(
+        "two-ids.jsonl",
+        &(event_line(0, "lab", "run", r#","run_id":"aaaa""#)
+            + "\n"
+            + &event_line(5, "lab", "run", r#","run_id":"bbbb""#)
+            + "\n"),
+    );
+    // Bigger than any run: a sparse file, so the test writes nothing.
+    let huge = dir.path().join("huge.jsonl");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(lockslab::picture::MOST_BYTES + 1)
+        .unwrap();
+    // Not a regular file: endless, or waiting for a writer that never comes.
+    let fifo = dir.path().join("fifo.jsonl");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let cases: Vec<(std::path::PathBuf, &str)> = vec![
+        (absurd, "t_ms 18446744073709551000"),
+        (
+            many_lanes,
+            "lanes (workers and backends): a picture draws at most 64",
+        ),
+        (newer, "written by a newer lockslab (json_version 99"),
+        (twice, "more than one run"),
+        (two_ids, "belongs to run bbbb, line 1 to run aaaa"),
+        (huge, "render reads at most 32 MB"),
+        ("/dev/zero".into(), "is not a regular file"),
+        (fifo, "is not a regular file"),
+    ];
+    for (input, says) in cases {
+        let output = render_bounded(&input, &out);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{}: {stderr}",
+            input.display()
+        );
+        assert!(stderr.contains(says), "{}: {stderr}", input.display());
+        assert!(!out.exists(), "{}: no picture is written", input.display());
+    }
+}
+
+#[test]
+fn every_character_of_a_picture_is_allowed_in_xml() {
+    // U+FFFE, U+FFFF and C0 controls are not XML characters; a run's text may carry them
+    // (a worker's stray output line, a lock name typed by hand).
+    let nasty = "a\u{1}b\u{1b}[31mc\u{FFFE}d\u{FFFF}e\u{7}\r";
+    let event = json!({"t_ms": 1, "worker": nasty, "kind": "output", "text": nasty,
+                       "part": nasty, nasty: nasty});
+    let verdict = json!({"kind": "verdict", "lab": nasty, "run_id": nasty, "note": nasty});
+    let text = format!("{event}\n{verdict}\n");
+    let recording = recording(&text);
+    for (name, xml) in [
+        ("svg", picture::svg(&recording)),
+        ("html", picture::html(&recording)),
+    ] {
+        let bad: Vec<char> = xml
+            .chars()
+            .filter(|&c| {
+                let code = c as u32;
+                (code < 0x20 && c != '\n' && c != '\t' && c != '\r')
+                    || c == '\u{FFFE}'
+                    || c == '\u{FFFF}'
+            })
+            .collect();
+        assert!(bad.is_empty(), "{name} carries {bad:?}");
+    }
+    well_formed(&picture::svg(&recording)).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_large_run_is_drawn_and_its_bars_still_cut_by_the_backend() {
+    // Many holders in turn on one lock, each write after its own grant: reading it is linear
+    // (it was quadratic: 10^5 events took minutes). The drawing must still be right.
+    let mut text = String::new();
+    let holders = 20_000;
+    for i in 0..holders {
+        let worker = format!("w{}", i % 40);
+        let t = i * 10;
+        text.push_str(&event_line(t, &worker, "acquired", r#","backend":"redis""#));
+        text.push('\n');
+        text.push_str(&event_line(
+            t + 5,
+            &worker,
+            "wrote",
+            r#","outcome":"accepted","token":1"#,
+        ));
+        text.push('\n');
+        text.push_str(&event_line(
+            t + 8,
+            &worker,
+            "released",
+            r#","released":true"#,
+        ));
+        text.push('\n');
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("big.jsonl");
+    std::fs::write(&input, &text).unwrap();
+    let out = dir.path().join("big.svg");
+    let output = render_bounded(&input, &out);
+    assert!(output.status.success(), "{output:?}");
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(count(&svg, "<g class=\"bar\""), holders as usize);
+    // Each holder wrote and let go before the next grant: none is stale, no two holders.
+    assert_eq!(count(&svg, "STALE"), 0);
+    assert_eq!(count(&svg, "<g class=\"overlap\""), 0);
+}
+
+#[test]
+fn a_lab_refuses_a_picture_in_a_place_it_cannot_write_before_it_plays() {
+    // /proc takes no new files, not even from root; the directory exists, the name is fine.
+    for flag in ["--html", "--svg"] {
+        let target = if flag == "--html" {
+            "/proc/run.html"
+        } else {
+            "/proc/run.svg"
+        };
+        let output = common::lockslab(&["gc-pause", flag, target])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("cannot write in /proc"), "{stderr}");
+        assert!(output.stdout.is_empty(), "the lab did not play: {output:?}");
+    }
+}
+
+#[test]
+fn a_write_that_fails_midway_leaves_the_old_picture_whole() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.svg");
+    std::fs::write(&out, "the old picture").unwrap();
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gc-pause.jsonl");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"));
+    command.args(["render", input, "-o"]).arg(&out);
+    // A disk that fills during the write: files may grow to 4 KB, then writes fail (EFBIG).
+    unsafe {
+        command.pre_exec(|| {
+            use nix::libc;
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 4096,
+                rlim_max: 4096,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("writing the picture"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "the old picture");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+}

@@ -17,6 +17,7 @@
 //! operation and write is made by the workers over their own connections, and the verdict
 //! is read back from the store.
 
+use crate::redis_health::KeyLoss;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -370,6 +371,11 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
         );
     }
     let mut verdicts = Vec::new();
+    let key_loss = if args.token_restart {
+        KeyLoss::off()
+    } else {
+        KeyLoss::watch(&redis_url)?
+    };
     let leftovers = Leftovers::of_run(&run_id)
         .store(servers.url(Backend::Postgres))
         .redis(&redis_url)
@@ -398,6 +404,7 @@ pub fn run(args: &GcPauseArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    key_loss.check()?;
     super::step::checkpoint(&super::step::gc_pause::VERDICT);
 
     if style.json {

@@ -55,7 +55,13 @@ impl Leftovers {
     }
 
     /// Removes them on an interrupt from now on, and when the returned guard is dropped.
+    /// With the store named, first sweeps what dead runs left on these servers, and enters
+    /// this run among the live ones (see [`Registry`]).
     pub fn removed_at_the_end(self) -> Removal {
+        let registry = self
+            .store
+            .as_deref()
+            .and_then(|url| Registry::enter(url, &self));
         let on_interrupt = procs::on_interrupt({
             let leftovers = self.clone();
             move || {
@@ -64,6 +70,7 @@ impl Leftovers {
         });
         Removal {
             leftovers: Some(self),
+            registry,
             _on_interrupt: on_interrupt,
         }
     }
@@ -127,6 +134,7 @@ impl Leftovers {
 /// Removes a run's leftovers at [`Removal::now`], or when dropped (an early return).
 pub struct Removal {
     leftovers: Option<Leftovers>,
+    registry: Option<Registry>,
     _on_interrupt: InterruptCleanup,
 }
 
@@ -141,6 +149,9 @@ impl Removal {
         }
         if let Some(leftovers) = self.leftovers.take() {
             let left = leftovers.remove();
+            if let Some(registry) = self.registry.take() {
+                registry.leave(&leftovers.run_id);
+            }
             if run.is_ok() {
                 for line in left {
                     crate::errln!("lockslab: {line}");
@@ -156,7 +167,108 @@ impl Drop for Removal {
             && !procs::interrupted()
         {
             leftovers.remove();
+            if let Some(registry) = self.registry.take() {
+                registry.leave(&leftovers.run_id);
+            }
         }
+    }
+}
+
+/// The live runs on one shared store, so that a run killed with SIGKILL — whose cleanup
+/// never ran — is swept by the next run on the same servers.
+///
+/// A live run holds a Postgres session advisory lock named by its run id on a connection it
+/// keeps open; Postgres releases it when that connection ends, which it does when the
+/// process dies however it dies. A run in the table whose lock can be taken is dead: its
+/// Redis keys, etcd keys and store rows — all named by its run id — are removed from the
+/// servers this run uses. Only names are read from the table, never statements or URLs: a
+/// row another user wrote can make a run sweep nothing but a dead run's own names.
+pub struct Registry {
+    client: connect::PgClient,
+}
+
+/// The advisory lock a live run holds, from its run id (computed, never read from the table).
+const RUN_LOCK: &str = "hashtextextended('lockslab-run:' || $1::text, 0)";
+
+impl Registry {
+    /// Sweeps the dead runs, then enters `leftovers`' run. Best effort: a store that cannot
+    /// keep the table (a restricted role) only loses the sweep.
+    fn enter(store_url: &str, leftovers: &Leftovers) -> Option<Registry> {
+        let mut client = connect::postgres(store_url).ok()?;
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS lockslab_live_run (
+                     run_id text PRIMARY KEY, started timestamptz NOT NULL DEFAULT now())",
+            )
+            .ok()?;
+        let mut registry = Registry { client };
+        registry.sweep(leftovers);
+        let run_id = &leftovers.run_id;
+        registry
+            .client
+            .execute(&format!("SELECT pg_advisory_lock({RUN_LOCK})"), &[run_id])
+            .ok()?;
+        registry
+            .client
+            .execute(
+                "INSERT INTO lockslab_live_run (run_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[run_id],
+            )
+            .ok()?;
+        Some(registry)
+    }
+
+    /// Removes what each dead run left on the servers `mine` names.
+    fn sweep(&mut self, mine: &Leftovers) {
+        let Ok(rows) = self
+            .client
+            .query("SELECT run_id FROM lockslab_live_run", &[])
+        else {
+            return;
+        };
+        for row in rows {
+            let run_id: String = row.get(0);
+            // Names only: a run id is hex (a `*` would make a key pattern match everyone's).
+            let well_formed = !run_id.is_empty()
+                && run_id.len() <= 32
+                && run_id.chars().all(|c| c.is_ascii_hexdigit());
+            if !well_formed || run_id == mine.run_id {
+                continue;
+            }
+            let dead = self
+                .client
+                .query_one(
+                    &format!("SELECT pg_try_advisory_lock({RUN_LOCK})"),
+                    &[&run_id],
+                )
+                .is_ok_and(|row| row.get::<_, bool>(0));
+            if !dead {
+                continue;
+            }
+            let dead_run = Leftovers {
+                run_id: run_id.clone(),
+                sql: Vec::new(),
+                ..mine.clone()
+            };
+            if dead_run.remove().is_empty() {
+                let _ = self.client.execute(
+                    "DELETE FROM lockslab_live_run WHERE run_id = $1",
+                    &[&run_id],
+                );
+            }
+            let _ = self.client.execute(
+                &format!("SELECT pg_advisory_unlock({RUN_LOCK})"),
+                &[&run_id],
+            );
+        }
+    }
+
+    /// The run is over and its leftovers removed: out of the table, its lock released.
+    fn leave(mut self, run_id: &str) {
+        let _ = self.client.execute(
+            "DELETE FROM lockslab_live_run WHERE run_id = $1",
+            &[&run_id],
+        );
     }
 }
 

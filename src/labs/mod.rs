@@ -118,6 +118,112 @@ pub fn worker_failed(worker: &str, text: &str) -> anyhow::Error {
     }
 }
 
+/// A gap in the lab's own clock: from `from`, the lab was not scheduled for `gap`.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnPause {
+    pub from: Instant,
+    pub gap: Duration,
+}
+
+/// How often the pause watchdog looks at the clock.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+/// A gap between two looks this much longer than [`WATCH_EVERY`] means the lab itself was not
+/// running: stopped (SIGSTOP, a closed laptop lid, a paused VM) or starved of CPU.
+const OWN_PAUSE: Duration = Duration::from_millis(500);
+
+static OWN_PAUSES: std::sync::Mutex<Vec<OwnPause>> = std::sync::Mutex::new(Vec::new());
+static OWN_PAUSE_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Where the run's clock starts (the first stage's): what `at_ms` is measured from.
+static RUN_CLOCK: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Starts, once per process, the watchdog that catches the lab's own pauses.
+///
+/// The same detection lab 9 teaches a lock holder: a thread that wakes every 20ms and looks
+/// at the monotonic clock. The clock runs on while the process is stopped; the thread does
+/// not. A gap well over its period is time the lab did not see: every duration it measured
+/// across that gap (a holder's pause, an election, a hand-over) includes it, and the lab
+/// says so instead of printing skewed figures as true.
+fn watch_own_pauses(clock: Instant) {
+    if RUN_CLOCK.set(clock).is_err() {
+        return;
+    }
+    std::thread::spawn(|| {
+        let mut last = Instant::now();
+        loop {
+            std::thread::sleep(WATCH_EVERY);
+            let now = Instant::now();
+            let gap = now - last;
+            if gap > OWN_PAUSE
+                && let Ok(mut pauses) = OWN_PAUSES.lock()
+            {
+                pauses.push(OwnPause { from: last, gap });
+                OWN_PAUSE_COUNT.store(pauses.len(), std::sync::atomic::Ordering::Release);
+            }
+            last = now;
+        }
+    });
+}
+
+/// The lab's own pauses so far (see [`watch_own_pauses`]).
+pub fn own_pauses() -> Vec<OwnPause> {
+    OWN_PAUSES.lock().map(|p| p.clone()).unwrap_or_default()
+}
+
+/// `at_ms` of a pause: on the run's clock, like every event's `t_ms`.
+fn at_ms(pause: &OwnPause) -> u64 {
+    RUN_CLOCK.get().map_or(0, |start| {
+        pause.from.saturating_duration_since(*start).as_millis() as u64
+    })
+}
+
+/// Marks a verdict: `disturbed` (the lab itself was paused during the run, so its timings
+/// include the gap), `lab_paused_ms` in all, and each gap as `[at_ms, paused_ms]`.
+pub fn mark_disturbed(verdict: &mut serde_json::Map<String, serde_json::Value>) {
+    if RUN_CLOCK.get().is_none() {
+        return; // no stage ran: nothing was watched
+    }
+    let pauses = own_pauses();
+    let total: u128 = pauses.iter().map(|p| p.gap.as_millis()).sum();
+    verdict.insert("disturbed".into(), (!pauses.is_empty()).into());
+    verdict.insert("lab_paused_ms".into(), (total as u64).into());
+    let gaps: Vec<serde_json::Value> = pauses
+        .iter()
+        .map(|p| serde_json::json!([at_ms(p), p.gap.as_millis() as u64]))
+        .collect();
+    verdict.insert("lab_pauses".into(), gaps.into());
+}
+
+/// After a lab: if it was paused itself, one line that says its figures are disturbed (on
+/// stdout after the verdict, so that a picture shows it too; on stderr with `--json`, whose
+/// verdict carries `disturbed`).
+pub fn say_if_disturbed(json: bool) {
+    let pauses = own_pauses();
+    if pauses.is_empty() {
+        return;
+    }
+    let total: Duration = pauses.iter().map(|p| p.gap).sum();
+    let text = format!(
+        "⚠ disturbed: lockslab itself was not running for {} in all ({}): it was stopped or \
+         starved of CPU, so every time above measured across that gap includes it. Run the lab \
+         again for true figures.",
+        crate::output::human(total),
+        pauses
+            .iter()
+            .map(|p| format!(
+                "{} from +{}",
+                crate::output::human(p.gap),
+                crate::output::human(Duration::from_millis(at_ms(p)))
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if json {
+        crate::errln!("lockslab: {text}");
+    } else {
+        crate::prose!("{text}");
+    }
+}
+
 /// The orchestrator's side of a lab run: workers, their events, the timeline.
 pub struct Stage {
     start: Instant,
@@ -134,6 +240,8 @@ pub struct Stage {
     spawned: Vec<(String, i32)>,
     /// Facts added to every event from here on (which run of a lab it belongs to).
     tags: serde_json::Map<String, serde_json::Value>,
+    /// How many of the lab's own pauses are on this stage's timeline already.
+    pauses_shown: usize,
 }
 
 impl Stage {
@@ -144,6 +252,7 @@ impl Stage {
     /// A stage whose events are stamped from `start`: the scenarios of one lab run share
     /// one clock, so their `t_ms` never restart at 0.
     pub fn on_clock(style: Style, start: Instant) -> Stage {
+        watch_own_pauses(start);
         let (tx, rx) = mpsc::channel();
         Stage {
             start,
@@ -155,7 +264,34 @@ impl Stage {
             observed_before: None,
             tags: serde_json::Map::new(),
             spawned: Vec::new(),
+            pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
         }
+    }
+
+    /// Puts the lab's own pauses caught since the last look on the timeline, as warnings
+    /// where they happened: what is measured across them is disturbed.
+    fn notice_own_pauses(&mut self) {
+        if OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire) == self.pauses_shown {
+            return;
+        }
+        let pauses = own_pauses();
+        for pause in pauses.iter().skip(self.pauses_shown) {
+            let gap_ms = pause.gap.as_millis() as u64;
+            let event = Event::new(
+                "lab",
+                Kind::Warning,
+                format!(
+                    "lockslab itself was not running for {} (stopped or starved): times \
+                     measured across this gap include it — they are disturbed",
+                    crate::output::human(pause.gap)
+                ),
+            )
+            .with("lab_paused_ms", gap_ms)
+            .with("at_ms", at_ms(pause));
+            self.pauses_shown += 1;
+            self.record(event);
+        }
+        self.pauses_shown = pauses.len();
     }
 
     pub fn elapsed(&self) -> Duration {
@@ -255,6 +391,9 @@ impl Stage {
 
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
     pub fn record(&mut self, mut event: Event) {
+        if event.get_i64("lab_paused_ms").is_none() {
+            self.notice_own_pauses();
+        }
         let now = self.start.elapsed().as_millis() as u64;
         event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
@@ -264,6 +403,7 @@ impl Stage {
 
     /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
     pub fn next(&mut self, timeout: Duration) -> Option<Event> {
+        self.notice_own_pauses();
         let incoming = self.rx.recv_timeout(timeout).ok()?;
         self.accept(incoming)
     }
@@ -286,6 +426,7 @@ impl Stage {
     /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
     /// for labs whose workers report hundreds of trials, which the lab sums up instead.
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
+        self.notice_own_pauses();
         match self.rx.recv_timeout(timeout).ok()? {
             Incoming::Event(event) => Some(event),
             Incoming::Closed { pid, .. } => {
@@ -346,6 +487,7 @@ impl Stage {
         mut tick: impl FnMut(&mut Stage) -> Result<()>,
     ) -> Result<()> {
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            self.notice_own_pauses();
             let incoming = self
                 .rx
                 .recv_timeout(left.min(Duration::from_millis(10)))

@@ -24,6 +24,7 @@
 //!   compares the two witnesses trial by trial and says so when they disagree;
 //! - `GET` and `PTTL` on the lock key show a stuck lock (a dead owner, no expiry) directly.
 
+use crate::redis_health::KeyLoss;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -268,6 +269,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
 
     let mut verdicts = Vec::new();
     // The stuck keys above all: without a TTL they would stay in Redis for good.
+    let key_loss = KeyLoss::watch(&lab.redis_url)?;
     let leftovers = Leftovers::of_run(&lab.run_id)
         .redis(&lab.redis_url)
         .removed_at_the_end();
@@ -294,6 +296,7 @@ pub fn run(args: &NaiveArgs) -> Result<()> {
     .map_err(connect::explain);
     leftovers.now(&result);
     result?;
+    key_loss.check()?;
     super::step::checkpoint(&super::step::naive::VERDICT);
 
     if style.json {

@@ -26,6 +26,30 @@ use serde_json::Value;
 
 pub use model::{Lane, LaneKind, Part, Picture};
 
+/// The largest file `render` reads: a lab run's `--json` is a few hundred KB at most.
+pub const MOST_BYTES: u64 = 32 << 20;
+/// The most events, lanes, parts and held jobs a picture draws.
+pub const MOST_EVENTS: usize = 100_000;
+pub const MOST_LANES: usize = 64;
+pub const MOST_PARTS: usize = 200;
+pub const MOST_ROWS: usize = 1_000;
+pub const MOST_VERDICT_COLUMNS: usize = 200;
+pub const MOST_VERDICT_ROWS: usize = 1_000;
+/// The latest `t_ms` a picture draws: a day, far past any lab run.
+pub const LATEST_T_MS: u64 = 24 * 3_600_000;
+
+/// A saved stream that holds more than one run: well-formed, yet not one picture.
+#[derive(Debug)]
+pub struct TwoRuns(String);
+
+impl std::fmt::Display for TwoRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TwoRuns {}
+
 /// A run as the picture sees it.
 #[derive(Debug, Default, Clone)]
 pub struct Recording {
@@ -42,9 +66,12 @@ pub struct Recording {
 impl Recording {
     /// Reads a saved `--json` stream: one JSON object per line, the verdict last. Lines that
     /// are not JSON objects are refused with their line number: a picture of half a file
-    /// would mislead.
+    /// would mislead. So is a file holding two runs (a second verdict, an event after the
+    /// verdict, two run ids): one picture of two runs would mix their clocks.
     pub fn from_jsonl(text: &str) -> Result<Recording> {
         let mut recording = Recording::default();
+        let mut verdict_line = None;
+        let mut run_id: Option<(String, usize)> = None;
         for (number, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -54,8 +81,31 @@ impl Recording {
             if !value.is_object() {
                 bail!("line {} is not a JSON object", number + 1);
             }
+            if let Some(seen) = verdict_line {
+                return Err(TwoRuns(format!(
+                    "line {} follows the verdict of line {seen}: this file holds more than one \
+                     run; save each run to a file of its own (one `lockslab <lab> --json > FILE` each)",
+                    number + 1
+                ))
+                .into());
+            }
+            if let Some(id) = value.get("run_id").and_then(Value::as_str) {
+                match &run_id {
+                    Some((first, at)) if first != id => {
+                        return Err(TwoRuns(format!(
+                            "line {} belongs to run {id}, line {at} to run {first}: this file \
+                             holds more than one run; save each run to a file of its own",
+                            number + 1
+                        ))
+                        .into());
+                    }
+                    Some(_) => {}
+                    None => run_id = Some((id.to_string(), number + 1)),
+                }
+            }
             if value.get("kind").and_then(Value::as_str) == Some("verdict") {
                 recording.verdict = Some(value);
+                verdict_line = Some(number + 1);
             } else {
                 recording.events.push(value);
             }
@@ -64,6 +114,76 @@ impl Recording {
             bail!("no events in it: expected the output of a lab run with --json");
         }
         Ok(recording)
+    }
+
+    /// Refuses a run no picture can show, before any drawing starts: one written by a newer
+    /// lockslab, more events, lanes, parts or lock rows than a page can hold, a time no lab
+    /// run reaches. A lab's own run is far inside every bound; what is outside them is a
+    /// file that was not written by a lab run, or not by this lockslab.
+    pub fn drawable(&self) -> Result<()> {
+        if let Some(version) = self
+            .verdict
+            .as_ref()
+            .and_then(|v| v.get("json_version"))
+            .and_then(Value::as_u64)
+            && version > u64::from(crate::labs::JSON_VERSION)
+        {
+            bail!(
+                "it was written by a newer lockslab (json_version {version}; this lockslab {} \
+                 reads up to {}): render it with the lockslab that recorded it",
+                env!("CARGO_PKG_VERSION"),
+                crate::labs::JSON_VERSION
+            );
+        }
+        if self.events.len() > MOST_EVENTS {
+            bail!(
+                "{} events: a picture draws at most {MOST_EVENTS} (a lab run has a few hundred)",
+                self.events.len()
+            );
+        }
+        let mut lanes = std::collections::HashSet::new();
+        let mut parts = std::collections::HashSet::new();
+        let mut rows = std::collections::HashSet::new();
+        for (number, event) in self.events.iter().enumerate() {
+            let t_ms = event.get("t_ms").and_then(Value::as_u64).unwrap_or(0);
+            if t_ms > LATEST_T_MS {
+                bail!(
+                    "event {} is stamped t_ms {t_ms}, more than {} hours into its run: no lab \
+                     runs that long, and no picture could show it",
+                    number + 1,
+                    LATEST_T_MS / 3_600_000
+                );
+            }
+            for key in ["worker", "backend"] {
+                if let Some(name) = event.get(key).and_then(Value::as_str) {
+                    lanes.insert(name);
+                }
+            }
+            parts.insert(model::part_of(event));
+            if let (Some(worker), Some(job)) = (
+                event.get("worker").and_then(Value::as_str),
+                event.get("job").and_then(Value::as_i64),
+            ) {
+                rows.insert((worker, job));
+            }
+        }
+        let (columns, facts) = model::verdict_table_size(self);
+        for (count, most, what) in [
+            (
+                columns,
+                MOST_VERDICT_COLUMNS,
+                "columns in the verdict's table",
+            ),
+            (facts, MOST_VERDICT_ROWS, "facts in the verdict's table"),
+            (lanes.len(), MOST_LANES, "lanes (workers and backends)"),
+            (parts.len(), MOST_PARTS, "parts (runs of the lab)"),
+            (rows.len(), MOST_ROWS, "held jobs"),
+        ] {
+            if count > most {
+                bail!("{count} {what}: a picture draws at most {most}");
+            }
+        }
+        Ok(())
     }
 
     /// The run kept while the lab played (see [`crate::output::History`]).
@@ -132,14 +252,19 @@ impl Target {
         }
     }
 
+    /// The directory the file goes in (`.` for a bare name).
+    fn dir(&self) -> &Path {
+        match self.path().parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        }
+    }
+
     /// Fails early (before a lab plays for half a minute) when the file cannot be written
     /// where it is asked for.
     pub fn check_writable(&self, flag: &str) -> Result<()> {
         let path = self.path();
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
+        let dir = self.dir();
         if !dir.is_dir() {
             crate::bail_usage!(
                 "{flag} {}: there is no directory {} to write it in",
@@ -150,16 +275,46 @@ impl Target {
         if path.is_dir() {
             crate::bail_usage!("{flag} {}: that is a directory", path.display());
         }
+        // Test-open a file beside it, as the write will: a read-only directory or one this
+        // user may not write in fails now, not after the lab has played.
+        let probe = tempfile::Builder::new()
+            .prefix(".lockslab-picture-")
+            .tempfile_in(dir);
+        if let Err(err) = probe {
+            crate::bail_usage!(
+                "{flag} {}: cannot write in {}: {err}",
+                path.display(),
+                dir.display()
+            );
+        }
         Ok(())
     }
 
+    /// Writes the picture to a temporary file beside the target, then renames it over the
+    /// target: a full disk or a crash mid-write leaves the old file (or none), never half a
+    /// picture.
     pub fn write(&self, recording: &Recording) -> Result<usize> {
         let text = match self {
             Target::Html(_) => html(recording),
             Target::Svg(_) => svg(recording),
         };
-        std::fs::write(self.path(), &text)
-            .with_context(|| format!("writing the picture to {}", self.path().display()))?;
+        let path = self.path();
+        let dir = self.dir();
+        let failed = || format!("writing the picture to {}", path.display());
+        let mut file = tempfile::Builder::new()
+            .prefix(".lockslab-picture-")
+            .tempfile_in(dir)
+            .with_context(failed)?;
+        std::io::Write::write_all(&mut file, text.as_bytes()).with_context(failed)?;
+        file.as_file().sync_all().with_context(failed)?;
+        // A picture is for anyone to open, as `fs::write` would have made it.
+        let _ = std::fs::set_permissions(
+            file.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        );
+        file.persist(path)
+            .map_err(|err| err.error)
+            .with_context(failed)?;
         Ok(text.len())
     }
 }
@@ -168,14 +323,15 @@ impl Target {
 pub fn render(input: &Path, output: &Path) -> Result<()> {
     let target = Target::by_extension(output, "-o")?;
     target.check_writable("-o")?;
-    let text = match std::fs::read_to_string(input) {
-        Ok(text) => text,
-        Err(err) => crate::bail_usage!("cannot read {}: {err}", input.display()),
-    };
+    let text = read_saved_run(input)?;
     let recording = match Recording::from_jsonl(&text) {
         Ok(recording) => recording,
+        Err(err) if err.is::<TwoRuns>() => bail!("{}: {err}", input.display()),
         Err(err) => crate::bail_usage!("{}: {err:#}", input.display()),
     };
+    recording
+        .drawable()
+        .with_context(|| format!("{} cannot be drawn", input.display()))?;
     let bytes = target.write(&recording)?;
     crate::outln!(
         "wrote {} ({} events, {} KB)",
@@ -184,6 +340,55 @@ pub fn render(input: &Path, output: &Path) -> Result<()> {
         bytes.div_ceil(1024)
     );
     Ok(())
+}
+
+/// The text of a saved run: a regular file of at most [`MOST_BYTES`], read without waiting
+/// (a FIFO or a device like /dev/zero is refused before a byte is read).
+fn read_saved_run(input: &Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(input);
+    let file = match file {
+        Ok(file) => file,
+        Err(err) => crate::bail_usage!("cannot read {}: {err}", input.display()),
+    };
+    let metadata = file
+        .metadata()
+        .with_context(|| format!("reading {}", input.display()))?;
+    if !metadata.is_file() {
+        bail!(
+            "{} is not a regular file: render reads a saved run (`lockslab <lab> --json > run.jsonl`)",
+            input.display()
+        );
+    }
+    let too_big = |size: u64| {
+        anyhow::anyhow!(
+            "{} is {} MB: a lab run's --json is far smaller, and render reads at most {} MB",
+            input.display(),
+            size.div_ceil(1 << 20),
+            MOST_BYTES >> 20
+        )
+    };
+    if metadata.len() > MOST_BYTES {
+        return Err(too_big(metadata.len()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MOST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", input.display()))?;
+    if bytes.len() as u64 > MOST_BYTES {
+        return Err(too_big(bytes.len() as u64)); // it grew while we read
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        Err(err) => crate::bail_usage!(
+            "cannot read {}: it is not UTF-8 text ({err})",
+            input.display()
+        ),
+    }
 }
 
 /// Escapes text for XML and HTML (element text and quoted attributes alike).
@@ -196,8 +401,9 @@ pub(crate) fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            // Control characters are not allowed in XML 1.0 at all.
+            // Control characters are not allowed in XML 1.0 at all, nor are U+FFFE and U+FFFF.
             c if (c as u32) < 0x20 && c != '\n' && c != '\t' => out.push(' '),
+            '\u{FFFE}' | '\u{FFFF}' => out.push('\u{FFFD}'),
             c => out.push(c),
         }
     }

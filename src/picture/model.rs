@@ -17,7 +17,7 @@
 //! Where two holders' spans (grant to release or death) overlap on one lock, the lane shows
 //! "two holders". A write made after its writer's bar ended is stale.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
@@ -64,6 +64,8 @@ pub struct Picture {
     pub span_ms: u64,
     pub verdict: Verdict,
     pub event_count: usize,
+    /// Said above the drawing when lockslab itself was paused during the run.
+    pub disturbed: Option<String>,
 }
 
 /// One run of the lab (`fencing=false`, `scenario=kill`…): a band of lanes on its own clock.
@@ -195,7 +197,7 @@ fn lane_of(event: &Value) -> &str {
 
 /// Which part an event belongs to: its `part` fact (lockslab ≥ this version), else the
 /// tags older streams carried.
-fn part_of(event: &Value) -> String {
+pub(super) fn part_of(event: &Value) -> String {
     if let Some(part) = str_of(event, "part") {
         return part.to_string();
     }
@@ -247,8 +249,33 @@ impl Picture {
             span_ms,
             verdict: Verdict::of(recording),
             event_count: recording.events.len(),
+            disturbed: disturbed(recording),
         }
     }
+}
+
+/// The lab's own pauses (its verdict's `lab_paused_ms`, or its warnings' when there is no
+/// JSON verdict), in a sentence.
+fn disturbed(recording: &Recording) -> Option<String> {
+    let from_verdict = recording
+        .verdict
+        .as_ref()
+        .filter(|v| v.get("disturbed").and_then(Value::as_bool) == Some(true))
+        .and_then(|v| v.get("lab_paused_ms").and_then(Value::as_u64));
+    let from_events = || {
+        let gaps: Vec<u64> = recording
+            .events
+            .iter()
+            .filter_map(|e| e.get("lab_paused_ms").and_then(Value::as_u64))
+            .collect();
+        (!gaps.is_empty()).then(|| gaps.iter().sum())
+    };
+    let total = from_verdict.or_else(from_events)?;
+    Some(format!(
+        "DISTURBED: lockslab itself was not running for {:.3}s during this run; every time \
+         measured across that gap includes it",
+        total as f64 / 1000.0
+    ))
 }
 
 fn title(recording: &Recording) -> String {
@@ -287,7 +314,12 @@ fn settings(recording: &Recording) -> Vec<String> {
     if let Some(Value::Object(verdict)) = &recording.verdict {
         let facts: Vec<String> = verdict
             .iter()
-            .filter(|(key, _)| !matches!(key.as_str(), "kind" | "json_version" | "lab" | "run_id"))
+            .filter(|(key, _)| {
+                !matches!(
+                    key.as_str(),
+                    "kind" | "json_version" | "lab" | "run_id" | "disturbed" | "lab_paused_ms"
+                )
+            })
             .filter_map(|(key, value)| match value {
                 Value::String(text) => Some(format!("{key} {text}")),
                 Value::Number(_) | Value::Bool(_) => Some(format!("{key} {value}")),
@@ -365,7 +397,7 @@ impl Part {
         // Freezes and holds, event by event.
         let mut freezes: BTreeMap<String, Vec<Span>> = BTreeMap::new();
         let mut frozen_now: BTreeMap<String, u64> = BTreeMap::new();
-        let mut holds: Vec<Hold> = Vec::new();
+        let mut holds = Holds::default();
         let end_frozen = |frozen_now: &mut BTreeMap<String, u64>,
                           freezes: &mut BTreeMap<String, Vec<Span>>,
                           worker: &str,
@@ -406,13 +438,10 @@ impl Part {
                 ("killed", false) => {
                     if let Some(target) = &target {
                         end_frozen(&mut frozen_now, &mut freezes, target, t);
-                        for hold in holds.iter_mut().filter(|h| &h.holder == target) {
-                            if hold.believed_to.is_none() {
-                                hold.believed_to = Some(t);
-                            }
-                            if hold.held_to.is_none() && hold.lock.0 == "postgres" {
-                                hold.held_to = Some(t);
-                                hold.ended_by = "killed: its session ended with it".into();
+                        for i in holds.stop_believing(target, None) {
+                            holds.list[i].believed_to = Some(t);
+                            if holds.list[i].lock.0 == "postgres" {
+                                holds.end(i, t, "killed: its session ended with it".into());
                             }
                         }
                     }
@@ -424,18 +453,12 @@ impl Part {
                     let Some(backend) = backend else { continue };
                     let job = event.get("job").and_then(Value::as_i64);
                     let lock = (backend, job);
-                    let already = holds
-                        .iter()
-                        .any(|h| h.holder == lane && h.lock == lock && h.believed_to.is_none());
-                    if already {
+                    if holds.believes(lane, &lock) {
                         continue;
                     }
                     // An exclusive lock granted: every other hold on it had ended by now.
-                    for hold in holds.iter_mut().filter(|h| h.lock == lock) {
-                        if hold.held_to.is_none() {
-                            hold.held_to = Some(t);
-                            hold.ended_by = format!("ended no later than {lane}'s grant");
-                        }
+                    for i in holds.unended_by_lock.remove(&lock).unwrap_or_default() {
+                        holds.end(i, t, format!("ended no later than {lane}'s grant"));
                     }
                     holds.push(Hold {
                         holder: lane.to_string(),
@@ -452,22 +475,21 @@ impl Part {
                         || event.get("deleted").and_then(Value::as_bool) == Some(true)
                         || kind == "committed";
                     let job = event.get("job").and_then(Value::as_i64);
-                    for hold in holds
-                        .iter_mut()
-                        .filter(|h| h.holder == lane && h.believed_to.is_none())
-                        .filter(|h| job.is_none() || h.lock.1 == job)
-                    {
-                        if hold.held_to.is_none() {
-                            hold.held_to = Some(t);
-                            hold.ended_by = match kind {
-                                "lost" => "its heartbeat or session learned it was lost".into(),
-                                "committed" => "committed: the row lock went".into(),
-                                _ if deleted_own => "released by its holder".into(),
-                                _ => "its release found it gone".into(),
-                            };
+                    let why: String = match kind {
+                        "lost" => "its heartbeat or session learned it was lost".into(),
+                        "committed" => "committed: the row lock went".into(),
+                        _ if deleted_own => "released by its holder".into(),
+                        _ => "its release found it gone".into(),
+                    };
+                    if kind == "lost" {
+                        // Lost, yet still believed held until its release or death.
+                        for i in holds.take_unended_believed(lane, job) {
+                            holds.end(i, t, why.clone());
                         }
-                        if kind != "lost" {
-                            hold.believed_to = Some(t);
+                    } else {
+                        for i in holds.stop_believing(lane, job) {
+                            holds.end(i, t, why.clone());
+                            holds.list[i].believed_to = Some(t);
                         }
                     }
                 }
@@ -475,18 +497,19 @@ impl Part {
                     let backend = backend_of_lane(lane)
                         .map(String::from)
                         .or_else(|| only_backend.clone());
-                    if let Some(hold) = holds
-                        .iter_mut()
-                        .filter(|h| Some(&h.lock.0) == backend.as_ref() && h.held_to.is_none())
-                        .min_by_key(|h| h.from)
-                    {
-                        hold.held_to = Some(t);
-                        hold.ended_by = format!("{lane} said it expired");
+                    let oldest = backend
+                        .and_then(|b| holds.unended_by_backend.get(&b))
+                        .and_then(|unended| unended.first())
+                        .map(|&(_, i)| i);
+                    if let Some(i) = oldest {
+                        holds.end(i, t, format!("{lane} said it expired"));
                     }
                 }
                 _ => {}
             }
         }
+        let stale_after = holds.ends_by_holder();
+        let holds = holds.list;
         for (worker, from) in frozen_now {
             freezes.entry(worker).or_default().push(Span {
                 from,
@@ -506,18 +529,16 @@ impl Part {
                 .to_string();
             let mut lane = Lane::new(&name, LaneKind::Lock);
             let mine: Vec<&Hold> = holds.iter().filter(|h| &h.lock.0 == backend).collect();
+            let mut row_of: HashMap<String, usize> = HashMap::new();
             for hold in &mine {
                 let row_name = match hold.lock.1 {
                     Some(job) => format!("{} job {job}", hold.holder),
                     None => hold.holder.clone(),
                 };
-                let row = match lane.rows.iter().position(|r| r == &row_name) {
-                    Some(row) => row,
-                    None => {
-                        lane.rows.push(row_name);
-                        lane.rows.len() - 1
-                    }
-                };
+                let row = *row_of.entry(row_name.clone()).or_insert_with(|| {
+                    lane.rows.push(row_name);
+                    lane.rows.len() - 1
+                });
                 let color = everyone.iter().position(|w| w == &hold.holder).unwrap_or(0);
                 let open = hold.held_to.is_none();
                 let held_to = hold.held_to.unwrap_or(end);
@@ -563,7 +584,7 @@ impl Part {
                     lanes.last_mut().expect("just pushed")
                 }
             };
-            lane.marks.push(mark(*index, event, &holds));
+            lane.marks.push(mark(*index, event, &stale_after));
         }
         Part {
             label: label.to_string(),
@@ -588,11 +609,24 @@ impl Lane {
     }
 }
 
+/// The most pairs of bars [`overlaps`] compares on one lane: far above any lab run's, a bound
+/// for files that were not written by one.
+const MOST_PAIRS: usize = 1_000_000;
+
 /// Where two holders of one lock act at once: each from its grant to its release or death.
+/// Bars are compared in order of grant, each only with those granted before it let go.
 fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
-    let mut found: Vec<Overlap> = Vec::new();
-    for (i, a) in bars.iter().enumerate() {
-        for (j, b) in bars.iter().enumerate().skip(i + 1) {
+    let mut by_from: Vec<usize> = (0..bars.len()).collect();
+    by_from.sort_by_key(|&i| (bars[i].from, i));
+    let mut found: Vec<(usize, usize, Overlap)> = Vec::new();
+    let mut budget = MOST_PAIRS;
+    for (k, &i) in by_from.iter().enumerate() {
+        for &j in &by_from[k + 1..] {
+            let (a, b) = (&bars[i], &bars[j]);
+            if b.from >= a.believed_to || budget == 0 {
+                break;
+            }
+            budget -= 1;
             if holds[i].lock != holds[j].lock || a.holder == b.holder {
                 continue;
             }
@@ -601,14 +635,113 @@ fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
             if to > from {
                 let mut holders = vec![a.holder.clone(), b.holder.clone()];
                 holders.sort();
-                found.push(Overlap { from, to, holders });
+                found.push((i.min(j), i.max(j), Overlap { from, to, holders }));
             }
         }
     }
-    found
+    found.sort_by_key(|(i, j, _)| (*i, *j));
+    found.into_iter().map(|(_, _, overlap)| overlap).collect()
 }
 
-fn mark(index: usize, event: &Value, holds: &[Hold]) -> Mark {
+/// The holds read so far, with the indexes that keep reading a run linear in its events.
+#[derive(Default)]
+struct Holds {
+    list: Vec<Hold>,
+    /// Holds the backend had not ended when they were filed, by lock (ended ones are skipped).
+    unended_by_lock: HashMap<(String, Option<i64>), Vec<usize>>,
+    /// Holds the backend has not ended, by backend, oldest grant first: an expiry ends it.
+    unended_by_backend: HashMap<String, BTreeSet<(u64, usize)>>,
+    /// Holds their holder still acts on, by holder and job.
+    believed: HashMap<String, BTreeMap<Option<i64>, Vec<usize>>>,
+    /// Holds believed and not ended when they were filed, by holder and job (for `lost`).
+    unended_believed: HashMap<String, BTreeMap<Option<i64>, Vec<usize>>>,
+}
+
+impl Holds {
+    fn push(&mut self, hold: Hold) {
+        let i = self.list.len();
+        let (holder, lock) = (hold.holder.clone(), hold.lock.clone());
+        self.unended_by_lock
+            .entry(lock.clone())
+            .or_default()
+            .push(i);
+        self.unended_by_backend
+            .entry(lock.0.clone())
+            .or_default()
+            .insert((hold.from, i));
+        for index in [&mut self.believed, &mut self.unended_believed] {
+            index
+                .entry(holder.clone())
+                .or_default()
+                .entry(lock.1)
+                .or_default()
+                .push(i);
+        }
+        self.list.push(hold);
+    }
+
+    /// The backend ended hold `i` at `t` (unless it had already).
+    fn end(&mut self, i: usize, t: u64, why: String) {
+        let hold = &mut self.list[i];
+        if hold.held_to.is_none() {
+            hold.held_to = Some(t);
+            hold.ended_by = why;
+            if let Some(unended) = self.unended_by_backend.get_mut(&hold.lock.0) {
+                unended.remove(&(hold.from, i));
+            }
+        }
+    }
+
+    /// Does `holder` still act on `lock`?
+    fn believes(&self, holder: &str, lock: &(String, Option<i64>)) -> bool {
+        self.believed
+            .get(holder)
+            .and_then(|jobs| jobs.get(&lock.1))
+            .is_some_and(|held| held.iter().any(|&i| self.list[i].lock == *lock))
+    }
+
+    /// The holds `holder` acts on (of one job, or all), which it stops acting on now.
+    fn stop_believing(&mut self, holder: &str, job: Option<i64>) -> Vec<usize> {
+        let Some(jobs) = self.believed.get_mut(holder) else {
+            return Vec::new();
+        };
+        match job {
+            Some(job) => jobs.remove(&Some(job)).unwrap_or_default(),
+            None => std::mem::take(jobs).into_values().flatten().collect(),
+        }
+    }
+
+    /// The holds `holder` acts on that the backend had not ended (of one job, or all).
+    fn take_unended_believed(&mut self, holder: &str, job: Option<i64>) -> Vec<usize> {
+        let Some(jobs) = self.unended_believed.get_mut(holder) else {
+            return Vec::new();
+        };
+        let taken: Vec<usize> = match job {
+            Some(job) => jobs.remove(&Some(job)).unwrap_or_default(),
+            None => std::mem::take(jobs).into_values().flatten().collect(),
+        };
+        taken
+            .into_iter()
+            .filter(|&i| self.list[i].believed_to.is_none())
+            .collect()
+    }
+
+    /// Each holder's holds as (grant, end), in order of grant: what tells a stale write.
+    fn ends_by_holder(&self) -> HashMap<String, Vec<(u64, Option<u64>)>> {
+        let mut ends: HashMap<String, Vec<(u64, Option<u64>)>> = HashMap::new();
+        for hold in &self.list {
+            ends.entry(hold.holder.clone())
+                .or_default()
+                .push((hold.from, hold.held_to));
+        }
+        for list in ends.values_mut() {
+            list.sort_by_key(|(from, _)| *from); // stable: the later of two equal grants last
+        }
+        ends
+    }
+}
+
+fn mark(index: usize, event: &Value, ends: &HashMap<String, Vec<(u64, Option<u64>)>>) -> Mark {
     let t = t_of(event);
     let kind = kind_of(event).to_string();
     let lane = lane_of(event);
@@ -635,6 +768,10 @@ fn mark(index: usize, event: &Value, holds: &[Hold]) -> Mark {
         }
         _ => (Shape::Tick, Tone::Plain, None),
     };
+    if event.get("lab_paused_ms").is_some() {
+        tone = Tone::Bad;
+        label = Some("lockslab paused: disturbed".to_string());
+    }
     if kind == "wrote" {
         shape = Shape::Write;
         let outcome = str_of(event, "outcome").unwrap_or("unknown");
@@ -643,11 +780,10 @@ fn mark(index: usize, event: &Value, holds: &[Hold]) -> Mark {
             None => "no token".to_string(),
         };
         // Stale: the writer's lock had ended, as the backend said, before this write.
-        let stale = holds
-            .iter()
-            .filter(|h| h.holder == lane && h.from <= t)
-            .max_by_key(|h| h.from)
-            .is_some_and(|h| h.held_to.is_some_and(|ended| ended < t));
+        let stale = ends.get(lane).is_some_and(|held| {
+            let granted_before = held.partition_point(|(from, _)| *from <= t);
+            granted_before > 0 && held[granted_before - 1].1.is_some_and(|ended| ended < t)
+        });
         tone = match (stale, outcome) {
             (true, "accepted") => Tone::Bad,
             (true, "rejected") => Tone::Good,
@@ -733,6 +869,27 @@ impl Verdict {
     }
 }
 
+/// The verdict's table as [`Verdict::of`] would draw it: (columns, rows).
+pub(super) fn verdict_table_size(recording: &Recording) -> (usize, usize) {
+    let Some(Value::Object(verdict)) = &recording.verdict else {
+        return (0, 0);
+    };
+    let items = verdict.values().find_map(|value| match value {
+        Value::Array(items) if items.iter().all(Value::is_object) && !items.is_empty() => {
+            Some(items)
+        }
+        _ => None,
+    });
+    match items {
+        Some(items) => {
+            let keys: BTreeSet<String> =
+                items.iter().flat_map(flatten).map(|(key, _)| key).collect();
+            (items.len(), keys.len())
+        }
+        None => (1, verdict.len()),
+    }
+}
+
 /// One column per run (or cell, scenario, mode), one row per fact, as the labs' tables.
 fn table(items: &[Value]) -> Verdict {
     let flat: Vec<Vec<(String, String)>> = items.iter().map(flatten).collect();
@@ -765,14 +922,24 @@ fn table(items: &[Value]) -> Verdict {
             }
         }))
         .collect();
+    // The first value of each key, as a search from the front would find it.
+    let lookup: Vec<HashMap<&str, &str>> = flat
+        .iter()
+        .map(|item| {
+            let mut first = HashMap::new();
+            for (key, value) in item {
+                first.entry(key.as_str()).or_insert(value.as_str());
+            }
+            first
+        })
+        .collect();
     let rows = keys
         .iter()
         .map(|key| {
             std::iter::once(key.clone())
-                .chain(flat.iter().map(|item| {
-                    item.iter()
-                        .find(|(k, _)| k == key)
-                        .map(|(_, v)| v.clone())
+                .chain(lookup.iter().map(|item| {
+                    item.get(key.as_str())
+                        .map(|v| v.to_string())
                         .unwrap_or_else(|| "—".into())
                 }))
                 .collect()

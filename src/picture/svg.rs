@@ -132,6 +132,15 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         );
         y += 16.0;
     }
+    if let Some(disturbed) = &picture.disturbed {
+        let _ = writeln!(
+            out,
+            "<text x=\"12\" y=\"{y}\" font-size=\"12\" font-weight=\"bold\" fill=\"{}\" class=\"disturbed\">{}</text>",
+            tone_color(Tone::Bad),
+            escape(disturbed)
+        );
+        y += 16.0;
+    }
     y += 4.0;
     out.push_str(&legend(y));
     y += 26.0;
@@ -229,7 +238,8 @@ fn legend(y: f64) -> String {
 /// Seconds between ticks: the first round step that leaves 70px between labels.
 fn tick_step(span_ms: u64, per_ms: f64) -> u64 {
     let steps = [
-        100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000,
+        100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000, 300_000, 900_000,
+        3_600_000,
     ];
     steps
         .iter()
@@ -555,6 +565,10 @@ fn place_label(x: f64, width: f64, taken: &mut Vec<(f64, f64)>) -> f64 {
                 .fold(f64::INFINITY, f64::min);
             start = blocking - 4.0 - width;
         }
+    }
+    // Only the latest labels are kept in view: placing one stays bounded on any lane.
+    if taken.len() >= 32 {
+        taken.remove(0);
     }
     taken.push((start, start + width));
     start

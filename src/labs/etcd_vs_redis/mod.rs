@@ -42,6 +42,7 @@ use super::runner::{self, Lab, Run};
 use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::connect::Backend;
 use crate::output::human;
+use crate::redis_health::KeyLoss;
 use crate::servers::ServerArgs;
 use crate::store::Store;
 pub use verdict::Cell;
@@ -289,12 +290,15 @@ impl Lab for Plan {
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        // A key Redis evicted or flushed must not pass for one that expired.
+        let key_loss = KeyLoss::watch(run.url(Backend::Redis))?;
         let mut store = Store::connect(run.url(Backend::Postgres))?;
         store.prepare()?;
         let mut cells = Vec::new();
         for &scenario in &self.scenarios {
             cells.extend(play::play(self, run, scenario, &mut store)?);
         }
+        key_loss.check()?;
         Ok(Verdict {
             cells,
             plan: self.clone(),

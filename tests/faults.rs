@@ -1,0 +1,362 @@
+//! Faults aimed at lockslab itself and at its servers (issue 20): the lab process stopped
+//! mid-run, a Redis that evicts keys, a dead run's leftovers on shared servers.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// Plays a quick gc-pause (fenced), stopping the lab process itself with SIGSTOP for
+/// `stop` right after it froze A, when `stop` is given. Returns stdout's lines and stderr.
+fn gc_pause_stopping_the_lab(stop: Option<Duration>, extra: &[&str]) -> (Vec<String>, String) {
+    let mut args = common::QUICK_LAB.to_vec();
+    args.extend_from_slice(extra);
+    let mut child = common::lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lab = Pid::from_raw(child.id() as i32);
+    let mut lines = Vec::new();
+    let mut stopped = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let froze_a = line.contains("\"kind\":\"frozen\"")
+            || line.contains("frozen mid-work for")
+            || line.contains("sees A (pid");
+        if let Some(stop) = stop.filter(|_| froze_a && !stopped) {
+            // The lab itself, not its workers (they are in process groups of their own).
+            kill(lab, Signal::SIGSTOP).unwrap();
+            std::thread::sleep(stop);
+            kill(lab, Signal::SIGCONT).unwrap();
+            stopped = true;
+        }
+        lines.push(line);
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {stderr}\n{}", lines.join("\n"));
+    assert!(
+        stop.is_none() || stopped,
+        "never saw A frozen:\n{}",
+        lines.join("\n")
+    );
+    (lines, stderr)
+}
+
+fn parsed(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn a_lab_stopped_itself_marks_its_figures_disturbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("run.svg");
+    let svg_arg = svg.display().to_string();
+    let (lines, stderr) =
+        gc_pause_stopping_the_lab(Some(Duration::from_secs(2)), &["--json", "--svg", &svg_arg]);
+    let lines = parsed(&lines);
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["kind"], "verdict");
+    assert_eq!(verdict["disturbed"], true, "{verdict}");
+    let paused = verdict["lab_paused_ms"].as_u64().unwrap();
+    assert!(paused >= 1500, "a 2s stop, seen as {paused}ms");
+    let gaps = verdict["lab_pauses"].as_array().unwrap();
+    assert_eq!(gaps.len(), 1, "{verdict}");
+    // On the timeline, where it happened, as a warning of the lab's lane.
+    let warnings: Vec<&Value> = lines
+        .iter()
+        .filter(|e| e["kind"] == "warning" && e.get("lab_paused_ms").is_some())
+        .collect();
+    assert_eq!(warnings.len(), 1, "{lines:?}");
+    assert!(warnings[0]["text"].as_str().unwrap().contains("disturbed"));
+    assert!(
+        stderr.contains("disturbed: lockslab itself was not running"),
+        "{stderr}"
+    );
+    // And in the picture.
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("class=\"disturbed\""));
+    assert!(drawn.contains("lockslab paused: disturbed"));
+}
+
+#[test]
+fn a_lab_stopped_itself_says_so_under_its_verdict() {
+    let (lines, _) = gc_pause_stopping_the_lab(Some(Duration::from_secs(2)), &[]);
+    let text = lines.join("\n");
+    // Under the verdict, last: what it says about the figures above.
+    let last = lines.iter().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(
+        last.starts_with("⚠ disturbed: lockslab itself was not running for"),
+        "{text}"
+    );
+    // And on the timeline, where it happened.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("lab") && l.contains("times measured across this gap include it")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_lab_not_stopped_is_not_marked_disturbed() {
+    let (lines, stderr) = gc_pause_stopping_the_lab(None, &["--json"]);
+    let lines = parsed(&lines);
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["disturbed"], false, "{verdict}");
+    assert_eq!(verdict["lab_paused_ms"], 0);
+    assert_eq!(verdict["lab_pauses"], serde_json::json!([]));
+    assert!(!lines.iter().any(|e| e["kind"] == "warning"), "{lines:?}");
+    assert!(!stderr.contains("disturbed"), "{stderr}");
+}
+
+/// A redis-server of a test's own, with the settings it is started with; stopped on drop.
+struct OwnRedis {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnRedis {
+    fn start(settings: &[&str]) -> OwnRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(settings)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting redis-server");
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let answered = common::eventually(Duration::from_secs(20), || {
+            client
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+        assert!(answered, "redis-server on port {port} did not answer");
+        OwnRedis {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    fn command(&self, args: &[&str]) {
+        let mut conn = redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query::<redis::Value>(&mut conn).unwrap();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_redis_that_evicts_keys_is_refused_before_the_lab_plays() {
+    for (policy, lab) in [("allkeys-lru", "gc-pause"), ("volatile-ttl", "naive")] {
+        let redis = OwnRedis::start(&["--maxmemory", "3mb", "--maxmemory-policy", policy]);
+        let output = common::lockslab(&[lab])
+            .env("LOCKSLAB_REDIS_URL", &redis.url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(1), "{lab}: {stderr}\n{stdout}");
+        assert!(
+            stderr.contains(&format!("maxmemory-policy {policy}, maxmemory 3145728"))
+                && stderr.contains("CONFIG SET maxmemory-policy noeviction"),
+            "{lab}: {stderr}"
+        );
+        assert!(!stdout.contains("took the lock"), "{lab} played: {stdout}");
+    }
+}
+
+/// Plays a quick gc-pause on `redis`, doing `meanwhile` to it while A is frozen.
+fn gc_pause_on(
+    redis: &OwnRedis,
+    meanwhile: impl FnOnce(&OwnRedis),
+) -> (Option<i32>, String, String) {
+    let mut child = common::lockslab(&common::QUICK_LAB)
+        .env("LOCKSLAB_REDIS_URL", &redis.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = Vec::new();
+    let mut meanwhile = Some(meanwhile);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("sees A (pid")
+            && let Some(act) = meanwhile.take()
+        {
+            act(redis);
+        }
+        stdout.push(line);
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        meanwhile.is_none(),
+        "never saw A frozen: {}",
+        stdout.join("\n")
+    );
+    (status.code(), stdout.join("\n"), stderr)
+}
+
+#[test]
+fn keys_flushed_during_a_run_are_not_called_an_expiry() {
+    let redis = OwnRedis::start(&[]);
+    let run = gc_pause_on(&redis, |redis| redis.command(&["FLUSHALL"]));
+    assert_no_verdict_for_lost_keys(run, "FLUSHALL or FLUSHDB ran 1 time(s)");
+}
+
+/// The lab failed instead of calling a lost key an expiry, and said why.
+fn assert_no_verdict_for_lost_keys(
+    (code, stdout, stderr): (Option<i32>, String, String),
+    cause: &str,
+) {
+    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("lost keys during this run without their TTL") && stderr.contains(cause),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("Verdict"), "no verdict: {stdout}");
+}
+
+#[test]
+fn keys_evicted_during_a_run_are_not_called_an_expiry() {
+    // Started without a limit (accepted), then made to evict while A is frozen.
+    let redis = OwnRedis::start(&[]);
+    let run = gc_pause_on(&redis, |redis| {
+        redis.command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-random"]);
+        redis.command(&["CONFIG", "SET", "maxmemory", "2mb"]);
+        let filler = "x".repeat(100_000);
+        for i in 0..60 {
+            redis.command(&["SET", &format!("filler:{i}"), &filler]);
+        }
+    });
+    assert_no_verdict_for_lost_keys(run, "INFO stats evicted_keys 0 → ");
+}
+
+#[test]
+fn a_redis_that_loses_nothing_gives_its_verdict() {
+    let redis = OwnRedis::start(&[]);
+    let (code, stdout, stderr) = gc_pause_on(&redis, |_| {});
+    assert_eq!(code, Some(0), "{stderr}\n{stdout}");
+    assert!(stdout.contains("Verdict"), "{stdout}");
+}
+
+#[test]
+fn a_lock_name_with_control_characters_is_refused_and_never_echoed_raw() {
+    let name = "x\u{1b}]0;pwned\u{7}";
+    for command in ["worker", "reset"] {
+        let output = common::lockslab(&[command, "--lock", name])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        assert!(output.stdout.is_empty(), "{command}: {output:?}");
+        assert!(
+            !output.stderr.iter().any(|&b| b == 0x1b || b == 0x07),
+            "{command} printed them raw: {stderr:?}"
+        );
+        assert!(
+            stderr.contains("\\u{1b}]0;pwned\\u{7}"),
+            "{command}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
+    let servers = common::servers();
+    // A lab killed mid-run (A frozen, B waiting): no cleanup code of its own runs.
+    let mut child = common::lockslab(&[
+        "gc-pause",
+        "--ttl",
+        "1s",
+        "--pause",
+        "3s",
+        "--fencing",
+        "on",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut run_id = None;
+    let mut wrote = false;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if run_id.is_none() {
+            run_id = event["run_id"].as_str().map(String::from);
+        }
+        if event["worker"] == "B" && event["kind"] == "wrote" {
+            wrote = true;
+            break; // B wrote (a store row), A is still frozen with its lock key
+        }
+    }
+    assert!(wrote, "B never wrote");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let run_id = run_id.expect("a run id");
+    let mut redis = redis::Client::open(servers.redis.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys = |redis: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("lockslab:{run_id}:*"))
+            .query(redis)
+            .unwrap()
+    };
+    let mut db = postgres::Client::connect(&servers.postgres, postgres::NoTls).unwrap();
+    let rows = |db: &mut postgres::Client| -> i64 {
+        db.query_one(
+            "SELECT count(*) FROM lockslab_attempt WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(!keys(&mut redis).is_empty(), "the killed run left its keys");
+    assert!(rows(&mut db) > 0, "the killed run left its rows");
+    // The next run on the same servers sweeps them.
+    let (_, verdict, _) = common::run_json(&common::QUICK_LAB);
+    assert_ne!(verdict["run_id"].as_str(), Some(run_id.as_str()));
+    assert_eq!(keys(&mut redis), Vec::<String>::new());
+    assert_eq!(rows(&mut db), 0);
+}
