@@ -65,6 +65,7 @@ pub mod nemesis;
 pub mod output;
 pub mod picture;
 pub mod procs;
+pub mod proxy;
 pub mod queue;
 pub mod seed;
 pub mod servers;
