@@ -66,6 +66,7 @@ pub mod nemesis;
 pub mod output;
 pub mod picture;
 pub mod procs;
+pub mod proxy;
 pub mod queue;
 pub mod redis_health;
 pub mod seed;

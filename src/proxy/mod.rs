@@ -1,0 +1,751 @@
+//! The fault proxy: a TCP relay between one client and one server, which the nemesis can
+//! make slow, stall, cut, or make forget an answer — the network faults that break a lock
+//! with no process paused at all.
+//!
+//! ```text
+//!  worker A ──▶ proxy :41234 ──▶ server (Redis, etcd, Postgres, the store)
+//!               │  up:   client → server   (requests)
+//!               │  down: server → client   (replies)
+//! ```
+//!
+//! Each proxy listens on a loopback port of its own, so a lab aims a fault at one path (A's
+//! link to the store) by giving each worker its own proxy. Each direction has its own fault:
+//!
+//! - **delay** every chunk by a fixed time (plus jitter): a congested or rerouted link;
+//! - **hold** every chunk until released: a link that stalls and then delivers it all;
+//! - **cut**, as a reset (both sides see the connection die) or a black hole (bytes vanish,
+//!   nobody is told — a partition);
+//! - **delay the next** request only: one message late, everything else on time — the write
+//!   that left while the lease was valid and arrived after it ran out;
+//! - **drop the reply** to the next request: the server receives and applies it, and its
+//!   answer is lost; the client's connection is then reset, as a broken link would be.
+//!
+//! With no fault on, bytes are forwarded by the thread that read them, with no queue in
+//! between: the proxy costs a few microseconds, not a scheduling hop.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Which way the bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Client to server: requests.
+    Up,
+    /// Server to client: replies.
+    Down,
+}
+
+/// A fault on one direction of the path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "net", rename_all = "snake_case")]
+pub enum NetFault {
+    /// Every chunk arrives `ms` (plus up to `jitter_ms`) after it was sent.
+    Delay { ms: u64, jitter_ms: u64 },
+    /// Chunks queue up until the fault is lifted, then go out in order.
+    Hold,
+    /// Both sides of every connection on the path are reset (RST), new ones too.
+    Reset,
+    /// Bytes are swallowed and nobody is told: the connection looks open and silent.
+    BlackHole,
+    /// Only the next chunk is delayed by `ms`; everything after it waits behind it, as TCP
+    /// delivers in order (up only).
+    DelayNext { ms: u64 },
+    /// The next request goes through; the server's reply to it is thrown away and the
+    /// client's connection reset (up only: it aims at the reply of the next request).
+    DropReply,
+}
+
+/// What the proxy saw happen to a fault it was given, for the run's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A delayed-next chunk went out, `late_ms` after it came in.
+    DelayedSent { late_ms: u64 },
+    /// The request whose reply is dropped reached the server.
+    RequestForwarded { bytes: usize },
+    /// Its reply came back and was thrown away; the client's connection was reset.
+    ReplyDropped { bytes: usize },
+    /// A connection was reset by a cut.
+    ConnectionReset,
+}
+
+/// One report from the proxy: when, on which path, what.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub at: Instant,
+    pub path: String,
+    pub seen: Seen,
+}
+
+/// The shared state of one proxy: its faults, its connections, what it saw.
+struct Shared {
+    path: String,
+    upstream: SocketAddr,
+    state: Mutex<State>,
+    /// Woken when a fault changes or bytes are queued.
+    changed: Condvar,
+    stopping: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    up: Option<NetFault>,
+    down: Option<NetFault>,
+    /// Live connections by id: (client side, server side), to cut or close them.
+    links: Vec<(u64, TcpStream, TcpStream)>,
+    next_link: u64,
+    reports: Vec<Report>,
+    /// Set by a `DropReply` once its request went up: the next reply is dropped.
+    drop_next_reply: bool,
+    /// A pseudo-random state for jitter (xorshift), seeded per proxy.
+    jitter: u64,
+}
+
+/// A running proxy. Dropping it stops it: its threads end and its sockets close.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    acceptor: Option<JoinHandle<()>>,
+    pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free loopback port in front of `upstream`; `path` names it in
+    /// reports (`A→store`).
+    pub fn start(path: &str, upstream: SocketAddr) -> Result<Proxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("starting the fault proxy")?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            path: path.to_string(),
+            upstream,
+            state: Mutex::new(State {
+                jitter: 0x9e37_79b9_7f4a_7c15 ^ u64::from(addr.port()),
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let pumps = Arc::new(Mutex::new(Vec::new()));
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            let pumps = Arc::clone(&pumps);
+            thread::Builder::new()
+                .name(format!("proxy {path}"))
+                .spawn(move || accept_loop(listener, shared, pumps))
+                .context("starting the fault proxy's thread")?
+        };
+        Ok(Proxy {
+            shared,
+            addr,
+            acceptor: Some(acceptor),
+            pumps,
+        })
+    }
+
+    /// Where clients connect instead of the server.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Puts a fault on one direction (replacing the one there). A cut acts at once on every
+    /// live connection of the path.
+    pub fn set(&self, direction: Direction, fault: NetFault) {
+        let mut state = self.lock();
+        match direction {
+            Direction::Up => state.up = Some(fault),
+            Direction::Down => state.down = Some(fault),
+        }
+        if fault == NetFault::Reset {
+            let links = std::mem::take(&mut state.links);
+            for (_, client, server) in &links {
+                reset(client);
+                reset(server);
+            }
+            if !links.is_empty() {
+                let report = self.report(Seen::ConnectionReset);
+                state.reports.push(report);
+            }
+        }
+        self.shared.changed.notify_all();
+    }
+
+    /// Lifts the fault on one direction; held bytes go out, in order.
+    pub fn clear(&self, direction: Direction) {
+        let mut state = self.lock();
+        match direction {
+            Direction::Up => state.up = None,
+            Direction::Down => state.down = None,
+        }
+        self.shared.changed.notify_all();
+    }
+
+    /// The fault on one direction now.
+    pub fn fault(&self, direction: Direction) -> Option<NetFault> {
+        let state = self.lock();
+        match direction {
+            Direction::Up => state.up,
+            Direction::Down => state.down,
+        }
+    }
+
+    /// What the proxy saw since the last call, oldest first.
+    pub fn reports(&self) -> Vec<Report> {
+        std::mem::take(&mut self.lock().reports)
+    }
+
+    /// How many client connections are open through it.
+    pub fn connections(&self) -> usize {
+        self.lock().links.len()
+    }
+
+    /// Stops accepting, closes every connection and waits for every thread of the proxy.
+    pub fn stop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        {
+            let mut state = self.lock();
+            for (_, client, server) in state.links.drain(..) {
+                let _ = client.shutdown(Shutdown::Both);
+                let _ = server.shutdown(Shutdown::Both);
+            }
+            self.shared.changed.notify_all();
+        }
+        // The acceptor blocks in accept(): one connection wakes it to see it must stop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        let pumps = std::mem::take(&mut *self.pumps.lock().unwrap_or_else(|e| e.into_inner()));
+        for pump in pumps {
+            let _ = pump.join();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn report(&self, seen: Seen) -> Report {
+        Report {
+            at: Instant::now(),
+            path: self.shared.path.clone(),
+            seen,
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<JoinHandle<()>>>>) {
+    for client in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(client) = client else { continue };
+        let cut = {
+            let state = lock(&shared);
+            state.up == Some(NetFault::Reset) || state.down == Some(NetFault::Reset)
+        };
+        if cut {
+            reset(&client);
+            continue;
+        }
+        let Ok(server) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
+        else {
+            reset(&client);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let handles = (|| -> std::io::Result<Vec<JoinHandle<()>>> {
+            let link = {
+                let mut state = lock(&shared);
+                state.next_link += 1;
+                let link = state.next_link;
+                state
+                    .links
+                    .push((link, client.try_clone()?, server.try_clone()?));
+                link
+            };
+            let up = Pump::new(
+                &shared,
+                Direction::Up,
+                link,
+                client.try_clone()?,
+                server.try_clone()?,
+            );
+            let down = Pump::new(&shared, Direction::Down, link, server, client);
+            Ok(vec![up.spawn()?, down.spawn()?])
+        })();
+        if let Ok(handles) = handles {
+            pumps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(handles);
+        }
+    }
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
+    shared
+        .state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Closes a socket with a reset rather than a goodbye: the peer's next read fails with
+/// "connection reset", as when a middlebox or a rebooted host drops the connection.
+fn reset(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// One direction of one connection: a reader that forwards what it reads, at once when the
+/// path is clear, through a queue (with a writer thread) when a fault holds bytes back.
+struct Pump {
+    shared: Arc<Shared>,
+    direction: Direction,
+    /// The connection it belongs to (the up pump forgets it when the client goes).
+    link: u64,
+    from: TcpStream,
+    to: TcpStream,
+}
+
+/// Bytes waiting to go out, each with the moment it may.
+type Queue = Arc<(
+    Mutex<VecDeque<(Instant, Vec<u8>, Option<Instant>)>>,
+    Condvar,
+)>;
+
+impl Pump {
+    fn new(
+        shared: &Arc<Shared>,
+        direction: Direction,
+        link: u64,
+        from: TcpStream,
+        to: TcpStream,
+    ) -> Pump {
+        Pump {
+            shared: Arc::clone(shared),
+            direction,
+            link,
+            from,
+            to,
+        }
+    }
+
+    fn spawn(self) -> std::io::Result<JoinHandle<()>> {
+        thread::Builder::new()
+            .name(format!("proxy {} {:?}", self.shared.path, self.direction))
+            .spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        let queue: Queue = Arc::new((Mutex::new(VecDeque::new()), Condvar::new()));
+        let writer = {
+            let queue = Arc::clone(&queue);
+            let shared = Arc::clone(&self.shared);
+            let to = self.to.try_clone();
+            let direction = self.direction;
+            thread::spawn(move || {
+                if let Ok(to) = to {
+                    write_queued(&shared, direction, &queue, to);
+                }
+            })
+        };
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            let n = match self.from.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = buffer[..n].to_vec();
+            if !self.forward(chunk, &queue) {
+                break;
+            }
+        }
+        // The reader's side ended: tell the writer to finish what is queued, then close.
+        {
+            let (items, wake) = &*queue;
+            items.lock().unwrap_or_else(|e| e.into_inner()).push_back((
+                Instant::now(),
+                Vec::new(),
+                None,
+            ));
+            wake.notify_all();
+        }
+        let _ = writer.join();
+        if self.direction == Direction::Up {
+            lock(&self.shared)
+                .links
+                .retain(|(id, _, _)| *id != self.link);
+        }
+    }
+
+    /// Sends one chunk on its way according to the direction's fault; false ends the pump.
+    fn forward(&mut self, chunk: Vec<u8>, queue: &Queue) -> bool {
+        let now = Instant::now();
+        let mut state = lock(&self.shared);
+        let fault = match self.direction {
+            Direction::Up => state.up,
+            Direction::Down => state.down,
+        };
+        if self.direction == Direction::Down && state.drop_next_reply {
+            state.drop_next_reply = false;
+            let bytes = chunk.len();
+            state.reports.push(Report {
+                at: now,
+                path: self.shared.path.clone(),
+                seen: Seen::ReplyDropped { bytes },
+            });
+            drop(state);
+            reset(&self.to);
+            reset(&self.from);
+            return false;
+        }
+        let due = match fault {
+            None => now,
+            Some(NetFault::Delay { ms, jitter_ms }) => {
+                let extra = if jitter_ms == 0 {
+                    0
+                } else {
+                    state.jitter ^= state.jitter << 13;
+                    state.jitter ^= state.jitter >> 7;
+                    state.jitter ^= state.jitter << 17;
+                    state.jitter % (jitter_ms + 1)
+                };
+                now + Duration::from_millis(ms + extra)
+            }
+            Some(NetFault::DelayNext { ms }) => {
+                if self.direction == Direction::Up {
+                    state.up = None;
+                } else {
+                    state.down = None;
+                }
+                now + Duration::from_millis(ms)
+            }
+            Some(NetFault::DropReply) => {
+                state.up = None;
+                state.drop_next_reply = true;
+                state.reports.push(Report {
+                    at: now,
+                    path: self.shared.path.clone(),
+                    seen: Seen::RequestForwarded { bytes: chunk.len() },
+                });
+                now
+            }
+            Some(NetFault::BlackHole) => return true,
+            Some(NetFault::Reset) => {
+                drop(state);
+                reset(&self.from);
+                reset(&self.to);
+                return false;
+            }
+            // Held chunks wait in the queue; the writer lets them go once the hold is lifted.
+            Some(NetFault::Hold) => now,
+        };
+        let marked = matches!(fault, Some(NetFault::DelayNext { .. })).then_some(now);
+        drop(state);
+        let (items, wake) = &**queue;
+        let mut items = items.lock().unwrap_or_else(|e| e.into_inner());
+        if items.is_empty() && fault.is_none() {
+            // The fast path: nothing queued ahead of it, no fault: write it from here.
+            drop(items);
+            return self.to.write_all(&chunk).is_ok();
+        }
+        items.push_back((due, chunk, marked));
+        wake.notify_all();
+        true
+    }
+}
+
+/// The writer of one direction: sends queued chunks in order, each no earlier than its
+/// time, none while the direction is held.
+fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: TcpStream) {
+    let (items, wake) = &**queue;
+    loop {
+        let mut guard = items.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((due, chunk, marked)) = guard.front().cloned() else {
+            guard = wake
+                .wait_timeout(guard, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+            drop(guard);
+            if shared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            continue;
+        };
+        if chunk.is_empty() && marked.is_none() {
+            // The end marker: the reader is gone; close our side for writing.
+            let _ = to.shutdown(Shutdown::Write);
+            return;
+        }
+        let held = {
+            let state = lock(shared);
+            let fault = match direction {
+                Direction::Up => state.up,
+                Direction::Down => state.down,
+            };
+            fault == Some(NetFault::Hold)
+        };
+        let now = Instant::now();
+        if held || now < due {
+            let wait = if held {
+                Duration::from_millis(5)
+            } else {
+                due - now
+            };
+            let _ = wake.wait_timeout(guard, wait.min(Duration::from_millis(50)));
+            if shared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            continue;
+        }
+        guard.pop_front();
+        drop(guard);
+        if to.write_all(&chunk).is_err() {
+            return;
+        }
+        if let Some(came) = marked {
+            lock(shared).reports.push(Report {
+                at: Instant::now(),
+                path: shared.path.clone(),
+                seen: Seen::DelayedSent {
+                    late_ms: came.elapsed().as_millis() as u64,
+                },
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream that answers every chunk with the same bytes and counts what it got.
+    struct Echo {
+        addr: SocketAddr,
+        received: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Echo {
+        fn start() -> Echo {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let received = Arc::new(Mutex::new(Vec::new()));
+            let log = Arc::clone(&received);
+            thread::spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(mut stream) = stream else { return };
+                    let log = Arc::clone(&log);
+                    thread::spawn(move || {
+                        let mut buffer = [0u8; 4096];
+                        while let Ok(n) = stream.read(&mut buffer) {
+                            if n == 0 {
+                                return;
+                            }
+                            log.lock().unwrap().extend_from_slice(&buffer[..n]);
+                            if stream.write_all(&buffer[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            Echo { addr, received }
+        }
+
+        fn got(&self) -> Vec<u8> {
+            self.received.lock().unwrap().clone()
+        }
+    }
+
+    fn client(proxy: &Proxy) -> TcpStream {
+        let stream = TcpStream::connect(proxy.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        stream
+    }
+
+    fn ask(stream: &mut TcpStream, message: &[u8]) -> std::io::Result<Vec<u8>> {
+        stream.write_all(message)?;
+        let mut answer = vec![0u8; message.len()];
+        stream.read_exact(&mut answer)?;
+        Ok(answer)
+    }
+
+    #[test]
+    fn with_no_fault_bytes_go_through_both_ways() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        assert_eq!(ask(&mut stream, b"ping").unwrap(), b"ping");
+        assert_eq!(proxy.connections(), 1);
+        drop(stream);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while proxy.connections() > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(proxy.connections(), 0, "a closed connection is forgotten");
+    }
+
+    #[test]
+    fn a_delay_makes_every_request_late_by_at_least_its_time() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(
+            Direction::Up,
+            NetFault::Delay {
+                ms: 150,
+                jitter_ms: 0,
+            },
+        );
+        let sent = Instant::now();
+        assert_eq!(ask(&mut stream, b"a").unwrap(), b"a");
+        assert!(sent.elapsed() >= Duration::from_millis(150));
+        proxy.clear(Direction::Up);
+        assert_eq!(ask(&mut stream, b"b").unwrap(), b"b");
+    }
+
+    #[test]
+    fn delay_next_delays_one_message_and_keeps_the_order() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(Direction::Up, NetFault::DelayNext { ms: 200 });
+        stream.write_all(b"late").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert!(
+            echo.got().is_empty(),
+            "the first message is still on its way"
+        );
+        assert_eq!(
+            proxy.fault(Direction::Up),
+            None,
+            "the fault was spent on it"
+        );
+        stream.write_all(b"next").unwrap();
+        let mut answer = [0u8; 8];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(
+            &answer, b"latenext",
+            "TCP order: the next waits behind the late one"
+        );
+        let reports = proxy.reports();
+        assert!(
+            matches!(reports[..], [Report { seen: Seen::DelayedSent { late_ms }, .. }] if late_ms >= 200),
+            "{reports:?}"
+        );
+    }
+
+    #[test]
+    fn a_hold_queues_until_lifted_then_delivers_in_order() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(Direction::Up, NetFault::Hold);
+        stream.write_all(b"one").unwrap();
+        stream.write_all(b"two").unwrap();
+        thread::sleep(Duration::from_millis(100));
+        assert!(echo.got().is_empty(), "held");
+        proxy.clear(Direction::Up);
+        let mut answer = [0u8; 6];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"onetwo");
+    }
+
+    #[test]
+    fn a_black_hole_swallows_requests_and_the_client_hears_nothing() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        proxy.set(Direction::Up, NetFault::BlackHole);
+        let err = ask(&mut stream, b"lost").unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{err:?}"
+        );
+        assert!(echo.got().is_empty());
+    }
+
+    #[test]
+    fn a_reset_cuts_live_connections_and_refuses_new_ones() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        assert_eq!(ask(&mut stream, b"x").unwrap(), b"x");
+        proxy.set(Direction::Up, NetFault::Reset);
+        assert!(
+            ask(&mut stream, b"y").is_err(),
+            "the live connection is cut"
+        );
+        let mut again = client(&proxy);
+        assert!(ask(&mut again, b"z").is_err(), "a new one is cut too");
+        proxy.clear(Direction::Up);
+        let mut healed = client(&proxy);
+        assert_eq!(ask(&mut healed, b"ok").unwrap(), b"ok");
+    }
+
+    #[test]
+    fn a_dropped_reply_was_applied_by_the_server_and_never_reaches_the_client() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(Direction::Up, NetFault::DropReply);
+        assert!(ask(&mut stream, b"SET").is_err(), "no answer, then a reset");
+        assert_eq!(echo.got(), b"SET", "the server got the request");
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert_eq!(
+            seen,
+            vec![
+                Seen::RequestForwarded { bytes: 3 },
+                Seen::ReplyDropped { bytes: 3 }
+            ]
+        );
+        let mut again = client(&proxy);
+        assert_eq!(
+            ask(&mut again, b"GET").unwrap(),
+            b"GET",
+            "only one reply is lost"
+        );
+    }
+
+    #[test]
+    fn stopping_mid_fault_ends_every_thread_and_connection() {
+        let echo = Echo::start();
+        let mut proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(Direction::Up, NetFault::Hold);
+        stream.write_all(b"held").unwrap();
+        let stopped = Instant::now();
+        proxy.stop();
+        assert!(stopped.elapsed() < Duration::from_secs(2));
+        assert!(proxy.pumps.lock().unwrap().is_empty());
+        let mut buffer = [0u8; 4];
+        assert!(matches!(stream.read(&mut buffer), Ok(0) | Err(_)), "closed");
+        assert!(TcpStream::connect_timeout(&proxy.addr(), Duration::from_millis(200)).is_err());
+    }
+}
