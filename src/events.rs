@@ -14,6 +14,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The version of the `--json` shapes documented in docs/json.md; raised whenever a field
+/// changes meaning or goes away (new fields do not raise it).
+pub const JSON_VERSION: u32 = 2;
+
 /// What happened: the one vocabulary every worker, lab and backend probe reports in.
 /// In JSON it is the `kind` field, in snake_case (`Kind::GaveUp` is `"gave_up"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

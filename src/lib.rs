@@ -72,4 +72,5 @@ pub mod redis_health;
 pub mod seed;
 pub mod servers;
 pub mod store;
+pub mod watchdog;
 pub mod worker;

@@ -294,7 +294,7 @@ pub fn json_line<T: Serialize>(value: &T) {
         fields.insert("seed".into(), seed.into());
     }
     if let Some(fields) = verdict.as_object_mut() {
-        crate::labs::mark_disturbed(fields);
+        crate::watchdog::mark_disturbed(fields);
     }
     if KEEPING.load(Ordering::Relaxed) {
         let kept = verdict.clone();

@@ -126,13 +126,13 @@ impl Recording {
             .as_ref()
             .and_then(|v| v.get("json_version"))
             .and_then(Value::as_u64)
-            && version > u64::from(crate::labs::JSON_VERSION)
+            && version > u64::from(crate::events::JSON_VERSION)
         {
             bail!(
                 "it was written by a newer lockslab (json_version {version}; this lockslab {} \
                  reads up to {}): render it with the lockslab that recorded it",
                 env!("CARGO_PKG_VERSION"),
-                crate::labs::JSON_VERSION
+                crate::events::JSON_VERSION
             );
         }
         if self.events.len() > MOST_EVENTS {
