@@ -1,0 +1,160 @@
+//! The kill round: a worker claims a job and is killed before it commits. Its kernel closes
+//! its socket, Postgres rolls its transaction back, and the row is free again — unless the
+//! claim was a plain `UPDATE … 'running'` (naive), which nothing ever undoes.
+
+use std::time::SystemTime;
+
+use anyhow::{Result, anyhow};
+use colored::Colorize;
+
+use super::KILL_AFTER;
+use super::play::Play;
+use super::round::{Round, in_mode, job_result, plural, round1};
+use super::verdict::reclaim_how;
+use crate::check::skip_locked::{self as checks, Kill, KillOutcome};
+use crate::events::{Event, Kind};
+use crate::labs::WorkerHandle;
+use crate::nemesis::{Nemesis, Note};
+
+impl Play<'_> {
+    /// Round 2: a worker claims a job and is killed before it commits. Returns how long
+    /// after the kill another worker claimed the job, if one did.
+    pub(super) fn kill_round(
+        &self,
+        round: &mut Round,
+        workers: &mut [WorkerHandle],
+        nemesis: &mut Nemesis,
+        jobs: u32,
+    ) -> Result<Option<f64>> {
+        round.stage.timeline.say(&format!(
+            "{}",
+            format!(
+                "Round 2 — the kill: {}; w1 claims one and dies before it commits",
+                plural(jobs.into(), "new job", "new jobs")
+            )
+            .bold()
+        ));
+        round.fill(2, jobs)?;
+        let (victim, others) = workers.split_first_mut().expect("at least 2 workers");
+        victim.tell("hold 2")?;
+        let job = round
+            .stage
+            .wait_for(
+                std::time::Duration::from_secs(10),
+                "w1 to claim a job",
+                |e| e.is("w1", Kind::Claimed) && in_mode(e, self.mode),
+            )?
+            .get_i64("job")
+            .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
+        for worker in others.iter_mut() {
+            worker.tell("drain 2")?;
+        }
+        round.pump_for(KILL_AFTER, 2, jobs)?;
+        let (done_before_kill, _) = round.counts(2)?;
+        round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
+
+        let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
+        let how = if self.mode.transactional() {
+            "its transaction is open, the job is claimed but not done"
+        } else {
+            "its job is marked 'running', not done"
+        };
+        let words = format!(
+            "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done {} meanwhile",
+            victim.pid,
+            plural(done_before_kill, "job", "jobs")
+        );
+        nemesis.kill(
+            round.stage,
+            victim,
+            Note::from(words)
+                .with("others_done", done_before_kill)
+                .with("job", job),
+        )?;
+        round.dead.push(victim.name.clone());
+
+        // Watch for the job coming back, until the round is over: its first processing in
+        // the table, and how long after the kill Postgres stamped its claim.
+        let reclaim_sql = self.queue.sql(
+            "SELECT worker, extract(epoch FROM claimed_at - $2::timestamptz)::float8 * 1000
+             FROM {processing} WHERE job_id = $1 ORDER BY claimed_at LIMIT 1",
+        );
+        let mut evidence = Kill {
+            victim: victim.name.clone(),
+            ..Kill::default()
+        };
+        round.until_done(2, jobs, |round| {
+            if evidence.first_claim.is_none()
+                && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
+            {
+                evidence.first_claim = Some((row.get(0), row.get(1)));
+                if let KillOutcome::Reclaimed { by, after_ms } = checks::kill_outcome(&evidence) {
+                    round.stage.record(
+                        Event::new(
+                            "pg",
+                            Kind::Reclaimed,
+                            format!(
+                                "{by} claimed job {job} {after_ms:.1}ms after the kill: Postgres \
+                                 rolled back w1's transaction when its connection closed (no TTL \
+                                 involved){}",
+                                reclaim_how(self.mode)
+                            ),
+                        )
+                        .with("job", job)
+                        .with("by", by)
+                        .with("reclaim_ms", round1(after_ms)),
+                    );
+                }
+            }
+            Ok(())
+        })?;
+
+        let by = round.processed_by(job)?;
+        evidence.dead = round.dead.clone();
+        if !matches!(
+            checks::kill_outcome(&evidence),
+            KillOutcome::Reclaimed { .. }
+        ) {
+            let row = round.db.query_one(
+                &self
+                    .queue
+                    .sql("SELECT status, claimed_by FROM {jobs} WHERE id = $1"),
+                &[&job],
+            )?;
+            evidence.row = Some((row.get(0), row.get(1)));
+        }
+        let outcome = checks::kill_outcome(&evidence);
+        if let KillOutcome::Lost {
+            status,
+            holder,
+            holder_dead,
+        } = &outcome
+        {
+            let name = holder.as_deref().unwrap_or("nobody");
+            let why = if *holder_dead {
+                format!("{name} is dead, and nothing will ever hand the job back — lost")
+            } else {
+                "nothing handed it back — lost".to_string()
+            };
+            round.stage.record(
+                Event::new(
+                    "pg",
+                    Kind::JobLost,
+                    format!(
+                        "job {job} was never claimed again: its row says status '{status}', \
+                         claimed_by {name}; {why}"
+                    ),
+                )
+                .with("job", job)
+                .with("status", status.as_str())
+                .with("claimed_by", holder.clone())
+                .with("times_processed", by.len()),
+            );
+        }
+        round.stage.record(job_result(Kind::KillResult, job, &by));
+        Ok(match outcome {
+            KillOutcome::Reclaimed { after_ms, .. } => Some(round1(after_ms)),
+            _ => None,
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! Lab 3's verdict: one row per claiming mode, read back from the processing table, and the
+//! sentences that say what the numbers mean. The decisions behind the sentences (a job
+//! reclaimed or lost, a frozen job kept or refused, a queue stalled) are made by the
+//! checkers in [`crate::check::skip_locked`]; this file only words them.
+
+use std::time::Duration;
+
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::Fault;
+use super::round::plural;
+use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob};
+use crate::labs::runner;
+use crate::output::{human, table};
+use crate::queue::Mode;
+
+/// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
+#[derive(Serialize, Clone, Debug)]
+pub struct ModeVerdict {
+    pub mode: Mode,
+    /// Jobs put through the queue, all rounds together.
+    pub jobs: i64,
+    /// Jobs processed twice or more.
+    pub duplicates: i64,
+    /// Jobs never processed.
+    pub lost: i64,
+    /// The first round's speed (no faults): jobs done per second.
+    pub jobs_per_s: f64,
+    /// From the kill until another worker claimed the killed worker's job; None when there
+    /// was no kill, or when the job was never claimed again.
+    pub reclaim_ms: Option<f64>,
+}
+
+/// What the freeze round measured, for the sentence under the table.
+#[derive(Clone, Debug, Default)]
+pub(super) struct FreezeNotes {
+    /// The frozen job's record: who processed it, what happened to the sleeper's session.
+    pub(super) evidence: Freeze,
+    /// Jobs the others processed while it was frozen.
+    pub(super) others_done: i64,
+    /// Worker sessions blocked behind the frozen one just before the resume (pg_blocking_pids).
+    pub(super) blocked_at_resume: i64,
+    /// Jobs in the freeze round, the frozen one included.
+    pub(super) jobs: u32,
+}
+
+/// One mode as it played: its verdict, and the freeze round's notes if there was one.
+#[derive(Clone, Debug)]
+pub(super) struct Played {
+    pub(super) verdict: ModeVerdict,
+    pub(super) freeze: Option<FreezeNotes>,
+}
+
+/// Every mode of the run.
+pub struct Verdict {
+    pub(super) modes: Vec<Played>,
+    pub(super) pause: Duration,
+    pub(super) fault: Fault,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let modes: Vec<&ModeVerdict> = self.modes.iter().map(|m| &m.verdict).collect();
+        let mut fields = Map::new();
+        fields.insert(
+            "modes".into(),
+            serde_json::to_value(modes).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        print_verdict(self);
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::skip_locked::VERDICT)
+    }
+}
+
+fn print_verdict(verdict: &Verdict) {
+    let header = [
+        "mode",
+        "jobs",
+        "processed twice+",
+        "lost",
+        "jobs/s (round 1)",
+        "kill → reclaimed",
+    ];
+    let count = |n: i64| {
+        if n == 0 {
+            "0".green().to_string()
+        } else {
+            n.to_string().red().bold().to_string()
+        }
+    };
+    let rows: Vec<Vec<String>> = verdict
+        .modes
+        .iter()
+        .map(|m| &m.verdict)
+        .map(|v| {
+            vec![
+                v.mode.name().to_string(),
+                v.jobs.to_string(),
+                count(v.duplicates),
+                count(v.lost),
+                format!("{:.0}", v.jobs_per_s),
+                match (v.reclaim_ms, verdict.fault.kills()) {
+                    (Some(ms), _) => format!("{ms:.1}ms"),
+                    (None, true) => "never".red().bold().to_string(),
+                    (None, false) => "-".to_string(),
+                },
+            ]
+        })
+        .collect();
+    crate::outln!();
+    crate::prose!("{}", "Verdict (read back from the processing table)".bold());
+    crate::prose!("{}", table(&header, &rows));
+    crate::outln!();
+    let fastest = verdict
+        .modes
+        .iter()
+        .map(|m| m.verdict.jobs_per_s)
+        .fold(0.0_f64, f64::max);
+    for played in &verdict.modes {
+        crate::prose!(
+            "  {} {}",
+            format!("{}:", played.verdict.mode.name()).bold(),
+            meaning(verdict.pause, played, fastest)
+        );
+    }
+}
+
+/// One sentence (or two) on what a mode's numbers mean.
+fn meaning(pause: Duration, played: &Played, fastest: f64) -> String {
+    let v = &played.verdict;
+    let mut parts = Vec::new();
+    if v.duplicates == 0 && v.lost == 0 {
+        parts.push("every job was processed exactly once.".to_string());
+    }
+    if v.duplicates > 0 {
+        parts.push(format!(
+            "{} processed twice or more: workers read the same pending id before any of \
+             them marked it.",
+            plural(v.duplicates, "job was", "jobs were")
+        ));
+    }
+    if v.lost > 0 {
+        parts.push(format!(
+            "{} never processed: the killed worker's 'running' mark outlives it, and \
+             only a timeout (a lease, with its TTL guess) could hand it back.",
+            plural(v.lost, "job was", "jobs were")
+        ));
+    }
+    if let Some(ms) = v.reclaim_ms {
+        parts.push(format!(
+            "The killed worker's job was claimed again {ms:.1}ms after the kill: Postgres rolled \
+             its transaction back when the connection closed{}.",
+            reclaim_how(v.mode)
+        ));
+    }
+    if v.mode == Mode::ForUpdate && checks::noticeably_slower(v.jobs_per_s, fastest) {
+        parts.push(format!(
+            "At {:.0} jobs/s against {:.0}: the workers queue behind one row lock, one at a time.",
+            v.jobs_per_s, fastest
+        ));
+    }
+    if let Some(freeze) = &played.freeze {
+        parts.push(freeze_sentence(pause, v.mode, freeze));
+    }
+    parts.join(" ")
+}
+
+/// What became of the frozen worker's job, as [`checks::frozen_job`] decided it.
+fn freeze_sentence(pause: Duration, mode: Mode, note: &FreezeNotes) -> String {
+    let freeze = &note.evidence;
+    let by = &freeze.by;
+    match checks::frozen_job(freeze) {
+        FrozenJob::Refused { during_freeze } => {
+            let when = if during_freeze {
+                "during the freeze"
+            } else {
+                "around the resume (its idle timeout ran out within moments of the pause)"
+            };
+            format!(
+                "Postgres ended the frozen worker's session {when}; its first statement after \
+                 waking (the INSERT) failed, and the job was {}{}",
+                processed(by),
+                if by.len() == 1 {
+                    ": still nothing twice."
+                } else {
+                    "."
+                }
+            )
+        }
+        FrozenJob::Kept if mode.transactional() => format!(
+            "The frozen worker kept its job for the whole {} pause, and finished it once; {}",
+            human(pause),
+            around_the_freeze(note)
+        ),
+        FrozenJob::Kept => "The frozen worker's job stayed 'running' until it woke: no \
+                            transaction, no timeout, nothing would have freed it."
+            .to_string(),
+        FrozenJob::Moved => format!(
+            "The frozen worker's job was {} (while {} was frozen: {}).",
+            processed(by),
+            freeze.sleeper,
+            plural(freeze.processed_while_frozen, "time", "times")
+        ),
+    }
+}
+
+/// What the others did while one worker was frozen, as [`checks::around_the_freeze`] decided it.
+fn around_the_freeze(note: &FreezeNotes) -> String {
+    let sessions = |n| plural(n, "worker session was", "worker sessions were");
+    match checks::around_the_freeze(note.others_done, note.blocked_at_resume, note.jobs) {
+        Around::OnlyJob => {
+            "it was the round's only job, so the others had nothing to do.".to_string()
+        }
+        Around::Idle => "the others processed nothing meanwhile, and none was blocked on its \
+                         lock at the resume."
+            .to_string(),
+        Around::OnlyJobBlocked { blocked } => format!(
+            "it was the round's only job, so there was no queue to stall; but without SKIP \
+             LOCKED the others did not pass over it: at the resume {} waiting for its row lock.",
+            sessions(blocked)
+        ),
+        Around::Stalled { blocked } => format!(
+            "the whole queue stood still behind its row lock: the others processed nothing, \
+             and at the resume {} blocked behind it.",
+            sessions(blocked)
+        ),
+        Around::CarriedOn { done } => format!(
+            "the others carried on around it ({}).",
+            plural(done, "job", "jobs")
+        ),
+        Around::Both { done, blocked } => format!(
+            "the others processed {}, and at the resume {} blocked behind it.",
+            plural(done, "job", "jobs"),
+            sessions(blocked)
+        ),
+    }
+}
+
+/// What the reclaim time measures besides Postgres's rollback, which differs by mode.
+pub(super) fn reclaim_how(mode: Mode) -> String {
+    match mode {
+        Mode::SkipLocked => format!(
+            ", and the next worker to poll took it (idle workers poll every {}, so up to that much of the time is their sleep)",
+            human(crate::worker::consumer::IDLE_POLL)
+        ),
+        Mode::ForUpdate => {
+            ", and woke the worker already waiting on its row (no polling in this number)".into()
+        }
+        Mode::Naive => String::new(),
+    }
+}
+
+/// "processed exactly once by w3", "never processed".
+pub(super) fn processed(by: &[String]) -> String {
+    if by.is_empty() {
+        "never processed".to_string()
+    } else {
+        format!("processed {} by {}", times(by.len()), by.join(", "))
+    }
+}
+
+pub(super) fn times(n: usize) -> &'static str {
+    match n {
+        0 => "0 times",
+        1 => "exactly once",
+        2 => "TWICE",
+        _ => "three times or more",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(by: &[&str], finish_failed: bool, jobs: u32, blocked: i64) -> FreezeNotes {
+        FreezeNotes {
+            evidence: Freeze {
+                sleeper: "w1".into(),
+                by: by.iter().map(|w| w.to_string()).collect(),
+                finish_failed,
+                ..Freeze::default()
+            },
+            jobs,
+            blocked_at_resume: blocked,
+            ..FreezeNotes::default()
+        }
+    }
+
+    /// Issue 10, item 4: with an idle timeout just above the pause, nothing moves while the
+    /// worker is frozen, then Postgres ends its session as it wakes, its INSERT fails and
+    /// another worker does the job. The sentence must say that, not "kept its job".
+    #[test]
+    fn a_session_ended_at_the_resume_is_not_a_job_kept() {
+        let sentence = freeze_sentence(
+            Duration::from_secs(2),
+            Mode::SkipLocked,
+            &note(&["w4"], true, 50, 0),
+        );
+        assert!(!sentence.contains("kept its job"), "{sentence}");
+        assert!(sentence.contains("failed"), "{sentence}");
+        assert!(sentence.contains("w4"), "{sentence}");
+    }
+
+    #[test]
+    fn a_job_finished_by_its_frozen_worker_was_kept() {
+        let sentence = freeze_sentence(
+            Duration::from_secs(2),
+            Mode::SkipLocked,
+            &note(&["w1"], false, 1, 0),
+        );
+        assert!(sentence.contains("kept its job"), "{sentence}");
+    }
+
+    /// Issue 11: with one job there is no queue to stall, whatever the blocked count.
+    #[test]
+    fn one_job_blocked_on_is_not_a_whole_queue_stalled() {
+        let sentence = around_the_freeze(&note(&[], false, 1, 9));
+        assert!(!sentence.contains("whole queue"), "{sentence}");
+        assert!(sentence.contains("only job"), "{sentence}");
+        assert!(around_the_freeze(&note(&[], false, 50, 9)).contains("whole queue"));
+    }
+}
