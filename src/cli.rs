@@ -389,6 +389,17 @@ fn draw_pictures(pictures: &[crate::picture::Target], json: bool) -> Result<()> 
 
 fn up() -> Result<()> {
     let state = servers::up()?;
+    if let Some(room) = &state.room {
+        // A room's password is the instructor's to hand out: a plain `up` (projected on the
+        // wall, perhaps) does not show it.
+        crate::outln!(
+            "{}",
+            format!("A room's servers are running on {room} (until `lockslab down`):").bold()
+        );
+        print_redacted(&state);
+        crate::outln!("`lockslab up --room {room}` prints the lines attendees paste.");
+        return Ok(());
+    }
     crate::outln!(
         "{}",
         "Private servers are running (until `lockslab down`):".bold()
@@ -405,6 +416,17 @@ fn up() -> Result<()> {
     Ok(())
 }
 
+/// `up`'s servers, passwords hidden.
+fn print_redacted(state: &servers::UpState) {
+    for backend in servers::ALL {
+        crate::outln!(
+            "  {:<9} {}",
+            backend.name(),
+            crate::connect::redact(state.url(backend).unwrap_or("-"))
+        );
+    }
+}
+
 /// Lists `up`'s servers; exits 1 (with one line saying what to do) when one does not answer,
 /// so that scripts can rely on `lockslab status && …`.
 fn status() -> Result<()> {
@@ -415,7 +437,8 @@ fn status() -> Result<()> {
         return Ok(());
     };
     for (backend, answers) in &health {
-        let url = state.url(*backend).unwrap_or("-");
+        // Passwords hidden: `status` is what gets shown to a room.
+        let url = crate::connect::redact(state.url(*backend).unwrap_or("-"));
         let mark = if *answers {
             "up".green().bold()
         } else {
@@ -423,8 +446,11 @@ fn status() -> Result<()> {
         };
         crate::outln!("  {:<9} {url}  {mark}", backend.name());
     }
-    for line in state.exports() {
-        crate::outln!("  {line}");
+    match &state.room {
+        Some(room) => {
+            crate::outln!("  a room on {room}: `lockslab up --room {room}` prints its export lines")
+        }
+        None => crate::outln!("  `lockslab up` prints the export lines, passwords included"),
     }
     if state.starting {
         anyhow::bail!(

@@ -668,7 +668,11 @@ fn a_server_that_loses_its_port_is_retried_on_another() {
     let calls = std::fs::read_to_string(&calls).unwrap();
     let ports: HashSet<&str> = calls
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "--port")?;
+            words.get(at + 1).copied()
+        })
         .collect();
     assert_eq!(calls.lines().count(), 2, "{calls}");
     assert_eq!(ports.len(), 2, "a new port for the second try: {calls}");
