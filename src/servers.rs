@@ -1443,17 +1443,31 @@ pub fn state_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("LOCKSLAB_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
+    // Only a runtime directory that exists: lockslab creates nothing but its own directory.
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
+        .filter(|d| d.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     base.join(format!("lockslab-{}", Uid::effective()))
 }
 
 /// Creates `dir` if needed and checks it is a directory of this user's (in a shared /tmp,
 /// `lockslab-0` could be anyone's, or a symlink to somewhere else).
+///
+/// Only `dir` itself is created, never a missing parent; and only a directory created here
+/// has its mode set (an existing one keeps the mode its owner chose).
 fn own_dir(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let created = match fs::create_dir(dir) {
+        Ok(()) => true,
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{} does not exist, and lockslab creates only its own directory in it: \
+             create it, or set LOCKSLAB_STATE_DIR to a directory inside one that exists",
+            dir.parent().unwrap_or(dir).display()
+        ),
+        Err(err) => return Err(err).with_context(|| format!("creating {}", dir.display())),
+    };
     let meta = fs::symlink_metadata(dir)?;
     if !meta.is_dir() || meta.uid() != Uid::effective().as_raw() {
         bail!(
@@ -1461,8 +1475,10 @@ fn own_dir(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    // The private Postgres may run as another user, who must be able to enter the directory.
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    if created {
+        // The private Postgres may run as another user, who must be able to enter it.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    }
     Ok(())
 }
 

@@ -810,3 +810,56 @@ fn a_run_killed_at_birth_is_swept_too() {
     );
     assert!(young.exists(), "a directory just made was taken for dead");
 }
+
+/// Issue 20, section 5: `XDG_RUNTIME_DIR=/nonexistent lockslab up` created
+/// `/nonexistent/lockslab-0`; an existing 0700 state directory was loosened to 0711.
+#[test]
+fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_set() {
+    let world = World::new();
+    let missing = world.tmp().join("nonexistent");
+    let up = world
+        .lockslab(&["up"])
+        .env_remove("LOCKSLAB_STATE_DIR")
+        .env("XDG_RUNTIME_DIR", &missing)
+        .output()
+        .unwrap();
+    let uid = nix::unistd::Uid::effective();
+    let fallback = world.tmp().join(format!("lockslab-{uid}"));
+    let down = world
+        .lockslab(&["down"])
+        .env_remove("LOCKSLAB_STATE_DIR")
+        .env("XDG_RUNTIME_DIR", &missing)
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(!missing.exists(), "`up` created {}", missing.display());
+    assert!(!fallback.exists(), "`down` left {}", fallback.display());
+
+    // LOCKSLAB_STATE_DIR inside a directory that does not exist: refused, nothing made.
+    let deep = world.tmp().join("no/such/place");
+    let refused = world
+        .lockslab(&["up"])
+        .env("LOCKSLAB_STATE_DIR", &deep)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("does not exist"),
+        "{}",
+        text(&refused)
+    );
+    assert!(!world.tmp().join("no").exists());
+
+    // An existing private state directory keeps its mode while `up`'s servers run in it.
+    std::fs::create_dir(&world.state).unwrap();
+    std::fs::set_permissions(&world.state, PermissionsExt::from_mode(0o700)).unwrap();
+    let up = world.run(&["up"]);
+    let mode = std::fs::metadata(&world.state)
+        .map(|meta| PermissionsExt::mode(&meta.permissions()) & 0o777)
+        .unwrap_or(0);
+    let down = world.run(&["down"]);
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(down.status.success(), "{}", text(&down));
+    assert_eq!(mode, 0o700, "the state directory's mode became {mode:o}");
+}
