@@ -146,7 +146,7 @@ any lab at once. `lockslab down` stops them.")]
     #[command(after_help = "\
 Examples:
   lockslab reset                    clear lock 'demo' (LOCKSLAB_NAME's, if set)
-  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana-demo' only; nobody else's")]
+  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana/demo' only; nobody else's")]
     Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,

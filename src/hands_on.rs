@@ -61,10 +61,15 @@ fn parse_name(text: &str) -> Result<String, String> {
     }
 }
 
-/// The lock (and store resource) a hands-on command uses: `demo`, or `ana-demo` for Ana.
+/// The lock (and store resource) a hands-on command uses: `demo`, or `ana/demo` for Ana.
+///
+/// No two (name, lock) pairs meet: a name holds no `/`, so the first `/` ends it (`a` with
+/// `b-demo` is `a/b-demo`, `a-b` with `demo` is `a-b/demo`); and a lock without a name that
+/// holds a `/` gets one in front, which no name starts with.
 pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
     match name.filter(|n| !n.is_empty()) {
-        Some(name) => format!("{name}-{lock}"),
+        Some(name) => format!("{name}/{lock}"),
+        None if lock.contains('/') => format!("/{lock}"),
         None => lock.to_string(),
     }
 }
@@ -228,6 +233,17 @@ pub struct ResetArgs {
 /// and attempts in the store, so that the next exercise starts from token 1 and an empty
 /// store. Nothing of any other name is touched.
 pub fn reset(args: &ResetArgs) -> Result<()> {
+    // `--name` wins over LOCKSLAB_NAME: someone whose shell says who they are clears only
+    // their own state. (A guard against slips: attendees share the room's credentials.)
+    if let (Some(given), Ok(own)) = (&args.name, std::env::var("LOCKSLAB_NAME"))
+        && !own.is_empty()
+        && *given != own
+    {
+        anyhow::bail!(
+            "LOCKSLAB_NAME says you are '{own}': `lockslab reset` clears only your own lock \
+             (leave out --name '{given}')"
+        );
+    }
     let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let mut redis = connect::redis(servers.url(Backend::Redis))?;

@@ -696,10 +696,42 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         "the waiter got it: {etcd}"
     );
 
-    let reset = room.attendee(&["reset", "--name", "ana"]).output().unwrap();
+    let reset = room
+        .attendee(&["reset"])
+        .env("LOCKSLAB_NAME", "ana")
+        .output()
+        .unwrap();
     let said = String::from_utf8_lossy(&reset.stdout);
-    assert!(reset.status.success(), "{said}");
-    assert!(said.contains("'ana-demo'"), "{said}");
+    assert!(
+        reset.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    assert!(said.contains("'ana/demo'"), "{said}");
+
+    // Names cannot meet: `a` with lock `b-demo` is not `a-b` with lock `demo`; and `a` may
+    // not reset `b`'s.
+    let reset_as = |name: &str, args: &[&str]| {
+        let output = room
+            .attendee(&[&["reset"], args].concat())
+            .env("LOCKSLAB_NAME", name)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr),
+        )
+    };
+    let (_, a) = reset_as("a", &["--lock", "b-demo"]);
+    let (_, ab) = reset_as("a-b", &["--lock", "demo"]);
+    assert!(
+        a.contains("'a/b-demo'") && ab.contains("'a-b/demo'"),
+        "{a}\n{ab}"
+    );
+    let (code, said) = reset_as("a", &["--name", "b"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("clears only your own lock"), "{said}");
 
     let state_file = room.state.path().join("servers.json");
     let mode = std::os::unix::fs::PermissionsExt::mode(

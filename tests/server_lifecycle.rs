@@ -817,20 +817,18 @@ fn a_run_killed_at_birth_is_swept_too() {
 fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_set() {
     let world = World::new();
     let missing = world.tmp().join("nonexistent");
-    let up = world
-        .lockslab(&["up"])
-        .env_remove("LOCKSLAB_STATE_DIR")
-        .env("XDG_RUNTIME_DIR", &missing)
-        .output()
-        .unwrap();
+    let with_missing_runtime_dir = |command: &str| {
+        world
+            .lockslab(&[command])
+            .env_remove("LOCKSLAB_STATE_DIR")
+            .env("XDG_RUNTIME_DIR", &missing)
+            .output()
+            .unwrap()
+    };
+    let up = with_missing_runtime_dir("up");
     let uid = nix::unistd::Uid::effective();
     let fallback = world.tmp().join(format!("lockslab-{uid}"));
-    let down = world
-        .lockslab(&["down"])
-        .env_remove("LOCKSLAB_STATE_DIR")
-        .env("XDG_RUNTIME_DIR", &missing)
-        .output()
-        .unwrap();
+    let down = with_missing_runtime_dir("down");
     assert!(up.status.success(), "{}", text(&up));
     assert!(down.status.success(), "{}", text(&down));
     assert!(!missing.exists(), "`up` created {}", missing.display());
