@@ -554,9 +554,10 @@ impl PrivateServers {
         };
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
         anyhow!(
-            "the private {} ({}) {what}; the end of its log: {}",
+            "the private {} ({}) {what}{}; the end of its log: {}",
             backend.name(),
             connect::redact(&url),
+            full_disk_note(&self.dir),
             log_tail(&log)
         )
     }
@@ -642,12 +643,19 @@ impl PrivateServers {
             .current_dir(&data)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(fs::File::create(self.dir.join("initdb.log"))?);
+            // Kept in memory, not in a file: on a full disk the file would stay empty, and
+            // the one line that says why would be lost.
+            .stderr(Stdio::piped());
         as_user(&mut initdb, owner);
         procs::spawn_registered(&mut initdb, initdb_stop_plan()).context("running initdb")
     }
 
     fn finish_initdb(&mut self, mut initdb: Child) -> Result<()> {
+        let mut output = String::new();
+        if let Some(mut stderr) = initdb.stderr.take() {
+            // Until initdb (and the `postgres` it runs) closes it: it ends with them.
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut output);
+        }
         let status = initdb.wait().context("waiting for initdb");
         procs::forget(initdb.id() as i32);
         let _ = fs::remove_file(self.pg_home.join("admin-password"));
@@ -664,8 +672,9 @@ impl PrivateServers {
         }
         if !status.success() {
             bail!(
-                "initdb failed ({status}); the end of its log: {}",
-                log_tail(&self.dir.join("initdb.log"))
+                "initdb failed ({status}){}; the end of its output: {}",
+                full_disk_note(&self.pg_home),
+                text_tail(&output)
             );
         }
         Ok(())
@@ -1117,9 +1126,24 @@ fn wait_until_answering(
     }
 }
 
+/// `: no space left on …` when the file system holding `path` is full (of blocks or of
+/// inodes): the cause a server's own log cannot tell, since it could not be written.
+fn full_disk_note(path: &Path) -> String {
+    match nix::sys::statvfs::statvfs(path) {
+        Ok(fs) if fs.blocks_available() == 0 || fs.files_available() == 0 => {
+            format!(": no space left on the file system of {}", path.display())
+        }
+        _ => String::new(),
+    }
+}
+
 /// The last lines of a server's log, on one line.
 pub(crate) fn log_tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    text_tail(&fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The last lines of a text, on one line.
+fn text_tail(text: &str) -> String {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)

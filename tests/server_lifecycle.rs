@@ -861,3 +861,60 @@ fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_s
     assert!(down.status.success(), "{}", text(&down));
     assert_eq!(mode, 0o700, "the state directory's mode became {mode:o}");
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped; None when this user may not
+/// mount (the test then checks nothing, and says so).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0711"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then(|| SmallDisk(dir))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// Issue 20, section 5: on a full disk, initdb's failure said "the end of its log: (empty)",
+/// since its log sat on that disk too.
+#[test]
+fn a_full_disk_is_named_as_the_cause() {
+    let Some(disk) = SmallDisk::mount("8M") else {
+        eprintln!("skipped: cannot mount a tmpfs here (not root?)");
+        return;
+    };
+    let world = World::new();
+    let output = world
+        .lockslab(&[&QUICK_LAB[..], &["--private-servers"]].concat())
+        .env("TMPDIR", disk.0.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("No space left on device") || said.contains("no space left on"),
+        "{said}"
+    );
+    assert!(!said.contains("(empty)"), "{said}");
+    let left: Vec<_> = std::fs::read_dir(disk.0.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "left on the disk: {left:?}");
+}
