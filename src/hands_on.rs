@@ -39,7 +39,7 @@ pub struct HandsOnArgs {
     /// Draw a fencing token with the lock and send it with the write
     #[arg(long)]
     pub fencing: bool,
-    /// Your name in a shared room: your lock and store row become NAME-LOCK, apart from
+    /// Your name in a shared room: your lock and store row become NAME/LOCK, apart from
     /// everyone else's
     #[arg(long, env = "LOCKSLAB_NAME", value_name = "NAME", value_parser = parse_name)]
     pub name: Option<String>,

@@ -112,7 +112,13 @@ fn up_status_down_keep_servers_between_commands() {
 
     let status = bare(&["status"], state.path()).output().unwrap();
     let status_text = String::from_utf8_lossy(&status.stdout);
-    assert_eq!(status_text.matches(" up").count(), 3, "{status_text}");
+    assert_eq!(
+        status_text.lines().filter(|l| l.ends_with("  up")).count(),
+        3,
+        "{status_text}"
+    );
+    // Passwords hidden: `status` is what gets shown to a room.
+    assert!(status_text.contains(":***@"), "{status_text}");
 
     // A lab with nothing configured finds `up`'s servers.
     let lab = bare(&QUICK_LAB, state.path()).output().unwrap();
