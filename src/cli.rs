@@ -119,7 +119,7 @@ any lab at once. `lockslab down` stops them.")]
     #[command(after_help = "\
 Examples:
   lockslab reset                    clear lock 'demo' (LOCKSLAB_NAME's, if set)
-  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana-demo' only; nobody else's")]
+  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana/demo' only; nobody else's")]
     Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
@@ -363,6 +363,17 @@ fn draw_pictures(pictures: &[crate::picture::Target], json: bool) -> Result<()> 
 
 fn up() -> Result<()> {
     let state = servers::up()?;
+    if let Some(room) = &state.room {
+        // A room's password is the instructor's to hand out: a plain `up` (projected on the
+        // wall, perhaps) does not show it.
+        crate::outln!(
+            "{}",
+            format!("A room's servers are running on {room} (until `lockslab down`):").bold()
+        );
+        print_redacted(&state);
+        crate::outln!("`lockslab up --room {room}` prints the lines attendees paste.");
+        return Ok(());
+    }
     crate::outln!(
         "{}",
         "Private servers are running (until `lockslab down`):".bold()
@@ -379,6 +390,17 @@ fn up() -> Result<()> {
     Ok(())
 }
 
+/// `up`'s servers, passwords hidden.
+fn print_redacted(state: &servers::UpState) {
+    for backend in servers::ALL {
+        crate::outln!(
+            "  {:<9} {}",
+            backend.name(),
+            crate::connect::redact(state.url(backend).unwrap_or("-"))
+        );
+    }
+}
+
 /// Lists `up`'s servers; exits 1 (with one line saying what to do) when one does not answer,
 /// so that scripts can rely on `lockslab status && …`.
 fn status() -> Result<()> {
@@ -389,7 +411,8 @@ fn status() -> Result<()> {
         return Ok(());
     };
     for (backend, answers) in &health {
-        let url = state.url(*backend).unwrap_or("-");
+        // Passwords hidden: `status` is what gets shown to a room.
+        let url = crate::connect::redact(state.url(*backend).unwrap_or("-"));
         let mark = if *answers {
             "up".green().bold()
         } else {
@@ -397,8 +420,11 @@ fn status() -> Result<()> {
         };
         crate::outln!("  {:<9} {url}  {mark}", backend.name());
     }
-    for line in state.exports() {
-        crate::outln!("  {line}");
+    match &state.room {
+        Some(room) => {
+            crate::outln!("  a room on {room}: `lockslab up --room {room}` prints its export lines")
+        }
+        None => crate::outln!("  `lockslab up` prints the export lines, passwords included"),
     }
     if state.starting {
         anyhow::bail!(

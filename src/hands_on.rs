@@ -39,7 +39,7 @@ pub struct HandsOnArgs {
     /// Draw a fencing token with the lock and send it with the write
     #[arg(long)]
     pub fencing: bool,
-    /// Your name in a shared room: your lock and store row become NAME-LOCK, apart from
+    /// Your name in a shared room: your lock and store row become NAME/LOCK, apart from
     /// everyone else's
     #[arg(long, env = "LOCKSLAB_NAME", value_name = "NAME", value_parser = parse_name)]
     pub name: Option<String>,
@@ -74,10 +74,15 @@ fn check_lock(lock: &str) -> Result<()> {
     Ok(())
 }
 
-/// The lock (and store resource) a hands-on command uses: `demo`, or `ana-demo` for Ana.
+/// The lock (and store resource) a hands-on command uses: `demo`, or `ana/demo` for Ana.
+///
+/// No two (name, lock) pairs meet: a name holds no `/`, so the first `/` ends it (`a` with
+/// `b-demo` is `a/b-demo`, `a-b` with `demo` is `a-b/demo`); and a lock without a name that
+/// holds a `/` gets one in front, which no name starts with.
 pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
     match name.filter(|n| !n.is_empty()) {
-        Some(name) => format!("{name}-{lock}"),
+        Some(name) => format!("{name}/{lock}"),
+        None if lock.contains('/') => format!("/{lock}"),
         None => lock.to_string(),
     }
 }
@@ -243,6 +248,18 @@ pub struct ResetArgs {
 /// store. Nothing of any other name is touched.
 pub fn reset(args: &ResetArgs) -> Result<()> {
     check_lock(&args.lock)?;
+
+    // `--name` wins over LOCKSLAB_NAME: someone whose shell says who they are clears only
+    // their own state. (A guard against slips: attendees share the room's credentials.)
+    if let (Some(given), Ok(own)) = (&args.name, std::env::var("LOCKSLAB_NAME"))
+        && !own.is_empty()
+        && *given != own
+    {
+        anyhow::bail!(
+            "LOCKSLAB_NAME says you are '{own}': `lockslab reset` clears only your own lock \
+             (leave out --name '{given}')"
+        );
+    }
     let lock_name = hands_on_name(args.name.as_deref(), &args.lock);
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let mut redis = connect::redis(servers.url(Backend::Redis))?;

@@ -366,9 +366,36 @@ pub struct PrivateServers {
     released: bool,
     /// This run's claim on `dir` (see [`OWNER_LOCK`]); released when the process ends.
     _owner: Option<Flock<fs::File>>,
-    /// `lockslab up --room`: where the servers listen, and the password they all demand.
+    /// `lockslab up --room`: where the servers listen.
     room: Option<Room>,
+    /// The passwords every server of this start demands (see [`Secrets`]).
+    secrets: Secrets,
+    /// Postgres's superuser URL, once the labs' role is made: for the instructor only.
+    admin_url: Option<String>,
 }
+
+/// Every server lockslab starts demands a secret, on loopback too: any local user can
+/// reach a loopback port, and a Postgres that trusts its clients hands them a superuser,
+/// which runs shell commands (`COPY … FROM PROGRAM`) as the account that runs Postgres.
+///
+/// Generated afresh at each start; they live in the servers' URLs (which reach workers
+/// through a pipe, never an argument or the environment), in `up`'s 0600 state file, and in
+/// 0600 files the servers read at start-up.
+#[derive(Clone)]
+struct Secrets {
+    /// What the labs give: Redis's `default` user, etcd's `root`, Postgres's `lockslab` role
+    /// (no superuser, one database of its own).
+    password: String,
+    /// Postgres's superuser, `lockslab_admin`: used once, to create the labs' role and
+    /// database, and kept only in `up`'s state file, for the instructor.
+    admin_password: String,
+}
+
+/// The labs' Postgres role and database: an ordinary role that owns its database and
+/// nothing else (no superuser, no `pg_execute_server_program`, no other database).
+pub const PG_ROLE: &str = "lockslab";
+/// The superuser initdb creates, with a password of its own that the labs never use.
+pub const PG_ADMIN: &str = "lockslab_admin";
 
 /// A room's servers (`lockslab up --room ADDR`): they listen on an address the attendees
 /// can reach, so each one demands a password — Redis `requirepass`, Postgres SCRAM, etcd
@@ -432,10 +459,18 @@ impl PrivateServers {
             pg_user,
             released: false,
             _owner: owner,
+            secrets: Secrets {
+                password: room
+                    .as_ref()
+                    .map_or_else(|| crate::seed::os_hex(24), |room| room.password.clone()),
+                admin_password: crate::seed::os_hex(24),
+            },
             room,
+            admin_url: None,
         };
         let result = servers
             .start_each(backends)
+            .and_then(|()| servers.provision_postgres())
             .and_then(|()| servers.enable_etcd_auth());
         if let Err(err) = result {
             servers.stop();
@@ -523,9 +558,10 @@ impl PrivateServers {
         };
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
         anyhow!(
-            "the private {} ({}) {what}; the end of its log: {}",
+            "the private {} ({}) {what}{}; the end of its log: {}",
             backend.name(),
             connect::redact(&url),
+            full_disk_note(&self.dir),
             log_tail(&log)
         )
     }
@@ -586,34 +622,23 @@ impl PrivateServers {
                 .context("handing the Postgres directory to its user")?;
         }
         let mut initdb = Command::new(find_binary("initdb", Backend::Postgres)?);
-        initdb.arg("-D").arg(&data);
-        match &self.room {
-            None => {
-                initdb.arg("--auth=trust");
-            }
-            Some(room) => {
-                // The password goes in a file only its user can read, never on a command
-                // line (`ps` shows those to everyone); it is deleted once initdb is done.
-                let file = self.pg_home.join("room-password");
-                let _ = fs::remove_file(&file);
-                fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&file)?
-                    .write_all(room.password.as_bytes())?;
-                if let Some((uid, gid)) = owner {
-                    nix::unistd::chown(&file, Some(uid), Some(gid))?;
-                }
-                initdb
-                    .arg("--auth=scram-sha-256")
-                    .arg(format!("--pwfile={}", file.display()));
-            }
+        // The superuser's password goes in a file only its user can read, never on a command
+        // line (`ps` shows those to everyone); it is deleted once initdb is done. Every
+        // connection, over TCP or the Unix socket, must give a password.
+        let file = self.pg_home.join("admin-password");
+        write_secret(&file, &self.secrets.admin_password)?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(&file, Some(uid), Some(gid))?;
         }
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .arg("--auth=scram-sha-256")
+            .arg(format!("--pwfile={}", file.display()));
         initdb
             .args([
                 "-U",
-                "lockslab",
+                PG_ADMIN,
                 "--no-sync",
                 "-E",
                 "UTF8",
@@ -622,15 +647,22 @@ impl PrivateServers {
             .current_dir(&data)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(fs::File::create(self.dir.join("initdb.log"))?);
+            // Kept in memory, not in a file: on a full disk the file would stay empty, and
+            // the one line that says why would be lost.
+            .stderr(Stdio::piped());
         as_user(&mut initdb, owner);
         procs::spawn_registered(&mut initdb, initdb_stop_plan()).context("running initdb")
     }
 
     fn finish_initdb(&mut self, mut initdb: Child) -> Result<()> {
+        let mut output = String::new();
+        if let Some(mut stderr) = initdb.stderr.take() {
+            // Until initdb (and the `postgres` it runs) closes it: it ends with them.
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut output);
+        }
         let status = initdb.wait().context("waiting for initdb");
         procs::forget(initdb.id() as i32);
-        let _ = fs::remove_file(self.pg_home.join("room-password"));
+        let _ = fs::remove_file(self.pg_home.join("admin-password"));
         let status = status?;
         if status.success() && self.room.is_some() {
             // initdb lets in loopback clients only; a room's attendees come from the LAN,
@@ -644,8 +676,9 @@ impl PrivateServers {
         }
         if !status.success() {
             bail!(
-                "initdb failed ({status}); the end of its log: {}",
-                log_tail(&self.dir.join("initdb.log"))
+                "initdb failed ({status}){}; the end of its output: {}",
+                full_disk_note(&self.pg_home),
+                text_tail(&output)
             );
         }
         Ok(())
@@ -671,23 +704,14 @@ impl PrivateServers {
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
         let host = self.host().to_string();
         let at = self.host_port(port);
-        // A room's password in a URL: attendees paste these, so they must carry it.
-        let password = self.room.as_ref().map(|room| room.password.clone());
+        let password = self.secrets.password.clone();
         let (mut command, url, stop_signal) = match backend {
             Backend::Redis => {
                 let mut command = Command::new(find_binary("redis-server", backend)?);
-                if let Some(password) = &password {
-                    // In a config file only we can read, not on the command line.
-                    let conf = self.dir.join("redis-room.conf");
-                    let _ = fs::remove_file(&conf);
-                    fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&conf)?
-                        .write_all(format!("requirepass {password}\n").as_bytes())?;
-                    command.arg(&conf);
-                }
+                // In a config file only we can read, not on the command line.
+                let conf = self.dir.join("redis-auth.conf");
+                write_secret(&conf, &format!("requirepass {password}\n"))?;
+                command.arg(&conf);
                 command.args([
                     "--port",
                     &port.to_string(),
@@ -701,10 +725,9 @@ impl PrivateServers {
                 command.arg("--dir").arg(&self.dir);
                 (
                     command,
-                    match &password {
-                        Some(password) => format!("redis://:{password}@{at}"),
-                        None => format!("redis://{at}"),
-                    },
+                    // `default:` spelled out: Debian 12's `redis-cli -u` sends a URL's
+                    // password alone only with a user name before it.
+                    format!("redis://default:{password}@{at}"),
                     Signal::SIGTERM,
                 )
             }
@@ -731,7 +754,12 @@ impl PrivateServers {
                     ])
                     .args(["--initial-cluster", &format!("lockslab={peer}")])
                     // A one-member cluster elects itself; short timers make that take milliseconds.
-                    .args(["--heartbeat-interval", "50", "--election-timeout", "300"]);
+                    .args(["--heartbeat-interval", "50", "--election-timeout", "300"])
+                    // Auth is always on (see `Secrets`), and etcd checks the password with
+                    // bcrypt at each client's log-in: at the default cost 10 that is tens of
+                    // milliseconds of CPU per worker. The password is 96 random bits, which
+                    // no cost factor needs to slow down guessing of.
+                    .args(["--bcrypt-cost", "4"]);
                 (command, client, Signal::SIGTERM)
             }
             Backend::Postgres => {
@@ -756,7 +784,7 @@ impl PrivateServers {
                     .arg("-c")
                     .arg(format!(
                         "max_connections={}",
-                        if password.is_some() {
+                        if self.room.is_some() {
                             ROOM_PG_CONNECTIONS
                         } else {
                             200
@@ -769,10 +797,12 @@ impl PrivateServers {
                 // SIGINT is Postgres's fast shutdown: it does not wait for clients to leave.
                 (
                     command,
-                    match &password {
-                        Some(password) => format!("postgres://lockslab:{password}@{at}/postgres"),
-                        None => format!("postgres://lockslab@{at}/postgres"),
-                    },
+                    // The superuser's URL until `provision_postgres` has made the labs'
+                    // role; from then on the labs' URL replaces it.
+                    format!(
+                        "postgres://{PG_ADMIN}:{}@{at}/postgres",
+                        self.secrets.admin_password
+                    ),
                     Signal::SIGINT,
                 )
             }
@@ -838,12 +868,53 @@ impl PrivateServers {
         Ok(())
     }
 
-    /// A room's etcd: adds the root user with the room's password, turns auth on, and
-    /// from then on names the server by a URL that carries the user.
-    fn enable_etcd_auth(&mut self) -> Result<()> {
-        let Some(room) = self.room.clone() else {
+    /// Postgres: as the superuser, creates the labs' role and its database, and closes the
+    /// other databases to everyone but the superuser. From then on the server is named by
+    /// the labs' URL.
+    fn provision_postgres(&mut self) -> Result<()> {
+        let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Postgres) else {
             return Ok(());
         };
+        let admin = self.urls[index].1.clone();
+        let password = &self.secrets.password;
+        let mut client = connect::postgres(&admin)?;
+        // CREATE DATABASE cannot run inside a transaction block: one statement at a time.
+        for statement in [
+            format!(
+                "CREATE ROLE {PG_ROLE} LOGIN PASSWORD '{password}' \
+                 NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+            ),
+            format!("CREATE DATABASE {PG_ROLE} OWNER {PG_ROLE}"),
+            "REVOKE ALL ON DATABASE postgres FROM PUBLIC".to_string(),
+            "REVOKE ALL ON DATABASE template1 FROM PUBLIC".to_string(),
+        ] {
+            client
+                .batch_execute(&statement)
+                .context("creating the labs' role in the private Postgres")?;
+        }
+        drop(client);
+        self.admin_url = Some(admin.clone());
+        let at = admin.rsplit_once('@').map_or("", |(_, at)| at);
+        let at = at.strip_suffix("/postgres").unwrap_or(at);
+        let url = format!("postgres://{PG_ROLE}:{password}@{at}/{PG_ROLE}");
+        connect::note_source(
+            &url,
+            match self.lifetime {
+                Lifetime::ThisRun => connect::Source::Private,
+                Lifetime::Detached => connect::Source::Up,
+            },
+        );
+        self.urls[index].1 = url;
+        if self.lifetime == Lifetime::Detached {
+            self.record(true)?;
+        }
+        Ok(())
+    }
+
+    /// etcd: adds the root user with this start's password, turns auth on, and from then
+    /// on names the server by a URL that carries the user.
+    fn enable_etcd_auth(&mut self) -> Result<()> {
+        let password = self.secrets.password.clone();
         let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Etcd) else {
             return Ok(());
         };
@@ -851,9 +922,7 @@ impl PrivateServers {
         connect::etcd_runtime()?
             .block_on(async {
                 let mut client = connect::etcd(&plain).await?;
-                client
-                    .user_add("root", room.password.as_str(), None)
-                    .await?;
+                client.user_add("root", password.as_str(), None).await?;
                 // The root role exists from the start in some versions, not in others.
                 let _ = client.role_add("root").await;
                 client.user_grant_role("root", "root").await?;
@@ -861,7 +930,7 @@ impl PrivateServers {
                 anyhow::Ok(())
             })
             .with_context(|| format!("turning on authentication in etcd at {plain}"))?;
-        let with_user = plain.replacen("http://", &format!("http://root:{}@", room.password), 1);
+        let with_user = plain.replacen("http://", &format!("http://root:{password}@"), 1);
         connect::note_source(&with_user, connect::Source::Up);
         self.urls[index].1 = with_user;
         if self.lifetime == Lifetime::Detached {
@@ -918,6 +987,10 @@ impl PrivateServers {
             procs::stop(pid, &StopPlan::kill());
         }
         self.launch_on(backend, port)?;
+        // Same port, same data, same users: the URL the labs were given still holds.
+        if let Some(entry) = self.urls.iter_mut().find(|(b, _)| *b == backend) {
+            entry.1 = url.clone();
+        }
         let pid = self
             .pid(backend)
             .context("the restarted server has no pid")?;
@@ -945,6 +1018,7 @@ impl PrivateServers {
             pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
             starting,
             room: self.room.as_ref().map(|room| room.addr.to_string()),
+            postgres_admin: self.admin_url.clone(),
         }
     }
 
@@ -990,6 +1064,18 @@ impl Drop for PrivateServers {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A new file only this user can read, holding a secret a server reads at start-up.
+fn write_secret(path: &Path, text: &str) -> Result<()> {
+    let _ = fs::remove_file(path);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn stop_plan(backend: Backend) -> StopPlan {
@@ -1044,9 +1130,24 @@ fn wait_until_answering(
     }
 }
 
+/// `: no space left on …` when the file system holding `path` is full (of blocks or of
+/// inodes): the cause a server's own log cannot tell, since it could not be written.
+fn full_disk_note(path: &Path) -> String {
+    match nix::sys::statvfs::statvfs(path) {
+        Ok(fs) if fs.blocks_available() == 0 || fs.files_available() == 0 => {
+            format!(": no space left on the file system of {}", path.display())
+        }
+        _ => String::new(),
+    }
+}
+
 /// The last lines of a server's log, on one line.
 pub(crate) fn log_tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    text_tail(&fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The last lines of a text, on one line.
+fn text_tail(text: &str) -> String {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)
@@ -1370,17 +1471,31 @@ pub fn state_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("LOCKSLAB_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
+    // Only a runtime directory that exists: lockslab creates nothing but its own directory.
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
+        .filter(|d| d.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     base.join(format!("lockslab-{}", Uid::effective()))
 }
 
 /// Creates `dir` if needed and checks it is a directory of this user's (in a shared /tmp,
 /// `lockslab-0` could be anyone's, or a symlink to somewhere else).
+///
+/// Only `dir` itself is created, never a missing parent; and only a directory created here
+/// has its mode set (an existing one keeps the mode its owner chose).
 fn own_dir(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let created = match fs::create_dir(dir) {
+        Ok(()) => true,
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{} does not exist, and lockslab creates only its own directory in it: \
+             create it, or set LOCKSLAB_STATE_DIR to a directory inside one that exists",
+            dir.parent().unwrap_or(dir).display()
+        ),
+        Err(err) => return Err(err).with_context(|| format!("creating {}", dir.display())),
+    };
     let meta = fs::symlink_metadata(dir)?;
     if !meta.is_dir() || meta.uid() != Uid::effective().as_raw() {
         bail!(
@@ -1388,8 +1503,10 @@ fn own_dir(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    // The private Postgres may run as another user, who must be able to enter the directory.
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    if created {
+        // The private Postgres may run as another user, who must be able to enter it.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    }
     Ok(())
 }
 
@@ -1412,11 +1529,15 @@ pub struct UpState {
     /// `lockslab up --room ADDR`: the address the servers listen on, with passwords on.
     #[serde(default)]
     pub room: Option<String>,
+    /// Postgres's superuser (see [`PG_ADMIN`]): never printed, never handed to a lab; kept
+    /// here (a file only this user reads) for whoever started the servers.
+    #[serde(default)]
+    pub postgres_admin: Option<String>,
 }
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 11] = [
+const STATE_ENTRIES: [&str; 13] = [
     "servers.json",
     "servers.json.tmp",
     "redis.log",
@@ -1427,7 +1548,9 @@ const STATE_ENTRIES: [&str; 11] = [
     "pg",
     "dump.rdb",
     "redis-room.conf",
+    "redis-auth.conf",
     "room-password",
+    "admin-password",
 ];
 
 impl UpState {
@@ -1559,14 +1682,28 @@ pub fn up() -> Result<UpState> {
 /// password each (see [`Room`]). Servers `up` started before are stopped first, unless
 /// they are this room's already and answer.
 pub fn up_room(addr: std::net::IpAddr) -> Result<UpState> {
+    if addr.is_unspecified() {
+        bail!(
+            "--room {addr} means every address of this machine, every network it is on included: \
+             give the one address the room reaches it by (see `ip -brief address`)"
+        );
+    }
     if let Ok(Some(state)) = UpState::load()
         && !state.starting
-        && state.room.as_deref() == Some(addr.to_string().as_str())
         && ALL
             .iter()
             .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
     {
-        return Ok(state);
+        match state.room.as_deref() {
+            Some(room) if room == addr.to_string() => return Ok(state),
+            // Replacing it would change every port and password: every attendee's pasted
+            // lines would point at nothing.
+            Some(room) => bail!(
+                "a room is already running on {room}: `lockslab down` stops it (every attendee's \
+                 export lines then point at nothing), then `lockslab up --room {addr}`"
+            ),
+            None => {}
+        }
     }
     down()?;
     let room = Room {
@@ -1705,6 +1842,7 @@ pub fn serve_until_stdin_closes() -> Result<()> {
         "redis": url(Backend::Redis),
         "etcd": url(Backend::Etcd),
         "postgres": url(Backend::Postgres),
+        "postgres_admin": servers.admin_url,
         "started_ms": servers.started_in.as_millis() as u64,
         "pids": {
             "redis": pid(Backend::Redis),

@@ -316,9 +316,7 @@ fn revoke(lease: i64) {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([servers().etcd.as_str()], None)
-            .await
-            .unwrap();
+        let mut client = etcd_client_of(&servers().etcd).await;
         client.lease_revoke(lease).await.unwrap();
     });
 }

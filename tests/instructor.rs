@@ -437,9 +437,7 @@ fn etcd_keys_of(run_id: &str) -> i64 {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut etcd = etcd_client::Client::connect([servers().etcd.as_str()], None)
-            .await
-            .unwrap();
+        let mut etcd = etcd_client_of(&servers().etcd).await;
         let options = etcd_client::GetOptions::new()
             .with_prefix()
             .with_count_only();
@@ -698,10 +696,42 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         "the waiter got it: {etcd}"
     );
 
-    let reset = room.attendee(&["reset", "--name", "ana"]).output().unwrap();
+    let reset = room
+        .attendee(&["reset"])
+        .env("LOCKSLAB_NAME", "ana")
+        .output()
+        .unwrap();
     let said = String::from_utf8_lossy(&reset.stdout);
-    assert!(reset.status.success(), "{said}");
-    assert!(said.contains("'ana-demo'"), "{said}");
+    assert!(
+        reset.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    assert!(said.contains("'ana/demo'"), "{said}");
+
+    // Names cannot meet: `a` with lock `b-demo` is not `a-b` with lock `demo`; and `a` may
+    // not reset `b`'s.
+    let reset_as = |name: &str, args: &[&str]| {
+        let output = room
+            .attendee(&[&["reset"], args].concat())
+            .env("LOCKSLAB_NAME", name)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr),
+        )
+    };
+    let (_, a) = reset_as("a", &["--lock", "b-demo"]);
+    let (_, ab) = reset_as("a-b", &["--lock", "demo"]);
+    assert!(
+        a.contains("'a/b-demo'") && ab.contains("'a-b/demo'"),
+        "{a}\n{ab}"
+    );
+    let (code, said) = reset_as("a", &["--name", "b"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("clears only your own lock"), "{said}");
 
     let state_file = room.state.path().join("servers.json");
     let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -879,4 +909,97 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
             other => panic!("no check for {other}"),
         }
     }
+}
+
+/// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain
+/// `up` printed it in clear; `up --room 0.0.0.0` waited 21s, then blamed the machine; a
+/// second `up --room` elsewhere silently replaced a running room.
+#[test]
+fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
+    let room = Room::up("127.0.0.4");
+    let redis_url = room.url("LOCKSLAB_REDIS_URL").to_string();
+    let password = redis_url
+        .strip_prefix("redis://default:")
+        .and_then(|rest| rest.split_once('@'))
+        .map(|(password, _)| password.to_string())
+        .unwrap_or_else(|| panic!("not the redis://default:PW@ form: {redis_url}"));
+
+    // What attendees get is no superuser, and cannot run programs.
+    let mut db =
+        postgres::Client::connect(room.url("LOCKSLAB_POSTGRES_URL"), postgres::NoTls).unwrap();
+    let superuser: bool = db
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!superuser, "the room's Postgres role is a superuser");
+    db.batch_execute("CREATE TEMP TABLE attack (line text)")
+        .unwrap();
+    let err = db
+        .batch_execute("COPY attack FROM PROGRAM 'id'")
+        .expect_err("COPY FROM PROGRAM ran as the room's role");
+    assert_eq!(
+        err.code(),
+        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{err}"
+    );
+    // The superuser's password is the instructor's: in the 0600 state file, printed nowhere.
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(room.state.path().join("servers.json")).unwrap(),
+    )
+    .unwrap();
+    let admin = state["postgres_admin"].as_str().unwrap().to_string();
+    let admin_password = admin
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
+        .unwrap()
+        .1
+        .to_string();
+    assert!(!room.printed.contains(&admin_password), "{}", room.printed);
+    assert!(
+        !room
+            .exports
+            .iter()
+            .any(|(_, v)| v.contains(&admin_password))
+    );
+
+    for args in [&["status"][..], &["up"]] {
+        let output = room.command(args).output().unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(output.status.success(), "{args:?}: {all}");
+        assert!(all.contains("127.0.0.4"), "{args:?}: {all}");
+        assert!(
+            !all.contains(&password),
+            "{args:?} shows the password: {all}"
+        );
+        assert!(!all.contains(&admin_password), "{args:?}: {all}");
+    }
+
+    // Every address of the machine, or another room: refused, and the room stays.
+    for addr in ["0.0.0.0", "::", "127.0.0.5"] {
+        let output = room.command(&["up", "--room", addr]).output().unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "up --room {addr}: {said}");
+        let expected = if addr == "127.0.0.5" {
+            "a room is already running on 127.0.0.4"
+        } else {
+            "means every address of this machine"
+        };
+        assert!(said.contains(expected), "up --room {addr}: {said}");
+    }
+    let again = room
+        .command(&["up", "--room", "127.0.0.4"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains(&redis_url),
+        "the room's servers were replaced"
+    );
 }

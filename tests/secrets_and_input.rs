@@ -45,22 +45,23 @@ fn printed(output: &std::process::Output) -> String {
     )
 }
 
-/// The test Postgres's URL for a role that logs in with `PASSWORD` (the private server
-/// trusts every local login, so any password connects, and this one travels everywhere
-/// the URL does).
+/// The test Postgres's URL for a role that logs in with `PASSWORD`, a password holding a
+/// URL delimiter, which travels everywhere the URL does. Made by the server's superuser
+/// (the labs' role may create no role); its sessions act as the labs' role, so that the
+/// tables it makes stay the labs' role's.
 fn postgres_url_with_password() -> String {
     let servers = servers();
-    let mut db = postgres::Client::connect(&servers.postgres, postgres::NoTls).unwrap();
+    let mut db = postgres::Client::connect(&servers.postgres_admin, postgres::NoTls).unwrap();
     db.batch_execute(&format!(
         "DO $$ BEGIN
-             CREATE ROLE lockslab_pw LOGIN SUPERUSER PASSWORD '{PASSWORD}';
+             CREATE ROLE lockslab_pw LOGIN PASSWORD '{PASSWORD}' IN ROLE lockslab;
+             ALTER ROLE lockslab_pw SET role = 'lockslab';
          EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
          END $$"
     ))
     .unwrap();
-    let url = servers
-        .postgres
-        .replacen("lockslab@", &format!("lockslab_pw:{PASSWORD}@"), 1);
+    let (_, at) = servers.postgres.rsplit_once('@').unwrap();
+    let url = format!("postgres://lockslab_pw:{PASSWORD}@{at}");
     assert!(url.contains(PASSWORD), "{url}");
     url
 }
@@ -348,9 +349,7 @@ fn absurd_durations_are_refused_before_anything_starts() {
         .build()
         .unwrap();
     let longest = runtime.block_on(async {
-        let mut etcd = etcd_client::Client::connect([servers().etcd.as_str()], None)
-            .await
-            .unwrap();
+        let mut etcd = etcd_client_of(&servers().etcd).await;
         let mut longest = 0;
         for lease in etcd.leases().await.unwrap().leases() {
             if let Ok(left) = etcd.lease_time_to_live(lease.id(), None).await {
@@ -406,9 +405,7 @@ fn leftovers(run_id: &str) -> (i64, usize, i64) {
         .build()
         .unwrap();
     let etcd_keys = runtime.block_on(async {
-        let mut etcd = etcd_client::Client::connect([servers.etcd.as_str()], None)
-            .await
-            .unwrap();
+        let mut etcd = etcd_client_of(&servers.etcd).await;
         let options = etcd_client::GetOptions::new()
             .with_prefix()
             .with_count_only();

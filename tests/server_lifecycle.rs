@@ -668,7 +668,11 @@ fn a_server_that_loses_its_port_is_retried_on_another() {
     let calls = std::fs::read_to_string(&calls).unwrap();
     let ports: HashSet<&str> = calls
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "--port")?;
+            words.get(at + 1).copied()
+        })
         .collect();
     assert_eq!(calls.lines().count(), 2, "{calls}");
     assert_eq!(ports.len(), 2, "a new port for the second try: {calls}");
@@ -805,4 +809,112 @@ fn a_run_killed_at_birth_is_swept_too() {
         "a run directory with an empty owner.lock stays"
     );
     assert!(young.exists(), "a directory just made was taken for dead");
+}
+
+/// Issue 20, section 5: `XDG_RUNTIME_DIR=/nonexistent lockslab up` created
+/// `/nonexistent/lockslab-0`; an existing 0700 state directory was loosened to 0711.
+#[test]
+fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_set() {
+    let world = World::new();
+    let missing = world.tmp().join("nonexistent");
+    let with_missing_runtime_dir = |command: &str| {
+        world
+            .lockslab(&[command])
+            .env_remove("LOCKSLAB_STATE_DIR")
+            .env("XDG_RUNTIME_DIR", &missing)
+            .output()
+            .unwrap()
+    };
+    let up = with_missing_runtime_dir("up");
+    let uid = nix::unistd::Uid::effective();
+    let fallback = world.tmp().join(format!("lockslab-{uid}"));
+    let down = with_missing_runtime_dir("down");
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(!missing.exists(), "`up` created {}", missing.display());
+    assert!(!fallback.exists(), "`down` left {}", fallback.display());
+
+    // LOCKSLAB_STATE_DIR inside a directory that does not exist: refused, nothing made.
+    let deep = world.tmp().join("no/such/place");
+    let refused = world
+        .lockslab(&["up"])
+        .env("LOCKSLAB_STATE_DIR", &deep)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("does not exist"),
+        "{}",
+        text(&refused)
+    );
+    assert!(!world.tmp().join("no").exists());
+
+    // An existing private state directory keeps its mode while `up`'s servers run in it.
+    std::fs::create_dir(&world.state).unwrap();
+    std::fs::set_permissions(&world.state, PermissionsExt::from_mode(0o700)).unwrap();
+    let up = world.run(&["up"]);
+    let mode = std::fs::metadata(&world.state)
+        .map(|meta| PermissionsExt::mode(&meta.permissions()) & 0o777)
+        .unwrap_or(0);
+    let down = world.run(&["down"]);
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(down.status.success(), "{}", text(&down));
+    assert_eq!(mode, 0o700, "the state directory's mode became {mode:o}");
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped; None when this user may not
+/// mount (the test then checks nothing, and says so).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0711"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then(|| SmallDisk(dir))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// Issue 20, section 5: on a full disk, initdb's failure said "the end of its log: (empty)",
+/// since its log sat on that disk too.
+#[test]
+fn a_full_disk_is_named_as_the_cause() {
+    let Some(disk) = SmallDisk::mount("8M") else {
+        eprintln!("skipped: cannot mount a tmpfs here (not root?)");
+        return;
+    };
+    let world = World::new();
+    let output = world
+        .lockslab(&[&QUICK_LAB[..], &["--private-servers"]].concat())
+        .env("TMPDIR", disk.0.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("No space left on device") || said.contains("no space left on"),
+        "{said}"
+    );
+    assert!(!said.contains("(empty)"), "{said}");
+    let left: Vec<_> = std::fs::read_dir(disk.0.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "left on the disk: {left:?}");
 }

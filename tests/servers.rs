@@ -55,7 +55,8 @@ fn private_servers_are_started_for_a_run_and_removed_after_it() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        text.contains("Redis    redis://127.0.0.1:") && text.contains("(private, started in"),
+        text.contains("Redis    redis://default:***@127.0.0.1:")
+            && text.contains("(private, started in"),
         "{text}"
     );
     let left: Vec<_> = std::fs::read_dir(tmp.path())
@@ -68,7 +69,7 @@ fn private_servers_are_started_for_a_run_and_removed_after_it() {
         "the private servers' data was not removed: {left:?}"
     );
     let port = text
-        .split("redis://127.0.0.1:")
+        .split("redis://default:***@127.0.0.1:")
         .nth(1)
         .unwrap()
         .split_whitespace()
@@ -97,7 +98,7 @@ fn up_status_down_keep_servers_between_commands() {
         String::from_utf8_lossy(&up.stderr)
     );
     assert!(
-        up_text.contains("export LOCKSLAB_REDIS_URL=redis://127.0.0.1:"),
+        up_text.contains("export LOCKSLAB_REDIS_URL=redis://default:"),
         "{up_text}"
     );
     assert!(
@@ -111,7 +112,13 @@ fn up_status_down_keep_servers_between_commands() {
 
     let status = bare(&["status"], state.path()).output().unwrap();
     let status_text = String::from_utf8_lossy(&status.stdout);
-    assert_eq!(status_text.matches(" up").count(), 3, "{status_text}");
+    assert_eq!(
+        status_text.lines().filter(|l| l.ends_with("  up")).count(),
+        3,
+        "{status_text}"
+    );
+    // Passwords hidden: `status` is what gets shown to a room.
+    assert!(status_text.contains(":***@"), "{status_text}");
 
     // A lab with nothing configured finds `up`'s servers.
     let lab = bare(&QUICK_LAB, state.path()).output().unwrap();
@@ -191,4 +198,128 @@ fn sigterm_and_a_second_ctrl_c_clean_up_too() {
             );
         }
     }
+}
+
+/// `host:port` of a server URL, whatever credentials it carries.
+fn address_of(url: &str) -> String {
+    let rest = url.split_once("://").unwrap().1;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, at)| at);
+    rest.split('/').next().unwrap().to_string()
+}
+
+/// Issue 20, section 1: the labs' Postgres role was a superuser that any local user reached
+/// without a password, and `COPY … FROM PROGRAM` ran shell commands as Postgres's account.
+#[test]
+fn the_labs_postgres_role_cannot_run_programs_nor_reach_other_databases() {
+    let url = &servers().postgres;
+    let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let superuser: bool = client
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!superuser, "the labs' role is a superuser");
+    client
+        .batch_execute("CREATE TEMP TABLE attack (line text)")
+        .unwrap();
+    for attack in [
+        "COPY attack FROM PROGRAM 'id'",
+        "COPY attack TO PROGRAM 'cat > /dev/null'",
+        "COPY attack FROM '/etc/passwd'",
+        "CREATE ROLE intruder SUPERUSER LOGIN",
+        "CREATE DATABASE elsewhere",
+    ] {
+        let err = client
+            .batch_execute(attack)
+            .expect_err(&format!("`{attack}` ran as the labs' role"));
+        assert_eq!(
+            err.code(),
+            Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "`{attack}`: {err}"
+        );
+    }
+    // The same credentials reach no other database.
+    let (base, _) = url.rsplit_once('/').unwrap();
+    for database in ["postgres", "template1"] {
+        let err = postgres::Client::connect(&format!("{base}/{database}"), postgres::NoTls)
+            .err()
+            .unwrap_or_else(|| panic!("the labs' role connected to {database}"));
+        assert_eq!(
+            err.code(),
+            Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{database}: {err}"
+        );
+    }
+}
+
+/// Issue 20, section 1: no server lockslab starts lets anyone in without a secret, on
+/// loopback too.
+#[test]
+fn every_private_server_refuses_a_client_without_the_password() {
+    let servers = servers();
+    for user in ["lockslab", "lockslab_admin", "postgres"] {
+        for password in ["", ":lockslab", ":wrong"] {
+            let url = format!(
+                "postgres://{user}{password}@{}/postgres",
+                address_of(&servers.postgres)
+            );
+            assert!(
+                postgres::Client::connect(&url, postgres::NoTls).is_err(),
+                "Postgres let {user} in with {password:?}"
+            );
+        }
+    }
+
+    for url in [
+        format!("redis://{}", address_of(&servers.redis)),
+        format!("redis://default:wrong@{}", address_of(&servers.redis)),
+    ] {
+        let answer = redis::Client::open(url.as_str())
+            .and_then(|client| client.get_connection())
+            .and_then(|mut connection| {
+                redis::cmd("SET")
+                    .arg("lockslab:attack")
+                    .arg("1")
+                    .query::<String>(&mut connection)
+            });
+        assert!(answer.is_err(), "Redis took SET from {url}");
+    }
+    // The password the URL carries is the one Redis wants, in the `default:PW@` form that
+    // Debian 12's `redis-cli -u` reads.
+    assert!(
+        servers.redis.starts_with("redis://default:"),
+        "{}",
+        servers.redis
+    );
+
+    // etcd's JSON gateway, asked with no user: auth is on, so it refuses.
+    let address = address_of(&servers.etcd);
+    for path in ["/v3/kv/put", "/v3/kv/range"] {
+        let answer = etcd_gateway(&address, path, r#"{"key":"Zm9v","value":"YmFy"}"#);
+        assert!(
+            answer.contains("user name is empty"),
+            "etcd answered {path} without a user: {answer}"
+        );
+    }
+}
+
+/// One POST to etcd's JSON gateway, by hand: the whole answer.
+fn etcd_gateway(address: &str, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
 }

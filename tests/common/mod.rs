@@ -31,6 +31,8 @@ pub struct Servers {
     pub redis: String,
     pub etcd: String,
     pub postgres: String,
+    /// The superuser, which no lab is given: for tests that play the instructor.
+    pub postgres_admin: String,
     keeper: Mutex<Option<(Child, ChildStdin)>>,
 }
 
@@ -92,9 +94,16 @@ pub fn servers() -> &'static Servers {
             redis: url("redis"),
             etcd: url("etcd"),
             postgres: url("postgres"),
+            postgres_admin: url("postgres_admin"),
             keeper: Mutex::new(Some((keeper, stdin))),
         }
     })
+}
+
+/// A client of an etcd lockslab started, made as the labs make one: every etcd lockslab
+/// starts has auth on, and its URL carries the root user.
+pub async fn etcd_client_of(url: &str) -> etcd_client::Client {
+    lockslab::connect::etcd(url).await.unwrap()
 }
 
 /// A lockslab command that uses this binary's servers and nothing from the environment.
