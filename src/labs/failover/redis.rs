@@ -67,9 +67,9 @@ impl Play<'_> {
         // The replica falls behind: frozen, and its link closed from the primary's side.
         // (Frozen alone is not enough: its kernel would still take the stream into the
         // socket buffer, and the replica would read A's key from there once thawed.)
+        let mut on_primary = cluster::ask(primary).context("asking the primary")?;
         let mut freeze = Held::default();
         nemesis.pause(&mut freeze, &redis.replica, Note::default())?;
-        let mut on_primary = cluster::ask(primary).context("asking the primary")?;
         let cut: Result<i64> = redis::cmd("CLIENT")
             .arg("KILL")
             .arg("TYPE")
