@@ -1,0 +1,324 @@
+//! Lab 5's verdict: one row per scenario, decided by the checkers of
+//! [`crate::check::failover`] from the servers' answers and the store's record, and the
+//! sentences that say why.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
+use crate::check::{Finding, LateWrite};
+use crate::events::{Event, Kind};
+use crate::labs::{Stage, runner};
+use crate::output::{human, table};
+use crate::store::ReadBack;
+use crate::worker::sentinel_client::Rule;
+
+/// How two writes of one scenario were decided, and what that says.
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct StaleWrite {
+    /// A's write was decided after B's accepted write.
+    pub attempted: bool,
+    /// Whether the store took it; null when there was none.
+    pub accepted: Option<bool>,
+}
+
+/// One row of the verdict. Every field is read back from a server or from the store.
+#[derive(Serialize, Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub backend: &'static str,
+    /// Two clients held the lock at once, per the servers' answers.
+    pub two_holders: Option<bool>,
+    /// B's token was not higher than A's (the source handed a number out again); null
+    /// without tokens.
+    pub token_reissued: Option<bool>,
+    pub stale_write: StaleWrite,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub election_ms: Option<u64>,
+    /// The fencing rule the store applied (`not-lower`, `higher-or-same-holder`), if any.
+    pub store_rule: Option<Rule>,
+    pub a_token: Option<i64>,
+    pub b_token: Option<i64>,
+    pub final_writer: Option<String>,
+    /// `redis-wait`: what the primary answered A's `WAIT 1` (replicas that had its key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas_confirmed: Option<i64>,
+    /// etcd with its majority gone: what the client was told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+    /// `redis-min-replicas`: the primary's answer to A's `SET NX` (`NOREPLICAS …`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    pub attempts: Vec<crate::store::Attempt>,
+    /// A's write in the store's decision order (the JSON carries it as `stale_write`).
+    #[serde(skip)]
+    pub(super) late: LateWrite,
+    /// The store has an attempt of A's.
+    #[serde(skip)]
+    pub(super) a_wrote: bool,
+}
+
+impl Scenario {
+    /// A row read from the store's record, with the lock service's answer on two holders.
+    pub(super) fn from_store(
+        name: &str,
+        backend: &'static str,
+        two_holders: Finding,
+        rule: Option<Rule>,
+        read: ReadBack,
+        a: &str,
+        b: &str,
+    ) -> Result<Scenario> {
+        let Ok(writes) = checks::writes(
+            two_holders,
+            &read.attempts,
+            read.final_writer.as_deref(),
+            a,
+            b,
+        ) else {
+            bail!("the store's record for {name} disagrees with itself");
+        };
+        Ok(Scenario {
+            two_holders: writes.two_holders.as_option(),
+            token_reissued: writes.tokens.map(TokenOrder::reissued),
+            stale_write: StaleWrite {
+                attempted: writes.late.attempted(),
+                accepted: writes.late.accepted(),
+            },
+            store_rule: rule,
+            a_token: writes.a_token,
+            b_token: writes.b_token,
+            final_writer: read.final_writer,
+            attempts: read.attempts,
+            late: writes.late,
+            a_wrote: writes.a_wrote,
+            ..Scenario::nothing_granted(name, backend)
+        })
+    }
+
+    /// A row where the lock service granted nothing: no holder, no token, no write.
+    pub(super) fn nothing_granted(name: &str, backend: &'static str) -> Scenario {
+        Scenario {
+            name: name.into(),
+            backend,
+            two_holders: Some(false),
+            token_reissued: None,
+            stale_write: StaleWrite {
+                attempted: false,
+                accepted: None,
+            },
+            failover_ms: None,
+            election_ms: None,
+            store_rule: None,
+            a_token: None,
+            b_token: None,
+            final_writer: None,
+            replicas_confirmed: None,
+            unavailable: None,
+            refused: None,
+            attempts: Vec::new(),
+            late: LateWrite::None,
+            a_wrote: false,
+        }
+    }
+
+    /// The table's "late write" cell, as the checker reads it.
+    fn late_write_seen(&self) -> LateWriteSeen {
+        let a_checked = self.replicas_confirmed.is_some() || self.refused.is_some();
+        checks::late_write_seen(self.late, a_checked, self.a_wrote)
+    }
+
+    fn meaning(&self) -> String {
+        let tokens = match (
+            checks::token_order(self.a_token, self.b_token),
+            self.a_token,
+            self.b_token,
+        ) {
+            (Some(TokenOrder::Lower), Some(a), Some(b)) => {
+                format!("B's token {b} is lower than A's {a}")
+            }
+            (Some(TokenOrder::Again), Some(a), _) => format!("B drew A's token {a} again"),
+            (Some(TokenOrder::Higher), Some(a), Some(b)) => {
+                format!("B's token {b} is higher than A's {a}")
+            }
+            _ => "no tokens".into(),
+        };
+        if let Some(answer) = &self.refused {
+            return format!(
+                "the primary refused A's SET ({answer}): no replica in reach, so no lock \
+                 was granted for the failover to lose"
+            );
+        }
+        if let Some(error) = &self.unavailable {
+            return format!(
+                "no majority: etcd granted nothing ({error}) — unavailable, not unsafe"
+            );
+        }
+        if let Some(confirmed) = self.replicas_confirmed {
+            let holders = if self.two_holders == Some(true) {
+                "two holders all the same"
+            } else {
+                "one holder"
+            };
+            let a = if self.a_wrote {
+                "A wrote anyway"
+            } else {
+                "A wrote nothing"
+            };
+            let b = match self.final_writer.as_deref() {
+                Some(writer) => format!("{writer}'s result stands"),
+                None => "the store holds nothing".into(),
+            };
+            return format!("{holders}; A's WAIT 1 answered {confirmed}, {a}; {b}");
+        }
+        let store = match self.late {
+            LateWrite::Accepted => "A's late write ACCEPTED, B's result lost",
+            LateWrite::Rejected => "A's late write rejected",
+            LateWrite::None => "no late write",
+        };
+        let holders = match self.two_holders {
+            Some(true) => "two holders",
+            Some(false) => "one holder at a time",
+            None => "holders unknown",
+        };
+        format!("{holders}; {tokens}; {store}")
+    }
+}
+
+/// Every row of the run, and the lock TTL they were played with.
+pub struct Verdict {
+    pub ttl: Duration,
+    pub scenarios: Vec<Scenario>,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("ttl_ms".into(), (self.ttl.as_millis() as u64).into());
+        fields.insert(
+            "scenarios".into(),
+            serde_json::to_value(&self.scenarios).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        print_verdict(&self.scenarios);
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::failover::VERDICT)
+    }
+}
+
+/// The store's line on the timeline for a scenario whose A wrote after B.
+pub(super) fn store_line(stage: &mut Stage, scenario: &Scenario) {
+    let holds = scenario.final_writer.as_deref().unwrap_or("nobody");
+    let (kind, decided) = match scenario.late {
+        LateWrite::Accepted => (Kind::StaleWriteAccepted, "taken"),
+        LateWrite::Rejected => (Kind::StaleWriteRejected, "refused"),
+        LateWrite::None => return,
+    };
+    stage.record(
+        Event::new(
+            "store",
+            kind,
+            format!(
+                "{}: A's write decided after B's: {decided}; holds {holds}'s result",
+                scenario.name
+            ),
+        )
+        .with("resource", scenario.name.clone())
+        .with("final_writer", holds),
+    );
+}
+
+fn print_verdict(scenarios: &[Scenario]) {
+    let yes_no = |v: Option<bool>| match v {
+        Some(true) => "YES".red().bold().to_string(),
+        Some(false) => "no".green().to_string(),
+        None => "-".to_string(),
+    };
+    let rows: Vec<Vec<String>> = scenarios
+        .iter()
+        .map(|s| {
+            let stale = match s.late_write_seen() {
+                LateWriteSeen::Accepted => "ACCEPTED".red().bold().to_string(),
+                LateWriteSeen::Rejected => "rejected".green().to_string(),
+                LateWriteSeen::NotMade => "not made".green().to_string(),
+                LateWriteSeen::None => "none".to_string(),
+            };
+            let tokens = match (
+                checks::token_order(s.a_token, s.b_token),
+                s.a_token,
+                s.b_token,
+            ) {
+                (Some(order), Some(a), Some(b)) => match order {
+                    TokenOrder::Again => format!("{a}→{b} {}", "again".red().bold()),
+                    TokenOrder::Lower => format!("{a}→{b} {}", "lower".red().bold()),
+                    TokenOrder::Higher => format!("{a}→{b}"),
+                },
+                _ => "-".into(),
+            };
+            let time = s
+                .failover_ms
+                .map(|ms| format!("{} failover", human(Duration::from_millis(ms))))
+                .or(s
+                    .election_ms
+                    .map(|ms| format!("{} election", human(Duration::from_millis(ms)))))
+                .unwrap_or_else(|| "unavailable".into());
+            vec![s.name.clone(), yes_no(s.two_holders), tokens, stale, time]
+        })
+        .collect();
+    crate::outln!();
+    crate::prose!("{}", "Verdict".bold());
+    crate::prose!(
+        "{}",
+        table(
+            &["scenario", "2 holders", "tokens A→B", "late write", "time"],
+            &rows
+        )
+    );
+    crate::outln!();
+    for scenario in scenarios {
+        crate::prose!(
+            "  {} {}",
+            format!("{}:", scenario.name).bold(),
+            scenario.meaning()
+        );
+    }
+    if scenarios.iter().any(|s| s.replicas_confirmed == Some(0)) {
+        crate::outln!();
+        for line in [
+            "WAIT buys detection: A learned that its lock lived on the primary only",
+            "and wrote nothing. It is not consensus: the primary had granted the",
+            "lock anyway (two holders) and WAIT rolls nothing back. An answer of 1",
+            "makes the lock's survival more likely, not certain: Sentinel may",
+            "promote a replica that never acknowledged and pass over the one that",
+            "did. Nor does it order writes: it hands out no token.",
+        ] {
+            crate::outln!("  {}", line.dimmed());
+        }
+    }
+    if scenarios.iter().any(|s| s.refused.is_some()) {
+        crate::outln!();
+        for line in [
+            "min-replicas-to-write 1 turns the lost lock into a refused one, and",
+            "leaves two gaps. A replica counts as good until its last",
+            "acknowledgement is min-replicas-max-lag seconds old (10 by default):",
+            "a lock granted inside that window can still die with the primary. And",
+            "an old primary cut off from the Sentinels, but not from the clients",
+            "beside it, keeps granting locks for that long after it loses its",
+            "replica, while the Sentinels promote another. Set on every node, it",
+            "also refuses writes on a promoted replica that has no replica yet.",
+        ] {
+            crate::outln!("  {}", line.dimmed());
+        }
+    }
+}
