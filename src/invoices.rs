@@ -3,7 +3,7 @@
 //! **The job.** Issue the invoice for (customer, period) and add its amount to the
 //! customer's balance. Done right, every (customer, period) has exactly one invoice, and
 //! every balance equals the sum of its customer's invoices. Both rules are checked from the
-//! tables afterwards ([`Verdict`]), never from what a worker believed.
+//! tables afterwards ([`crate::check::no_lock::read_back`]), never from what a worker believed.
 //!
 //! **The race.** Every worker walks the whole list of jobs (from its own starting point),
 //! asks "is this one invoiced yet?" ([`IS_INVOICED`]) and does the ones that are not. The
@@ -906,55 +906,6 @@ pub const SPAN_OF_FIRST_INVOICES: &str = "
     SELECT coalesce(extract(epoch FROM max(first) - min(first))::float8, 0)
     FROM (SELECT min(at) AS first FROM {invoices} GROUP BY customer, period) f";
 
-/// The facts the verdict states, from the two read-backs above.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Verdict {
-    pub jobs: i64,
-    /// Jobs invoiced twice or more.
-    pub duplicates: i64,
-    /// Jobs never invoiced.
-    pub lost_jobs: i64,
-    /// Customers whose balance is not the sum of their invoices: an update lost (or one
-    /// counted that has no invoice).
-    pub lost_updates: i64,
-    /// The jobs that went wrong, and the customers, for the freeze and kill columns.
-    pub bad_jobs: Vec<i32>,
-    pub bad_customers: Vec<i32>,
-}
-
-impl Verdict {
-    /// `per_job`: (job, invoices); `per_customer`: (customer, balance, sum of invoices).
-    pub fn judge(per_job: &[(i32, i64)], per_customer: &[(i32, i64, i64)]) -> Verdict {
-        let times: Vec<i64> = per_job.iter().map(|&(_, n)| n).collect();
-        let processed = crate::check::exactly_once(&times);
-        Verdict {
-            jobs: processed.jobs,
-            duplicates: processed.duplicates,
-            lost_jobs: processed.lost,
-            lost_updates: per_customer.iter().filter(|(_, b, s)| b != s).count() as i64,
-            bad_jobs: per_job
-                .iter()
-                .filter(|&&(_, n)| n != 1)
-                .map(|&(j, _)| j)
-                .collect(),
-            bad_customers: per_customer
-                .iter()
-                .filter(|(_, b, s)| b != s)
-                .map(|&(c, _, _)| c)
-                .collect(),
-        }
-    }
-
-    /// Did this job come out right: invoiced once, and its customer's balance matching?
-    pub fn job_is_right(&self, job: i32, customer: i32) -> bool {
-        !self.bad_jobs.contains(&job) && !self.bad_customers.contains(&customer)
-    }
-
-    pub fn correct(&self) -> bool {
-        self.duplicates == 0 && self.lost_jobs == 0 && self.lost_updates == 0
-    }
-}
-
 /// The p-th percentile (0–100) of some latencies, by nearest rank; None when there are none.
 pub fn percentile(sorted_us: &[u64], p: f64) -> Option<f64> {
     if sorted_us.is_empty() {
@@ -967,32 +918,6 @@ pub fn percentile(sorted_us: &[u64], p: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_duplicate_and_a_stale_balance_are_both_counted() {
-        // Job 1 invoiced twice; customer 1's balance was overwritten with a stale value.
-        let per_job = [(0, 1), (1, 2), (2, 1), (3, 0)];
-        let per_customer = [(0, 300, 300), (1, 150, 450)];
-        let verdict = Verdict::judge(&per_job, &per_customer);
-        assert_eq!(
-            (verdict.duplicates, verdict.lost_jobs, verdict.lost_updates),
-            (1, 1, 1)
-        );
-        assert!(!verdict.correct());
-        assert!(!verdict.job_is_right(1, 0), "invoiced twice");
-        assert!(
-            !verdict.job_is_right(2, 1),
-            "its customer's balance is wrong"
-        );
-        assert!(verdict.job_is_right(0, 0));
-    }
-
-    #[test]
-    fn every_job_once_and_every_balance_matching_is_correct() {
-        let verdict = Verdict::judge(&[(0, 1), (1, 1)], &[(0, 10, 10), (1, 0, 0)]);
-        assert!(verdict.correct());
-        assert_eq!(verdict.jobs, 2);
-    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

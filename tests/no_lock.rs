@@ -371,3 +371,91 @@ fn bad_flags_name_the_flag() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A real run's `--json` (`no-lock --jobs 20`, all eight approaches), replayed through the
+/// lab's checkers with no server: the freezes and the kill the lab recorded, and the tables'
+/// line it read back, give every approach's verdict again.
+#[test]
+fn a_recorded_run_replayed_through_the_checkers_gives_its_verdict_again() {
+    use lockslab::check::no_lock::{self as checks, ReadBack, Strike};
+    use lockslab::invoices::Moment;
+
+    let lines: Vec<Value> = include_str!("fixtures/no-lock.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["kind"], "verdict");
+    let strike = |e: &Value, at: Moment| Strike {
+        worker: e["target"].as_str().unwrap().to_string(),
+        at,
+        job: e["job"].as_i64().unwrap() as i32,
+        customer: e["customer"].as_i64().unwrap() as i32,
+    };
+    let ints = |v: &Value| -> Vec<i32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_i64().unwrap() as i32)
+            .collect()
+    };
+    let mut failed_somewhere = Vec::new();
+    for a in verdict["approaches"].as_array().unwrap() {
+        let name = a["name"].as_str().unwrap();
+        let of_run = |kind: &str| -> Vec<&Value> {
+            lines
+                .iter()
+                .filter(|e| e["approach"] == name && e["kind"] == kind)
+                .collect()
+        };
+        let frozen: Vec<Strike> = of_run("frozen")
+            .into_iter()
+            .map(|e| strike(e, serde_json::from_value(e["at"].clone()).unwrap()))
+            .collect();
+        let killed: Vec<Strike> = of_run("killed")
+            .into_iter()
+            .map(|e| strike(e, Moment::MidWrite))
+            .collect();
+        let said = of_run("violation")
+            .into_iter()
+            .chain(of_run("exactly_once"))
+            .next()
+            .unwrap_or_else(|| panic!("{name}: no line from the tables"));
+        let tables = ReadBack {
+            jobs: verdict["jobs"].as_i64().unwrap(),
+            duplicates: said["duplicates"].as_i64().unwrap(),
+            lost_jobs: said["lost_jobs"].as_i64().unwrap(),
+            lost_updates: said["lost_updates"].as_i64().unwrap(),
+            bad_jobs: ints(&said["bad_jobs"]),
+            bad_customers: ints(&said["bad_customers"]),
+        };
+        assert_eq!(
+            (said["kind"] == "exactly_once"),
+            tables.correct(),
+            "{name}: {said}"
+        );
+        let points = checks::freezes(&frozen, &tables);
+        assert_eq!(
+            serde_json::to_value(&points).unwrap(),
+            a["freezes"],
+            "{name}"
+        );
+        assert_eq!(
+            checks::correct_under_freeze(&points),
+            a["correct_under_freeze"].as_bool(),
+            "{name}"
+        );
+        assert_eq!(
+            checks::correct_under_kill(killed.first(), &tables),
+            a["correct_under_kill"].as_bool(),
+            "{name}"
+        );
+        if a["safe"] == true {
+            assert_eq!(checks::correct_under_freeze(&points), Some(true), "{name}");
+        }
+        if points.iter().any(|p| !p.correct) {
+            failed_somewhere.push(name);
+        }
+    }
+    assert_eq!(failed_somewhere, ["redis-lock", "fenced-write-only"]);
+}

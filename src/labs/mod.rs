@@ -11,7 +11,6 @@ pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
-pub mod no_lock_points;
 pub mod redlock;
 pub mod runner;
 pub mod skip_locked;

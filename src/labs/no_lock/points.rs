@@ -1,22 +1,17 @@
 //! Lab 7's faults, aimed at every point of a job: four workers frozen past the TTL, each at
 //! another [`Moment`] (before its read, after it, between its two writes, before COMMIT),
 //! and one killed between its two writes. Each point's verdict is read back from the
-//! tables: the frozen worker's job invoiced once, its customer's balance the sum of its
-//! invoices.
+//! tables ([`crate::check::no_lock::freezes`]): the frozen worker's job invoiced once, its
+//! customer's balance the sum of its invoices.
 //!
 //! A lock that only fences the write looks right as long as the freeze lands before the
 //! write; the points inside the transaction are where it fails.
 
-use std::time::Duration;
-
 use anyhow::Result;
-use colored::Colorize;
-use serde::Serialize;
 
 use crate::connect::PgClient;
 use crate::events::{Event, Kind};
-use crate::invoices::{self, Moment, Verdict};
-use crate::output::{human, table};
+use crate::invoices::{self, Moment};
 
 /// The killed worker: always this name, whatever else runs.
 pub const KILLED: &str = "w2";
@@ -53,33 +48,6 @@ pub fn stop_at(worker: &str, freeze: bool, kill: bool) -> Option<Moment> {
         .map(|&(_, at)| at)
 }
 
-/// One freeze, judged from the tables.
-#[derive(Serialize, Clone, Debug)]
-pub struct PointVerdict {
-    /// Where in the job the worker was frozen: before-read, decided, mid-write, before-commit.
-    pub at: Moment,
-    pub worker: String,
-    pub job: i32,
-    pub customer: i32,
-    /// Its job invoiced once and its customer's balance right.
-    pub correct: bool,
-}
-
-pub fn judge(struck: &[(String, Moment, i32, i32)], verdict: &Verdict) -> Vec<PointVerdict> {
-    let mut points: Vec<PointVerdict> = struck
-        .iter()
-        .map(|(worker, at, job, customer)| PointVerdict {
-            at: *at,
-            worker: worker.clone(),
-            job: *job,
-            customer: *customer,
-            correct: verdict.job_is_right(*job, *customer),
-        })
-        .collect();
-    points.sort_by_key(|p| Moment::ALL.iter().position(|m| *m == p.at));
-    points
-}
-
 /// While a frozen worker holds customer `customer`'s advisory lock: what a worker that
 /// should skip rather than queue gets. `pg_try_advisory_xact_lock` answers `false` at once;
 /// the waiting form under `SET LOCAL lock_timeout` ends with SQLSTATE 55P03. Both asked on
@@ -112,46 +80,6 @@ pub fn skip_rather_than_queue(db: &mut PgClient, class: i32, customer: i32) -> R
         .with("try_lock", got)
         .with("lock_timeout_ms", TIMEOUT_MS)
         .with("sqlstate", code))
-}
-
-/// The verdict's first table: each approach, each freeze point, and the kill.
-pub fn print_points(
-    rows: &[(&str, &[PointVerdict], Option<bool>)],
-    pause: Duration,
-    ttl: Duration,
-) {
-    let mark = |finding: Option<bool>| match finding {
-        Some(true) => "ok".green().to_string(),
-        Some(false) => "FAILED".red().bold().to_string(),
-        None => "-".to_string(),
-    };
-    let mut header = vec!["approach"];
-    header.extend(Moment::ALL.iter().map(|m| m.column()));
-    header.push("kill");
-    let body: Vec<Vec<String>> = rows
-        .iter()
-        .map(|(name, points, kill)| {
-            let mut row = vec![name.to_string()];
-            row.extend(
-                Moment::ALL
-                    .iter()
-                    .map(|m| mark(points.iter().find(|p| p.at == *m).map(|p| p.correct))),
-            );
-            row.push(mark(*kill));
-            row
-        })
-        .collect();
-    let against = if pause > ttl { "past" } else { "within" };
-    crate::outln!(
-        "{}",
-        format!(
-            "Frozen {} ({against} the {} TTL) at each point of a job; killed mid-write",
-            human(pause),
-            human(ttl)
-        )
-        .bold()
-    );
-    crate::outln!("{}", table(&header, &body));
 }
 
 /// Where each worker starts in the list: `struck` is how many of w1, w2… are struck (five

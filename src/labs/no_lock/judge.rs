@@ -1,0 +1,160 @@
+//! After an approach's run: the tables read back, and the evidence handed to
+//! [`crate::check::no_lock`], which decides; then the lines that say what it found.
+
+use anyhow::Result;
+
+use super::ApproachVerdict;
+use super::play::{Faults, Play};
+use super::points::{FROZEN, KILLED};
+use super::verdict::{plural, round1};
+use crate::check::no_lock::{self as checks, Costs, Strike};
+use crate::connect::PgClient;
+use crate::events::{Event, Kind};
+use crate::invoices::{self, Tally};
+use crate::labs::Stage;
+
+/// Jobs whose first invoice came after the first SIGCONT, on the database's clock.
+const FIRST_INVOICED_AFTER: &str = "SELECT count(*) FROM (SELECT min(at) AS first FROM {invoices}
+                         GROUP BY customer, period) f WHERE first > $1";
+
+impl Play<'_> {
+    /// Reads the tables back and states the verdict.
+    pub(super) fn judge(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        faults: Faults,
+        tallies: Vec<Tally>,
+        mut latencies: Vec<u64>,
+    ) -> Result<ApproachVerdict> {
+        let t = &self.tables;
+        let per_job: Vec<(i32, i64)> = db
+            .query(&t.sql(invoices::INVOICES_PER_JOB), &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let per_customer: Vec<(i32, i64, i64)> = db
+            .query(&t.sql(invoices::BALANCE_VS_INVOICES), &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let span: f64 = db
+            .query_one(&t.sql(invoices::SPAN_OF_FIRST_INVOICES), &[])?
+            .get(0);
+        let tables = checks::read_back(&per_job, &per_customer);
+        let waited = match faults.resumed_at {
+            Some(at) => Some(
+                db.query_one(&t.sql(FIRST_INVOICED_AFTER), &[&at])?
+                    .get::<_, i64>(0),
+            ),
+            None => None,
+        };
+
+        let sum = |f: fn(&Tally) -> u64| tallies.iter().map(f).sum::<u64>();
+        let costs = Costs::new(
+            sum(|t| t.conflicts),
+            sum(|t| t.no_ops),
+            sum(|t| t.rejected),
+            sum(|t| t.lock_retries),
+        );
+        let round_trips = sum(|t| t.round_trips);
+        latencies.sort_unstable();
+        let jobs = tables.jobs;
+        let frozen: Vec<Strike> = faults.frozen.iter().map(|f| f.strike.clone()).collect();
+        let killed = faults.killed.as_ref().map(|k| &k.strike);
+        let freezes = checks::freezes(&frozen, &tables);
+        let result = ApproachVerdict {
+            name: self.approach.name(),
+            workers: self.workers,
+            duplicates: tables.duplicates,
+            lost_updates: tables.lost_updates,
+            lost_jobs: tables.lost_jobs,
+            safe: self.approach.safe(),
+            finished_in_s: (span * 1000.0).round() / 1000.0,
+            jobs_per_s: (span > 0.0).then(|| round1(jobs as f64 / span)),
+            retries: costs.retries,
+            conflicts: costs.conflicts,
+            no_ops: costs.no_ops,
+            rejected: costs.rejected,
+            lock_retries: costs.lock_retries,
+            leases_lost: sum(|t| t.leases_lost),
+            round_trips_per_job: (jobs > 0).then(|| round1(round_trips as f64 / jobs as f64)),
+            p50_ms: invoices::percentile(&latencies, 50.0).map(round1),
+            p99_ms: invoices::percentile(&latencies, 99.0).map(round1),
+            correct_under_freeze: checks::correct_under_freeze(&freezes),
+            freezes,
+            correct_under_kill: checks::correct_under_kill(killed, &tables),
+            frozen_job: faults.watched().map(|f| f.strike.job),
+            killed_job: killed.map(|k| k.job),
+            waited_for_the_freeze: waited,
+            needs: self.approach.needs(),
+        };
+        let fault = self.plan.fault;
+        if fault.freezes() {
+            for (who, at) in checks::missed(&FROZEN, &frozen) {
+                stage.record(Event::new(
+                    "lab",
+                    Kind::Warning,
+                    format!(
+                        "{who} finished without reaching a job to freeze at ({}): no freeze \
+                         there in this run",
+                        at.label()
+                    ),
+                ));
+            }
+        }
+        if fault.kills() && killed.is_none() {
+            stage.record(Event::new(
+                "lab",
+                Kind::Warning,
+                format!(
+                    "{KILLED} finished without reaching a job to kill it in: no kill in this run"
+                ),
+            ));
+        }
+        stage.record(
+            Event::new(
+                "pg",
+                if tables.correct() {
+                    Kind::ExactlyOnce
+                } else {
+                    Kind::Violation
+                },
+                format!(
+                    "the tables say: {} jobs, {} invoiced twice or more, {} never; \
+                     {} of {} balances differ from their invoices",
+                    tables.jobs,
+                    tables.duplicates,
+                    tables.lost_jobs,
+                    tables.lost_updates,
+                    per_customer.len()
+                ),
+            )
+            .with("duplicates", tables.duplicates)
+            .with("lost_jobs", tables.lost_jobs)
+            .with("lost_updates", tables.lost_updates)
+            .with("bad_jobs", tables.bad_jobs.clone())
+            .with("bad_customers", tables.bad_customers.clone()),
+        );
+        let mut cost = format!(
+            "{} retries (conflicts {}, no-ops {}, refused {}, lock spins {}), {} round trips \
+             per job",
+            costs.retries,
+            costs.conflicts,
+            costs.no_ops,
+            costs.rejected,
+            costs.lock_retries,
+            result
+                .round_trips_per_job
+                .map_or("?".into(), |r| format!("{r:.1}")),
+        );
+        if let Some(waited) = waited {
+            cost.push_str(&format!(
+                "; {} first invoiced after the first SIGCONT",
+                plural(waited, "job", "jobs")
+            ));
+        }
+        stage.record(Event::new("lab", Kind::Round, cost).with("retries", costs.retries));
+        Ok(result)
+    }
+}

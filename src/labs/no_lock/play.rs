@@ -1,0 +1,407 @@
+//! One approach's run: its tables, its workers, and the loop that watches them go through
+//! the list while the faults land ([`super::strike`]), until every live worker is done.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, anyhow, bail};
+use colored::Colorize;
+
+use super::points::{self, KILLED, VICTIMS, WATCHED};
+use super::{ApproachVerdict, Fault, Plan};
+use crate::check::no_lock::Strike;
+use crate::connect::{self, PgClient, RedisConn};
+use crate::events::{Event, Kind};
+use crate::invoices::{self, Approach, Moment, Tables, Tally};
+use crate::labs::{Stage, WorkerHandle};
+use crate::nemesis::Nemesis;
+use crate::worker::WorkerSpec;
+use crate::worker::invoicer::Role;
+
+/// One approach's run, on its own tables and workers.
+pub(super) struct Play<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) approach: Approach,
+    pub(super) workers: u32,
+    pub(super) run_id: &'a str,
+    pub(super) pg_url: &'a str,
+    pub(super) redis_url: Option<&'a str>,
+    pub(super) tables: Tables,
+}
+
+/// What the lab saw of its faults while the run played.
+#[derive(Default)]
+pub(super) struct Faults {
+    /// Every frozen worker, in the order they stopped.
+    pub(super) frozen: Vec<Struck>,
+    pub(super) killed: Option<Struck>,
+    /// When the first frozen worker was resumed, on the database's clock.
+    pub(super) resumed_at: Option<SystemTime>,
+    pub(super) expired_seen: bool,
+    pub(super) taken_seen: bool,
+}
+
+impl Faults {
+    pub(super) fn watched(&self) -> Option<&Struck> {
+        self.frozen.iter().find(|f| f.strike.worker == WATCHED)
+    }
+}
+
+/// Who is told `start` when: the struck workers one by one, then the others together.
+struct Starts {
+    struck: Vec<String>,
+    others: Vec<String>,
+}
+
+/// A worker the lab struck: where (the checkers' evidence), since when, and the Redis lock
+/// it held, if any.
+pub(super) struct Struck {
+    pub(super) strike: Strike,
+    pub(super) resumed: bool,
+    pub(super) at: Instant,
+    pub(super) lock_key: Option<String>,
+    pub(super) owner: Option<String>,
+}
+
+impl Struck {
+    /// From the worker's own report of where it stopped.
+    pub(super) fn from(event: &Event) -> Result<Struck> {
+        let moment = event
+            .data
+            .get("moment")
+            .cloned()
+            .context("a stop without its moment")?;
+        Ok(Struck {
+            strike: Strike {
+                worker: event.worker.clone(),
+                at: serde_json::from_value(moment)?,
+                job: event.get_i64("job").context("a stop without its job")? as i32,
+                customer: event
+                    .get_i64("customer")
+                    .context("a stop without its customer")? as i32,
+            },
+            resumed: false,
+            at: Instant::now(),
+            lock_key: event.get_str("lock_key").map(String::from),
+            owner: event.get_str("owner").map(String::from),
+        })
+    }
+}
+
+impl Play<'_> {
+    pub(super) fn session(&self, worker: &str) -> String {
+        format!(
+            "lockslab-{}-{}-{}",
+            self.run_id,
+            self.approach.name(),
+            worker
+        )
+    }
+
+    pub(super) fn role(
+        &self,
+        name: &str,
+        index: u32,
+        start_at: usize,
+        stop_at: Option<Moment>,
+    ) -> Role {
+        let prefix = format!(
+            "lockslab:{}:no-lock:{}:{}:",
+            self.run_id,
+            self.workers,
+            self.approach.name()
+        );
+        let run_bits = u32::from_str_radix(self.run_id, 16).unwrap_or(7);
+        let approach_index = Approach::ALL
+            .iter()
+            .position(|&a| a == self.approach)
+            .unwrap_or(0) as u32;
+        Role {
+            name: name.to_string(),
+            approach: self.approach,
+            postgres_url: self.pg_url.to_string(),
+            redis_url: self
+                .approach
+                .uses_redis()
+                .then(|| self.redis_url.unwrap_or_default().to_string()),
+            tables: self.tables.clone(),
+            session: self.session(name),
+            start_at,
+            partition: (self.approach == Approach::Partitioned).then_some((index, self.workers)),
+            stop_at,
+            work_ms: self.plan.work.as_millis() as u64,
+            ttl_ms: self.plan.ttl.as_millis() as u64,
+            lock_wait_ms: (self.plan.ttl + self.plan.pause + Duration::from_secs(30)).as_millis()
+                as u64,
+            statement_timeout_ms: (self.plan.pause + Duration::from_secs(30)).as_millis() as u64,
+            lock_class: (run_bits.rotate_left(3) ^ (self.workers << 4) ^ approach_index) as i32,
+            redis_key_prefix: format!("{prefix}customer:"),
+            fence_counter: format!("{prefix}fence"),
+        }
+    }
+
+    pub(super) fn run(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        schema: &str,
+    ) -> Result<ApproachVerdict> {
+        let name = self.approach.name();
+        let t = &self.tables;
+        db.batch_execute(&t.sql(invoices::CREATE_TABLES))
+            .with_context(|| format!("creating {name}'s tables in {schema}"))?;
+        db.batch_execute(&t.sql(if self.approach == Approach::IdempotencyKey {
+            invoices::UNIQUE_INVOICES
+        } else {
+            invoices::INDEX_INVOICES
+        }))?;
+        db.execute(
+            &t.sql(invoices::FILL_JOBS),
+            &[&(self.plan.jobs as i32), &(self.plan.keys as i32)],
+        )?;
+        db.execute(
+            &t.sql(invoices::FILL_CUSTOMERS),
+            &[&(self.plan.keys as i32)],
+        )?;
+
+        stage.tag("approach", name);
+        stage.tag("workers", self.workers);
+        stage.timeline.say("");
+        let heading = if self.plan.contention {
+            format!("── {name}, {} workers ──", self.workers)
+        } else {
+            format!("── {name} ──")
+        };
+        stage.timeline.say(&format!(
+            "{}",
+            if !self.approach.safe() {
+                heading.red().bold()
+            } else {
+                heading.green().bold()
+            }
+        ));
+
+        let struck = match self.plan.fault {
+            Fault::Both | Fault::Freeze => VICTIMS,
+            Fault::Kill => 2,
+            Fault::None => 0,
+        };
+        let starts = points::starts(self.plan.jobs, self.workers, self.plan.keys, struck);
+        let mut workers: Vec<WorkerHandle> = Vec::new();
+        for i in 0..self.workers {
+            let worker_name = format!("w{}", i + 1);
+            let stop_at = points::stop_at(
+                &worker_name,
+                self.plan.fault.freezes(),
+                self.plan.fault.kills(),
+            );
+            let role = self.role(&worker_name, i, starts[i as usize], stop_at);
+            workers.push(stage.spawn(&worker_name, &WorkerSpec::Invoicer(role))?);
+        }
+        let mut ready = 0;
+        let wait_ready = Instant::now() + Duration::from_secs(30);
+        while ready < workers.len() {
+            let left = wait_ready
+                .checked_duration_since(Instant::now())
+                .ok_or_else(|| anyhow!("timed out waiting for the workers to connect"))?;
+            if let Some(event) = stage.next_silent(left.min(Duration::from_millis(50))) {
+                match event.kind {
+                    Kind::Ready => ready += 1,
+                    Kind::Error => {
+                        return Err(crate::labs::worker_failed(&event.worker, &event.text));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let pids: Vec<i32> = workers.iter().map(|w| w.pid).collect();
+        stage.record(
+            Event::new(
+                "lab",
+                Kind::Workers,
+                format!(
+                    "{} workers go through {} jobs; tables {}",
+                    self.workers,
+                    self.plan.jobs,
+                    t.name("*")
+                ),
+            )
+            .with("pids", pids)
+            .with("run_id", self.run_id)
+            .with("invoices_table", t.name("invoices")),
+        );
+        // The struck workers go first, one at a time, each to its stop on its first job; the
+        // others start once all of them have stopped, so that nobody takes a struck job
+        // first, and the struck job is the first one each paired worker comes to after its own.
+        let (struck, others): (Vec<&WorkerHandle>, Vec<&WorkerHandle>) =
+            workers.iter().partition(|w| {
+                points::stop_at(&w.name, self.plan.fault.freezes(), self.plan.fault.kills())
+                    .is_some()
+            });
+        let names = |ws: Vec<&WorkerHandle>| ws.iter().map(|w| w.name.clone()).collect();
+        let order = Starts {
+            struck: names(struck),
+            others: names(others),
+        };
+
+        let mut nemesis = Nemesis::new();
+        let (faults, tallies, latencies) =
+            self.watch(stage, db, &mut nemesis, &mut workers, order)?;
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(5));
+        }
+        stage.drain();
+        self.judge(stage, db, faults, tallies, latencies)
+    }
+
+    /// Plays the faults as the workers reach them, until every live worker has finished.
+    fn watch(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        nemesis: &mut Nemesis,
+        workers: &mut Vec<WorkerHandle>,
+        mut order: Starts,
+    ) -> Result<(Faults, Vec<Tally>, Vec<u64>)> {
+        order.struck.reverse();
+        // The struck worker started last, until it stops (or 10 s pass).
+        let mut pending: Option<(String, Instant)> = None;
+        let pause = self.plan.pause;
+        let fault = self.plan.fault;
+        let mut faults = Faults::default();
+        let mut finished: HashMap<String, Tally> = HashMap::new();
+        let mut latencies = Vec::new();
+        let mut dead: Vec<String> = Vec::new();
+        let mut redis_watch: Option<RedisConn> = match (self.approach.uses_redis(), self.redis_url)
+        {
+            (true, Some(url)) if fault.freezes() => Some(connect::redis(url)?),
+            _ => None,
+        };
+        let deadline = Instant::now() + pause + Duration::from_secs(120);
+        loop {
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out waiting for the workers of {}",
+                    self.approach.name()
+                );
+            }
+            if let Some(event) = stage.next(Duration::from_millis(10)) {
+                match (event.kind, event.worker.as_str()) {
+                    (Kind::Error, who) => {
+                        return Err(crate::labs::worker_failed(who, &event.text));
+                    }
+                    (Kind::Claimed, who)
+                        if who != KILLED
+                            && points::stop_at(who, fault.freezes(), false).is_some() =>
+                    {
+                        let struck = Struck::from(&event)?;
+                        self.freeze(stage, db, nemesis, find(workers, who)?, &struck)?;
+                        faults.frozen.push(struck);
+                    }
+                    (Kind::Claimed, KILLED) if fault.kills() => {
+                        let struck = Struck::from(&event)?;
+                        self.kill(stage, nemesis, find(workers, KILLED)?, &struck)?;
+                        dead.push(KILLED.into());
+                        faults.killed = Some(struck);
+                        if self.approach == Approach::Partitioned {
+                            self.replace_owner(stage, workers)?;
+                        }
+                    }
+                    (Kind::Finished, who) => {
+                        let tally: Tally = serde_json::from_value(
+                            event.data.get("tally").cloned().unwrap_or_default(),
+                        )
+                        .with_context(|| format!("{who}'s counts"))?;
+                        if let Some(list) = event.data.get("latencies_us") {
+                            latencies.extend(serde_json::from_value::<Vec<u64>>(list.clone())?);
+                        }
+                        finished.insert(who.to_string(), tally);
+                    }
+                    _ => {}
+                }
+            }
+            if let Some((name, since)) = &pending
+                && (faults.frozen.iter().any(|f| &f.strike.worker == name)
+                    || faults.killed.is_some() && name == KILLED
+                    || finished.contains_key(name)
+                    || since.elapsed() > Duration::from_secs(10))
+            {
+                pending = None;
+            }
+            if pending.is_none() {
+                if let Some(name) = order.struck.pop() {
+                    find(workers, &name)?.tell("start")?;
+                    pending = Some((name, Instant::now()));
+                } else {
+                    for name in order.others.drain(..) {
+                        find(workers, &name)?.tell("start")?;
+                    }
+                }
+            }
+            let due: Vec<String> = faults
+                .frozen
+                .iter()
+                .filter(|f| !f.resumed && f.at.elapsed() >= pause)
+                .map(|f| f.strike.worker.clone())
+                .collect();
+            for who in due {
+                self.resume(stage, db, nemesis, workers, &mut faults, &who)?;
+            }
+            if faults.watched().is_some_and(|f| !f.resumed)
+                && let Some(conn) = redis_watch.as_mut()
+            {
+                self.watch_lock(stage, conn, &mut faults)?;
+            }
+            let live: Vec<&WorkerHandle> =
+                workers.iter().filter(|w| !dead.contains(&w.name)).collect();
+            if live.iter().all(|w| finished.contains_key(&w.name)) {
+                break;
+            }
+            if let Some(gone) = live
+                .iter()
+                .find(|w| stage.has_exited(&w.name) && !finished.contains_key(&w.name))
+            {
+                stage.drain();
+                if let Some(failed) = stage.log.iter().find(|e| e.kind == Kind::Error) {
+                    return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
+                }
+                bail!("worker {} exited before it finished the list", gone.name);
+            }
+        }
+        Ok((faults, finished.into_values().collect(), latencies))
+    }
+
+    /// Partitioned: a supervisor starts a new owner for the killed worker's partition —
+    /// only now that the old one is dead for certain (killed and reaped).
+    fn replace_owner(&self, stage: &mut Stage, workers: &mut Vec<WorkerHandle>) -> Result<()> {
+        let name = "w2r";
+        let mut role = self.role(name, 1, 0, None);
+        role.session = self.session(name);
+        let mut worker = stage.spawn(name, &WorkerSpec::Invoicer(role))?;
+        worker.tell("start")?;
+        stage.record(
+            Event::new(
+                "lab",
+                Kind::Reclaimed,
+                format!(
+                    "w2 is dead and reaped: starts w2r (pid {}) as the new owner of w2's \
+                     partition",
+                    worker.pid
+                ),
+            )
+            .with("pid", worker.pid),
+        );
+        workers.push(worker);
+        Ok(())
+    }
+}
+
+pub(super) fn find<'a>(
+    workers: &'a mut [WorkerHandle],
+    name: &str,
+) -> Result<&'a mut WorkerHandle> {
+    workers
+        .iter_mut()
+        .find(|w| w.name == name)
+        .ok_or_else(|| anyhow!("no worker {name}"))
+}

@@ -1,0 +1,179 @@
+//! The lab's faults, all through the [`Nemesis`]: a worker frozen where it stopped, the one
+//! killed mid-write, the resumes; and what the lab looks at while they last — the frozen
+//! worker's Redis lock, its Postgres session, who waits on it.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+
+use super::play::{Faults, Play, Struck, find};
+use super::points::{self, WATCHED};
+use super::verdict::plural;
+use crate::check::no_lock::{LockSeen, lock_seen};
+use crate::connect::{PgClient, RedisConn};
+use crate::events::{Event, Kind};
+use crate::invoices::Approach;
+use crate::labs::{Stage, WorkerHandle};
+use crate::nemesis::{Nemesis, Note};
+use crate::output::human;
+
+impl Play<'_> {
+    /// A worker stopped at its point of a job and waits for `go`: SIGSTOP it there, then
+    /// leave `go` in its pipe, for when it wakes. While w1 sleeps on an advisory lock, ask
+    /// Postgres what a worker that should skip rather than queue would get.
+    pub(super) fn freeze(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        nemesis: &mut Nemesis,
+        worker: &mut WorkerHandle,
+        struck: &Struck,
+    ) -> Result<()> {
+        let strike = &struck.strike;
+        let note = Note::from(format!(
+            "SIGSTOP {} (pid {}) at job {}, {}; resumes in {}",
+            worker.name,
+            worker.pid,
+            strike.job,
+            strike.at.label(),
+            human(self.plan.pause)
+        ))
+        .with("job", strike.job)
+        .with("customer", strike.customer)
+        .with("at", serde_json::to_value(strike.at)?);
+        nemesis.pause(stage, &*worker, note)?;
+        worker.tell("go")?;
+        if strike.worker == WATCHED
+            && matches!(
+                self.approach,
+                Approach::AdvisoryXact | Approach::AdvisorySession
+            )
+        {
+            let class = self.role(WATCHED, 0, 0, None).lock_class;
+            stage.record(points::skip_rather_than_queue(db, class, strike.customer)?);
+        }
+        Ok(())
+    }
+
+    /// SIGKILL w2 between its two writes: its transaction is never committed.
+    pub(super) fn kill(
+        &self,
+        stage: &mut Stage,
+        nemesis: &mut Nemesis,
+        worker: &mut WorkerHandle,
+        struck: &Struck,
+    ) -> Result<()> {
+        let strike = &struck.strike;
+        let note = Note::from(format!(
+            "SIGKILL {} (pid {}) in the middle of job {}: its transaction is not committed",
+            worker.name, worker.pid, strike.job
+        ))
+        .with("job", strike.job)
+        .with("customer", strike.customer);
+        nemesis.kill(stage, worker, note)
+    }
+
+    /// Just before w1's resume: what Postgres says about its session and who waits on a
+    /// lock. Then SIGCONT, for w1 and each of the other frozen workers.
+    pub(super) fn resume(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        nemesis: &mut Nemesis,
+        workers: &mut [WorkerHandle],
+        faults: &mut Faults,
+        who: &str,
+    ) -> Result<()> {
+        if who == WATCHED {
+            self.report_session(stage, db)?;
+        }
+        let Some(frozen) = faults.frozen.iter_mut().find(|f| f.strike.worker == who) else {
+            bail!("no frozen worker {who}");
+        };
+        let worker = find(workers, who)?;
+        nemesis.resume(
+            stage,
+            &*worker,
+            format!(
+                "SIGCONT {who} after {}: it carries on from where it stopped",
+                human(frozen.at.elapsed())
+            ),
+        )?;
+        frozen.resumed = true;
+        if faults.resumed_at.is_none() {
+            faults.resumed_at = Some(db.query_one("SELECT clock_timestamp()", &[])?.get(0));
+        }
+        Ok(())
+    }
+
+    /// During the freeze: the frozen worker's Redis lock as Redis sees it.
+    pub(super) fn watch_lock(
+        &self,
+        stage: &mut Stage,
+        conn: &mut RedisConn,
+        faults: &mut Faults,
+    ) -> Result<()> {
+        let Some(frozen) = faults.watched() else {
+            return Ok(());
+        };
+        let (Some(key), Some(owner)) = (frozen.lock_key.clone(), frozen.owner.clone()) else {
+            return Ok(());
+        };
+        let customer = frozen.strike.customer;
+        let (now, _) = crate::lock::redis::owner_and_pttl(conn, &key)
+            .context("watching w1's lock in Redis")?;
+        let seen = lock_seen(now.as_deref(), &owner);
+        if seen != LockSeen::Held && !faults.expired_seen {
+            faults.expired_seen = true;
+            stage.record(Event::new(
+                "redis",
+                Kind::Expired,
+                format!("w1's lock on customer {customer} has expired: for Redis the lock is free"),
+            ));
+        }
+        if seen == LockSeen::Taken && !faults.taken_seen {
+            faults.taken_seen = true;
+            stage.record(Event::new(
+                "redis",
+                Kind::HolderNow,
+                format!("another worker holds customer {customer}'s lock now, while w1 is frozen"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn report_session(&self, stage: &mut Stage, db: &mut PgClient) -> Result<()> {
+        let row = db.query_opt(
+            "SELECT state FROM pg_stat_activity WHERE application_name = $1",
+            &[&self.session(WATCHED)],
+        )?;
+        let state: Option<String> = row.and_then(|r| r.get(0));
+        let waiting = db.query(
+            "SELECT coalesce(wait_event, '?') FROM pg_stat_activity
+             WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock'",
+            &[&self.session("")],
+        )?;
+        let mut why: BTreeMap<String, i64> = BTreeMap::new();
+        for row in waiting {
+            *why.entry(row.get(0)).or_default() += 1;
+        }
+        let waits: i64 = why.values().sum();
+        let text = match (state.as_deref(), waits) {
+            (Some(state), 0) => {
+                format!("pg_stat_activity: w1's session is '{state}'; nobody waits for it")
+            }
+            (Some(state), n) => format!(
+                "pg_stat_activity: w1's session is '{state}'; {} wait on a lock ({})",
+                plural(n, "worker session", "worker sessions"),
+                why.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            (None, _) => "pg_stat_activity: w1 has no session".to_string(),
+        };
+        stage.record(
+            Event::new("pg", Kind::Session, text)
+                .with("state", state)
+                .with("waiting", waits),
+        );
+        Ok(())
+    }
+}

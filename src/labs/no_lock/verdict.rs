@@ -1,0 +1,343 @@
+//! Lab 7's verdict: what `--json` carries and the tables and sentences a terminal shows.
+//! Every figure in them was decided by [`crate::check::no_lock`] from the tables.
+
+use std::time::Duration;
+
+use colored::Colorize;
+use serde_json::{Map, Value};
+
+use super::{Fault, SWEEP};
+pub use crate::check::no_lock::PointVerdict;
+use crate::invoices::Moment;
+use crate::labs::runner;
+use crate::labs::step::{self, Checkpoint};
+use crate::output::{human, table};
+
+/// One approach's verdict: the `--json` verdict's `approaches` entries.
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct ApproachVerdict {
+    pub name: &'static str,
+    pub workers: u32,
+    /// Jobs with two invoices or more.
+    pub duplicates: i64,
+    /// Customers whose balance is not the sum of their invoices.
+    pub lost_updates: i64,
+    /// Jobs with no invoice.
+    pub lost_jobs: i64,
+    /// The lab marks it ✅: right whatever point of a job a freeze lands on.
+    pub safe: bool,
+    /// From the first invoice to the moment the last job got its first one, on the
+    /// database's clock. Under a fault this is the time to finish, freezes included.
+    pub finished_in_s: f64,
+    /// Jobs over `finished_in_s`: a throughput only when no fault was played.
+    pub jobs_per_s: Option<f64>,
+    /// Attempts that did nothing: version conflicts, ON CONFLICT no-ops, refused tokens,
+    /// and lock spins (`lock_retries`).
+    pub retries: u64,
+    pub conflicts: u64,
+    pub no_ops: u64,
+    pub rejected: u64,
+    /// Redis lock attempts that found the lock taken (waiting, not wasted writes).
+    pub lock_retries: u64,
+    /// Releases that found the lease already ended by Redis.
+    pub leases_lost: u64,
+    /// Requests to Postgres and Redis per job, over the workers that finished.
+    pub round_trips_per_job: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// Every frozen worker's job came out right (null: no freeze).
+    pub correct_under_freeze: Option<bool>,
+    /// Each freeze, by the point of the job it landed on.
+    pub freezes: Vec<PointVerdict>,
+    /// The killed job came out right and no job was lost (null: no kill).
+    pub correct_under_kill: Option<bool>,
+    /// w1's job (frozen after its read).
+    pub frozen_job: Option<i32>,
+    pub killed_job: Option<i32>,
+    /// Jobs whose first invoice came only after the first frozen worker was resumed.
+    pub waited_for_the_freeze: Option<i64>,
+    pub needs: &'static str,
+}
+
+/// The whole run's verdict: the plan's facts, then each approach's.
+pub struct Verdict {
+    pub jobs: u32,
+    pub keys: u32,
+    pub fault: Fault,
+    pub pause: Duration,
+    pub ttl: Duration,
+    pub contention: bool,
+    pub approaches: Vec<ApproachVerdict>,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("jobs".into(), self.jobs.into());
+        fields.insert("keys".into(), self.keys.into());
+        fields.insert(
+            "fault".into(),
+            serde_json::to_value(self.fault).unwrap_or_default(),
+        );
+        fields.insert("pause_ms".into(), (self.pause.as_millis() as u64).into());
+        fields.insert("ttl_ms".into(), (self.ttl.as_millis() as u64).into());
+        fields.insert("contention".into(), self.contention.into());
+        fields.insert(
+            "approaches".into(),
+            serde_json::to_value(&self.approaches).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        if self.contention {
+            print_sweep(&self.approaches);
+        } else {
+            print_verdict(self);
+        }
+    }
+
+    fn checkpoint(&self) -> Option<&'static Checkpoint> {
+        Some(&step::no_lock::VERDICT)
+    }
+}
+
+/// The verdict's first table: each approach, each freeze point, and the kill.
+fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration, ttl: Duration) {
+    let mark = |finding: Option<bool>| match finding {
+        Some(true) => "ok".green().to_string(),
+        Some(false) => "FAILED".red().bold().to_string(),
+        None => "-".to_string(),
+    };
+    let mut header = vec!["approach"];
+    header.extend(Moment::ALL.iter().map(|m| m.column()));
+    header.push("kill");
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(name, points, kill)| {
+            let mut row = vec![name.to_string()];
+            row.extend(
+                Moment::ALL
+                    .iter()
+                    .map(|m| mark(points.iter().find(|p| p.at == *m).map(|p| p.correct))),
+            );
+            row.push(mark(*kill));
+            row
+        })
+        .collect();
+    let against = if pause > ttl { "past" } else { "within" };
+    crate::outln!(
+        "{}",
+        format!(
+            "Frozen {} ({against} the {} TTL) at each point of a job; killed mid-write",
+            human(pause),
+            human(ttl)
+        )
+        .bold()
+    );
+    crate::outln!("{}", table(&header, &body));
+}
+
+pub(super) fn plural(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+pub(super) fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| {
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.1}")
+        }
+    })
+}
+
+fn print_verdict(run: &Verdict) {
+    let verdicts = &run.approaches;
+    crate::outln!();
+    crate::outln!(
+        "{}",
+        "Verdict (read back from the invoices and balances)".bold()
+    );
+    let rows: Vec<(&str, &[PointVerdict], Option<bool>)> = verdicts
+        .iter()
+        .map(|v| (v.name, v.freezes.as_slice(), v.correct_under_kill))
+        .collect();
+    print_points(&rows, run.pause, run.ttl);
+    crate::outln!();
+    let header = [
+        "approach",
+        "done in",
+        "trips",
+        "retries",
+        "of them spins",
+        "p50/p99 ms",
+    ];
+    let rows: Vec<Vec<String>> = verdicts
+        .iter()
+        .map(|v| {
+            vec![
+                v.name.to_string(),
+                format!("{:.2}s", v.finished_in_s),
+                v.round_trips_per_job
+                    .map_or("-".into(), |r| format!("{r:.1}")),
+                v.retries.to_string(),
+                v.lock_retries.to_string(),
+                format!("{}/{}", ms(v.p50_ms), ms(v.p99_ms)),
+            ]
+        })
+        .collect();
+    crate::outln!("{}", table(&header, &rows));
+    crate::outln!(
+        "{}",
+        "  done in: first invoice to the last job's first invoice, freezes included (the\n  \
+         time to finish, not a throughput); trips: requests per job; retries: attempts\n  \
+         that did nothing: conflicts, no-ops, refused tokens, and lock spins"
+            .dimmed()
+    );
+    crate::outln!();
+    for v in verdicts {
+        let text = format!("{}: {}", v.name, meaning(run, v));
+        let wrapped = crate::output::wrap(&text, 76).join("\n");
+        let (first, rest) = wrapped.split_at(v.name.len() + 1);
+        crate::outln!("  {}{}", first.bold(), rest.replace('\n', "\n  "));
+    }
+    crate::outln!();
+    crate::outln!(
+        "  A lock for efficiency keeps workers from doing the same work twice; when it\n  \
+         fails, work is wasted. A lock for correctness must never fail — and a lease\n  \
+         fails whenever a holder pauses past its TTL. Correctness belongs in the data\n  \
+         itself, checked where the read happens and not only at the write: a version, a\n  \
+         unique key, a row claimed with a token, or a single owner."
+    );
+}
+
+/// What one approach's numbers mean, in sentences drawn from the same fields as the tables.
+fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
+    let mut parts = Vec::new();
+    if v.duplicates == 0 && v.lost_updates == 0 && v.lost_jobs == 0 {
+        parts.push("every job invoiced once, every balance right.".to_string());
+    } else {
+        parts.push(format!(
+            "{} invoiced twice or more, {} with a wrong balance, {} never invoiced.",
+            plural(v.duplicates, "job", "jobs"),
+            plural(v.lost_updates, "customer", "customers"),
+            plural(v.lost_jobs, "job", "jobs"),
+        ));
+    }
+    let failed: Vec<&str> = v
+        .freezes
+        .iter()
+        .filter(|p| !p.correct)
+        .map(|p| p.at.label())
+        .collect();
+    if !failed.is_empty() {
+        let lesson = if v.name == "fenced-write-only" {
+            "the token fenced the write, not the read: the next holder read before the \
+             sleeper's COMMIT, waited on its row, and its higher token let it write"
+        } else {
+            "the sleeper, or the holder after it, wrote what it had read before the freeze"
+        };
+        parts.push(format!(
+            "Frozen {} on a {} lease, it failed {}: {lesson}.",
+            human(run.pause),
+            human(run.ttl),
+            failed.join(", ")
+        ));
+    }
+    match v.name {
+        "optimistic" if v.conflicts > 0 => parts.push(format!(
+            "{} version conflicts, each a re-read.",
+            v.conflicts
+        )),
+        "idempotency-key" if v.no_ops > 0 => parts.push(format!(
+            "{} found the invoice there and did nothing.",
+            plural(v.no_ops as i64, "insert", "inserts")
+        )),
+        "redis-fenced" | "fenced-write-only" if v.rejected > 0 => parts.push(format!(
+            "{} by the row's token check.",
+            plural(
+                v.rejected as i64,
+                "stale holder refused",
+                "stale holders refused"
+            )
+        )),
+        _ => {}
+    }
+    if let Some(waited) = v.waited_for_the_freeze
+        && waited > 0
+    {
+        parts.push(format!(
+            "{} got their first invoice only after the first SIGCONT.",
+            plural(waited, "job", "jobs")
+        ));
+    }
+    parts.push(format!("Needs: {}.", v.needs));
+    parts.join(" ")
+}
+
+fn print_sweep(verdicts: &[ApproachVerdict]) {
+    let mut names: Vec<&str> = Vec::new();
+    for v in verdicts {
+        if !names.contains(&v.name) {
+            names.push(v.name);
+        }
+    }
+    let columns: Vec<String> = SWEEP.iter().map(|w| format!("{w} w")).collect();
+    let header: Vec<&str> = std::iter::once("approach")
+        .chain(columns.iter().map(String::as_str))
+        .collect();
+    let grid = |cell: &dyn Fn(&ApproachVerdict) -> String| -> Vec<Vec<String>> {
+        names
+            .iter()
+            .map(|name| {
+                std::iter::once(name.to_string())
+                    .chain(SWEEP.iter().map(|&w| {
+                        verdicts
+                            .iter()
+                            .find(|v| v.workers == w && v.name == *name)
+                            .map_or("-".into(), cell)
+                    }))
+                    .collect()
+            })
+            .collect()
+    };
+    crate::outln!();
+    crate::outln!(
+        "{}",
+        "Retries (attempts that wrote nothing) as the workers grow".bold()
+    );
+    crate::outln!("{}", table(&header, &grid(&|v| v.retries.to_string())));
+    crate::outln!();
+    crate::outln!("{}", "Jobs per second".bold());
+    crate::outln!(
+        "{}",
+        table(
+            &header,
+            &grid(&|v| v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}")))
+        )
+    );
+    let wrong: Vec<&ApproachVerdict> = verdicts
+        .iter()
+        .filter(|v| v.duplicates + v.lost_updates + v.lost_jobs > 0)
+        .collect();
+    crate::outln!();
+    if wrong.is_empty() {
+        crate::outln!("  Every run invoiced every job once, with every balance right.");
+    } else {
+        for v in wrong {
+            crate::outln!(
+                "  {} with {} workers: {} duplicates, {} wrong balances, {} lost jobs.",
+                v.name,
+                v.workers,
+                v.duplicates,
+                v.lost_updates,
+                v.lost_jobs
+            );
+        }
+    }
+}
