@@ -1,0 +1,244 @@
+//! Lab 6's verdict: one row per scenario, the client-pause's stale write resource by
+//! resource, and each scenario's sentences. Every fact in it was decided by
+//! [`crate::check::redlock`] from the masters' answers and the store's record.
+
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{Plan, Scenario};
+use crate::check::redlock::{MasterState, StaleWrite};
+use crate::labs::runner;
+use crate::labs::step::{self, Checkpoint};
+use crate::lock::redlock::{self, Attempt};
+use crate::output::table;
+
+/// What the paused client's late write came to in one resource of the store (client-pause).
+#[derive(Serialize, Debug, Clone)]
+pub struct GuardedWrite {
+    /// `unfenced`, `claim` (antirez: the random value compare-and-set at the resource,
+    /// claimed at the grant), `late_claim` (Kleppmann: the same, A's claim made after its
+    /// pause) or `sequence` (a token from a Postgres sequence).
+    pub guard: &'static str,
+    pub resource: String,
+    #[serde(flatten)]
+    pub stale: StaleWrite,
+    /// Whose result the resource holds at the end.
+    pub final_writer: Option<String>,
+}
+
+/// One client's round, as it goes into the verdict.
+#[derive(Serialize, Debug, Clone)]
+pub struct ClientRound {
+    pub client: String,
+    #[serde(flatten)]
+    pub attempt: Attempt,
+}
+
+/// One scenario's verdict: every field read from the masters' answers or the store.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct ScenarioVerdict {
+    pub name: &'static str,
+    /// The deciding round (B's, or the only client's) was granted.
+    pub granted: bool,
+    pub quorum: usize,
+    /// The deciding round's validity.
+    pub validity_ms: i64,
+    /// Two clients each held a majority's grant at the same moment (null where only one
+    /// client played).
+    pub two_holders: Option<bool>,
+    /// The paused client's write to the unfenced resource (client-pause only).
+    pub stale_write: Option<StaleWrite>,
+    /// The paused client's write to each resource of the store, one row per guard
+    /// (client-pause only): unfenced, claimed by value, claimed late, sequence token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guarded_writes: Option<Vec<GuardedWrite>>,
+    /// Masters that still held the failed round's value after its release (majority-down).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_after_release: Option<Vec<String>>,
+    /// Frozen masters that set the failed round's key once thawed (majority-down): the
+    /// release did not reach it there, and only the TTL removes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_once_thawed: Option<Vec<String>>,
+    pub rounds: Vec<ClientRound>,
+    /// The masters read back at the scenario's decisive moment.
+    pub read_back: Vec<MasterState>,
+    /// Set when part of the scenario is simulated, saying which part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<&'static str>,
+    pub meaning: String,
+    pub prevented_by: &'static str,
+}
+
+/// The run's verdict: the plan it played and each scenario's verdict.
+pub struct Verdict {
+    pub(super) plan: Plan,
+    pub(super) scenarios: Vec<ScenarioVerdict>,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let settings = &self.plan.settings;
+        let skipped: Vec<Value> = self
+            .plan
+            .skipped
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.command_name(),
+                    "why": "needs masters lockslab starts itself (it kills, freezes and restarts them)",
+                })
+            })
+            .collect();
+        let mut fields = Map::new();
+        let mut put = |key: &str, value: Value| {
+            fields.insert(key.into(), value);
+        };
+        put("masters", self.plan.n.into());
+        put("masters_given", (!self.plan.given.is_empty()).into());
+        put("quorum", redlock::quorum(self.plan.n).into());
+        put("ttl_ms", (settings.ttl.as_millis() as u64).into());
+        put("drift_factor", settings.drift_factor.into());
+        put(
+            "drift_ms",
+            (redlock::drift(settings.ttl, settings.drift_factor).as_millis() as u64).into(),
+        );
+        put(
+            "instance_timeout_ms",
+            (settings.instance_timeout.as_millis() as u64).into(),
+        );
+        put(
+            "retry_ms",
+            (settings.retry_delay_max.as_millis() as u64).into(),
+        );
+        put(
+            "scenarios",
+            serde_json::to_value(&self.scenarios).unwrap_or_default(),
+        );
+        put("skipped", Value::Array(skipped));
+        fields
+    }
+
+    fn print(&self) {
+        print_verdicts(&self.scenarios, &self.plan.skipped);
+    }
+
+    fn checkpoint(&self) -> Option<&'static Checkpoint> {
+        Some(&step::redlock::VERDICT)
+    }
+}
+
+/// A guard's row label in the verdict and the store's lines.
+pub(super) fn guard_label(guard: &str) -> &'static str {
+    match guard {
+        "unfenced" => "unfenced",
+        "claim" => "value claimed at the grant (antirez)",
+        "late_claim" => "value claimed after the pause (Kleppmann)",
+        _ => "token from a Postgres sequence",
+    }
+}
+
+pub(super) fn state_line(state: &MasterState) -> String {
+    let what = match (&state.holder, state.pttl_ms, state.answered) {
+        (_, _, false) => format!("✗ {}", state.why.as_deref().unwrap_or("no answer")),
+        (Some(holder), Some(pttl), _) => format!("{holder}'s value, PTTL {pttl}ms"),
+        (None, _, _) => "no key".to_string(),
+        (Some(holder), None, _) => format!("{holder}'s value"),
+    };
+    format!("{:<3} :{:<5} {what}", state.master, state.port)
+}
+
+fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
+    let yes_no = |b: Option<bool>| match b {
+        Some(true) => "YES".red().bold().to_string(),
+        Some(false) => "no".to_string(),
+        None => "–".to_string(),
+    };
+    let stale = |s: Option<&StaleWrite>| match s {
+        None => "–".to_string(),
+        Some(s) => match s.accepted {
+            Some(true) => "ACCEPTED".red().bold().to_string(),
+            Some(false) => "rejected".green().bold().to_string(),
+            None => "none".to_string(),
+        },
+    };
+    let rows: Vec<Vec<String>> = verdicts
+        .iter()
+        .map(|v| {
+            let granted = v
+                .rounds
+                .last()
+                .map(|r| format!("{}/{}", r.attempt.granted, r.attempt.answers.len()))
+                .unwrap_or_default();
+            vec![
+                v.name.to_string(),
+                format!("{} {granted}", if v.granted { "yes" } else { "no" }),
+                yes_no(v.two_holders),
+                stale(v.stale_write.as_ref()),
+            ]
+        })
+        .chain(skipped.iter().map(|s| {
+            let mut row = vec![s.command_name().to_string(), "skipped".to_string()];
+            row.extend(std::iter::repeat_n("–".to_string(), 2));
+            row
+        }))
+        .collect();
+    crate::outln!();
+    crate::outln!("{}", "Verdict".bold());
+    crate::outln!(
+        "{}",
+        table(
+            &[
+                "scenario",
+                "granted",
+                "granted twice within validity",
+                "stale write"
+            ],
+            &rows
+        )
+    );
+    for verdict in verdicts {
+        let Some(guarded) = &verdict.guarded_writes else {
+            continue;
+        };
+        let rows: Vec<Vec<String>> = guarded
+            .iter()
+            .map(|g| {
+                vec![
+                    guard_label(g.guard).to_string(),
+                    stale(Some(&g.stale)),
+                    g.final_writer.clone().unwrap_or("nobody".into()),
+                ]
+            })
+            .collect();
+        crate::outln!();
+        crate::outln!(
+            "  {}: A's stale write, resource by resource (read back from the store)",
+            verdict.name
+        );
+        crate::outln!(
+            "{}",
+            table(&["guard", "A's late write", "result kept"], &rows)
+        );
+    }
+    crate::outln!();
+    for verdict in verdicts {
+        let text = format!("{}: {}", verdict.name, verdict.meaning);
+        for line in crate::output::wrap(&text, 76) {
+            crate::outln!("  {line}");
+        }
+        for line in crate::output::wrap(&format!("prevented by: {}", verdict.prevented_by), 74) {
+            crate::outln!("    {}", line.dimmed());
+        }
+    }
+    for scenario in skipped {
+        let text = format!(
+            "{}: skipped. It needs masters lockslab starts itself (it kills, freezes and \
+             restarts them); run it without --master.",
+            scenario.command_name()
+        );
+        for line in crate::output::wrap(&text, 76) {
+            crate::outln!("  {line}");
+        }
+    }
+}
