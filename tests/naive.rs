@@ -2,11 +2,14 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lockslab::check::Finding;
+use lockslab::check::naive as checks;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -71,9 +74,19 @@ fn a_dead_holder_without_ttl_blocks_the_lock_for_good_and_set_nx_px_frees_it() {
         assert_eq!(run["broken"]["next_holder_got_lock"], false, "{run}");
         assert_eq!(counts(&run["fixed"]), (0, 1), "round {round}: {run}");
         assert_eq!(run["fixed"]["next_holder_got_lock"], true, "{run}");
-        // B got the lock once A's key lapsed: not at once, and well before the wait ran out.
-        let waited = run["fixed"]["waited_ms"].as_u64().unwrap();
-        assert!((150..1200).contains(&waited), "B waited {waited}ms: {run}");
+        // B got the lock once A's key lapsed: not at once (its first tries found the key
+        // taken), before its wait ran out, and the key read back is B's. How long B waited
+        // is a figure for `cargo bench --bench naive`, not an assertion.
+        let b_took = events(&lines, "B", "acquired");
+        assert!(b_took[0]["tries"].as_u64().unwrap() > 1, "{}", b_took[0]);
+        let read_back = lines
+            .iter()
+            .find(|e| {
+                e["worker"] == "redis" && e["variant"] == "fixed" && e["key_owner"].is_string()
+            })
+            .unwrap();
+        assert_eq!(read_back["dead_owner"], false, "{read_back}");
+        assert_eq!(read_back["key_owner"], b_took[0]["owner"], "{read_back}");
 
         // The story on the timeline: A was killed holding the lock, B gave up, then (fixed) got it.
         let killed = lines
@@ -383,4 +396,117 @@ fn bad_flags_name_the_flag() {
         text.contains("Examples") && text.contains("--window"),
         "{text}"
     );
+}
+
+/// A real run's `--json` (tests/fixtures/naive.jsonl: every scenario, `--ttl 300ms --wait
+/// 1200ms --trials 20 --workers 4 --window 1ms`) replayed through the lab's checkers with no
+/// servers: the facts they decide from the recorded evidence are the verdict's.
+#[test]
+fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
+    let lines: Vec<Value> = include_str!("fixtures/naive.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let verdict = lines.last().unwrap();
+    assert_eq!(verdict["kind"], "verdict");
+    let of = |scenario: &str, variant: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|e| e["scenario"] == scenario && e["variant"] == variant)
+            .collect()
+    };
+    let owner_of = |events: &[&Value], worker: &str| -> Option<String> {
+        events
+            .iter()
+            .find(|e| e["worker"] == worker && e["owner"].is_string())
+            .map(|e| e["owner"].as_str().unwrap().to_string())
+    };
+
+    // no-ttl and setnx-expire: the key read back after B's wait, against the killed A's owner.
+    for name in ["no-ttl", "setnx-expire"] {
+        for variant in ["broken", "fixed"] {
+            let events = of(name, variant);
+            let read_back = events
+                .iter()
+                .find(|e| e["worker"] == "redis" && e["dead_owner"].is_boolean())
+                .unwrap();
+            let found = checks::dead_owner(
+                read_back["key_owner"].as_str(),
+                owner_of(&events, "A").as_deref(),
+            );
+            let counted = scenario(verdict, name)[variant]["violations"]
+                .as_u64()
+                .unwrap();
+            assert_eq!(found == Finding::Yes, counted == 1, "{name} {variant}");
+            assert_eq!(
+                found == Finding::Yes,
+                variant == "broken",
+                "{name} {variant}"
+            );
+        }
+    }
+
+    // wrong-release: the holders list and the workers' grant stamps, against the TTL.
+    let ttl = Duration::from_millis(
+        scenario(verdict, "no-ttl")["fixed"]["ttl_ms"]
+            .as_u64()
+            .unwrap(),
+    );
+    for variant in ["broken", "fixed"] {
+        let events = of("wrong-release", variant);
+        let list: Vec<String> = events
+            .iter()
+            .find(|e| e["worker"] == "redis" && e["holders"].is_array())
+            .unwrap()["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_string())
+            .collect();
+        let entered: HashMap<String, u64> = events
+            .iter()
+            .filter(|e| e["kind"] == "acquired")
+            .map(|e| {
+                (
+                    e["worker"].as_str().unwrap().to_string(),
+                    e["enter_ns"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let found = checks::overlaps(&checks::replay(&list).pairs, &entered, ttl);
+        let recorded = &scenario(verdict, "wrong-release")[variant];
+        assert_eq!(
+            u64::from(checks::deleted_live_locks(&found)),
+            recorded["violations"].as_u64().unwrap(),
+            "{variant}"
+        );
+        let causes: Vec<&str> = found.iter().map(|o| o.cause.as_str()).collect();
+        let recorded_causes: Vec<&str> = recorded["overlaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["cause"].as_str().unwrap())
+            .collect();
+        assert_eq!(causes, recorded_causes, "{variant}");
+    }
+
+    // race: the verdict's count is the trials whose holders list shows two at once.
+    for variant in ["broken", "fixed"] {
+        let summary = of("race", variant)
+            .into_iter()
+            .find(|e| e["worker"] == "redis")
+            .unwrap();
+        let broke = summary["holders_per_trial"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h.as_u64().unwrap() >= 2)
+            .count() as u64;
+        assert_eq!(
+            broke,
+            scenario(verdict, "race")[variant]["violations"]
+                .as_u64()
+                .unwrap()
+        );
+    }
 }

@@ -1,0 +1,168 @@
+//! no-ttl and setnx-expire: A takes the lock and is killed holding it (or between SETNX and
+//! PEXPIRE); B tries for `--wait`. The verdict is the key itself, read back: does it still
+//! name the dead A (see [`crate::check::naive::dead_owner`])?
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::verdict::Tally;
+use super::{Play, RedisStep, Scenario, pttl_text, whose};
+use crate::check::Finding;
+use crate::check::naive as checks;
+use crate::events::{Event, Kind};
+use crate::lock::redis::owner_and_pttl;
+use crate::nemesis::Nemesis;
+use crate::output::human;
+use crate::worker::racer::{Acquire, Holder, Release};
+
+impl Play<'_> {
+    /// A takes the lock and is killed holding it; B tries for `--wait`. Broken: B gives
+    /// up and the key still names the dead A, with PTTL -1. Fixed: the key lapses after
+    /// its TTL and B gets the lock.
+    pub(super) fn stuck(&self, scenario: Scenario, fixed: bool) -> Result<Tally> {
+        let args = self.plan;
+        let mut stage = self.stage(scenario, fixed);
+        let acquire = match (scenario, fixed) {
+            (_, true) => Acquire::SetNxPx,
+            (Scenario::SetnxExpire, false) => Acquire::SetnxThenExpire,
+            _ => Acquire::Setnx,
+        };
+        let key = self.key(scenario, fixed, "lock");
+        let url = self.redis_url.as_str();
+        let mut redis = self.redis()?;
+
+        let holder = self.holder(scenario, fixed, acquire, Release::CompareAndDelete);
+        let a_script = Holder {
+            stop_between: true,
+            ..holder.clone()
+        };
+        let mut a = stage.spawn("A", &self.spec("A", a_script))?;
+        // With SETNX-then-PEXPIRE, A stops between the two commands and says so; the
+        // lab kills it right there. Otherwise A stops after taking the lock.
+        let took = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+            e.worker == "A" && (e.kind == Kind::Acquired || e.kind == Kind::Between)
+        })?;
+        let a_owner = took.get_str("owner").map(String::from);
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading A's key's PTTL after it took the lock")?;
+        stage.record(
+            Event::new(
+                "redis",
+                Kind::Pttl,
+                match pttl {
+                    -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
+                    -2 => "PTTL → -2: there is no key".to_string(),
+                    ms => format!("PTTL → {ms}ms: the key will expire by itself"),
+                },
+            )
+            .with("pttl_ms", pttl),
+        );
+        let where_ = match acquire {
+            Acquire::SetnxThenExpire => "between SETNX and PEXPIRE: the PEXPIRE is never sent",
+            _ => "while it holds the lock: its release never runs",
+        };
+        let pid = a.pid;
+        Nemesis::new().kill(
+            &mut stage,
+            &mut a,
+            format!("SIGKILL to A (pid {pid}) {where_}"),
+        )?;
+        let killed_at = Instant::now();
+
+        let mut b = stage.spawn("B", &self.spec("B", holder))?;
+        let bar = self
+            .style
+            .progress(args.wait.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let deadline = Instant::now() + args.wait + Duration::from_secs(10);
+        let mut last_look = Instant::now() - Duration::from_secs(1);
+        let b_result = (|| loop {
+            if let Some(event) = stage.next(Duration::from_millis(10)) {
+                if event.kind == Kind::Error {
+                    return Err(crate::labs::worker_failed(&event.worker, &event.text));
+                }
+                if event.worker == "B"
+                    && (event.kind == Kind::Acquired || event.kind == Kind::GaveUp)
+                {
+                    return Ok(event);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for B to take the lock or give up");
+            }
+            if last_look.elapsed() >= Duration::from_millis(50) {
+                last_look = Instant::now();
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query(&mut redis)
+                    .step(url, "watching A's key's PTTL while B waits")?;
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.set_position(killed_at.elapsed().as_millis() as u64);
+                    bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
+                }
+            }
+        })();
+        stage.timeline.clear_bar();
+        let b_result = b_result?;
+        let b_owner = b_result.get_str("owner").map(String::from);
+
+        // The evidence: who the key names now, and whether it will ever expire.
+        let (owner, pttl) =
+            owner_and_pttl(&mut redis, &key).step(url, "reading the lock back from Redis")?;
+        let dead_owner = checks::dead_owner(owner.as_deref(), a_owner.as_deref()) == Finding::Yes;
+        let since_kill = killed_at.elapsed();
+        let read = format!(
+            "GET → {}, PTTL → {}",
+            whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
+            pttl_text(pttl)
+        );
+        let text = if dead_owner {
+            format!(
+                "{read}: {} after A died the lock still belongs to it{}",
+                human(since_kill),
+                if pttl == -1 {
+                    ", and no expiry will free it"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            format!(
+                "{read}: A's key is gone, lapsed with its TTL of {}",
+                human(args.ttl)
+            )
+        };
+        stage.record(
+            Event::new(
+                "redis",
+                if dead_owner {
+                    Kind::Violation
+                } else {
+                    Kind::Lapsed
+                },
+                text,
+            )
+            .with("dead_owner", dead_owner)
+            .with("key_owner", owner.clone())
+            .with("pttl_ms", pttl),
+        );
+        if b_result.kind == Kind::Acquired {
+            b.tell("finish")?;
+            stage.wait_for(Duration::from_secs(5), "B to release", |e| {
+                e.is("B", Kind::Released)
+            })?;
+        }
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+
+        let waited_ms = b_result.get_i64("waited_ms").unwrap_or(0);
+        Ok(Tally::new(dead_owner as u32, 1)
+            .with("next_holder_got_lock", b_result.kind == Kind::Acquired)
+            .with("waited_ms", waited_ms)
+            .with("pttl_ms_after_wait", pttl)
+            .with("ttl_ms", args.ttl.as_millis() as u64))
+    }
+}

@@ -1,0 +1,203 @@
+//! wrong-release: A's lease runs out while it works, B takes the lock, A releases, C tries
+//! once. Releasing by DEL removes B's live lock and lets C in beside B; compare-and-delete
+//! leaves it alone. Who held the lock together, and why, is read off the holders list (see
+//! [`crate::check::naive::overlaps`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+use super::verdict::Tally;
+use super::{Play, RedisStep, Scenario, pttl_text, whose};
+use crate::check::Finding;
+use crate::check::naive as checks;
+use crate::events::{Event, Kind};
+use crate::lock::redis::owner_and_pttl;
+use crate::output::human;
+use crate::worker::racer::{Acquire, Holder, Release};
+
+impl Play<'_> {
+    /// A's lease runs out while it works; B takes the lock; A releases; C tries once.
+    pub(super) fn wrong_release(&self, fixed: bool) -> Result<Tally> {
+        let args = self.plan;
+        let scenario = Scenario::WrongRelease;
+        let mut stage = self.stage(scenario, fixed);
+        let release = if fixed {
+            Release::CompareAndDelete
+        } else {
+            Release::Del
+        };
+        let key = self.key(scenario, fixed, "lock");
+        let holders = self.key(scenario, fixed, "holders");
+        let url = self.redis_url.as_str();
+        let mut redis = self.redis()?;
+        let long = args.ttl + Duration::from_secs(10);
+        let holder = self.holder(scenario, fixed, Acquire::SetNxPx, release);
+        let spec = |name: &str, wait: Duration| {
+            self.spec(
+                name,
+                Holder {
+                    wait_ms: wait.as_millis() as u64,
+                    ..holder.clone()
+                },
+            )
+        };
+
+        let mut a = stage.spawn("A", &spec("A", args.wait))?;
+        let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
+        let a_owner = a_took.get_str("owner").map(String::from);
+
+        // A works on; watch its key in Redis until the lease runs out.
+        let bar = self
+            .style
+            .progress(args.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let deadline = Instant::now() + long;
+        let lapsed = (|| loop {
+            stage.next(Duration::from_millis(10));
+            let (owner, pttl) = owner_and_pttl(&mut redis, &key)
+                .step(url, "watching A's key in Redis while A works")?;
+            if owner != a_owner {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("A's key did not expire within {}", human(long));
+            }
+            if let Some(bar) = stage.timeline.bar() {
+                bar.set_position(args.ttl.as_millis() as u64 - pttl.max(0) as u64);
+                bar.set_message(format!("A works; its key: PTTL {}", pttl_text(pttl)));
+            }
+        })();
+        stage.timeline.clear_bar();
+        lapsed?;
+        stage.record(Event::new(
+            "redis",
+            Kind::Expired,
+            format!(
+                "A's key expired (TTL {}) while A still works: for Redis the lock is free",
+                human(args.ttl)
+            ),
+        ));
+
+        let mut b = stage.spawn("B", &spec("B", args.wait))?;
+        let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", Kind::Acquired))?;
+        let b_owner = b_took.get_str("owner").map(String::from);
+
+        a.tell("finish")?;
+        stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query(&mut redis)
+            .step(url, "reading the lock after A's release")?;
+        let b_lost_lock =
+            checks::lock_lost_under(owner.as_deref(), b_owner.as_deref()) == Finding::Yes;
+        let read = whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]);
+        stage.record(Event::new(
+            "redis",
+            if b_lost_lock {
+                Kind::Violation
+            } else {
+                Kind::Kept
+            },
+            if b_lost_lock {
+                format!("GET → {read}: A's DEL removed B's lock, and B is still working")
+            } else {
+                format!("GET → {read}: A's release left B's lock alone; B keeps it")
+            },
+        ));
+
+        // C tries once, as any newcomer would.
+        let mut c = stage.spawn("C", &spec("C", Duration::ZERO))?;
+        let c_result = stage.wait_for(long, "C to try the lock", |e| {
+            e.worker == "C" && (e.kind == Kind::Acquired || e.kind == Kind::GaveUp)
+        })?;
+        if c_result.kind == Kind::Acquired {
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut redis)
+                .step(url, "reading the lock after C took it")?;
+            if checks::newcomer_holds(owner.as_deref(), c_result.get_str("owner")) {
+                stage.record(Event::new(
+                    "redis",
+                    Kind::TwoHolders,
+                    "GET → C's value while B still works and believes it holds the lock: two holders, B and C",
+                ));
+            }
+        }
+
+        b.tell("finish")?;
+        stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
+        if c_result.kind == Kind::Acquired {
+            c.tell("finish")?;
+            stage.wait_for(long, "C to release", |e| e.is("C", Kind::Released))?;
+        }
+        for worker in [&mut a, &mut b, &mut c] {
+            worker.finish(Duration::from_secs(5));
+        }
+        stage.drain();
+
+        // The verdict: who held the lock together, from the entries the workers wrote to
+        // Redis, in Redis's order; and, by the workers' monotonic stamps, whether the earlier holder's lease had run out by then. A pair
+        // whose first lease had run out is lab 1's problem (the TTL), the same in both runs;
+        // a pair whose first lease still ran means someone deleted a live lock.
+        let list: Vec<String> = redis::cmd("LRANGE")
+            .arg(&holders)
+            .arg(0)
+            .arg(-1)
+            .query(&mut redis)
+            .step(url, "reading the holders list back from Redis")?;
+        let pairs = checks::replay(&list).pairs;
+        let entered: HashMap<String, u64> = stage
+            .log
+            .iter()
+            .filter(|e| e.kind == Kind::Acquired)
+            .filter_map(|e| Some((e.worker.clone(), e.get_i64("enter_ns")? as u64)))
+            .collect();
+        let found = checks::overlaps(&pairs, &entered, args.ttl);
+        let violations = checks::deleted_live_locks(&found);
+        let overlaps: Vec<Value> = found
+            .iter()
+            .map(|o| {
+                json!({
+                    "holders": [o.first, o.second],
+                    "second_entered_after_ms": o.gap.map(|g| g.as_millis() as u64),
+                    "cause": o.cause.as_str(),
+                })
+            })
+            .collect();
+        let pairs_text = overlaps
+            .iter()
+            .map(|o| {
+                format!(
+                    "{} and {} ({})",
+                    o["holders"][0].as_str().unwrap_or("?"),
+                    o["holders"][1].as_str().unwrap_or("?"),
+                    o["cause"].as_str().unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        stage.record(
+            Event::new(
+                "redis",
+                if violations > 0 {
+                    Kind::Violation
+                } else {
+                    Kind::Counted
+                },
+                format!(
+                    "holders list [{}]: held at the same time: {pairs_text}",
+                    list.join(" ")
+                ),
+            )
+            .with("holders", list.clone())
+            .with("violations", violations),
+        );
+        Ok(Tally::new(violations, 1)
+            .with("holders_list", list)
+            .with("overlaps", overlaps)
+            .with("c_got_lock", c_result.kind == Kind::Acquired))
+    }
+}
