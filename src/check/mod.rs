@@ -203,7 +203,13 @@ pub fn last_accepted_is_final(attempts: &[Attempt], final_writer: Option<&str>) 
 mod tests {
     use super::*;
 
-    fn attempt(decided: i64, writer: &str, token: Option<i64>, accepted: bool) -> Attempt {
+    /// One store attempt, for the checkers' tests (each lab's too).
+    pub(super) fn attempt(
+        decided: i64,
+        writer: &str,
+        token: Option<i64>,
+        accepted: bool,
+    ) -> Attempt {
         Attempt {
             writer: writer.into(),
             value: format!("{writer}'s result"),
