@@ -2,8 +2,10 @@
 //!
 //! Reports (a) how long private Redis, etcd and Postgres take to start together, and
 //! (b) `lockslab gc-pause` with defaults: wall time for both runs, and per run the time
-//! beyond the pause the lab waits on purpose. Targets: servers < 5s, both runs < 12s,
-//! overhead < 1s per run. Figures are printed, not asserted: the machine is shared.
+//! beyond the pause the lab waits on purpose, and (c) how soon it gives up on a backend
+//! that refuses connections and on one that accepts them and never answers. Targets:
+//! servers < 5s, both runs < 12s, overhead < 1s per run, refused < 1s, frozen < 10s.
+//! Figures are printed, not asserted: the machine is shared.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -61,4 +63,40 @@ fn main() {
     }
     report("  both runs, wall clock", &mut walls);
     report("  per run, beyond the pause", &mut overheads);
+
+    println!("lockslab gc-pause giving up on a backend, {ROUNDS} rounds each:");
+    let mut refused = Vec::new();
+    let mut frozen = Vec::new();
+    for _ in 0..ROUNDS {
+        // A port nobody listens on: bind one, then close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        refused.push(time_to_fail(
+            "LOCKSLAB_REDIS_URL",
+            format!("redis://127.0.0.1:{port}"),
+        ));
+        // Something that accepts connections and never answers, like a frozen server.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        frozen.push(time_to_fail(
+            "LOCKSLAB_POSTGRES_URL",
+            format!("postgres://lab:secret@127.0.0.1:{port}/db"),
+        ));
+    }
+    report("  Redis refuses connections", &mut refused);
+    report("  Postgres accepts and never answers", &mut frozen);
+}
+
+/// How long `lockslab gc-pause` takes to exit with 1 when `var` names a bad server.
+fn time_to_fail(var: &str, url: String) -> Duration {
+    let started = Instant::now();
+    let output = lockslab(&["gc-pause"]).env(var, url).output().unwrap();
+    let took = started.elapsed();
+    if output.status.code() != Some(1) {
+        println!("  (it exited with {:?}, not 1)", output.status.code());
+    }
+    took
 }

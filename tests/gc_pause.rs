@@ -4,7 +4,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::{Signal, kill};
@@ -155,7 +155,7 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
     let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
     let mut pids = Vec::new();
     let mut run_id = String::new();
-    let started = Instant::now();
+    let mut frozen = false;
     // Wait until the lab reports A frozen (state T), then interrupt.
     for line in lines.by_ref() {
         let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
@@ -166,10 +166,11 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
             run_id = event["run_id"].as_str().unwrap().to_string();
         }
         if event["worker"] == "lab" && event["kind"] == "frozen" {
+            frozen = true;
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(20), "A never froze");
     }
+    assert!(frozen, "the lab ended without freezing A");
     let a = pids[0];
     assert!(
         eventually(Duration::from_secs(2), || proc_state(a) == Some('T')),
@@ -263,14 +264,14 @@ fn an_unreachable_backend_fails_fast_with_a_clear_message() {
         .local_addr()
         .unwrap()
         .port();
-    let started = Instant::now();
     let output = lockslab(&["gc-pause"])
         .env("LOCKSLAB_REDIS_URL", format!("redis://127.0.0.1:{port}"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // Fast because the refusal itself ends it, not a timeout (the time is in the bench).
+    assert!(stderr.contains("refused"), "{stderr}");
     assert!(
         stderr.contains("Redis")
             && stderr.contains(&port.to_string())
@@ -291,18 +292,14 @@ fn a_frozen_backend_fails_within_seconds() {
         "postgres://lab:secret@127.0.0.1:{}/db",
         listener.local_addr().unwrap().port()
     );
-    let started = Instant::now();
     let output = lockslab(&["gc-pause"])
         .env("LOCKSLAB_POSTGRES_URL", &url)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "gave up after {:?}",
-        started.elapsed()
-    );
+    // The bounded timeout ended it, and says how long it waited (the time is in the bench).
+    assert!(stderr.contains("no answer within"), "{stderr}");
     assert!(
         stderr.contains("Postgres") && stderr.contains(":***@"),
         "password hidden: {stderr}"
@@ -385,5 +382,58 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
             assert!(problems.is_empty(), "pause {pause}: {problems:?}\n{run}");
         }
         assert_one_clock(&lines);
+    }
+}
+
+/// A recorded run (tests/fixtures/gc-pause.jsonl, both runs at the defaults) replayed with
+/// no servers: each run's events and the store's record it carries go through the lab's
+/// own evidence reading and checkers, which must reach the verdict recorded with them.
+#[test]
+fn a_recorded_history_replays_to_its_recorded_verdict() {
+    use lockslab::events::Event;
+    use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
+    use lockslab::store::{Attempt, ReadBack};
+
+    let lines: Vec<Value> = include_str!("fixtures/gc-pause.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let (recorded, events) = lines.split_last().unwrap();
+    for run in recorded["runs"].as_array().unwrap() {
+        let fenced = run["fencing"].as_bool().unwrap();
+        let log: Vec<Event> = events
+            .iter()
+            .filter(|e| e["fencing"] == fenced)
+            .map(|e| serde_json::from_value(e.clone()).unwrap())
+            .collect();
+        let attempts = run["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| Attempt {
+                writer: a["writer"].as_str().unwrap().into(),
+                value: a["value"].as_str().unwrap().into(),
+                token: a["token"].as_i64(),
+                fenced: a["fenced"].as_bool().unwrap(),
+                accepted: a["accepted"].as_bool().unwrap(),
+                decided: a["decided"].as_i64().unwrap(),
+            })
+            .collect();
+        let read = ReadBack {
+            final_value: run["final_value"].as_str().map(String::from),
+            final_writer: run["final_writer"].as_str().map(String::from),
+            final_token: run["final_token"].as_i64(),
+            attempts,
+        };
+        let setup = Setup {
+            store_rule: fenced.then_some("not_lower"),
+            token_source: fenced.then_some("redis_incr"),
+            token_restart: false,
+        };
+        let replayed = RunVerdict::judge(setup, &heard(&log).unwrap(), read).unwrap();
+        let replayed = serde_json::to_value(&replayed).unwrap();
+        for (field, value) in run.as_object().unwrap() {
+            assert_eq!(&replayed[field], value, "fencing={fenced}: {field}");
+        }
     }
 }

@@ -203,6 +203,7 @@ pub fn last_accepted_is_final(attempts: &[Attempt], final_writer: Option<&str>) 
 mod tests {
     use super::*;
 
+    /// One store attempt, for the checkers' tests (each lab's too).
     pub(super) fn attempt(
         decided: i64,
         writer: &str,

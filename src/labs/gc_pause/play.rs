@@ -1,0 +1,297 @@
+//! One run of lab 1's story: A takes the lock and freezes, B takes it once Redis lets it
+//! go, A wakes and writes. The nemesis freezes, resumes and (with `--token-restart`)
+//! crashes Redis; the lab watches A's key while A is frozen, then reads the store back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use colored::Colorize;
+
+use super::verdict::{RunVerdict, Setup, heard};
+use super::{Fence, Freeze, Plan};
+use crate::check::LateWrite;
+use crate::connect::{self, Backend};
+use crate::events::{Event, Kind};
+use crate::labs::Stage;
+use crate::labs::runner::Run;
+use crate::lock::redis::RedisLock;
+use crate::nemesis::victims::Server;
+use crate::nemesis::{Nemesis, Note, Victim};
+use crate::output::human;
+use crate::servers::PrivateServers;
+use crate::store::{FenceRule, Store};
+use crate::worker::WorkerSpec;
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
+
+/// One run of the story.
+pub(super) struct Play<'a> {
+    pub(super) plan: &'a Plan,
+    /// The lab run: its id, its style and its one clock (every run's events are stamped
+    /// from it).
+    pub(super) run: &'a Run,
+    pub(super) fence: Fence,
+}
+
+impl Play<'_> {
+    /// The heading of the run on the timeline.
+    fn heading(&self, restarting: bool) -> String {
+        let fence = self.fence;
+        match (fence.fenced, restarting, fence.sequence, fence.rule, fence.a_first) {
+            (false, ..) => "── without fencing ──".red().bold(),
+            (true, false, ..) => "── with fencing tokens ──".green().bold(),
+            (true, true, false, FenceRule::NotLower, _) =>
+                "── lesson: tokens from the Redis counter; the store's rule, not lower than the highest (>=) ──"
+                    .red()
+                    .bold(),
+            (true, true, false, FenceRule::HigherOrSameHolder, false) =>
+                "── lesson: tokens from the Redis counter; the store refuses an equal token from another holder; B writes first ──"
+                    .red()
+                    .bold(),
+            (true, true, false, FenceRule::HigherOrSameHolder, true) =>
+                "── lesson: the same rule; A, the stale holder, writes first ──".red().bold(),
+            (true, true, true, _, false) =>
+                "── the fix: tokens from a Postgres sequence in the store's database; B writes first ──"
+                    .green()
+                    .bold(),
+            (true, true, true, _, true) =>
+                "── the fix: tokens from the store's sequence; A writes first ──".green().bold(),
+        }
+        .to_string()
+    }
+
+    /// One run; `restart`: the private Redis to crash and restart while A is frozen.
+    pub(super) fn run(
+        &self,
+        redis_url: &str,
+        postgres_url: &str,
+        store: &mut Store,
+        restart: Option<&mut PrivateServers>,
+    ) -> Result<RunVerdict> {
+        let (plan, fence) = (self.plan, self.fence);
+        let run_id = self.run.id.as_str();
+        let label = fence.label();
+        let mut stage = Stage::on_clock(self.run.style, self.run.started);
+        stage.timeline.say("");
+        stage.timeline.say(&self.heading(restart.is_some()));
+        let lock_key = format!("lockslab:{run_id}:gc-pause:{label}:lock");
+        let restarting = restart.is_some();
+        let sequence = fence
+            .sequence
+            .then(|| format!("lockslab_gc_pause_{run_id}_{}", label.replace('-', "_")));
+        if let Some(sequence) = &sequence {
+            store.create_token_sequence(sequence)?;
+        }
+        let role = |name: &str, before_write, after_write| HolderScript {
+            name: name.into(),
+            lock: LockSpec::Redis {
+                url: redis_url.into(),
+                key: lock_key.clone(),
+                ttl_ms: plan.ttl.as_millis() as u64,
+                fence_counter: (fence.fenced && !fence.sequence).then(|| {
+                    if restarting {
+                        format!("lockslab:{run_id}:gc-pause:{label}:fence")
+                    } else {
+                        format!("lockslab:{run_id}:gc-pause:fence")
+                    }
+                }),
+                renew: false,
+            },
+            store_url: postgres_url.into(),
+            run_id: run_id.into(),
+            resource: format!("gc-pause-{label}"),
+            wait_ms: (plan.ttl + plan.pause + Duration::from_secs(10)).as_millis() as u64,
+            before_write,
+            after_write,
+            fence_rule: fence.rule,
+            token_sequence: sequence.clone(),
+        };
+        let a_script = match plan.freeze {
+            Freeze::Self_ => BeforeWrite::FreezeSelf,
+            Freeze::Peer => BeforeWrite::WorkUntilTold,
+        };
+        let mut lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, plan.ttl);
+
+        // Every event of this run says which run it belongs to (both share one clock).
+        stage.tag("fencing", fence.fenced);
+        stage.checkpoint(crate::labs::step::gc_pause::before_run(fence.fenced));
+        if restarting {
+            stage.tag("store_rule", fence.rule.as_str());
+            stage.tag("token_source", fence.token_source());
+        }
+        stage.record(
+            Event::new(
+                "lab",
+                Kind::Run,
+                format!("run {run_id}: the lock is the Redis key {}", lock_watch.key),
+            )
+            .with("run_id", run_id)
+            .with("lock_key", lock_watch.key.clone()),
+        );
+        let mut a = stage.spawn(
+            "A",
+            &WorkerSpec::Holder(role("A", a_script, AfterWrite::Release)),
+        )?;
+        // Declared after A: dropped first, so that a run that fails resumes A before A's
+        // handle kills it.
+        let mut nemesis = Nemesis::new();
+        let a_owner = stage
+            .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+                e.is("A", Kind::Acquired)
+            })?
+            .get_str("owner")
+            .map(String::from);
+
+        match plan.freeze {
+            Freeze::Peer => {
+                // A is at work (waiting for `finish`) before it is frozen, as a real pause
+                // catches a client in the middle of what it does.
+                stage.wait_for(Duration::from_secs(5), "A to start working", |e| {
+                    e.is("A", Kind::Working)
+                })?;
+                let words = format!(
+                    "sends SIGSTOP to A (pid {}): frozen mid-work for {}",
+                    a.pid,
+                    human(plan.pause)
+                );
+                nemesis.pause(&mut stage, &a, words)?;
+            }
+            Freeze::Self_ => {
+                stage.wait_for(Duration::from_secs(5), "A to freeze itself", |e| {
+                    e.is("A", Kind::Freezing)
+                })?;
+                let words = format!(
+                    "sees A (pid {}) stopped; will resume it in {}",
+                    a.pid,
+                    human(plan.pause)
+                );
+                nemesis.adopt_pause(&mut stage, &a, words)?;
+            }
+        }
+        let frozen_at = Instant::now();
+        let mut expired = false;
+        if let Some(private) = restart {
+            let mut redis = Server::new(private, Backend::Redis, "redis");
+            let pid = redis.pid().unwrap_or_default();
+            nemesis.restart(
+                &mut stage,
+                &mut redis,
+                format!("SIGKILL → Redis (pid {pid}), then starts it again on the same port"),
+                |took| {
+                    Note::from(format!(
+                        "Redis back after {}, empty (no persistence): A's key and the token counter are gone",
+                        human(took)
+                    ))
+                },
+            )?;
+            lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, plan.ttl);
+            expired = true;
+        }
+        // B works until told when A is to write first: A wakes and writes while B holds the
+        // lock, as two holders of one reissued token can.
+        let b_before = if fence.a_first {
+            BeforeWrite::WorkUntilTold
+        } else {
+            BeforeWrite::Nothing
+        };
+        let mut b = stage.spawn(
+            "B",
+            &WorkerSpec::Holder(role("B", b_before, AfterWrite::HoldUntilTold)),
+        )?;
+        if fence.a_first {
+            stage.wait_for(Duration::from_secs(10), "B to take the lock", |e| {
+                e.is("B", Kind::Working)
+            })?;
+        }
+
+        // While A is frozen, watch its key in Redis: the countdown, then the expiry, then
+        // the time left until the resume (a long pause must not look like a hang).
+        let style = self.run.style;
+        let bar = style.progress(plan.ttl.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let mut counting_down = false;
+        let resume_at = frozen_at + plan.pause;
+        stage.run_until(resume_at, |stage| {
+            if expired {
+                if !counting_down {
+                    counting_down = true;
+                    stage.timeline.clear_bar();
+                    let bar = style.progress(plan.pause.as_millis() as u64, "  {msg} [{bar:30}]");
+                    stage.timeline.attach_bar(bar);
+                }
+                if let Some(bar) = stage.timeline.bar() {
+                    let left = resume_at.saturating_duration_since(Instant::now());
+                    bar.set_position(frozen_at.elapsed().as_millis() as u64);
+                    bar.set_message(format!("A stays frozen: SIGCONT in {:>6}", human(left)));
+                }
+                return Ok(());
+            }
+            let (owner, pttl) = lock_watch
+                .owner_and_pttl()
+                .context("watching the lock in Redis")?;
+            if owner != a_owner {
+                expired = true;
+                stage.timeline.clear_bar();
+                stage.record(Event::new(
+                    "redis",
+                    Kind::Expired,
+                    "A's key has expired: for Redis the lock is free",
+                ));
+            } else if let Some(bar) = stage.timeline.bar() {
+                bar.set_position(pttl.max(0) as u64);
+                bar.set_message(format!("A's lock in Redis: PTTL {pttl:>5}ms"));
+            }
+            Ok(())
+        })?;
+        stage.timeline.clear_bar();
+
+        let words = format!("sends SIGCONT to A after {}", human(frozen_at.elapsed()));
+        nemesis.resume(&mut stage, &a, words)?;
+        if plan.freeze == Freeze::Peer {
+            a.tell("finish")?;
+        }
+        let long = plan.ttl + plan.pause + Duration::from_secs(15);
+        stage.wait_for(long, "A to write", |e| e.is("A", Kind::Wrote))?;
+        stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        if fence.a_first {
+            b.tell("finish")?;
+        }
+        stage.wait_for(long, "B to write", |e| e.is("B", Kind::Wrote))?;
+        b.tell("finish")?;
+        stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
+        a.finish(Duration::from_secs(5));
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+
+        let heard = heard(&stage.log)?;
+        let read = store.read_back(run_id, &format!("gc-pause-{label}"))?;
+        if let Some(sequence) = &sequence {
+            store.drop_token_sequence(sequence)?;
+        }
+        let setup = Setup {
+            store_rule: fence.fenced.then_some(fence.rule.as_str()),
+            token_source: fence.fenced.then_some(fence.token_source()),
+            token_restart: restarting,
+        };
+        let verdict = RunVerdict::judge(setup, &heard, read)?;
+        let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
+        let store_line = match verdict.late_write {
+            LateWrite::Accepted => Some((
+                Kind::StaleWriteAccepted,
+                format!(
+                    "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
+                ),
+            )),
+            LateWrite::Rejected => Some((
+                Kind::StaleWriteRejected,
+                format!(
+                    "decided A's stale write after B's and refused it: it holds {holds}'s result"
+                ),
+            )),
+            LateWrite::None => None,
+        };
+        if let Some((kind, text)) = store_line {
+            stage.record(Event::new("store", kind, text).with("final_writer", holds));
+        }
+        Ok(verdict)
+    }
+}

@@ -1,0 +1,385 @@
+//! Lab 1's verdict: what each run shows, decided by [`crate::check::gc_pause`] from Redis's
+//! answers and the store's record, and the table and sentences that say it.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::Plan;
+use crate::check::LateWrite;
+use crate::check::gc_pause::{self as checks, Evidence};
+use crate::events::{Event, Kind};
+use crate::labs::runner;
+use crate::lock::redis::Release;
+use crate::output::{human, table};
+use crate::store::{Outcome, ReadBack};
+use crate::worker::holder::release_of;
+
+/// Every run of the lab, and the plan they are read against.
+pub struct Verdict {
+    pub runs: Vec<RunVerdict>,
+    pub(crate) plan: Plan,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("ttl_ms".into(), (self.plan.ttl.as_millis() as u64).into());
+        fields.insert(
+            "pause_ms".into(),
+            (self.plan.pause.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "freeze".into(),
+            serde_json::to_value(self.plan.freeze).unwrap_or_default(),
+        );
+        fields.insert("token_restart".into(), self.plan.token_restart.into());
+        fields.insert(
+            "runs".into(),
+            serde_json::to_value(&self.runs).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        print_verdicts(&self.runs, self.plan.ttl, self.plan.pause);
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::gc_pause::VERDICT)
+    }
+}
+
+/// How a run was set up: the facts of its verdict that no server decides.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    /// The store's rule for fenced writes (`not_lower`, `higher_or_same_holder`); None unfenced.
+    pub store_rule: Option<&'static str>,
+    /// Where the tokens came from (`redis_incr`, `postgres_sequence`); None unfenced.
+    pub token_source: Option<&'static str>,
+    /// Redis was crashed and restarted while A was frozen.
+    pub token_restart: bool,
+}
+
+/// What the servers answered the workers, as their events in one run's history report it.
+#[derive(Clone, Debug)]
+pub struct Heard {
+    /// What A's compare-and-delete found.
+    pub a_release: Release,
+    /// The owner value Redis granted B.
+    pub b_owner: Option<String>,
+    /// What B's compare-and-delete found.
+    pub b_release: Option<Release>,
+    /// What the store answered A's write (a lost answer is unknown).
+    pub a_heard: Option<Outcome>,
+}
+
+/// Reads one run's history (its events only) for what the servers answered the workers.
+pub fn heard(log: &[Event]) -> Result<Heard> {
+    let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
+    let a_heard = saw("A", Kind::Wrote).map(|wrote| match wrote.get_str("outcome") {
+        Some("accepted") => Outcome::Accepted,
+        Some("rejected") => Outcome::Rejected,
+        _ => Outcome::Unknown,
+    });
+    Ok(Heard {
+        a_release: saw("A", Kind::Released)
+            .and_then(release_of)
+            .context("A's release did not say what Redis answered")?,
+        b_owner: saw("B", Kind::Acquired)
+            .and_then(|e| e.get_str("owner"))
+            .map(String::from),
+        b_release: saw("B", Kind::Released).and_then(release_of),
+        a_heard,
+    })
+}
+
+/// What one run found. Every field comes from a backend's answer: Redis's (who held the
+/// lock when) or the store's (which write it decided last, and what it decided).
+#[derive(Serialize, Debug, Clone)]
+pub struct RunVerdict {
+    pub fencing: bool,
+    /// The store's rule for fenced writes: `not_lower` (`>=`, its own) or
+    /// `higher_or_same_holder` (a lesson: an equal token from another writer refused); null
+    /// unfenced.
+    pub store_rule: Option<&'static str>,
+    /// Where the tokens came from: `redis_incr` (drawn with the lock, on the Redis that
+    /// restarts) or `postgres_sequence` (the store's own database); null unfenced.
+    pub token_source: Option<&'static str>,
+    /// Who the store decided first (`A` or `B`), from its attempts.
+    pub first_writer: Option<String>,
+    /// Whether the store took B's write (B was granted after A); null when B did not write.
+    pub b_write_accepted: Option<bool>,
+    /// Redis was crashed and restarted empty between A's and B's acquisitions.
+    pub token_restart: bool,
+    /// Redis granted B the lock while A still believed it held it (A's release found B's
+    /// key, or A's write was decided after B's); null when the evidence cannot order B's grant.
+    pub two_holders: Option<bool>,
+    /// A's write, in the store's decision order relative to B's accepted write.
+    pub late_write: LateWrite,
+    /// A's write was decided after B's (the write that can destroy B's result).
+    pub stale_write_attempted: bool,
+    /// Whether the store took that stale write; null when there was none.
+    pub stale_write_accepted: Option<bool>,
+    /// A's compare-and-delete found its key gone or taken: Redis had ended A's lease before
+    /// A let go.
+    pub a_lease_ran_out: bool,
+    /// What A heard back for its write; a lost answer is "unknown" and the store decides.
+    pub a_heard: Option<Outcome>,
+    pub final_value: Option<String>,
+    pub final_writer: Option<String>,
+    pub final_token: Option<i64>,
+    pub stale_token: Option<i64>,
+    pub newer_token: Option<i64>,
+    /// Every write attempt, in the order the database decided them.
+    pub attempts: Vec<crate::store::Attempt>,
+    /// A and B wrote with one token: its source issued it twice.
+    #[serde(skip)]
+    pub token_reissued: bool,
+    /// The store has a record of A's write.
+    #[serde(skip)]
+    pub a_write_recorded: bool,
+}
+
+impl RunVerdict {
+    /// The run's column in the table.
+    fn title(&self) -> String {
+        if !self.token_restart {
+            return if self.fencing {
+                "with fencing"
+            } else {
+                "without fencing"
+            }
+            .into();
+        }
+        let first = self.first_writer.as_deref().unwrap_or("?");
+        match (self.token_source, self.store_rule) {
+            (Some("postgres_sequence"), _) => format!("sequence, {first} first"),
+            (_, Some("higher_or_same_holder")) => format!("same holder, {first} first"),
+            _ => format!(">=, {first} first"),
+        }
+    }
+
+    /// Judges the run from Redis's answers and the store's record (the checkers decide;
+    /// this only lays their findings out for the table and `--json`).
+    pub fn judge(setup: Setup, heard: &Heard, read: ReadBack) -> Result<RunVerdict> {
+        let found = match checks::judge(&Evidence {
+            a_release: &heard.a_release,
+            b_owner: heard.b_owner.as_deref(),
+            b_release: heard.b_release.as_ref(),
+            attempts: &read.attempts,
+            final_writer: read.final_writer.as_deref(),
+        }) {
+            Ok(found) => found,
+            Err(wrong) => bail!(
+                "the store's record disagrees with itself: its final writer is {:?} but its last accepted attempt is not",
+                wrong.final_writer
+            ),
+        };
+        Ok(RunVerdict {
+            fencing: setup.store_rule.is_some(),
+            store_rule: setup.store_rule,
+            token_source: setup.token_source,
+            first_writer: found.first_writer,
+            b_write_accepted: found.b_write_accepted,
+            token_restart: setup.token_restart,
+            two_holders: found.two_holders.as_option(),
+            late_write: found.late_write,
+            stale_write_attempted: found.late_write.attempted(),
+            stale_write_accepted: found.late_write.accepted(),
+            a_lease_ran_out: found.a_lease_ran_out,
+            a_heard: heard.a_heard,
+            stale_token: found.stale_token,
+            newer_token: found.newer_token,
+            token_reissued: found.token_reissued,
+            a_write_recorded: found.a_write_recorded,
+            final_value: read.final_value,
+            final_writer: read.final_writer,
+            final_token: read.final_token,
+            attempts: read.attempts,
+        })
+    }
+
+    /// What the run shows, in sentences drawn from the same fields as the table: first who
+    /// held the lock, then what the store did with A's write.
+    fn meaning(&self, ttl: Duration, pause: Duration) -> String {
+        let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
+        if self.token_restart {
+            let (a, b) = (token(self.stale_token), token(self.newer_token));
+            let holders = if self.token_reissued {
+                format!(
+                    "Redis restarted empty while A was frozen: A's key and the token counter were \
+                     gone, so B took the lock at once and drew token {b} — A's token, issued twice."
+                )
+            } else if self.token_source == Some("postgres_sequence") {
+                format!(
+                    "Redis restarted empty while A was frozen and B took the lock at once, but the \
+                     tokens came from the store's sequence, which no Redis restart resets: A {a}, \
+                     B {b}."
+                )
+            } else {
+                format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
+            };
+            let store = match (self.late_write, self.store_rule, self.b_write_accepted) {
+                (LateWrite::Accepted, Some("not_lower"), _) => format!(
+                    "The store's rule, not lower than the highest (>=), took A's token {a} after \
+                     B's {b}: B's result is lost, fencing and all (a lesson: the source reissued)."
+                ),
+                (LateWrite::Rejected, Some("higher_or_same_holder"), _) => format!(
+                    "Refusing an equal token from another holder refused A's {a}, because B's \
+                     came first (a lesson: see the run where A writes first)."
+                ),
+                (LateWrite::None, Some("higher_or_same_holder"), Some(false)) => format!(
+                    "A, the stale holder, wrote first and was accepted; B, granted the lock after \
+                     A, came second with the same token {b} and was refused: A's result stands. No \
+                     rule at the store can tell two holders of one token apart (a lesson)."
+                ),
+                (LateWrite::Rejected, _, _) => {
+                    format!("The store refused A's token {a} after B's {b}: B's result stands.")
+                }
+                (LateWrite::None, _, Some(true)) if self.final_writer.as_deref() == Some("B") => {
+                    format!(
+                        "A's write was decided first; B's token {b} came after it and was \
+                         accepted: B's result stands."
+                    )
+                }
+                (LateWrite::Accepted, _, _) => "The store took A's stale write.".to_string(),
+                (LateWrite::None, _, _) => "The store decided A's write before B's: no stale \
+                                            write this time."
+                    .to_string(),
+            };
+            return format!("{holders} {store}");
+        }
+        let holders = match (self.two_holders, self.a_lease_ran_out) {
+            (Some(true), _) => format!(
+                "A's {} lease ran out during its {} pause and Redis gave the lock to B while A still \
+                 believed it held it (A's release found B's key).",
+                human(ttl),
+                human(pause)
+            ),
+            (Some(false), true) => format!(
+                "A's {} lease ran out during its {} pause, but Redis granted B the lock only after \
+                 A let go.",
+                human(ttl),
+                human(pause)
+            ),
+            (Some(false), false) => format!(
+                "A's key outlived its {} pause: A still held the lock when it let go, and B waited.",
+                human(pause)
+            ),
+            (None, _) => "A's lease ran out, and B's key had expired too by the time B let go, \
+                          so Redis's answers cannot tell whether B got the lock before A let go."
+                .to_string(),
+        };
+        let store = match self.late_write {
+            LateWrite::Accepted => "The store decided A's write after B's and took it: B's result \
+                                    is lost, although both workers used a correct lock."
+                .to_string(),
+            LateWrite::Rejected => format!(
+                "The store refused A's token {} because it had accepted token {}: B's result stands.",
+                self.stale_token
+                    .map(|t| t.to_string())
+                    .unwrap_or("?".into()),
+                self.newer_token
+                    .map(|t| t.to_string())
+                    .unwrap_or("?".into()),
+            ),
+            LateWrite::None if !self.a_write_recorded => {
+                "A's write never took effect: the store has no record of it.".to_string()
+            }
+            LateWrite::None if self.a_lease_ran_out => {
+                "The store decided A's write before any write of B's: no stale write this time — \
+                 by luck, not by design."
+                    .to_string()
+            }
+            LateWrite::None => "No stale write: the lock did its job.".to_string(),
+        };
+        format!("{holders} {store}")
+    }
+}
+
+fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
+    let yes_no = |b: bool| {
+        if b {
+            "yes".to_string()
+        } else {
+            "no".to_string()
+        }
+    };
+    let titles: Vec<String> = verdicts.iter().map(|v| v.title()).collect();
+    let header: Vec<&str> = std::iter::once("evidence")
+        .chain(titles.iter().map(String::as_str))
+        .collect();
+    let stale = |v: &RunVerdict| match v.late_write {
+        LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+        LateWrite::Rejected => "rejected".green().bold().to_string(),
+        other => other.as_str().to_string(),
+    };
+    let row = |name: &str, cell: &dyn Fn(&RunVerdict) -> String| {
+        std::iter::once(name.to_string())
+            .chain(verdicts.iter().map(cell))
+            .collect::<Vec<_>>()
+    };
+    let mut rows = vec![
+        row(
+            "two holders at once (Redis's answers)",
+            &|v| match v.two_holders {
+                Some(b) => yes_no(b),
+                None => "unknown".yellow().to_string(),
+            },
+        ),
+        row("A's late write (store)", &stale),
+        row("last accepted writer (store)", &|v| {
+            v.final_writer.clone().unwrap_or("nobody".into())
+        }),
+        row("final value (store)", &|v| {
+            v.final_value
+                .clone()
+                .map(|s| format!("'{s}'"))
+                .unwrap_or("none".into())
+        }),
+        row("highest token accepted (store)", &|v| {
+            v.final_token
+                .map(|t| t.to_string())
+                .unwrap_or("none".into())
+        }),
+        row("attempts in decision order", &|v| {
+            v.attempts
+                .iter()
+                .map(|a| {
+                    let token = a.token.map(|t| t.to_string()).unwrap_or("-".into());
+                    format!(
+                        "{}:{token}→{}",
+                        a.writer,
+                        if a.accepted { "ok" } else { "no" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+    ];
+    if verdicts.iter().any(|v| v.token_restart) {
+        rows.insert(
+            2,
+            row("B's write (store)", &|v| match v.b_write_accepted {
+                Some(true) => "accepted".to_string(),
+                Some(false) => "REFUSED".red().bold().to_string(),
+                None => "none".to_string(),
+            }),
+        );
+    }
+    crate::outln!();
+    crate::prose!("{}", "Verdict".bold());
+    crate::prose!("{}", table(&header, &rows));
+    crate::outln!();
+    for verdict in verdicts {
+        crate::prose!(
+            "  {} {}",
+            format!("{}:", verdict.title()).bold(),
+            verdict.meaning(ttl, pause)
+        );
+    }
+}
