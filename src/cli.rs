@@ -106,13 +106,26 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
     #[command(after_help = "\
 Examples:
   lockslab up                      servers on 127.0.0.1 for this machine's terminals
-  lockslab up --room 192.168.1.20  servers a room shares, passwords on; prints the
-                                   export lines attendees paste
+  lockslab up --room 192.168.1.20  servers a room shares, passwords on, 30 seats
+  lockslab seat 7                  the lines attendee 7 pastes (seat07's only)
 
 A room's servers listen on ADDR only, each with a generated password (Redis requirepass,
-Postgres SCRAM, etcd auth with user root), and Postgres has room for 30 attendees running
-any lab at once. `lockslab down` stops them.")]
+Postgres SCRAM, etcd auth with user root) that stays the instructor's. Each seat is a
+user of its own on all three, with its own password, reaching only its own namespace;
+Postgres has room for every seat running any lab at once. `lockslab down` stops them.")]
     Up(UpArgs),
+    /// Print the export lines of one seat of the room `lockslab up --room` started
+    #[command(after_help = "\
+Examples:
+  lockslab seat 7        seat07's lines, to hand to one attendee
+  lockslab seat seat07   the same
+
+All seats' lines are also in the file `lockslab up --room` names (mode 0600).")]
+    Seat {
+        /// The seat: its number or its name
+        #[arg(value_name = "SEAT")]
+        seat: String,
+    },
     /// Stop the servers `lockslab up` started and delete their data
     Down,
     /// Clear one name's hands-on state: its lock, fencing counter and store row
@@ -179,6 +192,8 @@ pub fn run() -> Result<ExitCode> {
         return Ok(worker::run_internal());
     }
     crate::procs::install_interrupt_handler()?;
+    // Checked once, before anything runs: every run id is drawn from it.
+    servers::namespace()?;
     let pictures = match command.lab_output() {
         Some(output) => output.pictures()?,
         None => Vec::new(),
@@ -206,9 +221,10 @@ pub fn run() -> Result<ExitCode> {
         Command::NoLock(args) => no_lock::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
-            Some(addr) => up_room(addr)?,
+            Some(addr) => up_room(addr, usize::from(args.seats))?,
             None => up()?,
         },
+        Command::Seat { seat } => print_seat(&seat)?,
         Command::Down => {
             if servers::down()? {
                 crate::outln!("stopped the servers `lockslab up` started");
@@ -293,37 +309,62 @@ struct UpArgs {
     /// on, sized for a room of 30
     #[arg(long, value_name = "ADDR")]
     room: Option<std::net::IpAddr>,
+    /// How many attendee seats the room has, each with its own users and namespace
+    #[arg(long, value_name = "N", requires = "room",
+          default_value_t = servers::ROOM_ATTENDEES as u16,
+          value_parser = clap::value_parser!(u16).range(1..=servers::MAX_SEATS as i64))]
+    seats: u16,
 }
 
-fn up_room(addr: std::net::IpAddr) -> Result<()> {
-    let state = servers::up_room(addr)?;
+fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
+    let state = servers::up_room(addr, seats)?;
+    let seats = state.seats.len() as i64;
     let redact = |url: Option<&str>| crate::connect::redact(url.unwrap_or("-"));
     crate::outln!(
         "{}",
         format!("Room servers on {addr}, passwords on (until `lockslab down`):").bold()
     );
     crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
-    crate::outln!("            requirepass");
+    crate::outln!("            an ACL user per seat: keys lockslab:<seat>_* only");
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
-    crate::outln!("            auth on, user root");
+    crate::outln!("            a user per seat: keys under lockslab:<seat>_ only");
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
+    crate::outln!("            a role per seat, owning a schema named like it; SCRAM");
     crate::outln!(
-        "            SCRAM password; max_connections {} = {} attendees",
-        servers::ROOM_PG_CONNECTIONS,
-        servers::ROOM_ATTENDEES
-    );
-    crate::outln!(
-        "            × {} per lab run + 40 spare",
+        "            max_connections {} = {seats} seats × {} per lab run + 40",
+        servers::room_pg_connections(seats),
         servers::PG_CONNECTIONS_PER_LAB
     );
     crate::outln!();
-    crate::outln!("Attendees paste these lines (the password is in them: share them with");
-    crate::outln!("the room only), then set their own name for the exercises by hand:");
-    crate::outln!();
-    for line in state.exports() {
+    crate::outln!(
+        "{seats} seats, seat01 to {}, each with its own password. Hand each attendee",
+        state.seats.last().map_or("-", |seat| seat.name.as_str())
+    );
+    crate::outln!("one seat's lines; the passwords above stay yours.");
+    crate::outln!("  one seat:  lockslab seat 7");
+    crate::outln!(
+        "  every seat: {} (mode 0600)",
+        servers::state_dir().join(servers::SEATS_FILE).display()
+    );
+    Ok(())
+}
+
+/// `lockslab seat N`: one attendee's export lines.
+fn print_seat(which: &str) -> Result<()> {
+    let Some(state) = servers::UpState::load()? else {
+        anyhow::bail!("no room is running: `lockslab up --room ADDR` starts one");
+    };
+    if state.room.is_none() {
+        anyhow::bail!(
+            "`lockslab up` started servers for this machine, not a room: seats come with \
+             `lockslab up --room ADDR`"
+        );
+    }
+    let seat = state.seat(which)?;
+    crate::outln!("# {} (paste into your shell)", seat.name);
+    for line in state.seat_exports(seat) {
         crate::outln!("{line}");
     }
-    crate::outln!("export LOCKSLAB_NAME=your-name");
     Ok(())
 }
 

@@ -87,6 +87,15 @@ pub fn hands_on_name(name: Option<&str>, lock: &str) -> String {
     }
 }
 
+/// A hands-on Redis key: `lockslab:hands-on:<lock>:<what>`, or inside a room seat's
+/// namespace (`lockslab:<seat>_hands-on:…`), the only keys the seat's Redis user reaches.
+fn hands_on_key(lock_name: &str, what: &str) -> Result<String> {
+    Ok(match servers::namespace()? {
+        Some(namespace) => format!("lockslab:{namespace}_hands-on:{lock_name}:{what}"),
+        None => format!("lockslab:hands-on:{lock_name}:{what}"),
+    })
+}
+
 /// `lockslab worker`: one worker, by hand, narrated for a human.
 pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     check_lock(&args.lock)?;
@@ -95,8 +104,8 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let pid = std::process::id();
     let me = format!("worker {pid}");
-    let key = format!("lockslab:hands-on:{lock_name}:lock");
-    let counter = format!("lockslab:hands-on:{lock_name}:fence");
+    let key = hands_on_key(&lock_name, "lock")?;
+    let counter = hands_on_key(&lock_name, "fence")?;
     let mut store = Store::connect(servers.url(Backend::Postgres))?;
     store.prepare()?;
     let mut lock = RedisLock::new(connect::redis(servers.url(Backend::Redis))?, &key, args.ttl);
@@ -264,8 +273,8 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
     let servers = servers::provide_shared(&args.servers, &[Backend::Redis, Backend::Postgres])?;
     let mut redis = connect::redis(servers.url(Backend::Redis))?;
     let keys = [
-        format!("lockslab:hands-on:{lock_name}:lock"),
-        format!("lockslab:hands-on:{lock_name}:fence"),
+        hands_on_key(&lock_name, "lock")?,
+        hands_on_key(&lock_name, "fence")?,
     ];
     let deleted: i64 = redis::cmd("DEL").arg(&keys).query(&mut *redis)?;
     let mut store = Store::connect(servers.url(Backend::Postgres))?;

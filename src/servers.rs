@@ -400,22 +400,124 @@ pub const PG_ADMIN: &str = "lockslab_admin";
 /// A room's servers (`lockslab up --room ADDR`): they listen on an address the attendees
 /// can reach, so each one demands a password — Redis `requirepass`, Postgres SCRAM, etcd
 /// auth with a root user. Servers never listen beyond loopback without one.
+///
+/// Those passwords are the instructor's. Each attendee gets a [`Seat`] instead: a user of
+/// their own on each server that reaches their own namespace only.
 #[derive(Clone)]
 pub struct Room {
     pub addr: std::net::IpAddr,
     pub password: String,
+    pub seats: Vec<Seat>,
+}
+
+/// One attendee's place in a room: a Redis ACL user, an etcd user and a Postgres role, all
+/// named like the seat, with one password of its own, reaching only the seat's namespace:
+///
+/// - Redis: keys `lockslab:<seat>_*`, and only the commands the labs send;
+/// - etcd: keys under `lockslab:<seat>_`;
+/// - Postgres: the schema `<seat>` (its `search_path`), and the schemas its runs create.
+///
+/// A run with `LOCKSLAB_NAMESPACE=<seat>` has the run id `<seat>_<hex>`, and every lab
+/// names its keys `lockslab:<run id>:…`, so everything it writes falls inside.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Seat {
+    /// The seat's user name on every server, and its namespace: `seat01`, `seat02`…
+    pub name: String,
+    pub password: String,
+}
+
+impl Seat {
+    /// `count` seats, each with a fresh password.
+    pub fn generate(count: usize) -> Vec<Seat> {
+        (1..=count)
+            .map(|n| Seat {
+                name: format!("seat{n:02}"),
+                password: crate::seed::os_hex(24),
+            })
+            .collect()
+    }
+
+    /// The ACL rules of the seat's Redis user: its password, its keys, and the commands the
+    /// labs send (strings, lists, expiry, scripts, transactions, WAIT, INFO for the eviction
+    /// check) — no command Redis marks dangerous (FLUSHALL, KEYS, CONFIG, CLIENT KILL, DEBUG…),
+    /// no functions, no channels.
+    fn redis_acl(&self) -> Vec<String> {
+        let mut rules = vec![
+            "reset".to_string(),
+            "on".to_string(),
+            format!(">{}", self.password),
+            format!("~lockslab:{}_*", self.name),
+            "resetchannels".to_string(),
+        ];
+        rules.extend(
+            [
+                "-@all",
+                "+@read",
+                "+@write",
+                "+@connection",
+                "+@transaction",
+                "+eval",
+                "+evalsha",
+                "+script|load",
+                "+script|exists",
+                "-@dangerous",
+                "-function",
+                "+info",
+            ]
+            .map(String::from),
+        );
+        rules
+    }
+}
+
+/// The most seats a room has: the Postgres connections are sized by it.
+pub const MAX_SEATS: usize = 99;
+
+/// The namespace this run's keys, rows and tables go under (`LOCKSLAB_NAMESPACE`, a
+/// room seat's name), or None. Lowercase letters and digits only: it becomes part of Redis
+/// key patterns, etcd prefixes and Postgres identifiers, where anything else could match or
+/// mean more than itself.
+pub fn namespace() -> Result<Option<String>> {
+    let Some(text) = std::env::var_os("LOCKSLAB_NAMESPACE") else {
+        return Ok(None);
+    };
+    let text = text.to_string_lossy();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let ok = text.len() <= 16
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !ok {
+        crate::bail_usage!(
+            "LOCKSLAB_NAMESPACE \"{}\": use 1 to 16 lowercase letters or digits (a seat's name, \
+             as `lockslab seat` prints it)",
+            text.escape_debug()
+        );
+    }
+    Ok(Some(text.into_owned()))
+}
+
+/// `url` with its user and password replaced (`scheme://user:password@rest`).
+fn with_user(url: &str, user: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    format!("{scheme}://{user}:{password}@{rest}")
 }
 
 /// The most Postgres connections one run of any lab holds at once (lab 3's ten consumers,
 /// its orchestrator and the store), measured by sampling `pg_stat_activity` during runs.
 pub const PG_CONNECTIONS_PER_LAB: i64 = 14;
 
-/// How many attendees a room's servers are sized for.
+/// How many attendees a room's servers are sized for, unless `--seats` says otherwise.
 pub const ROOM_ATTENDEES: i64 = 30;
 
 /// A room's Postgres connections: every attendee running the hungriest lab at once, and
 /// some to spare for `psql` and the by-hand exercises.
-pub const ROOM_PG_CONNECTIONS: i64 = ROOM_ATTENDEES * PG_CONNECTIONS_PER_LAB + 40;
+pub const fn room_pg_connections(seats: i64) -> i64 {
+    seats * PG_CONNECTIONS_PER_LAB + 40
+}
 
 impl PrivateServers {
     /// Starts the given backends and waits until each answers.
@@ -471,7 +573,8 @@ impl PrivateServers {
         let result = servers
             .start_each(backends)
             .and_then(|()| servers.provision_postgres())
-            .and_then(|()| servers.enable_etcd_auth());
+            .and_then(|()| servers.enable_etcd_auth())
+            .and_then(|()| servers.seat_redis_users());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -784,8 +887,8 @@ impl PrivateServers {
                     .arg("-c")
                     .arg(format!(
                         "max_connections={}",
-                        if self.room.is_some() {
-                            ROOM_PG_CONNECTIONS
+                        if let Some(room) = &self.room {
+                            room_pg_connections(room.seats.len() as i64)
                         } else {
                             200
                         }
@@ -896,6 +999,10 @@ impl PrivateServers {
         self.admin_url = Some(admin.clone());
         let at = admin.rsplit_once('@').map_or("", |(_, at)| at);
         let at = at.strip_suffix("/postgres").unwrap_or(at);
+        self.seat_postgres_roles(&format!(
+            "postgres://{PG_ADMIN}:{}@{at}/{PG_ROLE}",
+            self.secrets.admin_password
+        ))?;
         let url = format!("postgres://{PG_ROLE}:{password}@{at}/{PG_ROLE}");
         connect::note_source(
             &url,
@@ -911,17 +1018,84 @@ impl PrivateServers {
         Ok(())
     }
 
+    /// A room's seats in Postgres: a role each, owning a schema of its own named like it and
+    /// set as its `search_path`, so that the store's and the labs' unqualified tables land
+    /// there. The labs' `public` schema is closed to them; a seat may create schemas (lab 7
+    /// makes one per run), which it then owns and nobody else may enter.
+    fn seat_postgres_roles(&self, admin_in_labs_db: &str) -> Result<()> {
+        let Some(room) = &self.room else {
+            return Ok(());
+        };
+        let mut client = connect::postgres(admin_in_labs_db)?;
+        let mut statements = vec![format!("REVOKE ALL ON SCHEMA public FROM PUBLIC")];
+        for seat in &room.seats {
+            let (name, password) = (&seat.name, &seat.password);
+            statements.extend([
+                format!(
+                    "CREATE ROLE {name} LOGIN PASSWORD '{password}' \
+                     NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+                ),
+                format!("GRANT CREATE ON DATABASE {PG_ROLE} TO {name}"),
+                format!("CREATE SCHEMA {name} AUTHORIZATION {name}"),
+                format!("ALTER ROLE {name} SET search_path = {name}"),
+            ]);
+        }
+        client
+            .batch_execute(&statements.join(";\n"))
+            .context("creating the room's seats in the private Postgres")
+    }
+
+    /// A room's seats in Redis: an ACL user each (see [`Seat::redis_acl`]). The `default`
+    /// user, whose password the labs' URL carries, stays the instructor's.
+    fn seat_redis_users(&self) -> Result<()> {
+        let (Some(room), Some(url)) = (&self.room, self.url(Backend::Redis)) else {
+            return Ok(());
+        };
+        let mut redis = connect::redis(&url)?;
+        for seat in &room.seats {
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg(&seat.name)
+                .arg(seat.redis_acl())
+                .query::<()>(&mut *redis)
+                .with_context(|| format!("creating the Redis user of {}", seat.name))?;
+        }
+        Ok(())
+    }
+
     /// etcd: adds the root user with this start's password, turns auth on, and from then
-    /// on names the server by a URL that carries the user.
+    /// on names the server by a URL that carries the user. A room's seats get a user and a
+    /// role each, reading and writing the keys under `lockslab:<seat>_` and nothing else.
     fn enable_etcd_auth(&mut self) -> Result<()> {
         let password = self.secrets.password.clone();
         let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Etcd) else {
             return Ok(());
         };
         let plain = self.urls[index].1.clone();
+        let seats = self
+            .room
+            .as_ref()
+            .map(|room| room.seats.clone())
+            .unwrap_or_default();
         connect::etcd_runtime()?
             .block_on(async {
                 let mut client = connect::etcd(&plain).await?;
+                for seat in &seats {
+                    let prefix = format!("lockslab:{}_", seat.name);
+                    client.role_add(seat.name.as_str()).await?;
+                    client
+                        .role_grant_permission(
+                            seat.name.as_str(),
+                            etcd_client::Permission::read_write(prefix).with_prefix(),
+                        )
+                        .await?;
+                    client
+                        .user_add(seat.name.as_str(), seat.password.as_str(), None)
+                        .await?;
+                    client
+                        .user_grant_role(seat.name.as_str(), seat.name.as_str())
+                        .await?;
+                }
                 client.user_add("root", password.as_str(), None).await?;
                 // The root role exists from the start in some versions, not in others.
                 let _ = client.role_add("root").await;
@@ -1019,6 +1193,11 @@ impl PrivateServers {
             starting,
             room: self.room.as_ref().map(|room| room.addr.to_string()),
             postgres_admin: self.admin_url.clone(),
+            seats: self
+                .room
+                .as_ref()
+                .map(|room| room.seats.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -1533,11 +1712,14 @@ pub struct UpState {
     /// here (a file only this user reads) for whoever started the servers.
     #[serde(default)]
     pub postgres_admin: Option<String>,
+    /// A room's seats (see [`Seat`]): what `lockslab seat` prints, one attendee's at a time.
+    #[serde(default)]
+    pub seats: Vec<Seat>,
 }
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 13] = [
+const STATE_ENTRIES: [&str; 14] = [
     "servers.json",
     "servers.json.tmp",
     "redis.log",
@@ -1551,7 +1733,11 @@ const STATE_ENTRIES: [&str; 13] = [
     "redis-auth.conf",
     "room-password",
     "admin-password",
+    SEATS_FILE,
 ];
+
+/// Every seat's lines, in the state directory (mode 0600), for the instructor to hand out.
+pub const SEATS_FILE: &str = "room-seats.txt";
 
 impl UpState {
     fn file() -> PathBuf {
@@ -1635,6 +1821,58 @@ impl UpState {
         .filter_map(|(backend, var)| self.url(*backend).map(|url| format!("export {var}={url}")))
         .collect()
     }
+
+    /// The seat called `which` (`seat07`, or just `7`).
+    pub fn seat(&self, which: &str) -> Result<&Seat> {
+        let wanted = which
+            .parse::<usize>()
+            .map_or_else(|_| which.to_string(), |n| format!("seat{n:02}"));
+        self.seats
+            .iter()
+            .find(|seat| seat.name == wanted)
+            .with_context(|| match (self.seats.first(), self.seats.last()) {
+                (Some(first), Some(last)) => format!(
+                    "no seat {which} in this room: its seats are {} to {}",
+                    first.name, last.name
+                ),
+                _ => "no room is running: `lockslab up --room ADDR --seats N` starts one".into(),
+            })
+    }
+
+    /// The lines one attendee pastes: the seat's own URLs, never the instructor's users,
+    /// and its namespace.
+    pub fn seat_exports(&self, seat: &Seat) -> Vec<String> {
+        let mut lines: Vec<String> = [
+            (Backend::Redis, "LOCKSLAB_REDIS_URL"),
+            (Backend::Etcd, "LOCKSLAB_ETCD_URL"),
+            (Backend::Postgres, "LOCKSLAB_POSTGRES_URL"),
+        ]
+        .iter()
+        .filter_map(|(backend, var)| {
+            let url = with_user(self.url(*backend)?, &seat.name, &seat.password);
+            Some(format!("export {var}={url}"))
+        })
+        .collect();
+        lines.push(format!("export LOCKSLAB_NAMESPACE={}", seat.name));
+        lines.push(format!("export LOCKSLAB_NAME={}", seat.name));
+        lines
+    }
+
+    /// Writes every seat's lines to [`SEATS_FILE`], readable by this user only.
+    fn write_seats_file(&self) -> Result<PathBuf> {
+        let mut text = String::new();
+        for seat in &self.seats {
+            text.push_str(&format!("# {}\n", seat.name));
+            for line in self.seat_exports(seat) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text.push('\n');
+        }
+        let file = state_dir().join(SEATS_FILE);
+        write_secret(&file, &text)?;
+        Ok(file)
+    }
 }
 
 /// `lockslab up`: start all three servers and leave them running.
@@ -1681,7 +1919,7 @@ pub fn up() -> Result<UpState> {
 /// `lockslab up --room ADDR`: servers for a whole room, listening on `addr` with a fresh
 /// password each (see [`Room`]). Servers `up` started before are stopped first, unless
 /// they are this room's already and answer.
-pub fn up_room(addr: std::net::IpAddr) -> Result<UpState> {
+pub fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<UpState> {
     if addr.is_unspecified() {
         bail!(
             "--room {addr} means every address of this machine, every network it is on included: \
@@ -1709,10 +1947,13 @@ pub fn up_room(addr: std::net::IpAddr) -> Result<UpState> {
     let room = Room {
         addr,
         password: crate::seed::os_hex(24),
+        seats: Seat::generate(seats),
     };
     let mut servers = PrivateServers::start_with(&ALL, Lifetime::Detached, Some(room))?;
+    let state = servers.up_state(false);
+    state.write_seats_file()?;
     servers.release_detached()?;
-    Ok(servers.up_state(false))
+    Ok(state)
 }
 
 /// `lockslab down`: stop what `lockslab up` started and delete its data. True when there

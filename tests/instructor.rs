@@ -506,13 +506,18 @@ impl Room {
     }
 
     fn up(addr: &str) -> Room {
+        Room::up_with(&["up", "--room", addr])
+    }
+
+    /// `lockslab up` with these arguments; `exports` are then seat 1's lines.
+    fn up_with(args: &[&str]) -> Room {
         let mut room = Room {
             state: tempfile::tempdir().unwrap(),
             attendees: tempfile::tempdir().unwrap(),
             exports: Vec::new(),
             printed: String::new(),
         };
-        let output = room.command(&["up", "--room", addr]).output().unwrap();
+        let output = room.command(args).output().unwrap();
         room.printed = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(
             output.status.success(),
@@ -520,14 +525,32 @@ impl Room {
             room.printed,
             String::from_utf8_lossy(&output.stderr)
         );
-        room.exports = room
-            .printed
+        room.exports = room.seat(1).1;
+        room
+    }
+
+    /// What `lockslab seat N` prints, and its export lines as (variable, value).
+    fn seat(&self, n: usize) -> (String, Vec<(String, String)>) {
+        let output = self.command(&["seat", &n.to_string()]).output().unwrap();
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "seat {n}: {printed}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let exports = printed
             .lines()
             .filter_map(|line| line.strip_prefix("export "))
             .filter_map(|pair| pair.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        room
+        (printed, exports)
+    }
+
+    /// The instructor's state file, as JSON.
+    fn state_file(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.state.path().join("servers.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
     }
 
     fn url(&self, var: &str) -> &str {
@@ -539,12 +562,27 @@ impl Room {
             .1
     }
 
-    /// A command as an attendee runs it: the printed export lines in its environment.
+    /// A command as seat 1's attendee runs it: the seat's export lines in its environment.
     fn attendee(&self, args: &[&str]) -> Command {
+        self.attendee_with(&self.exports, args)
+    }
+
+    /// A command run with these export lines (a seat's) in its environment, and no others.
+    fn attendee_with(&self, exports: &[(String, String)], args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command.args(args).env("NO_COLOR", "1");
         command.env("LOCKSLAB_STATE_DIR", self.attendees.path());
-        for (var, value) in &self.exports {
+        for var in [
+            "LOCKSLAB_REDIS_URL",
+            "LOCKSLAB_ETCD_URL",
+            "LOCKSLAB_POSTGRES_URL",
+            "LOCKSLAB_PRIVATE_SERVERS",
+            "LOCKSLAB_NAME",
+            "LOCKSLAB_NAMESPACE",
+        ] {
+            command.env_remove(var);
+        }
+        for (var, value) in exports {
             command.env(var, value);
         }
         command
@@ -567,14 +605,7 @@ fn host_port(url: &str) -> String {
 #[test]
 fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
     let room = Room::up("127.0.0.2");
-    assert_fits_80(
-        &room
-            .printed
-            .lines()
-            .filter(|l| !l.starts_with("export "))
-            .collect::<Vec<_>>()
-            .join("\n"),
-    );
+    assert_fits_80(&room.printed);
     assert!(
         room.printed.contains("max_connections 460"),
         "{}",
@@ -641,9 +672,13 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         );
     });
     runtime.block_on(async {
-        let mut root = lockslab::connect::etcd(&etcd_url).await.unwrap();
-        root.put("lockslab:room-test", "x", None).await.unwrap();
-        root.delete("lockslab:room-test", None).await.unwrap();
+        let mut seat = lockslab::connect::etcd(&etcd_url).await.unwrap();
+        seat.put("lockslab:seat01_room-test", "x", None)
+            .await
+            .unwrap();
+        seat.delete("lockslab:seat01_room-test", None)
+            .await
+            .unwrap();
     });
 
     // An attendee's shell: the exports, nothing else.
@@ -859,11 +894,12 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     ];
     let children: Vec<_> = runs
         .iter()
-        .map(|(name, args)| {
+        .enumerate()
+        .map(|(seat, (name, args))| {
             let mut args = args.clone();
             args.push("--json");
             let child = room
-                .attendee(&args)
+                .attendee_with(&room.seat(seat + 1).1, &args)
                 .env("LOCKSLAB_NAME", name)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -917,7 +953,8 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
 #[test]
 fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
     let room = Room::up("127.0.0.4");
-    let redis_url = room.url("LOCKSLAB_REDIS_URL").to_string();
+    // The instructor's Redis URL, from the state file: seats get users of their own.
+    let redis_url = room.state_file()["redis"].as_str().unwrap().to_string();
     let password = redis_url
         .strip_prefix("redis://default:")
         .and_then(|rest| rest.split_once('@'))
@@ -946,10 +983,7 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
         "{err}"
     );
     // The superuser's password is the instructor's: in the 0600 state file, printed nowhere.
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(room.state.path().join("servers.json")).unwrap(),
-    )
-    .unwrap();
+    let state = room.state_file();
     let admin = state["postgres_admin"].as_str().unwrap().to_string();
     let admin_password = admin
         .rsplit_once('@')
@@ -998,8 +1032,187 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
         .output()
         .unwrap();
     assert!(again.status.success());
-    assert!(
-        String::from_utf8_lossy(&again.stdout).contains(&redis_url),
+    assert_eq!(
+        room.state_file()["redis"].as_str(),
+        Some(redis_url.as_str()),
         "the room's servers were replaced"
     );
+}
+
+/// Issue 20: attendees shared one Redis user, one etcd user and one Postgres role, so any
+/// of them could read, change or delete anyone's keys and rows. Now each seat has users of
+/// its own that reach its namespace only, and the instructor's credentials are in no
+/// seat's lines.
+#[test]
+fn a_seat_reaches_only_its_own_namespace() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.6", "--seats", "2"]);
+    assert!(
+        room.printed.contains("max_connections 68"),
+        "{}",
+        room.printed
+    );
+    let (a_printed, a) = room.seat(1);
+    let (b_printed, b) = room.seat(2);
+    let url = |seat: &[(String, String)], var: &str| {
+        seat.iter().find(|(k, _)| k == var).unwrap().1.clone()
+    };
+    assert_eq!(url(&a, "LOCKSLAB_NAMESPACE"), "seat01");
+    assert_eq!(url(&b, "LOCKSLAB_NAMESPACE"), "seat02");
+
+    // The instructor's passwords appear in no seat's lines, nor in the file of all seats.
+    let state = room.state_file();
+    let password_of = |url: &str| {
+        url.rsplit_once('@')
+            .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
+            .unwrap()
+            .1
+            .to_string()
+    };
+    let admin: Vec<String> = ["redis", "etcd", "postgres", "postgres_admin"]
+        .iter()
+        .map(|key| password_of(state[key].as_str().unwrap()))
+        .collect();
+    let file = room.state.path().join("room-seats.txt");
+    let all_seats = std::fs::read_to_string(&file).unwrap();
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+    for text in [&a_printed, &b_printed, &all_seats, &room.printed] {
+        for password in &admin {
+            assert!(
+                !text.contains(password.as_str()),
+                "an admin password in:\n{text}"
+            );
+        }
+    }
+    assert!(
+        all_seats.contains(&url(&a, "LOCKSLAB_REDIS_URL")),
+        "{all_seats}"
+    );
+
+    // Redis: seat01's key is out of seat02's reach, and so is everything dangerous.
+    let redis_of = |seat: &[(String, String)]| {
+        redis::Client::open(url(seat, "LOCKSLAB_REDIS_URL").as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    let (mut ra, mut rb) = (redis_of(&a), redis_of(&b));
+    let key = "lockslab:seat01_test:k";
+    redis::cmd("SET")
+        .arg(key)
+        .arg("a's")
+        .query::<()>(&mut ra)
+        .unwrap();
+    for refused in [
+        redis::cmd("GET").arg(key).clone(),
+        redis::cmd("SET").arg(key).arg("b's").clone(),
+        redis::cmd("DEL").arg(key).clone(),
+        redis::cmd("PEXPIRE").arg(key).arg(1).clone(),
+        redis::cmd("EVAL")
+            .arg("return redis.call('DEL', KEYS[1])")
+            .arg(1)
+            .arg(key)
+            .clone(),
+        redis::cmd("FLUSHALL").clone(),
+        redis::cmd("CONFIG").arg("GET").arg("requirepass").clone(),
+        redis::cmd("ACL").arg("LIST").clone(),
+        redis::cmd("KEYS").arg("*").clone(),
+    ] {
+        let result = refused.query::<redis::Value>(&mut rb);
+        assert!(
+            result.is_err(),
+            "seat02 ran {:?}: {result:?}",
+            refused.args_iter().count()
+        );
+    }
+    let still: String = redis::cmd("GET").arg(key).query(&mut ra).unwrap();
+    assert_eq!(still, "a's");
+    // Its own keys, seat02 may use.
+    redis::cmd("SET")
+        .arg("lockslab:seat02_test:k")
+        .arg("b's")
+        .query::<()>(&mut rb)
+        .unwrap();
+
+    // Postgres: seat01's tables land in its own schema, which seat02 cannot enter.
+    let pg_of = |seat: &[(String, String)]| {
+        postgres::Client::connect(&url(seat, "LOCKSLAB_POSTGRES_URL"), postgres::NoTls).unwrap()
+    };
+    let (mut pa, mut pb) = (pg_of(&a), pg_of(&b));
+    pa.batch_execute("CREATE TABLE secrets (v text); INSERT INTO secrets VALUES ('a''s')")
+        .unwrap();
+    let schema: String = pa.query_one("SELECT current_schema()", &[]).unwrap().get(0);
+    assert_eq!(schema, "seat01");
+    for attack in [
+        "SELECT * FROM seat01.secrets",
+        "INSERT INTO seat01.secrets VALUES ('b''s')",
+        "DELETE FROM seat01.secrets",
+        "DROP TABLE seat01.secrets",
+        "CREATE TABLE seat01.planted (v text)",
+        "DROP SCHEMA seat01 CASCADE",
+        "CREATE TABLE public.planted (v text)",
+        "SET search_path = seat01; SELECT * FROM secrets",
+    ] {
+        let err = pb
+            .batch_execute(attack)
+            .expect_err(&format!("seat02 ran {attack}"));
+        // Refused, or (through a search_path it may not use) not even seen.
+        use postgres::error::SqlState;
+        assert!(
+            [SqlState::INSUFFICIENT_PRIVILEGE, SqlState::UNDEFINED_TABLE]
+                .iter()
+                .any(|code| err.code() == Some(code)),
+            "{attack}: {err:?}"
+        );
+    }
+    let rows = pa.query("SELECT v FROM secrets", &[]).unwrap();
+    assert_eq!(rows.len(), 1);
+
+    // etcd: seat01's keys are out of seat02's reach, and so is the rest of the keyspace.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let etcd_of = |seat: &[(String, String)]| url(seat, "LOCKSLAB_ETCD_URL");
+        let mut ea = lockslab::connect::etcd(&etcd_of(&a)).await.unwrap();
+        let mut eb = lockslab::connect::etcd(&etcd_of(&b)).await.unwrap();
+        ea.put(key, "a's", None).await.unwrap();
+        assert!(eb.get(key, None).await.is_err(), "seat02 read seat01's key");
+        assert!(eb.put(key, "b's", None).await.is_err(), "seat02 wrote it");
+        assert!(eb.delete(key, None).await.is_err(), "seat02 deleted it");
+        let everything = etcd_client::GetOptions::new().with_prefix();
+        assert!(
+            eb.get("", Some(everything)).await.is_err(),
+            "seat02 listed all keys"
+        );
+        assert!(eb.put("lockslab:x", "b's", None).await.is_err());
+        eb.put("lockslab:seat02_test:k", "b's", None).await.unwrap();
+        let got = ea.get(key, None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"a's");
+    });
+
+    // A lab run as seat02, from its lines alone: its run id is in its namespace.
+    let output = room
+        .attendee_with(&b, &QUICK_LAB)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("lockslab:seat02_"), "{stdout}");
+
+    // A namespace that could be a pattern is refused before anything runs.
+    let output = room
+        .attendee_with(&b, &QUICK_LAB)
+        .env("LOCKSLAB_NAMESPACE", "seat0*")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("LOCKSLAB_NAMESPACE"));
 }

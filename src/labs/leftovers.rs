@@ -228,11 +228,7 @@ impl Registry {
         };
         for row in rows {
             let run_id: String = row.get(0);
-            // Names only: a run id is hex (a `*` would make a key pattern match everyone's).
-            let well_formed = !run_id.is_empty()
-                && run_id.len() <= 32
-                && run_id.chars().all(|c| c.is_ascii_hexdigit());
-            if !well_formed || run_id == mine.run_id {
+            if !is_run_id(&run_id) || run_id == mine.run_id {
                 continue;
             }
             let dead = self
@@ -272,6 +268,17 @@ impl Registry {
     }
 }
 
+/// What [`super::new_run_id`] makes: 8 hex digits, after `<namespace>_` in a room seat.
+/// Only names of this shape are swept: anything else in the table (another user may write
+/// to it) could be a key pattern (`*`, `?`, `[`) that matches everyone's keys.
+fn is_run_id(run_id: &str) -> bool {
+    !run_id.is_empty()
+        && run_id.len() <= 40
+        && run_id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
 /// Deletes every Redis key of a run (`lockslab:<run id>:*`). SCAN, not KEYS: on a server a
 /// whole workshop shares, KEYS would stall everyone while it walks the keyspace.
 fn forget_redis_keys(redis_url: &str, run_id: &str) -> anyhow::Result<()> {
@@ -308,4 +315,26 @@ fn forget_etcd_keys(etcd_url: &str, run_id: &str) -> anyhow::Result<()> {
         client.delete(prefix.as_str(), Some(options)).await?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_seats_run_id_is_swept_and_a_pattern_never() {
+        for id in ["3f2a91c0", "seat07_3f2a91c0"] {
+            assert!(super::is_run_id(id), "{id}");
+        }
+        for id in [
+            "",
+            "*",
+            "seat07_*",
+            "a?",
+            "[a-z]",
+            "a:b",
+            "A1",
+            &"a".repeat(41),
+        ] {
+            assert!(!super::is_run_id(id), "{id}");
+        }
+    }
 }

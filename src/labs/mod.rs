@@ -99,9 +99,17 @@ pub use crate::flags::{
 };
 
 /// A short random id that namespaces a run's keys, counters and rows, so that one shared
-/// server can host a whole workshop without runs seeing each other.
+/// server can host a whole workshop without runs seeing each other: 8 hex digits, after
+/// `<namespace>_` when `LOCKSLAB_NAMESPACE` names one (a room seat's, whose users reach
+/// `lockslab:<namespace>_*` only). Lowercase letters, digits and `_` only: a run id goes
+/// into key patterns and Postgres identifiers.
 pub fn new_run_id() -> String {
-    crate::seed::os_hex(8)
+    let hex = crate::seed::os_hex(8);
+    // Checked by the command line before any lab starts (`servers::namespace`).
+    match crate::servers::namespace().ok().flatten() {
+        Some(namespace) => format!("{namespace}_{hex}"),
+        None => hex,
+    }
 }
 
 /// A worker's failure, as the orchestrator reports it. When a server froze or went away,
