@@ -3,25 +3,33 @@
 //! Every lab follows the same path through these modules:
 //!
 //! ```text
-//! cli ──> labs::<lab> ──> labs::Stage (spawn, SIGSTOP, SIGCONT, SIGKILL, one clock) ──> worker processes
-//!              │                                                                        (worker::*)
-//!              │<──────────── events: one typed Kind per line, stamped on one clock ───────┘
-//!              ├──> check (pure checkers: the verdict's facts from the backends' answers)
+//! cli ──> labs::<lab>::Plan (flags checked once) ──> labs::runner (servers, run id, heading,
+//!              │                                     leftovers, the verdict's JSON envelope)
+//!              ├──> labs::Stage (spawn workers, one clock) ──────────────────> worker processes
+//!              │<──────────── events: one typed Kind per line, stamped on one clock ───┘
+//!              ├──> nemesis (pause, resume, kill, restart: each fault records itself)
+//!              ├──> check::<lab> (pure checkers: the verdict's facts from the backends' answers)
 //!              ├──> output (live timeline, progress, verdict table, --json)
 //!              └──> store (the fenced resource in Postgres; the verdict is read back from it)
 //! ```
 //!
-//! - [`cli`] parses the command line and turns every outcome into an exit code.
-//! - [`labs`] holds one file per lab: the scenario an orchestrator plays — what to start,
-//!   when to freeze, kill or resume, which checkers decide — and [`labs::Stage`], the stage
-//!   every lab plays on.
+//! - [`cli`] parses the command line; [`exit`] holds the exit codes every layer may end with.
+//! - [`labs`] holds one folder per lab: its `Plan` (the flags, checked once), its scenarios,
+//!   and its verdict's words. [`labs::runner`] does what every lab does the same way, and
+//!   [`labs::Stage`] is the stage every lab plays on.
+//! - [`nemesis`] is every fault in one place, as data: a pause (SIGSTOP), its end, a kill, a
+//!   server's restart — each written into the run's history by the code that did it — and
+//!   [`nemesis::schedule`], faults with their times, written by hand or drawn from a seed.
+//!   [`proxy`] is the fault relay for the network: delay, hold, cut, a lost reply.
 //! - [`worker`] holds the scripts worker processes run, by behaviour (a lock holder, a
 //!   racer, a queue consumer), none of them knowing the labs. A worker is this same binary
 //!   re-executed in a hidden mode, so that it is a real OS process that can be frozen with
 //!   SIGSTOP the way a GC pause freezes a real client.
 //! - [`events`] is the vocabulary workers and labs report in; [`check`] turns a run's
-//!   evidence into the facts a verdict states; [`output`] renders both, and [`picture`]
-//!   draws a run as an SVG or HTML timeline (`--html`, `--svg`, `lockslab render`).
+//!   evidence into the facts a verdict states, one file per lab, every checker a pure
+//!   function with unit tests (and the recorded runs in `tests/fixtures` replay through them
+//!   with no servers); [`output`] renders both, and [`picture`] draws a run as an SVG or
+//!   HTML timeline (`--html`, `--svg`, `lockslab render`).
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
 //!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6).
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
@@ -29,8 +37,10 @@
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.
 //! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done eight ways.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
-//!   zombie, including after Ctrl-C.
-//! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones.
+//!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
+//!   so that no figure measured across the gap passes for true.
+//! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones (every one
+//!   behind a password); [`cluster`] starts lab 5's Sentinel group and etcd cluster.
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
@@ -40,9 +50,13 @@
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
 //!
-//! Adding a lab: a file in `labs/` (its flags, its scenario, its verdict), one line in
-//! [`cli`]'s command enum, and — only if no script in [`worker`] does what its workers do —
-//! one script there.
+//! The modules form layers: none imports one that imports it back (`tests/structure.rs`
+//! checks it, and that no file of a lab runs past 500 lines).
+//!
+//! Adding a lab: a folder in `labs/` (its `Plan` and `impl runner::Lab`, one file per
+//! scenario, its verdict), its checkers in `check/`, one line in [`cli`]'s command enum and
+//! one row in [`menu`] — and, only if no script in [`worker`] does what its workers do, one
+//! script there.
 
 // Every line goes through `outln!`/`errln!` (see `output`): `println!` and `eprintln!` panic
 // when the terminal hangs up or the pipe closes, and a lab must clean up whatever happens.

@@ -1,0 +1,410 @@
+//! The stage every lab plays on: it spawns worker processes, collects their events on one
+//! clock, shows them on the timeline, and hands the nemesis its victims.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::{step, worker_failed};
+use crate::events::{self, Event, Incoming, Kind};
+use crate::output::{Style, Timeline};
+use crate::procs::{self, StopPlan};
+use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
+use crate::worker::WorkerSpec;
+
+/// The orchestrator's side of a lab run: workers, their events, the timeline.
+pub struct Stage {
+    start: Instant,
+    tx: Sender<Incoming>,
+    rx: Receiver<Incoming>,
+    pub timeline: Timeline,
+    /// Every event shown so far, in order: what verdicts and tests look at.
+    pub log: Vec<Event>,
+    /// The workers whose event stream has ended, by pid (names repeat across a lab's modes).
+    closed: HashSet<i32>,
+    /// While `run_until` holds back an event: its stamp, the latest a lab event may carry.
+    observed_before: Option<u64>,
+    /// The workers started on this stage: (name, pid), in order.
+    spawned: Vec<(String, i32)>,
+    /// Facts added to every event from here on (which run of a lab it belongs to).
+    tags: serde_json::Map<String, serde_json::Value>,
+    /// How many of the lab's own pauses are on this stage's timeline already.
+    pauses_shown: usize,
+}
+
+impl Stage {
+    pub fn new(style: Style) -> Stage {
+        Stage::on_clock(style, Instant::now())
+    }
+
+    /// A stage whose events are stamped from `start`: the scenarios of one lab run share
+    /// one clock, so their `t_ms` never restart at 0.
+    pub fn on_clock(style: Style, start: Instant) -> Stage {
+        watch_own_pauses(start);
+        let (tx, rx) = mpsc::channel();
+        Stage {
+            start,
+            tx,
+            rx,
+            timeline: Timeline::new(style),
+            log: Vec::new(),
+            closed: HashSet::new(),
+            observed_before: None,
+            tags: serde_json::Map::new(),
+            spawned: Vec::new(),
+            pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
+        }
+    }
+
+    /// Puts the lab's own pauses caught since the last look on the timeline, as warnings
+    /// where they happened: what is measured across them is disturbed.
+    fn notice_own_pauses(&mut self) {
+        if OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire) == self.pauses_shown {
+            return;
+        }
+        let pauses = own_pauses();
+        for pause in pauses.iter().skip(self.pauses_shown) {
+            let gap_ms = pause.gap.as_millis() as u64;
+            let event = Event::new(
+                "lab",
+                Kind::Warning,
+                format!(
+                    "lockslab itself was not running for {} (stopped or starved): times \
+                     measured across this gap include it — they are disturbed",
+                    crate::output::human(pause.gap)
+                ),
+            )
+            .with("lab_paused_ms", gap_ms)
+            .with("at_ms", at_ms(pause));
+            self.pauses_shown += 1;
+            self.record(event);
+        }
+        self.pauses_shown = pauses.len();
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the
+    /// worker's script as the first line on its stdin.
+    ///
+    /// Not in its argv: the script holds the servers' URLs, passwords included, and any user
+    /// on the machine can read any process's command line (`ps`, `/proc/<pid>/cmdline`) — on
+    /// a workshop's shared machine, every attendee would see every password. A pipe is
+    /// readable by this process and the worker only.
+    pub fn spawn(&mut self, name: &str, spec: &WorkerSpec) -> Result<WorkerHandle> {
+        let exe =
+            std::env::current_exe().context("finding the lockslab binary to start a worker")?;
+        let mut script = serde_json::to_string(spec)?;
+        script.push('\n');
+        let mut command = Command::new(exe);
+        if let Some(seed) = crate::seed::seed() {
+            // Its own stream, named by its place among the run's workers: two processes
+            // must never draw the same owner value (a lab reuses names from run to run).
+            static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nth = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            command.env(crate::seed::WORKER_SEED, format!("{seed}/{nth}:{name}"));
+        }
+        command
+            .arg("__worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = procs::spawn_registered(&mut command, StopPlan::kill())
+            .with_context(|| format!("starting worker {name}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("worker {name} has no stdout"))?;
+        let pid = child.id() as i32;
+        events::forward(name.to_string(), pid, stdout, self.start, self.tx.clone());
+        self.spawned.push((name.to_string(), pid));
+        let mut worker = WorkerHandle {
+            name: name.to_string(),
+            pid: child.id() as i32,
+            stdin: child.stdin.take(),
+            reaped: false,
+        };
+        // One line of JSON, far below a pipe's buffer: this never waits for the worker.
+        worker
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("worker {name} has no stdin"))?
+            .write_all(script.as_bytes())
+            .with_context(|| format!("giving worker {name} its script"))?;
+        Ok(worker)
+    }
+
+    /// With `--step`: stops here, asks the room `at`'s question and waits for Enter (see
+    /// [`step`]). Call it only where no timer of the story runs — never while a worker holds
+    /// a lease or lies frozen — so that stepping cannot change what the lab measures.
+    pub fn checkpoint(&self, at: &step::Checkpoint) {
+        step::checkpoint(at);
+    }
+
+    /// Adds a fact to every event shown from now on, so that `--json` readers can tell the
+    /// runs of one lab apart (`"fencing": true`).
+    pub fn tag(&mut self, key: &str, value: impl Into<serde_json::Value>) {
+        self.tags.insert(key.into(), value.into());
+    }
+
+    fn with_tags(&self, mut event: Event) -> Event {
+        for (key, value) in &self.tags {
+            event
+                .data
+                .entry(key.clone())
+                .or_insert_with(|| value.clone());
+        }
+        if !self.tags.is_empty() {
+            event.data.insert("part".into(), self.part().into());
+        }
+        event
+    }
+
+    /// The tags as one label (`fencing=false`, `scenario=race variant=broken`): which part of
+    /// the lab run an event belongs to, without knowing which facts are tags. A picture of
+    /// the run draws each part as a band of its own.
+    fn part(&self) -> String {
+        let words: Vec<String> = self
+            .tags
+            .iter()
+            .map(|(key, value)| match value {
+                serde_json::Value::String(text) => format!("{key}={text}"),
+                other => format!("{key}={other}"),
+            })
+            .collect();
+        words.join(" ")
+    }
+
+    /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
+    pub fn record(&mut self, mut event: Event) {
+        if event.get_i64("lab_paused_ms").is_none() {
+            self.notice_own_pauses();
+        }
+        let now = self.start.elapsed().as_millis() as u64;
+        event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
+        let event = self.with_tags(event);
+        self.timeline.show(&event);
+        self.log.push(event);
+    }
+
+    /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
+    pub fn next(&mut self, timeout: Duration) -> Option<Event> {
+        self.notice_own_pauses();
+        let incoming = self.rx.recv_timeout(timeout).ok()?;
+        self.accept(incoming)
+    }
+
+    fn accept(&mut self, incoming: Incoming) -> Option<Event> {
+        match incoming {
+            Incoming::Event(event) => {
+                let event = self.with_tags(event);
+                self.timeline.show(&event);
+                self.log.push(event.clone());
+                Some(event)
+            }
+            Incoming::Closed { pid, .. } => {
+                self.closed.insert(pid);
+                None
+            }
+        }
+    }
+
+    /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
+    /// for labs whose workers report hundreds of trials, which the lab sums up instead.
+    pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
+        self.notice_own_pauses();
+        match self.rx.recv_timeout(timeout).ok()? {
+            Incoming::Event(event) => Some(event),
+            Incoming::Closed { pid, .. } => {
+                self.closed.insert(pid);
+                None
+            }
+        }
+    }
+
+    /// Takes events until one matches, failing after `timeout` with `what` in the message.
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        matches: impl Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        if let Some(seen) = self.log.iter().find(|e| matches(e)) {
+            return Ok(seen.clone());
+        }
+        // A worker that failed while the lab looked elsewhere (`run_until`) will not do
+        // what we wait for: say why now rather than after the timeout.
+        if let Some(failed) = self.log.iter().find(|e| e.kind == Kind::Error) {
+            return Err(worker_failed(&failed.worker, &failed.text));
+        }
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(event) = self.next(left.min(Duration::from_millis(50))) {
+                if event.kind == Kind::Error {
+                    return Err(worker_failed(&event.worker, &event.text));
+                }
+                if matches(&event) {
+                    return Ok(event);
+                }
+            } else if !self.spawned.is_empty()
+                && self
+                    .spawned
+                    .iter()
+                    .all(|(_, pid)| self.closed.contains(pid))
+            {
+                // No worker is left to say it: waiting longer would only hide the failure.
+                bail!("every worker had exited before {what}");
+            }
+        }
+        bail!(
+            "timed out after {} waiting for {what}",
+            crate::output::human(timeout)
+        )
+    }
+
+    /// Shows incoming events until `deadline`, calling `tick` about every 10ms.
+    ///
+    /// `tick` looks at the world (a key in Redis) *before* an event that just arrived is
+    /// shown, so that an effect (B took the lock) never appears above its cause (A's key
+    /// expired); what `tick` records is stamped no later than that event.
+    pub fn run_until(
+        &mut self,
+        deadline: Instant,
+        mut tick: impl FnMut(&mut Stage) -> Result<()>,
+    ) -> Result<()> {
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            self.notice_own_pauses();
+            let incoming = self
+                .rx
+                .recv_timeout(left.min(Duration::from_millis(10)))
+                .ok();
+            self.observed_before = match &incoming {
+                Some(Incoming::Event(event)) => Some(event.t_ms),
+                _ => None,
+            };
+            let ticked = tick(self);
+            self.observed_before = None;
+            if let Some(incoming) = incoming {
+                self.accept(incoming);
+            }
+            ticked?;
+        }
+        Ok(())
+    }
+
+    /// True once the named worker's event stream has ended (it exited or was killed).
+    pub fn has_exited(&self, worker: &str) -> bool {
+        self.spawned
+            .iter()
+            .rev()
+            .find(|(name, _)| name == worker)
+            .is_some_and(|(_, pid)| self.closed.contains(pid))
+    }
+
+    /// Reads everything already sent, so the timeline is complete before the verdict.
+    pub fn drain(&mut self) {
+        while self.next(Duration::from_millis(20)).is_some() {}
+    }
+
+    /// Was there an event of this kind from this worker?
+    pub fn saw(&self, worker: &str, kind: Kind) -> Option<&Event> {
+        self.log.iter().find(|e| e.is(worker, kind))
+    }
+}
+
+/// A running worker process. Dropping it resumes, kills and reaps the process.
+pub struct WorkerHandle {
+    pub name: String,
+    pub pid: i32,
+    stdin: Option<ChildStdin>,
+    reaped: bool,
+}
+
+impl WorkerHandle {
+    /// Sends the worker a command line on its stdin (`finish`, `release`…).
+    pub fn tell(&mut self, command: &str) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("worker {} no longer listens", self.name))?;
+        writeln!(stdin, "{command}")
+            .and_then(|_| stdin.flush())
+            .with_context(|| format!("telling worker {} to {command}", self.name))
+    }
+
+    /// SIGSTOP to the worker's process group: it stops mid-instruction, like a GC pause.
+    pub fn freeze(&self) -> Result<()> {
+        procs::signal_group(self.pid, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT: the worker carries on exactly where it stopped, unaware of the gap.
+    pub fn resume(&self) -> Result<()> {
+        procs::signal_group(self.pid, Signal::SIGCONT)
+    }
+
+    /// SIGKILL, the way a crash ends a client: no cleanup code runs.
+    pub fn kill(&mut self) {
+        if !self.reaped {
+            procs::stop(self.pid, &StopPlan::kill());
+            self.reaped = true;
+        }
+    }
+
+    /// Waits up to `timeout` for the worker to exit by itself; kills it after that.
+    pub fn finish(&mut self, timeout: Duration) -> bool {
+        self.stdin.take();
+        let deadline = Instant::now() + timeout;
+        while !self.reaped {
+            match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Ok(WaitStatus::StillAlive) => break,
+                _ => {
+                    self.reaped = true;
+                    procs::forget(self.pid);
+                    return true;
+                }
+            }
+        }
+        self.kill();
+        false
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The stage is the run's history: the nemesis records its faults here.
+impl crate::nemesis::Record for Stage {
+    fn record(&mut self, event: Event) {
+        Stage::record(self, event);
+    }
+}
+
+/// A worker is a process the nemesis can pause, resume and kill.
+impl crate::nemesis::Victim for WorkerHandle {
+    fn label(&self) -> String {
+        self.name.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        (!self.reaped).then_some(self.pid)
+    }
+
+    fn kill_now(&mut self) {
+        self.kill();
+    }
+}
