@@ -379,8 +379,10 @@ const LAB4: [&str; 9] = [
     "1500ms",
     "--lease",
     "2s",
+    // Long enough that the waiters are surely queued before the strike at half the work,
+    // however busy the machine (at 600ms a loaded machine sometimes was not).
     "--work",
-    "600ms",
+    "2s",
     "--pause",
     "4s",
 ];

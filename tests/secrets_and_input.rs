@@ -384,14 +384,22 @@ fn empty_variables_mean_not_set() {
 fn leftovers(run_id: &str) -> (i64, usize, i64) {
     let servers = servers();
     let mut db = postgres::Client::connect(&servers.postgres, postgres::NoTls).unwrap();
-    let rows: i64 = db
-        .query_one(
+    // A run stopped before it first touched the store left no table to count rows in.
+    let store_made: bool = db
+        .query_one("SELECT to_regclass('lockslab_attempt') IS NOT NULL", &[])
+        .unwrap()
+        .get(0);
+    let rows: i64 = if store_made {
+        db.query_one(
             "SELECT (SELECT count(*) FROM lockslab_resource WHERE run_id = $1)
                   + (SELECT count(*) FROM lockslab_attempt WHERE run_id = $1)",
             &[&run_id],
         )
         .unwrap()
-        .get(0);
+        .get(0)
+    } else {
+        0
+    };
     let mut redis = redis::Client::open(servers.redis.as_str())
         .unwrap()
         .get_connection()
