@@ -110,6 +110,15 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
         down_why.iter().all(|why| why != "no answer in time"),
         "a down master does not make the client wait: {down}"
     );
+    // The verdict names the round's length as the timeline's arithmetic does: rounded up.
+    let elapsed = frozen["rounds"][0]["elapsed_ms"].as_f64().unwrap().ceil();
+    assert!(
+        frozen["meaning"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("Of the round's {elapsed}ms")),
+        "{frozen}"
+    );
     let majority = scenario(&verdict, "majority-down");
     assert_eq!(majority["granted"], false, "{majority}");
     assert_eq!(majority["left_after_release"], Value::Array(vec![]));
@@ -485,6 +494,15 @@ fn bad_flags_name_the_flag() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
+    // The limit it says is the one it checks: timeout × masters below half the TTL.
+    let output = lockslab(&["redlock", "--ttl", "500ms", "--instance-timeout", "100ms"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("500ms must stay below half of --ttl 500ms (below 250ms)"),
+        "{stderr}"
+    );
 }
 
 /// Three Redis servers of the test's own, started apart from the test binary's shared ones:

@@ -285,8 +285,9 @@ pub mod redlock {
     };
     const CLIENT_PAUSE: Checkpoint = Checkpoint {
         name: "before the client pause",
-        question: "A freezes past its validity, then writes. Which fence refuses it: none, \
-                   the random value, or a number from a sequence — and why?",
+        question: "A freezes past its validity, then writes. Which guard refuses it: none, \
+                   its random value claimed at the grant, the same value claimed only after \
+                   the pause, or a number from a sequence — and why do the two claims differ?",
     };
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",

@@ -243,12 +243,18 @@ impl Attempt {
         (self.validity_ms > 0).then(|| started + Duration::from_millis(self.validity_ms as u64))
     }
 
+    /// The round's elapsed time in whole milliseconds, rounded up as [`validity`] rounds
+    /// it: every sentence that names the round's length uses this number.
+    pub fn elapsed_whole_ms(&self) -> i64 {
+        self.elapsed_ms.ceil() as i64
+    }
+
     /// The validity arithmetic in one line, with every number named.
     pub fn arithmetic(&self) -> String {
         format!(
-            "validity = TTL {} − elapsed {:.0} − drift {} = {}ms; {} of {} granted, quorum {}: {}",
+            "validity = TTL {} − elapsed {} − drift {} = {}ms; {} of {} granted, quorum {}: {}",
             self.ttl_ms,
-            self.elapsed_ms.ceil(),
+            self.elapsed_whole_ms(),
             self.drift_ms,
             self.validity_ms,
             self.granted,
@@ -431,15 +437,16 @@ impl Redlock {
 // ❌ What Redlock is not: a fencing token.
 //
 // The value is random so that a release deletes only our own key; it has no order. Can it
-// still guard the data? antirez's answer: let the resource compare-and-set it — the holder
-// first claims the resource with its value, then every write goes through only while the
-// resource's claim is still that value, so an old holder whose claim was replaced is
-// refused. Kleppmann's reply: a claim carries no order either. If the old holder pauses
-// between its grant and its claim (or its claim is delayed in the network), the claim
-// lands after the new holder's and displaces it, and the old holder's writes go through;
-// and a resource that can do that compare-and-set atomically could itself be the lock.
-// Lab 6 plays both (the store's `claim` and `write_if_claimed`) beside a token from an
-// ordered, durable source.
+// still guard the data? antirez's answer ("Is Redlock safe?", http://antirez.com/news/101,
+// a reply to Kleppmann's "How to do distributed locking",
+// https://martin.kleppmann.com/2016/02/08/how-to-do-distributed-locking.html): let the
+// resource compare-and-set it — the holder first claims the resource with its value, then
+// every write goes through only while the resource's claim is still that value, so an old
+// holder whose claim was replaced is refused. The reply to that: a claim carries no order
+// either. If the old holder pauses between its grant and its claim (or its claim is
+// delayed in the network), the claim lands after the new holder's and displaces it, and
+// the old holder's writes go through. Lab 6 plays both (the store's `claim` and
+// `write_if_claimed`) beside a token from an ordered, durable source.
 
 /// A random delay from 0 to `max` (from the run's seed, see [`crate::seed`]).
 pub fn random_delay(max: Duration) -> Duration {

@@ -6,7 +6,8 @@
 //! After it wakes, the client writes the same result to four resources of the store, each
 //! guarded differently: not at all; by its random lock value, compare-and-set at the
 //! resource (antirez's counter), with the claim made at the grant; the same, with the claim
-//! made only after the pause (Kleppmann's reply: the late claim displaces the new holder's);
+//! made only after the pause (the reply: a claim has no order, and the late claim displaces
+//! the new holder's);
 //! by a token drawn from a Postgres sequence (✅ ordered and durable). The lab's verdict
 //! reads the four back.
 

@@ -208,10 +208,10 @@ impl Scene {
             "A froze past its {a_validity}ms validity; B was granted {} of {n} once A's key \
              expired everywhere: {}. A woke still believing it held the lock and wrote: a stale \
              writer. Unfenced, the store {} A's write. Claimed by value at the grant \
-             (antirez), it {} it: B's claim had replaced A's. Claimed by value after the pause \
-             (Kleppmann), it {} it: A's late claim displaced B's, and the resource cannot tell \
-             which claim is older (and a resource that can compare-and-set atomically could \
-             itself have been the lock). By the sequence (token {} < {}) it {} it.",
+             (compare-and-set on the random value), it {} it: B's claim had replaced A's. \
+             Claimed by value after the pause, it {} it: A's late claim displaced B's, and the \
+             resource cannot tell which claim is older (a random value has no order). By the \
+             sequence (token {} < {}) it {} it.",
             b.granted,
             match granted_twice {
                 Finding::No =>

@@ -77,12 +77,12 @@ impl Scene {
             quorum: q,
             validity_ms: frozen.validity_ms,
             meaning: format!(
-                "With {} frozen, {} of {n} granted ({}). Of the round's {:.0}ms, {waited:.0}ms \
+                "With {} frozen, {} of {n} granted ({}). Of the round's {}ms, {waited:.0}ms \
                  went on waiting for the frozen masters: validity {}ms.",
                 self.names(minority.clone()),
                 frozen.granted,
                 if frozen.held { "held" } else { "not held" },
-                frozen.elapsed_ms,
+                frozen.elapsed_whole_ms(),
                 frozen.validity_ms
             ),
             rounds: vec![round("A", &frozen)],

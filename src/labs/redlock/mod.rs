@@ -205,9 +205,11 @@ fn plan_from(args: &RedlockArgs) -> Result<Plan> {
     }
     if args.instance_timeout * (n as u32) * 2 >= args.ttl {
         crate::bail_usage!(
-            "--instance-timeout {} × {n} masters must stay well below --ttl {}: use a shorter timeout or a longer TTL",
+            "--instance-timeout {} × {n} masters = {} must stay below half of --ttl {} (below {}): use a shorter timeout or a longer TTL",
             human(args.instance_timeout),
-            human(args.ttl)
+            human(args.instance_timeout * (n as u32)),
+            human(args.ttl),
+            human(args.ttl / 2)
         );
     }
     let wanted: Vec<Scenario> = match args.scenario {

@@ -16,9 +16,9 @@ use crate::output::table;
 /// What the paused client's late write came to in one resource of the store (client-pause).
 #[derive(Serialize, Debug, Clone)]
 pub struct GuardedWrite {
-    /// `unfenced`, `claim` (antirez: the random value compare-and-set at the resource,
-    /// claimed at the grant), `late_claim` (Kleppmann: the same, A's claim made after its
-    /// pause) or `sequence` (a token from a Postgres sequence).
+    /// `unfenced`, `claim` (the random value compare-and-set at the resource, claimed at
+    /// the grant), `late_claim` (the same, A's claim made after its pause: a claim has no
+    /// order) or `sequence` (a token from a Postgres sequence).
     pub guard: &'static str,
     pub resource: String,
     #[serde(flatten)]
@@ -132,8 +132,8 @@ impl runner::Verdict for Verdict {
 pub(super) fn guard_label(guard: &str) -> &'static str {
     match guard {
         "unfenced" => "unfenced",
-        "claim" => "value claimed at the grant (antirez)",
-        "late_claim" => "value claimed after the pause (Kleppmann)",
+        "claim" => "value claimed at the grant (CAS on the value)",
+        "late_claim" => "value claimed after the pause (no order)",
         _ => "token from a Postgres sequence",
     }
 }
