@@ -376,7 +376,7 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
 const LAB4: [&str; 9] = [
     "etcd-vs-redis",
     "--redis-ttl",
-    "1500ms",
+    "3s",
     "--lease",
     "2s",
     // Long enough that the waiters are surely queued before the strike at half the work,
