@@ -63,11 +63,14 @@ pub struct StoreWrite {
 
 /// The store's fencing rule for a write (see [`FenceRule`]).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "snake_case")]
 pub enum Rule {
-    /// ❌ Accept any token not lower than the highest accepted.
+    /// The store's own rule, `>=`: accept any token not lower than the highest accepted. It
+    /// keeps out a lower token; a token drawn twice gets past it.
     NotLower,
-    /// ✅ Accept a higher token, or the same token from the writer that holds it.
+    /// ❌ A lesson only: accept a higher token, or the same token from the writer that
+    /// holds it. With two holders of one reissued token it refuses whichever writes second,
+    /// stale or not: no rule at the store can tell them apart.
     HigherOrSameHolder,
 }
 
@@ -256,6 +259,21 @@ fn take(
                 .get(0);
             held.token = Some(token);
             Ok(Some(held))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_is_spelled_in_json_as_lab_1_spells_it() {
+        for rule in [Rule::NotLower, Rule::HigherOrSameHolder] {
+            assert_eq!(
+                serde_json::to_value(rule).unwrap(),
+                serde_json::Value::from(rule.fence_rule().as_str())
+            );
         }
     }
 }

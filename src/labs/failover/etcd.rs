@@ -245,7 +245,7 @@ impl Play<'_> {
             "etcd-leader-killed",
             "etcd",
             check::two_holders_queued(a_kept, b_got),
-            Some(Rule::HigherOrSameHolder),
+            Some(Rule::NotLower),
             read,
             "A:etcd",
             "B:etcd",

@@ -260,7 +260,7 @@ impl Play<'_> {
             Pair {
                 label: "unfenced",
                 token: TokenSource::None,
-                writes: vec![("redis-unfenced".into(), Rule::HigherOrSameHolder)],
+                writes: vec![("redis-unfenced".into(), Rule::NotLower)],
                 a_waits: false,
             },
             Pair {
@@ -275,7 +275,7 @@ impl Play<'_> {
             Pair {
                 label: "incr-lost",
                 token: counter("incr-lost"),
-                writes: vec![("redis-incr-lost".into(), Rule::HigherOrSameHolder)],
+                writes: vec![("redis-incr-lost".into(), Rule::NotLower)],
                 a_waits: false,
             },
             Pair {
@@ -283,13 +283,13 @@ impl Play<'_> {
                 token: TokenSource::PostgresSequence {
                     name: self.sequence.to_string(),
                 },
-                writes: vec![("durable-token".into(), Rule::HigherOrSameHolder)],
+                writes: vec![("durable-token".into(), Rule::NotLower)],
                 a_waits: false,
             },
             Pair {
                 label: "wait",
                 token: TokenSource::None,
-                writes: vec![("redis-wait".into(), Rule::HigherOrSameHolder)],
+                writes: vec![("redis-wait".into(), Rule::NotLower)],
                 a_waits: true,
             },
         ]
