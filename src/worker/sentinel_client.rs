@@ -22,7 +22,8 @@ use crate::store::{FenceRule, Store};
 pub struct SentinelClient {
     /// Lane name (`A:unfenced`…), also its name in the store.
     pub name: String,
-    /// Sentinel addresses (`redis://host:port`), asked in order.
+    /// Sentinel addresses (`redis://default:PASSWORD@host:port`), asked in order; the
+    /// primary they name is reached with the same password.
     pub sentinels: Vec<String>,
     /// The name the Sentinels know the primary by.
     pub master: String,
@@ -86,8 +87,7 @@ impl Rule {
 /// Asks each Sentinel in turn for the primary's address, as Sentinel clients do.
 pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<String> {
     for url in sentinels {
-        let port = url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
-        if let Some(addr) = port.and_then(|port| cluster::master_addr_from(port, master)) {
+        if let Some(addr) = cluster::master_addr_from(url, master) {
             return Ok(addr);
         }
     }
@@ -100,7 +100,15 @@ pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<Stri
 pub fn run(script: &SentinelClient) -> Result<()> {
     let me = Emitter::new(&script.name);
     let primary = primary_from_sentinels(&script.sentinels, &script.master)?;
-    let primary_url = format!("redis://{primary}");
+    // The Sentinels' user and password, at the primary's address.
+    let primary_url = match script
+        .sentinels
+        .first()
+        .and_then(|url| url.rsplit_once('@'))
+    {
+        Some((user, _)) => format!("{user}@{primary}"),
+        None => format!("redis://{primary}"),
+    };
     let mut lock = RedisLock::new(
         connect::redis(&primary_url)?,
         &script.key,
