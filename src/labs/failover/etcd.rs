@@ -196,8 +196,9 @@ impl Play<'_> {
         let text = match (renewed, a_survived) {
             (Some((since, left)), true) => format!(
                 "A's lease has {}s left, read {} after the election; the new leader's reset \
-                 ({} TTL + election timeout) can have left at most {}, so A's keepalive \
-                 reached the new leader; A's key still holds the lock, B still waits",
+                 (TTL + election timeout, {} from its election) can have left at most {}, so \
+                 A's keepalive reached the new leader; A's key still holds the lock, B still \
+                 waits",
                 left.as_secs(),
                 human(since),
                 human(extension),
