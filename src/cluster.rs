@@ -8,6 +8,11 @@
 //! dropped, on Ctrl-C, SIGTERM and SIGHUP; and what a SIGKILLed run leaves, the next start
 //! of any private server sweeps.
 //!
+//! Every node demands a password, generated per cluster and handed to the servers in 0600
+//! files in a directory only this user can enter (never on a command line): any local user
+//! can reach a loopback port. The lab's clients get it inside their URLs, through their
+//! script pipe.
+//!
 //! A cluster is ready only when it could do its job: the replica in sync, every Sentinel
 //! knowing the replica and both other Sentinels (they find each other through the
 //! primary's hello channel, every 2s), and the etcd members agreeing on a leader.
@@ -24,7 +29,9 @@ use nix::sys::signal::Signal;
 
 use crate::connect::Backend;
 use crate::procs::{self, StopPlan};
-use crate::servers::{find_binary, free_port, log_tail, new_run_dir, remove_server_dir};
+use crate::servers::{
+    find_binary, free_port, log_tail, new_run_dir, remove_server_dir, write_secret,
+};
 
 /// How long a whole cluster may take to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(25);
@@ -70,6 +77,18 @@ impl Drop for RunDir {
     }
 }
 
+/// A 0700 directory inside the cluster's (which others may enter, 0711), for the files
+/// that hold the password: Sentinel rewrites its configuration file with the mode 0644.
+fn private_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let private = dir.join("private");
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("creating {}", private.display()))?;
+    Ok(private)
+}
+
 fn server_stop_plan() -> StopPlan {
     StopPlan {
         signal: Signal::SIGTERM,
@@ -102,11 +121,14 @@ pub struct RedisNode {
     pub port: u16,
     /// None once the lab has killed it.
     pub pid: Option<i32>,
+    /// The cluster's password, which every node demands (`requirepass`).
+    pub password: String,
 }
 
 impl RedisNode {
+    /// Its URL, with the cluster's password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://default:{}@127.0.0.1:{}", self.password, self.port)
     }
 
     pub fn addr(&self) -> String {
@@ -114,10 +136,11 @@ impl RedisNode {
     }
 }
 
-/// A short-bounded connection to a node of ours, for the lab's own questions. Bounded
-/// tightly: a frozen or dead node must cost the lab a second, not a minute.
-pub fn ask(port: u16) -> redis::RedisResult<redis::Connection> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+/// A short-bounded connection to a node of ours (its URL, password included), for the lab's
+/// own questions. Bounded tightly: a frozen or dead node must cost the lab a second, not a
+/// minute.
+pub fn ask(url: &str) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(url)?;
     let connection = client.get_connection_with_timeout(Duration::from_millis(500))?;
     connection.set_read_timeout(Some(Duration::from_secs(1)))?;
     connection.set_write_timeout(Some(Duration::from_secs(1)))?;
@@ -125,15 +148,15 @@ pub fn ask(port: u16) -> redis::RedisResult<redis::Connection> {
 }
 
 /// What the server itself says it is: `master`, `slave` or `sentinel` (its `ROLE` answer).
-pub fn role_of(port: u16) -> Option<String> {
-    let mut connection = ask(port).ok()?;
+pub fn role_of(url: &str) -> Option<String> {
+    let mut connection = ask(url).ok()?;
     let reply: Vec<redis::Value> = redis::cmd("ROLE").query(&mut connection).ok()?;
     redis::from_redis_value(reply.into_iter().next()?).ok()
 }
 
 /// The address a Sentinel gives for the primary (`SENTINEL get-master-addr-by-name`).
-pub fn master_addr_from(sentinel_port: u16, master: &str) -> Option<String> {
-    let mut connection = ask(sentinel_port).ok()?;
+pub fn master_addr_from(sentinel_url: &str, master: &str) -> Option<String> {
+    let mut connection = ask(sentinel_url).ok()?;
     let addr: Option<(String, String)> = redis::cmd("SENTINEL")
         .arg("get-master-addr-by-name")
         .arg(master)
@@ -147,6 +170,8 @@ pub struct SentinelCluster {
     pub primary: RedisNode,
     pub replica: RedisNode,
     pub sentinels: Vec<RedisNode>,
+    /// What every node of it demands, Sentinels included.
+    pub password: String,
     started: Instant,
     /// From the first spawn to ready.
     pub started_in: Duration,
@@ -165,17 +190,28 @@ impl SentinelCluster {
         let started = Instant::now();
         let dir = RunDir::new()?;
         let binary = find_binary("redis-server", Backend::Redis)?;
+        let password = crate::seed::os_hex(24);
+        let private = private_dir(&dir.path)?;
+        // The data nodes demand the password and give it to each other (the replica to its
+        // primary, and after a failover the other way round).
+        let auth_conf = private.join("redis-auth.conf");
+        write_secret(
+            &auth_conf,
+            &format!("requirepass {password}\nmasterauth {password}\n"),
+        )?;
         let node = |role| -> Result<RedisNode> {
             Ok(RedisNode {
                 role,
                 port: free_port()?,
                 pid: None,
+                password: password.clone(),
             })
         };
         let mut cluster = SentinelCluster {
             primary: node("primary")?,
             replica: node("replica")?,
             sentinels: vec![node("sentinel")?, node("sentinel")?, node("sentinel")?],
+            password: password.clone(),
             started,
             started_in: Duration::ZERO,
             dir,
@@ -183,6 +219,7 @@ impl SentinelCluster {
         let data_node = |node: &RedisNode, dbfile: &str| {
             let mut command = Command::new(&binary);
             command
+                .arg(&auth_conf)
                 .args(["--port", &node.port.to_string(), "--bind", "127.0.0.1"])
                 // No persistence: what a node knows is in its memory only.
                 .args(["--save", "", "--appendonly", "no", "--dbfilename", dbfile])
@@ -203,18 +240,21 @@ impl SentinelCluster {
         // Sentinels learn the replicas from the primary's INFO, asked at once and then only
         // every 10s: they start once the replica is there to be seen.
         cluster.wait_for(|cluster| {
-            replication_info(cluster.replica.port)
+            replication_info(&cluster.replica.url())
                 .is_some_and(|info| info.contains("master_link_status:up"))
         })?;
         for index in 0..cluster.sentinels.len() {
             let port = cluster.sentinels[index].port;
             // Sentinel rewrites its configuration file as it learns: one writable file each.
-            let conf = cluster.dir.path.join(format!("sentinel-{port}.conf"));
-            fs::write(
+            // `requirepass`: clients must give the password, and this Sentinel gives it to
+            // the other Sentinels; `auth-pass`: what it gives the primary and the replica.
+            let conf = private.join(format!("sentinel-{port}.conf"));
+            write_secret(
                 &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                &format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nrequirepass {password}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
+                     sentinel auth-pass {MASTER_NAME} {password}\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
                      sentinel failover-timeout {MASTER_NAME} {failover}\n\
                      sentinel parallel-syncs {MASTER_NAME} 1\n",
@@ -243,12 +283,12 @@ impl SentinelCluster {
 
     fn wait_until_ready(&mut self) -> Result<()> {
         self.wait_for(|cluster| {
-            let replica_in_sync = replication_info(cluster.replica.port)
+            let replica_in_sync = replication_info(&cluster.replica.url())
                 .is_some_and(|info| info.contains("master_link_status:up"));
             replica_in_sync
                 && cluster.sentinels.iter().all(|s| {
-                    sentinel_count(s.port, "sentinels") == Some(cluster.sentinels.len() - 1)
-                        && sentinel_count(s.port, "replicas") == Some(1)
+                    sentinel_count(&s.url(), "sentinels") == Some(cluster.sentinels.len() - 1)
+                        && sentinel_count(&s.url(), "replicas") == Some(1)
                 })
         })?;
         self.started_in = self.started.elapsed();
@@ -339,8 +379,8 @@ impl Drop for SentinelCluster {
 }
 
 /// `INFO replication` of a node, when it answers.
-pub fn replication_info(port: u16) -> Option<String> {
-    let mut connection = ask(port).ok()?;
+pub fn replication_info(url: &str) -> Option<String> {
+    let mut connection = ask(url).ok()?;
     redis::cmd("INFO")
         .arg("replication")
         .query(&mut connection)
@@ -348,8 +388,8 @@ pub fn replication_info(port: u16) -> Option<String> {
 }
 
 /// How many healthy peers (`sentinels`) or replicas (`replicas`) a Sentinel knows.
-fn sentinel_count(port: u16, what: &str) -> Option<usize> {
-    let mut connection = ask(port).ok()?;
+fn sentinel_count(url: &str, what: &str) -> Option<usize> {
+    let mut connection = ask(url).ok()?;
     let entries: Vec<Vec<String>> = redis::cmd("SENTINEL")
         .arg(what)
         .arg(MASTER_NAME)
@@ -375,10 +415,20 @@ pub struct EtcdMember {
     pub name: String,
     pub client_url: String,
     pub peer_url: String,
+    /// The cluster's root password: auth is on once the cluster is ready.
+    pub password: String,
     /// etcd's id for this member (what `status` names the leader by).
     pub id: u64,
     /// None once the lab has killed it.
     pub pid: Option<i32>,
+}
+
+impl EtcdMember {
+    /// Its client URL with the root user and password, as [`crate::connect::etcd`] reads it.
+    pub fn url(&self) -> String {
+        self.client_url
+            .replacen("http://", &format!("http://root:{}@", self.password), 1)
+    }
 }
 
 /// Three etcd members forming one Raft cluster.
@@ -398,7 +448,9 @@ pub struct MemberStatus {
     pub raft_term: u64,
 }
 
-/// Asks one member for its status, within a second.
+/// Asks one member for its status, within a second. No password: etcd answers `status` to
+/// anyone (it holds no key), and logging in would go through Raft, which stalls while
+/// there is no leader.
 pub fn etcd_status(client_url: &str) -> Result<MemberStatus> {
     let runtime = crate::connect::etcd_runtime()?;
     runtime.block_on(async {
@@ -427,12 +479,14 @@ impl EtcdCluster {
         let started = Instant::now();
         let dir = RunDir::new()?;
         let binary = find_binary("etcd", Backend::Etcd)?;
+        let password = crate::seed::os_hex(24);
         let mut members = Vec::new();
         for name in ["m1", "m2", "m3"] {
             members.push(EtcdMember {
                 name: name.to_string(),
                 client_url: format!("http://127.0.0.1:{}", free_port()?),
                 peer_url: format!("http://127.0.0.1:{}", free_port()?),
+                password: password.clone(),
                 id: 0,
                 pid: None,
             });
@@ -461,7 +515,10 @@ impl EtcdCluster {
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "lockslab"])
                 .args(["--heartbeat-interval", &ETCD_HEARTBEAT_MS.to_string()])
-                .args(["--election-timeout", &ETCD_ELECTION_MS.to_string()]);
+                .args(["--election-timeout", &ETCD_ELECTION_MS.to_string()])
+                // Each client's log-in is checked with bcrypt; cost 4 keeps it to a
+                // millisecond. The password is 96 random bits: no cost factor is needed.
+                .args(["--bcrypt-cost", "4"]);
             member.pid = Some(spawn_in(
                 &cluster.dir.path,
                 &format!("{}.log", member.name),
@@ -498,6 +555,7 @@ impl EtcdCluster {
                 for (member, status) in self.members.iter_mut().zip(statuses) {
                     member.id = status.map(|s| s.member_id).unwrap_or(0);
                 }
+                self.enable_auth()?;
                 self.started_in = self.started.elapsed();
                 return Ok(());
             }
@@ -509,6 +567,26 @@ impl EtcdCluster {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Adds the root user with the cluster's password and turns auth on: from then on a
+    /// client without it can neither read nor write a key.
+    fn enable_auth(&self) -> Result<()> {
+        let member = &self.members[0];
+        crate::connect::etcd_runtime()?
+            .block_on(async {
+                let mut client =
+                    etcd_client::Client::connect([member.client_url.as_str()], None).await?;
+                client
+                    .user_add("root", member.password.as_str(), None)
+                    .await?;
+                // The root role exists from the start in some versions, not in others.
+                let _ = client.role_add("root").await;
+                client.user_grant_role("root", "root").await?;
+                client.auth_enable().await?;
+                anyhow::Ok(())
+            })
+            .context("turning on authentication in the private etcd cluster")
     }
 
     /// The cluster's directory (deleted when the cluster stops).

@@ -1246,7 +1246,7 @@ impl Drop for PrivateServers {
 }
 
 /// A new file only this user can read, holding a secret a server reads at start-up.
-fn write_secret(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_secret(path: &Path, text: &str) -> Result<()> {
     let _ = fs::remove_file(path);
     fs::OpenOptions::new()
         .write(true)

@@ -63,6 +63,67 @@ fn read_until(
     panic!("the lab ended before the awaited event: {seen:?}");
 }
 
+/// Any local user can reach a loopback port: each node of both clusters must refuse a
+/// client that does not give the cluster's password, and the password must sit in files
+/// only this user can read.
+fn refuses_clients_without_the_password(
+    redis: &lockslab::cluster::SentinelCluster,
+    etcd: &lockslab::cluster::EtcdCluster,
+) {
+    use std::os::unix::fs::PermissionsExt;
+    for node in [&redis.primary, &redis.replica]
+        .into_iter()
+        .chain(&redis.sentinels)
+    {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", node.port)).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let answer: redis::RedisResult<String> = redis::cmd("PING").query(&mut connection);
+        let err = answer.expect_err(&format!("the {} answered without a password", node.role));
+        assert!(
+            err.to_string().contains("NOAUTH"),
+            "the {} refused for another reason: {err}",
+            node.role
+        );
+        let answer: redis::RedisResult<String> = redis::cmd("AUTH")
+            .arg("default")
+            .arg("not-the-password")
+            .query(&mut connection);
+        assert!(answer.is_err(), "the {} took a wrong password", node.role);
+    }
+    let private = redis.dir().join("private");
+    assert_eq!(
+        std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let runtime = lockslab::connect::etcd_runtime().unwrap();
+    for member in &etcd.members {
+        runtime.block_on(async {
+            let mut client = etcd_client::Client::connect([member.client_url.as_str()], None)
+                .await
+                .unwrap();
+            let put = client.put("lockslab-probe", "x", None).await;
+            assert!(
+                put.is_err(),
+                "{} took a write without a password",
+                member.name
+            );
+            let get = client.get("lockslab-probe", None).await;
+            assert!(
+                get.is_err(),
+                "{} answered a read without a password",
+                member.name
+            );
+        });
+    }
+    // With the password, a member serves the lab's clients.
+    runtime.block_on(async {
+        let mut client = lockslab::connect::etcd(&etcd.members[0].url())
+            .await
+            .unwrap();
+        client.put("lockslab-probe", "x", None).await.unwrap();
+    });
+}
+
 /// Every descendant of `root` now.
 fn family_of(root: i32) -> HashSet<i32> {
     let mut family = HashSet::from([root]);
@@ -77,20 +138,20 @@ fn clusters_start_and_stop_leaving_nothing_behind() {
     let dirs = [redis.dir().to_path_buf(), etcd.dir().to_path_buf()];
     let mut pids = Vec::new();
     assert_eq!(
-        lockslab::cluster::role_of(redis.primary.port).as_deref(),
+        lockslab::cluster::role_of(&redis.primary.url()).as_deref(),
         Some("master")
     );
     assert_eq!(
-        lockslab::cluster::role_of(redis.replica.port).as_deref(),
+        lockslab::cluster::role_of(&redis.replica.url()).as_deref(),
         Some("slave")
     );
     for sentinel in &redis.sentinels {
         assert_eq!(
-            lockslab::cluster::role_of(sentinel.port).as_deref(),
+            lockslab::cluster::role_of(&sentinel.url()).as_deref(),
             Some("sentinel")
         );
         assert_eq!(
-            lockslab::cluster::master_addr_from(sentinel.port, lockslab::cluster::MASTER_NAME),
+            lockslab::cluster::master_addr_from(&sentinel.url(), lockslab::cluster::MASTER_NAME),
             Some(redis.primary.addr())
         );
     }
@@ -110,6 +171,7 @@ fn clusters_start_and_stop_leaving_nothing_behind() {
     }
     assert!(pids.iter().all(|&pid| alive(pid)));
     assert!(dirs.iter().all(|d| d.is_dir()));
+    refuses_clients_without_the_password(&redis, &etcd);
     drop(redis);
     drop(etcd);
     for pid in pids {
@@ -168,6 +230,18 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
         if let (Some(a), Some(b)) = (s["a_token"].as_i64(), s["b_token"].as_i64()) {
             assert_eq!(s["token_reissued"], b <= a, "{s}");
         }
+        // Every fenced row runs under the store's own rule, `>=`, spelled as lab 1 spells
+        // it; the rule that refuses an equal token from another writer is one row's lesson.
+        let lesson = s["name"] == "redis-incr-same-holder";
+        let expected = if lesson {
+            "higher_or_same_holder"
+        } else {
+            "not_lower"
+        };
+        assert!(
+            s["store_rule"].is_null() || s["store_rule"] == expected,
+            "{s}"
+        );
     }
     for name in [
         "redis-unfenced",
@@ -247,19 +321,22 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
         elected["raft_term"].as_u64() > elected["old_raft_term"].as_u64(),
         "the new leader's term must be higher than the old one: {elected}"
     );
-    // A's key is looked at only after the lease extension every lease got from the new
-    // leader (TTL + election timeout) has run out: only a keepalive can have kept it.
-    let kept = event("A's key after the election", &|e| {
-        e["a_key_held"].is_boolean()
+    // A's lease as the new leader counts it: more time left than the leader's reset (TTL +
+    // election timeout, from the election) can have left, so a keepalive got through.
+    let kept = event("A's lease after the election", &|e| {
+        e["a_lease_renewed"].is_boolean()
     });
+    assert_eq!(kept["a_lease_renewed"], true, "{kept}");
     assert_eq!(kept["a_key_held"], true, "{kept}");
     let lease = event("A's lease", &|e| {
         e["worker"] == "A:etcd" && e["lease_ttl_ms"].is_u64()
     });
     let extension = lease["lease_ttl_ms"].as_u64().unwrap() + lockslab::cluster::ETCD_ELECTION_MS;
     assert!(
-        kept["after_election_ms"].as_u64().unwrap() > extension,
-        "looked at A's key within the lease extension: {kept}"
+        kept["a_lease_left_s"].as_u64().unwrap() * 1000
+            + kept["after_election_ms"].as_u64().unwrap()
+            > extension,
+        "A's lease was not above the new leader's reset: {kept}"
     );
     // B's place in the queue: the revision it queued with against the one it was granted.
     let place = event("B's place in the queue", &|e| {

@@ -6,6 +6,8 @@
 //! members answered about the leader and the lock's queue, and the store's record of every
 //! write in decision order.
 
+use std::time::Duration;
+
 use super::{Finding, LateWrite, last_accepted_is_final, late_write, two_holders_given_writes};
 use crate::store::Attempt;
 
@@ -182,6 +184,18 @@ pub fn kept_place(queued_revision: i64, granted_token: i64) -> bool {
     queued_revision == granted_token
 }
 
+/// Does a lease's remaining TTL, as the new leader reports it, prove that the holder's
+/// keepalive reached that leader?
+///
+/// A new leader resets every lease to its full TTL plus an election timeout, counted from
+/// its election (`extension`); from then on only a renewal raises it again. `since` is
+/// counted from when the lab *saw* the new leader, which is after the election, so the
+/// reset alone leaves at most `extension - since`: anything above that is a renewal. etcd
+/// reports the TTL in whole seconds rounded down, which only makes the test stricter.
+pub fn renewed_after_election(left: Duration, since: Duration, extension: Duration) -> bool {
+    left + since > extension
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +209,28 @@ mod tests {
             b_read_ms: 2_600,
             b_key_seen: true,
         }
+    }
+
+    #[test]
+    fn only_a_lease_above_the_new_leaders_reset_proves_a_renewal() {
+        let extension = Duration::from_millis(6_500);
+        // Right after the election the reset alone leaves nearly all of it: no proof.
+        assert!(!renewed_after_election(
+            Duration::from_secs(6),
+            Duration::from_millis(200),
+            extension
+        ));
+        // 3s later the reset would leave at most 3.5s: 5s left means a renewal since.
+        assert!(renewed_after_election(
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+            extension
+        ));
+        assert!(!renewed_after_election(
+            Duration::from_secs(3),
+            Duration::from_secs(3),
+            extension
+        ));
     }
 
     #[test]

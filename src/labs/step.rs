@@ -241,7 +241,8 @@ pub mod failover {
         name: "before the Redis failover",
         question: "Nobody will pause. A takes five locks on the primary, the primary dies \
                    before its replica has them, and Sentinel promotes the replica. Will B \
-                   get the same locks? What will an INCR token do? Which store rule catches it?",
+                   get the same locks? What will an INCR token do, and can any rule at the store tell A's \
+                   token from B's when both got the same one?",
     };
     pub const ETCD: Checkpoint = Checkpoint {
         name: "before the etcd leader is killed",

@@ -22,7 +22,8 @@ use crate::store::{FenceRule, Store};
 pub struct SentinelClient {
     /// Lane name (`A:unfenced`…), also its name in the store.
     pub name: String,
-    /// Sentinel addresses (`redis://host:port`), asked in order.
+    /// Sentinel addresses (`redis://default:PASSWORD@host:port`), asked in order; the
+    /// primary they name is reached with the same password.
     pub sentinels: Vec<String>,
     /// The name the Sentinels know the primary by.
     pub master: String,
@@ -63,11 +64,14 @@ pub struct StoreWrite {
 
 /// The store's fencing rule for a write (see [`FenceRule`]).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "snake_case")]
 pub enum Rule {
-    /// ❌ Accept any token not lower than the highest accepted.
+    /// The store's own rule, `>=`: accept any token not lower than the highest accepted. It
+    /// keeps out a lower token; a token drawn twice gets past it.
     NotLower,
-    /// ✅ Accept a higher token, or the same token from the writer that holds it.
+    /// ❌ A lesson only: accept a higher token, or the same token from the writer that
+    /// holds it. With two holders of one reissued token it refuses whichever writes second,
+    /// stale or not: no rule at the store can tell them apart.
     HigherOrSameHolder,
 }
 
@@ -83,8 +87,7 @@ impl Rule {
 /// Asks each Sentinel in turn for the primary's address, as Sentinel clients do.
 pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<String> {
     for url in sentinels {
-        let port = url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
-        if let Some(addr) = port.and_then(|port| cluster::master_addr_from(port, master)) {
+        if let Some(addr) = cluster::master_addr_from(url, master) {
             return Ok(addr);
         }
     }
@@ -97,7 +100,15 @@ pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<Stri
 pub fn run(script: &SentinelClient) -> Result<()> {
     let me = Emitter::new(&script.name);
     let primary = primary_from_sentinels(&script.sentinels, &script.master)?;
-    let primary_url = format!("redis://{primary}");
+    // The Sentinels' user and password, at the primary's address.
+    let primary_url = match script
+        .sentinels
+        .first()
+        .and_then(|url| url.rsplit_once('@'))
+    {
+        Some((user, _)) => format!("{user}@{primary}"),
+        None => format!("redis://{primary}"),
+    };
     let mut lock = RedisLock::new(
         connect::redis(&primary_url)?,
         &script.key,
@@ -256,6 +267,21 @@ fn take(
                 .get(0);
             held.token = Some(token);
             Ok(Some(held))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_is_spelled_in_json_as_lab_1_spells_it() {
+        for rule in [Rule::NotLower, Rule::HigherOrSameHolder] {
+            assert_eq!(
+                serde_json::to_value(rule).unwrap(),
+                serde_json::Value::from(rule.fence_rule().as_str())
+            );
         }
     }
 }

@@ -59,7 +59,7 @@ impl Play<'_> {
         let holder = |name: &str, member: usize, before, wait_ms| HolderScript {
             name: name.into(),
             lock: LockSpec::Etcd {
-                url: etcd.members[member].client_url.clone(),
+                url: etcd.members[member].url(),
                 name: lock_name.clone(),
                 lease_ttl_ms: ETCD_LEASE.as_millis() as u64,
             },
@@ -92,13 +92,13 @@ impl Play<'_> {
         })?;
         // B's lock call has put its key in the queue behind A's: only now is B waiting.
         let queued_by = Instant::now() + Duration::from_secs(10);
-        while queued_keys(&etcd.members[near].client_url, &lock_name)? < 2 {
+        while queued_keys(&etcd.members[near].url(), &lock_name)? < 2 {
             if Instant::now() > queued_by {
                 bail!("B:etcd's key did not appear in the lock's queue within 10s");
             }
             stage.next(Duration::from_millis(10));
         }
-        let b_queued_at = queue_of(&etcd.members[near].client_url, &lock_name)?
+        let b_queued_at = queue_of(&etcd.members[near].url(), &lock_name)?
             .get(1)
             .map(|(_, revision)| *revision)
             .context("B:etcd's key is not in the queue")?;
@@ -167,37 +167,64 @@ impl Play<'_> {
         // While there is no leader, no lease expires: only the leader expires leases, and a
         // member that stops being leader pushes every lease's expiry out to "never". The new
         // leader then gives every lease its full TTL again, plus an election timeout, counted
-        // from its election. So a lease that merely survived the election proves nothing:
-        // A's key is looked at only once that extension has run out (the new leader was
-        // elected before we saw it, so its extension ends before this), and it can then be
-        // there only if A's keepalives reached the new leader.
+        // from its election. So a lease that merely survived the election proves nothing,
+        // and neither does a key seen soon after that extension: the leader looks for
+        // expired leases only every 500ms, and revokes them through Raft. What proves that
+        // A's keepalives reach the new leader is A's lease itself, as the new leader counts
+        // it: more time left than its reset alone can have left.
+        let seen_elected = killed_at + election;
         let extension = ETCD_LEASE + Duration::from_millis(cluster::ETCD_ELECTION_MS);
-        let look_at = killed_at + election + extension + Duration::from_millis(500);
-        stage.run_until(look_at, |_| Ok(()))?;
-        let mut watch = EtcdLock::connect(&etcd.members[near].client_url, &lock_name)?;
+        let url = etcd.members[near].url();
+        let a_lease = lease_of(&url, &a_key)?;
+        let mut renewed = None;
+        let mut last_left = None;
+        while seen_elected.elapsed() < extension + Duration::from_secs(2) {
+            let asked_at = Instant::now();
+            let left = lease_left(&url, a_lease)?;
+            last_left = left;
+            if let Some(left) = left
+                && checks::renewed_after_election(left, asked_at - seen_elected, extension)
+            {
+                renewed = Some((asked_at - seen_elected, left));
+                break;
+            }
+            stage.next(Duration::from_millis(250));
+        }
+        let mut watch = EtcdLock::connect(&url, &lock_name)?;
         let holder_now = watch.holder_of(&lock_name)?.map(|(key, _)| key);
         let a_survived = holder_now.as_deref() == Some(a_key.as_str());
-        stage.record(
-            Event::new(
-                "etcd",
-                Kind::HolderNow,
-                if a_survived {
-                    format!(
-                        "A's key still holds the lock, {} after the election: past the {} \
-                         (TTL + election timeout) the new leader gave every lease, so A's \
-                         keepalives reached it; B still waits",
-                        human(look_at - (killed_at + election)),
-                        human(extension)
-                    )
-                } else {
-                    format!("the lock's holder is now {holder_now:?}")
-                },
-            )
-            .with("a_key_held", a_survived)
-            .with(
-                "after_election_ms",
-                (look_at - (killed_at + election)).as_millis() as u64,
+        let text = match (renewed, a_survived) {
+            (Some((since, left)), true) => format!(
+                "A's lease has {}s left, read {} after the election; the new leader's reset \
+                 (TTL + election timeout, {} from its election) can have left at most {}, so \
+                 A's keepalive reached the new leader; A's key still holds the lock, B still \
+                 waits",
+                left.as_secs(),
+                human(since),
+                human(extension),
+                human(extension.saturating_sub(since))
             ),
+            (None, _) => format!(
+                "A's lease was never above what the new leader's reset alone leaves (last \
+                 read: {}); the lock's holder is now {holder_now:?}",
+                last_left.map_or("gone".to_string(), |l| format!("{}s left", l.as_secs()))
+            ),
+            (Some(_), false) => {
+                format!("A's lease was renewed, yet the lock's holder is now {holder_now:?}")
+            }
+        };
+        stage.record(
+            Event::new("etcd", Kind::HolderNow, text)
+                .with("a_key_held", a_survived)
+                .with("a_lease_renewed", renewed.is_some())
+                .with(
+                    "after_election_ms",
+                    renewed.map_or(0, |(since, _)| since.as_millis() as u64),
+                )
+                .with(
+                    "a_lease_left_s",
+                    renewed.map_or(-1, |(_, left)| left.as_secs() as i64),
+                ),
         );
         a.tell("finish")?;
         for (worker, what) in [("A:etcd", Kind::Released), ("B:etcd", Kind::Released)] {
@@ -245,7 +272,7 @@ impl Play<'_> {
             "etcd-leader-killed",
             "etcd",
             check::two_holders_queued(a_kept, b_got),
-            Some(Rule::HigherOrSameHolder),
+            Some(Rule::NotLower),
             read,
             "A:etcd",
             "B:etcd",
@@ -253,13 +280,15 @@ impl Play<'_> {
         leader_killed.election_ms = Some(election.as_millis() as u64);
         store_line(stage, &leader_killed);
 
-        // Now the majority: two of three members dead, whoever is leader.
+        // Now the majority: two of three members dead, whoever is leader. C logs in first,
+        // while a majority can still carry its log-in (etcd's auth goes through Raft).
+        let c = client_c(&etcd.members[far].url())?;
         let words = format!(
             "SIGKILLs {} too: one member of three is left",
             etcd.members[near].name
         );
         nemesis.kill(stage, &mut etcd.members[near], words)?;
-        let Some(refusal) = try_to_lock_without_majority(&etcd.members[far].client_url)? else {
+        let Some(refusal) = try_to_lock_without_majority(c)? else {
             bail!("etcd granted a lease with one member of three: that cannot be");
         };
         stage.record(
@@ -300,6 +329,32 @@ fn queue_of(url: &str, lock: &str) -> Result<Vec<(String, i64)>> {
     })
 }
 
+/// The lease an etcd key is attached to.
+fn lease_of(url: &str, key: &str) -> Result<i64> {
+    connect::etcd_runtime()?.block_on(async {
+        let mut client = connect::etcd(url).await?;
+        let found = client.get(key, None).await?;
+        found
+            .kvs()
+            .first()
+            .map(|kv| kv.lease())
+            .with_context(|| format!("the key {key} is gone"))
+    })
+}
+
+/// A lease's remaining TTL as the leader counts it (whole seconds, rounded down), or None
+/// once it has expired.
+fn lease_left(url: &str, lease: i64) -> Result<Option<Duration>> {
+    connect::etcd_runtime()?.block_on(async {
+        let mut client = connect::etcd(url).await?;
+        match client.lease_time_to_live(lease, None).await {
+            Ok(found) => Ok(u64::try_from(found.ttl()).ok().map(Duration::from_secs)),
+            Err(err) if err.to_string().contains("lease not found") => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    })
+}
+
 /// How many keys wait under an etcd lock's prefix (the holder's and the waiters').
 fn queued_keys(url: &str, lock: &str) -> Result<i64> {
     connect::etcd_runtime()?.block_on(async {
@@ -312,15 +367,20 @@ fn queued_keys(url: &str, lock: &str) -> Result<i64> {
     })
 }
 
+/// Client C, logged in (the URL's user), its requests bounded at 3s; with the runtime it
+/// lives on.
+fn client_c(url: &str) -> Result<(tokio::runtime::Runtime, etcd_client::Client)> {
+    let runtime = connect::etcd_runtime()?;
+    let client = runtime.block_on(connect::etcd_within(url, Duration::from_secs(3)))?;
+    Ok((runtime, client))
+}
+
 /// Client C's attempt on a member that lost its majority: a lease grant, bounded at 3s.
 /// Returns what etcd (or the client's timeout) answered, or None if it was granted.
-fn try_to_lock_without_majority(url: &str) -> Result<Option<String>> {
-    let runtime = connect::etcd_runtime()?;
+fn try_to_lock_without_majority(
+    (runtime, mut client): (tokio::runtime::Runtime, etcd_client::Client),
+) -> Result<Option<String>> {
     runtime.block_on(async {
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(1))
-            .with_timeout(Duration::from_secs(3));
-        let mut client = etcd_client::Client::connect([url], Some(options)).await?;
         Ok(match client.lease_grant(5, None).await {
             Ok(_) => None,
             Err(err) if err.to_string().contains("Timeout expired") => {

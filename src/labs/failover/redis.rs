@@ -67,7 +67,7 @@ impl Play<'_> {
         // The replica falls behind: frozen, and its link closed from the primary's side.
         // (Frozen alone is not enough: its kernel would still take the stream into the
         // socket buffer, and the replica would read A's key from there once thawed.)
-        let mut on_primary = cluster::ask(primary).context("asking the primary")?;
+        let mut on_primary = cluster::ask(&redis.primary.url()).context("asking the primary")?;
         let mut freeze = Held::default();
         nemesis.pause(&mut freeze, &redis.replica, Note::default())?;
         let cut: Result<i64> = redis::cmd("CLIENT")
@@ -152,7 +152,7 @@ impl Play<'_> {
             }
             a_leases.push((stage.elapsed(), Duration::from_millis(pttl.max(0) as u64)));
         }
-        let replicas = cluster::replication_info(primary)
+        let replicas = cluster::replication_info(&redis.primary.url())
             .and_then(|info| info_field(&info, "connected_slaves"))
             .unwrap_or_default();
         stage.record(
@@ -183,7 +183,8 @@ impl Play<'_> {
         )?;
 
         let failover = self.watch_failover(stage, redis, killed_at)?;
-        let mut on_new_primary = cluster::ask(replica).context("asking the new primary")?;
+        let mut on_new_primary =
+            cluster::ask(&redis.replica.url()).context("asking the new primary")?;
         let mut forgot = Vec::new();
         for pair in &pairs {
             let exists: i64 = redis::cmd("EXISTS")
@@ -373,13 +374,13 @@ impl Play<'_> {
         killed_at: Instant,
     ) -> Result<Option<Duration>> {
         let replica = redis.replica.clone();
-        let sentinel = redis.sentinels[0].port;
+        let sentinel = redis.sentinels[0].url();
         let deadline = killed_at + Duration::from_secs(20);
         let mut sentinel_switched = false;
         let mut promoted = None;
         while Instant::now() < deadline {
             if !sentinel_switched
-                && cluster::master_addr_from(sentinel, MASTER_NAME).as_deref()
+                && cluster::master_addr_from(&sentinel, MASTER_NAME).as_deref()
                     == Some(replica.addr().as_str())
             {
                 sentinel_switched = true;
@@ -393,7 +394,7 @@ impl Play<'_> {
                     ),
                 ));
             }
-            if promoted.is_none() && cluster::role_of(replica.port).as_deref() == Some("master") {
+            if promoted.is_none() && cluster::role_of(&replica.url()).as_deref() == Some("master") {
                 let took = killed_at.elapsed();
                 stage.record(
                     Event::new(

@@ -41,7 +41,7 @@ pub struct Scenario {
     pub failover_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub election_ms: Option<u64>,
-    /// The fencing rule the store applied (`not-lower`, `higher-or-same-holder`), if any.
+    /// The fencing rule the store applied (`not_lower`, `higher_or_same_holder`), if any.
     pub store_rule: Option<Rule>,
     pub a_token: Option<i64>,
     pub b_token: Option<i64>,
