@@ -245,7 +245,8 @@ pub struct ResetArgs {
 
 /// `lockslab reset`: deletes one name's lock key and fencing counter in Redis and its row
 /// and attempts in the store, so that the next exercise starts from token 1 and an empty
-/// store. Nothing of any other name is touched.
+/// store. Nothing of any other name is touched; what labs killed with SIGKILL left on these
+/// servers is swept too (see `labs::leftovers`).
 pub fn reset(args: &ResetArgs) -> Result<()> {
     check_lock(&args.lock)?;
 
@@ -282,5 +283,12 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
     crate::outln!(
         "reset '{lock_name}': {deleted} Redis key(s), {rows} store row(s), {attempts} attempt(s) removed"
     );
+    let swept = crate::labs::leftovers::sweep_dead_runs(
+        servers.url(Backend::Redis),
+        servers.url(Backend::Postgres),
+    );
+    if swept > 0 {
+        crate::outln!("swept what {swept} killed lab run(s) left on these servers");
+    }
     Ok(())
 }
