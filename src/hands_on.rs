@@ -64,10 +64,15 @@ fn parse_name(text: &str) -> Result<String, String> {
 /// A lock's name is printed on every line the worker says: a control character in it (an
 /// escape sequence that recolours the terminal, moves the cursor, retitles the window) would
 /// reach the terminal raw. Checked here rather than by clap, whose error would echo it raw.
+/// Format characters (Unicode category Cf) are refused too: a bidi override (U+202E) turns
+/// the rest of the line around, a zero-width space (U+200B) makes two names look the same.
 fn check_lock(lock: &str) -> Result<()> {
-    if lock.is_empty() || lock.chars().count() > 100 || lock.chars().any(char::is_control) {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    let unprintable = |c: char| c.is_control() || c.general_category() == GeneralCategory::Format;
+    if lock.is_empty() || lock.chars().count() > 100 || lock.chars().any(unprintable) {
         crate::bail_usage!(
-            "--lock \"{}\": use 1 to 100 characters, none of them a control character",
+            "--lock \"{}\": use 1 to 100 characters, none of them a control or format \
+             character",
             lock.escape_debug()
         );
     }

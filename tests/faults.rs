@@ -299,6 +299,29 @@ fn a_lock_name_with_control_characters_is_refused_and_never_echoed_raw() {
 }
 
 #[test]
+fn a_lock_name_with_format_characters_is_refused_and_never_echoed_raw() {
+    // A bidi override turns the rest of the line around; a zero-width space hides itself.
+    for (name, escaped) in [
+        ("ab\u{202e}cd", "ab\\u{202e}cd"),
+        ("demo\u{200b}", "demo\\u{200b}"),
+    ] {
+        for command in ["worker", "reset"] {
+            let output = common::lockslab(&[command, "--lock", name])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+            assert!(output.stdout.is_empty(), "{command}: {output:?}");
+            assert!(
+                !stderr.contains(name),
+                "{command} printed it raw: {stderr:?}"
+            );
+            assert!(stderr.contains(escaped), "{command}: {stderr}");
+        }
+    }
+}
+
+#[test]
 fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
     let servers = common::servers();
     // A lab killed mid-run (A frozen, B waiting): no cleanup code of its own runs.
