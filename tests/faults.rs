@@ -293,8 +293,9 @@ fn a_lock_name_with_control_or_format_characters_is_refused_and_never_echoed_raw
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
             assert!(output.stdout.is_empty(), "{command}: {output:?}");
+            let raw = |c: char| (c.is_control() && c != '\n') || "\u{202e}\u{200b}".contains(c);
             assert!(
-                !stderr.contains(name),
+                !stderr.contains(raw),
                 "{command} printed it raw: {stderr:?}"
             );
             assert!(stderr.contains(escaped), "{command}: {stderr}");
