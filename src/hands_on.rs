@@ -64,10 +64,15 @@ fn parse_name(text: &str) -> Result<String, String> {
 /// A lock's name is printed on every line the worker says: a control character in it (an
 /// escape sequence that recolours the terminal, moves the cursor, retitles the window) would
 /// reach the terminal raw. Checked here rather than by clap, whose error would echo it raw.
+/// Format characters (Unicode category Cf) are refused too: a bidi override (U+202E) turns
+/// the rest of the line around, a zero-width space (U+200B) makes two names look the same.
 fn check_lock(lock: &str) -> Result<()> {
-    if lock.is_empty() || lock.chars().count() > 100 || lock.chars().any(char::is_control) {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    let unprintable = |c: char| c.is_control() || c.general_category() == GeneralCategory::Format;
+    if lock.is_empty() || lock.chars().count() > 100 || lock.chars().any(unprintable) {
         crate::bail_usage!(
-            "--lock \"{}\": use 1 to 100 characters, none of them a control character",
+            "--lock \"{}\": use 1 to 100 characters, none of them a control or format \
+             character",
             lock.escape_debug()
         );
     }
@@ -254,7 +259,8 @@ pub struct ResetArgs {
 
 /// `lockslab reset`: deletes one name's lock key and fencing counter in Redis and its row
 /// and attempts in the store, so that the next exercise starts from token 1 and an empty
-/// store. Nothing of any other name is touched.
+/// store. Nothing of any other name is touched; what labs killed with SIGKILL left on these
+/// servers is swept too (see `labs::leftovers`).
 pub fn reset(args: &ResetArgs) -> Result<()> {
     check_lock(&args.lock)?;
 
@@ -291,5 +297,12 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
     crate::outln!(
         "reset '{lock_name}': {deleted} Redis key(s), {rows} store row(s), {attempts} attempt(s) removed"
     );
+    let swept = crate::labs::leftovers::sweep_dead_runs(
+        servers.url(Backend::Redis),
+        servers.url(Backend::Postgres),
+    );
+    if swept > 0 {
+        crate::outln!("swept what {swept} killed lab run(s) left on these servers");
+    }
     Ok(())
 }

@@ -278,23 +278,28 @@ fn a_redis_that_loses_nothing_gives_its_verdict() {
 }
 
 #[test]
-fn a_lock_name_with_control_characters_is_refused_and_never_echoed_raw() {
-    let name = "x\u{1b}]0;pwned\u{7}";
-    for command in ["worker", "reset"] {
-        let output = common::lockslab(&[command, "--lock", name])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
-        assert!(output.stdout.is_empty(), "{command}: {output:?}");
-        assert!(
-            !output.stderr.iter().any(|&b| b == 0x1b || b == 0x07),
-            "{command} printed them raw: {stderr:?}"
-        );
-        assert!(
-            stderr.contains("\\u{1b}]0;pwned\\u{7}"),
-            "{command}: {stderr}"
-        );
+fn a_lock_name_with_control_or_format_characters_is_refused_and_never_echoed_raw() {
+    // An escape sequence retitles the terminal; a bidi override turns the rest of the line
+    // around; a zero-width space hides itself.
+    for (name, escaped) in [
+        ("x\u{1b}]0;pwned\u{7}", "x\\u{1b}]0;pwned\\u{7}"),
+        ("ab\u{202e}cd", "ab\\u{202e}cd"),
+        ("demo\u{200b}", "demo\\u{200b}"),
+    ] {
+        for command in ["worker", "reset"] {
+            let output = common::lockslab(&[command, "--lock", name])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+            assert!(output.stdout.is_empty(), "{command}: {output:?}");
+            let raw = |c: char| (c.is_control() && c != '\n') || "\u{202e}\u{200b}".contains(c);
+            assert!(
+                !stderr.contains(raw),
+                "{command} printed it raw: {stderr:?}"
+            );
+            assert!(stderr.contains(escaped), "{command}: {stderr}");
+        }
     }
 }
 
@@ -359,4 +364,160 @@ fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
     assert_ne!(verdict["run_id"].as_str(), Some(run_id.as_str()));
     assert_eq!(keys(&mut redis), Vec::<String>::new());
     assert_eq!(rows(&mut db), 0);
+}
+
+/// Servers of one test's own, so that no other test's run sweeps what it expects to find.
+struct OwnServers {
+    redis: String,
+    postgres: String,
+    keeper: Option<(std::process::Child, std::process::ChildStdin)>,
+}
+
+impl OwnServers {
+    fn start() -> OwnServers {
+        let (keeper, stdin, urls) = common::start_serve();
+        let url = |name: &str| urls[name].as_str().unwrap().to_string();
+        OwnServers {
+            redis: url("redis"),
+            postgres: url("postgres"),
+            keeper: Some((keeper, stdin)),
+        }
+    }
+
+    fn lockslab(&self, args: &[&str]) -> std::process::Command {
+        let mut command = common::lockslab(args);
+        command
+            .env("LOCKSLAB_REDIS_URL", &self.redis)
+            .env("LOCKSLAB_POSTGRES_URL", &self.postgres);
+        command
+    }
+
+    /// What a run left here, by its run id: Redis keys, Postgres tables, sequences and
+    /// schemas, and its entry in either registry of live runs.
+    fn left_by(&self, run_id: &str) -> Vec<String> {
+        let mut redis = lockslab::connect::redis(&self.redis).unwrap();
+        let mut left: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("lockslab:{run_id}:*"))
+            .query(&mut *redis)
+            .unwrap();
+        let registered: bool = redis::cmd("SISMEMBER")
+            .arg("lockslab:live-runs")
+            .arg(run_id)
+            .query(&mut *redis)
+            .unwrap();
+        if registered {
+            left.push("in the Redis set lockslab:live-runs".into());
+        }
+        let mut db = postgres::Client::connect(&self.postgres, postgres::NoTls).unwrap();
+        for row in db
+            .query(
+                "SELECT relname::text FROM pg_class WHERE relname LIKE $1
+                 UNION ALL SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1
+                 UNION ALL SELECT 'row in lockslab_live_run' FROM lockslab_live_run
+                     WHERE run_id = $2",
+                &[&format!("%{run_id}%"), &run_id],
+            )
+            .unwrap()
+        {
+            left.push(row.get(0));
+        }
+        left
+    }
+
+    fn registered_in_postgres(&self, run_id: &str) -> bool {
+        let mut db = postgres::Client::connect(&self.postgres, postgres::NoTls).unwrap();
+        db.query_one(
+            "SELECT count(*) FROM lockslab_live_run WHERE run_id = $1",
+            &[&run_id],
+        )
+        .is_ok_and(|row| row.get::<_, i64>(0) == 1)
+    }
+
+    /// Starts `args` (a lab, in human mode: its heading names the run), waits until
+    /// `mid_run` holds for its run id, then kills the lab with SIGKILL. Returns the run id,
+    /// after checking that the run left something here.
+    fn kill_mid_run(&self, args: &[&str], mid_run: impl Fn(&str) -> bool) -> String {
+        let mut child = self
+            .lockslab(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let heading = lines.next().unwrap().unwrap();
+        let run_id = heading
+            .split_once(" run ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no run id in {heading:?}"))
+            .to_string();
+        let drain = std::thread::spawn(move || lines.for_each(drop));
+        let reached = common::eventually(Duration::from_secs(60), || mid_run(&run_id));
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
+        drain.join().unwrap();
+        assert!(reached, "{args:?} never got mid-run");
+        assert!(
+            !self.left_by(&run_id).is_empty(),
+            "run {run_id} left nothing"
+        );
+        run_id
+    }
+}
+
+impl Drop for OwnServers {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin)) = self.keeper.take() {
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn what_killed_labs_left_on_postgres_and_redis_is_swept_by_the_next_run_or_reset() {
+    let own = OwnServers::start();
+    // Lab 3 writes tables of its own, lab 7 a schema (and Redis keys, with a Redis lock):
+    // the next lab on the same Postgres sweeps the dead run before it.
+    let skip_locked = own.kill_mid_run(&["skip-locked"], |run_id| {
+        own.registered_in_postgres(run_id)
+            && own.left_by(run_id).iter().any(|t| t.ends_with("_jobs"))
+    });
+    let no_lock = own.kill_mid_run(&["no-lock", "redis-lock"], |run_id| {
+        own.registered_in_postgres(run_id)
+            && own.left_by(run_id).contains(&format!("lockslab_{run_id}"))
+    });
+    assert_eq!(
+        own.left_by(&skip_locked),
+        Vec::<String>::new(),
+        "lab 3's run"
+    );
+    // Lab 2 writes to Redis only: killed once a stuck key (no TTL) is there. It knows no
+    // Postgres, so lab 7's run is still there after it: `reset` sweeps both.
+    let naive = own.kill_mid_run(&["naive"], |run_id| {
+        let mut redis = lockslab::connect::redis(&own.redis).unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("lockslab:{run_id}:*"))
+            .query(&mut *redis)
+            .unwrap();
+        keys.iter().any(|key| {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query::<i64>(&mut *redis)
+                .is_ok_and(|pttl| pttl == -1)
+        })
+    });
+    assert!(!own.left_by(&no_lock).is_empty(), "lab 7's run {no_lock}");
+    let output = own
+        .lockslab(&["reset", "--lock", "sweep-test"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{output:?}");
+    assert!(
+        stdout.contains("swept what 2 killed lab run(s)"),
+        "{stdout}"
+    );
+    for run_id in [no_lock, naive] {
+        assert_eq!(own.left_by(&run_id), Vec::<String>::new(), "run {run_id}");
+    }
 }

@@ -313,8 +313,6 @@ fn render_writes_the_file_the_library_draws() {
 fn render_refuses_what_it_cannot_draw_with_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
     let input = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gc-pause.jsonl");
-    let not_json = dir.path().join("notes.txt");
-    std::fs::write(&not_json, "hello\n").unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![
@@ -331,14 +329,6 @@ fn render_refuses_what_it_cannot_draw_with_a_usage_error() {
                 dir.path().join("x.svg").display().to_string(),
             ],
             "cannot read",
-        ),
-        (
-            vec![
-                not_json.display().to_string(),
-                "-o".into(),
-                dir.path().join("x.svg").display().to_string(),
-            ],
-            "line 1 is not JSON",
         ),
         (
             vec![input.into(), "-o".into(), "/no/such/dir/x.svg".into()],
@@ -525,8 +515,25 @@ fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
             .unwrap()
             .success()
     );
+    // Times no lab stamps: a float far past any run, and one before the run began.
+    let float = write(
+        "float.jsonl",
+        &(event_line(0, "A", "acquired", "")
+            + "\n"
+            + r#"{"t_ms":1e300,"worker":"A","kind":"released","text":"x"}"#
+            + "\n"),
+    );
+    let negative = write(
+        "negative.jsonl",
+        &(r#"{"t_ms":-5,"worker":"A","kind":"acquired","text":"x"}"#.to_string() + "\n"),
+    );
+    // A line that is no event at all: the file is wrong, not the command line.
+    let not_json = write("notes.txt", "hello\n");
     let cases: Vec<(std::path::PathBuf, &str)> = vec![
         (absurd, "t_ms 18446744073709551000"),
+        (float, "event 2 is stamped t_ms 1e+300"),
+        (negative, "event 1 is stamped t_ms -5"),
+        (not_json, "line 1 is not JSON"),
         (
             many_lanes,
             "lanes (workers and backends): a picture draws at most 64",
@@ -549,6 +556,7 @@ fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
         );
         assert!(stderr.contains(says), "{}: {stderr}", input.display());
         assert!(!out.exists(), "{}: no picture is written", input.display());
+        assert!(!stderr.contains("--help"), "{}: {stderr}", input.display());
     }
 }
 
@@ -647,14 +655,15 @@ fn a_write_that_fails_midway_leaves_the_old_picture_whole() {
     let input = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gc-pause.jsonl");
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"));
     command.args(["render", input, "-o"]).arg(&out);
-    // A disk that fills during the write: files may grow to 4 KB, then writes fail (EFBIG).
+    // A disk that fills during the write: files may grow to 20 KB (past the 16 KB the check
+    // before writes, short of the 25 KB picture), then writes fail (EFBIG).
     unsafe {
         command.pre_exec(|| {
             use nix::libc;
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
             let limit = libc::rlimit {
-                rlim_cur: 4096,
-                rlim_max: 4096,
+                rlim_cur: 20_000,
+                rlim_max: 20_000,
             };
             if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -672,4 +681,58 @@ fn a_write_that_fails_midway_leaves_the_old_picture_whole() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+}
+
+/// A tmpfs of 256 KiB, filled up: a full disk, unmounted when dropped.
+struct FullDisk(tempfile::TempDir);
+
+impl FullDisk {
+    /// None when this user may not mount (the test needs root).
+    fn mount() -> Option<FullDisk> {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "root could not mount a tmpfs");
+        let disk = FullDisk(dir);
+        let mut filler = std::fs::File::create(disk.0.path().join("filler")).unwrap();
+        let full = (0..64).any(|_| std::io::Write::write_all(&mut filler, &[1u8; 16384]).is_err());
+        assert!(full, "the tmpfs never filled up");
+        Some(disk)
+    }
+}
+
+impl Drop for FullDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_lab_refuses_a_picture_on_a_full_disk_before_it_plays() {
+    let Some(disk) = FullDisk::mount() else {
+        return; // not root: no tmpfs of its own to fill
+    };
+    for name in ["run.html", "run.svg"] {
+        let target = disk.0.path().join(name).display().to_string();
+        let flag = if name.ends_with(".svg") {
+            "--svg"
+        } else {
+            "--html"
+        };
+        let output = common::lockslab(&["gc-pause", flag, &target])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("cannot write 16 KB in"), "{stderr}");
+        assert!(output.stdout.is_empty(), "the lab did not play: {output:?}");
+    }
 }

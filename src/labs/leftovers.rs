@@ -7,7 +7,9 @@
 //! during the run is skipped rather than waited for again.
 
 use crate::connect;
+use crate::invoices;
 use crate::procs::{self, InterruptCleanup};
+use crate::queue::{Mode, Queue};
 use crate::store::Store;
 
 /// The places a run writes to, named by its run id.
@@ -55,13 +57,10 @@ impl Leftovers {
     }
 
     /// Removes them on an interrupt from now on, and when the returned guard is dropped.
-    /// With the store named, first sweeps what dead runs left on these servers, and enters
-    /// this run among the live ones (see [`Registry`]).
+    /// First sweeps what dead runs left on these servers, and enters this run among the
+    /// live ones (see [`Registry`]).
     pub fn removed_at_the_end(self) -> Removal {
-        let registry = self
-            .store
-            .as_deref()
-            .and_then(|url| Registry::enter(url, &self));
+        let registry = Registry::enter(&self);
         let on_interrupt = procs::on_interrupt({
             let leftovers = self.clone();
             move || {
@@ -72,6 +71,31 @@ impl Leftovers {
             leftovers: Some(self),
             registry,
             _on_interrupt: on_interrupt,
+        }
+    }
+
+    /// The Postgres the run writes to: its store's, or the one its statements run on.
+    fn postgres(&self) -> Option<&str> {
+        self.store
+            .as_deref()
+            .or_else(|| self.sql.first().map(|(url, _)| url.as_str()))
+    }
+
+    /// What the dead run `run_id` may have left on the servers `self` names, rebuilt from
+    /// its id alone. `postgres` is where it was registered: its tables, sequences and store
+    /// rows are there (the rows only where the store's tables exist).
+    fn of_dead_run(&self, run_id: &str, postgres: Option<(&str, bool)>) -> Leftovers {
+        Leftovers {
+            run_id: run_id.to_string(),
+            store: postgres
+                .filter(|&(_, has_store)| has_store)
+                .map(|(url, _)| url.to_string()),
+            redis: self.redis.clone(),
+            etcd: self.etcd.clone(),
+            sql: postgres
+                .map(|(url, _)| (url.to_string(), what_a_run_creates_in_postgres(run_id)))
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -174,109 +198,257 @@ impl Drop for Removal {
     }
 }
 
-/// The live runs on one shared store, so that a run killed with SIGKILL — whose cleanup
-/// never ran — is swept by the next run on the same servers.
+/// The live runs on shared servers, so that a run killed with SIGKILL — whose cleanup never
+/// ran — is swept by the next run on the same servers, or by `lockslab reset`.
 ///
-/// A live run holds a Postgres session advisory lock named by its run id on a connection it
-/// keeps open; Postgres releases it when that connection ends, which it does when the
-/// process dies however it dies. A run in the table whose lock can be taken is dead: its
-/// Redis keys, etcd keys and store rows — all named by its run id — are removed from the
-/// servers this run uses. Only names are read from the table, never statements or URLs: a
-/// row another user wrote can make a run sweep nothing but a dead run's own names.
+/// A run that writes to Postgres registers there: it holds a session advisory lock named by
+/// its run id on a connection it keeps open, and has a row in `lockslab_live_run`. Postgres
+/// releases the lock when that connection ends, which it does when the process dies however
+/// it dies; a run in the table whose lock can be taken is dead. A run that writes to Redis
+/// only (lab 2) registers in that Redis the same way: it names a connection it keeps open
+/// (`CLIENT SETNAME lockslab-run-<id>`) and adds its id to the set `lockslab:live-runs`; a
+/// run in the set with no connection of that name in `CLIENT LIST` is dead. (A Redis whose
+/// `timeout` closes idle connections would make a live run look dead: keep it at 0, the
+/// default, on a shared server.)
+///
+/// A dead run's Redis keys, etcd keys, store rows, tables, schema and sequences are all
+/// named by its run id, and removed by those names: only run ids are read from the registry,
+/// never statements or URLs, so a row or member another user wrote can make a run sweep
+/// nothing but a dead run's own names.
 pub struct Registry {
-    client: connect::PgClient,
+    postgres: Option<connect::PgClient>,
+    redis: Option<(String, connect::RedisConn)>,
 }
 
 /// The advisory lock a live run holds, from its run id (computed, never read from the table).
 const RUN_LOCK: &str = "hashtextextended('lockslab-run:' || $1::text, 0)";
 
+/// The Redis set of the runs registered in that Redis.
+const LIVE_RUNS: &str = "lockslab:live-runs";
+
+/// The name of the connection a live run keeps open to a Redis it registered in.
+fn connection_name(run_id: &str) -> String {
+    format!("lockslab-run-{run_id}")
+}
+
+/// A run id as lockslab makes them: hex, or a room seat's namespace and hex (`ana_3f2a91c0`).
+/// Anything else is skipped: a `*` would make a key pattern match everyone's, and a quote
+/// would end a name in a statement.
+fn well_formed(run_id: &str) -> bool {
+    let hex = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_ascii_hexdigit());
+    let lower = |part: &str| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    };
+    run_id.len() <= 40
+        && match run_id.split_once('_') {
+            None => hex(run_id) && !run_id.chars().any(|c| c.is_ascii_uppercase()),
+            Some((seat, id)) => {
+                lower(seat) && hex(id) && !id.chars().any(|c| c.is_ascii_uppercase())
+            }
+        }
+}
+
+/// The statements that drop whatever a run may have created in Postgres besides its store
+/// rows, built from its run id: lab 7's schema, lab 3's queue tables, and the fencing token
+/// sequences of labs 1, 5 and 6. Each is `IF EXISTS`: a run makes only some of them.
+fn what_a_run_creates_in_postgres(run_id: &str) -> String {
+    let queue_tables: Vec<String> = Mode::ALL
+        .into_iter()
+        .map(|mode| Queue::new(run_id, mode))
+        .flat_map(|queue| [queue.jobs, queue.processing])
+        .collect();
+    let sequences = [
+        // Lab 1's, one per fenced variation that draws from the store (`--token-restart`).
+        format!("lockslab_gc_pause_{run_id}_sequence"),
+        format!("lockslab_gc_pause_{run_id}_sequence_a_first"),
+        // Lab 5's (`sequence_of` in labs/failover) and lab 6's.
+        format!("lockslab_fence_{run_id}"),
+        crate::labs::redlock::Plan::sequence(run_id),
+    ];
+    format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE; DROP TABLE IF EXISTS {}; DROP SEQUENCE IF EXISTS {}",
+        invoices::schema_of(run_id),
+        queue_tables.join(", "),
+        sequences.join(", ")
+    )
+}
+
 impl Registry {
-    /// Sweeps the dead runs, then enters `leftovers`' run. Best effort: a store that cannot
-    /// keep the table (a restricted role) only loses the sweep.
-    fn enter(store_url: &str, leftovers: &Leftovers) -> Option<Registry> {
-        let mut client = connect::postgres(store_url).ok()?;
-        client
-            .batch_execute(
-                "CREATE TABLE IF NOT EXISTS lockslab_live_run (
-                     run_id text PRIMARY KEY, started timestamptz NOT NULL DEFAULT now())",
-            )
-            .ok()?;
-        let mut registry = Registry { client };
-        registry.sweep(leftovers);
+    /// Sweeps the dead runs, then enters `leftovers`' run: in the Postgres it writes to, or
+    /// else in its first Redis. Best effort: a server that refuses (a restricted role, a
+    /// Redis without `CLIENT`) only loses the sweep.
+    fn enter(leftovers: &Leftovers) -> Option<Registry> {
+        sweep(leftovers);
         let run_id = &leftovers.run_id;
-        registry
-            .client
-            .execute(&format!("SELECT pg_advisory_lock({RUN_LOCK})"), &[run_id])
+        if let Some(url) = leftovers.postgres() {
+            let mut client = connect::postgres(url).ok()?;
+            create_live_run_table(&mut client).ok()?;
+            client
+                .execute(&format!("SELECT pg_advisory_lock({RUN_LOCK})"), &[run_id])
+                .ok()?;
+            client
+                .execute(
+                    "INSERT INTO lockslab_live_run (run_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    &[run_id],
+                )
+                .ok()?;
+            return Some(Registry {
+                postgres: Some(client),
+                redis: None,
+            });
+        }
+        let url = leftovers.redis.first()?;
+        let mut redis = connect::redis(url).ok()?;
+        redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(connection_name(run_id))
+            .query::<()>(&mut *redis)
             .ok()?;
-        registry
-            .client
-            .execute(
-                "INSERT INTO lockslab_live_run (run_id) VALUES ($1) ON CONFLICT DO NOTHING",
-                &[run_id],
-            )
+        redis::cmd("SADD")
+            .arg(LIVE_RUNS)
+            .arg(run_id)
+            .query::<i64>(&mut *redis)
             .ok()?;
-        Some(registry)
+        Some(Registry {
+            postgres: None,
+            redis: Some((url.clone(), redis)),
+        })
     }
 
-    /// Removes what each dead run left on the servers `mine` names.
-    fn sweep(&mut self, mine: &Leftovers) {
-        let Ok(rows) = self
-            .client
-            .query("SELECT run_id FROM lockslab_live_run", &[])
-        else {
-            return;
-        };
-        for row in rows {
-            let run_id: String = row.get(0);
-            if !is_run_id(&run_id) || run_id == mine.run_id {
-                continue;
-            }
-            let dead = self
-                .client
-                .query_one(
-                    &format!("SELECT pg_try_advisory_lock({RUN_LOCK})"),
-                    &[&run_id],
-                )
-                .is_ok_and(|row| row.get::<_, bool>(0));
-            if !dead {
-                continue;
-            }
-            let dead_run = Leftovers {
-                run_id: run_id.clone(),
-                sql: Vec::new(),
-                ..mine.clone()
-            };
-            if dead_run.remove().is_empty() {
-                let _ = self.client.execute(
-                    "DELETE FROM lockslab_live_run WHERE run_id = $1",
-                    &[&run_id],
-                );
-            }
-            let _ = self.client.execute(
-                &format!("SELECT pg_advisory_unlock({RUN_LOCK})"),
+    /// The run is over and its leftovers removed: out of the registry, its lock released.
+    fn leave(self, run_id: &str) {
+        if let Some(mut client) = self.postgres {
+            let _ = client.execute(
+                "DELETE FROM lockslab_live_run WHERE run_id = $1",
                 &[&run_id],
             );
         }
-    }
-
-    /// The run is over and its leftovers removed: out of the table, its lock released.
-    fn leave(mut self, run_id: &str) {
-        let _ = self.client.execute(
-            "DELETE FROM lockslab_live_run WHERE run_id = $1",
-            &[&run_id],
-        );
+        if let Some((_, mut redis)) = self.redis {
+            let _ = redis::cmd("SREM")
+                .arg(LIVE_RUNS)
+                .arg(run_id)
+                .query::<i64>(&mut *redis);
+        }
     }
 }
 
-/// What [`super::new_run_id`] makes: 8 hex digits, after `<namespace>_` in a room seat.
-/// Only names of this shape are swept: anything else in the table (another user may write
-/// to it) could be a key pattern (`*`, `?`, `[`) that matches everyone's keys.
-fn is_run_id(run_id: &str) -> bool {
-    !run_id.is_empty()
-        && run_id.len() <= 40
-        && run_id
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+fn create_live_run_table(client: &mut connect::PgClient) -> anyhow::Result<()> {
+    client.batch_execute(
+        "CREATE TABLE IF NOT EXISTS lockslab_live_run (
+             run_id text PRIMARY KEY, started timestamptz NOT NULL DEFAULT now())",
+    )?;
+    Ok(())
+}
+
+/// Removes what each dead run registered on the servers `mine` names left there. Returns
+/// how many dead runs were swept clean.
+fn sweep(mine: &Leftovers) -> usize {
+    let mut swept = 0;
+    if let Some(url) = mine.postgres() {
+        swept += sweep_postgres(url, mine).unwrap_or(0);
+    }
+    for url in &mine.redis {
+        swept += sweep_redis(url, mine).unwrap_or(0);
+    }
+    swept
+}
+
+/// The dead runs registered in the Postgres at `url`.
+fn sweep_postgres(url: &str, mine: &Leftovers) -> anyhow::Result<usize> {
+    if connect::gave_up_on(url) {
+        return Ok(0);
+    }
+    let mut client = connect::postgres(url)?;
+    create_live_run_table(&mut client)?;
+    let has_store = client
+        .query_one(
+            "SELECT to_regclass('lockslab_resource') IS NOT NULL
+                AND to_regclass('lockslab_attempt') IS NOT NULL
+                AND to_regclass('lockslab_claim') IS NOT NULL",
+            &[],
+        )?
+        .get::<_, bool>(0);
+    let mut swept = 0;
+    for row in client.query("SELECT run_id FROM lockslab_live_run", &[])? {
+        let run_id: String = row.get(0);
+        if !well_formed(&run_id) || run_id == mine.run_id {
+            continue;
+        }
+        let dead = client
+            .query_one(
+                &format!("SELECT pg_try_advisory_lock({RUN_LOCK})"),
+                &[&run_id],
+            )
+            .is_ok_and(|row| row.get::<_, bool>(0));
+        if !dead {
+            continue;
+        }
+        if mine
+            .of_dead_run(&run_id, Some((url, has_store)))
+            .remove()
+            .is_empty()
+        {
+            let _ = client.execute(
+                "DELETE FROM lockslab_live_run WHERE run_id = $1",
+                &[&run_id],
+            );
+            swept += 1;
+        }
+        let _ = client.execute(
+            &format!("SELECT pg_advisory_unlock({RUN_LOCK})"),
+            &[&run_id],
+        );
+    }
+    Ok(swept)
+}
+
+/// The dead runs registered in the Redis at `url`.
+fn sweep_redis(url: &str, mine: &Leftovers) -> anyhow::Result<usize> {
+    if connect::gave_up_on(url) {
+        return Ok(0);
+    }
+    let mut redis = connect::redis(url)?;
+    let registered: Vec<String> = redis::cmd("SMEMBERS").arg(LIVE_RUNS).query(&mut *redis)?;
+    if registered.is_empty() {
+        return Ok(0);
+    }
+    // Read after the members: a run names its connection before it joins the set.
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut *redis)?;
+    let live: std::collections::HashSet<&str> = clients
+        .lines()
+        .flat_map(|line| line.split(' '))
+        .filter_map(|field| field.strip_prefix("name="))
+        .collect();
+    let mut swept = 0;
+    for run_id in registered {
+        if !well_formed(&run_id)
+            || run_id == mine.run_id
+            || live.contains(connection_name(&run_id).as_str())
+        {
+            continue;
+        }
+        let dead_run = Leftovers {
+            redis: vec![url.to_string()],
+            ..mine.of_dead_run(&run_id, None)
+        };
+        if dead_run.remove().is_empty() {
+            let _ = redis::cmd("SREM")
+                .arg(LIVE_RUNS)
+                .arg(&run_id)
+                .query::<i64>(&mut *redis);
+            swept += 1;
+        }
+    }
+    Ok(swept)
+}
+
+/// `lockslab reset`'s sweep: what dead runs registered on these servers left there.
+/// Returns how many dead runs were swept clean.
+pub fn sweep_dead_runs(redis_url: &str, postgres_url: &str) -> usize {
+    sweep(&Leftovers::of_run("").store(postgres_url).redis(redis_url))
 }
 
 /// Deletes every Redis key of a run (`lockslab:<run id>:*`). SCAN, not KEYS: on a server a
@@ -319,22 +491,36 @@ fn forget_etcd_keys(etcd_url: &str, run_id: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
-    fn a_seats_run_id_is_swept_and_a_pattern_never() {
-        for id in ["3f2a91c0", "seat07_3f2a91c0"] {
-            assert!(super::is_run_id(id), "{id}");
+    fn only_run_ids_as_lockslab_makes_them_are_swept() {
+        for id in ["3f2a91c0", "ana_3f2a91c0", "seat7_0b"] {
+            assert!(well_formed(id), "{id}");
         }
         for id in [
             "",
             "*",
-            "seat07_*",
-            "a?",
-            "[a-z]",
-            "a:b",
-            "A1",
-            &"a".repeat(41),
+            "3f2a*",
+            "x'; DROP TABLE t; --",
+            "ana_",
+            "_3f",
+            "Ana_3f",
+            "ana_xyz",
+            "a_b_c1",
         ] {
-            assert!(!super::is_run_id(id), "{id}");
+            assert!(!well_formed(id), "{id}");
         }
+    }
+
+    #[test]
+    fn a_dead_runs_statements_name_only_its_own_objects() {
+        let sql = what_a_run_creates_in_postgres("ana_3f2a");
+        assert!(
+            sql.starts_with("DROP SCHEMA IF EXISTS lockslab_ana_3f2a CASCADE;"),
+            "{sql}"
+        );
+        assert!(sql.contains("lockslab_ana_3f2a_skip_locked_jobs"), "{sql}");
+        assert!(sql.contains("lockslab_fence_ana_3f2a"), "{sql}");
     }
 }

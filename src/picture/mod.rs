@@ -35,6 +35,9 @@ pub const MOST_PARTS: usize = 200;
 pub const MOST_ROWS: usize = 1_000;
 pub const MOST_VERDICT_COLUMNS: usize = 200;
 pub const MOST_VERDICT_ROWS: usize = 1_000;
+/// What the check before a lab plays writes beside the picture (a picture is some 25 KB).
+const PROBE_BYTES: usize = 16 * 1024;
+
 /// The latest `t_ms` a picture draws: a day, far past any lab run.
 pub const LATEST_T_MS: u64 = 24 * 3_600_000;
 
@@ -145,7 +148,16 @@ impl Recording {
         let mut parts = std::collections::HashSet::new();
         let mut rows = std::collections::HashSet::new();
         for (number, event) in self.events.iter().enumerate() {
-            let t_ms = event.get("t_ms").and_then(Value::as_u64).unwrap_or(0);
+            let t_ms = match event.get("t_ms") {
+                None => 0,
+                Some(t_ms) => t_ms.as_u64().with_context(|| {
+                    format!(
+                        "event {} is stamped t_ms {t_ms}: a lab stamps whole milliseconds \
+                         from 0",
+                        number + 1
+                    )
+                })?,
+            };
             if t_ms > LATEST_T_MS {
                 bail!(
                     "event {} is stamped t_ms {t_ms}, more than {} hours into its run: no lab \
@@ -280,10 +292,23 @@ impl Target {
         let probe = tempfile::Builder::new()
             .prefix(".lockslab-picture-")
             .tempfile_in(dir);
-        if let Err(err) = probe {
-            crate::bail_usage!(
+        let mut probe = match probe {
+            Ok(probe) => probe,
+            Err(err) => crate::bail_usage!(
                 "{flag} {}: cannot write in {}: {err}",
                 path.display(),
+                dir.display()
+            ),
+        };
+        // And write a block: a full disk fails now too (an empty file needs no free block).
+        let block = vec![0u8; PROBE_BYTES];
+        let written =
+            std::io::Write::write_all(&mut probe, &block).and_then(|()| probe.as_file().sync_all());
+        if let Err(err) = written {
+            bail!(
+                "{flag} {}: cannot write {} KB in {}: {err}",
+                path.display(),
+                PROBE_BYTES / 1024,
                 dir.display()
             );
         }
@@ -327,7 +352,7 @@ pub fn render(input: &Path, output: &Path) -> Result<()> {
     let recording = match Recording::from_jsonl(&text) {
         Ok(recording) => recording,
         Err(err) if err.is::<TwoRuns>() => bail!("{}: {err}", input.display()),
-        Err(err) => crate::bail_usage!("{}: {err:#}", input.display()),
+        Err(err) => bail!("{}: {err:#}", input.display()),
     };
     recording
         .drawable()
