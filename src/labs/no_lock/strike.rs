@@ -52,12 +52,17 @@ impl Play<'_> {
     ) -> Result<()> {
         let strike = &struck.strike;
         let note = Note::from(format!(
-            "SIGSTOP {} (pid {}) at job {}, {}; resumes in {}",
+            "SIGSTOP {} (pid {}) at job {}, {}; resumes after {}{}",
             worker.name,
             worker.pid,
             strike.job,
             strike.at.label(),
-            human(self.plan.pause)
+            human(self.plan.pause),
+            if self.exercise_wait().is_zero() {
+                ""
+            } else {
+                ", once another worker meets it"
+            }
         ))
         .with("job", strike.job)
         .with("customer", strike.customer)
