@@ -41,12 +41,15 @@ use serde::{Deserialize, Serialize};
 use crate::connect::PgClient;
 use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, Release};
 
-/// How the workers keep the job safe: the lesson of this lab.
+/// How the workers keep the job safe: the lesson of this lab. Declared in the order of
+/// [`Approach::ALL`], so that `--help` lists them as the run plays them.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Approach {
     /// ❌ A Redis lock per customer, no fencing: a pause past the TTL lets a stale write in
     RedisLock,
+    /// ❌ The Redis lock plus a token the row checks at the write: fenced the write, not the read
+    FencedWriteOnly,
     /// Compare-and-set on a version column; zero rows updated means retry
     Optimistic,
     /// INSERT … ON CONFLICT (customer, period) DO NOTHING; balance changed only if inserted
@@ -57,8 +60,6 @@ pub enum Approach {
     AdvisoryXact,
     /// pg_advisory_lock on the session that does the work, released by pg_advisory_unlock
     AdvisorySession,
-    /// ❌ The Redis lock plus a token the row checks at the write: fenced the write, not the read
-    FencedWriteOnly,
     /// The Redis lock plus a token that claims the customer row before reading it
     RedisFenced,
 }
@@ -299,13 +300,14 @@ impl Moment {
         }
     }
 
-    /// A table's column: short, so that four of them fit beside an approach's name.
+    /// A table's column: the word `--json` carries for it (a freeze's `at`), so that the
+    /// table and the JSON name a point the same way.
     pub fn column(self) -> &'static str {
         match self {
-            Moment::BeforeRead => "pre-read",
-            Moment::Decided => "post-read",
+            Moment::BeforeRead => "before-read",
+            Moment::Decided => "decided",
             Moment::MidWrite => "mid-write",
-            Moment::BeforeCommit => "pre-commit",
+            Moment::BeforeCommit => "before-commit",
         }
     }
 
@@ -343,8 +345,8 @@ pub enum Outcome {
     /// Attempted, and the database said somebody else had done it (a conflicting insert,
     /// or an optimistic retry that then found the invoice).
     NoOp,
-    /// Attempted with a fencing token lower than one the row had taken: refused.
-    Rejected,
+    /// Attempted with this fencing token, lower than one the row had taken: refused.
+    Rejected { token: i64 },
 }
 
 /// What one worker counted; summed by the lab.
@@ -491,7 +493,7 @@ impl Desk {
             Outcome::Invoiced => self.tally.invoiced += 1,
             Outcome::AlreadyDone => self.tally.already_done += 1,
             Outcome::NoOp => self.tally.no_ops += 1,
-            Outcome::Rejected => self.tally.rejected += 1,
+            Outcome::Rejected { .. } => self.tally.rejected += 1,
         }
         Ok(outcome)
     }
@@ -582,7 +584,7 @@ impl Desk {
         if taken == 0 {
             self.say("ROLLBACK")?;
             self.let_go(&held)?;
-            return Ok(Outcome::Rejected);
+            return Ok(Outcome::Rejected { token });
         }
         gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
         self.insert_invoice(job)?;
@@ -611,7 +613,7 @@ impl Desk {
         let Some(row) = self.db.query_opt(&claim, &[&job.customer, &token])? else {
             self.say("ROLLBACK")?;
             self.let_go(&held)?;
-            return Ok(Outcome::Rejected);
+            return Ok(Outcome::Rejected { token });
         };
         let balance: i64 = row.get(0);
         if self.is_invoiced(job)? {
@@ -935,6 +937,19 @@ mod tests {
             owned[owner_of(customer, 10) as usize] += 1;
         }
         assert!(owned.iter().all(|&n| n > 0), "{owned:?}");
+    }
+
+    #[test]
+    fn help_lists_the_approaches_in_the_order_the_lab_plays_them() {
+        use clap::ValueEnum;
+        assert_eq!(Approach::value_variants(), Approach::ALL);
+    }
+
+    #[test]
+    fn a_points_column_is_its_json_word() {
+        for moment in Moment::ALL {
+            assert_eq!(serde_json::to_value(moment).unwrap(), moment.column());
+        }
     }
 
     #[test]

@@ -71,6 +71,11 @@ pub struct Strike {
     pub at: Moment,
     pub job: i32,
     pub customer: i32,
+    /// A freeze: before its SIGCONT, Postgres showed another worker waiting on the frozen
+    /// worker's locks, or the frozen job invoiced by another worker (or, partitioned, nobody
+    /// else may touch its customers). Without that, a right result proves nothing: the
+    /// freeze was not put to the test.
+    pub exercised: bool,
 }
 
 /// One freeze, judged from the tables.
@@ -83,6 +88,20 @@ pub struct PointVerdict {
     pub customer: i32,
     /// Its job invoiced once and its customer's balance right.
     pub correct: bool,
+    /// Another worker met the frozen one before its SIGCONT ([`Strike::exercised`]).
+    pub exercised: bool,
+}
+
+impl PointVerdict {
+    /// The cell: failed whenever the tables say so; right only if the point was exercised;
+    /// None (not exercised) for a right result that no other worker put to the test.
+    pub fn finding(&self) -> Option<bool> {
+        match (self.correct, self.exercised) {
+            (false, _) => Some(false),
+            (true, true) => Some(true),
+            (true, false) => None,
+        }
+    }
 }
 
 /// Each freeze's verdict, in the order of a job (whatever order the freezes landed in): the
@@ -96,15 +115,21 @@ pub fn freezes(frozen: &[Strike], tables: &ReadBack) -> Vec<PointVerdict> {
             job: strike.job,
             customer: strike.customer,
             correct: tables.job_is_right(strike.job, strike.customer),
+            exercised: strike.exercised,
         })
         .collect();
     points.sort_by_key(|p| Moment::ALL.iter().position(|m| *m == p.at));
     points
 }
 
-/// Every frozen worker's job came out right; None when nobody was frozen.
+/// False when any frozen worker's job came out wrong; true when every one came out right
+/// and every point was exercised; None when nobody was frozen or a point that came out right
+/// was not exercised.
 pub fn correct_under_freeze(points: &[PointVerdict]) -> Option<bool> {
-    (!points.is_empty()).then(|| points.iter().all(|p| p.correct))
+    if points.iter().any(|p| !p.correct) {
+        return Some(false);
+    }
+    (!points.is_empty() && points.iter().all(|p| p.exercised)).then_some(true)
 }
 
 /// The killed worker's job came out right — its half-written transaction left nothing, and
@@ -179,6 +204,7 @@ mod tests {
             at,
             job,
             customer,
+            exercised: true,
         }
     }
 
@@ -252,6 +278,23 @@ mod tests {
                 || tables.bad_customers.contains(&point.customer);
             assert_eq!(named, !point.correct, "{point:?}");
         }
+        assert_eq!(correct_under_freeze(&points), Some(false));
+    }
+
+    #[test]
+    fn a_right_result_nobody_put_to_the_test_is_not_an_ok() {
+        let tables = read_back(&[(0, 1), (1, 2)], &[(0, 1, 1), (1, 2, 2)]);
+        let mut untested = strike("w5", Moment::BeforeCommit, 0, 0);
+        untested.exercised = false;
+        let points = freezes(&[strike("w3", Moment::BeforeRead, 0, 0), untested], &tables);
+        let findings: Vec<Option<bool>> = points.iter().map(PointVerdict::finding).collect();
+        assert_eq!(findings, [Some(true), None]);
+        assert_eq!(correct_under_freeze(&points), None, "not all exercised");
+        // A failure is a failure, exercised or not: the tables say so.
+        let mut failed = strike("w5", Moment::BeforeCommit, 1, 1);
+        failed.exercised = false;
+        let points = freezes(&[strike("w3", Moment::BeforeRead, 0, 0), failed], &tables);
+        assert_eq!(points[1].finding(), Some(false));
         assert_eq!(correct_under_freeze(&points), Some(false));
     }
 

@@ -124,8 +124,16 @@ pub fn run(role: &Role) -> Result<()> {
             continue;
         }
         let began = Instant::now();
-        if desk.do_job(role.approach, job, &mut gate)? == Outcome::Invoiced {
-            latencies_us.push(began.elapsed().as_micros() as u64);
+        match desk.do_job(role.approach, job, &mut gate)? {
+            Outcome::Invoiced => latencies_us.push(began.elapsed().as_micros() as u64),
+            Outcome::Rejected { token } => me.send(
+                me.event(Kind::Wrote, refused(role.approach, token))
+                    .with("outcome", "rejected")
+                    .with("job", job.id)
+                    .with("customer", job.customer)
+                    .with("token", token),
+            ),
+            Outcome::AlreadyDone | Outcome::NoOp => {}
         }
     }
     let tally = &desk.tally;
@@ -141,4 +149,14 @@ pub fn run(role: &Role) -> Result<()> {
         .with("latencies_us", serde_json::to_value(&latencies_us)?),
     );
     Ok(())
+}
+
+/// A worker's line when the row refused its token: what each fenced approach refused.
+fn refused(approach: Approach, token: i64) -> String {
+    match approach {
+        Approach::RedisFenced => {
+            format!("claim with token {token} found a higher fence: nothing written")
+        }
+        _ => format!("write with token {token} found a higher fence: rolled back"),
+    }
 }

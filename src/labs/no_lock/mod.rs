@@ -15,6 +15,11 @@
 //!  w6…  go on with the list, the frozen and the killed jobs included
 //! ```
 //!
+//! A frozen worker is resumed after the pause only once another worker has met it —
+//! Postgres shows a worker session blocked on its transaction (`pg_blocking_pids`), or its
+//! job invoiced by another worker — so that no cell is a matter of timing; a point nobody
+//! met within the wait is reported `untested`, never `ok`.
+//!
 //! Then the tables are read back: invoices per (customer, period) must be exactly one, and
 //! every balance must equal the sum of its invoices. The Redis lock without fencing fails
 //! from the read on; the one whose token fences only the write fails inside the

@@ -47,6 +47,10 @@ impl Faults {
     }
 }
 
+/// How long past its pause a frozen worker may wait for another worker to meet it, before
+/// it is resumed anyway and its point reported as not exercised.
+pub(super) const EXERCISE_WAIT: Duration = Duration::from_secs(10);
+
 /// Who is told `start` when: the struck workers one by one, then the others together.
 struct Starts {
     struck: Vec<String>,
@@ -79,6 +83,7 @@ impl Struck {
                 customer: event
                     .get_i64("customer")
                     .context("a stop without its customer")? as i32,
+                exercised: false,
             },
             resumed: false,
             at: Instant::now(),
@@ -96,6 +101,17 @@ impl Play<'_> {
             self.approach.name(),
             worker
         )
+    }
+
+    /// How long past its pause a frozen worker waits for another worker to meet it. No
+    /// wait when the pause is within a Redis lease: waiting would stretch the freeze past
+    /// the TTL, and the run would no longer be the one asked for.
+    pub(super) fn exercise_wait(&self) -> Duration {
+        if self.approach.uses_redis() && self.plan.pause <= self.plan.ttl {
+            Duration::ZERO
+        } else {
+            EXERCISE_WAIT
+        }
     }
 
     pub(super) fn role(
@@ -338,14 +354,24 @@ impl Play<'_> {
                     }
                 }
             }
-            let due: Vec<String> = faults
+            // Past its pause, a frozen worker is resumed once another worker has met it
+            // (waits on its locks, or has done its job), or once that wait runs out.
+            let due: Vec<(String, bool)> = faults
                 .frozen
                 .iter()
                 .filter(|f| !f.resumed && f.at.elapsed() >= pause)
-                .map(|f| f.strike.worker.clone())
+                .map(|f| {
+                    (
+                        f.strike.worker.clone(),
+                        f.at.elapsed() >= pause + self.exercise_wait(),
+                    )
+                })
                 .collect();
-            for who in due {
-                self.resume(stage, db, nemesis, workers, &mut faults, &who)?;
+            for (who, waited_enough) in due {
+                let met = self.met(db, &faults, &who)?;
+                if met.is_some() || waited_enough {
+                    self.resume(stage, db, nemesis, workers, &mut faults, &who, met)?;
+                }
             }
             if faults.watched().is_some_and(|f| !f.resumed)
                 && let Some(conn) = redis_watch.as_mut()

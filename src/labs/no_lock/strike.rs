@@ -17,6 +17,27 @@ use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::{Nemesis, Note};
 use crate::output::human;
 
+/// How another worker met a frozen one before its SIGCONT: what makes its point a test.
+pub(super) enum Met {
+    /// Worker sessions waiting on the frozen worker's locks (`pg_blocking_pids`).
+    Waiting(i64),
+    /// The frozen job, invoiced (and committed) by this other worker.
+    DoneBy(String),
+    /// Partitioned: only the frozen worker may do its customers' jobs; nobody is to come.
+    Owner,
+}
+
+/// `$1` the frozen worker's session, `$2` the prefix of every worker session of this run,
+/// `$3` the frozen job, `$4` the frozen worker: how many worker sessions wait on the frozen one, and who else has
+/// invoiced its job.
+const MET: &str = "
+    SELECT (SELECT count(*) FROM pg_stat_activity me, pg_stat_activity other
+            WHERE me.application_name = $1 AND starts_with(other.application_name, $2)
+              AND me.pid = ANY(pg_blocking_pids(other.pid))),
+           (SELECT min(i.worker) FROM {invoices} i
+              JOIN {jobs} j ON j.customer = i.customer AND j.period = i.period
+            WHERE j.id = $3 AND i.worker <> $4)";
+
 impl Play<'_> {
     /// A worker stopped at its point of a job and waits for `go`: SIGSTOP it there, then
     /// leave `go` in its pipe, for when it wakes. While w1 sleeps on an advisory lock, ask
@@ -31,12 +52,17 @@ impl Play<'_> {
     ) -> Result<()> {
         let strike = &struck.strike;
         let note = Note::from(format!(
-            "SIGSTOP {} (pid {}) at job {}, {}; resumes in {}",
+            "SIGSTOP {} (pid {}) at job {}, {}; resumes after {}{}",
             worker.name,
             worker.pid,
             strike.job,
             strike.at.label(),
-            human(self.plan.pause)
+            human(self.plan.pause),
+            if self.exercise_wait().is_zero() {
+                ""
+            } else {
+                ", once another worker meets it"
+            }
         ))
         .with("job", strike.job)
         .with("customer", strike.customer)
@@ -73,8 +99,38 @@ impl Play<'_> {
         nemesis.kill(stage, worker, note)
     }
 
+    /// Has another worker met the frozen `who` yet — so that its point is a test, not a
+    /// matter of timing? Asked of Postgres: a worker session that `pg_blocking_pids` says
+    /// waits on `who`'s session (a row, an invoice key or an advisory lock it holds), or the
+    /// frozen job invoiced by another worker (committed: the lab's session sees it).
+    pub(super) fn met(&self, db: &mut PgClient, faults: &Faults, who: &str) -> Result<Option<Met>> {
+        if self.approach == Approach::Partitioned {
+            return Ok(Some(Met::Owner));
+        }
+        let Some(frozen) = faults.frozen.iter().find(|f| f.strike.worker == who) else {
+            bail!("no frozen worker {who}");
+        };
+        let row = db.query_one(
+            &self.tables.sql(MET),
+            &[
+                &self.session(who),
+                &self.session(""),
+                &frozen.strike.job,
+                &who,
+            ],
+        )?;
+        let (waiting, done_by): (i64, Option<String>) = (row.get(0), row.get(1));
+        Ok(match done_by {
+            _ if waiting > 0 => Some(Met::Waiting(waiting)),
+            Some(other) => Some(Met::DoneBy(other)),
+            None => None,
+        })
+    }
+
     /// Just before w1's resume: what Postgres says about its session and who waits on a
-    /// lock. Then SIGCONT, for w1 and each of the other frozen workers.
+    /// lock. Then SIGCONT, for w1 and each of the other frozen workers, saying how another
+    /// worker met it — or that nobody did, and its point is not exercised.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn resume(
         &self,
         stage: &mut Stage,
@@ -83,6 +139,7 @@ impl Play<'_> {
         workers: &mut [WorkerHandle],
         faults: &mut Faults,
         who: &str,
+        met: Option<Met>,
     ) -> Result<()> {
         if who == WATCHED {
             self.report_session(stage, db)?;
@@ -90,16 +147,36 @@ impl Play<'_> {
         let Some(frozen) = faults.frozen.iter_mut().find(|f| f.strike.worker == who) else {
             bail!("no frozen worker {who}");
         };
+        let job = frozen.strike.job;
+        let how = match &met {
+            Some(Met::Waiting(n)) => format!(
+                "{} on its locks",
+                plural(*n, "worker session waits", "worker sessions wait")
+            ),
+            Some(Met::DoneBy(other)) => format!("{other} has invoiced job {job}"),
+            Some(Met::Owner) => "nobody else may do its customers' jobs".to_string(),
+            None if self.exercise_wait().is_zero() => format!(
+                "a pause within its lease: nobody came to job {job} or waited on {who}: \
+                 this point is not exercised"
+            ),
+            None => format!(
+                "nobody came to job {job} or waited on {who} within {} more: this point is \
+                 not exercised",
+                human(self.exercise_wait())
+            ),
+        };
         let worker = find(workers, who)?;
         nemesis.resume(
             stage,
             &*worker,
-            format!(
-                "SIGCONT {who} after {}: it carries on from where it stopped",
+            Note::from(format!(
+                "SIGCONT {who} after {} ({how}): it carries on from where it stopped",
                 human(frozen.at.elapsed())
-            ),
+            ))
+            .with("exercised", met.is_some()),
         )?;
         frozen.resumed = true;
+        frozen.strike.exercised = met.is_some();
         if faults.resumed_at.is_none() {
             faults.resumed_at = Some(db.query_one("SELECT clock_timestamp()", &[])?.get(0));
         }

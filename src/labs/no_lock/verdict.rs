@@ -109,6 +109,11 @@ fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration,
         Some(false) => "FAILED".red().bold().to_string(),
         None => "-".to_string(),
     };
+    let cell = |point: Option<&PointVerdict>| match point {
+        Some(p) if p.finding().is_none() => "untested".yellow().to_string(),
+        Some(p) => mark(p.finding()),
+        None => mark(None),
+    };
     let mut header = vec!["approach"];
     header.extend(Moment::ALL.iter().map(|m| m.column()));
     header.push("kill");
@@ -119,7 +124,7 @@ fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration,
             row.extend(
                 Moment::ALL
                     .iter()
-                    .map(|m| mark(points.iter().find(|p| p.at == *m).map(|p| p.correct))),
+                    .map(|m| cell(points.iter().find(|p| p.at == *m))),
             );
             row.push(mark(*kill));
             row
@@ -136,6 +141,17 @@ fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration,
         .bold()
     );
     crate::outln!("{}", table(&header, &body));
+    if rows
+        .iter()
+        .any(|(_, points, _)| points.iter().any(|p| !p.exercised))
+    {
+        crate::outln!(
+            "{}",
+            "  untested: no other worker waited on the frozen one or did its job before its\n  \
+             SIGCONT, so a right result there proves nothing"
+                .dimmed()
+        );
+    }
 }
 
 pub(super) fn plural(n: i64, one: &str, many: &str) -> String {
