@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 
 use super::verdict::{RunVerdict, Setup, heard};
@@ -18,6 +18,7 @@ use crate::lock::redis::RedisLock;
 use crate::nemesis::victims::Server;
 use crate::nemesis::{Nemesis, Note, Victim};
 use crate::output::human;
+use crate::redis_health::KeyWatch;
 use crate::servers::PrivateServers;
 use crate::store::{FenceRule, Store};
 use crate::worker::WorkerSpec;
@@ -127,6 +128,13 @@ impl Play<'_> {
             .with("run_id", run_id)
             .with("lock_key", lock_watch.key.clone()),
         );
+        // A key deleted, flushed or evicted must not pass for an expiry (not watched on the
+        // private Redis that --token-restart crashes on purpose).
+        let mut key_watch = if restarting {
+            None
+        } else {
+            Some(KeyWatch::start(redis_url)?)
+        };
         let mut a = stage.spawn(
             "A",
             &WorkerSpec::Holder(role("A", a_script, AfterWrite::Release)),
@@ -225,20 +233,39 @@ impl Play<'_> {
                 }
                 return Ok(());
             }
+            let asked_at = Instant::now();
             let (owner, pttl) = lock_watch
                 .owner_and_pttl()
                 .context("watching the lock in Redis")?;
             if owner != a_owner {
                 expired = true;
                 stage.timeline.clear_bar();
+                let vanished = match &key_watch {
+                    Some(watch) => watch.gone(asked_at)?,
+                    None => None,
+                };
+                if let Some(vanished) = vanished {
+                    stage.record(Event::new("redis", Kind::Vanished, vanished.line("A's key")));
+                    bail!(
+                        "no verdict: A's lock key went without its TTL ending it ({}), so something \
+                         other than an expiry freed the lock (another client's DEL, a flush, an \
+                         eviction, a restart)",
+                        vanished.why
+                    );
+                }
                 stage.record(Event::new(
                     "redis",
                     Kind::Expired,
                     "A's key has expired: for Redis the lock is free",
                 ));
-            } else if let Some(bar) = stage.timeline.bar() {
-                bar.set_position(pttl.max(0) as u64);
-                bar.set_message(format!("A's lock in Redis: PTTL {pttl:>5}ms"));
+            } else {
+                if let Some(watch) = key_watch.as_mut() {
+                    watch.present(asked_at, pttl);
+                }
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.set_position(pttl.max(0) as u64);
+                    bar.set_message(format!("A's lock in Redis: PTTL {pttl:>5}ms"));
+                }
             }
             Ok(())
         })?;
