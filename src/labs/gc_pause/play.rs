@@ -95,7 +95,9 @@ impl Play<'_> {
                         format!("lockslab:{run_id}:gc-pause:fence")
                     }
                 }),
-                renew: false,
+                // After a restart B renews its lease: whichever order the writes come in, B
+                // writes while its own key is alive, so only A is a stale writer.
+                renew: restarting && name == "B",
             },
             store_url: postgres_url.into(),
             run_id: run_id.into(),
@@ -178,6 +180,30 @@ impl Play<'_> {
         let frozen_at = Instant::now();
         let mut expired = false;
         if let Some(private) = restart {
+            // Redis's own word for how long A's lease would still run: the lower bound the
+            // verdict holds B's grant against.
+            let asked_at = Instant::now();
+            let (owner, pttl) = lock_watch
+                .owner_and_pttl()
+                .context("reading A's key in Redis before the crash")?;
+            if owner == a_owner && pttl >= 0 {
+                let asked_ms = asked_at
+                    .saturating_duration_since(self.run.started)
+                    .as_millis() as u64;
+                let until = asked_ms + pttl as u64;
+                stage.record(
+                    Event::new(
+                        "redis",
+                        Kind::Pttl,
+                        format!(
+                            "A's key before the crash: PTTL {pttl}ms, so A's lease runs until at least +{:.3}s",
+                            until as f64 / 1000.0
+                        ),
+                    )
+                    .with("pttl_ms", pttl)
+                    .with("lease_lives_until_ms", until),
+                );
+            }
             let mut redis = Server::new(private, Backend::Redis, "redis");
             let pid = redis.pid().unwrap_or_default();
             nemesis.restart(
