@@ -227,6 +227,17 @@ impl Vanished {
     }
 }
 
+impl Vanished {
+    /// The lab's one line when it gives no verdict because `whose` key vanished.
+    pub fn no_verdict(&self, whose: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "no verdict: {whose} went without its TTL ending it ({}), so something other than \
+             an expiry freed the lock (another client's DEL, a flush, an eviction, a restart)",
+            self.why
+        )
+    }
+}
+
 /// Why a key found gone at `gone_asked_at` cannot have expired, from the last PTTL Redis
 /// answered for it (sent at `last.0`; the key then lived at least until `last.0 + PTTL`)
 /// and the server's counters before and after; None when an expiry fits them all.

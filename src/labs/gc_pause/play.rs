@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use colored::Colorize;
 
 use super::verdict::{RunVerdict, Setup, heard};
@@ -271,13 +271,12 @@ impl Play<'_> {
                     None => None,
                 };
                 if let Some(vanished) = vanished {
-                    stage.record(Event::new("redis", Kind::Vanished, vanished.line("A's key")));
-                    bail!(
-                        "no verdict: A's lock key went without its TTL ending it ({}), so something \
-                         other than an expiry freed the lock (another client's DEL, a flush, an \
-                         eviction, a restart)",
-                        vanished.why
-                    );
+                    stage.record(Event::new(
+                        "redis",
+                        Kind::Vanished,
+                        vanished.line("A's key"),
+                    ));
+                    return Err(vanished.no_verdict("A's lock key"));
                 }
                 stage.record(Event::new(
                     "redis",
