@@ -71,6 +71,8 @@ pub enum Kind {
     Killed,
     /// A backend ended a lease, a key or a session.
     Expired,
+    /// A lock key went without its TTL (deleted, flushed, evicted, lost in a restart).
+    Vanished,
     /// Who the backend says holds the lock now.
     HolderNow,
     /// A frozen worker's job processed by another (lab 3).

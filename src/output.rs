@@ -195,7 +195,7 @@ fn paint(kind: Kind, text: &str) -> String {
         Kind::StaleWriteAccepted | Kind::TwoHolders | Kind::Violation => {
             text.red().bold().to_string()
         }
-        Kind::Error => text.red().to_string(),
+        Kind::Error | Kind::Vanished => text.red().to_string(),
         _ => text.to_string(),
     }
 }

@@ -9,9 +9,12 @@
 //! plays (which refuses a Redis that evicts) and [`KeyLoss::check`] before its verdict
 //! (which refuses to give one when keys went missing meanwhile, and says how).
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Result, bail};
 
 use crate::connect;
+use crate::output::human;
 
 /// What a Redis says about how it loses keys, before and after a run.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +25,9 @@ struct Counters {
     flushes: Option<u64>,
     /// `run_id` (INFO server): a new one means the server restarted.
     run_id: Option<String>,
+    /// `expired_keys` (INFO stats): keys removed because their TTL ran out, whether Redis's
+    /// expiry cycle found them or a command touched them after their time.
+    expired: Option<u64>,
 }
 
 /// A Redis watched for keys lost without their TTL during a lab run.
@@ -152,5 +158,187 @@ fn counters(conn: &mut connect::RedisConn) -> Counters {
         flushes: (!commands.is_empty())
             .then(|| calls("cmdstat_flushall") + calls("cmdstat_flushdb")),
         run_id: field(&server, "run_id"),
+        expired: field(&stats, "expired_keys").and_then(|v| v.parse().ok()),
+    }
+}
+
+/// How long before the end of its TTL a key may go unnoticed as early: Redis never removes a
+/// key before its time, so this only absorbs the millisecond rounding of PTTL and the two
+/// clocks' rates.
+pub const EARLY_MARGIN: Duration = Duration::from_millis(100);
+
+/// One lock key watched while it should live, so that when it goes the lab can tell an
+/// expiry from a key that vanished another way (a `DEL` from another client, a flush, an
+/// eviction, a restart). Feed it every PTTL Redis answered ([`KeyWatch::present`]); when the
+/// key is gone, [`KeyWatch::gone`] says whether its TTL can have ended it.
+pub struct KeyWatch {
+    url: String,
+    /// When the last look that found the key was sent, and the PTTL Redis answered.
+    last: Option<(Instant, i64)>,
+    before: Counters,
+}
+
+impl KeyWatch {
+    /// Notes the server's counters now, before the key can go.
+    pub fn start(url: &str) -> Result<KeyWatch> {
+        Ok(KeyWatch {
+            url: url.to_string(),
+            last: None,
+            before: counters(&mut connect::redis(url)?),
+        })
+    }
+
+    /// A look sent at `asked_at` found the key with `pttl_ms` to live.
+    pub fn present(&mut self, asked_at: Instant, pttl_ms: i64) {
+        self.last = Some((asked_at, pttl_ms));
+    }
+
+    /// A look sent at `asked_at` found the key gone. None: an expiry fits every answer;
+    /// Some: it did not expire, and [`Vanished`] says what Redis's answers prove.
+    pub fn gone(&self, asked_at: Instant) -> Result<Option<Vanished>> {
+        let after = counters(&mut connect::redis(&self.url)?);
+        Ok(not_an_expiry(self.last, asked_at, &self.before, &after))
+    }
+}
+
+/// A key that went without its TTL ending it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vanished {
+    /// Redis's own PTTL proves it went well before its TTL could end it.
+    pub early: bool,
+    /// What Redis's answers prove, in words.
+    pub why: String,
+}
+
+impl Vanished {
+    /// The timeline's line for `whose` key ("A's key").
+    pub fn line(&self, whose: &str) -> String {
+        if self.early {
+            format!(
+                "{whose} vanished before its TTL (deleted or lost): {}",
+                self.why
+            )
+        } else {
+            format!(
+                "{whose} is gone, but not by its TTL (deleted or lost): {}",
+                self.why
+            )
+        }
+    }
+}
+
+impl Vanished {
+    /// The lab's one line when it gives no verdict because `whose` key vanished.
+    pub fn no_verdict(&self, whose: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "no verdict: {whose} went without its TTL ending it ({}), so something other than \
+             an expiry freed the lock (another client's DEL, a flush, an eviction, a restart)",
+            self.why
+        )
+    }
+}
+
+/// Why a key found gone at `gone_asked_at` cannot have expired, from the last PTTL Redis
+/// answered for it (sent at `last.0`; the key then lived at least until `last.0 + PTTL`)
+/// and the server's counters before and after; None when an expiry fits them all.
+fn not_an_expiry(
+    last: Option<(Instant, i64)>,
+    gone_asked_at: Instant,
+    before: &Counters,
+    after: &Counters,
+) -> Option<Vanished> {
+    let mut causes = Vec::new();
+    let mut early = false;
+    if let Some((asked_at, pttl)) = last
+        && pttl >= 0
+    {
+        let lives_until = asked_at + Duration::from_millis(pttl as u64);
+        if gone_asked_at + EARLY_MARGIN < lives_until {
+            early = true;
+            causes.push(format!(
+                "Redis answered PTTL {pttl}ms {} before it was gone, {} before its TTL could end",
+                human(gone_asked_at.saturating_duration_since(asked_at)),
+                human(lives_until - gone_asked_at)
+            ));
+        }
+    }
+    if let (Some(was), Some(now)) = (before.evicted, after.evicted)
+        && now > was
+    {
+        causes.push(format!(
+            "Redis evicted {} key(s) meanwhile (INFO stats evicted_keys {was} → {now})",
+            now - was
+        ));
+    }
+    if matches!((&before.run_id, &after.run_id), (Some(was), Some(now)) if was != now) {
+        causes.push("Redis restarted meanwhile (INFO server run_id changed)".into());
+    } else if let (Some(was), Some(now)) = (before.flushes, after.flushes)
+        && now > was
+    {
+        causes.push(format!(
+            "FLUSHALL or FLUSHDB ran {} time(s) meanwhile (INFO commandstats)",
+            now - was
+        ));
+    }
+    // An expiry, lazy or active, is counted; a DEL is not.
+    if let (Some(was), Some(now)) = (before.expired, after.expired)
+        && now == was
+    {
+        causes.push(format!(
+            "no key expired meanwhile (INFO stats expired_keys stayed at {now})"
+        ));
+    }
+    (!causes.is_empty()).then(|| Vanished {
+        early,
+        why: causes.join("; "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(expired: u64, flushes: u64) -> Counters {
+        Counters {
+            evicted: Some(0),
+            flushes: Some(flushes),
+            run_id: Some("r".into()),
+            expired: Some(expired),
+        }
+    }
+
+    #[test]
+    fn a_key_gone_when_its_pttl_ran_out_and_counted_as_expired_is_an_expiry() {
+        let t = Instant::now();
+        let last = Some((t, 150));
+        let gone = t + Duration::from_millis(160);
+        assert_eq!(
+            not_an_expiry(last, gone, &counters(3, 0), &counters(4, 0)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_key_gone_well_before_its_pttl_vanished() {
+        let t = Instant::now();
+        let why = not_an_expiry(
+            Some((t, 1700)),
+            t + Duration::from_millis(50),
+            &counters(3, 0),
+            &counters(4, 0),
+        )
+        .expect("1.7 s early is no expiry");
+        assert!(why.early && why.line("A's key").contains("vanished before its TTL"));
+    }
+
+    #[test]
+    fn a_flush_or_no_expiry_at_all_is_no_expiry_even_at_the_ttl() {
+        let t = Instant::now();
+        let at_ttl = t + Duration::from_millis(100);
+        let flushed = not_an_expiry(Some((t, 100)), at_ttl, &counters(3, 0), &counters(4, 1));
+        let flushed = flushed.unwrap();
+        assert!(flushed.why.contains("FLUSHALL") && !flushed.line("A's key").contains("expired"));
+        let uncounted = not_an_expiry(Some((t, 100)), at_ttl, &counters(3, 0), &counters(3, 0));
+        assert!(uncounted.unwrap().why.contains("expired_keys"));
     }
 }

@@ -206,7 +206,25 @@ fn gc_pause_on(
     redis: &OwnRedis,
     meanwhile: impl FnOnce(&OwnRedis),
 ) -> (Option<i32>, String, String) {
-    let mut child = common::lockslab(&common::QUICK_LAB)
+    gc_pause_with(&common::QUICK_LAB, redis, meanwhile)
+}
+
+fn gc_pause_with(
+    args: &[&str],
+    redis: &OwnRedis,
+    meanwhile: impl FnOnce(&OwnRedis),
+) -> (Option<i32>, String, String) {
+    lab_on(args, "sees A (pid", redis, meanwhile)
+}
+
+/// Plays `args` on `redis`, doing `meanwhile` to it once a line containing `when` appears.
+fn lab_on(
+    args: &[&str],
+    when: &str,
+    redis: &OwnRedis,
+    meanwhile: impl FnOnce(&OwnRedis),
+) -> (Option<i32>, String, String) {
+    let mut child = common::lockslab(args)
         .env("LOCKSLAB_REDIS_URL", &redis.url)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -216,7 +234,7 @@ fn gc_pause_on(
     let mut meanwhile = Some(meanwhile);
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        if line.contains("sees A (pid")
+        if line.contains(when)
             && let Some(act) = meanwhile.take()
         {
             act(redis);
@@ -238,17 +256,118 @@ fn gc_pause_on(
 fn keys_flushed_during_a_run_are_not_called_an_expiry() {
     let redis = OwnRedis::start(&[]);
     let run = gc_pause_on(&redis, |redis| redis.command(&["FLUSHALL"]));
+    assert!(
+        !run.1.contains("has expired"),
+        "a flush called an expiry: {}",
+        run.1
+    );
     assert_no_verdict_for_lost_keys(run, "FLUSHALL or FLUSHDB ran 1 time(s)");
 }
 
-/// The lab failed instead of calling a lost key an expiry, and said why.
+#[test]
+fn a_lock_key_deleted_by_another_client_is_not_called_an_expiry() {
+    let redis = OwnRedis::start(&[]);
+    let lab = [
+        "gc-pause",
+        "--ttl",
+        "2s",
+        "--pause",
+        "2500ms",
+        "--fencing",
+        "on",
+    ];
+    // Another client deletes A's lock key while A is frozen, well inside its 2 s TTL.
+    let run = gc_pause_with(&lab, &redis, |redis| {
+        delete_keys_after(
+            redis,
+            "lockslab:*:gc-pause:*:lock",
+            Duration::from_millis(300),
+        )
+    });
+    let (_, stdout, stderr) = &run;
+    assert!(
+        !stdout.contains("has expired"),
+        "a DEL called an expiry: {stdout}"
+    );
+    assert!(
+        stdout.contains("A's key vanished before its TTL (deleted or lost)"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("no key expired meanwhile"), "{stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "one line says why: {stderr}"
+    );
+    assert_no_verdict_for_lost_keys(run, "before its TTL could end");
+}
+
+/// Waits `after`, then deletes the one key matching `pattern`, as another client would.
+fn delete_keys_after(redis: &OwnRedis, pattern: &str, after: Duration) {
+    std::thread::sleep(after);
+    let mut conn = redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 1, "one lock key: {keys:?}");
+    redis::cmd("DEL")
+        .arg(&keys[0])
+        .query::<i64>(&mut conn)
+        .unwrap();
+}
+
+#[test]
+fn lab_2_does_not_call_a_deleted_or_flushed_lock_key_a_lapse() {
+    let lab = ["naive", "wrong-release", "--ttl", "2s", "--work", "3s"];
+    let redis = OwnRedis::start(&[]);
+    let (code, stdout, stderr) = lab_on(&lab, "A       took the lock", &redis, |redis| {
+        delete_keys_after(
+            redis,
+            "lockslab:*:naive:wrong-release:*:lock",
+            Duration::from_millis(300),
+        )
+    });
+    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert!(
+        !stdout.contains("A's key expired"),
+        "a DEL called an expiry: {stdout}"
+    );
+    assert!(
+        stdout.contains("A's key vanished before its TTL (deleted or lost)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("no verdict: A's lock key went without its TTL"),
+        "{stderr}"
+    );
+
+    let redis = OwnRedis::start(&[]);
+    let (code, stdout, stderr) = lab_on(&lab, "A       took the lock", &redis, |redis| {
+        redis.command(&["FLUSHALL"])
+    });
+    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert!(
+        !stdout.contains("A's key expired"),
+        "a flush called an expiry: {stdout}"
+    );
+    assert!(
+        stderr.contains("FLUSHALL or FLUSHDB ran 1 time(s)"),
+        "{stderr}"
+    );
+}
+
+/// The lab failed instead of calling a lost key an expiry, and said why: at once, when it saw
+/// the key go, or at the end from the server's counters.
 fn assert_no_verdict_for_lost_keys(
     (code, stdout, stderr): (Option<i32>, String, String),
     cause: &str,
 ) {
     assert_eq!(code, Some(1), "{stderr}\n{stdout}");
     assert!(
-        stderr.contains("lost keys during this run without their TTL") && stderr.contains(cause),
+        (stderr.contains("lost keys during this run without their TTL")
+            || stderr.contains("no verdict: A's lock key went without its TTL ending it"))
+            && stderr.contains(cause),
         "{stderr}"
     );
     assert!(!stdout.contains("Verdict"), "no verdict: {stdout}");

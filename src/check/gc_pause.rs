@@ -27,6 +27,15 @@ pub struct Evidence<'a> {
     pub attempts: &'a [Attempt],
     /// The writer the resource's row names.
     pub final_writer: Option<&'a str>,
+    /// Redis's evidence that A's key was gone before A wrote (the lab saw it expire, or
+    /// crashed the Redis holding it, while A was frozen).
+    pub a_key_gone_before_write: bool,
+    /// On the lab's clock (ms): A's PX ran at least until then, by the PTTL Redis answered
+    /// for A's key before the crash (the time the question was sent + the PTTL).
+    pub a_lease_until_ms: Option<u64>,
+    /// On the lab's clock (ms): B had been granted by then (its grant's report arrived; the
+    /// grant itself came earlier, so this is an upper bound).
+    pub b_granted_by_ms: Option<u64>,
 }
 
 /// What one run shows.
@@ -49,6 +58,12 @@ pub struct Findings {
     pub newer_token: Option<i64>,
     /// A and B wrote with one and the same token: its source issued it twice.
     pub token_reissued: bool,
+    /// Redis granted B while A's PX still ran: B's grant's upper bound falls before the
+    /// lower bound of the end of A's lease. Unknown when the bounds overlap or are missing.
+    pub b_granted_within_a_lease: Finding,
+    /// What the store decided for A's write when A wrote after its key was gone (whatever
+    /// the order); None when A's key was not seen gone first, or A never wrote.
+    pub a_stale_write_accepted: Option<bool>,
 }
 
 /// The store's record disagrees with itself: the row's final writer is not the last accepted
@@ -69,8 +84,17 @@ pub fn judge(evidence: &Evidence) -> Result<Findings, Inconsistent> {
     let late_write = late_write(attempts, STALE, NEXT);
     let stale_token = last_token_of(attempts, STALE);
     let newer_token = last_token_of(attempts, NEXT);
+    let within = b_granted_within_a_lease(evidence);
     Ok(Findings {
-        two_holders: two_holders(evidence, late_write),
+        two_holders: match within {
+            Finding::Yes => Finding::Yes,
+            _ => two_holders(evidence, late_write),
+        },
+        b_granted_within_a_lease: within,
+        a_stale_write_accepted: evidence
+            .a_key_gone_before_write
+            .then(|| last_of(attempts, STALE).map(|a| a.accepted))
+            .flatten(),
         late_write,
         a_lease_ran_out: !evidence.a_release.deleted(),
         a_write_recorded: attempts.iter().any(|a| a.writer == STALE),
@@ -89,6 +113,18 @@ pub fn two_holders(evidence: &Evidence, late: LateWrite) -> Finding {
         super::two_holders(evidence.a_release, evidence.b_owner, evidence.b_release),
         late,
     )
+}
+
+/// B granted before A's PX ran out, from the times Redis's answers reached the lab: B's
+/// grant came no later than its report (`b_granted_by_ms`), A's key would have lived at
+/// least until `a_lease_until_ms`. Only "yes" is proved by these bounds; overlapping ones
+/// prove nothing either way.
+pub fn b_granted_within_a_lease(evidence: &Evidence) -> Finding {
+    match (evidence.b_granted_by_ms, evidence.a_lease_until_ms) {
+        (Some(granted_by), Some(until)) if granted_by < until => Finding::Yes,
+        (None, _) => Finding::No,
+        _ => Finding::Unknown,
+    }
 }
 
 fn last_of<'a>(attempts: &'a [Attempt], writer: &str) -> Option<&'a Attempt> {
@@ -119,6 +155,9 @@ mod tests {
             b_release: b.as_ref().map(|(_, release)| release),
             attempts,
             final_writer: final_of(attempts),
+            a_key_gone_before_write: !matches!(a, Release::Deleted),
+            a_lease_until_ms: None,
+            b_granted_by_ms: None,
         })
         .unwrap()
     }
@@ -249,6 +288,35 @@ mod tests {
     }
 
     #[test]
+    fn b_granted_before_a_lease_could_end_is_two_holders_whoever_writes_first() {
+        // --token-restart, A first: A's PX (PTTL read before the crash) ran until 2050 ms,
+        // B's grant was reported at 1140 ms; A wrote after its key was gone, and was taken.
+        let a_first = [
+            attempt(1, "A", Some(1), true),
+            attempt(2, "B", Some(1), false),
+        ];
+        let evidence = |b_granted_by_ms| Evidence {
+            a_release: &Release::Gone,
+            b_owner: Some("b"),
+            b_release: Some(&Release::Gone),
+            attempts: &a_first,
+            final_writer: Some("A"),
+            a_key_gone_before_write: true,
+            a_lease_until_ms: Some(2050),
+            b_granted_by_ms,
+        };
+        let found = judge(&evidence(Some(1140))).unwrap();
+        assert_eq!(found.b_granted_within_a_lease, Finding::Yes);
+        assert_eq!(found.two_holders, Finding::Yes);
+        assert_eq!(found.late_write, LateWrite::None, "A's write came first");
+        assert_eq!(found.a_stale_write_accepted, Some(true), "but it was stale");
+        // A report that came after A's lease could end proves nothing either way.
+        let found = judge(&evidence(Some(2100))).unwrap();
+        assert_eq!(found.b_granted_within_a_lease, Finding::Unknown);
+        assert_eq!(found.two_holders, Finding::Unknown);
+    }
+
+    #[test]
     fn sequence_tokens_are_never_reissued_and_keep_b_in_both_orders() {
         let a_first = [
             attempt(1, "A", Some(1), true),
@@ -289,6 +357,9 @@ mod tests {
             b_release: Some(&Release::Deleted),
             attempts: &attempts,
             final_writer: Some("A"),
+            a_key_gone_before_write: true,
+            a_lease_until_ms: None,
+            b_granted_by_ms: None,
         })
         .unwrap_err();
         assert_eq!(err.final_writer.as_deref(), Some("A"));

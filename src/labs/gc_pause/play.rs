@@ -18,6 +18,7 @@ use crate::lock::redis::RedisLock;
 use crate::nemesis::victims::Server;
 use crate::nemesis::{Nemesis, Note, Victim};
 use crate::output::human;
+use crate::redis_health::KeyWatch;
 use crate::servers::PrivateServers;
 use crate::store::{FenceRule, Store};
 use crate::worker::WorkerSpec;
@@ -94,7 +95,9 @@ impl Play<'_> {
                         format!("lockslab:{run_id}:gc-pause:fence")
                     }
                 }),
-                renew: false,
+                // After a restart B renews its lease: whichever order the writes come in, B
+                // writes while its own key is alive, so only A is a stale writer.
+                renew: restarting && name == "B",
             },
             store_url: postgres_url.into(),
             run_id: run_id.into(),
@@ -127,6 +130,13 @@ impl Play<'_> {
             .with("run_id", run_id)
             .with("lock_key", lock_watch.key.clone()),
         );
+        // A key deleted, flushed or evicted must not pass for an expiry (not watched on the
+        // private Redis that --token-restart crashes on purpose).
+        let mut key_watch = if restarting {
+            None
+        } else {
+            Some(KeyWatch::start(redis_url)?)
+        };
         let mut a = stage.spawn(
             "A",
             &WorkerSpec::Holder(role("A", a_script, AfterWrite::Release)),
@@ -170,6 +180,30 @@ impl Play<'_> {
         let frozen_at = Instant::now();
         let mut expired = false;
         if let Some(private) = restart {
+            // Redis's own word for how long A's lease would still run: the lower bound the
+            // verdict holds B's grant against.
+            let asked_at = Instant::now();
+            let (owner, pttl) = lock_watch
+                .owner_and_pttl()
+                .context("reading A's key in Redis before the crash")?;
+            if owner == a_owner && pttl >= 0 {
+                let asked_ms = asked_at
+                    .saturating_duration_since(self.run.started)
+                    .as_millis() as u64;
+                let until = asked_ms + pttl as u64;
+                stage.record(
+                    Event::new(
+                        "redis",
+                        Kind::Pttl,
+                        format!(
+                            "A's key before the crash: PTTL {pttl}ms, so A's lease runs until at least +{:.3}s",
+                            until as f64 / 1000.0
+                        ),
+                    )
+                    .with("pttl_ms", pttl)
+                    .with("lease_lives_until_ms", until),
+                );
+            }
             let mut redis = Server::new(private, Backend::Redis, "redis");
             let pid = redis.pid().unwrap_or_default();
             nemesis.restart(
@@ -225,20 +259,38 @@ impl Play<'_> {
                 }
                 return Ok(());
             }
+            let asked_at = Instant::now();
             let (owner, pttl) = lock_watch
                 .owner_and_pttl()
                 .context("watching the lock in Redis")?;
             if owner != a_owner {
                 expired = true;
                 stage.timeline.clear_bar();
+                let vanished = match &key_watch {
+                    Some(watch) => watch.gone(asked_at)?,
+                    None => None,
+                };
+                if let Some(vanished) = vanished {
+                    stage.record(Event::new(
+                        "redis",
+                        Kind::Vanished,
+                        vanished.line("A's key"),
+                    ));
+                    return Err(vanished.no_verdict("A's lock key"));
+                }
                 stage.record(Event::new(
                     "redis",
                     Kind::Expired,
                     "A's key has expired: for Redis the lock is free",
                 ));
-            } else if let Some(bar) = stage.timeline.bar() {
-                bar.set_position(pttl.max(0) as u64);
-                bar.set_message(format!("A's lock in Redis: PTTL {pttl:>5}ms"));
+            } else {
+                if let Some(watch) = key_watch.as_mut() {
+                    watch.present(asked_at, pttl);
+                }
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.set_position(pttl.max(0) as u64);
+                    bar.set_message(format!("A's lock in Redis: PTTL {pttl:>5}ms"));
+                }
             }
             Ok(())
         })?;

@@ -75,6 +75,13 @@ pub struct Heard {
     pub b_release: Option<Release>,
     /// What the store answered A's write (a lost answer is unknown).
     pub a_heard: Option<Outcome>,
+    /// Redis expired A's key, or the lab crashed the Redis holding it, before A's write was
+    /// reported.
+    pub a_key_gone_before_write: bool,
+    /// Lab clock (ms): A's PX ran at least until then (PTTL read before the crash).
+    pub a_lease_until_ms: Option<u64>,
+    /// Lab clock (ms): B's grant had been reported by then.
+    pub b_granted_by_ms: Option<u64>,
 }
 
 /// Reads one run's history (its events only) for what the servers answered the workers.
@@ -85,7 +92,22 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
         Some("rejected") => Outcome::Rejected,
         _ => Outcome::Unknown,
     });
+    let a_wrote_at = log.iter().position(|e| e.is("A", Kind::Wrote));
+    let a_key_gone_at = log.iter().position(|e| {
+        e.is("redis", Kind::Expired) || (e.is("lab", Kind::Killed) && e.text.contains("Redis"))
+    });
+    let a_key_gone_before_write = match (a_key_gone_at, a_wrote_at) {
+        (Some(gone), Some(wrote)) => gone < wrote,
+        _ => false,
+    };
     Ok(Heard {
+        a_key_gone_before_write,
+        a_lease_until_ms: log
+            .iter()
+            .find(|e| e.is("redis", Kind::Pttl))
+            .and_then(|e| e.get_i64("lease_lives_until_ms"))
+            .map(|ms| ms as u64),
+        b_granted_by_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
         a_release: saw("A", Kind::Released)
             .and_then(release_of)
             .context("A's release did not say what Redis answered")?,
@@ -120,6 +142,14 @@ pub struct RunVerdict {
     pub two_holders: Option<bool>,
     /// A's write, in the store's decision order relative to B's accepted write.
     pub late_write: LateWrite,
+    /// Lab clock (ms): A's PX would have run at least until then, by the PTTL Redis
+    /// answered before the crash (`--token-restart`; null otherwise).
+    pub a_lease_until_ms: Option<u64>,
+    /// Lab clock (ms): B's grant had reached the lab by then (an upper bound on the grant).
+    pub b_granted_by_ms: Option<u64>,
+    /// What the store decided for A's write, made after A's key was gone (expired or lost in
+    /// the crash), in whichever order; null when A's key outlived its pause.
+    pub a_stale_write_accepted: Option<bool>,
     /// A's write was decided after B's (the write that can destroy B's result).
     pub stale_write_attempted: bool,
     /// Whether the store took that stale write; null when there was none.
@@ -172,6 +202,9 @@ impl RunVerdict {
             b_release: heard.b_release.as_ref(),
             attempts: &read.attempts,
             final_writer: read.final_writer.as_deref(),
+            a_key_gone_before_write: heard.a_key_gone_before_write,
+            a_lease_until_ms: heard.a_lease_until_ms,
+            b_granted_by_ms: heard.b_granted_by_ms,
         }) {
             Ok(found) => found,
             Err(wrong) => bail!(
@@ -188,6 +221,9 @@ impl RunVerdict {
             token_restart: setup.token_restart,
             two_holders: found.two_holders.as_option(),
             late_write: found.late_write,
+            a_lease_until_ms: heard.a_lease_until_ms,
+            b_granted_by_ms: heard.b_granted_by_ms,
+            a_stale_write_accepted: found.a_stale_write_accepted,
             stale_write_attempted: found.late_write.attempted(),
             stale_write_accepted: found.late_write.accepted(),
             a_lease_ran_out: found.a_lease_ran_out,
@@ -209,6 +245,20 @@ impl RunVerdict {
         let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
         if self.token_restart {
             let (a, b) = (token(self.stale_token), token(self.newer_token));
+            let grants = match (
+                self.two_holders,
+                self.b_granted_by_ms,
+                self.a_lease_until_ms,
+            ) {
+                (Some(true), Some(granted), Some(until)) if granted < until => format!(
+                    " Redis granted B by +{:.3}s, while A's PX — by the PTTL Redis answered \
+                     before the crash — ran until at least +{:.3}s: Redis handed the lock out \
+                     twice within A's lease.",
+                    granted as f64 / 1000.0,
+                    until as f64 / 1000.0
+                ),
+                _ => String::new(),
+            };
             let holders = if self.token_reissued {
                 format!(
                     "Redis restarted empty while A was frozen: A's key and the token counter were \
@@ -233,9 +283,10 @@ impl RunVerdict {
                      came first (a lesson: see the run where A writes first)."
                 ),
                 (LateWrite::None, Some("higher_or_same_holder"), Some(false)) => format!(
-                    "A, the stale holder, wrote first and was accepted; B, granted the lock after \
-                     A, came second with the same token {b} and was refused: A's result stands. No \
-                     rule at the store can tell two holders of one token apart (a lesson)."
+                    "A, the stale holder, wrote after its key was gone and, first, was accepted; \
+                     B, granted the lock after A and still inside its own lease, came second with \
+                     the same token {b} and was refused: A's result stands. No rule at the store \
+                     can tell two holders of one token apart (a lesson)."
                 ),
                 (LateWrite::Rejected, _, _) => {
                     format!("The store refused A's token {a} after B's {b}: B's result stands.")
@@ -251,7 +302,7 @@ impl RunVerdict {
                                             write this time."
                     .to_string(),
             };
-            return format!("{holders} {store}");
+            return format!("{holders}{grants} {store}");
         }
         let holders = match (self.two_holders, self.a_lease_ran_out) {
             (Some(true), _) => format!(
@@ -313,10 +364,21 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
     let header: Vec<&str> = std::iter::once("evidence")
         .chain(titles.iter().map(String::as_str))
         .collect();
-    let stale = |v: &RunVerdict| match v.late_write {
-        LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
-        LateWrite::Rejected => "rejected".green().bold().to_string(),
-        other => other.as_str().to_string(),
+    // A's write made after its key was gone, whichever order the store decided it in.
+    let stale = |v: &RunVerdict| match (v.a_stale_write_accepted, v.late_write) {
+        (_, LateWrite::Accepted) => "ACCEPTED after B's".red().bold().to_string(),
+        (_, LateWrite::Rejected) => "refused after B's".green().bold().to_string(),
+        (Some(true), _) => match v.b_write_accepted {
+            Some(false) => format!(
+                "{}, then B's {}",
+                "ACCEPTED".red().bold(),
+                "REFUSED".red().bold()
+            ),
+            Some(true) => format!("{}, then B's accepted", "ACCEPTED".red().bold()),
+            None => "ACCEPTED".red().bold().to_string(),
+        },
+        (Some(false), _) => "refused".green().bold().to_string(),
+        (None, _) => "none".to_string(),
     };
     let row = |name: &str, cell: &dyn Fn(&RunVerdict) -> String| {
         std::iter::once(name.to_string())
@@ -331,7 +393,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
                 None => "unknown".yellow().to_string(),
             },
         ),
-        row("A's late write (store)", &stale),
+        row("A's stale write (store)", &stale),
         row("last accepted writer (store)", &|v| {
             v.final_writer.clone().unwrap_or("nobody".into())
         }),

@@ -14,6 +14,7 @@ use crate::events::{Event, Kind};
 use crate::lock::redis::owner_and_pttl;
 use crate::nemesis::Nemesis;
 use crate::output::human;
+use crate::redis_health::KeyWatch;
 use crate::worker::racer::{Acquire, Holder, Release};
 
 impl Play<'_> {
@@ -37,6 +38,8 @@ impl Play<'_> {
             stop_between: true,
             ..holder.clone()
         };
+        // A key deleted, flushed or evicted must not pass for one that lapsed.
+        let mut key_watch = KeyWatch::start(url)?;
         let mut a = stage.spawn("A", &self.spec("A", a_script))?;
         // With SETNX-then-PEXPIRE, A stops between the two commands and says so; the
         // lab kills it right there. Otherwise A stops after taking the lock.
@@ -79,6 +82,8 @@ impl Play<'_> {
         stage.timeline.attach_bar(bar);
         let deadline = Instant::now() + args.wait + Duration::from_secs(10);
         let mut last_look = Instant::now() - Duration::from_secs(1);
+        // When A's key went (None: not seen gone yet), for telling a lapse from a vanishing.
+        let mut gone_at: Option<Instant> = None;
         let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
                 if event.kind == Kind::Error {
@@ -87,6 +92,9 @@ impl Play<'_> {
                 if event.worker == "B"
                     && (event.kind == Kind::Acquired || event.kind == Kind::GaveUp)
                 {
+                    if event.kind == Kind::Acquired {
+                        gone_at.get_or_insert_with(Instant::now);
+                    }
                     return Ok(event);
                 }
             }
@@ -95,10 +103,13 @@ impl Play<'_> {
             }
             if last_look.elapsed() >= Duration::from_millis(50) {
                 last_look = Instant::now();
-                let pttl: i64 = redis::cmd("PTTL")
-                    .arg(&key)
-                    .query(&mut redis)
+                let (owner, pttl) = owner_and_pttl(&mut redis, &key)
                     .step(url, "watching A's key's PTTL while B waits")?;
+                if owner.is_some() && owner == a_owner {
+                    key_watch.present(last_look, pttl);
+                } else {
+                    gone_at.get_or_insert(last_look);
+                }
                 if let Some(bar) = stage.timeline.bar() {
                     bar.set_position(killed_at.elapsed().as_millis() as u64);
                     bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
@@ -119,6 +130,17 @@ impl Play<'_> {
             whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
             pttl_text(pttl)
         );
+        if !dead_owner
+            && let Some(gone_at) = gone_at
+            && let Some(vanished) = key_watch.gone(gone_at)?
+        {
+            stage.record(Event::new(
+                "redis",
+                Kind::Vanished,
+                vanished.line("A's key"),
+            ));
+            return Err(vanished.no_verdict("A's lock key"));
+        }
         let text = if dead_owner {
             format!(
                 "{read}: {} after A died the lock still belongs to it{}",

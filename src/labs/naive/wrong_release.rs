@@ -16,6 +16,7 @@ use crate::check::naive as checks;
 use crate::events::{Event, Kind};
 use crate::lock::redis::owner_and_pttl;
 use crate::output::human;
+use crate::redis_health::KeyWatch;
 use crate::worker::racer::{Acquire, Holder, Release};
 
 impl Play<'_> {
@@ -45,6 +46,8 @@ impl Play<'_> {
             )
         };
 
+        // A key deleted, flushed or evicted must not pass for one that lapsed.
+        let mut key_watch = KeyWatch::start(url)?;
         let mut a = stage.spawn("A", &spec("A", args.wait))?;
         let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
         let a_owner = a_took.get_str("owner").map(String::from);
@@ -57,11 +60,13 @@ impl Play<'_> {
         let deadline = Instant::now() + long;
         let lapsed = (|| loop {
             stage.next(Duration::from_millis(10));
+            let asked_at = Instant::now();
             let (owner, pttl) = owner_and_pttl(&mut redis, &key)
                 .step(url, "watching A's key in Redis while A works")?;
             if owner != a_owner {
-                return Ok(());
+                return Ok(asked_at);
             }
+            key_watch.present(asked_at, pttl);
             if Instant::now() > deadline {
                 bail!("A's key did not expire within {}", human(long));
             }
@@ -71,7 +76,15 @@ impl Play<'_> {
             }
         })();
         stage.timeline.clear_bar();
-        lapsed?;
+        let gone_at = lapsed?;
+        if let Some(vanished) = key_watch.gone(gone_at)? {
+            stage.record(Event::new(
+                "redis",
+                Kind::Vanished,
+                vanished.line("A's key"),
+            ));
+            return Err(vanished.no_verdict("A's lock key"));
+        }
         stage.record(Event::new(
             "redis",
             Kind::Expired,
