@@ -1685,9 +1685,15 @@ fn own_dir(dir: &Path) -> Result<()> {
     if created {
         // The private Postgres may run as another user, who must be able to enter it.
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+        fs::write(dir.join(MADE_HERE), b"")
+            .with_context(|| format!("writing into {}", dir.display()))?;
     }
     Ok(())
 }
+
+/// In a state directory lockslab created itself: `down` removes the directory too. A
+/// directory the user made (LOCKSLAB_STATE_DIR) is emptied of lockslab's files and kept.
+const MADE_HERE: &str = ".made-by-lockslab";
 
 /// What `lockslab up` started, saved in the state directory. Written before the first
 /// server starts and again as each one is spawned, so that `down` finds everything even
@@ -2024,7 +2030,9 @@ fn clear_state_dir(dir: &Path) -> Result<()> {
         }
         .with_context(|| format!("removing {}", path.display()))?;
     }
-    let _ = fs::remove_dir(dir);
+    if fs::remove_file(dir.join(MADE_HERE)).is_ok() {
+        let _ = fs::remove_dir(dir);
+    }
     Ok(())
 }
 

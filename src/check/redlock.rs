@@ -155,6 +155,7 @@ pub fn stale_write(attempts: &[Attempt], late: &str, next: &str) -> StaleWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::tests::attempt;
 
     fn ms(ms: u64) -> Duration {
         Duration::from_millis(ms)
@@ -187,17 +188,6 @@ mod tests {
             reply,
             sent_ms: 0.0,
             took_ms,
-        }
-    }
-
-    fn attempt(decided: i64, writer: &str, token: Option<i64>, accepted: bool) -> Attempt {
-        Attempt {
-            writer: writer.into(),
-            value: format!("{writer}'s result"),
-            token,
-            fenced: token.is_some(),
-            accepted,
-            decided,
         }
     }
 

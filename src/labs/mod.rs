@@ -103,6 +103,18 @@ pub fn new_run_id() -> String {
     }
 }
 
+/// The check every lab with `--workers` and `--fault` makes when its plan is built: enough
+/// workers for the fault's roles (`why` names them), and no more than 50.
+pub fn enough_workers(workers: u32, fault: &str, needed: u32, why: &str) -> Result<()> {
+    if workers < needed {
+        crate::bail_usage!("--workers {workers}: --fault {fault} needs at least {needed} ({why})");
+    }
+    if workers > 50 {
+        crate::bail_usage!("--workers {workers}: at most 50");
+    }
+    Ok(())
+}
+
 /// A worker's failure, as the orchestrator reports it. When a server froze or went away,
 /// that is the cause and leads the line (and the orchestrator gives up on that server
 /// too, so that its cleanup does not wait for it); anything else is the worker's own.

@@ -297,16 +297,7 @@ fn check_args(args: &NoLockArgs) -> Result<()> {
         Fault::Freeze => (5, "four to freeze, one to carry on"),
         Fault::None => (1, "someone has to do the jobs"),
     };
-    if args.workers < needed {
-        crate::bail_usage!(
-            "--workers {}: --fault {} needs at least {needed} ({why})",
-            args.workers,
-            args.fault.name()
-        );
-    }
-    if args.workers > 50 {
-        crate::bail_usage!("--workers {}: at most 50", args.workers);
-    }
+    super::enough_workers(args.workers, args.fault.name(), needed, why)?;
     if args.fault == Fault::Both && (args.keys < 2 || args.jobs < 2) {
         crate::bail_usage!(
             "--keys {} --jobs {}: --fault both needs two customers and two jobs (the frozen \

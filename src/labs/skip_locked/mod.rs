@@ -230,16 +230,7 @@ fn plan_from(args: &SkipLockedArgs) -> Result<Plan> {
         Fault::Freeze => (2, "one to freeze, one to carry on"),
         Fault::None => (1, "someone has to work the queue"),
     };
-    if args.workers < needed {
-        crate::bail_usage!(
-            "--workers {}: --fault {} needs at least {needed} ({why})",
-            args.workers,
-            args.fault.name()
-        );
-    }
-    if args.workers > 50 {
-        crate::bail_usage!("--workers {}: at most 50", args.workers);
-    }
+    super::enough_workers(args.workers, args.fault.name(), needed, why)?;
     if let Some(idle) = args.idle_timeout {
         if idle < Duration::from_millis(500) {
             crate::bail_usage!(
