@@ -26,10 +26,10 @@ pub use crate::exit::{EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, UsageError};
     version,
     about = "Learn distributed locks by breaking them: real workers, real Redis/etcd/Postgres, real SIGSTOP.",
     after_help = "\
-Servers: each lab finds Redis, etcd and Postgres by --redis-url/--etcd-url/--postgres-url
-(or LOCKSLAB_REDIS_URL…), then `lockslab up`'s servers, then the docker-compose.yml
-defaults; if none answers it starts private servers from local binaries and removes them
-afterwards.
+Servers: each lab finds Redis, etcd and Postgres by
+--redis-url/--etcd-url/--postgres-url (or LOCKSLAB_REDIS_URL…), then `lockslab
+up`'s servers, then the docker-compose.yml defaults; if none answers it starts
+private servers from local binaries and removes them afterwards.
 
 Exit status:
   0    the lab ran and its verdict was read back from the store
@@ -41,16 +41,24 @@ Exit status:
 
 Examples:
   lockslab                      the lab menu (also `lockslab list`)
-  lockslab gc-pause             lab 1: a frozen holder's stale write, without and with fencing
-  lockslab naive                lab 2: four bugs of the naive Redis lock, each beside its fix
-  lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a worker
-  lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who can fence
-  lockslab failover             lab 5: a Redis failover hands the lock out twice; etcd does not
-  lockslab redlock              lab 6: five Redis masters, a quorum, and where it breaks
-  lockslab no-lock              lab 7: the same job without a lock service, freeze and kill
+  lockslab gc-pause             lab 1: a frozen holder's stale write, without
+                                and with fencing
+  lockslab naive                lab 2: four bugs of the naive Redis lock, each
+                                beside its fix
+  lockslab skip-locked          lab 3: a Postgres job queue; kill and freeze a
+                                worker
+  lockslab etcd-vs-redis        lab 4: who hands the lock over how fast, and who
+                                can fence
+  lockslab failover             lab 5: a Redis failover hands the lock out
+                                twice; etcd does not
+  lockslab redlock              lab 6: five Redis masters, a quorum, and where
+                                it breaks
+  lockslab no-lock              lab 7: the same job without a lock service,
+                                freeze and kill
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
-  lockslab worker               take the lock by hand and freeze yourself with kill -STOP
+  lockslab worker               take the lock by hand and freeze yourself with
+                                kill -STOP
   lockslab <lab> --help         options and examples of one lab
 
 Walkthroughs: labs/01-gc-pause.md … labs/07-no-lock.md in the repository."
@@ -105,14 +113,16 @@ Without --fencing on both, the late write is ACCEPTED and overwrites the second 
     /// Start private Redis, etcd and Postgres and keep them running between commands
     #[command(after_help = "\
 Examples:
-  lockslab up                      servers on 127.0.0.1 for this machine's terminals
+  lockslab up                      servers on 127.0.0.1 for this machine's
+                                   terminals
   lockslab up --room 192.168.1.20  servers a room shares, passwords on, 30 seats
   lockslab seat 7                  the lines attendee 7 pastes (seat07's only)
 
-A room's servers listen on ADDR only, each with a generated password (Redis requirepass,
-Postgres SCRAM, etcd auth with user root) that stays the instructor's. Each seat is a
-user of its own on all three, with its own password, reaching only its own namespace;
-Postgres has room for every seat running any lab at once. `lockslab down` stops them.")]
+A room's servers listen on ADDR only, each with a generated password (Redis
+requirepass, Postgres SCRAM, etcd auth with user root) that stays the
+instructor's. Each seat is a user of its own on all three, with its own
+password, reaching only its own namespace; Postgres has room for every seat
+running any lab at once. `lockslab down` stops them.")]
     Up(UpArgs),
     /// Print the export lines of one seat of the room `lockslab up --room` started
     #[command(after_help = "\
@@ -132,7 +142,8 @@ All seats' lines are also in the file `lockslab up --room` names (mode 0600).")]
     #[command(after_help = "\
 Examples:
   lockslab reset                    clear lock 'demo' (LOCKSLAB_NAME's, if set)
-  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana/demo' only; nobody else's")]
+  LOCKSLAB_NAME=ana lockslab reset  clear Ana's 'ana/demo' only; nobody
+                                    else's")]
     Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
@@ -140,7 +151,8 @@ Examples:
     #[command(after_help = "\
 Examples:
   lockslab gc-pause --json > run.jsonl       record a run (before a workshop)
-  lockslab render run.jsonl -o run.html      the picture, to open in any browser offline
+  lockslab render run.jsonl -o run.html      the picture, to open in any browser
+                                             offline
   lockslab render run.jsonl -o run.svg       the same drawing as an image
 
 Every lab also takes --html FILE and --svg FILE to draw the run it just played.")]

@@ -22,10 +22,12 @@ use crate::servers::{
 #[command(after_help = "\
 Examples:
   lockslab doctor                       what this machine's labs would use
-  lockslab doctor --postgres-url URL    check a shared Postgres (its free connections too)
+  lockslab doctor --postgres-url URL    check a shared Postgres (its free
+                                        connections too)
   lockslab doctor --private-servers     only the private servers
 
-Exit status: 0 every lab can run here · 1 at least one cannot (each line says what to do)")]
+Exit status: 0 every lab can run here · 1 at least one cannot (each line says
+what to do)")]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub servers: ServerArgs,

@@ -861,7 +861,11 @@ fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_s
     assert!(down.status.success(), "{}", text(&down));
     assert_eq!(mode, 0o700, "the state directory's mode became {mode:o}");
     // `down` empties a directory the user made and keeps it.
-    assert!(world.state.is_dir(), "`down` removed {}", world.state.display());
+    assert!(
+        world.state.is_dir(),
+        "`down` removed {}",
+        world.state.display()
+    );
     let left: Vec<_> = std::fs::read_dir(&world.state).unwrap().collect();
     assert!(left.is_empty(), "`down` left {left:?}");
 }

@@ -107,3 +107,57 @@ fn every_help_fits_80_columns_even_when_piped() {
         );
     }
 }
+
+/// An example's description that runs past 80 columns must continue under its own column:
+/// clap re-wraps it at the line's indentation instead, under the command (`  etcd`).
+#[test]
+fn every_help_keeps_its_examples_in_two_columns() {
+    for command in [
+        "",
+        "gc-pause",
+        "naive",
+        "skip-locked",
+        "etcd-vs-redis",
+        "failover",
+        "redlock",
+        "no-lock",
+        "up",
+        "reset",
+        "doctor",
+        "render",
+    ] {
+        let mut args: Vec<&str> = command.split_whitespace().collect();
+        args.push("--help");
+        let output = lockslab(&args).env_remove("COLUMNS").output().unwrap();
+        let help = String::from_utf8_lossy(&output.stdout).to_string();
+        let examples: Vec<&str> = help
+            .lines()
+            .skip_while(|line| *line != "Examples:")
+            .skip(1)
+            .take_while(|line| !line.is_empty())
+            .collect();
+        assert!(
+            !examples.is_empty(),
+            "lockslab {command} --help has examples"
+        );
+        let broken: Vec<&&str> = examples
+            .iter()
+            .filter(|line| {
+                let starts_a_command = line.starts_with("  lockslab")
+                    || line.trim_start().split('=').next().is_some_and(|name| {
+                        !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    });
+                line.starts_with("  ") && !line.starts_with("   ") && !starts_a_command
+            })
+            .collect();
+        assert!(
+            broken.is_empty(),
+            "lockslab {command} --help wraps an example under its command:\n{}",
+            broken
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}

@@ -51,10 +51,14 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab etcd-vs-redis                     kill, freeze, then overrun, on every lock
-  lockslab etcd-vs-redis --kill              only the kill: time until the next holder
-  lockslab etcd-vs-redis --freeze            only the freeze: two holders? stale write?
-  lockslab etcd-vs-redis --overrun           only the overrun: work longer than the TTL
+  lockslab etcd-vs-redis                     kill, freeze, then overrun, on
+                                             every lock
+  lockslab etcd-vs-redis --kill              only the kill: time until the next
+                                             holder
+  lockslab etcd-vs-redis --freeze            only the freeze: two holders? stale
+                                             write?
+  lockslab etcd-vs-redis --overrun           only the overrun: work longer than
+                                             the TTL
   lockslab etcd-vs-redis --freeze --pg-timeout 2s
                                              Postgres ends the frozen session after 2s idle
   lockslab etcd-vs-redis --redis-ttl 3s --lease 1s --kill

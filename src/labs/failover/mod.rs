@@ -49,8 +49,10 @@ pub use verdict::{Scenario, StaleWrite};
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab failover                 Redis failover (plain, WAIT, durable), then etcd
-  lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper inside A's
+  lockslab failover                 Redis failover (plain, WAIT, durable), then
+                                    etcd
+  lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper
+                                    inside A's
   lockslab failover --json | jq .   events and verdict as JSON Lines
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;

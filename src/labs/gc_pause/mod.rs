@@ -41,14 +41,19 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab gc-pause                      both runs, A freezes itself for 1.5 × TTL
-  lockslab gc-pause --freeze peer        the lab stops A with kill(pid, SIGSTOP) instead
+  lockslab gc-pause                      both runs, A freezes itself for 1.5 ×
+                                         TTL
+  lockslab gc-pause --freeze peer        the lab stops A with kill(pid, SIGSTOP)
+                                         instead
   lockslab gc-pause --fencing on         only the fenced run
-  lockslab gc-pause --ttl 1s --pause 500ms   a pause shorter than the TTL: nothing goes wrong
-  lockslab gc-pause --token-restart      Redis restarts while A is frozen: B gets A's token
+  lockslab gc-pause --ttl 1s --pause 500ms   a pause shorter than the TTL:
+                                             nothing goes wrong
+  lockslab gc-pause --token-restart      Redis restarts while A is frozen: B
+                                         gets A's token
   lockslab gc-pause --json | jq .        events and verdict as JSON Lines
 
-By hand, in two terminals: `lockslab up`, then `lockslab worker` (see labs/01-gc-pause.md).", crate::lab_exit_status_help!()))]
+By hand, in two terminals: `lockslab up`, then `lockslab worker` (see
+labs/01-gc-pause.md).", crate::lab_exit_status_help!()))]
 pub struct GcPauseArgs {
     /// How long the lock lives in Redis (100ms to 10m)
     #[arg(long, default_value = "2s", value_parser = parse_ttl, value_name = "DURATION")]

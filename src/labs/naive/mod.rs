@@ -55,12 +55,17 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab naive                          all four scenarios, each broken and fixed
-  lockslab naive race                     only the check-then-set race (10 workers × 200 trials)
-  lockslab naive race --window 1ms        1ms between GET and SET: how often now?
+  lockslab naive                          all four scenarios, each broken and
+                                          fixed
+  lockslab naive race                     only the check-then-set race (10
+                                          workers × 200 trials)
+  lockslab naive race --window 1ms        1ms between GET and SET: how often
+                                          now?
   lockslab naive race --spread 0ms        everyone arrives at once
-  lockslab naive race --workers 2 --trials 1000   only two clients: rarer, but gone?
-  lockslab naive no-ttl --wait 2s         a dead holder with no TTL; give up after 2s
+  lockslab naive race --workers 2 --trials 1000   only two clients: rarer, but
+                                                  gone?
+  lockslab naive no-ttl --wait 2s         a dead holder with no TTL; give up
+                                          after 2s
   lockslab naive wrong-release --ttl 500ms
   lockslab naive --json | jq 'select(.kind == \"verdict\")'
 

@@ -55,11 +55,13 @@ pub use verdict::{ApproachVerdict, Verdict};
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab no-lock                      all eight approaches, freezes and kill in each
+  lockslab no-lock                      all eight approaches, freezes and kill
+                                        in each
   lockslab no-lock optimistic           one approach
   lockslab no-lock --fault freeze       only the freeze
   lockslab no-lock --keys 2             two customers: heavy contention
-  lockslab no-lock --contention         2 to 32 workers on 4 customers, no faults
+  lockslab no-lock --contention         2 to 32 workers on 4 customers, no
+                                        faults
   lockslab no-lock --json | jq .        events and verdict as JSON Lines
 
 By hand, with psql in two terminals: see labs/07-no-lock.md.", crate::lab_exit_status_help!()))]

@@ -57,10 +57,12 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab redlock                       all four scenarios on five private masters
+  lockslab redlock                       all four scenarios on five private
+                                         masters
   lockslab redlock restart               one scenario: a master restarting empty
   lockslab redlock --masters 3           three masters (quorum 2)
-  lockslab redlock --instance-timeout 200ms   frozen masters eat more of the validity
+  lockslab redlock --instance-timeout 200ms   frozen masters eat more of the
+                                              validity
   lockslab redlock --json | jq .         events and verdict as JSON Lines
   lockslab redlock --master redis://a:6379 --master redis://b:6379 \\
                    --master redis://c:6379   three masters of yours
@@ -68,10 +70,10 @@ Examples:
 By default the masters are private to the run: the lab kills, freezes and
 restarts them, which it must never do to a server someone else uses (a given
 --redis-url is not used here). With --master it uses yours and plays only
-clock-jump and client-pause (minority and restart kill and restart masters);
-the run's keys lockslab:<run id>:* are removed from yours at the end.
-The clock jump is SIMULATED with PEXPIRE (redis-server cannot run under libfaketime).
-By hand, with redis-cli against five ports: see labs/06-redlock.md.", crate::lab_exit_status_help!()))]
+clock-jump and client-pause (minority and restart kill and restart masters); the
+run's keys lockslab:<run id>:* are removed from yours at the end. The clock jump
+is SIMULATED with PEXPIRE (redis-server cannot run under libfaketime). By hand,
+with redis-cli against five ports: see labs/06-redlock.md.", crate::lab_exit_status_help!()))]
 pub struct RedlockArgs {
     /// Play one scenario only [default: all four, in this order]
     #[arg(value_enum)]

@@ -61,15 +61,19 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab skip-locked                        skip-locked mode: the queue, a kill, a freeze
-  lockslab skip-locked --mode naive           SELECT then UPDATE: watch the duplicates
+  lockslab skip-locked                        skip-locked mode: the queue, a
+                                              kill, a freeze
+  lockslab skip-locked --mode naive           SELECT then UPDATE: watch the
+                                              duplicates
   lockslab skip-locked --compare              all three modes, one table
-  lockslab skip-locked --idle-timeout 500ms   Postgres ends the frozen worker's session
+  lockslab skip-locked --idle-timeout 500ms   Postgres ends the frozen worker's
+                                              session
   lockslab skip-locked --fault none --work 0ms --jobs 5000   just the speed
   lockslab skip-locked --json | jq .          events and verdict as JSON Lines
 
-With --json every event carries t_ms (one clock for the whole run, --compare included) and
-mode (skip-locked, naive or for-update): split a --compare stream on mode.
+With --json every event carries t_ms (one clock for the whole run, --compare
+included) and mode (skip-locked, naive or for-update): split a --compare stream
+on mode.
 
 By hand, with psql in three terminals: see labs/03-skip-locked.md.", crate::lab_exit_status_help!()))]
 pub struct SkipLockedArgs {
