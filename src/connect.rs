@@ -114,6 +114,17 @@ pub fn gave_up_on(url: &str) -> bool {
     known(|k| k.gone.contains(&url))
 }
 
+/// Whether a line says a server did not answer at all (frozen, or the network ate it) — not
+/// one that closed the connection, which a server does on purpose (an idle-session timeout).
+pub fn names_a_silent_server(line: &str) -> bool {
+    [Backend::Redis, Backend::Etcd, Backend::Postgres]
+        .iter()
+        .any(|backend| {
+            line.find(&format!("{} at ", backend.name()))
+                .is_some_and(|start| line[start..].contains(" did not answer"))
+        })
+}
+
 /// A worker's error line, as the orchestrator received it: if it says that a server did not
 /// answer or went away, the orchestrator gives up on that server too, and gets that part of
 /// the line back (without the step the worker was on: the server is the cause).

@@ -207,6 +207,12 @@ pub(super) fn play(
         for event in stage.log.iter().skip(seen) {
             match event.kind {
                 Kind::Error => return Err(crate::labs::worker_failed(&event.worker, &event.text)),
+                // A heartbeat that got no answer at all: the lock's server froze or went
+                // away, and the waiter on it will wait out its whole wait in silence.
+                // Nothing can be measured on that lane: stop, naming the server.
+                Kind::Lost if connect::names_a_silent_server(&event.text) => {
+                    return Err(crate::labs::worker_failed(&event.worker, &event.text));
+                }
                 Kind::GaveUp => {
                     // A lock call outlasted its own wait: say which server it waited on.
                     let on = lanes
