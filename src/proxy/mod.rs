@@ -217,8 +217,6 @@ impl Proxy {
             }
             self.shared.changed.notify_all();
         }
-        // The acceptor blocks in accept(): one connection wakes it to see it must stop.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
@@ -251,11 +249,26 @@ impl Drop for Proxy {
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<JoinHandle<()>>>>) {
-    for client in listener.incoming() {
+    // Non-blocking, looked at every few milliseconds: `stop` needs no connection of its
+    // own to wake an acceptor stuck in accept(), and cannot miss it.
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    loop {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(client) = client else { continue };
+        let client = match listener.accept() {
+            Ok((client, _)) => client,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if client.set_nonblocking(false).is_err() {
+            continue;
+        }
         let cut = {
             let state = lock(&shared);
             state.up == Some(NetFault::Reset) || state.down == Some(NetFault::Reset)
@@ -274,6 +287,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<
         let handles = (|| -> std::io::Result<Vec<JoinHandle<()>>> {
             let link = {
                 let mut state = lock(&shared);
+                // Under the lock `stop` drains the links with: a connection accepted while
+                // the proxy was stopping is closed here, or it would outlive the proxy.
+                if shared.stopping.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    let _ = server.shutdown(Shutdown::Both);
+                    return Ok(Vec::new());
+                }
                 state.next_link += 1;
                 let link = state.next_link;
                 state
