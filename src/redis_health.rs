@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::connect;
+use crate::events::{Event, Kind};
+use crate::nemesis::Record;
 use crate::output::human;
 
 /// What a Redis says about how it loses keys, before and after a run.
@@ -225,9 +227,7 @@ impl Vanished {
             )
         }
     }
-}
 
-impl Vanished {
     /// The lab's one line when it gives no verdict because `whose` key vanished.
     pub fn no_verdict(&self, whose: &str) -> anyhow::Error {
         anyhow::anyhow!(
@@ -235,6 +235,17 @@ impl Vanished {
              an expiry freed the lock (another client's DEL, a flush, an eviction, a restart)",
             self.why
         )
+    }
+
+    /// Says on the timeline (Redis's lane) that `holder`'s key vanished, and returns the
+    /// error that ends the lab with no verdict.
+    pub fn stop_the_lab(&self, history: &mut impl Record, holder: &str) -> anyhow::Error {
+        history.record(Event::new(
+            "redis",
+            Kind::Vanished,
+            self.line(&format!("{holder}'s key")),
+        ));
+        self.no_verdict(&format!("{holder}'s lock key"))
     }
 }
 

@@ -271,12 +271,7 @@ impl Play<'_> {
                     None => None,
                 };
                 if let Some(vanished) = vanished {
-                    stage.record(Event::new(
-                        "redis",
-                        Kind::Vanished,
-                        vanished.line("A's key"),
-                    ));
-                    return Err(vanished.no_verdict("A's lock key"));
+                    return Err(vanished.stop_the_lab(&mut *stage, "A"));
                 }
                 stage.record(Event::new(
                     "redis",

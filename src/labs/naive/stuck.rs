@@ -134,12 +134,7 @@ impl Play<'_> {
             && let Some(gone_at) = gone_at
             && let Some(vanished) = key_watch.gone(gone_at)?
         {
-            stage.record(Event::new(
-                "redis",
-                Kind::Vanished,
-                vanished.line("A's key"),
-            ));
-            return Err(vanished.no_verdict("A's lock key"));
+            return Err(vanished.stop_the_lab(&mut stage, "A"));
         }
         let text = if dead_owner {
             format!(

@@ -78,12 +78,7 @@ impl Play<'_> {
         stage.timeline.clear_bar();
         let gone_at = lapsed?;
         if let Some(vanished) = key_watch.gone(gone_at)? {
-            stage.record(Event::new(
-                "redis",
-                Kind::Vanished,
-                vanished.line("A's key"),
-            ));
-            return Err(vanished.no_verdict("A's lock key"));
+            return Err(vanished.stop_the_lab(&mut stage, "A"));
         }
         stage.record(Event::new(
             "redis",
