@@ -471,8 +471,9 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
 
 /// The events of one lab run are stamped on one clock: `t_ms` never restarts, across the
 /// runs and scenarios of one command too. (Each worker's events are stamped by their own
-/// reader thread as they arrive, so two stamps a millisecond apart can reach the lab in
-/// either order: a step back of a few milliseconds is arrival, a drop to near 0 a restart.)
+/// reader thread as they arrive, and the lab prints them when it next reads its channel: on a
+/// loaded machine a stamp can land tens of milliseconds behind one the lab stamped itself.
+/// A step back under a second is arrival order; a restart drops by more, towards 0.)
 pub fn assert_one_clock(lines: &[Value]) {
     let stamps: Vec<u64> = lines
         .iter()
@@ -482,7 +483,7 @@ pub fn assert_one_clock(lines: &[Value]) {
     let mut latest = 0;
     for &t in &stamps {
         assert!(
-            t + 50 >= latest,
+            t + 1_000 >= latest,
             "one clock for the whole run, but {t} came after {latest}: {stamps:?}"
         );
         latest = latest.max(t);
