@@ -95,6 +95,9 @@ enum Command {
         #[arg(value_enum)]
         shell: CompletionShell,
     },
+    /// Print the JSON Schema of the event lines `--json` prints (docs/json.md):
+    /// `lockslab schema > event.schema.json`, then validate a run with any validator
+    Schema,
     /// Print the manual page (roff): `lockslab man | man -l -`; `--dir DIR` writes one page
     /// per command there
     Man {
@@ -224,6 +227,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::Completions { shell } => completions(shell),
         Command::Man { dir } => man_pages(dir.as_deref())?,
+        Command::Schema => crate::outln!("{}", crate::events::json_schema()),
         Command::GcPause(args) => gc_pause::run(&args)?,
         Command::Naive(args) => naive::run(&args)?,
         Command::SkipLocked(args) => skip_locked::run(&args)?,

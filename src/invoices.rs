@@ -269,7 +269,7 @@ pub struct Job {
 
 /// The moments a lab can stop a worker at, in the middle of one job: every approach passes
 /// each of them, in this order (an approach with no read passes the first two together).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Moment {
     /// It holds its lock, if it takes one, and has not read the customer yet.
@@ -350,7 +350,7 @@ pub enum Outcome {
 }
 
 /// What one worker counted; summed by the lab.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Tally {
     pub invoiced: u64,
     pub already_done: u64,

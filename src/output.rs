@@ -123,7 +123,7 @@ impl Timeline {
         let seconds = event.t_ms as f64 / 1000.0;
         // Long texts wrap under their own column, so the time and lane columns stay clear.
         let indent = 9 + 2 + self.lane_width.max(visible_width(&event.worker)) + 1;
-        let text = format!("{}{}", symbol(event.kind), event.text);
+        let text = format!("{}{}", symbol(event.kind()), event.text);
         // A text of several lines (a round's answer from each server) keeps its lines and
         // their indentation, each under the text's column.
         let mut pieces = Vec::new();
@@ -141,11 +141,11 @@ impl Timeline {
                     "{:>9}  {:<width$} {}",
                     format!("+{seconds:.3}s").dimmed(),
                     event.worker.color(color).bold(),
-                    paint(event.kind, piece),
+                    paint(event.kind(), piece),
                     width = self.lane_width,
                 )
             } else {
-                format!("{}{}", " ".repeat(indent), paint(event.kind, piece))
+                format!("{}{}", " ".repeat(indent), paint(event.kind(), piece))
             };
             self.println(&line);
         }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::connect;
-use crate::events::{Event, Kind};
+use crate::events::{Event, What};
 use crate::nemesis::Record;
 use crate::output::human;
 
@@ -242,7 +242,7 @@ impl Vanished {
     pub fn stop_the_lab(&self, history: &mut impl Record, holder: &str) -> anyhow::Error {
         history.record(Event::new(
             "redis",
-            Kind::Vanished,
+            What::Vanished,
             self.line(&format!("{holder}'s key")),
         ));
         self.no_verdict(&format!("{holder}'s lock key"))

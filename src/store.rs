@@ -37,7 +37,7 @@
 //! sequence handed out ids before the row lock was taken.
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::connect::{self, PgClient};
 
@@ -185,7 +185,7 @@ const RECORD_THE_ATTEMPT: &str = "
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// What the store said about one write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Accepted,

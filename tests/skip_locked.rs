@@ -463,7 +463,7 @@ const COMPARE: &str = include_str!("fixtures/skip-locked.jsonl");
 const IDLE_TIMEOUT: &str = include_str!("fixtures/skip-locked-idle-timeout.jsonl");
 
 use lockslab::check::{self, skip_locked as checks};
-use lockslab::events::{Event, Kind};
+use lockslab::events::{Event, Kind, What};
 
 /// A recorded run: its events (typed, as the lab wrote them) and its verdict.
 fn replay(jsonl: &str) -> (Vec<Event>, Value) {
@@ -479,40 +479,27 @@ fn replay(jsonl: &str) -> (Vec<Event>, Value) {
 fn of_mode<'a>(events: &'a [Event], mode: &str) -> Vec<&'a Event> {
     events
         .iter()
-        .filter(|e| e.get_str("mode") == Some(mode))
+        .filter(|e| e.part.mode.as_deref() == Some(mode))
         .collect()
 }
 
 fn find<'a>(events: &[&'a Event], kind: Kind) -> Option<&'a Event> {
-    events.iter().copied().find(|e| e.kind == kind)
-}
-
-fn strings(event: &Event, key: &str) -> Vec<String> {
-    event.data[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w.as_str().unwrap().to_string())
-        .collect()
+    events.iter().copied().find(|e| e.kind() == kind)
 }
 
 /// The kill's evidence as the history carries it: the nemesis's `killed`, Postgres's
 /// `reclaimed` (the first claim after the kill) or `job_lost` (the job's row).
 fn kill_evidence(events: &[&Event]) -> Option<checks::Kill> {
     let killed = find(events, Kind::Killed)?;
-    let victim = killed.get_str("target").unwrap().to_string();
+    let victim = killed.fault().unwrap().target.clone().unwrap();
     Some(checks::Kill {
-        first_claim: find(events, Kind::Reclaimed).map(|e| {
-            (
-                e.get_str("by").unwrap().to_string(),
-                e.data["reclaim_ms"].as_f64().unwrap(),
-            )
+        first_claim: find(events, Kind::Reclaimed).map(|e| match &e.what {
+            What::Reclaimed(h) => (h.by.clone().unwrap(), h.reclaim_ms.unwrap()),
+            _ => unreachable!(),
         }),
-        row: find(events, Kind::JobLost).map(|e| {
-            (
-                e.get_str("status").unwrap().to_string(),
-                e.get_str("claimed_by").map(String::from),
-            )
+        row: find(events, Kind::JobLost).map(|e| match &e.what {
+            What::JobLost(fate) => (fate.status.clone().unwrap(), fate.claimed_by.clone()),
+            _ => unreachable!(),
         }),
         dead: vec![victim.clone()],
         victim,
@@ -522,12 +509,14 @@ fn kill_evidence(events: &[&Event]) -> Option<checks::Kill> {
 /// The freeze's evidence: the nemesis's `frozen`, the lab's `freeze_result` (the table's
 /// final record), Postgres's `expired` and the sleeper's own `finish_failed`.
 fn freeze_evidence(events: &[&Event]) -> Option<checks::Freeze> {
-    let sleeper = find(events, Kind::Frozen)?.get_str("target").unwrap();
-    let result = find(events, Kind::FreezeResult).unwrap();
+    let sleeper = find(events, Kind::Frozen)?.fault()?.target.as_deref()?;
+    let What::FreezeResult(result) = &find(events, Kind::FreezeResult)?.what else {
+        unreachable!()
+    };
     Some(checks::Freeze {
         sleeper: sleeper.to_string(),
-        by: strings(result, "by"),
-        processed_while_frozen: result.get_i64("frozen_job_processed_while_frozen").unwrap(),
+        by: result.by.clone().unwrap(),
+        processed_while_frozen: result.frozen_job_processed_while_frozen.unwrap() as i64,
         session_ended: find(events, Kind::Expired).is_some(),
         finish_failed: events.iter().any(|e| e.is(sleeper, Kind::FinishFailed)),
     })
@@ -550,11 +539,14 @@ fn check_replay(
         let count = find(&events, Kind::ExactlyOnce)
             .or_else(|| find(&events, Kind::Violation))
             .unwrap();
+        let (What::ExactlyOnce(said) | What::Violation(said)) = &count.what else {
+            unreachable!()
+        };
         let processed = check::Processed {
             jobs: m["jobs"].as_i64().unwrap(),
-            once: count.get_i64("once").unwrap(),
-            duplicates: count.get_i64("duplicates").unwrap(),
-            lost: count.get_i64("lost").unwrap(),
+            once: said.once.unwrap() as i64,
+            duplicates: said.duplicates.unwrap() as i64,
+            lost: said.lost.unwrap() as i64,
         };
         assert_eq!(
             (processed.duplicates, processed.lost),
@@ -565,7 +557,7 @@ fn check_replay(
         );
         assert_eq!(
             checks::every_job_once(&processed),
-            count.kind == Kind::ExactlyOnce,
+            count.kind() == Kind::ExactlyOnce,
             "{name}"
         );
         let kill = kill_evidence(&events).map(|evidence| {

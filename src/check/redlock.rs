@@ -15,7 +15,7 @@ use crate::lock::redlock::{Answer, Reply};
 use crate::store::Attempt;
 
 /// One master's state for a key, as it answered GET and PTTL.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, schemars::JsonSchema)]
 pub struct MasterState {
     pub master: String,
     pub port: String,

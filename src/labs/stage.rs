@@ -13,7 +13,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::{step, worker_failed};
-use crate::events::{self, Event, Incoming, Kind};
+use crate::events::facts::{Part, Warning};
+use crate::events::{self, Event, Incoming, Kind, What};
 use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
 use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
@@ -34,7 +35,7 @@ pub struct Stage {
     /// The workers started on this stage: (name, pid), in order.
     spawned: Vec<(String, i32)>,
     /// Facts added to every event from here on (which run of a lab it belongs to).
-    tags: serde_json::Map<String, serde_json::Value>,
+    tags: Part,
     /// How many of the lab's own pauses are on this stage's timeline already.
     pauses_shown: usize,
 }
@@ -57,7 +58,7 @@ impl Stage {
             log: Vec::new(),
             closed: HashSet::new(),
             observed_before: None,
-            tags: serde_json::Map::new(),
+            tags: Part::default(),
             spawned: Vec::new(),
             pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
         }
@@ -74,15 +75,17 @@ impl Stage {
             let gap_ms = pause.gap.as_millis() as u64;
             let event = Event::new(
                 "lab",
-                Kind::Warning,
+                Warning {
+                    lab_paused_ms: Some(gap_ms),
+                    at_ms: Some(at_ms(pause)),
+                    ..Warning::default()
+                },
                 format!(
                     "lockslab itself was not running for {} (stopped or starved): times \
                      measured across this gap include it — they are disturbed",
                     crate::output::human(pause.gap)
                 ),
-            )
-            .with("lab_paused_ms", gap_ms)
-            .with("at_ms", at_ms(pause));
+            );
             self.pauses_shown += 1;
             self.record(event);
         }
@@ -150,43 +153,26 @@ impl Stage {
         step::checkpoint(at);
     }
 
-    /// Adds a fact to every event shown from now on, so that `--json` readers can tell the
-    /// runs of one lab apart (`"fencing": true`).
-    pub fn tag(&mut self, key: &str, value: impl Into<serde_json::Value>) {
-        self.tags.insert(key.into(), value.into());
+    /// The tags stamped on every event shown from now on, so that `--json` readers can tell
+    /// the parts of one lab run apart (`"fencing": true`): `stage.tags().fencing = Some(true)`.
+    pub fn tags(&mut self) -> &mut Part {
+        &mut self.tags
     }
 
+    /// The event with the stage's tags where it has none of its own, and the tags as one
+    /// label (`part`: `scenario=race variant=broken`), which a picture draws as a band.
     fn with_tags(&self, mut event: Event) -> Event {
-        for (key, value) in &self.tags {
-            event
-                .data
-                .entry(key.clone())
-                .or_insert_with(|| value.clone());
-        }
         if !self.tags.is_empty() {
-            event.data.insert("part".into(), self.part().into());
+            let label = self.tags.label();
+            event.part = event.part.or(&self.tags);
+            event.part.part = Some(label);
         }
         event
     }
 
-    /// The tags as one label (`fencing=false`, `scenario=race variant=broken`): which part of
-    /// the lab run an event belongs to, without knowing which facts are tags. A picture of
-    /// the run draws each part as a band of its own.
-    fn part(&self) -> String {
-        let words: Vec<String> = self
-            .tags
-            .iter()
-            .map(|(key, value)| match value {
-                serde_json::Value::String(text) => format!("{key}={text}"),
-                other => format!("{key}={other}"),
-            })
-            .collect();
-        words.join(" ")
-    }
-
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
     pub fn record(&mut self, mut event: Event) {
-        if event.get_i64("lab_paused_ms").is_none() {
+        if !matches!(&event.what, What::Warning(w) if w.lab_paused_ms.is_some()) {
             self.notice_own_pauses();
         }
         let now = self.start.elapsed().as_millis() as u64;
@@ -206,7 +192,7 @@ impl Stage {
     fn accept(&mut self, incoming: Incoming) -> Option<Event> {
         match incoming {
             Incoming::Event(event) => {
-                let event = self.with_tags(event);
+                let event = self.with_tags(*event);
                 self.timeline.show(&event);
                 self.log.push(event.clone());
                 Some(event)
@@ -223,7 +209,7 @@ impl Stage {
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
         self.notice_own_pauses();
         match self.rx.recv_timeout(timeout).ok()? {
-            Incoming::Event(event) => Some(event),
+            Incoming::Event(event) => Some(*event),
             Incoming::Closed { pid, .. } => {
                 self.closed.insert(pid);
                 None
@@ -243,13 +229,13 @@ impl Stage {
         }
         // A worker that failed while the lab looked elsewhere (`run_until`) will not do
         // what we wait for: say why now rather than after the timeout.
-        if let Some(failed) = self.log.iter().find(|e| e.kind == Kind::Error) {
+        if let Some(failed) = self.log.iter().find(|e| e.kind() == Kind::Error) {
             return Err(worker_failed(&failed.worker, &failed.text));
         }
         let deadline = Instant::now() + timeout;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             if let Some(event) = self.next(left.min(Duration::from_millis(50))) {
-                if event.kind == Kind::Error {
+                if event.kind() == Kind::Error {
                     return Err(worker_failed(&event.worker, &event.text));
                 }
                 if matches(&event) {

@@ -29,7 +29,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::Script;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::random_owner;
 
@@ -185,7 +185,7 @@ fn describe_failure(err: &redis::RedisError) -> String {
 }
 
 /// What one master answered to one request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
     /// `SET NX PX` answered OK: the key is ours on this master.
@@ -201,7 +201,7 @@ pub enum Reply {
 }
 
 /// One master's answer, and when it came.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Answer {
     pub master: String,
     pub port: String,
@@ -214,7 +214,7 @@ pub struct Answer {
 }
 
 /// One round of the algorithm: every master's answer, and the arithmetic.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Attempt {
     /// The random value written to every master.
     pub value: String,

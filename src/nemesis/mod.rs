@@ -27,24 +27,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use nix::sys::signal::Signal;
-use serde::{Deserialize, Serialize};
 
-use crate::events::{Event, Kind};
+use crate::events::facts::FaultFacts;
+use crate::events::{Event, What};
 use crate::procs;
 
-/// One fault, as a schedule names it and the history records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fault {
-    /// SIGSTOP: the process stops between two instructions, holding whatever it held.
-    Pause,
-    /// SIGCONT: the end of a pause.
-    Resume,
-    /// SIGKILL: the process is gone, its sockets closed by the kernel.
-    Kill,
-    /// SIGKILL, then the same server started again on the same port.
-    Restart,
-}
+pub use crate::events::facts::{Fault, Phase};
 
 impl Fault {
     pub fn as_str(self) -> &'static str {
@@ -57,11 +45,11 @@ impl Fault {
     }
 
     /// The history's word for this fault (what the timeline and the pictures draw).
-    fn kind(self) -> Kind {
+    fn record(self, facts: FaultFacts) -> What {
         match self {
-            Fault::Pause => Kind::Frozen,
-            Fault::Resume => Kind::Resumed,
-            Fault::Kill | Fault::Restart => Kind::Killed,
+            Fault::Pause => What::Frozen(facts),
+            Fault::Resume => What::Resumed(facts),
+            Fault::Kill | Fault::Restart => What::Killed(facts),
         }
     }
 }
@@ -82,26 +70,26 @@ pub trait Victim {
 }
 
 /// What the history says of a fault besides its name and target: the line the timeline
-/// shows, and any fact the lab adds (`backend`, `master`).
+/// shows, and any fact the lab adds (`backend`, `master`); the nemesis fills in the fault,
+/// its target, the pid and the phase.
 #[derive(Clone, Debug, Default)]
 pub struct Note {
     pub words: String,
-    pub facts: Vec<(String, serde_json::Value)>,
+    pub facts: FaultFacts,
 }
 
 impl Note {
-    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Note {
-        self.facts.push((key.into(), value.into()));
-        self
+    pub fn new(words: impl Into<String>, facts: FaultFacts) -> Note {
+        Note {
+            words: words.into(),
+            facts,
+        }
     }
 }
 
 impl From<String> for Note {
     fn from(words: String) -> Note {
-        Note {
-            words,
-            facts: Vec::new(),
-        }
+        Note::new(words, FaultFacts::default())
     }
 }
 
@@ -193,10 +181,11 @@ impl Nemesis {
             .paused
             .remove(&pid)
             .map_or(Duration::ZERO, |active| active.since.elapsed());
-        history.record(
-            fault_event(Fault::Resume, &victim.label(), pid, note)
-                .with("paused_ms", lasted.as_millis() as u64),
-        );
+        let mut end = fault_event(Fault::Resume, &victim.label(), pid, note);
+        if let What::Resumed(facts) = &mut end.what {
+            facts.paused_ms = Some(lasted.as_millis() as u64);
+        }
+        history.record(end);
         procs::signal_group(pid, Signal::SIGCONT)?;
         Ok(lasted)
     }
@@ -231,10 +220,16 @@ impl Nemesis {
         self.paused.remove(&pid);
         let took = victim.restart_now()?;
         let new_pid = victim.pid().unwrap_or_default();
-        let mut end = fault_event(Fault::Restart, &victim.label(), new_pid, back(took))
-            .with("phase", "end")
-            .with("restart_ms", took.as_millis() as u64);
-        end.kind = Kind::Resumed;
+        let mut back = back(took);
+        back.facts.restart_ms = Some(took.as_millis() as u64);
+        let mut end = fault_event(Fault::Restart, &victim.label(), new_pid, back);
+        end.what = match end.what {
+            What::Killed(mut facts) => {
+                facts.phase = Some(Phase::End);
+                What::Resumed(facts)
+            }
+            other => other,
+        };
         history.record(end);
         Ok(took)
     }
@@ -285,24 +280,24 @@ fn alive_pid(victim: &dyn Victim) -> Result<i32> {
 pub fn fault_event(fault: Fault, target: &str, pid: i32, note: impl Into<Note>) -> Event {
     let note = note.into();
     let phase = if fault == Fault::Resume {
-        "end"
+        Phase::End
     } else {
-        "start"
+        Phase::Start
     };
-    let mut event = Event::new(LANE, fault.kind(), note.words)
-        .with("fault", fault.as_str())
-        .with("target", target)
-        .with("pid", pid)
-        .with("phase", phase);
-    for (key, value) in note.facts {
-        event = event.with(&key, value);
-    }
-    event
+    let facts = FaultFacts {
+        fault: Some(fault),
+        target: Some(target.into()),
+        pid: Some(pid),
+        phase: Some(phase),
+        ..note.facts
+    };
+    Event::new(LANE, fault.record(facts), note.words)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Kind;
     use std::process::Command;
 
     struct Sleeper {
@@ -362,13 +357,14 @@ mod tests {
         assert!(lasted >= Duration::from_millis(30));
         assert_ne!(procs::process_state(pid), Some('T'));
         assert!(nemesis.paused().is_empty());
-        let kinds: Vec<Kind> = log.0.iter().map(|e| e.kind).collect();
+        let kinds: Vec<Kind> = log.0.iter().map(|e| e.kind()).collect();
         assert_eq!(kinds, vec![Kind::Frozen, Kind::Resumed]);
-        assert_eq!(log.0[0].get_str("fault"), Some("pause"));
-        assert_eq!(log.0[0].get_str("phase"), Some("start"));
-        assert_eq!(log.0[1].get_str("phase"), Some("end"));
-        assert_eq!(log.0[1].get_str("target"), Some("S"));
-        assert!(log.0[1].get_i64("paused_ms").unwrap() >= 30);
+        let (start, end) = (log.0[0].fault().unwrap(), log.0[1].fault().unwrap());
+        assert_eq!(start.fault, Some(Fault::Pause));
+        assert_eq!(start.phase, Some(Phase::Start));
+        assert_eq!(end.phase, Some(Phase::End));
+        assert_eq!(end.target.as_deref(), Some("S"));
+        assert!(end.paused_ms.unwrap() >= 30);
     }
 
     #[test]
@@ -395,7 +391,8 @@ mod tests {
         nemesis.kill(&mut log, &mut sleeper, "kill S").unwrap();
         assert_eq!(procs::process_state(pid), None, "killed and reaped");
         assert!(nemesis.paused().is_empty());
-        assert_eq!(log.0.last().unwrap().get_str("fault"), Some("kill"));
+        let last = log.0.last().unwrap().fault().unwrap();
+        assert_eq!(last.fault, Some(Fault::Kill));
         let err = nemesis.kill(&mut log, &mut sleeper, "again").unwrap_err();
         assert!(format!("{err}").contains("no running process"), "{err}");
     }

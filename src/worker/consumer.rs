@@ -8,7 +8,8 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::connect;
-use crate::events::{Emitter, Kind};
+use crate::events::facts::{Claimed, JobStep};
+use crate::events::{Emitter, Event, What};
 use crate::queue::*;
 
 /// How long a worker that found nothing claimable sleeps before it asks again. In
@@ -109,10 +110,15 @@ struct Worker<'a> {
 
 impl Worker<'_> {
     /// Tells the lab what this worker does with a job: one line on its stdout.
-    fn say(&self, kind: Kind, text: String, job: i64) {
-        let event = self.me.event(kind, text).with("job", job);
-        let event = event.with("pid", std::process::id());
-        self.me.send(event.with("mode", self.role.mode.name()));
+    fn say(&self, step: fn(JobStep) -> What, text: String, job: i64) {
+        let pid = Some(std::process::id() as i32);
+        self.send(self.me.event(step(JobStep { job, pid }), text));
+    }
+
+    /// Sends an event marked with this worker's queue mode.
+    fn send(&self, mut event: Event) {
+        event.part.mode = Some(self.role.mode.name().into());
+        self.me.send(event);
     }
 
     /// Claims one job and says so, waits for the lab's `commit`, then finishes the job.
@@ -131,21 +137,21 @@ impl Worker<'_> {
             Mode::SkipLocked => "FOR UPDATE SKIP LOCKED; its transaction stays open",
         };
         let job = claim.job;
-        let claimed = self
-            .me
-            .event(
-                Kind::Claimed,
-                format!("claims job {job} ({how}) and works on it…"),
-            )
-            .with("job", job)
-            .with("pid", std::process::id())
-            .with("mode", self.role.mode.name());
         // Only an open transaction's row lock is a lock Postgres holds for the worker (the
         // `backend` fact a picture draws as a lock); the naive queue's claim is just a status.
-        self.me.send(match self.role.mode {
-            Mode::Naive => claimed,
-            Mode::ForUpdate | Mode::SkipLocked => claimed.with("backend", "postgres"),
-        });
+        let backend = match self.role.mode {
+            Mode::Naive => None,
+            Mode::ForUpdate | Mode::SkipLocked => Some("postgres".into()),
+        };
+        self.send(self.me.event(
+            Claimed {
+                job: Some(job),
+                pid: Some(std::process::id() as i32),
+                backend,
+                ..Claimed::default()
+            },
+            format!("claims job {job} ({how}) and works on it…"),
+        ));
 
         // Frozen or killed here, by the lab, while it holds the job.
         match commands.next() {
@@ -156,7 +162,7 @@ impl Worker<'_> {
         match self.finish(&claim) {
             Ok(()) => {
                 self.say(
-                    Kind::Committed,
+                    What::Committed,
                     format!("finishes job {job}: recorded and committed"),
                     job,
                 );
@@ -165,7 +171,7 @@ impl Worker<'_> {
             Err(err) => {
                 let why = connect::pg_cause(&err);
                 self.say(
-                    Kind::FinishFailed,
+                    What::FinishFailed,
                     format!(
                         "wakes, and its first statement (the INSERT recording job {job}) fails: \
                          Postgres says \"{why}\" — nothing recorded"

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::await_command;
 use crate::connect;
-use crate::events::{Emitter, Kind};
+use crate::events::facts::{self, FaultFacts, Finished, GaveUp, Lost, Waiting, Wrote};
+use crate::events::{Emitter, What};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::PgLock;
 use crate::lock::redis::{OnLost, RedisLock, Release, Renewal};
@@ -142,10 +143,10 @@ impl AnyLock {
         let lost = |what: &'static str| {
             let me = Emitter::new(name);
             move |why: String| {
-                me.send(
-                    me.event(Kind::Lost, format!("{what}: {why} — the lock is lost"))
-                        .with("why", why),
-                )
+                me.send(me.event(
+                    Lost::because(why.clone()),
+                    format!("{what}: {why} — the lock is lost"),
+                ))
             }
         };
         Ok(match spec {
@@ -218,8 +219,8 @@ impl AnyLock {
     }
 
     /// Facts for the `waiting` event: what this worker brings to the lock.
-    fn describe(&self) -> (String, serde_json::Map<String, serde_json::Value>) {
-        let mut facts = serde_json::Map::new();
+    fn describe(&self) -> (String, Waiting) {
+        let mut facts = Waiting::default();
         let text = match self {
             AnyLock::Redis {
                 lock,
@@ -241,8 +242,8 @@ impl AnyLock {
             }
             AnyLock::Etcd { lease, .. } => {
                 let lease = lease.as_ref().expect("granted in open");
-                facts.insert("lease".into(), format!("{:x}", lease.id).into());
-                facts.insert("lease_ttl_ms".into(), (lease.ttl.as_millis() as u64).into());
+                facts.lease = Some(format!("{:x}", lease.id));
+                facts.lease_ttl_ms = Some(lease.ttl.as_millis() as u64);
                 format!(
                     "granted its own lease {:x} (TTL {}, heartbeat every {}); calls lock with it",
                     lease.id,
@@ -251,7 +252,7 @@ impl AnyLock {
                 )
             }
             AnyLock::Postgres { lock } => {
-                facts.insert("backend_pid".into(), lock.backend_pid.into());
+                facts.backend_pid = Some(lock.backend_pid);
                 format!(
                     "calls pg_advisory_lock on its session (server pid {}) and queues",
                     lock.backend_pid
@@ -464,20 +465,25 @@ pub fn run(script: &HolderScript) -> Result<()> {
     let mut store = Store::connect(&script.store_url)?;
     let mut lock = AnyLock::open(&script.name, &script.lock)?;
     let (text, facts) = lock.describe();
-    let mut waiting = me
-        .event(Kind::Waiting, text)
-        .with("pid", std::process::id());
-    waiting.data.extend(facts);
-    me.send(waiting);
+    me.say(
+        Waiting {
+            pid: Some(std::process::id() as i32),
+            ..facts
+        },
+        text,
+    );
 
     let mut grant = match lock.acquire(Duration::from_millis(script.wait_ms))? {
         Ok(grant) => grant,
         Err(why) => {
-            me.send(
-                me.event(Kind::GaveUp, format!("gives up: {why}"))
-                    .with("why", why),
-            );
-            me.say(Kind::Released, lock.release()?.text);
+            me.send(me.event(
+                GaveUp {
+                    why: Some(why.clone()),
+                    ..GaveUp::default()
+                },
+                format!("gives up: {why}"),
+            ));
+            me.say(facts::Released::default(), lock.release()?.text);
             return Ok(());
         }
     };
@@ -487,7 +493,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
         // draw after the next one.
         let token = store.next_token(sequence)?;
         if !lock.still_ours(&grant.owner)? {
-            me.say(Kind::Released, lock.release()?.text);
+            me.say(facts::Released::default(), lock.release()?.text);
             bail!("its lock ran out before it drew its fencing token");
         }
         grant.token = Some(token);
@@ -497,57 +503,56 @@ pub fn run(script: &HolderScript) -> Result<()> {
             );
         }
     }
-    me.send(
-        me.event(Kind::Acquired, grant.how)
-            .with("token", grant.token)
-            .with("owner", grant.owner)
-            .with("backend", lock.backend()),
-    );
+    me.send(me.event(
+        facts::Acquired {
+            token: grant.token,
+            owner: Some(grant.owner),
+            backend: Some(lock.backend().into()),
+            ..Default::default()
+        },
+        grant.how,
+    ));
 
     match script.before_write {
         BeforeWrite::Nothing => {}
         BeforeWrite::FreezeSelf => {
             me.say(
-                Kind::Freezing,
+                What::Freezing,
                 "starts its work… and stops dead (raise SIGSTOP), like a stop-the-world GC pause",
             );
             let frozen_at = Instant::now();
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)
                 .context("raising SIGSTOP")?;
             let gap = frozen_at.elapsed();
-            me.send(
-                me.event(
-                    Kind::Resumed,
-                    format!(
-                        "wakes after {}; it carries on without asking whether it still holds the lock",
-                        human(gap)
-                    ),
-                )
-                .with("paused_ms", gap.as_millis() as u64),
-            );
+            me.send(me.event(
+                What::Resumed(FaultFacts::paused_for(gap)),
+                format!(
+                    "wakes after {}; it carries on without asking whether it still holds the lock",
+                    human(gap)
+                ),
+            ));
         }
         BeforeWrite::WorkUntilTold => {
-            me.say(Kind::Working, "works while holding the lock");
+            me.say(What::Working, "works while holding the lock");
             await_command("finish")?;
             me.say(
-                Kind::Finished,
+                Finished::default(),
                 "finishes its work; writes without asking whether it still holds the lock",
             );
         }
         BeforeWrite::Work { ms } => {
             let work = Duration::from_millis(ms);
-            me.say(Kind::Working, format!("works for {}", human(work)));
+            me.say(What::Working, format!("works for {}", human(work)));
             let gap = work_watching_the_clock(work);
             if gap > Duration::from_millis(300) {
                 me.send(
                     me.event(
-                        Kind::Resumed,
+                        What::Resumed(FaultFacts::paused_for(gap)),
                         format!(
                             "wakes: its clock jumped by {}; it finishes its work and writes without asking whether it still holds the lock",
                             human(gap)
                         ),
-                    )
-                    .with("paused_ms", gap.as_millis() as u64),
+                    ),
                 );
             }
         }
@@ -566,40 +571,43 @@ pub fn run(script: &HolderScript) -> Result<()> {
         .token
         .map(|t| format!(", fencing token {t}"))
         .unwrap_or_default();
-    me.send(
-        me.event(
-            Kind::Wrote,
-            format!(
-                "writes '{value}'{token_text}: the store says {}",
-                outcome.as_str()
-            ),
-        )
-        .with("outcome", outcome.as_str())
-        .with("token", grant.token)
-        .with("value", value),
-    );
+    me.send(me.event(
+        Wrote {
+            token: grant.token,
+            value: Some(value.clone()),
+            ..Wrote::new(outcome)
+        },
+        format!(
+            "writes '{value}'{token_text}: the store says {}",
+            outcome.as_str()
+        ),
+    ));
 
     if script.after_write == AfterWrite::HoldUntilTold {
         await_command("finish")?;
     }
     let released = lock.release()?;
-    me.send(
-        me.event(Kind::Released, released.text)
-            .with("released", released.kept)
-            .with("found_owner", released.found_owner),
-    );
+    me.send(me.event(
+        facts::Released {
+            released: Some(released.kept),
+            found_owner: released.found_owner,
+            ..Default::default()
+        },
+        released.text,
+    ));
     Ok(())
 }
 
 /// What a holder's `released` event says Redis found, for the checkers.
 pub fn release_of(event: &crate::events::Event) -> Option<Release> {
-    Some(
-        match (event.get_bool("released")?, event.get_str("found_owner")) {
-            (true, _) => Release::Deleted,
-            (false, Some(owner)) => Release::HeldBy(owner.to_string()),
-            (false, None) => Release::Gone,
-        },
-    )
+    let What::Released(facts) = &event.what else {
+        return None;
+    };
+    Some(match (facts.released?, facts.found_owner.as_deref()) {
+        (true, _) => Release::Deleted,
+        (false, Some(owner)) => Release::HeldBy(owner.to_string()),
+        (false, None) => Release::Gone,
+    })
 }
 
 /// Works for `work` in small steps and returns the longest gap between two steps: a frozen

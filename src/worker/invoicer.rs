@@ -13,9 +13,11 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::connect;
-use crate::events::{Emitter, Kind};
+use crate::events::Emitter;
+use crate::events::facts::{Claimed, Finished, Ready, Wrote};
 use crate::invoices::{Approach, Desk, Gate, Job, Moment, Outcome, StopInfo, Tables, owner_of};
 use crate::lock::redis::RedisLock;
+use crate::store;
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Role {
@@ -59,23 +61,23 @@ impl Gate for StopOnce<'_> {
             (Some(_), None) => " (holds the Redis lock)".to_string(),
             _ => String::new(),
         };
-        let event = self
-            .me
-            .event(
-                Kind::Claimed,
-                format!(
-                    "job {} (customer {}, period {}): {what}{lock}",
-                    job.id, job.customer, job.period
-                ),
-            )
-            .with("job", job.id)
-            .with("customer", job.customer)
-            .with("period", job.period)
-            .with("moment", serde_json::to_value(moment)?)
-            .with("lock_key", info.lock_key)
-            .with("owner", info.owner)
-            .with("token", info.token)
-            .with("pid", std::process::id());
+        let event = self.me.event(
+            Claimed {
+                job: Some(job.id.into()),
+                customer: Some(job.customer.into()),
+                period: Some(job.period.into()),
+                moment: Some(moment),
+                lock_key: info.lock_key,
+                owner: info.owner,
+                token: info.token,
+                pid: Some(std::process::id() as i32),
+                ..Claimed::default()
+            },
+            format!(
+                "job {} (customer {}, period {}): {what}{lock}",
+                job.id, job.customer, job.period
+            ),
+        );
         self.me.send(event);
         super::await_command("go")
     }
@@ -102,13 +104,12 @@ pub fn run(role: &Role) -> Result<()> {
         ));
     }
     let jobs = desk.jobs()?;
-    me.send(
-        me.event(
-            Kind::Ready,
-            format!("ready: {} jobs on the list", jobs.len()),
-        )
-        .with("pid", std::process::id()),
-    );
+    me.send(me.event(
+        Ready {
+            pid: std::process::id() as i32,
+        },
+        format!("ready: {} jobs on the list", jobs.len()),
+    ));
     super::await_command("start")?;
 
     let mut gate = StopOnce {
@@ -126,28 +127,29 @@ pub fn run(role: &Role) -> Result<()> {
         let began = Instant::now();
         match desk.do_job(role.approach, job, &mut gate)? {
             Outcome::Invoiced => latencies_us.push(began.elapsed().as_micros() as u64),
-            Outcome::Rejected { token } => me.send(
-                me.event(Kind::Wrote, refused(role.approach, token))
-                    .with("outcome", "rejected")
-                    .with("job", job.id)
-                    .with("customer", job.customer)
-                    .with("token", token),
-            ),
+            Outcome::Rejected { token } => me.send(me.event(
+                Wrote {
+                    job: Some(job.id.into()),
+                    customer: Some(job.customer.into()),
+                    token: Some(token),
+                    ..Wrote::new(store::Outcome::Rejected)
+                },
+                refused(role.approach, token),
+            )),
             Outcome::AlreadyDone | Outcome::NoOp => {}
         }
     }
     let tally = &desk.tally;
-    me.send(
-        me.event(
-            Kind::Finished,
-            format!(
-                "done with the list: invoiced {}, found {} done",
-                tally.invoiced, tally.already_done
-            ),
-        )
-        .with("tally", serde_json::to_value(tally)?)
-        .with("latencies_us", serde_json::to_value(&latencies_us)?),
-    );
+    me.send(me.event(
+        Finished {
+            tally: Some(tally.clone()),
+            latencies_us: Some(latencies_us),
+        },
+        format!(
+            "done with the list: invoiced {}, found {} done",
+            tally.invoiced, tally.already_done
+        ),
+    ));
     Ok(())
 }
 

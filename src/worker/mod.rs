@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::events::{Emitter, Kind};
+use crate::events::{Emitter, What};
 
 /// Every worker script, by what the worker does (not by which lab starts it): a lab picks
 /// a script and fills it in. None of them knows the labs.
@@ -70,7 +70,7 @@ pub fn run_internal() -> ExitCode {
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            Emitter::new(&name).say(Kind::Error, format!("{err:#}"));
+            Emitter::new(&name).say(What::Error, format!("{err:#}"));
             ExitCode::from(1)
         }
     }

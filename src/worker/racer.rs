@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::await_command;
 use crate::connect::{self};
-use crate::events::{Emitter, Kind};
+use crate::events::Emitter;
+use crate::events::facts::{self, Between, GaveUp, Ready, Trial, Waiting};
 use crate::lock::redis::{Held, RETRY_EVERY, RedisLock};
 use crate::output::human;
 
@@ -191,10 +192,12 @@ fn race(
 ) -> Result<()> {
     let mut lock = RedisLock::new(connect::redis(redis_url)?, "", ttl);
     let mut notes = connect::redis(redis_url)?;
-    me.send(
-        me.event(Kind::Ready, "ready to race")
-            .with("pid", std::process::id()),
-    );
+    me.send(me.event(
+        Ready {
+            pid: std::process::id() as i32,
+        },
+        "ready to race",
+    ));
     for line in io::stdin().lock().lines() {
         let line = line?;
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -217,13 +220,13 @@ fn race(
         } else {
             lock.try_acquire_get_then_set(window)?
         };
-        let mut report = me
-            .event(Kind::Trial, "")
-            .with("trial", trial)
-            .with("variant", variant)
-            .with("start_ns", start_ns)
-            .with("answer_ns", monotonic_ns())
-            .with("acquired", held.is_some());
+        let mut report = Trial {
+            trial,
+            start_ns,
+            answer_ns: monotonic_ns(),
+            acquired: held.is_some(),
+            ..Trial::default()
+        };
         if let Some(held) = held {
             let enter_ns = monotonic_ns();
             note_holder(&mut notes, &holders, format!("+{}", me.name()))?;
@@ -231,11 +234,12 @@ fn race(
             note_holder(&mut notes, &holders, format!("-{}", me.name()))?;
             let leave_ns = monotonic_ns();
             let released = lock.release(&held)?;
-            report = report
-                .with("enter_ns", enter_ns)
-                .with("leave_ns", leave_ns)
-                .with("released", released);
+            report.enter_ns = Some(enter_ns);
+            report.leave_ns = Some(leave_ns);
+            report.released = Some(released);
         }
+        let mut report = me.event(report, "");
+        report.part.variant = Some(variant.to_string());
         me.send(report);
     }
     Ok(())
@@ -256,10 +260,13 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
     let wait = Duration::from_millis(script.wait_ms);
     let mut lock = RedisLock::new(connect::redis(redis_url)?, key, ttl);
     let mut notes = connect::redis(redis_url)?;
-    me.send(
-        me.event(Kind::Waiting, "tries to take the lock")
-            .with("pid", std::process::id()),
-    );
+    me.send(me.event(
+        Waiting {
+            pid: Some(std::process::id() as i32),
+            ..Waiting::default()
+        },
+        "tries to take the lock",
+    ));
     let ttl_ms = ttl.as_millis();
     let started = Instant::now();
     let mut tries = 0u32;
@@ -272,11 +279,12 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
                 if stop_between {
                     me.send(
                         me.event(
-                            Kind::Between,
+                            Between {
+                                owner: Some(held.owner.clone()),
+                                backend: Some("redis".into()),
+                            },
                             "SETNX answered 1: it holds the lock, with no expiry yet; PEXPIRE comes next",
-                        )
-                        .with("owner", held.owner.clone())
-                        .with("backend", "redis"),
+                        ),
                     );
                     await_command("expire")?;
                 }
@@ -298,11 +306,14 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
                 human(waited)
             )
         };
-        me.send(
-            me.event(Kind::GaveUp, text)
-                .with("waited_ms", waited.as_millis() as u64)
-                .with("tries", tries),
-        );
+        me.send(me.event(
+            GaveUp {
+                waited_ms: Some(waited.as_millis() as u64),
+                tries: Some(tries.into()),
+                ..GaveUp::default()
+            },
+            text,
+        ));
         return Ok(());
     };
     let how = match acquire {
@@ -317,17 +328,17 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
     };
     let enter_ns = monotonic_ns();
     note_holder(&mut notes, holders, format!("+{}", me.name()))?;
-    me.send(
-        me.event(
-            Kind::Acquired,
-            format!("took the lock ({how}){after}; works while holding it"),
-        )
-        .with("owner", held.owner.clone())
-        .with("backend", "redis")
-        .with("waited_ms", waited.as_millis() as u64)
-        .with("tries", tries)
-        .with("enter_ns", enter_ns),
-    );
+    me.send(me.event(
+        facts::Acquired {
+            owner: Some(held.owner.clone()),
+            backend: Some("redis".into()),
+            waited_ms: Some(waited.as_millis() as u64),
+            tries: Some(tries.into()),
+            enter_ns: Some(enter_ns),
+            ..Default::default()
+        },
+        format!("took the lock ({how}){after}; works while holding it"),
+    ));
 
     await_command("finish")?;
     note_holder(&mut notes, holders, format!("-{}", me.name()))?;
@@ -348,10 +359,13 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
             "finishes; compare-and-delete finds another owner's value and returns 0: nothing deleted"
         }
     };
-    me.send(
-        me.event(Kind::Released, text)
-            .with("deleted", deleted)
-            .with("leave_ns", leave_ns),
-    );
+    me.send(me.event(
+        facts::Released {
+            deleted: Some(deleted),
+            leave_ns: Some(leave_ns),
+            ..Default::default()
+        },
+        text,
+    ));
     Ok(())
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::events::{Emitter, Kind};
+use crate::events::facts::{self, FaultFacts, GaveUp, Waiting, Wrote};
+use crate::events::{Emitter, What};
 use crate::lock::redlock::{self, Master, Redlock, Settings};
 use crate::output::human;
 use crate::store::{Outcome, Store};
@@ -129,25 +130,28 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         retry_delay_max: Duration::from_millis(script.retry_delay_max_ms),
     };
     let mut lock = Redlock::new(masters, &script.key, settings);
-    me.send(
-        me.event(
-            Kind::Waiting,
-            format!(
-                "asks {} masters for the lock (SET NX PX {})",
-                script.masters.len(),
-                script.ttl_ms
-            ),
-        )
-        .with("pid", std::process::id()),
-    );
+    me.send(me.event(
+        Waiting {
+            pid: Some(std::process::id() as i32),
+            ..Waiting::default()
+        },
+        format!(
+            "asks {} masters for the lock (SET NX PX {})",
+            script.masters.len(),
+            script.ttl_ms
+        ),
+    ));
 
     let rounds = lock.acquire_within(Duration::from_millis(script.wait_ms));
     let attempt = rounds.last().cloned().context("no round was played")?;
     if !attempt.held {
-        me.send(
-            me.event(Kind::GaveUp, round_text("gives up", &attempt))
-                .with("attempt", serde_json::to_value(&attempt)?),
-        );
+        me.send(me.event(
+            GaveUp {
+                attempt: Some(Box::new(attempt.clone())),
+                ..GaveUp::default()
+            },
+            round_text("gives up", &attempt),
+        ));
         return Ok(());
     }
     // The token is drawn after the grant, so it is only good if the lock was still valid
@@ -160,13 +164,16 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         lock.release(&attempt.value);
         bail!("its validity ran out before it drew its fencing token");
     }
-    me.send(
-        me.event(Kind::Acquired, round_text("holds the lock", &attempt))
-            .with("owner", attempt.value.clone())
-            .with("token", token)
-            .with("validity_ms", attempt.validity_ms)
-            .with("attempt", serde_json::to_value(&attempt)?),
-    );
+    me.send(me.event(
+        facts::Acquired {
+            owner: Some(attempt.value.clone()),
+            token: Some(token),
+            validity_ms: Some(attempt.validity_ms),
+            attempt: Some(Box::new(attempt.clone())),
+            ..Default::default()
+        },
+        round_text("holds the lock", &attempt),
+    ));
 
     let claimed = store.claim(
         &script.run_id,
@@ -175,7 +182,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         &attempt.value,
     );
     me.say(
-        Kind::Freezing,
+        What::Freezing,
         format!(
             "token {token} from the sequence; {} {} with its value; starts its work… and stops dead (SIGSTOP) before claiming {}",
             if claimed { "claimed" } else { "could not claim" },
@@ -186,17 +193,14 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
     let frozen_at = Instant::now();
     nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP).context("raising SIGSTOP")?;
     let gap = frozen_at.elapsed();
-    me.send(
-        me.event(
-            Kind::Resumed,
-            format!(
-                "wakes after {}; its validity was {}ms: it still believes it holds the lock",
-                human(gap),
-                attempt.validity_ms
-            ),
-        )
-        .with("paused_ms", gap.as_millis() as u64),
-    );
+    me.send(me.event(
+        What::Resumed(FaultFacts::paused_for(gap)),
+        format!(
+            "wakes after {}; its validity was {}ms: it still believes it holds the lock",
+            human(gap),
+            attempt.validity_ms
+        ),
+    ));
 
     let late = store.claim(
         &script.run_id,
@@ -205,7 +209,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         &attempt.value,
     );
     me.say(
-        Kind::Working,
+        What::Working,
         format!(
             "{} {} with its value, late: the claim carries no order",
             if late { "claims" } else { "could not claim" },
@@ -215,20 +219,19 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
     let value = format!("{}'s result", script.name);
     for (resource, guard) in script.resources.guarded(&attempt.value, token) {
         let outcome = guard.write(&mut store, &script.run_id, resource, &script.name, &value);
-        me.send(
-            me.event(
-                Kind::Wrote,
-                format!(
-                    "writes '{value}' to {resource} ({}): the store says {}",
-                    guard.how(),
-                    outcome.as_str()
-                ),
-            )
-            .with("resource", resource)
-            .with("outcome", outcome.as_str())
-            .with("token", guard.token())
-            .with("value", value.as_str()),
-        );
+        me.send(me.event(
+            Wrote {
+                resource: Some(resource.to_string()),
+                token: guard.token(),
+                value: Some(value.clone()),
+                ..Wrote::new(outcome)
+            },
+            format!(
+                "writes '{value}' to {resource} ({}): the store says {}",
+                guard.how(),
+                outcome.as_str()
+            ),
+        ));
     }
 
     let released = lock.release(&attempt.value);
@@ -237,18 +240,18 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         .filter(|a| a.reply == redlock::Reply::Deleted)
         .count();
     let lines: Vec<String> = released.iter().map(redlock::answer_line).collect();
-    me.send(
-        me.event(
-            Kind::Released,
-            format!(
-                "releases on all {} masters ({kept} still held its value):\n{}",
-                released.len(),
-                indent(&lines)
-            ),
-        )
-        .with("released", kept > 0)
-        .with("answers", serde_json::to_value(&released)?),
-    );
+    me.send(me.event(
+        facts::Released {
+            released: Some(kept > 0),
+            answers: Some(released.clone()),
+            ..Default::default()
+        },
+        format!(
+            "releases on all {} masters ({kept} still held its value):\n{}",
+            released.len(),
+            indent(&lines)
+        ),
+    ));
     Ok(())
 }
 

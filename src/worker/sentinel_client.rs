@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::await_command;
 use crate::cluster;
 use crate::connect;
-use crate::events::{Emitter, Kind};
+use crate::events::facts::{self, GaveUp, Lost, Observed, Waiting, Wrote};
+use crate::events::{Emitter, What};
 use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, Release};
 use crate::store::{FenceRule, Store};
 
@@ -119,14 +120,14 @@ pub fn run(script: &SentinelClient) -> Result<()> {
         TokenSource::PostgresSequence { .. } => Some(connect::postgres(&script.store_url)?),
         _ => None,
     };
-    me.send(
-        me.event(
-            Kind::Waiting,
-            format!("asks Sentinel: the primary is {primary}; SET NX PX there"),
-        )
-        .with("pid", std::process::id())
-        .with("primary", primary.clone()),
-    );
+    me.send(me.event(
+        Waiting {
+            pid: Some(std::process::id() as i32),
+            primary: Some(primary.clone()),
+            ..Waiting::default()
+        },
+        format!("asks Sentinel: the primary is {primary}; SET NX PX there"),
+    ));
 
     let deadline = Instant::now() + Duration::from_millis(script.wait_ms);
     let held = loop {
@@ -134,7 +135,7 @@ pub fn run(script: &SentinelClient) -> Result<()> {
             break held;
         }
         if Instant::now() >= deadline {
-            me.say(Kind::GaveUp, "gives up: the lock stayed taken");
+            me.say(GaveUp::default(), "gives up: the lock stayed taken");
             return Ok(());
         }
         std::thread::sleep(RETRY_EVERY);
@@ -146,15 +147,15 @@ pub fn run(script: &SentinelClient) -> Result<()> {
         }
         _ => ", no token".to_string(),
     };
-    me.send(
-        me.event(
-            Kind::Acquired,
-            format!("{primary} granted the lock{token_text}"),
-        )
-        .with("token", held.token)
-        .with("owner", held.owner.clone())
-        .with("primary", primary.clone()),
-    );
+    me.send(me.event(
+        facts::Acquired {
+            token: held.token,
+            owner: Some(held.owner.clone()),
+            primary: Some(primary.clone()),
+            ..Default::default()
+        },
+        format!("{primary} granted the lock{token_text}"),
+    ));
 
     // `WAIT` cannot take the key back from the primary: the lock stays granted there, and
     // the client's only remedy is not to use it.
@@ -162,22 +163,28 @@ pub fn run(script: &SentinelClient) -> Result<()> {
     if let Some(timeout_ms) = script.confirm_with_wait_ms {
         let confirmed = lock.wait_for_replicas(1, Duration::from_millis(timeout_ms))?;
         refused = confirmed < 1;
+        let replicas_confirmed = Some(confirmed as i64);
         let event = if refused {
             me.event(
-                Kind::Lost,
+                Lost {
+                    replicas_confirmed,
+                    ..Lost::because("no replica confirmed the lock within the WAIT")
+                },
                 format!(
                     "WAIT 1 {timeout_ms} answers {confirmed}: no replica has the key; \
                      refuses to write"
                 ),
             )
-            .with("why", "no replica confirmed the lock within the WAIT")
         } else {
             me.event(
-                Kind::Kept,
+                What::Kept(Observed {
+                    replicas_confirmed,
+                    ..Observed::default()
+                }),
                 format!("WAIT 1 {timeout_ms} answers {confirmed}: a replica has the key"),
             )
         };
-        me.send(event.with("replicas_confirmed", confirmed));
+        me.send(event);
     }
 
     await_command("write")?;
@@ -191,31 +198,30 @@ pub fn run(script: &SentinelClient) -> Result<()> {
             &value,
             held.token,
         );
-        me.send(
-            me.event(
-                Kind::Wrote,
-                format!(
-                    "writes to {}: the store says {}",
-                    write.resource,
-                    outcome.as_str()
-                ),
-            )
-            .with("outcome", outcome.as_str())
-            .with("token", held.token)
-            .with("resource", write.resource.clone()),
-        );
+        me.send(me.event(
+            Wrote {
+                token: held.token,
+                resource: Some(write.resource.clone()),
+                ..Wrote::new(outcome)
+            },
+            format!(
+                "writes to {}: the store says {}",
+                write.resource,
+                outcome.as_str()
+            ),
+        ));
     }
 
     await_command("finish")?;
     if refused {
-        me.send(
-            me.event(
-                Kind::Released,
-                "abandons the lock it never confirmed: wrote nothing, leaves the key to its TTL",
-            )
-            .with("released", false)
-            .with("abandoned", true),
-        );
+        me.send(me.event(
+            facts::Released {
+                released: Some(false),
+                abandoned: Some(true),
+                ..Default::default()
+            },
+            "abandons the lock it never confirmed: wrote nothing, leaves the key to its TTL",
+        ));
         return Ok(());
     }
     let (released, found_owner, text) = match lock.release_reporting(&held) {
@@ -239,11 +245,14 @@ pub fn run(script: &SentinelClient) -> Result<()> {
             ),
         ),
     };
-    me.send(
-        me.event(Kind::Released, text)
-            .with("released", released)
-            .with("found_owner", found_owner),
-    );
+    me.send(me.event(
+        facts::Released {
+            released: Some(released),
+            found_owner,
+            ..Default::default()
+        },
+        text,
+    ));
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use super::play::{Observer, catch_up};
 use super::{Job, Plan, Scenario, Service};
 use crate::connect;
+use crate::events::facts::{FaultFacts, HolderNow};
 use crate::events::{Event, Kind};
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::{Nemesis, Note};
@@ -32,6 +33,14 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// What a fault aimed at this lane's holder says besides the fault: which backend.
+    fn fault_facts(&self) -> FaultFacts {
+        FaultFacts {
+            backend: Some(self.kind.name().into()),
+            ..FaultFacts::default()
+        }
+    }
+
     /// Reaps the workers that have exited (their event stream ended), so that none stays a
     /// zombie until the scenario ends. A killed holder was reaped by `kill` already.
     pub(super) fn reap_exited(&mut self, stage: &Stage) {
@@ -101,7 +110,7 @@ impl Lane {
                     let _ = stage.wait_for(grace, "the waiter", |e| {
                         e.is(&waiter, Kind::Waiting) || e.is(&waiter, Kind::Error)
                     });
-                    if let Some(failed) = stage.log.iter().find(|e| e.kind == Kind::Error) {
+                    if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
                         return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
                     }
                     bail!(
@@ -119,7 +128,8 @@ impl Lane {
             catch_up(stage);
             let pid = self.holder.pid;
             let name = &self.holder_name;
-            let note = |words: String| Note::from(words).with("backend", self.kind.name());
+            let facts = self.fault_facts();
+            let note = |words: String| Note::new(words, facts.clone());
             match scenario {
                 Scenario::Kill => nemesis.kill(
                     stage,
@@ -164,29 +174,31 @@ impl Lane {
                 Some(h) => ("other", format!("belongs to someone else ({h})")),
                 None => ("nobody", "is free".to_string()),
             };
-            stage.record(
-                Event::new(
-                    self.kind.name(),
-                    Kind::HolderNow,
-                    format!(
-                        "asked before the resume, {} says the lock {text}",
-                        self.kind.name()
-                    ),
-                )
-                .with("holder", who)
-                .with("backend", self.kind.name()),
-            );
+            stage.record(Event::new(
+                self.kind.name(),
+                HolderNow {
+                    holder: Some(who.into()),
+                    backend: Some(self.kind.name().into()),
+                    ..HolderNow::default()
+                },
+                format!(
+                    "asked before the resume, {} says the lock {text}",
+                    self.kind.name()
+                ),
+            ));
             self.backend_saw = Some(who.to_string());
             catch_up(stage);
             nemesis.resume(
                 stage,
                 &self.holder,
-                Note::from(format!(
-                    "SIGCONT → {} after {}",
-                    self.holder_name,
-                    human(struck_at.elapsed())
-                ))
-                .with("backend", self.kind.name()),
+                Note::new(
+                    format!(
+                        "SIGCONT → {} after {}",
+                        self.holder_name,
+                        human(struck_at.elapsed())
+                    ),
+                    self.fault_facts(),
+                ),
             )?;
             self.resumed_t = Some(last_t(stage));
             return Ok(());
@@ -214,7 +226,6 @@ pub(super) fn last_t(stage: &Stage) -> u64 {
 fn owner_of(stage: &Stage, worker: &str) -> Option<String> {
     stage
         .saw(worker, Kind::Acquired)
-        .and_then(|e| e.data.get("owner"))
-        .and_then(|v| v.as_str())
+        .and_then(|e| e.owner())
         .map(String::from)
 }

@@ -11,7 +11,8 @@ use super::verdict::{Cell, token_text};
 use super::{Job, Plan, Scenario, Service};
 use crate::check::LateWrite;
 use crate::connect::{self, Backend};
-use crate::events::{Event, Kind};
+use crate::events::facts::{StaleWrite, StaleWriteKind};
+use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::lock::etcd::EtcdLock;
@@ -75,7 +76,7 @@ pub(super) fn play(
     };
     let mut stage = Stage::on_clock(run.style, run.started);
     stage.timeline.set_lane_width(20);
-    stage.tag("scenario", scenario.name());
+    stage.tags().scenario = Some(scenario.name().into());
     stage.checkpoint(crate::labs::step::etcd_vs_redis::before(scenario.name()));
     stage.timeline.say("");
     stage.timeline.say(&format!(
@@ -205,7 +206,7 @@ pub(super) fn play(
         catch_up(&mut stage);
         // A worker that failed, or gave up on the lock, ends the scenario with its own reason.
         for event in stage.log.iter().skip(seen) {
-            match event.kind {
+            match event.kind() {
                 Kind::Error => return Err(crate::labs::worker_failed(&event.worker, &event.text)),
                 // A heartbeat that got no answer at all: the lock's server froze or went
                 // away, and the waiter on it will wait out its whole wait in silence.
@@ -271,9 +272,9 @@ pub(super) fn play(
     for lane in &lanes {
         let read = store.read_back(&run.id, &lane.resource)?;
         let cell = lane.verdict(&stage, plan, scenario, read);
-        let store_line = match cell.late_write {
+        let store_line: Option<(StaleWriteKind, String)> = match cell.late_write {
             LateWrite::Accepted => Some((
-                Kind::StaleWriteAccepted,
+                What::StaleWriteAccepted,
                 format!(
                     "{}: the store decided the {} holder's write after the waiter's, and took it",
                     lane.kind.name(),
@@ -281,7 +282,7 @@ pub(super) fn play(
                 ),
             )),
             LateWrite::Rejected => Some((
-                Kind::StaleWriteRejected,
+                What::StaleWriteRejected,
                 format!(
                     "{}: the store refused the {} holder's token {} (it had accepted {})",
                     lane.kind.name(),
@@ -292,8 +293,12 @@ pub(super) fn play(
             )),
             _ => None,
         };
-        if let Some((kind, text)) = store_line {
-            stage.record(Event::new("store", kind, text).with("backend", lane.kind.name()));
+        if let Some((stale_write, text)) = store_line {
+            let facts = StaleWrite {
+                backend: Some(lane.kind.name().into()),
+                ..StaleWrite::default()
+            };
+            stage.record(Event::new("store", stale_write(facts), text));
         }
         cells.push(cell);
     }

@@ -11,7 +11,7 @@ use super::lane::Lane;
 use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::{self, LateWrite};
-use crate::events::Kind;
+use crate::events::{Kind, What};
 use crate::labs::Stage;
 use crate::labs::runner;
 use crate::output::{human, table};
@@ -96,14 +96,14 @@ impl Lane {
         let releases = match self.kind {
             Service::Redis | Service::RedisRenewed => Releases::Redis {
                 holder: release(&self.holder_name).and_then(release_of),
-                waiter_owner: waiter_acquired.and_then(|e| e.get_str("owner")),
+                waiter_owner: waiter_acquired.and_then(|e| e.owner()),
                 waiter: release(&self.waiter_name).and_then(release_of),
             },
             // etcd and Postgres queue the waiter in the server, which grants it the lock
             // the moment the holder's key or session goes.
             Service::Etcd | Service::Postgres => Releases::Queued {
                 holder_kept: release(&self.holder_name)
-                    .and_then(|e| e.get_bool("released"))
+                    .and_then(|e| e.released())
                     .unwrap_or(false),
             },
         };
@@ -149,8 +149,11 @@ impl Lane {
         };
         let lease = stage
             .saw(&self.holder_name, Kind::Waiting)
-            .and_then(|e| e.get_i64("lease_ttl_ms"))
-            .map(|ms| Duration::from_millis(ms as u64))
+            .and_then(|e| match &e.what {
+                What::Waiting(waiting) => waiting.lease_ttl_ms,
+                _ => None,
+            })
+            .map(Duration::from_millis)
             .unwrap_or(plan.lease);
         let ttl = plan.plain_ttl(scenario);
         if scenario == Scenario::Overrun {

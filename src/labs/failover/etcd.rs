@@ -12,6 +12,7 @@ use crate::check;
 use crate::check::failover::{self as checks, Election};
 use crate::cluster::{self, EtcdCluster};
 use crate::connect;
+use crate::events::facts::{GaveUp, HolderNow};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
 use crate::lock::etcd::EtcdLock;
@@ -36,26 +37,26 @@ impl Play<'_> {
             "{}",
             "── etcd: three members, Raft ──".green().bold()
         ));
-        stage.tag("scenario", "etcd");
+        stage.tags().scenario = Some("etcd".into());
         let (leader, status) = etcd.leader().context("the etcd cluster names no leader")?;
         let followers: Vec<usize> = (0..etcd.members.len()).filter(|i| *i != leader).collect();
         let (near, far) = (followers[0], followers[1]);
         let lock_name = format!("lockslab:{}:failover:etcd", self.run_id);
         let resource = self.resource("etcd-leader-killed");
-        stage.record(
-            Event::new(
-                "etcd",
-                Kind::HolderNow,
-                format!(
-                    "leader is {} (term {}); A talks to {}, B to {}",
-                    etcd.members[leader].name,
-                    status.raft_term,
-                    etcd.members[near].name,
-                    etcd.members[far].name
-                ),
-            )
-            .with("raft_term", status.raft_term),
-        );
+        stage.record(Event::new(
+            "etcd",
+            HolderNow {
+                raft_term: Some(status.raft_term),
+                ..HolderNow::default()
+            },
+            format!(
+                "leader is {} (term {}); A talks to {}, B to {}",
+                etcd.members[leader].name,
+                status.raft_term,
+                etcd.members[near].name,
+                etcd.members[far].name
+            ),
+        ));
         let holder = |name: &str, member: usize, before, wait_ms| HolderScript {
             name: name.into(),
             lock: LockSpec::Etcd {
@@ -80,7 +81,7 @@ impl Play<'_> {
             .wait_for(Duration::from_secs(10), "A:etcd to take the lock", |e| {
                 e.is("A:etcd", Kind::Acquired)
             })?
-            .get_str("owner")
+            .owner()
             .unwrap_or_default()
             .to_string();
         let mut b = stage.spawn(
@@ -103,14 +104,9 @@ impl Play<'_> {
             .map(|(_, revision)| *revision)
             .context("B:etcd's key is not in the queue")?;
         stage.record(
-            Event::new(
-                "etcd",
-                Kind::HolderNow,
-                format!(
+            Event::new("etcd", HolderNow { b_queued_revision: Some(b_queued_at), ..HolderNow::default() }, format!(
                     "two keys under the lock: A's holds it, B's (revision {b_queued_at}) waits behind it"
-                ),
-            )
-            .with("b_queued_revision", b_queued_at),
+                )),
         );
 
         let killed_at = Instant::now();
@@ -141,21 +137,21 @@ impl Play<'_> {
                         .iter()
                         .find(|m| m.id == now.leader)
                         .map_or("?".to_string(), |m| m.name.clone());
-                    stage.record(
-                        Event::new(
-                            "etcd",
-                            Kind::HolderNow,
-                            format!(
-                                "{name} is the new leader, {} after the kill; term {} (was {})",
-                                human(took),
-                                now.raft_term,
-                                status.raft_term
-                            ),
-                        )
-                        .with("election_ms", took.as_millis() as u64)
-                        .with("raft_term", now.raft_term)
-                        .with("old_raft_term", status.raft_term),
-                    );
+                    stage.record(Event::new(
+                        "etcd",
+                        HolderNow {
+                            election_ms: Some(took.as_millis() as u64),
+                            raft_term: Some(now.raft_term),
+                            old_raft_term: Some(status.raft_term),
+                            ..HolderNow::default()
+                        },
+                        format!(
+                            "{name} is the new leader, {} after the kill; term {} (was {})",
+                            human(took),
+                            now.raft_term,
+                            status.raft_term
+                        ),
+                    ));
                     election = Some(took);
                     break;
                 }
@@ -213,19 +209,17 @@ impl Play<'_> {
                 format!("A's lease was renewed, yet the lock's holder is now {holder_now:?}")
             }
         };
-        stage.record(
-            Event::new("etcd", Kind::HolderNow, text)
-                .with("a_key_held", a_survived)
-                .with("a_lease_renewed", renewed.is_some())
-                .with(
-                    "after_election_ms",
-                    renewed.map_or(0, |(since, _)| since.as_millis() as u64),
-                )
-                .with(
-                    "a_lease_left_s",
-                    renewed.map_or(-1, |(_, left)| left.as_secs() as i64),
-                ),
-        );
+        stage.record(Event::new(
+            "etcd",
+            HolderNow {
+                a_key_held: Some(a_survived),
+                a_lease_renewed: Some(renewed.is_some()),
+                after_election_ms: Some(renewed.map_or(0, |(since, _)| since.as_millis() as u64)),
+                a_lease_left_s: Some(renewed.map_or(-1, |(_, left)| left.as_secs() as i64)),
+                ..HolderNow::default()
+            },
+            text,
+        ));
         a.tell("finish")?;
         for (worker, what) in [("A:etcd", Kind::Released), ("B:etcd", Kind::Released)] {
             stage.wait_for(
@@ -242,30 +236,25 @@ impl Play<'_> {
             .and_then(release_of)
             .is_some_and(|r| r.deleted());
         let b_got = stage.saw("B:etcd", Kind::Acquired).is_some();
-        if let Some(b_token) = stage
-            .saw("B:etcd", Kind::Acquired)
-            .and_then(|e| e.get_i64("token"))
-        {
-            stage.record(
-                Event::new(
-                    "etcd",
-                    Kind::HolderNow,
-                    if checks::kept_place(b_queued_at, b_token) {
-                        format!(
-                            "B held its place in the queue: its key kept revision {b_queued_at}"
-                        )
-                    } else {
-                        format!(
-                            "B lost its place in the queue: the leader change dropped its lock \
+        if let Some(b_token) = stage.saw("B:etcd", Kind::Acquired).and_then(|e| e.token()) {
+            stage.record(Event::new(
+                "etcd",
+                HolderNow {
+                    b_queued_revision: Some(b_queued_at),
+                    b_token: Some(b_token),
+                    b_kept_place: Some(checks::kept_place(b_queued_at, b_token)),
+                    ..HolderNow::default()
+                },
+                if checks::kept_place(b_queued_at, b_token) {
+                    format!("B held its place in the queue: its key kept revision {b_queued_at}")
+                } else {
+                    format!(
+                        "B lost its place in the queue: the leader change dropped its lock \
                              call, etcd deleted its key (revision {b_queued_at}) and B queued a \
                              new one (revision {b_token})"
-                        )
-                    },
-                )
-                .with("b_queued_revision", b_queued_at)
-                .with("b_token", b_token)
-                .with("b_kept_place", checks::kept_place(b_queued_at, b_token)),
-            );
+                    )
+                },
+            ));
         }
         let read = store.read_back(self.run_id, &resource)?;
         let mut leader_killed = Scenario::from_store(
@@ -291,14 +280,14 @@ impl Play<'_> {
         let Some(refusal) = try_to_lock_without_majority(c)? else {
             bail!("etcd granted a lease with one member of three: that cannot be");
         };
-        stage.record(
-            Event::new(
-                "etcd",
-                Kind::GaveUp,
-                format!("C asks {} for a lease: {refusal}", etcd.members[far].name),
-            )
-            .with("error", refusal.clone()),
-        );
+        stage.record(Event::new(
+            "etcd",
+            GaveUp {
+                error: Some(refusal.clone()),
+                ..GaveUp::default()
+            },
+            format!("C asks {} for a lease: {refusal}", etcd.members[far].name),
+        ));
         let majority_lost = Scenario {
             unavailable: Some(refusal),
             ..Scenario::nothing_granted("etcd-majority-lost", "etcd")

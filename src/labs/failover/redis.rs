@@ -12,6 +12,8 @@ use super::verdict::{Scenario, store_line};
 use crate::check::failover::{self as checks, RedisGrants};
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::connect;
+use crate::events::What;
+use crate::events::facts::{self, Expired, FaultFacts, GaveUp, HolderNow};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
 use crate::lock::redis::RedisLock;
@@ -46,23 +48,23 @@ impl Play<'_> {
             "{}",
             "── Redis: primary + replica + 3 Sentinels ──".red().bold()
         ));
-        stage.tag("scenario", "redis-failover");
+        stage.tags().scenario = Some("redis-failover".into());
         let (primary, replica) = (redis.primary.port, redis.replica.port);
         let pairs = self.pairs();
-        stage.record(
-            Event::new(
-                "lab",
-                Kind::Run,
-                format!(
-                    "run {}: {} locks on the primary :{primary}, replicated to :{replica}",
-                    self.run_id,
-                    pairs.len()
-                ),
-            )
-            .with("run_id", self.run_id)
-            .with("primary", primary)
-            .with("replica", replica),
-        );
+        stage.record(Event::new(
+            "lab",
+            facts::RunFacts {
+                run_id: Some(self.run_id.into()),
+                primary: Some(primary),
+                replica: Some(replica),
+                ..facts::RunFacts::default()
+            },
+            format!(
+                "run {}: {} locks on the primary :{primary}, replicated to :{replica}",
+                self.run_id,
+                pairs.len()
+            ),
+        ));
 
         // The replica falls behind: frozen, and its link closed from the primary's side.
         // (Frozen alone is not enough: its kernel would still take the stream into the
@@ -84,7 +86,10 @@ impl Play<'_> {
                 ),
                 Err(_) => "freezes the replica (SIGSTOP)".into(),
             };
-            stage.record(event.with("links_closed", *cut.as_ref().unwrap_or(&0)));
+            if let Some(facts) = event.fault_mut() {
+                facts.links_closed = Some(*cut.as_ref().unwrap_or(&0) as u64);
+            }
+            stage.record(event);
         }
         cut?;
 
@@ -106,7 +111,7 @@ impl Play<'_> {
         }
         stage.record(Event::new(
             "lab",
-            Kind::Run,
+            facts::RunFacts::default(),
             "plays two earlier holders of the incr-lost lock (tokens 1, 2) on the primary",
         ));
 
@@ -123,7 +128,7 @@ impl Play<'_> {
                 &format!("{name} to take the lock"),
                 |e| e.is(&name, Kind::Acquired),
             )?;
-            a_owners.push(got.get_str("owner").unwrap_or_default().to_string());
+            a_owners.push(got.owner().unwrap_or_default().to_string());
         }
         // A:wait's `WAIT 1` runs out against the frozen replica before the primary dies.
         let mut confirmed = Vec::new();
@@ -135,7 +140,11 @@ impl Play<'_> {
                     &format!("{name}'s WAIT to answer"),
                     |e| e.is(&name, Kind::Lost) || e.is(&name, Kind::Kept),
                 )?;
-                answer.get_i64("replicas_confirmed")
+                match &answer.what {
+                    What::Lost(lost) => lost.replicas_confirmed,
+                    What::Kept(kept) => kept.replicas_confirmed,
+                    _ => None,
+                }
             } else {
                 None
             });
@@ -156,16 +165,11 @@ impl Play<'_> {
             .and_then(|info| info_field(&info, "connected_slaves"))
             .unwrap_or_default();
         stage.record(
-            Event::new(
-                "redis",
-                Kind::HolderNow,
-                format!(
+            Event::new("redis", HolderNow { connected_replicas: Some(replicas.clone()), ..HolderNow::default() }, format!(
                     "primary :{primary} holds all {} of A's keys (PTTL ~{}); connected replicas: {replicas}",
                     pairs.len(),
                     human(a_leases[0].1)
-                ),
-            )
-            .with("connected_replicas", replicas.clone()),
+                )),
         );
 
         let min_replicas = self.min_replicas_refusal(stage, &mut on_primary)?;
@@ -174,12 +178,24 @@ impl Play<'_> {
         nemesis.kill(
             stage,
             &mut redis.primary,
-            Note::from(format!("SIGKILLs the primary :{primary}")).with("port", primary),
+            Note::new(
+                format!("SIGKILLs the primary :{primary}"),
+                FaultFacts {
+                    port: Some(primary),
+                    ..FaultFacts::default()
+                },
+            ),
         )?;
         nemesis.resume(
             stage,
             &redis.replica,
-            Note::from(format!("thaws the replica :{replica}")).with("port", replica),
+            Note::new(
+                format!("thaws the replica :{replica}"),
+                FaultFacts {
+                    port: Some(replica),
+                    ..FaultFacts::default()
+                },
+            ),
         )?;
 
         let failover = self.watch_failover(stage, redis, killed_at)?;
@@ -197,7 +213,9 @@ impl Play<'_> {
             .query(&mut on_new_primary)?;
         stage.record(Event::new(
             "redis",
-            Kind::Expired,
+            Expired {
+                ..Expired::default()
+            },
             format!(
                 "new primary :{replica} has {} of A's {} keys; incr-lost counter: {}",
                 forgot.iter().filter(|f| !**f).count(),
@@ -219,7 +237,7 @@ impl Play<'_> {
                 &format!("{name} to take the lock"),
                 |e| e.is(&name, Kind::Acquired),
             )?;
-            let owner = got.get_str("owner").unwrap_or_default().to_string();
+            let owner = got.owner().unwrap_or_default().to_string();
             let found: Option<String> = redis::cmd("GET")
                 .arg(self.key(pair.label))
                 .query(&mut on_new_primary)?;
@@ -352,16 +370,14 @@ impl Play<'_> {
                 bail!("the primary granted a lock with min-replicas-to-write 1 and no replica")
             }
         };
-        stage.record(
-            Event::new(
-                "A:min-replicas",
-                Kind::GaveUp,
-                format!(
-                    "with min-replicas-to-write 1, SET NX PX on the primary answers: {refusal}"
-                ),
-            )
-            .with("why", refusal.clone()),
-        );
+        stage.record(Event::new(
+            "A:min-replicas",
+            GaveUp {
+                why: Some(refusal.clone()),
+                ..GaveUp::default()
+            },
+            format!("with min-replicas-to-write 1, SET NX PX on the primary answers: {refusal}"),
+        ));
         Ok(refusal)
     }
 
@@ -386,7 +402,9 @@ impl Play<'_> {
                 sentinel_switched = true;
                 stage.record(Event::new(
                     "sentinel",
-                    Kind::HolderNow,
+                    HolderNow {
+                        ..HolderNow::default()
+                    },
                     format!(
                         "names {} as the primary, {} after the kill",
                         replica.addr(),
@@ -396,18 +414,18 @@ impl Play<'_> {
             }
             if promoted.is_none() && cluster::role_of(&replica.url()).as_deref() == Some("master") {
                 let took = killed_at.elapsed();
-                stage.record(
-                    Event::new(
-                        "redis",
-                        Kind::HolderNow,
-                        format!(
-                            ":{} answers ROLE: master — failover took {}",
-                            replica.port,
-                            human(took)
-                        ),
-                    )
-                    .with("failover_ms", took.as_millis() as u64),
-                );
+                stage.record(Event::new(
+                    "redis",
+                    HolderNow {
+                        failover_ms: Some(took.as_millis() as u64),
+                        ..HolderNow::default()
+                    },
+                    format!(
+                        ":{} answers ROLE: master — failover took {}",
+                        replica.port,
+                        human(took)
+                    ),
+                ));
                 promoted = Some(took);
             }
             // B finds the primary the way clients do, through Sentinel: wait for both.

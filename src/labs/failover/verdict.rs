@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
 use crate::check::{Finding, LateWrite};
-use crate::events::{Event, Kind};
+use crate::events::Event;
+use crate::events::What;
+use crate::events::facts;
 use crate::labs::{Stage, runner};
 use crate::output::{human, table};
 use crate::store::ReadBack;
@@ -220,23 +222,23 @@ impl runner::Verdict for Verdict {
 /// The store's line on the timeline for a scenario whose A wrote after B.
 pub(super) fn store_line(stage: &mut Stage, scenario: &Scenario) {
     let holds = scenario.final_writer.as_deref().unwrap_or("nobody");
-    let (kind, decided) = match scenario.late {
-        LateWrite::Accepted => (Kind::StaleWriteAccepted, "taken"),
-        LateWrite::Rejected => (Kind::StaleWriteRejected, "refused"),
+    let (kind, decided): (facts::StaleWriteKind, _) = match scenario.late {
+        LateWrite::Accepted => (What::StaleWriteAccepted, "taken"),
+        LateWrite::Rejected => (What::StaleWriteRejected, "refused"),
         LateWrite::None => return,
     };
-    stage.record(
-        Event::new(
-            "store",
-            kind,
-            format!(
-                "{}: A's write decided after B's: {decided}; holds {holds}'s result",
-                scenario.name
-            ),
-        )
-        .with("resource", scenario.name.clone())
-        .with("final_writer", holds),
-    );
+    stage.record(Event::new(
+        "store",
+        kind(facts::StaleWrite {
+            resource: Some(scenario.name.clone()),
+            final_writer: Some(holds.into()),
+            ..Default::default()
+        }),
+        format!(
+            "{}: A's write decided after B's: {decided}; holds {holds}'s result",
+            scenario.name
+        ),
+    ));
 }
 
 fn print_verdict(scenarios: &[Scenario]) {

@@ -11,6 +11,8 @@ use super::verdict::{RunVerdict, Setup, heard};
 use super::{Fence, Freeze, Plan};
 use crate::check::LateWrite;
 use crate::connect::{self, Backend};
+use crate::events::What;
+use crate::events::facts::{self, Expired, Pttl, StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
@@ -115,21 +117,21 @@ impl Play<'_> {
         let mut lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, plan.ttl);
 
         // Every event of this run says which run it belongs to (both share one clock).
-        stage.tag("fencing", fence.fenced);
+        stage.tags().fencing = Some(fence.fenced);
         stage.checkpoint(crate::labs::step::gc_pause::before_run(fence.fenced));
         if restarting {
-            stage.tag("store_rule", fence.rule.as_str());
-            stage.tag("token_source", fence.token_source());
+            stage.tags().store_rule = Some(fence.rule.as_str().into());
+            stage.tags().token_source = Some(fence.token_source().into());
         }
-        stage.record(
-            Event::new(
-                "lab",
-                Kind::Run,
-                format!("run {run_id}: the lock is the Redis key {}", lock_watch.key),
-            )
-            .with("run_id", run_id)
-            .with("lock_key", lock_watch.key.clone()),
-        );
+        stage.record(Event::new(
+            "lab",
+            facts::RunFacts {
+                run_id: Some(run_id.into()),
+                lock_key: Some(lock_watch.key.clone()),
+                ..facts::RunFacts::default()
+            },
+            format!("run {run_id}: the lock is the Redis key {}", lock_watch.key),
+        ));
         // A key deleted, flushed or evicted must not pass for an expiry (not watched on the
         // private Redis that --token-restart crashes on purpose).
         let mut key_watch = if restarting {
@@ -148,7 +150,7 @@ impl Play<'_> {
             .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
                 e.is("A", Kind::Acquired)
             })?
-            .get_str("owner")
+            .owner()
             .map(String::from);
 
         match plan.freeze {
@@ -192,16 +194,10 @@ impl Play<'_> {
                     .as_millis() as u64;
                 let until = asked_ms + pttl as u64;
                 stage.record(
-                    Event::new(
-                        "redis",
-                        Kind::Pttl,
-                        format!(
+                    Event::new("redis", Pttl { pttl_ms: pttl, lease_lives_until_ms: Some(until) }, format!(
                             "A's key before the crash: PTTL {pttl}ms, so A's lease runs until at least +{:.3}s",
                             until as f64 / 1000.0
-                        ),
-                    )
-                    .with("pttl_ms", pttl)
-                    .with("lease_lives_until_ms", until),
+                        )),
                 );
             }
             let mut redis = Server::new(private, Backend::Redis, "redis");
@@ -275,7 +271,9 @@ impl Play<'_> {
                 }
                 stage.record(Event::new(
                     "redis",
-                    Kind::Expired,
+                    Expired {
+                        ..Expired::default()
+                    },
                     "A's key has expired: for Redis the lock is free",
                 ));
             } else {
@@ -321,15 +319,15 @@ impl Play<'_> {
         };
         let verdict = RunVerdict::judge(setup, &heard, read)?;
         let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
-        let store_line = match verdict.late_write {
+        let store_line: Option<(StaleWriteKind, String)> = match verdict.late_write {
             LateWrite::Accepted => Some((
-                Kind::StaleWriteAccepted,
+                What::StaleWriteAccepted,
                 format!(
                     "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
                 ),
             )),
             LateWrite::Rejected => Some((
-                Kind::StaleWriteRejected,
+                What::StaleWriteRejected,
                 format!(
                     "decided A's stale write after B's and refused it: it holds {holds}'s result"
                 ),
@@ -337,7 +335,11 @@ impl Play<'_> {
             LateWrite::None => None,
         };
         if let Some((kind, text)) = store_line {
-            stage.record(Event::new("store", kind, text).with("final_writer", holds));
+            let facts = StaleWrite {
+                final_writer: Some(holds.into()),
+                ..StaleWrite::default()
+            };
+            stage.record(Event::new("store", kind(facts), text));
         }
         Ok(verdict)
     }

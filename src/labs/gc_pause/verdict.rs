@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use super::Plan;
 use crate::check::LateWrite;
 use crate::check::gc_pause::{self as checks, Evidence};
-use crate::events::{Event, Kind};
+use crate::events::{Event, Kind, What};
 use crate::labs::runner;
 use crate::lock::redis::Release;
 use crate::output::{human, table};
@@ -87,9 +87,8 @@ pub struct Heard {
 /// Reads one run's history (its events only) for what the servers answered the workers.
 pub fn heard(log: &[Event]) -> Result<Heard> {
     let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
-    let a_heard = saw("A", Kind::Wrote).map(|wrote| match wrote.get_str("outcome") {
-        Some("accepted") => Outcome::Accepted,
-        Some("rejected") => Outcome::Rejected,
+    let a_heard = saw("A", Kind::Wrote).map(|wrote| match &wrote.what {
+        What::Wrote(facts) => facts.outcome,
         _ => Outcome::Unknown,
     });
     let a_wrote_at = log.iter().position(|e| e.is("A", Kind::Wrote));
@@ -105,14 +104,16 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
         a_lease_until_ms: log
             .iter()
             .find(|e| e.is("redis", Kind::Pttl))
-            .and_then(|e| e.get_i64("lease_lives_until_ms"))
-            .map(|ms| ms as u64),
+            .and_then(|e| match &e.what {
+                What::Pttl(pttl) => pttl.lease_lives_until_ms,
+                _ => None,
+            }),
         b_granted_by_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
         a_release: saw("A", Kind::Released)
             .and_then(release_of)
             .context("A's release did not say what Redis answered")?,
         b_owner: saw("B", Kind::Acquired)
-            .and_then(|e| e.get_str("owner"))
+            .and_then(|e| e.owner())
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
         a_heard,

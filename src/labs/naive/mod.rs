@@ -337,8 +337,8 @@ impl Play<'_> {
     /// Every event it shows carries `scenario` and `variant`, for `--json` readers.
     fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
         let mut stage = Stage::on_clock(self.style, self.started);
-        stage.tag("scenario", scenario.name());
-        stage.tag("variant", variant_name(fixed));
+        stage.tags().scenario = Some(scenario.name().into());
+        stage.tags().variant = Some(variant_name(fixed).into());
         let (broken, fix) = scenario.broken_and_fix();
         stage.timeline.say("");
         stage.timeline.say(&format!(

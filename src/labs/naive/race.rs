@@ -12,6 +12,8 @@ use super::example::{print_example, race_example};
 use super::verdict::{self, ScenarioVerdict, Tally};
 use super::{Play, RedisStep, SLACK, Scenario, short};
 use crate::check::naive::{self as checks, RaceCount, RaceReport, RaceTrial};
+use crate::events::What;
+use crate::events::facts::{Observed, Trial, Warning, Workers};
 use crate::events::{Event, Kind};
 use crate::labs::{Stage, WorkerHandle};
 use crate::output::human;
@@ -30,8 +32,8 @@ impl Play<'_> {
         // One stage, one clock for both runs. The start-up below is the broken run's
         // (it comes first); `race_run` switches the tag when the fixed run begins.
         let mut stage = Stage::on_clock(self.style, self.started);
-        stage.tag("scenario", Scenario::Race.name());
-        stage.tag("variant", variant_name(false));
+        stage.tags().scenario = Some(Scenario::Race.name().into());
+        stage.tags().variant = Some(variant_name(false).into());
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
@@ -56,24 +58,24 @@ impl Play<'_> {
         }
         let mut pids = Vec::new();
         collect(&mut stage, &workers, Kind::Ready, SLACK, |event| {
-            pids.push(event.get_i64("pid").unwrap_or(0));
+            pids.push(event.pid().unwrap_or(0));
             Ok(())
         })?;
-        stage.record(
-            Event::new(
-                "lab",
-                Kind::Workers,
-                format!(
-                    "starts {} worker processes; in every trial each tries once for a fresh lock, \
+        stage.record(Event::new(
+            "lab",
+            Workers {
+                pids: pids.clone(),
+                ..Workers::default()
+            },
+            format!(
+                "starts {} worker processes; in every trial each tries once for a fresh lock, \
                      arriving within {} (window {}, work {})",
-                    args.workers,
-                    short(args.spread),
-                    short(args.window),
-                    short(args.work)
-                ),
-            )
-            .with("pids", pids),
-        );
+                args.workers,
+                short(args.spread),
+                short(args.window),
+                short(args.work)
+            ),
+        ));
 
         let broken = self.race_run(&mut stage, &mut workers, false)?;
         let fixed = self.race_run(&mut stage, &mut workers, true)?;
@@ -101,7 +103,7 @@ impl Play<'_> {
     ) -> Result<RaceRun> {
         let args = self.plan;
         let variant = variant_name(fixed);
-        stage.tag("variant", variant);
+        stage.tags().variant = Some(variant.into());
         let bar = self.style.progress(
             args.trials as u64,
             &format!("  {variant:>6} trials [{{bar:30}}] {{pos}}/{{len}}"),
@@ -120,7 +122,7 @@ impl Play<'_> {
                 }
                 let mut these = Vec::with_capacity(workers.len());
                 collect(stage, workers, Kind::Trial, trial_timeout, |event| {
-                    if event.get_i64("trial") != Some(trial as i64) {
+                    if !matches!(&event.what, What::Trial(t) if t.trial == trial) {
                         bail!("worker {} answered for the wrong trial", event.worker);
                     }
                     these.push(event.clone());
@@ -193,35 +195,30 @@ impl Play<'_> {
                 "; in {overwritten} a worker's compare-and-delete found its own value gone"
             ));
         }
-        let kind = if violations > 0 {
-            Kind::Violation
-        } else {
-            Kind::Counted
+        let count = Observed {
+            violations: Some(violations.into()),
+            trials: Some(trials.into()),
+            clock_overlaps: Some(clock_overlaps as u64),
+            overwritten_trials: Some(overwritten as u64),
+            holders_per_trial: Some(holders_per_trial.iter().map(|&h| h as u64).collect()),
+            ..Observed::default()
         };
-        stage.record(
-            Event::new("redis", kind, text)
-                .with("variant", variant)
-                .with("violations", violations)
-                .with("trials", trials)
-                .with("clock_overlaps", clock_overlaps)
-                .with("overwritten_trials", overwritten)
-                .with("holders_per_trial", holders_per_trial.clone()),
-        );
+        let counted = if violations > 0 {
+            What::Violation(count)
+        } else {
+            What::Counted(count)
+        };
+        stage.record(Event::new("redis", counted, text));
         if !disagreements.is_empty() {
             let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
             stage.record(
-                Event::new(
-                    "lab",
-                    Kind::Warning,
-                    format!(
+                Event::new("lab", Warning { disagreeing_trials: Some(disagreements.iter().map(|&t| t.into()).collect()), ..Warning::default() }, format!(
                         "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
                          whether two workers held the lock at once; the count follows the holders list",
                         disagreements.len(),
                         shown.join(", #"),
                         if disagreements.len() > 5 { ", …" } else { "" }
-                    ),
-                )
-                .with("disagreeing_trials", disagreements),
+                    )),
             );
         }
         let tally = Tally::new(violations, trials)
@@ -240,14 +237,19 @@ impl Play<'_> {
 
 /// A worker's report of one trial, as the checkers read it.
 fn report_of(event: &Event) -> RaceReport {
+    let trial = match &event.what {
+        What::Trial(trial) => trial.clone(),
+        _ => Trial::default(),
+    };
+    let ns = |stamp: u64| Some(stamp as i64);
     RaceReport {
         worker: event.worker.clone(),
-        acquired: event.get_bool("acquired") == Some(true),
-        start_ns: event.get_i64("start_ns"),
-        answer_ns: event.get_i64("answer_ns"),
-        enter_ns: event.get_i64("enter_ns"),
-        leave_ns: event.get_i64("leave_ns"),
-        released: event.get_bool("released"),
+        acquired: trial.acquired,
+        start_ns: ns(trial.start_ns),
+        answer_ns: ns(trial.answer_ns),
+        enter_ns: trial.enter_ns.and_then(ns),
+        leave_ns: trial.leave_ns.and_then(ns),
+        released: trial.released,
     }
 }
 
@@ -264,10 +266,10 @@ fn collect(
     let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
         if let Some(event) = stage.next_silent(Duration::from_millis(100)) {
-            if event.kind == Kind::Error {
+            if event.kind() == Kind::Error {
                 return Err(crate::labs::worker_failed(&event.worker, &event.text));
             }
-            if event.kind == kind {
+            if event.kind() == kind {
                 waiting.retain(|w| *w != event.worker);
                 take(&event)?;
             }

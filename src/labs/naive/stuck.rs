@@ -10,6 +10,8 @@ use super::verdict::Tally;
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
+use crate::events::What;
+use crate::events::facts::{Observed, Pttl};
 use crate::events::{Event, Kind};
 use crate::lock::redis::owner_and_pttl;
 use crate::nemesis::Nemesis;
@@ -44,25 +46,25 @@ impl Play<'_> {
         // With SETNX-then-PEXPIRE, A stops between the two commands and says so; the
         // lab kills it right there. Otherwise A stops after taking the lock.
         let took = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
-            e.worker == "A" && (e.kind == Kind::Acquired || e.kind == Kind::Between)
+            e.worker == "A" && (e.kind() == Kind::Acquired || e.kind() == Kind::Between)
         })?;
-        let a_owner = took.get_str("owner").map(String::from);
+        let a_owner = took.owner().map(String::from);
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)
             .query(&mut redis)
             .step(url, "reading A's key's PTTL after it took the lock")?;
-        stage.record(
-            Event::new(
-                "redis",
-                Kind::Pttl,
-                match pttl {
-                    -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
-                    -2 => "PTTL → -2: there is no key".to_string(),
-                    ms => format!("PTTL → {ms}ms: the key will expire by itself"),
-                },
-            )
-            .with("pttl_ms", pttl),
-        );
+        stage.record(Event::new(
+            "redis",
+            Pttl {
+                pttl_ms: pttl,
+                ..Pttl::default()
+            },
+            match pttl {
+                -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
+                -2 => "PTTL → -2: there is no key".to_string(),
+                ms => format!("PTTL → {ms}ms: the key will expire by itself"),
+            },
+        ));
         let where_ = match acquire {
             Acquire::SetnxThenExpire => "between SETNX and PEXPIRE: the PEXPIRE is never sent",
             _ => "while it holds the lock: its release never runs",
@@ -86,13 +88,13 @@ impl Play<'_> {
         let mut gone_at: Option<Instant> = None;
         let b_result = (|| loop {
             if let Some(event) = stage.next(Duration::from_millis(10)) {
-                if event.kind == Kind::Error {
+                if event.kind() == Kind::Error {
                     return Err(crate::labs::worker_failed(&event.worker, &event.text));
                 }
                 if event.worker == "B"
-                    && (event.kind == Kind::Acquired || event.kind == Kind::GaveUp)
+                    && (event.kind() == Kind::Acquired || event.kind() == Kind::GaveUp)
                 {
-                    if event.kind == Kind::Acquired {
+                    if event.kind() == Kind::Acquired {
                         gone_at.get_or_insert_with(Instant::now);
                     }
                     return Ok(event);
@@ -118,7 +120,7 @@ impl Play<'_> {
         })();
         stage.timeline.clear_bar();
         let b_result = b_result?;
-        let b_owner = b_result.get_str("owner").map(String::from);
+        let b_owner = b_result.owner().map(String::from);
 
         // The evidence: who the key names now, and whether it will ever expire.
         let (owner, pttl) =
@@ -152,21 +154,24 @@ impl Play<'_> {
                 human(args.ttl)
             )
         };
-        stage.record(
-            Event::new(
-                "redis",
+        stage.record(Event::new(
+            "redis",
+            {
+                let evidence = Observed {
+                    dead_owner: Some(dead_owner),
+                    key_owner: owner.clone(),
+                    pttl_ms: Some(pttl),
+                    ..Observed::default()
+                };
                 if dead_owner {
-                    Kind::Violation
+                    What::Violation(evidence)
                 } else {
-                    Kind::Lapsed
-                },
-                text,
-            )
-            .with("dead_owner", dead_owner)
-            .with("key_owner", owner.clone())
-            .with("pttl_ms", pttl),
-        );
-        if b_result.kind == Kind::Acquired {
+                    What::Lapsed(evidence)
+                }
+            },
+            text,
+        ));
+        if b_result.kind() == Kind::Acquired {
             b.tell("finish")?;
             stage.wait_for(Duration::from_secs(5), "B to release", |e| {
                 e.is("B", Kind::Released)
@@ -175,9 +180,14 @@ impl Play<'_> {
         b.finish(Duration::from_secs(5));
         stage.drain();
 
-        let waited_ms = b_result.get_i64("waited_ms").unwrap_or(0);
+        let waited_ms = match &b_result.what {
+            What::Acquired(got) => got.waited_ms,
+            What::GaveUp(gave_up) => gave_up.waited_ms,
+            _ => None,
+        }
+        .unwrap_or(0);
         Ok(Tally::new(dead_owner as u32, 1)
-            .with("next_holder_got_lock", b_result.kind == Kind::Acquired)
+            .with("next_holder_got_lock", b_result.kind() == Kind::Acquired)
             .with("waited_ms", waited_ms)
             .with("pttl_ms_after_wait", pttl)
             .with("ttl_ms", args.ttl.as_millis() as u64))

@@ -13,6 +13,9 @@ use super::verdict::Tally;
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
+use crate::events::What;
+use crate::events::facts::Expired;
+use crate::events::facts::Observed;
 use crate::events::{Event, Kind};
 use crate::lock::redis::owner_and_pttl;
 use crate::output::human;
@@ -50,7 +53,7 @@ impl Play<'_> {
         let mut key_watch = KeyWatch::start(url)?;
         let mut a = stage.spawn("A", &spec("A", args.wait))?;
         let a_took = stage.wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
-        let a_owner = a_took.get_str("owner").map(String::from);
+        let a_owner = a_took.owner().map(String::from);
 
         // A works on; watch its key in Redis until the lease runs out.
         let bar = self
@@ -82,7 +85,9 @@ impl Play<'_> {
         }
         stage.record(Event::new(
             "redis",
-            Kind::Expired,
+            Expired {
+                ..Expired::default()
+            },
             format!(
                 "A's key expired (TTL {}) while A still works: for Redis the lock is free",
                 human(args.ttl)
@@ -91,7 +96,7 @@ impl Play<'_> {
 
         let mut b = stage.spawn("B", &spec("B", args.wait))?;
         let b_took = stage.wait_for(long, "B to take the lock", |e| e.is("B", Kind::Acquired))?;
-        let b_owner = b_took.get_str("owner").map(String::from);
+        let b_owner = b_took.owner().map(String::from);
 
         a.tell("finish")?;
         stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
@@ -105,9 +110,9 @@ impl Play<'_> {
         stage.record(Event::new(
             "redis",
             if b_lost_lock {
-                Kind::Violation
+                What::Violation(Observed::default())
             } else {
-                Kind::Kept
+                What::Kept(Observed::default())
             },
             if b_lost_lock {
                 format!("GET → {read}: A's DEL removed B's lock, and B is still working")
@@ -119,25 +124,21 @@ impl Play<'_> {
         // C tries once, as any newcomer would.
         let mut c = stage.spawn("C", &spec("C", Duration::ZERO))?;
         let c_result = stage.wait_for(long, "C to try the lock", |e| {
-            e.worker == "C" && (e.kind == Kind::Acquired || e.kind == Kind::GaveUp)
+            e.worker == "C" && (e.kind() == Kind::Acquired || e.kind() == Kind::GaveUp)
         })?;
-        if c_result.kind == Kind::Acquired {
+        if c_result.kind() == Kind::Acquired {
             let owner: Option<String> = redis::cmd("GET")
                 .arg(&key)
                 .query(&mut redis)
                 .step(url, "reading the lock after C took it")?;
-            if checks::newcomer_holds(owner.as_deref(), c_result.get_str("owner")) {
-                stage.record(Event::new(
-                    "redis",
-                    Kind::TwoHolders,
-                    "GET → C's value while B still works and believes it holds the lock: two holders, B and C",
-                ));
+            if checks::newcomer_holds(owner.as_deref(), c_result.owner()) {
+                stage.record(Event::new("redis", What::TwoHolders(Observed::default()), "GET → C's value while B still works and believes it holds the lock: two holders, B and C"));
             }
         }
 
         b.tell("finish")?;
         stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
-        if c_result.kind == Kind::Acquired {
+        if c_result.kind() == Kind::Acquired {
             c.tell("finish")?;
             stage.wait_for(long, "C to release", |e| e.is("C", Kind::Released))?;
         }
@@ -160,8 +161,11 @@ impl Play<'_> {
         let entered: HashMap<String, u64> = stage
             .log
             .iter()
-            .filter(|e| e.kind == Kind::Acquired)
-            .filter_map(|e| Some((e.worker.clone(), e.get_i64("enter_ns")? as u64)))
+            .filter(|e| e.kind() == Kind::Acquired)
+            .filter_map(|e| match &e.what {
+                What::Acquired(got) => Some((e.worker.clone(), got.enter_ns?)),
+                _ => None,
+            })
             .collect();
         let found = checks::overlaps(&pairs, &entered, args.ttl);
         let violations = checks::deleted_live_locks(&found);
@@ -187,25 +191,28 @@ impl Play<'_> {
             })
             .collect::<Vec<_>>()
             .join("; ");
-        stage.record(
-            Event::new(
-                "redis",
+        stage.record(Event::new(
+            "redis",
+            {
+                let evidence = Observed {
+                    holders: Some(list.clone()),
+                    violations: Some(violations.into()),
+                    ..Observed::default()
+                };
                 if violations > 0 {
-                    Kind::Violation
+                    What::Violation(evidence)
                 } else {
-                    Kind::Counted
-                },
-                format!(
-                    "holders list [{}]: held at the same time: {pairs_text}",
-                    list.join(" ")
-                ),
-            )
-            .with("holders", list.clone())
-            .with("violations", violations),
-        );
+                    What::Counted(evidence)
+                }
+            },
+            format!(
+                "holders list [{}]: held at the same time: {pairs_text}",
+                list.join(" ")
+            ),
+        ));
         Ok(Tally::new(violations, 1)
             .with("holders_list", list)
             .with("overlaps", overlaps)
-            .with("c_got_lock", c_result.kind == Kind::Acquired))
+            .with("c_got_lock", c_result.kind() == Kind::Acquired))
     }
 }

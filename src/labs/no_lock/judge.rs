@@ -9,7 +9,8 @@ use super::points::{FROZEN, KILLED};
 use super::verdict::{plural, round1};
 use crate::check::no_lock::{self as checks, Costs, Strike};
 use crate::connect::PgClient;
-use crate::events::{Event, Kind};
+use crate::events::facts::{Observed, RoundFacts, Warning};
+use crate::events::{Event, What};
 use crate::invoices::{self, Tally};
 use crate::labs::Stage;
 
@@ -94,7 +95,9 @@ impl Play<'_> {
             for (who, at) in checks::missed(&FROZEN, &frozen) {
                 stage.record(Event::new(
                     "lab",
-                    Kind::Warning,
+                    Warning {
+                        ..Warning::default()
+                    },
                     format!(
                         "{who} finished without reaching a job to freeze at ({}): no freeze \
                          there in this run",
@@ -106,36 +109,41 @@ impl Play<'_> {
         if fault.kills() && killed.is_none() {
             stage.record(Event::new(
                 "lab",
-                Kind::Warning,
+                Warning::default(),
                 format!(
                     "{KILLED} finished without reaching a job to kill it in: no kill in this run"
                 ),
             ));
         }
-        stage.record(
-            Event::new(
-                "pg",
+        stage.record(Event::new(
+            "pg",
+            {
+                let count = |n: i64| Some(n as u64);
+                let ids = |ids: &[i32]| Some(ids.iter().map(|&id| id.into()).collect());
+                let evidence = Observed {
+                    duplicates: count(tables.duplicates),
+                    lost_jobs: count(tables.lost_jobs),
+                    lost_updates: count(tables.lost_updates),
+                    bad_jobs: ids(&tables.bad_jobs),
+                    bad_customers: ids(&tables.bad_customers),
+                    ..Observed::default()
+                };
                 if tables.correct() {
-                    Kind::ExactlyOnce
+                    What::ExactlyOnce(evidence)
                 } else {
-                    Kind::Violation
-                },
-                format!(
-                    "the tables say: {} jobs, {} invoiced twice or more, {} never; \
+                    What::Violation(evidence)
+                }
+            },
+            format!(
+                "the tables say: {} jobs, {} invoiced twice or more, {} never; \
                      {} of {} balances differ from their invoices",
-                    tables.jobs,
-                    tables.duplicates,
-                    tables.lost_jobs,
-                    tables.lost_updates,
-                    per_customer.len()
-                ),
-            )
-            .with("duplicates", tables.duplicates)
-            .with("lost_jobs", tables.lost_jobs)
-            .with("lost_updates", tables.lost_updates)
-            .with("bad_jobs", tables.bad_jobs.clone())
-            .with("bad_customers", tables.bad_customers.clone()),
-        );
+                tables.jobs,
+                tables.duplicates,
+                tables.lost_jobs,
+                tables.lost_updates,
+                per_customer.len()
+            ),
+        ));
         let mut cost = format!(
             "{} retries (conflicts {}, no-ops {}, refused {}, lock spins {}), {} round trips \
              per job",
@@ -154,7 +162,14 @@ impl Play<'_> {
                 plural(waited, "job", "jobs")
             ));
         }
-        stage.record(Event::new("lab", Kind::Round, cost).with("retries", costs.retries));
+        stage.record(Event::new(
+            "lab",
+            RoundFacts {
+                retries: Some(costs.retries),
+                ..RoundFacts::default()
+            },
+            cost,
+        ));
         Ok(result)
     }
 }

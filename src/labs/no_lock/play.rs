@@ -11,6 +11,8 @@ use super::points::{self, KILLED, VICTIMS, WATCHED};
 use super::{ApproachVerdict, Fault, Plan};
 use crate::check::no_lock::Strike;
 use crate::connect::{self, PgClient, RedisConn};
+use crate::events::What;
+use crate::events::facts::{Handover, Workers};
 use crate::events::{Event, Kind};
 use crate::invoices::{self, Approach, Moment, Tables, Tally};
 use crate::labs::{Stage, WorkerHandle};
@@ -70,25 +72,21 @@ pub(super) struct Struck {
 impl Struck {
     /// From the worker's own report of where it stopped.
     pub(super) fn from(event: &Event) -> Result<Struck> {
-        let moment = event
-            .data
-            .get("moment")
-            .cloned()
-            .context("a stop without its moment")?;
+        let What::Claimed(claimed) = &event.what else {
+            bail!("{} stopped without saying where", event.worker);
+        };
         Ok(Struck {
             strike: Strike {
                 worker: event.worker.clone(),
-                at: serde_json::from_value(moment)?,
-                job: event.get_i64("job").context("a stop without its job")? as i32,
-                customer: event
-                    .get_i64("customer")
-                    .context("a stop without its customer")? as i32,
+                at: claimed.moment.context("a stop without its moment")?,
+                job: claimed.job.context("a stop without its job")? as i32,
+                customer: claimed.customer.context("a stop without its customer")? as i32,
                 exercised: false,
             },
             resumed: false,
             at: Instant::now(),
-            lock_key: event.get_str("lock_key").map(String::from),
-            owner: event.get_str("owner").map(String::from),
+            lock_key: claimed.lock_key.clone(),
+            owner: claimed.owner.clone(),
         })
     }
 }
@@ -180,8 +178,8 @@ impl Play<'_> {
             &[&(self.plan.keys as i32)],
         )?;
 
-        stage.tag("approach", name);
-        stage.tag("workers", self.workers);
+        stage.tags().approach = Some(name.into());
+        stage.tags().workers = Some(self.workers);
         stage.timeline.say("");
         let heading = if self.plan.contention {
             format!("── {name}, {} workers ──", self.workers)
@@ -221,7 +219,7 @@ impl Play<'_> {
                 .checked_duration_since(Instant::now())
                 .ok_or_else(|| anyhow!("timed out waiting for the workers to connect"))?;
             if let Some(event) = stage.next_silent(left.min(Duration::from_millis(50))) {
-                match event.kind {
+                match event.kind() {
                     Kind::Ready => ready += 1,
                     Kind::Error => {
                         return Err(crate::labs::worker_failed(&event.worker, &event.text));
@@ -231,21 +229,20 @@ impl Play<'_> {
             }
         }
         let pids: Vec<i32> = workers.iter().map(|w| w.pid).collect();
-        stage.record(
-            Event::new(
-                "lab",
-                Kind::Workers,
-                format!(
-                    "{} workers go through {} jobs; tables {}",
-                    self.workers,
-                    self.plan.jobs,
-                    t.name("*")
-                ),
-            )
-            .with("pids", pids)
-            .with("run_id", self.run_id)
-            .with("invoices_table", t.name("invoices")),
-        );
+        stage.record(Event::new(
+            "lab",
+            Workers {
+                pids: pids.clone(),
+                run_id: Some(self.run_id.into()),
+                invoices_table: Some(t.name("invoices")),
+            },
+            format!(
+                "{} workers go through {} jobs; tables {}",
+                self.workers,
+                self.plan.jobs,
+                t.name("*")
+            ),
+        ));
         // The struck workers go first, one at a time, each to its stop on its first job; the
         // others start once all of them have stopped, so that nobody takes a struck job
         // first, and the struck job is the first one each paired worker comes to after its own.
@@ -302,7 +299,7 @@ impl Play<'_> {
                 );
             }
             if let Some(event) = stage.next(Duration::from_millis(10)) {
-                match (event.kind, event.worker.as_str()) {
+                match (event.kind(), event.worker.as_str()) {
                     (Kind::Error, who) => {
                         return Err(crate::labs::worker_failed(who, &event.text));
                     }
@@ -324,13 +321,14 @@ impl Play<'_> {
                         }
                     }
                     (Kind::Finished, who) => {
-                        let tally: Tally = serde_json::from_value(
-                            event.data.get("tally").cloned().unwrap_or_default(),
-                        )
-                        .with_context(|| format!("{who}'s counts"))?;
-                        if let Some(list) = event.data.get("latencies_us") {
-                            latencies.extend(serde_json::from_value::<Vec<u64>>(list.clone())?);
-                        }
+                        let What::Finished(said) = &event.what else {
+                            unreachable!("a finished event")
+                        };
+                        let tally: Tally = said
+                            .tally
+                            .clone()
+                            .with_context(|| format!("{who}'s counts"))?;
+                        latencies.extend(said.latencies_us.iter().flatten());
                         finished.insert(who.to_string(), tally);
                     }
                     _ => {}
@@ -388,7 +386,7 @@ impl Play<'_> {
                 .find(|w| stage.has_exited(&w.name) && !finished.contains_key(&w.name))
             {
                 stage.drain();
-                if let Some(failed) = stage.log.iter().find(|e| e.kind == Kind::Error) {
+                if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
                     return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
                 }
                 bail!("worker {} exited before it finished the list", gone.name);
@@ -405,18 +403,18 @@ impl Play<'_> {
         role.session = self.session(name);
         let mut worker = stage.spawn(name, &WorkerSpec::Invoicer(role))?;
         worker.tell("start")?;
-        stage.record(
-            Event::new(
-                "lab",
-                Kind::Reclaimed,
-                format!(
-                    "w2 is dead and reaped: starts w2r (pid {}) as the new owner of w2's \
+        stage.record(Event::new(
+            "lab",
+            What::Reclaimed(Handover {
+                pid: Some(worker.pid),
+                ..Handover::default()
+            }),
+            format!(
+                "w2 is dead and reaped: starts w2r (pid {}) as the new owner of w2's \
                      partition",
-                    worker.pid
-                ),
-            )
-            .with("pid", worker.pid),
-        );
+                worker.pid
+            ),
+        ));
         workers.push(worker);
         Ok(())
     }

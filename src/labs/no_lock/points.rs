@@ -10,7 +10,8 @@
 use anyhow::Result;
 
 use crate::connect::PgClient;
-use crate::events::{Event, Kind};
+use crate::events::Event;
+use crate::events::facts::GaveUp;
 use crate::invoices::{self, Moment};
 
 /// The killed worker: always this name, whatever else runs.
@@ -76,10 +77,16 @@ pub fn skip_rather_than_queue(db: &mut PgClient, class: i32, customer: i32) -> R
             code.as_deref().unwrap_or("got it")
         ),
     };
-    Ok(Event::new("pg", Kind::GaveUp, text)
-        .with("try_lock", got)
-        .with("lock_timeout_ms", TIMEOUT_MS)
-        .with("sqlstate", code))
+    Ok(Event::new(
+        "pg",
+        GaveUp {
+            try_lock: Some(got),
+            lock_timeout_ms: Some(TIMEOUT_MS.into()),
+            sqlstate: code,
+            ..GaveUp::default()
+        },
+        text,
+    ))
 }
 
 /// Where each worker starts in the list: `struck` is how many of w1, w2… are struck (five

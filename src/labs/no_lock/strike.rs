@@ -11,7 +11,8 @@ use super::points::{self, WATCHED};
 use super::verdict::plural;
 use crate::check::no_lock::{LockSeen, lock_seen};
 use crate::connect::{PgClient, RedisConn};
-use crate::events::{Event, Kind};
+use crate::events::Event;
+use crate::events::facts::{Expired, FaultFacts, HolderNow, Session};
 use crate::invoices::Approach;
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::{Nemesis, Note};
@@ -51,22 +52,27 @@ impl Play<'_> {
         struck: &Struck,
     ) -> Result<()> {
         let strike = &struck.strike;
-        let note = Note::from(format!(
-            "SIGSTOP {} (pid {}) at job {}, {}; resumes after {}{}",
-            worker.name,
-            worker.pid,
-            strike.job,
-            strike.at.label(),
-            human(self.plan.pause),
-            if self.exercise_wait().is_zero() {
-                ""
-            } else {
-                ", once another worker meets it"
-            }
-        ))
-        .with("job", strike.job)
-        .with("customer", strike.customer)
-        .with("at", serde_json::to_value(strike.at)?);
+        let note = Note::new(
+            format!(
+                "SIGSTOP {} (pid {}) at job {}, {}; resumes after {}{}",
+                worker.name,
+                worker.pid,
+                strike.job,
+                strike.at.label(),
+                human(self.plan.pause),
+                if self.exercise_wait().is_zero() {
+                    ""
+                } else {
+                    ", once another worker meets it"
+                }
+            ),
+            FaultFacts {
+                job: Some(strike.job.into()),
+                customer: Some(strike.customer.into()),
+                at: Some(strike.at),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.pause(stage, &*worker, note)?;
         worker.tell("go")?;
         if strike.worker == WATCHED
@@ -90,12 +96,17 @@ impl Play<'_> {
         struck: &Struck,
     ) -> Result<()> {
         let strike = &struck.strike;
-        let note = Note::from(format!(
-            "SIGKILL {} (pid {}) in the middle of job {}: its transaction is not committed",
-            worker.name, worker.pid, strike.job
-        ))
-        .with("job", strike.job)
-        .with("customer", strike.customer);
+        let note = Note::new(
+            format!(
+                "SIGKILL {} (pid {}) in the middle of job {}: its transaction is not committed",
+                worker.name, worker.pid, strike.job
+            ),
+            FaultFacts {
+                job: Some(strike.job.into()),
+                customer: Some(strike.customer.into()),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.kill(stage, worker, note)
     }
 
@@ -169,11 +180,16 @@ impl Play<'_> {
         nemesis.resume(
             stage,
             &*worker,
-            Note::from(format!(
-                "SIGCONT {who} after {} ({how}): it carries on from where it stopped",
-                human(frozen.at.elapsed())
-            ))
-            .with("exercised", met.is_some()),
+            Note::new(
+                format!(
+                    "SIGCONT {who} after {} ({how}): it carries on from where it stopped",
+                    human(frozen.at.elapsed())
+                ),
+                FaultFacts {
+                    exercised: Some(met.is_some()),
+                    ..FaultFacts::default()
+                },
+            ),
         )?;
         frozen.resumed = true;
         frozen.strike.exercised = met.is_some();
@@ -204,7 +220,9 @@ impl Play<'_> {
             faults.expired_seen = true;
             stage.record(Event::new(
                 "redis",
-                Kind::Expired,
+                Expired {
+                    ..Expired::default()
+                },
                 format!("w1's lock on customer {customer} has expired: for Redis the lock is free"),
             ));
         }
@@ -212,7 +230,9 @@ impl Play<'_> {
             faults.taken_seen = true;
             stage.record(Event::new(
                 "redis",
-                Kind::HolderNow,
+                HolderNow {
+                    ..HolderNow::default()
+                },
                 format!("another worker holds customer {customer}'s lock now, while w1 is frozen"),
             ));
         }
@@ -246,11 +266,15 @@ impl Play<'_> {
             ),
             (None, _) => "pg_stat_activity: w1 has no session".to_string(),
         };
-        stage.record(
-            Event::new("pg", Kind::Session, text)
-                .with("state", state)
-                .with("waiting", waits),
-        );
+        stage.record(Event::new(
+            "pg",
+            Session {
+                state,
+                waiting: Some(waits),
+                ..Session::default()
+            },
+            text,
+        ));
         Ok(())
     }
 }

@@ -8,6 +8,8 @@ use anyhow::{Result, bail};
 use super::scene::{READ_TIMEOUT, Scene, name, round};
 use super::verdict::{GuardedWrite, ScenarioVerdict, guard_label};
 use crate::check::{self, Finding};
+use crate::events::What;
+use crate::events::facts::{Expired, StaleWrite, StaleWriteKind, Wrote};
 use crate::events::{Event, Kind};
 use crate::lock::redlock::{self, Master};
 use crate::output::human;
@@ -59,8 +61,11 @@ impl Scene {
             .wait_for(long, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
         // A's round ended before this moment, so its validity ends before `a_seen + validity`.
         let a_seen = Instant::now();
-        let a_value = acquired.get_str("owner").unwrap_or_default().to_string();
-        let a_validity = acquired.get_i64("validity_ms").unwrap_or_default();
+        let a_value = acquired.owner().unwrap_or_default().to_string();
+        let a_validity = match &acquired.what {
+            What::Acquired(got) => got.validity_ms.unwrap_or_default(),
+            _ => 0,
+        };
         self.values.push((a_value.clone(), "A".into()));
         self.stage
             .wait_for(long, "A to freeze itself", |e| e.is("A", Kind::Freezing))?;
@@ -96,7 +101,9 @@ impl Scene {
         }
         self.stage.record(Event::new(
             "masters",
-            Kind::Expired,
+            Expired {
+                ..Expired::default()
+            },
             format!("A's key has expired on all {n} masters, each by its own clock"),
         ));
         let mut b_lock = self.lock(&key);
@@ -124,7 +131,7 @@ impl Scene {
         }
         self.stage.record(Event::new(
             "B",
-            Kind::Working,
+            What::Working,
             format!(
                 "token {b_token} from the sequence; claims {} and {} with its value",
                 resources.claimed, resources.late_claim
@@ -132,20 +139,19 @@ impl Scene {
         ));
         for (resource, guard) in resources.guarded(&b.value, b_token) {
             let outcome = guard.write(&mut store, &self.run_id, resource, "B", "B's result");
-            self.stage.record(
-                Event::new(
-                    "B",
-                    Kind::Wrote,
-                    format!(
-                        "writes 'B's result' to {resource} ({}): the store says {}",
-                        guard.how(),
-                        outcome.as_str()
-                    ),
-                )
-                .with("resource", resource)
-                .with("outcome", outcome.as_str())
-                .with("token", guard.token()),
-            );
+            self.stage.record(Event::new(
+                "B",
+                Wrote {
+                    resource: Some(resource.to_string()),
+                    token: guard.token(),
+                    ..Wrote::new(outcome)
+                },
+                format!(
+                    "writes 'B's result' to {resource} ({}): the store says {}",
+                    guard.how(),
+                    outcome.as_str()
+                ),
+            ));
         }
         let sigcont = format!("sends SIGCONT to A after {}", human(frozen_at.elapsed()));
         self.nemesis.resume(&mut self.stage, &a, sigcont)?;
@@ -173,23 +179,23 @@ impl Scene {
                 final_writer: read.final_writer,
             };
             if let Some(accepted) = row.stale.accepted {
-                let (kind, verb) = if accepted {
-                    (Kind::StaleWriteAccepted, "took")
+                let (kind, verb): (StaleWriteKind, _) = if accepted {
+                    (What::StaleWriteAccepted, "took")
                 } else {
-                    (Kind::StaleWriteRejected, "refused")
+                    (What::StaleWriteRejected, "refused")
                 };
-                self.stage.record(
-                    Event::new(
-                        "store",
-                        kind,
-                        format!(
-                            "{}: decided A's stale write after B's and {verb} it; it holds {}'s result",
-                            guard_label(guard),
-                            row.final_writer.as_deref().unwrap_or("nobody")
-                        ),
-                    )
-                    .with("guard", guard),
-                );
+                self.stage.record(Event::new(
+                    "store",
+                    kind(StaleWrite {
+                        guard: Some(guard.into()),
+                        ..StaleWrite::default()
+                    }),
+                    format!(
+                        "{}: decided A's stale write after B's and {verb} it; it holds {}'s result",
+                        guard_label(guard),
+                        row.final_writer.as_deref().unwrap_or("nobody")
+                    ),
+                ));
             }
             rows.push(row);
         }

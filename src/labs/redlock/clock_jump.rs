@@ -7,7 +7,8 @@ use anyhow::Result;
 
 use super::scene::{READ_TIMEOUT, Scene, name, round};
 use super::verdict::ScenarioVerdict;
-use crate::events::{Event, Kind};
+use crate::events::Event;
+use crate::events::facts::Expired;
 use crate::lock::redlock::Master;
 use crate::output::human;
 
@@ -141,27 +142,26 @@ impl Scene {
         let (_, now) = master
             .read(key, READ_TIMEOUT)
             .map_err(|why| anyhow::anyhow!("Redis master {} did not answer: {why}", name(i)))?;
-        self.stage.record(
-            Event::new(
-                "masters",
-                Kind::Expired,
-                format!(
-                    "SIMULATED: {}'s clock jumps {} ahead → PEXPIRE: PTTL {before}ms → {}",
-                    name(i),
-                    human(jump),
-                    if now == -2 {
-                        "key expired".to_string()
-                    } else {
-                        format!("{now}ms")
-                    }
-                ),
-            )
-            .with("master", name(i))
-            .with("simulated", true)
-            .with("jump_ms", jump.as_millis() as u64)
-            .with("pttl_before_ms", before)
-            .with("pttl_after_ms", now),
-        );
+        self.stage.record(Event::new(
+            "masters",
+            Expired {
+                master: Some(name(i)),
+                simulated: Some(true),
+                jump_ms: Some(jump.as_millis() as u64),
+                pttl_before_ms: Some(before),
+                pttl_after_ms: Some(now),
+            },
+            format!(
+                "SIMULATED: {}'s clock jumps {} ahead → PEXPIRE: PTTL {before}ms → {}",
+                name(i),
+                human(jump),
+                if now == -2 {
+                    "key expired".to_string()
+                } else {
+                    format!("{now}ms")
+                }
+            ),
+        ));
         Ok(())
     }
 }

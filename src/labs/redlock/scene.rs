@@ -5,14 +5,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use colored::Colorize;
-use serde_json::json;
 
 use super::Plan;
 use super::verdict::ClientRound;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState, Round};
 use crate::connect::{self, Backend};
-use crate::events::{Event, Kind};
+use crate::events::Event;
+use crate::events::What;
+use crate::events::facts::Observed;
+use crate::events::facts::{self, FaultFacts, HolderNow, MasterSeen, Phase, Released};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::lock::redlock::{self, Attempt, Master, Redlock, Reply, Settings};
@@ -62,7 +64,7 @@ struct Rejoin<'a>(&'a mut Stage);
 
 impl Record for Rejoin<'_> {
     fn record(&mut self, event: Event) {
-        if event.get_str("phase") == Some("end") {
+        if event.fault().and_then(|f| f.phase) == Some(Phase::End) {
             self.0.record(event);
         }
     }
@@ -137,19 +139,26 @@ impl Scene {
             drift.as_millis(),
             human(settings.instance_timeout)
         ));
-        let masters_seen: Vec<serde_json::Value> = (0..n)
-            .map(|i| match private.get(i) {
-                Some(server) => json!({
-                    "master": name(i),
-                    "port": ports[i],
-                    "pid": server.pid(Backend::Redis),
-                    "dir": server.dir.display().to_string(),
-                }),
-                None => json!({
-                    "master": name(i),
-                    "port": ports[i],
-                    "url": connect::redact(&urls[i]),
-                }),
+        let masters_seen: Vec<MasterSeen> = (0..n)
+            .map(|i| {
+                let seen = MasterSeen {
+                    master: name(i),
+                    port: ports[i].to_string(),
+                    pid: None,
+                    dir: None,
+                    url: None,
+                };
+                match private.get(i) {
+                    Some(server) => MasterSeen {
+                        pid: server.pid(Backend::Redis),
+                        dir: Some(server.dir.display().to_string()),
+                        ..seen
+                    },
+                    None => MasterSeen {
+                        url: Some(connect::redact(&urls[i])),
+                        ..seen
+                    },
+                }
             })
             .collect();
         let mut scene = Scene {
@@ -165,15 +174,15 @@ impl Scene {
             condition: vec![Condition::Up; n],
         };
         let run_id = &run.id;
-        scene.stage.record(
-            Event::new(
-                "lab",
-                Kind::Run,
-                format!("run {run_id}: the lock is the key lockslab:{run_id}:redlock:<scenario>"),
-            )
-            .with("run_id", run_id.as_str())
-            .with("masters", masters_seen),
-        );
+        scene.stage.record(Event::new(
+            "lab",
+            facts::RunFacts {
+                run_id: Some(run_id.clone()),
+                masters: Some(masters_seen),
+                ..facts::RunFacts::default()
+            },
+            format!("run {run_id}: the lock is the key lockslab:{run_id}:redlock:<scenario>"),
+        ));
         Ok(scene)
     }
 
@@ -226,7 +235,7 @@ impl Scene {
     /// acquired" never finds another scenario's A), on the run's one clock.
     pub(super) fn heading(&mut self, scenario: &str, title: &str) {
         self.stage = Stage::on_clock(self.style, self.started);
-        self.stage.tag("scenario", scenario);
+        self.stage.tags().scenario = Some(scenario.into());
         self.stage.timeline.say("");
         self.stage
             .timeline
@@ -234,7 +243,8 @@ impl Scene {
     }
 
     pub(super) fn note(&mut self, text: &str) {
-        self.stage.record(Event::new("lab", Kind::Run, text));
+        self.stage
+            .record(Event::new("lab", facts::RunFacts::default(), text));
     }
 
     /// One round of `client` on `lock`, shown master by master.
@@ -242,19 +252,24 @@ impl Scene {
         let attempt = lock.try_acquire();
         self.values
             .push((attempt.value.clone(), client.to_string()));
-        let (kind, conclusion) = if attempt.held {
-            (Kind::Acquired, "holds the lock")
+        let owner = Some(attempt.value.clone());
+        let (what, conclusion) = if attempt.held {
+            let got = facts::Acquired {
+                owner,
+                attempt: Some(Box::new(attempt.clone())),
+                ..Default::default()
+            };
+            (What::Acquired(got), "holds the lock")
         } else {
-            (Kind::GaveUp, "does not get the lock")
+            let gave_up = facts::GaveUp {
+                owner,
+                attempt: Some(Box::new(attempt.clone())),
+                ..Default::default()
+            };
+            (What::GaveUp(gave_up), "does not get the lock")
         };
-        self.stage.record(
-            Event::new(client, kind, round_text(conclusion, &attempt))
-                .with("owner", attempt.value.clone())
-                .with(
-                    "attempt",
-                    serde_json::to_value(&attempt).unwrap_or_default(),
-                ),
-        );
+        self.stage
+            .record(Event::new(client, what, round_text(conclusion, &attempt)));
         attempt
     }
 
@@ -262,21 +277,18 @@ impl Scene {
         let answers = lock.release(&attempt.value);
         let deleted = answers.iter().filter(|a| a.reply == Reply::Deleted).count();
         let lines: Vec<String> = answers.iter().map(redlock::answer_line).collect();
-        self.stage.record(
-            Event::new(
-                client,
-                Kind::Released,
-                format!(
-                    "releases on all {} masters ({deleted} still held its value):\n{}",
-                    answers.len(),
-                    indent(&lines)
-                ),
-            )
-            .with(
-                "answers",
-                serde_json::to_value(&answers).unwrap_or_default(),
+        self.stage.record(Event::new(
+            client,
+            Released {
+                answers: Some(answers.clone()),
+                ..Released::default()
+            },
+            format!(
+                "releases on all {} masters ({deleted} still held its value):\n{}",
+                answers.len(),
+                indent(&lines)
             ),
-        );
+        ));
     }
 
     /// Master `i` as the nemesis's victim, with the stage it records to and the nemesis.
@@ -308,11 +320,13 @@ impl Scene {
         let pid = self.pid(i)?;
         let port = port_of(&self.url(i));
         let (mut victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::from(format!(
-            "SIGKILL {} (pid {pid}, port {port}): down",
-            name(i)
-        ))
-        .with("master", name(i));
+        let note = Note::new(
+            format!("SIGKILL {} (pid {pid}, port {port}): down", name(i)),
+            FaultFacts {
+                master: Some(name(i)),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.kill(stage, &mut victim, note)?;
         self.condition[i] = Condition::Down;
         Ok(())
@@ -335,11 +349,13 @@ impl Scene {
         let pid = self.pid(i)?;
         let port = port_of(&self.url(i));
         let (mut victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::from(format!(
-            "SIGKILL {} (pid {pid}, port {port}): crashes",
-            name(i)
-        ))
-        .with("master", name(i));
+        let note = Note::new(
+            format!("SIGKILL {} (pid {pid}, port {port}): crashes", name(i)),
+            FaultFacts {
+                master: Some(name(i)),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.restart(stage, &mut victim, note, |took| back(i, &port, took))?;
         self.condition[i] = Condition::Up;
         Ok(())
@@ -348,11 +364,16 @@ impl Scene {
     pub(super) fn freeze(&mut self, i: usize) -> Result<()> {
         let pid = self.pid(i)?;
         let (victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::from(format!(
-            "SIGSTOP {} (pid {pid}): accepts connections, answers nothing",
-            name(i)
-        ))
-        .with("master", name(i));
+        let note = Note::new(
+            format!(
+                "SIGSTOP {} (pid {pid}): accepts connections, answers nothing",
+                name(i)
+            ),
+            FaultFacts {
+                master: Some(name(i)),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.pause(stage, &victim, note)?;
         self.condition[i] = Condition::Frozen;
         Ok(())
@@ -360,11 +381,13 @@ impl Scene {
 
     pub(super) fn thaw(&mut self, i: usize) -> Result<()> {
         let (victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::from(format!(
-            "SIGCONT {}: it serves what queued up meanwhile",
-            name(i)
-        ))
-        .with("master", name(i));
+        let note = Note::new(
+            format!("SIGCONT {}: it serves what queued up meanwhile", name(i)),
+            FaultFacts {
+                master: Some(name(i)),
+                ..FaultFacts::default()
+            },
+        );
         nemesis.resume(stage, &victim, note)?;
         self.condition[i] = Condition::Up;
         Ok(())
@@ -394,15 +417,15 @@ impl Scene {
             });
         }
         let lines: Vec<String> = states.iter().map(super::verdict::state_line).collect();
-        self.stage.record(
-            Event::new(
-                "masters",
-                Kind::HolderNow,
-                format!("{heading}:\n{}", indent(&lines)),
-            )
-            .with("key", key)
-            .with("masters", serde_json::to_value(&states).unwrap_or_default()),
-        );
+        self.stage.record(Event::new(
+            "masters",
+            HolderNow {
+                key: Some(key.into()),
+                masters: Some(states.clone()),
+                ..HolderNow::default()
+            },
+            format!("{heading}:\n{}", indent(&lines)),
+        ));
         states
     }
 
@@ -428,14 +451,14 @@ impl Scene {
         let two = check::two_holders(&a_round, &b_round) == Finding::Yes;
         if two {
             let left = check::validity_left_ms(&a_round, &b_round);
-            self.stage.record(
-                Event::new(
-                    "masters",
-                    Kind::TwoHolders,
-                    format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
-                )
-                .with("a_validity_left_ms", left),
-            );
+            self.stage.record(Event::new(
+                "masters",
+                What::TwoHolders(Observed {
+                    a_validity_left_ms: Some(left),
+                    ..Observed::default()
+                }),
+                format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
+            ));
         }
         (b_lock, b, read, two)
     }
@@ -452,12 +475,17 @@ fn port_of(url: &str) -> String {
 
 /// The line for a master that is back after a restart.
 fn back(i: usize, port: &str, took: Duration) -> Note {
-    Note::from(format!(
-        "{} back on :{port} in {}, EMPTY (no persistence)",
-        name(i),
-        human(took)
-    ))
-    .with("master", name(i))
+    Note::new(
+        format!(
+            "{} back on :{port} in {}, EMPTY (no persistence)",
+            name(i),
+            human(took)
+        ),
+        FaultFacts {
+            master: Some(name(i)),
+            ..FaultFacts::default()
+        },
+    )
 }
 
 pub(super) fn round(client: &str, attempt: &Attempt) -> ClientRound {

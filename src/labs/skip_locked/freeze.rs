@@ -11,6 +11,8 @@ use super::play::Play;
 use super::round::{Round, in_mode, job_result, plural};
 use super::verdict::{FreezeNotes, times};
 use crate::check::skip_locked::Freeze;
+use crate::events::What;
+use crate::events::facts::{Expired, FaultFacts, Handover};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
 use crate::nemesis::{Nemesis, Note};
@@ -51,17 +53,16 @@ impl Play<'_> {
                 &format!("{frozen_name} to claim a job"),
                 |e| e.is(&frozen_name, Kind::Claimed) && in_mode(e, self.mode),
             )?
-            .get_i64("job")
+            .job()
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
         let frozen = &workers[frozen_index];
         nemesis.pause(
             round.stage,
             frozen,
-            Note::from(format!(
+            Note::new(format!(
                 "SIGSTOP {frozen_name} (pid {}) while it holds job {job}; its connection stays open",
                 frozen.pid
-            ))
-            .with("job", job),
+            ), FaultFacts { job: Some(job), ..FaultFacts::default() }),
         )?;
         let frozen_at = Instant::now();
         let session = self.session(&frozen_name);
@@ -94,7 +95,9 @@ impl Play<'_> {
                     session_gone = true;
                     round.stage.record(Event::new(
                         "pg",
-                        Kind::Expired,
+                        Expired {
+                            ..Expired::default()
+                        },
                         format!(
                             "pg_stat_activity no longer lists {frozen_name}'s session, {} into \
                              the freeze. A stopped process closes nothing, so Postgres ended it: \
@@ -111,15 +114,15 @@ impl Play<'_> {
                 && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
             {
                 let by: String = row.get(0);
-                round.stage.record(
-                    Event::new(
-                        "pg",
-                        Kind::TakenOver,
-                        format!("{by} processed job {job} while {frozen_name} was frozen"),
-                    )
-                    .with("job", job)
-                    .with("by", by.clone()),
-                );
+                round.stage.record(Event::new(
+                    "pg",
+                    What::TakenOver(Handover {
+                        job: Some(job),
+                        by: Some(by.clone()),
+                        ..Handover::default()
+                    }),
+                    format!("{by} processed job {job} while {frozen_name} was frozen"),
+                ));
                 taken_by = Some(by);
             }
         }
@@ -152,10 +155,15 @@ impl Play<'_> {
         nemesis.resume(
             round.stage,
             frozen,
-            Note::from(words)
-                .with("job", job)
-                .with("others_processed", others_done)
-                .with("frozen_job_processed", frozen_job_done),
+            Note::new(
+                words,
+                FaultFacts {
+                    job: Some(job),
+                    others_processed: Some(others_done as u64),
+                    frozen_job_processed: Some(frozen_job_done as u64),
+                    ..FaultFacts::default()
+                },
+            ),
         )?;
         frozen.tell("commit")?;
         let outcome = round.stage.wait_for(
@@ -163,20 +171,21 @@ impl Play<'_> {
             &format!("{frozen_name} to finish its job"),
             |e| {
                 e.worker == frozen_name
-                    && (e.kind == Kind::Committed || e.kind == Kind::FinishFailed)
+                    && (e.kind() == Kind::Committed || e.kind() == Kind::FinishFailed)
                     && in_mode(e, self.mode)
             },
         )?;
-        let finish_failed = outcome.kind == Kind::FinishFailed;
+        let finish_failed = outcome.kind() == Kind::FinishFailed;
         if finish_failed {
             round.dead.push(frozen_name.clone());
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
-        round.stage.record(
-            job_result(Kind::FreezeResult, job, &by)
-                .with("frozen_job_processed_while_frozen", frozen_job_done),
-        );
+        let mut result = job_result(What::FreezeResult, job, &by);
+        if let What::FreezeResult(fate) = &mut result.what {
+            fate.frozen_job_processed_while_frozen = Some(frozen_job_done as u64);
+        }
+        round.stage.record(result);
         Ok(FreezeNotes {
             evidence: Freeze {
                 sleeper: frozen_name,

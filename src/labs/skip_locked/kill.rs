@@ -12,6 +12,8 @@ use super::play::Play;
 use super::round::{Round, in_mode, job_result, plural, round1};
 use super::verdict::reclaim_how;
 use crate::check::skip_locked::{self as checks, Kill, KillOutcome};
+use crate::events::What;
+use crate::events::facts::{FaultFacts, Handover, JobFate};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
 use crate::nemesis::{Nemesis, Note};
@@ -44,7 +46,7 @@ impl Play<'_> {
                 "w1 to claim a job",
                 |e| e.is("w1", Kind::Claimed) && in_mode(e, self.mode),
             )?
-            .get_i64("job")
+            .job()
             .ok_or_else(|| anyhow!("w1 claimed no job id"))?;
         for worker in others.iter_mut() {
             worker.tell("drain 2")?;
@@ -67,9 +69,14 @@ impl Play<'_> {
         nemesis.kill(
             round.stage,
             victim,
-            Note::from(words)
-                .with("others_done", done_before_kill)
-                .with("job", job),
+            Note::new(
+                words,
+                FaultFacts {
+                    others_done: Some(done_before_kill as u64),
+                    job: Some(job),
+                    ..FaultFacts::default()
+                },
+            ),
         )?;
         round.dead.push(victim.name.clone());
 
@@ -89,21 +96,21 @@ impl Play<'_> {
             {
                 evidence.first_claim = Some((row.get(0), row.get(1)));
                 if let KillOutcome::Reclaimed { by, after_ms } = checks::kill_outcome(&evidence) {
-                    round.stage.record(
-                        Event::new(
-                            "pg",
-                            Kind::Reclaimed,
-                            format!(
-                                "{by} claimed job {job} {after_ms:.1}ms after the kill: Postgres \
+                    round.stage.record(Event::new(
+                        "pg",
+                        What::Reclaimed(Handover {
+                            job: Some(job),
+                            by: Some(by.clone()),
+                            reclaim_ms: Some(round1(after_ms)),
+                            ..Handover::default()
+                        }),
+                        format!(
+                            "{by} claimed job {job} {after_ms:.1}ms after the kill: Postgres \
                                  rolled back w1's transaction when its connection closed (no TTL \
                                  involved){}",
-                                reclaim_how(self.mode)
-                            ),
-                        )
-                        .with("job", job)
-                        .with("by", by)
-                        .with("reclaim_ms", round1(after_ms)),
-                    );
+                            reclaim_how(self.mode)
+                        ),
+                    ));
                 }
             }
             Ok(())
@@ -136,22 +143,22 @@ impl Play<'_> {
             } else {
                 "nothing handed it back — lost".to_string()
             };
-            round.stage.record(
-                Event::new(
-                    "pg",
-                    Kind::JobLost,
-                    format!(
-                        "job {job} was never claimed again: its row says status '{status}', \
+            round.stage.record(Event::new(
+                "pg",
+                What::JobLost(JobFate {
+                    job: Some(job),
+                    status: Some(status.as_str().into()),
+                    claimed_by: holder.clone(),
+                    times_processed: Some(by.len() as u64),
+                    ..JobFate::default()
+                }),
+                format!(
+                    "job {job} was never claimed again: its row says status '{status}', \
                          claimed_by {name}; {why}"
-                    ),
-                )
-                .with("job", job)
-                .with("status", status.as_str())
-                .with("claimed_by", holder.clone())
-                .with("times_processed", by.len()),
-            );
+                ),
+            ));
         }
-        round.stage.record(job_result(Kind::KillResult, job, &by));
+        round.stage.record(job_result(What::KillResult, job, &by));
         Ok(match outcome {
             KillOutcome::Reclaimed { after_ms, .. } => Some(round1(after_ms)),
             _ => None,

@@ -204,7 +204,7 @@ impl Lab for Plan {
         let mut stage = super::Stage::on_clock(run.style, run.started);
         let mut modes = Vec::new();
         for &mode in &self.modes {
-            stage.tag("mode", mode.name());
+            stage.tags().mode = Some(mode.name().into());
             stage.checkpoint(super::step::skip_locked::before(mode.name()));
             let play = Play {
                 plan: self,

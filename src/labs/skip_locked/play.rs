@@ -12,7 +12,8 @@ use super::round::{Round, plural};
 use super::verdict::{ModeVerdict, Played};
 use crate::check::{self, skip_locked as checks};
 use crate::connect;
-use crate::events::{Event, Kind};
+use crate::events::facts::Observed;
+use crate::events::{Event, What};
 use crate::labs::Stage;
 use crate::labs::leftovers::Leftovers;
 use crate::nemesis::Nemesis;
@@ -148,25 +149,28 @@ impl Play<'_> {
             reclaim_ms,
         };
         let once = processed.once;
-        round.stage.record(
-            Event::new(
-                "pg",
+        round.stage.record(Event::new(
+            "pg",
+            {
+                let evidence = Observed {
+                    once: Some(once as u64),
+                    duplicates: Some(verdict.duplicates as u64),
+                    lost: Some(verdict.lost as u64),
+                    ..Observed::default()
+                };
                 if checks::every_job_once(&processed) {
-                    Kind::ExactlyOnce
+                    What::ExactlyOnce(evidence)
                 } else {
-                    Kind::Violation
-                },
-                format!(
-                    "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
-                    plural(verdict.jobs, "job", "jobs"),
-                    verdict.duplicates,
-                    verdict.lost
-                ),
-            )
-            .with("once", once)
-            .with("duplicates", verdict.duplicates)
-            .with("lost", verdict.lost),
-        );
+                    What::Violation(evidence)
+                }
+            },
+            format!(
+                "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
+                plural(verdict.jobs, "job", "jobs"),
+                verdict.duplicates,
+                verdict.lost
+            ),
+        ));
         Ok(Played { verdict, freeze })
     }
 

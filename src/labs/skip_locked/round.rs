@@ -9,6 +9,9 @@ use anyhow::{Result, bail};
 use postgres::Client;
 
 use super::verdict::processed;
+use crate::events::What;
+use crate::events::facts::RoundFacts;
+use crate::events::facts::{Blocked, JobFate, Session};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
 use crate::output::{Style, human};
@@ -48,7 +51,7 @@ impl Round<'_> {
         let deadline = Instant::now() + duration;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             if let Some(event) = self.stage.next(left)
-                && event.kind == Kind::Error
+                && event.kind() == Kind::Error
             {
                 return Err(crate::labs::worker_failed(&event.worker, &event.text));
             }
@@ -66,7 +69,7 @@ impl Round<'_> {
     }
 
     pub(super) fn check_errors(&self) -> Result<()> {
-        if let Some(event) = self.stage.log.iter().find(|e| e.kind == Kind::Error) {
+        if let Some(event) = self.stage.log.iter().find(|e| e.kind() == Kind::Error) {
             return Err(crate::labs::worker_failed(&event.worker, &event.text));
         }
         Ok(())
@@ -200,26 +203,26 @@ impl Round<'_> {
             .iter()
             .map(|w| format!("{w} {}", per_worker[w]))
             .collect();
-        self.stage.record(
-            Event::new(
-                "lab",
-                Kind::Round,
-                format!(
-                    "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
-                    plural(jobs, "job", "jobs"),
-                    human(Duration::from_secs_f64(seconds)),
-                    listing.join(" · ")
-                ),
-            )
-            .with("round", round)
-            .with("jobs", jobs)
-            .with("seconds", seconds)
-            .with("jobs_per_s", jobs_per_s)
-            .with("per_worker", serde_json::to_value(&per_worker)?)
-            .with("run_id", self.run_id)
-            .with("jobs_table", self.queue.jobs.as_str())
-            .with("processing_table", self.queue.processing.as_str()),
-        );
+        self.stage.record(Event::new(
+            "lab",
+            RoundFacts {
+                round: Some(round as u32),
+                jobs: Some(jobs as u64),
+                seconds: Some(seconds),
+                jobs_per_s: Some(jobs_per_s),
+                per_worker: Some(per_worker.clone()),
+                run_id: Some(self.run_id.into()),
+                jobs_table: Some(self.queue.jobs.as_str().into()),
+                processing_table: Some(self.queue.processing.as_str().into()),
+                ..RoundFacts::default()
+            },
+            format!(
+                "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
+                plural(jobs, "job", "jobs"),
+                human(Duration::from_secs_f64(seconds)),
+                listing.join(" · ")
+            ),
+        ));
         Ok(jobs_per_s)
     }
 
@@ -273,21 +276,20 @@ impl Round<'_> {
     ) -> Result<i64> {
         let (direct, all) = self.blocked_by(prefix, session)?;
         if all > 0 {
-            self.stage.record(
-                Event::new(
-                    "pg",
-                    Kind::Blocked,
-                    format!(
-                        "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
+            self.stage.record(Event::new(
+                "pg",
+                Blocked {
+                    waiting: all,
+                    waiting_directly: direct,
+                },
+                format!(
+                    "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
                          job {job}'s row lock ({direct} waiting for it directly, {} queued \
                          behind another waiter)",
-                        plural(all, "worker session is", "worker sessions are"),
-                        all - direct
-                    ),
-                )
-                .with("waiting", all)
-                .with("waiting_directly", direct),
-            );
+                    plural(all, "worker session is", "worker sessions are"),
+                    all - direct
+                ),
+            ));
         }
         Ok(all)
     }
@@ -317,24 +319,37 @@ impl Round<'_> {
             }
             None => format!("pg_stat_activity: {worker} has no session"),
         };
-        self.stage
-            .record(Event::new("pg", Kind::Session, text).with("session_of", worker));
+        self.stage.record(Event::new(
+            "pg",
+            Session {
+                session_of: Some(worker.into()),
+                ..Session::default()
+            },
+            text,
+        ));
         Ok(())
     }
 }
 
 /// What became of the job a fault hit (`kind`: the kill's or the freeze's result), from the
 /// processing table: who processed it, in order.
-pub(super) fn job_result(kind: Kind, job: i64, by: &[String]) -> Event {
-    Event::new("lab", kind, format!("job {job} was {}", processed(by)))
-        .with("job", job)
-        .with("times_processed", by.len())
-        .with("by", by.to_vec())
+pub(super) fn job_result(result: fn(JobFate) -> What, job: i64, by: &[String]) -> Event {
+    let fate = JobFate {
+        job: Some(job),
+        times_processed: Some(by.len() as u64),
+        by: Some(by.to_vec()),
+        ..JobFate::default()
+    };
+    Event::new(
+        "lab",
+        result(fate),
+        format!("job {job} was {}", processed(by)),
+    )
 }
 
 /// Whether an event belongs to this mode's play (the stage's log holds every mode's events).
 pub(super) fn in_mode(event: &Event, mode: Mode) -> bool {
-    event.data.get("mode").and_then(|m| m.as_str()) == Some(mode.name())
+    event.part.mode.as_deref() == Some(mode.name())
 }
 
 /// "1 worker session is", "3 worker sessions are": the count and the right form.

@@ -1,0 +1,527 @@
+//! The facts each kind of event carries, one struct per kind (or per family of kinds that
+//! say the same thing: a fault, a finding, a job's fate). Every fact is a typed field; one
+//! that does not apply is absent from the JSON rather than `null`.
+//!
+//! These structs are what `--json` prints, what `lockslab render` and the tests read back,
+//! and what `docs/json.schema.json` is generated from (`lockslab schema`).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
+
+use super::What;
+use crate::check::redlock::MasterState;
+use crate::invoices::{Moment, Tally};
+use crate::lock::redlock::{Answer, Attempt};
+use crate::store::Outcome;
+
+/// One fault, as a schedule names it and the history records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGSTOP: the process stops between two instructions, holding whatever it held.
+    Pause,
+    /// SIGCONT: the end of a pause.
+    Resume,
+    /// SIGKILL: the process is gone, its sockets closed by the kernel.
+    Kill,
+    /// SIGKILL, then the same server started again on the same port.
+    Restart,
+}
+
+/// Whether a fault's record opens it or closes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Start,
+    End,
+}
+
+/// Which part of a lab run an event belongs to: the lab's tags, set once per part
+/// (`scenario`, `variant`, `fencing`…) and stamped on every event of it, plus `part`, all
+/// of them as one label (`fencing=false`), for a picture that draws each part as a band.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Part {
+    pub scenario: Option<String>,
+    pub variant: Option<String>,
+    pub fencing: Option<bool>,
+    pub store_rule: Option<String>,
+    pub token_source: Option<String>,
+    pub approach: Option<String>,
+    /// How many workers play this part (lab 7).
+    pub workers: Option<u32>,
+    pub mode: Option<String>,
+    pub part: Option<String>,
+}
+
+impl Part {
+    pub fn is_empty(&self) -> bool {
+        *self == Part::default()
+    }
+
+    /// The tags as one label: `scenario=race variant=broken`.
+    pub fn label(&self) -> String {
+        let mut words = Vec::new();
+        let mut add = |key: &str, value: Option<String>| {
+            if let Some(value) = value {
+                words.push(format!("{key}={value}"));
+            }
+        };
+        add("approach", self.approach.clone());
+        add("fencing", self.fencing.map(|f| f.to_string()));
+        add("mode", self.mode.clone());
+        add("scenario", self.scenario.clone());
+        add("store_rule", self.store_rule.clone());
+        add("token_source", self.token_source.clone());
+        add("variant", self.variant.clone());
+        add("workers", self.workers.map(|w| w.to_string()));
+        words.join(" ")
+    }
+
+    /// Fills in what `self` leaves open from `tags` (an event's own facts win).
+    pub fn or(self, tags: &Part) -> Part {
+        Part {
+            scenario: self.scenario.or_else(|| tags.scenario.clone()),
+            variant: self.variant.or_else(|| tags.variant.clone()),
+            fencing: self.fencing.or(tags.fencing),
+            store_rule: self.store_rule.or_else(|| tags.store_rule.clone()),
+            token_source: self.token_source.or_else(|| tags.token_source.clone()),
+            approach: self.approach.or_else(|| tags.approach.clone()),
+            workers: self.workers.or(tags.workers),
+            mode: self.mode.or_else(|| tags.mode.clone()),
+            part: self.part.or_else(|| tags.part.clone()),
+        }
+    }
+}
+
+/// A worker starts and asks for the lock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Waiting {
+    pub pid: Option<i32>,
+    /// The Redis primary it talks to (`host:port`, lab 5).
+    pub primary: Option<String>,
+    /// Its etcd lease, in hex as etcdctl prints it.
+    pub lease: Option<String>,
+    pub lease_ttl_ms: Option<u64>,
+    /// Its Postgres session's server pid.
+    pub backend_pid: Option<i32>,
+}
+
+/// The backend granted the lock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Acquired {
+    /// The value the holder wrote into the lock, which proves whose it is.
+    pub owner: Option<String>,
+    /// A fencing token, where the lock hands one out.
+    pub token: Option<i64>,
+    pub backend: Option<String>,
+    pub primary: Option<String>,
+    pub waited_ms: Option<u64>,
+    pub tries: Option<u64>,
+    /// When it entered its critical section, on the machine's monotonic clock.
+    pub enter_ns: Option<u64>,
+    /// Redlock: what the algorithm says is left of the lock.
+    pub validity_ms: Option<i64>,
+    /// Redlock: the whole round, master by master.
+    pub attempt: Option<Box<Attempt>>,
+}
+
+/// No lock within the wait, or a refusal.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GaveUp {
+    pub why: Option<String>,
+    pub error: Option<String>,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    pub waited_ms: Option<u64>,
+    pub tries: Option<u64>,
+    pub attempt: Option<Box<Attempt>>,
+    /// Lab 7: what `pg_try_advisory_lock` answered.
+    pub try_lock: Option<bool>,
+    pub lock_timeout_ms: Option<u64>,
+    /// The Postgres error code that ended the wait.
+    pub sqlstate: Option<String>,
+}
+
+/// A fault, as the nemesis records it (or a worker's own resume, with `paused_ms` only).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FaultFacts {
+    pub fault: Option<Fault>,
+    /// Whom it hit: a worker (`A`), a server (`redis`), a member (`m3`).
+    pub target: Option<String>,
+    pub pid: Option<i32>,
+    pub phase: Option<Phase>,
+    /// How long the pause lasted (at its end).
+    pub paused_ms: Option<u64>,
+    /// How long a restarted server was away (at its end).
+    pub restart_ms: Option<u64>,
+    /// The lab's own facts about the fault.
+    pub backend: Option<String>,
+    pub master: Option<String>,
+    pub port: Option<u16>,
+    /// Replication links the lab cut with the freeze (lab 5).
+    pub links_closed: Option<u64>,
+    pub job: Option<i64>,
+    pub customer: Option<i64>,
+    /// Where in its job the worker was stopped (lab 7).
+    pub at: Option<Moment>,
+    /// Whether another worker met the frozen one before it was resumed (lab 7).
+    pub exercised: Option<bool>,
+    pub others_done: Option<u64>,
+    pub others_processed: Option<u64>,
+    /// How many times the frozen worker's job was processed meanwhile (lab 3).
+    pub frozen_job_processed: Option<u64>,
+}
+
+impl FaultFacts {
+    /// A worker's own word that it was stopped for `gap` (it saw its clock jump).
+    pub fn paused_for(gap: std::time::Duration) -> FaultFacts {
+        FaultFacts {
+            paused_ms: Some(gap.as_millis() as u64),
+            ..FaultFacts::default()
+        }
+    }
+}
+
+/// Told to finish: what the worker counted.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Finished {
+    pub tally: Option<Tally>,
+    pub latencies_us: Option<Vec<u64>>,
+}
+
+/// A write to the store, and what the store answered.
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Wrote {
+    pub outcome: Outcome,
+    pub token: Option<i64>,
+    pub value: Option<String>,
+    pub resource: Option<String>,
+    pub job: Option<i64>,
+    pub customer: Option<i64>,
+}
+
+impl Wrote {
+    pub fn new(outcome: Outcome) -> Wrote {
+        Wrote {
+            outcome,
+            token: None,
+            value: None,
+            resource: None,
+            job: None,
+            customer: None,
+        }
+    }
+}
+
+/// Let go of the lock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Released {
+    /// The lock was still its own when it let go.
+    pub released: Option<bool>,
+    /// Whose value the key held when a safe release looked (Redis).
+    pub found_owner: Option<String>,
+    /// It gave the lock up without a release (it no longer trusted it).
+    pub abandoned: Option<bool>,
+    /// A plain DEL deleted a key (whoever's it was).
+    pub deleted: Option<bool>,
+    pub leave_ns: Option<u64>,
+    /// Redlock: each master's answer to the release.
+    pub answers: Option<Vec<Answer>>,
+}
+
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Lost {
+    pub why: String,
+    /// Lab 5: replicas that confirmed the lock's key within a WAIT.
+    pub replicas_confirmed: Option<i64>,
+}
+
+impl Lost {
+    pub fn because(why: impl Into<String>) -> Lost {
+        Lost {
+            why: why.into(),
+            replicas_confirmed: None,
+        }
+    }
+}
+
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Between {
+    pub owner: Option<String>,
+    pub backend: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Ready {
+    pub pid: i32,
+}
+
+/// One trial of lab 2's race, on the machine's monotonic clock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Trial {
+    pub trial: u32,
+    pub start_ns: u64,
+    pub answer_ns: u64,
+    pub acquired: bool,
+    pub enter_ns: Option<u64>,
+    pub leave_ns: Option<u64>,
+    pub released: Option<bool>,
+}
+
+/// A queue or invoicing worker claimed a job.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Claimed {
+    pub job: Option<i64>,
+    pub pid: Option<i32>,
+    pub backend: Option<String>,
+    pub customer: Option<i64>,
+    pub period: Option<i64>,
+    /// Where in its job the worker now stands (lab 7).
+    pub moment: Option<Moment>,
+    pub lock_key: Option<String>,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+}
+
+/// A queue worker's step with a job (lab 3).
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobStep {
+    pub job: i64,
+    pub pid: Option<i32>,
+}
+
+/// A run begins.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunFacts {
+    pub run_id: Option<String>,
+    pub lock_key: Option<String>,
+    /// Lab 5: the primary's and the replica's ports.
+    pub primary: Option<u16>,
+    pub replica: Option<u16>,
+    /// Lab 6: the masters it runs on.
+    pub masters: Option<Vec<MasterSeen>>,
+}
+
+/// A Redlock master as the lab started it (or was given it).
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MasterSeen {
+    pub master: String,
+    pub port: String,
+    pub pid: Option<i32>,
+    pub dir: Option<String>,
+    /// A master lockslab did not start: its address, password redacted.
+    pub url: Option<String>,
+}
+
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Workers {
+    pub pids: Vec<i32>,
+    pub run_id: Option<String>,
+    pub invoices_table: Option<String>,
+}
+
+/// A backend ended a lease, a key or a session.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Expired {
+    pub master: Option<String>,
+    /// The expiry was brought about by the lab, standing in for a clock jump (lab 6).
+    pub simulated: Option<bool>,
+    pub jump_ms: Option<u64>,
+    pub pttl_before_ms: Option<i64>,
+    pub pttl_after_ms: Option<i64>,
+}
+
+/// Who the backend says holds the lock now, and what it says of its own state.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HolderNow {
+    pub holder: Option<String>,
+    pub backend: Option<String>,
+    pub key: Option<String>,
+    /// Lab 6: each master's GET and PTTL.
+    pub masters: Option<Vec<MasterState>>,
+    /// Lab 5: `INFO replication`'s replica lines.
+    pub connected_replicas: Option<String>,
+    pub failover_ms: Option<u64>,
+    /// Lab 5 (etcd): the Raft term before and after an election, and how long it took.
+    pub raft_term: Option<u64>,
+    pub old_raft_term: Option<u64>,
+    pub election_ms: Option<u64>,
+    pub b_queued_revision: Option<i64>,
+    pub b_token: Option<i64>,
+    pub b_kept_place: Option<bool>,
+    pub a_key_held: Option<bool>,
+    pub a_lease_renewed: Option<bool>,
+    pub after_election_ms: Option<u64>,
+    pub a_lease_left_s: Option<i64>,
+}
+
+/// Who took over a job (lab 3's frozen worker's, lab 3 and 7's killed worker's).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Handover {
+    pub job: Option<i64>,
+    pub by: Option<String>,
+    /// Lab 7: the process that came back for the job.
+    pub pid: Option<i32>,
+    pub reclaim_ms: Option<f64>,
+}
+
+/// What became of one job, read from the processing table (lab 3).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobFate {
+    pub job: Option<i64>,
+    /// Who processed it, in order.
+    pub by: Option<Vec<String>>,
+    pub times_processed: Option<u64>,
+    pub status: Option<String>,
+    pub claimed_by: Option<String>,
+    pub frozen_job_processed_while_frozen: Option<u64>,
+}
+
+/// A round of jobs done.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RoundFacts {
+    pub round: Option<u32>,
+    pub jobs: Option<u64>,
+    pub seconds: Option<f64>,
+    pub jobs_per_s: Option<f64>,
+    pub per_worker: Option<BTreeMap<String, i64>>,
+    pub run_id: Option<String>,
+    pub jobs_table: Option<String>,
+    pub processing_table: Option<String>,
+    /// Lab 7: optimistic retries.
+    pub retries: Option<u64>,
+}
+
+/// A worker's session as Postgres lists it.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Session {
+    pub session_of: Option<String>,
+    pub state: Option<String>,
+    /// How many sessions wait on it.
+    pub waiting: Option<i64>,
+}
+
+/// Sessions blocked behind a frozen worker's row lock (`pg_blocking_pids`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Blocked {
+    pub waiting: i64,
+    pub waiting_directly: i64,
+}
+
+/// A key's remaining time to live, as Redis answers PTTL.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Pttl {
+    pub pttl_ms: i64,
+    /// When the lease runs out, on the run's clock.
+    pub lease_lives_until_ms: Option<u64>,
+}
+
+/// What the evidence shows about a lock: two holders, a count of failures, a lapse…
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Observed {
+    pub violations: Option<u64>,
+    pub trials: Option<u64>,
+    /// Lab 2's race: trials whose holders overlapped on the clock, trials whose counter
+    /// lost an update, and how many believed they held the lock, trial by trial.
+    pub clock_overlaps: Option<u64>,
+    pub overwritten_trials: Option<u64>,
+    pub holders_per_trial: Option<Vec<u64>>,
+    /// Lab 2: a dead holder's value against the key's, and the key's PTTL.
+    pub dead_owner: Option<bool>,
+    pub key_owner: Option<String>,
+    pub pttl_ms: Option<i64>,
+    /// Lab 2: who believed they held the lock at once.
+    pub holders: Option<Vec<String>>,
+    /// Labs 3 and 7: jobs processed more than once, lost, and lost updates.
+    pub once: Option<u64>,
+    pub duplicates: Option<u64>,
+    pub lost: Option<u64>,
+    pub lost_jobs: Option<u64>,
+    pub lost_updates: Option<u64>,
+    pub bad_jobs: Option<Vec<i64>>,
+    pub bad_customers: Option<Vec<i64>>,
+    /// Lab 5: replicas that confirmed a WAIT.
+    pub replicas_confirmed: Option<i64>,
+    /// Lab 6: what A's validity had left when B got the lock, and on which master.
+    pub a_validity_left_ms: Option<i64>,
+    pub master: Option<String>,
+}
+
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Warning {
+    /// The lab itself was paused this long (its timings around it are skewed).
+    pub lab_paused_ms: Option<u64>,
+    pub at_ms: Option<u64>,
+    /// Lab 2: trials where the holders list and the counter disagree.
+    pub disagreeing_trials: Option<Vec<u64>>,
+}
+
+/// Which of the two stale-write kinds a store line is: `What::StaleWriteAccepted` or
+/// `What::StaleWriteRejected`.
+pub type StaleWriteKind = fn(StaleWrite) -> What;
+
+/// An old holder's write decided after the next holder's, and what the store did with it.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StaleWrite {
+    pub backend: Option<String>,
+    pub resource: Option<String>,
+    pub final_writer: Option<String>,
+    /// Lab 6: what refused it.
+    pub guard: Option<String>,
+}
+
+macro_rules! one_kind {
+    ($($facts:ident),*) => {
+        $(impl From<$facts> for What {
+            fn from(facts: $facts) -> What {
+                What::$facts(facts)
+            }
+        })*
+    };
+}
+
+one_kind!(
+    Waiting, Acquired, GaveUp, Finished, Wrote, Released, Lost, Between, Ready, Trial, Claimed,
+    Workers, Expired, HolderNow, Session, Blocked, Pttl, Warning
+);
+
+impl From<RunFacts> for What {
+    fn from(facts: RunFacts) -> What {
+        What::Run(facts)
+    }
+}
+
+impl From<RoundFacts> for What {
+    fn from(facts: RoundFacts) -> What {
+        What::Round(facts)
+    }
+}

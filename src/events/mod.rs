@@ -1,0 +1,328 @@
+//! The worker-to-orchestrator protocol: one JSON object per line on the worker's stdout.
+//!
+//! A worker says what it does (`acquired`, `wrote`, `released`…) and nothing more; the
+//! orchestrator stamps each event with its own monotonic clock on arrival, so that the
+//! events of all workers and of the lab itself fall on one timeline. The same stamped
+//! events feed the terminal timeline, `--json`, and the tests.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::process::ChildStdout;
+use std::sync::mpsc::Sender;
+use std::thread;
+use std::time::Instant;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use strum::EnumDiscriminants;
+
+/// The version of the `--json` shapes documented in docs/json.md; raised whenever a field
+/// changes meaning or goes away (new fields do not raise it).
+pub const JSON_VERSION: u32 = 3;
+
+pub mod facts;
+
+use facts::*;
+
+/// What happened, with its facts: the one vocabulary every worker, lab, backend probe and
+/// the nemesis report in. In JSON the variant is the `kind` field, in snake_case
+/// (`What::GaveUp` is `"gave_up"`), and its facts sit beside it in the same object.
+///
+/// [`Kind`] is the same list without the facts, for asking "which kind?".
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema, EnumDiscriminants)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[strum_discriminants(name(Kind), derive(Hash, Serialize, Deserialize, JsonSchema))]
+#[strum_discriminants(serde(rename_all = "snake_case"))]
+pub enum What {
+    // A worker and its lock.
+    /// Started, and asks for the lock (its pid, lease or session with it).
+    Waiting(Waiting),
+    /// The backend granted the lock.
+    Acquired(Acquired),
+    /// No lock within the wait.
+    GaveUp(GaveUp),
+    /// About to stop itself with SIGSTOP.
+    Freezing,
+    /// Running again: a worker that saw its own clock jump, or the nemesis ending a pause
+    /// or a restart.
+    Resumed(FaultFacts),
+    Working,
+    /// Told to finish its work.
+    Finished(Finished),
+    /// Wrote to the store.
+    Wrote(Wrote),
+    /// Let go.
+    Released(Released),
+    /// Its heartbeat or session learned that the lock is gone.
+    Lost(Lost),
+    /// Between two commands of a non-atomic acquisition (lab 2's SETNX then PEXPIRE).
+    Between(Between),
+    /// Ready for the next trial (lab 2's race).
+    Ready(Ready),
+    /// One trial's report (lab 2's race).
+    Trial(Trial),
+    /// A queue worker claimed a job (lab 3, lab 7).
+    Claimed(Claimed),
+    /// A queue worker committed a job (lab 3).
+    Committed(JobStep),
+    /// A queue worker's statement failed after the lab resumed it (lab 3).
+    FinishFailed(JobStep),
+    /// Failed; the run stops.
+    Error,
+    /// A line from a worker that was not an event.
+    Output,
+
+    // The lab, and what it saw in the backends.
+    /// A run of the lab begins (its id and keys).
+    Run(RunFacts),
+    /// Workers started.
+    Workers(Workers),
+    /// A process stopped with SIGSTOP (by the nemesis).
+    Frozen(FaultFacts),
+    /// A process ended with SIGKILL (by the nemesis).
+    Killed(FaultFacts),
+    /// A backend ended a lease, a key or a session.
+    Expired(Expired),
+    /// A lock key went without its TTL (deleted, flushed, evicted, lost in a restart).
+    Vanished,
+    /// Who the backend says holds the lock now.
+    HolderNow(HolderNow),
+    /// A frozen worker's job processed by another (lab 3).
+    TakenOver(Handover),
+    /// A killed worker's job claimed again (lab 3, lab 7).
+    Reclaimed(Handover),
+    /// A round of jobs done (lab 3, lab 7).
+    Round(RoundFacts),
+    /// What became of the frozen worker's job (lab 3).
+    FreezeResult(JobFate),
+    /// What became of the killed worker's job (lab 3).
+    KillResult(JobFate),
+    /// A worker's session as Postgres lists it.
+    Session(Session),
+    /// Sessions blocked behind a frozen worker's row lock, as `pg_blocking_pids` says (lab 3).
+    Blocked(Blocked),
+    /// A killed worker's job that nothing will hand back (lab 3).
+    JobLost(JobFate),
+    /// A key's remaining time to live as Redis answers it (lab 2).
+    Pttl(Pttl),
+    /// Two holders at once, as the evidence shows.
+    TwoHolders(Observed),
+    /// A broken lock's failure counted.
+    Violation(Observed),
+    /// A broken lock that did not fail this time (lab 2).
+    Counted(Observed),
+    /// Every job processed exactly once (lab 3, lab 7).
+    ExactlyOnce(Observed),
+    /// A dead holder's lock lapsed with its TTL (lab 2).
+    Lapsed(Observed),
+    /// A holder kept its lock to the end.
+    Kept(Observed),
+    Warning(Warning),
+    /// The store decided an old holder's write after the next holder's, and took it.
+    StaleWriteAccepted(StaleWrite),
+    /// The store decided an old holder's write after the next holder's, and refused it.
+    StaleWriteRejected(StaleWrite),
+}
+
+impl std::fmt::Display for Kind {
+    /// The word `--json` carries (`gave_up`), for messages that name an event.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(word)) => f.write_str(&word),
+            _ => write!(f, "{self:?}"),
+        }
+    }
+}
+
+/// The JSON Schema of one event line of `--json`, generated from [`Event`] itself, so it
+/// cannot drift from what the labs print (docs/json.schema.json is this, pretty-printed).
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(Event);
+    serde_json::to_string_pretty(&schema).expect("a schema is plain JSON")
+}
+
+/// One thing that happened, as a worker or the lab reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Event {
+    /// Milliseconds since the lab started, stamped by the orchestrator on arrival.
+    #[serde(default)]
+    pub t_ms: u64,
+    /// Who: a worker's name (`A`, `B`…) or the lab's own lane (`redis`, `lab`).
+    pub worker: String,
+    /// What happened, in a sentence for the timeline.
+    pub text: String,
+    /// What happened, as the one vocabulary says it (`kind`), with its facts.
+    #[serde(flatten)]
+    pub what: What,
+    /// Which part of the lab run this event belongs to (the scenario, the approach…).
+    #[serde(flatten)]
+    pub part: Part,
+}
+
+impl Event {
+    pub fn new(worker: &str, what: impl Into<What>, text: impl Into<String>) -> Event {
+        Event {
+            t_ms: 0,
+            worker: worker.into(),
+            text: text.into(),
+            what: what.into(),
+            part: Part::default(),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        Kind::from(&self.what)
+    }
+
+    pub fn is(&self, worker: &str, kind: Kind) -> bool {
+        self.worker == worker && self.kind() == kind
+    }
+
+    /// The lock's owner value this event names, if it names one (a grant, a hand-over).
+    pub fn owner(&self) -> Option<&str> {
+        match &self.what {
+            What::Acquired(a) => a.owner.as_deref(),
+            What::Between(b) => b.owner.as_deref(),
+            What::Claimed(c) => c.owner.as_deref(),
+            What::GaveUp(g) => g.owner.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether a release found the lock still its own.
+    pub fn released(&self) -> Option<bool> {
+        match &self.what {
+            What::Released(r) => r.released,
+            _ => None,
+        }
+    }
+
+    /// The fencing token this event carries, if it carries one.
+    pub fn token(&self) -> Option<i64> {
+        match &self.what {
+            What::Acquired(a) => a.token,
+            What::Wrote(w) => w.token,
+            What::Claimed(c) => c.token,
+            What::GaveUp(g) => g.token,
+            _ => None,
+        }
+    }
+
+    /// The job this event is about (labs 3 and 7).
+    pub fn job(&self) -> Option<i64> {
+        match &self.what {
+            What::Claimed(c) => c.job,
+            What::Committed(s) | What::FinishFailed(s) => Some(s.job),
+            What::Wrote(w) => w.job,
+            What::TakenOver(h) | What::Reclaimed(h) => h.job,
+            What::FreezeResult(f) | What::KillResult(f) | What::JobLost(f) => f.job,
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.job,
+            _ => None,
+        }
+    }
+
+    /// The process this event names: the worker's own, or the one a fault hit.
+    pub fn pid(&self) -> Option<i32> {
+        match &self.what {
+            What::Waiting(w) => w.pid,
+            What::Ready(r) => Some(r.pid),
+            What::Claimed(c) => c.pid,
+            What::Committed(s) | What::FinishFailed(s) => s.pid,
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.pid,
+            What::Reclaimed(f) => f.pid,
+            _ => None,
+        }
+    }
+
+    pub fn fault_mut(&mut self) -> Option<&mut FaultFacts> {
+        match &mut self.what {
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The fault facts of a nemesis event (or a worker's own resume).
+    pub fn fault(&self) -> Option<&FaultFacts> {
+        match &self.what {
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// The worker side: writes events to stdout, one line each, flushed at once so that the
+/// orchestrator sees an event before the worker is frozen or killed.
+pub struct Emitter {
+    worker: String,
+}
+
+impl Emitter {
+    pub fn new(worker: &str) -> Emitter {
+        Emitter {
+            worker: worker.into(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.worker
+    }
+
+    pub fn event(&self, what: impl Into<What>, text: impl Into<String>) -> Event {
+        Event::new(&self.worker, what, text)
+    }
+
+    pub fn send(&self, event: Event) {
+        let mut out = io::stdout().lock();
+        // A closed pipe means the orchestrator is gone; the worker is about to be killed anyway.
+        let _ = serde_json::to_writer(&mut out, &event);
+        let _ = out.write_all(b"\n");
+        let _ = out.flush();
+    }
+
+    /// Shorthand for an event with no facts.
+    pub fn say(&self, what: impl Into<What>, text: impl Into<String>) {
+        self.send(self.event(what, text));
+    }
+}
+
+/// What arrives on the orchestrator's channel.
+#[derive(Debug)]
+pub enum Incoming {
+    Event(Box<Event>),
+    /// The worker closed its stdout: it exited, or was killed.
+    Closed {
+        worker: String,
+        /// Which process it was: a later worker may carry the same name.
+        pid: i32,
+    },
+}
+
+/// The orchestrator side: a thread that reads a worker's events, stamps them and forwards them.
+pub fn forward(
+    worker: String,
+    pid: i32,
+    stdout: ChildStdout,
+    start: Instant,
+    to: Sender<Incoming>,
+) {
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let event = match serde_json::from_str::<Event>(&line) {
+                Ok(mut event) => {
+                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event
+                }
+                // Anything that is not an event is still worth showing, never worth a crash.
+                Err(_) => {
+                    let mut event = Event::new(&worker, What::Output, line);
+                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event
+                }
+            };
+            if to.send(Incoming::Event(Box::new(event))).is_err() {
+                return;
+            }
+        }
+        let _ = to.send(Incoming::Closed { worker, pid });
+    });
+}
