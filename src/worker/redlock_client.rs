@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::events::{Emitter, Kind};
-use crate::lock::redlock::{self, Master, Redlock, Settings};
+use crate::lock::redlock::{self, Master, Redlock, RoundOrder, Settings};
 use crate::output::human;
 use crate::store::{Outcome, Store};
 
@@ -32,6 +32,9 @@ pub struct RedlockClientScript {
     pub drift_factor: f64,
     pub instance_timeout_ms: u64,
     pub retry_delay_max_ms: u64,
+    /// One master after another, or all at once.
+    #[serde(default)]
+    pub round: RoundOrder,
     /// How long to keep trying for the lock.
     pub wait_ms: u64,
     pub store_url: String,
@@ -127,6 +130,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         drift_factor: script.drift_factor,
         instance_timeout: Duration::from_millis(script.instance_timeout_ms),
         retry_delay_max: Duration::from_millis(script.retry_delay_max_ms),
+        round: script.round,
     };
     let mut lock = Redlock::new(masters, &script.key, settings);
     me.send(
