@@ -4,8 +4,9 @@
 //! customers; beside it, `pgbench` on the same server in the same run, 10 clients, running
 //! that approach's own statements for one job (the "invoiced yet?" check included). The
 //! ratio says how close the lab's workers get to what Postgres does with the same SQL. The
-//! lab's workers also ask "invoiced yet?" for every job the others did, and the Redis
-//! approaches talk to Redis too; pgbench runs only their Postgres part.
+//! lab's workers also ask "invoiced yet?" for every job the others did (16 jobs to a
+//! request: `invoices::LOOK_AHEAD`), and the Redis approaches talk to Redis too; pgbench
+//! runs only their Postgres part, one "invoiced yet?" per job.
 //!
 //! Figures are printed, not asserted: the machine is shared.
 

@@ -1,12 +1,18 @@
 //! Lab 6's speed, measured against real servers: `cargo bench --bench redlock`.
 //!
 //! Reports (a) five private Redis masters started one after another, as the lab does;
-//! (b) one Redlock acquire + release cycle on those five local masters, as a ratio to a
-//! single-instance `SET NX PX` + compare-and-delete cycle measured in the same run (about
-//! 5× is expected: five round trips instead of one, each way); (c) `lockslab redlock` with
-//! defaults, wall clock, and in each run the validity two frozen masters cost against two
-//! down ones (it was a test's assertion; a timing belongs here). Targets: masters < 1s,
-//! the lab < 30s. Figures are printed, not asserted: the machine is shared.
+//! (b) one Redlock acquire + release cycle on those five local masters, asked one after
+//! another and all at once, each as a ratio to a single-instance `SET NX PX` +
+//! compare-and-delete cycle measured in the same run (one after another, about 5× is
+//! expected: five round trips instead of one, each way; all at once, about 1–2× where the
+//! round trip is the wire's latency rather than CPU time); beside them a Redlock on one
+//! master (its bookkeeping beyond the round trips) and on five databases of one master
+//! (five round trips, one server process to wake); (c) `lockslab redlock`
+//! with defaults, wall clock, and in each run the validity two frozen masters cost against
+//! two down ones, then the same with `--round concurrent`. Targets: masters < 1s, the lab
+//! < 30s. Figures are printed, not asserted: the machine is shared.
+//!
+//! `LOCKSLAB_BENCH_CYCLES=200` runs fewer cycles while iterating (default 2000).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -16,11 +22,18 @@ use std::time::{Duration, Instant};
 use common::*;
 use lockslab::connect::Backend;
 use lockslab::lock::redis::RedisLock;
-use lockslab::lock::redlock::{Master, Redlock, Settings};
+use lockslab::lock::redlock::{Master, Redlock, RoundOrder, Settings};
 use lockslab::servers::{Lifetime, PrivateServers};
 
 const ROUNDS: usize = 5;
 const CYCLES: usize = 2000;
+
+fn cycles() -> usize {
+    std::env::var("LOCKSLAB_BENCH_CYCLES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(CYCLES)
+}
 
 fn main() {
     println!("five private Redis masters, started one after another, {ROUNDS} times:");
@@ -48,46 +61,76 @@ fn main() {
         "lockslab:bench:single",
         ttl,
     );
-    let mut redlock = Redlock::new(
-        urls.iter()
-            .enumerate()
-            .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
-            .collect(),
-        "lockslab:bench:redlock",
-        Settings {
-            ttl,
-            drift_factor: 0.01,
-            instance_timeout: Duration::from_millis(50),
-            retry_delay_max: Duration::from_millis(200),
-        },
-    );
+    let redlock = |urls: &[String], round: RoundOrder| {
+        Redlock::new(
+            urls.iter()
+                .enumerate()
+                .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
+                .collect(),
+            &format!("lockslab:bench:redlock:{round:?}"),
+            Settings {
+                ttl,
+                drift_factor: 0.01,
+                instance_timeout: Duration::from_millis(50),
+                retry_delay_max: Duration::from_millis(200),
+                round,
+            },
+        )
+    };
+    // Five round trips to one server process, to tell the round trips' own cost from the
+    // cost of waking five processes in turn.
+    let databases: Vec<String> = (1..=5).map(|db| format!("{}/{db}", urls[0])).collect();
+    let mut locks = [
+        ("Redlock on 1", redlock(&urls[..1], RoundOrder::Sequential)),
+        (
+            "Redlock on 5 databases of 1",
+            redlock(&databases, RoundOrder::Sequential),
+        ),
+        (
+            "Redlock on 5, one after another",
+            redlock(&urls, RoundOrder::Sequential),
+        ),
+        (
+            "Redlock on 5, all at once",
+            redlock(&urls, RoundOrder::Concurrent),
+        ),
+    ];
     // Warm-up: connections opened, scripts cached.
     for _ in 0..50 {
         let held = single.try_acquire().unwrap().unwrap();
         single.release(&held).unwrap();
-        let round = redlock.try_acquire();
-        redlock.release(&round.value);
+        for (_, lock) in &mut locks {
+            let round = lock.try_acquire();
+            lock.release(&round.value);
+        }
     }
-    println!("{CYCLES} acquire + release cycles each, in the same run:");
+    let cycles = cycles();
+    println!("{cycles} acquire + release cycles each, in the same run:");
     let started = Instant::now();
-    for _ in 0..CYCLES {
+    for _ in 0..cycles {
         let held = single.try_acquire().unwrap().expect("free");
         assert!(single.release(&held).unwrap());
     }
-    let one = started.elapsed() / CYCLES as u32;
-    let started = Instant::now();
-    for _ in 0..CYCLES {
-        let round = redlock.try_acquire();
-        assert!(round.held, "{round:?}");
-        redlock.release(&round.value);
-    }
-    let five = started.elapsed() / CYCLES as u32;
+    let one = started.elapsed() / cycles as u32;
     println!(
-        "  single instance {:>8.1}µs   Redlock on 5 {:>8.1}µs   ratio {:.1}×",
-        one.as_secs_f64() * 1e6,
-        five.as_secs_f64() * 1e6,
-        five.as_secs_f64() / one.as_secs_f64()
+        "  {:<32} {:>8.1}µs",
+        "single instance",
+        one.as_secs_f64() * 1e6
     );
+    for (name, lock) in &mut locks {
+        let started = Instant::now();
+        for _ in 0..cycles {
+            let round = lock.try_acquire();
+            assert!(round.held, "{round:?}");
+            lock.release(&round.value);
+        }
+        let took = started.elapsed() / cycles as u32;
+        println!(
+            "  {name:<32} {:>8.1}µs   ratio {:.1}×",
+            took.as_secs_f64() * 1e6,
+            took.as_secs_f64() / one.as_secs_f64()
+        );
+    }
     drop(masters);
 
     servers(); // the store's Postgres, started once, outside the timings below
@@ -97,22 +140,37 @@ fn main() {
     for _ in 0..3 {
         let (wall, _, verdict) = timed_json(&["redlock"]);
         walls.push(wall);
-        let validity = |name: &str| {
-            verdict["scenarios"]
-                .as_array()
-                .and_then(|all| all.iter().find(|s| s["name"] == name))
-                .and_then(|s| s["validity_ms"].as_i64())
-                .unwrap_or_default()
-        };
-        validities.push((validity("minority-down"), validity("minority-frozen")));
+        validities.push(minority_validities(&verdict));
     }
     report("  wall clock", &mut walls);
     // What two frozen masters cost the validity (two per-instance timeouts, 50ms each, are
-    // expected), next to two down ones that refuse at once.
+    // expected one after another; one timeout all at once), next to two down ones that
+    // refuse at once.
     for (down, frozen) in validities {
         println!(
             "  validity with 2 down {down:>5}ms   with 2 frozen {frozen:>5}ms   cost {:>4}ms",
             down - frozen
         );
     }
+    println!("lockslab redlock minority --round concurrent, 3 rounds:");
+    for _ in 0..3 {
+        let (_, _, verdict) = timed_json(&["redlock", "minority", "--round", "concurrent"]);
+        let (down, frozen) = minority_validities(&verdict);
+        println!(
+            "  validity with 2 down {down:>5}ms   with 2 frozen {frozen:>5}ms   cost {:>4}ms",
+            down - frozen
+        );
+    }
+}
+
+/// The validity left with two masters down, and with two frozen.
+fn minority_validities(verdict: &serde_json::Value) -> (i64, i64) {
+    let validity = |name: &str| {
+        verdict["scenarios"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["name"] == name))
+            .and_then(|s| s["validity_ms"].as_i64())
+            .unwrap_or_default()
+    };
+    (validity("minority-down"), validity("minority-frozen"))
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use lockslab::check::Finding;
 use lockslab::check::redlock::{self as check, MasterState, Round};
-use lockslab::lock::redlock::{Master, Redlock, Reply, Settings};
+use lockslab::lock::redlock::{Master, Redlock, Reply, RoundOrder, Settings};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -352,10 +352,19 @@ fn a_recorded_run_replays_through_the_checkers() {
 
 #[test]
 fn a_failed_round_is_released_on_every_master() {
+    a_failed_round_is_released_on_every_master_when(RoundOrder::Sequential);
+}
+
+#[test]
+fn a_failed_concurrent_round_is_released_on_every_master() {
+    a_failed_round_is_released_on_every_master_when(RoundOrder::Concurrent);
+}
+
+fn a_failed_round_is_released_on_every_master_when(round: RoundOrder) {
     // Three "masters" on the test binary's Redis (databases 1–3: separate keyspaces) and a
     // fourth that is down (nothing listens there): enough for the rule, no server faulted.
     let redis = &servers().redis;
-    let key = format!("lockslab:test-{}:redlock", std::process::id());
+    let key = format!("lockslab:test-{}:redlock:{round:?}", std::process::id());
     let dead = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -380,18 +389,7 @@ fn a_failed_round_is_released_on_every_master() {
             .query::<()>(&mut c)
             .unwrap();
     }
-    let masters = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
-        .collect();
-    let settings = Settings {
-        ttl: Duration::from_secs(5),
-        drift_factor: 0.01,
-        instance_timeout: Duration::from_millis(200),
-        retry_delay_max: Duration::from_millis(10),
-    };
-    let mut lock = Redlock::new(masters, &key, settings);
+    let mut lock = redlock_on(&urls, &key, Duration::from_secs(5), 200, round);
     let attempt = lock.try_acquire();
     assert!(!attempt.held, "{attempt:?}");
     assert_eq!(attempt.granted, 1);
@@ -419,6 +417,85 @@ fn a_failed_round_is_released_on_every_master() {
 
 /// Ctrl-C at `moment` (the first event it matches): exit 130, and no master, worker or
 /// directory left.
+/// A Redlock on `urls`, named m1, m2…, with `timeout_ms` per master.
+fn redlock_on(
+    urls: &[String],
+    key: &str,
+    ttl: Duration,
+    timeout_ms: u64,
+    round: RoundOrder,
+) -> Redlock {
+    let masters = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
+        .collect();
+    let settings = Settings {
+        ttl,
+        drift_factor: 0.01,
+        instance_timeout: Duration::from_millis(timeout_ms),
+        retry_delay_max: Duration::from_millis(10),
+        round,
+    };
+    Redlock::new(masters, key, settings)
+}
+
+/// A master that accepts connections and never answers, as a frozen one does: the kernel
+/// completes the handshake, nobody reads.
+fn silent_master() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+#[test]
+fn a_concurrent_round_asks_every_master_before_a_silent_one_gives_up() {
+    let redis = &servers().redis;
+    let (_m1, silent1) = silent_master();
+    let (_m2, silent2) = silent_master();
+    let urls = [
+        silent1,
+        silent2,
+        format!("{redis}/5"),
+        format!("{redis}/6"),
+        format!("{redis}/7"),
+    ];
+    for round in [RoundOrder::Sequential, RoundOrder::Concurrent] {
+        let key = format!("lockslab:test-{}:silent:{round:?}", std::process::id());
+        let mut lock = redlock_on(&urls, &key, Duration::from_secs(10), 300, round);
+        // Twice: the second round finds the live masters' connections open.
+        for _ in 0..2 {
+            let attempt = lock.try_acquire();
+            // The same rule either way: three of five granted, the silent two counted as no.
+            assert!(attempt.held, "{round:?}: {attempt:?}");
+            assert_eq!(attempt.granted, 3, "{round:?}");
+            for silent in &attempt.answers[..2] {
+                assert!(matches!(silent.reply, Reply::NoAnswer { .. }), "{silent:?}");
+            }
+            // When the first silent master was given up on, had the live ones answered yet?
+            let given_up = attempt.answers[0].sent_ms + attempt.answers[0].took_ms;
+            let answered_before = attempt.answers[2..]
+                .iter()
+                .filter(|a| a.sent_ms + a.took_ms < given_up)
+                .count();
+            match round {
+                RoundOrder::Sequential => {
+                    assert_eq!(answered_before, 0, "one after another: {attempt:?}")
+                }
+                RoundOrder::Concurrent => {
+                    assert_eq!(answered_before, 3, "all at once: {attempt:?}")
+                }
+            }
+            let released = lock.release(&attempt.value);
+            let deleted = released
+                .iter()
+                .filter(|a| a.reply == Reply::Deleted)
+                .count();
+            assert_eq!(deleted, 3, "{round:?}: {released:?}");
+        }
+    }
+}
+
 fn interrupt_at(args: &[&str], moment: impl Fn(&Value) -> bool) {
     let mut all = args.to_vec();
     all.push("--json");

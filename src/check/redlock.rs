@@ -113,13 +113,23 @@ pub fn released_everywhere(once_thawed: &[MasterState]) -> Finding {
 }
 
 /// How much of a round went on waiting for masters that never answered (down masters
-/// refuse at once; frozen ones cost the whole per-instance timeout).
+/// refuse at once; frozen ones cost the whole per-instance timeout): the time covered by
+/// at least one such wait. Asked one after another the waits add up; asked all at once
+/// they overlap, and two frozen masters cost one timeout.
 pub fn waited_on_silent_ms(answers: &[Answer]) -> f64 {
-    answers
+    let mut waits: Vec<(f64, f64)> = answers
         .iter()
         .filter(|a| matches!(a.reply, Reply::NoAnswer { .. }))
-        .map(|a| a.took_ms)
-        .sum()
+        .map(|a| (a.sent_ms, a.sent_ms + a.took_ms))
+        .collect();
+    waits.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut covered = 0.0;
+    let mut until = f64::MIN;
+    for (from, to) in waits {
+        covered += (to - from.max(until)).max(0.0);
+        until = until.max(to);
+    }
+    covered
 }
 
 /// What a stale write came to in one resource of the store.
@@ -286,24 +296,34 @@ mod tests {
     fn only_silent_masters_count_as_waiting() {
         // minority-frozen: two frozen masters each cost the 50ms timeout; the answers and a
         // refusal cost what they took, and are not waiting on a silent master.
-        let answers = [
+        let silent = |sent_ms, took_ms| Answer {
+            sent_ms,
+            ..answer(
+                Reply::NoAnswer {
+                    why: "timed out".into(),
+                },
+                took_ms,
+            )
+        };
+        // One after another: the second frozen master is asked once the first gave up.
+        let one_after_another = [
             answer(Reply::Granted, 0.4),
-            answer(Reply::Refused, 0.3),
-            answer(
-                Reply::NoAnswer {
-                    why: "timed out".into(),
-                },
-                50.2,
-            ),
-            answer(
-                Reply::NoAnswer {
-                    why: "timed out".into(),
-                },
-                50.1,
-            ),
+            Answer {
+                sent_ms: 0.4,
+                ..answer(Reply::Refused, 0.3)
+            },
+            silent(0.7, 50.2),
+            silent(50.9, 50.1),
         ];
-        assert!((waited_on_silent_ms(&answers) - 100.3).abs() < 1e-9);
-        assert_eq!(waited_on_silent_ms(&answers[..2]), 0.0);
+        assert!((waited_on_silent_ms(&one_after_another) - 100.3).abs() < 1e-9);
+        assert_eq!(waited_on_silent_ms(&one_after_another[..2]), 0.0);
+        // All at once: the two waits overlap, from 0.2ms to 50.4ms.
+        let at_once = [
+            answer(Reply::Granted, 0.4),
+            silent(0.2, 50.2),
+            silent(0.3, 50.1),
+        ];
+        assert!((waited_on_silent_ms(&at_once) - 50.2).abs() < 1e-9);
     }
 
     #[test]

@@ -20,6 +20,21 @@
 //!    compare-and-delete as the single-instance lock, then wait a **random** delay before
 //!    trying again, so that clients that collided do not collide again in lockstep.
 //!
+//! **One after another, or all at once.** The spec's step 2 asks the masters "sequentially"
+//! ([`RoundOrder::Sequential`]); its own sections on retrying and on performance then advise
+//! sending the `SET` to all N at the same time (multiplexing), which is what
+//! [`RoundOrder::Concurrent`] does, and what `go-redsync` does with one goroutine per master.
+//! What that changes: how long a round lasts. One after another, every slow or frozen
+//! master adds its whole per-instance timeout to `elapsed`; all at once, the round lasts
+//! as long as its slowest master, so more validity is left and the window in which two
+//! clients split the masters between them is shorter. What it does not change: the safety
+//! argument. It needs only that every key was set after the round began (T1, sampled
+//! before the first request) and that the round ended at T2, after the last answer; the
+//! first key then outlives `TTL − (T2 − T1) − drift`, in either order. The same majority,
+//! the same arithmetic, the same release on every master — and the same assumptions
+//! (bounded pauses, bounded delays, clocks that do not jump, masters that do not restart
+//! empty), which no order of requests relaxes.
+//!
 //! What it buys, and what it assumes, is the subject of lab 6 (`lockslab redlock`,
 //! labs/06-redlock.md): it survives a minority of masters failing, but its safety rests on
 //! bounded pauses, bounded network delays and clocks that do not jump, and its random value
@@ -28,7 +43,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::Script;
+use redis::Value;
 use serde::{Deserialize, Serialize};
 
 use super::random_owner;
@@ -43,6 +58,20 @@ if current == ARGV[1] then
 end
 return {0, current}
 "#;
+
+/// How a round asks the masters. Both are the same algorithm (see the module's text):
+/// only the round's length, and so the validity left, differs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoundOrder {
+    /// One master after another, in order, as the spec's text says: each slow master's
+    /// wait adds to the round
+    #[default]
+    Sequential,
+    /// Every master at once: the requests are all written before any answer is read, so
+    /// the round lasts as long as its slowest master
+    Concurrent,
+}
 
 /// Masters needed for a majority of `masters`: ⌊N/2⌋+1 (3 of 5, 2 of 3). Two majorities of
 /// the same N always share a master — the property the whole algorithm leans on.
@@ -75,6 +104,8 @@ pub struct Settings {
     pub instance_timeout: Duration,
     /// Retries wait a random delay from 0 to this.
     pub retry_delay_max: Duration,
+    /// One master after another, or all at once.
+    pub round: RoundOrder,
 }
 
 /// One master: where it is, and a connection when one is open.
@@ -83,6 +114,9 @@ pub struct Master {
     pub name: String,
     pub url: String,
     connection: Option<redis::Connection>,
+    /// The read and write timeouts the open connection has now: set again only when a
+    /// command needs other ones (two system calls saved on every request).
+    timeouts: Option<Duration>,
 }
 
 impl Master {
@@ -91,6 +125,7 @@ impl Master {
             name: name.to_string(),
             url: url.to_string(),
             connection: None,
+            timeouts: None,
         }
     }
 
@@ -113,6 +148,7 @@ impl Master {
         query: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, String> {
         let started = Instant::now();
+        let mut left = timeout;
         if self.connection.is_none() {
             // No `CLIENT SETINFO` after connecting: its two replies would each wait a full
             // timeout on a frozen master, doubling what "no answer" costs the round.
@@ -125,20 +161,65 @@ impl Master {
                 .get_connection_with_timeout(timeout)
                 .map_err(|e| describe_failure(&e))?;
             self.connection = Some(connection);
+            self.timeouts = None;
+            left = timeout
+                .checked_sub(started.elapsed())
+                .unwrap_or_default()
+                .max(Duration::from_millis(1));
         }
         let connection = self.connection.as_mut().expect("opened above");
-        let left = timeout
-            .checked_sub(started.elapsed())
-            .unwrap_or(Duration::from_millis(1))
-            .max(Duration::from_millis(1));
-        let answer = connection
-            .set_read_timeout(Some(left))
-            .and_then(|_| connection.set_write_timeout(Some(left)))
-            .and_then(|_| query(connection));
-        answer.map_err(|err| {
-            self.connection = None;
+        let mut answer = Ok(());
+        if self.timeouts != Some(left) {
+            answer = connection
+                .set_read_timeout(Some(left))
+                .and_then(|_| connection.set_write_timeout(Some(left)));
+            self.timeouts = Some(left);
+        }
+        answer.and_then(|_| query(connection)).map_err(|err| {
+            self.disconnect();
             describe_failure(&err)
         })
+    }
+
+    /// Writes `request` (packed) without waiting for its answer: the first half of a
+    /// multiplexed round. Only on an open connection; [`Master::receive`] reads the answer.
+    fn send(&mut self, request: &[u8], timeout: Duration) -> Result<(), String> {
+        let connection = self.connection.as_mut().ok_or("not connected")?;
+        let mut sent = Ok(());
+        if self.timeouts != Some(timeout) {
+            sent = connection
+                .set_read_timeout(Some(timeout))
+                .and_then(|_| connection.set_write_timeout(Some(timeout)));
+            self.timeouts = Some(timeout);
+        }
+        sent.and_then(|_| connection.send_packed_command(request))
+            .map_err(|err| {
+                self.disconnect();
+                describe_failure(&err)
+            })
+    }
+
+    /// Reads the answer to what [`Master::send`] wrote, waiting at most `left`. The socket's
+    /// timeout is changed only when `left` is a millisecond or more shorter than the one it
+    /// has (a read may wait up to a millisecond past the per-instance timeout; the round's
+    /// `elapsed` is measured all the same).
+    fn receive(&mut self, left: Duration) -> Result<Value, String> {
+        let connection = self.connection.as_mut().ok_or("not connected")?;
+        let mut ready = Ok(());
+        if self
+            .timeouts
+            .is_none_or(|set| set > left + Duration::from_millis(1))
+        {
+            let left = left.max(Duration::from_millis(1));
+            ready = connection.set_read_timeout(Some(left));
+            self.timeouts = None;
+        }
+        ready
+            .and_then(|_| connection.recv_response())
+            .map_err(|err| {
+                self.disconnect();
+                describe_failure(&err)
+            })
     }
 
     /// What this master holds under `key` now: its value and PTTL (-2: no key), in one
@@ -167,6 +248,7 @@ impl Master {
     /// Forgets the connection (after the lab killed or restarted the server).
     pub fn disconnect(&mut self) {
         self.connection = None;
+        self.timeouts = None;
     }
 }
 
@@ -341,31 +423,21 @@ impl Redlock {
     pub fn try_acquire(&mut self) -> Attempt {
         let ttl = self.settings.ttl;
         let value = random_owner();
+        let mut set = redis::cmd("SET");
+        set.arg(&self.key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64);
         let started = Instant::now();
-        let mut answers = Vec::new();
-        for master in &mut self.masters {
-            let sent = started.elapsed();
-            let reply = master.ask(self.settings.instance_timeout, |c| {
-                redis::cmd("SET")
-                    .arg(&self.key)
-                    .arg(&value)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl.as_millis().max(1) as u64)
-                    .query::<Option<String>>(c)
-            });
-            answers.push(Answer {
-                master: master.name.clone(),
-                port: master.port().to_string(),
-                reply: match reply {
-                    Ok(Some(_)) => Reply::Granted,
-                    Ok(None) => Reply::Refused,
-                    Err(why) => Reply::NoAnswer { why },
-                },
-                sent_ms: ms(sent),
-                took_ms: ms(started.elapsed() - sent),
-            });
-        }
+        let answers = self.ask_every_master(started, &set, |answer| match answer {
+            Ok(Value::Okay) => Reply::Granted,
+            Ok(Value::Nil) => Reply::Refused,
+            Ok(other) => Reply::NoAnswer {
+                why: format!("unexpected reply {other:?}"),
+            },
+            Err(why) => Reply::NoAnswer { why },
+        });
         let elapsed = started.elapsed();
         let granted = answers.iter().filter(|a| a.reply == Reply::Granted).count();
         let quorum = quorum(self.masters.len());
@@ -390,6 +462,71 @@ impl Redlock {
         attempt
     }
 
+    /// Sends `request` to every master, one after another or all at once as
+    /// [`Settings::round`] says, and returns what `judge` makes of each answer, in the
+    /// masters' order, each timed from `started`: when its request was sent, and how long
+    /// until its answer was read (or given up on).
+    ///
+    /// All at once, as the spec's section on performance describes it: the request is
+    /// written to every open connection first, and the answers read after, each within its
+    /// own per-instance timeout counted from its own send. A master with no connection yet
+    /// (the first round, or after a failure) connects and asks on a thread of its own, so
+    /// that a frozen one, which accepts the connection and never answers, costs the round
+    /// one timeout however many are frozen. Answers are read in the masters' order: one read
+    /// after a silent master's wait shows the time it was read, not when it arrived.
+    fn ask_every_master(
+        &mut self,
+        started: Instant,
+        request: &redis::Cmd,
+        judge: impl Fn(Result<Value, String>) -> Reply + Sync,
+    ) -> Vec<Answer> {
+        let timeout = self.settings.instance_timeout;
+        let answer = |master: &Master, reply, sent: Duration| Answer {
+            master: master.name.clone(),
+            port: master.port().to_string(),
+            reply,
+            sent_ms: ms(sent),
+            took_ms: ms(started.elapsed() - sent),
+        };
+        let ask = |master: &mut Master| {
+            let sent = started.elapsed();
+            let reply = judge(master.ask(timeout, |c| request.query::<Value>(c)));
+            answer(master, reply, sent)
+        };
+        match self.settings.round {
+            RoundOrder::Sequential => self.masters.iter_mut().map(ask).collect(),
+            RoundOrder::Concurrent => thread::scope(|scope| {
+                let packed = request.get_packed_command();
+                let mut connecting = Vec::new();
+                let mut waiting = Vec::new();
+                let mut answers: Vec<Option<Answer>> = vec![None; self.masters.len()];
+                for (i, master) in self.masters.iter_mut().enumerate() {
+                    if master.connection.is_none() {
+                        let thread = thread::Builder::new()
+                            .spawn_scoped(scope, || ask(master))
+                            .expect("starting a thread to ask a master");
+                        connecting.push((i, thread));
+                        continue;
+                    }
+                    let sent = started.elapsed();
+                    match master.send(&packed, timeout) {
+                        Ok(()) => waiting.push((i, master, sent)),
+                        Err(why) => answers[i] = Some(answer(master, judge(Err(why)), sent)),
+                    }
+                }
+                for (i, master, sent) in waiting {
+                    let left = (sent + timeout).saturating_sub(started.elapsed());
+                    let reply = judge(master.receive(left));
+                    answers[i] = Some(answer(master, reply, sent));
+                }
+                for (i, thread) in connecting {
+                    answers[i] = Some(thread.join().expect("a thread asking a master panicked"));
+                }
+                answers.into_iter().flatten().collect()
+            }),
+        }
+    }
+
     /// ✅ Rounds until one holds the lock or `wait` has passed, each failed round followed
     /// by a random delay. Returns every round, the last one deciding.
     pub fn acquire_within(&mut self, wait: Duration) -> Vec<Attempt> {
@@ -408,29 +545,19 @@ impl Redlock {
 
     /// ✅ Compare-and-delete on **every** master, whatever it answered to the SET.
     pub fn release(&mut self, value: &str) -> Vec<Answer> {
-        let started = Instant::now();
-        let mut answers = Vec::new();
-        for master in &mut self.masters {
-            let sent = started.elapsed();
-            let reply = master.ask(self.settings.instance_timeout, |c| {
-                Script::new(COMPARE_AND_DELETE_REPORTING)
-                    .key(&self.key)
-                    .arg(value)
-                    .invoke::<(i64, Option<String>)>(c)
-            });
-            answers.push(Answer {
-                master: master.name.clone(),
-                port: master.port().to_string(),
-                reply: match reply {
-                    Ok((1, _)) => Reply::Deleted,
-                    Ok((_, found)) => Reply::NotOurs { found },
-                    Err(why) => Reply::NoAnswer { why },
-                },
-                sent_ms: ms(sent),
-                took_ms: ms(started.elapsed() - sent),
-            });
-        }
-        answers
+        let mut compare_and_delete = redis::cmd("EVAL");
+        compare_and_delete
+            .arg(COMPARE_AND_DELETE_REPORTING)
+            .arg(1)
+            .arg(&self.key)
+            .arg(value);
+        self.ask_every_master(Instant::now(), &compare_and_delete, |answer| {
+            match answer.and_then(|v| redis::from_redis_value(v).map_err(|e| e.to_string())) {
+                Ok((1, _)) => Reply::Deleted,
+                Ok((_, found)) => Reply::NotOurs { found },
+                Err(why) => Reply::NoAnswer { why },
+            }
+        })
     }
 }
 

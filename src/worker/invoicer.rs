@@ -118,14 +118,19 @@ pub fn run(role: &Role) -> Result<()> {
     };
     let mut latencies_us = Vec::new();
     let start = role.start_at.min(jobs.len());
-    for job in jobs[start..].iter().chain(&jobs[..start]) {
-        if let Some((mine, of)) = role.partition
-            && owner_of(job.customer, of) != mine
-        {
-            continue;
-        }
+    let walk: Vec<Job> = jobs[start..]
+        .iter()
+        .chain(&jobs[..start])
+        .filter(|job| {
+            role.partition
+                .is_none_or(|(mine, of)| owner_of(job.customer, of) == mine)
+        })
+        .copied()
+        .collect();
+    for (i, job) in walk.iter().enumerate() {
+        let invoiced = desk.invoiced_yet(&walk, i)?;
         let began = Instant::now();
-        match desk.do_job(role.approach, job, &mut gate)? {
+        match desk.do_job(role.approach, job, invoiced, &mut gate)? {
             Outcome::Invoiced => latencies_us.push(began.elapsed().as_micros() as u64),
             Outcome::Rejected { token } => me.send(me.event(
                 Wrote {

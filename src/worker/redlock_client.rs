@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::facts::{self, FaultFacts, GaveUp, Waiting, Wrote};
 use crate::events::{Emitter, What};
-use crate::lock::redlock::{self, Master, Redlock, Settings};
+use crate::lock::redlock::{self, Master, Redlock, RoundOrder, Settings};
 use crate::output::human;
 use crate::store::{Outcome, Store};
 
@@ -33,6 +33,9 @@ pub struct RedlockClientScript {
     pub drift_factor: f64,
     pub instance_timeout_ms: u64,
     pub retry_delay_max_ms: u64,
+    /// One master after another, or all at once.
+    #[serde(default)]
+    pub round: RoundOrder,
     /// How long to keep trying for the lock.
     pub wait_ms: u64,
     pub store_url: String,
@@ -128,6 +131,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
         drift_factor: script.drift_factor,
         instance_timeout: Duration::from_millis(script.instance_timeout_ms),
         retry_delay_max: Duration::from_millis(script.retry_delay_max_ms),
+        round: script.round,
     };
     let mut lock = Redlock::new(masters, &script.key, settings);
     me.send(me.event(

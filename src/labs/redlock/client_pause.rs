@@ -48,6 +48,7 @@ impl Scene {
             drift_factor: self.settings.drift_factor,
             instance_timeout_ms: self.settings.instance_timeout.as_millis() as u64,
             retry_delay_max_ms: self.settings.retry_delay_max.as_millis() as u64,
+            round: self.settings.round,
             wait_ms: 10_000,
             store_url: store_url.into(),
             run_id: self.run_id.clone(),

@@ -48,7 +48,7 @@ use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
 use super::{OutputArgs, duration_in};
 use crate::connect::Backend;
-use crate::lock::redlock::Settings;
+use crate::lock::redlock::{RoundOrder, Settings};
 use crate::output::human;
 use crate::servers::{LabUrlParser, ServerArgs};
 use scene::Scene;
@@ -63,6 +63,8 @@ Examples:
   lockslab redlock --masters 3           three masters (quorum 2)
   lockslab redlock --instance-timeout 200ms   frozen masters eat more of the
                                               validity
+  lockslab redlock minority --round concurrent   two frozen masters cost one
+                                                 timeout, not two
   lockslab redlock --json | jq .         events and verdict as JSON Lines
   lockslab redlock --master redis://a:6379 --master redis://b:6379 \\
                    --master redis://c:6379   three masters of yours
@@ -102,6 +104,9 @@ pub struct RedlockArgs {
     #[arg(long, default_value = "50ms", value_name = "DURATION",
           value_parser = duration_in(Duration::from_millis(5), Duration::from_secs(1)))]
     pub instance_timeout: Duration,
+    /// How each client asks the masters: one after another, or all at once
+    #[arg(long, value_enum, default_value_t = RoundOrder::Sequential, value_name = "ROUND")]
+    pub round: RoundOrder,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -233,6 +238,7 @@ fn plan_from(args: &RedlockArgs) -> Result<Plan> {
             drift_factor: args.drift_factor,
             instance_timeout: args.instance_timeout,
             retry_delay_max: args.retry,
+            round: args.round,
         },
         given: args.master.clone(),
         n,
