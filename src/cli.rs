@@ -209,13 +209,10 @@ pub fn run() -> Result<ExitCode> {
     crate::procs::install_interrupt_handler()?;
     // Checked once, before anything runs: every run id is drawn from it.
     servers::namespace()?;
-    let pictures = match command.lab_output() {
-        Some(output) => output.pictures()?,
-        None => Vec::new(),
-    };
-    let json = command.lab_output().is_some_and(|output| output.json);
-    if !pictures.is_empty() {
-        crate::output::keep_history();
+    // A picture's file is checked before the lab plays: a bad name fails at once. The
+    // runner draws it from the run's history once the lab has its verdict.
+    if let Some(output) = command.lab_output() {
+        output.pictures()?;
     }
     if let Some(output) = command.lab_output() {
         crate::labs::step::enable(output.step);
@@ -254,8 +251,6 @@ pub fn run() -> Result<ExitCode> {
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
         Command::InternalWorker => unreachable!("handled above"),
     }
-    crate::labs::say_if_disturbed(json);
-    draw_pictures(&pictures, json)?;
     Ok(ExitCode::from(EXIT_OK))
 }
 
@@ -380,40 +375,6 @@ fn print_seat(which: &str) -> Result<()> {
     crate::outln!("# {} (paste into your shell)", seat.name);
     for line in state.seat_exports(seat) {
         crate::outln!("{line}");
-    }
-    Ok(())
-}
-
-/// After a lab: its `--html`/`--svg` pictures, drawn from the history the output kept.
-fn draw_pictures(pictures: &[crate::picture::Target], json: bool) -> Result<()> {
-    if pictures.is_empty() {
-        return Ok(());
-    }
-    let Some(history) = crate::output::take_history() else {
-        return Ok(());
-    };
-    let command = std::iter::once("lockslab".to_string())
-        .chain(
-            std::env::args()
-                .skip(1)
-                .map(|arg| crate::connect::redact(&arg)),
-        )
-        .collect::<Vec<_>>()
-        .join(" ");
-    let recording = crate::picture::Recording::from_history(history, command);
-    for target in pictures {
-        let bytes = target.write(&recording)?;
-        let line = format!(
-            "picture: {} ({} KB)",
-            target.path().display(),
-            bytes.div_ceil(1024)
-        );
-        // With --json, stdout is JSON Lines only.
-        if json {
-            crate::errln!("{line}");
-        } else {
-            crate::outln!("{line}");
-        }
     }
     Ok(())
 }

@@ -193,6 +193,11 @@ impl Backend {
     /// URL came from decides the advice; a worker (which was handed the URL mid-run) gives
     /// none: the server answered the lab a moment ago, so it froze or died since.
     pub fn unreachable(self, url: &str, cause: impl std::fmt::Display) -> anyhow::Error {
+        let mut cause = cause.to_string();
+        // gRPC's and the drivers' words for a server that took the bytes and said nothing.
+        if cause.contains("Timeout expired") || cause.contains("timed out") {
+            cause = "no answer within the client's timeout: frozen or overloaded?".into();
+        }
         let line = format!(
             "{} at {} did not answer ({cause})",
             self.name(),

@@ -74,6 +74,7 @@ pub mod flags;
 pub mod hands_on;
 pub mod invoices;
 pub mod labs;
+pub mod liveness;
 pub mod lock;
 pub mod menu;
 pub mod nemesis;

@@ -116,7 +116,6 @@ impl Timeline {
     pub fn show(&mut self, event: &Event) {
         if self.style.json {
             json_line(event);
-            remember_event(event);
             return;
         }
         let color = self.lane_color(&event.worker);
@@ -149,8 +148,6 @@ impl Timeline {
             };
             self.println(&line);
         }
-        // After its own line: what is printed after the last event is the verdict.
-        remember_event(event);
     }
 
     /// Prints prose (a heading, a note, a table) in human mode, each line wrapped to the
@@ -276,6 +273,17 @@ pub fn err_line(text: &str) {
     let _ = writeln!(io::stderr().lock(), "{text}");
 }
 
+/// Adds what every verdict carries besides its lab's facts: the run's `seed` (see
+/// [`crate::seed`]) and whether lockslab itself was paused during the run.
+pub fn stamp_verdict(verdict: &mut serde_json::Value) {
+    if let (Some(seed), Some(fields)) = (crate::seed::seed(), verdict.as_object_mut()) {
+        fields.insert("seed".into(), seed.into());
+    }
+    if let Some(fields) = verdict.as_object_mut() {
+        crate::watchdog::mark_disturbed(fields);
+    }
+}
+
 /// Writes one JSON object on its own line to stdout.
 ///
 /// A lab's verdict gets the run's `seed` (see [`crate::seed`]), whichever lab wrote it.
@@ -290,73 +298,29 @@ pub fn json_line<T: Serialize>(value: &T) {
         write_line(&text);
         return;
     };
-    if let (Some(seed), Some(fields)) = (crate::seed::seed(), verdict.as_object_mut()) {
-        fields.insert("seed".into(), seed.into());
-    }
-    if let Some(fields) = verdict.as_object_mut() {
-        crate::watchdog::mark_disturbed(fields);
-    }
-    if KEEPING.load(Ordering::Relaxed) {
-        let kept = verdict.clone();
-        remember(|history| history.verdict = Some(kept));
-    }
+    stamp_verdict(&mut verdict);
     write_line(&serde_json::to_string(&verdict).unwrap_or_default());
 }
 
-/// What a picture of the run is drawn from (`--html`, `--svg`): every event the timeline
-/// showed, as `--json` prints it, and the verdict — the JSON object with `--json`, else the
-/// lines the lab printed after its last event (its verdict table and sentences, as shown).
-///
-/// Kept here, where every event and every line already passes, so that a lab gets its
-/// picture without a line of its own: [`keep_history`] before the lab runs, then
-/// [`take_history`] after it returns.
-#[derive(Debug, Default)]
-pub struct History {
-    pub events: Vec<serde_json::Value>,
-    pub verdict: Option<serde_json::Value>,
-    /// Printed since the last event, without colour codes.
-    pub printed_after: Vec<String>,
+thread_local! {
+    /// While [`tee`] runs: the lines printed so far, without colour codes.
+    static TEE: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
 }
 
-static KEEPING: AtomicBool = AtomicBool::new(false);
-static HISTORY: std::sync::Mutex<Option<History>> = std::sync::Mutex::new(None);
-
-/// Starts keeping the run's history (for a picture drawn after the lab).
-pub fn keep_history() {
-    if let Ok(mut history) = HISTORY.lock() {
-        *history = Some(History::default());
-        KEEPING.store(true, Ordering::Relaxed);
-    }
-}
-
-/// The history kept since [`keep_history`], which stops keeping it.
-pub fn take_history() -> Option<History> {
-    KEEPING.store(false, Ordering::Relaxed);
-    HISTORY.lock().ok()?.take()
-}
-
-fn remember(change: impl FnOnce(&mut History)) {
-    if !KEEPING.load(Ordering::Relaxed) {
-        return;
-    }
-    if let Ok(mut guard) = HISTORY.lock()
-        && let Some(history) = guard.as_mut()
-    {
-        change(history);
-    }
-}
-
-fn remember_event(event: &Event) {
-    remember(|history| {
-        if let Ok(value) = serde_json::to_value(event) {
-            history.events.push(value);
-            history.printed_after.clear();
-        }
-    });
+/// Runs `print` and returns the lines it printed on stdout (they are printed as usual): the
+/// verdict's table and sentences, as the lab worded them, for a picture of the run.
+pub fn tee(print: impl FnOnce()) -> Vec<String> {
+    TEE.with(|tee| *tee.borrow_mut() = Some(Vec::new()));
+    print();
+    TEE.with(|tee| tee.borrow_mut().take()).unwrap_or_default()
 }
 
 fn remember_line(text: &str) {
-    remember(|history| history.printed_after.push(without_colors(text)));
+    TEE.with(|tee| {
+        if let Some(lines) = tee.borrow_mut().as_mut() {
+            lines.push(without_colors(text));
+        }
+    });
 }
 
 /// The text as shown, without colour escape codes.

@@ -141,7 +141,7 @@ fn every_event_is_one_mark_and_every_grant_one_bar() {
     let grants = run
         .events
         .iter()
-        .filter(|e| e["kind"] == "acquired")
+        .filter(|e| e.kind() == lockslab::events::Kind::Acquired)
         .count();
     assert_eq!(grants, 4, "A and B in each of the two runs");
     assert_eq!(count(&svg, "<g class=\"bar\""), grants);

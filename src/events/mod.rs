@@ -188,6 +188,38 @@ impl Event {
         }
     }
 
+    /// The backend this event names: the lock's (a grant), or the one a fault, a probe or a
+    /// store line is about.
+    pub fn backend(&self) -> Option<&str> {
+        match &self.what {
+            What::Acquired(a) => a.backend.as_deref(),
+            What::Between(b) => b.backend.as_deref(),
+            What::Claimed(c) => c.backend.as_deref(),
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.backend.as_deref(),
+            What::HolderNow(h) => h.backend.as_deref(),
+            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => s.backend.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The run id a `run`, `workers` or `round` event announces.
+    pub fn run_id(&self) -> Option<&str> {
+        match &self.what {
+            What::Run(r) => r.run_id.as_deref(),
+            What::Workers(w) => w.run_id.as_deref(),
+            What::Round(r) => r.run_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// How long the lab itself was not running, on its own warning.
+    pub fn lab_paused_ms(&self) -> Option<u64> {
+        match &self.what {
+            What::Warning(w) => w.lab_paused_ms,
+            _ => None,
+        }
+    }
+
     /// Whether a release found the lock still its own.
     pub fn released(&self) -> Option<bool> {
         match &self.what {

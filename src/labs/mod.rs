@@ -17,7 +17,7 @@ pub mod skip_locked;
 mod stage;
 pub mod step;
 
-pub use stage::{Stage, WorkerHandle};
+pub use stage::{History, Stage, WorkerHandle};
 
 use std::time::Duration;
 

@@ -18,10 +18,13 @@ use anyhow::Result;
 use colored::Colorize;
 use serde_json::{Map, Value};
 
+use super::OutputArgs;
 use super::leftovers::Leftovers;
+use super::stage::{History, Stage};
 use super::step::Checkpoint;
 use crate::connect::{self, Backend};
-use crate::output::{Style, Timeline, json_line, run_heading};
+use crate::output::{Style, Timeline, json_line, run_heading, stamp_verdict, tee};
+use crate::picture::Recording;
 use crate::servers::{self, ServerArgs, Servers};
 
 /// What the runner needs to know of a lab.
@@ -71,11 +74,18 @@ pub struct Run {
     pub started: Instant,
     /// The lines before the first scenario (the heading, the servers, the intro).
     pub intro: Timeline,
+    /// Every event the run's stages showed, for its pictures.
+    pub history: History,
 }
 
 impl Run {
     pub fn url(&self, backend: Backend) -> &str {
         self.servers.url(backend)
+    }
+
+    /// A stage on the run's clock, keeping its events in the run's history.
+    pub fn stage(&self) -> Stage {
+        Stage::on_clock(self.style, self.started).recorded_in(&self.history)
     }
 
     /// One more line under the heading (a lab that starts servers of its own says so).
@@ -90,8 +100,8 @@ impl Run {
 }
 
 /// Runs a lab from start to verdict.
-pub fn run<L: Lab>(lab: &mut L, json: bool, server_args: &ServerArgs) -> Result<()> {
-    let style = Style::detect(json);
+pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -> Result<()> {
+    let style = Style::detect(output.json);
     let servers = servers::provide(server_args, &lab.needs())?;
     let mut run = Run {
         id: super::new_run_id(),
@@ -99,6 +109,7 @@ pub fn run<L: Lab>(lab: &mut L, json: bool, server_args: &ServerArgs) -> Result<
         servers,
         started: Instant::now(),
         intro: Timeline::new(style),
+        history: History::default(),
     };
     run.intro.say(&run_heading(lab.name(), &run.id));
     for line in run.servers.describe() {
@@ -116,14 +127,23 @@ pub fn run<L: Lab>(lab: &mut L, json: bool, server_args: &ServerArgs) -> Result<
     if let Some(stop) = verdict.checkpoint() {
         super::step::checkpoint(stop);
     }
-    if style.json {
-        json_line(&Value::Object(envelope(
-            lab.name(),
-            &run.id,
-            verdict.fields(),
-        )));
+    let mut verdict_json = Value::Object(envelope(lab.name(), &run.id, verdict.fields()));
+    stamp_verdict(&mut verdict_json);
+    let verdict_text = if style.json {
+        json_line(&verdict_json);
+        super::say_if_disturbed(true);
+        Vec::new()
     } else {
-        verdict.print();
+        tee(|| {
+            verdict.print();
+            super::say_if_disturbed(false);
+        })
+    };
+    let pictures = output.pictures()?;
+    if !pictures.is_empty() {
+        let verdict = style.json.then_some(verdict_json);
+        let recording = Recording::of_run(run.history.take(), verdict, verdict_text);
+        crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())
 }

@@ -38,9 +38,38 @@ pub struct Stage {
     tags: Part,
     /// How many of the lab's own pauses are on this stage's timeline already.
     pauses_shown: usize,
+    /// The run's history, when a runner keeps one.
+    history: Option<History>,
+}
+
+/// A run's typed history: every event its stages showed, in order, for the pictures drawn
+/// once the lab has its verdict. Shared by the run's stages (a lab may play several).
+#[derive(Clone, Debug, Default)]
+pub struct History(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
+
+impl History {
+    fn push(&self, event: &Event) {
+        if let Ok(mut events) = self.0.lock() {
+            events.push(event.clone());
+        }
+    }
+
+    /// The events so far, taken out.
+    pub fn take(&self) -> Vec<Event> {
+        self.0
+            .lock()
+            .map(|mut events| std::mem::take(&mut *events))
+            .unwrap_or_default()
+    }
 }
 
 impl Stage {
+    /// Records every event this stage shows into the run's history as well.
+    pub fn recorded_in(mut self, history: &History) -> Stage {
+        self.history = Some(history.clone());
+        self
+    }
+
     pub fn new(style: Style) -> Stage {
         Stage::on_clock(style, Instant::now())
     }
@@ -61,6 +90,7 @@ impl Stage {
             tags: Part::default(),
             spawned: Vec::new(),
             pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
+            history: None,
         }
     }
 
@@ -178,7 +208,7 @@ impl Stage {
         let now = self.start.elapsed().as_millis() as u64;
         event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
-        self.timeline.show(&event);
+        self.show(&event);
         self.log.push(event);
     }
 
@@ -189,11 +219,19 @@ impl Stage {
         self.accept(incoming)
     }
 
+    /// Shows an event on the timeline and keeps it in the run's history.
+    fn show(&mut self, event: &Event) {
+        self.timeline.show(event);
+        if let Some(history) = &self.history {
+            history.push(event);
+        }
+    }
+
     fn accept(&mut self, incoming: Incoming) -> Option<Event> {
         match incoming {
             Incoming::Event(event) => {
                 let event = self.with_tags(*event);
-                self.timeline.show(&event);
+                self.show(&event);
                 self.log.push(event.clone());
                 Some(event)
             }

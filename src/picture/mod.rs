@@ -1,8 +1,9 @@
 //! A picture of a run: the timeline as an SVG drawing or a self-contained HTML page.
 //!
 //! Drawn from the same objects `--json` prints — the events and the verdict — whether they
-//! come from the run that just ended (`--html FILE`, `--svg FILE`, kept by
-//! [`crate::output::keep_history`]) or from a saved stream (`lockslab render RUN.jsonl`).
+//! come from the run that just ended (`--html FILE`, `--svg FILE`: the runner hands over
+//! the run's typed history, [`crate::labs::History`]) or from a saved stream
+//! (`lockslab render RUN.jsonl`).
 //!
 //! What the picture shows comes from the backends' answers, not from what a worker believed
 //! ([`model`] says how each bar is cut): a lock's bar starts when the backend granted it and
@@ -23,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+use crate::events::Event;
 
 pub use model::{Lane, LaneKind, Part, Picture};
 
@@ -56,8 +59,8 @@ impl std::error::Error for TwoRuns {}
 /// A run as the picture sees it.
 #[derive(Debug, Default, Clone)]
 pub struct Recording {
-    /// Every event, as `--json` prints it, in the order the lab showed them.
-    pub events: Vec<Value>,
+    /// Every event of the typed history, in the order the lab showed them.
+    pub events: Vec<Event>,
     /// The `"kind": "verdict"` object, when there was one.
     pub verdict: Option<Value>,
     /// Without a JSON verdict: the lines the lab printed after its last event (its table).
@@ -110,7 +113,22 @@ impl Recording {
                 recording.verdict = Some(value);
                 verdict_line = Some(number + 1);
             } else {
-                recording.events.push(value);
+                let nth = recording.events.len() + 1;
+                if let Some(t_ms) = value.get("t_ms")
+                    && t_ms.as_u64().is_none()
+                {
+                    bail!(
+                        "event {nth} is stamped t_ms {t_ms}: a lab stamps whole milliseconds \
+                         from 0"
+                    );
+                }
+                let event: Event = serde_json::from_value(value).with_context(|| {
+                    format!(
+                        "line {} is not an event lockslab records (docs/json.md)",
+                        number + 1
+                    )
+                })?;
+                recording.events.push(event);
             }
         }
         if recording.events.is_empty() && recording.verdict.is_none() {
@@ -148,16 +166,7 @@ impl Recording {
         let mut parts = std::collections::HashSet::new();
         let mut rows = std::collections::HashSet::new();
         for (number, event) in self.events.iter().enumerate() {
-            let t_ms = match event.get("t_ms") {
-                None => 0,
-                Some(t_ms) => t_ms.as_u64().with_context(|| {
-                    format!(
-                        "event {} is stamped t_ms {t_ms}: a lab stamps whole milliseconds \
-                         from 0",
-                        number + 1
-                    )
-                })?,
-            };
+            let t_ms = event.t_ms;
             if t_ms > LATEST_T_MS {
                 bail!(
                     "event {} is stamped t_ms {t_ms}, more than {} hours into its run: no lab \
@@ -166,17 +175,13 @@ impl Recording {
                     LATEST_T_MS / 3_600_000
                 );
             }
-            for key in ["worker", "backend"] {
-                if let Some(name) = event.get(key).and_then(Value::as_str) {
-                    lanes.insert(name);
-                }
+            lanes.insert(event.worker.as_str());
+            if let Some(backend) = event.backend() {
+                lanes.insert(backend);
             }
             parts.insert(model::part_of(event));
-            if let (Some(worker), Some(job)) = (
-                event.get("worker").and_then(Value::as_str),
-                event.get("job").and_then(Value::as_i64),
-            ) {
-                rows.insert((worker, job));
+            if let Some(job) = event.job() {
+                rows.insert((event.worker.as_str(), job));
             }
         }
         let (columns, facts) = model::verdict_table_size(self);
@@ -198,20 +203,47 @@ impl Recording {
         Ok(())
     }
 
-    /// The run kept while the lab played (see [`crate::output::History`]).
-    pub fn from_history(history: crate::output::History, command: String) -> Recording {
-        let verdict_text = if history.verdict.is_some() {
-            Vec::new()
-        } else {
-            trim_blank(history.printed_after)
-        };
+    /// The run that just ended, as the runner kept it: its typed history, its verdict (the
+    /// JSON object under `--json`, else the lines the verdict printed).
+    pub fn of_run(
+        events: Vec<Event>,
+        verdict: Option<Value>,
+        verdict_text: Vec<String>,
+    ) -> Recording {
+        let command = std::iter::once("lockslab".to_string())
+            .chain(
+                std::env::args()
+                    .skip(1)
+                    .map(|arg| crate::connect::redact(&arg)),
+            )
+            .collect::<Vec<_>>()
+            .join(" ");
         Recording {
-            events: history.events,
-            verdict: history.verdict,
-            verdict_text,
+            events,
+            verdict,
+            verdict_text: trim_blank(verdict_text),
             command: Some(command),
         }
     }
+}
+
+/// Writes a run's pictures (`--html`, `--svg`) and says where, on stderr under `--json`
+/// (whose stdout is JSON Lines only).
+pub fn draw(targets: &[Target], recording: &Recording, json: bool) -> Result<()> {
+    for target in targets {
+        let bytes = target.write(recording)?;
+        let line = format!(
+            "picture: {} ({} KB)",
+            target.path().display(),
+            bytes.div_ceil(1024)
+        );
+        if json {
+            crate::errln!("{line}");
+        } else {
+            crate::outln!("{line}");
+        }
+    }
+    Ok(())
 }
 
 fn trim_blank(mut lines: Vec<String>) -> Vec<String> {

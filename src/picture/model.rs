@@ -22,26 +22,27 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::Value;
 
 use super::Recording;
+use crate::events::{Event, Kind, What};
 
 /// The kinds only a worker reports: a lane with one of them is a worker's lane.
-const WORKER_KINDS: &[&str] = &[
-    "waiting",
-    "acquired",
-    "gave_up",
-    "freezing",
-    "working",
-    "finished",
-    "wrote",
-    "released",
-    "lost",
-    "between",
-    "ready",
-    "trial",
-    "claimed",
-    "committed",
-    "finish_failed",
-    "error",
-    "output",
+const WORKER_KINDS: &[Kind] = &[
+    Kind::Waiting,
+    Kind::Acquired,
+    Kind::GaveUp,
+    Kind::Freezing,
+    Kind::Working,
+    Kind::Finished,
+    Kind::Wrote,
+    Kind::Released,
+    Kind::Lost,
+    Kind::Between,
+    Kind::Ready,
+    Kind::Trial,
+    Kind::Claimed,
+    Kind::Committed,
+    Kind::FinishFailed,
+    Kind::Error,
+    Kind::Output,
 ];
 
 /// The backend a lane name stands for (`pg` is lab 3's Postgres lane).
@@ -179,44 +180,31 @@ pub enum Verdict {
     Missing,
 }
 
-fn t_of(event: &Value) -> u64 {
-    event.get("t_ms").and_then(Value::as_u64).unwrap_or(0)
+fn t_of(event: &Event) -> u64 {
+    event.t_ms
 }
 
-fn str_of<'a>(event: &'a Value, key: &str) -> Option<&'a str> {
-    event.get(key).and_then(Value::as_str)
+fn str_of<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
 }
 
-fn kind_of(event: &Value) -> &str {
-    str_of(event, "kind").unwrap_or("?")
+fn lane_of(event: &Event) -> &str {
+    &event.worker
 }
 
-fn lane_of(event: &Value) -> &str {
-    str_of(event, "worker").unwrap_or("?")
-}
-
-/// Which part an event belongs to: its `part` fact (lockslab ≥ this version), else the
-/// tags older streams carried.
-pub(super) fn part_of(event: &Value) -> String {
-    if let Some(part) = str_of(event, "part") {
-        return part.to_string();
+/// Which part an event belongs to: its `part` label, else the label of the tags older
+/// streams carried without one.
+pub(super) fn part_of(event: &Event) -> String {
+    match &event.part.part {
+        Some(part) => part.clone(),
+        None => event.part.label(),
     }
-    ["fencing", "mode", "scenario", "variant"]
-        .iter()
-        .filter_map(|key| {
-            event.get(*key).map(|value| match value {
-                Value::String(text) => format!("{key}={text}"),
-                other => format!("{key}={other}"),
-            })
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 impl Picture {
     pub fn of(recording: &Recording) -> Picture {
         let mut order: Vec<String> = Vec::new();
-        let mut by_part: BTreeMap<String, Vec<(usize, &Value)>> = BTreeMap::new();
+        let mut by_part: BTreeMap<String, Vec<(usize, &Event)>> = BTreeMap::new();
         for (index, event) in recording.events.iter().enumerate() {
             let part = part_of(event);
             if !by_part.contains_key(&part) {
@@ -228,7 +216,7 @@ impl Picture {
         let mut everyone: Vec<String> = Vec::new();
         for event in &recording.events {
             let lane = lane_of(event);
-            if WORKER_KINDS.contains(&kind_of(event)) && !everyone.iter().any(|w| w == lane) {
+            if WORKER_KINDS.contains(&event.kind()) && !everyone.iter().any(|w| w == lane) {
                 everyone.push(lane.to_string());
             }
         }
@@ -266,7 +254,7 @@ fn disturbed(recording: &Recording) -> Option<String> {
         let gaps: Vec<u64> = recording
             .events
             .iter()
-            .filter_map(|e| e.get("lab_paused_ms").and_then(Value::as_u64))
+            .filter_map(Event::lab_paused_ms)
             .collect();
         (!gaps.is_empty()).then(|| gaps.iter().sum())
     };
@@ -291,12 +279,9 @@ fn title(recording: &Recording) -> String {
                     .map(String::from)
             })
         });
-    let run_id = verdict.and_then(|v| str_of(v, "run_id")).or_else(|| {
-        recording
-            .events
-            .iter()
-            .find_map(|event| str_of(event, "run_id"))
-    });
+    let run_id = verdict
+        .and_then(|v| str_of(v, "run_id"))
+        .or_else(|| recording.events.iter().find_map(Event::run_id));
     let mut title = format!("lockslab {}", lab.as_deref().unwrap_or("run"));
     if let Some(run_id) = run_id {
         title.push_str(&format!(" — run {run_id}"));
@@ -347,44 +332,45 @@ struct Hold {
 }
 
 impl Part {
-    fn build(label: &str, events: &[(usize, &Value)], everyone: &[String]) -> Part {
+    fn build(label: &str, events: &[(usize, &Event)], everyone: &[String]) -> Part {
         let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
         let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
 
         // Who is a worker, which pid is whose.
         let mut workers: Vec<String> = Vec::new();
-        let mut pids: BTreeMap<i64, String> = BTreeMap::new();
+        let mut pids: BTreeMap<i32, String> = BTreeMap::new();
         for (_, event) in events {
             let lane = lane_of(event);
-            if WORKER_KINDS.contains(&kind_of(event)) && !workers.iter().any(|w| w == lane) {
+            if WORKER_KINDS.contains(&event.kind()) && !workers.iter().any(|w| w == lane) {
                 workers.push(lane.to_string());
             }
         }
         for (_, event) in events {
             if workers.iter().any(|w| w == lane_of(event))
-                && let Some(pid) = event.get("pid").and_then(Value::as_i64)
+                && let Some(pid) = event.pid()
             {
                 pids.insert(pid, lane_of(event).to_string());
             }
         }
-        let target_of = |event: &Value| -> Option<String> {
+        let target_of = |event: &Event| -> Option<String> {
             if workers.iter().any(|w| w == lane_of(event)) {
                 return None;
             }
-            if let Some(target) = str_of(event, "target")
+            if let Some(target) = event.fault().and_then(|f| f.target.as_deref())
                 && workers.iter().any(|w| w == target)
             {
                 return Some(target.to_string());
             }
-            let pid = event.get("pid").and_then(Value::as_i64)?;
+            let pid = event.pid()?;
             pids.get(&pid).cloned()
         };
 
         // The backends whose locks appear.
         let mut backends: Vec<String> = Vec::new();
         for (_, event) in events {
-            let backend = str_of(event, "backend")
-                .filter(|_| matches!(kind_of(event), "acquired" | "between" | "claimed"))
+            let backend = event
+                .backend()
+                .filter(|_| matches!(event.kind(), Kind::Acquired | Kind::Between | Kind::Claimed))
                 .or_else(|| backend_of_lane(lane_of(event)));
             if let Some(backend) = backend
                 && !backends.iter().any(|b| b == backend)
@@ -412,21 +398,21 @@ impl Part {
         };
         for (_, event) in events {
             let t = t_of(event);
-            let kind = kind_of(event);
+            let kind = event.kind();
             let lane = lane_of(event);
             let is_worker = workers.iter().any(|w| w == lane);
             let target = target_of(event);
             match (kind, is_worker) {
-                ("freezing", true) => {
+                (Kind::Freezing, true) => {
                     frozen_now.entry(lane.to_string()).or_insert(t);
                 }
-                ("frozen", false) => {
+                (Kind::Frozen, false) => {
                     if let Some(target) = &target {
                         frozen_now.entry(target.clone()).or_insert(t);
                     }
                 }
-                ("resumed", true) => end_frozen(&mut frozen_now, &mut freezes, lane, t),
-                ("resumed", false) => {
+                (Kind::Resumed, true) => end_frozen(&mut frozen_now, &mut freezes, lane, t),
+                (Kind::Resumed, false) => {
                     // A resume that does not name its worker resumes the one frozen one.
                     let who = target.clone().or_else(|| {
                         (frozen_now.len() == 1).then(|| frozen_now.keys().next().cloned())?
@@ -435,7 +421,7 @@ impl Part {
                         end_frozen(&mut frozen_now, &mut freezes, &who, t);
                     }
                 }
-                ("killed", false) => {
+                (Kind::Killed, false) => {
                     if let Some(target) = &target {
                         end_frozen(&mut frozen_now, &mut freezes, target, t);
                         for i in holds.stop_believing(target, None) {
@@ -446,12 +432,13 @@ impl Part {
                         }
                     }
                 }
-                ("acquired" | "between" | "claimed", true) => {
-                    let backend = str_of(event, "backend")
+                (Kind::Acquired | Kind::Between | Kind::Claimed, true) => {
+                    let backend = event
+                        .backend()
                         .map(String::from)
-                        .or_else(|| (kind != "claimed").then(|| only_backend.clone())?);
+                        .or_else(|| (kind != Kind::Claimed).then(|| only_backend.clone())?);
                     let Some(backend) = backend else { continue };
-                    let job = event.get("job").and_then(Value::as_i64);
+                    let job = event.job();
                     let lock = (backend, job);
                     if holds.believes(lane, &lock) {
                         continue;
@@ -464,24 +451,26 @@ impl Part {
                         holder: lane.to_string(),
                         lock,
                         from: t,
-                        token: event.get("token").and_then(Value::as_i64),
+                        token: event.token(),
                         held_to: None,
                         believed_to: None,
                         ended_by: String::new(),
                     });
                 }
-                ("released" | "committed" | "finish_failed" | "lost", true) => {
-                    let deleted_own = event.get("released").and_then(Value::as_bool) == Some(true)
-                        || event.get("deleted").and_then(Value::as_bool) == Some(true)
-                        || kind == "committed";
-                    let job = event.get("job").and_then(Value::as_i64);
+                (Kind::Released | Kind::Committed | Kind::FinishFailed | Kind::Lost, true) => {
+                    let deleted_own = match &event.what {
+                        What::Released(r) => r.released == Some(true) || r.deleted == Some(true),
+                        What::Committed(_) => true,
+                        _ => false,
+                    };
+                    let job = event.job();
                     let why: String = match kind {
-                        "lost" => "its heartbeat or session learned it was lost".into(),
-                        "committed" => "committed: the row lock went".into(),
+                        Kind::Lost => "its heartbeat or session learned it was lost".into(),
+                        Kind::Committed => "committed: the row lock went".into(),
                         _ if deleted_own => "released by its holder".into(),
                         _ => "its release found it gone".into(),
                     };
-                    if kind == "lost" {
+                    if kind == Kind::Lost {
                         // Lost, yet still believed held until its release or death.
                         for i in holds.take_unended_believed(lane, job) {
                             holds.end(i, t, why.clone());
@@ -493,7 +482,7 @@ impl Part {
                         }
                     }
                 }
-                ("expired", false) => {
+                (Kind::Expired, false) => {
                     let backend = backend_of_lane(lane)
                         .map(String::from)
                         .or_else(|| only_backend.clone());
@@ -741,41 +730,43 @@ impl Holds {
     }
 }
 
-fn mark(index: usize, event: &Value, ends: &HashMap<String, Vec<(u64, Option<u64>)>>) -> Mark {
+fn mark(index: usize, event: &Event, ends: &HashMap<String, Vec<(u64, Option<u64>)>>) -> Mark {
     let t = t_of(event);
-    let kind = kind_of(event).to_string();
+    let kind = event.kind().to_string();
     let lane = lane_of(event);
-    let (mut shape, mut tone, mut label) = match kind.as_str() {
-        "killed" => (Shape::Kill, Tone::Bad, Some("killed".to_string())),
-        "frozen" | "freezing" => (Shape::Freeze, Tone::Cold, None),
-        "resumed" => (Shape::Resume, Tone::Cold, None),
-        "expired" | "lapsed" => (Shape::Expire, Tone::Warn, Some(kind.clone())),
-        "acquired" | "between" | "claimed" => (Shape::Grant, Tone::Plain, None),
-        "released" | "committed" => (Shape::Release, Tone::Plain, None),
-        "stale_write_accepted" => (
+    let (mut shape, mut tone, mut label) = match event.kind() {
+        Kind::Killed => (Shape::Kill, Tone::Bad, Some("killed".to_string())),
+        Kind::Frozen | Kind::Freezing => (Shape::Freeze, Tone::Cold, None),
+        Kind::Resumed => (Shape::Resume, Tone::Cold, None),
+        Kind::Expired | Kind::Lapsed => (Shape::Expire, Tone::Warn, Some(kind.clone())),
+        Kind::Acquired | Kind::Between | Kind::Claimed => (Shape::Grant, Tone::Plain, None),
+        Kind::Released | Kind::Committed => (Shape::Release, Tone::Plain, None),
+        Kind::StaleWriteAccepted => (
             Shape::Tick,
             Tone::Bad,
             Some("stale write ACCEPTED".to_string()),
         ),
-        "stale_write_rejected" => (
+        Kind::StaleWriteRejected => (
             Shape::Tick,
             Tone::Good,
             Some("stale write rejected".to_string()),
         ),
-        "two_holders" | "violation" => (Shape::Tick, Tone::Bad, Some(kind.replace('_', " "))),
-        "lost" | "gave_up" | "error" | "job_lost" => {
+        Kind::TwoHolders | Kind::Violation => {
+            (Shape::Tick, Tone::Bad, Some(kind.replace('_', " ")))
+        }
+        Kind::Lost | Kind::GaveUp | Kind::Error | Kind::JobLost => {
             (Shape::Tick, Tone::Warn, Some(kind.replace('_', " ")))
         }
         _ => (Shape::Tick, Tone::Plain, None),
     };
-    if event.get("lab_paused_ms").is_some() {
+    if event.lab_paused_ms().is_some() {
         tone = Tone::Bad;
         label = Some("lockslab paused: disturbed".to_string());
     }
-    if kind == "wrote" {
+    if let What::Wrote(wrote) = &event.what {
         shape = Shape::Write;
-        let outcome = str_of(event, "outcome").unwrap_or("unknown");
-        let token = match event.get("token").and_then(Value::as_i64) {
+        let outcome = wrote.outcome.as_str();
+        let token = match event.token() {
             Some(token) => format!("token {token}"),
             None => "no token".to_string(),
         };
@@ -807,19 +798,19 @@ fn mark(index: usize, event: &Value, ends: &HashMap<String, Vec<(u64, Option<u64
     }
 }
 
-/// The hover text: time, lane, kind, sentence, then every fact.
-fn tip(event: &Value) -> String {
+/// The hover text: time, lane, kind, sentence, then every fact, as `--json` writes them.
+fn tip(event: &Event) -> String {
     let t = t_of(event);
     let mut lines = vec![format!(
         "+{:.3}s  {}  {}",
         t as f64 / 1000.0,
         lane_of(event),
-        kind_of(event)
+        event.kind()
     )];
-    if let Some(text) = str_of(event, "text") {
-        lines.push(text.to_string());
+    if !event.text.is_empty() {
+        lines.push(event.text.clone());
     }
-    if let Value::Object(facts) = event {
+    if let Ok(Value::Object(facts)) = serde_json::to_value(event) {
         for (key, value) in facts {
             if matches!(key.as_str(), "t_ms" | "worker" | "kind" | "text" | "part") {
                 continue;

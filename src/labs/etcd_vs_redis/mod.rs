@@ -224,7 +224,7 @@ impl Plan {
 /// `lockslab etcd-vs-redis`.
 pub fn run(args: &EtcdVsRedisArgs) -> Result<()> {
     let mut plan = plan_from(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {

@@ -15,6 +15,7 @@ use crate::events::facts::{StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
+use crate::liveness::Liveness;
 use crate::lock::etcd::EtcdLock;
 use crate::lock::postgres as pg;
 use crate::nemesis::Nemesis;
@@ -74,7 +75,7 @@ pub(super) fn play(
         etcd: run.url(Backend::Etcd).to_string(),
         postgres: run.url(Backend::Postgres).to_string(),
     };
-    let mut stage = Stage::on_clock(run.style, run.started);
+    let mut stage = run.stage();
     stage.timeline.set_lane_width(20);
     stage.tags().scenario = Some(scenario.name().into());
     stage.checkpoint(crate::labs::step::etcd_vs_redis::before(scenario.name()));
@@ -190,11 +191,24 @@ pub(super) fn play(
         });
     }
 
-    // Workers wait up to the longest wait for their lock; the lab gives them 10s more.
+    // Workers wait up to the longest wait for their lock; the lab gives them 10s more. A lock
+    // server that froze would keep a waiter in its lock call that long, in silence: the lab
+    // asks the servers itself and stops, naming the one that no longer answers.
     let limit = plan.longest_wait() + Duration::from_secs(10);
     let deadline = Instant::now() + limit;
+    let mut servers: Vec<(Backend, String)> = Vec::new();
+    for lane in &lanes {
+        let backend = lane.kind.backend();
+        if !servers.iter().any(|(b, _)| *b == backend) {
+            servers.push((backend, urls.lock(lane.kind).to_string()));
+        }
+    }
+    let liveness = Liveness::watch(&servers, connect::COMMAND_TIMEOUT);
     let mut seen = 0;
     while !lanes.iter().all(|lane| lane.done(&stage)) {
+        if let Some(line) = liveness.silent() {
+            bail!("{line}");
+        }
         if Instant::now() > deadline {
             bail!(
                 "the {label} scenario did not finish within {}",

@@ -34,7 +34,7 @@ use colored::Colorize;
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
-use super::{LONGEST_LAB_WAIT, OutputArgs, Stage, duration_in};
+use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::connect::{self, Backend};
 use crate::nemesis::Nemesis;
@@ -123,7 +123,7 @@ impl Plan {
 /// `lockslab failover`.
 pub fn run(args: &FailoverArgs) -> Result<()> {
     let mut plan = Plan::from_args(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 /// The durable token source's name: a sequence in the store's own database, one per run.
@@ -193,7 +193,7 @@ impl Lab for Plan {
         run.started = Instant::now();
         let sequence = sequence_of(&run.id);
         store_sequence(&postgres, &sequence)?;
-        let mut stage = Stage::on_clock(run.style, run.started);
+        let mut stage = run.stage();
         stage.timeline.set_lane_width(16);
         let play = Play {
             run_id: &run.id,

@@ -143,7 +143,7 @@ impl Plan {
 /// `lockslab gc-pause`.
 pub fn run(args: &GcPauseArgs) -> Result<()> {
     let mut plan = Plan::from(args);
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {

@@ -14,7 +14,6 @@ use crate::connect::{self, Backend};
 use crate::events::What;
 use crate::events::facts::{self, Expired, Pttl, StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind};
-use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::lock::redis::RedisLock;
 use crate::nemesis::victims::Server;
@@ -73,7 +72,7 @@ impl Play<'_> {
         let (plan, fence) = (self.plan, self.fence);
         let run_id = self.run.id.as_str();
         let label = fence.label();
-        let mut stage = Stage::on_clock(self.run.style, self.run.started);
+        let mut stage = self.run.stage();
         stage.timeline.say("");
         stage.timeline.say(&self.heading(restart.is_some()));
         let lock_key = format!("lockslab:{run_id}:gc-pause:{label}:lock");

@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
+use super::stage::History;
 use super::{LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, duration_in};
 use crate::connect::{self, Backend};
 use crate::output::{Style, human};
@@ -196,7 +197,7 @@ struct Plan {
 /// `lockslab naive [scenario]`.
 pub fn run(args: &NaiveArgs) -> Result<()> {
     let mut plan = plan_from(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 /// The plan, with the flags that do not fit refused — only for the scenarios that will run:
@@ -285,6 +286,7 @@ impl Lab for Plan {
             started: run.started,
             redis_url: run.url(Backend::Redis).to_string(),
             style: run.style,
+            history: run.history.clone(),
             plan: self,
         };
         let mut scenarios = Vec::new();
@@ -316,6 +318,8 @@ struct Play<'a> {
     started: Instant,
     redis_url: String,
     style: Style,
+    /// The run's history, which every scenario's stage keeps its events in.
+    history: History,
     plan: &'a Plan,
 }
 
@@ -336,7 +340,7 @@ impl Play<'_> {
     /// A fresh stage, on the run's one clock, under a heading naming the lock in play.
     /// Every event it shows carries `scenario` and `variant`, for `--json` readers.
     fn stage(&self, scenario: Scenario, fixed: bool) -> Stage {
-        let mut stage = Stage::on_clock(self.style, self.started);
+        let mut stage = Stage::on_clock(self.style, self.started).recorded_in(&self.history);
         stage.tags().scenario = Some(scenario.name().into());
         stage.tags().variant = Some(variant_name(fixed).into());
         let (broken, fix) = scenario.broken_and_fix();

@@ -31,7 +31,7 @@ impl Play<'_> {
         let args = self.plan;
         // One stage, one clock for both runs. The start-up below is the broken run's
         // (it comes first); `race_run` switches the tag when the fixed run begins.
-        let mut stage = Stage::on_clock(self.style, self.started);
+        let mut stage = Stage::on_clock(self.style, self.started).recorded_in(&self.history);
         stage.tags().scenario = Some(Scenario::Race.name().into());
         stage.tags().variant = Some(variant_name(false).into());
         stage.timeline.say("");

@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
-use super::{LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, Stage, duration_in};
+use super::{LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, duration_in};
 use crate::connect::{self, Backend};
 use crate::invoices::{self, Approach, Tables};
 use crate::servers::ServerArgs;
@@ -212,7 +212,7 @@ impl Plan {
 /// `lockslab no-lock`.
 pub fn run(args: &NoLockArgs) -> Result<()> {
     let mut plan = Plan::from_args(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {
@@ -257,7 +257,7 @@ impl Lab for Plan {
         let mut db = connect::postgres(&pg_url)?;
         db.batch_execute(&format!("CREATE SCHEMA {schema}"))
             .with_context(|| format!("creating the schema {schema}"))?;
-        let mut stage = Stage::on_clock(run.style, run.started);
+        let mut stage = run.stage();
         let mut approaches = Vec::new();
         for &(approach, workers) in &self.plays {
             let mut tables = Tables::new(&run.id, approach);

@@ -250,7 +250,7 @@ fn plan_from(args: &RedlockArgs) -> Result<Plan> {
 /// `lockslab redlock`.
 pub fn run(args: &RedlockArgs) -> Result<()> {
     let mut plan = plan_from(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {

@@ -17,6 +17,7 @@ use crate::events::facts::Observed;
 use crate::events::facts::{self, FaultFacts, HolderNow, MasterSeen, Phase, Released};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
+use crate::labs::stage::History;
 use crate::lock::redlock::{self, Attempt, Master, Redlock, Reply, Settings};
 use crate::nemesis::victims::Server;
 use crate::nemesis::{Nemesis, Note, Record};
@@ -42,6 +43,8 @@ pub(super) struct Scene {
     style: Style,
     /// The run's one clock: every scenario's events are stamped from here.
     started: Instant,
+    /// The run's history, which every scenario's stage keeps its events in.
+    history: History,
     pub(super) run_id: String,
     /// Which client wrote which lock value: read-backs name the client, not the value.
     pub(super) values: Vec<(String, String)>,
@@ -165,10 +168,11 @@ impl Scene {
             settings,
             private,
             urls,
-            stage: Stage::on_clock(run.style, run.started),
+            stage: run.stage(),
             nemesis: Nemesis::new(),
             style: run.style,
             started: run.started,
+            history: run.history.clone(),
             run_id: run.id.clone(),
             values: Vec::new(),
             condition: vec![Condition::Up; n],
@@ -234,7 +238,7 @@ impl Scene {
     /// Starts a scenario: a stage of its own (its events only, so that waiting for "A
     /// acquired" never finds another scenario's A), on the run's one clock.
     pub(super) fn heading(&mut self, scenario: &str, title: &str) {
-        self.stage = Stage::on_clock(self.style, self.started);
+        self.stage = Stage::on_clock(self.style, self.started).recorded_in(&self.history);
         self.stage.tags().scenario = Some(scenario.into());
         self.stage.timeline.say("");
         self.stage

@@ -175,7 +175,7 @@ impl Plan {
 /// `lockslab skip-locked`.
 pub fn run(args: &SkipLockedArgs) -> Result<()> {
     let mut plan = plan_from(args)?;
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {
@@ -201,7 +201,7 @@ impl Lab for Plan {
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
         // One stage, one clock for every mode: with --compare, t_ms keeps growing across the
         // three, and the `mode` tag tells their events apart.
-        let mut stage = super::Stage::on_clock(run.style, run.started);
+        let mut stage = run.stage();
         let mut modes = Vec::new();
         for &mode in &self.modes {
             stage.tags().mode = Some(mode.name().into());
