@@ -115,6 +115,9 @@ pub struct Waiting {
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Acquired {
+    /// Which lock: its name as the backend knows it (a Redis key, an etcd lock name, a
+    /// Postgres advisory lock's name). Two grants of one lock name the same.
+    pub lock: Option<String>,
     /// The value the holder wrote into the lock, which proves whose it is.
     pub owner: Option<String>,
     /// A fencing token, where the lock hands one out.
@@ -260,6 +263,7 @@ impl Lost {
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Between {
+    pub lock: Option<String>,
     pub owner: Option<String>,
     pub backend: Option<String>,
 }
@@ -343,6 +347,8 @@ pub struct Workers {
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Expired {
+    /// Which lock's key or lease it was, where the lab knows.
+    pub lock: Option<String>,
     pub master: Option<String>,
     /// The expiry was brought about by the lab, standing in for a clock jump (lab 6).
     pub simulated: Option<bool>,

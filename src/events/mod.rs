@@ -220,6 +220,17 @@ impl Event {
         }
     }
 
+    /// Which lock a grant, a claim or an expiry is about, by the name its backend knows.
+    pub fn lock(&self) -> Option<&str> {
+        match &self.what {
+            What::Acquired(a) => a.lock.as_deref(),
+            What::Between(b) => b.lock.as_deref(),
+            What::Claimed(c) => c.lock_key.as_deref(),
+            What::Expired(e) => e.lock.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Whether a release found the lock still its own.
     pub fn released(&self) -> Option<bool> {
         match &self.what {

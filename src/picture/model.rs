@@ -45,6 +45,11 @@ const WORKER_KINDS: &[Kind] = &[
     Kind::Output,
 ];
 
+/// Which lock a hold is on: the backend, the job (a queue's row), and the lock's name as the
+/// backend knows it (a key, an etcd lock name). Grants of two different names are two locks,
+/// even on one server.
+type LockId = (String, Option<i64>, Option<String>);
+
 /// The backend a lane name stands for (`pg` is lab 3's Postgres lane).
 fn backend_of_lane(name: &str) -> Option<&'static str> {
     match name {
@@ -323,7 +328,7 @@ fn settings(recording: &Recording) -> Vec<String> {
 struct Hold {
     holder: String,
     /// Which lock: the backend, and for a claimed job its number.
-    lock: (String, Option<i64>),
+    lock: LockId,
     from: u64,
     token: Option<i64>,
     held_to: Option<u64>,
@@ -439,7 +444,7 @@ impl Part {
                         .or_else(|| (kind != Kind::Claimed).then(|| only_backend.clone())?);
                     let Some(backend) = backend else { continue };
                     let job = event.job();
-                    let lock = (backend, job);
+                    let lock = (backend, job, event.lock().map(String::from));
                     if holds.believes(lane, &lock) {
                         continue;
                     }
@@ -486,10 +491,21 @@ impl Part {
                     let backend = backend_of_lane(lane)
                         .map(String::from)
                         .or_else(|| only_backend.clone());
-                    let oldest = backend
-                        .and_then(|b| holds.unended_by_backend.get(&b))
-                        .and_then(|unended| unended.first())
-                        .map(|&(_, i)| i);
+                    // An expiry that names its lock ends that lock's oldest hold; one that
+                    // does not, the backend's oldest.
+                    let oldest = match event.lock() {
+                        Some(name) => holds
+                            .unended_by_lock
+                            .iter()
+                            .filter(|(lock, _)| lock.2.as_deref() == Some(name))
+                            .flat_map(|(_, held)| held.iter().copied())
+                            .filter(|&i| holds.list[i].held_to.is_none())
+                            .min_by_key(|&i| holds.list[i].from),
+                        None => backend
+                            .and_then(|b| holds.unended_by_backend.get(&b))
+                            .and_then(|unended| unended.first())
+                            .map(|&(_, i)| i),
+                    };
                     if let Some(i) = oldest {
                         holds.end(i, t, format!("{lane} said it expired"));
                     }
@@ -637,7 +653,7 @@ fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
 struct Holds {
     list: Vec<Hold>,
     /// Holds the backend had not ended when they were filed, by lock (ended ones are skipped).
-    unended_by_lock: HashMap<(String, Option<i64>), Vec<usize>>,
+    unended_by_lock: HashMap<LockId, Vec<usize>>,
     /// Holds the backend has not ended, by backend, oldest grant first: an expiry ends it.
     unended_by_backend: HashMap<String, BTreeSet<(u64, usize)>>,
     /// Holds their holder still acts on, by holder and job.
@@ -682,7 +698,7 @@ impl Holds {
     }
 
     /// Does `holder` still act on `lock`?
-    fn believes(&self, holder: &str, lock: &(String, Option<i64>)) -> bool {
+    fn believes(&self, holder: &str, lock: &LockId) -> bool {
         self.believed
             .get(holder)
             .and_then(|jobs| jobs.get(&lock.1))
@@ -987,5 +1003,58 @@ fn cell(value: &Value) -> String {
         text.chars().take(87).collect::<String>() + "…"
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::facts::Acquired;
+
+    fn grant(t_ms: u64, worker: &str, lock: &str) -> Event {
+        let mut event = Event::new(
+            worker,
+            Acquired {
+                lock: Some(lock.into()),
+                backend: Some("redis".into()),
+                ..Acquired::default()
+            },
+            "took it",
+        );
+        event.t_ms = t_ms;
+        event
+    }
+
+    fn two_holders(events: Vec<Event>) -> Vec<Vec<String>> {
+        let recording = Recording {
+            events,
+            ..Recording::default()
+        };
+        Picture::of(&recording)
+            .parts
+            .iter()
+            .flat_map(|part| &part.lanes)
+            .flat_map(|lane| &lane.overlaps)
+            .map(|overlap| overlap.holders.clone())
+            .collect()
+    }
+
+    #[test]
+    fn two_grants_of_one_lock_are_two_holders_but_two_locks_on_one_server_are_not() {
+        // Lab 5: A:unfenced and A:wait hold two different keys on the same Redis at once.
+        let mut later = Event::new("A", What::Working, "still at it");
+        later.t_ms = 50;
+        let apart = two_holders(vec![
+            grant(0, "A:unfenced", "k:unfenced"),
+            grant(10, "A:wait", "k:wait"),
+            later.clone(),
+        ]);
+        assert!(
+            apart.is_empty(),
+            "different locks drawn as two holders: {apart:?}"
+        );
+        // The same key granted to B while A still acts on it: two holders.
+        let same = two_holders(vec![grant(0, "A", "k"), grant(10, "B", "k"), later]);
+        assert_eq!(same, vec![vec!["A".to_string(), "B".to_string()]]);
     }
 }

@@ -77,6 +77,16 @@ pub enum LockSpec {
     },
 }
 
+impl LockSpec {
+    /// The lock's name as its backend knows it.
+    pub fn name(&self) -> &str {
+        match self {
+            LockSpec::Redis { key, .. } => key,
+            LockSpec::Etcd { name, .. } | LockSpec::Postgres { name, .. } => name,
+        }
+    }
+}
+
 /// What the holder does between taking the lock and writing.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -505,6 +515,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
     }
     me.send(me.event(
         facts::Acquired {
+            lock: Some(script.lock.name().to_string()),
             token: grant.token,
             owner: Some(grant.owner),
             backend: Some(lock.backend().into()),

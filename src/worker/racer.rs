@@ -280,6 +280,7 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
                     me.send(
                         me.event(
                             Between {
+                                lock: Some(key.to_string()),
                                 owner: Some(held.owner.clone()),
                                 backend: Some("redis".into()),
                             },
@@ -330,6 +331,7 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
     note_holder(&mut notes, holders, format!("+{}", me.name()))?;
     me.send(me.event(
         facts::Acquired {
+            lock: Some(key.to_string()),
             owner: Some(held.owner.clone()),
             backend: Some("redis".into()),
             waited_ms: Some(waited.as_millis() as u64),

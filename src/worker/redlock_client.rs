@@ -170,6 +170,7 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
     }
     me.send(me.event(
         facts::Acquired {
+            lock: Some(script.key.clone()),
             owner: Some(attempt.value.clone()),
             token: Some(token),
             validity_ms: Some(attempt.validity_ms),

@@ -149,6 +149,7 @@ pub fn run(script: &SentinelClient) -> Result<()> {
     };
     me.send(me.event(
         facts::Acquired {
+            lock: Some(script.key.clone()),
             token: held.token,
             owner: Some(held.owner.clone()),
             primary: Some(primary.clone()),

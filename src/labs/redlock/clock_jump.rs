@@ -145,6 +145,7 @@ impl Scene {
         self.stage.record(Event::new(
             "masters",
             Expired {
+                lock: Some(key.to_string()),
                 master: Some(name(i)),
                 simulated: Some(true),
                 jump_ms: Some(jump.as_millis() as u64),

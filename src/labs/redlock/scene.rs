@@ -259,6 +259,7 @@ impl Scene {
         let owner = Some(attempt.value.clone());
         let (what, conclusion) = if attempt.held {
             let got = facts::Acquired {
+                lock: Some(lock.key.clone()),
                 owner,
                 attempt: Some(Box::new(attempt.clone())),
                 ..Default::default()
