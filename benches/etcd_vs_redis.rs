@@ -11,6 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

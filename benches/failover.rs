@@ -11,6 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 5;

@@ -14,6 +14,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use common::old::{etcd_vs_redis_disagreements, gc_pause_disagreements, run_json};
 use common::*;
 
 const TTL_MS: u64 = 1000;

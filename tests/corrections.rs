@@ -10,6 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::old::{etcd_vs_redis_disagreements, events, run_json, worker_pids};
 use common::*;
 use lockslab::lock::redis::{Held, RedisLock, Renewal};
 use serde_json::Value;

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::old::{assert_one_clock, events, run_json, worker_pids};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::old::{assert_one_clock, worker_pids};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

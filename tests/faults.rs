@@ -479,7 +479,7 @@ fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
     assert!(!keys(&mut redis).is_empty(), "the killed run left its keys");
     assert!(rows(&mut db) > 0, "the killed run left its rows");
     // The next run on the same servers sweeps them.
-    let (_, verdict, _) = common::run_json(&common::QUICK_LAB);
+    let (_, verdict, _) = common::old::run_json(&common::QUICK_LAB);
     assert_ne!(verdict["run_id"].as_str(), Some(run_id.as_str()));
     assert_eq!(keys(&mut redis), Vec::<String>::new());
     assert_eq!(rows(&mut db), 0);

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::old::{assert_one_clock, events, gc_pause_disagreements, run_json, worker_pids};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

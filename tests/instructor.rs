@@ -6,6 +6,7 @@ mod common;
 
 use std::process::Command;
 
+use common::old::{run_json, worker_pids};
 use common::*;
 
 /// Every line of `text` fits a projector's 80 columns (counted in characters).

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::old::{assert_one_clock, events, run_json, worker_pids};
 use common::*;
 use lockslab::check::Finding;
 use lockslab::check::naive as checks;

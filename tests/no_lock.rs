@@ -8,6 +8,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
+use common::old::{assert_one_clock, run_json, worker_pids};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -379,7 +379,7 @@ fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
         "--svg",
         &svg_arg,
     ];
-    let (lines, verdict, output) = common::run_json(&args);
+    let (lines, verdict, output) = common::old::run_json(&args);
     assert!(String::from_utf8_lossy(&output.stderr).contains("picture: "));
     // The picture drawn live is the picture of the JSON the run printed.
     let printed: String = lines.iter().map(|line| format!("{line}\n")).collect();
@@ -409,7 +409,7 @@ fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
             .iter()
             .all(|e| e["part"] == "fencing=false")
     );
-    assert!(common::events(&lines, "A", "acquired")[0]["backend"] == "redis");
+    assert!(common::old::events(&lines, "A", "acquired")[0]["backend"] == "redis");
 }
 
 /// Runs `lockslab render INPUT -o OUTPUT`, killed if it has not ended after a minute (a

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::old::run_json;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
