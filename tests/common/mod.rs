@@ -293,6 +293,46 @@ pub fn worker_pids(events: &[Event]) -> Vec<i32> {
     pids
 }
 
+/// The run id a run announced first (in its `run`, `workers` or `round` event).
+pub fn run_id_of(events: &[Event]) -> Option<&str> {
+    events.iter().find_map(|e| match &e.what {
+        What::Run(r) => r.run_id.as_deref(),
+        What::Workers(w) => w.run_id.as_deref(),
+        What::Round(r) => r.run_id.as_deref(),
+        _ => None,
+    })
+}
+
+/// The facts of a grant, if `event` is one.
+pub fn acquired(event: &Event) -> Option<&facts::Acquired> {
+    match &event.what {
+        What::Acquired(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// The facts of a release, if `event` is one.
+pub fn released(event: &Event) -> Option<&facts::Released> {
+    match &event.what {
+        What::Released(r) => Some(r),
+        _ => None,
+    }
+}
+
+/// What the evidence showed, if `event` is a finding (two holders, a violation, a count,
+/// exactly once, a lapse, a kept lock).
+pub fn observed(event: &Event) -> Option<&facts::Observed> {
+    match &event.what {
+        What::TwoHolders(o)
+        | What::Violation(o)
+        | What::Counted(o)
+        | What::ExactlyOnce(o)
+        | What::Lapsed(o)
+        | What::Kept(o) => Some(o),
+        _ => None,
+    }
+}
+
 /// No worker of the run is left running, stopped or zombie.
 pub fn assert_gone(pids: &[i32]) {
     assert!(!pids.is_empty(), "the run reported no workers");
