@@ -6,7 +6,6 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::old::{assert_one_clock, events, gc_pause_disagreements, run_json, worker_pids};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -23,7 +22,7 @@ fn run_of(verdict: &Value, fencing: bool) -> &Value {
 
 #[test]
 fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
-    let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
+    let (lines, verdict, output) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
     let unfenced = run_of(&verdict, false);
     assert_eq!(unfenced["two_holders"], true, "{unfenced}");
     assert_eq!(unfenced["stale_write_attempted"], true, "{unfenced}");
@@ -67,12 +66,15 @@ fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
 
     assert_eq!(verdict["freeze"], "self");
     // Every event has the promised fields and says which run it belongs to; the workers are gone.
-    for event in &lines[..lines.len() - 1] {
-        assert!(event["fencing"].is_boolean(), "no run tag: {event}");
-        assert!(
-            event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
-            "{event}"
-        );
+    // (Its worker and kind are what it reads into; its stamp is checked on the line itself,
+    // as reading it would default a missing one to 0.)
+    for event in &lines {
+        assert!(event.part.fencing.is_some(), "no run tag: {event:?}");
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines().rev().skip(1) {
+        let line: Value = serde_json::from_str(line).unwrap();
+        assert!(line["t_ms"].is_u64(), "{line}");
     }
     let pids = worker_pids(&lines);
     assert_eq!(pids.len(), 4, "two workers per run");
@@ -96,13 +98,11 @@ fn peer_freeze_gives_the_same_verdict() {
         "{verdict}"
     );
     assert!(
-        lines
-            .iter()
-            .any(|e| e["worker"] == "lab" && e["kind"] == "frozen"),
+        lines.iter().any(|e| e.is("lab", Kind::Frozen)),
         "the lab froze A"
     );
     assert!(
-        events(&lines, "A", "freezing").is_empty(),
+        events(&lines, "A", Kind::Freezing).is_empty(),
         "A did not freeze itself"
     );
     assert_gone(&worker_pids(&lines));
@@ -159,14 +159,15 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
     let mut frozen = false;
     // Wait until the lab reports A frozen (state T), then interrupt.
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        match &event.what {
+            What::Waiting(w) => pids.push(w.pid.unwrap()),
+            What::Run(r) => run_id = r.run_id.clone().unwrap(),
+            _ => {}
         }
-        if event["kind"] == "run" {
-            run_id = event["run_id"].as_str().unwrap().to_string();
-        }
-        if event["worker"] == "lab" && event["kind"] == "frozen" {
+        if event.is("lab", Kind::Frozen) {
             frozen = true;
             break;
         }
@@ -375,9 +376,9 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
     for pause in ["990ms", "1005ms", "1015ms"] {
         let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "1s", "--pause", pause]);
         for run in verdict["runs"].as_array().unwrap() {
-            let store_lines: Vec<&Value> = lines
+            let store_lines: Vec<&Event> = lines
                 .iter()
-                .filter(|e| e["worker"] == "store" && e["fencing"] == run["fencing"])
+                .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
                 .collect();
             let problems = gc_pause_disagreements(run, &store_lines);
             assert!(problems.is_empty(), "pause {pause}: {problems:?}\n{run}");
@@ -391,21 +392,16 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
 /// own evidence reading and checkers, which must reach the verdict recorded with them.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
-    use lockslab::events::Event;
     use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
     use lockslab::store::{Attempt, ReadBack};
 
-    let lines: Vec<Value> = include_str!("fixtures/gc-pause.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let (recorded, events) = lines.split_last().unwrap();
+    let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
     for run in recorded["runs"].as_array().unwrap() {
         let fenced = run["fencing"].as_bool().unwrap();
         let log: Vec<Event> = events
             .iter()
-            .filter(|e| e["fencing"] == fenced)
-            .map(|e| serde_json::from_value(e.clone()).unwrap())
+            .filter(|e| e.part.fencing == Some(fenced))
+            .cloned()
             .collect();
         let attempts = run["attempts"]
             .as_array()
