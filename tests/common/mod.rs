@@ -333,6 +333,19 @@ pub fn observed(event: &Event) -> Option<&facts::Observed> {
     }
 }
 
+/// The backend an event names, if its facts name one.
+pub fn backend(event: &Event) -> Option<&str> {
+    match &event.what {
+        What::Acquired(a) => a.backend.as_deref(),
+        What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.backend.as_deref(),
+        What::Between(b) => b.backend.as_deref(),
+        What::Claimed(c) => c.backend.as_deref(),
+        What::HolderNow(h) => h.backend.as_deref(),
+        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => s.backend.as_deref(),
+        _ => None,
+    }
+}
+
 /// No worker of the run is left running, stopped or zombie.
 pub fn assert_gone(pids: &[i32]) {
     assert!(!pids.is_empty(), "the run reported no workers");
