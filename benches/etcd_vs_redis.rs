@@ -11,7 +11,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

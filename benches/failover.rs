@@ -11,7 +11,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

@@ -14,7 +14,6 @@ mod common;
 
 use std::time::Duration;
 
-use common::old::timed_json;
 use common::*;
 
 const ROUNDS: usize = 3;

@@ -16,7 +16,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::old::run_json;
 use common::*;
 use serde_json::Value;
 

@@ -19,7 +19,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::old::timed_json;
 use common::*;
 use lockslab::connect::Backend;
 use lockslab::lock::redis::RedisLock;

@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 pub use lockslab::events::{Event, Kind, What, facts};
 use serde_json::Value;
 
-pub mod old;
-
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockslab");
 
 /// A short fenced gc-pause run: enough to start and use Redis and Postgres.
