@@ -478,3 +478,62 @@ fn a_lease_lost_near_the_end_of_the_pause_is_two_holders_by_etcds_answers() {
     }
     assert_one_clock(&lines);
 }
+
+/// The verdict sweep's check (tests/common, run by benches/verdict_sweep.rs and
+/// tests/corrections.rs), over the recorded run: every cell is true to its evidence, and a
+/// store line turned the other way, or gone, or a holder's release turned round, is caught
+/// in the cells it concerns — the typed check is not one that cannot fail.
+#[test]
+fn the_sweeps_check_catches_evidence_that_contradicts_a_cell() {
+    let (events, verdict) = events_and_verdict(include_str!("fixtures/etcd-vs-redis.jsonl"));
+    let cells = verdict["cells"].as_array().unwrap();
+    let disagreeing = |events: &[Event]| -> Vec<String> {
+        cells
+            .iter()
+            .filter(|c| !etcd_vs_redis_disagreements(c, events).is_empty())
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c["backend"].as_str().unwrap(),
+                    c["scenario"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(disagreeing(&events), Vec::<String>::new());
+
+    let turned: Vec<Event> = events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.what = match e.what {
+                What::StaleWriteAccepted(s) => What::StaleWriteRejected(s),
+                What::StaleWriteRejected(s) => What::StaleWriteAccepted(s),
+                other => other,
+            };
+            e
+        })
+        .collect();
+    assert_eq!(disagreeing(&turned), ["redis freeze", "etcd freeze"]);
+
+    let without_store: Vec<Event> = events
+        .iter()
+        .filter(|e| e.worker != "store")
+        .cloned()
+        .collect();
+    assert_eq!(disagreeing(&without_store), ["redis freeze", "etcd freeze"]);
+
+    // Postgres queued the waiter behind the frozen holder: had the holder's release found
+    // its lock gone while the waiter got it, the cell could not say "no two holders".
+    let gone_at_release: Vec<Event> = events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            if let (What::Released(r), "postgres:holder") = (&mut e.what, e.worker.as_str()) {
+                r.released = Some(false);
+            }
+            e
+        })
+        .collect();
+    assert_eq!(disagreeing(&gone_at_release), ["postgres freeze"]);
+}

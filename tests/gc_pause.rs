@@ -434,3 +434,50 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         }
     }
 }
+
+/// The other kind of stale write: what a store line would say had the store decided the
+/// other way.
+fn flipped(event: &Event) -> Event {
+    let mut event = event.clone();
+    event.what = match event.what {
+        What::StaleWriteAccepted(s) => What::StaleWriteRejected(s),
+        What::StaleWriteRejected(s) => What::StaleWriteAccepted(s),
+        other => panic!("not a stale write: {other:?}"),
+    };
+    event
+}
+
+/// The verdict sweep's check (tests/common, run by `verdicts_at_the_ttl_edge_agree_with_the_store`
+/// and benches/verdict_sweep.rs), over the recorded run: its verdicts are true to their
+/// store lines, and a store line that says the other thing, names another final writer or
+/// is missing is caught — the typed check is not one that cannot fail.
+#[test]
+fn the_sweeps_check_catches_a_store_line_that_contradicts_the_verdict() {
+    let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
+    for run in recorded["runs"].as_array().unwrap() {
+        let store: Vec<Event> = events
+            .iter()
+            .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
+            .cloned()
+            .collect();
+        assert_eq!(store.len(), 1, "A's late write, once per run: {store:?}");
+        let check =
+            |lines: &[Event]| gc_pause_disagreements(run, &lines.iter().collect::<Vec<_>>());
+        assert_eq!(check(&store), Vec::<String>::new(), "{run}");
+
+        let problems = check(&[flipped(&store[0])]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("the timeline's store line says"));
+
+        let mut another_writer = store[0].clone();
+        if let What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) = &mut another_writer.what
+        {
+            s.final_writer = Some("C".into());
+        }
+        assert_eq!(
+            check(&[another_writer]),
+            ["the timeline's store line names another final writer"]
+        );
+        assert_eq!(check(&[]).len(), 1, "no store line for a late write");
+    }
+}
