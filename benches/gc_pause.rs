@@ -49,8 +49,8 @@ fn main() {
         let pause = Duration::from_millis(verdict["pause_ms"].as_u64().unwrap());
         // Both runs share one clock; each event says which run (`fencing`) it belongs to.
         let mut runs: Vec<(bool, u64, u64)> = Vec::new(); // (fencing, first t_ms, last t_ms)
-        for event in &lines[..lines.len() - 1] {
-            let (fenced, t) = (event["fencing"] == true, event["t_ms"].as_u64().unwrap());
+        for event in &lines {
+            let (fenced, t) = (event.part.fencing == Some(true), event.t_ms);
             match runs.last_mut() {
                 Some(run) if run.0 == fenced => run.2 = t,
                 _ => runs.push((fenced, t, t)),

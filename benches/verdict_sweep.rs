@@ -15,8 +15,6 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use common::*;
 
 const TTL_MS: u64 = 1000;
@@ -74,9 +72,9 @@ fn sweep_gc_pause(runs: usize) -> usize {
                     run["late_write"].as_str().unwrap_or("?")
                 ),
             );
-            let store_lines: Vec<&Value> = lines
+            let store_lines: Vec<&Event> = lines
                 .iter()
-                .filter(|e| e["worker"] == "store" && e["fencing"] == run["fencing"])
+                .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
                 .collect();
             for problem in gc_pause_disagreements(run, &store_lines) {
                 disagreements.push(format!("pause {pause}ms: {problem}\n    {run}"));

@@ -125,14 +125,8 @@ fn after_a_kill_the_renewed_redis_lock_hands_over_like_etcd_not_like_the_plain_o
         renewed["expected_why"], "⅔–1 TTL after the last renewal",
         "{renewed}"
     );
-    let took = &events(&lines, "redis-renewed:waiter", "acquired")[0];
-    assert!(
-        took["text"]
-            .as_str()
-            .unwrap()
-            .contains("renewed every 333ms"),
-        "{took}"
-    );
+    let took = &events(&lines, "redis-renewed:waiter", Kind::Acquired)[0];
+    assert!(took.text.contains("renewed every 333ms"), "{took:?}");
     assert_gone(&worker_pids(&lines));
 }
 
@@ -159,13 +153,15 @@ fn a_frozen_holders_heartbeat_freezes_too_so_the_renewed_lock_fails_like_etcds()
     assert!(handover(renewed) < 2500, "{renewed}");
     let asked = lines
         .iter()
-        .find(|e| e["worker"] == "redis-renewed" && e["kind"] == "holder_now")
+        .find_map(|e| match &e.what {
+            What::HolderNow(h) if e.worker == "redis-renewed" => Some(h),
+            _ => None,
+        })
         .expect("the lab asked Redis before the resume");
-    assert_eq!(asked["holder"], "waiter", "{asked}");
-    let lost = events(&lines, "redis-renewed:holder", "lost");
+    assert_eq!(asked.holder.as_deref(), Some("waiter"), "{asked:?}");
+    let lost = events(&lines, "redis-renewed:holder", Kind::Lost);
     assert!(
-        lost.iter()
-            .any(|e| e["text"].as_str().unwrap().contains("no longer ours")),
+        lost.iter().any(|e| e.text.contains("no longer ours")),
         "the woken heartbeat finds the key gone: {lost:?}"
     );
     // etcd fails the same way, and only its token keeps the stale write out.
@@ -202,7 +198,7 @@ fn a_ttl_shorter_than_the_work_is_played_the_plain_lock_expires_under_a_live_hol
     assert!(
         lines
             .iter()
-            .all(|e| e["kind"] != "frozen" && e["kind"] != "killed"),
+            .all(|e| !matches!(e.kind(), Kind::Frozen | Kind::Killed)),
         "nobody is struck in the overrun"
     );
 
@@ -258,13 +254,14 @@ fn a_reissued_token_defeats_every_store_rule_and_a_sequence_token_does_not() {
     assert_eq!(verdict["token_restart"], true, "{verdict}");
     // B is no stale writer in any order: its compare-and-delete, after its write, found
     // its own key — B's lease still ran when the store decided B's write.
-    let b_releases: Vec<&Value> = lines
-        .iter()
-        .filter(|e| e["worker"] == "B" && e["kind"] == "released")
-        .collect();
+    let b_releases = events(&lines, "B", Kind::Released);
     assert_eq!(b_releases.len(), 5, "one B per run");
     for release in b_releases {
-        assert_eq!(release["released"], true, "B's key was gone: {release}");
+        assert_eq!(
+            release.released(),
+            Some(true),
+            "B's key was gone: {release:?}"
+        );
     }
     // Redis granted B while A's PX still ran, by the lab's own bounds (B's grant reported
     // before the end of A's lease as Redis's PTTL before the crash put it); and A, whose
@@ -319,10 +316,7 @@ fn a_reissued_token_defeats_every_store_rule_and_a_sequence_token_does_not() {
     assert_eq!(seq_b_first["stale_write_accepted"], false, "{seq_b_first}");
 
     // The lab says it crashed a Redis of its own once per run.
-    let crashes = lines
-        .iter()
-        .filter(|e| e["worker"] == "lab" && e["kind"] == "killed")
-        .count();
+    let crashes = lines.iter().filter(|e| e.is("lab", Kind::Killed)).count();
     assert_eq!(crashes, 5, "one restart per run");
     assert_gone(&worker_pids(&lines));
 }

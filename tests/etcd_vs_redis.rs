@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lockslab::store::Outcome;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -139,16 +140,15 @@ fn after_a_freeze_etcd_fences_redis_does_not_and_postgres_keeps_the_lock() {
     );
     assert_eq!(etcd["fencing_token"], true, "{etcd}");
     // The holder's token is lower than the waiter's, and the store's attempts say so.
-    let token_of = |worker: &str| {
-        events(&lines, worker, "acquired")[0]["token"]
-            .as_i64()
-            .unwrap()
-    };
+    let token_of = |worker: &str| events(&lines, worker, Kind::Acquired)[0].token().unwrap();
     assert!(token_of("etcd:holder") < token_of("etcd:waiter"));
-    let holder_wrote = &events(&lines, "etcd:holder", "wrote")[0];
-    assert_eq!(holder_wrote["outcome"], "rejected", "{holder_wrote}");
+    let holder_wrote = &events(&lines, "etcd:holder", Kind::Wrote)[0];
+    let What::Wrote(wrote) = &holder_wrote.what else {
+        unreachable!()
+    };
+    assert_eq!(wrote.outcome, Outcome::Rejected, "{holder_wrote:?}");
     assert!(
-        !events(&lines, "etcd:holder", "lost").is_empty(),
+        !events(&lines, "etcd:holder", Kind::Lost).is_empty(),
         "the woken holder's heartbeat reports the lease lost"
     );
 
@@ -172,9 +172,12 @@ fn after_a_freeze_etcd_fences_redis_does_not_and_postgres_keeps_the_lock() {
     );
     let asked = lines
         .iter()
-        .find(|e| e["worker"] == "postgres" && e["kind"] == "holder_now")
+        .find_map(|e| match &e.what {
+            What::HolderNow(h) if e.worker == "postgres" => Some(h),
+            _ => None,
+        })
         .expect("the lab asked Postgres before the resume");
-    assert_eq!(asked["holder"], "holder", "{asked}");
+    assert_eq!(asked.holder.as_deref(), Some("holder"), "{asked:?}");
 
     assert_gone(&worker_pids(&lines));
 }
@@ -203,7 +206,7 @@ fn a_postgres_idle_session_timeout_frees_the_frozen_holders_lock() {
     );
     assert!(handover(pg) < 3500, "{pg}");
     assert!(
-        !events(&lines, "postgres:holder", "lost").is_empty(),
+        !events(&lines, "postgres:holder", Kind::Lost).is_empty(),
         "the woken holder finds its session gone"
     );
     assert_gone(&worker_pids(&lines));
@@ -225,10 +228,13 @@ fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
         "600ms",
     ]);
     for worker in ["etcd:holder", "etcd:waiter"] {
-        let waiting = &events(&lines, worker, "waiting")[0];
-        assert_eq!(waiting["lease_ttl_ms"], 1000, "{waiting}");
-        assert_eq!(events(&lines, worker, "acquired").len(), 1, "{worker}");
-        assert!(events(&lines, worker, "gave_up").is_empty(), "{worker}");
+        let waiting = &events(&lines, worker, Kind::Waiting)[0];
+        let What::Waiting(asked) = &waiting.what else {
+            unreachable!()
+        };
+        assert_eq!(asked.lease_ttl_ms, Some(1000), "{waiting:?}");
+        assert_eq!(events(&lines, worker, Kind::Acquired).len(), 1, "{worker}");
+        assert!(events(&lines, worker, Kind::GaveUp).is_empty(), "{worker}");
     }
     let etcd = handover(cell(&verdict, "etcd", "kill"));
     let redis = handover(cell(&verdict, "redis", "kill"));
@@ -238,14 +244,14 @@ fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
     );
     assert!(etcd < 2500, "etcd took {etcd}ms with a 1s lease");
     // Every event says which scenario it belongs to; the lab's own say which backend.
-    for e in lines.iter().filter(|e| e["kind"] != "verdict") {
-        assert_eq!(e["scenario"], "kill", "{e}");
+    for e in &lines {
+        assert_eq!(e.part.scenario.as_deref(), Some("kill"), "{e:?}");
     }
     for e in lines
         .iter()
-        .filter(|e| e["worker"] == "lab" || e["worker"] == "store")
+        .filter(|e| e.worker == "lab" || e.worker == "store")
     {
-        assert!(e["backend"].is_string(), "no backend on {e}");
+        assert!(backend(e).is_some(), "no backend on {e:?}");
     }
     assert_gone(&worker_pids(&lines));
 }
@@ -272,18 +278,20 @@ fn a_waiter_whose_lease_is_revoked_stops_waiting_at_once_and_the_lab_says_why() 
     let mut revoked_at = None;
     let mut gave_up = None;
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        if let What::Waiting(waiting) = &event.what {
+            pids.push(waiting.pid.unwrap());
         }
-        if event["worker"] == "etcd:waiter" && event["kind"] == "waiting" {
-            let lease = i64::from_str_radix(event["lease"].as_str().unwrap(), 16).unwrap();
+        if let (What::Waiting(waiting), "etcd:waiter") = (&event.what, event.worker.as_str()) {
+            let lease = i64::from_str_radix(waiting.lease.as_deref().unwrap(), 16).unwrap();
             // Let the waiter queue its lock call first.
             std::thread::sleep(Duration::from_millis(300));
             revoke(lease);
             revoked_at = Some(Instant::now());
         }
-        if event["worker"] == "etcd:waiter" && event["kind"] == "gave_up" {
+        if event.is("etcd:waiter", Kind::GaveUp) {
             gave_up = Some((revoked_at.expect("revoked first").elapsed(), event));
             break;
         }
@@ -295,7 +303,7 @@ fn a_waiter_whose_lease_is_revoked_stops_waiting_at_once_and_the_lab_says_why() 
         after < Duration::from_secs(3),
         "gave up {after:?} after the revoke"
     );
-    let why = event["text"].as_str().unwrap();
+    let why = &event.text;
     assert!(why.contains("lease was lost"), "{why}");
     assert!(!why.contains("no lock within"), "{why}");
 
@@ -356,11 +364,13 @@ fn ctrl_c_while_holders_are_frozen_leaves_nothing_behind() {
     let mut frozen = 0;
     let started = Instant::now();
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        if let What::Waiting(waiting) = &event.what {
+            pids.push(waiting.pid.unwrap());
         }
-        if event["worker"] == "lab" && event["kind"] == "frozen" {
+        if event.is("lab", Kind::Frozen) {
             frozen += 1;
             if frozen == 4 {
                 break;
@@ -449,8 +459,8 @@ fn a_lease_lost_near_the_end_of_the_pause_is_two_holders_by_etcds_answers() {
         "1800ms",
     ]);
     let etcd = cell(&verdict, "etcd", "freeze");
-    let released = &events(&lines, "etcd:holder", "released")[0];
-    if released["released"] == false {
+    let released = &events(&lines, "etcd:holder", Kind::Released)[0];
+    if released.released() == Some(false) {
         assert_eq!(etcd["two_holders"], true, "lease gone at release: {etcd}");
     } else {
         assert_eq!(etcd["two_holders"], false, "kept to the end: {etcd}");
@@ -467,4 +477,63 @@ fn a_lease_lost_near_the_end_of_the_pause_is_two_holders_by_etcds_answers() {
         }
     }
     assert_one_clock(&lines);
+}
+
+/// The verdict sweep's check (tests/common, run by benches/verdict_sweep.rs and
+/// tests/corrections.rs), over the recorded run: every cell is true to its evidence, and a
+/// store line turned the other way, or gone, or a holder's release turned round, is caught
+/// in the cells it concerns — the typed check is not one that cannot fail.
+#[test]
+fn the_sweeps_check_catches_evidence_that_contradicts_a_cell() {
+    let (events, verdict) = events_and_verdict(include_str!("fixtures/etcd-vs-redis.jsonl"));
+    let cells = verdict["cells"].as_array().unwrap();
+    let disagreeing = |events: &[Event]| -> Vec<String> {
+        cells
+            .iter()
+            .filter(|c| !etcd_vs_redis_disagreements(c, events).is_empty())
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c["backend"].as_str().unwrap(),
+                    c["scenario"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(disagreeing(&events), Vec::<String>::new());
+
+    let turned: Vec<Event> = events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.what = match e.what {
+                What::StaleWriteAccepted(s) => What::StaleWriteRejected(s),
+                What::StaleWriteRejected(s) => What::StaleWriteAccepted(s),
+                other => other,
+            };
+            e
+        })
+        .collect();
+    assert_eq!(disagreeing(&turned), ["redis freeze", "etcd freeze"]);
+
+    let without_store: Vec<Event> = events
+        .iter()
+        .filter(|e| e.worker != "store")
+        .cloned()
+        .collect();
+    assert_eq!(disagreeing(&without_store), ["redis freeze", "etcd freeze"]);
+
+    // Postgres queued the waiter behind the frozen holder: had the holder's release found
+    // its lock gone while the waiter got it, the cell could not say "no two holders".
+    let gone_at_release: Vec<Event> = events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            if let (What::Released(r), "postgres:holder") = (&mut e.what, e.worker.as_str()) {
+                r.released = Some(false);
+            }
+            e
+        })
+        .collect();
+    assert_eq!(disagreeing(&gone_at_release), ["postgres freeze"]);
 }

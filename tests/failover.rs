@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use lockslab::events::facts::HolderNow;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -49,11 +50,13 @@ fn failover_in(tmp: &Path, extra: &[&str]) -> std::process::Child {
 /// Reads events until one matches; returns every line read so far.
 fn read_until(
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
-    seen: &mut Vec<Value>,
-    matches: impl Fn(&Value) -> bool,
+    seen: &mut Vec<Event>,
+    matches: impl Fn(&Event) -> bool,
 ) {
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
         let done = matches(&event);
         seen.push(event);
         if done {
@@ -61,6 +64,27 @@ fn read_until(
         }
     }
     panic!("the lab ended before the awaited event: {seen:?}");
+}
+
+/// Lab 5's read-back of a cluster, if `event` is one.
+fn holder_now(event: &Event) -> Option<&HolderNow> {
+    match &event.what {
+        What::HolderNow(h) => Some(h),
+        _ => None,
+    }
+}
+
+/// The first read-back from `worker` that `has` picks.
+fn read_back<'a>(
+    events: &'a [Event],
+    worker: &str,
+    has: impl Fn(&HolderNow) -> bool,
+) -> Option<&'a HolderNow> {
+    events
+        .iter()
+        .filter(|e| e.worker == worker)
+        .filter_map(holder_now)
+        .find(|h| has(h))
 }
 
 /// Any local user can reach a loopback port: each node of both clusters must refuse a
@@ -193,12 +217,8 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
         "failover failed: {stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
+    let (lines, verdict) = events_and_verdict(&stdout);
+    let verdict = &verdict;
     assert_eq!(verdict["lab"], "failover");
     let scenario = |name: &str| {
         verdict["scenarios"]
@@ -288,13 +308,17 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
     assert_eq!(wait["final_writer"], "B:wait", "{wait}");
     let refusal = lines
         .iter()
-        .find(|e| e["worker"] == "A:wait" && e["kind"] == "lost")
+        .find_map(|e| match &e.what {
+            What::Lost(lost) if e.worker == "A:wait" => Some(lost),
+            _ => None,
+        })
         .unwrap_or_else(|| panic!("A:wait never said its WAIT came back short"));
-    assert_eq!(refusal["replicas_confirmed"], wait["replicas_confirmed"]);
+    assert_eq!(
+        refusal.replicas_confirmed,
+        wait["replicas_confirmed"].as_i64()
+    );
     assert!(
-        !lines
-            .iter()
-            .any(|e| e["worker"] == "A:wait" && e["kind"] == "wrote"),
+        !lines.iter().any(|e| e.is("A:wait", Kind::Wrote)),
         "A:wait wrote after refusing"
     );
 
@@ -307,46 +331,44 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
     );
     assert_eq!(etcd["stale_write"]["attempted"], false, "{etcd}");
     // The term printed for the new leader is the new term, not the applied entry's old one.
-    let event = |what: &str, matches: &dyn Fn(&Value) -> bool| {
-        lines
-            .iter()
-            .find(|e| matches(e))
-            .unwrap_or_else(|| panic!("no event for {what}"))
-            .clone()
-    };
-    let elected = event("the new leader", &|e| {
-        e["worker"] == "etcd" && e["election_ms"].is_u64()
-    });
+    let elected = read_back(&lines, "etcd", |h| h.election_ms.is_some())
+        .unwrap_or_else(|| panic!("no event for the new leader"));
     assert!(
-        elected["raft_term"].as_u64() > elected["old_raft_term"].as_u64(),
-        "the new leader's term must be higher than the old one: {elected}"
+        elected.raft_term > elected.old_raft_term,
+        "the new leader's term must be higher than the old one: {elected:?}"
     );
     // A's lease as the new leader counts it: more time left than the leader's reset (TTL +
     // election timeout, from the election) can have left, so a keepalive got through.
-    let kept = event("A's lease after the election", &|e| {
-        e["a_lease_renewed"].is_boolean()
-    });
-    assert_eq!(kept["a_lease_renewed"], true, "{kept}");
-    assert_eq!(kept["a_key_held"], true, "{kept}");
-    let lease = event("A's lease", &|e| {
-        e["worker"] == "A:etcd" && e["lease_ttl_ms"].is_u64()
-    });
-    let extension = lease["lease_ttl_ms"].as_u64().unwrap() + lockslab::cluster::ETCD_ELECTION_MS;
+    let kept = lines
+        .iter()
+        .filter_map(holder_now)
+        .find(|h| h.a_lease_renewed.is_some())
+        .unwrap_or_else(|| panic!("no event for A's lease after the election"));
+    assert_eq!(kept.a_lease_renewed, Some(true), "{kept:?}");
+    assert_eq!(kept.a_key_held, Some(true), "{kept:?}");
+    let lease_ttl_ms = lines
+        .iter()
+        .filter(|e| e.worker == "A:etcd")
+        .find_map(|e| match &e.what {
+            What::Waiting(w) => w.lease_ttl_ms,
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no event for A's lease"));
+    let extension = lease_ttl_ms + lockslab::cluster::ETCD_ELECTION_MS;
     assert!(
-        kept["a_lease_left_s"].as_u64().unwrap() * 1000
-            + kept["after_election_ms"].as_u64().unwrap()
+        u64::try_from(kept.a_lease_left_s.unwrap()).unwrap() * 1000
+            + kept.after_election_ms.unwrap()
             > extension,
-        "A's lease was not above the new leader's reset: {kept}"
+        "A's lease was not above the new leader's reset: {kept:?}"
     );
     // B's place in the queue: the revision it queued with against the one it was granted.
-    let place = event("B's place in the queue", &|e| {
-        e["worker"] == "etcd" && e["b_token"].is_i64()
-    });
-    assert_eq!(place["b_token"], etcd["b_token"], "{place}");
+    let place = read_back(&lines, "etcd", |h| h.b_token.is_some())
+        .unwrap_or_else(|| panic!("no event for B's place in the queue"));
+    assert_eq!(place.b_token, etcd["b_token"].as_i64(), "{place:?}");
     assert_eq!(
-        place["b_kept_place"],
-        place["b_token"] == place["b_queued_revision"],
-        "{place}"
+        place.b_kept_place,
+        Some(place.b_token == place.b_queued_revision),
+        "{place:?}"
     );
 
     // min-replicas-to-write 1: the primary refused A's lock, so nothing was granted twice.
@@ -380,9 +402,7 @@ fn ctrl_c_mid_failover_stops_every_cluster_process_and_removes_everything() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
     // Mid-run: the primary is dead, the Sentinels are promoting the replica.
-    read_until(&mut lines, &mut seen, |e| {
-        e["worker"] == "lab" && e["kind"] == "killed"
-    });
+    read_until(&mut lines, &mut seen, |e| e.is("lab", Kind::Killed));
     let family = family_of(child.id() as i32);
     let names: Vec<String> = process_table()
         .into_iter()
@@ -405,11 +425,7 @@ fn ctrl_c_mid_failover_stops_every_cluster_process_and_removes_everything() {
         assert!(!alive(pid), "process {pid} outlived the lab");
     }
     assert!(run_dirs(tmp.path()).is_empty(), "directories left behind");
-    let run_id = seen
-        .iter()
-        .find_map(|e| e["run_id"].as_str())
-        .unwrap()
-        .to_string();
+    let run_id = run_id_of(&seen).unwrap().to_string();
     assert_run_left_nothing(&run_id);
     let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
     let sequences: i64 = db
@@ -428,7 +444,7 @@ fn a_sigkilled_lab_leaves_no_server_and_its_directories_are_swept_next_time() {
     let mut child = failover_in(tmp.path(), &[]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
-    read_until(&mut lines, &mut seen, |e| e["kind"] == "run");
+    read_until(&mut lines, &mut seen, |e| e.kind() == Kind::Run);
     let family = family_of(child.id() as i32);
     assert!(family.len() >= 8, "clusters and workers: {family:?}");
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
@@ -480,21 +496,17 @@ fn a_recorded_run_replays_through_the_checkers() {
     use lockslab::check::{Finding, LateWrite, two_holders_queued};
     use lockslab::store::Attempt;
 
-    let lines: Vec<Value> = include_str!("fixtures/failover.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
+    let (lines, verdict) = events_and_verdict(include_str!("fixtures/failover.jsonl"));
+    let verdict = &verdict;
     let finding = |v: &Value| match v.as_bool() {
         Some(true) => Finding::Yes,
         Some(false) => Finding::No,
         None => Finding::Unknown,
     };
-    let event = |worker: &str, kind: &str| {
+    let event = |worker: &str, kind: Kind| {
         lines
             .iter()
-            .find(|e| e["worker"] == worker && e["kind"] == kind)
+            .find(|e| e.is(worker, kind))
             .unwrap_or_else(|| panic!("no {kind} of {worker}"))
     };
     let scenarios = verdict["scenarios"].as_array().unwrap();
@@ -526,10 +538,8 @@ fn a_recorded_run_replays_through_the_checkers() {
         let (a, b) = (format!("A:{label}"), format!("B:{label}"));
         let from_lock = if s["name"] == "etcd-leader-killed" {
             // etcd queues B: two holders only if A's release found its key already gone.
-            let a_kept = event("A:etcd", "released")["released"] == true;
-            let b_got = lines
-                .iter()
-                .any(|e| e["worker"] == "B:etcd" && e["kind"] == "acquired");
+            let a_kept = event("A:etcd", Kind::Released).released() == Some(true);
+            let b_got = lines.iter().any(|e| e.is("B:etcd", Kind::Acquired));
             two_holders_queued(a_kept, b_got)
         } else {
             finding(&s["two_holders"])
@@ -572,23 +582,14 @@ fn a_recorded_run_replays_through_the_checkers() {
         checks::late_write_seen(LateWrite::None, wait["replicas_confirmed"].is_i64(), false),
         checks::LateWriteSeen::NotMade
     );
-    let elected = lines
-        .iter()
-        .find(|e| e["worker"] == "etcd" && e["election_ms"].is_u64())
-        .unwrap();
-    assert!(
-        elected["raft_term"].as_u64() > elected["old_raft_term"].as_u64(),
-        "{elected}"
-    );
-    let place = lines
-        .iter()
-        .find(|e| e["worker"] == "etcd" && e["b_token"].is_i64())
-        .unwrap();
+    let elected = read_back(&lines, "etcd", |h| h.election_ms.is_some()).unwrap();
+    assert!(elected.raft_term > elected.old_raft_term, "{elected:?}");
+    let place = read_back(&lines, "etcd", |h| h.b_token.is_some()).unwrap();
     assert_eq!(
-        place["b_kept_place"],
-        checks::kept_place(
-            place["b_queued_revision"].as_i64().unwrap(),
-            place["b_token"].as_i64().unwrap()
-        )
+        place.b_kept_place,
+        Some(checks::kept_place(
+            place.b_queued_revision.unwrap(),
+            place.b_token.unwrap()
+        ))
     );
 }

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
+use lockslab::events::{Event, Kind, What};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -26,7 +27,8 @@ fn gc_pause_stopping_the_lab(stop: Option<Duration>, extra: &[&str]) -> (Vec<Str
     let mut stopped = false;
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        let froze_a = line.contains("\"kind\":\"frozen\"")
+        // A `--json` line is an event of the typed history; the others are the screen's.
+        let froze_a = serde_json::from_str::<Event>(&line).is_ok_and(|e| e.kind() == Kind::Frozen)
             || line.contains("frozen mid-work for")
             || line.contains("sees A (pid");
         if let Some(stop) = stop.filter(|_| froze_a && !stopped) {
@@ -50,10 +52,17 @@ fn gc_pause_stopping_the_lab(stop: Option<Duration>, extra: &[&str]) -> (Vec<Str
     (lines, stderr)
 }
 
-fn parsed(lines: &[String]) -> Vec<Value> {
-    lines
+fn parsed(lines: &[String]) -> (Vec<Event>, Value) {
+    common::events_and_verdict(&lines.join("\n"))
+}
+
+fn warnings(events: &[Event]) -> Vec<(&Event, &lockslab::events::facts::Warning)> {
+    events
         .iter()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter_map(|e| match &e.what {
+            What::Warning(w) => Some((e, w)),
+            _ => None,
+        })
         .collect()
 }
 
@@ -64,21 +73,20 @@ fn a_lab_stopped_itself_marks_its_figures_disturbed() {
     let svg_arg = svg.display().to_string();
     let (lines, stderr) =
         gc_pause_stopping_the_lab(Some(Duration::from_secs(2)), &["--json", "--svg", &svg_arg]);
-    let lines = parsed(&lines);
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
+    let (lines, verdict) = parsed(&lines);
     assert_eq!(verdict["disturbed"], true, "{verdict}");
     let paused = verdict["lab_paused_ms"].as_u64().unwrap();
     assert!(paused >= 1500, "a 2s stop, seen as {paused}ms");
     let gaps = verdict["lab_pauses"].as_array().unwrap();
     assert_eq!(gaps.len(), 1, "{verdict}");
     // On the timeline, where it happened, as a warning of the lab's lane.
-    let warnings: Vec<&Value> = lines
-        .iter()
-        .filter(|e| e["kind"] == "warning" && e.get("lab_paused_ms").is_some())
+    let warnings: Vec<&Event> = warnings(&lines)
+        .into_iter()
+        .filter(|(_, w)| w.lab_paused_ms.is_some())
+        .map(|(e, _)| e)
         .collect();
     assert_eq!(warnings.len(), 1, "{lines:?}");
-    assert!(warnings[0]["text"].as_str().unwrap().contains("disturbed"));
+    assert!(warnings[0].text.contains("disturbed"));
     assert!(
         stderr.contains("disturbed: lockslab itself was not running"),
         "{stderr}"
@@ -111,12 +119,11 @@ fn a_lab_stopped_itself_says_so_under_its_verdict() {
 #[test]
 fn a_lab_not_stopped_is_not_marked_disturbed() {
     let (lines, stderr) = gc_pause_stopping_the_lab(None, &["--json"]);
-    let lines = parsed(&lines);
-    let verdict = lines.last().unwrap();
+    let (lines, verdict) = parsed(&lines);
     assert_eq!(verdict["disturbed"], false, "{verdict}");
     assert_eq!(verdict["lab_paused_ms"], 0);
     assert_eq!(verdict["lab_pauses"], serde_json::json!([]));
-    assert!(!lines.iter().any(|e| e["kind"] == "warning"), "{lines:?}");
+    assert!(warnings(&lines).is_empty(), "{lines:?}");
     assert!(!stderr.contains("disturbed"), "{stderr}");
 }
 
@@ -444,11 +451,13 @@ fn what_a_killed_lab_left_on_shared_servers_is_swept_by_the_next_run() {
     let mut wrote = false;
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let Some(event) = common::event_line(&line.unwrap()) else {
+            continue;
+        };
         if run_id.is_none() {
-            run_id = event["run_id"].as_str().map(String::from);
+            run_id = common::run_id_of(std::slice::from_ref(&event)).map(String::from);
         }
-        if event["worker"] == "B" && event["kind"] == "wrote" {
+        if event.is("B", Kind::Wrote) {
             wrote = true;
             break; // B wrote (a store row), A is still frozen with its lock key
         }

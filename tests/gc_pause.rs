@@ -22,7 +22,7 @@ fn run_of(verdict: &Value, fencing: bool) -> &Value {
 
 #[test]
 fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
-    let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
+    let (lines, verdict, output) = run_json(&["gc-pause", "--ttl", "600ms", "--pause", "1200ms"]);
     let unfenced = run_of(&verdict, false);
     assert_eq!(unfenced["two_holders"], true, "{unfenced}");
     assert_eq!(unfenced["stale_write_attempted"], true, "{unfenced}");
@@ -66,12 +66,15 @@ fn unfenced_stale_write_lands_and_fenced_one_is_rejected() {
 
     assert_eq!(verdict["freeze"], "self");
     // Every event has the promised fields and says which run it belongs to; the workers are gone.
-    for event in &lines[..lines.len() - 1] {
-        assert!(event["fencing"].is_boolean(), "no run tag: {event}");
-        assert!(
-            event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
-            "{event}"
-        );
+    // (Its worker and kind are what it reads into; its stamp is checked on the line itself,
+    // as reading it would default a missing one to 0.)
+    for event in &lines {
+        assert!(event.part.fencing.is_some(), "no run tag: {event:?}");
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines().rev().skip(1) {
+        let line: Value = serde_json::from_str(line).unwrap();
+        assert!(line["t_ms"].is_u64(), "{line}");
     }
     let pids = worker_pids(&lines);
     assert_eq!(pids.len(), 4, "two workers per run");
@@ -95,13 +98,11 @@ fn peer_freeze_gives_the_same_verdict() {
         "{verdict}"
     );
     assert!(
-        lines
-            .iter()
-            .any(|e| e["worker"] == "lab" && e["kind"] == "frozen"),
+        lines.iter().any(|e| e.is("lab", Kind::Frozen)),
         "the lab froze A"
     );
     assert!(
-        events(&lines, "A", "freezing").is_empty(),
+        events(&lines, "A", Kind::Freezing).is_empty(),
         "A did not freeze itself"
     );
     assert_gone(&worker_pids(&lines));
@@ -158,14 +159,15 @@ fn ctrl_c_while_a_is_frozen_leaves_nothing_behind() {
     let mut frozen = false;
     // Wait until the lab reports A frozen (state T), then interrupt.
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        match &event.what {
+            What::Waiting(w) => pids.push(w.pid.unwrap()),
+            What::Run(r) => run_id = r.run_id.clone().unwrap(),
+            _ => {}
         }
-        if event["kind"] == "run" {
-            run_id = event["run_id"].as_str().unwrap().to_string();
-        }
-        if event["worker"] == "lab" && event["kind"] == "frozen" {
+        if event.is("lab", Kind::Frozen) {
             frozen = true;
             break;
         }
@@ -374,9 +376,9 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
     for pause in ["990ms", "1005ms", "1015ms"] {
         let (lines, verdict, _) = run_json(&["gc-pause", "--ttl", "1s", "--pause", pause]);
         for run in verdict["runs"].as_array().unwrap() {
-            let store_lines: Vec<&Value> = lines
+            let store_lines: Vec<&Event> = lines
                 .iter()
-                .filter(|e| e["worker"] == "store" && e["fencing"] == run["fencing"])
+                .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
                 .collect();
             let problems = gc_pause_disagreements(run, &store_lines);
             assert!(problems.is_empty(), "pause {pause}: {problems:?}\n{run}");
@@ -390,21 +392,16 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
 /// own evidence reading and checkers, which must reach the verdict recorded with them.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
-    use lockslab::events::Event;
     use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
     use lockslab::store::{Attempt, ReadBack};
 
-    let lines: Vec<Value> = include_str!("fixtures/gc-pause.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let (recorded, events) = lines.split_last().unwrap();
+    let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
     for run in recorded["runs"].as_array().unwrap() {
         let fenced = run["fencing"].as_bool().unwrap();
         let log: Vec<Event> = events
             .iter()
-            .filter(|e| e["fencing"] == fenced)
-            .map(|e| serde_json::from_value(e.clone()).unwrap())
+            .filter(|e| e.part.fencing == Some(fenced))
+            .cloned()
             .collect();
         let attempts = run["attempts"]
             .as_array()
@@ -435,5 +432,52 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         for (field, value) in run.as_object().unwrap() {
             assert_eq!(&replayed[field], value, "fencing={fenced}: {field}");
         }
+    }
+}
+
+/// The other kind of stale write: what a store line would say had the store decided the
+/// other way.
+fn flipped(event: &Event) -> Event {
+    let mut event = event.clone();
+    event.what = match event.what {
+        What::StaleWriteAccepted(s) => What::StaleWriteRejected(s),
+        What::StaleWriteRejected(s) => What::StaleWriteAccepted(s),
+        other => panic!("not a stale write: {other:?}"),
+    };
+    event
+}
+
+/// The verdict sweep's check (tests/common, run by `verdicts_at_the_ttl_edge_agree_with_the_store`
+/// and benches/verdict_sweep.rs), over the recorded run: its verdicts are true to their
+/// store lines, and a store line that says the other thing, names another final writer or
+/// is missing is caught — the typed check is not one that cannot fail.
+#[test]
+fn the_sweeps_check_catches_a_store_line_that_contradicts_the_verdict() {
+    let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
+    for run in recorded["runs"].as_array().unwrap() {
+        let store: Vec<Event> = events
+            .iter()
+            .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
+            .cloned()
+            .collect();
+        assert_eq!(store.len(), 1, "A's late write, once per run: {store:?}");
+        let check =
+            |lines: &[Event]| gc_pause_disagreements(run, &lines.iter().collect::<Vec<_>>());
+        assert_eq!(check(&store), Vec::<String>::new(), "{run}");
+
+        let problems = check(&[flipped(&store[0])]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("the timeline's store line says"));
+
+        let mut another_writer = store[0].clone();
+        if let What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) = &mut another_writer.what
+        {
+            s.final_writer = Some("C".into());
+        }
+        assert_eq!(
+            check(&[another_writer]),
+            ["the timeline's store line names another final writer"]
+        );
+        assert_eq!(check(&[]).len(), 1, "no store line for a late write");
     }
 }

@@ -244,13 +244,27 @@ impl Stepped {
         self.screen.lock().unwrap().clone()
     }
 
-    fn events(&self) -> Vec<serde_json::Value> {
-        self.stdout
-            .lock()
-            .unwrap()
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
+    /// The events on stdout so far (a line still being written is left out), and the
+    /// verdict once it closed the output.
+    fn output(&self) -> (Vec<Event>, Option<serde_json::Value>) {
+        let stdout = self.stdout.lock().unwrap().clone();
+        let mut events = Vec::new();
+        let mut verdict = None;
+        for line in stdout.lines() {
+            if serde_json::from_str::<serde_json::Value>(line).is_err() {
+                continue;
+            }
+            assert!(verdict.is_none(), "a line after the verdict: {line}");
+            match event_line(line) {
+                Some(event) => events.push(event),
+                None => verdict = Some(serde_json::from_str(line).unwrap()),
+            }
+        }
+        (events, verdict)
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.output().0
     }
 
     /// Waits until the checkpoint named `name` is on the screen; returns its position.
@@ -274,11 +288,19 @@ impl Stepped {
             .unwrap();
     }
 
-    fn finish(mut self) -> (std::process::ExitStatus, Vec<serde_json::Value>, String) {
+    fn finish(
+        mut self,
+    ) -> (
+        std::process::ExitStatus,
+        Vec<Event>,
+        Option<serde_json::Value>,
+        String,
+    ) {
         let status = self.child.wait().unwrap();
         // The readers end at EOF; give them a moment to take the last bytes.
         std::thread::sleep(std::time::Duration::from_millis(200));
-        (status, self.events(), self.screen())
+        let (events, verdict) = self.output();
+        (status, events, verdict, self.screen())
     }
 }
 
@@ -294,10 +316,12 @@ fn step_through(stepped: &mut Stepped, checkpoints: &[&str]) {
             stepped.screen()
         );
         last = at;
-        let before = stepped.events().len();
+        let lines =
+            |(events, verdict): (Vec<Event>, Option<_>)| events.len() + verdict.iter().len();
+        let before = lines(stepped.output());
         std::thread::sleep(std::time::Duration::from_millis(700));
         assert_eq!(
-            stepped.events().len(),
+            lines(stepped.output()),
             before,
             "the lab went on at '{name}' before Enter"
         );
@@ -348,7 +372,7 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
         !stepped
             .events()
             .iter()
-            .any(|e| e["kind"] == "acquired" || e["kind"] == "waiting"),
+            .any(|e| matches!(e.kind(), Kind::Acquired | Kind::Waiting)),
         "no worker starts before the first checkpoint"
     );
     assert!(stepped.screen()[first..].contains("Does B get the lock while A is frozen?"));
@@ -360,10 +384,9 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
             "before the verdict",
         ],
     );
-    let (status, lines, screen) = stepped.finish();
+    let (status, lines, verdict, screen) = stepped.finish();
     assert!(status.success(), "{status}:\n{screen}");
-    let verdict = lines.last().expect("a verdict");
-    assert_eq!(verdict["kind"], "verdict", "{verdict}");
+    let verdict = &verdict.expect("a verdict");
     let runs = |v: &serde_json::Value| v["runs"].as_array().unwrap().clone();
     assert_eq!(
         gist(&runs(verdict), &LAB1_FACTS),
@@ -410,9 +433,9 @@ fn stepping_lab_4_stops_at_each_reveal_and_changes_no_verdict() {
             "before the matrix",
         ],
     );
-    let (status, lines, screen) = stepped.finish();
+    let (status, lines, verdict, screen) = stepped.finish();
     assert!(status.success(), "{status}:\n{screen}");
-    let verdict = lines.last().expect("a verdict");
+    let verdict = &verdict.expect("a verdict");
     let cells = |v: &serde_json::Value| v["cells"].as_array().unwrap().clone();
     assert_eq!(
         gist(&cells(verdict), &LAB4_FACTS),
@@ -423,8 +446,11 @@ fn stepping_lab_4_stops_at_each_reveal_and_changes_no_verdict() {
 }
 
 /// The run id in the first lock name an event mentions (`lockslab:<run id>:…`).
-fn run_id_in(lines: &[serde_json::Value]) -> Option<String> {
-    let text: String = lines.iter().map(|e| e.to_string()).collect();
+fn run_id_in(lines: &[Event]) -> Option<String> {
+    let text: String = lines
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
     text.match_indices("lockslab:").find_map(|(at, _)| {
         let id = text.get(at + 9..at + 17)?;
         let hex = id.chars().all(|c| c.is_ascii_hexdigit());
@@ -459,16 +485,13 @@ fn q_at_a_checkpoint_ends_lab_4_leaving_nothing_behind() {
     stepped.wait_for_checkpoint("before the freeze");
     let lab = stepped.child.id();
     stepped.type_line("q");
-    let (status, lines, screen) = stepped.finish();
+    let (status, lines, verdict, screen) = stepped.finish();
     assert_eq!(status.code(), Some(130), "q ends like Ctrl-C:\n{screen}");
     assert!(
         screen.contains("stopped at 'before the freeze'"),
         "{screen}"
     );
-    assert!(
-        !lines.iter().any(|e| e["kind"] == "verdict"),
-        "no verdict after q"
-    );
+    assert!(verdict.is_none(), "no verdict after q");
     let run_id = run_id_in(&lines).expect("the run's id in a lock name");
     // The kill scenario ran: its eight workers (a holder and a waiter on each of plain
     // Redis, renewed Redis, etcd and Postgres) are gone, and so are its keys and rows.
@@ -841,8 +864,8 @@ fn a_seed_replays_the_random_choices() {
         // draws a new value on each try, and how many tries it makes is timing.)
         let owners: Vec<String> = events
             .iter()
-            .filter(|e| e["kind"] == "acquired" && e["worker"] == "A")
-            .map(|e| format!("{}={}", e["worker"], e["owner"]))
+            .filter(|e| e.is("A", Kind::Acquired))
+            .map(|e| format!("{}={:?}", e.worker, e.owner()))
             .collect();
         assert!(!owners.is_empty(), "no grant in {events:?}");
         owners

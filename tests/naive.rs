@@ -28,29 +28,31 @@ fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
 
 /// Runs `lockslab naive <args> --json`; every event must say which scenario and which run
 /// (broken or fixed) it belongs to, since each run's clock starts again at zero.
-fn naive(args: &[&str]) -> (Vec<Value>, Value) {
+fn naive(args: &[&str]) -> (Vec<Event>, Value) {
     let mut all = vec!["naive"];
     all.extend_from_slice(args);
     let (lines, verdict, _) = run_json(&all);
     let names = ["race", "no-ttl", "setnx-expire", "wrong-release"];
     let chosen = args.iter().find(|a| names.contains(a));
-    for event in &lines[..lines.len() - 1] {
-        let scenario = event["scenario"].as_str();
+    for event in &lines {
+        let scenario = event.part.scenario.as_deref();
         assert!(
             scenario.is_some_and(|s| names.contains(&s)),
-            "no scenario on {event}"
+            "no scenario on {event:?}"
         );
         if let Some(chosen) = chosen {
-            assert_eq!(scenario, Some(*chosen), "{event}");
+            assert_eq!(scenario, Some(*chosen), "{event:?}");
         }
         assert!(
-            matches!(event["variant"].as_str(), Some("broken" | "fixed")),
-            "no variant on {event}"
+            matches!(event.part.variant.as_deref(), Some("broken" | "fixed")),
+            "no variant on {event:?}"
         );
     }
     for variant in ["broken", "fixed"] {
         assert!(
-            lines.iter().any(|e| e["variant"] == variant),
+            lines
+                .iter()
+                .any(|e| e.part.variant.as_deref() == Some(variant)),
             "no {variant} events"
         );
     }
@@ -77,25 +79,30 @@ fn a_dead_holder_without_ttl_blocks_the_lock_for_good_and_set_nx_px_frees_it() {
         // B got the lock once A's key lapsed: not at once (its first tries found the key
         // taken), before its wait ran out, and the key read back is B's. How long B waited
         // is a figure for `cargo bench --bench naive`, not an assertion.
-        let b_took = events(&lines, "B", "acquired");
-        assert!(b_took[0]["tries"].as_u64().unwrap() > 1, "{}", b_took[0]);
+        let b_took = events(&lines, "B", Kind::Acquired);
+        assert!(
+            acquired(b_took[0]).unwrap().tries.unwrap() > 1,
+            "{:?}",
+            b_took[0]
+        );
         let read_back = lines
             .iter()
-            .find(|e| {
-                e["worker"] == "redis" && e["variant"] == "fixed" && e["key_owner"].is_string()
-            })
+            .filter(|e| e.worker == "redis" && e.part.variant.as_deref() == Some("fixed"))
+            .filter_map(observed)
+            .find(|o| o.key_owner.is_some())
             .unwrap();
-        assert_eq!(read_back["dead_owner"], false, "{read_back}");
-        assert_eq!(read_back["key_owner"], b_took[0]["owner"], "{read_back}");
+        assert_eq!(read_back.dead_owner, Some(false), "{read_back:?}");
+        assert_eq!(
+            read_back.key_owner.as_deref(),
+            b_took[0].owner(),
+            "{read_back:?}"
+        );
 
         // The story on the timeline: A was killed holding the lock, B gave up, then (fixed) got it.
-        let killed = lines
-            .iter()
-            .filter(|e| e["worker"] == "lab" && e["kind"] == "killed")
-            .count();
+        let killed = lines.iter().filter(|e| e.is("lab", Kind::Killed)).count();
         assert_eq!(killed, 2, "A is killed in both runs");
-        assert_eq!(events(&lines, "B", "gave_up").len(), 1);
-        assert_eq!(events(&lines, "B", "acquired").len(), 1);
+        assert_eq!(events(&lines, "B", Kind::GaveUp).len(), 1);
+        assert_eq!(events(&lines, "B", Kind::Acquired).len(), 1);
         assert_gone(&worker_pids(&lines));
     }
 }
@@ -111,24 +118,22 @@ fn a_holder_killed_between_setnx_and_expire_leaves_a_stuck_lock() {
         assert_eq!(run["fixed"]["next_holder_got_lock"], true, "{run}");
 
         // A stopped between the two commands and was killed there, before any `acquired`.
-        let between = events(&lines, "A", "between");
+        let between = events(&lines, "A", Kind::Between);
         assert_eq!(between.len(), 1, "only the broken run has a gap to stop in");
         let pttl_seen = lines
             .iter()
-            .find(|e| e["worker"] == "redis" && e["kind"] == "pttl")
+            .find_map(|e| match &e.what {
+                What::Pttl(p) if e.worker == "redis" => Some(p),
+                _ => None,
+            })
             .unwrap();
         assert_eq!(
-            pttl_seen["pttl_ms"], -1,
-            "no expiry right after SETNX: {pttl_seen}"
+            pttl_seen.pttl_ms, -1,
+            "no expiry right after SETNX: {pttl_seen:?}"
         );
-        let a_acquired: Vec<_> = events(&lines, "A", "acquired");
+        let a_acquired: Vec<_> = events(&lines, "A", Kind::Acquired);
         assert_eq!(a_acquired.len(), 1, "A acquires only in the fixed run");
-        assert!(
-            a_acquired[0]["text"]
-                .as_str()
-                .unwrap()
-                .contains("SET NX PX")
-        );
+        assert!(a_acquired[0].text.contains("SET NX PX"));
         assert_gone(&worker_pids(&lines));
     }
 }
@@ -179,20 +184,22 @@ fn releasing_by_del_lets_a_third_holder_in_and_compare_and_delete_does_not() {
         );
 
         // A's release: DEL deleted a key (B's); compare-and-delete deleted nothing.
-        let a_released = events(&lines, "A", "released");
+        let a_released = events(&lines, "A", Kind::Released);
         assert_eq!(a_released.len(), 2);
-        assert_eq!(a_released[0]["deleted"], true);
-        assert_eq!(a_released[1]["deleted"], false);
-        assert_eq!(events(&lines, "C", "acquired").len(), 1, "C gets in once");
+        assert_eq!(released(a_released[0]).unwrap().deleted, Some(true));
+        assert_eq!(released(a_released[1]).unwrap().deleted, Some(false));
         assert_eq!(
-            events(&lines, "C", "gave_up").len(),
+            events(&lines, "C", Kind::Acquired).len(),
+            1,
+            "C gets in once"
+        );
+        assert_eq!(
+            events(&lines, "C", Kind::GaveUp).len(),
             1,
             "and is turned away once"
         );
         assert!(
-            lines
-                .iter()
-                .any(|e| e["worker"] == "redis" && e["kind"] == "two_holders"),
+            lines.iter().any(|e| e.is("redis", Kind::TwoHolders)),
             "GET showed C's value while B still worked"
         );
         assert_gone(&worker_pids(&lines));
@@ -224,21 +231,16 @@ fn check_then_set_breaks_most_trials_with_a_window_and_set_nx_none() {
     for variant in ["broken", "fixed"] {
         let summary = lines
             .iter()
-            .find(|e| e["worker"] == "redis" && e["variant"] == variant)
+            .find(|e| e.worker == "redis" && e.part.variant.as_deref() == Some(variant))
+            .and_then(observed)
             .unwrap();
-        let per_trial = summary["holders_per_trial"].as_array().unwrap();
+        let per_trial = summary.holders_per_trial.as_ref().unwrap();
         assert_eq!(per_trial.len(), 30);
-        let broke = per_trial
-            .iter()
-            .filter(|h| h.as_u64().unwrap() >= 2)
-            .count() as u64;
+        let broke = per_trial.iter().filter(|&&h| h >= 2).count() as u64;
         assert_eq!(broke, run[variant]["violations"].as_u64().unwrap());
         // Every overwritten holder learns it at release: compare-and-delete finds its value
         // gone. So at least as many trials show that as the holders lists count.
-        assert!(
-            summary["overwritten_trials"].as_u64().unwrap() >= broke,
-            "{summary}"
-        );
+        assert!(summary.overwritten_trials.unwrap() >= broke, "{summary:?}");
     }
 
     // The example is a real broken trial: two SETs answered OK before either worker let go.
@@ -332,10 +334,12 @@ fn ctrl_c_while_b_waits_for_a_stuck_lock_leaves_nothing_behind() {
     let mut pids = Vec::new();
     let started = Instant::now();
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
-            if event["worker"] == "B" {
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        if let What::Waiting(waiting) = &event.what {
+            pids.push(waiting.pid.unwrap());
+            if event.worker == "B" {
                 break;
             }
         }
@@ -403,23 +407,23 @@ fn bad_flags_name_the_flag() {
 /// servers: the facts they decide from the recorded evidence are the verdict's.
 #[test]
 fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
-    let lines: Vec<Value> = include_str!("fixtures/naive.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
-    let of = |scenario: &str, variant: &str| -> Vec<&Value> {
+    let (lines, verdict) = events_and_verdict(include_str!("fixtures/naive.jsonl"));
+    let verdict = &verdict;
+    let of = |scenario: &str, variant: &str| -> Vec<&Event> {
         lines
             .iter()
-            .filter(|e| e["scenario"] == scenario && e["variant"] == variant)
+            .filter(|e| {
+                e.part.scenario.as_deref() == Some(scenario)
+                    && e.part.variant.as_deref() == Some(variant)
+            })
             .collect()
     };
-    let owner_of = |events: &[&Value], worker: &str| -> Option<String> {
+    let owner_of = |events: &[&Event], worker: &str| -> Option<String> {
         events
             .iter()
-            .find(|e| e["worker"] == worker && e["owner"].is_string())
-            .map(|e| e["owner"].as_str().unwrap().to_string())
+            .filter(|e| e.worker == worker)
+            .find_map(|e| e.owner())
+            .map(str::to_string)
     };
 
     // no-ttl and setnx-expire: the key read back after B's wait, against the killed A's owner.
@@ -428,10 +432,12 @@ fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
             let events = of(name, variant);
             let read_back = events
                 .iter()
-                .find(|e| e["worker"] == "redis" && e["dead_owner"].is_boolean())
+                .filter(|e| e.worker == "redis")
+                .filter_map(|e| observed(e))
+                .find(|o| o.dead_owner.is_some())
                 .unwrap();
             let found = checks::dead_owner(
-                read_back["key_owner"].as_str(),
+                read_back.key_owner.as_deref(),
                 owner_of(&events, "A").as_deref(),
             );
             let counted = scenario(verdict, name)[variant]["violations"]
@@ -456,22 +462,12 @@ fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
         let events = of("wrong-release", variant);
         let list: Vec<String> = events
             .iter()
-            .find(|e| e["worker"] == "redis" && e["holders"].is_array())
-            .unwrap()["holders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h.as_str().unwrap().to_string())
-            .collect();
+            .filter(|e| e.worker == "redis")
+            .find_map(|e| observed(e).and_then(|o| o.holders.clone()))
+            .unwrap();
         let entered: HashMap<String, u64> = events
             .iter()
-            .filter(|e| e["kind"] == "acquired")
-            .map(|e| {
-                (
-                    e["worker"].as_str().unwrap().to_string(),
-                    e["enter_ns"].as_u64().unwrap(),
-                )
-            })
+            .filter_map(|e| Some((e.worker.clone(), acquired(e)?.enter_ns.unwrap())))
             .collect();
         let found = checks::overlaps(&checks::replay(&list).pairs, &entered, ttl);
         let recorded = &scenario(verdict, "wrong-release")[variant];
@@ -494,13 +490,15 @@ fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
     for variant in ["broken", "fixed"] {
         let summary = of("race", variant)
             .into_iter()
-            .find(|e| e["worker"] == "redis")
+            .find(|e| e.worker == "redis")
+            .and_then(observed)
             .unwrap();
-        let broke = summary["holders_per_trial"]
-            .as_array()
+        let broke = summary
+            .holders_per_trial
+            .as_ref()
             .unwrap()
             .iter()
-            .filter(|h| h.as_u64().unwrap() >= 2)
+            .filter(|&&h| h >= 2)
             .count() as u64;
         assert_eq!(
             broke,

@@ -23,10 +23,25 @@ fn approach<'a>(verdict: &'a Value, name: &str) -> &'a Value {
 }
 
 /// The lab's own event of a kind in one approach's run.
-fn event_of<'a>(lines: &'a [Value], name: &str, kind: &str) -> Option<&'a Value> {
+fn event_of<'a>(lines: &'a [Event], name: &str, kind: Kind) -> Option<&'a Event> {
     lines
         .iter()
-        .find(|e| e["approach"] == name && e["kind"] == kind)
+        .find(|e| e.part.approach.as_deref() == Some(name) && e.kind() == kind)
+}
+
+/// The tables' line of one approach's run: a violation, or exactly once.
+fn tables_line<'a>(lines: &'a [Event], name: &str) -> Option<&'a facts::Observed> {
+    event_of(lines, name, Kind::Violation)
+        .or(event_of(lines, name, Kind::ExactlyOnce))
+        .and_then(observed)
+}
+
+/// A worker's session as Postgres listed it in one approach's run.
+fn session<'a>(lines: &'a [Event], name: &str) -> Option<&'a facts::Session> {
+    match &event_of(lines, name, Kind::Session)?.what {
+        What::Session(s) => Some(s),
+        _ => None,
+    }
 }
 
 fn schema_exists(run_id: &str) -> bool {
@@ -141,18 +156,17 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
                 "{name} is marked safe: {a}"
             );
         }
-        let bad = event_of(&lines, name, "violation").or(event_of(&lines, name, "exactly_once"));
-        let bad = bad.expect("the tables' line");
+        let bad = tables_line(&lines, name).expect("the tables' line");
         for point in a["freezes"].as_array().unwrap() {
-            let named = bad["bad_jobs"].as_array().unwrap().contains(&point["job"])
-                || bad["bad_customers"]
-                    .as_array()
-                    .unwrap()
-                    .contains(&point["customer"]);
+            let names = |list: &Option<Vec<i64>>, key: &str| {
+                let list = list.as_ref().unwrap();
+                point[key].as_i64().is_some_and(|n| list.contains(&n))
+            };
+            let named = names(&bad.bad_jobs, "job") || names(&bad.bad_customers, "customer");
             assert_eq!(
                 named,
                 point["correct"] == false,
-                "{name}: a point is wrong exactly when the tables name its job or customer: {point} {bad}"
+                "{name}: a point is wrong exactly when the tables name its job or customer: {point} {bad:?}"
             );
         }
     }
@@ -202,17 +216,16 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
         "{baseline}"
     );
     let frozen_job = baseline["frozen_job"].as_i64().unwrap();
-    let tables_said = event_of(&lines, "redis-lock", "violation").expect("a violation line");
+    let tables_said = event_of(&lines, "redis-lock", Kind::Violation)
+        .and_then(observed)
+        .expect("a violation line");
     assert!(
-        tables_said["bad_jobs"]
-            .as_array()
-            .unwrap()
-            .contains(&frozen_job.into())
-            || !tables_said["bad_customers"].as_array().unwrap().is_empty(),
-        "{tables_said}"
+        tables_said.bad_jobs.as_ref().unwrap().contains(&frozen_job)
+            || !tables_said.bad_customers.as_ref().unwrap().is_empty(),
+        "{tables_said:?}"
     );
     assert!(
-        event_of(&lines, "redis-lock", "expired").is_some(),
+        event_of(&lines, "redis-lock", Kind::Expired).is_some(),
         "Redis ended w1's lease during the freeze"
     );
     // A kill is not what breaks it: the killed transaction rolls back, the lock lapses.
@@ -257,29 +270,37 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
         count("partitioned", "waited_for_the_freeze") >= 1,
         "w1's partition waits for it"
     );
-    let held = event_of(&lines, "advisory-xact", "session").expect("w1's session");
-    assert_eq!(held["state"], "idle in transaction", "{held}");
+    let held = session(&lines, "advisory-xact").expect("w1's session");
+    assert_eq!(
+        held.state.as_deref(),
+        Some("idle in transaction"),
+        "{held:?}"
+    );
     // A worker that should skip rather than queue: the try-lock says no at once, and the
     // waiting form under lock_timeout gives up with lock_not_available.
     for name in ["advisory-xact", "advisory-session"] {
-        let skip = event_of(&lines, name, "gave_up").expect("the skip probe");
+        let skip = event_of(&lines, name, Kind::GaveUp).expect("the skip probe");
+        let What::GaveUp(probe) = &skip.what else {
+            unreachable!()
+        };
         assert_eq!(
-            (&skip["try_lock"], &skip["sqlstate"]),
-            (&false.into(), &"55P03".into()),
-            "{skip}"
+            (probe.try_lock, probe.sqlstate.as_deref()),
+            (Some(false), Some("55P03")),
+            "{skip:?}"
         );
     }
     assert!(
-        held["waiting"].as_i64().unwrap() >= 1,
-        "others wait for the frozen session's advisory lock: {held}"
+        held.waiting.unwrap() >= 1,
+        "others wait for the frozen session's advisory lock: {held:?}"
     );
-    let held = event_of(&lines, "advisory-session", "session").expect("w1's session");
+    let held = session(&lines, "advisory-session").expect("w1's session");
     assert_eq!(
-        held["state"], "idle",
+        held.state.as_deref(),
+        Some("idle"),
         "a session lock is held outside a transaction"
     );
     // The partitioned run gives the dead owner's partition to a new one.
-    assert!(event_of(&lines, "partitioned", "reclaimed").is_some());
+    assert!(event_of(&lines, "partitioned", Kind::Reclaimed).is_some());
 
     assert_one_clock(&lines);
     let pids = worker_pids(&lines);
@@ -357,18 +378,16 @@ fn ctrl_c_while_a_worker_is_frozen_leaves_no_worker_table_or_key() {
             .next()
             .expect("the lab ended before the freeze")
             .unwrap();
-        let event: Value = serde_json::from_str(&line).unwrap();
+        let event = event_line(&line).expect("an event before the verdict");
         lines.push(event.clone());
-        if event["kind"] == "frozen" {
-            break event["pid"].as_i64().unwrap() as i32;
+        if event.kind() == Kind::Frozen {
+            break event.fault().unwrap().pid.unwrap();
         }
     };
     assert!(eventually(std::time::Duration::from_secs(2), || {
         proc_state(frozen) == Some('T')
     }));
-    let run_id = lines
-        .iter()
-        .find_map(|e| e["run_id"].as_str())
+    let run_id = common::run_id_of(&lines)
         .expect("the workers line names the run")
         .to_string();
     assert!(schema_exists(&run_id), "the tables exist while it runs");
@@ -411,69 +430,69 @@ fn a_recorded_run_replayed_through_the_checkers_gives_its_verdict_again() {
     use lockslab::check::no_lock::{self as checks, ReadBack, Strike};
     use lockslab::invoices::Moment;
 
-    let lines: Vec<Value> = include_str!("fixtures/no-lock.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
-    let strike = |e: &Value, at: Moment| Strike {
-        worker: e["target"].as_str().unwrap().to_string(),
-        at,
-        job: e["job"].as_i64().unwrap() as i32,
-        customer: e["customer"].as_i64().unwrap() as i32,
-        exercised: true,
+    let (lines, verdict) = events_and_verdict(include_str!("fixtures/no-lock.jsonl"));
+    let verdict = &verdict;
+    let strike = |e: &Event, at: Moment| {
+        let fault = e.fault().unwrap();
+        Strike {
+            worker: fault.target.clone().unwrap(),
+            at,
+            job: fault.job.unwrap() as i32,
+            customer: fault.customer.unwrap() as i32,
+            exercised: true,
+        }
     };
-    let ints = |v: &Value| -> Vec<i32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n.as_i64().unwrap() as i32)
-            .collect()
+    let ints = |v: &Option<Vec<i64>>| -> Vec<i32> {
+        v.as_ref().unwrap().iter().map(|&n| n as i32).collect()
     };
     let mut failed_somewhere = Vec::new();
     for a in verdict["approaches"].as_array().unwrap() {
         let name = a["name"].as_str().unwrap();
-        let of_run = |kind: &str| -> Vec<&Value> {
+        let of_run = |kind: Kind| -> Vec<&Event> {
             lines
                 .iter()
-                .filter(|e| e["approach"] == name && e["kind"] == kind)
+                .filter(|e| e.part.approach.as_deref() == Some(name) && e.kind() == kind)
                 .collect()
         };
         // Whether another worker met the frozen one: on the SIGCONT that ended its freeze.
-        let resumes = of_run("resumed");
-        let frozen: Vec<Strike> = of_run("frozen")
+        let resumes = of_run(Kind::Resumed);
+        let frozen: Vec<Strike> = of_run(Kind::Frozen)
             .into_iter()
-            .map(|e| Strike {
-                exercised: resumes
-                    .iter()
-                    .find(|r| r["target"] == e["target"])
-                    .and_then(|r| r["exercised"].as_bool())
-                    .expect("the freeze's SIGCONT says whether it was exercised"),
-                ..strike(e, serde_json::from_value(e["at"].clone()).unwrap())
+            .map(|e| {
+                let target = &e.fault().unwrap().target;
+                Strike {
+                    exercised: resumes
+                        .iter()
+                        .map(|r| r.fault().unwrap())
+                        .find(|r| r.target == *target)
+                        .and_then(|r| r.exercised)
+                        .expect("the freeze's SIGCONT says whether it was exercised"),
+                    ..strike(e, e.fault().unwrap().at.unwrap())
+                }
             })
             .collect();
-        let killed: Vec<Strike> = of_run("killed")
+        let killed: Vec<Strike> = of_run(Kind::Killed)
             .into_iter()
             .map(|e| strike(e, Moment::MidWrite))
             .collect();
-        let said = of_run("violation")
+        let said_event = of_run(Kind::Violation)
             .into_iter()
-            .chain(of_run("exactly_once"))
+            .chain(of_run(Kind::ExactlyOnce))
             .next()
             .unwrap_or_else(|| panic!("{name}: no line from the tables"));
+        let said = observed(said_event).unwrap();
         let tables = ReadBack {
             jobs: verdict["jobs"].as_i64().unwrap(),
-            duplicates: said["duplicates"].as_i64().unwrap(),
-            lost_jobs: said["lost_jobs"].as_i64().unwrap(),
-            lost_updates: said["lost_updates"].as_i64().unwrap(),
-            bad_jobs: ints(&said["bad_jobs"]),
-            bad_customers: ints(&said["bad_customers"]),
+            duplicates: said.duplicates.unwrap() as i64,
+            lost_jobs: said.lost_jobs.unwrap() as i64,
+            lost_updates: said.lost_updates.unwrap() as i64,
+            bad_jobs: ints(&said.bad_jobs),
+            bad_customers: ints(&said.bad_customers),
         };
         assert_eq!(
-            (said["kind"] == "exactly_once"),
+            said_event.kind() == Kind::ExactlyOnce,
             tables.correct(),
-            "{name}: {said}"
+            "{name}: {said_event:?}"
         );
         let points = checks::freezes(&frozen, &tables);
         assert_eq!(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use lockslab::check::Finding;
 use lockslab::check::redlock::{self as check, MasterState, Round};
-use lockslab::lock::redlock::{Master, Redlock, Reply, RoundOrder, Settings};
+use lockslab::lock::redlock::{Attempt, Master, Redlock, Reply, RoundOrder, Settings};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -26,22 +26,27 @@ fn scenario<'a>(verdict: &'a Value, name: &str) -> &'a Value {
 }
 
 /// The masters a run announced in its `run` event: (port, dir).
-fn masters_of(lines: &[Value]) -> Vec<(String, String)> {
-    let run = lines
+fn masters_of(events: &[Event]) -> Vec<(String, String)> {
+    let masters = events
         .iter()
-        .find(|e| e["kind"] == "run" && e["masters"].is_array())
-        .expect("a run event listing the masters");
-    run["masters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["port"].as_str().unwrap().to_string(),
-                m["dir"].as_str().unwrap().to_string(),
-            )
+        .find_map(|e| match &e.what {
+            What::Run(run) => run.masters.as_ref(),
+            _ => None,
         })
+        .expect("a run event listing the masters");
+    masters
+        .iter()
+        .map(|m| (m.port.clone(), m.dir.clone().unwrap()))
         .collect()
+}
+
+/// The Redlock round an event reports (a grant or a refusal), if it reports one.
+fn attempt(event: &Event) -> Option<&Attempt> {
+    match &event.what {
+        What::Acquired(a) => a.attempt.as_deref(),
+        What::GaveUp(g) => g.attempt.as_deref(),
+        _ => None,
+    }
 }
 
 /// No redis-server of the run is left (running, stopped or zombie), and no directory.
@@ -170,13 +175,12 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
     let jump = scenario(&verdict, "clock-jump");
     assert_eq!(jump["two_holders"], true, "{jump}");
     assert!(jump["simulated"].as_str().unwrap().contains("PEXPIRE"));
-    let simulated: Vec<&Value> = lines.iter().filter(|e| e["simulated"] == true).collect();
+    let simulated: Vec<&Event> = lines
+        .iter()
+        .filter(|e| matches!(&e.what, What::Expired(x) if x.simulated == Some(true)))
+        .collect();
     assert_eq!(simulated.len(), 2, "two masters jump");
-    assert!(
-        simulated
-            .iter()
-            .all(|e| e["text"].as_str().unwrap().contains("SIMULATED"))
-    );
+    assert!(simulated.iter().all(|e| e.text.contains("SIMULATED")));
     assert!(holders(jump, "B") >= q && holders(jump, "A") >= 1, "{jump}");
 
     // 4. The client pause: B was granted only after A's validity ended (never twice within
@@ -229,20 +233,19 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
 /// states follow from the evidence the run recorded.
 #[test]
 fn a_recorded_run_replays_through_the_checkers() {
-    let lines: Vec<Value> = include_str!("fixtures/redlock.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let verdict = lines.last().unwrap();
-    assert_eq!(verdict["kind"], "verdict");
+    let (lines, verdict) = events_and_verdict(include_str!("fixtures/redlock.jsonl"));
+    let verdict = &verdict;
     let q = verdict["quorum"].as_u64().unwrap() as usize;
     // Every read-back of a sub-scenario's key, in the order the lab made them.
     let reads = |name: &str| -> Vec<Vec<MasterState>> {
         lines
             .iter()
-            .filter(|e| e["kind"] == "holder_now")
-            .filter(|e| e["key"].as_str().unwrap().ends_with(&format!(":{name}")))
-            .map(|e| serde_json::from_value(e["masters"].clone()).unwrap())
+            .filter_map(|e| match &e.what {
+                What::HolderNow(h) => Some(h),
+                _ => None,
+            })
+            .filter(|h| h.key.as_deref().unwrap().ends_with(&format!(":{name}")))
+            .map(|h| h.masters.clone().unwrap())
             .collect()
     };
     // Every client round of a scenario, on the run's clock: the event is stamped when the
@@ -250,18 +253,18 @@ fn a_recorded_run_replays_through_the_checkers() {
     let rounds = |tag: &str| -> Vec<(String, Round, u64)> {
         lines
             .iter()
-            .filter(|e| e["scenario"] == tag && e["attempt"].is_object())
-            .map(|e| {
-                let attempt = &e["attempt"];
-                let t = e["t_ms"].as_u64().unwrap();
-                let elapsed = attempt["elapsed_ms"].as_f64().unwrap().ceil() as u64;
+            .filter(|e| e.part.scenario.as_deref() == Some(tag))
+            .filter_map(|e| Some((e, attempt(e)?)))
+            .map(|(e, attempt)| {
+                let t = e.t_ms;
+                let elapsed = attempt.elapsed_ms.ceil() as u64;
                 let round = Round {
-                    held: attempt["held"].as_bool().unwrap(),
+                    held: attempt.held,
                     began: Duration::from_millis(t - elapsed),
                     ended: Duration::from_millis(t),
-                    validity_ms: attempt["validity_ms"].as_i64().unwrap(),
+                    validity_ms: attempt.validity_ms,
                 };
-                (e["worker"].as_str().unwrap().to_string(), round, t)
+                (e.worker.clone(), round, t)
             })
             .collect()
     };
@@ -332,15 +335,18 @@ fn a_recorded_run_replays_through_the_checkers() {
     let pause = rounds("client-pause");
     let a_seen = lines
         .iter()
-        .find(|e| e["scenario"] == "client-pause" && e["worker"] == "A" && e["kind"] == "acquired")
+        .find(|e| e.part.scenario.as_deref() == Some("client-pause") && e.is("A", Kind::Acquired))
         .unwrap();
+    let What::Acquired(a_grant) = &a_seen.what else {
+        unreachable!()
+    };
     let (_, b, _) = pause
         .iter()
         .find(|(who, r, _)| who == "B" && r.held)
         .unwrap();
     let found = check::granted_twice_after_pause(
-        Duration::from_millis(a_seen["t_ms"].as_u64().unwrap()),
-        a_seen["validity_ms"].as_i64().unwrap(),
+        Duration::from_millis(a_seen.t_ms),
+        a_grant.validity_ms.unwrap(),
         b.began,
     );
     assert_eq!(found, Finding::No);
@@ -496,14 +502,16 @@ fn a_concurrent_round_asks_every_master_before_a_silent_one_gives_up() {
     }
 }
 
-fn interrupt_at(args: &[&str], moment: impl Fn(&Value) -> bool) {
+fn interrupt_at(args: &[&str], moment: impl Fn(&Event) -> bool) {
     let mut all = args.to_vec();
     all.push("--json");
     let mut lab = lockslab(&all).stdout(Stdio::piped()).spawn().unwrap();
     let mut seen = Vec::new();
     let started = Instant::now();
     for line in BufReader::new(lab.stdout.take().unwrap()).lines() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
         let hit = moment(&event);
         seen.push(event);
         if hit {
@@ -534,25 +542,21 @@ fn interrupt_at(args: &[&str], moment: impl Fn(&Value) -> bool) {
     if !workers.is_empty() {
         assert_gone(&workers);
     }
-    let run_id = seen
-        .iter()
-        .find_map(|e| e["run_id"].as_str())
-        .unwrap()
-        .to_string();
+    let run_id = run_id_of(&seen).unwrap().to_string();
     assert_run_left_nothing(&run_id);
 }
 
 #[test]
 fn ctrl_c_while_two_masters_are_frozen_leaves_nothing() {
     interrupt_at(&["redlock", "minority"], |e| {
-        e["kind"] == "frozen" && e["master"] == "m5"
+        e.kind() == Kind::Frozen && e.fault().unwrap().master.as_deref() == Some("m5")
     });
 }
 
 #[test]
 fn ctrl_c_while_the_client_is_frozen_leaves_nothing() {
     interrupt_at(&["redlock", "client-pause", "--ttl", "5s"], |e| {
-        e["worker"] == "lab" && e["kind"] == "frozen"
+        e.is("lab", Kind::Frozen)
     });
 }
 
@@ -653,9 +657,9 @@ fn given_masters_play_what_needs_no_process_and_keep_no_key() {
     assert_eq!(sequence["accepted"], false, "{pause}");
     // The lab neither killed nor froze a master of the user's.
     assert!(
-        !lines
-            .iter()
-            .any(|e| e["worker"] == "lab" && e["master"].is_string() && e["pid"].is_number()),
+        !lines.iter().any(|e| e.worker == "lab"
+            && e.fault()
+                .is_some_and(|f| f.master.is_some() && f.pid.is_some())),
         "the lab touched a given master's process"
     );
     let run_id = verdict["run_id"].as_str().unwrap();
@@ -698,18 +702,16 @@ fn ctrl_c_on_given_masters_removes_the_run_keys() {
     let mut lab = lockslab(&all).stdout(Stdio::piped()).spawn().unwrap();
     let mut seen = Vec::new();
     for line in BufReader::new(lab.stdout.take().unwrap()).lines() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        let frozen = event["worker"] == "lab" && event["kind"] == "frozen";
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        let frozen = event.is("lab", Kind::Frozen);
         seen.push(event);
         if frozen {
             break;
         }
     }
-    let run_id = seen
-        .iter()
-        .find_map(|e| e["run_id"].as_str())
-        .unwrap()
-        .to_string();
+    let run_id = run_id_of(&seen).unwrap().to_string();
     // A froze holding the lock: its key is on the masters, with most of 20s to live.
     let holding = urls
         .iter()

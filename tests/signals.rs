@@ -27,7 +27,6 @@ use common::*;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use serde_json::Value;
 
 /// Everything a lab started, as seen while it ran.
 struct Family {
@@ -142,9 +141,12 @@ const GC_PAUSE: [&str; 5] = ["gc-pause", "--ttl", "4s", "--fencing", "on"];
 fn assert_run_cleaned_up(json_out: &str) {
     let run_id = json_out
         .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|event| event["kind"] == "run")
-        .and_then(|event| event["run_id"].as_str().map(String::from))
+        .filter_map(|line| serde_json::from_str::<Event>(line).ok())
+        .find_map(|event| match event.what {
+            What::Run(run) => Some(run.run_id),
+            _ => None,
+        })
+        .flatten()
         .unwrap_or_else(|| panic!("no run event in:\n{json_out}"));
     assert_run_left_nothing(&run_id);
 }

@@ -21,18 +21,43 @@ fn mode<'a>(verdict: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no mode {name} in {verdict}"))
 }
 
-fn lab_event<'a>(lines: &'a [Value], kind: &str) -> &'a Value {
+fn lab_event(lines: &[Event], kind: Kind) -> &Event {
     lines
         .iter()
-        .find(|e| e["kind"] == kind)
+        .find(|e| e.kind() == kind)
         .unwrap_or_else(|| panic!("no {kind} event in {lines:#?}"))
 }
 
-fn run_id(lines: &[Value]) -> String {
-    lab_event(lines, "round")["run_id"]
-        .as_str()
-        .expect("run_id")
-        .to_string()
+fn round(lines: &[Event]) -> &facts::RoundFacts {
+    let What::Round(round) = &lab_event(lines, Kind::Round).what else {
+        unreachable!()
+    };
+    round
+}
+
+fn run_id(lines: &[Event]) -> String {
+    round(lines).run_id.clone().expect("run_id")
+}
+
+/// What became of a job, as a `kill_result`, `freeze_result` or `job_lost` says it.
+fn fate(event: &Event) -> &facts::JobFate {
+    match &event.what {
+        What::KillResult(f) | What::FreezeResult(f) | What::JobLost(f) => f,
+        _ => panic!("not a job's fate: {event:?}"),
+    }
+}
+
+/// Who processed the job first.
+fn first_by(fate: &facts::JobFate) -> Option<&str> {
+    fate.by.as_ref()?.first().map(String::as_str)
+}
+
+/// Who took a job over, as a `taken_over` or `reclaimed` says it.
+fn handover(event: &Event) -> &facts::Handover {
+    match &event.what {
+        What::TakenOver(h) | What::Reclaimed(h) => h,
+        _ => panic!("not a handover: {event:?}"),
+    }
 }
 
 /// No worker of this run is left: running, stopped or zombie.
@@ -54,7 +79,7 @@ fn tables_left(run_id: &str) -> i64 {
 
 #[test]
 fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
-    let (lines, verdict, _) = run_json(&["skip-locked", "--fault", "kill", "--jobs", "150"]);
+    let (lines, verdict, output) = run_json(&["skip-locked", "--fault", "kill", "--jobs", "150"]);
     let modes = verdict["modes"].as_array().unwrap();
     assert_eq!(modes.len(), 1, "{verdict}");
     let m = mode(&verdict, "skip-locked");
@@ -79,55 +104,58 @@ fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
     assert!(m["jobs_per_s"].as_f64().unwrap() > 0.0, "{m}");
 
     // Round 1's counts name every worker, including any that processed nothing.
-    let per_worker = lab_event(&lines, "round")["per_worker"]
-        .as_object()
-        .expect("per_worker")
-        .clone();
+    let per_worker = round(&lines).per_worker.clone().expect("per_worker");
     let mut names: Vec<&str> = per_worker.keys().map(String::as_str).collect();
     names.sort_by_key(|w| w[1..].parse::<u32>().unwrap());
     assert_eq!(
         names,
         ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10"]
     );
-    let total: i64 = per_worker.values().map(|n| n.as_i64().unwrap()).sum();
+    let total: i64 = per_worker.values().sum();
     assert_eq!(total, 150, "{per_worker:?}");
 
     // The killed worker's job was claimed again by someone else, and processed exactly once.
-    let killed = lab_event(&lines, "killed");
-    let job = killed["job"].as_i64().unwrap();
+    let killed = lab_event(&lines, Kind::Killed);
+    let job = killed.fault().unwrap().job.unwrap();
     assert_eq!(
         lines
             .iter()
-            .find(|e| e["worker"] == "w1" && e["kind"] == "claimed")
-            .unwrap()["job"],
-        job
+            .find(|e| e.is("w1", Kind::Claimed))
+            .unwrap()
+            .job(),
+        Some(job)
     );
     // Evidence, not timing (how long the reclaim took is the bench's figure): Postgres's
     // processing table shows another worker's claim of the very job, after the kill.
     let reclaim = m["reclaim_ms"].as_f64().expect("reclaim_ms is a number");
-    let reclaimed = lab_event(&lines, "reclaimed");
-    assert_eq!(reclaimed["job"], job);
-    assert_ne!(reclaimed["by"], "w1", "{reclaimed}");
-    assert_eq!(
-        reclaimed["reclaim_ms"].as_f64(),
-        Some(reclaim),
-        "{reclaimed}"
+    let reclaimed = handover(lab_event(&lines, Kind::Reclaimed));
+    assert_eq!(reclaimed.job, Some(job));
+    assert_ne!(reclaimed.by.as_deref(), Some("w1"), "{reclaimed:?}");
+    assert_eq!(reclaimed.reclaim_ms, Some(reclaim), "{reclaimed:?}");
+    assert!(reclaim >= 0.0, "claimed before the kill: {reclaimed:?}");
+    let result = fate(lab_event(&lines, Kind::KillResult));
+    assert_eq!(result.job, Some(job));
+    assert_eq!(result.times_processed, Some(1), "{result:?}");
+    assert_ne!(
+        first_by(result),
+        Some("w1"),
+        "the dead worker processed nothing"
     );
-    assert!(reclaim >= 0.0, "claimed before the kill: {reclaimed}");
-    let result = lab_event(&lines, "kill_result");
-    assert_eq!(result["job"], job);
-    assert_eq!(result["times_processed"], 1, "{result}");
-    assert_ne!(result["by"][0], "w1", "the dead worker processed nothing");
-    assert_eq!(result["by"][0], reclaimed["by"], "{result}");
+    assert_eq!(first_by(result), reclaimed.by.as_deref(), "{result:?}");
 
-    // Every event has the promised fields; the per-job work is not flooding the stream.
-    for event in &lines[..lines.len() - 1] {
-        assert!(
-            event["t_ms"].is_u64() && event["worker"].is_string() && event["kind"].is_string(),
-            "{event}"
-        );
+    // Every event has the promised fields (its worker and kind are what it reads into; its
+    // stamp is checked on the line itself, as reading it would default a missing one to 0);
+    // the per-job work is not flooding the stream.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines().rev().skip(1) {
+        let line: Value = serde_json::from_str(line).unwrap();
+        assert!(line["t_ms"].is_u64(), "{line}");
     }
-    assert!(lines.len() < 30, "{} events for 200 jobs", lines.len());
+    assert!(
+        lines.len() + 1 < 30,
+        "{} events and the verdict for 200 jobs",
+        lines.len()
+    );
     let run = run_id(&lines);
     assert_no_workers_left(&run);
     assert_eq!(tables_left(&run), 0, "the run's tables are dropped");
@@ -144,8 +172,8 @@ fn naive_mode_processes_jobs_twice_and_loses_the_killed_workers_job() {
     // The victim's 'running' mark outlives it: nobody ever takes that job again.
     assert_eq!(m["lost"], 1, "{m}");
     assert!(m["reclaim_ms"].is_null(), "{m}");
-    let result = lab_event(&lines, "kill_result");
-    assert_eq!(result["times_processed"], 0, "{result}");
+    let result = fate(lab_event(&lines, Kind::KillResult));
+    assert_eq!(result.times_processed, Some(0), "{result:?}");
     assert_no_workers_left(&run_id(&lines));
 }
 
@@ -172,19 +200,15 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
             .next()
             .expect("the lab ended before the freeze")
             .unwrap();
-        let event: Value = serde_json::from_str(&line).unwrap();
+        let event = event_line(&line).expect("an event before the verdict");
         lines.push(event.clone());
-        if event["worker"] == "lab" && event["kind"] == "frozen" {
-            let round = lab_event(&lines, "round");
-            break (
-                round["processing_table"].as_str().unwrap().to_string(),
-                event,
-            );
+        if event.is("lab", Kind::Frozen) {
+            break (round(&lines).processing_table.clone().unwrap(), event);
         }
         assert!(started.elapsed() < Duration::from_secs(30), "no freeze");
     };
-    let job = frozen["job"].as_i64().unwrap();
-    let pid = frozen["pid"].as_i64().unwrap() as i32;
+    let job = frozen.fault().unwrap().job.unwrap();
+    let pid = frozen.fault().unwrap().pid.unwrap();
     // The nemesis records a fault as it starts it, before the signal: wait for the kernel.
     assert!(
         eventually(Duration::from_secs(2), || proc_state(pid) == Some('T')),
@@ -218,25 +242,22 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    for line in stdout {
-        lines.push(serde_json::from_str(&line.unwrap()).unwrap());
-    }
+    let rest: Vec<String> = stdout.map(Result::unwrap).collect();
+    let (more, verdict) = events_and_verdict(&rest.join("\n"));
+    lines.extend(more);
+    let verdict = &verdict;
     assert!(lab.wait().unwrap().success());
-    let resumed = lab_event(&lines, "resumed");
-    assert_eq!(resumed["frozen_job_processed"], 0, "{resumed}");
-    assert!(
-        resumed["others_processed"].as_i64().unwrap() > 0,
-        "{resumed}"
-    );
-    let committed = lab_event(&lines, "committed");
+    let resumed = lab_event(&lines, Kind::Resumed).fault().unwrap();
+    assert_eq!(resumed.frozen_job_processed, Some(0), "{resumed:?}");
+    assert!(resumed.others_processed.unwrap() > 0, "{resumed:?}");
+    let committed = lab_event(&lines, Kind::Committed);
     assert_eq!(
-        (&committed["worker"], &committed["job"]),
-        (&"w2".into(), &job.into())
+        (committed.worker.as_str(), committed.job()),
+        ("w2", Some(job))
     );
-    let result = lab_event(&lines, "freeze_result");
-    assert_eq!(result["times_processed"], 1, "{result}");
-    assert_eq!(result["by"][0], "w2", "{result}");
-    let verdict = lines.last().unwrap();
+    let result = fate(lab_event(&lines, Kind::FreezeResult));
+    assert_eq!(result.times_processed, Some(1), "{result:?}");
+    assert_eq!(first_by(result), Some("w2"), "{result:?}");
     assert_eq!(mode(verdict, "skip-locked")["duplicates"], 0);
     assert_eq!(mode(verdict, "skip-locked")["lost"], 0);
     assert!(
@@ -259,22 +280,20 @@ fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_insert
         "--jobs",
         "60",
     ]);
-    let frozen_job = lab_event(&lines, "frozen")["job"].as_i64().unwrap();
-    let failed = lab_event(&lines, "finish_failed");
-    assert_eq!(failed["worker"], "w2");
-    assert_eq!(failed["job"], frozen_job);
-    assert!(
-        failed["text"]
-            .as_str()
-            .unwrap()
-            .contains("idle-in-transaction"),
-        "{failed}"
-    );
-    let taken = lab_event(&lines, "taken_over");
-    assert_ne!(taken["by"], "w2");
-    let result = lab_event(&lines, "freeze_result");
-    assert_eq!(result["times_processed"], 1, "{result}");
-    assert_ne!(result["by"][0], "w2", "{result}");
+    let frozen_job = lab_event(&lines, Kind::Frozen)
+        .fault()
+        .unwrap()
+        .job
+        .unwrap();
+    let failed = lab_event(&lines, Kind::FinishFailed);
+    assert_eq!(failed.worker, "w2");
+    assert_eq!(failed.job(), Some(frozen_job));
+    assert!(failed.text.contains("idle-in-transaction"), "{failed:?}");
+    let taken = handover(lab_event(&lines, Kind::TakenOver));
+    assert_ne!(taken.by.as_deref(), Some("w2"));
+    let result = fate(lab_event(&lines, Kind::FreezeResult));
+    assert_eq!(result.times_processed, Some(1), "{result:?}");
+    assert_ne!(first_by(result), Some("w2"), "{result:?}");
     let m = mode(&verdict, "skip-locked");
     assert_eq!(
         (&m["duplicates"], &m["lost"]),
@@ -319,13 +338,13 @@ fn compare_runs_three_modes_and_for_update_workers_wait_on_one_row_lock() {
     // the three modes' jobs/s. The evidence that its workers take turns is below.)
     // Every event says which mode it belongs to, and the modes share one clock: each mode's
     // events come after all of the previous mode's.
-    let events = &lines[..lines.len() - 1];
+    let events = &lines;
     let mut last_of_previous = 0;
     for name in names {
         let of_mode: Vec<u64> = events
             .iter()
-            .filter(|e| e["mode"] == name)
-            .map(|e| e["t_ms"].as_u64().unwrap())
+            .filter(|e| e.part.mode.as_deref() == Some(name))
+            .map(|e| e.t_ms)
             .collect();
         assert!(
             of_mode.iter().all(|&t| t >= last_of_previous),
@@ -334,14 +353,14 @@ fn compare_runs_three_modes_and_for_update_workers_wait_on_one_row_lock() {
         last_of_previous = *of_mode.iter().max().expect("events of every mode");
     }
     assert!(
-        events.iter().all(|e| e["mode"].is_string()),
+        events.iter().all(|e| e.part.mode.is_some()),
         "every event has its mode"
     );
     // In for-update mode the frozen worker's row lock stalls everyone, and Postgres shows it.
     assert!(
         lines
             .iter()
-            .any(|e| e["kind"] == "blocked" && e["mode"] == "for-update"),
+            .any(|e| e.kind() == Kind::Blocked && e.part.mode.as_deref() == Some("for-update")),
         "pg_stat_activity shows workers waiting on the frozen worker's lock"
     );
     assert_no_workers_left(&run_id(&lines));
@@ -402,10 +421,10 @@ fn ctrl_c_while_a_worker_is_frozen_leaves_nothing_behind() {
     let mut lines = Vec::new();
     let mut stdout = BufReader::new(lab.stdout.take().unwrap()).lines();
     let pid = loop {
-        let event: Value = serde_json::from_str(&stdout.next().unwrap().unwrap()).unwrap();
+        let event = event_line(&stdout.next().unwrap().unwrap()).expect("an event");
         lines.push(event.clone());
-        if event["kind"] == "frozen" {
-            break event["pid"].as_i64().unwrap() as i32;
+        if event.kind() == Kind::Frozen {
+            break event.fault().unwrap().pid.unwrap();
         }
     };
     assert!(eventually(Duration::from_secs(2), || proc_state(pid) == Some('T')));
@@ -463,7 +482,6 @@ const COMPARE: &str = include_str!("fixtures/skip-locked.jsonl");
 const IDLE_TIMEOUT: &str = include_str!("fixtures/skip-locked-idle-timeout.jsonl");
 
 use lockslab::check::{self, skip_locked as checks};
-use lockslab::events::{Event, Kind, What};
 
 /// A recorded run: its events (typed, as the lab wrote them) and its verdict.
 fn replay(jsonl: &str) -> (Vec<Event>, Value) {

@@ -12,6 +12,7 @@ use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use lockslab::events::{Event, Kind, What, facts};
 use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockslab");
@@ -123,8 +124,39 @@ pub fn lockslab(args: &[&str]) -> Command {
     command
 }
 
+/// One line of `--json`: an event of the typed history, or None for the run's closing
+/// verdict (verdicts are not typed: tests read them as JSON).
+pub fn event_line(line: &str) -> Option<Event> {
+    let value: Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    if value["kind"] == "verdict" {
+        return None;
+    }
+    Some(
+        serde_json::from_value(value)
+            .unwrap_or_else(|e| panic!("not an event of the typed history ({e}): {line}")),
+    )
+}
+
+/// A whole `--json` output: its events, typed, and the verdict that must close it.
+pub fn events_and_verdict(stdout: &str) -> (Vec<Event>, Value) {
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    let last = lines.pop().expect("no output");
+    let verdict: Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"));
+    assert_eq!(
+        verdict["kind"], "verdict",
+        "the last line must be the verdict: {verdict}"
+    );
+    let events = lines
+        .iter()
+        .map(|line| event_line(line).unwrap_or_else(|| panic!("a verdict before the end: {line}")))
+        .collect();
+    (events, verdict)
+}
+
 /// Runs a lab with `--json` and returns its events and its final verdict object.
-pub fn run_json(args: &[&str]) -> (Vec<Value>, Value, Output) {
+pub fn run_json(args: &[&str]) -> (Vec<Event>, Value, Output) {
     let mut all = args.to_vec();
     all.push("--json");
     let output = lockslab(&all).output().expect("running lockslab");
@@ -135,16 +167,8 @@ pub fn run_json(args: &[&str]) -> (Vec<Value>, Value, Output) {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
-        .collect();
-    let verdict = lines.last().cloned().expect("no output");
-    assert_eq!(
-        verdict["kind"], "verdict",
-        "the last line must be the verdict: {verdict}"
-    );
-    (lines, verdict, output)
+    let (events, verdict) = events_and_verdict(&stdout);
+    (events, verdict, output)
 }
 
 /// One process, as `/proc/<pid>/stat` and `cmdline` describe it.
@@ -245,33 +269,79 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 }
 
 /// Events of one kind from one worker.
-pub fn events<'a>(lines: &'a [Value], worker: &str, kind: &str) -> Vec<&'a Value> {
-    lines
-        .iter()
-        .filter(|e| e["worker"] == worker && e["kind"] == kind)
-        .collect()
+pub fn events<'a>(events: &'a [Event], worker: &str, kind: Kind) -> Vec<&'a Event> {
+    events.iter().filter(|e| e.is(worker, kind)).collect()
 }
 
 /// Every worker pid a run reported: workers announce themselves with a `waiting` event (with
 /// their `pid`), and labs that start many at once list them in a `workers` event (`pids`).
-pub fn worker_pids(lines: &[Value]) -> Vec<i32> {
-    let mut pids: Vec<i32> = lines
+pub fn worker_pids(events: &[Event]) -> Vec<i32> {
+    let mut pids: Vec<i32> = events
         .iter()
-        .filter(|e| e["kind"] == "waiting")
-        .filter_map(|e| e["pid"].as_i64())
-        .map(|p| p as i32)
+        .filter_map(|e| match &e.what {
+            What::Waiting(w) => w.pid,
+            _ => None,
+        })
         .collect();
-    for event in lines.iter().filter(|e| e["kind"] == "workers") {
-        pids.extend(
-            event["pids"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p.as_i64())
-                .map(|p| p as i32),
-        );
+    for event in events {
+        if let What::Workers(w) = &event.what {
+            pids.extend(&w.pids);
+        }
     }
     pids
+}
+
+/// The run id a run announced first (in its `run`, `workers` or `round` event).
+pub fn run_id_of(events: &[Event]) -> Option<&str> {
+    events.iter().find_map(|e| match &e.what {
+        What::Run(r) => r.run_id.as_deref(),
+        What::Workers(w) => w.run_id.as_deref(),
+        What::Round(r) => r.run_id.as_deref(),
+        _ => None,
+    })
+}
+
+/// The facts of a grant, if `event` is one.
+pub fn acquired(event: &Event) -> Option<&facts::Acquired> {
+    match &event.what {
+        What::Acquired(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// The facts of a release, if `event` is one.
+pub fn released(event: &Event) -> Option<&facts::Released> {
+    match &event.what {
+        What::Released(r) => Some(r),
+        _ => None,
+    }
+}
+
+/// What the evidence showed, if `event` is a finding (two holders, a violation, a count,
+/// exactly once, a lapse, a kept lock).
+pub fn observed(event: &Event) -> Option<&facts::Observed> {
+    match &event.what {
+        What::TwoHolders(o)
+        | What::Violation(o)
+        | What::Counted(o)
+        | What::ExactlyOnce(o)
+        | What::Lapsed(o)
+        | What::Kept(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// The backend an event names, if its facts name one.
+pub fn backend(event: &Event) -> Option<&str> {
+    match &event.what {
+        What::Acquired(a) => a.backend.as_deref(),
+        What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.backend.as_deref(),
+        What::Between(b) => b.backend.as_deref(),
+        What::Claimed(c) => c.backend.as_deref(),
+        What::HolderNow(h) => h.backend.as_deref(),
+        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => s.backend.as_deref(),
+        _ => None,
+    }
 }
 
 /// No worker of the run is left running, stopped or zombie.
@@ -314,10 +384,10 @@ pub fn run_human(args: &[&str]) -> String {
 }
 
 /// Runs a lab with `--json` and returns how long it took, its events and its verdict.
-pub fn timed_json(args: &[&str]) -> (Duration, Vec<Value>, Value) {
+pub fn timed_json(args: &[&str]) -> (Duration, Vec<Event>, Value) {
     let started = Instant::now();
-    let (lines, verdict, _) = run_json(args);
-    (started.elapsed(), lines, verdict)
+    let (events, verdict, _) = run_json(args);
+    (started.elapsed(), events, verdict)
 }
 
 /// Prints min, median and max of a benchmark's samples, in milliseconds.
@@ -361,10 +431,28 @@ fn late_write_in(attempts: &[Value], late: &str, next: &str) -> &'static str {
     }
 }
 
+/// The stale write a `store` lane event reports, if it reports one.
+pub fn stale_write(event: &Event) -> Option<&facts::StaleWrite> {
+    match &event.what {
+        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// The store line a late write decided as `expected` ("accepted", "rejected" or "none")
+/// must be: one line of that kind, or none.
+fn store_line_for(expected: &str) -> Vec<Kind> {
+    match expected {
+        "accepted" => vec![Kind::StaleWriteAccepted],
+        "rejected" => vec![Kind::StaleWriteRejected],
+        _ => vec![],
+    }
+}
+
 /// Every way one run of a lab 1 verdict could contradict the store's record it carries (the
 /// attempts in decision order) or the timeline's store line (`store_lines`, that run's
 /// events from the `store` lane). Empty when the verdict is true to its evidence.
-pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String> {
+pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Event]) -> Vec<String> {
     let mut problems = Vec::new();
     let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
     problems.extend(decision_order_problem(&attempts));
@@ -385,22 +473,13 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String
     if matches!(expected, "accepted" | "rejected") && run["two_holders"] == false {
         problems.push("A wrote after B, yet the verdict says no two holders".into());
     }
-    let says = match expected {
-        "accepted" => Some("stale_write_accepted"),
-        "rejected" => Some("stale_write_rejected"),
-        _ => None,
-    };
-    let said: Vec<&str> = store_lines
-        .iter()
-        .filter_map(|e| e["kind"].as_str())
-        .collect();
-    if said != says.into_iter().collect::<Vec<_>>() {
+    let said: Vec<Kind> = store_lines.iter().map(|e| e.kind()).collect();
+    if said != store_line_for(expected) {
         problems.push(format!("the timeline's store line says {said:?}"));
     }
-    if store_lines
-        .iter()
-        .any(|e| e["final_writer"] != run["final_writer"])
-    {
+    if store_lines.iter().any(|e| {
+        stale_write(e).and_then(|s| s.final_writer.as_deref()) != run["final_writer"].as_str()
+    }) {
         problems.push("the timeline's store line names another final writer".into());
     }
     problems
@@ -408,7 +487,7 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Value]) -> Vec<String
 
 /// Every way one cell of a lab 4 verdict could contradict the store's record it carries,
 /// the releases the workers reported, or the timeline's store line for its backend.
-pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String> {
+pub fn etcd_vs_redis_disagreements(cell: &Value, events: &[Event]) -> Vec<String> {
     let mut problems = Vec::new();
     let backend = cell["backend"].as_str().unwrap_or("?");
     let (holder, waiter) = (format!("{backend}:holder"), format!("{backend}:waiter"));
@@ -435,35 +514,30 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
     // etcd and Postgres queue the waiter: a holder whose release found its lock gone while
     // the waiter got the lock had a second holder beside it.
     let released = |worker: &str| {
-        lines
+        events
             .iter()
-            .find(|e| e["worker"] == worker && e["kind"] == "released")
-            .map(|e| e["released"].clone())
+            .find(|e| e.is(worker, Kind::Released))
+            .map(|e| e.released())
     };
-    let waiter_got_it = lines
-        .iter()
-        .any(|e| e["worker"] == waiter.as_str() && e["kind"] == "acquired");
+    let waiter_got_it = events.iter().any(|e| e.is(&waiter, Kind::Acquired));
     if cell["scenario"] == "freeze"
         && !backend.starts_with("redis")
-        && released(&holder) == Some(Value::Bool(false))
+        && released(&holder) == Some(Some(false))
         && waiter_got_it
         && cell["two_holders"] != true
     {
         problems.push("the holder's release found its lock gone, yet not two holders".into());
     }
-    let store_said: Vec<&str> = lines
+    let store_said: Vec<Kind> = events
         .iter()
         .filter(|e| {
-            e["worker"] == "store" && e["backend"] == backend && e["scenario"] == cell["scenario"]
+            e.worker == "store"
+                && stale_write(e).and_then(|s| s.backend.as_deref()) == Some(backend)
+                && e.part.scenario.as_deref() == cell["scenario"].as_str()
         })
-        .filter_map(|e| e["kind"].as_str())
+        .map(|e| e.kind())
         .collect();
-    let wanted: Vec<&str> = match expected {
-        "accepted" => vec!["stale_write_accepted"],
-        "rejected" => vec!["stale_write_rejected"],
-        _ => vec![],
-    };
-    if store_said != wanted {
+    if store_said != store_line_for(expected) {
         problems.push(format!("the timeline's store line says {store_said:?}"));
     }
     problems
@@ -474,12 +548,8 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, lines: &[Value]) -> Vec<String>
 /// reader thread as they arrive, and the lab prints them when it next reads its channel: on a
 /// loaded machine a stamp can land tens of milliseconds behind one the lab stamped itself.
 /// A step back under a second is arrival order; a restart drops by more, towards 0.)
-pub fn assert_one_clock(lines: &[Value]) {
-    let stamps: Vec<u64> = lines
-        .iter()
-        .filter(|e| e["kind"] != "verdict")
-        .filter_map(|e| e["t_ms"].as_u64())
-        .collect();
+pub fn assert_one_clock(events: &[Event]) {
+    let stamps: Vec<u64> = events.iter().map(|e| e.t_ms).collect();
     let mut latest = 0;
     for &t in &stamps {
         assert!(
