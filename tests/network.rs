@@ -14,20 +14,20 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-fn run_of(verdict: &Value, fencing: bool) -> &Value {
+fn run_of<'a>(verdict: &'a Value, scenario: &str, fencing: bool) -> &'a Value {
     verdict["runs"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|run| run["fencing"] == fencing)
+        .find(|run| run["scenario"] == scenario && run["fencing"] == fencing)
         .unwrap_or_else(|| panic!("no run with fencing={fencing} in {verdict}"))
 }
 
 /// The events of one run (fenced or not), typed.
-fn history(lines: &[Value], fenced: bool) -> Vec<Event> {
+fn history(lines: &[Value], scenario: &str, fenced: bool) -> Vec<Event> {
     lines
         .iter()
-        .filter(|e| e["kind"] != "verdict" && e["fencing"] == fenced)
+        .filter(|e| e["kind"] != "verdict" && e["scenario"] == scenario && e["fencing"] == fenced)
         .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
         .collect()
 }
@@ -40,9 +40,10 @@ fn position(log: &[Event], what: impl Fn(&Event) -> bool) -> usize {
 
 #[test]
 fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
-    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms"]);
+    let (lines, verdict, _) =
+        run_json(&["network", "--ttl", "500ms", "--scenario", "delayed-write"]);
     for fenced in [false, true] {
-        let log = history(&lines, fenced);
+        let log = history(&lines, "delayed-write", fenced);
         // A checked its lock just before writing, and Redis said it was still A's.
         let checked = position(&log, |e| e.is("A", Kind::Checked));
         let What::Checked(check) = &log[checked].what else {
@@ -79,7 +80,7 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
             "no pause in a network lab"
         );
 
-        let run = run_of(&verdict, fenced);
+        let run = run_of(&verdict, "delayed-write", fenced);
         assert_eq!(run["a_checked_ours"], true, "{run}");
         assert_eq!(run["a_never_paused"], true, "{run}");
         assert_eq!(run["two_holders"], true, "{run}");
@@ -124,11 +125,69 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
 }
 
 #[test]
+fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
+    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", "cut-off"]);
+    for fenced in [false, true] {
+        let log = history(&lines, "cut-off", fenced);
+        // The cut is on A's path to Redis only, recorded before it acts and healed after B wrote.
+        let cut = position(
+            &log,
+            |e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::Cut)),
+        );
+        let heal = position(&log, |e| matches!(&e.what, What::NetHealed(_)));
+        let What::NetFault(start) = &log[cut].what else {
+            unreachable!()
+        };
+        assert_eq!(start.target.as_deref(), Some("A→redis"));
+        // In Redis's order of things: A's heartbeat gave up, A's key was gone, B was granted,
+        // B wrote, the cut healed, A wrote.
+        let lost = position(&log, |e| e.is("A", Kind::Lost));
+        let gone = position(&log, |e| e.is("redis", Kind::Expired));
+        let granted = position(&log, |e| e.is("B", Kind::Acquired));
+        let b_wrote = position(&log, |e| e.is("B", Kind::Wrote));
+        let a_wrote = position(&log, |e| e.is("A", Kind::Wrote));
+        assert!(
+            cut < lost && gone < granted && granted < b_wrote && b_wrote < heal && heal < a_wrote
+        );
+        assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
+
+        let run = run_of(&verdict, "cut-off", fenced);
+        assert_eq!(run["two_holders"], true, "{run}");
+        assert_eq!(run["a_never_paused"], true, "{run}");
+        for field in [
+            "a_renewal_lost_ms",
+            "a_key_expired_ms",
+            "b_granted_ms",
+            "a_wrote_ms",
+        ] {
+            assert!(run[field].is_u64(), "{field}: {run}");
+        }
+        let (late, last) = if fenced {
+            ("rejected", "B")
+        } else {
+            ("accepted", "A")
+        };
+        assert_eq!(run["late_write"], late, "{run}");
+        assert_eq!(run["final_writer"], last, "{run}");
+    }
+    assert_gone(&worker_pids(&lines));
+}
+
+#[test]
 fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
-    let mut lab = lockslab(&["network", "--ttl", "5s", "--fencing", "off", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut lab = lockslab(&[
+        "network",
+        "--ttl",
+        "5s",
+        "--fencing",
+        "off",
+        "--scenario",
+        "delayed-write",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
     let (mut pids, mut run_id, mut held) = (Vec::new(), String::new(), false);
     for line in lines.by_ref() {
@@ -165,14 +224,24 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
     let (recorded, _) = lines.split_last().unwrap();
-    for run in recorded["runs"].as_array().unwrap() {
+    let runs = recorded["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "both stories, both fencing settings");
+    for run in runs {
         let fenced = run["fencing"].as_bool().unwrap();
-        let log = history(&lines, fenced);
+        let scenario = if run["scenario"] == "cut-off" {
+            "cut-off"
+        } else {
+            "delayed-write"
+        };
+        let log = history(&lines, scenario, fenced);
         let read = read_back_of(run);
-        let replayed = RunVerdict::judge(fenced, &heard(&log).unwrap(), read).unwrap();
+        let replayed = RunVerdict::judge(scenario, fenced, &heard(&log).unwrap(), read).unwrap();
         let replayed = serde_json::to_value(&replayed).unwrap();
         for (field, value) in run.as_object().unwrap() {
-            assert_eq!(&replayed[field], value, "fencing={fenced}: {field}");
+            assert_eq!(
+                &replayed[field], value,
+                "{scenario} fencing={fenced}: {field}"
+            );
         }
     }
 }

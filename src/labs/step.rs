@@ -351,6 +351,24 @@ pub mod network {
                    the store compare, and what does it decide?",
     };
 
+    /// Before a run of the cut: no lock is held yet.
+    pub fn before_cut(fenced: bool) -> &'static Checkpoint {
+        if fenced { &CUT_FENCED } else { &CUT_UNFENCED }
+    }
+
+    const CUT_UNFENCED: Checkpoint = Checkpoint {
+        name: "before the cut (without fencing)",
+        question: "A holds a Redis lock renewed by a heartbeat. The network cuts A off from \
+                   Redis, not from the store. What happens to the renewals, and to the lease \
+                   in Redis? Who writes last?",
+    };
+
+    const CUT_FENCED: Checkpoint = Checkpoint {
+        name: "before the fenced cut",
+        question: "The same cut, with fencing tokens. A never learns in time that its lease \
+                   ended. What stops its write?",
+    };
+
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",
         question: "A was never paused and checked its lock before writing. Which evidence \

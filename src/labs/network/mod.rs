@@ -16,10 +16,16 @@
 //! The nemesis puts the hold on the path and lifts it, and records both; the lab looks at
 //! A's process while the write waits, so that the verdict can say A ran throughout.
 //!
-//! - [`delayed`]: one run of the story;
+//! The second story cuts A off from Redis instead, not from the store: A's lock is renewed
+//! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes
+//! the lock — and A, which nothing told to stop, writes.
+//!
+//! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
 //! - [`verdict`]: what each run shows, decided by [`crate::check::network`].
 
+mod cut_off;
 mod delayed;
+mod scene;
 pub mod verdict;
 
 use std::time::Duration;
@@ -41,6 +47,7 @@ Examples:
   lockslab network                       both runs: A's write held in flight past
                                          its lease, without and with fencing
   lockslab network --fencing off         only the run without fencing
+  lockslab network --scenario cut-off    A cut off from Redis, not from the store
   lockslab network --ttl 3s              a longer lease: the write waits longer
   lockslab network --json | jq .        events and verdict as JSON Lines
 
@@ -53,6 +60,9 @@ pub struct NetworkArgs {
     /// Which runs to play: without fencing, with it, or both side by side
     #[arg(long, value_enum, default_value_t = Fencing::Both)]
     pub fencing: Fencing,
+    /// Which stories: the write delayed in flight, A cut off from Redis, or both
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    pub scenario: Scenario,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -75,22 +85,41 @@ pub enum Fencing {
     Both,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// A checks its lock and sends its write; the proxy holds the write past the lease
+    DelayedWrite,
+    /// The proxy cuts A off from Redis (a renewed lock) but not from the store
+    CutOff,
+    All,
+}
+
 /// The lab as the flags ask for it (every flag checked by its parser).
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
     pub(crate) ttl: Duration,
-    /// The runs to play, in order: fenced or not.
-    runs: Vec<bool>,
+    /// The runs to play, in order: which story, fenced or not.
+    runs: Vec<(Scenario, bool)>,
 }
 
 impl Plan {
     fn from(args: &NetworkArgs) -> Plan {
         Plan {
             ttl: args.ttl,
-            runs: match args.fencing {
-                Fencing::Off => vec![false],
-                Fencing::On => vec![true],
-                Fencing::Both => vec![false, true],
+            runs: {
+                let fencing = match args.fencing {
+                    Fencing::Off => vec![false],
+                    Fencing::On => vec![true],
+                    Fencing::Both => vec![false, true],
+                };
+                let scenarios = match args.scenario {
+                    Scenario::All => vec![Scenario::DelayedWrite, Scenario::CutOff],
+                    one => vec![one],
+                };
+                scenarios
+                    .into_iter()
+                    .flat_map(|s| fencing.iter().map(move |&f| (s, f)))
+                    .collect()
             },
         }
     }
@@ -115,7 +144,7 @@ impl Lab for Plan {
 
     fn intro(&self, _run: &Run) -> Vec<String> {
         vec![format!(
-            "Two workers, A and B, share one Redis lock with a {} TTL. A reaches the store through a fault proxy. Nobody is paused: A checks its lock, sends its write, and the proxy holds that write in flight until A's lease has run out and B has written.",
+            "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
             human(self.ttl)
         )]
     }
@@ -130,8 +159,11 @@ impl Lab for Plan {
         let mut store = Store::connect(run.url(Backend::Postgres))?;
         store.prepare()?;
         let mut runs = Vec::new();
-        for &fenced in &self.runs {
-            runs.push(delayed::play(self, run, fenced, &mut store)?);
+        for &(scenario, fenced) in &self.runs {
+            runs.push(match scenario {
+                Scenario::CutOff => cut_off::play(self, run, fenced, &mut store)?,
+                _ => delayed::play(self, run, fenced, &mut store)?,
+            });
         }
         Ok(Verdict {
             runs,

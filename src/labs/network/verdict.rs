@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::check::LateWrite;
 use crate::check::network::{self as checks, Evidence};
-use crate::events::facts::Fault;
+use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::runner;
 use crate::lock::redis::Release;
@@ -49,7 +49,8 @@ impl runner::Verdict for Verdict {
 pub struct Heard {
     /// A's check before writing: still its own, and the PTTL Redis answered.
     pub a_check: Option<(bool, i64)>,
-    /// How long the proxy held A's write, and whether A's process ran meanwhile.
+    /// How long the fault on A's path lasted (the hold of its write, or the cut), and
+    /// whether A's process ran meanwhile.
     pub held_ms: Option<u64>,
     pub a_process_ran: Option<bool>,
     /// A freeze or kill of A in the history.
@@ -57,13 +58,22 @@ pub struct Heard {
     pub a_release: Option<Release>,
     pub b_owner: Option<String>,
     pub b_release: Option<Release>,
+    /// On the lab's clock (ms, as reported): A's heartbeat gave the lock up, Redis's key
+    /// was seen gone, B's grant, A's write answered.
+    pub a_lost_ms: Option<u64>,
+    pub expired_ms: Option<u64>,
+    pub b_granted_ms: Option<u64>,
+    pub a_wrote_ms: Option<u64>,
 }
 
 /// Reads one run's history for the checkers.
 pub fn heard(log: &[Event]) -> Result<Heard> {
     let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
     let heal = log.iter().find_map(|e| match &e.what {
-        What::NetHealed(facts) if facts.target.as_deref() == Some("A→store") => Some(facts),
+        // A's path: to the store (the delayed write) or to Redis (the cut).
+        What::NetHealed(facts) if facts.target.as_deref().is_some_and(|t| t.starts_with("A→")) => {
+            Some(facts)
+        }
         _ => None,
     });
     let a_struck = log.iter().any(|e| match &e.what {
@@ -83,7 +93,37 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .and_then(|e| e.owner())
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
+        a_lost_ms: saw("A", Kind::Lost).map(|e| e.t_ms),
+        expired_ms: saw("redis", Kind::Expired).map(|e| e.t_ms),
+        b_granted_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
+        a_wrote_ms: saw("A", Kind::Wrote).map(|e| e.t_ms),
     })
+}
+
+/// The store's line on the timeline when A's write was decided after B's.
+pub fn store_line(verdict: &RunVerdict, resource: &str) -> Option<Event> {
+    let holds = verdict.final_writer.clone().unwrap_or("nobody".into());
+    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+        LateWrite::Accepted => (
+            What::StaleWriteAccepted,
+            format!(
+                "decided A's late write after B's and took it: it holds {holds}'s result, B's is lost"
+            ),
+        ),
+        LateWrite::Rejected => (
+            What::StaleWriteRejected,
+            format!(
+                "decided A's late write after B's and refused its lower token: it holds {holds}'s result"
+            ),
+        ),
+        LateWrite::None => return None,
+    };
+    let facts = StaleWrite {
+        final_writer: Some(holds),
+        resource: Some(resource.into()),
+        ..StaleWrite::default()
+    };
+    Some(Event::new("store", kind(facts), text))
 }
 
 /// The network faults of a history, for a reader who wants to check the hold was the only
@@ -102,6 +142,8 @@ pub fn net_faults(log: &[Event]) -> Vec<(Fault, String)> {
 /// What one run found; every field from Redis's answers, the proxy's record or the store's.
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
+    /// `delayed-write` or `cut-off`.
+    pub scenario: &'static str,
     pub fencing: bool,
     /// A checked just before writing: its owner value in the key, with PTTL left.
     pub a_checked_ours: Option<bool>,
@@ -112,6 +154,12 @@ pub struct RunVerdict {
     pub held_ms: Option<u64>,
     /// A was never paused (no freeze in the history; its process seen running throughout).
     pub a_never_paused: Option<bool>,
+    /// The cut's timing on the lab's clock (ms; null where the scenario has none): A's
+    /// heartbeat gave the lock up, the lab saw A's key gone from Redis, B's grant, A's write.
+    pub a_renewal_lost_ms: Option<u64>,
+    pub a_key_expired_ms: Option<u64>,
+    pub b_granted_ms: Option<u64>,
+    pub a_wrote_ms: Option<u64>,
     /// Redis granted B the lock while A still believed it held it.
     pub two_holders: Option<bool>,
     /// A's write in the store's decision order relative to B's accepted write.
@@ -124,7 +172,12 @@ pub struct RunVerdict {
 }
 
 impl RunVerdict {
-    pub fn judge(fenced: bool, heard: &Heard, read: ReadBack) -> Result<RunVerdict> {
+    pub fn judge(
+        scenario: &'static str,
+        fenced: bool,
+        heard: &Heard,
+        read: ReadBack,
+    ) -> Result<RunVerdict> {
         let Ok(found) = checks::judge(&Evidence {
             a_check: heard.a_check,
             a_process_ran: heard.a_process_ran,
@@ -140,8 +193,14 @@ impl RunVerdict {
                 read.final_writer
             );
         };
+        let cut = scenario == "cut-off";
         Ok(RunVerdict {
+            scenario,
             fencing: fenced,
+            a_renewal_lost_ms: heard.a_lost_ms,
+            a_key_expired_ms: heard.expired_ms,
+            b_granted_ms: cut.then_some(heard.b_granted_ms).flatten(),
+            a_wrote_ms: cut.then_some(heard.a_wrote_ms).flatten(),
             a_checked_ours: found.a_checked_ours.as_option(),
             a_check_pttl_ms: heard.a_check.map(|(_, pttl)| pttl),
             held_ms: heard.held_ms,
@@ -174,12 +233,24 @@ impl RunVerdict {
 
     /// What the run shows, in sentences drawn from the same fields as the table.
     fn meaning(&self) -> String {
-        let check = match (self.a_checked_ours, self.a_check_pttl_ms, self.held_ms) {
-            (Some(true), Some(pttl), Some(held)) => format!(
-                "A checked its lock just before writing ({pttl}ms left) and sent its write into a hold on its path to the store that lasted {}.",
-                human(Duration::from_millis(held))
-            ),
-            _ => "A's check or the hold was not recorded.".to_string(),
+        let at =
+            |ms: Option<u64>| ms.map_or("?".into(), |ms| format!("+{:.3}s", ms as f64 / 1000.0));
+        let story = if self.scenario == "cut-off" {
+            format!(
+                "Cut off from Redis, A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_lost_ms),
+                at(self.a_key_expired_ms),
+                at(self.b_granted_ms),
+                at(self.a_wrote_ms)
+            )
+        } else {
+            match (self.a_checked_ours, self.a_check_pttl_ms, self.held_ms) {
+                (Some(true), Some(pttl), Some(held)) => format!(
+                    "A checked its lock just before writing ({pttl}ms left) and sent its write into a hold on its path to the store that lasted {}.",
+                    human(Duration::from_millis(held))
+                ),
+                _ => "A's check or the hold was not recorded.".to_string(),
+            }
         };
         let paused = match self.a_never_paused {
             Some(true) => " A was never paused: its process ran throughout.",
@@ -189,44 +260,70 @@ impl RunVerdict {
             None => "",
         };
         let store = match self.late_write {
-            LateWrite::Accepted => "The store decided A's write after B's and took it: B's result is lost, and no check A could make before sending would have seen it.".to_string(),
+            LateWrite::Accepted => {
+                "The store decided A's write after B's and took it: B's result is lost.".to_string()
+            }
             LateWrite::Rejected => format!(
                 "The store refused A's token {} when the write arrived, because it had accepted B's token {}: B's result stands.",
                 self.token_of("A"),
                 self.token_of("B")
             ),
-            LateWrite::None => "The store decided A's write before B's: no stale write this time.".to_string(),
+            LateWrite::None => {
+                "The store decided A's write before B's: no stale write this time.".to_string()
+            }
         };
-        format!("{check}{paused} {store}")
+        format!("{story}{paused} {store}")
     }
 }
 
+/// One table per scenario, in the order they ran.
 fn print_verdicts(verdicts: &[RunVerdict]) {
+    let mut scenarios: Vec<&str> = verdicts.iter().map(|v| v.scenario).collect();
+    scenarios.dedup();
+    for scenario in scenarios {
+        let runs: Vec<&RunVerdict> = verdicts.iter().filter(|v| v.scenario == scenario).collect();
+        print_scenario(scenario, &runs);
+    }
+}
+
+fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
     let yes_no = |b: Option<bool>| match b {
         Some(true) => "yes".to_string(),
         Some(false) => "no".to_string(),
         None => "unknown".yellow().to_string(),
     };
+    let at = |ms: Option<u64>| ms.map_or("-".into(), |ms| format!("+{:.3}s", ms as f64 / 1000.0));
     let header: Vec<&str> = std::iter::once("evidence")
         .chain(verdicts.iter().map(|v| v.title()))
         .collect();
     let row = |name: &str, cell: &dyn Fn(&RunVerdict) -> String| {
         std::iter::once(name.to_string())
-            .chain(verdicts.iter().map(cell))
+            .chain(verdicts.iter().map(|v| cell(v)))
             .collect::<Vec<_>>()
     };
-    let rows = vec![
-        row(
-            "A checked its lock before writing",
-            &|v| match (v.a_checked_ours, v.a_check_pttl_ms) {
+    let mut rows = if scenario == "cut-off" {
+        vec![
+            row("A's heartbeat gave up (A)", &|v| at(v.a_renewal_lost_ms)),
+            row("A's key gone (Redis)", &|v| at(v.a_key_expired_ms)),
+            row("B granted (Redis)", &|v| at(v.b_granted_ms)),
+            row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
+        ]
+    } else {
+        vec![
+            row("A checked its lock before writing", &|v| match (
+                v.a_checked_ours,
+                v.a_check_pttl_ms,
+            ) {
                 (Some(true), Some(pttl)) => format!("ours, PTTL {pttl}ms"),
                 (ours, _) => yes_no(ours),
-            },
-        ),
-        row("hold on A→store (proxy)", &|v| {
-            v.held_ms
-                .map_or("none".into(), |ms| human(Duration::from_millis(ms)))
-        }),
+            }),
+            row("hold on A→store (proxy)", &|v| {
+                v.held_ms
+                    .map_or("none".into(), |ms| human(Duration::from_millis(ms)))
+            }),
+        ]
+    };
+    rows.extend([
         row("A never paused (/proc, history)", &|v| {
             yes_no(v.a_never_paused)
         }),
@@ -250,9 +347,14 @@ fn print_verdicts(verdicts: &[RunVerdict]) {
                 .collect::<Vec<_>>()
                 .join(" ")
         }),
-    ];
+    ]);
+    let title = if scenario == "cut-off" {
+        "Verdict: cut off from Redis"
+    } else {
+        "Verdict: the delayed write"
+    };
     crate::outln!();
-    crate::prose!("{}", "Verdict".bold());
+    crate::prose!("{}", title.bold());
     crate::prose!("{}", table(&header, &rows));
     crate::outln!();
     for verdict in verdicts {
