@@ -11,6 +11,7 @@ use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
+use crate::labs::network::{self, NetworkArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
 use crate::labs::redlock::{self, RedlockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
@@ -86,6 +87,8 @@ enum Command {
     Redlock(RedlockArgs),
     /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
+    /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
+    Network(NetworkArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -191,6 +194,7 @@ impl Command {
             Command::Failover(args) => Some(&args.output),
             Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
+            Command::Network(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -232,6 +236,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Failover(args) => failover::run(&args)?,
         Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
+        Command::Network(args) => network::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,

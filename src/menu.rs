@@ -84,6 +84,14 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Postgres],
         walkthrough: "labs/07-no-lock.md",
     },
+    LabRow {
+        number: 8,
+        command: "network",
+        shows: "no pause: a checked write held in flight past the lease",
+        takes: "6s",
+        needs: &[Redis, Postgres],
+        walkthrough: "labs/08-network.md",
+    },
 ];
 
 /// The labs, in order (the cli's tests check that each row names a subcommand it has).

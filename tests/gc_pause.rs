@@ -393,7 +393,6 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
-    use lockslab::store::{Attempt, ReadBack};
 
     let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
     for run in recorded["runs"].as_array().unwrap() {
@@ -403,25 +402,7 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
             .filter(|e| e.part.fencing == Some(fenced))
             .cloned()
             .collect();
-        let attempts = run["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| Attempt {
-                writer: a["writer"].as_str().unwrap().into(),
-                value: a["value"].as_str().unwrap().into(),
-                token: a["token"].as_i64(),
-                fenced: a["fenced"].as_bool().unwrap(),
-                accepted: a["accepted"].as_bool().unwrap(),
-                decided: a["decided"].as_i64().unwrap(),
-            })
-            .collect();
-        let read = ReadBack {
-            final_value: run["final_value"].as_str().map(String::from),
-            final_writer: run["final_writer"].as_str().map(String::from),
-            final_token: run["final_token"].as_i64(),
-            attempts,
-        };
+        let read = read_back_of(run);
         let setup = Setup {
             store_rule: fenced.then_some("not_lower"),
             token_source: fenced.then_some("redis_incr"),

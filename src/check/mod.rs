@@ -20,6 +20,7 @@ pub mod etcd_vs_redis;
 pub mod failover;
 pub mod gc_pause;
 pub mod naive;
+pub mod network;
 pub mod no_lock;
 pub mod redlock;
 pub mod skip_locked;

@@ -29,6 +29,18 @@ pub enum Fault {
     Kill,
     /// SIGKILL, then the same server started again on the same port.
     Restart,
+
+    // Lab 8 (`network`): faults on one path of the fault proxy (src/proxy), no process hit.
+    /// Bytes on the path queue in the proxy until the fault is lifted: a write in flight.
+    Hold,
+    /// Every chunk on the path arrives late (a fixed time, plus jitter).
+    Delay,
+    /// The path is cut: its connections reset, new ones refused, or bytes swallowed.
+    Cut,
+    /// The next request reaches the server and is applied; its reply is lost.
+    DropReply,
+    /// The end of a network fault: the path carries bytes again, held ones first.
+    Heal,
 }
 
 /// Whether a fault's record opens it or closes it.
@@ -181,6 +193,13 @@ pub struct FaultFacts {
     pub others_processed: Option<u64>,
     /// How many times the frozen worker's job was processed meanwhile (lab 3).
     pub frozen_job_processed: Option<u64>,
+    /// Lab 8: which direction of a proxy path the fault is on (`up`: requests).
+    pub direction: Option<crate::proxy::Direction>,
+    /// Lab 8: how long a network fault lasted (at its end).
+    pub lasted_ms: Option<u64>,
+    /// Lab 8: the worker behind the path was seen running (never stopped) every time the
+    /// lab looked at its process while the fault lasted (at its end).
+    pub process_ran: Option<bool>,
 }
 
 impl FaultFacts {
@@ -531,3 +550,14 @@ impl From<RoundFacts> for What {
         What::Round(facts)
     }
 }
+
+/// Lab 8: what a holder found when it checked, just before writing, that the lock was still
+/// its own (Redis: its owner value in the key, and the key's PTTL).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Checked {
+    pub still_ours: Option<bool>,
+    pub pttl_ms: Option<i64>,
+}
+
+one_kind!(Checked);

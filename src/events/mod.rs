@@ -121,6 +121,14 @@ pub enum What {
     StaleWriteAccepted(StaleWrite),
     /// The store decided an old holder's write after the next holder's, and refused it.
     StaleWriteRejected(StaleWrite),
+
+    // Lab 8 (`network`).
+    /// A network fault began on a path of the fault proxy (by the nemesis).
+    NetFault(FaultFacts),
+    /// A network fault ended: the path carries bytes again (by the nemesis).
+    NetHealed(FaultFacts),
+    /// A holder checked, just before writing, that the lock was still its own.
+    Checked(Checked),
 }
 
 impl std::fmt::Display for Kind {

@@ -10,6 +10,7 @@ pub mod failover;
 pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
+pub mod network;
 pub mod no_lock;
 pub mod redlock;
 pub mod runner;

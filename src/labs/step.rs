@@ -323,3 +323,55 @@ mod tests {
         assert!(lines.iter().all(|l| l.chars().count() <= 10));
     }
 }
+
+pub mod network {
+    use super::Checkpoint;
+
+    /// Before a run's workers start: no lock is held yet, no timer runs.
+    pub fn before_run(fenced: bool) -> &'static Checkpoint {
+        if fenced {
+            &BEFORE_FENCED
+        } else {
+            &BEFORE_UNFENCED
+        }
+    }
+
+    const BEFORE_UNFENCED: Checkpoint = Checkpoint {
+        name: "before the delayed write (without fencing)",
+        question: "A takes the lock, checks that it still holds it with time to spare, and \
+                   sends its write. Nobody pauses A. The network holds the write until A's \
+                   lease has run out and B has written. Whose result is in the store at the \
+                   end? Would checking the lock once more have helped?",
+    };
+
+    const BEFORE_FENCED: Checkpoint = Checkpoint {
+        name: "before the fenced run",
+        question: "The same delay, but every acquisition draws a fencing token and the store \
+                   keeps the highest it accepted. When A's write finally arrives, what does \
+                   the store compare, and what does it decide?",
+    };
+
+    /// Before a run of the cut: no lock is held yet.
+    pub fn before_cut(fenced: bool) -> &'static Checkpoint {
+        if fenced { &CUT_FENCED } else { &CUT_UNFENCED }
+    }
+
+    const CUT_UNFENCED: Checkpoint = Checkpoint {
+        name: "before the cut (without fencing)",
+        question: "A holds a Redis lock renewed by a heartbeat. The network cuts A off from \
+                   Redis, not from the store. What happens to the renewals, and to the lease \
+                   in Redis? Who writes last?",
+    };
+
+    const CUT_FENCED: Checkpoint = Checkpoint {
+        name: "before the fenced cut",
+        question: "The same cut, with fencing tokens. A never learns in time that its lease \
+                   ended. What stops its write?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "A was never paused and checked its lock before writing. Which evidence \
+                   shows the write was stale anyway, and which part of the system stopped it?",
+    };
+}

@@ -14,11 +14,20 @@
 //! | `resume`  | SIGCONT                          | the pause ends; the process never noticed   |
 //! | `kill`    | SIGKILL, then reaped             | a crash: no cleanup code runs               |
 //! | `restart` | SIGKILL, then started again      | a crash and a reboot (with or without data) |
+//! | `hold`    | the proxy queues a path's bytes  | a write in flight, late past the lease      |
+//! | `delay`   | the proxy delays every chunk     | a congested or rerouted link                |
+//! | `cut`     | the proxy resets or swallows     | a partition: one server out of reach        |
+//! | `drop_reply` | the proxy loses one answer    | a request applied whose reply never came    |
+//! | `heal`    | the proxy clears the path        | the link works again                        |
+//!
+//! Network faults ([`network`]) are aimed at a path of the fault proxy ([`crate::proxy`]):
+//! one worker's link to one server, so no other worker and no process is touched.
 //!
 //! A pause on a *server* freezes it the same way: its kernel still accepts connections and
 //! nothing answers them. A [`Schedule`](schedule::Schedule) is a list of faults with their
 //! times, which a lab writes by hand or a generator draws from a seed.
 
+pub mod network;
 pub mod schedule;
 pub mod victims;
 
@@ -41,6 +50,11 @@ impl Fault {
             Fault::Resume => "resume",
             Fault::Kill => "kill",
             Fault::Restart => "restart",
+            Fault::Hold => "hold",
+            Fault::Delay => "delay",
+            Fault::Cut => "cut",
+            Fault::DropReply => "drop_reply",
+            Fault::Heal => "heal",
         }
     }
 
@@ -50,6 +64,8 @@ impl Fault {
             Fault::Pause => What::Frozen(facts),
             Fault::Resume => What::Resumed(facts),
             Fault::Kill | Fault::Restart => What::Killed(facts),
+            Fault::Hold | Fault::Delay | Fault::Cut | Fault::DropReply => What::NetFault(facts),
+            Fault::Heal => What::NetHealed(facts),
         }
     }
 }
@@ -117,6 +133,8 @@ struct Active {
 #[derive(Default)]
 pub struct Nemesis {
     paused: HashMap<i32, Active>,
+    /// Network faults on, by proxy path, with when each began.
+    net: HashMap<String, Instant>,
 }
 
 /// Who acts, on the timeline: the nemesis's events stand in the lab's own lane.
@@ -279,7 +297,7 @@ fn alive_pid(victim: &dyn Victim) -> Result<i32> {
 /// the pid it hit and whether it starts or ends the fault, then the lab's own facts.
 pub fn fault_event(fault: Fault, target: &str, pid: i32, note: impl Into<Note>) -> Event {
     let note = note.into();
-    let phase = if fault == Fault::Resume {
+    let phase = if matches!(fault, Fault::Resume | Fault::Heal) {
         Phase::End
     } else {
         Phase::Start

@@ -34,8 +34,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+mod url;
+pub use url::{through, upstream_of};
+
 /// Which way the bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Client to server: requests.
@@ -153,6 +156,11 @@ impl Proxy {
     /// Where clients connect instead of the server.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The path's name in reports and in the history (`A→store`).
+    pub fn path(&self) -> &str {
+        &self.shared.path
     }
 
     /// Puts a fault on one direction (replacing the one there). A cut acts at once on every

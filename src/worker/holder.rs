@@ -100,6 +100,10 @@ pub enum BeforeWrite {
     WorkUntilTold,
     /// Work this long, watching the clock: a freeze from outside shows as a jump.
     Work { ms: u64 },
+    /// Work until the lab says `finish`, then check that the lock is still ours (Redis:
+    /// our owner value in the key, with time left) and write only if it is — the check
+    /// that cannot help when the write itself is late (lab 8).
+    WorkUntilToldThenCheck,
 }
 
 /// What the holder does after writing.
@@ -274,12 +278,17 @@ impl AnyLock {
 
     /// The lock still holds `owner` (Redis: the key holds our value and has time left).
     fn still_ours(&mut self, owner: &str) -> Result<bool> {
+        Ok(self.check(owner)?.0)
+    }
+
+    /// Whether the lock still holds `owner`, and the key's PTTL as Redis answered it.
+    fn check(&mut self, owner: &str) -> Result<(bool, i64)> {
         match self {
             AnyLock::Redis { lock, .. } => {
                 let (now, pttl) = lock.owner_and_pttl().context("reading the lock back")?;
-                Ok(now.as_deref() == Some(owner) && pttl > 0)
+                Ok((now.as_deref() == Some(owner) && pttl > 0, pttl))
             }
-            _ => bail!("a token from a sequence is drawn only with the Redis lock here"),
+            _ => bail!("a holder checks its lock before writing only on Redis here"),
         }
     }
 
@@ -513,6 +522,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
             );
         }
     }
+    let owner = grant.owner.clone();
     me.send(me.event(
         facts::Acquired {
             lock: Some(script.lock.name().to_string()),
@@ -566,6 +576,29 @@ pub fn run(script: &HolderScript) -> Result<()> {
                     ),
                 );
             }
+        }
+        BeforeWrite::WorkUntilToldThenCheck => {
+            me.say(What::Working, "works while holding the lock");
+            await_command("finish")?;
+            let (still_ours, pttl) = lock.check(&owner)?;
+            let facts = facts::Checked {
+                still_ours: Some(still_ours),
+                pttl_ms: Some(pttl),
+            };
+            if !still_ours {
+                me.say(
+                    facts,
+                    "finishes, checks the lock before writing: it is no longer its own, so it does not write",
+                );
+                me.say(facts::Released::default(), lock.release()?.text);
+                return Ok(());
+            }
+            me.say(
+                facts,
+                format!(
+                    "finishes, checks the lock before writing: its owner value is still there, PTTL {pttl}ms left — it sends its write"
+                ),
+            );
         }
     }
 

@@ -1,0 +1,173 @@
+//! Lab 8 — a stale write with no pause at all: the network delays it.
+//!
+//! ```text
+//!  A  takes the lock (TTL 1s) · checks it: still A's, PTTL 600ms · sends its write ──┐
+//!     proxy A→store: the write waits in flight ─────────────────────────────────────┼──▶ arrives ✗
+//!  B       tries… tries…   A's key expires ──▶ takes the lock, writes ✓              │
+//! ```
+//!
+//! A is never paused. Its process runs throughout; it even checks, just before it writes,
+//! that its owner value is still in the key with time to spare. What is late is the write
+//! itself: the fault proxy ([`crate::proxy`]) on A's path to the store holds it until the
+//! lease has run out and B has taken the lock and written. No check made *before* sending
+//! can see what happens to the bytes *after*: without fencing the store takes A's write on
+//! top of B's; with fencing it compares tokens when the write arrives and refuses it.
+//!
+//! The nemesis puts the hold on the path and lifts it, and records both; the lab looks at
+//! A's process while the write waits, so that the verdict can say A ran throughout.
+//!
+//! The second story cuts A off from Redis instead, not from the store: A's lock is renewed
+//! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes
+//! the lock — and A, which nothing told to stop, writes.
+//!
+//! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
+//! - [`verdict`]: what each run shows, decided by [`crate::check::network`].
+
+mod cut_off;
+mod delayed;
+mod scene;
+pub mod verdict;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::leftovers::Leftovers;
+use super::runner::{self, Lab, Run};
+use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
+use crate::connect::Backend;
+use crate::output::human;
+use crate::servers::ServerArgs;
+use crate::store::Store;
+use verdict::Verdict;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  lockslab network                       both runs: A's write held in flight past
+                                         its lease, without and with fencing
+  lockslab network --fencing off         only the run without fencing
+  lockslab network --scenario cut-off    A cut off from Redis, not from the store
+  lockslab network --ttl 3s              a longer lease: the write waits longer
+  lockslab network --json | jq .        events and verdict as JSON Lines
+
+By hand, in two terminals: `lockslab up`, then a worker whose store URL points
+through a proxy you start (see labs/08-network.md).", crate::lab_exit_status_help!()))]
+pub struct NetworkArgs {
+    /// How long the lock lives in Redis (200ms to 10m)
+    #[arg(long, default_value = "1s", value_parser = parse_ttl, value_name = "DURATION")]
+    pub ttl: Duration,
+    /// Which runs to play: without fencing, with it, or both side by side
+    #[arg(long, value_enum, default_value_t = Fencing::Both)]
+    pub fencing: Fencing,
+    /// Which stories: the write delayed in flight, A cut off from Redis, or both
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    pub scenario: Scenario,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// Below 200ms, process start-up and Redis's expiry cycle blur the story.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration_in(Duration::ZERO, LONGEST_LAB_WAIT)(text)?;
+    if ttl < Duration::from_millis(200) {
+        return Err("use at least 200ms: shorter, and process start-up blurs the story".into());
+    }
+    Ok(ttl)
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    Off,
+    On,
+    Both,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// A checks its lock and sends its write; the proxy holds the write past the lease
+    DelayedWrite,
+    /// The proxy cuts A off from Redis (a renewed lock) but not from the store
+    CutOff,
+    All,
+}
+
+/// The lab as the flags ask for it (every flag checked by its parser).
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) ttl: Duration,
+    /// The runs to play, in order: which story, fenced or not.
+    runs: Vec<(Scenario, bool)>,
+}
+
+impl Plan {
+    fn from(args: &NetworkArgs) -> Plan {
+        Plan {
+            ttl: args.ttl,
+            runs: {
+                let fencing = match args.fencing {
+                    Fencing::Off => vec![false],
+                    Fencing::On => vec![true],
+                    Fencing::Both => vec![false, true],
+                };
+                let scenarios = match args.scenario {
+                    Scenario::All => vec![Scenario::DelayedWrite, Scenario::CutOff],
+                    one => vec![one],
+                };
+                scenarios
+                    .into_iter()
+                    .flat_map(|s| fencing.iter().map(move |&f| (s, f)))
+                    .collect()
+            },
+        }
+    }
+}
+
+/// `lockslab network`.
+pub fn run(args: &NetworkArgs) -> Result<()> {
+    let mut plan = Plan::from(args);
+    runner::run(&mut plan, args.output.json, &args.servers)
+}
+
+impl Lab for Plan {
+    type Verdict = Verdict;
+
+    fn name(&self) -> &'static str {
+        "network"
+    }
+
+    fn needs(&self) -> Vec<Backend> {
+        vec![Backend::Redis, Backend::Postgres]
+    }
+
+    fn intro(&self, _run: &Run) -> Vec<String> {
+        vec![format!(
+            "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
+            human(self.ttl)
+        )]
+    }
+
+    fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
+        leftovers
+            .store(run.url(Backend::Postgres))
+            .redis(run.url(Backend::Redis))
+    }
+
+    fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        let mut store = Store::connect(run.url(Backend::Postgres))?;
+        store.prepare()?;
+        let mut runs = Vec::new();
+        for &(scenario, fenced) in &self.runs {
+            runs.push(match scenario {
+                Scenario::CutOff => cut_off::play(self, run, fenced, &mut store)?,
+                _ => delayed::play(self, run, fenced, &mut store)?,
+            });
+        }
+        Ok(Verdict {
+            runs,
+            ttl: self.ttl,
+        })
+    }
+}

@@ -1,0 +1,227 @@
+//! What both stories of lab 8 share: the stage and its proxy on one path of A's, the two
+//! holders' scripts, watching A's process while the fault lasts, and the ending — the fault
+//! healed, the workers let go, the store read back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use colored::Colorize;
+
+use super::Plan;
+use super::verdict::{RunVerdict, heard, store_line};
+use crate::connect::Backend;
+use crate::events::facts::{self, FaultFacts};
+use crate::events::{Event, Kind};
+use crate::labs::runner::Run;
+use crate::labs::{Stage, WorkerHandle, step};
+use crate::nemesis::{Nemesis, Note};
+use crate::procs;
+use crate::proxy::{self, Direction, Proxy};
+use crate::store::{FenceRule, Store};
+use crate::worker::WorkerSpec;
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
+
+/// One run of a story: its stage, the proxy on A's path, and the names of its lock and
+/// resource.
+pub(super) struct Scene<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) run: &'a Run,
+    pub(super) scenario: &'static str,
+    pub(super) fenced: bool,
+    pub(super) stage: Stage,
+    pub(super) nemesis: Nemesis,
+    /// A's path to `server` (`A→store`, `A→redis`), and A's URL for that server through it.
+    pub(super) path: Proxy,
+    pub(super) url_through: String,
+    lock_key: String,
+    resource: String,
+}
+
+impl<'a> Scene<'a> {
+    /// Sets the stage (heading, tags, `--step` stop) and puts a proxy on A's path to the
+    /// server at `server_url`.
+    pub(super) fn open(
+        plan: &'a Plan,
+        run: &'a Run,
+        (scenario, heading): (&'static str, &str),
+        fenced: bool,
+        at: &step::Checkpoint,
+        (path, server_url): (&str, &str),
+    ) -> Result<Scene<'a>> {
+        let label = if fenced { "fenced" } else { "unfenced" };
+        let mut stage = Stage::on_clock(run.style, run.started);
+        stage.timeline.say("");
+        let heading = if fenced {
+            format!("── {heading}, with fencing tokens ──")
+                .green()
+                .bold()
+        } else {
+            format!("── {heading}, without fencing ──").red().bold()
+        };
+        stage.timeline.say(&heading.to_string());
+        stage.tags().scenario = Some(scenario.into());
+        stage.tags().fencing = Some(fenced);
+        stage.checkpoint(at);
+        let run_id = run.id.as_str();
+        let lock_key = format!("lockslab:{run_id}:network:{scenario}:{label}:lock");
+        let proxy = Proxy::start(path, proxy::upstream_of(server_url)?)?;
+        let url_through = proxy::through(server_url, proxy.addr())?;
+        stage.record(Event::new(
+            "lab",
+            facts::RunFacts {
+                run_id: Some(run_id.into()),
+                lock_key: Some(lock_key.clone()),
+                ..facts::RunFacts::default()
+            },
+            format!(
+                "run {run_id}: the lock is the Redis key {lock_key}; the path {path} goes through the fault proxy on {}",
+                proxy.addr()
+            ),
+        ));
+        Ok(Scene {
+            plan,
+            run,
+            scenario,
+            fenced,
+            stage,
+            nemesis: Nemesis::new(),
+            path: proxy,
+            url_through,
+            lock_key,
+            resource: format!("network-{scenario}-{label}"),
+        })
+    }
+
+    /// The Redis key of the run's lock.
+    pub(super) fn lock_key(&self) -> &str {
+        &self.lock_key
+    }
+
+    /// A holder's script on the scene's lock and resource, with its own URLs.
+    pub(super) fn holder(
+        &self,
+        name: &str,
+        (redis_url, store_url): (&str, &str),
+        renew: bool,
+        (before_write, after_write): (BeforeWrite, AfterWrite),
+    ) -> HolderScript {
+        let run_id = self.run.id.as_str();
+        HolderScript {
+            name: name.into(),
+            lock: LockSpec::Redis {
+                url: redis_url.into(),
+                key: self.lock_key.clone(),
+                ttl_ms: self.plan.ttl.as_millis() as u64,
+                fence_counter: self
+                    .fenced
+                    .then(|| format!("lockslab:{run_id}:network:fence")),
+                renew,
+            },
+            store_url: store_url.into(),
+            run_id: run_id.into(),
+            resource: self.resource.clone(),
+            wait_ms: (self.plan.ttl * 3 + Duration::from_secs(10)).as_millis() as u64,
+            before_write,
+            after_write,
+            fence_rule: FenceRule::NotLower,
+            token_sequence: None,
+        }
+    }
+
+    /// Starts B, on direct paths to Redis and the store: it waits for the lock, writes at
+    /// once, and keeps the lock until told.
+    pub(super) fn spawn_b(&mut self) -> Result<WorkerHandle> {
+        let urls = (
+            self.run.url(Backend::Redis),
+            self.run.url(Backend::Postgres),
+        );
+        let script = self.holder(
+            "B",
+            urls,
+            false,
+            (BeforeWrite::Nothing, AfterWrite::HoldUntilTold),
+        );
+        self.stage.spawn("B", &WorkerSpec::Holder(script))
+    }
+
+    /// Shows events until B has written, calling `tick` (before each event is shown) and
+    /// looking at A's process each time: it must be running, or asleep in a read, never
+    /// stopped. Returns whether it never was, with how many looks.
+    pub(super) fn until_b_wrote(
+        &mut self,
+        a: &WorkerHandle,
+        mut tick: impl FnMut(&mut Stage) -> Result<()>,
+    ) -> Result<(bool, u64)> {
+        let (mut looks, mut stopped) = (0u64, 0u64);
+        let deadline = Instant::now() + self.plan.ttl * 3 + Duration::from_secs(15);
+        while self.stage.saw("B", Kind::Wrote).is_none() {
+            if Instant::now() > deadline {
+                bail!(
+                    "B did not write within {:?}",
+                    self.plan.ttl * 3 + Duration::from_secs(15)
+                );
+            }
+            if let Some(failed) = self.stage.log.iter().find(|e| e.kind() == Kind::Error) {
+                bail!("worker {} failed: {}", failed.worker, failed.text);
+            }
+            self.stage
+                .run_until(Instant::now() + Duration::from_millis(20), |stage| {
+                    looks += 1;
+                    if procs::process_state(a.pid) == Some('T') {
+                        stopped += 1;
+                    }
+                    tick(stage)
+                })?;
+        }
+        Ok((looks > 0 && stopped == 0, looks))
+    }
+
+    /// Lifts the fault on A's path (its end recorded with what the lab saw of A's process).
+    pub(super) fn heal(&mut self, what: &str, (ran, looks): (bool, u64)) {
+        let words = if ran {
+            format!(
+                "{what}, after B wrote; A's process was never stopped in the {looks} looks the lab took at it"
+            )
+        } else {
+            format!("{what}, after B wrote; A's process was seen stopped (state T)")
+        };
+        let facts = FaultFacts {
+            process_ran: Some(ran),
+            ..FaultFacts::default()
+        };
+        self.nemesis.heal_net(
+            &mut self.stage,
+            &self.path,
+            Direction::Up,
+            Note::new(words, facts),
+        );
+    }
+
+    /// Lets A write and both let go, then reads the store back into the run's verdict.
+    pub(super) fn end(
+        mut self,
+        (mut a, mut b): (WorkerHandle, WorkerHandle),
+        store: &mut Store,
+        a_told: bool,
+    ) -> Result<RunVerdict> {
+        if a_told {
+            a.tell("finish")?;
+        }
+        let stage = &mut self.stage;
+        let long = self.plan.ttl + Duration::from_secs(15);
+        stage.wait_for(long, "A's write to be answered", |e| e.is("A", Kind::Wrote))?;
+        stage.wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        b.tell("finish")?;
+        stage.wait_for(long, "B to release", |e| e.is("B", Kind::Released))?;
+        a.finish(Duration::from_secs(5));
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+        let heard = heard(&stage.log)?;
+        let read = store.read_back(&self.run.id, &self.resource)?;
+        let verdict = RunVerdict::judge(self.scenario, self.fenced, &heard, read)?;
+        if let Some(event) = store_line(&verdict, &self.resource) {
+            stage.record(event);
+        }
+        Ok(verdict)
+    }
+}

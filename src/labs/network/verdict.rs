@@ -1,0 +1,367 @@
+//! Lab 8's verdict: what each run shows, decided by [`crate::check::network`] from Redis's
+//! answers, the proxy's record and the store's, and the table and sentences that say it.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::check::LateWrite;
+use crate::check::network::{self as checks, Evidence};
+use crate::events::facts::{Fault, StaleWrite};
+use crate::events::{Event, Kind, What};
+use crate::labs::runner;
+use crate::lock::redis::Release;
+use crate::output::{human, table};
+use crate::store::{Attempt, ReadBack};
+use crate::worker::holder::release_of;
+
+/// Every run of the lab.
+pub struct Verdict {
+    pub runs: Vec<RunVerdict>,
+    pub ttl: Duration,
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("ttl_ms".into(), (self.ttl.as_millis() as u64).into());
+        fields.insert(
+            "runs".into(),
+            serde_json::to_value(&self.runs).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn print(&self) {
+        print_verdicts(&self.runs);
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::network::VERDICT)
+    }
+}
+
+/// What the servers and the proxy said in one run, as its history reports it.
+#[derive(Clone, Debug, Default)]
+pub struct Heard {
+    /// A's check before writing: still its own, and the PTTL Redis answered.
+    pub a_check: Option<(bool, i64)>,
+    /// How long the fault on A's path lasted (the hold of its write, or the cut), and
+    /// whether A's process ran meanwhile.
+    pub held_ms: Option<u64>,
+    pub a_process_ran: Option<bool>,
+    /// A freeze or kill of A in the history.
+    pub a_struck: bool,
+    pub a_release: Option<Release>,
+    pub b_owner: Option<String>,
+    pub b_release: Option<Release>,
+    /// On the lab's clock (ms, as reported): A's heartbeat gave the lock up, Redis's key
+    /// was seen gone, B's grant, A's write answered.
+    pub a_lost_ms: Option<u64>,
+    pub expired_ms: Option<u64>,
+    pub b_granted_ms: Option<u64>,
+    pub a_wrote_ms: Option<u64>,
+}
+
+/// Reads one run's history for the checkers.
+pub fn heard(log: &[Event]) -> Result<Heard> {
+    let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
+    let heal = log.iter().find_map(|e| match &e.what {
+        // A's path: to the store (the delayed write) or to Redis (the cut).
+        What::NetHealed(facts) if facts.target.as_deref().is_some_and(|t| t.starts_with("A→")) => {
+            Some(facts)
+        }
+        _ => None,
+    });
+    let a_struck = log.iter().any(|e| match &e.what {
+        What::Frozen(f) | What::Killed(f) => f.target.as_deref() == Some("A"),
+        _ => false,
+    }) || saw("A", Kind::Freezing).is_some();
+    Ok(Heard {
+        a_check: saw("A", Kind::Checked).and_then(|e| match &e.what {
+            What::Checked(c) => Some((c.still_ours?, c.pttl_ms?)),
+            _ => None,
+        }),
+        held_ms: heal.and_then(|f| f.lasted_ms),
+        a_process_ran: heal.and_then(|f| f.process_ran),
+        a_struck,
+        a_release: saw("A", Kind::Released).and_then(release_of),
+        b_owner: saw("B", Kind::Acquired)
+            .and_then(|e| e.owner())
+            .map(String::from),
+        b_release: saw("B", Kind::Released).and_then(release_of),
+        a_lost_ms: saw("A", Kind::Lost).map(|e| e.t_ms),
+        expired_ms: saw("redis", Kind::Expired).map(|e| e.t_ms),
+        b_granted_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
+        a_wrote_ms: saw("A", Kind::Wrote).map(|e| e.t_ms),
+    })
+}
+
+/// The store's line on the timeline when A's write was decided after B's.
+pub fn store_line(verdict: &RunVerdict, resource: &str) -> Option<Event> {
+    let holds = verdict.final_writer.clone().unwrap_or("nobody".into());
+    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+        LateWrite::Accepted => (
+            What::StaleWriteAccepted,
+            format!(
+                "decided A's late write after B's and took it: it holds {holds}'s result, B's is lost"
+            ),
+        ),
+        LateWrite::Rejected => (
+            What::StaleWriteRejected,
+            format!(
+                "decided A's late write after B's and refused its lower token: it holds {holds}'s result"
+            ),
+        ),
+        LateWrite::None => return None,
+    };
+    let facts = StaleWrite {
+        final_writer: Some(holds),
+        resource: Some(resource.into()),
+        ..StaleWrite::default()
+    };
+    Some(Event::new("store", kind(facts), text))
+}
+
+/// The network faults of a history, for a reader who wants to check the hold was the only
+/// one: (fault, path) in the order recorded.
+pub fn net_faults(log: &[Event]) -> Vec<(Fault, String)> {
+    log.iter()
+        .filter_map(|e| match &e.what {
+            What::NetFault(f) | What::NetHealed(f) => {
+                Some((f.fault?, f.target.clone().unwrap_or_default()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// What one run found; every field from Redis's answers, the proxy's record or the store's.
+#[derive(Serialize, Debug, Clone)]
+pub struct RunVerdict {
+    /// `delayed-write` or `cut-off`.
+    pub scenario: &'static str,
+    pub fencing: bool,
+    /// A checked just before writing: its owner value in the key, with PTTL left.
+    pub a_checked_ours: Option<bool>,
+    /// The PTTL Redis answered A's check.
+    pub a_check_pttl_ms: Option<i64>,
+    /// How long the hold on A's path to the store lasted (A's write, sent after its check,
+    /// waited in it until the end).
+    pub held_ms: Option<u64>,
+    /// A was never paused (no freeze in the history; its process seen running throughout).
+    pub a_never_paused: Option<bool>,
+    /// The cut's timing on the lab's clock (ms; null where the scenario has none): A's
+    /// heartbeat gave the lock up, the lab saw A's key gone from Redis, B's grant, A's write.
+    pub a_renewal_lost_ms: Option<u64>,
+    pub a_key_expired_ms: Option<u64>,
+    pub b_granted_ms: Option<u64>,
+    pub a_wrote_ms: Option<u64>,
+    /// Redis granted B the lock while A still believed it held it.
+    pub two_holders: Option<bool>,
+    /// A's write in the store's decision order relative to B's accepted write.
+    pub late_write: LateWrite,
+    pub final_value: Option<String>,
+    pub final_writer: Option<String>,
+    pub final_token: Option<i64>,
+    /// Every write attempt, in the order the database decided them.
+    pub attempts: Vec<Attempt>,
+}
+
+impl RunVerdict {
+    pub fn judge(
+        scenario: &'static str,
+        fenced: bool,
+        heard: &Heard,
+        read: ReadBack,
+    ) -> Result<RunVerdict> {
+        let Ok(found) = checks::judge(&Evidence {
+            a_check: heard.a_check,
+            a_process_ran: heard.a_process_ran,
+            a_struck: heard.a_struck,
+            a_release: heard.a_release.as_ref(),
+            b_owner: heard.b_owner.as_deref(),
+            b_release: heard.b_release.as_ref(),
+            attempts: &read.attempts,
+            final_writer: read.final_writer.as_deref(),
+        }) else {
+            bail!(
+                "the store's record disagrees with itself: its final writer is {:?} but its last accepted attempt is not",
+                read.final_writer
+            );
+        };
+        let cut = scenario == "cut-off";
+        Ok(RunVerdict {
+            scenario,
+            fencing: fenced,
+            a_renewal_lost_ms: heard.a_lost_ms,
+            a_key_expired_ms: heard.expired_ms,
+            b_granted_ms: cut.then_some(heard.b_granted_ms).flatten(),
+            a_wrote_ms: cut.then_some(heard.a_wrote_ms).flatten(),
+            a_checked_ours: found.a_checked_ours.as_option(),
+            a_check_pttl_ms: heard.a_check.map(|(_, pttl)| pttl),
+            held_ms: heard.held_ms,
+            a_never_paused: found.a_never_paused.as_option(),
+            two_holders: found.two_holders.as_option(),
+            late_write: found.late_write,
+            final_value: read.final_value,
+            final_writer: read.final_writer,
+            final_token: read.final_token,
+            attempts: read.attempts,
+        })
+    }
+
+    fn title(&self) -> &'static str {
+        if self.fencing {
+            "with fencing"
+        } else {
+            "without fencing"
+        }
+    }
+
+    fn token_of(&self, writer: &str) -> String {
+        self.attempts
+            .iter()
+            .rev()
+            .find(|a| a.writer == writer)
+            .and_then(|a| a.token)
+            .map_or("?".into(), |t| t.to_string())
+    }
+
+    /// What the run shows, in sentences drawn from the same fields as the table.
+    fn meaning(&self) -> String {
+        let at =
+            |ms: Option<u64>| ms.map_or("?".into(), |ms| format!("+{:.3}s", ms as f64 / 1000.0));
+        let story = if self.scenario == "cut-off" {
+            format!(
+                "Cut off from Redis, A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_lost_ms),
+                at(self.a_key_expired_ms),
+                at(self.b_granted_ms),
+                at(self.a_wrote_ms)
+            )
+        } else {
+            match (self.a_checked_ours, self.a_check_pttl_ms, self.held_ms) {
+                (Some(true), Some(pttl), Some(held)) => format!(
+                    "A checked its lock just before writing ({pttl}ms left) and sent its write into a hold on its path to the store that lasted {}.",
+                    human(Duration::from_millis(held))
+                ),
+                _ => "A's check or the hold was not recorded.".to_string(),
+            }
+        };
+        let paused = match self.a_never_paused {
+            Some(true) => " A was never paused: its process ran throughout.",
+            Some(false) => {
+                " A was paused at some point, so this run does not show a pause-free stale write."
+            }
+            None => "",
+        };
+        let store = match self.late_write {
+            LateWrite::Accepted => {
+                "The store decided A's write after B's and took it: B's result is lost.".to_string()
+            }
+            LateWrite::Rejected => format!(
+                "The store refused A's token {} when the write arrived, because it had accepted B's token {}: B's result stands.",
+                self.token_of("A"),
+                self.token_of("B")
+            ),
+            LateWrite::None => {
+                "The store decided A's write before B's: no stale write this time.".to_string()
+            }
+        };
+        format!("{story}{paused} {store}")
+    }
+}
+
+/// One table per scenario, in the order they ran.
+fn print_verdicts(verdicts: &[RunVerdict]) {
+    let mut scenarios: Vec<&str> = verdicts.iter().map(|v| v.scenario).collect();
+    scenarios.dedup();
+    for scenario in scenarios {
+        let runs: Vec<&RunVerdict> = verdicts.iter().filter(|v| v.scenario == scenario).collect();
+        print_scenario(scenario, &runs);
+    }
+}
+
+fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
+    let yes_no = |b: Option<bool>| match b {
+        Some(true) => "yes".to_string(),
+        Some(false) => "no".to_string(),
+        None => "unknown".yellow().to_string(),
+    };
+    let at = |ms: Option<u64>| ms.map_or("-".into(), |ms| format!("+{:.3}s", ms as f64 / 1000.0));
+    let header: Vec<&str> = std::iter::once("evidence")
+        .chain(verdicts.iter().map(|v| v.title()))
+        .collect();
+    let row = |name: &str, cell: &dyn Fn(&RunVerdict) -> String| {
+        std::iter::once(name.to_string())
+            .chain(verdicts.iter().map(|v| cell(v)))
+            .collect::<Vec<_>>()
+    };
+    let mut rows = if scenario == "cut-off" {
+        vec![
+            row("A's heartbeat gave up (A)", &|v| at(v.a_renewal_lost_ms)),
+            row("A's key gone (Redis)", &|v| at(v.a_key_expired_ms)),
+            row("B granted (Redis)", &|v| at(v.b_granted_ms)),
+            row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
+        ]
+    } else {
+        vec![
+            row("A checked its lock before writing", &|v| match (
+                v.a_checked_ours,
+                v.a_check_pttl_ms,
+            ) {
+                (Some(true), Some(pttl)) => format!("ours, PTTL {pttl}ms"),
+                (ours, _) => yes_no(ours),
+            }),
+            row("hold on A→store (proxy)", &|v| {
+                v.held_ms
+                    .map_or("none".into(), |ms| human(Duration::from_millis(ms)))
+            }),
+        ]
+    };
+    rows.extend([
+        row("A never paused (/proc, history)", &|v| {
+            yes_no(v.a_never_paused)
+        }),
+        row("two holders at once (Redis)", &|v| yes_no(v.two_holders)),
+        row("A's late write (store)", &|v| match v.late_write {
+            LateWrite::Accepted => "ACCEPTED after B's".red().bold().to_string(),
+            LateWrite::Rejected => "refused after B's".green().bold().to_string(),
+            LateWrite::None => "none".to_string(),
+        }),
+        row("last accepted writer (store)", &|v| {
+            v.final_writer.clone().unwrap_or("nobody".into())
+        }),
+        row("attempts in decision order", &|v| {
+            v.attempts
+                .iter()
+                .map(|a| {
+                    let token = a.token.map_or("-".into(), |t| t.to_string());
+                    let ok = if a.accepted { "ok" } else { "no" };
+                    format!("{}:{token}→{ok}", a.writer)
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+    ]);
+    let title = if scenario == "cut-off" {
+        "Verdict: cut off from Redis"
+    } else {
+        "Verdict: the delayed write"
+    };
+    crate::outln!();
+    crate::prose!("{}", title.bold());
+    crate::prose!("{}", table(&header, &rows));
+    crate::outln!();
+    for verdict in verdicts {
+        crate::prose!(
+            "  {} {}",
+            format!("{}:", verdict.title()).bold(),
+            verdict.meaning()
+        );
+    }
+}

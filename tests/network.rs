@@ -1,0 +1,247 @@
+//! Lab 8 against real Redis and Postgres, A's store path through the fault proxy: the
+//! verdicts are read back from the store, and the history is read as typed events.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::*;
+use lockslab::events::facts::{Fault, Phase};
+use lockslab::events::{Event, Kind, What};
+use lockslab::proxy::Direction;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+fn run_of<'a>(verdict: &'a Value, scenario: &str, fencing: bool) -> &'a Value {
+    verdict["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|run| run["scenario"] == scenario && run["fencing"] == fencing)
+        .unwrap_or_else(|| panic!("no run with fencing={fencing} in {verdict}"))
+}
+
+/// The events of one run (fenced or not), typed.
+fn history(lines: &[Value], scenario: &str, fenced: bool) -> Vec<Event> {
+    lines
+        .iter()
+        .filter(|e| e["kind"] != "verdict" && e["scenario"] == scenario && e["fencing"] == fenced)
+        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
+        .collect()
+}
+
+fn position(log: &[Event], what: impl Fn(&Event) -> bool) -> usize {
+    log.iter()
+        .position(what)
+        .unwrap_or_else(|| panic!("not in the history: {log:#?}"))
+}
+
+#[test]
+fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
+    let (lines, verdict, _) =
+        run_json(&["network", "--ttl", "500ms", "--scenario", "delayed-write"]);
+    for fenced in [false, true] {
+        let log = history(&lines, "delayed-write", fenced);
+        // A checked its lock just before writing, and Redis said it was still A's.
+        let checked = position(&log, |e| e.is("A", Kind::Checked));
+        let What::Checked(check) = &log[checked].what else {
+            unreachable!()
+        };
+        assert_eq!(check.still_ours, Some(true), "{check:?}");
+        assert!(check.pttl_ms.unwrap() > 0, "{check:?}");
+        // The nemesis put the hold on A's path to the store before A wrote, and lifted it
+        // only after B's write: A's write was in the proxy all along.
+        let hold = position(
+            &log,
+            |e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::Hold)),
+        );
+        let heal = position(&log, |e| matches!(&e.what, What::NetHealed(_)));
+        let (What::NetFault(start), What::NetHealed(end)) = (&log[hold].what, &log[heal].what)
+        else {
+            unreachable!()
+        };
+        assert_eq!(start.target.as_deref(), Some("A→store"));
+        assert_eq!(start.direction, Some(Direction::Up));
+        assert_eq!(start.phase, Some(Phase::Start));
+        assert_eq!(
+            (end.fault, end.phase),
+            (Some(Fault::Heal), Some(Phase::End))
+        );
+        assert_eq!(end.process_ran, Some(true), "A ran throughout the hold");
+        let b_wrote = position(&log, |e| e.is("B", Kind::Wrote));
+        let a_wrote = position(&log, |e| e.is("A", Kind::Wrote));
+        assert!(hold < checked && checked < b_wrote && b_wrote < heal && heal < a_wrote);
+        // Nobody paused A: no freeze of any kind in the run.
+        assert!(
+            !log.iter()
+                .any(|e| matches!(e.kind(), Kind::Frozen | Kind::Freezing | Kind::Resumed)),
+            "no pause in a network lab"
+        );
+
+        let run = run_of(&verdict, "delayed-write", fenced);
+        assert_eq!(run["a_checked_ours"], true, "{run}");
+        assert_eq!(run["a_never_paused"], true, "{run}");
+        assert_eq!(run["two_holders"], true, "{run}");
+        let attempts: Vec<(&str, bool)> = run["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["writer"].as_str().unwrap(),
+                    a["accepted"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        if fenced {
+            assert_eq!(run["late_write"], "rejected", "{run}");
+            assert_eq!(run["final_writer"], "B");
+            assert_eq!(attempts, vec![("B", true), ("A", false)]);
+            let tokens: Vec<i64> = run["attempts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["token"].as_i64().unwrap())
+                .collect();
+            assert!(tokens[1] < tokens[0], "A's token is the lower: {tokens:?}");
+        } else {
+            assert_eq!(run["late_write"], "accepted", "{run}");
+            assert_eq!(run["final_writer"], "A", "the late write has the last word");
+            assert_eq!(attempts, vec![("B", true), ("A", true)]);
+        }
+    }
+    assert_one_clock(&lines);
+    let pids = worker_pids(&lines);
+    assert_eq!(pids.len(), 4, "two workers per run");
+    assert_gone(&pids);
+    let run_id = lines
+        .iter()
+        .find(|e| e["kind"] == "run")
+        .and_then(|e| e["run_id"].as_str())
+        .unwrap();
+    assert_run_left_nothing(run_id);
+}
+
+#[test]
+fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
+    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", "cut-off"]);
+    for fenced in [false, true] {
+        let log = history(&lines, "cut-off", fenced);
+        // The cut is on A's path to Redis only, recorded before it acts and healed after B wrote.
+        let cut = position(
+            &log,
+            |e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::Cut)),
+        );
+        let heal = position(&log, |e| matches!(&e.what, What::NetHealed(_)));
+        let What::NetFault(start) = &log[cut].what else {
+            unreachable!()
+        };
+        assert_eq!(start.target.as_deref(), Some("A→redis"));
+        // In Redis's order of things: A's heartbeat gave up, A's key was gone, B was granted,
+        // B wrote, the cut healed, A wrote.
+        let lost = position(&log, |e| e.is("A", Kind::Lost));
+        let gone = position(&log, |e| e.is("redis", Kind::Expired));
+        let granted = position(&log, |e| e.is("B", Kind::Acquired));
+        let b_wrote = position(&log, |e| e.is("B", Kind::Wrote));
+        let a_wrote = position(&log, |e| e.is("A", Kind::Wrote));
+        assert!(
+            cut < lost && gone < granted && granted < b_wrote && b_wrote < heal && heal < a_wrote
+        );
+        assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
+
+        let run = run_of(&verdict, "cut-off", fenced);
+        assert_eq!(run["two_holders"], true, "{run}");
+        assert_eq!(run["a_never_paused"], true, "{run}");
+        for field in [
+            "a_renewal_lost_ms",
+            "a_key_expired_ms",
+            "b_granted_ms",
+            "a_wrote_ms",
+        ] {
+            assert!(run[field].is_u64(), "{field}: {run}");
+        }
+        let (late, last) = if fenced {
+            ("rejected", "B")
+        } else {
+            ("accepted", "A")
+        };
+        assert_eq!(run["late_write"], late, "{run}");
+        assert_eq!(run["final_writer"], last, "{run}");
+    }
+    assert_gone(&worker_pids(&lines));
+}
+
+#[test]
+fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
+    let mut lab = lockslab(&[
+        "network",
+        "--ttl",
+        "5s",
+        "--fencing",
+        "off",
+        "--scenario",
+        "delayed-write",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let (mut pids, mut run_id, mut held) = (Vec::new(), String::new(), false);
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if event["kind"] == "waiting" {
+            pids.push(event["pid"].as_i64().unwrap() as i32);
+        }
+        if event["kind"] == "run" {
+            run_id = event["run_id"].as_str().unwrap().to_string();
+        }
+        // A's write is in the proxy once A has checked its lock under the hold.
+        if event["worker"] == "A" && event["kind"] == "checked" {
+            held = true;
+            break;
+        }
+    }
+    assert!(held, "the lab ended before A's write was held");
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    let status = lab.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "Ctrl-C exits with 130");
+    assert_eq!(pids.len(), 1, "only A was started: {pids:?}");
+    assert_gone(&pids);
+    assert_run_left_nothing(&run_id);
+}
+
+/// A recorded run (tests/fixtures/network.jsonl, both runs at the defaults) replayed with no
+/// servers through the lab's own evidence reading and checkers.
+#[test]
+fn a_recorded_history_replays_to_its_recorded_verdict() {
+    use lockslab::labs::network::verdict::{RunVerdict, heard};
+
+    let lines: Vec<Value> = include_str!("fixtures/network.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let (recorded, _) = lines.split_last().unwrap();
+    let runs = recorded["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "both stories, both fencing settings");
+    for run in runs {
+        let fenced = run["fencing"].as_bool().unwrap();
+        let scenario = if run["scenario"] == "cut-off" {
+            "cut-off"
+        } else {
+            "delayed-write"
+        };
+        let log = history(&lines, scenario, fenced);
+        let read = read_back_of(run);
+        let replayed = RunVerdict::judge(scenario, fenced, &heard(&log).unwrap(), read).unwrap();
+        let replayed = serde_json::to_value(&replayed).unwrap();
+        for (field, value) in run.as_object().unwrap() {
+            assert_eq!(
+                &replayed[field], value,
+                "{scenario} fencing={fenced}: {field}"
+            );
+        }
+    }
+}
