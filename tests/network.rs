@@ -23,12 +23,12 @@ fn run_of<'a>(verdict: &'a Value, scenario: &str, fencing: bool) -> &'a Value {
         .unwrap_or_else(|| panic!("no run with fencing={fencing} in {verdict}"))
 }
 
-/// The events of one run (fenced or not), typed.
-fn history(lines: &[Value], scenario: &str, fenced: bool) -> Vec<Event> {
+/// The events of one run (fenced or not).
+fn history(lines: &[Event], scenario: &str, fenced: bool) -> Vec<Event> {
     lines
         .iter()
-        .filter(|e| e["kind"] != "verdict" && e["scenario"] == scenario && e["fencing"] == fenced)
-        .map(|e| serde_json::from_value(e.clone()).unwrap_or_else(|err| panic!("{err}: {e}")))
+        .filter(|e| e.part.scenario.as_deref() == Some(scenario) && e.part.fencing == Some(fenced))
+        .cloned()
         .collect()
 }
 
@@ -116,12 +116,7 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
     let pids = worker_pids(&lines);
     assert_eq!(pids.len(), 4, "two workers per run");
     assert_gone(&pids);
-    let run_id = lines
-        .iter()
-        .find(|e| e["kind"] == "run")
-        .and_then(|e| e["run_id"].as_str())
-        .unwrap();
-    assert_run_left_nothing(run_id);
+    assert_run_left_nothing(run_id_of(&lines).unwrap());
 }
 
 #[test]
@@ -191,15 +186,17 @@ fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
     let mut lines = BufReader::new(lab.stdout.take().unwrap()).lines();
     let (mut pids, mut run_id, mut held) = (Vec::new(), String::new(), false);
     for line in lines.by_ref() {
-        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if event["kind"] == "waiting" {
-            pids.push(event["pid"].as_i64().unwrap() as i32);
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        if event.kind() == Kind::Waiting {
+            pids.push(event.pid().unwrap());
         }
-        if event["kind"] == "run" {
-            run_id = event["run_id"].as_str().unwrap().to_string();
+        if let Some(id) = event.run_id() {
+            run_id = id.to_string();
         }
         // A's write is in the proxy once A has checked its lock under the hold.
-        if event["worker"] == "A" && event["kind"] == "checked" {
+        if event.is("A", Kind::Checked) {
             held = true;
             break;
         }
@@ -219,11 +216,8 @@ fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     use lockslab::labs::network::verdict::{RunVerdict, heard};
 
-    let lines: Vec<Value> = include_str!("fixtures/network.jsonl")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let (recorded, _) = lines.split_last().unwrap();
+    let (lines, recorded) = events_and_verdict(include_str!("fixtures/network.jsonl"));
+    let recorded = &recorded;
     let runs = recorded["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4, "both stories, both fencing settings");
     for run in runs {

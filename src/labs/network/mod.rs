@@ -128,7 +128,7 @@ impl Plan {
 /// `lockslab network`.
 pub fn run(args: &NetworkArgs) -> Result<()> {
     let mut plan = Plan::from(args);
-    runner::run(&mut plan, args.output.json, &args.servers)
+    runner::run(&mut plan, &args.output, &args.servers)
 }
 
 impl Lab for Plan {

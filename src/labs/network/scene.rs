@@ -49,7 +49,7 @@ impl<'a> Scene<'a> {
         (path, server_url): (&str, &str),
     ) -> Result<Scene<'a>> {
         let label = if fenced { "fenced" } else { "unfenced" };
-        let mut stage = Stage::on_clock(run.style, run.started);
+        let mut stage = run.stage();
         stage.timeline.say("");
         let heading = if fenced {
             format!("── {heading}, with fencing tokens ──")

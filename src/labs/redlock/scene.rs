@@ -143,25 +143,14 @@ impl Scene {
             human(settings.instance_timeout)
         ));
         let masters_seen: Vec<MasterSeen> = (0..n)
-            .map(|i| {
-                let seen = MasterSeen {
-                    master: name(i),
-                    port: ports[i].to_string(),
-                    pid: None,
-                    dir: None,
-                    url: None,
-                };
-                match private.get(i) {
-                    Some(server) => MasterSeen {
-                        pid: server.pid(Backend::Redis),
-                        dir: Some(server.dir.display().to_string()),
-                        ..seen
-                    },
-                    None => MasterSeen {
-                        url: Some(connect::redact(&urls[i])),
-                        ..seen
-                    },
-                }
+            .map(|i| MasterSeen {
+                master: name(i),
+                port: ports[i].to_string(),
+                pid: private.get(i).and_then(|server| server.pid(Backend::Redis)),
+                dir: private
+                    .get(i)
+                    .map(|server| server.dir.display().to_string()),
+                url: private.get(i).is_none().then(|| connect::redact(&urls[i])),
             })
             .collect();
         let mut scene = Scene {
