@@ -10,6 +10,7 @@ use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
+use crate::labs::lease_guard::{self, LeaseGuardArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
 use crate::labs::redlock::{self, RedlockArgs};
@@ -55,6 +56,8 @@ Examples:
                                 it breaks
   lockslab no-lock              lab 7: the same job without a lock service,
                                 freeze and kill
+  lockslab lease-guard          lab 9: guards short of fencing, and the gap each
+                                leaves
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
@@ -86,6 +89,9 @@ enum Command {
     Redlock(RedlockArgs),
     /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
+    /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock), each
+    /// against pauses, a wall clock stepped back and long work: the gap each one leaves
+    LeaseGuard(LeaseGuardArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -191,6 +197,7 @@ impl Command {
             Command::Failover(args) => Some(&args.output),
             Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
+            Command::LeaseGuard(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -235,6 +242,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Failover(args) => failover::run(&args)?,
         Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
+        Command::LeaseGuard(args) => lease_guard::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,

@@ -392,7 +392,7 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     use lockslab::events::Event;
     use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
-    use lockslab::store::{Attempt, ReadBack};
+    use lockslab::store::ReadBack;
 
     let lines: Vec<Value> = include_str!("fixtures/gc-pause.jsonl")
         .lines()
@@ -406,19 +406,7 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
             .filter(|e| e["fencing"] == fenced)
             .map(|e| serde_json::from_value(e.clone()).unwrap())
             .collect();
-        let attempts = run["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| Attempt {
-                writer: a["writer"].as_str().unwrap().into(),
-                value: a["value"].as_str().unwrap().into(),
-                token: a["token"].as_i64(),
-                fenced: a["fenced"].as_bool().unwrap(),
-                accepted: a["accepted"].as_bool().unwrap(),
-                decided: a["decided"].as_i64().unwrap(),
-            })
-            .collect();
+        let attempts = attempts_from(&run["attempts"]);
         let read = ReadBack {
             final_value: run["final_value"].as_str().map(String::from),
             final_writer: run["final_writer"].as_str().map(String::from),

@@ -121,6 +121,12 @@ pub enum What {
     StaleWriteAccepted(StaleWrite),
     /// The store decided an old holder's write after the next holder's, and refused it.
     StaleWriteRejected(StaleWrite),
+
+    // Lab 9 (lease-guard).
+    /// A worker's wall clock was stepped (by the nemesis, with libfaketime).
+    ClockStepped(FaultFacts),
+    /// A holder's lease guard decided whether it may still write.
+    GuardDecided(GuardDecided),
 }
 
 impl std::fmt::Display for Kind {
@@ -235,7 +241,7 @@ impl Event {
 
     pub fn fault_mut(&mut self) -> Option<&mut FaultFacts> {
         match &mut self.what {
-            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) | What::ClockStepped(f) => Some(f),
             _ => None,
         }
     }
@@ -243,7 +249,7 @@ impl Event {
     /// The fault facts of a nemesis event (or a worker's own resume).
     pub fn fault(&self) -> Option<&FaultFacts> {
         match &self.what {
-            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) | What::ClockStepped(f) => Some(f),
             _ => None,
         }
     }

@@ -19,6 +19,7 @@
 //! nothing answers them. A [`Schedule`](schedule::Schedule) is a list of faults with their
 //! times, which a lab writes by hand or a generator draws from a seed.
 
+pub mod clock;
 pub mod schedule;
 pub mod victims;
 
@@ -41,6 +42,7 @@ impl Fault {
             Fault::Resume => "resume",
             Fault::Kill => "kill",
             Fault::Restart => "restart",
+            Fault::ClockStep => "clock_step",
         }
     }
 
@@ -50,6 +52,7 @@ impl Fault {
             Fault::Pause => What::Frozen(facts),
             Fault::Resume => What::Resumed(facts),
             Fault::Kill | Fault::Restart => What::Killed(facts),
+            Fault::ClockStep => What::ClockStepped(facts),
         }
     }
 }

@@ -82,6 +82,12 @@ impl Schedule {
             if step.fault == Fault::Restart && !is_server {
                 bail!("only a server can restart: '{}' is a worker", step.target);
             }
+            if step.fault == Fault::ClockStep && !is_worker {
+                bail!(
+                    "only a worker's clock can be stepped (libfaketime crashes redis-server): '{}' is a server",
+                    step.target
+                );
+            }
             if step.duration_ms.is_some() && step.fault != Fault::Pause {
                 bail!(
                     "only a pause has a duration ({} at {} ms)",

@@ -508,3 +508,20 @@ pub fn assert_run_left_nothing(run_id: &str) {
         .get(0);
     assert_eq!(rows, 0, "rows left behind for run {run_id}");
 }
+
+/// The store's attempts a verdict carries (`"attempts": [...]`), typed again.
+pub fn attempts_from(attempts: &Value) -> Vec<lockslab::store::Attempt> {
+    attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| lockslab::store::Attempt {
+            writer: a["writer"].as_str().unwrap().into(),
+            value: a["value"].as_str().unwrap().into(),
+            token: a["token"].as_i64(),
+            fenced: a["fenced"].as_bool().unwrap(),
+            accepted: a["accepted"].as_bool().unwrap(),
+            decided: a["decided"].as_i64().unwrap(),
+        })
+        .collect()
+}
