@@ -170,14 +170,15 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
     assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
 }
 
-/// A margin as long as nearly the whole lease: the guard asks Redis, finds its key alive,
-/// and still gives up — work thrown away that was safe, the margin's cost.
+/// A margin of all but a millisecond of the lease: the monotonic deadline falls a
+/// millisecond after the send, so the guard gives up at once, while Redis still has A's
+/// key with most of its TTL left — work thrown away that was safe, the margin's cost.
 #[test]
 fn a_margin_near_the_lease_throws_safe_work_away() {
     let (_, verdict, _) = run_json(&[
         "lease-guard",
         "--guard",
-        "check-owner",
+        "monotonic-deadline",
         "--fault",
         "pause-after-check",
         "--ttl",
@@ -185,7 +186,7 @@ fn a_margin_near_the_lease_throws_safe_work_away() {
         "--margin",
         "999ms",
     ]);
-    let cell = cell(&verdict, "check-owner", "pause-after-check");
+    let cell = cell(&verdict, "monotonic-deadline", "pause-after-check");
     assert_eq!(cell["outcome"], "aborted", "{cell}");
     assert_eq!(cell["key_ours_at_check"], true, "{cell}");
     assert_eq!(cell["needless_abort"], true, "{cell}");

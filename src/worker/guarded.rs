@@ -122,6 +122,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
                 "its guard said yes; before the write goes out, it stops dead (SIGSTOP)",
             )?;
         }
+        let checked = decision.believed_left_ms.map(|_| checked);
         write(script, &me, &mut store, &held, checked)?;
     }
     release(&me, &mut lock, &held)
@@ -145,10 +146,10 @@ fn write(
     me: &Emitter,
     store: &mut Store,
     held: &Held,
-    checked: Instant,
+    checked: Option<Instant>,
 ) -> Result<()> {
     let value = format!("{}'s result", script.name);
-    let after_check = checked.elapsed();
+    let after_check = checked.map(|checked| checked.elapsed());
     let outcome = store.write_under(
         FenceRule::NotLower,
         &script.run_id,
@@ -161,12 +162,14 @@ fn write(
         Wrote {
             token: held.token,
             value: Some(value.clone()),
-            after_check_ms: Some(after_check.as_millis() as u64),
+            after_check_ms: after_check.map(|gap| gap.as_millis() as u64),
             ..Wrote::new(outcome)
         },
         format!(
-            "writes '{value}' {} after its check: the store says {}",
-            human(after_check),
+            "writes '{value}'{}: the store says {}",
+            after_check
+                .map(|gap| format!(" {} after its guard's check", human(gap)))
+                .unwrap_or_default(),
             outcome.as_str()
         ),
     ));

@@ -190,7 +190,8 @@ impl Verdict {
                     .iter()
                     .filter(|c| c.fault == fault)
                     .filter_map(|c| c.window_ms)
-                    .max();
+                    .max()
+                    .filter(|&ms| ms > 0);
                 let window = window
                     .map(|ms| {
                         format!(" (the write went out up to {ms}ms after a check that passed)")
