@@ -88,7 +88,7 @@ pub const LABS: &[LabRow] = &[
         number: 9,
         command: "lease-guard",
         shows: "lease guards short of fencing, and the gap each leaves",
-        takes: "40s",
+        takes: "22s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/09-lease-guard.md",
     },

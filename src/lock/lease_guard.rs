@@ -30,26 +30,31 @@ use super::redis::{Held, RedisLock};
 #[serde(rename_all = "kebab-case")]
 pub enum Guard {
     /// ❌ No check: the holder writes when its work is done, whatever became of its lease.
+    #[value(help = "❌ writes whatever became of its lease")]
     None,
     /// ❌ A deadline on the **wall clock**: `SystemTime::now() + ttl` when the grant came back,
     /// compared with `SystemTime::now()` before the write. The wall clock is not a stopwatch:
     /// NTP steps it, an operator sets it, a VM resumes with it wrong. Stepped back, it tells the
     /// holder it has time it does not have. (It also counts from the grant's *arrival*, not
     /// from the request's send, so it forgets the time the request spent on the way.)
+    #[value(help = "❌ grant's wall-clock time + TTL, against the wall clock now")]
     WallDeadline,
     /// ✅ A deadline on the **monotonic clock**, counted from when the request was *sent*
     /// (the lease may have started any time after that), minus a safety margin for the
     /// drift between the holder's clock and the lock service's. A monotonic clock never
     /// goes back and keeps counting while the process is stopped, so a pause before the
     /// check shows. What it cannot see: a pause after the check.
+    #[value(help = "✅ the request's send + TTL − margin, on the monotonic clock")]
     MonotonicDeadline,
     /// ✅ Ask the lock service: is the key still ours (`GET`), with more than the margin
     /// left (`PTTL`)? The service's own answer, on the service's clock — still only true
     /// when the answer was given, and a round trip old when it arrives.
+    #[value(help = "✅ asks Redis: the key still ours, PTTL above the margin?")]
     CheckOwner,
     /// ✅ The reference: no guess at all. The token drawn with the lock goes with the
     /// write, and the store refuses a token lower than one it has accepted. The only
     /// guard that stands where the write lands.
+    #[value(help = "✅ the reference: the store refuses a lower token")]
     Fencing,
 }
 

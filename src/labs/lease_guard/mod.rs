@@ -180,8 +180,11 @@ impl Lab for Plan {
 
     fn intro(&self, _run: &Run) -> Vec<String> {
         let mut lines = vec![format!(
-            "{} cells: each guard against each fault. A holds a Redis lock with a {} TTL (guards keep a {} margin); B takes the lock once Redis lets it go and writes; then A's guard decides whether A may still write.",
-            self.guards.len() * self.faults.len(),
+            "{}: each guard against each fault. A holds a Redis lock with a {} TTL (guards keep a {} margin); B takes the lock once Redis lets it go and writes; then A's guard decides whether A may still write.",
+            match self.guards.len() * self.faults.len() {
+                1 => "1 cell".to_string(),
+                cells => format!("{cells} cells"),
+            },
             human(self.ttl),
             human(self.margin)
         )];
