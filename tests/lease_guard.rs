@@ -193,6 +193,50 @@ fn a_margin_near_the_lease_throws_safe_work_away() {
     assert_eq!(store_says(cell), "aborted");
 }
 
+/// `--step` stops before each fault's first cell and before the verdict, asking the
+/// room its question, and changes no verdict.
+#[test]
+fn stepping_stops_before_each_fault_and_the_verdict() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = lockslab(&[
+        "lease-guard",
+        "--step",
+        "--json",
+        "--guard",
+        "none",
+        "--guard",
+        "fencing",
+        "--fault",
+        "long-work",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child.stdin.take().unwrap().write_all(b"\n\n\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stops: Vec<&str> = stderr.lines().filter(|l| l.starts_with('⏸')).collect();
+    assert_eq!(
+        stops,
+        ["⏸ before the long work", "⏸ before the verdict"],
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        cell(&verdict, "none", "long-work")["outcome"],
+        "stale_accepted"
+    );
+    assert_eq!(
+        cell(&verdict, "fencing", "long-work")["outcome"],
+        "stale_refused"
+    );
+}
+
 #[test]
 fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
     let output = lockslab(&["lease-guard", "--ttl", "500ms", "--margin", "500ms"])

@@ -52,6 +52,9 @@ impl Cell<'_> {
                 .bold()
                 .to_string(),
         );
+        if plan.guards.first() == Some(&guard) {
+            stage.checkpoint(crate::labs::step::lease_guard::before(fault.as_str()));
+        }
         stage.tags().scenario = Some(fault.as_str().into());
         stage.tags().variant = Some(guard.as_str().into());
 

@@ -116,6 +116,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::lease_guard::VERDICT)
+    }
+
     fn print(&self) {
         let faults = &self.plan.faults;
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
