@@ -99,3 +99,75 @@ impl Nemesis {
 fn seconds(ms: i64) -> String {
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Event, What};
+
+    #[derive(Default)]
+    struct History(Vec<Event>);
+
+    impl Record for History {
+        fn record(&mut self, event: Event) {
+            self.0.push(event);
+        }
+    }
+
+    struct Worker;
+
+    impl Victim for Worker {
+        fn label(&self) -> String {
+            "A".into()
+        }
+        fn pid(&self) -> Option<i32> {
+            Some(4242)
+        }
+        fn kill_now(&mut self) {}
+    }
+
+    #[test]
+    fn offsets_are_libfaketimes_seconds_with_a_fraction() {
+        assert_eq!(seconds(30_000), "30.000");
+        assert_eq!(seconds(1_500), "1.500");
+        assert_eq!(seconds(7), "0.007");
+    }
+
+    /// The step is recorded as a fault of its own, and written where the worker's
+    /// libfaketime reads it (a clock built by hand: no library is needed to check this).
+    #[test]
+    fn a_step_is_recorded_and_written_to_the_workers_offset_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = WorkerClock {
+            file: dir.path().join("offset"),
+            library: "/nonexistent/libfaketime.so.1",
+            _dir: dir,
+        };
+        let mut history = History::default();
+        let mut nemesis = Nemesis::new();
+        nemesis
+            .step_clock(
+                &mut history,
+                &Worker,
+                &clock,
+                -30_000,
+                "steps A's clock back",
+            )
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&clock.file).unwrap(), "-30.000\n");
+        let [event] = history.0.as_slice() else {
+            panic!("one event: {:?}", history.0)
+        };
+        let What::ClockStepped(facts) = &event.what else {
+            panic!("{event:?}")
+        };
+        assert_eq!(facts.fault, Some(Fault::ClockStep));
+        assert_eq!(facts.target.as_deref(), Some("A"));
+        assert_eq!(facts.clock_step_ms, Some(-30_000));
+        let env = clock.env();
+        assert!(
+            env.iter()
+                .any(|(k, v)| k == "FAKETIME_DONT_FAKE_MONOTONIC" && v == "1")
+        );
+    }
+}

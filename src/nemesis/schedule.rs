@@ -268,6 +268,11 @@ mod tests {
         assert!(check(vec![step(0, Fault::Pause, "A", Some(10))]).is_ok());
         assert!(message(vec![step(0, Fault::Kill, "C", None)]).contains("'C'"));
         assert!(message(vec![step(0, Fault::Restart, "A", None)]).contains("only a server"));
+        assert!(
+            message(vec![step(0, Fault::ClockStep, "redis", None)])
+                .contains("only a worker's clock")
+        );
+        assert!(check(vec![step(0, Fault::ClockStep, "A", None)]).is_ok());
         assert!(message(vec![step(0, Fault::Kill, "A", Some(5))]).contains("only a pause"));
         assert!(
             message(vec![

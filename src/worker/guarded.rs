@@ -136,7 +136,7 @@ fn stop_here(me: &Emitter, words: &str) -> Result<()> {
     let gap = frozen_at.elapsed();
     me.send(me.event(
         What::Resumed(FaultFacts::paused_for(gap)),
-        format!("wakes after {}, not knowing it was gone", human(gap)),
+        format!("wakes after {}", human(gap)),
     ));
     Ok(())
 }
