@@ -10,6 +10,7 @@ use crate::hands_on::{self, HandsOnArgs};
 use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
 use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
+use crate::labs::lease_guard::{self, LeaseGuardArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::network::{self, NetworkArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
@@ -56,6 +57,8 @@ Examples:
                                 it breaks
   lockslab no-lock              lab 7: the same job without a lock service,
                                 freeze and kill
+  lockslab lease-guard          lab 9: guards short of fencing, and the gap each
+                                leaves
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
@@ -89,6 +92,9 @@ enum Command {
     NoLock(NoLockArgs),
     /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
     Network(NetworkArgs),
+    /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock), each
+    /// against pauses, a wall clock stepped back and long work: the gap each one leaves
+    LeaseGuard(LeaseGuardArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -195,6 +201,7 @@ impl Command {
             Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
             Command::Network(args) => Some(&args.output),
+            Command::LeaseGuard(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -237,6 +244,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
         Command::Network(args) => network::run(&args)?,
+        Command::LeaseGuard(args) => lease_guard::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,

@@ -31,7 +31,8 @@
 //!   with no servers); [`output`] renders both, and [`picture`] draws a run as an SVG or
 //!   HTML timeline (`--html`, `--svg`, `lockslab render`).
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
-//!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6).
+//!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6);
+//!   [`lock::lease_guard`], the checks a holder makes before writing, short of fencing (lab 9).
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.

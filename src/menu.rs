@@ -92,6 +92,14 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Postgres],
         walkthrough: "labs/08-network.md",
     },
+    LabRow {
+        number: 9,
+        command: "lease-guard",
+        shows: "lease guards short of fencing, and the gap each leaves",
+        takes: "22s",
+        needs: &[Redis, Postgres],
+        walkthrough: "labs/09-lease-guard.md",
+    },
 ];
 
 /// The labs, in order (the cli's tests check that each row names a subcommand it has).
@@ -146,8 +154,15 @@ mod tests {
 
     #[test]
     fn every_row_has_a_walkthrough_path_and_a_unique_number() {
-        for (i, lab) in LABS.iter().enumerate() {
-            assert_eq!(lab.number as usize, i + 1);
+        // Ascending and unique, not consecutive: labs land on their own branches.
+        let mut previous = 0;
+        for lab in LABS {
+            assert!(
+                lab.number > previous,
+                "lab {} after lab {previous}",
+                lab.number
+            );
+            previous = lab.number;
             assert!(
                 lab.walkthrough
                     .starts_with(&format!("labs/{:02}-{}", lab.number, lab.command))

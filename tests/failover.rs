@@ -512,19 +512,7 @@ fn a_recorded_run_replays_through_the_checkers() {
     let scenarios = verdict["scenarios"].as_array().unwrap();
     assert_eq!(scenarios.len(), 9);
     for s in scenarios {
-        let attempts: Vec<Attempt> = s["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| Attempt {
-                writer: a["writer"].as_str().unwrap().into(),
-                value: a["value"].as_str().unwrap().into(),
-                token: a["token"].as_i64(),
-                fenced: a["fenced"].as_bool().unwrap(),
-                accepted: a["accepted"].as_bool().unwrap(),
-                decided: a["decided"].as_i64().unwrap(),
-            })
-            .collect();
+        let attempts: Vec<Attempt> = attempts_from(&s["attempts"]);
         // The pair's writers, as the lab names them: `A:<label>`, `B:<label>`.
         let label = match s["name"].as_str().unwrap() {
             "redis-unfenced" => "unfenced",

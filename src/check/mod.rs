@@ -19,6 +19,7 @@
 pub mod etcd_vs_redis;
 pub mod failover;
 pub mod gc_pause;
+pub mod lease_guard;
 pub mod naive;
 pub mod network;
 pub mod no_lock;

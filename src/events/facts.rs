@@ -14,6 +14,7 @@ use serde_with::skip_serializing_none;
 use super::What;
 use crate::check::redlock::MasterState;
 use crate::invoices::{Moment, Tally};
+use crate::lock::lease_guard::Guard;
 use crate::lock::redlock::{Answer, Attempt};
 use crate::store::Outcome;
 
@@ -41,6 +42,9 @@ pub enum Fault {
     DropReply,
     /// The end of a network fault: the path carries bytes again, held ones first.
     Heal,
+    /// A worker's wall clock set forward or back (libfaketime in that worker only; the
+    /// machine's clock and every monotonic clock untouched).
+    ClockStep,
 }
 
 /// Whether a fault's record opens it or closes it.
@@ -200,6 +204,8 @@ pub struct FaultFacts {
     /// Lab 8: the worker behind the path was seen running (never stopped) every time the
     /// lab looked at its process while the fault lasted (at its end).
     pub process_ran: Option<bool>,
+    /// Lab 9: how far a worker's wall clock was stepped (ms; negative: back).
+    pub clock_step_ms: Option<i64>,
 }
 
 impl FaultFacts {
@@ -230,6 +236,9 @@ pub struct Wrote {
     pub resource: Option<String>,
     pub job: Option<i64>,
     pub customer: Option<i64>,
+    /// Lab 9: how long after its guard's check the write went out, on the writer's
+    /// monotonic clock — the window no guard sees.
+    pub after_check_ms: Option<u64>,
 }
 
 impl Wrote {
@@ -241,6 +250,7 @@ impl Wrote {
             resource: None,
             job: None,
             customer: None,
+            after_check_ms: None,
         }
     }
 }
@@ -524,6 +534,38 @@ pub struct StaleWrite {
     pub guard: Option<String>,
 }
 
+// Lab 9 (lease-guard).
+
+/// A holder's guard decided whether it may still write (lab 9).
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GuardDecided {
+    pub guard: Guard,
+    /// The guard let the write go out.
+    pub write: bool,
+    /// How much of the lease the guard believed was left (ms, negative once past); absent
+    /// for a guard that does not count.
+    pub believed_left_ms: Option<i64>,
+    /// Redis's answer just after the decision: the key still held this holder's value…
+    pub key_ours: Option<bool>,
+    /// …and its PTTL then (-2: no key).
+    pub pttl_ms: Option<i64>,
+    /// Time since the request for the lock was sent, on the holder's monotonic clock.
+    pub since_send_ms: u64,
+}
+
+impl GuardDecided {
+    /// What the checker reads of the decision.
+    pub fn decided(&self) -> crate::check::lease_guard::Decided {
+        crate::check::lease_guard::Decided {
+            write: self.write,
+            counted: self.believed_left_ms.is_some(),
+            key_ours: self.key_ours,
+            pttl_ms: self.pttl_ms,
+        }
+    }
+}
+
 macro_rules! one_kind {
     ($($facts:ident),*) => {
         $(impl From<$facts> for What {
@@ -535,8 +577,25 @@ macro_rules! one_kind {
 }
 
 one_kind!(
-    Waiting, Acquired, GaveUp, Finished, Wrote, Released, Lost, Between, Ready, Trial, Claimed,
-    Workers, Expired, HolderNow, Session, Blocked, Pttl, Warning
+    Waiting,
+    Acquired,
+    GaveUp,
+    Finished,
+    Wrote,
+    Released,
+    Lost,
+    Between,
+    Ready,
+    Trial,
+    Claimed,
+    Workers,
+    Expired,
+    HolderNow,
+    Session,
+    Blocked,
+    Pttl,
+    Warning,
+    GuardDecided
 );
 
 impl From<RunFacts> for What {

@@ -129,6 +129,11 @@ pub enum What {
     NetHealed(FaultFacts),
     /// A holder checked, just before writing, that the lock was still its own.
     Checked(Checked),
+    // Lab 9 (lease-guard).
+    /// A worker's wall clock was stepped (by the nemesis, with libfaketime).
+    ClockStepped(FaultFacts),
+    /// A holder's lease guard decided whether it may still write.
+    GuardDecided(GuardDecided),
 }
 
 impl std::fmt::Display for Kind {
@@ -286,7 +291,7 @@ impl Event {
 
     pub fn fault_mut(&mut self) -> Option<&mut FaultFacts> {
         match &mut self.what {
-            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) | What::ClockStepped(f) => Some(f),
             _ => None,
         }
     }
@@ -294,7 +299,7 @@ impl Event {
     /// The fault facts of a nemesis event (or a worker's own resume).
     pub fn fault(&self) -> Option<&FaultFacts> {
         match &self.what {
-            What::Frozen(f) | What::Killed(f) | What::Resumed(f) => Some(f),
+            What::Frozen(f) | What::Killed(f) | What::Resumed(f) | What::ClockStepped(f) => Some(f),
             _ => None,
         }
     }

@@ -8,6 +8,7 @@
 pub mod etcd_vs_redis;
 pub mod failover;
 pub mod gc_pause;
+pub mod lease_guard;
 pub mod leftovers;
 pub mod naive;
 pub mod network;

@@ -134,6 +134,16 @@ impl Stage {
     /// a workshop's shared machine, every attendee would see every password. A pipe is
     /// readable by this process and the worker only.
     pub fn spawn(&mut self, name: &str, spec: &WorkerSpec) -> Result<WorkerHandle> {
+        self.spawn_with_env(name, spec, &[])
+    }
+
+    /// [`Stage::spawn`], with more environment for the worker (lab 9's libfaketime clock).
+    pub fn spawn_with_env(
+        &mut self,
+        name: &str,
+        spec: &WorkerSpec,
+        env: &[(String, String)],
+    ) -> Result<WorkerHandle> {
         let exe =
             std::env::current_exe().context("finding the lockslab binary to start a worker")?;
         let mut script = serde_json::to_string(spec)?;
@@ -146,6 +156,7 @@ impl Stage {
             let nth = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             command.env(crate::seed::WORKER_SEED, format!("{seed}/{nth}:{name}"));
         }
+        command.envs(env.iter().map(|(key, value)| (key, value)));
         command
             .arg("__worker")
             .stdin(Stdio::piped())

@@ -375,3 +375,43 @@ pub mod network {
                    shows the write was stale anyway, and which part of the system stopped it?",
     };
 }
+
+pub mod lease_guard {
+    use super::Checkpoint;
+
+    /// Before the first cell of each fault (by its name).
+    pub fn before(fault: &str) -> &'static Checkpoint {
+        match fault {
+            "pause-before-check" => &PAUSE_BEFORE,
+            "pause-after-check" => &PAUSE_AFTER,
+            "clock-back" => &CLOCK_BACK,
+            _ => &LONG_WORK,
+        }
+    }
+
+    const PAUSE_BEFORE: Checkpoint = Checkpoint {
+        name: "before the pause before the check",
+        question: "A stops after its work, before its guard looks. Which guards will notice \
+                   when it wakes, and on which clock?",
+    };
+    const PAUSE_AFTER: Checkpoint = Checkpoint {
+        name: "before the pause after the check",
+        question: "A's guard says yes, then A stops before the write. Can any guard in A see \
+                   this pause?",
+    };
+    const CLOCK_BACK: Checkpoint = Checkpoint {
+        name: "before the clock steps back",
+        question: "A's wall clock is stepped back while it works. Which deadline believes it \
+                   still has time?",
+    };
+    const LONG_WORK: Checkpoint = Checkpoint {
+        name: "before the long work",
+        question: "No fault: A's work just outlasts its lease. Which guard lets its write \
+                   through?",
+    };
+
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Which column did no guard close, and what closed it in the last row?",
+    };
+}

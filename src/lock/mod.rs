@@ -4,6 +4,7 @@
 //! each fix next to each other.
 
 pub mod etcd;
+pub mod lease_guard;
 pub mod postgres;
 pub mod redis;
 pub mod redlock;

@@ -28,6 +28,7 @@
 //! times, which a lab writes by hand or a generator draws from a seed.
 
 pub mod network;
+pub mod clock;
 pub mod schedule;
 pub mod victims;
 
@@ -55,6 +56,7 @@ impl Fault {
             Fault::Cut => "cut",
             Fault::DropReply => "drop_reply",
             Fault::Heal => "heal",
+            Fault::ClockStep => "clock_step",
         }
     }
 
@@ -66,6 +68,7 @@ impl Fault {
             Fault::Kill | Fault::Restart => What::Killed(facts),
             Fault::Hold | Fault::Delay | Fault::Cut | Fault::DropReply => What::NetFault(facts),
             Fault::Heal => What::NetHealed(facts),
+            Fault::ClockStep => What::ClockStepped(facts),
         }
     }
 }

@@ -82,6 +82,12 @@ impl Schedule {
             if step.fault == Fault::Restart && !is_server {
                 bail!("only a server can restart: '{}' is a worker", step.target);
             }
+            if step.fault == Fault::ClockStep && !is_worker {
+                bail!(
+                    "only a worker's clock can be stepped (libfaketime crashes redis-server): '{}' is a server",
+                    step.target
+                );
+            }
             if step.duration_ms.is_some() && step.fault != Fault::Pause {
                 bail!(
                     "only a pause has a duration ({} at {} ms)",
@@ -262,6 +268,11 @@ mod tests {
         assert!(check(vec![step(0, Fault::Pause, "A", Some(10))]).is_ok());
         assert!(message(vec![step(0, Fault::Kill, "C", None)]).contains("'C'"));
         assert!(message(vec![step(0, Fault::Restart, "A", None)]).contains("only a server"));
+        assert!(
+            message(vec![step(0, Fault::ClockStep, "redis", None)])
+                .contains("only a worker's clock")
+        );
+        assert!(check(vec![step(0, Fault::ClockStep, "A", None)]).is_ok());
         assert!(message(vec![step(0, Fault::Kill, "A", Some(5))]).contains("only a pause"));
         assert!(
             message(vec![

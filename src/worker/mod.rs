@@ -8,6 +8,7 @@
 //! write is the worker's own, made over its own connections.
 
 pub mod consumer;
+pub mod guarded;
 pub mod holder;
 pub mod invoicer;
 pub mod racer;
@@ -39,6 +40,8 @@ pub enum WorkerSpec {
     RedlockClient(redlock_client::RedlockClientScript),
     /// Walk the job list and invoice what is not done yet, one approach's way (lab 7).
     Invoicer(invoicer::Role),
+    /// Take a Redis lock, let a lease guard decide whether to write, stop where told (lab 9).
+    Guarded(guarded::GuardedScript),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -66,6 +69,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::SentinelClient(script) => (script.name.clone(), sentinel_client::run(&script)),
         WorkerSpec::RedlockClient(script) => (script.name.clone(), redlock_client::run(&script)),
         WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
+        WorkerSpec::Guarded(script) => (script.name.clone(), guarded::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,

@@ -602,3 +602,8 @@ pub fn read_back_of(run: &Value) -> lockslab::store::ReadBack {
         attempts,
     }
 }
+
+/// The store's attempts a verdict carries (`"attempts": [...]`), typed again.
+pub fn attempts_from(attempts: &Value) -> Vec<lockslab::store::Attempt> {
+    read_back_of(&serde_json::json!({ "attempts": attempts })).attempts
+}

@@ -1,0 +1,232 @@
+//! Lab 9 — every defence short of fencing, and the gap each one leaves.
+//!
+//! A matrix: each lease guard of [`crate::lock::lease_guard`] against each fault, one cell
+//! at a time, on a real Redis lock and the real fenced store:
+//!
+//! ```text
+//!  A  takes the lock ── works ── (fault) ── guard: may I still write? ── writes / gives up
+//!  B        waits… lock expires ──▶ takes the lock, writes ✓, holds it
+//! ```
+//!
+//! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
+//! write; A's wall clock is stepped back while it works (libfaketime in A only: the
+//! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
+//! than its lease. In every cell B has written before A's guard looks (or, for the pause
+//! after the check, before A wakes), so the order is the story's, not the machine's speed.
+//!
+//! - [`play`]: one cell;
+//! - [`verdict`]: the matrix, read back from the store by [`crate::check::lease_guard`].
+
+mod play;
+pub mod verdict;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::leftovers::Leftovers;
+use super::runner::{self, Lab, Run};
+use super::{OutputArgs, duration_in};
+use crate::connect::Backend;
+use crate::lock::lease_guard::Guard;
+use crate::output::human;
+use crate::servers::ServerArgs;
+use crate::store::Store;
+use verdict::Verdict;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  lockslab lease-guard                    every guard against every fault
+  lockslab lease-guard --fault pause-after-check
+                                          the pause no guard can see
+  lockslab lease-guard --guard wall-deadline --guard monotonic-deadline
+          --fault clock-back              a wall clock stepped back: one guard
+                                          believes it, the other does not
+  lockslab lease-guard --json | jq .      events and verdict as JSON Lines
+
+The clock fault needs libfaketime (apt-get install faketime); without it the
+lab leaves that column out and says so.", crate::lab_exit_status_help!()))]
+pub struct LeaseGuardArgs {
+    /// Guards to play, repeatable [default: all]
+    #[arg(long, value_enum, value_name = "GUARD")]
+    pub guard: Vec<Guard>,
+    /// Faults to play, repeatable [default: all]
+    #[arg(long, value_enum, value_name = "FAULT")]
+    pub fault: Vec<LeaseFault>,
+    /// How long the lock lives in Redis (300ms to 10s)
+    #[arg(long, default_value = "1s", value_name = "DURATION",
+          value_parser = duration_in(Duration::from_millis(300), Duration::from_secs(10)))]
+    pub ttl: Duration,
+    /// The guards' safety margin, given up to clock drift and slow replies (less than
+    /// the TTL)
+    #[arg(long, default_value = "200ms", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(10)))]
+    pub margin: Duration,
+    /// How far clock-back steps A's wall clock back (1s to 1h)
+    #[arg(long, default_value = "30s", value_name = "DURATION",
+          value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(3600)))]
+    pub clock_step: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// What goes wrong in a cell.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseFault {
+    /// A stops (SIGSTOP) after its work, before its guard looks, until B has written
+    PauseBeforeCheck,
+    /// A's guard says yes; A stops before the write goes out, until B has written
+    PauseAfterCheck,
+    /// A's wall clock is stepped back while it works past its lease (libfaketime, in A
+    /// only)
+    ClockBack,
+    /// No fault at all: A's work simply outlasts its lease
+    LongWork,
+}
+
+impl LeaseFault {
+    pub const ALL: [LeaseFault; 4] = [
+        LeaseFault::PauseBeforeCheck,
+        LeaseFault::PauseAfterCheck,
+        LeaseFault::ClockBack,
+        LeaseFault::LongWork,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseFault::PauseBeforeCheck => "pause-before-check",
+            LeaseFault::PauseAfterCheck => "pause-after-check",
+            LeaseFault::ClockBack => "clock-back",
+            LeaseFault::LongWork => "long-work",
+        }
+    }
+}
+
+/// The lab as the flags ask for it, checked once.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) guards: Vec<Guard>,
+    pub(crate) faults: Vec<LeaseFault>,
+    pub(crate) ttl: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) clock_step: Duration,
+    /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
+    pub(crate) clock_left_out: bool,
+}
+
+impl Plan {
+    fn from(args: &LeaseGuardArgs) -> Result<Plan> {
+        if args.margin >= args.ttl {
+            crate::bail_usage!(
+                "--margin {}: it must be less than the TTL ({})",
+                human(args.margin),
+                human(args.ttl)
+            );
+        }
+        let mut guards = if args.guard.is_empty() {
+            Guard::ALL.to_vec()
+        } else {
+            args.guard.clone()
+        };
+        guards.dedup();
+        let mut faults = if args.fault.is_empty() {
+            LeaseFault::ALL.to_vec()
+        } else {
+            args.fault.clone()
+        };
+        faults.dedup();
+        let mut clock_left_out = false;
+        if crate::nemesis::clock::library().is_none() && faults.contains(&LeaseFault::ClockBack) {
+            if !args.fault.is_empty() {
+                crate::bail_usage!(
+                    "--fault clock-back steps A's wall clock with libfaketime, which this machine lacks (apt-get install faketime)"
+                );
+            }
+            faults.retain(|f| *f != LeaseFault::ClockBack);
+            clock_left_out = true;
+        }
+        Ok(Plan {
+            guards,
+            faults,
+            ttl: args.ttl,
+            margin: args.margin,
+            clock_step: args.clock_step,
+            clock_left_out,
+        })
+    }
+}
+
+/// `lockslab lease-guard`.
+pub fn run(args: &LeaseGuardArgs) -> Result<()> {
+    let mut plan = Plan::from(args)?;
+    runner::run(&mut plan, &args.output, &args.servers)
+}
+
+impl Lab for Plan {
+    type Verdict = Verdict;
+
+    fn name(&self) -> &'static str {
+        "lease-guard"
+    }
+
+    fn needs(&self) -> Vec<Backend> {
+        vec![Backend::Redis, Backend::Postgres]
+    }
+
+    fn intro(&self, _run: &Run) -> Vec<String> {
+        let mut lines = vec![format!(
+            "{}: each guard against each fault. A holds a Redis lock with a {} TTL (guards keep a {} margin); B takes the lock once Redis lets it go and writes; then A's guard decides whether A may still write.",
+            match self.guards.len() * self.faults.len() {
+                1 => "1 cell".to_string(),
+                cells => format!("{cells} cells"),
+            },
+            human(self.ttl),
+            human(self.margin)
+        )];
+        if self.faults.contains(&LeaseFault::ClockBack) {
+            lines.push(format!(
+                "clock-back steps A's wall clock back {} with libfaketime, in A only: the machine's clock, Redis's clock and A's monotonic clock stay true.",
+                human(self.clock_step)
+            ));
+        }
+        if self.clock_left_out {
+            lines.push(
+                "clock-back left out: this machine has no libfaketime (apt-get install faketime)."
+                    .into(),
+            );
+        }
+        lines
+    }
+
+    fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
+        leftovers
+            .store(run.url(Backend::Postgres))
+            .redis(run.url(Backend::Redis))
+    }
+
+    fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        let mut store = Store::connect(run.url(Backend::Postgres))?;
+        store.prepare()?;
+        let mut cells = Vec::new();
+        for &fault in &self.faults {
+            for &guard in &self.guards {
+                let cell = play::Cell {
+                    plan: self,
+                    run,
+                    fault,
+                    guard,
+                };
+                cells.push(cell.play(&mut store)?);
+            }
+        }
+        Ok(Verdict {
+            cells,
+            plan: self.clone(),
+        })
+    }
+}

@@ -1,0 +1,219 @@
+//! One cell of lab 9: a guard against a fault. A takes the lock; the fault strikes; B
+//! takes the lock once Redis lets it go and writes; then A's guard decides, and the store
+//! is read back.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use colored::Colorize;
+
+use super::verdict::CellVerdict;
+use super::{LeaseFault, Plan};
+use crate::check::lease_guard::{self as checks, Evidence};
+use crate::connect::Backend;
+use crate::events::facts::{GuardDecided, StaleWrite};
+use crate::events::{Event, Kind, What};
+use crate::labs::runner::Run;
+use crate::lock::lease_guard::Guard;
+use crate::nemesis::Nemesis;
+use crate::nemesis::clock::WorkerClock;
+use crate::output::human;
+use crate::store::Store;
+use crate::worker::WorkerSpec;
+use crate::worker::guarded::{GuardedScript, StopAt};
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
+
+pub(super) struct Cell<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) run: &'a Run,
+    pub(super) fault: LeaseFault,
+    pub(super) guard: Guard,
+}
+
+impl Cell<'_> {
+    pub(super) fn play(&self, store: &mut Store) -> Result<CellVerdict> {
+        let (plan, fault, guard) = (self.plan, self.fault, self.guard);
+        let run_id = self.run.id.as_str();
+        let redis_url = self.run.url(Backend::Redis);
+        let postgres_url = self.run.url(Backend::Postgres);
+        let name = format!("{}:{}", fault.as_str(), guard.as_str());
+        let key = format!("lockslab:{run_id}:lease-guard:{name}:lock");
+        let fence_counter =
+            (guard == Guard::Fencing).then(|| format!("lockslab:{run_id}:lease-guard:fence"));
+        let resource = format!("lease-guard-{}-{}", fault.as_str(), guard.as_str());
+        let ttl_ms = plan.ttl.as_millis() as u64;
+        let long = plan.ttl + Duration::from_secs(15);
+
+        let mut stage = self.run.stage();
+        stage.timeline.say("");
+        stage.timeline.say(
+            &format!("── guard {} × fault {} ──", guard.as_str(), fault.as_str())
+                .bold()
+                .to_string(),
+        );
+        if plan.guards.first() == Some(&guard) {
+            stage.checkpoint(crate::labs::step::lease_guard::before(fault.as_str()));
+        }
+        stage.tags().scenario = Some(fault.as_str().into());
+        stage.tags().variant = Some(guard.as_str().into());
+
+        let clock = match fault {
+            LeaseFault::ClockBack => Some(WorkerClock::new()?),
+            _ => None,
+        };
+        let stop_at = match fault {
+            LeaseFault::PauseBeforeCheck => StopAt::BeforeCheck,
+            LeaseFault::PauseAfterCheck => StopAt::AfterCheck,
+            _ => StopAt::Nowhere,
+        };
+        let a_script = GuardedScript {
+            name: "A".into(),
+            redis_url: redis_url.into(),
+            key: key.clone(),
+            ttl_ms,
+            margin_ms: plan.margin.as_millis() as u64,
+            guard,
+            fence_counter: fence_counter.clone(),
+            store_url: postgres_url.into(),
+            run_id: run_id.into(),
+            resource: resource.clone(),
+            stop_at,
+        };
+        let env = clock.as_ref().map(WorkerClock::env).unwrap_or_default();
+        let mut a = stage.spawn_with_env("A", &WorkerSpec::Guarded(a_script), &env)?;
+        // Declared after A: dropped first, so that a cell that fails resumes A before A's
+        // handle kills it.
+        let mut nemesis = Nemesis::new();
+        stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+            e.is("A", Kind::Working)
+        })?;
+
+        let mut paused = false;
+        match fault {
+            LeaseFault::ClockBack => {
+                let step_ms = plan.clock_step.as_millis() as i64;
+                let words = format!(
+                    "steps A's wall clock back {} (libfaketime in A only; its monotonic clock and Redis's clock stay true)",
+                    human(plan.clock_step)
+                );
+                let clock = clock.as_ref().context("the clock fault has its clock")?;
+                nemesis.step_clock(&mut stage, &a, clock, -step_ms, words)?;
+            }
+            LeaseFault::PauseBeforeCheck | LeaseFault::PauseAfterCheck => {
+                a.tell("finish")?;
+                let seen = stage.wait_for(Duration::from_secs(10), "A to stop itself", |e| {
+                    e.is("A", Kind::Freezing) || e.is("A", Kind::Released)
+                })?;
+                if seen.kind() == Kind::Freezing {
+                    let words = format!(
+                        "sees A (pid {}) stopped; resumes it once B has written",
+                        a.pid
+                    );
+                    nemesis.adopt_pause(&mut stage, &a, words)?;
+                    paused = true;
+                }
+            }
+            LeaseFault::LongWork => {}
+        }
+
+        let b_script = HolderScript {
+            name: "B".into(),
+            lock: LockSpec::Redis {
+                url: redis_url.into(),
+                key: key.clone(),
+                ttl_ms,
+                fence_counter,
+                renew: false,
+            },
+            store_url: postgres_url.into(),
+            run_id: run_id.into(),
+            resource: resource.clone(),
+            wait_ms: long.as_millis() as u64,
+            before_write: BeforeWrite::Nothing,
+            after_write: AfterWrite::HoldUntilTold,
+            fence_rule: Default::default(),
+            token_sequence: None,
+        };
+        let mut b = stage.spawn("B", &WorkerSpec::Holder(b_script))?;
+        stage.wait_for(long, "B to write", |e| {
+            e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp)
+        })?;
+        if paused {
+            nemesis.resume(&mut stage, &a, "sends SIGCONT to A")?;
+        } else if fault != LeaseFault::PauseAfterCheck && fault != LeaseFault::PauseBeforeCheck {
+            a.tell("finish")?;
+        }
+        stage.wait_for(long, "A to let go", |e| e.is("A", Kind::Released))?;
+        b.tell("finish")?;
+        stage.wait_for(long, "B to let go", |e| {
+            e.is("B", Kind::Released) || e.is("B", Kind::GaveUp)
+        })?;
+        a.finish(Duration::from_secs(5));
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+
+        let read = store.read_back(run_id, &resource)?;
+        let saw = |worker: &str, kind: Kind| stage.log.iter().find(|e| e.is(worker, kind));
+        let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
+            Some(What::GuardDecided(decided)) => decided.clone(),
+            _ => anyhow::bail!("A never reported its guard's decision"),
+        };
+        let a_release = saw("A", Kind::Released)
+            .and_then(release_of)
+            .context("A's release did not say what Redis found")?;
+        let b_release = saw("B", Kind::Released).and_then(release_of);
+        let b_owner = saw("B", Kind::Acquired)
+            .and_then(|e| e.owner())
+            .map(String::from);
+        let a_after_check_ms = match saw("A", Kind::Wrote).map(|e| &e.what) {
+            Some(What::Wrote(wrote)) => wrote.after_check_ms,
+            _ => None,
+        };
+        let paused_ms = stage
+            .log
+            .iter()
+            .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
+            .find_map(|e| e.fault().and_then(|f| f.paused_ms));
+        let found = checks::judge(&Evidence {
+            decision: decision.decided(),
+            a_release: &a_release,
+            b_owner: b_owner.as_deref(),
+            b_release: b_release.as_ref(),
+            a_after_check_ms,
+            attempts: &read.attempts,
+            final_writer: read.final_writer.as_deref(),
+        })
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the store's record disagrees with itself: its final writer is not its last accepted attempt"
+            )
+        })?;
+        let holds = read.final_writer.clone().unwrap_or("nobody".into());
+        let stale = match found.outcome {
+            checks::Outcome::StaleAccepted => Some((
+                What::StaleWriteAccepted as fn(StaleWrite) -> What,
+                format!(
+                    "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
+                ),
+            )),
+            checks::Outcome::StaleRefused => Some((
+                What::StaleWriteRejected as fn(StaleWrite) -> What,
+                format!(
+                    "decided A's stale write after B's and refused it: it holds {holds}'s result"
+                ),
+            )),
+            _ => None,
+        };
+        if let Some((kind, text)) = stale {
+            let facts = StaleWrite {
+                final_writer: Some(holds),
+                guard: Some(guard.as_str().into()),
+                ..StaleWrite::default()
+            };
+            stage.record(Event::new("store", kind(facts), text));
+        }
+        Ok(CellVerdict::new(
+            fault, guard, &decision, found, paused_ms, read,
+        ))
+    }
+}

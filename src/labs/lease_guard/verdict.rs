@@ -1,0 +1,255 @@
+//! Lab 9's verdict: the matrix of guards against faults, each cell decided by
+//! [`crate::check::lease_guard`] from Redis's answers and the store's record, and the
+//! sentences that follow from the same cells.
+
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{LeaseFault, Plan};
+use crate::check::lease_guard::{Found, Outcome};
+use crate::check::{Finding, LateWrite};
+use crate::events::facts::GuardDecided;
+use crate::labs::runner;
+use crate::lock::lease_guard::Guard;
+use crate::output::{human, table};
+use crate::store::{Attempt, ReadBack};
+
+pub struct Verdict {
+    pub cells: Vec<CellVerdict>,
+    pub(crate) plan: Plan,
+}
+
+/// One cell: a guard against a fault. Every field comes from a backend's answer or the
+/// store's record, except what the guard believed (`believed_left_ms`), which is A's.
+#[derive(Serialize, Debug, Clone)]
+pub struct CellVerdict {
+    pub fault: LeaseFault,
+    pub guard: Guard,
+    pub outcome: Outcome,
+    /// A's write in the store's decision order against B's accepted one.
+    pub late_write: LateWrite,
+    /// Redis granted B the lock while A still believed it held it; null when the answers
+    /// cannot order it.
+    pub two_holders: Option<bool>,
+    /// The guard let A write.
+    pub guard_wrote: bool,
+    /// What the guard believed was left of the lease (ms); null for a guard that does not
+    /// count.
+    pub believed_left_ms: Option<i64>,
+    /// Redis, just after the decision: the key still A's, and its PTTL.
+    pub key_ours_at_check: Option<bool>,
+    pub pttl_at_check_ms: Option<i64>,
+    /// The guard gave up work that was safe: Redis still had A's key with time left.
+    pub needless_abort: Option<bool>,
+    /// The window the stale write went through: from the check to the write (A's clock).
+    pub window_ms: Option<u64>,
+    /// How long A was stopped (the pause faults).
+    pub paused_ms: Option<u64>,
+    pub final_writer: Option<String>,
+    pub attempts: Vec<Attempt>,
+}
+
+impl CellVerdict {
+    pub fn new(
+        fault: LeaseFault,
+        guard: Guard,
+        decision: &GuardDecided,
+        found: Found,
+        paused_ms: Option<u64>,
+        read: ReadBack,
+    ) -> CellVerdict {
+        CellVerdict {
+            fault,
+            guard,
+            outcome: found.outcome,
+            late_write: found.late_write,
+            two_holders: found.two_holders.as_option(),
+            guard_wrote: decision.write,
+            believed_left_ms: decision.believed_left_ms,
+            key_ours_at_check: decision.key_ours,
+            pttl_at_check_ms: decision.pttl_ms,
+            needless_abort: match found.needless_abort {
+                Finding::Unknown => None,
+                other => other.as_option(),
+            },
+            window_ms: found.window_ms,
+            paused_ms,
+            final_writer: read.final_writer,
+            attempts: read.attempts,
+        }
+    }
+
+    fn word(&self) -> String {
+        match self.outcome {
+            Outcome::StaleAccepted => "STALE WRITE".red().bold().to_string(),
+            Outcome::StaleRefused => "refused (store)".green().to_string(),
+            Outcome::Aborted if self.needless_abort == Some(true) => {
+                "aborted, needlessly".yellow().to_string()
+            }
+            Outcome::Aborted => "aborted".green().to_string(),
+            Outcome::NoStaleWrite => "no stale write".to_string(),
+        }
+    }
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("ttl_ms".into(), (self.plan.ttl.as_millis() as u64).into());
+        fields.insert(
+            "margin_ms".into(),
+            (self.plan.margin.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "clock_step_ms".into(),
+            (self.plan.clock_step.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "guards_that_held".into(),
+            serde_json::to_value(self.guards_that_held()).unwrap_or_default(),
+        );
+        fields.insert(
+            "cells".into(),
+            serde_json::to_value(&self.cells).unwrap_or_default(),
+        );
+        fields
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::lease_guard::VERDICT)
+    }
+
+    fn print(&self) {
+        let faults = &self.plan.faults;
+        let header: Vec<&str> = std::iter::once("guard ↓  fault →")
+            .chain(faults.iter().map(|f| f.as_str()))
+            .collect();
+        let rows: Vec<Vec<String>> = self
+            .plan
+            .guards
+            .iter()
+            .map(|&guard| {
+                std::iter::once(guard.as_str().to_string())
+                    .chain(faults.iter().map(|&fault| {
+                        self.cell(guard, fault)
+                            .map(CellVerdict::word)
+                            .unwrap_or_default()
+                    }))
+                    .collect()
+            })
+            .collect();
+        crate::prose!("");
+        crate::prose!("{}", "Verdict — read back from the store".bold());
+        crate::prose!("{}", table(&header, &rows));
+        for line in self.sentences() {
+            crate::prose!("{line}");
+        }
+    }
+}
+
+impl Verdict {
+    fn cell(&self, guard: Guard, fault: LeaseFault) -> Option<&CellVerdict> {
+        self.cells
+            .iter()
+            .find(|c| c.guard == guard && c.fault == fault)
+    }
+
+    /// The guards with no stale write accepted in any cell played.
+    pub fn guards_that_held(&self) -> Vec<Guard> {
+        self.plan
+            .guards
+            .iter()
+            .copied()
+            .filter(|&guard| {
+                self.cells
+                    .iter()
+                    .filter(|c| c.guard == guard)
+                    .all(|c| c.outcome.safe())
+            })
+            .collect()
+    }
+
+    /// What the matrix says, each sentence drawn from its cells.
+    fn sentences(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let held = self.guards_that_held();
+        let names = |guards: &[Guard]| {
+            guards
+                .iter()
+                .map(|g| g.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for &fault in &self.plan.faults {
+            let through: Vec<Guard> = self
+                .cells
+                .iter()
+                .filter(|c| c.fault == fault && c.outcome == Outcome::StaleAccepted)
+                .map(|c| c.guard)
+                .collect();
+            if !through.is_empty() {
+                let window = self
+                    .cells
+                    .iter()
+                    .filter(|c| c.fault == fault)
+                    .filter_map(|c| c.window_ms)
+                    .max()
+                    .filter(|&ms| ms > 0);
+                let window = window
+                    .map(|ms| {
+                        format!(" (the write went out up to {ms}ms after a check that passed)")
+                    })
+                    .unwrap_or_default();
+                lines.push(format!(
+                    "{}: the stale write got through under {}{window}.",
+                    fault.as_str(),
+                    names(&through)
+                ));
+            }
+        }
+        for cell in &self.cells {
+            if let (Outcome::StaleAccepted, Some(false), Some(left)) =
+                (cell.outcome, cell.key_ours_at_check, cell.believed_left_ms)
+                && left > 0
+            {
+                lines.push(format!(
+                    "{} under {}: the guard believed {left}ms of the lease were left while Redis had already let A's key go.",
+                    cell.guard.as_str(),
+                    cell.fault.as_str()
+                ));
+            }
+        }
+        lines.push(if held.is_empty() {
+            "No guard kept B's result in every cell.".to_string()
+        } else {
+            format!("Kept B's result in every cell played: {}.", names(&held))
+        });
+        let needless: Vec<String> = self
+            .cells
+            .iter()
+            .filter(|c| c.needless_abort == Some(true))
+            .map(|c| {
+                format!(
+                    "{} under {} (Redis still gave A's key {}ms)",
+                    c.guard.as_str(),
+                    c.fault.as_str(),
+                    c.pttl_at_check_ms.unwrap_or_default()
+                )
+            })
+            .collect();
+        if !needless.is_empty() {
+            lines.push(format!(
+                "Work thrown away that was safe (the margin's cost): {}.",
+                needless.join("; ")
+            ));
+        }
+        if self.plan.faults.contains(&LeaseFault::ClockBack) {
+            lines.push(format!(
+                "clock-back moved A's wall clock only, {} back, with libfaketime; Redis's clock and every monotonic clock stayed true.",
+                human(self.plan.clock_step)
+            ));
+        }
+        lines
+    }
+}

@@ -1,0 +1,173 @@
+//! A worker's wall clock, set wrong on purpose — that worker's only.
+//!
+//! libfaketime (Debian's `faketime` package) is preloaded into the worker and reads the
+//! offset it applies from a file on every call, so the nemesis can step the clock of a
+//! running process by writing that file. The monotonic clock is left real
+//! (`FAKETIME_DONT_FAKE_MONOTONIC=1`): a step moves what `SystemTime::now()` answers and
+//! nothing else, the way an NTP step or an operator's `date -s` moves a machine's wall
+//! clock while its monotonic clock runs on.
+//!
+//! Servers keep their true clocks: libfaketime crashes `redis-server` at start, so a lab
+//! that needs a server's clock to jump simulates it (lab 6 shortens the key's PTTL) and
+//! says so.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Fault, Nemesis, Note, Record, Victim, fault_event};
+
+/// Where Debian and Ubuntu install the preload library, by architecture.
+const LIBRARY: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
+
+/// The preload library, if this machine has one.
+pub fn library() -> Option<&'static str> {
+    LIBRARY.into_iter().find(|path| Path::new(path).exists())
+}
+
+/// One worker's wall clock: the file its libfaketime reads the offset from.
+pub struct WorkerClock {
+    file: PathBuf,
+    library: &'static str,
+    /// Keeps the file's directory until the run ends.
+    _dir: tempfile::TempDir,
+}
+
+impl WorkerClock {
+    /// A clock that starts true (offset `+0`).
+    pub fn new() -> Result<WorkerClock> {
+        let Some(library) = library() else {
+            bail!(
+                "a worker's wall clock can only be stepped with libfaketime, which this machine lacks: install it (apt-get install faketime), or leave out the clock fault"
+            );
+        };
+        let dir = tempfile::tempdir().context("making a directory for a worker's clock")?;
+        let file = dir.path().join("offset");
+        std::fs::write(&file, "+0\n").context("writing a worker's clock offset")?;
+        Ok(WorkerClock {
+            file,
+            library,
+            _dir: dir,
+        })
+    }
+
+    /// The environment that gives a worker this clock.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("LD_PRELOAD", self.library.to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.file.display().to_string()),
+            // Read the file on every call: a step lands at once, not after a cache period.
+            ("FAKETIME_NO_CACHE", "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect()
+    }
+}
+
+impl Nemesis {
+    /// Steps the victim's wall clock by `by_ms` (negative: back) from the true time, and
+    /// records it. The step is written before it is recorded as done: libfaketime reads the
+    /// file on the worker's next clock call.
+    pub fn step_clock(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        clock: &WorkerClock,
+        by_ms: i64,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let pid = victim.pid().unwrap_or_default();
+        let mut note = note.into();
+        note.facts.clock_step_ms = Some(by_ms);
+        history.record(fault_event(Fault::ClockStep, &victim.label(), pid, note));
+        let offset = if by_ms < 0 {
+            format!("-{}\n", seconds(-by_ms))
+        } else {
+            format!("+{}\n", seconds(by_ms))
+        };
+        std::fs::write(&clock.file, offset).context("stepping a worker's clock")
+    }
+}
+
+/// libfaketime's offsets are in seconds, with a fraction.
+fn seconds(ms: i64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Event, What};
+
+    #[derive(Default)]
+    struct History(Vec<Event>);
+
+    impl Record for History {
+        fn record(&mut self, event: Event) {
+            self.0.push(event);
+        }
+    }
+
+    struct Worker;
+
+    impl Victim for Worker {
+        fn label(&self) -> String {
+            "A".into()
+        }
+        fn pid(&self) -> Option<i32> {
+            Some(4242)
+        }
+        fn kill_now(&mut self) {}
+    }
+
+    #[test]
+    fn offsets_are_libfaketimes_seconds_with_a_fraction() {
+        assert_eq!(seconds(30_000), "30.000");
+        assert_eq!(seconds(1_500), "1.500");
+        assert_eq!(seconds(7), "0.007");
+    }
+
+    /// The step is recorded as a fault of its own, and written where the worker's
+    /// libfaketime reads it (a clock built by hand: no library is needed to check this).
+    #[test]
+    fn a_step_is_recorded_and_written_to_the_workers_offset_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = WorkerClock {
+            file: dir.path().join("offset"),
+            library: "/nonexistent/libfaketime.so.1",
+            _dir: dir,
+        };
+        let mut history = History::default();
+        let mut nemesis = Nemesis::new();
+        nemesis
+            .step_clock(
+                &mut history,
+                &Worker,
+                &clock,
+                -30_000,
+                "steps A's clock back",
+            )
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&clock.file).unwrap(), "-30.000\n");
+        let [event] = history.0.as_slice() else {
+            panic!("one event: {:?}", history.0)
+        };
+        let What::ClockStepped(facts) = &event.what else {
+            panic!("{event:?}")
+        };
+        assert_eq!(facts.fault, Some(Fault::ClockStep));
+        assert_eq!(facts.target.as_deref(), Some("A"));
+        assert_eq!(facts.clock_step_ms, Some(-30_000));
+        let env = clock.env();
+        assert!(
+            env.iter()
+                .any(|(k, v)| k == "FAKETIME_DONT_FAKE_MONOTONIC" && v == "1")
+        );
+    }
+}

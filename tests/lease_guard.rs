@@ -1,0 +1,261 @@
+//! Lab 9 against real Redis and Postgres: every guard against every fault, each cell's
+//! verdict read back from the store and held against the store's attempts here.
+
+mod common;
+
+use common::*;
+use lockslab::check::lease_guard::{self as checks, Evidence, Outcome};
+use lockslab::events::facts::{Fault, GuardDecided};
+use lockslab::events::{Event, Kind, What};
+use lockslab::store::Attempt;
+use lockslab::worker::holder::release_of;
+use serde_json::Value;
+
+
+fn cell<'a>(verdict: &'a Value, guard: &str, fault: &str) -> &'a Value {
+    verdict["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["guard"] == guard && c["fault"] == fault)
+        .unwrap_or_else(|| panic!("no cell {guard} × {fault} in {verdict}"))
+}
+
+fn attempts_of(cell: &Value) -> Vec<Attempt> {
+    attempts_from(&cell["attempts"])
+}
+
+/// What the store's attempts say of A's write, independently of the checker: was it
+/// decided after B's accepted write, and taken?
+fn store_says(cell: &Value) -> &'static str {
+    let attempts = attempts_of(cell);
+    let b = attempts.iter().find(|a| a.writer == "B" && a.accepted);
+    let a = attempts.iter().rev().find(|a| a.writer == "A");
+    match (a, b) {
+        (None, _) => "aborted",
+        (Some(a), Some(b)) if a.decided > b.decided && a.accepted => "stale_accepted",
+        (Some(a), Some(b)) if a.decided > b.decided => "stale_refused",
+        _ => "no_stale_write",
+    }
+}
+
+/// One cell's events, by its tags.
+fn cell_events<'a>(events: &'a [Event], guard: &str, fault: &str) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| {
+            e.part.variant.as_deref() == Some(guard) && e.part.scenario.as_deref() == Some(fault)
+        })
+        .collect()
+}
+
+/// Replays a cell through the lab's checker from its events and the store's record it
+/// carries, as the lab did.
+fn replay(events: &[&Event], cell: &Value) -> Outcome {
+    let saw = |worker: &str, kind: Kind| events.iter().find(|e| e.is(worker, kind)).copied();
+    let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
+        Some(What::GuardDecided(decided)) => decided.clone(),
+        _ => panic!("no guard_decided in the cell"),
+    };
+    let a_release = saw("A", Kind::Released).and_then(release_of).unwrap();
+    let b_release = saw("B", Kind::Released).and_then(release_of);
+    let after_check = match saw("A", Kind::Wrote).map(|e| &e.what) {
+        Some(What::Wrote(wrote)) => wrote.after_check_ms,
+        _ => None,
+    };
+    let attempts = attempts_of(cell);
+    checks::judge(&Evidence {
+        decision: decision.decided(),
+        a_release: &a_release,
+        b_owner: saw("B", Kind::Acquired).and_then(|e| e.owner()),
+        b_release: b_release.as_ref(),
+        a_after_check_ms: after_check,
+        attempts: &attempts,
+        final_writer: cell["final_writer"].as_str(),
+    })
+    .unwrap()
+    .outcome
+}
+
+/// The teaching table: what each guard does against each fault.
+const EXPECTED: [(&str, [&str; 4]); 5] = [
+    (
+        "none",
+        [
+            "stale_accepted",
+            "stale_accepted",
+            "stale_accepted",
+            "stale_accepted",
+        ],
+    ),
+    (
+        "wall-deadline",
+        ["aborted", "stale_accepted", "stale_accepted", "aborted"],
+    ),
+    (
+        "monotonic-deadline",
+        ["aborted", "stale_accepted", "aborted", "aborted"],
+    ),
+    (
+        "check-owner",
+        ["aborted", "stale_accepted", "aborted", "aborted"],
+    ),
+    (
+        "fencing",
+        [
+            "stale_refused",
+            "stale_refused",
+            "stale_refused",
+            "stale_refused",
+        ],
+    ),
+];
+const FAULTS: [&str; 4] = [
+    "pause-before-check",
+    "pause-after-check",
+    "clock-back",
+    "long-work",
+];
+
+#[test]
+fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
+    let (lines, verdict, _) = run_json(&["lease-guard", "--ttl", "800ms", "--margin", "200ms"]);
+    let events = &lines;
+    for (guard, outcomes) in EXPECTED {
+        for (fault, expected) in FAULTS.iter().zip(outcomes) {
+            let cell = cell(&verdict, guard, fault);
+            assert_eq!(cell["outcome"], expected, "{guard} × {fault}: {cell}");
+            // The verdict is the store's word, and a replay of the history agrees.
+            assert_eq!(store_says(cell), expected, "{guard} × {fault}: {cell}");
+            let replayed = replay(&cell_events(events, guard, fault), cell);
+            assert_eq!(serde_json::to_value(replayed).unwrap(), cell["outcome"]);
+        }
+    }
+    assert_eq!(verdict["guards_that_held"], serde_json::json!(["fencing"]));
+
+    // The clock fault was the nemesis's, and moved A's wall clock only: the wall deadline
+    // believed it had most of its lease while Redis had given the key to B.
+    let steps: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockStep)))
+        .collect();
+    assert_eq!(steps.len(), 5, "one clock step per clock-back cell");
+    let wall = cell(&verdict, "wall-deadline", "clock-back");
+    assert_eq!(wall["key_ours_at_check"], false, "{wall}");
+    assert!(
+        wall["believed_left_ms"].as_i64().unwrap() > 20_000,
+        "{wall}"
+    );
+    // The monotonic deadline under the same step saw its lease was over.
+    let mono = cell(&verdict, "monotonic-deadline", "clock-back");
+    assert!(mono["believed_left_ms"].as_i64().unwrap() < 0, "{mono}");
+    // The pause after the check: each checking guard's write went out after a check that
+    // passed, across a pause the nemesis recorded.
+    for guard in ["wall-deadline", "monotonic-deadline", "check-owner"] {
+        let after = cell(&verdict, guard, "pause-after-check");
+        assert_eq!(after["guard_wrote"], true, "{after}");
+        assert!(after["window_ms"].as_u64().is_some(), "{after}");
+        assert!(after["paused_ms"].as_u64().is_some(), "{after}");
+    }
+    assert_one_clock(&lines);
+    assert_gone(&worker_pids(&lines));
+    assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}
+
+/// A margin of all but a millisecond of the lease: the monotonic deadline falls a
+/// millisecond after the send, so the guard gives up at once, while Redis still has A's
+/// key with most of its TTL left — work thrown away that was safe, the margin's cost.
+#[test]
+fn a_margin_near_the_lease_throws_safe_work_away() {
+    let (_, verdict, _) = run_json(&[
+        "lease-guard",
+        "--guard",
+        "monotonic-deadline",
+        "--fault",
+        "pause-after-check",
+        "--ttl",
+        "1s",
+        "--margin",
+        "999ms",
+    ]);
+    let cell = cell(&verdict, "monotonic-deadline", "pause-after-check");
+    assert_eq!(cell["outcome"], "aborted", "{cell}");
+    assert_eq!(cell["key_ours_at_check"], true, "{cell}");
+    assert_eq!(cell["needless_abort"], true, "{cell}");
+    assert_eq!(store_says(cell), "aborted");
+}
+
+/// `--step` stops before each fault's first cell and before the verdict, asking the
+/// room its question, and changes no verdict.
+#[test]
+fn stepping_stops_before_each_fault_and_the_verdict() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = lockslab(&[
+        "lease-guard",
+        "--step",
+        "--json",
+        "--guard",
+        "none",
+        "--guard",
+        "fencing",
+        "--fault",
+        "long-work",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child.stdin.take().unwrap().write_all(b"\n\n\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stops: Vec<&str> = stderr.lines().filter(|l| l.starts_with('⏸')).collect();
+    assert_eq!(
+        stops,
+        ["⏸ before the long work", "⏸ before the verdict"],
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        cell(&verdict, "none", "long-work")["outcome"],
+        "stale_accepted"
+    );
+    assert_eq!(
+        cell(&verdict, "fencing", "long-work")["outcome"],
+        "stale_refused"
+    );
+}
+
+#[test]
+fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
+    let output = lockslab(&["lease-guard", "--ttl", "500ms", "--margin", "500ms"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--margin"));
+}
+
+/// A recorded run (tests/fixtures/lease-guard.jsonl, the whole matrix) replayed with no
+/// servers: each cell's events and the store's record it carries reach its recorded outcome.
+#[test]
+fn a_recorded_history_replays_to_its_recorded_verdict() {
+    let (events, verdict) = events_and_verdict(include_str!("fixtures/lease-guard.jsonl"));
+    let cells = verdict["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 20);
+    for cell in cells {
+        let (guard, fault) = (
+            cell["guard"].as_str().unwrap(),
+            cell["fault"].as_str().unwrap(),
+        );
+        let replayed = replay(&cell_events(&events, guard, fault), cell);
+        assert_eq!(
+            serde_json::to_value(replayed).unwrap(),
+            cell["outcome"],
+            "{guard} × {fault}"
+        );
+        assert_eq!(store_says(cell), cell["outcome"], "{guard} × {fault}");
+    }
+}
