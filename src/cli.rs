@@ -12,6 +12,7 @@ use crate::labs::failover::{self, FailoverArgs};
 use crate::labs::gc_pause::{self, GcPauseArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
+use crate::labs::queue::{self, QueueArgs};
 use crate::labs::redlock::{self, RedlockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
@@ -86,6 +87,9 @@ enum Command {
     Redlock(RedlockArgs),
     /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
+    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
+    /// session that expires
+    Queue(QueueArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -191,6 +195,7 @@ impl Command {
             Command::Failover(args) => Some(&args.output),
             Command::Redlock(args) => Some(&args.output),
             Command::NoLock(args) => Some(&args.output),
+            Command::Queue(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -235,6 +240,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Failover(args) => failover::run(&args)?,
         Command::Redlock(args) => redlock::run(&args)?,
         Command::NoLock(args) => no_lock::run(&args)?,
+        Command::Queue(args) => queue::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,

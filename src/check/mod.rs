@@ -21,6 +21,7 @@ pub mod failover;
 pub mod gc_pause;
 pub mod naive;
 pub mod no_lock;
+pub mod queue;
 pub mod redlock;
 pub mod skip_locked;
 

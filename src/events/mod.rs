@@ -121,6 +121,14 @@ pub enum What {
     StaleWriteAccepted(StaleWrite),
     /// The store decided an old holder's write after the next holder's, and refused it.
     StaleWriteRejected(StaleWrite),
+
+    // Lab 10 (queue).
+    /// A waiter joined the queue (its key and create revision), or made its first try.
+    Queued(Queued),
+    /// A watch woke a waiter; it looked again at who is ahead.
+    Woke(Woke),
+    /// One way of queueing played to the end: every turn and the servers' counts.
+    Handovers(Handovers),
 }
 
 impl std::fmt::Display for Kind {
@@ -224,6 +232,7 @@ impl Event {
     pub fn pid(&self) -> Option<i32> {
         match &self.what {
             What::Waiting(w) => w.pid,
+            What::Queued(q) => q.pid,
             What::Ready(r) => Some(r.pid),
             What::Claimed(c) => c.pid,
             What::Committed(s) | What::FinishFailed(s) => s.pid,

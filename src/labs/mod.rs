@@ -11,6 +11,7 @@ pub mod gc_pause;
 pub mod leftovers;
 pub mod naive;
 pub mod no_lock;
+pub mod queue;
 pub mod redlock;
 pub mod runner;
 pub mod skip_locked;

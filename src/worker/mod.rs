@@ -10,6 +10,7 @@
 pub mod consumer;
 pub mod holder;
 pub mod invoicer;
+pub mod queuer;
 pub mod racer;
 pub mod redlock_client;
 pub mod sentinel_client;
@@ -39,6 +40,8 @@ pub enum WorkerSpec {
     RedlockClient(redlock_client::RedlockClientScript),
     /// Walk the job list and invoice what is not done yet, one approach's way (lab 7).
     Invoicer(invoicer::Role),
+    /// Join a queue for one lock, one of three ways; hold, let go (lab 10).
+    Queuer(queuer::QueuerScript),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -66,6 +69,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::SentinelClient(script) => (script.name.clone(), sentinel_client::run(&script)),
         WorkerSpec::RedlockClient(script) => (script.name.clone(), redlock_client::run(&script)),
         WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
+        WorkerSpec::Queuer(script) => (script.name.clone(), queuer::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,
