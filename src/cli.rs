@@ -14,6 +14,7 @@ use crate::labs::lease_guard::{self, LeaseGuardArgs};
 use crate::labs::naive::{self, NaiveArgs};
 use crate::labs::network::{self, NetworkArgs};
 use crate::labs::no_lock::{self, NoLockArgs};
+use crate::labs::queue::{self, QueueArgs};
 use crate::labs::redlock::{self, RedlockArgs};
 use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
@@ -95,6 +96,9 @@ enum Command {
     /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock), each
     /// against pauses, a wall clock stepped back and long work: the gap each one leaves
     LeaseGuard(LeaseGuardArgs),
+    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
+    /// session that expires
+    Queue(QueueArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -202,6 +206,7 @@ impl Command {
             Command::NoLock(args) => Some(&args.output),
             Command::Network(args) => Some(&args.output),
             Command::LeaseGuard(args) => Some(&args.output),
+            Command::Queue(args) => Some(&args.output),
             _ => None,
         }
     }
@@ -245,6 +250,7 @@ pub fn run() -> Result<ExitCode> {
         Command::NoLock(args) => no_lock::run(&args)?,
         Command::Network(args) => network::run(&args)?,
         Command::LeaseGuard(args) => lease_guard::run(&args)?,
+        Command::Queue(args) => queue::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,

@@ -206,7 +206,7 @@ impl Outcome {
 }
 
 /// One recorded write attempt. Read back in decision order.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Attempt {
     pub writer: String,
     pub value: String,
@@ -218,7 +218,7 @@ pub struct Attempt {
 }
 
 /// The resource as read back at the end of a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReadBack {
     pub final_value: Option<String>,
     pub final_writer: Option<String>,

@@ -11,7 +11,6 @@ use lockslab::store::Attempt;
 use lockslab::worker::holder::release_of;
 use serde_json::Value;
 
-
 fn cell<'a>(verdict: &'a Value, guard: &str, fault: &str) -> &'a Value {
     verdict["cells"]
         .as_array()

@@ -23,6 +23,7 @@ pub mod lease_guard;
 pub mod naive;
 pub mod network;
 pub mod no_lock;
+pub mod queue;
 pub mod redlock;
 pub mod skip_locked;
 

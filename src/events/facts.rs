@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
 use super::What;
+pub use crate::check::queue::Turn;
 use crate::check::redlock::MasterState;
 use crate::invoices::{Moment, Tally};
 use crate::lock::lease_guard::Guard;
@@ -148,6 +149,8 @@ pub struct Acquired {
     pub validity_ms: Option<i64>,
     /// Redlock: the whole round, master by master.
     pub attempt: Option<Box<Attempt>>,
+    /// Lab 10: how many times a watch woke it while it waited.
+    pub wakeups: Option<u64>,
 }
 
 /// No lock within the wait, or a refusal.
@@ -268,6 +271,8 @@ pub struct Released {
     /// A plain DEL deleted a key (whoever's it was).
     pub deleted: Option<bool>,
     pub leave_ns: Option<u64>,
+    /// Lab 10: requests it sent from its first try to this release, the release included.
+    pub requests: Option<u64>,
     /// Redlock: each master's answer to the release.
     pub answers: Option<Vec<Answer>>,
 }
@@ -620,3 +625,57 @@ pub struct Checked {
 }
 
 one_kind!(Checked);
+// Lab 10 (queue).
+
+/// A waiter took its place in the queue (or made its first try for the lock).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Queued {
+    pub pid: Option<i32>,
+    /// Its key in etcd (the recipe's `<prefix>/<lease>`).
+    pub key: Option<String>,
+    /// Its key's create revision: its place in line, and its token once it holds.
+    pub revision: Option<i64>,
+    /// Its etcd lease, in hex as etcdctl prints it.
+    pub lease: Option<String>,
+    /// The lease's TTL as etcd granted it (etcd may grant more than asked).
+    pub lease_ttl_ms: Option<u64>,
+}
+
+/// A watch woke a waiter: the key it watched is gone, and what it saw when it looked again.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Woke {
+    /// The key whose delete woke it.
+    pub gone: Option<String>,
+    /// The key now ahead of it, if one is (it waits on).
+    pub ahead: Option<String>,
+}
+
+/// One way of queueing played with N waiters: each waiter's turn, and what the servers
+/// counted for the whole queue.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Handovers {
+    /// `redis_spin`, `etcd_herd` or `etcd_recipe`.
+    pub way: String,
+    /// Every waiter, in the order they asked.
+    pub turns: Vec<Turn>,
+    /// The servers' own counters, read before and after the queue.
+    pub server: ServerCount,
+}
+
+/// What a server counted itself over one queue, as deltas of its own counters.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ServerCount {
+    /// Requests the server handled: Redis `INFO commandstats` calls, or etcd's gRPC KV
+    /// requests and watches opened (`/metrics`). None where the server would not say.
+    pub requests: Option<u64>,
+    /// etcd: watch events it sent (`etcd_debugging_mvcc_events_total`).
+    pub watch_events: Option<u64>,
+    /// Where the figures come from, in a few words.
+    pub source: String,
+}
+
+one_kind!(Queued, Woke, Handovers);

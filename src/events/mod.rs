@@ -134,6 +134,13 @@ pub enum What {
     ClockStepped(FaultFacts),
     /// A holder's lease guard decided whether it may still write.
     GuardDecided(GuardDecided),
+    // Lab 10 (queue).
+    /// A waiter joined the queue (its key and create revision), or made its first try.
+    Queued(Queued),
+    /// A watch woke a waiter; it looked again at who is ahead.
+    Woke(Woke),
+    /// One way of queueing played to the end: every turn and the servers' counts.
+    Handovers(Handovers),
 }
 
 impl std::fmt::Display for Kind {
@@ -280,6 +287,7 @@ impl Event {
     pub fn pid(&self) -> Option<i32> {
         match &self.what {
             What::Waiting(w) => w.pid,
+            What::Queued(q) => q.pid,
             What::Ready(r) => Some(r.pid),
             What::Claimed(c) => c.pid,
             What::Committed(s) | What::FinishFailed(s) => s.pid,

@@ -13,6 +13,7 @@ pub mod leftovers;
 pub mod naive;
 pub mod network;
 pub mod no_lock;
+pub mod queue;
 pub mod redlock;
 pub mod runner;
 pub mod skip_locked;

@@ -313,6 +313,45 @@ pub mod no_lock {
     };
 }
 
+pub mod queue {
+    use super::Checkpoint;
+
+    /// Before one way of queueing starts its waiters (`redis_spin`, `etcd_herd`, `etcd_recipe`).
+    pub fn before_way(way: &str) -> &'static Checkpoint {
+        match way {
+            "redis_spin" => &SPIN,
+            "etcd_herd" => &HERD,
+            _ => &RECIPE,
+        }
+    }
+    const SPIN: Checkpoint = Checkpoint {
+        name: "before the spinning waiters",
+        question: "Each waiter tries SET NX every 10ms. How many requests will Redis answer \
+                   per hand-over, and who gets the lock next: the one who asked first?",
+    };
+    const HERD: Checkpoint = Checkpoint {
+        name: "before the herd",
+        question: "Every waiter watches the one lock key. When the holder deletes it, how \
+                   many waiters does etcd wake, and how many of them get the lock?",
+    };
+    const RECIPE: Checkpoint = Checkpoint {
+        name: "before the recipe",
+        question: "Each waiter watches only the key just ahead of it. How many wake-ups per \
+                   hand-over now, and in which order will they be served?",
+    };
+    pub const EXPIRY: Checkpoint = Checkpoint {
+        name: "before the expiries",
+        question: "A queued waiter freezes past its lease: what happens to its key, and what \
+                   must the waiter behind it do when it wakes? Then the holder freezes: who \
+                   holds, and what becomes of the old holder's write?",
+    };
+    pub const VERDICT: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Which way costs the servers least per hand-over, and which serves the \
+                   waiters in the order they asked?",
+    };
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -70,7 +70,7 @@ impl Lease {
 
     /// Resolves once the heartbeat has given the lease up: raced against a lock call, so
     /// that a waiter whose lease is gone stops waiting at once.
-    async fn lost(&self) {
+    pub(crate) async fn lost(&self) {
         while self.alive() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -27,8 +27,8 @@
 //! nothing answers them. A [`Schedule`](schedule::Schedule) is a list of faults with their
 //! times, which a lab writes by hand or a generator draws from a seed.
 
-pub mod network;
 pub mod clock;
+pub mod network;
 pub mod schedule;
 pub mod victims;
 

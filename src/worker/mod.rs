@@ -11,6 +11,7 @@ pub mod consumer;
 pub mod guarded;
 pub mod holder;
 pub mod invoicer;
+pub mod queuer;
 pub mod racer;
 pub mod redlock_client;
 pub mod sentinel_client;
@@ -42,6 +43,8 @@ pub enum WorkerSpec {
     Invoicer(invoicer::Role),
     /// Take a Redis lock, let a lease guard decide whether to write, stop where told (lab 9).
     Guarded(guarded::GuardedScript),
+    /// Join a queue for one lock, one of three ways; hold, let go (lab 10).
+    Queuer(queuer::QueuerScript),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -70,6 +73,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::RedlockClient(script) => (script.name.clone(), redlock_client::run(&script)),
         WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
         WorkerSpec::Guarded(script) => (script.name.clone(), guarded::run(&script)),
+        WorkerSpec::Queuer(script) => (script.name.clone(), queuer::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,

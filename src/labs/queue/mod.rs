@@ -1,0 +1,197 @@
+//! Lab 10 — the lock services' own recipe: a fair queue, a watch on your predecessor
+//! instead of a herd, the create revision as a fencing token, and a session that expires.
+//!
+//! ```text
+//!  the herd:   release ──▶ wake ALL waiters ──▶ all race ──▶ one wins, the rest sleep again
+//!  the recipe: release ──▶ wake the ONE behind ──▶ it looks again ──▶ it holds (or waits on)
+//! ```
+//!
+//! Two parts, each played by worker processes on real servers (the lock code is in
+//! [`crate::lock::etcd_queue`], beside etcd's own lock call in [`crate::lock::etcd`]):
+//!
+//! - [`herd`]: N waiters on one lock, three ways — spinning on Redis's `SET NX`, every
+//!   waiter watching one etcd key, and the recipe. The servers count what each way cost
+//!   ([`counters`]); the tokens say in which order the waiters were served.
+//! - [`expiry`]: a waiter frozen past its lease drops out of the queue, the one behind it
+//!   looks again and waits on the holder; then the holder is frozen past its lease, the next
+//!   in line takes over, and the store refuses the woken holder's write by its token.
+//!
+//! [`verdict`] reads both through [`crate::check::queue`].
+
+pub mod counters;
+mod expiry;
+mod herd;
+pub mod verdict;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::leftovers::Leftovers;
+use super::runner::{self, Lab, Run};
+use super::{OutputArgs, duration_in};
+use crate::connect::Backend;
+use crate::output::human;
+use crate::servers::ServerArgs;
+use crate::worker::queuer::Way;
+use verdict::Verdict;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  lockslab queue                       both parts: 20 waiters three ways, then
+                                       the expiries
+  lockslab queue --waiters 200         the herd with 200 waiters (slower)
+  lockslab queue --only herd --way etcd-recipe --way etcd-herd
+                                       two of the three ways
+  lockslab queue --only expiry         only the frozen waiter and holder
+  lockslab queue --json | jq .         events and verdict as JSON Lines
+
+See labs/10-queue.md.", crate::lab_exit_status_help!()))]
+pub struct QueueArgs {
+    /// How many waiters queue for the lock in the herd part (2 to 200)
+    #[arg(long, default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(2..=200))]
+    pub waiters: u32,
+    /// How long each waiter holds the lock once it has it (0 to 1s)
+    #[arg(long, default_value = "20ms", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(1)))]
+    pub hold: Duration,
+    /// The ways to queue in the herd part (repeat the flag) [default: all three]
+    #[arg(long, value_enum)]
+    pub way: Vec<Way>,
+    /// Play one part only
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
+    /// The etcd lease of the expiry part's workers (1s to 10s): each freeze lasts this
+    /// plus 1.5s, so that the lease runs out
+    #[arg(long, default_value = "1s", value_name = "DURATION",
+          value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(10)))]
+    pub lease: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// N waiters, three ways: wake-ups, requests, hand-over times, fairness
+    Herd,
+    /// A waiter, then the holder, frozen past their leases
+    Expiry,
+}
+
+/// The lab as the flags ask for it (every flag checked by its parser).
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) waiters: u32,
+    pub(crate) hold: Duration,
+    /// The herd part's ways, in order; empty: no herd part.
+    pub(crate) ways: Vec<Way>,
+    pub(crate) expiry: bool,
+    pub(crate) lease: Duration,
+}
+
+impl Plan {
+    fn from(args: &QueueArgs) -> Plan {
+        let mut ways = if args.way.is_empty() {
+            vec![Way::RedisSpin, Way::EtcdHerd, Way::EtcdRecipe]
+        } else {
+            args.way.clone()
+        };
+        ways.dedup();
+        Plan {
+            waiters: args.waiters,
+            hold: args.hold,
+            ways: if args.only == Some(Part::Expiry) {
+                Vec::new()
+            } else {
+                ways
+            },
+            expiry: args.only != Some(Part::Herd),
+            lease: args.lease,
+        }
+    }
+}
+
+/// `lockslab queue`.
+pub fn run(args: &QueueArgs) -> Result<()> {
+    let mut plan = Plan::from(args);
+    runner::run(&mut plan, &args.output, &args.servers)
+}
+
+impl Lab for Plan {
+    type Verdict = Verdict;
+
+    fn name(&self) -> &'static str {
+        "queue"
+    }
+
+    fn needs(&self) -> Vec<Backend> {
+        let mut needs = vec![Backend::Etcd];
+        if self.ways.contains(&Way::RedisSpin) {
+            needs.push(Backend::Redis);
+        }
+        if self.expiry {
+            needs.push(Backend::Postgres);
+        }
+        needs
+    }
+
+    fn intro(&self, _run: &Run) -> Vec<String> {
+        let mut lines = Vec::new();
+        if !self.ways.is_empty() {
+            lines.push(format!(
+                "The herd: {} waiters queue for one lock, each holding it {} once it has it, \
+                 {} way{}. The servers count the requests and wake-ups; the tokens say who \
+                 was served when.",
+                self.waiters,
+                human(self.hold),
+                self.ways.len(),
+                if self.ways.len() == 1 { "" } else { "s" },
+            ));
+        }
+        if self.expiry {
+            lines.push(format!(
+                "Expiry: on the recipe, with {} leases, a queued waiter and then the holder \
+                 are frozen past their leases.",
+                human(self.lease)
+            ));
+        }
+        lines
+    }
+
+    fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
+        let mut leftovers = leftovers.etcd(run.url(Backend::Etcd));
+        if self.ways.contains(&Way::RedisSpin) {
+            leftovers = leftovers.redis(run.url(Backend::Redis));
+        }
+        if self.expiry {
+            leftovers = leftovers.store(run.url(Backend::Postgres));
+        }
+        leftovers
+    }
+
+    fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        let mut queues = Vec::new();
+        for &way in &self.ways {
+            queues.push(herd::play(self, run, way)?);
+        }
+        let expiry = if self.expiry {
+            Some(expiry::play(self, run)?)
+        } else {
+            None
+        };
+        Ok(Verdict {
+            plan: self.clone(),
+            queues,
+            expiry,
+        })
+    }
+}
+
+/// The key prefix (etcd) or key (Redis) of one part of a run.
+pub(crate) fn lock_name(run_id: &str, part: &str) -> String {
+    format!("lockslab:{run_id}:queue:{part}")
+}

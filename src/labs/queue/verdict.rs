@@ -1,0 +1,286 @@
+//! Lab 10's verdict: per way of queueing, what the servers counted and in which order the
+//! waiters were served; for the expiries, what the frozen workers learned and what the
+//! store took. Decided by [`crate::check::queue`] and [`crate::check::late_write`].
+
+use std::time::Duration;
+
+use colored::Colorize;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::Plan;
+use crate::check::queue::{
+    QueueFacts, Woken, per_handover, queue_facts, skipped_the_gap, woken_waiter,
+};
+use crate::check::{Finding, LateWrite};
+use crate::events::facts::{ServerCount, Turn};
+use crate::events::{Event, Kind, What};
+use crate::labs::runner;
+use crate::output::{human, prose, table};
+use crate::store::ReadBack;
+
+pub struct Verdict {
+    pub(crate) plan: Plan,
+    pub queues: Vec<QueueVerdict>,
+    pub expiry: Option<ExpiryVerdict>,
+}
+
+/// One way of queueing, read back.
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueVerdict {
+    pub way: String,
+    #[serde(flatten)]
+    pub facts: QueueFacts,
+    pub server: ServerCount,
+    /// The server's request count for the whole queue, per hand-over.
+    pub server_requests_per_handover: Option<f64>,
+    /// etcd's watch events sent, per hand-over.
+    pub watch_events_per_handover: Option<f64>,
+}
+
+impl QueueVerdict {
+    /// Reads one way's queue: `way` as `--json` names it (`etcd_recipe`).
+    pub fn new(way: &str, turns: &[Turn], server: ServerCount) -> QueueVerdict {
+        let facts = queue_facts(turns);
+        QueueVerdict {
+            way: way.into(),
+            server_requests_per_handover: per_handover(server.requests, facts.handovers),
+            watch_events_per_handover: per_handover(server.watch_events, facts.handovers),
+            facts,
+            server,
+        }
+    }
+}
+
+/// The expiry part, read back.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpiryVerdict {
+    pub lease_ms: u64,
+    pub freeze_ms: u64,
+    /// The queued waiter frozen past its lease: what it said when it woke.
+    pub frozen_waiter: Woken,
+    /// The waiter behind it, woken by its key's delete, looked again and waited on the
+    /// holder; it took the lock only after the holder's key was gone.
+    pub skipped_the_gap: Option<bool>,
+    pub holder_token: i64,
+    pub next_token: Option<i64>,
+    /// The woken holder's write, decided after the next holder's: refused, taken or none.
+    pub late_write: &'static str,
+    /// The woken holder reported that its key was gone before it let go.
+    pub holder_learned: bool,
+    pub store: ReadBack,
+}
+
+impl ExpiryVerdict {
+    /// Reads the expiry part from its events and the store's read-back.
+    pub fn from_log(
+        log: &[Event],
+        late: LateWrite,
+        store: ReadBack,
+        lease: Duration,
+        freeze: Duration,
+    ) -> ExpiryVerdict {
+        let saw = |worker: &str, kind: Kind| log.iter().any(|e| e.is(worker, kind));
+        let h_key = log.iter().find_map(|e| match &e.what {
+            What::Queued(q) if e.worker == "H" => q.key.clone(),
+            _ => None,
+        });
+        let woke_behind_holder = log.iter().any(|e| match &e.what {
+            What::Woke(w) if e.worker == "W2" => w.ahead.is_some() && w.ahead == h_key,
+            _ => false,
+        });
+        let token_of = |worker: &str| {
+            log.iter()
+                .find(|e| e.is(worker, Kind::Acquired))
+                .and_then(Event::token)
+        };
+        let holder_token = token_of("H").unwrap_or_default();
+        let next_token = token_of("W2");
+        ExpiryVerdict {
+            lease_ms: lease.as_millis() as u64,
+            freeze_ms: freeze.as_millis() as u64,
+            frozen_waiter: woken_waiter(saw("W1", Kind::Lost), saw("W1", Kind::Acquired)),
+            skipped_the_gap: skipped_the_gap(woke_behind_holder, next_token, holder_token)
+                .as_option(),
+            holder_token,
+            next_token,
+            late_write: late.as_str(),
+            holder_learned: saw("H", Kind::Lost),
+            store,
+        }
+    }
+}
+
+impl runner::Verdict for Verdict {
+    fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("waiters".into(), self.plan.waiters.into());
+        fields.insert("hold_ms".into(), (self.plan.hold.as_millis() as u64).into());
+        fields.insert(
+            "queues".into(),
+            serde_json::to_value(&self.queues).unwrap_or_default(),
+        );
+        if let Some(expiry) = &self.expiry {
+            fields.insert(
+                "expiry".into(),
+                serde_json::to_value(expiry).unwrap_or_default(),
+            );
+        }
+        fields
+    }
+
+    fn print(&self) {
+        if !self.queues.is_empty() {
+            print_queues(&self.queues, self.plan.waiters);
+        }
+        if let Some(expiry) = &self.expiry {
+            print_expiry(expiry);
+        }
+    }
+
+    fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
+        Some(&crate::labs::step::queue::VERDICT)
+    }
+}
+
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("?".into(), |v| format!("{v:.1}"))
+}
+
+/// A hand-over time: microseconds below a millisecond, else milliseconds with one decimal.
+fn micros(value: Option<u64>) -> String {
+    match value {
+        None => "?".into(),
+        Some(us) if us < 1000 => format!("{us}µs"),
+        Some(us) => format!("{:.1}ms", us as f64 / 1000.0),
+    }
+}
+
+fn print_queues(queues: &[QueueVerdict], waiters: u32) {
+    let header = [
+        "way",
+        "wake-ups/handover",
+        "server requests/handover",
+        "watch events/handover",
+        "handover p50",
+        "p99",
+        "served in asking order",
+    ];
+    let rows: Vec<Vec<String>> = queues
+        .iter()
+        .map(|q| {
+            vec![
+                q.way.to_string(),
+                ratio(q.facts.wakeups_per_handover),
+                ratio(q.server_requests_per_handover),
+                ratio(q.watch_events_per_handover).replace('?', "—"),
+                micros(q.facts.handover_p50_us),
+                micros(q.facts.handover_p99_us),
+                if q.facts.fair {
+                    "yes".green().to_string()
+                } else {
+                    format!("no, {} overtakes", q.facts.overtakes)
+                        .red()
+                        .to_string()
+                },
+            ]
+        })
+        .collect();
+    crate::outln!();
+    crate::outln!("{}", format!("The queue, {waiters} waiters:").bold());
+    crate::outln!("{}", table(&header, &rows));
+    for q in queues {
+        let total = q
+            .server
+            .requests
+            .map_or("an unknown number of".into(), |n| n.to_string());
+        let line = format!(
+            "{}: the server counted {total} requests for the whole queue ({}). Served, by \
+             token, in this order of asking: {}.{}{}",
+            q.way,
+            q.server.source,
+            q.facts
+                .order_got
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+            if q.facts.tokens_grow {
+                ""
+            } else {
+                " A token did not grow from one holder to the next."
+            },
+            if q.facts.never_served > 0 {
+                format!(" {} waiters were never served.", q.facts.never_served)
+            } else {
+                String::new()
+            },
+        );
+        prose(&format!("  {line}"));
+    }
+    prose(
+        "  A hand-over is timed from the moment the holder sent its release to the moment \
+         the next holder's grant returned to it, on the machine's monotonic clock.",
+    );
+}
+
+fn print_expiry(expiry: &ExpiryVerdict) {
+    crate::outln!();
+    crate::outln!(
+        "{}",
+        format!(
+            "Expiry: {} leases, each freeze {}:",
+            human(Duration::from_millis(expiry.lease_ms)),
+            human(Duration::from_millis(expiry.freeze_ms))
+        )
+        .bold()
+    );
+    let w1 = match expiry.frozen_waiter {
+        Woken::LearnedItWasGone => "W1, frozen while queued, woke to find its key gone and \
+                                    left the queue without ever holding the lock."
+            .green()
+            .to_string(),
+        Woken::Held => "W1, frozen while queued, took the lock when it woke."
+            .red()
+            .to_string(),
+        Woken::Silent => "W1, frozen while queued, said nothing of its place when it woke."
+            .yellow()
+            .to_string(),
+    };
+    prose(&format!("  {w1}"));
+    let gap = match expiry.skipped_the_gap.map_or(Finding::Unknown, |yes| {
+        if yes { Finding::Yes } else { Finding::No }
+    }) {
+        Finding::Yes => format!(
+            "W2, woken by W1's delete, looked again, found H still ahead and waited on it; \
+             it took the lock once H's key was gone, with token {} (H's was {}).",
+            expiry.next_token.unwrap_or_default(),
+            expiry.holder_token
+        )
+        .green()
+        .to_string(),
+        Finding::No => "W2 did not wait on H after W1's key went."
+            .red()
+            .to_string(),
+        Finding::Unknown => "W2 looked again after W1's key went, but never held the lock."
+            .yellow()
+            .to_string(),
+    };
+    prose(&format!("  {gap}"));
+    let late = match expiry.late_write {
+        "rejected" => format!(
+            "H, frozen while holding, woke and wrote with token {}: the store refused it, \
+             having taken W2's write with token {}.",
+            expiry.holder_token,
+            expiry.next_token.unwrap_or_default()
+        )
+        .green()
+        .to_string(),
+        "accepted" => "H's late write was taken, after W2's.".red().to_string(),
+        _ => "H's write was not decided after W2's.".yellow().to_string(),
+    };
+    prose(&format!("  {late}"));
+    if expiry.holder_learned {
+        prose("  Then H read its key back and found it gone: it was no longer the holder.");
+    }
+}

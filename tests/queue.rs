@@ -1,0 +1,203 @@
+//! Lab 10 against real Redis, etcd and Postgres: the recipe serves a queue in order with
+//! one wake-up per hand-over, as the servers count them; a waiter frozen past its lease
+//! drops out and the one behind it waits on the holder; a holder frozen past its lease is
+//! fenced off by its create revision. Small queues, no timing assertions.
+//!
+//! The servers' counters are read before and after each queue, so the tests of this file
+//! take turns: two labs on one etcd at once would count each other's requests.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::*;
+use lockslab::events::facts::{ServerCount, Turn};
+use lockslab::events::{Event, What};
+use lockslab::labs::queue::verdict::{ExpiryVerdict, QueueVerdict};
+use lockslab::store::ReadBack;
+use serde_json::Value;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn queue<'a>(verdict: &'a Value, way: &str) -> &'a Value {
+    verdict["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["way"] == way)
+        .unwrap_or_else(|| panic!("no {way} in {verdict}"))
+}
+
+/// No worker of this binary's lockslab is left, running, stopped or zombie.
+fn assert_no_worker_left() {
+    let left: Vec<Proc> = process_table()
+        .into_iter()
+        .filter(|p| p.cmdline.starts_with(BIN) && p.cmdline.contains("__worker"))
+        .collect();
+    assert!(left.is_empty(), "workers left behind: {left:?}");
+}
+
+fn assert_no_etcd_key_left(run_id: &str) {
+    let runtime = lockslab::connect::etcd_runtime().unwrap();
+    let count = runtime.block_on(async {
+        let mut client = etcd_client_of(&servers().etcd).await;
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        client
+            .get(format!("lockslab:{run_id}:"), Some(options))
+            .await
+            .unwrap()
+            .count()
+    });
+    assert_eq!(count, 0, "etcd keys left behind by run {run_id}");
+}
+
+#[test]
+fn the_recipe_serves_in_order_with_one_watch_event_per_handover() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (lines, verdict, _) = run_json(&[
+        "queue",
+        "--only",
+        "herd",
+        "--waiters",
+        "6",
+        "--hold",
+        "10ms",
+    ]);
+    assert!(verdict.get("expiry").is_none(), "{verdict}");
+    let recipe = queue(&verdict, "etcd_recipe");
+    let herd = queue(&verdict, "etcd_herd");
+    for q in [recipe, herd, queue(&verdict, "redis_spin")] {
+        assert_eq!(q["waiters"], 6, "{q}");
+        assert_eq!(q["never_served"], 0, "{q}");
+        assert_eq!(q["handovers"], 5, "{q}");
+        assert_eq!(q["tokens_grow"], true, "{q}");
+        // The server counts every request the waiters counted, and maybe more (never fewer).
+        let clients = q["client_requests_per_handover"].as_f64().unwrap();
+        let server = q["server_requests_per_handover"].as_f64().unwrap();
+        assert!(server >= clients, "{q}");
+    }
+    // First come, first served: the tokens (create revisions) follow the order of asking.
+    assert_eq!(recipe["fair"], true, "{recipe}");
+    assert_eq!(recipe["order_got"], serde_json::json!([1, 2, 3, 4, 5, 6]));
+    // Each release wakes exactly the one waiter behind it, as etcd counts its events.
+    assert_eq!(recipe["watch_events_per_handover"], 1.0, "{recipe}");
+    assert_eq!(recipe["wakeups_per_handover"], 1.0, "{recipe}");
+    // The herd: the first release alone wakes the five waiters.
+    let herd_events = herd["watch_events_per_handover"].as_f64().unwrap();
+    assert!(herd_events > 1.0, "{herd}");
+    assert!(
+        herd["wakeups_per_handover"].as_f64().unwrap() > 1.0,
+        "{herd}"
+    );
+
+    // The turns in the history are the verdict's evidence, typed.
+    let handovers: Vec<_> = lines
+        .into_iter()
+        .filter_map(|e| match e.what {
+            What::Handovers(h) => Some(h),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(handovers.len(), 3);
+    for h in &handovers {
+        assert_eq!(h.turns.len(), 6);
+        assert!(h.turns.iter().all(|t| t.token.is_some()), "{h:?}");
+    }
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_run_left_nothing(run_id);
+    assert_no_etcd_key_left(run_id);
+    assert_no_worker_left();
+}
+
+#[test]
+fn an_expired_waiter_drops_out_and_an_expired_holder_is_fenced_by_its_revision() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (lines, verdict, _) = run_json(&["queue", "--only", "expiry"]);
+    assert!(
+        verdict["queues"].as_array().unwrap().is_empty(),
+        "{verdict}"
+    );
+    let expiry = &verdict["expiry"];
+    assert_eq!(expiry["frozen_waiter"], "learned_it_was_gone", "{expiry}");
+    assert_eq!(expiry["skipped_the_gap"], true, "{expiry}");
+    assert_eq!(expiry["late_write"], "rejected", "{expiry}");
+    assert_eq!(expiry["holder_learned"], true, "{expiry}");
+    let (h, w2) = (
+        expiry["holder_token"].as_i64().unwrap(),
+        expiry["next_token"].as_i64().unwrap(),
+    );
+    assert!(w2 > h, "{expiry}");
+    // The store took W2's write and kept it: H's came after, with the lower token.
+    assert_eq!(expiry["store"]["final_writer"], "W2", "{expiry}");
+
+    let log = lines.clone();
+    let h_key = log
+        .iter()
+        .find_map(|e| match &e.what {
+            What::Queued(q) if e.worker == "H" => q.key.clone(),
+            _ => None,
+        })
+        .expect("H queued");
+    // W2 was woken by W1's delete and found H still ahead: it did not take the lock then.
+    let woke: Vec<_> = log
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Woke(w) if e.worker == "W2" => Some(w.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(woke.len(), 2, "{woke:?}");
+    assert_eq!(woke[0].ahead.as_deref(), Some(h_key.as_str()), "{woke:?}");
+    assert_eq!(woke[1].gone.as_deref(), Some(h_key.as_str()), "{woke:?}");
+    assert_eq!(woke[1].ahead, None, "{woke:?}");
+    assert!(
+        !log.iter()
+            .any(|e| e.worker == "W1" && matches!(e.what, What::Acquired(_))),
+        "W1 never holds"
+    );
+    assert_one_clock(&lines);
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_run_left_nothing(run_id);
+    assert_no_etcd_key_left(run_id);
+    assert_no_worker_left();
+}
+
+/// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers:
+/// its `handovers` events and the expiry part's events with the store's record go through
+/// the lab's checkers, which must reach the verdict recorded with them.
+#[test]
+fn a_recorded_history_replays_to_its_recorded_verdict() {
+    let (log, recorded) = events_and_verdict(include_str!("fixtures/queue.jsonl"));
+    let recorded = &recorded;
+    let mut ways = 0;
+    for event in &log {
+        let What::Handovers(h) = &event.what else {
+            continue;
+        };
+        ways += 1;
+        let turns: Vec<Turn> = h.turns.clone();
+        let server: ServerCount = h.server.clone();
+        let replayed = serde_json::to_value(QueueVerdict::new(&h.way, &turns, server)).unwrap();
+        assert_eq!(&replayed, queue(recorded, &h.way), "{}", h.way);
+    }
+    assert_eq!(ways, 3);
+
+    let expiry = &recorded["expiry"];
+    // The store's record, as the verdict carries it (the read-back's own shape).
+    let read: ReadBack = serde_json::from_value(expiry["store"].clone()).unwrap();
+    let late = lockslab::check::late_write(&read.attempts, "H", "W2");
+    let expiry_log: Vec<Event> = log
+        .into_iter()
+        .filter(|e| e.part.scenario.as_deref() == Some("expiry"))
+        .collect();
+    let replayed = ExpiryVerdict::from_log(
+        &expiry_log,
+        late,
+        read,
+        std::time::Duration::from_millis(expiry["lease_ms"].as_u64().unwrap()),
+        std::time::Duration::from_millis(expiry["freeze_ms"].as_u64().unwrap()),
+    );
+    assert_eq!(&serde_json::to_value(replayed).unwrap(), expiry);
+}
