@@ -239,3 +239,46 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         }
     }
 }
+
+/// A heartbeat whose Redis stops answering (the proxy swallows every byte both ways: no
+/// reset, no error) gives the lock up while the lease still runs, counted from its last
+/// renewal, instead of waiting out the client's own 5s timeout long past the lease.
+#[test]
+fn a_heartbeat_cut_off_by_silence_gives_up_before_its_lease_runs_out() {
+    use lockslab::lock::redis::{RedisLock, Renewal};
+    use lockslab::proxy::{self, NetFault, Proxy};
+    use std::time::Duration;
+
+    let redis = &servers().redis;
+    let mut proxied = Proxy::start("test→redis", proxy::upstream_of(redis).unwrap()).unwrap();
+    let url = proxy::through(redis, proxied.addr()).unwrap();
+    let key = format!("lockslab:test-silence:{}", std::process::id());
+    let ttl = Duration::from_secs(3);
+    let mut lock = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
+    let held = lock.try_acquire().unwrap().expect("a free key");
+    let beat = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let renewal = Renewal::start(beat, held, Box::new(move |why| tx.send(why).unwrap()));
+    // Let one renewal through (every TTL/3), then go silent.
+    std::thread::sleep(Duration::from_millis(1_200));
+    proxied.set(Direction::Up, NetFault::BlackHole);
+    proxied.set(Direction::Down, NetFault::BlackHole);
+    let why = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the heartbeat never gave up");
+    renewal.stop();
+    proxied.stop();
+    // "no renewal for {n}ms of a 3000ms TTL": the heartbeat's own count, on its clock.
+    let silent_ms: u64 = why
+        .split("no renewal for ")
+        .nth(1)
+        .and_then(|rest| rest.split("ms").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{why}"));
+    assert!(
+        silent_ms < ttl.as_millis() as u64,
+        "it gave up {silent_ms}ms after its last renewal, past the {ttl:?} lease: {why}"
+    );
+    let mut redis = lockslab::connect::redis(redis).unwrap();
+    let _: () = ::redis::cmd("DEL").arg(&key).query(&mut *redis).unwrap();
+}

@@ -395,6 +395,13 @@ impl Renewal {
                     continue;
                 }
                 let tried = Instant::now();
+                // A reset fails at once, but a server that stops answering (a partition, a
+                // frozen process) gives no error at all: the call would wait out the
+                // client's own timeout, long past the lease. Bound it by the lease left.
+                let left = lock.ttl.saturating_sub(renewed.elapsed() + margin);
+                let bound = Some(left.max(Duration::from_millis(1)));
+                let _ = lock.connection.set_read_timeout(bound);
+                let _ = lock.connection.set_write_timeout(bound);
                 match lock.renew(&held) {
                     Ok(true) => {
                         renewed = tried;
