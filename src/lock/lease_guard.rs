@@ -41,9 +41,11 @@ pub enum Guard {
     WallDeadline,
     /// ✅ A deadline on the **monotonic clock**, counted from when the request was *sent*
     /// (the lease may have started any time after that), minus a safety margin for the
-    /// drift between the holder's clock and the lock service's. A monotonic clock never
-    /// goes back and keeps counting while the process is stopped, so a pause before the
-    /// check shows. What it cannot see: a pause after the check.
+    /// difference between the holder's and the lock service's clock rates. A monotonic
+    /// clock never goes back and keeps counting while the process is stopped, so a pause
+    /// before the check shows. What it cannot see: a pause after the check, and on Linux
+    /// a suspended machine (`CLOCK_MONOTONIC` stops during a suspend; `CLOCK_BOOTTIME`
+    /// does not).
     #[value(help = "✅ the request's send + TTL − margin, on the monotonic clock")]
     MonotonicDeadline,
     /// ✅ Ask the lock service: is the key still ours (`GET`), with more than the margin

@@ -7,7 +7,7 @@
 //! nothing else, the way an NTP step or an operator's `date -s` moves a machine's wall
 //! clock while its monotonic clock runs on.
 //!
-//! Servers keep their true clocks: libfaketime crashes `redis-server` at start, so a lab
+//! Servers keep their true clocks: libfaketime hangs `redis-server` at start (recursive `clock_gettime()` calls; the port never opens), so a lab
 //! that needs a server's clock to jump simulates it (lab 6 shortens the key's PTTL) and
 //! says so.
 

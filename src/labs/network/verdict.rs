@@ -327,7 +327,7 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
         row("A never paused (/proc, history)", &|v| {
             yes_no(v.a_never_paused)
         }),
-        row("two holders at once (Redis)", &|v| yes_no(v.two_holders)),
+        row("A still acting at B's grant", &|v| yes_no(v.two_holders)),
         row("A's late write (store)", &|v| match v.late_write {
             LateWrite::Accepted => "ACCEPTED after B's".red().bold().to_string(),
             LateWrite::Rejected => "refused after B's".green().bold().to_string(),

@@ -154,8 +154,9 @@ impl Lab for Plan {
         }
         if self.expiry {
             lines.push(format!(
-                "Expiry: on the recipe, with {} leases, a queued waiter and then the holder \
-                 are frozen past their leases.",
+                "Expiry: on the recipe, with {} leases asked (etcd may grant more: the lab \
+                 freezes for what it granted), a queued waiter and then the holder are frozen \
+                 past their leases.",
                 human(self.lease)
             ));
         }
