@@ -38,8 +38,8 @@ Exit status:
   0    the lab ran and its verdict was read back from the store
   1    the lab could not run (a backend did not answer, a worker failed)
   2    bad command line (an unknown flag, a malformed duration or URL, flags that clash)
-  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP or the terminal closed); workers and
-       servers were stopped
+  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP or the terminal closed);
+       workers and servers were stopped
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
 
 Examples:
@@ -58,15 +58,19 @@ Examples:
                                 it breaks
   lockslab no-lock              lab 7: the same job without a lock service,
                                 freeze and kill
+  lockslab network              lab 8: no pause at all: the network delays a
+                                checked write past its lease
   lockslab lease-guard          lab 9: guards short of fencing, and the gap each
                                 leaves
+  lockslab queue                lab 10: etcd's queue recipe: no herd, fair
+                                order, expired sessions
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
                                 kill -STOP
   lockslab <lab> --help         options and examples of one lab
 
-Walkthroughs: labs/01-gc-pause.md … labs/07-no-lock.md in the repository."
+Walkthroughs: labs/01-gc-pause.md … labs/10-queue.md in the repository."
 )]
 pub struct Cli {
     /// None: `lockslab` alone shows the lab menu.

@@ -103,7 +103,7 @@ pub const LABS: &[LabRow] = &[
     LabRow {
         number: 10,
         command: "queue",
-        shows: "the etcd queue recipe: no herd, fair order, expired sessions",
+        shows: "etcd's queue recipe: no herd, fair order, expired sessions",
         takes: "12s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/10-queue.md",

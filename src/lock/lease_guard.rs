@@ -39,19 +39,19 @@ pub enum Guard {
     /// from the request's send, so it forgets the time the request spent on the way.)
     #[value(help = "❌ grant's wall-clock time + TTL, against the wall clock now")]
     WallDeadline,
-    /// ✅ A deadline on the **monotonic clock**, counted from when the request was *sent*
+    /// ⚠️ A deadline on the **monotonic clock**, counted from when the request was *sent*
     /// (the lease may have started any time after that), minus a safety margin for the
     /// difference between the holder's and the lock service's clock rates. A monotonic
     /// clock never goes back and keeps counting while the process is stopped, so a pause
     /// before the check shows. What it cannot see: a pause after the check, and on Linux
     /// a suspended machine (`CLOCK_MONOTONIC` stops during a suspend; `CLOCK_BOOTTIME`
     /// does not).
-    #[value(help = "✅ the request's send + TTL − margin, on the monotonic clock")]
+    #[value(help = "⚠️ the request's send + TTL − margin, on the monotonic clock")]
     MonotonicDeadline,
-    /// ✅ Ask the lock service: is the key still ours (`GET`), with more than the margin
+    /// ⚠️ Ask the lock service: is the key still ours (`GET`), with more than the margin
     /// left (`PTTL`)? The service's own answer, on the service's clock — still only true
     /// when the answer was given, and a round trip old when it arrives.
-    #[value(help = "✅ asks Redis: the key still ours, PTTL above the margin?")]
+    #[value(help = "⚠️ asks Redis: the key still ours, PTTL above the margin?")]
     CheckOwner,
     /// ✅ The reference: no guess at all. The token drawn with the lock goes with the
     /// write, and the store refuses a token lower than one it has accepted. The only

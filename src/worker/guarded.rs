@@ -76,6 +76,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
     };
     me.send(me.event(
         facts::Acquired {
+            lock: Some(script.key.clone()),
             token: held.token,
             owner: Some(held.owner.clone()),
             backend: Some("redis".into()),

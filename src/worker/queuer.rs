@@ -114,7 +114,7 @@ fn spin(script: &QueuerScript, out: &Emitter) -> Result<()> {
         wakeups += 1;
     };
     let token = held.token.unwrap_or_default();
-    acquired(out, token, requests, wakeups);
+    acquired(out, &script.lock, token, requests, wakeups);
     hold(script)?;
     write(script, out, token)?;
     requests += 1;
@@ -193,7 +193,7 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
         }
         Turn::TimedOut => return gave_up(out, "no lock within the wait"),
     };
-    acquired(out, token, queue.requests, queue.wakeups);
+    acquired(out, &script.lock, token, queue.requests, queue.wakeups);
     hold(script)?;
     write(script, out, token)?;
     // After its write, a holder that may have been frozen asks whether its key is still
@@ -258,9 +258,10 @@ fn wait_reporting(
     }
 }
 
-fn acquired(out: &Emitter, token: i64, requests: u64, wakeups: u64) {
+fn acquired(out: &Emitter, lock: &str, token: i64, requests: u64, wakeups: u64) {
     out.send(out.event(
         facts::Acquired {
+            lock: Some(lock.to_string()),
             token: Some(token),
             tries: Some(requests),
             wakeups: Some(wakeups),

@@ -44,15 +44,13 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab network                       both runs: A's write held in flight past
-                                         its lease, without and with fencing
-  lockslab network --fencing off         only the run without fencing
-  lockslab network --scenario cut-off    A cut off from Redis, not from the store
-  lockslab network --ttl 3s              a longer lease: the write waits longer
-  lockslab network --json | jq .        events and verdict as JSON Lines
+  lockslab network                     both stories, without and with fencing
+  lockslab network --fencing off       only the runs without fencing
+  lockslab network --scenario cut-off  A cut off from Redis, not from the store
+  lockslab network --ttl 3s            a longer lease: the write waits longer
+  lockslab network --json | jq .       events and verdict as JSON Lines
 
-By hand, in two terminals: `lockslab up`, then a worker whose store URL points
-through a proxy you start (see labs/08-network.md).", crate::lab_exit_status_help!()))]
+Walkthrough: labs/08-network.md.", crate::lab_exit_status_help!()))]
 pub struct NetworkArgs {
     /// How long the lock lives in Redis (200ms to 10m)
     #[arg(long, default_value = "1s", value_parser = parse_ttl, value_name = "DURATION")]

@@ -110,6 +110,13 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
         })?;
         done += 1;
         bar.inc(1);
+        // A waiter that let go has exited: reap it now, not at the end (200 would pile up
+        // as zombies meanwhile).
+        for worker in workers.iter_mut() {
+            if stage.has_exited(&worker.name) {
+                worker.finish(Duration::ZERO);
+            }
+        }
     }
     bar.finish_and_clear();
     for worker in &mut workers {

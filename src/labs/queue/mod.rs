@@ -49,10 +49,9 @@ Examples:
 
 See labs/10-queue.md.", crate::lab_exit_status_help!()))]
 pub struct QueueArgs {
-    /// How many waiters queue for the lock in the herd part (2 to 200)
-    #[arg(long, default_value_t = 20,
-          value_parser = clap::value_parser!(u32).range(2..=200))]
-    pub waiters: u32,
+    /// How many waiters queue for the lock in the herd part (2 to 200) [default: 20]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=200))]
+    pub waiters: Option<u32>,
     /// How long each waiter holds the lock once it has it (0 to 1s)
     #[arg(long, default_value = "20ms", value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(1)))]
@@ -94,15 +93,20 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn from(args: &QueueArgs) -> Plan {
+    fn from(args: &QueueArgs) -> Result<Plan> {
+        if args.only == Some(Part::Expiry) && (args.waiters.is_some() || !args.way.is_empty()) {
+            crate::bail_usage!(
+                "--waiters and --way shape the herd part, which --only expiry leaves out"
+            );
+        }
         let mut ways = if args.way.is_empty() {
             vec![Way::RedisSpin, Way::EtcdHerd, Way::EtcdRecipe]
         } else {
             args.way.clone()
         };
         ways.dedup();
-        Plan {
-            waiters: args.waiters,
+        Ok(Plan {
+            waiters: args.waiters.unwrap_or(20),
             hold: args.hold,
             ways: if args.only == Some(Part::Expiry) {
                 Vec::new()
@@ -111,13 +115,13 @@ impl Plan {
             },
             expiry: args.only != Some(Part::Herd),
             lease: args.lease,
-        }
+        })
     }
 }
 
 /// `lockslab queue`.
 pub fn run(args: &QueueArgs) -> Result<()> {
-    let mut plan = Plan::from(args);
+    let mut plan = Plan::from(args)?;
     runner::run(&mut plan, &args.output, &args.servers)
 }
 
