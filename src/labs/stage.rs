@@ -156,6 +156,19 @@ impl Stage {
             let nth = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             command.env(crate::seed::WORKER_SEED, format!("{seed}/{nth}:{name}"));
         }
+        // A faked clock or a preloaded library in lockslab's own environment is not the
+        // worker's to inherit: only what the lab gives it (lab 9's libfaketime for A).
+        for inherited in [
+            "LD_PRELOAD",
+            "FAKETIME",
+            "FAKETIME_TIMESTAMP_FILE",
+            "FAKETIME_NO_CACHE",
+            "FAKETIME_DONT_FAKE_MONOTONIC",
+            "FAKETIME_SKIP_CMDS",
+            "FAKETIME_ONLY_CMDS",
+        ] {
+            command.env_remove(inherited);
+        }
         command.envs(env.iter().map(|(key, value)| (key, value)));
         command
             .arg("__worker")

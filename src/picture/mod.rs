@@ -78,7 +78,10 @@ impl Recording {
         let mut recording = Recording::default();
         let mut verdict_line = None;
         let mut run_id: Option<(String, usize)> = None;
+        // A byte-order mark or CRLF line ends (a file saved by an editor) change nothing.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (number, line) in text.lines().enumerate() {
+            let line = line.trim_end_matches('\r');
             if line.trim().is_empty() {
                 continue;
             }
