@@ -237,6 +237,13 @@ pub fn wait_until_stopped(pid: i32, timeout: Duration) -> bool {
 /// continued, and a stopped process group left behind is exactly the mess we refuse to leave.
 pub fn stop(pid: i32, plan: &StopPlan) {
     let group = Pid::from_raw(pid);
+    // A server's own children may live in sessions of their own (Postgres's backends do),
+    // out of the group's reach: a frozen one would outlive its server, stopped. Found now,
+    // while they are still its children; resumed, and killed once it is gone.
+    let own_children = descendants(pid);
+    for &child in &own_children {
+        let _ = kill(Pid::from_raw(child), Signal::SIGCONT);
+    }
     if plan.signal == Signal::SIGKILL {
         // SIGKILL ends even a stopped process; the SIGCONT that follows makes sure nothing
         // in the group stays stopped, without letting a frozen worker run a single step.
@@ -261,9 +268,42 @@ pub fn stop(pid: i32, plan: &StopPlan) {
             _ => break,
         }
     }
-    // Whatever else lived in the group (a server's helpers) goes too.
+    // Whatever else lived in the group (a server's helpers) goes too, and so do its
+    // children in other sessions.
     let _ = killpg(group, Signal::SIGKILL);
+    for &child in &own_children {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
     forget(pid);
+}
+
+/// Every process below `pid` (children, their children…), read from /proc.
+fn descendants(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(i32, i32)> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            // `pid (comm) state ppid …`: the comm may hold spaces and parentheses.
+            let after = stat.rsplit_once(')')?.1;
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((child, ppid))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(child, ppid) in &parents {
+            if ppid == parent && !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
 }
 
 /// Ends every registered child: used on Ctrl-C, SIGTERM and SIGHUP (through [`shut_down`]).

@@ -520,3 +520,52 @@ fn only_the_handler_thread_receives_interrupts() {
     family.look();
     family.assert_gone();
 }
+
+/// A private Postgres whose session backends are frozen (each lives in a session of its
+/// own, out of the server's process group): Ctrl-C still leaves none of them behind,
+/// stopped and orphaned.
+#[test]
+fn ctrl_c_leaves_no_frozen_backend_of_a_private_postgres() {
+    let mut lab = lockslab(&[
+        "network",
+        "--private-servers",
+        "--scenario",
+        "delayed-write",
+        "--fencing",
+        "off",
+        "--ttl",
+        "2s",
+    ])
+    // Its own servers, as its children: not the test run's.
+    .env_remove("LOCKSLAB_REDIS_URL")
+    .env_remove("LOCKSLAB_ETCD_URL")
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut family = Family::of(&lab);
+    let backends = |family: &mut Family| -> Vec<i32> {
+        family
+            .look()
+            .iter()
+            .filter(|p| p.cmdline.starts_with("postgres: lockslab"))
+            .map(|p| p.pid)
+            .collect()
+    };
+    wait_for(&mut lab, "a Postgres session", || {
+        !backends(&mut family).is_empty()
+    });
+    let frozen = backends(&mut family);
+    for &pid in &frozen {
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    kill(Pid::from_raw(lab.id() as i32), Signal::SIGINT).unwrap();
+    exit_within(&mut lab, Duration::from_secs(60), "SIGINT");
+    std::thread::sleep(Duration::from_millis(300));
+    let table = process_table();
+    let left: Vec<&Proc> = table.iter().filter(|p| frozen.contains(&p.pid)).collect();
+    assert!(left.is_empty(), "backends left behind: {left:#?}");
+}
