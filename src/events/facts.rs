@@ -557,6 +557,9 @@ pub struct GuardDecided {
     pub pttl_ms: Option<i64>,
     /// Time since the request for the lock was sent, on the holder's monotonic clock.
     pub since_send_ms: u64,
+    /// The holder's wall clock at the decision (ms since 1970): the lab checks that a
+    /// clock fault really moved it.
+    pub wall_clock_ms: Option<i64>,
 }
 
 impl GuardDecided {

@@ -100,22 +100,28 @@ pub fn run(script: &GuardedScript) -> Result<()> {
     let checked = Instant::now();
     // Redis's word at the same moment, for the verdict: was an abort needed?
     let (owner, pttl) = lock.owner_and_pttl().context("reading the lock back")?;
-    me.send(me.event(
-        GuardDecided {
-            guard: script.guard,
-            write: decision.write,
-            believed_left_ms: decision.believed_left_ms,
-            key_ours: Some(owner.as_deref() == Some(held.owner.as_str())),
-            pttl_ms: Some(pttl),
-            since_send_ms: sent.elapsed().as_millis() as u64,
-        },
-        format!(
-            "guard {}: {} → {}",
-            script.guard.as_str(),
-            decision.why,
-            if decision.write { "writes" } else { "gives up" }
+    me.send(
+        me.event(
+            GuardDecided {
+                guard: script.guard,
+                write: decision.write,
+                believed_left_ms: decision.believed_left_ms,
+                key_ours: Some(owner.as_deref() == Some(held.owner.as_str())),
+                pttl_ms: Some(pttl),
+                since_send_ms: sent.elapsed().as_millis() as u64,
+                wall_clock_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|since| since.as_millis() as i64),
+            },
+            format!(
+                "guard {}: {} → {}",
+                script.guard.as_str(),
+                decision.why,
+                if decision.write { "writes" } else { "gives up" }
+            ),
         ),
-    ));
+    );
     if decision.write {
         if script.stop_at == StopAt::AfterCheck {
             stop_here(

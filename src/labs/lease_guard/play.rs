@@ -154,10 +154,29 @@ impl Cell<'_> {
 
         let read = store.read_back(run_id, &resource)?;
         let saw = |worker: &str, kind: Kind| stage.log.iter().find(|e| e.is(worker, kind));
-        let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
+        let decided = saw("A", Kind::GuardDecided);
+        let decision: GuardDecided = match decided.map(|e| &e.what) {
             Some(What::GuardDecided(decided)) => decided.clone(),
             _ => anyhow::bail!("A never reported its guard's decision"),
         };
+        if fault == LeaseFault::ClockBack {
+            // The machine's wall clock when A decided (this process's is true), against A's.
+            let at_start = std::time::SystemTime::now() - self.run.started.elapsed();
+            let decided_at = decided.map_or(0, |e| e.t_ms);
+            let machine_ms = (at_start + Duration::from_millis(decided_at))
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as i64);
+            let step_ms = plan.clock_step.as_millis() as i64;
+            let moved_ms = decision.wall_clock_ms.map(|a| a - machine_ms);
+            if moved_ms.is_none_or(|moved| (moved + step_ms).abs() > 2_000) {
+                anyhow::bail!(
+                    "A's wall clock did not move: at its decision it read {} from the \
+                     machine's, not {step_ms}ms back; libfaketime did not take effect in A, \
+                     so this cell would be a guess",
+                    moved_ms.map_or("nothing".to_string(), |m| format!("{m}ms"))
+                );
+            }
+        }
         let a_release = saw("A", Kind::Released)
             .and_then(release_of)
             .context("A's release did not say what Redis found")?;
