@@ -253,14 +253,15 @@ fn a_heartbeat_cut_off_by_silence_gives_up_before_its_lease_runs_out() {
     let mut proxied = Proxy::start("test→redis", proxy::upstream_of(redis).unwrap()).unwrap();
     let url = proxy::through(redis, proxied.addr()).unwrap();
     let key = format!("lockslab:test-silence:{}", std::process::id());
-    let ttl = Duration::from_secs(3);
+    // Long enough that the give-up margin (a tenth: 600ms) dwarfs a busy machine's delays.
+    let ttl = Duration::from_secs(6);
     let mut lock = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
     let held = lock.try_acquire().unwrap().expect("a free key");
     let beat = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
     let (tx, rx) = std::sync::mpsc::channel();
     let renewal = Renewal::start(beat, held, Box::new(move |why| tx.send(why).unwrap()));
     // Let one renewal through (every TTL/3), then go silent.
-    std::thread::sleep(Duration::from_millis(1_200));
+    std::thread::sleep(Duration::from_millis(2_400));
     proxied.set(Direction::Up, NetFault::BlackHole);
     proxied.set(Direction::Down, NetFault::BlackHole);
     let why = rx
@@ -268,7 +269,7 @@ fn a_heartbeat_cut_off_by_silence_gives_up_before_its_lease_runs_out() {
         .expect("the heartbeat never gave up");
     renewal.stop();
     proxied.stop();
-    // "no renewal for {n}ms of a 3000ms TTL": the heartbeat's own count, on its clock.
+    // "no renewal for {n}ms of a 6000ms TTL": the heartbeat's own count, on its clock.
     let silent_ms: u64 = why
         .split("no renewal for ")
         .nth(1)
