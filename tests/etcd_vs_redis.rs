@@ -247,7 +247,7 @@ fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
         .iter()
         .filter(|e| e.worker == "lab" || e.worker == "store")
     {
-        assert!(backend(e).is_some(), "no backend on {e:?}");
+        assert!(e.backend().is_some(), "no backend on {e:?}");
     }
     assert_gone(&worker_pids(&lines));
 }

@@ -162,3 +162,34 @@ pub fn say_if_disturbed(json: bool) {
         crate::prose!("{text}");
     }
 }
+
+/// Keeps the first of each repeated flag value (`--guard none --guard fencing --guard none`,
+/// `--way`…): a cell played twice would read back the first one's writes in its store row.
+pub(crate) fn first_of_each<T: PartialEq + Clone>(values: &mut Vec<T>) {
+    let mut kept: Vec<T> = Vec::new();
+    for value in values.drain(..) {
+        if !kept.contains(&value) {
+            kept.push(value);
+        }
+    }
+    *values = kept;
+}
+
+/// `--fencing off|on|both`: a lab's runs without fencing, with it, or one of each.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    Off,
+    On,
+    Both,
+}
+
+impl Fencing {
+    /// Whether each run is fenced, in the order they play.
+    pub fn runs(self) -> Vec<bool> {
+        match self {
+            Fencing::Off => vec![false],
+            Fencing::On => vec![true],
+            Fencing::Both => vec![false, true],
+        }
+    }
+}

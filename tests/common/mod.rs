@@ -293,12 +293,7 @@ pub fn worker_pids(events: &[Event]) -> Vec<i32> {
 
 /// The run id a run announced first (in its `run`, `workers` or `round` event).
 pub fn run_id_of(events: &[Event]) -> Option<&str> {
-    events.iter().find_map(|e| match &e.what {
-        What::Run(r) => r.run_id.as_deref(),
-        What::Workers(w) => w.run_id.as_deref(),
-        What::Round(r) => r.run_id.as_deref(),
-        _ => None,
-    })
+    events.iter().find_map(Event::run_id)
 }
 
 /// The facts of a grant, if `event` is one.
@@ -327,19 +322,6 @@ pub fn observed(event: &Event) -> Option<&facts::Observed> {
         | What::ExactlyOnce(o)
         | What::Lapsed(o)
         | What::Kept(o) => Some(o),
-        _ => None,
-    }
-}
-
-/// The backend an event names, if its facts name one.
-pub fn backend(event: &Event) -> Option<&str> {
-    match &event.what {
-        What::Acquired(a) => a.backend.as_deref(),
-        What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.backend.as_deref(),
-        What::Between(b) => b.backend.as_deref(),
-        What::Claimed(c) => c.backend.as_deref(),
-        What::HolderNow(h) => h.backend.as_deref(),
-        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => s.backend.as_deref(),
         _ => None,
     }
 }

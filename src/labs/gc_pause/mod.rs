@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
-use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
+use super::{Fencing, LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::connect::{self, Backend};
 use crate::output::human;
 use crate::redis_health::KeyLoss;
@@ -88,13 +88,6 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
         return Err("use at least 100ms: shorter, and process start-up blurs the story".into());
     }
     Ok(ttl)
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fencing {
-    Off,
-    On,
-    Both,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

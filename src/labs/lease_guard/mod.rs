@@ -133,13 +133,13 @@ impl Plan {
         } else {
             args.guard.clone()
         };
-        first_of_each(&mut guards);
+        super::first_of_each(&mut guards);
         let mut faults = if args.fault.is_empty() {
             LeaseFault::ALL.to_vec()
         } else {
             args.fault.clone()
         };
-        first_of_each(&mut faults);
+        super::first_of_each(&mut faults);
         let mut clock_left_out = false;
         if crate::nemesis::clock::library().is_none() && faults.contains(&LeaseFault::ClockBack) {
             if !args.fault.is_empty() {
@@ -229,16 +229,4 @@ impl Lab for Plan {
             plan: self.clone(),
         })
     }
-}
-
-/// Keeps the first of each repeated flag value (`--guard none --guard fencing --guard none`):
-/// a cell played twice would read back the first one's writes in the same store row.
-pub(crate) fn first_of_each<T: PartialEq + Clone>(values: &mut Vec<T>) {
-    let mut kept: Vec<T> = Vec::new();
-    for value in values.drain(..) {
-        if !kept.contains(&value) {
-            kept.push(value);
-        }
-    }
-    *values = kept;
 }

@@ -34,7 +34,7 @@ use anyhow::Result;
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
-use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
+use super::{Fencing, LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::connect::Backend;
 use crate::output::human;
 use crate::servers::ServerArgs;
@@ -77,13 +77,6 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fencing {
-    Off,
-    On,
-    Both,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
     /// A checks its lock and sends its write; the proxy holds the write past the lease
     DelayedWrite,
@@ -105,11 +98,7 @@ impl Plan {
         Plan {
             ttl: args.ttl,
             runs: {
-                let fencing = match args.fencing {
-                    Fencing::Off => vec![false],
-                    Fencing::On => vec![true],
-                    Fencing::Both => vec![false, true],
-                };
+                let fencing = args.fencing.runs();
                 let scenarios = match args.scenario {
                     Scenario::All => vec![Scenario::DelayedWrite, Scenario::CutOff],
                     one => vec![one],

@@ -104,7 +104,7 @@ impl Plan {
         } else {
             args.way.clone()
         };
-        crate::labs::lease_guard::first_of_each(&mut ways);
+        super::first_of_each(&mut ways);
         Ok(Plan {
             waiters: args.waiters.unwrap_or(20),
             hold: args.hold,
