@@ -564,28 +564,10 @@ pub fn assert_run_left_nothing(run_id: &str) {
 /// The store's read-back a verdict carries (`attempts`, `final_*`), as the labs' checkers
 /// take it: for replaying a recorded run with no servers.
 pub fn read_back_of(run: &Value) -> lockslab::store::ReadBack {
-    let attempts = run["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| lockslab::store::Attempt {
-            writer: a["writer"].as_str().unwrap().into(),
-            value: a["value"].as_str().unwrap().into(),
-            token: a["token"].as_i64(),
-            fenced: a["fenced"].as_bool().unwrap(),
-            accepted: a["accepted"].as_bool().unwrap(),
-            decided: a["decided"].as_i64().unwrap(),
-        })
-        .collect();
-    lockslab::store::ReadBack {
-        final_value: run["final_value"].as_str().map(String::from),
-        final_writer: run["final_writer"].as_str().map(String::from),
-        final_token: run["final_token"].as_i64(),
-        attempts,
-    }
+    serde_json::from_value(run.clone()).unwrap_or_else(|err| panic!("{err}: {run}"))
 }
 
 /// The store's attempts a verdict carries (`"attempts": [...]`), typed again.
 pub fn attempts_from(attempts: &Value) -> Vec<lockslab::store::Attempt> {
-    read_back_of(&serde_json::json!({ "attempts": attempts })).attempts
+    serde_json::from_value(attempts.clone()).unwrap_or_else(|err| panic!("{err}: {attempts}"))
 }
