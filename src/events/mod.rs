@@ -155,15 +155,21 @@ impl std::fmt::Display for Kind {
 
 /// The JSON Schema of one event line of `--json`, generated from [`Event`] itself, so it
 /// cannot drift from what the labs print (docs/json.schema.json is this, pretty-printed).
+/// It describes what `--json` *writes* (serde's serialize side): a field that is always
+/// written is required, even where reading one back would default it.
 pub fn json_schema() -> String {
-    let schema = schemars::schema_for!(Event);
+    let generator = schemars::generate::SchemaSettings::default()
+        .for_serialize()
+        .into_generator();
+    let schema = generator.into_root_schema_for::<Event>();
     serde_json::to_string_pretty(&schema).expect("a schema is plain JSON")
 }
 
 /// One thing that happened, as a worker or the lab reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Event {
-    /// Milliseconds since the lab started, stamped by the orchestrator on arrival.
+    /// Milliseconds since the lab started, stamped by the orchestrator on arrival. (A
+    /// worker's line has none until then: it reads as 0; every line `--json` prints has it.)
     #[serde(default)]
     pub t_ms: u64,
     /// Who: a worker's name (`A`, `B`…) or the lab's own lane (`redis`, `lab`).

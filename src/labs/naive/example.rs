@@ -1,10 +1,33 @@
 //! The race's example: one broken trial, step by step, as the verdict shows it.
 
 use colored::Colorize;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::check::naive::{self as checks, RaceReport};
 use crate::labs::Stage;
+
+/// One broken trial of the race, as `--json` carries it in the verdict.
+#[derive(Serialize, Debug, Clone)]
+pub struct Example {
+    pub trial: u32,
+    /// How many workers held the lock together in it.
+    pub holders: usize,
+    /// The worker whose SET Redis ran last (its value survived).
+    pub survivor: Option<String>,
+    /// A worker whose SET is stamped after the survivor's, though Redis ran it before.
+    pub overwritten_though_stamped_later: Option<String>,
+    pub steps: Vec<ExampleStep>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ExampleStep {
+    /// Microseconds from the first step, on the workers' CLOCK_MONOTONIC.
+    pub t_us: i64,
+    pub worker: String,
+    /// `get`, `set` or `done`.
+    pub step: &'static str,
+    pub text: &'static str,
+}
 
 /// One broken trial, step by step, from the workers' monotonic stamps: the first (up to)
 /// three workers that held the lock together.
@@ -18,7 +41,7 @@ pub(super) fn race_example(
     trial: u32,
     reports: &[RaceReport],
     pairs: &[(String, String)],
-) -> Value {
+) -> Example {
     // Only asked "is this worker in it?", so repeats do no harm.
     let together: Vec<&str> = pairs
         .iter()
@@ -70,41 +93,43 @@ pub(super) fn race_example(
     let origin = steps.first().map(|s| s.0).unwrap_or(0);
     // Redis ran the surviving SET after the overwritten ones; say so when the stamps put it first.
     let order = checks::set_order(shown);
-    json!({
-        "trial": trial,
-        "holders": holders,
-        "survivor": order.survivor,
-        "overwritten_though_stamped_later": order.overwritten_though_stamped_later,
-        "steps": steps.iter().map(|(t, worker, step, text)| json!({
-            "t_us": (t - origin) / 1000,
-            "worker": worker,
-            "step": step,
-            "text": text,
-        })).collect::<Vec<_>>(),
-    })
+    Example {
+        trial,
+        holders,
+        survivor: order.survivor,
+        overwritten_though_stamped_later: order.overwritten_though_stamped_later,
+        steps: steps
+            .into_iter()
+            .map(|(t, worker, step, text)| ExampleStep {
+                t_us: (t - origin) / 1000,
+                worker,
+                step,
+                text,
+            })
+            .collect(),
+    }
 }
 
-pub(super) fn print_example(stage: &Stage, example: &Value) {
+pub(super) fn print_example(stage: &Stage, example: &Example) {
     let timeline = &stage.timeline;
     timeline.say("");
     timeline.say(&format!(
         "  One trial that broke (#{}), on the workers' CLOCK_MONOTONIC stamps (client-side: \
          when each answer arrived, not when Redis ran the command):",
-        example["trial"]
+        example.trial
     ));
-    for step in example["steps"].as_array().into_iter().flatten() {
-        let ms = step["t_us"].as_i64().unwrap_or(0) as f64 / 1000.0;
+    for step in &example.steps {
+        let ms = step.t_us as f64 / 1000.0;
         timeline.say(&format!(
             "  {:>10}  {:<4} {}",
             format!("{ms:.3}ms").dimmed(),
-            step["worker"].as_str().unwrap_or("?").bold(),
-            step["text"].as_str().unwrap_or("")
+            step.worker.bold(),
+            step.text
         ));
     }
-    if let (Some(kept), Some(other)) = (
-        example["survivor"].as_str(),
-        example["overwritten_though_stamped_later"].as_str(),
-    ) {
+    if let (Some(kept), Some(other)) =
+        (&example.survivor, &example.overwritten_though_stamped_later)
+    {
         timeline.say(&format!(
             "  {}",
             format!(
@@ -115,7 +140,7 @@ pub(super) fn print_example(stage: &Stage, example: &Value) {
             .dimmed()
         ));
     }
-    let holders = example["holders"].as_u64().unwrap_or(0);
+    let holders = example.holders;
     if holders > 3 {
         timeline.say(&format!(
             "  {}",
@@ -152,21 +177,21 @@ mod tests {
         let reports = [racer("W1", 2_000_000, false), racer("W2", 1_000_000, true)];
         let pairs = [("W1".to_string(), "W2".to_string())];
         let example = race_example(7, &reports, &pairs);
-        assert_eq!(example["survivor"], "W2", "{example}");
+        assert_eq!(example.survivor.as_deref(), Some("W2"), "{example:?}");
         assert_eq!(
-            example["overwritten_though_stamped_later"], "W1",
-            "{example}"
+            example.overwritten_though_stamped_later.as_deref(),
+            Some("W1"),
+            "{example:?}"
         );
         let set_of = |worker: &str| {
-            example["steps"]
-                .as_array()
-                .unwrap()
+            example
+                .steps
                 .iter()
-                .find(|s| s["worker"] == worker && s["step"] == "set")
-                .map(|s| s["text"].as_str().unwrap().to_string())
+                .find(|s| s.worker == worker && s.step == "set")
+                .map(|s| s.text)
                 .unwrap()
         };
-        assert!(set_of("W2").contains("no other SET over it"), "{example}");
-        assert!(set_of("W1").contains("another SET over it"), "{example}");
+        assert!(set_of("W2").contains("no other SET over it"), "{example:?}");
+        assert!(set_of("W1").contains("another SET over it"), "{example:?}");
     }
 }

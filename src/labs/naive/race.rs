@@ -6,10 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use colored::Colorize;
-use serde_json::Value;
 
-use super::example::{print_example, race_example};
-use super::verdict::{self, ScenarioVerdict, Tally};
+use super::example::{Example, print_example, race_example};
+use super::verdict::{self, Evidence, RaceEvidence, ScenarioVerdict, Tally};
 use super::{Play, RedisStep, SLACK, Scenario, short};
 use crate::check::naive::{self as checks, RaceCount, RaceReport, RaceTrial};
 use crate::events::What;
@@ -22,7 +21,7 @@ use crate::worker::racer::{Role, Script, variant_name};
 
 struct RaceRun {
     tally: Tally,
-    example: Option<Value>,
+    example: Option<Example>,
 }
 
 impl Play<'_> {
@@ -221,12 +220,14 @@ impl Play<'_> {
                     )),
             );
         }
-        let tally = Tally::new(violations, trials)
-            .with("rate", (rate * 1000.0).round() / 1000.0)
-            .with("clock_overlaps", clock_overlaps)
-            .with("most_at_once", most_at_once)
-            .with("believers", believers_total)
-            .with("took_ms", took.as_millis() as u64);
+        let evidence = RaceEvidence {
+            rate: (rate * 1000.0).round() / 1000.0,
+            clock_overlaps,
+            most_at_once,
+            believers: believers_total,
+            took_ms: took.as_millis() as u64,
+        };
+        let tally = Tally::new(violations, trials, Evidence::Race(evidence));
         Ok(RaceRun { tally, example })
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use super::verdict::Tally;
+use super::verdict::{Evidence, StuckEvidence, Tally};
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
@@ -186,10 +186,12 @@ impl Play<'_> {
             _ => None,
         }
         .unwrap_or(0);
-        Ok(Tally::new(dead_owner as u32, 1)
-            .with("next_holder_got_lock", b_result.kind() == Kind::Acquired)
-            .with("waited_ms", waited_ms)
-            .with("pttl_ms_after_wait", pttl)
-            .with("ttl_ms", args.ttl.as_millis() as u64))
+        let evidence = StuckEvidence {
+            next_holder_got_lock: b_result.kind() == Kind::Acquired,
+            waited_ms,
+            pttl_ms_after_wait: pttl,
+            ttl_ms: args.ttl.as_millis() as u64,
+        };
+        Ok(Tally::new(dead_owner as u32, 1, Evidence::Stuck(evidence)))
     }
 }

@@ -7,6 +7,8 @@ use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::example::Example;
+
 use super::{Plan, Scenario, pttl_text, short};
 use crate::labs::runner;
 use crate::output::{human, table};
@@ -16,27 +18,69 @@ use crate::output::{human, table};
 pub struct Tally {
     pub violations: u32,
     pub trials: u32,
-    /// The evidence behind the count (holders lists, PTTL, waits…).
+    /// The evidence behind the count, in the scenario's own terms.
     #[serde(flatten)]
-    pub details: Map<String, Value>,
+    pub evidence: Evidence,
+}
+
+/// What a scenario's run measured besides its count.
+#[derive(Serialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Evidence {
+    Race(RaceEvidence),
+    Stuck(StuckEvidence),
+    WrongRelease(WrongReleaseEvidence),
+}
+
+/// The race: how often, how many at once, and the clocks' view beside Redis's.
+#[derive(Serialize, Debug, Clone)]
+pub struct RaceEvidence {
+    /// Trials broken per trial, to three decimals.
+    pub rate: f64,
+    /// Trials in which the workers' CLOCK_MONOTONIC stamps overlap.
+    pub clock_overlaps: u32,
+    /// The most workers that believed they held the lock in one trial.
+    pub most_at_once: usize,
+    /// Workers, over all trials, that believed they held the lock.
+    pub believers: u32,
+    pub took_ms: u64,
+}
+
+/// A holder died: did its lock ever come free?
+#[derive(Serialize, Debug, Clone)]
+pub struct StuckEvidence {
+    pub next_holder_got_lock: bool,
+    pub waited_ms: u64,
+    /// The key's PTTL after the wait: -1 no expiry, -2 gone.
+    pub pttl_ms_after_wait: i64,
+    pub ttl_ms: u64,
+}
+
+/// A release that deletes whatever is in the key.
+#[derive(Serialize, Debug, Clone)]
+pub struct WrongReleaseEvidence {
+    /// Redis's holders list, in the order it granted.
+    pub holders_list: Vec<String>,
+    pub overlaps: Vec<OverlapSeen>,
+    pub c_got_lock: bool,
+}
+
+/// Two workers in the lock at once, and why the second could get in.
+#[derive(Serialize, Debug, Clone)]
+pub struct OverlapSeen {
+    pub holders: [String; 2],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub second_entered_after_ms: Option<u64>,
+    pub cause: &'static str,
 }
 
 impl Tally {
-    pub(super) fn new(violations: u32, trials: u32) -> Tally {
+    pub(super) fn new(violations: u32, trials: u32, evidence: Evidence) -> Tally {
         Tally {
             violations,
             trials,
-            details: Map::new(),
+            evidence,
         }
-    }
-
-    pub(super) fn with(mut self, key: &str, value: impl Into<Value>) -> Tally {
-        self.details.insert(key.into(), value.into());
-        self
-    }
-
-    fn detail_u64(&self, key: &str) -> Option<u64> {
-        self.details.get(key).and_then(Value::as_u64)
     }
 }
 
@@ -51,7 +95,7 @@ pub struct ScenarioVerdict {
     pub meaning: String,
     /// race: one broken trial, step by step, from the workers' monotonic stamps.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub example: Option<Value>,
+    pub example: Option<Example>,
 }
 
 /// Every scenario the run played, in order.
@@ -98,10 +142,9 @@ pub(super) fn scenario(
 
 /// One sentence on what a scenario's two runs show.
 fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> String {
-    let waited = |t: &Tally| {
-        t.detail_u64("waited_ms")
-            .map(|ms| human(Duration::from_millis(ms)))
-            .unwrap_or_default()
+    let waited = |t: &Tally| match &t.evidence {
+        Evidence::Stuck(stuck) => human(Duration::from_millis(stuck.waited_ms)),
+        _ => String::new(),
     };
     let fixed_ok = fixed.violations == 0;
     match scenario {
@@ -116,7 +159,10 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
                     "GET-then-SET let two or more workers hold the lock at once in {} of {} trials (up to {} together)",
                     broken.violations,
                     broken.trials,
-                    broken.detail_u64("most_at_once").unwrap_or(0)
+                    match &broken.evidence {
+                        Evidence::Race(race) => race.most_at_once,
+                        _ => 0,
+                    }
                 )
             };
             let tail = if fixed_ok {
@@ -136,12 +182,10 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
                 format!(
                     "{how}: after {} the key still named it, with PTTL {}: no expiry will ever remove it (only a DEL, a FLUSHALL, eviction under an allkeys-* policy, or a restart without persistence)",
                     human(plan.wait),
-                    broken
-                        .details
-                        .get("pttl_ms_after_wait")
-                        .and_then(Value::as_i64)
-                        .map(pttl_text)
-                        .unwrap_or_default()
+                    match &broken.evidence {
+                        Evidence::Stuck(stuck) => pttl_text(stuck.pttl_ms_after_wait),
+                        _ => String::new(),
+                    }
                 )
             } else {
                 format!("{how}, yet the lock came free, which the bug should not allow")

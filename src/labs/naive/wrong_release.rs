@@ -7,9 +7,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use serde_json::{Value, json};
 
-use super::verdict::Tally;
+use super::verdict::{Evidence, OverlapSeen, Tally, WrongReleaseEvidence};
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
@@ -169,26 +168,17 @@ impl Play<'_> {
             .collect();
         let found = checks::overlaps(&pairs, &entered, args.ttl);
         let violations = checks::deleted_live_locks(&found);
-        let overlaps: Vec<Value> = found
+        let overlaps: Vec<OverlapSeen> = found
             .iter()
-            .map(|o| {
-                json!({
-                    "holders": [o.first, o.second],
-                    "second_entered_after_ms": o.gap.map(|g| g.as_millis() as u64),
-                    "cause": o.cause.as_str(),
-                })
+            .map(|o| OverlapSeen {
+                holders: [o.first.clone(), o.second.clone()],
+                second_entered_after_ms: o.gap.map(|g| g.as_millis() as u64),
+                cause: o.cause.as_str(),
             })
             .collect();
         let pairs_text = overlaps
             .iter()
-            .map(|o| {
-                format!(
-                    "{} and {} ({})",
-                    o["holders"][0].as_str().unwrap_or("?"),
-                    o["holders"][1].as_str().unwrap_or("?"),
-                    o["cause"].as_str().unwrap_or("?")
-                )
-            })
+            .map(|o| format!("{} and {} ({})", o.holders[0], o.holders[1], o.cause))
             .collect::<Vec<_>>()
             .join("; ");
         stage.record(Event::new(
@@ -210,9 +200,11 @@ impl Play<'_> {
                 list.join(" ")
             ),
         ));
-        Ok(Tally::new(violations, 1)
-            .with("holders_list", list)
-            .with("overlaps", overlaps)
-            .with("c_got_lock", c_result.kind() == Kind::Acquired))
+        let evidence = WrongReleaseEvidence {
+            holders_list: list,
+            overlaps,
+            c_got_lock: c_result.kind() == Kind::Acquired,
+        };
+        Ok(Tally::new(violations, 1, Evidence::WrongRelease(evidence)))
     }
 }
