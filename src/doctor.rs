@@ -47,7 +47,7 @@ fn say(mark: Mark, text: &str) {
         Mark::Fix => "FIX".red().bold(),
         Mark::Note => " · ".dimmed(),
     };
-    for (i, line) in wrap(text, 80 - 7).iter().enumerate() {
+    for (i, line) in crate::output::wrap(text, 80 - 7).iter().enumerate() {
         if i == 0 {
             crate::outln!("  {tag}  {line}");
         } else {
@@ -58,28 +58,10 @@ fn say(mark: Mark, text: &str) {
 
 /// Advice on the line below a finding, indented under its text.
 fn advise(text: &str) {
-    for (i, line) in wrap(text, 80 - 9).iter().enumerate() {
+    for (i, line) in crate::output::wrap(text, 80 - 9).iter().enumerate() {
         let arrow = if i == 0 { "→" } else { " " };
         crate::outln!("       {}", format!("{arrow} {line}").yellow());
     }
-}
-
-/// Splits `text` into lines of at most `width` characters, at spaces (a longer word, a
-/// URL, keeps its own line).
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = vec![String::new()];
-    for word in text.split_whitespace() {
-        let current = lines.last_mut().expect("never empty");
-        if !current.is_empty() && current.chars().count() + 1 + word.chars().count() > width {
-            lines.push(word.to_string());
-        } else {
-            if !current.is_empty() {
-                current.push(' ');
-            }
-            current.push_str(word);
-        }
-    }
-    lines
 }
 
 /// The first line a tool prints for `--version`, or why there is none.

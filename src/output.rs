@@ -431,24 +431,22 @@ fn terminal_width() -> Option<usize> {
     (rc == 0 && size.ws_col > 0).then_some(size.ws_col as usize)
 }
 
-/// Breaks `text` into lines of at most `width` columns at spaces (a word longer than the
-/// width keeps its own line). Colour codes take no width.
+/// Breaks `text` into lines of at most `width` terminal columns at spaces (a word longer
+/// than the width keeps its own line). A text that fits is left alone, and a wrapped one
+/// keeps its runs of spaces, so aligned columns stay aligned. Colour codes take no width;
+/// a wide character (`⌛`, `✅`) takes the two columns a terminal draws it in.
 pub fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ').filter(|w| !w.is_empty()) {
-        if !line.is_empty() && visible_width(&line) + 1 + visible_width(word) > width {
-            lines.push(std::mem::take(&mut line));
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(word);
+    if visible_width(text) <= width {
+        return vec![text.to_string()];
     }
-    if !line.is_empty() || lines.is_empty() {
-        lines.push(line);
-    }
-    lines
+    let options = textwrap::Options::new(width)
+        .word_separator(textwrap::WordSeparator::AsciiSpace)
+        .word_splitter(textwrap::WordSplitter::NoHyphenation)
+        .break_words(false);
+    textwrap::wrap(text, options)
+        .into_iter()
+        .map(|line| line.into_owned())
+        .collect()
 }
 
 /// Each line of `text` fitted to [`width`]: a longer one wraps at spaces, its continuation
@@ -484,9 +482,9 @@ pub fn prose(text: &str) {
     }
 }
 
-/// The width of a string as shown, ignoring colour escape codes.
-fn visible_width(text: &str) -> usize {
-    without_colors(text).chars().count()
+/// The columns a terminal draws `text` in: colour codes take none, wide characters two.
+pub fn visible_width(text: &str) -> usize {
+    textwrap::core::display_width(text)
 }
 
 /// A lab's first line: its name, the run id, and the seed to replay its random choices.
@@ -506,5 +504,33 @@ pub fn human(duration: Duration) -> String {
         // Whole milliseconds, like the `_ms` fields of `--json`: the timeline and the
         // verdict never disagree by a rounding.
         format!("{}.{:03}s", ms / 1000, ms % 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_that_fits_keeps_its_columns() {
+        let row = "m5 :46467   sent +  55.4ms   ✗ no answer in time";
+        assert_eq!(wrap(row, 80), vec![row.to_string()]);
+    }
+
+    #[test]
+    fn a_wrapped_line_keeps_its_runs_of_spaces() {
+        let row = "m1 :40001   sent +   0.2ms   ✓ OK   m2 :40002   sent +   0.4ms   ✓ OK";
+        let lines = wrap(row, 40);
+        assert!(lines.len() > 1, "{lines:?}");
+        assert!(lines[0].contains(":40001   sent +   0.2ms"), "{lines:?}");
+        assert!(lines.iter().all(|l| visible_width(l) <= 40), "{lines:?}");
+    }
+
+    #[test]
+    fn wide_characters_and_colours_are_measured_as_drawn() {
+        assert_eq!(visible_width("⌛ wait"), 7);
+        assert_eq!(visible_width(&"red".red().to_string()), 3);
+        // Four hourglasses fill 8 columns: they no longer fit in 7.
+        assert_eq!(wrap("⌛⌛⌛⌛ x", 7).len(), 2);
     }
 }
