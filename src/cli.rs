@@ -107,6 +107,9 @@ enum Command {
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
     Doctor(crate::doctor::DoctorArgs),
+    /// The questions to answer before shipping a distributed lock, each with the lab that
+    /// shows what goes wrong without it (`--markdown` for a design review)
+    Checklist(crate::checklist::ChecklistArgs),
     /// Print a shell's completion script: `lockslab completions bash > ~/.local/share/bash-completion/completions/lockslab`
     Completions {
         #[arg(value_enum)]
@@ -242,6 +245,7 @@ pub fn run() -> Result<ExitCode> {
     match command {
         Command::List => crate::menu::print(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
+        Command::Checklist(args) => crate::checklist::run(&args)?,
         Command::Completions { shell } => completions(shell),
         Command::Man { dir } => man_pages(dir.as_deref())?,
         Command::Schema => crate::outln!("{}", crate::events::json_schema()),

@@ -46,7 +46,8 @@
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
 //!   keys without their TTL (an eviction, a flush, a restart looks like an expiry).
-//! - [`doctor`] checks a machine before a session.
+//! - [`doctor`] checks a machine before a session; [`checklist`] is the course's last
+//!   page: the questions to answer before shipping a lock.
 //! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
@@ -64,6 +65,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod check;
+pub mod checklist;
 pub mod cli;
 pub mod cluster;
 pub mod connect;
