@@ -124,6 +124,33 @@ fn check_tool(name: &str, backend: Backend, oldest: (u32, u32), package: &str) -
     }
 }
 
+/// The clients the walkthroughs' by-hand steps type (`redis-cli GET …`, `psql -c …`,
+/// `etcdctl get …`, `… | jq`): the labs run without them, a reader following along does not.
+fn check_hand_tools() {
+    for (name, backend, package) in [
+        ("redis-cli", Backend::Redis, "redis-tools"),
+        ("psql", Backend::Postgres, "postgresql-client"),
+        ("etcdctl", Backend::Etcd, "etcd-client"),
+        ("jq", Backend::Redis, "jq"),
+    ] {
+        match servers::find_binary(name, backend) {
+            Ok(path) => say(
+                Mark::Ok,
+                &format!("{name:<13} {:<8} {}", "by hand", path.display()),
+            ),
+            Err(_) => {
+                say(
+                    Mark::Note,
+                    &format!("{name:<13} not found: the walkthroughs' by-hand steps use it"),
+                );
+                advise(&format!(
+                    "`sudo apt-get install {package}` (or scripts/setup)"
+                ));
+            }
+        }
+    }
+}
+
 /// Where the labs would find one backend, as far as doctor could tell.
 enum Source {
     /// A server that answers, and where it came from.
@@ -218,6 +245,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
             "protoc        not found: needed only to build lockslab",
         ),
     }
+    check_hand_tools();
 
     crate::outln!();
     crate::outln!("{}", "Servers the labs would use".bold());
