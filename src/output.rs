@@ -232,7 +232,9 @@ pub fn init() {
 /// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
     remember_line(text);
-    write_line(text);
+    if !CAPTURING.with(std::cell::Cell::get) {
+        write_line(text);
+    }
 }
 
 fn write_line(text: &str) {
@@ -313,6 +315,20 @@ pub fn tee(print: impl FnOnce()) -> Vec<String> {
     TEE.with(|tee| *tee.borrow_mut() = Some(Vec::new()));
     print();
     TEE.with(|tee| tee.borrow_mut().take()).unwrap_or_default()
+}
+
+thread_local! {
+    /// While [`capture`] runs: lines are remembered and not printed.
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `print` and returns the lines it would have printed on stdout, printing none: the
+/// verdict's words for `--json`, whose stdout holds only JSON lines.
+pub fn capture(print: impl FnOnce()) -> Vec<String> {
+    CAPTURING.with(|capturing| capturing.set(true));
+    let lines = tee(print);
+    CAPTURING.with(|capturing| capturing.set(false));
+    lines
 }
 
 fn remember_line(text: &str) {

@@ -404,6 +404,17 @@ fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
     if verdict["runs"][0]["two_holders"] == Value::Bool(true) {
         assert!(page.contains("<g class=\"overlap\""));
     }
+    // The verdict is drawn in the lab's own words (as a terminal shows them), not as a raw
+    // field table: `render` of the saved JSON draws the same page.
+    let words = verdict["text"].as_array().expect("the verdict's words");
+    assert!(
+        words
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("stale write")),
+        "{verdict}"
+    );
+    assert!(page.contains("<pre>Verdict"), "the page draws the words");
+    assert!(!page.contains("read_back"), "no raw field table");
     // Every event carries the part it belongs to, and every grant its backend.
     assert!(
         lines

@@ -23,7 +23,7 @@ use super::leftovers::Leftovers;
 use super::stage::{History, Stage};
 use super::step::Checkpoint;
 use crate::connect::{self, Backend};
-use crate::output::{Style, Timeline, json_line, run_heading, stamp_verdict, tee};
+use crate::output::{Style, Timeline, capture, json_line, run_heading, stamp_verdict, tee};
 use crate::picture::Recording;
 use crate::servers::{self, ServerArgs, Servers};
 
@@ -130,9 +130,15 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     let mut verdict_json = Value::Object(envelope(lab.name(), &run.id, verdict.fields()));
     stamp_verdict(&mut verdict_json);
     let verdict_text = if style.json {
+        // The verdict's words as a terminal shows them, so `render` draws the same verdict
+        // as a live `--html`.
+        let words = crate::picture::trim_blank(capture(|| verdict.print()));
+        if let Some(fields) = verdict_json.as_object_mut() {
+            fields.insert("text".into(), words.clone().into());
+        }
         json_line(&verdict_json);
         super::say_if_disturbed(true);
-        Vec::new()
+        words
     } else {
         tee(|| {
             verdict.print();

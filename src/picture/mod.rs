@@ -113,6 +113,19 @@ impl Recording {
                 }
             }
             if value.get("kind").and_then(Value::as_str) == Some("verdict") {
+                // The verdict's words as the terminal showed them (`text`, since lockslab
+                // wrote it): drawn as a live `--html` draws them.
+                recording.verdict_text = value
+                    .get("text")
+                    .and_then(Value::as_array)
+                    .map(|lines| {
+                        lines
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 recording.verdict = Some(value);
                 verdict_line = Some(number + 1);
             } else {
@@ -249,7 +262,8 @@ pub fn draw(targets: &[Target], recording: &Recording, json: bool) -> Result<()>
     Ok(())
 }
 
-fn trim_blank(mut lines: Vec<String>) -> Vec<String> {
+/// The lines without the blank ones above and below them.
+pub fn trim_blank(mut lines: Vec<String>) -> Vec<String> {
     while lines.first().is_some_and(|l| l.trim().is_empty()) {
         lines.remove(0);
     }

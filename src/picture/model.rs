@@ -846,6 +846,10 @@ fn tip(event: &Event) -> String {
 
 impl Verdict {
     fn of(recording: &Recording) -> Verdict {
+        // The lab's own words first; a verdict without them (an older lockslab's) as a table.
+        if !recording.verdict_text.is_empty() {
+            return Verdict::Text(recording.verdict_text.clone());
+        }
         match &recording.verdict {
             Some(Value::Object(verdict)) => {
                 let columns = verdict.values().find_map(|value| match value {
