@@ -110,6 +110,12 @@ pub const LABS: &[LabRow] = &[
     },
 ];
 
+/// Labs that start servers of their own even when URLs are given (a room's, a team's):
+/// they kill and restart them, or need several. The menu says so, so that an attendee
+/// knows what must be installed on their own machine.
+pub const STARTS_ITS_OWN: &[(&str, &str)] =
+    &[("failover", "own Redis+etcd"), ("redlock", "own 5 Redis")];
+
 /// The labs, in order (the cli's tests check that each row names a subcommand it has).
 pub fn available() -> Vec<&'static LabRow> {
     LABS.iter().collect()
@@ -124,7 +130,20 @@ pub fn print() {
     );
     crate::outln!();
     for lab in available() {
-        let needs: Vec<&str> = lab.needs.iter().map(|b| b.name()).collect();
+        let own = STARTS_ITS_OWN
+            .iter()
+            .find(|(command, _)| *command == lab.command)
+            .map(|(_, own)| *own);
+        let needs: Vec<&str> = lab
+            .needs
+            .iter()
+            .filter(|b| own.is_none() || **b == Backend::Postgres)
+            .map(|b| b.name())
+            .collect();
+        let needs = match own {
+            Some(own) => format!("{own} · {}", needs.join(", ")),
+            None => needs.join(", "),
+        };
         // Padded before it is coloured: escape codes would count as width.
         let command = format!("{:<14}", lab.command);
         crate::outln!(
@@ -136,18 +155,17 @@ pub fn print() {
         crate::outln!(
             "      {:<14} {}",
             "",
-            format!(
-                "~{} · {} · {}",
-                lab.takes,
-                needs.join(", "),
-                lab.walkthrough
-            )
-            .dimmed()
+            format!("~{} · {} · {}", lab.takes, needs, lab.walkthrough).dimmed()
         );
     }
     crate::outln!();
     crate::outln!("Type first:  {}", "lockslab gc-pause".bold());
     crate::outln!("Then read its walkthrough, labs/01-gc-pause.md: predict, run, read.");
+    crate::outln!();
+    crate::outln!(
+        "{}",
+        "  own: the lab starts those servers itself, even in a room (it kills them)".dimmed()
+    );
     crate::outln!();
     crate::outln!("  lockslab <lab> --help   options and examples of one lab");
     crate::outln!("  lockslab <lab> --step   stop before each reveal, to ask the room");
@@ -172,6 +190,13 @@ mod tests {
                 lab.walkthrough
                     .starts_with(&format!("labs/{:02}-{}", lab.number, lab.command))
             );
+        }
+    }
+
+    #[test]
+    fn every_lab_that_starts_its_own_servers_is_a_row() {
+        for (command, _) in STARTS_ITS_OWN {
+            assert!(LABS.iter().any(|lab| lab.command == *command), "{command}");
         }
     }
 

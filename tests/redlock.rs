@@ -682,6 +682,7 @@ fn given_masters_play_what_needs_no_process_and_keep_no_key() {
         human.contains("needs masters lockslab starts itself"),
         "{human}"
     );
+    assert!(!human.contains("Redis URL given is not used"), "{human}");
     let output = lockslab(&with_masters(&["redlock", "restart"], &urls))
         .output()
         .unwrap();
@@ -690,6 +691,20 @@ fn given_masters_play_what_needs_no_process_and_keep_no_key() {
     assert!(
         stderr.contains("restart") && stderr.contains("starts itself"),
         "{stderr}"
+    );
+}
+
+/// A Redis URL from the environment (a room's, a team's) cannot serve as five masters: the
+/// lab says up front that it starts its own rather than ignore the URL silently.
+#[test]
+fn a_redis_url_it_cannot_use_is_named_up_front() {
+    let human = run_human(&["redlock", "client-pause"]);
+    let intro: Vec<&str> = human.lines().take(4).collect();
+    assert!(
+        intro
+            .iter()
+            .any(|l| l.contains("Redis URL given is not used")),
+        "{human}"
     );
 }
 

@@ -40,6 +40,7 @@ mod restart;
 mod scene;
 mod verdict;
 
+use colored::Colorize;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -185,6 +186,9 @@ pub(crate) struct Plan {
     pub(crate) scenarios: Vec<Scenario>,
     /// Those asked for that need masters of the lab's own, with `--master` given.
     pub(crate) skipped: Vec<Scenario>,
+    /// A Redis URL was given (`--redis-url`, `LOCKSLAB_REDIS_URL`, a room's), which Redlock
+    /// cannot use: it needs several independent masters (`--master`).
+    pub(crate) redis_url_ignored: bool,
 }
 
 impl Plan {
@@ -244,6 +248,7 @@ fn plan_from(args: &RedlockArgs) -> Result<Plan> {
         n,
         scenarios,
         skipped,
+        redis_url_ignored: !given && args.servers.redis_url.is_some(),
     })
 }
 
@@ -269,10 +274,21 @@ impl Lab for Plan {
         }
     }
 
-    /// Nothing yet: the lines under the heading describe the masters, which
-    /// [`Scene::start`] starts (or checks) first, in [`Lab::play`].
+    /// Only a word on a Redis URL it does not use: the lines under the heading describe
+    /// the masters, which [`Scene::start`] starts (or checks) first, in [`Lab::play`].
     fn intro(&self, _run: &Run) -> Vec<String> {
-        Vec::new()
+        self.redis_url_ignored
+            .then(|| {
+                format!(
+                    "  {}",
+                    "(the Redis URL given is not used: Redlock needs independent masters, and \
+                     this lab kills and restarts them, so it starts its own; --master names \
+                     yours)"
+                        .dimmed()
+                )
+            })
+            .into_iter()
+            .collect()
     }
 
     /// The run's keys on masters of the user's, and client-pause's rows and sequence.
