@@ -55,7 +55,8 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
             "lab_paused_ms",
             "lab_pauses",
             "run_id",
-            "seed"
+            "seed",
+            "text"
         ],
         "{verdict}"
     );
