@@ -828,7 +828,10 @@ fn q_at_the_first_checkpoint_ends_labs_5_to_7() {
     for (lab, first) in [
         (&["failover"][..], "before the Redis failover"),
         (&["redlock", "minority"][..], "before the minority"),
-        (&["no-lock", "optimistic"][..], "before the next approach"),
+        (
+            &["no-lock", "optimistic"][..],
+            "before the next approach: optimistic",
+        ),
     ] {
         let mut args = lab.to_vec();
         args.push("--step");

@@ -37,12 +37,22 @@ pub fn stepping() -> bool {
 /// Shows the checkpoint and waits for Enter; `q` (then Enter) ends the run cleanly. When
 /// stdin ends (nobody to answer), the questions are still shown but no longer waited for.
 pub fn checkpoint(at: &Checkpoint) {
+    stop(at.name, at.question);
+}
+
+/// A checkpoint that repeats (before each approach, each way): its name says which one
+/// comes next, `⏸ before the next approach: optimistic`.
+pub fn checkpoint_before(at: &Checkpoint, next: &str) {
+    stop(&format!("{}: {next}", at.name), at.question);
+}
+
+fn stop(name: &str, question: &str) {
     if !stepping() || crate::procs::interrupted() {
         return;
     }
     crate::errln!("");
-    crate::errln!("{}", format!("⏸ {}", at.name).bright_blue().bold());
-    for line in crate::output::wrap(at.question, 76) {
+    crate::errln!("{}", format!("⏸ {name}").bright_blue().bold());
+    for line in crate::output::wrap(question, 76) {
         crate::errln!("  {}", line.bold());
     }
     let on_terminal = std::io::stdin().is_terminal();
@@ -63,8 +73,7 @@ pub fn checkpoint(at: &Checkpoint) {
             crate::procs::shut_down(
                 crate::procs::exit_code_for(Signal::SIGINT as i32),
                 Some(format!(
-                    "lockslab: stopped at '{}'; workers stopped, the run's keys and rows removed",
-                    at.name
+                    "lockslab: stopped at '{name}'; workers stopped, the run's keys and rows removed"
                 )),
             )
         }
@@ -294,17 +303,51 @@ pub mod redlock {
         name: "before the verdict",
         question: "Which faults did the quorum survive, and which handed the lock out twice?",
     };
+    /// When only the client pause ran: no quorum fault was played to ask about.
+    pub const VERDICT_CLIENT_PAUSE: Checkpoint = Checkpoint {
+        name: "before the verdict",
+        question: "Every master behaved, yet A's late write came after B's grant. Which \
+                   guard refused it, and why can no count of masters do that?",
+    };
 }
 
 pub mod no_lock {
     use super::Checkpoint;
 
-    pub const BEFORE_APPROACH: Checkpoint = Checkpoint {
+    /// Before each approach, asking about the faults this run plays (`--fault`).
+    pub fn before_approach(fault: crate::labs::no_lock::Fault) -> &'static Checkpoint {
+        use crate::labs::no_lock::Fault;
+        match fault {
+            Fault::Both => &BEFORE_APPROACH,
+            Fault::Kill => &BEFORE_APPROACH_KILL,
+            Fault::Freeze => &BEFORE_APPROACH_FREEZE,
+            Fault::None => &BEFORE_APPROACH_NONE,
+        }
+    }
+
+    const BEFORE_APPROACH: Checkpoint = Checkpoint {
         name: "before the next approach",
         question: "Four workers freeze, each at another point of a job (before the read, \
                    after it, mid-write, before COMMIT); another is killed mid-write. At which \
                    points will this approach invoice a job twice or lose a balance update? \
                    What does it cost?",
+    };
+    const BEFORE_APPROACH_KILL: Checkpoint = Checkpoint {
+        name: "before the next approach",
+        question: "A worker is killed in the middle of writing a job. Will this approach \
+                   lose the job, invoice it twice, or leave a lock behind — and who finishes \
+                   it?",
+    };
+    const BEFORE_APPROACH_FREEZE: Checkpoint = Checkpoint {
+        name: "before the next approach",
+        question: "Four workers freeze, each at another point of a job (before the read, \
+                   after it, mid-write, before COMMIT). At which points will this approach \
+                   invoice a job twice or lose a balance update?",
+    };
+    const BEFORE_APPROACH_NONE: Checkpoint = Checkpoint {
+        name: "before the next approach",
+        question: "No faults this time: how many jobs a second will this approach do \
+                   against the others, and what does its safety cost?",
     };
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",

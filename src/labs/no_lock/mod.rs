@@ -273,7 +273,10 @@ impl Lab for Plan {
                 redis_url: redis_url.as_deref(),
                 tables,
             };
-            stage.checkpoint(&super::step::no_lock::BEFORE_APPROACH);
+            super::step::checkpoint_before(
+                super::step::no_lock::before_approach(self.fault),
+                approach.name(),
+            );
             approaches.push(play.run(&mut stage, &mut db, &schema)?);
         }
         Ok(Verdict {

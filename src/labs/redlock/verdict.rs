@@ -124,7 +124,16 @@ impl runner::Verdict for Verdict {
     }
 
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
-        Some(&step::redlock::VERDICT)
+        let only_the_pause = self
+            .plan
+            .scenarios
+            .iter()
+            .all(|s| *s == super::Scenario::ClientPause);
+        Some(if only_the_pause {
+            &step::redlock::VERDICT_CLIENT_PAUSE
+        } else {
+            &step::redlock::VERDICT
+        })
     }
 }
 
