@@ -241,8 +241,8 @@ pub fn run(script: &SentinelClient) -> Result<()> {
             false,
             None,
             format!(
-                "cannot release: {primary}, which granted the lock, is gone ({})",
-                err.root_cause()
+                "cannot release: {primary}, which granted the lock, no longer answers ({})",
+                in_plain_words(&err)
             ),
         ),
     };
@@ -255,6 +255,22 @@ pub fn run(script: &SentinelClient) -> Result<()> {
         text,
     ));
     Ok(())
+}
+
+/// A client error as a learner reads it: what happened to the connection, not the
+/// library's wording (`unexpected end of file`).
+fn in_plain_words(err: &anyhow::Error) -> String {
+    let raw = err.root_cause().to_string();
+    let lower = raw.to_lowercase();
+    if lower.contains("end of file") || lower.contains("broken pipe") || lower.contains("reset") {
+        "its connection closed: the server is down".into()
+    } else if lower.contains("refused") {
+        "nothing listens on its port any more".into()
+    } else if lower.contains("timed out") || lower.contains("timeout") {
+        "no answer in time".into()
+    } else {
+        raw
+    }
 }
 
 /// One attempt at the lock, with the token drawn from the script's source.
