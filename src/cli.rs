@@ -170,6 +170,8 @@ Examples:
     Reset(crate::hands_on::ResetArgs),
     /// Show the servers `lockslab up` started and whether they answer
     Status,
+    /// A room's results: every seat's finished runs, lab by lab, and how each outcome fell
+    Results(crate::room::ResultsArgs),
     /// Draw a saved run (`<lab> --json > RUN.jsonl`) as a self-contained HTML page or SVG
     #[command(after_help = "\
 Examples:
@@ -273,6 +275,7 @@ pub fn run() -> Result<ExitCode> {
             }
         }
         Command::Status => status()?,
+        Command::Results(args) => crate::room::results(&args)?,
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,

@@ -87,6 +87,7 @@ pub mod procs;
 pub mod proxy;
 pub mod queue;
 pub mod redis_health;
+pub mod room;
 pub mod seed;
 pub mod servers;
 pub mod store;

@@ -1028,6 +1028,7 @@ impl PrivateServers {
         };
         let mut client = connect::postgres(admin_in_labs_db)?;
         let mut statements = vec![format!("REVOKE ALL ON SCHEMA public FROM PUBLIC")];
+        statements.extend(crate::room::create_table_sql(PG_ROLE));
         for seat in &room.seats {
             let (name, password) = (&seat.name, &seat.password);
             statements.extend([
@@ -1039,6 +1040,7 @@ impl PrivateServers {
                 format!("CREATE SCHEMA {name} AUTHORIZATION {name}"),
                 format!("ALTER ROLE {name} SET search_path = {name}"),
             ]);
+            statements.extend(crate::room::seat_grants_sql(name));
         }
         client
             .batch_execute(&statements.join(";\n"))

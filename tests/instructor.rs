@@ -972,7 +972,45 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
             }
             other => panic!("no check for {other}"),
         }
+        assert!(
+            !stderr.contains("not in the room's results"),
+            "{lab}: {stderr}"
+        );
     }
+    // The instructor sees every seat's run, lab by lab, read back from the room's Postgres.
+    let output = room.command(&["results"]).output().unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    assert!(shown.starts_with("8 runs by 8 seats"), "{shown}");
+    for seat in 1..=8 {
+        assert!(shown.contains(&format!("seat{seat:02}")), "{shown}");
+    }
+    assert!(shown.contains("no-lock — 2 runs"), "{shown}");
+    assert!(
+        shown.contains("minority-down: granted"),
+        "lab 6's headline: {shown}"
+    );
+    assert!(
+        shown.contains("optimistic: safe"),
+        "lab 7's headline: {shown}"
+    );
+    // A seat may record its runs but read nobody's.
+    let seat_url = room
+        .seat(1)
+        .1
+        .into_iter()
+        .find(|(var, _)| var == "LOCKSLAB_POSTGRES_URL")
+        .unwrap()
+        .1;
+    let mut seat = postgres::Client::connect(&seat_url, postgres::NoTls).unwrap();
+    let read = seat.query("SELECT * FROM public.lockslab_room_results", &[]);
+    assert!(read.is_err(), "a seat read the room's results");
+    let forged = seat.execute(
+        "INSERT INTO public.lockslab_room_results (seat, lab, run_id, headline, verdict) \
+         VALUES ('seat02', 'x', 'x', 'x', '{}')",
+        &[],
+    );
+    assert!(forged.is_err(), "a seat recorded a run as another seat");
 }
 
 /// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain

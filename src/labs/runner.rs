@@ -62,6 +62,11 @@ pub trait Verdict {
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
         None
     }
+    /// The outcome in one line, as a room's results count it across seats (`lockslab
+    /// results`): short, and the same words for the same outcome.
+    fn headline(&self) -> String {
+        "ran to its verdict".into()
+    }
 }
 
 /// One run of a lab: what the runner set up for it.
@@ -145,6 +150,12 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
             super::say_if_disturbed(false);
         })
     };
+    crate::room::record(
+        server_args.postgres_url.as_deref(),
+        lab.name(),
+        &verdict.headline(),
+        &verdict_json,
+    );
     let pictures = output.pictures()?;
     if !pictures.is_empty() {
         let verdict = style.json.then_some(verdict_json);

@@ -217,6 +217,22 @@ impl runner::Verdict for Verdict {
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
         Some(&crate::labs::step::failover::VERDICT)
     }
+
+    fn headline(&self) -> String {
+        let scenarios: Vec<String> = self
+            .scenarios
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: {}, {}",
+                    s.name,
+                    crate::room::holders_word(s.two_holders),
+                    crate::room::stale_write_word(s.stale_write.attempted, s.stale_write.accepted)
+                )
+            })
+            .collect();
+        scenarios.join(" · ")
+    }
 }
 
 /// The store's line on the timeline for a scenario whose A wrote after B.

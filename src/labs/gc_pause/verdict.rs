@@ -51,6 +51,24 @@ impl runner::Verdict for Verdict {
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
         Some(&crate::labs::step::gc_pause::VERDICT)
     }
+
+    fn headline(&self) -> String {
+        let runs: Vec<String> = self
+            .runs
+            .iter()
+            .map(|run| {
+                format!(
+                    "{}: {}",
+                    if run.fencing { "fenced" } else { "unfenced" },
+                    crate::room::stale_write_word(
+                        run.stale_write_attempted,
+                        run.stale_write_accepted
+                    )
+                )
+            })
+            .collect();
+        runs.join(" · ")
+    }
 }
 
 /// How a run was set up: the facts of its verdict that no server decides.

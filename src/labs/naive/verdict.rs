@@ -117,6 +117,23 @@ impl runner::Verdict for Verdict {
         print_verdicts(&self.scenarios);
     }
 
+    fn headline(&self) -> String {
+        let broke = |t: &Tally| if t.violations > 0 { "broke" } else { "held" };
+        let scenarios: Vec<String> = self
+            .scenarios
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: bug {}, fix {}",
+                    s.name,
+                    broke(&s.broken),
+                    broke(&s.fixed)
+                )
+            })
+            .collect();
+        scenarios.join(" · ")
+    }
+
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
         Some(&crate::labs::step::naive::VERDICT)
     }

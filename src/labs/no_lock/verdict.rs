@@ -97,6 +97,15 @@ impl runner::Verdict for Verdict {
         }
     }
 
+    fn headline(&self) -> String {
+        let approaches: Vec<String> = self
+            .approaches
+            .iter()
+            .map(|a| format!("{}: {}", a.name, if a.safe { "safe" } else { "FAILED" }))
+            .collect();
+        approaches.join(" · ")
+    }
+
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
         Some(&step::no_lock::VERDICT)
     }

@@ -123,6 +123,26 @@ impl runner::Verdict for Verdict {
         print_verdicts(&self.scenarios, &self.plan.skipped);
     }
 
+    fn headline(&self) -> String {
+        let scenarios: Vec<String> = self
+            .scenarios
+            .iter()
+            .map(|s| match &s.stale_write {
+                Some(write) => format!(
+                    "{}: {}",
+                    s.name,
+                    crate::room::stale_write_word(write.attempted, write.accepted)
+                ),
+                None if s.two_holders.is_some() => {
+                    format!("{}: {}", s.name, crate::room::holders_word(s.two_holders))
+                }
+                None if s.granted => format!("{}: granted", s.name),
+                None => format!("{}: not granted", s.name),
+            })
+            .collect();
+        scenarios.join(" · ")
+    }
+
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
         let only_the_pause = self
             .plan
