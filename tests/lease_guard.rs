@@ -77,7 +77,7 @@ fn replay(events: &[&Event], cell: &Value) -> Outcome {
 }
 
 /// The teaching table: what each guard does against each fault.
-const EXPECTED: [(&str, [&str; 4]); 5] = [
+const EXPECTED: [(&str, [&str; 4]); 8] = [
     (
         "none",
         [
@@ -98,6 +98,33 @@ const EXPECTED: [(&str, [&str; 4]); 5] = [
     (
         "check-owner",
         ["aborted", "stale_accepted", "aborted", "aborted"],
+    ),
+    (
+        "pause-detect",
+        [
+            "aborted",
+            "stale_accepted",
+            "stale_accepted",
+            "stale_accepted",
+        ],
+    ),
+    (
+        "renew-third",
+        [
+            "aborted",
+            "stale_accepted",
+            "no_stale_write",
+            "no_stale_write",
+        ],
+    ),
+    (
+        "lock-delay",
+        [
+            "no_stale_write",
+            "stale_accepted",
+            "no_stale_write",
+            "no_stale_write",
+        ],
     ),
     (
         "fencing",
@@ -138,7 +165,7 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         .iter()
         .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockStep)))
         .collect();
-    assert_eq!(steps.len(), 5, "one clock step per clock-back cell");
+    assert_eq!(steps.len(), 8, "one clock step per clock-back cell");
     let wall = cell(&verdict, "wall-deadline", "clock-back");
     assert_eq!(wall["key_ours_at_check"], false, "{wall}");
     assert!(
@@ -156,9 +183,62 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         assert!(after["window_ms"].as_u64().is_some(), "{after}");
         assert!(after["paused_ms"].as_u64().is_some(), "{after}");
     }
+    // Pause detection saw the stop before its check as a gap in its clock samples.
+    let detected = cell(&verdict, "pause-detect", "pause-before-check");
+    assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
+    // Lock-delay's cost: the lock stood idle after A's lease, nobody let in; without it,
+    // B was granted the lock as soon as A's lease ran out (within its polling).
+    for fault in FAULTS {
+        let delayed = cell(&verdict, "lock-delay", fault);
+        assert!(
+            delayed["unavailable_ms"].as_u64().unwrap() >= 400,
+            "{delayed}"
+        );
+    }
+    let plain = cell(&verdict, "none", "long-work");
+    assert!(plain["unavailable_ms"].as_u64().unwrap() < 400, "{plain}");
     assert_one_clock(&lines);
     assert_gone(&worker_pids(&lines));
     assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}
+
+/// The edge where lock-delay flips: A's work overruns its lease by less than the delay
+/// (its late write lands before B is let in) or by more (B writes first, A's write is
+/// stale). On both sides and near the edge, the verdict is the store's word.
+#[test]
+fn a_sweep_across_the_lock_delay_edge_never_disagrees_with_the_store() {
+    for (overrun, far_side) in [
+        ("100ms", Some("no_stale_write")),
+        ("550ms", None),
+        ("650ms", None),
+        ("1200ms", Some("stale_accepted")),
+    ] {
+        let (_, verdict, _) = run_json(&[
+            "lease-guard",
+            "--guard",
+            "lock-delay",
+            "--fault",
+            "long-work",
+            "--ttl",
+            "500ms",
+            "--margin",
+            "100ms",
+            "--lock-delay",
+            "600ms",
+            "--overrun",
+            overrun,
+        ]);
+        let cell = cell(&verdict, "lock-delay", "long-work");
+        assert_eq!(
+            store_says(cell),
+            cell["outcome"],
+            "overrun {overrun}: {cell}"
+        );
+        if let Some(expected) = far_side {
+            assert_eq!(cell["outcome"], expected, "overrun {overrun}: {cell}");
+        }
+        assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+    }
 }
 
 /// A margin of all but a millisecond of the lease: the monotonic deadline falls a
@@ -243,7 +323,7 @@ fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (events, verdict) = events_and_verdict(include_str!("fixtures/lease-guard.jsonl"));
     let cells = verdict["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 20);
+    assert_eq!(cells.len(), 32);
     for cell in cells {
         let (guard, fault) = (
             cell["guard"].as_str().unwrap(),

@@ -560,6 +560,8 @@ pub struct GuardDecided {
     /// The holder's wall clock at the decision (ms since 1970): the lab checks that a
     /// clock fault really moved it.
     pub wall_clock_ms: Option<i64>,
+    /// The widest gap pause detection saw between two samples of the monotonic clock.
+    pub gap_ms: Option<u64>,
 }
 
 impl GuardDecided {
@@ -567,7 +569,7 @@ impl GuardDecided {
     pub fn decided(&self) -> crate::check::lease_guard::Decided {
         crate::check::lease_guard::Decided {
             write: self.write,
-            counted: self.believed_left_ms.is_some(),
+            counted: self.guard.looks(),
             key_ours: self.key_ours,
             pttl_ms: self.pttl_ms,
         }

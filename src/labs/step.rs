@@ -435,8 +435,8 @@ pub mod lease_guard {
     };
     const PAUSE_AFTER: Checkpoint = Checkpoint {
         name: "before the pause after the check",
-        question: "A's guard says yes, then A stops before the write. Can any guard in A see \
-                   this pause?",
+        question: "A's guard says yes, then A stops before the write, until B has written. \
+                   Can any guard in A see this pause? Does a lock-delay help?",
     };
     const CLOCK_BACK: Checkpoint = Checkpoint {
         name: "before the clock steps back",
@@ -446,7 +446,7 @@ pub mod lease_guard {
     const LONG_WORK: Checkpoint = Checkpoint {
         name: "before the long work",
         question: "No fault: A's work just outlasts its lease. Which guard lets its write \
-                   through?",
+                   through, and which keeps the lock from B meanwhile?",
     };
 
     pub const VERDICT: Checkpoint = Checkpoint {

@@ -11,8 +11,11 @@
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
 //! write; A's wall clock is stepped back while it works (libfaketime in A only: the
 //! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
-//! than its lease. In every cell B has written before A's guard looks (or, for the pause
-//! after the check, before A wakes), so the order is the story's, not the machine's speed.
+//! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
+//! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
+//! the pause after the check lasts until B has written however long that takes. With the
+//! defaults B writes long before the overrun runs out wherever it can, so the order is the
+//! story's, not the machine's speed.
 //!
 //! - [`play`]: one cell;
 //! - [`verdict`]: the matrix, read back from the store by [`crate::check::lease_guard`].
@@ -44,7 +47,11 @@ Examples:
   lockslab lease-guard --guard wall-deadline --guard monotonic-deadline
           --fault clock-back              a wall clock stepped back: one guard
                                           believes it, the other does not
+  lockslab lease-guard --guard lock-delay --fault long-work --overrun 2s
+                                          an overrun longer than the lock-delay
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
+
+The default run plays 32 cells in about 45 seconds.
 
 The clock fault needs libfaketime (apt-get install faketime); without it the
 lab leaves that column out and says so.", crate::lab_exit_status_help!()))]
@@ -68,6 +75,15 @@ pub struct LeaseGuardArgs {
     #[arg(long, default_value = "30s", value_name = "DURATION",
           value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(3600)))]
     pub clock_step: Duration,
+    /// How long after its lease A's fault lasts at most, if B has not written first
+    #[arg(long, default_value = "500ms", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub overrun: Duration,
+    /// lock-delay's D: how long Redis refuses the lock after a lease ran out (0 to 60s,
+    /// Consul's range)
+    #[arg(long, default_value = "1s", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub lock_delay: Duration,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -115,6 +131,8 @@ pub(crate) struct Plan {
     pub(crate) ttl: Duration,
     pub(crate) margin: Duration,
     pub(crate) clock_step: Duration,
+    pub(crate) overrun: Duration,
+    pub(crate) lock_delay: Duration,
     /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
     pub(crate) clock_left_out: bool,
 }
@@ -156,6 +174,8 @@ impl Plan {
             ttl: args.ttl,
             margin: args.margin,
             clock_step: args.clock_step,
+            overrun: args.overrun,
+            lock_delay: args.lock_delay,
             clock_left_out,
         })
     }
@@ -188,6 +208,16 @@ impl Lab for Plan {
             human(self.ttl),
             human(self.margin)
         )];
+        lines.push(format!(
+            "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
+            human(self.overrun)
+        ));
+        if self.guards.contains(&Guard::LockDelay) {
+            lines.push(format!(
+                "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",
+                human(self.lock_delay)
+            ));
+        }
         if self.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
                 "clock-back steps A's wall clock back {} with libfaketime, in A only: the machine's clock, Redis's clock and A's monotonic clock stay true.",

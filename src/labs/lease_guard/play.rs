@@ -78,15 +78,22 @@ impl Cell<'_> {
             run_id: run_id.into(),
             resource: resource.clone(),
             stop_at,
+            lock_delay_ms: plan.lock_delay.as_millis() as u64,
         };
         let env = clock.as_ref().map(WorkerClock::env).unwrap_or_default();
         let mut a = stage.spawn_with_env("A", &WorkerSpec::Guarded(a_script), &env)?;
         // Declared after A: dropped first, so that a cell that fails resumes A before A's
         // handle kills it.
         let mut nemesis = Nemesis::new();
-        stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+        let working = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
             e.is("A", Kind::Working)
         })?;
+        // The fault lasts until B has written, or until `overrun` past A's lease at most;
+        // the pause after the check, until B has written however long that takes.
+        let fault_ends = match fault {
+            LeaseFault::PauseAfterCheck => Duration::MAX,
+            _ => Duration::from_millis(working.t_ms) + plan.ttl + plan.overrun,
+        };
 
         let mut paused = false;
         match fault {
@@ -135,15 +142,29 @@ impl Cell<'_> {
             token_sequence: None,
         };
         let mut b = stage.spawn("B", &WorkerSpec::Holder(b_script))?;
-        stage.wait_for(long, "B to write", |e| {
-            e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp)
-        })?;
+        let b_done = |e: &Event| e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp);
+        while let Some(left) = fault_ends.checked_sub(stage.elapsed())
+            && !stage.log.iter().any(b_done)
+        {
+            if left > long {
+                stage.wait_for(long, "B to write", b_done)?;
+            } else {
+                stage.next(left.min(Duration::from_millis(50)));
+            }
+        }
+        let b_first = stage.log.iter().any(b_done);
+        let how = if b_first {
+            "once B has written"
+        } else {
+            "B has not written yet"
+        };
         if paused {
-            nemesis.resume(&mut stage, &a, "sends SIGCONT to A")?;
+            nemesis.resume(&mut stage, &a, format!("sends SIGCONT to A ({how})"))?;
         } else if fault != LeaseFault::PauseAfterCheck && fault != LeaseFault::PauseBeforeCheck {
             a.tell("finish")?;
         }
         stage.wait_for(long, "A to let go", |e| e.is("A", Kind::Released))?;
+        stage.wait_for(long, "B to write", b_done)?;
         b.tell("finish")?;
         stage.wait_for(long, "B to let go", |e| {
             e.is("B", Kind::Released) || e.is("B", Kind::GaveUp)
@@ -193,6 +214,17 @@ impl Cell<'_> {
             .iter()
             .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
             .find_map(|e| e.fault().and_then(|f| f.paused_ms));
+        let at = |worker: &str, kind: Kind| saw(worker, kind).map(|e| e.t_ms);
+        let unavailable_ms = checks::unavailable_ms(&checks::Handover {
+            a_granted_ms: at("A", Kind::Acquired).context("A's grant")?,
+            ttl_ms,
+            a_renewed: guard == Guard::RenewThird,
+            a_deleted_ms: a_release
+                .deleted()
+                .then(|| at("A", Kind::Released))
+                .flatten(),
+            b_granted_ms: at("B", Kind::Acquired),
+        });
         let found = checks::judge(&Evidence {
             decision: decision.decided(),
             a_release: &a_release,
@@ -231,8 +263,8 @@ impl Cell<'_> {
             };
             stage.record(Event::new("store", kind(facts), text));
         }
-        Ok(CellVerdict::new(
-            fault, guard, &decision, found, paused_ms, read,
-        ))
+        let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
+        cell.unavailable_ms = unavailable_ms;
+        Ok(cell)
     }
 }
