@@ -77,70 +77,33 @@ fn replay(events: &[&Event], cell: &Value) -> Outcome {
 }
 
 /// The teaching table: what each guard does against each fault.
-const EXPECTED: [(&str, [&str; 4]); 8] = [
-    (
-        "none",
-        [
-            "stale_accepted",
-            "stale_accepted",
-            "stale_accepted",
-            "stale_accepted",
-        ],
-    ),
-    (
-        "wall-deadline",
-        ["aborted", "stale_accepted", "stale_accepted", "aborted"],
-    ),
+const EXPECTED: [(&str, [&str; 6]); 8] = [
+    ("none", [STALE, STALE, STALE, STALE, STALE, SAFE]),
+    ("wall-deadline", [ABORT, STALE, STALE, ABORT, STALE, ABORT]),
     (
         "monotonic-deadline",
-        ["aborted", "stale_accepted", "aborted", "aborted"],
+        [ABORT, STALE, ABORT, ABORT, ABORT, SAFE],
     ),
-    (
-        "check-owner",
-        ["aborted", "stale_accepted", "aborted", "aborted"],
-    ),
-    (
-        "pause-detect",
-        [
-            "aborted",
-            "stale_accepted",
-            "stale_accepted",
-            "stale_accepted",
-        ],
-    ),
-    (
-        "renew-third",
-        [
-            "aborted",
-            "stale_accepted",
-            "no_stale_write",
-            "no_stale_write",
-        ],
-    ),
-    (
-        "lock-delay",
-        [
-            "no_stale_write",
-            "stale_accepted",
-            "no_stale_write",
-            "no_stale_write",
-        ],
-    ),
+    ("check-owner", [ABORT, STALE, ABORT, ABORT, ABORT, SAFE]),
+    ("pause-detect", [ABORT, STALE, STALE, STALE, STALE, SAFE]),
+    ("renew-third", [ABORT, STALE, SAFE, SAFE, SAFE, SAFE]),
+    ("lock-delay", [SAFE, STALE, SAFE, SAFE, SAFE, SAFE]),
     (
         "fencing",
-        [
-            "stale_refused",
-            "stale_refused",
-            "stale_refused",
-            "stale_refused",
-        ],
+        [REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, SAFE],
     ),
 ];
-const FAULTS: [&str; 4] = [
+const STALE: &str = "stale_accepted";
+const REFUSED: &str = "stale_refused";
+const ABORT: &str = "aborted";
+const SAFE: &str = "no_stale_write";
+const FAULTS: [&str; 6] = [
     "pause-before-check",
     "pause-after-check",
     "clock-back",
     "long-work",
+    "clock-slow",
+    "clock-fast",
 ];
 
 #[test]
@@ -166,6 +129,14 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockStep)))
         .collect();
     assert_eq!(steps.len(), 8, "one clock step per clock-back cell");
+    let rates = events
+        .iter()
+        .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockRate)))
+        .count();
+    assert_eq!(
+        rates, 16,
+        "one clock rate per clock-slow and clock-fast cell"
+    );
     let wall = cell(&verdict, "wall-deadline", "clock-back");
     assert_eq!(wall["key_ours_at_check"], false, "{wall}");
     assert!(
@@ -183,12 +154,19 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         assert!(after["window_ms"].as_u64().is_some(), "{after}");
         assert!(after["paused_ms"].as_u64().is_some(), "{after}");
     }
+    // A slow wall clock: the wall deadline believed it had time while Redis had let the
+    // key go. A fast one: it gave up work that was safe, and nothing was lost.
+    let slow = cell(&verdict, "wall-deadline", "clock-slow");
+    assert_eq!(slow["key_ours_at_check"], false, "{slow}");
+    assert!(slow["believed_left_ms"].as_i64().unwrap() > 0, "{slow}");
+    let fast = cell(&verdict, "wall-deadline", "clock-fast");
+    assert_eq!(fast["needless_abort"], true, "{fast}");
     // Pause detection saw the stop before its check as a gap in its clock samples.
     let detected = cell(&verdict, "pause-detect", "pause-before-check");
     assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
     // Lock-delay's cost: the lock stood idle after A's lease, nobody let in; without it,
     // B was granted the lock as soon as A's lease ran out (within its polling).
-    for fault in FAULTS {
+    for fault in &FAULTS[..5] {
         let delayed = cell(&verdict, "lock-delay", fault);
         assert!(
             delayed["unavailable_ms"].as_u64().unwrap() >= 400,
@@ -323,7 +301,7 @@ fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (events, verdict) = events_and_verdict(include_str!("fixtures/lease-guard.jsonl"));
     let cells = verdict["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 32);
+    assert_eq!(cells.len(), 48);
     for cell in cells {
         let (guard, fault) = (
             cell["guard"].as_str().unwrap(),

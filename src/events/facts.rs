@@ -46,6 +46,9 @@ pub enum Fault {
     /// A worker's wall clock set forward or back (libfaketime in that worker only; the
     /// machine's clock and every monotonic clock untouched).
     ClockStep,
+    /// Lab 9: a worker's wall clock set to run slow or fast (libfaketime's speed factor, in
+    /// that worker only; the machine's clock and every monotonic clock untouched).
+    ClockRate,
 }
 
 /// Whether a fault's record opens it or closes it.
@@ -209,6 +212,9 @@ pub struct FaultFacts {
     pub process_ran: Option<bool>,
     /// Lab 9: how far a worker's wall clock was stepped (ms; negative: back).
     pub clock_step_ms: Option<i64>,
+    /// Lab 9: the rate a worker's wall clock now runs at, in percent of true time (50:
+    /// half speed, 300: three times as fast).
+    pub clock_rate_percent: Option<u32>,
 }
 
 impl FaultFacts {

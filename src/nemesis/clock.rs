@@ -93,6 +93,31 @@ impl Nemesis {
         };
         std::fs::write(&clock.file, offset).context("stepping a worker's clock")
     }
+
+    /// Sets the victim's wall clock running at `percent` of true time (libfaketime's speed
+    /// factor, `+0 x0.5`), and records it.
+    ///
+    /// libfaketime applies the factor to the time since the process started, so the change
+    /// lands as a small step too, `(rate − 1) ×` the worker's age (tens of milliseconds for
+    /// a worker that just took its lock), then the rate. It also scales the worker's
+    /// *sleeps* by the same factor, as measured on the fake clock: at half speed a 10ms
+    /// `sleep` takes 20ms of true time, at three times the speed about 3ms. Timeouts set on
+    /// a socket (Redis's `SO_RCVTIMEO`) and the monotonic clock are not touched.
+    pub fn set_clock_rate(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        clock: &WorkerClock,
+        percent: u32,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let pid = victim.pid().unwrap_or_default();
+        let mut note = note.into();
+        note.facts.clock_rate_percent = Some(percent);
+        history.record(fault_event(Fault::ClockRate, &victim.label(), pid, note));
+        let rate = format!("+0 x{}.{:02}\n", percent / 100, percent % 100);
+        std::fs::write(&clock.file, rate).context("setting a worker's clock rate")
+    }
 }
 
 /// libfaketime's offsets are in seconds, with a fraction.
@@ -124,6 +149,29 @@ mod tests {
             Some(4242)
         }
         fn kill_now(&mut self) {}
+    }
+
+    #[test]
+    fn a_rate_is_written_as_libfaketimes_speed_factor() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = WorkerClock {
+            file: dir.path().join("offset"),
+            library: "/nonexistent/libfaketime.so.1",
+            _dir: dir,
+        };
+        let mut history = History::default();
+        let mut nemesis = Nemesis::new();
+        for (percent, written) in [(50, "+0 x0.50\n"), (300, "+0 x3.00\n")] {
+            nemesis
+                .set_clock_rate(&mut history, &Worker, &clock, percent, "rate")
+                .unwrap();
+            assert_eq!(std::fs::read_to_string(&clock.file).unwrap(), written);
+        }
+        let What::ClockStepped(facts) = &history.0[0].what else {
+            panic!("{:?}", history.0)
+        };
+        assert_eq!(facts.fault, Some(Fault::ClockRate));
+        assert_eq!(facts.clock_rate_percent, Some(50));
     }
 
     #[test]

@@ -103,15 +103,40 @@ pub enum LeaseFault {
     ClockBack,
     /// No fault at all: A's work simply outlasts its lease
     LongWork,
+    /// A's wall clock runs at half speed while it works past its lease (libfaketime, in A
+    /// only)
+    ClockSlow,
+    /// A's wall clock runs three times too fast; A checks halfway through its lease
+    /// (libfaketime, in A only)
+    ClockFast,
 }
 
 impl LeaseFault {
-    pub const ALL: [LeaseFault; 4] = [
+    pub const ALL: [LeaseFault; 6] = [
         LeaseFault::PauseBeforeCheck,
         LeaseFault::PauseAfterCheck,
         LeaseFault::ClockBack,
         LeaseFault::LongWork,
+        LeaseFault::ClockSlow,
+        LeaseFault::ClockFast,
     ];
+
+    /// A fault that needs libfaketime in A.
+    pub fn moves_the_clock(self) -> bool {
+        matches!(
+            self,
+            LeaseFault::ClockBack | LeaseFault::ClockSlow | LeaseFault::ClockFast
+        )
+    }
+
+    /// The rate A's wall clock runs at, in percent of true time (the rate faults).
+    pub fn clock_rate_percent(self) -> Option<u32> {
+        match self {
+            LeaseFault::ClockSlow => Some(50),
+            LeaseFault::ClockFast => Some(300),
+            _ => None,
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -119,6 +144,8 @@ impl LeaseFault {
             LeaseFault::PauseAfterCheck => "pause-after-check",
             LeaseFault::ClockBack => "clock-back",
             LeaseFault::LongWork => "long-work",
+            LeaseFault::ClockSlow => "clock-slow",
+            LeaseFault::ClockFast => "clock-fast",
         }
     }
 }
@@ -159,13 +186,16 @@ impl Plan {
         };
         super::first_of_each(&mut faults);
         let mut clock_left_out = false;
-        if crate::nemesis::clock::library().is_none() && faults.contains(&LeaseFault::ClockBack) {
+        if crate::nemesis::clock::library().is_none()
+            && let Some(clock) = faults.iter().find(|f| f.moves_the_clock())
+        {
             if !args.fault.is_empty() {
                 crate::bail_usage!(
-                    "--fault clock-back steps A's wall clock with libfaketime, which this machine lacks (apt-get install faketime)"
+                    "--fault {} moves A's wall clock with libfaketime, which this machine lacks (apt-get install faketime)",
+                    clock.as_str()
                 );
             }
-            faults.retain(|f| *f != LeaseFault::ClockBack);
+            faults.retain(|f| !f.moves_the_clock());
             clock_left_out = true;
         }
         Ok(Plan {
@@ -224,9 +254,15 @@ impl Lab for Plan {
                 human(self.clock_step)
             ));
         }
+        if self.faults.iter().any(|f| f.clock_rate_percent().is_some()) {
+            lines.push(
+                "clock-slow runs A's wall clock at half speed, clock-fast at three times (libfaketime's speed factor, in A only; it scales A's sleeps too); clock-fast's A checks halfway through its lease."
+                    .into(),
+            );
+        }
         if self.clock_left_out {
             lines.push(
-                "clock-back left out: this machine has no libfaketime (apt-get install faketime)."
+                "clock-back, clock-slow and clock-fast left out: this machine has no libfaketime (apt-get install faketime)."
                     .into(),
             );
         }

@@ -57,9 +57,9 @@ impl Cell<'_> {
         stage.tags().scenario = Some(fault.as_str().into());
         stage.tags().variant = Some(guard.as_str().into());
 
-        let clock = match fault {
-            LeaseFault::ClockBack => Some(WorkerClock::new()?),
-            _ => None,
+        let clock = match fault.moves_the_clock() {
+            true => Some(WorkerClock::new()?),
+            false => None,
         };
         let stop_at = match fault {
             LeaseFault::PauseBeforeCheck => StopAt::BeforeCheck,
@@ -96,7 +96,25 @@ impl Cell<'_> {
         };
 
         let mut paused = false;
+        let mut told = false;
         match fault {
+            LeaseFault::ClockSlow | LeaseFault::ClockFast => {
+                let percent = fault.clock_rate_percent().unwrap_or(100);
+                let words = format!(
+                    "runs A's wall clock at {percent}% of true time (libfaketime in A only; its monotonic clock and Redis's clock stay true)"
+                );
+                let clock = clock.as_ref().context("the clock fault has its clock")?;
+                nemesis.set_clock_rate(&mut stage, &a, clock, percent, words)?;
+                if fault == LeaseFault::ClockFast {
+                    // A looks halfway through its lease: its fast clock says it is over.
+                    let halfway = Duration::from_millis(working.t_ms) + plan.ttl / 2;
+                    while let Some(left) = halfway.checked_sub(stage.elapsed()) {
+                        stage.next(left.min(Duration::from_millis(20)));
+                    }
+                    a.tell("finish")?;
+                    told = true;
+                }
+            }
             LeaseFault::ClockBack => {
                 let step_ms = plan.clock_step.as_millis() as i64;
                 let words = format!(
@@ -160,7 +178,10 @@ impl Cell<'_> {
         };
         if paused {
             nemesis.resume(&mut stage, &a, format!("sends SIGCONT to A ({how})"))?;
-        } else if fault != LeaseFault::PauseAfterCheck && fault != LeaseFault::PauseBeforeCheck {
+        } else if !told
+            && fault != LeaseFault::PauseAfterCheck
+            && fault != LeaseFault::PauseBeforeCheck
+        {
             a.tell("finish")?;
         }
         stage.wait_for(long, "A to let go", |e| e.is("A", Kind::Released))?;
@@ -180,7 +201,7 @@ impl Cell<'_> {
             Some(What::GuardDecided(decided)) => decided.clone(),
             _ => anyhow::bail!("A never reported its guard's decision"),
         };
-        if fault == LeaseFault::ClockBack {
+        if fault.moves_the_clock() {
             // The machine's wall clock when A decided (this process's is true), against A's.
             let at_start = std::time::SystemTime::now() - self.run.started.elapsed();
             let decided_at = decided.map_or(0, |e| e.t_ms);
@@ -189,10 +210,20 @@ impl Cell<'_> {
                 .map_or(0, |since| since.as_millis() as i64);
             let step_ms = plan.clock_step.as_millis() as i64;
             let moved_ms = decision.wall_clock_ms.map(|a| a - machine_ms);
-            if moved_ms.is_none_or(|moved| (moved + step_ms).abs() > 2_000) {
+            // A step lands whole; a rate moves the clock by its share of A's age, which is
+            // at least 50ms either way by the time A decides.
+            let (landed, expected) = match fault {
+                LeaseFault::ClockSlow => (moved_ms.is_some_and(|m| m <= -50), "behind"),
+                LeaseFault::ClockFast => (moved_ms.is_some_and(|m| m >= 50), "ahead"),
+                _ => (
+                    moved_ms.is_some_and(|m| (m + step_ms).abs() <= 2_000),
+                    "stepped back",
+                ),
+            };
+            if !landed {
                 anyhow::bail!(
                     "A's wall clock did not move: at its decision it read {} from the \
-                     machine's, not {step_ms}ms back; libfaketime did not take effect in A, \
+                     machine's, not {expected}; libfaketime did not take effect in A, \
                      so this cell would be a guess",
                     moved_ms.map_or("nothing".to_string(), |m| format!("{m}ms"))
                 );

@@ -267,14 +267,10 @@ impl Verdict {
             (!cells.is_empty()).then(|| format!("{what}: {}.", cells.join("; ")))
         };
         lines.extend(costs(
-            "Work thrown away that was safe (the margin's cost)",
+            "Work thrown away that was safe (Redis still had A's key)",
             &|c| {
-                (c.needless_abort == Some(true)).then(|| {
-                    format!(
-                        "Redis still gave A's key {}ms",
-                        c.pttl_at_check_ms.unwrap_or_default()
-                    )
-                })
+                (c.needless_abort == Some(true))
+                    .then(|| format!("PTTL {}ms", c.pttl_at_check_ms.unwrap_or_default()))
             },
         ));
         lines.extend(costs(
@@ -292,7 +288,16 @@ impl Verdict {
             .collect();
         if !delayed.is_empty() {
             let (kept, lost): (Vec<&CellVerdict>, Vec<&CellVerdict>) =
-                delayed.iter().partition(|c| c.outcome.safe());
+                delayed.iter().partition(|c| {
+                    c.outcome.safe()
+                        && c.unavailable_ms
+                            .is_some_and(|ms| ms >= IDLE_WORTH_SAYING_MS)
+                });
+            // Only the cells where the delay held B out, and those it did not.
+            let lost: Vec<&CellVerdict> = lost
+                .into_iter()
+                .filter(|c| c.outcome == Outcome::StaleAccepted)
+                .collect();
             let faults = |cells: &[&CellVerdict]| {
                 cells
                     .iter()
@@ -319,6 +324,24 @@ impl Verdict {
             }
             line.push_str(". A holder that vanished keeps everyone out for the whole delay.");
             lines.push(line);
+        }
+        if self
+            .cell(Guard::WallDeadline, LeaseFault::ClockSlow)
+            .is_some_and(|c| c.outcome == Outcome::StaleAccepted)
+        {
+            lines.push(
+                "clock-slow: at half speed, A's wall clock made the wall deadline believe its lease longer than Redis kept it: two holders."
+                    .into(),
+            );
+        }
+        if self
+            .cell(Guard::WallDeadline, LeaseFault::ClockFast)
+            .is_some_and(|c| c.needless_abort == Some(true))
+        {
+            lines.push(
+                "clock-fast: three times too fast, A's wall clock made the wall deadline give up early: work lost, not a write."
+                    .into(),
+            );
         }
         if self.plan.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
