@@ -82,27 +82,26 @@ impl Nemesis {
         by_ms: i64,
         note: impl Into<Note>,
     ) -> Result<()> {
-        let pid = victim.pid().unwrap_or_default();
         let mut note = note.into();
         note.facts.clock_step_ms = Some(by_ms);
-        history.record(fault_event(Fault::ClockStep, &victim.label(), pid, note));
         let offset = if by_ms < 0 {
             format!("-{}\n", seconds(-by_ms))
         } else {
             format!("+{}\n", seconds(by_ms))
         };
-        std::fs::write(&clock.file, offset).context("stepping a worker's clock")
+        set_clock(history, victim, clock, Fault::ClockStep, note, &offset)
     }
 
     /// Sets the victim's wall clock running at `percent` of true time (libfaketime's speed
     /// factor, `+0 x0.5`), and records it.
     ///
-    /// libfaketime applies the factor to the time since the process started, so the change
-    /// lands as a small step too, `(rate − 1) ×` the worker's age (tens of milliseconds for
-    /// a worker that just took its lock), then the rate. It also scales the worker's
-    /// *sleeps* by the same factor, as measured on the fake clock: at half speed a 10ms
-    /// `sleep` takes 20ms of true time, at three times the speed about 3ms. Timeouts set on
-    /// a socket (Redis's `SO_RCVTIMEO`) and the monotonic clock are not touched.
+    /// libfaketime scales from a start time of its own, not from the moment the file
+    /// changes, so the change may step the clock a little as well; the lab checks at A's
+    /// decision that it moved the way it should. It scales the worker's *sleeps* by the
+    /// same factor, as measured on the fake clock (on this project's machine `sleep 1`
+    /// took 2.2s of true time at half speed, 0.4s at three times): the lock code's 10ms
+    /// polls become 20ms or about 3ms. The monotonic clock and timeouts set on a socket
+    /// (`SO_RCVTIMEO`) are not touched.
     pub fn set_clock_rate(
         &mut self,
         history: &mut impl Record,
@@ -111,13 +110,25 @@ impl Nemesis {
         percent: u32,
         note: impl Into<Note>,
     ) -> Result<()> {
-        let pid = victim.pid().unwrap_or_default();
         let mut note = note.into();
         note.facts.clock_rate_percent = Some(percent);
-        history.record(fault_event(Fault::ClockRate, &victim.label(), pid, note));
         let rate = format!("+0 x{}.{:02}\n", percent / 100, percent % 100);
-        std::fs::write(&clock.file, rate).context("setting a worker's clock rate")
+        set_clock(history, victim, clock, Fault::ClockRate, note, &rate)
     }
+}
+
+/// Records the fault, then writes what libfaketime reads on the worker's next clock call.
+fn set_clock(
+    history: &mut impl Record,
+    victim: &dyn Victim,
+    clock: &WorkerClock,
+    fault: Fault,
+    note: Note,
+    contents: &str,
+) -> Result<()> {
+    let pid = victim.pid().unwrap_or_default();
+    history.record(fault_event(fault, &victim.label(), pid, note));
+    std::fs::write(&clock.file, contents).context("changing a worker's clock")
 }
 
 /// libfaketime's offsets are in seconds, with a fraction.
