@@ -316,3 +316,69 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         assert_eq!(store_says(cell), cell["outcome"], "{guard} × {fault}");
     }
 }
+
+/// A lab killed with SIGKILL runs no cleanup: the offset file of its clock fault stays
+/// behind, named after the dead lab, until the next lab that sets a clock sweeps it. Its
+/// worker dies with it.
+#[test]
+fn a_clock_left_by_a_killed_lab_is_swept_by_the_next_run() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let args = [
+        "lease-guard",
+        "--json",
+        "--guard",
+        "none",
+        "--fault",
+        "clock-back",
+    ];
+    let mut child = lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lab = child.id();
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        let stepped = matches!(event.what, What::ClockStepped(_));
+        seen.push(event);
+        if stepped {
+            break;
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lab as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let prefix = format!("lockslab-clock-{lab}-");
+    let left: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(left.len(), 1, "the killed lab's clock: {left:?}");
+    assert_eq!(
+        std::fs::read_to_string(left[0].join("offset")).unwrap(),
+        "-30.000\n"
+    );
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        worker_pids(&seen)
+            .iter()
+            .all(|&pid| proc_state(pid).is_none())
+    }));
+
+    let without_json: Vec<&str> = args.iter().copied().filter(|&a| a != "--json").collect();
+    let (_, verdict, _) = run_json(&without_json);
+    assert!(
+        !left[0].exists(),
+        "the next run swept {}",
+        left[0].display()
+    );
+    assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}

@@ -37,6 +37,32 @@ pub struct WorkerClock {
     _dir: tempfile::TempDir,
 }
 
+/// Every clock's directory is named after the lockslab process that made it, so that one
+/// left behind by a lab that was killed (SIGKILL runs no cleanup) can be told from one a
+/// running lab still uses, and removed by the next lab that sets a clock.
+const PREFIX: &str = "lockslab-clock-";
+
+/// Removes the clock directories in `parent` whose lockslab process is gone.
+fn sweep_leftovers(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if crate::procs::process_state(pid).is_none_or(|state| state == 'Z') {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 impl WorkerClock {
     /// A clock that starts true (offset `+0`).
     pub fn new() -> Result<WorkerClock> {
@@ -45,7 +71,12 @@ impl WorkerClock {
                 "a worker's wall clock can only be stepped with libfaketime, which this machine lacks: install it (apt-get install faketime), or leave out the clock fault"
             );
         };
-        let dir = tempfile::tempdir().context("making a directory for a worker's clock")?;
+        let parent = std::env::temp_dir();
+        sweep_leftovers(&parent);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{PREFIX}{}-", std::process::id()))
+            .tempdir_in(&parent)
+            .context("making a directory for a worker's clock")?;
         let file = dir.path().join("offset");
         std::fs::write(&file, "+0\n").context("writing a worker's clock offset")?;
         Ok(WorkerClock {
@@ -160,6 +191,35 @@ mod tests {
             Some(4242)
         }
         fn kill_now(&mut self) {}
+    }
+
+    /// A lab killed with SIGKILL leaves its clock's offset file behind; the next sweep
+    /// removes it, and leaves alone the directory of a lockslab still running (this one).
+    #[test]
+    fn a_killed_labs_clock_is_swept_and_a_running_ones_is_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = gone.id();
+        gone.wait().unwrap();
+        let dead = parent.path().join(format!("{PREFIX}{dead_pid}-abc123"));
+        let live = parent
+            .path()
+            .join(format!("{PREFIX}{}-def456", std::process::id()));
+        let other = parent.path().join("someone-elses");
+        for dir in [&dead, &live, &other] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("offset"), "-30.000\n").unwrap();
+        }
+        sweep_leftovers(parent.path());
+        assert!(!dead.exists(), "the killed lab's clock is swept");
+        assert!(
+            live.join("offset").exists(),
+            "a running lab's clock is kept"
+        );
+        assert!(
+            other.exists(),
+            "only lockslab's own directories are touched"
+        );
     }
 
     #[test]
