@@ -51,10 +51,10 @@ Examples:
                                           an overrun longer than the lock-delay
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 32 cells in about 45 seconds.
+The default run plays 48 cells in about a minute.
 
-The clock fault needs libfaketime (apt-get install faketime); without it the
-lab leaves that column out and says so.", crate::lab_exit_status_help!()))]
+The clock faults need libfaketime (apt-get install faketime); without it the
+lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
 pub struct LeaseGuardArgs {
     /// Guards to play, repeatable [default: all]
     #[arg(long, value_enum, value_name = "GUARD")]
@@ -94,7 +94,8 @@ pub struct LeaseGuardArgs {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LeaseFault {
-    /// A stops (SIGSTOP) after its work, before its guard looks, until B has written
+    /// A stops (SIGSTOP) after its work, before its guard looks, until B has written (or
+    /// --overrun past its lease)
     PauseBeforeCheck,
     /// A's guard says yes; A stops before the write goes out, until B has written
     PauseAfterCheck,

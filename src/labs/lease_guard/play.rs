@@ -130,10 +130,17 @@ impl Cell<'_> {
                     e.is("A", Kind::Freezing) || e.is("A", Kind::Released)
                 })?;
                 if seen.kind() == Kind::Freezing {
-                    let words = format!(
-                        "sees A (pid {}) stopped; resumes it once B has written",
-                        a.pid
-                    );
+                    let words = match fault {
+                        LeaseFault::PauseBeforeCheck => format!(
+                            "sees A (pid {}) stopped; resumes it once B has written, or {} past its lease",
+                            a.pid,
+                            human(plan.overrun)
+                        ),
+                        _ => format!(
+                            "sees A (pid {}) stopped; resumes it once B has written",
+                            a.pid
+                        ),
+                    };
                     nemesis.adopt_pause(&mut stage, &a, words)?;
                     paused = true;
                 }
