@@ -97,8 +97,9 @@ enum Command {
     NoLock(NoLockArgs),
     /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
     Network(NetworkArgs),
-    /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock), each
-    /// against pauses, a wall clock stepped back and long work: the gap each one leaves
+    /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock, pause
+    /// detection, renewal, lock-delay), each against pauses, wrong wall clocks and long
+    /// work: the gap each one leaves, and what each costs
     LeaseGuard(LeaseGuardArgs),
     /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
     /// session that expires

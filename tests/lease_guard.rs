@@ -77,43 +77,33 @@ fn replay(events: &[&Event], cell: &Value) -> Outcome {
 }
 
 /// The teaching table: what each guard does against each fault.
-const EXPECTED: [(&str, [&str; 4]); 5] = [
-    (
-        "none",
-        [
-            "stale_accepted",
-            "stale_accepted",
-            "stale_accepted",
-            "stale_accepted",
-        ],
-    ),
-    (
-        "wall-deadline",
-        ["aborted", "stale_accepted", "stale_accepted", "aborted"],
-    ),
+const EXPECTED: [(&str, [&str; 6]); 8] = [
+    ("none", [STALE, STALE, STALE, STALE, STALE, SAFE]),
+    ("wall-deadline", [ABORT, STALE, STALE, ABORT, STALE, ABORT]),
     (
         "monotonic-deadline",
-        ["aborted", "stale_accepted", "aborted", "aborted"],
+        [ABORT, STALE, ABORT, ABORT, ABORT, SAFE],
     ),
-    (
-        "check-owner",
-        ["aborted", "stale_accepted", "aborted", "aborted"],
-    ),
+    ("check-owner", [ABORT, STALE, ABORT, ABORT, ABORT, SAFE]),
+    ("pause-detect", [ABORT, STALE, STALE, STALE, STALE, SAFE]),
+    ("renew-third", [ABORT, STALE, SAFE, SAFE, SAFE, SAFE]),
+    ("lock-delay", [SAFE, STALE, SAFE, SAFE, SAFE, SAFE]),
     (
         "fencing",
-        [
-            "stale_refused",
-            "stale_refused",
-            "stale_refused",
-            "stale_refused",
-        ],
+        [REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, SAFE],
     ),
 ];
-const FAULTS: [&str; 4] = [
+const STALE: &str = "stale_accepted";
+const REFUSED: &str = "stale_refused";
+const ABORT: &str = "aborted";
+const SAFE: &str = "no_stale_write";
+const FAULTS: [&str; 6] = [
     "pause-before-check",
     "pause-after-check",
     "clock-back",
     "long-work",
+    "clock-slow",
+    "clock-fast",
 ];
 
 #[test]
@@ -138,7 +128,15 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         .iter()
         .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockStep)))
         .collect();
-    assert_eq!(steps.len(), 5, "one clock step per clock-back cell");
+    assert_eq!(steps.len(), 8, "one clock step per clock-back cell");
+    let rates = events
+        .iter()
+        .filter(|e| matches!(&e.what, What::ClockStepped(f) if f.fault == Some(Fault::ClockRate)))
+        .count();
+    assert_eq!(
+        rates, 16,
+        "one clock rate per clock-slow and clock-fast cell"
+    );
     let wall = cell(&verdict, "wall-deadline", "clock-back");
     assert_eq!(wall["key_ours_at_check"], false, "{wall}");
     assert!(
@@ -156,9 +154,69 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
         assert!(after["window_ms"].as_u64().is_some(), "{after}");
         assert!(after["paused_ms"].as_u64().is_some(), "{after}");
     }
+    // A slow wall clock: the wall deadline believed it had time while Redis had let the
+    // key go. A fast one: it gave up work that was safe, and nothing was lost.
+    let slow = cell(&verdict, "wall-deadline", "clock-slow");
+    assert_eq!(slow["key_ours_at_check"], false, "{slow}");
+    assert!(slow["believed_left_ms"].as_i64().unwrap() > 0, "{slow}");
+    let fast = cell(&verdict, "wall-deadline", "clock-fast");
+    assert_eq!(fast["needless_abort"], true, "{fast}");
+    // Pause detection saw the stop before its check as a gap in its clock samples.
+    let detected = cell(&verdict, "pause-detect", "pause-before-check");
+    assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
+    // Lock-delay's cost: the lock stood idle after A's lease, nobody let in; without it,
+    // B was granted the lock as soon as A's lease ran out (within its polling).
+    for fault in &FAULTS[..5] {
+        let delayed = cell(&verdict, "lock-delay", fault);
+        assert!(
+            delayed["unavailable_ms"].as_u64().unwrap() >= 400,
+            "{delayed}"
+        );
+    }
+    let plain = cell(&verdict, "none", "long-work");
+    assert!(plain["unavailable_ms"].as_u64().unwrap() < 400, "{plain}");
     assert_one_clock(&lines);
     assert_gone(&worker_pids(&lines));
     assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+}
+
+/// The edge where lock-delay flips: A's work overruns its lease by less than the delay
+/// (its late write lands before B is let in) or by more (B writes first, A's write is
+/// stale). On both sides and near the edge, the verdict is the store's word.
+#[test]
+fn a_sweep_across_the_lock_delay_edge_never_disagrees_with_the_store() {
+    for (overrun, far_side) in [
+        ("100ms", Some("no_stale_write")),
+        ("550ms", None),
+        ("650ms", None),
+        ("1200ms", Some("stale_accepted")),
+    ] {
+        let (_, verdict, _) = run_json(&[
+            "lease-guard",
+            "--guard",
+            "lock-delay",
+            "--fault",
+            "long-work",
+            "--ttl",
+            "500ms",
+            "--margin",
+            "100ms",
+            "--lock-delay",
+            "600ms",
+            "--overrun",
+            overrun,
+        ]);
+        let cell = cell(&verdict, "lock-delay", "long-work");
+        assert_eq!(
+            store_says(cell),
+            cell["outcome"],
+            "overrun {overrun}: {cell}"
+        );
+        if let Some(expected) = far_side {
+            assert_eq!(cell["outcome"], expected, "overrun {overrun}: {cell}");
+        }
+        assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+    }
 }
 
 /// A margin of all but a millisecond of the lease: the monotonic deadline falls a
@@ -243,7 +301,7 @@ fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (events, verdict) = events_and_verdict(include_str!("fixtures/lease-guard.jsonl"));
     let cells = verdict["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 20);
+    assert_eq!(cells.len(), 48);
     for cell in cells {
         let (guard, fault) = (
             cell["guard"].as_str().unwrap(),
@@ -257,4 +315,70 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
         );
         assert_eq!(store_says(cell), cell["outcome"], "{guard} × {fault}");
     }
+}
+
+/// A lab killed with SIGKILL runs no cleanup: the offset file of its clock fault stays
+/// behind, named after the dead lab, until the next lab that sets a clock sweeps it. Its
+/// worker dies with it.
+#[test]
+fn a_clock_left_by_a_killed_lab_is_swept_by_the_next_run() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let args = [
+        "lease-guard",
+        "--json",
+        "--guard",
+        "none",
+        "--fault",
+        "clock-back",
+    ];
+    let mut child = lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lab = child.id();
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let Some(event) = event_line(&line.unwrap()) else {
+            continue;
+        };
+        let stepped = matches!(event.what, What::ClockStepped(_));
+        seen.push(event);
+        if stepped {
+            break;
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lab as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let prefix = format!("lockslab-clock-{lab}-");
+    let left: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(left.len(), 1, "the killed lab's clock: {left:?}");
+    assert_eq!(
+        std::fs::read_to_string(left[0].join("offset")).unwrap(),
+        "-30.000\n"
+    );
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        worker_pids(&seen)
+            .iter()
+            .all(|&pid| proc_state(pid).is_none())
+    }));
+
+    let without_json: Vec<&str> = args.iter().copied().filter(|&a| a != "--json").collect();
+    let (_, verdict, _) = run_json(&without_json);
+    assert!(
+        !left[0].exists(),
+        "the next run swept {}",
+        left[0].display()
+    );
+    assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
 }

@@ -119,6 +119,37 @@ pub fn judge(evidence: &Evidence) -> Result<Found, Inconsistent> {
     })
 }
 
+/// When the lock changed hands, on the lab's clock (ms since the run began).
+#[derive(Clone, Copy, Debug)]
+pub struct Handover {
+    /// Redis granted A the lock (its `SET NX PX` came back).
+    pub a_granted_ms: u64,
+    /// The lease A was promised.
+    pub ttl_ms: u64,
+    /// A's heartbeat re-armed its key: its lease ended when it let go, not at `ttl`.
+    pub a_renewed: bool,
+    /// A's compare-and-delete found its own key and deleted it, at this time.
+    pub a_deleted_ms: Option<u64>,
+    /// Redis granted B the lock.
+    pub b_granted_ms: Option<u64>,
+}
+
+/// A cost: how long the lock stood unavailable — nobody held a live lease and nobody else
+/// could be granted one — from the end of A's lease to B's grant (which includes B's
+/// polling, up to [`crate::lock::redis::RETRY_EVERY`]). A's lease ends at its grant plus
+/// the TTL, or, when its heartbeat kept it, when A deleted its key. None when B got no
+/// lock, or A renewed and never deleted its key (the lab cannot see when the last renewal
+/// ran out).
+pub fn unavailable_ms(handover: &Handover) -> Option<u64> {
+    let b_granted = handover.b_granted_ms?;
+    let lease_end = if handover.a_renewed {
+        handover.a_deleted_ms?
+    } else {
+        handover.a_granted_ms + handover.ttl_ms
+    };
+    Some(b_granted.saturating_sub(lease_end))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +276,46 @@ mod tests {
             judge_with(unguarded, Release::HeldBy("b".into()), &attempts, Some("A")).unwrap();
         assert_eq!(found.outcome, Outcome::StaleAccepted);
         assert_eq!(found.window_ms, None);
+    }
+
+    fn handover(a_renewed: bool, a_deleted_ms: Option<u64>, b_granted: u64) -> Handover {
+        Handover {
+            a_granted_ms: 1_000,
+            ttl_ms: 1_000,
+            a_renewed,
+            a_deleted_ms,
+            b_granted_ms: Some(b_granted),
+        }
+    }
+
+    #[test]
+    fn the_lock_stands_unavailable_from_the_end_of_as_lease_to_bs_grant() {
+        // Lock-delay: A's lease ended at 2000, B was let in at 2500 (A deleted its key).
+        assert_eq!(
+            unavailable_ms(&handover(false, Some(2_490), 2_500)),
+            Some(500)
+        );
+        // No delay: B's grant at the lease's end, or a poll later.
+        assert_eq!(unavailable_ms(&handover(false, None, 2_015)), Some(15));
+        // A grant before the lease's end (A let go early) costs nothing.
+        assert_eq!(
+            unavailable_ms(&handover(false, Some(1_500), 1_510)),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn a_renewed_lease_ends_when_its_holder_lets_go_or_is_unknown() {
+        assert_eq!(
+            unavailable_ms(&handover(true, Some(2_600), 2_620)),
+            Some(20)
+        );
+        assert_eq!(unavailable_ms(&handover(true, None, 2_620)), None);
+        let no_b = Handover {
+            b_granted_ms: None,
+            ..handover(false, None, 0)
+        };
+        assert_eq!(unavailable_ms(&no_b), None);
     }
 
     #[test]

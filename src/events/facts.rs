@@ -46,6 +46,9 @@ pub enum Fault {
     /// A worker's wall clock set forward or back (libfaketime in that worker only; the
     /// machine's clock and every monotonic clock untouched).
     ClockStep,
+    /// Lab 9: a worker's wall clock set to run slow or fast (libfaketime's speed factor, in
+    /// that worker only; the machine's clock and every monotonic clock untouched).
+    ClockRate,
 }
 
 /// Whether a fault's record opens it or closes it.
@@ -209,6 +212,9 @@ pub struct FaultFacts {
     pub process_ran: Option<bool>,
     /// Lab 9: how far a worker's wall clock was stepped (ms; negative: back).
     pub clock_step_ms: Option<i64>,
+    /// Lab 9: the rate a worker's wall clock now runs at, in percent of true time (50:
+    /// half speed, 300: three times as fast).
+    pub clock_rate_percent: Option<u32>,
 }
 
 impl FaultFacts {
@@ -560,6 +566,8 @@ pub struct GuardDecided {
     /// The holder's wall clock at the decision (ms since 1970): the lab checks that a
     /// clock fault really moved it.
     pub wall_clock_ms: Option<i64>,
+    /// The widest gap pause detection saw between two samples of the monotonic clock.
+    pub gap_ms: Option<u64>,
 }
 
 impl GuardDecided {
@@ -567,7 +575,7 @@ impl GuardDecided {
     pub fn decided(&self) -> crate::check::lease_guard::Decided {
         crate::check::lease_guard::Decided {
             write: self.write,
-            counted: self.believed_left_ms.is_some(),
+            counted: self.guard.looks(),
             key_ours: self.key_ours,
             pttl_ms: self.pttl_ms,
         }

@@ -467,6 +467,8 @@ pub mod lease_guard {
             "pause-before-check" => &PAUSE_BEFORE,
             "pause-after-check" => &PAUSE_AFTER,
             "clock-back" => &CLOCK_BACK,
+            "clock-slow" => &CLOCK_SLOW,
+            "clock-fast" => &CLOCK_FAST,
             _ => &LONG_WORK,
         }
     }
@@ -478,18 +480,28 @@ pub mod lease_guard {
     };
     const PAUSE_AFTER: Checkpoint = Checkpoint {
         name: "before the pause after the check",
-        question: "A's guard says yes, then A stops before the write. Can any guard in A see \
-                   this pause?",
+        question: "A's guard says yes, then A stops before the write, until B has written. \
+                   Can any guard in A see this pause? Does a lock-delay help?",
     };
     const CLOCK_BACK: Checkpoint = Checkpoint {
         name: "before the clock steps back",
         question: "A's wall clock is stepped back while it works. Which deadline believes it \
                    still has time?",
     };
+    const CLOCK_SLOW: Checkpoint = Checkpoint {
+        name: "before the slow clock",
+        question: "A's wall clock runs at half speed while it works past its lease. Which \
+                   guard believes its lease lasts longer than it does?",
+    };
+    const CLOCK_FAST: Checkpoint = Checkpoint {
+        name: "before the fast clock",
+        question: "A's wall clock runs three times too fast, and A looks halfway through its \
+                   lease. Is anything lost, or only work?",
+    };
     const LONG_WORK: Checkpoint = Checkpoint {
         name: "before the long work",
         question: "No fault: A's work just outlasts its lease. Which guard lets its write \
-                   through?",
+                   through, and which keeps the lock from B meanwhile?",
     };
 
     pub const VERDICT: Checkpoint = Checkpoint {

@@ -17,11 +17,15 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::redis::{Held, RedisLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::redis::{Held, RedisLock, Renewal};
 
 /// The check a holder makes before it writes.
 #[derive(
@@ -53,6 +57,44 @@ pub enum Guard {
     /// when the answer was given, and a round trip old when it arrives.
     #[value(help = "⚠️ asks Redis: the key still ours, PTTL above the margin?")]
     CheckOwner,
+    /// ⚠️ **Pause detection**: a thread samples the monotonic clock every
+    /// [`SAMPLE_EVERY`] while the holder works, and the check looks for a gap between two
+    /// samples wider than the margin (the process was not running: a stop, a GC pause, a
+    /// starved container). It sees a pause that ended before the check; it does not see
+    /// slow work that never stopped (it knows nothing of the lease), nor a pause after the
+    /// check. A busy machine's scheduling gaps look like pauses too: its cost is false
+    /// alarms, work thrown away that was safe.
+    #[value(help = "⚠️ aborts if the monotonic clock jumped between two samples")]
+    PauseDetect,
+    /// ⚠️ **Renew at ⅓ of the lease, stop when a renewal fails**: a heartbeat thread
+    /// ([`crate::lock::redis::Renewal`]) re-arms the key with an owner-checked `PEXPIRE`
+    /// every TTL/3; the check writes only if no renewal was refused and the last one that
+    /// got through, counted from its send on the monotonic clock, still covers the write
+    /// (less the margin). Work that runs long keeps its lock. A stopped process stops its
+    /// heartbeat with it, so the lease runs out during a pause as if there were no
+    /// heartbeat — and the pause after the check is as blind as ever.
+    ///
+    /// ❌ Its broken twin, not played: believing the lock held "because the heartbeat is
+    /// running". After a stop, the heartbeat and the check wake together; whichever runs
+    /// first decides, and a check that only asks "has a renewal failed yet?" often wins the
+    /// race and writes. The ✅ check counts from the last renewal that got through instead.
+    #[value(help = "⚠️ heartbeat renews every TTL/3; no write once a renewal fails")]
+    RenewThird,
+    /// ⚠️ **Lock-delay at the lock service**, modelled on Consul's: when a holder's lease
+    /// runs out or it vanishes, nobody is granted the lock for a further D (Consul's
+    /// sessions take 0 to 60s, 15s by default; a clean release has no delay). Redis has no
+    /// such thing, so [`lock_delay_lifetime`] keeps the key D past the lease the holder was
+    /// promised: the holder counts `ttl`, every other `SET NX` is refused for `ttl + D`,
+    /// and a clean compare-and-delete still frees it at once. The holder itself makes no
+    /// check. A stale write that lands within D of the lease's end lands before anyone else
+    /// holds the lock; one later than that is the `none` row again. Its cost: a lock whose
+    /// holder died stands unavailable for D.
+    ///
+    /// ❌ The broken way to build it in Redis: a tombstone key written by the *releaser*.
+    /// A holder that vanished never releases, so the tombstone appears only when no delay
+    /// was needed — and a plain `SET NX` from the next client does not look at it anyway.
+    #[value(help = "⚠️ Redis refuses the lock for D after the lease (Consul-like)")]
+    LockDelay,
     /// ✅ The reference: no guess at all. The token drawn with the lock goes with the
     /// write, and the store refuses a token lower than one it has accepted. The only
     /// guard that stands where the write lands.
@@ -61,11 +103,14 @@ pub enum Guard {
 }
 
 impl Guard {
-    pub const ALL: [Guard; 5] = [
+    pub const ALL: [Guard; 8] = [
         Guard::None,
         Guard::WallDeadline,
         Guard::MonotonicDeadline,
         Guard::CheckOwner,
+        Guard::PauseDetect,
+        Guard::RenewThird,
+        Guard::LockDelay,
         Guard::Fencing,
     ];
 
@@ -76,8 +121,124 @@ impl Guard {
             Guard::WallDeadline => "wall-deadline",
             Guard::MonotonicDeadline => "monotonic-deadline",
             Guard::CheckOwner => "check-owner",
+            Guard::PauseDetect => "pause-detect",
+            Guard::RenewThird => "renew-third",
+            Guard::LockDelay => "lock-delay",
             Guard::Fencing => "fencing",
         }
+    }
+
+    /// The holder looks before it writes (none, lock-delay and fencing write blind).
+    pub fn looks(self) -> bool {
+        !matches!(self, Guard::None | Guard::LockDelay | Guard::Fencing)
+    }
+}
+
+/// ✅ Lock-delay, as far as plain Redis can play it: how long the key must live so that
+/// nobody else is granted the lock until `delay` after the holder's `ttl` ran out. Every
+/// other client's `SET NX` meets the key; the holder's own compare-and-delete removes it
+/// (a clean release, which in Consul carries no delay either).
+pub fn lock_delay_lifetime(ttl: Duration, delay: Duration) -> Duration {
+    ttl + delay
+}
+
+/// How often [`Sampler`] reads the monotonic clock.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Pause detection's eyes: a thread that reads the monotonic clock every [`SAMPLE_EVERY`]
+/// and keeps the widest gap between two readings. A stopped process stops this thread
+/// too, and that is the point: when it runs again, the clock has moved on by the pause.
+pub struct Sampler {
+    samples: Arc<Mutex<Samples>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Samples {
+    last: Instant,
+    widest: Duration,
+}
+
+impl Sampler {
+    pub fn start() -> Sampler {
+        let samples = Arc::new(Mutex::new(Samples {
+            last: Instant::now(),
+            widest: Duration::ZERO,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shared, stopping) = (samples.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::SeqCst) {
+                std::thread::sleep(SAMPLE_EVERY);
+                let now = Instant::now();
+                let mut samples = shared.lock().unwrap_or_else(|e| e.into_inner());
+                samples.widest = samples.widest.max(now - samples.last);
+                samples.last = now;
+            }
+        });
+        Sampler {
+            samples,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The widest gap so far, counting the one still open since the last sample: after a
+    /// stop, the check may run before the sampler's thread has had its turn.
+    pub fn widest_gap(&self) -> Duration {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.widest.max(samples.last.elapsed())
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The renewing guard's heartbeat: [`Renewal`], and the word it leaves when it gives the
+/// lock up.
+pub struct Heartbeat {
+    renewal: Renewal,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+impl Heartbeat {
+    /// Starts renewing `held` every TTL/3 on `lock`, a connection of the heartbeat's own.
+    pub fn start(lock: RedisLock, held: Held) -> Heartbeat {
+        let lost = Arc::new(Mutex::new(None));
+        let said = lost.clone();
+        let renewal = Renewal::start(
+            lock,
+            held,
+            Box::new(move |why| *said.lock().unwrap_or_else(|e| e.into_inner()) = Some(why)),
+        );
+        Heartbeat { renewal, lost }
+    }
+
+    /// Stops renewing (before the release, so that no renewal races the delete).
+    pub fn stop(self) {
+        self.renewal.stop();
+    }
+}
+
+/// What the guards that watch while the holder works have seen.
+#[derive(Default)]
+pub struct Watch<'a> {
+    pub sampler: Option<&'a Sampler>,
+    pub heartbeat: Option<&'a Heartbeat>,
+}
+
+fn ms_left(deadline: Instant) -> i64 {
+    let now = Instant::now();
+    if now < deadline {
+        (deadline - now).as_millis() as i64
+    } else {
+        -((now - deadline).as_millis() as i64)
     }
 }
 
@@ -102,23 +263,75 @@ pub struct Decision {
     pub believed_left_ms: Option<i64>,
     /// Why, in a sentence for the timeline.
     pub why: String,
+    /// The widest gap pause detection saw between two clock samples (ms).
+    pub gap_ms: Option<u64>,
 }
 
 impl Guard {
     /// May the holder write now? `lock` and `held` are asked only by [`Guard::CheckOwner`].
-    pub fn decide(self, lease: &Lease, lock: &mut RedisLock, held: &Held) -> Result<Decision> {
+    pub fn decide(
+        self,
+        lease: &Lease,
+        lock: &mut RedisLock,
+        held: &Held,
+        watch: &Watch,
+    ) -> Result<Decision> {
         let margin_ms = lease.margin.as_millis() as i64;
         Ok(match self {
-            Guard::None => Decision {
-                write: true,
-                believed_left_ms: None,
-                why: "no guard: writes".into(),
-            },
-            Guard::Fencing => Decision {
-                write: true,
-                believed_left_ms: None,
-                why: "no guess: writes with its token and lets the store decide".into(),
-            },
+            Guard::None => Decision::blind("no guard: writes"),
+            Guard::Fencing => {
+                Decision::blind("no guess: writes with its token and lets the store decide")
+            }
+            Guard::LockDelay => Decision::blind(
+                "no check in A: Redis keeps the lock from others for the lock-delay after A's lease",
+            ),
+            Guard::PauseDetect => {
+                let sampler = watch.sampler.context("pause detection needs its sampler")?;
+                let gap = sampler.widest_gap();
+                let gap_ms = gap.as_millis() as u64;
+                let paused = gap > lease.margin;
+                Decision {
+                    write: !paused,
+                    believed_left_ms: None,
+                    why: if paused {
+                        format!(
+                            "the monotonic clock jumped {gap_ms}ms between two samples (over the {margin_ms}ms margin): it was paused"
+                        )
+                    } else {
+                        format!(
+                            "no gap over the {margin_ms}ms margin between clock samples (widest {gap_ms}ms)"
+                        )
+                    },
+                    gap_ms: Some(gap_ms),
+                }
+            }
+            Guard::RenewThird => {
+                let heartbeat = watch.heartbeat.context("renewal needs its heartbeat")?;
+                let lost = heartbeat
+                    .lost
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                // Before the first renewal, the lease counts from the grant's send.
+                let renewed = heartbeat.renewal.last_renewed().unwrap_or(lease.sent);
+                let left_ms = ms_left(renewed + lease.ttl.saturating_sub(lease.margin));
+                match lost {
+                    Some(why) => Decision {
+                        write: false,
+                        believed_left_ms: Some(left_ms.min(-1)),
+                        why: format!("the heartbeat gave the lock up ({why})"),
+                        gap_ms: None,
+                    },
+                    None => Decision {
+                        write: left_ms > 0,
+                        believed_left_ms: Some(left_ms),
+                        why: format!(
+                            "the last renewal that got through, counted from its send, minus the {margin_ms}ms margin, leaves {left_ms}ms"
+                        ),
+                        gap_ms: None,
+                    },
+                }
+            }
             Guard::WallDeadline => {
                 let deadline = lease.granted_wall + lease.ttl;
                 let left_ms = match deadline.duration_since(SystemTime::now()) {
@@ -129,22 +342,18 @@ impl Guard {
                     write: left_ms > 0,
                     believed_left_ms: Some(left_ms),
                     why: format!("the wall clock says {left_ms}ms of the lease are left"),
+                    gap_ms: None,
                 }
             }
             Guard::MonotonicDeadline => {
-                let deadline = lease.sent + lease.ttl.saturating_sub(lease.margin);
-                let now = Instant::now();
-                let left_ms = if now < deadline {
-                    (deadline - now).as_millis() as i64
-                } else {
-                    -((now - deadline).as_millis() as i64)
-                };
+                let left_ms = ms_left(lease.sent + lease.ttl.saturating_sub(lease.margin));
                 Decision {
                     write: left_ms > 0,
                     believed_left_ms: Some(left_ms),
                     why: format!(
                         "the monotonic clock, counted from the send, minus the {margin_ms}ms margin, says {left_ms}ms are left"
                     ),
+                    gap_ms: None,
                 }
             }
             Guard::CheckOwner => {
@@ -161,8 +370,21 @@ impl Guard {
                     } else {
                         "Redis says the key is no longer ours".into()
                     },
+                    gap_ms: None,
                 }
             }
         })
+    }
+}
+
+impl Decision {
+    /// A guard that writes without looking.
+    fn blind(why: &str) -> Decision {
+        Decision {
+            write: true,
+            believed_left_ms: None,
+            why: why.into(),
+            gap_ms: None,
+        }
     }
 }

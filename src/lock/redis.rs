@@ -370,6 +370,8 @@ pub fn owner_and_pttl(
 /// *live* holder's lock stay; it cannot tell a paused holder from a dead one.
 pub struct Renewal {
     stop: Arc<AtomicBool>,
+    /// When the last renewal that got through was sent (None before the first).
+    renewed: Arc<std::sync::Mutex<Option<Instant>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -383,6 +385,8 @@ impl Renewal {
     pub fn start(mut lock: RedisLock, held: Held, on_lost: OnLost) -> Renewal {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = stop.clone();
+        let last = Arc::new(std::sync::Mutex::new(None));
+        let renewed_at = last.clone();
         let thread = thread::spawn(move || {
             let every = lock.ttl / 3;
             let margin = (lock.ttl / 10).max(Duration::from_millis(50));
@@ -405,6 +409,7 @@ impl Renewal {
                 match lock.renew(&held) {
                     Ok(true) => {
                         renewed = tried;
+                        *renewed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(tried);
                         next_try = tried + every;
                     }
                     // The key is gone or someone else's: Redis's own word, the end at once.
@@ -435,8 +440,15 @@ impl Renewal {
         });
         Renewal {
             stop,
+            renewed: last,
             thread: Some(thread),
         }
+    }
+
+    /// When the last renewal that got through was sent, on the monotonic clock; None
+    /// before the first.
+    pub fn last_renewed(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Stops renewing (before a release, so that no renewal races the delete).

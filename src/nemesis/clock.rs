@@ -37,6 +37,32 @@ pub struct WorkerClock {
     _dir: tempfile::TempDir,
 }
 
+/// Every clock's directory is named after the lockslab process that made it, so that one
+/// left behind by a lab that was killed (SIGKILL runs no cleanup) can be told from one a
+/// running lab still uses, and removed by the next lab that sets a clock.
+const PREFIX: &str = "lockslab-clock-";
+
+/// Removes the clock directories in `parent` whose lockslab process is gone.
+fn sweep_leftovers(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if crate::procs::process_state(pid).is_none_or(|state| state == 'Z') {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 impl WorkerClock {
     /// A clock that starts true (offset `+0`).
     pub fn new() -> Result<WorkerClock> {
@@ -45,7 +71,12 @@ impl WorkerClock {
                 "a worker's wall clock can only be stepped with libfaketime, which this machine lacks: install it (apt-get install faketime), or leave out the clock fault"
             );
         };
-        let dir = tempfile::tempdir().context("making a directory for a worker's clock")?;
+        let parent = std::env::temp_dir();
+        sweep_leftovers(&parent);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{PREFIX}{}-", std::process::id()))
+            .tempdir_in(&parent)
+            .context("making a directory for a worker's clock")?;
         let file = dir.path().join("offset");
         std::fs::write(&file, "+0\n").context("writing a worker's clock offset")?;
         Ok(WorkerClock {
@@ -82,17 +113,53 @@ impl Nemesis {
         by_ms: i64,
         note: impl Into<Note>,
     ) -> Result<()> {
-        let pid = victim.pid().unwrap_or_default();
         let mut note = note.into();
         note.facts.clock_step_ms = Some(by_ms);
-        history.record(fault_event(Fault::ClockStep, &victim.label(), pid, note));
         let offset = if by_ms < 0 {
             format!("-{}\n", seconds(-by_ms))
         } else {
             format!("+{}\n", seconds(by_ms))
         };
-        std::fs::write(&clock.file, offset).context("stepping a worker's clock")
+        set_clock(history, victim, clock, Fault::ClockStep, note, &offset)
     }
+
+    /// Sets the victim's wall clock running at `percent` of true time (libfaketime's speed
+    /// factor, `+0 x0.5`), and records it.
+    ///
+    /// libfaketime scales from a start time of its own, not from the moment the file
+    /// changes, so the change may step the clock a little as well; the lab checks at A's
+    /// decision that it moved the way it should. It scales the worker's *sleeps* by the
+    /// same factor, as measured on the fake clock (on this project's machine `sleep 1`
+    /// took 2.2s of true time at half speed, 0.4s at three times): the lock code's 10ms
+    /// polls become 20ms or about 3ms. The monotonic clock and timeouts set on a socket
+    /// (`SO_RCVTIMEO`) are not touched.
+    pub fn set_clock_rate(
+        &mut self,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        clock: &WorkerClock,
+        percent: u32,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        let mut note = note.into();
+        note.facts.clock_rate_percent = Some(percent);
+        let rate = format!("+0 x{}.{:02}\n", percent / 100, percent % 100);
+        set_clock(history, victim, clock, Fault::ClockRate, note, &rate)
+    }
+}
+
+/// Records the fault, then writes what libfaketime reads on the worker's next clock call.
+fn set_clock(
+    history: &mut impl Record,
+    victim: &dyn Victim,
+    clock: &WorkerClock,
+    fault: Fault,
+    note: Note,
+    contents: &str,
+) -> Result<()> {
+    let pid = victim.pid().unwrap_or_default();
+    history.record(fault_event(fault, &victim.label(), pid, note));
+    std::fs::write(&clock.file, contents).context("changing a worker's clock")
 }
 
 /// libfaketime's offsets are in seconds, with a fraction.
@@ -124,6 +191,58 @@ mod tests {
             Some(4242)
         }
         fn kill_now(&mut self) {}
+    }
+
+    /// A lab killed with SIGKILL leaves its clock's offset file behind; the next sweep
+    /// removes it, and leaves alone the directory of a lockslab still running (this one).
+    #[test]
+    fn a_killed_labs_clock_is_swept_and_a_running_ones_is_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = gone.id();
+        gone.wait().unwrap();
+        let dead = parent.path().join(format!("{PREFIX}{dead_pid}-abc123"));
+        let live = parent
+            .path()
+            .join(format!("{PREFIX}{}-def456", std::process::id()));
+        let other = parent.path().join("someone-elses");
+        for dir in [&dead, &live, &other] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("offset"), "-30.000\n").unwrap();
+        }
+        sweep_leftovers(parent.path());
+        assert!(!dead.exists(), "the killed lab's clock is swept");
+        assert!(
+            live.join("offset").exists(),
+            "a running lab's clock is kept"
+        );
+        assert!(
+            other.exists(),
+            "only lockslab's own directories are touched"
+        );
+    }
+
+    #[test]
+    fn a_rate_is_written_as_libfaketimes_speed_factor() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = WorkerClock {
+            file: dir.path().join("offset"),
+            library: "/nonexistent/libfaketime.so.1",
+            _dir: dir,
+        };
+        let mut history = History::default();
+        let mut nemesis = Nemesis::new();
+        for (percent, written) in [(50, "+0 x0.50\n"), (300, "+0 x3.00\n")] {
+            nemesis
+                .set_clock_rate(&mut history, &Worker, &clock, percent, "rate")
+                .unwrap();
+            assert_eq!(std::fs::read_to_string(&clock.file).unwrap(), written);
+        }
+        let What::ClockStepped(facts) = &history.0[0].what else {
+            panic!("{:?}", history.0)
+        };
+        assert_eq!(facts.fault, Some(Fault::ClockRate));
+        assert_eq!(facts.clock_rate_percent, Some(50));
     }
 
     #[test]

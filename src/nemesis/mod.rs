@@ -57,6 +57,7 @@ impl Fault {
             Fault::DropReply => "drop_reply",
             Fault::Heal => "heal",
             Fault::ClockStep => "clock_step",
+            Fault::ClockRate => "clock_rate",
         }
     }
 
@@ -68,7 +69,7 @@ impl Fault {
             Fault::Kill | Fault::Restart => What::Killed(facts),
             Fault::Hold | Fault::Delay | Fault::Cut | Fault::DropReply => What::NetFault(facts),
             Fault::Heal => What::NetHealed(facts),
-            Fault::ClockStep => What::ClockStepped(facts),
+            Fault::ClockStep | Fault::ClockRate => What::ClockStepped(facts),
         }
     }
 }

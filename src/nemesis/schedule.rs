@@ -82,7 +82,7 @@ impl Schedule {
             if step.fault == Fault::Restart && !is_server {
                 bail!("only a server can restart: '{}' is a worker", step.target);
             }
-            if step.fault == Fault::ClockStep && !is_worker {
+            if matches!(step.fault, Fault::ClockStep | Fault::ClockRate) && !is_worker {
                 bail!(
                     "only a worker's clock can be stepped (libfaketime crashes redis-server): '{}' is a server",
                     step.target

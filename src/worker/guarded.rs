@@ -15,7 +15,7 @@ use super::await_command;
 use crate::connect;
 use crate::events::facts::{self, FaultFacts, GuardDecided, Waiting, Wrote};
 use crate::events::{Emitter, What};
-use crate::lock::lease_guard::{Guard, Lease};
+use crate::lock::lease_guard::{self, Guard, Heartbeat, Lease, Sampler, Watch};
 use crate::lock::redis::{Held, RedisLock, Release};
 use crate::output::human;
 use crate::store::{FenceRule, Store};
@@ -45,13 +45,23 @@ pub struct GuardedScript {
     pub run_id: String,
     pub resource: String,
     pub stop_at: StopAt,
+    /// The lock-delay D, for [`Guard::LockDelay`].
+    #[serde(default)]
+    pub lock_delay_ms: u64,
 }
 
 pub fn run(script: &GuardedScript) -> Result<()> {
     let me = Emitter::new(&script.name);
     let mut store = Store::connect(&script.store_url)?;
     let ttl = Duration::from_millis(script.ttl_ms);
-    let mut lock = RedisLock::new(connect::redis(&script.redis_url)?, &script.key, ttl);
+    // Under lock-delay the key outlives the lease A is promised (and counts) by D.
+    let key_lives = match script.guard {
+        Guard::LockDelay => {
+            lease_guard::lock_delay_lifetime(ttl, Duration::from_millis(script.lock_delay_ms))
+        }
+        _ => ttl,
+    };
+    let mut lock = RedisLock::new(connect::redis(&script.redis_url)?, &script.key, key_lives);
     me.say(
         Waiting {
             pid: Some(std::process::id() as i32),
@@ -59,7 +69,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
         },
         format!(
             "asks for the lock (SET NX PX {}), guarded by: {}",
-            script.ttl_ms,
+            key_lives.as_millis(),
             script.guard.as_str()
         ),
     );
@@ -87,6 +97,14 @@ pub fn run(script: &GuardedScript) -> Result<()> {
             None => format!("took the lock (TTL {})", human(ttl)),
         },
     ));
+    let sampler = (script.guard == Guard::PauseDetect).then(Sampler::start);
+    let heartbeat = match script.guard {
+        Guard::RenewThird => Some(Heartbeat::start(
+            RedisLock::new(connect::redis(&script.redis_url)?, &script.key, ttl),
+            held.clone(),
+        )),
+        _ => None,
+    };
     me.say(What::Working, "works while holding the lock");
     await_command("finish")?;
 
@@ -96,7 +114,11 @@ pub fn run(script: &GuardedScript) -> Result<()> {
             "finishes its work and, before its guard looks, stops dead (SIGSTOP)",
         )?;
     }
-    let decision = script.guard.decide(&lease, &mut lock, &held)?;
+    let watch = Watch {
+        sampler: sampler.as_ref(),
+        heartbeat: heartbeat.as_ref(),
+    };
+    let decision = script.guard.decide(&lease, &mut lock, &held, &watch)?;
     let checked = Instant::now();
     // Redis's word at the same moment, for the verdict: was an abort needed?
     let (owner, pttl) = lock.owner_and_pttl().context("reading the lock back")?;
@@ -113,6 +135,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
                     .duration_since(std::time::UNIX_EPOCH)
                     .ok()
                     .map(|since| since.as_millis() as i64),
+                gap_ms: decision.gap_ms,
             },
             format!(
                 "guard {}: {} → {}",
@@ -129,8 +152,11 @@ pub fn run(script: &GuardedScript) -> Result<()> {
                 "its guard said yes; before the write goes out, it stops dead (SIGSTOP)",
             )?;
         }
-        let checked = decision.believed_left_ms.map(|_| checked);
+        let checked = script.guard.looks().then_some(checked);
         write(script, &me, &mut store, &held, checked)?;
+    }
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.stop();
     }
     release(&me, &mut lock, &held)
 }

@@ -11,8 +11,11 @@
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
 //! write; A's wall clock is stepped back while it works (libfaketime in A only: the
 //! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
-//! than its lease. In every cell B has written before A's guard looks (or, for the pause
-//! after the check, before A wakes), so the order is the story's, not the machine's speed.
+//! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
+//! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
+//! the pause after the check lasts until B has written however long that takes. With the
+//! defaults B writes long before the overrun runs out wherever it can, so the order is the
+//! story's, not the machine's speed.
 //!
 //! - [`play`]: one cell;
 //! - [`verdict`]: the matrix, read back from the store by [`crate::check::lease_guard`].
@@ -44,10 +47,14 @@ Examples:
   lockslab lease-guard --guard wall-deadline --guard monotonic-deadline
           --fault clock-back              a wall clock stepped back: one guard
                                           believes it, the other does not
+  lockslab lease-guard --guard lock-delay --fault long-work --overrun 2s
+                                          an overrun longer than the lock-delay
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The clock fault needs libfaketime (apt-get install faketime); without it the
-lab leaves that column out and says so.", crate::lab_exit_status_help!()))]
+The default run plays 48 cells in about a minute.
+
+The clock faults need libfaketime (apt-get install faketime); without it the
+lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
 pub struct LeaseGuardArgs {
     /// Guards to play, repeatable [default: all]
     #[arg(long, value_enum, value_name = "GUARD")]
@@ -68,6 +75,15 @@ pub struct LeaseGuardArgs {
     #[arg(long, default_value = "30s", value_name = "DURATION",
           value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(3600)))]
     pub clock_step: Duration,
+    /// How long after its lease A's fault lasts at most, if B has not written first
+    #[arg(long, default_value = "500ms", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub overrun: Duration,
+    /// lock-delay's D: how long Redis refuses the lock after a lease ran out (0 to 60s,
+    /// Consul's range)
+    #[arg(long, default_value = "1s", value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub lock_delay: Duration,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -78,7 +94,8 @@ pub struct LeaseGuardArgs {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LeaseFault {
-    /// A stops (SIGSTOP) after its work, before its guard looks, until B has written
+    /// A stops (SIGSTOP) after its work, before its guard looks, until B has written (or
+    /// --overrun past its lease)
     PauseBeforeCheck,
     /// A's guard says yes; A stops before the write goes out, until B has written
     PauseAfterCheck,
@@ -87,15 +104,40 @@ pub enum LeaseFault {
     ClockBack,
     /// No fault at all: A's work simply outlasts its lease
     LongWork,
+    /// A's wall clock runs at half speed while it works past its lease (libfaketime, in A
+    /// only)
+    ClockSlow,
+    /// A's wall clock runs three times too fast; A checks halfway through its lease
+    /// (libfaketime, in A only)
+    ClockFast,
 }
 
 impl LeaseFault {
-    pub const ALL: [LeaseFault; 4] = [
+    pub const ALL: [LeaseFault; 6] = [
         LeaseFault::PauseBeforeCheck,
         LeaseFault::PauseAfterCheck,
         LeaseFault::ClockBack,
         LeaseFault::LongWork,
+        LeaseFault::ClockSlow,
+        LeaseFault::ClockFast,
     ];
+
+    /// A fault that needs libfaketime in A.
+    pub fn moves_the_clock(self) -> bool {
+        matches!(
+            self,
+            LeaseFault::ClockBack | LeaseFault::ClockSlow | LeaseFault::ClockFast
+        )
+    }
+
+    /// The rate A's wall clock runs at, in percent of true time (the rate faults).
+    pub fn clock_rate_percent(self) -> Option<u32> {
+        match self {
+            LeaseFault::ClockSlow => Some(50),
+            LeaseFault::ClockFast => Some(300),
+            _ => None,
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -103,6 +145,8 @@ impl LeaseFault {
             LeaseFault::PauseAfterCheck => "pause-after-check",
             LeaseFault::ClockBack => "clock-back",
             LeaseFault::LongWork => "long-work",
+            LeaseFault::ClockSlow => "clock-slow",
+            LeaseFault::ClockFast => "clock-fast",
         }
     }
 }
@@ -115,6 +159,8 @@ pub(crate) struct Plan {
     pub(crate) ttl: Duration,
     pub(crate) margin: Duration,
     pub(crate) clock_step: Duration,
+    pub(crate) overrun: Duration,
+    pub(crate) lock_delay: Duration,
     /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
     pub(crate) clock_left_out: bool,
 }
@@ -141,13 +187,16 @@ impl Plan {
         };
         super::first_of_each(&mut faults);
         let mut clock_left_out = false;
-        if crate::nemesis::clock::library().is_none() && faults.contains(&LeaseFault::ClockBack) {
+        if crate::nemesis::clock::library().is_none()
+            && let Some(clock) = faults.iter().find(|f| f.moves_the_clock())
+        {
             if !args.fault.is_empty() {
                 crate::bail_usage!(
-                    "--fault clock-back steps A's wall clock with libfaketime, which this machine lacks (apt-get install faketime)"
+                    "--fault {} moves A's wall clock with libfaketime, which this machine lacks (apt-get install faketime)",
+                    clock.as_str()
                 );
             }
-            faults.retain(|f| *f != LeaseFault::ClockBack);
+            faults.retain(|f| !f.moves_the_clock());
             clock_left_out = true;
         }
         Ok(Plan {
@@ -156,6 +205,8 @@ impl Plan {
             ttl: args.ttl,
             margin: args.margin,
             clock_step: args.clock_step,
+            overrun: args.overrun,
+            lock_delay: args.lock_delay,
             clock_left_out,
         })
     }
@@ -188,15 +239,31 @@ impl Lab for Plan {
             human(self.ttl),
             human(self.margin)
         )];
+        lines.push(format!(
+            "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
+            human(self.overrun)
+        ));
+        if self.guards.contains(&Guard::LockDelay) {
+            lines.push(format!(
+                "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",
+                human(self.lock_delay)
+            ));
+        }
         if self.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
                 "clock-back steps A's wall clock back {} with libfaketime, in A only: the machine's clock, Redis's clock and A's monotonic clock stay true.",
                 human(self.clock_step)
             ));
         }
+        if self.faults.iter().any(|f| f.clock_rate_percent().is_some()) {
+            lines.push(
+                "clock-slow runs A's wall clock at half speed, clock-fast at three times (libfaketime's speed factor, in A only; it scales A's sleeps too); clock-fast's A checks halfway through its lease."
+                    .into(),
+            );
+        }
         if self.clock_left_out {
             lines.push(
-                "clock-back left out: this machine has no libfaketime (apt-get install faketime)."
+                "clock-back, clock-slow and clock-fast left out: this machine has no libfaketime (apt-get install faketime)."
                     .into(),
             );
         }

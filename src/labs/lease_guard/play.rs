@@ -57,9 +57,9 @@ impl Cell<'_> {
         stage.tags().scenario = Some(fault.as_str().into());
         stage.tags().variant = Some(guard.as_str().into());
 
-        let clock = match fault {
-            LeaseFault::ClockBack => Some(WorkerClock::new()?),
-            _ => None,
+        let clock = match fault.moves_the_clock() {
+            true => Some(WorkerClock::new()?),
+            false => None,
         };
         let stop_at = match fault {
             LeaseFault::PauseBeforeCheck => StopAt::BeforeCheck,
@@ -78,18 +78,43 @@ impl Cell<'_> {
             run_id: run_id.into(),
             resource: resource.clone(),
             stop_at,
+            lock_delay_ms: plan.lock_delay.as_millis() as u64,
         };
         let env = clock.as_ref().map(WorkerClock::env).unwrap_or_default();
         let mut a = stage.spawn_with_env("A", &WorkerSpec::Guarded(a_script), &env)?;
         // Declared after A: dropped first, so that a cell that fails resumes A before A's
         // handle kills it.
         let mut nemesis = Nemesis::new();
-        stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
+        let working = stage.wait_for(Duration::from_secs(10), "A to take the lock", |e| {
             e.is("A", Kind::Working)
         })?;
+        // The fault lasts until B has written, or until `overrun` past A's lease at most;
+        // the pause after the check, until B has written however long that takes.
+        let fault_ends = match fault {
+            LeaseFault::PauseAfterCheck => Duration::MAX,
+            _ => Duration::from_millis(working.t_ms) + plan.ttl + plan.overrun,
+        };
 
         let mut paused = false;
+        let mut told = false;
         match fault {
+            LeaseFault::ClockSlow | LeaseFault::ClockFast => {
+                let percent = fault.clock_rate_percent().unwrap_or(100);
+                let words = format!(
+                    "runs A's wall clock at {percent}% of true time (libfaketime in A only; its monotonic clock and Redis's clock stay true)"
+                );
+                let clock = clock.as_ref().context("the clock fault has its clock")?;
+                nemesis.set_clock_rate(&mut stage, &a, clock, percent, words)?;
+                if fault == LeaseFault::ClockFast {
+                    // A looks halfway through its lease: its fast clock says it is over.
+                    let halfway = Duration::from_millis(working.t_ms) + plan.ttl / 2;
+                    while let Some(left) = halfway.checked_sub(stage.elapsed()) {
+                        stage.next(left.min(Duration::from_millis(20)));
+                    }
+                    a.tell("finish")?;
+                    told = true;
+                }
+            }
             LeaseFault::ClockBack => {
                 let step_ms = plan.clock_step.as_millis() as i64;
                 let words = format!(
@@ -105,10 +130,17 @@ impl Cell<'_> {
                     e.is("A", Kind::Freezing) || e.is("A", Kind::Released)
                 })?;
                 if seen.kind() == Kind::Freezing {
-                    let words = format!(
-                        "sees A (pid {}) stopped; resumes it once B has written",
-                        a.pid
-                    );
+                    let words = match fault {
+                        LeaseFault::PauseBeforeCheck => format!(
+                            "sees A (pid {}) stopped; resumes it once B has written, or {} past its lease",
+                            a.pid,
+                            human(plan.overrun)
+                        ),
+                        _ => format!(
+                            "sees A (pid {}) stopped; resumes it once B has written",
+                            a.pid
+                        ),
+                    };
                     nemesis.adopt_pause(&mut stage, &a, words)?;
                     paused = true;
                 }
@@ -135,15 +167,32 @@ impl Cell<'_> {
             token_sequence: None,
         };
         let mut b = stage.spawn("B", &WorkerSpec::Holder(b_script))?;
-        stage.wait_for(long, "B to write", |e| {
-            e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp)
-        })?;
+        let b_done = |e: &Event| e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp);
+        while let Some(left) = fault_ends.checked_sub(stage.elapsed())
+            && !stage.log.iter().any(b_done)
+        {
+            if left > long {
+                stage.wait_for(long, "B to write", b_done)?;
+            } else {
+                stage.next(left.min(Duration::from_millis(50)));
+            }
+        }
+        let b_first = stage.log.iter().any(b_done);
+        let how = if b_first {
+            "once B has written"
+        } else {
+            "B has not written yet"
+        };
         if paused {
-            nemesis.resume(&mut stage, &a, "sends SIGCONT to A")?;
-        } else if fault != LeaseFault::PauseAfterCheck && fault != LeaseFault::PauseBeforeCheck {
+            nemesis.resume(&mut stage, &a, format!("sends SIGCONT to A ({how})"))?;
+        } else if !told
+            && fault != LeaseFault::PauseAfterCheck
+            && fault != LeaseFault::PauseBeforeCheck
+        {
             a.tell("finish")?;
         }
         stage.wait_for(long, "A to let go", |e| e.is("A", Kind::Released))?;
+        stage.wait_for(long, "B to write", b_done)?;
         b.tell("finish")?;
         stage.wait_for(long, "B to let go", |e| {
             e.is("B", Kind::Released) || e.is("B", Kind::GaveUp)
@@ -159,7 +208,7 @@ impl Cell<'_> {
             Some(What::GuardDecided(decided)) => decided.clone(),
             _ => anyhow::bail!("A never reported its guard's decision"),
         };
-        if fault == LeaseFault::ClockBack {
+        if fault.moves_the_clock() {
             // The machine's wall clock when A decided (this process's is true), against A's.
             let at_start = std::time::SystemTime::now() - self.run.started.elapsed();
             let decided_at = decided.map_or(0, |e| e.t_ms);
@@ -168,10 +217,20 @@ impl Cell<'_> {
                 .map_or(0, |since| since.as_millis() as i64);
             let step_ms = plan.clock_step.as_millis() as i64;
             let moved_ms = decision.wall_clock_ms.map(|a| a - machine_ms);
-            if moved_ms.is_none_or(|moved| (moved + step_ms).abs() > 2_000) {
+            // A step lands whole; a rate moves the clock by its share of A's age, which is
+            // at least 50ms either way by the time A decides.
+            let (landed, expected) = match fault {
+                LeaseFault::ClockSlow => (moved_ms.is_some_and(|m| m <= -50), "behind"),
+                LeaseFault::ClockFast => (moved_ms.is_some_and(|m| m >= 50), "ahead"),
+                _ => (
+                    moved_ms.is_some_and(|m| (m + step_ms).abs() <= 2_000),
+                    "stepped back",
+                ),
+            };
+            if !landed {
                 anyhow::bail!(
                     "A's wall clock did not move: at its decision it read {} from the \
-                     machine's, not {step_ms}ms back; libfaketime did not take effect in A, \
+                     machine's, not {expected}; libfaketime did not take effect in A, \
                      so this cell would be a guess",
                     moved_ms.map_or("nothing".to_string(), |m| format!("{m}ms"))
                 );
@@ -193,6 +252,17 @@ impl Cell<'_> {
             .iter()
             .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
             .find_map(|e| e.fault().and_then(|f| f.paused_ms));
+        let at = |worker: &str, kind: Kind| saw(worker, kind).map(|e| e.t_ms);
+        let unavailable_ms = checks::unavailable_ms(&checks::Handover {
+            a_granted_ms: at("A", Kind::Acquired).context("A's grant")?,
+            ttl_ms,
+            a_renewed: guard == Guard::RenewThird,
+            a_deleted_ms: a_release
+                .deleted()
+                .then(|| at("A", Kind::Released))
+                .flatten(),
+            b_granted_ms: at("B", Kind::Acquired),
+        });
         let found = checks::judge(&Evidence {
             decision: decision.decided(),
             a_release: &a_release,
@@ -231,8 +301,8 @@ impl Cell<'_> {
             };
             stage.record(Event::new("store", kind(facts), text));
         }
-        Ok(CellVerdict::new(
-            fault, guard, &decision, found, paused_ms, read,
-        ))
+        let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
+        cell.unavailable_ms = unavailable_ms;
+        Ok(cell)
     }
 }

@@ -15,6 +15,9 @@ use crate::lock::lease_guard::Guard;
 use crate::output::{human, table};
 use crate::store::{Attempt, ReadBack};
 
+/// Below this, the lock's idle time is B's polling, not a guard's cost.
+const IDLE_WORTH_SAYING_MS: u64 = 100;
+
 pub struct Verdict {
     pub cells: Vec<CellVerdict>,
     pub(crate) plan: Plan,
@@ -46,6 +49,11 @@ pub struct CellVerdict {
     pub window_ms: Option<u64>,
     /// How long A was stopped (the pause faults).
     pub paused_ms: Option<u64>,
+    /// A cost: how long the lock stood unavailable between the end of A's lease and B's
+    /// grant ([`crate::check::lease_guard::unavailable_ms`]); null when unknown.
+    pub unavailable_ms: Option<u64>,
+    /// The widest gap pause detection saw between two clock samples (pause-detect only).
+    pub gap_ms: Option<u64>,
     pub final_writer: Option<String>,
     pub attempts: Vec<Attempt>,
 }
@@ -75,12 +83,22 @@ impl CellVerdict {
             },
             window_ms: found.window_ms,
             paused_ms,
+            unavailable_ms: None,
+            gap_ms: decision.gap_ms,
             final_writer: read.final_writer,
             attempts: read.attempts,
         }
     }
 
     fn word(&self) -> String {
+        let word = self.outcome_word();
+        match self.unavailable_ms {
+            Some(ms) if ms >= IDLE_WORTH_SAYING_MS => format!("{word}, lock idle {ms}ms"),
+            _ => word,
+        }
+    }
+
+    fn outcome_word(&self) -> String {
         match self.outcome {
             Outcome::StaleAccepted => "STALE WRITE".red().bold().to_string(),
             Outcome::StaleRefused => "refused (store)".green().to_string(),
@@ -104,6 +122,14 @@ impl runner::Verdict for Verdict {
         fields.insert(
             "clock_step_ms".into(),
             (self.plan.clock_step.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "overrun_ms".into(),
+            (self.plan.overrun.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "lock_delay_ms".into(),
+            (self.plan.lock_delay.as_millis() as u64).into(),
         );
         fields.insert(
             "guards_that_held".into(),
@@ -222,27 +248,100 @@ impl Verdict {
         }
         lines.push(if held.is_empty() {
             "No guard kept B's result in every cell.".to_string()
+        } else if held == [Guard::Fencing] && self.plan.guards.len() > 1 {
+            "Only fencing kept B's result in every cell: the store refused what every guess let through.".to_string()
         } else {
             format!("Kept B's result in every cell played: {}.", names(&held))
         });
-        let needless: Vec<String> = self
+        // A cost, cell by cell: "guard under fault (what it cost)".
+        let costs = |what: &str, cost: &dyn Fn(&CellVerdict) -> Option<String>| {
+            let cells: Vec<String> = self
+                .cells
+                .iter()
+                .filter_map(|c| {
+                    cost(c).map(|cost| {
+                        format!("{} under {} ({cost})", c.guard.as_str(), c.fault.as_str())
+                    })
+                })
+                .collect();
+            (!cells.is_empty()).then(|| format!("{what}: {}.", cells.join("; ")))
+        };
+        lines.extend(costs(
+            "Work thrown away that was safe (Redis still had A's key)",
+            &|c| {
+                (c.needless_abort == Some(true))
+                    .then(|| format!("PTTL {}ms", c.pttl_at_check_ms.unwrap_or_default()))
+            },
+        ));
+        lines.extend(costs(
+            "The lock stood idle after A's lease, nobody allowed to take it",
+            &|c| {
+                c.unavailable_ms
+                    .filter(|&ms| ms >= IDLE_WORTH_SAYING_MS)
+                    .map(|ms| format!("{ms}ms"))
+            },
+        ));
+        let delayed: Vec<&CellVerdict> = self
             .cells
             .iter()
-            .filter(|c| c.needless_abort == Some(true))
-            .map(|c| {
-                format!(
-                    "{} under {} (Redis still gave A's key {}ms)",
-                    c.guard.as_str(),
-                    c.fault.as_str(),
-                    c.pttl_at_check_ms.unwrap_or_default()
-                )
-            })
+            .filter(|c| c.guard == Guard::LockDelay)
             .collect();
-        if !needless.is_empty() {
-            lines.push(format!(
-                "Work thrown away that was safe (the margin's cost): {}.",
-                needless.join("; ")
-            ));
+        if !delayed.is_empty() {
+            let (kept, lost): (Vec<&CellVerdict>, Vec<&CellVerdict>) =
+                delayed.iter().partition(|c| {
+                    c.outcome.safe()
+                        && c.unavailable_ms
+                            .is_some_and(|ms| ms >= IDLE_WORTH_SAYING_MS)
+                });
+            // Only the cells where the delay held B out, and those it did not.
+            let lost: Vec<&CellVerdict> = lost
+                .into_iter()
+                .filter(|c| c.outcome == Outcome::StaleAccepted)
+                .collect();
+            let faults = |cells: &[&CellVerdict]| {
+                cells
+                    .iter()
+                    .map(|c| c.fault.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut line = format!(
+                "lock-delay ({} here) only moves the window out: ",
+                human(self.plan.lock_delay)
+            );
+            if !kept.is_empty() {
+                line.push_str(&format!(
+                    "A's late write landed before B was let in under {}",
+                    faults(&kept)
+                ));
+            }
+            if !lost.is_empty() {
+                line.push_str(&format!(
+                    "{}a fault that outlasted the lease by more than the delay got through ({})",
+                    if kept.is_empty() { "" } else { "; " },
+                    faults(&lost)
+                ));
+            }
+            line.push_str(". A holder that vanished keeps everyone out for the whole delay.");
+            lines.push(line);
+        }
+        if self
+            .cell(Guard::WallDeadline, LeaseFault::ClockSlow)
+            .is_some_and(|c| c.outcome == Outcome::StaleAccepted)
+        {
+            lines.push(
+                "clock-slow: at half speed, A's wall clock made the wall deadline believe its lease longer than Redis kept it: two holders."
+                    .into(),
+            );
+        }
+        if self
+            .cell(Guard::WallDeadline, LeaseFault::ClockFast)
+            .is_some_and(|c| c.needless_abort == Some(true))
+        {
+            lines.push(
+                "clock-fast: three times too fast, A's wall clock made the wall deadline give up early: work lost, not a write."
+                    .into(),
+            );
         }
         if self.plan.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
