@@ -68,6 +68,8 @@ pub enum Violation {
         decided: i64,
         read_value: i64,
         value_before: i64,
+        /// The job whose write it overwrote (None: the record's initial value).
+        overwrote: Option<i64>,
     },
     /// Increments that took effect (or were acknowledged) and are not in the counter.
     LostUpdate {
@@ -86,6 +88,21 @@ pub enum Violation {
 }
 
 impl Violation {
+    /// The jobs this violation is about: the ones its timeline needs.
+    pub fn jobs(&self) -> Vec<i64> {
+        match self {
+            Violation::TwoHolders { .. } => Vec::new(),
+            Violation::StaleWrite { job, overwrote, .. } => {
+                std::iter::once(*job).chain(*overwrote).collect()
+            }
+            Violation::LostUpdate {
+                acknowledged_missing,
+                ..
+            } => acknowledged_missing.clone(),
+            Violation::Duplicate { job, .. } => vec![*job],
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Violation::TwoHolders { .. } => "two-holders",
@@ -113,6 +130,7 @@ impl Violation {
                 decided,
                 read_value,
                 value_before,
+                ..
             } => format!(
                 "stale write accepted: {client}'s job {job} wrote {record} = {} (decision {decided}) \
                  from a read of {read_value}, over {value_before}",
@@ -209,7 +227,7 @@ fn check_record(record: &RecordBack, acknowledged: &[(String, i64)], report: &mu
     report.attempts += record.attempts.len();
     let mut attempts = record.attempts.clone();
     attempts.sort_by_key(|a| a.decided);
-    let mut current = 0;
+    let (mut current, mut current_job) = (0, None);
     for attempt in attempts.iter().filter(|a| a.accepted) {
         report.accepted += 1;
         if let Some(read) = attempt.read_value
@@ -222,9 +240,11 @@ fn check_record(record: &RecordBack, acknowledged: &[(String, i64)], report: &mu
                 decided: attempt.decided,
                 read_value: read,
                 value_before: current,
+                overwrote: current_job,
             });
         }
         current = attempt.value;
+        current_job = Some(attempt.job);
     }
     let in_log: HashSet<i64> = record.log.iter().copied().collect();
     let acknowledged_missing: Vec<i64> = acknowledged
@@ -462,7 +482,7 @@ mod tests {
             ..record(0, &[], vec![])
         };
         assert_eq!(
-            check(&[], &[missing.clone()], false).judgement(),
+            check(&[], std::slice::from_ref(&missing), false).judgement(),
             Judgement::Inconclusive
         );
         let broken = record(

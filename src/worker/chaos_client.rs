@@ -107,7 +107,7 @@ impl Design {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct ChaosClient {
     pub name: String,
-    /// Its place among the clients: job numbers are `index * 1_000_000 + n`.
+    /// Its place among the clients: its jobs are numbered `(index + 1) * 1000 + n`.
     pub index: u32,
     pub design: Design,
     pub store_url: String,
@@ -186,7 +186,7 @@ pub fn run(script: &ChaosClient) -> Result<()> {
     let mut n = 0;
     while Instant::now() < until {
         n += 1;
-        let job = i64::from(script.index) * 1_000_000 + n;
+        let job = (i64::from(script.index) + 1) * 1000 + n;
         let record = rng.pick(&script.records).clone();
         if let Err(err) = client.job(job, &record) {
             // A server restarted, a session ended: a real client logs it and goes on.
