@@ -34,6 +34,8 @@ pub struct Setup {
 
 /// One history and what the checker made of it.
 pub struct Trial {
+    /// The history's own run id (its rows' and keys').
+    pub run_id: String,
     pub history: Vec<Event>,
     pub report: Report,
     pub ms: u64,
@@ -80,6 +82,15 @@ impl Setup {
         let names = client_names(clients);
         let records: Vec<String> = (0..self.records).map(|i| format!("r{i}")).collect();
         let mut store = connect::postgres(&self.store_url)?;
+        // Ctrl-C: once the clients are dead, the history's rows go too.
+        let _on_interrupt = crate::procs::on_interrupt({
+            let (url, run_id) = (self.store_url.clone(), run_id.clone());
+            move || {
+                if let Ok(mut store) = connect::postgres_for_cleanup(&url) {
+                    let _ = forget(&mut store, &run_id);
+                }
+            }
+        });
         prepare(&mut store, &run_id, &records)?;
         let result = self.play_on(schedule, &names, &records, &run_id, seed, &mut store);
         let forgot = forget(&mut store, &run_id);
@@ -87,6 +98,7 @@ impl Setup {
         forgot?;
         let report = chaos::check(&history, &backs, self.design.trusts_the_lock());
         Ok(Trial {
+            run_id,
             history,
             report,
             ms: started.elapsed().as_millis() as u64,

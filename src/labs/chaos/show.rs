@@ -62,10 +62,11 @@ pub fn step_words(step: &Step) -> String {
 }
 
 pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, trial: &Trial) {
+    let run_id = &trial.run_id;
     let judgement = trial.report.judgement();
     if style.json {
         json_line(&json!({
-            "kind": "schedule", "index": index, "seed": seed, "schedule": schedule,
+            "kind": "schedule", "run_id": run_id, "index": index, "seed": seed, "schedule": schedule,
             "result": judgement, "violations": trial.report.violations,
             "unknowns": trial.report.unknowns, "accepted": trial.report.accepted,
             "attempts": trial.report.attempts, "ms": trial.ms, "unplayed": trial.unplayed,
