@@ -153,7 +153,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
 }
 
 /// Where a client's fault lands: just after it took its lock, just after it read its
-/// record (before its write), or at a time of the run.
+/// record (before its write), inside its write's transaction, or at a time of the run.
 fn aim(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
     let anchored = |event, nth, at_ms| {
         (
@@ -165,7 +165,7 @@ fn aim(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
             }),
         )
     };
-    match rng.between(0, 2) {
+    match rng.between(0, 3) {
         0 => {
             let nth = rng.between(1, 3) as u32;
             let at = rng.between(0, 20);
@@ -175,6 +175,12 @@ fn aim(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
             let nth = rng.between(1, 3) as u32;
             let at = rng.between(0, 5);
             anchored(Kind::ReadRecord, nth, at)
+        }
+        2 => {
+            // Inside the write's transaction, its row locked (the `working` event).
+            let nth = rng.between(1, 3) as u32;
+            let at = rng.between(0, 3);
+            anchored(Kind::Working, nth, at)
         }
         _ => (rng.between(span_ms / 20, span_ms * 7 / 10), None),
     }

@@ -143,6 +143,9 @@ pub const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS lockslab_chaos_log (
         run_id text NOT NULL, record text NOT NULL, job bigint NOT NULL, seq bigserial);";
 
+/// How long a write's transaction works with the record's row locked.
+const IN_TRANSACTION_MS: u64 = 5;
+
 /// The store's rule for one write.
 #[derive(Clone, Copy, Debug)]
 enum Rule {
@@ -470,6 +473,15 @@ fn decide(
         &[run_id, &record],
     )?;
     let (version, stored): (i64, Option<i64>) = (row.get(0), row.get(1));
+    if read_value >= 0 {
+        // The write's own work, inside its transaction, the record's row locked: a pause
+        // timed from this event lands where lab 7's fenced-write-only loses an update.
+        Emitter::new(&script.name).say(
+            What::Working,
+            format!("job {job}: in its write transaction, {record}'s row locked"),
+        );
+        std::thread::sleep(Duration::from_millis(IN_TRANSACTION_MS));
+    }
     let (accepted, token) = match rule {
         Rule::Unfenced => (true, None),
         Rule::TokenNotLower(t) => (stored.is_none_or(|s| s <= t), Some(t)),

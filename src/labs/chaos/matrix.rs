@@ -69,8 +69,8 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 kinds.len(),
                 args.schedules
             );
-            let head: String = kinds.iter().map(|k| format!("{:<18}", k.name())).collect();
-            crate::outln!("{:<18} {}", "design", head.trim_end());
+            let head: String = kinds.iter().map(|k| format!("{:<20}", k.name())).collect();
+            crate::outln!("{:<18}{}", "design", head.trim_end());
         }
         let mut replays = Vec::new();
         let (mut any_unsafe, mut any_unknown) = (false, false);
@@ -126,7 +126,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 if style.json {
                     json_line(cells.last().expect("just pushed"));
                 }
-                row.push_str(&format!("{:<18}", paint(&cell.0)));
+                row.push_str(&paint(&cell.0));
             }
             ground.give_back(setup);
             if !style.json {
@@ -159,7 +159,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
 
 /// A cell's word in colour (padding counts the visible characters only).
 fn paint(cell: &str) -> String {
-    let padded = format!("{cell:<17}");
+    let padded = format!("{cell:<19} ");
     if cell.starts_with("UNSAFE") {
         padded.red().to_string()
     } else if cell.starts_with("SAFE") {

@@ -59,8 +59,9 @@ Examples:
 Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
 for 2.5s (3s on etcd), while the schedule's faults land: a pause or a kill
-just after a client took its lock, just after its read, or at a time; a
-restart of the lock's Redis (private, no persistence: it comes back empty).
+just after a client took its lock, just after its read, inside its write's
+transaction, or at a time; a restart of the lock's Redis (private, no
+persistence: it comes back empty).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
