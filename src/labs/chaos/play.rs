@@ -122,7 +122,8 @@ impl Setup {
                 fancy: false,
             },
             start,
-        );
+        )
+        .quiet();
         let mut tape = Tape {
             start,
             events: Vec::new(),
@@ -179,6 +180,8 @@ impl Setup {
         while let Some(event) = stage.next_silent(Duration::from_millis(20)) {
             tape.events.push(event);
         }
+        // The lab's own pauses (a starved machine) the stage noticed: part of the history.
+        tape.events.extend(stage.log.drain(..));
         let mut history = tape.events;
         history.sort_by_key(|e| e.t_ms);
         let backs = read_back(store, run_id, records)?;
