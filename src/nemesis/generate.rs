@@ -240,6 +240,24 @@ mod tests {
     }
 
     #[test]
+    fn faults_land_after_a_grant_after_a_read_inside_a_write_and_at_times() {
+        let mut seen = std::collections::HashSet::new();
+        for index in 0..200 {
+            for step in draw(nth_seed(3, index), &space()).steps() {
+                seen.insert(step.after.as_ref().map(|a| a.event));
+            }
+        }
+        for point in [
+            Some(Kind::Acquired),
+            Some(Kind::ReadRecord),
+            Some(Kind::Working),
+            None,
+        ] {
+            assert!(seen.contains(&point), "{point:?} never drawn");
+        }
+    }
+
+    #[test]
     fn only_the_kinds_asked_for_are_drawn() {
         let mut only_kills = space();
         only_kills.kinds = vec![FaultKind::Kill];
