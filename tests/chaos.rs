@@ -14,8 +14,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// A pause of A, 2ms after its second read, for 900ms (the lock's TTL is 400ms).
-const BETWEEN_READ_AND_WRITE: &str = r#"[{"at_ms":2,"after":{"worker":"A","event":"read_record","nth":2},"fault":"pause","target":"A","duration_ms":900}]"#;
+/// A pause of A, 2ms after its second read, for 2s (the lock's TTL is 800ms).
+const BETWEEN_READ_AND_WRITE: &str = r#"[{"at_ms":2,"after":{"worker":"A","event":"read_record","nth":2},"fault":"pause","target":"A","duration_ms":2000}]"#;
 
 fn json_lines(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)

@@ -23,9 +23,6 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::{Event, What};
-use crate::store::Outcome;
-
 /// One attempt the store decided, in its decision order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChaosAttempt {
@@ -37,6 +34,24 @@ pub struct ChaosAttempt {
     pub token: Option<i64>,
     pub accepted: bool,
     pub decided: i64,
+}
+
+/// What the clients heard, from the history: the lab reads it out of the events (this
+/// module stays below the events, which borrow its types).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Heard {
+    /// (record, job) of every write a client was told was accepted.
+    pub acknowledged: Vec<(String, i64)>,
+    /// Every release that found the lock no longer the client's own, in order.
+    pub lost_releases: Vec<LostRelease>,
+}
+
+/// A release that found its lock gone (`found_owner` None: expired) or someone else's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostRelease {
+    pub holder: String,
+    pub lock: String,
+    pub found_owner: Option<String>,
 }
 
 /// One record as read back at the end.
@@ -198,20 +213,13 @@ impl Report {
 
 /// Checks one history. `trusts_the_lock`: the design relies on the lock alone, so that two
 /// holders (or not knowing whether there were) is its failure.
-pub fn check(history: &[Event], records: &[RecordBack], trusts_the_lock: bool) -> Report {
+pub fn check(heard: &Heard, records: &[RecordBack], trusts_the_lock: bool) -> Report {
     let mut report = Report::default();
-    let acknowledged: Vec<(String, i64)> = history
-        .iter()
-        .filter_map(|event| match &event.what {
-            What::Wrote(w) if w.outcome == Outcome::Accepted => Some((w.resource.clone()?, w.job?)),
-            _ => None,
-        })
-        .collect();
     for record in records {
-        check_record(record, &acknowledged, &mut report);
+        check_record(record, &heard.acknowledged, &mut report);
     }
     if trusts_the_lock {
-        two_holders(history, &mut report);
+        two_holders(&heard.lost_releases, &mut report);
     }
     report
 }
@@ -275,34 +283,23 @@ fn check_record(record: &RecordBack, acknowledged: &[(String, i64)], report: &mu
 
 /// Each release's answer: found another owner's value (two holders), or found the lock
 /// gone (unknown: it expired, and whether someone held it meanwhile is not said).
-fn two_holders(history: &[Event], report: &mut Report) {
-    let mut last_lock: BTreeMap<&str, &str> = BTreeMap::new();
-    for event in history {
-        match &event.what {
-            What::Acquired(a) => {
-                if let Some(lock) = a.lock.as_deref() {
-                    last_lock.insert(event.worker.as_str(), lock);
-                }
-            }
-            What::Released(r) if r.released == Some(false) => {
-                let lock = last_lock
-                    .get(event.worker.as_str())
-                    .copied()
-                    .unwrap_or("its lock");
-                match &r.found_owner {
-                    Some(other) => report.violations.push(Violation::TwoHolders {
-                        lock: lock.to_string(),
-                        holder: event.worker.clone(),
-                        other_owner: other.clone(),
-                    }),
-                    None => report.unknowns.push(format!(
-                        "{}'s lock {lock} had expired before it let go: whether another client \
-                         held it meanwhile, the lock service does not say",
-                        event.worker
-                    )),
-                }
-            }
-            _ => {}
+fn two_holders(releases: &[LostRelease], report: &mut Report) {
+    for release in releases {
+        let LostRelease {
+            holder,
+            lock,
+            found_owner,
+        } = release;
+        match found_owner {
+            Some(other) => report.violations.push(Violation::TwoHolders {
+                lock: lock.clone(),
+                holder: holder.clone(),
+                other_owner: other.clone(),
+            }),
+            None => report.unknowns.push(format!(
+                "{holder}'s lock {lock} had expired before it let go: whether another client \
+                 held it meanwhile, the lock service does not say"
+            )),
         }
     }
 }
@@ -310,7 +307,6 @@ fn two_holders(history: &[Event], report: &mut Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::facts::{Acquired, Released, Wrote};
 
     fn attempt(client: &str, job: i64, read: i64, accepted: bool, decided: i64) -> ChaosAttempt {
         ChaosAttempt {
@@ -333,37 +329,22 @@ mod tests {
         }
     }
 
-    fn wrote(worker: &str, job: i64, outcome: Outcome) -> Event {
-        Event::new(
-            worker,
-            Wrote {
-                outcome,
-                token: None,
-                value: None,
-                resource: Some("r0".into()),
-                job: Some(job),
-                customer: None,
-                after_check_ms: None,
-            },
-            "",
-        )
+    fn acked(jobs: &[i64]) -> Heard {
+        Heard {
+            acknowledged: jobs.iter().map(|job| ("r0".to_string(), *job)).collect(),
+            lost_releases: Vec::new(),
+        }
     }
 
-    fn grant(worker: &str) -> Event {
-        let facts = Acquired {
-            lock: Some("lock:r0".into()),
-            ..Acquired::default()
-        };
-        Event::new(worker, facts, "")
-    }
-
-    fn release(worker: &str, released: bool, found: Option<&str>) -> Event {
-        let facts = Released {
-            released: Some(released),
-            found_owner: found.map(String::from),
-            ..Released::default()
-        };
-        Event::new(worker, facts, "")
+    fn lost(found: Option<&str>) -> Heard {
+        Heard {
+            acknowledged: Vec::new(),
+            lost_releases: vec![LostRelease {
+                holder: "A".into(),
+                lock: "lock:r0".into(),
+                found_owner: found.map(String::from),
+            }],
+        }
     }
 
     #[test]
@@ -373,12 +354,7 @@ mod tests {
             &[1, 2],
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 1, true, 2)],
         );
-        let history = [
-            grant("A"),
-            wrote("A", 1, Outcome::Accepted),
-            release("A", true, None),
-        ];
-        let report = check(&history, &[back], true);
+        let report = check(&acked(&[1, 2]), &[back], true);
         assert_eq!(report.judgement(), Judgement::Safe, "{report:?}");
         assert_eq!((report.accepted, report.attempts), (2, 2));
     }
@@ -391,7 +367,7 @@ mod tests {
             &[1, 2],
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 0, true, 2)],
         );
-        let report = check(&[], &[back], false);
+        let report = check(&Heard::default(), &[back], false);
         assert_eq!(report.judgement(), Judgement::Unsafe);
         let kinds: Vec<&str> = report.violations.iter().map(Violation::kind).collect();
         assert_eq!(kinds, vec!["stale-write", "lost-update"]);
@@ -405,17 +381,16 @@ mod tests {
             &[1],
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 0, false, 2)],
         );
-        assert_eq!(check(&[], &[back], false).judgement(), Judgement::Safe);
+        assert_eq!(
+            check(&Heard::default(), &[back], false).judgement(),
+            Judgement::Safe
+        );
     }
 
     #[test]
     fn an_acknowledged_write_missing_from_the_log_is_a_lost_update() {
         let back = record(1, &[1], vec![attempt("A", 1, 0, true, 1)]);
-        let history = [
-            wrote("A", 1, Outcome::Accepted),
-            wrote("B", 7, Outcome::Accepted),
-        ];
-        let report = check(&history, &[back], false);
+        let report = check(&acked(&[1, 7]), &[back], false);
         assert_eq!(
             report.violations,
             vec![Violation::LostUpdate {
@@ -435,8 +410,10 @@ mod tests {
             &[1, 2],
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 1, true, 2)],
         );
-        let history = [wrote("B", 2, Outcome::Unknown)];
-        assert_eq!(check(&history, &[back], false).judgement(), Judgement::Safe);
+        assert_eq!(
+            check(&acked(&[1]), &[back], false).judgement(),
+            Judgement::Safe
+        );
     }
 
     #[test]
@@ -446,7 +423,7 @@ mod tests {
             &[1, 1],
             vec![attempt("A", 1, 0, true, 1), attempt("A", 1, 1, true, 2)],
         );
-        let report = check(&[], &[back], false);
+        let report = check(&Heard::default(), &[back], false);
         assert_eq!(
             report.violations,
             vec![Violation::Duplicate {
@@ -459,7 +436,7 @@ mod tests {
 
     #[test]
     fn a_release_that_found_another_owner_is_two_holders_for_a_design_that_trusts_the_lock() {
-        let history = [grant("A"), release("A", false, Some("b0b0b0b0cafe"))];
+        let history = lost(Some("b0b0b0b0cafe"));
         let trusting = check(&history, &[], true);
         assert_eq!(trusting.violations[0].kind(), "two-holders");
         assert!(trusting.violations[0].describe().contains("lock:r0"));
@@ -469,8 +446,7 @@ mod tests {
 
     #[test]
     fn a_lock_found_expired_is_unknown_never_a_pass() {
-        let history = [grant("A"), release("A", false, None)];
-        let report = check(&history, &[], true);
+        let report = check(&lost(None), &[], true);
         assert_eq!(report.judgement(), Judgement::Inconclusive);
         assert!(report.unknowns[0].contains("expired"));
     }
@@ -482,7 +458,7 @@ mod tests {
             ..record(0, &[], vec![])
         };
         assert_eq!(
-            check(&[], std::slice::from_ref(&missing), false).judgement(),
+            check(&Heard::default(), std::slice::from_ref(&missing), false).judgement(),
             Judgement::Inconclusive
         );
         let broken = record(
@@ -491,7 +467,7 @@ mod tests {
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 0, true, 2)],
         );
         assert_eq!(
-            check(&[], &[missing, broken], false).judgement(),
+            check(&Heard::default(), &[missing, broken], false).judgement(),
             Judgement::Unsafe
         );
     }

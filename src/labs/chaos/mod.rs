@@ -228,11 +228,12 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 }
             }
         }
+        let hunted = started.elapsed();
         let mut verdict = json!({
             "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
             "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
             "schedules": played, "unsafe": unsafe_, "inconclusive": inconclusive,
-            "seconds": started.elapsed().as_secs_f64(),
+            "seconds": hunted.as_secs_f64(),
         });
         let code = if let Some((schedule, trial, found_after)) = first_failure {
             let (small, clients, small_trial) = if args.no_shrink {
@@ -262,7 +263,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             crate::exit::EXIT_OK
         };
         ground.give_back(setup);
-        show::summary(style, &verdict, played, started.elapsed());
+        show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
         Ok(ExitCode::from(code))
     })();
     could_not_run(outcome)

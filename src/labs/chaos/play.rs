@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::check::chaos::{self, ChaosAttempt, RecordBack, Report};
+use crate::check::chaos::{self, ChaosAttempt, Heard, LostRelease, RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
-use crate::events::Event;
+use crate::events::{Event, What};
 use crate::labs::Stage;
 use crate::labs::WorkerHandle;
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -66,7 +66,7 @@ pub fn client_names(clients: u32) -> Vec<String> {
 impl Setup {
     /// The lock's lease for this design: short, so that a pause of a second outlives it.
     pub fn lease_for(design: Design) -> u64 {
-        if design.uses_etcd() { 1000 } else { 400 }
+        if design.uses_etcd() { 1000 } else { 800 }
     }
 
     /// Plays one schedule with `clients` clients; `index` namespaces its rows and keys.
@@ -96,7 +96,7 @@ impl Setup {
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
         forgot?;
-        let report = chaos::check(&history, &backs, self.design.trusts_the_lock());
+        let report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
         Ok(Trial {
             run_id,
             history,
@@ -181,7 +181,7 @@ impl Setup {
             tape.events.push(event);
         }
         // The lab's own pauses (a starved machine) the stage noticed: part of the history.
-        tape.events.extend(stage.log.drain(..));
+        tape.events.append(&mut stage.log);
         let mut history = tape.events;
         history.sort_by_key(|e| e.t_ms);
         let backs = read_back(store, run_id, records)?;
@@ -309,4 +309,36 @@ fn read_back(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<V
         });
     }
     Ok(backs)
+}
+
+/// What the clients heard back, out of the history: the writes they were told were
+/// accepted, and the releases that found their lock gone or someone else's.
+fn heard(history: &[Event]) -> Heard {
+    let mut heard = Heard::default();
+    let mut lock_of: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for event in history {
+        match &event.what {
+            What::Acquired(a) => {
+                if let Some(lock) = a.lock.as_deref() {
+                    lock_of.insert(event.worker.as_str(), lock);
+                }
+            }
+            What::Wrote(w) if w.outcome == crate::store::Outcome::Accepted => {
+                if let (Some(record), Some(job)) = (&w.resource, w.job) {
+                    heard.acknowledged.push((record.clone(), job));
+                }
+            }
+            What::Released(r) if r.released == Some(false) => {
+                heard.lost_releases.push(LostRelease {
+                    holder: event.worker.clone(),
+                    lock: lock_of
+                        .get(event.worker.as_str())
+                        .map_or_else(|| "its lock".into(), |lock| lock.to_string()),
+                    found_owner: r.found_owner.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    heard
 }

@@ -132,7 +132,8 @@ pub fn failure(style: Style, schedule: &Schedule, trial: &Trial, replay: &str, a
     crate::outln!("  {replay}");
 }
 
-pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration) {
+/// `took`: the hunt (the schedules played); `shrinking`: the replays after it.
+pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration, shrinking: Duration) {
     if style.json {
         json_line(verdict);
         return;
@@ -143,8 +144,13 @@ pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration) {
         0.0
     };
     crate::outln!();
+    let shrunk = if shrinking > Duration::from_millis(500) {
+        format!(" Shrinking took {}.", crate::output::human(shrinking))
+    } else {
+        String::new()
+    };
     crate::prose!(
-        "{played} schedule(s) in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.",
+        "{played} schedule(s) in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.{shrunk}",
         crate::output::human(took),
         verdict["unsafe"],
         verdict["inconclusive"]
