@@ -54,7 +54,7 @@ Examples:
   lockslab chaos --design etcd-lease --faults pause --time 2m
   lockslab chaos --design redis-lock --schedule '[{\"at_ms\":5,\"after\":
     {\"worker\":\"A\",\"event\":\"read_record\"},\"fault\":\"pause\",
-    \"target\":\"A\",\"duration_ms\":800}]'       replay one schedule
+    \"target\":\"A\",\"duration_ms\":2000}]'      replay one schedule
 
 Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
