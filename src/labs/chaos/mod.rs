@@ -47,14 +47,14 @@ pub(crate) use chaos_exit_help;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab chaos --design redis-lock             10 schedules; stops at the first
-                                                 violation, shrinks it, prints how
-                                                 to replay it
+  lockslab chaos --design redis-lock    10 schedules; the first violation
+                                        shrunk, with its replay command
   lockslab chaos --design redis-fenced --schedules 50 --seed 7
   lockslab chaos --design etcd-lease --faults pause --time 2m
-  lockslab chaos --design redis-lock --schedule '[{\"at_ms\":5,\"after\":
-    {\"worker\":\"A\",\"event\":\"read_record\"},\"fault\":\"pause\",
-    \"target\":\"A\",\"duration_ms\":2000}]'      replay one schedule
+  lockslab chaos --design redis-lock --schedule FILE
+                                        replay a schedule: a JSON list of
+                                        {at_ms, after, fault, target,
+                                        duration_ms}, in FILE or inline
 
 Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
