@@ -64,6 +64,9 @@ Examples:
                                 leaves
   lockslab queue                lab 10: etcd's queue recipe: no herd, fair
                                 order, expired sessions
+  lockslab chaos --design D     random faults against one lock design; the
+                                smallest schedule that breaks it
+  lockslab matrix               every design against every kind of fault
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
@@ -104,6 +107,10 @@ enum Command {
     /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
     /// session that expires
     Queue(QueueArgs),
+    /// Random fault schedules from a seed against one lock design; the smallest that breaks it
+    Chaos(crate::labs::chaos::ChaosArgs),
+    /// Every lock design against every kind of fault: SAFE, UNSAFE or INCONCLUSIVE
+    Matrix(crate::labs::chaos::matrix::MatrixArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
@@ -246,6 +253,8 @@ pub fn run() -> Result<ExitCode> {
         crate::seed::start(seed, "lab");
     }
     match command {
+        Command::Chaos(args) => return crate::labs::chaos::run(&args),
+        Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
         Command::List => crate::menu::print(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::Checklist(args) => crate::checklist::run(&args)?,

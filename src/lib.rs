@@ -46,6 +46,9 @@
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
 //!   keys without their TTL (an eviction, a flush, a restart looks like an expiry).
+//! - [`labs::chaos`] is `lockslab chaos` and `lockslab matrix`: schedules drawn from a seed
+//!   ([`nemesis::generate`]), played from the live history, checked by [`check::chaos`],
+//!   shrunk when one fails.
 //! - [`doctor`] checks a machine before a session; [`checklist`] is the course's last
 //!   page: the questions to answer before shipping a lock.
 //! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.

@@ -169,6 +169,8 @@ pub fn print() {
     crate::outln!();
     crate::outln!("  lockslab <lab> --help   options and examples of one lab");
     crate::outln!("  lockslab <lab> --step   stop before each reveal, to ask the room");
+    crate::outln!("  lockslab chaos          random faults against a lock design (--help)");
+    crate::outln!("  lockslab matrix         every design against every kind of fault");
     crate::outln!("  lockslab doctor         check this machine before a session");
     crate::outln!("  lockslab up             servers for the exercises by hand");
     crate::outln!("  lockslab --help         every command");

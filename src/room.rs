@@ -18,32 +18,7 @@ use serde_json::Value;
 use crate::connect;
 use crate::servers::UpState;
 
-/// The table, in the labs' database's `public` schema.
-pub const TABLE: &str = "public.lockslab_room_results";
-
-/// What a room's Postgres runs once, as its superuser, before the seats are created.
-pub fn create_table_sql(labs_role: &str) -> Vec<String> {
-    vec![
-        format!(
-            "CREATE TABLE {TABLE} (\
-               seat name NOT NULL DEFAULT current_user, \
-               lab text NOT NULL, \
-               run_id text NOT NULL, \
-               at timestamptz NOT NULL DEFAULT now(), \
-               headline text NOT NULL, \
-               verdict jsonb NOT NULL)"
-        ),
-        format!("GRANT SELECT, DELETE ON {TABLE} TO {labs_role}"),
-    ]
-}
-
-/// A seat's right to record its own runs, and nothing more.
-pub fn seat_grants_sql(seat: &str) -> Vec<String> {
-    vec![
-        format!("GRANT USAGE ON SCHEMA public TO {seat}"),
-        format!("GRANT INSERT (lab, run_id, headline, verdict) ON {TABLE} TO {seat}"),
-    ]
-}
+use crate::servers::ROOM_RESULTS as TABLE;
 
 /// The seat a Postgres URL logs in as, when it is a room's seat (`seat07`).
 pub fn seat_of(postgres_url: &str) -> Option<String> {

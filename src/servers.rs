@@ -1028,7 +1028,7 @@ impl PrivateServers {
         };
         let mut client = connect::postgres(admin_in_labs_db)?;
         let mut statements = vec![format!("REVOKE ALL ON SCHEMA public FROM PUBLIC")];
-        statements.extend(crate::room::create_table_sql(PG_ROLE));
+        statements.extend(room_results_sql(PG_ROLE));
         for seat in &room.seats {
             let (name, password) = (&seat.name, &seat.password);
             statements.extend([
@@ -1040,7 +1040,7 @@ impl PrivateServers {
                 format!("CREATE SCHEMA {name} AUTHORIZATION {name}"),
                 format!("ALTER ROLE {name} SET search_path = {name}"),
             ]);
-            statements.extend(crate::room::seat_grants_sql(name));
+            statements.extend(room_results_grants_sql(name));
         }
         client
             .batch_execute(&statements.join(";\n"))
@@ -2105,4 +2105,31 @@ pub fn serve_until_stdin_closes() -> Result<()> {
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
     drop(servers);
     Ok(())
+}
+
+/// A room's results table (what `lockslab results` reads), in the labs' database's `public` schema.
+pub const ROOM_RESULTS: &str = "public.lockslab_room_results";
+
+/// What a room's Postgres runs once, as its superuser, before the seats are created.
+pub fn room_results_sql(labs_role: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE {ROOM_RESULTS} (\
+               seat name NOT NULL DEFAULT current_user, \
+               lab text NOT NULL, \
+               run_id text NOT NULL, \
+               at timestamptz NOT NULL DEFAULT now(), \
+               headline text NOT NULL, \
+               verdict jsonb NOT NULL)"
+        ),
+        format!("GRANT SELECT, DELETE ON {ROOM_RESULTS} TO {labs_role}"),
+    ]
+}
+
+/// A seat's right to record its own runs, and nothing more.
+pub fn room_results_grants_sql(seat: &str) -> Vec<String> {
+    vec![
+        format!("GRANT USAGE ON SCHEMA public TO {seat}"),
+        format!("GRANT INSERT (lab, run_id, headline, verdict) ON {ROOM_RESULTS} TO {seat}"),
+    ]
 }

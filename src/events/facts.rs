@@ -690,3 +690,17 @@ pub struct ServerCount {
 }
 
 one_kind!(Queued, Woke, Handovers);
+
+/// `lockslab chaos`: a client read its record, the read its next write is computed from.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordRead {
+    pub record: Option<String>,
+    /// The counter it read.
+    pub value: Option<i64>,
+    /// The record's version it read (the optimistic design writes only if it is unchanged).
+    pub version: Option<i64>,
+    /// The token its read was fenced with, where the design fences the read.
+    pub token: Option<i64>,
+    pub job: Option<i64>,
+}

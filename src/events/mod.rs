@@ -141,6 +141,8 @@ pub enum What {
     Woke(Woke),
     /// One way of queueing played to the end: every turn and the servers' counts.
     Handovers(Handovers),
+    // `lockslab chaos`.
+    ReadRecord(RecordRead),
 }
 
 impl std::fmt::Display for Kind {

@@ -40,6 +40,8 @@ pub struct Stage {
     pauses_shown: usize,
     /// The run's history, when a runner keeps one.
     history: Option<History>,
+    /// Shows nothing on the timeline (chaos plays many histories and prints few).
+    quiet: bool,
 }
 
 /// A run's typed history: every event its stages showed, in order, for the pictures drawn
@@ -91,7 +93,14 @@ impl Stage {
             spawned: Vec::new(),
             pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
             history: None,
+            quiet: false,
         }
+    }
+
+    /// A stage that logs its events and shows none of them.
+    pub fn quiet(mut self) -> Stage {
+        self.quiet = true;
+        self
     }
 
     /// Puts the lab's own pauses caught since the last look on the timeline, as warnings
@@ -245,7 +254,9 @@ impl Stage {
 
     /// Shows an event on the timeline and keeps it in the run's history.
     fn show(&mut self, event: &Event) {
-        self.timeline.show(event);
+        if !self.quiet {
+            self.timeline.show(event);
+        }
         if let Some(history) = &self.history {
             history.push(event);
         }

@@ -28,6 +28,7 @@
 //! times, which a lab writes by hand or a generator draws from a seed.
 
 pub mod clock;
+pub mod generate;
 pub mod network;
 pub mod schedule;
 pub mod victims;

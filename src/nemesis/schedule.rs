@@ -8,6 +8,20 @@
 //!
 //! A pause with a duration ends by itself: the schedule turns it into two actions, the
 //! pause and its resume. A pause without one lasts until the lab resumes it.
+//!
+//! A step may also be **aimed at the work** rather than the clock: with `after`, its
+//! `at_ms` counts from an event of the run — the `nth` time a worker reported that kind
+//! of event — so that a fault lands at a point of the job (just after `A` took the lock,
+//! between its read and its write):
+//!
+//! ```json
+//! {"at_ms": 5, "after": {"worker": "A", "event": "read_record", "nth": 2},
+//!  "fault": "pause", "target": "A", "duration_ms": 900}
+//! ```
+//!
+//! Such a step has no time until its event happens: the [`Player`] watches the run's
+//! history ([`Player::observe`]) and times it then. If the event never comes, the step
+//! never plays ([`Player::unplayed`] says which).
 
 use std::collections::HashSet;
 
@@ -15,18 +29,54 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::Fault;
+use crate::events::{Event, Kind};
 
 /// One fault of a schedule.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
-    /// When, in milliseconds from the schedule's start.
+    /// When, in milliseconds from the schedule's start — or from `after`'s event.
     pub at_ms: u64,
+    /// The event of the run this step is timed from, instead of the schedule's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Anchor>,
     pub fault: Fault,
     /// What it is aimed at, by the name the history gives it (`A`, `redis`, `m3`).
     pub target: String,
     /// For a pause: how long until the nemesis resumes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+}
+
+/// A point of the work: the `nth` event of this kind from this worker (1: the first).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anchor {
+    pub worker: String,
+    pub event: Kind,
+    #[serde(default = "first")]
+    pub nth: u32,
+}
+
+fn first() -> u32 {
+    1
+}
+
+impl Anchor {
+    fn matches(&self, event: &Event) -> bool {
+        event.worker == self.worker && event.kind() == self.event
+    }
+}
+
+impl Step {
+    /// The words a timeline prints for when this step plays.
+    pub fn when(&self) -> String {
+        match &self.after {
+            None => format!("at +{}ms", self.at_ms),
+            Some(anchor) => format!(
+                "{}ms after {}'s {} #{}",
+                self.at_ms, anchor.worker, anchor.event, anchor.nth
+            ),
+        }
+    }
 }
 
 /// One thing the nemesis does at one moment: a step, or the end of a timed pause.
@@ -96,9 +146,24 @@ impl Schedule {
                 );
             }
         }
+        for step in &self.steps {
+            if let Some(anchor) = &step.after {
+                if !workers.contains(&anchor.worker.as_str()) {
+                    bail!(
+                        "the schedule times a step after '{}', which is not a worker of this run",
+                        anchor.worker
+                    );
+                }
+                if anchor.nth == 0 {
+                    bail!("an anchor's nth counts from 1 (the first event)");
+                }
+            }
+        }
+        // Steps timed from the work have no time yet: only the clock's steps can be checked
+        // for order here; the player skips a fault whose victim cannot take it when it is due.
         let mut paused = HashSet::new();
         let mut gone = HashSet::new();
-        for action in self.actions() {
+        for action in self.clock_actions() {
             let target = action.target.clone();
             if gone.contains(&target) {
                 bail!(
@@ -131,63 +196,143 @@ impl Schedule {
     }
 
     /// Every action in time order, each timed pause followed (at its end) by its resume.
+    /// Steps timed from an event are left out: they have no time until it happens.
     pub fn actions(&self) -> Vec<Action> {
+        self.clock_actions()
+    }
+
+    fn clock_actions(&self) -> Vec<Action> {
         let mut actions: Vec<Action> = Vec::new();
-        for step in &self.steps {
-            actions.push(Action {
-                at_ms: step.at_ms,
-                fault: step.fault,
-                target: step.target.clone(),
-            });
-            if let (Fault::Pause, Some(duration)) = (step.fault, step.duration_ms) {
-                actions.push(Action {
-                    at_ms: step.at_ms.saturating_add(duration),
-                    fault: Fault::Resume,
-                    target: step.target.clone(),
-                });
-            }
+        for step in self.steps.iter().filter(|step| step.after.is_none()) {
+            actions.extend(step.actions_from(0));
         }
         // Stable: a resume due at the same moment as a step written later stays before it.
         actions.sort_by_key(|action| action.at_ms);
         actions
     }
+
+    /// The same schedule without step `index` (for shrinking a failing schedule).
+    pub fn without(&self, index: usize) -> Schedule {
+        let mut steps = self.steps.clone();
+        steps.remove(index);
+        Schedule { steps }
+    }
+
+    /// The same schedule with step `index` replaced.
+    pub fn with_step(&self, index: usize, step: Step) -> Schedule {
+        let mut steps = self.steps.clone();
+        steps[index] = step;
+        Schedule::new(steps)
+    }
+
+    /// The schedule with every step aimed at or timed from `worker` left out.
+    pub fn without_worker(&self, worker: &str) -> Schedule {
+        let steps = self
+            .steps
+            .iter()
+            .filter(|step| {
+                step.target != worker && step.after.as_ref().is_none_or(|a| a.worker != worker)
+            })
+            .cloned()
+            .collect();
+        Schedule { steps }
+    }
 }
 
-/// Hands out a schedule's actions as their time comes: the lab's loop asks it, on every
-/// tick, what is due by now.
+impl Step {
+    /// The step's action, `base_ms` being the moment its time counts from, and for a timed
+    /// pause its resume.
+    fn actions_from(&self, base_ms: u64) -> Vec<Action> {
+        let at_ms = base_ms.saturating_add(self.at_ms);
+        let mut actions = vec![Action {
+            at_ms,
+            fault: self.fault,
+            target: self.target.clone(),
+        }];
+        if let (Fault::Pause, Some(duration)) = (self.fault, self.duration_ms) {
+            actions.push(Action {
+                at_ms: at_ms.saturating_add(duration),
+                fault: Fault::Resume,
+                target: self.target.clone(),
+            });
+        }
+        actions
+    }
+}
+
+/// Hands out a schedule's actions as their time comes: the lab's loop shows it every event
+/// of the run ([`Player::observe`]) and asks it, on every tick, what is due by now.
 pub struct Player {
-    actions: Vec<Action>,
-    next: usize,
+    /// Actions with a time, not handed out yet, in time order.
+    timed: Vec<Action>,
+    /// Steps waiting for their event, with how many such events were seen so far.
+    waiting: Vec<(Step, u32)>,
+    /// When the last action handed out or timed is due.
+    last_ms: u64,
 }
 
 impl Player {
     pub fn new(schedule: &Schedule) -> Player {
+        let timed = schedule.clock_actions();
+        let waiting = schedule
+            .steps
+            .iter()
+            .filter(|step| step.after.is_some())
+            .map(|step| (step.clone(), 0))
+            .collect();
+        let last_ms = timed.last().map_or(0, |action| action.at_ms);
         Player {
-            actions: schedule.actions(),
-            next: 0,
+            timed,
+            waiting,
+            last_ms,
+        }
+    }
+
+    /// Shows the player one event of the run (stamped on the run's clock, `t_ms`): a step
+    /// waiting for it gets its time, counted from the event.
+    pub fn observe(&mut self, event: &Event) {
+        let mut now_timed = Vec::new();
+        self.waiting.retain_mut(|(step, seen)| {
+            let Some(anchor) = &step.after else {
+                return false;
+            };
+            if !anchor.matches(event) {
+                return true;
+            }
+            *seen += 1;
+            if *seen < anchor.nth {
+                return true;
+            }
+            now_timed.extend(step.actions_from(event.t_ms));
+            false
+        });
+        for action in now_timed {
+            self.last_ms = self.last_ms.max(action.at_ms);
+            // After every action due no later: the order of the schedule is kept on ties.
+            let at = self.timed.partition_point(|a| a.at_ms <= action.at_ms);
+            self.timed.insert(at, action);
         }
     }
 
     /// The actions due at or before `elapsed_ms` that were not handed out yet, in order.
     pub fn due(&mut self, elapsed_ms: u64) -> Vec<Action> {
-        let start = self.next;
-        while self
-            .actions
-            .get(self.next)
-            .is_some_and(|action| action.at_ms <= elapsed_ms)
-        {
-            self.next += 1;
-        }
-        self.actions[start..self.next].to_vec()
+        let due = self.timed.partition_point(|a| a.at_ms <= elapsed_ms);
+        self.timed.drain(..due).collect()
     }
 
+    /// Every action with a time was handed out, and no step waits for its event.
     pub fn done(&self) -> bool {
-        self.next == self.actions.len()
+        self.timed.is_empty() && self.waiting.is_empty()
     }
 
-    /// When the last action is due.
+    /// The steps whose event has not come (yet).
+    pub fn unplayed(&self) -> Vec<&Step> {
+        self.waiting.iter().map(|(step, _)| step).collect()
+    }
+
+    /// When the last action known so far is due.
     pub fn ends_at_ms(&self) -> u64 {
-        self.actions.last().map_or(0, |action| action.at_ms)
+        self.last_ms
     }
 }
 
@@ -198,6 +343,7 @@ mod tests {
     fn step(at_ms: u64, fault: Fault, target: &str, duration_ms: Option<u64>) -> Step {
         Step {
             at_ms,
+            after: None,
             fault,
             target: target.into(),
             duration_ms,
@@ -297,5 +443,84 @@ mod tests {
             ])
             .is_ok()
         );
+    }
+
+    fn after(worker: &str, event: Kind, nth: u32, at_ms: u64, fault: Fault, target: &str) -> Step {
+        Step {
+            after: Some(Anchor {
+                worker: worker.into(),
+                event,
+                nth,
+            }),
+            ..step(at_ms, fault, target, None)
+        }
+    }
+
+    fn event(worker: &str, what: crate::events::What, t_ms: u64) -> Event {
+        let mut event = Event::new(worker, what, "");
+        event.t_ms = t_ms;
+        event
+    }
+
+    #[test]
+    fn an_anchored_step_reads_and_writes_json_and_nth_defaults_to_the_first() {
+        let text = r#"[{"at_ms":5,"after":{"worker":"A","event":"acquired"},
+                        "fault":"pause","target":"A","duration_ms":900}]"#;
+        let schedule: Schedule = serde_json::from_str(text).unwrap();
+        let anchored = Step {
+            duration_ms: Some(900),
+            ..after("A", Kind::Acquired, 1, 5, Fault::Pause, "A")
+        };
+        assert_eq!(schedule.steps(), &[anchored]);
+        let again: Schedule =
+            serde_json::from_str(&serde_json::to_string(&schedule).unwrap()).unwrap();
+        assert_eq!(again, schedule);
+        assert!(schedule.actions().is_empty(), "no time before its event");
+    }
+
+    #[test]
+    fn an_anchored_step_is_timed_from_the_nth_matching_event_and_its_resume_follows() {
+        use crate::events::What;
+        let mut pause = after("A", Kind::Acquired, 2, 10, Fault::Pause, "A");
+        pause.duration_ms = Some(100);
+        let schedule = Schedule::new(vec![pause, step(50, Fault::Kill, "B", None)]);
+        let mut player = Player::new(&schedule);
+        assert!(!player.done());
+        player.observe(&event("B", What::Acquired(Default::default()), 20));
+        player.observe(&event("A", What::Working, 25));
+        player.observe(&event("A", What::Acquired(Default::default()), 30));
+        assert_eq!(
+            player.unplayed().len(),
+            1,
+            "A's first grant is not the second"
+        );
+        let kill: Vec<Fault> = player.due(60).iter().map(|a| a.fault).collect();
+        assert_eq!(kill, vec![Fault::Kill]);
+        player.observe(&event("A", What::Acquired(Default::default()), 70));
+        assert!(player.unplayed().is_empty());
+        assert!(player.due(79).is_empty());
+        let pause = player.due(80);
+        assert_eq!((pause[0].fault, pause[0].at_ms), (Fault::Pause, 80));
+        assert_eq!(player.ends_at_ms(), 180);
+        let resume = player.due(10_000);
+        assert_eq!((resume[0].fault, resume[0].at_ms), (Fault::Resume, 180));
+        assert!(player.done());
+    }
+
+    #[test]
+    fn anchors_are_checked_and_a_schedule_shrinks_by_step_and_by_worker() {
+        let bad = Schedule::new(vec![after("C", Kind::Acquired, 1, 0, Fault::Kill, "A")]);
+        let message = format!("{:#}", bad.validate(&["A", "B"], &[]).unwrap_err());
+        assert!(message.contains("'C'"), "{message}");
+        let zeroth = Schedule::new(vec![after("A", Kind::Acquired, 0, 0, Fault::Kill, "A")]);
+        assert!(zeroth.validate(&["A"], &[]).is_err());
+        let schedule = Schedule::new(vec![
+            after("B", Kind::Acquired, 1, 0, Fault::Pause, "A"),
+            step(10, Fault::Kill, "B", None),
+            step(20, Fault::Restart, "redis", None),
+        ]);
+        assert_eq!(schedule.without(0).steps().len(), 2);
+        let no_b = schedule.without_worker("B");
+        assert_eq!(no_b.steps(), &[step(20, Fault::Restart, "redis", None)]);
     }
 }

@@ -7,6 +7,7 @@
 //! the orchestrator decides when the story moves on, while every lock operation and every
 //! write is the worker's own, made over its own connections.
 
+pub mod chaos_client;
 pub mod consumer;
 pub mod guarded;
 pub mod holder;
@@ -45,6 +46,8 @@ pub enum WorkerSpec {
     Guarded(guarded::GuardedScript),
     /// Join a queue for one lock, one of three ways; hold, let go (lab 10).
     Queuer(queuer::QueuerScript),
+    /// Read-modify-write jobs on shared records, one lock design's way (`lockslab chaos`).
+    ChaosClient(chaos_client::ChaosClient),
 }
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
@@ -74,6 +77,7 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::Invoicer(role) => (role.name.clone(), invoicer::run(&role)),
         WorkerSpec::Guarded(script) => (script.name.clone(), guarded::run(&script)),
         WorkerSpec::Queuer(script) => (script.name.clone(), queuer::run(&script)),
+        WorkerSpec::ChaosClient(script) => (script.name.clone(), chaos_client::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,304 @@
+//! `lockslab chaos` and `lockslab matrix`: random fault schedules from a seed against a
+//! lock design on real servers, a checker over every history, the smallest schedule that
+//! still breaks the design, and every design against every kind of fault.
+//!
+//! ```text
+//! seed ──> nemesis::generate::draw ──> Schedule ──> play (clients + Player) ──> history
+//!                                                         └──> read back ──> check::chaos
+//! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
+//! ```
+
+pub mod matrix;
+mod play;
+mod show;
+mod shrink;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::check::chaos::Judgement;
+use crate::connect::Backend;
+use crate::nemesis::generate::{self, FaultKind, Space};
+use crate::nemesis::schedule::Schedule;
+use crate::servers::{self, Lifetime, PrivateServers, ServerArgs, Servers};
+use crate::worker::chaos_client::Design;
+
+pub use play::{Setup, Trial};
+
+/// The exit statuses of `chaos` and `matrix` (Maelstrom's convention, plus one).
+pub const EXIT_VIOLATION: u8 = 1;
+pub const EXIT_ONLY_UNKNOWNS: u8 = 3;
+pub const EXIT_COULD_NOT_RUN: u8 = 4;
+
+/// The exit-status lines of `chaos` and `matrix` (a macro, for `concat!`).
+macro_rules! chaos_exit_help {
+    () => {
+        "Exit status: 0 no violation found · 1 a violation found · 2 bad command \
+line · 3 no violation, but some history could not be decided (unknown, never a \
+pass) · 4 it could not run (a server did not answer) · 130 Ctrl-C; clients and \
+servers are stopped either way."
+    };
+}
+pub(crate) use chaos_exit_help;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  lockslab chaos --design redis-lock    10 schedules; the first violation
+                                        shrunk, with its replay command
+  lockslab chaos --design redis-fenced --schedules 50 --seed 7
+  lockslab chaos --design etcd-lease --faults pause --time 2m
+  lockslab chaos --design redis-lock --schedule FILE
+                                        replay a schedule: a JSON list of
+                                        {at_ms, after, fault, target,
+                                        duration_ms}, in FILE or inline
+
+Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
+one, append the job to the record's log) on 2 records through the design,
+for 2.5s (3s on etcd), while the schedule's faults land: a pause or a kill
+just after a client took its lock, just after its read, inside its write's
+transaction, or at a time; a restart of the lock's Redis (private, no
+persistence: it comes back empty).
+The store's rows are then read back and checked: stale write accepted, lost
+update, duplicated effect, two holders (by the lock service's answers).
+
+", chaos_exit_help!()))]
+pub struct ChaosArgs {
+    /// The lock design to attack
+    #[arg(long, value_enum)]
+    pub design: Design,
+    /// Draw the schedules from this seed (printed when not given)
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// How many schedules to try
+    #[arg(long, default_value_t = 10, value_name = "K",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub schedules: u32,
+    /// Try schedules for this long instead (e.g. 2m)
+    #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T",
+          conflicts_with = "schedules")]
+    pub time: Option<Duration>,
+    /// The kinds of fault to draw [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub faults: Vec<FaultKind>,
+    /// How many clients
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub clients: u32,
+    /// Play this schedule (a JSON array, or a file holding one) instead of drawing
+    #[arg(long, value_name = "FILE|JSON")]
+    pub schedule: Option<String>,
+    /// Replays of each smaller schedule while shrinking (timing varies: one failure keeps it)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub replays: u32,
+    /// Do not shrink a failing schedule
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// JSON Lines on stdout: one object per schedule, then a verdict
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// Servers for a set of designs: the store (Postgres), etcd if one needs it, and a Redis of
+/// chaos's own (private: a restart is a fault it may aim at it).
+pub struct Ground {
+    pub servers: Servers,
+    pub redis: Option<(PrivateServers, String)>,
+    pub run_id: String,
+}
+
+impl Ground {
+    pub fn start(args: &ServerArgs, designs: &[Design]) -> Result<Ground> {
+        let mut needs = vec![Backend::Postgres];
+        if designs.iter().any(|d| d.uses_etcd()) {
+            needs.push(Backend::Etcd);
+        }
+        let servers = servers::provide(args, &needs)?;
+        let redis = if designs.iter().any(|d| d.uses_redis()) {
+            let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
+            let url = private
+                .url(Backend::Redis)
+                .context("the private Redis has no URL")?;
+            Some((private, url))
+        } else {
+            None
+        };
+        Ok(Ground {
+            servers,
+            redis,
+            run_id: super::new_run_id(),
+        })
+    }
+
+    /// A setup for one design, borrowing the private Redis for its restarts.
+    pub fn setup(&mut self, design: Design) -> Setup {
+        let redis = self.redis.take();
+        let etcd_url = design
+            .uses_etcd()
+            .then(|| self.servers.url(Backend::Etcd).to_string());
+        Setup {
+            design,
+            run_id: format!("{}_{}", self.run_id, design.name().replace('-', "_")),
+            store_url: self.servers.url(Backend::Postgres).to_string(),
+            redis_url: redis.as_ref().map(|(_, url)| url.clone()),
+            redis: redis.map(|(private, _)| private),
+            etcd_url,
+            records: 2,
+            run_ms: if design.uses_etcd() { 3000 } else { 2500 },
+            work_ms: 20,
+            lease_ms: Setup::lease_for(design),
+        }
+    }
+
+    /// Takes the private Redis back from a setup.
+    pub fn give_back(&mut self, setup: Setup) {
+        if let (Some(private), Some(url)) = (setup.redis, setup.redis_url) {
+            self.redis = Some((private, url));
+        }
+    }
+}
+
+/// The faults a design can meet: a restart only where there is a server of chaos's own.
+pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
+    let lease = setup.lease_ms;
+    Space {
+        clients: play::client_names(clients),
+        kinds: kinds.to_vec(),
+        restartable: if setup.redis.is_some() && setup.design.uses_redis() {
+            vec!["redis".into()]
+        } else {
+            Vec::new()
+        },
+        span_ms: setup.run_ms,
+        pause_ms: (lease / 2, lease * 3),
+        max_faults: 3,
+    }
+}
+
+/// `lockslab chaos`.
+pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
+    let given = match &args.schedule {
+        Some(text) => Some(read_schedule(text, args.clients)?),
+        None => None,
+    };
+    let kinds = if args.faults.is_empty() {
+        FaultKind::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let seed = args.seed.unwrap_or_else(crate::seed::fresh);
+    let style = crate::output::Style::detect(args.json);
+    let outcome = (|| -> Result<ExitCode> {
+        let mut ground = Ground::start(&args.servers, &[args.design])?;
+        if !args.json {
+            show::heading(&ground, args, seed);
+        }
+        let mut setup = ground.setup(args.design);
+        let space = space(&setup, args.clients, &kinds);
+        let started = Instant::now();
+        let (mut unsafe_, mut inconclusive, mut played) = (0, 0, 0u64);
+        let mut first_failure = None;
+        for index in 0.. {
+            let enough = match args.time {
+                Some(time) => started.elapsed() >= time,
+                None => index >= u64::from(args.schedules),
+            };
+            if enough || crate::procs::interrupted() {
+                break;
+            }
+            let schedule_seed = generate::nth_seed(seed, index);
+            let schedule = match &given {
+                Some(schedule) => schedule.clone(),
+                None => generate::draw(schedule_seed, &space),
+            };
+            let trial = setup.play(&schedule, args.clients, index, schedule_seed)?;
+            played += 1;
+            show::schedule_line(style, index, schedule_seed, &schedule, &trial);
+            match trial.report.judgement() {
+                Judgement::Safe => {}
+                Judgement::Inconclusive => inconclusive += 1,
+                Judgement::Unsafe => {
+                    unsafe_ += 1;
+                    first_failure = Some((schedule, trial, started.elapsed()));
+                    break;
+                }
+            }
+        }
+        let hunted = started.elapsed();
+        let mut verdict = json!({
+            "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
+            "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
+            "schedules": played, "unsafe": unsafe_, "inconclusive": inconclusive,
+            "seconds": hunted.as_secs_f64(),
+        });
+        let code = if let Some((schedule, trial, found_after)) = first_failure {
+            let (small, clients, small_trial) = if args.no_shrink {
+                (schedule, args.clients, trial)
+            } else {
+                shrink::shrink(
+                    &mut setup,
+                    style,
+                    &schedule,
+                    args.clients,
+                    seed,
+                    args.replays,
+                    trial,
+                )?
+            };
+            let replay = show::replay_command(args.design, clients, &small);
+            show::failure(style, &small, &small_trial, &replay, found_after);
+            verdict["shrunk"] = serde_json::to_value(&small)?;
+            verdict["clients"] = clients.into();
+            verdict["replay"] = replay.into();
+            verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
+            verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
+            EXIT_VIOLATION
+        } else if inconclusive > 0 {
+            EXIT_ONLY_UNKNOWNS
+        } else {
+            crate::exit::EXIT_OK
+        };
+        ground.give_back(setup);
+        show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
+        Ok(ExitCode::from(code))
+    })();
+    could_not_run(outcome)
+}
+
+/// An error that is not the command line's ends chaos and matrix with 4, not 1: 1 means a
+/// violation was found.
+pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
+    match outcome {
+        Err(err) if err.downcast_ref::<crate::exit::UsageError>().is_none() => {
+            crate::errln!("lockslab: error: {:#}", crate::connect::explain(err));
+            Ok(ExitCode::from(EXIT_COULD_NOT_RUN))
+        }
+        other => other,
+    }
+}
+
+/// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
+fn read_schedule(text: &str, clients: u32) -> Result<Schedule> {
+    let json = if text.trim_start().starts_with('[') {
+        text.to_string()
+    } else {
+        match std::fs::read_to_string(text) {
+            Ok(json) => json,
+            Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
+        }
+    };
+    let schedule: Schedule = match serde_json::from_str(&json) {
+        Ok(schedule) => schedule,
+        Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
+    };
+    let names = play::client_names(clients);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    if let Err(err) = schedule.validate(&names, &["redis"]) {
+        crate::bail_usage!("--schedule: {err:#}");
+    }
+    Ok(schedule)
+}

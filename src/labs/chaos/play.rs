@@ -1,0 +1,344 @@
+//! One history: the records set up, the clients started, the schedule played from the live
+//! history, the records read back and checked.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::check::chaos::{self, ChaosAttempt, Heard, LostRelease, RecordBack, Report};
+use crate::connect::{self, Backend, PgClient};
+use crate::events::{Event, What};
+use crate::labs::Stage;
+use crate::labs::WorkerHandle;
+use crate::nemesis::schedule::{Action, Player, Schedule};
+use crate::nemesis::victims::Server;
+use crate::nemesis::{Fault, Nemesis, Note, Record};
+use crate::output::Style;
+use crate::servers::PrivateServers;
+use crate::worker::WorkerSpec;
+use crate::worker::chaos_client::{self, ChaosClient, Design};
+
+/// What every history of a run shares: the design, the servers, the sizes.
+pub struct Setup {
+    pub design: Design,
+    pub run_id: String,
+    pub store_url: String,
+    pub redis: Option<PrivateServers>,
+    pub redis_url: Option<String>,
+    pub etcd_url: Option<String>,
+    pub records: u32,
+    pub run_ms: u64,
+    pub work_ms: u64,
+    pub lease_ms: u64,
+}
+
+/// One history and what the checker made of it.
+pub struct Trial {
+    /// The history's own run id (its rows' and keys').
+    pub run_id: String,
+    pub history: Vec<Event>,
+    pub report: Report,
+    pub ms: u64,
+    /// Steps whose event never came: they did not play.
+    pub unplayed: usize,
+}
+
+/// The run's history, as the nemesis writes into it: stamped on the stage's clock, kept,
+/// not printed (a chaos run prints only the histories that matter).
+struct Tape {
+    start: Instant,
+    events: Vec<Event>,
+}
+
+impl Record for Tape {
+    fn record(&mut self, mut event: Event) {
+        event.t_ms = self.start.elapsed().as_millis() as u64;
+        self.events.push(event);
+    }
+}
+
+pub fn client_names(clients: u32) -> Vec<String> {
+    (0..clients)
+        .map(|i| char::from(b'A' + i as u8).to_string())
+        .collect()
+}
+
+impl Setup {
+    /// The lock's lease for this design: short, so that a pause of a second outlives it.
+    pub fn lease_for(design: Design) -> u64 {
+        if design.uses_etcd() { 1000 } else { 800 }
+    }
+
+    /// Plays one schedule with `clients` clients; `index` namespaces its rows and keys.
+    pub fn play(
+        &mut self,
+        schedule: &Schedule,
+        clients: u32,
+        index: u64,
+        seed: u64,
+    ) -> Result<Trial> {
+        let started = Instant::now();
+        let run_id = format!("{}_{index}", self.run_id);
+        let names = client_names(clients);
+        let records: Vec<String> = (0..self.records).map(|i| format!("r{i}")).collect();
+        let mut store = connect::postgres(&self.store_url)?;
+        // Ctrl-C: once the clients are dead, the history's rows go too.
+        let _on_interrupt = crate::procs::on_interrupt({
+            let (url, run_id) = (self.store_url.clone(), run_id.clone());
+            move || {
+                if let Ok(mut store) = connect::postgres_for_cleanup(&url) {
+                    let _ = forget(&mut store, &run_id);
+                }
+            }
+        });
+        prepare(&mut store, &run_id, &records)?;
+        let result = self.play_on(schedule, &names, &records, &run_id, seed, &mut store);
+        let forgot = forget(&mut store, &run_id);
+        let (history, unplayed, backs) = result?;
+        forgot?;
+        let report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        Ok(Trial {
+            run_id,
+            history,
+            report,
+            ms: started.elapsed().as_millis() as u64,
+            unplayed,
+        })
+    }
+
+    fn play_on(
+        &mut self,
+        schedule: &Schedule,
+        names: &[String],
+        records: &[String],
+        run_id: &str,
+        seed: u64,
+        store: &mut PgClient,
+    ) -> Result<(Vec<Event>, usize, Vec<RecordBack>)> {
+        let start = Instant::now();
+        let mut stage = Stage::on_clock(
+            Style {
+                json: true,
+                fancy: false,
+            },
+            start,
+        )
+        .quiet();
+        let mut tape = Tape {
+            start,
+            events: Vec::new(),
+        };
+        let mut workers: Vec<WorkerHandle> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let script = ChaosClient {
+                name: name.clone(),
+                index: i as u32,
+                design: self.design,
+                store_url: self.store_url.clone(),
+                redis_url: self.redis_url.clone(),
+                etcd_url: self.etcd_url.clone(),
+                run_id: run_id.into(),
+                records: records.to_vec(),
+                run_ms: self.run_ms,
+                work_ms: self.work_ms,
+                lease_ms: self.lease_ms,
+                wait_ms: 2000,
+                seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
+            };
+            workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
+        }
+        // Declared after the workers: dropped first, so a failed run resumes them first.
+        let mut nemesis = Nemesis::new();
+        let mut player = Player::new(schedule);
+        let longest_pause = schedule
+            .steps()
+            .iter()
+            .filter_map(|s| s.duration_ms)
+            .max()
+            .unwrap_or(0);
+        let give_up = start + Duration::from_millis(self.run_ms + longest_pause + 15_000);
+        loop {
+            while let Some(event) = stage.next_silent(Duration::from_millis(2)) {
+                player.observe(&event);
+                tape.events.push(event);
+            }
+            let now = start.elapsed().as_millis() as u64;
+            for action in player.due(now) {
+                self.act(&action, &mut workers, &mut nemesis, &mut tape)?;
+            }
+            let all_done = names.iter().all(|name| stage.has_exited(name));
+            if all_done && nemesis.paused().is_empty() {
+                break;
+            }
+            if Instant::now() > give_up {
+                anyhow::bail!("the clients did not finish within their time");
+            }
+        }
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(2));
+        }
+        while let Some(event) = stage.next_silent(Duration::from_millis(20)) {
+            tape.events.push(event);
+        }
+        // The lab's own pauses (a starved machine) the stage noticed: part of the history.
+        tape.events.append(&mut stage.log);
+        let mut history = tape.events;
+        history.sort_by_key(|e| e.t_ms);
+        let backs = read_back(store, run_id, records)?;
+        Ok((history, player.unplayed().len(), backs))
+    }
+
+    /// Does one action of the schedule, if its victim can take it now (a pause of a client
+    /// already gone, or paused, is skipped).
+    fn act(
+        &mut self,
+        action: &Action,
+        workers: &mut [WorkerHandle],
+        nemesis: &mut Nemesis,
+        tape: &mut Tape,
+    ) -> Result<()> {
+        if action.fault == Fault::Restart {
+            let Some(private) = self.redis.as_mut() else {
+                return Ok(());
+            };
+            let mut redis = Server::new(private, Backend::Redis, "redis");
+            nemesis.restart(
+                tape,
+                &mut redis,
+                "crashes Redis (SIGKILL), then starts it again, empty",
+                |took| Note::from(format!("Redis back after {}ms, empty", took.as_millis())),
+            )?;
+            return Ok(());
+        }
+        let Some(worker) = workers.iter_mut().find(|w| w.name == action.target) else {
+            return Ok(());
+        };
+        if crate::nemesis::Victim::pid(worker).is_none()
+            || crate::procs::process_state(worker.pid).is_none()
+        {
+            return Ok(());
+        }
+        let paused = nemesis.paused().contains(&action.target);
+        let name = action.target.clone();
+        match action.fault {
+            Fault::Pause if !paused => {
+                nemesis.pause(tape, worker, format!("pauses {name} (SIGSTOP)"))?;
+            }
+            Fault::Resume if paused => {
+                nemesis.resume(tape, worker, format!("resumes {name} (SIGCONT)"))?;
+            }
+            Fault::Kill => nemesis.kill(tape, worker, format!("kills {name} (SIGKILL)"))?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn prepare(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<()> {
+    let mut tx = store.transaction()?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('lockslab schema'))",
+        &[],
+    )?;
+    tx.batch_execute(chaos_client::SCHEMA)
+        .context("creating the chaos tables")?;
+    for record in records {
+        tx.execute(
+            "INSERT INTO lockslab_chaos_record (run_id, record) VALUES ($1, $2)",
+            &[&run_id, record],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Removes a history's rows once read (best effort on the way out of a failed run).
+pub fn forget(store: &mut PgClient, run_id: &str) -> Result<()> {
+    for table in [
+        "lockslab_chaos_record",
+        "lockslab_chaos_attempt",
+        "lockslab_chaos_log",
+    ] {
+        store.execute(
+            &format!("DELETE FROM {table} WHERE run_id = $1"),
+            &[&run_id],
+        )?;
+    }
+    Ok(())
+}
+
+fn read_back(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<Vec<RecordBack>> {
+    let mut backs = Vec::new();
+    for record in records {
+        let final_value: Option<i64> = store
+            .query_opt(
+                "SELECT value FROM lockslab_chaos_record WHERE run_id = $1 AND record = $2",
+                &[&run_id, record],
+            )?
+            .map(|row| row.get(0));
+        let log = store
+            .query(
+                "SELECT job FROM lockslab_chaos_log WHERE run_id = $1 AND record = $2 ORDER BY seq",
+                &[&run_id, record],
+            )?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let attempts = store
+            .query(
+                "SELECT client, job, read_value, value, token, accepted, decided
+                 FROM lockslab_chaos_attempt WHERE run_id = $1 AND record = $2 ORDER BY decided",
+                &[&run_id, record],
+            )?
+            .iter()
+            .map(|row| ChaosAttempt {
+                client: row.get(0),
+                job: row.get(1),
+                read_value: row.get(2),
+                value: row.get(3),
+                token: row.get(4),
+                accepted: row.get(5),
+                decided: row.get(6),
+            })
+            .collect();
+        backs.push(RecordBack {
+            record: record.clone(),
+            final_value,
+            log,
+            attempts,
+        });
+    }
+    Ok(backs)
+}
+
+/// What the clients heard back, out of the history: the writes they were told were
+/// accepted, and the releases that found their lock gone or someone else's.
+fn heard(history: &[Event]) -> Heard {
+    let mut heard = Heard::default();
+    let mut lock_of: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for event in history {
+        match &event.what {
+            What::Acquired(a) => {
+                if let Some(lock) = a.lock.as_deref() {
+                    lock_of.insert(event.worker.as_str(), lock);
+                }
+            }
+            What::Wrote(w) if w.outcome == crate::store::Outcome::Accepted => {
+                if let (Some(record), Some(job)) = (&w.resource, w.job) {
+                    heard.acknowledged.push((record.clone(), job));
+                }
+            }
+            What::Released(r) if r.released == Some(false) => {
+                heard.lost_releases.push(LostRelease {
+                    holder: event.worker.clone(),
+                    lock: lock_of
+                        .get(event.worker.as_str())
+                        .map_or_else(|| "its lock".into(), |lock| lock.to_string()),
+                    found_owner: r.found_owner.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    heard
+}

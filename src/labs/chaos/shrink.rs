@@ -1,0 +1,125 @@
+//! Shrinking: a failing schedule made smaller — a fault fewer, a pause shorter, a fault
+//! aimed at an earlier job, a client fewer — for as long as the smaller one still fails.
+//! Timing varies from run to run, so each candidate is played up to `replays` times, and
+//! one failure keeps it.
+
+use anyhow::Result;
+use colored::Colorize;
+
+use super::play::{Setup, Trial};
+use crate::check::chaos::Judgement;
+use crate::nemesis::generate::nth_seed;
+use crate::nemesis::schedule::{Schedule, Step};
+use crate::output::Style;
+
+/// At most this many histories are played while shrinking.
+const BUDGET: u32 = 24;
+
+/// The smaller schedules to try next, smallest change last.
+fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
+    let mut out = Vec::new();
+    // Never down to no fault at all: a design that fails with none failed on a machine that
+    // starved its clients past the lease — a pause nobody scheduled, which no replay repeats.
+    if schedule.steps().len() > 1 {
+        for index in 0..schedule.steps().len() {
+            out.push((schedule.without(index), clients));
+        }
+    }
+    if clients > 2 {
+        let last = super::play::client_names(clients).pop().unwrap_or_default();
+        out.push((schedule.without_worker(&last), clients - 1));
+    }
+    for (index, step) in schedule.steps().iter().enumerate() {
+        if let Some(ms) = step.duration_ms.filter(|ms| *ms >= 200) {
+            let shorter = Step {
+                duration_ms: Some(ms * 2 / 3),
+                ..step.clone()
+            };
+            out.push((schedule.with_step(index, shorter), clients));
+        }
+        if let Some(anchor) = step.after.as_ref().filter(|a| a.nth > 1) {
+            let mut earlier = step.clone();
+            if let Some(a) = earlier.after.as_mut() {
+                a.nth = anchor.nth - 1;
+            }
+            out.push((schedule.with_step(index, earlier), clients));
+        }
+    }
+    out
+}
+
+/// Shrinks `schedule` (which failed as `trial`); returns the smallest that still failed,
+/// its clients, and the history in which it failed.
+pub fn shrink(
+    setup: &mut Setup,
+    style: Style,
+    schedule: &Schedule,
+    clients: u32,
+    seed: u64,
+    replays: u32,
+    trial: Trial,
+) -> Result<(Schedule, u32, Trial)> {
+    let mut best = (schedule.clone(), clients, trial);
+    let mut played = 0;
+    if !style.json {
+        crate::outln!();
+        crate::outln!("{}", "Shrinking the failing schedule…".bold());
+    }
+    'smaller: loop {
+        for (candidate, clients) in candidates(&best.0, best.1) {
+            for _ in 0..replays {
+                if played >= BUDGET || crate::procs::interrupted() {
+                    break 'smaller;
+                }
+                played += 1;
+                let index = 1_000 + u64::from(played);
+                let trial = setup.play(&candidate, clients, index, nth_seed(seed, index))?;
+                if trial.report.judgement() == Judgement::Unsafe {
+                    if !style.json {
+                        crate::outln!(
+                            "  still fails with {} fault(s), {clients} clients",
+                            candidate.steps().len()
+                        );
+                    }
+                    best = (candidate, clients, trial);
+                    continue 'smaller;
+                }
+            }
+        }
+        break;
+    }
+    Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nemesis::Fault;
+
+    #[test]
+    fn candidates_drop_a_fault_a_client_and_shorten_a_pause() {
+        let pause = Step {
+            at_ms: 10,
+            after: None,
+            fault: Fault::Pause,
+            target: "A".into(),
+            duration_ms: Some(900),
+        };
+        let kill = Step {
+            at_ms: 50,
+            after: None,
+            fault: Fault::Kill,
+            target: "C".into(),
+            duration_ms: None,
+        };
+        let schedule = Schedule::new(vec![pause, kill]);
+        let all = candidates(&schedule, 3);
+        assert_eq!(all[0].0.steps().len(), 1);
+        assert_eq!(
+            all[2],
+            (Schedule::new(vec![schedule.steps()[0].clone()]), 2)
+        );
+        assert_eq!(all[3].0.steps()[0].duration_ms, Some(600));
+        assert_eq!(all.len(), 4);
+    }
+}

@@ -1,0 +1,96 @@
+//! `--step`: a lab stops at named checkpoints before each reveal, asks the room the
+//! walkthrough's question for that moment, and waits for Enter.
+//!
+//! Stepping must never change what is measured. A checkpoint is placed only where no timer
+//! of the story is running — before the workers take their locks, between scenarios,
+//! before the verdict — never while a worker holds a lease or lies frozen: waiting for a
+//! person there would stretch the pause the lab measures. Without `--step` a checkpoint
+//! does nothing at all.
+//!
+//! The questions go to stderr, so that `--json --step` keeps stdout pure JSON Lines.
+//! At a checkpoint, `q` ends the run the way Ctrl-C does: workers stopped, the run's keys
+//! and rows removed, private servers stopped, exit status 130.
+
+use std::io::{BufRead, IsTerminal};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use colored::Colorize;
+
+/// A stop before a reveal: what is about to happen, and what to ask the room.
+#[derive(Clone, Copy, Debug)]
+pub struct Checkpoint {
+    pub name: &'static str,
+    pub question: &'static str,
+}
+
+static STEPPING: AtomicBool = AtomicBool::new(false);
+
+/// Turns stepping on for this run (`--step`).
+pub fn enable(on: bool) {
+    STEPPING.store(on, Ordering::SeqCst);
+}
+
+pub fn stepping() -> bool {
+    STEPPING.load(Ordering::SeqCst)
+}
+
+/// Shows the checkpoint and waits for Enter; `q` (then Enter) ends the run cleanly. When
+/// stdin ends (nobody to answer), the questions are still shown but no longer waited for.
+pub fn checkpoint(at: &Checkpoint) {
+    stop(at.name, at.question);
+}
+
+/// A checkpoint that repeats (before each approach, each way): its name says which one
+/// comes next, `⏸ before the next approach: optimistic`.
+pub fn checkpoint_before(at: &Checkpoint, next: &str) {
+    stop(&format!("{}: {next}", at.name), at.question);
+}
+
+fn stop(name: &str, question: &str) {
+    if !stepping() || crate::procs::interrupted() {
+        return;
+    }
+    crate::errln!("");
+    crate::errln!("{}", format!("⏸ {name}").bright_blue().bold());
+    for line in crate::output::wrap(question, 76) {
+        crate::errln!("  {}", line.bold());
+    }
+    let on_terminal = std::io::stdin().is_terminal();
+    crate::errln!(
+        "  {}",
+        "Enter: go on · q then Enter: stop the lab (cleans up)".dimmed()
+    );
+    let mut answer = String::new();
+    match std::io::stdin().lock().read_line(&mut answer) {
+        Ok(0) | Err(_) => {
+            if on_terminal {
+                crate::errln!("  (no input: carrying on without stopping)");
+            }
+            enable(false);
+        }
+        Ok(_) if answer.trim().eq_ignore_ascii_case("q") => {
+            use nix::sys::signal::Signal;
+            crate::procs::shut_down(
+                crate::procs::exit_code_for(Signal::SIGINT as i32),
+                Some(format!(
+                    "lockslab: stopped at '{name}'; workers stopped, the run's keys and rows removed"
+                )),
+            )
+        }
+        Ok(_) => {}
+    }
+}
+
+mod questions;
+pub use questions::*;
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn questions_wrap_at_spaces_within_the_width() {
+        let lines = crate::output::wrap("one two three four five six seven", 10);
+        assert_eq!(lines, ["one two", "three four", "five six", "seven"]);
+        assert!(lines.iter().all(|l| l.chars().count() <= 10));
+    }
+}

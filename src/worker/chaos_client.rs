@@ -1,0 +1,566 @@
+//! `lockslab chaos`'s client: read-modify-write jobs on a few shared records, one design's
+//! way, until its time is up.
+//!
+//! Every record is a counter and an append-only log. A job reads the counter, works a
+//! little, and writes the counter plus one, appending its job number to the log — so a lost
+//! update (two jobs that read the same value, both taken) and a duplicated effect (one job
+//! in the log twice) are both visible in the tables afterwards. The store decides every
+//! write under the record's row lock, numbers the decision, and records the attempt,
+//! accepted or not, with the value the job had read: the checker reads all of it back.
+//!
+//! The designs, the way the labs name them (lab 7 for the first three and the last two):
+//!
+//! ```text
+//!  ❌ redis-lock          SET NX PX per record, then read and write: a pause past the TTL
+//!  ❌ fenced-write-only   the same lock, an INCR token checked at the write only
+//!  ✅ redis-fenced        the INCR token claims the record *before* the read
+//!  ❌ etcd-lease          etcd's lock on the client's lease, no token
+//!  ✅ etcd-fenced         the lock key's create revision claims the record before the read
+//!  ✅ advisory-xact       pg_advisory_xact_lock in the transaction that reads and writes
+//!  ✅ optimistic          no lock: write only if the version read is still the record's
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use postgres::Transaction;
+use serde::{Deserialize, Serialize};
+
+use crate::connect::{self, PgClient};
+use crate::events::facts::{Acquired, GaveUp, RecordRead, Released, Wrote};
+use crate::events::{Emitter, What};
+use crate::lock::etcd::{Acquired as EtcdAcquired, EtcdLock};
+use crate::lock::redis::{RedisLock, Release};
+use crate::nemesis::generate::Rng;
+use crate::store::Outcome;
+
+/// A lock design under test.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Design {
+    /// ❌ SET NX PX per record, no token: a pause past the TTL lets a stale write in
+    RedisLock,
+    /// ❌ The Redis lock plus an INCR token checked at the write only, not at the read
+    FencedWriteOnly,
+    /// The Redis lock plus an INCR token that claims the record before reading it
+    RedisFenced,
+    /// ❌ etcd's lock on the client's lease, no token: a pause past the lease
+    EtcdLease,
+    /// etcd's lock; its key's create revision claims the record before the read
+    EtcdFenced,
+    /// pg_advisory_xact_lock inside the transaction that reads and writes
+    AdvisoryXact,
+    /// No lock: write only if the record's version is still the one read; else retry
+    Optimistic,
+}
+
+impl Design {
+    pub const ALL: [Design; 7] = [
+        Design::RedisLock,
+        Design::FencedWriteOnly,
+        Design::RedisFenced,
+        Design::EtcdLease,
+        Design::EtcdFenced,
+        Design::AdvisoryXact,
+        Design::Optimistic,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::RedisLock => "redis-lock",
+            Design::FencedWriteOnly => "fenced-write-only",
+            Design::RedisFenced => "redis-fenced",
+            Design::EtcdLease => "etcd-lease",
+            Design::EtcdFenced => "etcd-fenced",
+            Design::AdvisoryXact => "advisory-xact",
+            Design::Optimistic => "optimistic",
+        }
+    }
+
+    pub fn uses_redis(self) -> bool {
+        matches!(
+            self,
+            Design::RedisLock | Design::FencedWriteOnly | Design::RedisFenced
+        )
+    }
+
+    pub fn uses_etcd(self) -> bool {
+        matches!(self, Design::EtcdLease | Design::EtcdFenced)
+    }
+
+    /// The design relies on the lock alone: two holders at once is its failure. The others
+    /// expect the lock to fail now and then and fence (or need no lock at all).
+    pub fn trusts_the_lock(self) -> bool {
+        matches!(self, Design::RedisLock | Design::EtcdLease)
+    }
+
+    /// What the labs teach of it: ✅ safe under pauses and kills.
+    pub fn labs_call_it_safe(self) -> bool {
+        !matches!(
+            self,
+            Design::RedisLock | Design::FencedWriteOnly | Design::EtcdLease
+        )
+    }
+}
+
+/// One client's script.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ChaosClient {
+    pub name: String,
+    /// Its place among the clients: its jobs are numbered `(index + 1) * 1000 + n`.
+    pub index: u32,
+    pub design: Design,
+    pub store_url: String,
+    pub redis_url: Option<String>,
+    pub etcd_url: Option<String>,
+    pub run_id: String,
+    pub records: Vec<String>,
+    /// How long to keep doing jobs.
+    pub run_ms: u64,
+    /// The work between the read and the write.
+    pub work_ms: u64,
+    /// The lock's TTL (Redis) or lease (etcd).
+    pub lease_ms: u64,
+    /// How long to wait for a lock before giving the job up.
+    pub wait_ms: u64,
+    /// Which records it picks, in which order.
+    pub seed: u64,
+}
+
+/// The tables, shared by every run; rows carry their run's id.
+pub const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS lockslab_chaos_record (
+        run_id text NOT NULL, record text NOT NULL,
+        value bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 0,
+        -- the highest token that claimed or wrote the record
+        token bigint,
+        decisions bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (run_id, record));
+    CREATE TABLE IF NOT EXISTS lockslab_chaos_attempt (
+        run_id text NOT NULL, record text NOT NULL, client text NOT NULL, job bigint NOT NULL,
+        read_value bigint, value bigint NOT NULL, token bigint,
+        accepted boolean NOT NULL, decided bigint NOT NULL);
+    CREATE TABLE IF NOT EXISTS lockslab_chaos_log (
+        run_id text NOT NULL, record text NOT NULL, job bigint NOT NULL, seq bigserial);";
+
+/// How long a write's transaction works with the record's row locked.
+const IN_TRANSACTION_MS: u64 = 5;
+
+/// The store's rule for one write.
+#[derive(Clone, Copy, Debug)]
+enum Rule {
+    /// ❌ Always: the lock is trusted to have kept everyone else out.
+    Unfenced,
+    /// ❌ At the write only: a token not lower than the highest seen is accepted, whatever
+    /// the value was computed from.
+    TokenNotLower(i64),
+    /// ✅ The record is still claimed by this token (claimed before the read).
+    ClaimedBy(i64),
+    /// ✅ The record's version is still the one read.
+    Version(i64),
+    /// A claim a higher token had already beaten: refused, and recorded.
+    Refused(i64),
+}
+
+/// What a job read.
+struct Read {
+    value: i64,
+    version: i64,
+}
+
+struct Client<'a> {
+    script: &'a ChaosClient,
+    me: Emitter,
+    store: PgClient,
+    redis: Option<RedisLock>,
+}
+
+pub fn run(script: &ChaosClient) -> Result<()> {
+    let me = Emitter::new(&script.name);
+    let store = connect::postgres(&script.store_url)?;
+    let mut client = Client {
+        script,
+        me,
+        store,
+        redis: None,
+    };
+    let mut rng = Rng::new(script.seed);
+    let until = Instant::now() + Duration::from_millis(script.run_ms);
+    let mut n = 0;
+    while Instant::now() < until {
+        n += 1;
+        let job = (i64::from(script.index) + 1) * 1000 + n;
+        let record = rng.pick(&script.records).clone();
+        if let Err(err) = client.job(job, &record) {
+            // A server restarted, a session ended: a real client logs it and goes on.
+            client.me.say(
+                GaveUp {
+                    error: Some(format!("{err:#}")),
+                    ..GaveUp::default()
+                },
+                format!("job {job} on {record} failed: {err:#}"),
+            );
+            client.redis = None;
+            if client.store.is_closed() {
+                client.store = connect::postgres(&script.store_url)?;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(rng.between(0, 10)));
+    }
+    Ok(())
+}
+
+impl Client<'_> {
+    fn job(&mut self, job: i64, record: &str) -> Result<()> {
+        match self.script.design {
+            Design::RedisLock | Design::FencedWriteOnly | Design::RedisFenced => {
+                self.redis_job(job, record)
+            }
+            Design::EtcdLease | Design::EtcdFenced => self.etcd_job(job, record),
+            Design::AdvisoryXact => self.advisory_job(job, record),
+            Design::Optimistic => self.optimistic_job(job, record),
+        }
+    }
+
+    fn lock_name(&self, record: &str) -> String {
+        format!("lockslab:chaos:{}:{record}", self.script.run_id)
+    }
+
+    fn redis_job(&mut self, job: i64, record: &str) -> Result<()> {
+        let design = self.script.design;
+        let key = self.lock_name(record);
+        if self.redis.is_none() {
+            let url = self.script.redis_url.as_deref().context("no Redis URL")?;
+            let ttl = Duration::from_millis(self.script.lease_ms);
+            self.redis = Some(RedisLock::new(connect::redis(url)?, &key, ttl));
+        }
+        let lock = self.redis.as_mut().expect("connected above");
+        lock.key = key.clone();
+        let counter = format!("{key}:token");
+        let fenced = design != Design::RedisLock;
+        let wait = Duration::from_millis(self.script.wait_ms);
+        let Some(held) = lock.acquire_within(wait, fenced.then_some(counter.as_str()))? else {
+            return self.gave_up(job, record);
+        };
+        self.acquired(&key, Some(&held.owner), held.token, "redis", job, record);
+        let rule = match (design, held.token) {
+            (Design::FencedWriteOnly, Some(token)) => Rule::TokenNotLower(token),
+            (Design::RedisFenced, Some(token)) => Rule::ClaimedBy(token),
+            _ => Rule::Unfenced,
+        };
+        self.read_work_write(job, record, rule)?;
+        let lock = self.redis.as_mut().expect("connected above");
+        let found = lock.release_reporting(&held)?;
+        let (released, found_owner) = match found {
+            Release::Deleted => (true, None),
+            Release::HeldBy(owner) => (false, Some(owner)),
+            Release::Gone => (false, None),
+        };
+        self.released(record, released, found_owner);
+        Ok(())
+    }
+
+    fn etcd_job(&mut self, job: i64, record: &str) -> Result<()> {
+        let url = self.script.etcd_url.as_deref().context("no etcd URL")?;
+        let name = self.lock_name(record);
+        let mut lock = EtcdLock::connect(url, &name)?;
+        let lease = lock.grant_lease(Duration::from_millis(self.script.lease_ms), |_| {})?;
+        let wait = Duration::from_millis(self.script.wait_ms);
+        let held = match lock.acquire_within(&lease, wait)? {
+            EtcdAcquired::Held(held) => held,
+            _ => {
+                let _ = lock.revoke(lease);
+                return self.gave_up(job, record);
+            }
+        };
+        self.acquired(&name, None, Some(held.token), "etcd", job, record);
+        let rule = match self.script.design {
+            Design::EtcdFenced => Rule::ClaimedBy(held.token),
+            _ => Rule::Unfenced,
+        };
+        let done = self.read_work_write(job, record, rule);
+        let released = lock.release(lease, &held)?;
+        self.released(record, released, None);
+        done
+    }
+
+    fn advisory_job(&mut self, job: i64, record: &str) -> Result<()> {
+        let name = self.lock_name(record);
+        let (script, me) = (self.script, &self.me);
+        let mut tx = self.store.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&name])?;
+        me.say(
+            Acquired {
+                lock: Some(name.clone()),
+                backend: Some("postgres".into()),
+                ..Acquired::default()
+            },
+            format!("job {job}: holds the advisory lock of {record} (in its transaction)"),
+        );
+        let read = read(&mut tx, script, record, None)?.context("the record is missing")?;
+        say_read(me, job, record, &read, None);
+        std::thread::sleep(Duration::from_millis(script.work_ms));
+        let accepted = decide(&mut tx, script, job, record, read.value, Rule::Unfenced)?;
+        let outcome = match tx.commit() {
+            Ok(()) if accepted => Outcome::Accepted,
+            Ok(()) => Outcome::Rejected,
+            Err(_) => Outcome::Unknown,
+        };
+        say_wrote(me, job, record, read.value + 1, None, outcome);
+        me.say(
+            Released {
+                released: Some(outcome != Outcome::Unknown),
+                ..Released::default()
+            },
+            format!("job {job}: the transaction ended, and the advisory lock with it"),
+        );
+        Ok(())
+    }
+
+    fn optimistic_job(&mut self, job: i64, record: &str) -> Result<()> {
+        for _ in 0..20 {
+            let mut tx = self.store.transaction()?;
+            let read = read(&mut tx, self.script, record, None)?.context("no record")?;
+            tx.commit()?;
+            say_read(&self.me, job, record, &read, None);
+            std::thread::sleep(Duration::from_millis(self.script.work_ms));
+            let outcome = self.write(job, record, read.value, Rule::Version(read.version));
+            if outcome != Outcome::Rejected {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The job's middle, under a lock: read (claiming the record first if the design
+    /// fences the read), work, write.
+    fn read_work_write(&mut self, job: i64, record: &str, rule: Rule) -> Result<()> {
+        let claim = match rule {
+            Rule::ClaimedBy(token) => Some(token),
+            _ => None,
+        };
+        let mut tx = self.store.transaction()?;
+        let read = read(&mut tx, self.script, record, claim)?;
+        tx.commit()?;
+        let Some(read) = read else {
+            // A higher token claimed the record: this job's lock is stale. Refused, recorded.
+            let mut tx = self.store.transaction()?;
+            let token = claim.unwrap_or_default();
+            decide(&mut tx, self.script, job, record, -1, Rule::Refused(token))?;
+            tx.commit()?;
+            say_wrote(&self.me, job, record, 0, claim, Outcome::Rejected);
+            return Ok(());
+        };
+        say_read(&self.me, job, record, &read, claim);
+        std::thread::sleep(Duration::from_millis(self.script.work_ms));
+        self.write(job, record, read.value, rule);
+        Ok(())
+    }
+
+    fn write(&mut self, job: i64, record: &str, read_value: i64, rule: Rule) -> Outcome {
+        let script = self.script;
+        let decided = (|| -> Result<bool> {
+            let mut tx = self.store.transaction()?;
+            let accepted = decide(&mut tx, script, job, record, read_value, rule)?;
+            tx.commit()?;
+            Ok(accepted)
+        })();
+        let outcome = match decided {
+            Ok(true) => Outcome::Accepted,
+            Ok(false) => Outcome::Rejected,
+            Err(_) => Outcome::Unknown,
+        };
+        let token = match rule {
+            Rule::TokenNotLower(t) | Rule::ClaimedBy(t) | Rule::Refused(t) => Some(t),
+            _ => None,
+        };
+        say_wrote(&self.me, job, record, read_value + 1, token, outcome);
+        outcome
+    }
+
+    fn acquired(
+        &self,
+        lock: &str,
+        owner: Option<&str>,
+        token: Option<i64>,
+        backend: &str,
+        job: i64,
+        record: &str,
+    ) {
+        let with = token.map_or(String::new(), |t| format!(", token {t}"));
+        self.me.say(
+            Acquired {
+                lock: Some(lock.into()),
+                owner: owner.map(String::from),
+                token,
+                backend: Some(backend.into()),
+                ..Acquired::default()
+            },
+            format!("job {job}: takes the {backend} lock of {record}{with}"),
+        );
+    }
+
+    fn released(&self, record: &str, released: bool, found_owner: Option<String>) {
+        let words = match (&found_owner, released) {
+            (_, true) => format!("lets go of {record}'s lock, still its own"),
+            (Some(_), false) => format!("lets go of {record}'s lock: someone else holds it now"),
+            (None, false) => format!("lets go of {record}'s lock: it had already expired"),
+        };
+        self.me.say(
+            Released {
+                released: Some(released),
+                found_owner,
+                ..Released::default()
+            },
+            words,
+        );
+    }
+
+    fn gave_up(&self, job: i64, record: &str) -> Result<()> {
+        self.me.say(
+            GaveUp {
+                why: Some("no lock within the wait".into()),
+                waited_ms: Some(self.script.wait_ms),
+                ..GaveUp::default()
+            },
+            format!("job {job}: no lock on {record} within the wait"),
+        );
+        Ok(())
+    }
+}
+
+/// Reads the record; with `claim`, first claims it for that token (refused, None, when a
+/// higher token claimed it already) — the read fenced in the same statement.
+fn read(
+    tx: &mut Transaction,
+    script: &ChaosClient,
+    record: &str,
+    claim: Option<i64>,
+) -> Result<Option<Read>> {
+    let row = match claim {
+        Some(token) => tx.query_opt(
+            "UPDATE lockslab_chaos_record SET token = $3
+             WHERE run_id = $1 AND record = $2 AND (token IS NULL OR token <= $3)
+             RETURNING value, version",
+            &[&script.run_id, &record, &token],
+        )?,
+        None => tx.query_opt(
+            "SELECT value, version FROM lockslab_chaos_record WHERE run_id = $1 AND record = $2",
+            &[&script.run_id, &record],
+        )?,
+    };
+    Ok(row.map(|row| Read {
+        value: row.get(0),
+        version: row.get(1),
+    }))
+}
+
+/// Decides one write under the record's row lock, numbers the decision and records the
+/// attempt (accepted or not) with the value it was computed from.
+fn decide(
+    tx: &mut Transaction,
+    script: &ChaosClient,
+    job: i64,
+    record: &str,
+    read_value: i64,
+    rule: Rule,
+) -> Result<bool> {
+    let run_id = &script.run_id;
+    let row = tx.query_one(
+        "SELECT version, token FROM lockslab_chaos_record
+         WHERE run_id = $1 AND record = $2 FOR UPDATE",
+        &[run_id, &record],
+    )?;
+    let (version, stored): (i64, Option<i64>) = (row.get(0), row.get(1));
+    if read_value >= 0 {
+        // The write's own work, inside its transaction, the record's row locked: a pause
+        // timed from this event lands where lab 7's fenced-write-only loses an update.
+        Emitter::new(&script.name).say(
+            What::Working,
+            format!("job {job}: in its write transaction, {record}'s row locked"),
+        );
+        std::thread::sleep(Duration::from_millis(IN_TRANSACTION_MS));
+    }
+    let (accepted, token) = match rule {
+        Rule::Unfenced => (true, None),
+        Rule::TokenNotLower(t) => (stored.is_none_or(|s| s <= t), Some(t)),
+        Rule::ClaimedBy(t) => (stored == Some(t), Some(t)),
+        Rule::Refused(t) => (false, Some(t)),
+        Rule::Version(v) => (version == v, None),
+    };
+    let value = read_value + 1;
+    if accepted {
+        tx.execute(
+            "UPDATE lockslab_chaos_record
+             SET value = $3, version = version + 1, token = COALESCE($4, token)
+             WHERE run_id = $1 AND record = $2",
+            &[run_id, &record, &value, &token],
+        )?;
+        tx.execute(
+            "INSERT INTO lockslab_chaos_log (run_id, record, job) VALUES ($1, $2, $3)",
+            &[run_id, &record, &job],
+        )?;
+    }
+    let decided: i64 = tx
+        .query_one(
+            "UPDATE lockslab_chaos_record SET decisions = decisions + 1
+             WHERE run_id = $1 AND record = $2 RETURNING decisions",
+            &[run_id, &record],
+        )?
+        .get(0);
+    let read_value = (read_value >= 0).then_some(read_value);
+    tx.execute(
+        "INSERT INTO lockslab_chaos_attempt
+         (run_id, record, client, job, read_value, value, token, accepted, decided)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        &[
+            run_id,
+            &record,
+            &script.name,
+            &job,
+            &read_value,
+            &value,
+            &token,
+            &accepted,
+            &decided,
+        ],
+    )?;
+    Ok(accepted)
+}
+
+fn say_read(me: &Emitter, job: i64, record: &str, read: &Read, token: Option<i64>) {
+    let fenced = token.map_or(String::new(), |t| format!(" (claimed with token {t})"));
+    me.say(
+        What::ReadRecord(RecordRead {
+            record: Some(record.into()),
+            value: Some(read.value),
+            version: Some(read.version),
+            token,
+            job: Some(job),
+        }),
+        format!("job {job}: reads {record} = {}{fenced}", read.value),
+    );
+}
+
+fn say_wrote(
+    me: &Emitter,
+    job: i64,
+    record: &str,
+    value: i64,
+    token: Option<i64>,
+    outcome: Outcome,
+) {
+    me.say(
+        Wrote {
+            outcome,
+            token,
+            value: Some(value.to_string()),
+            resource: Some(record.into()),
+            job: Some(job),
+            customer: None,
+            after_check_ms: None,
+        },
+        format!("job {job}: writes {record} = {value}: {}", outcome.as_str()),
+    );
+}

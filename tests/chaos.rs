@@ -1,0 +1,168 @@
+//! `lockslab chaos` against real servers: a seeded run draws the same schedules every time;
+//! a pause aimed between a client's read and its write breaks the unfenced Redis lock and
+//! not its fenced twin (the token claims the record before the read); Ctrl-C leaves no
+//! client, server or row behind.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// A pause of A, 2ms after its second read, for 2s (the lock's TTL is 800ms).
+const BETWEEN_READ_AND_WRITE: &str = r#"[{"at_ms":2,"after":{"worker":"A","event":"read_record","nth":2},"fault":"pause","target":"A","duration_ms":2000}]"#;
+
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+fn rows_of(run_id: &str) -> i64 {
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    let exists: bool = db
+        .query_one(
+            "SELECT to_regclass('lockslab_chaos_record') IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    if !exists {
+        return 0;
+    }
+    let mut rows = 0;
+    for table in [
+        "lockslab_chaos_record",
+        "lockslab_chaos_attempt",
+        "lockslab_chaos_log",
+    ] {
+        let n: i64 = db
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE run_id LIKE $1"),
+                &[&format!("{run_id}%")],
+            )
+            .unwrap()
+            .get(0);
+        rows += n;
+    }
+    rows
+}
+
+#[test]
+fn a_seeded_run_draws_the_same_schedules_every_time() {
+    let run = || {
+        let output = lockslab(&[
+            "chaos",
+            "--design",
+            "optimistic",
+            "--seed",
+            "4242",
+            "--schedules",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        json_lines(&output.stdout)
+            .into_iter()
+            .filter(|line| line["kind"] == "schedule")
+            .map(|line| (line["seed"].clone(), line["schedule"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first, run(), "the same seed, the same schedules");
+}
+
+#[test]
+fn a_pause_between_read_and_write_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let play = |design: &str| {
+        lockslab(&[
+            "chaos",
+            "--design",
+            design,
+            "--schedule",
+            BETWEEN_READ_AND_WRITE,
+            "--no-shrink",
+            "--json",
+        ])
+        .output()
+        .unwrap()
+    };
+    let broken = play("redis-lock");
+    let lines = json_lines(&broken.stdout);
+    let verdict = lines.last().unwrap();
+    assert_eq!(broken.status.code(), Some(1), "{verdict}");
+    let kinds: HashSet<&str> = verdict["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains("stale-write") && kinds.contains("lost-update"),
+        "{verdict}"
+    );
+    assert!(verdict["replay"].as_str().unwrap().contains("--schedule"));
+
+    let fenced = play("redis-fenced");
+    let lines = json_lines(&fenced.stdout);
+    let schedule = &lines[0];
+    assert_eq!(fenced.status.code(), Some(0), "{schedule}");
+    assert_eq!(schedule["result"], "safe");
+    assert!(
+        schedule["accepted"].as_u64().unwrap() > 0,
+        "the clients did write"
+    );
+    assert!(
+        schedule["attempts"].as_u64() > schedule["accepted"].as_u64(),
+        "the paused client's write was refused: {schedule}"
+    );
+    assert_eq!(
+        rows_of(schedule["run_id"].as_str().unwrap()),
+        0,
+        "rows removed"
+    );
+}
+
+/// Interrupted while a client lies paused for 30s: the run never reaches its own cleanup,
+/// so only the interrupt's removes the history's rows.
+#[test]
+fn ctrl_c_mid_run_leaves_no_client_server_or_row_behind() {
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "advisory-xact",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"pause","target":"A","duration_ms":30000}]"#,
+        "--json",
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    // The history's rows exist, and A is stopped.
+    assert!(eventually(std::time::Duration::from_secs(30), || {
+        rows_of("%advisory_xact") > 0
+            && children_of(chaos.id())
+                .iter()
+                .any(|(_, state, _)| *state == 'T')
+    }));
+    let mut family = HashSet::from([chaos.id() as i32]);
+    family_in(&process_table(), &mut family);
+    family.remove(&(chaos.id() as i32));
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130));
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    assert_eq!(rows_of("%advisory_xact"), 0, "no row of the run is left");
+}
