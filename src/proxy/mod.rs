@@ -106,8 +106,9 @@ struct State {
     links: Vec<(u64, TcpStream, TcpStream)>,
     next_link: u64,
     reports: Vec<Report>,
-    /// Set by a `DropReply` once its request went up: the next reply is dropped.
-    drop_next_reply: bool,
+    /// The connections whose next reply is dropped: each put here by a `DropReply` once its
+    /// request went up, so the reply lost is the answer to that request, on that connection.
+    drop_reply_on: Vec<u64>,
     /// A pseudo-random state for jitter (xorshift), seeded per proxy.
     jitter: u64,
 }
@@ -320,10 +321,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<
             Ok(vec![up.spawn()?, down.spawn()?])
         })();
         if let Ok(handles) = handles {
-            pumps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(handles);
+            let mut pumps = pumps.lock().unwrap_or_else(|e| e.into_inner());
+            // The pumps of closed connections have ended: forget them, or a long-lived proxy
+            // keeps a handle for every connection it ever carried.
+            pumps.retain(|pump| !pump.is_finished());
+            pumps.extend(handles);
         }
     }
 }
@@ -418,9 +420,9 @@ impl Pump {
         }
         let _ = writer.join();
         if self.direction == Direction::Up {
-            lock(&self.shared)
-                .links
-                .retain(|(id, _, _)| *id != self.link);
+            let mut state = lock(&self.shared);
+            state.links.retain(|(id, _, _)| *id != self.link);
+            state.drop_reply_on.retain(|&link| link != self.link);
         }
     }
 
@@ -432,8 +434,8 @@ impl Pump {
             Direction::Up => state.up,
             Direction::Down => state.down,
         };
-        if self.direction == Direction::Down && state.drop_next_reply {
-            state.drop_next_reply = false;
+        if self.direction == Direction::Down && state.drop_reply_on.contains(&self.link) {
+            state.drop_reply_on.retain(|&link| link != self.link);
             let bytes = chunk.len();
             state.reports.push(Report {
                 at: now,
@@ -468,7 +470,7 @@ impl Pump {
             }
             Some(NetFault::DropReply) => {
                 state.up = None;
-                state.drop_next_reply = true;
+                state.drop_reply_on.push(self.link);
                 state.reports.push(Report {
                     at: now,
                     path: self.shared.path.clone(),
@@ -758,6 +760,90 @@ mod tests {
             ask(&mut again, b"GET").unwrap(),
             b"GET",
             "only one reply is lost"
+        );
+    }
+
+    /// An upstream that echoes at once, except a message starting with `w`, whose echo
+    /// waits until `release` is called.
+    fn gated_echo() -> (SocketAddr, Arc<(Mutex<bool>, Condvar)>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let shared = Arc::clone(&gate);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let gate = Arc::clone(&shared);
+                thread::spawn(move || {
+                    let mut buffer = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut buffer) {
+                        if n == 0 {
+                            return;
+                        }
+                        if buffer[0] == b'w' {
+                            let (open, wake) = &*gate;
+                            let mut open = open.lock().unwrap();
+                            while !*open {
+                                open = wake.wait(open).unwrap();
+                            }
+                        }
+                        if stream.write_all(&buffer[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, gate)
+    }
+
+    #[test]
+    fn a_dropped_reply_is_the_answer_on_the_connection_that_asked_not_the_next_on_the_proxy() {
+        let (upstream, gate) = gated_echo();
+        let proxy = Proxy::start("t", upstream).unwrap();
+        let mut asker = client(&proxy);
+        let mut other = client(&proxy);
+        assert_eq!(ask(&mut other, b"hi").unwrap(), b"hi");
+        proxy.set(Direction::Up, NetFault::DropReply);
+        // The asker's request goes up; its answer waits in the server.
+        asker.write_all(b"wait").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while proxy.fault(Direction::Up).is_some() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(proxy.fault(Direction::Up), None, "the request went up");
+        // Another client's answer comes first: it is not the one to lose.
+        assert_eq!(ask(&mut other, b"ok").unwrap(), b"ok", "not this reply");
+        let (open, wake) = &*gate;
+        *open.lock().unwrap() = true;
+        wake.notify_all();
+        let mut answer = [0u8; 4];
+        assert!(
+            asker.read_exact(&mut answer).is_err(),
+            "the asker's is lost"
+        );
+        assert_eq!(ask(&mut other, b"on").unwrap(), b"on", "and only that one");
+    }
+
+    #[test]
+    fn the_pumps_of_closed_connections_are_forgotten() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        for _ in 0..5 {
+            let mut stream = client(&proxy);
+            assert_eq!(ask(&mut stream, b"x").unwrap(), b"x");
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let finished = || proxy.pumps.lock().unwrap().iter().all(|p| p.is_finished());
+        while !finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let mut stream = client(&proxy);
+        assert_eq!(ask(&mut stream, b"y").unwrap(), b"y");
+        assert_eq!(
+            proxy.pumps.lock().unwrap().len(),
+            2,
+            "the live connection's two"
         );
     }
 
