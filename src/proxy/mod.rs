@@ -125,7 +125,13 @@ impl Proxy {
     /// Starts a proxy on a free loopback port in front of `upstream`; `path` names it in
     /// reports (`A→store`).
     pub fn start(path: &str, upstream: SocketAddr) -> Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").context("starting the fault proxy")?;
+        Proxy::start_on(path, SocketAddr::from(([127, 0, 0, 1], 0)), upstream)
+    }
+
+    /// Starts a proxy listening on `listen` (a free port when its port is 0).
+    pub fn start_on(path: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<Proxy> {
+        let listener = TcpListener::bind(listen)
+            .with_context(|| format!("starting the fault proxy on {listen}"))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             path: path.to_string(),
