@@ -96,6 +96,9 @@ struct Shared {
     /// Woken when a fault changes or bytes are queued.
     changed: Condvar,
     stopping: AtomicBool,
+    /// No fault on either direction and no reply waiting to be dropped: what the pumps
+    /// look at first, without the lock. Kept by [`Locked`]'s drop, after every change.
+    quiet: AtomicBool,
 }
 
 #[derive(Default)]
@@ -142,6 +145,7 @@ impl Proxy {
             }),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            quiet: AtomicBool::new(true),
         });
         let pumps = Arc::new(Mutex::new(Vec::new()));
         let acceptor = {
@@ -241,11 +245,8 @@ impl Proxy {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        lock(&self.shared)
     }
 
     fn report(&self, seen: Seen) -> Report {
@@ -336,11 +337,42 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<
     }
 }
 
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
-    shared
-        .state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock(shared: &Shared) -> Locked<'_> {
+    Locked {
+        state: shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        quiet: &shared.quiet,
+    }
+}
+
+/// The proxy's state, locked; on unlocking it says whether the path is quiet now.
+struct Locked<'a> {
+    state: std::sync::MutexGuard<'a, State>,
+    quiet: &'a AtomicBool,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let quiet = self.state.up.is_none()
+            && self.state.down.is_none()
+            && self.state.drop_reply_on.is_empty();
+        self.quiet.store(quiet, Ordering::SeqCst);
+    }
 }
 
 /// Closes a socket with a reset rather than a goodbye: the peer's next read fails with
@@ -409,8 +441,11 @@ impl Pump {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let chunk = buffer[..n].to_vec();
-            if !self.forward(chunk, &queue) {
+            let sent = match self.clear_way(&buffer[..n], &queue) {
+                Some(written) => written,
+                None => self.forward(buffer[..n].to_vec(), &queue),
+            };
+            if !sent {
                 break;
             }
         }
@@ -430,6 +465,21 @@ impl Pump {
             state.links.retain(|(id, _, _)| *id != self.link);
             state.drop_reply_on.retain(|&link| link != self.link);
         }
+    }
+
+    /// The no-fault path: with the proxy quiet and nothing queued ahead, writes the chunk
+    /// from here, taking no shared lock (Some: whether the write worked). None: the chunk
+    /// must go through [`Pump::forward`].
+    fn clear_way(&mut self, chunk: &[u8], queue: &Queue) -> Option<bool> {
+        if !self.shared.quiet.load(Ordering::SeqCst) {
+            return None;
+        }
+        let items = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !items.is_empty() {
+            return None;
+        }
+        drop(items);
+        Some(self.to.write_all(chunk).is_ok())
     }
 
     /// Sends one chunk on its way according to the direction's fault; false ends the pump.
@@ -516,8 +566,9 @@ fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: Tc
     loop {
         let mut guard = items.lock().unwrap_or_else(|e| e.into_inner());
         let Some((due, chunk, marked)) = guard.front().cloned() else {
+            // New chunks wake it; the timeout only looks at `stopping` now and then.
             guard = wake
-                .wait_timeout(guard, Duration::from_millis(50))
+                .wait_timeout(guard, Duration::from_millis(250))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
             drop(guard);
