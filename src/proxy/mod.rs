@@ -904,6 +904,68 @@ mod tests {
         );
     }
 
+    /// A proxy in front of a server that reads and never answers, and that server's side.
+    fn silent_server() -> (Proxy, TcpStream, TcpStream) {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::start("t", server.local_addr().unwrap()).unwrap();
+        let client = client(&proxy);
+        let (accepted, _) = server.accept().unwrap();
+        accepted
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        (proxy, client, accepted)
+    }
+
+    #[test]
+    fn a_cut_mid_request_resets_both_sides_with_half_a_request_delivered() {
+        let (proxy, mut client, mut server) = silent_server();
+        // Half a request: the server has it and waits for the rest.
+        client.write_all(b"*3\r\n$3\r\nSET").unwrap();
+        let mut buffer = [0u8; 64];
+        let n = server.read(&mut buffer).unwrap();
+        assert_eq!(&buffer[..n], b"*3\r\n$3\r\nSET");
+        proxy.set(Direction::Up, NetFault::Reset);
+        assert!(
+            matches!(server.read(&mut buffer), Ok(0) | Err(_)),
+            "the server's side is cut"
+        );
+        let rest = client.write_all(b"\r\n$1\r\nk\r\n$1\r\nv\r\n");
+        let answer = client.read(&mut buffer);
+        assert!(
+            rest.is_err() || matches!(answer, Ok(0) | Err(_)),
+            "the client's side is cut: {answer:?}"
+        );
+    }
+
+    #[test]
+    fn a_hold_released_after_the_client_gave_up_still_delivers_its_request() {
+        let (proxy, mut client, mut server) = silent_server();
+        proxy.set(Direction::Up, NetFault::Hold);
+        client.write_all(b"late").unwrap();
+        // The client gives up waiting and closes its connection.
+        client
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buffer = [0u8; 16];
+        assert!(client.read(&mut buffer).is_err(), "no answer in time");
+        drop(client);
+        server
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(server.read(&mut buffer).is_err(), "still held");
+        proxy.clear(Direction::Up);
+        server
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let n = server.read(&mut buffer).unwrap();
+        assert_eq!(
+            &buffer[..n],
+            b"late",
+            "giving up did not recall the request: it lands once the hold lifts"
+        );
+        assert_eq!(server.read(&mut buffer).unwrap(), 0, "then the close");
+    }
+
     #[test]
     fn stopping_mid_fault_ends_every_thread_and_connection() {
         let echo = Echo::start();

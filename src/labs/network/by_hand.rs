@@ -201,7 +201,11 @@ fn apply(proxy: &Proxy, line: &str) -> String {
             None => proxy.clear(direction),
         }
     }
-    format!("{line}: done ({} connection(s) open)", proxy.connections())
+    let unit = if words.len() > 2 { "ms" } else { "" };
+    format!(
+        "{line}{unit}: done ({} connection(s) open)",
+        proxy.connections()
+    )
 }
 
 fn send_fault(args: &FaultArgs) -> Result<()> {
@@ -221,7 +225,12 @@ fn send_fault(args: &FaultArgs) -> Result<()> {
     let name = clap::ValueEnum::to_possible_value(&args.fault)
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
-    writeln!(stream, "{way} {name} {}", args.duration.as_millis())?;
+    match args.fault {
+        FaultName::Delay | FaultName::DelayNext => {
+            writeln!(stream, "{way} {name} {}", args.duration.as_millis())?
+        }
+        _ => writeln!(stream, "{way} {name}")?,
+    }
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut answer = String::new();
     BufReader::new(&stream).read_line(&mut answer)?;

@@ -151,10 +151,22 @@ impl Lab for Plan {
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
-        vec![format!(
-            "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, cuts A off from Redis while A can still reach the store, or lets A's request through and loses the answer.",
-            human(self.ttl)
-        )]
+        let lost = self.runs.iter().any(|&(s, _)| s == Scenario::LostReply);
+        let workers = self.runs.iter().any(|&(s, _)| s != Scenario::LostReply);
+        let mut intro = Vec::new();
+        if workers {
+            intro.push(format!(
+                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
+                human(self.ttl)
+            ));
+        }
+        if lost {
+            intro.push(format!(
+                "A client, A, in the lab's own process, reaches Redis and then Postgres through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, then a COMMIT. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
+                human(self.ttl)
+            ));
+        }
+        intro
     }
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
