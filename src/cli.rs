@@ -141,6 +141,8 @@ Example, in two terminals (after `lockslab up` and its export lines):
   2$ kill -CONT <pid>                     # the first worker wakes and writes: REJECTED
 Without --fencing on both, the late write is ACCEPTED and overwrites the second one's.")]
     Worker(HandsOnArgs),
+    /// Hands-on: a fault proxy in front of your own worker; faults from another terminal
+    Proxy(crate::labs::network::by_hand::ProxyArgs),
     /// Start private Redis, etcd and Postgres and keep them running between commands
     #[command(after_help = "\
 Examples:
@@ -272,6 +274,7 @@ pub fn run() -> Result<ExitCode> {
         Command::LeaseGuard(args) => lease_guard::run(&args)?,
         Command::Queue(args) => queue::run(&args)?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
+        Command::Proxy(args) => crate::labs::network::by_hand::run(&args)?,
         Command::Up(args) => match args.room {
             Some(addr) => up_room(addr, usize::from(args.seats))?,
             None => up()?,

@@ -283,3 +283,157 @@ fn a_heartbeat_cut_off_by_silence_gives_up_before_its_lease_runs_out() {
     let mut redis = lockslab::connect::redis(redis).unwrap();
     let _: () = ::redis::cmd("DEL").arg(&key).query(&mut *redis).unwrap();
 }
+
+/// A reply lost after the server applied the request: Redis and Postgres read back, and
+/// each client policy's outcome from the servers.
+#[test]
+fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
+    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", "lost-reply"]);
+    // Five requests let through with their answers lost: three SETs, two COMMITs.
+    let dropped: Vec<&Event> = lines
+        .iter()
+        .filter(|e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::DropReply)))
+        .collect();
+    assert_eq!(dropped.len(), 5, "{dropped:#?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|e| matches!(&e.what, What::NetHealed(f) if f.lasted_ms.is_some()))
+            .count(),
+        5
+    );
+    // Right after each lost SET, Redis holds the value A sent.
+    let held: Vec<&Event> = lines
+        .iter()
+        .filter(|e| {
+            e.worker == "redis" && matches!(&e.what, What::HolderNow(h) if h.holder.is_some())
+        })
+        .collect();
+    assert_eq!(held.len(), 3, "{held:#?}");
+
+    let sets = verdict["lost_set"].as_array().unwrap();
+    let policy = |name: &str| {
+        sets.iter()
+            .find(|s| s["policy"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {verdict}"))
+    };
+    for set in sets {
+        assert_eq!(set["applied"], true, "{set}");
+        assert_eq!(set["a_knows"], true, "{set}");
+    }
+    let same = policy("same-owner");
+    assert_eq!(
+        (
+            same["waited_behind_itself"].as_bool(),
+            same["orphaned"].as_bool()
+        ),
+        (Some(false), Some(false))
+    );
+    let new = policy("new-owner");
+    assert_eq!(new["waited_behind_itself"], true, "{new}");
+    assert!(new["waited_ms"].as_u64().unwrap() > 0);
+    let gave_up = policy("give-up");
+    assert_eq!(gave_up["orphaned"], true, "{gave_up}");
+    assert!(lines.iter().any(|e| e.is("redis", Kind::Expired)));
+
+    let commits = verdict["lost_commit"].as_array().unwrap();
+    let commit = |keyed: bool| {
+        commits
+            .iter()
+            .find(|c| c["idempotency_key"] == keyed)
+            .unwrap()
+    };
+    for keyed in [false, true] {
+        assert_eq!(commit(keyed)["committed"], true, "{}", commit(keyed));
+    }
+    assert_eq!(
+        (
+            commit(false)["rows"].as_u64(),
+            commit(false)["doubled"].as_bool()
+        ),
+        (Some(2), Some(true))
+    );
+    assert_eq!(
+        (
+            commit(true)["rows"].as_u64(),
+            commit(true)["doubled"].as_bool()
+        ),
+        (Some(1), Some(false))
+    );
+    assert!(lines.iter().any(|e| e.is("postgres", Kind::Violation)));
+    assert!(lines.iter().any(|e| e.is("postgres", Kind::ExactlyOnce)));
+
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_run_left_nothing(run_id);
+    let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
+    let payments: i64 = db
+        .query_one(
+            "SELECT count(*) FROM lockslab_network_payment WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(payments, 0, "the run's payments are removed");
+}
+
+/// `lockslab proxy` by hand: a client behind it, a hold from a second command, then
+/// Ctrl-C mid-fault: it exits 130 and leaves no port, no control socket, no child.
+#[test]
+fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing() {
+    use lockslab::labs::network::by_hand::control_socket;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    let redis = &servers().redis;
+    let mut proxy = lockslab(&["proxy", "--to", redis])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(proxy.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    // "proxy 127.0.0.1:PORT → …"
+    let addr: std::net::SocketAddr = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let socket = control_socket(addr.port());
+    assert!(socket.exists(), "{first}");
+
+    let url = lockslab::proxy::through(redis, addr).unwrap();
+    let mut client = lockslab::connect::redis(&url).unwrap();
+    let pong: String = ::redis::cmd("PING").query(&mut *client).unwrap();
+    assert_eq!(pong, "PONG");
+
+    let fault = |words: &[&str]| {
+        let port = addr.port().to_string();
+        let mut args = vec!["proxy", "fault", port.as_str()];
+        args.extend_from_slice(words);
+        let out = lockslab(&args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(fault(&["hold"]).contains("up hold"));
+    // A raw request under the hold: no answer while it lasts.
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    raw.write_all(b"PING\r\n").unwrap();
+    let mut buffer = [0u8; 64];
+    assert!(raw.read(&mut buffer).is_err(), "held: no answer");
+    // Ctrl-C mid-fault, the request still held.
+    let children = children_of(proxy.id());
+    kill(Pid::from_raw(proxy.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(proxy.wait().unwrap().code(), Some(130));
+    assert!(
+        children.is_empty(),
+        "the proxy starts no process: {children:?}"
+    );
+    assert!(!socket.exists(), "the control socket is removed");
+    assert!(
+        TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_err(),
+        "nothing listens on the port"
+    );
+    raw.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(
+        matches!(raw.read(&mut buffer), Ok(0) | Err(_)),
+        "the held connection is closed"
+    );
+}

@@ -82,6 +82,125 @@ pub fn judge(evidence: &Evidence) -> Result<Findings, Inconsistent> {
     })
 }
 
+/// What A's client does when its `SET NX PX` got no answer (lab 8's lost reply).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// ✅ Retries with the owner value it sent, and reads the key to learn whose it is.
+    SameOwner,
+    /// ❌ Retries as a new acquisition, with a new owner value.
+    NewOwner,
+    /// ❌ Treats "no answer" as "not taken" and goes away.
+    GiveUp,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::SameOwner => "same-owner",
+            Policy::NewOwner => "new-owner",
+            Policy::GiveUp => "give-up",
+        }
+    }
+
+    pub fn says(self) -> &'static str {
+        match self {
+            Policy::SameOwner => "A retries with the same owner value",
+            Policy::NewOwner => "A retries with a new owner value",
+            Policy::GiveUp => "A gives up",
+        }
+    }
+}
+
+/// One lost `SET NX PX`, as Redis and the client answered.
+#[derive(Clone, Debug)]
+pub struct ReplyEvidence<'a> {
+    pub policy: Policy,
+    /// The owner value A sent in the request whose answer was lost.
+    pub sent_owner: &'a str,
+    /// The key's value read back right after the loss (None: no key).
+    pub after_loss: Option<&'a str>,
+    /// The owner value A believes it holds the lock with at the end (None: A thinks it
+    /// holds nothing).
+    pub believed: Option<&'a str>,
+    /// The key's value read back at the end, before anyone let go.
+    pub held_by: Option<&'a str>,
+    /// How long a retry with a new value waited for the lock.
+    pub waited_ms: Option<u64>,
+    /// How long an abandoned key stayed, from A's send to its expiry.
+    pub orphaned_ms: Option<u64>,
+}
+
+/// What one lost `SET NX PX` shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ReplyFound {
+    pub policy: Policy,
+    /// Redis applied the request whose answer was lost (its value was in the key).
+    pub applied: bool,
+    /// At the end, A's belief and Redis agree: A holds the lock exactly when the key holds
+    /// the value A believes is its own.
+    pub a_knows: bool,
+    /// A waited for a lock that Redis said was A's own.
+    pub waited_behind_itself: bool,
+    pub waited_ms: Option<u64>,
+    /// The key stayed with nobody working under it (A gave up) until it expired.
+    pub orphaned: bool,
+    pub orphaned_ms: Option<u64>,
+}
+
+pub fn lost_set(evidence: &ReplyEvidence) -> ReplyFound {
+    let applied = evidence.after_loss == Some(evidence.sent_owner);
+    let a_knows = match evidence.believed {
+        Some(value) => evidence.held_by == Some(value),
+        None => evidence.held_by.is_none(),
+    };
+    ReplyFound {
+        policy: evidence.policy,
+        applied,
+        a_knows,
+        waited_behind_itself: applied
+            && evidence.policy == Policy::NewOwner
+            && evidence.waited_ms.is_some(),
+        waited_ms: evidence.waited_ms,
+        orphaned: applied && evidence.believed.is_none() && evidence.orphaned_ms.is_some(),
+        orphaned_ms: evidence.orphaned_ms,
+    }
+}
+
+/// One payment whose `COMMIT` answer was lost, then retried, read back from Postgres.
+#[derive(Clone, Debug)]
+pub struct PaymentEvidence {
+    /// The retry carried the first attempt's idempotency key.
+    pub keyed: bool,
+    /// Rows of the payment right after the loss (1: the COMMIT happened).
+    pub after_loss: u64,
+    /// Rows at the end, after the retry, and the sum paid.
+    pub rows: u64,
+    pub total: i64,
+}
+
+/// What one lost `COMMIT` shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PaymentFound {
+    pub idempotency_key: bool,
+    /// The COMMIT whose answer was lost had committed.
+    pub committed: bool,
+    pub rows: u64,
+    pub total: i64,
+    /// The retry made the payment a second time.
+    pub doubled: bool,
+}
+
+pub fn lost_commit(evidence: &PaymentEvidence) -> PaymentFound {
+    PaymentFound {
+        idempotency_key: evidence.keyed,
+        committed: evidence.after_loss > 0,
+        rows: evidence.rows,
+        total: evidence.total,
+        doubled: evidence.rows > 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +278,81 @@ mod tests {
     fn a_store_that_disagrees_with_itself_gives_no_verdict() {
         let attempts = [attempt(1, "B", None, true), attempt(2, "A", None, true)];
         assert_eq!(judge(&evidence(&attempts, Some("B"))), Err(Inconsistent));
+    }
+
+    fn reply(policy: Policy) -> ReplyEvidence<'static> {
+        ReplyEvidence {
+            policy,
+            sent_owner: "a1",
+            after_loss: Some("a1"),
+            believed: Some("a1"),
+            held_by: Some("a1"),
+            waited_ms: None,
+            orphaned_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_retry_with_the_same_owner_finds_the_lock_its_own() {
+        let found = lost_set(&reply(Policy::SameOwner));
+        assert!(found.applied);
+        assert!(found.a_knows);
+        assert!(!found.waited_behind_itself);
+        assert!(!found.orphaned);
+    }
+
+    #[test]
+    fn a_retry_with_a_new_owner_waits_behind_its_own_applied_set() {
+        let mut seen = reply(Policy::NewOwner);
+        seen.believed = Some("a2");
+        seen.held_by = Some("a2");
+        seen.waited_ms = Some(990);
+        let found = lost_set(&seen);
+        assert!(found.waited_behind_itself);
+        assert!(found.a_knows);
+        // Had the first SET not landed, the wait was behind someone else.
+        seen.after_loss = Some("b1");
+        assert!(!lost_set(&seen).waited_behind_itself);
+    }
+
+    #[test]
+    fn giving_up_on_an_applied_set_leaves_a_lock_nobody_holds() {
+        let mut seen = reply(Policy::GiveUp);
+        seen.believed = None;
+        seen.held_by = None;
+        seen.orphaned_ms = Some(1000);
+        let found = lost_set(&seen);
+        assert!(found.orphaned);
+        assert!(found.a_knows, "at the end the key is gone");
+        // Read back while the key still held A's value, A's belief was wrong.
+        seen.held_by = Some("a1");
+        assert!(!lost_set(&seen).a_knows);
+        seen.after_loss = None;
+        assert!(!lost_set(&seen).orphaned, "nothing was applied");
+    }
+
+    #[test]
+    fn a_lost_commit_retried_without_a_key_pays_twice_and_with_one_once() {
+        let plain = lost_commit(&PaymentEvidence {
+            keyed: false,
+            after_loss: 1,
+            rows: 2,
+            total: 20,
+        });
+        assert!(plain.committed && plain.doubled);
+        let keyed = lost_commit(&PaymentEvidence {
+            keyed: true,
+            after_loss: 1,
+            rows: 1,
+            total: 10,
+        });
+        assert!(keyed.committed && !keyed.doubled);
+        let never = lost_commit(&PaymentEvidence {
+            keyed: false,
+            after_loss: 0,
+            rows: 1,
+            total: 10,
+        });
+        assert!(!never.committed && !never.doubled);
     }
 }

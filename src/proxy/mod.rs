@@ -96,6 +96,9 @@ struct Shared {
     /// Woken when a fault changes or bytes are queued.
     changed: Condvar,
     stopping: AtomicBool,
+    /// No fault on either direction and no reply waiting to be dropped: what the pumps
+    /// look at first, without the lock. Kept by [`Locked`]'s drop, after every change.
+    quiet: AtomicBool,
 }
 
 #[derive(Default)]
@@ -106,8 +109,9 @@ struct State {
     links: Vec<(u64, TcpStream, TcpStream)>,
     next_link: u64,
     reports: Vec<Report>,
-    /// Set by a `DropReply` once its request went up: the next reply is dropped.
-    drop_next_reply: bool,
+    /// The connections whose next reply is dropped: each put here by a `DropReply` once its
+    /// request went up, so the reply lost is the answer to that request, on that connection.
+    drop_reply_on: Vec<u64>,
     /// A pseudo-random state for jitter (xorshift), seeded per proxy.
     jitter: u64,
 }
@@ -124,7 +128,13 @@ impl Proxy {
     /// Starts a proxy on a free loopback port in front of `upstream`; `path` names it in
     /// reports (`A→store`).
     pub fn start(path: &str, upstream: SocketAddr) -> Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").context("starting the fault proxy")?;
+        Proxy::start_on(path, SocketAddr::from(([127, 0, 0, 1], 0)), upstream)
+    }
+
+    /// Starts a proxy listening on `listen` (a free port when its port is 0).
+    pub fn start_on(path: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<Proxy> {
+        let listener = TcpListener::bind(listen)
+            .with_context(|| format!("starting the fault proxy on {listen}"))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             path: path.to_string(),
@@ -135,6 +145,7 @@ impl Proxy {
             }),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            quiet: AtomicBool::new(true),
         });
         let pumps = Arc::new(Mutex::new(Vec::new()));
         let acceptor = {
@@ -234,11 +245,8 @@ impl Proxy {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        lock(&self.shared)
     }
 
     fn report(&self, seen: Seen) -> Report {
@@ -320,19 +328,51 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<
             Ok(vec![up.spawn()?, down.spawn()?])
         })();
         if let Ok(handles) = handles {
-            pumps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(handles);
+            let mut pumps = pumps.lock().unwrap_or_else(|e| e.into_inner());
+            // The pumps of closed connections have ended: forget them, or a long-lived proxy
+            // keeps a handle for every connection it ever carried.
+            pumps.retain(|pump| !pump.is_finished());
+            pumps.extend(handles);
         }
     }
 }
 
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
-    shared
-        .state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock(shared: &Shared) -> Locked<'_> {
+    Locked {
+        state: shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        quiet: &shared.quiet,
+    }
+}
+
+/// The proxy's state, locked; on unlocking it says whether the path is quiet now.
+struct Locked<'a> {
+    state: std::sync::MutexGuard<'a, State>,
+    quiet: &'a AtomicBool,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let quiet = self.state.up.is_none()
+            && self.state.down.is_none()
+            && self.state.drop_reply_on.is_empty();
+        self.quiet.store(quiet, Ordering::SeqCst);
+    }
 }
 
 /// Closes a socket with a reset rather than a goodbye: the peer's next read fails with
@@ -401,8 +441,11 @@ impl Pump {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let chunk = buffer[..n].to_vec();
-            if !self.forward(chunk, &queue) {
+            let sent = match self.clear_way(&buffer[..n], &queue) {
+                Some(written) => written,
+                None => self.forward(buffer[..n].to_vec(), &queue),
+            };
+            if !sent {
                 break;
             }
         }
@@ -418,10 +461,25 @@ impl Pump {
         }
         let _ = writer.join();
         if self.direction == Direction::Up {
-            lock(&self.shared)
-                .links
-                .retain(|(id, _, _)| *id != self.link);
+            let mut state = lock(&self.shared);
+            state.links.retain(|(id, _, _)| *id != self.link);
+            state.drop_reply_on.retain(|&link| link != self.link);
         }
+    }
+
+    /// The no-fault path: with the proxy quiet and nothing queued ahead, writes the chunk
+    /// from here, taking no shared lock (Some: whether the write worked). None: the chunk
+    /// must go through [`Pump::forward`].
+    fn clear_way(&mut self, chunk: &[u8], queue: &Queue) -> Option<bool> {
+        if !self.shared.quiet.load(Ordering::SeqCst) {
+            return None;
+        }
+        let items = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !items.is_empty() {
+            return None;
+        }
+        drop(items);
+        Some(self.to.write_all(chunk).is_ok())
     }
 
     /// Sends one chunk on its way according to the direction's fault; false ends the pump.
@@ -432,8 +490,8 @@ impl Pump {
             Direction::Up => state.up,
             Direction::Down => state.down,
         };
-        if self.direction == Direction::Down && state.drop_next_reply {
-            state.drop_next_reply = false;
+        if self.direction == Direction::Down && state.drop_reply_on.contains(&self.link) {
+            state.drop_reply_on.retain(|&link| link != self.link);
             let bytes = chunk.len();
             state.reports.push(Report {
                 at: now,
@@ -468,7 +526,7 @@ impl Pump {
             }
             Some(NetFault::DropReply) => {
                 state.up = None;
-                state.drop_next_reply = true;
+                state.drop_reply_on.push(self.link);
                 state.reports.push(Report {
                     at: now,
                     path: self.shared.path.clone(),
@@ -508,8 +566,9 @@ fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: Tc
     loop {
         let mut guard = items.lock().unwrap_or_else(|e| e.into_inner());
         let Some((due, chunk, marked)) = guard.front().cloned() else {
+            // New chunks wake it; the timeout only looks at `stopping` now and then.
             guard = wake
-                .wait_timeout(guard, Duration::from_millis(50))
+                .wait_timeout(guard, Duration::from_millis(250))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
             drop(guard);
@@ -759,6 +818,152 @@ mod tests {
             b"GET",
             "only one reply is lost"
         );
+    }
+
+    /// An upstream that echoes at once, except a message starting with `w`, whose echo
+    /// waits until `release` is called.
+    fn gated_echo() -> (SocketAddr, Arc<(Mutex<bool>, Condvar)>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let shared = Arc::clone(&gate);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let gate = Arc::clone(&shared);
+                thread::spawn(move || {
+                    let mut buffer = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut buffer) {
+                        if n == 0 {
+                            return;
+                        }
+                        if buffer[0] == b'w' {
+                            let (open, wake) = &*gate;
+                            let mut open = open.lock().unwrap();
+                            while !*open {
+                                open = wake.wait(open).unwrap();
+                            }
+                        }
+                        if stream.write_all(&buffer[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, gate)
+    }
+
+    #[test]
+    fn a_dropped_reply_is_the_answer_on_the_connection_that_asked_not_the_next_on_the_proxy() {
+        let (upstream, gate) = gated_echo();
+        let proxy = Proxy::start("t", upstream).unwrap();
+        let mut asker = client(&proxy);
+        let mut other = client(&proxy);
+        assert_eq!(ask(&mut other, b"hi").unwrap(), b"hi");
+        proxy.set(Direction::Up, NetFault::DropReply);
+        // The asker's request goes up; its answer waits in the server.
+        asker.write_all(b"wait").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while proxy.fault(Direction::Up).is_some() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(proxy.fault(Direction::Up), None, "the request went up");
+        // Another client's answer comes first: it is not the one to lose.
+        assert_eq!(ask(&mut other, b"ok").unwrap(), b"ok", "not this reply");
+        let (open, wake) = &*gate;
+        *open.lock().unwrap() = true;
+        wake.notify_all();
+        let mut answer = [0u8; 4];
+        assert!(
+            asker.read_exact(&mut answer).is_err(),
+            "the asker's is lost"
+        );
+        assert_eq!(ask(&mut other, b"on").unwrap(), b"on", "and only that one");
+    }
+
+    #[test]
+    fn the_pumps_of_closed_connections_are_forgotten() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        for _ in 0..5 {
+            let mut stream = client(&proxy);
+            assert_eq!(ask(&mut stream, b"x").unwrap(), b"x");
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let finished = || proxy.pumps.lock().unwrap().iter().all(|p| p.is_finished());
+        while !finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let mut stream = client(&proxy);
+        assert_eq!(ask(&mut stream, b"y").unwrap(), b"y");
+        assert_eq!(
+            proxy.pumps.lock().unwrap().len(),
+            2,
+            "the live connection's two"
+        );
+    }
+
+    /// A proxy in front of a server that reads and never answers, and that server's side.
+    fn silent_server() -> (Proxy, TcpStream, TcpStream) {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::start("t", server.local_addr().unwrap()).unwrap();
+        let client = client(&proxy);
+        let (accepted, _) = server.accept().unwrap();
+        accepted
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        (proxy, client, accepted)
+    }
+
+    #[test]
+    fn a_cut_mid_request_resets_both_sides_with_half_a_request_delivered() {
+        let (proxy, mut client, mut server) = silent_server();
+        // Half a request: the server has it and waits for the rest.
+        client.write_all(b"*3\r\n$3\r\nSET").unwrap();
+        let mut buffer = [0u8; 64];
+        let n = server.read(&mut buffer).unwrap();
+        assert_eq!(&buffer[..n], b"*3\r\n$3\r\nSET");
+        proxy.set(Direction::Up, NetFault::Reset);
+        assert!(
+            matches!(server.read(&mut buffer), Ok(0) | Err(_)),
+            "the server's side is cut"
+        );
+        let rest = client.write_all(b"\r\n$1\r\nk\r\n$1\r\nv\r\n");
+        let answer = client.read(&mut buffer);
+        assert!(
+            rest.is_err() || matches!(answer, Ok(0) | Err(_)),
+            "the client's side is cut: {answer:?}"
+        );
+    }
+
+    #[test]
+    fn a_hold_released_after_the_client_gave_up_still_delivers_its_request() {
+        let (proxy, mut client, mut server) = silent_server();
+        proxy.set(Direction::Up, NetFault::Hold);
+        client.write_all(b"late").unwrap();
+        // The client gives up waiting and closes its connection.
+        client
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buffer = [0u8; 16];
+        assert!(client.read(&mut buffer).is_err(), "no answer in time");
+        drop(client);
+        server
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(server.read(&mut buffer).is_err(), "still held");
+        proxy.clear(Direction::Up);
+        server
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let n = server.read(&mut buffer).unwrap();
+        assert_eq!(
+            &buffer[..n],
+            b"late",
+            "giving up did not recall the request: it lands once the hold lifts"
+        );
+        assert_eq!(server.read(&mut buffer).unwrap(), 0, "then the close");
     }
 
     #[test]

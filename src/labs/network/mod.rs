@@ -20,11 +20,20 @@
 //! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes
 //! the lock — and A, which nothing told to stop, writes.
 //!
+//! The third story loses a reply instead: A's `SET NX PX` (then a Postgres `COMMIT`) is
+//! applied by the server and its answer thrown away, and the lab reads back what each
+//! client policy — retry the same, retry anew, give up — makes of it.
+//!
 //! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
+//! - [`lost_reply`]: the lost `SET NX PX` under three policies; [`lost_commit`]: the lost
+//!   `COMMIT`, retried without and with an idempotency key;
 //! - [`verdict`]: what each run shows, decided by [`crate::check::network`].
 
+pub mod by_hand;
 mod cut_off;
 mod delayed;
+mod lost_commit;
+mod lost_reply;
 mod scene;
 pub mod verdict;
 
@@ -47,6 +56,8 @@ Examples:
   lockslab network                     both stories, without and with fencing
   lockslab network --fencing off       only the runs without fencing
   lockslab network --scenario cut-off  A cut off from Redis, not from the store
+  lockslab network --scenario lost-reply
+                                       SET NX and COMMIT applied, answer lost
   lockslab network --ttl 3s            a longer lease: the write waits longer
   lockslab network --json | jq .       events and verdict as JSON Lines
 
@@ -58,7 +69,7 @@ pub struct NetworkArgs {
     /// Which runs to play: without fencing, with it, or both side by side
     #[arg(long, value_enum, default_value_t = Fencing::Both)]
     pub fencing: Fencing,
-    /// Which stories: the write delayed in flight, A cut off from Redis, or both
+    /// Which stories: the write delayed in flight, A cut off from Redis, a lost reply, or all
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     pub scenario: Scenario,
     #[command(flatten)]
@@ -82,6 +93,9 @@ pub enum Scenario {
     DelayedWrite,
     /// The proxy cuts A off from Redis (a renewed lock) but not from the store
     CutOff,
+    /// A's SET NX (then a COMMIT) is applied and the proxy loses the answer: what each
+    /// client policy makes of it (no fencing runs: the story is the client's)
+    LostReply,
     All,
 }
 
@@ -100,12 +114,19 @@ impl Plan {
             runs: {
                 let fencing = args.fencing.runs();
                 let scenarios = match args.scenario {
-                    Scenario::All => vec![Scenario::DelayedWrite, Scenario::CutOff],
+                    Scenario::All => vec![
+                        Scenario::DelayedWrite,
+                        Scenario::CutOff,
+                        Scenario::LostReply,
+                    ],
                     one => vec![one],
                 };
                 scenarios
                     .into_iter()
-                    .flat_map(|s| fencing.iter().map(move |&f| (s, f)))
+                    .flat_map(|s| match s {
+                        Scenario::LostReply => vec![(s, false)],
+                        _ => fencing.iter().map(|&f| (s, f)).collect(),
+                    })
                     .collect()
             },
         }
@@ -130,31 +151,57 @@ impl Lab for Plan {
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
-        vec![format!(
-            "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
-            human(self.ttl)
-        )]
+        let lost = self.runs.iter().any(|&(s, _)| s == Scenario::LostReply);
+        let workers = self.runs.iter().any(|&(s, _)| s != Scenario::LostReply);
+        let mut intro = Vec::new();
+        if workers {
+            intro.push(format!(
+                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
+                human(self.ttl)
+            ));
+        }
+        if lost {
+            intro.push(format!(
+                "A client, A, in the lab's own process, reaches Redis and then Postgres through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, then a COMMIT. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
+                human(self.ttl)
+            ));
+        }
+        intro
     }
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
-        leftovers
+        let leftovers = leftovers
             .store(run.url(Backend::Postgres))
-            .redis(run.url(Backend::Redis))
+            .redis(run.url(Backend::Redis));
+        if self.runs.iter().any(|&(s, _)| s == Scenario::LostReply) {
+            leftovers.sql(run.url(Backend::Postgres), &lost_commit::forget(&run.id))
+        } else {
+            leftovers
+        }
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
         let mut store = Store::connect(run.url(Backend::Postgres))?;
         store.prepare()?;
-        let mut runs = Vec::new();
-        for &(scenario, fenced) in &self.runs {
-            runs.push(match scenario {
-                Scenario::CutOff => cut_off::play(self, run, fenced, &mut store)?,
-                _ => delayed::play(self, run, fenced, &mut store)?,
-            });
-        }
-        Ok(Verdict {
-            runs,
+        let mut verdict = Verdict {
+            runs: Vec::new(),
+            lost_set: Vec::new(),
+            lost_commit: Vec::new(),
             ttl: self.ttl,
-        })
+        };
+        for &(scenario, fenced) in &self.runs {
+            match scenario {
+                Scenario::LostReply => {
+                    (verdict.lost_set, verdict.lost_commit) = lost_reply::play(self, run)?;
+                }
+                Scenario::CutOff => verdict
+                    .runs
+                    .push(cut_off::play(self, run, fenced, &mut store)?),
+                _ => verdict
+                    .runs
+                    .push(delayed::play(self, run, fenced, &mut store)?),
+            }
+        }
+        Ok(verdict)
     }
 }

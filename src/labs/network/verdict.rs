@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::check::LateWrite;
-use crate::check::network::{self as checks, Evidence};
+use crate::check::network::{self as checks, Evidence, PaymentFound, ReplyFound};
 use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::runner;
@@ -21,6 +21,10 @@ use crate::worker::holder::release_of;
 /// Every run of the lab.
 pub struct Verdict {
     pub runs: Vec<RunVerdict>,
+    /// The lost reply: one `SET NX PX` per client policy, and one `COMMIT` without and
+    /// with an idempotency key.
+    pub lost_set: Vec<ReplyFound>,
+    pub lost_commit: Vec<PaymentFound>,
     pub ttl: Duration,
 }
 
@@ -32,11 +36,22 @@ impl runner::Verdict for Verdict {
             "runs".into(),
             serde_json::to_value(&self.runs).unwrap_or_default(),
         );
+        if !self.lost_set.is_empty() {
+            fields.insert(
+                "lost_set".into(),
+                serde_json::to_value(&self.lost_set).unwrap_or_default(),
+            );
+            fields.insert(
+                "lost_commit".into(),
+                serde_json::to_value(&self.lost_commit).unwrap_or_default(),
+            );
+        }
         fields
     }
 
     fn print(&self) {
         print_verdicts(&self.runs);
+        super::lost_reply::print(&self.lost_set, &self.lost_commit);
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

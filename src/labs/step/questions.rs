@@ -361,6 +361,48 @@ pub mod network {
                    ended. What stops its write?",
     };
 
+    /// Before each policy of the lost reply to `SET NX PX`.
+    pub fn before_lost_reply(policy: &str) -> &'static Checkpoint {
+        match policy {
+            "same-owner" => &LOST_SAME,
+            "new-owner" => &LOST_NEW,
+            _ => &LOST_GIVE_UP,
+        }
+    }
+
+    const LOST_SAME: Checkpoint = Checkpoint {
+        name: "before the lost reply (same owner value)",
+        question: "A's SET NX PX reaches Redis and is applied; the answer is lost. A retries \
+                   with the owner value it sent. What does SET NX answer, and how can A tell \
+                   the lock is its own?",
+    };
+    const LOST_NEW: Checkpoint = Checkpoint {
+        name: "before the lost reply (new owner value)",
+        question: "The same loss; A retries as a new acquisition, with a new owner value. \
+                   Who is A waiting for, and how long?",
+    };
+    const LOST_GIVE_UP: Checkpoint = Checkpoint {
+        name: "before the lost reply (give up)",
+        question: "The same loss; A treats no answer as no lock and goes away. What is left \
+                   in Redis, and for how long?",
+    };
+
+    /// Before a `COMMIT` whose answer is lost, retried without or with a key.
+    pub fn before_lost_commit(keyed: bool) -> &'static Checkpoint {
+        if keyed { &COMMIT_KEYED } else { &COMMIT_PLAIN }
+    }
+
+    const COMMIT_PLAIN: Checkpoint = Checkpoint {
+        name: "before the lost COMMIT",
+        question: "A pays 10 in a transaction; its COMMIT reaches Postgres and the answer is \
+                   lost. A retries the payment as it was. How much has A paid?",
+    };
+    const COMMIT_KEYED: Checkpoint = Checkpoint {
+        name: "before the lost COMMIT, with an idempotency key",
+        question: "The same loss, but the payment carries a key that a unique index guards. \
+                   What does the retry do?",
+    };
+
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",
         question: "A was never paused and checked its lock before writing. Which evidence \

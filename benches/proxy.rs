@@ -1,0 +1,103 @@
+//! The fault proxy's cost with no fault on: `cargo bench --bench proxy`.
+//!
+//! In the same run, against the same Redis: `redis-benchmark` with 50 clients direct and
+//! through the proxy (requests per second, and the ratio; the target is ≥ 0.7×), then one
+//! client's `PING` round trip direct and through it (medians, and what the proxy adds; the
+//! target is ≤ 50 µs). Direct and proxied rounds alternate, so that a machine busy with
+//! something else weighs on both. Figures are printed, not asserted.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lockslab::proxy::{self, Proxy};
+
+const ROUNDS: usize = 3;
+const REQUESTS: &str = "100000";
+const PINGS: usize = 5000;
+
+fn main() {
+    let url = &servers().redis;
+    let upstream = proxy::upstream_of(url).unwrap();
+    let proxied = Proxy::start("bench→redis", upstream).unwrap();
+    let through = proxy::through(url, proxied.addr()).unwrap();
+    let password = password_of(url);
+
+    println!("redis-benchmark -c 50 -n {REQUESTS} -t set,get --csv, direct and through the proxy");
+    let (mut direct, mut via) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        direct.push(requests_per_second(upstream.port(), &password));
+        via.push(requests_per_second(proxied.addr().port(), &password));
+    }
+    let (direct, via) = (median_f(&mut direct), median_f(&mut via));
+    println!("  direct        {direct:>10.0} req/s (median of {ROUNDS}, SET and GET together)");
+    println!("  through proxy {via:>10.0} req/s");
+    println!("  ratio         {:>10.2}× (target ≥ 0.70×)", via / direct);
+
+    println!("one client, {PINGS} PINGs, direct and through the proxy, alternating");
+    let mut a = lockslab::connect::redis(url).unwrap();
+    let mut b = lockslab::connect::redis(&through).unwrap();
+    let (mut direct, mut via) = (Vec::new(), Vec::new());
+    for _ in 0..PINGS {
+        direct.push(ping(&mut a));
+        via.push(ping(&mut b));
+    }
+    let (direct, via) = (median(&mut direct), median(&mut via));
+    println!(
+        "  direct        {:>8.1} µs median round trip",
+        micros(direct)
+    );
+    println!("  through proxy {:>8.1} µs", micros(via));
+    println!(
+        "  added         {:>8.1} µs (target ≤ 50 µs)",
+        micros(via) - micros(direct)
+    );
+}
+
+fn ping(connection: &mut redis::Connection) -> Duration {
+    let sent = Instant::now();
+    let _: String = redis::cmd("PING").query(connection).unwrap();
+    sent.elapsed()
+}
+
+/// SET and GET together, as `redis-benchmark --csv` reports them.
+fn requests_per_second(port: u16, password: &str) -> f64 {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-a", password])
+        .args(["-c", "50", "-n", REQUESTS, "-t", "set,get", "--csv"])
+        .output()
+        .expect("redis-benchmark (from the redis-tools package)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rates: Vec<f64> = text
+        .lines()
+        .filter(|line| line.starts_with("\"SET\"") || line.starts_with("\"GET\""))
+        .filter_map(|line| line.split(',').nth(1))
+        .filter_map(|rps| rps.trim_matches('"').parse().ok())
+        .collect();
+    assert_eq!(rates.len(), 2, "redis-benchmark said: {text}");
+    rates.iter().sum::<f64>() / 2.0
+}
+
+/// The password in `redis://:password@host:port`.
+fn password_of(url: &str) -> String {
+    let rest = url.split("://").nth(1).unwrap_or_default();
+    let user = rest.rsplit_once('@').map_or("", |(user, _)| user);
+    user.split_once(':').map_or(user, |(_, pw)| pw).to_string()
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn median_f(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}

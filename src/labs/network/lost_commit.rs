@@ -1,0 +1,159 @@
+//! The lost reply's Postgres half: A pays in a transaction, its `COMMIT` reaches Postgres
+//! and commits, and the proxy loses the answer. Retried as it was, the payment is made
+//! twice; retried with an idempotency key that a unique index guards, once.
+
+use anyhow::Result;
+
+use super::lost_reply::{lose_the_answer, open, run_line};
+use crate::check::network::{self as checks, PaymentEvidence, PaymentFound};
+use crate::connect::{self, Backend, PgClient};
+use crate::events::facts::{Observed, Wrote};
+use crate::events::{Event, What};
+use crate::labs::runner::Run;
+use crate::labs::step;
+use crate::lock::random_owner;
+use crate::nemesis::Nemesis;
+use crate::proxy::{self, Proxy};
+use crate::store::Outcome;
+
+/// The payments of the Postgres half: one row per payment made; a key, when the client
+/// sends one, is unique per run, so the same payment cannot be made twice.
+const PAYMENTS: &str = "
+    CREATE TABLE IF NOT EXISTS lockslab_network_payment (
+        run_id          text NOT NULL,
+        payment         text NOT NULL,
+        amount          bigint NOT NULL,
+        idempotency_key text,
+        UNIQUE (run_id, idempotency_key)
+    )";
+
+/// Removes a run's payments (the table may not exist on a server that never ran this).
+pub(super) fn forget(run_id: &str) -> String {
+    format!(
+        "DO $$ BEGIN IF to_regclass('lockslab_network_payment') IS NOT NULL THEN
+             DELETE FROM lockslab_network_payment WHERE run_id = '{run_id}';
+         END IF; END $$"
+    )
+}
+
+/// ❌ The retry as it was: a second INSERT, a second payment.
+const PAY: &str = "INSERT INTO lockslab_network_payment (run_id, payment, amount, idempotency_key)
+    VALUES ($1, $2, $3, $4)";
+
+/// ✅ The retry with an idempotency key: the key was in the first insert, so if that one
+/// committed, this one does nothing (and says so: no row returned).
+const PAY_ONCE: &str =
+    "INSERT INTO lockslab_network_payment (run_id, payment, amount, idempotency_key)
+    VALUES ($1, $2, $3, $4) ON CONFLICT (run_id, idempotency_key) DO NOTHING RETURNING 1";
+/// One Postgres payment whose `COMMIT` answer is lost, retried without or with a key.
+pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
+    let store_url = run.url(Backend::Postgres);
+    let label = if keyed { "with-key" } else { "no-key" };
+    let heading = if keyed {
+        "a lost reply to COMMIT, retried with an idempotency key"
+    } else {
+        "a lost reply to COMMIT, retried as it was"
+    };
+    let mut stage = open(
+        run,
+        heading,
+        label,
+        step::network::before_lost_commit(keyed),
+    );
+    let mut lab = connect::postgres(store_url)?;
+    lab.batch_execute(PAYMENTS)?;
+    let payment = format!("network-lost-commit-{label}");
+    let key = keyed.then(|| format!("{}:{payment}", random_owner()));
+    let path = Proxy::start("A→postgres", proxy::upstream_of(store_url)?)?;
+    let through = proxy::through(store_url, path.addr())?;
+    stage.record(run_line(
+        run,
+        None,
+        format!("A pays into the table lockslab_network_payment; its path to Postgres, A→postgres, goes through the fault proxy on {}", path.addr()),
+    ));
+    let mut nemesis = Nemesis::new();
+    let mut a = connect::postgres(&through)?;
+    let run_id = run.id.as_str();
+    let pay = |a: &mut PgClient| -> Result<u64> {
+        Ok(if keyed {
+            a.query(PAY_ONCE, &[&run_id, &payment, &10i64, &key])?.len() as u64
+        } else {
+            a.execute(PAY, &[&run_id, &payment, &10i64, &key])?
+        })
+    };
+    let mut tx = a.transaction()?;
+    tx.execute(PAY, &[&run_id, &payment, &10i64, &key])?;
+    lose_the_answer(&mut stage, &mut nemesis, &path, "COMMIT", || {
+        tx.commit()?;
+        Ok(())
+    })?;
+    drop(a);
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(payment.clone()),
+            ..Wrote::new(Outcome::Unknown)
+        },
+        "pays 10 (INSERT, COMMIT): no answer to the COMMIT — A cannot tell whether it paid",
+    ));
+    let count = |lab: &mut PgClient| -> Result<(u64, i64)> {
+        let row = lab.query_one(
+            "SELECT count(*), coalesce(sum(amount), 0)::bigint FROM lockslab_network_payment WHERE run_id = $1 AND payment = $2",
+            &[&run_id, &payment],
+        )?;
+        Ok((row.get::<_, i64>(0) as u64, row.get(1)))
+    };
+    let (after_loss, _) = count(&mut lab)?;
+    stage.timeline.say(&format!(
+        "  postgres read back on the lab's own connection: {after_loss} row(s) — the COMMIT {}",
+        if after_loss > 0 {
+            "happened"
+        } else {
+            "did not happen"
+        }
+    ));
+    // A retries, as most clients do after an error, on a new connection.
+    let mut a = connect::postgres(&through)?;
+    let rows = pay(&mut a)?;
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(payment.clone()),
+            ..Wrote::new(Outcome::Accepted)
+        },
+        if keyed {
+            format!("retries with the same idempotency key: INSERT … ON CONFLICT DO NOTHING inserted {rows} row(s) — the first payment had committed")
+        } else {
+            format!("retries the payment as it was: INSERT inserted {rows} row(s)")
+        },
+    ));
+    drop(a);
+    let (rows_now, total) = count(&mut lab)?;
+    let found = checks::lost_commit(&PaymentEvidence {
+        keyed,
+        after_loss,
+        rows: rows_now,
+        total,
+    });
+    let facts = Observed {
+        once: Some(rows_now.min(1)),
+        duplicates: Some(rows_now.saturating_sub(1)),
+        ..Observed::default()
+    };
+    let text = format!("read back: {rows_now} payment row(s), {total} paid in all");
+    stage.record(if found.doubled {
+        Event::new(
+            "postgres",
+            What::Violation(facts),
+            format!("{text} — the retry paid twice"),
+        )
+    } else {
+        Event::new(
+            "postgres",
+            What::ExactlyOnce(facts),
+            format!("{text} — paid once"),
+        )
+    });
+    stage.drain();
+    Ok(found)
+}
