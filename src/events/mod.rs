@@ -141,6 +141,9 @@ pub enum What {
     Woke(Woke),
     /// One way of queueing played to the end: every turn and the servers' counts.
     Handovers(Handovers),
+    /// The churn part's queue as etcd's history tells it: each key's create and delete
+    /// revisions.
+    QueueKeys(QueueKeys),
 }
 
 impl std::fmt::Display for Kind {
