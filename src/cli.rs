@@ -100,8 +100,8 @@ enum Command {
     /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock), each
     /// against pauses, a wall clock stepped back and long work: the gap each one leaves
     LeaseGuard(LeaseGuardArgs),
-    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
-    /// session that expires
+    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served,
+    /// waiters leaving the line, a session that expires, a leader that was paused
     Queue(QueueArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
     List,
