@@ -274,17 +274,19 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
     }
     assert_eq!(ways, 3);
 
+    // Each part from its own events, with the store's record as the verdict carries it
+    // (the read-back's own shape).
+    let part = |name: &str| -> Vec<Event> {
+        log.iter()
+            .filter(|e| e.part.scenario.as_deref() == Some(name))
+            .cloned()
+            .collect()
+    };
     let expiry = &recorded["expiry"];
-    // The store's record, as the verdict carries it (the read-back's own shape).
     let read: ReadBack = serde_json::from_value(expiry["store"].clone()).unwrap();
     let late = lockslab::check::late_write(&read.attempts, "H", "W2");
-    let expiry_log: Vec<Event> = log
-        .iter()
-        .cloned()
-        .filter(|e| e.part.scenario.as_deref() == Some("expiry"))
-        .collect();
     let replayed = ExpiryVerdict::from_log(
-        &expiry_log,
+        &part("expiry"),
         late,
         read,
         std::time::Duration::from_millis(expiry["lease_ms"].as_u64().unwrap()),
@@ -292,13 +294,7 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
     );
     assert_eq!(&serde_json::to_value(replayed).unwrap(), expiry);
 
-    // The churn and the election, each from its own events and the store's record.
-    let part = |name: &str| -> Vec<Event> {
-        log.iter()
-            .filter(|e| e.part.scenario.as_deref() == Some(name))
-            .cloned()
-            .collect()
-    };
+    // The churn and the election.
     let churn = &recorded["churn"];
     let read: ReadBack = serde_json::from_value(churn["store"].clone()).unwrap();
     let replayed = ChurnVerdict::from_log(&part("churn"), read);

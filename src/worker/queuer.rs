@@ -69,6 +69,8 @@ pub struct QueuerScript {
     /// Write to the fenced store with the token when told `release`, before letting go.
     pub store: Option<StoreTarget>,
     /// Give up while queued when told `give-up` (the recipe: it deletes its key and leaves).
+    /// A thread reads stdin for it: such a waiter must hold for `hold_ms`, not until told
+    /// `release`, which that thread would take.
     #[serde(default)]
     pub give_up_when_told: bool,
     /// Campaign in etcd's election named `lock` instead of queueing for the lock: lead,
