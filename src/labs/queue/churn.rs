@@ -44,7 +44,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     } = super::scene::begin(
         run,
         "churn",
-        "── churn: one waiter gives up, one is killed, both from the middle of the line ──",
+        "── churn: a waiter gives up, one is killed, from the middle of the line ──",
         &crate::labs::step::queue::CHURN,
         "the queue's waiters",
     )?;
