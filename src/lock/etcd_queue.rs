@@ -106,7 +106,9 @@ pub struct EtcdQueue {
     /// What the last look at the queue found, not yet acted on.
     looked: Option<(Option<String>, i64)>,
     /// Set from outside (a waiter told to give up): the wait ends with [`Turn::Quit`].
-    pub quit: Arc<AtomicBool>,
+    /// None for a waiter that is never told: nothing is polled for it (200 waiters each
+    /// polling every 10ms would cost the machine more than the queue does).
+    pub quit: Option<Arc<AtomicBool>>,
 }
 
 impl EtcdQueue {
@@ -120,7 +122,7 @@ impl EtcdQueue {
             requests: 0,
             wakeups: 0,
             looked: None,
-            quit: Arc::new(AtomicBool::new(false)),
+            quit: None,
         })
     }
 
@@ -438,8 +440,13 @@ impl EtcdQueue {
         let wakeups = &mut self.wakeups;
         let quit = self.quit.clone();
         let told_to_quit = async move {
-            while !quit.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            match quit {
+                Some(quit) => {
+                    while !quit.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
             }
         };
         self.runtime.block_on(async {

@@ -153,7 +153,8 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
     let lease = leases.grant_lease(ttl, |_| {})?;
     let mut queue = EtcdQueue::connect(&script.url, &script.lock)?;
     if script.give_up_when_told {
-        let quit = queue.quit.clone();
+        let quit = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        queue.quit = Some(quit.clone());
         thread::spawn(move || {
             // Told, or the lab went away: either way, stop waiting.
             let _ = await_command("give-up");
