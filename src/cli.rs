@@ -104,8 +104,8 @@ enum Command {
     /// detection, renewal, lock-delay), each against pauses, wrong wall clocks and long
     /// work: the gap each one leaves, and what each costs
     LeaseGuard(LeaseGuardArgs),
-    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served, a
-    /// session that expires
+    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served,
+    /// waiters leaving the line, a session that expires, a leader that was paused
     Queue(QueueArgs),
     /// Random fault schedules from a seed against one lock design; the smallest that breaks it
     Chaos(crate::labs::chaos::ChaosArgs),

@@ -103,8 +103,8 @@ pub const LABS: &[LabRow] = &[
     LabRow {
         number: 10,
         command: "queue",
-        shows: "etcd's queue recipe: no herd, fair order, expired sessions",
-        takes: "12s",
+        shows: "etcd's queue recipe: no herd, fair order, churn, election",
+        takes: "20s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/10-queue.md",
     },

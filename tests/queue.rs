@@ -14,6 +14,7 @@ use common::*;
 use lockslab::events::facts::{ServerCount, Turn};
 use lockslab::events::{Event, What};
 use lockslab::labs::queue::verdict::{ExpiryVerdict, QueueVerdict};
+use lockslab::labs::queue::verdict_churn::{ChurnVerdict, ElectionVerdict};
 use lockslab::store::ReadBack;
 use serde_json::Value;
 
@@ -164,9 +165,98 @@ fn an_expired_waiter_drops_out_and_an_expired_holder_is_fenced_by_its_revision()
     assert_no_worker_left();
 }
 
+#[test]
+fn waiters_leaving_the_middle_of_the_line_are_skipped_over_and_the_rest_served_in_line() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (lines, verdict, _) = run_json(&["queue", "--only", "churn"]);
+    assert!(verdict.get("expiry").is_none(), "{verdict}");
+    let churn = &verdict["churn"];
+    assert_eq!(
+        churn["departed"],
+        serde_json::json!(["W2", "W3"]),
+        "{churn}"
+    );
+    assert_eq!(
+        churn["served"],
+        serde_json::json!(["H", "W1", "W4", "W5"]),
+        "{churn}"
+    );
+    for finding in [
+        "one_holder_at_a_time",
+        "nobody_held_twice",
+        "nobody_skipped",
+        "gaps_rechecked",
+        "store_in_order",
+    ] {
+        assert_eq!(churn[finding], true, "{finding}: {churn}");
+    }
+    // etcd's own history, as recorded: six keys, each deleted by the end.
+    let keys = lines
+        .iter()
+        .find_map(|e| match &e.what {
+            What::QueueKeys(k) => Some(k.keys.clone()),
+            _ => None,
+        })
+        .expect("the history of the keys");
+    assert_eq!(keys.len(), 6, "{keys:?}");
+    assert!(keys.iter().all(|k| k.deleted.is_some()), "{keys:?}");
+    // The nemesis killed W3; W2 gave up on its own; neither wrote.
+    assert!(lines.iter().any(|e| matches!(&e.what,
+        What::Killed(f) if f.target.as_deref() == Some("W3"))));
+    assert!(
+        !lines
+            .iter()
+            .any(|e| matches!(e.what, What::Wrote(_)) && ["W2", "W3"].contains(&e.worker.as_str()))
+    );
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_run_left_nothing(run_id);
+    assert_no_etcd_key_left(run_id);
+    assert_no_worker_left();
+}
+
+#[test]
+fn a_leader_frozen_past_its_lease_still_believes_it_leads_and_its_generation_is_refused() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (lines, verdict, _) = run_json(&["queue", "--only", "election"]);
+    assert!(verdict.get("churn").is_none(), "{verdict}");
+    let election = &verdict["election"];
+    assert_eq!(
+        election["leaders"],
+        serde_json::json!(["L1", "L2"]),
+        "{election}"
+    );
+    assert_eq!(election["generations_grow"], true, "{election}");
+    assert_eq!(election["one_leader_at_a_time"], true, "{election}");
+    assert_eq!(election["deposed_acted"], true, "{election}");
+    assert_eq!(election["late_write"], "rejected", "{election}");
+    assert_eq!(election["deposed_learned"], true, "{election}");
+    assert_eq!(election["store"]["final_writer"], "L2", "{election}");
+    // L1's refused write carried its own generation, lower than L2's.
+    let generations: Vec<i64> = election["generations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_i64().unwrap())
+        .collect();
+    let l1_wrote = lines
+        .iter()
+        .find_map(|e| match &e.what {
+            What::Wrote(w) if e.worker == "L1" => w.token,
+            _ => None,
+        })
+        .expect("L1 wrote");
+    assert_eq!(l1_wrote, generations[0]);
+    assert!(generations[0] < generations[1]);
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_run_left_nothing(run_id);
+    assert_no_etcd_key_left(run_id);
+    assert_no_worker_left();
+}
+
 /// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers:
-/// its `handovers` events and the expiry part's events with the store's record go through
-/// the lab's checkers, which must reach the verdict recorded with them.
+/// its `handovers` events, and the churn, expiry and election parts' events with the
+/// store's record, go through the lab's checkers, which must reach the verdict recorded
+/// with them.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (log, recorded) = events_and_verdict(include_str!("fixtures/queue.jsonl"));
@@ -184,20 +274,36 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
     }
     assert_eq!(ways, 3);
 
+    // Each part from its own events, with the store's record as the verdict carries it
+    // (the read-back's own shape).
+    let part = |name: &str| -> Vec<Event> {
+        log.iter()
+            .filter(|e| e.part.scenario.as_deref() == Some(name))
+            .cloned()
+            .collect()
+    };
     let expiry = &recorded["expiry"];
-    // The store's record, as the verdict carries it (the read-back's own shape).
     let read: ReadBack = serde_json::from_value(expiry["store"].clone()).unwrap();
     let late = lockslab::check::late_write(&read.attempts, "H", "W2");
-    let expiry_log: Vec<Event> = log
-        .into_iter()
-        .filter(|e| e.part.scenario.as_deref() == Some("expiry"))
-        .collect();
     let replayed = ExpiryVerdict::from_log(
-        &expiry_log,
+        &part("expiry"),
         late,
         read,
         std::time::Duration::from_millis(expiry["lease_ms"].as_u64().unwrap()),
         std::time::Duration::from_millis(expiry["freeze_ms"].as_u64().unwrap()),
     );
     assert_eq!(&serde_json::to_value(replayed).unwrap(), expiry);
+
+    // The churn and the election.
+    let churn = &recorded["churn"];
+    let read: ReadBack = serde_json::from_value(churn["store"].clone()).unwrap();
+    let replayed = ChurnVerdict::from_log(&part("churn"), read);
+    assert_eq!(&serde_json::to_value(replayed).unwrap(), churn);
+    assert_eq!(churn["one_holder_at_a_time"], true, "{churn}");
+    let election = &recorded["election"];
+    let read: ReadBack = serde_json::from_value(election["store"].clone()).unwrap();
+    let late = lockslab::check::late_write(&read.attempts, "L1", "L2");
+    let replayed = ElectionVerdict::from_log(&part("election"), late, read);
+    assert_eq!(&serde_json::to_value(replayed).unwrap(), election);
+    assert_eq!(election["late_write"], "rejected", "{election}");
 }

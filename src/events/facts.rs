@@ -15,6 +15,7 @@ use super::What;
 pub use crate::check::queue::Turn;
 use crate::check::redlock::MasterState;
 use crate::invoices::{Moment, Tally};
+pub use crate::lock::etcd_queue::KeyLife;
 use crate::lock::lease_guard::Guard;
 use crate::lock::redlock::{Answer, Attempt};
 use crate::store::Outcome;
@@ -154,6 +155,8 @@ pub struct Acquired {
     pub attempt: Option<Box<Attempt>>,
     /// Lab 10: how many times a watch woke it while it waited.
     pub wakeups: Option<u64>,
+    /// Lab 10: the etcd revision at which it found no older key in the queue.
+    pub seen_at: Option<i64>,
 }
 
 /// No lock within the wait, or a refusal.
@@ -704,3 +707,18 @@ pub struct RecordRead {
     pub token: Option<i64>,
     pub job: Option<i64>,
 }
+/// Lab 10: the keys that lived under a queue's prefix, read back from etcd's own history of
+/// changes at the end of a part (the churn part's evidence).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QueueKeys {
+    pub prefix: String,
+    /// The revision the history was read from (before the first waiter joined).
+    pub from_revision: i64,
+    /// Every key, in the order etcd created them.
+    pub keys: Vec<KeyLife>,
+    /// Why the history could not be read (etcd compacted it), when it could not.
+    pub unreadable: Option<String>,
+}
+
+one_kind!(QueueKeys);

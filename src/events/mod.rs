@@ -143,6 +143,9 @@ pub enum What {
     Handovers(Handovers),
     // `lockslab chaos`.
     ReadRecord(RecordRead),
+    /// The churn part's queue as etcd's history tells it: each key's create and delete
+    /// revisions.
+    QueueKeys(QueueKeys),
 }
 
 impl std::fmt::Display for Kind {

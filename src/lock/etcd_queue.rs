@@ -26,6 +26,8 @@
 //! one wins, the rest go back to watching. N waiters cost about N wake-ups and N requests
 //! per hand-over, and who wins is a race, not the order they asked in.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -33,6 +35,8 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchOptions,
 };
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
 
 use super::etcd::Lease;
@@ -46,12 +50,27 @@ pub struct Place {
     pub revision: i64,
 }
 
+/// One key's life under the queue's prefix, as etcd's own history of changes tells it:
+/// the evidence a checker reads the queue's order and its hand-overs from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KeyLife {
+    pub key: String,
+    /// Its create revision: its place in line, and its token if it held.
+    pub created: i64,
+    /// The revision of its delete (a release, a waiter leaving, its lease expiring); None
+    /// if it was still there when the history was read.
+    pub deleted: Option<i64>,
+}
+
 /// How a wait for the lock ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Turn {
     /// No older key is left: the lock is ours, with this token.
     Holder {
         token: i64,
+        /// The revision etcd answered at when the waiter found no older key: from then on
+        /// it holds, in etcd's own order of events.
+        at: i64,
     },
     /// Our own key is gone (our lease expired while we were frozen, or someone deleted
     /// it): we are no longer in the queue, and must not act as if we were.
@@ -59,6 +78,8 @@ pub enum Turn {
     /// Our lease was lost while we waited (the heartbeat gave it up).
     LeaseLost,
     TimedOut,
+    /// Told to give up while it waited (it still has its key: it must delete it).
+    Quit,
 }
 
 /// One step of the recipe's wait.
@@ -84,6 +105,10 @@ pub struct EtcdQueue {
     pub wakeups: u64,
     /// What the last look at the queue found, not yet acted on.
     looked: Option<(Option<String>, i64)>,
+    /// Set from outside (a waiter told to give up): the wait ends with [`Turn::Quit`].
+    /// None for a waiter that is never told: nothing is polled for it (200 waiters each
+    /// polling every 10ms would cost the machine more than the queue does).
+    pub quit: Option<Arc<AtomicBool>>,
 }
 
 impl EtcdQueue {
@@ -97,6 +122,7 @@ impl EtcdQueue {
             requests: 0,
             wakeups: 0,
             looked: None,
+            quit: None,
         })
     }
 
@@ -217,6 +243,7 @@ impl EtcdQueue {
             return Ok(Step::Over(if self.still_queued(place, lease.id)? {
                 Turn::Holder {
                     token: place.revision,
+                    at,
                 }
             } else {
                 Turn::Gone
@@ -234,6 +261,7 @@ impl EtcdQueue {
             }
             Watched::LeaseLost => Ok(Step::Over(Turn::LeaseLost)),
             Watched::TimedOut => Ok(Step::Over(Turn::TimedOut)),
+            Watched::Quit => Ok(Step::Over(Turn::Quit)),
         }
     }
 
@@ -272,12 +300,13 @@ impl EtcdQueue {
             let at = answer.header().map(|h| h.revision()).unwrap_or_default();
             asked();
             if answer.succeeded() {
-                return Ok(Turn::Holder { token: at });
+                return Ok(Turn::Holder { token: at, at });
             }
             match self.until_deleted(&key, at, lease, give_up)? {
                 Watched::Deleted => continue,
                 Watched::LeaseLost => return Ok(Turn::LeaseLost),
                 Watched::TimedOut => return Ok(Turn::TimedOut),
+                Watched::Quit => return Ok(Turn::Quit),
             }
         }
     }
@@ -312,6 +341,89 @@ impl EtcdQueue {
         Ok(answer.deleted() > 0)
     }
 
+    /// The store's revision now: where a history of the queue begins.
+    pub fn revision_now(&mut self) -> Result<i64> {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let found = self
+            .runtime
+            .block_on(self.client.get(format!("{}/", self.prefix), Some(options)))
+            .context("etcd: reading the current revision")?;
+        Ok(found.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
+    /// Every key that lived under the prefix since revision `from`, with the revisions of
+    /// its creation and deletion, read from etcd's own history of changes: a watch that
+    /// starts in the past replays every put and delete in the order etcd decided them.
+    ///
+    /// The replay ends at a marker key put now (and deleted after): the last event is known.
+    /// A history compacted past `from` cannot be replayed: an error says so.
+    pub fn key_lives(&mut self, from: i64) -> Result<Vec<KeyLife>> {
+        let marker = format!("{}/~end", self.prefix);
+        let put = self
+            .runtime
+            .block_on(self.client.put(marker.as_str(), "", None))
+            .context("etcd: marking the end of the queue's history")?;
+        let end = put.header().map(|h| h.revision()).unwrap_or_default();
+        let prefix = format!("{}/", self.prefix);
+        let client = &mut self.client;
+        let lives = self.runtime.block_on(async {
+            let options = WatchOptions::new().with_prefix().with_start_revision(from);
+            let mut stream = client
+                .watch(prefix.as_str(), Some(options))
+                .await
+                .context("etcd: replaying the queue's history")?;
+            let mut lives: Vec<KeyLife> = Vec::new();
+            loop {
+                let message = tokio::time::timeout(Duration::from_secs(5), stream.message())
+                    .await
+                    .map_err(|_| anyhow!("etcd: the history's replay stalled"))?
+                    .context("etcd: the history's replay")?
+                    .ok_or_else(|| anyhow!("etcd closed the history's replay"))?;
+                if message.compact_revision() > 0 || message.canceled() {
+                    return Err(anyhow!(
+                        "etcd compacted its history up to revision {} (the queue began at {from})",
+                        message.compact_revision()
+                    ));
+                }
+                for event in message.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    if key == marker {
+                        continue;
+                    }
+                    match event.event_type() {
+                        EventType::Put if kv.version() == 1 => lives.push(KeyLife {
+                            key,
+                            created: kv.create_revision(),
+                            deleted: None,
+                        }),
+                        EventType::Delete => {
+                            if let Some(life) = lives
+                                .iter_mut()
+                                .rev()
+                                .find(|l| l.key == key && l.deleted.is_none())
+                            {
+                                life.deleted = Some(kv.mod_revision());
+                            }
+                        }
+                        EventType::Put => {}
+                    }
+                }
+                if message
+                    .events()
+                    .iter()
+                    .any(|e| e.kv().is_some_and(|kv| kv.mod_revision() >= end))
+                {
+                    return Ok(lives);
+                }
+            }
+        });
+        let _ = self
+            .runtime
+            .block_on(self.client.delete(marker.as_str(), None));
+        lives
+    }
+
     /// Watches `key` from just after revision `at` until a delete of it arrives.
     ///
     /// Starting at `at + 1` matters: the key may be deleted between our read and the watch,
@@ -326,7 +438,19 @@ impl EtcdQueue {
         self.requests += 1;
         let client = &mut self.client;
         let wakeups = &mut self.wakeups;
+        let quit = self.quit.clone();
+        let told_to_quit = async move {
+            match quit {
+                Some(quit) => {
+                    while !quit.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         self.runtime.block_on(async {
+            tokio::pin!(told_to_quit);
             let options = WatchOptions::new().with_start_revision(at + 1);
             let mut stream = client
                 .watch(key, Some(options))
@@ -337,6 +461,7 @@ impl EtcdQueue {
                     message = stream.message() => message.context("etcd: the watch")?,
                     () = lease.lost() => return Ok(Watched::LeaseLost),
                     () = tokio::time::sleep_until(give_up) => return Ok(Watched::TimedOut),
+                    () = &mut told_to_quit => return Ok(Watched::Quit),
                 };
                 let Some(message) = message else {
                     return Err(anyhow!("etcd closed the watch"));
@@ -367,4 +492,5 @@ enum Watched {
     Deleted,
     LeaseLost,
     TimedOut,
+    Quit,
 }

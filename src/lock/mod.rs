@@ -4,6 +4,7 @@
 //! each fix next to each other.
 
 pub mod etcd;
+pub mod etcd_election;
 pub mod etcd_queue;
 pub mod lease_guard;
 pub mod postgres;

@@ -19,6 +19,7 @@
 mod html;
 mod model;
 mod svg;
+mod waits;
 
 use std::path::{Path, PathBuf};
 

@@ -43,6 +43,10 @@ const WORKER_KINDS: &[Kind] = &[
     Kind::FinishFailed,
     Kind::Error,
     Kind::Output,
+    // Lab 10: a waiter that joined a queue and one a watch woke are workers too (a waiter
+    // killed in line says nothing else).
+    Kind::Queued,
+    Kind::Woke,
 ];
 
 /// Which lock a hold is on: the backend, the job (a queue's row), and the lock's name as the
@@ -103,6 +107,8 @@ pub struct Lane {
     pub overlaps: Vec<Overlap>,
     pub freezes: Vec<Span>,
     pub marks: Vec<Mark>,
+    /// Worker lanes in a queue: whom it waited on, and when each watch woke it (lab 10).
+    pub waits: Vec<super::waits::Wait>,
 }
 
 /// A lock held, as the backend says (`from`..`held_to`), and believed held after that
@@ -577,6 +583,7 @@ impl Part {
         for worker in &workers {
             let mut lane = Lane::new(worker, LaneKind::Worker);
             lane.freezes = freezes.remove(worker).unwrap_or_default();
+            lane.waits = super::waits::of(events, worker);
             lanes.push(lane);
         }
         for (index, event) in events {
@@ -610,6 +617,7 @@ impl Lane {
             overlaps: Vec::new(),
             freezes: Vec::new(),
             marks: Vec::new(),
+            waits: Vec::new(),
         }
     }
 }
@@ -773,6 +781,7 @@ fn mark(index: usize, event: &Event, ends: &HashMap<String, Vec<(u64, Option<u64
         Kind::Lost | Kind::GaveUp | Kind::Error | Kind::JobLost => {
             (Shape::Tick, Tone::Warn, Some(kind.replace('_', " ")))
         }
+        Kind::Woke => (Shape::Tick, Tone::Cold, Some("woke".to_string())),
         _ => (Shape::Tick, Tone::Plain, None),
     };
     if event.lab_paused_ms().is_some() {

@@ -495,6 +495,7 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
             escape(&text),
         );
     }
+    draw_waits(out, part, lane, y + height - 2.5, scale);
     let mid = match lane.kind {
         LaneKind::Lock => y + 7.5,
         _ => y + height / 2.0,
@@ -511,6 +512,33 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
         draw_mark(out, part, mark, mid, scale, &mut taken);
     }
     out.push_str("</g>\n");
+}
+
+/// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
+/// of waiting, named by whom it waited on; each ends where a watch woke the waiter.
+fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &Scale) {
+    for wait in &lane.waits {
+        let x = scale.x(part, wait.from);
+        let to = scale.x(part, wait.to).max(x + 2.0);
+        let on = match &wait.on {
+            Some(on) => format!("on {on}"),
+            None => "on the lock".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "<g class=\"wait\"><title>{} waits {on} from +{} to +{}{}</title>\
+             <line x1=\"{x:.1}\" y1=\"{line_y:.1}\" x2=\"{to:.1}\" y2=\"{line_y:.1}\" stroke=\"{COLD}\" \
+             stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{COLD}\" font-size=\"8\">{}</text></g>",
+            escape(&lane.name),
+            seconds(wait.from - part.start),
+            seconds(wait.to - part.start),
+            if wait.open { " (still at the end)" } else { "" },
+            x + 2.0,
+            line_y - 1.5,
+            escape(&on),
+        );
+    }
 }
 
 fn tone_color(tone: Tone) -> &'static str {

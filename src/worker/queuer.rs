@@ -16,8 +16,10 @@ use super::await_command;
 use super::racer::monotonic_ns;
 use crate::connect;
 use crate::events::Emitter;
+use crate::events::What;
 use crate::events::facts::{self, GaveUp, Lost, Queued, Released, Woke, Wrote};
 use crate::lock::etcd::{EtcdLock, Lease};
+use crate::lock::etcd_election::Candidate;
 use crate::lock::etcd_queue::{EtcdQueue, Place, Step, Turn};
 use crate::lock::redis::RedisLock;
 use crate::store::Store;
@@ -66,6 +68,16 @@ pub struct QueuerScript {
     pub report_wakes: bool,
     /// Write to the fenced store with the token when told `release`, before letting go.
     pub store: Option<StoreTarget>,
+    /// Give up while queued when told `give-up` (the recipe: it deletes its key and leaves).
+    /// A thread reads stdin for it: such a waiter must hold for `hold_ms`, not until told
+    /// `release`, which that thread would take.
+    #[serde(default)]
+    pub give_up_when_told: bool,
+    /// Campaign in etcd's election named `lock` instead of queueing for the lock: lead,
+    /// act as leader (write) after `hold_ms` or when told `release`, ask etcd who leads,
+    /// and resign when told `resign`.
+    #[serde(default)]
+    pub election: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -78,6 +90,7 @@ pub struct StoreTarget {
 pub fn run(script: &QueuerScript) -> Result<()> {
     let out = Emitter::new(&script.name);
     match script.way {
+        _ if script.election => elect(script, &out),
         Way::RedisSpin => spin(script, &out),
         Way::EtcdHerd | Way::EtcdRecipe => on_etcd(script, &out),
     }
@@ -114,7 +127,7 @@ fn spin(script: &QueuerScript, out: &Emitter) -> Result<()> {
         wakeups += 1;
     };
     let token = held.token.unwrap_or_default();
-    acquired(out, &script.lock, token, requests, wakeups);
+    acquired(out, &script.lock, token, (requests, wakeups), None);
     hold(script)?;
     write(script, out, token)?;
     requests += 1;
@@ -139,6 +152,15 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
     let mut leases = EtcdLock::connect(&script.url, &script.lock)?;
     let lease = leases.grant_lease(ttl, |_| {})?;
     let mut queue = EtcdQueue::connect(&script.url, &script.lock)?;
+    if script.give_up_when_told {
+        let quit = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        queue.quit = Some(quit.clone());
+        thread::spawn(move || {
+            // Told, or the lab went away: either way, stop waiting.
+            let _ = await_command("give-up");
+            quit.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let pid = Some(std::process::id() as i32);
     let lease_hex = Some(format!("{:x}", lease.id));
     let (turn, place) = match script.way {
@@ -182,8 +204,8 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
             (turn, None)
         }
     };
-    let token = match turn {
-        Turn::Holder { token } => token,
+    let (token, seen_at) = match turn {
+        Turn::Holder { token, at } => (token, at),
         Turn::Gone => return lost_place(out, &mut leases, lease, "its queue key is gone"),
         Turn::LeaseLost => {
             let why = lease
@@ -191,9 +213,29 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
                 .unwrap_or_else(|| "the lease was lost".into());
             return lost_place(out, &mut leases, lease, &why);
         }
-        Turn::TimedOut => return gave_up(out, "no lock within the wait"),
+        Turn::TimedOut | Turn::Quit => {
+            let why = if turn == Turn::Quit {
+                "told to stop waiting"
+            } else {
+                "no lock within the wait"
+            };
+            // ✅ A waiter that gives up deletes its key: left behind, it would hold its place
+            // (and the one behind it) until its lease ran out.
+            let left = match &place {
+                Some(place) => queue.leave(place)?,
+                None => false,
+            };
+            let _ = leases.revoke(lease);
+            let why = if left {
+                format!("{why}; deletes its key and leaves the queue")
+            } else {
+                why.to_string()
+            };
+            return gave_up(out, &why);
+        }
     };
-    acquired(out, &script.lock, token, queue.requests, queue.wakeups);
+    let counts = (queue.requests, queue.wakeups);
+    acquired(out, &script.lock, token, counts, Some(seen_at));
     hold(script)?;
     write(script, out, token)?;
     // After its write, a holder that may have been frozen asks whether its key is still
@@ -223,6 +265,76 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
             ..Released::default()
         },
         format!("releases ({} requests in all)", queue.requests),
+    ));
+    Ok(())
+}
+
+/// A candidate in etcd's election: campaigns, leads, acts as leader when told, then asks
+/// etcd whether it still leads, and resigns.
+fn elect(script: &QueuerScript, out: &Emitter) -> Result<()> {
+    let mut leases = EtcdLock::connect(&script.url, &script.lock)?;
+    let lease = leases.grant_lease(Duration::from_millis(script.ttl_ms), |_| {})?;
+    let mut candidate = Candidate::connect(&script.url, &script.lock)?;
+    let lease_hex = format!("{:x}", lease.id);
+    out.send(out.event(
+        Queued {
+            pid: Some(std::process::id() as i32),
+            // etcd's election puts the candidate's key at `<name>/<lease in hex>`.
+            key: Some(format!("{}/{lease_hex}", script.lock)),
+            lease: Some(lease_hex.clone()),
+            lease_ttl_ms: Some(lease.ttl.as_millis() as u64),
+            ..Queued::default()
+        },
+        format!("campaigns for leader (lease {lease_hex})"),
+    ));
+    let won = candidate.campaign(&lease, &script.name)?;
+    let generation = won.generation;
+    out.send(out.event(
+        facts::Acquired {
+            lock: Some(script.lock.clone()),
+            owner: Some(script.name.clone()),
+            token: Some(generation),
+            enter_ns: Some(monotonic_ns()),
+            seen_at: won.at,
+            ..facts::Acquired::default()
+        },
+        format!("elected leader: generation {generation} (its key's create revision)"),
+    ));
+    hold(script)?;
+    // ❌ It acts on what it believes: nothing has told it that it may have been deposed.
+    out.say(
+        What::Working,
+        format!("acts as leader, generation {generation}: writes"),
+    );
+    write(script, out, generation)?;
+    // ✅ Then it asks etcd who leads; it steps down when the lab says so.
+    match candidate.leader_now()? {
+        Some((key, _)) if key == won.key => {}
+        now => {
+            let who = now.map_or("nobody leads".into(), |(_, generation)| {
+                format!("etcd names generation {generation}")
+            });
+            out.send(out.event(
+                Lost::because("its leader key is gone: etcd expired its lease"),
+                format!("asks etcd who leads: {who}. It no longer leads"),
+            ));
+        }
+    }
+    await_command("resign")?;
+    let leave_ns = monotonic_ns();
+    let released = candidate.resign(&won)?;
+    let _ = leases.revoke(lease);
+    out.send(out.event(
+        Released {
+            released: Some(released),
+            leave_ns: Some(leave_ns),
+            ..Released::default()
+        },
+        if released {
+            "resigns"
+        } else {
+            "resigns: its key was already gone"
+        },
     ));
     Ok(())
 }
@@ -258,7 +370,10 @@ fn wait_reporting(
     }
 }
 
-fn acquired(out: &Emitter, lock: &str, token: i64, requests: u64, wakeups: u64) {
+/// Reports the grant: its token, what the wait cost (requests, wake-ups), and the etcd
+/// revision at which the waiter found no older key (the recipe's grant, in etcd's order).
+fn acquired(out: &Emitter, lock: &str, token: i64, counts: (u64, u64), seen_at: Option<i64>) {
+    let (requests, wakeups) = counts;
     out.send(out.event(
         facts::Acquired {
             lock: Some(lock.to_string()),
@@ -266,6 +381,7 @@ fn acquired(out: &Emitter, lock: &str, token: i64, requests: u64, wakeups: u64) 
             tries: Some(requests),
             wakeups: Some(wakeups),
             enter_ns: Some(monotonic_ns()),
+            seen_at,
             ..facts::Acquired::default()
         },
         format!("holds the lock, token {token} ({wakeups} wake-ups, {requests} requests)"),

@@ -12,18 +12,15 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use colored::Colorize;
 
+use super::Plan;
 use super::verdict::ExpiryVerdict;
-use super::{Plan, lock_name};
 use crate::check::late_write;
 use crate::connect::Backend;
-use crate::events::facts::RunFacts;
-use crate::events::{Event, Kind, What};
+use crate::events::{Kind, What};
 use crate::labs::runner::Run;
 use crate::nemesis::Nemesis;
 use crate::output::human;
-use crate::store::Store;
 use crate::worker::WorkerSpec;
 use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
 
@@ -31,28 +28,18 @@ use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
 const RESOURCE: &str = "queue-expiry";
 
 pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
-    let mut stage = run.stage();
-    stage.timeline.say("");
-    stage.timeline.say(
-        &"── expiry: a waiter, then the holder, frozen past their leases (the recipe) ──"
-            .bold()
-            .to_string(),
-    );
-    stage.checkpoint(&crate::labs::step::queue::EXPIRY);
-    stage.tags().scenario = Some("expiry".into());
+    let super::scene::Scene {
+        mut stage,
+        mut store,
+        prefix,
+    } = super::scene::begin(
+        run,
+        "expiry",
+        "── expiry: a waiter, then the holder, frozen past their leases (the recipe) ──",
+        &crate::labs::step::queue::EXPIRY,
+        "the queue's waiters",
+    )?;
     let postgres = run.url(Backend::Postgres);
-    let mut store = Store::connect(postgres)?;
-    store.prepare()?;
-    let prefix = lock_name(&run.id, "expiry");
-    stage.record(Event::new(
-        "lab",
-        RunFacts {
-            run_id: Some(run.id.clone()),
-            lock_key: Some(prefix.clone()),
-            ..RunFacts::default()
-        },
-        format!("run {}: the queue is the etcd keys under {prefix}/", run.id),
-    ));
     let long = plan.lease * 4 + Duration::from_secs(20);
     let script = |name: &str, hold: Option<Duration>| QueuerScript {
         name: name.into(),
@@ -68,6 +55,8 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
             run_id: run.id.clone(),
             resource: RESOURCE.into(),
         }),
+        give_up_when_told: false,
+        election: false,
     };
     let mut h = stage.spawn("H", &WorkerSpec::Queuer(script("H", None)))?;
     stage.wait_for(long, "H to take the lock", |e| e.is("H", Kind::Acquired))?;

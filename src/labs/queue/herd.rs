@@ -73,6 +73,8 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
         wait_ms: patience.as_millis() as u64,
         report_wakes: false,
         store: None,
+        give_up_when_told: false,
+        election: false,
     };
     let names: Vec<String> = (1..=n).map(|i| format!("w{i:02}")).collect();
     let before = read().ok();

@@ -12,16 +12,27 @@
 //! - [`herd`]: N waiters on one lock, three ways — spinning on Redis's `SET NX`, every
 //!   waiter watching one etcd key, and the recipe. The servers count what each way cost
 //!   ([`counters`]); the tokens say in which order the waiters were served.
+//! - [`churn`]: one waiter gives up and one is killed from the middle of the line; each
+//!   waiter behind a departure looks again, and etcd's own history of the keys says that
+//!   one held at a time, in line, nobody skipped.
 //! - [`expiry`]: a waiter frozen past its lease drops out of the queue, the one behind it
 //!   looks again and waits on the holder; then the holder is frozen past its lease, the next
 //!   in line takes over, and the store refuses the woken holder's write by its token.
 //!
-//! [`verdict`] reads both through [`crate::check::queue`].
+//! - [`election`]: etcd's election service; the leader is frozen past its lease, another is
+//!   elected with a higher generation (its key's create revision), and the store refuses
+//!   the woken leader's write by it.
+//!
+//! [`verdict`] and [`verdict_churn`] read them through [`crate::check::queue`].
 
+mod churn;
 pub mod counters;
+mod election;
 mod expiry;
 mod herd;
+mod scene;
 pub mod verdict;
+pub mod verdict_churn;
 
 use std::time::Duration;
 
@@ -44,7 +55,9 @@ Examples:
   lockslab queue --waiters 200         the herd with 200 waiters (slower)
   lockslab queue --only herd --way etcd-recipe --way etcd-herd
                                        two of the three ways
+  lockslab queue --only churn          waiters leave the middle of the line
   lockslab queue --only expiry         only the frozen waiter and holder
+  lockslab queue --only election       a leader frozen past its lease
   lockslab queue --json | jq .         events and verdict as JSON Lines
 
 See labs/10-queue.md.", crate::lab_exit_status_help!()))]
@@ -62,8 +75,8 @@ pub struct QueueArgs {
     /// Play one part only
     #[arg(long, value_enum)]
     pub only: Option<Part>,
-    /// The etcd lease of the expiry part's workers (1s to 10s): each freeze lasts this
-    /// plus 1.5s, so that the lease runs out
+    /// The etcd lease of the churn, expiry and election parts' workers (1s to 10s): each freeze
+    /// lasts this plus 1.5s, so that the lease runs out
     #[arg(long, default_value = "1s", value_name = "DURATION",
           value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(10)))]
     pub lease: Duration,
@@ -77,8 +90,12 @@ pub struct QueueArgs {
 pub enum Part {
     /// N waiters, three ways: wake-ups, requests, hand-over times, fairness
     Herd,
+    /// Waiters give up or are killed from the middle of the line
+    Churn,
     /// A waiter, then the holder, frozen past their leases
     Expiry,
+    /// etcd's election: the leader frozen past its lease, a generation that fences
+    Election,
 }
 
 /// The lab as the flags ask for it (every flag checked by its parser).
@@ -88,15 +105,22 @@ pub(crate) struct Plan {
     pub(crate) hold: Duration,
     /// The herd part's ways, in order; empty: no herd part.
     pub(crate) ways: Vec<Way>,
+    pub(crate) churn: bool,
     pub(crate) expiry: bool,
+    pub(crate) election: bool,
     pub(crate) lease: Duration,
 }
 
 impl Plan {
     fn from(args: &QueueArgs) -> Result<Plan> {
-        if args.only == Some(Part::Expiry) && (args.waiters.is_some() || !args.way.is_empty()) {
+        if let Some(only) = args.only.filter(|only| *only != Part::Herd)
+            && (args.waiters.is_some() || !args.way.is_empty())
+        {
+            let only = clap::ValueEnum::to_possible_value(&only)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default();
             crate::bail_usage!(
-                "--waiters and --way shape the herd part, which --only expiry leaves out"
+                "--waiters and --way shape the herd part, which --only {only} leaves out"
             );
         }
         let mut ways = if args.way.is_empty() {
@@ -108,12 +132,14 @@ impl Plan {
         Ok(Plan {
             waiters: args.waiters.unwrap_or(20),
             hold: args.hold,
-            ways: if args.only == Some(Part::Expiry) {
-                Vec::new()
-            } else {
+            ways: if args.only.is_none_or(|only| only == Part::Herd) {
                 ways
+            } else {
+                Vec::new()
             },
-            expiry: args.only != Some(Part::Herd),
+            churn: args.only.is_none_or(|only| only == Part::Churn),
+            expiry: args.only.is_none_or(|only| only == Part::Expiry),
+            election: args.only.is_none_or(|only| only == Part::Election),
             lease: args.lease,
         })
     }
@@ -137,7 +163,7 @@ impl Lab for Plan {
         if self.ways.contains(&Way::RedisSpin) {
             needs.push(Backend::Redis);
         }
-        if self.expiry {
+        if self.expiry || self.churn || self.election {
             needs.push(Backend::Postgres);
         }
         needs
@@ -156,6 +182,14 @@ impl Lab for Plan {
                 if self.ways.len() == 1 { "" } else { "s" },
             ));
         }
+        if self.churn {
+            lines.push(
+                "Churn: on the recipe, six in line; one waiter gives up and one is killed \
+                 from the middle of the line. etcd's own history of the keys says who held \
+                 when."
+                    .into(),
+            );
+        }
         if self.expiry {
             lines.push(format!(
                 "Expiry: on the recipe, with {} leases asked (etcd may grant more: the lab \
@@ -163,6 +197,13 @@ impl Lab for Plan {
                  past their leases.",
                 human(self.lease)
             ));
+        }
+        if self.election {
+            lines.push(
+                "Election: on etcd's election service, the leader is frozen past its lease \
+                 while another candidate waits."
+                    .into(),
+            );
         }
         lines
     }
@@ -172,7 +213,7 @@ impl Lab for Plan {
         if self.ways.contains(&Way::RedisSpin) {
             leftovers = leftovers.redis(run.url(Backend::Redis));
         }
-        if self.expiry {
+        if self.expiry || self.churn || self.election {
             leftovers = leftovers.store(run.url(Backend::Postgres));
         }
         leftovers
@@ -183,15 +224,27 @@ impl Lab for Plan {
         for &way in &self.ways {
             queues.push(herd::play(self, run, way)?);
         }
+        let churn = if self.churn {
+            Some(churn::play(self, run)?)
+        } else {
+            None
+        };
         let expiry = if self.expiry {
             Some(expiry::play(self, run)?)
+        } else {
+            None
+        };
+        let election = if self.election {
+            Some(election::play(self, run)?)
         } else {
             None
         };
         Ok(Verdict {
             plan: self.clone(),
             queues,
+            churn,
             expiry,
+            election,
         })
     }
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::Plan;
+use super::verdict_churn::{ChurnVerdict, ElectionVerdict, print_churn, print_election};
 use crate::check::queue::{
     QueueFacts, Woken, per_handover, queue_facts, skipped_the_gap, woken_waiter,
 };
@@ -22,7 +23,9 @@ use crate::store::ReadBack;
 pub struct Verdict {
     pub(crate) plan: Plan,
     pub queues: Vec<QueueVerdict>,
+    pub churn: Option<ChurnVerdict>,
     pub expiry: Option<ExpiryVerdict>,
+    pub election: Option<ElectionVerdict>,
 }
 
 /// One way of queueing, read back.
@@ -120,10 +123,22 @@ impl runner::Verdict for Verdict {
             "queues".into(),
             serde_json::to_value(&self.queues).unwrap_or_default(),
         );
+        if let Some(churn) = &self.churn {
+            fields.insert(
+                "churn".into(),
+                serde_json::to_value(churn).unwrap_or_default(),
+            );
+        }
         if let Some(expiry) = &self.expiry {
             fields.insert(
                 "expiry".into(),
                 serde_json::to_value(expiry).unwrap_or_default(),
+            );
+        }
+        if let Some(election) = &self.election {
+            fields.insert(
+                "election".into(),
+                serde_json::to_value(election).unwrap_or_default(),
             );
         }
         fields
@@ -133,8 +148,14 @@ impl runner::Verdict for Verdict {
         if !self.queues.is_empty() {
             print_queues(&self.queues, self.plan.waiters);
         }
+        if let Some(churn) = &self.churn {
+            print_churn(churn);
+        }
         if let Some(expiry) = &self.expiry {
             print_expiry(expiry);
+        }
+        if let Some(election) = &self.election {
+            print_election(election);
         }
     }
 

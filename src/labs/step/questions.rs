@@ -303,11 +303,22 @@ pub mod queue {
         question: "Each waiter watches only the key just ahead of it. How many wake-ups per \
                    hand-over now, and in which order will they be served?",
     };
+    pub const CHURN: Checkpoint = Checkpoint {
+        name: "before the churn",
+        question: "Six in line. W2 gives up and deletes its key; W3 is killed and its key \
+                   stays until its lease runs out. Who wakes each time, and what must it do \
+                   before it believes it holds? In which order are the rest served?",
+    };
     pub const EXPIRY: Checkpoint = Checkpoint {
         name: "before the expiries",
         question: "A queued waiter freezes past its lease: what happens to its key, and what \
                    must the waiter behind it do when it wakes? Then the holder freezes: who \
                    holds, and what becomes of the old holder's write?",
+    };
+    pub const ELECTION: Checkpoint = Checkpoint {
+        name: "before the election",
+        question: "L1 leads; L2 campaigns. L1 freezes past its lease. When it wakes, who \
+                   does L1 believe leads? What stops its write as leader?",
     };
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",

@@ -1,0 +1,141 @@
+//! The churn part, on the recipe: six in line, two of them leave from the middle.
+//!
+//! ```text
+//!  H   holds ──────────────────────────────────────────── lets go ─▶ W1 holds ─▶ W4 ─▶ W5
+//!  W1  queued behind H
+//!  W2  queued behind W1 ── gives up: deletes its key
+//!  W3  queued behind W2 ── woken: W2 gone, W1 ahead ── ☠ killed: its key lives on
+//!  W4  queued behind W3 ─────────────── woken when W3's lease runs out: W1 ahead
+//!  W5  queued behind W4
+//! ```
+//!
+//! Each departure wakes the one waiter behind it, which must look again: an older key
+//! still holds. The verdict is read from etcd's own history of the keys (every create and
+//! delete revision, replayed by a watch from the start of the part) and from the store,
+//! where each holder writes once with its token; the waiters' reports say who looked again.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::Plan;
+use super::verdict_churn::ChurnVerdict;
+use crate::connect::Backend;
+use crate::events::facts::Woke;
+use crate::events::{Event, Kind, What};
+use crate::labs::runner::Run;
+use crate::labs::{Stage, WorkerHandle};
+use crate::lock::etcd_queue::EtcdQueue;
+use crate::nemesis::Nemesis;
+use crate::worker::WorkerSpec;
+use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
+
+/// The store's resource the holders write.
+const RESOURCE: &str = "queue-churn";
+/// The waiter that gives up, and the one the nemesis kills.
+pub const GIVES_UP: &str = "W2";
+pub const KILLED: &str = "W3";
+
+pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
+    let super::scene::Scene {
+        mut stage,
+        mut store,
+        prefix,
+    } = super::scene::begin(
+        run,
+        "churn",
+        "── churn: a waiter gives up, one is killed, from the middle of the line ──",
+        &crate::labs::step::queue::CHURN,
+        "the queue's waiters",
+    )?;
+    let postgres = run.url(Backend::Postgres);
+    let etcd = run.url(Backend::Etcd);
+    let mut history = EtcdQueue::connect(etcd, &prefix)?;
+    let from = history.revision_now()? + 1;
+    let long = plan.lease * 4 + Duration::from_secs(20);
+    let script = |name: &str| QueuerScript {
+        name: name.into(),
+        way: Way::EtcdRecipe,
+        url: etcd.into(),
+        lock: prefix.clone(),
+        ttl_ms: plan.lease.as_millis() as u64,
+        hold_ms: (name != "H").then_some(50),
+        wait_ms: long.as_millis() as u64,
+        report_wakes: true,
+        store: Some(StoreTarget {
+            url: postgres.into(),
+            run_id: run.id.clone(),
+            resource: RESOURCE.into(),
+        }),
+        give_up_when_told: name == GIVES_UP,
+        election: false,
+    };
+    let names = ["H", "W1", "W2", "W3", "W4", "W5"];
+    let mut workers: Vec<WorkerHandle> = Vec::new();
+    for name in names {
+        workers.push(stage.spawn(name, &WorkerSpec::Queuer(script(name)))?);
+        stage.wait_for(long, &format!("{name} to join the queue"), |e| {
+            e.is(name, Kind::Queued)
+        })?;
+    }
+    stage.wait_for(long, "H to take the lock", |e| e.is("H", Kind::Acquired))?;
+    // Declared after the workers: dropped first, so that a failure resumes before it kills.
+    let mut nemesis = Nemesis::new();
+    let key = |stage: &Stage, name: &str| {
+        stage.log.iter().find_map(|e| match &e.what {
+            What::Queued(q) if e.worker == name => q.key.clone(),
+            _ => None,
+        })
+    };
+
+    // 1. A waiter gives up: it deletes its own key.
+    let gone = key(&stage, GIVES_UP);
+    let waiter = worker(&mut workers, GIVES_UP);
+    waiter.tell("give-up")?;
+    stage.wait_for(long, "W2 to give up", |e| e.is(GIVES_UP, Kind::GaveUp))?;
+    stage.wait_for(long, "W3 to look again", |e| woken_by(e, KILLED, &gone))?;
+
+    // 2. A waiter is killed: its key stays until its lease runs out.
+    let gone = key(&stage, KILLED);
+    nemesis.kill(
+        &mut stage,
+        worker(&mut workers, KILLED),
+        "kills W3 (queued): its key stays until etcd expires its lease",
+    )?;
+    stage.wait_for(long, "W4 to look again", |e| woken_by(e, "W4", &gone))?;
+
+    // 3. The holder lets go: the line is served.
+    worker(&mut workers, "H").tell("release")?;
+    for name in ["H", "W1", "W4", "W5"] {
+        stage.wait_for(long, &format!("{name} to let go"), |e| {
+            e.worker == name && matches!(e.kind(), Kind::Released | Kind::GaveUp | Kind::Lost)
+        })?;
+    }
+    for worker in &mut workers {
+        worker.finish(Duration::from_secs(5));
+    }
+    stage.drain();
+    drop(nemesis);
+
+    super::scene::record_keys(&mut stage, &mut history, from);
+    let read = store
+        .read_back(&run.id, RESOURCE)
+        .context("reading the store back")?;
+    Ok(ChurnVerdict::from_log(&stage.log, read))
+}
+
+/// The handle of the worker named `name`.
+fn worker<'a>(workers: &'a mut [WorkerHandle], name: &str) -> &'a mut WorkerHandle {
+    workers
+        .iter_mut()
+        .find(|w| w.name == name)
+        .expect("every name was spawned")
+}
+
+/// `waiter` reported that the delete of `gone` woke it.
+fn woken_by(event: &Event, waiter: &str, gone: &Option<String>) -> bool {
+    match &event.what {
+        What::Woke(Woke { gone: woke, .. }) => event.worker == waiter && woke == gone,
+        _ => false,
+    }
+}

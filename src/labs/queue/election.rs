@@ -1,0 +1,113 @@
+//! The election part: etcd's election service, the recipe kept for a long time.
+//!
+//! ```text
+//!  L1  elected, generation g1 ── ❄ frozen past its lease ──▶ wakes: still "leader", writes ✗
+//!                                                             asks etcd: L2 leads
+//!  L2  campaigns ─────────────── elected, generation g2 ─▶ writes ✓
+//! ```
+//!
+//! The generation is the leader key's create revision. The store refuses the woken
+//! leader's write by it; etcd's history of the candidates' keys says one led at a time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::Plan;
+use super::verdict_churn::ElectionVerdict;
+use crate::check::late_write;
+use crate::connect::Backend;
+use crate::events::{Kind, What};
+use crate::labs::runner::Run;
+use crate::lock::etcd_queue::EtcdQueue;
+use crate::nemesis::Nemesis;
+use crate::output::human;
+use crate::worker::WorkerSpec;
+use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
+
+/// The store's resource the leaders write.
+const RESOURCE: &str = "queue-election";
+
+pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
+    let super::scene::Scene {
+        mut stage,
+        mut store,
+        prefix: name,
+    } = super::scene::begin(
+        run,
+        "election",
+        "── election: the leader frozen past its lease (etcd's election service) ──",
+        &crate::labs::step::queue::ELECTION,
+        "the election's candidates",
+    )?;
+    let postgres = run.url(Backend::Postgres);
+    let etcd = run.url(Backend::Etcd);
+    let mut history = EtcdQueue::connect(etcd, &name)?;
+    let from = history.revision_now()? + 1;
+    let long = plan.lease * 4 + Duration::from_secs(20);
+    let script = |who: &str, hold: Option<Duration>| QueuerScript {
+        name: who.into(),
+        way: Way::EtcdRecipe,
+        url: etcd.into(),
+        lock: name.clone(),
+        ttl_ms: plan.lease.as_millis() as u64,
+        hold_ms: hold.map(|hold| hold.as_millis() as u64),
+        wait_ms: long.as_millis() as u64,
+        report_wakes: false,
+        store: Some(StoreTarget {
+            url: postgres.into(),
+            run_id: run.id.clone(),
+            resource: RESOURCE.into(),
+        }),
+        give_up_when_told: false,
+        election: true,
+    };
+    let mut l1 = stage.spawn("L1", &WorkerSpec::Queuer(script("L1", None)))?;
+    let l1_queued = stage.wait_for(long, "L1 to campaign", |e| e.is("L1", Kind::Queued))?;
+    stage.wait_for(long, "L1 to be elected", |e| e.is("L1", Kind::Acquired))?;
+    let mut l2 = stage.spawn(
+        "L2",
+        &WorkerSpec::Queuer(script("L2", Some(Duration::from_millis(50)))),
+    )?;
+    stage.wait_for(long, "L2 to campaign", |e| e.is("L2", Kind::Queued))?;
+    // Declared after the workers: dropped first, so that a failure resumes before it kills.
+    let mut nemesis = Nemesis::new();
+    let granted = match &l1_queued.what {
+        What::Queued(q) => q.lease_ttl_ms.map(Duration::from_millis),
+        _ => None,
+    }
+    .unwrap_or(plan.lease);
+    let freeze = granted + Duration::from_millis(1500);
+    nemesis.pause(
+        &mut stage,
+        &l1,
+        format!(
+            "freezes L1 (the leader, {} lease) for {}",
+            human(granted),
+            human(freeze)
+        ),
+    )?;
+    let thaw = Instant::now() + freeze;
+    stage.wait_for(long, "L2 to be elected", |e| e.is("L2", Kind::Acquired))?;
+    stage.wait_for(long, "L2 to write", |e| e.is("L2", Kind::Wrote))?;
+    stage.run_until(thaw, |_| Ok(()))?;
+    nemesis.resume(&mut stage, &l1, "resumes L1: it carries on as leader")?;
+    l1.tell("release")?;
+    stage.wait_for(long, "L1 to write", |e| e.is("L1", Kind::Wrote))?;
+    for (worker, who) in [(&mut l1, "L1"), (&mut l2, "L2")] {
+        worker.tell("resign")?;
+        stage.wait_for(long, &format!("{who} to resign"), |e| {
+            e.is(who, Kind::Released)
+        })?;
+        worker.finish(Duration::from_secs(5));
+    }
+    stage.drain();
+    drop(nemesis);
+
+    super::scene::record_keys(&mut stage, &mut history, from);
+    let read = store
+        .read_back(&run.id, RESOURCE)
+        .context("reading the store back")?;
+    let late = late_write(&read.attempts, "L1", "L2");
+    Ok(ElectionVerdict::from_log(&stage.log, late, read))
+}
