@@ -103,7 +103,15 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         )?;
         Ok((row.get::<_, i64>(0) as u64, row.get(1)))
     };
-    let (after_loss, _) = count(&mut lab)?;
+    // The proxy saw Postgres answer the COMMIT, so it was decided; on a busy machine the
+    // lab's own read can still race the backend's last steps, so it looks again for a
+    // moment before it says the COMMIT did not happen.
+    let mut after_loss = count(&mut lab)?.0;
+    let looked_from = std::time::Instant::now();
+    while after_loss == 0 && looked_from.elapsed() < std::time::Duration::from_secs(2) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        after_loss = count(&mut lab)?.0;
+    }
     stage.timeline.say(&format!(
         "  postgres read back on the lab's own connection: {after_loss} row(s) — the COMMIT {}",
         if after_loss > 0 {
