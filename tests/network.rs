@@ -343,6 +343,20 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
             .find(|c| c["idempotency_key"] == keyed)
             .unwrap()
     };
+    // The answer lost is the COMMIT's: 12 bytes forwarded ('Q', length, "COMMIT\0"), and
+    // nothing else (a statement's Close sent ahead of it once took the drop instead).
+    let lost_commits = lines
+        .iter()
+        .filter(|e| e.text.contains("sent A's COMMIT on"))
+        .count();
+    assert_eq!(lost_commits, 2);
+    assert!(
+        lines
+            .iter()
+            .filter(|e| e.text.contains("sent A's COMMIT on"))
+            .all(|e| e.text.contains("COMMIT on (12 bytes)")),
+        "another request took the COMMIT's drop"
+    );
     for keyed in [false, true] {
         assert_eq!(commit(keyed)["committed"], true, "{}", commit(keyed));
     }

@@ -442,7 +442,7 @@ fn commit_meaning(found: &PaymentFound) -> String {
             "A's retry paid again: {} rows, {} in all.",
             found.rows, found.total
         )
-    } else if found.idempotency_key {
+    } else if found.idempotency_key && found.committed {
         "A's retry carried the same key, found the payment there, and inserted nothing: paid once."
             .to_string()
     } else {
