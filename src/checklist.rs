@@ -75,6 +75,12 @@ pub const ITEMS: &[Item] = &[
         walkthrough: "labs/08-network.md",
     },
     Item {
+        question: "When a request gets no answer (a lost reply), does the retry reuse the owner value or the idempotency key it sent first, and is the lease counted from that first send?",
+        without: "a retry with a new value waits behind its own lock, one that gives up leaves a lock nobody holds, and a retried COMMIT pays twice",
+        command: "lockslab network --scenario lost-reply",
+        walkthrough: "labs/08-network.md",
+    },
+    Item {
         question: "When a holder crashes, how long does the lock stay unavailable, and can the service live with that?",
         without: "a dead holder's lock stands until its lease runs out (or forever, with no lease)",
         command: "lockslab etcd-vs-redis --kill",
@@ -180,16 +186,17 @@ fn hang(prefix: &str, text: &str) {
 /// Asks each question on the terminal; ends with the labs for those not answered yes.
 fn ask() -> Result<()> {
     crate::output::prose(
-        "Answer each question for your design: y (answered), n (no, or not sure), q (stop).",
+        "Answer each question for your design: y (answered), n or ? or Enter (no, or not sure), q (stop).",
     );
     let mut open: Vec<&Item> = Vec::new();
     let mut answered = 0;
+    let mut asked = 0;
     let stdin = std::io::stdin();
     for (number, item) in ITEMS.iter().enumerate() {
         crate::output::prose("");
         print_item(number, item);
         let answer = loop {
-            crate::outln!("    {}", "Answered? y / n / q, then Enter".dimmed());
+            crate::outln!("    {}", "Answered? y / n (or ?) / q, then Enter".dimmed());
             let mut line = String::new();
             if stdin.lock().read_line(&mut line)? == 0 {
                 break 'q';
@@ -206,9 +213,16 @@ fn ask() -> Result<()> {
             'q' => break,
             _ => open.push(item),
         }
+        asked += 1;
     }
     crate::output::prose("");
     crate::output::prose(&format!("{answered} of {} answered.", ITEMS.len()));
+    if asked < ITEMS.len() {
+        crate::output::prose(&format!(
+            "{} not asked: `lockslab checklist --markdown` lists them all.",
+            ITEMS.len() - asked
+        ));
+    }
     if !open.is_empty() {
         crate::output::prose("Run these to see what goes wrong where you answered no:");
         for item in open {

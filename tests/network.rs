@@ -399,8 +399,8 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
     use std::net::TcpStream;
     use std::time::Duration;
 
-    let redis = &servers().redis;
-    let mut proxy = lockslab(&["proxy", "--to", redis])
+    // `--to redis`: the URL (and its password) from LOCKSLAB_REDIS_URL, not from argv.
+    let mut proxy = lockslab(&["proxy", "--to", "redis"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -411,7 +411,7 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
     let socket = control_socket(addr.port());
     assert!(socket.exists(), "{first}");
 
-    let url = lockslab::proxy::through(redis, addr).unwrap();
+    let url = lockslab::proxy::through(&servers().redis, addr).unwrap();
     let mut client = lockslab::connect::redis(&url).unwrap();
     let pong: String = ::redis::cmd("PING").query(&mut *client).unwrap();
     assert_eq!(pong, "PONG");

@@ -25,19 +25,23 @@ its replay command below the table) or INCONCLUSIVE (some history could not
 be decided). A cell stops at its first violation. `restart` crashes chaos's
 own Redis: designs without Redis show `-` there.
 
+Walkthrough: labs/12-chaos.md.
+
 ", chaos_exit_help!()))]
 pub struct MatrixArgs {
-    /// The designs (rows) [default: all]
+    /// The designs (rows), repeatable [default: every design]
     #[arg(long, value_enum)]
     pub design: Vec<Design>,
-    /// The kinds of fault (columns) [default: all]
+    /// The kinds of fault (columns), comma-separated [default: every kind]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
-    /// Schedules a cell
+    /// How many schedules each cell plays (it stops at its first violation)
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub schedules: u32,
+    /// Draw every cell's schedules from this seed (printed when not given)
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// How many clients do jobs through the design at once
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub clients: u32,
     /// JSON Lines: one object per cell, then the verdict

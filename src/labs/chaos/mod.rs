@@ -65,6 +65,8 @@ persistence: it comes back empty).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
+Walkthrough: labs/12-chaos.md.
+
 ", chaos_exit_help!()))]
 pub struct ChaosArgs {
     /// The lock design to attack
@@ -81,7 +83,7 @@ pub struct ChaosArgs {
     #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T",
           conflicts_with = "schedules")]
     pub time: Option<Duration>,
-    /// The kinds of fault to draw [default: all]
+    /// The kinds of fault to draw, comma-separated [default: every kind]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// How many clients

@@ -28,8 +28,8 @@ use crate::proxy::{Direction, NetFault, Proxy, through, upstream_of};
     subcommand_negates_reqs = true,
     after_help = "\
 Examples, in three terminals (after `lockslab up` and its export lines):
-  1$ lockslab proxy --to \"$LOCKSLAB_REDIS_URL\"
-                               prints the proxy's port and the URL through it
+  1$ lockslab proxy --to redis   prints the proxy's port and the URL through it
+                               (--to redis: LOCKSLAB_REDIS_URL's, off argv)
   2$ LOCKSLAB_REDIS_URL=<that URL> lockslab worker --work 30s
   3$ lockslab proxy fault <port> hold          the worker's requests wait
   3$ lockslab proxy fault <port> heal          they go out, in order
@@ -44,7 +44,8 @@ Walkthrough: labs/08-network.md, \"By hand\"."
 pub struct ProxyArgs {
     #[command(subcommand)]
     pub fault: Option<ProxyCommand>,
-    /// The server: a URL (redis://, postgres://, http:// for etcd) or host:port
+    /// The server: `redis`, `etcd` or `postgres` for the URL in LOCKSLAB_REDIS_URL (…_ETCD_…,
+    /// …_POSTGRES_…), which keeps its password off the command line; or a URL or host:port
     #[arg(long, required = true, value_name = "URL")]
     pub to: Option<String>,
     /// Where the proxy listens (a free port when 0)
@@ -112,6 +113,24 @@ pub fn control_socket(port: u16) -> PathBuf {
 }
 
 fn serve(to: &str, listen: SocketAddr) -> Result<()> {
+    let named = match to {
+        "redis" => Some("LOCKSLAB_REDIS_URL"),
+        "etcd" => Some("LOCKSLAB_ETCD_URL"),
+        "postgres" => Some("LOCKSLAB_POSTGRES_URL"),
+        _ => None,
+    };
+    let from_env;
+    let to = match named {
+        Some(var) => {
+            from_env = std::env::var(var).map_err(|_| {
+                anyhow::anyhow!(
+                    "--to {to}: {var} is not set; paste `lockslab up`'s export lines first, or give a URL"
+                )
+            })?;
+            from_env.as_str()
+        }
+        None => to,
+    };
     let upstream = if to.contains("://") {
         upstream_of(to)?
     } else {

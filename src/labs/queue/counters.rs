@@ -43,7 +43,7 @@ const ETCD_KV_METHODS: [&str; 4] = ["Range", "Put", "DeleteRange", "Txn"];
 
 /// Where etcd's figures come from, as the verdict says it.
 pub const ETCD_SOURCE: &str =
-    "etcd /metrics: KV requests + watches opened, leases not counted; watch events sent";
+    "etcd /metrics: KV requests + watches opened, leases and watch events not counted";
 pub const REDIS_SOURCE: &str = "Redis INFO commandstats: EVAL and EVALSHA calls";
 
 /// The spinning lock sends scripts only: a try (`SET NX PX` and `INCR` for the token) and a
