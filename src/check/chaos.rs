@@ -297,8 +297,8 @@ fn two_holders(releases: &[LostRelease], report: &mut Report) {
                 other_owner: other.clone(),
             }),
             None => report.unknowns.push(format!(
-                "{holder}'s lock {lock} had expired before it let go: whether another client \
-                 held it meanwhile, the lock service does not say"
+                "{holder}'s lock {lock} had expired before it let go (or its release got no \
+                 answer): whether another client held it meanwhile, the lock service does not say"
             )),
         }
     }

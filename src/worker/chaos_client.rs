@@ -251,11 +251,26 @@ impl Client<'_> {
         };
         self.read_work_write(job, record, rule)?;
         let lock = self.redis.as_mut().expect("connected above");
-        let found = lock.release_reporting(&held)?;
-        let (released, found_owner) = match found {
-            Release::Deleted => (true, None),
-            Release::HeldBy(owner) => (false, Some(owner)),
-            Release::Gone => (false, None),
+        let (released, found_owner) = match lock.release_reporting(&held) {
+            Ok(Release::Deleted) => (true, None),
+            Ok(Release::HeldBy(owner)) => (false, Some(owner)),
+            Ok(Release::Gone) => (false, None),
+            // Redis did not answer (it was restarting): whether the lock was still ours, or
+            // someone else's meanwhile, is not known. Said as a release that found nothing
+            // of its own, which the checker counts as unknown — never as a pass.
+            Err(err) => {
+                self.me.say(
+                    Released {
+                        released: Some(false),
+                        ..Released::default()
+                    },
+                    format!(
+                        "could not let go of {record}'s lock ({}): whether it was still its own is unknown",
+                        err.root_cause()
+                    ),
+                );
+                return Ok(());
+            }
         };
         self.released(record, released, found_owner);
         Ok(())

@@ -223,6 +223,12 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             match trial.report.judgement() {
                 Judgement::Safe => {}
                 Judgement::Inconclusive => inconclusive += 1,
+                // A replay plays the given schedule every time asked, to count how often it
+                // breaks the design; a hunt stops at its first violation.
+                Judgement::Unsafe if given.is_some() => {
+                    unsafe_ += 1;
+                    first_failure.get_or_insert((schedule, trial, started.elapsed()));
+                }
                 Judgement::Unsafe => {
                     unsafe_ += 1;
                     first_failure = Some((schedule, trial, started.elapsed()));
@@ -238,7 +244,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             "seconds": hunted.as_secs_f64(),
         });
         let code = if let Some((schedule, trial, found_after)) = first_failure {
-            let (small, clients, small_trial) = if args.no_shrink {
+            let shrinking = !args.no_shrink && given.is_none();
+            let (small, clients, small_trial) = if !shrinking {
                 (schedule, args.clients, trial)
             } else {
                 shrink::shrink(
@@ -252,7 +259,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 )?
             };
             let replay = show::replay_command(args.design, clients, &small);
-            show::failure(style, &small, &small_trial, &replay, found_after);
+            show::failure(style, &small, &small_trial, &replay, found_after, shrinking);
             verdict["shrunk"] = serde_json::to_value(&small)?;
             verdict["clients"] = clients.into();
             verdict["replay"] = replay.into();

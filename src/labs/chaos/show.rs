@@ -35,6 +35,19 @@ pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
         Some(time) => format!("for {}", crate::output::human(time)),
         None => format!("{} schedules", args.schedules),
     };
+    if args.schedule.is_some() {
+        crate::prose!(
+            "Replaying the given schedule against {} with {} clients, {} (timing varies: \
+             it may break the design in some plays and not others).",
+            args.design.name().bold(),
+            args.clients,
+            match args.time {
+                Some(time) => format!("for {}", crate::output::human(time)),
+                None => format!("{} times", args.schedules),
+            }
+        );
+        return;
+    }
     crate::prose!(
         "Attacking {} with {} clients, {how_many}, seed {seed} (--seed {seed} draws the same schedules).",
         args.design.name().bold(),
@@ -103,15 +116,27 @@ pub fn replay_command(design: Design, clients: u32, schedule: &Schedule) -> Stri
     )
 }
 
-pub fn failure(style: Style, schedule: &Schedule, trial: &Trial, replay: &str, after: Duration) {
+pub fn failure(
+    style: Style,
+    schedule: &Schedule,
+    trial: &Trial,
+    replay: &str,
+    after: Duration,
+    shrunk: bool,
+) {
     if style.json {
         return;
     }
     crate::outln!();
     crate::prose!(
-        "{} found after {}. The smallest schedule that still broke it:",
+        "{} found after {}. {}",
         "A violation".red().bold(),
-        crate::output::human(after)
+        crate::output::human(after),
+        if shrunk {
+            "The smallest schedule that still broke it:"
+        } else {
+            "The schedule that broke it:"
+        }
     );
     for step in schedule.steps() {
         crate::outln!("  · {}", step_words(step));
