@@ -166,3 +166,36 @@ fn ctrl_c_mid_run_leaves_no_client_server_or_row_behind() {
     assert_gone(&family.into_iter().collect::<Vec<_>>());
     assert_eq!(rows_of("%advisory_xact"), 0, "no row of the run is left");
 }
+
+/// A schedule chaos could not play (a pause with no end, or one of years; a clock fault; a
+/// step after the run) would pass for a replay of it: each is refused as a usage error,
+/// before any server starts.
+#[test]
+fn a_schedule_chaos_cannot_play_is_refused_up_front() {
+    for (schedule, says) in [
+        (
+            r#"[{"at_ms":0,"fault":"pause","target":"A"}]"#,
+            "needs a duration_ms",
+        ),
+        (
+            r#"[{"at_ms":0,"fault":"pause","target":"A","duration_ms":99999999999}]"#,
+            "longer than chaos plays",
+        ),
+        (
+            r#"[{"at_ms":99999999,"fault":"kill","target":"A"}]"#,
+            "never be played",
+        ),
+        (
+            r#"[{"at_ms":100,"fault":"clock_step","target":"A"}]"#,
+            "not clock_step",
+        ),
+        ("{}", "neither a JSON array"),
+    ] {
+        let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{schedule}: {stderr}");
+        assert!(stderr.contains(says), "{schedule}: {stderr}");
+    }
+}

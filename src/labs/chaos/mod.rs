@@ -150,7 +150,7 @@ impl Ground {
             redis: redis.map(|(private, _)| private),
             etcd_url,
             records: 2,
-            run_ms: if design.uses_etcd() { 3000 } else { 2500 },
+            run_ms: run_ms_of(design),
             work_ms: 20,
             lease_ms: Setup::lease_for(design),
         }
@@ -184,7 +184,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
 /// `lockslab chaos`.
 pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let given = match &args.schedule {
-        Some(text) => Some(read_schedule(text, args.clients)?),
+        Some(text) => Some(read_schedule(text, args.clients, run_ms_of(args.design))?),
         None => None,
     };
     let kinds = if args.faults.is_empty() {
@@ -206,7 +206,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         let mut first_failure = None;
         for index in 0.. {
             let enough = match args.time {
-                Some(time) => started.elapsed() >= time,
+                // At least one schedule, however short the time: none played is no answer.
+                Some(time) => index > 0 && started.elapsed() >= time,
                 None => index >= u64::from(args.schedules),
             };
             if enough || crate::procs::interrupted() {
@@ -290,13 +291,21 @@ pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
     }
 }
 
+/// How long one schedule's clients work: etcd's sessions take longer to start.
+fn run_ms_of(design: Design) -> u64 {
+    if design.uses_etcd() { 3000 } else { 2500 }
+}
+
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
-fn read_schedule(text: &str, clients: u32) -> Result<Schedule> {
+fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
     let json = if text.trim_start().starts_with('[') {
         text.to_string()
     } else {
         match std::fs::read_to_string(text) {
             Ok(json) => json,
+            Err(_) if !std::path::Path::new(text).exists() => crate::bail_usage!(
+                "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
+            ),
             Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
         }
     };
@@ -308,6 +317,40 @@ fn read_schedule(text: &str, clients: u32) -> Result<Schedule> {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     if let Err(err) = schedule.validate(&names, &["redis"]) {
         crate::bail_usage!("--schedule: {err:#}");
+    }
+    // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it
+    // could not play would pass for a replay of it.
+    const LONGEST_PAUSE_MS: u64 = 60_000;
+    for step in schedule.steps() {
+        use crate::nemesis::Fault;
+        if !matches!(
+            step.fault,
+            Fault::Pause | Fault::Resume | Fault::Kill | Fault::Restart
+        ) {
+            crate::bail_usage!(
+                "--schedule: chaos plays pause, resume, kill and restart; not {}",
+                step.fault.as_str()
+            );
+        }
+        if step.fault == Fault::Pause {
+            match step.duration_ms {
+                None => crate::bail_usage!(
+                    "--schedule: the pause of {} at {} ms needs a duration_ms (chaos resumes it)",
+                    step.target,
+                    step.at_ms
+                ),
+                Some(ms) if ms > LONGEST_PAUSE_MS => crate::bail_usage!(
+                    "--schedule: a pause of {ms} ms is longer than chaos plays (at most {LONGEST_PAUSE_MS} ms)"
+                ),
+                Some(_) => {}
+            }
+        }
+        if step.at_ms > run_ms {
+            crate::bail_usage!(
+                "--schedule: a step at {} ms comes after the run's {run_ms} ms: it would never be played",
+                step.at_ms
+            );
+        }
     }
     Ok(schedule)
 }

@@ -69,8 +69,9 @@ pub struct FaultArgs {
     /// Which way: requests (up), replies (down), or both
     #[arg(long, value_enum, default_value_t = Way::Up)]
     pub direction: Way,
-    /// How long a delay lasts (delay, delay-next)
-    #[arg(long = "for", default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    /// How long a delay lasts (delay, delay-next), up to 10m
+    #[arg(long = "for", default_value = "1s", value_name = "DURATION",
+          value_parser = crate::flags::duration_in(Duration::ZERO, crate::flags::LONGEST_LAB_WAIT))]
     pub duration: Duration,
 }
 
@@ -252,7 +253,14 @@ fn send_fault(args: &FaultArgs) -> Result<()> {
     }
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut answer = String::new();
-    BufReader::new(&stream).read_line(&mut answer)?;
+    if let Err(err) = BufReader::new(&stream).read_line(&mut answer) {
+        bail!(
+            "the proxy on port {} did not answer within 5s ({err}): if it is stopped, the fault \
+             will still apply when it runs again; `lockslab proxy fault {} heal` lifts it",
+            args.port,
+            args.port
+        );
+    }
     let answer = answer.trim();
     if let Some(error) = answer.strip_prefix("error: ") {
         bail!("{error}");
