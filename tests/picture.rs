@@ -545,11 +545,17 @@ fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
     );
     // A line that is no event at all: the file is wrong, not the command line.
     let not_json = write("notes.txt", "hello\n");
+    // `lockslab chaos --json`: many runs summed up, no one timeline.
+    let chaos = write(
+        "chaos.jsonl",
+        "{\"kind\":\"schedule\",\"index\":0,\"result\":\"safe\",\"run_id\":\"x\"}\n",
+    );
     let cases: Vec<(std::path::PathBuf, &str)> = vec![
         (absurd, "t_ms 18446744073709551000"),
         (float, "event 2 is stamped t_ms 1e+300"),
         (negative, "event 1 is stamped t_ms -5"),
         (not_json, "line 1 is not JSON"),
+        (chaos, "no one timeline to draw"),
         (
             many_lanes,
             "lanes (workers and backends): a picture draws at most 64",

@@ -91,6 +91,16 @@ impl Recording {
             if !value.is_object() {
                 bail!("line {} is not a JSON object", number + 1);
             }
+            if matches!(
+                value.get("kind").and_then(Value::as_str),
+                Some("schedule" | "cell")
+            ) {
+                bail!(
+                    "line {} is a summary of `lockslab chaos` or `lockslab matrix`, which play many \
+                     runs: there is no one timeline to draw",
+                    number + 1
+                );
+            }
             if let Some(seen) = verdict_line {
                 return Err(TwoRuns(format!(
                     "line {} follows the verdict of line {seen}: this file holds more than one \
