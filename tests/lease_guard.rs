@@ -349,19 +349,32 @@ fn a_clock_left_by_a_killed_lab_is_swept_by_the_next_run() {
             break;
         }
     }
+    let prefix = format!("lockslab-clock-{lab}-");
+    let clocks = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    // The nemesis records the step, then writes the offset: kill the lab once it is written.
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || {
+            clocks().iter().any(|dir| {
+                std::fs::read_to_string(dir.join("offset")).is_ok_and(|s| s == "-30.000\n")
+            })
+        }),
+        "the clock's offset was never written: {:?}",
+        clocks()
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(lab as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
     child.wait().unwrap();
-    let prefix = format!("lockslab-clock-{lab}-");
-    let left: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
+    let left = clocks();
     assert_eq!(left.len(), 1, "the killed lab's clock: {left:?}");
     assert_eq!(
         std::fs::read_to_string(left[0].join("offset")).unwrap(),
