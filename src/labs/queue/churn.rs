@@ -28,7 +28,7 @@ use crate::labs::{Stage, WorkerHandle};
 use crate::lock::etcd_queue::EtcdQueue;
 use crate::nemesis::Nemesis;
 use crate::worker::WorkerSpec;
-use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
+use crate::worker::queuer::QueuerScript;
 
 /// The store's resource the holders write.
 const RESOURCE: &str = "queue-churn";
@@ -48,27 +48,19 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
         &crate::labs::step::queue::CHURN,
         "the queue's waiters",
     )?;
-    let postgres = run.url(Backend::Postgres);
-    let etcd = run.url(Backend::Etcd);
-    let mut history = EtcdQueue::connect(etcd, &prefix)?;
+    let mut history = EtcdQueue::connect(run.url(Backend::Etcd), &prefix)?;
     let from = history.revision_now()? + 1;
-    let long = plan.lease * 4 + Duration::from_secs(20);
+    let long = super::scene::patience(plan);
     let script = |name: &str| QueuerScript {
-        name: name.into(),
-        way: Way::EtcdRecipe,
-        url: etcd.into(),
-        lock: prefix.clone(),
-        ttl_ms: plan.lease.as_millis() as u64,
-        hold_ms: (name != "H").then_some(50),
-        wait_ms: long.as_millis() as u64,
-        report_wakes: true,
-        store: Some(StoreTarget {
-            url: postgres.into(),
-            run_id: run.id.clone(),
-            resource: RESOURCE.into(),
-        }),
         give_up_when_told: name == GIVES_UP,
-        election: false,
+        ..super::scene::recipe_script(
+            plan,
+            run,
+            &prefix,
+            RESOURCE,
+            name,
+            (name != "H").then_some(Duration::from_millis(50)),
+        )
     };
     let names = ["H", "W1", "W2", "W3", "W4", "W5"];
     let mut workers: Vec<WorkerHandle> = Vec::new();

@@ -17,13 +17,13 @@ use super::Plan;
 use super::verdict_churn::ElectionVerdict;
 use crate::check::late_write;
 use crate::connect::Backend;
-use crate::events::{Kind, What};
+use crate::events::Kind;
 use crate::labs::runner::Run;
 use crate::lock::etcd_queue::EtcdQueue;
 use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::worker::WorkerSpec;
-use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
+use crate::worker::queuer::QueuerScript;
 
 /// The store's resource the leaders write.
 const RESOURCE: &str = "queue-election";
@@ -40,27 +40,13 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
         &crate::labs::step::queue::ELECTION,
         "the election's candidates",
     )?;
-    let postgres = run.url(Backend::Postgres);
-    let etcd = run.url(Backend::Etcd);
-    let mut history = EtcdQueue::connect(etcd, &name)?;
+    let mut history = EtcdQueue::connect(run.url(Backend::Etcd), &name)?;
     let from = history.revision_now()? + 1;
-    let long = plan.lease * 4 + Duration::from_secs(20);
+    let long = super::scene::patience(plan);
     let script = |who: &str, hold: Option<Duration>| QueuerScript {
-        name: who.into(),
-        way: Way::EtcdRecipe,
-        url: etcd.into(),
-        lock: name.clone(),
-        ttl_ms: plan.lease.as_millis() as u64,
-        hold_ms: hold.map(|hold| hold.as_millis() as u64),
-        wait_ms: long.as_millis() as u64,
         report_wakes: false,
-        store: Some(StoreTarget {
-            url: postgres.into(),
-            run_id: run.id.clone(),
-            resource: RESOURCE.into(),
-        }),
-        give_up_when_told: false,
         election: true,
+        ..super::scene::recipe_script(plan, run, &name, RESOURCE, who, hold)
     };
     let mut l1 = stage.spawn("L1", &WorkerSpec::Queuer(script("L1", None)))?;
     let l1_queued = stage.wait_for(long, "L1 to campaign", |e| e.is("L1", Kind::Queued))?;
@@ -72,11 +58,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
     stage.wait_for(long, "L2 to campaign", |e| e.is("L2", Kind::Queued))?;
     // Declared after the workers: dropped first, so that a failure resumes before it kills.
     let mut nemesis = Nemesis::new();
-    let granted = match &l1_queued.what {
-        What::Queued(q) => q.lease_ttl_ms.map(Duration::from_millis),
-        _ => None,
-    }
-    .unwrap_or(plan.lease);
+    let granted = super::scene::granted_lease(&l1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
     nemesis.pause(
         &mut stage,

@@ -16,13 +16,11 @@ use anyhow::{Context, Result};
 use super::Plan;
 use super::verdict::ExpiryVerdict;
 use crate::check::late_write;
-use crate::connect::Backend;
-use crate::events::{Kind, What};
+use crate::events::Kind;
 use crate::labs::runner::Run;
 use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::worker::WorkerSpec;
-use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
 
 /// The store's resource the three write.
 const RESOURCE: &str = "queue-expiry";
@@ -39,24 +37,9 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
         &crate::labs::step::queue::EXPIRY,
         "the queue's waiters",
     )?;
-    let postgres = run.url(Backend::Postgres);
-    let long = plan.lease * 4 + Duration::from_secs(20);
-    let script = |name: &str, hold: Option<Duration>| QueuerScript {
-        name: name.into(),
-        way: Way::EtcdRecipe,
-        url: run.url(Backend::Etcd).into(),
-        lock: prefix.clone(),
-        ttl_ms: plan.lease.as_millis() as u64,
-        hold_ms: hold.map(|hold| hold.as_millis() as u64),
-        wait_ms: long.as_millis() as u64,
-        report_wakes: true,
-        store: Some(StoreTarget {
-            url: postgres.into(),
-            run_id: run.id.clone(),
-            resource: RESOURCE.into(),
-        }),
-        give_up_when_told: false,
-        election: false,
+    let long = super::scene::patience(plan);
+    let script = |name: &str, hold: Option<Duration>| {
+        super::scene::recipe_script(plan, run, &prefix, RESOURCE, name, hold)
     };
     let mut h = stage.spawn("H", &WorkerSpec::Queuer(script("H", None)))?;
     stage.wait_for(long, "H to take the lock", |e| e.is("H", Kind::Acquired))?;
@@ -67,11 +50,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
     stage.wait_for(long, "W2 to queue", |e| e.is("W2", Kind::Queued))?;
     // Declared after the workers: dropped first, so that a failure resumes before it kills.
     let mut nemesis = Nemesis::new();
-    let granted = match &w1_queued.what {
-        What::Queued(q) => q.lease_ttl_ms.map(Duration::from_millis),
-        _ => None,
-    }
-    .unwrap_or(plan.lease);
+    let granted = super::scene::granted_lease(&w1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
 
     // 1. A queued waiter frozen past its lease.

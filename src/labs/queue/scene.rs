@@ -2,18 +2,21 @@
 //! step question, the part's tag, the store made ready and a line naming the part's keys;
 //! at the end, etcd's own history of those keys, recorded as evidence.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use colored::Colorize;
 
-use super::lock_name;
+use super::{Plan, lock_name};
 use crate::connect::Backend;
-use crate::events::Event;
 use crate::events::facts::{QueueKeys, RunFacts};
+use crate::events::{Event, What};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::labs::step::Checkpoint;
 use crate::lock::etcd_queue::EtcdQueue;
 use crate::store::Store;
+use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
 
 /// A part begun: its stage, the store, and its keys' etcd prefix.
 pub(super) struct Scene {
@@ -52,6 +55,50 @@ pub(super) fn begin(
         store,
         prefix,
     })
+}
+
+/// How long a part waits for any one step of its workers: a few leases, and then some.
+pub(super) fn patience(plan: &Plan) -> Duration {
+    plan.lease * 4 + Duration::from_secs(20)
+}
+
+/// A worker of the recipe under `prefix`, on the part's lease, writing its token to the
+/// store's `resource`: what every part's workers share (a part changes what differs).
+pub(super) fn recipe_script(
+    plan: &Plan,
+    run: &Run,
+    prefix: &str,
+    resource: &str,
+    name: &str,
+    hold: Option<Duration>,
+) -> QueuerScript {
+    QueuerScript {
+        name: name.into(),
+        way: Way::EtcdRecipe,
+        url: run.url(Backend::Etcd).into(),
+        lock: prefix.into(),
+        ttl_ms: plan.lease.as_millis() as u64,
+        hold_ms: hold.map(|hold| hold.as_millis() as u64),
+        wait_ms: patience(plan).as_millis() as u64,
+        report_wakes: true,
+        store: Some(StoreTarget {
+            url: run.url(Backend::Postgres).into(),
+            run_id: run.id.clone(),
+            resource: resource.into(),
+        }),
+        give_up_when_told: false,
+        election: false,
+    }
+}
+
+/// The lease etcd granted, as a worker's `queued` event says (etcd may grant more than
+/// asked); what was asked when the event does not say.
+pub(super) fn granted_lease(queued: &Event, plan: &Plan) -> Duration {
+    match &queued.what {
+        What::Queued(q) => q.lease_ttl_ms.map(Duration::from_millis),
+        _ => None,
+    }
+    .unwrap_or(plan.lease)
 }
 
 /// Reads etcd's history of the keys under `prefix` since revision `from` and records it
