@@ -8,6 +8,7 @@
 pub mod chaos;
 pub mod etcd_vs_redis;
 pub mod failover;
+pub mod faults;
 pub mod gc_pause;
 pub mod lease_guard;
 pub mod leftovers;

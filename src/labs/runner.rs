@@ -23,6 +23,7 @@ use super::leftovers::Leftovers;
 use super::stage::{History, Stage};
 use super::step::Checkpoint;
 use crate::connect::{self, Backend};
+use crate::nemesis::schedule::Schedule;
 use crate::output::{Style, Timeline, capture, json_line, run_heading, stamp_verdict, tee};
 use crate::picture::Recording;
 use crate::servers::{self, ServerArgs, Servers};
@@ -46,6 +47,12 @@ pub trait Lab {
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
         let _ = run;
         leftovers
+    }
+
+    /// The faults the lab plays, as data ([`super::faults`]): `--step` shows them under the
+    /// intro and `--json` carries them in the verdict (`schedule`).
+    fn schedule(&self) -> Option<Schedule> {
+        None
     }
 
     /// Plays the lab's scenarios and decides the verdict from what the servers answered.
@@ -123,6 +130,12 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     for line in lab.intro(&run) {
         run.intro.say(&line);
     }
+    let schedule = lab.schedule();
+    if let Some(schedule) = schedule.as_ref().filter(|_| super::step::stepping()) {
+        for line in super::faults::lines(schedule) {
+            run.detail(&line);
+        }
+    }
     let removal = lab
         .leftovers(&run, Leftovers::of_run(&run.id))
         .removed_at_the_end();
@@ -132,7 +145,11 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     if let Some(stop) = verdict.checkpoint() {
         super::step::checkpoint(stop);
     }
-    let mut verdict_json = Value::Object(envelope(lab.name(), &run.id, verdict.fields()));
+    let mut fields = verdict.fields();
+    if let Some(schedule) = &schedule {
+        fields.insert("schedule".into(), serde_json::to_value(schedule)?);
+    }
+    let mut verdict_json = Value::Object(envelope(lab.name(), &run.id, fields));
     stamp_verdict(&mut verdict_json);
     let verdict_text = if style.json {
         // The verdict's words as a terminal shows them, so `render` draws the same verdict

@@ -341,23 +341,30 @@ impl Stage {
         mut tick: impl FnMut(&mut Stage) -> Result<()>,
     ) -> Result<()> {
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            self.notice_own_pauses();
-            let incoming = self
-                .rx
-                .recv_timeout(left.min(Duration::from_millis(10)))
-                .ok();
-            self.observed_before = match &incoming {
-                Some(Incoming::Event(event)) => Some(event.t_ms),
-                _ => None,
-            };
-            let ticked = tick(self);
-            self.observed_before = None;
-            if let Some(incoming) = incoming {
-                self.accept(incoming);
-            }
-            ticked?;
+            self.pump(left.min(Duration::from_millis(10)), &mut tick)?;
         }
         Ok(())
+    }
+
+    /// One turn of [`Stage::run_until`]: waits at most `wait` for an event, calls `tick`,
+    /// then shows and logs the event.
+    pub(super) fn pump(
+        &mut self,
+        wait: Duration,
+        tick: &mut dyn FnMut(&mut Stage) -> Result<()>,
+    ) -> Result<()> {
+        self.notice_own_pauses();
+        let incoming = self.rx.recv_timeout(wait).ok();
+        self.observed_before = match &incoming {
+            Some(Incoming::Event(event)) => Some(event.t_ms),
+            _ => None,
+        };
+        let ticked = tick(self);
+        self.observed_before = None;
+        if let Some(incoming) = incoming {
+            self.accept(incoming);
+        }
+        ticked
     }
 
     /// True once the named worker's event stream has ended (it exited or was killed).

@@ -291,6 +291,12 @@ impl Player {
     /// Shows the player one event of the run (stamped on the run's clock, `t_ms`): a step
     /// waiting for it gets its time, counted from the event.
     pub fn observe(&mut self, event: &Event) {
+        self.observe_at(event, event.t_ms);
+    }
+
+    /// [`Player::observe`], the event happening at `at_ms` on the schedule's clock (a lab
+    /// whose schedule starts after its run's clock did: `t_ms` minus the schedule's start).
+    pub fn observe_at(&mut self, event: &Event, at_ms: u64) {
         let mut now_timed = Vec::new();
         self.waiting.retain_mut(|(step, seen)| {
             let Some(anchor) = &step.after else {
@@ -303,7 +309,7 @@ impl Player {
             if *seen < anchor.nth {
                 return true;
             }
-            now_timed.extend(step.actions_from(event.t_ms));
+            now_timed.extend(step.actions_from(at_ms));
             false
         });
         for action in now_timed {

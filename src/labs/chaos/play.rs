@@ -8,11 +8,11 @@ use anyhow::{Context, Result};
 use crate::check::chaos::{self, ChaosAttempt, Heard, LostRelease, RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
 use crate::events::{Event, What};
-use crate::labs::Stage;
-use crate::labs::WorkerHandle;
-use crate::nemesis::schedule::{Action, Player, Schedule};
+use crate::labs::faults::{Faults, Until};
+use crate::labs::{Stage, WorkerHandle};
+use crate::nemesis::schedule::Schedule;
 use crate::nemesis::victims::Server;
-use crate::nemesis::{Fault, Nemesis, Note, Record};
+use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
 use crate::servers::PrivateServers;
 use crate::worker::WorkerSpec;
@@ -41,20 +41,6 @@ pub struct Trial {
     pub ms: u64,
     /// Steps whose event never came: they did not play.
     pub unplayed: usize,
-}
-
-/// The run's history, as the nemesis writes into it: stamped on the stage's clock, kept,
-/// not printed (a chaos run prints only the histories that matter).
-struct Tape {
-    start: Instant,
-    events: Vec<Event>,
-}
-
-impl Record for Tape {
-    fn record(&mut self, mut event: Event) {
-        event.t_ms = self.start.elapsed().as_millis() as u64;
-        self.events.push(event);
-    }
 }
 
 pub fn client_names(clients: u32) -> Vec<String> {
@@ -124,10 +110,6 @@ impl Setup {
             start,
         )
         .quiet();
-        let mut tape = Tape {
-            start,
-            events: Vec::new(),
-        };
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let script = ChaosClient {
@@ -149,88 +131,53 @@ impl Setup {
         }
         // Declared after the workers: dropped first, so a failed run resumes them first.
         let mut nemesis = Nemesis::new();
-        let mut player = Player::new(schedule);
+        let mut faults = Faults::new(schedule, &stage).saying(|cue| {
+            let name = &cue.action.target;
+            Note::from(match (cue.action.fault, cue.back_after) {
+                (Fault::Restart, None) => {
+                    "crashes Redis (SIGKILL), then starts it again, empty".to_string()
+                }
+                (Fault::Restart, Some(took)) => {
+                    format!("Redis back after {}ms, empty", took.as_millis())
+                }
+                (Fault::Pause, _) => format!("pauses {name} (SIGSTOP)"),
+                (Fault::Resume, _) => format!("resumes {name} (SIGCONT)"),
+                _ => format!("kills {name} (SIGKILL)"),
+            })
+        });
         let longest_pause = schedule
             .steps()
             .iter()
             .filter_map(|s| s.duration_ms)
             .max()
             .unwrap_or(0);
-        let give_up = start + Duration::from_millis(self.run_ms + longest_pause + 15_000);
-        loop {
-            while let Some(event) = stage.next_silent(Duration::from_millis(2)) {
-                player.observe(&event);
-                tape.events.push(event);
+        let within = Duration::from_millis(self.run_ms + longest_pause + 15_000);
+        let until = Until::holds("the clients to finish", within, |stage, faults| {
+            names.iter().all(|name| stage.has_exited(name)) && !faults.holding()
+        })
+        .tolerating_errors();
+        {
+            let mut redis = self
+                .redis
+                .as_mut()
+                .map(|private| Server::new(private, Backend::Redis, "redis"));
+            let mut cast: Vec<&mut dyn Victim> = workers
+                .iter_mut()
+                .map(|worker| worker as &mut dyn Victim)
+                .collect();
+            if let Some(redis) = redis.as_mut() {
+                cast.push(redis);
             }
-            let now = start.elapsed().as_millis() as u64;
-            for action in player.due(now) {
-                self.act(&action, &mut workers, &mut nemesis, &mut tape)?;
-            }
-            let all_done = names.iter().all(|name| stage.has_exited(name));
-            if all_done && nemesis.paused().is_empty() {
-                break;
-            }
-            if Instant::now() > give_up {
-                anyhow::bail!("the clients did not finish within their time");
-            }
+            stage.play(&mut faults, &mut nemesis, &mut cast, until)?;
         }
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }
-        while let Some(event) = stage.next_silent(Duration::from_millis(20)) {
-            tape.events.push(event);
-        }
-        // The lab's own pauses (a starved machine) the stage noticed: part of the history.
-        tape.events.append(&mut stage.log);
-        let mut history = tape.events;
+        stage.drain();
+        let mut history = std::mem::take(&mut stage.log);
         history.sort_by_key(|e| e.t_ms);
         let backs = read_back(store, run_id, records)?;
-        Ok((history, player.unplayed().len(), backs))
-    }
-
-    /// Does one action of the schedule, if its victim can take it now (a pause of a client
-    /// already gone, or paused, is skipped).
-    fn act(
-        &mut self,
-        action: &Action,
-        workers: &mut [WorkerHandle],
-        nemesis: &mut Nemesis,
-        tape: &mut Tape,
-    ) -> Result<()> {
-        if action.fault == Fault::Restart {
-            let Some(private) = self.redis.as_mut() else {
-                return Ok(());
-            };
-            let mut redis = Server::new(private, Backend::Redis, "redis");
-            nemesis.restart(
-                tape,
-                &mut redis,
-                "crashes Redis (SIGKILL), then starts it again, empty",
-                |took| Note::from(format!("Redis back after {}ms, empty", took.as_millis())),
-            )?;
-            return Ok(());
-        }
-        let Some(worker) = workers.iter_mut().find(|w| w.name == action.target) else {
-            return Ok(());
-        };
-        if crate::nemesis::Victim::pid(worker).is_none()
-            || crate::procs::process_state(worker.pid).is_none()
-        {
-            return Ok(());
-        }
-        let paused = nemesis.paused().contains(&action.target);
-        let name = action.target.clone();
-        match action.fault {
-            Fault::Pause if !paused => {
-                nemesis.pause(tape, worker, format!("pauses {name} (SIGSTOP)"))?;
-            }
-            Fault::Resume if paused => {
-                nemesis.resume(tape, worker, format!("resumes {name} (SIGCONT)"))?;
-            }
-            Fault::Kill => nemesis.kill(tape, worker, format!("kills {name} (SIGKILL)"))?,
-            _ => {}
-        }
-        Ok(())
+        Ok((history, faults.unplayed().len(), backs))
     }
 }
 

@@ -32,6 +32,9 @@ use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
 use super::{Fencing, LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::connect::{self, Backend};
+use crate::events::Kind;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::output::human;
 use crate::redis_health::KeyLoss;
 use crate::servers::{Lifetime, PrivateServers, ServerArgs};
@@ -133,6 +136,40 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The faults of every run, as data: A is paused for `pause` from the moment it is at
+    /// work (with `--freeze self`, from the moment it says it stops itself: the pause is
+    /// its own, the nemesis adopts it and ends it), and with `--token-restart` Redis
+    /// crashes and restarts right after A froze.
+    pub(crate) fn faults(&self) -> Schedule {
+        let from = Anchor {
+            worker: "A".into(),
+            event: match self.freeze {
+                Freeze::Self_ => Kind::Freezing,
+                Freeze::Peer => Kind::Working,
+            },
+            nth: 1,
+        };
+        let mut steps = vec![Step {
+            at_ms: 0,
+            after: Some(from.clone()),
+            fault: Fault::Pause,
+            target: "A".into(),
+            duration_ms: Some(self.pause.as_millis() as u64),
+        }];
+        if self.token_restart {
+            steps.push(Step {
+                at_ms: 0,
+                after: Some(from),
+                fault: Fault::Restart,
+                target: "redis".into(),
+                duration_ms: None,
+            });
+        }
+        Schedule::new(steps)
+    }
+}
+
 /// `lockslab gc-pause`.
 pub fn run(args: &GcPauseArgs) -> Result<()> {
     let mut plan = Plan::from(args);
@@ -177,6 +214,10 @@ impl Lab for Plan {
         } else {
             leftovers.redis(run.url(Backend::Redis))
         }
+    }
+
+    fn schedule(&self) -> Option<Schedule> {
+        Some(self.faults())
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {

@@ -14,10 +14,11 @@ use crate::connect::{self, Backend};
 use crate::events::What;
 use crate::events::facts::{self, Expired, Pttl, StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind};
+use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
 use crate::lock::redis::RedisLock;
 use crate::nemesis::victims::Server;
-use crate::nemesis::{Nemesis, Note, Victim};
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::human;
 use crate::redis_health::KeyWatch;
 use crate::servers::PrivateServers;
@@ -145,6 +146,33 @@ impl Play<'_> {
         // Declared after A: dropped first, so that a run that fails resumes A before A's
         // handle kills it.
         let mut nemesis = Nemesis::new();
+        let pause = human(plan.pause);
+        let faults = Faults::new(&plan.faults(), &stage).saying(|cue| {
+            let pid = cue.pid;
+            Note::from(match (cue.action.fault, plan.freeze, cue.back_after) {
+                (Fault::Pause, Freeze::Peer, _) => {
+                    format!("sends SIGSTOP to A (pid {pid}): frozen mid-work for {pause}")
+                }
+                (Fault::Pause, Freeze::Self_, _) => {
+                    format!("sees A (pid {pid}) stopped; will resume it in {pause}")
+                }
+                (Fault::Restart, _, None) => {
+                    format!("SIGKILL → Redis (pid {pid}), then starts it again on the same port")
+                }
+                (Fault::Restart, _, Some(took)) => format!(
+                    "Redis back after {}, empty (no persistence): A's key and the token counter are gone",
+                    human(took)
+                ),
+                _ => format!(
+                    "sends SIGCONT to A after {}",
+                    human(cue.held.unwrap_or_default())
+                ),
+            })
+        });
+        let mut faults = match plan.freeze {
+            Freeze::Self_ => faults.self_pausing("A"),
+            Freeze::Peer => faults,
+        };
         let a_owner = stage
             .wait_for(Duration::from_secs(10), "A to take the lock", |e| {
                 e.is("A", Kind::Acquired)
@@ -152,32 +180,10 @@ impl Play<'_> {
             .owner()
             .map(String::from);
 
-        match plan.freeze {
-            Freeze::Peer => {
-                // A is at work (waiting for `finish`) before it is frozen, as a real pause
-                // catches a client in the middle of what it does.
-                stage.wait_for(Duration::from_secs(5), "A to start working", |e| {
-                    e.is("A", Kind::Working)
-                })?;
-                let words = format!(
-                    "sends SIGSTOP to A (pid {}): frozen mid-work for {}",
-                    a.pid,
-                    human(plan.pause)
-                );
-                nemesis.pause(&mut stage, &a, words)?;
-            }
-            Freeze::Self_ => {
-                stage.wait_for(Duration::from_secs(5), "A to freeze itself", |e| {
-                    e.is("A", Kind::Freezing)
-                })?;
-                let words = format!(
-                    "sees A (pid {}) stopped; will resume it in {}",
-                    a.pid,
-                    human(plan.pause)
-                );
-                nemesis.adopt_pause(&mut stage, &a, words)?;
-            }
-        }
+        // The pause: A at work (waiting for `finish`) before it is frozen, as a real pause
+        // catches a client in the middle of what it does — or A stopping itself.
+        let frozen = Until::acted(Fault::Pause, "A", Duration::from_secs(5));
+        stage.play(&mut faults, &mut nemesis, &mut [&mut a], frozen)?;
         let frozen_at = Instant::now();
         let mut expired = false;
         if let Some(private) = restart {
@@ -200,17 +206,12 @@ impl Play<'_> {
                 );
             }
             let mut redis = Server::new(private, Backend::Redis, "redis");
-            let pid = redis.pid().unwrap_or_default();
-            nemesis.restart(
-                &mut stage,
-                &mut redis,
-                format!("SIGKILL → Redis (pid {pid}), then starts it again on the same port"),
-                |took| {
-                    Note::from(format!(
-                        "Redis back after {}, empty (no persistence): A's key and the token counter are gone",
-                        human(took)
-                    ))
-                },
+            let crashed = Until::acted(Fault::Restart, "redis", Duration::from_secs(30));
+            stage.play(
+                &mut faults,
+                &mut nemesis,
+                &mut [&mut a, &mut redis],
+                crashed,
             )?;
             lock_watch = RedisLock::new(connect::redis(redis_url)?, &lock_key, plan.ttl);
             expired = true;
@@ -239,7 +240,8 @@ impl Play<'_> {
         stage.timeline.attach_bar(bar);
         let mut counting_down = false;
         let resume_at = frozen_at + plan.pause;
-        stage.run_until(resume_at, |stage| {
+        let resumed = Until::done(plan.pause + Duration::from_secs(15));
+        stage.play_ticking(&mut faults, &mut nemesis, &mut [&mut a], resumed, |stage| {
             if expired {
                 if !counting_down {
                     counting_down = true;
@@ -287,9 +289,6 @@ impl Play<'_> {
             Ok(())
         })?;
         stage.timeline.clear_bar();
-
-        let words = format!("sends SIGCONT to A after {}", human(frozen_at.elapsed()));
-        nemesis.resume(&mut stage, &a, words)?;
         if plan.freeze == Freeze::Peer {
             a.tell("finish")?;
         }
