@@ -87,6 +87,16 @@ fn peer_freeze_gives_the_same_verdict() {
         "gc-pause", "--freeze", "peer", "--ttl", "600ms", "--pause", "1200ms",
     ]);
     assert_eq!(verdict["freeze"], "peer");
+    // The faults it played, as data: A paused from its `working` event, for --pause.
+    let schedule: lockslab::nemesis::schedule::Schedule =
+        serde_json::from_value(verdict["schedule"].clone()).expect("a schedule");
+    let [pause] = schedule.steps() else {
+        panic!("one step: {verdict}")
+    };
+    assert_eq!(pause.fault, lockslab::nemesis::Fault::Pause);
+    assert_eq!(pause.duration_ms, Some(1200));
+    let from = pause.after.as_ref().expect("timed from A's work");
+    assert_eq!((from.worker.as_str(), from.event), ("A", Kind::Working));
     assert_eq!(
         run_of(&verdict, false)["stale_write_accepted"],
         true,

@@ -123,6 +123,9 @@ impl Lane {
                 }
                 return Ok(());
             }
+            // Played by hand, not as a schedule (labs::faults): the strike waits for the waiter
+            // to be waiting (a condition), and the resume follows the backend's answer to who
+            // holds the lock, asked just before it.
             // The nemesis records the strike before it sends the signal, so that nothing the
             // signal causes (the waiter's acquisition) can carry an earlier time.
             catch_up(stage);

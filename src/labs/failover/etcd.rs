@@ -109,6 +109,8 @@ impl Play<'_> {
                 )),
         );
 
+        // Played by hand, not as a schedule (labs::faults): the victim is whichever member
+        // leads at this moment, as the cluster reports it, and B's queued key is read first.
         let killed_at = Instant::now();
         let words = format!("SIGKILLs the leader {}", etcd.members[leader].name);
         nemesis.kill(stage, &mut etcd.members[leader], words)?;

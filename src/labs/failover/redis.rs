@@ -174,6 +174,9 @@ impl Play<'_> {
 
         let min_replicas = self.min_replicas_refusal(stage, &mut on_primary)?;
 
+        // Played by hand, not as a schedule (labs::faults): the replica's freeze and the cut
+        // of its link make one line (`Held`), and the primary is killed once the lab has read
+        // A's keys and the min-replicas refusal from it.
         let killed_at = Instant::now();
         nemesis.kill(
             stage,

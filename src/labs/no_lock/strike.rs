@@ -110,6 +110,10 @@ impl Play<'_> {
         nemesis.kill(stage, worker, note)
     }
 
+    // The strikes are played by hand, not as a schedule (labs::faults): a frozen worker is
+    // resumed once Postgres says another worker met it — a condition read back mid-run
+    // (`met`), not a time or an event.
+
     /// Has another worker met the frozen `who` yet — so that its point is a test, not a
     /// matter of timing? Asked of Postgres: a worker session that `pg_blocking_pids` says
     /// waits on `who`'s session (a row, an invoice key or an advisory lock it holds), or the

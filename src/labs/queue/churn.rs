@@ -87,6 +87,8 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     stage.wait_for(long, "W2 to give up", |e| e.is(GIVES_UP, Kind::GaveUp))?;
     stage.wait_for(long, "W3 to look again", |e| woken_by(e, KILLED, &gone))?;
 
+    // Played by hand, not as a schedule (labs::faults): W3 is killed once it was woken by
+    // W2's departure — an event recognised by its facts (which key woke it), not its kind.
     // 2. A waiter is killed: its key stays until its lease runs out.
     let gone = key(&stage, KILLED);
     nemesis.kill(

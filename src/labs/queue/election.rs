@@ -69,6 +69,9 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
             human(freeze)
         ),
     )?;
+    // Played by hand, not as a schedule (labs::faults): L1 is resumed at the end of its
+    // freeze but never before L2 was elected and wrote — a condition, which keeps the deposed
+    // leader's write after its successor's.
     let thaw = Instant::now() + freeze;
     stage.wait_for(long, "L2 to be elected", |e| e.is("L2", Kind::Acquired))?;
     stage.wait_for(long, "L2 to write", |e| e.is("L2", Kind::Wrote))?;

@@ -53,6 +53,9 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
     let granted = super::scene::granted_lease(&w1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
 
+    // Played by hand, not as a schedule (labs::faults): the freezes last the lease etcd
+    // granted (from W1's `queued` event), and H freezes once W1 has said what it found on
+    // waking — `lost` or `acquired`, where a schedule's anchor names one kind.
     // 1. A queued waiter frozen past its lease.
     nemesis.pause(
         &mut stage,

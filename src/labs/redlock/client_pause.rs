@@ -76,6 +76,9 @@ impl Scene {
         );
         self.nemesis
             .adopt_pause(&mut self.stage, &a, seen_stopped)?;
+        // Played by hand, not as a schedule (labs::faults): A is resumed once its key is gone
+        // from every master (read from each) and B has taken the lock and written — conditions
+        // read back mid-run, not a time.
         let frozen_at = Instant::now();
         // Until no master holds A's value: each expires it by its own clock.
         let deadline = Instant::now() + long;

@@ -14,6 +14,9 @@ impl Scene {
     /// Scenario 2: a master restarting empty hands out the lock twice; kept down longer
     /// than the TTL, it does not.
     pub(super) fn play_restart(&mut self) -> Result<Vec<ScenarioVerdict>> {
+        // Played by hand, not as a schedule (labs::faults): A and B are the lab's own calls,
+        // in this process, and each fault comes between two of them (after A's round
+        // returns, before B asks): an order, not a time or a worker's event.
         let (n, q) = (self.n(), self.q());
         // A gets the first q masters: the others are down while A asks.
         let others: Vec<usize> = (q..n).collect();

@@ -55,6 +55,9 @@ impl Play<'_> {
             )?
             .job()
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
+        // Played by hand, not as a schedule (labs::faults): the resume's line and facts are
+        // what Postgres says just before it (jobs the others processed, who took the frozen
+        // job), read back mid-run.
         let frozen = &workers[frozen_index];
         nemesis.pause(
             round.stage,

@@ -55,6 +55,9 @@ impl Play<'_> {
         let (done_before_kill, _) = round.counts(2)?;
         round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
 
+        // Played by hand, not as a schedule (labs::faults): the kill's line carries what
+        // Postgres counts just before it, and the reclaim is timed from Postgres's own clock
+        // read at that moment.
         let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
         let how = if self.mode.transactional() {
             "its transaction is open, the job is claimed but not done"
