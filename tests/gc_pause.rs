@@ -96,7 +96,10 @@ fn peer_freeze_gives_the_same_verdict() {
     assert_eq!(pause.fault, lockslab::nemesis::Fault::Pause);
     assert_eq!(pause.duration_ms, Some(1200));
     let from = pause.after.as_ref().expect("timed from A's work");
-    assert_eq!((from.worker.as_str(), from.event), ("A", Kind::Working));
+    assert_eq!(
+        (from.worker.as_str(), from.event.clone()),
+        ("A", Kind::Working.into())
+    );
     assert_eq!(
         run_of(&verdict, false)["stale_write_accepted"],
         true,

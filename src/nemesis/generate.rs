@@ -155,16 +155,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
 /// Where a client's fault lands: just after it took its lock, just after it read its
 /// record (before its write), inside its write's transaction, or at a time of the run.
 fn aim(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
-    let anchored = |event, nth, at_ms| {
-        (
-            at_ms,
-            Some(Anchor {
-                worker: client.into(),
-                event,
-                nth,
-            }),
-        )
-    };
+    let anchored = |event: Kind, nth, at_ms| (at_ms, Some(Anchor::on(client, event, nth)));
     match rng.between(0, 3) {
         0 => {
             let nth = rng.between(1, 3) as u32;
@@ -244,7 +235,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for index in 0..200 {
             for step in draw(nth_seed(3, index), &space()).steps() {
-                seen.insert(step.after.as_ref().map(|a| a.event));
+                seen.insert(step.after.as_ref().map(|a| a.event.to_string()));
             }
         }
         for point in [
@@ -253,6 +244,7 @@ mod tests {
             Some(Kind::Working),
             None,
         ] {
+            let point = point.map(|kind| kind.to_string());
             assert!(seen.contains(&point), "{point:?} never drawn");
         }
     }

@@ -19,6 +19,9 @@
 //!  "fault": "pause", "target": "A", "duration_ms": 900}
 //! ```
 //!
+//! An anchor may name several kinds, the first of which counts — "once W1 has said what it
+//! found on waking, `lost` or `acquired`": `"event": ["lost", "acquired"]`.
+//!
 //! Such a step has no time until its event happens: the [`Player`] watches the run's
 //! history ([`Player::observe`]) and times it then. If the event never comes, the step
 //! never plays ([`Player::unplayed`] says which).
@@ -51,7 +54,7 @@ pub struct Step {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Anchor {
     pub worker: String,
-    pub event: Kind,
+    pub event: Kinds,
     #[serde(default = "first")]
     pub nth: u32,
 }
@@ -60,9 +63,54 @@ fn first() -> u32 {
     1
 }
 
+/// The kind of event an anchor waits for — or any of several (`"lost"`, or
+/// `["lost", "acquired"]`: whichever the worker reports).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Kinds {
+    One(Kind),
+    Any(Vec<Kind>),
+}
+
+impl Kinds {
+    fn contains(&self, kind: Kind) -> bool {
+        match self {
+            Kinds::One(one) => *one == kind,
+            Kinds::Any(any) => any.contains(&kind),
+        }
+    }
+}
+
+impl From<Kind> for Kinds {
+    fn from(kind: Kind) -> Kinds {
+        Kinds::One(kind)
+    }
+}
+
+impl std::fmt::Display for Kinds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kinds::One(kind) => write!(f, "{kind}"),
+            Kinds::Any(kinds) => {
+                let names: Vec<String> = kinds.iter().map(Kind::to_string).collect();
+                f.write_str(&names.join(" or "))
+            }
+        }
+    }
+}
+
 impl Anchor {
+    /// The `nth` event of `event`'s kind (or kinds) from `worker`.
+    pub fn on(worker: &str, event: impl Into<Kinds>, nth: u32) -> Anchor {
+        Anchor {
+            worker: worker.into(),
+            event: event.into(),
+            nth,
+        }
+    }
+
     fn matches(&self, event: &Event) -> bool {
-        event.worker == self.worker && event.kind() == self.event
+        event.worker == self.worker && self.event.contains(event.kind())
     }
 }
 
@@ -156,6 +204,9 @@ impl Schedule {
                 }
                 if anchor.nth == 0 {
                     bail!("an anchor's nth counts from 1 (the first event)");
+                }
+                if anchor.event == Kinds::Any(Vec::new()) {
+                    bail!("an anchor names at least one kind of event");
                 }
             }
         }
@@ -451,13 +502,16 @@ mod tests {
         );
     }
 
-    fn after(worker: &str, event: Kind, nth: u32, at_ms: u64, fault: Fault, target: &str) -> Step {
+    fn after(
+        worker: &str,
+        event: impl Into<Kinds>,
+        nth: u32,
+        at_ms: u64,
+        fault: Fault,
+        target: &str,
+    ) -> Step {
         Step {
-            after: Some(Anchor {
-                worker: worker.into(),
-                event,
-                nth,
-            }),
+            after: Some(Anchor::on(worker, event, nth)),
             ..step(at_ms, fault, target, None)
         }
     }
@@ -528,5 +582,56 @@ mod tests {
         assert_eq!(schedule.without(0).steps().len(), 2);
         let no_b = schedule.without_worker("B");
         assert_eq!(no_b.steps(), &[step(20, Fault::Restart, "redis", None)]);
+    }
+
+    #[test]
+    fn an_anchor_on_several_kinds_is_timed_from_whichever_comes_first() {
+        use crate::events::What;
+        let text = r#"[{"at_ms":0,"after":{"worker":"W1","event":["lost","acquired"]},
+                        "fault":"pause","target":"H","duration_ms":50}]"#;
+        let schedule: Schedule = serde_json::from_str(text).unwrap();
+        let either = Kinds::Any(vec![Kind::Lost, Kind::Acquired]);
+        assert_eq!(
+            schedule.steps()[0].after,
+            Some(Anchor::on("W1", either.clone(), 1))
+        );
+        assert_eq!(
+            serde_json::to_value(&schedule).unwrap()[0]["after"]["event"],
+            serde_json::json!(["lost", "acquired"])
+        );
+        assert_eq!(
+            schedule.steps()[0].when(),
+            "0ms after W1's lost or acquired #1"
+        );
+        assert!(schedule.validate(&["H", "W1"], &[]).is_ok());
+        let none = Schedule::new(vec![after(
+            "W1",
+            Kinds::Any(vec![]),
+            1,
+            0,
+            Fault::Kill,
+            "H",
+        )]);
+        assert!(none.validate(&["H", "W1"], &[]).is_err());
+
+        let mut player = Player::new(&schedule);
+        player.observe(&event("W1", What::Working, 10));
+        player.observe(&event("H", What::Acquired(Default::default()), 20));
+        assert_eq!(player.unplayed().len(), 1, "neither kind from W1 yet");
+        player.observe(&event("W1", What::Acquired(Default::default()), 30));
+        let pause = player.due(30);
+        assert_eq!((pause[0].fault, pause[0].at_ms), (Fault::Pause, 30));
+        player.observe(&event("W1", What::Acquired(Default::default()), 40));
+        assert_eq!(player.due(10_000).len(), 1, "only the resume: counted once");
+        assert!(player.done());
+    }
+
+    #[test]
+    fn a_single_kind_still_reads_and_writes_as_a_plain_string() {
+        let anchor = Anchor::on("A", Kind::Working, 1);
+        let json = serde_json::to_value(&anchor).unwrap();
+        assert_eq!(json["event"], "working");
+        let back: Anchor = serde_json::from_value(json).unwrap();
+        assert_eq!(back, anchor);
     }
 }

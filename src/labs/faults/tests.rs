@@ -87,11 +87,7 @@ fn a_step_aimed_at_the_work_plays_after_its_nth_event() {
     let mut sleep = Sleep::start();
     let mut nemesis = Nemesis::new();
     let kill = Step {
-        after: Some(Anchor {
-            worker: "S".into(),
-            event: Kind::Working,
-            nth: 2,
-        }),
+        after: Some(Anchor::on("S", Kind::Working, 2)),
         ..step(0, Fault::Kill, None)
     };
     let mut faults = Faults::new(&Schedule::new(vec![kill]), &stage);
@@ -191,11 +187,7 @@ fn what_cannot_be_played_is_skipped_or_refused() {
 #[test]
 fn the_schedule_reads_in_short_lines() {
     let anchored = Step {
-        after: Some(Anchor {
-            worker: "A".into(),
-            event: Kind::Working,
-            nth: 1,
-        }),
+        after: Some(Anchor::on("A", Kind::Working, 1)),
         target: "A".into(),
         ..step(0, Fault::Pause, Some(3000))
     };

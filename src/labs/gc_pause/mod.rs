@@ -142,14 +142,14 @@ impl Plan {
     /// its own, the nemesis adopts it and ends it), and with `--token-restart` Redis
     /// crashes and restarts right after A froze.
     pub(crate) fn faults(&self) -> Schedule {
-        let from = Anchor {
-            worker: "A".into(),
-            event: match self.freeze {
+        let from = Anchor::on(
+            "A",
+            match self.freeze {
                 Freeze::Self_ => Kind::Freezing,
                 Freeze::Peer => Kind::Working,
             },
-            nth: 1,
-        };
+            1,
+        );
         let mut steps = vec![Step {
             at_ms: 0,
             after: Some(from.clone()),
