@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use common::*;
 use lockslab::events::facts::{ServerCount, Turn};
-use lockslab::events::{Event, What};
+use lockslab::events::{Event, Kind, What};
 use lockslab::labs::queue::verdict::{ExpiryVerdict, QueueVerdict};
 use lockslab::labs::queue::verdict_churn::{ChurnVerdict, ElectionVerdict};
 use lockslab::store::ReadBack;
@@ -132,8 +132,23 @@ fn an_expired_waiter_drops_out_and_an_expired_holder_is_fenced_by_its_revision()
     assert!(w2 > h, "{expiry}");
     // The store took W2's write and kept it: H's came after, with the lower token.
     assert_eq!(expiry["store"]["final_writer"], "W2", "{expiry}");
+    // The part's faults are its schedule: H frozen once W1 said what it found on waking.
+    let steps = expiry["schedule"].as_array().expect("the part's schedule");
+    assert_eq!(steps.len(), 2, "{expiry}");
+    assert_eq!(steps[0]["target"], "W1", "{expiry}");
+    assert_eq!(steps[1]["target"], "H", "{expiry}");
+    assert_eq!(
+        steps[1]["after"]["event"],
+        serde_json::json!(["lost", "acquired"]),
+        "{expiry}"
+    );
+    assert_eq!(steps[1]["duration_ms"], expiry["freeze_ms"], "{expiry}");
 
     let log = lines.clone();
+    let at = |found: &dyn Fn(&Event) -> bool| log.iter().position(found).unwrap();
+    let w1_woke = at(&|e| e.is("W1", Kind::Lost));
+    let h_frozen = at(&|e| matches!(&e.what, What::Frozen(f) if f.target.as_deref() == Some("H")));
+    assert!(w1_woke < h_frozen, "H frozen only after W1 woke");
     let h_key = log
         .iter()
         .find_map(|e| match &e.what {
@@ -200,9 +215,20 @@ fn waiters_leaving_the_middle_of_the_line_are_skipped_over_and_the_rest_served_i
         .expect("the history of the keys");
     assert_eq!(keys.len(), 6, "{keys:?}");
     assert!(keys.iter().all(|k| k.deleted.is_some()), "{keys:?}");
-    // The nemesis killed W3; W2 gave up on its own; neither wrote.
-    assert!(lines.iter().any(|e| matches!(&e.what,
-        What::Killed(f) if f.target.as_deref() == Some("W3"))));
+    // The nemesis killed W3, as the part's schedule says: once it was woken; W2 gave up on
+    // its own; neither wrote.
+    assert_eq!(
+        churn["schedule"],
+        serde_json::json!([{"at_ms": 0, "after": {"worker": "W3", "event": "woke", "nth": 1},
+                            "fault": "kill", "target": "W3"}]),
+        "{churn}"
+    );
+    let killed = lines.iter().position(|e| {
+        matches!(&e.what,
+        What::Killed(f) if f.target.as_deref() == Some("W3"))
+    });
+    let woke = lines.iter().position(|e| e.is("W3", Kind::Woke));
+    assert!(woke.is_some() && killed > woke, "W3 killed once woken");
     assert!(
         !lines
             .iter()
@@ -231,6 +257,18 @@ fn a_leader_frozen_past_its_lease_still_believes_it_leads_and_its_generation_is_
     assert_eq!(election["late_write"], "rejected", "{election}");
     assert_eq!(election["deposed_learned"], true, "{election}");
     assert_eq!(election["store"]["final_writer"], "L2", "{election}");
+    // The schedule froze L1 once L2 campaigned; the lab resumed it only after L2 wrote.
+    let steps = election["schedule"]
+        .as_array()
+        .expect("the part's schedule");
+    assert_eq!(steps.len(), 1, "{election}");
+    assert_eq!(steps[0]["after"]["worker"], "L2", "{election}");
+    assert_eq!(steps[0]["target"], "L1", "{election}");
+    let at = |found: &dyn Fn(&Event) -> bool| lines.iter().position(found).unwrap();
+    let l2_wrote = at(&|e| e.is("L2", Kind::Wrote));
+    let l1_resumed =
+        at(&|e| matches!(&e.what, What::Resumed(f) if f.target.as_deref() == Some("L1")));
+    assert!(l2_wrote < l1_resumed, "L1 resumed after L2 wrote");
     // L1's refused write carried its own generation, lower than L2's.
     let generations: Vec<i64> = election["generations"]
         .as_array()

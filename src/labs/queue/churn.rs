@@ -23,10 +23,12 @@ use super::verdict_churn::ChurnVerdict;
 use crate::connect::Backend;
 use crate::events::facts::Woke;
 use crate::events::{Event, Kind, What};
+use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
 use crate::labs::{Stage, WorkerHandle};
 use crate::lock::etcd_queue::EtcdQueue;
-use crate::nemesis::Nemesis;
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::worker::WorkerSpec;
 use crate::worker::queuer::QueuerScript;
 
@@ -80,6 +82,11 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
         })
     };
 
+    let schedule = faults();
+    super::scene::show(&stage, &schedule);
+    let mut faults = Faults::new(&schedule, &stage)
+        .saying(|_| Note::from("kills W3 (queued): its key stays until etcd expires its lease"));
+
     // 1. A waiter gives up: it deletes its own key.
     let gone = key(&stage, GIVES_UP);
     let waiter = worker(&mut workers, GIVES_UP);
@@ -87,15 +94,11 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     stage.wait_for(long, "W2 to give up", |e| e.is(GIVES_UP, Kind::GaveUp))?;
     stage.wait_for(long, "W3 to look again", |e| woken_by(e, KILLED, &gone))?;
 
-    // Played by hand, not as a schedule (labs::faults): W3 is killed once it was woken by
-    // W2's departure — an event recognised by its facts (which key woke it), not its kind.
-    // 2. A waiter is killed: its key stays until its lease runs out.
+    // 2. A waiter is killed (the schedule: once W2's departure woke it); its key stays
+    // until its lease runs out.
     let gone = key(&stage, KILLED);
-    nemesis.kill(
-        &mut stage,
-        worker(&mut workers, KILLED),
-        "kills W3 (queued): its key stays until etcd expires its lease",
-    )?;
+    let w3: &mut dyn Victim = worker(&mut workers, KILLED);
+    stage.play(&mut faults, &mut nemesis, &mut [w3], Until::done(long))?;
     stage.wait_for(long, "W4 to look again", |e| woken_by(e, "W4", &gone))?;
 
     // 3. The holder lets go: the line is served.
@@ -115,7 +118,21 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     let read = store
         .read_back(&run.id, RESOURCE)
         .context("reading the store back")?;
-    Ok(ChurnVerdict::from_log(&stage.log, read))
+    let mut verdict = ChurnVerdict::from_log(&stage.log, read);
+    verdict.schedule = Some(schedule);
+    Ok(verdict)
+}
+
+/// The part's fault: W3 killed once it was woken — by W2's departure, the only key it
+/// watches (the lab checks the wake's facts before it plays the schedule).
+fn faults() -> Schedule {
+    Schedule::new(vec![Step {
+        at_ms: 0,
+        after: Some(Anchor::on(KILLED, Kind::Woke, 1)),
+        fault: Fault::Kill,
+        target: KILLED.into(),
+        duration_ms: None,
+    }])
 }
 
 /// The handle of the worker named `name`.

@@ -9,7 +9,7 @@
 //! The generation is the leader key's create revision. The store refuses the woken
 //! leader's write by it; etcd's history of the candidates' keys says one led at a time.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -18,9 +18,11 @@ use super::verdict_churn::ElectionVerdict;
 use crate::check::late_write;
 use crate::connect::Backend;
 use crate::events::Kind;
+use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
 use crate::lock::etcd_queue::EtcdQueue;
-use crate::nemesis::Nemesis;
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::human;
 use crate::worker::WorkerSpec;
 use crate::worker::queuer::QueuerScript;
@@ -55,28 +57,32 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
         "L2",
         &WorkerSpec::Queuer(script("L2", Some(Duration::from_millis(50)))),
     )?;
-    stage.wait_for(long, "L2 to campaign", |e| e.is("L2", Kind::Queued))?;
     // Declared after the workers: dropped first, so that a failure resumes before it kills.
     let mut nemesis = Nemesis::new();
     let granted = super::scene::granted_lease(&l1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
-    nemesis.pause(
-        &mut stage,
-        &l1,
-        format!(
-            "freezes L1 (the leader, {} lease) for {}",
-            human(granted),
-            human(freeze)
-        ),
-    )?;
-    // Played by hand, not as a schedule (labs::faults): L1 is resumed at the end of its
-    // freeze but never before L2 was elected and wrote — a condition, which keeps the deposed
-    // leader's write after its successor's.
-    let thaw = Instant::now() + freeze;
+    let schedule = faults(freeze);
+    super::scene::show(&stage, &schedule);
+    let mut faults = Faults::new(&schedule, &stage).saying(|cue| {
+        Note::from(match cue.action.fault {
+            Fault::Pause => format!(
+                "freezes L1 (the leader, {} lease) for {}",
+                human(granted),
+                human(freeze)
+            ),
+            _ => "resumes L1: it carries on as leader".to_string(),
+        })
+    });
+    stage.wait_for(long, "L2 to campaign", |e| e.is("L2", Kind::Queued))?;
+    let frozen = Until::acted(Fault::Pause, "L1", long);
+    stage.play(&mut faults, &mut nemesis, &mut [&mut l1], frozen)?;
+    // L1's resume falls due at the end of its freeze, but is played only once L2 was
+    // elected and wrote (the freeze outlasts L1's lease by 1.5s, so as a rule L2 is
+    // elected before it ends): the deposed leader's write comes after its successor's.
     stage.wait_for(long, "L2 to be elected", |e| e.is("L2", Kind::Acquired))?;
     stage.wait_for(long, "L2 to write", |e| e.is("L2", Kind::Wrote))?;
-    stage.run_until(thaw, |_| Ok(()))?;
-    nemesis.resume(&mut stage, &l1, "resumes L1: it carries on as leader")?;
+    let resumed = Until::done(freeze + long);
+    stage.play(&mut faults, &mut nemesis, &mut [&mut l1], resumed)?;
     l1.tell("release")?;
     stage.wait_for(long, "L1 to write", |e| e.is("L1", Kind::Wrote))?;
     for (worker, who) in [(&mut l1, "L1"), (&mut l2, "L2")] {
@@ -94,5 +100,19 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
         .read_back(&run.id, RESOURCE)
         .context("reading the store back")?;
     let late = late_write(&read.attempts, "L1", "L2");
-    Ok(ElectionVerdict::from_log(&stage.log, late, read))
+    let mut verdict = ElectionVerdict::from_log(&stage.log, late, read);
+    verdict.schedule = Some(schedule);
+    Ok(verdict)
+}
+
+/// The part's fault: the leader frozen past its lease (the lease etcd granted plus 1.5s)
+/// once L2 campaigns behind it.
+fn faults(freeze: Duration) -> Schedule {
+    Schedule::new(vec![Step {
+        at_ms: 0,
+        after: Some(Anchor::on("L2", Kind::Queued, 1)),
+        fault: Fault::Pause,
+        target: "L1".into(),
+        duration_ms: Some(freeze.as_millis() as u64),
+    }])
 }

@@ -17,6 +17,7 @@ use crate::check::{Finding, LateWrite};
 use crate::events::facts::{ServerCount, Turn};
 use crate::events::{Event, Kind, What};
 use crate::labs::runner;
+use crate::nemesis::schedule::Schedule;
 use crate::output::{human, prose, table};
 use crate::store::ReadBack;
 
@@ -72,6 +73,9 @@ pub struct ExpiryVerdict {
     /// The woken holder reported that its key was gone before it let go.
     pub holder_learned: bool,
     pub store: ReadBack,
+    /// The faults the part played (its schedule), when it was played live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
 }
 
 impl ExpiryVerdict {
@@ -110,6 +114,7 @@ impl ExpiryVerdict {
             late_write: late.as_str(),
             holder_learned: saw("H", Kind::Lost),
             store,
+            schedule: None,
         }
     }
 }

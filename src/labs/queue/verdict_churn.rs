@@ -10,6 +10,7 @@ use crate::check::queue::{
     ChurnFacts, ChurnHistory, ElectionFacts, Grant, Waiter, Wake, churn_facts, election_facts,
 };
 use crate::events::{Event, Kind, What};
+use crate::nemesis::schedule::Schedule;
 use crate::output::prose;
 use crate::store::ReadBack;
 
@@ -19,6 +20,9 @@ pub struct ChurnVerdict {
     #[serde(flatten)]
     pub facts: ChurnFacts,
     pub store: ReadBack,
+    /// The faults the part played (its schedule), when it was played live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
 }
 
 impl ChurnVerdict {
@@ -29,6 +33,7 @@ impl ChurnVerdict {
         ChurnVerdict {
             facts: churn_facts(&history, &store.attempts),
             store,
+            schedule: None,
         }
     }
 }
@@ -84,6 +89,9 @@ pub struct ElectionVerdict {
     #[serde(flatten)]
     pub facts: ElectionFacts,
     pub store: ReadBack,
+    /// The faults the part played (its schedule), when it was played live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
 }
 
 impl ElectionVerdict {
@@ -100,6 +108,7 @@ impl ElectionVerdict {
         ElectionVerdict {
             facts: election_facts(&churn_history(log), acted, learned, late),
             store,
+            schedule: None,
         }
     }
 }
