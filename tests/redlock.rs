@@ -191,6 +191,34 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
     let pause = scenario(&verdict, "client-pause");
     assert_eq!(pause["two_holders"], false, "{pause}");
     assert_eq!(pause["stale_write"]["accepted"], true, "{pause}");
+    // Its faults are its schedule: A's own pause adopted, its resume once B made its four
+    // writes — and the history shows the resume after the last of them.
+    assert_eq!(
+        pause["schedule"],
+        serde_json::json!([
+            {"at_ms": 0, "after": {"worker": "A", "event": "freezing", "nth": 1},
+             "fault": "pause", "target": "A"},
+            {"at_ms": 0, "after": {"worker": "B", "event": "wrote", "nth": 4},
+             "fault": "resume", "target": "A"}
+        ]),
+        "{pause}"
+    );
+    let in_pause = |e: &&Event| e.part.scenario.as_deref() == Some("client-pause");
+    let b_last_wrote = lines
+        .iter()
+        .filter(in_pause)
+        .filter(|e| e.is("B", Kind::Wrote))
+        .nth(3)
+        .map(|e| e.t_ms);
+    let a_resumed = lines
+        .iter()
+        .filter(in_pause)
+        .find(|e| matches!(&e.what, What::Resumed(f) if f.target.as_deref() == Some("A")))
+        .map(|e| e.t_ms);
+    assert!(
+        b_last_wrote.is_some() && a_resumed >= b_last_wrote,
+        "A resumed after B's writes"
+    );
     let guarded = |guard: &str| -> &Value {
         pause["guarded_writes"]
             .as_array()

@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use colored::Colorize;
 
 use super::Stage;
 use crate::events::Kind;
@@ -322,6 +323,16 @@ pub fn lines(schedule: &Schedule) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// Under `--step`, a part's schedule under its heading: [`lines`], dimmed (a lab whose
+/// parts play different faults; the runner shows a whole run's under the intro).
+pub fn show(stage: &Stage, schedule: &Schedule) {
+    if super::step::stepping() {
+        for line in lines(schedule) {
+            stage.timeline.say(&format!("  {}", line.dimmed()));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -83,7 +83,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     };
 
     let schedule = faults();
-    super::scene::show(&stage, &schedule);
+    crate::labs::faults::show(&stage, &schedule);
     let mut faults = Faults::new(&schedule, &stage)
         .saying(|_| Note::from("kills W3 (queued): its key stays until etcd expires its lease"));
 

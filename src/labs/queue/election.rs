@@ -62,7 +62,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
     let granted = super::scene::granted_lease(&l1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
     let schedule = faults(freeze);
-    super::scene::show(&stage, &schedule);
+    crate::labs::faults::show(&stage, &schedule);
     let mut faults = Faults::new(&schedule, &stage).saying(|cue| {
         Note::from(match cue.action.fault {
             Fault::Pause => format!(

@@ -55,7 +55,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
     let granted = super::scene::granted_lease(&w1_queued, plan);
     let freeze = granted + Duration::from_millis(1500);
     let schedule = faults(freeze);
-    super::scene::show(&stage, &schedule);
+    crate::labs::faults::show(&stage, &schedule);
     let mut faults = Faults::new(&schedule, &stage).saying(|cue| {
         Note::from(match (cue.action.fault, cue.action.target.as_str()) {
             (Fault::Pause, "W1") => format!(

@@ -15,7 +15,6 @@ use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::labs::step::Checkpoint;
 use crate::lock::etcd_queue::EtcdQueue;
-use crate::nemesis::schedule::Schedule;
 use crate::store::Store;
 use crate::worker::queuer::{QueuerScript, StoreTarget, Way};
 
@@ -56,15 +55,6 @@ pub(super) fn begin(
         store,
         prefix,
     })
-}
-
-/// Under `--step`, the part's schedule: the faults it plays, in a few short lines.
-pub(super) fn show(stage: &Stage, schedule: &Schedule) {
-    if crate::labs::step::stepping() {
-        for line in crate::labs::faults::lines(schedule) {
-            stage.timeline.say(&format!("  {}", line.dimmed()));
-        }
-    }
 }
 
 /// How long a part waits for any one step of its workers: a few leases, and then some.

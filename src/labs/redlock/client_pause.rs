@@ -1,5 +1,6 @@
 //! Scenario 4: the client pauses past its validity. Redlock cannot help; a fencing token
-//! from an ordered, durable source can, its random value cannot.
+//! from an ordered, durable source can, its random value cannot. A's pause and resume are
+//! the scenario's schedule ([`faults`]).
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,10 @@ use crate::check::{self, Finding};
 use crate::events::What;
 use crate::events::facts::{Expired, StaleWrite, StaleWriteKind, Wrote};
 use crate::events::{Event, Kind};
+use crate::labs::faults::{Faults, Until};
 use crate::lock::redlock::{self, Master};
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
+use crate::nemesis::{Fault, Note};
 use crate::output::human;
 use crate::store::Store;
 use crate::worker::WorkerSpec;
@@ -68,18 +72,27 @@ impl Scene {
             _ => 0,
         };
         self.values.push((a_value.clone(), "A".into()));
+        let schedule = faults(resources.guarded("", 0).len() as u32);
+        crate::labs::faults::show(&self.stage, &schedule);
+        let mut faults = Faults::new(&schedule, &self.stage)
+            .self_pausing("A")
+            .saying(|cue| {
+                Note::from(match cue.action.fault {
+                    Fault::Pause => format!(
+                        "sees A (pid {}) stopped; its validity was {a_validity}ms",
+                        cue.pid
+                    ),
+                    _ => format!(
+                        "sends SIGCONT to A after {}",
+                        human(cue.held.unwrap_or_default())
+                    ),
+                })
+            });
         self.stage
             .wait_for(long, "A to freeze itself", |e| e.is("A", Kind::Freezing))?;
-        let seen_stopped = format!(
-            "sees A (pid {}) stopped; its validity was {a_validity}ms",
-            a.pid
-        );
-        self.nemesis
-            .adopt_pause(&mut self.stage, &a, seen_stopped)?;
-        // Played by hand, not as a schedule (labs::faults): A is resumed once its key is gone
-        // from every master (read from each) and B has taken the lock and written — conditions
-        // read back mid-run, not a time.
-        let frozen_at = Instant::now();
+        let frozen = Until::acted(Fault::Pause, "A", long);
+        self.stage
+            .play(&mut faults, &mut self.nemesis, &mut [&mut a], frozen)?;
         // Until no master holds A's value: each expires it by its own clock.
         let deadline = Instant::now() + long;
         loop {
@@ -157,8 +170,10 @@ impl Scene {
                 ),
             ));
         }
-        let sigcont = format!("sends SIGCONT to A after {}", human(frozen_at.elapsed()));
-        self.nemesis.resume(&mut self.stage, &a, sigcont)?;
+        // B has written everything: the schedule's resume of A falls due now.
+        let resumed = Until::done(long);
+        self.stage
+            .play(&mut faults, &mut self.nemesis, &mut [&mut a], resumed)?;
         self.stage
             .wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
         a.finish(Duration::from_secs(5));
@@ -250,7 +265,25 @@ impl Scene {
             prevented_by: "a fencing token from an ordered, durable source (a Postgres \
                            sequence, an etcd revision) checked by the store; not Redlock, and \
                            not its random value, even compare-and-set",
+            schedule: Some(schedule),
             ..Default::default()
         })
     }
+}
+
+/// The scenario's faults: A stops itself where its script says (the nemesis adopts the
+/// pause), and is resumed once B — granted after A's key expired on every master, which
+/// the lab reads from each — has made its `writes` writes, one per guarded resource.
+fn faults(writes: u32) -> Schedule {
+    let on_a = |after: Anchor, fault: Fault| Step {
+        at_ms: 0,
+        after: Some(after),
+        fault,
+        target: "A".into(),
+        duration_ms: None,
+    };
+    Schedule::new(vec![
+        on_a(Anchor::on("A", Kind::Freezing, 1), Fault::Pause),
+        on_a(Anchor::on("B", Kind::Wrote, writes), Fault::Resume),
+    ])
 }

@@ -11,6 +11,7 @@ use crate::check::redlock::{MasterState, StaleWrite};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
 use crate::lock::redlock::{self, Attempt};
+use crate::nemesis::schedule::Schedule;
 use crate::output::table;
 
 /// What the paused client's late write came to in one resource of the store (client-pause).
@@ -68,6 +69,9 @@ pub struct ScenarioVerdict {
     pub simulated: Option<&'static str>,
     pub meaning: String,
     pub prevented_by: &'static str,
+    /// The faults the scenario played as a schedule (client-pause).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
 }
 
 /// The run's verdict: the plan it played and each scenario's verdict.
