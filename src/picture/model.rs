@@ -533,7 +533,7 @@ impl Part {
                 _ => {}
             }
         }
-        let stale_after = holds.ends_by_holder();
+        let mut stale_after = holds.ends_by_holder();
         // Writers that write to more than one resource: their write labels name it.
         let mut resources: HashMap<&str, BTreeSet<&str>> = HashMap::new();
         for (_, event) in events {
@@ -631,13 +631,17 @@ impl Part {
             lane.overlaps = overlaps(&lane.bars, &mine);
             lanes.push(lane);
         }
-        lanes.extend(super::masters::lanes(
-            events,
-            &masters,
-            end,
-            everyone,
-            &mut freezes,
-        ));
+        let quorum_and_masters =
+            super::masters::lanes(events, &masters, end, everyone, &mut freezes);
+        // A Redlock holder's lock ends with its validity: a write after it is stale too.
+        if let Some(quorum) = quorum_and_masters.first() {
+            for bar in &quorum.bars {
+                let held = stale_after.entry(bar.holder.clone()).or_default();
+                held.push((bar.from, (!bar.open).then_some(bar.held_to)));
+                held.sort_by_key(|(from, _)| *from);
+            }
+        }
+        lanes.extend(quorum_and_masters);
         for worker in &workers {
             let mut lane = Lane::new(worker, LaneKind::Worker);
             lane.freezes = freezes.remove(worker).unwrap_or_default();

@@ -340,13 +340,21 @@ fn draw_part(
         seconds(part.end - part.start)
     );
     if let Some((text, tone)) = &part.outcome {
+        // After the heading and its times; cut to the drawing's width (whole on hover).
+        let x = 12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 40.0 * LABEL_CHAR;
+        let room = ((WIDTH - 16.0 - x) / 7.6).max(8.0) as usize;
+        let shown = if text.chars().count() > room {
+            text.chars().take(room - 1).collect::<String>() + "…"
+        } else {
+            text.clone()
+        };
         let _ = writeln!(
             out,
-            "<text class=\"outcome\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{}\">{}</text>",
-            12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 32.0 * LABEL_CHAR,
+            "<text class=\"outcome\" x=\"{x:.1}\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{}\"><title>{}</title>{}</text>",
             top + 15.0,
             tone_color(*tone),
-            escape(text)
+            escape(text),
+            escape(&shown)
         );
     }
     // Grid.
@@ -445,6 +453,13 @@ fn draw_lane(
             escape(&text),
         );
     }
+    // Labels drawn outside their bars, by row: one must not cover another.
+    let mut outside: Vec<(usize, f64, f64)> = Vec::new();
+    let clear_of = |outside: &[(usize, f64, f64)], row: usize, from: f64, to: f64| {
+        outside
+            .iter()
+            .all(|(r, a, b)| *r != row || to <= *a || from >= *b)
+    };
     for bar in &lane.bars {
         let (color, ink) = HOLDERS[bar.color % HOLDERS.len()];
         let pattern = bar.color % HOLDERS.len();
@@ -476,7 +491,9 @@ fn draw_lane(
             );
         } else if x - 3.0 - label_width > X0 - 4.0
             && free_between(lane, bar, x - 3.0 - label_width, x, part, scale)
+            && clear_of(&outside, bar.row, x - 3.0 - label_width, x)
         {
+            outside.push((bar.row, x - 3.0 - label_width, x));
             let _ = writeln!(
                 out,
                 "<text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
@@ -486,7 +503,9 @@ fn draw_lane(
             );
         } else if let after = scale.x(part, bar.believed_to).max(x + w) + 4.0
             && free_between(lane, bar, after, after + label_width, part, scale)
+            && clear_of(&outside, bar.row, after, after + label_width)
         {
+            outside.push((bar.row, after, after + label_width));
             // No room left of it without running into the lane's name: after its end.
             let _ = writeln!(
                 out,
@@ -571,7 +590,7 @@ fn draw_lane(
 /// The height of one more row of labels.
 const LABEL_ROW: f64 = 12.0;
 /// Rows of labels a lane may take; a label that fits in none keeps only its hover text.
-const LABEL_ROWS: usize = 3;
+const LABEL_ROWS: usize = 4;
 
 /// Where each mark's label goes on its lane: its x and its row (0: beside the mark).
 struct Labels {
