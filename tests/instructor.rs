@@ -418,6 +418,32 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
     assert_gone(&worker_pids(&lines));
 }
 
+#[test]
+fn step_clear_starts_each_part_at_the_top_of_the_screen() {
+    let mut args = LAB1.to_vec();
+    args.extend(["--step", "--clear", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    stepped.wait_for_checkpoint("before the freeze (without fencing)");
+    let clear = "\x1b[2J\x1b[3J\x1b[H";
+    assert!(!stepped.screen().contains(clear), "cleared before Enter");
+    stepped.type_line("");
+    let cleared = eventually(std::time::Duration::from_secs(30), || {
+        stepped.screen().contains(clear)
+    });
+    assert!(cleared, "Enter did not clear:\n{}", stepped.screen());
+    let screen = stepped.screen();
+    let after = &screen[screen.find(clear).unwrap()..];
+    assert!(
+        after.contains("▶ before the freeze (without fencing)"),
+        "the cleared screen names the part that comes:\n{after}"
+    );
+    stepped.wait_for_checkpoint("before the fenced run");
+    stepped.type_line("q");
+    let (status, lines, _, screen) = stepped.finish();
+    assert_eq!(status.code(), Some(130), "{screen}");
+    assert_gone(&worker_pids(&lines));
+}
+
 const LAB4: [&str; 9] = [
     "etcd-vs-redis",
     "--redis-ttl",
