@@ -1064,3 +1064,25 @@ fn lab_7_shows_each_approachs_outcome_and_fits_a_page() {
     assert!(drawing <= 2400.0, "the drawing is {drawing}px tall");
     assert_labels_apart_and_beside(&svg);
 }
+
+#[test]
+fn every_two_holders_label_stays_inside_the_drawing() {
+    for fixture in [ETCD_VS_REDIS, FAILOVER, REDLOCK, GC_PAUSE] {
+        let svg = picture::svg(&recording(fixture));
+        let mut seen = 0;
+        for chunk in svg.split("<g class=\"overlap\">").skip(1) {
+            let text = &chunk[chunk.find("<text").expect("a label")..];
+            let x: f64 = between(text, " x=\"", "\" y=")[" x=\"".len()..]
+                .parse()
+                .expect("a number");
+            let label = &text[text.find('>').unwrap() + 1..text.find("</text>").unwrap()];
+            let width = label.chars().count() as f64 * 6.3;
+            assert!(
+                x >= 0.0 && x + width <= 1280.0 - 12.0 + 0.1,
+                "{label:?} runs out of the drawing at x {x}"
+            );
+            seen += 1;
+        }
+        assert!(seen > 0, "a fixture with two holders");
+    }
+}

@@ -582,7 +582,13 @@ impl Part {
             let names_on_backend = locks.iter().filter(|(b, _)| b == backend).count();
             let name = match lock_name {
                 Some(lock_name) if names_on_backend > 1 => {
-                    format!("{backend_lane} {}", short_lock_name(lock_name))
+                    let short = short_lock_name(lock_name);
+                    // `redis-renewed` names its backend already; `unfenced` does not.
+                    if short.starts_with(backend.as_str()) || short.starts_with(&backend_lane) {
+                        short
+                    } else {
+                        format!("{backend_lane} {short}")
+                    }
                 }
                 _ => backend_lane,
             };
@@ -703,14 +709,12 @@ fn tally_label(event: &Event) -> Option<String> {
     (!said.is_empty()).then(|| said.join(" · "))
 }
 
-/// A lock's name without the run's namespace: `lockslab:5c2487d1:failover:unfenced:lock`
-/// is `unfenced`.
+/// A lock's name as its lane says it: the last part of the key, without the run's
+/// namespace (`lockslab:5c2487d1:failover:unfenced:lock` is `unfenced`,
+/// `lockslab:cbc458a2:etcd-vs-redis:kill:redis-renewed` is `redis-renewed`).
 fn short_lock_name(name: &str) -> String {
-    let rest = match name.strip_prefix("lockslab:") {
-        Some(rest) => rest.splitn(3, ':').nth(2).unwrap_or(rest),
-        None => name,
-    };
-    rest.strip_suffix(":lock").unwrap_or(rest).to_string()
+    let name = name.strip_suffix(":lock").unwrap_or(name);
+    name.rsplit(':').next().unwrap_or(name).to_string()
 }
 
 impl Lane {

@@ -424,7 +424,7 @@ fn draw_lane(
     let size = (12.0f64).min((X0 - 16.0) / (name.chars().count() as f64 * 0.62));
     let _ = writeln!(
         out,
-        "<text class=\"lane-name\" x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{INK}\" font-size=\"{size:.1}\">{}</text>",
+        "<text class=\"lane-name\" x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{INK}\" style=\"font-size:{size:.1}px\">{}</text>",
         X0 - 10.0,
         y + 13.0,
         escape(&name)
@@ -433,9 +433,9 @@ fn draw_lane(
         let x = scale.x(part, overlap.from);
         let w = (scale.x(part, overlap.to) - x).max(2.0);
         let text = overlap_label(overlap);
-        // In its own lane, under the bars, from the band's end (where [`lay_out_labels`]
-        // kept room for it).
-        let label_x = x + w + 4.0;
+        // In its own lane, under the bars, beside the band (where [`lay_out_labels`] kept
+        // room for it).
+        let (label_x, _) = overlap_label_span(x + w, &text);
         let _ = writeln!(
             out,
             "<g class=\"overlap\"><title>{} at once for {} (+{} to +{}): each from its grant to its release</title>\
@@ -604,6 +604,18 @@ impl Labels {
     }
 }
 
+/// Where a "two holders" label goes, from the band's right end: after it, or, where that
+/// would leave the drawing, ending at it.
+fn overlap_label_span(band_end: f64, text: &str) -> (f64, f64) {
+    let width = text.chars().count() as f64 * LABEL_CHAR;
+    let from = if band_end + 4.0 + width > WIDTH - 12.0 {
+        band_end - 2.0 - width
+    } else {
+        band_end + 4.0
+    };
+    (from, from + width)
+}
+
 fn overlap_label(overlap: &super::model::Overlap) -> String {
     format!("two holders: {}", overlap.holders.join(" and "))
 }
@@ -620,11 +632,10 @@ fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
     // A lock lane's "two holders" labels take the row under its bars.
     let mut rows = 1;
     for overlap in &lane.overlaps {
-        let x = scale.x(part, overlap.to) + 4.0;
-        taken[1].push((
-            x,
-            x + overlap_label(overlap).chars().count() as f64 * LABEL_CHAR,
-        ));
+        let end = scale
+            .x(part, overlap.to)
+            .max(scale.x(part, overlap.from) + 2.0);
+        taken[1].push(overlap_label_span(end, &overlap_label(overlap)));
         rows = 2;
     }
     let mut order: Vec<usize> = (0..lane.marks.len())
