@@ -111,7 +111,8 @@ enum Command {
     Chaos(crate::labs::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or INCONCLUSIVE
     Matrix(crate::labs::chaos::matrix::MatrixArgs),
-    /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is
+    /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is,
+    /// its workshop session, its `--step` stops and the tools its by-hand part needs
     List,
     /// Check this machine before a session: tools, servers, free connections, each lab
     Doctor(crate::doctor::DoctorArgs),
@@ -181,7 +182,11 @@ Examples:
     /// Show the servers `lockslab up` started and whether they answer
     Status,
     /// A room's results: every seat's finished runs, lab by lab, and how each outcome fell
+    /// (the same as `lockslab room results`)
     Results(crate::room::ResultsArgs),
+    /// The room the servers of `lockslab up --room` serve: `lockslab room results`
+    #[command(subcommand)]
+    Room(crate::room::RoomCommand),
     /// Draw a saved run (`<lab> --json > RUN.jsonl`) as a self-contained HTML page or SVG
     #[command(after_help = "\
 Examples:
@@ -251,13 +256,14 @@ pub fn run() -> Result<ExitCode> {
     }
     if let Some(output) = command.lab_output() {
         crate::labs::step::enable(output.step);
+        crate::labs::step::clear_screens(output.clear);
         let seed = output.seed.unwrap_or_else(crate::seed::fresh);
         crate::seed::start(seed, "lab");
     }
     match command {
         Command::Chaos(args) => return crate::labs::chaos::run(&args),
         Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
-        Command::List => crate::menu::print(),
+        Command::List => crate::menu::print_list(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::Checklist(args) => crate::checklist::run(&args)?,
         Command::Completions { shell } => completions(shell),
@@ -288,7 +294,9 @@ pub fn run() -> Result<ExitCode> {
             }
         }
         Command::Status => status()?,
-        Command::Results(args) => crate::room::results(&args)?,
+        Command::Results(args) | Command::Room(crate::room::RoomCommand::Results(args)) => {
+            crate::room::results(&args)?
+        }
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,

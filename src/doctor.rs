@@ -15,7 +15,8 @@ use crate::connect::{self, Backend};
 use crate::menu;
 use crate::output::{Style, human};
 use crate::servers::{
-    self, ALL, Lifetime, PG_CONNECTIONS_PER_LAB, PrivateServers, ServerArgs, UpState,
+    self, ALL, Lifetime, PG_CONNECTIONS_AT_DEFAULTS, PG_CONNECTIONS_PER_LAB, PrivateServers,
+    ServerArgs, UpState,
 };
 
 #[derive(clap::Args, Debug)]
@@ -315,7 +316,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         crate::outln!("{}", "Shared Postgres".bold());
         match pg_connections(url) {
             Ok((max, used, free)) => {
-                let runs = free / PG_CONNECTIONS_PER_LAB;
+                let runs = free / PG_CONNECTIONS_AT_DEFAULTS;
                 let line = format!(
                     "{free} of {max} connections free ({used} in use): {runs} lab runs at once"
                 );
@@ -325,9 +326,11 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
                     say(Mark::Fix, &line);
                 }
                 advise(&format!(
-                    "a lab holds up to {PG_CONNECTIONS_PER_LAB}; a room of 30 needs {} \
-                     (`lockslab up --room` sets max_connections so)",
-                    30 * PG_CONNECTIONS_PER_LAB
+                    "a lab run at its defaults holds up to {PG_CONNECTIONS_AT_DEFAULTS}, \
+                     `no-lock --contention` up to {PG_CONNECTIONS_PER_LAB}; a room of 30 \
+                     running any lab at once needs {} (`lockslab up --room` sets \
+                     max_connections so)",
+                    servers::room_pg_connections(30)
                 ));
             }
             Err(err) => say(Mark::Fix, &format!("{err:#}")),

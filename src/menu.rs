@@ -21,6 +21,12 @@ pub struct LabRow {
     pub takes: &'static str,
     pub needs: &'static [Backend],
     pub walkthrough: &'static str,
+    /// Minutes it takes in a workshop, with `--step` and its questions (README's plans).
+    pub session: u8,
+    /// The stops `--step` makes in a run with the defaults (counted by running it).
+    pub stops: u8,
+    /// The tools its walkthrough's by-hand part runs, besides lockslab itself.
+    pub by_hand: &'static [&'static str],
 }
 
 use Backend::{Etcd, Postgres, Redis};
@@ -35,6 +41,9 @@ pub const LABS: &[LabRow] = &[
         takes: "6s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/01-gc-pause.md",
+        session: 15,
+        stops: 3,
+        by_hand: &["redis-cli", "jq"],
     },
     LabRow {
         number: 2,
@@ -43,6 +52,9 @@ pub const LABS: &[LabRow] = &[
         takes: "17s",
         needs: &[Redis],
         walkthrough: "labs/02-naive.md",
+        session: 10,
+        stops: 5,
+        by_hand: &["redis-cli", "jq"],
     },
     LabRow {
         number: 3,
@@ -51,6 +63,9 @@ pub const LABS: &[LabRow] = &[
         takes: "3s",
         needs: &[Postgres],
         walkthrough: "labs/03-skip-locked.md",
+        session: 10,
+        stops: 2,
+        by_hand: &["psql", "jq"],
     },
     LabRow {
         number: 4,
@@ -59,6 +74,9 @@ pub const LABS: &[LabRow] = &[
         takes: "15s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/04-etcd-vs-redis.md",
+        session: 15,
+        stops: 4,
+        by_hand: &["psql", "jq"],
     },
     LabRow {
         number: 5,
@@ -67,6 +85,9 @@ pub const LABS: &[LabRow] = &[
         takes: "16s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/05-failover.md",
+        session: 15,
+        stops: 3,
+        by_hand: &["redis-server", "redis-cli", "etcdctl", "jq"],
     },
     LabRow {
         number: 6,
@@ -75,6 +96,9 @@ pub const LABS: &[LabRow] = &[
         takes: "8s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/06-redlock.md",
+        session: 15,
+        stops: 5,
+        by_hand: &["redis-server", "redis-cli"],
     },
     LabRow {
         number: 7,
@@ -83,6 +107,9 @@ pub const LABS: &[LabRow] = &[
         takes: "26s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/07-no-lock.md",
+        session: 15,
+        stops: 9,
+        by_hand: &["psql"],
     },
     LabRow {
         number: 8,
@@ -91,6 +118,9 @@ pub const LABS: &[LabRow] = &[
         takes: "6s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/08-network.md",
+        session: 15,
+        stops: 10,
+        by_hand: &[],
     },
     LabRow {
         number: 9,
@@ -99,6 +129,9 @@ pub const LABS: &[LabRow] = &[
         takes: "60s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/09-lease-guard.md",
+        session: 15,
+        stops: 7,
+        by_hand: &["redis-server"],
     },
     LabRow {
         number: 10,
@@ -107,6 +140,9 @@ pub const LABS: &[LabRow] = &[
         takes: "20s",
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/10-queue.md",
+        session: 10,
+        stops: 7,
+        by_hand: &["jq"],
     },
 ];
 
@@ -121,8 +157,18 @@ pub fn available() -> Vec<&'static LabRow> {
     LABS.iter().collect()
 }
 
-/// The menu, fitted to 80 columns: a lab takes two lines.
+/// The menu, fitted to 80 columns: a lab takes two lines (three for `lockslab list`:
+/// its workshop session, its `--step` stops and the tools of its by-hand part).
 pub fn print() {
+    print_labs(false);
+}
+
+/// `lockslab list`: the menu with each lab's session, stops and by-hand tools.
+pub fn print_list() {
+    print_labs(true);
+}
+
+fn print_labs(detailed: bool) {
     Style::detect(false); // colours only on a terminal without NO_COLOR
     crate::outln!(
         "{} — learn distributed locks by breaking them",
@@ -157,6 +203,23 @@ pub fn print() {
             "",
             format!("~{} · {} · {}", lab.takes, needs, lab.walkthrough).dimmed()
         );
+        if detailed {
+            let by_hand = match lab.by_hand {
+                [] => "lockslab only".to_string(),
+                tools => tools.join(", "),
+            };
+            let session = format!("session {} min · --step: {} stops", lab.session, lab.stops);
+            let by_hand = format!("by hand: {by_hand}");
+            // One line when it fits in 80 columns, else the tools on a line of their own.
+            let lines = if 21 + session.chars().count() + 3 + by_hand.chars().count() <= 80 {
+                vec![format!("{session} · {by_hand}")]
+            } else {
+                vec![session, by_hand]
+            };
+            for line in lines {
+                crate::outln!("      {:<14} {}", "", line.dimmed());
+            }
+        }
     }
     crate::outln!();
     crate::outln!("Type first:  {}", "lockslab gc-pause".bold());
@@ -192,6 +255,23 @@ mod tests {
                 lab.walkthrough
                     .starts_with(&format!("labs/{:02}-{}", lab.number, lab.command))
             );
+        }
+    }
+
+    #[test]
+    fn every_rows_by_hand_tools_are_the_ones_its_walkthrough_runs() {
+        for lab in LABS {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(lab.walkthrough);
+            let text = std::fs::read_to_string(&path).unwrap();
+            for tool in ["redis-server", "redis-cli", "psql", "etcdctl", "jq"] {
+                assert_eq!(
+                    lab.by_hand.contains(&tool),
+                    text.contains(tool),
+                    "{}: {tool}",
+                    lab.command
+                );
+            }
+            assert!(lab.session > 0 && lab.stops > 0, "{}", lab.command);
         }
     }
 

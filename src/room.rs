@@ -77,6 +77,14 @@ pub fn holders_word(two_holders: Option<bool>) -> &'static str {
     }
 }
 
+/// `lockslab room …`: what the room's servers keep for everyone.
+#[derive(clap::Subcommand, Debug)]
+pub enum RoomCommand {
+    /// Every seat's finished runs, lab by lab, and how each outcome fell (terminal, or
+    /// `--html FILE` for the projector)
+    Results(ResultsArgs),
+}
+
 /// One recorded run, as `results` reads it.
 struct Row {
     seat: String,
@@ -88,8 +96,10 @@ struct Row {
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = "\
 Examples:
-  lockslab results                   every seat's runs, lab by lab
-  lockslab results --html room.html  the same as a page to project")]
+  lockslab room results                   every seat's runs, lab by lab
+  lockslab room results --html room.html  the same as a page to project
+
+`lockslab results` is the same command.")]
 pub struct ResultsArgs {
     /// Also write the results as a self-contained HTML page
     #[arg(long, value_name = "FILE")]

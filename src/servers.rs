@@ -506,9 +506,13 @@ fn with_user(url: &str, user: &str, password: &str) -> String {
     format!("{scheme}://{user}:{password}@{rest}")
 }
 
-/// The most Postgres connections one run of any lab holds at once (lab 3's ten consumers,
-/// its orchestrator and the store), measured by sampling `pg_stat_activity` during runs.
-pub const PG_CONNECTIONS_PER_LAB: i64 = 14;
+/// The most Postgres connections one run of any lab holds at once: `no-lock --contention`'s
+/// 32 workers, its orchestrator and the store (34 seen). Measured with
+/// `scripts/peak-connections`, which samples `pg_stat_activity` during each lab's run.
+pub const PG_CONNECTIONS_PER_LAB: i64 = 36;
+
+/// The most a run of any lab at its defaults holds (13 seen: etcd-vs-redis, failover).
+pub const PG_CONNECTIONS_AT_DEFAULTS: i64 = 14;
 
 /// How many attendees a room's servers are sized for, unless `--seats` says otherwise.
 pub const ROOM_ATTENDEES: i64 = 30;

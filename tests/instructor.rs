@@ -55,6 +55,28 @@ fn the_menu_lists_the_labs_plainly_when_piped() {
         }
         assert!(text.contains("Type first:  lockslab gc-pause"), "{text}");
     }
+    // `lockslab list` adds each lab's session, its --step stops and its by-hand tools.
+    let output = Command::new(BIN).arg("list").output().unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    for lab in lockslab::menu::available() {
+        let row = text
+            .lines()
+            .position(|l| l.split_whitespace().nth(1) == Some(lab.command))
+            .unwrap();
+        let more = text
+            .lines()
+            .skip(row + 2)
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            more.contains(&format!("session {} min", lab.session))
+                && more.contains(&format!("--step: {} stops", lab.stops))
+                && more.contains("by hand: "),
+            "{}: {more}",
+            lab.command
+        );
+    }
 }
 
 #[test]
@@ -396,6 +418,32 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
     assert_gone(&worker_pids(&lines));
 }
 
+#[test]
+fn step_clear_starts_each_part_at_the_top_of_the_screen() {
+    let mut args = LAB1.to_vec();
+    args.extend(["--step", "--clear", "--json"]);
+    let mut stepped = Stepped::start(&args);
+    stepped.wait_for_checkpoint("before the freeze (without fencing)");
+    let clear = "\x1b[2J\x1b[3J\x1b[H";
+    assert!(!stepped.screen().contains(clear), "cleared before Enter");
+    stepped.type_line("");
+    let cleared = eventually(std::time::Duration::from_secs(30), || {
+        stepped.screen().contains(clear)
+    });
+    assert!(cleared, "Enter did not clear:\n{}", stepped.screen());
+    let screen = stepped.screen();
+    let after = &screen[screen.find(clear).unwrap()..];
+    assert!(
+        after.contains("▶ before the freeze (without fencing)"),
+        "the cleared screen names the part that comes:\n{after}"
+    );
+    stepped.wait_for_checkpoint("before the fenced run");
+    stepped.type_line("q");
+    let (status, lines, _, screen) = stepped.finish();
+    assert_eq!(status.code(), Some(130), "{screen}");
+    assert_gone(&worker_pids(&lines));
+}
+
 const LAB4: [&str; 9] = [
     "etcd-vs-redis",
     "--redis-ttl",
@@ -632,7 +680,10 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
     let room = Room::up("127.0.0.2");
     assert_fits_80(&room.printed);
     assert!(
-        room.printed.contains("max_connections 460"),
+        room.printed.contains(&format!(
+            "max_connections {}",
+            lockslab::servers::room_pg_connections(30)
+        )),
         "{}",
         room.printed
     );
@@ -677,7 +728,8 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
     }
     let mut db = postgres::Client::connect(&pg_url, postgres::NoTls).unwrap();
     let max: String = db.query_one("SHOW max_connections", &[]).unwrap().get(0);
-    assert_eq!(max, "460");
+    // Every seat running the hungriest lab (no-lock --contention) at once, and some to spare.
+    assert_eq!(max, lockslab::servers::room_pg_connections(30).to_string());
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -982,6 +1034,10 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{shown}");
     assert!(shown.starts_with("8 runs by 8 seats"), "{shown}");
+    // `lockslab room results`, as the issue names it, is the same view.
+    let by_room = room.command(&["room", "results"]).output().unwrap();
+    assert!(by_room.status.success());
+    assert_eq!(String::from_utf8_lossy(&by_room.stdout), shown);
     for seat in 1..=8 {
         assert!(shown.contains(&format!("seat{seat:02}")), "{shown}");
     }

@@ -758,3 +758,331 @@ fn a_lab_refuses_a_picture_on_a_full_disk_before_it_plays() {
         assert!(output.stdout.is_empty(), "the lab did not play: {output:?}");
     }
 }
+
+// Labs 5, 6 and 7, drawn from real runs of this lockslab (tests/fixtures/pictures/: the
+// defaults, `--json`): what each picture must show, checked against the typed history.
+
+const FAILOVER: &str = include_str!("fixtures/pictures/failover.jsonl");
+const REDLOCK: &str = include_str!("fixtures/pictures/redlock.jsonl");
+const NO_LOCK: &str = include_str!("fixtures/pictures/no-lock.jsonl");
+
+/// Every mark's label in an SVG: the mark's x, the label's absolute x and baseline, its text.
+fn labels(svg: &str) -> Vec<(f64, f64, f64, String)> {
+    let number = |text: &str, after: &str| -> Option<f64> {
+        let start = text.find(after)? + after.len();
+        let end = start + text[start..].find(['"', ',', ')'])?;
+        text[start..end].parse().ok()
+    };
+    let mut found = Vec::new();
+    for chunk in svg.split("<g class=\"ev ").skip(1) {
+        let chunk = &chunk[..chunk.find("</g>").unwrap_or(chunk.len())];
+        let (Some(x), Some(after_title)) = (
+            number(chunk, "translate("),
+            chunk.find("</title>").map(|i| &chunk[i..]),
+        ) else {
+            continue;
+        };
+        let y = number(chunk, ",").unwrap_or(0.0);
+        let Some(at) = after_title.find("<text class=\"lbl\"") else {
+            continue;
+        };
+        let text = &after_title[at..];
+        let (Some(dx), Some(dy)) = (number(text, " x=\""), number(text, " y=\"")) else {
+            continue;
+        };
+        let body = &text
+            [text.find('>').expect("text opens") + 1..text.find("</text>").expect("text closes")];
+        found.push((x, x + dx, y + dy, body.to_string()));
+    }
+    found
+}
+
+/// No two labels on one baseline cover each other, and each sits right beside its mark
+/// (just right of it, or just left), never far along the lane.
+fn assert_labels_apart_and_beside(svg: &str) {
+    let labels = labels(svg);
+    assert!(!labels.is_empty(), "no labels found");
+    let width = |text: &str| text.chars().count() as f64 * 6.3;
+    for (i, (mark_x, from, y, text)) in labels.iter().enumerate() {
+        let to = from + width(text);
+        let right = (from - (mark_x + 9.0)).abs() < 0.2;
+        let left = (to - (mark_x - 9.0)).abs() < 0.2;
+        assert!(
+            right || left,
+            "{text:?} at {from} is not beside its mark at {mark_x}"
+        );
+        for (_, other_from, other_y, other) in &labels[i + 1..] {
+            let other_to = other_from + width(other);
+            let apart =
+                (y - other_y).abs() > 1.0 || to <= *other_from + 0.1 || *from >= other_to - 0.1;
+            assert!(apart, "{text:?} and {other:?} overlap at y {y}");
+        }
+    }
+}
+
+fn lock_of(event: &lockslab::events::Event) -> Option<String> {
+    event.lock().map(str::to_string)
+}
+
+#[test]
+fn lab_5_draws_one_lane_per_lock_and_two_holders_only_within_one() {
+    let recording = recording(FAILOVER);
+    let picture = picture::Picture::of(&recording);
+    let redis = picture
+        .parts
+        .iter()
+        .find(|p| p.label == "scenario=redis-failover")
+        .expect("the Redis part");
+    // As many lock lanes as locks the backends granted in the part.
+    let granted: HashSet<String> = recording
+        .events
+        .iter()
+        .filter(|e| e.kind() == Kind::Acquired && e.part.part.as_deref() == Some(&redis.label))
+        .filter_map(lock_of)
+        .collect();
+    let lock_lanes: Vec<_> = redis
+        .lanes
+        .iter()
+        .filter(|l| l.kind == picture::LaneKind::Lock)
+        .collect();
+    assert_eq!(lock_lanes.len(), granted.len(), "one lane per lock");
+    assert!(granted.len() >= 5, "the run grants five locks: {granted:?}");
+    // Two holders only between two grants of the same lock: A:x and B:x.
+    let mut bands = 0;
+    for lane in &lock_lanes {
+        for overlap in &lane.overlaps {
+            bands += 1;
+            let pairs: HashSet<&str> = overlap
+                .holders
+                .iter()
+                .map(|h| h.split_once(':').map_or(h.as_str(), |(_, pair)| pair))
+                .collect();
+            assert_eq!(
+                pairs.len(),
+                1,
+                "two holders across two locks: {:?}",
+                overlap.holders
+            );
+            let holders_of_lane: HashSet<&str> =
+                lane.bars.iter().map(|b| b.holder.as_str()).collect();
+            assert!(
+                overlap
+                    .holders
+                    .iter()
+                    .all(|h| holders_of_lane.contains(h.as_str()))
+            );
+        }
+    }
+    assert!(bands >= 1, "the failover hands at least one lock out twice");
+    // "Stale" exactly on the late writes: a write made after another worker was granted
+    // the writer's lock.
+    for lane in &redis.lanes {
+        for mark in lane
+            .marks
+            .iter()
+            .filter(|m| m.shape == picture::Shape::Write)
+        {
+            let event = &recording.events[mark.index];
+            let writer = event.worker.as_str();
+            let own = recording.events[..mark.index]
+                .iter()
+                .rev()
+                .find(|e| e.kind() == Kind::Acquired && e.worker == writer)
+                .expect("a write follows its grant");
+            let late = recording.events[..mark.index].iter().any(|e| {
+                e.kind() == Kind::Acquired
+                    && e.worker != writer
+                    && lock_of(e) == lock_of(own)
+                    && e.t_ms >= own.t_ms
+            });
+            let label = mark.label.as_deref().unwrap_or("");
+            assert_eq!(label.starts_with("STALE"), late, "{writer}: {label}");
+        }
+    }
+    assert_labels_apart_and_beside(&picture::svg(&recording));
+}
+
+#[test]
+fn lab_6_draws_a_lane_per_master_and_each_majority_on_them() {
+    let recording = recording(REDLOCK);
+    let picture = picture::Picture::of(&recording);
+    let mut majorities_at_once = 0;
+    for part in &picture.parts {
+        let rounds: Vec<(usize, &lockslab::events::Event)> = recording
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                e.kind() == Kind::Acquired && e.part.part.as_deref() == Some(&part.label)
+            })
+            .collect();
+        if rounds.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = part.lanes.iter().map(|l| l.name.as_str()).collect();
+        for master in ["m1", "m2", "m3", "m4", "m5"] {
+            assert!(
+                names.contains(&master),
+                "{}: no lane for {master}: {names:?}",
+                part.label
+            );
+        }
+        // Each round that held: one bar on each master that granted, at the round's time.
+        for (_, round) in &rounds {
+            let value = serde_json::to_value(round).expect("an event serializes");
+            let granted: Vec<&str> = value["attempt"]["answers"]
+                .as_array()
+                .expect("a round's answers")
+                .iter()
+                .filter(|a| a["reply"] == "granted")
+                .filter_map(|a| a["master"].as_str())
+                .collect();
+            for lane in part.lanes.iter().filter(|l| l.name.starts_with('m')) {
+                let has = lane
+                    .bars
+                    .iter()
+                    .any(|b| b.from == round.t_ms && b.holder == round.worker);
+                assert_eq!(
+                    has,
+                    granted.contains(&lane.name.as_str()),
+                    "{}: {} on {}",
+                    part.label,
+                    round.worker,
+                    lane.name
+                );
+            }
+        }
+        let quorum = part
+            .lanes
+            .iter()
+            .find(|l| l.name == "redlock")
+            .expect("the quorum lane");
+        majorities_at_once += quorum.overlaps.len();
+        // A kill of a master is drawn on that master's lane, not the lab's.
+        for lane in &part.lanes {
+            for mark in lane
+                .marks
+                .iter()
+                .filter(|m| m.shape == picture::Shape::Kill)
+            {
+                let event = &recording.events[mark.index];
+                if let Some(target) = event.fault().and_then(|f| f.target.as_deref()) {
+                    assert_eq!(lane.name, target);
+                }
+            }
+        }
+    }
+    assert!(
+        majorities_at_once >= 2,
+        "restart-empty and clock-jump grant twice"
+    );
+    // The store's answers each name the guard they met.
+    let svg = picture::svg(&recording);
+    for event in recording.events.iter().filter(|e| {
+        matches!(
+            e.kind(),
+            Kind::StaleWriteAccepted | Kind::StaleWriteRejected
+        )
+    }) {
+        let guard = serde_json::to_value(event).expect("serializes")["guard"]
+            .as_str()
+            .expect("a guard")
+            .to_string();
+        assert!(
+            labels(&svg)
+                .iter()
+                .any(|(_, _, _, text)| text.starts_with(&format!("{guard}: stale write"))),
+            "no label names the guard {guard}"
+        );
+    }
+    assert_labels_apart_and_beside(&svg);
+}
+
+#[test]
+fn lab_7_shows_each_approachs_outcome_and_fits_a_page() {
+    let recording = recording(NO_LOCK);
+    let picture = picture::Picture::of(&recording);
+    assert_eq!(picture.parts.len(), 8, "eight approaches");
+    for part in &picture.parts {
+        let read_back = recording
+            .events
+            .iter()
+            .filter(|e| e.part.part.as_deref() == Some(&part.label))
+            .find_map(|e| match e.kind() {
+                Kind::Violation => Some("FAILED"),
+                Kind::ExactlyOnce => Some("ok"),
+                _ => None,
+            })
+            .expect("each approach is read back");
+        let (outcome, _) = part.outcome.as_ref().expect("an outcome");
+        assert!(outcome.starts_with(read_back), "{}: {outcome}", part.label);
+        // A lock lane only where a lock was granted.
+        let grants = recording.events.iter().any(|e| {
+            e.part.part.as_deref() == Some(&part.label)
+                && matches!(e.kind(), Kind::Acquired | Kind::Between)
+        });
+        let lock_lanes = part
+            .lanes
+            .iter()
+            .filter(|l| l.kind == picture::LaneKind::Lock)
+            .count();
+        assert!(
+            grants || lock_lanes == 0,
+            "{}: a lock lane with no lock",
+            part.label
+        );
+    }
+    // Refusals and no-ops are marked on the workers whose tally has them.
+    let refused = picture
+        .parts
+        .iter()
+        .flat_map(|p| &p.lanes)
+        .flat_map(|l| &l.marks)
+        .filter(|m| {
+            m.label
+                .as_deref()
+                .is_some_and(|l| l.contains("refused") || l.contains("no-ops"))
+        })
+        .count();
+    assert!(refused > 0, "no refused or no-op marks");
+    let svg = picture::svg(&recording);
+    let height: f64 = between(&svg, "<svg ", ">")
+        .split("height=\"")
+        .nth(1)
+        .and_then(|h| h.split('"').next())
+        .and_then(|h| h.parse().ok())
+        .expect("the drawing's height");
+    let drawing_only = between(&svg, "<svg ", "Verdict</text>");
+    assert!(height > 0.0 && drawing_only.contains("class=\"outcomes\""));
+    let html = picture::html(&recording);
+    let drawing: f64 = between(&html, "<svg ", ">")
+        .split("height=\"")
+        .nth(1)
+        .and_then(|h| h.split('"').next())
+        .and_then(|h| h.parse().ok())
+        .expect("the page's drawing height");
+    assert!(drawing <= 2400.0, "the drawing is {drawing}px tall");
+    assert_labels_apart_and_beside(&svg);
+}
+
+#[test]
+fn every_two_holders_label_stays_inside_the_drawing() {
+    for fixture in [ETCD_VS_REDIS, FAILOVER, REDLOCK, GC_PAUSE] {
+        let svg = picture::svg(&recording(fixture));
+        let mut seen = 0;
+        for chunk in svg.split("<g class=\"overlap\">").skip(1) {
+            let text = &chunk[chunk.find("<text").expect("a label")..];
+            let x: f64 = between(text, " x=\"", "\" y=")[" x=\"".len()..]
+                .parse()
+                .expect("a number");
+            let label = &text[text.find('>').unwrap() + 1..text.find("</text>").unwrap()];
+            let width = label.chars().count() as f64 * 6.3;
+            assert!(
+                x >= 0.0 && x + width <= 1280.0 - 12.0 + 0.1,
+                "{label:?} runs out of the drawing at x {x}"
+            );
+            seen += 1;
+        }
+        assert!(seen > 0, "a fixture with two holders");
+    }
+}

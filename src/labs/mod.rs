@@ -51,8 +51,14 @@ pub struct OutputArgs {
     /// Stop before each reveal, print the question to ask the room, wait for Enter (q quits)
     #[arg(long)]
     pub step: bool,
+    /// With --step: clear the screen when Enter is pressed, so that each part starts at
+    /// the top of the screen
+    #[arg(long, requires = "step")]
+    pub clear: bool,
     /// Play the random choices (owner values, arrival spreads, retry delays) of the run
-    /// that printed this seed; timing still varies
+    /// that printed this seed. Timing is not replayed (which worker runs first, how long a
+    /// server takes to answer); where the faults strike (a lab's freezes and kills, lab 7's
+    /// job and moment) follows from its flags, not from the seed
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// After the run, draw it into FILE as a self-contained HTML page (timeline, lock bars,

@@ -14,8 +14,11 @@
 //! - while the holder still acts on a lock the backend had ended — until its release or its
 //!   death — the bar goes on as a hatched "still believes it holds" tail.
 //!
+//! Each lock is a lane of its own: two lock names on one server (lab 5's five pairs) are
+//! two lanes, and a backend none of whose locks was granted in a part has no lock lane.
 //! Where two holders' spans (grant to release or death) overlap on one lock, the lane shows
-//! "two holders". A write made after its writer's bar ended is stale.
+//! "two holders". A write made after its writer's bar ended is stale. Redlock's masters get
+//! a lane each ([`super::masters`]); a part the store read back (lab 7) carries its outcome.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -86,6 +89,9 @@ pub struct Part {
     pub start: u64,
     pub end: u64,
     pub lanes: Vec<Lane>,
+    /// How the part came out, when the lab read it back from the store (lab 7's
+    /// `exactly_once` or `violation`): drawn beside the part's heading.
+    pub outcome: Option<(String, Tone)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,14 +369,22 @@ impl Part {
                 pids.insert(pid, lane_of(event).to_string());
             }
         }
+        // Redlock's masters (lab 6): each a lane of its own, so that a quorum and two
+        // majorities can be seen master by master.
+        let masters = super::masters::names(events);
         let target_of = |event: &Event| -> Option<String> {
             if workers.iter().any(|w| w == lane_of(event)) {
                 return None;
             }
             if let Some(target) = event.fault().and_then(|f| f.target.as_deref())
-                && workers.iter().any(|w| w == target)
+                && (workers.iter().any(|w| w == target) || masters.iter().any(|m| m == target))
             {
                 return Some(target.to_string());
+            }
+            if let Some(master) = super::masters::master_of(event)
+                && masters.contains(&master)
+            {
+                return Some(master);
             }
             let pid = event.pid()?;
             pids.get(&pid).cloned()
@@ -519,7 +533,24 @@ impl Part {
                 _ => {}
             }
         }
-        let stale_after = holds.ends_by_holder();
+        let mut stale_after = holds.ends_by_holder();
+        // Writers that write to more than one resource: their write labels name it.
+        let mut resources: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+        for (_, event) in events {
+            if let What::Wrote(wrote) = &event.what
+                && let Some(resource) = wrote.resource.as_deref()
+            {
+                resources
+                    .entry(lane_of(event))
+                    .or_default()
+                    .insert(resource);
+            }
+        }
+        let writes_many: BTreeSet<String> = resources
+            .into_iter()
+            .filter(|(_, written)| written.len() > 1)
+            .map(|(writer, _)| writer.to_string())
+            .collect();
         let holds = holds.list;
         for (worker, from) in frozen_now {
             freezes.entry(worker).or_default().push(Span {
@@ -529,17 +560,43 @@ impl Part {
             });
         }
 
-        // Lanes: locks first, then workers, then the rest in order of appearance.
+        // Lanes: locks first (one lane per lock: two locks on one server are two lanes),
+        // then workers, then the rest in order of appearance. A backend none of whose locks
+        // was granted here gets no lock lane: its events go on a plain lane of its name.
         let mut lanes: Vec<Lane> = Vec::new();
-        for backend in &backends {
-            let name = events
+        let mut locks: Vec<(String, Option<String>)> = Vec::new();
+        for hold in &holds {
+            let lock = (hold.lock.0.clone(), hold.lock.2.clone());
+            if !locks.contains(&lock) {
+                locks.push(lock);
+            }
+        }
+        locks.sort_by_key(|(backend, _)| backends.iter().position(|b| b == backend));
+        for (backend, lock_name) in &locks {
+            let backend_lane = events
                 .iter()
                 .map(|(_, e)| lane_of(e))
                 .find(|lane| backend_of_lane(lane) == Some(backend.as_str()))
                 .unwrap_or(backend)
                 .to_string();
+            let names_on_backend = locks.iter().filter(|(b, _)| b == backend).count();
+            let name = match lock_name {
+                Some(lock_name) if names_on_backend > 1 => {
+                    let short = short_lock_name(lock_name);
+                    // `redis-renewed` names its backend already; `unfenced` does not.
+                    if short.starts_with(backend.as_str()) || short.starts_with(&backend_lane) {
+                        short
+                    } else {
+                        format!("{backend_lane} {short}")
+                    }
+                }
+                _ => backend_lane,
+            };
             let mut lane = Lane::new(&name, LaneKind::Lock);
-            let mine: Vec<&Hold> = holds.iter().filter(|h| &h.lock.0 == backend).collect();
+            let mine: Vec<&Hold> = holds
+                .iter()
+                .filter(|h| &h.lock.0 == backend && &h.lock.2 == lock_name)
+                .collect();
             let mut row_of: HashMap<String, usize> = HashMap::new();
             for hold in &mine {
                 let row_name = match hold.lock.1 {
@@ -580,6 +637,17 @@ impl Part {
             lane.overlaps = overlaps(&lane.bars, &mine);
             lanes.push(lane);
         }
+        let quorum_and_masters =
+            super::masters::lanes(events, &masters, end, everyone, &mut freezes);
+        // A Redlock holder's lock ends with its validity: a write after it is stale too.
+        if let Some(quorum) = quorum_and_masters.first() {
+            for bar in &quorum.bars {
+                let held = stale_after.entry(bar.holder.clone()).or_default();
+                held.push((bar.from, (!bar.open).then_some(bar.held_to)));
+                held.sort_by_key(|(from, _)| *from);
+            }
+        }
+        lanes.extend(quorum_and_masters);
         for worker in &workers {
             let mut lane = Lane::new(worker, LaneKind::Worker);
             lane.freezes = freezes.remove(worker).unwrap_or_default();
@@ -596,19 +664,61 @@ impl Part {
                     lanes.last_mut().expect("just pushed")
                 }
             };
-            lane.marks.push(mark(*index, event, &stale_after));
+            lane.marks
+                .push(mark(*index, event, &stale_after, &writes_many));
         }
         Part {
             label: label.to_string(),
             start,
             end,
             lanes,
+            outcome: outcome(events),
         }
     }
 }
 
+/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok.
+fn outcome(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    events.iter().rev().find_map(|(_, event)| {
+        let what = event
+            .text
+            .strip_prefix("the tables say: ")
+            .unwrap_or(&event.text);
+        match event.kind() {
+            Kind::Violation => Some((format!("FAILED — {what}"), Tone::Bad)),
+            Kind::ExactlyOnce => Some((format!("ok — {what}"), Tone::Good)),
+            _ => None,
+        }
+    })
+}
+
+/// A worker's tally, where the database turned attempts away: "3 refused · 12 no-ops".
+fn tally_label(event: &Event) -> Option<String> {
+    let value = serde_json::to_value(event).ok()?;
+    let tally = value.get("tally")?;
+    let count = |key: &str| tally.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let said: Vec<String> = [
+        ("rejected", "refused"),
+        ("no_ops", "no-ops"),
+        ("conflicts", "conflicts"),
+    ]
+    .iter()
+    .filter(|(key, _)| count(key) > 0)
+    .map(|(key, word)| format!("{} {word}", count(key)))
+    .collect();
+    (!said.is_empty()).then(|| said.join(" · "))
+}
+
+/// A lock's name as its lane says it: the last part of the key, without the run's
+/// namespace (`lockslab:5c2487d1:failover:unfenced:lock` is `unfenced`,
+/// `lockslab:cbc458a2:etcd-vs-redis:kill:redis-renewed` is `redis-renewed`).
+fn short_lock_name(name: &str) -> String {
+    let name = name.strip_suffix(":lock").unwrap_or(name);
+    name.rsplit(':').next().unwrap_or(name).to_string()
+}
+
 impl Lane {
-    fn new(name: &str, kind: LaneKind) -> Lane {
+    pub(super) fn new(name: &str, kind: LaneKind) -> Lane {
         Lane {
             name: name.to_string(),
             kind,
@@ -629,6 +739,14 @@ const MOST_PAIRS: usize = 1_000_000;
 /// Where two holders of one lock act at once: each from its grant to its release or death.
 /// Bars are compared in order of grant, each only with those granted before it let go.
 fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
+    overlaps_where(bars, |i, j| holds[i].lock == holds[j].lock)
+}
+
+/// [`overlaps`], for bars of which `same_lock(i, j)` says which are on one lock.
+pub(super) fn overlaps_where(
+    bars: &[Bar],
+    same_lock: impl Fn(usize, usize) -> bool,
+) -> Vec<Overlap> {
     let mut by_from: Vec<usize> = (0..bars.len()).collect();
     by_from.sort_by_key(|&i| (bars[i].from, i));
     let mut found: Vec<(usize, usize, Overlap)> = Vec::new();
@@ -640,7 +758,7 @@ fn overlaps(bars: &[Bar], holds: &[&Hold]) -> Vec<Overlap> {
                 break;
             }
             budget -= 1;
-            if holds[i].lock != holds[j].lock || a.holder == b.holder {
+            if !same_lock(i, j) || a.holder == b.holder {
                 continue;
             }
             let from = a.from.max(b.from);
@@ -754,7 +872,12 @@ impl Holds {
     }
 }
 
-fn mark(index: usize, event: &Event, ends: &HashMap<String, Vec<(u64, Option<u64>)>>) -> Mark {
+fn mark(
+    index: usize,
+    event: &Event,
+    ends: &HashMap<String, Vec<(u64, Option<u64>)>>,
+    writes_many: &BTreeSet<String>,
+) -> Mark {
     let t = t_of(event);
     let kind = event.kind().to_string();
     let lane = lane_of(event);
@@ -782,8 +905,27 @@ fn mark(index: usize, event: &Event, ends: &HashMap<String, Vec<(u64, Option<u64
             (Shape::Tick, Tone::Warn, Some(kind.replace('_', " ")))
         }
         Kind::Woke => (Shape::Tick, Tone::Cold, Some("woke".to_string())),
+        Kind::Finished => match tally_label(event) {
+            Some(label) => (Shape::Tick, Tone::Good, Some(label)),
+            None => (Shape::Tick, Tone::Plain, None),
+        },
         _ => (Shape::Tick, Tone::Plain, None),
     };
+    if matches!(
+        event.kind(),
+        Kind::StaleWriteAccepted | Kind::StaleWriteRejected
+    ) && let Some(label) = &mut label
+    {
+        // Which resource (lab 5) or which guard (lab 6) this answer is about.
+        let which = serde_json::to_value(event).ok().and_then(|v| {
+            ["guard", "resource"]
+                .iter()
+                .find_map(|key| v.get(key).and_then(Value::as_str).map(str::to_string))
+        });
+        if let Some(which) = which {
+            *label = format!("{which}: {label}");
+        }
+    }
     if event.lab_paused_ms().is_some() {
         tone = Tone::Bad;
         label = Some("lockslab paused: disturbed".to_string());
@@ -806,10 +948,14 @@ fn mark(index: usize, event: &Event, ends: &HashMap<String, Vec<(u64, Option<u64
             (true, _) => Tone::Warn,
             _ => Tone::Plain,
         };
+        let to = match &wrote.resource {
+            Some(resource) if writes_many.contains(lane) => format!(" to {resource}"),
+            _ => String::new(),
+        };
         label = Some(if stale {
-            format!("STALE write, {token}: {}", outcome.to_uppercase())
+            format!("STALE write{to}, {token}: {}", outcome.to_uppercase())
         } else {
-            format!("write, {token}: {outcome}")
+            format!("write{to}, {token}: {outcome}")
         });
     }
     Mark {

@@ -8,7 +8,7 @@
 use std::fmt::Write;
 
 use super::escape;
-use super::model::{Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
+use super::model::{Bar, Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
 
 pub const WIDTH: f64 = 1280.0;
 const X0: f64 = 150.0;
@@ -140,6 +140,31 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
             escape(disturbed)
         );
         y += 16.0;
+    }
+    let outcomes: Vec<(&Part, &(String, Tone))> = picture
+        .parts
+        .iter()
+        .filter_map(|part| part.outcome.as_ref().map(|o| (part, o)))
+        .collect();
+    if !outcomes.is_empty() {
+        // What each part came to, first, where a projector shows it without scrolling.
+        let _ = write!(
+            out,
+            "<text x=\"12\" y=\"{y}\" font-size=\"13\" class=\"outcomes\" fill=\"{INK}\">"
+        );
+        for (i, (part, (text, tone))) in outcomes.iter().enumerate() {
+            let verdict = text.split(" — ").next().unwrap_or(text);
+            let _ = write!(
+                out,
+                "{}<tspan font-weight=\"bold\">{}</tspan> <tspan fill=\"{}\" font-weight=\"bold\">{}</tspan>",
+                if i == 0 { "" } else { " · " },
+                escape(&short_part_name(&part.label)),
+                tone_color(*tone),
+                escape(verdict)
+            );
+        }
+        out.push_str("</text>\n");
+        y += 18.0;
     }
     y += 4.0;
     out.push_str(&legend(y));
@@ -279,7 +304,17 @@ fn draw_part(
     step: u64,
     span_ms: u64,
 ) -> f64 {
-    let lanes_height: f64 = part.lanes.iter().map(lane_height).sum();
+    let layouts: Vec<Labels> = part
+        .lanes
+        .iter()
+        .map(|lane| lay_out_labels(part, lane, scale))
+        .collect();
+    let lanes_height: f64 = part
+        .lanes
+        .iter()
+        .zip(&layouts)
+        .map(|(lane, labels)| lane_height(lane) + labels.extra_height())
+        .sum();
     let bottom = top + PART_HEAD + lanes_height;
     let _ = writeln!(
         out,
@@ -304,7 +339,24 @@ fn draw_part(
         seconds(part.start),
         seconds(part.end - part.start)
     );
-    let heading_end = 12.0 + heading.chars().count() as f64 * 8.4 + 12.0 + 40.0 * LABEL_CHAR;
+    if let Some((text, tone)) = &part.outcome {
+        // After the heading and its times; cut to the drawing's width (whole on hover).
+        let x = 12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 40.0 * LABEL_CHAR;
+        let room = ((WIDTH - 16.0 - x) / 7.6).max(8.0) as usize;
+        let shown = if text.chars().count() > room {
+            text.chars().take(room - 1).collect::<String>() + "…"
+        } else {
+            text.clone()
+        };
+        let _ = writeln!(
+            out,
+            "<text class=\"outcome\" x=\"{x:.1}\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{}\"><title>{}</title>{}</text>",
+            top + 15.0,
+            tone_color(*tone),
+            escape(text),
+            escape(&shown)
+        );
+    }
     // Grid.
     let mut t = 0;
     while t <= span_ms {
@@ -318,15 +370,14 @@ fn draw_part(
     }
     out.push('\n');
     let mut y = top + PART_HEAD;
-    for (i, lane) in part.lanes.iter().enumerate() {
-        let height = lane_height(lane);
+    for (i, (lane, labels)) in part.lanes.iter().zip(&layouts).enumerate() {
+        let height = lane_height(lane) + labels.extra_height();
         let at = LaneAt {
             y,
             height,
             index: i,
-            heading_end,
         };
-        draw_lane(out, part, lane, at, scale);
+        draw_lane(out, part, lane, at, scale, labels);
         y += height;
     }
     out.push_str("</g>\n");
@@ -337,17 +388,17 @@ struct LaneAt {
     y: f64,
     height: f64,
     index: usize,
-    /// Where the part's heading ends: labels in the heading row start after it.
-    heading_end: f64,
 }
 
-fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Scale) {
-    let LaneAt {
-        y,
-        height,
-        index,
-        heading_end,
-    } = at;
+fn draw_lane(
+    out: &mut String,
+    part: &Part,
+    lane: &Lane,
+    at: LaneAt,
+    scale: &Scale,
+    labels: &Labels,
+) {
+    let LaneAt { y, height, index } = at;
     let kind = match lane.kind {
         LaneKind::Lock => "lock",
         LaneKind::Worker => "worker",
@@ -369,9 +420,11 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
         LaneKind::Lock => format!("{} lock", lane.name),
         _ => lane.name.clone(),
     };
+    // A long name (a lock's, `redis incr-lost lock`) is drawn smaller, to stay in its column.
+    let size = (12.0f64).min((X0 - 16.0) / (name.chars().count() as f64 * 0.62));
     let _ = writeln!(
         out,
-        "<text class=\"lane-name\" x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
+        "<text class=\"lane-name\" x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{INK}\" style=\"font-size:{size:.1}px\">{}</text>",
         X0 - 10.0,
         y + 13.0,
         escape(&name)
@@ -379,21 +432,16 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
     for overlap in &lane.overlaps {
         let x = scale.x(part, overlap.from);
         let w = (scale.x(part, overlap.to) - x).max(2.0);
-        let text = format!("two holders: {}", overlap.holders.join(" and "));
-        // Right-aligned to the band's end in the part's heading row, unless that would run
-        // into the heading: then just after the band.
-        let width = text.chars().count() as f64 * LABEL_CHAR;
-        let label_x = if x + w - 2.0 - width < heading_end {
-            x + w + 4.0 + width
-        } else {
-            x + w - 2.0
-        };
+        let text = overlap_label(overlap);
+        // In its own lane, under the bars, beside the band (where [`lay_out_labels`] kept
+        // room for it).
+        let (label_x, _) = overlap_label_span(x + w, &text);
         let _ = writeln!(
             out,
             "<g class=\"overlap\"><title>{} at once for {} (+{} to +{}): each from its grant to its release</title>\
              <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.22\" \
              stroke=\"{BAD}\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
-             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{BAD}\" font-weight=\"bold\" text-anchor=\"end\">{}</text></g>",
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{BAD}\" font-weight=\"bold\">{}</text></g>",
             escape(&text),
             seconds(overlap.to - overlap.from),
             seconds(overlap.from - part.start),
@@ -401,10 +449,17 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
             y - 1.0,
             height + 2.0,
             label_x,
-            y - 2.0,
+            y + lane_height(lane) + 9.0,
             escape(&text),
         );
     }
+    // Labels drawn outside their bars, by row: one must not cover another.
+    let mut outside: Vec<(usize, f64, f64)> = Vec::new();
+    let clear_of = |outside: &[(usize, f64, f64)], row: usize, from: f64, to: f64| {
+        outside
+            .iter()
+            .all(|(r, a, b)| *r != row || to <= *a || from >= *b)
+    };
     for bar in &lane.bars {
         let (color, ink) = HOLDERS[bar.color % HOLDERS.len()];
         let pattern = bar.color % HOLDERS.len();
@@ -434,11 +489,27 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
                 by + 9.0,
                 escape(&bar.label)
             );
-        } else {
+        } else if x - 3.0 - label_width > X0 - 4.0
+            && free_between(lane, bar, x - 3.0 - label_width, x, part, scale)
+            && clear_of(&outside, bar.row, x - 3.0 - label_width, x)
+        {
+            outside.push((bar.row, x - 3.0 - label_width, x));
             let _ = writeln!(
                 out,
                 "<text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
                 x - 3.0,
+                by + 9.0,
+                escape(&bar.label)
+            );
+        } else if let after = scale.x(part, bar.believed_to).max(x + w) + 4.0
+            && free_between(lane, bar, after, after + label_width, part, scale)
+            && clear_of(&outside, bar.row, after, after + label_width)
+        {
+            outside.push((bar.row, after, after + label_width));
+            // No room left of it without running into the lane's name: after its end.
+            let _ = writeln!(
+                out,
+                "<text class=\"lbl\" x=\"{after:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"{INK}\">{}</text>",
                 by + 9.0,
                 escape(&bar.label)
             );
@@ -498,20 +569,118 @@ fn draw_lane(out: &mut String, part: &Part, lane: &Lane, at: LaneAt, scale: &Sca
     draw_waits(out, part, lane, y + height - 2.5, scale);
     let mid = match lane.kind {
         LaneKind::Lock => y + 7.5,
-        _ => y + height / 2.0,
+        _ => y + LANE / 2.0,
     };
-    let mut taken: Vec<(f64, f64)> = lane
-        .freezes
-        .iter()
-        .map(|f| {
-            let x = scale.x(part, f.from) + 10.0;
-            (x, x + 16.0 * LABEL_CHAR)
-        })
-        .collect();
-    for mark in &lane.marks {
-        draw_mark(out, part, mark, mid, scale, &mut taken);
+    // Label rows below the first: under a lock lane's bars, under a worker's marks.
+    let first_extra = match lane.kind {
+        LaneKind::Lock => lane_height(lane) - 7.5 + LABEL_ROW - 3.0,
+        _ => LANE / 2.0 + LABEL_ROW - 1.0,
+    };
+    for (mark, place) in lane.marks.iter().zip(&labels.places) {
+        let dy = match place {
+            Some((_, 0)) => 4.0,
+            Some((_, row)) => first_extra + (row - 1) as f64 * LABEL_ROW,
+            None => 0.0,
+        };
+        draw_mark(out, part, mark, mid, scale, place.map(|(x, _)| (x, dy)));
     }
     out.push_str("</g>\n");
+}
+
+/// The height of one more row of labels.
+const LABEL_ROW: f64 = 12.0;
+/// Rows of labels a lane may take; a label that fits in none keeps only its hover text.
+const LABEL_ROWS: usize = 4;
+
+/// Where each mark's label goes on its lane: its x and its row (0: beside the mark).
+struct Labels {
+    places: Vec<Option<(f64, usize)>>,
+    rows: usize,
+}
+
+impl Labels {
+    fn extra_height(&self) -> f64 {
+        self.rows.saturating_sub(1) as f64 * LABEL_ROW
+    }
+}
+
+/// Where a "two holders" label goes, from the band's right end: after it, or, where that
+/// would leave the drawing, ending at it.
+fn overlap_label_span(band_end: f64, text: &str) -> (f64, f64) {
+    let width = text.chars().count() as f64 * LABEL_CHAR;
+    let from = if band_end + 4.0 + width > WIDTH - 12.0 {
+        band_end - 2.0 - width
+    } else {
+        band_end + 4.0
+    };
+    (from, from + width)
+}
+
+fn overlap_label(overlap: &super::model::Overlap) -> String {
+    format!("two holders: {}", overlap.holders.join(" and "))
+}
+
+/// Lays a lane's labels out beside their marks, none over another: right of the mark, else
+/// left of it, else the same on a row below. What strikes the eye (a stale write taken or
+/// refused, a kill) is placed first; a label with no room keeps its hover text only.
+fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
+    let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); LABEL_ROWS];
+    for freeze in &lane.freezes {
+        let x = scale.x(part, freeze.from) + 10.0;
+        taken[0].push((x, x + 16.0 * LABEL_CHAR));
+    }
+    // A lock lane's "two holders" labels take the row under its bars.
+    let mut rows = 1;
+    for overlap in &lane.overlaps {
+        let end = scale
+            .x(part, overlap.to)
+            .max(scale.x(part, overlap.from) + 2.0);
+        taken[1].push(overlap_label_span(end, &overlap_label(overlap)));
+        rows = 2;
+    }
+    let mut order: Vec<usize> = (0..lane.marks.len())
+        .filter(|&i| lane.marks[i].label.is_some())
+        .collect();
+    order.sort_by_key(|&i| {
+        let urgent = matches!(lane.marks[i].tone, Tone::Bad | Tone::Good);
+        (!urgent, lane.marks[i].t, i)
+    });
+    let mut places = vec![None; lane.marks.len()];
+    for i in order {
+        let mark = &lane.marks[i];
+        let Some(label) = &mark.label else { continue };
+        let x = scale.x(part, mark.t);
+        let width = label.chars().count() as f64 * LABEL_CHAR;
+        let free = |from: f64, row: &[(f64, f64)]| {
+            let to = from + width;
+            from >= X0 - 6.0
+                && to <= WIDTH - 12.0
+                && row.iter().all(|(a, b)| to <= *a || from >= *b)
+        };
+        let place = (0..LABEL_ROWS).find_map(|row| {
+            [x + 9.0, x - 9.0 - width]
+                .into_iter()
+                .find(|&from| free(from, &taken[row]))
+                .map(|from| (from, row))
+        });
+        if let Some((from, row)) = place {
+            taken[row].push((from, from + width));
+            rows = rows.max(row + 1);
+            places[i] = Some((from, row));
+        }
+    }
+    Labels { places, rows }
+}
+
+/// A part's label as the outcomes' line names it: `approach=redis-lock workers=10` is
+/// `redis-lock`.
+fn short_part_name(label: &str) -> String {
+    label
+        .split_whitespace()
+        .next()
+        .map(|word| word.split_once('=').map_or(word, |(_, value)| value))
+        .unwrap_or(label)
+        .to_string()
 }
 
 /// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
@@ -539,6 +708,19 @@ fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &S
             escape(&on),
         );
     }
+}
+
+/// Is the stretch `from..to` of `bar`'s row clear of the row's other bars? (A bar's label
+/// drawn outside it must not cover the next one; without room it keeps its hover text.)
+fn free_between(lane: &Lane, bar: &Bar, from: f64, to: f64, part: &Part, scale: &Scale) -> bool {
+    lane.bars
+        .iter()
+        .filter(|other| other.row == bar.row && other.from != bar.from)
+        .all(|other| {
+            let a = scale.x(part, other.from);
+            let b = scale.x(part, other.believed_to).max(a + 2.0);
+            to <= a || from >= b
+        })
 }
 
 fn tone_color(tone: Tone) -> &'static str {
@@ -576,39 +758,13 @@ fn shape_svg(shape: Shape, tone: Tone, big: bool) -> String {
     }
 }
 
-/// Where a label goes: right of its mark, else left of it, else further left past the
-/// labels already on the lane, so that two marks at one moment stay readable.
-fn place_label(x: f64, width: f64, taken: &mut Vec<(f64, f64)>) -> f64 {
-    let free = |from: f64, to: f64, taken: &[(f64, f64)]| {
-        taken.iter().all(|(a, b)| to <= *a || from >= *b)
-    };
-    let mut start = x + 9.0;
-    if start + width > X1 + 40.0 || !free(start, start + width, taken) {
-        start = x - 9.0 - width;
-        while !free(start, start + width, taken) && start > X0 {
-            let blocking = taken
-                .iter()
-                .filter(|(a, b)| start + width > *a && start < *b)
-                .map(|(a, _)| *a)
-                .fold(f64::INFINITY, f64::min);
-            start = blocking - 4.0 - width;
-        }
-    }
-    // Only the latest labels are kept in view: placing one stays bounded on any lane.
-    if taken.len() >= 32 {
-        taken.remove(0);
-    }
-    taken.push((start, start + width));
-    start
-}
-
 fn draw_mark(
     out: &mut String,
     part: &Part,
     mark: &Mark,
     y: f64,
     scale: &Scale,
-    taken: &mut Vec<(f64, f64)>,
+    label_at: Option<(f64, f64)>,
 ) {
     let x = scale.x(part, mark.t);
     let big =
@@ -622,17 +778,15 @@ fn draw_mark(
         escape(&mark.tip),
         shape_svg(mark.shape, mark.tone, big)
     );
-    if let Some(label) = &mark.label {
+    if let (Some(label), Some((start, dy))) = (&mark.label, label_at) {
         let weight = if matches!(mark.tone, Tone::Bad | Tone::Good) {
             " font-weight=\"bold\""
         } else {
             ""
         };
-        let width = label.chars().count() as f64 * LABEL_CHAR;
-        let start = place_label(x, width, taken);
         let _ = write!(
             out,
-            "<text class=\"lbl\" x=\"{:.1}\" y=\"4\" fill=\"{}\"{weight}>{}</text>",
+            "<text class=\"lbl\" x=\"{:.1}\" y=\"{dy:.1}\" fill=\"{}\"{weight}>{}</text>",
             start - x,
             tone_color(mark.tone),
             escape(label)

@@ -30,6 +30,14 @@ pub fn enable(on: bool) {
     STEPPING.store(on, Ordering::SeqCst);
 }
 
+static CLEAR: AtomicBool = AtomicBool::new(false);
+
+/// `--clear`: each Enter at a checkpoint clears the terminal, so that the part that follows
+/// starts at the top of one screen (nothing happens when stderr is not a terminal).
+pub fn clear_screens(on: bool) {
+    CLEAR.store(on, Ordering::SeqCst);
+}
+
 pub fn stepping() -> bool {
     STEPPING.load(Ordering::SeqCst)
 }
@@ -77,7 +85,12 @@ fn stop(name: &str, question: &str) {
                 )),
             )
         }
-        Ok(_) => {}
+        Ok(_) => {
+            if CLEAR.load(Ordering::SeqCst) && std::io::stderr().is_terminal() {
+                // ESC[2J clears the screen, ESC[3J its scrollback, ESC[H goes home.
+                crate::errln!("\x1b[2J\x1b[3J\x1b[H{}", format!("▶ {name}").dimmed());
+            }
+        }
     }
 }
 
