@@ -89,9 +89,10 @@ fn passes(name: &str, mode: &str, seed: u64) {
 }
 
 #[test]
-fn counter_without_a_lock_loses_updates_and_with_setnx_does_not() {
+fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
     caught_within("counter", "none", "stale-write", 3);
-    passes("counter", "setnx", 1);
+    // Not `setnx`: on a busy machine a client stalled past the TTL makes it fail (rightly).
+    passes("counter", "fenced", 1);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 """Reference clients for `lockslab challenge`, broken and fixed side by side.
 
     lockslab challenge counter -- python3 examples/challenge/reference.py none      # fails
-    lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes
+    lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
@@ -17,6 +17,9 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         done twice.
 once    fenced + the job recorded as done in the same transaction: a resent job
         that already took effect is answered ok again, with no second effect.
+
+* unless a client stalls past the TTL by itself (a busy machine does that): then
+  `counter` catches what `pause` is about, with no fault injected.
 
 Needs python3-redis and python3-psycopg2 (scripts/setup installs them).
 """
@@ -85,6 +88,7 @@ def do(job, token):
             if cur.rowcount == 0:
                 return True  # done before, by a client that died before answering
         say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
         cur.execute(f"UPDATE {table} SET value = %s, job = %s, fence = %s WHERE record = %s",
                     (value + job["add"], job["id"], token, job["record"]))
     return True

@@ -8,6 +8,7 @@ Needs python3-redis and python3-psycopg2 (scripts/setup installs them).
 """
 import json
 import sys
+import time
 
 import psycopg2
 import redis
@@ -32,6 +33,7 @@ for line in sys.stdin:  # lockslab closes stdin when there are no more jobs
         cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
         (value,) = cur.fetchone()
         say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
         cur.execute(
             f"UPDATE {table} SET value = %s, job = %s WHERE record = %s",
             (value + job["add"], job["id"], job["record"]),

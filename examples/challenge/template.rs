@@ -44,6 +44,9 @@ fn main() {
             .unwrap();
         let value: i64 = row.get(0);
         say(json!({"type": "writing", "job": id}));
+        // The job's work, between read and write.
+        let work = job["work_ms"].as_u64().unwrap_or(0);
+        std::thread::sleep(std::time::Duration::from_millis(work));
         tx.execute(
             &format!("UPDATE {table} SET value = $1, job = $2 WHERE record = $3"),
             &[&(value + add), &id, &record],

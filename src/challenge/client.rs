@@ -200,3 +200,19 @@ fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
         }
     }
 }
+
+/// A client did something that ends the run (the challenge is failed, with this sentence).
+#[derive(Debug)]
+pub struct ClientFailed(pub String);
+
+impl std::fmt::Display for ClientFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClientFailed {}
+
+pub fn failed(sentence: String) -> anyhow::Error {
+    ClientFailed(sentence).into()
+}

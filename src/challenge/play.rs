@@ -10,14 +10,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use super::challenges::Challenge;
-use super::client::{Client, Heard};
+use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
+use super::verdict::Tape;
 use crate::check::challenge::JobSpec;
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
 use crate::nemesis::{Fault, Nemesis, Record};
 
+/// The work of every job, between its read and its write.
+pub const WORK_MS: u64 = 20;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
 
@@ -45,33 +48,6 @@ pub struct Played {
     pub faults_played: usize,
     /// What a client did that ended the run (crashed, hung, garbage, flood).
     pub client_failure: Option<String>,
-}
-
-/// The run's history: stamped on the run's clock and, as it comes, shown.
-pub struct Tape {
-    start: Instant,
-    json: bool,
-    pub events: Vec<Event>,
-}
-
-impl Record for Tape {
-    fn record(&mut self, mut event: Event) {
-        event.t_ms = self.start.elapsed().as_millis() as u64;
-        if self.json {
-            crate::output::json_line(&event);
-        } else if !matches!(
-            event.what,
-            What::JobSent(_)
-                | What::JobAnswered(_)
-                | What::Acquired(_)
-                | What::Working
-                | What::Released(_)
-                | What::Run(_)
-        ) {
-            crate::outln!("{:>7}ms  {:<4} {}", event.t_ms, event.worker, event.text);
-        }
-        self.events.push(event);
-    }
 }
 
 struct Seat {
@@ -162,22 +138,6 @@ pub fn play(setup: &Setup) -> Result<Played> {
         faults_played: run.faults_played,
         client_failure: failure,
     })
-}
-
-/// A client did something that ends the run (the challenge is failed, with this sentence).
-#[derive(Debug)]
-pub struct ClientFailed(pub String);
-
-impl std::fmt::Display for ClientFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ClientFailed {}
-
-fn failed(sentence: String) -> anyhow::Error {
-    ClientFailed(sentence).into()
 }
 
 impl Run<'_> {
@@ -426,6 +386,7 @@ impl Run<'_> {
                 id: job,
                 record: spec.record.clone(),
                 add: spec.add,
+                work_ms: WORK_MS,
             }));
             let name = seat.client.name.clone();
             let facts = ChallengeJob {

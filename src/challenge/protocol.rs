@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! lockslab ──> {"type":"init", ...}                 client ──> {"type":"ready","notes":true}
-//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3}
+//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"work_ms":20}
 //!                                                   client ──> {"type":"acquired","job":1,"token":7}
 //!                                                   client ──> {"type":"writing","job":1}
 //!                                                   client ──> {"type":"released","job":1}
@@ -50,6 +50,9 @@ pub struct Job {
     pub id: i64,
     pub record: String,
     pub add: i64,
+    /// How long to work between reading the record and writing it (sleep): a real job
+    /// computes something there, and that is where a pause hurts.
+    pub work_ms: u64,
 }
 
 /// What a client may say.
@@ -76,7 +79,7 @@ pub enum FromClient {
         #[serde(default)]
         token: Option<i64>,
     },
-    /// Note: it is about to write.
+    /// Note: it has read the record; its write follows, after the job's work.
     Writing { job: i64 },
     /// Note: it let the lock go.
     Released { job: i64 },
@@ -109,10 +112,11 @@ mod tests {
             id: 1,
             record: "r0".into(),
             add: 3,
+            work_ms: 20,
         });
         assert_eq!(
             serde_json::to_string(&job).unwrap(),
-            r#"{"type":"job","id":1,"record":"r0","add":3}"#
+            r#"{"type":"job","id":1,"record":"r0","add":3,"work_ms":20}"#
         );
         let said: FromClient =
             serde_json::from_str(r#"{"type":"acquired","job":1,"token":7}"#).unwrap();

@@ -7,7 +7,10 @@ use serde_json::json;
 use super::challenges::Challenge;
 use super::play::{Played, Setup};
 use crate::check::challenge::{Evidence, Grade, Report};
+use crate::events::{Event, What};
+use crate::nemesis::Record;
 use crate::servers::Servers;
+use std::time::Instant;
 
 const PYTHON: &str = include_str!("../../examples/challenge/template.py");
 const RUST: &str = include_str!("../../examples/challenge/template.rs");
@@ -127,4 +130,31 @@ pub fn show(
         crate::prose!("  ? {line}");
     }
     crate::prose!("  replay: {}", replay(setup));
+}
+
+/// The run's history: stamped on the run's clock and, as it comes, shown.
+pub struct Tape {
+    pub start: Instant,
+    pub json: bool,
+    pub events: Vec<Event>,
+}
+
+impl Record for Tape {
+    fn record(&mut self, mut event: Event) {
+        event.t_ms = self.start.elapsed().as_millis() as u64;
+        if self.json {
+            crate::output::json_line(&event);
+        } else if !matches!(
+            event.what,
+            What::JobSent(_)
+                | What::JobAnswered(_)
+                | What::Acquired(_)
+                | What::Working
+                | What::Released(_)
+                | What::Run(_)
+        ) {
+            crate::outln!("{:>7}ms  {:<4} {}", event.t_ms, event.worker, event.text);
+        }
+        self.events.push(event);
+    }
 }
