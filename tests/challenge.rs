@@ -217,3 +217,46 @@ fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
         .unwrap();
     assert!(keys.is_empty(), "keys left: {keys:?}");
 }
+
+/// A recorded `pause` run of the unfenced reference, replayed through the checker with no
+/// servers: the jobs and the `ok`s from the typed events, the log from the verdict.
+#[test]
+fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
+    use lockslab::check::challenge::{Change, Evidence, Grade, JobSpec, check};
+    let text = include_str!("fixtures/challenge.jsonl");
+    let mut evidence = Evidence::default();
+    let mut verdict = Value::Null;
+    for line in text.lines() {
+        match event_line(line) {
+            Some(event) => match &event.what {
+                What::JobSent(job) if job.resent.is_none() => evidence.jobs.push(JobSpec {
+                    id: job.job,
+                    record: job.record.clone().unwrap(),
+                    add: job.add.unwrap(),
+                }),
+                What::JobAnswered(job) if job.ok == Some(true) => {
+                    evidence.acknowledged.insert(job.job);
+                }
+                _ => {}
+            },
+            None => verdict = serde_json::from_str(line).unwrap(),
+        }
+    }
+    evidence.jobs.sort_by_key(|j| j.id);
+    evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone()).unwrap();
+    for record in ["r0", "r1"] {
+        let last = evidence.changes.iter().rev().find(|c| c.record == record);
+        evidence
+            .finals
+            .push((record.into(), last.map_or(0, |c| c.new_value)));
+    }
+    evidence.faults_planned = verdict["faults_planned"].as_u64().unwrap() as usize;
+    evidence.faults_played = verdict["faults_played"].as_u64().unwrap() as usize;
+    let report = check(&evidence);
+    assert_eq!(report.grade(), Grade::Fail);
+    assert_eq!(
+        serde_json::to_value(&report.problems).unwrap(),
+        verdict["problems"]
+    );
+    assert_eq!(verdict["grade"], "fail");
+}

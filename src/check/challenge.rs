@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One job as lockslab handed it out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -35,7 +35,7 @@ pub struct JobSpec {
 }
 
 /// One row of the change log, in the database's order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
     pub seq: i64,
     pub record: String,
