@@ -67,6 +67,7 @@ Examples:
   lockslab chaos --design D     random faults against one lock design; the
                                 smallest schedule that breaks it
   lockslab matrix               every design against every kind of fault
+  lockslab challenge list       bring your own lock client; graded under faults
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
@@ -111,6 +112,9 @@ enum Command {
     Chaos(crate::labs::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or INCONCLUSIVE
     Matrix(crate::labs::chaos::matrix::MatrixArgs),
+    /// Your own lock client, in any language, run under pauses and kills and graded from
+    /// the data (`lockslab challenge list`)
+    Challenge(crate::challenge::ChallengeArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is,
     /// its workshop session, its `--step` stops and the tools its by-hand part needs
     List,
@@ -263,6 +267,7 @@ pub fn run() -> Result<ExitCode> {
     match command {
         Command::Chaos(args) => return crate::labs::chaos::run(&args),
         Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
+        Command::Challenge(args) => return crate::challenge::run(&args),
         Command::List => crate::menu::print_list(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::Checklist(args) => crate::checklist::run(&args)?,

@@ -152,6 +152,29 @@ fn check_hand_tools() {
     }
 }
 
+/// `lockslab challenge`'s Python templates and reference clients: the Debian python3 with
+/// its redis and psycopg2 modules (a pyenv or venv python3 earlier on PATH has its own).
+fn check_challenge_python() {
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import redis, psycopg2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if ok {
+        say(
+            Mark::Ok,
+            "python3       by hand  /usr/bin/python3 with redis, psycopg2 (challenge)",
+        );
+    } else {
+        say(
+            Mark::Note,
+            "python3       without redis or psycopg2: lockslab challenge's references use them",
+        );
+        advise("`sudo apt-get install python3-redis python3-psycopg2` (or scripts/setup)");
+    }
+}
+
 /// Where the labs would find one backend, as far as doctor could tell.
 enum Source {
     /// A server that answers, and where it came from.
@@ -247,6 +270,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         ),
     }
     check_hand_tools();
+    check_challenge_python();
 
     crate::outln!();
     crate::outln!("{}", "Servers the labs would use".bold());

@@ -49,6 +49,9 @@
 //! - [`labs::chaos`] is `lockslab chaos` and `lockslab matrix`: schedules drawn from a seed
 //!   ([`nemesis::generate`]), played from the live history, checked by [`check::chaos`],
 //!   shrunk when one fails.
+//! - [`challenge`] is `lockslab challenge`: a learner's own lock client, in any language,
+//!   run as several processes under the nemesis's faults and graded by [`check::challenge`]
+//!   from the database's own log of changes.
 //! - [`doctor`] checks a machine before a session; [`checklist`] is the course's last
 //!   page: the questions to answer before shipping a lock.
 //! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
@@ -67,6 +70,7 @@
 // when the terminal hangs up or the pipe closes, and a lab must clean up whatever happens.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod challenge;
 pub mod check;
 pub mod checklist;
 pub mod cli;

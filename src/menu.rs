@@ -234,6 +234,7 @@ fn print_labs(detailed: bool) {
     crate::outln!("  lockslab <lab> --step   stop before each reveal, to ask the room");
     crate::outln!("  lockslab chaos          random faults against a lock design (--help)");
     crate::outln!("  lockslab matrix         every design against every kind of fault");
+    crate::outln!("  lockslab challenge      your own lock client, graded under faults");
     crate::outln!("  lockslab doctor         check this machine before a session");
     crate::outln!("  lockslab up             servers for the exercises by hand");
     crate::outln!("  lockslab --help         every command");

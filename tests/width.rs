@@ -102,7 +102,13 @@ fn helps() -> Vec<String> {
     let labs = lockslab::menu::available()
         .into_iter()
         .map(|lab| lab.command);
-    tools.into_iter().chain(labs).map(String::from).collect()
+    let challenge = ["challenge"];
+    tools
+        .into_iter()
+        .chain(challenge)
+        .chain(labs)
+        .map(String::from)
+        .collect()
 }
 
 /// An example's description that runs past 80 columns must continue under its own column:

@@ -16,6 +16,7 @@
 //! Where the evidence cannot decide, the answer is [`Finding::Unknown`], never a guess.
 //! Every function is pure, so each edge is a unit test on a small hand-written history.
 
+pub mod challenge;
 pub mod chaos;
 pub mod etcd_vs_redis;
 pub mod failover;

@@ -722,3 +722,19 @@ pub struct QueueKeys {
 }
 
 one_kind!(QueueKeys);
+
+/// `lockslab challenge`: one job given to a learner's client, or its answer.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ChallengeJob {
+    pub job: i64,
+    pub record: Option<String>,
+    /// What the job adds to the record's value.
+    pub add: Option<i64>,
+    /// The answer: true `ok`, false `fail`.
+    pub ok: Option<bool>,
+    /// A `fail`'s reason, as the client gave it.
+    pub reason: Option<String>,
+    /// Given again: its first client was killed, or answered `fail`.
+    pub resent: Option<bool>,
+}

@@ -146,6 +146,11 @@ pub enum What {
     /// The churn part's queue as etcd's history tells it: each key's create and delete
     /// revisions.
     QueueKeys(QueueKeys),
+    // `lockslab challenge` (issue 26).
+    /// lockslab gave a job to a learner's client.
+    JobSent(ChallengeJob),
+    /// A learner's client answered a job: `ok` (done, once) or not (`fail`, with its reason).
+    JobAnswered(ChallengeJob),
 }
 
 impl std::fmt::Display for Kind {

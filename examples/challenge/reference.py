@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Reference clients for `lockslab challenge`, broken and fixed side by side.
+
+    lockslab challenge counter -- python3 examples/challenge/reference.py none      # fails
+    lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
+    lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
+    lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
+    lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
+
+none    no lock: read, add, write. Two clients on one record lose an update.
+setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
+        people write. A holder frozen past the TTL still writes what it read.
+fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
+        record is read, in the same transaction (SELECT ... FOR UPDATE).
+        A holder killed after its commit, before its answer, has its job resent:
+        done twice.
+once    fenced + the job recorded as done in the same transaction: a resent job
+        that already took effect is answered ok again, with no second effect.
+
+* unless a client stalls past the TTL by itself (a busy machine does that): then
+  `counter` catches what `pause` is about, with no fault injected.
+
+Needs python3-redis and python3-psycopg2 (scripts/setup installs them).
+"""
+import json
+import sys
+import time
+import uuid
+
+import psycopg2
+import redis
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
+assert MODE in ("none", "setnx", "fenced", "once"), f"unknown mode {MODE}"
+
+# Deletes the key only if it still holds our value: never someone else's lock.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def say(**message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"])
+r = redis.Redis.from_url(init["redis_url"])
+table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
+if MODE == "once":
+    with db, db.cursor() as cur:  # every client creates it; the first one wins
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
+say(type="ready", notes=True)
+
+
+def acquire(record):
+    """SET NX PX until it is ours (at most 10 s); returns (key, owner value, token)."""
+    key, owner = f"{prefix}lock:{record}", str(uuid.uuid4())
+    deadline = time.monotonic() + 10
+    while not r.set(key, owner, nx=True, px=ttl):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+    token = r.incr(f"{prefix}token") if MODE in ("fenced", "once") else None
+    return key, owner, token
+
+
+def do(job, token):
+    """One transaction: read, add, write. Returns False if fenced out."""
+    with db, db.cursor() as cur:
+        if MODE in ("fenced", "once"):
+            # Fence the read: lock the row, and refuse if a newer holder wrote it.
+            cur.execute(f"SELECT value, fence FROM {table} WHERE record = %s FOR UPDATE",
+                        (job["record"],))
+            value, fence = cur.fetchone()
+            if fence is not None and fence > token:
+                return False
+        else:
+            cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
+            (value,) = cur.fetchone()
+        if MODE == "once":
+            cur.execute(f"INSERT INTO {init['schema']}.done VALUES (%s) ON CONFLICT DO NOTHING",
+                        (job["id"],))
+            if cur.rowcount == 0:
+                return True  # done before, by a client that died before answering
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        cur.execute(f"UPDATE {table} SET value = %s, job = %s, fence = %s WHERE record = %s",
+                    (value + job["add"], job["id"], token, job["record"]))
+    return True
+
+
+for line in sys.stdin:
+    job = json.loads(line)
+    lock = None
+    if MODE != "none":
+        lock = acquire(job["record"])
+        if lock is None:
+            say(type="fail", job=job["id"], reason="no lock within 10s")
+            continue
+        say(type="acquired", job=job["id"], token=lock[2])
+    done = do(job, lock[2] if lock else None)
+    if lock:
+        r.eval(RELEASE, 1, lock[0], lock[1])
+        say(type="released", job=job["id"])
+    if done:
+        say(type="ok", job=job["id"])
+    else:
+        say(type="fail", job=job["id"], reason="fenced out: a newer holder wrote")

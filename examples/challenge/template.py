@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""A client for `lockslab challenge`: speaks the protocol, takes NO lock yet.
+
+Run it:  lockslab challenge counter -- python3 client.py
+Protocol (docs/challenge.md): one JSON object a line. stdin brings `init`, then
+`job`s; stdout answers `ready`, then `ok` (or `fail`) for each job. Log on stderr.
+Needs python3-redis and python3-psycopg2 (scripts/setup installs them).
+"""
+import json
+import sys
+import time
+
+import psycopg2
+import redis
+
+
+def say(**message):
+    # One line, flushed at once: lockslab reads it before it pauses or kills you.
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"])
+r = redis.Redis.from_url(init["redis_url"])  # for your lock; keys start with init["key_prefix"]
+table = init["table"]
+say(type="ready", notes=True)
+
+for line in sys.stdin:  # lockslab closes stdin when there are no more jobs
+    job = json.loads(line)
+    # TODO: take a lock here, and say(type="acquired", job=job["id"], token=...)
+    with db, db.cursor() as cur:  # one transaction
+        cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
+        (value,) = cur.fetchone()
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        cur.execute(
+            f"UPDATE {table} SET value = %s, job = %s WHERE record = %s",
+            (value + job["add"], job["id"], job["record"]),
+        )
+    # TODO: release the lock, and say(type="released", job=job["id"])
+    say(type="ok", job=job["id"])

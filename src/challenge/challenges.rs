@@ -1,0 +1,189 @@
+//! The challenges: what each asks of a client, the faults it plays, and the jobs it sends —
+//! all drawn from the seed, so `--seed N` replays the same run.
+
+use crate::check::challenge::JobSpec;
+use crate::events::Kind;
+use crate::nemesis::Fault;
+use crate::nemesis::generate::Rng;
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
+
+/// A challenge, by its command-line name.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Challenge {
+    /// Many clients add to a few counters; no faults
+    Counter,
+    /// Clients frozen (SIGSTOP) past the lock's TTL while holding it
+    Pause,
+    /// Clients killed (SIGKILL) mid-job; their jobs resent to others
+    Crash,
+}
+
+/// One row of `lockslab challenge list`.
+pub struct About {
+    pub goal: &'static str,
+    pub faults: &'static str,
+    pub target: &'static str,
+}
+
+impl Challenge {
+    pub const ALL: [Challenge; 3] = [Challenge::Counter, Challenge::Pause, Challenge::Crash];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Challenge::Counter => "counter",
+            Challenge::Pause => "pause",
+            Challenge::Crash => "crash",
+        }
+    }
+
+    pub fn about(self) -> About {
+        match self {
+            Challenge::Counter => About {
+                goal: "no lost update: every job's add in its counter once",
+                faults: "none: three clients race on two counters",
+                target: "every job done once; no write from a stale read",
+            },
+            Challenge::Pause => About {
+                goal: "no stale write lands after the lock's TTL ran out",
+                faults: "two clients frozen 2-3 TTLs between their read and write",
+                target: "no write computed from a stale read; every job done once",
+            },
+            Challenge::Crash => About {
+                goal: "no lost or doubled effect when clients die mid-job",
+                faults: "up to three clients killed (SIGKILL) mid-job; jobs resent",
+                target: "every job's effect exactly once",
+            },
+        }
+    }
+
+    /// How many jobs a run sends, and how long a lock's TTL should be.
+    pub fn jobs(self) -> usize {
+        match self {
+            Challenge::Counter => 40,
+            Challenge::Pause | Challenge::Crash => 24,
+        }
+    }
+
+    /// The jobs of a run: ids from 1, on `records` records, each adding 1 to 9.
+    pub fn draw_jobs(self, seed: u64, records: &[String]) -> Vec<JobSpec> {
+        let mut rng = Rng::new(seed ^ 0x6a6f_6273);
+        (1..=self.jobs() as i64)
+            .map(|id| JobSpec {
+                id,
+                record: records[rng.below(records.len() as u64) as usize].clone(),
+                add: 1 + rng.below(9) as i64,
+            })
+            .collect()
+    }
+
+    /// The faults of a run. A fault is aimed at the client's own notes when it sends them
+    /// (`notes`: just after it took the lock, or started its write), and otherwise at a
+    /// time into one of its jobs.
+    pub fn schedule(self, seed: u64, clients: &[(String, bool)], lease_ms: u64) -> Schedule {
+        let mut rng = Rng::new(seed);
+        let mut steps = Vec::new();
+        match self {
+            Challenge::Counter => {}
+            Challenge::Pause => {
+                for (name, notes) in clients.iter().take(2) {
+                    // Between its read and its write: the worst moment for a stale write.
+                    let (event, at_ms) = if *notes {
+                        (Kind::Working, rng.below(3))
+                    } else {
+                        (Kind::JobSent, 2 + rng.below(15))
+                    };
+                    steps.push(Step {
+                        at_ms,
+                        after: Some(Anchor {
+                            worker: name.clone(),
+                            event,
+                            nth: 1 + rng.below(3) as u32,
+                        }),
+                        fault: Fault::Pause,
+                        target: name.clone(),
+                        duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
+                    });
+                }
+            }
+            Challenge::Crash => {
+                for (name, notes) in clients {
+                    // Holding the lock; writing; or done and not yet answered.
+                    let (event, at_ms) = match (*notes, rng.below(4)) {
+                        (false, _) => (Kind::JobSent, rng.below(30)),
+                        (true, 0) => (Kind::Acquired, rng.below(3)),
+                        (true, 1) => (Kind::Working, rng.below(3)),
+                        (true, _) => (Kind::Released, 0),
+                    };
+                    steps.push(Step {
+                        at_ms,
+                        after: Some(Anchor {
+                            worker: name.clone(),
+                            event,
+                            nth: 1 + rng.below(4) as u32,
+                        }),
+                        fault: Fault::Kill,
+                        target: name.clone(),
+                        duration_ms: None,
+                    });
+                }
+            }
+        }
+        Schedule::new(steps)
+    }
+}
+
+trait Below {
+    fn below(&mut self, n: u64) -> u64;
+}
+
+impl Below for Rng {
+    /// A number in `0..n` (n > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clients() -> Vec<(String, bool)> {
+        vec![
+            ("c1".into(), true),
+            ("c2".into(), false),
+            ("c3".into(), true),
+        ]
+    }
+
+    #[test]
+    fn a_seed_draws_the_same_jobs_and_faults_every_time_and_another_seed_others() {
+        let records = vec!["r0".to_string(), "r1".to_string()];
+        for challenge in Challenge::ALL {
+            let once = challenge.schedule(7, &clients(), 500);
+            assert_eq!(once, challenge.schedule(7, &clients(), 500));
+            assert_eq!(
+                challenge.draw_jobs(7, &records),
+                challenge.draw_jobs(7, &records)
+            );
+            let names = ["c1", "c2", "c3"];
+            once.validate(&names, &[]).unwrap();
+        }
+        assert_ne!(
+            Challenge::Crash.schedule(7, &clients(), 500),
+            Challenge::Crash.schedule(8, &clients(), 500)
+        );
+    }
+
+    #[test]
+    fn faults_aim_at_notes_only_for_a_client_that_sends_them_and_pauses_outlast_the_ttl() {
+        let pause = Challenge::Pause.schedule(3, &clients(), 500);
+        assert_eq!(pause.steps().len(), 2);
+        for step in pause.steps() {
+            let anchor = step.after.as_ref().unwrap();
+            let notes = anchor.worker == "c1" || anchor.worker == "c3";
+            assert_eq!(anchor.event == Kind::Working, notes);
+            assert!(step.duration_ms.unwrap() >= 1000);
+        }
+        assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
+    }
+}

@@ -1,0 +1,218 @@
+//! One learner's client process: started in a process group of its own (so the nemesis can
+//! pause and kill all of it), fed lines on its stdin, read line by line — each line
+//! bounded, so a client that floods its stdout is named, not buffered without end.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::protocol::{FromClient, MAX_LINE, ToClient};
+use crate::nemesis::Victim;
+use crate::procs::{self, StopPlan};
+
+/// What a client's reader thread hands the run.
+#[derive(Debug)]
+pub enum Heard {
+    Said(String, FromClient),
+    /// A line that is not a protocol message.
+    Garbage(String, String),
+    /// A line longer than [`MAX_LINE`] bytes.
+    Flood(String),
+    /// Its stdout closed: it exited (or was killed).
+    Closed(String),
+}
+
+/// How many of a client's last stderr lines are kept, to quote when it fails.
+const LAST_WORDS: usize = 6;
+
+pub struct Client {
+    pub name: String,
+    child: Option<Child>,
+    /// Lines to send, written by a thread of its own: a client that stops reading its
+    /// stdin blocks that thread, never the run.
+    to: Option<Sender<String>>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Set when its stderr closed: every last word is in.
+    stderr_closed: Arc<AtomicBool>,
+}
+
+impl Client {
+    /// Starts `program args…` as client `name`; what it says arrives on `heard`.
+    pub fn start(program: &[String], name: &str, heard: &Sender<Heard>) -> Result<Client> {
+        let mut command = Command::new(&program[0]);
+        command
+            .args(&program[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PYTHONUNBUFFERED", "1");
+        let mut child = procs::spawn_registered(&mut command, StopPlan::kill())
+            .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
+        let stdin = child.stdin.take().context("the client's stdin")?;
+        let stdout = child.stdout.take().context("the client's stdout")?;
+        let stderr = child.stderr.take().context("the client's stderr")?;
+        let (to, lines) = channel();
+        thread::spawn(move || write_lines(stdin, lines));
+        let heard = heard.clone();
+        let owner = name.to_string();
+        thread::spawn(move || read_lines(owner, stdout, heard));
+        let last = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = last.clone();
+        let stderr_closed = Arc::new(AtomicBool::new(false));
+        let closed = stderr_closed.clone();
+        thread::spawn(move || {
+            keep_last_words(stderr, kept);
+            closed.store(true, Ordering::SeqCst);
+        });
+        Ok(Client {
+            name: name.into(),
+            child: Some(child),
+            to: Some(to),
+            stderr: last,
+            stderr_closed,
+        })
+    }
+
+    pub fn send(&self, message: &ToClient) {
+        if let Some(to) = &self.to {
+            let _ = to.send(serde_json::to_string(message).unwrap_or_default());
+        }
+    }
+
+    /// No more jobs: closes its stdin (the protocol's "you may exit now").
+    pub fn close(&mut self) {
+        self.to = None;
+    }
+
+    /// Its exit status, once it exited by itself (reaped then).
+    pub fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        let status = child.try_wait().ok()??;
+        procs::forget(child.id() as i32);
+        self.child = None;
+        Some(status.to_string())
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The last lines it wrote on stderr, for a failure message (waiting a moment for its
+    /// stderr to close: a crash's traceback comes last).
+    pub fn last_words(&self) -> String {
+        let until = Instant::now() + Duration::from_millis(500);
+        while !self.stderr_closed.load(Ordering::SeqCst) && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let lines = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        lines.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+impl Victim for Client {
+    fn label(&self) -> String {
+        self.name.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// SIGKILL to its whole group, then reaped: no cleanup code of the client runs.
+    fn kill_now(&mut self) {
+        self.to = None;
+        if let Some(child) = self.child.take() {
+            procs::stop(child.id() as i32, &StopPlan::kill());
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+fn write_lines(mut stdin: ChildStdin, lines: Receiver<String>) {
+    for line in lines {
+        if writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Reads the client's stdout a line at a time, at most [`MAX_LINE`] bytes a line.
+fn read_lines(name: String, stdout: impl Read, heard: Sender<Heard>) {
+    let mut reader = BufReader::new(stdout);
+    loop {
+        let mut line = Vec::new();
+        let read = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line);
+        let message = match read {
+            Ok(0) | Err(_) => Heard::Closed(name.clone()),
+            Ok(_) if line.len() > MAX_LINE && !line.ends_with(b"\n") => Heard::Flood(name.clone()),
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line).trim().to_string();
+                if text.is_empty() {
+                    continue;
+                }
+                match serde_json::from_str::<FromClient>(&text) {
+                    Ok(said) => Heard::Said(name.clone(), said),
+                    Err(_) => Heard::Garbage(name.clone(), text),
+                }
+            }
+        };
+        let last = matches!(message, Heard::Closed(_) | Heard::Flood(_));
+        if heard.send(message).is_err() || last {
+            return;
+        }
+    }
+}
+
+fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
+    let mut reader = BufReader::new(stderr);
+    loop {
+        let mut line = Vec::new();
+        match (&mut reader).take(512).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line).trim().to_string();
+                if text.is_empty() {
+                    continue;
+                }
+                let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+                kept.push_back(text);
+                while kept.len() > LAST_WORDS {
+                    kept.pop_front();
+                }
+            }
+        }
+    }
+}
+
+/// A client did something that ends the run (the challenge is failed, with this sentence).
+#[derive(Debug)]
+pub struct ClientFailed(pub String);
+
+impl std::fmt::Display for ClientFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClientFailed {}
+
+pub fn failed(sentence: String) -> anyhow::Error {
+    ClientFailed(sentence).into()
+}

@@ -1,0 +1,185 @@
+//! `lockslab challenge`: a learner brings a lock client of their own, in any language;
+//! lockslab runs it as several processes on real servers, plays the challenge's faults at
+//! it, and grades what it did to the data — read from the database's own log of changes.
+//!
+//! ```text
+//! PROGRAM ×3 <── init, jobs (stdin) ── play ──> nemesis (pause, kill: Schedule + Player)
+//!         ──> ready, notes, ok/fail ──>  │
+//!         ──> Redis, etcd, Postgres      └──> table::read_back ──> check::challenge ──> grade
+//! ```
+//!
+//! The protocol is in [`protocol`] and docs/challenge.md; the challenges and their faults
+//! in [`challenges`]; one run in [`play`]; the grader in [`crate::check::challenge`].
+
+pub mod challenges;
+mod client;
+mod play;
+pub mod protocol;
+mod table;
+mod verdict;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::check::challenge::{Evidence, Grade};
+use crate::connect::{self, Backend};
+use crate::labs::leftovers::Leftovers;
+use crate::servers::{self, ServerArgs};
+use challenges::Challenge;
+use protocol::Init;
+
+pub const EXIT_FAIL: u8 = 1;
+pub const EXIT_UNDECIDED: u8 = 3;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  lockslab challenge list               the challenges, their faults, targets
+  lockslab challenge counter --template python > client.py
+                                        a client that speaks the protocol and
+                                        takes no lock at all: start from it
+  lockslab challenge counter -- python3 client.py
+  lockslab challenge pause --seed 7 -- python3 client.py
+                                        the same faults as the run of seed 7
+  lockslab challenge crash --json -- ./target/release/my-client --fast
+
+The program is started as 3 clients (and one more for each one killed), each
+in its own process group. It reads one JSON object a line on stdin (init,
+then jobs), answers on stdout (ready, then ok or fail per job; optional notes
+acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
+Walkthrough: labs/11-challenge.md.
+
+Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
+or the client crashed, hung, flooded or printed garbage) · 2 bad command line
+· 3 undecided (a fault never played) · 4 it could not run (a server did not
+answer) · 130 Ctrl-C; clients and servers are stopped either way.")]
+pub struct ChallengeArgs {
+    /// The challenge (`list` to see them)
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Print a starting client in this language, and exit
+    #[arg(long, value_name = "LANG", value_parser = ["python", "rust"])]
+    pub template: Option<String>,
+    /// Draw the jobs and the faults from this seed (printed when not given)
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// How many clients at once
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=8))]
+    pub clients: u32,
+    /// The lock's TTL the faults are built around (the client is told it)
+    #[arg(long, default_value = "500ms", value_parser = crate::flags::parse_duration,
+          value_name = "T")]
+    pub ttl: std::time::Duration,
+    /// How long a client may take to say ready, or to answer one job
+    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration,
+          value_name = "T")]
+    pub patience: std::time::Duration,
+    /// JSON Lines on stdout: the run's events, then a verdict
+    #[arg(long)]
+    pub json: bool,
+    /// The client to run, and its arguments (after `--`)
+    #[arg(last = true, value_name = "PROGRAM")]
+    pub program: Vec<String>,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// `lockslab challenge …`.
+pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
+    if args.name == "list" {
+        verdict::list();
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
+        crate::bail_usage!(
+            "no challenge '{}' (there are: list, {})",
+            args.name,
+            Challenge::ALL.map(|c| c.name()).join(", ")
+        );
+    };
+    if let Some(language) = &args.template {
+        crate::output::line(verdict::template(language));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.program.is_empty() {
+        crate::bail_usage!(
+            "name the client to run after `--`: lockslab challenge {} -- python3 client.py",
+            challenge.name()
+        );
+    }
+    let lease_ms = args.ttl.as_millis() as u64;
+    if !(100..=10_000).contains(&lease_ms) {
+        crate::bail_usage!("--ttl: between 100ms and 10s");
+    }
+    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms))
+}
+
+fn grade(challenge: Challenge, args: &ChallengeArgs, lease_ms: u64) -> Result<ExitCode> {
+    let seed = args.seed.unwrap_or_else(crate::seed::fresh);
+    let servers = servers::provide(
+        &args.servers,
+        &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    )?;
+    let run_id = crate::labs::new_run_id();
+    let schema = table::schema_of(&run_id);
+    let postgres = servers.url(Backend::Postgres).to_string();
+    let removal = Leftovers::of_run(&run_id)
+        .redis(servers.url(Backend::Redis))
+        .sql(&postgres, &table::drop_sql(&schema))
+        .removed_at_the_end();
+    let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
+    let mut db = connect::postgres(&postgres)?;
+    table::create(&mut db, &schema, &records)?;
+    let setup = play::Setup {
+        challenge,
+        program: args.program.clone(),
+        clients: args.clients as usize,
+        seed,
+        init: Init {
+            client: String::new(),
+            redis_url: servers.url(Backend::Redis).into(),
+            etcd_url: servers.url(Backend::Etcd).into(),
+            postgres_url: postgres.clone(),
+            table: format!("{schema}.records"),
+            schema: schema.clone(),
+            key_prefix: format!("lockslab:{run_id}:"),
+            lease_ms,
+            seed,
+        },
+        jobs: challenge.draw_jobs(seed, &records),
+        json: args.json,
+        patience: args.patience,
+        run_id: run_id.clone(),
+    };
+    if !args.json {
+        verdict::heading(&setup, &run_id, &servers);
+    }
+    let played = play::play(&setup);
+    let outcome = played.and_then(|played| {
+        let (changes, finals) = table::read_back(&mut db, &schema)?;
+        let evidence = Evidence {
+            jobs: setup.jobs.clone(),
+            acknowledged: played.acknowledged.clone(),
+            changes,
+            finals,
+            faults_planned: played.faults_planned,
+            faults_played: played.faults_played,
+        };
+        Ok((played, evidence))
+    });
+    removal.now(&outcome);
+    let (played, evidence) = outcome?;
+    let report = crate::check::challenge::check(&evidence);
+    let grade = if played.client_failure.is_some() {
+        Grade::Fail
+    } else {
+        report.grade()
+    };
+    verdict::show(&setup, &run_id, &played, &evidence, &report, grade);
+    Ok(ExitCode::from(match grade {
+        Grade::Pass => crate::exit::EXIT_OK,
+        Grade::Fail => EXIT_FAIL,
+        Grade::Undecided => EXIT_UNDECIDED,
+    }))
+}

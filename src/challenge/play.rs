@@ -1,0 +1,481 @@
+//! One run of a challenge: the clients started and told where everything is, the jobs
+//! handed out one at a time to whichever client is free, the schedule's faults played
+//! from the live history, a killed client's job given to another — and every wait
+//! bounded, so a client that hangs, crashes, floods or talks nonsense is named and ended.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::challenges::Challenge;
+use super::client::{Client, ClientFailed, Heard, failed};
+use super::protocol::{FromClient, Init, Job, ToClient};
+use super::verdict::Tape;
+use crate::check::challenge::JobSpec;
+use crate::events::facts::{Acquired, ChallengeJob, Released};
+use crate::events::{Event, What};
+use crate::nemesis::schedule::{Action, Player, Schedule};
+use crate::nemesis::{Fault, Nemesis, Record};
+
+/// The work of every job, between its read and its write.
+pub const WORK_MS: u64 = 20;
+/// How many times one job is given out before lockslab gives up on it.
+const TRIES: u32 = 5;
+
+/// What a run needs to know.
+pub struct Setup {
+    pub challenge: Challenge,
+    pub program: Vec<String>,
+    pub clients: usize,
+    pub seed: u64,
+    /// `init` as every client gets it, but for its name.
+    pub init: Init,
+    pub jobs: Vec<JobSpec>,
+    pub json: bool,
+    /// How long a client may take to say `ready`, and to answer a job (time paused by the
+    /// nemesis does not count).
+    pub patience: Duration,
+    pub run_id: String,
+}
+
+/// What a run left: its history and what the clients answered; or the client's failure.
+pub struct Played {
+    pub acknowledged: BTreeSet<i64>,
+    pub schedule: Schedule,
+    pub faults_planned: usize,
+    pub faults_played: usize,
+    /// What a client did that ended the run (crashed, hung, garbage, flood).
+    pub client_failure: Option<String>,
+}
+
+struct Seat {
+    client: Client,
+    ready: bool,
+    notes: bool,
+    /// The job it has, and since when it has been waited for.
+    job: Option<(i64, Instant)>,
+}
+
+struct Run<'a> {
+    setup: &'a Setup,
+    tape: Tape,
+    heard: Receiver<Heard>,
+    heard_to: std::sync::mpsc::Sender<Heard>,
+    seats: Vec<Seat>,
+    pending: VecDeque<i64>,
+    tries: HashMap<i64, u32>,
+    acknowledged: BTreeSet<i64>,
+    given_up: BTreeSet<i64>,
+    killed: BTreeSet<String>,
+    nemesis: Nemesis,
+    schedule: Option<Schedule>,
+    player: Option<Player>,
+    faults_played: usize,
+}
+
+pub fn play(setup: &Setup) -> Result<Played> {
+    let (heard_to, heard) = channel();
+    let start = Instant::now();
+    let mut run = Run {
+        setup,
+        tape: Tape {
+            start,
+            json: setup.json,
+            events: Vec::new(),
+        },
+        heard,
+        heard_to,
+        seats: Vec::new(),
+        pending: setup.jobs.iter().map(|j| j.id).collect(),
+        tries: HashMap::new(),
+        acknowledged: BTreeSet::new(),
+        given_up: BTreeSet::new(),
+        killed: BTreeSet::new(),
+        nemesis: Nemesis::new(),
+        schedule: None,
+        player: None,
+        faults_played: 0,
+    };
+    let facts = crate::events::facts::RunFacts {
+        run_id: Some(setup.run_id.clone()),
+        ..Default::default()
+    };
+    let text = format!("run {}", setup.run_id);
+    run.tape
+        .record(Event::new(crate::nemesis::LANE, What::Run(facts), text));
+    for i in 1..=setup.clients {
+        run.start_client(&format!("c{i}"))?;
+    }
+    let failure = run.drive().err();
+    let schedule_planned = run.schedule_len();
+    // However it ended: resume what is paused, then no more jobs; whoever does not exit
+    // when its stdin closes is killed (and every client is reaped) — at once after a
+    // failure, within 3s after a run that went to its end.
+    run.nemesis.heal();
+    for seat in &mut run.seats {
+        seat.client.close();
+    }
+    let grace = if failure.is_some() { 0 } else { 3 };
+    let until = Instant::now() + Duration::from_secs(grace);
+    while run.seats.iter_mut().any(|s| s.client.is_running()) && Instant::now() < until {
+        for seat in &mut run.seats {
+            seat.client.exited();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let failure = match failure {
+        Some(err) if err.downcast_ref::<ClientFailed>().is_some() => Some(format!("{err}")),
+        Some(err) => return Err(err),
+        None => None,
+    };
+    let schedule = run.schedule.take().unwrap_or_default();
+    Ok(Played {
+        acknowledged: run.acknowledged.clone(),
+        schedule,
+        faults_planned: schedule_planned,
+        faults_played: run.faults_played,
+        client_failure: failure,
+    })
+}
+
+impl Run<'_> {
+    fn schedule_len(&self) -> usize {
+        self.schedule.as_ref().map_or(0, |s| s.steps().len())
+    }
+
+    fn start_client(&mut self, name: &str) -> Result<()> {
+        let client = Client::start(&self.setup.program, name, &self.heard_to)?;
+        client.send(&ToClient::Init(Init {
+            client: name.into(),
+            ..self.setup.init.clone()
+        }));
+        self.seats.push(Seat {
+            client,
+            ready: false,
+            notes: false,
+            job: Some((0, Instant::now())),
+        });
+        Ok(())
+    }
+
+    fn seat(&mut self, name: &str) -> Option<&mut Seat> {
+        self.seats.iter_mut().find(|s| s.client.name == name)
+    }
+
+    fn spec(&self, job: i64) -> &JobSpec {
+        &self.setup.jobs[(job - 1) as usize]
+    }
+
+    /// Records an event in a client's lane, and shows it to the schedule's player.
+    fn note(&mut self, worker: &str, what: What, text: String) {
+        self.tape.record(Event::new(worker, what, text));
+        if let (Some(player), Some(event)) = (self.player.as_mut(), self.tape.events.last()) {
+            player.observe(event);
+        }
+    }
+
+    fn drive(&mut self) -> Result<()> {
+        let give_up = Instant::now() + Duration::from_secs(120);
+        loop {
+            if crate::procs::interrupted() {
+                bail!("interrupted");
+            }
+            if Instant::now() > give_up {
+                bail!("the run did not end within 120s");
+            }
+            // A fault due on a note is played before the client's next line is read: an
+            // answer still in the pipe when the client is killed dies with it, as a reply
+            // in flight dies with the machine that sent it.
+            while let Ok(heard) = self.heard.recv_timeout(Duration::from_millis(2)) {
+                self.hear(heard)?;
+                self.play_due()?;
+            }
+            self.check_deadlines()?;
+            if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
+                self.start_schedule()?;
+            }
+            self.play_due()?;
+            self.hand_out();
+            let busy = self.seats.iter().any(|s| s.job.is_some() && s.ready);
+            if self.player.is_some() && self.pending.is_empty() && !busy {
+                return Ok(());
+            }
+        }
+    }
+
+    fn play_due(&mut self) -> Result<()> {
+        let now = self.tape.start.elapsed().as_millis() as u64;
+        let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
+        for action in due {
+            self.act(&action)?;
+        }
+        Ok(())
+    }
+
+    fn start_schedule(&mut self) -> Result<()> {
+        let clients: Vec<(String, bool)> = self
+            .seats
+            .iter()
+            .map(|s| (s.client.name.clone(), s.notes))
+            .collect();
+        let schedule =
+            self.setup
+                .challenge
+                .schedule(self.setup.seed, &clients, self.setup.init.lease_ms);
+        let names: Vec<&str> = clients.iter().map(|(n, _)| n.as_str()).collect();
+        schedule.validate(&names, &[])?;
+        self.player = Some(Player::new(&schedule));
+        self.schedule = Some(schedule);
+        Ok(())
+    }
+
+    fn hear(&mut self, heard: Heard) -> Result<()> {
+        match heard {
+            // What a killed client had written before it died is lost with it.
+            Heard::Said(name, _) | Heard::Garbage(name, _) | Heard::Flood(name)
+                if self.killed.contains(&name) =>
+            {
+                Ok(())
+            }
+            Heard::Said(name, said) => self.said(&name, said),
+            Heard::Garbage(name, line) => {
+                let line: String = line.chars().take(80).collect();
+                Err(failed(format!(
+                    "client {name} printed a line that is not a protocol message: {line:?} \
+                     (print logs on stderr; stdout is for the protocol)"
+                )))
+            }
+            Heard::Flood(name) => Err(failed(format!(
+                "client {name} printed a line longer than {} bytes: it floods its stdout",
+                super::protocol::MAX_LINE
+            ))),
+            Heard::Closed(name) => {
+                if self.killed.contains(&name) {
+                    return Ok(());
+                }
+                let Some(seat) = self.seat(&name) else {
+                    return Ok(());
+                };
+                let job = seat.job.map(|(job, _)| job);
+                let mut status = None;
+                for _ in 0..100 {
+                    status = seat.client.exited();
+                    if status.is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let during = match job {
+                    Some(0) => " before it said ready".to_string(),
+                    Some(job) => format!(" during job {job}"),
+                    None => " between jobs".to_string(),
+                };
+                let last_words = match seat.client.last_words() {
+                    words if words.is_empty() => String::new(),
+                    words => format!("; its stderr ended: {words}"),
+                };
+                Err(failed(format!(
+                    "client {name} exited by itself ({}){during}{last_words}",
+                    status.unwrap_or_else(|| "closed its stdout".into())
+                )))
+            }
+        }
+    }
+
+    fn said(&mut self, name: &str, said: FromClient) -> Result<()> {
+        let Some(seat) = self.seat(name) else {
+            return Ok(());
+        };
+        if let FromClient::Ready { notes } = said {
+            if seat.ready {
+                return Err(failed(format!("client {name} said ready twice")));
+            }
+            seat.ready = true;
+            seat.notes = notes;
+            seat.job = None;
+            return Ok(());
+        }
+        let job = said.job().unwrap_or_default();
+        let holds = seat.job.map(|(held, _)| held);
+        if !seat.ready || holds != Some(job) {
+            return Err(failed(format!(
+                "client {name} spoke of job {job}, and it holds {}",
+                holds.map_or("none".into(), |j| format!("job {j}"))
+            )));
+        }
+        match said {
+            FromClient::Ready { .. } => unreachable!("handled above"),
+            FromClient::Ok { job } => {
+                seat.job = None;
+                self.acknowledged.insert(job);
+                let answer = ChallengeJob {
+                    job,
+                    ok: Some(true),
+                    ..ChallengeJob::default()
+                };
+                self.note(name, What::JobAnswered(answer), format!("ok: job {job}"));
+            }
+            FromClient::Fail { job, reason } => {
+                seat.job = None;
+                let text = format!(
+                    "fail: job {job} ({})",
+                    reason.as_deref().unwrap_or("no reason")
+                );
+                let answer = ChallengeJob {
+                    job,
+                    ok: Some(false),
+                    reason,
+                    ..ChallengeJob::default()
+                };
+                self.note(name, What::JobAnswered(answer), text);
+                self.give_again(job);
+            }
+            FromClient::Acquired { job, token } => {
+                let facts = Acquired {
+                    token,
+                    ..Acquired::default()
+                };
+                let text = match token {
+                    Some(token) => format!("took the lock for job {job}, token {token}"),
+                    None => format!("took the lock for job {job}"),
+                };
+                self.note(name, What::Acquired(facts), text);
+            }
+            FromClient::Writing { job } => {
+                self.note(name, What::Working, format!("writes job {job}"));
+            }
+            FromClient::Released { job } => {
+                let text = format!("released the lock of job {job}");
+                self.note(name, What::Released(Released::default()), text);
+            }
+        }
+        Ok(())
+    }
+
+    /// A job whose client died or said `fail` goes back to the front of the line.
+    fn give_again(&mut self, job: i64) {
+        if self.tries.get(&job).copied().unwrap_or(0) >= TRIES {
+            self.given_up.insert(job);
+        } else {
+            self.pending.push_front(job);
+        }
+    }
+
+    fn hand_out(&mut self) {
+        while let Some(&job) = self.pending.front() {
+            if self.player.is_none() {
+                return;
+            }
+            let Some(index) = self
+                .seats
+                .iter()
+                .position(|s| s.ready && s.job.is_none() && s.client.is_running())
+            else {
+                return;
+            };
+            self.pending.pop_front();
+            let tries = self.tries.entry(job).or_default();
+            *tries += 1;
+            let resent = (*tries > 1).then_some(true);
+            let spec = self.spec(job).clone();
+            let seat = &mut self.seats[index];
+            seat.job = Some((job, Instant::now()));
+            seat.client.send(&ToClient::Job(Job {
+                id: job,
+                record: spec.record.clone(),
+                add: spec.add,
+                work_ms: WORK_MS,
+            }));
+            let name = seat.client.name.clone();
+            let facts = ChallengeJob {
+                job,
+                record: Some(spec.record.clone()),
+                add: Some(spec.add),
+                resent,
+                ..ChallengeJob::default()
+            };
+            let text = format!("job {job}: add {} to {}", spec.add, spec.record);
+            self.note(&name, What::JobSent(facts), text);
+        }
+    }
+
+    /// A client that does not say ready, or does not answer its job, within its time.
+    fn check_deadlines(&mut self) -> Result<()> {
+        let paused = self.nemesis.paused();
+        for seat in &mut self.seats {
+            let Some((job, since)) = seat.job else {
+                continue;
+            };
+            if paused.contains(&seat.client.name) || !seat.client.is_running() {
+                continue;
+            }
+            let limit = self.setup.patience;
+            let what = if seat.ready {
+                format!("answer job {job}")
+            } else {
+                "say ready after its init".to_string()
+            };
+            if since.elapsed() > limit {
+                return Err(failed(format!(
+                    "client {} did not {what} within {}: it hangs, or never answers \
+                     (answers go to stdout, one JSON object a line, flushed)",
+                    seat.client.name,
+                    crate::output::human(limit)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Plays one fault of the schedule, if its client can take it now.
+    fn act(&mut self, action: &Action) -> Result<()> {
+        let name = action.target.clone();
+        let paused = self.nemesis.paused().contains(&name);
+        let Some(index) = self.seats.iter().position(|s| s.client.name == name) else {
+            return Ok(());
+        };
+        if !self.seats[index].client.is_running() {
+            return Ok(());
+        }
+        match action.fault {
+            Fault::Pause if !paused => {
+                let seat = &self.seats[index];
+                self.nemesis.pause(
+                    &mut self.tape,
+                    &seat.client,
+                    format!("pauses {name} (SIGSTOP), past its lock's TTL"),
+                )?;
+                self.faults_played += 1;
+            }
+            Fault::Resume if paused => {
+                let seat = &mut self.seats[index];
+                self.nemesis
+                    .resume(&mut self.tape, &seat.client, format!("resumes {name}"))?;
+                // Its time to answer counts again from now.
+                if let Some((_, since)) = seat.job.as_mut() {
+                    *since = Instant::now();
+                }
+            }
+            Fault::Kill => {
+                let seat = &mut self.seats[index];
+                self.killed.insert(name.clone());
+                self.nemesis.kill(
+                    &mut self.tape,
+                    &mut seat.client,
+                    format!("kills {name} (SIGKILL) mid-job"),
+                )?;
+                self.faults_played += 1;
+                let orphan = seat.job.take().map(|(job, _)| job);
+                if let Some(job) = orphan.filter(|&job| job > 0) {
+                    self.give_again(job);
+                }
+                let next = format!("c{}", self.seats.len() + 1);
+                self.start_client(&next)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

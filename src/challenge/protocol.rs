@@ -1,0 +1,135 @@
+//! The protocol between lockslab and a learner's client: one JSON object a line, on the
+//! client's stdin (lockslab speaks) and stdout (the client answers). docs/challenge.md
+//! has it with a worked example; these types are the one place its shape is written down.
+//!
+//! ```text
+//! lockslab ──> {"type":"init", ...}                 client ──> {"type":"ready","notes":true}
+//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"work_ms":20}
+//!                                                   client ──> {"type":"acquired","job":1,"token":7}
+//!                                                   client ──> {"type":"writing","job":1}
+//!                                                   client ──> {"type":"released","job":1}
+//!                                                   client ──> {"type":"ok","job":1}
+//! lockslab closes stdin: no more jobs; the client exits.
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// What lockslab sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToClient {
+    Init(Init),
+    Job(Job),
+}
+
+/// The first line a client reads: who it is and where everything is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Init {
+    /// This client's name (`c1`); a client started to replace a killed one gets a new name.
+    pub client: String,
+    pub redis_url: String,
+    pub etcd_url: String,
+    pub postgres_url: String,
+    /// The protected records: `record text PRIMARY KEY, value bigint, job bigint, fence
+    /// bigint`, schema-qualified. A job's write sets `value` and `job` in one UPDATE.
+    pub table: String,
+    /// The run's own Postgres schema: the client may create tables of its own in it;
+    /// lockslab drops it at the end.
+    pub schema: String,
+    /// Every Redis key and etcd key the client makes starts with this (lockslab removes
+    /// them at the end).
+    pub key_prefix: String,
+    /// The lock's time to live this challenge is built around: its faults outlast it.
+    pub lease_ms: u64,
+    pub seed: u64,
+}
+
+/// One job: add `add` to the `value` of `record`, and tag the write with the job's id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: i64,
+    pub record: String,
+    pub add: i64,
+    /// How long to work between reading the record and writing it (sleep): a real job
+    /// computes something there, and that is where a pause hurts.
+    pub work_ms: u64,
+}
+
+/// What a client may say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FromClient {
+    /// Connected and waiting for jobs. `notes`: it will send `acquired`/`writing`/`released`
+    /// (lockslab then aims its faults at those moments; without, at a time into the job).
+    Ready {
+        #[serde(default)]
+        notes: bool,
+    },
+    /// The job is done: its effect is in the table, once.
+    Ok { job: i64 },
+    /// The job was not done (no effect): lockslab gives it to another client.
+    Fail {
+        job: i64,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Note: it holds the lock for this job (with its fencing token, if it has one).
+    Acquired {
+        job: i64,
+        #[serde(default)]
+        token: Option<i64>,
+    },
+    /// Note: it has read the record; its write follows, after the job's work.
+    Writing { job: i64 },
+    /// Note: it let the lock go.
+    Released { job: i64 },
+}
+
+impl FromClient {
+    /// The job a line is about (none for `ready`).
+    pub fn job(&self) -> Option<i64> {
+        match self {
+            FromClient::Ready { .. } => None,
+            FromClient::Ok { job }
+            | FromClient::Fail { job, .. }
+            | FromClient::Acquired { job, .. }
+            | FromClient::Writing { job }
+            | FromClient::Released { job } => Some(*job),
+        }
+    }
+}
+
+/// The longest line a client may print: a longer one is a flood, and ends the run.
+pub const MAX_LINE: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lines_read_and_write_as_docs_challenge_md_shows_them() {
+        let job = ToClient::Job(Job {
+            id: 1,
+            record: "r0".into(),
+            add: 3,
+            work_ms: 20,
+        });
+        assert_eq!(
+            serde_json::to_string(&job).unwrap(),
+            r#"{"type":"job","id":1,"record":"r0","add":3,"work_ms":20}"#
+        );
+        let said: FromClient =
+            serde_json::from_str(r#"{"type":"acquired","job":1,"token":7}"#).unwrap();
+        assert_eq!(
+            said,
+            FromClient::Acquired {
+                job: 1,
+                token: Some(7)
+            }
+        );
+        let ready: FromClient = serde_json::from_str(r#"{"type":"ready"}"#).unwrap();
+        assert_eq!(ready, FromClient::Ready { notes: false });
+        assert!(serde_json::from_str::<FromClient>(r#"{"type":"ok"}"#).is_err());
+        assert!(serde_json::from_str::<FromClient>(r#"{"type":"done","job":1}"#).is_err());
+    }
+}

@@ -1,0 +1,101 @@
+//! The protected records of one run, in a Postgres schema of the run's own: the records
+//! the client writes, and the log the database itself keeps of every change to them.
+//!
+//! The log is written by a trigger, inside the transaction that changes the record: a
+//! change that commits is in the log, one that rolls back is not, and nothing the client
+//! says can add to it or take from it. The client must not write to the log (a trigger
+//! refuses updates and deletes there), nor add or delete records.
+
+use anyhow::{Context, Result};
+
+use crate::check::challenge::{Change, Finals};
+use crate::connect::PgClient;
+
+/// The schema's name for a run (its run id is made of lowercase hex, digits and `_`).
+pub fn schema_of(run_id: &str) -> String {
+    format!("lockslab_challenge_{run_id}")
+}
+
+/// What drops everything the run made in Postgres, the client's own tables with it.
+pub fn drop_sql(schema: &str) -> String {
+    format!("DROP SCHEMA IF EXISTS {schema} CASCADE")
+}
+
+/// Creates the schema, the records (each at 0), the log and its triggers.
+pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()> {
+    let sql = format!(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.records (
+             record text PRIMARY KEY,
+             value bigint NOT NULL DEFAULT 0,
+             job bigint,
+             fence bigint);
+         CREATE TABLE {schema}.changes (
+             seq bigserial PRIMARY KEY,
+             record text NOT NULL,
+             job bigint,
+             old_value bigint NOT NULL,
+             new_value bigint NOT NULL,
+             at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO {schema}.changes (record, job, old_value, new_value)
+             VALUES (NEW.record, NEW.job, OLD.value, NEW.value);
+             RETURN NEW;
+         END $$;
+         CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             RAISE EXCEPTION 'lockslab challenge: % on %.% is not allowed (update a record''s value and job)',
+                 TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
+         END $$;
+         CREATE TRIGGER log_change AFTER UPDATE ON {schema}.records
+             FOR EACH ROW EXECUTE FUNCTION {schema}.log_change();
+         CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.changes
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+    );
+    let mut tx = db.transaction()?;
+    tx.batch_execute(&sql)
+        .context("creating the challenge's tables")?;
+    for record in records {
+        tx.execute(
+            &format!("INSERT INTO {schema}.records (record) VALUES ($1)"),
+            &[record],
+        )?;
+    }
+    tx.batch_execute(&format!(
+        "CREATE TRIGGER fixed_records BEFORE INSERT OR DELETE ON {schema}.records
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+    ))?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// The log, in the database's order, and each record's final value.
+pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals)> {
+    let changes = db
+        .query(
+            &format!(
+                "SELECT seq, record, job, old_value, new_value FROM {schema}.changes ORDER BY seq"
+            ),
+            &[],
+        )
+        .context("reading the change log back")?
+        .iter()
+        .map(|row| Change {
+            seq: row.get(0),
+            record: row.get(1),
+            job: row.get(2),
+            old_value: row.get(3),
+            new_value: row.get(4),
+        })
+        .collect();
+    let finals = db
+        .query(
+            &format!("SELECT record, value FROM {schema}.records ORDER BY record"),
+            &[],
+        )?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    Ok((changes, finals))
+}

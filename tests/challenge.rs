@@ -1,0 +1,262 @@
+//! `lockslab challenge` against real servers, with real client programs: the reference
+//! clients (examples/challenge/reference.py) are graded as they should be, from the
+//! database's log; a client that prints garbage, crashes, hangs, never answers or floods
+//! is named; nothing is left running, after a normal run or a real SIGINT.
+//!
+//! The Python references need python3-redis and python3-psycopg2 (scripts/setup).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const PYTHON: &str = "/usr/bin/python3";
+const REFERENCE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/examples/challenge/reference.py"
+);
+
+fn python_ready() {
+    let ok = std::process::Command::new(PYTHON)
+        .args(["-c", "import redis, psycopg2"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "{PYTHON} lacks redis or psycopg2: run scripts/setup");
+}
+
+/// Runs a challenge with `--json`; returns its exit code and verdict.
+fn challenge(name: &str, seed: u64, extra: &[&str], program: &[&str]) -> (i32, Value, Output) {
+    let seed = seed.to_string();
+    let mut args = vec!["challenge", name, "--json", "--seed", &seed];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(program);
+    let output = lockslab(&args).output().expect("running lockslab");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|v| v["kind"] == "verdict")
+        .unwrap_or_else(|| {
+            panic!(
+                "no verdict:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    (output.status.code().unwrap_or(-1), verdict, output)
+}
+
+fn reference(name: &str, seed: u64, mode: &str) -> (i32, Value) {
+    python_ready();
+    let (code, verdict, _) = challenge(name, seed, &[], &[PYTHON, REFERENCE, mode]);
+    (code, verdict)
+}
+
+fn kinds(verdict: &Value) -> Vec<String> {
+    verdict["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The failing reference is caught on one of the first `seeds` seeds.
+fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) {
+    for seed in 1..=seeds {
+        let (code, verdict) = reference(name, seed, mode);
+        if code == 1 {
+            assert!(kinds(&verdict).iter().any(|k| k == kind), "{verdict}");
+            assert_eq!(verdict["grade"], "fail");
+            return;
+        }
+    }
+    panic!("{mode} passed {name} on {seeds} seeds");
+}
+
+fn passes(name: &str, mode: &str, seed: u64) {
+    let (code, verdict) = reference(name, seed, mode);
+    assert_eq!(code, 0, "{verdict}");
+    assert_eq!(verdict["grade"], "pass");
+    assert_eq!(verdict["acknowledged"], verdict["jobs"]);
+    assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
+}
+
+#[test]
+fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
+    caught_within("counter", "none", "stale-write", 3);
+    // Not `setnx`: on a busy machine a client stalled past the TTL makes it fail (rightly).
+    passes("counter", "fenced", 1);
+}
+
+#[test]
+fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
+    caught_within("pause", "setnx", "stale-write", 3);
+    passes("pause", "fenced", 1);
+}
+
+#[test]
+fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
+    caught_within("crash", "fenced", "doubled", 3);
+    passes("crash", "once", 1);
+}
+
+/// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
+/// names what it did, and no process of it left.
+fn misbehaves(script: &str, says: &str) {
+    let marker = format!("lockslab-challenge-test-{}", std::process::id());
+    let script = format!("{script} # {marker}");
+    let (code, verdict, output) =
+        challenge("counter", 1, &["--patience", "1s"], &["sh", "-c", &script]);
+    assert_eq!(code, 1, "{verdict}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(failure.contains(says), "{failure:?} should say {says:?}");
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("panicked"),
+        "no panic"
+    );
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[test]
+fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
+    misbehaves(
+        r#"read l; echo '{"type":"ready"}'; read j; echo hello"#,
+        "not a protocol message: \"hello\"",
+    );
+    misbehaves("read l; echo oops >&2; exit 3", "exited by itself");
+    misbehaves(
+        r#"read l; echo '{"type":"ready"}'; sleep 600"#,
+        "did not answer job",
+    );
+    misbehaves("sleep 600", "did not say ready");
+    misbehaves(
+        r#"read l; head -c 100000 /dev/zero | tr '\0' x"#,
+        "longer than 4096 bytes",
+    );
+    misbehaves(
+        r#"read l; echo '{"type":"ready"}'; read j; echo '{"type":"ok","job":99}'"#,
+        "spoke of job 99",
+    );
+}
+
+#[test]
+fn the_last_words_of_a_crashing_client_are_quoted() {
+    misbehaves(
+        "read l; echo 'Traceback: boom' >&2; exit 1",
+        "Traceback: boom",
+    );
+}
+
+#[test]
+fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
+    python_ready();
+    let marker = format!("sigint-{}", std::process::id());
+    let mut child = lockslab(&[
+        "challenge",
+        "pause",
+        "--json",
+        "--seed",
+        "3",
+        "--",
+        PYTHON,
+        REFERENCE,
+        "setnx",
+        &marker,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut run_id = None;
+    // Until the first pause: clients are then running, one of them stopped.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(event) = event_line(&line) {
+            if let What::Run(facts) = &event.what {
+                run_id = facts.run_id.clone();
+            }
+            if event.kind() == Kind::Frozen {
+                break;
+            }
+        }
+    }
+    let run_id = run_id.expect("a run event first");
+    assert!(!processes_mentioning(&marker).is_empty(), "clients running");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let started = Instant::now();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after Ctrl-C: {left:?}");
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    let schema: Option<String> = db
+        .query_one(
+            "SELECT to_regnamespace($1)::text",
+            &[&format!("lockslab_challenge_{run_id}")],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(schema, None, "the run's schema was dropped");
+    let mut redis = redis::Client::open(servers().redis.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("lockslab:{run_id}:*"))
+        .query(&mut redis)
+        .unwrap();
+    assert!(keys.is_empty(), "keys left: {keys:?}");
+}
+
+/// A recorded `pause` run of the unfenced reference, replayed through the checker with no
+/// servers: the jobs and the `ok`s from the typed events, the log from the verdict.
+#[test]
+fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
+    use lockslab::check::challenge::{Change, Evidence, Grade, JobSpec, check};
+    let text = include_str!("fixtures/challenge.jsonl");
+    let mut evidence = Evidence::default();
+    let mut verdict = Value::Null;
+    for line in text.lines() {
+        match event_line(line) {
+            Some(event) => match &event.what {
+                What::JobSent(job) if job.resent.is_none() => evidence.jobs.push(JobSpec {
+                    id: job.job,
+                    record: job.record.clone().unwrap(),
+                    add: job.add.unwrap(),
+                }),
+                What::JobAnswered(job) if job.ok == Some(true) => {
+                    evidence.acknowledged.insert(job.job);
+                }
+                _ => {}
+            },
+            None => verdict = serde_json::from_str(line).unwrap(),
+        }
+    }
+    evidence.jobs.sort_by_key(|j| j.id);
+    evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone()).unwrap();
+    for record in ["r0", "r1"] {
+        let last = evidence.changes.iter().rev().find(|c| c.record == record);
+        evidence
+            .finals
+            .push((record.into(), last.map_or(0, |c| c.new_value)));
+    }
+    evidence.faults_planned = verdict["faults_planned"].as_u64().unwrap() as usize;
+    evidence.faults_played = verdict["faults_played"].as_u64().unwrap() as usize;
+    let report = check(&evidence);
+    assert_eq!(report.grade(), Grade::Fail);
+    assert_eq!(
+        serde_json::to_value(&report.problems).unwrap(),
+        verdict["problems"]
+    );
+    assert_eq!(verdict["grade"], "fail");
+}
