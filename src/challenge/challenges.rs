@@ -94,11 +94,7 @@ impl Challenge {
                     };
                     steps.push(Step {
                         at_ms,
-                        after: Some(Anchor {
-                            worker: name.clone(),
-                            event,
-                            nth: 1 + rng.below(3) as u32,
-                        }),
+                        after: Some(Anchor::on(name, event, 1 + rng.below(3) as u32)),
                         fault: Fault::Pause,
                         target: name.clone(),
                         duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
@@ -116,11 +112,7 @@ impl Challenge {
                     };
                     steps.push(Step {
                         at_ms,
-                        after: Some(Anchor {
-                            worker: name.clone(),
-                            event,
-                            nth: 1 + rng.below(4) as u32,
-                        }),
+                        after: Some(Anchor::on(name, event, 1 + rng.below(4) as u32)),
                         fault: Fault::Kill,
                         target: name.clone(),
                         duration_ms: None,
@@ -181,7 +173,7 @@ mod tests {
         for step in pause.steps() {
             let anchor = step.after.as_ref().unwrap();
             let notes = anchor.worker == "c1" || anchor.worker == "c3";
-            assert_eq!(anchor.event == Kind::Working, notes);
+            assert_eq!(anchor.event == Kind::Working.into(), notes);
             assert!(step.duration_ms.unwrap() >= 1000);
         }
         assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
