@@ -449,6 +449,41 @@ fn a_failed_round_is_released_on_every_master_when(round: RoundOrder) {
     }
 }
 
+#[test]
+fn a_release_finds_its_script_again_after_a_script_flush() {
+    // The release names its script by digest (EVALSHA); a master that no longer knows it
+    // (restarted empty, or SCRIPT FLUSH) answers NOSCRIPT and must be sent the text.
+    let redis = &servers().redis;
+    let urls = [
+        format!("{redis}/8"),
+        format!("{redis}/9"),
+        format!("{redis}/10"),
+    ];
+    let mut admin = lockslab::connect::redis(redis).unwrap();
+    for round in [RoundOrder::Sequential, RoundOrder::Concurrent] {
+        let key = format!("lockslab:test-{}:flush:{round:?}", std::process::id());
+        let mut lock = redlock_on(&urls, &key, Duration::from_secs(10), 300, round);
+        for _ in 0..2 {
+            let attempt = lock.try_acquire();
+            assert!(attempt.held, "{round:?}: {attempt:?}");
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query::<()>(&mut admin)
+                .unwrap();
+            let released = lock.release(&attempt.value);
+            assert!(
+                released.iter().all(|a| a.reply == Reply::Deleted),
+                "{round:?}: {released:?}"
+            );
+        }
+        for url in &urls {
+            let mut c = lockslab::connect::redis(url).unwrap();
+            let left: Option<String> = redis::cmd("GET").arg(&key).query(&mut c).unwrap();
+            assert_eq!(left, None, "{round:?}: {url} kept the key");
+        }
+    }
+}
+
 /// Ctrl-C at `moment` (the first event it matches): exit 130, and no master, worker or
 /// directory left.
 /// A Redlock on `urls`, named m1, m2…, with `timeout_ms` per master.

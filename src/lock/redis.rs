@@ -30,8 +30,8 @@
 //! when that counter goes back), Redis replicates asynchronously (a failover can lose an
 //! acknowledged `SET` or `INCR`: lab 5), and waiters poll instead of queueing in the server.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,16 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return false
 "#;
+
+/// The scripts above with their SHA1 digests, computed once: each call sends `EVALSHA`
+/// (and the text only to a server that answers `NOSCRIPT`).
+static ACQUIRE_WITH_TOKEN_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_WITH_TOKEN));
+static COMPARE_AND_DELETE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
+static COMPARE_AND_DELETE_REPORTING_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(COMPARE_AND_DELETE_REPORTING));
+static EXTEND_IF_OWNER_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_IF_OWNER));
 
 /// How often a waiting client tries again.
 pub const RETRY_EVERY: Duration = Duration::from_millis(20);
@@ -150,7 +160,7 @@ impl RedisLock {
     /// drawn atomically with the lock.
     pub fn try_acquire_fenced(&mut self, counter_key: &str) -> Result<Option<Held>> {
         let owner = random_owner();
-        let token: Option<i64> = Script::new(ACQUIRE_WITH_TOKEN)
+        let token: Option<i64> = ACQUIRE_WITH_TOKEN_SCRIPT
             .key(&self.key)
             .key(counter_key)
             .arg(&owner)
@@ -186,7 +196,7 @@ impl RedisLock {
     /// ✅ Compare-and-delete: true if our key was deleted, false if it was no longer ours
     /// (it expired, and perhaps someone else holds it now).
     pub fn release(&mut self, held: &Held) -> Result<bool> {
-        let deleted: i64 = Script::new(COMPARE_AND_DELETE)
+        let deleted: i64 = COMPARE_AND_DELETE_SCRIPT
             .key(&self.key)
             .arg(&held.owner)
             .invoke(&mut self.connection)
@@ -197,7 +207,7 @@ impl RedisLock {
     /// ✅ Compare-and-delete that also says what it found: the labs' evidence of whether
     /// Redis handed the lock to someone else before this holder let go.
     pub fn release_reporting(&mut self, held: &Held) -> Result<Release> {
-        let (deleted, current): (i64, Option<String>) = Script::new(COMPARE_AND_DELETE_REPORTING)
+        let (deleted, current): (i64, Option<String>) = COMPARE_AND_DELETE_REPORTING_SCRIPT
             .key(&self.key)
             .arg(&held.owner)
             .invoke(&mut self.connection)
@@ -213,7 +223,7 @@ impl RedisLock {
     /// False: the key expired or belongs to someone else — the lock is lost, and only a new
     /// acquisition can take it back.
     pub fn renew(&mut self, held: &Held) -> Result<bool> {
-        let renewed: i64 = Script::new(EXTEND_IF_OWNER)
+        let renewed: i64 = EXTEND_IF_OWNER_SCRIPT
             .key(&self.key)
             .arg(&held.owner)
             .arg(self.ttl_ms())

@@ -40,6 +40,7 @@
 //! bounded pauses, bounded network delays and clocks that do not jump, and its random value
 //! is not a fencing token.
 
+use std::sync::LazyLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,10 @@ if current == ARGV[1] then
 end
 return {0, current}
 "#;
+
+/// The same script, and its SHA1 digest, computed once.
+static COMPARE_AND_DELETE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(COMPARE_AND_DELETE_REPORTING));
 
 /// How a round asks the masters. Both are the same algorithm (see the module's text):
 /// only the round's length, and so the validity left, differs.
@@ -138,88 +143,118 @@ impl Master {
             .unwrap_or("?")
     }
 
-    /// Runs one command with the whole exchange (connecting included) bounded by `timeout`.
-    ///
-    /// After any failure the connection is dropped: a reply that arrives late would
-    /// otherwise be read as the answer to the next command.
+    /// Runs one command with the whole exchange (connecting included) bounded by `timeout`:
+    /// the labs' own reads and probes.
     fn ask<T: redis::FromRedisValue>(
         &mut self,
         timeout: Duration,
         query: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, String> {
         let started = Instant::now();
-        let mut left = timeout;
-        if self.connection.is_none() {
-            // No `CLIENT SETINFO` after connecting: its two replies would each wait a full
-            // timeout on a frozen master, doubling what "no answer" costs the round.
-            let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
-                .map_err(|e| e.to_string())?;
-            let settings = info.redis_settings().clone().set_skip_set_lib_name();
-            let client = redis::Client::open(info.set_redis_settings(settings))
-                .map_err(|e| e.to_string())?;
-            let connection = client
-                .get_connection_with_timeout(timeout)
-                .map_err(|e| describe_failure(&e))?;
-            self.connection = Some(connection);
-            self.timeouts = None;
-            left = timeout
-                .checked_sub(started.elapsed())
-                .unwrap_or_default()
-                .max(Duration::from_millis(1));
-        }
-        let connection = self.connection.as_mut().expect("opened above");
-        let mut answer = Ok(());
-        if self.timeouts != Some(left) {
-            answer = connection
-                .set_read_timeout(Some(left))
-                .and_then(|_| connection.set_write_timeout(Some(left)));
-            self.timeouts = Some(left);
-        }
-        answer.and_then(|_| query(connection)).map_err(|err| {
+        self.connect(timeout)?;
+        self.bound(timeout.saturating_sub(started.elapsed()))?;
+        let connection = self.connection.as_mut().expect("connected above");
+        query(connection).map_err(|err| {
             self.disconnect();
             describe_failure(&err)
         })
     }
 
-    /// Writes `request` (packed) without waiting for its answer: the first half of a
-    /// multiplexed round. Only on an open connection; [`Master::receive`] reads the answer.
-    fn send(&mut self, request: &[u8], timeout: Duration) -> Result<(), String> {
-        let connection = self.connection.as_mut().ok_or("not connected")?;
-        let mut sent = Ok(());
-        if self.timeouts != Some(timeout) {
-            sent = connection
-                .set_read_timeout(Some(timeout))
-                .and_then(|_| connection.set_write_timeout(Some(timeout)));
-            self.timeouts = Some(timeout);
+    /// Opens the connection if there is none, within `timeout`. No `CLIENT SETINFO` after
+    /// connecting: its two replies would each wait a full timeout on a frozen master,
+    /// doubling what "no answer" costs the round.
+    fn connect(&mut self, timeout: Duration) -> Result<(), String> {
+        if self.connection.is_some() {
+            return Ok(());
         }
-        sent.and_then(|_| connection.send_packed_command(request))
-            .map_err(|err| {
-                self.disconnect();
-                describe_failure(&err)
-            })
+        let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
+            .map_err(|e| e.to_string())?;
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let client =
+            redis::Client::open(info.set_redis_settings(settings)).map_err(|e| e.to_string())?;
+        let connection = client
+            .get_connection_with_timeout(timeout)
+            .map_err(|e| describe_failure(&e))?;
+        self.connection = Some(connection);
+        self.timeouts = None;
+        Ok(())
     }
 
-    /// Reads the answer to what [`Master::send`] wrote, waiting at most `left`. The socket's
-    /// timeout is changed only when `left` is a millisecond or more shorter than the one it
-    /// has (a read may wait up to a millisecond past the per-instance timeout; the round's
-    /// `elapsed` is measured all the same).
-    fn receive(&mut self, left: Duration) -> Result<Value, String> {
-        let connection = self.connection.as_mut().ok_or("not connected")?;
-        let mut ready = Ok(());
+    /// One request and its answer, the whole exchange (connecting included) bounded by
+    /// `timeout`: one master's part of a round.
+    fn exchange(&mut self, request: &Request, timeout: Duration) -> Result<Value, String> {
+        let started = Instant::now();
+        self.connect(timeout)?;
+        let left = || timeout.saturating_sub(started.elapsed());
+        self.send(&request.packed, left())?;
+        let answer = self.receive(left())?;
+        self.unless_unknown_script(request, answer, started + timeout)
+    }
+
+    /// Gives the next read and write on the connection at most `left`. The socket's
+    /// timeouts are changed only when the ones it has are shorter than `left`, or a
+    /// millisecond or more longer: a master may be waited on up to a millisecond past its
+    /// per-instance timeout, and two system calls are saved on almost every request (the
+    /// round's `elapsed` is measured all the same).
+    fn bound(&mut self, left: Duration) -> Result<(), String> {
+        let left = left.max(Duration::from_millis(1));
         if self
             .timeouts
-            .is_none_or(|set| set > left + Duration::from_millis(1))
+            .is_some_and(|set| set >= left && set <= left + Duration::from_millis(1))
         {
-            let left = left.max(Duration::from_millis(1));
-            ready = connection.set_read_timeout(Some(left));
-            self.timeouts = None;
+            return Ok(());
         }
-        ready
-            .and_then(|_| connection.recv_response())
-            .map_err(|err| {
-                self.disconnect();
-                describe_failure(&err)
-            })
+        let connection = self.connection.as_mut().ok_or("not connected")?;
+        let set = connection
+            .set_read_timeout(Some(left))
+            .and_then(|_| connection.set_write_timeout(Some(left)));
+        self.timeouts = Some(left);
+        set.map_err(|err| {
+            self.disconnect();
+            describe_failure(&err)
+        })
+    }
+
+    /// Writes `request` (packed) without waiting for its answer: the first half of an
+    /// exchange. Only on an open connection; [`Master::receive`] reads the answer.
+    fn send(&mut self, request: &[u8], left: Duration) -> Result<(), String> {
+        self.bound(left)?;
+        let connection = self.connection.as_mut().ok_or("not connected")?;
+        connection.send_packed_command(request).map_err(|err| {
+            self.disconnect();
+            describe_failure(&err)
+        })
+    }
+
+    /// Reads the answer to what [`Master::send`] wrote, waiting at most `left`. After any
+    /// failure the connection is dropped: a reply that arrives late would otherwise be read
+    /// as the answer to the next request.
+    fn receive(&mut self, left: Duration) -> Result<Value, String> {
+        self.bound(left)?;
+        let connection = self.connection.as_mut().ok_or("not connected")?;
+        connection.recv_response().map_err(|err| {
+            self.disconnect();
+            describe_failure(&err)
+        })
+    }
+
+    /// The release is sent as `EVALSHA` (the script's digest, not its text); a master that
+    /// does not know the script yet (restarted empty, or never asked) answers `NOSCRIPT`,
+    /// and is sent the script itself (`EVAL`), which it then keeps. Before `deadline`.
+    fn unless_unknown_script(
+        &mut self,
+        request: &Request,
+        answer: Value,
+        deadline: Instant,
+    ) -> Result<Value, String> {
+        match (&request.script, &answer) {
+            (Some(script), Value::ServerError(error)) if error.code() == "NOSCRIPT" => {
+                let left = || deadline.saturating_duration_since(Instant::now());
+                self.send(script, left())?;
+                self.receive(left())
+            }
+            _ => Ok(answer),
+        }
     }
 
     /// What this master holds under `key` now: its value and PTTL (-2: no key), in one
@@ -429,6 +464,10 @@ impl Redlock {
             .arg("NX")
             .arg("PX")
             .arg(ttl.as_millis().max(1) as u64);
+        let set = Request {
+            packed: set.get_packed_command(),
+            script: None,
+        };
         let started = Instant::now();
         let answers = self.ask_every_master(started, &set, |answer| match answer {
             Ok(Value::Okay) => Reply::Granted,
@@ -477,7 +516,7 @@ impl Redlock {
     fn ask_every_master(
         &mut self,
         started: Instant,
-        request: &redis::Cmd,
+        request: &Request,
         judge: impl Fn(Result<Value, String>) -> Reply + Sync,
     ) -> Vec<Answer> {
         let timeout = self.settings.instance_timeout;
@@ -490,13 +529,12 @@ impl Redlock {
         };
         let ask = |master: &mut Master| {
             let sent = started.elapsed();
-            let reply = judge(master.ask(timeout, |c| request.query::<Value>(c)));
+            let reply = judge(master.exchange(request, timeout));
             answer(master, reply, sent)
         };
         match self.settings.round {
             RoundOrder::Sequential => self.masters.iter_mut().map(ask).collect(),
             RoundOrder::Concurrent => thread::scope(|scope| {
-                let packed = request.get_packed_command();
                 let mut connecting = Vec::new();
                 let mut waiting = Vec::new();
                 let mut answers: Vec<Option<Answer>> = vec![None; self.masters.len()];
@@ -509,15 +547,17 @@ impl Redlock {
                         continue;
                     }
                     let sent = started.elapsed();
-                    match master.send(&packed, timeout) {
+                    match master.send(&request.packed, timeout) {
                         Ok(()) => waiting.push((i, master, sent)),
                         Err(why) => answers[i] = Some(answer(master, judge(Err(why)), sent)),
                     }
                 }
                 for (i, master, sent) in waiting {
-                    let left = (sent + timeout).saturating_sub(started.elapsed());
-                    let reply = judge(master.receive(left));
-                    answers[i] = Some(answer(master, reply, sent));
+                    let deadline = started + sent + timeout;
+                    let reply = master
+                        .receive(deadline.saturating_duration_since(Instant::now()))
+                        .and_then(|value| master.unless_unknown_script(request, value, deadline));
+                    answers[i] = Some(answer(master, judge(reply), sent));
                 }
                 for (i, thread) in connecting {
                     answers[i] = Some(thread.join().expect("a thread asking a master panicked"));
@@ -545,13 +585,24 @@ impl Redlock {
 
     /// ✅ Compare-and-delete on **every** master, whatever it answered to the SET.
     pub fn release(&mut self, value: &str) -> Vec<Answer> {
-        let mut compare_and_delete = redis::cmd("EVAL");
-        compare_and_delete
+        let script = &*COMPARE_AND_DELETE;
+        let mut by_digest = redis::cmd("EVALSHA");
+        by_digest
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(&self.key)
+            .arg(value);
+        let mut by_text = redis::cmd("EVAL");
+        by_text
             .arg(COMPARE_AND_DELETE_REPORTING)
             .arg(1)
             .arg(&self.key)
             .arg(value);
-        self.ask_every_master(Instant::now(), &compare_and_delete, |answer| {
+        let request = Request {
+            packed: by_digest.get_packed_command(),
+            script: Some(by_text.get_packed_command()),
+        };
+        self.ask_every_master(Instant::now(), &request, |answer| {
             match answer.and_then(|v| redis::from_redis_value(v).map_err(|e| e.to_string())) {
                 Ok((1, _)) => Reply::Deleted,
                 Ok((_, found)) => Reply::NotOurs { found },
@@ -559,6 +610,14 @@ impl Redlock {
             }
         })
     }
+}
+
+/// One request of a round, packed once for every master: the same bytes to each. For the
+/// release, `packed` names the script by its digest (`EVALSHA`) and `script` carries its
+/// text (`EVAL`), for a master that answers that it does not know the digest.
+struct Request {
+    packed: Vec<u8>,
+    script: Option<Vec<u8>>,
 }
 
 // ❌ What Redlock is not: a fencing token.
