@@ -114,6 +114,16 @@ struct State {
     drop_reply_on: Vec<u64>,
     /// A pseudo-random state for jitter (xorshift), seeded per proxy.
     jitter: u64,
+    /// How many times each direction was healed (up, down): a chunk queued before the
+    /// last heal of its direction goes out at once, whatever delay it was waiting out.
+    heals: [u64; 2],
+}
+
+fn side(direction: Direction) -> usize {
+    match direction {
+        Direction::Up => 0,
+        Direction::Down => 1,
+    }
 }
 
 /// A running proxy. Dropping it stops it: its threads end and its sockets close.
@@ -196,13 +206,15 @@ impl Proxy {
         self.shared.changed.notify_all();
     }
 
-    /// Lifts the fault on one direction; held bytes go out, in order.
+    /// Lifts the fault on one direction: held bytes, and bytes still waiting out a delay,
+    /// go out at once, in order.
     pub fn clear(&self, direction: Direction) {
         let mut state = self.lock();
         match direction {
             Direction::Up => state.up = None,
             Direction::Down => state.down = None,
         }
+        state.heals[side(direction)] += 1;
         self.shared.changed.notify_all();
     }
 
@@ -394,10 +406,17 @@ struct Pump {
 }
 
 /// Bytes waiting to go out, each with the moment it may.
-type Queue = Arc<(
-    Mutex<VecDeque<(Instant, Vec<u8>, Option<Instant>)>>,
-    Condvar,
-)>;
+type Queue = Arc<(Mutex<VecDeque<Queued>>, Condvar)>;
+
+/// One chunk in a queue: when it may go, its bytes, when it came in if a delay-next is
+/// reported on it, and the direction's heal count when it was queued.
+#[derive(Clone)]
+struct Queued {
+    due: Instant,
+    chunk: Vec<u8>,
+    marked: Option<Instant>,
+    healed: u64,
+}
 
 impl Pump {
     fn new(
@@ -452,11 +471,15 @@ impl Pump {
         // The reader's side ended: tell the writer to finish what is queued, then close.
         {
             let (items, wake) = &*queue;
-            items.lock().unwrap_or_else(|e| e.into_inner()).push_back((
-                Instant::now(),
-                Vec::new(),
-                None,
-            ));
+            items
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(Queued {
+                    due: Instant::now(),
+                    chunk: Vec::new(),
+                    marked: None,
+                    healed: 0,
+                });
             wake.notify_all();
         }
         let _ = writer.join();
@@ -545,6 +568,7 @@ impl Pump {
             Some(NetFault::Hold) => now,
         };
         let marked = matches!(fault, Some(NetFault::DelayNext { .. })).then_some(now);
+        let healed = state.heals[side(self.direction)];
         drop(state);
         let (items, wake) = &**queue;
         let mut items = items.lock().unwrap_or_else(|e| e.into_inner());
@@ -553,7 +577,12 @@ impl Pump {
             drop(items);
             return self.to.write_all(&chunk).is_ok();
         }
-        items.push_back((due, chunk, marked));
+        items.push_back(Queued {
+            due,
+            chunk,
+            marked,
+            healed,
+        });
         wake.notify_all();
         true
     }
@@ -565,7 +594,13 @@ fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: Tc
     let (items, wake) = &**queue;
     loop {
         let mut guard = items.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((due, chunk, marked)) = guard.front().cloned() else {
+        let Some(Queued {
+            due,
+            chunk,
+            marked,
+            healed,
+        }) = guard.front().cloned()
+        else {
             // New chunks wake it; the timeout only looks at `stopping` now and then.
             guard = wake
                 .wait_timeout(guard, Duration::from_millis(250))
@@ -582,16 +617,19 @@ fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: Tc
             let _ = to.shutdown(Shutdown::Write);
             return;
         }
-        let held = {
+        let (held, flushed) = {
             let state = lock(shared);
             let fault = match direction {
                 Direction::Up => state.up,
                 Direction::Down => state.down,
             };
-            fault == Some(NetFault::Hold)
+            (
+                fault == Some(NetFault::Hold),
+                state.heals[side(direction)] > healed,
+            )
         };
         let now = Instant::now();
-        if held || now < due {
+        if held || (now < due && !flushed) {
             let wait = if held {
                 Duration::from_millis(5)
             } else {
@@ -740,6 +778,27 @@ mod tests {
             matches!(reports[..], [Report { seen: Seen::DelayedSent { late_ms }, .. }] if late_ms >= 200),
             "{reports:?}"
         );
+    }
+
+    #[test]
+    fn healing_a_delay_sends_what_is_already_waiting_at_once() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(
+            Direction::Up,
+            NetFault::Delay {
+                ms: 60_000,
+                jitter_ms: 0,
+            },
+        );
+        stream.write_all(b"late").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert!(echo.got().is_empty(), "waiting out its delay");
+        proxy.clear(Direction::Up);
+        let mut answer = [0u8; 4];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"late", "sent when healed, not a minute later");
     }
 
     #[test]
