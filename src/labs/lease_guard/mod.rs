@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
-//! write; A's wall clock is stepped back while it works (libfaketime in A only: the
+//! write; A's write, sent on time, is held in flight by the fault proxy ([`crate::proxy`])
+//! on A's path to the store; A's wall clock is stepped back while it works (libfaketime in A only: the
 //! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
 //! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
 //! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
@@ -51,7 +52,7 @@ Examples:
                                           an overrun longer than the lock-delay
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 48 cells in about a minute.
+The default run plays 56 cells in about a minute and a half.
 
 The clock faults need libfaketime (apt-get install faketime); without it the
 lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
@@ -99,6 +100,10 @@ pub enum LeaseFault {
     PauseBeforeCheck,
     /// A's guard says yes; A stops before the write goes out, until B has written
     PauseAfterCheck,
+    /// A's guard says yes and A sends its write at once; the fault proxy on A's path to
+    /// the store holds the write in flight until B has written (or --overrun past A's
+    /// lease). A is never paused
+    DelayedWrite,
     /// A's wall clock is stepped back while it works past its lease (libfaketime, in A
     /// only)
     ClockBack,
@@ -113,9 +118,10 @@ pub enum LeaseFault {
 }
 
 impl LeaseFault {
-    pub const ALL: [LeaseFault; 6] = [
+    pub const ALL: [LeaseFault; 7] = [
         LeaseFault::PauseBeforeCheck,
         LeaseFault::PauseAfterCheck,
+        LeaseFault::DelayedWrite,
         LeaseFault::ClockBack,
         LeaseFault::LongWork,
         LeaseFault::ClockSlow,
@@ -143,6 +149,7 @@ impl LeaseFault {
         match self {
             LeaseFault::PauseBeforeCheck => "pause-before-check",
             LeaseFault::PauseAfterCheck => "pause-after-check",
+            LeaseFault::DelayedWrite => "delayed-write",
             LeaseFault::ClockBack => "clock-back",
             LeaseFault::LongWork => "long-work",
             LeaseFault::ClockSlow => "clock-slow",
@@ -248,6 +255,12 @@ impl Lab for Plan {
                 "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",
                 human(self.lock_delay)
             ));
+        }
+        if self.faults.contains(&LeaseFault::DelayedWrite) {
+            lines.push(
+                "delayed-write: A reaches the store through the fault proxy (lab 8's), which holds A's write in flight; A's process runs throughout."
+                    .into(),
+            );
         }
         if self.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
