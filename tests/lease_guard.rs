@@ -252,6 +252,45 @@ fn a_sweep_across_the_lock_delay_edge_never_disagrees_with_the_store() {
     }
 }
 
+/// The edge where pause detection flips: a pause before the check well under the margin
+/// passes unseen (A writes, and safely: its 2s lease still runs), one well over it aborts
+/// work that was safe (Redis still had A's key). Near the margin either may happen on a
+/// busy machine; on both sides and near the edge, the verdict is the store's word.
+#[test]
+fn a_sweep_across_the_pause_detection_margin_never_disagrees_with_the_store() {
+    for (pause, far_side) in [
+        ("20ms", Some(SAFE)),
+        ("150ms", None),
+        ("250ms", None),
+        ("600ms", Some(ABORT)),
+    ] {
+        let (_, verdict, _) = run_json(&[
+            "lease-guard",
+            "--guard",
+            "pause-detect",
+            "--fault",
+            "pause-before-check",
+            "--ttl",
+            "2s",
+            "--margin",
+            "200ms",
+            "--pause",
+            pause,
+        ]);
+        let cell = cell(&verdict, "pause-detect", "pause-before-check");
+        assert_eq!(store_says(cell), cell["outcome"], "pause {pause}: {cell}");
+        // Whatever it decided, A's lease was still running: the abort was needless.
+        assert_eq!(cell["key_ours_at_check"], true, "pause {pause}: {cell}");
+        if let Some(expected) = far_side {
+            assert_eq!(cell["outcome"], expected, "pause {pause}: {cell}");
+        }
+        if cell["outcome"] == ABORT {
+            assert_eq!(cell["needless_abort"], true, "pause {pause}: {cell}");
+        }
+        assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+    }
+}
+
 /// A margin of all but a millisecond of the lease: the monotonic deadline falls a
 /// millisecond after the send, so the guard gives up at once, while Redis still has A's
 /// key with most of its TTL left — work thrown away that was safe, the margin's cost.

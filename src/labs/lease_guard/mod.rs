@@ -80,6 +80,12 @@ pub struct LeaseGuardArgs {
     #[arg(long, default_value = "500ms", value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
     pub overrun: Duration,
+    /// How long the pause faults stop A [default: until B has written, or --overrun past
+    /// A's lease]; shorter than the lease, A wakes with time left (where pause detection
+    /// flips: at the margin)
+    #[arg(long, value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub pause: Option<Duration>,
     /// lock-delay's D: how long Redis refuses the lock after a lease ran out (0 to 60s,
     /// Consul's range)
     #[arg(long, default_value = "1s", value_name = "DURATION",
@@ -167,6 +173,7 @@ pub(crate) struct Plan {
     pub(crate) margin: Duration,
     pub(crate) clock_step: Duration,
     pub(crate) overrun: Duration,
+    pub(crate) pause: Option<Duration>,
     pub(crate) lock_delay: Duration,
     /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
     pub(crate) clock_left_out: bool,
@@ -213,6 +220,7 @@ impl Plan {
             margin: args.margin,
             clock_step: args.clock_step,
             overrun: args.overrun,
+            pause: args.pause,
             lock_delay: args.lock_delay,
             clock_left_out,
         })
@@ -246,10 +254,17 @@ impl Lab for Plan {
             human(self.ttl),
             human(self.margin)
         )];
-        lines.push(format!(
-            "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
-            human(self.overrun)
-        ));
+        lines.push(match self.pause {
+            Some(pause) => format!(
+                "A fault lasts until B has written, or {} past A's lease at most; each pause lasts {} (--pause).",
+                human(self.overrun),
+                human(pause)
+            ),
+            None => format!(
+                "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
+                human(self.overrun)
+            ),
+        });
         if self.guards.contains(&Guard::LockDelay) {
             lines.push(format!(
                 "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",

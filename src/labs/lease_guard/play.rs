@@ -102,7 +102,7 @@ impl Cell<'_> {
         })?;
         // The fault lasts until B has written, or until `overrun` past A's lease at most;
         // the pause after the check, until B has written however long that takes.
-        let fault_ends = match fault {
+        let mut fault_ends = match fault {
             LeaseFault::PauseAfterCheck => Duration::MAX,
             _ => Duration::from_millis(working.t_ms) + plan.ttl + plan.overrun,
         };
@@ -142,8 +142,13 @@ impl Cell<'_> {
                     e.is("A", Kind::Freezing) || e.is("A", Kind::Released)
                 })?;
                 if seen.kind() == Kind::Freezing {
-                    let words = match fault {
-                        LeaseFault::PauseBeforeCheck => format!(
+                    let words = match (plan.pause, fault) {
+                        (Some(pause), _) => format!(
+                            "sees A (pid {}) stopped; resumes it after {} (--pause), or once B has written",
+                            a.pid,
+                            human(pause)
+                        ),
+                        (None, LeaseFault::PauseBeforeCheck) => format!(
                             "sees A (pid {}) stopped; resumes it once B has written, or {} past its lease",
                             a.pid,
                             human(plan.overrun)
@@ -155,6 +160,9 @@ impl Cell<'_> {
                     };
                     nemesis.adopt_pause(&mut stage, &a, words)?;
                     paused = true;
+                    if let Some(pause) = plan.pause {
+                        fault_ends = stage.elapsed() + pause;
+                    }
                 }
             }
             LeaseFault::DelayedWrite => {

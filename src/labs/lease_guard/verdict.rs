@@ -128,6 +128,10 @@ impl runner::Verdict for Verdict {
             (self.plan.overrun.as_millis() as u64).into(),
         );
         fields.insert(
+            "pause_ms".into(),
+            self.plan.pause.map(|pause| pause.as_millis() as u64).into(),
+        );
+        fields.insert(
             "lock_delay_ms".into(),
             (self.plan.lock_delay.as_millis() as u64).into(),
         );
