@@ -126,7 +126,7 @@ pub const LABS: &[LabRow] = &[
         number: 9,
         command: "lease-guard",
         shows: "lease guards short of fencing, and the gap each leaves",
-        takes: "60s",
+        takes: "75s",
         needs: &[Redis, Postgres],
         walkthrough: "labs/09-lease-guard.md",
         session: 15,

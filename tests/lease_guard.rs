@@ -77,29 +77,42 @@ fn replay(events: &[&Event], cell: &Value) -> Outcome {
 }
 
 /// The teaching table: what each guard does against each fault.
-const EXPECTED: [(&str, [&str; 6]); 8] = [
-    ("none", [STALE, STALE, STALE, STALE, STALE, SAFE]),
-    ("wall-deadline", [ABORT, STALE, STALE, ABORT, STALE, ABORT]),
+const EXPECTED: [(&str, [&str; 7]); 8] = [
+    ("none", [STALE, STALE, STALE, STALE, STALE, STALE, SAFE]),
+    (
+        "wall-deadline",
+        [ABORT, STALE, STALE, STALE, ABORT, STALE, ABORT],
+    ),
     (
         "monotonic-deadline",
-        [ABORT, STALE, ABORT, ABORT, ABORT, SAFE],
+        [ABORT, STALE, STALE, ABORT, ABORT, ABORT, SAFE],
     ),
-    ("check-owner", [ABORT, STALE, ABORT, ABORT, ABORT, SAFE]),
-    ("pause-detect", [ABORT, STALE, STALE, STALE, STALE, SAFE]),
-    ("renew-third", [ABORT, STALE, SAFE, SAFE, SAFE, SAFE]),
-    ("lock-delay", [SAFE, STALE, SAFE, SAFE, SAFE, SAFE]),
+    (
+        "check-owner",
+        [ABORT, STALE, STALE, ABORT, ABORT, ABORT, SAFE],
+    ),
+    (
+        "pause-detect",
+        [ABORT, STALE, STALE, STALE, STALE, STALE, SAFE],
+    ),
+    // The write held in flight: A's process runs on, so its heartbeat keeps the lock
+    // from B until the hold lifts (at most --overrun past the lease), and the write
+    // lands while A still holds it.
+    ("renew-third", [ABORT, STALE, SAFE, SAFE, SAFE, SAFE, SAFE]),
+    ("lock-delay", [SAFE, STALE, SAFE, SAFE, SAFE, SAFE, SAFE]),
     (
         "fencing",
-        [REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, SAFE],
+        [REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, REFUSED, SAFE],
     ),
 ];
 const STALE: &str = "stale_accepted";
 const REFUSED: &str = "stale_refused";
 const ABORT: &str = "aborted";
 const SAFE: &str = "no_stale_write";
-const FAULTS: [&str; 6] = [
+const FAULTS: [&str; 7] = [
     "pause-before-check",
     "pause-after-check",
+    "delayed-write",
     "clock-back",
     "long-work",
     "clock-slow",
@@ -166,11 +179,31 @@ fn every_guard_against_every_fault_and_only_fencing_closes_every_cell() {
     assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
     // Lock-delay's cost: the lock stood idle after A's lease, nobody let in; without it,
     // B was granted the lock as soon as A's lease ran out (within its polling).
-    for fault in &FAULTS[..5] {
+    for fault in &FAULTS[..6] {
         let delayed = cell(&verdict, "lock-delay", fault);
         assert!(
             delayed["unavailable_ms"].as_u64().unwrap() >= 400,
             "{delayed}"
+        );
+    }
+    // The delayed write: the nemesis held A's write on A's path to the store and let it
+    // go, once per cell, and A's process was never stopped in those cells.
+    for guard in EXPECTED.map(|(guard, _)| guard) {
+        let events = cell_events(&lines, guard, "delayed-write");
+        let held = events
+            .iter()
+            .filter(|e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::Hold)))
+            .count();
+        let healed = events
+            .iter()
+            .filter(|e| matches!(&e.what, What::NetHealed(_)))
+            .count();
+        assert_eq!((held, healed), (1, 1), "{guard} × delayed-write");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e.kind(), Kind::Frozen | Kind::Freezing)),
+            "{guard} × delayed-write: A was stopped"
         );
     }
     let plain = cell(&verdict, "none", "long-work");
@@ -214,6 +247,45 @@ fn a_sweep_across_the_lock_delay_edge_never_disagrees_with_the_store() {
         );
         if let Some(expected) = far_side {
             assert_eq!(cell["outcome"], expected, "overrun {overrun}: {cell}");
+        }
+        assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
+    }
+}
+
+/// The edge where pause detection flips: a pause before the check well under the margin
+/// passes unseen (A writes, and safely: its 2s lease still runs), one well over it aborts
+/// work that was safe (Redis still had A's key). Near the margin either may happen on a
+/// busy machine; on both sides and near the edge, the verdict is the store's word.
+#[test]
+fn a_sweep_across_the_pause_detection_margin_never_disagrees_with_the_store() {
+    for (pause, far_side) in [
+        ("20ms", Some(SAFE)),
+        ("150ms", None),
+        ("250ms", None),
+        ("600ms", Some(ABORT)),
+    ] {
+        let (_, verdict, _) = run_json(&[
+            "lease-guard",
+            "--guard",
+            "pause-detect",
+            "--fault",
+            "pause-before-check",
+            "--ttl",
+            "2s",
+            "--margin",
+            "200ms",
+            "--pause",
+            pause,
+        ]);
+        let cell = cell(&verdict, "pause-detect", "pause-before-check");
+        assert_eq!(store_says(cell), cell["outcome"], "pause {pause}: {cell}");
+        // Whatever it decided, A's lease was still running: the abort was needless.
+        assert_eq!(cell["key_ours_at_check"], true, "pause {pause}: {cell}");
+        if let Some(expected) = far_side {
+            assert_eq!(cell["outcome"], expected, "pause {pause}: {cell}");
+        }
+        if cell["outcome"] == ABORT {
+            assert_eq!(cell["needless_abort"], true, "pause {pause}: {cell}");
         }
         assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
     }

@@ -284,6 +284,56 @@ fn a_heartbeat_cut_off_by_silence_gives_up_before_its_lease_runs_out() {
     let _: () = ::redis::cmd("DEL").arg(&key).query(&mut *redis).unwrap();
 }
 
+/// The heartbeat counts its first lease from the send of the `SET NX PX` that won it, not
+/// from the reply: the grant's answer comes back 3s late (half the lease gone on the way),
+/// then Redis goes silent. The heartbeat gives the lock up within the lease as Redis counts
+/// it (from the send at the latest). Counted from the reply, as before the fix, it would
+/// have held on until ~8.4s after the send, 2.4s after Redis let the key go.
+#[test]
+fn a_heartbeat_counts_its_first_lease_from_the_send_not_from_a_slow_reply() {
+    use lockslab::lock::redis::{RedisLock, Renewal};
+    use lockslab::proxy::{self, NetFault, Proxy};
+    use std::time::{Duration, Instant};
+
+    let redis = &servers().redis;
+    let mut proxied = Proxy::start("test→redis", proxy::upstream_of(redis).unwrap()).unwrap();
+    let url = proxy::through(redis, proxied.addr()).unwrap();
+    let key = format!("lockslab:test-slow-grant:{}", std::process::id());
+    let ttl = Duration::from_secs(6);
+    let mut lock = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
+    let beat = RedisLock::new(lockslab::connect::redis(&url).unwrap(), &key, ttl);
+    proxied.set(
+        Direction::Down,
+        NetFault::Delay {
+            ms: 3_000,
+            jitter_ms: 0,
+        },
+    );
+    let sent = Instant::now();
+    let held = lock.try_acquire().unwrap().expect("a free key");
+    proxied.set(Direction::Up, NetFault::BlackHole);
+    proxied.set(Direction::Down, NetFault::BlackHole);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let renewal = Renewal::start_from(
+        beat,
+        held,
+        sent,
+        Box::new(move |why| tx.send((Instant::now(), why)).unwrap()),
+    );
+    let (gave_up, why) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the heartbeat never gave up");
+    renewal.stop();
+    proxied.stop();
+    assert!(
+        gave_up - sent < ttl,
+        "it gave up {:?} after the send, past the {ttl:?} lease Redis counted from it: {why}",
+        gave_up - sent
+    );
+    let mut redis = lockslab::connect::redis(redis).unwrap();
+    let _: () = ::redis::cmd("DEL").arg(&key).query(&mut *redis).unwrap();
+}
+
 /// A reply lost after the server applied the request: Redis and Postgres read back, and
 /// each client policy's outcome from the servers.
 #[test]

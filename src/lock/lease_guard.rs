@@ -208,13 +208,15 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Starts renewing `held` every TTL/3 on `lock`, a connection of the heartbeat's own.
-    pub fn start(lock: RedisLock, held: Held) -> Heartbeat {
+    /// Starts renewing `held` every TTL/3 on `lock`, a connection of the heartbeat's own,
+    /// its first lease counted from `lease.sent` (as the guard's own check counts it).
+    pub fn start(lock: RedisLock, held: Held, lease: &Lease) -> Heartbeat {
         let lost = Arc::new(Mutex::new(None));
         let said = lost.clone();
-        let renewal = Renewal::start(
+        let renewal = Renewal::start_from(
             lock,
             held,
+            lease.sent,
             Box::new(move |why| *said.lock().unwrap_or_else(|e| e.into_inner()) = Some(why)),
         );
         Heartbeat { renewal, lost }

@@ -389,10 +389,21 @@ pub struct Renewal {
 pub type OnLost = Box<dyn FnOnce(String) + Send>;
 
 impl Renewal {
-    /// Starts renewing `held` on `lock` (a connection of the heartbeat's own). `on_lost`
-    /// hears, once, why the lock is gone: Redis answered that the key is no longer ours, or
-    /// no renewal got through before the last one ran out.
-    pub fn start(mut lock: RedisLock, held: Held, on_lost: OnLost) -> Renewal {
+    /// [`Renewal::start_from`] with the lease counted from now: for a caller that does not
+    /// know when its `SET NX PX` went out. Late by the grant's trip back, which the margin
+    /// must then cover.
+    pub fn start(lock: RedisLock, held: Held, on_lost: OnLost) -> Renewal {
+        Renewal::start_from(lock, held, Instant::now(), on_lost)
+    }
+
+    /// Starts renewing `held` on `lock` (a connection of the heartbeat's own), its first
+    /// lease counted from `sent`, when the `SET NX PX` that won it went out: Redis started
+    /// the TTL somewhere between that send and the reply, so only the send is a moment the
+    /// lease cannot have begun before. Counted from the reply instead, a grant whose answer
+    /// came back slowly would make the heartbeat believe in a lease that Redis had already
+    /// let go. `on_lost` hears, once, why the lock is gone: Redis answered that the key is
+    /// no longer ours, or no renewal got through before the last one ran out.
+    pub fn start_from(mut lock: RedisLock, held: Held, sent: Instant, on_lost: OnLost) -> Renewal {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = stop.clone();
         let last = Arc::new(std::sync::Mutex::new(None));
@@ -400,8 +411,7 @@ impl Renewal {
         let thread = thread::spawn(move || {
             let every = lock.ttl / 3;
             let margin = (lock.ttl / 10).max(Duration::from_millis(50));
-            // Counted from just after the grant: a little late, which the margin covers.
-            let mut renewed = Instant::now();
+            let mut renewed = sent;
             let mut next_try = renewed + every;
             while !stop_flag.load(Ordering::SeqCst) {
                 if Instant::now() < next_try {

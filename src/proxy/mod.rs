@@ -20,19 +20,24 @@
 //! - **drop the reply** to the next request: the server receives and applies it, and its
 //!   answer is lost; the client's connection is then reset, as a broken link would be.
 //!
-//! With no fault on, bytes are forwarded by the thread that read them, with no queue in
-//! between: the proxy costs a few microseconds, not a scheduling hop.
+//! One thread per proxy runs an event loop (tokio's single-threaded runtime, which the etcd
+//! client brings anyway): every connection is two small tasks, one per direction, so that
+//! fifty clients cost fifty pairs of tasks, not a hundred threads taking turns on the CPU.
+//! With no fault on, a chunk is written by the task that read it, with no queue in between.
+//! Stopping the proxy ends its runtime, which drops every task and closes every socket.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
 
 mod url;
 pub use url::{through, upstream_of};
@@ -93,20 +98,36 @@ struct Shared {
     path: String,
     upstream: SocketAddr,
     state: Mutex<State>,
-    /// Woken when a fault changes or bytes are queued.
-    changed: Condvar,
+    /// Bumped when a fault changes or the proxy stops: the tasks waiting on a fault wake.
+    changed: watch::Sender<u64>,
     stopping: AtomicBool,
-    /// No fault on either direction and no reply waiting to be dropped: what the pumps
+    /// No fault on either direction and no reply waiting to be dropped: what the tasks
     /// look at first, without the lock. Kept by [`Locked`]'s drop, after every change.
     quiet: AtomicBool,
+    /// The connection tasks alive (two per connection).
+    tasks: AtomicUsize,
+}
+
+impl Shared {
+    fn wake(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// A connection's two sockets, duplicated so that a cut or a stop from another thread can
+/// shut them under the tasks that read them.
+struct Link {
+    id: u64,
+    client: TcpStream,
+    server: TcpStream,
 }
 
 #[derive(Default)]
 struct State {
     up: Option<NetFault>,
     down: Option<NetFault>,
-    /// Live connections by id: (client side, server side), to cut or close them.
-    links: Vec<(u64, TcpStream, TcpStream)>,
+    /// Live connections, to cut or close them.
+    links: Vec<Link>,
     next_link: u64,
     reports: Vec<Report>,
     /// The connections whose next reply is dropped: each put here by a `DropReply` once its
@@ -114,14 +135,50 @@ struct State {
     drop_reply_on: Vec<u64>,
     /// A pseudo-random state for jitter (xorshift), seeded per proxy.
     jitter: u64,
+    /// How many times each direction was healed (up, down): a chunk queued before the
+    /// last heal of its direction goes out at once, whatever delay it was waiting out.
+    heals: [u64; 2],
 }
 
-/// A running proxy. Dropping it stops it: its threads end and its sockets close.
+impl State {
+    fn fault(&self, direction: Direction) -> Option<NetFault> {
+        match direction {
+            Direction::Up => self.up,
+            Direction::Down => self.down,
+        }
+    }
+
+    fn set_fault(&mut self, direction: Direction, fault: Option<NetFault>) {
+        match direction {
+            Direction::Up => self.up = fault,
+            Direction::Down => self.down = fault,
+        }
+    }
+
+    /// Resets both sockets of a connection and forgets it.
+    fn cut(&mut self, link: u64) {
+        self.links.retain(|l| {
+            if l.id == link {
+                reset(&l.client);
+                reset(&l.server);
+            }
+            l.id != link
+        });
+    }
+}
+
+fn side(direction: Direction) -> usize {
+    match direction {
+        Direction::Up => 0,
+        Direction::Down => 1,
+    }
+}
+
+/// A running proxy. Dropping it stops it: its thread ends and its sockets close.
 pub struct Proxy {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    acceptor: Option<JoinHandle<()>>,
-    pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Proxy {
@@ -135,7 +192,13 @@ impl Proxy {
     pub fn start_on(path: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<Proxy> {
         let listener = TcpListener::bind(listen)
             .with_context(|| format!("starting the fault proxy on {listen}"))?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .context("starting the fault proxy's event loop")?;
         let shared = Arc::new(Shared {
             path: path.to_string(),
             upstream,
@@ -143,24 +206,26 @@ impl Proxy {
                 jitter: 0x9e37_79b9_7f4a_7c15 ^ u64::from(addr.port()),
                 ..State::default()
             }),
-            changed: Condvar::new(),
+            changed: watch::Sender::new(0),
             stopping: AtomicBool::new(false),
             quiet: AtomicBool::new(true),
+            tasks: AtomicUsize::new(0),
         });
-        let pumps = Arc::new(Mutex::new(Vec::new()));
-        let acceptor = {
+        let thread = {
             let shared = Arc::clone(&shared);
-            let pumps = Arc::clone(&pumps);
             thread::Builder::new()
                 .name(format!("proxy {path}"))
-                .spawn(move || accept_loop(listener, shared, pumps))
+                .spawn(move || {
+                    runtime.block_on(accept_loop(listener, Arc::clone(&shared)));
+                    // Every connection's tasks are dropped here, and their sockets closed.
+                    drop(runtime);
+                })
                 .context("starting the fault proxy's thread")?
         };
         Ok(Proxy {
             shared,
             addr,
-            acceptor: Some(acceptor),
-            pumps,
+            thread: Some(thread),
         })
     }
 
@@ -177,42 +242,38 @@ impl Proxy {
     /// Puts a fault on one direction (replacing the one there). A cut acts at once on every
     /// live connection of the path.
     pub fn set(&self, direction: Direction, fault: NetFault) {
-        let mut state = self.lock();
-        match direction {
-            Direction::Up => state.up = Some(fault),
-            Direction::Down => state.down = Some(fault),
-        }
-        if fault == NetFault::Reset {
-            let links = std::mem::take(&mut state.links);
-            for (_, client, server) in &links {
-                reset(client);
-                reset(server);
+        {
+            let mut state = self.lock();
+            state.set_fault(direction, Some(fault));
+            if fault == NetFault::Reset {
+                let links = std::mem::take(&mut state.links);
+                for link in &links {
+                    reset(&link.client);
+                    reset(&link.server);
+                }
+                if !links.is_empty() {
+                    let report = self.report(Seen::ConnectionReset);
+                    state.reports.push(report);
+                }
             }
-            if !links.is_empty() {
-                let report = self.report(Seen::ConnectionReset);
-                state.reports.push(report);
-            }
         }
-        self.shared.changed.notify_all();
+        self.shared.wake();
     }
 
-    /// Lifts the fault on one direction; held bytes go out, in order.
+    /// Lifts the fault on one direction: held bytes, and bytes still waiting out a delay,
+    /// go out at once, in order.
     pub fn clear(&self, direction: Direction) {
-        let mut state = self.lock();
-        match direction {
-            Direction::Up => state.up = None,
-            Direction::Down => state.down = None,
+        {
+            let mut state = self.lock();
+            state.set_fault(direction, None);
+            state.heals[side(direction)] += 1;
         }
-        self.shared.changed.notify_all();
+        self.shared.wake();
     }
 
     /// The fault on one direction now.
     pub fn fault(&self, direction: Direction) -> Option<NetFault> {
-        let state = self.lock();
-        match direction {
-            Direction::Up => state.up,
-            Direction::Down => state.down,
-        }
+        self.lock().fault(direction)
     }
 
     /// What the proxy saw since the last call, oldest first.
@@ -225,23 +286,19 @@ impl Proxy {
         self.lock().links.len()
     }
 
-    /// Stops accepting, closes every connection and waits for every thread of the proxy.
+    /// Stops accepting, closes every connection and waits for the proxy's thread.
     pub fn stop(&mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         {
             let mut state = self.lock();
-            for (_, client, server) in state.links.drain(..) {
-                let _ = client.shutdown(Shutdown::Both);
-                let _ = server.shutdown(Shutdown::Both);
+            for link in state.links.drain(..) {
+                let _ = link.client.shutdown(Shutdown::Both);
+                let _ = link.server.shutdown(Shutdown::Both);
             }
-            self.shared.changed.notify_all();
         }
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        let pumps = std::mem::take(&mut *self.pumps.lock().unwrap_or_else(|e| e.into_inner()));
-        for pump in pumps {
-            let _ = pump.join();
+        self.shared.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 
@@ -264,77 +321,80 @@ impl Drop for Proxy {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>, pumps: Arc<Mutex<Vec<JoinHandle<()>>>>) {
-    // Non-blocking, looked at every few milliseconds: `stop` needs no connection of its
-    // own to wake an acceptor stuck in accept(), and cannot miss it.
-    if listener.set_nonblocking(true).is_err() {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
-    }
+    };
+    let mut changed = shared.changed.subscribe();
     loop {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let client = match listener.accept() {
-            Ok((client, _)) => client,
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(_) => continue,
+        let client = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => client,
+                Err(_) => continue,
+            },
+            _ = changed.changed() => continue,
         };
-        if client.set_nonblocking(false).is_err() {
-            continue;
-        }
         let cut = {
             let state = lock(&shared);
             state.up == Some(NetFault::Reset) || state.down == Some(NetFault::Reset)
         };
         if cut {
-            reset(&client);
+            let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
             continue;
         }
-        let Ok(server) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
-        else {
-            reset(&client);
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        let handles = (|| -> std::io::Result<Vec<JoinHandle<()>>> {
-            let link = {
-                let mut state = lock(&shared);
-                // Under the lock `stop` drains the links with: a connection accepted while
-                // the proxy was stopping is closed here, or it would outlive the proxy.
-                if shared.stopping.load(Ordering::SeqCst) {
-                    let _ = client.shutdown(Shutdown::Both);
-                    let _ = server.shutdown(Shutdown::Both);
-                    return Ok(Vec::new());
-                }
-                state.next_link += 1;
-                let link = state.next_link;
-                state
-                    .links
-                    .push((link, client.try_clone()?, server.try_clone()?));
-                link
-            };
-            let up = Pump::new(
-                &shared,
-                Direction::Up,
-                link,
-                client.try_clone()?,
-                server.try_clone()?,
-            );
-            let down = Pump::new(&shared, Direction::Down, link, server, client);
-            Ok(vec![up.spawn()?, down.spawn()?])
-        })();
-        if let Ok(handles) = handles {
-            let mut pumps = pumps.lock().unwrap_or_else(|e| e.into_inner());
-            // The pumps of closed connections have ended: forget them, or a long-lived proxy
-            // keeps a handle for every connection it ever carried.
-            pumps.retain(|pump| !pump.is_finished());
-            pumps.extend(handles);
-        }
+        tokio::spawn(connect(client, Arc::clone(&shared)));
     }
+}
+
+/// Opens the server's side of a new connection and starts its two tasks.
+async fn connect(client: tokio::net::TcpStream, shared: Arc<Shared>) {
+    let server = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(shared.upstream),
+    )
+    .await;
+    let Ok(Ok(server)) = server else {
+        let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (Ok(client), Ok(server)) = (dup(client), dup(server)) else {
+        return;
+    };
+    let ((client, client_dup), (server, server_dup)) = (client, server);
+    let link = {
+        let mut state = lock(&shared);
+        // Under the lock `stop` drains the links with: a connection accepted while the
+        // proxy was stopping is closed here, or it would outlive the proxy.
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        state.next_link += 1;
+        let id = state.next_link;
+        state.links.push(Link {
+            id,
+            client: client_dup,
+            server: server_dup,
+        });
+        id
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
+    let down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
+    tokio::spawn(up.run());
+    tokio::spawn(down.run());
+}
+
+/// A tokio stream and a duplicate of its socket, for cutting it from another thread.
+fn dup(stream: tokio::net::TcpStream) -> std::io::Result<(tokio::net::TcpStream, TcpStream)> {
+    let std = stream.into_std()?;
+    let copy = std.try_clone()?;
+    Ok((tokio::net::TcpStream::from_std(std)?, copy))
 }
 
 fn lock(shared: &Shared) -> Locked<'_> {
@@ -382,114 +442,164 @@ fn reset(stream: &TcpStream) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// One direction of one connection: a reader that forwards what it reads, at once when the
-/// path is clear, through a queue (with a writer thread) when a fault holds bytes back.
+/// One chunk waiting to go out: when it may, its bytes, when it came in if a delay-next is
+/// reported on it, and the direction's heal count when it was queued.
+struct Queued {
+    due: Instant,
+    chunk: Vec<u8>,
+    marked: Option<Instant>,
+    healed: u64,
+}
+
+/// One direction of one connection: reads, and forwards what it reads — at once when the
+/// path is clear, through its queue when a fault holds bytes back. It keeps reading while
+/// chunks wait, so that each waits its own delay, not the sum of those ahead of it.
 struct Pump {
     shared: Arc<Shared>,
     direction: Direction,
     /// The connection it belongs to (the up pump forgets it when the client goes).
     link: u64,
-    from: TcpStream,
-    to: TcpStream,
+    from: OwnedReadHalf,
+    to: OwnedWriteHalf,
+    queue: VecDeque<Queued>,
+    _alive: Alive,
 }
 
-/// Bytes waiting to go out, each with the moment it may.
-type Queue = Arc<(
-    Mutex<VecDeque<(Instant, Vec<u8>, Option<Instant>)>>,
-    Condvar,
-)>;
+/// What to do after a chunk came in.
+enum Next {
+    Go,
+    Stop,
+}
+
+/// Where a fault sends a chunk.
+enum Way {
+    Now,
+    Queue(Queued),
+    Swallow,
+    Cut,
+}
+
+/// Counts a pump alive until it ends or its runtime drops it.
+struct Alive(Arc<Shared>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.tasks.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 impl Pump {
     fn new(
         shared: &Arc<Shared>,
         direction: Direction,
         link: u64,
-        from: TcpStream,
-        to: TcpStream,
+        from: OwnedReadHalf,
+        to: OwnedWriteHalf,
     ) -> Pump {
+        shared.tasks.fetch_add(1, Ordering::SeqCst);
         Pump {
             shared: Arc::clone(shared),
             direction,
             link,
             from,
             to,
+            queue: VecDeque::new(),
+            _alive: Alive(Arc::clone(shared)),
         }
     }
 
-    fn spawn(self) -> std::io::Result<JoinHandle<()>> {
-        thread::Builder::new()
-            .name(format!("proxy {} {:?}", self.shared.path, self.direction))
-            .spawn(move || self.run())
-    }
-
-    fn run(mut self) {
-        let queue: Queue = Arc::new((Mutex::new(VecDeque::new()), Condvar::new()));
-        let writer = {
-            let queue = Arc::clone(&queue);
-            let shared = Arc::clone(&self.shared);
-            let to = self.to.try_clone();
-            let direction = self.direction;
-            thread::spawn(move || {
-                if let Ok(to) = to {
-                    write_queued(&shared, direction, &queue, to);
-                }
-            })
-        };
-        let mut buffer = vec![0u8; 64 * 1024];
+    async fn run(mut self) {
+        let mut changed = self.shared.changed.subscribe();
+        let mut buffer = vec![0u8; 16 * 1024];
+        let mut reading = true;
         loop {
-            let n = match self.from.read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
+            if self.queue.is_empty() {
+                if !reading {
+                    break;
+                }
+                match self.from.read(&mut buffer).await {
+                    Ok(0) | Err(_) => reading = false,
+                    Ok(n) => {
+                        if let Next::Stop = self.came(&buffer[..n]).await {
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
+            // Chunks wait: read on (reading is cancel-safe), or send the first once it may
+            // go. The write happens outside the select, so that none is cut in half.
+            let ready = tokio::select! {
+                read = self.from.read(&mut buffer), if reading => Some(read),
+                () = front_ready(&self.shared, self.direction, &self.queue, &mut changed) => None,
             };
-            let sent = match self.clear_way(&buffer[..n], &queue) {
-                Some(written) => written,
-                None => self.forward(buffer[..n].to_vec(), &queue),
-            };
-            if !sent {
-                break;
+            match ready {
+                Some(Ok(0) | Err(_)) => reading = false,
+                Some(Ok(n)) => {
+                    if let Next::Stop = self.came(&buffer[..n]).await {
+                        break;
+                    }
+                }
+                None => {
+                    if !self.send_front().await {
+                        break;
+                    }
+                }
             }
         }
-        // The reader's side ended: tell the writer to finish what is queued, then close.
-        {
-            let (items, wake) = &*queue;
-            items.lock().unwrap_or_else(|e| e.into_inner()).push_back((
-                Instant::now(),
-                Vec::new(),
-                None,
-            ));
-            wake.notify_all();
+        if !reading && self.queue.is_empty() {
+            // The reader's side ended and all it read went out: pass the close on.
+            let _ = self.to.shutdown().await;
         }
-        let _ = writer.join();
         if self.direction == Direction::Up {
             let mut state = lock(&self.shared);
-            state.links.retain(|(id, _, _)| *id != self.link);
+            state.links.retain(|l| l.id != self.link);
             state.drop_reply_on.retain(|&link| link != self.link);
         }
     }
 
-    /// The no-fault path: with the proxy quiet and nothing queued ahead, writes the chunk
-    /// from here, taking no shared lock (Some: whether the write worked). None: the chunk
-    /// must go through [`Pump::forward`].
-    fn clear_way(&mut self, chunk: &[u8], queue: &Queue) -> Option<bool> {
-        if !self.shared.quiet.load(Ordering::SeqCst) {
-            return None;
+    /// Writes the first queued chunk; false ends the pump.
+    async fn send_front(&mut self) -> bool {
+        let Some(front) = self.queue.pop_front() else {
+            return true;
+        };
+        if self.to.write_all(&front.chunk).await.is_err() {
+            return false;
         }
-        let items = queue.0.lock().unwrap_or_else(|e| e.into_inner());
-        if !items.is_empty() {
-            return None;
+        if let Some(came) = front.marked {
+            lock(&self.shared).reports.push(Report {
+                at: Instant::now(),
+                path: self.shared.path.clone(),
+                seen: Seen::DelayedSent {
+                    late_ms: came.elapsed().as_millis() as u64,
+                },
+            });
         }
-        drop(items);
-        Some(self.to.write_all(chunk).is_ok())
+        true
     }
 
-    /// Sends one chunk on its way according to the direction's fault; false ends the pump.
-    fn forward(&mut self, chunk: Vec<u8>, queue: &Queue) -> bool {
+    /// Sends one chunk on its way according to the direction's fault.
+    async fn came(&mut self, chunk: &[u8]) -> Next {
+        // The no-fault path: nothing queued ahead, the proxy quiet: no lock taken at all.
+        if self.queue.is_empty() && self.shared.quiet.load(Ordering::SeqCst) {
+            return self.write_now(chunk).await;
+        }
+        match self.decide(chunk) {
+            Way::Now => self.write_now(chunk).await,
+            Way::Queue(queued) => {
+                self.queue.push_back(queued);
+                Next::Go
+            }
+            Way::Swallow => Next::Go,
+            Way::Cut => Next::Stop,
+        }
+    }
+
+    /// What the direction's fault makes of a chunk that just came in.
+    fn decide(&mut self, chunk: &[u8]) -> Way {
         let now = Instant::now();
         let mut state = lock(&self.shared);
-        let fault = match self.direction {
-            Direction::Up => state.up,
-            Direction::Down => state.down,
-        };
+        let fault = state.fault(self.direction);
         if self.direction == Direction::Down && state.drop_reply_on.contains(&self.link) {
             state.drop_reply_on.retain(|&link| link != self.link);
             let bytes = chunk.len();
@@ -498,12 +608,11 @@ impl Pump {
                 path: self.shared.path.clone(),
                 seen: Seen::ReplyDropped { bytes },
             });
-            drop(state);
-            reset(&self.to);
-            reset(&self.from);
-            return false;
+            state.cut(self.link);
+            return Way::Cut;
         }
         let due = match fault {
+            None if self.queue.is_empty() => return Way::Now,
             None => now,
             Some(NetFault::Delay { ms, jitter_ms }) => {
                 let extra = if jitter_ms == 0 {
@@ -517,11 +626,7 @@ impl Pump {
                 now + Duration::from_millis(ms + extra)
             }
             Some(NetFault::DelayNext { ms }) => {
-                if self.direction == Direction::Up {
-                    state.up = None;
-                } else {
-                    state.down = None;
-                }
+                state.set_fault(self.direction, None);
                 now + Duration::from_millis(ms)
             }
             Some(NetFault::DropReply) => {
@@ -534,88 +639,62 @@ impl Pump {
                 });
                 now
             }
-            Some(NetFault::BlackHole) => return true,
+            Some(NetFault::BlackHole) => return Way::Swallow,
             Some(NetFault::Reset) => {
-                drop(state);
-                reset(&self.from);
-                reset(&self.to);
-                return false;
+                state.cut(self.link);
+                return Way::Cut;
             }
-            // Held chunks wait in the queue; the writer lets them go once the hold is lifted.
+            // Held chunks wait in the queue until the hold is lifted.
             Some(NetFault::Hold) => now,
         };
-        let marked = matches!(fault, Some(NetFault::DelayNext { .. })).then_some(now);
-        drop(state);
-        let (items, wake) = &**queue;
-        let mut items = items.lock().unwrap_or_else(|e| e.into_inner());
-        if items.is_empty() && fault.is_none() {
-            // The fast path: nothing queued ahead of it, no fault: write it from here.
-            drop(items);
-            return self.to.write_all(&chunk).is_ok();
+        Way::Queue(Queued {
+            due,
+            chunk: chunk.to_vec(),
+            marked: matches!(fault, Some(NetFault::DelayNext { .. })).then_some(now),
+            healed: state.heals[side(self.direction)],
+        })
+    }
+
+    async fn write_now(&mut self, chunk: &[u8]) -> Next {
+        match self.to.write_all(chunk).await {
+            Ok(()) => Next::Go,
+            Err(_) => Next::Stop,
         }
-        items.push_back((due, chunk, marked));
-        wake.notify_all();
-        true
     }
 }
 
-/// The writer of one direction: sends queued chunks in order, each no earlier than its
-/// time, none while the direction is held.
-fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: TcpStream) {
-    let (items, wake) = &**queue;
+/// Returns once the first queued chunk may go: its time has come and its direction is not
+/// held, or the direction was healed since it was queued. Cancel-safe: it only waits.
+async fn front_ready(
+    shared: &Shared,
+    direction: Direction,
+    queue: &VecDeque<Queued>,
+    changed: &mut watch::Receiver<u64>,
+) {
+    let Some(front) = queue.front() else {
+        return;
+    };
     loop {
-        let mut guard = items.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((due, chunk, marked)) = guard.front().cloned() else {
-            // New chunks wake it; the timeout only looks at `stopping` now and then.
-            guard = wake
-                .wait_timeout(guard, Duration::from_millis(250))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-            drop(guard);
-            if shared.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            continue;
-        };
-        if chunk.is_empty() && marked.is_none() {
-            // The end marker: the reader is gone; close our side for writing.
-            let _ = to.shutdown(Shutdown::Write);
-            return;
-        }
-        let held = {
+        changed.borrow_and_update();
+        let (held, flushed) = {
             let state = lock(shared);
-            let fault = match direction {
-                Direction::Up => state.up,
-                Direction::Down => state.down,
-            };
-            fault == Some(NetFault::Hold)
+            (
+                state.fault(direction) == Some(NetFault::Hold),
+                state.heals[side(direction)] > front.healed,
+            )
         };
-        let now = Instant::now();
-        if held || now < due {
-            let wait = if held {
-                Duration::from_millis(5)
-            } else {
-                due - now
-            };
-            let _ = wake.wait_timeout(guard, wait.min(Duration::from_millis(50)));
-            if shared.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            continue;
-        }
-        guard.pop_front();
-        drop(guard);
-        if to.write_all(&chunk).is_err() {
+        if flushed || (!held && Instant::now() >= front.due) {
             return;
         }
-        if let Some(came) = marked {
-            lock(shared).reports.push(Report {
-                at: Instant::now(),
-                path: shared.path.clone(),
-                seen: Seen::DelayedSent {
-                    late_ms: came.elapsed().as_millis() as u64,
-                },
-            });
+        if held {
+            if changed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        } else {
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = tokio::time::sleep_until(front.due.into()) => {}
+            }
         }
     }
 }
@@ -623,6 +702,8 @@ fn write_queued(shared: &Shared, direction: Direction, queue: &Queue, mut to: Tc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::sync::Condvar;
 
     /// An upstream that answers every chunk with the same bytes and counts what it got.
     struct Echo {
@@ -740,6 +821,27 @@ mod tests {
             matches!(reports[..], [Report { seen: Seen::DelayedSent { late_ms }, .. }] if late_ms >= 200),
             "{reports:?}"
         );
+    }
+
+    #[test]
+    fn healing_a_delay_sends_what_is_already_waiting_at_once() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(
+            Direction::Up,
+            NetFault::Delay {
+                ms: 60_000,
+                jitter_ms: 0,
+            },
+        );
+        stream.write_all(b"late").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert!(echo.got().is_empty(), "waiting out its delay");
+        proxy.clear(Direction::Up);
+        let mut answer = [0u8; 4];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"late", "sent when healed, not a minute later");
     }
 
     #[test]
@@ -882,8 +984,12 @@ mod tests {
         assert_eq!(ask(&mut other, b"on").unwrap(), b"on", "and only that one");
     }
 
+    fn tasks(proxy: &Proxy) -> usize {
+        proxy.shared.tasks.load(Ordering::SeqCst)
+    }
+
     #[test]
-    fn the_pumps_of_closed_connections_are_forgotten() {
+    fn the_tasks_of_closed_connections_end() {
         let echo = Echo::start();
         let proxy = Proxy::start("t", echo.addr).unwrap();
         for _ in 0..5 {
@@ -891,17 +997,13 @@ mod tests {
             assert_eq!(ask(&mut stream, b"x").unwrap(), b"x");
         }
         let deadline = Instant::now() + Duration::from_secs(3);
-        let finished = || proxy.pumps.lock().unwrap().iter().all(|p| p.is_finished());
-        while !finished() && Instant::now() < deadline {
+        while tasks(&proxy) > 0 && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(5));
         }
+        assert_eq!(tasks(&proxy), 0, "every closed connection's tasks ended");
         let mut stream = client(&proxy);
         assert_eq!(ask(&mut stream, b"y").unwrap(), b"y");
-        assert_eq!(
-            proxy.pumps.lock().unwrap().len(),
-            2,
-            "the live connection's two"
-        );
+        assert_eq!(tasks(&proxy), 2, "the live connection's two");
     }
 
     /// A proxy in front of a server that reads and never answers, and that server's side.
@@ -976,7 +1078,8 @@ mod tests {
         let stopped = Instant::now();
         proxy.stop();
         assert!(stopped.elapsed() < Duration::from_secs(2));
-        assert!(proxy.pumps.lock().unwrap().is_empty());
+        assert!(proxy.thread.is_none(), "its thread was joined");
+        assert_eq!(tasks(&proxy), 0, "its runtime dropped every task");
         let mut buffer = [0u8; 4];
         assert!(matches!(stream.read(&mut buffer), Ok(0) | Err(_)), "closed");
         assert!(TcpStream::connect_timeout(&proxy.addr(), Duration::from_millis(200)).is_err());

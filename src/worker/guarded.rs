@@ -102,6 +102,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
         Guard::RenewThird => Some(Heartbeat::start(
             RedisLock::new(connect::redis(&script.redis_url)?, &script.key, ttl),
             held.clone(),
+            &lease,
         )),
         _ => None,
     };

@@ -305,13 +305,26 @@ impl AnyLock {
                 on_lost,
                 ..
             } => {
-                let Some(got) = lock.acquire_within(wait, fence_counter.as_deref())? else {
-                    return Ok(timed_out());
+                // Tried here rather than with `acquire_within`, to know when the winning
+                // `SET NX PX` went out: the heartbeat counts the first lease from that send.
+                let deadline = Instant::now() + wait;
+                let (got, sent) = loop {
+                    let sent = Instant::now();
+                    let got = match fence_counter.as_deref() {
+                        Some(counter) => lock.try_acquire_fenced(counter)?,
+                        None => lock.try_acquire()?,
+                    };
+                    match got {
+                        Some(got) => break (got, sent),
+                        None if Instant::now() >= deadline => return Ok(timed_out()),
+                        None => std::thread::sleep(crate::lock::redis::RETRY_EVERY),
+                    }
                 };
                 let set = match heartbeat_lock.take() {
                     Some(heartbeat) => {
                         let on_lost = on_lost.take().expect("set with the heartbeat's lock");
-                        *renewal = Some(Renewal::start(*heartbeat, got.clone(), on_lost));
+                        *renewal =
+                            Some(Renewal::start_from(*heartbeat, got.clone(), sent, on_lost));
                         format!(
                             "SET NX PX {}, renewed every {}",
                             lock.ttl.as_millis(),

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
-//! write; A's wall clock is stepped back while it works (libfaketime in A only: the
+//! write; A's write, sent on time, is held in flight by the fault proxy ([`crate::proxy`])
+//! on A's path to the store; A's wall clock is stepped back while it works (libfaketime in A only: the
 //! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
 //! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
 //! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
@@ -51,7 +52,7 @@ Examples:
                                           an overrun longer than the lock-delay
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 48 cells in about a minute.
+The default run plays 56 cells in about a minute and a half.
 
 The clock faults need libfaketime (apt-get install faketime); without it the
 lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
@@ -79,6 +80,12 @@ pub struct LeaseGuardArgs {
     #[arg(long, default_value = "500ms", value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
     pub overrun: Duration,
+    /// How long the pause faults stop A [default: until B has written, or --overrun past
+    /// A's lease]; shorter than the lease, A wakes with time left (where pause detection
+    /// flips: at the margin)
+    #[arg(long, value_name = "DURATION",
+          value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
+    pub pause: Option<Duration>,
     /// lock-delay's D: how long Redis refuses the lock after a lease ran out (0 to 60s,
     /// Consul's range)
     #[arg(long, default_value = "1s", value_name = "DURATION",
@@ -99,6 +106,10 @@ pub enum LeaseFault {
     PauseBeforeCheck,
     /// A's guard says yes; A stops before the write goes out, until B has written
     PauseAfterCheck,
+    /// A's guard says yes and A sends its write at once; the fault proxy on A's path to
+    /// the store holds the write in flight until B has written (or --overrun past A's
+    /// lease). A is never paused
+    DelayedWrite,
     /// A's wall clock is stepped back while it works past its lease (libfaketime, in A
     /// only)
     ClockBack,
@@ -113,9 +124,10 @@ pub enum LeaseFault {
 }
 
 impl LeaseFault {
-    pub const ALL: [LeaseFault; 6] = [
+    pub const ALL: [LeaseFault; 7] = [
         LeaseFault::PauseBeforeCheck,
         LeaseFault::PauseAfterCheck,
+        LeaseFault::DelayedWrite,
         LeaseFault::ClockBack,
         LeaseFault::LongWork,
         LeaseFault::ClockSlow,
@@ -143,6 +155,7 @@ impl LeaseFault {
         match self {
             LeaseFault::PauseBeforeCheck => "pause-before-check",
             LeaseFault::PauseAfterCheck => "pause-after-check",
+            LeaseFault::DelayedWrite => "delayed-write",
             LeaseFault::ClockBack => "clock-back",
             LeaseFault::LongWork => "long-work",
             LeaseFault::ClockSlow => "clock-slow",
@@ -160,6 +173,7 @@ pub(crate) struct Plan {
     pub(crate) margin: Duration,
     pub(crate) clock_step: Duration,
     pub(crate) overrun: Duration,
+    pub(crate) pause: Option<Duration>,
     pub(crate) lock_delay: Duration,
     /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
     pub(crate) clock_left_out: bool,
@@ -206,6 +220,7 @@ impl Plan {
             margin: args.margin,
             clock_step: args.clock_step,
             overrun: args.overrun,
+            pause: args.pause,
             lock_delay: args.lock_delay,
             clock_left_out,
         })
@@ -239,15 +254,28 @@ impl Lab for Plan {
             human(self.ttl),
             human(self.margin)
         )];
-        lines.push(format!(
-            "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
-            human(self.overrun)
-        ));
+        lines.push(match self.pause {
+            Some(pause) => format!(
+                "A fault lasts until B has written, or {} past A's lease at most; each pause lasts {} (--pause).",
+                human(self.overrun),
+                human(pause)
+            ),
+            None => format!(
+                "A fault lasts until B has written, or {} past A's lease at most; the pause after the check, until B has written.",
+                human(self.overrun)
+            ),
+        });
         if self.guards.contains(&Guard::LockDelay) {
             lines.push(format!(
                 "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",
                 human(self.lock_delay)
             ));
+        }
+        if self.faults.contains(&LeaseFault::DelayedWrite) {
+            lines.push(
+                "delayed-write: A reaches the store through the fault proxy (lab 8's), which holds A's write in flight; A's process runs throughout."
+                    .into(),
+            );
         }
         if self.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(

@@ -18,6 +18,7 @@ use crate::lock::lease_guard::Guard;
 use crate::nemesis::Nemesis;
 use crate::nemesis::clock::WorkerClock;
 use crate::output::human;
+use crate::proxy::{self, Direction, NetFault, Proxy};
 use crate::store::Store;
 use crate::worker::WorkerSpec;
 use crate::worker::guarded::{GuardedScript, StopAt};
@@ -66,6 +67,17 @@ impl Cell<'_> {
             LeaseFault::PauseAfterCheck => StopAt::AfterCheck,
             _ => StopAt::Nowhere,
         };
+        // The delayed write: A's path to the store goes through the fault proxy.
+        let store_path = match fault {
+            LeaseFault::DelayedWrite => {
+                Some(Proxy::start("A→store", proxy::upstream_of(postgres_url)?)?)
+            }
+            _ => None,
+        };
+        let a_store_url = match &store_path {
+            Some(path) => proxy::through(postgres_url, path.addr())?,
+            None => postgres_url.to_string(),
+        };
         let a_script = GuardedScript {
             name: "A".into(),
             redis_url: redis_url.into(),
@@ -74,7 +86,7 @@ impl Cell<'_> {
             margin_ms: plan.margin.as_millis() as u64,
             guard,
             fence_counter: fence_counter.clone(),
-            store_url: postgres_url.into(),
+            store_url: a_store_url,
             run_id: run_id.into(),
             resource: resource.clone(),
             stop_at,
@@ -90,7 +102,7 @@ impl Cell<'_> {
         })?;
         // The fault lasts until B has written, or until `overrun` past A's lease at most;
         // the pause after the check, until B has written however long that takes.
-        let fault_ends = match fault {
+        let mut fault_ends = match fault {
             LeaseFault::PauseAfterCheck => Duration::MAX,
             _ => Duration::from_millis(working.t_ms) + plan.ttl + plan.overrun,
         };
@@ -130,8 +142,13 @@ impl Cell<'_> {
                     e.is("A", Kind::Freezing) || e.is("A", Kind::Released)
                 })?;
                 if seen.kind() == Kind::Freezing {
-                    let words = match fault {
-                        LeaseFault::PauseBeforeCheck => format!(
+                    let words = match (plan.pause, fault) {
+                        (Some(pause), _) => format!(
+                            "sees A (pid {}) stopped; resumes it after {} (--pause), or once B has written",
+                            a.pid,
+                            human(pause)
+                        ),
+                        (None, LeaseFault::PauseBeforeCheck) => format!(
                             "sees A (pid {}) stopped; resumes it once B has written, or {} past its lease",
                             a.pid,
                             human(plan.overrun)
@@ -143,7 +160,24 @@ impl Cell<'_> {
                     };
                     nemesis.adopt_pause(&mut stage, &a, words)?;
                     paused = true;
+                    if let Some(pause) = plan.pause {
+                        fault_ends = stage.elapsed() + pause;
+                    }
                 }
+            }
+            LeaseFault::DelayedWrite => {
+                let path = store_path
+                    .as_ref()
+                    .context("the delayed write has its proxy")?;
+                nemesis.net(
+                    &mut stage,
+                    path,
+                    Direction::Up,
+                    NetFault::Hold,
+                    "the proxy on A→store holds what A sends next: once A's guard says yes, A's write leaves A and waits in flight",
+                );
+                a.tell("finish")?;
+                told = true;
             }
             LeaseFault::LongWork => {}
         }
@@ -183,6 +217,14 @@ impl Cell<'_> {
         } else {
             "B has not written yet"
         };
+        if let Some(path) = &store_path {
+            nemesis.heal_net(
+                &mut stage,
+                path,
+                Direction::Up,
+                format!("the proxy lets A's write go, if A sent one ({how})"),
+            );
+        }
         if paused {
             nemesis.resume(&mut stage, &a, format!("sends SIGCONT to A ({how})"))?;
         } else if !told

@@ -15,7 +15,7 @@ use crate::lock::lease_guard::Guard;
 use crate::output::{human, table};
 use crate::store::{Attempt, ReadBack};
 
-/// Below this, the lock's idle time is B's polling, not a guard's cost.
+/// Below this, the time B was kept out is B's polling, not a guard's cost.
 const IDLE_WORTH_SAYING_MS: u64 = 100;
 
 pub struct Verdict {
@@ -93,7 +93,7 @@ impl CellVerdict {
     fn word(&self) -> String {
         let word = self.outcome_word();
         match self.unavailable_ms {
-            Some(ms) if ms >= IDLE_WORTH_SAYING_MS => format!("{word}, lock idle {ms}ms"),
+            Some(ms) if ms >= IDLE_WORTH_SAYING_MS => format!("{word}, B kept out {ms}ms"),
             _ => word,
         }
     }
@@ -126,6 +126,10 @@ impl runner::Verdict for Verdict {
         fields.insert(
             "overrun_ms".into(),
             (self.plan.overrun.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "pause_ms".into(),
+            self.plan.pause.map(|pause| pause.as_millis() as u64).into(),
         );
         fields.insert(
             "lock_delay_ms".into(),
@@ -274,7 +278,7 @@ impl Verdict {
             },
         ));
         lines.extend(costs(
-            "The lock stood idle after A's lease, nobody allowed to take it",
+            "B was kept out after A's lease ran out (A may still have been working, believing it held the lock; nobody else could take it)",
             &|c| {
                 c.unavailable_ms
                     .filter(|&ms| ms >= IDLE_WORTH_SAYING_MS)

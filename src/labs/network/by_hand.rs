@@ -66,9 +66,10 @@ pub struct FaultArgs {
     /// What to do to the path
     #[arg(value_enum)]
     pub fault: FaultName,
-    /// Which way: requests (up), replies (down), or both
-    #[arg(long, value_enum, default_value_t = Way::Up)]
-    pub direction: Way,
+    /// Which way: requests (up), replies (down), or both [default: both for heal, up for
+    /// the others]
+    #[arg(long, value_enum)]
+    pub direction: Option<Way>,
     /// How long a delay lasts (delay, delay-next), up to 10m
     #[arg(long = "for", default_value = "1s", value_name = "DURATION",
           value_parser = crate::flags::duration_in(Duration::ZERO, crate::flags::LONGEST_LAB_WAIT))]
@@ -137,6 +138,11 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     } else {
         upstream_of(&format!("tcp://{to}"))?
     };
+    if let Err(err) = std::net::TcpStream::connect_timeout(&upstream, Duration::from_secs(1)) {
+        crate::errln!(
+            "warning: nothing answers at {upstream} ({err}): until a server listens there, the proxy resets every connection it is given"
+        );
+    }
     let mut proxy = Proxy::start_on("proxy", listen, upstream)?;
     let port = proxy.addr().port();
     let socket = control_socket(port);
@@ -152,7 +158,9 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     };
     crate::outln!("proxy {} → {upstream}, no fault", proxy.addr());
     if to.contains("://") {
-        crate::outln!("use this URL instead: {}", through(to, proxy.addr())?);
+        for line in how_to_use(to, named, proxy.addr())? {
+            crate::outln!("{line}");
+        }
     }
     crate::outln!("faults from another terminal: lockslab proxy fault {port} hold|heal|…");
     crate::outln!("Ctrl-C stops it");
@@ -174,6 +182,25 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     let _ = std::fs::remove_file(&socket);
     drop(removal);
     crate::procs::wait_for_cleanup()
+}
+
+/// The lines that tell a learner which URL to use through the proxy, its password never on
+/// the screen: masked, with a shell line that builds it from the variable `var` holds it in.
+fn how_to_use(to: &str, var: Option<&str>, proxy: SocketAddr) -> Result<Vec<String>> {
+    let url = through(to, proxy)?;
+    let shown = crate::connect::redact(&url);
+    if shown == url {
+        return Ok(vec![format!("use this URL instead: {url}")]);
+    }
+    let mut lines = vec![format!("use this URL instead (password elided): {shown}")];
+    match (var, shown.split_once("***@")) {
+        (Some(var), Some((_, after))) => {
+            lines.push("set it in a shell with the same export lines:".into());
+            lines.push(format!("  export {var}=\"${{{var}%%@*}}@{after}\""));
+        }
+        _ => lines.push("(the password is the one in the URL you gave)".into()),
+    }
+    Ok(lines)
 }
 
 /// Reads one fault line, applies it, answers, and says what it did.
@@ -228,6 +255,27 @@ fn apply(proxy: &Proxy, line: &str) -> String {
     )
 }
 
+/// The control line for a fault: `heal` lifts both directions unless told one, so that a
+/// fault on the replies is not left behind; every other fault aims at the requests.
+fn line_of(args: &FaultArgs) -> String {
+    let way = match args.direction {
+        Some(Way::Up) => "up",
+        Some(Way::Down) => "down",
+        Some(Way::Both) => "both",
+        None if args.fault == FaultName::Heal => "both",
+        None => "up",
+    };
+    let name = clap::ValueEnum::to_possible_value(&args.fault)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    match args.fault {
+        FaultName::Delay | FaultName::DelayNext => {
+            format!("{way} {name} {}", args.duration.as_millis())
+        }
+        _ => format!("{way} {name}"),
+    }
+}
+
 fn send_fault(args: &FaultArgs) -> Result<()> {
     let socket = control_socket(args.port);
     let mut stream = UnixStream::connect(&socket).with_context(|| {
@@ -237,20 +285,7 @@ fn send_fault(args: &FaultArgs) -> Result<()> {
             socket.display()
         )
     })?;
-    let way = match args.direction {
-        Way::Up => "up",
-        Way::Down => "down",
-        Way::Both => "both",
-    };
-    let name = clap::ValueEnum::to_possible_value(&args.fault)
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default();
-    match args.fault {
-        FaultName::Delay | FaultName::DelayNext => {
-            writeln!(stream, "{way} {name} {}", args.duration.as_millis())?
-        }
-        _ => writeln!(stream, "{way} {name}")?,
-    }
+    writeln!(stream, "{}", line_of(args))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut answer = String::new();
     if let Err(err) = BufReader::new(&stream).read_line(&mut answer) {
@@ -267,4 +302,58 @@ fn send_fault(args: &FaultArgs) -> Result<()> {
     }
     crate::outln!("{answer}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(fault: FaultName, direction: Option<Way>) -> FaultArgs {
+        FaultArgs {
+            port: 1,
+            fault,
+            direction,
+            duration: Duration::from_millis(500),
+        }
+    }
+
+    #[test]
+    fn the_url_to_use_never_shows_its_password() {
+        let proxy: SocketAddr = "127.0.0.1:41234".parse().unwrap();
+        let lines = how_to_use(
+            "redis://default:s3cret@127.0.0.1:6379/0",
+            Some("LOCKSLAB_REDIS_URL"),
+            proxy,
+        )
+        .unwrap();
+        assert!(lines.iter().all(|l| !l.contains("s3cret")), "{lines:?}");
+        assert_eq!(
+            lines,
+            vec![
+                "use this URL instead (password elided): redis://default:***@127.0.0.1:41234/0",
+                "set it in a shell with the same export lines:",
+                "  export LOCKSLAB_REDIS_URL=\"${LOCKSLAB_REDIS_URL%%@*}@127.0.0.1:41234/0\"",
+            ]
+        );
+        let given = how_to_use("postgres://u:pw@localhost/db", None, proxy).unwrap();
+        assert!(given.iter().all(|l| !l.contains("pw@")), "{given:?}");
+        assert_eq!(
+            how_to_use("http://127.0.0.1:2379", Some("LOCKSLAB_ETCD_URL"), proxy).unwrap(),
+            vec!["use this URL instead: http://127.0.0.1:41234"]
+        );
+    }
+
+    #[test]
+    fn heal_lifts_both_directions_unless_told_one_and_faults_aim_up() {
+        assert_eq!(line_of(&args(FaultName::Heal, None)), "both heal");
+        assert_eq!(
+            line_of(&args(FaultName::Heal, Some(Way::Down))),
+            "down heal"
+        );
+        assert_eq!(line_of(&args(FaultName::Hold, None)), "up hold");
+        assert_eq!(
+            line_of(&args(FaultName::Delay, Some(Way::Both))),
+            "both delay 500"
+        );
+    }
 }

@@ -429,6 +429,7 @@ pub mod lease_guard {
         match fault {
             "pause-before-check" => &PAUSE_BEFORE,
             "pause-after-check" => &PAUSE_AFTER,
+            "delayed-write" => &DELAYED_WRITE,
             "clock-back" => &CLOCK_BACK,
             "clock-slow" => &CLOCK_SLOW,
             "clock-fast" => &CLOCK_FAST,
@@ -445,6 +446,11 @@ pub mod lease_guard {
         name: "before the pause after the check",
         question: "A's guard says yes, then A stops before the write, until B has written. \
                    Can any guard in A see this pause? Does a lock-delay help?",
+    };
+    const DELAYED_WRITE: Checkpoint = Checkpoint {
+        name: "before the delayed write",
+        question: "A's guard says yes and A sends its write at once; the network holds it. \
+                   A never stops: which guard can see a late packet?",
     };
     const CLOCK_BACK: Checkpoint = Checkpoint {
         name: "before the clock steps back",
