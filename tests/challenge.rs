@@ -155,10 +155,10 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
     );
 }
 
-#[test]
-fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
+/// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops
+/// reading once the first client is frozen. Returns lockslab and the run's id.
+fn started_until_the_first_pause(marker: &str) -> (std::process::Child, String) {
     python_ready();
-    let marker = format!("sigint-{}", std::process::id());
     let mut child = lockslab(&[
         "challenge",
         "pause",
@@ -169,7 +169,7 @@ fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
         PYTHON,
         REFERENCE,
         "setnx",
-        &marker,
+        marker,
     ])
     .stdout(Stdio::piped())
     .stderr(Stdio::null())
@@ -189,8 +189,26 @@ fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
             }
         }
     }
+    std::thread::spawn(move || lines.for_each(drop));
     let run_id = run_id.expect("a run event first");
-    assert!(!processes_mentioning(&marker).is_empty(), "clients running");
+    assert!(!processes_mentioning(marker).is_empty(), "clients running");
+    (child, run_id)
+}
+
+fn schema_of(run_id: &str) -> Option<String> {
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    db.query_one(
+        "SELECT to_regnamespace($1)::text",
+        &[&format!("lockslab_challenge_{run_id}")],
+    )
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
+    let marker = format!("sigint-{}", std::process::id());
+    let (mut child, run_id) = started_until_the_first_pause(&marker);
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let started = Instant::now();
     let status = child.wait().unwrap();
@@ -198,15 +216,7 @@ fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
     assert!(started.elapsed() < Duration::from_secs(20));
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left after Ctrl-C: {left:?}");
-    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
-    let schema: Option<String> = db
-        .query_one(
-            "SELECT to_regnamespace($1)::text",
-            &[&format!("lockslab_challenge_{run_id}")],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(schema, None, "the run's schema was dropped");
+    assert_eq!(schema_of(&run_id), None, "the run's schema was dropped");
     let mut redis = redis::Client::open(servers().redis.as_str())
         .unwrap()
         .get_connection()
@@ -216,6 +226,32 @@ fn sigint_mid_challenge_leaves_no_client_schema_or_key() {
         .query(&mut redis)
         .unwrap();
     assert!(keys.is_empty(), "keys left: {keys:?}");
+}
+
+/// SIGKILL gives lockslab no time to clean up: the kernel kills its clients (the frozen one
+/// too), and the next run on the same Postgres drops the dead run's schema.
+#[test]
+fn a_sigkilled_challenge_leaves_no_client_and_its_schema_is_swept_next_run() {
+    let marker = format!("sigkill-{}", std::process::id());
+    let (mut child, run_id) = started_until_the_first_pause(&marker);
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(10), || processes_mentioning(&marker)
+            .is_empty()),
+        "clients left after SIGKILL: {:?}",
+        processes_mentioning(&marker)
+    );
+    assert!(
+        schema_of(&run_id).is_some(),
+        "a SIGKILLed run left its schema"
+    );
+    passes("counter", "fenced", 1);
+    assert_eq!(
+        schema_of(&run_id),
+        None,
+        "the next run swept the dead run's schema"
+    );
 }
 
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no

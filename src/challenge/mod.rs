@@ -15,7 +15,7 @@ pub mod challenges;
 mod client;
 mod play;
 pub mod protocol;
-mod table;
+pub mod table;
 mod verdict;
 
 use std::process::ExitCode;

@@ -60,7 +60,8 @@ fn well_formed(run_id: &str) -> bool {
 
 /// The statements that drop whatever a run may have created in Postgres besides its store
 /// rows, built from its run id: lab 7's schema, lab 3's queue tables, and the fencing token
-/// sequences of labs 1, 5 and 6. Each is `IF EXISTS`: a run makes only some of them.
+/// sequences of labs 1, 5 and 6, and a challenge's records and log. Each is `IF EXISTS`:
+/// a run makes only some of them.
 pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
     let queue_tables: Vec<String> = Mode::ALL
         .into_iter()
@@ -76,8 +77,10 @@ pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
         crate::labs::redlock::Plan::sequence(run_id),
     ];
     format!(
-        "DROP SCHEMA IF EXISTS {} CASCADE; DROP TABLE IF EXISTS {}; DROP SEQUENCE IF EXISTS {}",
+        "DROP SCHEMA IF EXISTS {}, {} CASCADE; DROP TABLE IF EXISTS {}; \
+         DROP SEQUENCE IF EXISTS {}",
         invoices::schema_of(run_id),
+        crate::challenge::table::schema_of(run_id),
         queue_tables.join(", "),
         sequences.join(", ")
     )
@@ -286,7 +289,9 @@ mod tests {
     fn a_dead_runs_statements_name_only_its_own_objects() {
         let sql = what_a_run_creates_in_postgres("ana_3f2a");
         assert!(
-            sql.starts_with("DROP SCHEMA IF EXISTS lockslab_ana_3f2a CASCADE;"),
+            sql.starts_with(
+                "DROP SCHEMA IF EXISTS lockslab_ana_3f2a, lockslab_challenge_ana_3f2a CASCADE;"
+            ),
             "{sql}"
         );
         assert!(sql.contains("lockslab_ana_3f2a_skip_locked_jobs"), "{sql}");
