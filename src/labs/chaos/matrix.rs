@@ -6,7 +6,7 @@ use anyhow::Result;
 use colored::Colorize;
 use serde_json::json;
 
-use super::{Ground, chaos_exit_help, show, space};
+use super::{Ground, chaos_exit_help, show, side_by_side, space};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, json_line};
@@ -44,6 +44,11 @@ pub struct MatrixArgs {
     /// How many clients do jobs through the design at once
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub clients: u32,
+    /// Schedules played side by side, each in its own namespace (one that restarts a
+    /// server plays alone)
+    #[arg(long, default_value_t = super::DEFAULT_PARALLEL, value_name = "P",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub parallel: u32,
     /// JSON Lines: one object per cell, then the verdict
     #[arg(long)]
     pub json: bool,
@@ -65,7 +70,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
     super::could_not_run((|| {
-        let mut ground = Ground::start(&args.servers, &designs)?;
+        let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         if !style.json {
             crate::prose!(
                 "Matrix: {} designs × {} faults, {} schedules a cell, seed {seed}.",
@@ -80,38 +85,38 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         let (mut any_unsafe, mut any_unknown) = (false, false);
         let mut cells = Vec::new();
         for design in &designs {
-            let mut setup = ground.setup(*design);
+            let setup = ground.setup(*design);
             let mut row = format!("{:<18}", design.name());
             for kind in &kinds {
                 let space = space(&setup, args.clients, &[*kind]);
                 let cell = if *kind == FaultKind::Restart && space.restartable.is_empty() {
                     ("-".to_string(), None)
                 } else {
-                    let mut found = None;
-                    let mut unknown = 0;
-                    let mut played = 0;
-                    for index in 0..u64::from(args.schedules) {
-                        if crate::procs::interrupted() {
-                            break;
-                        }
-                        let cell_seed = generate::nth_seed(seed, index);
-                        let schedule = generate::draw(cell_seed, &space);
-                        let trial = setup.play(&schedule, args.clients, index, cell_seed)?;
-                        played += 1;
-                        match trial.report.judgement() {
-                            Judgement::Unsafe => {
-                                found = Some((schedule, trial));
-                                break;
-                            }
-                            Judgement::Inconclusive => unknown += 1,
-                            Judgement::Safe => {}
-                        }
-                    }
+                    let next = |index: u64| {
+                        let seed = generate::nth_seed(seed, index);
+                        (index < u64::from(args.schedules)).then(|| side_by_side::Job {
+                            index,
+                            seed,
+                            schedule: generate::draw(seed, &space),
+                            clients: args.clients,
+                        })
+                    };
+                    let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
+                    let unknown = played
+                        .iter()
+                        .filter(|p| p.trial.report.judgement() == Judgement::Inconclusive)
+                        .count();
+                    let found = played
+                        .iter()
+                        .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+                        .min_by_key(|p| p.done)
+                        .map(|p| (&p.job.schedule, &p.trial));
+                    let played = played.len();
                     match found {
                         Some((schedule, trial)) => {
                             any_unsafe = true;
                             let kind_word = trial.report.violations[0].kind();
-                            let replay = show::replay_command(*design, args.clients, &schedule);
+                            let replay = show::replay_command(*design, args.clients, schedule);
                             replays.push((design.name(), kind.name(), replay.clone()));
                             (format!("UNSAFE {kind_word}"), Some(replay))
                         }

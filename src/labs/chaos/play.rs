@@ -1,6 +1,7 @@
 //! One history: the records set up, the clients started, the schedule played from the live
 //! history, the records read back and checked.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -14,7 +15,7 @@ use crate::nemesis::schedule::{Action, Player, Schedule};
 use crate::nemesis::victims::Server;
 use crate::nemesis::{Fault, Nemesis, Note, Record};
 use crate::output::Style;
-use crate::servers::PrivateServers;
+use crate::servers::{Lifetime, PrivateServers};
 use crate::worker::WorkerSpec;
 use crate::worker::chaos_client::{self, ChaosClient, Design};
 
@@ -23,13 +24,36 @@ pub struct Setup {
     pub design: Design,
     pub run_id: String,
     pub store_url: String,
-    pub redis: Option<PrivateServers>,
-    pub redis_url: Option<String>,
+    /// Where schedules play side by side: each lane its own Redis.
+    pub lanes: Vec<Lane>,
     pub etcd_url: Option<String>,
     pub records: u32,
     pub run_ms: u64,
     pub work_ms: u64,
     pub lease_ms: u64,
+}
+
+/// One lane of schedules played side by side: its Redis, restarted by its schedules only
+/// (a restart would otherwise land in every history in flight, a fault none of their
+/// schedules holds). A given Redis (`--redis-url`) is every lane's, and never restarted.
+#[derive(Default)]
+pub struct Lane {
+    pub redis_url: Option<String>,
+    /// Chaos's own Redis, which this lane's schedules may restart.
+    pub redis: Option<Mutex<PrivateServers>>,
+}
+
+impl Lane {
+    pub fn private_redis() -> Result<Lane> {
+        let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
+        let url = private
+            .url(Backend::Redis)
+            .context("the private Redis has no URL")?;
+        Ok(Lane {
+            redis_url: Some(url),
+            redis: Some(Mutex::new(private)),
+        })
+    }
 }
 
 /// One history and what the checker made of it.
@@ -39,6 +63,9 @@ pub struct Trial {
     pub history: Vec<Event>,
     pub report: Report,
     pub ms: u64,
+    /// From the schedule's start to the last client's first event: process start-up and
+    /// connections, the part of `ms` that is not the clients' work.
+    pub startup_ms: u64,
     /// Steps whose event never came: they did not play.
     pub unplayed: usize,
 }
@@ -69,14 +96,17 @@ impl Setup {
         if design.uses_etcd() { 1000 } else { 800 }
     }
 
-    /// Plays one schedule with `clients` clients; `index` namespaces its rows and keys.
+    /// Plays one schedule with `clients` clients on `lane`; `index` namespaces its rows
+    /// and keys.
     pub fn play(
-        &mut self,
+        &self,
         schedule: &Schedule,
         clients: u32,
         index: u64,
         seed: u64,
+        lane: usize,
     ) -> Result<Trial> {
+        let lane = &self.lanes[lane % self.lanes.len().max(1)];
         let started = Instant::now();
         let run_id = format!("{}_{index}", self.run_id);
         let names = client_names(clients);
@@ -92,22 +122,31 @@ impl Setup {
             }
         });
         prepare(&mut store, &run_id, &records)?;
-        let result = self.play_on(schedule, &names, &records, &run_id, seed, &mut store);
+        let result = self.play_on(lane, schedule, &names, &records, &run_id, seed, &mut store);
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
         forgot?;
         let report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        let startup_ms = names
+            .iter()
+            .filter_map(|name| history.iter().find(|e| e.worker == *name))
+            .map(|e| e.t_ms)
+            .max()
+            .unwrap_or(0);
         Ok(Trial {
             run_id,
             history,
             report,
             ms: started.elapsed().as_millis() as u64,
+            startup_ms,
             unplayed,
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn play_on(
-        &mut self,
+        &self,
+        lane: &Lane,
         schedule: &Schedule,
         names: &[String],
         records: &[String],
@@ -135,7 +174,7 @@ impl Setup {
                 index: i as u32,
                 design: self.design,
                 store_url: self.store_url.clone(),
-                redis_url: self.redis_url.clone(),
+                redis_url: lane.redis_url.clone(),
                 etcd_url: self.etcd_url.clone(),
                 run_id: run_id.into(),
                 records: records.to_vec(),
@@ -164,7 +203,7 @@ impl Setup {
             }
             let now = start.elapsed().as_millis() as u64;
             for action in player.due(now) {
-                self.act(&action, &mut workers, &mut nemesis, &mut tape)?;
+                act(lane, &action, &mut workers, &mut nemesis, &mut tape)?;
             }
             let all_done = names.iter().all(|name| stage.has_exited(name));
             if all_done && nemesis.paused().is_empty() {
@@ -187,51 +226,52 @@ impl Setup {
         let backs = read_back(store, run_id, records)?;
         Ok((history, player.unplayed().len(), backs))
     }
+}
 
-    /// Does one action of the schedule, if its victim can take it now (a pause of a client
-    /// already gone, or paused, is skipped).
-    fn act(
-        &mut self,
-        action: &Action,
-        workers: &mut [WorkerHandle],
-        nemesis: &mut Nemesis,
-        tape: &mut Tape,
-    ) -> Result<()> {
-        if action.fault == Fault::Restart {
-            let Some(private) = self.redis.as_mut() else {
-                return Ok(());
-            };
-            let mut redis = Server::new(private, Backend::Redis, "redis");
-            nemesis.restart(
-                tape,
-                &mut redis,
-                "crashes Redis (SIGKILL), then starts it again, empty",
-                |took| Note::from(format!("Redis back after {}ms, empty", took.as_millis())),
-            )?;
-            return Ok(());
-        }
-        let Some(worker) = workers.iter_mut().find(|w| w.name == action.target) else {
+/// Does one action of the schedule, if its victim can take it now (a pause of a client
+/// already gone, or paused, is skipped).
+fn act(
+    lane: &Lane,
+    action: &Action,
+    workers: &mut [WorkerHandle],
+    nemesis: &mut Nemesis,
+    tape: &mut Tape,
+) -> Result<()> {
+    if action.fault == Fault::Restart {
+        let Some(private) = lane.redis.as_ref() else {
             return Ok(());
         };
-        if crate::nemesis::Victim::pid(worker).is_none()
-            || crate::procs::process_state(worker.pid).is_none()
-        {
-            return Ok(());
-        }
-        let paused = nemesis.paused().contains(&action.target);
-        let name = action.target.clone();
-        match action.fault {
-            Fault::Pause if !paused => {
-                nemesis.pause(tape, worker, format!("pauses {name} (SIGSTOP)"))?;
-            }
-            Fault::Resume if paused => {
-                nemesis.resume(tape, worker, format!("resumes {name} (SIGCONT)"))?;
-            }
-            Fault::Kill => nemesis.kill(tape, worker, format!("kills {name} (SIGKILL)"))?,
-            _ => {}
-        }
-        Ok(())
+        let mut private = private.lock().unwrap_or_else(|p| p.into_inner());
+        let mut redis = Server::new(&mut private, Backend::Redis, "redis");
+        nemesis.restart(
+            tape,
+            &mut redis,
+            "crashes Redis (SIGKILL), then starts it again, empty",
+            |took| Note::from(format!("Redis back after {}ms, empty", took.as_millis())),
+        )?;
+        return Ok(());
     }
+    let Some(worker) = workers.iter_mut().find(|w| w.name == action.target) else {
+        return Ok(());
+    };
+    if crate::nemesis::Victim::pid(worker).is_none()
+        || crate::procs::process_state(worker.pid).is_none()
+    {
+        return Ok(());
+    }
+    let paused = nemesis.paused().contains(&action.target);
+    let name = action.target.clone();
+    match action.fault {
+        Fault::Pause if !paused => {
+            nemesis.pause(tape, worker, format!("pauses {name} (SIGSTOP)"))?;
+        }
+        Fault::Resume if paused => {
+            nemesis.resume(tape, worker, format!("resumes {name} (SIGCONT)"))?;
+        }
+        Fault::Kill => nemesis.kill(tape, worker, format!("kills {name} (SIGKILL)"))?,
+        _ => {}
+    }
+    Ok(())
 }
 
 fn prepare(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<()> {
