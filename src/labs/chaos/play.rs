@@ -183,6 +183,7 @@ impl Setup {
                 lease_ms: self.lease_ms,
                 wait_ms: 2000,
                 seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
+                clients: names.len() as u32,
             };
             workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
         }
