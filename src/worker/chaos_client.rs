@@ -49,27 +49,27 @@ pub enum Design {
     RedisLock,
     /// ❌ The Redis lock plus an INCR token checked at the write only, not at the read
     FencedWriteOnly,
-    /// The Redis lock plus an INCR token that claims the record before reading it
+    /// ✅ The Redis lock plus an INCR token that claims the record before reading it
     RedisFenced,
     /// ❌ etcd's lock on the client's lease, no token: a pause past the lease
     EtcdLease,
-    /// etcd's lock; its key's create revision claims the record before the read
+    /// ✅ etcd's lock; its key's create revision claims the record before the read
     EtcdFenced,
-    /// pg_advisory_xact_lock inside the transaction that reads and writes
+    /// ✅ pg_advisory_xact_lock inside the transaction that reads and writes
     AdvisoryXact,
-    /// No lock: write only if the record's version is still the one read; else retry
+    /// ✅ No lock: write only if the record's version is still the one read; else retry
     Optimistic,
     /// ❌ The Redis lock renewed by a heartbeat thread, no token: a pause stops it too
     RedisRenewed,
-    /// The Redis lock; a token from a Postgres sequence claims the record before the read
+    /// ✅ The Redis lock; a token from a Postgres sequence claims the record before the read
     RedisDurableToken,
-    /// pg_advisory_lock on the client's session, held until pg_advisory_unlock
+    /// ✅ pg_advisory_lock on the client's session, held until pg_advisory_unlock
     AdvisorySession,
-    /// No lock service: a record no one holds, its row locked FOR UPDATE SKIP LOCKED
+    /// ✅ No lock service: a record no one holds, its row locked FOR UPDATE SKIP LOCKED
     SkipLocked,
-    /// No lock: the job's log entry only if absent; the store adds one to the counter itself
+    /// ✅ No lock: the job's log entry only if absent; the store adds one to the counter itself
     IdempotencyKey,
-    /// No lock: client k does only the records with hash mod N = k; nothing is shared
+    /// ✅ No lock: client k does only the records with hash mod N = k; nothing is shared
     Partitioned,
 }
 

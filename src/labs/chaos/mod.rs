@@ -56,6 +56,8 @@ Examples:
                                         shrunk, with its replay command
   lockslab chaos --design redis-fenced --schedules 50 --seed 7
   lockslab chaos --design etcd-lease --faults pause --time 2m
+  lockslab chaos --design redis-lock --html broke.html
+                                        the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
                                         replay a schedule: a JSON list of
                                         {at_ms, after, fault, target,
@@ -111,6 +113,13 @@ pub struct ChaosArgs {
     /// JSON Lines on stdout: one object per schedule, then a verdict
     #[arg(long)]
     pub json: bool,
+    /// Play only the K-th of N parts of the schedules (every N-th, from the K-th): N runs
+    /// with the same seed play the schedules of one
+    #[arg(long, value_name = "K/N", value_parser = matrix::parse_shard)]
+    pub shard: Option<matrix::Shard>,
+    /// Draw the smallest failing schedule's history into FILE, a self-contained HTML page
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
@@ -211,18 +220,45 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
+    let picture = match &args.html {
+        Some(path) => {
+            let target = crate::picture::Target::by_extension(path, "--html")?;
+            if !matches!(target, crate::picture::Target::Html(_)) {
+                crate::bail_usage!("--html {}: name the file .html", path.display());
+            }
+            target.check_writable("--html")?;
+            Some(target)
+        }
+        None => None,
+    };
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
         if !args.json {
             show::heading(&ground, args, seed);
         }
+        let restarts = given
+            .as_ref()
+            .map_or(kinds == [FaultKind::Restart], |schedule| {
+                schedule
+                    .steps()
+                    .iter()
+                    .any(|s| s.fault == crate::nemesis::Fault::Restart)
+            });
+        if restarts && ground.redis_given {
+            crate::bail_usage!(
+                "restart: chaos restarts only servers it started itself, and this Redis was \
+                 given (--redis-url or LOCKSLAB_REDIS_URL); unset it and chaos starts its own"
+            );
+        }
         let setup = ground.setup(args.design);
         let space = space(&setup, args.clients, &kinds);
         let started = Instant::now();
-        let next = |index: u64| {
+        let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
+        let next = |nth: u64| {
+            let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
             let enough = match args.time {
                 // At least one schedule, however short the time: none played is no answer.
-                Some(time) => index > 0 && started.elapsed() >= time,
+                Some(time) => nth > 0 && started.elapsed() >= time,
                 None => index >= u64::from(args.schedules),
             };
             let seed = generate::nth_seed(seed, index);
@@ -290,6 +326,14 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             verdict["replay"] = replay.into();
             verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
             verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
+            if let Some(target) = &picture {
+                let recording = crate::picture::Recording::of_run(
+                    small_trial.history.clone(),
+                    Some(verdict.clone()),
+                    Vec::new(),
+                );
+                crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
+            }
             EXIT_VIOLATION
         } else if inconclusive > 0 {
             EXIT_ONLY_UNKNOWNS
