@@ -18,7 +18,7 @@ use crate::worker::chaos_client::Design;
 #[command(after_help = concat!("\
 Examples:
   lockslab matrix                          every design × pause, kill, restart
-  lockslab matrix --schedules 10 --seed 3  more schedules a cell
+  lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock --design optimistic --faults pause
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
   lockslab matrix --merge a.jsonl b.jsonl         one table of both parts
@@ -39,7 +39,7 @@ pub struct MatrixArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// How many schedules each cell plays (it stops at its first violation)
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub schedules: u32,
     /// Draw every cell's schedules from this seed (printed when not given)
     #[arg(long, value_name = "N")]
