@@ -265,3 +265,24 @@ fn a_sharded_matrix_merges_into_one_table() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Given a Redis (here LOCKSLAB_REDIS_URL), chaos plays client faults against it but will
+/// not restart it: a schedule that restarts it is refused with a sentence that says why.
+#[test]
+fn a_restart_of_a_given_redis_is_refused() {
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"restart","target":"redis"}]"#,
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("restarts only servers it started"),
+        "{stderr}"
+    );
+}
