@@ -52,7 +52,12 @@ fn main() {
     }
 
     println!("time to the first violation, {} seeds each:", SEEDS.len());
-    for design in ["redis-lock", "fenced-write-only", "etcd-lease"] {
+    for design in [
+        "redis-lock",
+        "redis-renewed",
+        "fenced-write-only",
+        "etcd-lease",
+    ] {
         let mut found = Vec::new();
         let mut missed = 0;
         for seed in SEEDS {
