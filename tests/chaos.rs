@@ -286,3 +286,30 @@ fn a_restart_of_a_given_redis_is_refused() {
         "{stderr}"
     );
 }
+
+/// `--html`: the counterexample's history drawn as a page, the faults and the clients'
+/// jobs in it.
+#[test]
+fn html_draws_the_counterexample() {
+    let page = std::env::temp_dir().join(format!("lockslab-chaos-{}.html", std::process::id()));
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--schedule",
+        BETWEEN_READ_AND_WRITE,
+        "--schedules",
+        "3",
+        "--html",
+        page.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<html"), "a page");
+    assert!(html.contains("SIGSTOP"), "the pause is drawn");
+    assert!(html.contains("reads r"), "the clients' reads are drawn");
+    std::fs::remove_file(&page).unwrap();
+}
