@@ -13,7 +13,8 @@
 //! ```text
 //!  ❌ redis-lock          SET NX PX per record, then read and write: a pause past the TTL
 //!  ❌ fenced-write-only   the same lock, an INCR token checked at the write only
-//!  ✅ redis-fenced        the INCR token claims the record *before* the read
+//!  ✅ redis-fenced        the INCR token claims the record *before* the read (❌ if
+//!                         Redis restarts empty: its counter hands the tokens out again)
 //!  ❌ etcd-lease          etcd's lock on the client's lease, no token
 //!  ✅ etcd-fenced         the lock key's create revision claims the record before the read
 //!  ✅ advisory-xact       pg_advisory_xact_lock in the transaction that reads and writes
@@ -38,7 +39,7 @@ use crate::events::{Emitter, What};
 use crate::invoices::{ADVISORY_LOCK, ADVISORY_UNLOCK, owner_of};
 use crate::lock::etcd::{Acquired as EtcdAcquired, EtcdLock};
 use crate::lock::redis::{RedisLock, Release, Renewal};
-use crate::nemesis::generate::Rng;
+use crate::nemesis::generate::{FaultKind, Rng};
 use crate::store::Outcome;
 
 /// A lock design under test.
@@ -49,7 +50,8 @@ pub enum Design {
     RedisLock,
     /// ❌ The Redis lock plus an INCR token checked at the write only, not at the read
     FencedWriteOnly,
-    /// ✅ The Redis lock plus an INCR token that claims the record before reading it
+    /// ✅ The Redis lock plus an INCR token that claims the record before reading it (❌
+    /// when Redis restarts empty: the counter reissues its tokens)
     RedisFenced,
     /// ❌ etcd's lock on the client's lease, no token: a pause past the lease
     EtcdLease,
@@ -130,6 +132,14 @@ impl Design {
             self,
             Design::RedisLock | Design::RedisRenewed | Design::EtcdLease
         )
+    }
+
+    /// What the labs teach of it under this kind of fault. `redis-fenced`'s `INCR` counter
+    /// lives in Redis: a Redis that restarts empty hands its tokens out again, and no rule
+    /// at the store tells two holders of one token apart (labs 1 and 5) — ✅ under pauses
+    /// and kills, ❌ under a restart that loses the counter.
+    pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
+        self.labs_call_it_safe() && !(self == Design::RedisFenced && kind == FaultKind::Restart)
     }
 
     /// What the labs teach of it: ✅ safe under pauses and kills.
@@ -458,7 +468,7 @@ impl Client<'_> {
     }
 
     /// Any record no other transaction holds: its row locked for the whole job, the read and
-    /// the write in the same transaction. A job finds every record taken gives up.
+    /// the write in the same transaction. A job that finds every record taken skips its turn.
     fn skip_locked_job(&mut self, job: i64) -> Result<()> {
         let (script, me) = (self.script, &self.me);
         let mut tx = self.store.transaction()?;
@@ -469,7 +479,15 @@ impl Client<'_> {
         )?
         else {
             drop(tx);
-            return self.gave_up(job, "any record");
+            // SKIP LOCKED waits for nothing: every row was held by another job just now.
+            me.say(
+                GaveUp {
+                    why: Some("every record's row was locked (SKIP LOCKED)".into()),
+                    ..GaveUp::default()
+                },
+                format!("job {job}: every record's row is locked by another job: skipped"),
+            );
+            return Ok(());
         };
         let record: String = row.get(0);
         me.say(

@@ -184,7 +184,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                     fault: *kind,
                     result,
                     replay,
-                    labs_call_it_safe: design.labs_call_it_safe(),
+                    labs_call_it_safe: design.labs_call_it_safe_under(*kind),
                 };
                 if style.json {
                     json_line(&cell);
@@ -364,5 +364,17 @@ mod tests {
         for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Labs 1 and 5: an INCR counter in a Redis that restarts empty reissues its tokens, so
+    /// a red `redis-fenced × restart` cell is what the labs predict; a durable token is not.
+    #[test]
+    fn the_labs_call_redis_fenced_safe_under_pauses_and_kills_only() {
+        for kind in [FaultKind::Pause, FaultKind::Kill] {
+            assert!(Design::RedisFenced.labs_call_it_safe_under(kind));
+        }
+        assert!(!Design::RedisFenced.labs_call_it_safe_under(FaultKind::Restart));
+        assert!(Design::RedisDurableToken.labs_call_it_safe_under(FaultKind::Restart));
+        assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
     }
 }
