@@ -199,3 +199,117 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
         assert!(stderr.contains(says), "{schedule}: {stderr}");
     }
 }
+
+/// The parts of a sharded matrix merge into one table: each part's cells where they
+/// belong, the exit status of the whole (a red cell in one part: 1), and a cell a ✅ design
+/// lost named as a disagreement with the labs.
+#[test]
+fn a_sharded_matrix_merges_into_one_table() {
+    let dir = std::env::temp_dir().join(format!("lockslab-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cell = |design: &str, fault: &str, result: &str, safe: bool| {
+        format!(
+            r#"{{"kind":"cell","design":"{design}","fault":"{fault}","result":"{result}","replay":null,"labs_call_it_safe":{safe}}}"#
+        )
+    };
+    let one = dir.join("one.jsonl");
+    let two = dir.join("two.jsonl");
+    std::fs::write(
+        &one,
+        [
+            cell("redis-lock", "pause", "UNSAFE stale-write", false),
+            cell("optimistic", "kill", "SAFE (3)", true),
+            r#"{"kind":"verdict","lab":"matrix","shard":"1/2"}"#.into(),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        &two,
+        [
+            cell("redis-lock", "kill", "SAFE (3)", false),
+            cell("optimistic", "pause", "UNSAFE lost-update", true),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let output = lockslab(&[
+        "matrix",
+        "--merge",
+        one.to_str().unwrap(),
+        two.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    let row = |design: &str| {
+        text.lines()
+            .find(|line| line.contains(design))
+            .unwrap_or_else(|| panic!("no row for {design}: {text}"))
+            .to_string()
+    };
+    let redis = row("❌ redis-lock");
+    assert!(
+        redis.find("UNSAFE stale-write") < redis.find("SAFE (3)"),
+        "pause before kill: {redis}"
+    );
+    let optimistic = row("✅ optimistic");
+    assert!(
+        optimistic.find("UNSAFE lost-update") < optimistic.find("SAFE (3)"),
+        "{optimistic}"
+    );
+    assert!(
+        text.contains("Disagrees with the labs: optimistic × pause"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Given a Redis (here LOCKSLAB_REDIS_URL), chaos plays client faults against it but will
+/// not restart it: a schedule that restarts it is refused with a sentence that says why.
+#[test]
+fn a_restart_of_a_given_redis_is_refused() {
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"restart","target":"redis"}]"#,
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("restarts only servers it started"),
+        "{stderr}"
+    );
+}
+
+/// `--html`: the counterexample's history drawn as a page, the faults and the clients'
+/// jobs in it.
+#[test]
+fn html_draws_the_counterexample() {
+    let page = std::env::temp_dir().join(format!("lockslab-chaos-{}.html", std::process::id()));
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--schedule",
+        BETWEEN_READ_AND_WRITE,
+        "--schedules",
+        "3",
+        "--html",
+        page.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<html"), "a page");
+    assert!(html.contains("SIGSTOP"), "the pause is drawn");
+    assert!(html.contains("reads r"), "the clients' reads are drawn");
+    std::fs::remove_file(&page).unwrap();
+}

@@ -13,11 +13,18 @@
 //! ```text
 //!  ❌ redis-lock          SET NX PX per record, then read and write: a pause past the TTL
 //!  ❌ fenced-write-only   the same lock, an INCR token checked at the write only
-//!  ✅ redis-fenced        the INCR token claims the record *before* the read
+//!  ✅ redis-fenced        the INCR token claims the record *before* the read (❌ if
+//!                         Redis restarts empty: its counter hands the tokens out again)
 //!  ❌ etcd-lease          etcd's lock on the client's lease, no token
 //!  ✅ etcd-fenced         the lock key's create revision claims the record before the read
 //!  ✅ advisory-xact       pg_advisory_xact_lock in the transaction that reads and writes
 //!  ✅ optimistic          no lock: write only if the version read is still the record's
+//!  ❌ redis-renewed       the Redis lock, renewed by a heartbeat thread: frozen with it
+//!  ✅ redis-durable-token the Redis lock, a token from a Postgres sequence claims the read
+//!  ✅ advisory-session    pg_advisory_lock on the client's session, held until unlock
+//!  ✅ skip-locked         no lock service: a free record's row, FOR UPDATE SKIP LOCKED
+//!  ✅ idempotency-key     no lock: one log entry per job, the store adds one itself
+//!  ✅ partitioned         no lock: client k does only the records with hash mod N = k
 //! ```
 
 use std::time::{Duration, Instant};
@@ -29,9 +36,10 @@ use serde::{Deserialize, Serialize};
 use crate::connect::{self, PgClient};
 use crate::events::facts::{Acquired, GaveUp, RecordRead, Released, Wrote};
 use crate::events::{Emitter, What};
+use crate::invoices::{ADVISORY_LOCK, ADVISORY_UNLOCK, owner_of};
 use crate::lock::etcd::{Acquired as EtcdAcquired, EtcdLock};
-use crate::lock::redis::{RedisLock, Release};
-use crate::nemesis::generate::Rng;
+use crate::lock::redis::{RedisLock, Release, Renewal};
+use crate::nemesis::generate::{FaultKind, Rng};
 use crate::store::Outcome;
 
 /// A lock design under test.
@@ -42,27 +50,46 @@ pub enum Design {
     RedisLock,
     /// ❌ The Redis lock plus an INCR token checked at the write only, not at the read
     FencedWriteOnly,
-    /// The Redis lock plus an INCR token that claims the record before reading it
+    /// ✅ The Redis lock plus an INCR token that claims the record before reading it (❌
+    /// when Redis restarts empty: the counter reissues its tokens)
     RedisFenced,
     /// ❌ etcd's lock on the client's lease, no token: a pause past the lease
     EtcdLease,
-    /// etcd's lock; its key's create revision claims the record before the read
+    /// ✅ etcd's lock; its key's create revision claims the record before the read
     EtcdFenced,
-    /// pg_advisory_xact_lock inside the transaction that reads and writes
+    /// ✅ pg_advisory_xact_lock inside the transaction that reads and writes
     AdvisoryXact,
-    /// No lock: write only if the record's version is still the one read; else retry
+    /// ✅ No lock: write only if the record's version is still the one read; else retry
     Optimistic,
+    /// ❌ The Redis lock renewed by a heartbeat thread, no token: a pause stops it too
+    RedisRenewed,
+    /// ✅ The Redis lock; a token from a Postgres sequence claims the record before the read
+    RedisDurableToken,
+    /// ✅ pg_advisory_lock on the client's session, held until pg_advisory_unlock
+    AdvisorySession,
+    /// ✅ No lock service: a record no one holds, its row locked FOR UPDATE SKIP LOCKED
+    SkipLocked,
+    /// ✅ No lock: the job's log entry only if absent; the store adds one to the counter itself
+    IdempotencyKey,
+    /// ✅ No lock: client k does only the records with hash mod N = k; nothing is shared
+    Partitioned,
 }
 
 impl Design {
-    pub const ALL: [Design; 7] = [
+    pub const ALL: [Design; 13] = [
         Design::RedisLock,
+        Design::RedisRenewed,
         Design::FencedWriteOnly,
         Design::RedisFenced,
+        Design::RedisDurableToken,
         Design::EtcdLease,
         Design::EtcdFenced,
         Design::AdvisoryXact,
+        Design::AdvisorySession,
+        Design::SkipLocked,
         Design::Optimistic,
+        Design::IdempotencyKey,
+        Design::Partitioned,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,13 +101,23 @@ impl Design {
             Design::EtcdFenced => "etcd-fenced",
             Design::AdvisoryXact => "advisory-xact",
             Design::Optimistic => "optimistic",
+            Design::RedisRenewed => "redis-renewed",
+            Design::RedisDurableToken => "redis-durable-token",
+            Design::AdvisorySession => "advisory-session",
+            Design::SkipLocked => "skip-locked",
+            Design::IdempotencyKey => "idempotency-key",
+            Design::Partitioned => "partitioned",
         }
     }
 
     pub fn uses_redis(self) -> bool {
         matches!(
             self,
-            Design::RedisLock | Design::FencedWriteOnly | Design::RedisFenced
+            Design::RedisLock
+                | Design::RedisRenewed
+                | Design::FencedWriteOnly
+                | Design::RedisFenced
+                | Design::RedisDurableToken
         )
     }
 
@@ -91,14 +128,25 @@ impl Design {
     /// The design relies on the lock alone: two holders at once is its failure. The others
     /// expect the lock to fail now and then and fence (or need no lock at all).
     pub fn trusts_the_lock(self) -> bool {
-        matches!(self, Design::RedisLock | Design::EtcdLease)
+        matches!(
+            self,
+            Design::RedisLock | Design::RedisRenewed | Design::EtcdLease
+        )
+    }
+
+    /// What the labs teach of it under this kind of fault. `redis-fenced`'s `INCR` counter
+    /// lives in Redis: a Redis that restarts empty hands its tokens out again, and no rule
+    /// at the store tells two holders of one token apart (labs 1 and 5) — ✅ under pauses
+    /// and kills, ❌ under a restart that loses the counter.
+    pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
+        self.labs_call_it_safe() && !(self == Design::RedisFenced && kind == FaultKind::Restart)
     }
 
     /// What the labs teach of it: ✅ safe under pauses and kills.
     pub fn labs_call_it_safe(self) -> bool {
         !matches!(
             self,
-            Design::RedisLock | Design::FencedWriteOnly | Design::EtcdLease
+            Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly | Design::EtcdLease
         )
     }
 }
@@ -125,6 +173,9 @@ pub struct ChaosClient {
     pub wait_ms: u64,
     /// Which records it picks, in which order.
     pub seed: u64,
+    /// How many clients there are (`partitioned`: who owns which record).
+    #[serde(default)]
+    pub clients: u32,
 }
 
 /// The tables, shared by every run; rows carry their run's id.
@@ -141,7 +192,9 @@ pub const SCHEMA: &str = "
         read_value bigint, value bigint NOT NULL, token bigint,
         accepted boolean NOT NULL, decided bigint NOT NULL);
     CREATE TABLE IF NOT EXISTS lockslab_chaos_log (
-        run_id text NOT NULL, record text NOT NULL, job bigint NOT NULL, seq bigserial);";
+        run_id text NOT NULL, record text NOT NULL, job bigint NOT NULL, seq bigserial);
+    -- redis-durable-token's tokens: a sequence survives what an empty Redis forgets
+    CREATE SEQUENCE IF NOT EXISTS lockslab_chaos_token;";
 
 /// How long a write's transaction works with the record's row locked.
 const IN_TRANSACTION_MS: u64 = 5;
@@ -158,6 +211,9 @@ enum Rule {
     ClaimedBy(i64),
     /// ✅ The record's version is still the one read.
     Version(i64),
+    /// ✅ The store adds one to whatever the record holds now, once per job (its log
+    /// entry is the idempotency key): nothing the client read goes into the write.
+    OncePerJob,
     /// A claim a higher token had already beaten: refused, and recorded.
     Refused(i64),
 }
@@ -190,7 +246,24 @@ pub fn run(script: &ChaosClient) -> Result<()> {
     while Instant::now() < until {
         n += 1;
         let job = (i64::from(script.index) + 1) * 1000 + n;
-        let record = rng.pick(&script.records).clone();
+        let record = match script.design {
+            Design::Partitioned => {
+                let mine: Vec<&String> = script
+                    .records
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| owner_of(*i as i32, script.clients) == script.index)
+                    .map(|(_, record)| record)
+                    .collect();
+                if mine.is_empty() {
+                    // More clients than records: this one owns none and waits its time out.
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                (*rng.pick(&mine)).clone()
+            }
+            _ => rng.pick(&script.records).clone(),
+        };
         if let Err(err) = client.job(job, &record) {
             // A server restarted, a session ended: a real client logs it and goes on.
             client.me.say(
@@ -214,12 +287,22 @@ pub fn run(script: &ChaosClient) -> Result<()> {
 impl Client<'_> {
     fn job(&mut self, job: i64, record: &str) -> Result<()> {
         match self.script.design {
-            Design::RedisLock | Design::FencedWriteOnly | Design::RedisFenced => {
-                self.redis_job(job, record)
-            }
+            Design::RedisLock
+            | Design::RedisRenewed
+            | Design::FencedWriteOnly
+            | Design::RedisFenced
+            | Design::RedisDurableToken => self.redis_job(job, record),
             Design::EtcdLease | Design::EtcdFenced => self.etcd_job(job, record),
             Design::AdvisoryXact => self.advisory_job(job, record),
+            Design::AdvisorySession => self.advisory_session_job(job, record),
+            Design::SkipLocked => self.skip_locked_job(job),
             Design::Optimistic => self.optimistic_job(job, record),
+            Design::IdempotencyKey => {
+                let _ = self.write(job, record, -1, Rule::OncePerJob);
+                Ok(())
+            }
+            // Nothing shared: the record is this client's alone, read and written plainly.
+            Design::Partitioned => self.read_work_write(job, record, Rule::Unfenced),
         }
     }
 
@@ -238,18 +321,43 @@ impl Client<'_> {
         let lock = self.redis.as_mut().expect("connected above");
         lock.key = key.clone();
         let counter = format!("{key}:token");
-        let fenced = design != Design::RedisLock;
+        let incr_token = matches!(design, Design::FencedWriteOnly | Design::RedisFenced);
         let wait = Duration::from_millis(self.script.wait_ms);
-        let Some(held) = lock.acquire_within(wait, fenced.then_some(counter.as_str()))? else {
+        let Some(mut held) = lock.acquire_within(wait, incr_token.then_some(counter.as_str()))?
+        else {
             return self.gave_up(job, record);
         };
+        if design == Design::RedisDurableToken {
+            // The token from a sequence in Postgres: an empty Redis, restarted, forgets its
+            // INCR counter (and hands out token 1 again); the sequence remembers.
+            let row = self
+                .store
+                .query_one("SELECT nextval('lockslab_chaos_token')", &[])?;
+            held.token = Some(row.get(0));
+        }
         self.acquired(&key, Some(&held.owner), held.token, "redis", job, record);
+        // The heartbeat renews the key every TTL/3 on a connection of its own — and is
+        // frozen with the rest of the process by a pause.
+        let renewal = if design == Design::RedisRenewed {
+            let url = self.script.redis_url.as_deref().context("no Redis URL")?;
+            let ttl = Duration::from_millis(self.script.lease_ms);
+            let heartbeat = RedisLock::new(connect::redis(url)?, &key, ttl);
+            Some(Renewal::start(heartbeat, held.clone(), Box::new(|_| {})))
+        } else {
+            None
+        };
         let rule = match (design, held.token) {
             (Design::FencedWriteOnly, Some(token)) => Rule::TokenNotLower(token),
-            (Design::RedisFenced, Some(token)) => Rule::ClaimedBy(token),
+            (Design::RedisFenced | Design::RedisDurableToken, Some(token)) => {
+                Rule::ClaimedBy(token)
+            }
             _ => Rule::Unfenced,
         };
-        self.read_work_write(job, record, rule)?;
+        let done = self.read_work_write(job, record, rule);
+        if let Some(renewal) = renewal {
+            renewal.stop();
+        }
+        done?;
         let lock = self.redis.as_mut().expect("connected above");
         let (released, found_owner) = match lock.release_reporting(&held) {
             Ok(Release::Deleted) => (true, None),
@@ -333,6 +441,76 @@ impl Client<'_> {
         Ok(())
     }
 
+    /// The advisory lock on the session: held across the read's and the write's
+    /// transactions until unlocked — or until the session ends (a killed client's
+    /// connection closes, and Postgres lets the lock go). A paused client keeps it.
+    fn advisory_session_job(&mut self, job: i64, record: &str) -> Result<()> {
+        let (space, key) = self.advisory_keys(record);
+        self.store.execute(ADVISORY_LOCK, &[&space, &key])?;
+        let name = self.lock_name(record);
+        self.acquired(&name, None, None, "postgres", job, record);
+        let done = self.read_work_write(job, record, Rule::Unfenced);
+        let unlocked: bool = self
+            .store
+            .query_one(ADVISORY_UNLOCK, &[&space, &key])?
+            .get(0);
+        self.released(record, unlocked, None);
+        done
+    }
+
+    /// The advisory lock's two keys: the run (hashed) and the record's place.
+    fn advisory_keys(&self, record: &str) -> (i32, i32) {
+        let run = self.script.run_id.bytes().fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        let place = self.script.records.iter().position(|r| r == record);
+        (run as i32, place.unwrap_or_default() as i32)
+    }
+
+    /// Any record no other transaction holds: its row locked for the whole job, the read and
+    /// the write in the same transaction. A job that finds every record taken skips its turn.
+    fn skip_locked_job(&mut self, job: i64) -> Result<()> {
+        let (script, me) = (self.script, &self.me);
+        let mut tx = self.store.transaction()?;
+        let Some(row) = tx.query_opt(
+            "SELECT record FROM lockslab_chaos_record WHERE run_id = $1
+             ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED",
+            &[&script.run_id],
+        )?
+        else {
+            drop(tx);
+            // SKIP LOCKED waits for nothing: every row was held by another job just now.
+            me.say(
+                GaveUp {
+                    why: Some("every record's row was locked (SKIP LOCKED)".into()),
+                    ..GaveUp::default()
+                },
+                format!("job {job}: every record's row is locked by another job: skipped"),
+            );
+            return Ok(());
+        };
+        let record: String = row.get(0);
+        me.say(
+            Acquired {
+                lock: Some(format!("row {record}")),
+                backend: Some("postgres".into()),
+                ..Acquired::default()
+            },
+            format!("job {job}: locks {record}'s row (FOR UPDATE SKIP LOCKED)"),
+        );
+        let read = read(&mut tx, script, &record, None)?.context("the record is missing")?;
+        say_read(me, job, &record, &read, None);
+        std::thread::sleep(Duration::from_millis(script.work_ms));
+        let accepted = decide(&mut tx, script, job, &record, read.value, Rule::Unfenced)?;
+        let outcome = match tx.commit() {
+            Ok(()) if accepted => Outcome::Accepted,
+            Ok(()) => Outcome::Rejected,
+            Err(_) => Outcome::Unknown,
+        };
+        say_wrote(me, job, &record, read.value + 1, None, outcome);
+        Ok(())
+    }
+
     fn optimistic_job(&mut self, job: i64, record: &str) -> Result<()> {
         for _ in 0..20 {
             let mut tx = self.store.transaction()?;
@@ -390,7 +568,9 @@ impl Client<'_> {
             Rule::TokenNotLower(t) | Rule::ClaimedBy(t) | Rule::Refused(t) => Some(t),
             _ => None,
         };
-        say_wrote(&self.me, job, record, read_value + 1, token, outcome);
+        // OncePerJob's client read nothing: the store added one to what the record held.
+        let value = (read_value >= 0).then_some(read_value + 1);
+        say_wrote(&self.me, job, record, value, token, outcome);
         outcome
     }
 
@@ -483,11 +663,16 @@ fn decide(
 ) -> Result<bool> {
     let run_id = &script.run_id;
     let row = tx.query_one(
-        "SELECT version, token FROM lockslab_chaos_record
+        "SELECT version, token, value FROM lockslab_chaos_record
          WHERE run_id = $1 AND record = $2 FOR UPDATE",
         &[run_id, &record],
     )?;
     let (version, stored): (i64, Option<i64>) = (row.get(0), row.get(1));
+    // OncePerJob: the store's own read, under the row lock, is what it adds one to.
+    let read_value = match rule {
+        Rule::OncePerJob => row.get(2),
+        _ => read_value,
+    };
     if read_value >= 0 {
         // The write's own work, inside its transaction, the record's row locked: a pause
         // timed from this event lands where lab 7's fenced-write-only loses an update.
@@ -503,6 +688,16 @@ fn decide(
         Rule::ClaimedBy(t) => (stored == Some(t), Some(t)),
         Rule::Refused(t) => (false, Some(t)),
         Rule::Version(v) => (version == v, None),
+        Rule::OncePerJob => {
+            let logged: bool = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM lockslab_chaos_log
+                     WHERE run_id = $1 AND record = $2 AND job = $3)",
+                    &[run_id, &record, &job],
+                )?
+                .get(0);
+            (!logged, None)
+        }
     };
     let value = read_value + 1;
     if accepted {
@@ -562,20 +757,24 @@ fn say_wrote(
     me: &Emitter,
     job: i64,
     record: &str,
-    value: i64,
+    value: impl Into<Option<i64>>,
     token: Option<i64>,
     outcome: Outcome,
 ) {
+    let value = value.into();
+    let words = value.map_or(format!("adds one to {record} (once per job)"), |value| {
+        format!("writes {record} = {value}")
+    });
     me.say(
         Wrote {
             outcome,
             token,
-            value: Some(value.to_string()),
+            value: value.map(|v| v.to_string()),
             resource: Some(record.into()),
             job: Some(job),
             customer: None,
             after_check_ms: None,
         },
-        format!("job {job}: writes {record} = {value}: {}", outcome.as_str()),
+        format!("job {job}: {words}: {}", outcome.as_str()),
     );
 }

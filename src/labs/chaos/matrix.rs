@@ -4,9 +4,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use colored::Colorize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{Ground, chaos_exit_help, show, space};
+use super::{Ground, chaos_exit_help, show, side_by_side, space};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, json_line};
@@ -17,8 +18,10 @@ use crate::worker::chaos_client::Design;
 #[command(after_help = concat!("\
 Examples:
   lockslab matrix                          every design × pause, kill, restart
-  lockslab matrix --schedules 10 --seed 3  more schedules a cell
+  lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock --design optimistic --faults pause
+  lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
+  lockslab matrix --merge a.jsonl b.jsonl         one table of both parts
 
 A cell is SAFE (n schedules, no violation), UNSAFE (the first violation's kind;
 its replay command below the table) or INCONCLUSIVE (some history could not
@@ -36,7 +39,7 @@ pub struct MatrixArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// How many schedules each cell plays (it stops at its first violation)
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub schedules: u32,
     /// Draw every cell's schedules from this seed (printed when not given)
     #[arg(long, value_name = "N")]
@@ -44,6 +47,18 @@ pub struct MatrixArgs {
     /// How many clients do jobs through the design at once
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub clients: u32,
+    /// Schedules played side by side, each in its own namespace (one that restarts a
+    /// server plays alone)
+    #[arg(long, default_value_t = super::DEFAULT_PARALLEL, value_name = "P",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub parallel: u32,
+    /// Play only the K-th of N parts of the cells (e.g. 2/4, on another machine); merge
+    /// the parts' --json with --merge
+    #[arg(long, value_name = "K/N", value_parser = parse_shard)]
+    pub shard: Option<Shard>,
+    /// Print one table from the --json files of a sharded matrix's parts (plays nothing)
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    pub merge: Vec<std::path::PathBuf>,
     /// JSON Lines: one object per cell, then the verdict
     #[arg(long)]
     pub json: bool,
@@ -51,7 +66,45 @@ pub struct MatrixArgs {
     pub servers: ServerArgs,
 }
 
+/// `--shard K/N`: the K-th of N parts (1-based).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub k: u32,
+    pub n: u32,
+}
+
+impl Shard {
+    /// Does this part play the `index`th cell (or schedule)?
+    pub fn owns(self, index: u64) -> bool {
+        index % u64::from(self.n) == u64::from(self.k - 1)
+    }
+}
+
+pub fn parse_shard(text: &str) -> Result<Shard, String> {
+    let parsed = text
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)));
+    match parsed {
+        Some((k, n)) if (1..=n).contains(&k) => Ok(Shard { k, n }),
+        _ => Err(format!("{text}: K/N with 1 ≤ K ≤ N, e.g. 2/4")),
+    }
+}
+
+/// One cell of the matrix, as `--json` prints it and `--merge` reads it back.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Cell {
+    pub kind: String,
+    pub design: Design,
+    pub fault: FaultKind,
+    pub result: String,
+    pub replay: Option<String>,
+    pub labs_call_it_safe: bool,
+}
+
 pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
+    if !args.merge.is_empty() {
+        return merge(&args.merge);
+    }
     let designs = if args.design.is_empty() {
         Design::ALL.to_vec()
     } else {
@@ -64,106 +117,226 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
+    let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
     super::could_not_run((|| {
-        let mut ground = Ground::start(&args.servers, &designs)?;
+        let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         if !style.json {
+            let part = if shard.n > 1 {
+                format!(" Part {} of {} (--shard).", shard.k, shard.n)
+            } else {
+                String::new()
+            };
             crate::prose!(
-                "Matrix: {} designs × {} faults, {} schedules a cell, seed {seed}.",
+                "Matrix: {} designs × {} faults, {} schedules a cell, seed {seed}.{part}",
                 designs.len(),
                 kinds.len(),
                 args.schedules
             );
-            let head: String = kinds.iter().map(|k| format!("{:<20}", k.name())).collect();
-            crate::outln!("{:<18}{}", "design", head.trim_end());
+            header(&kinds);
         }
-        let mut replays = Vec::new();
-        let (mut any_unsafe, mut any_unknown) = (false, false);
-        let mut cells = Vec::new();
-        for design in &designs {
-            let mut setup = ground.setup(*design);
-            let mut row = format!("{:<18}", design.name());
-            for kind in &kinds {
-                let space = space(&setup, args.clients, &[*kind]);
-                let cell = if *kind == FaultKind::Restart && space.restartable.is_empty() {
-                    ("-".to_string(), None)
-                } else {
-                    let mut found = None;
-                    let mut unknown = 0;
-                    let mut played = 0;
-                    for index in 0..u64::from(args.schedules) {
-                        if crate::procs::interrupted() {
-                            break;
-                        }
-                        let cell_seed = generate::nth_seed(seed, index);
-                        let schedule = generate::draw(cell_seed, &space);
-                        let trial = setup.play(&schedule, args.clients, index, cell_seed)?;
-                        played += 1;
-                        match trial.report.judgement() {
-                            Judgement::Unsafe => {
-                                found = Some((schedule, trial));
-                                break;
-                            }
-                            Judgement::Inconclusive => unknown += 1,
-                            Judgement::Safe => {}
-                        }
-                    }
-                    match found {
-                        Some((schedule, trial)) => {
-                            any_unsafe = true;
-                            let kind_word = trial.report.violations[0].kind();
-                            let replay = show::replay_command(*design, args.clients, &schedule);
-                            replays.push((design.name(), kind.name(), replay.clone()));
-                            (format!("UNSAFE {kind_word}"), Some(replay))
-                        }
-                        None if unknown > 0 => {
-                            any_unknown = true;
-                            (format!("INCONCLUSIVE {unknown}/{played}"), None)
-                        }
-                        None => (format!("SAFE ({played})"), None),
-                    }
-                };
-                cells.push(json!({
-                    "kind": "cell", "design": design.name(), "fault": kind.name(),
-                    "result": cell.0, "replay": cell.1,
-                    "labs_call_it_safe": design.labs_call_it_safe(),
-                }));
-                if style.json {
-                    json_line(cells.last().expect("just pushed"));
+        let mut cells: Vec<Cell> = Vec::new();
+        for (d, design) in designs.iter().enumerate() {
+            let setup = ground.setup(*design);
+            let mut row = Vec::new();
+            for (f, kind) in kinds.iter().enumerate() {
+                if !shard.owns((d * kinds.len() + f) as u64) {
+                    continue;
                 }
-                row.push_str(&paint(&cell.0));
+                let space = space(&setup, args.clients, &[*kind]);
+                let (result, replay) =
+                    if *kind == FaultKind::Restart && space.restartable.is_empty() {
+                        ("-".to_string(), None)
+                    } else {
+                        let next = |index: u64| {
+                            let seed = generate::nth_seed(seed, index);
+                            (index < u64::from(args.schedules)).then(|| side_by_side::Job {
+                                index,
+                                seed,
+                                schedule: generate::draw(seed, &space),
+                                clients: args.clients,
+                            })
+                        };
+                        let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
+                        let unknown = played
+                            .iter()
+                            .filter(|p| p.trial.report.judgement() == Judgement::Inconclusive)
+                            .count();
+                        let found = played
+                            .iter()
+                            .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+                            .min_by_key(|p| p.done);
+                        match found {
+                            Some(p) => {
+                                let kind_word = p.trial.report.violations[0].kind();
+                                let replay =
+                                    show::replay_command(*design, args.clients, &p.job.schedule);
+                                (format!("UNSAFE {kind_word}"), Some(replay))
+                            }
+                            None if unknown > 0 => {
+                                (format!("INCONCLUSIVE {unknown}/{}", played.len()), None)
+                            }
+                            None => (format!("SAFE ({})", played.len()), None),
+                        }
+                    };
+                let cell = Cell {
+                    kind: "cell".into(),
+                    design: *design,
+                    fault: *kind,
+                    result,
+                    replay,
+                    labs_call_it_safe: design.labs_call_it_safe_under(*kind),
+                };
+                if style.json {
+                    json_line(&cell);
+                }
+                row.push(cell);
             }
             ground.give_back(setup);
-            if !style.json {
-                crate::outln!("{}", row.trim_end());
+            if !style.json && !row.is_empty() {
+                crate::outln!("{}", row_line(*design, &kinds, &row));
             }
+            cells.extend(row);
         }
         if style.json {
             json_line(&json!({
                 "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
                 "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
-                "unsafe": any_unsafe, "inconclusive": any_unknown,
+                "shard": format!("{}/{}", shard.k, shard.n),
+                "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
+                "inconclusive": cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")),
             }));
         } else {
-            for (design, kind, replay) in &replays {
-                crate::outln!();
-                crate::outln!("{design} × {kind}:");
-                crate::outln!("  {replay}");
+            footer(
+                &cells,
+                ground.redis_given && kinds.contains(&FaultKind::Restart),
+            );
+        }
+        Ok(ExitCode::from(exit_code(&cells)))
+    })())
+}
+
+/// `--merge`: the cells of several `--json` runs (the parts of a `--shard`ed matrix), as
+/// one table.
+fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
+    let mut cells: Vec<Cell> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|err| crate::exit::UsageError(format!("--merge {}: {err}", file.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let value: serde_json::Value = serde_json::from_str(line).map_err(|err| {
+                crate::exit::UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
+            })?;
+            if value["kind"] == "cell" {
+                let cell: Cell = serde_json::from_value(value).map_err(|err| {
+                    crate::exit::UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
+                })?;
+                cells.retain(|c| (c.design, c.fault) != (cell.design, cell.fault));
+                cells.push(cell);
             }
         }
-        let code = if any_unsafe {
-            super::EXIT_VIOLATION
-        } else if any_unknown {
-            super::EXIT_ONLY_UNKNOWNS
-        } else {
-            crate::exit::EXIT_OK
-        };
-        Ok(ExitCode::from(code))
-    })())
+    }
+    let mut designs: Vec<Design> = Vec::new();
+    let mut kinds: Vec<FaultKind> = Vec::new();
+    for cell in &cells {
+        if !designs.contains(&cell.design) {
+            designs.push(cell.design);
+        }
+        if !kinds.contains(&cell.fault) {
+            kinds.push(cell.fault);
+        }
+    }
+    designs.sort_by_key(|d| Design::ALL.iter().position(|a| a == d));
+    kinds.sort_by_key(|k| FaultKind::ALL.iter().position(|a| a == k));
+    crate::prose!(
+        "Matrix merged from {} file(s): {} cells.",
+        files.len(),
+        cells.len()
+    );
+    header(&kinds);
+    for design in &designs {
+        let row: Vec<Cell> = cells
+            .iter()
+            .filter(|c| c.design == *design)
+            .cloned()
+            .collect();
+        crate::outln!("{}", row_line(*design, &kinds, &row));
+    }
+    footer(&cells, false);
+    Ok(ExitCode::from(exit_code(&cells)))
+}
+
+fn exit_code(cells: &[Cell]) -> u8 {
+    if cells.iter().any(|c| c.result.starts_with("UNSAFE")) {
+        super::EXIT_VIOLATION
+    } else if cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")) {
+        super::EXIT_ONLY_UNKNOWNS
+    } else {
+        crate::exit::EXIT_OK
+    }
+}
+
+const LABEL: usize = 20;
+
+fn header(kinds: &[FaultKind]) {
+    let head: String = kinds.iter().map(|k| format!("{:<19}", k.name())).collect();
+    crate::outln!("{:<w$}{}", "   design", head.trim_end(), w = LABEL + 3);
+}
+
+/// A design's row: ✅ or ❌ as the labs mark it, then its cells (a cell another part of a
+/// sharded run played: blank).
+fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell]) -> String {
+    let mark = if design.labs_call_it_safe() {
+        "✅"
+    } else {
+        "❌"
+    };
+    let mut line = format!("{mark} {:<LABEL$}", design.name());
+    for kind in kinds {
+        let word = row
+            .iter()
+            .find(|c| c.fault == *kind)
+            .map_or("", |c| c.result.as_str());
+        line.push_str(&paint(word));
+    }
+    line.trim_end().to_string()
+}
+
+/// Below the table: every red cell's replay command, and where the matrix and the labs
+/// disagree (a design the labs mark ✅ that a schedule broke).
+fn footer(cells: &[Cell], restart_refused: bool) {
+    if restart_refused {
+        crate::outln!();
+        crate::prose!(
+            "restart: not played — the Redis was given (--redis-url or LOCKSLAB_REDIS_URL),              and chaos restarts only servers it started itself."
+        );
+    }
+    for cell in cells.iter().filter(|c| c.replay.is_some()) {
+        crate::outln!();
+        crate::outln!("{} × {}:", cell.design.name(), cell.fault.name());
+        crate::outln!("  {}", cell.replay.as_deref().unwrap_or_default());
+    }
+    let against: Vec<String> = cells
+        .iter()
+        .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNSAFE"))
+        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+        .collect();
+    crate::outln!();
+    if against.is_empty() {
+        crate::prose!(
+            "Every ✅ design stayed safe: the matrix agrees with the labs (a ❌ cell found              SAFE only means its schedules missed the window)."
+        );
+    } else {
+        crate::prose!(
+            "{} {}: the labs mark these designs ✅.",
+            "Disagrees with the labs:".red().bold(),
+            against.join(", ")
+        );
+    }
 }
 
 /// A cell's word in colour (padding counts the visible characters only).
 fn paint(cell: &str) -> String {
-    let padded = format!("{cell:<19} ");
+    let padded = format!("{cell:<18} ");
     if cell.starts_with("UNSAFE") {
         padded.red().to_string()
     } else if cell.starts_with("SAFE") {
@@ -172,5 +345,36 @@ fn paint(cell: &str) -> String {
         padded.yellow().to_string()
     } else {
         padded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_cells_between_them_and_k_over_n_is_checked() {
+        let shards: Vec<Shard> = (1..=3)
+            .map(|k| parse_shard(&format!("{k}/3")).unwrap())
+            .collect();
+        for index in 0..30u64 {
+            let owners = shards.iter().filter(|s| s.owns(index)).count();
+            assert_eq!(owners, 1, "cell {index} is played by exactly one part");
+        }
+        for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Labs 1 and 5: an INCR counter in a Redis that restarts empty reissues its tokens, so
+    /// a red `redis-fenced × restart` cell is what the labs predict; a durable token is not.
+    #[test]
+    fn the_labs_call_redis_fenced_safe_under_pauses_and_kills_only() {
+        for kind in [FaultKind::Pause, FaultKind::Kill] {
+            assert!(Design::RedisFenced.labs_call_it_safe_under(kind));
+        }
+        assert!(!Design::RedisFenced.labs_call_it_safe_under(FaultKind::Restart));
+        assert!(Design::RedisDurableToken.labs_call_it_safe_under(FaultKind::Restart));
+        assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
     }
 }

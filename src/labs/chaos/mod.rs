@@ -12,26 +12,31 @@ pub mod matrix;
 mod play;
 mod show;
 mod shrink;
+pub mod side_by_side;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::json;
 
 use crate::check::chaos::Judgement;
 use crate::connect::Backend;
 use crate::nemesis::generate::{self, FaultKind, Space};
 use crate::nemesis::schedule::Schedule;
-use crate::servers::{self, Lifetime, PrivateServers, ServerArgs, Servers};
+use crate::servers::{self, ServerArgs, Servers};
 use crate::worker::chaos_client::Design;
 
-pub use play::{Setup, Trial};
+pub use play::{Lane, Setup, Trial};
 
 /// The exit statuses of `chaos` and `matrix` (Maelstrom's convention, plus one).
 pub const EXIT_VIOLATION: u8 = 1;
 pub const EXIT_ONLY_UNKNOWNS: u8 = 3;
 pub const EXIT_COULD_NOT_RUN: u8 = 4;
+
+/// How many schedules play side by side unless told: on 2 cores, 4 histories of 3 clients
+/// keep them busy without starving the clients past their leases.
+pub const DEFAULT_PARALLEL: u32 = 4;
 
 /// The exit-status lines of `chaos` and `matrix` (a macro, for `concat!`).
 macro_rules! chaos_exit_help {
@@ -51,6 +56,8 @@ Examples:
                                         shrunk, with its replay command
   lockslab chaos --design redis-fenced --schedules 50 --seed 7
   lockslab chaos --design etcd-lease --faults pause --time 2m
+  lockslab chaos --design redis-lock --html broke.html
+                                        the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
                                         replay a schedule: a JSON list of
                                         {at_ms, after, fault, target,
@@ -58,7 +65,7 @@ Examples:
 
 Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
-for 2.5s (3s on etcd), while the schedule's faults land: a pause or a kill
+for 1.5s (2s on etcd), while the schedule's faults land: a pause or a kill
 just after a client took its lock, just after its read, inside its write's
 transaction, or at a time; a restart of the lock's Redis (private, no
 persistence: it comes back empty).
@@ -98,47 +105,69 @@ pub struct ChaosArgs {
     /// Do not shrink a failing schedule
     #[arg(long)]
     pub no_shrink: bool,
+    /// Schedules played side by side, each in its own namespace (one that restarts a
+    /// server plays alone)
+    #[arg(long, default_value_t = DEFAULT_PARALLEL, value_name = "P",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub parallel: u32,
     /// JSON Lines on stdout: one object per schedule, then a verdict
     #[arg(long)]
     pub json: bool,
+    /// Play only the K-th of N parts of the schedules (every N-th, from the K-th): N runs
+    /// with the same seed play the schedules of one
+    #[arg(long, value_name = "K/N", value_parser = matrix::parse_shard)]
+    pub shard: Option<matrix::Shard>,
+    /// Draw the smallest failing schedule's history into FILE, a self-contained HTML page
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
 
-/// Servers for a set of designs: the store (Postgres), etcd if one needs it, and a Redis of
-/// chaos's own (private: a restart is a fault it may aim at it).
+/// Servers for a set of designs: the store (Postgres), etcd if one needs it, and Redis —
+/// one of chaos's own per lane of schedules played side by side (private: a restart is a
+/// fault it may aim at one lane's Redis without touching the others), or the one given by
+/// `--redis-url`, which chaos never restarts (server faults only on servers it started).
 pub struct Ground {
     pub servers: Servers,
-    pub redis: Option<(PrivateServers, String)>,
+    pub lanes: Vec<Lane>,
+    /// The Redis was given: client faults only.
+    pub redis_given: bool,
     pub run_id: String,
 }
 
 impl Ground {
-    pub fn start(args: &ServerArgs, designs: &[Design]) -> Result<Ground> {
+    pub fn start(args: &ServerArgs, designs: &[Design], parallel: u32) -> Result<Ground> {
         let mut needs = vec![Backend::Postgres];
         if designs.iter().any(|d| d.uses_etcd()) {
             needs.push(Backend::Etcd);
         }
+        let given = args.given(Backend::Redis).map(String::from);
+        let uses_redis = designs.iter().any(|d| d.uses_redis());
+        if uses_redis && given.is_some() {
+            needs.push(Backend::Redis);
+        }
         let servers = servers::provide(args, &needs)?;
-        let redis = if designs.iter().any(|d| d.uses_redis()) {
-            let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
-            let url = private
-                .url(Backend::Redis)
-                .context("the private Redis has no URL")?;
-            Some((private, url))
-        } else {
-            None
+        let lanes = match (&given, uses_redis) {
+            (_, false) => vec![Lane::default()],
+            (Some(_), true) => vec![Lane {
+                redis_url: Some(servers.url(Backend::Redis).to_string()),
+                redis: None,
+            }],
+            (None, true) => (0..parallel.max(1))
+                .map(|_| Lane::private_redis())
+                .collect::<Result<_>>()?,
         };
         Ok(Ground {
             servers,
-            redis,
+            lanes,
+            redis_given: given.is_some() && uses_redis,
             run_id: super::new_run_id(),
         })
     }
 
-    /// A setup for one design, borrowing the private Redis for its restarts.
+    /// A setup for one design, borrowing the lanes' Redis servers for its restarts.
     pub fn setup(&mut self, design: Design) -> Setup {
-        let redis = self.redis.take();
         let etcd_url = design
             .uses_etcd()
             .then(|| self.servers.url(Backend::Etcd).to_string());
@@ -146,8 +175,7 @@ impl Ground {
             design,
             run_id: format!("{}_{}", self.run_id, design.name().replace('-', "_")),
             store_url: self.servers.url(Backend::Postgres).to_string(),
-            redis_url: redis.as_ref().map(|(_, url)| url.clone()),
-            redis: redis.map(|(private, _)| private),
+            lanes: std::mem::take(&mut self.lanes),
             etcd_url,
             records: 2,
             run_ms: run_ms_of(design),
@@ -156,11 +184,9 @@ impl Ground {
         }
     }
 
-    /// Takes the private Redis back from a setup.
+    /// Takes the lanes back from a setup.
     pub fn give_back(&mut self, setup: Setup) {
-        if let (Some(private), Some(url)) = (setup.redis, setup.redis_url) {
-            self.redis = Some((private, url));
-        }
+        self.lanes = setup.lanes;
     }
 }
 
@@ -170,7 +196,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
     Space {
         clients: play::client_names(clients),
         kinds: kinds.to_vec(),
-        restartable: if setup.redis.is_some() && setup.design.uses_redis() {
+        restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
             vec!["redis".into()]
         } else {
             Vec::new()
@@ -194,49 +220,82 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
+    let picture = match &args.html {
+        Some(path) => {
+            let target = crate::picture::Target::by_extension(path, "--html")?;
+            if !matches!(target, crate::picture::Target::Html(_)) {
+                crate::bail_usage!("--html {}: name the file .html", path.display());
+            }
+            target.check_writable("--html")?;
+            Some(target)
+        }
+        None => None,
+    };
     let outcome = (|| -> Result<ExitCode> {
-        let mut ground = Ground::start(&args.servers, &[args.design])?;
+        let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
         if !args.json {
             show::heading(&ground, args, seed);
         }
-        let mut setup = ground.setup(args.design);
+        let restarts = given
+            .as_ref()
+            .map_or(kinds == [FaultKind::Restart], |schedule| {
+                schedule
+                    .steps()
+                    .iter()
+                    .any(|s| s.fault == crate::nemesis::Fault::Restart)
+            });
+        if restarts && ground.redis_given {
+            crate::bail_usage!(
+                "restart: chaos restarts only servers it started itself, and this Redis was \
+                 given (--redis-url or LOCKSLAB_REDIS_URL); unset it and chaos starts its own"
+            );
+        }
+        let setup = ground.setup(args.design);
         let space = space(&setup, args.clients, &kinds);
         let started = Instant::now();
-        let (mut unsafe_, mut inconclusive, mut played) = (0, 0, 0u64);
-        let mut first_failure = None;
-        for index in 0.. {
+        let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
+        let next = |nth: u64| {
+            let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
             let enough = match args.time {
                 // At least one schedule, however short the time: none played is no answer.
-                Some(time) => index > 0 && started.elapsed() >= time,
+                Some(time) => nth > 0 && started.elapsed() >= time,
                 None => index >= u64::from(args.schedules),
             };
-            if enough || crate::procs::interrupted() {
-                break;
-            }
-            let schedule_seed = generate::nth_seed(seed, index);
+            let seed = generate::nth_seed(seed, index);
             let schedule = match &given {
                 Some(schedule) => schedule.clone(),
-                None => generate::draw(schedule_seed, &space),
+                None => generate::draw(seed, &space),
             };
-            let trial = setup.play(&schedule, args.clients, index, schedule_seed)?;
-            played += 1;
-            show::schedule_line(style, index, schedule_seed, &schedule, &trial);
-            match trial.report.judgement() {
-                Judgement::Safe => {}
-                Judgement::Inconclusive => inconclusive += 1,
-                // A replay plays the given schedule every time asked, to count how often it
-                // breaks the design; a hunt stops at its first violation.
-                Judgement::Unsafe if given.is_some() => {
-                    unsafe_ += 1;
-                    first_failure.get_or_insert((schedule, trial, started.elapsed()));
-                }
-                Judgement::Unsafe => {
-                    unsafe_ += 1;
-                    first_failure = Some((schedule, trial, started.elapsed()));
-                    break;
-                }
-            }
-        }
+            (!enough).then_some(side_by_side::Job {
+                index,
+                seed,
+                schedule,
+                clients: args.clients,
+            })
+        };
+        // A replay plays the given schedule every time asked, to count how often it breaks
+        // the design; a hunt stops at its first violation.
+        let played = side_by_side::play(&setup, args.parallel, given.is_none(), next, |p| {
+            show::schedule_line(style, p.job.index, p.job.seed, &p.job.schedule, &p.trial)
+        })?;
+        let count = |j: Judgement| {
+            played
+                .iter()
+                .filter(move |p| p.trial.report.judgement() == j)
+        };
+        let (unsafe_, inconclusive) = (
+            count(Judgement::Unsafe).count(),
+            count(Judgement::Inconclusive).count(),
+        );
+        let first_failure = count(Judgement::Unsafe)
+            .min_by_key(|p| p.done)
+            .map(|p| p.job.index);
+        let played_n = played.len() as u64;
+        let first_failure = first_failure.and_then(|index| {
+            let p = played.into_iter().find(|p| p.job.index == index)?;
+            Some((p.job.schedule, p.trial, p.done - started))
+        });
+        let played = played_n;
         let hunted = started.elapsed();
         let mut verdict = json!({
             "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
@@ -250,12 +309,13 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 (schedule, args.clients, trial)
             } else {
                 shrink::shrink(
-                    &mut setup,
+                    &setup,
                     style,
                     &schedule,
                     args.clients,
                     seed,
                     args.replays,
+                    args.parallel,
                     trial,
                 )?
             };
@@ -266,6 +326,14 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             verdict["replay"] = replay.into();
             verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
             verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
+            if let Some(target) = &picture {
+                let recording = crate::picture::Recording::of_run(
+                    small_trial.history.clone(),
+                    Some(verdict.clone()),
+                    Vec::new(),
+                );
+                crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
+            }
             EXIT_VIOLATION
         } else if inconclusive > 0 {
             EXIT_ONLY_UNKNOWNS
@@ -293,7 +361,7 @@ pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
 
 /// How long one schedule's clients work: etcd's sessions take longer to start.
 fn run_ms_of(design: Design) -> u64 {
-    if design.uses_etcd() { 3000 } else { 2500 }
+    if design.uses_etcd() { 2000 } else { 1500 }
 }
 
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.

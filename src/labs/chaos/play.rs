@@ -1,6 +1,7 @@
 //! One history: the records set up, the clients started, the schedule played from the live
 //! history, the records read back and checked.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -14,7 +15,7 @@ use crate::nemesis::schedule::Schedule;
 use crate::nemesis::victims::Server;
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
-use crate::servers::PrivateServers;
+use crate::servers::{Lifetime, PrivateServers};
 use crate::worker::WorkerSpec;
 use crate::worker::chaos_client::{self, ChaosClient, Design};
 
@@ -23,13 +24,36 @@ pub struct Setup {
     pub design: Design,
     pub run_id: String,
     pub store_url: String,
-    pub redis: Option<PrivateServers>,
-    pub redis_url: Option<String>,
+    /// Where schedules play side by side: each lane its own Redis.
+    pub lanes: Vec<Lane>,
     pub etcd_url: Option<String>,
     pub records: u32,
     pub run_ms: u64,
     pub work_ms: u64,
     pub lease_ms: u64,
+}
+
+/// One lane of schedules played side by side: its Redis, restarted by its schedules only
+/// (a restart would otherwise land in every history in flight, a fault none of their
+/// schedules holds). A given Redis (`--redis-url`) is every lane's, and never restarted.
+#[derive(Default)]
+pub struct Lane {
+    pub redis_url: Option<String>,
+    /// Chaos's own Redis, which this lane's schedules may restart.
+    pub redis: Option<Mutex<PrivateServers>>,
+}
+
+impl Lane {
+    pub fn private_redis() -> Result<Lane> {
+        let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
+        let url = private
+            .url(Backend::Redis)
+            .context("the private Redis has no URL")?;
+        Ok(Lane {
+            redis_url: Some(url),
+            redis: Some(Mutex::new(private)),
+        })
+    }
 }
 
 /// One history and what the checker made of it.
@@ -39,6 +63,9 @@ pub struct Trial {
     pub history: Vec<Event>,
     pub report: Report,
     pub ms: u64,
+    /// From the schedule's start to the last client's first event: process start-up and
+    /// connections, the part of `ms` that is not the clients' work.
+    pub startup_ms: u64,
     /// Steps whose event never came: they did not play.
     pub unplayed: usize,
 }
@@ -55,14 +82,17 @@ impl Setup {
         if design.uses_etcd() { 1000 } else { 800 }
     }
 
-    /// Plays one schedule with `clients` clients; `index` namespaces its rows and keys.
+    /// Plays one schedule with `clients` clients on `lane`; `index` namespaces its rows
+    /// and keys.
     pub fn play(
-        &mut self,
+        &self,
         schedule: &Schedule,
         clients: u32,
         index: u64,
         seed: u64,
+        lane: usize,
     ) -> Result<Trial> {
+        let lane = &self.lanes[lane % self.lanes.len().max(1)];
         let started = Instant::now();
         let run_id = format!("{}_{index}", self.run_id);
         let names = client_names(clients);
@@ -78,22 +108,31 @@ impl Setup {
             }
         });
         prepare(&mut store, &run_id, &records)?;
-        let result = self.play_on(schedule, &names, &records, &run_id, seed, &mut store);
+        let result = self.play_on(lane, schedule, &names, &records, &run_id, seed, &mut store);
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
         forgot?;
         let report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        let startup_ms = names
+            .iter()
+            .filter_map(|name| history.iter().find(|e| e.worker == *name))
+            .map(|e| e.t_ms)
+            .max()
+            .unwrap_or(0);
         Ok(Trial {
             run_id,
             history,
             report,
             ms: started.elapsed().as_millis() as u64,
+            startup_ms,
             unplayed,
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn play_on(
-        &mut self,
+        &self,
+        lane: &Lane,
         schedule: &Schedule,
         names: &[String],
         records: &[String],
@@ -117,7 +156,7 @@ impl Setup {
                 index: i as u32,
                 design: self.design,
                 store_url: self.store_url.clone(),
-                redis_url: self.redis_url.clone(),
+                redis_url: lane.redis_url.clone(),
                 etcd_url: self.etcd_url.clone(),
                 run_id: run_id.into(),
                 records: records.to_vec(),
@@ -126,6 +165,7 @@ impl Setup {
                 lease_ms: self.lease_ms,
                 wait_ms: 2000,
                 seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
+                clients: names.len() as u32,
             };
             workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
         }
@@ -157,9 +197,15 @@ impl Setup {
         })
         .tolerating_errors();
         {
-            let mut redis = self
-                .redis
-                .as_mut()
+            // The lane's Redis is taken only by a schedule that restarts it: lanes play
+            // side by side, each restarting its own.
+            let restarts = schedule.steps().iter().any(|s| s.fault == Fault::Restart);
+            let mut private = match lane.redis.as_ref() {
+                Some(redis) if restarts => Some(redis.lock().unwrap_or_else(|p| p.into_inner())),
+                _ => None,
+            };
+            let mut redis = private
+                .as_deref_mut()
                 .map(|private| Server::new(private, Backend::Redis, "redis"));
             let mut cast: Vec<&mut dyn Victim> = workers
                 .iter_mut()

@@ -21,15 +21,8 @@ pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
     for line in ground.servers.describe() {
         crate::outln!("  {}", line.dimmed());
     }
-    if let Some((_, url)) = &ground.redis {
-        crate::outln!(
-            "  {}",
-            format!(
-                "redis    {} (private: chaos may restart it)",
-                crate::connect::redact(url)
-            )
-            .dimmed()
-        );
+    for line in lanes_words(ground) {
+        crate::outln!("  {}", line.dimmed());
     }
     let how_many = match args.time {
         Some(time) => format!("for {}", crate::output::human(time)),
@@ -53,6 +46,32 @@ pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
         args.design.name().bold(),
         args.clients
     );
+}
+
+/// What the run's Redis is: chaos's own, one per lane, or the given one it never restarts.
+pub fn lanes_words(ground: &Ground) -> Vec<String> {
+    let own: Vec<String> = ground
+        .lanes
+        .iter()
+        .filter(|lane| lane.redis.is_some())
+        .filter_map(|lane| lane.redis_url.as_deref().map(crate::connect::redact))
+        .collect();
+    if ground.redis_given {
+        vec!["redis given: client faults only (chaos restarts only servers it started)".into()]
+    } else if own.len() == 1 {
+        vec![format!(
+            "redis    {} (private: chaos may restart it)",
+            own[0]
+        )]
+    } else if !own.is_empty() {
+        vec![format!(
+            "redis    {} private, one per lane (chaos may restart each): {}…",
+            own.len(),
+            own[0]
+        )]
+    } else {
+        Vec::new()
+    }
 }
 
 /// A step in a few words: `pause B 3ms after read_record#2 for 640ms`.
@@ -83,6 +102,7 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
             "result": judgement, "violations": trial.report.violations,
             "unknowns": trial.report.unknowns, "accepted": trial.report.accepted,
             "attempts": trial.report.attempts, "ms": trial.ms, "unplayed": trial.unplayed,
+            "startup_ms": trial.startup_ms,
         }));
         return;
     }

@@ -6,7 +6,10 @@
 use anyhow::Result;
 use colored::Colorize;
 
+use std::sync::atomic::Ordering;
+
 use super::play::{Setup, Trial};
+use super::side_by_side::{self, Job};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::nth_seed;
 use crate::nemesis::schedule::{Schedule, Step};
@@ -50,40 +53,57 @@ fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
 
 /// Shrinks `schedule` (which failed as `trial`); returns the smallest that still failed,
 /// its clients, and the history in which it failed.
+#[allow(clippy::too_many_arguments)]
 pub fn shrink(
-    setup: &mut Setup,
+    setup: &Setup,
     style: Style,
     schedule: &Schedule,
     clients: u32,
     seed: u64,
     replays: u32,
+    parallel: u32,
     trial: Trial,
 ) -> Result<(Schedule, u32, Trial)> {
     let mut best = (schedule.clone(), clients, trial);
-    let mut played = 0;
+    let played = std::sync::atomic::AtomicU32::new(0);
     if !style.json {
         crate::outln!();
         crate::outln!("{}", "Shrinking the failing schedule…".bold());
     }
     'smaller: loop {
         for (candidate, clients) in candidates(&best.0, best.1) {
-            for _ in 0..replays {
-                if played >= BUDGET || crate::procs::interrupted() {
-                    break 'smaller;
+            if played.load(Ordering::Acquire) >= BUDGET || crate::procs::interrupted() {
+                break 'smaller;
+            }
+            // The candidate's replays side by side; the first to fail keeps it.
+            let next = |nth: u64| {
+                if nth >= u64::from(replays) {
+                    return None;
                 }
-                played += 1;
-                let index = 1_000 + u64::from(played);
-                let trial = setup.play(&candidate, clients, index, nth_seed(seed, index))?;
-                if trial.report.judgement() == Judgement::Unsafe {
-                    if !style.json {
-                        crate::outln!(
-                            "  still fails with {} fault(s), {clients} clients",
-                            candidate.steps().len()
-                        );
+                let n = played.fetch_add(1, Ordering::AcqRel) + 1;
+                (n <= BUDGET).then(|| {
+                    let index = 1_000 + u64::from(n);
+                    Job {
+                        index,
+                        seed: nth_seed(seed, index),
+                        schedule: candidate.clone(),
+                        clients,
                     }
-                    best = (candidate, clients, trial);
-                    continue 'smaller;
+                })
+            };
+            let replayed = side_by_side::play(setup, parallel.min(replays), true, next, |_| {})?;
+            if let Some(failed) = replayed
+                .into_iter()
+                .find(|p| p.trial.report.judgement() == Judgement::Unsafe)
+            {
+                if !style.json {
+                    crate::outln!(
+                        "  still fails with {} fault(s), {clients} clients",
+                        candidate.steps().len()
+                    );
                 }
+                best = (candidate, clients, failed.trial);
+                continue 'smaller;
             }
         }
         break;
