@@ -155,17 +155,26 @@ fn check_hand_tools() {
 /// `lockslab challenge`'s Python templates and reference clients: the Debian python3 with
 /// its redis and psycopg2 modules (a pyenv or venv python3 earlier on PATH has its own).
 fn check_challenge_python() {
-    let ok = std::process::Command::new("/usr/bin/python3")
-        .args(["-c", "import redis, psycopg2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if ok {
+    let has_modules = |python: &str| {
+        std::process::Command::new(python)
+            .args(["-c", "import redis, psycopg2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    if has_modules("/usr/bin/python3") {
         say(
             Mark::Ok,
             "python3       by hand  /usr/bin/python3 with redis, psycopg2 (challenge)",
         );
+        if !has_modules("python3") {
+            say(
+                Mark::Note,
+                "python3       the python3 on your PATH lacks redis or psycopg2",
+            );
+            advise("type `/usr/bin/python3` where labs/11-challenge.md says `python3`");
+        }
     } else {
         say(
             Mark::Note,

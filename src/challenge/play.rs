@@ -445,7 +445,7 @@ impl Run<'_> {
                 self.nemesis.pause(
                     &mut self.tape,
                     &seat.client,
-                    format!("pauses {name} (SIGSTOP), past its lock's TTL"),
+                    format!("pauses {name} (SIGSTOP) for 2–3 TTLs"),
                 )?;
                 self.faults_played += 1;
             }

@@ -13,8 +13,8 @@
 //! ```text
 //!  ❌ redis-lock          SET NX PX per record, then read and write: a pause past the TTL
 //!  ❌ fenced-write-only   the same lock, an INCR token checked at the write only
-//!  ✅ redis-fenced        the INCR token claims the record *before* the read (❌ if
-//!                         Redis restarts empty: its counter hands the tokens out again)
+//!  ✅ redis-fenced        the INCR token claims the record *before* the read (a Redis
+//!                         that restarts empty reissues tokens: claims are refused)
 //!  ❌ etcd-lease          etcd's lock on the client's lease, no token
 //!  ✅ etcd-fenced         the lock key's create revision claims the record before the read
 //!  ✅ advisory-xact       pg_advisory_xact_lock in the transaction that reads and writes
@@ -50,8 +50,8 @@ pub enum Design {
     RedisLock,
     /// ❌ The Redis lock plus an INCR token checked at the write only, not at the read
     FencedWriteOnly,
-    /// ✅ The Redis lock plus an INCR token that claims the record before reading it (❌
-    /// when Redis restarts empty: the counter reissues its tokens)
+    /// ✅ The Redis lock plus an INCR token that claims the record before reading it (a
+    /// Redis that restarts empty reissues tokens: the strict claim refuses them)
     RedisFenced,
     /// ❌ etcd's lock on the client's lease, no token: a pause past the lease
     EtcdLease,
@@ -135,11 +135,13 @@ impl Design {
     }
 
     /// What the labs teach of it under this kind of fault. `redis-fenced`'s `INCR` counter
-    /// lives in Redis: a Redis that restarts empty hands its tokens out again, and no rule
-    /// at the store tells two holders of one token apart (labs 1 and 5) — ✅ under pauses
-    /// and kills, ❌ under a restart that loses the counter.
-    pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
-        self.labs_call_it_safe() && !(self == Design::RedisFenced && kind == FaultKind::Restart)
+    /// lives in Redis, and a Redis that restarts empty hands its tokens out again. The
+    /// store's claim is strict (`token < new`, as lab 7's `CLAIM_ROW`): a token handed out
+    /// twice claims a record at most once, and a lower one not at all. A restart costs
+    /// liveness there (claims refused until the counter passes the highest claim), not
+    /// safety — so the labs' mark is the same under every fault.
+    pub fn labs_call_it_safe_under(self, _kind: FaultKind) -> bool {
+        self.labs_call_it_safe()
     }
 
     /// What the labs teach of it: ✅ safe under pauses and kills.
@@ -625,8 +627,10 @@ impl Client<'_> {
     }
 }
 
-/// Reads the record; with `claim`, first claims it for that token (refused, None, when a
-/// higher token claimed it already) — the read fenced in the same statement.
+/// Reads the record; with `claim`, first claims it for that token (refused, None, when the
+/// same or a higher token claimed it already) — the read fenced in the same statement.
+/// Strictly higher: a token that a restarted counter hands out again must not claim a
+/// record a second time (two holders of one token would both pass an `<=`).
 fn read(
     tx: &mut Transaction,
     script: &ChaosClient,
@@ -636,7 +640,7 @@ fn read(
     let row = match claim {
         Some(token) => tx.query_opt(
             "UPDATE lockslab_chaos_record SET token = $3
-             WHERE run_id = $1 AND record = $2 AND (token IS NULL OR token <= $3)
+             WHERE run_id = $1 AND record = $2 AND (token IS NULL OR token < $3)
              RETURNING value, version",
             &[&script.run_id, &record, &token],
         )?,
