@@ -184,6 +184,14 @@ pub struct Servers {
 }
 
 impl Servers {
+    /// Postgres's superuser, on the labs' database, when lockslab started that Postgres
+    /// itself for this run.
+    pub fn postgres_admin_url(&self) -> Option<String> {
+        let admin = self._private.as_ref()?.admin_url.as_deref()?;
+        let server = admin.strip_suffix("/postgres").unwrap_or(admin);
+        Some(format!("{server}/{PG_ROLE}"))
+    }
+
     pub fn url(&self, backend: Backend) -> &str {
         self.urls
             .iter()

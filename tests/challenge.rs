@@ -99,6 +99,8 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
 fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
     caught_within("pause", "setnx", "stale-write", 3);
     passes("pause", "fenced", 1);
+    // A claim (an update of `fence` alone) before the read is not a write: not logged.
+    passes("pause", "claimed", 2);
 }
 
 #[test]
@@ -147,12 +149,83 @@ fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
     );
 }
 
+/// On a Postgres lockslab starts itself, the log belongs to its superuser: a client that
+/// tries to switch off the log's trigger, or empty the log, is refused. It reports what
+/// Postgres said as a line that is not protocol, which the failure quotes.
+#[test]
+fn a_client_cannot_rewrite_the_log_it_is_graded_from() {
+    python_ready();
+    let tamper = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+said = []
+for sql in ["ALTER TABLE {s}.changes DISABLE TRIGGER ALL", "TRUNCATE {s}.changes",
+            "ALTER TABLE {s}.records DISABLE TRIGGER ALL",
+            "INSERT INTO {s}.changes (record, job, old_value, new_value) VALUES ('r0', 1, 0, 1)"]:
+    try:
+        db.cursor().execute(sql.format(s=init["schema"])); said.append("FORGED")
+    except psycopg2.Error:
+        said.append("DENIED")
+print("-".join(said), flush=True)
+"#;
+    // Only the Postgres is lockslab's own: Redis and etcd stay the shared ones.
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        tamper,
+    ])
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: Value = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|v| v["kind"] == "verdict")
+        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+    assert_eq!(output.status.code(), Some(1), "{verdict}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("DENIED-DENIED-DENIED-DENIED"), "{failure}");
+}
+
 #[test]
 fn the_last_words_of_a_crashing_client_are_quoted() {
     misbehaves(
         "read l; echo 'Traceback: boom' >&2; exit 1",
         "Traceback: boom",
     );
+    // ...without the servers' password, when it logs the URLs it was given.
+    let password = servers()
+        .postgres
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
+        .map(|(_, password)| password.to_string())
+        .expect("a password in the test's Postgres URL");
+    misbehaves(
+        r#"read l; echo "connecting to $l" >&2; exit 1"#,
+        "postgres_url",
+    );
+    let (_, verdict, _) = challenge(
+        "counter",
+        1,
+        &["--patience", "1s"],
+        &[
+            "sh",
+            "-c",
+            r#"read l; echo "connecting to $l" >&2; echo "$l"; exit 1"#,
+        ],
+    );
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("***"), "{failure}");
+    assert!(!failure.contains(&password), "{failure}");
 }
 
 /// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops

@@ -5,6 +5,7 @@
     lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
 
@@ -15,6 +16,10 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         A holder killed after its commit, before its answer, has its job resent:
         done twice.
+claimed setnx + a token that claims the row before the read, in its own short
+        transaction; the work runs with no row lock held, and the write lands
+        only if the row is still claimed by this token. No transaction stays
+        open across the work: the token alone keeps a frozen holder out.
 once    fenced + the job recorded as done in the same transaction: a resent job
         that already took effect is answered ok again, with no second effect.
 
@@ -32,7 +37,7 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-assert MODE in ("none", "setnx", "fenced", "once"), f"unknown mode {MODE}"
+assert MODE in ("none", "setnx", "fenced", "claimed", "once"), f"unknown mode {MODE}"
 
 # Deletes the key only if it still holds our value: never someone else's lock.
 RELEASE = """
@@ -65,12 +70,31 @@ def acquire(record):
         if time.monotonic() > deadline:
             return None
         time.sleep(0.005)
-    token = r.incr(f"{prefix}token") if MODE in ("fenced", "once") else None
+    token = r.incr(f"{prefix}token") if MODE in ("fenced", "claimed", "once") else None
     return key, owner, token
+
+
+def do_claimed(job, token):
+    """Claim the row with the token (and read it), work, then write if still claimed."""
+    with db, db.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET fence = %s WHERE record = %s"
+                    " AND (fence IS NULL OR fence < %s) RETURNING value",
+                    (token, job["record"], token))
+        row = cur.fetchone()
+    if row is None:
+        return False  # a newer holder claimed it already
+    say(type="writing", job=job["id"])
+    time.sleep(job["work_ms"] / 1000)  # the work, no row lock held
+    with db, db.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET value = %s, job = %s WHERE record = %s AND fence = %s",
+                    (row[0] + job["add"], job["id"], job["record"], token))
+        return cur.rowcount == 1
 
 
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
+    if MODE == "claimed":
+        return do_claimed(job, token)
     with db, db.cursor() as cur:
         if MODE in ("fenced", "once"):
             # Fence the read: lock the row, and refuse if a newer holder wrote it.

@@ -55,8 +55,8 @@ or the client crashed, hung, flooded or printed garbage) · 2 bad command line
 · 3 undecided (a fault never played) · 4 it could not run (a server did not
 answer) · 130 Ctrl-C; clients and servers are stopped either way.")]
 pub struct ChallengeArgs {
-    /// The challenge (`list` to see them)
-    #[arg(value_name = "NAME")]
+    /// The challenge (`list`, or nothing, to see them)
+    #[arg(value_name = "NAME", default_value = "list", hide_default_value = true)]
     pub name: String,
     /// Print a starting client in this language, and exit
     #[arg(long, value_name = "LANG", value_parser = ["python", "rust"])]
@@ -92,6 +92,12 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
+        if ["delay", "failover", "exactly-once"].contains(&args.name.as_str()) {
+            crate::bail_usage!(
+                "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
+                args.name
+            );
+        }
         crate::bail_usage!(
             "no challenge '{}' (there are: list, {})",
             args.name,
@@ -124,13 +130,25 @@ fn grade(challenge: Challenge, args: &ChallengeArgs, lease_ms: u64) -> Result<Ex
     let run_id = crate::labs::new_run_id();
     let schema = table::schema_of(&run_id);
     let postgres = servers.url(Backend::Postgres).to_string();
+    // On a Postgres lockslab started, the records and their log belong to its superuser,
+    // and the client's role may only update them: it cannot rewrite the log it is graded
+    // from. On a given Postgres there is one role, the client's, and it owns them.
+    let admin = servers.postgres_admin_url();
+    let owner = admin.clone().unwrap_or_else(|| postgres.clone());
     let removal = Leftovers::of_run(&run_id)
         .redis(servers.url(Backend::Redis))
-        .sql(&postgres, &table::drop_sql(&schema))
+        .sql(&owner, &table::drop_sql(&schema))
         .removed_at_the_end();
     let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
     let mut db = connect::postgres(&postgres)?;
-    table::create(&mut db, &schema, &records)?;
+    match &admin {
+        Some(admin) => {
+            let mut admin = connect::postgres(admin)?;
+            table::create(&mut admin, &schema, &records)?;
+            table::grant_to_client(&mut admin, &schema, crate::servers::PG_ROLE)?;
+        }
+        None => table::create(&mut db, &schema, &records)?,
+    }
     let setup = play::Setup {
         challenge,
         program: args.program.clone(),

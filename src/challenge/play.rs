@@ -75,6 +75,29 @@ struct Run<'a> {
     faults_played: usize,
 }
 
+/// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
+fn passwords(init: &Init) -> Vec<String> {
+    [&init.redis_url, &init.etcd_url, &init.postgres_url]
+        .iter()
+        .filter_map(|url| {
+            let rest = url.split_once("://")?.1;
+            let userinfo = &rest[..rest.rfind('@')?];
+            let password = userinfo.split_once(':')?.1;
+            (!password.is_empty()).then(|| password.to_string())
+        })
+        .collect()
+}
+
+/// What a client printed, with the servers' passwords hidden: a client that logs its URLs
+/// must not put them on the projector (nor in `--json`).
+fn hide_passwords(text: &str, init: &Init) -> String {
+    passwords(init)
+        .iter()
+        .fold(text.to_string(), |text, password| {
+            text.replace(password, "***")
+        })
+}
+
 pub fn play(setup: &Setup) -> Result<Played> {
     let (heard_to, heard) = channel();
     let start = Instant::now();
@@ -141,6 +164,10 @@ pub fn play(setup: &Setup) -> Result<Played> {
 }
 
 impl Run<'_> {
+    fn masked(&self, text: &str) -> String {
+        hide_passwords(text, &self.setup.init)
+    }
+
     fn schedule_len(&self) -> usize {
         self.schedule.as_ref().map_or(0, |s| s.steps().len())
     }
@@ -241,7 +268,7 @@ impl Run<'_> {
             }
             Heard::Said(name, said) => self.said(&name, said),
             Heard::Garbage(name, line) => {
-                let line: String = line.chars().take(80).collect();
+                let line: String = self.masked(&line).chars().take(80).collect();
                 Err(failed(format!(
                     "client {name} printed a line that is not a protocol message: {line:?} \
                      (print logs on stderr; stdout is for the protocol)"
@@ -272,7 +299,7 @@ impl Run<'_> {
                     Some(job) => format!(" during job {job}"),
                     None => " between jobs".to_string(),
                 };
-                let last_words = match seat.client.last_words() {
+                let last_words = match hide_passwords(&seat.client.last_words(), &self.setup.init) {
                     words if words.is_empty() => String::new(),
                     words => format!("; its stderr ended: {words}"),
                 };

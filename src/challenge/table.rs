@@ -4,7 +4,9 @@
 //! The log is written by a trigger, inside the transaction that changes the record: a
 //! change that commits is in the log, one that rolls back is not, and nothing the client
 //! says can add to it or take from it. The client must not write to the log (a trigger
-//! refuses updates and deletes there), nor add or delete records.
+//! refuses updates and deletes there), nor add or delete records. An update that changes
+//! neither `value` nor `job` (a token's claim on `fence` before the read) is not logged:
+//! it writes nothing the grade is about.
 
 use anyhow::{Context, Result};
 
@@ -19,6 +21,18 @@ pub fn schema_of(run_id: &str) -> String {
 /// What drops everything the run made in Postgres, the client's own tables with it.
 pub fn drop_sql(schema: &str) -> String {
     format!("DROP SCHEMA IF EXISTS {schema} CASCADE")
+}
+
+/// Lets the client's role (not the owner's) use the schema for tables of its own, read
+/// both tables, and update the records' three columns — nothing else: no trigger to
+/// disable, no log to write, truncate or rewrite. The log's trigger runs as its owner.
+pub fn grant_to_client(db: &mut PgClient, schema: &str, role: &str) -> Result<()> {
+    db.batch_execute(&format!(
+        "GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
+         GRANT SELECT, UPDATE (value, job, fence) ON {schema}.records TO {role};
+         GRANT SELECT ON {schema}.changes TO {role};"
+    ))
+    .context("granting the client its part of the challenge's tables")
 }
 
 /// Creates the schema, the records (each at 0), the log and its triggers.
@@ -37,7 +51,8 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
              old_value bigint NOT NULL,
              new_value bigint NOT NULL,
              at timestamptz NOT NULL DEFAULT clock_timestamp());
-         CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql
+             SECURITY DEFINER SET search_path = pg_catalog AS $$
          BEGIN
              INSERT INTO {schema}.changes (record, job, old_value, new_value)
              VALUES (NEW.record, NEW.job, OLD.value, NEW.value);
@@ -49,7 +64,9 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
                  TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
          END $$;
          CREATE TRIGGER log_change AFTER UPDATE ON {schema}.records
-             FOR EACH ROW EXECUTE FUNCTION {schema}.log_change();
+             FOR EACH ROW
+             WHEN (OLD.value IS DISTINCT FROM NEW.value OR OLD.job IS DISTINCT FROM NEW.job)
+             EXECUTE FUNCTION {schema}.log_change();
          CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.changes
              FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
     );
