@@ -19,6 +19,7 @@ pub mod table;
 mod verdict;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -117,6 +118,9 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     let lease_ms = args.ttl.as_millis() as u64;
     if !(100..=10_000).contains(&lease_ms) {
         crate::bail_usage!("--ttl: between 100ms and 10s");
+    }
+    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.patience) {
+        crate::bail_usage!("--patience: between 100ms and 10m");
     }
     crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms))
 }

@@ -381,6 +381,12 @@ fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
         Ok(schedule) => schedule,
         Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
     };
+    if schedule.is_empty() {
+        crate::bail_usage!(
+            "--schedule: no fault in it (a run with no fault is a baseline, not a replay: \
+             drop --schedule and pass --faults)"
+        );
+    }
     let names = play::client_names(clients);
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     if let Err(err) = schedule.validate(&names, &["redis"]) {

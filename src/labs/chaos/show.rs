@@ -111,8 +111,12 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
         Judgement::Unsafe => "UNSAFE".red().bold(),
         Judgement::Inconclusive => "unknown".yellow(),
     };
+    let unplayed = match trial.unplayed {
+        0 => String::new(),
+        n => format!(" ({n} never played: its event never came)"),
+    };
     crate::outln!(
-        "  #{index:<3} {word:<7} {:>3} writes  {}",
+        "  #{index:<3} {word:<7} {:>3} writes  {}{unplayed}",
         trial.report.accepted,
         schedule
             .steps()
