@@ -15,7 +15,7 @@ pub mod challenges;
 mod client;
 mod play;
 pub mod protocol;
-pub mod table;
+mod table;
 mod verdict;
 
 use std::process::ExitCode;

@@ -15,7 +15,7 @@ use crate::connect::PgClient;
 
 /// The schema's name for a run (its run id is made of lowercase hex, digits and `_`).
 pub fn schema_of(run_id: &str) -> String {
-    format!("lockslab_challenge_{run_id}")
+    crate::labs::leftovers::challenge_schema_of(run_id)
 }
 
 /// What drops everything the run made in Postgres, the client's own tables with it.

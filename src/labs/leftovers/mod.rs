@@ -11,8 +11,8 @@ mod registry;
 use crate::connect;
 use crate::procs::{self, InterruptCleanup};
 use crate::store::Store;
-pub use registry::sweep_dead_runs;
 use registry::{Registry, what_a_run_creates_in_postgres};
+pub use registry::{challenge_schema_of, sweep_dead_runs};
 
 /// The places a run writes to, named by its run id.
 #[derive(Clone, Debug, Default)]

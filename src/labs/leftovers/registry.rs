@@ -80,10 +80,16 @@ pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
         "DROP SCHEMA IF EXISTS {}, {} CASCADE; DROP TABLE IF EXISTS {}; \
          DROP SEQUENCE IF EXISTS {}",
         invoices::schema_of(run_id),
-        crate::challenge::table::schema_of(run_id),
+        challenge_schema_of(run_id),
         queue_tables.join(", "),
         sequences.join(", ")
     )
+}
+
+/// The schema of a `lockslab challenge` run: its records and their log. Named here, where
+/// a dead run's leftovers are known by name, and used by `challenge::table`.
+pub fn challenge_schema_of(run_id: &str) -> String {
+    format!("lockslab_challenge_{run_id}")
 }
 
 impl Registry {
