@@ -467,9 +467,10 @@ fn keep_alive(
                     stream = None;
                     if Instant::now() >= vouched_until {
                         return Ok(Some(format!(
-                            "no renewal for {}ms, close to the {}s lease TTL (last try: {err:#})",
+                            "no renewal for {}ms, close to the {}s lease TTL (last try: {})",
                             renewed.elapsed().as_millis(),
-                            ttl.as_secs()
+                            ttl.as_secs(),
+                            super::causes(&err)
                         )));
                     }
                     if stop.load(Ordering::SeqCst) {

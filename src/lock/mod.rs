@@ -30,3 +30,34 @@ pub fn random_owner() -> String {
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// An error and its causes in one line, each said once: a client library's error often
+/// repeats its source's words (`Broken pipe (os error 32): Broken pipe (os error 32)`).
+pub fn causes(err: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in err.chain() {
+        let words = cause.to_string();
+        if said.contains(&words) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&words);
+    }
+    said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_are_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "Broken pipe");
+        let err = anyhow::Error::new(io)
+            .context("Broken pipe")
+            .context("renewing");
+        assert_eq!(causes(&err), "renewing: Broken pipe");
+    }
+}

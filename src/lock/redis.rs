@@ -447,9 +447,10 @@ impl Renewal {
                     Err(err) => {
                         if renewed.elapsed() + margin >= lock.ttl {
                             on_lost(format!(
-                                "no renewal for {}ms of a {}ms TTL (last try: {err:#})",
+                                "no renewal for {}ms of a {}ms TTL (last try: {})",
                                 renewed.elapsed().as_millis(),
-                                lock.ttl.as_millis()
+                                lock.ttl.as_millis(),
+                                super::causes(&err)
                             ));
                             return;
                         }

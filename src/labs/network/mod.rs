@@ -151,12 +151,22 @@ impl Lab for Plan {
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
-        let lost = self.runs.iter().any(|&(s, _)| s == Scenario::LostReply);
-        let workers = self.runs.iter().any(|&(s, _)| s != Scenario::LostReply);
+        let plays = |scenario| self.runs.iter().any(|&(s, _)| s == scenario);
+        let lost = plays(Scenario::LostReply);
+        let (delayed, cut) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOff));
         let mut intro = Vec::new();
-        if workers {
+        if delayed || cut {
+            let fault = match (delayed, cut) {
+                (true, true) => {
+                    "holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store"
+                }
+                (true, false) => {
+                    "holds A's checked write to the store in flight until A's lease has run out and B has written"
+                }
+                _ => "cuts A off from Redis while A can still reach the store",
+            };
             intro.push(format!(
-                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store.",
+                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy {fault}.",
                 human(self.ttl)
             ));
         }
