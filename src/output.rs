@@ -492,6 +492,20 @@ pub fn fitted(text: &str) -> Vec<String> {
 }
 
 /// Prints prose on stdout fitted to the terminal's width (see [`fitted`]).
+/// A heading's detail lines (its servers, its lanes), dimmed, two columns in, and wrapped
+/// four columns in when wider than the terminal.
+pub fn details(lines: impl IntoIterator<Item = String>) {
+    for text in lines {
+        for (i, part) in wrap(&text, width().saturating_sub(4).max(20))
+            .into_iter()
+            .enumerate()
+        {
+            let indent = if i == 0 { "  " } else { "    " };
+            line(&format!("{indent}{}", part.dimmed()));
+        }
+    }
+}
+
 pub fn prose(text: &str) {
     for line in fitted(text) {
         self::line(&line);

@@ -49,9 +49,7 @@ pub fn heading(setup: &Setup, run_id: &str, servers: &Servers) {
         format!("lockslab challenge {}", challenge.name()).bold(),
         format!("· --seed {}", setup.seed).dimmed()
     );
-    for line in servers.describe() {
-        crate::outln!("  {}", line.dimmed());
-    }
+    crate::output::details(servers.describe());
     crate::prose!(
         "{} clients of `{}`, {} jobs on 2 records, lock TTL {}ms: {}",
         setup.clients,

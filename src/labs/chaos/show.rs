@@ -18,12 +18,8 @@ pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
         "{}",
         crate::output::run_heading("chaos", &ground.run_id).bold()
     );
-    for line in ground.servers.describe() {
-        crate::outln!("  {}", line.dimmed());
-    }
-    for line in lanes_words(ground) {
-        crate::outln!("  {}", line.dimmed());
-    }
+    crate::output::details(ground.servers.describe());
+    crate::output::details(lanes_words(ground));
     let how_many = match args.time {
         Some(time) => format!("for {}", crate::output::human(time)),
         None => format!("{} schedules", args.schedules),
@@ -125,6 +121,9 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
             .collect::<Vec<_>>()
             .join("; ")
     );
+    if let (Judgement::Inconclusive, Some(why)) = (judgement, trial.report.unknowns.first()) {
+        crate::prose!("        {} {why}", "unknown:".yellow());
+    }
 }
 
 pub fn replay_command(design: Design, clients: u32, schedule: &Schedule) -> String {
