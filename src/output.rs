@@ -491,21 +491,15 @@ pub fn fitted(text: &str) -> Vec<String> {
     out
 }
 
-/// Prints prose on stdout fitted to the terminal's width (see [`fitted`]).
-/// A heading's detail lines (its servers, its lanes), dimmed, two columns in, and wrapped
-/// four columns in when wider than the terminal.
+/// A heading's detail lines (its servers, its lanes), dimmed and two columns in, fitted
+/// as prose is: the same lines a lab's heading prints through `Run::detail`.
 pub fn details(lines: impl IntoIterator<Item = String>) {
     for text in lines {
-        for (i, part) in wrap(&text, width().saturating_sub(4).max(20))
-            .into_iter()
-            .enumerate()
-        {
-            let indent = if i == 0 { "  " } else { "    " };
-            line(&format!("{indent}{}", part.dimmed()));
-        }
+        prose(&format!("  {}", text.dimmed()));
     }
 }
 
+/// Prints prose on stdout fitted to the terminal's width (see [`fitted`]).
 pub fn prose(text: &str) {
     for line in fitted(text) {
         self::line(&line);
