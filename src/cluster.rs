@@ -179,11 +179,38 @@ pub struct SentinelCluster {
     dir: RunDir,
 }
 
+/// Starts a cluster, and starts it again on other ports when a member found its port taken.
+/// Ports are picked free ([`free_port`]) but bound only when the member starts: another
+/// process can take one in between. A failed try's cluster is dropped, which stops its
+/// members and deletes its directory.
+fn start_on_fresh_ports<C>(start: impl Fn() -> Result<C>) -> Result<C> {
+    const TRIES: u32 = 3;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match start() {
+            Err(e) if tries < TRIES && port_was_taken(&e) => {}
+            done => return done,
+        }
+    }
+}
+
+/// Did a member exit because its port was taken? Both servers say so in their log, which
+/// the start-up error quotes: etcd "bind: address already in use", Redis "Address already in
+/// use".
+fn port_was_taken(error: &anyhow::Error) -> bool {
+    format!("{error:#}")
+        .to_lowercase()
+        .contains("address already in use")
+}
+
 impl SentinelCluster {
     pub fn start() -> Result<SentinelCluster> {
-        let mut cluster = SentinelCluster::spawn()?;
-        cluster.wait_until_ready()?;
-        Ok(cluster)
+        start_on_fresh_ports(|| {
+            let mut cluster = SentinelCluster::spawn()?;
+            cluster.wait_until_ready()?;
+            Ok(cluster)
+        })
     }
 
     fn spawn() -> Result<SentinelCluster> {
@@ -470,9 +497,11 @@ pub fn etcd_status(client_url: &str) -> Result<MemberStatus> {
 
 impl EtcdCluster {
     pub fn start() -> Result<EtcdCluster> {
-        let mut cluster = EtcdCluster::spawn()?;
-        cluster.wait_until_ready()?;
-        Ok(cluster)
+        start_on_fresh_ports(|| {
+            let mut cluster = EtcdCluster::spawn()?;
+            cluster.wait_until_ready()?;
+            Ok(cluster)
+        })
     }
 
     fn spawn() -> Result<EtcdCluster> {

@@ -331,7 +331,7 @@ fn human_output_shows_the_timeline_and_the_matrix_without_colour() {
         "--redis-ttl",
         "1s",
         "--work",
-        "400ms",
+        "800ms",
     ]);
     for expected in [
         "redis:holder",

@@ -267,6 +267,15 @@ fn etcd_vs_redis_names_a_killed_etcd() {
     strike_mid_run("etcd", Strike::Kill, &["etcd-vs-redis"], 8).assert_one_line("etcd", "");
 }
 
+/// A test's name as this binary's libtest knows it: `stopped_client` when this file is a
+/// binary of its own, `frozen_backends::stopped_client` inside tests/suite.rs.
+fn this_binarys_name_of(test: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_crate, module)) => format!("{module}::{test}"),
+        None => test.to_string(),
+    }
+}
+
 /// The other side of the bound: a client process stopped *while its own call is in flight*,
 /// for longer than the bound, gets its answer when it resumes. The server answered during
 /// the stop; a watchdog that read the clock would see 8s gone and shut the connection.
@@ -279,7 +288,7 @@ fn a_client_stopped_mid_call_keeps_its_answer() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "stopped_client",
+            &this_binarys_name_of("stopped_client"),
             "--nocapture",
             "--test-threads=1",
         ])

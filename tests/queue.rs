@@ -29,12 +29,9 @@ fn queue<'a>(verdict: &'a Value, way: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {way} in {verdict}"))
 }
 
-/// No worker of this binary's lockslab is left, running, stopped or zombie.
-fn assert_no_worker_left() {
-    let left: Vec<Proc> = process_table()
-        .into_iter()
-        .filter(|p| p.cmdline.starts_with(BIN) && p.cmdline.contains("__worker"))
-        .collect();
+/// No worker of this run is left, running, stopped or zombie.
+fn assert_no_worker_left(tag: &str) {
+    let left = processes_tagged(tag);
     assert!(left.is_empty(), "workers left behind: {left:?}");
 }
 
@@ -57,15 +54,19 @@ fn assert_no_etcd_key_left(run_id: &str) {
 #[test]
 fn the_recipe_serves_in_order_with_one_watch_event_per_handover() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (lines, verdict, _) = run_json(&[
-        "queue",
-        "--only",
-        "herd",
-        "--waiters",
-        "6",
-        "--hold",
-        "10ms",
-    ]);
+    let tag = fresh_tag();
+    let (lines, verdict, _) = run_json_tagged(
+        &[
+            "queue",
+            "--only",
+            "herd",
+            "--waiters",
+            "6",
+            "--hold",
+            "10ms",
+        ],
+        &tag,
+    );
     assert!(verdict.get("expiry").is_none(), "{verdict}");
     let recipe = queue(&verdict, "etcd_recipe");
     let herd = queue(&verdict, "etcd_herd");
@@ -95,8 +96,8 @@ fn the_recipe_serves_in_order_with_one_watch_event_per_handover() {
 
     // The turns in the history are the verdict's evidence, typed.
     let handovers: Vec<_> = lines
-        .into_iter()
-        .filter_map(|e| match e.what {
+        .iter()
+        .filter_map(|e| match &e.what {
             What::Handovers(h) => Some(h),
             _ => None,
         })
@@ -109,13 +110,14 @@ fn the_recipe_serves_in_order_with_one_watch_event_per_handover() {
     let run_id = verdict["run_id"].as_str().unwrap();
     assert_run_left_nothing(run_id);
     assert_no_etcd_key_left(run_id);
-    assert_no_worker_left();
+    assert_no_worker_left(&tag);
 }
 
 #[test]
 fn an_expired_waiter_drops_out_and_an_expired_holder_is_fenced_by_its_revision() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (lines, verdict, _) = run_json(&["queue", "--only", "expiry"]);
+    let tag = fresh_tag();
+    let (lines, verdict, _) = run_json_tagged(&["queue", "--only", "expiry"], &tag);
     assert!(
         verdict["queues"].as_array().unwrap().is_empty(),
         "{verdict}"
@@ -177,13 +179,14 @@ fn an_expired_waiter_drops_out_and_an_expired_holder_is_fenced_by_its_revision()
     let run_id = verdict["run_id"].as_str().unwrap();
     assert_run_left_nothing(run_id);
     assert_no_etcd_key_left(run_id);
-    assert_no_worker_left();
+    assert_no_worker_left(&tag);
 }
 
 #[test]
 fn waiters_leaving_the_middle_of_the_line_are_skipped_over_and_the_rest_served_in_line() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (lines, verdict, _) = run_json(&["queue", "--only", "churn"]);
+    let tag = fresh_tag();
+    let (lines, verdict, _) = run_json_tagged(&["queue", "--only", "churn"], &tag);
     assert!(verdict.get("expiry").is_none(), "{verdict}");
     let churn = &verdict["churn"];
     assert_eq!(
@@ -237,13 +240,14 @@ fn waiters_leaving_the_middle_of_the_line_are_skipped_over_and_the_rest_served_i
     let run_id = verdict["run_id"].as_str().unwrap();
     assert_run_left_nothing(run_id);
     assert_no_etcd_key_left(run_id);
-    assert_no_worker_left();
+    assert_no_worker_left(&tag);
 }
 
 #[test]
 fn a_leader_frozen_past_its_lease_still_believes_it_leads_and_its_generation_is_refused() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (lines, verdict, _) = run_json(&["queue", "--only", "election"]);
+    let tag = fresh_tag();
+    let (lines, verdict, _) = run_json_tagged(&["queue", "--only", "election"], &tag);
     assert!(verdict.get("churn").is_none(), "{verdict}");
     let election = &verdict["election"];
     assert_eq!(
@@ -288,7 +292,7 @@ fn a_leader_frozen_past_its_lease_still_believes_it_leads_and_its_generation_is_
     let run_id = verdict["run_id"].as_str().unwrap();
     assert_run_left_nothing(run_id);
     assert_no_etcd_key_left(run_id);
-    assert_no_worker_left();
+    assert_no_worker_left(&tag);
 }
 
 /// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers:

@@ -157,9 +157,19 @@ pub fn events_and_verdict(stdout: &str) -> (Vec<Event>, Value) {
 
 /// Runs a lab with `--json` and returns its events and its final verdict object.
 pub fn run_json(args: &[&str]) -> (Vec<Event>, Value, Output) {
+    run_json_tagged(args, "")
+}
+
+/// [`run_json`] with `tag` in the lab's environment as `LOCKSLAB_TEST_TAG`: its workers
+/// inherit it, so [`processes_tagged`] finds what this run left behind and nothing that a
+/// test running beside it started.
+pub fn run_json_tagged(args: &[&str], tag: &str) -> (Vec<Event>, Value, Output) {
     let mut all = args.to_vec();
     all.push("--json");
-    let output = lockslab(&all).output().expect("running lockslab");
+    let output = lockslab(&all)
+        .env("LOCKSLAB_TEST_TAG", tag)
+        .output()
+        .expect("running lockslab");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -256,6 +266,27 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, char, String)> {
         .collect()
 }
 
+/// A tag no other run of this test binary uses, for [`run_json_tagged`].
+pub fn fresh_tag() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
+
+/// Every process whose environment carries `LOCKSLAB_TEST_TAG=tag`.
+pub fn processes_tagged(tag: &str) -> Vec<Proc> {
+    let wanted = format!("LOCKSLAB_TEST_TAG={tag}");
+    process_table()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .any(|var| var == wanted.as_bytes())
+        })
+        .collect()
+}
+
 /// Waits until `check` holds, for at most `timeout`.
 pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -273,21 +304,18 @@ pub fn events<'a>(events: &'a [Event], worker: &str, kind: Kind) -> Vec<&'a Even
     events.iter().filter(|e| e.is(worker, kind)).collect()
 }
 
-/// Every worker pid a run reported: workers announce themselves with a `waiting` event (with
-/// their `pid`), and labs that start many at once list them in a `workers` event (`pids`).
+/// Every worker pid a run reported: the pid an event names (a worker's `waiting`, `queued`,
+/// `ready`… and the process a fault hit), and the `pids` of a `workers` event, for labs that
+/// start many at once.
 pub fn worker_pids(events: &[Event]) -> Vec<i32> {
-    let mut pids: Vec<i32> = events
-        .iter()
-        .filter_map(|e| match &e.what {
-            What::Waiting(w) => w.pid,
-            _ => None,
-        })
-        .collect();
+    let mut pids: Vec<i32> = events.iter().filter_map(Event::pid).collect();
     for event in events {
         if let What::Workers(w) = &event.what {
             pids.extend(&w.pids);
         }
     }
+    pids.sort_unstable();
+    pids.dedup();
     pids
 }
 

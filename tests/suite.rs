@@ -1,0 +1,63 @@
+//! Every integration test in one binary: one link instead of one per file, and libtest
+//! runs tests of different files side by side (most of them wait on servers and timers,
+//! not on the CPU). Each file keeps its own `mod common;`, and so its own private servers,
+//! as when it was a binary of its own. Run one file's tests with
+//! `cargo test --test suite network::`.
+
+// Each file's `mod common;` is its own copy on purpose: its own private servers.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "challenge.rs"]
+mod challenge;
+#[path = "chaos.rs"]
+mod chaos;
+#[path = "corrections.rs"]
+mod corrections;
+#[path = "etcd_vs_redis.rs"]
+mod etcd_vs_redis;
+#[path = "failover.rs"]
+mod failover;
+#[path = "faults.rs"]
+mod faults;
+#[path = "frozen_backends.rs"]
+mod frozen_backends;
+#[path = "gc_pause.rs"]
+mod gc_pause;
+#[path = "history.rs"]
+mod history;
+#[path = "instructor.rs"]
+mod instructor;
+#[path = "lease_guard.rs"]
+mod lease_guard;
+#[path = "naive.rs"]
+mod naive;
+#[path = "network.rs"]
+mod network;
+#[path = "no_lock.rs"]
+mod no_lock;
+#[path = "picture.rs"]
+mod picture;
+#[path = "queue.rs"]
+mod queue;
+#[path = "redlock.rs"]
+mod redlock;
+#[path = "secrets_and_input.rs"]
+mod secrets_and_input;
+#[path = "server_faults.rs"]
+mod server_faults;
+#[path = "server_lifecycle.rs"]
+mod server_lifecycle;
+#[path = "servers.rs"]
+mod servers;
+#[path = "setup.rs"]
+mod setup;
+#[path = "signals.rs"]
+mod signals;
+#[path = "skip_locked.rs"]
+mod skip_locked;
+#[path = "store.rs"]
+mod store;
+#[path = "structure.rs"]
+mod structure;
+#[path = "width.rs"]
+mod width;
