@@ -9,9 +9,9 @@
 //! ```
 //!
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
-//! write; the nemesis stalls A in short repeated stops while it works; A's write, sent on time, is held in flight by the fault proxy ([`crate::proxy`])
-//! on A's path to the store; A's wall clock is stepped back while it works (libfaketime in A only: the
-//! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
+//! write; the nemesis stalls A in short repeated stops while it works; A's write, sent on
+//! time, is held in flight by the fault proxy ([`crate::proxy`]) on A's path to the store;
+//! A's wall clock is stepped back while it works (libfaketime in A only: the machine's clock, Redis's and every monotonic clock stay true); A simply works longer
 //! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
 //! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
 //! the pause after the check lasts until B has written however long that takes. With the

@@ -332,6 +332,7 @@ impl Cell<'_> {
                 .deleted()
                 .then(|| at("A", Kind::Released))
                 .flatten(),
+            b_asked_ms: at("B", Kind::Waiting),
             b_granted_ms: at("B", Kind::Acquired),
         });
         let found = checks::judge(&Evidence {
