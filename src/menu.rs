@@ -130,7 +130,7 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Postgres],
         walkthrough: "labs/09-lease-guard.md",
         session: 15,
-        stops: 7,
+        stops: 9,
         by_hand: &["redis-server"],
     },
     LabRow {

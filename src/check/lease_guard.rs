@@ -130,13 +130,16 @@ pub struct Handover {
     pub a_renewed: bool,
     /// A's compare-and-delete found its own key and deleted it, at this time.
     pub a_deleted_ms: Option<u64>,
+    /// B first asked for the lock (its first `SET NX`).
+    pub b_asked_ms: Option<u64>,
     /// Redis granted B the lock.
     pub b_granted_ms: Option<u64>,
 }
 
 /// A cost: how long the lock stood unavailable — nobody held a live lease and nobody else
-/// could be granted one — from the end of A's lease to B's grant (which includes B's
-/// polling, up to [`crate::lock::redis::RETRY_EVERY`]). A's lease ends at its grant plus
+/// could be granted one — from the end of A's lease, or B's first request if B came later
+/// (a B slow to start was not kept out), to B's grant (which includes B's polling, up to
+/// [`crate::lock::redis::RETRY_EVERY`]). A's lease ends at its grant plus
 /// the TTL, or, when its heartbeat kept it, when A deleted its key. None when B got no
 /// lock, or A renewed and never deleted its key (the lab cannot see when the last renewal
 /// ran out).
@@ -147,7 +150,8 @@ pub fn unavailable_ms(handover: &Handover) -> Option<u64> {
     } else {
         handover.a_granted_ms + handover.ttl_ms
     };
-    Some(b_granted.saturating_sub(lease_end))
+    let from = lease_end.max(handover.b_asked_ms.unwrap_or(0));
+    Some(b_granted.saturating_sub(from))
 }
 
 #[cfg(test)]
@@ -284,8 +288,20 @@ mod tests {
             ttl_ms: 1_000,
             a_renewed,
             a_deleted_ms,
+            b_asked_ms: Some(1_100),
             b_granted_ms: Some(b_granted),
         }
+    }
+
+    #[test]
+    fn a_b_that_asked_late_was_not_kept_out_before_it_asked() {
+        // A's lease ended at 2000; B, slow to start, first asked at 2370 and was granted at
+        // once: the lock stood free, nobody was kept out.
+        let late = Handover {
+            b_asked_ms: Some(2_370),
+            ..handover(false, None, 2_375)
+        };
+        assert_eq!(unavailable_ms(&late), Some(5));
     }
 
     #[test]

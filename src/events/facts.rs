@@ -571,6 +571,9 @@ pub struct GuardDecided {
     pub wall_clock_ms: Option<i64>,
     /// The widest gap pause detection saw between two samples of the monotonic clock.
     pub gap_ms: Option<u64>,
+    /// How far the holder's wall clock moved against its monotonic clock since the grant
+    /// (negative: it fell behind): the skew a clock fault gave it, measured in the holder.
+    pub wall_skew_ms: Option<i64>,
 }
 
 impl GuardDecided {

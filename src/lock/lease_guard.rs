@@ -36,12 +36,13 @@ pub enum Guard {
     /// ❌ No check: the holder writes when its work is done, whatever became of its lease.
     #[value(help = "❌ writes whatever became of its lease")]
     None,
-    /// ❌ A deadline on the **wall clock**: `SystemTime::now() + ttl` when the grant came back,
-    /// compared with `SystemTime::now()` before the write. The wall clock is not a stopwatch:
-    /// NTP steps it, an operator sets it, a VM resumes with it wrong. Stepped back, it tells the
-    /// holder it has time it does not have. (It also counts from the grant's *arrival*, not
-    /// from the request's send, so it forgets the time the request spent on the way.)
-    #[value(help = "❌ grant's wall-clock time + TTL, against the wall clock now")]
+    /// ❌ A deadline on the **wall clock**: `SystemTime::now() + ttl − margin` when the grant
+    /// came back, compared with `SystemTime::now()` before the write. The wall clock is not a
+    /// stopwatch: NTP steps it, an operator sets it, a VM resumes with it wrong. Stepped back,
+    /// it tells the holder it has time it does not have; the margin absorbs a step smaller
+    /// than itself and no more. (It also counts from the grant's *arrival*, not from the
+    /// request's send, so it forgets the time the request spent on the way.)
+    #[value(help = "❌ grant's wall-clock time + TTL − margin, against the wall clock now")]
     WallDeadline,
     /// ⚠️ A deadline on the **monotonic clock**, counted from when the request was *sent*
     /// (the lease may have started any time after that), minus a safety margin for the
@@ -335,7 +336,7 @@ impl Guard {
                 }
             }
             Guard::WallDeadline => {
-                let deadline = lease.granted_wall + lease.ttl;
+                let deadline = lease.granted_wall + lease.ttl.saturating_sub(lease.margin);
                 let left_ms = match deadline.duration_since(SystemTime::now()) {
                     Ok(left) => left.as_millis() as i64,
                     Err(past) => -(past.duration().as_millis() as i64),
@@ -343,7 +344,9 @@ impl Guard {
                 Decision {
                     write: left_ms > 0,
                     believed_left_ms: Some(left_ms),
-                    why: format!("the wall clock says {left_ms}ms of the lease are left"),
+                    why: format!(
+                        "the wall clock, minus the {margin_ms}ms margin, says {left_ms}ms of the lease are left"
+                    ),
                     gap_ms: None,
                 }
             }

@@ -926,6 +926,19 @@ fn mark(
             *label = format!("{which}: {label}");
         }
     }
+    if let What::GuardDecided(decided) = &event.what {
+        // Lab 9: the guard's check, what it believed was left, and its decision.
+        let left = decided
+            .believed_left_ms
+            .map(|ms| format!(", {ms}ms left"))
+            .unwrap_or_default();
+        let (tone_now, verb) = match decided.write {
+            true => (Tone::Plain, "writes"),
+            false => (Tone::Warn, "gives up"),
+        };
+        tone = tone_now;
+        label = Some(format!("{} check{left}: {verb}", decided.guard.as_str()));
+    }
     if event.lab_paused_ms().is_some() {
         tone = Tone::Bad;
         label = Some("lockslab paused: disturbed".to_string());
@@ -1169,6 +1182,39 @@ fn cell(value: &Value) -> String {
 mod tests {
     use super::*;
     use crate::events::facts::Acquired;
+
+    #[test]
+    fn a_guards_check_is_drawn_with_what_it_believed_and_decided() {
+        let decided = |write: bool, left: Option<i64>| {
+            let event = Event::new(
+                "A",
+                crate::events::facts::GuardDecided {
+                    guard: crate::lock::lease_guard::Guard::MonotonicDeadline,
+                    write,
+                    believed_left_ms: left,
+                    key_ours: None,
+                    pttl_ms: None,
+                    since_send_ms: 0,
+                    wall_clock_ms: None,
+                    gap_ms: None,
+                    wall_skew_ms: None,
+                },
+                "decided",
+            );
+            mark(0, &event, &HashMap::new(), &BTreeSet::new())
+        };
+        let gave_up = decided(false, Some(-212));
+        assert_eq!(
+            gave_up.label.as_deref(),
+            Some("monotonic-deadline check, -212ms left: gives up")
+        );
+        assert_eq!(gave_up.tone, Tone::Warn);
+        let wrote = decided(true, None);
+        assert_eq!(
+            wrote.label.as_deref(),
+            Some("monotonic-deadline check: writes")
+        );
+    }
 
     fn grant(t_ms: u64, worker: &str, lock: &str) -> Event {
         let mut event = Event::new(

@@ -78,6 +78,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
     let held = lock
         .acquire_within(Duration::from_secs(5), script.fence_counter.as_deref())?
         .context("the lock was not free within 5s")?;
+    let granted = Instant::now();
     let lease = Lease {
         sent,
         granted_wall: SystemTime::now(),
@@ -121,6 +122,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
     };
     let decision = script.guard.decide(&lease, &mut lock, &held, &watch)?;
     let checked = Instant::now();
+    let wall_skew_ms = wall_skew_ms(&lease, granted);
     // Redis's word at the same moment, for the verdict: was an abort needed?
     let (owner, pttl) = lock.owner_and_pttl().context("reading the lock back")?;
     me.send(
@@ -137,6 +139,7 @@ pub fn run(script: &GuardedScript) -> Result<()> {
                     .ok()
                     .map(|since| since.as_millis() as i64),
                 gap_ms: decision.gap_ms,
+                wall_skew_ms,
             },
             format!(
                 "guard {}: {} → {}",
@@ -160,6 +163,17 @@ pub fn run(script: &GuardedScript) -> Result<()> {
         heartbeat.stop();
     }
     release(&me, &mut lock, &held)
+}
+
+/// How far the wall clock moved against the monotonic clock since the grant (both read
+/// there): zero on a true clock, the step or the rate's share under a clock fault.
+fn wall_skew_ms(lease: &Lease, granted: Instant) -> Option<i64> {
+    let monotonic = granted.elapsed().as_millis() as i64;
+    let wall = match SystemTime::now().duration_since(lease.granted_wall) {
+        Ok(ahead) => ahead.as_millis() as i64,
+        Err(behind) => -(behind.duration().as_millis() as i64),
+    };
+    Some(wall - monotonic)
 }
 
 /// Stops this very process with SIGSTOP, and says how long it was gone when it wakes.

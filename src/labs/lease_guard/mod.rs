@@ -9,9 +9,9 @@
 //! ```
 //!
 //! The faults: A stops (SIGSTOP) before its guard's check, or between the check and the
-//! write; A's write, sent on time, is held in flight by the fault proxy ([`crate::proxy`])
-//! on A's path to the store; A's wall clock is stepped back while it works (libfaketime in A only: the
-//! machine's clock, Redis's and every monotonic clock stay true); A simply works longer
+//! write; the nemesis stalls A in short repeated stops while it works; A's write, sent on
+//! time, is held in flight by the fault proxy ([`crate::proxy`]) on A's path to the store;
+//! A's wall clock is stepped back while it works (libfaketime in A only: the machine's clock, Redis's and every monotonic clock stay true); A simply works longer
 //! than its lease. A fault lasts until B has written, or `--overrun` past A's lease at most
 //! (so that a guard which keeps the lock from B — renewal, lock-delay — is seen to work);
 //! the pause after the check lasts until B has written however long that takes. With the
@@ -50,9 +50,13 @@ Examples:
                                           believes it, the other does not
   lockslab lease-guard --guard lock-delay --fault long-work --overrun 2s
                                           an overrun longer than the lock-delay
+  lockslab lease-guard --guard pause-detect --guard renew-third --fault stall
+                                          short stops: unseen, and not starving
+  lockslab lease-guard --guard wall-deadline --fault clock-back
+          --clock-step 300ms              a step about the margin
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 56 cells in about a minute and a half.
+The default run plays 64 cells in about a minute and a half.
 
 The clock faults need libfaketime (apt-get install faketime); without it the
 lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
@@ -72,9 +76,9 @@ pub struct LeaseGuardArgs {
     #[arg(long, default_value = "200ms", value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(10)))]
     pub margin: Duration,
-    /// How far clock-back steps A's wall clock back (1s to 1h)
+    /// How far clock-back steps A's wall clock back (10ms to 1h)
     #[arg(long, default_value = "30s", value_name = "DURATION",
-          value_parser = duration_in(Duration::from_secs(1), Duration::from_secs(3600)))]
+          value_parser = duration_in(Duration::from_millis(10), Duration::from_secs(3600)))]
     pub clock_step: Duration,
     /// How long after its lease A's fault lasts at most, if B has not written first
     #[arg(long, default_value = "500ms", value_name = "DURATION",
@@ -86,6 +90,10 @@ pub struct LeaseGuardArgs {
     #[arg(long, value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
     pub pause: Option<Duration>,
+    /// How long each of the stall's stops lasts (10ms to 10s); A runs 20ms between two
+    #[arg(long, default_value = "100ms", value_name = "DURATION",
+          value_parser = duration_in(Duration::from_millis(10), Duration::from_secs(10)))]
+    pub stall_stop: Duration,
     /// lock-delay's D: how long Redis refuses the lock after a lease ran out (0 to 60s,
     /// Consul's range)
     #[arg(long, default_value = "1s", value_name = "DURATION",
@@ -97,6 +105,10 @@ pub struct LeaseGuardArgs {
     pub servers: ServerArgs,
 }
 
+/// How long the stall lets A run between two stops: long enough for a renewal's round
+/// trip to a local Redis, short beside every stop but the shortest.
+pub(crate) const STALL_RUN: Duration = Duration::from_millis(20);
+
 /// What goes wrong in a cell.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -106,6 +118,10 @@ pub enum LeaseFault {
     PauseBeforeCheck,
     /// A's guard says yes; A stops before the write goes out, until B has written
     PauseAfterCheck,
+    /// The nemesis stops A (SIGSTOP) and continues it (SIGCONT) over and over while it
+    /// works — stops of --stall-stop, 20ms runs between — until B has written (or
+    /// --overrun past A's lease)
+    Stall,
     /// A's guard says yes and A sends its write at once; the fault proxy on A's path to
     /// the store holds the write in flight until B has written (or --overrun past A's
     /// lease). A is never paused
@@ -124,9 +140,10 @@ pub enum LeaseFault {
 }
 
 impl LeaseFault {
-    pub const ALL: [LeaseFault; 7] = [
+    pub const ALL: [LeaseFault; 8] = [
         LeaseFault::PauseBeforeCheck,
         LeaseFault::PauseAfterCheck,
+        LeaseFault::Stall,
         LeaseFault::DelayedWrite,
         LeaseFault::ClockBack,
         LeaseFault::LongWork,
@@ -155,6 +172,7 @@ impl LeaseFault {
         match self {
             LeaseFault::PauseBeforeCheck => "pause-before-check",
             LeaseFault::PauseAfterCheck => "pause-after-check",
+            LeaseFault::Stall => "stall",
             LeaseFault::DelayedWrite => "delayed-write",
             LeaseFault::ClockBack => "clock-back",
             LeaseFault::LongWork => "long-work",
@@ -174,6 +192,7 @@ pub(crate) struct Plan {
     pub(crate) clock_step: Duration,
     pub(crate) overrun: Duration,
     pub(crate) pause: Option<Duration>,
+    pub(crate) stall_stop: Duration,
     pub(crate) lock_delay: Duration,
     /// The clock fault was asked for (or defaulted) but this machine has no libfaketime.
     pub(crate) clock_left_out: bool,
@@ -221,6 +240,7 @@ impl Plan {
             clock_step: args.clock_step,
             overrun: args.overrun,
             pause: args.pause,
+            stall_stop: args.stall_stop,
             lock_delay: args.lock_delay,
             clock_left_out,
         })
@@ -269,6 +289,13 @@ impl Lab for Plan {
             lines.push(format!(
                 "lock-delay: Redis refuses the lock to everyone but A for {} after A's lease (modelled on Consul's lock-delay).",
                 human(self.lock_delay)
+            ));
+        }
+        if self.faults.contains(&LeaseFault::Stall) {
+            lines.push(format!(
+                "stall: the nemesis stops A for {} (SIGSTOP), lets it run {} (SIGCONT), and again, every stop recorded, until B has written or the overrun is up.",
+                human(self.stall_stop),
+                human(STALL_RUN)
             ));
         }
         if self.faults.contains(&LeaseFault::DelayedWrite) {

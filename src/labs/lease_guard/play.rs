@@ -13,6 +13,7 @@ use crate::check::lease_guard::{self as checks, Evidence};
 use crate::connect::Backend;
 use crate::events::facts::{GuardDecided, StaleWrite};
 use crate::events::{Event, Kind, What};
+use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::lock::lease_guard::Guard;
 use crate::nemesis::Nemesis;
@@ -23,6 +24,16 @@ use crate::store::Store;
 use crate::worker::WorkerSpec;
 use crate::worker::guarded::{GuardedScript, StopAt};
 use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
+
+/// Shows incoming events for `span`, or until one of them is `until`.
+fn run_for(stage: &mut Stage, span: Duration, until: impl Fn(&Event) -> bool) {
+    let end = stage.elapsed() + span;
+    while let Some(left) = end.checked_sub(stage.elapsed()) {
+        if stage.next(left).is_some_and(|e| until(&e)) {
+            return;
+        }
+    }
+}
 
 pub(super) struct Cell<'a> {
     pub(super) plan: &'a Plan,
@@ -179,7 +190,7 @@ impl Cell<'_> {
                 a.tell("finish")?;
                 told = true;
             }
-            LeaseFault::LongWork => {}
+            LeaseFault::LongWork | LeaseFault::Stall => {}
         }
 
         let b_script = HolderScript {
@@ -202,10 +213,30 @@ impl Cell<'_> {
         };
         let mut b = stage.spawn("B", &WorkerSpec::Holder(b_script))?;
         let b_done = |e: &Event| e.is("B", Kind::Wrote) || e.is("B", Kind::GaveUp);
+        let mut stops = 0;
         while let Some(left) = fault_ends.checked_sub(stage.elapsed())
             && !stage.log.iter().any(b_done)
         {
-            if left > long {
+            if fault == LeaseFault::Stall {
+                stops += 1;
+                let stop = plan.stall_stop.min(left);
+                nemesis.pause(
+                    &mut stage,
+                    &a,
+                    format!(
+                        "stalls A (pid {}): SIGSTOP for {} (stop {stops})",
+                        a.pid,
+                        human(stop)
+                    ),
+                )?;
+                run_for(&mut stage, stop, b_done);
+                nemesis.resume(
+                    &mut stage,
+                    &a,
+                    format!("SIGCONT: A runs for {}", human(super::STALL_RUN)),
+                )?;
+                run_for(&mut stage, super::STALL_RUN, |_| false);
+            } else if left > long {
                 stage.wait_for(long, "B to write", b_done)?;
             } else {
                 stage.next(left.min(Duration::from_millis(50)));
@@ -251,30 +282,25 @@ impl Cell<'_> {
             _ => anyhow::bail!("A never reported its guard's decision"),
         };
         if fault.moves_the_clock() {
-            // The machine's wall clock when A decided (this process's is true), against A's.
-            let at_start = std::time::SystemTime::now() - self.run.started.elapsed();
-            let decided_at = decided.map_or(0, |e| e.t_ms);
-            let machine_ms = (at_start + Duration::from_millis(decided_at))
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_millis() as i64);
+            // A measured its own skew: its wall clock against its monotonic clock since
+            // the grant. A step lands whole; a rate moves the clock by its share of A's age,
+            // which is at least 50ms either way by the time A decides.
             let step_ms = plan.clock_step.as_millis() as i64;
-            let moved_ms = decision.wall_clock_ms.map(|a| a - machine_ms);
-            // A step lands whole; a rate moves the clock by its share of A's age, which is
-            // at least 50ms either way by the time A decides.
+            let skew = decision.wall_skew_ms;
             let (landed, expected) = match fault {
-                LeaseFault::ClockSlow => (moved_ms.is_some_and(|m| m <= -50), "behind"),
-                LeaseFault::ClockFast => (moved_ms.is_some_and(|m| m >= 50), "ahead"),
+                LeaseFault::ClockSlow => (skew.is_some_and(|m| m <= -50), "behind"),
+                LeaseFault::ClockFast => (skew.is_some_and(|m| m >= 50), "ahead"),
                 _ => (
-                    moved_ms.is_some_and(|m| (m + step_ms).abs() <= 2_000),
+                    skew.is_some_and(|m| (m + step_ms).abs() <= (step_ms / 10).max(5)),
                     "stepped back",
                 ),
             };
             if !landed {
                 anyhow::bail!(
-                    "A's wall clock did not move: at its decision it read {} from the \
-                     machine's, not {expected}; libfaketime did not take effect in A, \
-                     so this cell would be a guess",
-                    moved_ms.map_or("nothing".to_string(), |m| format!("{m}ms"))
+                    "A's wall clock did not move: at its decision it had moved {} against \
+                     its monotonic clock since the grant, not {expected}; libfaketime did \
+                     not take effect in A, so this cell would be a guess",
+                    skew.map_or("nothing".to_string(), |m| format!("{m}ms"))
                 );
             }
         }
@@ -289,11 +315,14 @@ impl Cell<'_> {
             Some(What::Wrote(wrote)) => wrote.after_check_ms,
             _ => None,
         };
-        let paused_ms = stage
+        // Every stop the nemesis ended (one for a pause, one per stop of the stall).
+        let stops: Vec<u64> = stage
             .log
             .iter()
             .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
-            .find_map(|e| e.fault().and_then(|f| f.paused_ms));
+            .filter_map(|e| e.fault().and_then(|f| f.paused_ms))
+            .collect();
+        let paused_ms = (!stops.is_empty()).then(|| stops.iter().sum());
         let at = |worker: &str, kind: Kind| saw(worker, kind).map(|e| e.t_ms);
         let unavailable_ms = checks::unavailable_ms(&checks::Handover {
             a_granted_ms: at("A", Kind::Acquired).context("A's grant")?,
@@ -303,6 +332,7 @@ impl Cell<'_> {
                 .deleted()
                 .then(|| at("A", Kind::Released))
                 .flatten(),
+            b_asked_ms: at("B", Kind::Waiting),
             b_granted_ms: at("B", Kind::Acquired),
         });
         let found = checks::judge(&Evidence {
@@ -345,6 +375,10 @@ impl Cell<'_> {
         }
         let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
         cell.unavailable_ms = unavailable_ms;
+        if fault == LeaseFault::Stall {
+            cell.stops = Some(stops.len() as u64);
+            cell.longest_stop_ms = stops.iter().copied().max();
+        }
         Ok(cell)
     }
 }

@@ -47,13 +47,19 @@ pub struct CellVerdict {
     pub needless_abort: Option<bool>,
     /// The window the stale write went through: from the check to the write (A's clock).
     pub window_ms: Option<u64>,
-    /// How long A was stopped (the pause faults).
+    /// How long A was stopped in all (the pause faults and the stall).
     pub paused_ms: Option<u64>,
+    /// The stall: how many times the nemesis stopped A, and the longest stop.
+    pub stops: Option<u64>,
+    pub longest_stop_ms: Option<u64>,
     /// A cost: how long the lock stood unavailable between the end of A's lease and B's
     /// grant ([`crate::check::lease_guard::unavailable_ms`]); null when unknown.
     pub unavailable_ms: Option<u64>,
     /// The widest gap pause detection saw between two clock samples (pause-detect only).
     pub gap_ms: Option<u64>,
+    /// How far A's wall clock had moved against its monotonic clock since the grant, at
+    /// the decision (A's own measure of a clock fault; negative: behind).
+    pub wall_skew_ms: Option<i64>,
     pub final_writer: Option<String>,
     pub attempts: Vec<Attempt>,
 }
@@ -83,8 +89,11 @@ impl CellVerdict {
             },
             window_ms: found.window_ms,
             paused_ms,
+            stops: None,
+            longest_stop_ms: None,
             unavailable_ms: None,
             gap_ms: decision.gap_ms,
+            wall_skew_ms: decision.wall_skew_ms,
             final_writer: read.final_writer,
             attempts: read.attempts,
         }
@@ -130,6 +139,10 @@ impl runner::Verdict for Verdict {
         fields.insert(
             "pause_ms".into(),
             self.plan.pause.map(|pause| pause.as_millis() as u64).into(),
+        );
+        fields.insert(
+            "stall_stop_ms".into(),
+            (self.plan.stall_stop.as_millis() as u64).into(),
         );
         fields.insert(
             "lock_delay_ms".into(),
@@ -347,11 +360,42 @@ impl Verdict {
                     .into(),
             );
         }
+        lines.extend(self.stall_sentences());
         if self.plan.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
                 "clock-back moved A's wall clock only, {} back, with libfaketime; Redis's clock and every monotonic clock stayed true.",
                 human(self.plan.clock_step)
             ));
+        }
+        lines
+    }
+
+    /// What the stall did to pause detection and to the heartbeat, from their cells.
+    fn stall_sentences(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let stop = human(self.plan.stall_stop);
+        if let Some(cell) = self.cell(Guard::PauseDetect, LeaseFault::Stall)
+            && cell.outcome == Outcome::StaleAccepted
+        {
+            lines.push(format!(
+                "stall: {} stops of {stop}, each under pause detection's {} margin (the widest gap it saw: {}ms): it saw no pause, though A was stopped {}ms in all and its lease ran out.",
+                cell.stops.unwrap_or_default(),
+                human(self.plan.margin),
+                cell.gap_ms.unwrap_or_default(),
+                cell.paused_ms.unwrap_or_default()
+            ));
+        }
+        if let Some(cell) = self.cell(Guard::RenewThird, LeaseFault::Stall) {
+            if cell.outcome == Outcome::NoStaleWrite && cell.key_ours_at_check == Some(true) {
+                lines.push(format!(
+                    "stall: A's heartbeat renewed in the {} runs between stops of {stop} and kept the lock (B kept out): a heartbeat starves only when one stop outlasts what its last renewal left, at most the TTL.",
+                    human(super::STALL_RUN)
+                ));
+            } else if cell.key_ours_at_check == Some(false) {
+                lines.push(format!(
+                    "stall: a stop of {stop} outlasted what A's last renewal left: its heartbeat starved while A was stopped, and Redis gave B the lock."
+                ));
+            }
         }
         lines
     }

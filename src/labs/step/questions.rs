@@ -429,6 +429,7 @@ pub mod lease_guard {
         match fault {
             "pause-before-check" => &PAUSE_BEFORE,
             "pause-after-check" => &PAUSE_AFTER,
+            "stall" => &STALL,
             "delayed-write" => &DELAYED_WRITE,
             "clock-back" => &CLOCK_BACK,
             "clock-slow" => &CLOCK_SLOW,
@@ -446,6 +447,11 @@ pub mod lease_guard {
         name: "before the pause after the check",
         question: "A's guard says yes, then A stops before the write, until B has written. \
                    Can any guard in A see this pause? Does a lock-delay help?",
+    };
+    const STALL: Checkpoint = Checkpoint {
+        name: "before the stall",
+        question: "A is stopped and continued over and over, each stop shorter than the \
+                   margin. Does pause detection see it? Does A's heartbeat keep the lock?",
     };
     const DELAYED_WRITE: Checkpoint = Checkpoint {
         name: "before the delayed write",
