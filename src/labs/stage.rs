@@ -42,6 +42,11 @@ pub struct Stage {
     history: Option<History>,
     /// Shows nothing on the timeline (chaos plays many histories and prints few).
     quiet: bool,
+    /// Worker events a lab event made the stage show early (they had arrived before it),
+    /// still to be handed to the lab by `next`: shown and logged already.
+    shown_early: std::collections::VecDeque<Event>,
+    /// The lab is summing its workers' events up (`next_silent`), not showing them.
+    silent: bool,
 }
 
 /// A run's typed history: every event its stages showed, in order, for the pictures drawn
@@ -94,6 +99,8 @@ impl Stage {
             pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
             history: None,
             quiet: false,
+            shown_early: Default::default(),
+            silent: false,
         }
     }
 
@@ -234,9 +241,17 @@ impl Stage {
     }
 
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
+    ///
+    /// Worker lines that arrived before it are shown first: they were stamped when they
+    /// arrived, so shown after it they would run the timeline backwards (`+0.131s lab ❄
+    /// SIGSTOP` above `+0.129s w2`) and seem said by a frozen worker. The lab still gets
+    /// them from `next`.
     pub fn record(&mut self, mut event: Event) {
         if !matches!(&event.what, What::Warning(w) if w.lab_paused_ms.is_some()) {
             self.notice_own_pauses();
+        }
+        if self.observed_before.is_none() && !self.silent {
+            self.show_arrived();
         }
         let now = self.start.elapsed().as_millis() as u64;
         event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
@@ -245,9 +260,28 @@ impl Stage {
         self.log.push(event);
     }
 
+    /// Shows and logs, in the order they were stamped, the worker events that have arrived
+    /// and not been shown yet; `next` hands them to the lab later.
+    fn show_arrived(&mut self) {
+        let mut arrived: Vec<Incoming> = self.rx.try_iter().collect();
+        arrived.sort_by_key(|incoming| match incoming {
+            Incoming::Event(event) => event.t_ms,
+            Incoming::Closed { .. } => u64::MAX,
+        });
+        for incoming in arrived {
+            if let Some(event) = self.accept(incoming) {
+                self.shown_early.push_back(event);
+            }
+        }
+    }
+
     /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
     pub fn next(&mut self, timeout: Duration) -> Option<Event> {
+        self.silent = false;
         self.notice_own_pauses();
+        if let Some(shown) = self.shown_early.pop_front() {
+            return Some(shown);
+        }
         let incoming = self.rx.recv_timeout(timeout).ok()?;
         self.accept(incoming)
     }
@@ -280,7 +314,11 @@ impl Stage {
     /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
     /// for labs whose workers report hundreds of trials, which the lab sums up instead.
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
+        self.silent = true;
         self.notice_own_pauses();
+        if let Some(shown) = self.shown_early.pop_front() {
+            return Some(shown);
+        }
         match self.rx.recv_timeout(timeout).ok()? {
             Incoming::Event(event) => Some(*event),
             Incoming::Closed { pid, .. } => {
@@ -354,6 +392,10 @@ impl Stage {
         tick: &mut dyn FnMut(&mut Stage) -> Result<()>,
     ) -> Result<()> {
         self.notice_own_pauses();
+        if self.shown_early.pop_front().is_some() {
+            // Shown already, when a lab event came after it: the world may be looked at now.
+            return tick(self);
+        }
         let incoming = self.rx.recv_timeout(wait).ok();
         self.observed_before = match &incoming {
             Some(Incoming::Event(event)) => Some(event.t_ms),
@@ -472,5 +514,39 @@ impl crate::nemesis::Victim for WorkerHandle {
 
     fn kill_now(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker's line that arrived (and was stamped) before the lab's freeze is shown above
+    /// it, and the lab still receives it afterwards.
+    #[test]
+    fn a_lab_event_never_shows_above_a_worker_line_that_arrived_before_it() {
+        let mut stage = Stage::new(Style {
+            json: true,
+            fancy: false,
+        })
+        .quiet();
+        let mut said = Event::new("w2", What::Working, "working");
+        said.t_ms = 0;
+        stage.tx.send(Incoming::Event(Box::new(said))).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        stage.record(Event::new("lab", What::Freezing, "❄ SIGSTOP w2"));
+        let order: Vec<(&str, u64)> = stage
+            .log
+            .iter()
+            .map(|e| (e.worker.as_str(), e.t_ms))
+            .collect();
+        assert_eq!(order.len(), 2, "{order:?}");
+        assert_eq!(order[0].0, "w2", "{order:?}");
+        assert!(order.windows(2).all(|w| w[0].1 <= w[1].1), "{order:?}");
+        let handed = stage
+            .next(Duration::ZERO)
+            .expect("the lab still gets w2's line");
+        assert_eq!(handed.worker, "w2");
+        assert_eq!(stage.log.len(), 2, "shown once only");
     }
 }
