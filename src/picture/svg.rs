@@ -152,13 +152,23 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
             out,
             "<text x=\"12\" y=\"{y}\" font-size=\"13\" class=\"outcomes\" fill=\"{INK}\">"
         );
+        let names: Vec<String> = outcomes
+            .iter()
+            .map(|(part, _)| short_part_name(&part.label))
+            .collect();
         for (i, (part, (text, tone))) in outcomes.iter().enumerate() {
             let verdict = text.split(" — ").next().unwrap_or(text);
+            // Parts one word cannot tell apart (lab 10's three `herd` queues) get every value.
+            let name = if names.iter().filter(|n| **n == names[i]).count() > 1 {
+                part_values(&part.label)
+            } else {
+                names[i].clone()
+            };
             let _ = write!(
                 out,
                 "{}<tspan font-weight=\"bold\">{}</tspan> <tspan fill=\"{}\" font-weight=\"bold\">{}</tspan>",
                 if i == 0 { "" } else { " · " },
-                escape(&short_part_name(&part.label)),
+                escape(&name),
                 tone_color(*tone),
                 escape(verdict)
             );
@@ -681,6 +691,15 @@ fn short_part_name(label: &str) -> String {
         .map(|word| word.split_once('=').map_or(word, |(_, value)| value))
         .unwrap_or(label)
         .to_string()
+}
+
+/// Every value of a part's label: `scenario=herd variant=redis_spin` is `herd redis_spin`.
+fn part_values(label: &str) -> String {
+    label
+        .split_whitespace()
+        .map(|word| word.split_once('=').map_or(word, |(_, value)| value))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
