@@ -232,8 +232,9 @@ fn each_part_of_a_stepped_lab_fits_one_45_row_screen() {
             // One Enter a stop, more than any lab has; read as they are needed.
             let _ = enter.write_all(&[b'\n'; 32]);
         }
-        assert!(child.wait().unwrap().success(), "{lab:?}");
+        let status = child.wait().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
+        assert!(status.success(), "{lab:?}: {status}\n{text}");
         let parts = rows_per_part(&text);
         assert!(parts.len() >= 3, "{lab:?} did not stop:\n{text}");
         for (name, rows) in &parts {

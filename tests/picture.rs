@@ -1145,3 +1145,68 @@ fn lab_10_shows_each_queues_order_and_cost() {
         assert!(line.contains(way), "{way}: {line}");
     }
 }
+
+const LEASE_GUARD: &str = include_str!("fixtures/lease-guard.jsonl");
+
+/// Lab 9 (and lab 1): each part says how its late write came out, from the part's own
+/// typed events: the store took it (FAILED), the store refused it, or the writer's guard
+/// held it back; the outcomes above the drawing stay inside its width.
+#[test]
+fn lab_9_shows_how_each_parts_late_write_came_out() {
+    for fixture in [LEASE_GUARD, GC_PAUSE] {
+        let recording = recording(fixture);
+        let picture = picture::Picture::of(&recording);
+        for part in &picture.parts {
+            let whats: Vec<&lockslab::events::What> = recording
+                .events
+                .iter()
+                .filter(|e| e.part.part.as_deref() == Some(&part.label))
+                .map(|e| &e.what)
+                .collect();
+            use lockslab::events::What;
+            let expected = if whats
+                .iter()
+                .any(|w| matches!(w, What::StaleWriteAccepted(_)))
+            {
+                Some("FAILED")
+            } else if whats
+                .iter()
+                .any(|w| matches!(w, What::StaleWriteRejected(_)))
+            {
+                Some("refused")
+            } else if whats
+                .iter()
+                .any(|w| matches!(w, What::GuardDecided(g) if !g.write))
+            {
+                Some("held back")
+            } else {
+                None
+            };
+            let got = part.outcome.as_ref().map(|(text, _)| text.as_str());
+            match expected {
+                Some(word) => assert!(
+                    got.is_some_and(|t| t.starts_with(word)),
+                    "{}: {got:?}, expected {word}",
+                    part.label
+                ),
+                None => assert_eq!(got, None, "{}", part.label),
+            }
+        }
+        let svg = picture::svg(&recording);
+        for line in svg.split("class=\"outcomes\"").skip(1) {
+            let text = between(line, ">", "</text>");
+            let shown: usize = text
+                .split('>')
+                .map(|piece| piece.split('<').next().unwrap_or("").chars().count())
+                .sum();
+            assert!(shown as f64 * 7.8 <= 1280.0, "too wide: {text}");
+        }
+    }
+    // Lab 1's two runs are named by what tells them apart.
+    let svg = picture::svg(&recording(GC_PAUSE));
+    let line = between(&svg, "class=\"outcomes\"", "</text>");
+    assert!(
+        line.contains("fencing false</tspan>") && line.contains("fencing true</tspan>"),
+        "{line}"
+    );
+}

@@ -677,8 +677,37 @@ impl Part {
     }
 }
 
-/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok.
+/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok; else, in
+/// a part with a late write, whether the store took it (FAILED) or refused it, or whether
+/// the writer's own guard held it back (lab 9).
 fn outcome(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    read_back(events).or_else(|| late_write(events))
+}
+
+fn late_write(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    let whats = || events.iter().map(|(_, event)| &event.what);
+    if whats().any(|w| matches!(w, What::StaleWriteAccepted(_))) {
+        return Some(("FAILED — the store took a stale write".into(), Tone::Bad));
+    }
+    if whats().any(|w| matches!(w, What::StaleWriteRejected(_))) {
+        return Some((
+            "refused — the store refused the stale write".into(),
+            Tone::Good,
+        ));
+    }
+    events.iter().find_map(|(_, event)| match &event.what {
+        What::GuardDecided(guard) if !guard.write => Some((
+            format!(
+                "held back — {}'s guard gave up before writing",
+                event.worker
+            ),
+            Tone::Good,
+        )),
+        _ => None,
+    })
+}
+
+fn read_back(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
     events.iter().rev().find_map(|(_, event)| {
         let what = event
             .text
