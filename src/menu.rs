@@ -159,6 +159,10 @@ pub fn available() -> Vec<&'static LabRow> {
 
 /// The menu, fitted to 80 columns: a lab takes two lines (three for `lockslab list`:
 /// its workshop session, its `--step` stops and the tools of its by-hand part).
+///
+/// The bare menu keeps to two lines a lab on purpose: it is a newcomer's first screen and
+/// fits one 45-row terminal, which `list`'s extra line a lab does not (48 rows for ten
+/// labs). It names `lockslab list` for what it leaves out.
 pub fn print() {
     print_labs(false);
 }
@@ -232,6 +236,9 @@ fn print_labs(detailed: bool) {
     crate::outln!();
     crate::outln!("  lockslab <lab> --help   options and examples of one lab");
     crate::outln!("  lockslab <lab> --step   stop before each reveal, to ask the room");
+    if !detailed {
+        crate::outln!("  lockslab list           each lab's session, --step stops, by-hand tools");
+    }
     crate::outln!("  lockslab chaos          random faults against a lock design (--help)");
     crate::outln!("  lockslab matrix         every design against every kind of fault");
     crate::outln!("  lockslab challenge      your own lock client, graded under faults");

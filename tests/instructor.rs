@@ -55,6 +55,12 @@ fn the_menu_lists_the_labs_plainly_when_piped() {
         }
         assert!(text.contains("Type first:  lockslab gc-pause"), "{text}");
     }
+    // The bare menu is a newcomer's first screen: it fits 45 rows, and names `list` for
+    // the columns it leaves out.
+    let output = Command::new(BIN).output().unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.lines().count() <= 45, "{text}");
+    assert!(text.contains("  lockslab list "), "{text}");
     // `lockslab list` adds each lab's session, its --step stops and its by-hand tools.
     let output = Command::new(BIN).arg("list").output().unwrap();
     let text = String::from_utf8(output.stdout).unwrap();
@@ -181,6 +187,64 @@ fn completions_and_man_pages_come_from_the_command_tree() {
 }
 
 // ── --step, driven through a pseudo-terminal ──
+
+/// The rows each part of a stepped run takes on an 80-column terminal: from just after one
+/// Enter to the last line of the next checkpoint, so that the question and the lines it asks
+/// about are on the screen together. A line takes as many rows as its display width needs
+/// (`⌛` is two columns wide).
+fn rows_per_part(text: &str) -> Vec<(String, usize)> {
+    let mut parts = vec![("the heading".to_string(), 0)];
+    let mut stop = String::new();
+    for line in text.lines() {
+        let width = textwrap::core::display_width(line);
+        parts.last_mut().unwrap().1 += width.div_ceil(80).max(1);
+        if let Some(name) = line.trim_start().strip_prefix("⏸ ") {
+            stop = name.to_string();
+        }
+        if line.contains("Enter: go on") {
+            parts.push((stop.clone(), 0));
+        }
+    }
+    parts
+}
+
+/// `--step` with Enter typed at every stop, stdout and stderr on one file in the order the
+/// lab wrote them, at 80 columns: each part fits one 45-row screen. Labs 1 and 3 are the
+/// quick ones measured here; the longer labs were measured by hand (the report's table).
+#[test]
+fn each_part_of_a_stepped_lab_fits_one_45_row_screen() {
+    for lab in [&LAB1[..], &["skip-locked"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("screen.txt");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut args = lab.to_vec();
+        args.push("--step");
+        let mut child = lockslab(&args)
+            .env("COLUMNS", "80")
+            .stdin(std::process::Stdio::piped())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut enter = child.stdin.take().unwrap();
+            // One Enter a stop, more than any lab has; read as they are needed.
+            let _ = enter.write_all(&[b'\n'; 32]);
+        }
+        let status = child.wait().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(status.success(), "{lab:?}: {status}\n{text}");
+        let parts = rows_per_part(&text);
+        assert!(parts.len() >= 3, "{lab:?} did not stop:\n{text}");
+        for (name, rows) in &parts {
+            assert!(
+                *rows <= 45,
+                "{lab:?}: the part after '{name}' takes {rows} rows at 80 columns:\n{text}"
+            );
+        }
+    }
+}
 
 /// A lab run with `--step --json`: its stdin and stderr on a pseudo-terminal (where the
 /// questions appear and Enter is typed), its stdout (JSON Lines) on a pipe.

@@ -1086,3 +1086,127 @@ fn every_two_holders_label_stays_inside_the_drawing() {
         assert!(seen > 0, "a fixture with two holders");
     }
 }
+
+const QUEUE: &str = include_str!("fixtures/queue.jsonl");
+
+/// Lab 10: each way of queueing shows, beside its heading, whether the waiters were served
+/// in the order they asked and what a hand-over cost, from the waiters' own turns.
+#[test]
+fn lab_10_shows_each_queues_order_and_cost() {
+    let recording = recording(QUEUE);
+    let picture = picture::Picture::of(&recording);
+    let svg = picture::svg(&recording);
+    let mut queues = 0;
+    for event in &recording.events {
+        let lockslab::events::What::Handovers(queue) = &event.what else {
+            continue;
+        };
+        queues += 1;
+        let label = event.part.part.as_deref().expect("a part");
+        let part = picture
+            .parts
+            .iter()
+            .find(|p| p.label == label)
+            .expect("the queue's part");
+        let (outcome, tone) = part.outcome.as_ref().expect("an outcome");
+        let mut served: Vec<_> = queue.turns.iter().filter(|t| t.token.is_some()).collect();
+        served.sort_by_key(|t| t.token);
+        let fair = served.len() == queue.turns.len()
+            && served.windows(2).all(|pair| pair[0].asked < pair[1].asked);
+        let handovers = served.len() as f64 - 1.0;
+        let wakeups: u64 = queue.turns.iter().map(|t| t.wakeups).sum();
+        assert_eq!(
+            outcome.starts_with("served in order —"),
+            fair,
+            "{label}: {outcome}"
+        );
+        assert_eq!(*tone == picture::Tone::Bad, !fair, "{label}: {tone:?}");
+        assert!(
+            outcome.contains(&format!("{:.1} wake-ups", wakeups as f64 / handovers)),
+            "{label}: {outcome}"
+        );
+        assert!(
+            svg.contains(&outcome.replace('>', "&gt;")),
+            "{label}: not drawn"
+        );
+    }
+    assert_eq!(queues, 3, "spinning, herd and recipe");
+    // The spinning waiters and the herd are served out of order; the recipe is fair.
+    let fair: Vec<bool> = picture
+        .parts
+        .iter()
+        .filter_map(|p| p.outcome.as_ref())
+        .map(|(o, _)| o.starts_with("served in order"))
+        .collect();
+    assert_eq!(fair, [false, false, true]);
+    // The line of outcomes above the drawing tells the three queues apart.
+    let line = between(&svg, "class=\"outcomes\"", "</text>");
+    for way in ["herd redis_spin", "herd etcd_herd", "herd etcd_recipe"] {
+        assert!(line.contains(way), "{way}: {line}");
+    }
+}
+
+const LEASE_GUARD: &str = include_str!("fixtures/lease-guard.jsonl");
+
+/// Lab 9 (and lab 1): each part says how its late write came out, from the part's own
+/// typed events: the store took it (FAILED), the store refused it, or the writer's guard
+/// held it back; the outcomes above the drawing stay inside its width.
+#[test]
+fn lab_9_shows_how_each_parts_late_write_came_out() {
+    for fixture in [LEASE_GUARD, GC_PAUSE] {
+        let recording = recording(fixture);
+        let picture = picture::Picture::of(&recording);
+        for part in &picture.parts {
+            let whats: Vec<&lockslab::events::What> = recording
+                .events
+                .iter()
+                .filter(|e| e.part.part.as_deref() == Some(&part.label))
+                .map(|e| &e.what)
+                .collect();
+            use lockslab::events::What;
+            let expected = if whats
+                .iter()
+                .any(|w| matches!(w, What::StaleWriteAccepted(_)))
+            {
+                Some("FAILED")
+            } else if whats
+                .iter()
+                .any(|w| matches!(w, What::StaleWriteRejected(_)))
+            {
+                Some("refused")
+            } else if whats
+                .iter()
+                .any(|w| matches!(w, What::GuardDecided(g) if !g.write))
+            {
+                Some("held back")
+            } else {
+                None
+            };
+            let got = part.outcome.as_ref().map(|(text, _)| text.as_str());
+            match expected {
+                Some(word) => assert!(
+                    got.is_some_and(|t| t.starts_with(word)),
+                    "{}: {got:?}, expected {word}",
+                    part.label
+                ),
+                None => assert_eq!(got, None, "{}", part.label),
+            }
+        }
+        let svg = picture::svg(&recording);
+        for line in svg.split("class=\"outcomes\"").skip(1) {
+            let text = between(line, ">", "</text>");
+            let shown: usize = text
+                .split('>')
+                .map(|piece| piece.split('<').next().unwrap_or("").chars().count())
+                .sum();
+            assert!(shown as f64 * 7.8 <= 1280.0, "too wide: {text}");
+        }
+    }
+    // Lab 1's two runs are named by what tells them apart.
+    let svg = picture::svg(&recording(GC_PAUSE));
+    let line = between(&svg, "class=\"outcomes\"", "</text>");
+    assert!(
+        line.contains("fencing false</tspan>") && line.contains("fencing true</tspan>"),
+        "{line}"
+    );
+}

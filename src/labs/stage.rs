@@ -42,6 +42,21 @@ pub struct Stage {
     history: Option<History>,
     /// Shows nothing on the timeline (chaos plays many histories and prints few).
     quiet: bool,
+    /// Worker events taken off the channel before the lab asked for them, because a lab
+    /// event was recorded while they waited there: still to be handed to the lab.
+    early: std::collections::VecDeque<Early>,
+    /// The lab is summing its workers' events up (`next_silent`), not showing them.
+    silent: bool,
+    /// In `run_until`'s `tick`: what it records is stamped no later than what has arrived.
+    ticking: bool,
+}
+
+/// A worker event that arrived before a lab event was recorded.
+enum Early {
+    /// Shown and logged before the lab event (it was said before it).
+    Shown(Box<Event>),
+    /// Held back while a `tick` recorded what it saw; shown once the tick is over.
+    Held(Incoming),
 }
 
 /// A run's typed history: every event its stages showed, in order, for the pictures drawn
@@ -94,6 +109,9 @@ impl Stage {
             pauses_shown: OWN_PAUSE_COUNT.load(std::sync::atomic::Ordering::Acquire),
             history: None,
             quiet: false,
+            early: Default::default(),
+            silent: false,
+            ticking: false,
         }
     }
 
@@ -234,21 +252,73 @@ impl Stage {
     }
 
     /// Records an event of the lab's own (a freeze, an expiry seen in Redis) on the timeline.
+    ///
+    /// Worker lines are stamped when they arrive, and a lab event must not show above one
+    /// that arrived before it (`+0.131s lab ❄ SIGSTOP` above `+0.129s w2`, as if a frozen
+    /// worker spoke). So the lines that have arrived are shown first (the lab still gets
+    /// them from `next`) — except in a `tick`, which looks at the world before a line is
+    /// shown so that an effect never shows above its cause: there they wait, and what the
+    /// tick records is stamped no later than the first of them.
     pub fn record(&mut self, mut event: Event) {
         if !matches!(&event.what, What::Warning(w) if w.lab_paused_ms.is_some()) {
             self.notice_own_pauses();
         }
+        let mut bound = self.observed_before;
+        if self.ticking {
+            let arrived: Vec<Early> = self.rx.try_iter().map(Early::Held).collect();
+            self.early.extend(arrived);
+            let first_held = self
+                .early
+                .iter()
+                .filter_map(|early| match early {
+                    Early::Held(Incoming::Event(event)) => Some(event.t_ms),
+                    _ => None,
+                })
+                .min();
+            bound = bound.into_iter().chain(first_held).min();
+        } else if !self.silent {
+            self.show_arrived();
+        }
         let now = self.start.elapsed().as_millis() as u64;
-        event.t_ms = self.observed_before.map_or(now, |bound| now.min(bound));
+        event.t_ms = bound.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
         self.show(&event);
         self.log.push(event);
     }
 
+    /// Shows and logs, in the order they were stamped, the worker events that have arrived
+    /// and not been shown yet; `next` hands them to the lab later.
+    fn show_arrived(&mut self) {
+        let mut shown = std::collections::VecDeque::new();
+        let mut arrived = Vec::new();
+        for waiting in std::mem::take(&mut self.early) {
+            match waiting {
+                Early::Shown(event) => shown.push_back(Early::Shown(event)),
+                Early::Held(incoming) => arrived.push(incoming),
+            }
+        }
+        arrived.extend(self.rx.try_iter());
+        arrived.sort_by_key(|incoming| match incoming {
+            Incoming::Event(event) => event.t_ms,
+            Incoming::Closed { .. } => u64::MAX,
+        });
+        for incoming in arrived {
+            if let Some(event) = self.accept(incoming) {
+                shown.push_back(Early::Shown(Box::new(event)));
+            }
+        }
+        self.early = shown;
+    }
+
     /// Takes the next worker event, waiting at most `timeout`; shows and logs it.
     pub fn next(&mut self, timeout: Duration) -> Option<Event> {
+        self.silent = false;
         self.notice_own_pauses();
-        let incoming = self.rx.recv_timeout(timeout).ok()?;
+        let incoming = match self.early.pop_front() {
+            Some(Early::Shown(event)) => return Some(*event),
+            Some(Early::Held(incoming)) => incoming,
+            None => self.rx.recv_timeout(timeout).ok()?,
+        };
         self.accept(incoming)
     }
 
@@ -280,8 +350,14 @@ impl Stage {
     /// Takes the next worker event without showing or logging it, waiting at most `timeout`:
     /// for labs whose workers report hundreds of trials, which the lab sums up instead.
     pub fn next_silent(&mut self, timeout: Duration) -> Option<Event> {
+        self.silent = true;
         self.notice_own_pauses();
-        match self.rx.recv_timeout(timeout).ok()? {
+        let incoming = match self.early.pop_front() {
+            Some(Early::Shown(event)) => return Some(*event),
+            Some(Early::Held(incoming)) => incoming,
+            None => self.rx.recv_timeout(timeout).ok()?,
+        };
+        match incoming {
             Incoming::Event(event) => Some(*event),
             Incoming::Closed { pid, .. } => {
                 self.closed.insert(pid);
@@ -354,12 +430,19 @@ impl Stage {
         tick: &mut dyn FnMut(&mut Stage) -> Result<()>,
     ) -> Result<()> {
         self.notice_own_pauses();
-        let incoming = self.rx.recv_timeout(wait).ok();
+        let incoming = match self.early.pop_front() {
+            // Shown already, above a lab event that came after it.
+            Some(Early::Shown(_)) => None,
+            Some(Early::Held(incoming)) => Some(incoming),
+            None => self.rx.recv_timeout(wait).ok(),
+        };
         self.observed_before = match &incoming {
             Some(Incoming::Event(event)) => Some(event.t_ms),
             _ => None,
         };
+        self.ticking = true;
         let ticked = tick(self);
+        self.ticking = false;
         self.observed_before = None;
         if let Some(incoming) = incoming {
             self.accept(incoming);
@@ -472,5 +555,68 @@ impl crate::nemesis::Victim for WorkerHandle {
 
     fn kill_now(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker's line that arrived (and was stamped) before the lab's freeze is shown above
+    /// it, and the lab still receives it afterwards.
+    #[test]
+    fn a_lab_event_never_shows_above_a_worker_line_that_arrived_before_it() {
+        let mut stage = Stage::new(Style {
+            json: true,
+            fancy: false,
+        })
+        .quiet();
+        let mut said = Event::new("w2", What::Working, "working");
+        said.t_ms = 0;
+        stage.tx.send(Incoming::Event(Box::new(said))).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        stage.record(Event::new("lab", What::Freezing, "❄ SIGSTOP w2"));
+        let order: Vec<(&str, u64)> = stage
+            .log
+            .iter()
+            .map(|e| (e.worker.as_str(), e.t_ms))
+            .collect();
+        assert_eq!(order.len(), 2, "{order:?}");
+        assert_eq!(order[0].0, "w2", "{order:?}");
+        assert!(order.windows(2).all(|w| w[0].1 <= w[1].1), "{order:?}");
+        let handed = stage
+            .next(Duration::ZERO)
+            .expect("the lab still gets w2's line");
+        assert_eq!(handed.worker, "w2");
+        assert_eq!(stage.log.len(), 2, "shown once only");
+    }
+
+    /// In `run_until`'s tick, the lab's observation (A's key expired) stays above a worker
+    /// line (B took the lock) that arrived while it looked, stamped no later than that line.
+    #[test]
+    fn what_a_tick_records_stays_above_a_line_that_arrived_during_it() {
+        let mut stage = Stage::new(Style {
+            json: true,
+            fancy: false,
+        })
+        .quiet();
+        let tx = stage.tx.clone();
+        std::thread::sleep(Duration::from_millis(5));
+        stage
+            .pump(Duration::ZERO, &mut |stage: &mut Stage| {
+                let mut said = Event::new("B", What::Working, "took the lock");
+                said.t_ms = 3;
+                tx.send(Incoming::Event(Box::new(said))).unwrap();
+                stage.record(Event::new("redis", What::Freezing, "A's key has expired"));
+                Ok(())
+            })
+            .unwrap();
+        stage.drain();
+        let order: Vec<(&str, u64)> = stage
+            .log
+            .iter()
+            .map(|e| (e.worker.as_str(), e.t_ms))
+            .collect();
+        assert_eq!(order, [("redis", 3), ("B", 3)]);
     }
 }

@@ -677,19 +677,74 @@ impl Part {
     }
 }
 
-/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok.
+/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok; else, in
+/// a part with a late write, whether the store took it (FAILED) or refused it, or whether
+/// the writer's own guard held it back (lab 9).
 fn outcome(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    read_back(events).or_else(|| late_write(events))
+}
+
+fn late_write(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    let whats = || events.iter().map(|(_, event)| &event.what);
+    if whats().any(|w| matches!(w, What::StaleWriteAccepted(_))) {
+        return Some(("FAILED — the store took a stale write".into(), Tone::Bad));
+    }
+    if whats().any(|w| matches!(w, What::StaleWriteRejected(_))) {
+        return Some((
+            "refused — the store refused the stale write".into(),
+            Tone::Good,
+        ));
+    }
+    events.iter().find_map(|(_, event)| match &event.what {
+        What::GuardDecided(guard) if !guard.write => Some((
+            format!(
+                "held back — {}'s guard gave up before writing",
+                event.worker
+            ),
+            Tone::Good,
+        )),
+        _ => None,
+    })
+}
+
+fn read_back(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
     events.iter().rev().find_map(|(_, event)| {
         let what = event
             .text
             .strip_prefix("the tables say: ")
             .unwrap_or(&event.text);
-        match event.kind() {
-            Kind::Violation => Some((format!("FAILED — {what}"), Tone::Bad)),
-            Kind::ExactlyOnce => Some((format!("ok — {what}"), Tone::Good)),
+        match &event.what {
+            What::Violation(_) => Some((format!("FAILED — {what}"), Tone::Bad)),
+            What::ExactlyOnce(_) => Some((format!("ok — {what}"), Tone::Good)),
+            What::Handovers(queue) => Some(queue_outcome(&queue.turns)),
             _ => None,
         }
     })
+}
+
+/// A queue's outcome (lab 10's waiting parts), from its waiters' own turns: served in the
+/// order they asked or not, and what each hand-over cost in requests and wake-ups.
+fn queue_outcome(turns: &[crate::check::queue::Turn]) -> (String, Tone) {
+    let facts = crate::check::queue::queue_facts(turns);
+    let order = if facts.fair {
+        "served in order".to_string()
+    } else {
+        format!("served out of order ({} overtakes)", facts.overtakes)
+    };
+    let per = |figure: Option<f64>| figure.map_or("?".to_string(), |f| format!("{f:.1}"));
+    let text = format!(
+        "{order} — {} waiters; per hand-over: {} requests, {} wake-ups",
+        facts.waiters,
+        per(facts.client_requests_per_handover),
+        per(facts.wakeups_per_handover),
+    );
+    let herd = facts.wakeups_per_handover.is_some_and(|w| w > 1.5);
+    let tone = match (facts.fair, herd) {
+        (true, false) => Tone::Good,
+        (false, _) => Tone::Bad,
+        (true, true) => Tone::Warn,
+    };
+    (text, tone)
 }
 
 /// A worker's tally, where the database turned attempts away: "3 refused · 12 no-ops".

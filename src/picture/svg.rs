@@ -147,18 +147,40 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         .filter_map(|part| part.outcome.as_ref().map(|o| (part, o)))
         .collect();
     if !outcomes.is_empty() {
-        // What each part came to, first, where a projector shows it without scrolling.
-        let _ = write!(
-            out,
-            "<text x=\"12\" y=\"{y}\" font-size=\"13\" class=\"outcomes\" fill=\"{INK}\">"
-        );
+        // What each part came to, first, where a projector shows it without scrolling; as
+        // many lines as the parts need (lab 9 has two dozen).
+        let names: Vec<String> = outcomes
+            .iter()
+            .map(|(part, _)| short_part_name(&part.label))
+            .collect();
+        let mut used = 0.0;
         for (i, (part, (text, tone))) in outcomes.iter().enumerate() {
             let verdict = text.split(" — ").next().unwrap_or(text);
+            // Parts one word cannot tell apart (lab 10's three `herd` queues) get every value.
+            let name = if names.iter().filter(|n| **n == names[i]).count() > 1 {
+                part_values(&part.label)
+            } else {
+                names[i].clone()
+            };
+            let wide = (name.chars().count() + verdict.chars().count() + 4) as f64 * 7.8;
+            let first_on_line = i == 0 || used + wide > WIDTH - 24.0;
+            if first_on_line {
+                if i > 0 {
+                    out.push_str("</text>\n");
+                    y += 18.0;
+                }
+                let _ = write!(
+                    out,
+                    "<text x=\"12\" y=\"{y}\" font-size=\"13\" class=\"outcomes\" fill=\"{INK}\">"
+                );
+                used = 0.0;
+            }
+            used += wide;
             let _ = write!(
                 out,
                 "{}<tspan font-weight=\"bold\">{}</tspan> <tspan fill=\"{}\" font-weight=\"bold\">{}</tspan>",
-                if i == 0 { "" } else { " · " },
-                escape(&short_part_name(&part.label)),
+                if first_on_line { "" } else { " · " },
+                escape(&name),
                 tone_color(*tone),
                 escape(verdict)
             );
@@ -675,12 +697,22 @@ fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
 /// A part's label as the outcomes' line names it: `approach=redis-lock workers=10` is
 /// `redis-lock`.
 fn short_part_name(label: &str) -> String {
+    let first = label.split_whitespace().next().unwrap_or(label);
+    match first.split_once('=') {
+        // `fencing=false` alone says nothing: `fencing false`.
+        Some((key, value @ ("true" | "false"))) => format!("{key} {value}"),
+        Some((_, value)) => value.to_string(),
+        None => first.to_string(),
+    }
+}
+
+/// Every value of a part's label: `scenario=herd variant=redis_spin` is `herd redis_spin`.
+fn part_values(label: &str) -> String {
     label
         .split_whitespace()
-        .next()
         .map(|word| word.split_once('=').map_or(word, |(_, value)| value))
-        .unwrap_or(label)
-        .to_string()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
