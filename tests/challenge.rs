@@ -103,6 +103,14 @@ fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
     passes("pause", "claimed", 2);
 }
 
+/// No client stops: the proxy holds one write in the network past the TTL, and it lands
+/// over a newer holder's write unless the resource checks the token.
+#[test]
+fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() {
+    caught_within("delay", "setnx", "stale-write", 3);
+    passes("delay", "claimed", 1);
+}
+
 #[test]
 fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     caught_within("crash", "fenced", "doubled", 3);

@@ -6,12 +6,15 @@
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
+    lockslab challenge delay   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
 
 none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
-        people write. A holder frozen past the TTL still writes what it read.
+        people write. A holder frozen past the TTL still writes what it read;
+        so does one whose write is held in the network past the TTL.
 fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         A holder killed after its commit, before its answer, has its job resent:

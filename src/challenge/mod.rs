@@ -93,7 +93,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
-        if ["delay", "failover", "exactly-once"].contains(&args.name.as_str()) {
+        if ["failover", "exactly-once"].contains(&args.name.as_str()) {
             crate::bail_usage!(
                 "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
                 args.name

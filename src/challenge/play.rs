@@ -18,6 +18,7 @@ use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
 use crate::nemesis::{Fault, Nemesis, Record};
+use crate::proxy::{Direction, NetFault, Proxy, Seen};
 
 /// The work of every job, between its read and its write.
 pub const WORK_MS: u64 = 20;
@@ -52,6 +53,8 @@ pub struct Played {
 
 struct Seat {
     client: Client,
+    /// Its own way to Postgres, when the challenge plays network faults.
+    proxy: Option<Proxy>,
     ready: bool,
     notes: bool,
     /// The job it has, and since when it has been waited for.
@@ -173,13 +176,23 @@ impl Run<'_> {
     }
 
     fn start_client(&mut self, name: &str) -> Result<()> {
-        let client = Client::start(&self.setup.program, name, &self.heard_to)?;
-        client.send(&ToClient::Init(Init {
+        let mut init = Init {
             client: name.into(),
             ..self.setup.init.clone()
-        }));
+        };
+        let proxy = if self.setup.challenge.proxied() {
+            let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
+            let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
+            init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
+            Some(proxy)
+        } else {
+            None
+        };
+        let client = Client::start(&self.setup.program, name, &self.heard_to)?;
+        client.send(&ToClient::Init(init));
         self.seats.push(Seat {
             client,
+            proxy,
             ready: false,
             notes: false,
             job: Some((0, Instant::now())),
@@ -220,6 +233,7 @@ impl Run<'_> {
                 self.play_due()?;
             }
             self.check_deadlines()?;
+            self.heal_delivered();
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
@@ -428,6 +442,21 @@ impl Run<'_> {
         }
     }
 
+    /// A held write that went out ends its fault, on the timeline where it landed.
+    fn heal_delivered(&mut self) {
+        for seat in &self.seats {
+            let Some(proxy) = &seat.proxy else { continue };
+            for report in proxy.reports() {
+                if let Seen::DelayedSent { late_ms } = report.seen {
+                    let name = &seat.client.name;
+                    let text = format!("{name}'s held bytes reach Postgres, {late_ms}ms late");
+                    self.nemesis
+                        .heal_net(&mut self.tape, proxy, Direction::Up, text);
+                }
+            }
+        }
+    }
+
     /// A client that does not say ready, or does not answer its job, within its time.
     fn check_deadlines(&mut self) -> Result<()> {
         let paused = self.nemesis.paused();
@@ -484,6 +513,18 @@ impl Run<'_> {
                 if let Some((_, since)) = seat.job.as_mut() {
                     *since = Instant::now();
                 }
+            }
+            Fault::Delay => {
+                let Some(proxy) = &self.seats[index].proxy else {
+                    return Ok(());
+                };
+                let setup = self.setup;
+                let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
+                let text = format!("holds {name}'s next bytes to Postgres {ms}ms (proxy)");
+                let fault = NetFault::DelayNext { ms };
+                self.nemesis
+                    .net(&mut self.tape, proxy, Direction::Up, fault, text);
+                self.faults_played += 1;
             }
             Fault::Kill => {
                 let seat = &mut self.seats[index];

@@ -35,8 +35,7 @@ pub fn list() {
         crate::outln!("    target  {}", about.target);
     }
     crate::outln!();
-    crate::outln!("Not yet: delay (writes held in the network past the TTL), failover,");
-    crate::outln!("exactly-once.");
+    crate::outln!("Not yet: failover, exactly-once.");
     crate::outln!();
     crate::outln!("  lockslab challenge NAME --template python > client.py");
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
