@@ -111,6 +111,26 @@ fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() 
     passes("delay", "claimed", 1);
 }
 
+/// `--html` draws the run from its typed history: the held write is on the page.
+#[test]
+fn html_draws_the_run_with_its_network_faults() {
+    python_ready();
+    let page = std::env::temp_dir().join(format!("challenge-{}.html", std::process::id()));
+    let path = page.to_str().unwrap();
+    let (code, verdict, _) =
+        challenge("delay", 2, &["--html", path], &[PYTHON, REFERENCE, "setnx"]);
+    let html = std::fs::read_to_string(&page).expect("the page was written");
+    let _ = std::fs::remove_file(&page);
+    assert_eq!(code, 1, "{verdict}");
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert!(html.contains(&format!("run {run_id}")), "names the run");
+    assert!(html.contains("net_fault") && html.contains("net_healed"));
+    assert!(
+        html.contains("stale"),
+        "the verdict's problems are on the page"
+    );
+}
+
 #[test]
 fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     caught_within("crash", "fenced", "doubled", 3);

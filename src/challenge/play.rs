@@ -49,6 +49,8 @@ pub struct Played {
     pub faults_played: usize,
     /// What a client did that ended the run (crashed, hung, garbage, flood).
     pub client_failure: Option<String>,
+    /// The run's typed history, for `--html`.
+    pub events: Vec<Event>,
 }
 
 struct Seat {
@@ -163,6 +165,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
         faults_planned: schedule_planned,
         faults_played: run.faults_played,
         client_failure: failure,
+        events: std::mem::take(&mut run.tape.events),
     })
 }
 
