@@ -259,23 +259,21 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
 /// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops
 /// reading once the first client is frozen. Returns lockslab and the run's id.
 fn started_until_the_first_pause(marker: &str) -> (std::process::Child, String) {
+    started_until_the_first_pause_of(marker, &[PYTHON, REFERENCE, "setnx", marker])
+}
+
+fn started_until_the_first_pause_of(
+    marker: &str,
+    program: &[&str],
+) -> (std::process::Child, String) {
     python_ready();
-    let mut child = lockslab(&[
-        "challenge",
-        "pause",
-        "--json",
-        "--seed",
-        "3",
-        "--",
-        PYTHON,
-        REFERENCE,
-        "setnx",
-        marker,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut args = vec!["challenge", "pause", "--json", "--seed", "3", "--"];
+    args.extend_from_slice(program);
+    let mut child = lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut run_id = None;
     // Until the first pause: clients are then running, one of them stopped.
@@ -352,6 +350,41 @@ fn a_sigkilled_challenge_leaves_no_client_and_its_schema_is_swept_next_run() {
         schema_of(&run_id),
         None,
         "the next run swept the dead run's schema"
+    );
+}
+
+/// A client that starts a process in a session of its own (`setsid`): out of its process
+/// group, out of the kernel's reach when lockslab dies, yet it carries the client's mark
+/// in its environment.
+fn escaping(marker: &str) -> String {
+    format!(
+        "setsid {PYTHON} -c 'import time; time.sleep(600)' {marker}-escaped & \
+         exec {PYTHON} {REFERENCE} setnx {marker}"
+    )
+}
+
+#[test]
+fn what_a_client_started_in_a_session_of_its_own_ends_with_the_run() {
+    let marker = format!("setsid-end-{}", std::process::id());
+    let (code, verdict, _) = challenge("counter", 1, &[], &["sh", "-c", &escaping(&marker)]);
+    assert!(code == 0 || code == 1, "{verdict}");
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after the run: {left:?}");
+}
+
+#[test]
+fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled() {
+    let marker = format!("setsid-kill-{}", std::process::id());
+    let script = escaping(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(10), || processes_mentioning(&marker)
+            .is_empty()),
+        "left after SIGKILL: {:?}",
+        processes_mentioning(&marker)
     );
 }
 

@@ -105,6 +105,7 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 
 pub fn play(setup: &Setup) -> Result<Played> {
     let (heard_to, heard) = channel();
+    let watchdog = super::client::Watchdog::start(&setup.run_id)?;
     let start = Instant::now();
     let mut run = Run {
         setup,
@@ -158,6 +159,10 @@ pub fn play(setup: &Setup) -> Result<Played> {
         Some(err) => return Err(err),
         None => None,
     };
+    // Every client killed and reaped, then whatever they started out of their groups.
+    run.seats.clear();
+    super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
+    drop(watchdog);
     let schedule = run.schedule.take().unwrap_or_default();
     Ok(Played {
         acknowledged: run.acknowledged.clone(),
@@ -191,7 +196,12 @@ impl Run<'_> {
         } else {
             None
         };
-        let client = Client::start(&self.setup.program, name, &self.heard_to)?;
+        let client = Client::start(
+            &self.setup.program,
+            name,
+            &self.setup.run_id,
+            &self.heard_to,
+        )?;
         client.send(&ToClient::Init(init));
         self.seats.push(Seat {
             client,
