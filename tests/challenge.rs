@@ -137,6 +137,13 @@ fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     passes("crash", "once", 1);
 }
 
+/// A TTL of ten lease_ms: a holder killed holding its lock keeps the next client waiting
+/// past the bound (two TTLs and a second).
+#[test]
+fn crash_catches_a_lock_left_stuck_by_its_dead_holder() {
+    caught_within("crash", "long", "stuck-lock", 3);
+}
+
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
 /// names what it did, and no process of it left.
 fn misbehaves(script: &str, says: &str) {

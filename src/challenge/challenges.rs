@@ -59,7 +59,7 @@ impl Challenge {
             Challenge::Crash => About {
                 goal: "no lost or doubled effect when clients die mid-job",
                 faults: "up to three clients killed (SIGKILL) mid-job; jobs resent",
-                target: "every job's effect exactly once",
+                target: "every effect exactly once; a dead holder's lock free in 2 TTLs + 1s",
             },
             Challenge::Delay => About {
                 goal: "no stale write lands, though no client ever stopped",

@@ -208,6 +208,10 @@ fn grade(
             finals,
             faults_planned: played.faults_planned,
             faults_played: played.faults_played,
+            moments: played.moments.clone(),
+            // A TTL frees a dead holder's lock within one TTL; twice that and a second
+            // leave room for the next client's retries on a busy machine.
+            stuck_bound_ms: (challenge == Challenge::Crash).then_some(2 * lease_ms + 1000),
         };
         Ok((played, evidence))
     });

@@ -13,7 +13,7 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::JobSpec;
+use crate::check::challenge::{JobSpec, LockMoment, Moment};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -51,6 +51,7 @@ pub struct Played {
     pub client_failure: Option<String>,
     /// The run's typed history, for `--html`.
     pub events: Vec<Event>,
+    pub moments: Vec<LockMoment>,
 }
 
 struct Seat {
@@ -78,6 +79,7 @@ struct Run<'a> {
     schedule: Option<Schedule>,
     player: Option<Player>,
     faults_played: usize,
+    moments: Vec<LockMoment>,
 }
 
 /// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
@@ -126,6 +128,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
         schedule: None,
         player: None,
         faults_played: 0,
+        moments: Vec::new(),
     };
     let facts = crate::events::facts::RunFacts {
         run_id: Some(setup.run_id.clone()),
@@ -171,6 +174,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
         faults_played: run.faults_played,
         client_failure: failure,
         events: std::mem::take(&mut run.tape.events),
+        moments: std::mem::take(&mut run.moments),
     })
 }
 
@@ -219,6 +223,19 @@ impl Run<'_> {
 
     fn spec(&self, job: i64) -> &JobSpec {
         &self.setup.jobs[(job - 1) as usize]
+    }
+
+    /// A moment of `client`'s lock on the record of `job`, for the stuck-lock bound.
+    fn moment(&mut self, client: &str, job: i64, what: Moment) {
+        if job < 1 || job as usize > self.setup.jobs.len() {
+            return;
+        }
+        self.moments.push(LockMoment {
+            t_ms: self.tape.start.elapsed().as_millis() as u64,
+            client: client.into(),
+            record: self.spec(job).record.clone(),
+            what,
+        });
     }
 
     /// Records an event in a client's lane, and shows it to the schedule's player.
@@ -387,6 +404,7 @@ impl Run<'_> {
                 self.give_again(job);
             }
             FromClient::Acquired { job, token } => {
+                self.moment(name, job, Moment::Acquired);
                 let facts = Acquired {
                     token,
                     ..Acquired::default()
@@ -401,6 +419,7 @@ impl Run<'_> {
                 self.note(name, What::Working, format!("writes job {job}"));
             }
             FromClient::Released { job } => {
+                self.moment(name, job, Moment::Released);
                 let text = format!("released the lock of job {job}");
                 self.note(name, What::Released(Released::default()), text);
             }
@@ -452,6 +471,7 @@ impl Run<'_> {
             };
             let text = format!("job {job}: add {} to {}", spec.add, spec.record);
             self.note(&name, What::JobSent(facts), text);
+            self.moment(&name, job, Moment::Wants);
         }
     }
 
@@ -540,6 +560,9 @@ impl Run<'_> {
                 self.faults_played += 1;
             }
             Fault::Kill => {
+                if let Some((job, _)) = self.seats[index].job {
+                    self.moment(&name, job, Moment::Killed);
+                }
                 let seat = &mut self.seats[index];
                 self.killed.insert(name.clone());
                 self.nemesis.kill(
