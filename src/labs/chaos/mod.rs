@@ -67,8 +67,9 @@ Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
 for 1.5s (2s on etcd), while the schedule's faults land: a pause or a kill
 just after a client took its lock, just after its read, inside its write's
-transaction, or at a time; a restart of the lock's Redis (private, no
-persistence: it comes back empty).
+transaction, or at a time; a restart of the lock's Redis (chaos's own):
+`restart` with no persistence (it comes back empty), `restart-aof` with its
+append-only file fsynced at every write (it comes back with its data).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
