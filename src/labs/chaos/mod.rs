@@ -13,6 +13,7 @@ mod play;
 mod show;
 mod shrink;
 pub mod side_by_side;
+mod table;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
