@@ -585,3 +585,105 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
         "the held connection is closed"
     );
 }
+
+/// The proxy's faults against a real Redis, each read back on a direct connection: a hold
+/// released after the client gave up still lands its request; a black hole swallows it for
+/// good; a cut mid-request leaves half a command that Redis never runs.
+#[test]
+fn each_fault_against_a_real_redis_as_redis_reads_back() {
+    use lockslab::proxy::{self, NetFault, Proxy};
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let url = &servers().redis;
+    let path = Proxy::start("t→redis", proxy::upstream_of(url).unwrap()).unwrap();
+    let mut direct = lockslab::connect::redis(url).unwrap();
+    let run = format!("lockslab:proxy-test:{}", std::process::id());
+    let get = |direct: &mut lockslab::connect::RedisConn, key: &str| -> Option<String> {
+        redis::cmd("GET").arg(key).query(&mut **direct).unwrap()
+    };
+    let raw = || {
+        let stream = std::net::TcpStream::connect(path.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        stream
+    };
+    let password = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.rsplit_once('@'))
+        .and_then(|(user, _)| user.split_once(':'))
+        .map(|(_, pw)| pw.to_string())
+        .unwrap();
+    let command = |parts: &[&str]| {
+        let mut out = format!("*{}\r\n", parts.len());
+        for part in parts {
+            out.push_str(&format!("${}\r\n{part}\r\n", part.len()));
+        }
+        out.into_bytes()
+    };
+    let auth = |stream: &mut std::net::TcpStream| {
+        stream.write_all(&command(&["AUTH", &password])).unwrap();
+        let mut ok = [0u8; 5];
+        stream.read_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"+OK\r\n");
+    };
+
+    // A hold, and a client that gives up and goes: its SET still lands once released.
+    let held = format!("{run}:held");
+    let mut client = raw();
+    auth(&mut client);
+    path.set(Direction::Up, NetFault::Hold);
+    client.write_all(&command(&["SET", &held, "late"])).unwrap();
+    let mut buffer = [0u8; 64];
+    assert!(client.read(&mut buffer).is_err(), "no answer in time");
+    drop(client);
+    assert_eq!(get(&mut direct, &held), None, "still held");
+    path.clear(Direction::Up);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while get(&mut direct, &held).is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(get(&mut direct, &held).as_deref(), Some("late"));
+
+    // A black hole: the SET is swallowed, and healing does not bring it back.
+    let lost = format!("{run}:lost");
+    let mut client = raw();
+    auth(&mut client);
+    path.set(Direction::Up, NetFault::BlackHole);
+    client.write_all(&command(&["SET", &lost, "x"])).unwrap();
+    assert!(client.read(&mut buffer).is_err(), "nothing comes back");
+    path.clear(Direction::Up);
+    let mut client_ok = raw();
+    auth(&mut client_ok);
+    assert_eq!(get(&mut direct, &lost), None, "swallowed, not delayed");
+
+    // A cut mid-request: half a SET reached Redis, the rest never does.
+    let half = format!("{run}:half");
+    let mut client = raw();
+    auth(&mut client);
+    let full = command(&["SET", &half, "x"]);
+    client.write_all(&full[..full.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    path.set(Direction::Up, NetFault::Reset);
+    let rest = client.write_all(&full[full.len() / 2..]);
+    let answer = client.read(&mut buffer);
+    assert!(
+        rest.is_err() || matches!(answer, Ok(0) | Err(_)),
+        "{answer:?}"
+    );
+    path.clear(Direction::Up);
+    assert_eq!(
+        get(&mut direct, &half),
+        None,
+        "Redis never ran half a command"
+    );
+
+    let _: i64 = redis::cmd("DEL")
+        .arg(&held)
+        .arg(&lost)
+        .arg(&half)
+        .query(&mut *direct)
+        .unwrap();
+}
