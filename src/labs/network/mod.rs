@@ -36,6 +36,7 @@ mod cut_off;
 mod delayed;
 mod lost_commit;
 mod lost_lock;
+mod lost_lock_words;
 mod lost_reply;
 mod scene;
 pub mod verdict;
