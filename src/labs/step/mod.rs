@@ -94,6 +94,7 @@ fn stop(name: &str, question: &str) {
     }
 }
 
+mod network_etcd;
 mod questions;
 pub use questions::*;
 
