@@ -221,8 +221,10 @@ fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
         "3s",
         "--lease",
         "1s",
+        // Long enough for the waiter's process to start and ask while the holder works, even
+        // with other tests beside this one.
         "--work",
-        "600ms",
+        "1500ms",
     ]);
     for worker in ["etcd:holder", "etcd:waiter"] {
         let waiting = &events(&lines, worker, Kind::Waiting)[0];
