@@ -5,6 +5,9 @@
 //! client's `PING` round trip direct and through it (medians, and what the proxy adds; the
 //! target is ≤ 50 µs). Direct and proxied rounds alternate, so that a machine busy with
 //! something else weighs on both. Figures are printed, not asserted.
+//!
+//! Two proxies are measured side by side: one event loop (the proxy as it was) and the
+//! number the proxy now runs by default (two on two cores or more).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -22,20 +25,31 @@ const PINGS: usize = 5000;
 fn main() {
     let url = &servers().redis;
     let upstream = proxy::upstream_of(url).unwrap();
-    let proxied = Proxy::start("bench→redis", upstream).unwrap();
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let one = Proxy::start_with("bench→redis", loopback, upstream, 1).unwrap();
+    let loops = proxy::event_loops();
+    let proxied = Proxy::start_with("bench→redis", loopback, upstream, loops).unwrap();
     let through = proxy::through(url, proxied.addr()).unwrap();
     let password = password_of(url);
 
     println!("redis-benchmark -c 50 -n {REQUESTS} -t set,get --csv, direct and through the proxy");
-    let (mut direct, mut via) = (Vec::new(), Vec::new());
+    let (mut direct, mut via_one, mut via) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         direct.push(requests_per_second(upstream.port(), &password));
+        via_one.push(requests_per_second(one.addr().port(), &password));
         via.push(requests_per_second(proxied.addr().port(), &password));
     }
-    let (direct, via) = (median_f(&mut direct), median_f(&mut via));
+    let direct = median_f(&mut direct);
+    let (via_one, via) = (median_f(&mut via_one), median_f(&mut via));
     println!("  direct        {direct:>10.0} req/s (median of {ROUNDS}, SET and GET together)");
-    println!("  through proxy {via:>10.0} req/s");
-    println!("  ratio         {:>10.2}× (target ≥ 0.70×)", via / direct);
+    println!(
+        "  proxy, 1 loop {via_one:>10.0} req/s  ratio {:.2}×",
+        via_one / direct
+    );
+    println!(
+        "  proxy, {loops} loops{via:>10.0} req/s  ratio {:.2}× (target ≥ 0.70×)",
+        via / direct
+    );
 
     println!("one client, {PINGS} PINGs, direct and through the proxy, alternating");
     let mut a = lockslab::connect::redis(url).unwrap();

@@ -380,6 +380,9 @@ pub struct PrivateServers {
     secrets: Secrets,
     /// Postgres's superuser URL, once the labs' role is made: for the instructor only.
     admin_url: Option<String>,
+    /// Redis started from now on keeps its data: AOF on, `appendfsync always` (chaos's
+    /// `restart-aof`); off by default, a private Redis has no persistence.
+    redis_aof: bool,
 }
 
 /// Every server lockslab starts demands a secret, on loopback too: any local user can
@@ -581,6 +584,7 @@ impl PrivateServers {
             },
             room,
             admin_url: None,
+            redis_aof: false,
         };
         let result = servers
             .start_each(backends)
@@ -835,8 +839,11 @@ impl PrivateServers {
                     "--save",
                     "",
                     "--appendonly",
-                    "no",
+                    if self.redis_aof { "yes" } else { "no" },
                 ]);
+                if self.redis_aof {
+                    command.args(["--appendfsync", "always"]);
+                }
                 command.arg("--dir").arg(&self.dir);
                 (
                     command,
@@ -1185,6 +1192,16 @@ impl PrivateServers {
         wait_until_answering(backend, &url, pid)
             .map_err(|failure| self.start_error(backend, failure, 1))?;
         Ok(started.elapsed())
+    }
+
+    /// Whether a private Redis started (or restarted) from now on keeps its data in an
+    /// append-only file, fsynced at every write (`--appendonly yes --appendfsync always`).
+    pub fn set_redis_aof(&mut self, on: bool) {
+        self.redis_aof = on;
+    }
+
+    pub fn redis_aof(&self) -> bool {
+        self.redis_aof
     }
 
     pub fn url(&self, backend: Backend) -> Option<String> {

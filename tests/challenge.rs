@@ -103,10 +103,45 @@ fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
     passes("pause", "claimed", 2);
 }
 
+/// No client stops: the proxy holds one write in the network past the TTL, and it lands
+/// over a newer holder's write unless the resource checks the token.
+#[test]
+fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() {
+    caught_within("delay", "setnx", "stale-write", 3);
+    passes("delay", "claimed", 1);
+}
+
+/// `--html` draws the run from its typed history: the held write is on the page.
+#[test]
+fn html_draws_the_run_with_its_network_faults() {
+    python_ready();
+    let page = std::env::temp_dir().join(format!("challenge-{}.html", std::process::id()));
+    let path = page.to_str().unwrap();
+    let (code, verdict, _) =
+        challenge("delay", 2, &["--html", path], &[PYTHON, REFERENCE, "setnx"]);
+    let html = std::fs::read_to_string(&page).expect("the page was written");
+    let _ = std::fs::remove_file(&page);
+    assert_eq!(code, 1, "{verdict}");
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert!(html.contains(&format!("run {run_id}")), "names the run");
+    assert!(html.contains("net_fault") && html.contains("net_healed"));
+    assert!(
+        html.contains("stale"),
+        "the verdict's problems are on the page"
+    );
+}
+
 #[test]
 fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     caught_within("crash", "fenced", "doubled", 3);
     passes("crash", "once", 1);
+}
+
+/// A TTL of ten lease_ms: a holder killed holding its lock keeps the next client waiting
+/// past the bound (two TTLs and a second).
+#[test]
+fn crash_catches_a_lock_left_stuck_by_its_dead_holder() {
+    caught_within("crash", "long", "stuck-lock", 3);
 }
 
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
@@ -231,23 +266,21 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
 /// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops
 /// reading once the first client is frozen. Returns lockslab and the run's id.
 fn started_until_the_first_pause(marker: &str) -> (std::process::Child, String) {
+    started_until_the_first_pause_of(marker, &[PYTHON, REFERENCE, "setnx", marker])
+}
+
+fn started_until_the_first_pause_of(
+    marker: &str,
+    program: &[&str],
+) -> (std::process::Child, String) {
     python_ready();
-    let mut child = lockslab(&[
-        "challenge",
-        "pause",
-        "--json",
-        "--seed",
-        "3",
-        "--",
-        PYTHON,
-        REFERENCE,
-        "setnx",
-        marker,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut args = vec!["challenge", "pause", "--json", "--seed", "3", "--"];
+    args.extend_from_slice(program);
+    let mut child = lockslab(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut run_id = None;
     // Until the first pause: clients are then running, one of them stopped.
@@ -324,6 +357,41 @@ fn a_sigkilled_challenge_leaves_no_client_and_its_schema_is_swept_next_run() {
         schema_of(&run_id),
         None,
         "the next run swept the dead run's schema"
+    );
+}
+
+/// A client that starts a process in a session of its own (`setsid`): out of its process
+/// group, out of the kernel's reach when lockslab dies, yet it carries the client's mark
+/// in its environment.
+fn escaping(marker: &str) -> String {
+    format!(
+        "setsid {PYTHON} -c 'import time; time.sleep(600)' {marker}-escaped & \
+         exec {PYTHON} {REFERENCE} setnx {marker}"
+    )
+}
+
+#[test]
+fn what_a_client_started_in_a_session_of_its_own_ends_with_the_run() {
+    let marker = format!("setsid-end-{}", std::process::id());
+    let (code, verdict, _) = challenge("counter", 1, &[], &["sh", "-c", &escaping(&marker)]);
+    assert!(code == 0 || code == 1, "{verdict}");
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after the run: {left:?}");
+}
+
+#[test]
+fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled() {
+    let marker = format!("setsid-kill-{}", std::process::id());
+    let script = escaping(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(10), || processes_mentioning(&marker)
+            .is_empty()),
+        "left after SIGKILL: {:?}",
+        processes_mentioning(&marker)
     );
 }
 

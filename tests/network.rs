@@ -121,10 +121,43 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
 
 #[test]
 fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
-    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", "cut-off"]);
+    cut_off("cut-off", "A→redis", "redis");
+}
+
+/// The etcd row: A's keepalive goes through the proxy, which cuts it; etcd expires A's lease
+/// and deletes its key, hands the lock to B (queued in etcd), and A, told nothing, writes.
+/// Fenced, A's token (its key's create revision) is lower than B's, and the store refuses it.
+#[test]
+fn cut_off_from_etcd_the_keepalive_fails_and_the_stale_write_is_fenced() {
+    let lines = cut_off("cut-off-etcd", "A→etcd", "etcd");
+    let tokens: Vec<i64> = lines
+        .iter()
+        .filter(|e| e.part.fencing == Some(true) && e.kind() == Kind::Acquired)
+        .filter_map(|e| match &e.what {
+            What::Acquired(a) => a.token,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 2, "A's and B's revisions: {tokens:?}");
+    assert!(tokens[0] < tokens[1], "A's key came first: {tokens:?}");
+    let unfenced_tokens = lines
+        .iter()
+        .filter(|e| e.part.fencing == Some(false))
+        .any(|e| matches!(&e.what, What::Wrote(w) if w.token.is_some()));
+    assert!(
+        !unfenced_tokens,
+        "without fencing no token goes with a write"
+    );
+}
+
+/// One cut (from Redis or etcd), both fencing settings, read back from the lock's server and
+/// the store; returns the history.
+fn cut_off(scenario: &str, path: &str, server: &str) -> Vec<Event> {
+    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", scenario]);
     for fenced in [false, true] {
-        let log = history(&lines, "cut-off", fenced);
-        // The cut is on A's path to Redis only, recorded before it acts and healed after B wrote.
+        let log = history(&lines, scenario, fenced);
+        // The cut is on A's path to the lock's server only, recorded before it acts and
+        // healed after B wrote.
         let cut = position(
             &log,
             |e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::Cut)),
@@ -133,11 +166,11 @@ fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
         let What::NetFault(start) = &log[cut].what else {
             unreachable!()
         };
-        assert_eq!(start.target.as_deref(), Some("A→redis"));
-        // In Redis's order of things: A's heartbeat gave up, A's key was gone, B was granted,
-        // B wrote, the cut healed, A wrote.
+        assert_eq!(start.target.as_deref(), Some(path));
+        // In the server's order of things: A's renewals gave up, A's key was gone, B was
+        // granted, B wrote, the cut healed, A wrote.
         let lost = position(&log, |e| e.is("A", Kind::Lost));
-        let gone = position(&log, |e| e.is("redis", Kind::Expired));
+        let gone = position(&log, |e| e.is(server, Kind::Expired));
         let granted = position(&log, |e| e.is("B", Kind::Acquired));
         let b_wrote = position(&log, |e| e.is("B", Kind::Wrote));
         let a_wrote = position(&log, |e| e.is("A", Kind::Wrote));
@@ -146,7 +179,7 @@ fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
         );
         assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
 
-        let run = run_of(&verdict, "cut-off", fenced);
+        let run = run_of(&verdict, scenario, fenced);
         assert_eq!(run["two_holders"], true, "{run}");
         assert_eq!(run["a_never_paused"], true, "{run}");
         for field in [
@@ -166,6 +199,28 @@ fn cut_off_from_redis_the_heartbeat_fails_and_the_stale_write_is_fenced() {
         assert_eq!(run["final_writer"], last, "{run}");
     }
     assert_gone(&worker_pids(&lines));
+    assert_run_left_nothing(run_id_of(&lines).unwrap());
+    assert_no_etcd_keys(run_id_of(&lines).unwrap());
+    lines
+}
+
+/// No key of the run is left in etcd (a lock key, a waiter's key).
+fn assert_no_etcd_keys(run_id: &str) {
+    let runtime = lockslab::connect::etcd_runtime().unwrap();
+    let left = runtime.block_on(async {
+        let mut etcd = etcd_client_of(&servers().etcd).await;
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_keys_only();
+        etcd.get(format!("lockslab:{run_id}:"), Some(options))
+            .await
+            .unwrap()
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect::<Vec<_>>()
+    });
+    assert!(left.is_empty(), "etcd keys left behind: {left:?}");
 }
 
 #[test]
@@ -350,7 +405,8 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
             .iter()
             .filter(|e| matches!(&e.what, What::NetHealed(f) if f.lasted_ms.is_some()))
             .count(),
-        5
+        5 + 4,
+        "and four etcd lock calls whose answers the proxy swallowed"
     );
     // Right after each lost SET, Redis holds the value A sent.
     let held: Vec<&Event> = lines
@@ -427,8 +483,36 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     assert!(lines.iter().any(|e| e.is("postgres", Kind::Violation)));
     assert!(lines.iter().any(|e| e.is("postgres", Kind::ExactlyOnce)));
 
+    // etcd's lock call: applied, its answer swallowed, then each retry as etcd answers it.
+    let swallowed = lines
+        .iter()
+        .filter(|e| {
+            matches!(&e.what, What::NetFault(f)
+                if f.fault == Some(Fault::Cut) && f.direction == Some(Direction::Down)
+                    && f.target.as_deref() == Some("A→etcd"))
+        })
+        .count();
+    assert_eq!(swallowed, 4, "three retries and the queued call");
+    let locks = verdict["lost_lock"].as_array().unwrap();
+    let lock = |name: &str| locks.iter().find(|s| s["policy"] == name).unwrap();
+    for found in locks {
+        assert_eq!(found["applied"], true, "{found}");
+        assert_eq!(found["a_knows"], true, "{found}");
+    }
+    assert_eq!(lock("same-owner")["waited_behind_itself"], false);
+    assert_eq!(lock("new-owner")["waited_behind_itself"], true);
+    assert!(lock("new-owner")["waited_ms"].as_u64().unwrap() > 0);
+    assert_eq!(lock("give-up")["orphaned"], true);
+    assert!(lines.iter().any(|e| e.is("etcd", Kind::Expired)));
+    let queued = &verdict["lost_lock_queued"];
+    // What etcd did in the runs this was written against: the waiter's key outlives its
+    // call and connection, and gets the lock when the holder lets go.
+    assert_eq!(queued["key_left"], true, "{queued}");
+    assert_eq!(queued["handed_to_a"], true, "{queued}");
+
     let run_id = verdict["run_id"].as_str().unwrap();
     assert_run_left_nothing(run_id);
+    assert_no_etcd_keys(run_id);
     let mut db = lockslab::connect::postgres(&servers().postgres).unwrap();
     let payments: i64 = db
         .query_one(
@@ -500,4 +584,106 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
         matches!(raw.read(&mut buffer), Ok(0) | Err(_)),
         "the held connection is closed"
     );
+}
+
+/// The proxy's faults against a real Redis, each read back on a direct connection: a hold
+/// released after the client gave up still lands its request; a black hole swallows it for
+/// good; a cut mid-request leaves half a command that Redis never runs.
+#[test]
+fn each_fault_against_a_real_redis_as_redis_reads_back() {
+    use lockslab::proxy::{self, NetFault, Proxy};
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let url = &servers().redis;
+    let path = Proxy::start("t→redis", proxy::upstream_of(url).unwrap()).unwrap();
+    let mut direct = lockslab::connect::redis(url).unwrap();
+    let run = format!("lockslab:proxy-test:{}", std::process::id());
+    let get = |direct: &mut lockslab::connect::RedisConn, key: &str| -> Option<String> {
+        redis::cmd("GET").arg(key).query(&mut **direct).unwrap()
+    };
+    let raw = || {
+        let stream = std::net::TcpStream::connect(path.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        stream
+    };
+    let password = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.rsplit_once('@'))
+        .and_then(|(user, _)| user.split_once(':'))
+        .map(|(_, pw)| pw.to_string())
+        .unwrap();
+    let command = |parts: &[&str]| {
+        let mut out = format!("*{}\r\n", parts.len());
+        for part in parts {
+            out.push_str(&format!("${}\r\n{part}\r\n", part.len()));
+        }
+        out.into_bytes()
+    };
+    let auth = |stream: &mut std::net::TcpStream| {
+        stream.write_all(&command(&["AUTH", &password])).unwrap();
+        let mut ok = [0u8; 5];
+        stream.read_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"+OK\r\n");
+    };
+
+    // A hold, and a client that gives up and goes: its SET still lands once released.
+    let held = format!("{run}:held");
+    let mut client = raw();
+    auth(&mut client);
+    path.set(Direction::Up, NetFault::Hold);
+    client.write_all(&command(&["SET", &held, "late"])).unwrap();
+    let mut buffer = [0u8; 64];
+    assert!(client.read(&mut buffer).is_err(), "no answer in time");
+    drop(client);
+    assert_eq!(get(&mut direct, &held), None, "still held");
+    path.clear(Direction::Up);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while get(&mut direct, &held).is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(get(&mut direct, &held).as_deref(), Some("late"));
+
+    // A black hole: the SET is swallowed, and healing does not bring it back.
+    let lost = format!("{run}:lost");
+    let mut client = raw();
+    auth(&mut client);
+    path.set(Direction::Up, NetFault::BlackHole);
+    client.write_all(&command(&["SET", &lost, "x"])).unwrap();
+    assert!(client.read(&mut buffer).is_err(), "nothing comes back");
+    path.clear(Direction::Up);
+    let mut client_ok = raw();
+    auth(&mut client_ok);
+    assert_eq!(get(&mut direct, &lost), None, "swallowed, not delayed");
+
+    // A cut mid-request: half a SET reached Redis, the rest never does.
+    let half = format!("{run}:half");
+    let mut client = raw();
+    auth(&mut client);
+    let full = command(&["SET", &half, "x"]);
+    client.write_all(&full[..full.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    path.set(Direction::Up, NetFault::Reset);
+    let rest = client.write_all(&full[full.len() / 2..]);
+    let answer = client.read(&mut buffer);
+    assert!(
+        rest.is_err() || matches!(answer, Ok(0) | Err(_)),
+        "{answer:?}"
+    );
+    path.clear(Direction::Up);
+    assert_eq!(
+        get(&mut direct, &half),
+        None,
+        "Redis never ran half a command"
+    );
+
+    let _: i64 = redis::cmd("DEL")
+        .arg(&held)
+        .arg(&lost)
+        .arg(&half)
+        .query(&mut *direct)
+        .unwrap();
 }

@@ -6,12 +6,16 @@
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
+    lockslab challenge delay   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
+    lockslab challenge crash   -- python3 examples/challenge/reference.py long      # fails
 
 none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
-        people write. A holder frozen past the TTL still writes what it read.
+        people write. A holder frozen past the TTL still writes what it read;
+        so does one whose write is held in the network past the TTL.
 fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         A holder killed after its commit, before its answer, has its job resent:
@@ -22,6 +26,8 @@ claimed setnx + a token that claims the row before the read, in its own short
         open across the work: the token alone keeps a frozen holder out.
 once    fenced + the job recorded as done in the same transaction: a resent job
         that already took effect is answered ok again, with no second effect.
+long    once, with a TTL of ten lease_ms "so that it never expires mid-job": the
+        lock of a holder killed holding it keeps everyone waiting its whole TTL.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -37,7 +43,7 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-assert MODE in ("none", "setnx", "fenced", "claimed", "once"), f"unknown mode {MODE}"
+assert MODE in ("none", "setnx", "fenced", "claimed", "once", "long"), f"unknown mode {MODE}"
 
 # Deletes the key only if it still holds our value: never someone else's lock.
 RELEASE = """
@@ -55,6 +61,8 @@ init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"])
 r = redis.Redis.from_url(init["redis_url"])
 table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
+if MODE == "long":
+    ttl, MODE = 10 * ttl, "once"
 if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))

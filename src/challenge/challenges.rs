@@ -16,6 +16,8 @@ pub enum Challenge {
     Pause,
     /// Clients killed (SIGKILL) mid-job; their jobs resent to others
     Crash,
+    /// Clients' writes to Postgres held in the network (the fault proxy) past the TTL
+    Delay,
 }
 
 /// One row of `lockslab challenge list`.
@@ -26,13 +28,19 @@ pub struct About {
 }
 
 impl Challenge {
-    pub const ALL: [Challenge; 3] = [Challenge::Counter, Challenge::Pause, Challenge::Crash];
+    pub const ALL: [Challenge; 4] = [
+        Challenge::Counter,
+        Challenge::Pause,
+        Challenge::Crash,
+        Challenge::Delay,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Challenge::Counter => "counter",
             Challenge::Pause => "pause",
             Challenge::Crash => "crash",
+            Challenge::Delay => "delay",
         }
     }
 
@@ -51,7 +59,12 @@ impl Challenge {
             Challenge::Crash => About {
                 goal: "no lost or doubled effect when clients die mid-job",
                 faults: "up to three clients killed (SIGKILL) mid-job; jobs resent",
-                target: "every job's effect exactly once",
+                target: "every effect exactly once; a dead holder's lock free in 2 TTLs + 1s",
+            },
+            Challenge::Delay => About {
+                goal: "no stale write lands, though no client ever stopped",
+                faults: "two clients' next write to Postgres held 2-3 TTLs in the network",
+                target: "no write computed from a stale read; every job done once",
             },
         }
     }
@@ -60,8 +73,22 @@ impl Challenge {
     pub fn jobs(self) -> usize {
         match self {
             Challenge::Counter => 40,
-            Challenge::Pause | Challenge::Crash => 24,
+            Challenge::Pause | Challenge::Crash | Challenge::Delay => 24,
         }
+    }
+
+    /// Whether each client reaches Postgres through a fault proxy of its own (its `init`
+    /// names the proxy's address): the network faults are played there.
+    pub fn proxied(self) -> bool {
+        self == Challenge::Delay
+    }
+
+    /// How long a delay holds `target`'s next write: 2 to 3 TTLs, drawn from the seed.
+    pub fn delay_ms(seed: u64, target: &str, lease_ms: u64) -> u64 {
+        let salt = target
+            .bytes()
+            .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
+        2 * lease_ms + Rng::new(seed ^ salt).below(lease_ms)
     }
 
     /// The jobs of a run: ids from 1, on `records` records, each adding 1 to 9.
@@ -84,20 +111,25 @@ impl Challenge {
         let mut steps = Vec::new();
         match self {
             Challenge::Counter => {}
-            Challenge::Pause => {
+            Challenge::Pause | Challenge::Delay => {
+                let pause = self == Challenge::Pause;
                 for (name, notes) in clients.iter().take(2) {
-                    // Between its read and its write: the worst moment for a stale write.
-                    let (event, at_ms) = if *notes {
-                        (Kind::Working, rng.below(3))
-                    } else {
-                        (Kind::JobSent, 2 + rng.below(15))
+                    // Between its read and its write: the worst moment for a stale write. A
+                    // pause freezes the client there; a delay holds the next bytes it sends
+                    // to Postgres — its write. Without notes, a time into the job that is
+                    // most often after its read.
+                    let (event, at_ms) = match (notes, pause) {
+                        (true, true) => (Kind::Working, rng.below(3)),
+                        (false, true) => (Kind::JobSent, 2 + rng.below(15)),
+                        (true, false) => (Kind::Working, 0),
+                        (false, false) => (Kind::JobSent, 6 + rng.below(8)),
                     };
                     steps.push(Step {
                         at_ms,
                         after: Some(Anchor::on(name, event, 1 + rng.below(3) as u32)),
-                        fault: Fault::Pause,
+                        fault: if pause { Fault::Pause } else { Fault::Delay },
                         target: name.clone(),
-                        duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
+                        duration_ms: pause.then(|| 2 * lease_ms + rng.below(lease_ms)),
                     });
                 }
             }
@@ -177,5 +209,15 @@ mod tests {
             assert!(step.duration_ms.unwrap() >= 1000);
         }
         assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
+        let delay = Challenge::Delay.schedule(3, &clients(), 500);
+        assert_eq!(delay.steps().len(), 2);
+        for step in delay.steps() {
+            let anchor = step.after.as_ref().unwrap();
+            let notes = anchor.worker == "c1" || anchor.worker == "c3";
+            assert_eq!(anchor.event == Kind::Working.into(), notes);
+            assert_eq!(step.fault, Fault::Delay);
+            let held = Challenge::delay_ms(3, &step.target, 500);
+            assert!((1000..1500).contains(&held), "{held}");
+        }
     }
 }

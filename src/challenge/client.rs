@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -32,8 +33,16 @@ pub enum Heard {
 /// How many of a client's last stderr lines are kept, to quote when it fails.
 const LAST_WORDS: usize = 6;
 
+/// The mark every client carries in its environment (`<run id>/<name>`), and everything it
+/// starts inherits: how the run finds, and kills, a process a client started in a session
+/// of its own (`setsid`), which neither its process group nor the kernel's parent-death
+/// signal reaches.
+pub const MARK: &str = "LOCKSLAB_CHALLENGE_CLIENT";
+
 pub struct Client {
     pub name: String,
+    /// Its value of [`MARK`].
+    mark: String,
     child: Option<Child>,
     /// Lines to send, written by a thread of its own: a client that stops reading its
     /// stdin blocks that thread, never the run.
@@ -45,10 +54,17 @@ pub struct Client {
 
 impl Client {
     /// Starts `program args…` as client `name`; what it says arrives on `heard`.
-    pub fn start(program: &[String], name: &str, heard: &Sender<Heard>) -> Result<Client> {
+    pub fn start(
+        program: &[String],
+        name: &str,
+        run_id: &str,
+        heard: &Sender<Heard>,
+    ) -> Result<Client> {
+        let mark = format!("{run_id}/{name}");
         let mut command = Command::new(&program[0]);
         command
             .args(&program[1..])
+            .env(MARK, &mark)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -73,6 +89,7 @@ impl Client {
         });
         Ok(Client {
             name: name.into(),
+            mark,
             child: Some(child),
             to: Some(to),
             stderr: last,
@@ -125,12 +142,14 @@ impl Victim for Client {
         self.child.as_ref().map(|c| c.id() as i32)
     }
 
-    /// SIGKILL to its whole group, then reaped: no cleanup code of the client runs.
+    /// SIGKILL to its whole group, then reaped: no cleanup code of the client runs. Then
+    /// whatever it started out of its group (marked, see [`MARK`]), even after it exited.
     fn kill_now(&mut self) {
         self.to = None;
         if let Some(child) = self.child.take() {
             procs::stop(child.id() as i32, &StopPlan::kill());
         }
+        sweep(&format!("{MARK}={}", self.mark), false);
     }
 }
 
@@ -197,6 +216,90 @@ fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
                     kept.pop_front();
                 }
             }
+        }
+    }
+}
+
+/// SIGKILLs every process of this user whose environment holds `entry` (`prefix`: an
+/// entry that starts with it), in rounds until none is left (one may fork while swept).
+/// Processes it may not read are not its clients': another user's.
+pub fn sweep(entry: &str, prefix: bool) {
+    let me = std::process::id();
+    for _ in 0..5 {
+        let mut found = false;
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for proc in dir.flatten() {
+            let Some(pid) = proc
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(proc.path().join("environ")) else {
+                continue;
+            };
+            let marked = environ.split(|&b| b == 0).any(|var| {
+                if prefix {
+                    var.starts_with(entry.as_bytes())
+                } else {
+                    var == entry.as_bytes()
+                }
+            });
+            if marked && pid != me {
+                found = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if !found {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the run's marked processes once lockslab is gone without sweeping — SIGKILL,
+/// which leaves it no time: a shell of its own (its own process group,
+/// no parent-death signal, not marked) that waits for end of file on its stdin, which only
+/// lockslab holds open, then sweeps as [`sweep`] does.
+pub struct Watchdog(Option<Child>);
+
+const WATCHDOG: &str = r#"while read -r _; do :; done
+for round in 1 2 3; do
+  for d in /proc/[0-9]*; do
+    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -q "^$0=$1/"; then
+      kill -9 "${d#/proc/}" 2>/dev/null
+    fi
+  done
+  sleep 0.1
+done"#;
+
+impl Watchdog {
+    pub fn start(run_id: &str) -> Result<Watchdog> {
+        let child = Command::new("sh")
+            .args(["-c", WATCHDOG, MARK, run_id])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .env_remove(MARK)
+            .process_group(0)
+            .spawn()
+            .context("starting the challenge's watchdog (sh)")?;
+        Ok(Watchdog(Some(child)))
+    }
+}
+
+impl Drop for Watchdog {
+    /// Ended and reaped: lockslab is still here, and sweeps itself (each client's drop).
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -44,6 +44,8 @@ Examples:
   lockslab challenge pause --seed 7 -- python3 client.py
                                         the same faults as the run of seed 7
   lockslab challenge crash --json -- ./target/release/my-client --fast
+  lockslab challenge delay --html run.html -- python3 client.py
+                                        the run's timeline as a page
 
 The program is started as 3 clients (and one more for each one killed), each
 in its own process group. It reads one JSON object a line on stdin (init,
@@ -79,6 +81,9 @@ pub struct ChallengeArgs {
     /// JSON Lines on stdout: the run's events, then a verdict
     #[arg(long)]
     pub json: bool,
+    /// Draw the run's timeline and verdict to this HTML page
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
     /// The client to run, and its arguments (after `--`)
     #[arg(last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
@@ -93,7 +98,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
-        if ["delay", "failover", "exactly-once"].contains(&args.name.as_str()) {
+        if ["failover", "exactly-once"].contains(&args.name.as_str()) {
             crate::bail_usage!(
                 "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
                 args.name
@@ -122,10 +127,26 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.patience) {
         crate::bail_usage!("--patience: between 100ms and 10m");
     }
-    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms))
+    let picture = match &args.html {
+        Some(path) => {
+            let target = crate::picture::Target::by_extension(path, "--html")?;
+            if !matches!(target, crate::picture::Target::Html(_)) {
+                crate::bail_usage!("--html {}: name the file .html", path.display());
+            }
+            target.check_writable("--html")?;
+            Some(target)
+        }
+        None => None,
+    };
+    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, picture))
 }
 
-fn grade(challenge: Challenge, args: &ChallengeArgs, lease_ms: u64) -> Result<ExitCode> {
+fn grade(
+    challenge: Challenge,
+    args: &ChallengeArgs,
+    lease_ms: u64,
+    picture: Option<crate::picture::Target>,
+) -> Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let servers = servers::provide(
         &args.servers,
@@ -187,6 +208,10 @@ fn grade(challenge: Challenge, args: &ChallengeArgs, lease_ms: u64) -> Result<Ex
             finals,
             faults_planned: played.faults_planned,
             faults_played: played.faults_played,
+            moments: played.moments.clone(),
+            // A TTL frees a dead holder's lock within one TTL; twice that and a second
+            // leave room for the next client's retries on a busy machine.
+            stuck_bound_ms: (challenge == Challenge::Crash).then_some(2 * lease_ms + 1000),
         };
         Ok((played, evidence))
     });
@@ -199,6 +224,11 @@ fn grade(challenge: Challenge, args: &ChallengeArgs, lease_ms: u64) -> Result<Ex
         report.grade()
     };
     verdict::show(&setup, &run_id, &played, &evidence, &report, grade);
+    if let Some(target) = picture {
+        let verdict = verdict::json(&setup, &run_id, &played, &evidence, &report, grade);
+        let recording = crate::picture::Recording::of_run(played.events, Some(verdict), vec![]);
+        crate::picture::draw(&[target], &recording, args.json)?;
+    }
     Ok(ExitCode::from(match grade {
         Grade::Pass => crate::exit::EXIT_OK,
         Grade::Fail => EXIT_FAIL,

@@ -29,6 +29,8 @@ pub struct Init {
     pub client: String,
     pub redis_url: String,
     pub etcd_url: String,
+    /// Under `delay`, the address of a fault proxy of this client's own, in front of the
+    /// same Postgres.
     pub postgres_url: String,
     /// The protected records: `record text PRIMARY KEY, value bigint, job bigint, fence
     /// bigint`, schema-qualified. A job's write sets `value` and `job` in one UPDATE.

@@ -35,8 +35,7 @@ pub fn list() {
         crate::outln!("    target  {}", about.target);
     }
     crate::outln!();
-    crate::outln!("Not yet: delay (writes held in the network past the TTL), failover,");
-    crate::outln!("exactly-once.");
+    crate::outln!("Not yet: failover, exactly-once.");
     crate::outln!();
     crate::outln!("  lockslab challenge NAME --template python > client.py");
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
@@ -70,6 +69,27 @@ fn replay(setup: &Setup) -> String {
     )
 }
 
+/// The verdict as `--json` prints it last, and as the `--html` page's table shows it.
+pub fn json(
+    setup: &Setup,
+    run_id: &str,
+    played: &Played,
+    evidence: &Evidence,
+    report: &Report,
+    grade: Grade,
+) -> serde_json::Value {
+    json!({
+        "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "challenge",
+        "run_id": run_id, "challenge": setup.challenge.name(), "seed": setup.seed,
+        "grade": grade, "problems": report.problems, "undecided": report.undecided,
+        "client_failure": played.client_failure,
+        "jobs": evidence.jobs.len(), "acknowledged": evidence.acknowledged.len(),
+        "changes": evidence.changes, "schedule": played.schedule,
+        "faults_planned": played.faults_planned, "faults_played": played.faults_played,
+        "replay": replay(setup),
+    })
+}
+
 pub fn show(
     setup: &Setup,
     run_id: &str,
@@ -79,17 +99,7 @@ pub fn show(
     grade: Grade,
 ) {
     if setup.json {
-        let verdict = json!({
-            "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "challenge",
-            "run_id": run_id, "challenge": setup.challenge.name(), "seed": setup.seed,
-            "grade": grade, "problems": report.problems, "undecided": report.undecided,
-            "client_failure": played.client_failure,
-            "jobs": evidence.jobs.len(), "acknowledged": evidence.acknowledged.len(),
-            "changes": evidence.changes, "schedule": played.schedule,
-            "faults_planned": played.faults_planned, "faults_played": played.faults_played,
-            "replay": replay(setup),
-        });
-        crate::output::json_line(&verdict);
+        crate::output::json_line(&json(setup, run_id, played, evidence, report, grade));
         return;
     }
     crate::outln!();

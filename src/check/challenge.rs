@@ -19,6 +19,9 @@
 //! - **log disagrees**: a record whose value is not the last value its log shows (changed
 //!   with the trigger off).
 //!
+//! - **stuck lock** (crash): a client killed holding its lock, and the next client that
+//!   wanted that record waited longer than the bound for it (seen from the clients' notes).
+//!
 //! If the challenge's faults never played (the client never reached the moment they aim
 //! at), a clean log proves nothing about them: undecided, never a pass.
 
@@ -59,6 +62,31 @@ pub struct Evidence {
     /// Faults the challenge meant to play, and those that played.
     pub faults_planned: usize,
     pub faults_played: usize,
+    /// The clients' locks as their notes and the run saw them, in time order.
+    pub moments: Vec<LockMoment>,
+    /// How long a lock whose holder was killed may keep the next client waiting (none: not
+    /// checked).
+    pub stuck_bound_ms: Option<u64>,
+}
+
+/// One moment of a client's lock on a record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LockMoment {
+    pub t_ms: u64,
+    pub client: String,
+    pub record: String,
+    pub what: Moment,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Moment {
+    /// A job on the record was sent to the client: from now it wants the lock.
+    Wants,
+    Acquired,
+    Released,
+    /// The client was killed while it had a job on the record.
+    Killed,
 }
 
 /// A broken rule, with its evidence.
@@ -93,6 +121,13 @@ pub enum Problem {
         value: i64,
         logged: i64,
     },
+    StuckLock {
+        record: String,
+        dead: String,
+        waiter: String,
+        waited_ms: u64,
+        bound_ms: u64,
+    },
 }
 
 impl Problem {
@@ -104,6 +139,7 @@ impl Problem {
             Problem::NeverDone { .. } => "never-done",
             Problem::Untagged { .. } => "untagged",
             Problem::LogDisagrees { .. } => "log-disagrees",
+            Problem::StuckLock { .. } => "stuck-lock",
         }
     }
 
@@ -146,6 +182,16 @@ impl Problem {
                 logged,
             } => format!(
                 "{record} holds {value}, its log ends at {logged}: it changed outside the log"
+            ),
+            Problem::StuckLock {
+                record,
+                dead,
+                waiter,
+                waited_ms,
+                bound_ms,
+            } => format!(
+                "stuck lock: {dead} was killed holding the lock of {record}, and {waiter} \
+                 waited {waited_ms}ms for it (the bound is {bound_ms}ms)"
             ),
         }
     }
@@ -236,6 +282,11 @@ pub fn check(evidence: &Evidence) -> Report {
             });
         }
     }
+    if let Some(bound_ms) = evidence.stuck_bound_ms {
+        report
+            .problems
+            .extend(stuck_locks(&evidence.moments, bound_ms));
+    }
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
             "{} of {} faults played: the client never reached the moment the others aim at",
@@ -243,6 +294,50 @@ pub fn check(evidence: &Evidence) -> Report {
         ));
     }
     report
+}
+
+/// Each lock whose holder was killed holding it: how long the next client to take it had
+/// waited — from its job on the record, or from the kill if it wanted it before.
+fn stuck_locks(moments: &[LockMoment], bound_ms: u64) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (i, kill) in moments.iter().enumerate() {
+        if kill.what != Moment::Killed {
+            continue;
+        }
+        let held = moments[..i]
+            .iter()
+            .rev()
+            .find(|m| m.client == kill.client && m.record == kill.record)
+            .is_some_and(|m| m.what == Moment::Acquired);
+        if !held {
+            continue;
+        }
+        let later = &moments[i + 1..];
+        let Some(next) = later
+            .iter()
+            .find(|m| m.record == kill.record && m.what == Moment::Acquired)
+        else {
+            continue;
+        };
+        let wanted = moments
+            .iter()
+            .filter(|m| m.client == next.client && m.record == kill.record)
+            .filter(|m| m.what == Moment::Wants && m.t_ms <= next.t_ms)
+            .map(|m| m.t_ms)
+            .next_back()
+            .unwrap_or(kill.t_ms);
+        let waited_ms = next.t_ms.saturating_sub(wanted.max(kill.t_ms));
+        if waited_ms > bound_ms {
+            problems.push(Problem::StuckLock {
+                record: kill.record.clone(),
+                dead: kill.client.clone(),
+                waiter: next.client.clone(),
+                waited_ms,
+                bound_ms,
+            });
+        }
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -275,7 +370,57 @@ mod tests {
             finals: finals.iter().map(|(r, v)| (r.to_string(), *v)).collect(),
             faults_planned: 1,
             faults_played: 1,
+            ..Evidence::default()
         }
+    }
+
+    fn moment(t_ms: u64, client: &str, what: Moment) -> LockMoment {
+        LockMoment {
+            t_ms,
+            client: client.into(),
+            record: "r0".into(),
+            what,
+        }
+    }
+
+    #[test]
+    fn a_lock_whose_dead_holder_keeps_the_next_client_waiting_past_the_bound_is_stuck() {
+        use Moment::*;
+        let mut run = evidence(
+            vec![
+                change(1, "r0", Some(1), 0, 3),
+                change(2, "r0", Some(2), 3, 8),
+                change(3, "r1", Some(3), 0, 2),
+            ],
+            &[1, 2, 3],
+            &[("r0", 8), ("r1", 2)],
+        );
+        // c1 dies holding r0 at 100ms; c2 wanted r0 from 50ms, took it at 700ms.
+        run.moments = vec![
+            moment(0, "c1", Wants),
+            moment(10, "c1", Acquired),
+            moment(50, "c2", Wants),
+            moment(100, "c1", Killed),
+            moment(700, "c2", Acquired),
+        ];
+        run.stuck_bound_ms = Some(2000);
+        assert_eq!(check(&run).grade(), Grade::Pass, "600ms is within 2s");
+        run.stuck_bound_ms = Some(500);
+        let report = check(&run);
+        assert_eq!(report.problems.len(), 1, "{report:?}");
+        let line = report.problems[0].describe();
+        assert!(
+            line.contains("c1 was killed") && line.contains("c2 waited 600ms"),
+            "{line}"
+        );
+        // Killed after it released: no lock of its was left, however long c2 waited after.
+        run.moments.insert(3, moment(90, "c1", Released));
+        assert_eq!(check(&run).grade(), Grade::Pass);
+        // A client that wanted it only later waited from its own job, not from the kill.
+        run.moments.remove(3);
+        run.moments[2].t_ms = 650;
+        run.moments.swap(2, 3);
+        assert_eq!(check(&run).grade(), Grade::Pass, "50ms of waiting");
     }
 
     #[test]

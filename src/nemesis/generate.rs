@@ -20,26 +20,44 @@ pub enum FaultKind {
     Pause,
     /// A client killed (SIGKILL) in the middle of its work: a crash
     Kill,
-    /// The lock's server killed and started again (a private Redis comes back empty)
+    /// The lock's server killed and started again without persistence: it comes back empty
     Restart,
+    /// The lock's server killed and started again with its data: AOF, fsynced at every write
+    RestartAof,
 }
 
+/// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
+/// Redis, run with its append-only file on for that schedule).
+pub const AOF_SUFFIX: &str = "-aof";
+
 impl FaultKind {
-    pub const ALL: [FaultKind; 3] = [FaultKind::Pause, FaultKind::Kill, FaultKind::Restart];
+    pub const ALL: [FaultKind; 4] = [
+        FaultKind::Pause,
+        FaultKind::Kill,
+        FaultKind::Restart,
+        FaultKind::RestartAof,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             FaultKind::Pause => "pause",
             FaultKind::Kill => "kill",
             FaultKind::Restart => "restart",
+            FaultKind::RestartAof => "restart-aof",
         }
     }
 
-    /// The kind of a step of a schedule.
-    pub fn of(fault: Fault) -> Option<FaultKind> {
-        match fault {
+    /// Does this kind aim at a server (which chaos must have started itself)?
+    pub fn restarts(self) -> bool {
+        matches!(self, FaultKind::Restart | FaultKind::RestartAof)
+    }
+
+    /// The kind of a step of a schedule (a restart's target says whether it keeps its data).
+    pub fn of(step: &Step) -> Option<FaultKind> {
+        match step.fault {
             Fault::Pause => Some(FaultKind::Pause),
             Fault::Kill => Some(FaultKind::Kill),
+            Fault::Restart if step.target.ends_with(AOF_SUFFIX) => Some(FaultKind::RestartAof),
             Fault::Restart => Some(FaultKind::Restart),
             _ => None,
         }
@@ -52,7 +70,8 @@ pub struct Space {
     /// The clients' names (`A`, `B`, `C`).
     pub clients: Vec<String>,
     pub kinds: Vec<FaultKind>,
-    /// The servers that may restart (`redis`); none: no restart is drawn.
+    /// The servers that may restart (`redis`); none: no restart is drawn. A `restart-aof`
+    /// aims at the same server by its name with [`AOF_SUFFIX`] (`redis-aof`).
     pub restartable: Vec<String>,
     /// How long the clients work, in ms: times are drawn inside it.
     pub span_ms: u64,
@@ -99,12 +118,13 @@ pub fn nth_seed(seed: u64, index: u64) -> u64 {
 }
 
 /// Draws one schedule from `seed`. Each client takes at most one fault (a killed client
-/// takes no other; two pauses of one client could overlap); a server restarts at most once.
+/// takes no other; two pauses of one client could overlap); a server restarts at most once,
+/// with its data or without (its persistence is set for the whole schedule).
 pub fn draw(seed: u64, space: &Space) -> Schedule {
     let mut rng = Rng::new(seed);
     let mut kinds: Vec<FaultKind> = space.kinds.clone();
     if space.restartable.is_empty() {
-        kinds.retain(|kind| *kind != FaultKind::Restart);
+        kinds.retain(|kind| !kind.restarts());
     }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
@@ -116,17 +136,23 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     for _ in 0..count {
         let kind = *rng.pick(&kinds);
         match kind {
-            FaultKind::Restart if !restarted => {
+            FaultKind::Restart | FaultKind::RestartAof if !restarted => {
                 restarted = true;
+                let at_ms = rng.between(space.span_ms / 10, space.span_ms * 7 / 10);
+                let server = rng.pick(&space.restartable).clone();
                 steps.push(Step {
-                    at_ms: rng.between(space.span_ms / 10, space.span_ms * 7 / 10),
+                    at_ms,
                     after: None,
                     fault: Fault::Restart,
-                    target: rng.pick(&space.restartable).clone(),
+                    target: if kind == FaultKind::RestartAof {
+                        format!("{server}{AOF_SUFFIX}")
+                    } else {
+                        server
+                    },
                     duration_ms: None,
                 });
             }
-            FaultKind::Restart => {}
+            FaultKind::Restart | FaultKind::RestartAof => {}
             FaultKind::Pause | FaultKind::Kill => {
                 if free.is_empty() {
                     continue;
@@ -207,7 +233,17 @@ mod tests {
         for index in 0..300 {
             let schedule = draw(nth_seed(7, index), &space());
             assert!(!schedule.is_empty());
-            schedule.validate(&["A", "B", "C"], &["redis"]).unwrap();
+            schedule
+                .validate(&["A", "B", "C"], &["redis", "redis-aof"])
+                .unwrap();
+            let restarts = schedule
+                .steps()
+                .iter()
+                .filter(|s| s.fault == Fault::Restart);
+            assert!(
+                restarts.count() <= 1,
+                "one restart, with its data or without"
+            );
             let mut targets: Vec<&str> = schedule
                 .steps()
                 .iter()
@@ -258,8 +294,30 @@ mod tests {
             assert!(schedule.steps().iter().all(|s| s.fault == Fault::Kill));
         }
         let mut no_server = space();
-        no_server.kinds = vec![FaultKind::Restart];
+        no_server.kinds = vec![FaultKind::Restart, FaultKind::RestartAof];
         no_server.restartable.clear();
         assert!(draw(1, &no_server).is_empty());
+    }
+
+    #[test]
+    fn a_restart_with_its_data_aims_at_the_servers_aof_name_and_reads_back_as_its_kind() {
+        let mut kept = space();
+        kept.kinds = vec![FaultKind::RestartAof];
+        let mut empty = space();
+        empty.kinds = vec![FaultKind::Restart];
+        for index in 0..20 {
+            let schedule = draw(index, &kept);
+            let step = &schedule.steps()[0];
+            assert_eq!(
+                (step.fault, step.target.as_str()),
+                (Fault::Restart, "redis-aof")
+            );
+            assert_eq!(FaultKind::of(step), Some(FaultKind::RestartAof));
+            let schedule = draw(index, &empty);
+            assert_eq!(
+                FaultKind::of(&schedule.steps()[0]),
+                Some(FaultKind::Restart)
+            );
+        }
     }
 }

@@ -20,8 +20,9 @@
 //! - **drop the reply** to the next request: the server receives and applies it, and its
 //!   answer is lost; the client's connection is then reset, as a broken link would be.
 //!
-//! One thread per proxy runs an event loop (tokio's single-threaded runtime, which the etcd
-//! client brings anyway): every connection is two small tasks, one per direction, so that
+//! Two threads per proxy (one on a one-core machine) each run an event loop (tokio's
+//! single-threaded runtime, which the etcd client brings anyway), and connections take turns
+//! on them: every connection is two small tasks on one loop, one per direction, so that
 //! fifty clients cost fifty pairs of tasks, not a hundred threads taking turns on the CPU.
 //! With no fault on, a chunk is written by the task that read it, with no queue in between.
 //! Stopping the proxy ends its runtime, which drops every task and closes every socket.
@@ -37,6 +38,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 mod url;
@@ -178,7 +180,8 @@ fn side(direction: Direction) -> usize {
 pub struct Proxy {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    thread: Option<JoinHandle<()>>,
+    /// One thread per event loop; the first also accepts.
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Proxy {
@@ -190,15 +193,20 @@ impl Proxy {
 
     /// Starts a proxy listening on `listen` (a free port when its port is 0).
     pub fn start_on(path: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<Proxy> {
+        Proxy::start_with(path, listen, upstream, event_loops())
+    }
+
+    /// Starts a proxy with `loops` event loops (at least one): what the benchmark compares.
+    pub fn start_with(
+        path: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        loops: usize,
+    ) -> Result<Proxy> {
         let listener = TcpListener::bind(listen)
             .with_context(|| format!("starting the fault proxy on {listen}"))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .context("starting the fault proxy's event loop")?;
         let shared = Arc::new(Shared {
             path: path.to_string(),
             upstream,
@@ -211,21 +219,50 @@ impl Proxy {
             quiet: AtomicBool::new(true),
             tasks: AtomicUsize::new(0),
         });
-        let thread = {
-            let shared = Arc::clone(&shared);
-            thread::Builder::new()
-                .name(format!("proxy {path}"))
+        let mut runtimes = Vec::new();
+        for _ in 0..loops.max(1) {
+            runtimes.push(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .enable_time()
+                    .build()
+                    .context("starting the fault proxy's event loop")?,
+            );
+        }
+        let loops: Arc<Vec<Handle>> =
+            Arc::new(runtimes.iter().map(|r| r.handle().clone()).collect());
+        let mut threads = Vec::new();
+        let mut listener = Some(listener);
+        for (n, runtime) in runtimes.into_iter().enumerate() {
+            let (mine, loops, listener) =
+                (Arc::clone(&shared), Arc::clone(&loops), listener.take());
+            let thread = thread::Builder::new()
+                .name(format!("proxy {path} {n}"))
                 .spawn(move || {
-                    runtime.block_on(accept_loop(listener, Arc::clone(&shared)));
+                    match listener {
+                        Some(listener) => runtime.block_on(accept_loop(listener, mine, loops)),
+                        None => runtime.block_on(until_stopped(mine)),
+                    }
                     // Every connection's tasks are dropped here, and their sockets closed.
                     drop(runtime);
-                })
-                .context("starting the fault proxy's thread")?
-        };
+                });
+            match thread {
+                Ok(thread) => threads.push(thread),
+                Err(err) => {
+                    Proxy {
+                        shared,
+                        addr,
+                        threads,
+                    }
+                    .stop();
+                    return Err(err).context("starting the fault proxy's thread");
+                }
+            }
+        }
         Ok(Proxy {
             shared,
             addr,
-            thread: Some(thread),
+            threads,
         })
     }
 
@@ -297,7 +334,7 @@ impl Proxy {
             }
         }
         self.shared.wake();
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -321,11 +358,30 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+/// How many event loops a proxy runs: two where the machine has two cores or more. On a
+/// loaded two-core machine one loop is one thread among the client's and the server's,
+/// and gets a third of the CPU while it does twice the server's system calls (a read and
+/// a write each way for every request); two loops get it a fair share of both cores.
+pub fn event_loops() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get().min(2))
+}
+
+/// What an event loop that does not accept runs: nothing of its own, until the proxy stops.
+async fn until_stopped(shared: Arc<Shared>) {
+    let mut changed = shared.changed.subscribe();
+    while !shared.stopping.load(Ordering::SeqCst) {
+        if changed.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, loops: Arc<Vec<Handle>>) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
     };
     let mut changed = shared.changed.subscribe();
+    let mut next = 0;
     loop {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -345,12 +401,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
             continue;
         }
-        tokio::spawn(connect(client, Arc::clone(&shared)));
+        // Connections take turns on the event loops; each is registered with the loop
+        // that runs its two tasks, so that the loop's own poll wakes them.
+        next = (next + 1) % loops.len();
+        let Ok(client) = client.into_std() else {
+            continue;
+        };
+        loops[next].spawn(connect(client, Arc::clone(&shared)));
     }
 }
 
 /// Opens the server's side of a new connection and starts its two tasks.
-async fn connect(client: tokio::net::TcpStream, shared: Arc<Shared>) {
+async fn connect(client: TcpStream, shared: Arc<Shared>) {
+    let Ok(client) = tokio::net::TcpStream::from_std(client) else {
+        return;
+    };
     let server = tokio::time::timeout(
         Duration::from_secs(2),
         tokio::net::TcpStream::connect(shared.upstream),
@@ -1078,7 +1143,7 @@ mod tests {
         let stopped = Instant::now();
         proxy.stop();
         assert!(stopped.elapsed() < Duration::from_secs(2));
-        assert!(proxy.thread.is_none(), "its thread was joined");
+        assert!(proxy.threads.is_empty(), "its threads were joined");
         assert_eq!(tasks(&proxy), 0, "its runtime dropped every task");
         let mut buffer = [0u8; 4];
         assert!(matches!(stream.read(&mut buffer), Ok(0) | Err(_)), "closed");

@@ -134,17 +134,38 @@ impl Design {
         )
     }
 
-    /// What the labs teach of it under this kind of fault. `redis-fenced`'s `INCR` counter
-    /// lives in Redis, and a Redis that restarts empty hands its tokens out again. The
-    /// store's claim is strict (`token < new`, as lab 7's `CLAIM_ROW`): a token handed out
-    /// twice claims a record at most once, and a lower one not at all. A restart costs
-    /// liveness there (claims refused until the counter passes the highest claim), not
-    /// safety — so the labs' mark is the same under every fault.
-    pub fn labs_call_it_safe_under(self, _kind: FaultKind) -> bool {
-        self.labs_call_it_safe()
+    /// What the labs teach of it under this kind of fault — the matrix's expectation, cell
+    /// by cell (the row's ✅/❌ is [`Design::labs_call_it_safe`], its mark under a pause).
+    ///
+    /// - **pause**: a client frozen past its lease breaks every design that trusts the lock
+    ///   alone or fences only its write (labs 1, 4, 7): the row's mark.
+    /// - **kill**: no design here. A killed client writes nothing more; its lease runs out
+    ///   (or its session ends, and Postgres lets its advisory lock and row locks go) and the
+    ///   next holder starts from what the store holds. A kill costs liveness, not safety.
+    /// - **restart** (a Redis with no persistence comes back empty): the lock keys go, so a
+    ///   second client takes a lock whose holder is still at work (lab 5's failover tells the
+    ///   same of a replica that never got the key): `redis-lock` and `redis-renewed` break.
+    ///   So does `fenced-write-only`: its `INCR` counter starts again at 1, and once it
+    ///   climbs back to a record's highest token, the write check (not lower) lets the
+    ///   reissued token through beside its first holder's.
+    ///   `redis-fenced`'s claim is strict (`token < new`, lab 7's `CLAIM_ROW`): a reissued
+    ///   token claims a record at most once and a lower one not at all — claims are refused
+    ///   until the counter passes the highest (liveness, not safety).
+    /// - **restart-aof** (`appendfsync always`: the restarted Redis has every write it
+    ///   acknowledged, the keys' expiry kept as absolute times): no lock and no counter is
+    ///   lost, so none of these designs can break by the restart alone.
+    pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
+        match kind {
+            FaultKind::Pause => self.labs_call_it_safe(),
+            FaultKind::Kill | FaultKind::RestartAof => true,
+            FaultKind::Restart => !matches!(
+                self,
+                Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly
+            ),
+        }
     }
 
-    /// What the labs teach of it: ✅ safe under pauses and kills.
+    /// What the labs teach of it: ✅ safe under a pause (and so under every fault here).
     pub fn labs_call_it_safe(self) -> bool {
         !matches!(
             self,

@@ -63,11 +63,14 @@ pub enum LockSpec {
         renew: bool,
     },
     /// A lease of its own with a heartbeat, and etcd's lock on it; the key's create
-    /// revision is the token.
+    /// revision is the token, sent with the write unless `token` is false (lab 8's etcd
+    /// row without fencing).
     Etcd {
         url: String,
         name: String,
         lease_ttl_ms: u64,
+        #[serde(default = "yes")]
+        token: bool,
     },
     /// A session advisory lock; `idle_timeout_ms` lets Postgres end a silent session.
     Postgres {
@@ -75,6 +78,10 @@ pub enum LockSpec {
         name: String,
         idle_timeout_ms: Option<u64>,
     },
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl LockSpec {
@@ -135,6 +142,8 @@ enum AnyLock {
         lock: Box<EtcdLock>,
         lease: Option<etcd::Lease>,
         held: Option<etcd::Held>,
+        /// The key's revision goes with the write as its fencing token.
+        token: bool,
     },
     Postgres {
         lock: PgLock,
@@ -192,6 +201,7 @@ impl AnyLock {
                 url,
                 name: lock_name,
                 lease_ttl_ms,
+                token,
             } => {
                 let mut lock = EtcdLock::connect(url, lock_name)?;
                 let on_lost = lost("heartbeat");
@@ -205,6 +215,7 @@ impl AnyLock {
                     lock: Box::new(lock),
                     lease: Some(lease),
                     held: None,
+                    token: *token,
                 }
             }
             LockSpec::Postgres {
@@ -348,15 +359,25 @@ impl AnyLock {
                 *held = Some(got);
                 Ok(Ok(grant))
             }
-            AnyLock::Etcd { lock, lease, held } => {
+            AnyLock::Etcd {
+                lock,
+                lease,
+                held,
+                token,
+            } => {
                 let lease_ref = lease.as_ref().expect("granted in open");
                 Ok(match lock.acquire_within(lease_ref, wait)? {
                     Acquired::Held(got) => {
+                        let used = if *token {
+                            "= fencing token"
+                        } else {
+                            "(not sent with the write: no fencing)"
+                        };
                         let grant = Grant {
-                            token: Some(got.token),
+                            token: token.then_some(got.token),
                             owner: got.key.clone(),
                             how: format!(
-                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} = fencing token",
+                                "etcd lock returned key {}; read back: it exists on our lease (so the lease lives), create revision {} {used}",
                                 short_key(&got.key),
                                 got.token
                             ),
@@ -441,6 +462,7 @@ impl AnyLock {
                 mut lock,
                 lease: Some(lease),
                 held: Some(held),
+                ..
             } => Ok(if lock.release(lease, &held)? {
                 said(
                     true,

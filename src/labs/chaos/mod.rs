@@ -13,6 +13,7 @@ mod play;
 mod show;
 mod shrink;
 pub mod side_by_side;
+mod table;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -67,8 +68,9 @@ Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
 for 1.5s (2s on etcd), while the schedule's faults land: a pause or a kill
 just after a client took its lock, just after its read, inside its write's
-transaction, or at a time; a restart of the lock's Redis (private, no
-persistence: it comes back empty).
+transaction, or at a time; a restart of the lock's Redis (chaos's own):
+`restart` with no persistence (it comes back empty), `restart-aof` with its
+append-only file fsynced at every write (it comes back with its data).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
@@ -150,10 +152,7 @@ impl Ground {
         let servers = servers::provide(args, &needs)?;
         let lanes = match (&given, uses_redis) {
             (_, false) => vec![Lane::default()],
-            (Some(_), true) => vec![Lane {
-                redis_url: Some(servers.url(Backend::Redis).to_string()),
-                redis: None,
-            }],
+            (Some(_), true) => vec![Lane::given(servers.url(Backend::Redis))],
             (None, true) => (0..parallel.max(1))
                 .map(|_| Lane::private_redis())
                 .collect::<Result<_>>()?,
@@ -238,7 +237,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         }
         let restarts = given
             .as_ref()
-            .map_or(kinds == [FaultKind::Restart], |schedule| {
+            .map_or(kinds.iter().all(|k| k.restarts()), |schedule| {
                 schedule
                     .steps()
                     .iter()
@@ -320,7 +319,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 )?
             };
             let replay = show::replay_command(args.design, clients, &small);
-            show::failure(style, &small, &small_trial, &replay, found_after, shrinking);
+            let lines = show::replay_lines(args.design, clients, &small);
+            show::failure(style, &small, &small_trial, &lines, found_after, shrinking);
             verdict["shrunk"] = serde_json::to_value(&small)?;
             verdict["clients"] = clients.into();
             verdict["replay"] = replay.into();
@@ -366,6 +366,7 @@ fn run_ms_of(design: Design) -> u64 {
 
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
 fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
+    use crate::nemesis::Fault;
     let json = if text.trim_start().starts_with('[') {
         text.to_string()
     } else {
@@ -389,14 +390,23 @@ fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
     }
     let names = play::client_names(clients);
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    if let Err(err) = schedule.validate(&names, &["redis"]) {
+    if let Err(err) = schedule.validate(&names, &["redis", "redis-aof"]) {
         crate::bail_usage!("--schedule: {err:#}");
+    }
+    let restarts = schedule
+        .steps()
+        .iter()
+        .filter(|s| s.fault == Fault::Restart);
+    if restarts.count() > 1 {
+        crate::bail_usage!(
+            "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
+             comes back empty, or as `redis-aof`, which comes back with its data)"
+        );
     }
     // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it
     // could not play would pass for a replay of it.
     const LONGEST_PAUSE_MS: u64 = 60_000;
     for step in schedule.steps() {
-        use crate::nemesis::Fault;
         if !matches!(
             step.fault,
             Fault::Pause | Fault::Resume | Fault::Kill | Fault::Restart

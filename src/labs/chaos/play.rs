@@ -1,7 +1,7 @@
 //! One history: the records set up, the clients started, the schedule played from the live
 //! history, the records read back and checked.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -11,8 +11,8 @@ use crate::connect::{self, Backend, PgClient};
 use crate::events::{Event, What};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
+use crate::nemesis::generate::FaultKind;
 use crate::nemesis::schedule::Schedule;
-use crate::nemesis::victims::Server;
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
 use crate::servers::{Lifetime, PrivateServers};
@@ -40,19 +40,94 @@ pub struct Setup {
 pub struct Lane {
     pub redis_url: Option<String>,
     /// Chaos's own Redis, which this lane's schedules may restart.
-    pub redis: Option<Mutex<PrivateServers>>,
+    pub redis: Option<Arc<Mutex<PrivateServers>>>,
+    /// The thread that starts this lane's Redis again (see [`Keeper`]).
+    keeper: Option<Keeper>,
 }
 
+/// A thread that lives as long as its lane and starts the lane's Redis again when asked.
+/// A child dies with the *thread* that spawned it (`PR_SET_PDEATHSIG`, see
+/// [`crate::procs`]), and the threads that play schedules end with each batch: a Redis they
+/// restarted would die with them, under the next cell's clients.
+type Keeper = mpsc::Sender<Box<dyn FnOnce() + Send>>;
+
 impl Lane {
+    /// A lane on a Redis chaos was given: never restarted.
+    pub fn given(url: &str) -> Lane {
+        Lane {
+            redis_url: Some(url.to_string()),
+            ..Lane::default()
+        }
+    }
+
+    /// A lane with a Redis of its own; call it from a thread that outlives the lane.
     pub fn private_redis() -> Result<Lane> {
         let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
         let url = private
             .url(Backend::Redis)
             .context("the private Redis has no URL")?;
+        let (keeper, jobs) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new()
+            .name("chaos-lane-keeper".into())
+            .spawn(move || jobs.into_iter().for_each(|job| job()))?;
         Ok(Lane {
             redis_url: Some(url),
-            redis: Some(Mutex::new(private)),
+            redis: Some(Arc::new(Mutex::new(private))),
+            keeper: Some(keeper),
         })
+    }
+
+    /// Runs `f` on the lane's Redis from its keeper thread, and waits for its answer.
+    fn on_keeper<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut PrivateServers) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (Some(redis), Some(keeper)) = (self.redis.clone(), self.keeper.as_ref()) else {
+            anyhow::bail!("this lane's Redis is not chaos's own");
+        };
+        let (answer, answered) = mpsc::channel();
+        keeper
+            .send(Box::new(move || {
+                let mut private = redis.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = answer.send(f(&mut private));
+            }))
+            .map_err(|_| anyhow::anyhow!("the lane's keeper thread is gone"))?;
+        answered
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the lane's keeper thread is gone"))?
+    }
+
+    fn redis_pid(&self) -> Option<i32> {
+        let redis = self.redis.as_ref()?;
+        let private = redis.lock().unwrap_or_else(|p| p.into_inner());
+        private.pid(Backend::Redis)
+    }
+}
+
+/// A lane's Redis as the nemesis sees it: killed where it stands, restarted by the keeper.
+struct LaneRedis<'a> {
+    lane: &'a Lane,
+    label: String,
+}
+
+impl Victim for LaneRedis<'_> {
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.lane.redis_pid()
+    }
+
+    fn kill_now(&mut self) {
+        if let Some(pid) = self.pid() {
+            crate::procs::stop(pid, &crate::procs::StopPlan::kill());
+        }
+    }
+
+    fn restart_now(&mut self) -> Result<Duration> {
+        self.lane
+            .on_keeper(|private| private.crash_and_restart(Backend::Redis))
     }
 }
 
@@ -156,6 +231,15 @@ impl Setup {
             start,
         )
         .quiet();
+        // Lanes play side by side, each restarting only its own Redis. Its persistence is
+        // set for the whole schedule, before any client connects (see `persist`): on only
+        // for a schedule that restarts it with its data — an fsync at every write slows
+        // every command, which would tell on the other schedules' timing.
+        let restart = schedule.steps().iter().find(|s| s.fault == Fault::Restart);
+        let keeps_data = restart.is_some_and(|s| FaultKind::of(s) == Some(FaultKind::RestartAof));
+        if lane.redis.is_some() {
+            persist(lane, keeps_data)?;
+        }
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let script = ChaosClient {
@@ -181,9 +265,16 @@ impl Setup {
         let mut faults = Faults::new(schedule, &stage).saying(|cue| {
             let name = &cue.action.target;
             Note::from(match (cue.action.fault, cue.back_after) {
+                (Fault::Restart, None) if keeps_data => {
+                    "crashes Redis (SIGKILL), then starts it again on its AOF".to_string()
+                }
                 (Fault::Restart, None) => {
                     "crashes Redis (SIGKILL), then starts it again, empty".to_string()
                 }
+                (Fault::Restart, Some(took)) if keeps_data => format!(
+                    "Redis back after {}ms, with every write it acknowledged",
+                    took.as_millis()
+                ),
                 (Fault::Restart, Some(took)) => {
                     format!("Redis back after {}ms, empty", took.as_millis())
                 }
@@ -204,16 +295,13 @@ impl Setup {
         })
         .tolerating_errors();
         {
-            // The lane's Redis is taken only by a schedule that restarts it: lanes play
-            // side by side, each restarting its own.
-            let restarts = schedule.steps().iter().any(|s| s.fault == Fault::Restart);
-            let mut private = match lane.redis.as_ref() {
-                Some(redis) if restarts => Some(redis.lock().unwrap_or_else(|p| p.into_inner())),
+            let mut redis = match (restart, lane.redis.is_some()) {
+                (Some(step), true) => Some(LaneRedis {
+                    lane,
+                    label: step.target.clone(),
+                }),
                 _ => None,
             };
-            let mut redis = private
-                .as_deref_mut()
-                .map(|private| Server::new(private, Backend::Redis, "redis"));
             let mut cast: Vec<&mut dyn Victim> = workers
                 .iter_mut()
                 .map(|worker| worker as &mut dyn Victim)
@@ -232,6 +320,22 @@ impl Setup {
         let backs = read_back(store, run_id, records)?;
         Ok((history, faults.unplayed().len(), backs))
     }
+}
+
+/// Sets a lane's Redis to keep its data across a crash, or not: `--appendonly yes
+/// --appendfsync always` (Redis appends every write to its append-only file and fsyncs
+/// the file each time it appends), or no persistence at all. A change restarts it, empty, before the
+/// schedule's clients start: the switch is setup, not a fault of the schedule.
+fn persist(lane: &Lane, keeps_data: bool) -> Result<()> {
+    lane.on_keeper(move |private| {
+        if private.redis_aof() != keeps_data {
+            private.set_redis_aof(keeps_data);
+            private
+                .crash_and_restart(Backend::Redis)
+                .context("restarting the lane's Redis with its new persistence")?;
+        }
+        Ok(())
+    })
 }
 
 fn prepare(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<()> {

@@ -141,6 +141,7 @@ pub(super) fn play(
                     url,
                     name,
                     lease_ttl_ms: plan.lease.as_millis() as u64,
+                    token: true,
                 },
                 Service::Postgres => LockSpec::Postgres {
                     url,

@@ -63,6 +63,7 @@ impl Play<'_> {
                 url: etcd.members[member].url(),
                 name: lock_name.clone(),
                 lease_ttl_ms: ETCD_LEASE.as_millis() as u64,
+                token: true,
             },
             store_url: self.postgres.into(),
             run_id: self.run_id.into(),

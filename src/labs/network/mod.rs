@@ -20,19 +20,23 @@
 //! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes
 //! the lock — and A, which nothing told to stop, writes.
 //!
-//! The third story loses a reply instead: A's `SET NX PX` (then a Postgres `COMMIT`) is
+//! The third story loses a reply instead: A's `SET NX PX` (then a Postgres `COMMIT`, then
+//! etcd's lock call) is
 //! applied by the server and its answer thrown away, and the lab reads back what each
 //! client policy — retry the same, retry anew, give up — makes of it.
 //!
 //! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
 //! - [`lost_reply`]: the lost `SET NX PX` under three policies; [`lost_commit`]: the lost
-//!   `COMMIT`, retried without and with an idempotency key;
+//!   `COMMIT`, retried without and with an idempotency key; [`lost_lock`]: etcd's lock
+//!   call, retried with the same lease, a new one, or not at all, and one lost in the queue;
 //! - [`verdict`]: what each run shows, decided by [`crate::check::network`].
 
 pub mod by_hand;
 mod cut_off;
 mod delayed;
 mod lost_commit;
+mod lost_lock;
+mod lost_lock_words;
 mod lost_reply;
 mod scene;
 pub mod verdict;
@@ -48,6 +52,7 @@ use crate::connect::Backend;
 use crate::output::human;
 use crate::servers::ServerArgs;
 use crate::store::Store;
+use cut_off::LockService;
 use verdict::Verdict;
 
 #[derive(clap::Args, Debug)]
@@ -56,6 +61,8 @@ Examples:
   lockslab network                     all three stories, fenced and not
   lockslab network --fencing off       only the runs without fencing
   lockslab network --scenario cut-off  A cut off from Redis, not from the store
+  lockslab network --scenario cut-off-etcd
+                                       the same, cut off from etcd's keepalive
   lockslab network --scenario lost-reply
                                        SET NX and COMMIT applied, answer lost
   lockslab network --ttl 3s            a longer lease: the write waits longer
@@ -93,8 +100,11 @@ pub enum Scenario {
     DelayedWrite,
     /// The proxy cuts A off from Redis (a renewed lock) but not from the store
     CutOff,
-    /// A's SET NX (then a COMMIT) is applied and the proxy loses the answer: what each
-    /// client policy makes of it (no fencing runs: the story is the client's)
+    /// The proxy cuts A off from etcd (a lease kept alive) but not from the store
+    CutOffEtcd,
+    /// A's SET NX (then a COMMIT, then etcd's lock call) is applied and the proxy loses the
+    /// answer: what each client policy makes of it (no fencing runs: the story is the
+    /// client's)
     LostReply,
     All,
 }
@@ -117,6 +127,7 @@ impl Plan {
                     Scenario::All => vec![
                         Scenario::DelayedWrite,
                         Scenario::CutOff,
+                        Scenario::CutOffEtcd,
                         Scenario::LostReply,
                     ],
                     one => vec![one],
@@ -147,14 +158,28 @@ impl Lab for Plan {
     }
 
     fn needs(&self) -> Vec<Backend> {
-        vec![Backend::Redis, Backend::Postgres]
+        let mut needs = vec![Backend::Redis, Backend::Postgres];
+        if self
+            .runs
+            .iter()
+            .any(|&(s, _)| matches!(s, Scenario::CutOffEtcd | Scenario::LostReply))
+        {
+            needs.push(Backend::Etcd);
+        }
+        needs
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
         let plays = |scenario| self.runs.iter().any(|&(s, _)| s == scenario);
         let lost = plays(Scenario::LostReply);
-        let (delayed, cut) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOff));
+        let (delayed, cut_etcd) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOffEtcd));
+        let cut = plays(Scenario::CutOff);
         let mut intro = Vec::new();
+        if cut_etcd {
+            intro.push(
+                "In a second row A and B share an etcd lock instead: each grants itself a lease that its keepalive renews, and A's keepalive goes through the proxy, which cuts A off from etcd while A can still reach the store.".to_string(),
+            );
+        }
         if delayed || cut {
             let fault = match (delayed, cut) {
                 (true, true) => {
@@ -172,7 +197,7 @@ impl Lab for Plan {
         }
         if lost {
             intro.push(format!(
-                "A client, A, in the lab's own process, reaches Redis and then Postgres through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, then a COMMIT. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
+                "A client, A, in the lab's own process, reaches Redis, Postgres and etcd through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, a COMMIT, then a call to etcd's lock. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
                 human(self.ttl)
             ));
         }
@@ -180,9 +205,16 @@ impl Lab for Plan {
     }
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
-        let leftovers = leftovers
+        let mut leftovers = leftovers
             .store(run.url(Backend::Postgres))
             .redis(run.url(Backend::Redis));
+        if self
+            .runs
+            .iter()
+            .any(|&(s, _)| matches!(s, Scenario::CutOffEtcd | Scenario::LostReply))
+        {
+            leftovers = leftovers.etcd(run.url(Backend::Etcd));
+        }
         if self.runs.iter().any(|&(s, _)| s == Scenario::LostReply) {
             leftovers.sql(run.url(Backend::Postgres), &lost_commit::forget(&run.id))
         } else {
@@ -197,16 +229,30 @@ impl Lab for Plan {
             runs: Vec::new(),
             lost_set: Vec::new(),
             lost_commit: Vec::new(),
+            lost_lock: Vec::new(),
+            lost_lock_queued: None,
             ttl: self.ttl,
         };
         for &(scenario, fenced) in &self.runs {
             match scenario {
                 Scenario::LostReply => {
                     (verdict.lost_set, verdict.lost_commit) = lost_reply::play(self, run)?;
+                    (verdict.lost_lock, verdict.lost_lock_queued) = lost_lock::play(self, run)?;
                 }
-                Scenario::CutOff => verdict
-                    .runs
-                    .push(cut_off::play(self, run, fenced, &mut store)?),
+                Scenario::CutOff => verdict.runs.push(cut_off::play(
+                    self,
+                    run,
+                    fenced,
+                    &mut store,
+                    LockService::Redis,
+                )?),
+                Scenario::CutOffEtcd => verdict.runs.push(cut_off::play(
+                    self,
+                    run,
+                    fenced,
+                    &mut store,
+                    LockService::Etcd,
+                )?),
                 _ => verdict
                     .runs
                     .push(delayed::play(self, run, fenced, &mut store)?),

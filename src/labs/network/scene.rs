@@ -33,6 +33,9 @@ pub(super) struct Scene<'a> {
     /// A's path to `server` (`A→store`, `A→redis`), and A's URL for that server through it.
     pub(super) path: Proxy,
     pub(super) url_through: String,
+    /// The lock is etcd's (each holder's own lease kept alive by a keepalive, and etcd's
+    /// lock called with it), not Redis's: the scenes whose proxy is on A's path to etcd.
+    pub(super) on_etcd: bool,
     lock_key: String,
     resource: String,
 }
@@ -64,6 +67,12 @@ impl<'a> Scene<'a> {
         stage.checkpoint(at);
         let run_id = run.id.as_str();
         let lock_key = format!("lockslab:{run_id}:network:{scenario}:{label}:lock");
+        let on_etcd = path.ends_with("etcd");
+        let lock_is = if on_etcd {
+            "etcd's lock named"
+        } else {
+            "the Redis key"
+        };
         let proxy = Proxy::start(path, proxy::upstream_of(server_url)?)?;
         let url_through = proxy::through(server_url, proxy.addr())?;
         stage.record(Event::new(
@@ -74,7 +83,7 @@ impl<'a> Scene<'a> {
                 ..facts::RunFacts::default()
             },
             format!(
-                "run {run_id}: the lock is the Redis key {lock_key}; the path {path} goes through the fault proxy on {}",
+                "run {run_id}: the lock is {lock_is} {lock_key}; the path {path} goes through the fault proxy on {}",
                 proxy.addr()
             ),
         ));
@@ -87,17 +96,28 @@ impl<'a> Scene<'a> {
             nemesis: Nemesis::new(),
             path: proxy,
             url_through,
+            on_etcd,
             lock_key,
             resource: format!("network-{scenario}-{label}"),
         })
     }
 
-    /// The Redis key of the run's lock.
+    /// The lock's server: Redis, or etcd.
+    pub(super) fn lock_server(&self) -> &'a str {
+        if self.on_etcd {
+            self.run.url(Backend::Etcd)
+        } else {
+            self.run.url(Backend::Redis)
+        }
+    }
+
+    /// The Redis key of the run's lock (etcd: the lock's name).
     pub(super) fn lock_key(&self) -> &str {
         &self.lock_key
     }
 
-    /// A holder's script on the scene's lock and resource, with its own URLs.
+    /// A holder's script on the scene's lock and resource, with its own URLs (the first is
+    /// the lock's server: Redis, or etcd).
     pub(super) fn holder(
         &self,
         name: &str,
@@ -106,9 +126,15 @@ impl<'a> Scene<'a> {
         (before_write, after_write): (BeforeWrite, AfterWrite),
     ) -> HolderScript {
         let run_id = self.run.id.as_str();
-        HolderScript {
-            name: name.into(),
-            lock: LockSpec::Redis {
+        let lock = if self.on_etcd {
+            LockSpec::Etcd {
+                url: redis_url.into(),
+                name: self.lock_key.clone(),
+                lease_ttl_ms: self.plan.ttl.as_millis() as u64,
+                token: self.fenced,
+            }
+        } else {
+            LockSpec::Redis {
                 url: redis_url.into(),
                 key: self.lock_key.clone(),
                 ttl_ms: self.plan.ttl.as_millis() as u64,
@@ -116,7 +142,11 @@ impl<'a> Scene<'a> {
                     .fenced
                     .then(|| format!("lockslab:{run_id}:network:fence")),
                 renew,
-            },
+            }
+        };
+        HolderScript {
+            name: name.into(),
+            lock,
             store_url: store_url.into(),
             run_id: run_id.into(),
             resource: self.resource.clone(),
@@ -128,13 +158,10 @@ impl<'a> Scene<'a> {
         }
     }
 
-    /// Starts B, on direct paths to Redis and the store: it waits for the lock, writes at
-    /// once, and keeps the lock until told.
+    /// Starts B, on direct paths to the lock's server and the store: it waits for the
+    /// lock, writes at once, and keeps the lock until told.
     pub(super) fn spawn_b(&mut self) -> Result<WorkerHandle> {
-        let urls = (
-            self.run.url(Backend::Redis),
-            self.run.url(Backend::Postgres),
-        );
+        let urls = (self.lock_server(), self.run.url(Backend::Postgres));
         let script = self.holder(
             "B",
             urls,

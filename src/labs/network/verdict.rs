@@ -25,6 +25,9 @@ pub struct Verdict {
     /// with an idempotency key.
     pub lost_set: Vec<ReplyFound>,
     pub lost_commit: Vec<PaymentFound>,
+    /// The lost answer to etcd's lock call: one per retry policy, and the queued call.
+    pub lost_lock: Vec<ReplyFound>,
+    pub lost_lock_queued: Option<super::lost_lock::QueuedFound>,
     pub ttl: Duration,
 }
 
@@ -45,6 +48,14 @@ impl runner::Verdict for Verdict {
                 "lost_commit".into(),
                 serde_json::to_value(&self.lost_commit).unwrap_or_default(),
             );
+            fields.insert(
+                "lost_lock".into(),
+                serde_json::to_value(&self.lost_lock).unwrap_or_default(),
+            );
+            fields.insert(
+                "lost_lock_queued".into(),
+                serde_json::to_value(&self.lost_lock_queued).unwrap_or_default(),
+            );
         }
         fields
     }
@@ -52,6 +63,7 @@ impl runner::Verdict for Verdict {
     fn print(&self) {
         print_verdicts(&self.runs);
         super::lost_reply::print(&self.lost_set, &self.lost_commit);
+        super::lost_lock::print(&self.lost_lock, self.lost_lock_queued.as_ref());
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -109,7 +121,9 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
         a_lost_ms: saw("A", Kind::Lost).map(|e| e.t_ms),
-        expired_ms: saw("redis", Kind::Expired).map(|e| e.t_ms),
+        expired_ms: saw("redis", Kind::Expired)
+            .or_else(|| saw("etcd", Kind::Expired))
+            .map(|e| e.t_ms),
         b_granted_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
         a_wrote_ms: saw("A", Kind::Wrote).map(|e| e.t_ms),
     })
@@ -157,7 +171,7 @@ pub fn net_faults(log: &[Event]) -> Vec<(Fault, String)> {
 /// What one run found; every field from Redis's answers, the proxy's record or the store's.
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
-    /// `delayed-write` or `cut-off`.
+    /// `delayed-write`, `cut-off` (from Redis) or `cut-off-etcd`.
     pub scenario: &'static str,
     pub fencing: bool,
     /// A checked just before writing: its owner value in the key, with PTTL left.
@@ -208,7 +222,7 @@ impl RunVerdict {
                 read.final_writer
             );
         };
-        let cut = scenario == "cut-off";
+        let cut = scenario.starts_with("cut-off");
         Ok(RunVerdict {
             scenario,
             fencing: fenced,
@@ -253,6 +267,14 @@ impl RunVerdict {
         let story = if self.scenario == "cut-off" {
             format!(
                 "Cut off from Redis, A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_lost_ms),
+                at(self.a_key_expired_ms),
+                at(self.b_granted_ms),
+                at(self.a_wrote_ms)
+            )
+        } else if self.scenario == "cut-off-etcd" {
+            format!(
+                "Cut off from etcd, A's keepalive gave the lease up at {}; the lab saw A's lock key gone from etcd (its lease expired) at {} and etcd granted B the lock at {}. A, which nothing told to stop, wrote at {}.",
                 at(self.a_renewal_lost_ms),
                 at(self.a_key_expired_ms),
                 at(self.b_granted_ms),
@@ -323,6 +345,15 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
             row("B granted (Redis)", &|v| at(v.b_granted_ms)),
             row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
         ]
+    } else if scenario == "cut-off-etcd" {
+        vec![
+            row("A's keepalive gave up (A)", &|v| at(v.a_renewal_lost_ms)),
+            row("A's lease expired, key gone (etcd)", &|v| {
+                at(v.a_key_expired_ms)
+            }),
+            row("B granted (etcd)", &|v| at(v.b_granted_ms)),
+            row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
+        ]
     } else {
         vec![
             row("A checked its lock before writing", &|v| match (
@@ -365,6 +396,8 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
     ]);
     let title = if scenario == "cut-off" {
         "Verdict: cut off from Redis"
+    } else if scenario == "cut-off-etcd" {
+        "Verdict: cut off from etcd"
     } else {
         "Verdict: the delayed write"
     };

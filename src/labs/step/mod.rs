@@ -131,6 +131,7 @@ fn ask(name: &str, question: &str) {
     }
 }
 
+mod network_etcd;
 mod questions;
 pub use questions::*;
 

@@ -366,9 +366,14 @@ pub mod network {
                    the store compare, and what does it decide?",
     };
 
-    /// Before a run of the cut: no lock is held yet.
-    pub fn before_cut(fenced: bool) -> &'static Checkpoint {
-        if fenced { &CUT_FENCED } else { &CUT_UNFENCED }
+    /// Before a run of the cut (from Redis, or from etcd): no lock is held yet.
+    pub fn before_cut(fenced: bool, etcd: bool) -> &'static Checkpoint {
+        match (etcd, fenced) {
+            (false, false) => &CUT_UNFENCED,
+            (false, true) => &CUT_FENCED,
+            (true, false) => &super::super::network_etcd::CUT_ETCD_UNFENCED,
+            (true, true) => &super::super::network_etcd::CUT_ETCD_FENCED,
+        }
     }
 
     const CUT_UNFENCED: Checkpoint = Checkpoint {
@@ -409,6 +414,8 @@ pub mod network {
         question: "The same loss; A treats no answer as no lock and goes away. What is left \
                    in Redis, and for how long?",
     };
+
+    pub use super::super::network_etcd::before_lost_lock;
 
     /// Before a `COMMIT` whose answer is lost, retried without or with a key.
     pub fn before_lost_commit(keyed: bool) -> &'static Checkpoint {

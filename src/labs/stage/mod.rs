@@ -3,14 +3,11 @@
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use nix::sys::signal::Signal;
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::Pid;
 
 use super::{step, worker_failed};
 use crate::events::facts::{Part, Warning};
@@ -19,6 +16,9 @@ use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
 use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
 use crate::worker::WorkerSpec;
+
+mod handle;
+pub use handle::WorkerHandle;
 
 /// The orchestrator's side of a lab run: workers, their events, the timeline.
 pub struct Stage {
@@ -470,153 +470,11 @@ impl Stage {
     }
 }
 
-/// A running worker process. Dropping it resumes, kills and reaps the process.
-pub struct WorkerHandle {
-    pub name: String,
-    pub pid: i32,
-    stdin: Option<ChildStdin>,
-    reaped: bool,
-}
-
-impl WorkerHandle {
-    /// Sends the worker a command line on its stdin (`finish`, `release`…).
-    pub fn tell(&mut self, command: &str) -> Result<()> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| anyhow!("worker {} no longer listens", self.name))?;
-        writeln!(stdin, "{command}")
-            .and_then(|_| stdin.flush())
-            .with_context(|| format!("telling worker {} to {command}", self.name))
-    }
-
-    /// SIGSTOP to the worker's process group: it stops mid-instruction, like a GC pause.
-    pub fn freeze(&self) -> Result<()> {
-        procs::signal_group(self.pid, Signal::SIGSTOP)
-    }
-
-    /// SIGCONT: the worker carries on exactly where it stopped, unaware of the gap.
-    pub fn resume(&self) -> Result<()> {
-        procs::signal_group(self.pid, Signal::SIGCONT)
-    }
-
-    /// SIGKILL, the way a crash ends a client: no cleanup code runs.
-    pub fn kill(&mut self) {
-        if !self.reaped {
-            procs::stop(self.pid, &StopPlan::kill());
-            self.reaped = true;
-        }
-    }
-
-    /// Waits up to `timeout` for the worker to exit by itself; kills it after that.
-    pub fn finish(&mut self, timeout: Duration) -> bool {
-        self.stdin.take();
-        let deadline = Instant::now() + timeout;
-        while !self.reaped {
-            match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                Ok(WaitStatus::StillAlive) => break,
-                _ => {
-                    self.reaped = true;
-                    procs::forget(self.pid);
-                    return true;
-                }
-            }
-        }
-        self.kill();
-        false
-    }
-}
-
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The stage is the run's history: the nemesis records its faults here.
 impl crate::nemesis::Record for Stage {
     fn record(&mut self, event: Event) {
         Stage::record(self, event);
     }
 }
 
-/// A worker is a process the nemesis can pause, resume and kill.
-impl crate::nemesis::Victim for WorkerHandle {
-    fn label(&self) -> String {
-        self.name.clone()
-    }
-
-    fn pid(&self) -> Option<i32> {
-        (!self.reaped).then_some(self.pid)
-    }
-
-    fn kill_now(&mut self) {
-        self.kill();
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A worker's line that arrived (and was stamped) before the lab's freeze is shown above
-    /// it, and the lab still receives it afterwards.
-    #[test]
-    fn a_lab_event_never_shows_above_a_worker_line_that_arrived_before_it() {
-        let mut stage = Stage::new(Style {
-            json: true,
-            fancy: false,
-        })
-        .quiet();
-        let mut said = Event::new("w2", What::Working, "working");
-        said.t_ms = 0;
-        stage.tx.send(Incoming::Event(Box::new(said))).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-        stage.record(Event::new("lab", What::Freezing, "❄ SIGSTOP w2"));
-        let order: Vec<(&str, u64)> = stage
-            .log
-            .iter()
-            .map(|e| (e.worker.as_str(), e.t_ms))
-            .collect();
-        assert_eq!(order.len(), 2, "{order:?}");
-        assert_eq!(order[0].0, "w2", "{order:?}");
-        assert!(order.windows(2).all(|w| w[0].1 <= w[1].1), "{order:?}");
-        let handed = stage
-            .next(Duration::ZERO)
-            .expect("the lab still gets w2's line");
-        assert_eq!(handed.worker, "w2");
-        assert_eq!(stage.log.len(), 2, "shown once only");
-    }
-
-    /// In `run_until`'s tick, the lab's observation (A's key expired) stays above a worker
-    /// line (B took the lock) that arrived while it looked, stamped no later than that line.
-    #[test]
-    fn what_a_tick_records_stays_above_a_line_that_arrived_during_it() {
-        let mut stage = Stage::new(Style {
-            json: true,
-            fancy: false,
-        })
-        .quiet();
-        let tx = stage.tx.clone();
-        std::thread::sleep(Duration::from_millis(5));
-        stage
-            .pump(Duration::ZERO, &mut |stage: &mut Stage| {
-                let mut said = Event::new("B", What::Working, "took the lock");
-                said.t_ms = 3;
-                tx.send(Incoming::Event(Box::new(said))).unwrap();
-                stage.record(Event::new("redis", What::Freezing, "A's key has expired"));
-                Ok(())
-            })
-            .unwrap();
-        stage.drain();
-        let order: Vec<(&str, u64)> = stage
-            .log
-            .iter()
-            .map(|e| (e.worker.as_str(), e.t_ms))
-            .collect();
-        assert_eq!(order, [("redis", 3), ("B", 3)]);
-    }
-}
+mod tests;

@@ -13,13 +13,16 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::JobSpec;
+use crate::check::challenge::{JobSpec, LockMoment, Moment};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
 use crate::nemesis::{Fault, Nemesis, Record};
+use crate::proxy::{Direction, NetFault, Proxy, Seen};
 
 /// The work of every job, between its read and its write.
+mod faults;
+
 pub const WORK_MS: u64 = 20;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
@@ -48,10 +51,15 @@ pub struct Played {
     pub faults_played: usize,
     /// What a client did that ended the run (crashed, hung, garbage, flood).
     pub client_failure: Option<String>,
+    /// The run's typed history, for `--html`.
+    pub events: Vec<Event>,
+    pub moments: Vec<LockMoment>,
 }
 
 struct Seat {
     client: Client,
+    /// Its own way to Postgres, when the challenge plays network faults.
+    proxy: Option<Proxy>,
     ready: bool,
     notes: bool,
     /// The job it has, and since when it has been waited for.
@@ -73,6 +81,7 @@ struct Run<'a> {
     schedule: Option<Schedule>,
     player: Option<Player>,
     faults_played: usize,
+    moments: Vec<LockMoment>,
 }
 
 /// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
@@ -100,6 +109,7 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 
 pub fn play(setup: &Setup) -> Result<Played> {
     let (heard_to, heard) = channel();
+    let watchdog = super::client::Watchdog::start(&setup.run_id)?;
     let start = Instant::now();
     let mut run = Run {
         setup,
@@ -120,6 +130,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
         schedule: None,
         player: None,
         faults_played: 0,
+        moments: Vec::new(),
     };
     let facts = crate::events::facts::RunFacts {
         run_id: Some(setup.run_id.clone()),
@@ -153,6 +164,10 @@ pub fn play(setup: &Setup) -> Result<Played> {
         Some(err) => return Err(err),
         None => None,
     };
+    // Every client killed and reaped, then whatever they started out of their groups.
+    run.seats.clear();
+    super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
+    drop(watchdog);
     let schedule = run.schedule.take().unwrap_or_default();
     Ok(Played {
         acknowledged: run.acknowledged.clone(),
@@ -160,6 +175,8 @@ pub fn play(setup: &Setup) -> Result<Played> {
         faults_planned: schedule_planned,
         faults_played: run.faults_played,
         client_failure: failure,
+        events: std::mem::take(&mut run.tape.events),
+        moments: std::mem::take(&mut run.moments),
     })
 }
 
@@ -173,13 +190,28 @@ impl Run<'_> {
     }
 
     fn start_client(&mut self, name: &str) -> Result<()> {
-        let client = Client::start(&self.setup.program, name, &self.heard_to)?;
-        client.send(&ToClient::Init(Init {
+        let mut init = Init {
             client: name.into(),
             ..self.setup.init.clone()
-        }));
+        };
+        let proxy = if self.setup.challenge.proxied() {
+            let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
+            let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
+            init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
+            Some(proxy)
+        } else {
+            None
+        };
+        let client = Client::start(
+            &self.setup.program,
+            name,
+            &self.setup.run_id,
+            &self.heard_to,
+        )?;
+        client.send(&ToClient::Init(init));
         self.seats.push(Seat {
             client,
+            proxy,
             ready: false,
             notes: false,
             job: Some((0, Instant::now())),
@@ -193,6 +225,19 @@ impl Run<'_> {
 
     fn spec(&self, job: i64) -> &JobSpec {
         &self.setup.jobs[(job - 1) as usize]
+    }
+
+    /// A moment of `client`'s lock on the record of `job`, for the stuck-lock bound.
+    fn moment(&mut self, client: &str, job: i64, what: Moment) {
+        if job < 1 || job as usize > self.setup.jobs.len() {
+            return;
+        }
+        self.moments.push(LockMoment {
+            t_ms: self.tape.start.elapsed().as_millis() as u64,
+            client: client.into(),
+            record: self.spec(job).record.clone(),
+            what,
+        });
     }
 
     /// Records an event in a client's lane, and shows it to the schedule's player.
@@ -220,6 +265,7 @@ impl Run<'_> {
                 self.play_due()?;
             }
             self.check_deadlines()?;
+            self.heal_delivered();
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
@@ -230,32 +276,6 @@ impl Run<'_> {
                 return Ok(());
             }
         }
-    }
-
-    fn play_due(&mut self) -> Result<()> {
-        let now = self.tape.start.elapsed().as_millis() as u64;
-        let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
-        for action in due {
-            self.act(&action)?;
-        }
-        Ok(())
-    }
-
-    fn start_schedule(&mut self) -> Result<()> {
-        let clients: Vec<(String, bool)> = self
-            .seats
-            .iter()
-            .map(|s| (s.client.name.clone(), s.notes))
-            .collect();
-        let schedule =
-            self.setup
-                .challenge
-                .schedule(self.setup.seed, &clients, self.setup.init.lease_ms);
-        let names: Vec<&str> = clients.iter().map(|(n, _)| n.as_str()).collect();
-        schedule.validate(&names, &[])?;
-        self.player = Some(Player::new(&schedule));
-        self.schedule = Some(schedule);
-        Ok(())
     }
 
     fn hear(&mut self, heard: Heard) -> Result<()> {
@@ -360,6 +380,7 @@ impl Run<'_> {
                 self.give_again(job);
             }
             FromClient::Acquired { job, token } => {
+                self.moment(name, job, Moment::Acquired);
                 let facts = Acquired {
                     token,
                     ..Acquired::default()
@@ -374,6 +395,7 @@ impl Run<'_> {
                 self.note(name, What::Working, format!("writes job {job}"));
             }
             FromClient::Released { job } => {
+                self.moment(name, job, Moment::Released);
                 let text = format!("released the lock of job {job}");
                 self.note(name, What::Released(Released::default()), text);
             }
@@ -425,6 +447,7 @@ impl Run<'_> {
             };
             let text = format!("job {job}: add {} to {}", spec.add, spec.record);
             self.note(&name, What::JobSent(facts), text);
+            self.moment(&name, job, Moment::Wants);
         }
     }
 
@@ -452,56 +475,6 @@ impl Run<'_> {
                     crate::output::human(limit)
                 )));
             }
-        }
-        Ok(())
-    }
-
-    /// Plays one fault of the schedule, if its client can take it now.
-    fn act(&mut self, action: &Action) -> Result<()> {
-        let name = action.target.clone();
-        let paused = self.nemesis.paused().contains(&name);
-        let Some(index) = self.seats.iter().position(|s| s.client.name == name) else {
-            return Ok(());
-        };
-        if !self.seats[index].client.is_running() {
-            return Ok(());
-        }
-        match action.fault {
-            Fault::Pause if !paused => {
-                let seat = &self.seats[index];
-                self.nemesis.pause(
-                    &mut self.tape,
-                    &seat.client,
-                    format!("pauses {name} (SIGSTOP) for 2–3 TTLs"),
-                )?;
-                self.faults_played += 1;
-            }
-            Fault::Resume if paused => {
-                let seat = &mut self.seats[index];
-                self.nemesis
-                    .resume(&mut self.tape, &seat.client, format!("resumes {name}"))?;
-                // Its time to answer counts again from now.
-                if let Some((_, since)) = seat.job.as_mut() {
-                    *since = Instant::now();
-                }
-            }
-            Fault::Kill => {
-                let seat = &mut self.seats[index];
-                self.killed.insert(name.clone());
-                self.nemesis.kill(
-                    &mut self.tape,
-                    &mut seat.client,
-                    format!("kills {name} (SIGKILL) mid-job"),
-                )?;
-                self.faults_played += 1;
-                let orphan = seat.job.take().map(|(job, _)| job);
-                if let Some(job) = orphan.filter(|&job| job > 0) {
-                    self.give_again(job);
-                }
-                let next = format!("c{}", self.seats.len() + 1);
-                self.start_client(&next)?;
-            }
-            _ => {}
         }
         Ok(())
     }

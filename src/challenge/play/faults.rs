@@ -1,0 +1,112 @@
+//! The challenge's faults, played on its clients: the schedule drawn from the seed, each
+//! action when it falls due, and a held write's end when the proxy lets it go.
+
+use super::*;
+
+impl Run<'_> {
+    pub(super) fn play_due(&mut self) -> Result<()> {
+        let now = self.tape.start.elapsed().as_millis() as u64;
+        let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
+        for action in due {
+            self.act(&action)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn start_schedule(&mut self) -> Result<()> {
+        let clients: Vec<(String, bool)> = self
+            .seats
+            .iter()
+            .map(|s| (s.client.name.clone(), s.notes))
+            .collect();
+        let schedule =
+            self.setup
+                .challenge
+                .schedule(self.setup.seed, &clients, self.setup.init.lease_ms);
+        let names: Vec<&str> = clients.iter().map(|(n, _)| n.as_str()).collect();
+        schedule.validate(&names, &[])?;
+        self.player = Some(Player::new(&schedule));
+        self.schedule = Some(schedule);
+        Ok(())
+    }
+
+    /// A held write that went out ends its fault, on the timeline where it landed.
+    pub(super) fn heal_delivered(&mut self) {
+        for seat in &self.seats {
+            let Some(proxy) = &seat.proxy else { continue };
+            for report in proxy.reports() {
+                if let Seen::DelayedSent { late_ms } = report.seen {
+                    let name = &seat.client.name;
+                    let text = format!("{name}'s held bytes reach Postgres, {late_ms}ms late");
+                    self.nemesis
+                        .heal_net(&mut self.tape, proxy, Direction::Up, text);
+                }
+            }
+        }
+    }
+
+    /// Plays one fault of the schedule, if its client can take it now.
+    pub(super) fn act(&mut self, action: &Action) -> Result<()> {
+        let name = action.target.clone();
+        let paused = self.nemesis.paused().contains(&name);
+        let Some(index) = self.seats.iter().position(|s| s.client.name == name) else {
+            return Ok(());
+        };
+        if !self.seats[index].client.is_running() {
+            return Ok(());
+        }
+        match action.fault {
+            Fault::Pause if !paused => {
+                let seat = &self.seats[index];
+                self.nemesis.pause(
+                    &mut self.tape,
+                    &seat.client,
+                    format!("pauses {name} (SIGSTOP) for 2–3 TTLs"),
+                )?;
+                self.faults_played += 1;
+            }
+            Fault::Resume if paused => {
+                let seat = &mut self.seats[index];
+                self.nemesis
+                    .resume(&mut self.tape, &seat.client, format!("resumes {name}"))?;
+                // Its time to answer counts again from now.
+                if let Some((_, since)) = seat.job.as_mut() {
+                    *since = Instant::now();
+                }
+            }
+            Fault::Delay => {
+                let Some(proxy) = &self.seats[index].proxy else {
+                    return Ok(());
+                };
+                let setup = self.setup;
+                let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
+                let text = format!("holds {name}'s next bytes to Postgres {ms}ms (proxy)");
+                let fault = NetFault::DelayNext { ms };
+                self.nemesis
+                    .net(&mut self.tape, proxy, Direction::Up, fault, text);
+                self.faults_played += 1;
+            }
+            Fault::Kill => {
+                if let Some((job, _)) = self.seats[index].job {
+                    self.moment(&name, job, Moment::Killed);
+                }
+                let seat = &mut self.seats[index];
+                self.killed.insert(name.clone());
+                self.nemesis.kill(
+                    &mut self.tape,
+                    &mut seat.client,
+                    format!("kills {name} (SIGKILL) mid-job"),
+                )?;
+                self.faults_played += 1;
+                let orphan = seat.job.take().map(|(job, _)| job);
+                if let Some(job) = orphan.filter(|&job| job > 0) {
+                    self.give_again(job);
+                }
+                let next = format!("c{}", self.seats.len() + 1);
+                self.start_client(&next)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

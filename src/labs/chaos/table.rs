@@ -1,0 +1,238 @@
+//! `lockslab matrix`'s table: a row per design, a column per fault, as wide as 80 columns
+//! allow, and the notes below it (each UNSAFE cell's violation and replay command).
+
+use colored::Colorize;
+
+use serde::{Deserialize, Serialize};
+
+use super::show;
+use crate::nemesis::generate::FaultKind;
+use crate::worker::chaos_client::Design;
+
+/// One cell of the matrix, as `--json` prints it and `--merge` reads it back.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Cell {
+    pub kind: String,
+    pub design: Design,
+    pub fault: FaultKind,
+    pub result: String,
+    pub replay: Option<String>,
+    pub labs_call_it_safe: bool,
+    /// An INCONCLUSIVE cell: why its first undecided history could not be decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+}
+
+const LABEL: usize = 20;
+
+/// A column's width: as wide as 80 columns allow for this many kinds (19 at most).
+fn column(kinds: usize) -> usize {
+    ((80 - LABEL - 3) / kinds.max(1)).min(19)
+}
+
+pub fn header(kinds: &[FaultKind]) {
+    let width = column(kinds.len());
+    let head: String = kinds
+        .iter()
+        .map(|k| format!("{:<width$}", k.name()))
+        .collect();
+    crate::outln!("{:<w$}{}", "   design", head.trim_end(), w = LABEL + 3);
+}
+
+/// A design's row: ✅ or ❌ as the labs mark it, then its cells (a cell another part of a
+/// sharded run played: blank). An UNSAFE cell names its note below the table.
+pub fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell], notes: &[&Cell]) -> String {
+    let mark = if design.labs_call_it_safe() {
+        "✅"
+    } else {
+        "❌"
+    };
+    let mut line = format!("{mark} {:<LABEL$}", design.name());
+    for kind in kinds {
+        let word = row
+            .iter()
+            .find(|c| c.fault == *kind)
+            .map_or(String::new(), |c| short(c, notes));
+        line.push_str(&paint(&word, column(kinds.len())));
+    }
+    line.trim_end().to_string()
+}
+
+/// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
+/// that many histories could not be decided), `-`.
+fn short(cell: &Cell, notes: &[&Cell]) -> String {
+    if cell.result.starts_with("UNSAFE") {
+        let n = notes
+            .iter()
+            .position(|c| (c.design, c.fault) == (cell.design, cell.fault))
+            .map_or(0, |n| n + 1);
+        format!("UNSAFE [{n}]")
+    } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
+        format!("UNKNOWN {count}")
+    } else {
+        cell.result.clone()
+    }
+}
+
+/// The UNSAFE cells, in the table's order: their notes are numbered so.
+pub fn notes(cells: &[Cell]) -> Vec<&Cell> {
+    cells
+        .iter()
+        .filter(|c| c.result.starts_with("UNSAFE"))
+        .collect()
+}
+
+/// Below the table: every red cell's violation and replay command, and where the matrix
+/// and the labs disagree — either way.
+pub fn footer(cells: &[Cell], restart_refused: bool) {
+    if restart_refused {
+        crate::outln!();
+        crate::prose!(
+            "restart, restart-aof: not played — the Redis was given (--redis-url or \
+             LOCKSLAB_REDIS_URL), and chaos restarts only servers it started itself."
+        );
+    }
+    for (n, cell) in notes(cells).iter().enumerate() {
+        crate::outln!();
+        let violation = cell.result.trim_start_matches("UNSAFE ");
+        crate::outln!(
+            "[{}] {} × {}: {violation}. Replay it:",
+            n + 1,
+            cell.design.name(),
+            cell.fault.name()
+        );
+        if let Some(replay) = &cell.replay {
+            for line in replay_lines_of(replay) {
+                crate::outln!("  {line}");
+            }
+        }
+    }
+    let against: Vec<String> = cells
+        .iter()
+        .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNSAFE"))
+        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+        .collect();
+    let missed: Vec<String> = cells
+        .iter()
+        .filter(|c| !c.labs_call_it_safe && !c.result.starts_with("UNSAFE") && c.result != "-")
+        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+        .collect();
+    crate::outln!();
+    if against.is_empty() {
+        crate::prose!(
+            "No cell the labs expect safe showed a violation: the matrix agrees with the \
+             labs. A SAFE cell is evidence, not proof."
+        );
+    } else {
+        crate::prose!(
+            "{} {}: the labs expect these safe.",
+            "Disagrees with the labs:".red().bold(),
+            against.join(", ")
+        );
+    }
+    if !missed.is_empty() {
+        crate::prose!(
+            "Expected to break, not broken in these schedules (they missed the window; \
+             more --schedules, or chaos --design D --faults F, hunt longer): {}.",
+            missed.join(", ")
+        );
+    }
+}
+
+/// A replay command of a cell (one line in `--json`), as [`show::replay_lines`] prints it.
+fn replay_lines_of(replay: &str) -> Vec<String> {
+    let parsed = replay.split_once(" --schedule '").and_then(|(head, json)| {
+        let design = head.split_whitespace().nth(3)?;
+        let design = <Design as clap::ValueEnum>::from_str(design, false).ok()?;
+        let clients = head
+            .split_once("--clients ")
+            .and_then(|(_, n)| n.split_whitespace().next()?.parse().ok())
+            .unwrap_or(3);
+        let schedule = serde_json::from_str(json.strip_suffix('\'')?).ok()?;
+        Some(show::replay_lines(design, clients, &schedule))
+    });
+    parsed.unwrap_or_else(|| vec![replay.to_string()])
+}
+
+/// A cell's word in colour (padding counts the visible characters only).
+fn paint(cell: &str, width: usize) -> String {
+    let padded = format!("{cell:<w$} ", w = width - 1);
+    if cell.starts_with("UNSAFE") {
+        padded.red().to_string()
+    } else if cell.starts_with("SAFE") {
+        padded.green().to_string()
+    } else if cell.starts_with("UNKNOWN") {
+        padded.yellow().to_string()
+    } else {
+        padded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_fits_80_columns_and_an_unsafe_cell_points_at_its_note() {
+        let cell = |design, fault, result: &str| Cell {
+            kind: "cell".into(),
+            design,
+            fault,
+            result: result.into(),
+            replay: None,
+            labs_call_it_safe: design.labs_call_it_safe_under(fault),
+            unknown: None,
+        };
+        let row = vec![
+            cell(
+                Design::RedisDurableToken,
+                FaultKind::Pause,
+                "INCONCLUSIVE 12/12",
+            ),
+            cell(
+                Design::RedisDurableToken,
+                FaultKind::Kill,
+                "UNSAFE stale-write",
+            ),
+            cell(Design::RedisDurableToken, FaultKind::Restart, "SAFE (12)"),
+            cell(
+                Design::RedisDurableToken,
+                FaultKind::RestartAof,
+                "SAFE (12)",
+            ),
+        ];
+        colored::control::set_override(false);
+        let line = row_line(
+            Design::RedisDurableToken,
+            &FaultKind::ALL,
+            &row,
+            &notes(&row),
+        );
+        assert!(line.chars().count() < 80, "{line}");
+        assert!(
+            line.contains("UNSAFE [1]") && line.contains("UNKNOWN 12/12 "),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn a_cells_replay_command_prints_on_lines_under_80_columns_and_reads_back_the_same() {
+        let schedule: crate::nemesis::schedule::Schedule = serde_json::from_str(
+            r#"[{"at_ms":3,"after":{"worker":"C","event":"working","nth":2},"fault":"pause",
+                 "target":"C","duration_ms":1368},{"at_ms":864,"fault":"restart","target":"redis"}]"#,
+        )
+        .unwrap();
+        let replay = show::replay_command(Design::RedisLock, 2, &schedule);
+        assert!(replay.len() > 80);
+        let lines = replay_lines_of(&replay);
+        assert!(lines.len() > 2);
+        for line in &lines {
+            assert!(line.len() + 2 <= 80, "{line}");
+        }
+        let joined = lines.join("\n");
+        let json = joined.split_once('\'').unwrap().1.trim_end_matches('\'');
+        let back: crate::nemesis::schedule::Schedule = serde_json::from_str(json).unwrap();
+        assert_eq!(back, schedule);
+        assert!(lines[0].starts_with("lockslab chaos --design redis-lock --clients 2"));
+    }
+}

@@ -1,0 +1,419 @@
+//! The lost reply on etcd: A calls etcd's lock with its lease, etcd puts A's key
+//! `<name>/<lease>` and, the lock being free, answers at once — and the proxy swallows the
+//! answer. A's call times out; its connection is closed. What is in etcd, and what does each
+//! retry make of it?
+//!
+//! - ✅ the **same lease** again: etcd's lock puts A's key only if it does not exist, so the
+//!   retry finds the key the lost call made and returns it: the lock is A's since then;
+//! - ❌ a **new lease**: a second key, queued behind A's first one, which holds the lock
+//!   until its lease runs out (here nothing keeps it alive; a client library's session,
+//!   whose keepalive goes on, would keep A waiting on itself for as long as it runs);
+//! - ❌ **give up**: the key holds the lock, nobody working under it, until the lease ends.
+//!
+//! And one more: the lock is *not* free — the lab holds it — so A's call waits in etcd's
+//! queue when its client gives up and closes the connection. The lab reads back whether
+//! A's waiter key is still queued; against etcd 3.4 it is, and when the lab lets go etcd
+//! hands the lock to that key, for a client that has gone, until its lease ends.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use etcd_client::{Client, GetOptions, LockOptions, SortOrder, SortTarget};
+use serde::Serialize;
+use tokio::runtime::Runtime;
+
+use super::Plan;
+pub(super) use super::lost_lock_words::print;
+use super::lost_reply::{open, run_line};
+use crate::check::network::{self as checks, Policy, ReplyEvidence, ReplyFound};
+use crate::connect::{self, Backend};
+use crate::events::Event;
+use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow};
+use crate::labs::Stage;
+use crate::labs::runner::Run;
+use crate::labs::step;
+use crate::nemesis::Nemesis;
+use crate::output::human;
+use crate::proxy::{self, Direction, NetFault, Proxy};
+
+/// What the queued call left behind once its connection went, read back from etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueuedFound {
+    /// A's waiter key was still under the lock's name after A's connection closed.
+    pub key_left: bool,
+    /// When the lab let go, etcd handed the lock to A's key, a client that had gone.
+    pub handed_to_a: bool,
+}
+
+/// The three retries, then the queued call.
+pub(super) fn play(plan: &Plan, run: &Run) -> Result<(Vec<ReplyFound>, Option<QueuedFound>)> {
+    let runtime = connect::etcd_runtime()?;
+    let mut found = Vec::new();
+    for policy in [Policy::SameOwner, Policy::NewOwner, Policy::GiveUp] {
+        found.push(lost_lock(plan, run, &runtime, policy)?);
+    }
+    let queued = queued(plan, run, &runtime)?;
+    Ok((found, Some(queued)))
+}
+
+/// One part's lock name, proxy, and A's and the lab's clients.
+struct Part {
+    name: String,
+    path: Proxy,
+    through: String,
+    lab: Client,
+    nemesis: Nemesis,
+}
+
+fn part(run: &Run, runtime: &Runtime, stage: &mut Stage, label: &str) -> Result<Part> {
+    let url = run.url(Backend::Etcd);
+    let name = format!("lockslab:{}:network:lost-lock:{label}", run.id);
+    let path = Proxy::start("A→etcd", proxy::upstream_of(url)?)?;
+    let through = proxy::through(url, path.addr())?;
+    stage.record(run_line(
+        run,
+        Some(&name),
+        format!(
+            "the lock is etcd's lock named {name}; A's path to etcd, A→etcd, goes through the fault proxy on {}",
+            path.addr()
+        ),
+    ));
+    let lab = runtime.block_on(connect::etcd(url))?;
+    Ok(Part {
+        name,
+        path,
+        through,
+        lab,
+        nemesis: Nemesis::new(),
+    })
+}
+
+/// How long A waits for an answer before it gives the call up.
+const PATIENCE: Duration = Duration::from_millis(500);
+
+/// A's lease, in etcd's whole seconds: the lab's TTL rounded up, plus two, so that it
+/// outlives A's patience by well over a second and the retries have something to find.
+fn lease_seconds(plan: &Plan) -> i64 {
+    plan.ttl.as_secs_f64().ceil().max(1.0) as i64 + 2
+}
+
+/// The key holding the lock (the lowest create revision under the name), and its revision.
+fn holder(runtime: &Runtime, lab: &mut Client, name: &str) -> Result<Option<(String, i64)>> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let found = runtime.block_on(lab.get(format!("{name}/"), Some(options)))?;
+    Ok(found.kvs().first().map(|kv| {
+        (
+            String::from_utf8_lossy(kv.key()).into_owned(),
+            kv.create_revision(),
+        )
+    }))
+}
+
+/// Whether `key` exists under the lock's name.
+fn exists(runtime: &Runtime, lab: &mut Client, key: &str) -> Result<bool> {
+    Ok(!runtime.block_on(lab.get(key, None))?.kvs().is_empty())
+}
+
+/// A's lock call with its answer swallowed: the proxy's down direction is a black hole
+/// while A calls, A's call times out after `patience`, A closes its connection, the path
+/// heals. Returns the key A's call asked etcd for.
+fn call_unanswered(
+    runtime: &Runtime,
+    stage: &mut Stage,
+    part: &mut Part,
+    lease: i64,
+    patience: Duration,
+) -> Result<String> {
+    let mut a = runtime.block_on(connect::etcd(&part.through))?;
+    // The connection is up and idle before the fault: only the lock call's answer is lost.
+    runtime.block_on(a.get("lockslab:network:warm-up", None))?;
+    part.nemesis.net(
+        stage,
+        &part.path,
+        Direction::Down,
+        NetFault::BlackHole,
+        "the proxy on A→etcd lets A's requests through and swallows everything etcd answers",
+    );
+    let name = part.name.clone();
+    let call = a.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
+    let answered = runtime.block_on(async { tokio::time::timeout(patience, call).await });
+    if let Ok(answer) = answered {
+        bail!("A's lock call was answered through a black hole: {answer:?}");
+    }
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while part.path.connections() > 0 {
+        if Instant::now() > deadline {
+            bail!("A's connection through the proxy did not close");
+        }
+        // The client's connection task runs on this runtime: let it see the drop.
+        runtime.block_on(async { tokio::time::sleep(Duration::from_millis(10)).await });
+    }
+    part.nemesis.heal_net(
+        stage,
+        &part.path,
+        Direction::Down,
+        format!(
+            "no answer within {}: A's client gives the call up and closes its connection (the proxy saw it close); the path heals",
+            human(patience)
+        ),
+    );
+    Ok(format!("{name}/{lease:x}"))
+}
+
+/// One retry policy after a lost answer to a free lock.
+fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Result<ReplyFound> {
+    let label = match policy {
+        Policy::SameOwner => "same-lease",
+        Policy::NewOwner => "new-lease",
+        Policy::GiveUp => "give-up",
+    };
+    let says = match policy {
+        Policy::SameOwner => "A retries with the same lease",
+        Policy::NewOwner => "A retries with a new lease",
+        Policy::GiveUp => "A gives up",
+    };
+    let mut stage = open(
+        run,
+        &format!("a lost reply to etcd's lock: {says}"),
+        &format!("etcd-{label}"),
+        step::network::before_lost_lock(policy.as_str()),
+    );
+    let mut part = part(run, runtime, &mut stage, label)?;
+    let seconds = lease_seconds(plan);
+    let mut a = runtime.block_on(connect::etcd(&part.through))?;
+    let granted = runtime.block_on(a.lease_grant(seconds, None))?;
+    let (lease, lease_ttl) = (granted.id(), Duration::from_secs(granted.ttl() as u64));
+    drop(a);
+    let sent = Instant::now();
+    let key = call_unanswered(runtime, &mut stage, &mut part, lease, PATIENCE)?;
+    let after_loss = holder(runtime, &mut part.lab, &part.name)?;
+    let applied = after_loss.as_ref().is_some_and(|(k, _)| *k == key);
+    stage.record(Event::new(
+        "etcd",
+        HolderNow {
+            holder: after_loss.as_ref().map(|(k, _)| k.clone()),
+            key: Some(key.clone()),
+            backend: Some("etcd".into()),
+            ..HolderNow::default()
+        },
+        match &after_loss {
+            Some((_, revision)) if applied => format!(
+                "read back on the lab's own connection: A's key {} holds the lock (create revision {revision}), on A's lease of {} that nothing keeps alive — the lock call was applied, only its answer was lost",
+                tail(&key),
+                human(lease_ttl)
+            ),
+            Some((other, _)) => format!("read back: the lock is held by {}, not A's key", tail(other)),
+            None => "read back: no key under the lock's name — the call was not applied".into(),
+        },
+    ));
+    let mut a = runtime.block_on(connect::etcd(&part.through))?;
+    let wait = lease_ttl * 2 + Duration::from_secs(5);
+    let (mut believed, mut waited_ms, mut orphaned_ms) = (None, None, None);
+    let mut new_lease = None;
+    match policy {
+        Policy::SameOwner => {
+            let call = a.lock(
+                part.name.as_str(),
+                Some(LockOptions::new().with_lease(lease)),
+            );
+            let answer = runtime.block_on(async { tokio::time::timeout(wait, call).await })??;
+            let got = String::from_utf8_lossy(answer.key()).into_owned();
+            let same = got == key;
+            believed = Some(got.clone());
+            stage.record(Event::new(
+                "A",
+                Acquired {
+                    lock: Some(part.name.clone()),
+                    owner: Some(got.clone()),
+                    backend: Some("etcd".into()),
+                    tries: Some(2),
+                    ..Acquired::default()
+                },
+                if same {
+                    format!(
+                        "retries lock with the same lease: etcd answers at once with the key {} — the one the lost call made; the lock is A's, and its lease has run since then",
+                        tail(&got)
+                    )
+                } else {
+                    format!("retries lock with the same lease: etcd answers with the key {}", tail(&got))
+                },
+            ));
+        }
+        Policy::NewOwner => {
+            // A lease that outlives the wait, so that only the first one can end it.
+            let granted = runtime.block_on(a.lease_grant(seconds * 3 + 5, None))?;
+            let started = Instant::now();
+            let call = a.lock(
+                part.name.as_str(),
+                Some(LockOptions::new().with_lease(granted.id())),
+            );
+            let answer = runtime.block_on(async { tokio::time::timeout(wait, call).await })??;
+            let waited = started.elapsed();
+            let got = String::from_utf8_lossy(answer.key()).into_owned();
+            waited_ms = Some(waited.as_millis() as u64);
+            believed = Some(got.clone());
+            stage.record(Event::new(
+                "A",
+                Acquired {
+                    lock: Some(part.name.clone()),
+                    owner: Some(got.clone()),
+                    backend: Some("etcd".into()),
+                    waited_ms,
+                    ..Acquired::default()
+                },
+                format!(
+                    "retried lock with a new lease: its new key {} queued behind its first key and got the lock after {}, once the first lease ran out (nothing kept it alive; a session's keepalive would have kept A waiting on itself as long as it ran)",
+                    tail(&got),
+                    human(waited)
+                ),
+            ));
+            new_lease = Some(granted.id());
+        }
+        Policy::GiveUp => {
+            stage.record(Event::new(
+                "A",
+                GaveUp {
+                    why: Some(
+                        "no answer to lock: A treats the lock as not taken and goes away".into(),
+                    ),
+                    owner: Some(key.clone()),
+                    ..GaveUp::default()
+                },
+                "gives up: no answer, so A believes it does not hold the lock, and goes away",
+            ));
+            let deadline = Instant::now() + wait;
+            while exists(runtime, &mut part.lab, &key)? {
+                if Instant::now() > deadline {
+                    bail!("A's abandoned lock key did not go");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let orphaned = sent.elapsed();
+            orphaned_ms = Some(orphaned.as_millis() as u64);
+            stage.record(Event::new(
+                "etcd",
+                Expired {
+                    lock: Some(part.name.clone()),
+                    ..Expired::default()
+                },
+                format!(
+                    "A's lease expired and etcd deleted A's key with it, {} after A's call: all that time the lock was taken and nobody worked under it",
+                    human(orphaned)
+                ),
+            ));
+        }
+    }
+    let held_by = holder(runtime, &mut part.lab, &part.name)?.map(|(k, _)| k);
+    for lease in std::iter::once(lease).chain(new_lease) {
+        let _ = runtime.block_on(part.lab.lease_revoke(lease));
+    }
+    let _ = runtime.block_on(part.lab.delete(
+        format!("{}/", part.name),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    ));
+    stage.drain();
+    Ok(checks::lost_set(&ReplyEvidence {
+        policy,
+        sent_owner: &key,
+        after_loss: after_loss.as_ref().map(|(k, _)| k.as_str()),
+        believed: believed.as_deref(),
+        held_by: held_by.as_deref(),
+        waited_ms,
+        orphaned_ms,
+    }))
+}
+
+/// A's lock call queued behind the lab's lock when its answer (none yet) and connection go.
+fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
+    let mut stage = open(
+        run,
+        "a lost lock call while A waits in etcd's queue",
+        "etcd-queued",
+        step::network::before_lost_lock("queued"),
+    );
+    let mut part = part(run, runtime, &mut stage, "queued")?;
+    let seconds = lease_seconds(plan);
+    let lab_lease = runtime
+        .block_on(part.lab.lease_grant(seconds * 3 + 5, None))?
+        .id();
+    let name = part.name.clone();
+    let held = runtime.block_on(part.lab.lock(
+        name.as_str(),
+        Some(LockOptions::new().with_lease(lab_lease)),
+    ))?;
+    let lab_key = String::from_utf8_lossy(held.key()).into_owned();
+    stage.record(Event::new(
+        "lab",
+        Acquired {
+            lock: Some(name.clone()),
+            owner: Some(lab_key.clone()),
+            backend: Some("etcd".into()),
+            ..Acquired::default()
+        },
+        format!("takes the lock first, with the key {}", tail(&lab_key)),
+    ));
+    let mut a = runtime.block_on(connect::etcd(&part.through))?;
+    let lease = runtime.block_on(a.lease_grant(seconds * 3 + 5, None))?.id();
+    drop(a);
+    let key = call_unanswered(runtime, &mut stage, &mut part, lease, PATIENCE)?;
+    // The server may take a moment to see the connection gone.
+    std::thread::sleep(Duration::from_millis(300));
+    let key_left = exists(runtime, &mut part.lab, &key)?;
+    stage.record(Event::new(
+        "etcd",
+        HolderNow {
+            holder: Some(lab_key.clone()),
+            key: Some(key.clone()),
+            backend: Some("etcd".into()),
+            ..HolderNow::default()
+        },
+        if key_left {
+            format!(
+                "read back: A's waiter key {} is still in the queue behind the lab's, though A's call and connection are gone",
+                tail(&key)
+            )
+        } else {
+            format!(
+                "read back: A's waiter key {} is gone — etcd deleted it when A's call went away (its lease lives on)",
+                tail(&key)
+            )
+        },
+    ));
+    runtime.block_on(part.lab.unlock(lab_key.as_str()))?;
+    std::thread::sleep(Duration::from_millis(100));
+    let now = holder(runtime, &mut part.lab, &name)?.map(|(k, _)| k);
+    let handed_to_a = now.as_deref() == Some(key.as_str());
+    stage.record(Event::new(
+        "etcd",
+        HolderNow {
+            holder: now.clone(),
+            key: Some(name.clone()),
+            backend: Some("etcd".into()),
+            ..HolderNow::default()
+        },
+        if handed_to_a {
+            "the lab lets go: the lock passes to A's key, held for a client that has gone, until its lease ends".to_string()
+        } else {
+            format!(
+                "the lab lets go: the lock is held by {}",
+                now.as_deref().map_or("nobody".into(), tail)
+            )
+        },
+    ));
+    let _ = runtime.block_on(part.lab.lease_revoke(lease));
+    let _ = runtime.block_on(part.lab.lease_revoke(lab_lease));
+    stage.drain();
+    Ok(QueuedFound {
+        key_left,
+        handed_to_a,
+    })
+}
+
+/// `…/<lease>` of a lock key, for the timeline.
+fn tail(key: &str) -> String {
+    key.rsplit_once('/')
+        .map_or(key.to_string(), |(_, lease)| format!("…/{lease}"))
+}

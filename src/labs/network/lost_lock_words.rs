@@ -1,0 +1,101 @@
+//! What the etcd half of the lost reply shows: its table and its sentences.
+
+use std::time::Duration;
+
+use super::lost_lock::QueuedFound;
+use crate::check::network::{Policy, ReplyFound};
+use crate::output::human;
+
+/// The column of a policy, as the etcd half calls it.
+fn label(policy: Policy) -> &'static str {
+    match policy {
+        Policy::SameOwner => "same-lease",
+        Policy::NewOwner => "new-lease",
+        Policy::GiveUp => "give-up",
+    }
+}
+
+/// The etcd half's table and what it means.
+pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
+    use colored::Colorize;
+    if locks.is_empty() {
+        return;
+    }
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    let took = |ms: Option<u64>| ms.map_or("-".into(), |ms| human(Duration::from_millis(ms)));
+    let header: Vec<&str> = std::iter::once("evidence")
+        .chain(locks.iter().map(|s| label(s.policy)))
+        .collect();
+    let row = |name: &str, cell: &dyn Fn(&ReplyFound) -> String| {
+        std::iter::once(name.to_string())
+            .chain(locks.iter().map(cell))
+            .collect::<Vec<_>>()
+    };
+    let rows = vec![
+        row("lock call applied (etcd read back)", &|s| yes_no(s.applied)),
+        row("A's belief = etcd's holder at end", &|s| yes_no(s.a_knows)),
+        row("A waited behind itself", &|s| {
+            if s.waited_behind_itself {
+                took(s.waited_ms).red().to_string()
+            } else {
+                "no".into()
+            }
+        }),
+        row("lock held, nobody working", &|s| {
+            if s.orphaned {
+                took(s.orphaned_ms).red().to_string()
+            } else {
+                "no".into()
+            }
+        }),
+    ];
+    crate::outln!();
+    crate::prose!("{}", "Verdict: a lost reply to etcd's lock".bold());
+    crate::prose!("{}", crate::output::table(&header, &rows));
+    crate::outln!();
+    for lock in locks {
+        crate::prose!(
+            "  {} {}",
+            format!("{}:", label(lock.policy)).bold(),
+            meaning(lock)
+        );
+    }
+    if let Some(queued) = queued {
+        let left = if queued.key_left {
+            "A's waiter key stayed in etcd's queue after A's call and connection were gone"
+        } else {
+            "etcd deleted A's waiter key when A's call went away: nothing was left in the queue"
+        };
+        let handed = if queued.handed_to_a {
+            "; when the lab let go, etcd gave the lock to that key, for a client that had gone, until its lease ends."
+        } else {
+            "; when the lab let go, the lock did not pass to A."
+        };
+        crate::prose!("  {} {left}{handed}", "queued:".bold());
+    }
+}
+
+fn meaning(found: &ReplyFound) -> String {
+    let applied = if found.applied {
+        "etcd had put A's key and given it the lock; only the answer was lost."
+    } else {
+        "etcd had not given A's key the lock: this run does not show a lost reply."
+    };
+    let then = match found.policy {
+        Policy::SameOwner if found.a_knows => {
+            "Retrying with the same lease, A got the same key back: the lock was its own, since the first call.".to_string()
+        }
+        Policy::SameOwner => "Retrying with the same lease did not give A its first key back.".into(),
+        Policy::NewOwner if found.waited_behind_itself => format!(
+            "Retrying with a new lease, A waited {} behind its own first key, until that lease ran out.",
+            found.waited_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
+        ),
+        Policy::NewOwner => "A's retry with a new lease did not have to wait for itself.".into(),
+        Policy::GiveUp if found.orphaned => format!(
+            "A gave up; its key held the lock, nobody working under it, for {}, until its lease expired.",
+            found.orphaned_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
+        ),
+        Policy::GiveUp => "A gave up and nothing was left behind.".into(),
+    };
+    format!("{applied} {then}")
+}
