@@ -211,10 +211,10 @@ fn rows_per_part(text: &str) -> Vec<(String, usize)> {
 /// `--step` with Enter typed at every stop, stdout and stderr on one file in the order the
 /// lab wrote them, at 80 columns: each part fits one 45-row screen — a timed part longer
 /// than that shows its first screen live and the rest a screen at a time once it has played.
-/// Every lab but lab 2 (short parts) and lab 8, with the parts that ran longest.
+/// Every lab but lab 2 (its parts are short), each with its longest parts.
 #[test]
 fn each_part_of_a_stepped_lab_fits_one_45_row_screen() {
-    let labs: [&[&str]; 8] = [
+    let labs: [&[&str]; 9] = [
         &LAB1,
         &["skip-locked"],
         &["etcd-vs-redis"],
@@ -228,6 +228,7 @@ fn each_part_of_a_stepped_lab_fits_one_45_row_screen() {
             "--fault",
             "pause-after-check",
         ],
+        &["network", "--scenario", "all"],
         &["queue", "--waiters", "6"],
     ];
     for lab in labs {

@@ -133,6 +133,7 @@ fn ask(name: &str, question: &str) {
 
 mod network_etcd;
 mod questions;
+mod verdict_halves;
 pub use questions::*;
 
 #[cfg(test)]

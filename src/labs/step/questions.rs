@@ -275,12 +275,7 @@ pub mod no_lock {
         question: "Which approaches need a lock service at all, and which one would you \
                    pick for this job?",
     };
-    /// Between the verdict's two tables and its sentences, one per approach.
-    pub const VERDICT_REASONS: Checkpoint = Checkpoint {
-        name: "before each approach's reasons",
-        question: "Where did the failed approaches fail? For each safe one: what does it \
-                   need from the job or the data that the others do not?",
-    };
+    pub use super::super::verdict_halves::NO_LOCK_REASONS as VERDICT_REASONS;
 }
 
 pub mod queue {
@@ -331,12 +326,7 @@ pub mod queue {
         question: "Which way costs the servers least per hand-over, and which serves the \
                    waiters in the order they asked?",
     };
-    /// Between the queue's table and the verdicts of the churn, the expiries, the election.
-    pub const VERDICT_FAULTS: Checkpoint = Checkpoint {
-        name: "before the verdicts of the churn, expiries and election",
-        question: "When waiters left, froze or led, did anyone skip the line or hold \
-                   twice? Which writes did the store refuse, and why?",
-    };
+    pub use super::super::verdict_halves::QUEUE_FAULTS as VERDICT_FAULTS;
 }
 
 pub mod network {
@@ -438,6 +428,7 @@ pub mod network {
         question: "A was never paused and checked its lock before writing. Which evidence \
                    shows the write was stale anyway, and which part of the system stopped it?",
     };
+    pub use super::super::verdict_halves::NETWORK_LOST_REPLIES as VERDICT_LOST_REPLIES;
 }
 
 pub mod lease_guard {
