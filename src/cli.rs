@@ -260,6 +260,7 @@ pub fn run() -> Result<ExitCode> {
     }
     if let Some(output) = command.lab_output() {
         crate::labs::step::enable(output.step);
+        crate::output::screens::page(output.step && !output.json);
         crate::labs::step::clear_screens(output.clear);
         let seed = output.seed.unwrap_or_else(crate::seed::fresh);
         crate::seed::start(seed, "lab");

@@ -23,7 +23,8 @@ pub struct LabRow {
     pub walkthrough: &'static str,
     /// Minutes it takes in a workshop, with `--step` and its questions (README's plans).
     pub session: u8,
-    /// The stops `--step` makes in a run with the defaults (counted by running it).
+    /// The stops at a question that `--step` makes in a run with the defaults (counted by
+    /// running it); a part longer than one screen adds a stop for each further screen.
     pub stops: u8,
     /// The tools its walkthrough's by-hand part runs, besides lockslab itself.
     pub by_hand: &'static [&'static str],
@@ -108,7 +109,7 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Postgres],
         walkthrough: "labs/07-no-lock.md",
         session: 15,
-        stops: 9,
+        stops: 10,
         by_hand: &["psql"],
     },
     LabRow {
@@ -119,7 +120,7 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Postgres],
         walkthrough: "labs/08-network.md",
         session: 15,
-        stops: 10,
+        stops: 17,
         by_hand: &[],
     },
     LabRow {
@@ -141,7 +142,7 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/10-queue.md",
         session: 10,
-        stops: 7,
+        stops: 8,
         by_hand: &["jq"],
     },
 ];

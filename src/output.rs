@@ -163,7 +163,11 @@ impl Timeline {
     fn println(&self, text: &str) {
         match &self.bar {
             _ if crate::procs::interrupted() => {}
-            Some(bar) if !bar.is_hidden() => bar.println(text),
+            Some(bar) if !bar.is_hidden() => {
+                if !screens::held(text) {
+                    bar.println(text)
+                }
+            }
             _ => line(text),
         }
     }
@@ -232,8 +236,182 @@ pub fn init() {
 /// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
     remember_line(text);
-    if !CAPTURING.with(std::cell::Cell::get) {
+    if !CAPTURING.with(std::cell::Cell::get) && !screens::held(text) {
         write_line(text);
+    }
+}
+
+/// `--step`'s screens: a part must fit one screen with the question that ends it. A part
+/// that plays on without a place to stop (a timed scenario) shows its first screen live;
+/// the lines after it are held while it plays, and shown a screen at a time once it has
+/// ended, with a stop between screens (see `labs::step`). Without `--step`, nothing is held.
+pub mod screens {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    /// The rows of a part's lines on one screen, leaving room on a 45-row terminal for the
+    /// stop that ends it (its name, a question of up to five lines, the Enter line) and for
+    /// the last lines of an event whose first line still fitted.
+    pub const ROWS: usize = 32;
+    const A_WRAPPED_EVENTS_TAIL: usize = 3;
+
+    /// The rows shown since the last Enter, and the lines held back since the screen filled.
+    struct Pager {
+        on: bool,
+        rows: usize,
+        held: VecDeque<String>,
+    }
+
+    impl Pager {
+        /// Counts `text` on the screen, or holds it when the screen is full; true when held.
+        fn hold(&mut self, text: &str) -> bool {
+            if !self.on {
+                return false;
+            }
+            if self.held.is_empty() && fits(self.rows, text) {
+                self.rows += rows_of(text);
+                return false;
+            }
+            self.held.push_back(text.to_string());
+            true
+        }
+
+        /// The next screen of held lines, counted as shown.
+        fn next_screen(&mut self) -> Vec<String> {
+            let mut screen = Vec::new();
+            let mut rows = 0;
+            while let Some(text) = self.held.front() {
+                if !screen.is_empty() && !fits(rows, text) {
+                    break;
+                }
+                rows += rows_of(text);
+                screen.extend(self.held.pop_front());
+            }
+            self.rows = rows;
+            screen
+        }
+    }
+
+    static PAGER: Mutex<Pager> = Mutex::new(Pager {
+        on: false,
+        rows: 0,
+        held: VecDeque::new(),
+    });
+
+    fn pager() -> std::sync::MutexGuard<'static, Pager> {
+        PAGER
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Turns screens on (`--step` without `--json`) or off (nobody answers any more).
+    pub fn page(on: bool) {
+        pager().on = on;
+    }
+
+    /// Enter was pressed at a stop: a new screen begins.
+    pub fn new_screen() {
+        pager().rows = 0;
+    }
+
+    /// The rows `text` takes on the terminal (a longer line wraps; a text may hold several).
+    fn rows_of(text: &str) -> usize {
+        text.split('\n')
+            .map(|line| super::visible_width(line).div_ceil(super::width()).max(1))
+            .sum()
+    }
+
+    /// A wrapped event's or paragraph's later line, deeply indented: kept with its first.
+    fn continues(text: &str) -> bool {
+        super::without_colors(text).starts_with(&" ".repeat(12))
+    }
+
+    fn fits(rows: usize, text: &str) -> bool {
+        let room = if continues(text) {
+            ROWS + A_WRAPPED_EVENTS_TAIL
+        } else {
+            ROWS
+        };
+        rows + rows_of(text) <= room
+    }
+
+    /// Counts `text` on the screen, or holds it when the screen is full; true when held.
+    /// The first line held says so, on stderr: the part goes on playing unseen.
+    pub fn held(text: &str) -> bool {
+        let mut pager = pager();
+        let first = pager.held.is_empty();
+        let held = pager.hold(text);
+        if held && first {
+            use colored::Colorize;
+            super::err_line(&format!(
+                "  {}",
+                "… more follows once this part has played: a screen at each Enter".dimmed()
+            ));
+        }
+        held
+    }
+
+    /// Whether lines are held, waiting for a stop to show them.
+    pub fn holding() -> bool {
+        !pager().held.is_empty()
+    }
+
+    /// Prints the next screen of held lines.
+    pub fn show_next() {
+        let screen = pager().next_screen();
+        for text in &screen {
+            super::write_line(text);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_part_longer_than_a_screen_is_shown_whole_in_order_a_screen_at_a_time() {
+            let mut pager = Pager {
+                on: true,
+                rows: 0,
+                held: VecDeque::new(),
+            };
+            let event = |i: usize| {
+                vec![
+                    format!("+{i}.000s  w1  an event"),
+                    format!("{:20}its second line", ""),
+                ]
+            };
+            let lines: Vec<String> = (0..40).flat_map(event).collect();
+            let shown: Vec<&String> = lines.iter().filter(|l| !pager.hold(l)).collect();
+            assert!(
+                shown.len() <= ROWS + A_WRAPPED_EVENTS_TAIL,
+                "{}",
+                shown.len()
+            );
+            assert!(
+                shown.len().is_multiple_of(2),
+                "an event's lines stay on one screen"
+            );
+            let mut all: Vec<String> = shown.into_iter().cloned().collect();
+            while !pager.held.is_empty() {
+                let screen = pager.next_screen();
+                assert!(
+                    screen.len() <= ROWS + A_WRAPPED_EVENTS_TAIL && screen.len().is_multiple_of(2)
+                );
+                all.extend(screen);
+            }
+            assert_eq!(all, lines);
+        }
+
+        #[test]
+        fn nothing_is_held_without_step() {
+            let mut pager = Pager {
+                on: false,
+                rows: 0,
+                held: VecDeque::new(),
+            };
+            assert!((0..100).all(|i| !pager.hold(&format!("line {i}"))));
+        }
     }
 }
 
@@ -320,6 +498,11 @@ pub fn tee(print: impl FnOnce()) -> Vec<String> {
 thread_local! {
     /// While [`capture`] runs: lines are remembered and not printed.
     static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether [`capture`] is running: the lines printed now are not shown.
+pub fn capturing() -> bool {
+    CAPTURING.with(std::cell::Cell::get)
 }
 
 /// Runs `print` and returns the lines it would have printed on stdout, printing none: the

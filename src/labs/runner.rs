@@ -140,6 +140,9 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         .leftovers(&run, Leftovers::of_run(&run.id))
         .removed_at_the_end();
     let verdict = lab.play(&mut run).map_err(connect::explain);
+    if verdict.is_err() {
+        super::step::show_held();
+    }
     removal.now(&verdict);
     let verdict = verdict?;
     if let Some(stop) = verdict.checkpoint() {
@@ -162,10 +165,12 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         super::say_if_disturbed(true);
         words
     } else {
-        tee(|| {
+        let words = tee(|| {
             verdict.print();
             super::say_if_disturbed(false);
-        })
+        });
+        super::step::show_held();
+        words
     };
     crate::room::record(
         server_args.postgres_url.as_deref(),

@@ -62,6 +62,10 @@ impl runner::Verdict for Verdict {
 
     fn print(&self) {
         print_verdicts(&self.runs);
+        let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();
+        if !self.runs.is_empty() && (lost || !self.lost_lock.is_empty()) {
+            crate::labs::step::checkpoint(&crate::labs::step::network::VERDICT_LOST_REPLIES);
+        }
         super::lost_reply::print(&self.lost_set, &self.lost_commit);
         super::lost_lock::print(&self.lost_lock, self.lost_lock_queued.as_ref());
     }

@@ -224,6 +224,7 @@ fn print_verdict(run: &Verdict) {
          that did nothing: conflicts, no-ops, refused tokens, and lock spins"
             .dimmed()
     );
+    step::checkpoint(&step::no_lock::VERDICT_REASONS);
     crate::outln!();
     for v in verdicts {
         let text = format!("{}: {}", v.name, meaning(run, v));

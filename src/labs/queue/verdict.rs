@@ -152,6 +152,9 @@ impl runner::Verdict for Verdict {
     fn print(&self) {
         if !self.queues.is_empty() {
             print_queues(&self.queues, self.plan.waiters);
+            if self.churn.is_some() || self.expiry.is_some() || self.election.is_some() {
+                crate::labs::step::checkpoint(&crate::labs::step::queue::VERDICT_FAULTS);
+            }
         }
         if let Some(churn) = &self.churn {
             print_churn(churn);

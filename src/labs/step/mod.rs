@@ -54,10 +54,45 @@ pub fn checkpoint_before(at: &Checkpoint, next: &str) {
     stop(&format!("{}: {next}", at.name), at.question);
 }
 
+/// The name of the last stop: the part a held screen belongs to.
+static PART: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 fn stop(name: &str, question: &str) {
-    if !stepping() || crate::procs::interrupted() {
+    // A verdict's words captured for `--json` are not shown: no stop between them.
+    if !stepping() || crate::procs::interrupted() || crate::output::capturing() {
         return;
     }
+    show_held();
+    if !stepping() {
+        return;
+    }
+    ask(name, question);
+    *PART.lock().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+}
+
+/// Shows the lines a part held back while it played (see [`crate::output::screens`]), a
+/// screen at a time, with a stop before each: the screen above it is full. Every stop
+/// shows them first; the runner calls it once more after the verdict.
+pub fn show_held() {
+    use crate::output::screens;
+    while screens::holding() && !crate::procs::interrupted() {
+        if stepping() {
+            let part = PART.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let name = if part.is_empty() {
+                "more of the heading".to_string()
+            } else {
+                format!("more of the part after '{part}'")
+            };
+            ask(
+                &name,
+                "The screen is full. Before you read on: what do you expect next?",
+            );
+        }
+        screens::show_next();
+    }
+}
+
+fn ask(name: &str, question: &str) {
     crate::errln!("");
     crate::errln!("{}", format!("⏸ {name}").bright_blue().bold());
     for line in crate::output::wrap(question, 76) {
@@ -75,6 +110,7 @@ fn stop(name: &str, question: &str) {
                 crate::errln!("  (no input: carrying on without stopping)");
             }
             enable(false);
+            crate::output::screens::page(false);
         }
         Ok(_) if answer.trim().eq_ignore_ascii_case("q") => {
             use nix::sys::signal::Signal;
@@ -86,6 +122,7 @@ fn stop(name: &str, question: &str) {
             )
         }
         Ok(_) => {
+            crate::output::screens::new_screen();
             if CLEAR.load(Ordering::SeqCst) && std::io::stderr().is_terminal() {
                 // ESC[2J clears the screen, ESC[3J its scrollback, ESC[H goes home.
                 crate::errln!("\x1b[2J\x1b[3J\x1b[H{}", format!("▶ {name}").dimmed());
@@ -96,6 +133,7 @@ fn stop(name: &str, question: &str) {
 
 mod network_etcd;
 mod questions;
+mod verdict_halves;
 pub use questions::*;
 
 #[cfg(test)]

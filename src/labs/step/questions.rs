@@ -275,6 +275,7 @@ pub mod no_lock {
         question: "Which approaches need a lock service at all, and which one would you \
                    pick for this job?",
     };
+    pub use super::super::verdict_halves::NO_LOCK_REASONS as VERDICT_REASONS;
 }
 
 pub mod queue {
@@ -325,6 +326,7 @@ pub mod queue {
         question: "Which way costs the servers least per hand-over, and which serves the \
                    waiters in the order they asked?",
     };
+    pub use super::super::verdict_halves::QUEUE_FAULTS as VERDICT_FAULTS;
 }
 
 pub mod network {
@@ -426,6 +428,7 @@ pub mod network {
         question: "A was never paused and checked its lock before writing. Which evidence \
                    shows the write was stale anyway, and which part of the system stopped it?",
     };
+    pub use super::super::verdict_halves::NETWORK_LOST_REPLIES as VERDICT_LOST_REPLIES;
 }
 
 pub mod lease_guard {
