@@ -18,6 +18,9 @@ setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
         so does one whose write is held in the network past the TTL.
 fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
+        That transaction stays open across the work, so its row lock is what
+        passes pause and delay: a frozen or delayed holder keeps the row and
+        the others wait for it; the token never has a newer write to refuse.
         A holder killed after its commit, before its answer, has its job resent:
         done twice.
 claimed setnx + a token that claims the row before the read, in its own short
@@ -106,6 +109,9 @@ def do(job, token):
     with db, db.cursor() as cur:
         if MODE in ("fenced", "once"):
             # Fence the read: lock the row, and refuse if a newer holder wrote it.
+            # The row lock is held until the commit, across the work below: while
+            # this client is frozen nobody else can write the row, so it is the row
+            # lock, not the token, that keeps a stale write out (see `claimed`).
             cur.execute(f"SELECT value, fence FROM {table} WHERE record = %s FOR UPDATE",
                         (job["record"],))
             value, fence = cur.fetchone()

@@ -40,8 +40,9 @@ pub enum Guard {
     /// came back, compared with `SystemTime::now()` before the write. The wall clock is not a
     /// stopwatch: NTP steps it, an operator sets it, a VM resumes with it wrong. Stepped back,
     /// it tells the holder it has time it does not have; the margin absorbs a step smaller
-    /// than itself and no more. (It also counts from the grant's *arrival*, not from the
-    /// request's send, so it forgets the time the request spent on the way.)
+    /// than itself plus how late past the lease the check comes, and no more. (It also
+    /// counts from the grant's *arrival*, not from the request's send, so it forgets the
+    /// time the request spent on the way.)
     #[value(help = "❌ grant's wall-clock time + TTL − margin, against the wall clock now")]
     WallDeadline,
     /// ⚠️ A deadline on the **monotonic clock**, counted from when the request was *sent*

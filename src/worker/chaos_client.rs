@@ -151,8 +151,9 @@ impl Design {
     ///   `redis-fenced`'s claim is strict (`token < new`, lab 7's `CLAIM_ROW`): a reissued
     ///   token claims a record at most once and a lower one not at all — claims are refused
     ///   until the counter passes the highest (liveness, not safety).
-    /// - **restart-aof** (`appendfsync always`: the restarted Redis has every write it
-    ///   acknowledged, the keys' expiry kept as absolute times): no lock and no counter is
+    /// - **restart-aof** (the append-only file: the restarted Redis has every write it
+    ///   acknowledged — a killed process loses nothing it wrote to the file, whatever the
+    ///   fsync policy — the keys' expiry kept as absolute times): no lock and no counter is
     ///   lost, so none of these designs can break by the restart alone.
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {

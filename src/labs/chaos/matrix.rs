@@ -29,8 +29,11 @@ kind and replay command below the table, note k) or UNKNOWN n/K
 (inconclusive: n histories could not be decided, never a pass). A cell stops
 at its first violation.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
-crashes it running with its append-only file (appendfsync always), and it
-comes back with its data. Designs without Redis show `-` there.
+crashes it running with its append-only file, and it comes back with its
+data: what Redis wrote to the file survives a crash of the process under any
+fsync policy (the kernel still has it); the `appendfsync always` it runs with
+matters for a power loss or kernel crash, which chaos does not play. Designs
+without Redis show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 

@@ -70,7 +70,9 @@ for 1.5s (2s on etcd), while the schedule's faults land: a pause or a kill
 just after a client took its lock, just after its read, inside its write's
 transaction, or at a time; a restart of the lock's Redis (chaos's own):
 `restart` with no persistence (it comes back empty), `restart-aof` with its
-append-only file fsynced at every write (it comes back with its data).
+append-only file (it comes back with its data: a killed process loses
+nothing it wrote to the file, whatever the fsync policy; the fsync at every
+write it runs with is for power loss, which chaos does not play).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 

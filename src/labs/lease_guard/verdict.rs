@@ -388,7 +388,7 @@ impl Verdict {
         if let Some(cell) = self.cell(Guard::RenewThird, LeaseFault::Stall) {
             if cell.outcome == Outcome::NoStaleWrite && cell.key_ours_at_check == Some(true) {
                 lines.push(format!(
-                    "stall: A's heartbeat renewed in the {} runs between stops of {stop} and kept the lock (B kept out): a heartbeat starves only when one stop outlasts what its last renewal left, at most the TTL.",
+                    "stall: A's heartbeat renewed in the {} runs between stops of {stop} and kept the lock (B kept out): a heartbeat starves only when the time between two renewals that reach Redis (stops, scheduling and the round trip) outlasts what the last one left, at most the TTL.",
                     human(super::STALL_RUN)
                 ));
             } else if cell.key_ours_at_check == Some(false) {

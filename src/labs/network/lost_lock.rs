@@ -11,9 +11,13 @@
 //! - ❌ **give up**: the key holds the lock, nobody working under it, until the lease ends.
 //!
 //! And one more: the lock is *not* free — the lab holds it — so A's call waits in etcd's
-//! queue when its client gives up and closes the connection. The lab reads back whether
-//! A's waiter key is still queued; against etcd 3.4 it is, and when the lab lets go etcd
-//! hands the lock to that key, for a client that has gone, until its lease ends.
+//! queue when its client gives up and closes the connection. etcd's lock service means to
+//! delete a waiter's key when its call is cancelled, but it sends that delete without the
+//! caller's user, and with auth on (the lab's own etcd always has it) etcd refuses it
+//! ("auth: user name is empty", etcd-io/etcd#13330): A's waiter key stays queued, and when
+//! the lab lets go etcd hands the lock to it, for a client that has gone, until its lease
+//! ends. Without auth the key is deleted. Either way the cleanup is best-effort: a client
+//! whose lock call failed revokes its own lease.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +43,9 @@ use crate::proxy::{self, Direction, NetFault, Proxy};
 /// What the queued call left behind once its connection went, read back from etcd.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct QueuedFound {
+    /// The lab's etcd client logs in as a user (its URL names one), so auth is on: etcd's
+    /// lock service then cannot delete a cancelled waiter's key (etcd-io/etcd#13330).
+    pub auth: bool,
     /// A's waiter key was still under the lock's name after A's connection closed.
     pub key_left: bool,
     /// When the lab let go, etcd handed the lock to A's key, a client that had gone.
@@ -362,6 +369,14 @@ fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
     // The server may take a moment to see the connection gone.
     std::thread::sleep(Duration::from_millis(300));
     let key_left = exists(runtime, &mut part.lab, &key)?;
+    let auth = connect::etcd_credentials(run.url(Backend::Etcd))
+        .1
+        .is_some();
+    let why = if auth {
+        " (auth is on, and etcd refuses the delete its lock service sends without a user: etcd-io/etcd#13330)"
+    } else {
+        ""
+    };
     stage.record(Event::new(
         "etcd",
         HolderNow {
@@ -372,7 +387,7 @@ fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
         },
         if key_left {
             format!(
-                "read back: A's waiter key {} is still in the queue behind the lab's, though A's call and connection are gone",
+                "read back: A's waiter key {} is still in the queue behind the lab's, though A's call and connection are gone{why}",
                 tail(&key)
             )
         } else {
@@ -407,6 +422,7 @@ fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
     let _ = runtime.block_on(part.lab.lease_revoke(lab_lease));
     stage.drain();
     Ok(QueuedFound {
+        auth,
         key_left,
         handed_to_a,
     })

@@ -61,17 +61,28 @@ pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
         );
     }
     if let Some(queued) = queued {
-        let left = if queued.key_left {
-            "A's waiter key stayed in etcd's queue after A's call and connection were gone"
-        } else {
-            "etcd deleted A's waiter key when A's call went away: nothing was left in the queue"
+        let left = match (queued.key_left, queued.auth) {
+            (true, true) => {
+                "A's waiter key stayed in etcd's queue after A's call and connection were gone: etcd's lock service deletes a cancelled waiter's key, but it sends that delete without a user, and with auth on (as here) etcd refuses it (etcd-io/etcd#13330)"
+            }
+            (true, false) => {
+                "A's waiter key stayed in etcd's queue after A's call and connection were gone"
+            }
+            (false, _) => {
+                "etcd deleted A's waiter key when A's call went away: nothing was left in the queue"
+            }
         };
         let handed = if queued.handed_to_a {
             "; when the lab let go, etcd gave the lock to that key, for a client that had gone, until its lease ends."
         } else {
             "; when the lab let go, the lock did not pass to A."
         };
-        crate::prose!("  {} {left}{handed}", "queued:".bold());
+        let cleanup = if queued.auth {
+            " Without auth etcd deletes the key; either way that cleanup is best-effort: a client whose lock call failed should revoke its own lease."
+        } else {
+            " That cleanup is best-effort: a client whose lock call failed should revoke its own lease."
+        };
+        crate::prose!("  {} {left}{handed}{cleanup}", "queued:".bold());
     }
 }
 
