@@ -8,9 +8,13 @@
 //! round trip is the wire's latency rather than CPU time); beside them a Redlock on one
 //! master (its bookkeeping beyond the round trips) and on five databases of one master,
 //! both orders (five round trips, one server process to wake: what is left is the cost of
-//! switching between five server processes); (c) `lockslab redlock` with defaults, wall
-//! clock, and in each run the validity two frozen masters cost against two down ones, then
-//! the same with `--round concurrent`. Targets: masters < 1s, the lab < 30s. Figures are
+//! switching between five server processes). Each line also gives the CPU time a cycle
+//! costs, this thread's and the servers' (`INFO cpu`), and its ratio to the single
+//! instance's: the work five masters do, asked in either order. A round asked all at once
+//! can be no shorter than that work spread over the machine's cores (the `floor` column;
+//! on a shared machine fewer cores are free, and the real floor is higher). (c) `lockslab
+//! redlock` with defaults, wall clock, and in each run the validity two frozen masters cost
+//! against two down ones, then the same with `--round concurrent`. Targets: masters < 1s, the lab < 30s. Figures are
 //! printed, not asserted: the machine is shared.
 //!
 //! `LOCKSLAB_BENCH_CYCLES=200` runs fewer cycles while iterating (default 2000), and
@@ -126,16 +130,27 @@ fn main() {
     let mut single_us = Vec::new();
     let mut lock_us: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
+    let mut single_cpu = Vec::new();
+    let mut single_own = Vec::new();
+    let mut lock_cpu: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
+    let mut lock_own: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
+    let mut cpu_ratios: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
     let mut not_held = vec![0; locks.len()];
+    let mut cpu = Cpu::new(&urls);
     for _ in 0..BLOCKS {
         for (i, (_, lock)) in locks.iter_mut().enumerate() {
+            let before = cpu.used_us();
             let started = Instant::now();
             for _ in 0..per_block {
                 let held = single.try_acquire().unwrap().expect("free");
                 assert!(single.release(&held).unwrap());
             }
             let one = started.elapsed().as_secs_f64() * 1e6 / per_block as f64;
+            let between = cpu.used_us();
+            let one_cpu = (between.0 + between.1 - before.0 - before.1) / per_block as f64;
             single_us.push(one);
+            single_cpu.push(one_cpu);
+            single_own.push((between.0 - before.0) / per_block as f64);
             let started = Instant::now();
             for _ in 0..per_block {
                 let round = lock.try_acquire();
@@ -143,26 +158,52 @@ fn main() {
                 lock.release(&round.value);
             }
             let took = started.elapsed().as_secs_f64() * 1e6 / per_block as f64;
+            let after = cpu.used_us();
+            let took_cpu = (after.0 + after.1 - between.0 - between.1) / per_block as f64;
+            lock_own[i].push((after.0 - between.0) / per_block as f64);
             lock_us[i].push(took);
             ratios[i].push(took / one);
+            lock_cpu[i].push(took_cpu);
+            cpu_ratios[i].push(took_cpu / one_cpu);
         }
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let single_wall = median(&mut single_us);
     println!(
-        "  {:<32} {:>8.1}µs",
+        "  {:<32} {:>9} {:>7} {:>10} {:>7} {:>10} {:>7}",
+        "", "wall", "ratio", "CPU", "ratio", "client", "floor"
+    );
+    println!(
+        "  {:<32} {:>7.1}µs {:>7} {:>8.1}µs {:>7} {:>8.1}µs",
         "single instance",
-        median(&mut single_us)
+        single_wall,
+        "",
+        median(&mut single_cpu),
+        "",
+        median(&mut single_own)
     );
     for (i, (name, _)) in locks.iter().enumerate() {
+        let cpu_us = median(&mut lock_cpu[i]);
         println!(
-            "  {name:<32} {:>8.1}µs   ratio {:.1}×{}",
+            "  {name:<32} {:>7.1}µs {:>6.1}× {:>8.1}µs {:>6.1}× {:>8.1}µs {:>6.1}×{}",
             median(&mut lock_us[i]),
             median(&mut ratios[i]),
+            cpu_us,
+            median(&mut cpu_ratios[i]),
+            median(&mut lock_own[i]),
+            cpu_us / cores as f64 / single_wall,
             match not_held[i] {
                 0 => String::new(),
                 n => format!("   ({n} rounds not held)"),
             }
         );
     }
+    println!(
+        "  (CPU: this thread's and the five servers' CPU time per cycle, client: this \
+         thread's alone; floor: the CPU spread over all {cores} cores, as a ratio to the \
+         single instance's wall time — on this machine no cycle can be shorter, however it \
+         asks, and only on an idle one does it get all {cores})"
+    );
     drop(masters);
     if std::env::var_os("LOCKSLAB_BENCH_CYCLES_ONLY").is_some() {
         return;
@@ -195,6 +236,52 @@ fn main() {
             "  validity with 2 down {down:>5}ms   with 2 frozen {frozen:>5}ms   cost {:>4}ms",
             down - frozen
         );
+    }
+}
+
+/// CPU time used so far, in µs: this thread's (the kernel's `schedstat`, in ns) and every
+/// master's (`INFO cpu`: the server's user + system time), read on connections of its own.
+struct Cpu {
+    servers: Vec<redis::Connection>,
+}
+
+impl Cpu {
+    fn new(urls: &[String]) -> Cpu {
+        Cpu {
+            servers: urls
+                .iter()
+                .map(|url| {
+                    redis::Client::open(url.as_str())
+                        .unwrap()
+                        .get_connection()
+                        .unwrap()
+                })
+                .collect(),
+        }
+    }
+
+    /// (this thread's, the servers'), in µs.
+    fn used_us(&mut self) -> (f64, f64) {
+        let own = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |ns| ns / 1000.0);
+        let servers: f64 = self
+            .servers
+            .iter_mut()
+            .map(|server| {
+                let info: String = redis::cmd("INFO").arg("cpu").query(server).unwrap();
+                info.lines()
+                    .filter_map(|line| {
+                        let (name, value) = line.trim().split_once(':')?;
+                        matches!(name, "used_cpu_sys" | "used_cpu_user")
+                            .then(|| value.parse::<f64>().ok())?
+                    })
+                    .sum::<f64>()
+                    * 1e6
+            })
+            .sum();
+        (own, servers)
     }
 }
 

@@ -2,11 +2,13 @@
 //!
 //! With no simulated work, 10 workers in skip-locked mode (target: at least 1,000 jobs/s),
 //! next to what `pgbench` gets from the same server in the same run, with 10 clients:
-//! - its built-in TPC-B-like transaction, and its simple-update variant (at scale 1,
-//!   TPC-B-like has every client update the same branches row: a contention test);
 //! - a custom script with the queue's own statements (claim with SKIP LOCKED, record,
-//!   mark done, commit), so the ratio says how close the lab's workers get to what
-//!   Postgres can do with this very work.
+//!   mark done, commit), run right after each of the lab's rounds on a fresh queue, so
+//!   that each round's ratio says how close the lab's workers get to what Postgres can do
+//!   with this very work under the same load (the machine is shared, and its load moves
+//!   within a minute);
+//! - its built-in TPC-B-like transaction, and its simple-update variant (at scale 1,
+//!   TPC-B-like has every client update the same branches row: a contention test).
 //!
 //! Then the figures the tests used to assert and no longer do, because they are timings:
 //! each mode's jobs/s under `--compare` (for-update should be the slowest: its workers take
@@ -39,11 +41,18 @@ COMMIT;
 
 fn main() {
     let url = servers().postgres.clone();
+    let pgbench = find_pgbench();
 
     println!(
-        "lockslab skip-locked --fault none --work 0ms --jobs {JOBS} (10 workers), {ROUNDS} rounds:"
+        "lockslab skip-locked --fault none --work 0ms --jobs {JOBS} (10 workers), {ROUNDS} rounds, \
+         each followed by pgbench -c 10 -j 2 -T {PGBENCH_SECONDS} -M prepared on the queue's \
+         statements (claim, record, mark done), so that a change in the machine's load \
+         reaches both sides of each round's ratio:"
     );
     let mut rates = Vec::new();
+    let mut queue_rates = Vec::new();
+    let mut ratios = Vec::new();
+    let mut duplicates = 0;
     for _ in 0..ROUNDS {
         let verdict = verdict_of(&[
             "skip-locked",
@@ -58,25 +67,42 @@ fn main() {
         let mode = &verdict["modes"][0];
         assert_eq!(mode["duplicates"], 0);
         assert_eq!(mode["lost"], 0);
-        rates.push(mode["jobs_per_s"].as_f64().unwrap());
+        let rate = mode["jobs_per_s"].as_f64().unwrap();
+        rates.push(rate);
+        if let Some(pgbench) = &pgbench {
+            let (tps, twice) = queue_tps(pgbench, &url);
+            queue_rates.push(tps);
+            ratios.push(rate / tps);
+            duplicates += twice;
+        }
     }
-    rates.sort_by(f64::total_cmp);
-    let lab = rates[rates.len() / 2];
+    let lab = median(&mut rates.clone());
     println!(
-        "  jobs/s        min {:>8.0}  median {:>8.0}  max {:>8.0}   (target ≥ 1000: {})",
-        rates[0],
-        lab,
-        rates[rates.len() - 1],
+        "  jobs/s        {}   (target ≥ 1000: {})",
+        spread(&mut rates, 0),
         if lab >= 1000.0 { "met" } else { "NOT met" }
     );
+    if pgbench.is_some() {
+        println!(
+            "  pgbench tps   {}   (the queue's statements; duplicates: {duplicates})",
+            spread(&mut queue_rates, 0)
+        );
+        println!(
+            "  lab / pgbench {}   (each round's ratio)",
+            spread(&mut ratios, 2)
+        );
+    }
 
     compare_modes();
 
-    let Some(pgbench) = find_pgbench() else {
+    let Some(pgbench) = pgbench else {
         println!("pgbench not found (PATH, /usr/lib/postgresql/*/bin): no comparison");
         return;
     };
-    println!("pgbench on the same server, -c 10 -j 2 -T {PGBENCH_SECONDS}:");
+    println!(
+        "pgbench's built-in scripts on the same server, -c 10 -j 2 -T {PGBENCH_SECONDS} (beside \
+         the lab's median, measured earlier):"
+    );
     run(Command::new(&pgbench).args(["-i", "-q", "-s", "1", &url]));
     for (name, builtin, note) in [
         (
@@ -96,8 +122,18 @@ fn main() {
             lab / rate
         );
     }
-
     let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    db.batch_execute(
+        "DROP TABLE IF EXISTS bench_jobs, bench_processing, pgbench_accounts, pgbench_branches, \
+         pgbench_history, pgbench_tellers",
+    )
+    .unwrap();
+}
+
+/// pgbench on the queue's statements, on a fresh, vacuumed queue: its tps, and how many jobs
+/// it processed more than once.
+fn queue_tps(pgbench: &Path, url: &str) -> (f64, i64) {
+    let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
     db.batch_execute(
         "DROP TABLE IF EXISTS bench_jobs, bench_processing;
          CREATE TABLE bench_jobs (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', claimed_by text);
@@ -111,9 +147,9 @@ fn main() {
     db.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
     let script = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(script.path(), QUEUE_SCRIPT).unwrap();
-    let queue = pgbench_tps(
-        &pgbench,
-        &url,
+    let tps = pgbench_tps(
+        pgbench,
+        url,
         &["-M", "prepared", "-f", script.path().to_str().unwrap()],
     );
     let duplicates: i64 = db
@@ -123,19 +159,25 @@ fn main() {
         )
         .unwrap()
         .get(0);
-    println!(
-        "  {:<24} tps {queue:>8.0}   lab / pgbench = {:.2}   (-M prepared; claim, record, mark done; duplicates: {duplicates})",
-        "the queue's statements",
-        lab / queue
-    );
-    db.batch_execute(
-        "DROP TABLE IF EXISTS bench_jobs, bench_processing, pgbench_accounts, pgbench_branches, \
-         pgbench_history, pgbench_tellers",
-    )
-    .unwrap();
+    (tps, duplicates)
 }
 
-/// `--compare` a few times: each mode's jobs/s and kill → reclaimed, min / median / max.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// `min … median … max` of some figures, with `decimals` digits after the point.
+fn spread(values: &mut [f64], decimals: usize) -> String {
+    let middle = median(values);
+    format!(
+        "min {:>8.decimals$}  median {:>8.decimals$}  max {:>8.decimals$}",
+        values[0],
+        middle,
+        values[values.len() - 1]
+    )
+}
+
 fn compare_modes() {
     println!("lockslab skip-locked --compare --jobs 200 --pause 300ms, {ROUNDS} rounds:");
     let mut figures: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
