@@ -112,11 +112,14 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
         .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNSAFE"))
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
-    let missed: Vec<String> = cells
-        .iter()
-        .filter(|c| !c.labs_call_it_safe && !c.result.starts_with("UNSAFE") && c.result != "-")
-        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
-        .collect();
+    let expected_to_break = |word: &str| -> Vec<String> {
+        cells
+            .iter()
+            .filter(|c| !c.labs_call_it_safe && c.result.starts_with(word))
+            .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+            .collect()
+    };
+    let (missed, undecided) = (expected_to_break("SAFE"), expected_to_break("UNKNOWN"));
     crate::outln!();
     if against.is_empty() {
         crate::prose!(
@@ -135,6 +138,13 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             "Expected to break, not broken in these schedules (they missed the window; \
              more --schedules, or chaos --design D --faults F, hunt longer): {}.",
             missed.join(", ")
+        );
+    }
+    if !undecided.is_empty() {
+        crate::prose!(
+            "Expected to break, undecided (UNKNOWN: the checker could not decide whether \
+             these schedules were safe, so they count neither way): {}.",
+            undecided.join(", ")
         );
     }
 }
