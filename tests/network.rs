@@ -526,6 +526,24 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     assert_eq!(payments, 0, "the run's payments are removed");
 }
 
+/// A `lockslab proxy --to redis` running (the URL and its password from LOCKSLAB_REDIS_URL,
+/// not from argv), where it listens, and the rest of its output (kept open while it runs).
+fn proxy_by_hand() -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut proxy = lockslab(&["proxy", "--to", "redis"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(proxy.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    // "proxy 127.0.0.1:PORT → …"
+    let addr = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (proxy, addr, lines)
+}
+
 /// `lockslab proxy` by hand: a client behind it, a hold from a second command, then
 /// Ctrl-C mid-fault: it exits 130 and leaves no port, no control socket, no child.
 #[test]
@@ -535,17 +553,9 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
     use std::net::TcpStream;
     use std::time::Duration;
 
-    // `--to redis`: the URL (and its password) from LOCKSLAB_REDIS_URL, not from argv.
-    let mut proxy = lockslab(&["proxy", "--to", "redis"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(proxy.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    // "proxy 127.0.0.1:PORT → …"
-    let addr: std::net::SocketAddr = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut proxy, addr, _output) = proxy_by_hand();
     let socket = control_socket(addr.port());
-    assert!(socket.exists(), "{first}");
+    assert!(socket.exists());
 
     let url = lockslab::proxy::through(&servers().redis, addr).unwrap();
     let mut client = lockslab::connect::redis(&url).unwrap();
@@ -586,6 +596,49 @@ fn the_proxy_by_hand_takes_faults_from_another_command_and_ctrl_c_leaves_nothing
         matches!(raw.read(&mut buffer), Ok(0) | Err(_)),
         "the held connection is closed"
     );
+}
+
+/// Two proxies on one port number (127.0.0.1:P and [::1]:P) would share one control socket:
+/// the second is refused while the first answers on it. Once the first is killed with no
+/// chance to clean up, a fault names it gone and removes the stale socket.
+#[test]
+fn a_second_proxy_on_the_same_port_is_refused_and_a_killed_ones_socket_is_named_stale() {
+    use lockslab::labs::network::by_hand::control_socket;
+
+    let (mut first, addr, _output) = proxy_by_hand();
+    let port = addr.port().to_string();
+    let socket = control_socket(addr.port());
+
+    let listen = format!("[::1]:{port}");
+    let second = lockslab(&["proxy", "--to", "redis", "--listen", &listen])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{text}");
+    assert!(text.contains("another `lockslab proxy` on port"), "{text}");
+    let fault = lockslab(&["proxy", "fault", &port, "hold"])
+        .output()
+        .unwrap();
+    assert!(
+        fault.status.success(),
+        "the first still takes faults: {fault:?}"
+    );
+
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGKILL).unwrap();
+    first.wait().unwrap();
+    assert!(socket.exists(), "a killed proxy leaves its socket file");
+    let fault = lockslab(&["proxy", "fault", &port, "heal"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&fault.stderr);
+    assert_eq!(fault.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "the proxy on port {port} is gone (stale control socket"
+        )),
+        "{text}"
+    );
+    assert!(!socket.exists(), "the stale socket is removed");
 }
 
 /// The proxy's faults against a real Redis, each read back on a direct connection: a hold

@@ -361,6 +361,49 @@ fn absurd_durations_are_refused_before_anything_starts() {
     assert!(longest <= 600, "a lease of {longest}s is in etcd");
 }
 
+/// The fault proxy's and chaos's flags that make no sense are refused (exit status 2)
+/// before a server, a port or a proxy starts: no server answers here, so a run that got
+/// past its checks would exit 1.
+#[test]
+fn proxy_and_chaos_refuse_senseless_flags_before_anything_starts() {
+    for (args, says) in [
+        (
+            &["chaos", "--design", "redis-lock", "--time", "0s"][..],
+            "at least 1s",
+        ),
+        (
+            &["chaos", "--design", "redis-lock", "--time", "100d"],
+            "at most 1day",
+        ),
+        (
+            &["chaos", "--design", "redis-lock", "--faults", "restart-aof"],
+            "restart-aof: chaos restarts only servers it started itself",
+        ),
+        (
+            &["proxy", "--to", "redis", "--listen", "0.0.0.0:0"],
+            "every address of this machine",
+        ),
+        (
+            &["proxy", "--to", "redis", "--listen", "[::]:0"],
+            "every address of this machine",
+        ),
+        (
+            &["proxy", "--to", "redis", "--listen", "192.0.2.1:0"],
+            "add --expose",
+        ),
+        (
+            &["proxy", "fault", "1", "heal", "--for", "5s"],
+            "only delay and delay-next take it",
+        ),
+    ] {
+        let output = lockslab_without_servers(args).output().unwrap();
+        let text = printed(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(says), "{args:?}: {text}");
+        assert!(!text.contains("starting"), "{args:?}: {text}");
+    }
+}
+
 #[test]
 fn empty_variables_mean_not_set() {
     let output = lockslab(&["gc-pause", "--ttl", "300ms", "--fencing", "on"])

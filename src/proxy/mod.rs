@@ -516,9 +516,15 @@ struct Queued {
     healed: u64,
 }
 
+/// How many bytes a direction of one connection queues before it stops reading: past it
+/// the kernel's buffers fill and the sender is held, as on a stalled network, instead of
+/// the proxy growing by whatever the sender sends.
+const QUEUE_CAP: usize = 1024 * 1024;
+
 /// One direction of one connection: reads, and forwards what it reads — at once when the
 /// path is clear, through its queue when a fault holds bytes back. It keeps reading while
-/// chunks wait, so that each waits its own delay, not the sum of those ahead of it.
+/// chunks wait (up to [`QUEUE_CAP`] bytes), so that each waits its own delay, not the sum
+/// of those ahead of it.
 struct Pump {
     shared: Arc<Shared>,
     direction: Direction,
@@ -527,6 +533,8 @@ struct Pump {
     from: OwnedReadHalf,
     to: OwnedWriteHalf,
     queue: VecDeque<Queued>,
+    /// The bytes in `queue`.
+    queued: usize,
     _alive: Alive,
 }
 
@@ -569,6 +577,7 @@ impl Pump {
             from,
             to,
             queue: VecDeque::new(),
+            queued: 0,
             _alive: Alive(Arc::clone(shared)),
         }
     }
@@ -592,10 +601,12 @@ impl Pump {
                 }
                 continue;
             }
-            // Chunks wait: read on (reading is cancel-safe), or send the first once it may
-            // go. The write happens outside the select, so that none is cut in half.
+            // Chunks wait: read on (reading is cancel-safe) while the queue has room, or send
+            // the first once it may go. The write happens outside the select, so that none
+            // is cut in half.
+            let room = self.queued < QUEUE_CAP;
             let ready = tokio::select! {
-                read = self.from.read(&mut buffer), if reading => Some(read),
+                read = self.from.read(&mut buffer), if reading && room => Some(read),
                 () = front_ready(&self.shared, self.direction, &self.queue, &mut changed) => None,
             };
             match ready {
@@ -628,6 +639,7 @@ impl Pump {
         let Some(front) = self.queue.pop_front() else {
             return true;
         };
+        self.queued -= front.chunk.len();
         if self.to.write_all(&front.chunk).await.is_err() {
             return false;
         }
@@ -652,6 +664,7 @@ impl Pump {
         match self.decide(chunk) {
             Way::Now => self.write_now(chunk).await,
             Way::Queue(queued) => {
+                self.queued += queued.chunk.len();
                 self.queue.push_back(queued);
                 Next::Go
             }
@@ -1131,6 +1144,60 @@ mod tests {
             "giving up did not recall the request: it lands once the hold lifts"
         );
         assert_eq!(server.read(&mut buffer).unwrap(), 0, "then the close");
+    }
+
+    /// Writes a repeating pattern without blocking until the socket stays full for a
+    /// second (or `most` bytes went), and returns how many went.
+    fn write_until_held(stream: &mut TcpStream, most: usize) -> usize {
+        stream.set_nonblocking(true).unwrap();
+        let chunk: Vec<u8> = (0..64 * 1024).map(|n| (n % 251) as u8).collect();
+        let (mut sent, mut stalls) = (0, 0);
+        while sent < most && stalls < 20 {
+            match stream.write(&chunk[sent % chunk.len()..]) {
+                Ok(n) => {
+                    sent += n;
+                    stalls = 0;
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                    stalls += 1;
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(err) => panic!("{err}"),
+            }
+        }
+        stream.set_nonblocking(false).unwrap();
+        sent
+    }
+
+    #[test]
+    fn a_hold_queues_a_bounded_amount_and_the_fast_sender_is_held_by_tcp_then_all_arrives() {
+        let (proxy, mut client, mut server) = silent_server();
+        proxy.set(Direction::Up, NetFault::Hold);
+        let most = 256 * 1024 * 1024;
+        let sent = write_until_held(&mut client, most);
+        // The proxy's queue (1 MiB), plus what the kernel buffers on the client's socket
+        // and the proxy's (a few MiB each at most on Linux): far below what was offered.
+        assert!(
+            sent < 64 * 1024 * 1024,
+            "the sender was never held: {sent} bytes taken in"
+        );
+        let mut buffer = [0u8; 64];
+        server
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(server.read(&mut buffer).is_err(), "still held");
+        proxy.clear(Direction::Up);
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut got = vec![0u8; sent];
+        server.read_exact(&mut got).unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(n, &b)| b == ((n % (64 * 1024)) % 251) as u8),
+            "every byte the sender got in arrives, in order, once the hold lifts"
+        );
     }
 
     #[test]

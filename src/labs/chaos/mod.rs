@@ -35,6 +35,10 @@ pub const EXIT_VIOLATION: u8 = 1;
 pub const EXIT_ONLY_UNKNOWNS: u8 = 3;
 pub const EXIT_COULD_NOT_RUN: u8 = 4;
 
+/// The longest `--time`: a day of schedules is already more than the 100000 `--schedules`
+/// allows at a second or two each.
+const LONGEST_HUNT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How many schedules play side by side unless told: on 2 cores, 4 histories of 3 clients
 /// keep them busy without starving the clients past their leases.
 pub const DEFAULT_PARALLEL: u32 = 4;
@@ -90,9 +94,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 10, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub schedules: u32,
-    /// Try schedules for this long instead (e.g. 2m)
-    #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T",
-          conflicts_with = "schedules")]
+    /// Try schedules for this long instead (e.g. 2m), 1s to 24h
+    #[arg(long, value_parser = crate::flags::duration_in(Duration::from_secs(1), LONGEST_HUNT),
+          value_name = "T", conflicts_with = "schedules")]
     pub time: Option<Duration>,
     /// The kinds of fault to draw, comma-separated [default: every kind]
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -232,24 +236,31 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    // Checked before any server starts: a restart needs a Redis of chaos's own.
+    let restarts: Vec<FaultKind> = match &given {
+        Some(schedule) => schedule
+            .steps()
+            .iter()
+            .filter_map(FaultKind::of)
+            .filter(|k| k.restarts())
+            .collect(),
+        None if kinds.iter().all(|k| k.restarts()) => kinds.clone(),
+        None => Vec::new(),
+    };
+    if let Some(kind) = restarts.first()
+        && args.design.uses_redis()
+        && args.servers.given(Backend::Redis).is_some()
+    {
+        crate::bail_usage!(
+            "{}: chaos restarts only servers it started itself, and this Redis was given \
+             (--redis-url or LOCKSLAB_REDIS_URL); unset it and chaos starts its own",
+            kind.name()
+        );
+    }
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
         if !args.json {
             show::heading(&ground, args, seed);
-        }
-        let restarts = given
-            .as_ref()
-            .map_or(kinds.iter().all(|k| k.restarts()), |schedule| {
-                schedule
-                    .steps()
-                    .iter()
-                    .any(|s| s.fault == crate::nemesis::Fault::Restart)
-            });
-        if restarts && ground.redis_given {
-            crate::bail_usage!(
-                "restart: chaos restarts only servers it started itself, and this Redis was \
-                 given (--redis-url or LOCKSLAB_REDIS_URL); unset it and chaos starts its own"
-            );
         }
         let setup = ground.setup(args.design);
         let space = space(&setup, args.clients, &kinds);

@@ -112,11 +112,8 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
         .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNSAFE"))
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
-    let missed: Vec<String> = cells
-        .iter()
-        .filter(|c| !c.labs_call_it_safe && !c.result.starts_with("UNSAFE") && c.result != "-")
-        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
-        .collect();
+    let missed = expected_to_break(cells, "SAFE");
+    let undecided = expected_to_break(cells, "INCONCLUSIVE");
     crate::outln!();
     if against.is_empty() {
         crate::prose!(
@@ -137,6 +134,23 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             missed.join(", ")
         );
     }
+    if !undecided.is_empty() {
+        crate::prose!(
+            "Expected to break, undecided (UNKNOWN: the checker could not decide that many of \
+             their histories, and found no violation in the others): {}.",
+            undecided.join(", ")
+        );
+    }
+}
+
+/// The cells the labs expect to break whose result starts with `word` (`SAFE`: no
+/// violation found; `INCONCLUSIVE`: histories the checker could not decide).
+fn expected_to_break(cells: &[Cell], word: &str) -> Vec<String> {
+    cells
+        .iter()
+        .filter(|c| !c.labs_call_it_safe && c.result.starts_with(word))
+        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+        .collect()
 }
 
 /// A replay command of a cell (one line in `--json`), as [`show::replay_lines`] prints it.
@@ -212,6 +226,28 @@ mod tests {
         assert!(
             line.contains("UNSAFE [1]") && line.contains("UNKNOWN 12/12 "),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_cell_expected_to_break_is_undecided_not_missed() {
+        let cell = |fault, result: &str| Cell {
+            kind: "cell".into(),
+            design: Design::RedisLock,
+            fault,
+            result: result.into(),
+            replay: None,
+            labs_call_it_safe: false,
+            unknown: None,
+        };
+        let cells = [
+            cell(FaultKind::Kill, "SAFE (6)"),
+            cell(FaultKind::Restart, "INCONCLUSIVE 6/6"),
+        ];
+        assert_eq!(expected_to_break(&cells, "SAFE"), ["redis-lock × kill"]);
+        assert_eq!(
+            expected_to_break(&cells, "INCONCLUSIVE"),
+            ["redis-lock × restart"]
         );
     }
 

@@ -48,9 +48,13 @@ pub struct ProxyArgs {
     /// …_POSTGRES_…), which keeps its password off the command line; or a URL or host:port
     #[arg(long, required = true, value_name = "URL")]
     pub to: Option<String>,
-    /// Where the proxy listens (a free port when 0)
+    /// Where the proxy listens (a free port when 0): a loopback address unless --expose
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub listen: SocketAddr,
+    /// Let --listen be an address other machines reach: anyone who reaches it reaches the
+    /// server behind the proxy
+    #[arg(long)]
+    pub expose: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -70,10 +74,10 @@ pub struct FaultArgs {
     /// the others]
     #[arg(long, value_enum)]
     pub direction: Option<Way>,
-    /// How long a delay lasts (delay, delay-next), up to 10m
-    #[arg(long = "for", default_value = "1s", value_name = "DURATION",
+    /// How long a delay lasts (delay, delay-next), up to 10m [default: 1s]
+    #[arg(long = "for", value_name = "DURATION",
           value_parser = crate::flags::duration_in(Duration::ZERO, crate::flags::LONGEST_LAB_WAIT))]
-    pub duration: Duration,
+    pub duration: Option<Duration>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +109,32 @@ pub enum Way {
 pub fn run(args: &ProxyArgs) -> Result<()> {
     match &args.fault {
         Some(ProxyCommand::Fault(fault)) => send_fault(fault),
-        None => serve(args.to.as_deref().unwrap_or_default(), args.listen),
+        None => {
+            check_listen(args.listen, args.expose)?;
+            serve(args.to.as_deref().unwrap_or_default(), args.listen)
+        }
     }
+}
+
+/// The proxy relays to a server that may listen on loopback only, password or not: on an
+/// address other machines reach it would hand them that server, so only if told.
+fn check_listen(listen: SocketAddr, expose: bool) -> Result<()> {
+    let ip = listen.ip();
+    if ip.is_unspecified() {
+        crate::bail_usage!(
+            "--listen {listen} means every address of this machine, every network it is on \
+             included: give 127.0.0.1:PORT, or the one address others reach it by (see \
+             `ip -brief address`) with --expose"
+        );
+    }
+    if !ip.is_loopback() && !expose {
+        crate::bail_usage!(
+            "--listen {listen}: other machines can reach that address, and through the proxy \
+             the server behind it: add --expose if that is what you want, or listen on \
+             127.0.0.1"
+        );
+    }
+    Ok(())
 }
 
 /// The control socket of the proxy listening on `port`.
@@ -146,6 +174,13 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     let mut proxy = Proxy::start_on("proxy", listen, upstream)?;
     let port = proxy.addr().port();
     let socket = control_socket(port);
+    if UnixStream::connect(&socket).is_ok() {
+        bail!(
+            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give \
+             this one another port",
+            socket.display()
+        );
+    }
     let _ = std::fs::remove_file(&socket);
     let control = UnixListener::bind(&socket)
         .with_context(|| format!("opening the control socket {}", socket.display()))?;
@@ -209,6 +244,10 @@ fn obey(proxy: &Proxy, stream: UnixStream) -> Option<String> {
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).ok()?;
+    if line.trim().is_empty() {
+        // Another proxy checking whether this one is alive.
+        return None;
+    }
     let answer = apply(proxy, line.trim());
     let mut stream = stream;
     let _ = writeln!(stream, "{answer}");
@@ -270,21 +309,40 @@ fn line_of(args: &FaultArgs) -> String {
         .unwrap_or_default();
     match args.fault {
         FaultName::Delay | FaultName::DelayNext => {
-            format!("{way} {name} {}", args.duration.as_millis())
+            let duration = args.duration.unwrap_or(Duration::from_secs(1));
+            format!("{way} {name} {}", duration.as_millis())
         }
         _ => format!("{way} {name}"),
     }
 }
 
 fn send_fault(args: &FaultArgs) -> Result<()> {
+    if args.duration.is_some() && !matches!(args.fault, FaultName::Delay | FaultName::DelayNext) {
+        crate::bail_usage!("--for is how long a delay lasts: only delay and delay-next take it");
+    }
     let socket = control_socket(args.port);
-    let mut stream = UnixStream::connect(&socket).with_context(|| {
-        format!(
-            "no proxy on port {} (no control socket {}): is `lockslab proxy` running?",
-            args.port,
-            socket.display()
-        )
-    })?;
+    let mut stream = match UnixStream::connect(&socket) {
+        Ok(stream) => stream,
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+            // The file outlived its proxy (killed with no chance to remove it).
+            let _ = std::fs::remove_file(&socket);
+            bail!(
+                "the proxy on port {} is gone (stale control socket {}, now removed): start \
+                 `lockslab proxy` again",
+                args.port,
+                socket.display()
+            );
+        }
+        Err(err) => {
+            return Err(err).with_context(|| {
+                format!(
+                    "no proxy on port {} (no control socket {}): is `lockslab proxy` running?",
+                    args.port,
+                    socket.display()
+                )
+            });
+        }
+    };
     writeln!(stream, "{}", line_of(args))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut answer = String::new();
@@ -313,7 +371,7 @@ mod tests {
             port: 1,
             fault,
             direction,
-            duration: Duration::from_millis(500),
+            duration: Some(Duration::from_millis(500)),
         }
     }
 
