@@ -774,14 +774,13 @@ fn labels(svg: &str) -> Vec<(f64, f64, f64, String)> {
         text[start..end].parse().ok()
     };
     let mut found = Vec::new();
-    for chunk in svg.split("<g class=\"ev ").skip(1) {
+    // Labels are drawn after every mark of their lane, each in a group at its mark.
+    for chunk in svg.split("<g class=\"mark-label\" ").skip(1) {
         let chunk = &chunk[..chunk.find("</g>").unwrap_or(chunk.len())];
-        let (Some(x), Some(after_title)) = (
-            number(chunk, "translate("),
-            chunk.find("</title>").map(|i| &chunk[i..]),
-        ) else {
+        let Some(x) = number(chunk, "translate(") else {
             continue;
         };
+        let after_title = chunk;
         let y = number(chunk, ",").unwrap_or(0.0);
         let Some(at) = after_title.find("<text class=\"lbl\"") else {
             continue;
@@ -1209,4 +1208,229 @@ fn lab_9_shows_how_each_parts_late_write_came_out() {
         line.contains("fencing false</tspan>") && line.contains("fencing true</tspan>"),
         "{line}"
     );
+}
+
+/// Lab 10's herd queues: each waiter's turn is a bar on the lock lane, as long as the turn
+/// the waiter measured, and the part lasts as long as the queue did (not the one instant
+/// the lab reported it at).
+#[test]
+fn lab_10_herd_queues_draw_every_turn_as_long_as_it_was() {
+    let recording = recording(QUEUE);
+    let picture = picture::Picture::of(&recording);
+    let mut queues = 0;
+    for event in &recording.events {
+        let lockslab::events::What::Handovers(queue) = &event.what else {
+            continue;
+        };
+        queues += 1;
+        let label = event.part.part.as_deref().expect("a part");
+        let part = picture.parts.iter().find(|p| p.label == label).unwrap();
+        let lane = part
+            .lanes
+            .iter()
+            .find(|l| l.kind == picture::LaneKind::Lock)
+            .unwrap_or_else(|| panic!("{label}: no lock lane"));
+        assert_eq!(
+            lane.bars.len(),
+            queue.turns.len(),
+            "{label}: a bar per turn"
+        );
+        for turn in &queue.turns {
+            let bar = lane.bars.iter().find(|b| b.holder == turn.waiter).unwrap();
+            let measured = (turn.leave_ns - turn.enter_ns) as f64 / 1e6;
+            let drawn = (bar.held_to - bar.from) as f64;
+            assert!(
+                (drawn - measured).abs() <= 1.0,
+                "{label} {}: {drawn} vs {measured}",
+                turn.waiter
+            );
+        }
+        let first = queue.turns.iter().map(|t| t.enter_ns).min().unwrap();
+        let last = queue.turns.iter().map(|t| t.leave_ns).max().unwrap();
+        let queue_ms = (last - first) / 1_000_000;
+        assert!(
+            part.end - part.start >= queue_ms,
+            "{label}: drawn {}ms long, the queue took {queue_ms}ms",
+            part.end - part.start
+        );
+    }
+    assert_eq!(queues, 3);
+}
+
+/// Lab 10: a long outcome wraps onto more lines of the heading, whole, never cut short.
+#[test]
+fn lab_10_long_outcomes_wrap_whole() {
+    let recording = recording(QUEUE);
+    let picture = picture::Picture::of(&recording);
+    let svg = picture::svg(&recording);
+    let mut wrapped = 0;
+    for chunk in svg.split("<text class=\"outcome\"").skip(1) {
+        let chunk = &chunk[..chunk.find("</text>").unwrap()];
+        let lines: Vec<&str> = chunk
+            .split("<tspan")
+            .skip(1)
+            .map(|t| &t[t.find('>').unwrap() + 1..t.find("</tspan>").unwrap()])
+            .collect();
+        assert!(!lines.concat().contains('…'), "cut: {lines:?}");
+        let whole = lines.join(" ");
+        assert!(
+            picture
+                .parts
+                .iter()
+                .filter_map(|p| p.outcome.as_ref())
+                .any(|(o, _)| *o == whole),
+            "{whole:?} is not an outcome, whole"
+        );
+        wrapped += usize::from(lines.len() > 1);
+    }
+    assert!(
+        wrapped >= 1,
+        "the redis_spin outcome is longer than one line"
+    );
+    assert_labels_apart_and_beside(&svg);
+}
+
+/// Lab 10: a wait's name ("on W1", "on the lock") never runs into a freeze's label on its
+/// lane, nor into a mark's label on the lane's foot.
+#[test]
+fn lab_10_wait_names_keep_clear_of_freeze_labels() {
+    let recording = recording(QUEUE);
+    let svg = picture::svg(&recording);
+    let texts = |class: &str, size: f64| -> Vec<(f64, f64, f64)> {
+        svg.split(&format!("<g class=\"{class}\">"))
+            .skip(1)
+            .filter_map(|chunk| {
+                let text = &chunk[chunk.find("<text class=\"lbl\"")?..];
+                let attr = |name: &str| -> f64 {
+                    let at = text.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+                    text[at..at + text[at..].find('"').unwrap()]
+                        .parse()
+                        .unwrap()
+                };
+                let body = &text[text.find('>')? + 1..text.find("</text>")?];
+                let width = body.chars().count() as f64 * size;
+                Some((attr("x"), attr("x") + width, attr("y")))
+            })
+            .filter(|(from, to, _)| to > from)
+            .collect()
+    };
+    let waits = texts("wait", 4.8);
+    let freezes = texts("freeze", 6.3);
+    assert!(!waits.is_empty() && !freezes.is_empty());
+    for (from, to, y) in &waits {
+        for (a, b, fy) in &freezes {
+            let apart = (y - fy).abs() > 6.0 || to <= a || from >= b;
+            assert!(
+                apart,
+                "a wait's name at {from}..{to} runs into a freeze's at {a}..{b}"
+            );
+        }
+    }
+}
+
+const CHALLENGE: &str = include_str!("fixtures/challenge.jsonl");
+
+/// Lab 11: a challenge's clients hold the lock of their job's record (a bar from `acquired`
+/// to `released`), their `working` is the write, the writes the findings name are drawn as
+/// the wrong ones, and the verdict is PASS/FAIL with the checker's own finding lines over
+/// the change log, the changes a finding names marked. The legend shows what is drawn.
+#[test]
+fn a_challenge_draws_its_clients_locks_writes_and_findings() {
+    let recording = recording(CHALLENGE);
+    let picture = picture::Picture::of(&recording);
+    let lanes: Vec<&picture::Lane> = picture.parts.iter().flat_map(|p| &p.lanes).collect();
+    let kinds = |kind: Kind| recording.events.iter().filter(|e| e.kind() == kind).count();
+    let bars: usize = lanes.iter().map(|l| l.bars.len()).sum();
+    assert_eq!(bars, kinds(Kind::Acquired), "a bar per grant");
+    let locks: Vec<&str> = lanes
+        .iter()
+        .filter(|l| l.kind == picture::LaneKind::Lock)
+        .map(|l| l.name.as_str())
+        .collect();
+    assert_eq!(locks, ["r0", "r1"]);
+    let writes: Vec<&picture::Mark> = lanes
+        .iter()
+        .flat_map(|l| &l.marks)
+        .filter(|m| m.shape == picture::Shape::Write)
+        .collect();
+    assert_eq!(writes.len(), kinds(Kind::Working), "a write per working");
+    let wrong: Vec<&str> = writes
+        .iter()
+        .filter(|m| m.tone == picture::Tone::Bad)
+        .filter_map(|m| m.label.as_deref())
+        .collect();
+    assert_eq!(
+        wrong,
+        [
+            "write job 2: see the findings",
+            "write job 5: see the findings"
+        ]
+    );
+    let html = picture::html(&recording);
+    let verdict = between(&html, "<section class=\"verdict\">", "</section>");
+    assert!(
+        verdict.contains("<pre class=\"findings\">FAIL  challenge pause\n  - stale write: job 2 set r0 to 3 over 8 (change #3)"),
+        "{verdict}"
+    );
+    assert!(verdict.contains("  - stale write: job 5 set r0 to 11 over 78 (change #24)"));
+    let named: Vec<&str> = verdict
+        .split("<tr class=\"named\"><td>")
+        .skip(1)
+        .map(|row| &row[..row.find('<').unwrap()])
+        .collect();
+    assert_eq!(named, ["#3", "#24"]);
+    let svg = picture::svg(&recording);
+    let legend = between(&svg, "class=\"legend\"", "</g>\n");
+    for shown in [
+        "granted",
+        "released",
+        "write",
+        "write a finding names",
+        "frozen (SIGSTOP)",
+    ] {
+        assert!(
+            legend.contains(&format!(">{shown}<")),
+            "{shown} missing: {legend}"
+        );
+    }
+    for unseen in ["killed", "expired", "stale write refused", "bytes held"] {
+        assert!(
+            !legend.contains(unseen),
+            "{unseen} in the legend of a pause challenge"
+        );
+    }
+}
+
+/// Lab 11's `delay`: the proxy holding a client's bytes (`net_fault` to `net_healed` on
+/// its path `c1→postgres`) is a band on that client's lane, not two dots on the lab's.
+#[test]
+fn a_challenges_held_write_is_a_band_on_its_clients_lane() {
+    let fault = r#"{"t_ms":2740,"worker":"lab","text":"holds c1's next bytes to Postgres 900ms (proxy)","kind":"net_fault","fault":"delay","target":"c1→postgres","phase":"start","direction":"up"}"#;
+    let heal = r#"{"t_ms":3640,"worker":"lab","text":"c1's bytes go on","kind":"net_healed","fault":"heal","target":"c1→postgres","phase":"end","direction":"up","lasted_ms":900}"#;
+    let mut lines: Vec<&str> = CHALLENGE.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("\"t_ms\":2745"))
+        .unwrap();
+    lines.insert(at, fault);
+    let at = lines
+        .iter()
+        .position(|l| l.contains("\"t_ms\":3655") || l.contains("\"t_ms\":37"))
+        .unwrap();
+    lines.insert(at, heal);
+    let recording = recording(&lines.join("\n"));
+    let picture = picture::Picture::of(&recording);
+    let lanes: Vec<&picture::Lane> = picture.parts.iter().flat_map(|p| &p.lanes).collect();
+    let c1 = lanes.iter().find(|l| l.name == "c1").unwrap();
+    assert_eq!(
+        c1.held.iter().map(|s| (s.from, s.to)).collect::<Vec<_>>(),
+        [(2740, 3640)]
+    );
+    assert!(c1.marks.iter().any(|m| m.kind == "net_fault"));
+    assert!(c1.marks.iter().any(|m| m.kind == "net_healed"));
+    let lab = lanes.iter().find(|l| l.name == "lab").unwrap();
+    assert!(lab.marks.iter().all(|m| !m.kind.starts_with("net_")));
+    let svg = picture::svg(&recording);
+    assert!(svg.contains("bytes held 0.900s"));
+    assert!(between(&svg, "class=\"legend\"", "</g>\n").contains("bytes held by the proxy"));
 }

@@ -104,9 +104,9 @@ pub fn show(
     }
     crate::outln!();
     let word = match grade {
-        Grade::Pass => "PASS".green().bold(),
-        Grade::Fail => "FAIL".red().bold(),
-        Grade::Undecided => "UNDECIDED".yellow().bold(),
+        Grade::Pass => grade.word().green().bold(),
+        Grade::Fail => grade.word().red().bold(),
+        Grade::Undecided => grade.word().yellow().bold(),
     };
     crate::outln!("{word}  challenge {}", setup.challenge.name());
     if let Some(failure) = &played.client_failure {

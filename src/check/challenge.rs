@@ -90,7 +90,7 @@ pub enum Moment {
 }
 
 /// A broken rule, with its evidence.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Problem {
     StaleWrite {
@@ -140,6 +140,30 @@ impl Problem {
             Problem::Untagged { .. } => "untagged",
             Problem::LogDisagrees { .. } => "log-disagrees",
             Problem::StuckLock { .. } => "stuck-lock",
+        }
+    }
+
+    /// The job it is about, where it names one.
+    pub fn job(&self) -> Option<i64> {
+        match self {
+            Problem::StaleWrite { job, .. }
+            | Problem::Doubled { job, .. }
+            | Problem::Lost { job }
+            | Problem::NeverDone { job } => Some(*job),
+            Problem::Untagged { job, .. } => *job,
+            Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
+        }
+    }
+
+    /// Is the logged change `seq` (of `job`) one this finding names? A stale write or an
+    /// untagged change names its change; a doubled effect, every change of its job.
+    pub fn names_change(&self, seq: Option<i64>, job: Option<i64>) -> bool {
+        match self {
+            Problem::StaleWrite { seq: named, .. } | Problem::Untagged { seq: named, .. } => {
+                seq == Some(*named)
+            }
+            Problem::Doubled { job: named, .. } => job == Some(*named),
+            _ => false,
         }
     }
 
@@ -198,7 +222,7 @@ impl Problem {
 }
 
 /// The verdict's one word, and the exit status it maps to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grade {
     Pass,
@@ -213,6 +237,17 @@ pub struct Report {
     pub undecided: Vec<String>,
     /// Changes in the log that took effect as their job meant.
     pub good_changes: usize,
+}
+
+impl Grade {
+    /// The word the terminal prints it as.
+    pub fn word(self) -> &'static str {
+        match self {
+            Grade::Pass => "PASS",
+            Grade::Fail => "FAIL",
+            Grade::Undecided => "UNDECIDED",
+        }
+    }
 }
 
 impl Report {

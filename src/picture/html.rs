@@ -16,6 +16,7 @@ table{border-collapse:collapse;font-size:12px}
 th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#eee}
 td:first-child{font-weight:bold}
+tr.named td{background:#fbe3d6;color:#8a2b00;font-weight:bold}
 pre{font-size:12px;margin:0;white-space:pre-wrap;font-family:'DejaVu Sans Mono','Liberation Mono',Consolas,monospace}
 #tip{position:fixed;z-index:2;max-width:560px;padding:6px 8px;background:#fffbe6;border:1px solid #333;
 border-radius:4px;font:12px/1.35 'DejaVu Sans Mono','Liberation Mono',Consolas,monospace;white-space:pre-wrap;
@@ -29,7 +30,7 @@ pointer-events:none;box-shadow:0 2px 6px rgba(0,0,0,.3)}
 const SCRIPT: &str = "\
 (function(){
 var tip=document.getElementById('tip');
-var marks=document.querySelectorAll('svg .ev, svg .bar, svg .believed, svg .freeze, svg .overlap');
+var marks=document.querySelectorAll('svg .ev, svg .bar, svg .believed, svg .freeze, svg .held, svg .overlap');
 for(var i=0;i<marks.length;i++){var t=marks[i].querySelector('title');
 if(t){marks[i].setAttribute('data-tip',t.textContent);t.parentNode.removeChild(t);}}
 document.addEventListener('mousemove',function(e){
@@ -72,6 +73,34 @@ pub fn page(picture: &Picture) -> String {
         }
         Verdict::Text(lines) => {
             let _ = writeln!(out, "<pre>{}</pre>", escape(&lines.join("\n")));
+        }
+        Verdict::Findings {
+            lines,
+            header,
+            rows,
+            named,
+        } => {
+            let _ = writeln!(
+                out,
+                "<pre class=\"findings\">{}</pre>\n<h2>The database's log of changes</h2>\n<table class=\"changes\">\n<tr>",
+                escape(&lines.join("\n"))
+            );
+            for cell in header {
+                let _ = write!(out, "<th>{}</th>", escape(cell));
+            }
+            out.push_str("</tr>\n");
+            for (row, named) in rows.iter().zip(named) {
+                out.push_str(if *named {
+                    "<tr class=\"named\">"
+                } else {
+                    "<tr>"
+                });
+                for cell in row {
+                    let _ = write!(out, "<td>{}</td>", escape(cell));
+                }
+                out.push_str("</tr>\n");
+            }
+            out.push_str("</table>\n");
         }
         Verdict::Missing => out.push_str("<p>No verdict: the run did not finish.</p>\n"),
     }

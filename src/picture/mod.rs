@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use crate::events::Event;
 
-pub use model::{Lane, LaneKind, Part, Picture, Shape, Tone};
+pub use model::{Lane, LaneKind, Mark, Part, Picture, Shape, Tone};
 
 /// The largest file `render` reads: a lab run's `--json` is a few hundred KB at most.
 pub const MOST_BYTES: u64 = 32 << 20;

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::Value;
 
 use super::Recording;
+use crate::check::challenge::{Grade, Problem};
 use crate::events::{Event, Kind, What};
 
 /// The kinds only a worker reports: a lane with one of them is a worker's lane.
@@ -56,6 +57,17 @@ const WORKER_KINDS: &[Kind] = &[
 /// backend knows it (a key, an etcd lock name). Grants of two different names are two locks,
 /// even on one server.
 type LockId = (String, Option<i64>, Option<String>);
+
+/// The backend of a challenge's locks: the client's own, on the record of its job.
+const RECORD: &str = "record";
+
+/// The client a proxy fault or heal was on: its path is named `c1→postgres` (lab 11).
+fn held_client(event: &Event) -> Option<&str> {
+    match &event.what {
+        What::NetFault(f) | What::NetHealed(f) => f.target.as_deref()?.split('→').next(),
+        _ => None,
+    }
+}
 
 /// The backend a lane name stands for (`pg` is lab 3's Postgres lane).
 fn backend_of_lane(name: &str) -> Option<&'static str> {
@@ -112,6 +124,8 @@ pub struct Lane {
     pub bars: Vec<Bar>,
     pub overlaps: Vec<Overlap>,
     pub freezes: Vec<Span>,
+    /// Worker lanes: where a proxy held the worker's bytes (`net_fault` to `net_healed`).
+    pub held: Vec<Span>,
     pub marks: Vec<Mark>,
     /// Worker lanes in a queue: whom it waited on, and when each watch woke it (lab 10).
     pub waits: Vec<super::waits::Wait>,
@@ -194,6 +208,14 @@ pub enum Verdict {
         rows: Vec<Vec<String>>,
     },
     Text(Vec<String>),
+    /// A challenge's: PASS or FAIL and its findings as the terminal prints them, then the
+    /// database's log of changes, those a finding names marked.
+    Findings {
+        lines: Vec<String>,
+        header: Vec<String>,
+        rows: Vec<Vec<String>>,
+        named: Vec<bool>,
+    },
     Missing,
 }
 
@@ -237,9 +259,14 @@ impl Picture {
                 everyone.push(lane.to_string());
             }
         }
+        // A challenge's findings name jobs: their writes are drawn as the wrong ones.
+        let named: BTreeSet<i64> = challenge_problems(recording)
+            .iter()
+            .filter_map(Problem::job)
+            .collect();
         let parts: Vec<Part> = order
             .iter()
-            .map(|label| Part::build(label, &by_part[label], &everyone))
+            .map(|label| Part::build(label, &by_part[label], &everyone, &named))
             .collect();
         let span_ms = parts
             .iter()
@@ -349,7 +376,12 @@ struct Hold {
 }
 
 impl Part {
-    fn build(label: &str, events: &[(usize, &Event)], everyone: &[String]) -> Part {
+    fn build(
+        label: &str,
+        events: &[(usize, &Event)],
+        everyone: &[String],
+        named: &BTreeSet<i64>,
+    ) -> Part {
         let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
         let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
 
@@ -381,6 +413,11 @@ impl Part {
             {
                 return Some(target.to_string());
             }
+            if let Some(client) = held_client(event)
+                && workers.iter().any(|w| w == client)
+            {
+                return Some(client.to_string());
+            }
             if let Some(master) = super::masters::master_of(event)
                 && masters.contains(&master)
             {
@@ -409,6 +446,10 @@ impl Part {
         let mut freezes: BTreeMap<String, Vec<Span>> = BTreeMap::new();
         let mut frozen_now: BTreeMap<String, u64> = BTreeMap::new();
         let mut holds = Holds::default();
+        // A challenge's client locks the record of the job it was last sent (lab 11).
+        let mut record_of: HashMap<&str, &str> = HashMap::new();
+        let mut held: BTreeMap<String, Vec<Span>> = BTreeMap::new();
+        let mut held_now: BTreeMap<String, u64> = BTreeMap::new();
         let end_frozen = |frozen_now: &mut BTreeMap<String, u64>,
                           freezes: &mut BTreeMap<String, Vec<Span>>,
                           worker: &str,
@@ -427,6 +468,31 @@ impl Part {
             let lane = lane_of(event);
             let is_worker = workers.iter().any(|w| w == lane);
             let target = target_of(event);
+            if let What::JobSent(job) = &event.what
+                && let Some(record) = job.record.as_deref()
+            {
+                record_of.insert(lane, record);
+            }
+            if let (Some(client), Some(client_lane)) = (held_client(event), &target)
+                && client == client_lane
+            {
+                match &event.what {
+                    What::NetFault(_) => {
+                        held_now.entry(client.to_string()).or_insert(t);
+                    }
+                    What::NetHealed(_) => {
+                        if let Some(from) = held_now.remove(client) {
+                            let span = Span {
+                                from,
+                                to: t,
+                                open: false,
+                            };
+                            held.entry(client.to_string()).or_default().push(span);
+                        }
+                    }
+                    _ => {}
+                }
+            }
             match (kind, is_worker) {
                 (Kind::Freezing, true) => {
                     frozen_now.entry(lane.to_string()).or_insert(t);
@@ -462,9 +528,17 @@ impl Part {
                         .backend()
                         .map(String::from)
                         .or_else(|| (kind != Kind::Claimed).then(|| only_backend.clone())?);
-                    let Some(backend) = backend else { continue };
-                    let job = event.job();
-                    let lock = (backend, job, event.lock().map(String::from));
+                    // A challenge's client names no backend: its lock is its job's record's.
+                    let record = record_of.get(lane).filter(|_| backend.is_none());
+                    let lock = match (backend, record) {
+                        (Some(backend), _) => {
+                            (backend, event.job(), event.lock().map(String::from))
+                        }
+                        (None, Some(record)) => {
+                            (RECORD.to_string(), None, Some(record.to_string()))
+                        }
+                        (None, None) => continue,
+                    };
                     if holds.believes(lane, &lock) {
                         continue;
                     }
@@ -559,6 +633,13 @@ impl Part {
                 open: true,
             });
         }
+        for (worker, from) in held_now {
+            held.entry(worker).or_default().push(Span {
+                from,
+                to: end,
+                open: true,
+            });
+        }
 
         // Lanes: locks first (one lane per lock: two locks on one server are two lanes),
         // then workers, then the rest in order of appearance. A backend none of whose locks
@@ -581,6 +662,8 @@ impl Part {
                 .to_string();
             let names_on_backend = locks.iter().filter(|(b, _)| b == backend).count();
             let name = match lock_name {
+                // A challenge's lock goes by its record: `r0 lock`.
+                Some(record) if backend == RECORD => record.clone(),
                 Some(lock_name) if names_on_backend > 1 => {
                     let short = short_lock_name(lock_name);
                     // `redis-renewed` names its backend already; `unfenced` does not.
@@ -651,10 +734,15 @@ impl Part {
         for worker in &workers {
             let mut lane = Lane::new(worker, LaneKind::Worker);
             lane.freezes = freezes.remove(worker).unwrap_or_default();
+            lane.held = held.remove(worker).unwrap_or_default();
             lane.waits = super::waits::of(events, worker);
             lanes.push(lane);
         }
+        let mut job_of: HashMap<&str, i64> = HashMap::new();
         for (index, event) in events {
+            if let What::JobSent(job) = &event.what {
+                job_of.insert(lane_of(event), job.job);
+            }
             let lane_name = target_of(event).unwrap_or_else(|| lane_of(event).to_string());
             let position = lanes.iter().position(|lane| lane.name == lane_name);
             let lane = match position {
@@ -664,8 +752,23 @@ impl Part {
                     lanes.last_mut().expect("just pushed")
                 }
             };
-            lane.marks
-                .push(mark(*index, event, &stale_after, &writes_many));
+            let mut drawn = mark(*index, event, &stale_after, &writes_many);
+            if event.kind() == Kind::Working
+                && let Some(&job) = job_of.get(lane_of(event))
+            {
+                challenge_write(&mut drawn, job, named);
+            }
+            lane.marks.push(drawn);
+        }
+        // Lab 10's herd queues: the lab reports each waiter's turn once it is over.
+        let mut start = start;
+        for (_, event) in events {
+            if let What::Handovers(queue) = &event.what
+                && let Some(lane) = turns_lane(queue, t_of(event), everyone.len())
+            {
+                start = start.min(lane.bars.iter().map(|b| b.from).min().unwrap_or(start));
+                lanes.insert(0, lane);
+            }
         }
         Part {
             label: label.to_string(),
@@ -675,6 +778,45 @@ impl Part {
             outcome: outcome(events),
         }
     }
+}
+
+/// A herd queue's turns (lab 10) as one lock lane: each waiter's bar from its grant to its
+/// release, one after the other. The turns are stamped on the machine's monotonic clock;
+/// the last release is put at the stamp of the report that carried them (`at`), which the
+/// lab wrote just after it, so each bar's length and the gaps between them are as measured.
+fn turns_lane(queue: &crate::events::facts::Handovers, at: u64, colors: usize) -> Option<Lane> {
+    let last = queue.turns.iter().map(|turn| turn.leave_ns).max()?;
+    let t = |ns: u64| at.saturating_sub(last.saturating_sub(ns) / 1_000_000);
+    let backend = if queue.way.starts_with("redis") {
+        "redis"
+    } else {
+        "etcd"
+    };
+    let mut lane = Lane::new(backend, LaneKind::Lock);
+    lane.rows.push("holders".to_string());
+    let mut turns: Vec<&crate::check::queue::Turn> = queue.turns.iter().collect();
+    turns.sort_by_key(|turn| turn.enter_ns);
+    for (i, turn) in turns.iter().enumerate() {
+        let token = turn
+            .token
+            .map(|token| format!(" · token {token}"))
+            .unwrap_or_default();
+        lane.bars.push(Bar {
+            row: 0,
+            holder: turn.waiter.clone(),
+            label: format!("{}{token}", turn.waiter),
+            from: t(turn.enter_ns),
+            held_to: t(turn.leave_ns),
+            believed_to: t(turn.leave_ns),
+            open: false,
+            ended_by: format!(
+                "released; it had asked at place {} in the queue, was woken {} times and sent {} requests",
+                turn.asked, turn.wakeups, turn.requests
+            ),
+            color: colors + i,
+        });
+    }
+    Some(lane)
 }
 
 /// A part's outcome as the store's read-back said it: FAILED (a violation) or ok; else, in
@@ -747,6 +889,29 @@ fn queue_outcome(turns: &[crate::check::queue::Turn]) -> (String, Tone) {
     (text, tone)
 }
 
+/// A challenge client's `working` (it writes its job's record, lab 11) drawn as a write; a
+/// job a finding names is drawn as the wrong write.
+fn challenge_write(mark: &mut Mark, job: i64, named: &BTreeSet<i64>) {
+    mark.shape = Shape::Write;
+    if named.contains(&job) {
+        mark.tone = Tone::Bad;
+        mark.label = Some(format!("write job {job}: see the findings"));
+    } else {
+        mark.label = Some(format!("write job {job}"));
+    }
+}
+
+/// The findings of a challenge's verdict (`lab` `challenge`), as the checker made them.
+fn challenge_problems(recording: &Recording) -> Vec<Problem> {
+    recording
+        .verdict
+        .as_ref()
+        .filter(|v| str_of(v, "lab") == Some("challenge"))
+        .and_then(|v| v.get("problems"))
+        .and_then(|p| serde_json::from_value(p.clone()).ok())
+        .unwrap_or_default()
+}
+
 /// A worker's tally, where the database turned attempts away: "3 refused · 12 no-ops".
 fn tally_label(event: &Event) -> Option<String> {
     let value = serde_json::to_value(event).ok()?;
@@ -781,6 +946,7 @@ impl Lane {
             bars: Vec::new(),
             overlaps: Vec::new(),
             freezes: Vec::new(),
+            held: Vec::new(),
             marks: Vec::new(),
             waits: Vec::new(),
         }
@@ -1073,6 +1239,9 @@ impl Verdict {
         if !recording.verdict_text.is_empty() {
             return Verdict::Text(recording.verdict_text.clone());
         }
+        if let Some(findings) = findings(recording) {
+            return findings;
+        }
         match &recording.verdict {
             Some(Value::Object(verdict)) => {
                 let columns = verdict.values().find_map(|value| match value {
@@ -1101,6 +1270,69 @@ impl Verdict {
             _ => Verdict::Missing,
         }
     }
+}
+
+/// A challenge's verdict: its grade and findings in the checker's own words
+/// ([`Problem::describe`]), and the change log with the changes a finding names marked.
+fn findings(recording: &Recording) -> Option<Verdict> {
+    let verdict = recording.verdict.as_ref()?;
+    if str_of(verdict, "lab") != Some("challenge") {
+        return None;
+    }
+    let grade: Grade = serde_json::from_value(verdict.get("grade")?.clone()).ok()?;
+    let problems = challenge_problems(recording);
+    let challenge = str_of(verdict, "challenge").unwrap_or("?");
+    let mut lines = vec![format!("{}  challenge {challenge}", grade.word())];
+    if let Some(failure) = str_of(verdict, "client_failure") {
+        lines.push(format!("  {failure}"));
+    }
+    lines.extend(problems.iter().map(|p| format!("  - {}", p.describe())));
+    if let Some(Value::Array(undecided)) = verdict.get("undecided") {
+        lines.extend(
+            undecided
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|l| format!("  ? {l}")),
+        );
+    }
+    if let Some(replay) = str_of(verdict, "replay") {
+        lines.push(format!("  replay: {replay}"));
+    }
+    let header: Vec<String> = ["change", "record", "job", "old", "new", "finding"]
+        .map(String::from)
+        .to_vec();
+    let mut rows = Vec::new();
+    let mut named = Vec::new();
+    for change in verdict
+        .get("changes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let number = |key: &str| change.get(key).and_then(Value::as_i64);
+        let (seq, job) = (number("seq"), number("job"));
+        let kinds: Vec<&str> = problems
+            .iter()
+            .filter(|p| p.names_change(seq, job))
+            .map(Problem::kind)
+            .collect();
+        let shown = |n: Option<i64>| n.map_or("—".to_string(), |n| n.to_string());
+        rows.push(vec![
+            format!("#{}", shown(seq)),
+            str_of(change, "record").unwrap_or("?").to_string(),
+            shown(job),
+            shown(number("old_value")),
+            shown(number("new_value")),
+            kinds.join(", "),
+        ]);
+        named.push(!kinds.is_empty());
+    }
+    Some(Verdict::Findings {
+        lines,
+        header,
+        rows,
+        named,
+    })
 }
 
 /// The verdict's table as [`Verdict::of`] would draw it: (columns, rows).

@@ -100,6 +100,12 @@ fn defs() -> String {
          <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"7\" stroke=\"#56B4E9\" stroke-width=\"2\"/>\
          <line x1=\"0\" y1=\"0\" x2=\"7\" y2=\"0\" stroke=\"#56B4E9\" stroke-width=\"2\"/></pattern>"
     );
+    let _ = writeln!(
+        out,
+        "<pattern id=\"held\" patternUnits=\"userSpaceOnUse\" width=\"6\" height=\"6\" \
+         patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#fbe8c4\"/>\
+         <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"{WARN}\" stroke-width=\"2\"/></pattern>"
+    );
     out.push_str("</defs>\n");
     out
 }
@@ -189,7 +195,7 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         y += 18.0;
     }
     y += 4.0;
-    out.push_str(&legend(y));
+    out.push_str(&legend(y, picture));
     y += 26.0;
     let step = tick_step(picture.span_ms, scale.per_ms);
     out.push_str(&axis(y, picture.span_ms, step, &scale));
@@ -206,10 +212,21 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
     (out, y + 12.0)
 }
 
-fn legend(y: f64) -> String {
+/// The legend: only what this picture draws (a challenge has no "two holders" band).
+fn legend(y: f64, picture: &Picture) -> String {
+    let lanes = || picture.parts.iter().flat_map(|part| &part.lanes);
+    let bars = || lanes().flat_map(|lane| &lane.bars);
+    let marks = || lanes().flat_map(|lane| &lane.marks);
+    let has = |shape: Shape| marks().any(|m| m.shape == shape);
+    let writes = |tone: Tone| {
+        marks().any(|m| m.shape == Shape::Write && m.tone == tone && m.label.is_some())
+    };
     let mut out = format!("<g class=\"legend\" transform=\"translate(12,{y})\" font-size=\"11\">");
     let mut x = 0.0;
-    let mut item = |swatch: String, text: &str| {
+    let mut item = |shown: bool, swatch: String, text: &str| {
+        if !shown {
+            return;
+        }
         let _ = write!(
             out,
             "<g transform=\"translate({x},0)\">{swatch}<text x=\"22\" y=\"10\" fill=\"{INK}\">{}</text></g>",
@@ -217,7 +234,14 @@ fn legend(y: f64) -> String {
         );
         x += 30.0 + text.chars().count() as f64 * 6.0;
     };
+    let mark = |shape: Shape, tone: Tone, big: bool| {
+        format!(
+            "<g transform=\"translate(9,6)\">{}</g>",
+            shape_svg(shape, tone, big)
+        )
+    };
     item(
+        bars().next().is_some(),
         format!(
             "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"{}\"/>",
             HOLDERS[0].0
@@ -225,6 +249,7 @@ fn legend(y: f64) -> String {
         "lock held (the backend says)",
     );
     item(
+        bars().any(|bar| bar.believed_to > bar.held_to),
         format!(
             "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#believed0)\" stroke=\"{}\" stroke-dasharray=\"2 1\"/>",
             HOLDERS[0].0
@@ -232,51 +257,63 @@ fn legend(y: f64) -> String {
         "still believes it holds it",
     );
     item(
+        lanes().any(|lane| !lane.overlaps.is_empty()),
         format!(
             "<rect y=\"0\" width=\"18\" height=\"12\" fill=\"{BAD}\" fill-opacity=\"0.25\" stroke=\"{BAD}\"/>"
         ),
         "two holders at once",
     );
     item(
+        lanes().any(|lane| !lane.freezes.is_empty()),
         format!(
             "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#freeze)\" stroke=\"{COLD}\"/>"
         ),
         "frozen (SIGSTOP)",
     );
     item(
-        format!(
-            "<g transform=\"translate(9,6)\">{}</g>",
-            shape_svg(Shape::Kill, Tone::Bad, false)
-        ),
+        lanes().any(|lane| !lane.held.is_empty()),
+        format!("<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#held)\" stroke=\"{WARN}\"/>"),
+        "bytes held by the proxy",
+    );
+    item(
+        has(Shape::Grant),
+        mark(Shape::Grant, Tone::Plain, false),
+        "granted",
+    );
+    item(
+        has(Shape::Release),
+        mark(Shape::Release, Tone::Plain, false),
+        "released",
+    );
+    item(
+        has(Shape::Kill),
+        mark(Shape::Kill, Tone::Bad, false),
         "killed",
     );
     item(
-        format!(
-            "<g transform=\"translate(9,6)\">{}</g>",
-            shape_svg(Shape::Expire, Tone::Warn, false)
-        ),
+        has(Shape::Expire),
+        mark(Shape::Expire, Tone::Warn, false),
         "expired",
     );
     item(
-        format!(
-            "<g transform=\"translate(9,6)\">{}</g>",
-            shape_svg(Shape::Write, Tone::Plain, false)
-        ),
+        writes(Tone::Plain),
+        mark(Shape::Write, Tone::Plain, false),
         "write",
     );
+    let challenge = matches!(picture.verdict, Verdict::Findings { .. });
+    let (taken, refused) = match challenge {
+        true => ("write a finding names", ""),
+        false => ("stale write taken", "stale write refused"),
+    };
     item(
-        format!(
-            "<g transform=\"translate(9,6)\">{}</g>",
-            shape_svg(Shape::Write, Tone::Bad, true)
-        ),
-        "stale write taken",
+        writes(Tone::Bad),
+        mark(Shape::Write, Tone::Bad, true),
+        taken,
     );
     item(
-        format!(
-            "<g transform=\"translate(9,6)\">{}</g>",
-            shape_svg(Shape::Write, Tone::Good, true)
-        ),
-        "stale write refused",
+        writes(Tone::Good) && !challenge,
+        mark(Shape::Write, Tone::Good, true),
+        refused,
     );
     out.push_str("</g>\n");
     out
@@ -337,7 +374,21 @@ fn draw_part(
         .zip(&layouts)
         .map(|(lane, labels)| lane_height(lane) + labels.extra_height())
         .sum();
-    let bottom = top + PART_HEAD + lanes_height;
+    let heading = if part.label.is_empty() {
+        "the run".to_string()
+    } else {
+        part.label.replace('=', ": ")
+    };
+    // The outcome after the heading and its times, wrapped to the drawing's width.
+    let outcome_x = 12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 40.0 * LABEL_CHAR;
+    let room = ((WIDTH - 16.0 - outcome_x) / 7.6).max(8.0) as usize;
+    let outcome_lines = part
+        .outcome
+        .as_ref()
+        .map(|(text, _)| wrap_words(text, room))
+        .unwrap_or_default();
+    let head = PART_HEAD + outcome_lines.len().saturating_sub(1) as f64 * 15.0;
+    let bottom = top + head + lanes_height;
     let _ = writeln!(
         out,
         "<g class=\"part\" data-part=\"{}\">\n<rect x=\"6\" y=\"{top}\" width=\"{}\" height=\"{:.1}\" fill=\"none\" stroke=\"#bbbbbb\" rx=\"4\"/>",
@@ -345,11 +396,6 @@ fn draw_part(
         WIDTH - 12.0,
         bottom - top + 4.0
     );
-    let heading = if part.label.is_empty() {
-        "the run".to_string()
-    } else {
-        part.label.replace('=', ": ")
-    };
     let _ = writeln!(
         out,
         "<text x=\"12\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{INK}\">{}</text>\
@@ -362,22 +408,22 @@ fn draw_part(
         seconds(part.end - part.start)
     );
     if let Some((text, tone)) = &part.outcome {
-        // After the heading and its times; cut to the drawing's width (whole on hover).
-        let x = 12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 40.0 * LABEL_CHAR;
-        let room = ((WIDTH - 16.0 - x) / 7.6).max(8.0) as usize;
-        let shown = if text.chars().count() > room {
-            text.chars().take(room - 1).collect::<String>() + "…"
-        } else {
-            text.clone()
-        };
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "<text class=\"outcome\" x=\"{x:.1}\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{}\"><title>{}</title>{}</text>",
+            "<text class=\"outcome\" y=\"{:.1}\" font-size=\"13\" font-weight=\"bold\" fill=\"{}\"><title>{}</title>",
             top + 15.0,
             tone_color(*tone),
             escape(text),
-            escape(&shown)
         );
+        for (i, line) in outcome_lines.iter().enumerate() {
+            let _ = write!(
+                out,
+                "<tspan x=\"{outcome_x:.1}\" dy=\"{}\">{}</tspan>",
+                if i == 0 { 0.0 } else { 15.0 },
+                escape(line)
+            );
+        }
+        out.push_str("</text>\n");
     }
     // Grid.
     let mut t = 0;
@@ -386,12 +432,12 @@ fn draw_part(
         let _ = write!(
             out,
             "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" stroke=\"#e3e3e3\"/>",
-            top + PART_HEAD
+            top + head
         );
         t += step;
     }
     out.push('\n');
-    let mut y = top + PART_HEAD;
+    let mut y = top + head;
     for (i, (lane, labels)) in part.lanes.iter().zip(&layouts).enumerate() {
         let height = lane_height(lane) + labels.extra_height();
         let at = LaneAt {
@@ -404,6 +450,21 @@ fn draw_part(
     }
     out.push_str("</g>\n");
     bottom
+}
+
+/// Text cut into lines of at most `room` characters, at spaces (a longer word stands alone).
+fn wrap_words(text: &str, room: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= room => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
 }
 
 struct LaneAt {
@@ -451,20 +512,29 @@ fn draw_lane(
         y + 13.0,
         escape(&name)
     );
+    let mut overlap_labels: Vec<(f64, f64)> = Vec::new();
     for overlap in &lane.overlaps {
         let x = scale.x(part, overlap.from);
         let w = (scale.x(part, overlap.to) - x).max(2.0);
-        let text = overlap_label(overlap);
+        let mut text = overlap_label(overlap);
         // In its own lane, under the bars, beside the band (where [`lay_out_labels`] kept
-        // room for it).
-        let (label_x, _) = overlap_label_span(x + w, &text);
+        // room for it); one that would cover another's keeps its hover text only.
+        let (label_x, label_end) = overlap_label_span(x + w, &text);
+        if overlap_labels
+            .iter()
+            .any(|(a, b)| label_end > *a && label_x < *b)
+        {
+            text.clear();
+        } else {
+            overlap_labels.push((label_x, label_end));
+        }
         let _ = writeln!(
             out,
             "<g class=\"overlap\"><title>{} at once for {} (+{} to +{}): each from its grant to its release</title>\
              <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.22\" \
              stroke=\"{BAD}\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
              <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{BAD}\" font-weight=\"bold\">{}</text></g>",
-            escape(&text),
+            escape(&overlap_label(overlap)),
             seconds(overlap.to - overlap.from),
             seconds(overlap.from - part.start),
             seconds(overlap.to - part.start),
@@ -588,6 +658,30 @@ fn draw_lane(
             escape(&text),
         );
     }
+    for span in &lane.held {
+        let x = scale.x(part, span.from);
+        let w = (scale.x(part, span.to) - x).max(2.0);
+        let text = format!(
+            "bytes held {}{}",
+            seconds(span.to - span.from),
+            if span.open { " (still at the end)" } else { "" }
+        );
+        let _ = writeln!(
+            out,
+            "<g class=\"held\"><title>{}: the proxy held its bytes to the server from +{} to +{} ({})</title>\
+             <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"url(#held)\" stroke=\"{WARN}\"/>\
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"#7a4f00\" font-size=\"10\">{}</text></g>",
+            escape(&lane.name),
+            seconds(span.from - part.start),
+            seconds(span.to - part.start),
+            escape(&text),
+            y + 3.0,
+            height - 6.0,
+            x + 10.0,
+            y + 12.5,
+            escape(&text),
+        );
+    }
     draw_waits(out, part, lane, y + height - 2.5, scale);
     let mid = match lane.kind {
         LaneKind::Lock => y + 7.5,
@@ -598,11 +692,15 @@ fn draw_lane(
         LaneKind::Lock => lane_height(lane) - 7.5 + LABEL_ROW - 3.0,
         _ => LANE / 2.0 + LABEL_ROW - 1.0,
     };
+    // Marks first, then their labels: a later mark must not cover an earlier one's label.
+    for mark in &lane.marks {
+        draw_mark(out, part, mark, mid, scale, None);
+    }
     for (mark, place) in lane.marks.iter().zip(&labels.places) {
         let dy = match place {
             Some((_, 0)) => 4.0,
             Some((_, row)) => first_extra + (row - 1) as f64 * LABEL_ROW,
-            None => 0.0,
+            None => continue,
         };
         draw_mark(out, part, mark, mid, scale, place.map(|(x, _)| (x, dy)));
     }
@@ -647,9 +745,9 @@ fn overlap_label(overlap: &super::model::Overlap) -> String {
 /// refused, a kill) is placed first; a label with no room keeps its hover text only.
 fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
     let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); LABEL_ROWS];
-    for freeze in &lane.freezes {
-        let x = scale.x(part, freeze.from) + 10.0;
-        taken[0].push((x, x + 16.0 * LABEL_CHAR));
+    for span in lane.freezes.iter().chain(&lane.held) {
+        let x = scale.x(part, span.from) + 10.0;
+        taken[0].push((x, x + 18.0 * LABEL_CHAR));
     }
     // A lock lane's "two holders" labels take the row under its bars.
     let mut rows = 1;
@@ -659,6 +757,18 @@ fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
             .max(scale.x(part, overlap.from) + 2.0);
         taken[1].push(overlap_label_span(end, &overlap_label(overlap)));
         rows = 2;
+    }
+    // A label beside its mark must not cover another mark.
+    for mark in &lane.marks {
+        let x = scale.x(part, mark.t);
+        taken[0].push((x - 6.0, x + 6.0));
+    }
+    // Nor a wait's name (lab 10), drawn under the lane's start of waiting.
+    // (The waits' line runs along the lane's foot: whichever row is lowest.)
+    for (from, to) in wait_labels(part, lane, scale).into_iter().flatten() {
+        for row in &mut taken {
+            row.push((from, to));
+        }
     }
     let mut order: Vec<usize> = (0..lane.marks.len())
         .filter(|&i| lane.marks[i].label.is_some())
@@ -718,12 +828,15 @@ fn part_values(label: &str) -> String {
 /// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
 /// of waiting, named by whom it waited on; each ends where a watch woke the waiter.
 fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &Scale) {
-    for wait in &lane.waits {
+    let places = wait_labels(part, lane, scale);
+    for (wait, place) in lane.waits.iter().zip(places) {
         let x = scale.x(part, wait.from);
         let to = scale.x(part, wait.to).max(x + 2.0);
-        let on = match &wait.on {
-            Some(on) => format!("on {on}"),
-            None => "on the lock".to_string(),
+        let on = wait_name(wait);
+        // Where the name has no room of its own, it keeps its hover text only.
+        let (label_x, shown) = match place {
+            Some((from, _)) => (from, on.as_str()),
+            None => (x + 2.0, ""),
         };
         let _ = writeln!(
             out,
@@ -735,11 +848,56 @@ fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &S
             seconds(wait.from - part.start),
             seconds(wait.to - part.start),
             if wait.open { " (still at the end)" } else { "" },
-            x + 2.0,
+            label_x,
             line_y - 1.5,
-            escape(&on),
+            escape(shown),
         );
     }
+}
+
+fn wait_name(wait: &super::waits::Wait) -> String {
+    match &wait.on {
+        Some(on) => format!("on {on}"),
+        None => "on the lock".to_string(),
+    }
+}
+
+/// Where each wait's name goes: at the wait's start, else just after a freeze's or a held
+/// span's label it would run into, if that is still within the wait; else nowhere.
+fn wait_labels(part: &Part, lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
+    let spans: Vec<(f64, f64)> = lane
+        .freezes
+        .iter()
+        .chain(&lane.held)
+        .map(|span| {
+            let x = scale.x(part, span.from);
+            (x - 2.0, x + 10.0 + 18.0 * LABEL_CHAR)
+        })
+        .collect();
+    let mut placed: Vec<(f64, f64)> = Vec::new();
+    lane.waits
+        .iter()
+        .map(|wait| {
+            let x = scale.x(part, wait.from);
+            let to = scale.x(part, wait.to).max(x + 2.0);
+            let width = wait_name(wait).chars().count() as f64 * 4.8;
+            let clear = |from: f64, taken: &[(f64, f64)]| {
+                taken.iter().all(|(a, b)| from + width <= *a || from >= *b)
+            };
+            let taken: Vec<(f64, f64)> = spans.iter().chain(&placed).copied().collect();
+            let mut starts: Vec<f64> = taken
+                .iter()
+                .map(|(_, b)| b + 4.0)
+                .filter(|from| *from > x + 2.0 && from + width <= to)
+                .collect();
+            starts.sort_by(f64::total_cmp);
+            let from = std::iter::once(x + 2.0)
+                .chain(starts)
+                .find(|&from| clear(from, &taken))?;
+            placed.push((from, from + width));
+            Some((from, from + width))
+        })
+        .collect()
 }
 
 /// Is the stretch `from..to` of `bar`'s row clear of the row's other bars? (A bar's label
@@ -801,15 +959,23 @@ fn draw_mark(
     let x = scale.x(part, mark.t);
     let big =
         mark.shape == Shape::Write && matches!(mark.tone, Tone::Bad | Tone::Good | Tone::Warn);
-    let _ = write!(
-        out,
-        "<g class=\"ev k-{}\" data-i=\"{}\" data-t=\"{}\" transform=\"translate({x:.1},{y:.1})\"><title>{}</title>{}",
-        escape(&mark.kind),
-        mark.index,
-        mark.t,
-        escape(&mark.tip),
-        shape_svg(mark.shape, mark.tone, big)
-    );
+    if label_at.is_none() {
+        let _ = write!(
+            out,
+            "<g class=\"ev k-{}\" data-i=\"{}\" data-t=\"{}\" transform=\"translate({x:.1},{y:.1})\"><title>{}</title>{}",
+            escape(&mark.kind),
+            mark.index,
+            mark.t,
+            escape(&mark.tip),
+            shape_svg(mark.shape, mark.tone, big)
+        );
+    } else {
+        let _ = write!(
+            out,
+            "<g class=\"mark-label\" data-i=\"{}\" transform=\"translate({x:.1},{y:.1})\">",
+            mark.index
+        );
+    }
     if let (Some(label), Some((start, dy))) = (&mark.label, label_at) {
         let weight = if matches!(mark.tone, Tone::Bad | Tone::Good) {
             " font-weight=\"bold\""
@@ -837,6 +1003,28 @@ fn draw_verdict(out: &mut String, verdict: &Verdict, top: f64) -> f64 {
     let lines: Vec<String> = match verdict {
         Verdict::Table { header, rows } => text_table(header, rows),
         Verdict::Text(lines) => lines.clone(),
+        Verdict::Findings {
+            lines,
+            header,
+            rows,
+            named,
+        } => {
+            let marked: Vec<Vec<String>> = rows
+                .iter()
+                .zip(named)
+                .map(|(row, named)| {
+                    let mut row = row.clone();
+                    if *named {
+                        row[0] = format!("▶ {}", row[0]);
+                    }
+                    row
+                })
+                .collect();
+            let mut all = lines.clone();
+            all.push(String::new());
+            all.extend(text_table(header, &marked));
+            all
+        }
         Verdict::Missing => vec!["(no verdict: the run did not finish)".to_string()],
     };
     let _ = writeln!(out, "<g class=\"verdict mono\" fill=\"{INK}\">");
