@@ -112,8 +112,8 @@ enum Command {
     Chaos(crate::labs::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or INCONCLUSIVE
     Matrix(crate::labs::chaos::matrix::MatrixArgs),
-    /// Your own lock client, in any language, run under pauses and kills and graded from
-    /// the data (`lockslab challenge list`)
+    /// Your own lock client, in any language, run under pauses, kills and network delays
+    /// and graded from the data (`lockslab challenge list`)
     Challenge(crate::challenge::ChallengeArgs),
     /// The labs: what each shows, how long it takes, what it needs, where its walkthrough is,
     /// its workshop session, its `--step` stops and the tools its by-hand part needs

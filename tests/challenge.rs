@@ -147,7 +147,10 @@ fn crash_catches_a_lock_left_stuck_by_its_dead_holder() {
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
 /// names what it did, and no process of it left.
 fn misbehaves(script: &str, says: &str) {
-    let marker = format!("lockslab-challenge-test-{}", std::process::id());
+    // One marker per call: tests run at once, and one must not count another's lockslab.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let marker = format!("lockslab-challenge-test-{}-{call}-end", std::process::id());
     let script = format!("{script} # {marker}");
     let (code, verdict, output) =
         challenge("counter", 1, &["--patience", "1s"], &["sh", "-c", &script]);
@@ -162,13 +165,69 @@ fn misbehaves(script: &str, says: &str) {
     assert!(left.is_empty(), "left running: {left:?}");
 }
 
+/// A client that cannot start (every client exits before it says ready): the run could not
+/// be graded (exit 4), and lockslab says only the cause, from the client's last stderr line.
+fn cannot_start(script: &str, says: &str) -> String {
+    let marker = format!("lockslab-cannot-start-test-{}", std::process::id());
+    let script = format!("{script} # {marker}");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--seed",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .output()
+    .expect("running lockslab");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    assert!(stderr.contains(says), "{stderr:?} should say {says:?}");
+    assert!(stderr.contains("lockslab doctor"), "{stderr}");
+    assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+    stderr.into_owned()
+}
+
+#[test]
+fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
+    cannot_start(
+        "read l; echo 'Traceback (most recent call last):' >&2; \
+         echo \"ModuleNotFoundError: No module named 'psycopg2'\" >&2; exit 1",
+        "its last stderr line: ModuleNotFoundError: No module named 'psycopg2'",
+    );
+}
+
+#[test]
+fn a_missing_script_is_refused_before_any_server_starts() {
+    let output = lockslab(&["challenge", "counter", "--", "python3", "no/such/client.py"])
+        .output()
+        .expect("running lockslab");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("no/such/client.py: no such file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("starting"), "{stderr}");
+}
+
 #[test]
 fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
     misbehaves(
         r#"read l; echo '{"type":"ready"}'; read j; echo hello"#,
         "not a protocol message: \"hello\"",
     );
-    misbehaves("read l; echo oops >&2; exit 3", "exited by itself");
+    misbehaves(
+        r#"read l; echo '{"type":"ready"}'; echo oops >&2; exit 3"#,
+        "exited by itself",
+    );
     misbehaves(
         r#"read l; echo '{"type":"ready"}'; sleep 600"#,
         "did not answer job",
@@ -234,7 +293,7 @@ print("-".join(said), flush=True)
 #[test]
 fn the_last_words_of_a_crashing_client_are_quoted() {
     misbehaves(
-        "read l; echo 'Traceback: boom' >&2; exit 1",
+        r#"read l; echo '{"type":"ready"}'; echo 'Traceback: boom' >&2; exit 1"#,
         "Traceback: boom",
     );
     // ...without the servers' password, when it logs the URLs it was given.
@@ -244,10 +303,11 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
         .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
         .map(|(_, password)| password.to_string())
         .expect("a password in the test's Postgres URL");
-    misbehaves(
+    let said = cannot_start(
         r#"read l; echo "connecting to $l" >&2; exit 1"#,
         "postgres_url",
     );
+    assert!(said.contains("***") && !said.contains(&password), "{said}");
     let (_, verdict, _) = challenge(
         "counter",
         1,

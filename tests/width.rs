@@ -7,16 +7,25 @@
 mod common;
 
 use common::lockslab;
+use textwrap::core::display_width;
 
 const WIDTH: usize = 80;
 
-/// The lines longer than the width, not counting one that is a single unbreakable token
-/// (a URL) after its indentation.
+/// The lines wider than the width, not counting one that is a single unbreakable token
+/// (a URL) after its indentation. Width is display columns, as a terminal counts them: an
+/// emoji such as ✅ takes two.
 fn too_wide(text: &str) -> Vec<String> {
     text.lines()
-        .filter(|line| line.chars().count() > WIDTH && line.trim_start().contains(' '))
-        .map(|line| format!("{:>3} {line}", line.chars().count()))
+        .filter(|line| display_width(line) > WIDTH && line.trim_start().contains(' '))
+        .map(|line| format!("{:>3} {line}", display_width(line)))
         .collect()
+}
+
+#[test]
+fn an_emoji_counts_two_columns() {
+    let line = format!("{} ✅", "x".repeat(78));
+    assert_eq!(line.chars().count(), 80);
+    assert_eq!(too_wide(&line).len(), 1);
 }
 
 fn default_run_fits(lab: &str) {

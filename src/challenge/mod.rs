@@ -56,9 +56,9 @@ Walkthrough: labs/11-challenge.md.
 Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
 or the client crashed, hung, flooded or printed garbage) · 2 bad command line
 · 3 undecided (a fault never played) · 4 it could not run (a server did not
-answer) · 130 Ctrl-C; clients and servers are stopped either way.")]
+answer, or a client exited before any said ready) · 130 Ctrl-C; clients and servers are stopped either way.")]
 pub struct ChallengeArgs {
-    /// The challenge (`list`, or nothing, to see them)
+    /// The challenge: counter, pause, crash or delay (`list`, or nothing, to see them)
     #[arg(value_name = "NAME", default_value = "list", hide_default_value = true)]
     pub name: String,
     /// Print a starting client in this language, and exit
@@ -120,6 +120,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
             challenge.name()
         );
     }
+    refuse_a_missing_file(&args.program)?;
     let lease_ms = args.ttl.as_millis() as u64;
     if !(100..=10_000).contains(&lease_ms) {
         crate::bail_usage!("--ttl: between 100ms and 10s");
@@ -139,6 +140,33 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         None => None,
     };
     crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, picture))
+}
+
+/// Arguments that name a file to run: the program itself when it is a path, and the first
+/// script among its arguments.
+const SCRIPTS: &[&str] = &[
+    ".py", ".rb", ".js", ".mjs", ".ts", ".pl", ".php", ".sh", ".lua",
+];
+
+/// A program, or its script, that is not there: said before any server starts, not as a
+/// client that dies at once. Paths count from the directory lockslab runs in.
+fn refuse_a_missing_file(program: &[String]) -> Result<()> {
+    let script = program
+        .iter()
+        .skip(1)
+        .find(|arg| SCRIPTS.iter().any(|ext| arg.ends_with(ext)));
+    let path_like = program.first().filter(|p| p.contains('/'));
+    for file in path_like.into_iter().chain(script) {
+        if !std::path::Path::new(file).exists() {
+            let here = std::env::current_dir().unwrap_or_default();
+            crate::bail_usage!(
+                "{file}: no such file (from {}; the examples' paths count from the \
+                 repository's root)",
+                here.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn grade(

@@ -100,7 +100,7 @@ pub enum Guard {
     /// ✅ The reference: no guess at all. The token drawn with the lock goes with the
     /// write, and the store refuses a token lower than one it has accepted. The only
     /// guard that stands where the write lands.
-    #[value(help = "✅ the reference: the store refuses a lower token")]
+    #[value(help = "✅ reference: the store refuses a lower token")]
     Fencing,
 }
 

@@ -33,10 +33,13 @@ pub fn random_owner() -> String {
 
 /// An error and its causes in one line, each said once: a client library's error often
 /// repeats its source's words (`Broken pipe (os error 32): Broken pipe (os error 32)`).
+/// A gRPC transport error's debug dump (etcd's client) is said as the socket error under it.
 pub fn causes(err: &anyhow::Error) -> String {
     let mut said = String::new();
     for cause in err.chain() {
         let words = cause.to_string();
+        let socket = socket_error(&words);
+        let words = socket.map_or(words, String::from);
         if said.contains(&words) {
             continue;
         }
@@ -44,8 +47,31 @@ pub fn causes(err: &anyhow::Error) -> String {
             said.push_str(": ");
         }
         said.push_str(&words);
+        if socket.is_some() {
+            break;
+        }
     }
     said
+}
+
+/// The socket error a transport error's text names, in a few words.
+fn socket_error(words: &str) -> Option<&'static str> {
+    const KNOWN: &[(&[&str], &str)] = &[
+        (
+            &["ConnectionReset", "code: 104", "os error 104"],
+            "connection reset",
+        ),
+        (
+            &["ConnectionRefused", "code: 111", "os error 111"],
+            "connection refused",
+        ),
+        (&["BrokenPipe", "code: 32,", "os error 32"], "broken pipe"),
+    ];
+    let dump = words.contains("tonic::transport") || words.contains("transport error");
+    KNOWN
+        .iter()
+        .find(|(marks, _)| dump && marks.iter().any(|m| words.contains(m)))
+        .map(|&(_, short)| short)
 }
 
 #[cfg(test)]
@@ -59,5 +85,18 @@ mod tests {
             .context("Broken pipe")
             .context("renewing");
         assert_eq!(causes(&err), "renewing: Broken pipe");
+    }
+
+    #[test]
+    fn a_grpc_transport_dump_is_said_as_its_socket_error() {
+        let dump = "grpc request error: code: 'Unknown error', message: \"transport error\", \
+                    source: tonic::transport::Error(Transport, ConnectError(\"tcp connect \
+                    error\", Os { code: 104, kind: ConnectionReset, message: \"Connection \
+                    reset by peer\" }))";
+        let err = anyhow::anyhow!(dump).context("etcd: opening the keepalive stream");
+        assert_eq!(
+            causes(&err),
+            "etcd: opening the keepalive stream: connection reset"
+        );
     }
 }

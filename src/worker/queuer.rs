@@ -28,7 +28,7 @@ use crate::store::Store;
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Way {
-    /// ❌ Try `SET NX` every few milliseconds until it succeeds (Redis).
+    /// ❌ Try `SET NX` every few ms until it succeeds (Redis).
     RedisSpin,
     /// ❌ Every waiter watches the one lock key, and all race when it is deleted (etcd).
     EtcdHerd,

@@ -37,7 +37,9 @@ impl Run<'_> {
             for report in proxy.reports() {
                 if let Seen::DelayedSent { late_ms } = report.seen {
                     let name = &seat.client.name;
-                    let text = format!("{name}'s held bytes reach Postgres, {late_ms}ms late");
+                    let text = format!(
+                        "{name}'s bytes reach Postgres, held {late_ms}ms after {name} sent them"
+                    );
                     self.nemesis
                         .heal_net(&mut self.tape, proxy, Direction::Up, text);
                 }
@@ -80,7 +82,7 @@ impl Run<'_> {
                 };
                 let setup = self.setup;
                 let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
-                let text = format!("holds {name}'s next bytes to Postgres {ms}ms (proxy)");
+                let text = format!("delays {name}'s next bytes to Postgres by {ms}ms (proxy)");
                 let fault = NetFault::DelayNext { ms };
                 self.nemesis
                     .net(&mut self.tape, proxy, Direction::Up, fault, text);

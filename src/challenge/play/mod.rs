@@ -159,14 +159,14 @@ pub fn play(setup: &Setup) -> Result<Played> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Every client killed and reaped, then whatever they started out of their groups.
+    run.seats.clear();
+    super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
     let failure = match failure {
         Some(err) if err.downcast_ref::<ClientFailed>().is_some() => Some(format!("{err}")),
         Some(err) => return Err(err),
         None => None,
     };
-    // Every client killed and reaped, then whatever they started out of their groups.
-    run.seats.clear();
-    super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
     drop(watchdog);
     let schedule = run.schedule.take().unwrap_or_default();
     Ok(Played {
@@ -302,6 +302,7 @@ impl Run<'_> {
                 if self.killed.contains(&name) {
                     return Ok(());
                 }
+                let none_ready = !self.seats.iter().any(|s| s.ready);
                 let Some(seat) = self.seat(&name) else {
                     return Ok(());
                 };
@@ -313,6 +314,21 @@ impl Run<'_> {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(10));
+                }
+                if job == Some(0) && none_ready {
+                    // No client got as far as ready: the program could not start here (a
+                    // missing module, a wrong path), so there is nothing to grade.
+                    let words = hide_passwords(&seat.client.last_words(), &self.setup.init);
+                    let last = words.rsplit(" | ").next().unwrap_or_default();
+                    let last = match last.trim() {
+                        "" => "nothing on stderr".to_string(),
+                        line => format!("its last stderr line: {line}"),
+                    };
+                    anyhow::bail!(
+                        "client {name} exited ({}) before any client said ready, {last}; \
+                         see `lockslab doctor`",
+                        status.unwrap_or_else(|| "closed its stdout".into())
+                    );
                 }
                 let during = match job {
                     Some(0) => " before it said ready".to_string(),

@@ -53,10 +53,10 @@ Examples:
   lockslab lease-guard --guard pause-detect --guard renew-third --fault stall
                                           short stops: unseen, and not starving
   lockslab lease-guard --guard wall-deadline --fault clock-back
-          --clock-step 300ms              a step about the margin
+          --clock-step 300ms              just past the margin: a stale write
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 64 cells in about a minute and a half.
+The default run plays 64 cells in about 80 s.
 
 The clock faults need libfaketime (apt-get install faketime); without it the
 lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
@@ -90,7 +90,8 @@ pub struct LeaseGuardArgs {
     #[arg(long, value_name = "DURATION",
           value_parser = duration_in(Duration::ZERO, Duration::from_secs(60)))]
     pub pause: Option<Duration>,
-    /// How long each of the stall's stops lasts (10ms to 10s); A runs 20ms between two
+    /// How long each of the stall's stops lasts (10ms to 10s); A runs 20ms between two; a
+    /// stop ends early once B has written
     #[arg(long, default_value = "100ms", value_name = "DURATION",
           value_parser = duration_in(Duration::from_millis(10), Duration::from_secs(10)))]
     pub stall_stop: Duration,

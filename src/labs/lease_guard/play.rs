@@ -2,7 +2,7 @@
 //! takes the lock once Redis lets it go and writes; then A's guard decides, and the store
 //! is read back.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use colored::Colorize;
@@ -220,21 +220,28 @@ impl Cell<'_> {
             if fault == LeaseFault::Stall {
                 stops += 1;
                 let stop = plan.stall_stop.min(left);
+                // Counted as the nemesis counts the stop it records, from just before it.
+                let stopped = Instant::now();
                 nemesis.pause(
                     &mut stage,
                     &a,
                     format!(
-                        "stalls A (pid {}): SIGSTOP for {} (stop {stops})",
+                        "stalls A (pid {}): SIGSTOP, up to {} (stop {stops})",
                         a.pid,
                         human(stop)
                     ),
                 )?;
                 run_for(&mut stage, stop, b_done);
-                nemesis.resume(
-                    &mut stage,
-                    &a,
-                    format!("SIGCONT: A runs for {}", human(super::STALL_RUN)),
-                )?;
+                let lasted = human(stopped.elapsed());
+                let note = if stage.log.iter().any(b_done) {
+                    format!("SIGCONT after {lasted} (B had written)")
+                } else {
+                    format!(
+                        "SIGCONT after {lasted}: A runs for {}",
+                        human(super::STALL_RUN)
+                    )
+                };
+                nemesis.resume(&mut stage, &a, note)?;
                 run_for(&mut stage, super::STALL_RUN, |_| false);
             } else if left > long {
                 stage.wait_for(long, "B to write", b_done)?;

@@ -393,7 +393,8 @@ impl Verdict {
                 ));
             } else if cell.key_ours_at_check == Some(false) {
                 lines.push(format!(
-                    "stall: a stop of {stop} outlasted what A's last renewal left: its heartbeat starved while A was stopped, and Redis gave B the lock."
+                    "stall: A's longest stop, {}ms, outlasted what A's last renewal left: its heartbeat starved while A was stopped, and Redis gave B the lock.",
+                    cell.longest_stop_ms.unwrap_or_default()
                 ));
             }
         }

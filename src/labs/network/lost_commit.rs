@@ -109,13 +109,18 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         Ok((row.get::<_, i64>(0) as u64, row.get(1)))
     };
     let (after_loss, _) = count(&mut lab)?;
-    stage.timeline.say(&format!(
-        "  postgres read back on the lab's own connection: {after_loss} row(s) — the COMMIT {}",
-        if after_loss > 0 {
-            "happened"
-        } else {
-            "did not happen"
-        }
+    stage.record(Event::new(
+        "postgres",
+        What::Output,
+        format!(
+            "read back on the lab's own connection: {} — the COMMIT {}",
+            rows_of(after_loss),
+            if after_loss > 0 {
+                "happened"
+            } else {
+                "did not happen"
+            }
+        ),
     ));
     // A retries, as most clients do after an error, on a new connection.
     let mut a = connect::postgres(&through)?;
@@ -128,8 +133,8 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         },
         match (keyed, rows) {
             (true, 0) => "retries with the same idempotency key: INSERT … ON CONFLICT DO NOTHING inserted 0 rows — the key was there: the first payment had committed".to_string(),
-            (true, _) => format!("retries with the same idempotency key: INSERT … ON CONFLICT DO NOTHING inserted {rows} row(s) — the key was not there: the first payment had not committed"),
-            (false, _) => format!("retries the payment as it was: INSERT inserted {rows} row(s)"),
+            (true, _) => format!("retries with the same idempotency key: INSERT … ON CONFLICT DO NOTHING inserted {} — the key was not there: the first payment had not committed", rows_of(rows)),
+            (false, _) => format!("retries the payment as it was: INSERT inserted {}", rows_of(rows)),
         },
     ));
     drop(a);
@@ -145,7 +150,10 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         duplicates: Some(rows_now.saturating_sub(1)),
         ..Observed::default()
     };
-    let text = format!("read back: {rows_now} payment row(s), {total} paid in all");
+    let text = format!(
+        "read back: {} for this payment, {total} paid in all",
+        rows_of(rows_now)
+    );
     stage.record(if found.doubled {
         Event::new(
             "postgres",
@@ -161,4 +169,9 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
     });
     stage.drain();
     Ok(found)
+}
+
+/// "1 row", "2 rows".
+fn rows_of(n: u64) -> String {
+    format!("{n} {}", if n == 1 { "row" } else { "rows" })
 }

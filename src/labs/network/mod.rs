@@ -58,25 +58,28 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab network                     all three stories, fenced and not
+  lockslab network                     all four stories, fenced and not
   lockslab network --fencing off       only the runs without fencing
   lockslab network --scenario cut-off  A cut off from Redis, not from the store
   lockslab network --scenario cut-off-etcd
                                        the same, cut off from etcd's keepalive
   lockslab network --scenario lost-reply
-                                       SET NX and COMMIT applied, answer lost
+                                       SET NX, COMMIT and etcd's lock call
+                                       applied, answer lost
   lockslab network --ttl 3s            a longer lease: the write waits longer
   lockslab network --json | jq .       events and verdict as JSON Lines
 
 Walkthrough: labs/08-network.md.", crate::lab_exit_status_help!()))]
 pub struct NetworkArgs {
-    /// How long the lock lives in Redis (200ms to 10m)
+    /// How long the lock lives (200ms to 10m); etcd's lease is this in whole seconds,
+    /// rounded up (at least 1s)
     #[arg(long, default_value = "1s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// Which runs to play: without fencing, with it, or both side by side
     #[arg(long, value_enum, default_value_t = Fencing::Both)]
     pub fencing: Fencing,
-    /// Which stories: the write delayed in flight, A cut off from Redis, a lost reply, or all
+    /// Which stories: the write delayed in flight, A cut off from Redis or from etcd, a lost
+    /// reply, or all
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     pub scenario: Scenario,
     #[command(flatten)]
@@ -142,6 +145,42 @@ impl Plan {
             },
         }
     }
+
+    /// The paragraphs before the runs: one per kind of story played, in the order played.
+    fn paragraphs(&self) -> Vec<String> {
+        let plays = |scenario| self.runs.iter().any(|&(s, _)| s == scenario);
+        let lost = plays(Scenario::LostReply);
+        let (delayed, cut_etcd) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOffEtcd));
+        let cut = plays(Scenario::CutOff);
+        let mut intro = Vec::new();
+        if delayed || cut {
+            let fault = match (delayed, cut) {
+                (true, true) => {
+                    "holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store"
+                }
+                (true, false) => {
+                    "holds A's checked write to the store in flight until A's lease has run out and B has written"
+                }
+                _ => "cuts A off from Redis while A can still reach the store",
+            };
+            intro.push(format!(
+                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy {fault}.",
+                human(self.ttl)
+            ));
+        }
+        if cut_etcd {
+            intro.push(
+                format!("In the etcd story, A and B share an etcd lock: each grants itself a lease of {} (the TTL in etcd's whole seconds) that its keepalive renews, and A's keepalive goes through a fault proxy, which cuts A off from etcd while A can still reach the store.", human(Duration::from_secs(self.ttl.as_secs_f64().ceil().max(1.0) as u64))),
+            );
+        }
+        if lost {
+            intro.push(format!(
+                "A client, A, in the lab's own process, reaches Redis, Postgres and etcd through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, a COMMIT, then a call to etcd's lock. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
+                human(self.ttl)
+            ));
+        }
+        intro
+    }
 }
 
 /// `lockslab network`.
@@ -170,38 +209,7 @@ impl Lab for Plan {
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
-        let plays = |scenario| self.runs.iter().any(|&(s, _)| s == scenario);
-        let lost = plays(Scenario::LostReply);
-        let (delayed, cut_etcd) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOffEtcd));
-        let cut = plays(Scenario::CutOff);
-        let mut intro = Vec::new();
-        if cut_etcd {
-            intro.push(
-                "In a second row A and B share an etcd lock instead: each grants itself a lease that its keepalive renews, and A's keepalive goes through the proxy, which cuts A off from etcd while A can still reach the store.".to_string(),
-            );
-        }
-        if delayed || cut {
-            let fault = match (delayed, cut) {
-                (true, true) => {
-                    "holds A's checked write in flight until A's lease has run out and B has written, or cuts A off from Redis while A can still reach the store"
-                }
-                (true, false) => {
-                    "holds A's checked write to the store in flight until A's lease has run out and B has written"
-                }
-                _ => "cuts A off from Redis while A can still reach the store",
-            };
-            intro.push(format!(
-                "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy {fault}.",
-                human(self.ttl)
-            ));
-        }
-        if lost {
-            intro.push(format!(
-                "A client, A, in the lab's own process, reaches Redis, Postgres and etcd through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, a COMMIT, then a call to etcd's lock. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
-                human(self.ttl)
-            ));
-        }
-        intro
+        self.paragraphs()
     }
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
@@ -259,5 +267,32 @@ impl Lab for Plan {
             }
         }
         Ok(verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(scenario: Scenario) -> Plan {
+        Plan {
+            ttl: Duration::from_secs(1),
+            runs: vec![(scenario, false)],
+        }
+    }
+
+    #[test]
+    fn the_etcd_story_stands_alone_and_follows_the_redis_one() {
+        let alone = plan(Scenario::CutOffEtcd).paragraphs();
+        assert_eq!(alone.len(), 1);
+        assert!(alone[0].starts_with("In the etcd story"), "{alone:?}");
+        let all = Plan {
+            ttl: Duration::from_secs(1),
+            runs: vec![(Scenario::CutOff, false), (Scenario::CutOffEtcd, false)],
+        }
+        .paragraphs();
+        assert!(all[0].contains("one Redis lock"), "{all:?}");
+        assert!(all[1].starts_with("In the etcd story"), "{all:?}");
+        assert!(!all.concat().contains("second row"));
     }
 }
