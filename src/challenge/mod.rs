@@ -128,17 +128,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.patience) {
         crate::bail_usage!("--patience: between 100ms and 10m");
     }
-    let picture = match &args.html {
-        Some(path) => {
-            let target = crate::picture::Target::by_extension(path, "--html")?;
-            if !matches!(target, crate::picture::Target::Html(_)) {
-                crate::bail_usage!("--html {}: name the file .html", path.display());
-            }
-            target.check_writable("--html")?;
-            Some(target)
-        }
-        None => None,
-    };
+    let picture = crate::picture::Target::html_page(args.html.as_deref())?;
     crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, picture))
 }
 

@@ -319,6 +319,18 @@ impl Target {
         }
     }
 
+    /// An `--html FILE` flag of a tool that draws only pages (chaos, challenge): checked
+    /// once, before anything plays — an HTML name, in a directory it can be written to.
+    pub fn html_page(path: Option<&Path>) -> Result<Option<Target>> {
+        let Some(path) = path else { return Ok(None) };
+        let target = Target::by_extension(path, "--html")?;
+        if !matches!(target, Target::Html(_)) {
+            crate::bail_usage!("--html {}: name the file .html", path.display());
+        }
+        target.check_writable("--html")?;
+        Ok(Some(target))
+    }
+
     pub fn path(&self) -> &Path {
         match self {
             Target::Html(path) | Target::Svg(path) => path,

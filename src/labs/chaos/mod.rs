@@ -225,17 +225,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
-    let picture = match &args.html {
-        Some(path) => {
-            let target = crate::picture::Target::by_extension(path, "--html")?;
-            if !matches!(target, crate::picture::Target::Html(_)) {
-                crate::bail_usage!("--html {}: name the file .html", path.display());
-            }
-            target.check_writable("--html")?;
-            Some(target)
-        }
-        None => None,
-    };
+    let picture = crate::picture::Target::html_page(args.html.as_deref())?;
     // Checked before any server starts: a restart needs a Redis of chaos's own.
     let restarts: Vec<FaultKind> = match &given {
         Some(schedule) => schedule
