@@ -21,37 +21,16 @@ pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
     if locks.is_empty() {
         return;
     }
-    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
-    let took = |ms: Option<u64>| ms.map_or("-".into(), |ms| human(Duration::from_millis(ms)));
-    let header: Vec<&str> = std::iter::once("evidence")
-        .chain(locks.iter().map(|s| label(s.policy)))
-        .collect();
-    let row = |name: &str, cell: &dyn Fn(&ReplyFound) -> String| {
-        std::iter::once(name.to_string())
-            .chain(locks.iter().map(cell))
-            .collect::<Vec<_>>()
-    };
-    let rows = vec![
-        row("lock call applied (etcd read back)", &|s| yes_no(s.applied)),
-        row("A's belief = etcd's holder at end", &|s| yes_no(s.a_knows)),
-        row("A waited behind itself", &|s| {
-            if s.waited_behind_itself {
-                took(s.waited_ms).red().to_string()
-            } else {
-                "no".into()
-            }
-        }),
-        row("lock held, nobody working", &|s| {
-            if s.orphaned {
-                took(s.orphaned_ms).red().to_string()
-            } else {
-                "no".into()
-            }
-        }),
-    ];
-    crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to etcd's lock".bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
+    let columns: Vec<&str> = locks.iter().map(|s| label(s.policy)).collect();
+    super::lost_reply::print_reply_table(
+        "Verdict: a lost reply to etcd's lock",
+        [
+            "lock call applied (etcd read back)",
+            "A's belief = etcd's holder at end",
+        ],
+        &columns,
+        locks,
+    );
     crate::outln!();
     for lock in locks {
         crate::prose!(

@@ -332,23 +332,30 @@ fn short(owner: &str) -> String {
 }
 
 /// The story's two tables and what they mean.
-pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
-    if sets.is_empty() && commits.is_empty() {
-        return;
-    }
+/// The evidence of a lost reply to a lock request, a column per retry policy: whether the
+/// server applied it, whether A's belief matched the server's holder at the end, and what the
+/// retry cost. Redis's `SET NX` and etcd's lock call share it; `applied_and_belief` names
+/// the first two rows for the backend.
+pub(super) fn print_reply_table(
+    title: &str,
+    applied_and_belief: [&str; 2],
+    columns: &[&str],
+    found: &[ReplyFound],
+) {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let took = |ms: Option<u64>| ms.map_or("-".into(), |ms| human(Duration::from_millis(ms)));
     let header: Vec<&str> = std::iter::once("evidence")
-        .chain(sets.iter().map(|s| s.policy.as_str()))
+        .chain(columns.iter().copied())
         .collect();
     let row = |name: &str, cell: &dyn Fn(&ReplyFound) -> String| {
         std::iter::once(name.to_string())
-            .chain(sets.iter().map(cell))
+            .chain(found.iter().map(cell))
             .collect::<Vec<_>>()
     };
+    let [applied, belief] = applied_and_belief;
     let rows = vec![
-        row("SET applied (Redis read back)", &|s| yes_no(s.applied)),
-        row("A's belief = Redis's key at end", &|s| yes_no(s.a_knows)),
+        row(applied, &|s| yes_no(s.applied)),
+        row(belief, &|s| yes_no(s.a_knows)),
         row("A waited behind itself", &|s| {
             if s.waited_behind_itself {
                 took(s.waited_ms).red().to_string()
@@ -365,8 +372,25 @@ pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
         }),
     ];
     crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to SET NX".bold());
+    crate::prose!("{}", title.bold());
     crate::prose!("{}", crate::output::table(&header, &rows));
+}
+
+pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
+    if sets.is_empty() && commits.is_empty() {
+        return;
+    }
+    let columns: Vec<&str> = sets.iter().map(|s| s.policy.as_str()).collect();
+    print_reply_table(
+        "Verdict: a lost reply to SET NX",
+        [
+            "SET applied (Redis read back)",
+            "A's belief = Redis's key at end",
+        ],
+        &columns,
+        sets,
+    );
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let header = ["evidence", "retried as it was", "with idempotency key"];
     let cell = |keyed: bool, f: &dyn Fn(&PaymentFound) -> String| {
         commits
