@@ -120,7 +120,7 @@ pub const LABS: &[LabRow] = &[
         needs: &[Redis, Etcd, Postgres],
         walkthrough: "labs/08-network.md",
         session: 15,
-        stops: 17,
+        stops: 19,
         by_hand: &[],
     },
     LabRow {

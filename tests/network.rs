@@ -32,6 +32,21 @@ fn history(lines: &[Event], scenario: &str, fenced: bool) -> Vec<Event> {
         .collect()
 }
 
+/// The store's attempts a run's verdict carries: (writer, accepted), in decision order.
+fn writers(run: &Value) -> Vec<(&str, bool)> {
+    run["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["writer"].as_str().unwrap(),
+                a["accepted"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
 fn position(log: &[Event], what: impl Fn(&Event) -> bool) -> usize {
     log.iter()
         .position(what)
@@ -84,17 +99,7 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
         assert_eq!(run["a_checked_ours"], true, "{run}");
         assert_eq!(run["a_never_paused"], true, "{run}");
         assert_eq!(run["two_holders"], true, "{run}");
-        let attempts: Vec<(&str, bool)> = run["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| {
-                (
-                    a["writer"].as_str().unwrap(),
-                    a["accepted"].as_bool().unwrap(),
-                )
-            })
-            .collect();
+        let attempts = writers(run);
         if fenced {
             assert_eq!(run["late_write"], "rejected", "{run}");
             assert_eq!(run["final_writer"], "B");
@@ -190,18 +195,93 @@ fn cut_off(scenario: &str, path: &str, server: &str) -> Vec<Event> {
         ] {
             assert!(run[field].is_u64(), "{field}: {run}");
         }
-        let (late, last) = if fenced {
-            ("rejected", "B")
-        } else {
-            ("accepted", "A")
-        };
-        assert_eq!(run["late_write"], late, "{run}");
-        assert_eq!(run["final_writer"], last, "{run}");
+        assert_late_write_fenced_or_not(run, fenced);
     }
     assert_gone(&worker_pids(&lines));
     assert_run_left_nothing(run_id_of(&lines).unwrap());
     assert_no_etcd_keys(run_id_of(&lines).unwrap());
     lines
+}
+
+/// The third row of the cut: A asks its heartbeat before each write and stops once it gave
+/// the lock up. Its first write, sent while the heartbeat held the lock, is held in flight;
+/// then the cut. The held write still lands after B's (refused when fenced); A's second
+/// write is never sent, as the store's record shows.
+#[test]
+fn a_holder_that_stops_when_its_heartbeat_gives_up_still_lands_the_write_in_flight() {
+    let scenario = "cut-off-stops";
+    let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", scenario]);
+    for fenced in [false, true] {
+        let log = history(&lines, scenario, fenced);
+        let fault = |fault: Fault, path: &'static str| {
+            move |e: &Event| {
+                matches!(&e.what, What::NetFault(f)
+                    if f.fault == Some(fault) && f.target.as_deref() == Some(path))
+            }
+        };
+        let hold = position(&log, fault(Fault::Hold, "A→store"));
+        let cut = position(&log, fault(Fault::Cut, "A→redis"));
+        let asks: Vec<(usize, bool)> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.worker == "A")
+            .filter_map(|(i, e)| match &e.what {
+                What::Checked(c) => Some((i, c.heartbeat_lost?)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            asks.len(),
+            2,
+            "A asked before each of its two writes: {asks:?}"
+        );
+        let (sent, again) = (asks[0], asks[1]);
+        assert!(!sent.1, "A's heartbeat held the lock when A sent its write");
+        assert!(again.1, "A's heartbeat had given up when A asked again");
+        let lost = position(&log, |e| e.is("A", Kind::Lost));
+        let gone = position(&log, |e| e.is("redis", Kind::Expired));
+        let granted = position(&log, |e| e.is("B", Kind::Acquired));
+        let b_wrote = position(&log, |e| e.is("B", Kind::Wrote));
+        let a_wrote = position(&log, |e| e.is("A", Kind::Wrote));
+        // The write left A before the cut, while the heartbeat still held the lock.
+        assert!(hold < sent.0 && sent.0 < cut && cut < lost && cut < gone);
+        assert!(gone < granted && granted < b_wrote && b_wrote < a_wrote);
+        assert!(lost < again.0 && a_wrote < again.0);
+        let a_writes = log.iter().filter(|e| e.is("A", Kind::Wrote)).count();
+        assert_eq!(a_writes, 1, "A sent no second write");
+        assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
+
+        let run = run_of(&verdict, scenario, fenced);
+        assert_eq!(run["a_next_write_stopped"], true, "{run}");
+        assert_eq!(run["a_never_paused"], true, "{run}");
+        assert_eq!(run["two_holders"], true, "{run}");
+        for field in [
+            "a_write_sent_ms",
+            "a_renewal_lost_ms",
+            "a_key_expired_ms",
+            "b_granted_ms",
+            "a_wrote_ms",
+            "a_asked_again_ms",
+        ] {
+            assert!(run[field].is_u64(), "{field}: {run}");
+        }
+        // Read back from the store: one attempt of A's, decided after B's accepted write.
+        assert_eq!(writers(run), vec![("B", true), ("A", !fenced)], "{run}");
+        assert_late_write_fenced_or_not(run, fenced);
+    }
+    assert_gone(&worker_pids(&lines));
+    assert_run_left_nothing(run_id_of(&lines).unwrap());
+}
+
+/// A's late write: taken unfenced (A has the last word), refused fenced (B keeps it).
+fn assert_late_write_fenced_or_not(run: &Value, fenced: bool) {
+    let (late, last) = if fenced {
+        ("rejected", "B")
+    } else {
+        ("accepted", "A")
+    };
+    assert_eq!(run["late_write"], late, "{run}");
+    assert_eq!(run["final_writer"], last, "{run}");
 }
 
 /// No key of the run is left in etcd (a lock key, a waiter's key).
@@ -265,8 +345,13 @@ fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
     assert_run_left_nothing(&run_id);
 }
 
-/// A recorded run (tests/fixtures/network.jsonl, both runs at the defaults) replayed with no
-/// servers through the lab's own evidence reading and checkers.
+/// A recorded run (tests/fixtures/network.jsonl, `lockslab network --json` at the defaults:
+/// every story, both fencing settings) replayed with no servers through the lab's own
+/// evidence reading and checkers: each run of the delayed write and of the three cuts
+/// (Redis, the holder that stops, etcd) comes back as recorded. The lost replies' verdicts
+/// rest partly on read-backs the history does not carry (the key's holder at the end); for
+/// etcd's lock call the test checks that each part is in the history, and that what it
+/// does carry (the read-back after the loss, the new lease's wait) says what the verdict says.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     use lockslab::labs::network::verdict::{RunVerdict, heard};
@@ -274,14 +359,18 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (lines, recorded) = events_and_verdict(include_str!("fixtures/network.jsonl"));
     let recorded = &recorded;
     let runs = recorded["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "both stories, both fencing settings");
+    let scenarios = ["delayed-write", "cut-off", "cut-off-stops", "cut-off-etcd"];
+    assert_eq!(
+        runs.len(),
+        2 * scenarios.len(),
+        "every story, both fencing settings"
+    );
     for run in runs {
         let fenced = run["fencing"].as_bool().unwrap();
-        let scenario = if run["scenario"] == "cut-off" {
-            "cut-off"
-        } else {
-            "delayed-write"
-        };
+        let scenario = *scenarios
+            .iter()
+            .find(|s| run["scenario"] == **s)
+            .unwrap_or_else(|| panic!("an unknown scenario: {run}"));
         let log = history(&lines, scenario, fenced);
         let read = read_back_of(run);
         let replayed = RunVerdict::judge(scenario, fenced, &heard(&log).unwrap(), read).unwrap();
@@ -293,6 +382,44 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
             );
         }
     }
+
+    // etcd's lost lock call: one part per policy, then the queued call.
+    let lost_lock = recorded["lost_lock"].as_array().unwrap();
+    let policies: Vec<&str> = lost_lock
+        .iter()
+        .map(|l| l["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["same-owner", "new-owner", "give-up"]);
+    let part = |name: &str| -> Vec<&Event> {
+        let tag = format!("lost-reply:etcd-{name}");
+        lines
+            .iter()
+            .filter(|e| e.part.scenario.as_deref() == Some(tag.as_str()))
+            .collect()
+    };
+    for (found, name) in lost_lock.iter().zip(["same-lease", "new-lease", "give-up"]) {
+        let events = part(name);
+        // The lab's read-back right after the loss found a key under the lock's name.
+        let after_loss = events.iter().find_map(|e| match &e.what {
+            What::HolderNow(h) => h.holder.clone(),
+            _ => None,
+        });
+        assert_eq!(after_loss.is_some(), found["applied"], "{name}: {found}");
+        let waited = events.iter().find_map(|e| match &e.what {
+            What::Acquired(a) if e.worker == "A" => a.waited_ms,
+            _ => None,
+        });
+        assert_eq!(
+            waited.map(Value::from).unwrap_or(Value::Null),
+            found["waited_ms"],
+            "{name}: {found}"
+        );
+    }
+    assert!(
+        !part("queued").is_empty(),
+        "the queued call is in the history"
+    );
+    assert!(recorded["lost_lock_queued"].is_object(), "{recorded}");
 }
 
 /// A heartbeat whose Redis stops answering (the proxy swallows every byte both ways: no

@@ -36,6 +36,9 @@ pub struct Evidence<'a> {
     /// Every write attempt on the run's resource, in the store's decision order.
     pub attempts: &'a [Attempt],
     pub final_writer: Option<&'a str>,
+    /// The holder that stops (the cut, third row): what A's heartbeat said when A asked it
+    /// before its second write — Some(true) it had given the lock up; None A never asked.
+    pub a_asked_again_lost: Option<bool>,
 }
 
 /// What one run shows.
@@ -50,6 +53,10 @@ pub struct Findings {
     pub two_holders: Finding,
     /// A's write in the store's decision order relative to B's accepted write.
     pub late_write: LateWrite,
+    /// The holder that stops: A, told by its heartbeat that the lock was given up, sent no
+    /// second write — the store holds one attempt of A's, not two. Unknown when A never
+    /// asked before a second write.
+    pub a_next_write_stopped: Finding,
 }
 
 /// The store's record disagrees with itself (its row's writer is not the last accepted
@@ -79,7 +86,22 @@ pub fn judge(evidence: &Evidence) -> Result<Findings, Inconsistent> {
         },
         two_holders: two_holders_given_writes(from_lock, late),
         late_write: late,
+        a_next_write_stopped: next_write_stopped(evidence),
     })
+}
+
+fn next_write_stopped(evidence: &Evidence) -> Finding {
+    let a_writes = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.writer == LATE)
+        .count();
+    match evidence.a_asked_again_lost {
+        None => Finding::Unknown,
+        Some(_) if a_writes > 1 => Finding::No,
+        Some(true) if a_writes == 1 => Finding::Yes,
+        Some(_) => Finding::Unknown,
+    }
 }
 
 /// What A's client does when its `SET NX PX` got no answer (lab 8's lost reply).
@@ -216,6 +238,7 @@ mod tests {
             b_release: None,
             attempts,
             final_writer,
+            a_asked_again_lost: None,
         }
     }
 
@@ -278,6 +301,35 @@ mod tests {
     fn a_store_that_disagrees_with_itself_gives_no_verdict() {
         let attempts = [attempt(1, "B", None, true), attempt(2, "A", None, true)];
         assert_eq!(judge(&evidence(&attempts, Some("B"))), Err(Inconsistent));
+    }
+
+    #[test]
+    fn a_holder_that_stops_sends_no_second_write_but_its_first_still_lands() {
+        let attempts = [attempt(1, "B", None, true), attempt(2, "A", None, true)];
+        let mut seen = evidence(&attempts, Some("A"));
+        assert_eq!(judge(&seen).unwrap().a_next_write_stopped, Finding::Unknown);
+        seen.a_asked_again_lost = Some(true);
+        let found = judge(&seen).unwrap();
+        assert_eq!(found.a_next_write_stopped, Finding::Yes);
+        assert_eq!(
+            found.late_write,
+            LateWrite::Accepted,
+            "the one in flight landed"
+        );
+        // A heartbeat that had not given up lets the second write go: the store has two.
+        let two = [
+            attempt(1, "B", None, true),
+            attempt(2, "A", None, true),
+            attempt(3, "A", None, true),
+        ];
+        let mut seen = evidence(&two, Some("A"));
+        seen.a_asked_again_lost = Some(false);
+        assert_eq!(judge(&seen).unwrap().a_next_write_stopped, Finding::No);
+        // Said it stopped, yet the store holds no write of A's: nothing to read it from.
+        let none = [attempt(1, "B", None, true)];
+        let mut seen = evidence(&none, Some("B"));
+        seen.a_asked_again_lost = Some(true);
+        assert_eq!(judge(&seen).unwrap().a_next_write_stopped, Finding::Unknown);
     }
 
     fn reply(policy: Policy) -> ReplyEvidence<'static> {

@@ -639,6 +639,8 @@ impl From<RoundFacts> for What {
 pub struct Checked {
     pub still_ours: Option<bool>,
     pub pttl_ms: Option<i64>,
+    /// Lab 8, the holder that stops: its heartbeat had given the lock up when it asked.
+    pub heartbeat_lost: Option<bool>,
 }
 
 one_kind!(Checked);

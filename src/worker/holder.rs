@@ -7,6 +7,8 @@
 //! release found in the lock — the evidence of whether someone else had been given the lock
 //! before this holder let go.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -111,6 +113,11 @@ pub enum BeforeWrite {
     /// our owner value in the key, with time left) and write only if it is — the check
     /// that cannot help when the write itself is late (lab 8).
     WorkUntilToldThenCheck,
+    /// A renewed Redis lock only: work until the lab says `finish`, then write only if the
+    /// heartbeat has not given the lock up; after that write, ask the heartbeat again
+    /// before a second one — the holder that stops when its renewals fail (lab 8). It
+    /// narrows the window: a write already sent cannot be called back.
+    WorkUntilToldStopIfHeartbeatGaveUp,
 }
 
 /// What the holder does after writing.
@@ -137,6 +144,9 @@ enum AnyLock {
         /// …and then the heartbeat itself.
         renewal: Option<Renewal>,
         on_lost: Option<OnLost>,
+        /// Set once the heartbeat has given the lock up (no renewal got through in time,
+        /// or Redis said the key is no longer ours).
+        gave_up: Arc<AtomicBool>,
     },
     Etcd {
         lock: Box<EtcdLock>,
@@ -186,7 +196,14 @@ impl AnyLock {
                 } else {
                     None
                 };
-                let on_lost: Option<OnLost> = renew.then(|| Box::new(lost("heartbeat")) as OnLost);
+                let gave_up = Arc::new(AtomicBool::new(false));
+                let on_lost: Option<OnLost> = renew.then(|| {
+                    let (say, flag) = (lost("heartbeat"), gave_up.clone());
+                    Box::new(move |why: String| {
+                        flag.store(true, Ordering::SeqCst);
+                        say(why)
+                    }) as OnLost
+                });
                 AnyLock::Redis {
                     lock: Box::new(RedisLock::new(connect::redis(url)?, key, ttl)),
                     url: url.clone(),
@@ -195,6 +212,7 @@ impl AnyLock {
                     heartbeat_lock,
                     renewal: None,
                     on_lost,
+                    gave_up,
                 }
             }
             LockSpec::Etcd {
@@ -300,6 +318,14 @@ impl AnyLock {
                 Ok((now.as_deref() == Some(owner) && pttl > 0, pttl))
             }
             _ => bail!("a holder checks its lock before writing only on Redis here"),
+        }
+    }
+
+    /// The renewed Redis lock's heartbeat has given the lock up (false for any other lock).
+    fn heartbeat_gave_up(&self) -> bool {
+        match self {
+            AnyLock::Redis { gave_up, .. } => gave_up.load(Ordering::SeqCst),
+            _ => false,
         }
     }
 
@@ -619,6 +645,7 @@ pub fn run(script: &HolderScript) -> Result<()> {
             let facts = facts::Checked {
                 still_ours: Some(still_ours),
                 pttl_ms: Some(pttl),
+                ..facts::Checked::default()
             };
             if !still_ours {
                 me.say(
@@ -635,32 +662,34 @@ pub fn run(script: &HolderScript) -> Result<()> {
                 ),
             );
         }
+        BeforeWrite::WorkUntilToldStopIfHeartbeatGaveUp => {
+            me.say(What::Working, "works while holding the lock");
+            await_command("finish")?;
+            if !ask_heartbeat(&me, &lock, "finishes its first piece of work") {
+                me.say(facts::Released::default(), lock.release()?.text);
+                return Ok(());
+            }
+        }
     }
 
-    let value = format!("{}'s result", script.name);
-    let outcome = store.write_under(
-        script.fence_rule,
-        &script.run_id,
-        &script.resource,
-        &script.name,
-        &value,
+    write(
+        &me,
+        &mut store,
+        script,
         grant.token,
+        format!("{}'s result", script.name),
     );
-    let token_text = grant
-        .token
-        .map(|t| format!(", fencing token {t}"))
-        .unwrap_or_default();
-    me.send(me.event(
-        Wrote {
-            token: grant.token,
-            value: Some(value.clone()),
-            ..Wrote::new(outcome)
-        },
-        format!(
-            "writes '{value}'{token_text}: the store says {}",
-            outcome.as_str()
-        ),
-    ));
+    if script.before_write == BeforeWrite::WorkUntilToldStopIfHeartbeatGaveUp
+        && ask_heartbeat(&me, &lock, "has a second write to make")
+    {
+        write(
+            &me,
+            &mut store,
+            script,
+            grant.token,
+            format!("{}'s second result", script.name),
+        );
+    }
 
     if script.after_write == AfterWrite::HoldUntilTold {
         await_command("finish")?;
@@ -675,6 +704,61 @@ pub fn run(script: &HolderScript) -> Result<()> {
         released.text,
     ));
     Ok(())
+}
+
+/// Writes `value` to the store under the holder's token, and says what the store answered.
+fn write(
+    me: &Emitter,
+    store: &mut Store,
+    script: &HolderScript,
+    token: Option<i64>,
+    value: String,
+) {
+    let outcome = store.write_under(
+        script.fence_rule,
+        &script.run_id,
+        &script.resource,
+        &script.name,
+        &value,
+        token,
+    );
+    let token_text = token
+        .map(|t| format!(", fencing token {t}"))
+        .unwrap_or_default();
+    me.send(me.event(
+        Wrote {
+            token,
+            value: Some(value.clone()),
+            ..Wrote::new(outcome)
+        },
+        format!(
+            "writes '{value}'{token_text}: the store says {}",
+            outcome.as_str()
+        ),
+    ));
+}
+
+/// ✅ (narrows, does not close) Before a write, asks the renewed lock's heartbeat whether it
+/// gave the lock up, and says so with a `checked` event (`heartbeat_lost`). True: write.
+/// Nothing it learns here can recall a write already sent.
+fn ask_heartbeat(me: &Emitter, lock: &AnyLock, doing: &str) -> bool {
+    let lost = lock.heartbeat_gave_up();
+    let facts = facts::Checked {
+        heartbeat_lost: Some(lost),
+        ..facts::Checked::default()
+    };
+    if lost {
+        me.say(
+            facts,
+            format!("{doing}; asks its heartbeat first: it has given the lock up, so it stops and does not write"),
+        );
+    } else {
+        me.say(
+            facts,
+            format!("{doing}; asks its heartbeat first: it has not given the lock up — it sends its write"),
+        );
+    }
+    !lost
 }
 
 /// What a holder's `released` event says Redis found, for the checkers.

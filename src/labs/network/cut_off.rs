@@ -9,6 +9,13 @@
 //! the last renewal that reached it; etcd expires the lease a TTL after the last keepalive
 //! it answered, deletes A's lock key with it, and hands the lock to B, queued behind it.
 //! Neither can tell A: A is cut off.
+//!
+//! The third row ([`play_stopping`]) gives A the ✅ habit the first two lack: before each
+//! write it asks its heartbeat whether it has given the lock up, and stops if so. Its write
+//! is sent while the lease is fine, into a hold on A's path to the store; then the cut.
+//! The heartbeat gives up, the lease runs out, B writes; the held write still lands. The
+//! habit stops A's *next* write, not the one already in flight: it narrows the window and
+//! does not close it.
 
 use std::time::Duration;
 
@@ -23,9 +30,8 @@ use crate::events::{Event, Kind};
 use crate::labs::runner::Run;
 use crate::lock::etcd::EtcdLock;
 use crate::lock::redis::RedisLock;
-use crate::proxy::{Direction, NetFault};
+use crate::proxy::{self, Direction, NetFault, Proxy};
 use crate::store::Store;
-use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite};
 
 /// Which lock service A is cut off from.
@@ -86,14 +92,7 @@ pub(super) fn play(
         true,
         (BeforeWrite::WorkUntilTold, AfterWrite::Release),
     );
-    let a = scene.stage.spawn("A", &WorkerSpec::Holder(a_script))?;
-    let start = Duration::from_secs(10);
-    let stage = &mut scene.stage;
-    let a_owner = stage
-        .wait_for(start, "A to take the lock", |e| e.is("A", Kind::Acquired))?
-        .owner()
-        .map(String::from);
-    stage.wait_for(start, "A to start working", |e| e.is("A", Kind::Working))?;
+    let (a, a_owner) = scene.start_a(a_script)?;
     let mut watch = match service {
         LockService::Redis => Watch::Redis(Box::new(RedisLock::new(
             connect::redis(server)?,
@@ -124,14 +123,94 @@ pub(super) fn play(
     let b = scene.spawn_b()?;
 
     // A works on, cut off. The lab watches A's lock on its own connection, which is not cut.
+    let seen = watch_until_b_wrote(
+        &mut scene,
+        &a,
+        &mut watch,
+        a_owner,
+        (server_name, gone_words),
+    )?;
+    scene.heal("the cut heals", seen);
+    scene.end((a, b), store, true)
+}
+
+/// Shows events until B has written (see [`Scene::until_b_wrote`]), recording, the first
+/// time the lab's own connection finds the lock no longer A's, that the lease is gone.
+fn watch_until_b_wrote(
+    scene: &mut Scene,
+    a: &crate::labs::WorkerHandle,
+    watch: &mut Watch,
+    a_owner: Option<String>,
+    (server_name, gone_words): (&str, &str),
+) -> Result<(bool, u64)> {
     let mut expired = false;
-    let seen = scene.until_b_wrote(&a, |stage| {
+    scene.until_b_wrote(a, |stage| {
         if !expired && watch.holder()? != a_owner {
             expired = true;
             stage.record(Event::new(server_name, Expired::default(), gone_words));
         }
         Ok(())
-    })?;
-    scene.heal("the cut heals", seen);
-    scene.end((a, b), store, true)
+    })
+}
+
+/// The third row: A's renewed Redis lock, and A stops writing once its heartbeat gives the
+/// lock up. The lab holds A's first write in flight (proxy on `A→store`), then cuts A off
+/// from Redis (a second proxy, on `A→redis`).
+pub(super) fn play_stopping(
+    plan: &Plan,
+    run: &Run,
+    fenced: bool,
+    store: &mut Store,
+) -> Result<RunVerdict> {
+    let (redis_url, store_url) = (run.url(Backend::Redis), run.url(Backend::Postgres));
+    let at = crate::labs::step::network::before_cut_stops(fenced);
+    let story = ("cut-off-stops", "cut off from Redis, a holder that stops");
+    let mut scene = Scene::open(plan, run, story, fenced, at, ("A→store", store_url))?;
+    let to_redis = Proxy::start("A→redis", proxy::upstream_of(redis_url)?)?;
+    let redis_through = proxy::through(redis_url, to_redis.addr())?;
+    let a_script = scene.holder(
+        "A",
+        (redis_through.as_str(), scene.url_through.as_str()),
+        true,
+        (
+            BeforeWrite::WorkUntilToldStopIfHeartbeatGaveUp,
+            AfterWrite::Release,
+        ),
+    );
+    let (mut a, a_owner) = scene.start_a(a_script)?;
+    let mut watch = Watch::Redis(Box::new(RedisLock::new(
+        connect::redis(redis_url)?,
+        scene.lock_key(),
+        plan.ttl,
+    )));
+    scene.hold_a_write(&mut a)?;
+    // A's write is in flight, sent while its heartbeat held the lock: now the cut.
+    scene.nemesis.net(
+        &mut scene.stage,
+        &to_redis,
+        Direction::Up,
+        NetFault::Reset,
+        "the proxy cuts A off from Redis: A's connections reset, new ones refused; A's write is already in flight to the store",
+    );
+    let b = scene.spawn_b()?;
+    let gone_words = "A's key has expired: no renewal reached Redis, so for Redis the lock is free";
+    let seen = watch_until_b_wrote(&mut scene, &a, &mut watch, a_owner, ("redis", gone_words))?;
+    // The write stays held until A's heartbeat has given up as well, so that A's question
+    // before its second write comes after the heartbeat's answer.
+    let wait = plan.ttl + Duration::from_secs(10);
+    scene
+        .stage
+        .wait_for(wait, "A's heartbeat to give up", |e| e.is("A", Kind::Lost))?;
+    // The cut heals first, so that A's release reaches Redis; then A's write goes on.
+    scene.nemesis.heal_net(
+        &mut scene.stage,
+        &to_redis,
+        Direction::Up,
+        "the cut heals, after B wrote",
+    );
+    scene.heal(
+        "the proxy lets A's write go once A's heartbeat has given up",
+        seen,
+    );
+    scene.end((a, b), store, false)
 }

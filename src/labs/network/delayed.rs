@@ -2,19 +2,15 @@
 //! proxy on A's path to the store holds the write while A's lease runs out and B takes the
 //! lock and writes; then the nemesis lifts the hold and A's write arrives.
 
-use std::time::Duration;
-
 use anyhow::{Result, bail};
 
 use super::Plan;
 use super::scene::Scene;
 use super::verdict::RunVerdict;
 use crate::connect::Backend;
-use crate::events::{Kind, What};
+use crate::events::What;
 use crate::labs::runner::Run;
-use crate::proxy::{Direction, NetFault};
 use crate::store::Store;
-use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite};
 
 /// Plays the story once, fenced or not, and reads the verdict back.
@@ -30,23 +26,8 @@ pub(super) fn play(plan: &Plan, run: &Run, fenced: bool, store: &mut Store) -> R
         false,
         (BeforeWrite::WorkUntilToldThenCheck, AfterWrite::Release),
     );
-    let mut a = scene.stage.spawn("A", &WorkerSpec::Holder(a_script))?;
-    let start = Duration::from_secs(10);
-    let stage = &mut scene.stage;
-    stage.wait_for(start, "A to take the lock", |e| e.is("A", Kind::Acquired))?;
-    stage.wait_for(start, "A to start working", |e| e.is("A", Kind::Working))?;
-
-    scene.nemesis.net(
-        &mut scene.stage,
-        &scene.path,
-        Direction::Up,
-        NetFault::Hold,
-        "the proxy on A→store holds what A sends next: A's write will leave A and wait in flight",
-    );
-    a.tell("finish")?;
-    let checked = scene
-        .stage
-        .wait_for(start, "A to check its lock", |e| e.is("A", Kind::Checked))?;
+    let (mut a, _) = scene.start_a(a_script)?;
+    let checked = scene.hold_a_write(&mut a)?;
     if let What::Checked(check) = &checked.what
         && check.still_ours != Some(true)
     {

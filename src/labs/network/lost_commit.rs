@@ -60,6 +60,8 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         label,
         step::network::before_lost_commit(keyed),
     );
+    // The lane `postgres` is 8 wide: the column fits it, so wrapped lines align.
+    stage.timeline.set_lane_width(8);
     let mut lab = connect::postgres(store_url)?;
     lab.batch_execute(PAYMENTS)?;
     let payment = format!("network-lost-commit-{label}");

@@ -61,6 +61,9 @@ Examples:
   lockslab network                     all four stories, fenced and not
   lockslab network --fencing off       only the runs without fencing
   lockslab network --scenario cut-off  A cut off from Redis, not from the store
+  lockslab network --scenario cut-off-stops
+                                       the same, A stops when its heartbeat
+                                       gives up: its write already in flight
   lockslab network --scenario cut-off-etcd
                                        the same, cut off from etcd's keepalive
   lockslab network --scenario lost-reply
@@ -78,8 +81,8 @@ pub struct NetworkArgs {
     /// Which runs to play: without fencing, with it, or both side by side
     #[arg(long, value_enum, default_value_t = Fencing::Both)]
     pub fencing: Fencing,
-    /// Which stories: the write delayed in flight, A cut off from Redis or from etcd, a lost
-    /// reply, or all
+    /// Which stories: the write delayed in flight, A cut off from Redis (a holder that
+    /// ignores its heartbeat, or one that stops) or from etcd, a lost reply, or all
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     pub scenario: Scenario,
     #[command(flatten)]
@@ -103,6 +106,9 @@ pub enum Scenario {
     DelayedWrite,
     /// The proxy cuts A off from Redis (a renewed lock) but not from the store
     CutOff,
+    /// The same cut, and A stops writing once its heartbeat gives up; its first write is
+    /// already in flight (held on its path to the store)
+    CutOffStops,
     /// The proxy cuts A off from etcd (a lease kept alive) but not from the store
     CutOffEtcd,
     /// A's SET NX (then a COMMIT, then etcd's lock call) is applied and the proxy loses the
@@ -130,6 +136,7 @@ impl Plan {
                     Scenario::All => vec![
                         Scenario::DelayedWrite,
                         Scenario::CutOff,
+                        Scenario::CutOffStops,
                         Scenario::CutOffEtcd,
                         Scenario::LostReply,
                     ],
@@ -152,6 +159,7 @@ impl Plan {
         let lost = plays(Scenario::LostReply);
         let (delayed, cut_etcd) = (plays(Scenario::DelayedWrite), plays(Scenario::CutOffEtcd));
         let cut = plays(Scenario::CutOff);
+        let stops = plays(Scenario::CutOffStops);
         let mut intro = Vec::new();
         if delayed || cut {
             let fault = match (delayed, cut) {
@@ -165,6 +173,12 @@ impl Plan {
             };
             intro.push(format!(
                 "Two workers, A and B, share one Redis lock with a {} TTL, and nobody is paused. A reaches the store, or Redis, through a fault proxy: the proxy {fault}.",
+                human(self.ttl)
+            ));
+        }
+        if stops {
+            intro.push(format!(
+                "In the story where A stops, A and B share a Redis lock with a {} TTL that A's heartbeat renews, and A asks its heartbeat before each write: once it has given the lock up, A stops. The proxy holds A's first write in flight on its way to the store, then cuts A off from Redis.",
                 human(self.ttl)
             ));
         }
@@ -254,6 +268,9 @@ impl Lab for Plan {
                     &mut store,
                     LockService::Redis,
                 )?),
+                Scenario::CutOffStops => verdict
+                    .runs
+                    .push(cut_off::play_stopping(self, run, fenced, &mut store)?),
                 Scenario::CutOffEtcd => verdict.runs.push(cut_off::play(
                     self,
                     run,

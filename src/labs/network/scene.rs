@@ -158,6 +158,41 @@ impl<'a> Scene<'a> {
         }
     }
 
+    /// Starts A with `script` and waits until it holds the lock and works; returns A and
+    /// the owner value (etcd: the key) it was granted.
+    pub(super) fn start_a(
+        &mut self,
+        script: HolderScript,
+    ) -> Result<(WorkerHandle, Option<String>)> {
+        let a = self.stage.spawn("A", &WorkerSpec::Holder(script))?;
+        let start = Duration::from_secs(10);
+        let owner = self
+            .stage
+            .wait_for(start, "A to take the lock", |e| e.is("A", Kind::Acquired))?
+            .owner()
+            .map(String::from);
+        self.stage
+            .wait_for(start, "A to start working", |e| e.is("A", Kind::Working))?;
+        Ok((a, owner))
+    }
+
+    /// Has the proxy on A's path hold what A sends next, tells A to finish its work, and
+    /// waits for A's `checked` (A's question before it sends its write into the hold).
+    pub(super) fn hold_a_write(&mut self, a: &mut WorkerHandle) -> Result<Event> {
+        self.nemesis.net(
+            &mut self.stage,
+            &self.path,
+            Direction::Up,
+            proxy::NetFault::Hold,
+            "the proxy on A→store holds what A sends next: A's write will leave A and wait in flight",
+        );
+        a.tell("finish")?;
+        self.stage
+            .wait_for(Duration::from_secs(10), "A's check before its write", |e| {
+                e.is("A", Kind::Checked)
+            })
+    }
+
     /// Starts B, on direct paths to the lock's server and the store: it waits for the
     /// lock, writes at once, and keeps the lock until told.
     pub(super) fn spawn_b(&mut self) -> Result<WorkerHandle> {

@@ -95,18 +95,36 @@ pub struct Heard {
     pub expired_ms: Option<u64>,
     pub b_granted_ms: Option<u64>,
     pub a_wrote_ms: Option<u64>,
+    /// The holder that stops: when A asked its heartbeat and sent its write, and when and
+    /// what it heard asking again before a second write.
+    pub a_sent_ms: Option<u64>,
+    pub a_asked_again: Option<(u64, bool)>,
 }
 
 /// Reads one run's history for the checkers.
 pub fn heard(log: &[Event]) -> Result<Heard> {
     let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
-    let heal = log.iter().find_map(|e| match &e.what {
-        // A's path: to the store (the delayed write) or to Redis (the cut).
-        What::NetHealed(facts) if facts.target.as_deref().is_some_and(|t| t.starts_with("A→")) => {
-            Some(facts)
-        }
-        _ => None,
-    });
+    let healed = |path: &str| {
+        log.iter().find_map(|e| match &e.what {
+            What::NetHealed(facts)
+                if facts.target.as_deref().is_some_and(|t| t.starts_with(path)) =>
+            {
+                Some(facts)
+            }
+            _ => None,
+        })
+    };
+    // A's path to the store (the delayed write, the held write of the holder that stops),
+    // or else to its lock's server (the cut).
+    let heal = healed("A→store").or_else(|| healed("A→"));
+    let asks: Vec<(u64, bool)> = log
+        .iter()
+        .filter(|e| e.worker == "A")
+        .filter_map(|e| match &e.what {
+            What::Checked(c) => Some((e.t_ms, c.heartbeat_lost?)),
+            _ => None,
+        })
+        .collect();
     let a_struck = log.iter().any(|e| match &e.what {
         What::Frozen(f) | What::Killed(f) => f.target.as_deref() == Some("A"),
         _ => false,
@@ -130,6 +148,8 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .map(|e| e.t_ms),
         b_granted_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
         a_wrote_ms: saw("A", Kind::Wrote).map(|e| e.t_ms),
+        a_sent_ms: asks.first().and_then(|&(t, lost)| (!lost).then_some(t)),
+        a_asked_again: asks.get(1).copied(),
     })
 }
 
@@ -175,7 +195,7 @@ pub fn net_faults(log: &[Event]) -> Vec<(Fault, String)> {
 /// What one run found; every field from Redis's answers, the proxy's record or the store's.
 #[derive(Serialize, Debug, Clone)]
 pub struct RunVerdict {
-    /// `delayed-write`, `cut-off` (from Redis) or `cut-off-etcd`.
+    /// `delayed-write`, `cut-off` (from Redis), `cut-off-stops` or `cut-off-etcd`.
     pub scenario: &'static str,
     pub fencing: bool,
     /// A checked just before writing: its owner value in the key, with PTTL left.
@@ -193,6 +213,13 @@ pub struct RunVerdict {
     pub a_key_expired_ms: Option<u64>,
     pub b_granted_ms: Option<u64>,
     pub a_wrote_ms: Option<u64>,
+    /// The holder that stops (`cut-off-stops`; null otherwise): when A, its heartbeat
+    /// still holding the lock, sent its first write; when A asked again before a second
+    /// write; and whether that second write was stopped (A's heartbeat had given up, and
+    /// the store holds one write of A's).
+    pub a_write_sent_ms: Option<u64>,
+    pub a_asked_again_ms: Option<u64>,
+    pub a_next_write_stopped: Option<bool>,
     /// Redis granted B the lock while A still believed it held it.
     pub two_holders: Option<bool>,
     /// A's write in the store's decision order relative to B's accepted write.
@@ -220,6 +247,7 @@ impl RunVerdict {
             b_release: heard.b_release.as_ref(),
             attempts: &read.attempts,
             final_writer: read.final_writer.as_deref(),
+            a_asked_again_lost: heard.a_asked_again.map(|(_, lost)| lost),
         }) else {
             bail!(
                 "the store's record disagrees with itself: its final writer is {:?} but its last accepted attempt is not",
@@ -234,6 +262,9 @@ impl RunVerdict {
             a_key_expired_ms: heard.expired_ms,
             b_granted_ms: cut.then_some(heard.b_granted_ms).flatten(),
             a_wrote_ms: cut.then_some(heard.a_wrote_ms).flatten(),
+            a_write_sent_ms: heard.a_sent_ms,
+            a_asked_again_ms: heard.a_asked_again.map(|(t, _)| t),
+            a_next_write_stopped: found.a_next_write_stopped.as_option(),
             a_checked_ours: found.a_checked_ours.as_option(),
             a_check_pttl_ms: heard.a_check.map(|(_, pttl)| pttl),
             held_ms: heard.held_ms,
@@ -271,6 +302,26 @@ impl RunVerdict {
         let story = if self.scenario == "cut-off" {
             format!(
                 "Cut off from Redis, A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_lost_ms),
+                at(self.a_key_expired_ms),
+                at(self.b_granted_ms),
+                at(self.a_wrote_ms)
+            )
+        } else if self.scenario == "cut-off-stops" {
+            let next = match self.a_next_write_stopped {
+                Some(true) => format!(
+                    "asked its heartbeat again at {} before a second write, heard it had given the lock up, and stopped: the store holds no second write of A's.",
+                    at(self.a_asked_again_ms)
+                ),
+                Some(false) => {
+                    "sent a second write as well: its heartbeat had not given up when A asked."
+                        .to_string()
+                }
+                None => "did not ask its heartbeat again, or the store does not say.".to_string(),
+            };
+            format!(
+                "A asked its heartbeat, which still held the lock, and sent its write at {} into a hold on its path to the store; then the cut. A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. The held write was answered at {}: stopping could not call it back. A then {next}",
+                at(self.a_write_sent_ms),
                 at(self.a_renewal_lost_ms),
                 at(self.a_key_expired_ms),
                 at(self.b_granted_ms),
@@ -349,6 +400,17 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
             row("B granted (Redis)", &|v| at(v.b_granted_ms)),
             row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
         ]
+    } else if scenario == "cut-off-stops" {
+        vec![
+            row("A sent its write, held (A)", &|v| at(v.a_write_sent_ms)),
+            row("A's heartbeat gave up (A)", &|v| at(v.a_renewal_lost_ms)),
+            row("A's key gone (Redis)", &|v| at(v.a_key_expired_ms)),
+            row("B granted (Redis)", &|v| at(v.b_granted_ms)),
+            row("A's held write answered (store)", &|v| at(v.a_wrote_ms)),
+            row("A's second write stopped (store)", &|v| {
+                yes_no(v.a_next_write_stopped)
+            }),
+        ]
     } else if scenario == "cut-off-etcd" {
         vec![
             row("A's keepalive gave up (A)", &|v| at(v.a_renewal_lost_ms)),
@@ -400,6 +462,8 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
     ]);
     let title = if scenario == "cut-off" {
         "Verdict: cut off from Redis"
+    } else if scenario == "cut-off-stops" {
+        "Verdict: cut off from Redis, a holder that stops"
     } else if scenario == "cut-off-etcd" {
         "Verdict: cut off from etcd"
     } else {

@@ -1,5 +1,5 @@
-//! Lab 8's `--step` questions for its etcd rows: the cut from etcd, and etcd's lock call
-//! whose answer was lost.
+//! Lab 8's `--step` questions for its etcd rows (the cut from etcd, and etcd's lock call
+//! whose answer was lost) and for the holder that stops when its heartbeat gives up.
 
 use super::Checkpoint;
 
@@ -46,4 +46,27 @@ pub(super) const LOCK_QUEUED: Checkpoint = Checkpoint {
     question: "This time the lock is taken, so A's call waits in etcd's queue when A's \
                client gives up and closes its connection. Is A's waiter key still in the \
                queue afterwards?",
+};
+
+/// Before a run of the cut where A stops once its heartbeat gives up.
+pub fn before_cut_stops(fenced: bool) -> &'static Checkpoint {
+    if fenced {
+        &STOPS_FENCED
+    } else {
+        &STOPS_UNFENCED
+    }
+}
+
+const STOPS_UNFENCED: Checkpoint = Checkpoint {
+    name: "before the cut where A stops (without fencing)",
+    question: "This time A asks its heartbeat before each write and stops once it has \
+               given the lock up. A's first write leaves while all is well and is held \
+               in flight; then the cut. Does the held write land after B's? Does A's \
+               second write?",
+};
+
+const STOPS_FENCED: Checkpoint = Checkpoint {
+    name: "before the fenced cut where A stops",
+    question: "The same, with fencing tokens. What refuses the write A's habit could not \
+               call back?",
 };

@@ -405,7 +405,7 @@ pub mod network {
                    in Redis, and for how long?",
     };
 
-    pub use super::super::network_etcd::before_lost_lock;
+    pub use super::super::network_etcd::{before_cut_stops, before_lost_lock};
 
     /// Before a `COMMIT` whose answer is lost, retried without or with a key.
     pub fn before_lost_commit(keyed: bool) -> &'static Checkpoint {
