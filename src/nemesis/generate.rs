@@ -220,9 +220,10 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
 ///   write's transaction starts late) or inside that transaction, its row locked (the
 ///   `UPDATE` arrives late): the stale write of lab 8, with no process paused — as long as
 ///   the pauses drawn, so that it outlives the lease as often;
-/// - a **lost reply** to its next request to its lock server, set as its write or its
-///   release is answered (the next request is its release, or its next job's lock), or at
-///   a time of the run.
+/// - a **lost reply** to its next request to its lock server: set inside its write's
+///   transaction (the next request is its release — for a design whose lock is the store's,
+///   the write itself), as its write or release is answered (its next job's lock), or at a
+///   time of the run.
 fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> Step {
     if kind == FaultKind::Delay {
         let nth = rng.between(1, 3) as u32;
@@ -240,15 +241,20 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
             duration_ms: Some(rng.between(lo, hi)),
         };
     }
-    let (at_ms, after) = if rng.between(0, 2) < 2 {
-        let nth = rng.between(1, 4) as u32;
-        let either = super::schedule::Kinds::Any(vec![Kind::Wrote, Kind::Released]);
-        (0, Some(Anchor::on(client, either, nth)))
-    } else {
-        (
+    let (at_ms, after) = match rng.between(0, 2) {
+        0 => {
+            let nth = rng.between(1, 3) as u32;
+            (0, Some(Anchor::on(client, Kind::Working, nth)))
+        }
+        1 => {
+            let nth = rng.between(1, 4) as u32;
+            let either = super::schedule::Kinds::Any(vec![Kind::Wrote, Kind::Released]);
+            (0, Some(Anchor::on(client, either, nth)))
+        }
+        _ => (
             rng.between(space.span_ms / 20, space.span_ms * 7 / 10),
             None,
-        )
+        ),
     };
     Step {
         at_ms,
