@@ -49,6 +49,17 @@ pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
     (Schedule::new(rest), Schedule::new(net))
 }
 
+/// The schedule without `client`: the steps aimed at it, timed from its events, or aimed
+/// at one of its paths (shrinking's "a client fewer").
+pub fn without_client(schedule: &Schedule, client: &str) -> Schedule {
+    let rest = schedule.without_worker(client);
+    let kept = rest
+        .steps()
+        .iter()
+        .filter(|step| client_of(&step.target) != client);
+    Schedule::new(kept.cloned().collect())
+}
+
 /// Checks a given schedule's network steps (`--schedule`): a delay on a client's path to
 /// the store, with how long; a lost reply on its path to the design's lock server; at most
 /// one of each per path. Returns the other steps, for the usual checks.
