@@ -467,14 +467,14 @@ fn a_lost_reply_to_a_release_is_unknown_for_the_redis_lock_and_safe_for_its_fenc
 }
 
 /// Interrupted while A's write waits 30s in the proxy: lockslab exits 130 and leaves no
-/// client behind, and the proxy, a part of lockslab's own process, is gone with it — its
+/// client behind (a design no other test here plays: the rows are the run's alone), and the proxy, a part of lockslab's own process, is gone with it — its
 /// port no longer takes connections.
 #[test]
 fn ctrl_c_during_a_delay_leaves_no_client_and_no_proxy() {
     let mut chaos = lockslab(&[
         "chaos",
         "--design",
-        "advisory-xact",
+        "skip-locked",
         "--schedule",
         r#"[{"at_ms":0,"after":{"worker":"A","event":"read_record","nth":1},"fault":"delay","target":"A→store","duration_ms":30000}]"#,
         "--json",
@@ -514,7 +514,7 @@ fn ctrl_c_during_a_delay_leaves_no_client_and_no_proxy() {
     let mut ports = Vec::new();
     assert!(eventually(std::time::Duration::from_secs(30), || {
         ports = proxy_ports();
-        rows_of("%advisory_xact") > 0 && !ports.is_empty()
+        rows_of("%skip_locked") > 0 && !ports.is_empty()
     }));
     let mut family = HashSet::from([chaos.id() as i32]);
     family_in(&process_table(), &mut family);
@@ -528,5 +528,5 @@ fn ctrl_c_during_a_delay_leaves_no_client_and_no_proxy() {
             "port {port} still listens"
         );
     }
-    assert_eq!(rows_of("%advisory_xact"), 0, "no row of the run is left");
+    assert_eq!(rows_of("%skip_locked"), 0, "no row of the run is left");
 }
