@@ -323,7 +323,17 @@ mod tests {
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Restart));
+        // A delay of the write (no process paused) breaks what lets its lock run out under
+        // a write in flight, and not a lock its running process keeps renewing.
+        assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(Design::RedisRenewed.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(Design::EtcdLease.labs_call_it_safe_under(FaultKind::Delay));
         for design in Design::ALL {
+            assert!(
+                design.labs_call_it_safe_under(FaultKind::LostReply),
+                "{design:?}"
+            );
             assert!(
                 design.labs_call_it_safe_under(FaultKind::Kill),
                 "{design:?}"
