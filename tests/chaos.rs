@@ -174,7 +174,8 @@ fn ctrl_c_mid_run_leaves_no_client_server_or_row_behind() {
 }
 
 /// A schedule chaos could not play (a pause with no end, or one of years; a clock fault; a
-/// step after the run) would pass for a replay of it: each is refused as a usage error,
+/// step after the run; a delay with no length, a lost reply on a path the design lacks)
+/// would pass for a replay of it: each is refused as a usage error,
 /// before any server starts.
 #[test]
 fn a_schedule_chaos_cannot_play_is_refused_up_front() {
@@ -196,6 +197,15 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             "not clock_step",
         ),
         ("{}", "neither a JSON array"),
+        // A network step: a delay with no length, a lost reply on a path the design lacks.
+        (
+            r#"[{"at_ms":0,"fault":"delay","target":"A→store"}]"#,
+            "needs a duration_ms",
+        ),
+        (
+            r#"[{"at_ms":0,"fault":"drop_reply","target":"A→etcd"}]"#,
+            "A→redis for redis-lock",
+        ),
     ] {
         let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
             .output()
@@ -349,4 +359,174 @@ fn a_restart_with_its_data_keeps_the_token_counter_and_a_restart_empty_does_not(
     };
     assert!(refused("redis") > 0, "an empty Redis reissues tokens");
     assert_eq!(refused("redis-aof"), 0, "the AOF kept the counter");
+}
+
+// chaos faults (issue 25): the fault proxy's delay and lost reply.
+
+/// A's write to the store held 2s in the proxy, just after its first read (the lock's TTL
+/// is 800ms): A's process runs all along.
+const DELAYED_WRITE: &str = r#"[{"at_ms":0,"after":{"worker":"A","event":"read_record","nth":1},"fault":"delay","target":"A→store","duration_ms":2000}]"#;
+
+/// The answer to A's next request to Redis thrown away, set inside A's first write's
+/// transaction: the next request is A's release.
+const LOST_RELEASE: &str = r#"[{"at_ms":0,"after":{"worker":"A","event":"working","nth":1},"fault":"drop_reply","target":"A→redis"}]"#;
+
+/// Plays a given schedule `times` times against `design` (`--json`), with an HTML page
+/// of the history: (exit status, schedule lines, verdict, page).
+fn replay(design: &str, schedule: &str, times: &str) -> (Option<i32>, Vec<Value>, Value, String) {
+    let page = std::env::temp_dir().join(format!(
+        "lockslab-chaosf-{design}-{}.html",
+        std::process::id()
+    ));
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        design,
+        "--schedule",
+        schedule,
+        "--schedules",
+        times,
+        "--no-shrink",
+        "--json",
+        "--html",
+        page.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let lines = json_lines(&output.stdout);
+    let verdict = lines.last().cloned().unwrap_or_default();
+    let schedules = lines
+        .into_iter()
+        .filter(|line| line["kind"] == "schedule")
+        .collect();
+    let html = std::fs::read_to_string(&page).unwrap_or_default();
+    let _ = std::fs::remove_file(&page);
+    (output.status.code(), schedules, verdict, html)
+}
+
+/// The delay is lab 8's stale write with no pause: the unfenced Redis lock runs out under
+/// A's write in flight and the store takes it over a newer one; its fenced twin refuses it.
+/// The nemesis recorded the delay's start and end in the history (the page draws them).
+#[test]
+fn a_delayed_write_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let (code, _, verdict, html) = replay("redis-lock", DELAYED_WRITE, "1");
+    assert_eq!(code, Some(1), "{verdict}");
+    let kinds: HashSet<&str> = verdict["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["kind"].as_str())
+        .collect();
+    assert!(kinds.contains("stale-write"), "{verdict}");
+    assert!(
+        html.contains("delays what A sends the store next by 2000ms") && html.contains("ms late"),
+        "the delay's start and end are in the history"
+    );
+
+    // Twice: on a busy machine the other clients may be done before A's write arrives.
+    let (code, schedules, verdict, _) = replay("redis-fenced", DELAYED_WRITE, "2");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|line| line["result"] == "safe" && line["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    assert!(
+        schedules
+            .iter()
+            .any(|line| line["attempts"].as_u64() > line["accepted"].as_u64()),
+        "A's late write was refused: {schedules:?}"
+    );
+}
+
+/// A release that got no answer leaves a design that trusts the lock undecided: unknown,
+/// never a pass (exit 3 — or 1 if a busy machine starved a client past its TTL, a pause
+/// nobody scheduled); the fenced twin, whose store decides, is safe.
+#[test]
+fn a_lost_reply_to_a_release_is_unknown_for_the_redis_lock_and_safe_for_its_fenced_twin() {
+    let (code, schedules, verdict, _) = replay("redis-lock", LOST_RELEASE, "3");
+    assert!(matches!(code, Some(1 | 3)), "never a pass: {verdict}");
+    assert!(
+        schedules.iter().all(|s| s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    let undecided = |s: &&Value| {
+        s["unknowns"].as_array().is_some_and(|u| {
+            u.iter()
+                .any(|u| u.as_str().unwrap().starts_with("A's lock"))
+        })
+    };
+    assert!(schedules.iter().any(|s| undecided(&s)), "{schedules:?}");
+    let (code, schedules, verdict, _) = replay("redis-fenced", LOST_RELEASE, "3");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules.iter().all(|s| s["result"] == "safe"),
+        "{schedules:?}"
+    );
+}
+
+/// Interrupted while A's write waits 30s in the proxy: lockslab exits 130 and leaves no
+/// client behind (a design no other test here plays: the rows are the run's alone), and the proxy, a part of lockslab's own process, is gone with it — its
+/// port no longer takes connections.
+#[test]
+fn ctrl_c_during_a_delay_leaves_no_client_and_no_proxy() {
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "skip-locked",
+        "--schedule",
+        r#"[{"at_ms":0,"after":{"worker":"A","event":"read_record","nth":1},"fault":"delay","target":"A→store","duration_ms":30000}]"#,
+        "--json",
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    // A's connection to the store goes through a loopback port of lockslab's own.
+    let proxy_ports = || -> Vec<u16> {
+        let listening = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{}/fd", chaos.id()))
+            .map(|dir| {
+                dir.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                    .filter_map(|link| {
+                        let link = link.to_string_lossy().to_string();
+                        Some(
+                            link.strip_prefix("socket:[")?
+                                .strip_suffix(']')?
+                                .to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        listening
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // State 0A: listening.
+                (fields.get(3) == Some(&"0A") && inodes.contains(*fields.get(9)?))
+                    .then(|| u16::from_str_radix(fields[1].split(':').nth(1)?, 16).ok())
+                    .flatten()
+            })
+            .collect()
+    };
+    let mut ports = Vec::new();
+    assert!(eventually(std::time::Duration::from_secs(30), || {
+        ports = proxy_ports();
+        rows_of("%skip_locked") > 0 && !ports.is_empty()
+    }));
+    let mut family = HashSet::from([chaos.id() as i32]);
+    family_in(&process_table(), &mut family);
+    family.remove(&(chaos.id() as i32));
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130));
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    for port in ports {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "port {port} still listens"
+        );
+    }
+    assert_eq!(rows_of("%skip_locked"), 0, "no row of the run is left");
 }

@@ -24,6 +24,11 @@ pub enum FaultKind {
     Restart,
     /// The lock's server killed and started again with its data: AOF, fsynced at every write
     RestartAof,
+    // chaos faults (issue 25)
+    /// A client's next write to the store late in the network (the proxy), no process paused
+    Delay,
+    /// The reply to a client's next lock request lost (the proxy): applied, never answered
+    LostReply,
 }
 
 /// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
@@ -31,11 +36,13 @@ pub enum FaultKind {
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 4] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::RestartAof,
+        FaultKind::Delay,
+        FaultKind::LostReply,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,7 +51,14 @@ impl FaultKind {
             FaultKind::Kill => "kill",
             FaultKind::Restart => "restart",
             FaultKind::RestartAof => "restart-aof",
+            FaultKind::Delay => "delay",
+            FaultKind::LostReply => "lost-reply",
         }
+    }
+
+    /// Does this kind aim at a client's path through the fault proxy ([`crate::proxy`])?
+    pub fn network(self) -> bool {
+        matches!(self, FaultKind::Delay | FaultKind::LostReply)
     }
 
     /// Does this kind aim at a server (which chaos must have started itself)?
@@ -59,6 +73,8 @@ impl FaultKind {
             Fault::Kill => Some(FaultKind::Kill),
             Fault::Restart if step.target.ends_with(AOF_SUFFIX) => Some(FaultKind::RestartAof),
             Fault::Restart => Some(FaultKind::Restart),
+            Fault::Delay => Some(FaultKind::Delay),
+            Fault::DropReply => Some(FaultKind::LostReply),
             _ => None,
         }
     }
@@ -79,7 +95,21 @@ pub struct Space {
     pub pause_ms: (u64, u64),
     /// At most this many faults (at least one is drawn).
     pub max_faults: usize,
+    /// The server a client asks for its lock (`redis`, `etcd`, or `store` for the designs
+    /// whose lock, or check, is Postgres's): where a lost reply is aimed (`A→redis`).
+    pub lock_server: String,
 }
+
+/// The name of a client's path to a server through the fault proxy (`A→store`).
+pub fn path(client: &str, server: &str) -> String {
+    format!("{client}{PATH_ARROW}{server}")
+}
+
+/// What joins a client to a server in a path's name.
+pub const PATH_ARROW: char = '→';
+
+/// The store: every client's writes go there (a delay aims at that path).
+pub const STORE: &str = "store";
 
 /// SplitMix64: a tiny generator whose output is fixed forever by its seed.
 #[derive(Clone, Debug)]
@@ -153,6 +183,13 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::Restart | FaultKind::RestartAof => {}
+            FaultKind::Delay | FaultKind::LostReply => {
+                if free.is_empty() {
+                    continue;
+                }
+                let client = free.remove(rng.next_u64() as usize % free.len());
+                steps.push(network_step(&mut rng, kind, &client, space));
+            }
             FaultKind::Pause | FaultKind::Kill => {
                 if free.is_empty() {
                     continue;
@@ -176,6 +213,56 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
         }
     }
     Schedule::new(steps)
+}
+
+/// A fault on one client's path through the proxy, aimed at its work:
+/// - a **delay** of its next write to the store, set just after it read its record (the
+///   write's transaction starts late) or inside that transaction, its row locked (the
+///   `UPDATE` arrives late): the stale write of lab 8, with no process paused — as long as
+///   the pauses drawn, so that it outlives the lease as often;
+/// - a **lost reply** to its next request to its lock server: set inside its write's
+///   transaction (the next request is its release — for a design whose lock is the store's,
+///   the write itself), as its write or release is answered (its next job's lock), or at a
+///   time of the run.
+fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> Step {
+    if kind == FaultKind::Delay {
+        let nth = rng.between(1, 3) as u32;
+        let (event, at_ms) = if rng.between(0, 1) == 0 {
+            (Kind::ReadRecord, rng.between(0, 5))
+        } else {
+            (Kind::Working, rng.between(0, 3))
+        };
+        let (lo, hi) = space.pause_ms;
+        return Step {
+            at_ms,
+            after: Some(Anchor::on(client, event, nth)),
+            fault: Fault::Delay,
+            target: path(client, STORE),
+            duration_ms: Some(rng.between(lo, hi)),
+        };
+    }
+    let (at_ms, after) = match rng.between(0, 2) {
+        0 => {
+            let nth = rng.between(1, 3) as u32;
+            (0, Some(Anchor::on(client, Kind::Working, nth)))
+        }
+        1 => {
+            let nth = rng.between(1, 4) as u32;
+            let either = super::schedule::Kinds::Any(vec![Kind::Wrote, Kind::Released]);
+            (0, Some(Anchor::on(client, either, nth)))
+        }
+        _ => (
+            rng.between(space.span_ms / 20, space.span_ms * 7 / 10),
+            None,
+        ),
+    };
+    Step {
+        at_ms,
+        after,
+        fault: Fault::DropReply,
+        target: path(client, &space.lock_server),
+        duration_ms: None,
+    }
 }
 
 /// Where a client's fault lands: just after it took its lock, just after it read its
@@ -215,6 +302,7 @@ mod tests {
             span_ms: 3000,
             pause_ms: (300, 1500),
             max_faults: 3,
+            lock_server: "redis".into(),
         }
     }
 
@@ -230,8 +318,10 @@ mod tests {
 
     #[test]
     fn drawn_schedules_are_valid_and_stay_in_their_space() {
+        let mut space = space();
+        space.kinds.retain(|kind| !kind.network());
         for index in 0..300 {
-            let schedule = draw(nth_seed(7, index), &space());
+            let schedule = draw(nth_seed(7, index), &space);
             assert!(!schedule.is_empty());
             schedule
                 .validate(&["A", "B", "C"], &["redis", "redis-aof"])
@@ -320,4 +410,74 @@ mod tests {
             );
         }
     }
+
+    /// The client a step is aimed at, or whose path it is aimed at (`A→store`: A).
+    fn client_of(step: &Step) -> &str {
+        step.target.split(PATH_ARROW).next().unwrap_or_default()
+    }
+
+    #[test]
+    fn network_faults_are_drawn_from_the_seed_the_same_every_time_on_the_clients_paths() {
+        let mut net = space();
+        net.kinds = vec![FaultKind::Delay, FaultKind::LostReply];
+        net.lock_server = "etcd".into();
+        let mut all = space();
+        all.kinds = FaultKind::ALL.to_vec();
+        let (mut delays, mut losses) = (0, 0);
+        for index in 0..200 {
+            let seed = nth_seed(11, index);
+            // Reproducible, with the new kinds alone and mixed with the others.
+            assert_eq!(draw(seed, &net), draw(seed, &net));
+            assert_eq!(draw(seed, &all), draw(seed, &all));
+            let schedule = draw(seed, &net);
+            let mut clients: Vec<&str> = schedule.steps().iter().map(client_of).collect();
+            let n = clients.len();
+            clients.sort();
+            clients.dedup();
+            assert_eq!(clients.len(), n, "one fault per client: {schedule:?}");
+            for step in schedule.steps() {
+                let client = client_of(step);
+                match step.fault {
+                    Fault::Delay => {
+                        delays += 1;
+                        assert_eq!(step.target, path(client, STORE));
+                        assert!((300..=1500).contains(&step.duration_ms.unwrap()));
+                        let anchor = step.after.as_ref().expect("aimed at the work");
+                        assert_eq!(anchor.worker, client);
+                        assert!(matches!(
+                            anchor.event,
+                            crate::nemesis::schedule::Kinds::One(Kind::ReadRecord | Kind::Working)
+                        ));
+                    }
+                    Fault::DropReply => {
+                        losses += 1;
+                        assert_eq!(step.target, path(client, "etcd"));
+                        assert_eq!(step.duration_ms, None);
+                    }
+                    other => panic!("{other:?} drawn, not asked for"),
+                }
+                assert_eq!(FaultKind::of(step).map(FaultKind::network), Some(true));
+            }
+        }
+        assert!(
+            delays > 50 && losses > 50,
+            "{delays} delays, {losses} losses"
+        );
+        // Pinned: a printed seed replays the same network fault forever.
+        let mut only_delay = net.clone();
+        only_delay.kinds = vec![FaultKind::Delay];
+        assert_eq!(
+            serde_json::to_string(&draw(5, &only_delay)).unwrap(),
+            PINNED_DELAY_OF_SEED_5
+        );
+    }
+
+    const PINNED_DELAY_OF_SEED_5: &str = concat!(
+        r#"[{"at_ms":0,"after":{"worker":"C","event":"working","nth":3},"fault":"delay","#,
+        r#""target":"C→store","duration_ms":1090},"#,
+        r#"{"at_ms":0,"after":{"worker":"A","event":"working","nth":3},"fault":"delay","#,
+        r#""target":"A→store","duration_ms":1401},"#,
+        r#"{"at_ms":3,"after":{"worker":"B","event":"working","nth":2},"fault":"delay","#,
+        r#""target":"B→store","duration_ms":1130}]"#
+    );
 }

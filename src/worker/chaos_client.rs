@@ -155,6 +155,19 @@ impl Design {
     ///   acknowledged — a killed process loses nothing it wrote to the file, whatever the
     ///   fsync policy — the keys' expiry kept as absolute times): no lock and no counter is
     ///   lost, so none of these designs can break by the restart alone.
+    /// - **delay** (lab 8's delayed write: the client's next write to the store arrives
+    ///   late, its process running all along): a lock that nobody renews runs out under the
+    ///   write in flight, and a design that does not fence its read breaks as under a pause
+    ///   (`redis-lock`; `fenced-write-only`, its `UPDATE` late inside its transaction). A
+    ///   lock renewed by the holder's own process stays held: the heartbeat (`redis-renewed`)
+    ///   or keepalive (`etcd-lease`) is not on the store's path, and keeps running — a pause
+    ///   freezes it with the client, a delay does not. (Lab 8's cut on the *lock's* path is
+    ///   what stops a heartbeat.)
+    /// - **lost-reply** (the reply to a lock request — or the store's answer, for a design
+    ///   whose lock is Postgres — lost, the request applied): the client hears an error and
+    ///   gives the job up; a lock it was granted runs out, a session reset gives its locks
+    ///   back, and the store's own rows settle every write. No design breaks; a release
+    ///   that got no answer leaves a design that trusts the lock undecided (unknown).
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),
@@ -163,6 +176,9 @@ impl Design {
                 self,
                 Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly
             ),
+            // chaos faults (issue 25)
+            FaultKind::Delay => !matches!(self, Design::RedisLock | Design::FencedWriteOnly),
+            FaultKind::LostReply => true,
         }
     }
 

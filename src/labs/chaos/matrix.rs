@@ -18,7 +18,7 @@ use crate::worker::chaos_client::Design;
 #[command(after_help = concat!("\
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
-                                           restart-aof
+                                           restart-aof, delay, lost-reply
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -27,13 +27,16 @@ Examples:
 A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
 kind and replay command below the table, note k) or UNKNOWN n/K
 (inconclusive: n histories could not be decided, never a pass). A cell stops
-at its first violation.
+at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
 fsync policy (the kernel still has it); the `appendfsync always` it runs with
 matters for a power loss or kernel crash, which chaos does not play. Designs
 without Redis show `-` there.
+`delay` holds a client's next write to the store in a fault proxy, its
+process running; `lost-reply` (lost-rep) lets a client's next lock request
+through and throws its answer away (lab 8).
 
 Walkthrough: labs/12-chaos.md.
 
@@ -320,7 +323,17 @@ mod tests {
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Restart));
+        // A delay of the write (no process paused) breaks what lets its lock run out under
+        // a write in flight, and not a lock its running process keeps renewing.
+        assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(Design::RedisRenewed.labs_call_it_safe_under(FaultKind::Delay));
+        assert!(Design::EtcdLease.labs_call_it_safe_under(FaultKind::Delay));
         for design in Design::ALL {
+            assert!(
+                design.labs_call_it_safe_under(FaultKind::LostReply),
+                "{design:?}"
+            );
             assert!(
                 design.labs_call_it_safe_under(FaultKind::Kill),
                 "{design:?}"

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod matrix;
+mod net;
 mod play;
 mod show;
 mod shrink;
@@ -61,6 +62,7 @@ Examples:
                                         shrunk, with its replay command
   lockslab chaos --design redis-fenced --schedules 50 --seed 7
   lockslab chaos --design etcd-lease --faults pause --time 2m
+  lockslab chaos --design redis-lock --faults delay,lost-reply
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -76,7 +78,9 @@ transaction, or at a time; a restart of the lock's Redis (chaos's own):
 `restart` with no persistence (it comes back empty), `restart-aof` with its
 append-only file (it comes back with its data: a killed process loses
 nothing it wrote to the file, whatever the fsync policy; the fsync at every
-write it runs with is for power loss, which chaos does not play).
+write it runs with is for power loss, which chaos does not play); `delay`, a
+client's next write to the store held in a fault proxy (its process runs on),
+and `lost-reply`, the answer to its next lock request thrown away (lab 8).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
@@ -209,13 +213,14 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         span_ms: setup.run_ms,
         pause_ms: (lease / 2, lease * 3),
         max_faults: 3,
+        lock_server: net::lock_server(setup.design).into(),
     }
 }
 
 /// `lockslab chaos`.
 pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let given = match &args.schedule {
-        Some(text) => Some(read_schedule(text, args.clients, run_ms_of(args.design))?),
+        Some(text) => Some(read_schedule(text, args.clients, args.design)?),
         None => None,
     };
     let kinds = if args.faults.is_empty() {
@@ -368,7 +373,8 @@ fn run_ms_of(design: Design) -> u64 {
 }
 
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
-fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
+fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
+    let run_ms = run_ms_of(design);
     use crate::nemesis::Fault;
     let json = if text.trim_start().starts_with('[') {
         text.to_string()
@@ -392,8 +398,12 @@ fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
         );
     }
     let names = play::client_names(clients);
+    let on_processes = match net::validate(&schedule, &names, design) {
+        Ok(rest) => rest,
+        Err(err) => crate::bail_usage!("--schedule: {err:#}"),
+    };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    if let Err(err) = schedule.validate(&names, &["redis", "redis-aof"]) {
+    if let Err(err) = on_processes.validate(&names, &["redis", "redis-aof"]) {
         crate::bail_usage!("--schedule: {err:#}");
     }
     let restarts = schedule
@@ -412,10 +422,16 @@ fn read_schedule(text: &str, clients: u32, run_ms: u64) -> Result<Schedule> {
     for step in schedule.steps() {
         if !matches!(
             step.fault,
-            Fault::Pause | Fault::Resume | Fault::Kill | Fault::Restart
+            Fault::Pause
+                | Fault::Resume
+                | Fault::Kill
+                | Fault::Restart
+                | Fault::Delay
+                | Fault::DropReply
         ) {
             crate::bail_usage!(
-                "--schedule: chaos plays pause, resume, kill and restart; not {}",
+                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply; \
+                 not {}",
                 step.fault.as_str()
             );
         }

@@ -240,15 +240,31 @@ impl Setup {
         if lane.redis.is_some() {
             persist(lane, keeps_data)?;
         }
+        // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
+        let (rest, net) = super::net::split(schedule);
+        let paths = super::net::Paths::start(
+            &net,
+            &[
+                (
+                    crate::nemesis::generate::STORE,
+                    Some(self.store_url.as_str()),
+                ),
+                ("redis", lane.redis_url.as_deref()),
+                ("etcd", self.etcd_url.as_deref()),
+            ],
+        )?;
+        let through = |name: &str, server: &str, url: Option<&str>| {
+            url.map(|url| paths.url(name, server, url)).transpose()
+        };
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let script = ChaosClient {
                 name: name.clone(),
                 index: i as u32,
                 design: self.design,
-                store_url: self.store_url.clone(),
-                redis_url: lane.redis_url.clone(),
-                etcd_url: self.etcd_url.clone(),
+                store_url: paths.url(name, crate::nemesis::generate::STORE, &self.store_url)?,
+                redis_url: through(name, "redis", lane.redis_url.as_deref())?,
+                etcd_url: through(name, "etcd", self.etcd_url.as_deref())?,
                 run_id: run_id.into(),
                 records: records.to_vec(),
                 run_ms: self.run_ms,
@@ -262,7 +278,8 @@ impl Setup {
         }
         // Declared after the workers: dropped first, so a failed run resumes them first.
         let mut nemesis = Nemesis::new();
-        let mut faults = Faults::new(schedule, &stage).saying(|cue| {
+        let mut net_play = super::net::NetPlay::new(&net, &paths, &stage);
+        let mut faults = Faults::new(&rest, &stage).saying(|cue| {
             let name = &cue.action.target;
             Note::from(match (cue.action.fault, cue.back_after) {
                 (Fault::Restart, None) if keeps_data => {
@@ -309,8 +326,11 @@ impl Setup {
             if let Some(redis) = redis.as_mut() {
                 cast.push(redis);
             }
-            stage.play(&mut faults, &mut nemesis, &mut cast, until)?;
+            stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
+                net_play.tick(stage)
+            })?;
         }
+        let net_unplayed = net_play.finish(&mut stage);
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }
@@ -318,7 +338,7 @@ impl Setup {
         let mut history = std::mem::take(&mut stage.log);
         history.sort_by_key(|e| e.t_ms);
         let backs = read_back(store, run_id, records)?;
-        Ok((history, faults.unplayed().len(), backs))
+        Ok((history, faults.unplayed().len() + net_unplayed, backs))
     }
 }
 

@@ -30,7 +30,7 @@ fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
     }
     if clients > 2 {
         let last = super::play::client_names(clients).pop().unwrap_or_default();
-        out.push((schedule.without_worker(&last), clients - 1));
+        out.push((super::net::without_client(schedule, &last), clients - 1));
     }
     for (index, step) in schedule.steps().iter().enumerate() {
         if let Some(ms) = step.duration_ms.filter(|ms| *ms >= 200) {
@@ -141,5 +141,31 @@ mod tests {
         );
         assert_eq!(all[3].0.steps()[0].duration_ms, Some(600));
         assert_eq!(all.len(), 4);
+    }
+
+    /// A client fewer takes the faults on its paths with it: a replay line naming a path of
+    /// a client the run does not have would be refused.
+    #[test]
+    fn a_client_fewer_takes_its_network_faults_with_it() {
+        let lost = Step {
+            at_ms: 300,
+            after: None,
+            fault: Fault::DropReply,
+            target: "C→redis".into(),
+            duration_ms: None,
+        };
+        let delay = Step {
+            at_ms: 0,
+            after: None,
+            fault: Fault::Delay,
+            target: "A→store".into(),
+            duration_ms: Some(900),
+        };
+        let schedule = Schedule::new(vec![lost, delay.clone()]);
+        let fewer = candidates(&schedule, 3)
+            .into_iter()
+            .find(|(_, clients)| *clients == 2)
+            .unwrap();
+        assert_eq!(fewer.0, Schedule::new(vec![delay]));
     }
 }

@@ -30,11 +30,14 @@ fn column(kinds: usize) -> usize {
     ((80 - LABEL - 3) / kinds.max(1)).min(19)
 }
 
+/// Below this width a column shows its words short (`SAFE 12`, `UNSAFE#1`, `UNK 7`).
+const NARROW: usize = 13;
+
 pub fn header(kinds: &[FaultKind]) {
     let width = column(kinds.len());
     let head: String = kinds
         .iter()
-        .map(|k| format!("{:<width$}", k.name()))
+        .map(|k| format!("{:<width$}", head_name(*k, width)))
         .collect();
     crate::outln!("{:<w$}{}", "   design", head.trim_end(), w = LABEL + 3);
 }
@@ -52,23 +55,49 @@ pub fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell], notes: &[&Cel
         let word = row
             .iter()
             .find(|c| c.fault == *kind)
-            .map_or(String::new(), |c| short(c, notes));
+            .map_or(String::new(), |c| {
+                short(c, notes, column(kinds.len()) < NARROW)
+            });
         line.push_str(&paint(&word, column(kinds.len())));
     }
     line.trim_end().to_string()
 }
 
+/// A column's heading: the kind's name, cut to fit a narrow column (`rest-aof`).
+fn head_name(kind: FaultKind, width: usize) -> String {
+    let name = kind.name();
+    if name.len() < width {
+        return name.to_string();
+    }
+    match kind {
+        FaultKind::RestartAof => "rest-aof".into(),
+        FaultKind::LostReply => "lost-rep".into(),
+        _ => name.chars().take(width - 1).collect(),
+    }
+}
+
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
-/// that many histories could not be decided), `-`.
-fn short(cell: &Cell, notes: &[&Cell]) -> String {
+/// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
+/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided).
+fn short(cell: &Cell, notes: &[&Cell], narrow: bool) -> String {
     if cell.result.starts_with("UNSAFE") {
         let n = notes
             .iter()
             .position(|c| (c.design, c.fault) == (cell.design, cell.fault))
             .map_or(0, |n| n + 1);
-        format!("UNSAFE [{n}]")
+        if narrow {
+            format!("UNSAFE#{n}")
+        } else {
+            format!("UNSAFE [{n}]")
+        }
     } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
-        format!("UNKNOWN {count}")
+        if narrow {
+            format!("UNK {}", count.split('/').next().unwrap_or(count))
+        } else {
+            format!("UNKNOWN {count}")
+        }
+    } else if narrow && let Some(n) = cell.result.strip_prefix("SAFE (") {
+        format!("SAFE {}", n.trim_end_matches(')'))
     } else {
         cell.result.clone()
     }
@@ -216,15 +245,27 @@ mod tests {
             ),
         ];
         colored::control::set_override(false);
-        let line = row_line(
-            Design::RedisDurableToken,
-            &FaultKind::ALL,
-            &row,
-            &notes(&row),
-        );
+        let four = &FaultKind::ALL[..4];
+        let line = row_line(Design::RedisDurableToken, four, &row, &notes(&row));
         assert!(line.chars().count() < 80, "{line}");
         assert!(
             line.contains("UNSAFE [1]") && line.contains("UNKNOWN 12/12 "),
+            "{line}"
+        );
+        // Six columns (every kind): the short words, still under 80.
+        let mut six = row.clone();
+        for fault in [FaultKind::Delay, FaultKind::LostReply] {
+            six.push(cell(Design::RedisDurableToken, fault, "INCONCLUSIVE 12/12"));
+        }
+        let line = row_line(
+            Design::RedisDurableToken,
+            &FaultKind::ALL,
+            &six,
+            &notes(&six),
+        );
+        assert!(line.chars().count() < 80, "{line}");
+        assert!(
+            line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
     }

@@ -1,0 +1,343 @@
+//! Chaos's network faults (lab 8's, drawn from a seed): a client's path to a server goes
+//! through a fault proxy of its own ([`crate::proxy`]) when its schedule aims a fault at
+//! that path, and the fault is played from the live history like the others.
+//!
+//! ```text
+//!  client A ──▶ proxy "A→store" ──▶ Postgres     delay: A's next write arrives late
+//!  client A ──▶ proxy "A→redis" ──▶ Redis        lost reply: A's next lock request is
+//!                                                 applied, its answer thrown away
+//! ```
+//!
+//! Only the paths a schedule aims at get a proxy: the other clients, and the other
+//! schedules, talk to their servers directly, at the speed they always do.
+
+use std::collections::HashMap;
+
+use anyhow::{Result, bail};
+
+use crate::labs::Stage;
+use crate::nemesis::generate::{self, PATH_ARROW, STORE};
+use crate::nemesis::schedule::{Player, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis};
+use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
+use crate::worker::chaos_client::Design;
+
+/// The longest delay chaos plays, as for a pause.
+const LONGEST_DELAY_MS: u64 = 60_000;
+
+/// The server a design's client asks for its lock: a lost reply is aimed at that path. The
+/// designs whose lock, or check, is in Postgres ask the store.
+pub fn lock_server(design: Design) -> &'static str {
+    if design.uses_redis() {
+        "redis"
+    } else if design.uses_etcd() {
+        "etcd"
+    } else {
+        STORE
+    }
+}
+
+fn is_network(step: &Step) -> bool {
+    matches!(step.fault, Fault::Delay | Fault::DropReply)
+}
+
+/// The schedule's steps the nemesis plays on processes and servers ([`crate::labs::faults`]),
+/// and those it plays on the proxy's paths.
+pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
+    let (net, rest): (Vec<Step>, Vec<Step>) =
+        schedule.steps().iter().cloned().partition(is_network);
+    (Schedule::new(rest), Schedule::new(net))
+}
+
+/// The schedule without `client`: the steps aimed at it, timed from its events, or aimed
+/// at one of its paths (shrinking's "a client fewer").
+pub fn without_client(schedule: &Schedule, client: &str) -> Schedule {
+    let rest = schedule.without_worker(client);
+    let kept = rest
+        .steps()
+        .iter()
+        .filter(|step| client_of(&step.target) != client);
+    Schedule::new(kept.cloned().collect())
+}
+
+/// Checks a given schedule's network steps (`--schedule`): a delay on a client's path to
+/// the store, with how long; a lost reply on its path to the design's lock server; at most
+/// one of each per path. Returns the other steps, for the usual checks.
+pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Result<Schedule> {
+    let (rest, net) = split(schedule);
+    let mut seen = std::collections::HashSet::new();
+    for step in net.steps() {
+        let (client, server) = step
+            .target
+            .split_once(PATH_ARROW)
+            .unwrap_or((step.target.as_str(), ""));
+        if !clients.iter().any(|c| c == client) {
+            bail!(
+                "{} aims at '{}': a path is a client and a server, e.g. {}",
+                step.fault.as_str(),
+                step.target,
+                generate::path("A", STORE)
+            );
+        }
+        let (wanted, what) = match step.fault {
+            Fault::Delay => (STORE, "a delay aims at a client's writes to the store"),
+            _ => (
+                lock_server(design),
+                "a lost reply aims at a client's lock requests",
+            ),
+        };
+        if server != wanted {
+            bail!(
+                "{} aims at '{}': {what}, {} for {}",
+                step.fault.as_str(),
+                step.target,
+                generate::path(client, wanted),
+                design.name()
+            );
+        }
+        match (step.fault, step.duration_ms) {
+            (Fault::Delay, None) => {
+                bail!("the delay on {} needs a duration_ms", step.target)
+            }
+            (Fault::Delay, Some(ms)) if ms > LONGEST_DELAY_MS => {
+                bail!(
+                    "a delay of {ms} ms is longer than chaos plays (at most {LONGEST_DELAY_MS} ms)"
+                )
+            }
+            (Fault::DropReply, Some(_)) => {
+                bail!("a lost reply has no duration (the reply to one request is lost)")
+            }
+            _ => {}
+        }
+        if !seen.insert((step.fault, step.target.clone())) {
+            bail!("{} aims at {} twice", step.fault.as_str(), step.target);
+        }
+        if let Some(anchor) = &step.after
+            && !clients.contains(&anchor.worker)
+        {
+            bail!(
+                "the schedule times a step after '{}', which is not a client",
+                anchor.worker
+            );
+        }
+    }
+    Ok(rest)
+}
+
+/// The proxies of one history: one per path its schedule aims at.
+#[derive(Default)]
+pub struct Paths {
+    proxies: HashMap<String, Proxy>,
+}
+
+impl Paths {
+    /// Starts a proxy for every path `net` aims at, in front of `servers` (name, URL).
+    pub fn start(net: &Schedule, servers: &[(&str, Option<&str>)]) -> Result<Paths> {
+        let mut paths = Paths::default();
+        for step in net.steps() {
+            if paths.proxies.contains_key(&step.target) {
+                continue;
+            }
+            let server = step.target.split(PATH_ARROW).nth(1).unwrap_or_default();
+            let Some((_, Some(url))) = servers.iter().find(|(name, _)| *name == server) else {
+                bail!("{}: this design has no {server} to aim at", step.target);
+            };
+            let proxy = Proxy::start(&step.target, proxy::upstream_of(url)?)?;
+            paths.proxies.insert(step.target.clone(), proxy);
+        }
+        Ok(paths)
+    }
+
+    /// `client`'s URL of `server`: through its proxy when it has one.
+    pub fn url(&self, client: &str, server: &str, url: &str) -> Result<String> {
+        match self.proxies.get(&generate::path(client, server)) {
+            Some(proxy) => proxy::through(url, proxy.addr()),
+            None => Ok(url.to_string()),
+        }
+    }
+}
+
+/// The network steps of one history, played on its [`Paths`] from the stage's events (a
+/// `tick` of [`Stage::play_ticking`]); the nemesis records each fault's start, and its end
+/// once the proxy says what happened.
+pub struct NetPlay<'p> {
+    paths: &'p Paths,
+    steps: Vec<Step>,
+    player: Player,
+    origin_ms: u64,
+    seen: usize,
+    nemesis: Nemesis,
+}
+
+impl<'p> NetPlay<'p> {
+    pub fn new(net: &Schedule, paths: &'p Paths, stage: &Stage) -> NetPlay<'p> {
+        NetPlay {
+            paths,
+            steps: net.steps().to_vec(),
+            player: Player::new(net),
+            origin_ms: stage.elapsed().as_millis() as u64,
+            seen: stage.log.len(),
+            nemesis: Nemesis::new(),
+        }
+    }
+
+    /// Shows the player what the stage logged, puts on the faults that fall due, and ends
+    /// those the proxy has seen through.
+    pub fn tick(&mut self, stage: &mut Stage) -> Result<()> {
+        for event in &stage.log[self.seen.min(stage.log.len())..] {
+            let at = event.t_ms.saturating_sub(self.origin_ms);
+            self.player.observe_at(event, at);
+        }
+        self.seen = stage.log.len();
+        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
+        for action in self.player.due(now) {
+            let Some(proxy) = self.paths.proxies.get(&action.target) else {
+                continue;
+            };
+            let Some(step) = self
+                .steps
+                .iter()
+                .find(|s| s.target == action.target && s.fault == action.fault)
+            else {
+                continue;
+            };
+            let client = client_of(&action.target);
+            let (fault, words) = match step.fault {
+                Fault::Delay => {
+                    let ms = step.duration_ms.unwrap_or_default();
+                    (
+                        NetFault::DelayNext { ms },
+                        format!(
+                            "delays what {client} sends the store next by {ms}ms (the proxy on \
+                             {}): {client} runs on",
+                            action.target
+                        ),
+                    )
+                }
+                _ => (
+                    NetFault::DropReply,
+                    format!(
+                        "will lose the answer to {client}'s next request (the proxy on {})",
+                        action.target
+                    ),
+                ),
+            };
+            self.nemesis
+                .net(stage, proxy, Direction::Up, fault, words.as_str());
+        }
+        self.heal_what_was_seen(stage);
+        Ok(())
+    }
+
+    /// Ends each fault the proxy has seen through, with what it saw.
+    fn heal_what_was_seen(&mut self, stage: &mut Stage) {
+        for (path, proxy) in &self.paths.proxies {
+            let client = client_of(path);
+            for report in proxy.reports() {
+                let words = match report.seen {
+                    Seen::DelayedSent { late_ms } => {
+                        format!("the proxy on {path} lets {client}'s request go, {late_ms}ms late")
+                    }
+                    Seen::ReplyDropped { bytes } => format!(
+                        "the proxy on {path} threw the answer away ({bytes} bytes) and reset \
+                         {client}'s connection: whether its request took effect, {client} \
+                         does not know"
+                    ),
+                    Seen::RequestForwarded { .. } | Seen::ConnectionReset => continue,
+                };
+                if self.nemesis.faulty_paths().contains(path) {
+                    self.nemesis
+                        .heal_net(stage, proxy, Direction::Up, words.as_str());
+                }
+            }
+        }
+    }
+
+    /// After the clients are done: ends the faults nothing went through (recorded as such);
+    /// returns how many steps never played (their event never came).
+    pub fn finish(mut self, stage: &mut Stage) -> usize {
+        self.heal_what_was_seen(stage);
+        for path in self.nemesis.faulty_paths() {
+            if let Some(proxy) = self.paths.proxies.get(&path) {
+                let words = format!(
+                    "the run ended before {} sent anything more on {path}",
+                    client_of(&path)
+                );
+                self.nemesis
+                    .heal_net(stage, proxy, Direction::Up, words.as_str());
+            }
+        }
+        self.player.unplayed().len()
+    }
+}
+
+fn client_of(path: &str) -> &str {
+    path.split(PATH_ARROW).next().unwrap_or(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(fault: Fault, target: &str, duration_ms: Option<u64>) -> Step {
+        Step {
+            at_ms: 10,
+            after: None,
+            fault,
+            target: target.into(),
+            duration_ms,
+        }
+    }
+
+    #[test]
+    fn a_schedule_splits_into_the_nemesis_steps_and_the_proxy_steps() {
+        let schedule = Schedule::new(vec![
+            step(Fault::Pause, "A", Some(900)),
+            step(Fault::Delay, "B→store", Some(900)),
+            step(Fault::DropReply, "C→redis", None),
+        ]);
+        let (rest, net) = split(&schedule);
+        assert_eq!(rest.steps().len(), 1);
+        assert_eq!(net.steps().len(), 2);
+    }
+
+    #[test]
+    fn a_given_network_step_is_checked_against_the_clients_and_the_design() {
+        let clients: Vec<String> = vec!["A".into(), "B".into()];
+        let ok = |steps: Vec<Step>, design| validate(&Schedule::new(steps), &clients, design);
+        assert!(
+            ok(
+                vec![step(Fault::Delay, "A→store", Some(900))],
+                Design::RedisLock
+            )
+            .is_ok()
+        );
+        assert!(
+            ok(
+                vec![step(Fault::DropReply, "B→etcd", None)],
+                Design::EtcdLease
+            )
+            .is_ok()
+        );
+        assert!(
+            ok(
+                vec![step(Fault::DropReply, "B→store", None)],
+                Design::Optimistic
+            )
+            .is_ok()
+        );
+        for (bad, design) in [
+            (step(Fault::Delay, "A→store", None), Design::RedisLock),
+            (step(Fault::Delay, "A→redis", Some(900)), Design::RedisLock),
+            (step(Fault::Delay, "Z→store", Some(900)), Design::RedisLock),
+            (step(Fault::DropReply, "A→redis", None), Design::EtcdLease),
+            (
+                step(Fault::DropReply, "A→redis", Some(5)),
+                Design::RedisLock,
+            ),
+            (step(Fault::Delay, "A", Some(900)), Design::RedisLock),
+        ] {
+            assert!(ok(vec![bad.clone()], design).is_err(), "{bad:?}");
+        }
+    }
+}
