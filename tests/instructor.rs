@@ -210,58 +210,99 @@ fn rows_per_part(text: &str) -> Vec<(String, usize)> {
 
 /// `--step` with Enter typed at every stop, stdout and stderr on one file in the order the
 /// lab wrote them, at 80 columns: each part fits one 45-row screen — a timed part longer
-/// than that shows its first screen live and the rest a screen at a time once it has played.
-/// Every lab but lab 2 (its parts are short), each with its longest parts.
-#[test]
-fn each_part_of_a_stepped_lab_fits_one_45_row_screen() {
-    let labs: [&[&str]; 9] = [
-        &LAB1,
-        &["skip-locked"],
-        &["etcd-vs-redis"],
-        &["failover"],
-        &["redlock"],
-        &["no-lock"],
-        &[
-            "lease-guard",
-            "--fault",
-            "stall",
-            "--fault",
-            "pause-after-check",
-        ],
-        &["network", "--scenario", "all"],
-        &["queue", "--waiters", "6"],
-    ];
-    for lab in labs {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("screen.txt");
-        let file = std::fs::File::create(&path).unwrap();
-        let mut args = lab.to_vec();
-        args.push("--step");
-        let mut child = lockslab(&args)
-            .env("COLUMNS", "80")
-            .stdin(std::process::Stdio::piped())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        {
-            use std::io::Write;
-            let mut enter = child.stdin.take().unwrap();
-            // One Enter a stop, more than any lab has; read as they are needed.
-            let _ = enter.write_all(&[b'\n'; 200]);
-        }
-        let status = child.wait().unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(status.success(), "{lab:?}: {status}\n{text}");
-        let parts = rows_per_part(&text);
-        assert!(parts.len() >= 3, "{lab:?} did not stop:\n{text}");
-        for (name, rows) in &parts {
-            assert!(
-                *rows <= 45,
-                "{lab:?}: the part after '{name}' takes {rows} rows at 80 columns:\n{text}"
-            );
-        }
+/// than that shows its first screen live and the rest a screen at a time once it has played
+/// — and no line is wider than 80 columns (a stepped run prints every line of the default
+/// run and its questions besides: tests/width.rs plays only the labs not stepped here).
+/// Every lab but naive (its parts are short), each with its longest parts, each its own
+/// test so that they play side by side.
+fn each_part_fits_one_45_row_screen(lab: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("screen.txt");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut args = lab.to_vec();
+    args.push("--step");
+    let mut child = lockslab(&args)
+        .env("COLUMNS", "80")
+        .stdin(std::process::Stdio::piped())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut enter = child.stdin.take().unwrap();
+        // One Enter a stop, more than any lab has; read as they are needed.
+        let _ = enter.write_all(&[b'\n'; 200]);
     }
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(status.success(), "{lab:?}: {status}\n{text}");
+    assert!(text.lines().count() > 10, "{lab:?} printed little:\n{text}");
+    let wide = too_wide(&text, 80);
+    assert!(
+        wide.is_empty(),
+        "{lab:?}: lines over 80 columns:\n{}",
+        wide.join("\n")
+    );
+    let parts = rows_per_part(&text);
+    assert!(parts.len() >= 3, "{lab:?} did not stop:\n{text}");
+    for (name, rows) in &parts {
+        assert!(
+            *rows <= 45,
+            "{lab:?}: the part after '{name}' takes {rows} rows at 80 columns:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn each_part_of_stepped_gc_pause_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&LAB1);
+}
+
+#[test]
+fn each_part_of_stepped_skip_locked_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["skip-locked"]);
+}
+
+#[test]
+fn each_part_of_stepped_etcd_vs_redis_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["etcd-vs-redis"]);
+}
+
+#[test]
+fn each_part_of_stepped_failover_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["failover"]);
+}
+
+#[test]
+fn each_part_of_stepped_redlock_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["redlock"]);
+}
+
+#[test]
+fn each_part_of_stepped_no_lock_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["no-lock"]);
+}
+
+#[test]
+fn each_part_of_stepped_lease_guard_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&[
+        "lease-guard",
+        "--fault",
+        "stall",
+        "--fault",
+        "pause-after-check",
+    ]);
+}
+
+#[test]
+fn each_part_of_stepped_network_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["network", "--scenario", "all"]);
+}
+
+#[test]
+fn each_part_of_stepped_queue_fits_one_screen() {
+    each_part_fits_one_45_row_screen(&["queue", "--waiters", "6"]);
 }
 
 /// A lab run with `--step --json`: its stdin and stderr on a pseudo-terminal (where the

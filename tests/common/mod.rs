@@ -599,3 +599,14 @@ pub fn read_back_of(run: &Value) -> lockslab::store::ReadBack {
 pub fn attempts_from(attempts: &Value) -> Vec<lockslab::store::Attempt> {
     serde_json::from_value(attempts.clone()).unwrap_or_else(|err| panic!("{err}: {attempts}"))
 }
+
+/// The lines of `text` wider than `width`, each with its width in front, not counting one
+/// that is a single unbreakable token (a URL) after its indentation. Width is display
+/// columns, as a terminal counts them: an emoji such as ✅ takes two.
+pub fn too_wide(text: &str, width: usize) -> Vec<String> {
+    use textwrap::core::display_width;
+    text.lines()
+        .filter(|line| display_width(line) > width && line.trim_start().contains(' '))
+        .map(|line| format!("{:>3} {line}", display_width(line)))
+        .collect()
+}
