@@ -86,6 +86,7 @@ fn passes(name: &str, mode: &str, seed: u64) {
     assert_eq!(verdict["grade"], "pass");
     assert_eq!(verdict["acknowledged"], verdict["jobs"]);
     assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
+    assert_eq!(verdict["faults_bit"], verdict["faults_planned"]);
 }
 
 #[test]
@@ -109,6 +110,36 @@ fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
 fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() {
     caught_within("delay", "setnx", "stale-write", 3);
     passes("delay", "claimed", 1);
+}
+
+/// A client that says `writing` only after its write committed (a lie, or a bug): the
+/// pause or delay aimed at that note finds its write already in the database's log, so it
+/// missed. Before the grader read when the write landed, this client passed both. Under
+/// `delay` the held bytes are then its next job's read, and its lock may expire while they
+/// wait: a stale write that follows fails it (rightly) — either way, never a pass.
+#[test]
+fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() {
+    for name in ["pause", "delay"] {
+        let (code, verdict) = reference(name, 1, "late");
+        if name == "pause" {
+            assert_eq!(code, 3, "{verdict}");
+            assert_eq!(verdict["grade"], "undecided");
+        } else {
+            assert!(code == 1 || code == 3, "{verdict}");
+        }
+        assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
+        assert_eq!(verdict["faults_bit"], 0, "{verdict}");
+        let said = verdict["undecided"].to_string();
+        assert!(said.contains("came after its write"), "{said}");
+    }
+}
+
+/// A third of the jobs delivered twice, and clients killed: a fenced lock applies a
+/// delivered-again job again; recording the job as done with its effect does not.
+#[test]
+fn exactly_once_catches_a_job_applied_twice_and_passes_a_job_recorded_once() {
+    caught_within("exactly-once", "fenced", "doubled", 3);
+    passes("exactly-once", "once", 1);
 }
 
 /// `--html` draws the run from its typed history: the held write is on the page.

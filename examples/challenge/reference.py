@@ -11,6 +11,10 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py long      # fails
+    lockslab challenge exactly-once -- python3 examples/challenge/reference.py fenced # fails
+    lockslab challenge exactly-once -- python3 examples/challenge/reference.py once   # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py late      # undecided
+    lockslab challenge delay   -- python3 examples/challenge/reference.py late      # undecided
 
 none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
@@ -22,13 +26,17 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         passes pause and delay: a frozen or delayed holder keeps the row and
         the others wait for it; the token never has a newer write to refuse.
         A holder killed after its commit, before its answer, has its job resent:
-        done twice.
+        done twice. A job delivered twice is done twice, too.
 claimed setnx + a token that claims the row before the read, in its own short
         transaction; the work runs with no row lock held, and the write lands
         only if the row is still claimed by this token. No transaction stays
         open across the work: the token alone keeps a frozen holder out.
-once    fenced + the job recorded as done in the same transaction: a resent job
-        that already took effect is answered ok again, with no second effect.
+once    fenced + the job recorded as done in the same transaction: a resent (or
+        twice delivered) job that already took effect is answered ok again, with
+        no second effect.
+late    setnx that lies: it says `writing` only after its write committed, so the
+        faults aimed at that note find nothing left to hold up. They missed: the
+        run is undecided, never a pass (the grader reads when the write landed).
 long    once, with a TTL of ten lease_ms "so that it never expires mid-job": the
         lock of a holder killed holding it keeps everyone waiting its whole TTL.
 
@@ -46,7 +54,7 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-assert MODE in ("none", "setnx", "fenced", "claimed", "once", "long"), f"unknown mode {MODE}"
+assert MODE in ("none", "setnx", "fenced", "claimed", "once", "long", "late"), f"unknown mode {MODE}"
 
 # Deletes the key only if it still holds our value: never someone else's lock.
 RELEASE = """
@@ -106,6 +114,15 @@ def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "claimed":
         return do_claimed(job, token)
+    if MODE == "late":
+        with db, db.cursor() as cur:
+            cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
+            (value,) = cur.fetchone()
+            time.sleep(job["work_ms"] / 1000)
+            cur.execute(f"UPDATE {table} SET value = %s, job = %s WHERE record = %s",
+                        (value + job["add"], job["id"], job["record"]))
+        say(type="writing", job=job["id"])  # the lie: after the commit, not before the write
+        return True
     with db, db.cursor() as cur:
         if MODE in ("fenced", "once"):
             # Fence the read: lock the row, and refuse if a newer holder wrote it.

@@ -18,6 +18,8 @@ pub enum Challenge {
     Crash,
     /// Clients' writes to Postgres held in the network (the fault proxy) past the TTL
     Delay,
+    /// Jobs delivered twice, and clients killed mid-job
+    ExactlyOnce,
 }
 
 /// One row of `lockslab challenge list`.
@@ -28,11 +30,12 @@ pub struct About {
 }
 
 impl Challenge {
-    pub const ALL: [Challenge; 4] = [
+    pub const ALL: [Challenge; 5] = [
         Challenge::Counter,
         Challenge::Pause,
         Challenge::Crash,
         Challenge::Delay,
+        Challenge::ExactlyOnce,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Challenge {
             Challenge::Pause => "pause",
             Challenge::Crash => "crash",
             Challenge::Delay => "delay",
+            Challenge::ExactlyOnce => "exactly-once",
         }
     }
 
@@ -66,6 +70,11 @@ impl Challenge {
                 faults: "two clients' next write to Postgres held 2-3 TTLs in the network",
                 target: "no write computed from a stale read; every job done once",
             },
+            Challenge::ExactlyOnce => About {
+                goal: "every job's effect exactly once, with or without a lock",
+                faults: "a third of the jobs sent twice; up to three clients killed mid-job",
+                target: "no job's change in the log twice, none missing",
+            },
         }
     }
 
@@ -73,7 +82,7 @@ impl Challenge {
     pub fn jobs(self) -> usize {
         match self {
             Challenge::Counter => 40,
-            Challenge::Pause | Challenge::Crash | Challenge::Delay => 24,
+            Challenge::Pause | Challenge::Crash | Challenge::Delay | Challenge::ExactlyOnce => 24,
         }
     }
 
@@ -89,6 +98,16 @@ impl Challenge {
             .bytes()
             .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
         2 * lease_ms + Rng::new(seed ^ salt).below(lease_ms)
+    }
+
+    /// The jobs delivered twice (exactly-once): about a third of them, drawn from the seed.
+    /// The second copy goes out right after the first, to whichever client is free next.
+    pub fn duplicates(self, seed: u64, jobs: usize) -> std::collections::BTreeSet<i64> {
+        if self != Challenge::ExactlyOnce {
+            return Default::default();
+        }
+        let mut rng = Rng::new(seed ^ 0x6475_7073);
+        (1..=jobs as i64).filter(|_| rng.below(3) == 0).collect()
     }
 
     /// The jobs of a run: ids from 1, on `records` records, each adding 1 to 9.
@@ -133,7 +152,7 @@ impl Challenge {
                     });
                 }
             }
-            Challenge::Crash => {
+            Challenge::Crash | Challenge::ExactlyOnce => {
                 for (name, notes) in clients {
                     // Holding the lock; writing; or done and not yet answered.
                     let (event, at_ms) = match (*notes, rng.below(4)) {
@@ -209,6 +228,9 @@ mod tests {
             assert!(step.duration_ms.unwrap() >= 1000);
         }
         assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
+        let twice = Challenge::ExactlyOnce.duplicates(3, 24);
+        assert!((4..=14).contains(&twice.len()), "{twice:?}");
+        assert!(Challenge::Crash.duplicates(3, 24).is_empty());
         let delay = Challenge::Delay.schedule(3, &clients(), 500);
         assert_eq!(delay.steps().len(), 2);
         for step in delay.steps() {

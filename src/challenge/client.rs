@@ -21,7 +21,8 @@ use crate::procs::{self, StopPlan};
 /// What a client's reader thread hands the run.
 #[derive(Debug)]
 pub enum Heard {
-    Said(String, FromClient),
+    /// A protocol line, and when its reader thread read it (as soon as it was written).
+    Said(String, FromClient, Instant),
     /// A line that is not a protocol message.
     Garbage(String, String),
     /// A line longer than [`MAX_LINE`] bytes.
@@ -187,7 +188,7 @@ fn read_lines(name: String, stdout: impl Read, heard: Sender<Heard>) {
                     continue;
                 }
                 match serde_json::from_str::<FromClient>(&text) {
-                    Ok(said) => Heard::Said(name.clone(), said),
+                    Ok(said) => Heard::Said(name.clone(), said, Instant::now()),
                     Err(_) => Heard::Garbage(name.clone(), text),
                 }
             }

@@ -55,10 +55,12 @@ Walkthrough: labs/11-challenge.md.
 
 Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
 or the client crashed, hung, flooded or printed garbage) · 2 bad command line
-· 3 undecided (a fault never played) · 4 it could not run (a server did not
-answer, or a client exited before any said ready) · 130 Ctrl-C; clients and servers are stopped either way.")]
+· 3 undecided (a fault never played, or played and missed: no write of a job
+was held up past the TTL) · 4 it could not run (a server did not answer, or a
+client exited before any said ready) · 130 Ctrl-C; clients and servers are
+stopped either way.")]
 pub struct ChallengeArgs {
-    /// The challenge: counter, pause, crash or delay (`list`, or nothing, to see them)
+    /// The challenge: counter, pause, crash, delay or exactly-once (`list` to see them)
     #[arg(value_name = "NAME", default_value = "list", hide_default_value = true)]
     pub name: String,
     /// Print a starting client in this language, and exit
@@ -98,7 +100,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
-        if ["failover", "exactly-once"].contains(&args.name.as_str()) {
+        if args.name == "failover" {
             crate::bail_usage!(
                 "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
                 args.name
@@ -230,6 +232,9 @@ fn grade(
             // A TTL frees a dead holder's lock within one TTL; twice that and a second
             // leave room for the next client's retries on a busy machine.
             stuck_bound_ms: (challenge == Challenge::Crash).then_some(2 * lease_ms + 1000),
+            strikes: played.strikes.clone(),
+            unplayed: played.unplayed.clone(),
+            lease_ms,
         };
         Ok((played, evidence))
     });

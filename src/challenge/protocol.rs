@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! lockslab ──> {"type":"init", ...}                 client ──> {"type":"ready","notes":true}
-//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"work_ms":20}
+//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"work_ms":100}
 //!                                                   client ──> {"type":"acquired","job":1,"token":7}
 //!                                                   client ──> {"type":"writing","job":1}
 //!                                                   client ──> {"type":"released","job":1}
@@ -114,11 +114,11 @@ mod tests {
             id: 1,
             record: "r0".into(),
             add: 3,
-            work_ms: 20,
+            work_ms: 100,
         });
         assert_eq!(
             serde_json::to_string(&job).unwrap(),
-            r#"{"type":"job","id":1,"record":"r0","add":3,"work_ms":20}"#
+            r#"{"type":"job","id":1,"record":"r0","add":3,"work_ms":100}"#
         );
         let said: FromClient =
             serde_json::from_str(r#"{"type":"acquired","job":1,"token":7}"#).unwrap();

@@ -87,12 +87,26 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
     Ok(())
 }
 
+/// A timestamptz as microseconds since the epoch, in SQL.
+fn epoch_us(timestamp: &str) -> String {
+    format!("(1000000 * extract(epoch FROM {timestamp}))::bigint")
+}
+
+/// The database's clock now, in µs since the epoch: the moment a fault began, on the same
+/// clock as the log's changes.
+pub fn clock_us(db: &mut PgClient) -> Result<i64> {
+    let row = db.query_one(&format!("SELECT {}", epoch_us("clock_timestamp()")), &[])?;
+    Ok(row.get(0))
+}
+
 /// The log, in the database's order, and each record's final value.
 pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals)> {
     let changes = db
         .query(
             &format!(
-                "SELECT seq, record, job, old_value, new_value FROM {schema}.changes ORDER BY seq"
+                "SELECT seq, record, job, old_value, new_value, {} \
+                 FROM {schema}.changes ORDER BY seq",
+                epoch_us("at")
             ),
             &[],
         )
@@ -104,6 +118,7 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
             job: row.get(2),
             old_value: row.get(3),
             new_value: row.get(4),
+            at_us: Some(row.get(5)),
         })
         .collect();
     let finals = db

@@ -35,7 +35,7 @@ pub fn list() {
         crate::outln!("    target  {}", about.target);
     }
     crate::outln!();
-    crate::outln!("Not yet: failover, exactly-once.");
+    crate::outln!("Not yet: failover.");
     crate::outln!();
     crate::outln!("  lockslab challenge NAME --template python > client.py");
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
@@ -86,6 +86,7 @@ pub fn json(
         "jobs": evidence.jobs.len(), "acknowledged": evidence.acknowledged.len(),
         "changes": evidence.changes, "schedule": played.schedule,
         "faults_planned": played.faults_planned, "faults_played": played.faults_played,
+        "faults_bit": report.faults_bit,
         "replay": replay(setup),
     })
 }
@@ -120,9 +121,10 @@ pub fn show(
         report.good_changes
     );
     crate::outln!(
-        "  faults: {} planned, {} played",
+        "  faults: {} planned, {} played, {} bit",
         played.faults_planned,
-        played.faults_played
+        played.faults_played,
+        report.faults_bit
     );
     const SHOWN: usize = 8;
     for problem in report.problems.iter().take(SHOWN) {

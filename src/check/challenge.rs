@@ -23,7 +23,12 @@
 //!   wanted that record waited longer than the bound for it (seen from the clients' notes).
 //!
 //! If the challenge's faults never played (the client never reached the moment they aim
-//! at), a clean log proves nothing about them: undecided, never a pass.
+//! at), a clean log proves nothing about them: undecided, never a pass. Nor if they played
+//! and missed: a pause or a delay **bites** only if the job its client had when it began
+//! was still unwritten then, and its write reached the database more than one TTL after
+//! (or never) — read from the log's own clock, not from the client's notes. A client whose
+//! `writing` note comes after its commit is frozen with nothing left to write: that fault
+//! missed, and the finding says the note came late.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -45,6 +50,9 @@ pub struct Change {
     pub job: Option<i64>,
     pub old_value: i64,
     pub new_value: i64,
+    /// When the database made the change (its clock, µs since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_us: Option<i64>,
 }
 
 /// Each record's value at the end.
@@ -67,6 +75,98 @@ pub struct Evidence {
     /// How long a lock whose holder was killed may keep the next client waiting (none: not
     /// checked).
     pub stuck_bound_ms: Option<u64>,
+    /// Each pause and delay as it began, to tell whether it bit.
+    pub strikes: Vec<Strike>,
+    /// Why each fault that never played did not (the note it waited for never came).
+    pub unplayed: Vec<String>,
+    /// The TTL the faults are built around.
+    pub lease_ms: u64,
+}
+
+/// A pause or a delay as it began: whom it hit, the job that client had, and the
+/// database's clock at that moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Strike {
+    /// `pause` or `delay`.
+    pub fault: &'static str,
+    pub client: String,
+    /// The job the client had, or else the last one it was given (none: not one yet).
+    pub job: Option<i64>,
+    /// It had answered that job already: it was between jobs.
+    pub answered: bool,
+    /// The database's clock when the fault began (µs since the epoch).
+    pub at_us: i64,
+    /// When lockslab read the client's last line before it (its note), on the database's
+    /// clock as lockslab reckons it.
+    pub note_us: Option<i64>,
+    /// The client sends notes (the fault was aimed at its `writing`).
+    pub notes: bool,
+    /// It had said `released` for that job before the fault.
+    pub released: bool,
+}
+
+impl Strike {
+    /// Why the fault did not bite, or nothing if it did: the job's write must not have
+    /// reached the database before the fault, nor within one TTL of it.
+    pub fn missed(&self, changes: &[Change], lease_ms: u64) -> Option<String> {
+        let (who, verb) = (&self.client, self.verb());
+        let Some(job) = self.job.filter(|&job| job > 0) else {
+            return Some(format!(
+                "{verb} {who} before its first job: no write was held up"
+            ));
+        };
+        let writes = changes.iter().filter(|c| c.job == Some(job));
+        let first = writes.filter_map(|c| Some((c.at_us?, c.seq))).min();
+        if let Some((at_us, seq)) = first.filter(|(at_us, _)| *at_us < self.at_us) {
+            let late = match self.note_us {
+                // The write landed after the note: lockslab, not the client, was late.
+                Some(note_us) if self.notes && at_us >= note_us => format!(
+                    "lockslab was late, {}ms after {who}'s last note, and the write had \
+                     landed {}ms after that note (a busy machine: replay the seed)",
+                    (self.at_us - note_us) / 1000,
+                    (at_us - note_us) / 1000
+                ),
+                _ if self.notes => format!(
+                    "its `writing` note for job {job} came after its write, not between its \
+                     read and its write"
+                ),
+                _ => format!("the fault came after job {job}'s write"),
+            };
+            return Some(format!(
+                "{verb} {who} {}ms after job {job}'s write had reached the database \
+                 (change #{seq}): {late}",
+                (self.at_us - at_us) / 1000
+            ));
+        }
+        if self.answered {
+            return Some(format!(
+                "{verb} {who} between jobs (it had answered job {job}): no write was held up"
+            ));
+        }
+        if self.released {
+            return Some(format!(
+                "{verb} {who} after it said released for job {job}: it held no lock then"
+            ));
+        }
+        let (at_us, seq) = first?;
+        let after_us = at_us - self.at_us;
+        (after_us < lease_ms as i64 * 1000).then(|| {
+            format!(
+                "{verb} {who}, and job {job}'s write reached the database {}ms later \
+                 (change #{seq}), within one TTL ({lease_ms}ms): it was not held up past its \
+                 lock",
+                after_us / 1000
+            )
+        })
+    }
+
+    fn verb(&self) -> &'static str {
+        if self.fault == "pause" {
+            "paused"
+        } else {
+            "delayed"
+        }
+    }
 }
 
 /// One moment of a client's lock on a record.
@@ -237,6 +337,8 @@ pub struct Report {
     pub undecided: Vec<String>,
     /// Changes in the log that took effect as their job meant.
     pub good_changes: usize,
+    /// Faults that played and bit (a kill always bites; a pause or a delay, see [`Strike`]).
+    pub faults_bit: usize,
 }
 
 impl Grade {
@@ -322,11 +424,26 @@ pub fn check(evidence: &Evidence) -> Report {
             .problems
             .extend(stuck_locks(&evidence.moments, bound_ms));
     }
+    let missed: Vec<String> = evidence
+        .strikes
+        .iter()
+        .filter_map(|s| s.missed(&changes, evidence.lease_ms))
+        .collect();
+    report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
             "{} of {} faults played: the client never reached the moment the others aim at",
             evidence.faults_played, evidence.faults_planned
         ));
+        report.undecided.extend(evidence.unplayed.iter().cloned());
+    }
+    if !missed.is_empty() {
+        report.undecided.push(format!(
+            "{} of {} faults that played missed: nothing of a job was held up past its TTL",
+            missed.len(),
+            evidence.faults_played
+        ));
+        report.undecided.extend(missed);
     }
     report
 }
@@ -394,6 +511,7 @@ mod tests {
             job,
             old_value: old,
             new_value: new,
+            at_us: Some(seq * 1_000_000),
         }
     }
 
@@ -409,6 +527,19 @@ mod tests {
         }
     }
 
+    /// Jobs 1 and 2 on r0, 3 on r1, each written once as meant.
+    fn clean_run() -> Evidence {
+        evidence(
+            vec![
+                change(1, "r0", Some(1), 0, 3),
+                change(2, "r0", Some(2), 3, 8),
+                change(3, "r1", Some(3), 0, 2),
+            ],
+            &[1, 2, 3],
+            &[("r0", 8), ("r1", 2)],
+        )
+    }
+
     fn moment(t_ms: u64, client: &str, what: Moment) -> LockMoment {
         LockMoment {
             t_ms,
@@ -421,15 +552,7 @@ mod tests {
     #[test]
     fn a_lock_whose_dead_holder_keeps_the_next_client_waiting_past_the_bound_is_stuck() {
         use Moment::*;
-        let mut run = evidence(
-            vec![
-                change(1, "r0", Some(1), 0, 3),
-                change(2, "r0", Some(2), 3, 8),
-                change(3, "r1", Some(3), 0, 2),
-            ],
-            &[1, 2, 3],
-            &[("r0", 8), ("r1", 2)],
-        );
+        let mut run = clean_run();
         // c1 dies holding r0 at 100ms; c2 wanted r0 from 50ms, took it at 700ms.
         run.moments = vec![
             moment(0, "c1", Wants),
@@ -551,5 +674,72 @@ mod tests {
             Grade::Undecided,
             "a clean log under no fault"
         );
+    }
+
+    #[test]
+    fn a_pause_or_delay_bites_only_if_its_jobs_write_landed_a_ttl_after_it_or_never() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        let strike = |job: Option<i64>, at_us: i64| Strike {
+            fault: "pause",
+            client: "c1".into(),
+            job,
+            answered: false,
+            at_us,
+            note_us: None,
+            notes: true,
+            released: false,
+        };
+        // Job 2's write is change #2, at 2s on the database's clock.
+        run.strikes = vec![strike(Some(2), 1_000_000)];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Pass, "{report:?}");
+        assert_eq!(report.faults_bit, 1);
+        // Frozen after its write: its `writing` note came late. Never a pass.
+        run.strikes = vec![strike(Some(2), 2_500_000)];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert_eq!(report.faults_bit, 0);
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("500ms after job 2's write") && said.contains("change #2"),
+            "{said}"
+        );
+        assert!(said.contains("`writing` note for job 2 came after its write"));
+        // Its note came before its write, and lockslab played the fault too late: its own
+        // delay, said so; still no pass.
+        let mut late = strike(Some(2), 2_500_000);
+        late.note_us = Some(1_900_000);
+        run.strikes = vec![late];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided);
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("lockslab was late, 600ms after c1's last note"),
+            "{said}"
+        );
+        // A write in flight that lands within one TTL was not held up past the lock.
+        run.strikes = vec![strike(Some(2), 1_800_000)];
+        let said = check(&run).undecided.join("\n");
+        assert!(said.contains("200ms later") && said.contains("within one TTL"));
+        // Before any job, between jobs, or after it let its lock go: nothing held.
+        run.strikes = vec![strike(None, 1_000_000)];
+        assert_eq!(check(&run).grade(), Grade::Undecided);
+        let mut answered = strike(Some(4), 1_000_000);
+        answered.answered = true;
+        run.strikes = vec![answered];
+        assert!(check(&run).undecided.join("").contains("between jobs"));
+        let mut released = strike(Some(2), 1_000_000);
+        released.released = true;
+        run.strikes = vec![released];
+        assert!(check(&run).undecided.join("").contains("said released"));
+        // A job whose write never landed (fenced out) was held up: it bit.
+        run.strikes = vec![strike(Some(4), 1_000_000)];
+        assert_eq!(check(&run).grade(), Grade::Pass);
+        // A stale write is a failure whatever the faults did.
+        run.strikes = vec![strike(Some(2), 2_500_000)];
+        run.changes[1].new_value = 9;
+        run.finals[0].1 = 9;
+        assert_eq!(check(&run).grade(), Grade::Fail);
     }
 }

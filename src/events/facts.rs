@@ -218,6 +218,9 @@ pub struct FaultFacts {
     /// Lab 9: the rate a worker's wall clock now runs at, in percent of true time (50:
     /// half speed, 300: three times as fast).
     pub clock_rate_percent: Option<u32>,
+    /// Challenge: how long the proxy held the bytes a delay caught, from their arrival to
+    /// their release (at its end; `lasted_ms` counts from when the delay was set).
+    pub held_ms: Option<u64>,
 }
 
 impl FaultFacts {
@@ -742,4 +745,7 @@ pub struct ChallengeJob {
     pub reason: Option<String>,
     /// Given again: its first client was killed, or answered `fail`.
     pub resent: Option<bool>,
+    /// Challenge exactly-once: a second delivery of a job already sent, on purpose (with
+    /// `resent`).
+    pub duplicate: Option<bool>,
 }

@@ -2,6 +2,7 @@
 //! action when it falls due, and a held write's end when the proxy lets it go.
 
 use super::*;
+use crate::events::Kind;
 
 impl Run<'_> {
     pub(super) fn play_due(&mut self) -> Result<()> {
@@ -37,11 +38,19 @@ impl Run<'_> {
             for report in proxy.reports() {
                 if let Seen::DelayedSent { late_ms } = report.seen {
                     let name = &seat.client.name;
+                    // `held_ms` is the number the line says; `lasted_ms` (the nemesis's)
+                    // counts from when the delay was set, before the bytes came.
                     let text = format!(
-                        "{name}'s bytes reach Postgres, held {late_ms}ms after {name} sent them"
+                        "{name}'s bytes reach Postgres, held {late_ms}ms in the proxy after \
+                         {name} sent them"
                     );
+                    let facts = crate::events::facts::FaultFacts {
+                        held_ms: Some(late_ms),
+                        ..Default::default()
+                    };
+                    let note = crate::nemesis::Note::new(text, facts);
                     self.nemesis
-                        .heal_net(&mut self.tape, proxy, Direction::Up, text);
+                        .heal_net(&mut self.tape, proxy, Direction::Up, note);
                 }
             }
         }
@@ -66,6 +75,7 @@ impl Run<'_> {
                     format!("pauses {name} (SIGSTOP) for 2–3 TTLs"),
                 )?;
                 self.faults_played += 1;
+                self.strike("pause", index)?;
             }
             Fault::Resume if paused => {
                 let seat = &mut self.seats[index];
@@ -87,6 +97,7 @@ impl Run<'_> {
                 self.nemesis
                     .net(&mut self.tape, proxy, Direction::Up, fault, text);
                 self.faults_played += 1;
+                self.strike("delay", index)?;
             }
             Fault::Kill => {
                 if let Some((job, _)) = self.seats[index].job {
@@ -100,6 +111,7 @@ impl Run<'_> {
                     format!("kills {name} (SIGKILL) mid-job"),
                 )?;
                 self.faults_played += 1;
+                self.played.push((name.clone(), Fault::Kill));
                 let orphan = seat.job.take().map(|(job, _)| job);
                 if let Some(job) = orphan.filter(|&job| job > 0) {
                     self.give_again(job);
@@ -110,5 +122,85 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A pause or a delay as it began: the job its client had, whether it had let that
+    /// job's lock go, and the database's clock — whether it bit is read from the log.
+    fn strike(&mut self, fault: &'static str, index: usize) -> Result<()> {
+        let seat = &self.seats[index];
+        let client = seat.client.name.clone();
+        let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
+        let answered = current.is_none() && seat.last_job.is_some();
+        let job = current.or(seat.last_job);
+        let notes = seat.notes;
+        let (base, base_us) = self.clock_base;
+        let note_us = seat
+            .heard_at
+            .map(|at| base_us + at.saturating_duration_since(base).as_micros() as i64);
+        let released = current.is_some()
+            && self
+                .moments
+                .iter()
+                .rev()
+                .find(|m| m.client == client)
+                .is_some_and(|m| m.what == Moment::Released);
+        let at_us = crate::challenge::table::clock_us(&mut self.clock)?;
+        let kind = if fault == "pause" {
+            Fault::Pause
+        } else {
+            Fault::Delay
+        };
+        self.played.push((client.clone(), kind));
+        self.strikes.push(Strike {
+            fault,
+            client,
+            job,
+            answered,
+            at_us,
+            note_us,
+            notes,
+            released,
+        });
+        Ok(())
+    }
+
+    /// Each fault of the schedule that never played, and the moment it waited for.
+    pub(super) fn unplayed(&self, schedule: &Schedule) -> Vec<String> {
+        let mut played = self.played.clone();
+        let mut lines = Vec::new();
+        for step in schedule.steps() {
+            let hit = (step.target.clone(), step.fault);
+            if let Some(i) = played.iter().position(|p| *p == hit) {
+                played.remove(i);
+                continue;
+            }
+            let Some(anchor) = &step.after else { continue };
+            let moment = if anchor.event == Kind::Working.into() {
+                "`writing` note"
+            } else if anchor.event == Kind::Acquired.into() {
+                "`acquired` note"
+            } else if anchor.event == Kind::Released.into() {
+                "`released` note"
+            } else {
+                "job"
+            };
+            let promised = if moment == "job" {
+                ""
+            } else {
+                " (it promised notes when it said ready)"
+            };
+            let killed = if self.killed.contains(&step.target) {
+                ", and it was killed before that"
+            } else {
+                ""
+            };
+            lines.push(format!(
+                "the {} of {} waited for its {moment} #{}, which never came{killed}{promised}",
+                step.fault.as_str(),
+                step.target,
+                anchor.nth
+            ));
+        }
+        lines
     }
 }

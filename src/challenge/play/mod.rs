@@ -13,7 +13,7 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::{JobSpec, LockMoment, Moment};
+use crate::check::challenge::{JobSpec, LockMoment, Moment, Strike};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -23,7 +23,9 @@ use crate::proxy::{Direction, NetFault, Proxy, Seen};
 /// The work of every job, between its read and its write.
 mod faults;
 
-pub const WORK_MS: u64 = 20;
+/// Long enough that a fault due just after a `writing` note lands before the write, even
+/// when lockslab runs late on a busy machine (a fault that lands after it missed).
+pub const WORK_MS: u64 = 100;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
 
@@ -54,6 +56,10 @@ pub struct Played {
     /// The run's typed history, for `--html`.
     pub events: Vec<Event>,
     pub moments: Vec<LockMoment>,
+    /// Each pause and delay as it began, to tell afterwards whether it bit.
+    pub strikes: Vec<Strike>,
+    /// Why each fault of the schedule that never played did not.
+    pub unplayed: Vec<String>,
 }
 
 struct Seat {
@@ -64,6 +70,10 @@ struct Seat {
     notes: bool,
     /// The job it has, and since when it has been waited for.
     job: Option<(i64, Instant)>,
+    /// The last job it was given.
+    last_job: Option<i64>,
+    /// When its last protocol line was read.
+    heard_at: Option<Instant>,
 }
 
 struct Run<'a> {
@@ -74,6 +84,9 @@ struct Run<'a> {
     seats: Vec<Seat>,
     pending: VecDeque<i64>,
     tries: HashMap<i64, u32>,
+    /// Jobs to deliver twice (exactly-once), and the second copies now in `pending`.
+    duplicates: BTreeSet<i64>,
+    copies: BTreeSet<i64>,
     acknowledged: BTreeSet<i64>,
     given_up: BTreeSet<i64>,
     killed: BTreeSet<String>,
@@ -81,7 +94,15 @@ struct Run<'a> {
     schedule: Option<Schedule>,
     player: Option<Player>,
     faults_played: usize,
+    /// The faults played, by target and kind, to name those that never did.
+    played: Vec<(String, Fault)>,
     moments: Vec<LockMoment>,
+    strikes: Vec<Strike>,
+    /// lockslab's own connection to Postgres: the database's clock when a fault begins.
+    clock: crate::connect::PgClient,
+    /// A moment of lockslab's clock and the database's clock then (µs): to put the
+    /// clients' notes on the database's clock.
+    clock_base: (Instant, i64),
 }
 
 /// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
@@ -123,6 +144,8 @@ pub fn play(setup: &Setup) -> Result<Played> {
         seats: Vec::new(),
         pending: setup.jobs.iter().map(|j| j.id).collect(),
         tries: HashMap::new(),
+        duplicates: setup.challenge.duplicates(setup.seed, setup.jobs.len()),
+        copies: BTreeSet::new(),
         acknowledged: BTreeSet::new(),
         given_up: BTreeSet::new(),
         killed: BTreeSet::new(),
@@ -130,8 +153,15 @@ pub fn play(setup: &Setup) -> Result<Played> {
         schedule: None,
         player: None,
         faults_played: 0,
+        played: Vec::new(),
         moments: Vec::new(),
+        strikes: Vec::new(),
+        clock: crate::connect::postgres(&setup.init.postgres_url)?,
+        clock_base: (start, 0),
     };
+    let asked = Instant::now();
+    let db_us = crate::challenge::table::clock_us(&mut run.clock)?;
+    run.clock_base = (asked + asked.elapsed() / 2, db_us);
     let facts = crate::events::facts::RunFacts {
         run_id: Some(setup.run_id.clone()),
         ..Default::default()
@@ -169,6 +199,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
     };
     drop(watchdog);
     let schedule = run.schedule.take().unwrap_or_default();
+    let unplayed = run.unplayed(&schedule);
     Ok(Played {
         acknowledged: run.acknowledged.clone(),
         schedule,
@@ -177,6 +208,8 @@ pub fn play(setup: &Setup) -> Result<Played> {
         client_failure: failure,
         events: std::mem::take(&mut run.tape.events),
         moments: std::mem::take(&mut run.moments),
+        strikes: std::mem::take(&mut run.strikes),
+        unplayed,
     })
 }
 
@@ -215,6 +248,8 @@ impl Run<'_> {
             ready: false,
             notes: false,
             job: Some((0, Instant::now())),
+            last_job: None,
+            heard_at: None,
         });
         Ok(())
     }
@@ -281,12 +316,17 @@ impl Run<'_> {
     fn hear(&mut self, heard: Heard) -> Result<()> {
         match heard {
             // What a killed client had written before it died is lost with it.
-            Heard::Said(name, _) | Heard::Garbage(name, _) | Heard::Flood(name)
+            Heard::Said(name, _, _) | Heard::Garbage(name, _) | Heard::Flood(name)
                 if self.killed.contains(&name) =>
             {
                 Ok(())
             }
-            Heard::Said(name, said) => self.said(&name, said),
+            Heard::Said(name, said, at) => {
+                if let Some(seat) = self.seat(&name) {
+                    seat.heard_at = Some(at);
+                }
+                self.said(&name, said)
+            }
             Heard::Garbage(name, line) => {
                 let line: String = self.masked(&line).chars().take(80).collect();
                 Err(failed(format!(
@@ -441,12 +481,22 @@ impl Run<'_> {
                 return;
             };
             self.pending.pop_front();
+            // A second copy does not count as a try; a first delivery of a job to be
+            // delivered twice puts its copy first in line.
+            let copy = self.copies.remove(&job);
             let tries = self.tries.entry(job).or_default();
-            *tries += 1;
-            let resent = (*tries > 1).then_some(true);
+            if !copy {
+                *tries += 1;
+            }
+            if *tries == 1 && !copy && self.duplicates.remove(&job) {
+                self.copies.insert(job);
+                self.pending.push_front(job);
+            }
+            let resent = (copy || *tries > 1).then_some(true);
             let spec = self.spec(job).clone();
             let seat = &mut self.seats[index];
             seat.job = Some((job, Instant::now()));
+            seat.last_job = Some(job);
             seat.client.send(&ToClient::Job(Job {
                 id: job,
                 record: spec.record.clone(),
@@ -459,9 +509,11 @@ impl Run<'_> {
                 record: Some(spec.record.clone()),
                 add: Some(spec.add),
                 resent,
+                duplicate: copy.then_some(true),
                 ..ChallengeJob::default()
             };
-            let text = format!("job {job}: add {} to {}", spec.add, spec.record);
+            let again = if copy { " (delivered twice)" } else { "" };
+            let text = format!("job {job}: add {} to {}{again}", spec.add, spec.record);
             self.note(&name, What::JobSent(facts), text);
             self.moment(&name, job, Moment::Wants);
         }
