@@ -12,7 +12,11 @@
 //! costs, this thread's and the servers' (`INFO cpu`), and its ratio to the single
 //! instance's: the work five masters do, asked in either order. A round asked all at once
 //! can be no shorter than that work spread over the machine's cores (the `floor` column;
-//! on a shared machine fewer cores are free, and the real floor is higher). (c) `lockslab
+//! on a shared machine fewer cores are free, and the real floor is higher). Below them, the
+//! floor measured rather than computed: the same round trips with no lock logic (`SET` then
+//! `DEL` on one server, and on the five masters one after another and all at once), whose
+//! ratios to the single instance's cycle say how low each Redlock ratio can go on this
+//! machine, in this run; each target is printed beside its Redlock's and its floor's. (c) `lockslab
 //! redlock` with defaults, wall clock, and in each run the validity two frozen masters cost
 //! against two down ones, then the same with `--round concurrent`. Targets: masters < 1s, the lab < 30s. Figures are
 //! printed, not asserted: the machine is shared.
@@ -23,6 +27,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -89,32 +94,40 @@ fn main() {
     // Five round trips to one server process, to tell the round trips' own cost from the
     // cost of waking five processes in turn.
     let databases: Vec<String> = (1..=5).map(|db| format!("{}/{db}", urls[0])).collect();
+    let lock = |urls: &[String], round| Variant::Lock(redlock(urls, round));
     let mut locks = [
-        ("Redlock on 1", redlock(&urls[..1], RoundOrder::Sequential)),
+        ("Redlock on 1", lock(&urls[..1], RoundOrder::Sequential)),
         (
             "Redlock on 5 databases of 1",
-            redlock(&databases, RoundOrder::Sequential),
+            lock(&databases, RoundOrder::Sequential),
         ),
         (
             "5 databases of 1, all at once",
-            redlock(&databases, RoundOrder::Concurrent),
+            lock(&databases, RoundOrder::Concurrent),
         ),
         (
             "Redlock on 5, one after another",
-            redlock(&urls, RoundOrder::Sequential),
+            lock(&urls, RoundOrder::Sequential),
         ),
         (
             "Redlock on 5, all at once",
-            redlock(&urls, RoundOrder::Concurrent),
+            lock(&urls, RoundOrder::Concurrent),
         ),
+        // The floor: the same round trips with no lock at all (no value drawn, no script,
+        // no timeouts, no counting), which no Redlock can beat on this machine.
+        ("floor: SET + DEL on 1", Variant::plain(&urls[..1], false)),
+        (
+            "floor: on 5, one after another",
+            Variant::plain(&urls, false),
+        ),
+        ("floor: on 5, all at once", Variant::plain(&urls, true)),
     ];
     // Warm-up: connections opened, scripts cached.
     for _ in 0..50 {
         let held = single.try_acquire().unwrap().unwrap();
         single.release(&held).unwrap();
-        for (_, lock) in &mut locks {
-            let round = lock.try_acquire();
-            lock.release(&round.value);
+        for (_, variant) in &mut locks {
+            variant.cycle();
         }
     }
     // The machine is shared and its load drifts: the cycles run in blocks, each variant's
@@ -138,7 +151,7 @@ fn main() {
     let mut not_held = vec![0; locks.len()];
     let mut cpu = Cpu::new(&urls);
     for _ in 0..BLOCKS {
-        for (i, (_, lock)) in locks.iter_mut().enumerate() {
+        for (i, (_, variant)) in locks.iter_mut().enumerate() {
             let before = cpu.used_us();
             let started = Instant::now();
             for _ in 0..per_block {
@@ -153,9 +166,7 @@ fn main() {
             single_own.push((between.0 - before.0) / per_block as f64);
             let started = Instant::now();
             for _ in 0..per_block {
-                let round = lock.try_acquire();
-                not_held[i] += usize::from(!round.held);
-                lock.release(&round.value);
+                not_held[i] += usize::from(!variant.cycle());
             }
             let took = started.elapsed().as_secs_f64() * 1e6 / per_block as f64;
             let after = cpu.used_us();
@@ -169,6 +180,7 @@ fn main() {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let single_wall = median(&mut single_us);
+    let wall_ratios: Vec<f64> = ratios.iter_mut().map(|r| median(r)).collect();
     println!(
         "  {:<32} {:>9} {:>7} {:>10} {:>7} {:>10} {:>7}",
         "", "wall", "ratio", "CPU", "ratio", "client", "floor"
@@ -187,7 +199,7 @@ fn main() {
         println!(
             "  {name:<32} {:>7.1}µs {:>6.1}× {:>8.1}µs {:>6.1}× {:>8.1}µs {:>6.1}×{}",
             median(&mut lock_us[i]),
-            median(&mut ratios[i]),
+            wall_ratios[i],
             cpu_us,
             median(&mut cpu_ratios[i]),
             median(&mut lock_own[i]),
@@ -204,6 +216,32 @@ fn main() {
          single instance's wall time — on this machine no cycle can be shorter, however it \
          asks, and only on an idle one does it get all {cores})"
     );
+    // The targets against what the machine allows, in this run: a Redlock round on five
+    // masters cannot be quicker than the plain round trips it is made of.
+    let ratio_of = |name: &str| {
+        let at = locks.iter().position(|(n, _)| *n == name);
+        at.map_or(f64::NAN, |at| wall_ratios[at])
+    };
+    for (target, redlock, floor) in [
+        (
+            5.5,
+            "Redlock on 5, one after another",
+            "floor: on 5, one after another",
+        ),
+        (2.0, "Redlock on 5, all at once", "floor: on 5, all at once"),
+    ] {
+        let (got, least) = (ratio_of(redlock), ratio_of(floor));
+        println!(
+            "  {redlock}: {got:.1}×, target ≤ {target}×: {}; plain round trips with no lock \
+             logic take {least:.1}×{}",
+            if got <= target { "met" } else { "NOT met" },
+            if least > target {
+                " — the target is below this machine's floor"
+            } else {
+                ""
+            }
+        );
+    }
     drop(masters);
     if std::env::var_os("LOCKSLAB_BENCH_CYCLES_ONLY").is_some() {
         return;
@@ -238,6 +276,79 @@ fn main() {
         );
     }
 }
+
+/// One variant's acquire + release cycle: a Redlock, or its floor.
+enum Variant {
+    Lock(Redlock),
+    /// `SET` then `DEL` of one key on every connection, one master after another or all
+    /// at once (every request written before any answer is read), and nothing else.
+    Plain {
+        connections: Vec<redis::Connection>,
+        at_once: bool,
+    },
+}
+
+impl Variant {
+    fn plain(urls: &[String], at_once: bool) -> Variant {
+        let connections = urls
+            .iter()
+            .map(|url| {
+                redis::Client::open(url.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap()
+            })
+            .collect();
+        Variant::Plain {
+            connections,
+            at_once,
+        }
+    }
+
+    /// One cycle; false when a Redlock round did not hold the lock.
+    fn cycle(&mut self) -> bool {
+        match self {
+            Variant::Lock(lock) => {
+                let round = lock.try_acquire();
+                lock.release(&round.value);
+                round.held
+            }
+            Variant::Plain {
+                connections,
+                at_once,
+            } => {
+                for request in [&*PLAIN_SET, &*PLAIN_DEL] {
+                    if *at_once {
+                        for c in connections.iter_mut() {
+                            c.send_packed_command(request).unwrap();
+                        }
+                        for c in connections.iter_mut() {
+                            c.recv_response().unwrap();
+                        }
+                    } else {
+                        for c in connections.iter_mut() {
+                            c.send_packed_command(request).unwrap();
+                            c.recv_response().unwrap();
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+}
+
+static PLAIN_SET: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    redis::cmd("SET")
+        .arg("lockslab:bench:plain")
+        .arg("x")
+        .get_packed_command()
+});
+static PLAIN_DEL: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    redis::cmd("DEL")
+        .arg("lockslab:bench:plain")
+        .get_packed_command()
+});
 
 /// CPU time used so far, in µs: this thread's (the kernel's `schedstat`, in ns) and every
 /// master's (`INFO cpu`: the server's user + system time), read on connections of its own.

@@ -19,9 +19,10 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/pgbench.rs"]
+mod pgbench;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::*;
 use serde_json::Value;
@@ -30,18 +31,20 @@ const ROUNDS: usize = 3;
 const JOBS: &str = "5000";
 const PGBENCH_SECONDS: &str = "5";
 
-/// The queue's statements for pgbench: one job per transaction, as the lab's worker does it.
+/// The queue's statements for pgbench, as the lab's worker sends them for one job
+/// (`src/queue.rs`): BEGIN, claim with SKIP LOCKED in the round (CLAIM_SKIP_LOCKED), record
+/// with the claim's time (RECORD), mark done (MARK_DONE), COMMIT.
 const QUEUE_SCRIPT: &str = "\
 BEGIN;
-WITH claimed AS (SELECT id FROM bench_jobs WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT id, clock_timestamp() AS at FROM claimed \\gset
-INSERT INTO bench_processing (job_id, worker, claimed_at) VALUES (:id, 'pgbench', clock_timestamp());
+WITH claimed AS (SELECT id FROM bench_jobs WHERE round = 1 AND status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT id, clock_timestamp() AS at FROM claimed \\gset
+INSERT INTO bench_processing (job_id, worker, claimed_at) VALUES (:id, 'pgbench', :at);
 UPDATE bench_jobs SET status = 'done', claimed_by = 'pgbench' WHERE id = :id;
 COMMIT;
 ";
 
 fn main() {
     let url = servers().postgres.clone();
-    let pgbench = find_pgbench();
+    let pgbench = pgbench::find();
 
     println!(
         "lockslab skip-locked --fault none --work 0ms --jobs {JOBS} (10 workers), {ROUNDS} rounds, \
@@ -103,7 +106,11 @@ fn main() {
         "pgbench's built-in scripts on the same server, -c 10 -j 2 -T {PGBENCH_SECONDS} (beside \
          the lab's median, measured earlier):"
     );
-    run(Command::new(&pgbench).args(["-i", "-q", "-s", "1", &url]));
+    let init = pgbench::command(&pgbench, &url, &["-i", "-q", "-s", "1"]).output();
+    assert!(
+        init.is_ok_and(|out| out.status.success()),
+        "pgbench -i failed"
+    );
     for (name, builtin, note) in [
         (
             "built-in tpcb-like",
@@ -136,8 +143,9 @@ fn queue_tps(pgbench: &Path, url: &str) -> (f64, i64) {
     let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
     db.batch_execute(
         "DROP TABLE IF EXISTS bench_jobs, bench_processing;
-         CREATE TABLE bench_jobs (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', claimed_by text);
-         CREATE INDEX ON bench_jobs (id) WHERE status = 'pending';
+         CREATE TABLE bench_jobs (id bigint PRIMARY KEY, round int NOT NULL DEFAULT 1,
+                                  status text NOT NULL DEFAULT 'pending', claimed_by text);
+         CREATE INDEX ON bench_jobs (round, id) WHERE status = 'pending';
          CREATE TABLE bench_processing (job_id bigint NOT NULL, worker text NOT NULL,
                                         claimed_at timestamptz NOT NULL,
                                         done_at timestamptz NOT NULL DEFAULT clock_timestamp());
@@ -247,44 +255,10 @@ fn verdict_of(args: &[&str]) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
 }
 
-fn find_pgbench() -> Option<PathBuf> {
-    if Command::new("pgbench").arg("--version").output().is_ok() {
-        return Some("pgbench".into());
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .map(|dir| dir.path().join("bin/pgbench"))
-        .filter(|path| path.exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-fn run(command: &mut Command) -> String {
-    let output = command.output().expect("running pgbench");
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// The `tps = …` figure of a pgbench run.
 /// pgbench with the lab's shape (10 clients, 2 threads, no vacuum, PGBENCH_SECONDS long)
 /// plus `what` to run: its transactions per second.
 fn pgbench_tps(pgbench: &Path, url: &str, what: &[&str]) -> f64 {
-    let mut command = Command::new(pgbench);
-    command
-        .args(["-c", "10", "-j", "2", "-n", "-T", PGBENCH_SECONDS])
-        .args(what)
-        .arg(url);
-    let out = run(&mut command);
-    out.lines()
-        .find_map(|line| {
-            let rest = line.trim().strip_prefix("tps = ")?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no tps in pgbench's output:\n{out}"))
+    let mut args = vec!["-c", "10", "-j", "2", "-n", "-T", PGBENCH_SECONDS];
+    args.extend(what);
+    pgbench::tps(&mut pgbench::command(pgbench, url, &args))
 }

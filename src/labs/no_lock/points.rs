@@ -124,6 +124,16 @@ pub fn starts(jobs: u32, workers: u32, keys: u32, struck: usize) -> Vec<usize> {
         }
         used.extend([customer(a), customer(a + 1)]);
     }
+    // The workers paired with nobody start on customers of their own, while there are
+    // customers enough: on one customer they would walk the list in lockstep, every job's
+    // workers queued behind each other's lock, and the run would measure the queue.
+    for k in victims.min(others)..others {
+        let base = starts[victims + k];
+        if let Some(a) = (base..(base + keys).min(jobs)).find(|&a| !used.contains(&customer(a))) {
+            starts[victims + k] = a;
+        }
+        used.push(customer(starts[victims + k]));
+    }
     starts
 }
 
@@ -142,6 +152,19 @@ mod tests {
         customers.sort_unstable();
         customers.dedup();
         assert_eq!(customers.len(), 2 * VICTIMS, "{starts:?}");
+    }
+
+    #[test]
+    fn with_nobody_struck_every_worker_starts_on_a_customer_of_its_own() {
+        let starts = starts(2000, 10, 20, 0);
+        let mut customers: Vec<usize> = starts.iter().map(|s| s % 20).collect();
+        customers.sort_unstable();
+        customers.dedup();
+        assert_eq!(customers.len(), 10, "{starts:?}");
+        // Still spread over the list: each within a few jobs of its even share.
+        for (k, &s) in starts.iter().enumerate() {
+            assert!((k * 200..k * 200 + 20).contains(&s), "{starts:?}");
+        }
     }
 
     #[test]
