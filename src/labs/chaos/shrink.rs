@@ -31,8 +31,11 @@ pub fn still_fails(failed: usize, played: usize) -> bool {
     played > 0 && failed * 2 > played
 }
 
-/// The smaller schedules to try next, smallest change last.
-fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
+/// The smaller schedules to try next, smallest change last. A pause is shortened, but not
+/// below `shortest_pause_ms`: one shorter than the lease breaks a design only when the
+/// machine starves the client for the rest — a pause nobody scheduled, which few replays
+/// repeat.
+fn candidates(schedule: &Schedule, clients: u32, shortest_pause_ms: u64) -> Vec<(Schedule, u32)> {
     let mut out = Vec::new();
     // Never down to no fault at all: a design that fails with none failed on a machine that
     // starved its clients past the lease — a pause nobody scheduled, which no replay repeats.
@@ -62,11 +65,14 @@ fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
     }
     for (index, step) in schedule.steps().iter().enumerate() {
         if let Some(ms) = step.duration_ms.filter(|ms| *ms >= 200) {
-            let shorter = Step {
-                duration_ms: Some(ms * 2 / 3),
-                ..step.clone()
-            };
-            out.push((schedule.with_step(index, shorter), clients));
+            let shorter = (ms * 2 / 3).max(shortest_pause_ms);
+            if shorter < ms {
+                let shorter = Step {
+                    duration_ms: Some(shorter),
+                    ..step.clone()
+                };
+                out.push((schedule.with_step(index, shorter), clients));
+            }
         }
         if let Some(anchor) = step.after.as_ref().filter(|a| a.nth > 1) {
             let mut earlier = step.clone();
@@ -99,7 +105,9 @@ pub fn shrink(
         crate::outln!("{}", "Shrinking the failing schedule…".bold());
     }
     'smaller: loop {
-        for (candidate, clients) in candidates(&best.0, best.1) {
+        // A quarter over the lease: the lease counts from the grant, the pause from later.
+        let shortest_pause_ms = setup.lease_ms * 5 / 4;
+        for (candidate, clients) in candidates(&best.0, best.1, shortest_pause_ms) {
             if played.load(Ordering::Acquire) >= BUDGET || crate::procs::interrupted() {
                 break 'smaller;
             }
@@ -165,7 +173,7 @@ mod tests {
             duration_ms: None,
         };
         let schedule = Schedule::new(vec![pause, kill]);
-        let all = candidates(&schedule, 3);
+        let all = candidates(&schedule, 3, 0);
         assert_eq!(all[0].0.steps().len(), 1);
         // The pause, timed by the clock, re-aimed just after A's first read.
         let aimed = &all[2].0.steps()[0];
@@ -179,8 +187,30 @@ mod tests {
         assert_eq!(all[4].0.steps()[0].duration_ms, Some(600));
         assert_eq!(all.len(), 5);
         // Once aimed at the read, it is not re-aimed again.
-        let again = candidates(&all[2].0, 2);
+        let again = candidates(&all[2].0, 2, 0);
         assert!(again.iter().all(|(c, _)| c != &all[2].0));
+        // Never shorter than the floor: 900 ms down to 800, not 600; 800 no further.
+        let floored = candidates(&schedule, 2, 800);
+        let pauses: Vec<Option<u64>> = floored
+            .iter()
+            .filter_map(|(c, _)| c.steps().iter().find(|s| s.fault == Fault::Pause))
+            .map(|s| s.duration_ms)
+            .collect();
+        assert!(pauses.contains(&Some(800)) && !pauses.contains(&Some(600)));
+        let at_floor = schedule.with_step(
+            0,
+            Step {
+                duration_ms: Some(800),
+                ..schedule.steps()[0].clone()
+            },
+        );
+        assert!(
+            candidates(&at_floor, 2, 800)
+                .iter()
+                .flat_map(|(c, _)| c.steps().iter().filter(|s| s.fault == Fault::Pause))
+                .all(|s| s.duration_ms >= Some(800)),
+            "no pause below the floor"
+        );
     }
 
     #[test]
