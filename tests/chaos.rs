@@ -358,8 +358,8 @@ fn a_restart_with_its_data_keeps_the_token_counter_and_a_restart_empty_does_not(
 
 /// Redlock (lab 6) on five masters of chaos's own: a pause between the read and the write
 /// breaks it (the stale writer of lab 6's client-pause), and its fenced twin, whose token
-/// from a Postgres sequence claims the record before the read, refuses the paused write —
-/// with one of its masters restarted empty in the same schedule.
+/// from a Postgres sequence claims the record before the read, stays safe — with one of
+/// its masters restarted empty in the same schedule.
 #[test]
 fn a_pause_breaks_redlock_and_not_redlock_fenced_with_a_master_restarted_empty() {
     let play = |design: &str, schedule: &str| {
@@ -397,8 +397,7 @@ fn a_pause_breaks_redlock_and_not_redlock_fenced_with_a_master_restarted_empty()
     assert_eq!(fenced.status.code(), Some(0), "{schedule}");
     assert_eq!(schedule["result"], "safe");
     assert_eq!(schedule["unplayed"], 0, "the pause and the restart played");
-    assert!(
-        schedule["attempts"].as_u64() > schedule["accepted"].as_u64(),
-        "the paused client's write was refused: {schedule}"
-    );
+    // Whether another client claimed A's record during the pause (and A's write was then
+    // refused) depends on which records the others picked: not asserted.
+    assert!(schedule["accepted"].as_u64() > Some(0), "the clients wrote");
 }

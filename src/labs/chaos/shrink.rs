@@ -1,13 +1,13 @@
 //! Shrinking: a failing schedule made smaller — a fault fewer, a pause aimed between a
-//! read and its write, a pause shorter, a fault aimed at an earlier job, a client fewer —
-//! for as long as the smaller one still fails.
+//! read and its write (or inside the write's transaction), a pause shorter, a fault aimed
+//! at an earlier job, a client fewer — for as long as the smaller one still fails.
 //!
 //! Timing varies from run to run, so each candidate is played `replays` times and kept only
 //! if it failed in a majority of them (2 of 3): a step kept on one lucky failure gives a
-//! schedule that its own replay command rarely breaks. And a fault timed by the clock is
-//! re-aimed at the work where it can be: a pause just after the client read its record
-//! fails whenever another job writes that record before the pause ends, a pause at a time
-//! only when the time happens to fall between a read and a write.
+//! schedule that its own replay command rarely breaks. And a pause timed by the clock is
+//! re-aimed at the work: just after the client read its record, it fails whenever another
+//! job writes that record before the pause ends; at a time, only when the time happens to
+//! fall between a read and a write.
 
 use anyhow::Result;
 use colored::Colorize;
@@ -44,19 +44,23 @@ fn candidates(schedule: &Schedule, clients: u32, shortest_pause_ms: u64) -> Vec<
             out.push((schedule.without(index), clients));
         }
     }
-    for (index, step) in schedule.steps().iter().enumerate() {
-        let at_the_read = step.fault == Fault::Pause
-            && !step
+    // A pause re-aimed at its client's first job: just after its read (where an unfenced
+    // write goes stale), then inside its write's transaction, the row locked (where a
+    // write fenced only at the write goes stale).
+    for point in [Kind::ReadRecord, Kind::Working] {
+        for (index, step) in schedule.steps().iter().enumerate() {
+            let there = step
                 .after
                 .as_ref()
-                .is_some_and(|a| a.event == Kind::ReadRecord.into() && a.nth == 1);
-        if at_the_read {
-            let aimed = Step {
-                at_ms: 0,
-                after: Some(Anchor::on(&step.target, Kind::ReadRecord, 1)),
-                ..step.clone()
-            };
-            out.push((schedule.with_step(index, aimed), clients));
+                .is_some_and(|a| a.event == point.into() && a.nth == 1);
+            if step.fault == Fault::Pause && !there {
+                let aimed = Step {
+                    at_ms: 0,
+                    after: Some(Anchor::on(&step.target, point, 1)),
+                    ..step.clone()
+                };
+                out.push((schedule.with_step(index, aimed), clients));
+            }
         }
     }
     if clients > 2 {
@@ -180,12 +184,15 @@ mod tests {
         assert_eq!(aimed.fault, Fault::Pause);
         assert_eq!(aimed.after, Some(Anchor::on("A", Kind::ReadRecord, 1)));
         assert_eq!(aimed.duration_ms, Some(900));
+        // … and inside its first write's transaction.
+        let aimed = &all[3].0.steps()[0];
+        assert_eq!(aimed.after, Some(Anchor::on("A", Kind::Working, 1)));
         assert_eq!(
-            all[3],
+            all[4],
             (Schedule::new(vec![schedule.steps()[0].clone()]), 2)
         );
-        assert_eq!(all[4].0.steps()[0].duration_ms, Some(600));
-        assert_eq!(all.len(), 5);
+        assert_eq!(all[5].0.steps()[0].duration_ms, Some(600));
+        assert_eq!(all.len(), 6);
         // Once aimed at the read, it is not re-aimed again.
         let again = candidates(&all[2].0, 2, 0);
         assert!(again.iter().all(|(c, _)| c != &all[2].0));
