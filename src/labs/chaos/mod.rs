@@ -78,6 +78,8 @@ transaction, or at a time; a restart of the lock's Redis (chaos's own):
 append-only file (it comes back with its data: a killed process loses
 nothing it wrote to the file, whatever the fsync policy; the fsync at every
 write it runs with is for power loss, which chaos does not play).
+Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
+m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
