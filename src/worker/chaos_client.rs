@@ -25,7 +25,11 @@
 //!  ✅ skip-locked         no lock service: a free record's row, FOR UPDATE SKIP LOCKED
 //!  ✅ idempotency-key     no lock: one log entry per job, the store adds one itself
 //!  ✅ partitioned         no lock: client k does only the records with hash mod N = k
+//!  ❌ redlock             Redlock on five masters of chaos's own, no token (lab 6)
+//!  ✅ redlock-fenced      the same, a token from a Postgres sequence claims the read
 //! ```
+
+mod redlock;
 
 use std::time::{Duration, Instant};
 
@@ -73,15 +77,23 @@ pub enum Design {
     IdempotencyKey,
     /// ✅ No lock: client k does only the records with hash mod N = k; nothing is shared
     Partitioned,
+    // chaos redlock (issue 25)
+    /// ❌ Redlock on five masters (lab 6), no token: a pause past its validity, or a master
+    /// that restarts empty under a bare majority
+    Redlock,
+    /// ✅ Redlock; a token from a Postgres sequence claims the record before the read
+    RedlockFenced,
 }
 
 impl Design {
-    pub const ALL: [Design; 13] = [
+    pub const ALL: [Design; 15] = [
         Design::RedisLock,
         Design::RedisRenewed,
         Design::FencedWriteOnly,
         Design::RedisFenced,
         Design::RedisDurableToken,
+        Design::Redlock,
+        Design::RedlockFenced,
         Design::EtcdLease,
         Design::EtcdFenced,
         Design::AdvisoryXact,
@@ -107,6 +119,8 @@ impl Design {
             Design::SkipLocked => "skip-locked",
             Design::IdempotencyKey => "idempotency-key",
             Design::Partitioned => "partitioned",
+            Design::Redlock => "redlock",
+            Design::RedlockFenced => "redlock-fenced",
         }
     }
 
@@ -121,6 +135,11 @@ impl Design {
         )
     }
 
+    /// Redlock's designs: five Redis masters of chaos's own per lane, never a given Redis.
+    pub fn uses_masters(self) -> bool {
+        matches!(self, Design::Redlock | Design::RedlockFenced)
+    }
+
     pub fn uses_etcd(self) -> bool {
         matches!(self, Design::EtcdLease | Design::EtcdFenced)
     }
@@ -130,7 +149,7 @@ impl Design {
     pub fn trusts_the_lock(self) -> bool {
         matches!(
             self,
-            Design::RedisLock | Design::RedisRenewed | Design::EtcdLease
+            Design::RedisLock | Design::RedisRenewed | Design::EtcdLease | Design::Redlock
         )
     }
 
@@ -151,6 +170,9 @@ impl Design {
     ///   `redis-fenced`'s claim is strict (`token < new`, lab 7's `CLAIM_ROW`): a reissued
     ///   token claims a record at most once and a lower one not at all — claims are refused
     ///   until the counter passes the highest (liveness, not safety).
+    ///   `redlock`'s restart is one of its five masters, back empty: lab 6's restart-empty
+    ///   grants the lock twice when the holder had a bare majority (3 of 5) and one of its
+    ///   three forgets the key; `redlock-fenced`'s token still refuses the older holder.
     /// - **restart-aof** (the append-only file: the restarted Redis has every write it
     ///   acknowledged — a killed process loses nothing it wrote to the file, whatever the
     ///   fsync policy — the keys' expiry kept as absolute times): no lock and no counter is
@@ -174,10 +196,18 @@ impl Design {
             FaultKind::Kill | FaultKind::RestartAof => true,
             FaultKind::Restart => !matches!(
                 self,
-                Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly
+                Design::RedisLock
+                    | Design::RedisRenewed
+                    | Design::FencedWriteOnly
+                    | Design::Redlock
             ),
             // chaos faults (issue 25)
-            FaultKind::Delay => !matches!(self, Design::RedisLock | Design::FencedWriteOnly),
+            // Redlock's validity is fixed when it is granted, as redis-lock's TTL: a write held
+            // past it lands stale (lab 8's delayed write). A renewed lock stays held meanwhile.
+            FaultKind::Delay => !matches!(
+                self,
+                Design::RedisLock | Design::FencedWriteOnly | Design::Redlock
+            ),
             FaultKind::LostReply => true,
         }
     }
@@ -186,7 +216,11 @@ impl Design {
     pub fn labs_call_it_safe(self) -> bool {
         !matches!(
             self,
-            Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly | Design::EtcdLease
+            Design::RedisLock
+                | Design::RedisRenewed
+                | Design::FencedWriteOnly
+                | Design::EtcdLease
+                | Design::Redlock
         )
     }
 }
@@ -216,6 +250,9 @@ pub struct ChaosClient {
     /// How many clients there are (`partitioned`: who owns which record).
     #[serde(default)]
     pub clients: u32,
+    /// Redlock's masters (`redlock`, `redlock-fenced`), in the order the algorithm asks them.
+    #[serde(default)]
+    pub masters: Vec<String>,
 }
 
 /// The tables, shared by every run; rows carry their run's id.
@@ -269,6 +306,7 @@ struct Client<'a> {
     me: Emitter,
     store: PgClient,
     redis: Option<RedisLock>,
+    redlock: Option<crate::lock::redlock::Redlock>,
 }
 
 pub fn run(script: &ChaosClient) -> Result<()> {
@@ -279,6 +317,7 @@ pub fn run(script: &ChaosClient) -> Result<()> {
         me,
         store,
         redis: None,
+        redlock: None,
     };
     let mut rng = Rng::new(script.seed);
     let until = Instant::now() + Duration::from_millis(script.run_ms);
@@ -333,6 +372,7 @@ impl Client<'_> {
             | Design::RedisFenced
             | Design::RedisDurableToken => self.redis_job(job, record),
             Design::EtcdLease | Design::EtcdFenced => self.etcd_job(job, record),
+            Design::Redlock | Design::RedlockFenced => self.redlock_job(job, record),
             Design::AdvisoryXact => self.advisory_job(job, record),
             Design::AdvisorySession => self.advisory_session_job(job, record),
             Design::SkipLocked => self.skip_locked_job(job),

@@ -319,7 +319,12 @@ mod tests {
         for kind in FaultKind::ALL {
             assert!(Design::RedisFenced.labs_call_it_safe_under(kind));
             assert!(Design::RedisDurableToken.labs_call_it_safe_under(kind));
+            assert!(Design::RedlockFenced.labs_call_it_safe_under(kind));
         }
+        // Lab 6: a client paused past its validity writes late; a master back empty under
+        // a bare majority grants the lock twice.
+        assert!(!Design::Redlock.labs_call_it_safe_under(FaultKind::Pause));
+        assert!(!Design::Redlock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Restart));

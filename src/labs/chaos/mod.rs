@@ -11,6 +11,7 @@
 pub mod matrix;
 mod net;
 mod play;
+mod redlock_lane;
 mod show;
 mod shrink;
 pub mod side_by_side;
@@ -81,6 +82,8 @@ nothing it wrote to the file, whatever the fsync policy; the fsync at every
 write it runs with is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
 and `lost-reply`, the answer to its next lock request thrown away (lab 8).
+Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
+m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
@@ -111,7 +114,8 @@ pub struct ChaosArgs {
     /// Play this schedule (a JSON array, or a file holding one) instead of drawing
     #[arg(long, value_name = "FILE|JSON")]
     pub schedule: Option<String>,
-    /// Replays of each smaller schedule while shrinking (timing varies: one failure keeps it)
+    /// Replays of each smaller schedule while shrinking (timing varies: it is kept if
+    /// it failed in a majority of them)
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub replays: u32,
     /// Do not shrink a failing schedule
@@ -160,13 +164,16 @@ impl Ground {
             needs.push(Backend::Redis);
         }
         let servers = servers::provide(args, &needs)?;
-        let lanes = match (&given, uses_redis) {
+        let mut lanes = match (&given, uses_redis) {
             (_, false) => vec![Lane::default()],
             (Some(_), true) => vec![Lane::given(servers.url(Backend::Redis))],
             (None, true) => (0..parallel.max(1))
                 .map(|_| Lane::private_redis())
                 .collect::<Result<_>>()?,
         };
+        if designs.iter().any(|d| d.uses_masters()) {
+            redlock_lane::add_masters(&mut lanes, parallel)?;
+        }
         Ok(Ground {
             servers,
             lanes,
@@ -207,6 +214,8 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         kinds: kinds.to_vec(),
         restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
             vec!["redis".into()]
+        } else if setup.design.uses_masters() {
+            (0..redlock_lane::MASTERS).map(redlock_lane::name).collect()
         } else {
             Vec::new()
         },
@@ -403,7 +412,10 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    if let Err(err) = on_processes.validate(&names, &["redis", "redis-aof"]) {
+    let mut servers = vec!["redis".to_string(), "redis-aof".to_string()];
+    servers.extend(redlock_lane::restart_targets());
+    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    if let Err(err) = on_processes.validate(&names, &servers) {
         crate::bail_usage!("--schedule: {err:#}");
     }
     let restarts = schedule

@@ -26,7 +26,8 @@ use crate::worker::chaos_client::Design;
 const LONGEST_DELAY_MS: u64 = 60_000;
 
 /// The server a design's client asks for its lock: a lost reply is aimed at that path. The
-/// designs whose lock, or check, is in Postgres ask the store.
+/// designs whose lock, or check, is in Postgres ask the store. Redlock's five masters are
+/// not proxied: its lost reply is aimed at its path to the store, the answer to its write.
 pub fn lock_server(design: Design) -> &'static str {
     if design.uses_redis() {
         "redis"

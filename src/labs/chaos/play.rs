@@ -42,14 +42,25 @@ pub struct Lane {
     /// Chaos's own Redis, which this lane's schedules may restart.
     pub redis: Option<Arc<Mutex<PrivateServers>>>,
     /// The thread that starts this lane's Redis again (see [`Keeper`]).
-    keeper: Option<Keeper>,
+    pub(super) keeper: Option<Keeper>,
+    /// Redlock's masters, chaos's own (see [`super::redlock_lane`]).
+    pub masters: super::redlock_lane::Masters,
 }
 
 /// A thread that lives as long as its lane and starts the lane's Redis again when asked.
 /// A child dies with the *thread* that spawned it (`PR_SET_PDEATHSIG`, see
 /// [`crate::procs`]), and the threads that play schedules end with each batch: a Redis they
 /// restarted would die with them, under the next cell's clients.
-type Keeper = mpsc::Sender<Box<dyn FnOnce() + Send>>;
+pub(super) type Keeper = mpsc::Sender<Box<dyn FnOnce() + Send>>;
+
+/// Starts a lane's keeper thread.
+pub(super) fn keeper() -> Result<Keeper> {
+    let (keeper, jobs) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+    std::thread::Builder::new()
+        .name("chaos-lane-keeper".into())
+        .spawn(move || jobs.into_iter().for_each(|job| job()))?;
+    Ok(keeper)
+}
 
 impl Lane {
     /// A lane on a Redis chaos was given: never restarted.
@@ -66,14 +77,11 @@ impl Lane {
         let url = private
             .url(Backend::Redis)
             .context("the private Redis has no URL")?;
-        let (keeper, jobs) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        std::thread::Builder::new()
-            .name("chaos-lane-keeper".into())
-            .spawn(move || jobs.into_iter().for_each(|job| job()))?;
         Ok(Lane {
             redis_url: Some(url),
             redis: Some(Arc::new(Mutex::new(private))),
-            keeper: Some(keeper),
+            keeper: Some(keeper()?),
+            ..Lane::default()
         })
     }
 
@@ -82,8 +90,20 @@ impl Lane {
         &self,
         f: impl FnOnce(&mut PrivateServers) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let (Some(redis), Some(keeper)) = (self.redis.clone(), self.keeper.as_ref()) else {
+        let Some(redis) = self.redis.clone() else {
             anyhow::bail!("this lane's Redis is not chaos's own");
+        };
+        self.on_keeper_for(redis, f)
+    }
+
+    /// Runs `f` on one of the lane's servers from its keeper thread, and waits for its answer.
+    pub(super) fn on_keeper_for<T: Send + 'static>(
+        &self,
+        redis: Arc<Mutex<PrivateServers>>,
+        f: impl FnOnce(&mut PrivateServers) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let Some(keeper) = self.keeper.as_ref() else {
+            anyhow::bail!("this lane has no keeper thread");
         };
         let (answer, answered) = mpsc::channel();
         keeper
@@ -240,6 +260,8 @@ impl Setup {
         if lane.redis.is_some() {
             persist(lane, keeps_data)?;
         }
+        lane.masters
+            .persist(lane, restart.map(|s| s.target.as_str()))?;
         // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
         let (rest, net) = super::net::split(schedule);
         let paths = super::net::Paths::start(
@@ -273,6 +295,7 @@ impl Setup {
                 wait_ms: 2000,
                 seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
                 clients: names.len() as u32,
+                masters: lane.masters.urls.clone(),
             };
             workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
         }
@@ -326,6 +349,10 @@ impl Setup {
             if let Some(redis) = redis.as_mut() {
                 cast.push(redis);
             }
+            let mut master = restart.and_then(|step| lane.masters.victim(lane, &step.target));
+            if let Some(master) = master.as_mut() {
+                cast.push(master);
+            }
             stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
                 net_play.tick(stage)
             })?;
@@ -347,15 +374,18 @@ impl Setup {
 /// the file each time it appends), or no persistence at all. A change restarts it, empty, before the
 /// schedule's clients start: the switch is setup, not a fault of the schedule.
 fn persist(lane: &Lane, keeps_data: bool) -> Result<()> {
-    lane.on_keeper(move |private| {
-        if private.redis_aof() != keeps_data {
-            private.set_redis_aof(keeps_data);
-            private
-                .crash_and_restart(Backend::Redis)
-                .context("restarting the lane's Redis with its new persistence")?;
-        }
-        Ok(())
-    })
+    lane.on_keeper(move |private| set_persistence(private, keeps_data))
+}
+
+/// Turns a private Redis's append-only file on or off, restarting it if that changes.
+pub(super) fn set_persistence(private: &mut PrivateServers, keeps_data: bool) -> Result<()> {
+    if private.redis_aof() != keeps_data {
+        private.set_redis_aof(keeps_data);
+        private
+            .crash_and_restart(Backend::Redis)
+            .context("restarting a private Redis with its new persistence")?;
+    }
+    Ok(())
 }
 
 fn prepare(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<()> {

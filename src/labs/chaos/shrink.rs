@@ -1,7 +1,13 @@
-//! Shrinking: a failing schedule made smaller — a fault fewer, a pause shorter, a fault
-//! aimed at an earlier job, a client fewer — for as long as the smaller one still fails.
-//! Timing varies from run to run, so each candidate is played up to `replays` times, and
-//! one failure keeps it.
+//! Shrinking: a failing schedule made smaller — a fault fewer, a pause aimed between a
+//! read and its write (or inside the write's transaction), a pause shorter, a fault aimed
+//! at an earlier job, a client fewer — for as long as the smaller one still fails.
+//!
+//! Timing varies from run to run, so each candidate is played `replays` times and kept only
+//! if it failed in a majority of them (2 of 3): a step kept on one lucky failure gives a
+//! schedule that its own replay command rarely breaks. And a pause timed by the clock is
+//! re-aimed at the work: just after the client read its record, it fails whenever another
+//! job writes that record before the pause ends; at a time, only when the time happens to
+//! fall between a read and a write.
 
 use anyhow::Result;
 use colored::Colorize;
@@ -11,15 +17,25 @@ use std::sync::atomic::Ordering;
 use super::play::{Setup, Trial};
 use super::side_by_side::{self, Job};
 use crate::check::chaos::Judgement;
+use crate::events::Kind;
+use crate::nemesis::Fault;
 use crate::nemesis::generate::nth_seed;
-use crate::nemesis::schedule::{Schedule, Step};
+use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::output::Style;
 
 /// At most this many histories are played while shrinking.
-const BUDGET: u32 = 24;
+const BUDGET: u32 = 30;
 
-/// The smaller schedules to try next, smallest change last.
-fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
+/// Does a candidate that failed `failed` of `played` replays still fail? In a majority.
+pub fn still_fails(failed: usize, played: usize) -> bool {
+    played > 0 && failed * 2 > played
+}
+
+/// The smaller schedules to try next, smallest change last. A pause is shortened, but not
+/// below `shortest_pause_ms`: one shorter than the lease breaks a design only when the
+/// machine starves the client for the rest — a pause nobody scheduled, which few replays
+/// repeat.
+fn candidates(schedule: &Schedule, clients: u32, shortest_pause_ms: u64) -> Vec<(Schedule, u32)> {
     let mut out = Vec::new();
     // Never down to no fault at all: a design that fails with none failed on a machine that
     // starved its clients past the lease — a pause nobody scheduled, which no replay repeats.
@@ -28,17 +44,39 @@ fn candidates(schedule: &Schedule, clients: u32) -> Vec<(Schedule, u32)> {
             out.push((schedule.without(index), clients));
         }
     }
+    // A pause re-aimed at its client's first job: just after its read (where an unfenced
+    // write goes stale), then inside its write's transaction, the row locked (where a
+    // write fenced only at the write goes stale).
+    for point in [Kind::ReadRecord, Kind::Working] {
+        for (index, step) in schedule.steps().iter().enumerate() {
+            let there = step
+                .after
+                .as_ref()
+                .is_some_and(|a| a.event == point.into() && a.nth == 1);
+            if step.fault == Fault::Pause && !there {
+                let aimed = Step {
+                    at_ms: 0,
+                    after: Some(Anchor::on(&step.target, point, 1)),
+                    ..step.clone()
+                };
+                out.push((schedule.with_step(index, aimed), clients));
+            }
+        }
+    }
     if clients > 2 {
         let last = super::play::client_names(clients).pop().unwrap_or_default();
         out.push((super::net::without_client(schedule, &last), clients - 1));
     }
     for (index, step) in schedule.steps().iter().enumerate() {
         if let Some(ms) = step.duration_ms.filter(|ms| *ms >= 200) {
-            let shorter = Step {
-                duration_ms: Some(ms * 2 / 3),
-                ..step.clone()
-            };
-            out.push((schedule.with_step(index, shorter), clients));
+            let shorter = (ms * 2 / 3).max(shortest_pause_ms);
+            if shorter < ms {
+                let shorter = Step {
+                    duration_ms: Some(shorter),
+                    ..step.clone()
+                };
+                out.push((schedule.with_step(index, shorter), clients));
+            }
         }
         if let Some(anchor) = step.after.as_ref().filter(|a| a.nth > 1) {
             let mut earlier = step.clone();
@@ -71,11 +109,13 @@ pub fn shrink(
         crate::outln!("{}", "Shrinking the failing schedule…".bold());
     }
     'smaller: loop {
-        for (candidate, clients) in candidates(&best.0, best.1) {
+        // A quarter over the lease: the lease counts from the grant, the pause from later.
+        let shortest_pause_ms = setup.lease_ms * 5 / 4;
+        for (candidate, clients) in candidates(&best.0, best.1, shortest_pause_ms) {
             if played.load(Ordering::Acquire) >= BUDGET || crate::procs::interrupted() {
                 break 'smaller;
             }
-            // The candidate's replays side by side; the first to fail keeps it.
+            // The candidate's replays side by side; a majority of failures keeps it.
             let next = |nth: u64| {
                 if nth >= u64::from(replays) {
                     return None;
@@ -91,15 +131,19 @@ pub fn shrink(
                     }
                 })
             };
-            let replayed = side_by_side::play(setup, parallel.min(replays), true, next, |_| {})?;
-            if let Some(failed) = replayed
+            let replayed = side_by_side::play(setup, parallel.min(replays), false, next, |_| {})?;
+            let played_n = replayed.len();
+            let mut failures: Vec<_> = replayed
                 .into_iter()
-                .find(|p| p.trial.report.judgement() == Judgement::Unsafe)
-            {
+                .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+                .collect();
+            if still_fails(failures.len(), played_n) {
+                let failed = failures.swap_remove(0);
                 if !style.json {
                     crate::outln!(
-                        "  still fails with {} fault(s), {clients} clients",
-                        candidate.steps().len()
+                        "  still fails with {} fault(s), {clients} clients ({} of {played_n} replays)",
+                        candidate.steps().len(),
+                        failures.len() + 1
                     );
                 }
                 best = (candidate, clients, failed.trial);
@@ -133,14 +177,57 @@ mod tests {
             duration_ms: None,
         };
         let schedule = Schedule::new(vec![pause, kill]);
-        let all = candidates(&schedule, 3);
+        let all = candidates(&schedule, 3, 0);
         assert_eq!(all[0].0.steps().len(), 1);
+        // The pause, timed by the clock, re-aimed just after A's first read.
+        let aimed = &all[2].0.steps()[0];
+        assert_eq!(aimed.fault, Fault::Pause);
+        assert_eq!(aimed.after, Some(Anchor::on("A", Kind::ReadRecord, 1)));
+        assert_eq!(aimed.duration_ms, Some(900));
+        // … and inside its first write's transaction.
+        let aimed = &all[3].0.steps()[0];
+        assert_eq!(aimed.after, Some(Anchor::on("A", Kind::Working, 1)));
         assert_eq!(
-            all[2],
+            all[4],
             (Schedule::new(vec![schedule.steps()[0].clone()]), 2)
         );
-        assert_eq!(all[3].0.steps()[0].duration_ms, Some(600));
-        assert_eq!(all.len(), 4);
+        assert_eq!(all[5].0.steps()[0].duration_ms, Some(600));
+        assert_eq!(all.len(), 6);
+        // Once aimed at the read, it is not re-aimed again.
+        let again = candidates(&all[2].0, 2, 0);
+        assert!(again.iter().all(|(c, _)| c != &all[2].0));
+        // Never shorter than the floor: 900 ms down to 800, not 600; 800 no further.
+        let floored = candidates(&schedule, 2, 800);
+        let pauses: Vec<Option<u64>> = floored
+            .iter()
+            .filter_map(|(c, _)| c.steps().iter().find(|s| s.fault == Fault::Pause))
+            .map(|s| s.duration_ms)
+            .collect();
+        assert!(pauses.contains(&Some(800)) && !pauses.contains(&Some(600)));
+        let at_floor = schedule.with_step(
+            0,
+            Step {
+                duration_ms: Some(800),
+                ..schedule.steps()[0].clone()
+            },
+        );
+        assert!(
+            candidates(&at_floor, 2, 800)
+                .iter()
+                .flat_map(|(c, _)| c.steps().iter().filter(|s| s.fault == Fault::Pause))
+                .all(|s| s.duration_ms >= Some(800)),
+            "no pause below the floor"
+        );
+    }
+
+    #[test]
+    fn a_candidate_is_kept_only_if_it_failed_in_a_majority_of_its_replays() {
+        assert!(still_fails(2, 3));
+        assert!(still_fails(3, 3));
+        assert!(!still_fails(1, 3), "one lucky failure of three is not kept");
+        assert!(!still_fails(1, 2));
+        assert!(still_fails(1, 1));
+        assert!(!still_fails(0, 0));
     }
 
     /// A client fewer takes the faults on its paths with it: a replay line naming a path of

@@ -1,0 +1,139 @@
+//! The chaos client's Redlock jobs: the project's Redlock ([`crate::lock::redlock`], lab 6)
+//! on the lane's five masters of chaos's own, then the job's read, work and write.
+//!
+//! ```text
+//!  ❌ redlock         a majority of five masters, no token: a client frozen past its
+//!                     validity wakes and writes (lab 6's client-pause, unfenced row)
+//!  ✅ redlock-fenced  the same lock; a token from a Postgres sequence claims the record
+//!                     before the read (lab 6's "token from a Postgres sequence" row)
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::{Client, Design, Rule};
+use crate::lock::redlock::{self, Master, Redlock, Reply, RoundOrder, Settings};
+
+/// Each master gets this long to answer before it counts as "no": five of them, one after
+/// another, stay well inside half the lease (lab 6's rule for its own flags).
+const INSTANCE_TIMEOUT_MS: u64 = 50;
+/// A failed round waits a random delay up to this before the next.
+const RETRY_DELAY_MAX_MS: u64 = 50;
+
+impl Client<'_> {
+    pub(super) fn redlock_job(&mut self, job: i64, record: &str) -> Result<()> {
+        let key = self.lock_name(record);
+        if self.redlock.is_none() {
+            anyhow::ensure!(!self.script.masters.is_empty(), "no Redlock masters");
+            let masters = (self.script.masters.iter().enumerate())
+                .map(|(i, url)| Master::new(&format!("m{}", i + 1), url))
+                .collect();
+            let settings = Settings {
+                ttl: Duration::from_millis(self.script.lease_ms),
+                drift_factor: 0.01,
+                instance_timeout: Duration::from_millis(INSTANCE_TIMEOUT_MS),
+                retry_delay_max: Duration::from_millis(RETRY_DELAY_MAX_MS),
+                round: RoundOrder::Sequential,
+            };
+            self.redlock = Some(Redlock::new(masters, &key, settings));
+        }
+        let lock = self.redlock.as_mut().expect("made above");
+        lock.key = key.clone();
+        let rounds = lock.acquire_within(Duration::from_millis(self.script.wait_ms));
+        let Some(held) = rounds.into_iter().last().filter(|a| a.held) else {
+            return self.gave_up(job, record);
+        };
+        let token = match self.script.design {
+            // Lab 6's ordered, durable token: a Postgres sequence, which no master's
+            // restart can hand out again.
+            Design::RedlockFenced => Some(
+                self.store
+                    .query_one("SELECT nextval('lockslab_chaos_token')", &[])?
+                    .get(0),
+            ),
+            _ => None,
+        };
+        self.acquired(&key, Some(&held.value), token, "redlock", job, record);
+        let rule = token.map_or(Rule::Unfenced, Rule::ClaimedBy);
+        self.read_work_write(job, record, rule)?;
+        let lock = self.redlock.as_mut().context("the lock is gone")?;
+        let within_validity = held.valid_until().is_some_and(|end| Instant::now() < end);
+        let answers = lock.release(&held.value);
+        let (released, found_owner) = judge_release(&answers, within_validity);
+        self.released(record, released, found_owner);
+        Ok(())
+    }
+}
+
+/// What a release on every master says of the lock: still ours where a majority deleted
+/// our key; granted to another where a majority held one other value *while this client's
+/// validity still ran* (lab 6's "granted twice within validity"); else not known (the keys
+/// expired, a master was down, or the release came after the validity, when another grant
+/// is the lock working as designed), which the checker counts as unknown, never as a pass.
+/// Work done past the validity is judged by the store's rows, not here.
+fn judge_release(answers: &[redlock::Answer], within_validity: bool) -> (bool, Option<String>) {
+    let quorum = redlock::quorum(answers.len());
+    let deleted = answers.iter().filter(|a| a.reply == Reply::Deleted).count();
+    if deleted >= quorum {
+        return (true, None);
+    }
+    if !within_validity {
+        return (false, None);
+    }
+    let mut found: Vec<&str> = answers
+        .iter()
+        .filter_map(|a| match &a.reply {
+            Reply::NotOurs { found: Some(v) } => Some(v.as_str()),
+            _ => None,
+        })
+        .collect();
+    found.sort_unstable();
+    let other = found
+        .chunk_by(|a, b| a == b)
+        .find(|same| same.len() >= quorum)
+        .map(|same| same[0].to_string());
+    (false, other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(reply: Reply) -> redlock::Answer {
+        redlock::Answer {
+            master: "m".into(),
+            port: "1".into(),
+            reply,
+            sent_ms: 0.0,
+            took_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_release_is_judged_by_a_majority_of_the_masters() {
+        let theirs = || {
+            answer(Reply::NotOurs {
+                found: Some("b".into()),
+            })
+        };
+        let gone = || answer(Reply::NotOurs { found: None });
+        let deleted = || answer(Reply::Deleted);
+        // One master restarted empty: four still had our key.
+        let restarted = [deleted(), deleted(), gone(), deleted(), deleted()];
+        assert_eq!(judge_release(&restarted, true), (true, None));
+        // A master forgot our key and B took three while our validity ran: two holders.
+        let taken = [theirs(), theirs(), gone(), theirs(), gone()];
+        assert_eq!(judge_release(&taken, true), (false, Some("b".into())));
+        // The same, found after our validity ended: B's grant was legitimate; not known
+        // whether we overran it (the store's rows say whether a write did).
+        assert_eq!(judge_release(&taken, false), (false, None));
+        // Expired everywhere, or B's on two only: not known.
+        assert_eq!(
+            judge_release(&[gone(), gone(), gone()], true),
+            (false, None)
+        );
+        let split = [theirs(), theirs(), gone(), gone(), deleted()];
+        assert_eq!(judge_release(&split, true), (false, None));
+    }
+}
