@@ -249,7 +249,7 @@ mod tests {
             duration_ms: Some(900),
         };
         let schedule = Schedule::new(vec![lost, delay.clone()]);
-        let fewer = candidates(&schedule, 3)
+        let fewer = candidates(&schedule, 3, 0)
             .into_iter()
             .find(|(_, clients)| *clients == 2)
             .unwrap();
