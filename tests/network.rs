@@ -182,12 +182,17 @@ fn cut_off(scenario: &str, path: &str, server: &str) -> Vec<Event> {
         assert!(
             cut < lost && gone < granted && granted < b_wrote && b_wrote < heal && heal < a_wrote
         );
+        // A's first failed renewal came after the cut, before its give-up and B's grant.
+        let failed = position(&log, |e| e.is("A", Kind::RenewalFailed));
+        assert!(cut < failed && failed < lost && failed < granted);
         assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
 
         let run = run_of(&verdict, scenario, fenced);
         assert_eq!(run["two_holders"], true, "{run}");
         assert_eq!(run["a_never_paused"], true, "{run}");
+        assert_eq!(run["a_failed_first"], true, "{run}");
         for field in [
+            "a_renewal_failed_ms",
             "a_renewal_lost_ms",
             "a_key_expired_ms",
             "b_granted_ms",
@@ -247,16 +252,20 @@ fn a_holder_that_stops_when_its_heartbeat_gives_up_still_lands_the_write_in_flig
         assert!(hold < sent.0 && sent.0 < cut && cut < lost && cut < gone);
         assert!(gone < granted && granted < b_wrote && b_wrote < a_wrote);
         assert!(lost < again.0 && a_wrote < again.0);
+        let failed = position(&log, |e| e.is("A", Kind::RenewalFailed));
+        assert!(cut < failed && failed < lost && failed < granted);
         let a_writes = log.iter().filter(|e| e.is("A", Kind::Wrote)).count();
         assert_eq!(a_writes, 1, "A sent no second write");
         assert!(!log.iter().any(|e| e.kind() == Kind::Frozen), "no pause");
 
         let run = run_of(&verdict, scenario, fenced);
         assert_eq!(run["a_next_write_stopped"], true, "{run}");
+        assert_eq!(run["a_failed_first"], true, "{run}");
         assert_eq!(run["a_never_paused"], true, "{run}");
         assert_eq!(run["two_holders"], true, "{run}");
         for field in [
             "a_write_sent_ms",
+            "a_renewal_failed_ms",
             "a_renewal_lost_ms",
             "a_key_expired_ms",
             "b_granted_ms",

@@ -749,3 +749,24 @@ pub struct ChallengeJob {
     /// `resent`).
     pub duplicate: Option<bool>,
 }
+
+/// Lab 8 (issue 22): a held lock's renewal that failed, the first after one that got
+/// through; the holder still counts the lease it last won and tries again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RenewalFailed {
+    pub error: RenewalError,
+    /// The client's error, whole.
+    pub why: String,
+}
+
+/// How a renewal failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RenewalError {
+    /// An error came back: the connection was reset, refused or closed.
+    Cut,
+    /// No answer came within the time the holder allowed.
+    Timeout,
+}
+
+one_kind!(RenewalFailed);

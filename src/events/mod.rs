@@ -151,6 +151,10 @@ pub enum What {
     JobSent(ChallengeJob),
     /// A learner's client answered a job: `ok` (done, once) or not (`fail`, with its reason).
     JobAnswered(ChallengeJob),
+    // lab 8 renewal failed (issue 22)
+    /// A held lock's renewal failed (a Redis heartbeat's `PEXPIRE`, an etcd keepalive): the
+    /// first failure after one that got through, before the holder gives the lock up.
+    RenewalFailed(RenewalFailed),
 }
 
 impl std::fmt::Display for Kind {

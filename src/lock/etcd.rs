@@ -42,6 +42,10 @@ use crate::connect;
 pub enum Beat {
     /// etcd renewed the lease for another `ttl` seconds.
     Renewed { ttl: i64 },
+    /// A keepalive failed while the lease may still be alive: the first failure after one
+    /// that got through (not each retry). `timed_out`: no answer in time, rather than an
+    /// error (a reset, a refused connection). The first moment the holder could know.
+    Failed { timed_out: bool, why: String },
     /// The lease cannot be vouched for any more: etcd answered that it has expired, or no
     /// renewal got through before the last one ran out. Whatever this client locked with it
     /// is gone.
@@ -452,14 +456,13 @@ fn keep_alive(
                 None => every,
             };
             let attempt = renew(&mut client, &mut stream, lease, ttl.as_secs() as i64);
-            let outcome = tokio::time::timeout(limit, attempt)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(anyhow!(
-                        "no keepalive answer within {}ms",
-                        limit.as_millis()
-                    ))
-                });
+            let (outcome, timed_out) = match tokio::time::timeout(limit, attempt).await {
+                Ok(outcome) => (outcome, false),
+                Err(_) => {
+                    let late = anyhow!("no keepalive answer within {}ms", limit.as_millis());
+                    (Err(late), true)
+                }
+            };
             match outcome {
                 Ok(Renewal::Renewed(seconds)) => {
                     renewed = last_try;
@@ -475,6 +478,12 @@ fn keep_alive(
                 }
                 Err(err) => {
                     stream = None;
+                    // Said at the first failure, not at the give-up: the retries that
+                    // follow may outlast the lease that etcd is counting down meanwhile.
+                    if failing.is_none() && !stop.load(Ordering::SeqCst) {
+                        let why = super::causes(&err);
+                        on_beat(Beat::Failed { timed_out, why });
+                    }
                     if Instant::now() >= vouched_until {
                         return Ok(Some(format!(
                             "no renewal for {}ms, close to the {}s lease TTL (last try: {})",

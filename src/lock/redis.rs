@@ -388,6 +388,38 @@ pub struct Renewal {
 /// What the heartbeat reports when it gives the lock up.
 pub type OnLost = Box<dyn FnOnce(String) + Send>;
 
+/// What the heartbeat reports when a renewal fails while the lock may still be ours: the
+/// first failure after a renewal that got through (not each retry), and whether it was a
+/// timeout (no answer in time) rather than an error (a reset, a refused connection).
+pub type OnFailed = Box<dyn FnMut(RenewalFailed) + Send>;
+
+/// A renewal that failed: [`OnFailed`]'s news.
+#[derive(Clone, Debug)]
+pub struct RenewalFailed {
+    pub timed_out: bool,
+    pub why: String,
+}
+
+impl RenewalFailed {
+    fn of(err: &anyhow::Error) -> RenewalFailed {
+        let timed_out = err.chain().any(|cause| {
+            cause
+                .downcast_ref::<redis::RedisError>()
+                .is_some_and(|e| e.is_timeout())
+                || cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                    )
+                })
+        });
+        RenewalFailed {
+            timed_out,
+            why: super::causes(err),
+        }
+    }
+}
+
 impl Renewal {
     /// [`Renewal::start_from`] with the lease counted from now: for a caller that does not
     /// know when its `SET NX PX` went out. Late by the grant's trip back, which the margin
@@ -403,7 +435,21 @@ impl Renewal {
     /// came back slowly would make the heartbeat believe in a lease that Redis had already
     /// let go. `on_lost` hears, once, why the lock is gone: Redis answered that the key is
     /// no longer ours, or no renewal got through before the last one ran out.
-    pub fn start_from(mut lock: RedisLock, held: Held, sent: Instant, on_lost: OnLost) -> Renewal {
+    pub fn start_from(lock: RedisLock, held: Held, sent: Instant, on_lost: OnLost) -> Renewal {
+        Renewal::start_reporting(lock, held, sent, Box::new(|_| {}), on_lost)
+    }
+
+    /// [`Renewal::start_from`], and `on_failed` hears the first failed renewal of each run
+    /// of failures. That moment, not the give-up, is when the holder could first have
+    /// known: the heartbeat retries until the lease it last won runs out, so on a slow
+    /// machine its give-up may come after the server has already let the key go.
+    pub fn start_reporting(
+        mut lock: RedisLock,
+        held: Held,
+        sent: Instant,
+        mut on_failed: OnFailed,
+        on_lost: OnLost,
+    ) -> Renewal {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = stop.clone();
         let last = Arc::new(std::sync::Mutex::new(None));
@@ -413,6 +459,7 @@ impl Renewal {
             let margin = (lock.ttl / 10).max(Duration::from_millis(50));
             let mut renewed = sent;
             let mut next_try = renewed + every;
+            let mut failing = false;
             while !stop_flag.load(Ordering::SeqCst) {
                 if Instant::now() < next_try {
                     thread::sleep(Duration::from_millis(10));
@@ -429,6 +476,7 @@ impl Renewal {
                 match lock.renew(&held) {
                     Ok(true) => {
                         renewed = tried;
+                        failing = false;
                         *renewed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(tried);
                         next_try = tried + every;
                     }
@@ -445,6 +493,10 @@ impl Renewal {
                     // One failed renewal is not a loss: the key lives a full TTL after the
                     // last one that got through. Past that (less a margin), give it up.
                     Err(err) => {
+                        if !failing && !stop_flag.load(Ordering::SeqCst) {
+                            failing = true;
+                            on_failed(RenewalFailed::of(&err));
+                        }
                         if renewed.elapsed() + margin >= lock.ttl {
                             on_lost(format!(
                                 "no renewal for {}ms of a {}ms TTL (last try: {})",

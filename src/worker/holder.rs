@@ -16,11 +16,13 @@ use serde::{Deserialize, Serialize};
 
 use super::await_command;
 use crate::connect;
-use crate::events::facts::{self, FaultFacts, Finished, GaveUp, Lost, Waiting, Wrote};
+use crate::events::facts::{
+    self, FaultFacts, Finished, GaveUp, Lost, RenewalError, Waiting, Wrote,
+};
 use crate::events::{Emitter, What};
 use crate::lock::etcd::{self, Acquired, Beat, EtcdLock};
 use crate::lock::postgres::PgLock;
-use crate::lock::redis::{OnLost, RedisLock, Release, Renewal};
+use crate::lock::redis::{OnFailed, OnLost, RedisLock, Release, Renewal, RenewalFailed};
 use crate::output::human;
 use crate::store::{FenceRule, Store};
 
@@ -130,6 +132,18 @@ pub enum AfterWrite {
     HoldUntilTold,
 }
 
+/// Says that a renewal of the held lock failed (the first of a run of failures): the
+/// moment the holder could first have known, before its heartbeat gives the lock up.
+fn renewal_failed(me: &Emitter, what: &str, timed_out: bool, why: String) {
+    let (error, how) = if timed_out {
+        (RenewalError::Timeout, "got no answer in time")
+    } else {
+        (RenewalError::Cut, "failed")
+    };
+    let text = format!("{what}: a renewal {how} ({why}); it tries again while the lease lasts");
+    me.send(me.event(facts::RenewalFailed { error, why }, text))
+}
+
 /// The lock a worker uses, on whichever backend: the three files of `src/lock/`.
 enum AnyLock {
     Redis {
@@ -144,6 +158,8 @@ enum AnyLock {
         /// …and then the heartbeat itself.
         renewal: Option<Renewal>,
         on_lost: Option<OnLost>,
+        /// Hears the heartbeat's first failed renewal (a `renewal_failed` event).
+        on_failed: Option<OnFailed>,
         /// Set once the heartbeat has given the lock up (no renewal got through in time,
         /// or Redis said the key is no longer ours).
         gave_up: Arc<AtomicBool>,
@@ -204,6 +220,12 @@ impl AnyLock {
                         say(why)
                     }) as OnLost
                 });
+                let on_failed: Option<OnFailed> = renew.then(|| {
+                    let me = Emitter::new(name);
+                    Box::new(move |failed: RenewalFailed| {
+                        renewal_failed(&me, "heartbeat", failed.timed_out, failed.why)
+                    }) as OnFailed
+                });
                 AnyLock::Redis {
                     lock: Box::new(RedisLock::new(connect::redis(url)?, key, ttl)),
                     url: url.clone(),
@@ -212,6 +234,7 @@ impl AnyLock {
                     heartbeat_lock,
                     renewal: None,
                     on_lost,
+                    on_failed,
                     gave_up,
                 }
             }
@@ -223,12 +246,17 @@ impl AnyLock {
             } => {
                 let mut lock = EtcdLock::connect(url, lock_name)?;
                 let on_lost = lost("heartbeat");
-                let lease =
-                    lock.grant_lease(Duration::from_millis(*lease_ttl_ms), move |beat| {
-                        if let Beat::Lost { why } = beat {
-                            on_lost(why)
+                let me = Emitter::new(name);
+                let lease = lock.grant_lease(
+                    Duration::from_millis(*lease_ttl_ms),
+                    move |beat| match beat {
+                        Beat::Failed { timed_out, why } => {
+                            renewal_failed(&me, "keepalive", timed_out, why)
                         }
-                    })?;
+                        Beat::Lost { why } => on_lost(why),
+                        Beat::Renewed { .. } => {}
+                    },
+                )?;
                 AnyLock::Etcd {
                     lock: Box::new(lock),
                     lease: Some(lease),
@@ -340,6 +368,7 @@ impl AnyLock {
                 heartbeat_lock,
                 renewal,
                 on_lost,
+                on_failed,
                 ..
             } => {
                 // Tried here rather than with `acquire_within`, to know when the winning
@@ -360,8 +389,14 @@ impl AnyLock {
                 let set = match heartbeat_lock.take() {
                     Some(heartbeat) => {
                         let on_lost = on_lost.take().expect("set with the heartbeat's lock");
-                        *renewal =
-                            Some(Renewal::start_from(*heartbeat, got.clone(), sent, on_lost));
+                        let on_failed = on_failed.take().expect("set with the heartbeat's lock");
+                        *renewal = Some(Renewal::start_reporting(
+                            *heartbeat,
+                            got.clone(),
+                            sent,
+                            on_failed,
+                            on_lost,
+                        ));
                         format!(
                             "SET NX PX {}, renewed every {}",
                             lock.ttl.as_millis(),

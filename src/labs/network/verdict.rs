@@ -89,12 +89,9 @@ pub struct Heard {
     pub a_release: Option<Release>,
     pub b_owner: Option<String>,
     pub b_release: Option<Release>,
-    /// On the lab's clock (ms, as reported): A's heartbeat gave the lock up, Redis's key
-    /// was seen gone, B's grant, A's write answered.
-    pub a_lost_ms: Option<u64>,
-    pub expired_ms: Option<u64>,
-    pub b_granted_ms: Option<u64>,
-    pub a_wrote_ms: Option<u64>,
+    /// The cut's timing: A's first failed renewal, its give-up, the key gone, B's grant,
+    /// A's write answered.
+    pub cut: checks::CutTiming,
     /// The holder that stops: when A asked its heartbeat and sent its write, and when and
     /// what it heard asking again before a second write.
     pub a_sent_ms: Option<u64>,
@@ -142,12 +139,7 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .and_then(|e| e.owner())
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
-        a_lost_ms: saw("A", Kind::Lost).map(|e| e.t_ms),
-        expired_ms: saw("redis", Kind::Expired)
-            .or_else(|| saw("etcd", Kind::Expired))
-            .map(|e| e.t_ms),
-        b_granted_ms: saw("B", Kind::Acquired).map(|e| e.t_ms),
-        a_wrote_ms: saw("A", Kind::Wrote).map(|e| e.t_ms),
+        cut: checks::cut_timing(log),
         a_sent_ms: asks.first().and_then(|&(t, lost)| (!lost).then_some(t)),
         a_asked_again: asks.get(1).copied(),
     })
@@ -208,11 +200,15 @@ pub struct RunVerdict {
     /// A was never paused (no freeze in the history; its process seen running throughout).
     pub a_never_paused: Option<bool>,
     /// The cut's timing on the lab's clock (ms; null where the scenario has none): A's
-    /// heartbeat gave the lock up, the lab saw A's key gone from Redis, B's grant, A's write.
+    /// first renewal failed, its heartbeat gave the lock up, the lab saw A's key gone from
+    /// Redis, B's grant, A's write.
+    pub a_renewal_failed_ms: Option<u64>,
     pub a_renewal_lost_ms: Option<u64>,
     pub a_key_expired_ms: Option<u64>,
     pub b_granted_ms: Option<u64>,
     pub a_wrote_ms: Option<u64>,
+    /// The cuts: A's first renewal failed no later than its give-up and before B's grant.
+    pub a_failed_first: Option<bool>,
     /// The holder that stops (`cut-off-stops`; null otherwise): when A, its heartbeat
     /// still holding the lock, sent its first write; when A asked again before a second
     /// write; and whether that second write was stopped (A's heartbeat had given up, and
@@ -254,14 +250,16 @@ impl RunVerdict {
                 read.final_writer
             );
         };
-        let cut = scenario.starts_with("cut-off");
+        let (cut, timing) = (scenario.starts_with("cut-off"), &heard.cut);
         Ok(RunVerdict {
             scenario,
             fencing: fenced,
-            a_renewal_lost_ms: heard.a_lost_ms,
-            a_key_expired_ms: heard.expired_ms,
-            b_granted_ms: cut.then_some(heard.b_granted_ms).flatten(),
-            a_wrote_ms: cut.then_some(heard.a_wrote_ms).flatten(),
+            a_renewal_failed_ms: timing.renewal_failed_ms,
+            a_renewal_lost_ms: timing.gave_up_ms,
+            a_key_expired_ms: timing.expired_ms,
+            b_granted_ms: cut.then_some(timing.b_granted_ms).flatten(),
+            a_wrote_ms: cut.then_some(timing.a_wrote_ms).flatten(),
+            a_failed_first: cut.then(|| timing.failed_first().as_option()).flatten(),
             a_write_sent_ms: heard.a_sent_ms,
             a_asked_again_ms: heard.a_asked_again.map(|(t, _)| t),
             a_next_write_stopped: found.a_next_write_stopped.as_option(),
@@ -301,7 +299,8 @@ impl RunVerdict {
             |ms: Option<u64>| ms.map_or("?".into(), |ms| format!("+{:.3}s", ms as f64 / 1000.0));
         let story = if self.scenario == "cut-off" {
             format!(
-                "Cut off from Redis, A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                "Cut off from Redis, A's first renewal failed at {} and its heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_failed_ms),
                 at(self.a_renewal_lost_ms),
                 at(self.a_key_expired_ms),
                 at(self.b_granted_ms),
@@ -320,8 +319,9 @@ impl RunVerdict {
                 None => "did not ask its heartbeat again, or the store does not say.".to_string(),
             };
             format!(
-                "A asked its heartbeat, which still held the lock, and sent its write at {} into a hold on its path to the store; then the cut. A's heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. The held write was answered at {}: stopping could not call it back. A then {next}",
+                "A asked its heartbeat, which still held the lock, and sent its write at {} into a hold on its path to the store; then the cut. A's first renewal failed at {} and its heartbeat gave the lock up at {}; the lab saw A's key gone from Redis at {} and B was granted the lock at {}. The held write was answered at {}: stopping could not call it back. A then {next}",
                 at(self.a_write_sent_ms),
+                at(self.a_renewal_failed_ms),
                 at(self.a_renewal_lost_ms),
                 at(self.a_key_expired_ms),
                 at(self.b_granted_ms),
@@ -329,7 +329,8 @@ impl RunVerdict {
             )
         } else if self.scenario == "cut-off-etcd" {
             format!(
-                "Cut off from etcd, A's keepalive gave the lease up at {}; the lab saw A's lock key gone from etcd (its lease expired) at {} and etcd granted B the lock at {}. A, which nothing told to stop, wrote at {}.",
+                "Cut off from etcd, A's first keepalive failed at {} and A gave the lease up at {}; the lab saw A's lock key gone from etcd (its lease expired) at {} and etcd granted B the lock at {}. A, which nothing told to stop, wrote at {}.",
+                at(self.a_renewal_failed_ms),
                 at(self.a_renewal_lost_ms),
                 at(self.a_key_expired_ms),
                 at(self.b_granted_ms),
@@ -393,33 +394,37 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
             .chain(verdicts.iter().map(|v| cell(v)))
             .collect::<Vec<_>>()
     };
-    let mut rows = if scenario == "cut-off" {
-        vec![
-            row("A's heartbeat gave up (A)", &|v| at(v.a_renewal_lost_ms)),
-            row("A's key gone (Redis)", &|v| at(v.a_key_expired_ms)),
-            row("B granted (Redis)", &|v| at(v.b_granted_ms)),
-            row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
-        ]
-    } else if scenario == "cut-off-stops" {
-        vec![
-            row("A sent its write, held (A)", &|v| at(v.a_write_sent_ms)),
-            row("A's heartbeat gave up (A)", &|v| at(v.a_renewal_lost_ms)),
-            row("A's key gone (Redis)", &|v| at(v.a_key_expired_ms)),
-            row("B granted (Redis)", &|v| at(v.b_granted_ms)),
-            row("A's held write answered (store)", &|v| at(v.a_wrote_ms)),
-            row("A's second write stopped (store)", &|v| {
-                yes_no(v.a_next_write_stopped)
+    let mut rows = if scenario.starts_with("cut-off") {
+        let (etcd, stops) = (scenario == "cut-off-etcd", scenario == "cut-off-stops");
+        let pick = |etcd_word, redis_word| if etcd { etcd_word } else { redis_word };
+        let (beat, server) = (pick("keepalive", "heartbeat"), pick("etcd", "Redis"));
+        let gone = pick("A's lease expired, key gone (etcd)", "A's key gone (Redis)");
+        let failed = format!("A's first {} failed (A)", pick("keepalive", "renewal"));
+        let wrote = match stops {
+            true => "A's held write answered (store)",
+            false => "A wrote (store's answer)",
+        };
+        let mut rows = Vec::new();
+        if stops {
+            rows.push(row(
+                "A sent its write, held (A)",
+                &|v| at(v.a_write_sent_ms),
+            ));
+        }
+        rows.extend([
+            row(&failed, &|v| at(v.a_renewal_failed_ms)),
+            row(&format!("A's {beat} gave up (A)"), &|v| {
+                at(v.a_renewal_lost_ms)
             }),
-        ]
-    } else if scenario == "cut-off-etcd" {
-        vec![
-            row("A's keepalive gave up (A)", &|v| at(v.a_renewal_lost_ms)),
-            row("A's lease expired, key gone (etcd)", &|v| {
-                at(v.a_key_expired_ms)
-            }),
-            row("B granted (etcd)", &|v| at(v.b_granted_ms)),
-            row("A wrote (store's answer)", &|v| at(v.a_wrote_ms)),
-        ]
+            row(gone, &|v| at(v.a_key_expired_ms)),
+            row(&format!("B granted ({server})"), &|v| at(v.b_granted_ms)),
+            row(wrote, &|v| at(v.a_wrote_ms)),
+        ]);
+        if stops {
+            let stopped = |v: &RunVerdict| yes_no(v.a_next_write_stopped);
+            rows.push(row("A's second write stopped (store)", &stopped));
+        }
+        rows
     } else {
         vec![
             row("A checked its lock before writing", &|v| match (
