@@ -9,7 +9,6 @@
 //! it after B's write, and B could only write once Redis had granted it the lock.
 
 use super::{Finding, LateWrite, last_accepted_is_final, late_write, two_holders_given_writes};
-use crate::events::{Event, Kind};
 use crate::lock::redis::Release;
 use crate::store::Attempt;
 
@@ -105,7 +104,8 @@ fn next_write_stopped(evidence: &Evidence) -> Finding {
     }
 }
 
-/// A cut's timing on the lab's clock (ms, as the reports arrived), read off the history:
+/// A cut's timing on the lab's clock (ms, as the reports arrived), read off the history
+/// by the lab (`labs::network::cut_off::cut_timing`):
 /// A's first renewal that failed, A's heartbeat giving the lock up, the lab's own
 /// connection finding A's key gone (lane `redis` or `etcd`), B's grant, A's write answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,17 +115,6 @@ pub struct CutTiming {
     pub expired_ms: Option<u64>,
     pub b_granted_ms: Option<u64>,
     pub a_wrote_ms: Option<u64>,
-}
-
-pub fn cut_timing(log: &[Event]) -> CutTiming {
-    let first = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind)).map(|e| e.t_ms);
-    CutTiming {
-        renewal_failed_ms: first(LATE, Kind::RenewalFailed),
-        gave_up_ms: first(LATE, Kind::Lost),
-        expired_ms: first("redis", Kind::Expired).or_else(|| first("etcd", Kind::Expired)),
-        b_granted_ms: first(NEXT, Kind::Acquired),
-        a_wrote_ms: first(LATE, Kind::Wrote),
-    }
 }
 
 impl CutTiming {
@@ -447,70 +436,43 @@ mod tests {
         assert!(!never.committed && !never.doubled);
     }
 
-    fn at(t_ms: u64, worker: &str, what: impl Into<crate::events::What>) -> Event {
-        Event {
-            t_ms,
-            ..Event::new(worker, what, "")
+    fn timing(failed: Option<u64>, gave_up: u64, b_granted: u64) -> CutTiming {
+        CutTiming {
+            renewal_failed_ms: failed,
+            gave_up_ms: Some(gave_up),
+            b_granted_ms: Some(b_granted),
+            ..CutTiming::default()
         }
     }
 
-    fn failed(t_ms: u64) -> Event {
-        let facts = crate::events::facts::RenewalFailed {
-            error: crate::events::facts::RenewalError::Cut,
-            why: "Connection reset by peer".into(),
-        };
-        at(t_ms, "A", facts)
-    }
-
-    fn gave_up(t_ms: u64) -> Event {
-        at(t_ms, "A", crate::events::facts::Lost::because("no renewal"))
-    }
-
-    fn b_granted(t_ms: u64) -> Event {
-        at(t_ms, "B", crate::events::facts::Acquired::default())
-    }
-
     #[test]
-    fn a_cut_is_timed_from_the_first_failed_renewal() {
-        let log = [
-            failed(1_200),
-            failed(1_300),
-            gave_up(1_900),
-            at(2_000, "redis", crate::events::facts::Expired::default()),
-            b_granted(2_050),
-        ];
-        let timing = cut_timing(&log);
+    fn a_renewal_that_failed_before_bs_grant_failed_first() {
         assert_eq!(
-            timing.renewal_failed_ms,
-            Some(1_200),
-            "the first, not a retry"
+            timing(Some(1_200), 1_900, 2_050).failed_first(),
+            Finding::Yes
         );
-        assert_eq!(timing.gave_up_ms, Some(1_900));
-        assert_eq!(timing.expired_ms, Some(2_000));
-        assert_eq!(timing.b_granted_ms, Some(2_050));
-        assert_eq!(timing.failed_first(), Finding::Yes);
-    }
-
-    #[test]
-    fn a_heartbeat_that_gives_up_after_bs_grant_still_failed_first() {
         // A loaded machine: the retries outlast the lease, B is granted before the give-up.
-        let log = [failed(1_200), b_granted(2_050), gave_up(2_100)];
-        assert_eq!(cut_timing(&log).failed_first(), Finding::Yes);
+        assert_eq!(
+            timing(Some(1_200), 2_100, 2_050).failed_first(),
+            Finding::Yes
+        );
     }
 
     #[test]
-    fn a_failure_heard_after_bs_grant_is_not_first() {
-        let log = [b_granted(2_050), failed(2_050), gave_up(2_100)];
-        assert_eq!(cut_timing(&log).failed_first(), Finding::No);
-        let log = [gave_up(1_900), failed(1_950), b_granted(2_050)];
-        assert_eq!(cut_timing(&log).failed_first(), Finding::No);
+    fn a_failure_heard_after_bs_grant_or_after_the_give_up_is_not_first() {
+        assert_eq!(
+            timing(Some(2_050), 2_100, 2_050).failed_first(),
+            Finding::No
+        );
+        assert_eq!(
+            timing(Some(1_950), 1_900, 2_050).failed_first(),
+            Finding::No
+        );
     }
 
     #[test]
     fn a_cut_without_a_failed_renewal_is_unknown() {
-        let log = [gave_up(1_900), b_granted(2_050)];
-        assert_eq!(cut_timing(&log).renewal_failed_ms, None);
-        assert_eq!(cut_timing(&log).failed_first(), Finding::Unknown);
-        assert_eq!(cut_timing(&[]).failed_first(), Finding::Unknown);
+        assert_eq!(timing(None, 1_900, 2_050).failed_first(), Finding::Unknown);
+        assert_eq!(CutTiming::default().failed_first(), Finding::Unknown);
     }
 }

@@ -139,7 +139,7 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .and_then(|e| e.owner())
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
-        cut: checks::cut_timing(log),
+        cut: super::cut_off::cut_timing(log),
         a_sent_ms: asks.first().and_then(|&(t, lost)| (!lost).then_some(t)),
         a_asked_again: asks.get(1).copied(),
     })
