@@ -66,6 +66,11 @@ fn socket_error(words: &str) -> Option<&'static str> {
             "connection refused",
         ),
         (&["BrokenPipe", "code: 32,", "os error 32"], "broken pipe"),
+        // hyper's "the connection closed under a request in flight" (a cut mid-stream).
+        (
+            &["Canceled, \"connection closed\"", "operation was canceled"],
+            "connection closed",
+        ),
     ];
     let dump = words.contains("tonic::transport") || words.contains("transport error");
     KNOWN
@@ -97,6 +102,14 @@ mod tests {
         assert_eq!(
             causes(&err),
             "etcd: opening the keepalive stream: connection reset"
+        );
+        let cut = "grpc request error: code: 'The operation was cancelled', message: \
+                   \"operation was canceled\", source: tonic::transport::Error(Transport, \
+                   hyper::Error(Canceled, \"connection closed\"))";
+        let err = anyhow::anyhow!(cut).context("etcd: opening the keepalive stream");
+        assert_eq!(
+            causes(&err),
+            "etcd: opening the keepalive stream: connection closed"
         );
     }
 }

@@ -58,7 +58,7 @@ use verdict::Verdict;
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab network                     all four stories, fenced and not
+  lockslab network                     every story, fenced and not
   lockslab network --fencing off       only the runs without fencing
   lockslab network --scenario cut-off  A cut off from Redis, not from the store
   lockslab network --scenario cut-off-stops
