@@ -135,7 +135,9 @@ impl<'w> Faults<'w> {
         let Some(pid) = victim.pid() else {
             return Ok(());
         };
-        if crate::procs::process_state(pid).is_none() {
+        // A worker that has finished its work and exited is gone even while it waits to be
+        // reaped (a zombie: state Z or X): a signal to it does nothing, and it never stops.
+        if matches!(crate::procs::process_state(pid), None | Some('Z' | 'X')) {
             return Ok(());
         }
         let paused = nemesis.paused().contains(&action.target);
@@ -289,6 +291,9 @@ impl Stage {
                 );
             }
             self.pump(Duration::from_millis(5), &mut tick)?;
+            for victim in cast.iter_mut() {
+                victim.reap_if_exited();
+            }
         }
     }
 }

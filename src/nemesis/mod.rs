@@ -88,6 +88,9 @@ pub trait Victim {
     fn restart_now(&mut self) -> Result<Duration> {
         bail!("{} cannot be restarted", self.label())
     }
+    /// Reaps its process if it has exited by itself, so that no zombie waits for the end
+    /// of the run (then `pid` is None).
+    fn reap_if_exited(&mut self) {}
 }
 
 /// What the history says of a fault besides its name and target: the line the timeline

@@ -18,6 +18,8 @@ pub struct WorkerHandle {
     pub pid: i32,
     pub(super) stdin: Option<ChildStdin>,
     pub(super) reaped: bool,
+    /// Reaped while the run went on (`reap_if_exited`): it had exited by itself.
+    pub(super) exited_by_itself: bool,
 }
 
 impl WorkerHandle {
@@ -53,6 +55,9 @@ impl WorkerHandle {
     /// Waits up to `timeout` for the worker to exit by itself; kills it after that.
     pub fn finish(&mut self, timeout: Duration) -> bool {
         self.stdin.take();
+        if self.exited_by_itself {
+            return true;
+        }
         let deadline = Instant::now() + timeout;
         while !self.reaped {
             match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
@@ -91,5 +96,18 @@ impl crate::nemesis::Victim for WorkerHandle {
 
     fn kill_now(&mut self) {
         self.kill();
+    }
+
+    fn reap_if_exited(&mut self) {
+        if !self.reaped
+            && !matches!(
+                waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::StillAlive)
+            )
+        {
+            self.reaped = true;
+            self.exited_by_itself = true;
+            procs::forget(self.pid);
+        }
     }
 }

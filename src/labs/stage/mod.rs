@@ -216,6 +216,7 @@ impl Stage {
             pid: child.id() as i32,
             stdin: child.stdin.take(),
             reaped: false,
+            exited_by_itself: false,
         };
         // One line of JSON, far below a pipe's buffer: this never waits for the worker.
         worker
