@@ -58,8 +58,10 @@ impl Client<'_> {
         let rule = token.map_or(Rule::Unfenced, Rule::ClaimedBy);
         self.read_work_write(job, record, rule)?;
         let lock = self.redlock.as_mut().context("the lock is gone")?;
-        let within_validity = held.valid_until().is_some_and(|end| Instant::now() < end);
         let answers = lock.release(&held.value);
+        // Taken after the round: another value on a majority proves two holders only if
+        // every answer that showed it came back while this client's validity still ran.
+        let within_validity = held.valid_until().is_some_and(|end| Instant::now() < end);
         let (released, found_owner) = judge_release(&answers, within_validity);
         self.released(record, released, found_owner);
         Ok(())
