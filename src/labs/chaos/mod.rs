@@ -8,6 +8,7 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
+mod cluster;
 pub mod matrix;
 mod net;
 mod play;
@@ -80,7 +81,10 @@ append-only file (it comes back with its data: a killed process loses
 nothing it wrote to the file, whatever the fsync policy; the fsync at every
 write it runs with is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
-and `lost-reply`, the answer to its next lock request thrown away (lab 8).
+and `lost-reply`, the answer to its next lock request thrown away (lab 8);
+`leader-kill`, for the etcd designs: a cluster of three members (lab 5)
+whose leader is killed, then started again once the other two have elected
+a new one (schedules with one play one at a time).
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
 
@@ -146,6 +150,8 @@ pub struct Ground {
     /// The Redis was given: client faults only.
     pub redis_given: bool,
     pub run_id: String,
+    /// The etcd cluster of the leader kills (issue 25), when a run may draw one.
+    pub etcd_ring: Option<std::sync::Arc<cluster::EtcdRing>>,
 }
 
 impl Ground {
@@ -172,6 +178,7 @@ impl Ground {
             lanes,
             redis_given: given.is_some() && uses_redis,
             run_id: super::new_run_id(),
+            etcd_ring: None,
         })
     }
 
@@ -186,6 +193,7 @@ impl Ground {
             store_url: self.servers.url(Backend::Postgres).to_string(),
             lanes: std::mem::take(&mut self.lanes),
             etcd_url,
+            etcd_ring: self.etcd_ring.clone().filter(|_| design.uses_etcd()),
             records: 2,
             run_ms: run_ms_of(design),
             work_ms: 20,
@@ -214,6 +222,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         pause_ms: (lease / 2, lease * 3),
         max_faults: 3,
         lock_server: net::lock_server(setup.design).into(),
+        etcd_cluster: setup.etcd_ring.is_some(),
     }
 }
 
@@ -254,6 +263,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     }
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
+        ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
         if !args.json {
             show::heading(&ground, args, seed);
         }
@@ -403,7 +413,12 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    if let Err(err) = on_processes.validate(&names, &["redis", "redis-aof"]) {
+    let servers: &[&str] = if design.uses_etcd() {
+        &[generate::ETCD_LEADER]
+    } else {
+        &["redis", "redis-aof"]
+    };
+    if let Err(err) = on_processes.validate(&names, servers) {
         crate::bail_usage!("--schedule: {err:#}");
     }
     let restarts = schedule
@@ -413,7 +428,8 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
     if restarts.count() > 1 {
         crate::bail_usage!(
             "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
-             comes back empty, or as `redis-aof`, which comes back with its data)"
+             comes back empty, or as `redis-aof`, which comes back with its data), and kills \
+             etcd's leader at most once (as `etcd-leader`)"
         );
     }
     // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it
