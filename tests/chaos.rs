@@ -640,3 +640,45 @@ fn a_seeded_leader_kill_run_repeats_and_leaves_no_etcd_member() {
     );
     assert_eq!(first, run());
 }
+
+/// Interrupted after a leader kill, while A lies paused for 30s: lockslab exits 130 and
+/// leaves no client and no etcd member behind (the killed one started again included).
+#[test]
+fn ctrl_c_after_a_leader_kill_leaves_no_client_and_no_etcd_member() {
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "etcd-fenced",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"restart","target":"etcd-leader"},{"at_ms":1500,"fault":"pause","target":"A","duration_ms":30000}]"#,
+        "--json",
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    // A is stopped: the kill and the restart are done (they play in order, before it).
+    assert!(eventually(std::time::Duration::from_secs(60), || {
+        children_of(chaos.id())
+            .iter()
+            .any(|(_, state, _)| *state == 'T')
+    }));
+    let mut family = HashSet::from([chaos.id() as i32]);
+    family_in(&process_table(), &mut family);
+    family.remove(&(chaos.id() as i32));
+    let members: Vec<i32> = children_of(chaos.id())
+        .into_iter()
+        .filter(|(_, _, name)| name.contains("etcd"))
+        .map(|(pid, _, _)| pid as i32)
+        .collect();
+    assert!(members.len() >= 3, "the cluster's members: {members:?}");
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130));
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    for pid in members {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("etcd"),
+            "etcd member {pid} is still there"
+        );
+    }
+}
