@@ -581,3 +581,155 @@ fn a_pause_breaks_redlock_and_not_redlock_fenced_with_a_master_restarted_empty()
     // refused) depends on which records the others picked: not asserted.
     assert!(schedule["accepted"].as_u64() > Some(0), "the clients wrote");
 }
+
+// chaos failover (issue 25)
+
+/// etcd's leader killed 600ms into the run: the other two members elect a new one, and the
+/// killed member starts again as a follower.
+const LEADER_KILL: &str = r#"[{"at_ms":600,"fault":"restart","target":"etcd-leader"}]"#;
+
+/// The same kill, while A lies paused for 4s between its first read and its write (its
+/// lease is 1s: even the new leader's extension, the TTL again plus an election timeout,
+/// runs out under it).
+const LEADER_KILL_UNDER_A_PAUSE: &str = r#"[{"at_ms":2,"after":{"worker":"A","event":"read_record","nth":1},"fault":"pause","target":"A","duration_ms":4000},{"at_ms":600,"fault":"restart","target":"etcd-leader"}]"#;
+
+/// A leader kill alone breaks neither etcd design: no lease runs out for it (the new leader
+/// gives every lease its TTL again). `etcd-lease`, which trusts the lock, may read unknown
+/// (a release sent during the election got an error, not an answer), never unsafe.
+#[test]
+fn a_leader_kill_breaks_neither_etcd_design() {
+    let (code, schedules, verdict, _) = replay("etcd-fenced", LEADER_KILL, "2");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["result"] == "safe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    let (code, schedules, verdict, _) = replay("etcd-lease", LEADER_KILL, "2");
+    assert!(matches!(code, Some(0 | 3)), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["result"] != "unsafe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// A pause past the lease breaks the unfenced etcd lock with a leader kill in the middle
+/// (the election does not save it), and not its fenced twin; the nemesis recorded the kill
+/// and the old leader's return in the history (the page draws them). Three plays: in some,
+/// the new leader's extension keeps A's lease past the other clients' last job, and
+/// nobody overtakes A's read.
+#[test]
+fn a_pause_across_a_leader_kill_breaks_etcd_lease_and_not_etcd_fenced() {
+    let (code, _, verdict, html) = replay("etcd-lease", LEADER_KILL_UNDER_A_PAUSE, "3");
+    assert_eq!(code, Some(1), "{verdict}");
+    assert!(
+        html.contains("(SIGKILL): the other two members elect a new one")
+            && html.contains("a new etcd leader elected; the old one back as a follower"),
+        "the kill and the return are in the history"
+    );
+    let (code, schedules, verdict, _) = replay("etcd-fenced", LEADER_KILL_UNDER_A_PAUSE, "1");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules.iter().all(|s| s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// Drawn with `--faults leader-kill`: the same seed, the same schedules; and the run leaves
+/// no etcd member behind (each is a child of lockslab, gone once it exits).
+#[test]
+fn a_seeded_leader_kill_run_repeats_and_leaves_no_etcd_member() {
+    let run = || {
+        let chaos = lockslab(&[
+            "chaos",
+            "--design",
+            "etcd-fenced",
+            "--faults",
+            "leader-kill",
+            "--seed",
+            "77",
+            "--schedules",
+            "2",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut members = HashSet::new();
+        eventually(std::time::Duration::from_secs(30), || {
+            for (pid, _, cmd) in children_of(chaos.id()) {
+                if cmd.contains("etcd") {
+                    members.insert(pid);
+                }
+            }
+            members.len() >= 3
+        });
+        let output = chaos.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(0));
+        assert!(members.len() >= 3, "a cluster of three: {members:?}");
+        for pid in members {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            assert!(
+                !String::from_utf8_lossy(&cmdline).contains("etcd"),
+                "etcd member {pid} is still there"
+            );
+        }
+        json_lines(&output.stdout)
+            .into_iter()
+            .filter(|line| line["kind"] == "schedule")
+            .map(|line| line["schedule"].clone())
+            .collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first.len(), 2);
+    assert!(
+        first.iter().all(|s| s.to_string().contains("etcd-leader")),
+        "{first:?}"
+    );
+    assert_eq!(first, run());
+}
+
+/// Interrupted after a leader kill, while A lies paused for 30s: lockslab exits 130 and
+/// leaves no client and no etcd member behind (the killed one started again included).
+#[test]
+fn ctrl_c_after_a_leader_kill_leaves_no_client_and_no_etcd_member() {
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "etcd-fenced",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"restart","target":"etcd-leader"},{"at_ms":1500,"fault":"pause","target":"A","duration_ms":30000}]"#,
+        "--json",
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    // A is stopped: the kill and the restart are done (they play in order, before it).
+    assert!(eventually(std::time::Duration::from_secs(60), || {
+        children_of(chaos.id())
+            .iter()
+            .any(|(_, state, _)| *state == 'T')
+    }));
+    let mut family = HashSet::from([chaos.id() as i32]);
+    family_in(&process_table(), &mut family);
+    family.remove(&(chaos.id() as i32));
+    let members: Vec<i32> = children_of(chaos.id())
+        .into_iter()
+        .filter(|(_, _, name)| name.contains("etcd"))
+        .map(|(pid, _, _)| pid as i32)
+        .collect();
+    assert!(members.len() >= 3, "the cluster's members: {members:?}");
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130));
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    for pid in members {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("etcd"),
+            "etcd member {pid} is still there"
+        );
+    }
+}

@@ -29,20 +29,28 @@ pub enum FaultKind {
     Delay,
     /// The reply to a client's next lock request lost (the proxy): applied, never answered
     LostReply,
+    // chaos failover (issue 25)
+    /// The etcd cluster's leader killed (SIGKILL); once the other two members have elected
+    /// a new one, it is started again and rejoins as a follower
+    LeaderKill,
 }
+
+/// The target of a leader kill: whichever member leads the etcd cluster when it lands.
+pub const ETCD_LEADER: &str = "etcd-leader";
 
 /// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
 /// Redis, run with its append-only file on for that schedule).
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::RestartAof,
         FaultKind::Delay,
         FaultKind::LostReply,
+        FaultKind::LeaderKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +61,7 @@ impl FaultKind {
             FaultKind::RestartAof => "restart-aof",
             FaultKind::Delay => "delay",
             FaultKind::LostReply => "lost-reply",
+            FaultKind::LeaderKill => "leader-kill",
         }
     }
 
@@ -71,6 +80,7 @@ impl FaultKind {
         match step.fault {
             Fault::Pause => Some(FaultKind::Pause),
             Fault::Kill => Some(FaultKind::Kill),
+            Fault::Restart if step.target == ETCD_LEADER => Some(FaultKind::LeaderKill),
             Fault::Restart if step.target.ends_with(AOF_SUFFIX) => Some(FaultKind::RestartAof),
             Fault::Restart => Some(FaultKind::Restart),
             Fault::Delay => Some(FaultKind::Delay),
@@ -98,6 +108,8 @@ pub struct Space {
     /// The server a client asks for its lock (`redis`, `etcd`, or `store` for the designs
     /// whose lock, or check, is Postgres's): where a lost reply is aimed (`A→redis`).
     pub lock_server: String,
+    /// The lock's etcd is a cluster of three whose leader a schedule may kill.
+    pub etcd_cluster: bool,
 }
 
 /// The name of a client's path to a server through the fault proxy (`A→store`).
@@ -156,11 +168,15 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     if space.restartable.is_empty() {
         kinds.retain(|kind| !kind.restarts());
     }
+    if !space.etcd_cluster {
+        kinds.retain(|kind| *kind != FaultKind::LeaderKill);
+    }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
     }
     let mut free: Vec<String> = space.clients.clone();
     let mut restarted = false;
+    let mut leader_killed = false;
     let mut steps = Vec::new();
     let count = rng.between(1, space.max_faults.max(1) as u64);
     for _ in 0..count {
@@ -183,6 +199,19 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::Restart | FaultKind::RestartAof => {}
+            // One leader kill a schedule, at a time of the run: the leader is not any
+            // client's, and its election ends before the next kill could matter.
+            FaultKind::LeaderKill if !leader_killed => {
+                leader_killed = true;
+                steps.push(Step {
+                    at_ms: rng.between(space.span_ms / 10, space.span_ms * 6 / 10),
+                    after: None,
+                    fault: Fault::Restart,
+                    target: ETCD_LEADER.into(),
+                    duration_ms: None,
+                });
+            }
+            FaultKind::LeaderKill => {}
             FaultKind::Delay | FaultKind::LostReply => {
                 if free.is_empty() {
                     continue;
@@ -303,6 +332,7 @@ mod tests {
             pause_ms: (300, 1500),
             max_faults: 3,
             lock_server: "redis".into(),
+            etcd_cluster: false,
         }
     }
 
@@ -480,4 +510,48 @@ mod tests {
         r#"{"at_ms":3,"after":{"worker":"B","event":"working","nth":2},"fault":"delay","#,
         r#""target":"B→store","duration_ms":1130}]"#
     );
+
+    #[test]
+    fn a_leader_kill_is_drawn_from_the_seed_once_a_schedule_only_on_a_cluster() {
+        let mut on_cluster = space();
+        on_cluster.kinds = vec![FaultKind::Pause, FaultKind::LeaderKill];
+        on_cluster.etcd_cluster = true;
+        let mut kills = 0;
+        for index in 0..200 {
+            let seed = nth_seed(13, index);
+            let schedule = draw(seed, &on_cluster);
+            assert_eq!(schedule, draw(seed, &on_cluster), "reproducible");
+            let leader: Vec<&Step> = schedule
+                .steps()
+                .iter()
+                .filter(|s| FaultKind::of(s) == Some(FaultKind::LeaderKill))
+                .collect();
+            assert!(leader.len() <= 1, "{schedule:?}");
+            for step in leader {
+                kills += 1;
+                assert_eq!(
+                    (step.fault, step.target.as_str()),
+                    (Fault::Restart, ETCD_LEADER)
+                );
+                assert!(step.after.is_none() && (300..=1800).contains(&step.at_ms));
+            }
+            schedule.validate(&["A", "B", "C"], &[ETCD_LEADER]).unwrap();
+        }
+        assert!(kills > 50, "{kills} leader kills in 200 schedules");
+        // Without a cluster, none is drawn.
+        let mut single = on_cluster.clone();
+        single.etcd_cluster = false;
+        single.kinds = vec![FaultKind::LeaderKill];
+        assert!(draw(3, &single).is_empty());
+        // Pinned: a printed seed replays the same kill forever.
+        let mut only = on_cluster.clone();
+        only.kinds = vec![FaultKind::LeaderKill];
+        assert_eq!(
+            serde_json::to_string(&draw(5, &only)).unwrap(),
+            PINNED_LEADER_KILL_OF_SEED_5
+        );
+    }
+
+    const PINNED_LEADER_KILL_OF_SEED_5: &str =
+        r#"[{"at_ms":388,"fault":"restart","target":"etcd-leader"}]"#;
 }

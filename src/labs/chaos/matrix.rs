@@ -18,7 +18,8 @@ use crate::worker::chaos_client::Design;
 #[command(after_help = concat!("\
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
-                                           restart-aof, delay, lost-reply
+                                           restart-aof, delay, lost-reply,
+                                           leader-kill
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -27,7 +28,8 @@ Examples:
 A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
 kind and replay command below the table, note k) or UNKNOWN n/K
 (inconclusive: n histories could not be decided, never a pass). A cell stops
-at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n.
+at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n;
+with seven, UNS#k.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
@@ -37,6 +39,9 @@ without Redis show `-` there.
 `delay` holds a client's next write to the store in a fault proxy, its
 process running; `lost-reply` (lost-rep) lets a client's next lock request
 through and throws its answer away (lab 8).
+`leader-kill` (leader) runs the etcd designs against a cluster of three
+members and kills its leader; once the other two have elected a new one, it
+starts again as a follower (lab 5). Designs without etcd show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 
@@ -119,6 +124,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
     super::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
+        ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
         if !style.json {
             let part = if shard.n > 1 {
                 format!(" Part {} of {} (--shard).", shard.k, shard.n)
@@ -147,7 +153,10 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
                 let space = space(&setup, args.clients, &[*kind]);
                 let mut why_unknown = None;
-                let (result, replay) = if kind.restarts() && space.restartable.is_empty() {
+                let no_server = (kind.restarts() && space.restartable.is_empty())
+                    || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                    || !space.kinds.contains(kind);
+                let (result, replay) = if no_server {
                     ("-".to_string(), None)
                 } else {
                     let next = |index: u64| {

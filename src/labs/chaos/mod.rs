@@ -8,6 +8,7 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
+mod cluster;
 pub mod matrix;
 mod net;
 mod play;
@@ -81,7 +82,10 @@ append-only file (it comes back with its data: a killed process loses
 nothing it wrote to the file, whatever the fsync policy; the fsync at every
 write it runs with is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
-and `lost-reply`, the answer to its next lock request thrown away (lab 8).
+and `lost-reply`, the answer to its next lock request thrown away (lab 8);
+`leader-kill`, for the etcd designs: a cluster of three members (lab 5)
+whose leader is killed, then started again once the other two have elected
+a new one (schedules with one play one at a time).
 Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
@@ -150,6 +154,8 @@ pub struct Ground {
     /// The Redis was given: client faults only.
     pub redis_given: bool,
     pub run_id: String,
+    /// The etcd cluster of the leader kills (issue 25), when a run may draw one.
+    pub etcd_ring: Option<std::sync::Arc<cluster::EtcdRing>>,
 }
 
 impl Ground {
@@ -179,6 +185,7 @@ impl Ground {
             lanes,
             redis_given: given.is_some() && uses_redis,
             run_id: super::new_run_id(),
+            etcd_ring: None,
         })
     }
 
@@ -193,6 +200,7 @@ impl Ground {
             store_url: self.servers.url(Backend::Postgres).to_string(),
             lanes: std::mem::take(&mut self.lanes),
             etcd_url,
+            etcd_ring: self.etcd_ring.clone().filter(|_| design.uses_etcd()),
             records: 2,
             run_ms: run_ms_of(design),
             work_ms: 20,
@@ -211,7 +219,11 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
     let lease = setup.lease_ms;
     Space {
         clients: play::client_names(clients),
-        kinds: kinds.to_vec(),
+        kinds: kinds
+            .iter()
+            .copied()
+            .filter(|kind| !(*kind == FaultKind::LostReply && setup.design.uses_masters()))
+            .collect(),
         restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
             vec!["redis".into()]
         } else if setup.design.uses_masters() {
@@ -223,6 +235,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         pause_ms: (lease / 2, lease * 3),
         max_faults: 3,
         lock_server: net::lock_server(setup.design).into(),
+        etcd_cluster: setup.etcd_ring.is_some(),
     }
 }
 
@@ -261,8 +274,16 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             kind.name()
         );
     }
+    if args.design.uses_masters() && kinds == [FaultKind::LostReply] {
+        crate::bail_usage!(
+            "lost-reply: Redlock's five masters are not behind the fault proxy, so chaos has \
+             no lock request of {} to lose an answer to; choose another fault",
+            args.design.name()
+        );
+    }
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
+        ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
         if !args.json {
             show::heading(&ground, args, seed);
         }
@@ -412,8 +433,14 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut servers = vec!["redis".to_string(), "redis-aof".to_string()];
-    servers.extend(redlock_lane::restart_targets());
+    let mut servers = if design.uses_etcd() {
+        vec![generate::ETCD_LEADER.to_string()]
+    } else {
+        vec!["redis".to_string(), "redis-aof".to_string()]
+    };
+    if design.uses_masters() {
+        servers = redlock_lane::restart_targets();
+    }
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
     if let Err(err) = on_processes.validate(&names, &servers) {
         crate::bail_usage!("--schedule: {err:#}");
@@ -425,7 +452,8 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
     if restarts.count() > 1 {
         crate::bail_usage!(
             "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
-             comes back empty, or as `redis-aof`, which comes back with its data)"
+             comes back empty, or as `redis-aof`, which comes back with its data), and kills \
+             etcd's leader at most once (as `etcd-leader`)"
         );
     }
     // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it

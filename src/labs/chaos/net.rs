@@ -27,7 +27,7 @@ const LONGEST_DELAY_MS: u64 = 60_000;
 
 /// The server a design's client asks for its lock: a lost reply is aimed at that path. The
 /// designs whose lock, or check, is in Postgres ask the store. Redlock's five masters are
-/// not proxied: its lost reply is aimed at its path to the store, the answer to its write.
+/// not proxied: chaos draws no lost reply for its designs (the matrix shows `-`).
 pub fn lock_server(design: Design) -> &'static str {
     if design.uses_redis() {
         "redis"

@@ -11,7 +11,7 @@ use crate::connect::{self, Backend, PgClient};
 use crate::events::{Event, What};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::generate::FaultKind;
+use crate::nemesis::generate::{self, FaultKind};
 use crate::nemesis::schedule::Schedule;
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
@@ -27,6 +27,8 @@ pub struct Setup {
     /// Where schedules play side by side: each lane its own Redis.
     pub lanes: Vec<Lane>,
     pub etcd_url: Option<String>,
+    /// The etcd cluster whose leader a schedule may kill (issue 25).
+    pub etcd_ring: Option<std::sync::Arc<super::cluster::EtcdRing>>,
     pub records: u32,
     pub run_ms: u64,
     pub work_ms: u64,
@@ -203,7 +205,19 @@ impl Setup {
             }
         });
         prepare(&mut store, &run_id, &records)?;
-        let result = self.play_on(lane, schedule, &names, &records, &run_id, seed, &mut store);
+        // A leader kill plays on the cluster, its schedule alone there (see `cluster`).
+        let ring = self
+            .etcd_ring
+            .as_deref()
+            .filter(|_| super::cluster::EtcdRing::wanted_by(schedule));
+        let turn = ring.map(|ring| ring.take_turn(names.len())).transpose()?;
+        let on = turn
+            .as_ref()
+            .map(|(_, urls)| (ring.unwrap(), urls.as_slice()));
+        let result = self.play_on(
+            lane, on, schedule, &names, &records, &run_id, seed, &mut store,
+        );
+        drop(turn);
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
         forgot?;
@@ -235,6 +249,7 @@ impl Setup {
     fn play_on(
         &self,
         lane: &Lane,
+        ring: Option<(&super::cluster::EtcdRing, &[String])>,
         schedule: &Schedule,
         names: &[String],
         records: &[String],
@@ -255,7 +270,9 @@ impl Setup {
         // set for the whole schedule, before any client connects (see `persist`): on only
         // for a schedule that restarts it with its data — an fsync at every write slows
         // every command, which would tell on the other schedules' timing.
-        let restart = schedule.steps().iter().find(|s| s.fault == Fault::Restart);
+        let restart =
+            (schedule.steps().iter()).find(|s| FaultKind::of(s).is_some_and(FaultKind::restarts));
+        let etcd_of = |i: usize| ring.map_or(self.etcd_url.as_deref(), |(_, urls)| Some(&urls[i]));
         let keeps_data = restart.is_some_and(|s| FaultKind::of(s) == Some(FaultKind::RestartAof));
         if lane.redis.is_some() {
             persist(lane, keeps_data)?;
@@ -272,7 +289,7 @@ impl Setup {
                     Some(self.store_url.as_str()),
                 ),
                 ("redis", lane.redis_url.as_deref()),
-                ("etcd", self.etcd_url.as_deref()),
+                ("etcd", etcd_of(0)),
             ],
         )?;
         let through = |name: &str, server: &str, url: Option<&str>| {
@@ -286,7 +303,7 @@ impl Setup {
                 design: self.design,
                 store_url: paths.url(name, crate::nemesis::generate::STORE, &self.store_url)?,
                 redis_url: through(name, "redis", lane.redis_url.as_deref())?,
-                etcd_url: through(name, "etcd", self.etcd_url.as_deref())?,
+                etcd_url: through(name, "etcd", etcd_of(i))?,
                 run_id: run_id.into(),
                 records: records.to_vec(),
                 run_ms: self.run_ms,
@@ -305,6 +322,14 @@ impl Setup {
         let mut faults = Faults::new(&rest, &stage).saying(|cue| {
             let name = &cue.action.target;
             Note::from(match (cue.action.fault, cue.back_after) {
+                (Fault::Restart, None) if name == generate::ETCD_LEADER => {
+                    "kills etcd's leader (SIGKILL): the other two members elect a new one"
+                        .to_string()
+                }
+                (Fault::Restart, Some(took)) if name == generate::ETCD_LEADER => format!(
+                    "a new etcd leader elected; the old one back as a follower after {}ms",
+                    took.as_millis()
+                ),
                 (Fault::Restart, None) if keeps_data => {
                     "crashes Redis (SIGKILL), then starts it again on its AOF".to_string()
                 }
@@ -352,6 +377,10 @@ impl Setup {
             let mut master = restart.and_then(|step| lane.masters.victim(lane, &step.target));
             if let Some(master) = master.as_mut() {
                 cast.push(master);
+            }
+            let mut leader = ring.map(|(ring, _)| super::cluster::Leader(ring));
+            if let Some(leader) = leader.as_mut() {
+                cast.push(leader);
             }
             stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
                 net_play.tick(stage)

@@ -55,9 +55,7 @@ pub fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell], notes: &[&Cel
         let word = row
             .iter()
             .find(|c| c.fault == *kind)
-            .map_or(String::new(), |c| {
-                short(c, notes, column(kinds.len()) < NARROW)
-            });
+            .map_or(String::new(), |c| short(c, notes, column(kinds.len())));
         line.push_str(&paint(&word, column(kinds.len())));
     }
     line.trim_end().to_string()
@@ -70,22 +68,28 @@ fn head_name(kind: FaultKind, width: usize) -> String {
         return name.to_string();
     }
     match kind {
-        FaultKind::RestartAof => "rest-aof".into(),
-        FaultKind::LostReply => "lost-rep".into(),
+        FaultKind::RestartAof if width > 8 => "rest-aof".into(),
+        FaultKind::LostReply if width > 8 => "lost-rep".into(),
+        FaultKind::RestartAof => "r-aof".into(),
+        FaultKind::LostReply => "lost-rp".into(),
+        FaultKind::LeaderKill => "leader".into(),
         _ => name.chars().take(width - 1).collect(),
     }
 }
 
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
 /// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
-/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided).
-fn short(cell: &Cell, notes: &[&Cell], narrow: bool) -> String {
+/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`.
+fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
+    let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
         let n = notes
             .iter()
             .position(|c| (c.design, c.fault) == (cell.design, cell.fault))
             .map_or(0, |n| n + 1);
-        if narrow {
+        if width < 9 {
+            format!("UNS#{n}")
+        } else if narrow {
             format!("UNSAFE#{n}")
         } else {
             format!("UNSAFE [{n}]")
@@ -200,11 +204,11 @@ fn replay_lines_of(replay: &str) -> Vec<String> {
 /// A cell's word in colour (padding counts the visible characters only).
 fn paint(cell: &str, width: usize) -> String {
     let padded = format!("{cell:<w$} ", w = width - 1);
-    if cell.starts_with("UNSAFE") {
+    if cell.starts_with("UNS") {
         padded.red().to_string()
     } else if cell.starts_with("SAFE") {
         padded.green().to_string()
-    } else if cell.starts_with("UNKNOWN") {
+    } else if cell.starts_with("UNK") {
         padded.yellow().to_string()
     } else {
         padded
@@ -252,14 +256,14 @@ mod tests {
             line.contains("UNSAFE [1]") && line.contains("UNKNOWN 12/12 "),
             "{line}"
         );
-        // Six columns (every kind): the short words, still under 80.
+        // Six columns: the short words, still under 80.
         let mut six = row.clone();
         for fault in [FaultKind::Delay, FaultKind::LostReply] {
             six.push(cell(Design::RedisDurableToken, fault, "INCONCLUSIVE 12/12"));
         }
         let line = row_line(
             Design::RedisDurableToken,
-            &FaultKind::ALL,
+            &FaultKind::ALL[..6],
             &six,
             &notes(&six),
         );
@@ -268,6 +272,26 @@ mod tests {
             line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
+        // Seven (every kind, leader-kill last): shorter still, the heading too.
+        let mut seven = six.clone();
+        seven.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
+        let line = row_line(
+            Design::RedisDurableToken,
+            &FaultKind::ALL,
+            &seven,
+            &notes(&seven),
+        );
+        assert!(line.chars().count() < 80, "{line}");
+        assert!(
+            line.contains("UNS#1 ") && line.contains("SAFE 12 ") && line.ends_with(" -"),
+            "{line}"
+        );
+        let width = column(FaultKind::ALL.len());
+        let heads: Vec<String> = FaultKind::ALL
+            .iter()
+            .map(|k| head_name(*k, width))
+            .collect();
+        assert!(heads.iter().all(|h| h.len() < width), "{heads:?}");
     }
 
     #[test]
