@@ -153,9 +153,13 @@ impl Challenge {
                 }
             }
             Challenge::Crash | Challenge::ExactlyOnce => {
-                for (name, notes) in clients {
-                    // Holding the lock; writing; or done and not yet answered.
-                    let (event, at_ms) = match (*notes, rng.below(4)) {
+                // The three moments a kill can hurt — holding the lock; writing; done and
+                // not yet answered — dealt in turn from a drawn start, so that three
+                // clients with notes cover all three in every run: a client wrong at one
+                // moment only is caught on every seed, not on the seeds that drew it.
+                let first = rng.below(3);
+                for (i, (name, notes)) in clients.iter().enumerate() {
+                    let (event, at_ms) = match (*notes, (first + i as u64) % 3) {
                         (false, _) => (Kind::JobSent, rng.below(30)),
                         (true, 0) => (Kind::Acquired, rng.below(3)),
                         (true, 1) => (Kind::Working, rng.below(3)),
@@ -228,6 +232,25 @@ mod tests {
             assert!(step.duration_ms.unwrap() >= 1000);
         }
         assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
+        // Three clients with notes: every seed kills one holding its lock, one writing,
+        // and one done and not yet answered.
+        let all_notes: Vec<(String, bool)> =
+            ["c1", "c2", "c3"].map(|n| (n.to_string(), true)).into();
+        for seed in 0..50 {
+            for challenge in [Challenge::Crash, Challenge::ExactlyOnce] {
+                let mut moments: Vec<String> = challenge
+                    .schedule(seed, &all_notes, 500)
+                    .steps()
+                    .iter()
+                    .map(|step| step.after.as_ref().unwrap().event.to_string())
+                    .collect();
+                moments.sort();
+                let mut want =
+                    [Kind::Acquired, Kind::Working, Kind::Released].map(|k| k.to_string());
+                want.sort();
+                assert_eq!(moments, want, "seed {seed}");
+            }
+        }
         let twice = Challenge::ExactlyOnce.duplicates(3, 24);
         assert!((4..=14).contains(&twice.len()), "{twice:?}");
         assert!(Challenge::Crash.duplicates(3, 24).is_empty());
