@@ -13,6 +13,7 @@ pub mod matrix;
 mod net;
 mod play;
 mod redlock_lane;
+mod rows;
 mod show;
 mod shrink;
 pub mod side_by_side;
