@@ -103,6 +103,15 @@ impl Run<'_> {
                 if let Some((job, _)) = self.seats[index].job {
                     self.moment(&name, job, Moment::Killed);
                 }
+                let seat = &self.seats[index];
+                let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
+                self.strikes.push(Strike {
+                    fault: "kill",
+                    client: name.clone(),
+                    job: current.or(seat.last_job),
+                    answered: current.is_none() && seat.last_job.is_some(),
+                    ..Strike::default()
+                });
                 let seat = &mut self.seats[index];
                 self.killed.insert(name.clone());
                 self.nemesis.kill(
@@ -160,6 +169,7 @@ impl Run<'_> {
             note_us,
             notes,
             released,
+            refused: false,
         });
         Ok(())
     }

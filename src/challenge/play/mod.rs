@@ -433,6 +433,13 @@ impl Run<'_> {
                     ..ChallengeJob::default()
                 };
                 self.note(name, What::JobAnswered(answer), text);
+                let held = self
+                    .strikes
+                    .iter_mut()
+                    .filter(|s| s.client == name && !s.answered);
+                for strike in held.filter(|s| s.job == Some(job)) {
+                    strike.refused = true;
+                }
                 self.give_again(job);
             }
             FromClient::Acquired { job, token } => {
