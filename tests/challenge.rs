@@ -96,10 +96,17 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
     passes("counter", "fenced", 1);
 }
 
+/// `fenced` holds its row lock across the pause: nobody writes the row before its held
+/// write lands, so the pause tested nothing (undecided, never a pass); `claimed` holds no
+/// row lock, a newer holder claims the row, and the held write is refused: it bit.
 #[test]
-fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
+fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     caught_within("pause", "setnx", "stale-write", 3);
-    passes("pause", "fenced", 1);
+    let (code, verdict) = reference("pause", 1, "fenced");
+    assert_eq!(code, 3, "{verdict}");
+    assert_eq!(verdict["faults_bit"], 0, "{verdict}");
+    let said = verdict["undecided"].to_string();
+    assert!(said.contains("nobody wrote"), "{said}");
     // A claim (an update of `fence` alone) before the read is not a write: not logged.
     passes("pause", "claimed", 2);
 }
