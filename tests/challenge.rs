@@ -242,6 +242,37 @@ fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
     );
 }
 
+/// A client that never says ready (a slow start on a loaded machine): nothing ran, so the
+/// run is not graded (exit 4, no never-done list), and lockslab says how to give it longer.
+#[test]
+fn a_run_in_which_no_client_said_ready_could_not_run() {
+    let marker = format!("lockslab-unready-test-{}", std::process::id());
+    let script = format!("read l; sleep 30 # {marker}");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--seed",
+        "1",
+        "--patience",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .output()
+    .expect("running lockslab");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    assert!(stderr.contains("--patience 30s"), "{stderr}");
+    assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
 #[test]
 fn a_missing_script_is_refused_before_any_server_starts() {
     let output = lockslab(&["challenge", "counter", "--", "python3", "no/such/client.py"])

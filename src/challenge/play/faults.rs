@@ -40,10 +40,8 @@ impl Run<'_> {
                     let name = &seat.client.name;
                     // `held_ms` is the number the line says; `lasted_ms` (the nemesis's)
                     // counts from when the delay was set, before the bytes came.
-                    let text = format!(
-                        "{name}'s bytes reach Postgres, held {late_ms}ms in the proxy after \
-                         {name} sent them"
-                    );
+                    let text =
+                        format!("{name}'s bytes reach Postgres, held {late_ms}ms in the proxy");
                     let facts = crate::events::facts::FaultFacts {
                         held_ms: Some(late_ms),
                         ..Default::default()

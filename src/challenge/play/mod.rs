@@ -529,6 +529,7 @@ impl Run<'_> {
     /// A client that does not say ready, or does not answer its job, within its time.
     fn check_deadlines(&mut self) -> Result<()> {
         let paused = self.nemesis.paused();
+        let none_ready = !self.seats.iter().any(|s| s.ready);
         for seat in &mut self.seats {
             let Some((job, since)) = seat.job else {
                 continue;
@@ -542,6 +543,15 @@ impl Run<'_> {
             } else {
                 "say ready after its init".to_string()
             };
+            if since.elapsed() > limit && none_ready {
+                // Nobody got as far as ready: nothing was run, so nothing is graded.
+                anyhow::bail!(
+                    "client {} did not say ready within {}, nor did any other: nothing \
+                     ran; on a busy machine: --patience 30s",
+                    seat.client.name,
+                    crate::output::human(limit)
+                );
+            }
             if since.elapsed() > limit {
                 return Err(failed(format!(
                     "client {} did not {what} within {}: it hangs, or never answers \
