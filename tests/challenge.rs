@@ -238,7 +238,8 @@ fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
     cannot_start(
         "read l; echo 'Traceback (most recent call last):' >&2; \
          echo \"ModuleNotFoundError: No module named 'psycopg2'\" >&2; exit 1",
-        "its last stderr line: ModuleNotFoundError: No module named 'psycopg2'",
+        "its last stderr line: ModuleNotFoundError: No module named 'psycopg2' (install \
+         it for that python3, or name a python3 that has it)",
     );
 }
 

@@ -362,6 +362,10 @@ impl Run<'_> {
                     let last = words.rsplit(" | ").next().unwrap_or_default();
                     let last = match last.trim() {
                         "" => "nothing on stderr".to_string(),
+                        line if line.starts_with("ModuleNotFoundError") => format!(
+                            "its last stderr line: {line} (install it for that python3, or \
+                             name a python3 that has it)"
+                        ),
                         line => format!("its last stderr line: {line}"),
                     };
                     anyhow::bail!(
