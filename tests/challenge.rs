@@ -96,10 +96,17 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
     passes("counter", "fenced", 1);
 }
 
+/// `fenced` holds its row lock across the pause: nobody writes the row before its held
+/// write lands, so the pause tested nothing (undecided, never a pass); `claimed` holds no
+/// row lock, a newer holder claims the row, and the held write is refused: it bit.
 #[test]
-fn pause_catches_an_unfenced_lock_and_passes_a_fenced_read_and_write() {
+fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     caught_within("pause", "setnx", "stale-write", 3);
-    passes("pause", "fenced", 1);
+    let (code, verdict) = reference("pause", 1, "fenced");
+    assert_eq!(code, 3, "{verdict}");
+    assert_eq!(verdict["faults_bit"], 0, "{verdict}");
+    let said = verdict["undecided"].to_string();
+    assert!(said.contains("nobody wrote"), "{said}");
     // A claim (an update of `fence` alone) before the read is not a write: not logged.
     passes("pause", "claimed", 2);
 }
@@ -231,8 +238,40 @@ fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
     cannot_start(
         "read l; echo 'Traceback (most recent call last):' >&2; \
          echo \"ModuleNotFoundError: No module named 'psycopg2'\" >&2; exit 1",
-        "its last stderr line: ModuleNotFoundError: No module named 'psycopg2'",
+        "its last stderr line: ModuleNotFoundError: No module named 'psycopg2' (install \
+         it for that python3, or name a python3 that has it)",
     );
+}
+
+/// A client that never says ready (a slow start on a loaded machine): nothing ran, so the
+/// run is not graded (exit 4, no never-done list), and lockslab says how to give it longer.
+#[test]
+fn a_run_in_which_no_client_said_ready_could_not_run() {
+    let marker = format!("lockslab-unready-test-{}", std::process::id());
+    let script = format!("read l; sleep 30 # {marker}");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--seed",
+        "1",
+        "--patience",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .output()
+    .expect("running lockslab");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    assert!(stderr.contains("--patience 30s"), "{stderr}");
+    assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
 }
 
 #[test]
@@ -263,7 +302,8 @@ fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
         r#"read l; echo '{"type":"ready"}'; sleep 600"#,
         "did not answer job",
     );
-    misbehaves("sleep 600", "did not say ready");
+    // One that never says ready, when no other did either: see
+    // `a_run_in_which_no_client_said_ready_could_not_run` (exit 4, not graded).
     misbehaves(
         r#"read l; head -c 100000 /dev/zero | tr '\0' x"#,
         "longer than 4096 bytes",

@@ -126,6 +126,14 @@ pub fn show(
         played.faults_played,
         report.faults_bit
     );
+    let refused = played
+        .events
+        .iter()
+        .filter(|e| matches!(&e.what, What::JobAnswered(a) if a.ok == Some(false)))
+        .count();
+    if refused > 0 {
+        crate::outln!("  {refused} answered fail (refused) and were sent again");
+    }
     const SHOWN: usize = 8;
     for problem in report.problems.iter().take(SHOWN) {
         crate::prose!("  - {}", problem.describe());

@@ -24,9 +24,12 @@
 //!
 //! If the challenge's faults never played (the client never reached the moment they aim
 //! at), a clean log proves nothing about them: undecided, never a pass. Nor if they played
-//! and missed: a pause or a delay **bites** only if the job its client had when it began
-//! was still unwritten then, and its write reached the database more than one TTL after
-//! (or never) — read from the log's own clock, not from the client's notes. A client whose
+//! and missed. A pause or a delay **bites** only if the job its client had when it began
+//! was still unwritten then, and its held write was refused (the client answered `fail`),
+//! or another client's change to the same record committed between the fault and the held
+//! write's landing — read from the log's own clock, not from the client's notes. If nobody
+//! wrote the record meanwhile, even an unfenced late write was right: the fault tested
+//! nothing. A kill bites only if its client held a job it had not answered. A client whose
 //! `writing` note comes after its commit is frozen with nothing left to write: that fault
 //! missed, and the finding says the note came late.
 
@@ -75,7 +78,7 @@ pub struct Evidence {
     /// How long a lock whose holder was killed may keep the next client waiting (none: not
     /// checked).
     pub stuck_bound_ms: Option<u64>,
-    /// Each pause and delay as it began, to tell whether it bit.
+    /// Each pause, delay and kill as it began, to tell whether it bit.
     pub strikes: Vec<Strike>,
     /// Why each fault that never played did not (the note it waited for never came).
     pub unplayed: Vec<String>,
@@ -83,11 +86,11 @@ pub struct Evidence {
     pub lease_ms: u64,
 }
 
-/// A pause or a delay as it began: whom it hit, the job that client had, and the
+/// A pause, a delay or a kill as it began: whom it hit, the job that client had, and the
 /// database's clock at that moment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Strike {
-    /// `pause` or `delay`.
+    /// `pause`, `delay` or `kill`.
     pub fault: &'static str,
     pub client: String,
     /// The job the client had, or else the last one it was given (none: not one yet).
@@ -103,18 +106,28 @@ pub struct Strike {
     pub notes: bool,
     /// It had said `released` for that job before the fault.
     pub released: bool,
+    /// It answered `fail` for that job after the fault: its held write was refused.
+    pub refused: bool,
 }
 
 impl Strike {
-    /// Why the fault did not bite, or nothing if it did: the job's write must not have
-    /// reached the database before the fault, nor within one TTL of it.
-    pub fn missed(&self, changes: &[Change], lease_ms: u64) -> Option<String> {
+    /// Why the fault did not bite, or nothing if it did. A kill bites if its client held a
+    /// job it had not answered. A pause or a delay bites if the job's write was still to
+    /// come when it began, and then was refused (fenced out), or another client's change
+    /// to the same record committed before the held write landed: otherwise even an
+    /// unfenced late write would have been right, and the fault tested nothing.
+    pub fn missed(&self, jobs: &BTreeMap<i64, &JobSpec>, changes: &[Change]) -> Option<String> {
         let (who, verb) = (&self.client, self.verb());
         let Some(job) = self.job.filter(|&job| job > 0) else {
             return Some(format!(
                 "{verb} {who} before its first job: no write was held up"
             ));
         };
+        if self.fault == "kill" {
+            return self.answered.then(|| {
+                format!("{verb} {who} between jobs (it had answered job {job}): it held no job")
+            });
+        }
         let writes = changes.iter().filter(|c| c.job == Some(job));
         let first = writes.filter_map(|c| Some((c.at_us?, c.seq))).min();
         if let Some((at_us, seq)) = first.filter(|(at_us, _)| *at_us < self.at_us) {
@@ -148,23 +161,35 @@ impl Strike {
                 "{verb} {who} after it said released for job {job}: it held no lock then"
             ));
         }
-        let (at_us, seq) = first?;
-        let after_us = at_us - self.at_us;
-        (after_us < lease_ms as i64 * 1000).then(|| {
+        if self.refused {
+            return None;
+        }
+        let record = jobs.get(&job)?.record.as_str();
+        let landed = first.filter(|(at_us, _)| *at_us >= self.at_us);
+        let meanwhile = changes.iter().any(|c| {
+            c.record == record
+                && c.job != Some(job)
+                && c.at_us.is_some_and(|at| {
+                    at >= self.at_us && landed.is_none_or(|(landed_us, _)| at < landed_us)
+                })
+        });
+        let held = match landed {
+            Some((_, seq)) => format!("before job {job}'s write landed (change #{seq})"),
+            None => format!("and job {job}'s write never landed"),
+        };
+        (!meanwhile).then(|| {
             format!(
-                "{verb} {who}, and job {job}'s write reached the database {}ms later \
-                 (change #{seq}), within one TTL ({lease_ms}ms): it was not held up past its \
-                 lock",
-                after_us / 1000
+                "{verb} {who} holding job {job}: nobody wrote {record} meanwhile ({held}), \
+                 so even an unfenced late write was right"
             )
         })
     }
 
     fn verb(&self) -> &'static str {
-        if self.fault == "pause" {
-            "paused"
-        } else {
-            "delayed"
+        match self.fault {
+            "pause" => "paused",
+            "kill" => "killed",
+            _ => "delayed",
         }
     }
 }
@@ -337,7 +362,7 @@ pub struct Report {
     pub undecided: Vec<String>,
     /// Changes in the log that took effect as their job meant.
     pub good_changes: usize,
-    /// Faults that played and bit (a kill always bites; a pause or a delay, see [`Strike`]).
+    /// Faults that played and bit (see [`Strike::missed`]).
     pub faults_bit: usize,
 }
 
@@ -427,7 +452,7 @@ pub fn check(evidence: &Evidence) -> Report {
     let missed: Vec<String> = evidence
         .strikes
         .iter()
-        .filter_map(|s| s.missed(&changes, evidence.lease_ms))
+        .filter_map(|s| s.missed(&jobs, &changes))
         .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
@@ -439,7 +464,8 @@ pub fn check(evidence: &Evidence) -> Report {
     }
     if !missed.is_empty() {
         report.undecided.push(format!(
-            "{} of {} faults that played missed: nothing of a job was held up past its TTL",
+            "{} of {} faults that played missed: no job's write was held up while another client \
+             wrote its record",
             missed.len(),
             evidence.faults_played
         ));
@@ -677,29 +703,46 @@ mod tests {
     }
 
     #[test]
-    fn a_pause_or_delay_bites_only_if_its_jobs_write_landed_a_ttl_after_it_or_never() {
+    fn a_pause_or_delay_bites_only_if_another_write_to_its_record_came_before_the_held_one() {
         let mut run = clean_run();
         run.lease_ms = 500;
         let strike = |job: Option<i64>, at_us: i64| Strike {
             fault: "pause",
             client: "c1".into(),
             job,
-            answered: false,
             at_us,
-            note_us: None,
             notes: true,
-            released: false,
+            ..Strike::default()
         };
-        // Job 2's write is change #2, at 2s on the database's clock.
-        run.strikes = vec![strike(Some(2), 1_000_000)];
+        // Job 2's write is change #2 at 2s; job 1 wrote r0 at 1s, between the fault and it.
+        run.strikes = vec![strike(Some(2), 500_000)];
         let report = check(&run);
         assert_eq!(report.grade(), Grade::Pass, "{report:?}");
         assert_eq!(report.faults_bit, 1);
+        // Held as long, but nobody wrote r0 from 1.5s until job 2's write: even an unfenced
+        // late write was right, so it missed, and a run whose faults all missed is undecided.
+        run.strikes = vec![strike(Some(2), 1_500_000)];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert_eq!(report.faults_bit, 0);
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("nobody wrote r0 meanwhile") && said.contains("change #2"),
+            "{said}"
+        );
+        // Job 1 wrote r1 meanwhile instead: another record, so still missed.
+        run.changes[0].record = "r1".into();
+        assert_eq!(check(&run).faults_bit, 0);
+        run.changes[0].record = "r0".into();
+        // The held write refused (the client answered `fail`): fenced out, it bit.
+        let mut refused = strike(Some(2), 1_500_000);
+        refused.refused = true;
+        run.strikes = vec![refused];
+        assert_eq!(check(&run).grade(), Grade::Pass);
         // Frozen after its write: its `writing` note came late. Never a pass.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         let report = check(&run);
         assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
-        assert_eq!(report.faults_bit, 0);
         let said = report.undecided.join("\n");
         assert!(
             said.contains("500ms after job 2's write") && said.contains("change #2"),
@@ -718,28 +761,49 @@ mod tests {
             said.contains("lockslab was late, 600ms after c1's last note"),
             "{said}"
         );
-        // A write in flight that lands within one TTL was not held up past the lock.
-        run.strikes = vec![strike(Some(2), 1_800_000)];
-        let said = check(&run).undecided.join("\n");
-        assert!(said.contains("200ms later") && said.contains("within one TTL"));
         // Before any job, between jobs, or after it let its lock go: nothing held.
         run.strikes = vec![strike(None, 1_000_000)];
         assert_eq!(check(&run).grade(), Grade::Undecided);
-        let mut answered = strike(Some(4), 1_000_000);
+        let mut answered = strike(Some(3), 1_000_000);
         answered.answered = true;
         run.strikes = vec![answered];
         assert!(check(&run).undecided.join("").contains("between jobs"));
-        let mut released = strike(Some(2), 1_000_000);
+        let mut released = strike(Some(2), 500_000);
         released.released = true;
         run.strikes = vec![released];
         assert!(check(&run).undecided.join("").contains("said released"));
-        // A job whose write never landed (fenced out) was held up: it bit.
-        run.strikes = vec![strike(Some(4), 1_000_000)];
-        assert_eq!(check(&run).grade(), Grade::Pass);
         // A stale write is a failure whatever the faults did.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         run.changes[1].new_value = 9;
         run.finals[0].1 = 9;
         assert_eq!(check(&run).grade(), Grade::Fail);
+    }
+
+    #[test]
+    fn a_kill_bites_only_if_its_client_held_a_job_it_had_not_answered() {
+        let mut run = clean_run();
+        let kill = |job: Option<i64>, answered: bool| Strike {
+            fault: "kill",
+            client: "c2".into(),
+            job,
+            answered,
+            ..Strike::default()
+        };
+        run.strikes = vec![kill(Some(2), false)];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+        // Killed after its `ok`, waiting for its next job: nothing was cut short.
+        run.strikes = vec![kill(Some(2), true)];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        let said = report.undecided.join("\n");
+        assert!(said.contains("killed c2 between jobs"), "{said}");
+        run.strikes = vec![kill(None, false)];
+        assert!(
+            check(&run)
+                .undecided
+                .join("")
+                .contains("before its first job")
+        );
     }
 }

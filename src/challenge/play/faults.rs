@@ -40,10 +40,8 @@ impl Run<'_> {
                     let name = &seat.client.name;
                     // `held_ms` is the number the line says; `lasted_ms` (the nemesis's)
                     // counts from when the delay was set, before the bytes came.
-                    let text = format!(
-                        "{name}'s bytes reach Postgres, held {late_ms}ms in the proxy after \
-                         {name} sent them"
-                    );
+                    let text =
+                        format!("{name}'s bytes reach Postgres, held {late_ms}ms in the proxy");
                     let facts = crate::events::facts::FaultFacts {
                         held_ms: Some(late_ms),
                         ..Default::default()
@@ -103,6 +101,15 @@ impl Run<'_> {
                 if let Some((job, _)) = self.seats[index].job {
                     self.moment(&name, job, Moment::Killed);
                 }
+                let seat = &self.seats[index];
+                let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
+                self.strikes.push(Strike {
+                    fault: "kill",
+                    client: name.clone(),
+                    job: current.or(seat.last_job),
+                    answered: current.is_none() && seat.last_job.is_some(),
+                    ..Strike::default()
+                });
                 let seat = &mut self.seats[index];
                 self.killed.insert(name.clone());
                 self.nemesis.kill(
@@ -160,6 +167,7 @@ impl Run<'_> {
             note_us,
             notes,
             released,
+            refused: false,
         });
         Ok(())
     }

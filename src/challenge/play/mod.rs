@@ -362,6 +362,10 @@ impl Run<'_> {
                     let last = words.rsplit(" | ").next().unwrap_or_default();
                     let last = match last.trim() {
                         "" => "nothing on stderr".to_string(),
+                        line if line.starts_with("ModuleNotFoundError") => format!(
+                            "its last stderr line: {line} (install it for that python3, or \
+                             name a python3 that has it)"
+                        ),
                         line => format!("its last stderr line: {line}"),
                     };
                     anyhow::bail!(
@@ -433,6 +437,13 @@ impl Run<'_> {
                     ..ChallengeJob::default()
                 };
                 self.note(name, What::JobAnswered(answer), text);
+                let held = self
+                    .strikes
+                    .iter_mut()
+                    .filter(|s| s.client == name && !s.answered);
+                for strike in held.filter(|s| s.job == Some(job)) {
+                    strike.refused = true;
+                }
                 self.give_again(job);
             }
             FromClient::Acquired { job, token } => {
@@ -522,6 +533,7 @@ impl Run<'_> {
     /// A client that does not say ready, or does not answer its job, within its time.
     fn check_deadlines(&mut self) -> Result<()> {
         let paused = self.nemesis.paused();
+        let none_ready = !self.seats.iter().any(|s| s.ready);
         for seat in &mut self.seats {
             let Some((job, since)) = seat.job else {
                 continue;
@@ -535,6 +547,15 @@ impl Run<'_> {
             } else {
                 "say ready after its init".to_string()
             };
+            if since.elapsed() > limit && none_ready {
+                // Nobody got as far as ready: nothing was run, so nothing is graded.
+                anyhow::bail!(
+                    "client {} did not say ready within {}, nor did any other: nothing \
+                     ran; on a busy machine: --patience 30s",
+                    seat.client.name,
+                    crate::output::human(limit)
+                );
+            }
             if since.elapsed() > limit {
                 return Err(failed(format!(
                     "client {} did not {what} within {}: it hangs, or never answers \
