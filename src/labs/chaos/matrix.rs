@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde_json::json;
 
+use super::play::space;
 pub use super::table::Cell;
 use super::table::{footer, header, notes, row_line};
-use super::{Ground, chaos_exit_help, show, side_by_side, space};
+use super::{Ground, chaos_exit_help, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, json_line};

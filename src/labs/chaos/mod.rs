@@ -9,6 +9,7 @@
 //! ```
 
 mod cluster;
+mod given;
 pub mod matrix;
 mod net;
 mod play;
@@ -27,7 +28,7 @@ use serde_json::json;
 
 use crate::check::chaos::Judgement;
 use crate::connect::Backend;
-use crate::nemesis::generate::{self, FaultKind, Space};
+use crate::nemesis::generate::{self, FaultKind};
 use crate::nemesis::schedule::Schedule;
 use crate::servers::{self, ServerArgs, Servers};
 use crate::worker::chaos_client::Design;
@@ -215,31 +216,6 @@ impl Ground {
     }
 }
 
-/// The faults a design can meet: a restart only where there is a server of chaos's own.
-pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
-    let lease = setup.lease_ms;
-    Space {
-        clients: play::client_names(clients),
-        kinds: kinds
-            .iter()
-            .copied()
-            .filter(|kind| !(*kind == FaultKind::LostReply && setup.design.uses_masters()))
-            .collect(),
-        restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
-            vec!["redis".into()]
-        } else if setup.design.uses_masters() {
-            (0..redlock_lane::MASTERS).map(redlock_lane::name).collect()
-        } else {
-            Vec::new()
-        },
-        span_ms: setup.run_ms,
-        pause_ms: (lease / 2, lease * 3),
-        max_faults: 3,
-        lock_server: net::lock_server(setup.design).into(),
-        etcd_cluster: setup.etcd_ring.is_some(),
-    }
-}
-
 /// `lockslab chaos`.
 pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let given = match &args.schedule {
@@ -289,7 +265,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             show::heading(&ground, args, seed);
         }
         let setup = ground.setup(args.design);
-        let space = space(&setup, args.clients, &kinds);
+        let space = play::space(&setup, args.clients, &kinds);
         let started = Instant::now();
         let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
         let next = |nth: u64| {
@@ -410,7 +386,7 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
     let json = if text.trim_start().starts_with('[') {
         text.to_string()
     } else {
-        match std::fs::read_to_string(text) {
+        match given::read_small_file(text) {
             Ok(json) => json,
             Err(_) if !std::path::Path::new(text).exists() => crate::bail_usage!(
                 "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"

@@ -12,7 +12,7 @@ use crate::connect::{self, Backend, PgClient};
 use crate::events::{Event, What};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::generate::{self, FaultKind};
+use crate::nemesis::generate::{self, FaultKind, Space};
 use crate::nemesis::schedule::Schedule;
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
@@ -448,4 +448,31 @@ fn heard(history: &[Event]) -> Heard {
         }
     }
     heard
+}
+
+/// The faults a design can meet: a restart only where there is a server of chaos's own.
+pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
+    let lease = setup.lease_ms;
+    Space {
+        clients: client_names(clients),
+        kinds: kinds
+            .iter()
+            .copied()
+            .filter(|kind| !(*kind == FaultKind::LostReply && setup.design.uses_masters()))
+            .collect(),
+        restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
+            vec!["redis".into()]
+        } else if setup.design.uses_masters() {
+            (0..super::redlock_lane::MASTERS)
+                .map(super::redlock_lane::name)
+                .collect()
+        } else {
+            Vec::new()
+        },
+        span_ms: setup.run_ms,
+        pause_ms: (lease / 2, lease * 3),
+        max_faults: 3,
+        lock_server: super::net::lock_server(setup.design).into(),
+        etcd_cluster: setup.etcd_ring.is_some(),
+    }
 }
