@@ -53,7 +53,22 @@ pub fn lanes_words(ground: &Ground) -> Vec<String> {
         .filter(|lane| lane.redis.is_some())
         .filter_map(|lane| lane.redis_url.as_deref().map(crate::connect::redact))
         .collect();
-    if ground.redis_given {
+    if ground
+        .lanes
+        .iter()
+        .any(|lane| !lane.masters.urls.is_empty())
+    {
+        let given = if ground.redis_given {
+            "; --redis-url is not used by Redlock"
+        } else {
+            ""
+        };
+        vec![format!(
+            "redis    {} masters per lane, chaos's own (m1–m{}){given}",
+            super::redlock_lane::MASTERS,
+            super::redlock_lane::MASTERS
+        )]
+    } else if ground.redis_given {
         vec!["redis given: client faults only (chaos restarts only servers it started)".into()]
     } else if own.len() == 1 {
         vec![format!(
