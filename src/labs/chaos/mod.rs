@@ -471,8 +471,8 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
                 | Fault::DropReply
         ) {
             crate::bail_usage!(
-                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply; \
-                 not {}",
+                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply \
+                 (a lost-reply); not {}",
                 step.fault.as_str()
             );
         }

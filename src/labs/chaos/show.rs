@@ -100,6 +100,7 @@ pub fn step_words(step: &Step) -> String {
         .map_or(String::new(), |ms| format!(" for {ms}ms"));
     let fault = match step.fault {
         Fault::Restart => "restart",
+        Fault::DropReply => "lost-reply",
         other => other.as_str(),
     };
     format!("{fault} {} {when}{lasting}", step.target)
@@ -133,17 +134,20 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
     );
     // The steps wrap under the first (colours do not count: the head's width is fixed).
     const INDENT: usize = 27;
-    let mut words: Vec<String> = schedule.steps().iter().map(step_words).collect();
-    if let Some(last) = words.last_mut() {
-        last.push_str(&unplayed);
+    let words: Vec<String> = schedule.steps().iter().map(step_words).collect();
+    let mut pieces: Vec<String> = words
+        .iter()
+        .enumerate()
+        .map(|(n, step)| match n + 1 < words.len() {
+            true => format!("{step};"),
+            false => step.clone(),
+        })
+        .collect();
+    if !unplayed.is_empty() {
+        pieces.push(unplayed.trim_start().to_string());
     }
     let mut lines = vec![String::new()];
-    for (n, step) in words.iter().enumerate() {
-        let piece = if n + 1 < words.len() {
-            format!("{step};")
-        } else {
-            step.clone()
-        };
+    for piece in pieces {
         let line = lines.last_mut().expect("one line at least");
         if !line.is_empty() && INDENT + line.len() + 1 + piece.len() > 80 {
             lines.push(piece);
