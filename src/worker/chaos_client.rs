@@ -158,7 +158,8 @@ impl Design {
     ///
     /// - **pause**: a client frozen past its lease breaks every design that trusts the lock
     ///   alone or fences only its write (labs 1, 4, 7): the row's mark.
-    /// - **kill**: no design here. A killed client writes nothing more; its lease runs out
+    /// - **kill**: no design here. A killed client sends nothing more (what it already sent
+    ///   may still land); its lease runs out
     ///   (or its session ends, and Postgres lets its advisory lock and row locks go) and the
     ///   next holder starts from what the store holds. A kill costs liveness, not safety.
     /// - **restart** (a Redis with no persistence comes back empty): the lock keys go, so a
@@ -175,21 +176,27 @@ impl Design {
     ///   three forgets the key; `redlock-fenced`'s token still refuses the older holder.
     /// - **restart-aof** (the append-only file: the restarted Redis has every write it
     ///   acknowledged — a killed process loses nothing it wrote to the file, whatever the
-    ///   fsync policy — the keys' expiry kept as absolute times): no lock and no counter is
-    ///   lost, so none of these designs can break by the restart alone.
+    ///   fsync policy, bar the default `everysec`'s write postponed behind a slow disk,
+    ///   which chaos's `appendfsync always` rules out — the keys' expiry kept as absolute
+    ///   times): no lock and no counter is lost, so none of these designs can break by the
+    ///   restart alone.
     /// - **delay** (lab 8's delayed write: the client's next write to the store arrives
     ///   late, its process running all along): a lock that nobody renews runs out under the
     ///   write in flight, and a design that does not fence its read breaks as under a pause
-    ///   (`redis-lock`; `fenced-write-only`, its `UPDATE` late inside its transaction). A
-    ///   lock renewed by the holder's own process stays held: the heartbeat (`redis-renewed`)
-    ///   or keepalive (`etcd-lease`) is not on the store's path, and keeps running — a pause
-    ///   freezes it with the client, a delay does not. (Lab 8's cut on the *lock's* path is
-    ///   what stops a heartbeat.)
+    ///   (`redis-lock`; `redlock`, whose validity is fixed at the grant; `fenced-write-only`,
+    ///   its `UPDATE` late inside its transaction). A delay on the path to the store does not
+    ///   break `redis-renewed` or `etcd-lease` *here*: the client waits for its write's
+    ///   answer while its heartbeat or keepalive, not on the store's path, keeps the lock —
+    ///   a pause freezes it with the client, a delay does not. A client that times out its
+    ///   write and releases, or a delay on the path to the lock service, would.
     /// - **lost-reply** (the reply to a lock request — or the store's answer, for a design
     ///   whose lock is Postgres — lost, the request applied): the client hears an error and
     ///   gives the job up; a lock it was granted runs out, a session reset gives its locks
-    ///   back, and the store's own rows settle every write. No design breaks; a release
-    ///   that got no answer leaves a design that trusts the lock undecided (unknown).
+    ///   back, and the store's own rows settle every write. No design breaks. A Redis
+    ///   design that trusts the lock reads unknown: a compare-and-delete whose answer was
+    ///   lost cannot tell "I deleted it" from "it expired". `etcd-lease` mostly reads safe:
+    ///   its release is retried on a new connection, and the lease revoke says whether the
+    ///   lease lived.
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),

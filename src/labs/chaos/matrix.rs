@@ -38,8 +38,10 @@ fsync policy (the kernel still has it); the `appendfsync always` it runs with
 matters for a power loss or kernel crash, which chaos does not play. Designs
 without Redis show `-` there.
 `delay` holds a client's next write to the store in a fault proxy, its
-process running; `lost-reply` (lost-rep) lets a client's next lock request
-through and throws its answer away (lab 8).
+process running; with `lost-reply` (lost-rep) the answer to a client's next
+request to its lock server (the store, for the Postgres designs) is lost
+after the request was applied (lab 8); none for Redlock, whose masters are
+not behind the proxy.
 `leader-kill` (leader) runs the etcd designs against a cluster of three
 members and kills its leader; once the other two have elected a new one, it
 starts again as a follower (lab 5). Designs without etcd show `-` there.

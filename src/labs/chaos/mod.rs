@@ -84,7 +84,8 @@ append-only file (it comes back with its data: a killed process loses
 nothing it wrote to the file, whatever the fsync policy; the fsync at every
 write it runs with is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
-and `lost-reply`, the answer to its next lock request thrown away (lab 8);
+and `lost-reply`, the answer to its next request to its lock server (the
+store for Postgres designs; none for Redlock) lost once applied (lab 8);
 `leader-kill`, for the etcd designs: a cluster of three members (lab 5)
 whose leader is killed, then started again once the other two have elected
 a new one (schedules with one play one at a time).
@@ -447,8 +448,8 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
                 | Fault::DropReply
         ) {
             crate::bail_usage!(
-                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply; \
-                 not {}",
+                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply \
+                 (a lost-reply); not {}",
                 step.fault.as_str()
             );
         }

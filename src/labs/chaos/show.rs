@@ -53,7 +53,22 @@ pub fn lanes_words(ground: &Ground) -> Vec<String> {
         .filter(|lane| lane.redis.is_some())
         .filter_map(|lane| lane.redis_url.as_deref().map(crate::connect::redact))
         .collect();
-    if ground.redis_given {
+    if ground
+        .lanes
+        .iter()
+        .any(|lane| !lane.masters.urls.is_empty())
+    {
+        let given = if ground.redis_given {
+            "; --redis-url is not used by Redlock"
+        } else {
+            ""
+        };
+        vec![format!(
+            "redis    {} masters per lane, chaos's own (m1–m{}){given}",
+            super::redlock_lane::MASTERS,
+            super::redlock_lane::MASTERS
+        )]
+    } else if ground.redis_given {
         vec!["redis given: client faults only (chaos restarts only servers it started)".into()]
     } else if own.len() == 1 {
         vec![format!(
@@ -85,6 +100,7 @@ pub fn step_words(step: &Step) -> String {
         .map_or(String::new(), |ms| format!(" for {ms}ms"));
     let fault = match step.fault {
         Fault::Restart => "restart",
+        Fault::DropReply => "lost-reply",
         other => other.as_str(),
     };
     format!("{fault} {} {when}{lasting}", step.target)
@@ -118,17 +134,20 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
     );
     // The steps wrap under the first (colours do not count: the head's width is fixed).
     const INDENT: usize = 27;
-    let mut words: Vec<String> = schedule.steps().iter().map(step_words).collect();
-    if let Some(last) = words.last_mut() {
-        last.push_str(&unplayed);
+    let words: Vec<String> = schedule.steps().iter().map(step_words).collect();
+    let mut pieces: Vec<String> = words
+        .iter()
+        .enumerate()
+        .map(|(n, step)| match n + 1 < words.len() {
+            true => format!("{step};"),
+            false => step.clone(),
+        })
+        .collect();
+    if !unplayed.is_empty() {
+        pieces.push(unplayed.trim_start().to_string());
     }
     let mut lines = vec![String::new()];
-    for (n, step) in words.iter().enumerate() {
-        let piece = if n + 1 < words.len() {
-            format!("{step};")
-        } else {
-            step.clone()
-        };
+    for piece in pieces {
         let line = lines.last_mut().expect("one line at least");
         if !line.is_empty() && INDENT + line.len() + 1 + piece.len() > 80 {
             lines.push(piece);

@@ -149,10 +149,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     let undecided = expected_to_break(cells, "INCONCLUSIVE");
     crate::outln!();
     if against.is_empty() {
-        crate::prose!(
-            "No cell the labs expect safe showed a violation: the matrix agrees with the \
-             labs. A SAFE cell is evidence, not proof."
-        );
+        crate::prose!("No cell the labs expect safe showed a violation.");
     } else {
         crate::prose!(
             "{} {}: the labs expect these safe.",
@@ -162,8 +159,12 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     }
     if !missed.is_empty() {
         crate::prose!(
-            "Expected to break, not broken in these schedules (they missed the window; \
-             more --schedules, or chaos --design D --faults F, hunt longer): {}.",
+            "{} {} the labs expect to break {} not broken in these schedules: absence of \
+             evidence, not agreement (they missed the window; more --schedules, or chaos \
+             --design D --faults F, hunt longer): {}.",
+            missed.len(),
+            if missed.len() == 1 { "cell" } else { "cells" },
+            if missed.len() == 1 { "was" } else { "were" },
             missed.join(", ")
         );
     }
