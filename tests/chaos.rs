@@ -733,3 +733,21 @@ fn ctrl_c_after_a_leader_kill_leaves_no_client_and_no_etcd_member() {
         );
     }
 }
+
+/// Faults that cannot reach the design are refused before any server starts, rather than
+/// played as schedules with no fault in them and counted safe.
+#[test]
+fn faults_that_cannot_reach_the_design_are_refused() {
+    for (design, faults) in [
+        ("optimistic", "restart"),
+        ("redis-lock", "leader-kill"),
+        ("redlock", "lost-reply"),
+    ] {
+        let output = lockslab(&["chaos", "--design", design, "--faults", faults])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{design} × {faults}: {said}");
+        assert!(said.contains("none of these can reach"), "{said}");
+    }
+}

@@ -252,11 +252,20 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             kind.name()
         );
     }
-    if args.design.uses_masters() && kinds == [FaultKind::LostReply] {
+    let d = args.design;
+    let meets = |kind: &FaultKind| match kind {
+        FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
+        FaultKind::LeaderKill => d.uses_etcd(),
+        FaultKind::LostReply => !d.uses_masters(),
+        _ => true,
+    };
+    if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
-            "lost-reply: Redlock's five masters are not behind the fault proxy, so chaos has \
-             no lock request of {} to lose an answer to; choose another fault",
-            args.design.name()
+            "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
+             own, leader-kill an etcd design, lost-reply a lock server behind the proxy — \
+             Redlock's masters are not); choose another fault",
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
+            d.name()
         );
     }
     let outcome = (|| -> Result<ExitCode> {
