@@ -55,25 +55,37 @@ impl WorkerHandle {
     /// Waits up to `timeout` for the worker to exit by itself; kills it after that.
     pub fn finish(&mut self, timeout: Duration) -> bool {
         self.stdin.take();
+        let deadline = Instant::now() + timeout;
+        while !self.reaped {
+            if self.try_reap() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         if self.exited_by_itself {
             return true;
         }
-        let deadline = Instant::now() + timeout;
-        while !self.reaped {
-            match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                Ok(WaitStatus::StillAlive) => break,
-                _ => {
-                    self.reaped = true;
-                    procs::forget(self.pid);
-                    return true;
-                }
-            }
-        }
         self.kill();
         false
+    }
+
+    /// Reaps the worker if it has exited by itself, without waiting: true if it just did.
+    fn try_reap(&mut self) -> bool {
+        if self.reaped
+            || matches!(
+                waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::StillAlive)
+            )
+        {
+            return false;
+        }
+        self.reaped = true;
+        self.exited_by_itself = true;
+        procs::forget(self.pid);
+        true
     }
 }
 
@@ -99,15 +111,6 @@ impl crate::nemesis::Victim for WorkerHandle {
     }
 
     fn reap_if_exited(&mut self) {
-        if !self.reaped
-            && !matches!(
-                waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)),
-                Ok(WaitStatus::StillAlive)
-            )
-        {
-            self.reaped = true;
-            self.exited_by_itself = true;
-            procs::forget(self.pid);
-        }
+        self.try_reap();
     }
 }
