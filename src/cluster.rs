@@ -665,17 +665,20 @@ impl Drop for EtcdCluster {
 
 /// Both clusters, started side by side: etcd's members elect a leader while the Sentinels
 /// find each other. Processes are spawned from this thread (their parent-death signal
-/// follows it); only the waiting runs in parallel.
+/// follows it); only the waiting runs in parallel. A member that found its port taken starts
+/// both again on fresh ports, as each cluster's own `start` does.
 pub fn start_both() -> Result<(SentinelCluster, EtcdCluster)> {
-    let mut redis = SentinelCluster::spawn()?;
-    let mut etcd = EtcdCluster::spawn()?;
-    let (redis_ready, etcd_ready) = thread::scope(|scope| {
-        let redis_ready = scope.spawn(|| redis.wait_until_ready());
-        let etcd_ready = scope.spawn(|| etcd.wait_until_ready());
-        (redis_ready.join(), etcd_ready.join())
-    });
-    let panicked = || anyhow!("a readiness check panicked");
-    redis_ready.map_err(|_| panicked())??;
-    etcd_ready.map_err(|_| panicked())??;
-    Ok((redis, etcd))
+    start_on_fresh_ports(|| {
+        let mut redis = SentinelCluster::spawn()?;
+        let mut etcd = EtcdCluster::spawn()?;
+        let (redis_ready, etcd_ready) = thread::scope(|scope| {
+            let redis_ready = scope.spawn(|| redis.wait_until_ready());
+            let etcd_ready = scope.spawn(|| etcd.wait_until_ready());
+            (redis_ready.join(), etcd_ready.join())
+        });
+        let panicked = || anyhow!("a readiness check panicked");
+        redis_ready.map_err(|_| panicked())??;
+        etcd_ready.map_err(|_| panicked())??;
+        Ok((redis, etcd))
+    })
 }
