@@ -177,6 +177,13 @@ fn libc_esrch() -> i32 {
 /// on for a moment — long enough to take a lock that the cleanup had just deleted.
 pub fn spawn_registered(command: &mut Command, plan: StopPlan) -> io::Result<Child> {
     tie_to_parent(command);
+    spawn_untied_registered(command, plan)
+}
+
+/// Spawns a child that is not tied to lockslab (`lockslab up`'s servers outlive it) and
+/// registers it for cleanup until lockslab exits: an interrupted `up` stops it too. Under the
+/// registry's lock, as [`spawn_registered`], for the same reason.
+pub fn spawn_untied_registered(command: &mut Command, plan: StopPlan) -> io::Result<Child> {
     with_live(|live| {
         if interrupted() {
             return Err(io::Error::new(
@@ -188,11 +195,6 @@ pub fn spawn_registered(command: &mut Command, plan: StopPlan) -> io::Result<Chi
         live.insert(child.id() as i32, plan);
         Ok(child)
     })
-}
-
-/// Registers a child that was started elsewhere (so it will be cleaned up too).
-pub fn register(pid: i32, plan: StopPlan) {
-    with_live(|live| live.insert(pid, plan));
 }
 
 /// Removes a child from the registry once it is known to be gone and reaped.

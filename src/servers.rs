@@ -962,14 +962,11 @@ impl PrivateServers {
                         nix::unistd::setsid().map(drop).map_err(Into::into)
                     });
                 }
-                let child = command
-                    .spawn()
-                    .with_context(|| format!("starting a private {}", backend.name()))?;
-                let pid = child.id() as i32;
                 // Reaped by init once `lockslab up` exits; until then, registered so that a
                 // failed or interrupted `up` does not leave it behind.
-                procs::register(pid, plan);
-                pid
+                procs::spawn_untied_registered(&mut command, plan)
+                    .with_context(|| format!("starting a private {}", backend.name()))?
+                    .id() as i32
             }
         };
         // Known as ours before the first readiness probe: a probe refused while the server

@@ -181,12 +181,15 @@ fn naive_mode_processes_jobs_twice_and_loses_the_killed_workers_job() {
 /// appear, while the other workers' jobs do. Then it resumes and finishes the job once.
 #[test]
 fn a_frozen_worker_keeps_its_job_until_it_resumes() {
+    // Connected before the lab starts: the reads below must all fall inside the freeze, and
+    // a connection made after it began would eat into it on a busy machine.
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
     let mut lab = lockslab(&[
         "skip-locked",
         "--fault",
         "freeze",
         "--pause",
-        "1500ms",
+        "2s",
         "--json",
     ])
     .stdout(Stdio::piped())
@@ -215,7 +218,6 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
         "w2 is stopped"
     );
 
-    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
     let count = |db: &mut postgres::Client, sql: &str| -> i64 {
         db.query_one(&sql.replace("{p}", &processing), &[&job])
             .unwrap()
