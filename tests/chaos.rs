@@ -751,3 +751,30 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         assert!(said.contains("none of these can reach"), "{said}");
     }
 }
+
+/// Writes `schedule` to a file of its own for `--schedule FILE`.
+fn schedule_file(name: &str, schedule: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("lockslab-{name}-{}.json", std::process::id()));
+    std::fs::write(&path, schedule).unwrap();
+    path
+}
+
+/// A schedule written by hand may call the lost reply by the name chaos prints it by,
+/// `lost-reply`, as well as `drop_reply`: both play the same fault.
+#[test]
+fn a_schedule_file_may_spell_the_lost_reply_lost_reply() {
+    let file = schedule_file(
+        "lost-reply",
+        &LOST_RELEASE.replace("drop_reply", "lost-reply"),
+    );
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("\"lost-reply\"")
+    );
+    let (code, schedules, verdict, _) = replay("redis-fenced", file.to_str().unwrap(), "1");
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(code, Some(0), "{verdict}");
+    assert_eq!(schedules[0]["schedule"][0]["fault"], "drop_reply");
+    assert_eq!(schedules[0]["unplayed"], 0, "the lost reply played");
+}

@@ -424,6 +424,23 @@ mod tests {
         assert_eq!(again, schedule);
     }
 
+    /// A lost reply reads by the name chaos prints (`lost-reply`) as well as by the one
+    /// the JSON writes (`drop_reply`), and writes back as `drop_reply` (the history's word).
+    #[test]
+    fn a_lost_reply_reads_by_either_name_and_writes_as_drop_reply() {
+        for name in ["lost-reply", "drop_reply"] {
+            let text = format!(r#"[{{"at_ms":300,"fault":"{name}","target":"A→redis"}}]"#);
+            let schedule: Schedule = serde_json::from_str(&text).unwrap();
+            assert_eq!(schedule.steps()[0].fault, Fault::DropReply, "{name}");
+            let written = serde_json::to_string(&schedule).unwrap();
+            assert!(written.contains(r#""fault":"drop_reply""#), "{written}");
+        }
+        assert!(
+            serde_json::from_str::<Schedule>(r#"[{"at_ms":0,"fault":"lost_reply","target":"A"}]"#)
+                .is_err()
+        );
+    }
+
     #[test]
     fn a_timed_pause_becomes_a_pause_and_its_resume_in_time_order() {
         let schedule = Schedule::new(vec![

@@ -458,7 +458,7 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
         ) {
             crate::bail_usage!(
                 "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply \
-                 (a lost-reply); not {}",
+                 (also read as lost-reply); not {}",
                 step.fault.as_str()
             );
         }
