@@ -751,3 +751,102 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         assert!(said.contains("none of these can reach"), "{said}");
     }
 }
+
+/// Writes `schedule` to a file of its own for `--schedule FILE`.
+fn schedule_file(name: &str, schedule: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("lockslab-{name}-{}.json", std::process::id()));
+    std::fs::write(&path, schedule).unwrap();
+    path
+}
+
+/// A given schedule whose steps do not all play did not test the schedule asked: each
+/// play is unknown (exit 3), never safe, and names the steps that did not play — by their
+/// place as written, the step, and why (A killed before its pause came; C's 500th read,
+/// in a run of 1.5 s, never coming) — in its line and under `--json`.
+#[test]
+fn a_given_schedule_with_a_step_that_never_played_is_unknown_and_names_it() {
+    let file = schedule_file(
+        "unplayed",
+        r#"[{"at_ms": 0, "fault": "kill", "target": "A"},
+            {"at_ms": 0, "after": {"worker": "B", "event": "read_record", "nth": 3},
+             "fault": "pause", "target": "A", "duration_ms": 900},
+            {"at_ms": 0, "after": {"worker": "C", "event": "read_record", "nth": 500},
+             "fault": "kill", "target": "C"}]"#,
+    );
+    let play = |json: bool| {
+        let mut args = vec!["chaos", "--design", "optimistic", "--schedules", "1"];
+        args.push("--schedule");
+        args.push(file.to_str().unwrap());
+        if json {
+            args.push("--json");
+        }
+        lockslab(&args).output().unwrap()
+    };
+    let output = play(true);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let lines = json_lines(&output.stdout);
+    let schedule = lines.iter().find(|l| l["kind"] == "schedule").unwrap();
+    assert_eq!(schedule["result"], "inconclusive", "{schedule}");
+    let unplayed: Vec<(u64, &str)> = schedule["unplayed_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["nth"].as_u64().unwrap(), u["why"].as_str().unwrap()))
+        .collect();
+    assert_eq!(unplayed.len(), 2, "{schedule}");
+    assert_eq!(unplayed[0], (2, "A had been killed already"), "{schedule}");
+    assert_eq!(unplayed[1].0, 3, "{schedule}");
+    assert!(
+        unplayed[1].1.starts_with("C's read_record #500 never came"),
+        "{schedule}"
+    );
+    assert_eq!(schedule["unplayed_steps"][1]["step"]["target"], "C");
+    assert!(
+        schedule["unknowns"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("steps 2, 3 of the given schedule never played"),
+        "{schedule}"
+    );
+    let verdict = lines.last().unwrap();
+    assert_eq!(
+        (&verdict["inconclusive"], &verdict["played_in_part"]),
+        (&Value::from(1), &Value::from(1)),
+        "{verdict}"
+    );
+
+    let output = play(false);
+    assert_eq!(output.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&output.stdout).replace("\n        ", " ");
+    assert!(
+        text.contains("step 2 never played (pause A 0ms after B's read_record#3 for 900ms): A had been killed already")
+            && text.contains("step 3 never played (kill C 0ms after C's read_record#500): C's read_record #500 never came"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A schedule written by hand may call the lost reply by the name chaos prints it by,
+/// `lost-reply`, as well as `drop_reply`: both play the same fault.
+#[test]
+fn a_schedule_file_may_spell_the_lost_reply_lost_reply() {
+    let file = schedule_file(
+        "lost-reply",
+        &LOST_RELEASE.replace("drop_reply", "lost-reply"),
+    );
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("\"lost-reply\"")
+    );
+    let (code, schedules, verdict, _) = replay("redis-fenced", file.to_str().unwrap(), "1");
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(code, Some(0), "{verdict}");
+    assert_eq!(schedules[0]["schedule"][0]["fault"], "drop_reply");
+    assert_eq!(schedules[0]["unplayed"], 0, "the lost reply played");
+}

@@ -41,6 +41,10 @@ pub enum Fault {
     /// The path is cut: its connections reset, new ones refused, or bytes swallowed.
     Cut,
     /// The next request reaches the server and is applied; its reply is lost.
+    // Written `drop_reply`; read as that or as `lost-reply`, the name `chaos --faults` and
+    // every printed line give it (a schedule written by hand). Reading only: the schema
+    // (serialize side) and `json_version` stay as they were.
+    #[serde(alias = "lost-reply")]
     DropReply,
     /// The end of a network fault: the path carries bytes again, held ones first.
     Heal,

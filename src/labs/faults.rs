@@ -49,6 +49,9 @@ pub struct Faults<'w> {
     /// Victims that stop themselves: their pause is adopted, not sent.
     self_pausing: HashSet<String>,
     acted: Vec<Action>,
+    /// Steps (by their place in the schedule) whose fault came due and was not done, and
+    /// why: its victim was gone, or not in the state the fault needs.
+    skipped: Vec<(usize, String)>,
     words: Box<dyn FnMut(&Cue) -> Note + 'w>,
 }
 
@@ -65,6 +68,7 @@ impl<'w> Faults<'w> {
             paused_at: HashMap::new(),
             self_pausing: HashSet::new(),
             acted: Vec::new(),
+            skipped: Vec::new(),
             words: Box::new(|cue| Note::from(plain_words(cue))),
         }
     }
@@ -103,9 +107,28 @@ impl<'w> Faults<'w> {
             .any(|a| a.fault == fault && a.target == target)
     }
 
-    /// The steps whose event never came: they did not play.
-    pub fn unplayed(&self) -> Vec<&Step> {
-        self.player.unplayed()
+    /// Once the play is over: the steps that did not play, in the schedule's order, and
+    /// why — their event or their time never came, or their victim could not take them.
+    pub fn unplayed(&self) -> Vec<(&Step, String)> {
+        let mut left = self.player.left();
+        left.extend(
+            (self.pending.iter())
+                .filter_map(|a| Some((a.step?, crate::nemesis::schedule::not_reached(a.at_ms)))),
+        );
+        left.extend(self.skipped.iter().cloned());
+        left.sort_by_key(|(index, _)| *index);
+        (left.into_iter())
+            .filter_map(|(index, why)| Some((self.schedule.steps().get(index)?, why)))
+            .collect()
+    }
+
+    /// A fault that came due and was not done: its step did not play (a resume that ends
+    /// a timed pause is not a step of its own).
+    fn skip(&mut self, action: &Action, why: String) -> Result<()> {
+        if let Some(index) = action.step {
+            self.skipped.push((index, why));
+        }
+        Ok(())
     }
 
     /// Shows the player what the stage logged since it last looked, then queues what is due.
@@ -129,19 +152,25 @@ impl<'w> Faults<'w> {
         nemesis: &mut Nemesis,
         cast: &mut [&mut dyn Victim],
     ) -> Result<()> {
+        let target = action.target.clone();
+        let gone = |faults: &Faults| match faults.acted(Fault::Kill, &target) {
+            true => format!("{target} had been killed already"),
+            false => format!("{target} had already exited"),
+        };
         let Some(victim) = cast.iter_mut().find(|v| v.label() == action.target) else {
-            return Ok(());
+            return self.skip(&action, format!("this run has nothing named {target}"));
         };
         let Some(pid) = victim.pid() else {
-            return Ok(());
+            let why = gone(self);
+            return self.skip(&action, why);
         };
         // A worker that has finished its work and exited is gone even while it waits to be
         // reaped (a zombie: state Z or X): a signal to it does nothing, and it never stops.
         if matches!(crate::procs::process_state(pid), None | Some('Z' | 'X')) {
-            return Ok(());
+            let why = gone(self);
+            return self.skip(&action, why);
         }
         let paused = nemesis.paused().contains(&action.target);
-        let target = action.target.clone();
         let cue = |held, back_after| Cue {
             action: &action,
             pid,
@@ -176,7 +205,8 @@ impl<'w> Faults<'w> {
                 })?;
                 self.paused_at.remove(&target);
             }
-            Fault::Pause | Fault::Resume => return Ok(()),
+            Fault::Pause => return self.skip(&action, format!("{target} was paused already")),
+            Fault::Resume => return self.skip(&action, format!("{target} was not paused")),
             other => bail!(
                 "a lab's schedule plays pauses, kills and restarts; {} belongs to the network \
                  and clock labs' own players",

@@ -24,7 +24,7 @@
 //!
 //! Such a step has no time until its event happens: the [`Player`] watches the run's
 //! history ([`Player::observe`]) and times it then. If the event never comes, the step
-//! never plays ([`Player::unplayed`] says which).
+//! never plays ([`Player::unplayed`] says which, [`Player::left`] also why).
 
 use std::collections::HashSet;
 
@@ -133,6 +133,9 @@ pub struct Action {
     pub at_ms: u64,
     pub fault: Fault,
     pub target: String,
+    /// The step (its place in the schedule) whose own fault this is; None for the resume
+    /// that ends a timed pause.
+    pub step: Option<usize>,
 }
 
 /// Faults in the order they happen.
@@ -254,8 +257,10 @@ impl Schedule {
 
     fn clock_actions(&self) -> Vec<Action> {
         let mut actions: Vec<Action> = Vec::new();
-        for step in self.steps.iter().filter(|step| step.after.is_none()) {
-            actions.extend(step.actions_from(0));
+        for (index, step) in self.steps.iter().enumerate() {
+            if step.after.is_none() {
+                actions.extend(step.actions_from(index, 0));
+            }
         }
         // Stable: a resume due at the same moment as a step written later stays before it.
         actions.sort_by_key(|action| action.at_ms);
@@ -291,20 +296,22 @@ impl Schedule {
 }
 
 impl Step {
-    /// The step's action, `base_ms` being the moment its time counts from, and for a timed
-    /// pause its resume.
-    fn actions_from(&self, base_ms: u64) -> Vec<Action> {
+    /// The action of the schedule's `index`th step, `base_ms` being the moment its time
+    /// counts from, and for a timed pause its resume.
+    fn actions_from(&self, index: usize, base_ms: u64) -> Vec<Action> {
         let at_ms = base_ms.saturating_add(self.at_ms);
         let mut actions = vec![Action {
             at_ms,
             fault: self.fault,
             target: self.target.clone(),
+            step: Some(index),
         }];
         if let (Fault::Pause, Some(duration)) = (self.fault, self.duration_ms) {
             actions.push(Action {
                 at_ms: at_ms.saturating_add(duration),
                 fault: Fault::Resume,
                 target: self.target.clone(),
+                step: None,
             });
         }
         actions
@@ -314,10 +321,13 @@ impl Step {
 /// Hands out a schedule's actions as their time comes: the lab's loop shows it every event
 /// of the run ([`Player::observe`]) and asks it, on every tick, what is due by now.
 pub struct Player {
+    /// The schedule's steps, which the actions name by their place.
+    steps: Vec<Step>,
     /// Actions with a time, not handed out yet, in time order.
     timed: Vec<Action>,
-    /// Steps waiting for their event, with how many such events were seen so far.
-    waiting: Vec<(Step, u32)>,
+    /// Steps waiting for their event (by their place), with how many such events were
+    /// seen so far.
+    waiting: Vec<(usize, u32)>,
     /// When the last action handed out or timed is due.
     last_ms: u64,
 }
@@ -325,14 +335,13 @@ pub struct Player {
 impl Player {
     pub fn new(schedule: &Schedule) -> Player {
         let timed = schedule.clock_actions();
-        let waiting = schedule
-            .steps
-            .iter()
-            .filter(|step| step.after.is_some())
-            .map(|step| (step.clone(), 0))
+        let waiting = (schedule.steps.iter().enumerate())
+            .filter(|(_, step)| step.after.is_some())
+            .map(|(index, _)| (index, 0))
             .collect();
         let last_ms = timed.last().map_or(0, |action| action.at_ms);
         Player {
+            steps: schedule.steps.clone(),
             timed,
             waiting,
             last_ms,
@@ -349,7 +358,9 @@ impl Player {
     /// whose schedule starts after its run's clock did: `t_ms` minus the schedule's start).
     pub fn observe_at(&mut self, event: &Event, at_ms: u64) {
         let mut now_timed = Vec::new();
-        self.waiting.retain_mut(|(step, seen)| {
+        let steps = &self.steps;
+        self.waiting.retain_mut(|(index, seen)| {
+            let step = &steps[*index];
             let Some(anchor) = &step.after else {
                 return false;
             };
@@ -360,7 +371,7 @@ impl Player {
             if *seen < anchor.nth {
                 return true;
             }
-            now_timed.extend(step.actions_from(at_ms));
+            now_timed.extend(step.actions_from(*index, at_ms));
             false
         });
         for action in now_timed {
@@ -384,13 +395,49 @@ impl Player {
 
     /// The steps whose event has not come (yet).
     pub fn unplayed(&self) -> Vec<&Step> {
-        self.waiting.iter().map(|(step, _)| step).collect()
+        self.waiting.iter().map(|(i, _)| &self.steps[*i]).collect()
     }
 
     /// When the last action known so far is due.
     pub fn ends_at_ms(&self) -> u64 {
         self.last_ms
     }
+
+    /// Once the run is over: the steps that did not play by the player's doing (by their
+    /// place in the schedule), and why — their event never came, or their time did not.
+    pub fn left(&self) -> Vec<(usize, String)> {
+        let mut left: Vec<(usize, String)> = self
+            .waiting
+            .iter()
+            .filter_map(|&(index, seen)| {
+                let anchor = self.steps[index].after.as_ref()?;
+                Some((index, never_came(anchor, seen)))
+            })
+            .collect();
+        left.extend(
+            (self.timed.iter())
+                .filter_map(|action| Some((action.step?, not_reached(action.at_ms)))),
+        );
+        left.sort_by_key(|(index, _)| *index);
+        left
+    }
+}
+
+/// Why a step timed from `anchor` never played, `seen` of its events having come.
+fn never_came(anchor: &Anchor, seen: u32) -> String {
+    let had = match seen {
+        0 => "none".to_string(),
+        n => n.to_string(),
+    };
+    format!(
+        "{}'s {} #{} never came ({} had reported {had})",
+        anchor.worker, anchor.event, anchor.nth, anchor.worker
+    )
+}
+
+/// Why an action due at `at_ms` on the schedule's clock never played.
+pub fn not_reached(at_ms: u64) -> String {
+    format!("it was due at +{at_ms}ms, and the run was over before")
 }
 
 #[cfg(test)]
@@ -422,6 +469,23 @@ mod tests {
         let again: Schedule =
             serde_json::from_str(&serde_json::to_string(&schedule).unwrap()).unwrap();
         assert_eq!(again, schedule);
+    }
+
+    /// A lost reply reads by the name chaos prints (`lost-reply`) as well as by the one
+    /// the JSON writes (`drop_reply`), and writes back as `drop_reply` (the history's word).
+    #[test]
+    fn a_lost_reply_reads_by_either_name_and_writes_as_drop_reply() {
+        for name in ["lost-reply", "drop_reply"] {
+            let text = format!(r#"[{{"at_ms":300,"fault":"{name}","target":"A→redis"}}]"#);
+            let schedule: Schedule = serde_json::from_str(&text).unwrap();
+            assert_eq!(schedule.steps()[0].fault, Fault::DropReply, "{name}");
+            let written = serde_json::to_string(&schedule).unwrap();
+            assert!(written.contains(r#""fault":"drop_reply""#), "{written}");
+        }
+        assert!(
+            serde_json::from_str::<Schedule>(r#"[{"at_ms":0,"fault":"lost_reply","target":"A"}]"#)
+                .is_err()
+        );
     }
 
     #[test]
@@ -565,6 +629,54 @@ mod tests {
         let resume = player.due(10_000);
         assert_eq!((resume[0].fault, resume[0].at_ms), (Fault::Resume, 180));
         assert!(player.done());
+    }
+
+    /// Once the run is over, the player names each step it never handed out by its place
+    /// in the schedule as written, and why: its event never came (and how many of its kind
+    /// did), or its time came after the run; a timed pause's resume is not a step.
+    #[test]
+    fn the_player_says_which_steps_never_played_and_why() {
+        use crate::events::What;
+        let pause = step(10, Fault::Pause, "B", Some(5_000));
+        let schedule: Schedule = serde_json::from_value(serde_json::json!([
+            {"at_ms": 900, "fault": "kill", "target": "C"},
+            {"at_ms": 0, "after": {"worker": "A", "event": "read_record", "nth": 3},
+             "fault": "kill", "target": "A"},
+            serde_json::to_value(&pause).unwrap(),
+        ]))
+        .unwrap();
+        let mut player = Player::new(&schedule);
+        let read = || What::ReadRecord(Default::default());
+        player.observe(&event("A", read(), 5));
+        player.observe(&event("A", read(), 6));
+        let handed: Vec<Option<usize>> = player.due(100).iter().map(|a| a.step).collect();
+        assert_eq!(handed, vec![Some(2)], "the pause, by its place as written");
+        assert_eq!(
+            player.left(),
+            vec![
+                (
+                    0,
+                    "it was due at +900ms, and the run was over before".to_string()
+                ),
+                (
+                    1,
+                    "A's read_record #3 never came (A had reported 2)".to_string()
+                ),
+            ],
+            "the pause's resume, still due, is not a step of its own"
+        );
+        let untouched = Player::new(&Schedule::new(vec![after(
+            "B",
+            Kind::Acquired,
+            1,
+            0,
+            Fault::Kill,
+            "B",
+        )]));
+        assert_eq!(
+            untouched.left()[0].1,
+            "B's acquired #1 never came (B had reported none)"
+        );
     }
 
     #[test]

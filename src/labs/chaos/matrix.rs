@@ -28,7 +28,8 @@ Examples:
 
 A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
 kind and replay command below the table, note k) or UNKNOWN n/K
-(inconclusive: n histories could not be decided, never a pass). A cell stops
+(inconclusive: n histories could not be decided, or none of their faults
+played; never a pass). A cell stops
 at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n;
 with seven, UNS#k.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
@@ -144,7 +145,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         }
         let mut cells: Vec<Cell> = Vec::new();
         for (d, design) in designs.iter().enumerate() {
-            let mut setup = ground.setup(*design);
+            let mut setup = ground.setup(*design, false);
             let design_run_id = setup.run_id.clone();
             let mut row = Vec::new();
             for (f, kind) in kinds.iter().enumerate() {

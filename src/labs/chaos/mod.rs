@@ -19,6 +19,7 @@ mod show;
 mod shrink;
 pub mod side_by_side;
 mod table;
+mod unplayed;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -93,6 +94,10 @@ Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
+A step that never plays (its moment never came, its target was gone, the
+path it was put on carried nothing more) is named under its line, with why.
+A play of a given schedule missing one is unknown, never safe; a drawn one
+is judged on the faults that played (unknown if none did: it tested none).
 
 Walkthrough: labs/12-chaos.md.
 
@@ -192,8 +197,9 @@ impl Ground {
         })
     }
 
-    /// A setup for one design, borrowing the lanes' Redis servers for its restarts.
-    pub fn setup(&mut self, design: Design) -> Setup {
+    /// A setup for one design, borrowing the lanes' Redis servers for its restarts;
+    /// `given`: its schedules are the one given (see [`Setup::given`]).
+    pub fn setup(&mut self, design: Design, given: bool) -> Setup {
         let etcd_url = design
             .uses_etcd()
             .then(|| self.servers.url(Backend::Etcd).to_string());
@@ -208,6 +214,7 @@ impl Ground {
             run_ms: run_ms_of(design),
             work_ms: 20,
             lease_ms: Setup::lease_for(design),
+            given,
         }
     }
 
@@ -274,7 +281,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         if !args.json {
             show::heading(&ground, args, seed);
         }
-        let setup = ground.setup(args.design);
+        let setup = ground.setup(args.design, given.is_some());
         let space = play::space(&setup, args.clients, &kinds);
         let started = Instant::now();
         let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
@@ -315,6 +322,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             .min_by_key(|p| p.done)
             .map(|p| p.job.index);
         let played_n = played.len() as u64;
+        let in_part = unplayed::in_part(&played);
         let first_failure = first_failure.and_then(|index| {
             let p = played.into_iter().find(|p| p.job.index == index)?;
             Some((p.job.schedule, p.trial, p.done - started))
@@ -325,6 +333,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
             "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
             "schedules": played, "unsafe": unsafe_, "inconclusive": inconclusive,
+            "played_in_part": in_part,
             "seconds": hunted.as_secs_f64(),
         });
         let code = if let Some((schedule, trial, found_after)) = first_failure {
@@ -458,7 +467,7 @@ fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
         ) {
             crate::bail_usage!(
                 "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply \
-                 (a lost-reply); not {}",
+                 (also read as lost-reply); not {}",
                 step.fault.as_str()
             );
         }

@@ -165,6 +165,10 @@ pub struct NetPlay<'p> {
     paths: &'p Paths,
     steps: Vec<Step>,
     player: Player,
+    /// The steps put on a path (by their place), and whether the proxy saw them through.
+    armed: Vec<(usize, bool)>,
+    /// The steps that came due and could not be put on, and why.
+    skipped: Vec<(usize, String)>,
     origin_ms: u64,
     seen: usize,
     nemesis: Nemesis,
@@ -176,6 +180,8 @@ impl<'p> NetPlay<'p> {
             paths,
             steps: net.steps().to_vec(),
             player: Player::new(net),
+            armed: Vec::new(),
+            skipped: Vec::new(),
             origin_ms: stage.elapsed().as_millis() as u64,
             seen: stage.log.len(),
             nemesis: Nemesis::new(),
@@ -192,16 +198,16 @@ impl<'p> NetPlay<'p> {
         self.seen = stage.log.len();
         let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
         for action in self.player.due(now) {
-            let Some(proxy) = self.paths.proxies.get(&action.target) else {
-                continue;
-            };
-            let Some(step) = self
-                .steps
-                .iter()
-                .find(|s| s.target == action.target && s.fault == action.fault)
+            let Some((index, step)) = action.step.and_then(|i| Some((i, self.steps.get(i)?)))
             else {
                 continue;
             };
+            let Some(proxy) = self.paths.proxies.get(&action.target) else {
+                let why = format!("no proxy stood on {}", action.target);
+                self.skipped.push((index, why));
+                continue;
+            };
+            self.armed.push((index, false));
             let client = client_of(&action.target);
             let (fault, words) = match step.fault {
                 Fault::Delay => {
@@ -235,6 +241,15 @@ impl<'p> NetPlay<'p> {
         for (path, proxy) in &self.paths.proxies {
             let client = client_of(path);
             for report in proxy.reports() {
+                let through = match report.seen {
+                    Seen::DelayedSent { .. } => Some(Fault::Delay),
+                    Seen::ReplyDropped { .. } => Some(Fault::DropReply),
+                    _ => None,
+                };
+                for (index, done) in &mut self.armed {
+                    let step = &self.steps[*index];
+                    *done |= Some(step.fault) == through && step.target == *path;
+                }
                 let words = match report.seen {
                     Seen::DelayedSent { late_ms } => {
                         format!("the proxy on {path} lets {client}'s request go, {late_ms}ms late")
@@ -255,8 +270,9 @@ impl<'p> NetPlay<'p> {
     }
 
     /// After the clients are done: ends the faults nothing went through (recorded as such);
-    /// returns how many steps never played (their event never came).
-    pub fn finish(mut self, stage: &mut Stage) -> usize {
+    /// returns the steps that never played, and why: their event or time never came, or
+    /// they were put on a path that nothing went through before the run ended.
+    pub fn finish(mut self, stage: &mut Stage) -> Vec<(Step, String)> {
         self.heal_what_was_seen(stage);
         for path in self.nemesis.faulty_paths() {
             if let Some(proxy) = self.paths.proxies.get(&path) {
@@ -268,7 +284,22 @@ impl<'p> NetPlay<'p> {
                     .heal_net(stage, proxy, Direction::Up, words.as_str());
             }
         }
-        self.player.unplayed().len()
+        let mut left = self.player.left();
+        left.append(&mut self.skipped);
+        for &(index, done) in &self.armed {
+            let path = &self.steps[index].target;
+            if !done {
+                let why = format!(
+                    "it was put on {path}, and {} sent nothing more on it before the run ended",
+                    client_of(path)
+                );
+                left.push((index, why));
+            }
+        }
+        left.sort_by_key(|(index, _)| *index);
+        (left.into_iter())
+            .map(|(index, why)| (self.steps[index].clone(), why))
+            .collect()
     }
 }
 

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::rows::{forget, prepare, read_back};
+use super::unplayed::Unplayed;
 use crate::check::chaos::{self, Heard, LostRelease, RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
 use crate::events::{Event, What};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::generate::{self, FaultKind, Space};
-use crate::nemesis::schedule::Schedule;
+use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
 use crate::servers::{Lifetime, PrivateServers};
@@ -34,6 +35,9 @@ pub struct Setup {
     pub run_ms: u64,
     pub work_ms: u64,
     pub lease_ms: u64,
+    /// The schedules are the one given (`--schedule`): a step that does not play makes its
+    /// history unknown (see [`super::unplayed`]).
+    pub given: bool,
 }
 
 /// One lane of schedules played side by side: its Redis, restarted by its schedules only
@@ -164,8 +168,8 @@ pub struct Trial {
     /// From the schedule's start to the last client's first event: process start-up and
     /// connections, the part of `ms` that is not the clients' work.
     pub startup_ms: u64,
-    /// Steps whose event never came: they did not play.
-    pub unplayed: usize,
+    /// The schedule's steps that did not play, and why.
+    pub unplayed: Vec<Unplayed>,
 }
 
 pub fn client_names(clients: u32) -> Vec<String> {
@@ -223,6 +227,11 @@ impl Setup {
         let (history, unplayed, backs) = result?;
         forgot?;
         let mut report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        let steps = schedule.steps().len();
+        if let Some(why) = super::unplayed::unknown(&unplayed, steps, self.given) {
+            // First: the line shows the first unknown, and this one says what was tested.
+            report.unknowns.insert(0, why);
+        }
         if report.attempts == 0 {
             // Nothing was tried (a server that never answered, clients that never got to
             // work): a history with no write says nothing about the design.
@@ -257,7 +266,7 @@ impl Setup {
         run_id: &str,
         seed: u64,
         store: &mut PgClient,
-    ) -> Result<(Vec<Event>, usize, Vec<RecordBack>)> {
+    ) -> Result<(Vec<Event>, Vec<Unplayed>, Vec<RecordBack>)> {
         let start = Instant::now();
         let mut stage = Stage::on_clock(
             Style {
@@ -387,7 +396,10 @@ impl Setup {
                 net_play.tick(stage)
             })?;
         }
-        let net_unplayed = net_play.finish(&mut stage);
+        let mut left: Vec<(Step, String)> = (faults.unplayed().into_iter())
+            .map(|(step, why)| (step.clone(), why))
+            .collect();
+        left.extend(net_play.finish(&mut stage));
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }
@@ -395,7 +407,7 @@ impl Setup {
         let mut history = std::mem::take(&mut stage.log);
         history.sort_by_key(|e| e.t_ms);
         let backs = read_back(store, run_id, records)?;
-        Ok((history, faults.unplayed().len() + net_unplayed, backs))
+        Ok((history, super::unplayed::place(schedule, left), backs))
     }
 }
 

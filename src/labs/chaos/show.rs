@@ -114,7 +114,8 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
             "kind": "schedule", "run_id": run_id, "index": index, "seed": seed, "schedule": schedule,
             "result": judgement, "violations": trial.report.violations,
             "unknowns": trial.report.unknowns, "accepted": trial.report.accepted,
-            "attempts": trial.report.attempts, "ms": trial.ms, "unplayed": trial.unplayed,
+            "attempts": trial.report.attempts, "ms": trial.ms,
+            "unplayed": trial.unplayed.len(), "unplayed_steps": trial.unplayed,
             "startup_ms": trial.startup_ms,
         }));
         return;
@@ -124,10 +125,6 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
         Judgement::Unsafe => "UNSAFE".red().bold(),
         Judgement::Inconclusive => "unknown".yellow(),
     };
-    let unplayed = match trial.unplayed {
-        0 => String::new(),
-        n => format!(" ({n} never played: its event never came)"),
-    };
     let head = format!(
         "  #{index:<3} {word:<7} {:>3} writes  ",
         trial.report.accepted
@@ -135,7 +132,7 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
     // The steps wrap under the first (colours do not count: the head's width is fixed).
     const INDENT: usize = 27;
     let words: Vec<String> = schedule.steps().iter().map(step_words).collect();
-    let mut pieces: Vec<String> = words
+    let pieces: Vec<String> = words
         .iter()
         .enumerate()
         .map(|(n, step)| match n + 1 < words.len() {
@@ -143,9 +140,6 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
             false => step.clone(),
         })
         .collect();
-    if !unplayed.is_empty() {
-        pieces.push(unplayed.trim_start().to_string());
-    }
     let mut lines = vec![String::new()];
     for piece in pieces {
         let line = lines.last_mut().expect("one line at least");
@@ -164,6 +158,9 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
         } else {
             crate::outln!("{:INDENT$}{line}", "");
         }
+    }
+    for line in super::unplayed::lines(&trial.unplayed) {
+        crate::prose!("        {line}");
     }
     if let (Judgement::Inconclusive, Some(why)) = (judgement, trial.report.unknowns.first()) {
         crate::prose!("        {} {why}", "unknown:".yellow());
@@ -271,6 +268,10 @@ pub fn failure(
     for step in schedule.steps() {
         crate::outln!("  · {}", step_words(step));
     }
+    // It broke without them: the violation is the other steps' doing.
+    for line in super::unplayed::lines(&trial.unplayed) {
+        crate::prose!("  {line}; it broke without it");
+    }
     crate::outln!();
     crate::outln!("Its timeline (the faults, and the jobs the violation is about):");
     let mut timeline = Timeline::new(style);
@@ -306,8 +307,13 @@ pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration, shrin
     } else {
         String::new()
     };
+    let in_part = match verdict["played_in_part"].as_u64().unwrap_or(0) {
+        0 => String::new(),
+        n => format!(" {n} with a step that never played (named above)."),
+    };
     crate::prose!(
-        "{played} schedule(s) in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.{shrunk}",
+        "{played} schedule(s) in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.{in_part}\
+         {shrunk}",
         crate::output::human(took),
         verdict["unsafe"],
         verdict["inconclusive"]

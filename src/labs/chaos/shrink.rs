@@ -133,21 +133,36 @@ pub fn shrink(
             };
             let replayed = side_by_side::play(setup, parallel.min(replays), false, next, |_| {})?;
             let played_n = replayed.len();
-            let mut failures: Vec<_> = replayed
+            // A failure in which a step of the candidate never played is a smaller
+            // schedule's (tried on its own): it does not count for this one.
+            let (mut failures, in_part): (Vec<_>, Vec<_>) = replayed
                 .into_iter()
                 .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
-                .collect();
+                .partition(|p| p.trial.unplayed.is_empty());
+            let faults = candidate.steps().len();
+            let left_out = match in_part.len() {
+                0 => String::new(),
+                n => format!("; {n} more where a step never played, not counted"),
+            };
             if still_fails(failures.len(), played_n) {
                 let failed = failures.swap_remove(0);
                 if !style.json {
                     crate::outln!(
-                        "  still fails with {} fault(s), {clients} clients ({} of {played_n} replays)",
-                        candidate.steps().len(),
+                        "  still fails with {faults} fault(s), {clients} clients ({} of \
+                         {played_n} replays{left_out})",
                         failures.len() + 1
                     );
                 }
                 best = (candidate, clients, failed.trial);
                 continue 'smaller;
+            }
+            if still_fails(failures.len() + in_part.len(), played_n) && !style.json {
+                crate::prose!(
+                    "  not kept: {faults} fault(s), {clients} clients failed in {} of \
+                     {played_n} replays, but only {} with every step played",
+                    failures.len() + in_part.len(),
+                    failures.len()
+                );
             }
         }
         break;

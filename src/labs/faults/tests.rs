@@ -171,6 +171,17 @@ fn what_cannot_be_played_is_skipped_or_refused() {
         .play(&mut faults, &mut nemesis, &mut cast, Until::done(LONG))
         .unwrap();
     assert!(stage.log.is_empty(), "{:?}", kinds(&stage));
+    // Each step skipped is named, with why.
+    let said: Vec<String> = (faults.unplayed().iter())
+        .map(|(step, why)| format!("{} {}: {why}", step.fault.as_str(), step.target))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "kill nobody: this run has nothing named nobody",
+            "resume S: S was not paused"
+        ]
+    );
     let cut = Schedule::new(vec![step(0, Fault::Cut, None)]);
     let mut faults = Faults::new(&cut, &stage);
     let err = stage
@@ -182,6 +193,27 @@ fn what_cannot_be_played_is_skipped_or_refused() {
         .play(&mut faults, &mut nemesis, &mut cast, never)
         .unwrap_err();
     assert!(format!("{err}").contains("waiting for never"), "{err}");
+    // A pause after a kill, and a kill whose time never came before the play ended.
+    let after_kill = Schedule::new(vec![
+        step(0, Fault::Kill, None),
+        step(5, Fault::Pause, Some(10)),
+        step(60_000, Fault::Kill, None),
+    ]);
+    let mut sleep = Sleep::start();
+    let mut cast: [&mut dyn Victim; 1] = [&mut sleep];
+    let mut faults = Faults::new(&after_kill, &stage);
+    let paused_or_gone = Until::holds("the pause's turn", LONG, |_, faults| {
+        !faults.skipped.is_empty()
+    });
+    stage
+        .play(&mut faults, &mut nemesis, &mut cast, paused_or_gone)
+        .unwrap();
+    let why: Vec<String> = (faults.unplayed().into_iter())
+        .map(|(_, why)| why)
+        .collect();
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert_eq!(why[0], "S had been killed already");
+    assert!(why[1].starts_with("it was due at +60000ms"), "{why:?}");
 }
 
 #[test]
