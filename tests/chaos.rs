@@ -618,12 +618,13 @@ fn a_leader_kill_breaks_neither_etcd_design() {
 
 /// A pause past the lease breaks the unfenced etcd lock with a leader kill in the middle
 /// (the election does not save it), and not its fenced twin; the nemesis recorded the kill
-/// and the old leader's return in the history (the page draws them). Three plays: in some,
-/// the new leader's extension keeps A's lease past the other clients' last job, and
-/// nobody overtakes A's read.
+/// and the old leader's return in the history (the page draws them). Six plays: in about
+/// two in five, the new leader's extension keeps A's lease past the other clients' last
+/// job, nobody overtakes A's read, and the play is unknown (measured: 4 unsafe of 6, then
+/// 0 of 3); six such plays in a row are about 1 in 200.
 #[test]
 fn a_pause_across_a_leader_kill_breaks_etcd_lease_and_not_etcd_fenced() {
-    let (code, _, verdict, html) = replay("etcd-lease", LEADER_KILL_UNDER_A_PAUSE, "3");
+    let (code, _, verdict, html) = replay("etcd-lease", LEADER_KILL_UNDER_A_PAUSE, "6");
     assert_eq!(code, Some(1), "{verdict}");
     assert!(
         html.contains("(SIGKILL): the other two members elect a new one")
