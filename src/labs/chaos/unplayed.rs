@@ -50,14 +50,9 @@ pub fn place(schedule: &Schedule, left: Vec<(Step, String)>) -> Vec<Unplayed> {
 pub fn unknown(unplayed: &[Unplayed], steps: usize, given: bool) -> Option<String> {
     let places: Vec<String> = unplayed.iter().map(|u| u.nth.to_string()).collect();
     if given && !unplayed.is_empty() {
-        let (word, s) = if places.len() == 1 {
-            ("was", "")
-        } else {
-            ("were", "s")
-        };
+        let s = if places.len() == 1 { "" } else { "s" };
         Some(format!(
-            "step{s} {} of the given schedule never played: the schedule asked {word} not \
-             tested",
+            "step{s} {} of the given schedule never played: the schedule asked was not tested",
             places.join(", ")
         ))
     } else if !unplayed.is_empty() && unplayed.len() >= steps {
