@@ -191,8 +191,15 @@ fn misbehaves(script: &str, says: &str) {
     let marker = format!("lockslab-challenge-test-{}-{call}-end", std::process::id());
     let script = format!("{script} # {marker}");
     let (code, verdict, output) =
-        challenge("counter", 1, &["--patience", "1s"], &["sh", "-c", &script]);
+        challenge("counter", 1, &["--patience", "2s"], &["sh", "-c", &script]);
     assert_eq!(code, 1, "{verdict}");
+    // The replay line is the command run: its --patience, and the script one quoted word.
+    let replay = verdict["replay"].as_str().unwrap_or_default();
+    let quoted = format!("'{}'", script.replace('\'', "'\\''"));
+    assert_eq!(
+        replay,
+        format!("lockslab challenge counter --seed 1 --patience 2s -- sh -c {quoted}")
+    );
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
     assert!(failure.contains(says), "{failure:?} should say {says:?}");
     assert!(
@@ -218,6 +225,8 @@ fn cannot_start(script: &str, says: &str) -> String {
         "-c",
         &script,
     ])
+    // As a projector shows it: the error wraps at 80 columns, like the verdict.
+    .env("COLUMNS", "80")
     .output()
     .expect("running lockslab");
     let (stdout, stderr) = (
@@ -225,8 +234,11 @@ fn cannot_start(script: &str, says: &str) -> String {
         String::from_utf8_lossy(&output.stderr),
     );
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    assert!(stderr.contains(says), "{stderr:?} should say {says:?}");
-    assert!(stderr.contains("lockslab doctor"), "{stderr}");
+    let wide = too_wide(&stderr, 80);
+    assert!(wide.is_empty(), "error lines over 80 columns: {wide:?}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(says), "{stderr:?} should say {says:?}");
+    assert!(flat.contains("lockslab doctor"), "{stderr}");
     assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
@@ -255,7 +267,7 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
         "--seed",
         "1",
         "--patience",
-        "1s",
+        "2s",
         "--",
         "sh",
         "-c",
@@ -268,10 +280,35 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
         String::from_utf8_lossy(&output.stderr),
     );
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    assert!(stderr.contains("--patience 30s"), "{stderr}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("--patience 30s"), "{stderr}");
     assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
+}
+
+/// A patience shorter than 3 TTLs and the longest fault would blame a client that waits
+/// rightly for a frozen holder's lock: refused before any server starts, with the minimum.
+#[test]
+fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
+    let output = lockslab(&[
+        "challenge",
+        "pause",
+        "--ttl",
+        "10s",
+        "--patience",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "exit 0",
+    ])
+    .output()
+    .expect("running lockslab");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--patience 20s: at least 60s"), "{stderr}");
+    assert!(!stderr.contains("starting"), "{stderr}");
 }
 
 #[test]
@@ -382,7 +419,7 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
     let (_, verdict, _) = challenge(
         "counter",
         1,
-        &["--patience", "1s"],
+        &["--patience", "2s"],
         &[
             "sh",
             "-c",

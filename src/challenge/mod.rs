@@ -70,16 +70,16 @@ pub struct ChallengeArgs {
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// How many clients at once
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=8))]
+    #[arg(long, default_value_t = verdict::DEFAULT_CLIENTS, value_parser = clap::value_parser!(u32).range(2..=8))]
     pub clients: u32,
     /// The lock's TTL the faults are built around (the client is told it)
     #[arg(long, default_value = "500ms", value_parser = crate::flags::parse_duration,
           value_name = "T")]
     pub ttl: std::time::Duration,
-    /// How long a client may take to say ready, or to answer one job
-    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration,
-          value_name = "T")]
-    pub patience: std::time::Duration,
+    /// How long a client may take to say ready, or to answer one job [default: 10s, or
+    /// 3 TTLs and the challenge's longest fault when that is longer]
+    #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T")]
+    pub patience: Option<std::time::Duration>,
     /// JSON Lines on stdout: the run's events, then a verdict
     #[arg(long)]
     pub json: bool,
@@ -127,11 +127,37 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     if !(100..=10_000).contains(&lease_ms) {
         crate::bail_usage!("--ttl: between 100ms and 10s");
     }
-    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.patience) {
-        crate::bail_usage!("--patience: between 100ms and 10m");
-    }
+    let patience = patience_of(challenge, args)?;
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
-    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, picture))
+    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, patience, picture))
+}
+
+/// How long a client may take when `--patience` is not given.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long a client may take to answer: a client that waits rightly for a lock whose
+/// holder was frozen may wait out that fault, then the lock's TTL, then its own tries —
+/// so never less than 3 TTLs and the challenge's longest fault.
+fn patience_of(challenge: Challenge, args: &ChallengeArgs) -> Result<Duration> {
+    let least = 3 * args.ttl + challenge.longest_fault(args.ttl);
+    let Some(patience) = args.patience else {
+        return Ok(least.max(PATIENCE));
+    };
+    if patience > Duration::from_secs(600) {
+        crate::bail_usage!("--patience: at most 10m");
+    }
+    if patience < least {
+        crate::bail_usage!(
+            "--patience {}: at least {} with --ttl {} in `{}` (3 TTLs and its longest \
+             fault, {}): a client waiting rightly for the lock would be blamed as slow",
+            verdict::flag_duration(patience),
+            verdict::flag_duration(least),
+            verdict::flag_duration(args.ttl),
+            challenge.name(),
+            verdict::flag_duration(challenge.longest_fault(args.ttl))
+        );
+    }
+    Ok(patience)
 }
 
 /// Arguments that name a file to run: the program itself when it is a path, and the first
@@ -165,6 +191,7 @@ fn grade(
     challenge: Challenge,
     args: &ChallengeArgs,
     lease_ms: u64,
+    patience: Duration,
     picture: Option<crate::picture::Target>,
 ) -> Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
@@ -212,8 +239,16 @@ fn grade(
         },
         jobs: challenge.draw_jobs(seed, &records),
         json: args.json,
-        patience: args.patience,
+        patience,
         run_id: run_id.clone(),
+        replay: verdict::replay_words(
+            challenge,
+            seed,
+            args.clients,
+            args.ttl,
+            args.patience,
+            &args.program,
+        ),
     };
     if !args.json {
         verdict::heading(&setup, &run_id, &servers);

@@ -45,6 +45,8 @@ pub struct Setup {
     /// nemesis does not count).
     pub patience: Duration,
     pub run_id: String,
+    /// The command that replays the run, one shell word each.
+    pub replay: Vec<String>,
 }
 
 /// What a run left: its history and what the clients answered; or the client's failure.
@@ -558,9 +560,10 @@ impl Run<'_> {
                 // Nobody got as far as ready: nothing was run, so nothing is graded.
                 anyhow::bail!(
                     "client {} did not say ready within {}, nor did any other: nothing \
-                     ran; on a busy machine: --patience 30s",
+                     ran; on a busy machine: --patience {}",
                     seat.client.name,
-                    crate::output::human(limit)
+                    crate::output::human(limit),
+                    super::verdict::flag_duration((2 * limit).max(Duration::from_secs(30)))
                 );
             }
             if since.elapsed() > limit {
