@@ -351,24 +351,40 @@ fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
     );
 }
 
-/// On a Postgres lockslab starts itself, the log belongs to its superuser: a client that
-/// tries to switch off the log's trigger, or empty the log, is refused. It reports what
-/// Postgres said as a line that is not protocol, which the failure quotes.
+/// On a Postgres lockslab starts itself, the log belongs to its superuser and the clients
+/// get a role of the run's own: a client that tries to switch off the log's trigger, empty,
+/// write or read the log, or end the backends of anyone but its fellow clients (lockslab's
+/// own, which read the log back), is refused by Postgres. It reports what Postgres said as
+/// a line that is not protocol, which the failure quotes.
 #[test]
-fn a_client_cannot_rewrite_the_log_it_is_graded_from() {
+fn a_client_cannot_rewrite_the_log_it_is_graded_from_nor_end_the_graders_connection() {
     python_ready();
     let tamper = r#"
 import json, sys, psycopg2
 init = json.loads(sys.stdin.readline())
-db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+db = psycopg2.connect(init["postgres_url"], application_name="tamper"); db.autocommit = True
 said = []
 for sql in ["ALTER TABLE {s}.changes DISABLE TRIGGER ALL", "TRUNCATE {s}.changes",
             "ALTER TABLE {s}.records DISABLE TRIGGER ALL",
-            "INSERT INTO {s}.changes (record, job, old_value, new_value) VALUES ('r0', 1, 0, 1)"]:
+            "INSERT INTO {s}.changes (record, job, old_value, new_value) VALUES ('r0', 1, 0, 1)",
+            "SELECT * FROM {s}.changes", "SET ROLE lockslab", "SET ROLE lockslab_admin"]:
     try:
         db.cursor().execute(sql.format(s=init["schema"])); said.append("FORGED")
     except psycopg2.Error:
         said.append("DENIED")
+cur = db.cursor()
+cur.execute("SELECT pid, usename FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND usesysid IS NOT NULL AND application_name IS DISTINCT FROM 'tamper'")
+others = cur.fetchall()
+ended = []
+for pid, user in others:
+    try:
+        cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        if cur.fetchone()[0]:
+            ended.append(user)
+    except psycopg2.Error:
+        pass
+said.append("others-%d-ended-%d" % (len(others), len(ended)))
 print("-".join(said), flush=True)
 "#;
     // Only the Postgres is lockslab's own: Redis and etcd stay the shared ones.
@@ -392,10 +408,70 @@ print("-".join(said), flush=True)
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .find(|v| v["kind"] == "verdict")
-        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "no verdict: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
     assert_eq!(output.status.code(), Some(1), "{verdict}");
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
-    assert!(failure.contains("DENIED-DENIED-DENIED-DENIED"), "{failure}");
+    assert!(
+        failure.contains("DENIED-DENIED-DENIED-DENIED-DENIED-DENIED-DENIED-others-"),
+        "{failure}"
+    );
+    // lockslab's connections were there to be tried, and none of them ended.
+    assert!(!failure.contains("-others-0-"), "{failure}");
+    assert!(failure.contains("-ended-0"), "{failure}");
+}
+
+/// On a Postgres whose role may create roles, the clients connect as a role made for the
+/// run — not the grader's — and it is gone when the run ends.
+#[test]
+fn the_clients_role_is_the_runs_own_and_is_dropped_at_the_end() {
+    python_ready();
+    let whoami = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); cur = db.cursor()
+cur.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
+print("connected-as-%s-super-%s" % cur.fetchone(), flush=True)
+"#;
+    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
+    let superuser = format!("{server}/lockslab");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        whoami,
+    ])
+    .env("LOCKSLAB_POSTGRES_URL", &superuser)
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: Value = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|v| v["kind"] == "verdict")
+        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+    let run_id = verdict["run_id"].as_str().unwrap();
+    let role = format!("lockslab_client_{run_id}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains(&format!("connected-as-{role}-super-False")),
+        "{failure}"
+    );
+    let mut db = postgres::Client::connect(&superuser, postgres::NoTls).unwrap();
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM pg_roles WHERE rolname = $1", &[&role])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the run's role {role} was not dropped");
 }
 
 #[test]

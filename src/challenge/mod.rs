@@ -202,25 +202,25 @@ fn grade(
     let run_id = crate::labs::new_run_id();
     let schema = table::schema_of(&run_id);
     let postgres = servers.url(Backend::Postgres).to_string();
-    // On a Postgres lockslab started, the records and their log belong to its superuser,
-    // and the client's role may only update them: it cannot rewrite the log it is graded
-    // from. On a given Postgres there is one role, the client's, and it owns them.
-    let admin = servers.postgres_admin_url();
-    let owner = admin.clone().unwrap_or_else(|| postgres.clone());
+    // The records and their log belong to the grader's role: Postgres's superuser when
+    // lockslab started that Postgres, else the role it was given. The clients get a role of
+    // the run's own that may only read and update the records (see
+    // `table::create_client_role`): they cannot rewrite the log they are graded from, nor
+    // end the grader's connections. A given role that may not create roles is shared.
+    let owner = servers
+        .postgres_admin_url()
+        .unwrap_or_else(|| postgres.clone());
     let removal = Leftovers::of_run(&run_id)
         .redis(servers.url(Backend::Redis))
-        .sql(&owner, &table::drop_sql(&schema))
+        .sql(&owner, &table::drop_sql(&run_id))
         .removed_at_the_end();
     let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
-    let mut db = connect::postgres(&postgres)?;
-    match &admin {
-        Some(admin) => {
-            let mut admin = connect::postgres(admin)?;
-            table::create(&mut admin, &schema, &records)?;
-            table::grant_to_client(&mut admin, &schema, crate::servers::PG_ROLE)?;
-        }
-        None => table::create(&mut db, &schema, &records)?,
-    }
+    let mut db = connect::postgres(&owner)?;
+    table::create(&mut db, &schema, &records)?;
+    let role = table::client_role_of(&run_id);
+    let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
+    let shared = clients_url.is_none();
+    let clients_url = clients_url.unwrap_or_else(|| postgres.clone());
     let setup = play::Setup {
         challenge,
         program: args.program.clone(),
@@ -230,7 +230,7 @@ fn grade(
             client: String::new(),
             redis_url: servers.url(Backend::Redis).into(),
             etcd_url: servers.url(Backend::Etcd).into(),
-            postgres_url: postgres.clone(),
+            postgres_url: clients_url,
             table: format!("{schema}.records"),
             schema: schema.clone(),
             key_prefix: format!("lockslab:{run_id}:"),
@@ -241,6 +241,7 @@ fn grade(
         json: args.json,
         patience,
         run_id: run_id.clone(),
+        grader_url: owner.clone(),
         replay: verdict::replay_words(
             challenge,
             seed,
@@ -251,7 +252,7 @@ fn grade(
         ),
     };
     if !args.json {
-        verdict::heading(&setup, &run_id, &servers);
+        verdict::heading(&setup, &run_id, &servers, shared);
     }
     let played = play::play(&setup);
     let outcome = played.and_then(|played| {

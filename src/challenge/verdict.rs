@@ -41,7 +41,7 @@ pub fn list() {
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
 }
 
-pub fn heading(setup: &Setup, run_id: &str, servers: &Servers) {
+pub fn heading(setup: &Setup, run_id: &str, servers: &Servers, shared_role: bool) {
     let challenge = setup.challenge;
     crate::outln!(
         "{} run {run_id} {}",
@@ -62,6 +62,14 @@ pub fn heading(setup: &Setup, run_id: &str, servers: &Servers) {
         setup.init.lease_ms,
         challenge.about().faults
     );
+    if shared_role {
+        crate::prose!(
+            "  {}",
+            "the clients share lockslab's Postgres role (it may not create one for them): \
+             they could rewrite the log, or end the grader's connections"
+                .dimmed()
+        );
+    }
 }
 
 /// The command that replays this run, one shell word each: the challenge, the seed, every
