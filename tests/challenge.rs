@@ -639,6 +639,40 @@ fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled(
     );
 }
 
+/// A client that double-forks a process into a session of its own with an empty
+/// environment: no process group, no parent, no mark leads to it — but lockslab is the
+/// clients' subreaper, so it comes to lockslab, which kills it with the run.
+fn escaping_without_its_mark(marker: &str) -> String {
+    format!(
+        "( env -i setsid sh -c 'sleep 300; true' {marker}-escaped & ); \
+         exec {PYTHON} {REFERENCE} setnx {marker}"
+    )
+}
+
+#[test]
+fn what_a_client_double_forked_with_no_environment_ends_with_the_run() {
+    let marker = format!("env-i-end-{}", std::process::id());
+    let script = escaping_without_its_mark(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    let escaped = format!("{marker}-escaped");
+    assert!(!processes_mentioning(&escaped).is_empty(), "it escaped");
+    child.wait().unwrap();
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after the run: {left:?}");
+}
+
+#[test]
+fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
+    let marker = format!("env-i-sigint-{}", std::process::id());
+    let script = escaping_without_its_mark(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after Ctrl-C: {left:?}");
+}
+
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no
 /// servers: the jobs and the `ok`s from the typed events, the log from the verdict.
 #[test]

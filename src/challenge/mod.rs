@@ -15,6 +15,7 @@ pub mod challenges;
 mod client;
 mod play;
 pub mod protocol;
+mod reaper;
 mod table;
 mod verdict;
 

@@ -137,6 +137,8 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 pub fn play(setup: &Setup) -> Result<Played> {
     let (heard_to, heard) = channel();
     let watchdog = super::client::Watchdog::start(&setup.run_id)?;
+    // After the watchdog and the servers, before any client: those are spared at the end.
+    let reaper = super::reaper::Reaper::start()?;
     let start = Instant::now();
     let mut run = Run {
         setup,
@@ -198,6 +200,8 @@ pub fn play(setup: &Setup) -> Result<Played> {
     // Every client killed and reaped, then whatever they started out of their groups.
     run.seats.clear();
     super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
+    // Then whatever they started that carries no mark: it came to lockslab, the reaper.
+    drop(reaper);
     let failure = match failure {
         Some(err) if err.downcast_ref::<ClientFailed>().is_some() => Some(format!("{err}")),
         Some(err) => return Err(err),
