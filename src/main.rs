@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            lockslab::output::err_prose(&format!("lockslab: error: {err:#}"));
+            lockslab::errln!("lockslab: error: {err:#}");
             if err.downcast_ref::<lockslab::cli::UsageError>().is_some() {
                 lockslab::errln!("\nFor more information, try '--help'.");
                 ExitCode::from(lockslab::cli::EXIT_USAGE)

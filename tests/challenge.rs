@@ -307,7 +307,7 @@ fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
     .expect("running lockslab");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--patience 20s: at least 60s"), "{stderr}");
+    assert!(stderr.contains("--patience: at least 60s here"), "{stderr}");
     assert!(!stderr.contains("starting"), "{stderr}");
 }
 
