@@ -689,6 +689,14 @@ pub fn prose(text: &str) {
     }
 }
 
+/// Prints an error on stderr fitted as prose is (see [`fitted`]): a long one — a client's
+/// last stderr line, a flag's minimum and why — wraps at spaces like the verdict's lines.
+pub fn err_prose(text: &str) {
+    for line in fitted(text) {
+        err_line(&line);
+    }
+}
+
 /// The columns a terminal draws `text` in: colour codes take none, wide characters two.
 pub fn visible_width(text: &str) -> usize {
     textwrap::core::display_width(text)

@@ -280,7 +280,7 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 }
 
 /// Every process below `pid` (children, their children…), read from /proc.
-fn descendants(pid: i32) -> Vec<i32> {
+pub(crate) fn descendants(pid: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

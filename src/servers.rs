@@ -181,13 +181,18 @@ pub struct Servers {
     urls: Vec<(Backend, String, Origin)>,
     /// Held only to be dropped: the private servers live exactly as long as this value.
     _private: Option<PrivateServers>,
+    /// The superuser of `lockslab up`'s Postgres, from its state file, when the Postgres is
+    /// `up`'s.
+    up_admin: Option<String>,
 }
 
 impl Servers {
     /// Postgres's superuser, on the labs' database, when lockslab started that Postgres
-    /// itself for this run.
+    /// itself: for this run, or as `lockslab up` (whose state file, this user's alone,
+    /// keeps it).
     pub fn postgres_admin_url(&self) -> Option<String> {
-        let admin = self._private.as_ref()?.admin_url.as_deref()?;
+        let private = self._private.as_ref().and_then(|p| p.admin_url.as_deref());
+        let admin = private.or(self.up_admin.as_deref())?;
         let server = admin.strip_suffix("/postgres").unwrap_or(admin);
         Some(format!("{server}/{PG_ROLE}"))
     }
@@ -236,6 +241,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     let mut missing = Vec::new();
     // Read only when a backend is not given: a lab with every URL given ignores `up`.
     let mut up_state: Option<Option<UpState>> = None;
+    let mut up_admin = None;
     for &backend in needs {
         if let Some(url) = args.given(backend) {
             connect::note_source(url, given_source(backend));
@@ -254,6 +260,9 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
                 // Postgres with whatever Redis someone else left on port 6379.
                 let url = state.answering_url(backend)?;
                 connect::note_source(&url, connect::Source::Up);
+                if backend == Backend::Postgres {
+                    up_admin = state.postgres_admin.clone();
+                }
                 urls.push((backend, url, Origin::Up));
                 continue;
             }
@@ -296,6 +305,7 @@ fn find_or_start(args: &ServerArgs, needs: &[Backend], may_start: bool) -> Resul
     Ok(Servers {
         urls,
         _private: private,
+        up_admin,
     })
 }
 
@@ -1742,8 +1752,10 @@ pub struct UpState {
     /// `lockslab up --room ADDR`: the address the servers listen on, with passwords on.
     #[serde(default)]
     pub room: Option<String>,
-    /// Postgres's superuser (see [`PG_ADMIN`]): never printed, never handed to a lab; kept
-    /// here (a file only this user reads) for whoever started the servers.
+    /// Postgres's superuser (see [`PG_ADMIN`]): never printed, never handed to a lab's
+    /// workers; kept here (a file only this user reads) for whoever started the servers,
+    /// and for `lockslab challenge`'s grader, which owns the records and makes the clients'
+    /// role with it.
     #[serde(default)]
     pub postgres_admin: Option<String>,
     /// A room's seats (see [`Seat`]): what `lockslab seat` prints, one attendee's at a time.

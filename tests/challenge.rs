@@ -191,8 +191,15 @@ fn misbehaves(script: &str, says: &str) {
     let marker = format!("lockslab-challenge-test-{}-{call}-end", std::process::id());
     let script = format!("{script} # {marker}");
     let (code, verdict, output) =
-        challenge("counter", 1, &["--patience", "1s"], &["sh", "-c", &script]);
+        challenge("counter", 1, &["--patience", "2s"], &["sh", "-c", &script]);
     assert_eq!(code, 1, "{verdict}");
+    // The replay line is the command run: its --patience, and the script one quoted word.
+    let replay = verdict["replay"].as_str().unwrap_or_default();
+    let quoted = format!("'{}'", script.replace('\'', "'\\''"));
+    assert_eq!(
+        replay,
+        format!("lockslab challenge counter --seed 1 --patience 2s -- sh -c {quoted}")
+    );
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
     assert!(failure.contains(says), "{failure:?} should say {says:?}");
     assert!(
@@ -218,6 +225,8 @@ fn cannot_start(script: &str, says: &str) -> String {
         "-c",
         &script,
     ])
+    // As a projector shows it: the error wraps at 80 columns, like the verdict.
+    .env("COLUMNS", "80")
     .output()
     .expect("running lockslab");
     let (stdout, stderr) = (
@@ -225,8 +234,11 @@ fn cannot_start(script: &str, says: &str) -> String {
         String::from_utf8_lossy(&output.stderr),
     );
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    assert!(stderr.contains(says), "{stderr:?} should say {says:?}");
-    assert!(stderr.contains("lockslab doctor"), "{stderr}");
+    let wide = too_wide(&stderr, 80);
+    assert!(wide.is_empty(), "error lines over 80 columns: {wide:?}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(says), "{stderr:?} should say {says:?}");
+    assert!(flat.contains("lockslab doctor"), "{stderr}");
     assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
@@ -255,7 +267,7 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
         "--seed",
         "1",
         "--patience",
-        "1s",
+        "2s",
         "--",
         "sh",
         "-c",
@@ -268,10 +280,35 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
         String::from_utf8_lossy(&output.stderr),
     );
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    assert!(stderr.contains("--patience 30s"), "{stderr}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("--patience 30s"), "{stderr}");
     assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
+}
+
+/// A patience shorter than 3 TTLs and the longest fault would blame a client that waits
+/// rightly for a frozen holder's lock: refused before any server starts, with the minimum.
+#[test]
+fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
+    let output = lockslab(&[
+        "challenge",
+        "pause",
+        "--ttl",
+        "10s",
+        "--patience",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "exit 0",
+    ])
+    .output()
+    .expect("running lockslab");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--patience: at least 60s here"), "{stderr}");
+    assert!(!stderr.contains("starting"), "{stderr}");
 }
 
 #[test]
@@ -314,24 +351,40 @@ fn a_client_that_misbehaves_is_named_and_nothing_of_it_is_left() {
     );
 }
 
-/// On a Postgres lockslab starts itself, the log belongs to its superuser: a client that
-/// tries to switch off the log's trigger, or empty the log, is refused. It reports what
-/// Postgres said as a line that is not protocol, which the failure quotes.
+/// On a Postgres lockslab starts itself, the log belongs to its superuser and the clients
+/// get a role of the run's own: a client that tries to switch off the log's trigger, empty,
+/// write or read the log, or end the backends of anyone but its fellow clients (lockslab's
+/// own, which read the log back), is refused by Postgres. It reports what Postgres said as
+/// a line that is not protocol, which the failure quotes.
 #[test]
-fn a_client_cannot_rewrite_the_log_it_is_graded_from() {
+fn a_client_cannot_rewrite_the_log_it_is_graded_from_nor_end_the_graders_connection() {
     python_ready();
     let tamper = r#"
 import json, sys, psycopg2
 init = json.loads(sys.stdin.readline())
-db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+db = psycopg2.connect(init["postgres_url"], application_name="tamper"); db.autocommit = True
 said = []
 for sql in ["ALTER TABLE {s}.changes DISABLE TRIGGER ALL", "TRUNCATE {s}.changes",
             "ALTER TABLE {s}.records DISABLE TRIGGER ALL",
-            "INSERT INTO {s}.changes (record, job, old_value, new_value) VALUES ('r0', 1, 0, 1)"]:
+            "INSERT INTO {s}.changes (record, job, old_value, new_value) VALUES ('r0', 1, 0, 1)",
+            "SELECT * FROM {s}.changes", "SET ROLE lockslab", "SET ROLE lockslab_admin"]:
     try:
         db.cursor().execute(sql.format(s=init["schema"])); said.append("FORGED")
     except psycopg2.Error:
         said.append("DENIED")
+cur = db.cursor()
+cur.execute("SELECT pid, usename FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND usesysid IS NOT NULL AND application_name IS DISTINCT FROM 'tamper'")
+others = cur.fetchall()
+ended = []
+for pid, user in others:
+    try:
+        cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        if cur.fetchone()[0]:
+            ended.append(user)
+    except psycopg2.Error:
+        pass
+said.append("others-%d-ended-%d" % (len(others), len(ended)))
 print("-".join(said), flush=True)
 "#;
     // Only the Postgres is lockslab's own: Redis and etcd stay the shared ones.
@@ -355,10 +408,70 @@ print("-".join(said), flush=True)
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .find(|v| v["kind"] == "verdict")
-        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "no verdict: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
     assert_eq!(output.status.code(), Some(1), "{verdict}");
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
-    assert!(failure.contains("DENIED-DENIED-DENIED-DENIED"), "{failure}");
+    assert!(
+        failure.contains("DENIED-DENIED-DENIED-DENIED-DENIED-DENIED-DENIED-others-"),
+        "{failure}"
+    );
+    // lockslab's connections were there to be tried, and none of them ended.
+    assert!(!failure.contains("-others-0-"), "{failure}");
+    assert!(failure.contains("-ended-0"), "{failure}");
+}
+
+/// On a Postgres whose role may create roles, the clients connect as a role made for the
+/// run — not the grader's — and it is gone when the run ends.
+#[test]
+fn the_clients_role_is_the_runs_own_and_is_dropped_at_the_end() {
+    python_ready();
+    let whoami = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); cur = db.cursor()
+cur.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
+print("connected-as-%s-super-%s" % cur.fetchone(), flush=True)
+"#;
+    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
+    let superuser = format!("{server}/lockslab");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        whoami,
+    ])
+    .env("LOCKSLAB_POSTGRES_URL", &superuser)
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: Value = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|v| v["kind"] == "verdict")
+        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+    let run_id = verdict["run_id"].as_str().unwrap();
+    let role = format!("lockslab_client_{run_id}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains(&format!("connected-as-{role}-super-False")),
+        "{failure}"
+    );
+    let mut db = postgres::Client::connect(&superuser, postgres::NoTls).unwrap();
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM pg_roles WHERE rolname = $1", &[&role])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the run's role {role} was not dropped");
 }
 
 #[test]
@@ -382,7 +495,7 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
     let (_, verdict, _) = challenge(
         "counter",
         1,
-        &["--patience", "1s"],
+        &["--patience", "2s"],
         &[
             "sh",
             "-c",
@@ -524,6 +637,40 @@ fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled(
         "left after SIGKILL: {:?}",
         processes_mentioning(&marker)
     );
+}
+
+/// A client that double-forks a process into a session of its own with an empty
+/// environment: no process group, no parent, no mark leads to it — but lockslab is the
+/// clients' subreaper, so it comes to lockslab, which kills it with the run.
+fn escaping_without_its_mark(marker: &str) -> String {
+    format!(
+        "( env -i setsid sh -c 'sleep 300; true' {marker}-escaped & ); \
+         exec {PYTHON} {REFERENCE} setnx {marker}"
+    )
+}
+
+#[test]
+fn what_a_client_double_forked_with_no_environment_ends_with_the_run() {
+    let marker = format!("env-i-end-{}", std::process::id());
+    let script = escaping_without_its_mark(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    let escaped = format!("{marker}-escaped");
+    assert!(!processes_mentioning(&escaped).is_empty(), "it escaped");
+    child.wait().unwrap();
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after the run: {left:?}");
+}
+
+#[test]
+fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
+    let marker = format!("env-i-sigint-{}", std::process::id());
+    let script = escaping_without_its_mark(&marker);
+    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
+    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let left = processes_mentioning(&marker);
+    assert!(left.is_empty(), "left after Ctrl-C: {left:?}");
 }
 
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no

@@ -100,6 +100,16 @@ impl Challenge {
         2 * lease_ms + Rng::new(seed ^ salt).below(lease_ms)
     }
 
+    /// The longest a fault of this challenge lasts: a pause, or a write held in the
+    /// network, lasts 2 to 3 TTLs (see [`Challenge::schedule`], [`Challenge::delay_ms`]);
+    /// a kill is over at once.
+    pub fn longest_fault(self, ttl: std::time::Duration) -> std::time::Duration {
+        match self {
+            Challenge::Pause | Challenge::Delay => 3 * ttl,
+            Challenge::Counter | Challenge::Crash | Challenge::ExactlyOnce => Default::default(),
+        }
+    }
+
     /// The jobs delivered twice (exactly-once): about a third of them, drawn from the seed.
     /// The second copy goes out right after the first, to whichever client is free next.
     pub fn duplicates(self, seed: u64, jobs: usize) -> std::collections::BTreeSet<i64> {
@@ -263,6 +273,26 @@ mod tests {
             assert_eq!(step.fault, Fault::Delay);
             let held = Challenge::delay_ms(3, &step.target, 500);
             assert!((1000..1500).contains(&held), "{held}");
+        }
+    }
+
+    /// The patience lockslab derives from it must cover every fault a seed can draw.
+    #[test]
+    fn no_drawn_fault_lasts_longer_than_the_longest_fault() {
+        for ttl_ms in [100, 500, 10_000] {
+            let ttl = std::time::Duration::from_millis(ttl_ms);
+            for challenge in Challenge::ALL {
+                let longest = challenge.longest_fault(ttl).as_millis() as u64;
+                for seed in 0..200 {
+                    for step in challenge.schedule(seed, &clients(), ttl_ms).steps() {
+                        assert!(step.duration_ms.unwrap_or(0) <= longest, "{step:?}");
+                        if step.fault == Fault::Delay {
+                            let ms = Challenge::delay_ms(seed, &step.target, ttl_ms);
+                            assert!(ms <= longest, "{ms} > {longest}");
+                        }
+                    }
+                }
+            }
         }
     }
 }

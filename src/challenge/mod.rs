@@ -15,6 +15,7 @@ pub mod challenges;
 mod client;
 mod play;
 pub mod protocol;
+mod reaper;
 mod table;
 mod verdict;
 
@@ -70,16 +71,16 @@ pub struct ChallengeArgs {
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// How many clients at once
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=8))]
+    #[arg(long, default_value_t = verdict::DEFAULT_CLIENTS, value_parser = clap::value_parser!(u32).range(2..=8))]
     pub clients: u32,
     /// The lock's TTL the faults are built around (the client is told it)
     #[arg(long, default_value = "500ms", value_parser = crate::flags::parse_duration,
           value_name = "T")]
     pub ttl: std::time::Duration,
-    /// How long a client may take to say ready, or to answer one job
-    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration,
-          value_name = "T")]
-    pub patience: std::time::Duration,
+    /// How long a client may take to say ready, or to answer one job [default: 10s, or
+    /// 3 TTLs and the challenge's longest fault when that is longer]
+    #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T")]
+    pub patience: Option<std::time::Duration>,
     /// JSON Lines on stdout: the run's events, then a verdict
     #[arg(long)]
     pub json: bool,
@@ -127,11 +128,33 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     if !(100..=10_000).contains(&lease_ms) {
         crate::bail_usage!("--ttl: between 100ms and 10s");
     }
-    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.patience) {
-        crate::bail_usage!("--patience: between 100ms and 10m");
-    }
+    let patience = patience_of(challenge, args)?;
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
-    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, picture))
+    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, patience, picture))
+}
+
+/// How long a client may take when `--patience` is not given.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long a client may take to answer: a client that waits rightly for a lock whose
+/// holder was frozen may wait out that fault, then the lock's TTL, then its own tries —
+/// so never less than 3 TTLs and the challenge's longest fault.
+fn patience_of(challenge: Challenge, args: &ChallengeArgs) -> Result<Duration> {
+    let least = 3 * args.ttl + challenge.longest_fault(args.ttl);
+    let Some(patience) = args.patience else {
+        return Ok(least.max(PATIENCE));
+    };
+    if patience > Duration::from_secs(600) {
+        crate::bail_usage!("--patience: at most 10m");
+    }
+    if patience < least {
+        // Short: a usage error is printed as it is, on one line.
+        crate::bail_usage!(
+            "--patience: at least {} here (3 TTLs + the longest fault)",
+            verdict::flag_duration(least)
+        );
+    }
+    Ok(patience)
 }
 
 /// Arguments that name a file to run: the program itself when it is a path, and the first
@@ -165,6 +188,7 @@ fn grade(
     challenge: Challenge,
     args: &ChallengeArgs,
     lease_ms: u64,
+    patience: Duration,
     picture: Option<crate::picture::Target>,
 ) -> Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
@@ -175,25 +199,25 @@ fn grade(
     let run_id = crate::labs::new_run_id();
     let schema = table::schema_of(&run_id);
     let postgres = servers.url(Backend::Postgres).to_string();
-    // On a Postgres lockslab started, the records and their log belong to its superuser,
-    // and the client's role may only update them: it cannot rewrite the log it is graded
-    // from. On a given Postgres there is one role, the client's, and it owns them.
-    let admin = servers.postgres_admin_url();
-    let owner = admin.clone().unwrap_or_else(|| postgres.clone());
+    // The records and their log belong to the grader's role: Postgres's superuser when
+    // lockslab started that Postgres, else the role it was given. The clients get a role of
+    // the run's own that may only read and update the records (see
+    // `table::create_client_role`): they cannot rewrite the log they are graded from, nor
+    // end the grader's connections. A given role that may not create roles is shared.
+    let owner = servers
+        .postgres_admin_url()
+        .unwrap_or_else(|| postgres.clone());
     let removal = Leftovers::of_run(&run_id)
         .redis(servers.url(Backend::Redis))
-        .sql(&owner, &table::drop_sql(&schema))
+        .sql(&owner, &table::drop_sql(&run_id))
         .removed_at_the_end();
     let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
-    let mut db = connect::postgres(&postgres)?;
-    match &admin {
-        Some(admin) => {
-            let mut admin = connect::postgres(admin)?;
-            table::create(&mut admin, &schema, &records)?;
-            table::grant_to_client(&mut admin, &schema, crate::servers::PG_ROLE)?;
-        }
-        None => table::create(&mut db, &schema, &records)?,
-    }
+    let mut db = connect::postgres(&owner)?;
+    table::create(&mut db, &schema, &records)?;
+    let role = table::client_role_of(&run_id);
+    let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
+    let shared = clients_url.is_none();
+    let clients_url = clients_url.unwrap_or_else(|| postgres.clone());
     let setup = play::Setup {
         challenge,
         program: args.program.clone(),
@@ -203,7 +227,7 @@ fn grade(
             client: String::new(),
             redis_url: servers.url(Backend::Redis).into(),
             etcd_url: servers.url(Backend::Etcd).into(),
-            postgres_url: postgres.clone(),
+            postgres_url: clients_url,
             table: format!("{schema}.records"),
             schema: schema.clone(),
             key_prefix: format!("lockslab:{run_id}:"),
@@ -212,11 +236,20 @@ fn grade(
         },
         jobs: challenge.draw_jobs(seed, &records),
         json: args.json,
-        patience: args.patience,
+        patience,
         run_id: run_id.clone(),
+        grader_url: owner.clone(),
+        replay: verdict::replay_words(
+            challenge,
+            seed,
+            args.clients,
+            args.ttl,
+            args.patience,
+            &args.program,
+        ),
     };
     if !args.json {
-        verdict::heading(&setup, &run_id, &servers);
+        verdict::heading(&setup, &run_id, &servers, shared);
     }
     let played = play::play(&setup);
     let outcome = played.and_then(|played| {

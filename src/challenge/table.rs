@@ -18,21 +18,59 @@ pub fn schema_of(run_id: &str) -> String {
     crate::labs::leftovers::challenge_schema_of(run_id)
 }
 
-/// What drops everything the run made in Postgres, the client's own tables with it.
-pub fn drop_sql(schema: &str) -> String {
-    format!("DROP SCHEMA IF EXISTS {schema} CASCADE")
+/// The Postgres role of a run's clients: made for the run, dropped with it.
+pub fn client_role_of(run_id: &str) -> String {
+    crate::labs::leftovers::challenge_role_of(run_id)
 }
 
-/// Lets the client's role (not the owner's) use the schema for tables of its own, read
-/// both tables, and update the records' three columns — nothing else: no trigger to
-/// disable, no log to write, truncate or rewrite. The log's trigger runs as its owner.
-pub fn grant_to_client(db: &mut PgClient, schema: &str, role: &str) -> Result<()> {
+/// What drops everything the run made in Postgres, the client's own tables with it, then
+/// the clients' role (once its grants went with the schema), if it was made.
+pub fn drop_sql(run_id: &str) -> String {
+    format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE; {}",
+        schema_of(run_id),
+        crate::labs::leftovers::drop_challenge_role(run_id)
+    )
+}
+
+/// Makes the clients' own role, with a fresh password (sent to them on their stdin, in
+/// `init`'s URL; never on a command line), and grants it what the protocol needs and
+/// nothing else: use the run's schema, and create tables of its own there; read the
+/// records and update their three columns. No right on the log — the trigger writes it as
+/// its owner — no superuser, no other role's rights: it cannot end the grader's
+/// connection (`pg_terminate_backend` wants the grader's role), nor rewrite the log.
+///
+/// Returns the clients' URL: `url` with the role and password in place of its own. `None`
+/// when `db`'s role may not create roles (a Postgres given to lockslab, or `lockslab up`'s
+/// role): the clients then share that role with the grader.
+pub fn create_client_role(
+    db: &mut PgClient,
+    schema: &str,
+    role: &str,
+    url: &str,
+) -> Result<Option<String>> {
+    let may_create: bool = db
+        .query_one(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )?
+        .get(0);
+    if !may_create {
+        return Ok(None);
+    }
+    let password = crate::seed::os_hex(32);
     db.batch_execute(&format!(
-        "GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
-         GRANT SELECT, UPDATE (value, job, fence) ON {schema}.records TO {role};
-         GRANT SELECT ON {schema}.changes TO {role};"
+        "CREATE ROLE {role} LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE
+             NOREPLICATION NOBYPASSRLS NOINHERIT;
+         GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
+         GRANT SELECT, UPDATE (value, job, fence) ON {schema}.records TO {role};"
     ))
-    .context("granting the client its part of the challenge's tables")
+    .context("creating the clients' Postgres role")?;
+    let (_, rest) = url
+        .split_once("://")
+        .context("the Postgres URL has no scheme")?;
+    let at = rest.rfind('@').map_or(rest, |i| &rest[i + 1..]);
+    Ok(Some(format!("postgres://{role}:{password}@{at}")))
 }
 
 /// Creates the schema, the records (each at 0), the log and its triggers.

@@ -10,7 +10,7 @@ use crate::check::challenge::{Evidence, Grade, Report};
 use crate::events::{Event, What};
 use crate::nemesis::Record;
 use crate::servers::Servers;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const PYTHON: &str = include_str!("../../examples/challenge/template.py");
 const RUST: &str = include_str!("../../examples/challenge/template.rs");
@@ -41,7 +41,7 @@ pub fn list() {
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
 }
 
-pub fn heading(setup: &Setup, run_id: &str, servers: &Servers) {
+pub fn heading(setup: &Setup, run_id: &str, servers: &Servers, shared_role: bool) {
     let challenge = setup.challenge;
     crate::outln!(
         "{} run {run_id} {}",
@@ -52,21 +52,97 @@ pub fn heading(setup: &Setup, run_id: &str, servers: &Servers) {
     crate::prose!(
         "{} clients of `{}`, {} jobs on 2 records, lock TTL {}ms: {}",
         setup.clients,
-        setup.program.join(" "),
+        setup
+            .program
+            .iter()
+            .map(|word| shell_word(word))
+            .collect::<Vec<_>>()
+            .join(" "),
         setup.jobs.len(),
         setup.init.lease_ms,
         challenge.about().faults
     );
+    if shared_role {
+        crate::prose!(
+            "  {}",
+            "the clients share lockslab's Postgres role (it may not create one for them): \
+             they could rewrite the log, or end the grader's connections"
+                .dimmed()
+        );
+    }
 }
 
-/// The command that replays this run: same challenge, seed and client.
-fn replay(setup: &Setup) -> String {
-    format!(
-        "lockslab challenge {} --seed {} -- {}",
-        setup.challenge.name(),
-        setup.seed,
-        setup.program.join(" ")
-    )
+/// The command that replays this run, one shell word each: the challenge, the seed, every
+/// option that shapes the run (`--clients`, `--ttl`, and `--patience` when it was given),
+/// and the client, each word quoted for a POSIX shell. Where the servers are and how the
+/// run is shown (`--json`, `--html`) do not change it, and a URL carries a password.
+pub fn replay_words(
+    challenge: Challenge,
+    seed: u64,
+    clients: u32,
+    ttl: Duration,
+    patience: Option<Duration>,
+    program: &[String],
+) -> Vec<String> {
+    let mut words: Vec<String> = ["lockslab", "challenge", challenge.name(), "--seed"]
+        .map(String::from)
+        .into();
+    words.push(seed.to_string());
+    if clients != DEFAULT_CLIENTS {
+        words.extend(["--clients".into(), clients.to_string()]);
+    }
+    if ttl != DEFAULT_TTL {
+        words.extend(["--ttl".into(), flag_duration(ttl)]);
+    }
+    if let Some(patience) = patience {
+        words.extend(["--patience".into(), flag_duration(patience)]);
+    }
+    words.push("--".into());
+    words.extend(program.iter().map(|word| shell_word(word)));
+    words
+}
+
+/// What `--clients` and `--ttl` are when not given (clap's defaults, in `ChallengeArgs`).
+pub const DEFAULT_CLIENTS: u32 = 3;
+pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
+
+/// A duration as the duration flags read it back: `2s`, or `1500ms`.
+pub fn flag_duration(duration: Duration) -> String {
+    match duration.as_millis() {
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// `word` as one word of a POSIX shell's command line: as it is when it holds nothing the
+/// shell reads specially; otherwise between single quotes, inside which only `'` itself
+/// needs care (closed, escaped, reopened: `'\''`). The empty word is `''`.
+pub fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// The replay command for a terminal: broken between words into lines of at most `width`
+/// columns, each but the last ending in ` \`, so that it pastes as one command. A word
+/// longer than a line is not broken.
+fn replay_lines(words: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::from("  replay:");
+    for word in words {
+        if crate::output::visible_width(&line) + 1 + crate::output::visible_width(word) + 2 > width
+            && line.trim_start().contains(' ')
+        {
+            lines.push(format!("{line} \\"));
+            line = String::from("   ");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
 }
 
 /// The verdict as `--json` prints it last, and as the `--html` page's table shows it.
@@ -87,7 +163,7 @@ pub fn json(
         "changes": evidence.changes, "schedule": played.schedule,
         "faults_planned": played.faults_planned, "faults_played": played.faults_played,
         "faults_bit": report.faults_bit,
-        "replay": replay(setup),
+        "replay": setup.replay.join(" "),
     })
 }
 
@@ -147,7 +223,9 @@ pub fn show(
     for line in &report.undecided {
         crate::prose!("  ? {line}");
     }
-    crate::prose!("  replay: {}", replay(setup));
+    for line in replay_lines(&setup.replay, 80) {
+        crate::output::line(&line);
+    }
 }
 
 /// The run's history: stamped on the run's clock and, as it comes, shown.
@@ -174,5 +252,84 @@ impl Record for Tape {
             crate::outln!("{:>7}ms  {:<4} {}", event.t_ms, event.worker, event.text);
         }
         self.events.push(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shell_word_is_quoted_only_when_the_shell_would_read_it_otherwise() {
+        assert_eq!(shell_word("client.py"), "client.py");
+        assert_eq!(shell_word("--fast=1"), "--fast=1");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("my client.py"), "'my client.py'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word("$HOME"), "'$HOME'");
+        assert_eq!(shell_word("a\"b`c`"), "'a\"b`c`'");
+        assert_eq!(shell_word("*"), "'*'");
+    }
+
+    /// Each word goes through a real shell and comes back as it was.
+    #[test]
+    fn a_quoted_program_comes_back_from_sh_word_for_word() {
+        let words = [
+            "",
+            "two words",
+            "it's",
+            "$HOME `id`",
+            "a\"b",
+            "back\\slash",
+            "\n",
+        ];
+        let line: Vec<String> = words.iter().map(|w| shell_word(w)).collect();
+        let script = format!("for w in {}; do printf '<%s>' \"$w\"; done", line.join(" "));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        let expected: String = words.iter().map(|w| format!("<{w}>")).collect();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    }
+
+    #[test]
+    fn the_replay_names_every_option_that_shapes_the_run() {
+        let program = ["python3".to_string(), "my client.py".into(), "".into()];
+        let words = replay_words(
+            Challenge::Pause,
+            7,
+            5,
+            Duration::from_secs(10),
+            Some(Duration::from_millis(61_500)),
+            &program,
+        );
+        assert_eq!(
+            words.join(" "),
+            "lockslab challenge pause --seed 7 --clients 5 --ttl 10s --patience 61500ms \
+             -- python3 'my client.py' ''"
+        );
+        let plain = replay_words(Challenge::Crash, 1, 3, DEFAULT_TTL, None, &program[..1]);
+        assert_eq!(
+            plain.join(" "),
+            "lockslab challenge crash --seed 1 -- python3"
+        );
+    }
+
+    #[test]
+    fn a_long_replay_is_broken_between_words_with_continuations() {
+        let program: Vec<String> = (0..12).map(|i| format!("argument-{i}")).collect();
+        let words = replay_words(Challenge::Delay, 3, 4, DEFAULT_TTL, None, &program);
+        let lines = replay_lines(&words, 80);
+        assert!(lines.len() > 1, "{lines:?}");
+        for line in &lines {
+            assert!(line.len() <= 80, "{line:?}");
+        }
+        for line in &lines[..lines.len() - 1] {
+            assert!(line.ends_with(" \\"), "{line:?}");
+        }
+        let joined = lines.join("\n").replace(" \\\n", " ");
+        let words_back: Vec<&str> = joined.split_whitespace().skip(1).collect();
+        assert_eq!(words_back, words);
     }
 }

@@ -45,6 +45,10 @@ pub struct Setup {
     /// nemesis does not count).
     pub patience: Duration,
     pub run_id: String,
+    /// lockslab's own way into Postgres, as the records' owner (not the clients' role).
+    pub grader_url: String,
+    /// The command that replays the run, one shell word each.
+    pub replay: Vec<String>,
 }
 
 /// What a run left: its history and what the clients answered; or the client's failure.
@@ -133,6 +137,8 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 pub fn play(setup: &Setup) -> Result<Played> {
     let (heard_to, heard) = channel();
     let watchdog = super::client::Watchdog::start(&setup.run_id)?;
+    // After the watchdog and the servers, before any client: those are spared at the end.
+    let reaper = super::reaper::Reaper::start()?;
     let start = Instant::now();
     let mut run = Run {
         setup,
@@ -158,7 +164,7 @@ pub fn play(setup: &Setup) -> Result<Played> {
         played: Vec::new(),
         moments: Vec::new(),
         strikes: Vec::new(),
-        clock: crate::connect::postgres(&setup.init.postgres_url)?,
+        clock: crate::connect::postgres(&setup.grader_url)?,
         clock_base: (start, 0),
     };
     let asked = Instant::now();
@@ -194,6 +200,8 @@ pub fn play(setup: &Setup) -> Result<Played> {
     // Every client killed and reaped, then whatever they started out of their groups.
     run.seats.clear();
     super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
+    // Then whatever they started that carries no mark: it came to lockslab, the reaper.
+    drop(reaper);
     let failure = match failure {
         Some(err) if err.downcast_ref::<ClientFailed>().is_some() => Some(format!("{err}")),
         Some(err) => return Err(err),
@@ -558,9 +566,10 @@ impl Run<'_> {
                 // Nobody got as far as ready: nothing was run, so nothing is graded.
                 anyhow::bail!(
                     "client {} did not say ready within {}, nor did any other: nothing \
-                     ran; on a busy machine: --patience 30s",
+                     ran; on a busy machine: --patience {}",
                     seat.client.name,
-                    crate::output::human(limit)
+                    crate::output::human(limit),
+                    super::verdict::flag_duration((2 * limit).max(Duration::from_secs(30)))
                 );
             }
             if since.elapsed() > limit {

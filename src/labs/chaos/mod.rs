@@ -386,7 +386,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
 pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
     match outcome {
         Err(err) if err.downcast_ref::<crate::exit::UsageError>().is_none() => {
-            crate::errln!("lockslab: error: {:#}", crate::connect::explain(err));
+            let text = format!("lockslab: error: {:#}", crate::connect::explain(err));
+            crate::output::err_prose(&text);
             Ok(ExitCode::from(EXIT_COULD_NOT_RUN))
         }
         other => other,

@@ -12,7 +12,7 @@ use crate::connect;
 use crate::procs::{self, InterruptCleanup};
 use crate::store::Store;
 use registry::{Registry, what_a_run_creates_in_postgres};
-pub use registry::{challenge_schema_of, sweep_dead_runs};
+pub use registry::{challenge_role_of, challenge_schema_of, drop_challenge_role, sweep_dead_runs};
 
 /// The places a run writes to, named by its run id.
 #[derive(Clone, Debug, Default)]

@@ -78,11 +78,28 @@ pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
     ];
     format!(
         "DROP SCHEMA IF EXISTS {}, {} CASCADE; DROP TABLE IF EXISTS {}; \
-         DROP SEQUENCE IF EXISTS {}",
+         DROP SEQUENCE IF EXISTS {}; {}",
         invoices::schema_of(run_id),
         challenge_schema_of(run_id),
         queue_tables.join(", "),
-        sequences.join(", ")
+        sequences.join(", "),
+        drop_challenge_role(run_id)
+    )
+}
+
+/// The Postgres role of a `lockslab challenge` run's clients (see `challenge::table`).
+pub fn challenge_role_of(run_id: &str) -> String {
+    format!("lockslab_client_{run_id}")
+}
+
+/// Drops a challenge run's client role if it is there, once the run's schema (which holds
+/// its grants and its own tables) is gone. A no-op where no such role exists, so a role
+/// that may not drop roles can still sweep a run that made none.
+pub fn drop_challenge_role(run_id: &str) -> String {
+    let role = challenge_role_of(run_id);
+    format!(
+        "DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
+         DROP ROLE {role}; END IF; END $$"
     )
 }
 
