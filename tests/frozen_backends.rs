@@ -355,21 +355,31 @@ fn a_slow_waiter_is_not_a_usage_error() {
             .spawn()
             .unwrap();
         let started = Instant::now();
-        let mut stopped = None;
+        let mut stopped = Vec::new();
         // The lab starts its four holders at once and each lane's waiter only once that
-        // holder has the lock: the fifth worker to appear is a waiter.
+        // holder has the lock: every worker after the first four is a waiter. Each is
+        // stopped as soon as it is seen (a busy machine lets some say "waiting" first; one
+        // caught in time is enough). Pids grow: a waiter seen in the same look as the
+        // holders sorts after them.
         let mut workers_seen: Vec<u32> = Vec::new();
-        while stopped.is_none() && started.elapsed() < Duration::from_secs(20) {
+        while started.elapsed() < Duration::from_secs(20) {
             if lab.try_wait().unwrap().is_some() {
                 break;
             }
-            for (pid, _, name) in common::children_of(lab.id()) {
-                if name == "lockslab" && !workers_seen.contains(&pid) {
-                    workers_seen.push(pid);
+            let mut new: Vec<u32> = common::children_of(lab.id())
+                .into_iter()
+                .filter(|(pid, _, name)| name == "lockslab" && !workers_seen.contains(pid))
+                .map(|(pid, _, _)| pid)
+                .collect();
+            new.sort_unstable();
+            for pid in new {
+                if workers_seen.len() >= 4 {
+                    stopped.push(Stopped::freeze(vec![pid as i32]));
                 }
+                workers_seen.push(pid);
             }
-            if let Some(&waiter) = workers_seen.get(4) {
-                stopped = Some(Stopped::freeze(vec![waiter as i32]));
+            if workers_seen.len() >= 8 {
+                break;
             }
             thread::sleep(Duration::from_millis(1));
         }
