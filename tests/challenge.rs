@@ -623,12 +623,21 @@ fn what_a_client_started_in_a_session_of_its_own_ends_with_the_run() {
     assert!(left.is_empty(), "left after the run: {left:?}");
 }
 
+/// A challenge of clients run by `sh -c script`, once its first pause began and the process
+/// the script set loose (`{marker}-escaped`) is running.
+fn started_with_its_escapee(marker: &str, script: &str) -> std::process::Child {
+    let (child, _) = started_until_the_first_pause_of(marker, &["sh", "-c", script]);
+    assert!(
+        !processes_mentioning(&format!("{marker}-escaped")).is_empty(),
+        "it escaped"
+    );
+    child
+}
+
 #[test]
 fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled() {
     let marker = format!("setsid-kill-{}", std::process::id());
-    let script = escaping(&marker);
-    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
-    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    let mut child = started_with_its_escapee(&marker, &escaping(&marker));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
     assert!(
@@ -652,10 +661,7 @@ fn escaping_without_its_mark(marker: &str) -> String {
 #[test]
 fn what_a_client_double_forked_with_no_environment_ends_with_the_run() {
     let marker = format!("env-i-end-{}", std::process::id());
-    let script = escaping_without_its_mark(&marker);
-    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
-    let escaped = format!("{marker}-escaped");
-    assert!(!processes_mentioning(&escaped).is_empty(), "it escaped");
+    let mut child = started_with_its_escapee(&marker, &escaping_without_its_mark(&marker));
     child.wait().unwrap();
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left after the run: {left:?}");
@@ -664,9 +670,7 @@ fn what_a_client_double_forked_with_no_environment_ends_with_the_run() {
 #[test]
 fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
     let marker = format!("env-i-sigint-{}", std::process::id());
-    let script = escaping_without_its_mark(&marker);
-    let (mut child, _) = started_until_the_first_pause_of(&marker, &["sh", "-c", &script]);
-    assert!(!processes_mentioning(&format!("{marker}-escaped")).is_empty());
+    let mut child = started_with_its_escapee(&marker, &escaping_without_its_mark(&marker));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(130));
     let left = processes_mentioning(&marker);
