@@ -60,7 +60,8 @@ was held up past the TTL) · 4 it could not run (a server did not answer, or a
 client exited before any said ready) · 130 Ctrl-C; clients and servers are
 stopped either way.")]
 pub struct ChallengeArgs {
-    /// The challenge: counter, pause, crash, delay or exactly-once (`list` to see them)
+    /// The challenge: counter, pause, crash, delay, exactly-once or failover (`list` to
+    /// see them)
     #[arg(value_name = "NAME", default_value = "list", hide_default_value = true)]
     pub name: String,
     /// Print a starting client in this language, and exit
@@ -100,12 +101,6 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
-        if args.name == "failover" {
-            crate::bail_usage!(
-                "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
-                args.name
-            );
-        }
         crate::bail_usage!(
             "no challenge '{}' (there are: list, {})",
             args.name,
@@ -172,6 +167,10 @@ fn grade(
         &args.servers,
         &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     )?;
+    // Failover's Redis: a primary, its replica and three Sentinels of the run's own.
+    let mut sentinels = (challenge == Challenge::Failover)
+        .then(crate::cluster::SentinelCluster::start)
+        .transpose()?;
     let run_id = crate::labs::new_run_id();
     let schema = table::schema_of(&run_id);
     let postgres = servers.url(Backend::Postgres).to_string();
@@ -194,7 +193,7 @@ fn grade(
         }
         None => table::create(&mut db, &schema, &records)?,
     }
-    let setup = play::Setup {
+    let mut setup = play::Setup {
         challenge,
         program: args.program.clone(),
         clients: args.clients as usize,
@@ -209,6 +208,15 @@ fn grade(
             key_prefix: format!("lockslab:{run_id}:"),
             lease_ms,
             seed,
+            sentinels: sentinels
+                .iter()
+                .flat_map(|c| &c.sentinels)
+                .map(|s| s.addr())
+                .collect(),
+            master_name: sentinels
+                .as_ref()
+                .map(|_| crate::cluster::MASTER_NAME.into()),
+            redis_password: sentinels.as_ref().map(|c| c.password.clone()),
         },
         jobs: challenge.draw_jobs(seed, &records),
         json: args.json,
@@ -217,8 +225,21 @@ fn grade(
     };
     if !args.json {
         verdict::heading(&setup, &run_id, &servers);
+        if let Some(cluster) = &sentinels {
+            crate::output::details([format!(
+                "Sentinel primary :{}, replica :{}, {} Sentinels (private, started in {}): \
+                 the Redis of the clients' locks",
+                cluster.primary.port,
+                cluster.replica.port,
+                cluster.sentinels.len(),
+                crate::output::human(cluster.started_in)
+            )]);
+        }
     }
-    let played = play::play(&setup);
+    if let Some(cluster) = &sentinels {
+        setup.init.redis_url = cluster.primary.url();
+    }
+    let played = play::play(&setup, sentinels.as_mut());
     let outcome = played.and_then(|played| {
         let (changes, finals) = table::read_back(&mut db, &schema)?;
         let evidence = Evidence {
@@ -235,6 +256,7 @@ fn grade(
             strikes: played.strikes.clone(),
             unplayed: played.unplayed.clone(),
             lease_ms,
+            fences_must_rise: challenge == Challenge::Failover,
         };
         Ok((played, evidence))
     });

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToClient {
-    Init(Init),
+    /// Boxed: it is much the larger, and is sent once.
+    Init(Box<Init>),
     Job(Job),
 }
 
@@ -44,6 +45,15 @@ pub struct Init {
     /// The lock's time to live this challenge is built around: its faults outlast it.
     pub lease_ms: u64,
     pub seed: u64,
+    /// Under `failover`, the Sentinels (`host:port`) that know which Redis is the primary
+    /// of `master_name`; `redis_url` is then the primary at the start, which dies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sentinels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_name: Option<String>,
+    /// The password the Sentinels and both Redis servers demand (failover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_password: Option<String>,
 }
 
 /// One job: add `add` to the `value` of `record`, and tag the write with the job's id.
