@@ -226,14 +226,9 @@ fn grade(
     if !args.json {
         verdict::heading(&setup, &run_id, &servers);
         if let Some(cluster) = &sentinels {
-            crate::output::details([format!(
-                "Sentinel primary :{}, replica :{}, {} Sentinels (private, started in {}): \
-                 the Redis of the clients' locks",
-                cluster.primary.port,
-                cluster.replica.port,
-                cluster.sentinels.len(),
-                crate::output::human(cluster.started_in)
-            )]);
+            let took = crate::output::human(cluster.started_in);
+            let line = format!("Sentinel Redis: primary, replica, 3 Sentinels (private, {took})");
+            crate::output::details([line]);
         }
     }
     if let Some(cluster) = &sentinels {

@@ -49,7 +49,24 @@ impl<'a> Failover<'a> {
         }
     }
 
-    /// Still to happen, or under way: the run waits for its end.
+    /// The cluster as the run starts, for the history: its ports.
+    pub(super) fn started(&self) -> Event {
+        let cluster = &self.cluster;
+        let sentinels: Vec<String> = cluster
+            .sentinels
+            .iter()
+            .map(|s| format!(":{}", s.port))
+            .collect();
+        let text = format!(
+            "primary :{}, replica :{}, Sentinels {}",
+            cluster.primary.port,
+            cluster.replica.port,
+            sentinels.join(" ")
+        );
+        Event::new("redis", HolderNow::default(), text)
+    }
+
+    /// Under way: the run waits for its end.
     pub(super) fn under_way(&self) -> bool {
         matches!(self.step, Step::Killed { .. })
     }

@@ -180,6 +180,9 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
     let text = format!("run {}", setup.run_id);
     run.tape
         .record(Event::new(crate::nemesis::LANE, What::Run(facts), text));
+    if let Some(failover) = &run.failover {
+        run.tape.record(failover.started());
+    }
     for i in 1..=setup.clients {
         run.start_client(&format!("c{i}"))?;
     }
