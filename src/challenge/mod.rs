@@ -46,6 +46,9 @@ Examples:
   lockslab challenge crash --json -- ./target/release/my-client --fast
   lockslab challenge delay --html run.html -- python3 client.py
                                         the run's timeline as a page
+  lockslab challenge failover -- python3 client.py
+                                        the Redis primary dies mid-run: init
+                                        names the Sentinels that know the next
 
 The program is started as 3 clients (and one more for each one killed), each
 in its own process group. It reads one JSON object a line on stdin (init,
@@ -54,7 +57,8 @@ acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
 Walkthrough: labs/11-challenge.md.
 
 Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
-or the client crashed, hung, flooded or printed garbage) · 2 bad command line
+or a fencing token that went back; or the client crashed, hung, flooded or
+printed garbage) · 2 bad command line
 · 3 undecided (a fault never played, or played and missed: no write of a job
 was held up past the TTL) · 4 it could not run (a server did not answer, or a
 client exited before any said ready) · 130 Ctrl-C; clients and servers are

@@ -259,16 +259,10 @@ pub enum Problem {
         waited_ms: u64,
         bound_ms: u64,
     },
-    /// A change whose fence is not greater than an earlier change's on its record.
-    TokenWentBack {
-        record: String,
-        job: Option<i64>,
-        seq: i64,
-        fence: i64,
-        earlier_job: Option<i64>,
-        earlier_seq: i64,
-        earlier_fence: i64,
-    },
+    /// A change whose fence equals the greatest an earlier change of its record had.
+    TokenReused(Tokens),
+    /// A change whose fence is smaller than an earlier change's on its record.
+    TokenWentBack(Tokens),
     /// A change that carries no fence, where every change must.
     Unfenced {
         record: String,
@@ -287,12 +281,8 @@ impl Problem {
             Problem::Untagged { .. } => "untagged",
             Problem::LogDisagrees { .. } => "log-disagrees",
             Problem::StuckLock { .. } => "stuck-lock",
-            Problem::TokenWentBack {
-                fence,
-                earlier_fence,
-                ..
-            } if fence == earlier_fence => "token-reused",
-            Problem::TokenWentBack { .. } => "token-went-back",
+            Problem::TokenReused(_) => "token-reused",
+            Problem::TokenWentBack(_) => "token-went-back",
             Problem::Unfenced { .. } => "unfenced",
         }
     }
@@ -304,9 +294,8 @@ impl Problem {
             | Problem::Doubled { job, .. }
             | Problem::Lost { job }
             | Problem::NeverDone { job } => Some(*job),
-            Problem::Untagged { job, .. }
-            | Problem::TokenWentBack { job, .. }
-            | Problem::Unfenced { job, .. } => *job,
+            Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
+            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
             Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
         }
     }
@@ -318,11 +307,9 @@ impl Problem {
             Problem::StaleWrite { seq: named, .. }
             | Problem::Untagged { seq: named, .. }
             | Problem::Unfenced { seq: named, .. } => seq == Some(*named),
-            Problem::TokenWentBack {
-                seq: named,
-                earlier_seq,
-                ..
-            } => seq == Some(*named) || seq == Some(*earlier_seq),
+            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => {
+                seq == Some(tokens.seq) || seq == Some(tokens.earlier_seq)
+            }
             Problem::Doubled { job: named, .. } => job == Some(*named),
             _ => false,
         }
@@ -378,26 +365,9 @@ impl Problem {
                 "stuck lock: {dead} was killed holding the lock of {record}, and {waiter} \
                  waited {waited_ms}ms for it (the bound is {bound_ms}ms)"
             ),
-            Problem::TokenWentBack {
-                record,
-                job,
-                seq,
-                fence,
-                earlier_job,
-                earlier_seq,
-                earlier_fence,
-            } => {
-                let (what, how) = if fence == earlier_fence {
-                    ("token reused", "the same token as")
-                } else {
-                    ("token went back", "a smaller token than")
-                };
-                format!(
-                    "{what}: change #{seq} of {record} ({}) has fence {fence}, {how} \
-                     change #{earlier_seq} before it ({}, fence {earlier_fence})",
-                    job_name(*job),
-                    job_name(*earlier_job)
-                )
+            Problem::TokenReused(tokens) => tokens.describe("token reused", "the same token as"),
+            Problem::TokenWentBack(tokens) => {
+                tokens.describe("token went back", "a smaller token than")
             }
             Problem::Unfenced { record, job, seq } => format!(
                 "unfenced change #{seq} of {record} ({}): the write set no fence, and \
@@ -405,6 +375,35 @@ impl Problem {
                 job_name(*job)
             ),
         }
+    }
+}
+
+/// A change whose fence did not rise, and the earlier change of the same record whose
+/// fence was the greatest before it: the evidence of a token reused or gone back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokens {
+    pub record: String,
+    pub job: Option<i64>,
+    pub seq: i64,
+    pub fence: i64,
+    pub earlier_job: Option<i64>,
+    pub earlier_seq: i64,
+    pub earlier_fence: i64,
+}
+
+impl Tokens {
+    fn describe(&self, what: &str, how: &str) -> String {
+        format!(
+            "{what}: change #{} of {} ({}) has fence {}, {how} change #{} before it ({}, \
+             fence {})",
+            self.seq,
+            self.record,
+            job_name(self.job),
+            self.fence,
+            self.earlier_seq,
+            job_name(self.earlier_job),
+            self.earlier_fence
+        )
     }
 }
 
@@ -429,7 +428,7 @@ fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
         let record = change.record.as_str();
         match highest.get(record) {
             Some(earlier) if earlier.fence.is_some_and(|e| fence <= e) => {
-                problems.push(Problem::TokenWentBack {
+                let tokens = Tokens {
                     record: change.record.clone(),
                     job: change.job,
                     seq: change.seq,
@@ -437,6 +436,11 @@ fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
                     earlier_job: earlier.job,
                     earlier_seq: earlier.seq,
                     earlier_fence: earlier.fence.unwrap_or_default(),
+                };
+                problems.push(if earlier.fence == Some(fence) {
+                    Problem::TokenReused(tokens)
+                } else {
+                    Problem::TokenWentBack(tokens)
                 });
             }
             _ => {
@@ -759,6 +763,13 @@ mod tests {
         assert!(reused.starts_with("token reused: change #5"), "{reused}");
         assert!(reused.contains("the same token as change #2"), "{reused}");
         assert!(report.problems[0].names_change(Some(2), Some(2)));
+        // The JSON names the same kind as the terminal, with both changes.
+        let json = serde_json::to_value(&report.problems[1]).unwrap();
+        assert_eq!(json["kind"], "token-reused");
+        assert_eq!(
+            (json["seq"].as_i64(), json["earlier_seq"].as_i64()),
+            (Some(5), Some(2))
+        );
         // Other challenges do not grade the fences.
         run.fences_must_rise = false;
         assert_eq!(check(&run).grade(), Grade::Pass);

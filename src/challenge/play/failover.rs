@@ -156,7 +156,7 @@ impl Run<'_> {
                     ..FaultFacts::default()
                 };
                 let text = format!(
-                    "kills Redis primary :{primary}, {} jobs after the cut",
+                    "kills Redis primary :{primary}, {} jobs answered after the cut",
                     answered - at
                 );
                 self.nemesis.kill(
@@ -215,11 +215,13 @@ impl Run<'_> {
                 };
                 let text = format!("Sentinel promoted :{replica}, {took}ms after the kill");
                 self.tape.record(Event::new("redis", facts, text));
-                let text = format!(
-                    ":{replica} lacks {} of {} keys :{primary} had",
-                    lacks.len(),
-                    failover.on_primary.len(),
-                );
+                let text = match failover.on_primary.len() {
+                    0 => format!(":{primary} held no key of the run as it died"),
+                    held => format!(
+                        ":{replica} lacks {} of {held} keys :{primary} had",
+                        lacks.len()
+                    ),
+                };
                 self.tape
                     .record(Event::new("redis", HolderNow::default(), text));
                 // The shortest, for the lines' width: a counter's, where there is one.
