@@ -168,7 +168,13 @@ impl Run<'_> {
                 self.nemesis.resume(
                     &mut self.tape,
                     &failover.cluster.replica,
-                    Note::new(text, facts),
+                    Note::new(
+                        text,
+                        FaultFacts {
+                            port: Some(replica),
+                            ..facts
+                        },
+                    ),
                 )?;
                 failover.step = Step::Killed { at: Instant::now() };
             }
