@@ -144,4 +144,41 @@ mod tests {
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"ok"}"#).is_err());
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"done","job":1}"#).is_err());
     }
+
+    #[test]
+    fn only_failovers_init_names_the_sentinels() {
+        let mut init = Init {
+            client: "c1".into(),
+            redis_url: "redis://r".into(),
+            etcd_url: "http://e".into(),
+            postgres_url: "postgres://p".into(),
+            table: "s.records".into(),
+            schema: "s".into(),
+            key_prefix: "k:".into(),
+            lease_ms: 500,
+            seed: 1,
+            sentinels: vec![],
+            master_name: None,
+            redis_password: None,
+        };
+        let line = serde_json::to_string(&ToClient::Init(Box::new(init.clone()))).unwrap();
+        assert!(
+            line.starts_with(r#"{"type":"init","client":"c1""#),
+            "{line}"
+        );
+        assert!(
+            !line.contains("sentinels") && !line.contains("master_name"),
+            "{line}"
+        );
+        init.sentinels = vec!["127.0.0.1:26379".into()];
+        init.master_name = Some("lockslab".into());
+        init.redis_password = Some("pw".into());
+        let line = serde_json::to_string(&init).unwrap();
+        assert!(
+            line.ends_with(
+                r#""sentinels":["127.0.0.1:26379"],"master_name":"lockslab","redis_password":"pw"}"#
+            ),
+            "{line}"
+        );
+    }
 }
