@@ -182,6 +182,100 @@ fn crash_catches_a_lock_left_stuck_by_its_dead_holder() {
     caught_within("crash", "long", "stuck-lock", 8);
 }
 
+/// The Redis primary dies behind its replica mid-run, and Sentinel promotes the replica:
+/// tokens counted there by INCR start again below those already written, and the fence
+/// check that lets an equal token through lets one token write twice (caught); tokens from
+/// a Postgres sequence never go back (passes). Either way no server of the run's Sentinel
+/// cluster, nor any client, is left running.
+#[test]
+fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_sequence() {
+    python_ready();
+    for (mode, want) in [("sentinel", 1), ("sequence", 0)] {
+        let tag = fresh_tag();
+        let output = lockslab(&[
+            "challenge",
+            "failover",
+            "--json",
+            "--seed",
+            "1",
+            "--",
+            PYTHON,
+            REFERENCE,
+            mode,
+        ])
+        .env("LOCKSLAB_TEST_TAG", &tag)
+        .output()
+        .expect("running lockslab");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let lines: Vec<Value> = stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        let verdict = lines
+            .iter()
+            .find(|v| v["kind"] == "verdict")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no verdict:\n{stdout}\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            });
+        assert_eq!(output.status.code(), Some(want), "{mode}: {verdict}");
+        let said = |words: &str| {
+            lines
+                .iter()
+                .any(|e| e["text"].as_str().is_some_and(|t| t.contains(words)))
+        };
+        assert!(
+            said("kills Redis primary") && said("Sentinel promoted"),
+            "{stdout}"
+        );
+        assert_eq!(verdict["faults_played"], 1, "{verdict}");
+        if want == 1 {
+            let problems = verdict["problems"].as_array().unwrap();
+            let token = problems
+                .iter()
+                .find(|p| p["kind"] == "token-reused" || p["kind"] == "token-went-back")
+                .unwrap_or_else(|| panic!("no token finding: {verdict}"));
+            assert!(
+                token["fence"].as_i64() <= token["earlier_fence"].as_i64(),
+                "{token}"
+            );
+            assert!(
+                token["earlier_seq"].as_i64() < token["seq"].as_i64(),
+                "{token}"
+            );
+        } else {
+            assert_eq!(verdict["grade"], "pass", "{verdict}");
+            assert_eq!(verdict["acknowledged"], verdict["jobs"]);
+        }
+        // Redis overwrites its environment with its process title: its servers are found
+        // by the ports the run named (`primary :p, replica :r, Sentinels :s :t :u`).
+        let cluster = lines
+            .iter()
+            .filter_map(|e| e["text"].as_str())
+            .find(|t| t.starts_with("primary :"))
+            .unwrap_or_else(|| panic!("the cluster's ports are not named: {stdout}"));
+        let ports: Vec<String> = cluster
+            .split(':')
+            .skip(1)
+            .map(|p| p.chars().take_while(char::is_ascii_digit).collect())
+            .collect();
+        assert_eq!(ports.len(), 5, "{cluster}");
+        let left = || {
+            let mut left: Vec<String> = ports
+                .iter()
+                .flat_map(|port| processes_mentioning(&format!("127.0.0.1:{port}")))
+                .map(|(_, _, cmdline)| cmdline)
+                .collect();
+            left.extend(processes_tagged(&tag).into_iter().map(|p| p.cmdline));
+            left
+        };
+        let gone = eventually(Duration::from_secs(5), || left().is_empty());
+        assert!(gone, "left running: {:?}", left());
+    }
+}
+
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
 /// names what it did, and no process of it left.
 fn misbehaves(script: &str, says: &str) {

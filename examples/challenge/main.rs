@@ -7,6 +7,8 @@
 //! lockslab challenge counter -- ./target/debug/examples/challenge fenced   # passes
 //! lockslab challenge pause   -- ./target/debug/examples/challenge setnx    # fails
 //! lockslab challenge pause   -- ./target/debug/examples/challenge fenced   # passes
+//! lockslab challenge failover -- ./target/debug/examples/challenge sentinel # fails
+//! lockslab challenge failover -- ./target/debug/examples/challenge sequence # passes
 //! ```
 //!
 //! - `none`: no lock: read, add, write. Two clients on one record lose an update.
@@ -14,6 +16,10 @@
 //!   write. A holder frozen past the TTL still writes what it read.
 //! - `fenced`: setnx + a fencing token (Redis `INCR`), checked by Postgres where the record
 //!   is read (`SELECT … FOR UPDATE`), and written in the same transaction.
+//! - `sentinel`: fenced, on the Redis primary the Sentinels name (`failover`), with a token
+//!   per record from `INCR` there. The promoted replica missed the last `INCR`s: its tokens
+//!   start again below those written, and the check lets an equal one through.
+//! - `sequence`: sentinel, with the token from a Postgres sequence: it never goes back.
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
@@ -36,26 +42,78 @@ struct Lock {
     token: Option<i64>,
 }
 
-/// `SET NX PX` until it is ours (at most 10 s), and a token for `fenced`.
-fn acquire(
-    redis: &mut redis::Connection,
-    prefix: &str,
-    record: &str,
-    owner: String,
-    ttl: u64,
-    fenced: bool,
-) -> Option<Lock> {
+/// The lock's Redis: `redis_url`, or under `failover` the server the Sentinels name as the
+/// primary, asked again after every error.
+struct Redis {
+    init: Value,
+    connection: Option<redis::Connection>,
+}
+
+fn open(url: &str) -> redis::RedisResult<redis::Connection> {
+    let connection =
+        redis::Client::open(url)?.get_connection_with_timeout(Duration::from_millis(500))?;
+    connection.set_read_timeout(Some(Duration::from_millis(500)))?;
+    Ok(connection)
+}
+
+impl Redis {
+    fn connect(&self) -> Option<redis::Connection> {
+        let Some(sentinels) = self.init["sentinels"].as_array() else {
+            return open(self.init["redis_url"].as_str()?).ok();
+        };
+        let password = self.init["redis_password"].as_str()?;
+        for sentinel in sentinels.iter().filter_map(Value::as_str) {
+            let Ok(mut asked) = open(&format!("redis://default:{password}@{sentinel}")) else {
+                continue;
+            };
+            let primary: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(self.init["master_name"].as_str()?)
+                .query(&mut asked)
+                .ok()?;
+            if let Some((host, port)) = primary {
+                return open(&format!("redis://default:{password}@{host}:{port}")).ok();
+            }
+        }
+        None
+    }
+
+    /// Runs `call`, again on a new connection while the primary is dead and no replica is
+    /// promoted yet (at most 10 s).
+    fn run<T>(&mut self, call: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.connection.is_none() {
+                self.connection = self.connect();
+            }
+            if let Some(connection) = self.connection.as_mut() {
+                match call(connection) {
+                    Ok(answer) => return answer,
+                    Err(err) if Instant::now() > deadline => panic!("Redis: {err}"),
+                    Err(_) => self.connection = None,
+                }
+            } else if Instant::now() > deadline {
+                panic!("no Redis primary within 10s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `SET NX PX` until it is ours (at most 10 s).
+fn acquire(redis: &mut Redis, prefix: &str, record: &str, owner: String, ttl: u64) -> Option<Lock> {
     let key = format!("{prefix}lock:{record}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl)
-            .query(redis)
-            .unwrap();
+        let set: Option<String> = redis.run(|connection| {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(&owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .query(connection)
+        });
         if set.is_some() {
             break;
         }
@@ -64,13 +122,27 @@ fn acquire(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let token = fenced.then(|| {
-        redis::cmd("INCR")
-            .arg(format!("{prefix}token"))
-            .query::<i64>(redis)
-            .unwrap()
-    });
-    Some(Lock { key, owner, token })
+    Some(Lock {
+        key,
+        owner,
+        token: None,
+    })
+}
+
+/// The fencing token of a lock just taken, by mode.
+fn token(mode: &str, redis: &mut Redis, db: &mut postgres::Client, record: &str) -> Option<i64> {
+    let prefix = redis.init["key_prefix"].as_str().unwrap().to_string();
+    let counter = match mode {
+        "fenced" => format!("{prefix}token"),
+        "sentinel" => format!("{prefix}token:{record}"),
+        "sequence" => {
+            let schema = redis.init["schema"].as_str().unwrap();
+            let sql = format!("SELECT nextval('{schema}.tokens')");
+            return Some(db.query_one(&sql, &[]).unwrap().get(0));
+        }
+        _ => return None,
+    };
+    Some(redis.run(|connection| redis::cmd("INCR").arg(&counter).query(connection)))
 }
 
 /// One transaction: read, work, write. False if a newer holder's token is on the row.
@@ -119,17 +191,27 @@ fn work(db: &mut postgres::Client, table: &str, job: &Value, token: Option<i64>)
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "none".into());
     assert!(
-        ["none", "setnx", "fenced"].contains(&mode.as_str()),
+        ["none", "setnx", "fenced", "sentinel", "sequence"].contains(&mode.as_str()),
         "unknown mode {mode}"
     );
     let mut lines = std::io::stdin().lock().lines();
     let init: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     let mut db =
         postgres::Client::connect(init["postgres_url"].as_str().unwrap(), postgres::NoTls).unwrap();
-    let mut redis = redis::Client::open(init["redis_url"].as_str().unwrap())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    if mode == "sequence" {
+        // Every client creates it; the first one wins.
+        let schema = init["schema"].as_str().unwrap();
+        let mut tx = db.transaction().unwrap();
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&schema])
+            .unwrap();
+        tx.batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {schema}.tokens"))
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let mut redis = Redis {
+        init: init.clone(),
+        connection: None,
+    };
     let table = init["table"].as_str().unwrap().to_string();
     let prefix = init["key_prefix"].as_str().unwrap().to_string();
     let client = init["client"].as_str().unwrap().to_string();
@@ -145,8 +227,11 @@ fn main() {
             None
         } else {
             let owner = format!("{client}:{id}:{:?}", Instant::now());
-            match acquire(&mut redis, &prefix, record, owner, ttl, mode == "fenced") {
-                Some(lock) => Some(lock),
+            match acquire(&mut redis, &prefix, record, owner, ttl) {
+                Some(lock) => Some(Lock {
+                    token: token(&mode, &mut redis, &mut db, record),
+                    ..lock
+                }),
                 None => {
                     say(json!({"type": "fail", "job": id, "reason": "no lock within 10s"}));
                     continue;
@@ -158,11 +243,9 @@ fn main() {
         }
         let done = work(&mut db, &table, &job, lock.as_ref().and_then(|l| l.token));
         if let Some(lock) = lock {
-            let _: i64 = redis::Script::new(RELEASE)
-                .key(&lock.key)
-                .arg(&lock.owner)
-                .invoke(&mut redis)
-                .unwrap();
+            let release = redis::Script::new(RELEASE);
+            let _: i64 =
+                redis.run(|connection| release.key(&lock.key).arg(&lock.owner).invoke(connection));
             say(json!({"type": "released", "job": id}));
         }
         if done {

@@ -15,6 +15,8 @@
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py once   # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py late      # undecided
     lockslab challenge delay   -- python3 examples/challenge/reference.py late      # undecided
+    lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
+    lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
 
 none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
@@ -39,6 +41,13 @@ late    setnx that lies: it says `writing` only after its write committed, so th
         run is undecided, never a pass (the grader reads when the write landed).
 long    once, with a TTL of ten lease_ms "so that it never expires mid-job": the
         lock of a holder killed holding it keeps everyone waiting its whole TTL.
+sentinel fenced, on the Redis primary the Sentinels name (failover), with a token
+        per record from INCR there. The replica promoted after the primary's
+        death missed the last INCRs: its tokens start again below those already
+        written. The check refuses a smaller token, but lets an equal one
+        through, and the counter climbs back to it: one token, two writes.
+sequence sentinel, with the token from a Postgres sequence instead: the database
+        that keeps the records keeps the counter, and it never goes back.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -54,7 +63,8 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-assert MODE in ("none", "setnx", "fenced", "claimed", "once", "long", "late"), f"unknown mode {MODE}"
+MODES = ("none", "setnx", "fenced", "claimed", "once", "long", "late", "sentinel", "sequence")
+assert MODE in MODES, f"unknown mode {MODE}"
 
 # Deletes the key only if it still holds our value: never someone else's lock.
 RELEASE = """
@@ -70,7 +80,15 @@ def say(**message):
 
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"])
-r = redis.Redis.from_url(init["redis_url"])
+if MODE in ("sentinel", "sequence"):
+    from redis.sentinel import Sentinel
+    password, timeouts = init["redis_password"], {"socket_timeout": 0.5}
+    hosts = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in init["sentinels"]]
+    sentinels = Sentinel(hosts, password=password, sentinel_kwargs={"password": password, **timeouts},
+                         **timeouts)
+    r = sentinels.master_for(init["master_name"])  # asks them again on each new connection
+else:
+    r = redis.Redis.from_url(init["redis_url"])
 table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
 if MODE == "long":
     ttl, MODE = 10 * ttl, "once"
@@ -78,18 +96,43 @@ if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
+if MODE == "sequence":
+    with db, db.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
+        cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
 say(type="ready", notes=True)
+
+
+def retried(call):
+    """A Redis call, again while the primary is dead and no replica promoted yet (10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return call()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ReadOnlyError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def acquire(record):
     """SET NX PX until it is ours (at most 10 s); returns (key, owner value, token)."""
     key, owner = f"{prefix}lock:{record}", str(uuid.uuid4())
     deadline = time.monotonic() + 10
-    while not r.set(key, owner, nx=True, px=ttl):
+    while not retried(lambda: r.set(key, owner, nx=True, px=ttl)):
         if time.monotonic() > deadline:
             return None
         time.sleep(0.005)
-    token = r.incr(f"{prefix}token") if MODE in ("fenced", "claimed", "once") else None
+    token = None
+    if MODE in ("fenced", "claimed", "once"):
+        token = r.incr(f"{prefix}token")
+    elif MODE == "sentinel":
+        token = retried(lambda: r.incr(f"{prefix}token:{record}"))
+    elif MODE == "sequence":
+        with db, db.cursor() as cur:
+            cur.execute(f"SELECT nextval('{init['schema']}.tokens')")
+            (token,) = cur.fetchone()
     return key, owner, token
 
 
@@ -124,7 +167,7 @@ def do(job, token):
         say(type="writing", job=job["id"])  # the lie: after the commit, not before the write
         return True
     with db, db.cursor() as cur:
-        if MODE in ("fenced", "once"):
+        if MODE in ("fenced", "once", "sentinel", "sequence"):
             # Fence the read: lock the row, and refuse if a newer holder wrote it.
             # The row lock is held until the commit, across the work below: while
             # this client is frozen nobody else can write the row, so it is the row
@@ -160,7 +203,10 @@ for line in sys.stdin:
         say(type="acquired", job=job["id"], token=lock[2])
     done = do(job, lock[2] if lock else None)
     if lock:
-        r.eval(RELEASE, 1, lock[0], lock[1])
+        try:
+            r.eval(RELEASE, 1, lock[0], lock[1])
+        except redis.exceptions.ConnectionError:
+            pass  # the primary died with the lock on it: nothing left to release there
         say(type="released", job=job["id"])
     if done:
         say(type="ok", job=job["id"])

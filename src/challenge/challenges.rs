@@ -20,6 +20,8 @@ pub enum Challenge {
     Delay,
     /// Jobs delivered twice, and clients killed mid-job
     ExactlyOnce,
+    /// The Redis primary dies behind its replica, and Sentinel promotes the replica
+    Failover,
 }
 
 /// One row of `lockslab challenge list`.
@@ -30,12 +32,13 @@ pub struct About {
 }
 
 impl Challenge {
-    pub const ALL: [Challenge; 5] = [
+    pub const ALL: [Challenge; 6] = [
         Challenge::Counter,
         Challenge::Pause,
         Challenge::Crash,
         Challenge::Delay,
         Challenge::ExactlyOnce,
+        Challenge::Failover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Challenge {
             Challenge::Crash => "crash",
             Challenge::Delay => "delay",
             Challenge::ExactlyOnce => "exactly-once",
+            Challenge::Failover => "failover",
         }
     }
 
@@ -75,6 +79,11 @@ impl Challenge {
                 faults: "a third of the jobs sent twice; up to three clients killed mid-job",
                 target: "no job's change in the log twice, none missing",
             },
+            Challenge::Failover => About {
+                goal: "fencing tokens only go up, though their Redis fails over",
+                faults: "the replica falls behind, the primary dies, Sentinel promotes it",
+                target: "each change's fence above its record's earlier ones; jobs once",
+            },
         }
     }
 
@@ -82,7 +91,11 @@ impl Challenge {
     pub fn jobs(self) -> usize {
         match self {
             Challenge::Counter => 40,
-            Challenge::Pause | Challenge::Crash | Challenge::Delay | Challenge::ExactlyOnce => 24,
+            Challenge::Pause
+            | Challenge::Crash
+            | Challenge::Delay
+            | Challenge::ExactlyOnce
+            | Challenge::Failover => 24,
         }
     }
 
@@ -90,6 +103,15 @@ impl Challenge {
     /// names the proxy's address): the network faults are played there.
     pub fn proxied(self) -> bool {
         self == Challenge::Delay
+    }
+
+    /// When the failover plays (failover): the replica is cut off once this many jobs are
+    /// answered, and the primary killed once that many more are (drawn from the seed), so
+    /// that the promoted replica misses a few jobs' writes and a dozen jobs come after.
+    pub fn failover_after(self, seed: u64) -> Option<(usize, usize)> {
+        let mut rng = Rng::new(seed ^ 0x6661_696c);
+        (self == Challenge::Failover)
+            .then(|| (2 + rng.below(3) as usize, 5 + rng.below(3) as usize))
     }
 
     /// How long a delay holds `target`'s next write: 2 to 3 TTLs, drawn from the seed.
@@ -102,10 +124,12 @@ impl Challenge {
 
     /// The longest a fault of this challenge lasts: a pause, or a write held in the
     /// network, lasts 2 to 3 TTLs (see [`Challenge::schedule`], [`Challenge::delay_ms`]);
-    /// a kill is over at once.
+    /// a kill is over at once; a failover leaves no primary until the Sentinels agree it is
+    /// down and promote the replica (about 1.7s here: counted as 5s, for a busy machine).
     pub fn longest_fault(self, ttl: std::time::Duration) -> std::time::Duration {
         match self {
             Challenge::Pause | Challenge::Delay => 3 * ttl,
+            Challenge::Failover => std::time::Duration::from_secs(5),
             Challenge::Counter | Challenge::Crash | Challenge::ExactlyOnce => Default::default(),
         }
     }
@@ -139,7 +163,9 @@ impl Challenge {
         let mut rng = Rng::new(seed);
         let mut steps = Vec::new();
         match self {
-            Challenge::Counter => {}
+            // Failover's faults are on the Redis servers, not on the clients: see
+            // `failover_after`.
+            Challenge::Counter | Challenge::Failover => {}
             Challenge::Pause | Challenge::Delay => {
                 let pause = self == Challenge::Pause;
                 for (name, notes) in clients.iter().take(2) {

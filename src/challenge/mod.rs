@@ -47,6 +47,9 @@ Examples:
   lockslab challenge crash --json -- ./target/release/my-client --fast
   lockslab challenge delay --html run.html -- python3 client.py
                                         the run's timeline as a page
+  lockslab challenge failover -- python3 client.py
+                                        the Redis primary dies mid-run: init
+                                        names the Sentinels that know the next
 
 The program is started as 3 clients (and one more for each one killed), each
 in its own process group. It reads one JSON object a line on stdin (init,
@@ -55,13 +58,15 @@ acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
 Walkthrough: labs/11-challenge.md.
 
 Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
-or the client crashed, hung, flooded or printed garbage) · 2 bad command line
+or a fencing token that went back; or the client crashed, hung, flooded or
+printed garbage) · 2 bad command line
 · 3 undecided (a fault never played, or played and missed: no write of a job
 was held up past the TTL) · 4 it could not run (a server did not answer, or a
 client exited before any said ready) · 130 Ctrl-C; clients and servers are
 stopped either way.")]
 pub struct ChallengeArgs {
-    /// The challenge: counter, pause, crash, delay or exactly-once (`list` to see them)
+    /// The challenge: counter, pause, crash, delay, exactly-once or failover (`list` to
+    /// see them)
     #[arg(value_name = "NAME", default_value = "list", hide_default_value = true)]
     pub name: String,
     /// Print a starting client in this language, and exit
@@ -101,12 +106,6 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
-        if args.name == "failover" {
-            crate::bail_usage!(
-                "challenge '{}' is not written yet (`lockslab challenge list` says which are)",
-                args.name
-            );
-        }
         crate::bail_usage!(
             "no challenge '{}' (there are: list, {})",
             args.name,
@@ -196,6 +195,10 @@ fn grade(
         &args.servers,
         &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     )?;
+    // Failover's Redis: a primary, its replica and three Sentinels of the run's own.
+    let mut sentinels = (challenge == Challenge::Failover)
+        .then(crate::cluster::SentinelCluster::start)
+        .transpose()?;
     let run_id = crate::labs::new_run_id();
     let schema = table::schema_of(&run_id);
     let postgres = servers.url(Backend::Postgres).to_string();
@@ -218,7 +221,7 @@ fn grade(
     let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
     let shared = clients_url.is_none();
     let clients_url = clients_url.unwrap_or_else(|| postgres.clone());
-    let setup = play::Setup {
+    let mut setup = play::Setup {
         challenge,
         program: args.program.clone(),
         clients: args.clients as usize,
@@ -233,6 +236,15 @@ fn grade(
             key_prefix: format!("lockslab:{run_id}:"),
             lease_ms,
             seed,
+            sentinels: sentinels
+                .iter()
+                .flat_map(|c| &c.sentinels)
+                .map(|s| s.addr())
+                .collect(),
+            master_name: sentinels
+                .as_ref()
+                .map(|_| crate::cluster::MASTER_NAME.into()),
+            redis_password: sentinels.as_ref().map(|c| c.password.clone()),
         },
         jobs: challenge.draw_jobs(seed, &records),
         json: args.json,
@@ -250,8 +262,16 @@ fn grade(
     };
     if !args.json {
         verdict::heading(&setup, &run_id, &servers, shared);
+        if let Some(cluster) = &sentinels {
+            let took = crate::output::human(cluster.started_in);
+            let line = format!("Sentinel Redis: primary, replica, 3 Sentinels (private, {took})");
+            crate::output::details([line]);
+        }
     }
-    let played = play::play(&setup);
+    if let Some(cluster) = &sentinels {
+        setup.init.redis_url = cluster.primary.url();
+    }
+    let played = play::play(&setup, sentinels.as_mut());
     let outcome = played.and_then(|played| {
         let (changes, finals) = table::read_back(&mut db, &schema)?;
         let evidence = Evidence {
@@ -268,6 +288,7 @@ fn grade(
             strikes: played.strikes.clone(),
             unplayed: played.unplayed.clone(),
             lease_ms,
+            fences_must_rise: challenge == Challenge::Failover,
         };
         Ok((played, evidence))
     });

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToClient {
-    Init(Init),
+    /// Boxed: it is much the larger, and is sent once.
+    Init(Box<Init>),
     Job(Job),
 }
 
@@ -44,6 +45,15 @@ pub struct Init {
     /// The lock's time to live this challenge is built around: its faults outlast it.
     pub lease_ms: u64,
     pub seed: u64,
+    /// Under `failover`, the Sentinels (`host:port`) that know which Redis is the primary
+    /// of `master_name`; `redis_url` is then the primary at the start, which dies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sentinels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_name: Option<String>,
+    /// The password the Sentinels and both Redis servers demand (failover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_password: Option<String>,
 }
 
 /// One job: add `add` to the `value` of `record`, and tag the write with the job's id.
@@ -133,5 +143,42 @@ mod tests {
         assert_eq!(ready, FromClient::Ready { notes: false });
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"ok"}"#).is_err());
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"done","job":1}"#).is_err());
+    }
+
+    #[test]
+    fn only_failovers_init_names_the_sentinels() {
+        let mut init = Init {
+            client: "c1".into(),
+            redis_url: "redis://r".into(),
+            etcd_url: "http://e".into(),
+            postgres_url: "postgres://p".into(),
+            table: "s.records".into(),
+            schema: "s".into(),
+            key_prefix: "k:".into(),
+            lease_ms: 500,
+            seed: 1,
+            sentinels: vec![],
+            master_name: None,
+            redis_password: None,
+        };
+        let line = serde_json::to_string(&ToClient::Init(Box::new(init.clone()))).unwrap();
+        assert!(
+            line.starts_with(r#"{"type":"init","client":"c1""#),
+            "{line}"
+        );
+        assert!(
+            !line.contains("sentinels") && !line.contains("master_name"),
+            "{line}"
+        );
+        init.sentinels = vec!["127.0.0.1:26379".into()];
+        init.master_name = Some("lockslab".into());
+        init.redis_password = Some("pw".into());
+        let line = serde_json::to_string(&init).unwrap();
+        assert!(
+            line.ends_with(
+                r#""sentinels":["127.0.0.1:26379"],"master_name":"lockslab","redis_password":"pw"}"#
+            ),
+            "{line}"
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! says can add to it or take from it. The client must not write to the log (a trigger
 //! refuses updates and deletes there), nor add or delete records. An update that changes
 //! neither `value` nor `job` (a token's claim on `fence` before the read) is not logged:
-//! it writes nothing the grade is about.
+//! it writes nothing the grade is about. Each logged change carries the record's `fence`
+//! after it: the token it was made under (graded by `failover`).
 
 use anyhow::{Context, Result};
 
@@ -88,12 +89,13 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
              job bigint,
              old_value bigint NOT NULL,
              new_value bigint NOT NULL,
+             fence bigint,
              at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql
              SECURITY DEFINER SET search_path = pg_catalog AS $$
          BEGIN
-             INSERT INTO {schema}.changes (record, job, old_value, new_value)
-             VALUES (NEW.record, NEW.job, OLD.value, NEW.value);
+             INSERT INTO {schema}.changes (record, job, old_value, new_value, fence)
+             VALUES (NEW.record, NEW.job, OLD.value, NEW.value, NEW.fence);
              RETURN NEW;
          END $$;
          CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -142,7 +144,7 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
     let changes = db
         .query(
             &format!(
-                "SELECT seq, record, job, old_value, new_value, {} \
+                "SELECT seq, record, job, old_value, new_value, {}, fence \
                  FROM {schema}.changes ORDER BY seq",
                 epoch_us("at")
             ),
@@ -157,6 +159,7 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
             old_value: row.get(3),
             new_value: row.get(4),
             at_us: Some(row.get(5)),
+            fence: row.get(6),
         })
         .collect();
     let finals = db

@@ -35,8 +35,6 @@ pub fn list() {
         crate::outln!("    target  {}", about.target);
     }
     crate::outln!();
-    crate::outln!("Not yet: failover.");
-    crate::outln!();
     crate::outln!("  lockslab challenge NAME --template python > client.py");
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
 }

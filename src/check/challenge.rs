@@ -56,6 +56,9 @@ pub struct Change {
     /// When the database made the change (its clock, µs since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_us: Option<i64>,
+    /// The record's `fence` after the change: the token it was made under, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<i64>,
 }
 
 /// Each record's value at the end.
@@ -84,6 +87,9 @@ pub struct Evidence {
     pub unplayed: Vec<String>,
     /// The TTL the faults are built around.
     pub lease_ms: u64,
+    /// Every change must carry a fence, greater than every earlier one on its record
+    /// (failover: the tokens must only go up, across the promotion).
+    pub fences_must_rise: bool,
 }
 
 /// A pause, a delay or a kill as it began: whom it hit, the job that client had, and the
@@ -253,6 +259,16 @@ pub enum Problem {
         waited_ms: u64,
         bound_ms: u64,
     },
+    /// A change whose fence equals the greatest an earlier change of its record had.
+    TokenReused(Tokens),
+    /// A change whose fence is smaller than an earlier change's on its record.
+    TokenWentBack(Tokens),
+    /// A change that carries no fence, where every change must.
+    Unfenced {
+        record: String,
+        job: Option<i64>,
+        seq: i64,
+    },
 }
 
 impl Problem {
@@ -265,6 +281,9 @@ impl Problem {
             Problem::Untagged { .. } => "untagged",
             Problem::LogDisagrees { .. } => "log-disagrees",
             Problem::StuckLock { .. } => "stuck-lock",
+            Problem::TokenReused(_) => "token-reused",
+            Problem::TokenWentBack(_) => "token-went-back",
+            Problem::Unfenced { .. } => "unfenced",
         }
     }
 
@@ -275,7 +294,8 @@ impl Problem {
             | Problem::Doubled { job, .. }
             | Problem::Lost { job }
             | Problem::NeverDone { job } => Some(*job),
-            Problem::Untagged { job, .. } => *job,
+            Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
+            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
             Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
         }
     }
@@ -284,8 +304,11 @@ impl Problem {
     /// untagged change names its change; a doubled effect, every change of its job.
     pub fn names_change(&self, seq: Option<i64>, job: Option<i64>) -> bool {
         match self {
-            Problem::StaleWrite { seq: named, .. } | Problem::Untagged { seq: named, .. } => {
-                seq == Some(*named)
+            Problem::StaleWrite { seq: named, .. }
+            | Problem::Untagged { seq: named, .. }
+            | Problem::Unfenced { seq: named, .. } => seq == Some(*named),
+            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => {
+                seq == Some(tokens.seq) || seq == Some(tokens.earlier_seq)
             }
             Problem::Doubled { job: named, .. } => job == Some(*named),
             _ => false,
@@ -342,8 +365,90 @@ impl Problem {
                 "stuck lock: {dead} was killed holding the lock of {record}, and {waiter} \
                  waited {waited_ms}ms for it (the bound is {bound_ms}ms)"
             ),
+            Problem::TokenReused(tokens) => tokens.describe("token reused", "the same token as"),
+            Problem::TokenWentBack(tokens) => {
+                tokens.describe("token went back", "a smaller token than")
+            }
+            Problem::Unfenced { record, job, seq } => format!(
+                "unfenced change #{seq} of {record} ({}): the write set no fence, and \
+                 this challenge grades every change's token",
+                job_name(*job)
+            ),
         }
     }
+}
+
+/// A change whose fence did not rise, and the earlier change of the same record whose
+/// fence was the greatest before it: the evidence of a token reused or gone back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokens {
+    pub record: String,
+    pub job: Option<i64>,
+    pub seq: i64,
+    pub fence: i64,
+    pub earlier_job: Option<i64>,
+    pub earlier_seq: i64,
+    pub earlier_fence: i64,
+}
+
+impl Tokens {
+    fn describe(&self, what: &str, how: &str) -> String {
+        format!(
+            "{what}: change #{} of {} ({}) has fence {}, {how} change #{} before it ({}, \
+             fence {})",
+            self.seq,
+            self.record,
+            job_name(self.job),
+            self.fence,
+            self.earlier_seq,
+            job_name(self.earlier_job),
+            self.earlier_fence
+        )
+    }
+}
+
+fn job_name(job: Option<i64>) -> String {
+    job.map_or("no job".into(), |job| format!("job {job}"))
+}
+
+/// Each change whose fence is missing, or not greater than the greatest fence an earlier
+/// change of its record had — with that earlier change as the evidence.
+fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut highest: BTreeMap<&str, &Change> = BTreeMap::new();
+    for change in changes {
+        let Some(fence) = change.fence else {
+            problems.push(Problem::Unfenced {
+                record: change.record.clone(),
+                job: change.job,
+                seq: change.seq,
+            });
+            continue;
+        };
+        let record = change.record.as_str();
+        match highest.get(record) {
+            Some(earlier) if earlier.fence.is_some_and(|e| fence <= e) => {
+                let tokens = Tokens {
+                    record: change.record.clone(),
+                    job: change.job,
+                    seq: change.seq,
+                    fence,
+                    earlier_job: earlier.job,
+                    earlier_seq: earlier.seq,
+                    earlier_fence: earlier.fence.unwrap_or_default(),
+                };
+                problems.push(if earlier.fence == Some(fence) {
+                    Problem::TokenReused(tokens)
+                } else {
+                    Problem::TokenWentBack(tokens)
+                });
+            }
+            _ => {
+                highest.insert(record, change);
+            }
+        }
+    }
+    problems
 }
 
 /// The verdict's one word, and the exit status it maps to.
@@ -444,6 +549,9 @@ pub fn check(evidence: &Evidence) -> Report {
             });
         }
     }
+    if evidence.fences_must_rise {
+        report.problems.extend(fences_that_did_not_rise(&changes));
+    }
     if let Some(bound_ms) = evidence.stuck_bound_ms {
         report
             .problems
@@ -538,6 +646,7 @@ mod tests {
             old_value: old,
             new_value: new,
             at_us: Some(seq * 1_000_000),
+            fence: None,
         }
     }
 
@@ -605,6 +714,65 @@ mod tests {
         run.moments[2].t_ms = 650;
         run.moments.swap(2, 3);
         assert_eq!(check(&run).grade(), Grade::Pass, "50ms of waiting");
+    }
+
+    fn fenced(seq: i64, record: &str, job: i64, old: i64, new: i64, fence: i64) -> Change {
+        Change {
+            fence: Some(fence),
+            ..change(seq, record, Some(job), old, new)
+        }
+    }
+
+    #[test]
+    fn under_failover_a_fence_that_does_not_rise_on_its_record_fails_with_both_changes() {
+        let mut run = clean_run();
+        run.fences_must_rise = true;
+        let kinds = |run: &Evidence| -> Vec<&'static str> {
+            check(run).problems.iter().map(|p| p.kind()).collect()
+        };
+        assert_eq!(kinds(&run), vec!["unfenced"; 3], "no fence at all");
+        let line = check(&run).problems[0].describe();
+        assert!(
+            line.starts_with("unfenced change #1 of r0 (job 1)"),
+            "{line}"
+        );
+        // Tokens 4, 7 on r0 and 5 on r1: each record's rise, though r1's 5 < r0's 7.
+        run.changes = vec![
+            fenced(1, "r0", 1, 0, 3, 4),
+            fenced(2, "r0", 2, 3, 8, 7),
+            fenced(3, "r1", 3, 0, 2, 5),
+        ];
+        assert_eq!(check(&run).grade(), Grade::Pass);
+        // After the promotion the counter starts again below: 7, then 6, then 7.
+        run.jobs.extend([job(4, "r0", 1), job(5, "r0", 1)]);
+        run.acknowledged.extend([4, 5]);
+        run.changes
+            .extend([fenced(4, "r0", 4, 8, 9, 6), fenced(5, "r0", 5, 9, 10, 7)]);
+        run.finals[0].1 = 10;
+        let report = check(&run);
+        assert_eq!(kinds(&run), vec!["token-went-back", "token-reused"]);
+        let back = report.problems[0].describe();
+        assert!(
+            back.contains(
+                "change #4 of r0 (job 4) has fence 6, a smaller token than \
+                           change #2 before it (job 2, fence 7)"
+            ),
+            "{back}"
+        );
+        let reused = report.problems[1].describe();
+        assert!(reused.starts_with("token reused: change #5"), "{reused}");
+        assert!(reused.contains("the same token as change #2"), "{reused}");
+        assert!(report.problems[0].names_change(Some(2), Some(2)));
+        // The JSON names the same kind as the terminal, with both changes.
+        let json = serde_json::to_value(&report.problems[1]).unwrap();
+        assert_eq!(json["kind"], "token-reused");
+        assert_eq!(
+            (json["seq"].as_i64(), json["earlier_seq"].as_i64()),
+            (Some(5), Some(2))
+        );
+        // Other challenges do not grade the fences.
+        run.fences_must_rise = false;
+        assert_eq!(check(&run).grade(), Grade::Pass);
     }
 
     #[test]

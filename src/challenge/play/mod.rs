@@ -23,6 +23,7 @@ use crate::proxy::{Direction, NetFault, Proxy, Seen};
 /// How many of the clients' lines one pass of the run reads before it looks at the clock.
 const LINES_A_PASS: usize = 256;
 /// The work of every job, between its read and its write.
+mod failover;
 mod faults;
 
 /// Long enough that a fault due just after a `writing` note lands before the write, even
@@ -104,6 +105,8 @@ struct Run<'a> {
     played: Vec<(String, Fault)>,
     moments: Vec<LockMoment>,
     strikes: Vec<Strike>,
+    /// The failover challenge's Redis, and how far its failover has gone.
+    failover: Option<failover::Failover<'a>>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
@@ -121,6 +124,7 @@ fn passwords(init: &Init) -> Vec<String> {
             let password = userinfo.split_once(':')?.1;
             (!password.is_empty()).then(|| password.to_string())
         })
+        .chain(init.redis_password.clone())
         .collect()
 }
 
@@ -134,7 +138,9 @@ fn hide_passwords(text: &str, init: &Init) -> String {
         })
 }
 
-pub fn play(setup: &Setup) -> Result<Played> {
+/// Plays a run; `redis` is the failover challenge's Sentinel cluster, whose primary it
+/// kills mid-run.
+pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) -> Result<Played> {
     let (heard_to, heard) = channel();
     let watchdog = super::client::Watchdog::start(&setup.run_id)?;
     // After the watchdog and the servers, before any client: those are spared at the end.
@@ -164,6 +170,9 @@ pub fn play(setup: &Setup) -> Result<Played> {
         played: Vec::new(),
         moments: Vec::new(),
         strikes: Vec::new(),
+        failover: redis
+            .zip(setup.challenge.failover_after(setup.seed))
+            .map(|(redis, after)| failover::Failover::new(redis, after)),
         clock: crate::connect::postgres(&setup.grader_url)?,
         clock_base: (start, 0),
     };
@@ -177,11 +186,14 @@ pub fn play(setup: &Setup) -> Result<Played> {
     let text = format!("run {}", setup.run_id);
     run.tape
         .record(Event::new(crate::nemesis::LANE, What::Run(facts), text));
+    if let Some(failover) = &run.failover {
+        run.tape.record(failover.started());
+    }
     for i in 1..=setup.clients {
         run.start_client(&format!("c{i}"))?;
     }
     let failure = run.drive().err();
-    let schedule_planned = run.schedule_len();
+    let schedule_planned = run.schedule_len() + usize::from(run.failover.is_some());
     // However it ended: resume what is paused, then no more jobs; whoever does not exit
     // when its stdin closes is killed (and every client is reaped) — at once after a
     // failure, within 3s after a run that went to its end.
@@ -209,7 +221,9 @@ pub fn play(setup: &Setup) -> Result<Played> {
     };
     drop(watchdog);
     let schedule = run.schedule.take().unwrap_or_default();
-    let unplayed = run.unplayed(&schedule);
+    let mut unplayed = run.unplayed(&schedule);
+    let answered = run.acknowledged.len();
+    unplayed.extend(run.failover.as_ref().and_then(|f| f.unplayed(answered)));
     Ok(Played {
         acknowledged: run.acknowledged.clone(),
         schedule,
@@ -251,7 +265,7 @@ impl Run<'_> {
             &self.setup.run_id,
             &self.heard_to,
         )?;
-        client.send(&ToClient::Init(init));
+        client.send(&ToClient::Init(Box::new(init)));
         self.seats.push(Seat {
             client,
             proxy,
@@ -320,9 +334,11 @@ impl Run<'_> {
                 self.start_schedule()?;
             }
             self.play_due()?;
+            self.play_failover()?;
             self.hand_out();
             let busy = self.seats.iter().any(|s| s.job.is_some() && s.ready);
-            if self.player.is_some() && self.pending.is_empty() && !busy {
+            let failing_over = self.failover.as_ref().is_some_and(|f| f.under_way());
+            if self.player.is_some() && self.pending.is_empty() && !busy && !failing_over {
                 return Ok(());
             }
         }
