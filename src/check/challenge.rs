@@ -29,7 +29,9 @@
 //! or another client's change to the same record committed between the fault and the held
 //! write's landing — read from the log's own clock, not from the client's notes. If nobody
 //! wrote the record meanwhile, even an unfenced late write was right: the fault tested
-//! nothing. A kill bites only if its client held a job it had not answered. A client whose
+//! nothing. Nor does another client's write prove anything for a client that sends no
+//! notes: the fault was aimed at its job's arrival, perhaps before its read, and a read
+//! after the fault sees that write (only a refusal counts for such a client). A kill bites only if its client held a job it had not answered. A client whose
 //! `writing` note comes after its commit is frozen with nothing left to write: that fault
 //! missed, and the finding says the note came late.
 
@@ -171,6 +173,16 @@ impl Strike {
             return None;
         }
         let record = jobs.get(&job)?.record.as_str();
+        if !self.notes {
+            // Aimed only at the job's arrival: the client may not have read the record yet,
+            // and a read after the fault sees every write made meanwhile. Another client's
+            // write then proves nothing; only a refused write shows the fault was felt.
+            return Some(format!(
+                "{verb} {who} holding job {job}, but {who} sends no notes: whether it had read \
+                 {record} before the fault nobody can tell, so a write by another client \
+                 meanwhile proves nothing (say `writing` between your read and your write)"
+            ));
+        }
         let landed = first.filter(|(at_us, _)| *at_us >= self.at_us);
         let meanwhile = changes.iter().any(|c| {
             c.record == record
@@ -929,6 +941,21 @@ mod tests {
             said.contains("lockslab was late, 600ms after c1's last note"),
             "{said}"
         );
+        // The same pause on a client that sends no notes: it may not have read r0 yet (a
+        // client that waits before reading passed this way), so job 1's write meanwhile
+        // proves nothing; a refusal still does.
+        let mut silent = strike(Some(2), 500_000);
+        silent.notes = false;
+        run.strikes = vec![silent.clone()];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert!(
+            report.undecided.join("").contains("c1 sends no notes"),
+            "{report:?}"
+        );
+        silent.refused = true;
+        run.strikes = vec![silent];
+        assert_eq!(check(&run).grade(), Grade::Pass);
         // Before any job, between jobs, or after it let its lock go: nothing held.
         run.strikes = vec![strike(None, 1_000_000)];
         assert_eq!(check(&run).grade(), Grade::Undecided);
