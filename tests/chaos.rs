@@ -486,7 +486,10 @@ fn cut_after_read(server: &str) -> String {
 fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
     let (code, _, verdict, html) = replay("redis-lock", &cut_after_read("redis"), "1");
     assert_eq!(code, Some(1), "{verdict}");
-    assert!(violation_kinds(&verdict).contains("stale-write"), "{verdict}");
+    assert!(
+        violation_kinds(&verdict).contains("stale-write"),
+        "{verdict}"
+    );
     for said in [
         "cuts A off on A→redis for 2500ms",
         "cuts A off on A→store for 2500ms",
@@ -511,7 +514,10 @@ fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
 fn a_cut_breaks_etcd_lease_and_not_etcd_fenced() {
     let (code, _, verdict, _) = replay("etcd-lease", &cut_after_read("etcd"), "1");
     assert_eq!(code, Some(1), "{verdict}");
-    assert!(violation_kinds(&verdict).contains("stale-write"), "{verdict}");
+    assert!(
+        violation_kinds(&verdict).contains("stale-write"),
+        "{verdict}"
+    );
     let (code, schedules, verdict, _) = replay("etcd-fenced", &cut_after_read("etcd"), "1");
     assert_eq!(code, Some(0), "{verdict}");
     assert!(
