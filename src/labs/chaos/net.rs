@@ -77,11 +77,22 @@ pub fn without_client(schedule: &Schedule, client: &str) -> Schedule {
 pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Result<Schedule> {
     let (rest, net) = split(schedule);
     let mut seen = std::collections::HashSet::new();
+    let cut = |client: &str| {
+        (net.steps().iter()).any(|s| s.fault == Fault::Cut && client_of(&s.target) == client)
+    };
     for step in net.steps() {
         let (client, server) = step
             .target
             .split_once(PATH_ARROW)
             .unwrap_or((step.target.as_str(), ""));
+        if step.fault != Fault::Cut && cut(client) {
+            bail!(
+                "{} aims at {}, whom a cut already holds on every path: a client with a cut \
+                 takes no other network fault",
+                step.fault.as_str(),
+                step.target
+            );
+        }
         if !clients.iter().any(|c| c == client) {
             bail!(
                 "{} aims at '{}': a path is a client and a server, e.g. {}",
@@ -473,5 +484,11 @@ mod tests {
         ] {
             assert!(ok(vec![bad.clone()], design).is_err(), "{bad:?}");
         }
+        // A cut holds every path of its client: no other network fault for that client.
+        let cut = step(Fault::Cut, "A→redis", Some(2000));
+        let delay = |target| step(Fault::Delay, target, Some(900));
+        let both = ok(vec![cut.clone(), delay("A→store")], Design::RedisLock);
+        assert!(both.is_err(), "{both:?}");
+        assert!(ok(vec![cut, delay("B→store")], Design::RedisLock).is_ok());
     }
 }
