@@ -471,6 +471,61 @@ fn a_lost_reply_to_a_release_is_unknown_for_the_redis_lock_and_safe_for_its_fenc
     );
 }
 
+/// A cut off from its lock server (and the store) right after its first read, for 2.5
+/// leases: what A sends waits in the proxies until the cut heals.
+fn cut_after_read(server: &str) -> String {
+    format!(
+        r#"[{{"at_ms":0,"after":{{"worker":"A","event":"read_record","nth":1}},"fault":"cut","target":"A→{server}","duration_ms":2500}}]"#
+    )
+}
+
+/// A partition outlives the lease: another client takes the lock, and A's write, sent
+/// before the cut healed, lands after — a stale write the unfenced Redis lock lets in and
+/// its fenced twin refuses. The history holds the cut's start and end on both paths.
+#[test]
+fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let (code, _, verdict, html) = replay("redis-lock", &cut_after_read("redis"), "1");
+    assert_eq!(code, Some(1), "{verdict}");
+    assert!(
+        violation_kinds(&verdict).contains("stale-write"),
+        "{verdict}"
+    );
+    for said in [
+        "cuts A off on A→redis for 2500ms",
+        "cuts A off on A→store for 2500ms",
+        "the cut on A→redis heals",
+        "the cut on A→store heals",
+    ] {
+        assert!(html.contains(said), "the history says: {said}");
+    }
+    let (code, schedules, verdict, _) = replay("redis-fenced", &cut_after_read("redis"), "2");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|line| line["result"] == "safe" && line["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// etcd's keepalive cannot reach etcd through the cut: the lease runs out under A, and
+/// etcd-lease lets A's late write in; etcd-fenced's claim refuses it.
+#[test]
+fn a_cut_breaks_etcd_lease_and_not_etcd_fenced() {
+    let (code, _, verdict, _) = replay("etcd-lease", &cut_after_read("etcd"), "1");
+    assert_eq!(code, Some(1), "{verdict}");
+    assert!(
+        violation_kinds(&verdict).contains("stale-write"),
+        "{verdict}"
+    );
+    let (code, schedules, verdict, _) = replay("etcd-fenced", &cut_after_read("etcd"), "1");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules.iter().all(|line| line["result"] == "safe"),
+        "{schedules:?}"
+    );
+}
+
 /// Interrupted while A's write waits 30s in the proxy: lockslab exits 130 and leaves no
 /// client behind (a design no other test here plays: the rows are the run's alone), and the proxy, a part of lockslab's own process, is gone with it — its
 /// port no longer takes connections.
@@ -743,6 +798,8 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         ("optimistic", "restart"),
         ("redis-lock", "leader-kill"),
         ("redlock", "lost-reply"),
+        ("redlock", "cut"),
+        ("redlock-fenced", "lost-reply,cut"),
     ] {
         let output = lockslab(&["chaos", "--design", design, "--faults", faults])
             .output()

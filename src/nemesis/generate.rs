@@ -29,6 +29,9 @@ pub enum FaultKind {
     Delay,
     /// The reply to a client's next lock request lost (the proxy): applied, never answered
     LostReply,
+    /// A client cut off from its lock server and from the store (the proxy) for 1.25 to 3
+    /// leases: a partition; what it sends meanwhile goes out when the cut heals
+    Cut,
     // chaos failover (issue 25)
     /// The etcd cluster's leader killed (SIGKILL); once the other two members have elected
     /// a new one, it is started again and rejoins as a follower
@@ -43,13 +46,14 @@ pub const ETCD_LEADER: &str = "etcd-leader";
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::RestartAof,
         FaultKind::Delay,
         FaultKind::LostReply,
+        FaultKind::Cut,
         FaultKind::LeaderKill,
     ];
 
@@ -61,13 +65,23 @@ impl FaultKind {
             FaultKind::RestartAof => "restart-aof",
             FaultKind::Delay => "delay",
             FaultKind::LostReply => "lost-reply",
+            FaultKind::Cut => "cut",
             FaultKind::LeaderKill => "leader-kill",
         }
     }
 
     /// Does this kind aim at a client's path through the fault proxy ([`crate::proxy`])?
     pub fn network(self) -> bool {
-        matches!(self, FaultKind::Delay | FaultKind::LostReply)
+        matches!(
+            self,
+            FaultKind::Delay | FaultKind::LostReply | FaultKind::Cut
+        )
+    }
+
+    /// Does this kind aim at a client's path to its lock server (which Redlock's masters,
+    /// not behind the proxy, cannot meet)?
+    pub fn on_lock_server(self) -> bool {
+        matches!(self, FaultKind::LostReply | FaultKind::Cut)
     }
 
     /// Does this kind aim at a server (which chaos must have started itself)?
@@ -85,6 +99,7 @@ impl FaultKind {
             Fault::Restart => Some(FaultKind::Restart),
             Fault::Delay => Some(FaultKind::Delay),
             Fault::DropReply => Some(FaultKind::LostReply),
+            Fault::Cut => Some(FaultKind::Cut),
             _ => None,
         }
     }
@@ -103,6 +118,9 @@ pub struct Space {
     pub span_ms: u64,
     /// The shortest and the longest pause.
     pub pause_ms: (u64, u64),
+    /// The shortest and the longest cut (1.25 to 3 leases: long enough for the lease to
+    /// run out while the client cannot renew it).
+    pub cut_ms: (u64, u64),
     /// At most this many faults (at least one is drawn).
     pub max_faults: usize,
     /// The server a client asks for its lock (`redis`, `etcd`, or `store` for the designs
@@ -212,7 +230,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::LeaderKill => {}
-            FaultKind::Delay | FaultKind::LostReply => {
+            FaultKind::Delay | FaultKind::LostReply | FaultKind::Cut => {
                 if free.is_empty() {
                     continue;
                 }
@@ -252,8 +270,22 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
 /// - a **lost reply** to its next request to its lock server: set inside its write's
 ///   transaction (the next request is its release — for a design whose lock is the store's,
 ///   the write itself), as its write or release is answered (its next job's lock), or at a
-///   time of the run.
+///   time of the run;
+/// - a **cut** of its path to its lock server (the store's path too, see
+///   `labs::chaos::net`), for 1.25 to 3 leases, landing where a pause does: after its grant,
+///   after its read, inside its write, or at a time of the run.
 fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> Step {
+    if kind == FaultKind::Cut {
+        let (at_ms, after) = aim(rng, client, space.span_ms);
+        let (lo, hi) = space.cut_ms;
+        return Step {
+            at_ms,
+            after,
+            fault: Fault::Cut,
+            target: path(client, &space.lock_server),
+            duration_ms: Some(rng.between(lo, hi)),
+        };
+    }
     if kind == FaultKind::Delay {
         let nth = rng.between(1, 3) as u32;
         let (event, at_ms) = if rng.between(0, 1) == 0 {
@@ -330,6 +362,7 @@ mod tests {
             restartable: vec!["redis".into()],
             span_ms: 3000,
             pause_ms: (300, 1500),
+            cut_ms: (1000, 2400),
             max_faults: 3,
             lock_server: "redis".into(),
             etcd_cluster: false,
@@ -509,6 +542,57 @@ mod tests {
         r#""target":"A→store","duration_ms":1401},"#,
         r#"{"at_ms":3,"after":{"worker":"B","event":"working","nth":2},"fault":"delay","#,
         r#""target":"B→store","duration_ms":1130}]"#
+    );
+
+    #[test]
+    fn a_cut_is_drawn_on_a_clients_path_to_its_lock_server_for_longer_than_a_lease() {
+        let mut cuts_only = space();
+        cuts_only.kinds = vec![FaultKind::Cut];
+        cuts_only.lock_server = "etcd".into();
+        let (mut anchored, mut timed) = (0, 0);
+        for index in 0..200 {
+            let seed = nth_seed(17, index);
+            let schedule = draw(seed, &cuts_only);
+            assert_eq!(schedule, draw(seed, &cuts_only), "reproducible");
+            assert!(!schedule.is_empty());
+            let mut clients: Vec<&str> = schedule.steps().iter().map(client_of).collect();
+            let n = clients.len();
+            clients.sort();
+            clients.dedup();
+            assert_eq!(clients.len(), n, "one fault per client: {schedule:?}");
+            for step in schedule.steps() {
+                assert_eq!(step.fault, Fault::Cut);
+                assert_eq!(step.target, path(client_of(step), "etcd"));
+                assert!((1000..=2400).contains(&step.duration_ms.unwrap()));
+                assert_eq!(FaultKind::of(step), Some(FaultKind::Cut));
+                match &step.after {
+                    Some(anchor) => {
+                        assert_eq!(anchor.worker, client_of(step));
+                        anchored += 1;
+                    }
+                    None => {
+                        assert!(step.at_ms <= 3000);
+                        timed += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            anchored > 50 && timed > 20,
+            "{anchored} anchored, {timed} timed"
+        );
+        // Pinned: a printed seed replays the same cut forever.
+        assert_eq!(
+            serde_json::to_string(&draw(5, &cuts_only)).unwrap(),
+            PINNED_CUT_OF_SEED_5
+        );
+    }
+
+    const PINNED_CUT_OF_SEED_5: &str = concat!(
+        r#"[{"at_ms":4,"after":{"worker":"C","event":"read_record","nth":2},"fault":"cut","#,
+        r#""target":"C→etcd","duration_ms":1279},"#,
+        r#"{"at_ms":404,"fault":"cut","target":"A→etcd","duration_ms":2087},"#,
+        r#"{"at_ms":994,"fault":"cut","target":"B→etcd","duration_ms":1725}]"#
     );
 
     #[test]

@@ -35,8 +35,22 @@ impl Nemesis {
         fault: NetFault,
         note: impl Into<Note>,
     ) {
+        self.net_as(history, proxy, direction, (fault, fault_of(fault)), note);
+    }
+
+    /// [`Nemesis::net`], recorded under another name than the proxy's fault's own: a
+    /// partition (`cut`) played as a hold, whose bytes go out once it heals, as TCP
+    /// resends them after a partition.
+    pub fn net_as(
+        &mut self,
+        history: &mut impl Record,
+        proxy: &Proxy,
+        direction: Direction,
+        (fault, recorded): (NetFault, Fault),
+        note: impl Into<Note>,
+    ) {
         let path = proxy.path().to_string();
-        history.record(net_event(fault_of(fault), &path, direction, note));
+        history.record(net_event(recorded, &path, direction, note));
         self.net.entry(path).or_insert_with(Instant::now);
         proxy.set(direction, fault);
     }

@@ -197,6 +197,13 @@ impl Design {
     ///   lost cannot tell "I deleted it" from "it expired". `etcd-lease` mostly reads safe:
     ///   its release is retried on a new connection, and the lease revoke says whether the
     ///   lease lived.
+    /// - **cut** (the client cut off from its lock server and the store for 1.25 to 3
+    ///   leases; what it sends meanwhile is delivered when the cut heals, as TCP resends
+    ///   it): its lease runs out while nothing it sends arrives — no renewal, no keepalive
+    ///   — another client takes the lock, and its write lands once the cut heals. It
+    ///   breaks what a pause breaks, `redis-renewed` and `etcd-lease` included (a delay
+    ///   does not: their renewal stays on a path that works); Redlock's masters are not
+    ///   behind the proxy (`-`).
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),
@@ -216,6 +223,7 @@ impl Design {
                 Design::RedisLock | Design::FencedWriteOnly | Design::Redlock
             ),
             FaultKind::LostReply => true,
+            FaultKind::Cut => self.labs_call_it_safe() || self.uses_masters(),
             // chaos failover (issue 25): etcd extends every lease by the election it took
             // when a new leader takes over, so no lease runs out for the kill; the designs
             // without etcd do not meet it.

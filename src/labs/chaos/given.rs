@@ -1,4 +1,11 @@
-//! What a learner hands chaos by hand: a schedule in a file.
+//! What a learner hands chaos by hand: a schedule, inline or in a file.
+
+use anyhow::Result;
+
+use super::{net, play, redlock_lane, run_ms_of};
+use crate::nemesis::generate;
+use crate::nemesis::schedule::Schedule;
+use crate::worker::chaos_client::Design;
 
 /// A schedule file's text: a regular file of at most 1 MiB (not a FIFO, a device or
 /// /dev/zero, which would hang or fill the memory).
@@ -16,4 +23,101 @@ pub fn read_small_file(path: &str) -> std::io::Result<String> {
     let mut text = String::new();
     file.take(LIMIT).read_to_string(&mut text)?;
     Ok(text)
+}
+
+/// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
+pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
+    let run_ms = run_ms_of(design);
+    use crate::nemesis::Fault;
+    let json = if text.trim_start().starts_with('[') {
+        text.to_string()
+    } else {
+        match read_small_file(text) {
+            Ok(json) => json,
+            Err(_) if !std::path::Path::new(text).exists() => crate::bail_usage!(
+                "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
+            ),
+            Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
+        }
+    };
+    let schedule: Schedule = match serde_json::from_str(&json) {
+        Ok(schedule) => schedule,
+        Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
+    };
+    if schedule.is_empty() {
+        crate::bail_usage!(
+            "--schedule: no fault in it (a run with no fault is a baseline, not a replay: \
+             drop --schedule and pass --faults)"
+        );
+    }
+    let names = play::client_names(clients);
+    let on_processes = match net::validate(&schedule, &names, design) {
+        Ok(rest) => rest,
+        Err(err) => crate::bail_usage!("--schedule: {err:#}"),
+    };
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut servers = if design.uses_etcd() {
+        vec![generate::ETCD_LEADER.to_string()]
+    } else {
+        vec!["redis".to_string(), "redis-aof".to_string()]
+    };
+    if design.uses_masters() {
+        servers = redlock_lane::restart_targets();
+    }
+    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    if let Err(err) = on_processes.validate(&names, &servers) {
+        crate::bail_usage!("--schedule: {err:#}");
+    }
+    let restarts = schedule
+        .steps()
+        .iter()
+        .filter(|s| s.fault == Fault::Restart);
+    if restarts.count() > 1 {
+        crate::bail_usage!(
+            "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
+             comes back empty, or as `redis-aof`, which comes back with its data), and kills \
+             etcd's leader at most once (as `etcd-leader`)"
+        );
+    }
+    // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it
+    // could not play would pass for a replay of it.
+    const LONGEST_PAUSE_MS: u64 = 60_000;
+    for step in schedule.steps() {
+        if !matches!(
+            step.fault,
+            Fault::Pause
+                | Fault::Resume
+                | Fault::Kill
+                | Fault::Restart
+                | Fault::Delay
+                | Fault::DropReply
+                | Fault::Cut
+        ) {
+            crate::bail_usage!(
+                "--schedule: chaos plays pause, resume, kill, restart, delay, drop_reply \
+                 (also read as lost-reply) and cut; not {}",
+                step.fault.as_str()
+            );
+        }
+        if step.fault == Fault::Pause {
+            match step.duration_ms {
+                None => crate::bail_usage!(
+                    "--schedule: the pause of {} at {} ms needs a duration_ms (chaos resumes it)",
+                    step.target,
+                    step.at_ms
+                ),
+                Some(ms) if ms > LONGEST_PAUSE_MS => crate::bail_usage!(
+                    "--schedule: a pause of {ms} ms is longer than chaos plays (at most {LONGEST_PAUSE_MS} ms)"
+                ),
+                Some(_) => {}
+            }
+        }
+        if step.at_ms > run_ms {
+            crate::bail_usage!(
+                "--schedule: a step at {} ms comes after the run's {run_ms} ms: it would never be played",
+                step.at_ms
+            );
+        }
+    }
+    Ok(schedule)
 }

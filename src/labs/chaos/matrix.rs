@@ -20,7 +20,7 @@ use crate::worker::chaos_client::Design;
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
                                            restart-aof, delay, lost-reply,
-                                           leader-kill
+                                           cut, leader-kill
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -31,7 +31,7 @@ kind and replay command below the table, note k) or UNKNOWN n/K
 (inconclusive: n histories could not be decided, or none of their faults
 played; never a pass). A cell stops
 at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n;
-with seven, UNS#k.
+with seven, UNS#k; with eight, SAFE (the headings restrt, lost-r).
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
@@ -41,8 +41,10 @@ without Redis show `-` there.
 `delay` holds a client's next write to the store in a fault proxy, its
 process running; with `lost-reply` (lost-rep) the answer to a client's next
 request to its lock server (the store, for the Postgres designs) is lost
-after the request was applied (lab 8); none for Redlock, whose masters are
-not behind the proxy.
+after the request was applied (lab 8); `cut` cuts a client off from its
+lock server and the store for 1.25 to 3 leases, what it sends meanwhile
+going out when the cut heals. Neither for Redlock, whose masters are not
+behind the proxy.
 `leader-kill` (leader) runs the etcd designs against a cluster of three
 members and kills its leader; once the other two have elected a new one, it
 starts again as a follower (lab 5). Designs without etcd show `-` there.

@@ -30,7 +30,6 @@ use serde_json::json;
 use crate::check::chaos::Judgement;
 use crate::connect::Backend;
 use crate::nemesis::generate::{self, FaultKind};
-use crate::nemesis::schedule::Schedule;
 use crate::servers::{self, ServerArgs, Servers};
 use crate::worker::chaos_client::Design;
 
@@ -68,6 +67,7 @@ Examples:
   lockslab chaos --design redis-fenced --schedules 50 --seed 7
   lockslab chaos --design etcd-lease --faults pause --time 2m
   lockslab chaos --design redis-lock --faults delay,lost-reply
+  lockslab chaos --design etcd-lease --faults cut
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -87,6 +87,9 @@ write it runs with is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
 and `lost-reply`, the answer to its next request to its lock server (the
 store for Postgres designs; none for Redlock) lost once applied (lab 8);
+`cut`, a client cut off from its lock server and from the store for 1.25 to
+3 leases (a partition, none for Redlock): its lease runs out as nothing it
+sends gets through, and what it sent goes out, late, when the cut heals;
 `leader-kill`, for the etcd designs: a cluster of three members (lab 5)
 whose leader is killed, then started again once the other two have elected
 a new one (schedules with one play one at a time).
@@ -227,7 +230,7 @@ impl Ground {
 /// `lockslab chaos`.
 pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let given = match &args.schedule {
-        Some(text) => Some(read_schedule(text, args.clients, args.design)?),
+        Some(text) => Some(given::read_schedule(text, args.clients, args.design)?),
         None => None,
     };
     let kinds = if args.faults.is_empty() {
@@ -263,14 +266,14 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let meets = |kind: &FaultKind| match kind {
         FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
         FaultKind::LeaderKill => d.uses_etcd(),
-        FaultKind::LostReply => !d.uses_masters(),
+        FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
         _ => true,
     };
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
-             own, leader-kill an etcd design, lost-reply a lock server behind the proxy — \
-             Redlock's masters are not); choose another fault",
+             own, leader-kill an etcd design, lost-reply and cut a lock server behind the \
+             proxy — Redlock's masters are not); choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
             d.name()
         );
@@ -395,102 +398,6 @@ pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
 }
 
 /// How long one schedule's clients work: etcd's sessions take longer to start.
-fn run_ms_of(design: Design) -> u64 {
+pub(crate) fn run_ms_of(design: Design) -> u64 {
     if design.uses_etcd() { 2000 } else { 1500 }
-}
-
-/// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
-fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
-    let run_ms = run_ms_of(design);
-    use crate::nemesis::Fault;
-    let json = if text.trim_start().starts_with('[') {
-        text.to_string()
-    } else {
-        match given::read_small_file(text) {
-            Ok(json) => json,
-            Err(_) if !std::path::Path::new(text).exists() => crate::bail_usage!(
-                "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
-            ),
-            Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
-        }
-    };
-    let schedule: Schedule = match serde_json::from_str(&json) {
-        Ok(schedule) => schedule,
-        Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
-    };
-    if schedule.is_empty() {
-        crate::bail_usage!(
-            "--schedule: no fault in it (a run with no fault is a baseline, not a replay: \
-             drop --schedule and pass --faults)"
-        );
-    }
-    let names = play::client_names(clients);
-    let on_processes = match net::validate(&schedule, &names, design) {
-        Ok(rest) => rest,
-        Err(err) => crate::bail_usage!("--schedule: {err:#}"),
-    };
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut servers = if design.uses_etcd() {
-        vec![generate::ETCD_LEADER.to_string()]
-    } else {
-        vec!["redis".to_string(), "redis-aof".to_string()]
-    };
-    if design.uses_masters() {
-        servers = redlock_lane::restart_targets();
-    }
-    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
-    if let Err(err) = on_processes.validate(&names, &servers) {
-        crate::bail_usage!("--schedule: {err:#}");
-    }
-    let restarts = schedule
-        .steps()
-        .iter()
-        .filter(|s| s.fault == Fault::Restart);
-    if restarts.count() > 1 {
-        crate::bail_usage!(
-            "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
-             comes back empty, or as `redis-aof`, which comes back with its data), and kills \
-             etcd's leader at most once (as `etcd-leader`)"
-        );
-    }
-    // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it
-    // could not play would pass for a replay of it.
-    const LONGEST_PAUSE_MS: u64 = 60_000;
-    for step in schedule.steps() {
-        if !matches!(
-            step.fault,
-            Fault::Pause
-                | Fault::Resume
-                | Fault::Kill
-                | Fault::Restart
-                | Fault::Delay
-                | Fault::DropReply
-        ) {
-            crate::bail_usage!(
-                "--schedule: chaos plays pause, resume, kill, restart, delay and drop_reply \
-                 (also read as lost-reply); not {}",
-                step.fault.as_str()
-            );
-        }
-        if step.fault == Fault::Pause {
-            match step.duration_ms {
-                None => crate::bail_usage!(
-                    "--schedule: the pause of {} at {} ms needs a duration_ms (chaos resumes it)",
-                    step.target,
-                    step.at_ms
-                ),
-                Some(ms) if ms > LONGEST_PAUSE_MS => crate::bail_usage!(
-                    "--schedule: a pause of {ms} ms is longer than chaos plays (at most {LONGEST_PAUSE_MS} ms)"
-                ),
-                Some(_) => {}
-            }
-        }
-        if step.at_ms > run_ms {
-            crate::bail_usage!(
-                "--schedule: a step at {} ms comes after the run's {run_ms} ms: it would never be played",
-                step.at_ms
-            );
-        }
-    }
-    Ok(schedule)
 }

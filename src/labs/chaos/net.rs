@@ -6,7 +6,17 @@
 //!  client A ──▶ proxy "A→store" ──▶ Postgres     delay: A's next write arrives late
 //!  client A ──▶ proxy "A→redis" ──▶ Redis        lost reply: A's next lock request is
 //!                                                 applied, its answer thrown away
+//!  client A ──▶ proxy "A→redis" ──▶ Redis        cut: for 1.25 to 3 leases nothing A
+//!           └─▶ proxy "A→store" ──▶ Postgres          sends gets through; it goes out,
+//!                                                     in order, when the cut heals
 //! ```
+//!
+//! A cut is a partition between client A and every server it talks to. Its proxies hold
+//! what A sends rather than reset A's connections: a partition shorter than TCP's
+//! patience loses no byte, the kernel resends them once it heals — so A's write, sent
+//! under a lease that ran out meanwhile, still lands, late. Cutting A from its lock server
+//! alone would show less: A's write would reach the store at once, inside its lease, and
+//! only its release and its renewals would fail (liveness, not safety).
 //!
 //! Only the paths a schedule aims at get a proxy: the other clients, and the other
 //! schedules, talk to their servers directly, at the speed they always do.
@@ -39,7 +49,7 @@ pub fn lock_server(design: Design) -> &'static str {
 }
 
 fn is_network(step: &Step) -> bool {
-    matches!(step.fault, Fault::Delay | Fault::DropReply)
+    matches!(step.fault, Fault::Delay | Fault::DropReply | Fault::Cut)
 }
 
 /// The schedule's steps the nemesis plays on processes and servers ([`crate::labs::faults`]),
@@ -67,11 +77,22 @@ pub fn without_client(schedule: &Schedule, client: &str) -> Schedule {
 pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Result<Schedule> {
     let (rest, net) = split(schedule);
     let mut seen = std::collections::HashSet::new();
+    let cut = |client: &str| {
+        (net.steps().iter()).any(|s| s.fault == Fault::Cut && client_of(&s.target) == client)
+    };
     for step in net.steps() {
         let (client, server) = step
             .target
             .split_once(PATH_ARROW)
             .unwrap_or((step.target.as_str(), ""));
+        if step.fault != Fault::Cut && cut(client) {
+            bail!(
+                "{} aims at {}, whom a cut already holds on every path: a client with a cut \
+                 takes no other network fault",
+                step.fault.as_str(),
+                step.target
+            );
+        }
         if !clients.iter().any(|c| c == client) {
             bail!(
                 "{} aims at '{}': a path is a client and a server, e.g. {}",
@@ -82,6 +103,11 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
         }
         let (wanted, what) = match step.fault {
             Fault::Delay => (STORE, "a delay aims at a client's writes to the store"),
+            Fault::Cut => (
+                lock_server(design),
+                "a cut aims at a client's path to its lock server (its path to the store is \
+                 cut with it)",
+            ),
             _ => (
                 lock_server(design),
                 "a lost reply aims at a client's lock requests",
@@ -97,12 +123,17 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
             );
         }
         match (step.fault, step.duration_ms) {
-            (Fault::Delay, None) => {
-                bail!("the delay on {} needs a duration_ms", step.target)
-            }
-            (Fault::Delay, Some(ms)) if ms > LONGEST_DELAY_MS => {
+            (Fault::Delay | Fault::Cut, None) => {
                 bail!(
-                    "a delay of {ms} ms is longer than chaos plays (at most {LONGEST_DELAY_MS} ms)"
+                    "the {} on {} needs a duration_ms",
+                    step.fault.as_str(),
+                    step.target
+                )
+            }
+            (Fault::Delay | Fault::Cut, Some(ms)) if ms > LONGEST_DELAY_MS => {
+                bail!(
+                    "a {} of {ms} ms is longer than chaos plays (at most {LONGEST_DELAY_MS} ms)",
+                    step.fault.as_str()
                 )
             }
             (Fault::DropReply, Some(_)) => {
@@ -132,21 +163,43 @@ pub struct Paths {
 }
 
 impl Paths {
-    /// Starts a proxy for every path `net` aims at, in front of `servers` (name, URL).
+    /// Starts a proxy for every path `net` aims at, in front of `servers` (name, URL);
+    /// a cut's client gets one on its path to the store as well.
     pub fn start(net: &Schedule, servers: &[(&str, Option<&str>)]) -> Result<Paths> {
         let mut paths = Paths::default();
         for step in net.steps() {
-            if paths.proxies.contains_key(&step.target) {
-                continue;
+            let mut targets = vec![step.target.clone()];
+            if step.fault == Fault::Cut {
+                targets.push(generate::path(client_of(&step.target), STORE));
             }
-            let server = step.target.split(PATH_ARROW).nth(1).unwrap_or_default();
-            let Some((_, Some(url))) = servers.iter().find(|(name, _)| *name == server) else {
-                bail!("{}: this design has no {server} to aim at", step.target);
-            };
-            let proxy = Proxy::start(&step.target, proxy::upstream_of(url)?)?;
-            paths.proxies.insert(step.target.clone(), proxy);
+            for target in targets {
+                if paths.proxies.contains_key(&target) {
+                    continue;
+                }
+                let server = target.split(PATH_ARROW).nth(1).unwrap_or_default();
+                let Some((_, Some(url))) = servers.iter().find(|(name, _)| *name == server) else {
+                    bail!("{target}: this design has no {server} to aim at");
+                };
+                let proxy = Proxy::start(&target, proxy::upstream_of(url)?)?;
+                paths.proxies.insert(target, proxy);
+            }
         }
         Ok(paths)
+    }
+
+    /// The paths a cut aimed at `target` holds: the client's path to its lock server,
+    /// then its path to the store (one path when the store is its lock server).
+    fn cut_of(&self, target: &str) -> Vec<(&String, &Proxy)> {
+        let store = generate::path(client_of(target), STORE);
+        let mut cut: Vec<(&String, &Proxy)> = Vec::new();
+        for path in [target, store.as_str()] {
+            if let Some(entry) = self.proxies.get_key_value(path)
+                && !cut.iter().any(|(p, _)| *p == entry.0)
+            {
+                cut.push(entry);
+            }
+        }
+        cut
     }
 
     /// `client`'s URL of `server`: through its proxy when it has one.
@@ -169,6 +222,8 @@ pub struct NetPlay<'p> {
     armed: Vec<(usize, bool)>,
     /// The steps that came due and could not be put on, and why.
     skipped: Vec<(usize, String)>,
+    /// The cuts on (by their step's place), with when they heal (ms of the play).
+    cuts: Vec<(usize, u64)>,
     origin_ms: u64,
     seen: usize,
     nemesis: Nemesis,
@@ -182,6 +237,7 @@ impl<'p> NetPlay<'p> {
             player: Player::new(net),
             armed: Vec::new(),
             skipped: Vec::new(),
+            cuts: Vec::new(),
             origin_ms: stage.elapsed().as_millis() as u64,
             seen: stage.log.len(),
             nemesis: Nemesis::new(),
@@ -207,8 +263,22 @@ impl<'p> NetPlay<'p> {
                 self.skipped.push((index, why));
                 continue;
             };
-            self.armed.push((index, false));
             let client = client_of(&action.target);
+            if step.fault == Fault::Cut {
+                let ms = step.duration_ms.unwrap_or_default();
+                self.armed.push((index, false));
+                self.cuts.push((index, now + ms));
+                for (path, proxy) in self.paths.cut_of(&action.target) {
+                    let words = format!(
+                        "cuts {client} off on {path} for {ms}ms (a partition): what {client} \
+                         sends there waits in the proxy; {client} runs on"
+                    );
+                    let fault = (NetFault::Hold, Fault::Cut);
+                    (self.nemesis).net_as(stage, proxy, Direction::Up, fault, words.as_str());
+                }
+                continue;
+            }
+            self.armed.push((index, false));
             let (fault, words) = match step.fault {
                 Fault::Delay => {
                     let ms = step.duration_ms.unwrap_or_default();
@@ -233,7 +303,39 @@ impl<'p> NetPlay<'p> {
                 .net(stage, proxy, Direction::Up, fault, words.as_str());
         }
         self.heal_what_was_seen(stage);
+        self.heal_cuts(stage, Some(now));
         Ok(())
+    }
+
+    /// Heals the cuts whose time is up (all of them: `now` None), the lock server's path
+    /// first: what the client sent during the cut goes out, in order.
+    fn heal_cuts(&mut self, stage: &mut Stage, now: Option<u64>) {
+        let is_due = |until: u64| now.is_none_or(|now| now >= until);
+        let due: Vec<usize> = (self.cuts.iter())
+            .filter(|(_, until)| is_due(*until))
+            .map(|(index, _)| *index)
+            .collect();
+        self.cuts.retain(|(_, until)| !is_due(*until));
+        for index in due {
+            let target = &self.steps[index].target;
+            let client = client_of(target);
+            for (path, proxy) in self.paths.cut_of(target) {
+                let words = match now {
+                    Some(_) => format!(
+                        "the cut on {path} heals: what {client} sent meanwhile goes out, in order"
+                    ),
+                    None => format!(
+                        "the cut on {path} heals as the clients' time is up: what {client} \
+                         sent meanwhile goes out"
+                    ),
+                };
+                self.nemesis
+                    .heal_net(stage, proxy, Direction::Up, words.as_str());
+            }
+            for (armed, done) in &mut self.armed {
+                *done |= *armed == index;
+            }
+        }
     }
 
     /// Ends each fault the proxy has seen through, with what it saw.
@@ -274,6 +376,7 @@ impl<'p> NetPlay<'p> {
     /// they were put on a path that nothing went through before the run ended.
     pub fn finish(mut self, stage: &mut Stage) -> Vec<(Step, String)> {
         self.heal_what_was_seen(stage);
+        self.heal_cuts(stage, None);
         for path in self.nemesis.faulty_paths() {
             if let Some(proxy) = self.paths.proxies.get(&path) {
                 let words = format!(
@@ -358,7 +461,17 @@ mod tests {
             )
             .is_ok()
         );
+        assert!(
+            ok(
+                vec![step(Fault::Cut, "A→redis", Some(2000))],
+                Design::RedisLock
+            )
+            .is_ok()
+        );
         for (bad, design) in [
+            (step(Fault::Cut, "A→redis", None), Design::RedisLock),
+            (step(Fault::Cut, "A→store", Some(2000)), Design::RedisLock),
+            (step(Fault::Cut, "A→redis", Some(90_000)), Design::RedisLock),
             (step(Fault::Delay, "A→store", None), Design::RedisLock),
             (step(Fault::Delay, "A→redis", Some(900)), Design::RedisLock),
             (step(Fault::Delay, "Z→store", Some(900)), Design::RedisLock),
@@ -371,5 +484,11 @@ mod tests {
         ] {
             assert!(ok(vec![bad.clone()], design).is_err(), "{bad:?}");
         }
+        // A cut holds every path of its client: no other network fault for that client.
+        let cut = step(Fault::Cut, "A→redis", Some(2000));
+        let delay = |target| step(Fault::Delay, target, Some(900));
+        let both = ok(vec![cut.clone(), delay("A→store")], Design::RedisLock);
+        assert!(both.is_err(), "{both:?}");
+        assert!(ok(vec![cut, delay("B→store")], Design::RedisLock).is_ok());
     }
 }

@@ -470,7 +470,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         kinds: kinds
             .iter()
             .copied()
-            .filter(|kind| !(*kind == FaultKind::LostReply && setup.design.uses_masters()))
+            .filter(|kind| !(kind.on_lock_server() && setup.design.uses_masters()))
             .collect(),
         restartable: if setup.lanes.iter().all(|l| l.redis.is_some()) && setup.design.uses_redis() {
             vec!["redis".into()]
@@ -483,6 +483,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         },
         span_ms: setup.run_ms,
         pause_ms: (lease / 2, lease * 3),
+        cut_ms: (lease * 5 / 4, lease * 3),
         max_faults: 3,
         lock_server: super::net::lock_server(setup.design).into(),
         etcd_cluster: setup.etcd_ring.is_some(),

@@ -270,4 +270,30 @@ mod tests {
             .unwrap();
         assert_eq!(fewer.0, Schedule::new(vec![delay]));
     }
+
+    /// A cut shrinks as a pause does: shorter, never below the floor; a client fewer takes
+    /// it with it.
+    #[test]
+    fn a_cut_is_shortened_to_the_floor_and_goes_with_its_client() {
+        let cut = Step {
+            at_ms: 0,
+            after: None,
+            fault: Fault::Cut,
+            target: "C→etcd".into(),
+            duration_ms: Some(2400),
+        };
+        let schedule = Schedule::new(vec![cut]);
+        let shorter: Vec<u64> = candidates(&schedule, 3, 1000)
+            .iter()
+            .flat_map(|(s, _)| s.steps().iter().filter_map(|s| s.duration_ms))
+            .filter(|ms| *ms < 2400)
+            .collect();
+        assert!(!shorter.is_empty(), "a cut is shortened");
+        assert!(shorter.iter().all(|ms| *ms >= 1000), "{shorter:?}");
+        let fewer = candidates(&schedule, 3, 1000)
+            .into_iter()
+            .find(|(_, clients)| *clients == 2)
+            .unwrap();
+        assert!(fewer.0.is_empty());
+    }
 }

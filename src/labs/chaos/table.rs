@@ -71,7 +71,9 @@ fn head_name(kind: FaultKind, width: usize) -> String {
         FaultKind::RestartAof if width > 8 => "rest-aof".into(),
         FaultKind::LostReply if width > 8 => "lost-rep".into(),
         FaultKind::RestartAof => "r-aof".into(),
-        FaultKind::LostReply => "lost-rp".into(),
+        FaultKind::LostReply if width > 7 => "lost-rp".into(),
+        FaultKind::LostReply => "lost-r".into(),
+        FaultKind::Restart => "restrt".into(),
         FaultKind::LeaderKill => "leader".into(),
         _ => name.chars().take(width - 1).collect(),
     }
@@ -79,7 +81,8 @@ fn head_name(kind: FaultKind, width: usize) -> String {
 
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
 /// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
-/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`.
+/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`,
+/// and `SAFE` without its count where `SAFE 12` would touch the next column.
 fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
     let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
@@ -101,7 +104,12 @@ fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
             format!("UNKNOWN {count}")
         }
     } else if narrow && let Some(n) = cell.result.strip_prefix("SAFE (") {
-        format!("SAFE {}", n.trim_end_matches(')'))
+        let word = format!("SAFE {}", n.trim_end_matches(')'));
+        if word.len() < width {
+            word
+        } else {
+            "SAFE".into()
+        }
     } else {
         cell.result.clone()
     }
@@ -273,19 +281,24 @@ mod tests {
             line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
-        // Seven (every kind, leader-kill last): shorter still, the heading too.
-        let mut seven = six.clone();
-        seven.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
+        // Eight (every kind, leader-kill last): shorter still, the heading too.
+        let mut eight = six.clone();
+        eight.push(cell(Design::RedisDurableToken, FaultKind::Cut, "SAFE (12)"));
+        eight.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
         let line = row_line(
             Design::RedisDurableToken,
             &FaultKind::ALL,
-            &seven,
-            &notes(&seven),
+            &eight,
+            &notes(&eight),
         );
         assert!(line.chars().count() < 80, "{line}");
         assert!(
-            line.contains("UNS#1 ") && line.contains("SAFE 12 ") && line.ends_with(" -"),
+            line.contains("UNS#1 ") && line.contains("SAFE   ") && line.ends_with(" -"),
             "{line}"
+        );
+        assert!(
+            !line.contains("SAFE 12"),
+            "no word touches the next: {line}"
         );
         let width = column(FaultKind::ALL.len());
         let heads: Vec<String> = FaultKind::ALL
