@@ -27,11 +27,11 @@ Examples:
   lockslab matrix --merge a.jsonl b.jsonl         one table of both parts
 
 A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
-kind and replay command below the table, note k) or UNKNOWN n/K
-(inconclusive: n histories could not be decided, or none of their faults
-played; never a pass). A cell stops
-at its first violation. With six columns they read SAFE n, UNSAFE#k, UNK n;
-with seven, UNS#k; with eight, SAFE (the headings restrt, lost-r).
+kind and replay command below the table, note k) or UNKNOWN n/K (inconclusive:
+n histories could not be decided, or none of their faults played; never a
+pass). A cell stops at its first violation. With six columns they read SAFE n,
+UNSAFE#k, UNK n; with seven, UNS#k; with eight, SAFE (the headings restrt,
+lost-r).
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
