@@ -147,6 +147,18 @@ pub fn ask(url: &str) -> redis::RedisResult<redis::Connection> {
     Ok(connection)
 }
 
+/// Closes every replica's link, from the primary's side (`CLIENT KILL TYPE replica`): the
+/// number closed. With the replica frozen, what the primary writes from then on lives on
+/// the primary only (frozen alone, its kernel would still take the stream into the socket
+/// buffer, and the replica would read it from there once thawed).
+pub fn cut_replica_links(on_primary: &mut redis::Connection) -> redis::RedisResult<i64> {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(on_primary)
+}
+
 /// What the server itself says it is: `master`, `slave` or `sentinel` (its `ROLE` answer).
 pub fn role_of(url: &str) -> Option<String> {
     let mut connection = ask(url).ok()?;

@@ -38,8 +38,14 @@ fn challenge(name: &str, seed: u64, extra: &[&str], program: &[&str]) -> (i32, V
     args.push("--");
     args.extend_from_slice(program);
     let output = lockslab(&args).output().expect("running lockslab");
+    let verdict = verdict_in(&output);
+    (output.status.code().unwrap_or(-1), verdict, output)
+}
+
+/// The verdict line of a challenge run with `--json`.
+fn verdict_in(output: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let verdict = stdout
+    stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .find(|v| v["kind"] == "verdict")
@@ -48,8 +54,7 @@ fn challenge(name: &str, seed: u64, extra: &[&str], program: &[&str]) -> (i32, V
                 "no verdict:\n{stdout}\n{}",
                 String::from_utf8_lossy(&output.stderr)
             )
-        });
-    (output.status.code().unwrap_or(-1), verdict, output)
+        })
 }
 
 fn reference(name: &str, seed: u64, mode: &str) -> (i32, Value) {
@@ -497,17 +502,7 @@ print("-".join(said), flush=True)
     .env("LOCKSLAB_PRIVATE_SERVERS", "1")
     .output()
     .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let verdict: Value = stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|v| v["kind"] == "verdict")
-        .unwrap_or_else(|| {
-            panic!(
-                "no verdict: {stdout}\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        });
+    let verdict = verdict_in(&output);
     assert_eq!(output.status.code(), Some(1), "{verdict}");
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
     assert!(
@@ -547,12 +542,7 @@ print("connected-as-%s-super-%s" % cur.fetchone(), flush=True)
     .env("LOCKSLAB_POSTGRES_URL", &superuser)
     .output()
     .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let verdict: Value = stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|v| v["kind"] == "verdict")
-        .unwrap_or_else(|| panic!("no verdict: {stdout}"));
+    let verdict = verdict_in(&output);
     let run_id = verdict["run_id"].as_str().unwrap();
     let role = format!("lockslab_client_{run_id}");
     let failure = verdict["client_failure"].as_str().unwrap_or_default();

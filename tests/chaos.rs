@@ -482,14 +482,30 @@ fn cut_after_read(server: &str) -> String {
 /// A partition outlives the lease: another client takes the lock, and A's write, sent
 /// before the cut healed, lands after — a stale write the unfenced Redis lock lets in and
 /// its fenced twin refuses. The history holds the cut's start and end on both paths.
-#[test]
-fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
-    let (code, _, verdict, html) = replay("redis-lock", &cut_after_read("redis"), "1");
+/// `schedule` breaks `unfenced` with a stale write in one play, and `fenced` stays safe
+/// through `plays` of it, every step played: the unfenced run's page.
+fn breaks_only_the_unfenced(unfenced: &str, fenced: &str, schedule: &str, plays: &str) -> String {
+    let (code, _, verdict, html) = replay(unfenced, schedule, "1");
     assert_eq!(code, Some(1), "{verdict}");
     assert!(
         violation_kinds(&verdict).contains("stale-write"),
         "{verdict}"
     );
+    let (code, schedules, verdict, _) = replay(fenced, schedule, plays);
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|line| line["result"] == "safe" && line["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    html
+}
+
+#[test]
+fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let html =
+        breaks_only_the_unfenced("redis-lock", "redis-fenced", &cut_after_read("redis"), "2");
     for said in [
         "cuts A off on A→redis for 2500ms",
         "cuts A off on A→store for 2500ms",
@@ -498,32 +514,13 @@ fn a_cut_breaks_the_redis_lock_and_not_its_fenced_twin() {
     ] {
         assert!(html.contains(said), "the history says: {said}");
     }
-    let (code, schedules, verdict, _) = replay("redis-fenced", &cut_after_read("redis"), "2");
-    assert_eq!(code, Some(0), "{verdict}");
-    assert!(
-        schedules
-            .iter()
-            .all(|line| line["result"] == "safe" && line["unplayed"] == 0),
-        "{schedules:?}"
-    );
 }
 
 /// etcd's keepalive cannot reach etcd through the cut: the lease runs out under A, and
 /// etcd-lease lets A's late write in; etcd-fenced's claim refuses it.
 #[test]
 fn a_cut_breaks_etcd_lease_and_not_etcd_fenced() {
-    let (code, _, verdict, _) = replay("etcd-lease", &cut_after_read("etcd"), "1");
-    assert_eq!(code, Some(1), "{verdict}");
-    assert!(
-        violation_kinds(&verdict).contains("stale-write"),
-        "{verdict}"
-    );
-    let (code, schedules, verdict, _) = replay("etcd-fenced", &cut_after_read("etcd"), "1");
-    assert_eq!(code, Some(0), "{verdict}");
-    assert!(
-        schedules.iter().all(|line| line["result"] == "safe"),
-        "{schedules:?}"
-    );
+    breaks_only_the_unfenced("etcd-lease", "etcd-fenced", &cut_after_read("etcd"), "1");
 }
 
 /// Interrupted while A's write waits 30s in the proxy: lockslab exits 130 and leaves no

@@ -128,6 +128,18 @@ pub trait Record {
     fn record(&mut self, event: Event);
 }
 
+/// Holds what the nemesis records until the caller knows the rest of its line (a
+/// replica's freeze and the cut of its link are one line, with the number of links the cut
+/// closed, known only after the freeze), then passes it on.
+#[derive(Default)]
+pub struct Held(pub Vec<Event>);
+
+impl Record for Held {
+    fn record(&mut self, event: Event) {
+        self.0.push(event);
+    }
+}
+
 /// A fault the nemesis started and has not ended: a pause not yet resumed.
 #[derive(Clone, Debug)]
 struct Active {

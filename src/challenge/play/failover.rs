@@ -9,7 +9,7 @@
 use super::*;
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::events::facts::{FaultFacts, HolderNow};
-use crate::nemesis::Note;
+use crate::nemesis::{Held, Note};
 
 /// How long Sentinel may take to promote the replica.
 const PROMOTION_TIMEOUT: Duration = Duration::from_secs(20);
@@ -85,17 +85,6 @@ impl<'a> Failover<'a> {
     }
 }
 
-/// Holds the nemesis's record of the replica's freeze until its line can say how many
-/// links the cut closed (the cut comes after the freeze).
-#[derive(Default)]
-struct Held(Vec<Event>);
-
-impl Record for Held {
-    fn record(&mut self, event: Event) {
-        self.0.push(event);
-    }
-}
-
 /// Every key of the run on a Redis server, with its value (none for a key that is not a
 /// string): what a client wrote there.
 fn keys_of(url: &str, prefix: &str) -> Result<Vec<(String, Option<String>)>> {
@@ -132,11 +121,7 @@ impl Run<'_> {
                 let mut held = Held::default();
                 self.nemesis
                     .pause(&mut held, &failover.cluster.replica, Note::default())?;
-                let cut: i64 = redis::cmd("CLIENT")
-                    .arg("KILL")
-                    .arg("TYPE")
-                    .arg("replica")
-                    .query(&mut on_primary)?;
+                let cut = cluster::cut_replica_links(&mut on_primary)?;
                 for mut event in held.0 {
                     event.text =
                         format!("freezes Redis replica :{replica}, cuts its link ({cut} closed)");

@@ -17,22 +17,10 @@ use crate::events::facts::{self, Expired, FaultFacts, GaveUp, HolderNow};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
 use crate::lock::redis::RedisLock;
-use crate::nemesis::{Nemesis, Note, Record};
+use crate::nemesis::{Held, Nemesis, Note};
 use crate::output::human;
 use crate::store::Store;
 use crate::worker::sentinel_client::TokenSource;
-
-/// Holds the nemesis's record of a fault until the lab knows the rest of its line: the
-/// replica's freeze and the cut of its link are one line, with the number of links the cut
-/// closed, which is known only after the freeze.
-#[derive(Default)]
-struct Held(Vec<Event>);
-
-impl Record for Held {
-    fn record(&mut self, event: Event) {
-        self.0.push(event);
-    }
-}
 
 impl Play<'_> {
     /// Scenarios 1, 2 and 4: one failover, five pairs of clients.
@@ -72,12 +60,7 @@ impl Play<'_> {
         let mut on_primary = cluster::ask(&redis.primary.url()).context("asking the primary")?;
         let mut freeze = Held::default();
         nemesis.pause(&mut freeze, &redis.replica, Note::default())?;
-        let cut: Result<i64> = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("replica")
-            .query(&mut on_primary)
-            .context("CLIENT KILL TYPE replica");
+        let cut = cluster::cut_replica_links(&mut on_primary).context("CLIENT KILL TYPE replica");
         for mut event in freeze.0 {
             event.text = match &cut {
                 Ok(cut) => format!(
