@@ -379,10 +379,8 @@ const LOST_RELEASE: &str = r#"[{"at_ms":0,"after":{"worker":"A","event":"working
 /// Plays a given schedule `times` times against `design` (`--json`), with an HTML page
 /// of the history: (exit status, schedule lines, verdict, page).
 fn replay(design: &str, schedule: &str, times: &str) -> (Option<i32>, Vec<Value>, Value, String) {
-    let page = std::env::temp_dir().join(format!(
-        "lockslab-chaosf-{design}-{}.html",
-        std::process::id()
-    ));
+    // Two tests may replay one design at once: each page its own file.
+    let page = std::env::temp_dir().join(format!("lockslab-chaosf-{design}-{}.html", fresh_tag()));
     let output = lockslab(&[
         "chaos",
         "--design",
@@ -809,7 +807,7 @@ fn faults_that_cannot_reach_the_design_are_refused() {
 
 /// Writes `schedule` to a file of its own for `--schedule FILE`.
 fn schedule_file(name: &str, schedule: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("lockslab-{name}-{}.json", std::process::id()));
+    let path = std::env::temp_dir().join(format!("lockslab-{name}-{}.json", fresh_tag()));
     std::fs::write(&path, schedule).unwrap();
     path
 }
