@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Fault;
-use super::schedule::{Anchor, Schedule, Step};
+use super::schedule::{Anchor, Kinds, Schedule, Step};
 use crate::events::Kind;
 
 /// The kinds of fault a schedule may hold: the columns of `lockslab matrix`.
@@ -128,6 +128,10 @@ pub struct Space {
     pub lock_server: String,
     /// The lock's etcd is a cluster of three whose leader a schedule may kill.
     pub etcd_cluster: bool,
+    /// The moments of its work a client of the design says (`acquired`, `read_record`,
+    /// `working`, …): a fault is aimed only at one of them. A design with no lock never
+    /// says `acquired`, and a fault aimed there would never land.
+    pub moments: Vec<Kind>,
 }
 
 /// The name of a client's path to a server through the fault proxy (`A→store`).
@@ -242,7 +246,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                     continue;
                 }
                 let target = free.remove(rng.next_u64() as usize % free.len());
-                let (at_ms, after) = aim(&mut rng, &target, space.span_ms);
+                let (at_ms, after) = aim(&mut rng, &target, space);
                 let (fault, duration_ms) = if kind == FaultKind::Pause {
                     let (lo, hi) = space.pause_ms;
                     (Fault::Pause, Some(rng.between(lo, hi)))
@@ -276,7 +280,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
 ///   after its read, inside its write, or at a time of the run.
 fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> Step {
     if kind == FaultKind::Cut {
-        let (at_ms, after) = aim(rng, client, space.span_ms);
+        let (at_ms, after) = aim(rng, client, space);
         let (lo, hi) = space.cut_ms;
         return Step {
             at_ms,
@@ -288,11 +292,15 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
     }
     if kind == FaultKind::Delay {
         let nth = rng.between(1, 3) as u32;
-        let (event, at_ms) = if rng.between(0, 1) == 0 {
+        let (mut event, at_ms) = if rng.between(0, 1) == 0 {
             (Kind::ReadRecord, rng.between(0, 5))
         } else {
             (Kind::Working, rng.between(0, 3))
         };
+        if !space.moments.contains(&event) {
+            // No read before the write (the idempotency key's store adds one itself).
+            event = Kind::Working;
+        }
         let (lo, hi) = space.pause_ms;
         return Step {
             at_ms,
@@ -309,7 +317,7 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
         }
         1 => {
             let nth = rng.between(1, 4) as u32;
-            let either = super::schedule::Kinds::Any(vec![Kind::Wrote, Kind::Released]);
+            let either = Kinds::Any(vec![Kind::Wrote, Kind::Released]);
             (0, Some(Anchor::on(client, either, nth)))
         }
         _ => (
@@ -328,7 +336,21 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
 
 /// Where a client's fault lands: just after it took its lock, just after it read its
 /// record (before its write), inside its write's transaction, or at a time of the run.
-fn aim(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
+/// A moment the design does not have (no lock to take, no read before the write) turns
+/// into a time of the run, drawn afresh.
+fn aim(rng: &mut Rng, client: &str, space: &Space) -> (u64, Option<Anchor>) {
+    let span_ms = space.span_ms;
+    let aimed = aim_at_any(rng, client, span_ms);
+    match &aimed.1 {
+        Some(Anchor {
+            event: Kinds::One(kind),
+            ..
+        }) if !space.moments.contains(kind) => (rng.between(span_ms / 20, span_ms * 7 / 10), None),
+        _ => aimed,
+    }
+}
+
+fn aim_at_any(rng: &mut Rng, client: &str, span_ms: u64) -> (u64, Option<Anchor>) {
     let anchored = |event: Kind, nth, at_ms| (at_ms, Some(Anchor::on(client, event, nth)));
     match rng.between(0, 3) {
         0 => {
@@ -366,6 +388,13 @@ mod tests {
             max_faults: 3,
             lock_server: "redis".into(),
             etcd_cluster: false,
+            moments: vec![
+                Kind::Acquired,
+                Kind::ReadRecord,
+                Kind::Working,
+                Kind::Wrote,
+                Kind::Released,
+            ],
         }
     }
 
@@ -417,6 +446,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A design with no lock says no `acquired`, and the idempotency key's client no
+    /// `read_record`: a fault aimed at either would wait for a moment that never comes.
+    #[test]
+    fn faults_aim_only_at_moments_the_design_has() {
+        for missing in [
+            vec![Kind::Acquired, Kind::Released],
+            vec![Kind::Acquired, Kind::Released, Kind::ReadRecord],
+        ] {
+            let mut space = space();
+            space.moments.retain(|kind| !missing.contains(kind));
+            let mut timed = 0;
+            for index in 0..300 {
+                for step in draw(nth_seed(5, index), &space).steps() {
+                    match &step.after {
+                        Some(Anchor {
+                            event: Kinds::One(kind),
+                            ..
+                        }) => {
+                            assert!(space.moments.contains(kind), "{step:?}")
+                        }
+                        Some(_) => {}
+                        None => timed += 1,
+                    }
+                }
+            }
+            assert!(timed > 0);
+        }
+        // A design with every moment draws what it always drew: seeds keep their schedules.
+        let full = space();
+        let mut lockless = space();
+        lockless.moments.retain(|kind| *kind != Kind::Acquired);
+        let same = (0..100)
+            .filter(|index| {
+                draw(nth_seed(9, *index), &full) == draw(nth_seed(9, *index), &lockless)
+            })
+            .count();
+        assert!((1..100).contains(&same), "{same} of 100 alike");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::connect::{self, PgClient};
 use crate::events::facts::{Acquired, GaveUp, RecordRead, Released, Wrote};
-use crate::events::{Emitter, What};
+use crate::events::{Emitter, Kind, What};
 use crate::invoices::{ADVISORY_LOCK, ADVISORY_UNLOCK, owner_of};
 use crate::lock::etcd::{Acquired as EtcdAcquired, EtcdLock};
 use crate::lock::redis::{RedisLock, Release, Renewal};
@@ -229,6 +229,21 @@ impl Design {
             // without etcd do not meet it.
             FaultKind::LeaderKill => true,
         }
+    }
+
+    /// The moments of a job its client says, where a fault can be aimed: a design with no
+    /// lock never says `acquired` or `released` (skip-locked's row lock ends with its
+    /// commit, unsaid), and the idempotency key's client reads nothing before its write
+    /// (the store adds one to the counter itself).
+    pub fn moments(self) -> Vec<Kind> {
+        let mut moments = vec![Kind::ReadRecord, Kind::Working, Kind::Wrote];
+        match self {
+            Design::IdempotencyKey => moments.retain(|kind| *kind != Kind::ReadRecord),
+            Design::Optimistic | Design::Partitioned => {}
+            Design::SkipLocked => moments.push(Kind::Acquired),
+            _ => moments.extend([Kind::Acquired, Kind::Released]),
+        }
+        moments
     }
 
     /// What the labs teach of it: ✅ safe under a pause (and so under every fault here).

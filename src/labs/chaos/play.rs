@@ -487,5 +487,6 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         max_faults: 3,
         lock_server: super::net::lock_server(setup.design).into(),
         etcd_cluster: setup.etcd_ring.is_some(),
+        moments: setup.design.moments(),
     }
 }
