@@ -465,8 +465,14 @@ fn heard(history: &[Event]) -> Heard {
 /// The faults a design can meet: a restart only where there is a server of chaos's own.
 pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
     let lease = setup.lease_ms;
+    // Partitioned: client k owns record k (mod the clients); with fewer records than
+    // clients the others have no work, and a fault aimed at their work would never land.
+    let working = match setup.design {
+        Design::Partitioned => clients.min(setup.records.max(1)),
+        _ => clients,
+    };
     Space {
-        clients: client_names(clients),
+        clients: client_names(working),
         kinds: kinds
             .iter()
             .copied()
