@@ -1,30 +1,39 @@
 #!/bin/sh
-# Measures the reference clients (examples/challenge/reference.py), not in the timed suite:
-# each run bounded to 30 s, over seeds 1..N; prints one line per (challenge, mode) with how
-# many runs ended pass (0), fail (1), undecided (3), other, and over 30 s.
+# Measures the reference clients, not in the timed suite: each run bounded to 30 s, over
+# seeds 1..N, JOBS runs at a time (each run starts servers of its own); prints one line per
+# (challenge, mode) with how many runs ended pass (0), fail (1), undecided (3), other, and
+# over 30 s, and the seeds of the runs that did not end as most did.
 #
 #   examples/challenge/measure.sh N challenge:mode [challenge:mode ...]
-#   LOCKSLAB=./target/debug/lockslab examples/challenge/measure.sh 20 pause:setnx pause:fenced
+#   LOCKSLAB=./target/release/lockslab JOBS=4 examples/challenge/measure.sh 200 \
+#       counter:fenced crash:once pause:claimed delay:claimed failover:sequence \
+#       exactly-once:once
+#
+# CLIENT is the program run with the mode as its last argument (default: reference.py under
+# /usr/bin/python3); for the Rust references, after `cargo build --release --example
+# challenge`: CLIENT=./target/release/examples/challenge.
 set -u
 N=$1; shift
 LOCKSLAB=${LOCKSLAB:-lockslab}
-PYTHON=${PYTHON:-/usr/bin/python3}
+JOBS=${JOBS:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
+CLIENT=${CLIENT:-"/usr/bin/python3 $HERE/reference.py"}
+export LOCKSLAB CLIENT
 for pair in "$@"; do
     challenge=${pair%%:*}; mode=${pair#*:}
-    pass=0; fail=0; undecided=0; other=0; slow=0
-    seed=1
-    while [ "$seed" -le "$N" ]; do
-        timeout -s INT 30 "$LOCKSLAB" challenge "$challenge" --seed "$seed" \
-            -- "$PYTHON" "$HERE/reference.py" "$mode" >/dev/null 2>&1
-        case $? in
-            0) pass=$((pass + 1)) ;;
-            1) fail=$((fail + 1)) ;;
-            3) undecided=$((undecided + 1)) ;;
-            124|130) slow=$((slow + 1)) ;;
-            *) other=$((other + 1)) ;;
-        esac
-        seed=$((seed + 1))
-    done
-    echo "$challenge $mode seeds=$N pass=$pass fail=$fail undecided=$undecided other=$other over30s=$slow"
+    # One line per seed: "seed exit-status".
+    results=$(seq 1 "$N" | xargs -P "$JOBS" -I SEED sh -c '
+        timeout -s INT 30 "$LOCKSLAB" challenge "$1" --seed SEED -- $CLIENT "$2" \
+            >/dev/null 2>&1
+        echo "SEED $?"' sh "$challenge" "$mode")
+    count() { echo "$results" | awk -v want="$1" '$2 ~ want' | wc -l; }
+    pass=$(count '^0$'); fail=$(count '^1$'); undecided=$(count '^3$')
+    slow=$(count '^(124|130)$')
+    other=$((N - pass - fail - undecided - slow))
+    echo "$challenge $mode seeds=$N pass=$pass fail=$fail undecided=$undecided" \
+        "other=$other over30s=$slow"
+    # The odd ones out, to replay: the seeds whose status is not the commonest.
+    common=$(echo "$results" | awk '{print $2}' | sort | uniq -c | sort -rn | awk 'NR==1{print $2}')
+    odd=$(echo "$results" | awk -v c="$common" '$2 != c {print $1 "→" $2}' | sort -n | tr '\n' ' ')
+    if [ -n "$odd" ]; then echo "  seeds (exit status) not $common: $odd"; fi
 done
