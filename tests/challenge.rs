@@ -94,6 +94,40 @@ fn passes(name: &str, mode: &str, seed: u64) {
     assert_eq!(verdict["faults_bit"], verdict["faults_planned"]);
 }
 
+/// The Rust references, built by `cargo test` beside lockslab (or by `cargo build
+/// --example challenge`): the claim passes `pause` where the lock alone fails it, and
+/// recording the job as done passes `exactly-once` where the fenced lock doubles a job.
+#[test]
+fn the_rust_references_are_graded_as_the_python_ones() {
+    let rust = std::path::Path::new(BIN)
+        .with_file_name("examples")
+        .join("challenge");
+    assert!(
+        rust.exists(),
+        "{} is missing: run `cargo build --example challenge`",
+        rust.display()
+    );
+    let rust = rust.to_str().unwrap();
+    for (name, mode, grade) in [
+        ("pause", "setnx", 1),
+        ("pause", "claimed", 0),
+        ("exactly-once", "fenced", 1),
+        ("exactly-once", "once", 0),
+    ] {
+        // A failing reference is caught on one of three seeds, as the Python ones are.
+        let graded = (1..=3).map(|seed| challenge(name, seed, &[], &[rust, mode]));
+        let mut codes = vec![];
+        for (code, verdict, _) in graded {
+            codes.push(code);
+            if code == grade {
+                break;
+            }
+            assert_eq!(grade, 1, "{name} {mode}: {verdict}");
+        }
+        assert_eq!(codes.last(), Some(&grade), "{name} {mode}: {codes:?}");
+    }
+}
+
 #[test]
 fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
     caught_within("counter", "none", "stale-write", 3);

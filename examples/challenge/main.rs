@@ -1,21 +1,37 @@
 //! Reference clients for `lockslab challenge`, in Rust, broken and fixed side by side (the
-//! Python ones, with more modes, are in reference.py beside this file):
+//! Python ones, with two more modes, are in reference.py beside this file):
 //!
 //! ```text
 //! cargo build --example challenge
-//! lockslab challenge counter -- ./target/debug/examples/challenge none     # fails
-//! lockslab challenge counter -- ./target/debug/examples/challenge fenced   # passes
-//! lockslab challenge pause   -- ./target/debug/examples/challenge setnx    # fails
-//! lockslab challenge pause   -- ./target/debug/examples/challenge fenced   # passes
-//! lockslab challenge failover -- ./target/debug/examples/challenge sentinel # fails
-//! lockslab challenge failover -- ./target/debug/examples/challenge sequence # passes
+//! lockslab challenge counter      -- ./target/debug/examples/challenge none      # fails
+//! lockslab challenge counter      -- ./target/debug/examples/challenge fenced    # passes
+//! lockslab challenge pause        -- ./target/debug/examples/challenge setnx     # fails
+//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced    # undecided
+//! lockslab challenge pause        -- ./target/debug/examples/challenge claimed   # passes
+//! lockslab challenge delay        -- ./target/debug/examples/challenge setnx     # fails
+//! lockslab challenge delay        -- ./target/debug/examples/challenge claimed   # passes
+//! lockslab challenge crash        -- ./target/debug/examples/challenge fenced    # fails
+//! lockslab challenge crash        -- ./target/debug/examples/challenge once      # passes
+//! lockslab challenge exactly-once -- ./target/debug/examples/challenge fenced    # fails
+//! lockslab challenge exactly-once -- ./target/debug/examples/challenge once      # passes
+//! lockslab challenge failover     -- ./target/debug/examples/challenge sentinel  # fails
+//! lockslab challenge failover     -- ./target/debug/examples/challenge sequence  # passes
 //! ```
 //!
 //! - `none`: no lock: read, add, write. Two clients on one record lose an update.
 //! - `setnx`: Redis `SET NX PX`, released with compare-and-delete: the first lock most people
 //!   write. A holder frozen past the TTL still writes what it read.
 //! - `fenced`: setnx + a fencing token (Redis `INCR`), checked by Postgres where the record
-//!   is read (`SELECT … FOR UPDATE`), and written in the same transaction.
+//!   is read (`SELECT … FOR UPDATE`), and written in the same transaction. That
+//!   transaction's row lock, held across the work, keeps everyone off the row while its
+//!   holder is frozen: the token never meets a newer write to refuse, and `pause` cannot
+//!   tell (undecided, never a pass).
+//! - `claimed`: setnx + a token that claims the row before the read, in a short transaction
+//!   of its own; the work holds no row lock, and the write lands only if the row is still
+//!   claimed by this token. The token alone keeps a frozen or delayed holder out.
+//! - `once`: fenced + the job recorded as done in the same transaction: a job resent (or
+//!   delivered twice) that already took effect is answered `ok` again, with no second
+//!   effect.
 //! - `sentinel`: fenced, on the Redis primary the Sentinels name (`failover`), with a token
 //!   per record from `INCR` there. The promoted replica missed the last `INCR`s: its tokens
 //!   start again below those written, and the check lets an equal one through.
@@ -133,7 +149,7 @@ fn acquire(redis: &mut Redis, prefix: &str, record: &str, owner: String, ttl: u6
 fn token(mode: &str, redis: &mut Redis, db: &mut postgres::Client, record: &str) -> Option<i64> {
     let prefix = redis.init["key_prefix"].as_str().unwrap().to_string();
     let counter = match mode {
-        "fenced" => format!("{prefix}token"),
+        "fenced" | "claimed" | "once" => format!("{prefix}token"),
         "sentinel" => format!("{prefix}token:{record}"),
         "sequence" => {
             let schema = redis.init["schema"].as_str().unwrap();
@@ -145,8 +161,42 @@ fn token(mode: &str, redis: &mut Redis, db: &mut postgres::Client, record: &str)
     Some(redis.run(|connection| redis::cmd("INCR").arg(&counter).query(connection)))
 }
 
+/// `claimed`: claim the row with the token (reading it), work holding no row lock, then
+/// write only if the row is still claimed by this token. False if a newer holder claimed it.
+fn work_claimed(db: &mut postgres::Client, table: &str, job: &Value, token: i64) -> bool {
+    let (id, record, add) = (
+        job["id"].as_i64().unwrap(),
+        job["record"].as_str().unwrap(),
+        job["add"].as_i64().unwrap(),
+    );
+    let claim = format!(
+        "UPDATE {table} SET fence = $1 WHERE record = $2 AND (fence IS NULL OR fence < $1) \
+         RETURNING value"
+    );
+    let Some(row) = db.query_opt(&claim, &[&token, &record]).unwrap() else {
+        return false;
+    };
+    let value: i64 = row.get(0);
+    say(json!({"type": "writing", "job": id}));
+    std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
+    let write = format!("UPDATE {table} SET value = $1, job = $2 WHERE record = $3 AND fence = $4");
+    db.execute(&write, &[&(value + add), &id, &record, &token])
+        .unwrap()
+        == 1
+}
+
 /// One transaction: read, work, write. False if a newer holder's token is on the row.
-fn work(db: &mut postgres::Client, table: &str, job: &Value, token: Option<i64>) -> bool {
+fn work(
+    db: &mut postgres::Client,
+    init: &Value,
+    mode: &str,
+    job: &Value,
+    token: Option<i64>,
+) -> bool {
+    let table = init["table"].as_str().unwrap();
+    if let ("claimed", Some(token)) = (mode, token) {
+        return work_claimed(db, table, job, token);
+    }
     let (id, record, add) = (
         job["id"].as_i64().unwrap(),
         job["record"].as_str().unwrap(),
@@ -176,6 +226,16 @@ fn work(db: &mut postgres::Client, table: &str, job: &Value, token: Option<i64>)
             .unwrap()
             .get(0),
     };
+    if mode == "once" {
+        // Done before, by a client that died before answering: ok again, no second effect.
+        let done = format!(
+            "INSERT INTO {}.done VALUES ($1) ON CONFLICT DO NOTHING",
+            init["schema"].as_str().unwrap()
+        );
+        if tx.execute(&done, &[&id]).unwrap() == 0 {
+            return true;
+        }
+    }
     say(json!({"type": "writing", "job": id}));
     // The job's work, between read and write.
     std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
@@ -191,20 +251,28 @@ fn work(db: &mut postgres::Client, table: &str, job: &Value, token: Option<i64>)
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "none".into());
     assert!(
-        ["none", "setnx", "fenced", "sentinel", "sequence"].contains(&mode.as_str()),
+        [
+            "none", "setnx", "fenced", "claimed", "once", "sentinel", "sequence"
+        ]
+        .contains(&mode.as_str()),
         "unknown mode {mode}"
     );
     let mut lines = std::io::stdin().lock().lines();
     let init: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     let mut db =
         postgres::Client::connect(init["postgres_url"].as_str().unwrap(), postgres::NoTls).unwrap();
-    if mode == "sequence" {
+    let shared = match mode.as_str() {
+        "sequence" => Some("SEQUENCE IF NOT EXISTS {schema}.tokens"),
+        "once" => Some("TABLE IF NOT EXISTS {schema}.done (job bigint PRIMARY KEY)"),
+        _ => None,
+    };
+    if let Some(what) = shared {
         // Every client creates it; the first one wins.
         let schema = init["schema"].as_str().unwrap();
         let mut tx = db.transaction().unwrap();
         tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&schema])
             .unwrap();
-        tx.batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {schema}.tokens"))
+        tx.batch_execute(&format!("CREATE {}", what.replace("{schema}", schema)))
             .unwrap();
         tx.commit().unwrap();
     }
@@ -212,7 +280,6 @@ fn main() {
         init: init.clone(),
         connection: None,
     };
-    let table = init["table"].as_str().unwrap().to_string();
     let prefix = init["key_prefix"].as_str().unwrap().to_string();
     let client = init["client"].as_str().unwrap().to_string();
     let ttl = init["lease_ms"].as_u64().unwrap();
@@ -241,7 +308,13 @@ fn main() {
         if let Some(lock) = &lock {
             say(json!({"type": "acquired", "job": id, "token": lock.token}));
         }
-        let done = work(&mut db, &table, &job, lock.as_ref().and_then(|l| l.token));
+        let done = work(
+            &mut db,
+            &init,
+            &mode,
+            &job,
+            lock.as_ref().and_then(|l| l.token),
+        );
         if let Some(lock) = lock {
             let release = redis::Script::new(RELEASE);
             let _: i64 =

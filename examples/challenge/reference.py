@@ -4,7 +4,7 @@
     lockslab challenge counter -- python3 examples/challenge/reference.py none      # fails
     lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
-    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # undecided
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge delay   -- python3 examples/challenge/reference.py claimed   # passes
