@@ -157,6 +157,11 @@ pub struct Nemesis {
     net: HashMap<String, Instant>,
 }
 
+/// How long a SIGSTOP may take to land. A signal is acted on when its process next gets a
+/// CPU: on a machine loaded many times over its cores (a 1,000-schedule chaos run beside
+/// two builds, niced), 2 s was seen to pass first.
+const STOP_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Who acts, on the timeline: the nemesis's events stand in the lab's own lane.
 pub const LANE: &str = "lab";
 
@@ -179,8 +184,13 @@ impl Nemesis {
         history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
         self.paused.insert(pid, Active::now(victim));
         procs::signal_group(pid, Signal::SIGSTOP)?;
-        if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
-            bail!("{} (pid {pid}) did not stop after SIGSTOP", victim.label());
+        if !procs::wait_until_stopped(pid, STOP_PATIENCE) {
+            bail!(
+                "{} (pid {pid}) did not stop within {}s of SIGSTOP (state {:?})",
+                victim.label(),
+                STOP_PATIENCE.as_secs(),
+                procs::process_state(pid)
+            );
         }
         Ok(())
     }
@@ -195,7 +205,7 @@ impl Nemesis {
         note: impl Into<Note>,
     ) -> Result<()> {
         let pid = alive_pid(victim)?;
-        if !procs::wait_until_stopped(pid, Duration::from_secs(2)) {
+        if !procs::wait_until_stopped(pid, STOP_PATIENCE) {
             bail!(
                 "{} (pid {pid}) said it would stop but did not",
                 victim.label()
