@@ -3,10 +3,10 @@
 //! With no simulated work, 10 workers in skip-locked mode (target: at least 1,000 jobs/s),
 //! next to what `pgbench` gets from the same server in the same run, with 10 clients:
 //! - a custom script with the queue's own statements (claim with SKIP LOCKED, record,
-//!   mark done, commit), run right after each of the lab's rounds on a fresh queue, so
-//!   that each round's ratio says how close the lab's workers get to what Postgres can do
-//!   with this very work under the same load (the machine is shared, and its load moves
-//!   within a minute);
+//!   mark done, commit), run right after each of the lab's rounds on a fresh queue of the
+//!   same jobs (10 clients, a tenth each), so that each round's ratio says how close the
+//!   lab's workers get to what Postgres can do with this very work under the same load
+//!   (the machine is shared, and its load moves within a minute);
 //! - its built-in TPC-B-like transaction, and its simple-update variant (at scale 1,
 //!   TPC-B-like has every client update the same branches row: a contention test).
 //!
@@ -48,8 +48,8 @@ fn main() {
 
     println!(
         "lockslab skip-locked --fault none --work 0ms --jobs {JOBS} (10 workers), {ROUNDS} rounds, \
-         each followed by pgbench -c 10 -j 2 -T {PGBENCH_SECONDS} -M prepared on the queue's \
-         statements (claim, record, mark done), so that a change in the machine's load \
+         each followed by pgbench -c 10 -j 2 -M prepared doing the same {JOBS} jobs with the \
+         queue's statements (claim, record, mark done), so that a change in the machine's load \
          reaches both sides of each round's ratio:"
     );
     let mut rates = Vec::new();
@@ -137,11 +137,11 @@ fn main() {
     .unwrap();
 }
 
-/// pgbench on the queue's statements, on a fresh, vacuumed queue: its tps, and how many jobs
+/// pgbench on the queue's statements, on a fresh, vacuumed queue of the lab's size: its tps, and how many jobs
 /// it processed more than once.
 fn queue_tps(pgbench: &Path, url: &str) -> (f64, i64) {
     let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
-    db.batch_execute(
+    db.batch_execute(&format!(
         "DROP TABLE IF EXISTS bench_jobs, bench_processing;
          CREATE TABLE bench_jobs (id bigint PRIMARY KEY, round int NOT NULL DEFAULT 1,
                                   status text NOT NULL DEFAULT 'pending', claimed_by text);
@@ -149,17 +149,32 @@ fn queue_tps(pgbench: &Path, url: &str) -> (f64, i64) {
          CREATE TABLE bench_processing (job_id bigint NOT NULL, worker text NOT NULL,
                                         claimed_at timestamptz NOT NULL,
                                         done_at timestamptz NOT NULL DEFAULT clock_timestamp());
-         INSERT INTO bench_jobs (id) SELECT generate_series(1, 200000);",
-    )
+         INSERT INTO bench_jobs (id) SELECT generate_series(1, {JOBS});",
+    ))
     .unwrap();
     db.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
     let script = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(script.path(), QUEUE_SCRIPT).unwrap();
-    let tps = pgbench_tps(
+    // As many jobs as the lab's round, each of the 10 clients a tenth of them: every claim
+    // finds a job, and the index the claims walk is as long as the lab's.
+    let per_client = (JOBS.parse::<u32>().unwrap() / 10).to_string();
+    let tps = pgbench::tps(&mut pgbench::command(
         pgbench,
         url,
-        &["-M", "prepared", "-f", script.path().to_str().unwrap()],
-    );
+        &[
+            "-c",
+            "10",
+            "-j",
+            "2",
+            "-n",
+            "-t",
+            &per_client,
+            "-M",
+            "prepared",
+            "-f",
+            script.path().to_str().unwrap(),
+        ],
+    ));
     let duplicates: i64 = db
         .query_one(
             "SELECT count(*) FROM (SELECT job_id FROM bench_processing GROUP BY job_id HAVING count(*) > 1) d",
