@@ -161,6 +161,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 let mut why_unknown = None;
                 let no_server = (kind.restarts() && space.restartable.is_empty())
                     || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                    || (*kind == FaultKind::Clock && space.jumping.is_empty())
                     || !space.kinds.contains(kind);
                 let (result, replay) = if no_server {
                     ("-".to_string(), None)

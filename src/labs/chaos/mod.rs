@@ -8,6 +8,7 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
+mod clock;
 mod cluster;
 mod given;
 pub mod matrix;
@@ -267,13 +268,15 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
         FaultKind::LeaderKill => d.uses_etcd(),
         FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
+        FaultKind::Clock => d.uses_redis() || d.uses_masters(),
         _ => true,
     };
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
              own, leader-kill an etcd design, lost-reply and cut a lock server behind the \
-             proxy — Redlock's masters are not); choose another fault",
+             proxy — Redlock's masters are not —, clock a lock whose keys expire on Redis); \
+             choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
             d.name()
         );
