@@ -177,10 +177,11 @@ impl Jump {
 }
 
 impl Nemesis {
-    /// SIMULATES a Redis server's wall clock jumping `by_ms` forward (libfaketime crashes
-    /// redis-server): reads `keys`' PTTL, records the fault with `words(jump)` (say
-    /// "simulated" in them), then cuts each key's TTL by `by_ms` on `server` — or, when
-    /// no key has a TTL there, records and does nothing: the jump had nothing to expire.
+    /// SIMULATES a Redis server's wall clock jumping `by_ms` forward (redis-server does not
+    /// run under libfaketime): reads `keys`' PTTL, records the fault with `note(jump)` (say
+    /// "simulated" in its words), then cuts each key's TTL by `by_ms` on `server` — or,
+    /// when no key has a TTL there, records nothing and cuts nothing: the jump had nothing
+    /// to expire (the caller says why it did not play).
     pub fn jump_server_clock(
         &mut self,
         history: &mut impl Record,

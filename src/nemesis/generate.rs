@@ -38,7 +38,7 @@ pub enum FaultKind {
     LeaderKill,
     // chaos clock (issue 25)
     /// The lock server's clock jumps a lease ahead just after a client took its lock
-    /// (SIMULATED: the lock keys' TTL cut): Redis, or one to three of Redlock's masters
+    /// (SIMULATED: the held key's TTL cut): Redis, or one to three of Redlock's masters
     Clock,
 }
 

@@ -205,8 +205,8 @@ impl Design {
     ///   does not: their renewal stays on a path that works); Redlock's masters are not
     ///   behind the proxy (`-`).
     /// - **clock** (the lock server's clock jumps a lease ahead just after a client took its
-    ///   lock — SIMULATED by cutting the lock keys' TTL, as redis-server crashes under
-    ///   libfaketime; for Redlock on one to three of its five masters): the key expires
+    ///   lock — SIMULATED by cutting the held key's TTL, as redis-server does not run
+    ///   under libfaketime; for Redlock on one to three of its five masters): the key expires
     ///   under its holder, who works on — a pause past the TTL with no pause. It breaks what
     ///   trusts the Redis lock or fences only its write (`redis-lock`; `redis-renewed`, whose
     ///   heartbeat finds the key gone; `fenced-write-only`), and `redlock` once enough of
