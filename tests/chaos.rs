@@ -178,8 +178,8 @@ fn ctrl_c_mid_run_leaves_no_client_server_or_row_behind() {
     assert_eq!(rows_of("%advisory_xact"), 0, "no row of the run is left");
 }
 
-/// A schedule chaos could not play (a pause with no end, or one of years; a clock fault; a
-/// step after the run; a delay with no length, a lost reply on a path the design lacks)
+/// A schedule chaos could not play (a pause with no end, or one of years; a client's clock
+/// stepped, or a server's jumping at no grant; a step after the run; a delay with no length, a lost reply on a path the design lacks)
 /// would pass for a replay of it: each is refused as a usage error,
 /// before any server starts.
 #[test]
@@ -197,9 +197,19 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":99999999,"fault":"kill","target":"A"}]"#,
             "never be played",
         ),
+        // A client's wall clock (its leases run on the monotonic clock), a clock rate, a
+        // server jump aimed at no grant.
         (
             r#"[{"at_ms":100,"fault":"clock_step","target":"A"}]"#,
-            "not clock_step",
+            "monotonic clock",
+        ),
+        (
+            r#"[{"at_ms":100,"fault":"clock_rate","target":"A"}]"#,
+            "no clock rate",
+        ),
+        (
+            r#"[{"at_ms":100,"fault":"clock_step","target":"redis"}]"#,
+            r#""event": "acquired""#,
         ),
         ("{}", "neither a JSON array"),
         // A network step: a delay with no length, a lost reply on a path the design lacks.
@@ -795,6 +805,9 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         ("redlock", "lost-reply"),
         ("redlock", "cut"),
         ("redlock-fenced", "lost-reply,cut"),
+        // No lock of theirs expires on a server's wall clock.
+        ("etcd-lease", "clock"),
+        ("advisory-session", "clock"),
     ] {
         let output = lockslab(&["chaos", "--design", design, "--faults", faults])
             .output()
@@ -902,4 +915,105 @@ fn a_schedule_file_may_spell_the_lost_reply_lost_reply() {
     assert_eq!(code, Some(0), "{verdict}");
     assert_eq!(schedules[0]["schedule"][0]["fault"], "drop_reply");
     assert_eq!(schedules[0]["unplayed"], 0, "the lost reply played");
+}
+
+// chaos clock (issue 25)
+
+/// `server`'s clock jumps a lease ahead just after each client's first grant (simulated:
+/// the lock keys' TTL cut there).
+fn jumps_after_first_grants(servers: &[&str]) -> String {
+    let steps: Vec<String> = ["A", "B", "C"]
+        .iter()
+        .flat_map(|client| {
+            servers.iter().map(move |server| {
+                format!(
+                    r#"{{"at_ms":0,"after":{{"worker":"{client}","event":"acquired","nth":1}},"fault":"clock_step","target":"{server}"}}"#
+                )
+            })
+        })
+        .collect();
+    format!("[{}]", steps.join(","))
+}
+
+/// Redis's clock jumps past the TTL under each first holder: the key expires, another
+/// client takes the lock while the first still works — two holders, or a stale write, for
+/// the unfenced lock; the fenced twin's claim refuses the older holder. The history says
+/// the jump was simulated.
+#[test]
+fn a_clock_jump_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let schedule = jumps_after_first_grants(&["redis"]);
+    let (code, _, verdict, html) = replay("redis-lock", &schedule, "2");
+    assert_eq!(code, Some(1), "{verdict}");
+    let kinds = violation_kinds(&verdict);
+    assert!(
+        kinds.contains("two-holders") || kinds.contains("stale-write"),
+        "{verdict}"
+    );
+    assert!(
+        html.replace("&#39;", "'")
+            .contains("simulated: the key's TTL cut, as if the server's clock jumped"),
+        "the history says the jump was simulated"
+    );
+    let (code, schedules, verdict, _) = replay("redis-fenced", &schedule, "3");
+    never_broken(code, &schedules, &verdict);
+}
+
+/// No play of a given schedule broke the design, and at least one played every step and
+/// was safe. A jump aimed at a grant finds the lock gone when the machine delays it past
+/// the job (tens of milliseconds on a busy machine): that play is unknown, never safe.
+fn never_broken(code: Option<i32>, schedules: &[Value], verdict: &Value) {
+    assert!(matches!(code, Some(0 | 3)), "{verdict}");
+    assert!(
+        schedules.iter().all(|s| s["result"] != "unsafe"),
+        "{schedules:?}"
+    );
+    assert!(
+        (schedules.iter()).any(|s| s["result"] == "safe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// Redlock with the clocks of three of its five masters (a bare majority) jumping under
+/// each first holder: another client wins those three while the holder still works, as in
+/// lab 6's clock jump — unfenced, it breaks (in one of three plays, at least: a history in
+/// which no other client wanted that record meanwhile shows nothing); the fenced twin's
+/// token refuses the older holder. No client or master of the run is left running.
+#[test]
+fn a_clock_jump_on_a_bare_majority_of_masters_breaks_redlock_and_not_redlock_fenced() {
+    let schedule = jumps_after_first_grants(&["m1", "m2", "m3"]);
+    let play = |design: &str| {
+        let tag = fresh_tag();
+        let mut command = lockslab(&[
+            "chaos",
+            "--design",
+            design,
+            "--schedule",
+            &schedule,
+            "--schedules",
+            "3",
+            "--parallel",
+            "1",
+            "--no-shrink",
+            "--json",
+        ]);
+        command
+            .env_remove("LOCKSLAB_REDIS_URL")
+            .env("LOCKSLAB_TEST_TAG", &tag);
+        let output = command.output().unwrap();
+        let left = processes_tagged(&tag);
+        assert!(left.is_empty(), "left behind: {left:?}");
+        let lines = json_lines(&output.stdout);
+        (output.status.code(), lines)
+    };
+    let (code, lines) = play("redlock");
+    let verdict = lines.last().unwrap();
+    assert_eq!(code, Some(1), "{verdict}");
+    let kinds = violation_kinds(verdict);
+    assert!(
+        kinds.contains("two-holders") || kinds.contains("stale-write"),
+        "{verdict}"
+    );
+    let (code, mut lines) = play("redlock-fenced");
+    let verdict = lines.pop().unwrap();
+    never_broken(code, &lines, &verdict);
 }

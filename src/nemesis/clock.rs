@@ -9,7 +9,9 @@
 //!
 //! Servers keep their true clocks: libfaketime hangs `redis-server` at start (recursive `clock_gettime()` calls; the port never opens), so a lab
 //! that needs a server's clock to jump simulates it (lab 6 shortens the key's PTTL) and
-//! says so.
+//! says so. [`Nemesis::jump_server_clock`] is that simulation for any lab: Redis stores a
+//! key's expiry as an absolute time on its own wall clock, so a jump of `J` ms forward
+//! leaves each key `J` ms less to live — which is what cutting every key's TTL by `J` does.
 
 use std::path::{Path, PathBuf};
 
@@ -145,6 +147,73 @@ impl Nemesis {
         note.facts.clock_rate_percent = Some(percent);
         let rate = format!("+0 x{}.{:02}\n", percent / 100, percent % 100);
         set_clock(history, victim, clock, Fault::ClockRate, note, &rate)
+    }
+}
+
+/// Cuts each key's TTL by `ARGV[1]` ms, as a forward jump of the server's clock would: a key
+/// with less left than that expires (is deleted) at once; one without a TTL is left alone.
+/// In one script, so that no client's command lands between two keys' cuts.
+const JUMP: &str = r"
+for _, key in ipairs(KEYS) do
+  local left = redis.call('PTTL', key)
+  if left >= 0 then
+    left = left - tonumber(ARGV[1])
+    if left > 0 then redis.call('PEXPIRE', key, left) else redis.call('DEL', key) end
+  end
+end
+return 1";
+
+/// What a simulated jump found: each key's PTTL just before it (ms; -2 none, -1 no TTL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Jump {
+    pub pttl_before_ms: Vec<i64>,
+}
+
+impl Jump {
+    /// Did the jump find any key with a TTL to cut?
+    pub fn cut_any(&self) -> bool {
+        self.pttl_before_ms.iter().any(|ms| *ms >= 0)
+    }
+}
+
+impl Nemesis {
+    /// SIMULATES a Redis server's wall clock jumping `by_ms` forward (redis-server does not
+    /// run under libfaketime): reads `keys`' PTTL, records the fault with `note(jump)` (say
+    /// "simulated" in its words), then cuts each key's TTL by `by_ms` on `server` — or,
+    /// when no key has a TTL there, records nothing and cuts nothing: the jump had nothing
+    /// to expire (the caller says why it did not play).
+    pub fn jump_server_clock(
+        &mut self,
+        history: &mut impl Record,
+        server: &mut redis::Connection,
+        target: &str,
+        keys: &[String],
+        by_ms: u64,
+        note: impl FnOnce(&Jump) -> Note,
+    ) -> Result<Jump> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("PTTL").arg(key);
+        }
+        let pttl_before_ms: Vec<i64> = pipe.query(server).context("reading the keys' PTTL")?;
+        let jump = Jump { pttl_before_ms };
+        if !jump.cut_any() {
+            return Ok(jump);
+        }
+        let mut note = note(&jump);
+        note.facts.clock_step_ms = Some(by_ms as i64);
+        let mut event = fault_event(Fault::ClockStep, target, 0, note);
+        if let Some(facts) = event.fault_mut() {
+            // A server's process is not what the jump touches (and may be another's).
+            facts.pid = None;
+        }
+        history.record(event);
+        redis::Script::new(JUMP)
+            .key(keys)
+            .arg(by_ms)
+            .invoke::<i64>(server)
+            .context("cutting the keys' TTL")?;
+        Ok(jump)
     }
 }
 

@@ -36,6 +36,10 @@ pub enum FaultKind {
     /// The etcd cluster's leader killed (SIGKILL); once the other two members have elected
     /// a new one, it is started again and rejoins as a follower
     LeaderKill,
+    // chaos clock (issue 25)
+    /// The lock server's clock jumps a lease ahead just after a client took its lock
+    /// (SIMULATED: the held key's TTL cut): Redis, or one to three of Redlock's masters
+    Clock,
 }
 
 /// The target of a leader kill: whichever member leads the etcd cluster when it lands.
@@ -46,7 +50,7 @@ pub const ETCD_LEADER: &str = "etcd-leader";
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
@@ -55,6 +59,7 @@ impl FaultKind {
         FaultKind::LostReply,
         FaultKind::Cut,
         FaultKind::LeaderKill,
+        FaultKind::Clock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +72,7 @@ impl FaultKind {
             FaultKind::LostReply => "lost-reply",
             FaultKind::Cut => "cut",
             FaultKind::LeaderKill => "leader-kill",
+            FaultKind::Clock => "clock",
         }
     }
 
@@ -100,6 +106,7 @@ impl FaultKind {
             Fault::Delay => Some(FaultKind::Delay),
             Fault::DropReply => Some(FaultKind::LostReply),
             Fault::Cut => Some(FaultKind::Cut),
+            Fault::ClockStep => Some(FaultKind::Clock),
             _ => None,
         }
     }
@@ -132,6 +139,9 @@ pub struct Space {
     /// `working`, …): a fault is aimed only at one of them. A design with no lock never
     /// says `acquired`, and a fault aimed there would never land.
     pub moments: Vec<Kind>,
+    /// The servers whose clock a `clock` fault jumps: where the design's lock keys expire
+    /// (`redis`, or Redlock's `m1`…`m5`); none (etcd, Postgres): no clock fault is drawn.
+    pub jumping: Vec<String>,
 }
 
 /// The name of a client's path to a server through the fault proxy (`A→store`).
@@ -193,6 +203,9 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     if !space.etcd_cluster {
         kinds.retain(|kind| *kind != FaultKind::LeaderKill);
     }
+    if space.jumping.is_empty() {
+        kinds.retain(|kind| *kind != FaultKind::Clock);
+    }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
     }
@@ -240,6 +253,13 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 }
                 let client = free.remove(rng.next_u64() as usize % free.len());
                 steps.push(network_step(&mut rng, kind, &client, space));
+            }
+            FaultKind::Clock => {
+                if free.is_empty() {
+                    continue;
+                }
+                let client = free.remove(rng.next_u64() as usize % free.len());
+                steps.extend(clock_steps(&mut rng, &client, space));
             }
             FaultKind::Pause | FaultKind::Kill => {
                 if free.is_empty() {
@@ -334,6 +354,34 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
     }
 }
 
+/// A jump of the lock server's clock, a few milliseconds after `client` took its lock (its
+/// first, second or third): on the design's Redis, or on one to three of Redlock's masters
+/// drawn from the five, each its own step, all at the same moment. With every master up, a
+/// holder has its key on all five: one or two clocks jumping leave it a majority, three
+/// take it away (a holder granted by a bare majority loses it to one, Kleppmann's case).
+fn clock_steps(rng: &mut Rng, client: &str, space: &Space) -> Vec<Step> {
+    let nth = rng.between(1, 3) as u32;
+    let at_ms = rng.between(0, 5);
+    let mut servers = space.jumping.clone();
+    let count = if servers.len() > 1 {
+        rng.between(1, 3) as usize
+    } else {
+        1
+    };
+    let mut steps = Vec::new();
+    while steps.len() < count && !servers.is_empty() {
+        let server = servers.remove(rng.next_u64() as usize % servers.len());
+        steps.push(Step {
+            at_ms,
+            after: Some(Anchor::on(client, Kind::Acquired, nth)),
+            fault: Fault::ClockStep,
+            target: server,
+            duration_ms: None,
+        });
+    }
+    steps
+}
+
 /// Where a client's fault lands: just after it took its lock, just after it read its
 /// record (before its write), inside its write's transaction, or at a time of the run.
 /// A moment the design does not have (no lock to take, no read before the write) turns
@@ -395,6 +443,7 @@ mod tests {
                 Kind::Wrote,
                 Kind::Released,
             ],
+            jumping: Vec::new(),
         }
     }
 
@@ -706,4 +755,81 @@ mod tests {
 
     const PINNED_LEADER_KILL_OF_SEED_5: &str =
         r#"[{"at_ms":388,"fault":"restart","target":"etcd-leader"}]"#;
+
+    // chaos clock (issue 25)
+
+    /// A clock jump is drawn on the server the design's lock keys expire on, aimed just
+    /// after a client's grant: one server for Redis, one to three distinct masters of
+    /// Redlock's five (all at the same moment); and where there is none to jump (etcd,
+    /// Postgres), none is drawn and every seed draws what it drew before `clock` existed.
+    #[test]
+    fn a_clock_jump_is_drawn_on_the_lock_servers_just_after_a_grant() {
+        let mut redis = space();
+        redis.kinds = vec![FaultKind::Clock];
+        redis.jumping = vec!["redis".into()];
+        let mut masters = redis.clone();
+        masters.jumping = (1..=5).map(|i| format!("m{i}")).collect();
+        let mut sizes = std::collections::BTreeSet::new();
+        for index in 0..200 {
+            let seed = nth_seed(19, index);
+            for space in [&redis, &masters] {
+                let schedule = draw(seed, space);
+                assert_eq!(schedule, draw(seed, space), "reproducible");
+                assert!(!schedule.is_empty());
+                let mut by_client: std::collections::HashMap<&str, Vec<&Step>> =
+                    std::collections::HashMap::new();
+                for step in schedule.steps() {
+                    assert_eq!(step.fault, Fault::ClockStep);
+                    assert_eq!(FaultKind::of(step), Some(FaultKind::Clock));
+                    assert!(space.jumping.contains(&step.target), "{step:?}");
+                    assert_eq!(step.duration_ms, None);
+                    assert!(step.at_ms <= 5);
+                    let anchor = step.after.as_ref().expect("aimed at a grant");
+                    assert_eq!(anchor.event, Kinds::One(Kind::Acquired));
+                    by_client
+                        .entry(anchor.worker.as_str())
+                        .or_default()
+                        .push(step);
+                }
+                for jumps in by_client.values() {
+                    let mut targets: Vec<&str> = jumps.iter().map(|s| s.target.as_str()).collect();
+                    targets.sort();
+                    targets.dedup();
+                    assert_eq!(targets.len(), jumps.len(), "each server once: {jumps:?}");
+                    assert!(jumps.iter().all(|s| s.after == jumps[0].after));
+                    if space.jumping.len() == 1 {
+                        assert_eq!(jumps.len(), 1);
+                    } else {
+                        sizes.insert(jumps.len());
+                    }
+                }
+            }
+        }
+        assert_eq!(sizes, [1, 2, 3].into(), "one to three masters");
+        // No server to jump: the kind is left out, and every seed draws what it drew.
+        let mut without = space();
+        without.kinds.retain(|kind| *kind != FaultKind::Clock);
+        let with = space();
+        assert!(with.kinds.contains(&FaultKind::Clock) && with.jumping.is_empty());
+        for index in 0..100 {
+            let seed = nth_seed(23, index);
+            assert_eq!(draw(seed, &with), draw(seed, &without));
+        }
+        // Pinned: a printed seed replays the same jumps forever.
+        assert_eq!(
+            serde_json::to_string(&draw(5, &masters)).unwrap(),
+            PINNED_CLOCK_OF_SEED_5
+        );
+    }
+
+    const PINNED_CLOCK_OF_SEED_5: &str = concat!(
+        r#"[{"at_ms":1,"after":{"worker":"C","event":"acquired","nth":3},"fault":"clock_step","#,
+        r#""target":"m5"},"#,
+        r#"{"at_ms":1,"after":{"worker":"C","event":"acquired","nth":3},"fault":"clock_step","#,
+        r#""target":"m4"},"#,
+        r#"{"at_ms":3,"after":{"worker":"A","event":"acquired","nth":3},"fault":"clock_step","#,
+        r#""target":"m2"},"#,
+        r#"{"at_ms":4,"after":{"worker":"B","event":"acquired","nth":1},"fault":"clock_step","#,
+        r#""target":"m3"}]"#
+    );
 }

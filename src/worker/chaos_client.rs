@@ -204,6 +204,16 @@ impl Design {
     ///   breaks what a pause breaks, `redis-renewed` and `etcd-lease` included (a delay
     ///   does not: their renewal stays on a path that works); Redlock's masters are not
     ///   behind the proxy (`-`).
+    /// - **clock** (the lock server's clock jumps a lease ahead just after a client took its
+    ///   lock — SIMULATED by cutting the held key's TTL, as redis-server does not run
+    ///   under libfaketime; for Redlock on one to three of its five masters): the key expires
+    ///   under its holder, who works on — a pause past the TTL with no pause. It breaks what
+    ///   trusts the Redis lock or fences only its write (`redis-lock`; `redis-renewed`, whose
+    ///   heartbeat finds the key gone; `fenced-write-only`), and `redlock` once enough of
+    ///   the masters that granted it forget the key for another client to win a majority
+    ///   (lab 6's clock jump); the fenced twins refuse the stale holder's write. etcd's
+    ///   leases run on its leader's monotonic clock, and the Postgres designs have no TTL:
+    ///   no clock of theirs to jump (`-`).
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),
@@ -228,6 +238,10 @@ impl Design {
             // when a new leader takes over, so no lease runs out for the kill; the designs
             // without etcd do not meet it.
             FaultKind::LeaderKill => true,
+            // chaos clock (issue 25): as under a pause, where a server's clock times the lock.
+            FaultKind::Clock => {
+                self.labs_call_it_safe() || !(self.uses_redis() || self.uses_masters())
+            }
         }
     }
 

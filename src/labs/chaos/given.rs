@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use super::{net, play, redlock_lane, run_ms_of};
+use super::{clock, net, play, redlock_lane, run_ms_of};
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
 use crate::worker::chaos_client::Design;
@@ -51,7 +51,9 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         );
     }
     let names = play::client_names(clients);
-    let on_processes = match net::validate(&schedule, &names, design) {
+    let checked = net::validate(&schedule, &names, design)
+        .and_then(|rest| clock::validate(&rest, &names, design));
+    let on_processes = match checked {
         Ok(rest) => rest,
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
@@ -92,10 +94,12 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
                 | Fault::Delay
                 | Fault::DropReply
                 | Fault::Cut
+                | Fault::ClockStep
         ) {
             crate::bail_usage!(
                 "--schedule: chaos plays pause, resume, kill, restart, delay, drop_reply \
-                 (also read as lost-reply) and cut; not {}",
+                 (also read as lost-reply), cut and clock_step (a lock server's clock jump, \
+                 simulated); not {}",
                 step.fault.as_str()
             );
         }

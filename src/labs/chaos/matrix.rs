@@ -20,7 +20,7 @@ use crate::worker::chaos_client::Design;
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
                                            restart-aof, delay, lost-reply,
-                                           cut, leader-kill
+                                           cut, leader-kill, clock
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -31,7 +31,7 @@ kind and replay command below the table, note k) or UNKNOWN n/K (inconclusive:
 n histories could not be decided, or none of their faults played; never a
 pass). A cell stops at its first violation. With six columns they read SAFE n,
 UNSAFE#k, UNK n; with seven, UNS#k; with eight, SAFE (the headings restrt,
-lost-r).
+lost-r); with nine, UNK (restr, lost, leadr).
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
@@ -48,6 +48,13 @@ behind the proxy.
 `leader-kill` (leader) runs the etcd designs against a cluster of three
 members and kills its leader; once the other two have elected a new one, it
 starts again as a follower (lab 5). Designs without etcd show `-` there.
+`clock` jumps the clock of the server a lock expires on a lease ahead, just
+after a client took it: SIMULATED, the held key's TTL cut (redis-server does
+not run under libfaketime), on Redis or on one to three of Redlock's masters.
+etcd (leases on its leader's monotonic clock) and Postgres (no TTL) show
+`-`; a client's wall clock is not stepped: chaos's clients time their leases
+on the monotonic clock, which a step does not move (lab 9 shows what it
+breaks in a client that reads the wall clock).
 
 Walkthrough: labs/12-chaos.md.
 
@@ -161,6 +168,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 let mut why_unknown = None;
                 let no_server = (kind.restarts() && space.restartable.is_empty())
                     || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                    || (*kind == FaultKind::Clock && space.jumping.is_empty())
                     || !space.kinds.contains(kind);
                 let (result, replay) = if no_server {
                     ("-".to_string(), None)

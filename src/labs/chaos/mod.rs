@@ -8,6 +8,7 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
+mod clock;
 mod cluster;
 mod given;
 pub mod matrix;
@@ -68,6 +69,7 @@ Examples:
   lockslab chaos --design etcd-lease --faults pause --time 2m
   lockslab chaos --design redis-lock --faults delay,lost-reply
   lockslab chaos --design etcd-lease --faults cut
+  lockslab chaos --design redlock --faults clock
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -92,7 +94,16 @@ store for Postgres designs; none for Redlock) lost once applied (lab 8);
 sends gets through, and what it sent goes out, late, when the cut heals;
 `leader-kill`, for the etcd designs: a cluster of three members (lab 5)
 whose leader is killed, then started again once the other two have elected
-a new one (schedules with one play one at a time).
+a new one (schedules with one play one at a time); `clock`, for the designs
+whose lock expires on a Redis server's clock: that clock jumps a lease ahead
+a few ms after a client took its lock — SIMULATED, as in lab 6 (redis-server
+does not run under libfaketime): the held key's TTL is cut by the jump, and
+the history says so; for Redlock, one to three of its five masters' clocks jump
+at once. A client's wall clock is not stepped: chaos's clients time their
+leases on the monotonic clock, which a step does not move (lab 9 steps one
+under a client that reads the wall clock); etcd expires a lease on its
+leader's monotonic clock, and Postgres's locks have no TTL: those designs do
+not meet it.
 Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
@@ -267,13 +278,15 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
         FaultKind::LeaderKill => d.uses_etcd(),
         FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
+        FaultKind::Clock => d.uses_redis() || d.uses_masters(),
         _ => true,
     };
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
              own, leader-kill an etcd design, lost-reply and cut a lock server behind the \
-             proxy — Redlock's masters are not); choose another fault",
+             proxy — Redlock's masters are not —, clock a lock whose keys expire on Redis); \
+             choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
             d.name()
         );

@@ -291,6 +291,7 @@ impl Setup {
             .persist(lane, restart.map(|s| s.target.as_str()))?;
         // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
         let (rest, net) = super::net::split(schedule);
+        let (rest, clock) = super::clock::split(&rest);
         let paths = super::net::Paths::start(
             &net,
             &[
@@ -329,6 +330,7 @@ impl Setup {
         // Declared after the workers: dropped first, so a failed run resumes them first.
         let mut nemesis = Nemesis::new();
         let mut net_play = super::net::NetPlay::new(&net, &paths, &stage);
+        let mut clock_play = super::clock::ClockPlay::new(&clock, lane, self.lease_ms, &stage)?;
         let mut faults = Faults::new(&rest, &stage).saying(|cue| {
             let name = &cue.action.target;
             Note::from(match (cue.action.fault, cue.back_after) {
@@ -393,13 +395,15 @@ impl Setup {
                 cast.push(leader);
             }
             stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
-                net_play.tick(stage)
+                net_play.tick(stage)?;
+                clock_play.tick(stage)
             })?;
         }
         let mut left: Vec<(Step, String)> = (faults.unplayed().into_iter())
             .map(|(step, why)| (step.clone(), why))
             .collect();
         left.extend(net_play.finish(&mut stage));
+        left.extend(clock_play.finish());
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }
@@ -494,5 +498,6 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         lock_server: super::net::lock_server(setup.design).into(),
         etcd_cluster: setup.etcd_ring.is_some(),
         moments: setup.design.moments(),
+        jumping: super::clock::servers(setup.design),
     }
 }

@@ -101,6 +101,7 @@ pub fn step_words(step: &Step) -> String {
     let fault = match step.fault {
         Fault::Restart => "restart",
         Fault::DropReply => "lost-reply",
+        Fault::ClockStep => "clock-jump",
         other => other.as_str(),
     };
     format!("{fault} {} {when}{lasting}", step.target)

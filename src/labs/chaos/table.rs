@@ -67,22 +67,26 @@ fn head_name(kind: FaultKind, width: usize) -> String {
     if name.len() < width {
         return name.to_string();
     }
-    match kind {
-        FaultKind::RestartAof if width > 8 => "rest-aof".into(),
-        FaultKind::LostReply if width > 8 => "lost-rep".into(),
-        FaultKind::RestartAof => "r-aof".into(),
-        FaultKind::LostReply if width > 7 => "lost-rp".into(),
-        FaultKind::LostReply => "lost-r".into(),
-        FaultKind::Restart => "restrt".into(),
-        FaultKind::LeaderKill => "leader".into(),
-        _ => name.chars().take(width - 1).collect(),
-    }
+    let short = match kind {
+        FaultKind::RestartAof if width > 8 => "rest-aof",
+        FaultKind::LostReply if width > 8 => "lost-rep",
+        FaultKind::RestartAof => "r-aof",
+        FaultKind::LostReply if width > 7 => "lost-rp",
+        FaultKind::LostReply if width > 6 => "lost-r",
+        FaultKind::LostReply => "lost",
+        FaultKind::Restart if width > 6 => "restrt",
+        FaultKind::Restart => "restr",
+        FaultKind::LeaderKill if width > 6 => "leader",
+        FaultKind::LeaderKill => "leadr",
+        _ => name,
+    };
+    short.chars().take(width.saturating_sub(1).max(1)).collect()
 }
 
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
 /// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
 /// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`,
-/// and `SAFE` without its count where `SAFE 12` would touch the next column.
+/// and `SAFE` and `UNK` without their count where it would touch the next column.
 fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
     let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
@@ -99,7 +103,12 @@ fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
         }
     } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
         if narrow {
-            format!("UNK {}", count.split('/').next().unwrap_or(count))
+            let word = format!("UNK {}", count.split('/').next().unwrap_or(count));
+            if word.len() < width {
+                word
+            } else {
+                "UNK".into()
+            }
         } else {
             format!("UNKNOWN {count}")
         }
@@ -281,13 +290,13 @@ mod tests {
             line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
-        // Eight (every kind, leader-kill last): shorter still, the heading too.
+        // Eight (leader-kill last): shorter still, the heading too.
         let mut eight = six.clone();
         eight.push(cell(Design::RedisDurableToken, FaultKind::Cut, "SAFE (12)"));
         eight.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
         let line = row_line(
             Design::RedisDurableToken,
-            &FaultKind::ALL,
+            &FaultKind::ALL[..8],
             &eight,
             &notes(&eight),
         );
@@ -296,6 +305,26 @@ mod tests {
             line.contains("UNS#1 ") && line.contains("SAFE   ") && line.ends_with(" -"),
             "{line}"
         );
+        assert!(line.contains("UNK 12 "), "{line}");
+        // Nine (every kind, clock last): an undecided count no longer fits either.
+        let mut nine = eight.clone();
+        nine.push(cell(
+            Design::RedisDurableToken,
+            FaultKind::Clock,
+            "SAFE (12)",
+        ));
+        let line = row_line(
+            Design::RedisDurableToken,
+            &FaultKind::ALL,
+            &nine,
+            &notes(&nine),
+        );
+        assert!(line.chars().count() < 80, "{line}");
+        assert!(
+            line.contains("UNS#1 ") && line.contains("UNK   ") && line.ends_with("SAFE"),
+            "{line}"
+        );
+        assert!(!line.contains("UNK 12"), "no word touches the next: {line}");
         assert!(
             !line.contains("SAFE 12"),
             "no word touches the next: {line}"

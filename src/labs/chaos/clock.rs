@@ -1,0 +1,383 @@
+//! Chaos's clock faults: the lock server's clock jumping forward a lease, a few milliseconds
+//! after a client took its lock — SIMULATED, as lab 6 does it: redis-server crashes under
+//! libfaketime, and Redis keeps each key's expiry as a time on its own wall clock, so a
+//! jump of `J` ms is each key's TTL cut by `J` ([`crate::nemesis::clock`]).
+//!
+//! ```text
+//!  A: acquired r1 ──3ms──▶ nemesis: PTTL of A's key on m3: 795ms; records "m3's clock
+//!                          jumps 800ms ahead under A's lock of r1 — simulated: the key's
+//!                          TTL cut, as if the server's clock jumped"; the key expires
+//! ```
+//!
+//! The jump is aimed: it cuts the TTL of the lock its client holds, not of every key on the
+//! server as a real jump would. Each step of a schedule then has its own effect (two jumps
+//! in one moment would otherwise leave the second nothing to expire), and a shrunk schedule
+//! names the grant that broke.
+//!
+//! Only a lock server's clock. A client's wall clock is not chaos's to step: its clients
+//! time their leases, waits and Redlock's validity on the monotonic clock (`Instant`),
+//! which a step of the wall clock does not move — lab 9 steps one under a client that
+//! reads the wall clock, and shows what that breaks. Only where a lock expires on a
+//! server's wall clock: Redis's keys (the Redis designs, Redlock's masters). etcd expires
+//! a lease on its leader's monotonic clock (`time.Until` of a `time.Now()`-based expiry,
+//! server/lease/lease.go), and Postgres's locks have no TTL: nothing to jump (`-`).
+
+use std::collections::HashMap;
+
+use anyhow::{Result, bail};
+
+use super::play::Lane;
+use super::redlock_lane;
+use crate::connect::RedisConn;
+use crate::events::Kind;
+use crate::events::What;
+use crate::events::facts::FaultFacts;
+use crate::labs::Stage;
+use crate::nemesis::clock::Jump;
+use crate::nemesis::schedule::{Kinds, Player, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note};
+use crate::worker::chaos_client::Design;
+
+/// The servers whose clock a clock fault may jump for `design`: the ones its lock keys
+/// expire on (none: the design meets no clock fault).
+pub fn servers(design: Design) -> Vec<String> {
+    if design.uses_redis() {
+        vec!["redis".into()]
+    } else if design.uses_masters() {
+        (0..redlock_lane::MASTERS).map(redlock_lane::name).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+fn is_clock(step: &Step) -> bool {
+    matches!(step.fault, Fault::ClockStep | Fault::ClockRate)
+}
+
+/// The schedule's other steps, and its clock steps.
+pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
+    let (clock, rest): (Vec<Step>, Vec<Step>) =
+        schedule.steps().iter().cloned().partition(is_clock);
+    (Schedule::new(rest), Schedule::new(clock))
+}
+
+/// The schedule without each jump of several masters' clocks (the steps aimed at one
+/// grant), one jump at a time, while another fault stays: shrinking drops a jump that did
+/// not matter in one try rather than master by master.
+pub fn without_each_jump(schedule: &Schedule) -> impl Iterator<Item = Schedule> + '_ {
+    let steps = schedule.steps();
+    let mut grants: Vec<&Step> = Vec::new();
+    for step in steps.iter().filter(|s| s.fault == Fault::ClockStep) {
+        let shared = steps
+            .iter()
+            .filter(|s| s.fault == step.fault && s.after == step.after);
+        if shared.count() > 1 && !grants.iter().any(|g| g.after == step.after) {
+            grants.push(step);
+        }
+    }
+    grants.into_iter().filter_map(move |grant| {
+        let rest: Vec<Step> = (steps.iter())
+            .filter(|s| !(s.fault == Fault::ClockStep && s.after == grant.after))
+            .cloned()
+            .collect();
+        (!rest.is_empty()).then(|| Schedule::new(rest))
+    })
+}
+
+/// Checks a given schedule's clock steps (`--schedule`): a `clock_step` on a server the
+/// design's lock keys expire on, timed from a client's `acquired`, no duration, each
+/// server once per grant. Returns the other steps, for the usual checks.
+pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Result<Schedule> {
+    let (rest, clock) = split(schedule);
+    let servers = servers(design);
+    let mut seen = Vec::new();
+    for step in clock.steps() {
+        let target = step.target.as_str();
+        if step.fault == Fault::ClockRate {
+            bail!("chaos plays no clock rate (lab 9 does: lockslab lease-guard)");
+        }
+        if clients.iter().any(|c| c == target) {
+            bail!(
+                "clock_step aims at client {target}: chaos does not step a client's wall clock \
+                 — its clients time their leases on the monotonic clock, which a wall-clock \
+                 step does not move (lab 9, lockslab lease-guard, steps one under a client \
+                 that reads the wall clock); a clock_step jumps the lock server's clock"
+            );
+        }
+        if servers.is_empty() {
+            bail!(
+                "clock_step: {} has no lock that expires on a server's clock (etcd expires \
+                 a lease on its leader's monotonic clock; Postgres's locks have no TTL)",
+                design.name()
+            );
+        }
+        if !servers.iter().any(|s| s == target) {
+            bail!(
+                "clock_step aims at '{target}': a clock jump aims at a server {}'s lock keys \
+                 expire on ({})",
+                design.name(),
+                servers.join(", ")
+            );
+        }
+        let anchor = step
+            .after
+            .as_ref()
+            .filter(|a| a.event == Kinds::One(Kind::Acquired) && clients.contains(&a.worker));
+        let Some(anchor) = anchor else {
+            bail!(
+                "the clock_step on {target} is aimed at a client's held lock: give it \
+                 \"after\": {{\"worker\": \"A\", \"event\": \"acquired\", \"nth\": 1}}"
+            );
+        };
+        if step.duration_ms.is_some() {
+            bail!("a clock_step has no duration: the clock jumps a lease at once");
+        }
+        if seen.contains(&(target, anchor)) {
+            bail!("clock_step aims at {target} twice after the same grant");
+        }
+        seen.push((target, anchor));
+    }
+    Ok(rest)
+}
+
+/// The clock steps of one history, played from the stage's events (a `tick` of
+/// [`Stage::play_ticking`]): at each, the server's clock jumps under a client's lock.
+pub struct ClockPlay {
+    steps: Vec<Step>,
+    player: Player,
+    /// Each server a step aims at, by name (`redis`, `m3`): its URL, and a connection made
+    /// before the clients start (making one takes tens of milliseconds on a busy machine,
+    /// long enough for a client to let go of the lock the jump is aimed at).
+    servers: HashMap<String, (String, Option<RedisConn>)>,
+    /// Each client's lock, as its last `acquired` named it (and when, on the stage's
+    /// clock): what a jump aimed at it cuts.
+    held: HashMap<String, (String, u64)>,
+    /// How far a clock jumps: the lease, so that every key it finds expires.
+    by_ms: u64,
+    skipped: Vec<(usize, String)>,
+    origin_ms: u64,
+    seen: usize,
+    nemesis: Nemesis,
+}
+
+impl ClockPlay {
+    pub fn new(clock: &Schedule, lane: &Lane, by_ms: u64, stage: &Stage) -> Result<ClockPlay> {
+        let mut urls: HashMap<String, &String> = (lane.masters.urls.iter().enumerate())
+            .map(|(i, url)| (redlock_lane::name(i), url))
+            .collect();
+        if let Some(url) = &lane.redis_url {
+            urls.insert("redis".into(), url);
+        }
+        let mut servers = HashMap::new();
+        for step in clock.steps() {
+            let Some(url) = urls.get(&step.target) else {
+                bail!("{}: this run has no such server", step.target);
+            };
+            if !servers.contains_key(&step.target) {
+                let server = crate::connect::redis(url)?;
+                servers.insert(step.target.clone(), (url.to_string(), Some(server)));
+            }
+        }
+        Ok(ClockPlay {
+            steps: clock.steps().to_vec(),
+            player: Player::new(clock),
+            servers,
+            held: HashMap::new(),
+            by_ms,
+            skipped: Vec::new(),
+            origin_ms: stage.elapsed().as_millis() as u64,
+            seen: stage.log.len(),
+            nemesis: Nemesis::new(),
+        })
+    }
+
+    /// Shows the player what the stage logged, and jumps the clocks that fall due.
+    pub fn tick(&mut self, stage: &mut Stage) -> Result<()> {
+        if self.steps.is_empty() {
+            return Ok(());
+        }
+        for event in &stage.log[self.seen.min(stage.log.len())..] {
+            let at = event.t_ms.saturating_sub(self.origin_ms);
+            self.player.observe_at(event, at);
+            if let What::Acquired(acquired) = &event.what
+                && let Some(lock) = &acquired.lock
+            {
+                self.held
+                    .insert(event.worker.clone(), (lock.clone(), event.t_ms));
+            }
+        }
+        self.seen = stage.log.len();
+        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
+        for action in self.player.due(now) {
+            let Some(index) = action.step else { continue };
+            if let Err(why) = self.jump(stage, index) {
+                self.skipped.push((index, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// Jumps the clock of step `index`'s server; Err: why it did not play.
+    fn jump(&mut self, stage: &mut Stage, index: usize) -> Result<(), String> {
+        let step = &self.steps[index];
+        let target = step.target.as_str();
+        let holder = step.after.as_ref().map_or("", |a| a.worker.as_str());
+        let (key, since) =
+            (self.held.get(holder)).ok_or_else(|| format!("{holder} held no lock"))?;
+        let late = (stage.elapsed().as_millis() as u64).saturating_sub(*since);
+        let record = key.rsplit(':').next().unwrap_or(key);
+        let by_ms = self.by_ms;
+        let words = |jump: &Jump| {
+            let left = jump
+                .pttl_before_ms
+                .first()
+                .copied()
+                .unwrap_or_default()
+                .max(0) as u64;
+            let after = match left.checked_sub(by_ms) {
+                Some(ms) if ms > 0 => format!("{ms}ms"),
+                _ => "expired".into(),
+            };
+            Note::new(
+                format!(
+                    "{target}'s clock jumps {by_ms}ms ahead under {holder}'s lock of {record} \
+                     — simulated: the key's TTL cut, as if the server's clock jumped: \
+                     {left}ms left → {after}"
+                ),
+                FaultFacts {
+                    backend: Some("redis".into()),
+                    master: target.starts_with('m').then(|| target.to_string()),
+                    ..FaultFacts::default()
+                },
+            )
+        };
+        let (url, connected) =
+            (self.servers.get_mut(target)).ok_or_else(|| format!("this run has no {target}"))?;
+        // Taken: a connection that fails is made again for the next jump (a restart).
+        let mut server = match connected.take() {
+            Some(server) => server,
+            None => crate::connect::redis(url)
+                .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?,
+        };
+        let jump = (self.nemesis)
+            .jump_server_clock(
+                stage,
+                &mut server,
+                target,
+                std::slice::from_ref(key),
+                by_ms,
+                words,
+            )
+            .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?;
+        if let Some((_, connected)) = self.servers.get_mut(target) {
+            *connected = Some(server);
+        }
+        if !jump.cut_any() {
+            return Err(format!(
+                "{holder}'s lock of {record} was gone from {target} (let go, or expired) when \
+                 its clock was to jump, {late}ms after the grant: nothing to expire"
+            ));
+        }
+        Ok(())
+    }
+
+    /// After the clients are done: the steps that never played, and why.
+    pub fn finish(self) -> Vec<(Step, String)> {
+        let mut left = self.player.left();
+        left.extend(self.skipped);
+        left.sort_by_key(|(index, _)| *index);
+        (left.into_iter())
+            .map(|(index, why)| (self.steps[index].clone(), why))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nemesis::schedule::Anchor;
+
+    fn jump(target: &str, after: Option<Anchor>) -> Step {
+        Step {
+            at_ms: 2,
+            after,
+            fault: Fault::ClockStep,
+            target: target.into(),
+            duration_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_given_clock_jump_is_checked_against_the_design_and_its_clients() {
+        let clients: Vec<String> = vec!["A".into(), "B".into()];
+        let check = |steps: Vec<Step>, design| validate(&Schedule::new(steps), &clients, design);
+        let granted = || Some(Anchor::on("A", Kind::Acquired, 1));
+        let ok = check(vec![jump("redis", granted())], Design::RedisLock).unwrap();
+        assert!(ok.is_empty(), "the clock steps are split off");
+        let three: Vec<Step> = ["m1", "m2", "m3"].map(|m| jump(m, granted())).into();
+        assert!(check(three, Design::Redlock).is_ok());
+        for (bad, design, says) in [
+            (jump("A", granted()), Design::RedisLock, "monotonic clock"),
+            (
+                jump("redis", granted()),
+                Design::EtcdLease,
+                "leader's monotonic",
+            ),
+            (jump("redis", granted()), Design::Optimistic, "no TTL"),
+            (jump("m1", granted()), Design::RedisLock, "(redis)"),
+            (jump("redis", None), Design::RedisLock, "\"acquired\""),
+            (
+                jump("redis", Some(Anchor::on("A", Kind::ReadRecord, 1))),
+                Design::RedisLock,
+                "\"acquired\"",
+            ),
+            (
+                jump("redis", Some(Anchor::on("Z", Kind::Acquired, 1))),
+                Design::RedisLock,
+                "\"acquired\"",
+            ),
+            (
+                Step {
+                    duration_ms: Some(5),
+                    ..jump("redis", granted())
+                },
+                Design::RedisLock,
+                "no duration",
+            ),
+        ] {
+            let err = check(vec![bad.clone()], design).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+        let twice = vec![jump("redis", granted()), jump("redis", granted())];
+        assert!(check(twice, Design::RedisLock).is_err());
+    }
+
+    #[test]
+    fn shrinking_drops_a_jump_of_several_masters_at_once_never_the_last_fault() {
+        let on = |client: &str| Some(Anchor::on(client, Kind::Acquired, 1));
+        let mut steps: Vec<Step> = ["m1", "m2", "m3"].map(|m| jump(m, on("A"))).into();
+        steps.push(jump("m4", on("B")));
+        let schedule = Schedule::new(steps.clone());
+        let smaller: Vec<Schedule> = without_each_jump(&schedule).collect();
+        assert_eq!(smaller, [Schedule::new(vec![jump("m4", on("B"))])]);
+        let alone = Schedule::new(steps[..3].to_vec());
+        assert_eq!(
+            without_each_jump(&alone).count(),
+            0,
+            "never down to no fault"
+        );
+    }
+
+    #[test]
+    fn only_designs_whose_locks_expire_on_a_redis_clock_have_servers_to_jump() {
+        assert_eq!(servers(Design::RedisFenced), ["redis"]);
+        assert_eq!(servers(Design::RedlockFenced).len(), 5);
+        for design in [
+            Design::EtcdLease,
+            Design::AdvisorySession,
+            Design::Partitioned,
+        ] {
+            assert!(servers(design).is_empty(), "{design:?}");
+        }
+    }
+}
