@@ -22,10 +22,11 @@ export LOCKSLAB CLIENT
 for pair in "$@"; do
     challenge=${pair%%:*}; mode=${pair#*:}
     # One line per seed: "seed exit-status".
+    logs=$(mktemp -d)
     results=$(seq 1 "$N" | xargs -P "$JOBS" -I SEED sh -c '
         timeout -s INT 30 "$LOCKSLAB" challenge "$1" --seed SEED -- $CLIENT "$2" \
-            >/dev/null 2>&1
-        echo "SEED $?"' sh "$challenge" "$mode")
+            >"$3/SEED" 2>&1
+        echo "SEED $?"' sh "$challenge" "$mode" "$logs")
     count() { echo "$results" | awk -v want="$1" '$2 ~ want' | wc -l; }
     pass=$(count '^0$'); fail=$(count '^1$'); undecided=$(count '^3$')
     slow=$(count '^(124|130)$')
@@ -35,5 +36,12 @@ for pair in "$@"; do
     # The odd ones out, to replay: the seeds whose status is not the commonest.
     common=$(echo "$results" | awk '{print $2}' | sort | uniq -c | sort -rn | awk 'NR==1{print $2}')
     odd=$(echo "$results" | awk -v c="$common" '$2 != c {print $1 "→" $2}' | sort -n | tr '\n' ' ')
-    if [ -n "$odd" ]; then echo "  seeds (exit status) not $common: $odd"; fi
+    if [ -n "$odd" ]; then
+        echo "  seeds (exit status) not $common: $odd"
+        # What each odd run said last (an error of lockslab's own is exit status 4).
+        for seed in $(echo "$results" | awk -v c="$common" '$2 != c {print $1}' | sort -n); do
+            echo "    $seed: $(grep -v '^\s*$' "$logs/$seed" | tail -1 | cut -c1-100)"
+        done
+    fi
+    rm -rf "$logs"
 done
