@@ -36,17 +36,23 @@ pub enum FaultKind {
     /// The etcd cluster's leader killed (SIGKILL); once the other two members have elected
     /// a new one, it is started again and rejoins as a follower
     LeaderKill,
+    /// The Redis designs' primary killed (SIGKILL) under Sentinel: its replica promoted,
+    /// what replication had not carried over lost; clients ask Sentinel where to go
+    Failover,
 }
 
 /// The target of a leader kill: whichever member leads the etcd cluster when it lands.
 pub const ETCD_LEADER: &str = "etcd-leader";
+
+/// The target of a failover: whichever Redis node the Sentinels name primary when it lands.
+pub const REDIS_PRIMARY: &str = "redis-primary";
 
 /// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
 /// Redis, run with its append-only file on for that schedule).
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
@@ -55,6 +61,7 @@ impl FaultKind {
         FaultKind::LostReply,
         FaultKind::Cut,
         FaultKind::LeaderKill,
+        FaultKind::Failover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +74,7 @@ impl FaultKind {
             FaultKind::LostReply => "lost-reply",
             FaultKind::Cut => "cut",
             FaultKind::LeaderKill => "leader-kill",
+            FaultKind::Failover => "failover",
         }
     }
 
@@ -89,12 +97,19 @@ impl FaultKind {
         matches!(self, FaultKind::Restart | FaultKind::RestartAof)
     }
 
+    /// Does this kind kill a Redis server (a restart, or a failover's primary), which chaos
+    /// must have started itself — never a Redis it was given?
+    pub fn kills_redis(self) -> bool {
+        self.restarts() || self == FaultKind::Failover
+    }
+
     /// The kind of a step of a schedule (a restart's target says whether it keeps its data).
     pub fn of(step: &Step) -> Option<FaultKind> {
         match step.fault {
             Fault::Pause => Some(FaultKind::Pause),
             Fault::Kill => Some(FaultKind::Kill),
             Fault::Restart if step.target == ETCD_LEADER => Some(FaultKind::LeaderKill),
+            Fault::Restart if step.target == REDIS_PRIMARY => Some(FaultKind::Failover),
             Fault::Restart if step.target.ends_with(AOF_SUFFIX) => Some(FaultKind::RestartAof),
             Fault::Restart => Some(FaultKind::Restart),
             Fault::Delay => Some(FaultKind::Delay),
@@ -128,6 +143,9 @@ pub struct Space {
     pub lock_server: String,
     /// The lock's etcd is a cluster of three whose leader a schedule may kill.
     pub etcd_cluster: bool,
+    /// The lock's Redis is a primary and a replica under Sentinel, whose primary a
+    /// schedule may kill (a failover).
+    pub redis_failover: bool,
     /// The moments of its work a client of the design says (`acquired`, `read_record`,
     /// `working`, …): a fault is aimed only at one of them. A design with no lock never
     /// says `acquired`, and a fault aimed there would never land.
@@ -183,7 +201,8 @@ pub fn nth_seed(seed: u64, index: u64) -> u64 {
 
 /// Draws one schedule from `seed`. Each client takes at most one fault (a killed client
 /// takes no other; two pauses of one client could overlap); a server restarts at most once,
-/// with its data or without (its persistence is set for the whole schedule).
+/// with its data or without (its persistence is set for the whole schedule), or fails over
+/// once.
 pub fn draw(seed: u64, space: &Space) -> Schedule {
     let mut rng = Rng::new(seed);
     let mut kinds: Vec<FaultKind> = space.kinds.clone();
@@ -193,12 +212,16 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     if !space.etcd_cluster {
         kinds.retain(|kind| *kind != FaultKind::LeaderKill);
     }
+    if !space.redis_failover {
+        kinds.retain(|kind| *kind != FaultKind::Failover);
+    }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
     }
     let mut free: Vec<String> = space.clients.clone();
     let mut restarted = false;
     let mut leader_killed = false;
+    let mut failed_over = false;
     let mut steps = Vec::new();
     let count = rng.between(1, space.max_faults.max(1) as u64);
     for _ in 0..count {
@@ -234,6 +257,19 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::LeaderKill => {}
+            // One failover a schedule, at a time of the run, as a leader kill; none beside a
+            // restart (the clients of a failover use the Sentinels' Redis, not the lane's).
+            FaultKind::Failover if !restarted => {
+                (restarted, failed_over) = (true, true);
+                steps.push(Step {
+                    at_ms: rng.between(space.span_ms / 10, space.span_ms * 6 / 10),
+                    after: None,
+                    fault: Fault::Restart,
+                    target: REDIS_PRIMARY.into(),
+                    duration_ms: None,
+                });
+            }
+            FaultKind::Failover => {}
             FaultKind::Delay | FaultKind::LostReply | FaultKind::Cut => {
                 if free.is_empty() {
                     continue;
@@ -262,6 +298,11 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
         }
+    }
+    if failed_over {
+        // The clients find the primary through Sentinel, straight, not through the proxy:
+        // a fault on their path to the lock server would find nothing to hold.
+        steps.retain(|step| !FaultKind::of(step).is_some_and(|kind| kind.on_lock_server()));
     }
     Schedule::new(steps)
 }
@@ -388,6 +429,7 @@ mod tests {
             max_faults: 3,
             lock_server: "redis".into(),
             etcd_cluster: false,
+            redis_failover: false,
             moments: vec![
                 Kind::Acquired,
                 Kind::ReadRecord,

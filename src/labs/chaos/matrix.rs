@@ -131,6 +131,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     super::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
+        ground.sentinel_ring = super::failover::ring_for(&designs, &kinds, ground.redis_given)?;
         if !style.json {
             let part = if shard.n > 1 {
                 format!(" Part {} of {} (--shard).", shard.k, shard.n)
@@ -161,6 +162,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 let mut why_unknown = None;
                 let no_server = (kind.restarts() && space.restartable.is_empty())
                     || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                    || (*kind == FaultKind::Failover && !space.redis_failover)
                     || !space.kinds.contains(kind);
                 let (result, replay) = if no_server {
                     ("-".to_string(), None)
@@ -235,7 +237,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         } else {
             footer(
                 &cells,
-                ground.redis_given && kinds.iter().any(|k| k.restarts()),
+                ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
             );
         }
         Ok(ExitCode::from(exit_code(&cells)))

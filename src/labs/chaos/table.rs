@@ -61,28 +61,39 @@ pub fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell], notes: &[&Cel
     line.trim_end().to_string()
 }
 
-/// A column's heading: the kind's name, cut to fit a narrow column (`rest-aof`).
+/// A column's heading: the kind's name, cut to fit a narrow column (`rest-aof`; with nine
+/// columns, `rstrt`, `lost`, `ldr-k`, `fover`).
 fn head_name(kind: FaultKind, width: usize) -> String {
     let name = kind.name();
     if name.len() < width {
         return name.to_string();
     }
-    match kind {
+    let cut: String = match kind {
         FaultKind::RestartAof if width > 8 => "rest-aof".into(),
         FaultKind::LostReply if width > 8 => "lost-rep".into(),
         FaultKind::RestartAof => "r-aof".into(),
         FaultKind::LostReply if width > 7 => "lost-rp".into(),
-        FaultKind::LostReply => "lost-r".into(),
-        FaultKind::Restart => "restrt".into(),
-        FaultKind::LeaderKill => "leader".into(),
-        _ => name.chars().take(width - 1).collect(),
+        FaultKind::LostReply if width > 6 => "lost-r".into(),
+        FaultKind::LostReply => "lost".into(),
+        FaultKind::Restart if width > 6 => "restrt".into(),
+        FaultKind::Restart => "rstrt".into(),
+        FaultKind::LeaderKill if width > 6 => "leader".into(),
+        FaultKind::LeaderKill => "ldr-k".into(),
+        FaultKind::Failover => "fover".into(),
+        _ => name.into(),
+    };
+    if cut.len() < width {
+        cut
+    } else {
+        cut.chars().take(width.max(2) - 1).collect()
     }
 }
 
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
 /// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
 /// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`,
-/// and `SAFE` without its count where `SAFE 12` would touch the next column.
+/// and `SAFE` and `UNK` without their count where `SAFE 12` or `UNK 12` would touch the
+/// next column.
 fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
     let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
@@ -98,8 +109,11 @@ fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
             format!("UNSAFE [{n}]")
         }
     } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
-        if narrow {
-            format!("UNK {}", count.split('/').next().unwrap_or(count))
+        let word = format!("UNK {}", count.split('/').next().unwrap_or(count));
+        if narrow && word.len() < width {
+            word
+        } else if narrow {
+            "UNK".into()
         } else {
             format!("UNKNOWN {count}")
         }
@@ -129,8 +143,9 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     if restart_refused {
         crate::outln!();
         crate::prose!(
-            "restart, restart-aof: not played — the Redis was given (--redis-url or \
-             LOCKSLAB_REDIS_URL), and chaos restarts only servers it started itself."
+            "restart, restart-aof, failover: not played — the Redis was given (--redis-url \
+             or LOCKSLAB_REDIS_URL), and chaos kills and restarts only servers it started \
+             itself."
         );
     }
     for (n, cell) in notes(cells).iter().enumerate() {
@@ -281,13 +296,13 @@ mod tests {
             line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
-        // Eight (every kind, leader-kill last): shorter still, the heading too.
+        // Eight (leader-kill last): shorter still, the heading too.
         let mut eight = six.clone();
         eight.push(cell(Design::RedisDurableToken, FaultKind::Cut, "SAFE (12)"));
         eight.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
         let line = row_line(
             Design::RedisDurableToken,
-            &FaultKind::ALL,
+            &FaultKind::ALL[..8],
             &eight,
             &notes(&eight),
         );
@@ -300,6 +315,27 @@ mod tests {
             !line.contains("SAFE 12"),
             "no word touches the next: {line}"
         );
+        // Nine (every kind, failover last): `UNK 12` would touch the next column.
+        let mut nine = eight.clone();
+        nine.push(cell(
+            Design::RedisDurableToken,
+            FaultKind::Failover,
+            "INCONCLUSIVE 12/12",
+        ));
+        let line = row_line(
+            Design::RedisDurableToken,
+            &FaultKind::ALL,
+            &nine,
+            &notes(&nine),
+        );
+        assert!(line.chars().count() < 80, "{line}");
+        assert!(line.contains("UNS#1 ") && line.ends_with(" UNK"), "{line}");
+        assert!(!line.contains("UNK 12"), "no word touches the next: {line}");
+        for kinds in [&FaultKind::ALL[..8], &FaultKind::ALL[..]] {
+            let width = column(kinds.len());
+            let heads: Vec<String> = kinds.iter().map(|k| head_name(*k, width)).collect();
+            assert!(heads.iter().all(|h| h.len() < width), "{heads:?}");
+        }
         let width = column(FaultKind::ALL.len());
         let heads: Vec<String> = FaultKind::ALL
             .iter()
