@@ -7,7 +7,8 @@
 //!  client B ─┼──▶ Sentinels ──▶ primary :p   ✗ SIGKILL: the Sentinels agree it is down
 //!  client C ─┘                  replica :r   ◀── promoted; the clients, asking again
 //!                                               after an error, move to it; :p starts
-//!                                               again as its replica, empty, and syncs
+//!                                               again as its replica, empty, before the
+//!                                               next schedule
 //! ```
 //!
 //! Replication is asynchronous: a write the primary acknowledged and had not yet sent
@@ -38,6 +39,9 @@ const WITHIN: Duration = Duration::from_secs(20);
 /// and then and failed over by itself — a failover no schedule held.
 const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
+/// How long the cluster must stay whole before a schedule plays on it.
+const SETTLED: Duration = Duration::from_millis(1500);
+
 /// Why a history is unknown when the Sentinels failed over once more by themselves.
 pub const SWITCHED_BY_ITSELF: &str = "the Sentinels failed the primary over once more by \
     themselves (a primary slow to answer): this history played a failover its schedule does \
@@ -56,6 +60,9 @@ pub struct SentinelRing {
     keeper: Mutex<mpsc::Sender<Box<dyn FnOnce() + Send>>>,
     /// Held by a schedule with a failover for its whole play: one at a time.
     turn: Mutex<()>,
+    /// How far the last promoted replica was behind the primary it replaced, in bytes of
+    /// the replication stream (see [`SentinelRing::fail_over`]), when both answered.
+    behind: Mutex<Option<u64>>,
 }
 
 impl SentinelRing {
@@ -71,6 +78,7 @@ impl SentinelRing {
             cluster: Arc::new(Mutex::new(cluster)),
             keeper: Mutex::new(keeper),
             turn: Mutex::new(()),
+            behind: Mutex::new(None),
         }))
     }
 
@@ -82,12 +90,22 @@ impl SentinelRing {
             .any(|step| FaultKind::of(step) == Some(FaultKind::Failover))
     }
 
-    /// Waits for the cluster to be this schedule's alone and whole — the replica in sync
-    /// with the primary, every Sentinel naming that primary and knowing the replica up —
-    /// and returns the turn and the Sentinels' URLs (the clients' way to the primary).
+    /// Waits for the cluster to be this schedule's alone and whole — the node the last
+    /// failover killed started again, the replica in sync with the primary, every Sentinel
+    /// naming that primary and knowing the replica up, for [`SETTLED`] on end — and returns
+    /// the turn and the Sentinels' URLs (the clients' way to the primary).
+    ///
+    /// The killed node comes back here, between histories, not in the one that killed it:
+    /// its full sync (a fork on the primary) slowed a busy machine's primary enough now and
+    /// then that the Sentinels called it down and failed over once more, a failover no
+    /// schedule held.
     pub fn take_turn(&self) -> Result<(MutexGuard<'_, ()>, Vec<String>)> {
         let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        if self.cluster().replica.pid.is_none() {
+            self.start_replica_again()?;
+        }
         let deadline = Instant::now() + WITHIN;
+        let mut whole_since: Option<Instant> = None;
         loop {
             let (lacking, sentinels) = {
                 let switched = self.switched_by_itself();
@@ -100,8 +118,14 @@ impl SentinelRing {
                 (lacking(&cluster), cluster.sentinel_urls())
             };
             let Some(lacking) = lacking else {
-                return Ok((turn, sentinels));
+                let since = *whole_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= SETTLED {
+                    return Ok((turn, sentinels));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
             };
+            whole_since = None;
             if Instant::now() > deadline {
                 bail!(
                     "the Redis cluster of the failovers was not whole again within {}s: \
@@ -130,10 +154,12 @@ impl SentinelRing {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Kills the primary, waits until the replica says it is the primary and a Sentinel
-    /// names it, then starts the killed one again as its replica (from the keeper thread):
-    /// how long the cluster had no primary.
+    /// Kills the primary and waits until the replica says it is the primary and a Sentinel
+    /// names it: how long the cluster had no primary.
     fn fail_over(&self) -> Result<Duration> {
+        // The primary's replication offset, asked just before the kill: at least what it
+        // had written (and acknowledged) by then.
+        let written = offset_of(&self.cluster().primary.url(), "master_repl_offset");
         let started = Instant::now();
         let (old, new_url, new_addr) = {
             let mut cluster = self.cluster();
@@ -162,7 +188,17 @@ impl SentinelRing {
             std::thread::sleep(Duration::from_millis(20));
         }
         let took = started.elapsed();
+        // Promoted, the replica keeps the old stream's id "valid up to" one past the last
+        // byte of it it had received.
+        let received = offset_of(&new_url, "second_repl_offset").map(|o| o.saturating_sub(1));
+        *self.behind.lock().unwrap_or_else(|p| p.into_inner()) =
+            written.zip(received).map(|(w, r)| w.saturating_sub(r));
         self.cluster().promoted();
+        Ok(took)
+    }
+
+    /// Starts the killed node again as the primary's replica, from the keeper thread.
+    fn start_replica_again(&self) -> Result<()> {
         let (answer, answered) = mpsc::channel();
         let cluster = Arc::clone(&self.cluster);
         self.keeper
@@ -175,8 +211,37 @@ impl SentinelRing {
             .map_err(|_| anyhow!("the Redis cluster's keeper thread is gone"))?;
         answered
             .recv()
-            .map_err(|_| anyhow!("the Redis cluster's keeper thread is gone"))??;
-        Ok(took)
+            .map_err(|_| anyhow!("the Redis cluster's keeper thread is gone"))?
+    }
+}
+
+/// One number of a node's `INFO replication`.
+fn offset_of(url: &str, field: &str) -> Option<u64> {
+    let info = cluster::replication_info(url)?;
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))?;
+    line.trim().parse().ok()
+}
+
+impl SentinelRing {
+    /// The history's line for the failover's end: how long the promotion took, and how far
+    /// the promoted replica was behind, from both servers' own offsets.
+    pub fn promoted_words(&self, took: Duration) -> String {
+        let behind = *self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        let short = match behind {
+            Some(0) => ", with every byte the primary had written just before the kill",
+            Some(_) => ", short of what the primary had written: acknowledged writes gone",
+            None => "",
+        };
+        let bytes = behind
+            .filter(|b| *b > 0)
+            .map_or(String::new(), |b| format!(" ({b} bytes)"));
+        format!(
+            "the replica promoted {}ms after the kill{short}{bytes} (the old primary starts \
+             again, as its replica, before the next schedule)",
+            took.as_millis()
+        )
     }
 }
 
@@ -219,7 +284,7 @@ fn lacking(cluster: &SentinelCluster) -> Option<String> {
 }
 
 /// The cluster's primary as the nemesis sees it: a failover is a restart of whichever node
-/// is the primary when it lands, which comes back as the replica.
+/// is the primary when it lands, which comes back as the replica before the next schedule.
 pub struct Primary<'a>(pub &'a SentinelRing);
 
 impl Victim for Primary<'_> {

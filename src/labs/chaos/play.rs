@@ -365,11 +365,9 @@ impl Setup {
                     "kills Redis's primary (SIGKILL): the Sentinels are to promote its replica"
                         .to_string()
                 }
-                (Fault::Restart, Some(took)) if name == generate::REDIS_PRIMARY => format!(
-                    "a Sentinel names the promoted replica primary, {}ms after the kill; \
-                     the old primary starts again, empty, as its replica",
-                    took.as_millis()
-                ),
+                (Fault::Restart, Some(took)) if name == generate::REDIS_PRIMARY => {
+                    sentinels.map_or_else(String::new, |(ring, _)| ring.promoted_words(took))
+                }
                 (Fault::Restart, None) if keeps_data => {
                     "crashes Redis (SIGKILL), then starts it again on its AOF".to_string()
                 }
