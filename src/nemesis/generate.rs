@@ -748,4 +748,63 @@ mod tests {
 
     const PINNED_LEADER_KILL_OF_SEED_5: &str =
         r#"[{"at_ms":388,"fault":"restart","target":"etcd-leader"}]"#;
+
+    #[test]
+    fn a_failover_is_drawn_from_the_seed_once_a_schedule_only_under_sentinel() {
+        let mut under_sentinel = space();
+        under_sentinel.redis_failover = true;
+        let (mut failovers, mut with_others) = (0, 0);
+        for index in 0..300 {
+            let seed = nth_seed(19, index);
+            let schedule = draw(seed, &under_sentinel);
+            assert_eq!(schedule, draw(seed, &under_sentinel), "reproducible");
+            let kinds: Vec<FaultKind> = schedule.steps().iter().filter_map(FaultKind::of).collect();
+            let n = kinds.iter().filter(|k| **k == FaultKind::Failover).count();
+            assert!(n <= 1, "{schedule:?}");
+            if n == 1 {
+                failovers += 1;
+                with_others += usize::from(kinds.len() > 1);
+                // No restart beside it, and nothing on the clients' path to the lock server:
+                // they reach the primary through Sentinel, not through the proxy.
+                assert!(
+                    kinds.iter().all(|k| !k.restarts() && !k.on_lock_server()),
+                    "{schedule:?}"
+                );
+                let step = (schedule.steps().iter())
+                    .find(|s| FaultKind::of(s) == Some(FaultKind::Failover))
+                    .unwrap();
+                assert_eq!(
+                    (step.fault, step.target.as_str()),
+                    (Fault::Restart, REDIS_PRIMARY)
+                );
+                assert!(step.after.is_none() && (300..=1800).contains(&step.at_ms));
+            }
+        }
+        assert!(failovers > 30 && with_others > 10, "{failovers} failovers");
+        // Without a cluster none is drawn, and the other kinds draw what they always drew.
+        let mut only = under_sentinel.clone();
+        only.kinds = vec![FaultKind::Failover];
+        only.redis_failover = false;
+        assert!(draw(3, &only).is_empty());
+        for index in 0..100 {
+            let seed = nth_seed(23, index);
+            assert_eq!(
+                draw(seed, &space()),
+                draw(seed, &{
+                    let mut no_failover = under_sentinel.clone();
+                    no_failover.kinds.retain(|k| *k != FaultKind::Failover);
+                    no_failover
+                })
+            );
+        }
+        // Pinned: a printed seed replays the same failover forever.
+        only.redis_failover = true;
+        assert_eq!(
+            serde_json::to_string(&draw(5, &only)).unwrap(),
+            PINNED_FAILOVER_OF_SEED_5
+        );
+    }
+
+    const PINNED_FAILOVER_OF_SEED_5: &str =
+        r#"[{"at_ms":388,"fault":"restart","target":"redis-primary"}]"#;
 }

@@ -345,6 +345,15 @@ mod tests {
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Restart));
+        // Lab 5: the promoted replica lacks what the primary had not sent on, as a Redis
+        // restarted empty does; a design without Redis does not meet a failover.
+        for design in Design::ALL {
+            assert_eq!(
+                design.labs_call_it_safe_under(FaultKind::Failover),
+                design.labs_call_it_safe_under(FaultKind::Restart) || !design.uses_redis(),
+                "{design:?}"
+            );
+        }
         // A delay of the write (no process paused) breaks what lets its lock run out under
         // a write in flight, and not a lock its running process keeps renewing.
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Delay));
