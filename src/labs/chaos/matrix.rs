@@ -20,7 +20,7 @@ use crate::worker::chaos_client::Design;
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
                                            restart-aof, delay, lost-reply,
-                                           cut, leader-kill
+                                           cut, leader-kill, failover
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -31,7 +31,7 @@ kind and replay command below the table, note k) or UNKNOWN n/K (inconclusive:
 n histories could not be decided, or none of their faults played; never a
 pass). A cell stops at its first violation. With six columns they read SAFE n,
 UNSAFE#k, UNK n; with seven, UNS#k; with eight, SAFE (the headings restrt,
-lost-r).
+lost-r); with nine, UNK (the headings rstrt, lost, ldr-k, fover).
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
@@ -48,6 +48,11 @@ behind the proxy.
 `leader-kill` (leader) runs the etcd designs against a cluster of three
 members and kills its leader; once the other two have elected a new one, it
 starts again as a follower (lab 5). Designs without etcd show `-` there.
+`failover` (fover) runs the Redis designs against a primary and its replica
+under three Sentinels and kills the primary; the Sentinels promote the
+replica, the clients ask them where to go. Replication is asynchronous: what
+the primary acknowledged and had not sent on is gone (lab 5). Designs
+without Redis, or on a given Redis, show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 

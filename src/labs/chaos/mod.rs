@@ -69,6 +69,7 @@ Examples:
   lockslab chaos --design etcd-lease --faults pause --time 2m
   lockslab chaos --design redis-lock --faults delay,lost-reply
   lockslab chaos --design etcd-lease --faults cut
+  lockslab chaos --design redis-fenced --faults failover
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -93,7 +94,12 @@ store for Postgres designs; none for Redlock) lost once applied (lab 8);
 sends gets through, and what it sent goes out, late, when the cut heals;
 `leader-kill`, for the etcd designs: a cluster of three members (lab 5)
 whose leader is killed, then started again once the other two have elected
-a new one (schedules with one play one at a time).
+a new one (schedules with one play one at a time); `failover`, for the Redis
+designs: a primary and its replica under three Sentinels (lab 5); the
+primary is killed, the Sentinels promote the replica, and the clients, which
+ask the Sentinels where the primary is (again after an error), move to it;
+what replication had not carried over is lost (one at a time, never on a
+given Redis).
 Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
