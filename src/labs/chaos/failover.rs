@@ -63,6 +63,9 @@ pub struct SentinelRing {
     /// How far the last promoted replica was behind the primary it replaced, in bytes of
     /// the replication stream (see [`SentinelRing::fail_over`]), when both answered.
     behind: Mutex<Option<u64>>,
+    /// The Sentinels failed over by themselves since the turn began, seen as a failover
+    /// was about to kill the primary (see [`SentinelRing::switched_during_turn`]).
+    unasked: std::sync::atomic::AtomicBool,
 }
 
 impl SentinelRing {
@@ -79,6 +82,7 @@ impl SentinelRing {
             keeper: Mutex::new(keeper),
             turn: Mutex::new(()),
             behind: Mutex::new(None),
+            unasked: Default::default(),
         }))
     }
 
@@ -101,6 +105,8 @@ impl SentinelRing {
     /// schedule held.
     pub fn take_turn(&self) -> Result<(MutexGuard<'_, ()>, Vec<String>)> {
         let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        self.unasked
+            .store(false, std::sync::atomic::Ordering::Release);
         if self.cluster().replica.pid.is_none() {
             self.start_replica_again()?;
         }
@@ -150,6 +156,12 @@ impl SentinelRing {
         !named.is_empty() && named.iter().all(|addr| *addr == replica)
     }
 
+    /// Did the Sentinels fail over by themselves during this turn's history: seen before
+    /// its failover killed the primary, or at its end?
+    pub fn switched_during_turn(&self) -> bool {
+        self.unasked.load(std::sync::atomic::Ordering::Acquire) || self.switched_by_itself()
+    }
+
     fn cluster(&self) -> MutexGuard<'_, SentinelCluster> {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -157,6 +169,12 @@ impl SentinelRing {
     /// Kills the primary and waits until the replica says it is the primary and a Sentinel
     /// names it: how long the cluster had no primary.
     fn fail_over(&self) -> Result<Duration> {
+        if self.switched_by_itself() {
+            // Their primary is the one to kill; the history is unknown all the same.
+            self.unasked
+                .store(true, std::sync::atomic::Ordering::Release);
+            self.cluster().promoted();
+        }
         // The primary's replication offset, asked just before the kill: at least what it
         // had written (and acknowledged) by then.
         let written = offset_of(&self.cluster().primary.url(), "master_repl_offset");

@@ -234,7 +234,7 @@ impl Setup {
         let result = self.play_on(
             lane_of, on, schedule, &names, &records, &run_id, seed, &mut store,
         );
-        let switched = sentinels.is_some_and(|ring| ring.switched_by_itself());
+        let switched = sentinels.is_some_and(|ring| ring.switched_during_turn());
         drop((turn, sentinel_turn));
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
