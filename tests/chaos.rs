@@ -216,6 +216,10 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":300,"fault":"restart","target":"redis-primary"},{"at_ms":0,"fault":"cut","target":"A→redis","duration_ms":1500}]"#,
             "not through the fault proxy",
         ),
+        (
+            r#"[{"at_ms":300,"fault":"kill","target":"redis-primary"}]"#,
+            "chaos only fails over",
+        ),
     ] {
         let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
             .output()

@@ -81,6 +81,15 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
              `etcd-leader`)"
         );
     }
+    if let Some(step) = (schedule.steps().iter())
+        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
+    {
+        crate::bail_usage!(
+            "--schedule: {} aims at redis-primary, which chaos only fails over: \
+             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
+            step.fault.as_str()
+        );
+    }
     let failover = schedule
         .steps()
         .iter()
