@@ -218,14 +218,19 @@ fn port_was_taken(error: &anyhow::Error) -> bool {
 
 impl SentinelCluster {
     pub fn start() -> Result<SentinelCluster> {
+        SentinelCluster::start_with(DOWN_AFTER)
+    }
+
+    /// A cluster whose Sentinels call the primary down after `down_after` of silence.
+    pub fn start_with(down_after: Duration) -> Result<SentinelCluster> {
         start_on_fresh_ports(|| {
-            let mut cluster = SentinelCluster::spawn()?;
+            let mut cluster = SentinelCluster::spawn(down_after)?;
             cluster.wait_until_ready()?;
             Ok(cluster)
         })
     }
 
-    fn spawn() -> Result<SentinelCluster> {
+    fn spawn(down_after: Duration) -> Result<SentinelCluster> {
         let started = Instant::now();
         let dir = RunDir::new()?;
         let binary = find_binary("redis-server", Backend::Redis)?;
@@ -255,18 +260,8 @@ impl SentinelCluster {
             started_in: Duration::ZERO,
             dir,
         };
-        let data_node = |node: &RedisNode, dbfile: &str| {
-            let mut command = Command::new(&binary);
-            command
-                .arg(&auth_conf)
-                .args(["--port", &node.port.to_string(), "--bind", "127.0.0.1"])
-                // No persistence: what a node knows is in its memory only.
-                .args(["--save", "", "--appendonly", "no", "--dbfilename", dbfile])
-                // A replica syncs over the socket, without a file on disk.
-                .args(["--repl-diskless-sync", "yes"])
-                .args(["--repl-diskless-sync-delay", "0"]);
-            command
-        };
+        let data_node =
+            |node: &RedisNode, dbfile: &str| data_node(&binary, &auth_conf, node, dbfile);
         let mut primary = data_node(&cluster.primary, "primary.rdb");
         cluster.primary.pid = Some(spawn_in(&cluster.dir.path, "primary.log", &mut primary)?);
         let mut replica = data_node(&cluster.replica, "replica.rdb");
@@ -299,7 +294,7 @@ impl SentinelCluster {
                      sentinel parallel-syncs {MASTER_NAME} 1\n",
                     dir = cluster.dir.path.display(),
                     primary = cluster.primary.port,
-                    down = DOWN_AFTER.as_millis(),
+                    down = down_after.as_millis(),
                     failover = FAILOVER_TIMEOUT.as_millis(),
                 ),
             )?;
@@ -312,6 +307,35 @@ impl SentinelCluster {
             )?);
         }
         Ok(cluster)
+    }
+
+    /// After Sentinel promoted the replica: the promoted one is the primary now, and the
+    /// old primary (killed) the replica that has yet to come back.
+    pub fn promoted(&mut self) {
+        std::mem::swap(&mut self.primary, &mut self.replica);
+        self.primary.role = "primary";
+        self.replica.role = "replica";
+    }
+
+    /// Starts the killed replica (the old primary, see [`SentinelCluster::promoted`]) again
+    /// on its port, a replica of the primary from its start: it comes back empty (no
+    /// persistence) and syncs from the primary. Spawned from the calling thread, whose end
+    /// ends it (see [`crate::procs`]).
+    pub fn start_replica_again(&mut self) -> Result<()> {
+        if self.replica.pid.is_some() {
+            bail!(
+                "the Redis replica :{} is running already",
+                self.replica.port
+            );
+        }
+        let binary = find_binary("redis-server", Backend::Redis)?;
+        let auth_conf = self.dir.path.join("private").join("redis-auth.conf");
+        let dbfile = format!("node-{}.rdb", self.replica.port);
+        let mut command = data_node(&binary, &auth_conf, &self.replica, &dbfile);
+        command.args(["--replicaof", "127.0.0.1", &self.primary.port.to_string()]);
+        let log = format!("replica-{}.log", self.replica.port);
+        self.replica.pid = Some(spawn_in(&self.dir.path, &log, &mut command)?);
+        Ok(())
     }
 
     fn nodes(&self) -> impl Iterator<Item = &RedisNode> {
@@ -417,6 +441,20 @@ impl Drop for SentinelCluster {
     }
 }
 
+/// The command that runs a data node (the primary or the replica) of a Sentinel cluster.
+fn data_node(binary: &Path, auth_conf: &Path, node: &RedisNode, dbfile: &str) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg(auth_conf)
+        .args(["--port", &node.port.to_string(), "--bind", "127.0.0.1"])
+        // No persistence: what a node knows is in its memory only.
+        .args(["--save", "", "--appendonly", "no", "--dbfilename", dbfile])
+        // A replica syncs over the socket, without a file on disk.
+        .args(["--repl-diskless-sync", "yes"])
+        .args(["--repl-diskless-sync-delay", "0"]);
+    command
+}
+
 /// `INFO replication` of a node, when it answers.
 pub fn replication_info(url: &str) -> Option<String> {
     let mut connection = ask(url).ok()?;
@@ -427,7 +465,7 @@ pub fn replication_info(url: &str) -> Option<String> {
 }
 
 /// How many healthy peers (`sentinels`) or replicas (`replicas`) a Sentinel knows.
-fn sentinel_count(url: &str, what: &str) -> Option<usize> {
+pub fn sentinel_count(url: &str, what: &str) -> Option<usize> {
     let mut connection = ask(url).ok()?;
     let entries: Vec<Vec<String>> = redis::cmd("SENTINEL")
         .arg(what)
@@ -681,7 +719,7 @@ impl Drop for EtcdCluster {
 /// both again on fresh ports, as each cluster's own `start` does.
 pub fn start_both() -> Result<(SentinelCluster, EtcdCluster)> {
     start_on_fresh_ports(|| {
-        let mut redis = SentinelCluster::spawn()?;
+        let mut redis = SentinelCluster::spawn(DOWN_AFTER)?;
         let mut etcd = EtcdCluster::spawn()?;
         let (redis_ready, etcd_ready) = thread::scope(|scope| {
             let redis_ready = scope.spawn(|| redis.wait_until_ready());

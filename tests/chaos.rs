@@ -221,6 +221,15 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":0,"fault":"drop_reply","target":"A→etcd"}]"#,
             "A→redis for redis-lock",
         ),
+        // Under a failover the clients reach the primary Sentinel names, not the proxy.
+        (
+            r#"[{"at_ms":300,"fault":"restart","target":"redis-primary"},{"at_ms":0,"fault":"cut","target":"A→redis","duration_ms":1500}]"#,
+            "not through the fault proxy",
+        ),
+        (
+            r#"[{"at_ms":300,"fault":"kill","target":"redis-primary"}]"#,
+            "chaos only fails over",
+        ),
     ] {
         let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
             .output()
@@ -301,21 +310,28 @@ fn a_sharded_matrix_merges_into_one_table() {
 /// not restart it: a schedule that restarts it is refused with a sentence that says why.
 #[test]
 fn a_restart_of_a_given_redis_is_refused() {
-    let output = lockslab(&[
-        "chaos",
-        "--design",
-        "redis-lock",
-        "--schedule",
-        r#"[{"at_ms":300,"fault":"restart","target":"redis"}]"#,
-    ])
-    .output()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("restarts only servers it started"),
-        "{stderr}"
-    );
+    for (schedule, faults) in [
+        (
+            r#"[{"at_ms":300,"fault":"restart","target":"redis"}]"#,
+            None,
+        ),
+        (FAILOVER, None),
+        (FAILOVER, Some("failover")),
+    ] {
+        let mut args = vec!["chaos", "--design", "redis-lock"];
+        match faults {
+            // Drawn, not given: `--faults failover` alone on a given Redis.
+            Some(faults) => args.extend(["--faults", faults]),
+            None => args.extend(["--schedule", schedule]),
+        }
+        let output = lockslab(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("restarts only servers it started"),
+            "{stderr}"
+        );
+    }
 }
 
 /// `--html`: the counterexample's history drawn as a page, the faults and the clients'
@@ -389,9 +405,20 @@ const LOST_RELEASE: &str = r#"[{"at_ms":0,"after":{"worker":"A","event":"working
 /// Plays a given schedule `times` times against `design` (`--json`), with an HTML page
 /// of the history: (exit status, schedule lines, verdict, page).
 fn replay(design: &str, schedule: &str, times: &str) -> (Option<i32>, Vec<Value>, Value, String) {
+    replay_with(design, schedule, times, false)
+}
+
+/// [`replay`]; `own_redis`: on Redis servers chaos starts itself (it kills only those),
+/// one lane of them.
+fn replay_with(
+    design: &str,
+    schedule: &str,
+    times: &str,
+    own_redis: bool,
+) -> (Option<i32>, Vec<Value>, Value, String) {
     // Two tests may replay one design at once: each page its own file.
     let page = std::env::temp_dir().join(format!("lockslab-chaosf-{design}-{}.html", fresh_tag()));
-    let output = lockslab(&[
+    let mut args = vec![
         "chaos",
         "--design",
         design,
@@ -403,9 +430,15 @@ fn replay(design: &str, schedule: &str, times: &str) -> (Option<i32>, Vec<Value>
         "--json",
         "--html",
         page.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
+    ];
+    if own_redis {
+        args.extend(["--parallel", "1"]);
+    }
+    let mut command = lockslab(&args);
+    if own_redis {
+        command.env_remove("LOCKSLAB_REDIS_URL");
+    }
+    let output = command.output().unwrap();
     let lines = json_lines(&output.stdout);
     let verdict = lines.last().cloned().unwrap_or_default();
     let schedules = lines
@@ -808,6 +841,9 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         // No lock of theirs expires on a server's wall clock.
         ("etcd-lease", "clock"),
         ("advisory-session", "clock"),
+        ("optimistic", "failover"),
+        ("etcd-lease", "failover"),
+        ("redlock", "failover"),
     ] {
         let output = lockslab(&["chaos", "--design", design, "--faults", faults])
             .output()
@@ -1016,4 +1052,169 @@ fn a_clock_jump_on_a_bare_majority_of_masters_breaks_redlock_and_not_redlock_fen
     let (code, mut lines) = play("redlock-fenced");
     let verdict = lines.pop().unwrap();
     never_broken(code, &lines, &verdict);
+}
+
+// chaos failover of Redis (issue 25)
+
+/// The Redis primary killed 600ms into the run: the Sentinels promote its replica, and the
+/// clients, asking them again after an error, move to it.
+const FAILOVER: &str = r#"[{"at_ms":600,"fault":"restart","target":"redis-primary"}]"#;
+
+/// The same failover, while A lies paused for 4s between its first read and its write.
+const FAILOVER_UNDER_A_PAUSE: &str = r#"[{"at_ms":2,"after":{"worker":"A","event":"read_record","nth":1},"fault":"pause","target":"A","duration_ms":4000},{"at_ms":600,"fault":"restart","target":"redis-primary"}]"#;
+
+/// What a failover alone does, measured: on loopback the replica is not behind (the
+/// history's end of the failover says so, from both servers' offsets), no key is lost, and
+/// the promotion takes longer than a job — nobody holds a lock across it. So it breaks no
+/// design here; `redis-lock`, which trusts the lock, reads unknown when a holder's release
+/// got no answer from the dead primary (never unsafe), and the durable token is safe.
+#[test]
+fn a_failover_alone_breaks_no_redis_design_here() {
+    let (code, schedules, verdict, _) = replay_with("redis-lock", FAILOVER, "1", true);
+    assert!(matches!(code, Some(0 | 3)), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["result"] != "unsafe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    let (code, schedules, verdict, _) = replay_with("redis-durable-token", FAILOVER, "1", true);
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["unplayed"] == 0 && s["accepted"].as_u64() > Some(0)),
+        "{schedules:?}"
+    );
+}
+
+/// A pause across a failover breaks the unfenced Redis lock (A's late write lands over a
+/// newer one, granted by the promoted replica), and not the durable token's claim; the
+/// nemesis recorded the kill and the promotion in the history (the page draws them).
+#[test]
+fn a_pause_across_a_failover_breaks_redis_lock_and_not_redis_durable_token() {
+    let (code, _, verdict, html) = replay_with("redis-lock", FAILOVER_UNDER_A_PAUSE, "2", true);
+    assert_eq!(code, Some(1), "{verdict}");
+    // Quotes escaped in the page: "Redis's".
+    assert!(
+        html.contains("kills Redis&#39;s primary (SIGKILL)"),
+        "the kill is in the history"
+    );
+    assert!(
+        html.contains("the replica promoted"),
+        "the promotion is in the history"
+    );
+    let (code, schedules, verdict, _) =
+        replay_with("redis-durable-token", FAILOVER_UNDER_A_PAUSE, "1", true);
+    assert_eq!(code, Some(0), "{verdict}");
+    assert!(
+        schedules.iter().all(|s| s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// The Redis servers a run started (the lanes' and the failovers' cluster): every
+/// `redis-server` child of `pid`, Sentinels included.
+fn redis_children(pid: u32, seen: &mut HashSet<u32>) {
+    for (child, _, cmd) in children_of(pid) {
+        if cmd.contains("redis") {
+            seen.insert(child);
+        }
+    }
+}
+
+fn assert_no_redis_left(pids: &HashSet<u32>) {
+    for pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("redis"),
+            "Redis server {pid} is still there"
+        );
+    }
+}
+
+/// Drawn with `--faults failover`: the same seed, the same schedules; and the run leaves
+/// no Redis server or Sentinel behind (the node started again included).
+#[test]
+fn a_seeded_failover_run_repeats_and_leaves_no_redis_or_sentinel() {
+    let run = || {
+        let chaos = lockslab(&[
+            "chaos",
+            "--design",
+            "redis-durable-token",
+            "--faults",
+            "failover",
+            "--seed",
+            "77",
+            "--schedules",
+            "2",
+            "--parallel",
+            "1",
+            "--json",
+        ])
+        .env_remove("LOCKSLAB_REDIS_URL")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut servers = HashSet::new();
+        // The lanes' Redis and the cluster's primary, replica and three Sentinels.
+        eventually(std::time::Duration::from_secs(60), || {
+            redis_children(chaos.id(), &mut servers);
+            servers.len() >= 5
+        });
+        let output = chaos.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(0));
+        assert!(servers.len() >= 5, "a cluster of five: {servers:?}");
+        assert_no_redis_left(&servers);
+        json_lines(&output.stdout)
+            .into_iter()
+            .filter(|line| line["kind"] == "schedule")
+            .map(|line| line["schedule"].clone())
+            .collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first.len(), 2);
+    assert!(
+        first
+            .iter()
+            .all(|s| s.to_string().contains("redis-primary")),
+        "{first:?}"
+    );
+    assert_eq!(first, run());
+}
+
+/// Interrupted after a failover, while A lies paused for 30s: lockslab exits 130 and leaves
+/// no client, no Redis and no Sentinel behind.
+#[test]
+fn ctrl_c_after_a_failover_leaves_no_client_no_redis_and_no_sentinel() {
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-fenced",
+        "--schedule",
+        r#"[{"at_ms":300,"fault":"restart","target":"redis-primary"},{"at_ms":1500,"fault":"pause","target":"A","duration_ms":30000}]"#,
+        "--parallel",
+        "1",
+        "--json",
+    ])
+    .env_remove("LOCKSLAB_REDIS_URL")
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    // A is stopped: the failover is done (the steps play in order, before the pause).
+    assert!(eventually(std::time::Duration::from_secs(60), || {
+        children_of(chaos.id())
+            .iter()
+            .any(|(_, state, _)| *state == 'T')
+    }));
+    let mut family = HashSet::from([chaos.id() as i32]);
+    family_in(&process_table(), &mut family);
+    family.remove(&(chaos.id() as i32));
+    let mut servers = HashSet::new();
+    redis_children(chaos.id(), &mut servers);
+    assert!(servers.len() >= 4, "the cluster's nodes: {servers:?}");
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130));
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    assert_no_redis_left(&servers);
 }

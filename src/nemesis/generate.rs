@@ -40,17 +40,23 @@ pub enum FaultKind {
     /// The lock server's clock jumps a lease ahead just after a client took its lock
     /// (SIMULATED: the held key's TTL cut): Redis, or one to three of Redlock's masters
     Clock,
+    /// The Redis designs' primary killed (SIGKILL) under Sentinel: its replica promoted,
+    /// what replication had not carried over lost; clients ask Sentinel where to go
+    Failover,
 }
 
 /// The target of a leader kill: whichever member leads the etcd cluster when it lands.
 pub const ETCD_LEADER: &str = "etcd-leader";
+
+/// The target of a failover: whichever Redis node the Sentinels name primary when it lands.
+pub const REDIS_PRIMARY: &str = "redis-primary";
 
 /// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
 /// Redis, run with its append-only file on for that schedule).
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
@@ -60,6 +66,7 @@ impl FaultKind {
         FaultKind::Cut,
         FaultKind::LeaderKill,
         FaultKind::Clock,
+        FaultKind::Failover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +80,7 @@ impl FaultKind {
             FaultKind::Cut => "cut",
             FaultKind::LeaderKill => "leader-kill",
             FaultKind::Clock => "clock",
+            FaultKind::Failover => "failover",
         }
     }
 
@@ -90,9 +98,28 @@ impl FaultKind {
         matches!(self, FaultKind::LostReply | FaultKind::Cut)
     }
 
+    /// Is this kind done to a server (a restart, a leader kill, a failover, a server's
+    /// clock) rather than to a client or its path?
+    pub fn on_a_server(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Restart
+                | FaultKind::RestartAof
+                | FaultKind::LeaderKill
+                | FaultKind::Clock
+                | FaultKind::Failover
+        )
+    }
+
     /// Does this kind aim at a server (which chaos must have started itself)?
     pub fn restarts(self) -> bool {
         matches!(self, FaultKind::Restart | FaultKind::RestartAof)
+    }
+
+    /// Does this kind kill a Redis server (a restart, or a failover's primary), which chaos
+    /// must have started itself — never a Redis it was given?
+    pub fn kills_redis(self) -> bool {
+        self.restarts() || self == FaultKind::Failover
     }
 
     /// The kind of a step of a schedule (a restart's target says whether it keeps its data).
@@ -101,6 +128,7 @@ impl FaultKind {
             Fault::Pause => Some(FaultKind::Pause),
             Fault::Kill => Some(FaultKind::Kill),
             Fault::Restart if step.target == ETCD_LEADER => Some(FaultKind::LeaderKill),
+            Fault::Restart if step.target == REDIS_PRIMARY => Some(FaultKind::Failover),
             Fault::Restart if step.target.ends_with(AOF_SUFFIX) => Some(FaultKind::RestartAof),
             Fault::Restart => Some(FaultKind::Restart),
             Fault::Delay => Some(FaultKind::Delay),
@@ -135,6 +163,9 @@ pub struct Space {
     pub lock_server: String,
     /// The lock's etcd is a cluster of three whose leader a schedule may kill.
     pub etcd_cluster: bool,
+    /// The lock's Redis is a primary and a replica under Sentinel, whose primary a
+    /// schedule may kill (a failover).
+    pub redis_failover: bool,
     /// The moments of its work a client of the design says (`acquired`, `read_record`,
     /// `working`, …): a fault is aimed only at one of them. A design with no lock never
     /// says `acquired`, and a fault aimed there would never land.
@@ -193,7 +224,8 @@ pub fn nth_seed(seed: u64, index: u64) -> u64 {
 
 /// Draws one schedule from `seed`. Each client takes at most one fault (a killed client
 /// takes no other; two pauses of one client could overlap); a server restarts at most once,
-/// with its data or without (its persistence is set for the whole schedule).
+/// with its data or without (its persistence is set for the whole schedule), or fails over
+/// once.
 pub fn draw(seed: u64, space: &Space) -> Schedule {
     let mut rng = Rng::new(seed);
     let mut kinds: Vec<FaultKind> = space.kinds.clone();
@@ -206,12 +238,16 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     if space.jumping.is_empty() {
         kinds.retain(|kind| *kind != FaultKind::Clock);
     }
+    if !space.redis_failover {
+        kinds.retain(|kind| *kind != FaultKind::Failover);
+    }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
     }
     let mut free: Vec<String> = space.clients.clone();
     let mut restarted = false;
     let mut leader_killed = false;
+    let mut failed_over = false;
     let mut steps = Vec::new();
     let count = rng.between(1, space.max_faults.max(1) as u64);
     for _ in 0..count {
@@ -247,6 +283,19 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::LeaderKill => {}
+            // One failover a schedule, at a time of the run, as a leader kill; none beside a
+            // restart (the clients of a failover use the Sentinels' Redis, not the lane's).
+            FaultKind::Failover if !restarted => {
+                (restarted, failed_over) = (true, true);
+                steps.push(Step {
+                    at_ms: rng.between(space.span_ms / 10, space.span_ms * 6 / 10),
+                    after: None,
+                    fault: Fault::Restart,
+                    target: REDIS_PRIMARY.into(),
+                    duration_ms: None,
+                });
+            }
+            FaultKind::Failover => {}
             FaultKind::Delay | FaultKind::LostReply | FaultKind::Cut => {
                 if free.is_empty() {
                     continue;
@@ -282,6 +331,11 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
         }
+    }
+    if failed_over {
+        // The clients find the primary through Sentinel, straight, not through the proxy:
+        // a fault on their path to the lock server would find nothing to hold.
+        steps.retain(|step| !FaultKind::of(step).is_some_and(|kind| kind.on_lock_server()));
     }
     Schedule::new(steps)
 }
@@ -436,6 +490,7 @@ mod tests {
             max_faults: 3,
             lock_server: "redis".into(),
             etcd_cluster: false,
+            redis_failover: false,
             moments: vec![
                 Kind::Acquired,
                 Kind::ReadRecord,
@@ -832,4 +887,62 @@ mod tests {
         r#"{"at_ms":4,"after":{"worker":"B","event":"acquired","nth":1},"fault":"clock_step","#,
         r#""target":"m3"}]"#
     );
+    #[test]
+    fn a_failover_is_drawn_from_the_seed_once_a_schedule_only_under_sentinel() {
+        let mut under_sentinel = space();
+        under_sentinel.redis_failover = true;
+        let (mut failovers, mut with_others) = (0, 0);
+        for index in 0..300 {
+            let seed = nth_seed(19, index);
+            let schedule = draw(seed, &under_sentinel);
+            assert_eq!(schedule, draw(seed, &under_sentinel), "reproducible");
+            let kinds: Vec<FaultKind> = schedule.steps().iter().filter_map(FaultKind::of).collect();
+            let n = kinds.iter().filter(|k| **k == FaultKind::Failover).count();
+            assert!(n <= 1, "{schedule:?}");
+            if n == 1 {
+                failovers += 1;
+                with_others += usize::from(kinds.len() > 1);
+                // No restart beside it, and nothing on the clients' path to the lock server:
+                // they reach the primary through Sentinel, not through the proxy.
+                assert!(
+                    kinds.iter().all(|k| !k.restarts() && !k.on_lock_server()),
+                    "{schedule:?}"
+                );
+                let step = (schedule.steps().iter())
+                    .find(|s| FaultKind::of(s) == Some(FaultKind::Failover))
+                    .unwrap();
+                assert_eq!(
+                    (step.fault, step.target.as_str()),
+                    (Fault::Restart, REDIS_PRIMARY)
+                );
+                assert!(step.after.is_none() && (300..=1800).contains(&step.at_ms));
+            }
+        }
+        assert!(failovers > 30 && with_others > 10, "{failovers} failovers");
+        // Without a cluster none is drawn, and the other kinds draw what they always drew.
+        let mut only = under_sentinel.clone();
+        only.kinds = vec![FaultKind::Failover];
+        only.redis_failover = false;
+        assert!(draw(3, &only).is_empty());
+        for index in 0..100 {
+            let seed = nth_seed(23, index);
+            assert_eq!(
+                draw(seed, &space()),
+                draw(seed, &{
+                    let mut no_failover = under_sentinel.clone();
+                    no_failover.kinds.retain(|k| *k != FaultKind::Failover);
+                    no_failover
+                })
+            );
+        }
+        // Pinned: a printed seed replays the same failover forever.
+        only.redis_failover = true;
+        assert_eq!(
+            serde_json::to_string(&draw(5, &only)).unwrap(),
+            PINNED_FAILOVER_OF_SEED_5
+        );
+    }
+
+    const PINNED_FAILOVER_OF_SEED_5: &str =
+        r#"[{"at_ms":388,"fault":"restart","target":"redis-primary"}]"#;
 }

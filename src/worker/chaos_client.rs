@@ -214,6 +214,9 @@ impl Design {
     ///   (lab 6's clock jump); the fenced twins refuse the stale holder's write. etcd's
     ///   leases run on its leader's monotonic clock, and the Postgres designs have no TTL:
     ///   no clock of theirs to jump (`-`).
+    /// - **failover** (the Redis designs' primary killed under Sentinel, its replica
+    ///   promoted): what restart breaks, for the same reason — a lock key or an `INCR` the
+    ///   replica never got is gone (lab 5). The designs without Redis do not meet it (`-`).
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),
@@ -242,6 +245,15 @@ impl Design {
             FaultKind::Clock => {
                 self.labs_call_it_safe() || !(self.uses_redis() || self.uses_masters())
             }
+            // Lab 5: the replica Sentinel promotes lacks what the primary had not sent on —
+            // a lock key (two holders: redis-lock, redis-renewed), the last `INCR`s (a token
+            // drawn again, which fenced-write-only's `>=` lets through); redis-fenced's
+            // strict claim refuses a token drawn again (liveness), and a sequence in
+            // Postgres forgets nothing. The designs without Redis do not meet it.
+            FaultKind::Failover => !matches!(
+                self,
+                Design::RedisLock | Design::RedisRenewed | Design::FencedWriteOnly
+            ),
         }
     }
 
@@ -301,6 +313,10 @@ pub struct ChaosClient {
     /// Redlock's masters (`redlock`, `redlock-fenced`), in the order the algorithm asks them.
     #[serde(default)]
     pub masters: Vec<String>,
+    /// The Sentinels that name the lock's Redis primary (a schedule with a failover), asked
+    /// in order, with the password the primary wants too; none: `redis_url` is the lock's.
+    #[serde(default)]
+    pub sentinels: Vec<String>,
 }
 
 /// The tables, shared by every run; rows carry their run's id.
@@ -354,6 +370,8 @@ struct Client<'a> {
     me: Emitter,
     store: PgClient,
     redis: Option<RedisLock>,
+    /// Where `redis` is connected: the lock's Redis, or the primary Sentinel named.
+    redis_at: Option<String>,
     redlock: Option<crate::lock::redlock::Redlock>,
 }
 
@@ -365,6 +383,7 @@ pub fn run(script: &ChaosClient) -> Result<()> {
         me,
         store,
         redis: None,
+        redis_at: None,
         redlock: None,
     };
     let mut rng = Rng::new(script.seed);
@@ -442,9 +461,14 @@ impl Client<'_> {
         let design = self.script.design;
         let key = self.lock_name(record);
         if self.redis.is_none() {
-            let url = self.script.redis_url.as_deref().context("no Redis URL")?;
+            // Under Sentinel, where the primary is now: asked again after every error.
+            let url = match self.script.sentinels.as_slice() {
+                [] => self.script.redis_url.clone().context("no Redis URL")?,
+                sentinels => primary_url(sentinels)?,
+            };
             let ttl = Duration::from_millis(self.script.lease_ms);
-            self.redis = Some(RedisLock::new(connect::redis(url)?, &key, ttl));
+            self.redis = Some(RedisLock::new(connect::redis(&url)?, &key, ttl));
+            self.redis_at = Some(url);
         }
         let lock = self.redis.as_mut().expect("connected above");
         lock.key = key.clone();
@@ -467,7 +491,7 @@ impl Client<'_> {
         // The heartbeat renews the key every TTL/3 on a connection of its own — and is
         // frozen with the rest of the process by a pause.
         let renewal = if design == Design::RedisRenewed {
-            let url = self.script.redis_url.as_deref().context("no Redis URL")?;
+            let url = self.redis_at.as_deref().context("no Redis URL")?;
             let ttl = Duration::from_millis(self.script.lease_ms);
             let heartbeat = RedisLock::new(connect::redis(url)?, &key, ttl);
             Some(Renewal::start(heartbeat, held.clone(), Box::new(|_| {})))
@@ -751,6 +775,13 @@ impl Client<'_> {
         );
         Ok(())
     }
+}
+
+/// The primary's URL, as the Sentinels name it now.
+fn primary_url(sentinels: &[String]) -> Result<String> {
+    use super::sentinel_client::{primary_from_sentinels, primary_url};
+    let primary = primary_from_sentinels(sentinels, crate::cluster::MASTER_NAME)?;
+    Ok(primary_url(sentinels, &primary))
 }
 
 /// Reads the record; with `claim`, first claims it for that token (refused, None, when the

@@ -98,18 +98,19 @@ pub fn primary_from_sentinels(sentinels: &[String], master: &str) -> Result<Stri
     )
 }
 
+/// The primary's URL: the Sentinels' user and password (the cluster's), at the address
+/// they name now.
+pub fn primary_url(sentinels: &[String], primary: &str) -> String {
+    match sentinels.first().and_then(|url| url.rsplit_once('@')) {
+        Some((user, _)) => format!("{user}@{primary}"),
+        None => format!("redis://{primary}"),
+    }
+}
+
 pub fn run(script: &SentinelClient) -> Result<()> {
     let me = Emitter::new(&script.name);
     let primary = primary_from_sentinels(&script.sentinels, &script.master)?;
-    // The Sentinels' user and password, at the primary's address.
-    let primary_url = match script
-        .sentinels
-        .first()
-        .and_then(|url| url.rsplit_once('@'))
-    {
-        Some((user, _)) => format!("{user}@{primary}"),
-        None => format!("redis://{primary}"),
-    };
+    let primary_url = primary_url(&script.sentinels, &primary);
     let mut lock = RedisLock::new(
         connect::redis(&primary_url)?,
         &script.key,

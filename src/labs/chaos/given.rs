@@ -61,7 +61,8 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
     let mut servers = if design.uses_etcd() {
         vec![generate::ETCD_LEADER.to_string()]
     } else {
-        vec!["redis".to_string(), "redis-aof".to_string()]
+        let primary = generate::REDIS_PRIMARY.to_string();
+        vec!["redis".to_string(), "redis-aof".to_string(), primary]
     };
     if design.uses_masters() {
         servers = redlock_lane::restart_targets();
@@ -77,8 +78,32 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
     if restarts.count() > 1 {
         crate::bail_usage!(
             "--schedule: chaos restarts its Redis at most once a schedule (as `redis`, which \
-             comes back empty, or as `redis-aof`, which comes back with its data), and kills \
-             etcd's leader at most once (as `etcd-leader`)"
+             comes back empty, as `redis-aof`, which comes back with its data, or as \
+             `redis-primary`, a failover), and kills etcd's leader at most once (as \
+             `etcd-leader`)"
+        );
+    }
+    if let Some(step) = (schedule.steps().iter())
+        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
+    {
+        crate::bail_usage!(
+            "--schedule: {} aims at redis-primary, which chaos only fails over: \
+             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
+            step.fault.as_str()
+        );
+    }
+    let failover = schedule
+        .steps()
+        .iter()
+        .any(|s| s.target == generate::REDIS_PRIMARY);
+    let on_lock_server = (schedule.steps().iter())
+        .find(|s| generate::FaultKind::of(s).is_some_and(|k| k.on_lock_server()));
+    if let (true, Some(step)) = (failover, on_lock_server) {
+        crate::bail_usage!(
+            "--schedule: {} aims at {}, but with a failover the clients reach the Redis \
+             primary the Sentinels name, not through the fault proxy: drop one of the two",
+            step.fault.as_str(),
+            step.target
         );
     }
     // What chaos's clients and nemesis can play, within one run of `run_ms`: a step it

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::play::space;
 pub use super::table::Cell;
-use super::table::{footer, header, notes, row_line};
+use super::table::{footer, header, in_table_order, notes, row_line};
 use super::{Ground, chaos_exit_help, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
@@ -20,7 +20,7 @@ use crate::worker::chaos_client::Design;
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
                                            restart-aof, delay, lost-reply,
-                                           cut, leader-kill, clock
+                                           cut, leader-kill, clock, failover
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -30,8 +30,10 @@ A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
 kind and replay command below the table, note k) or UNKNOWN n/K (inconclusive:
 n histories could not be decided, or none of their faults played; never a
 pass). A cell stops at its first violation. With six columns they read SAFE n,
-UNSAFE#k, UNK n; with seven, UNS#k; with eight, SAFE (the headings restrt,
-lost-r); with nine, UNK (restr, lost, leadr).
+UNSAFE#k, UNK n; with seven, UNS#k. Past seven, each design takes two lines:
+a client's faults (pause, kill, delay, lost-reply, cut) over a server's
+(restart, restart-aof, leader-kill, clock, failover), headed rest-aof and
+leader; the notes are numbered in that order.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process under any
@@ -55,6 +57,11 @@ etcd (leases on its leader's monotonic clock) and Postgres (no TTL) show
 `-`; a client's wall clock is not stepped: chaos's clients time their leases
 on the monotonic clock, which a step does not move (lab 9 shows what it
 breaks in a client that reads the wall clock).
+`failover` runs the Redis designs against a primary and its replica
+under three Sentinels and kills the primary; the Sentinels promote the
+replica, the clients ask them where to go. Replication is asynchronous: what
+the primary acknowledged and had not sent on is gone (lab 5). Designs
+without Redis, or on a given Redis, show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 
@@ -127,17 +134,19 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     } else {
         args.design.clone()
     };
-    let kinds = if args.faults.is_empty() {
+    let mut kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
     } else {
         args.faults.clone()
     };
+    in_table_order(&mut kinds);
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
     let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
     super::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
+        ground.sentinel_ring = super::failover::ring_for(&designs, &kinds, ground.redis_given)?;
         if !style.json {
             let part = if shard.n > 1 {
                 format!(" Part {} of {} (--shard).", shard.k, shard.n)
@@ -169,6 +178,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 let no_server = (kind.restarts() && space.restartable.is_empty())
                     || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
                     || (*kind == FaultKind::Clock && space.jumping.is_empty())
+                    || (*kind == FaultKind::Failover && !space.redis_failover)
                     || !space.kinds.contains(kind);
                 let (result, replay) = if no_server {
                     ("-".to_string(), None)
@@ -243,7 +253,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         } else {
             footer(
                 &cells,
-                ground.redis_given && kinds.iter().any(|k| k.restarts()),
+                ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
             );
         }
         Ok(ExitCode::from(exit_code(&cells)))
@@ -281,7 +291,7 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
         }
     }
     designs.sort_by_key(|d| Design::ALL.iter().position(|a| a == d));
-    kinds.sort_by_key(|k| FaultKind::ALL.iter().position(|a| a == k));
+    in_table_order(&mut kinds);
     crate::prose!(
         "Matrix merged from {} file(s): {} cells.",
         files.len(),
@@ -291,7 +301,7 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
     cells.sort_by_key(|c| {
         (
             Design::ALL.iter().position(|d| *d == c.design),
-            FaultKind::ALL.iter().position(|k| *k == c.fault),
+            kinds.iter().position(|k| *k == c.fault),
         )
     });
     for design in &designs {
@@ -351,6 +361,15 @@ mod tests {
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Pause));
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Restart));
         assert!(!Design::FencedWriteOnly.labs_call_it_safe_under(FaultKind::Restart));
+        // Lab 5: the promoted replica lacks what the primary had not sent on, as a Redis
+        // restarted empty does; a design without Redis does not meet a failover.
+        for design in Design::ALL {
+            assert_eq!(
+                design.labs_call_it_safe_under(FaultKind::Failover),
+                design.labs_call_it_safe_under(FaultKind::Restart) || !design.uses_redis(),
+                "{design:?}"
+            );
+        }
         // A delay of the write (no process paused) breaks what lets its lock run out under
         // a write in flight, and not a lock its running process keeps renewing.
         assert!(!Design::RedisLock.labs_call_it_safe_under(FaultKind::Delay));

@@ -10,6 +10,7 @@
 
 mod clock;
 mod cluster;
+mod failover;
 mod given;
 pub mod matrix;
 mod net;
@@ -70,6 +71,7 @@ Examples:
   lockslab chaos --design redis-lock --faults delay,lost-reply
   lockslab chaos --design etcd-lease --faults cut
   lockslab chaos --design redlock --faults clock
+  lockslab chaos --design redis-fenced --faults failover
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -94,7 +96,12 @@ store for Postgres designs; none for Redlock) lost once applied (lab 8);
 sends gets through, and what it sent goes out, late, when the cut heals;
 `leader-kill`, for the etcd designs: a cluster of three members (lab 5)
 whose leader is killed, then started again once the other two have elected
-a new one (schedules with one play one at a time); `clock`, for the designs
+a new one (schedules with one play one at a time); `failover`, for the Redis
+designs: a primary and its replica under three Sentinels (lab 5); the
+primary is killed, the Sentinels promote the replica, and the clients, which
+ask the Sentinels where the primary is (again after an error), move to it;
+what replication had not carried over is lost (one at a time, never on a
+given Redis); `clock`, for the designs
 whose lock expires on a Redis server's clock: that clock jumps a lease ahead
 a few ms after a client took its lock — SIMULATED, as in lab 6 (redis-server
 does not run under libfaketime): the held key's TTL is cut by the jump, and
@@ -178,6 +185,9 @@ pub struct Ground {
     pub run_id: String,
     /// The etcd cluster of the leader kills (issue 25), when a run may draw one.
     pub etcd_ring: Option<std::sync::Arc<cluster::EtcdRing>>,
+    /// The Redis primary and replica under Sentinel of the failovers, when a run may draw
+    /// one.
+    pub sentinel_ring: Option<std::sync::Arc<failover::SentinelRing>>,
 }
 
 impl Ground {
@@ -208,6 +218,7 @@ impl Ground {
             redis_given: given.is_some() && uses_redis,
             run_id: super::new_run_id(),
             etcd_ring: None,
+            sentinel_ring: None,
         })
     }
 
@@ -224,6 +235,7 @@ impl Ground {
             lanes: std::mem::take(&mut self.lanes),
             etcd_url,
             etcd_ring: self.etcd_ring.clone().filter(|_| design.uses_etcd()),
+            sentinel_ring: self.sentinel_ring.clone().filter(|_| design.uses_redis()),
             records: 2,
             run_ms: run_ms_of(design),
             work_ms: 20,
@@ -258,9 +270,9 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             .steps()
             .iter()
             .filter_map(FaultKind::of)
-            .filter(|k| k.restarts())
+            .filter(|k| k.kills_redis())
             .collect(),
-        None if kinds.iter().all(|k| k.restarts()) => kinds.clone(),
+        None if kinds.iter().all(|k| k.kills_redis()) => kinds.clone(),
         None => Vec::new(),
     };
     if let Some(kind) = restarts.first()
@@ -268,7 +280,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         && args.servers.given(Backend::Redis).is_some()
     {
         crate::bail_usage!(
-            "{}: chaos restarts only servers it started itself, and this Redis was given \
+            "{}: chaos kills and restarts only servers it started itself, and this Redis was given \
              (--redis-url or LOCKSLAB_REDIS_URL); unset it and chaos starts its own",
             kind.name()
         );
@@ -277,6 +289,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let meets = |kind: &FaultKind| match kind {
         FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
         FaultKind::LeaderKill => d.uses_etcd(),
+        FaultKind::Failover => d.uses_redis(),
         FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
         FaultKind::Clock => d.uses_redis() || d.uses_masters(),
         _ => true,
@@ -284,9 +297,10 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
-             own, leader-kill an etcd design, lost-reply and cut a lock server behind the \
-             proxy — Redlock's masters are not —, clock a lock whose keys expire on Redis); \
-             choose another fault",
+             own, leader-kill an etcd design, failover one of the Redis designs — redis-lock, \
+             redis-renewed, fenced-write-only, redis-fenced, redis-durable-token —, lost-reply \
+             and cut a lock server behind the proxy — Redlock's masters are not —, clock a lock \
+             whose keys expire on Redis); choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
             d.name()
         );
@@ -294,6 +308,15 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
         ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
+        // A given schedule's failover needs the cluster, whatever --faults says.
+        let with_given: Vec<FaultKind> = (kinds.iter().copied())
+            .chain(
+                given
+                    .iter()
+                    .flat_map(|s| s.steps().iter().filter_map(FaultKind::of)),
+            )
+            .collect();
+        ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
         if !args.json {
             show::heading(&ground, args, seed);
         }

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::rows::{forget, prepare, read_back};
+use super::rows::{forget, heard, prepare, read_back};
 use super::unplayed::Unplayed;
-use crate::check::chaos::{self, Heard, LostRelease, RecordBack, Report};
+use crate::check::chaos::{self, RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
-use crate::events::{Event, What};
+use crate::events::Event;
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::generate::{self, FaultKind, Space};
@@ -31,6 +31,8 @@ pub struct Setup {
     pub etcd_url: Option<String>,
     /// The etcd cluster whose leader a schedule may kill (issue 25).
     pub etcd_ring: Option<std::sync::Arc<super::cluster::EtcdRing>>,
+    /// The Redis primary and replica under Sentinel whose primary a schedule may kill.
+    pub sentinel_ring: Option<std::sync::Arc<super::failover::SentinelRing>>,
     pub records: u32,
     pub run_ms: u64,
     pub work_ms: u64,
@@ -219,14 +221,30 @@ impl Setup {
         let on = turn
             .as_ref()
             .map(|(_, urls)| (ring.unwrap(), urls.as_slice()));
-        let result = self.play_on(
-            lane, on, schedule, &names, &records, &run_id, seed, &mut store,
+        // A failover plays on the Sentinels' primary and replica, alone there (`failover`).
+        let sentinels = (self.sentinel_ring.as_deref())
+            .filter(|_| super::failover::SentinelRing::wanted_by(schedule));
+        let sentinel_turn = sentinels.map(|ring| ring.take_turn()).transpose()?;
+        let lane_of = (
+            lane,
+            sentinel_turn
+                .as_ref()
+                .map(|(_, urls)| (sentinels.unwrap(), urls.as_slice())),
         );
-        drop(turn);
+        let result = self.play_on(
+            lane_of, on, schedule, &names, &records, &run_id, seed, &mut store,
+        );
+        let switched = sentinels.is_some_and(|ring| ring.switched_during_turn());
+        drop((turn, sentinel_turn));
         let forgot = forget(&mut store, &run_id);
         let (history, unplayed, backs) = result?;
         forgot?;
         let mut report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        if switched {
+            report
+                .unknowns
+                .push(super::failover::SWITCHED_BY_ITSELF.into());
+        }
         let steps = schedule.steps().len();
         if let Some(why) = super::unplayed::unknown(&unplayed, steps, self.given) {
             // First: the line shows the first unknown, and this one says what was tested.
@@ -258,7 +276,7 @@ impl Setup {
     #[allow(clippy::too_many_arguments)]
     fn play_on(
         &self,
-        lane: &Lane,
+        (lane, sentinels): (&Lane, Option<(&super::failover::SentinelRing, &[String])>),
         ring: Option<(&super::cluster::EtcdRing, &[String])>,
         schedule: &Schedule,
         names: &[String],
@@ -306,6 +324,8 @@ impl Setup {
         let through = |name: &str, server: &str, url: Option<&str>| {
             url.map(|url| paths.url(name, server, url)).transpose()
         };
+        // A failover's clients work on past the promotion (see `failover`).
+        let run_ms = self.run_ms + sentinels.map_or(0, |_| super::failover::MORE_WORK_MS);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let script = ChaosClient {
@@ -317,13 +337,14 @@ impl Setup {
                 etcd_url: through(name, "etcd", etcd_of(i))?,
                 run_id: run_id.into(),
                 records: records.to_vec(),
-                run_ms: self.run_ms,
+                run_ms,
                 work_ms: self.work_ms,
                 lease_ms: self.lease_ms,
                 wait_ms: 2000,
                 seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
                 clients: names.len() as u32,
                 masters: lane.masters.urls.clone(),
+                sentinels: sentinels.map_or_else(Vec::new, |(_, urls)| urls.to_vec()),
             };
             workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
         }
@@ -342,6 +363,13 @@ impl Setup {
                     "a new etcd leader elected; the old one back as a follower after {}ms",
                     took.as_millis()
                 ),
+                (Fault::Restart, None) if name == generate::REDIS_PRIMARY => {
+                    "kills Redis's primary (SIGKILL): the Sentinels are to promote its replica"
+                        .to_string()
+                }
+                (Fault::Restart, Some(took)) if name == generate::REDIS_PRIMARY => {
+                    sentinels.map_or_else(String::new, |(ring, _)| ring.promoted_words(took))
+                }
                 (Fault::Restart, None) if keeps_data => {
                     "crashes Redis (SIGKILL), then starts it again on its AOF".to_string()
                 }
@@ -366,7 +394,7 @@ impl Setup {
             .filter_map(|s| s.duration_ms)
             .max()
             .unwrap_or(0);
-        let within = Duration::from_millis(self.run_ms + longest_pause + 15_000);
+        let within = Duration::from_millis(run_ms + longest_pause + 15_000);
         let until = Until::holds("the clients to finish", within, |stage, faults| {
             names.iter().all(|name| stage.has_exited(name)) && !faults.holding()
         })
@@ -393,6 +421,10 @@ impl Setup {
             let mut leader = ring.map(|(ring, _)| super::cluster::Leader(ring));
             if let Some(leader) = leader.as_mut() {
                 cast.push(leader);
+            }
+            let mut primary = sentinels.map(|(ring, _)| super::failover::Primary(ring));
+            if let Some(primary) = primary.as_mut() {
+                cast.push(primary);
             }
             stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
                 net_play.tick(stage)?;
@@ -434,38 +466,6 @@ pub(super) fn set_persistence(private: &mut PrivateServers, keeps_data: bool) ->
     Ok(())
 }
 
-/// What the clients heard back, out of the history: the writes they were told were
-/// accepted, and the releases that found their lock gone or someone else's.
-fn heard(history: &[Event]) -> Heard {
-    let mut heard = Heard::default();
-    let mut lock_of: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
-    for event in history {
-        match &event.what {
-            What::Acquired(a) => {
-                if let Some(lock) = a.lock.as_deref() {
-                    lock_of.insert(event.worker.as_str(), lock);
-                }
-            }
-            What::Wrote(w) if w.outcome == crate::store::Outcome::Accepted => {
-                if let (Some(record), Some(job)) = (&w.resource, w.job) {
-                    heard.acknowledged.push((record.clone(), job));
-                }
-            }
-            What::Released(r) if r.released == Some(false) => {
-                heard.lost_releases.push(LostRelease {
-                    holder: event.worker.clone(),
-                    lock: lock_of
-                        .get(event.worker.as_str())
-                        .map_or_else(|| "its lock".into(), |lock| lock.to_string()),
-                    found_owner: r.found_owner.clone(),
-                });
-            }
-            _ => {}
-        }
-    }
-    heard
-}
-
 /// The faults a design can meet: a restart only where there is a server of chaos's own.
 pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
     let lease = setup.lease_ms;
@@ -497,6 +497,7 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         max_faults: 3,
         lock_server: super::net::lock_server(setup.design).into(),
         etcd_cluster: setup.etcd_ring.is_some(),
+        redis_failover: setup.sentinel_ring.is_some(),
         moments: setup.design.moments(),
         jumping: super::clock::servers(setup.design),
     }

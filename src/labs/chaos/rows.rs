@@ -3,8 +3,9 @@
 
 use anyhow::{Context, Result};
 
-use crate::check::chaos::{ChaosAttempt, RecordBack};
+use crate::check::chaos::{ChaosAttempt, Heard, LostRelease, RecordBack};
 use crate::connect::PgClient;
+use crate::events::{Event, What};
 use crate::worker::chaos_client;
 
 pub fn prepare(store: &mut PgClient, run_id: &str, records: &[String]) -> Result<()> {
@@ -86,4 +87,36 @@ pub fn read_back(
         });
     }
     Ok(backs)
+}
+
+/// What the clients heard back, out of the history: the writes they were told were
+/// accepted, and the releases that found their lock gone or someone else's.
+pub fn heard(history: &[Event]) -> Heard {
+    let mut heard = Heard::default();
+    let mut lock_of: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for event in history {
+        match &event.what {
+            What::Acquired(a) => {
+                if let Some(lock) = a.lock.as_deref() {
+                    lock_of.insert(event.worker.as_str(), lock);
+                }
+            }
+            What::Wrote(w) if w.outcome == crate::store::Outcome::Accepted => {
+                if let (Some(record), Some(job)) = (&w.resource, w.job) {
+                    heard.acknowledged.push((record.clone(), job));
+                }
+            }
+            What::Released(r) if r.released == Some(false) => {
+                heard.lost_releases.push(LostRelease {
+                    holder: event.worker.clone(),
+                    lock: lock_of
+                        .get(event.worker.as_str())
+                        .map_or_else(|| "its lock".into(), |lock| lock.to_string()),
+                    found_owner: r.found_owner.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    heard
 }

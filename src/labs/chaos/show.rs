@@ -84,6 +84,11 @@ pub fn lanes_words(ground: &Ground) -> Vec<String> {
     } else {
         Vec::new()
     }
+    .into_iter()
+    .chain(ground.sentinel_ring.as_ref().map(|_| {
+        "redis    a primary, its replica, 3 Sentinels: the failovers' (one at a time)".into()
+    }))
+    .collect()
 }
 
 /// A step in a few words: `pause B 3ms after read_record#2 for 640ms`.
@@ -99,6 +104,7 @@ pub fn step_words(step: &Step) -> String {
         .duration_ms
         .map_or(String::new(), |ms| format!(" for {ms}ms"));
     let fault = match step.fault {
+        Fault::Restart if step.target == crate::nemesis::generate::REDIS_PRIMARY => "failover",
         Fault::Restart => "restart",
         Fault::DropReply => "lost-reply",
         Fault::ClockStep => "clock-jump",

@@ -33,60 +33,104 @@ fn column(kinds: usize) -> usize {
 /// Below this width a column shows its words short (`SAFE 12`, `UNSAFE#1`, `UNK 7`).
 const NARROW: usize = 13;
 
+/// The table's lines for these columns: one while seven fit on it; past seven, two — what
+/// happens to a client or its path on the first, what happens to a server on the second,
+/// each column wide enough for its words ([`in_table_order`] puts the kinds, and so the
+/// notes' numbers, in that order).
+fn lines(kinds: &[FaultKind]) -> Vec<Vec<FaultKind>> {
+    let (servers, clients): (Vec<FaultKind>, Vec<FaultKind>) =
+        kinds.iter().partition(|k| k.on_a_server());
+    if kinds.len() <= 7 || servers.is_empty() || clients.is_empty() {
+        return vec![kinds.to_vec()];
+    }
+    vec![clients, servers]
+}
+
+/// The columns as the table shows them: a client's faults, then a server's (each group in
+/// `FaultKind::ALL`'s order). A note's number follows this order.
+pub fn in_table_order(kinds: &mut [FaultKind]) {
+    kinds.sort_by_key(|k| (k.on_a_server(), FaultKind::ALL.iter().position(|a| a == k)));
+}
+
+/// The width of every column of a table of these kinds.
+fn width_of(kinds: &[FaultKind]) -> usize {
+    column(lines(kinds).iter().map(|l| l.len()).max().unwrap_or(1))
+}
+
 pub fn header(kinds: &[FaultKind]) {
-    let width = column(kinds.len());
-    let head: String = kinds
-        .iter()
-        .map(|k| format!("{:<width$}", head_name(*k, width)))
-        .collect();
-    crate::outln!("{:<w$}{}", "   design", head.trim_end(), w = LABEL + 3);
+    let width = width_of(kinds);
+    for (n, line) in lines(kinds).iter().enumerate() {
+        let head: String = line
+            .iter()
+            .map(|k| format!("{:<width$}", head_name(*k, width)))
+            .collect();
+        let label = if n == 0 { "   design" } else { "" };
+        crate::outln!("{label:<w$}{}", head.trim_end(), w = LABEL + 3);
+    }
 }
 
 /// A design's row: ✅ or ❌ as the labs mark it, then its cells (a cell another part of a
-/// sharded run played: blank). An UNSAFE cell names its note below the table.
+/// sharded run played: blank) — on two lines past seven columns. An UNSAFE cell names its
+/// note below the table.
 pub fn row_line(design: Design, kinds: &[FaultKind], row: &[Cell], notes: &[&Cell]) -> String {
     let mark = if design.labs_call_it_safe() {
         "✅"
     } else {
         "❌"
     };
-    let mut line = format!("{mark} {:<LABEL$}", design.name());
-    for kind in kinds {
-        let word = row
-            .iter()
-            .find(|c| c.fault == *kind)
-            .map_or(String::new(), |c| short(c, notes, column(kinds.len())));
-        line.push_str(&paint(&word, column(kinds.len())));
+    let width = width_of(kinds);
+    let mut out = Vec::new();
+    for (n, line) in lines(kinds).iter().enumerate() {
+        let mut text = if n == 0 {
+            format!("{mark} {:<LABEL$}", design.name())
+        } else {
+            " ".repeat(LABEL + 3)
+        };
+        for kind in line {
+            let word = row
+                .iter()
+                .find(|c| c.fault == *kind)
+                .map_or(String::new(), |c| short(c, notes, width));
+            text.push_str(&paint(&word, width));
+        }
+        out.push(text.trim_end().to_string());
     }
-    line.trim_end().to_string()
+    out.join("\n")
 }
 
-/// A column's heading: the kind's name, cut to fit a narrow column (`rest-aof`).
+/// A column's heading: the kind's name, cut to fit a narrow column (`rest-aof`; with nine
+/// columns, `rstrt`, `lost`, `ldr-k`, `fover`).
 fn head_name(kind: FaultKind, width: usize) -> String {
     let name = kind.name();
     if name.len() < width {
         return name.to_string();
     }
-    let short = match kind {
-        FaultKind::RestartAof if width > 8 => "rest-aof",
-        FaultKind::LostReply if width > 8 => "lost-rep",
-        FaultKind::RestartAof => "r-aof",
-        FaultKind::LostReply if width > 7 => "lost-rp",
-        FaultKind::LostReply if width > 6 => "lost-r",
-        FaultKind::LostReply => "lost",
-        FaultKind::Restart if width > 6 => "restrt",
-        FaultKind::Restart => "restr",
-        FaultKind::LeaderKill if width > 6 => "leader",
-        FaultKind::LeaderKill => "leadr",
-        _ => name,
+    let cut: String = match kind {
+        FaultKind::RestartAof if width > 8 => "rest-aof".into(),
+        FaultKind::LostReply if width > 8 => "lost-rep".into(),
+        FaultKind::RestartAof => "r-aof".into(),
+        FaultKind::LostReply if width > 7 => "lost-rp".into(),
+        FaultKind::LostReply if width > 6 => "lost-r".into(),
+        FaultKind::LostReply => "lost".into(),
+        FaultKind::Restart if width > 6 => "restrt".into(),
+        FaultKind::Restart => "rstrt".into(),
+        FaultKind::LeaderKill if width > 6 => "leader".into(),
+        FaultKind::LeaderKill => "ldr-k".into(),
+        FaultKind::Failover => "fover".into(),
+        _ => name.into(),
     };
-    short.chars().take(width.saturating_sub(1).max(1)).collect()
+    if cut.len() < width {
+        cut
+    } else {
+        cut.chars().take(width.max(2) - 1).collect()
+    }
 }
 
 /// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
 /// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
 /// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`,
-/// and `SAFE` and `UNK` without their count where it would touch the next column.
+/// and `SAFE` and `UNK` without their count where `SAFE 12` or `UNK 12` would touch the
+/// next column.
 fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
     let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
@@ -102,13 +146,11 @@ fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
             format!("UNSAFE [{n}]")
         }
     } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
-        if narrow {
-            let word = format!("UNK {}", count.split('/').next().unwrap_or(count));
-            if word.len() < width {
-                word
-            } else {
-                "UNK".into()
-            }
+        let word = format!("UNK {}", count.split('/').next().unwrap_or(count));
+        if narrow && word.len() < width {
+            word
+        } else if narrow {
+            "UNK".into()
         } else {
             format!("UNKNOWN {count}")
         }
@@ -138,8 +180,9 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     if restart_refused {
         crate::outln!();
         crate::prose!(
-            "restart, restart-aof: not played — the Redis was given (--redis-url or \
-             LOCKSLAB_REDIS_URL), and chaos restarts only servers it started itself."
+            "restart, restart-aof, failover: not played — the Redis was given (--redis-url \
+             or LOCKSLAB_REDIS_URL), and chaos kills and restarts only servers it started \
+             itself."
         );
     }
     for (n, cell) in notes(cells).iter().enumerate() {
@@ -290,51 +333,66 @@ mod tests {
             line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
             "{line}"
         );
-        // Eight (leader-kill last): shorter still, the heading too.
-        let mut eight = six.clone();
-        eight.push(cell(Design::RedisDurableToken, FaultKind::Cut, "SAFE (12)"));
-        eight.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
+        // Seven: one line still, the shortest words.
+        let mut seven = six.clone();
+        seven.push(cell(Design::RedisDurableToken, FaultKind::Cut, "SAFE (12)"));
         let line = row_line(
             Design::RedisDurableToken,
-            &FaultKind::ALL[..8],
-            &eight,
-            &notes(&eight),
+            &FaultKind::ALL[..7],
+            &seven,
+            &notes(&seven),
         );
+        assert_eq!(line.lines().count(), 1, "{line}");
         assert!(line.chars().count() < 80, "{line}");
         assert!(
-            line.contains("UNS#1 ") && line.contains("SAFE   ") && line.ends_with(" -"),
+            line.contains("UNS#1 ") && line.contains("UNK 12 "),
             "{line}"
         );
-        assert!(line.contains("UNK 12 "), "{line}");
-        // Nine (every kind, clock last): an undecided count no longer fits either.
-        let mut nine = eight.clone();
-        nine.push(cell(
+        let mut eight = seven.clone();
+        eight.push(cell(Design::RedisDurableToken, FaultKind::LeaderKill, "-"));
+        // Ten (every kind): two lines, a client's faults over a server's, each column wide
+        // enough for its count again; the notes numbered in that order.
+        let mut ten = eight.clone();
+        ten.push(cell(
             Design::RedisDurableToken,
             FaultKind::Clock,
-            "SAFE (12)",
+            "UNSAFE stale-write",
         ));
-        let line = row_line(
+        ten.push(cell(
             Design::RedisDurableToken,
-            &FaultKind::ALL,
-            &nine,
-            &notes(&nine),
-        );
-        assert!(line.chars().count() < 80, "{line}");
+            FaultKind::Failover,
+            "INCONCLUSIVE 12/12",
+        ));
+        let mut kinds = FaultKind::ALL.to_vec();
+        in_table_order(&mut kinds);
+        assert_eq!(kinds[..5].iter().filter(|k| k.on_a_server()).count(), 0);
+        ten.sort_by_key(|c| kinds.iter().position(|k| *k == c.fault));
+        let row = row_line(Design::RedisDurableToken, &kinds, &ten, &notes(&ten));
+        let lines: Vec<&str> = row.lines().collect();
+        assert_eq!(lines.len(), 2, "{row}");
+        for line in &lines {
+            assert!(line.chars().count() < 80, "{line}");
+        }
+        // pause kill delay lost-reply cut | restart restart-aof leader-kill clock failover
+        assert!(lines[0].starts_with("✅ redis-durable-token"), "{row}");
         assert!(
-            line.contains("UNS#1 ") && line.contains("UNK   ") && line.ends_with("SAFE"),
-            "{line}"
+            lines[0].contains("UNSAFE#1 ") && lines[0].contains("UNK 12 "),
+            "{row}"
         );
-        assert!(!line.contains("UNK 12"), "no word touches the next: {line}");
+        assert!(lines[1].starts_with(&" ".repeat(LABEL + 3)), "{row}");
         assert!(
-            !line.contains("SAFE 12"),
-            "no word touches the next: {line}"
+            lines[1].contains("SAFE 12 ") && lines[1].contains(" -"),
+            "{row}"
         );
-        let width = column(FaultKind::ALL.len());
-        let heads: Vec<String> = FaultKind::ALL
-            .iter()
-            .map(|k| head_name(*k, width))
-            .collect();
-        assert!(heads.iter().all(|h| h.len() < width), "{heads:?}");
+        assert!(
+            lines[1].contains("UNSAFE#2 ") && lines[1].ends_with(" UNK 12"),
+            "{row}"
+        );
+        for kinds in [&FaultKind::ALL[..7], &kinds[..]] {
+            let width = width_of(kinds);
+            let heads: Vec<String> = kinds.iter().map(|k| head_name(*k, width)).collect();
+            assert!(heads.iter().all(|h| h.len() < width), "{heads:?}");
+        }
     }
 
     #[test]
