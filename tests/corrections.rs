@@ -50,7 +50,7 @@ fn renew_extends_our_key_and_never_someone_elses() {
 
     let stranger = Held {
         owner: "someone-else".into(),
-        token: None,
+        ..held.clone()
     };
     assert!(!lock.renew(&stranger).unwrap(), "not ours: not renewed");
     assert!(lock.release(&held).unwrap());

@@ -12,10 +12,15 @@
 //!   events) against the log;
 //! - **duplicated effect**: one job in the log twice;
 //! - **two holders**, by the lock service's own answers: a release that found another
-//!   client's owner value in the key means the service had granted the lock to that client
-//!   while this one still held it. A release that found its lock simply gone (expired)
-//!   cannot say whether someone else held it meanwhile: unknown — which counts only for
-//!   the designs that trust the lock alone, since the others expect the lock to fail.
+//!   client's owner value in the key *before this one's TTL could have run out* (counted
+//!   from when its `SET` was sent) means the service had granted the lock to that client
+//!   while this one still held it — a key lost to a restart, a failover or a server's
+//!   clock jump. A release that found its lock gone, or taken again once its TTL could have
+//!   run out, cannot say whether someone else held it while this one still worked:
+//!   unknown — which counts only for the designs that trust the lock alone, since the
+//!   others expect the lock to fail. (The client decides which: [`LostRelease`] carries
+//!   another owner only in the first case; Redlock's release is judged the same way,
+//!   against its validity.)
 //!
 //! A record the read-back did not find is unknown too. Unknown is never a pass.
 

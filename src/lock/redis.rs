@@ -107,6 +107,9 @@ pub struct Held {
     pub owner: String,
     /// The fencing token drawn with the lock, when fencing is on.
     pub token: Option<i64>,
+    /// When the command that set the key was sent. Redis starts the key's TTL when it runs
+    /// that command, later: until `asked_at + ttl` the key cannot have expired by itself.
+    pub asked_at: Instant,
 }
 
 /// What a release found in Redis.
@@ -145,6 +148,7 @@ impl RedisLock {
     /// ✅ `SET key owner NX PX ttl`: one atomic command; None when someone else holds it.
     pub fn try_acquire(&mut self) -> Result<Option<Held>> {
         let owner = random_owner();
+        let asked_at = Instant::now();
         let reply: Option<String> = redis::cmd("SET")
             .arg(&self.key)
             .arg(&owner)
@@ -153,13 +157,18 @@ impl RedisLock {
             .arg(self.ttl_ms())
             .query(&mut self.connection)
             .context("SET NX PX")?;
-        Ok(reply.map(|_| Held { owner, token: None }))
+        Ok(reply.map(|_| Held {
+            owner,
+            token: None,
+            asked_at,
+        }))
     }
 
     /// ✅ The same acquisition, plus a fencing token from the counter `counter_key`,
     /// drawn atomically with the lock.
     pub fn try_acquire_fenced(&mut self, counter_key: &str) -> Result<Option<Held>> {
         let owner = random_owner();
+        let asked_at = Instant::now();
         let token: Option<i64> = ACQUIRE_WITH_TOKEN_SCRIPT
             .key(&self.key)
             .key(counter_key)
@@ -170,6 +179,7 @@ impl RedisLock {
         Ok(token.map(|token| Held {
             owner,
             token: Some(token),
+            asked_at,
         }))
     }
 
@@ -287,6 +297,7 @@ impl RedisLock {
             thread::sleep(window);
         }
         let owner = random_owner();
+        let asked_at = Instant::now();
         redis::cmd("SET")
             .arg(&self.key)
             .arg(&owner)
@@ -294,7 +305,11 @@ impl RedisLock {
             .arg(self.ttl_ms())
             .query::<()>(&mut self.connection)
             .context("SET")?;
-        Ok(Some(Held { owner, token: None }))
+        Ok(Some(Held {
+            owner,
+            token: None,
+            asked_at,
+        }))
     }
 
     /// ❌ `SETNX key owner`: atomic, but with no expiry.
@@ -306,12 +321,17 @@ impl RedisLock {
     /// Fix: [`RedisLock::try_acquire`], `SET NX PX ttl`: a dead holder's lock lapses.
     pub fn try_acquire_setnx(&mut self) -> Result<Option<Held>> {
         let owner = random_owner();
+        let asked_at = Instant::now();
         let created: bool = redis::cmd("SETNX")
             .arg(&self.key)
             .arg(&owner)
             .query(&mut self.connection)
             .context("SETNX")?;
-        Ok(created.then_some(Held { owner, token: None }))
+        Ok(created.then_some(Held {
+            owner,
+            token: None,
+            asked_at,
+        }))
     }
 
     /// ❌ `SETNX`, then `PEXPIRE`: the expiry added by a second command.
