@@ -36,9 +36,11 @@ a client's faults (pause, kill, delay, lost-reply, cut) over a server's
 leader; the notes are numbered in that order.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
-data: what Redis wrote to the file survives a crash of the process under any
-fsync policy (the kernel still has it); the `appendfsync always` it runs with
-matters for a power loss or kernel crash, which chaos does not play. Designs
+data: what Redis wrote to the file survives a crash of the process (the
+kernel still has it); `appendfsync always`, which it runs with, also keeps a
+write from waiting behind a slow fsync (`everysec` may postpone one up to
+2 s), and matters for a power loss or kernel crash, which chaos does not
+play. Designs
 without Redis show `-` there.
 `delay` holds a client's next write to the store in a fault proxy, its
 process running; with `lost-reply` (lost-rep) the answer to a client's next

@@ -86,8 +86,9 @@ just after a client took its lock, just after its read, inside its write's
 transaction, or at a time; a restart of the lock's Redis (chaos's own):
 `restart` with no persistence (it comes back empty), `restart-aof` with its
 append-only file (it comes back with its data: a killed process loses
-nothing it wrote to the file, whatever the fsync policy; the fsync at every
-write it runs with is for power loss, which chaos does not play); `delay`, a
+nothing it wrote to the file; it runs with an fsync at every write, so no
+write waits behind a slow fsync as `everysec` may let one; what the fsync
+adds is for power loss, which chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
 and `lost-reply`, the answer to its next request to its lock server (the
 store for Postgres designs; none for Redlock) lost once applied (lab 8);
