@@ -40,8 +40,9 @@ pub enum FaultKind {
     /// The lock server's clock jumps a lease ahead just after a client took its lock
     /// (SIMULATED: the held key's TTL cut): Redis, or one to three of Redlock's masters
     Clock,
-    /// The Redis designs' primary killed (SIGKILL) under Sentinel: its replica promoted,
-    /// what replication had not carried over lost; clients ask Sentinel where to go
+    /// The Redis designs' primary killed (SIGKILL) under Sentinel once its replica lagged
+    /// (frozen, its link cut) 200-700ms: the replica promoted without what the primary took
+    /// meanwhile; clients ask Sentinel where to go
     Failover,
 }
 
@@ -50,6 +51,11 @@ pub const ETCD_LEADER: &str = "etcd-leader";
 
 /// The target of a failover: whichever Redis node the Sentinels name primary when it lands.
 pub const REDIS_PRIMARY: &str = "redis-primary";
+
+/// How long a drawn failover's replica lags (frozen, its link cut) while the primary takes
+/// writes, before the primary dies: its `duration_ms`. Under chaos's Sentinel down-after
+/// (1s), so that the Sentinels never call the frozen replica down and pass it over.
+pub const FAILOVER_LAG_MS: (u64, u64) = (200, 700);
 
 /// The name a server restarted with its data goes by in a schedule: `redis-aof` (the same
 /// Redis, run with its append-only file on for that schedule).
@@ -292,7 +298,7 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                     after: None,
                     fault: Fault::Restart,
                     target: REDIS_PRIMARY.into(),
-                    duration_ms: None,
+                    duration_ms: Some(failover_lag_ms(seed)),
                 });
             }
             FaultKind::Failover => {}
@@ -338,6 +344,14 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
         steps.retain(|step| !FaultKind::of(step).is_some_and(|kind| kind.on_lock_server()));
     }
     Schedule::new(steps)
+}
+
+/// How long a failover's replica lags before its primary dies (see [`FAILOVER_LAG_MS`]),
+/// drawn from the schedule's seed on a stream of its own: the other steps' draws stay what
+/// they always were.
+fn failover_lag_ms(seed: u64) -> u64 {
+    let (lo, hi) = FAILOVER_LAG_MS;
+    Rng::new(seed ^ 0x6C61_6767_696E_6721).between(lo, hi)
 }
 
 /// A fault on one client's path through the proxy, aimed at its work:
@@ -916,6 +930,8 @@ mod tests {
                     (Fault::Restart, REDIS_PRIMARY)
                 );
                 assert!(step.after.is_none() && (300..=1800).contains(&step.at_ms));
+                let (lo, hi) = FAILOVER_LAG_MS;
+                assert!((lo..=hi).contains(&step.duration_ms.unwrap()), "{step:?}");
             }
         }
         assert!(failovers > 30 && with_others > 10, "{failovers} failovers");
@@ -943,6 +959,8 @@ mod tests {
         );
     }
 
+    /// Its lag (`duration_ms`, drawn on a stream of its own) is all that changed when the
+    /// replica began to lag: the time is the one drawn before.
     const PINNED_FAILOVER_OF_SEED_5: &str =
-        r#"[{"at_ms":388,"fault":"restart","target":"redis-primary"}]"#;
+        r#"[{"at_ms":388,"fault":"restart","target":"redis-primary","duration_ms":216}]"#;
 }

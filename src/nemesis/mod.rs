@@ -268,17 +268,7 @@ impl Nemesis {
         self.paused.remove(&pid);
         let took = victim.restart_now()?;
         let new_pid = victim.pid().unwrap_or_default();
-        let mut back = back(took);
-        back.facts.restart_ms = Some(took.as_millis() as u64);
-        let mut end = fault_event(Fault::Restart, &victim.label(), new_pid, back);
-        end.what = match end.what {
-            What::Killed(mut facts) => {
-                facts.phase = Some(Phase::End);
-                What::Resumed(facts)
-            }
-            other => other,
-        };
-        history.record(end);
+        history.record(restarted_event(&victim.label(), new_pid, took, back(took)));
         Ok(took)
     }
 
@@ -321,6 +311,21 @@ fn alive_pid(victim: &dyn Victim) -> Result<i32> {
             victim.label()
         ),
     }
+}
+
+/// The history's record of a restart's end: the victim answers again (kind `resumed`,
+/// phase `end`) after `took` (`restart_ms`).
+pub fn restarted_event(target: &str, pid: i32, took: Duration, mut back: Note) -> Event {
+    back.facts.restart_ms = Some(took.as_millis() as u64);
+    let mut end = fault_event(Fault::Restart, target, pid, back);
+    end.what = match end.what {
+        What::Killed(mut facts) => {
+            facts.phase = Some(Phase::End);
+            What::Resumed(facts)
+        }
+        other => other,
+    };
+    end
 }
 
 /// The history's record of one fault: in the lab's lane, with the fault's name, its target,

@@ -45,7 +45,9 @@ pub struct Step {
     pub fault: Fault,
     /// What it is aimed at, by the name the history gives it (`A`, `redis`, `m3`).
     pub target: String,
-    /// For a pause: how long until the nemesis resumes it.
+    /// For a pause: how long until the nemesis resumes it. For chaos's failover (a restart
+    /// of `redis-primary`): how long its replica lags, frozen and its link cut, before the
+    /// primary dies (none: the replica is in step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
 }

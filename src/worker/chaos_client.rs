@@ -214,9 +214,13 @@ impl Design {
     ///   (lab 6's clock jump); the fenced twins refuse the stale holder's write. etcd's
     ///   leases run on its leader's monotonic clock, and the Postgres designs have no TTL:
     ///   no clock of theirs to jump (`-`).
-    /// - **failover** (the Redis designs' primary killed under Sentinel, its replica
-    ///   promoted): what restart breaks, for the same reason — a lock key or an `INCR` the
-    ///   replica never got is gone (lab 5). The designs without Redis do not meet it (`-`).
+    /// - **failover** (the Redis designs' primary killed under Sentinel once its replica
+    ///   lagged, frozen and cut off, the replica promoted): what restart breaks, for the
+    ///   same reason — a lock key or an `INCR` the replica never got is gone (lab 5). The
+    ///   designs without Redis do not meet it (`-`). Measured here, a failover alone rarely
+    ///   shows it: the promotion outlasts the Sentinels' down-after (1s), so a lease and a
+    ///   job, and no client still holds a lock or a token from before the kill when
+    ///   another gets one from the promoted replica (a pause across it does: lab 5's A).
     pub fn labs_call_it_safe_under(self, kind: FaultKind) -> bool {
         match kind {
             FaultKind::Pause => self.labs_call_it_safe(),

@@ -1,43 +1,55 @@
 //! Chaos's Redis failover (issue 25): the Redis designs against lab 5's primary and
 //! replica watched by three Sentinels ([`crate::cluster::SentinelCluster`]), whose primary a
-//! schedule kills.
+//! schedule kills once its replica has lagged (played by [`super::lag`]).
 //!
 //! ```text
 //!  client A ─┐  "where is the primary?"
-//!  client B ─┼──▶ Sentinels ──▶ primary :p   ✗ SIGKILL: the Sentinels agree it is down
-//!  client C ─┘                  replica :r   ◀── promoted; the clients, asking again
-//!                                               after an error, move to it; :p starts
-//!                                               again as its replica, empty, before the
-//!                                               next schedule
+//!  client B ─┼──▶ Sentinels ──▶ primary :p   ✗ SIGKILL after the lag: they agree it is down
+//!  client C ─┘                  replica :r   ❄ frozen, its link cut, for the lag (200-700ms);
+//!                                            thawed at the kill, then promoted; the clients,
+//!                                            asking again after an error, move to it; :p
+//!                                            starts again as its replica, empty, before
+//!                                            the next schedule
 //! ```
 //!
-//! Replication is asynchronous: a write the primary acknowledged and had not yet sent
-//! on is gone from the promoted replica — a lock key, an `INCR` (lab 5). Every client asks
-//! the Sentinels where the primary is, and asks again after an error. A failover reaches
-//! every history on the cluster, so the schedules that hold one play one at a time (the
-//! others play on their lane's Redis, as before).
+//! Replication is asynchronous: a write the primary acknowledged and had not yet sent on
+//! is gone from the promoted replica — a lock key, an `INCR` (lab 5). On one machine the
+//! replica is never behind by itself, so the schedule makes it lag as lab 5 does: frozen,
+//! its link closed from the primary's side, while the primary takes writes; the primary
+//! dies, the replica is thawed (no primary left to catch up from) and promoted. The lag
+//! stays under the Sentinels' down-after (1s), so they never call the replica down and
+//! pass it over. Every client asks the Sentinels where the primary is, and asks again
+//! after an error. A failover reaches every history on the cluster, so the schedules that
+//! hold one play one at a time (the others play on their lane's Redis, as before).
 
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
-use crate::nemesis::Victim;
+use crate::events::facts::FaultFacts;
+use crate::labs::Stage;
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
 use crate::nemesis::schedule::Schedule;
+use crate::nemesis::{Fault, Held, Nemesis, Note, Victim, fault_event};
 use crate::worker::chaos_client::Design;
 
 /// How long the Sentinels may take to promote the replica, and the cluster to be whole
 /// again (the old primary back and in sync): far above Sentinel's timers (a primary is
 /// down after a second; a Sentinel that led a failover waits twice its 3s failover timeout
 /// before it leads another), for a loaded machine.
-const WITHIN: Duration = Duration::from_secs(20);
+pub(super) const WITHIN: Duration = Duration::from_secs(20);
 
 /// How long a primary may stay silent before a Sentinel calls it down: twice lab 5's, which
 /// on a loaded machine (a full sync's fork, a busy core) called a healthy primary down now
 /// and then and failed over by itself — a failover no schedule held.
-const DOWN_AFTER: Duration = Duration::from_millis(1000);
+pub(super) const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// The longest a given schedule's replica may lag (`duration_ms`): under [`DOWN_AFTER`], so
+/// that the Sentinels never call it down and pass it over (drawn lags are shorter still,
+/// [`crate::nemesis::generate::FAILOVER_LAG_MS`]).
+pub(super) const LONGEST_LAG: Duration = Duration::from_millis(900);
 
 /// How long the cluster must stay whole before a schedule plays on it.
 const SETTLED: Duration = Duration::from_millis(1500);
@@ -60,9 +72,6 @@ pub struct SentinelRing {
     keeper: Mutex<mpsc::Sender<Box<dyn FnOnce() + Send>>>,
     /// Held by a schedule with a failover for its whole play: one at a time.
     turn: Mutex<()>,
-    /// How far the last promoted replica was behind the primary it replaced, in bytes of
-    /// the replication stream (see [`SentinelRing::fail_over`]), when both answered.
-    behind: Mutex<Option<u64>>,
     /// The Sentinels failed over by themselves since the turn began, seen as a failover
     /// was about to kill the primary (see [`SentinelRing::switched_during_turn`]).
     unasked: std::sync::atomic::AtomicBool,
@@ -81,7 +90,6 @@ impl SentinelRing {
             cluster: Arc::new(Mutex::new(cluster)),
             keeper: Mutex::new(keeper),
             turn: Mutex::new(()),
-            behind: Mutex::new(None),
             unasked: Default::default(),
         }))
     }
@@ -166,53 +174,125 @@ impl SentinelRing {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Kills the primary and waits until the replica says it is the primary and a Sentinel
-    /// names it: how long the cluster had no primary.
-    fn fail_over(&self) -> Result<Duration> {
+    /// The Sentinels failed over by themselves before this failover began (their primary
+    /// is the one to lag and kill; the history is unknown all the same).
+    fn see_unasked(&self) {
         if self.switched_by_itself() {
-            // Their primary is the one to kill; the history is unknown all the same.
             self.unasked
                 .store(true, std::sync::atomic::Ordering::Release);
             self.cluster().promoted();
         }
-        // The primary's replication offset, asked just before the kill: at least what it
-        // had written (and acknowledged) by then.
-        let written = offset_of(&self.cluster().primary.url(), "master_repl_offset");
-        let started = Instant::now();
-        let (old, new_url, new_addr) = {
-            let mut cluster = self.cluster();
-            SentinelCluster::kill(&mut cluster.primary);
-            (
-                cluster.primary.port,
-                cluster.replica.url(),
-                cluster.replica.addr(),
-            )
+    }
+
+    /// The replica lags: frozen, then its link closed from the primary's side (frozen
+    /// alone, its kernel would still take the stream into the socket buffer, and it would
+    /// read it from there once thawed) — lab 5's way. One line of the history.
+    pub(super) fn lag(&self, stage: &mut Stage, nemesis: &mut Nemesis, lag_ms: u64) -> Result<()> {
+        self.see_unasked();
+        let primary = self.cluster().primary.url();
+        let mut on_primary = cluster::ask(&primary).context("asking the Redis primary")?;
+        let port = self.cluster().replica.port;
+        let facts = FaultFacts {
+            port: Some(port),
+            ..FaultFacts::default()
         };
-        let sentinels = self.cluster().sentinel_urls();
-        loop {
-            let named = sentinels.iter().any(|url| {
-                cluster::master_addr_from(url, MASTER_NAME).as_deref() == Some(new_addr.as_str())
-            });
-            if named && cluster::role_of(&new_url).as_deref() == Some("master") {
-                break;
+        let mut held = Held::default();
+        nemesis.pause(&mut held, &Replica(self), Note::new("", facts))?;
+        let cut = cluster::cut_replica_links(&mut on_primary);
+        for mut event in held.0 {
+            let closed = *cut.as_ref().unwrap_or(&0);
+            event.text = format!(
+                "the replica :{port} lags: frozen (SIGSTOP), its link cut ({closed} closed) \
+                 — what the primary takes meanwhile it never gets; the primary dies in \
+                 {lag_ms}ms"
+            );
+            if let Some(facts) = event.fault_mut() {
+                facts.links_closed = Some(closed as u64);
             }
-            if started.elapsed() > WITHIN {
-                bail!(
-                    "the Sentinels did not promote the replica within {}s of the primary \
-                     :{old}'s kill (a busy machine? run again)",
-                    WITHIN.as_secs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            stage.record(event);
         }
-        let took = started.elapsed();
+        cut.context("cutting the replica's link (CLIENT KILL TYPE replica)")?;
+        Ok(())
+    }
+
+    /// Kills the primary (a restart's start, in the history) and thaws a lagging replica:
+    /// what the primary had written by then, from its own replication offset.
+    pub(super) fn kill_primary(
+        &self,
+        stage: &mut Stage,
+        nemesis: &mut Nemesis,
+        lag_ms: u64,
+    ) -> Result<Option<u64>> {
+        if lag_ms == 0 {
+            self.see_unasked();
+        }
+        let (url, pid, port) = {
+            let cluster = self.cluster();
+            let primary = &cluster.primary;
+            (primary.url(), primary.pid, primary.port)
+        };
+        let pid = pid.context("the Redis primary is not running")?;
+        let written = offset_of(&url, "master_repl_offset");
+        let words = match lag_ms {
+            0 => "kills Redis's primary (SIGKILL), its replica in sync: the Sentinels are to \
+                  promote it"
+                .to_string(),
+            _ => format!(
+                "kills Redis's primary (SIGKILL) after {lag_ms}ms of lag: the Sentinels are \
+                 to promote its replica"
+            ),
+        };
+        let facts = FaultFacts {
+            port: Some(port),
+            ..FaultFacts::default()
+        };
+        stage.record(fault_event(
+            Fault::Restart,
+            REDIS_PRIMARY,
+            pid,
+            Note::new(words, facts),
+        ));
+        SentinelCluster::kill(&mut self.cluster().primary);
+        if lag_ms > 0 {
+            let port = self.cluster().replica.port;
+            let words = format!(
+                "thaws the replica :{port}: its primary is dead, nothing can send it what \
+                 it missed"
+            );
+            let facts = FaultFacts {
+                port: Some(port),
+                ..FaultFacts::default()
+            };
+            nemesis.resume(stage, &Replica(self), Note::new(words, facts))?;
+        }
+        Ok(written)
+    }
+
+    /// Has the replica taken over — it says it is the primary, and a Sentinel names it? Then
+    /// the cluster's roles swap, and this returns how far the replica was behind what the
+    /// primary had `written`, in bytes of the replication stream, when both answered.
+    pub(super) fn took_over(&self, written: Option<u64>) -> Option<Option<u64>> {
+        let (url, addr, sentinels) = {
+            let cluster = self.cluster();
+            let replica = &cluster.replica;
+            (replica.url(), replica.addr(), cluster.sentinel_urls())
+        };
+        let named = sentinels.iter().any(|sentinel| {
+            cluster::master_addr_from(sentinel, MASTER_NAME).as_deref() == Some(addr.as_str())
+        });
+        if !named || cluster::role_of(&url).as_deref() != Some("master") {
+            return None;
+        }
         // Promoted, the replica keeps the old stream's id "valid up to" one past the last
         // byte of it it had received.
-        let received = offset_of(&new_url, "second_repl_offset").map(|o| o.saturating_sub(1));
-        *self.behind.lock().unwrap_or_else(|p| p.into_inner()) =
-            written.zip(received).map(|(w, r)| w.saturating_sub(r));
+        let received = offset_of(&url, "second_repl_offset").map(|o| o.saturating_sub(1));
         self.cluster().promoted();
-        Ok(took)
+        Some(written.zip(received).map(|(w, r)| w.saturating_sub(r)))
+    }
+
+    /// The primary's process (after a failover: the promoted replica's).
+    pub(super) fn primary_pid(&self) -> Option<i32> {
+        self.cluster().primary.pid
     }
 
     /// Starts the killed node again as the primary's replica, from the keeper thread.
@@ -242,25 +322,22 @@ fn offset_of(url: &str, field: &str) -> Option<u64> {
     line.trim().parse().ok()
 }
 
-impl SentinelRing {
-    /// The history's line for the failover's end: how long the promotion took, and how far
-    /// the promoted replica was behind, from both servers' own offsets.
-    pub fn promoted_words(&self, took: Duration) -> String {
-        let behind = *self.behind.lock().unwrap_or_else(|p| p.into_inner());
-        let short = match behind {
-            Some(0) => ", with every byte the primary had written just before the kill",
-            Some(_) => ", short of what the primary had written: acknowledged writes gone",
-            None => "",
-        };
-        let bytes = behind
-            .filter(|b| *b > 0)
-            .map_or(String::new(), |b| format!(" ({b} bytes)"));
-        format!(
-            "the replica promoted {}ms after the kill{short}{bytes} (the old primary starts \
-             again, as its replica, before the next schedule)",
-            took.as_millis()
-        )
-    }
+/// The history's line for the failover's end: how long the promotion took, and how far
+/// the promoted replica was behind, from both servers' own offsets.
+pub(super) fn promoted_words(took: Duration, behind: Option<u64>) -> String {
+    let short = match behind {
+        Some(0) => ", with every byte the primary had written by its kill".into(),
+        Some(bytes) => format!(
+            ", {bytes} bytes short of what the primary had written by its kill: what it \
+             took in the lag is gone"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "the replica promoted {}ms after the kill{short} (the old primary starts again, as \
+         its replica, before the next schedule)",
+        took.as_millis()
+    )
 }
 
 /// What the cluster lacks to be whole, if anything: both data nodes running, the
@@ -301,25 +378,23 @@ fn lacking(cluster: &SentinelCluster) -> Option<String> {
     None
 }
 
-/// The cluster's primary as the nemesis sees it: a failover is a restart of whichever node
-/// is the primary when it lands, which comes back as the replica before the next schedule.
-pub struct Primary<'a>(pub &'a SentinelRing);
+/// The name the history gives the failover's replica, which a lag freezes.
+pub const REDIS_REPLICA: &str = "redis-replica";
 
-impl Victim for Primary<'_> {
+/// The cluster's replica as the nemesis sees it: frozen and thawed by a lag.
+struct Replica<'a>(&'a SentinelRing);
+
+impl Victim for Replica<'_> {
     fn label(&self) -> String {
-        REDIS_PRIMARY.into()
+        REDIS_REPLICA.into()
     }
 
     fn pid(&self) -> Option<i32> {
-        self.0.cluster().primary.pid
+        self.0.cluster().replica.pid
     }
 
     fn kill_now(&mut self) {
-        SentinelCluster::kill(&mut self.0.cluster().primary);
-    }
-
-    fn restart_now(&mut self) -> Result<Duration> {
-        self.0.fail_over()
+        SentinelCluster::kill(&mut self.0.cluster().replica);
     }
 }
 

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use super::{clock, net, play, redlock_lane, run_ms_of};
+use super::{clock, lag, net, play, redlock_lane, run_ms_of};
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
 use crate::worker::chaos_client::Design;
@@ -52,7 +52,8 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
     }
     let names = play::client_names(clients);
     let checked = net::validate(&schedule, &names, design)
-        .and_then(|rest| clock::validate(&rest, &names, design));
+        .and_then(|rest| clock::validate(&rest, &names, design))
+        .and_then(|rest| lag::validate(&rest));
     let on_processes = match checked {
         Ok(rest) => rest,
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),

@@ -60,10 +60,11 @@ etcd (leases on its leader's monotonic clock) and Postgres (no TTL) show
 on the monotonic clock, which a step does not move (lab 9 shows what it
 breaks in a client that reads the wall clock).
 `failover` runs the Redis designs against a primary and its replica
-under three Sentinels and kills the primary; the Sentinels promote the
-replica, the clients ask them where to go. Replication is asynchronous: what
-the primary acknowledged and had not sent on is gone (lab 5). Designs
-without Redis, or on a given Redis, show `-` there.
+under three Sentinels; the replica lags 200-700ms (frozen, its link cut),
+then the primary is killed; the Sentinels promote the replica, the clients
+ask them where to go. Replication is asynchronous: what the primary
+acknowledged in the lag is gone (lab 5). Designs without Redis, or on a
+given Redis, show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 

@@ -12,6 +12,7 @@ mod clock;
 mod cluster;
 mod failover;
 mod given;
+mod lag;
 pub mod matrix;
 mod net;
 mod play;
@@ -99,10 +100,12 @@ sends gets through, and what it sent goes out, late, when the cut heals;
 whose leader is killed, then started again once the other two have elected
 a new one (schedules with one play one at a time); `failover`, for the Redis
 designs: a primary and its replica under three Sentinels (lab 5); the
-primary is killed, the Sentinels promote the replica, and the clients, which
-ask the Sentinels where the primary is (again after an error), move to it;
-what replication had not carried over is lost (one at a time, never on a
-given Redis); `clock`, for the designs
+replica lags 200-700ms (frozen, its link cut: what the primary takes
+meanwhile it never gets), then the primary is killed and the replica thawed;
+the Sentinels promote it, and the clients, which ask them where the primary
+is (again after an error), move to it; what the primary took in the lag is
+lost (one at a time, never on a given Redis; a given schedule's failover lags
+its `duration_ms`, none without one); `clock`, for the designs
 whose lock expires on a Redis server's clock: that clock jumps a lease ahead
 a few ms after a client took its lock — SIMULATED, as in lab 6 (redis-server
 does not run under libfaketime): the held key's TTL is cut by the jump, and

@@ -310,6 +310,7 @@ impl Setup {
         // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
         let (rest, net) = super::net::split(schedule);
         let (rest, clock) = super::clock::split(&rest);
+        let (rest, failover) = super::lag::split(&rest);
         let paths = super::net::Paths::start(
             &net,
             &[
@@ -324,8 +325,9 @@ impl Setup {
         let through = |name: &str, server: &str, url: Option<&str>| {
             url.map(|url| paths.url(name, server, url)).transpose()
         };
-        // A failover's clients work on past the promotion (see `failover`).
-        let run_ms = self.run_ms + sentinels.map_or(0, |_| super::failover::MORE_WORK_MS);
+        // A failover's clients work on past its lag and the promotion (see `failover`).
+        let more_ms = super::failover::MORE_WORK_MS + super::lag::lag_ms(&failover);
+        let run_ms = self.run_ms + sentinels.map_or(0, |_| more_ms);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let script = ChaosClient {
@@ -352,6 +354,9 @@ impl Setup {
         let mut nemesis = Nemesis::new();
         let mut net_play = super::net::NetPlay::new(&net, &paths, &stage);
         let mut clock_play = super::clock::ClockPlay::new(&clock, lane, self.lease_ms, &stage)?;
+        let failing_over = std::cell::Cell::new(false);
+        let ring_of = sentinels.map(|(ring, _)| ring);
+        let mut lag_play = super::lag::LagPlay::new(&failover, ring_of, &failing_over, &stage);
         let mut faults = Faults::new(&rest, &stage).saying(|cue| {
             let name = &cue.action.target;
             Note::from(match (cue.action.fault, cue.back_after) {
@@ -363,13 +368,6 @@ impl Setup {
                     "a new etcd leader elected; the old one back as a follower after {}ms",
                     took.as_millis()
                 ),
-                (Fault::Restart, None) if name == generate::REDIS_PRIMARY => {
-                    "kills Redis's primary (SIGKILL): the Sentinels are to promote its replica"
-                        .to_string()
-                }
-                (Fault::Restart, Some(took)) if name == generate::REDIS_PRIMARY => {
-                    sentinels.map_or_else(String::new, |(ring, _)| ring.promoted_words(took))
-                }
                 (Fault::Restart, None) if keeps_data => {
                     "crashes Redis (SIGKILL), then starts it again on its AOF".to_string()
                 }
@@ -388,15 +386,13 @@ impl Setup {
                 _ => format!("kills {name} (SIGKILL)"),
             })
         });
-        let longest_pause = schedule
-            .steps()
-            .iter()
+        let longest_pause = (schedule.steps().iter())
             .filter_map(|s| s.duration_ms)
-            .max()
-            .unwrap_or(0);
-        let within = Duration::from_millis(run_ms + longest_pause + 15_000);
+            .max();
+        let within = Duration::from_millis(run_ms + longest_pause.unwrap_or(0) + 15_000);
         let until = Until::holds("the clients to finish", within, |stage, faults| {
-            names.iter().all(|name| stage.has_exited(name)) && !faults.holding()
+            let exited = names.iter().all(|name| stage.has_exited(name));
+            exited && !faults.holding() && !failing_over.get()
         })
         .tolerating_errors();
         {
@@ -422,12 +418,9 @@ impl Setup {
             if let Some(leader) = leader.as_mut() {
                 cast.push(leader);
             }
-            let mut primary = sentinels.map(|(ring, _)| super::failover::Primary(ring));
-            if let Some(primary) = primary.as_mut() {
-                cast.push(primary);
-            }
             stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
                 net_play.tick(stage)?;
+                lag_play.tick(stage)?;
                 clock_play.tick(stage)
             })?;
         }
@@ -436,6 +429,7 @@ impl Setup {
             .collect();
         left.extend(net_play.finish(&mut stage));
         left.extend(clock_play.finish());
+        left.extend(lag_play.finish());
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }

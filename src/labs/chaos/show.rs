@@ -100,11 +100,13 @@ pub fn step_words(step: &Step) -> String {
             step.at_ms, anchor.worker, anchor.event, anchor.nth
         ),
     };
-    let lasting = step
-        .duration_ms
-        .map_or(String::new(), |ms| format!(" for {ms}ms"));
+    let failover = step.target == crate::nemesis::generate::REDIS_PRIMARY;
+    let lasting = (step.duration_ms).map_or(String::new(), |ms| match failover {
+        true => format!(", lag {ms}ms"),
+        false => format!(" for {ms}ms"),
+    });
     let fault = match step.fault {
-        Fault::Restart if step.target == crate::nemesis::generate::REDIS_PRIMARY => "failover",
+        Fault::Restart if failover => "failover",
         Fault::Restart => "restart",
         Fault::DropReply => "lost-reply",
         Fault::ClockStep => "clock-jump",
