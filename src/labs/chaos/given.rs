@@ -25,6 +25,18 @@ pub fn read_small_file(path: &str) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The kinds of a given schedule: its own steps', each once, in the order they come (a
+/// run without `--faults` starts only the servers these need).
+pub fn kinds(schedule: &Schedule) -> Vec<generate::FaultKind> {
+    let mut kinds = Vec::new();
+    for kind in schedule.steps().iter().filter_map(generate::FaultKind::of) {
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
+
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
 pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
     let run_ms = run_ms_of(design);
@@ -149,4 +161,22 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         }
     }
     Ok(schedule)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use generate::FaultKind;
+
+    #[test]
+    fn a_given_schedule_has_its_own_steps_kinds_only() {
+        let pauses = r#"[{"at_ms": 100, "fault": "pause", "target": "A", "duration_ms": 900},
+            {"at_ms": 300, "fault": "pause", "target": "B", "duration_ms": 90}]"#;
+        let schedule = read_schedule(pauses, 2, Design::RedisLock).unwrap();
+        assert_eq!(kinds(&schedule), vec![FaultKind::Pause]);
+        let failover = r#"[{"at_ms": 100, "fault": "kill", "target": "A"},
+            {"at_ms": 200, "fault": "restart", "target": "redis-primary"}]"#;
+        let schedule = read_schedule(failover, 2, Design::RedisLock).unwrap();
+        assert_eq!(kinds(&schedule), vec![FaultKind::Kill, FaultKind::Failover]);
+    }
 }

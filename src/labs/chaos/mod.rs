@@ -256,10 +256,10 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         Some(text) => Some(given::read_schedule(text, args.clients, args.design)?),
         None => None,
     };
-    let kinds = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
-    } else {
-        args.faults.clone()
+    let kinds = match &given {
+        Some(schedule) if args.faults.is_empty() => given::kinds(schedule),
+        _ if args.faults.is_empty() => FaultKind::ALL.to_vec(),
+        _ => args.faults.clone(),
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
