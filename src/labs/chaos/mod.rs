@@ -413,6 +413,10 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         } else {
             crate::exit::EXIT_OK
         };
+        if code != EXIT_VIOLATION {
+            let why = "no violation (--html draws a failing schedule's history)";
+            crate::picture::not_drawn(picture.as_slice(), why, style.json);
+        }
         ground.give_back(setup);
         show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
         Ok(ExitCode::from(code))
