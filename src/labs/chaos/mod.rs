@@ -15,6 +15,7 @@ mod given;
 pub mod matrix;
 mod net;
 mod play;
+mod reach;
 mod redlock_lane;
 mod rows;
 mod show;
@@ -285,15 +286,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             kind.name()
         );
     }
-    let d = args.design;
-    let meets = |kind: &FaultKind| match kind {
-        FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
-        FaultKind::LeaderKill => d.uses_etcd(),
-        FaultKind::Failover => d.uses_redis(),
-        FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
-        FaultKind::Clock => d.uses_redis() || d.uses_masters(),
-        _ => true,
-    };
+    let meets = |kind: &FaultKind| reach::reaches(args.design, *kind);
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
@@ -302,8 +295,14 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
              and cut a lock server behind the proxy — Redlock's masters are not —, clock a lock \
              whose keys expire on Redis); choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
-            d.name()
+            args.design.name()
         );
+    }
+    // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
+    match reach::unreached(args.design, &args.faults) {
+        Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
+        Some(line) if given.is_none() => crate::output::prose(&line),
+        _ => {}
     }
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
