@@ -140,6 +140,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         args.faults.clone()
     };
     in_table_order(&mut kinds);
+    some_cell_plays(&designs, &kinds)?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
     let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
@@ -260,6 +261,21 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     })())
 }
 
+/// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.
+fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
+    let plays = |d: &Design| kinds.iter().any(|k| super::reach::reaches(*d, *k));
+    if !designs.iter().any(plays) {
+        let why: Vec<String> = (designs.iter())
+            .flat_map(|d| super::reach::unreached_kinds(*d, kinds))
+            .collect();
+        crate::bail_usage!(
+            "no cell would play, every one `-`: {}; choose other --faults or --design",
+            why.join("; ")
+        );
+    }
+    Ok(())
+}
+
 /// `--merge`: the cells of several `--json` runs (the parts of a `--shard`ed matrix), as
 /// one table.
 fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
@@ -279,6 +295,17 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
                 cells.push(cell);
             }
         }
+    }
+    if cells.is_empty() {
+        crate::bail_usage!(
+            "--merge: no cell in {} (a cell is a line with \"kind\": \"cell\" of \
+             `lockslab matrix --json`; pass the --json output of each --shard part)",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     let mut designs: Vec<Design> = Vec::new();
     let mut kinds: Vec<FaultKind> = Vec::new();
@@ -342,6 +369,22 @@ mod tests {
         for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_table_of_dashes_only_and_a_merge_of_no_cell_are_refused() {
+        let net = [FaultKind::LostReply, FaultKind::Cut];
+        let err = some_cell_plays(&[Design::Redlock], &net).unwrap_err();
+        assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+        assert!(format!("{err:#}").contains("lost-reply"), "{err:#}");
+        let both = [Design::Redlock, Design::RedisLock];
+        assert!(some_cell_plays(&both, &net).is_ok());
+        let file = std::env::temp_dir().join(format!("lockslab-merge-{}", std::process::id()));
+        std::fs::write(&file, "{\"kind\": \"verdict\"}\n").unwrap();
+        let err = merge(std::slice::from_ref(&file)).unwrap_err();
+        std::fs::remove_file(&file).unwrap();
+        assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+        assert!(format!("{err:#}").contains("no cell"), "{err:#}");
     }
 
     /// A Redis that restarts empty reissues `redis-fenced`'s tokens; the store's strict claim

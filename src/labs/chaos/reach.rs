@@ -36,11 +36,16 @@ fn why_not(design: Design, kind: FaultKind) -> String {
 /// One line naming the asked-for kinds that cannot reach the design, and why, for a run
 /// that plays the others; None when every one can.
 pub fn unreached(design: Design, kinds: &[FaultKind]) -> Option<String> {
-    let left: Vec<String> = (kinds.iter())
+    let left = unreached_kinds(design, kinds);
+    (!left.is_empty()).then(|| format!("Not played: {}.", left.join("; ")))
+}
+
+/// Each kind that cannot reach the design, with why: `restart (optimistic has no Redis)`.
+pub fn unreached_kinds(design: Design, kinds: &[FaultKind]) -> Vec<String> {
+    (kinds.iter())
         .filter(|kind| !reaches(design, **kind))
         .map(|kind| format!("{} ({})", kind.name(), why_not(design, *kind)))
-        .collect();
-    (!left.is_empty()).then(|| format!("Not played: {}.", left.join("; ")))
+        .collect()
 }
 
 #[cfg(test)]
