@@ -11,7 +11,7 @@ use super::table::{footer, header, in_table_order, notes, row_line};
 use super::{Ground, chaos_exit_help, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
-use crate::output::{Style, json_line};
+use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
 use crate::worker::chaos_client::Design;
 
@@ -155,10 +155,10 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 String::new()
             };
             crate::prose!(
-                "Matrix: {} designs × {} faults, {} schedules a cell, seed {seed}.{part}",
-                designs.len(),
-                kinds.len(),
-                args.schedules
+                "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
+                count(designs.len() as u64, "design", "designs"),
+                count(kinds.len() as u64, "fault", "faults"),
+                count(args.schedules, "schedule", "schedules")
             );
             header(&kinds);
         }
@@ -320,9 +320,9 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
     designs.sort_by_key(|d| Design::ALL.iter().position(|a| a == d));
     in_table_order(&mut kinds);
     crate::prose!(
-        "Matrix merged from {} file(s): {} cells.",
-        files.len(),
-        cells.len()
+        "Matrix merged from {}: {}.",
+        count(files.len() as u64, "file", "files"),
+        count(cells.len() as u64, "cell", "cells")
     );
     header(&kinds);
     cells.sort_by_key(|c| {
