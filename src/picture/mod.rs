@@ -280,9 +280,9 @@ pub fn not_drawn(targets: &[Target], why: &str, json: bool) {
     for target in targets {
         let line = format!("picture: {} not drawn: {why}", target.path().display());
         if json {
-            crate::errln!("{line}");
+            crate::output::err_prose(&line);
         } else {
-            crate::outln!("{line}");
+            crate::output::prose(&line);
         }
     }
 }

@@ -298,12 +298,6 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             args.design.name()
         );
     }
-    // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
-    match reach::unreached(args.design, &args.faults) {
-        Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
-        Some(line) if given.is_none() => crate::output::prose(&line),
-        _ => {}
-    }
     let outcome = (|| -> Result<ExitCode> {
         let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
         ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
@@ -318,6 +312,12 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
         if !args.json {
             show::heading(&ground, args, seed);
+        }
+        // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
+        match reach::unreached(args.design, &args.faults) {
+            Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
+            Some(line) if given.is_none() => crate::output::prose(&line),
+            _ => {}
         }
         let setup = ground.setup(args.design, given.is_some());
         let space = play::space(&setup, args.clients, &kinds);
