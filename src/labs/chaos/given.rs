@@ -116,6 +116,15 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         servers = redlock_lane::restart_targets();
     }
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    if let Some(step) = (schedule.steps().iter())
+        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
+    {
+        crate::bail_usage!(
+            "--schedule: {} aims at redis-primary, which chaos only fails over: \
+             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
+            step.fault.as_str()
+        );
+    }
     if let Err(err) = on_processes.validate(&names, &servers) {
         crate::bail_usage!("--schedule: {err:#}");
     }
@@ -129,15 +138,6 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
              comes back empty, as `redis-aof`, which comes back with its data, or as \
              `redis-primary`, a failover), and kills etcd's leader at most once (as \
              `etcd-leader`)"
-        );
-    }
-    if let Some(step) = (schedule.steps().iter())
-        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
-    {
-        crate::bail_usage!(
-            "--schedule: {} aims at redis-primary, which chaos only fails over: \
-             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
-            step.fault.as_str()
         );
     }
     let failover = schedule
