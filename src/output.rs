@@ -722,9 +722,22 @@ pub fn human(duration: Duration) -> String {
     }
 }
 
+/// A count and its noun, the singular for one: `1 schedule`, `2 schedules`, `1 time`.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_of_one_takes_the_singular() {
+        assert_eq!(count(1u32, "time", "times"), "1 time");
+        assert_eq!(count(2u64, "design", "designs"), "2 designs");
+        assert_eq!(count(0u32, "file", "files"), "0 files");
+    }
 
     #[test]
     fn a_line_that_fits_keeps_its_columns() {

@@ -237,6 +237,11 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":300,"fault":"restart","target":"redis-primary","duration_ms":1500}]"#,
             "under the Sentinels' down-after",
         ),
+        // A server only restarts: a pause of it would never play.
+        (
+            r#"[{"at_ms":100,"fault":"pause","target":"redis","duration_ms":900}]"#,
+            "only a client (A, B, C) can be paused or killed",
+        ),
     ] {
         let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
             .output()

@@ -185,6 +185,14 @@ impl Schedule {
             if step.fault == Fault::Restart && !is_server {
                 bail!("only a server can restart: '{}' is a worker", step.target);
             }
+            if matches!(step.fault, Fault::Pause | Fault::Resume | Fault::Kill) && !is_worker {
+                bail!(
+                    "only a client ({}) can be paused or killed: '{}' is a server, which \
+                     only restarts",
+                    workers.join(", "),
+                    step.target
+                );
+            }
             if matches!(step.fault, Fault::ClockStep | Fault::ClockRate) && !is_worker {
                 bail!(
                     "only a worker's clock can be stepped (libfaketime crashes redis-server): '{}' is a server",
@@ -558,14 +566,11 @@ mod tests {
             ])
             .contains("after it was killed")
         );
-        // A server comes back after a kill only by a restart; pausing it after a restart is fine.
-        assert!(
-            check(vec![
-                step(0, Fault::Restart, "redis", None),
-                step(10, Fault::Pause, "redis", Some(5))
-            ])
-            .is_ok()
-        );
+        // A server is never paused nor killed: it only restarts.
+        let server_paused = message(vec![step(100, Fault::Pause, "redis", Some(900))]);
+        assert!(server_paused.contains("only a client"), "{server_paused}");
+        assert!(server_paused.contains("(A, B)"), "{server_paused}");
+        assert!(message(vec![step(0, Fault::Kill, "redis", None)]).contains("only a client"));
     }
 
     fn after(

@@ -274,6 +274,19 @@ pub fn draw(targets: &[Target], recording: &Recording, json: bool) -> Result<()>
     Ok(())
 }
 
+/// Says that a picture asked for was not drawn, and why (`--html FILE` of a chaos run
+/// that found no violation to draw), where [`draw`] would have said it was.
+pub fn not_drawn(targets: &[Target], why: &str, json: bool) {
+    for target in targets {
+        let line = format!("picture: {} not drawn: {why}", target.path().display());
+        if json {
+            crate::output::err_prose(&line);
+        } else {
+            crate::output::prose(&line);
+        }
+    }
+}
+
 /// The lines without the blank ones above and below them.
 pub fn trim_blank(mut lines: Vec<String>) -> Vec<String> {
     while lines.first().is_some_and(|l| l.trim().is_empty()) {

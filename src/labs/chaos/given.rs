@@ -25,6 +25,49 @@ pub fn read_small_file(path: &str) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The kinds of a given schedule: its own steps', each once, in the order they come (a
+/// run without `--faults` starts only the servers these need).
+pub fn kinds(schedule: &Schedule) -> Vec<generate::FaultKind> {
+    let mut kinds = Vec::new();
+    for kind in schedule.steps().iter().filter_map(generate::FaultKind::of) {
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
+
+/// The events a chaos client reports, which a step's `after.event` may name.
+const CLIENT_EVENTS: &str = "acquired, read_record, working, wrote, released";
+
+/// A schedule's JSON as a learner may type it: a path's `A->store` read as `A→store`, and
+/// an `after.event` that names no event refused with the events there are.
+fn tidy(json: &mut serde_json::Value) -> Result<()> {
+    use serde_json::Value;
+    let Some(steps) = json.as_array_mut() else {
+        return Ok(());
+    };
+    for step in steps {
+        if let Some(Value::String(target)) = step.get_mut("target") {
+            *target = target.replace("->", "→");
+        }
+        let names = match step.get("after").and_then(|after| after.get("event")) {
+            Some(Value::Array(names)) => names.iter().collect(),
+            Some(one) => vec![one],
+            None => Vec::new(),
+        };
+        for name in names {
+            if serde_json::from_value::<crate::events::Kind>(name.clone()).is_err() {
+                crate::bail_usage!(
+                    "--schedule: after.event {name} is not an event a client reports: \
+                     {CLIENT_EVENTS} (one, or a list of them)"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
 pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
     let run_ms = run_ms_of(design);
@@ -40,7 +83,12 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
             Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
         }
     };
-    let schedule: Schedule = match serde_json::from_str(&json) {
+    let mut value: serde_json::Value = match serde_json::from_str(&json) {
+        Ok(value) => value,
+        Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
+    };
+    tidy(&mut value)?;
+    let schedule: Schedule = match serde_json::from_value(value) {
         Ok(schedule) => schedule,
         Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
     };
@@ -69,6 +117,15 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         servers = redlock_lane::restart_targets();
     }
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    if let Some(step) = (schedule.steps().iter())
+        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
+    {
+        crate::bail_usage!(
+            "--schedule: {} aims at redis-primary, which chaos only fails over: \
+             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
+            step.fault.as_str()
+        );
+    }
     if let Err(err) = on_processes.validate(&names, &servers) {
         crate::bail_usage!("--schedule: {err:#}");
     }
@@ -82,15 +139,6 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
              comes back empty, as `redis-aof`, which comes back with its data, or as \
              `redis-primary`, a failover), and kills etcd's leader at most once (as \
              `etcd-leader`)"
-        );
-    }
-    if let Some(step) = (schedule.steps().iter())
-        .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
-    {
-        crate::bail_usage!(
-            "--schedule: {} aims at redis-primary, which chaos only fails over: \
-             {{\"fault\": \"restart\", \"target\": \"redis-primary\"}}",
-            step.fault.as_str()
         );
     }
     let failover = schedule
@@ -150,4 +198,39 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         }
     }
     Ok(schedule)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use generate::FaultKind;
+
+    #[test]
+    fn a_given_schedule_has_its_own_steps_kinds_only() {
+        let pauses = r#"[{"at_ms": 100, "fault": "pause", "target": "A", "duration_ms": 900},
+            {"at_ms": 300, "fault": "pause", "target": "B", "duration_ms": 90}]"#;
+        let schedule = read_schedule(pauses, 2, Design::RedisLock).unwrap();
+        assert_eq!(kinds(&schedule), vec![FaultKind::Pause]);
+        let failover = r#"[{"at_ms": 100, "fault": "kill", "target": "A"},
+            {"at_ms": 200, "fault": "restart", "target": "redis-primary"}]"#;
+        let schedule = read_schedule(failover, 2, Design::RedisLock).unwrap();
+        assert_eq!(kinds(&schedule), vec![FaultKind::Kill, FaultKind::Failover]);
+    }
+
+    #[test]
+    fn a_path_may_be_typed_in_ascii_and_an_unknown_event_names_the_events() {
+        let ascii = r#"[{"at_ms": 100, "fault": "delay", "target": "A->store",
+            "duration_ms": 900}]"#;
+        let schedule = read_schedule(ascii, 2, Design::RedisLock).unwrap();
+        assert_eq!(schedule.steps()[0].target, "A→store");
+        let unknown = r#"[{"at_ms": 5, "after": {"worker": "A", "event": "grabbed"},
+            "fault": "pause", "target": "A", "duration_ms": 900}]"#;
+        let err = read_schedule(unknown, 2, Design::RedisLock).unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains("\"grabbed\""), "{message}");
+        assert!(message.contains(CLIENT_EVENTS), "{message}");
+        let listed = unknown.replace(r#""grabbed""#, r#"["wrote", "grabbed"]"#);
+        let err = read_schedule(&listed, 2, Design::RedisLock).unwrap_err();
+        assert!(format!("{err:#}").contains("\"grabbed\""));
+    }
 }

@@ -11,7 +11,7 @@ use super::table::{footer, header, in_table_order, notes, row_line};
 use super::{Ground, chaos_exit_help, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
-use crate::output::{Style, json_line};
+use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
 use crate::worker::chaos_client::Design;
 
@@ -143,6 +143,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
         args.faults.clone()
     };
     in_table_order(&mut kinds);
+    some_cell_plays(&designs, &kinds)?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
     let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
@@ -157,10 +158,10 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 String::new()
             };
             crate::prose!(
-                "Matrix: {} designs × {} faults, {} schedules a cell, seed {seed}.{part}",
-                designs.len(),
-                kinds.len(),
-                args.schedules
+                "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
+                count(designs.len() as u64, "design", "designs"),
+                count(kinds.len() as u64, "fault", "faults"),
+                count(args.schedules, "schedule", "schedules")
             );
             header(&kinds);
         }
@@ -263,6 +264,21 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     })())
 }
 
+/// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.
+fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
+    let plays = |d: &Design| kinds.iter().any(|k| super::reach::reaches(*d, *k));
+    if !designs.iter().any(plays) {
+        let why: Vec<String> = (designs.iter())
+            .flat_map(|d| super::reach::unreached_kinds(*d, kinds))
+            .collect();
+        crate::bail_usage!(
+            "no cell would play, every one `-`: {}; choose other --faults or --design",
+            why.join("; ")
+        );
+    }
+    Ok(())
+}
+
 /// `--merge`: the cells of several `--json` runs (the parts of a `--shard`ed matrix), as
 /// one table.
 fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
@@ -283,6 +299,17 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
             }
         }
     }
+    if cells.is_empty() {
+        crate::bail_usage!(
+            "--merge: no cell in {} (a cell is a line with \"kind\": \"cell\" of \
+             `lockslab matrix --json`; pass the --json output of each --shard part)",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let mut designs: Vec<Design> = Vec::new();
     let mut kinds: Vec<FaultKind> = Vec::new();
     for cell in &cells {
@@ -296,9 +323,9 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
     designs.sort_by_key(|d| Design::ALL.iter().position(|a| a == d));
     in_table_order(&mut kinds);
     crate::prose!(
-        "Matrix merged from {} file(s): {} cells.",
-        files.len(),
-        cells.len()
+        "Matrix merged from {}: {}.",
+        count(files.len() as u64, "file", "files"),
+        count(cells.len() as u64, "cell", "cells")
     );
     header(&kinds);
     cells.sort_by_key(|c| {
@@ -345,6 +372,22 @@ mod tests {
         for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_table_of_dashes_only_and_a_merge_of_no_cell_are_refused() {
+        let net = [FaultKind::LostReply, FaultKind::Cut];
+        let err = some_cell_plays(&[Design::Redlock], &net).unwrap_err();
+        assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+        assert!(format!("{err:#}").contains("lost-reply"), "{err:#}");
+        let both = [Design::Redlock, Design::RedisLock];
+        assert!(some_cell_plays(&both, &net).is_ok());
+        let file = std::env::temp_dir().join(format!("lockslab-merge-{}", std::process::id()));
+        std::fs::write(&file, "{\"kind\": \"verdict\"}\n").unwrap();
+        let err = merge(std::slice::from_ref(&file)).unwrap_err();
+        std::fs::remove_file(&file).unwrap();
+        assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+        assert!(format!("{err:#}").contains("no cell"), "{err:#}");
     }
 
     /// A Redis that restarts empty reissues `redis-fenced`'s tokens; the store's strict claim

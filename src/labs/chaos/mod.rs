@@ -16,6 +16,7 @@ mod lag;
 pub mod matrix;
 mod net;
 mod play;
+mod reach;
 mod redlock_lane;
 mod rows;
 mod show;
@@ -260,10 +261,10 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         Some(text) => Some(given::read_schedule(text, args.clients, args.design)?),
         None => None,
     };
-    let kinds = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
-    } else {
-        args.faults.clone()
+    let kinds = match &given {
+        Some(schedule) if args.faults.is_empty() => given::kinds(schedule),
+        _ if args.faults.is_empty() => FaultKind::ALL.to_vec(),
+        _ => args.faults.clone(),
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
@@ -289,15 +290,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             kind.name()
         );
     }
-    let d = args.design;
-    let meets = |kind: &FaultKind| match kind {
-        FaultKind::Restart | FaultKind::RestartAof => d.uses_redis() || d.uses_masters(),
-        FaultKind::LeaderKill => d.uses_etcd(),
-        FaultKind::Failover => d.uses_redis(),
-        FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
-        FaultKind::Clock => d.uses_redis() || d.uses_masters(),
-        _ => true,
-    };
+    let meets = |kind: &FaultKind| reach::reaches(args.design, *kind);
     if given.is_none() && !kinds.iter().any(meets) {
         crate::bail_usage!(
             "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
@@ -306,7 +299,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
              and cut a lock server behind the proxy — Redlock's masters are not —, clock a lock \
              whose keys expire on Redis); choose another fault",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
-            d.name()
+            args.design.name()
         );
     }
     let outcome = (|| -> Result<ExitCode> {
@@ -323,6 +316,12 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
         if !args.json {
             show::heading(&ground, args, seed);
+        }
+        // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
+        match reach::unreached(args.design, &args.faults) {
+            Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
+            Some(line) if given.is_none() => crate::output::prose(&line),
+            _ => {}
         }
         let setup = ground.setup(args.design, given.is_some());
         let space = play::space(&setup, args.clients, &kinds);
@@ -417,6 +416,10 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         } else {
             crate::exit::EXIT_OK
         };
+        if code != EXIT_VIOLATION {
+            let why = "no violation (--html draws a failing schedule's history)";
+            crate::picture::not_drawn(picture.as_slice(), why, style.json);
+        }
         ground.give_back(setup);
         show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
         Ok(ExitCode::from(code))

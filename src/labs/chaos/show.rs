@@ -23,25 +23,25 @@ pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
     crate::output::details(lanes_words(ground));
     let how_many = match args.time {
         Some(time) => format!("for {}", crate::output::human(time)),
-        None => format!("{} schedules", args.schedules),
+        None => crate::output::count(args.schedules, "schedule", "schedules"),
     };
     if args.schedule.is_some() {
         crate::prose!(
-            "Replaying the given schedule against {} with {} clients, {} (timing varies: \
+            "Replaying the given schedule against {} with {}, {} (timing varies: \
              it may break the design in some plays and not others).",
             args.design.name().bold(),
-            args.clients,
+            crate::output::count(args.clients, "client", "clients"),
             match args.time {
                 Some(time) => format!("for {}", crate::output::human(time)),
-                None => format!("{} times", args.schedules),
+                None => crate::output::count(args.schedules, "time", "times"),
             }
         );
         return;
     }
     crate::prose!(
-        "Attacking {} with {} clients, {how_many}, seed {seed} (--seed {seed} draws the same schedules).",
+        "Attacking {} with {}, {how_many}, seed {seed} (--seed {seed} draws the same schedules).",
         args.design.name().bold(),
-        args.clients
+        crate::output::count(args.clients, "client", "clients")
     );
 }
 
@@ -321,8 +321,9 @@ pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration, shrin
         n => format!(" {n} with a step that never played (named above)."),
     };
     crate::prose!(
-        "{played} schedule(s) in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.{in_part}\
+        "{} in {} ({per_minute:.0} a minute): {} unsafe, {} unknown.{in_part}\
          {shrunk}",
+        crate::output::count(played, "schedule", "schedules"),
         crate::output::human(took),
         verdict["unsafe"],
         verdict["inconclusive"]

@@ -209,12 +209,13 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     let undecided = expected_to_break(cells, "INCONCLUSIVE");
     crate::outln!();
     if against.is_empty() {
-        crate::prose!("No cell the labs expect safe showed a violation.");
+        crate::prose!("{}", none_against(cells));
     } else {
         crate::prose!(
-            "{} {}: the labs expect these safe.",
+            "{} {}: the labs expect these safe.{}",
             "Disagrees with the labs:".red().bold(),
-            against.join(", ")
+            against.join(", "),
+            undecided_safe(cells).map_or(String::new(), |u| format!(" {u}"))
         );
     }
     if !missed.is_empty() {
@@ -235,6 +236,30 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             undecided.join(", ")
         );
     }
+}
+
+/// No cell the labs expect safe broke — and those of them the checker could not decide are
+/// named: an UNKNOWN is not a pass.
+fn none_against(cells: &[Cell]) -> String {
+    let said = "No cell the labs expect safe showed a violation.";
+    match undecided_safe(cells) {
+        Some(undecided) => format!("{said} {undecided}"),
+        None => said.to_string(),
+    }
+}
+
+/// The cells the labs expect safe that came out UNKNOWN, in a sentence; None if none did.
+fn undecided_safe(cells: &[Cell]) -> Option<String> {
+    let undecided: Vec<String> = (cells.iter())
+        .filter(|c| c.labs_call_it_safe && c.result.starts_with("INCONCLUSIVE"))
+        .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
+        .collect();
+    (!undecided.is_empty()).then(|| {
+        format!(
+            "Expected safe, undecided, never a pass: {}.",
+            undecided.join(", ")
+        )
+    })
 }
 
 /// The cells the labs expect to break whose result starts with `word` (`SAFE`: no
@@ -310,6 +335,17 @@ mod tests {
             ),
         ];
         colored::control::set_override(false);
+        // The UNKNOWN cell the labs call safe is named under the table: never a pass.
+        let safe_only: Vec<Cell> = row
+            .iter()
+            .filter(|c| c.fault != FaultKind::Kill)
+            .cloned()
+            .collect();
+        assert_eq!(
+            none_against(&safe_only),
+            "No cell the labs expect safe showed a violation. Expected safe, undecided, \
+             never a pass: redis-durable-token × pause."
+        );
         let four = &FaultKind::ALL[..4];
         let line = row_line(Design::RedisDurableToken, four, &row, &notes(&row));
         assert!(line.chars().count() < 80, "{line}");
