@@ -377,7 +377,7 @@ fn proxy_and_chaos_refuse_senseless_flags_before_anything_starts() {
         ),
         (
             &["chaos", "--design", "redis-lock", "--faults", "restart-aof"],
-            "restart-aof: chaos restarts only servers it started itself",
+            "only servers it started itself",
         ),
         (
             &["proxy", "--to", "redis", "--listen", "0.0.0.0:0"],
