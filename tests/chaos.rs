@@ -237,6 +237,15 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":300,"fault":"restart","target":"redis-primary","duration_ms":1500}]"#,
             "under the Sentinels' down-after",
         ),
+        // A fault of no length is no fault: the baseline, which tests nothing.
+        (
+            r#"[{"at_ms":100,"fault":"pause","target":"A","duration_ms":0}]"#,
+            "a pause of 0 ms tests nothing",
+        ),
+        (
+            r#"[{"at_ms":100,"fault":"cut","target":"A→redis","duration_ms":0}]"#,
+            "a cut of 0 ms tests nothing",
+        ),
         // A server only restarts: a pause of it would never play.
         (
             r#"[{"at_ms":100,"fault":"pause","target":"redis","duration_ms":900}]"#,
@@ -1236,4 +1245,42 @@ fn ctrl_c_after_a_failover_leaves_no_client_no_redis_and_no_sentinel() {
     assert_eq!(chaos.wait().unwrap().code(), Some(130));
     assert_gone(&family.into_iter().collect::<Vec<_>>());
     assert_no_redis_left(&servers);
+}
+
+/// A cell twice with two results (a shard run again, both outputs merged) is refused: the
+/// merge would otherwise show whichever came last, and could hide an UNSAFE one.
+#[test]
+fn a_merge_refuses_a_cell_that_reads_two_ways() {
+    let cell = |result: &str| {
+        format!(
+            r#"{{"kind":"cell","design":"optimistic","fault":"kill","result":"{result}","replay":null,"labs_call_it_safe":true}}"#
+        )
+    };
+    let unsafe_one = schedule_file("merge-unsafe", &cell("UNSAFE stale-write"));
+    let unknown_one = schedule_file("merge-unknown", &cell("INCONCLUSIVE 1/2"));
+    for files in [[&unsafe_one, &unknown_one], [&unknown_one, &unsafe_one]] {
+        let output = lockslab(&[
+            "matrix",
+            "--merge",
+            files[0].to_str().unwrap(),
+            files[1].to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{said}");
+        assert!(said.contains("optimistic × kill reads"), "{said}");
+    }
+    // The same cell twice, alike: one cell.
+    let output = lockslab(&[
+        "matrix",
+        "--merge",
+        unsafe_one.to_str().unwrap(),
+        unsafe_one.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let _ = std::fs::remove_file(unsafe_one);
+    let _ = std::fs::remove_file(unknown_one);
 }

@@ -201,7 +201,9 @@ impl Schedule {
             }
             if step.duration_ms.is_some() && step.fault != Fault::Pause {
                 bail!(
-                    "only a pause has a duration ({} at {} ms)",
+                    "a {} takes no duration_ms: a pause does, and in chaos a delay and a cut \
+                     ({} at {} ms)",
+                    step.fault.as_str(),
                     step.fault.as_str(),
                     step.at_ms
                 );

@@ -187,6 +187,10 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
                 Some(ms) if ms > LONGEST_PAUSE_MS => crate::bail_usage!(
                     "--schedule: a pause of {ms} ms is longer than chaos plays (at most {LONGEST_PAUSE_MS} ms)"
                 ),
+                Some(0) => crate::bail_usage!(
+                    "--schedule: a pause of 0 ms tests nothing (no fault at all): give it a \
+                     duration_ms of at least 1"
+                ),
                 Some(_) => {}
             }
         }

@@ -294,8 +294,26 @@ fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
                 let cell: Cell = serde_json::from_value(value).map_err(|err| {
                     crate::exit::UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
                 })?;
-                cells.retain(|c| (c.design, c.fault) != (cell.design, cell.fault));
-                cells.push(cell);
+                // A cell twice (a shard run again) must say the same both times: keeping
+                // either would hide the other, and an UNSAFE one is never hidden.
+                let same = |c: &&Cell| (c.design, c.fault) == (cell.design, cell.fault);
+                match cells.iter().find(same) {
+                    Some(seen) if seen.result != cell.result => {
+                        return Err(crate::exit::UsageError(format!(
+                            "--merge {}:{}: {} × {} reads {} here and {} in an earlier \
+                             file: merge the parts of one run (each cell once)",
+                            file.display(),
+                            n + 1,
+                            cell.design.name(),
+                            cell.fault.name(),
+                            cell.result,
+                            seen.result
+                        ))
+                        .into());
+                    }
+                    Some(_) => {}
+                    None => cells.push(cell),
+                }
             }
         }
     }

@@ -130,6 +130,13 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
                     step.target
                 )
             }
+            (Fault::Delay | Fault::Cut, Some(0)) => {
+                bail!(
+                    "a {} of 0 ms tests nothing (no fault at all): give it a duration_ms of at \
+                     least 1",
+                    step.fault.as_str()
+                )
+            }
             (Fault::Delay | Fault::Cut, Some(ms)) if ms > LONGEST_DELAY_MS => {
                 bail!(
                     "a {} of {ms} ms is longer than chaos plays (at most {LONGEST_DELAY_MS} ms)",
