@@ -244,7 +244,7 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
         ),
         (
             r#"[{"at_ms":100,"fault":"cut","target":"A→redis","duration_ms":0}]"#,
-            "a cut of 0 ms tests nothing",
+            "needs a duration_ms of at least 1 (0 ms: no fault at all)",
         ),
         // A server only restarts: a pause of it would never play.
         (

@@ -123,18 +123,11 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
             );
         }
         match (step.fault, step.duration_ms) {
-            (Fault::Delay | Fault::Cut, None) => {
+            (Fault::Delay | Fault::Cut, None | Some(0)) => {
                 bail!(
-                    "the {} on {} needs a duration_ms",
+                    "the {} on {} needs a duration_ms of at least 1 (0 ms: no fault at all)",
                     step.fault.as_str(),
                     step.target
-                )
-            }
-            (Fault::Delay | Fault::Cut, Some(0)) => {
-                bail!(
-                    "a {} of 0 ms tests nothing (no fault at all): give it a duration_ms of at \
-                     least 1",
-                    step.fault.as_str()
                 )
             }
             (Fault::Delay | Fault::Cut, Some(ms)) if ms > LONGEST_DELAY_MS => {
