@@ -552,7 +552,7 @@ mod tests {
                 .contains("only a worker's clock")
         );
         assert!(check(vec![step(0, Fault::ClockStep, "A", None)]).is_ok());
-        assert!(message(vec![step(0, Fault::Kill, "A", Some(5))]).contains("only a pause"));
+        assert!(message(vec![step(0, Fault::Kill, "A", Some(5))]).contains("takes no duration_ms"));
         assert!(
             message(vec![
                 step(0, Fault::Pause, "A", Some(100)),
