@@ -1284,3 +1284,22 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
     let _ = std::fs::remove_file(unsafe_one);
     let _ = std::fs::remove_file(unknown_one);
 }
+
+/// A restart given to a design with no server of chaos's own to restart (the Postgres
+/// and no-lock designs) is refused before anything starts, not played as unknown.
+#[test]
+fn a_restart_given_to_a_design_without_redis_or_etcd_is_refused() {
+    let output = lockslab(&[
+        "chaos",
+        "--design",
+        "advisory-xact",
+        "--schedule",
+        r#"[{"at_ms":100,"fault":"restart","target":"redis"}]"#,
+    ])
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(said.contains("redis"), "{said}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("Postgres"));
+}

@@ -107,11 +107,15 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    // The servers a step may restart: the design's own (a design with neither Redis nor
+    // etcd has none, and a restart aimed at one would never play).
     let mut servers = if design.uses_etcd() {
         vec![generate::ETCD_LEADER.to_string()]
-    } else {
+    } else if design.uses_redis() {
         let primary = generate::REDIS_PRIMARY.to_string();
         vec!["redis".to_string(), "redis-aof".to_string(), primary]
+    } else {
+        Vec::new()
     };
     if design.uses_masters() {
         servers = redlock_lane::restart_targets();
