@@ -521,7 +521,7 @@ impl Client<'_> {
         // have expired by itself (less a drift allowance, as Redlock's): a key that ran out
         // and was taken again is the lock working as designed — the store's rows judge the
         // late holder's write. Redlock's release is judged the same way.
-        let within_ttl = held.asked_at.elapsed() + ttl / 100 + Duration::from_millis(2) < ttl;
+        let within_ttl = held.asked_at.elapsed() + crate::lock::redlock::drift(ttl, 0.01) < ttl;
         let (released, found_owner) = match answer {
             Ok(Release::Deleted) => (true, None),
             Ok(Release::HeldBy(owner)) if within_ttl => (false, Some(owner)),
