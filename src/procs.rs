@@ -386,6 +386,21 @@ fn say(text: &str) {
     let _ = writeln!(io::stderr().lock(), "{text}");
 }
 
+/// What to say if lockslab is interrupted now, once its workers and servers are stopped:
+/// a finding an interrupt would otherwise take with it (chaos's failing schedule, while it
+/// is being shrunk).
+static LAST_WORDS: Mutex<Option<String>> = Mutex::new(None);
+
+/// Sets (or, with `None`, clears) what an interrupt prints after its cleanup.
+/// Once an interrupt began, what it will say is fixed: a lab unwinding meanwhile (its
+/// workers dying under it) must not take it back.
+pub fn say_if_interrupted(words: Option<String>) {
+    if interrupted() {
+        return;
+    }
+    *LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()) = words;
+}
+
 pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     // First, so that `main` never returns on its own once a shutdown has begun, and what
     // the workers say while they die is not shown.
@@ -393,8 +408,9 @@ pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     if SHUTTING_DOWN.swap(true, Ordering::SeqCst) {
         wait_for_cleanup();
     }
+    let kept = LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()).take();
     stop_all();
-    if let Some(text) = last_words {
+    for text in [kept, last_words].into_iter().flatten() {
         say(&text);
     }
     std::process::exit(status);

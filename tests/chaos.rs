@@ -280,7 +280,8 @@ fn a_sharded_matrix_merges_into_one_table() {
         [
             cell("redis-lock", "pause", "UNSAFE stale-write", false),
             cell("optimistic", "kill", "SAFE (3)", true),
-            r#"{"kind":"verdict","lab":"matrix","shard":"1/2"}"#.into(),
+            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"1/2"}"#
+                .into(),
         ]
         .join("\n"),
     )
@@ -290,6 +291,8 @@ fn a_sharded_matrix_merges_into_one_table() {
         [
             cell("redis-lock", "kill", "SAFE (3)", false),
             cell("optimistic", "pause", "UNSAFE lost-update", true),
+            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"2/2"}"#
+                .into(),
         ]
         .join("\n"),
     )
@@ -1256,8 +1259,15 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
             r#"{{"kind":"cell","design":"optimistic","fault":"kill","result":"{result}","replay":null,"labs_call_it_safe":true}}"#
         )
     };
-    let unsafe_one = schedule_file("merge-unsafe", &cell("UNSAFE stale-write"));
-    let unknown_one = schedule_file("merge-unknown", &cell("INCONCLUSIVE 1/2"));
+    let verdict = r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":2}"#;
+    let unsafe_one = schedule_file(
+        "merge-unsafe",
+        &format!("{}\n{verdict}", cell("UNSAFE stale-write")),
+    );
+    let unknown_one = schedule_file(
+        "merge-unknown",
+        &format!("{}\n{verdict}", cell("INCONCLUSIVE 1/2")),
+    );
     for files in [[&unsafe_one, &unknown_one], [&unknown_one, &unsafe_one]] {
         let output = lockslab(&[
             "matrix",
@@ -1302,4 +1312,64 @@ fn a_restart_given_to_a_design_without_redis_or_etcd_is_refused() {
     assert_eq!(output.status.code(), Some(2), "{said}");
     assert!(said.contains("redis"), "{said}");
     assert!(!String::from_utf8_lossy(&output.stdout).contains("Postgres"));
+}
+
+/// A Ctrl-C while a found violation is being shrunk ends the run as any interrupt does
+/// (130, nothing left running), but does not lose the finding: the failing schedule found
+/// so far is printed with the command that replays it.
+#[test]
+fn ctrl_c_while_shrinking_keeps_the_violation_found() {
+    use std::io::{BufRead, Read};
+    let mut chaos = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--faults",
+        "pause",
+        "--seed",
+        "1",
+        "--schedules",
+        "60",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = std::io::BufReader::new(chaos.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("Shrinking the failing schedule") {
+        let before = seen.len();
+        stdout.read_line(&mut seen).unwrap();
+        assert!(seen.len() > before, "chaos ended without shrinking: {seen}");
+    }
+    // Interrupted while a replay's clients work.
+    let mut family = HashSet::new();
+    assert!(eventually(std::time::Duration::from_secs(60), || {
+        family = HashSet::from([chaos.id() as i32]);
+        family_in(&process_table(), &mut family);
+        family.remove(&(chaos.id() as i32));
+        (family.iter()).any(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("__worker")
+        })
+    }));
+    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    stdout.read_to_string(&mut seen).unwrap();
+    let mut said = String::new();
+    chaos
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert_eq!(chaos.wait().unwrap().code(), Some(130), "{said}");
+    assert_gone(&family.into_iter().collect::<Vec<_>>());
+    assert!(
+        said.contains("a violation was found before the interrupt"),
+        "{said}"
+    );
+    assert!(
+        said.contains("lockslab chaos --design redis-lock --schedule '[{"),
+        "{said}"
+    );
 }

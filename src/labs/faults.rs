@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use colored::Colorize;
 
-use super::Stage;
+use super::{Feed, Stage};
 use crate::events::Kind;
-use crate::nemesis::schedule::{Action, Player, Schedule, Step};
+use crate::nemesis::schedule::{Action, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::human;
 
@@ -38,11 +38,7 @@ pub struct Cue<'a> {
 /// A schedule being played on one stage, and the lab's words for its faults.
 pub struct Faults<'w> {
     schedule: Schedule,
-    player: Player,
-    /// The stage's time (ms) at which the schedule's clock starts.
-    origin_ms: u64,
-    /// How many of the stage's logged events the player has been shown.
-    seen: usize,
+    feed: Feed,
     /// Actions due but not done yet (a play returns as soon as its `Until` holds).
     pending: VecDeque<Action>,
     paused_at: HashMap<String, Instant>,
@@ -61,9 +57,7 @@ impl<'w> Faults<'w> {
     pub fn new(schedule: &Schedule, stage: &Stage) -> Faults<'w> {
         Faults {
             schedule: schedule.clone(),
-            player: Player::new(schedule),
-            origin_ms: stage.elapsed().as_millis() as u64,
-            seen: stage.log.len(),
+            feed: Feed::new(schedule, stage),
             pending: VecDeque::new(),
             paused_at: HashMap::new(),
             self_pausing: HashSet::new(),
@@ -92,7 +86,7 @@ impl<'w> Faults<'w> {
 
     /// Every action was handed out and done (or skipped).
     pub fn finished(&self) -> bool {
-        self.player.done() && self.pending.is_empty()
+        self.feed.player().done() && self.pending.is_empty()
     }
 
     /// Does this play hold a victim paused (a pause it started and has not ended)?
@@ -110,7 +104,7 @@ impl<'w> Faults<'w> {
     /// Once the play is over: the steps that did not play, in the schedule's order, and
     /// why — their event or their time never came, or their victim could not take them.
     pub fn unplayed(&self) -> Vec<(&Step, String)> {
-        let mut left = self.player.left();
+        let mut left = self.feed.player().left();
         left.extend(
             (self.pending.iter())
                 .filter_map(|a| Some((a.step?, crate::nemesis::schedule::not_reached(a.at_ms)))),
@@ -133,13 +127,7 @@ impl<'w> Faults<'w> {
 
     /// Shows the player what the stage logged since it last looked, then queues what is due.
     fn catch_up(&mut self, stage: &Stage) {
-        for event in &stage.log[self.seen.min(stage.log.len())..] {
-            let at = event.t_ms.saturating_sub(self.origin_ms);
-            self.player.observe_at(event, at);
-        }
-        self.seen = stage.log.len();
-        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
-        self.pending.extend(self.player.due(now));
+        self.pending.extend(self.feed.due(stage, |_| {}).0);
     }
 
     /// Does one action, if its victim can take it now: a fault aimed at a victim not in
@@ -296,7 +284,7 @@ impl Stage {
     ) -> Result<()> {
         let deadline = Instant::now() + until.within;
         loop {
-            let looked = faults.seen;
+            let looked = faults.feed.seen();
             faults.catch_up(self);
             let new_events = &self.log[looked.min(self.log.len())..];
             if let Some(failed) = new_events.iter().find(|e| e.kind() == Kind::Error)

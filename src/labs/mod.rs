@@ -22,7 +22,7 @@ pub mod skip_locked;
 mod stage;
 pub mod step;
 
-pub use stage::{History, Stage, WorkerHandle};
+pub use stage::{Feed, History, Stage, WorkerHandle};
 
 use std::time::Duration;
 

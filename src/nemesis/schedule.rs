@@ -34,8 +34,10 @@ use serde::{Deserialize, Serialize};
 use super::Fault;
 use crate::events::{Event, Kind};
 
-/// One fault of a schedule.
+/// One fault of a schedule. A field it does not know is refused, not ignored: a
+/// misspelt `duration_ms` would otherwise replay a schedule other than the one written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Step {
     /// When, in milliseconds from the schedule's start — or from `after`'s event.
     pub at_ms: u64,
@@ -54,6 +56,7 @@ pub struct Step {
 
 /// A point of the work: the `nth` event of this kind from this worker (1: the first).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Anchor {
     pub worker: String,
     pub event: Kinds,

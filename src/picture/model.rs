@@ -148,12 +148,17 @@ pub struct Bar {
     pub color: usize,
 }
 
-/// Two holders at once on one lock.
+/// Two holders at once on one lock: both acting as its holder, each from its grant to its
+/// release or death — lab 1's "two holders at once".
 #[derive(Debug, Clone)]
 pub struct Overlap {
     pub from: u64,
     pub to: u64,
     pub holders: Vec<String>,
+    /// The holders whose lock the backend had already ended when the overlap began: they
+    /// only believed they held it. Empty: the backend's own grants overlapped (a lock
+    /// service that granted twice: a Redis restarted empty, a failover).
+    pub believing: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -987,7 +992,18 @@ pub(super) fn overlaps_where(
             if to > from {
                 let mut holders = vec![a.holder.clone(), b.holder.clone()];
                 holders.sort();
-                found.push((i.min(j), i.max(j), Overlap { from, to, holders }));
+                let believing = [a, b]
+                    .iter()
+                    .filter(|bar| !bar.open && bar.held_to <= from)
+                    .map(|bar| bar.holder.clone())
+                    .collect();
+                let overlap = Overlap {
+                    from,
+                    to,
+                    holders,
+                    believing,
+                };
+                found.push((i.min(j), i.max(j), overlap));
             }
         }
     }

@@ -736,8 +736,17 @@ fn overlap_label_span(band_end: f64, text: &str) -> (f64, f64) {
     (from, from + width)
 }
 
+/// "two holders: A (lock ended) and B": which of them the backend had already let go of
+/// (chaos's text verdict counts two holders only from the backend's grants; this says which
+/// kind of overlap the band is).
 fn overlap_label(overlap: &super::model::Overlap) -> String {
-    format!("two holders: {}", overlap.holders.join(" and "))
+    let named: Vec<String> = (overlap.holders.iter())
+        .map(|h| match overlap.believing.contains(h) {
+            true => format!("{h} (lock ended)"),
+            false => h.clone(),
+        })
+        .collect();
+    format!("two holders: {}", named.join(" and "))
 }
 
 /// Lays a lane's labels out beside their marks, none over another: right of the mark, else

@@ -32,9 +32,9 @@ use crate::connect::RedisConn;
 use crate::events::Kind;
 use crate::events::What;
 use crate::events::facts::FaultFacts;
-use crate::labs::Stage;
+use crate::labs::{Feed, Stage};
 use crate::nemesis::clock::Jump;
-use crate::nemesis::schedule::{Kinds, Player, Schedule, Step};
+use crate::nemesis::schedule::{Kinds, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note};
 use crate::worker::chaos_client::Design;
 
@@ -144,7 +144,7 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
 /// [`Stage::play_ticking`]): at each, the server's clock jumps under a client's lock.
 pub struct ClockPlay {
     steps: Vec<Step>,
-    player: Player,
+    feed: Feed,
     /// Each server a step aims at, by name (`redis`, `m3`): its URL, and a connection made
     /// before the clients start (making one takes tens of milliseconds on a busy machine,
     /// long enough for a client to let go of the lock the jump is aimed at).
@@ -155,8 +155,6 @@ pub struct ClockPlay {
     /// How far a clock jumps: the lease, so that every key it finds expires.
     by_ms: u64,
     skipped: Vec<(usize, String)>,
-    origin_ms: u64,
-    seen: usize,
     nemesis: Nemesis,
 }
 
@@ -180,13 +178,11 @@ impl ClockPlay {
         }
         Ok(ClockPlay {
             steps: clock.steps().to_vec(),
-            player: Player::new(clock),
+            feed: Feed::new(clock, stage),
             servers,
             held: HashMap::new(),
             by_ms,
             skipped: Vec::new(),
-            origin_ms: stage.elapsed().as_millis() as u64,
-            seen: stage.log.len(),
             nemesis: Nemesis::new(),
         })
     }
@@ -196,19 +192,15 @@ impl ClockPlay {
         if self.steps.is_empty() {
             return Ok(());
         }
-        for event in &stage.log[self.seen.min(stage.log.len())..] {
-            let at = event.t_ms.saturating_sub(self.origin_ms);
-            self.player.observe_at(event, at);
+        let held = &mut self.held;
+        let (due, _) = self.feed.due(stage, |event| {
             if let What::Acquired(acquired) = &event.what
                 && let Some(lock) = &acquired.lock
             {
-                self.held
-                    .insert(event.worker.clone(), (lock.clone(), event.t_ms));
+                held.insert(event.worker.clone(), (lock.clone(), event.t_ms));
             }
-        }
-        self.seen = stage.log.len();
-        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
-        for action in self.player.due(now) {
+        });
+        for action in due {
             let Some(index) = action.step else { continue };
             if let Err(why) = self.jump(stage, index) {
                 self.skipped.push((index, why));
@@ -283,7 +275,7 @@ impl ClockPlay {
 
     /// After the clients are done: the steps that never played, and why.
     pub fn finish(self) -> Vec<(Step, String)> {
-        let mut left = self.player.left();
+        let mut left = self.feed.player().left();
         left.extend(self.skipped);
         left.sort_by_key(|(index, _)| *index);
         (left.into_iter())

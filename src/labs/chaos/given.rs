@@ -241,4 +241,24 @@ mod tests {
         let err = read_schedule(&listed, 2, Design::RedisLock).unwrap_err();
         assert!(format!("{err:#}").contains("\"grabbed\""));
     }
+
+    /// A misspelt field would replay a schedule other than the one written (a pause with
+    /// no duration is refused, but a misspelt `after` would fire at the schedule's start).
+    #[test]
+    fn a_field_a_step_does_not_know_is_refused_and_named() {
+        let misspelt = r#"[{"at_ms": 5, "aftr": {"worker": "A", "event": "wrote"},
+            "fault": "kill", "target": "A"}]"#;
+        let message = format!(
+            "{:#}",
+            read_schedule(misspelt, 2, Design::RedisLock).unwrap_err()
+        );
+        assert!(message.contains("unknown field `aftr`"), "{message}");
+        let in_anchor = r#"[{"at_ms": 5, "after": {"worker": "A", "event": "wrote", "n": 2},
+            "fault": "kill", "target": "A"}]"#;
+        let message = format!(
+            "{:#}",
+            read_schedule(in_anchor, 2, Design::RedisLock).unwrap_err()
+        );
+        assert!(message.contains("unknown field `n`"), "{message}");
+    }
 }

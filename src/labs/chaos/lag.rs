@@ -19,9 +19,9 @@ use anyhow::{Result, bail};
 
 use super::failover::{self, SentinelRing};
 use crate::events::facts::FaultFacts;
-use crate::labs::Stage;
+use crate::labs::{Feed, Stage};
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
-use crate::nemesis::schedule::{Player, Schedule, Step};
+use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Nemesis, Note, restarted_event};
 
 /// The schedule's other steps, and its failover (a restart of `redis-primary`).
@@ -78,13 +78,11 @@ enum UnderWay {
 pub struct LagPlay<'a> {
     ring: Option<&'a SentinelRing>,
     steps: Vec<Step>,
-    player: Player,
+    feed: Feed,
     under_way: Option<UnderWay>,
     /// True while a failover is under way: the play must not end before it does.
     busy: &'a Cell<bool>,
     skipped: Vec<(usize, String)>,
-    origin_ms: u64,
-    seen: usize,
     nemesis: Nemesis,
 }
 
@@ -98,12 +96,10 @@ impl<'a> LagPlay<'a> {
         LagPlay {
             ring,
             steps: failover.steps().to_vec(),
-            player: Player::new(failover),
+            feed: Feed::new(failover, stage),
             under_way: None,
             busy,
             skipped: Vec::new(),
-            origin_ms: stage.elapsed().as_millis() as u64,
-            seen: stage.log.len(),
             nemesis: Nemesis::new(),
         }
     }
@@ -114,13 +110,8 @@ impl<'a> LagPlay<'a> {
         if self.steps.is_empty() {
             return Ok(());
         }
-        for event in &stage.log[self.seen.min(stage.log.len())..] {
-            let at = event.t_ms.saturating_sub(self.origin_ms);
-            self.player.observe_at(event, at);
-        }
-        self.seen = stage.log.len();
-        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
-        for action in self.player.due(now) {
+        let (due, _) = self.feed.due(stage, |_| {});
+        for action in due {
             let Some(index) = action.step else { continue };
             let lag_ms = self.steps[index].duration_ms.unwrap_or(0);
             match (self.ring, &self.under_way) {
@@ -187,7 +178,7 @@ impl<'a> LagPlay<'a> {
 
     /// After the clients are done: the steps that never played, and why.
     pub fn finish(self) -> Vec<(Step, String)> {
-        let mut left = self.player.left();
+        let mut left = self.feed.player().left();
         left.extend(self.skipped);
         left.sort_by_key(|(index, _)| *index);
         (left.into_iter())

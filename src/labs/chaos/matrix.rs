@@ -95,8 +95,10 @@ pub struct MatrixArgs {
     /// the parts' --json with --merge
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
     pub shard: Option<Shard>,
-    /// Print one table from the --json files of a sharded matrix's parts (plays nothing)
-    #[arg(long, value_name = "FILE", num_args = 1..)]
+    /// Print one table from the --json files of a sharded matrix's parts, or of runs of
+    /// other columns (plays nothing)
+    #[arg(long, value_name = "FILE", num_args = 1..,
+          conflicts_with_all = ["shard", "design", "faults", "seed", "json"])]
     pub merge: Vec<std::path::PathBuf>,
     /// JSON Lines: one object per cell, then the verdict
     #[arg(long)]
@@ -131,12 +133,12 @@ pub fn parse_shard(text: &str) -> Result<Shard, String> {
 
 pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     if !args.merge.is_empty() {
-        return merge(&args.merge);
+        return super::merge::merge(&args.merge);
     }
     let designs = if args.design.is_empty() {
         Design::ALL.to_vec()
     } else {
-        args.design.clone()
+        super::once_each(&args.design)
     };
     let mut kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
@@ -280,92 +282,7 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
     Ok(())
 }
 
-/// `--merge`: the cells of several `--json` runs (the parts of a `--shard`ed matrix), as
-/// one table.
-fn merge(files: &[std::path::PathBuf]) -> Result<ExitCode> {
-    let mut cells: Vec<Cell> = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(file)
-            .map_err(|err| crate::exit::UsageError(format!("--merge {}: {err}", file.display())))?;
-        for (n, line) in text.lines().enumerate() {
-            let value: serde_json::Value = serde_json::from_str(line).map_err(|err| {
-                crate::exit::UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
-            })?;
-            if value["kind"] == "cell" {
-                let cell: Cell = serde_json::from_value(value).map_err(|err| {
-                    crate::exit::UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
-                })?;
-                // A cell twice (a shard run again) must say the same both times: keeping
-                // either would hide the other, and an UNSAFE one is never hidden.
-                let same = |c: &&Cell| (c.design, c.fault) == (cell.design, cell.fault);
-                match cells.iter().find(same) {
-                    Some(seen) if seen.result != cell.result => {
-                        return Err(crate::exit::UsageError(format!(
-                            "--merge {}:{}: {} × {} reads {} here and {} in an earlier \
-                             file: merge the parts of one run (each cell once)",
-                            file.display(),
-                            n + 1,
-                            cell.design.name(),
-                            cell.fault.name(),
-                            cell.result,
-                            seen.result
-                        ))
-                        .into());
-                    }
-                    Some(_) => {}
-                    None => cells.push(cell),
-                }
-            }
-        }
-    }
-    if cells.is_empty() {
-        crate::bail_usage!(
-            "--merge: no cell in {} (a cell is a line with \"kind\": \"cell\" of \
-             `lockslab matrix --json`; pass the --json output of each --shard part)",
-            files
-                .iter()
-                .map(|f| f.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    let mut designs: Vec<Design> = Vec::new();
-    let mut kinds: Vec<FaultKind> = Vec::new();
-    for cell in &cells {
-        if !designs.contains(&cell.design) {
-            designs.push(cell.design);
-        }
-        if !kinds.contains(&cell.fault) {
-            kinds.push(cell.fault);
-        }
-    }
-    designs.sort_by_key(|d| Design::ALL.iter().position(|a| a == d));
-    in_table_order(&mut kinds);
-    crate::prose!(
-        "Matrix merged from {}: {}.",
-        count(files.len() as u64, "file", "files"),
-        count(cells.len() as u64, "cell", "cells")
-    );
-    header(&kinds);
-    cells.sort_by_key(|c| {
-        (
-            Design::ALL.iter().position(|d| *d == c.design),
-            kinds.iter().position(|k| *k == c.fault),
-        )
-    });
-    for design in &designs {
-        let row: Vec<Cell> = cells
-            .iter()
-            .filter(|c| c.design == *design)
-            .cloned()
-            .collect();
-        crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
-    }
-    footer(&cells, false);
-    Ok(ExitCode::from(exit_code(&cells)))
-}
-
-fn exit_code(cells: &[Cell]) -> u8 {
+pub(super) fn exit_code(cells: &[Cell]) -> u8 {
     if cells.iter().any(|c| c.result.starts_with("UNSAFE")) {
         super::EXIT_VIOLATION
     } else if cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")) {
@@ -394,19 +311,13 @@ mod tests {
     }
 
     #[test]
-    fn a_table_of_dashes_only_and_a_merge_of_no_cell_are_refused() {
+    fn a_table_of_dashes_only_is_refused() {
         let net = [FaultKind::LostReply, FaultKind::Cut];
         let err = some_cell_plays(&[Design::Redlock], &net).unwrap_err();
         assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
         assert!(format!("{err:#}").contains("lost-reply"), "{err:#}");
         let both = [Design::Redlock, Design::RedisLock];
         assert!(some_cell_plays(&both, &net).is_ok());
-        let file = std::env::temp_dir().join(format!("lockslab-merge-{}", std::process::id()));
-        std::fs::write(&file, "{\"kind\": \"verdict\"}\n").unwrap();
-        let err = merge(std::slice::from_ref(&file)).unwrap_err();
-        std::fs::remove_file(&file).unwrap();
-        assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
-        assert!(format!("{err:#}").contains("no cell"), "{err:#}");
     }
 
     /// A Redis that restarts empty reissues `redis-fenced`'s tokens; the store's strict claim

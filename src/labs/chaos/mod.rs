@@ -14,6 +14,7 @@ mod failover;
 mod given;
 mod lag;
 pub mod matrix;
+mod merge;
 mod net;
 mod play;
 mod reach;
@@ -264,7 +265,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     let kinds = match &given {
         Some(schedule) if args.faults.is_empty() => given::kinds(schedule),
         _ if args.faults.is_empty() => FaultKind::ALL.to_vec(),
-        _ => args.faults.clone(),
+        _ => once_each(&args.faults),
     };
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
@@ -375,7 +376,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
             "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
             "schedules": played, "unsafe": unsafe_, "inconclusive": inconclusive,
-            "played_in_part": in_part,
+            "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
             "seconds": hunted.as_secs_f64(),
         });
         let code = if let Some((schedule, trial, found_after)) = first_failure {
@@ -438,6 +439,18 @@ pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
         }
         other => other,
     }
+}
+
+/// Each item once, in the order first asked: `--design a,a` is one row, played once (a
+/// second would repeat the first's namespace), and `--faults pause,pause` draws as `pause`.
+pub(crate) fn once_each<T: PartialEq + Copy>(asked: &[T]) -> Vec<T> {
+    let mut once = Vec::new();
+    for item in asked {
+        if !once.contains(item) {
+            once.push(*item);
+        }
+    }
+    once
 }
 
 /// How long one schedule's clients work: etcd's sessions take longer to start.

@@ -25,9 +25,9 @@ use std::collections::HashMap;
 
 use anyhow::{Result, bail};
 
-use crate::labs::Stage;
+use crate::labs::{Feed, Stage};
 use crate::nemesis::generate::{self, PATH_ARROW, STORE};
-use crate::nemesis::schedule::{Player, Schedule, Step};
+use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis};
 use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
 use crate::worker::chaos_client::Design;
@@ -217,15 +217,13 @@ impl Paths {
 pub struct NetPlay<'p> {
     paths: &'p Paths,
     steps: Vec<Step>,
-    player: Player,
+    feed: Feed,
     /// The steps put on a path (by their place), and whether the proxy saw them through.
     armed: Vec<(usize, bool)>,
     /// The steps that came due and could not be put on, and why.
     skipped: Vec<(usize, String)>,
     /// The cuts on (by their step's place), with when they heal (ms of the play).
     cuts: Vec<(usize, u64)>,
-    origin_ms: u64,
-    seen: usize,
     nemesis: Nemesis,
 }
 
@@ -234,12 +232,10 @@ impl<'p> NetPlay<'p> {
         NetPlay {
             paths,
             steps: net.steps().to_vec(),
-            player: Player::new(net),
+            feed: Feed::new(net, stage),
             armed: Vec::new(),
             skipped: Vec::new(),
             cuts: Vec::new(),
-            origin_ms: stage.elapsed().as_millis() as u64,
-            seen: stage.log.len(),
             nemesis: Nemesis::new(),
         }
     }
@@ -247,13 +243,8 @@ impl<'p> NetPlay<'p> {
     /// Shows the player what the stage logged, puts on the faults that fall due, and ends
     /// those the proxy has seen through.
     pub fn tick(&mut self, stage: &mut Stage) -> Result<()> {
-        for event in &stage.log[self.seen.min(stage.log.len())..] {
-            let at = event.t_ms.saturating_sub(self.origin_ms);
-            self.player.observe_at(event, at);
-        }
-        self.seen = stage.log.len();
-        let now = (stage.elapsed().as_millis() as u64).saturating_sub(self.origin_ms);
-        for action in self.player.due(now) {
+        let (due, now) = self.feed.due(stage, |_| {});
+        for action in due {
             let Some((index, step)) = action.step.and_then(|i| Some((i, self.steps.get(i)?)))
             else {
                 continue;
@@ -387,7 +378,7 @@ impl<'p> NetPlay<'p> {
                     .heal_net(stage, proxy, Direction::Up, words.as_str());
             }
         }
-        let mut left = self.player.left();
+        let mut left = self.feed.player().left();
         left.append(&mut self.skipped);
         for &(index, done) in &self.armed {
             let path = &self.steps[index].target;

@@ -21,7 +21,7 @@ use crate::events::Kind;
 use crate::nemesis::Fault;
 use crate::nemesis::generate::nth_seed;
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
-use crate::output::Style;
+use crate::output::{Style, count};
 
 /// At most this many histories are played while shrinking.
 const BUDGET: u32 = 30;
@@ -105,6 +105,8 @@ pub fn shrink(
     trial: Trial,
 ) -> Result<(Schedule, u32, Trial)> {
     let mut best = (schedule.clone(), clients, trial);
+    keep_if_interrupted(setup, &best.0, best.1, false);
+    let _forget = Forget;
     let played = std::sync::atomic::AtomicU32::new(0);
     if !style.json {
         crate::outln!();
@@ -141,7 +143,8 @@ pub fn shrink(
                 .into_iter()
                 .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
                 .partition(|p| p.trial.unplayed.is_empty());
-            let faults = candidate.steps().len();
+            let faults = count(candidate.steps().len() as u64, "fault", "faults");
+            let clients_word = count(clients, "client", "clients");
             let left_out = match in_part.len() {
                 0 => String::new(),
                 n => format!("; {n} more where a step never played, not counted"),
@@ -150,17 +153,18 @@ pub fn shrink(
                 let failed = failures.swap_remove(0);
                 if !style.json {
                     crate::outln!(
-                        "  still fails with {faults} fault(s), {clients} clients ({} of \
+                        "  still fails with {faults}, {clients_word} ({} of \
                          {played_n} replays{left_out})",
                         failures.len() + 1
                     );
                 }
                 best = (candidate, clients, failed.trial);
+                keep_if_interrupted(setup, &best.0, best.1, true);
                 continue 'smaller;
             }
             if still_fails(failures.len() + in_part.len(), played_n) && !style.json {
                 crate::prose!(
-                    "  not kept: {faults} fault(s), {clients} clients failed in {} of \
+                    "  not kept: {faults}, {clients_word} failed in {} of \
                      {played_n} replays, but only {} with every step played",
                     failures.len() + in_part.len(),
                     failures.len()
@@ -170,6 +174,30 @@ pub fn shrink(
         break;
     }
     Ok(best)
+}
+
+/// Once shrinking is over, however it ended, the schedule is printed the usual way.
+struct Forget;
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        crate::procs::say_if_interrupted(None);
+    }
+}
+
+/// A Ctrl-C while shrinking must not lose the violation already found: the interrupt
+/// prints the smallest failing schedule so far, and how to replay it.
+fn keep_if_interrupted(setup: &Setup, schedule: &Schedule, clients: u32, shrunk: bool) {
+    let how = if shrunk {
+        "the smallest so far"
+    } else {
+        "not shrunk yet"
+    };
+    crate::procs::say_if_interrupted(Some(format!(
+        "lockslab: a violation was found before the interrupt; its schedule ({how}, {}):\n  {}",
+        count(schedule.steps().len() as u64, "fault", "faults"),
+        super::show::replay_command(setup.design, clients, schedule)
+    )));
 }
 
 #[cfg(test)]

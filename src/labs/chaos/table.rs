@@ -48,8 +48,9 @@ fn lines(kinds: &[FaultKind]) -> Vec<Vec<FaultKind>> {
 
 /// The columns as the table shows them: a client's faults, then a server's (each group in
 /// `FaultKind::ALL`'s order). A note's number follows this order.
-pub fn in_table_order(kinds: &mut [FaultKind]) {
+pub fn in_table_order(kinds: &mut Vec<FaultKind>) {
     kinds.sort_by_key(|k| (k.on_a_server(), FaultKind::ALL.iter().position(|a| a == k)));
+    kinds.dedup();
 }
 
 /// The width of every column of a table of these kinds.
