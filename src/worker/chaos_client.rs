@@ -341,6 +341,9 @@ pub const SCHEMA: &str = "
     -- redis-durable-token's tokens: a sequence survives what an empty Redis forgets
     CREATE SEQUENCE IF NOT EXISTS lockslab_chaos_token;";
 
+/// How many times idempotency-key's client sends a job whose answer it did not get.
+const SENDS_OF_A_JOB: usize = 3;
+
 /// How long a write's transaction works with the record's row locked.
 const IN_TRANSACTION_MS: u64 = 5;
 
@@ -448,13 +451,26 @@ impl Client<'_> {
             Design::AdvisorySession => self.advisory_session_job(job, record),
             Design::SkipLocked => self.skip_locked_job(job),
             Design::Optimistic => self.optimistic_job(job, record),
-            Design::IdempotencyKey => {
-                let _ = self.write(job, record, -1, Rule::OncePerJob);
-                Ok(())
-            }
+            Design::IdempotencyKey => self.once_per_job(job, record),
             // Nothing shared: the record is this client's alone, read and written plainly.
             Design::Partitioned => self.read_work_write(job, record, Rule::Unfenced),
         }
+    }
+
+    /// The idempotency key at work: a write whose answer never came may have committed or
+    /// not, and the client cannot tell which — so it sends the same job again, on a new
+    /// connection, until the store answers. A second copy of a job that had landed finds
+    /// its log entry (the key) and changes nothing: once, however often it is sent.
+    fn once_per_job(&mut self, job: i64, record: &str) -> Result<()> {
+        for _ in 0..SENDS_OF_A_JOB {
+            if self.write(job, record, -1, Rule::OncePerJob) != Outcome::Unknown {
+                return Ok(());
+            }
+            if self.store.is_closed() {
+                self.store = connect::postgres(&self.script.store_url)?;
+            }
+        }
+        Ok(())
     }
 
     fn lock_name(&self, record: &str) -> String {
