@@ -796,11 +796,13 @@ fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
 }
 
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no
-/// servers: the jobs and the `ok`s from the typed events, the log from the verdict.
+/// servers: the jobs and the `ok`s from the typed events, the log from the verdict, each
+/// record's final value and items from its last change. (tests/fixtures/challenge.jsonl,
+/// recorded before jobs appended, is the picture's: a verdict of then still draws.)
 #[test]
 fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
-    use lockslab::check::challenge::{Change, Evidence, Grade, JobSpec, check};
-    let text = include_str!("fixtures/challenge.jsonl");
+    use lockslab::check::challenge::{Change, Evidence, Final, Grade, JobSpec, check};
+    let text = include_str!("fixtures/challenge-items.jsonl");
     let mut evidence = Evidence::default();
     let mut verdict = Value::Null;
     for line in text.lines() {
@@ -810,6 +812,7 @@ fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
                     id: job.job,
                     record: job.record.clone().unwrap(),
                     add: job.add.unwrap(),
+                    append: job.append.clone().unwrap(),
                 }),
                 What::JobAnswered(job) if job.ok == Some(true) => {
                     evidence.acknowledged.insert(job.job);
@@ -823,9 +826,11 @@ fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
     evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone()).unwrap();
     for record in ["r0", "r1"] {
         let last = evidence.changes.iter().rev().find(|c| c.record == record);
-        evidence
-            .finals
-            .push((record.into(), last.map_or(0, |c| c.new_value)));
+        evidence.finals.push(Final {
+            record: record.into(),
+            value: last.map_or(0, |c| c.new_value),
+            items: last.map(|c| c.new_items.clone()).unwrap_or_default(),
+        });
     }
     evidence.faults_planned = verdict["faults_planned"].as_u64().unwrap() as usize;
     evidence.faults_played = verdict["faults_played"].as_u64().unwrap() as usize;
