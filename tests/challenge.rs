@@ -72,17 +72,27 @@ fn kinds(verdict: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The failing reference is caught on one of the first `seeds` seeds.
-fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) {
+/// The failing reference is caught on one of the first `seeds` seeds: that run's verdict.
+fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) -> Value {
     for seed in 1..=seeds {
         let (code, verdict) = reference(name, seed, mode);
         if code == 1 {
             assert!(kinds(&verdict).iter().any(|k| k == kind), "{verdict}");
             assert_eq!(verdict["grade"], "fail");
-            return;
+            return verdict;
         }
     }
     panic!("{mode} passed {name} on {seeds} seeds");
+}
+
+/// The verdict's findings of `kind`.
+fn findings<'a>(verdict: &'a Value, kind: &str) -> Vec<&'a Value> {
+    verdict["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == kind)
+        .collect()
 }
 
 fn passes(name: &str, mode: &str, seed: u64) {
@@ -128,9 +138,32 @@ fn the_rust_references_are_graded_as_the_python_ones() {
     }
 }
 
+/// Each job appends its entry to its record's items: a lost update erases entries, named at
+/// the write that erased them, and the jobs answered ok whose entries are gone are lost —
+/// read from the items the trigger logged and the record holds.
 #[test]
 fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
-    caught_within("counter", "none", "stale-write", 3);
+    let verdict = caught_within("counter", "none", "stale-write", 3);
+    let erasing: Vec<i64> = findings(&verdict, "stale-write")
+        .iter()
+        .filter(|p| !p["erased"].as_array().unwrap().is_empty())
+        .map(|p| p["seq"].as_i64().unwrap())
+        .collect();
+    assert!(
+        !erasing.is_empty(),
+        "no stale write erased an entry: {verdict}"
+    );
+    let lost = findings(&verdict, "lost");
+    assert!(
+        lost.iter()
+            .any(|p| erasing.contains(&p["gone"]["erased_by"].as_i64().unwrap_or(0))),
+        "no lost job names a stale write that erased it: {verdict}"
+    );
+    // A change as its job meant leaves the items before it with the job's entry at the end.
+    let change = verdict["changes"][0].clone();
+    let mut meant = change["old_items"].as_array().unwrap().clone();
+    meant.push(format!("j{}", change["job"]).into());
+    assert_eq!(change["new_items"].as_array().unwrap(), &meant, "{change}");
     // Not `setnx`: on a busy machine a client stalled past the TTL makes it fail (rightly).
     passes("counter", "fenced", 1);
 }
@@ -184,7 +217,14 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
 /// delivered-again job again; recording the job as done with its effect does not.
 #[test]
 fn exactly_once_catches_a_job_applied_twice_and_passes_a_job_recorded_once() {
-    caught_within("exactly-once", "fenced", "doubled", 3);
+    let verdict = caught_within("exactly-once", "fenced", "doubled", 3);
+    // Done twice, its entry is twice in its record's items.
+    assert!(
+        findings(&verdict, "doubled")
+            .iter()
+            .any(|p| p["in_items"].as_u64() > Some(1)),
+        "{verdict}"
+    );
     passes("exactly-once", "once", 1);
 }
 
