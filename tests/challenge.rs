@@ -72,17 +72,27 @@ fn kinds(verdict: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The failing reference is caught on one of the first `seeds` seeds.
-fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) {
+/// The failing reference is caught on one of the first `seeds` seeds: that run's verdict.
+fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) -> Value {
     for seed in 1..=seeds {
         let (code, verdict) = reference(name, seed, mode);
         if code == 1 {
             assert!(kinds(&verdict).iter().any(|k| k == kind), "{verdict}");
             assert_eq!(verdict["grade"], "fail");
-            return;
+            return verdict;
         }
     }
     panic!("{mode} passed {name} on {seeds} seeds");
+}
+
+/// The verdict's findings of `kind`.
+fn findings<'a>(verdict: &'a Value, kind: &str) -> Vec<&'a Value> {
+    verdict["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == kind)
+        .collect()
 }
 
 fn passes(name: &str, mode: &str, seed: u64) {
@@ -128,9 +138,32 @@ fn the_rust_references_are_graded_as_the_python_ones() {
     }
 }
 
+/// Each job appends its entry to its record's items: a lost update erases entries, named at
+/// the write that erased them, and the jobs answered ok whose entries are gone are lost —
+/// read from the items the trigger logged and the record holds.
 #[test]
 fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
-    caught_within("counter", "none", "stale-write", 3);
+    let verdict = caught_within("counter", "none", "stale-write", 3);
+    let erasing: Vec<i64> = findings(&verdict, "stale-write")
+        .iter()
+        .filter(|p| !p["erased"].as_array().unwrap().is_empty())
+        .map(|p| p["seq"].as_i64().unwrap())
+        .collect();
+    assert!(
+        !erasing.is_empty(),
+        "no stale write erased an entry: {verdict}"
+    );
+    let lost = findings(&verdict, "lost");
+    assert!(
+        lost.iter()
+            .any(|p| erasing.contains(&p["gone"]["erased_by"].as_i64().unwrap_or(0))),
+        "no lost job names a stale write that erased it: {verdict}"
+    );
+    // A change as its job meant leaves the items before it with the job's entry at the end.
+    let change = verdict["changes"][0].clone();
+    let mut meant = change["old_items"].as_array().unwrap().clone();
+    meant.push(format!("j{}", change["job"]).into());
+    assert_eq!(change["new_items"].as_array().unwrap(), &meant, "{change}");
     // Not `setnx`: on a busy machine a client stalled past the TTL makes it fail (rightly).
     passes("counter", "fenced", 1);
 }
@@ -184,7 +217,14 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
 /// delivered-again job again; recording the job as done with its effect does not.
 #[test]
 fn exactly_once_catches_a_job_applied_twice_and_passes_a_job_recorded_once() {
-    caught_within("exactly-once", "fenced", "doubled", 3);
+    let verdict = caught_within("exactly-once", "fenced", "doubled", 3);
+    // Done twice, its entry is twice in its record's items.
+    assert!(
+        findings(&verdict, "doubled")
+            .iter()
+            .any(|p| p["in_items"].as_u64() > Some(1)),
+        "{verdict}"
+    );
     passes("exactly-once", "once", 1);
 }
 
@@ -796,11 +836,13 @@ fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
 }
 
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no
-/// servers: the jobs and the `ok`s from the typed events, the log from the verdict.
+/// servers: the jobs and the `ok`s from the typed events, the log from the verdict, each
+/// record's final value and items from its last change. (tests/fixtures/challenge.jsonl,
+/// recorded before jobs appended, is the picture's: a verdict of then still draws.)
 #[test]
 fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
-    use lockslab::check::challenge::{Change, Evidence, Grade, JobSpec, check};
-    let text = include_str!("fixtures/challenge.jsonl");
+    use lockslab::check::challenge::{Change, Evidence, Final, Grade, JobSpec, check};
+    let text = include_str!("fixtures/challenge-items.jsonl");
     let mut evidence = Evidence::default();
     let mut verdict = Value::Null;
     for line in text.lines() {
@@ -810,6 +852,7 @@ fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
                     id: job.job,
                     record: job.record.clone().unwrap(),
                     add: job.add.unwrap(),
+                    append: job.append.clone().unwrap(),
                 }),
                 What::JobAnswered(job) if job.ok == Some(true) => {
                     evidence.acknowledged.insert(job.job);
@@ -823,9 +866,11 @@ fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
     evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone()).unwrap();
     for record in ["r0", "r1"] {
         let last = evidence.changes.iter().rev().find(|c| c.record == record);
-        evidence
-            .finals
-            .push((record.into(), last.map_or(0, |c| c.new_value)));
+        evidence.finals.push(Final {
+            record: record.into(),
+            value: last.map_or(0, |c| c.new_value),
+            items: last.map(|c| c.new_items.clone()).unwrap_or_default(),
+        });
     }
     evidence.faults_planned = verdict["faults_planned"].as_u64().unwrap() as usize;
     evidence.faults_played = verdict["faults_played"].as_u64().unwrap() as usize;

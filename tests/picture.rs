@@ -1330,6 +1330,7 @@ fn lab_10_wait_names_keep_clear_of_freeze_labels() {
     }
 }
 
+/// Recorded before jobs appended (no `append`, no items): a verdict of then still draws.
 const CHALLENGE: &str = include_str!("fixtures/challenge.jsonl");
 
 /// Lab 11: a challenge's clients hold the lock of their job's record (a bar from `acquired`

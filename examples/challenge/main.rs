@@ -18,6 +18,9 @@
 //! lockslab challenge failover     -- ./target/debug/examples/challenge sequence  # passes
 //! ```
 //!
+//! Every mode reads the record's `value` and `items`, and writes `value + add` and the items
+//! with the job's entry (`append`) at the end, in one `UPDATE`.
+//!
 //! - `none`: no lock: read, add, write. Two clients on one record lose an update.
 //! - `setnx`: Redis `SET NX PX`, released with compare-and-delete: the first lock most people
 //!   write. A holder frozen past the TTL still writes what it read.
@@ -161,26 +164,31 @@ fn token(mode: &str, redis: &mut Redis, db: &mut postgres::Client, record: &str)
     Some(redis.run(|connection| redis::cmd("INCR").arg(&counter).query(connection)))
 }
 
+/// What a job's write sets: the value read plus `add`, and the items read with the job's
+/// entry (`append`) at the end.
+fn written(job: &Value, value: i64, mut items: Vec<String>) -> (i64, Vec<String>) {
+    items.push(job["append"].as_str().unwrap().to_string());
+    (value + job["add"].as_i64().unwrap(), items)
+}
+
 /// `claimed`: claim the row with the token (reading it), work holding no row lock, then
 /// write only if the row is still claimed by this token. False if a newer holder claimed it.
 fn work_claimed(db: &mut postgres::Client, table: &str, job: &Value, token: i64) -> bool {
-    let (id, record, add) = (
-        job["id"].as_i64().unwrap(),
-        job["record"].as_str().unwrap(),
-        job["add"].as_i64().unwrap(),
-    );
+    let (id, record) = (job["id"].as_i64().unwrap(), job["record"].as_str().unwrap());
     let claim = format!(
         "UPDATE {table} SET fence = $1 WHERE record = $2 AND (fence IS NULL OR fence < $1) \
-         RETURNING value"
+         RETURNING value, items"
     );
     let Some(row) = db.query_opt(&claim, &[&token, &record]).unwrap() else {
         return false;
     };
-    let value: i64 = row.get(0);
+    let (value, items) = written(job, row.get(0), row.get(1));
     say(json!({"type": "writing", "job": id}));
     std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
-    let write = format!("UPDATE {table} SET value = $1, job = $2 WHERE record = $3 AND fence = $4");
-    db.execute(&write, &[&(value + add), &id, &record, &token])
+    let write = format!(
+        "UPDATE {table} SET value = $1, items = $2, job = $3 WHERE record = $4 AND fence = $5"
+    );
+    db.execute(&write, &[&value, &items, &id, &record, &token])
         .unwrap()
         == 1
 }
@@ -197,35 +205,33 @@ fn work(
     if let ("claimed", Some(token)) = (mode, token) {
         return work_claimed(db, table, job, token);
     }
-    let (id, record, add) = (
-        job["id"].as_i64().unwrap(),
-        job["record"].as_str().unwrap(),
-        job["add"].as_i64().unwrap(),
-    );
+    let (id, record) = (job["id"].as_i64().unwrap(), job["record"].as_str().unwrap());
     let mut tx = db.transaction().unwrap();
-    let value: i64 = match token {
+    let row = match token {
         // Fence the read: lock the row, and refuse if a newer holder wrote it.
         Some(token) => {
             let row = tx
                 .query_one(
-                    &format!("SELECT value, fence FROM {table} WHERE record = $1 FOR UPDATE"),
+                    &format!(
+                        "SELECT value, items, fence FROM {table} WHERE record = $1 FOR UPDATE"
+                    ),
                     &[&record],
                 )
                 .unwrap();
-            let fence: Option<i64> = row.get(1);
+            let fence: Option<i64> = row.get(2);
             if fence.is_some_and(|fence| fence > token) {
                 return false;
             }
-            row.get(0)
+            row
         }
         None => tx
             .query_one(
-                &format!("SELECT value FROM {table} WHERE record = $1"),
+                &format!("SELECT value, items FROM {table} WHERE record = $1"),
                 &[&record],
             )
-            .unwrap()
-            .get(0),
+            .unwrap(),
     };
+    let (value, items) = written(job, row.get(0), row.get(1));
     if mode == "once" {
         // Done before, by a client that died before answering: ok again, no second effect.
         let done = format!(
@@ -240,8 +246,10 @@ fn work(
     // The job's work, between read and write.
     std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
     tx.execute(
-        &format!("UPDATE {table} SET value = $1, job = $2, fence = $3 WHERE record = $4"),
-        &[&(value + add), &id, &token, &record],
+        &format!(
+            "UPDATE {table} SET value = $1, items = $2, job = $3, fence = $4 WHERE record = $5"
+        ),
+        &[&value, &items, &id, &token, &record],
     )
     .unwrap();
     tx.commit().unwrap();

@@ -18,6 +18,9 @@
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
 
+Every mode reads the record's value and items, and writes value + add and the
+items with the job's entry (`append`) at the end, in one UPDATE.
+
 none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
         people write. A holder frozen past the TTL still writes what it read;
@@ -140,7 +143,7 @@ def do_claimed(job, token):
     """Claim the row with the token (and read it), work, then write if still claimed."""
     with db, db.cursor() as cur:
         cur.execute(f"UPDATE {table} SET fence = %s WHERE record = %s"
-                    " AND (fence IS NULL OR fence < %s) RETURNING value",
+                    " AND (fence IS NULL OR fence < %s) RETURNING value, items",
                     (token, job["record"], token))
         row = cur.fetchone()
     if row is None:
@@ -148,8 +151,10 @@ def do_claimed(job, token):
     say(type="writing", job=job["id"])
     time.sleep(job["work_ms"] / 1000)  # the work, no row lock held
     with db, db.cursor() as cur:
-        cur.execute(f"UPDATE {table} SET value = %s, job = %s WHERE record = %s AND fence = %s",
-                    (row[0] + job["add"], job["id"], job["record"], token))
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s"
+                    " WHERE record = %s AND fence = %s",
+                    (row[0] + job["add"], row[1] + [job["append"]], job["id"], job["record"],
+                     token))
         return cur.rowcount == 1
 
 
@@ -159,11 +164,11 @@ def do(job, token):
         return do_claimed(job, token)
     if MODE == "late":
         with db, db.cursor() as cur:
-            cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
-            (value,) = cur.fetchone()
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+            value, items = cur.fetchone()
             time.sleep(job["work_ms"] / 1000)
-            cur.execute(f"UPDATE {table} SET value = %s, job = %s WHERE record = %s",
-                        (value + job["add"], job["id"], job["record"]))
+            cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s WHERE record = %s",
+                        (value + job["add"], items + [job["append"]], job["id"], job["record"]))
         say(type="writing", job=job["id"])  # the lie: after the commit, not before the write
         return True
     with db, db.cursor() as cur:
@@ -172,14 +177,14 @@ def do(job, token):
             # The row lock is held until the commit, across the work below: while
             # this client is frozen nobody else can write the row, so it is the row
             # lock, not the token, that keeps a stale write out (see `claimed`).
-            cur.execute(f"SELECT value, fence FROM {table} WHERE record = %s FOR UPDATE",
+            cur.execute(f"SELECT value, items, fence FROM {table} WHERE record = %s FOR UPDATE",
                         (job["record"],))
-            value, fence = cur.fetchone()
+            value, items, fence = cur.fetchone()
             if fence is not None and fence > token:
                 return False
         else:
-            cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
-            (value,) = cur.fetchone()
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+            value, items = cur.fetchone()
         if MODE == "once":
             cur.execute(f"INSERT INTO {init['schema']}.done VALUES (%s) ON CONFLICT DO NOTHING",
                         (job["id"],))
@@ -187,8 +192,10 @@ def do(job, token):
                 return True  # done before, by a client that died before answering
         say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
-        cur.execute(f"UPDATE {table} SET value = %s, job = %s, fence = %s WHERE record = %s",
-                    (value + job["add"], job["id"], token, job["record"]))
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
+                    " WHERE record = %s",
+                    (value + job["add"], items + [job["append"]], job["id"], token,
+                     job["record"]))
     return True
 
 

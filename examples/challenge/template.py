@@ -30,13 +30,17 @@ for line in sys.stdin:  # lockslab closes stdin when there are no more jobs
     job = json.loads(line)
     # TODO: take a lock here, and say(type="acquired", job=job["id"], token=...)
     with db, db.cursor() as cur:  # one transaction
-        cur.execute(f"SELECT value FROM {table} WHERE record = %s", (job["record"],))
-        (value,) = cur.fetchone()
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s",
+                    (job["record"],))
+        value, items = cur.fetchone()
         say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        # What was read, plus the job's add, and its entry at the end of the items.
         cur.execute(
-            f"UPDATE {table} SET value = %s, job = %s WHERE record = %s",
-            (value + job["add"], job["id"], job["record"]),
+            f"UPDATE {table} SET value = %s, items = %s, job = %s"
+            " WHERE record = %s",
+            (value + job["add"], items + [job["append"]], job["id"],
+             job["record"]),
         )
     # TODO: release the lock, and say(type="released", job=job["id"])
     say(type="ok", job=job["id"])

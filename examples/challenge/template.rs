@@ -32,24 +32,30 @@ fn main() {
     // lockslab closes stdin when there are no more jobs.
     for line in lines {
         let job: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        let (id, record, add) = (
+        let (id, record, add, append) = (
             job["id"].as_i64().unwrap(),
             job["record"].as_str().unwrap(),
             job["add"].as_i64().unwrap(),
+            job["append"].as_str().unwrap(),
         );
         // TODO: take a lock here, and say {"type": "acquired", "job": id, "token": ...}
         let mut tx = db.transaction().unwrap();
         let row = tx
-            .query_one(&format!("SELECT value FROM {table} WHERE record = $1"), &[&record])
+            .query_one(
+                &format!("SELECT value, items FROM {table} WHERE record = $1"),
+                &[&record],
+            )
             .unwrap();
-        let value: i64 = row.get(0);
+        let (value, mut items): (i64, Vec<String>) = (row.get(0), row.get(1));
         say(json!({"type": "writing", "job": id}));
         // The job's work, between read and write.
         let work = job["work_ms"].as_u64().unwrap_or(0);
         std::thread::sleep(std::time::Duration::from_millis(work));
+        // What was read, plus the job's add, with its entry at the end of the items.
+        items.push(append.to_string());
         tx.execute(
-            &format!("UPDATE {table} SET value = $1, job = $2 WHERE record = $3"),
-            &[&(value + add), &id, &record],
+            &format!("UPDATE {table} SET value = $1, items = $2, job = $3 WHERE record = $4"),
+            &[&(value + add), &items, &id, &record],
         )
         .unwrap();
         tx.commit().unwrap();

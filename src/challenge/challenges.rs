@@ -144,7 +144,8 @@ impl Challenge {
         (1..=jobs as i64).filter(|_| rng.below(3) == 0).collect()
     }
 
-    /// The jobs of a run: ids from 1, on `records` records, each adding 1 to 9.
+    /// The jobs of a run: ids from 1, on `records` records, each adding 1 to 9 and appending
+    /// `j` and its id (unique to the job, and readable in a finding: `erased j7`).
     pub fn draw_jobs(self, seed: u64, records: &[String]) -> Vec<JobSpec> {
         let mut rng = Rng::new(seed ^ 0x6a6f_6273);
         (1..=self.jobs() as i64)
@@ -152,6 +153,7 @@ impl Challenge {
                 id,
                 record: records[rng.below(records.len() as u64) as usize].clone(),
                 add: 1 + rng.below(9) as i64,
+                append: format!("j{id}"),
             })
             .collect()
     }

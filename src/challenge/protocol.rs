@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! lockslab ──> {"type":"init", ...}                 client ──> {"type":"ready","notes":true}
-//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"work_ms":100}
+//! lockslab ──> {"type":"job","id":1,"record":"r0","add":3,"append":"j1","work_ms":100}
 //!                                                   client ──> {"type":"acquired","job":1,"token":7}
 //!                                                   client ──> {"type":"writing","job":1}
 //!                                                   client ──> {"type":"released","job":1}
@@ -33,8 +33,9 @@ pub struct Init {
     /// Under `delay`, the address of a fault proxy of this client's own, in front of the
     /// same Postgres.
     pub postgres_url: String,
-    /// The protected records: `record text PRIMARY KEY, value bigint, job bigint, fence
-    /// bigint`, schema-qualified. A job's write sets `value` and `job` in one UPDATE.
+    /// The protected records: `record text PRIMARY KEY, value bigint, items text[], job
+    /// bigint, fence bigint`, schema-qualified. A job's write sets `value`, `items` and
+    /// `job` in one UPDATE.
     pub table: String,
     /// The run's own Postgres schema: the client may create tables of its own in it;
     /// lockslab drops it at the end.
@@ -56,12 +57,18 @@ pub struct Init {
     pub redis_password: Option<String>,
 }
 
-/// One job: add `add` to the `value` of `record`, and tag the write with the job's id.
+/// One job: add `add` to the `value` of `record`, put `append` at the end of its `items`,
+/// and tag the write with the job's id — all in one UPDATE, from one read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: i64,
     pub record: String,
     pub add: i64,
+    /// The job's own entry (`j7`, unique to it; the same in both deliveries of a job sent
+    /// twice). On every job, not some: a client has one write to get right, and every job
+    /// leaves its mark in the data — a lost update erases an entry, a doubled effect leaves
+    /// one twice — which the grader and the learner can both read off the record.
+    pub append: String,
     /// How long to work between reading the record and writing it (sleep): a real job
     /// computes something there, and that is where a pause hurts.
     pub work_ms: u64,
@@ -124,11 +131,12 @@ mod tests {
             id: 1,
             record: "r0".into(),
             add: 3,
+            append: "j1".into(),
             work_ms: 100,
         });
         assert_eq!(
             serde_json::to_string(&job).unwrap(),
-            r#"{"type":"job","id":1,"record":"r0","add":3,"work_ms":100}"#
+            r#"{"type":"job","id":1,"record":"r0","add":3,"append":"j1","work_ms":100}"#
         );
         let said: FromClient =
             serde_json::from_str(r#"{"type":"acquired","job":1,"token":7}"#).unwrap();

@@ -5,13 +5,13 @@
 //! change that commits is in the log, one that rolls back is not, and nothing the client
 //! says can add to it or take from it. The client must not write to the log (a trigger
 //! refuses updates and deletes there), nor add or delete records. An update that changes
-//! neither `value` nor `job` (a token's claim on `fence` before the read) is not logged:
-//! it writes nothing the grade is about. Each logged change carries the record's `fence`
+//! none of `value`, `items` and `job` (a token's claim on `fence` before the read) is not
+//! logged: it writes nothing the grade is about. Each logged change carries the record's `fence`
 //! after it: the token it was made under (graded by `failover`).
 
 use anyhow::{Context, Result};
 
-use crate::check::challenge::{Change, Finals};
+use crate::check::challenge::{Change, Final, Finals};
 use crate::connect::PgClient;
 
 /// The schema's name for a run (its run id is made of lowercase hex, digits and `_`).
@@ -37,7 +37,7 @@ pub fn drop_sql(run_id: &str) -> String {
 /// Makes the clients' own role, with a fresh password (sent to them on their stdin, in
 /// `init`'s URL; never on a command line), and grants it what the protocol needs and
 /// nothing else: use the run's schema, and create tables of its own there; read the
-/// records and update their three columns. No right on the log — the trigger writes it as
+/// records and update their four columns. No right on the log — the trigger writes it as
 /// its owner — no superuser, no other role's rights: it cannot end the grader's
 /// connection (`pg_terminate_backend` wants the grader's role), nor rewrite the log.
 ///
@@ -64,7 +64,7 @@ pub fn create_client_role(
         "CREATE ROLE {role} LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE
              NOREPLICATION NOBYPASSRLS NOINHERIT;
          GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
-         GRANT SELECT, UPDATE (value, job, fence) ON {schema}.records TO {role};"
+         GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
     ))
     .context("creating the clients' Postgres role")?;
     let (_, rest) = url
@@ -81,6 +81,7 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
          CREATE TABLE {schema}.records (
              record text PRIMARY KEY,
              value bigint NOT NULL DEFAULT 0,
+             items text[] NOT NULL DEFAULT '{{}}',
              job bigint,
              fence bigint);
          CREATE TABLE {schema}.changes (
@@ -89,23 +90,28 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
              job bigint,
              old_value bigint NOT NULL,
              new_value bigint NOT NULL,
+             old_items text[] NOT NULL,
+             new_items text[] NOT NULL,
              fence bigint,
              at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql
              SECURITY DEFINER SET search_path = pg_catalog AS $$
          BEGIN
-             INSERT INTO {schema}.changes (record, job, old_value, new_value, fence)
-             VALUES (NEW.record, NEW.job, OLD.value, NEW.value, NEW.fence);
+             INSERT INTO {schema}.changes
+                 (record, job, old_value, new_value, old_items, new_items, fence)
+             VALUES (NEW.record, NEW.job, OLD.value, NEW.value, OLD.items, NEW.items,
+                 NEW.fence);
              RETURN NEW;
          END $$;
          CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             RAISE EXCEPTION 'lockslab challenge: % on %.% is not allowed (update a record''s value and job)',
+             RAISE EXCEPTION 'lockslab challenge: % on %.% is not allowed (update a record''s value, items and job)',
                  TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
          END $$;
          CREATE TRIGGER log_change AFTER UPDATE ON {schema}.records
              FOR EACH ROW
-             WHEN (OLD.value IS DISTINCT FROM NEW.value OR OLD.job IS DISTINCT FROM NEW.job)
+             WHEN (OLD.value IS DISTINCT FROM NEW.value OR OLD.items IS DISTINCT FROM NEW.items
+                 OR OLD.job IS DISTINCT FROM NEW.job)
              EXECUTE FUNCTION {schema}.log_change();
          CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.changes
              FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
@@ -139,12 +145,13 @@ pub fn clock_us(db: &mut PgClient) -> Result<i64> {
     Ok(row.get(0))
 }
 
-/// The log, in the database's order, and each record's final value.
+/// The log, in the database's order, and each record's final value and items.
 pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals)> {
     let changes = db
         .query(
             &format!(
-                "SELECT seq, record, job, old_value, new_value, {}, fence \
+                "SELECT seq, record, job, old_value, new_value, {}, fence, old_items, \
+                 new_items \
                  FROM {schema}.changes ORDER BY seq",
                 epoch_us("at")
             ),
@@ -160,15 +167,21 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
             new_value: row.get(4),
             at_us: Some(row.get(5)),
             fence: row.get(6),
+            old_items: row.get(7),
+            new_items: row.get(8),
         })
         .collect();
     let finals = db
         .query(
-            &format!("SELECT record, value FROM {schema}.records ORDER BY record"),
+            &format!("SELECT record, value, items FROM {schema}.records ORDER BY record"),
             &[],
         )?
         .iter()
-        .map(|row| (row.get(0), row.get(1)))
+        .map(|row| Final {
+            record: row.get(0),
+            value: row.get(1),
+            items: row.get(2),
+        })
         .collect();
     Ok((changes, finals))
 }

@@ -1,23 +1,29 @@
 //! `lockslab challenge`: what a learner's client did to the protected records, read from
 //! the database's own log of every change — never from what the client said.
 //!
-//! Each job says "add `add` to `record`", and the client's write sets the record's `value`
-//! and tags it with the job's id (`job`). A trigger copies every change into an append-only
-//! log: the record, the job, the value before and the value after, numbered in the order
-//! the database applied them (one record's changes wait on its row lock, so for one record
-//! that is the order they committed). So:
+//! Each job says "add `add` to `record`, and append `append` to its items", and the client's
+//! write sets the record's `value` and `items` and tags it with the job's id (`job`). A
+//! trigger copies every change into an append-only log: the record, the job, the value and
+//! the items before and after, numbered in the order the database applied them (one
+//! record's changes wait on its row lock, so for one record that is the order they
+//! committed). The items make each job's effect visible in the data itself: a lost update
+//! erases an entry, a doubled effect leaves one twice. So:
 //!
 //! - **stale write**: a change whose value after is not its value before plus the job's
-//!   `add` — the client computed it from a read another write had already made stale, and
-//!   erased that write's effect (a lost update, seen at the write that lost it);
-//! - **doubled effect**: one job's change in the log twice;
-//! - **lost**: a job a client answered `ok` for that has no change in the log;
+//!   `add`, or whose items after are not its items before with the job's `append` at the
+//!   end — the client computed it from a read another write had already made stale, and
+//!   erased that write's effect (a lost update, seen at the write that lost it: the entries
+//!   it erased are named);
+//! - **doubled effect**: one job's change in the log twice, or its entry twice in its
+//!   record's final items;
+//! - **lost**: a job a client answered `ok` for that has no change in the log, or whose
+//!   entry is not in its record's final items (the change that erased it is named);
 //! - **never done**: a job no client did, though given to one after another;
 //! - **untagged**: a change that names no job of the run (the job column not set): the
 //!   checker cannot say whose effect it is, and a grader that cannot attribute a change
 //!   does not pass it;
-//! - **log disagrees**: a record whose value is not the last value its log shows (changed
-//!   with the trigger off).
+//! - **log disagrees**: a record whose value or items are not the last its log shows
+//!   (changed with the trigger off).
 //!
 //! - **stuck lock** (crash): a client killed holding its lock, and the next client that
 //!   wanted that record waited longer than the bound for it (seen from the clients' notes).
@@ -39,12 +45,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+mod items;
+pub use items::Gone;
+
 /// One job as lockslab handed it out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct JobSpec {
     pub id: i64,
     pub record: String,
     pub add: i64,
+    /// The entry the job appends to the record's items (`j7`: unique to the job).
+    pub append: String,
 }
 
 /// One row of the change log, in the database's order.
@@ -55,6 +66,12 @@ pub struct Change {
     pub job: Option<i64>,
     pub old_value: i64,
     pub new_value: i64,
+    /// The record's items before the change and after it (absent from recordings made
+    /// before jobs appended: empty).
+    #[serde(default)]
+    pub old_items: Vec<String>,
+    #[serde(default)]
+    pub new_items: Vec<String>,
     /// When the database made the change (its clock, µs since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_us: Option<i64>,
@@ -63,8 +80,16 @@ pub struct Change {
     pub fence: Option<i64>,
 }
 
-/// Each record's value at the end.
-pub type Finals = Vec<(String, i64)>;
+/// One record as the run left it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Final {
+    pub record: String,
+    pub value: i64,
+    pub items: Vec<String>,
+}
+
+/// Each record as the run left it.
+pub type Finals = Vec<Final>;
 
 /// What the run produced, for the checker.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -243,13 +268,34 @@ pub enum Problem {
         old_value: i64,
         new_value: i64,
         add: i64,
+        /// The job's entry, and what the change did to the items where it is not the items
+        /// before with that entry at the end: the entries before that it dropped (erased),
+        /// and those after that were not before (added). Both empty: the items were right.
+        #[serde(default)]
+        append: String,
+        #[serde(default)]
+        erased: Vec<String>,
+        #[serde(default)]
+        added: Vec<String>,
     },
+    /// A job whose change is in the log `times` times, or whose entry its record's final
+    /// items hold `in_items` times: more than once either way.
     Doubled {
         job: i64,
         times: usize,
+        #[serde(default)]
+        record: String,
+        #[serde(default)]
+        append: String,
+        #[serde(default)]
+        in_items: usize,
     },
+    /// Answered `ok`, and no change of it in the log (`gone` none), or its entry not in its
+    /// record's final items.
     Lost {
         job: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gone: Option<Gone>,
     },
     NeverDone {
         job: i64,
@@ -263,6 +309,10 @@ pub enum Problem {
         record: String,
         value: i64,
         logged: i64,
+        #[serde(default)]
+        items: Vec<String>,
+        #[serde(default)]
+        logged_items: Vec<String>,
     },
     StuckLock {
         record: String,
@@ -304,7 +354,7 @@ impl Problem {
         match self {
             Problem::StaleWrite { job, .. }
             | Problem::Doubled { job, .. }
-            | Problem::Lost { job }
+            | Problem::Lost { job, .. }
             | Problem::NeverDone { job } => Some(*job),
             Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
             Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
@@ -337,18 +387,48 @@ impl Problem {
                 old_value,
                 new_value,
                 add,
-            } => format!(
-                "stale write: job {job} set {record} to {new_value} over {old_value} \
-                 (change #{seq}); it adds {add}, so it was computed from a read of {}, \
-                 not from the {old_value} the record held",
-                new_value - add
-            ),
-            Problem::Doubled { job, times } => {
-                format!("doubled effect: job {job} changed its record {times} times")
+                append,
+                erased,
+                added,
+            } => {
+                if new_value - old_value == *add {
+                    let whose = format!("{record}'s items");
+                    match items::fault_words(append, erased, added, &whose) {
+                        words if words.is_empty() => format!(
+                            "stale write: job {job}'s change #{seq} of {record} is not what \
+                             the job meant"
+                        ),
+                        words => format!("stale write: job {job} {words} (change #{seq})"),
+                    }
+                } else {
+                    let items = items::fault_words(append, erased, added, "the items");
+                    let items = if items.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it {items}")
+                    };
+                    format!(
+                        "stale write: job {job} set {record} to {new_value} over {old_value} \
+                         (change #{seq}); it adds {add}, so it was computed from a read of {}, \
+                         not from the {old_value} the record held{items}",
+                        new_value - add
+                    )
+                }
             }
-            Problem::Lost { job } => {
+            Problem::Doubled {
+                job,
+                times,
+                record,
+                append,
+                in_items,
+            } => items::doubled_words(*job, *times, record, append, *in_items),
+            Problem::Lost { job, gone: None } => {
                 format!("lost: job {job} was answered ok, and the log has no change of it")
             }
+            Problem::Lost {
+                job,
+                gone: Some(gone),
+            } => gone.describe(*job),
             Problem::NeverDone { job } => {
                 format!("never done: no client did job {job}")
             }
@@ -364,8 +444,27 @@ impl Problem {
                 record,
                 value,
                 logged,
+                items,
+                logged_items,
+            } if value == logged => format!(
+                "{record}'s items are {}, its log ends at {}: they changed outside the log",
+                items::list(items),
+                items::list(logged_items)
+            ),
+            Problem::LogDisagrees {
+                record,
+                value,
+                logged,
+                items,
+                logged_items,
             } => format!(
-                "{record} holds {value}, its log ends at {logged}: it changed outside the log"
+                "{record} holds {value}, its log ends at {logged}: it changed outside the \
+                 log{}",
+                if items == logged_items {
+                    ""
+                } else {
+                    " (its items too)"
+                }
             ),
             Problem::StuckLock {
                 record,
@@ -523,7 +622,12 @@ pub fn check(evidence: &Evidence) -> Report {
             continue;
         };
         *times.entry(job.id).or_default() += 1;
-        if change.new_value != change.old_value + job.add || change.record != job.record {
+        let items = items::fault(change, &job.append);
+        if change.new_value != change.old_value + job.add
+            || change.record != job.record
+            || items.is_some()
+        {
+            let (erased, added) = items.unwrap_or_default();
             report.problems.push(Problem::StaleWrite {
                 record: change.record.clone(),
                 job: job.id,
@@ -531,33 +635,60 @@ pub fn check(evidence: &Evidence) -> Report {
                 old_value: change.old_value,
                 new_value: change.new_value,
                 add: job.add,
+                append: job.append.clone(),
+                erased,
+                added,
             });
         } else {
             report.good_changes += 1;
         }
     }
-    for (&job, &n) in times.iter().filter(|(_, n)| **n > 1) {
-        report.problems.push(Problem::Doubled { job, times: n });
+    let held = |job: &JobSpec| items::held(&evidence.finals, &job.record, &job.append);
+    for job in &evidence.jobs {
+        let n = times.get(&job.id).copied().unwrap_or(0);
+        if n > 1 || held(job) > 1 {
+            report.problems.push(Problem::Doubled {
+                job: job.id,
+                times: n,
+                record: job.record.clone(),
+                append: job.append.clone(),
+                in_items: held(job),
+            });
+        }
     }
     for job in &evidence.jobs {
         let changed = times.contains_key(&job.id);
-        if evidence.acknowledged.contains(&job.id) && !changed {
-            report.problems.push(Problem::Lost { job: job.id });
-        } else if !evidence.acknowledged.contains(&job.id) && !changed {
+        let acknowledged = evidence.acknowledged.contains(&job.id);
+        if acknowledged && !changed {
+            report.problems.push(Problem::Lost {
+                job: job.id,
+                gone: None,
+            });
+        } else if acknowledged && held(job) == 0 {
+            report.problems.push(Problem::Lost {
+                job: job.id,
+                gone: Some(Gone::of(job, &changes)),
+            });
+        } else if !acknowledged && !changed {
             report.problems.push(Problem::NeverDone { job: job.id });
         }
     }
-    for (record, value) in &evidence.finals {
-        let logged = changes
-            .iter()
-            .rev()
-            .find(|c| &c.record == record)
-            .map_or(0, |c| c.new_value);
-        if logged != *value {
+    for Final {
+        record,
+        value,
+        items,
+    } in &evidence.finals
+    {
+        let last = changes.iter().rev().find(|c| &c.record == record);
+        let logged = last.map_or(0, |c| c.new_value);
+        let logged_items = last.map(|c| c.new_items.clone()).unwrap_or_default();
+        if logged != *value || logged_items != *items {
             report.problems.push(Problem::LogDisagrees {
                 record: record.clone(),
                 value: *value,
                 logged,
+                items: items.clone(),
+                logged_items,
             });
         }
     }
@@ -647,10 +778,11 @@ mod tests {
             id,
             record: record.into(),
             add,
+            append: format!("j{id}"),
         }
     }
 
-    fn change(seq: i64, record: &str, job: Option<i64>, old: i64, new: i64) -> Change {
+    pub(super) fn change(seq: i64, record: &str, job: Option<i64>, old: i64, new: i64) -> Change {
         Change {
             seq,
             record: record.into(),
@@ -659,23 +791,54 @@ mod tests {
             new_value: new,
             at_us: Some(seq * 1_000_000),
             fence: None,
+            old_items: vec![],
+            new_items: vec![],
         }
     }
 
-    fn evidence(changes: Vec<Change>, acked: &[i64], finals: &[(&str, i64)]) -> Evidence {
-        Evidence {
+    /// Each change's items as a client that reads and writes them right leaves them: the
+    /// record's items before, and those with its job's entry (`j<id>`) at the end; and each
+    /// record's final items as its last change left them.
+    pub(super) fn fill_items(run: &mut Evidence) {
+        let mut items: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for change in &mut run.changes {
+            let now = items.entry(change.record.clone()).or_default();
+            change.old_items = now.clone();
+            now.extend(change.job.map(|job| format!("j{job}")));
+            change.new_items = now.clone();
+        }
+        for last in &mut run.finals {
+            last.items = items.get(&last.record).cloned().unwrap_or_default();
+        }
+    }
+
+    pub(super) fn evidence(
+        changes: Vec<Change>,
+        acked: &[i64],
+        finals: &[(&str, i64)],
+    ) -> Evidence {
+        let mut run = Evidence {
             jobs: vec![job(1, "r0", 3), job(2, "r0", 5), job(3, "r1", 2)],
             acknowledged: acked.iter().copied().collect(),
             changes,
-            finals: finals.iter().map(|(r, v)| (r.to_string(), *v)).collect(),
+            finals: finals
+                .iter()
+                .map(|(record, value)| Final {
+                    record: record.to_string(),
+                    value: *value,
+                    items: vec![],
+                })
+                .collect(),
             faults_planned: 1,
             faults_played: 1,
             ..Evidence::default()
-        }
+        };
+        fill_items(&mut run);
+        run
     }
 
     /// Jobs 1 and 2 on r0, 3 on r1, each written once as meant.
-    fn clean_run() -> Evidence {
+    pub(super) fn clean_run() -> Evidence {
         evidence(
             vec![
                 change(1, "r0", Some(1), 0, 3),
@@ -754,13 +917,15 @@ mod tests {
             fenced(2, "r0", 2, 3, 8, 7),
             fenced(3, "r1", 3, 0, 2, 5),
         ];
+        fill_items(&mut run);
         assert_eq!(check(&run).grade(), Grade::Pass);
         // After the promotion the counter starts again below: 7, then 6, then 7.
         run.jobs.extend([job(4, "r0", 1), job(5, "r0", 1)]);
         run.acknowledged.extend([4, 5]);
         run.changes
             .extend([fenced(4, "r0", 4, 8, 9, 6), fenced(5, "r0", 5, 9, 10, 7)]);
-        run.finals[0].1 = 10;
+        run.finals[0].value = 10;
+        fill_items(&mut run);
         let report = check(&run);
         assert_eq!(kinds(&run), vec!["token-went-back", "token-reused"]);
         let back = report.problems[0].describe();
@@ -872,7 +1037,7 @@ mod tests {
             &[("r0", 9), ("r1", 2)],
         );
         assert_eq!(check(&outside).problems[0].kind(), "log-disagrees");
-        outside.finals[0].1 = 8;
+        outside.finals[0].value = 8;
         outside.faults_played = 0;
         let report = check(&outside);
         assert_eq!(
@@ -970,7 +1135,7 @@ mod tests {
         // A stale write is a failure whatever the faults did.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         run.changes[1].new_value = 9;
-        run.finals[0].1 = 9;
+        run.finals[0].value = 9;
         assert_eq!(check(&run).grade(), Grade::Fail);
     }
 

@@ -743,6 +743,8 @@ pub struct ChallengeJob {
     pub record: Option<String>,
     /// What the job adds to the record's value.
     pub add: Option<i64>,
+    /// What the job appends to the record's items (its own entry, `j7`).
+    pub append: Option<String>,
     /// The answer: true `ok`, false `fail`.
     pub ok: Option<bool>,
     /// A `fail`'s reason, as the client gave it.

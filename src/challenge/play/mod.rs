@@ -543,6 +543,7 @@ impl Run<'_> {
                 id: job,
                 record: spec.record.clone(),
                 add: spec.add,
+                append: spec.append.clone(),
                 work_ms: WORK_MS,
             }));
             let name = seat.client.name.clone();
@@ -550,12 +551,16 @@ impl Run<'_> {
                 job,
                 record: Some(spec.record.clone()),
                 add: Some(spec.add),
+                append: Some(spec.append.clone()),
                 resent,
                 duplicate: copy.then_some(true),
                 ..ChallengeJob::default()
             };
             let again = if copy { " (delivered twice)" } else { "" };
-            let text = format!("job {job}: add {} to {}{again}", spec.add, spec.record);
+            let text = format!(
+                "job {job}: add {} and append {} to {}{again}",
+                spec.add, spec.append, spec.record
+            );
             self.note(&name, What::JobSent(facts), text);
             self.moment(&name, job, Moment::Wants);
         }
