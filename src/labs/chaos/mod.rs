@@ -154,7 +154,7 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "FILE|JSON")]
     pub schedule: Option<String>,
     /// Replays of each smaller schedule while shrinking (timing varies: it is kept if
-    /// it failed in a majority of them)
+    /// it failed in four of five of them, every one of the default three)
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub replays: u32,
     /// Do not shrink a failing schedule

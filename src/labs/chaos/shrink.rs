@@ -3,8 +3,10 @@
 //! at an earlier job, a client fewer — for as long as the smaller one still fails.
 //!
 //! Timing varies from run to run, so each candidate is played `replays` times and kept only
-//! if it failed in a majority of them (2 of 3): a step kept on one lucky failure gives a
-//! schedule that its own replay command rarely breaks. And a pause timed by the clock is
+//! if it failed in at least four in five of them (3 of 3 by default). A majority is not
+//! enough: a candidate that breaks the design one time in two — a clock jump with one
+//! client fewer to take the freed lock in the holder's last milliseconds — passes 2 of 3
+//! half the time, and its replay command then fails as often as it works. And a pause timed by the clock is
 //! re-aimed at the work: just after the client read its record, it fails whenever another
 //! job writes that record before the pause ends; at a time, only when the time happens to
 //! fall between a read and a write.
@@ -26,9 +28,10 @@ use crate::output::{Style, count};
 /// At most this many histories are played while shrinking.
 const BUDGET: u32 = 30;
 
-/// Does a candidate that failed `failed` of `played` replays still fail? In a majority.
+/// Does a candidate that failed `failed` of `played` replays still fail? In four of five
+/// at least: every one of three, eight of ten.
 pub fn still_fails(failed: usize, played: usize) -> bool {
-    played > 0 && failed * 2 > played
+    played > 0 && failed * 5 >= played * 4
 }
 
 /// The smaller schedules to try next, smallest change last. A pause is shortened, but not
@@ -119,7 +122,7 @@ pub fn shrink(
             if played.load(Ordering::Acquire) >= BUDGET || crate::procs::interrupted() {
                 break 'smaller;
             }
-            // The candidate's replays side by side; a majority of failures keeps it.
+            // The candidate's replays side by side; four failures in five keep it.
             let next = |nth: u64| {
                 if nth >= u64::from(replays) {
                     return None;
@@ -266,10 +269,15 @@ mod tests {
     }
 
     #[test]
-    fn a_candidate_is_kept_only_if_it_failed_in_a_majority_of_its_replays() {
-        assert!(still_fails(2, 3));
+    fn a_candidate_is_kept_only_if_it_failed_in_four_of_five_replays() {
         assert!(still_fails(3, 3));
-        assert!(!still_fails(1, 3), "one lucky failure of three is not kept");
+        assert!(
+            !still_fails(2, 3),
+            "a coin that came up twice of three is not kept"
+        );
+        assert!(!still_fails(1, 3));
+        assert!(still_fails(8, 10));
+        assert!(!still_fails(7, 10));
         assert!(!still_fails(1, 2));
         assert!(still_fails(1, 1));
         assert!(!still_fails(0, 0));
