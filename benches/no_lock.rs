@@ -6,8 +6,13 @@
 //! pgbench's clients never do: at 20, redis-lock retried 2,597 times and optimistic 5,678
 //! in 10,000 jobs, a cost of contention that pgbench's script does not pay, and that the
 //! lab's own `--contention` sweep shows); beside it,
-//! `pgbench` on the same server in the same run, 10 clients, running the very statements
-//! that approach's worker sends for one job, in the same order and the same transactions.
+//! `pgbench` on the same server in the same run, running the very statements that
+//! approach's worker sends for one job, in the same order and the same transactions. Like
+//! for like, as in `benches/skip_locked.rs`: prepared once per connection (`-M prepared`,
+//! as the worker's `Desk::new` prepares its statements), 10 clients each on a connection
+//! and a thread of its own (`-j 10`, as the lab's 10 worker processes), the lab's 10,000
+//! jobs (`-t`, a thousand a client, rather than a fixed time: the lab's figure includes
+//! its own start and end), on tables as fresh and unanalysed as the lab's.
 //! What pgbench cannot do the same way, and how the script stands in for it:
 //! - "invoiced yet?": the lab's workers ask it 16 jobs at a time (`invoices::LOOK_AHEAD`),
 //!   and every worker asks it of the whole list, jobs done by the others included; the
@@ -34,7 +39,6 @@ use serde_json::Value;
 
 const JOBS: &str = "10000";
 const KEYS: &str = "200";
-const PGBENCH_SECONDS: &str = "5";
 
 const SETUP: &str = "
     DROP TABLE IF EXISTS bench_customers, bench_invoices;
@@ -102,11 +106,14 @@ fn main() {
     }
     println!(
         "lockslab no-lock <approach> --fault none --work 0ms --jobs {JOBS} --keys {KEYS} (10 \
-         workers) beside pgbench -c 10 -j 2 -T {PGBENCH_SECONDS} -M prepared:"
+         workers) beside pgbench -c 10 -j 10 -M prepared -t {} (the same {JOBS} jobs); trips: \
+         round trips a job, the lab's (Postgres and Redis, every worker's look-ahead included) \
+         and pgbench's (its script's statements):",
+        JOBS.parse::<u32>().unwrap() / 10
     );
     println!(
-        "  {:<18} {:>8} {:>8} {:>8} {:>10}",
-        "approach", "jobs/s", "trips", "retries", "pgbench tps"
+        "  {:<18} {:>8} {:>8} {:>11} {:>8} {:>8}",
+        "approach", "jobs/s", "trips", "pgbench tps", "trips", "retries"
     );
     let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     for approach in [
@@ -135,10 +142,11 @@ fn main() {
             pgbench_tps(pgbench, &url, file.path())
         });
         println!(
-            "  {approach:<18} {lab:>8.0} {:>8.1} {:>8} {:>10}   {}",
+            "  {approach:<18} {lab:>8.0} {:>8.1} {:>11} {:>8} {:>8}   {}",
             a["round_trips_per_job"].as_f64().unwrap_or(0.0),
-            a["retries"].as_u64().unwrap_or(0),
             tps.map_or("-".into(), |t| format!("{t:.0}")),
+            statements(&script(approach)),
+            a["retries"].as_u64().unwrap_or(0),
             tps.map_or(String::new(), |t| format!("lab / pgbench = {:.2}", lab / t)),
         );
     }
@@ -149,10 +157,33 @@ fn main() {
     .unwrap();
 }
 
-/// pgbench's tps for `script`, 10 clients on 2 threads, prepared statements, no vacuum.
+/// pgbench's tps for `script`: 10 clients, each one connection on a thread of its own (as
+/// the lab's 10 worker processes), prepared statements, no vacuum, the lab's 10,000 jobs
+/// (a thousand a client).
 fn pgbench_tps(pgbench: &Path, url: &str, script: &Path) -> f64 {
     let script = script.to_str().expect("a UTF-8 temporary path");
-    let mut args = vec!["-c", "10", "-j", "2", "-n", "-M", "prepared"];
-    args.extend(["-T", PGBENCH_SECONDS, "-f", script]);
+    let per_client = (JOBS.parse::<u32>().unwrap() / 10).to_string();
+    let args = [
+        "-c",
+        "10",
+        "-j",
+        "10",
+        "-n",
+        "-M",
+        "prepared",
+        "-t",
+        &per_client,
+        "-f",
+        script,
+    ];
     pgbench::tps(&mut pgbench::command(pgbench, url, &args))
+}
+
+/// Round trips a job of `script` makes: one per SQL statement (pgbench sends each alone
+/// and waits for its answer); the `\set` lines stay in pgbench.
+fn statements(script: &str) -> usize {
+    script
+        .lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('\\'))
+        .count()
 }
