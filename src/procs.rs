@@ -391,6 +391,17 @@ fn say(text: &str) {
 /// is being shrunk).
 static LAST_WORDS: Mutex<Option<String>> = Mutex::new(None);
 
+/// Prints what [`say_if_interrupted`] kept, once: the first shutdown or an impatient
+/// second Ctrl-C, whichever gets there first.
+fn say_last_words(kept: Option<String>) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if let Some(text) = kept
+        && !SAID.swap(true, Ordering::SeqCst)
+    {
+        say(&text);
+    }
+}
+
 /// Sets (or, with `None`, clears) what an interrupt prints after its cleanup.
 /// Once an interrupt began, what it will say is fixed: a lab unwinding meanwhile (its
 /// workers dying under it) must not take it back.
@@ -408,9 +419,10 @@ pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     if SHUTTING_DOWN.swap(true, Ordering::SeqCst) {
         wait_for_cleanup();
     }
-    let kept = LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let kept = LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     stop_all();
-    for text in [kept, last_words].into_iter().flatten() {
+    say_last_words(kept);
+    if let Some(text) = last_words {
         say(&text);
     }
     std::process::exit(status);
@@ -458,6 +470,8 @@ pub fn install_interrupt_handler() -> Result<()> {
                     });
                 } else if signal != SIGHUP {
                     kill_all_now();
+                    // A finding kept for the interrupt is not lost to impatience.
+                    say_last_words(LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()).clone());
                     std::process::exit(status);
                 }
             }

@@ -1259,7 +1259,8 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
             r#"{{"kind":"cell","design":"optimistic","fault":"kill","result":"{result}","replay":null,"labs_call_it_safe":true}}"#
         )
     };
-    let verdict = r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":2}"#;
+    let verdict =
+        r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":2,"shard":"1/1"}"#;
     let unsafe_one = schedule_file(
         "merge-unsafe",
         &format!("{}\n{verdict}", cell("UNSAFE stale-write")),
@@ -1316,9 +1317,16 @@ fn a_restart_given_to_a_design_without_redis_or_etcd_is_refused() {
 
 /// A Ctrl-C while a found violation is being shrunk ends the run as any interrupt does
 /// (130, nothing left running), but does not lose the finding: the failing schedule found
-/// so far is printed with the command that replays it.
+/// so far is printed with the command that replays it — after an impatient second Ctrl-C
+/// too, which kills what is left at once.
 #[test]
 fn ctrl_c_while_shrinking_keeps_the_violation_found() {
+    for presses in [1, 2] {
+        interrupt_a_shrink(presses);
+    }
+}
+
+fn interrupt_a_shrink(presses: usize) {
     use std::io::{BufRead, Read};
     let mut chaos = lockslab(&[
         "chaos",
@@ -1353,7 +1361,10 @@ fn ctrl_c_while_shrinking_keeps_the_violation_found() {
             String::from_utf8_lossy(&cmdline).contains("__worker")
         })
     }));
-    kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+    for _ in 0..presses {
+        kill(Pid::from_raw(chaos.id() as i32), Signal::SIGINT).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     stdout.read_to_string(&mut seen).unwrap();
     let mut said = String::new();
     chaos

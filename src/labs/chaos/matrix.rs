@@ -98,7 +98,8 @@ pub struct MatrixArgs {
     /// Print one table from the --json files of a sharded matrix's parts, or of runs of
     /// other columns (plays nothing)
     #[arg(long, value_name = "FILE", num_args = 1..,
-          conflicts_with_all = ["shard", "design", "faults", "seed", "json"])]
+          conflicts_with_all = ["shard", "design", "faults", "seed", "json", "schedules",
+                                "clients", "parallel"])]
     pub merge: Vec<std::path::PathBuf>,
     /// JSON Lines: one object per cell, then the verdict
     #[arg(long)]
@@ -254,6 +255,9 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
                 "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
                 "shard": format!("{}/{}", shard.k, shard.n),
+                "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
+                "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+                "clients": args.clients,
                 "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
                 "inconclusive": cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")),
             }));

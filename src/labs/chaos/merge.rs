@@ -22,51 +22,101 @@ struct Part {
     seed: u64,
     schedules: u64,
     shard: Shard,
+    /// The rows, columns and clients asked for: the parts of one split asked the same
+    /// (`null null null` in a file from before they were recorded).
+    asked: String,
 }
 
-/// One `--json` file: its cells, and the verdict of each run in it.
+/// A `--json` file is at most this big: a whole matrix's is a few tens of kilobytes.
+const LARGEST_FILE: u64 = 64 << 20;
+
+/// One `--json` file: its cells, and the verdict of each run in it. Refused: a file that is
+/// no matrix's `--json`, a verdict that lacks what it must say, a cell whose result is not
+/// one a matrix prints, and cells after the last verdict (a run that did not finish).
 fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
     };
-    let text = std::fs::read_to_string(file)
-        .map_err(|err| UsageError(format!("--merge {}: {err}", file.display())))?;
+    let unreadable = |err: std::io::Error| UsageError(format!("--merge {}: {err}", file.display()));
+    let size = std::fs::metadata(file).map_err(unreadable)?.len();
+    if size > LARGEST_FILE {
+        crate::bail_usage!(
+            "--merge {}: {size} bytes, more than any matrix's --json (at most {LARGEST_FILE})",
+            file.display()
+        );
+    }
+    let text = std::fs::read_to_string(file).map_err(unreadable)?;
     let (mut cells, mut parts) = (Vec::new(), Vec::new());
+    let mut since_verdict = 0u64;
     for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
         let value: serde_json::Value = serde_json::from_str(line).map_err(|err| at(n, &err))?;
         if value["kind"] == "cell" {
-            cells.push(serde_json::from_value(value).map_err(|err| at(n, &err))?);
+            let cell: Cell = serde_json::from_value(value).map_err(|err| at(n, &err))?;
+            let known = ["SAFE", "UNSAFE", "INCONCLUSIVE", "-"];
+            if !known.iter().any(|k| cell.result.starts_with(k)) {
+                let why = format!("{:?} is not a result a matrix prints", cell.result);
+                return Err(at(n, &why).into());
+            }
+            cells.push(cell);
+            since_verdict += 1;
         } else if value["kind"] == "verdict" && value["lab"] == "matrix" {
-            let shard = value["shard"].as_str().unwrap_or("1/1");
-            parts.push(Part {
-                seed: value["seed"].as_u64().unwrap_or_default(),
-                schedules: value["schedules_per_cell"].as_u64().unwrap_or_default(),
-                shard: parse_shard(shard).map_err(|err| at(n, &err))?,
-            });
+            parts.push(part_of(&value).map_err(|err| at(n, &err))?);
+            since_verdict = 0;
         }
     }
-    if !cells.is_empty() && parts.is_empty() {
-        return Err(UsageError(format!(
-            "--merge {}: its cells have no verdict line after them: that run did not \
-             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
+    if cells.is_empty() && parts.is_empty() {
+        crate::bail_usage!(
+            "--merge {}: no matrix cell and no matrix verdict in it: pass the --json output \
+             of `lockslab matrix` (chaos's --json has schedules, not cells)",
             file.display()
-        ))
-        .into());
+        );
+    }
+    if since_verdict > 0 {
+        crate::bail_usage!(
+            "--merge {}: its last {} have no verdict line after them: that run did not \
+             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
+            file.display(),
+            count(since_verdict, "cell", "cells")
+        );
     }
     Ok((cells, parts))
+}
+
+/// A matrix verdict's seed, schedules, part and what was asked; each must be there.
+fn part_of(verdict: &serde_json::Value) -> Result<Part, String> {
+    let number = |field: &str| {
+        verdict[field]
+            .as_u64()
+            .ok_or_else(|| format!("the verdict has no number `{field}`"))
+    };
+    let shard = verdict["shard"]
+        .as_str()
+        .ok_or("the verdict has no `shard` (\"K/N\")")?;
+    Ok(Part {
+        seed: number("seed")?,
+        schedules: number("schedules_per_cell")?,
+        shard: parse_shard(shard)?,
+        asked: [&verdict["designs"], &verdict["faults"], &verdict["clients"]]
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    })
 }
 
 /// Refuses a split (`--shard K/N` runs of one seed) with a part missing: its cells would
 /// be absent from the table, with nothing to say so.
 fn every_part_present(parts: &[Part]) -> Result<()> {
-    let mut splits: BTreeMap<(u32, u64, u64), BTreeSet<u32>> = BTreeMap::new();
+    type Split<'a> = (u32, u64, u64, &'a str);
+    let mut splits: BTreeMap<Split, BTreeSet<u32>> = BTreeMap::new();
     for part in parts.iter().filter(|p| p.shard.n > 1) {
-        (splits
-            .entry((part.shard.n, part.seed, part.schedules))
-            .or_default())
-        .insert(part.shard.k);
+        let split = (part.shard.n, part.seed, part.schedules, part.asked.as_str());
+        splits.entry(split).or_default().insert(part.shard.k);
     }
-    for ((n, seed, schedules), here) in splits {
+    for ((n, seed, schedules, _), here) in splits {
         let missing: Vec<String> = (1..=n)
             .filter(|k| !here.contains(k))
             .map(|k| format!("{k}/{n}"))
@@ -75,8 +125,8 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
             crate::bail_usage!(
                 "--merge: the matrix split in {n} parts (seed {seed}, {schedules} a cell) lacks \
                  part {}: pass its --json file too, or play it (lockslab matrix --shard {first} \
-                 --seed {seed} --schedules {schedules} --json); parts of one split must share \
-                 the seed",
+                 --seed {seed} --schedules {schedules} --json); parts of one split share the \
+                 seed, the designs, the faults and the clients",
                 missing.join(", ")
             );
         }
@@ -206,6 +256,56 @@ mod tests {
     }
 
     #[test]
+    fn cells_after_the_last_verdict_a_chaos_file_and_a_verdict_that_lacks_its_seed_are_refused() {
+        let cells_after = file_of(
+            "after",
+            &[
+                cell("redis-lock", "pause"),
+                verdict(1, "1/1"),
+                cell("redis-lock", "kill"),
+            ],
+        );
+        assert!(refusal(&[cells_after]).contains("its last 1 cell have no verdict"));
+        let chaos = file_of("chaos", &[r#"{"kind": "verdict", "lab": "chaos"}"#.into()]);
+        assert!(refusal(&[chaos]).contains("no matrix cell and no matrix verdict"));
+        let no_seed = file_of(
+            "no-seed",
+            &[
+                cell("redis-lock", "pause"),
+                verdict(1, "1/1").replace("\"seed\": 1, ", ""),
+            ],
+        );
+        assert!(refusal(&[no_seed]).contains("no number `seed`"));
+        let banana = file_of(
+            "banana",
+            &[
+                cell("redis-lock", "pause").replace("SAFE (8)", "banana"),
+                verdict(1, "1/1"),
+            ],
+        );
+        assert!(refusal(&[banana]).contains("not a result a matrix prints"));
+    }
+
+    /// Two runs that asked for other rows are not two parts of one split, whatever their
+    /// --shard says: together they would leave cells out with nothing to say so.
+    #[test]
+    fn parts_of_runs_that_asked_for_other_designs_are_not_one_split() {
+        let asked = |design: &str, shard: &str| {
+            verdict(1, shard).replace("{", &format!("{{\"designs\": [\"{design}\"], "))
+        };
+        let one = file_of(
+            "asked-1",
+            &[cell("optimistic", "kill"), asked("optimistic", "1/2")],
+        );
+        let two = file_of(
+            "asked-2",
+            &[cell("redis-lock", "pause"), asked("redis-lock", "2/2")],
+        );
+        let message = refusal(&[one, two]);
+        assert!(message.contains("lacks part"), "{message}");
+    }
+
+    #[test]
     fn a_split_with_a_part_missing_or_from_another_seed_is_refused() {
         let one = file_of("one", &[cell("redis-lock", "pause"), verdict(1, "1/3")]);
         let three = file_of("three", &[cell("redis-lock", "delay"), verdict(1, "3/3")]);
@@ -240,6 +340,7 @@ mod tests {
                 seed: *seed,
                 schedules: 8,
                 shard: Shard { k: 1, n: 1 },
+                asked: String::new(),
             })
             .collect();
         assert_eq!(played_as(&parts), "seeds 1 and 7, 8 schedules a cell");

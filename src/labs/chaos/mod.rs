@@ -319,7 +319,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             show::heading(&ground, args, seed);
         }
         // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
-        match reach::unreached(args.design, &args.faults) {
+        match reach::unreached(args.design, &once_each(&args.faults)) {
             Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
             Some(line) if given.is_none() => crate::output::prose(&line),
             _ => {}
@@ -423,6 +423,8 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         }
         ground.give_back(setup);
         show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
+        // Printed: an interrupt from here on has nothing more to keep.
+        crate::procs::say_if_interrupted(None);
         Ok(ExitCode::from(code))
     })();
     could_not_run(outcome)

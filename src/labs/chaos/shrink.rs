@@ -95,7 +95,8 @@ fn candidates(schedule: &Schedule, clients: u32, shortest_pause_ms: u64) -> Vec<
 }
 
 /// Shrinks `schedule` (which failed as `trial`); returns the smallest that still failed,
-/// its clients, and the history in which it failed.
+/// its clients, and the history in which it failed. Until the caller has printed it, an
+/// interrupt prints it (the caller clears that with `say_if_interrupted(None)`).
 #[allow(clippy::too_many_arguments)]
 pub fn shrink(
     setup: &Setup,
@@ -109,7 +110,6 @@ pub fn shrink(
 ) -> Result<(Schedule, u32, Trial)> {
     let mut best = (schedule.clone(), clients, trial);
     keep_if_interrupted(setup, &best.0, best.1, false);
-    let _forget = Forget;
     let played = std::sync::atomic::AtomicU32::new(0);
     if !style.json {
         crate::outln!();
@@ -119,7 +119,9 @@ pub fn shrink(
         // A quarter over the lease: the lease counts from the grant, the pause from later.
         let shortest_pause_ms = setup.lease_ms * 5 / 4;
         for (candidate, clients) in candidates(&best.0, best.1, shortest_pause_ms) {
-            if played.load(Ordering::Acquire) >= BUDGET || crate::procs::interrupted() {
+            // A candidate is judged on all its replays or not at all: cut short by the
+            // budget, "2 of 2" would keep what "2 of 3" does not.
+            if played.load(Ordering::Acquire) + replays > BUDGET || crate::procs::interrupted() {
                 break 'smaller;
             }
             // The candidate's replays side by side; four failures in five keep it.
@@ -152,6 +154,9 @@ pub fn shrink(
                 0 => String::new(),
                 n => format!("; {n} more where a step never played, not counted"),
             };
+            if played_n < replays as usize {
+                break 'smaller;
+            }
             if still_fails(failures.len(), played_n) {
                 let failed = failures.swap_remove(0);
                 if !style.json {
@@ -177,15 +182,6 @@ pub fn shrink(
         break;
     }
     Ok(best)
-}
-
-/// Once shrinking is over, however it ended, the schedule is printed the usual way.
-struct Forget;
-
-impl Drop for Forget {
-    fn drop(&mut self) {
-        crate::procs::say_if_interrupted(None);
-    }
 }
 
 /// A Ctrl-C while shrinking must not lose the violation already found: the interrupt
