@@ -25,6 +25,9 @@ use crate::nemesis::generate::nth_seed;
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::output::{Style, count};
 
+/// How often etcd's leader revokes the leases whose TTL ran out (its lessor's loop).
+const ETCD_EXPIRY_CHECK_MS: u64 = 500;
+
 /// At most this many histories are played while shrinking.
 const BUDGET: u32 = 30;
 
@@ -117,7 +120,14 @@ pub fn shrink(
     }
     'smaller: loop {
         // A quarter over the lease: the lease counts from the grant, the pause from later.
-        let shortest_pause_ms = setup.lease_ms * 5 / 4;
+        // etcd's leader looks for expired leases every 500 ms, so a lease there outlives
+        // its TTL by up to that much: a cut or pause at the bare floor often heals first.
+        let etcd_lag_ms = if setup.design.uses_etcd() {
+            ETCD_EXPIRY_CHECK_MS
+        } else {
+            0
+        };
+        let shortest_pause_ms = setup.lease_ms * 5 / 4 + etcd_lag_ms;
         for (candidate, clients) in candidates(&best.0, best.1, shortest_pause_ms) {
             // A candidate is judged on all its replays or not at all: cut short by the
             // budget, "2 of 2" would keep what "2 of 3" does not.
