@@ -386,6 +386,7 @@ fn up_says_loudly_when_a_dead_server_makes_it_restart_on_new_ports() {
             .output()
             .unwrap()
     };
+    let _down = OnDrop(|| drop(run(&["down"])));
     let first = run(&["up"]);
     assert!(first.status.success(), "{first:?}");
     let first_out = String::from_utf8_lossy(&first.stdout).into_owned();

@@ -90,6 +90,9 @@ fn private_servers_are_started_for_a_run_and_removed_after_it() {
 fn up_status_down_keep_servers_between_commands() {
     let state = tempfile::tempdir().unwrap();
     let state_path = state.path().to_str().unwrap().to_string();
+    // A failed assertion must not leave `up`'s servers running (a failed CI run left its
+    // Redis for an hour).
+    let _down = OnDrop(|| drop(bare(&["down"], state.path()).output()));
     let up = bare(&["up"], state.path()).output().unwrap();
     let up_text = String::from_utf8_lossy(&up.stdout);
     assert!(

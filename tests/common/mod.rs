@@ -610,3 +610,13 @@ pub fn too_wide(text: &str, width: usize) -> Vec<String> {
         .map(|line| format!("{:>3} {line}", display_width(line)))
         .collect()
 }
+
+/// Runs its closure when dropped, however the test ends: a test that fails between a
+/// `lockslab up` and its own `down` must not leave `up`'s servers running.
+pub struct OnDrop<F: FnMut()>(pub F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
