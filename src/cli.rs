@@ -41,6 +41,8 @@ Exit status:
   130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP or the terminal closed);
        workers and servers were stopped
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
+  (`chaos`, `matrix`, `challenge` grade: 1 a violation found or a challenge
+       failed, 3 undecided, 4 could not run; see their --help)
 
 Examples:
   lockslab                      the lab menu (also `lockslab list`)

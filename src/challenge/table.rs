@@ -145,15 +145,27 @@ pub fn clock_us(db: &mut PgClient) -> Result<i64> {
     Ok(row.get(0))
 }
 
+/// A client's items read back as a plain list of text, whatever it wrote there: a NULL
+/// entry (an `append` it never had) shows as `NULL`, and an array of arrays is flattened —
+/// the checker then says the items are not what the job meant, where reading them as
+/// they are would fail.
+fn flat_items(column: &str) -> String {
+    format!(
+        "ARRAY(SELECT coalesce(entry, 'NULL') FROM unnest({column}) WITH ORDINALITY \
+         AS each(entry, n) ORDER BY n)"
+    )
+}
+
 /// The log, in the database's order, and each record's final value and items.
 pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals)> {
     let changes = db
         .query(
             &format!(
-                "SELECT seq, record, job, old_value, new_value, {}, fence, old_items, \
-                 new_items \
+                "SELECT seq, record, job, old_value, new_value, {}, fence, {}, {} \
                  FROM {schema}.changes ORDER BY seq",
-                epoch_us("at")
+                epoch_us("at"),
+                flat_items("old_items"),
+                flat_items("new_items")
             ),
             &[],
         )
@@ -173,7 +185,10 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
         .collect();
     let finals = db
         .query(
-            &format!("SELECT record, value, items FROM {schema}.records ORDER BY record"),
+            &format!(
+                "SELECT record, value, {} FROM {schema}.records ORDER BY record",
+                flat_items("items")
+            ),
             &[],
         )?
         .iter()
