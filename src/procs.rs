@@ -281,6 +281,14 @@ pub fn stop(pid: i32, plan: &StopPlan) {
 
 /// Every process below `pid` (children, their children…), read from /proc.
 pub(crate) fn descendants(pid: i32) -> Vec<i32> {
+    descendants_but(pid, &std::collections::BTreeSet::new())
+}
+
+/// Every process below `pid` but those below the `spared` ones (and those themselves), from
+/// one reading of the process table: a process forked between two readings (a Postgres
+/// backend, say, under a spared postmaster) would be under no spared process in the first
+/// and below `pid` in the second.
+pub(crate) fn descendants_but(pid: i32, spared: &std::collections::BTreeSet<i32>) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -299,7 +307,7 @@ pub(crate) fn descendants(pid: i32) -> Vec<i32> {
     let mut frontier = vec![pid];
     while let Some(parent) = frontier.pop() {
         for &(child, ppid) in &parents {
-            if ppid == parent && !found.contains(&child) {
+            if ppid == parent && !spared.contains(&child) && !found.contains(&child) {
                 found.push(child);
                 frontier.push(child);
             }
@@ -490,4 +498,39 @@ pub fn interrupt_signals() -> nix::sys::signal::SigSet {
         set.add(signal);
     }
     set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::time::{Duration, Instant};
+
+    /// The reaper's sparing: a spared process and everything below it are left out, from
+    /// the same reading of the process table that finds the rest.
+    #[test]
+    fn what_is_below_a_spared_process_is_spared_with_it() {
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = parent.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while descendants(pid).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let grandchild = descendants(pid)[0];
+        let me = std::process::id() as i32;
+        let all = descendants(me);
+        let below = descendants_but(me, &BTreeSet::from([pid]));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(grandchild),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = parent.kill();
+        let _ = parent.wait();
+        assert!(all.contains(&pid) && all.contains(&grandchild), "{all:?}");
+        assert!(!below.contains(&pid), "{below:?}");
+        assert!(!below.contains(&grandchild), "{below:?}");
+    }
 }
