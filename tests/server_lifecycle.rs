@@ -456,6 +456,15 @@ fn what_a_killed_run_left_is_removed_by_the_next_start_and_nothing_else() {
         shm_created_by(&families)
     );
 
+    // A killed run's servers are stopped by its watchdog, which on a loaded machine can take
+    // a moment; the sweep rightly leaves a directory a live process still works in. Dead
+    // runs only, then: what is still dying is not yet what the next start must sweep.
+    let dying = |dir: &String| !common::processes_mentioning(dir).is_empty();
+    assert!(
+        eventually(Duration::from_secs(20), || !killed_dirs.iter().any(dying)),
+        "a killed run's servers never stopped"
+    );
+
     // The next start sweeps them.
     let next = world.run(&[&QUICK_LAB[..], &["--private-servers"]].concat());
     assert!(next.status.success(), "{}", text(&next));
