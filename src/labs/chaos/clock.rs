@@ -275,12 +275,7 @@ impl ClockPlay {
 
     /// After the clients are done: the steps that never played, and why.
     pub fn finish(self) -> Vec<(Step, String)> {
-        let mut left = self.feed.player().left();
-        left.extend(self.skipped);
-        left.sort_by_key(|(index, _)| *index);
-        (left.into_iter())
-            .map(|(index, why)| (self.steps[index].clone(), why))
-            .collect()
+        self.feed.unplayed(&self.steps, self.skipped)
     }
 }
 

@@ -378,8 +378,7 @@ impl<'p> NetPlay<'p> {
                     .heal_net(stage, proxy, Direction::Up, words.as_str());
             }
         }
-        let mut left = self.feed.player().left();
-        left.append(&mut self.skipped);
+        let mut left = std::mem::take(&mut self.skipped);
         for &(index, done) in &self.armed {
             let path = &self.steps[index].target;
             if !done {
@@ -390,10 +389,7 @@ impl<'p> NetPlay<'p> {
                 left.push((index, why));
             }
         }
-        left.sort_by_key(|(index, _)| *index);
-        (left.into_iter())
-            .map(|(index, why)| (self.steps[index].clone(), why))
-            .collect()
+        self.feed.unplayed(&self.steps, left)
     }
 }
 

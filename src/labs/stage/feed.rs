@@ -2,7 +2,7 @@
 
 use super::Stage;
 use crate::events::Event;
-use crate::nemesis::schedule::{Action, Player, Schedule};
+use crate::nemesis::schedule::{Action, Player, Schedule, Step};
 
 /// A schedule's [`Player`] shown a stage's events as they are logged. The schedule's clock
 /// starts when the feed is made (the stage's clock ran before: a lab's setup, its workers'
@@ -44,5 +44,17 @@ impl Feed {
 
     pub fn player(&self) -> &Player {
         &self.player
+    }
+
+    /// Once the play is over: the steps of `steps` that never played, in the schedule's
+    /// order, and why — those whose event or time never came, and `also` (by their place:
+    /// the ones the player came to and could not do).
+    pub fn unplayed(&self, steps: &[Step], also: Vec<(usize, String)>) -> Vec<(Step, String)> {
+        let mut left = self.player.left();
+        left.extend(also);
+        left.sort_by_key(|(index, _)| *index);
+        (left.into_iter())
+            .filter_map(|(index, why)| Some((steps.get(index)?.clone(), why)))
+            .collect()
     }
 }
