@@ -446,26 +446,26 @@ impl Problem {
                 logged,
                 items,
                 logged_items,
-            } if value == logged => format!(
-                "{record}'s items are {}, its log ends at {}: they changed outside the log",
-                items::list(items),
-                items::list(logged_items)
-            ),
-            Problem::LogDisagrees {
-                record,
-                value,
-                logged,
-                items,
-                logged_items,
-            } => format!(
-                "{record} holds {value}, its log ends at {logged}: it changed outside the \
-                 log{}",
-                if items == logged_items {
-                    ""
+            } => {
+                if value == logged {
+                    format!(
+                        "{record}'s items are {}, its log ends at {}: they changed outside \
+                         the log",
+                        items::list(items),
+                        items::list(logged_items)
+                    )
                 } else {
-                    " (its items too)"
+                    let too = if items == logged_items {
+                        ""
+                    } else {
+                        " (its items too)"
+                    };
+                    format!(
+                        "{record} holds {value}, its log ends at {logged}: it changed outside \
+                         the log{too}"
+                    )
                 }
-            ),
+            }
             Problem::StuckLock {
                 record,
                 dead,
