@@ -134,6 +134,8 @@ pub struct RedisLock {
     connection: RedisConn,
     pub key: String,
     pub ttl: Duration,
+    /// How long [`RedisLock::acquire_within`] sleeps between tries ([`RETRY_EVERY`]).
+    pub retry_every: Duration,
 }
 
 impl RedisLock {
@@ -142,6 +144,7 @@ impl RedisLock {
             connection,
             key: key.to_string(),
             ttl,
+            retry_every: RETRY_EVERY,
         }
     }
 
@@ -199,7 +202,7 @@ impl RedisLock {
             if held.is_some() || Instant::now() >= deadline {
                 return Ok(held);
             }
-            thread::sleep(RETRY_EVERY);
+            thread::sleep(self.retry_every);
         }
     }
 

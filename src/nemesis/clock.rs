@@ -170,9 +170,9 @@ pub struct Jump {
 }
 
 impl Jump {
-    /// Did the jump find any key with a TTL to cut?
-    pub fn cut_any(&self) -> bool {
-        self.pttl_before_ms.iter().any(|ms| *ms >= 0)
+    /// Did the jump find the key it was aimed at (the first) with a TTL to cut?
+    pub fn found_its_key(&self) -> bool {
+        self.pttl_before_ms.first().is_some_and(|ms| *ms >= 0)
     }
 }
 
@@ -180,8 +180,8 @@ impl Nemesis {
     /// SIMULATES a Redis server's wall clock jumping `by_ms` forward (redis-server does not
     /// run under libfaketime): reads `keys`' PTTL, records the fault with `note(jump)` (say
     /// "simulated" in its words), then cuts each key's TTL by `by_ms` on `server` — or,
-    /// when no key has a TTL there, records nothing and cuts nothing: the jump had nothing
-    /// to expire (the caller says why it did not play).
+    /// when the first key, the one the jump is aimed at, has no TTL there, records nothing
+    /// and cuts nothing: the jump came too late (the caller says why it did not play).
     pub fn jump_server_clock(
         &mut self,
         history: &mut impl Record,
@@ -197,7 +197,7 @@ impl Nemesis {
         }
         let pttl_before_ms: Vec<i64> = pipe.query(server).context("reading the keys' PTTL")?;
         let jump = Jump { pttl_before_ms };
-        if !jump.cut_any() {
+        if !jump.found_its_key() {
             return Ok(jump);
         }
         let mut note = note(&jump);

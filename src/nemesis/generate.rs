@@ -38,7 +38,8 @@ pub enum FaultKind {
     LeaderKill,
     // chaos clock (issue 25)
     /// The lock server's clock jumps a lease ahead just after a client took its lock
-    /// (SIMULATED: the held key's TTL cut): Redis, or one to three of Redlock's masters
+    /// (SIMULATED: the TTL of the run's lock keys there cut): Redis, or one to three of
+    /// Redlock's masters
     Clock,
     /// The Redis designs' primary killed (SIGKILL) under Sentinel once its replica lagged
     /// (frozen, its link cut) 200-700ms: the replica promoted without what the primary took

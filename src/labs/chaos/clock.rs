@@ -1,18 +1,21 @@
 //! Chaos's clock faults: the lock server's clock jumping forward a lease, a few milliseconds
-//! after a client took its lock — SIMULATED, as lab 6 does it: redis-server crashes under
-//! libfaketime, and Redis keeps each key's expiry as a time on its own wall clock, so a
+//! after a client took its lock — SIMULATED, as lab 6 does it: redis-server hangs at start
+//! under libfaketime, and Redis keeps each key's expiry as a time on its own wall clock, so a
 //! jump of `J` ms is each key's TTL cut by `J` ([`crate::nemesis::clock`]).
 //!
 //! ```text
 //!  A: acquired r1 ──3ms──▶ nemesis: PTTL of A's key on m3: 795ms; records "m3's clock
 //!                          jumps 800ms ahead under A's lock of r1 — simulated: the key's
-//!                          TTL cut, as if the server's clock jumped"; the key expires
+//!                          TTL cut, as if the server's clock jumped"; A's key, and the
+//!                          run's other lock keys there, expire
 //! ```
 //!
-//! The jump is aimed: it cuts the TTL of the lock its client holds, not of every key on the
-//! server as a real jump would. Each step of a schedule then has its own effect (two jumps
-//! in one moment would otherwise leave the second nothing to expire), and a shrunk schedule
-//! names the grant that broke.
+//! The jump is aimed at a grant: it lands just after its client took its lock, and plays
+//! only if that key is still there (else the step did not play, and says why). Then, as a
+//! real jump expires every key on the server, it cuts the lock each of the run's clients
+//! last reported taking there — the key of another record expires with it — but no key of
+//! another run (a real jump would expire those too): it may play on a Redis given with
+//! `--redis-url`.
 //!
 //! Only a lock server's clock. A client's wall clock is not chaos's to step: its clients
 //! time their leases, waits and Redlock's validity on the monotonic clock (`Instant`),
@@ -36,6 +39,7 @@ use crate::labs::{Feed, Stage};
 use crate::nemesis::clock::Jump;
 use crate::nemesis::schedule::{Kinds, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note};
+use crate::output::count;
 use crate::worker::chaos_client::Design;
 
 /// The servers whose clock a clock fault may jump for `design`: the ones its lock keys
@@ -218,6 +222,14 @@ impl ClockPlay {
             (self.held.get(holder)).ok_or_else(|| format!("{holder} held no lock"))?;
         let late = (stage.elapsed().as_millis() as u64).saturating_sub(*since);
         let record = key.rsplit(':').next().unwrap_or(key);
+        // The held key first (the step's own), then the run's other lock keys: a jump of
+        // the server's clock expires every key there, not just the one it was aimed at.
+        let mut keys = vec![key.clone()];
+        for (other, _) in self.held.values() {
+            if !keys.contains(other) {
+                keys.push(other.clone());
+            }
+        }
         let by_ms = self.by_ms;
         let words = |jump: &Jump| {
             let left = jump
@@ -230,11 +242,19 @@ impl ClockPlay {
                 Some(ms) if ms > 0 => format!("{ms}ms"),
                 _ => "expired".into(),
             };
+            let others = jump.pttl_before_ms.iter().skip(1).filter(|ms| **ms >= 0);
+            let others = match others.count() {
+                0 => String::new(),
+                n => format!(
+                    " (and {} with it)",
+                    count(n as u64, "other lock key", "other lock keys")
+                ),
+            };
             Note::new(
                 format!(
                     "{target}'s clock jumps {by_ms}ms ahead under {holder}'s lock of {record} \
                      — simulated: the key's TTL cut, as if the server's clock jumped: \
-                     {left}ms left → {after}"
+                     {left}ms left → {after}{others}"
                 ),
                 FaultFacts {
                     backend: Some("redis".into()),
@@ -252,19 +272,12 @@ impl ClockPlay {
                 .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?,
         };
         let jump = (self.nemesis)
-            .jump_server_clock(
-                stage,
-                &mut server,
-                target,
-                std::slice::from_ref(key),
-                by_ms,
-                words,
-            )
+            .jump_server_clock(stage, &mut server, target, &keys, by_ms, words)
             .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?;
         if let Some((_, connected)) = self.servers.get_mut(target) {
             *connected = Some(server);
         }
-        if !jump.cut_any() {
+        if !jump.found_its_key() {
             return Err(format!(
                 "{holder}'s lock of {record} was gone from {target} (let go, or expired) when \
                  its clock was to jump, {late}ms after the grant: nothing to expire"

@@ -37,10 +37,10 @@ leader; the notes are numbered in that order.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its
 data: what Redis wrote to the file survives a crash of the process (the
-kernel still has it); `appendfsync always`, which it runs with, also keeps a
-write from waiting behind a slow fsync (`everysec` may postpone one up to
-2 s), and matters for a power loss or kernel crash, which chaos does not
-play. Designs
+kernel still has it); with `appendfsync always`, which it runs with, every
+write is written and fsynced before Redis answers it (`everysec` may put the
+write off up to 2 s while still answering); the fsync matters for a power
+loss or kernel crash, which chaos does not play. Designs
 without Redis show `-` there.
 `delay` holds a client's next write to the store in a fault proxy, its
 process running; with `lost-reply` (lost-rep) the answer to a client's next
@@ -53,8 +53,8 @@ behind the proxy.
 members and kills its leader; once the other two have elected a new one, it
 starts again as a follower (lab 5). Designs without etcd show `-` there.
 `clock` jumps the clock of the server a lock expires on a lease ahead, just
-after a client took it: SIMULATED, the held key's TTL cut (redis-server does
-not run under libfaketime), on Redis or on one to three of Redlock's masters.
+after a client took it: SIMULATED, the run's lock keys' TTL cut there
+(redis-server does not run under libfaketime), on Redis or on one to three of Redlock's masters.
 etcd (leases on its leader's monotonic clock) and Postgres (no TTL) show
 `-`; a client's wall clock is not stepped: chaos's clients time their leases
 on the monotonic clock, which a step does not move (lab 9 shows what it

@@ -89,9 +89,10 @@ just after a client took its lock, just after its read, inside its write's
 transaction, or at a time; a restart of the lock's Redis (chaos's own):
 `restart` with no persistence (it comes back empty), `restart-aof` with its
 append-only file (it comes back with its data: a killed process loses
-nothing it wrote to the file; it runs with an fsync at every write, so no
-write waits behind a slow fsync as `everysec` may let one; what the fsync
-adds is for power loss, which chaos does not play); `delay`, a
+nothing it wrote to the file; it runs with `appendfsync always`: every write
+is written and fsynced before Redis answers it, where `everysec` may put the
+write off up to 2 s while still answering; the fsync is for power loss, which
+chaos does not play); `delay`, a
 client's next write to the store held in a fault proxy (its process runs on),
 and `lost-reply`, the answer to its next request to its lock server (the
 store for Postgres designs; none for Redlock) lost once applied (lab 8);
@@ -110,8 +111,8 @@ lost (one at a time, never on a given Redis; a given schedule's failover lags
 its `duration_ms`, none without one); `clock`, for the designs
 whose lock expires on a Redis server's clock: that clock jumps a lease ahead
 a few ms after a client took its lock — SIMULATED, as in lab 6 (redis-server
-does not run under libfaketime): the held key's TTL is cut by the jump, and
-the history says so; for Redlock, one to three of its five masters' clocks jump
+does not run under libfaketime): the TTL of every lock key the run holds
+there is cut by the jump, and the history says so; for Redlock, one to three of its five masters' clocks jump
 at once. A client's wall clock is not stepped: chaos's clients time their
 leases on the monotonic clock, which a step does not move (lab 9 steps one
 under a client that reads the wall clock); etcd expires a lease on its
