@@ -4,9 +4,11 @@
     lockslab challenge counter -- python3 examples/challenge/reference.py none      # fails
     lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py checked   # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # undecided
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
+    lockslab challenge delay   -- python3 examples/challenge/reference.py checked   # fails
     lockslab challenge delay   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
@@ -25,6 +27,12 @@ none    no lock: read, add, write. Two clients on one record lose an update.
 setnx   Redis SET NX PX, released with compare-and-delete: the first lock most
         people write. A holder frozen past the TTL still writes what it read;
         so does one whose write is held in the network past the TTL.
+checked setnx + a fencing token (Redis INCR) checked only at the write: the UPDATE
+        lands if no newer token has written the row (lab 7's fenced-write-only).
+        A newer holder that read before the older one's late write lands, and
+        writes after it, passes that check too: the older write is lost. lockslab
+        plays that order (it holds the newer holder just before its write and
+        lets the held one go), so it fails pause and delay.
 fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         That transaction stays open across the work, so its row lock is what
@@ -66,7 +74,8 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-MODES = ("none", "setnx", "fenced", "claimed", "once", "long", "late", "sentinel", "sequence")
+MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "sentinel",
+         "sequence")
 assert MODE in MODES, f"unknown mode {MODE}"
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -128,7 +137,7 @@ def acquire(record):
             return None
         time.sleep(0.005)
     token = None
-    if MODE in ("fenced", "claimed", "once"):
+    if MODE in ("checked", "fenced", "claimed", "once"):
         token = r.incr(f"{prefix}token")
     elif MODE == "sentinel":
         token = retried(lambda: r.incr(f"{prefix}token:{record}"))
@@ -158,10 +167,27 @@ def do_claimed(job, token):
         return cur.rowcount == 1
 
 
+def do_checked(job, token):
+    """Read, work, then write only if no newer token wrote first: a check at the write."""
+    with db, db.cursor() as cur:
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        value, items = cur.fetchone()
+    say(type="writing", job=job["id"])
+    time.sleep(job["work_ms"] / 1000)  # the work, no row lock held
+    with db, db.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
+                    " WHERE record = %s AND (fence IS NULL OR fence <= %s)",
+                    (value + job["add"], items + [job["append"]], job["id"], token,
+                     job["record"], token))
+        return cur.rowcount == 1
+
+
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "claimed":
         return do_claimed(job, token)
+    if MODE == "checked":
+        return do_checked(job, token)
     if MODE == "late":
         with db, db.cursor() as cur:
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))

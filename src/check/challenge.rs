@@ -141,6 +141,9 @@ pub struct Strike {
     pub released: bool,
     /// It answered `fail` for that job after the fault: its held write was refused.
     pub refused: bool,
+    /// lockslab let its held write go while a newer holder of the record, having read it,
+    /// was held just before its own write (the worst order, see `challenge::play::overtake`).
+    pub overtaken: bool,
 }
 
 impl Strike {
@@ -207,6 +210,11 @@ impl Strike {
                  {record} before the fault nobody can tell, so a write by another client \
                  meanwhile proves nothing (say `writing` between your read and your write)"
             ));
+        }
+        if self.overtaken {
+            // Its write went out between a newer holder's read and that holder's write: an
+            // accepted write there is stale, and only a fence at the read refuses it.
+            return None;
         }
         let landed = first.filter(|(at_us, _)| *at_us >= self.at_us);
         let meanwhile = changes.iter().any(|c| {
@@ -1084,6 +1092,12 @@ mod tests {
         refused.refused = true;
         run.strikes = vec![refused];
         assert_eq!(check(&run).grade(), Grade::Pass);
+        // Let go between a newer holder's read and its write (the worst order): it bit,
+        // though nobody wrote r0 before it landed.
+        let mut overtaken = strike(Some(2), 1_500_000);
+        overtaken.overtaken = true;
+        run.strikes = vec![overtaken];
+        assert_eq!(check(&run).faults_bit, 1);
         // Frozen after its write: its `writing` note came late. Never a pass.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         let report = check(&run);

@@ -38,6 +38,7 @@ impl Run<'_> {
             for report in proxy.reports() {
                 if let Seen::DelayedSent { late_ms } = report.seen {
                     let name = &seat.client.name;
+                    self.held_writes.remove(name);
                     // `held_ms` is the number the line says; `lasted_ms` (the nemesis's)
                     // counts from when the delay was set, before the bytes came.
                     let text =
@@ -96,6 +97,7 @@ impl Run<'_> {
                     .net(&mut self.tape, proxy, Direction::Up, fault, text);
                 self.faults_played += 1;
                 self.strike("delay", index)?;
+                self.held_writes.insert(name);
             }
             Fault::Kill => {
                 if let Some((job, _)) = self.seats[index].job {
@@ -168,6 +170,7 @@ impl Run<'_> {
             notes,
             released,
             refused: false,
+            overtaken: false,
         });
         Ok(())
     }

@@ -25,6 +25,7 @@ const LINES_A_PASS: usize = 256;
 /// The work of every job, between its read and its write.
 mod failover;
 mod faults;
+mod overtake;
 
 /// Long enough that a fault due just after a `writing` note lands before the write, even
 /// when lockslab runs late on a busy machine (a fault that lands after it missed).
@@ -105,6 +106,11 @@ struct Run<'a> {
     played: Vec<(String, Fault)>,
     moments: Vec<LockMoment>,
     strikes: Vec<Strike>,
+    /// The clients whose next write the proxy holds (delay), until it goes out.
+    held_writes: BTreeSet<String>,
+    /// The last `writing` note not yet looked at, and the worst order being played.
+    writing: Option<(String, i64)>,
+    overtaking: Option<overtake::Overtake>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
@@ -170,6 +176,9 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         played: Vec::new(),
         moments: Vec::new(),
         strikes: Vec::new(),
+        held_writes: BTreeSet::new(),
+        writing: None,
+        overtaking: None,
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
             .map(|(redis, after)| failover::Failover::new(redis, after)),
@@ -327,7 +336,9 @@ impl Run<'_> {
                 };
                 self.hear(heard)?;
                 self.play_due()?;
+                self.overtake()?;
             }
+            self.end_overtake()?;
             self.check_deadlines()?;
             self.heal_delivered();
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
@@ -491,6 +502,7 @@ impl Run<'_> {
             }
             FromClient::Writing { job } => {
                 self.note(name, What::Working, format!("writes job {job}"));
+                self.writing = Some((name.to_string(), job));
             }
             FromClient::Released { job } => {
                 self.moment(name, job, Moment::Released);

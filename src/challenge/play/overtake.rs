@@ -1,0 +1,153 @@
+//! The worst order for a held write (`pause`, `delay`): a newer holder of the record has
+//! read it and says `writing` — lockslab holds it there (SIGSTOP), lets the older holder's
+//! held write go (resumes it, or releases its bytes from the proxy), and resumes the newer
+//! holder once that write has been answered.
+//!
+//! ```text
+//!  c1  acquired (token 5) · reads r0 = 7 · writing ──── frozen, or its write held ────┐
+//!  c2                        … acquired (token 6) · reads r0 = 7 · writing ──┐       │
+//!                                                         lockslab: hold c2 ─┘  let c1 go
+//!  c1                                                        writes r0 = 7 + 2, fence 5 ◀┘
+//!  c2                                                        (resumed) writes r0 = 7 + 3, fence 6
+//! ```
+//!
+//! A client that checks its token only at its write lets both writes in — 5 is above every
+//! fence r0 had, 6 above 5 — and c1's +2 is lost. One whose token claims the row before the
+//! read refuses c1's write (r0 is claimed by 6 already). Left to the clock, c1's write would
+//! land after c2's, where a check at the write alone suffices: without this order, the
+//! `pause` and `delay` challenges could not tell the two fences apart.
+
+use super::*;
+use crate::output::human;
+
+/// A newer holder held just before its write while an older holder's write goes first.
+pub(super) struct Overtake {
+    /// The newer holder, frozen.
+    newer: String,
+    /// The older holder let go, and the job whose write it held.
+    older: String,
+    job: i64,
+    /// When to resume the newer holder if the older one has not answered by then.
+    until: Instant,
+}
+
+/// How long the newer holder is held at most: the older one's write and answer take
+/// milliseconds, unless it waits for a row lock the newer one holds.
+const HOLD_AT_MOST: Duration = Duration::from_secs(1);
+
+impl Run<'_> {
+    /// After a `writing` note: if another client's write to the same record is held (its
+    /// client frozen by a pause, or its bytes in the proxy by a delay), play the worst order.
+    pub(super) fn overtake(&mut self) -> Result<()> {
+        let Some((newer, job)) = self.writing.take() else {
+            return Ok(());
+        };
+        let challenge = self.setup.challenge;
+        if self.overtaking.is_some() || !matches!(challenge, Challenge::Pause | Challenge::Delay) {
+            return Ok(());
+        }
+        let paused = self.nemesis.paused();
+        if paused.contains(&newer) {
+            // Frozen at that note by its own pause: it is an older holder now.
+            return Ok(());
+        }
+        let record = self.spec(job).record.clone();
+        let held = |seat: &Seat| {
+            let name = &seat.client.name;
+            *name != newer
+                && seat.client.is_running()
+                && (paused.contains(name) || self.held_writes.contains(name))
+                && seat
+                    .job
+                    .is_some_and(|(held, _)| held > 0 && self.spec(held).record == record)
+        };
+        let Some(older) = self.seats.iter().position(held) else {
+            return Ok(());
+        };
+        let Some(at) = self.seats.iter().position(|s| s.client.name == newer) else {
+            return Ok(());
+        };
+        let (older_name, older_job) = {
+            let seat = &self.seats[older];
+            (seat.client.name.clone(), seat.job.map_or(0, |(job, _)| job))
+        };
+        self.nemesis.pause(
+            &mut self.tape,
+            &self.seats[at].client,
+            format!(
+                "holds {newer} after its read of {record} (SIGSTOP): {older_name}'s write first"
+            ),
+        )?;
+        if paused.contains(&older_name) {
+            let seat = &mut self.seats[older];
+            self.nemesis.resume(
+                &mut self.tape,
+                &seat.client,
+                format!("resumes {older_name} early, after {newer}'s read"),
+            )?;
+            if let Some((_, since)) = seat.job.as_mut() {
+                *since = Instant::now();
+            }
+        } else if let Some(proxy) = &self.seats[older].proxy {
+            let note = format!("lets {older_name}'s held bytes go early, after {newer}'s read");
+            self.nemesis
+                .heal_net(&mut self.tape, proxy, Direction::Up, note);
+        }
+        let bit = (self.strikes.iter_mut())
+            .filter(|s| s.client == older_name && s.job == Some(older_job) && !s.answered);
+        for strike in bit {
+            strike.overtaken = true;
+        }
+        self.overtaking = Some(Overtake {
+            newer,
+            older: older_name,
+            job: older_job,
+            until: Instant::now() + HOLD_AT_MOST,
+        });
+        Ok(())
+    }
+
+    /// Resumes the newer holder once the older one has answered its job (or died), or
+    /// [`HOLD_AT_MOST`] has passed.
+    pub(super) fn end_overtake(&mut self) -> Result<()> {
+        let Some(overtake) = &self.overtaking else {
+            return Ok(());
+        };
+        let answered = !self.seats.iter().any(|s| {
+            s.client.name == overtake.older
+                && s.client.is_running()
+                && s.job.is_some_and(|(job, _)| job == overtake.job)
+        });
+        if !answered && Instant::now() < overtake.until {
+            return Ok(());
+        }
+        let Some(overtake) = self.overtaking.take() else {
+            return Ok(());
+        };
+        let name = overtake.newer;
+        let paused = self.nemesis.paused().contains(&name);
+        let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name) else {
+            return Ok(());
+        };
+        if paused && seat.client.is_running() {
+            let after = if answered {
+                format!("{} answered", overtake.older)
+            } else {
+                format!(
+                    "{} did not answer within {}",
+                    overtake.older,
+                    human(HOLD_AT_MOST)
+                )
+            };
+            self.nemesis.resume(
+                &mut self.tape,
+                &seat.client,
+                format!("resumes {name}, to write ({after})"),
+            )?;
+            if let Some((_, since)) = seat.job.as_mut() {
+                *since = Instant::now();
+            }
+        }
+        Ok(())
+    }
+}
