@@ -1380,7 +1380,8 @@ fn interrupt_a_shrink(presses: usize) {
         "{said}"
     );
     assert!(
-        said.contains("lockslab chaos --design redis-lock --schedule '[{"),
+        said.contains("lockslab chaos --design redis-lock --schedule '[")
+            && said.contains("\"fault\":\"pause\""),
         "{said}"
     );
 }

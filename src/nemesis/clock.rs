@@ -152,8 +152,10 @@ impl Nemesis {
 
 /// Cuts each key's TTL by `ARGV[1]` ms, as a forward jump of the server's clock would: a key
 /// with less left than that expires (is deleted) at once; one without a TTL is left alone.
-/// In one script, so that no client's command lands between two keys' cuts.
+/// In one script, so that no client's command lands between two keys' cuts — and, when
+/// `ARGV[2]` names the first key's owner, only while that key is still theirs.
 const JUMP: &str = r"
+if ARGV[2] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
 for _, key in ipairs(KEYS) do
   local left = redis.call('PTTL', key)
   if left >= 0 then
@@ -167,12 +169,15 @@ return 1";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Jump {
     pub pttl_before_ms: Vec<i64>,
+    /// The first key held the owner it was aimed at (or none was named).
+    pub owned: bool,
 }
 
 impl Jump {
-    /// Did the jump find the key it was aimed at (the first) with a TTL to cut?
+    /// Did the jump find the key it was aimed at (the first), still its owner's, with a
+    /// TTL to cut?
     pub fn found_its_key(&self) -> bool {
-        self.pttl_before_ms.first().is_some_and(|ms| *ms >= 0)
+        self.owned && self.pttl_before_ms.first().is_some_and(|ms| *ms >= 0)
     }
 }
 
@@ -180,23 +185,38 @@ impl Nemesis {
     /// SIMULATES a Redis server's wall clock jumping `by_ms` forward (redis-server does not
     /// run under libfaketime): reads `keys`' PTTL, records the fault with `note(jump)` (say
     /// "simulated" in its words), then cuts each key's TTL by `by_ms` on `server` — or,
-    /// when the first key, the one the jump is aimed at, has no TTL there, records nothing
-    /// and cuts nothing: the jump came too late (the caller says why it did not play).
+    /// when the first key, the one the jump is aimed at, has no TTL there or no longer
+    /// holds `owner`, records nothing and cuts nothing: the jump came too late (the caller
+    /// says why it did not play).
+    #[allow(clippy::too_many_arguments)]
     pub fn jump_server_clock(
         &mut self,
         history: &mut impl Record,
         server: &mut redis::Connection,
         target: &str,
         keys: &[String],
+        owner: Option<&str>,
         by_ms: u64,
         note: impl FnOnce(&Jump) -> Note,
     ) -> Result<Jump> {
         let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&keys[0]);
         for key in keys {
             pipe.cmd("PTTL").arg(key);
         }
-        let pttl_before_ms: Vec<i64> = pipe.query(server).context("reading the keys' PTTL")?;
-        let jump = Jump { pttl_before_ms };
+        let (held_by, pttl_before_ms): (Option<String>, Vec<i64>) = {
+            let mut replies: Vec<redis::Value> =
+                pipe.query(server).context("reading the keys' PTTL")?;
+            let held_by = redis::from_redis_value(replies.remove(0))?;
+            let pttls = (replies.into_iter().map(redis::from_redis_value))
+                .collect::<Result<Vec<i64>, _>>()?;
+            (held_by, pttls)
+        };
+        let owned = owner.is_none_or(|owner| held_by.as_deref() == Some(owner));
+        let jump = Jump {
+            pttl_before_ms,
+            owned,
+        };
         if !jump.found_its_key() {
             return Ok(jump);
         }
@@ -211,6 +231,7 @@ impl Nemesis {
         redis::Script::new(JUMP)
             .key(keys)
             .arg(by_ms)
+            .arg(owner.unwrap_or_default())
             .invoke::<i64>(server)
             .context("cutting the keys' TTL")?;
         Ok(jump)

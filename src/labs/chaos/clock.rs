@@ -39,7 +39,6 @@ use crate::labs::{Feed, Stage};
 use crate::nemesis::clock::Jump;
 use crate::nemesis::schedule::{Kinds, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note};
-use crate::output::count;
 use crate::worker::chaos_client::Design;
 
 /// The servers whose clock a clock fault may jump for `design`: the ones its lock keys
@@ -144,6 +143,18 @@ pub fn validate(schedule: &Schedule, clients: &[String], design: Design) -> Resu
     Ok(rest)
 }
 
+/// One grant of a lock, as its `acquired` told it.
+#[derive(Clone, Debug)]
+struct Grant {
+    key: String,
+    /// The value its holder wrote into the key: whose the key still is.
+    owner: Option<String>,
+    /// When, on the stage's clock.
+    t_ms: u64,
+    /// Its client's how-manieth.
+    nth: u32,
+}
+
 /// The clock steps of one history, played from the stage's events (a `tick` of
 /// [`Stage::play_ticking`]): at each, the server's clock jumps under a client's lock.
 pub struct ClockPlay {
@@ -153,13 +164,34 @@ pub struct ClockPlay {
     /// before the clients start (making one takes tens of milliseconds on a busy machine,
     /// long enough for a client to let go of the lock the jump is aimed at).
     servers: HashMap<String, (String, Option<RedisConn>)>,
-    /// Each client's lock, as its last `acquired` named it (and when, on the stage's
-    /// clock): what a jump aimed at it cuts.
-    held: HashMap<String, (String, u64)>,
+    /// Each grant, by its client and number (`A`'s 2nd): the one a step aimed at it cuts.
+    grants: HashMap<(String, u32), Grant>,
+    /// Each client's last grant: the run's other locks, which a jump cuts too.
+    last: HashMap<String, Grant>,
+    /// Each lock key a jump expired, by server: the step that did (its place).
+    expired_by: HashMap<(String, String), usize>,
     /// How far a clock jumps: the lease, so that every key it finds expires.
     by_ms: u64,
     skipped: Vec<(usize, String)>,
     nemesis: Nemesis,
+}
+
+/// The record a lock key is for (`…:r1`: `r1`).
+fn record_of(key: &str) -> &str {
+    key.rsplit(':').next().unwrap_or(key)
+}
+
+/// What else a jump expired, by record: ` (and r0's lock with it)`.
+fn with_it(keys: &[String], pttl_before_ms: &[i64]) -> String {
+    let others: Vec<&str> = (keys.iter().zip(pttl_before_ms).skip(1))
+        .filter(|(_, left)| **left >= 0)
+        .map(|(key, _)| record_of(key))
+        .collect();
+    match others.as_slice() {
+        [] => String::new(),
+        [one] => format!(" (and {one}'s lock with it)"),
+        many => format!(" (and the locks of {} with it)", many.join(", ")),
+    }
 }
 
 impl ClockPlay {
@@ -184,7 +216,9 @@ impl ClockPlay {
             steps: clock.steps().to_vec(),
             feed: Feed::new(clock, stage),
             servers,
-            held: HashMap::new(),
+            grants: HashMap::new(),
+            last: HashMap::new(),
+            expired_by: HashMap::new(),
             by_ms,
             skipped: Vec::new(),
             nemesis: Nemesis::new(),
@@ -196,12 +230,19 @@ impl ClockPlay {
         if self.steps.is_empty() {
             return Ok(());
         }
-        let held = &mut self.held;
+        let (grants, last) = (&mut self.grants, &mut self.last);
         let (due, _) = self.feed.due(stage, |event| {
             if let What::Acquired(acquired) = &event.what
-                && let Some(lock) = &acquired.lock
+                && let Some(key) = &acquired.lock
             {
-                held.insert(event.worker.clone(), (lock.clone(), event.t_ms));
+                let grant = Grant {
+                    key: key.clone(),
+                    owner: acquired.owner.clone(),
+                    t_ms: event.t_ms,
+                    nth: last.get(&event.worker).map_or(0, |g| g.nth) + 1,
+                };
+                grants.insert((event.worker.clone(), grant.nth), grant.clone());
+                last.insert(event.worker.clone(), grant);
             }
         });
         for action in due {
@@ -216,45 +257,37 @@ impl ClockPlay {
     /// Jumps the clock of step `index`'s server; Err: why it did not play.
     fn jump(&mut self, stage: &mut Stage, index: usize) -> Result<(), String> {
         let step = &self.steps[index];
-        let target = step.target.as_str();
-        let holder = step.after.as_ref().map_or("", |a| a.worker.as_str());
-        let (key, since) =
-            (self.held.get(holder)).ok_or_else(|| format!("{holder} held no lock"))?;
-        let late = (stage.elapsed().as_millis() as u64).saturating_sub(*since);
-        let record = key.rsplit(':').next().unwrap_or(key);
-        // The held key first (the step's own), then the run's other lock keys: a jump of
+        let target = step.target.clone();
+        let (holder, nth) = step
+            .after
+            .as_ref()
+            .map_or(("", 0), |a| (a.worker.as_str(), a.nth));
+        let grant = (self.grants.get(&(holder.to_string(), nth)))
+            .ok_or_else(|| format!("{holder}'s grant #{nth} was never seen"))?
+            .clone();
+        let late = (stage.elapsed().as_millis() as u64).saturating_sub(grant.t_ms);
+        let record = record_of(&grant.key).to_string();
+        // The grant's key first (the step's own), then the run's other lock keys: a jump of
         // the server's clock expires every key there, not just the one it was aimed at.
-        let mut keys = vec![key.clone()];
-        for (other, _) in self.held.values() {
-            if !keys.contains(other) {
-                keys.push(other.clone());
+        let mut keys = vec![grant.key.clone()];
+        for other in self.last.values() {
+            if !keys.contains(&other.key) {
+                keys.push(other.key.clone());
             }
         }
         let by_ms = self.by_ms;
         let words = |jump: &Jump| {
-            let left = jump
-                .pttl_before_ms
-                .first()
-                .copied()
-                .unwrap_or_default()
-                .max(0) as u64;
+            let left = jump.pttl_before_ms[0].max(0) as u64;
             let after = match left.checked_sub(by_ms) {
                 Some(ms) if ms > 0 => format!("{ms}ms"),
                 _ => "expired".into(),
-            };
-            let others = jump.pttl_before_ms.iter().skip(1).filter(|ms| **ms >= 0);
-            let others = match others.count() {
-                0 => String::new(),
-                n => format!(
-                    " (and {} with it)",
-                    count(n as u64, "other lock key", "other lock keys")
-                ),
             };
             Note::new(
                 format!(
                     "{target}'s clock jumps {by_ms}ms ahead under {holder}'s lock of {record} \
                      — simulated: the key's TTL cut, as if the server's clock jumped: \
-                     {left}ms left → {after}{others}"
+                     {left}ms left → {after}{}",
+                    with_it(&keys, &jump.pttl_before_ms)
                 ),
                 FaultFacts {
                     backend: Some("redis".into()),
@@ -264,26 +297,44 @@ impl ClockPlay {
             )
         };
         let (url, connected) =
-            (self.servers.get_mut(target)).ok_or_else(|| format!("this run has no {target}"))?;
+            (self.servers.get_mut(&target)).ok_or_else(|| format!("this run has no {target}"))?;
         // Taken: a connection that fails is made again for the next jump (a restart).
         let mut server = match connected.take() {
             Some(server) => server,
             None => crate::connect::redis(url)
                 .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?,
         };
+        let owner = grant.owner.as_deref();
         let jump = (self.nemesis)
-            .jump_server_clock(stage, &mut server, target, &keys, by_ms, words)
+            .jump_server_clock(stage, &mut server, &target, &keys, owner, by_ms, words)
             .map_err(|err| format!("{target} did not answer ({})", err.root_cause()))?;
-        if let Some((_, connected)) = self.servers.get_mut(target) {
+        if let Some((_, connected)) = self.servers.get_mut(&target) {
             *connected = Some(server);
         }
-        if !jump.found_its_key() {
-            return Err(format!(
-                "{holder}'s lock of {record} was gone from {target} (let go, or expired) when \
-                 its clock was to jump, {late}ms after the grant: nothing to expire"
-            ));
+        if jump.found_its_key() {
+            for (key, left) in keys.iter().zip(&jump.pttl_before_ms) {
+                if *left >= 0 && *left as u64 <= by_ms {
+                    self.expired_by.insert((target.clone(), key.clone()), index);
+                }
+            }
+            return Ok(());
         }
-        Ok(())
+        let why = match self.expired_by.get(&(target.clone(), grant.key.clone())) {
+            _ if jump.pttl_before_ms[0] >= 0 => {
+                "another client had taken it since (let go, or expired)".to_string()
+            }
+            Some(earlier) if *earlier != index => {
+                format!("step {}'s jump had expired it already", earlier + 1)
+            }
+            _ if target.starts_with('m') => {
+                "let go, expired, or never granted there (Redlock needs only a majority)".into()
+            }
+            _ => "let go, or expired".into(),
+        };
+        Err(format!(
+            "{holder}'s lock of {record} (grant #{nth}) was not on {target} when its clock was \
+             to jump, {late}ms after the grant — {why}: nothing to expire"
+        ))
     }
 
     /// After the clients are done: the steps that never played, and why.

@@ -294,14 +294,16 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
     }
     let meets = |kind: &FaultKind| reach::reaches(args.design, *kind);
     if given.is_none() && !kinds.iter().any(meets) {
+        let reaching: Vec<&str> = (FaultKind::ALL.iter())
+            .filter(|k| meets(k))
+            .map(|k| k.name())
+            .collect();
         crate::bail_usage!(
-            "--faults {}: none of these can reach {} (a restart needs a Redis of the design's \
-             own, leader-kill an etcd design, failover one of the Redis designs — redis-lock, \
-             redis-renewed, fenced-write-only, redis-fenced, redis-durable-token —, lost-reply \
-             and cut a lock server behind the proxy — Redlock's masters are not —, clock a lock \
-             whose keys expire on Redis); choose another fault",
+            "--faults {}: none of these can reach {}: {}; choose among those that do: {}",
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
-            args.design.name()
+            args.design.name(),
+            reach::unreached_kinds(args.design, &kinds).join("; "),
+            reaching.join(", ")
         );
     }
     let outcome = (|| -> Result<ExitCode> {

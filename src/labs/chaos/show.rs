@@ -69,7 +69,11 @@ pub fn lanes_words(ground: &Ground) -> Vec<String> {
             super::redlock_lane::MASTERS
         )]
     } else if ground.redis_given {
-        vec!["redis given: client faults only (chaos restarts only servers it started)".into()]
+        vec![
+            "redis given: client faults, and clock jumps on the run's own keys; no restart \
+             or failover (chaos kills only servers it started)"
+                .into(),
+        ]
     } else if own.len() == 1 {
         vec![format!(
             "redis    {} (private: chaos may restart it)",

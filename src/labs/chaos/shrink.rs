@@ -57,10 +57,12 @@ fn candidates(schedule: &Schedule, clients: u32, shortest_pause_ms: u64) -> Vec<
     // write fenced only at the write goes stale).
     for point in [Kind::ReadRecord, Kind::Working] {
         for (index, step) in schedule.steps().iter().enumerate() {
-            let there = step
-                .after
-                .as_ref()
-                .is_some_and(|a| a.event == point.into() && a.nth == 1);
+            // Once at either point, never moved to the other: both fail, and shrinking
+            // would swing between them until its budget ran out.
+            let there = step.after.as_ref().is_some_and(|a| {
+                a.nth == 1
+                    && (a.event == Kind::ReadRecord.into() || a.event == Kind::Working.into())
+            });
             if step.fault == Fault::Pause && !there {
                 let aimed = Step {
                     at_ms: 0,
@@ -174,10 +176,16 @@ pub fn shrink(
             if still_fails(failures.len(), played_n) {
                 let failed = failures.swap_remove(0);
                 if !style.json {
-                    crate::outln!(
-                        "  still fails with {faults}, {clients_word} ({} of \
-                         {played_n} replays{left_out})",
-                        failures.len() + 1
+                    let steps: Vec<String> = candidate
+                        .steps()
+                        .iter()
+                        .map(super::show::step_words)
+                        .collect();
+                    crate::prose!(
+                        "  still fails with {faults}, {clients_word} ({} of {played_n} \
+                         replays{left_out}): {}",
+                        failures.len() + 1,
+                        steps.join("; ")
                     );
                 }
                 best = (candidate, clients, failed.trial);
@@ -206,10 +214,11 @@ fn keep_if_interrupted(setup: &Setup, schedule: &Schedule, clients: u32, shrunk:
     } else {
         "not shrunk yet"
     };
+    let replay = super::show::replay_lines(setup.design, clients, schedule);
     crate::procs::say_if_interrupted(Some(format!(
         "lockslab: a violation was found before the interrupt; its schedule ({how}, {}):\n  {}",
         count(schedule.steps().len() as u64, "fault", "faults"),
-        super::show::replay_command(setup.design, clients, schedule)
+        replay.join("\n  ")
     )));
 }
 
@@ -251,9 +260,19 @@ mod tests {
         );
         assert_eq!(all[5].0.steps()[0].duration_ms, Some(600));
         assert_eq!(all.len(), 6);
-        // Once aimed at the read, it is not re-aimed again.
-        let again = candidates(&all[2].0, 2, 0);
-        assert!(again.iter().all(|(c, _)| c != &all[2].0));
+        // Once aimed at the read, or inside the write's transaction, it is not re-aimed
+        // again: not at the same point, nor back and forth between the two.
+        for aimed in [&all[2].0, &all[3].0] {
+            let again = candidates(aimed, 2, 0);
+            assert!(again.iter().all(|(c, _)| c != aimed), "{again:?}");
+            let moved = again.iter().filter(|(c, _)| {
+                let pause = c.steps().iter().find(|s| s.fault == Fault::Pause);
+                pause.is_some_and(|p| {
+                    p.after != aimed.steps()[0].after && p.duration_ms == Some(900)
+                })
+            });
+            assert_eq!(moved.count(), 0, "{again:?}");
+        }
         // Never shorter than the floor: 900 ms down to 800, not 600; 800 no further.
         let floored = candidates(&schedule, 2, 800);
         let pauses: Vec<Option<u64>> = floored
