@@ -27,7 +27,8 @@ struct Part {
     asked: String,
 }
 
-/// A `--json` file is at most this big: a whole matrix's is a few tens of kilobytes.
+/// A `--json` file is at most this big: a whole matrix's is a few tens of kilobytes. A
+/// pipe or a device is held to it as it is read (it says it holds 0 bytes).
 const LARGEST_FILE: u64 = 64 << 20;
 
 /// One `--json` file: its cells, and the verdict of each run in it. Refused: a file that is
@@ -37,15 +38,15 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
     };
-    let unreadable = |err: std::io::Error| UsageError(format!("--merge {}: {err}", file.display()));
-    let size = std::fs::metadata(file).map_err(unreadable)?.len();
-    if size > LARGEST_FILE {
-        crate::bail_usage!(
-            "--merge {}: {size} bytes, more than any matrix's --json (at most {LARGEST_FILE})",
-            file.display()
-        );
-    }
-    let text = std::fs::read_to_string(file).map_err(unreadable)?;
+    let text = match super::given::read_small_file(file, LARGEST_FILE) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => crate::bail_usage!(
+            "--merge {}: more than any matrix's --json (at most {} MiB)",
+            file.display(),
+            LARGEST_FILE >> 20
+        ),
+        Err(err) => crate::bail_usage!("--merge {}: {err}", file.display()),
+    };
     let (mut cells, mut parts) = (Vec::new(), Vec::new());
     let mut since_verdict = 0u64;
     for (n, line) in text.lines().enumerate() {
@@ -245,6 +246,16 @@ mod tests {
         }
         assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
         format!("{err:#}")
+    }
+
+    /// /dev/zero says it holds 0 bytes and never ends: refused at the limit, not read until
+    /// the memory is full.
+    #[test]
+    fn a_file_that_never_ends_is_refused_at_the_limit() {
+        // Not `refusal`, which removes its files.
+        let err = merge(&[PathBuf::from("/dev/zero")]).unwrap_err();
+        assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
+        assert!(format!("{err}").contains("at most 64 MiB"), "{err}");
     }
 
     #[test]
