@@ -255,6 +255,9 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
                 "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
                 "shard": format!("{}/{}", shard.k, shard.n),
+                // How many cell lines are before it: `--merge` tells a part whose file
+                // lost some (or all) of them from a whole one.
+                "cells": cells.len(),
                 "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
                 "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
                 "clients": args.clients,

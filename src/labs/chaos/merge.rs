@@ -22,6 +22,8 @@ struct Part {
     seed: u64,
     schedules: u64,
     shard: Shard,
+    /// The cells the part played (None in a file from before they were recorded).
+    cells: Option<u64>,
     /// The rows, columns and clients asked for: the parts of one split asked the same
     /// (`null null null` in a file from before they were recorded).
     asked: String,
@@ -32,8 +34,10 @@ struct Part {
 const LARGEST_FILE: u64 = 64 << 20;
 
 /// One `--json` file: its cells, and the verdict of each run in it. Refused: a file that is
-/// no matrix's `--json`, a verdict that lacks what it must say, a cell whose result is not
-/// one a matrix prints, and cells after the last verdict (a run that did not finish).
+/// no matrix's `--json`, a verdict that lacks what it must say, a cell a matrix of the
+/// verdict's schedules a cell cannot write ([`super::cells::check`]), a part with fewer or
+/// more cells than its verdict says it played, and cells after the last verdict (a run that
+/// did not finish).
 fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
@@ -48,7 +52,9 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
         Err(err) => crate::bail_usage!("--merge {}: {err}", file.display()),
     };
     let (mut cells, mut parts) = (Vec::new(), Vec::new());
-    let mut since_verdict = 0u64;
+    // The cells since the last verdict, with their line: the verdict after them says the
+    // schedules a cell they are held to, and how many there are.
+    let mut since_verdict: Vec<(usize, Cell)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -56,31 +62,41 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
         let value: serde_json::Value = serde_json::from_str(line).map_err(|err| at(n, &err))?;
         if value["kind"] == "cell" {
             let cell: Cell = serde_json::from_value(value).map_err(|err| at(n, &err))?;
-            let known = ["SAFE", "UNSAFE", "INCONCLUSIVE", "-"];
-            if !known.iter().any(|k| cell.result.starts_with(k)) {
-                let why = format!("{:?} is not a result a matrix prints", cell.result);
+            since_verdict.push((n, cell));
+        } else if value["kind"] == "verdict" && value["lab"] == "matrix" {
+            let part = part_of(&value).map_err(|err| at(n, &err))?;
+            for (n, cell) in &since_verdict {
+                super::cells::check(cell, part.schedules).map_err(|err| at(*n, &err))?;
+            }
+            // A verdict from before `cells` was recorded: its count cannot be checked.
+            if let Some(played) = part.cells
+                && played != since_verdict.len() as u64
+            {
+                let why = format!(
+                    "the verdict says its part played {}, and {} before it: \
+                     the file lacks some of its cells (cut, or edited); play that part again",
+                    count(played, "cell", "cells"),
+                    since_verdict.len()
+                );
                 return Err(at(n, &why).into());
             }
-            cells.push(cell);
-            since_verdict += 1;
-        } else if value["kind"] == "verdict" && value["lab"] == "matrix" {
-            parts.push(part_of(&value).map_err(|err| at(n, &err))?);
-            since_verdict = 0;
+            cells.extend(since_verdict.drain(..).map(|(_, cell)| cell));
+            parts.push(part);
         }
+    }
+    if !since_verdict.is_empty() {
+        crate::bail_usage!(
+            "--merge {}: its last {} have no verdict line after them: that run did not \
+             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
+            file.display(),
+            count(since_verdict.len() as u64, "cell", "cells")
+        );
     }
     if cells.is_empty() && parts.is_empty() {
         crate::bail_usage!(
             "--merge {}: no matrix cell and no matrix verdict in it: pass the --json output \
              of `lockslab matrix` (chaos's --json has schedules, not cells)",
             file.display()
-        );
-    }
-    if since_verdict > 0 {
-        crate::bail_usage!(
-            "--merge {}: its last {} have no verdict line after them: that run did not \
-             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
-            file.display(),
-            count(since_verdict, "cell", "cells")
         );
     }
     Ok((cells, parts))
@@ -100,6 +116,14 @@ fn part_of(verdict: &serde_json::Value) -> Result<Part, String> {
         seed: number("seed")?,
         schedules: number("schedules_per_cell")?,
         shard: parse_shard(shard)?,
+        cells: match &verdict["cells"] {
+            serde_json::Value::Null => None,
+            cells => Some(
+                cells
+                    .as_u64()
+                    .ok_or("the verdict's `cells` is not a number")?,
+            ),
+        },
         asked: [&verdict["designs"], &verdict["faults"], &verdict["clients"]]
             .iter()
             .map(|v| v.to_string())
@@ -297,6 +321,49 @@ mod tests {
         assert!(refusal(&[banana]).contains("not a result a matrix prints"));
     }
 
+    /// A cell is held to the schedules a cell of the verdict after it, and a part to the
+    /// count of cells its verdict says it played (none said: a file from before it was).
+    #[test]
+    fn a_cell_past_its_schedules_or_a_part_short_of_its_cells_is_refused() {
+        let nine = file_of(
+            "nine",
+            &[
+                cell("redis-lock", "pause").replace("SAFE (8)", "SAFE (9)"),
+                verdict(1, "1/1"),
+            ],
+        );
+        let message = refusal(&[nine]);
+        assert!(
+            message.contains("at most its run's 8 schedules"),
+            "{message}"
+        );
+        let counted =
+            |cells: u64| verdict(1, "1/1").replace("{", &format!("{{\"cells\": {cells}, "));
+        let bare = file_of("bare", &[counted(2)]);
+        let message = refusal(&[bare]);
+        assert!(
+            message.contains("played 2 cells, and 0 before it"),
+            "{message}"
+        );
+        let short = file_of("short", &[cell("redis-lock", "pause"), counted(2)]);
+        let message = refusal(&[short]);
+        assert!(
+            message.contains("played 2 cells, and 1 before it"),
+            "{message}"
+        );
+        let whole = file_of(
+            "whole",
+            &[
+                cell("redis-lock", "pause"),
+                cell("redis-lock", "kill"),
+                counted(2),
+            ],
+        );
+        let merged = merge(std::slice::from_ref(&whole));
+        std::fs::remove_file(&whole).unwrap();
+        assert!(merged.is_ok(), "{merged:?}");
+    }
+
     /// Two runs that asked for other rows are not two parts of one split, whatever their
     /// --shard says: together they would leave cells out with nothing to say so.
     #[test]
@@ -351,6 +418,7 @@ mod tests {
                 seed: *seed,
                 schedules: 8,
                 shard: Shard { k: 1, n: 1 },
+                cells: None,
                 asked: String::new(),
             })
             .collect();
