@@ -120,6 +120,31 @@ impl Shard {
     pub fn owns(self, index: u64) -> bool {
         index % u64::from(self.n) == u64::from(self.k - 1)
     }
+
+    /// Refuses a split of `items` (schedules, or cells) into more parts than there are
+    /// items: a part past them plays none, and would exit 0 as if it had found nothing.
+    /// `what`: the item's name, one and many; `more`: the flags that give more of them.
+    pub fn every_part_plays(self, items: u64, what: (&str, &str), more: &str) -> Result<()> {
+        let (k, n) = (self.k, self.n);
+        if u64::from(n) <= items {
+            return Ok(());
+        }
+        let none = if u64::from(k) > items {
+            "plays none".to_string()
+        } else if u64::from(n) == items + 1 {
+            format!("leaves part {n}/{n} none")
+        } else {
+            format!("leaves parts {}/{n} to {n}/{n} none", items + 1)
+        };
+        let fewer = match items {
+            1 => "drop --shard".to_string(),
+            _ => format!("use at most --shard K/{items}"),
+        };
+        crate::bail_usage!(
+            "--shard {k}/{n} of {} {none}: {fewer}, or {more}",
+            count(items, what.0, what.1)
+        );
+    }
 }
 
 pub fn parse_shard(text: &str) -> Result<Shard, String> {
@@ -148,9 +173,11 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     };
     in_table_order(&mut kinds);
     some_cell_plays(&designs, &kinds)?;
+    let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
+    let cells = (designs.len() * kinds.len()) as u64;
+    shard.every_part_plays(cells, ("cell", "cells"), "more --design or --faults")?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
-    let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
     super::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
@@ -314,6 +341,33 @@ mod tests {
         }
         for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A part past the items plays none and would exit 0: refused, with what to do.
+    #[test]
+    fn a_split_into_more_parts_than_items_is_refused_with_what_to_do() {
+        let schedules = ("schedule", "schedules");
+        let refused = |shard: &str, items: u64| {
+            let shard = parse_shard(shard).unwrap();
+            let err = shard.every_part_plays(items, schedules, "more --schedules");
+            let err = err.unwrap_err();
+            assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+            format!("{err}")
+        };
+        assert_eq!(
+            refused("3/3", 2),
+            "--shard 3/3 of 2 schedules plays none: use at most --shard K/2, or more --schedules"
+        );
+        let message = refused("1/4294967295", 10);
+        assert!(
+            message.contains("leaves parts 11/4294967295 to 4294967295/4294967295 none"),
+            "{message}"
+        );
+        assert!(refused("2/2", 1).contains("drop --shard"));
+        for (shard, items) in [("2/2", 2), ("1/3", 30), ("1/1", 1)] {
+            let shard = parse_shard(shard).unwrap();
+            assert!(shard.every_part_plays(items, schedules, "").is_ok());
         }
     }
 

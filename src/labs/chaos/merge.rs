@@ -142,19 +142,27 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
         splits.entry(split).or_default().insert(part.shard.k);
     }
     for ((n, seed, schedules, _), here) in splits {
-        let missing: Vec<String> = (1..=n)
+        // The first few only: a file may claim a split in 4294967295 parts.
+        const NAMED: usize = 5;
+        let mut missing: Vec<String> = (1..=n)
             .filter(|k| !here.contains(k))
+            .take(NAMED)
             .map(|k| format!("{k}/{n}"))
             .collect();
-        if let Some(first) = missing.first() {
-            crate::bail_usage!(
-                "--merge: the matrix split in {n} parts (seed {seed}, {schedules} a cell) lacks \
-                 part {}: pass its --json file too, or play it (lockslab matrix --shard {first} \
-                 --seed {seed} --schedules {schedules} --json); parts of one split share the \
-                 seed, the designs, the faults and the clients",
-                missing.join(", ")
-            );
+        let Some(first) = missing.first().cloned() else {
+            continue;
+        };
+        let lacking = u64::from(n) - here.len() as u64;
+        if lacking > NAMED as u64 {
+            missing.push(format!("… ({lacking} in all)"));
         }
+        crate::bail_usage!(
+            "--merge: the matrix split in {n} parts (seed {seed}, {schedules} a cell) lacks \
+             part {}: pass its --json file too, or play it (lockslab matrix --shard {first} \
+             --seed {seed} --schedules {schedules} --json); parts of one split share the \
+             seed, the designs, the faults and the clients",
+            missing.join(", ")
+        );
     }
     Ok(())
 }
@@ -394,6 +402,21 @@ mod tests {
         let message = refusal(&[one, two]);
         assert!(
             message.contains("seed 1") && message.contains("2/2"),
+            "{message}"
+        );
+    }
+
+    /// A verdict may claim any split: its missing parts are named a few, not all listed.
+    #[test]
+    fn a_split_claimed_in_four_billion_parts_names_a_few_missing() {
+        let huge = file_of(
+            "huge",
+            &[cell("redis-lock", "pause"), verdict(1, "1/4294967295")],
+        );
+        let message = refusal(&[huge]);
+        assert!(
+            message.contains("lacks part 2/4294967295, 3/4294967295")
+                && message.contains("… (4294967294 in all)"),
             "{message}"
         );
     }

@@ -270,6 +270,11 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         None if args.faults.is_empty() => FaultKind::ALL.to_vec(),
         _ => once_each(&args.faults),
     };
+    let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
+    if args.time.is_none() {
+        let schedules = ("schedule", "schedules");
+        shard.every_part_plays(args.schedules.into(), schedules, "more --schedules")?;
+    }
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
@@ -330,7 +335,6 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         let setup = ground.setup(args.design, given.is_some());
         let space = play::space(&setup, args.clients, &kinds);
         let started = Instant::now();
-        let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
         let next = |nth: u64| {
             let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
             let enough = match args.time {
