@@ -268,9 +268,15 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
 fn a_sharded_matrix_merges_into_one_table() {
     let dir = std::env::temp_dir().join(format!("lockslab-merge-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // An UNSAFE cell carries the command that replays it, as a matrix writes it.
     let cell = |design: &str, fault: &str, result: &str, safe: bool| {
+        let replay = if result.starts_with("UNSAFE") {
+            format!(r#""lockslab chaos --design {design} --schedule '[]'""#)
+        } else {
+            "null".into()
+        };
         format!(
-            r#"{{"kind":"cell","design":"{design}","fault":"{fault}","result":"{result}","replay":null,"labs_call_it_safe":{safe}}}"#
+            r#"{{"kind":"cell","design":"{design}","fault":"{fault}","result":"{result}","replay":{replay},"labs_call_it_safe":{safe}}}"#
         )
     };
     let one = dir.join("one.jsonl");
@@ -280,7 +286,7 @@ fn a_sharded_matrix_merges_into_one_table() {
         [
             cell("redis-lock", "pause", "UNSAFE stale-write", false),
             cell("optimistic", "kill", "SAFE (3)", true),
-            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"1/2"}"#
+            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"1/2","cells":2}"#
                 .into(),
         ]
         .join("\n"),
@@ -291,7 +297,7 @@ fn a_sharded_matrix_merges_into_one_table() {
         [
             cell("redis-lock", "kill", "SAFE (3)", false),
             cell("optimistic", "pause", "UNSAFE lost-update", true),
-            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"2/2"}"#
+            r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"2/2","cells":2}"#
                 .into(),
         ]
         .join("\n"),
@@ -1255,8 +1261,9 @@ fn ctrl_c_after_a_failover_leaves_no_client_no_redis_and_no_sentinel() {
 #[test]
 fn a_merge_refuses_a_cell_that_reads_two_ways() {
     let cell = |result: &str| {
+        let replay = r#""lockslab chaos --design optimistic --schedule '[]'""#;
         format!(
-            r#"{{"kind":"cell","design":"optimistic","fault":"kill","result":"{result}","replay":null,"labs_call_it_safe":true}}"#
+            r#"{{"kind":"cell","design":"optimistic","fault":"kill","result":"{result}","replay":{replay},"labs_call_it_safe":true}}"#
         )
     };
     let verdict =

@@ -123,6 +123,10 @@ impl Violation {
         }
     }
 
+    /// Every word [`Violation::kind`] returns: a matrix cell reads `UNSAFE <kind>`, and
+    /// `matrix --merge` takes no other.
+    pub const KINDS: [&'static str; 4] = ["two-holders", "stale-write", "lost-update", "duplicate"];
+
     pub fn kind(&self) -> &'static str {
         match self {
             Violation::TwoHolders { .. } => "two-holders",

@@ -1,5 +1,7 @@
 //! What a learner hands chaos by hand: a schedule, inline or in a file.
 
+use std::path::Path;
+
 use anyhow::Result;
 
 use super::{clock, lag, net, play, redlock_lane, run_ms_of};
@@ -7,22 +9,25 @@ use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
 use crate::worker::chaos_client::Design;
 
-/// A schedule file's text: a regular file of at most 1 MiB (not a FIFO, a device or
-/// /dev/zero, which would hang or fill the memory).
-pub fn read_small_file(path: &str) -> std::io::Result<String> {
-    use std::io::{Error, Read};
-    const LIMIT: u64 = 1 << 20;
+/// A file's text, at most `limit` bytes, read through `take(limit + 1)`: a device such as
+/// /dev/zero, or a pipe that never ends, is refused once past the limit rather than read
+/// until the memory is full, while a pipe within it (`<(…)`) reads whole. Over the limit:
+/// an error of kind [`std::io::ErrorKind::FileTooLarge`], for the caller to say why.
+pub(super) fn read_small_file(path: &Path, limit: u64) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
     let file = std::fs::File::open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(Error::other("not a regular file"));
+    let too_big = || Error::new(ErrorKind::FileTooLarge, format!("over {limit} bytes"));
+    // A regular file says its size: refused before a byte is read (a pipe or a device
+    // says 0, and is held to the limit as it is read).
+    if file.metadata()?.len() > limit {
+        return Err(too_big());
     }
-    if meta.len() > LIMIT {
-        return Err(Error::other("over 1 MiB: a schedule is a few lines"));
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
     }
-    let mut text = String::new();
-    file.take(LIMIT).read_to_string(&mut text)?;
-    Ok(text)
+    String::from_utf8(bytes).map_err(|err| Error::new(ErrorKind::InvalidData, err))
 }
 
 /// The kinds of a given schedule: its own steps', each once, in the order they come (a
@@ -75,11 +80,15 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
     let json = if text.trim_start().starts_with('[') {
         text.to_string()
     } else {
-        match read_small_file(text) {
+        // A schedule is a few lines: a megabyte is far more than any.
+        match read_small_file(Path::new(text), 1 << 20) {
             Ok(json) => json,
-            Err(_) if !std::path::Path::new(text).exists() => crate::bail_usage!(
+            Err(_) if !Path::new(text).exists() => crate::bail_usage!(
                 "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
             ),
+            Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => {
+                crate::bail_usage!("--schedule {text}: over 1 MiB: a schedule is a few lines")
+            }
             Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
         }
     };
@@ -212,6 +221,8 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
 mod tests {
     use super::*;
     use generate::FaultKind;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn a_given_schedule_has_its_own_steps_kinds_only() {
@@ -240,6 +251,19 @@ mod tests {
         let listed = unknown.replace(r#""grabbed""#, r#"["wrote", "grabbed"]"#);
         let err = read_schedule(&listed, 2, Design::RedisLock).unwrap_err();
         assert!(format!("{err:#}").contains("\"grabbed\""));
+    }
+
+    /// A pipe (`--schedule <(…)`) reads; /dev/zero, which says it holds 0 bytes, is cut
+    /// off at the limit instead of filling the memory.
+    #[test]
+    fn a_small_file_reads_from_a_pipe_and_dev_zero_stops_at_the_limit() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(b"[1, 2]").unwrap();
+        drop(writer);
+        let piped = format!("/dev/fd/{}", reader.as_raw_fd());
+        assert_eq!(read_small_file(Path::new(&piped), 64).unwrap(), "[1, 2]");
+        let err = read_small_file(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge, "{err}");
     }
 
     /// A misspelt field would replay a schedule other than the one written (a pause with

@@ -26,45 +26,44 @@ Examples:
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
   lockslab matrix --merge a.jsonl b.jsonl         one table of both parts
 
-A cell is SAFE (n schedules, no violation), UNSAFE [k] (its first violation's
-kind and replay command below the table, note k) or UNKNOWN n/K (inconclusive:
-n histories could not be decided, or none of their faults played; never a
-pass). A cell stops at its first violation. With six columns they read SAFE n,
-UNSAFE#k, UNK n; with seven, UNS#k. Past seven, each design takes two lines:
-a client's faults (pause, kill, delay, lost-reply, cut) over a server's
+A cell reads SAFE n (n schedules, no violation), UNSAFE#k (a violation: its kind
+and replay command in note k below the table) or UNK n (inconclusive: n of its
+histories could not be decided, or none of their faults played; never a pass),
+and `-` where the fault cannot reach the design. A cell stops at its first
+violation. Past seven columns (every kind, the default), each design takes two
+lines: a client's faults (pause, kill, delay, lost-reply, cut) over a server's
 (restart, restart-aof, leader-kill, clock, failover), headed rest-aof and
-leader; the notes are numbered in that order.
+leader; the notes are numbered in that order. With four columns or fewer, the
+cells read SAFE (n), UNSAFE [k] and UNKNOWN n/K (n of K schedules undecided);
+with seven, UNS#k.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
-crashes it running with its append-only file, and it comes back with its
-data: what Redis wrote to the file survives a crash of the process (the
-kernel still has it); with `appendfsync always`, which it runs with, every
-write is written and fsynced before Redis answers it (`everysec` may put the
-write off up to 2 s while still answering); the fsync matters for a power
-loss or kernel crash, which chaos does not play. Designs
-without Redis show `-` there.
-`delay` holds a client's next write to the store in a fault proxy, its
-process running; with `lost-reply` (lost-rep) the answer to a client's next
-request to its lock server (the store, for the Postgres designs) is lost
-after the request was applied (lab 8); `cut` cuts a client off from its
-lock server and the store for 1.25 to 3 leases, what it sends meanwhile
-going out when the cut heals. Neither for Redlock, whose masters are not
-behind the proxy.
-`leader-kill` (leader) runs the etcd designs against a cluster of three
-members and kills its leader; once the other two have elected a new one, it
-starts again as a follower (lab 5). Designs without etcd show `-` there.
+crashes it running with its append-only file, and it comes back with its data:
+what Redis wrote to the file survives a crash of the process (the kernel still
+has it); with `appendfsync always`, which it runs with, every write is written
+and fsynced before Redis answers it (`everysec` may put the write off up to 2 s
+while still answering); the fsync matters for a power loss or kernel crash,
+which chaos does not play. Designs without Redis show `-` there.
+`delay` holds a client's next write to the store in a fault proxy, its process
+running; with `lost-reply` (lost-rep) the answer to a client's next request to
+its lock server (the store, for the Postgres designs) is lost after the request
+was applied (lab 8); `cut` cuts a client off from its lock server and the store
+for 1.25 to 3 leases, what it sends meanwhile going out when the cut heals.
+Neither for Redlock, whose masters are not behind the proxy.
+`leader-kill` (leader) runs the etcd designs against a cluster of three members
+and kills its leader; once the other two have elected a new one, it starts again
+as a follower (lab 5). Designs without etcd show `-` there.
 `clock` jumps the clock of the server a lock expires on a lease ahead, just
 after a client took it: SIMULATED, the run's lock keys' TTL cut there
-(redis-server does not run under libfaketime), on Redis or on one to three of Redlock's masters.
-etcd (leases on its leader's monotonic clock) and Postgres (no TTL) show
-`-`; a client's wall clock is not stepped: chaos's clients time their leases
-on the monotonic clock, which a step does not move (lab 9 shows what it
-breaks in a client that reads the wall clock).
-`failover` runs the Redis designs against a primary and its replica
-under three Sentinels; the replica lags 200-700ms (frozen, its link cut),
-then the primary is killed; the Sentinels promote the replica, the clients
-ask them where to go. Replication is asynchronous: what the primary
-acknowledged in the lag is gone (lab 5). Designs without Redis, or on a
-given Redis, show `-` there.
+(redis-server does not run under libfaketime), on Redis or on one to three of
+Redlock's masters. etcd (leases on its leader's monotonic clock) and Postgres
+(no TTL) show `-`; a client's wall clock is not stepped: chaos's clients time
+their leases on the monotonic clock, which a step does not move (lab 9 shows
+what it breaks in a client that reads the wall clock).
+`failover` runs the Redis designs against a primary and its replica under three
+Sentinels; the replica lags 200-700ms (frozen, its link cut), then the primary
+is killed; the Sentinels promote the replica, the clients ask them where to go.
+Replication is asynchronous: what the primary acknowledged in the lag is gone
+(lab 5). Designs without Redis, or on a given Redis, show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 
@@ -120,6 +119,31 @@ impl Shard {
     pub fn owns(self, index: u64) -> bool {
         index % u64::from(self.n) == u64::from(self.k - 1)
     }
+
+    /// Refuses a split of `items` (schedules, or cells) into more parts than there are
+    /// items: a part past them plays none, and would exit 0 as if it had found nothing.
+    /// `what`: the item's name, one and many; `more`: the flags that give more of them.
+    pub fn every_part_plays(self, items: u64, what: (&str, &str), more: &str) -> Result<()> {
+        let (k, n) = (self.k, self.n);
+        if u64::from(n) <= items {
+            return Ok(());
+        }
+        let none = if u64::from(k) > items {
+            "plays none".to_string()
+        } else if u64::from(n) == items + 1 {
+            format!("leaves part {n}/{n} none")
+        } else {
+            format!("leaves parts {}/{n} to {n}/{n} none", items + 1)
+        };
+        let fewer = match items {
+            1 => "drop --shard".to_string(),
+            _ => format!("use at most --shard K/{items}"),
+        };
+        crate::bail_usage!(
+            "--shard {k}/{n} of {} {none}: {fewer}, or {more}",
+            count(items, what.0, what.1)
+        );
+    }
 }
 
 pub fn parse_shard(text: &str) -> Result<Shard, String> {
@@ -148,9 +172,11 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     };
     in_table_order(&mut kinds);
     some_cell_plays(&designs, &kinds)?;
+    let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
+    let cells = (designs.len() * kinds.len()) as u64;
+    shard.every_part_plays(cells, ("cell", "cells"), "more --design or --faults")?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
-    let shard = args.shard.unwrap_or(Shard { k: 1, n: 1 });
     super::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
         ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
@@ -255,6 +281,9 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
                 "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
                 "shard": format!("{}/{}", shard.k, shard.n),
+                // How many cell lines are before it: `--merge` tells a part whose file
+                // lost some (or all) of them from a whole one.
+                "cells": cells.len(),
                 "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
                 "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
                 "clients": args.clients,
@@ -311,6 +340,86 @@ mod tests {
         }
         for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A part past the items plays none and would exit 0: refused, with what to do.
+    #[test]
+    fn a_split_into_more_parts_than_items_is_refused_with_what_to_do() {
+        let schedules = ("schedule", "schedules");
+        let refused = |shard: &str, items: u64| {
+            let shard = parse_shard(shard).unwrap();
+            let err = shard.every_part_plays(items, schedules, "more --schedules");
+            let err = err.unwrap_err();
+            assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
+            format!("{err}")
+        };
+        assert_eq!(
+            refused("3/3", 2),
+            "--shard 3/3 of 2 schedules plays none: use at most --shard K/2, or more --schedules"
+        );
+        let message = refused("1/4294967295", 10);
+        assert!(
+            message.contains("leaves parts 11/4294967295 to 4294967295/4294967295 none"),
+            "{message}"
+        );
+        assert!(refused("2/2", 1).contains("drop --shard"));
+        for (shard, items) in [("2/2", 2), ("1/3", 30), ("1/1", 1)] {
+            let shard = parse_shard(shard).unwrap();
+            assert!(shard.every_part_plays(items, schedules, "").is_ok());
+        }
+    }
+
+    /// `matrix --help` names the words the default table (every kind) prints, and its
+    /// prose is filled to 80 columns: no line a word short that the next line starts
+    /// with (a new paragraph starts with a `name` of a fault, or after an empty line).
+    #[test]
+    fn the_help_names_the_tables_words_and_fills_its_lines() {
+        use clap::CommandFactory;
+        let command = crate::cli::Cli::command();
+        let matrix = command.find_subcommand("matrix").unwrap();
+        let help = matrix.get_after_help().unwrap().to_string();
+        let prose = &help[help.find("A cell ").unwrap()..help.find("Walkthrough").unwrap()];
+        let mut kinds = FaultKind::ALL.to_vec();
+        in_table_order(&mut kinds);
+        let result = |kind: FaultKind| match kind {
+            FaultKind::Pause => "SAFE (8)",
+            FaultKind::Kill => "UNSAFE stale-write",
+            FaultKind::Delay => "INCONCLUSIVE 7/8",
+            _ => "-",
+        };
+        let row: Vec<Cell> = (kinds.iter())
+            .map(|kind| Cell {
+                kind: "cell".into(),
+                design: Design::RedisLock,
+                fault: *kind,
+                result: result(*kind).into(),
+                replay: None,
+                labs_call_it_safe: false,
+                unknown: None,
+            })
+            .collect();
+        colored::control::set_override(false);
+        let table = row_line(Design::RedisLock, &kinds, &row, &notes(&row));
+        let first = prose.split(" A cell stops").next().unwrap();
+        for (shown, named) in [
+            ("SAFE 8", "SAFE n"),
+            ("UNSAFE#1", "UNSAFE#k"),
+            ("UNK 7", "UNK n"),
+        ] {
+            assert!(table.contains(shown), "{table}");
+            assert!(first.contains(named), "{first}");
+        }
+        let lines: Vec<&str> = prose.lines().collect();
+        for pair in lines.windows(2) {
+            assert!(pair[0].chars().count() <= 80, "{}", pair[0]);
+            let Some(word) = pair[1].split(' ').next().filter(|w| !w.starts_with('`')) else {
+                continue;
+            };
+            if !pair[0].is_empty() && !word.is_empty() {
+                let joined = pair[0].chars().count() + 1 + word.chars().count();
+                assert!(joined > 80, "{:?} fits after {:?}", word, pair[0]);
+            }
         }
     }
 

@@ -22,32 +22,39 @@ struct Part {
     seed: u64,
     schedules: u64,
     shard: Shard,
+    /// The cells the part played (None in a file from before they were recorded).
+    cells: Option<u64>,
     /// The rows, columns and clients asked for: the parts of one split asked the same
     /// (`null null null` in a file from before they were recorded).
     asked: String,
 }
 
-/// A `--json` file is at most this big: a whole matrix's is a few tens of kilobytes.
+/// A `--json` file is at most this big: a whole matrix's is a few tens of kilobytes. A
+/// pipe or a device is held to it as it is read (it says it holds 0 bytes).
 const LARGEST_FILE: u64 = 64 << 20;
 
 /// One `--json` file: its cells, and the verdict of each run in it. Refused: a file that is
-/// no matrix's `--json`, a verdict that lacks what it must say, a cell whose result is not
-/// one a matrix prints, and cells after the last verdict (a run that did not finish).
+/// no matrix's `--json`, a verdict that lacks what it must say, a cell a matrix of the
+/// verdict's schedules a cell cannot write ([`super::cells::check`]), a part with fewer or
+/// more cells than its verdict says it played, and cells after the last verdict (a run that
+/// did not finish).
 fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
     };
-    let unreadable = |err: std::io::Error| UsageError(format!("--merge {}: {err}", file.display()));
-    let size = std::fs::metadata(file).map_err(unreadable)?.len();
-    if size > LARGEST_FILE {
-        crate::bail_usage!(
-            "--merge {}: {size} bytes, more than any matrix's --json (at most {LARGEST_FILE})",
-            file.display()
-        );
-    }
-    let text = std::fs::read_to_string(file).map_err(unreadable)?;
+    let text = match super::given::read_small_file(file, LARGEST_FILE) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => crate::bail_usage!(
+            "--merge {}: more than any matrix's --json (at most {} MiB)",
+            file.display(),
+            LARGEST_FILE >> 20
+        ),
+        Err(err) => crate::bail_usage!("--merge {}: {err}", file.display()),
+    };
     let (mut cells, mut parts) = (Vec::new(), Vec::new());
-    let mut since_verdict = 0u64;
+    // The cells since the last verdict, with their line: the verdict after them says the
+    // schedules a cell they are held to, and how many there are.
+    let mut since_verdict: Vec<(usize, Cell)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -55,31 +62,41 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
         let value: serde_json::Value = serde_json::from_str(line).map_err(|err| at(n, &err))?;
         if value["kind"] == "cell" {
             let cell: Cell = serde_json::from_value(value).map_err(|err| at(n, &err))?;
-            let known = ["SAFE", "UNSAFE", "INCONCLUSIVE", "-"];
-            if !known.iter().any(|k| cell.result.starts_with(k)) {
-                let why = format!("{:?} is not a result a matrix prints", cell.result);
+            since_verdict.push((n, cell));
+        } else if value["kind"] == "verdict" && value["lab"] == "matrix" {
+            let part = part_of(&value).map_err(|err| at(n, &err))?;
+            for (n, cell) in &since_verdict {
+                super::cells::check(cell, part.schedules).map_err(|err| at(*n, &err))?;
+            }
+            // A verdict from before `cells` was recorded: its count cannot be checked.
+            if let Some(played) = part.cells
+                && played != since_verdict.len() as u64
+            {
+                let why = format!(
+                    "the verdict says its part played {}, and {} before it: \
+                     the file lacks some of its cells (cut, or edited); play that part again",
+                    count(played, "cell", "cells"),
+                    since_verdict.len()
+                );
                 return Err(at(n, &why).into());
             }
-            cells.push(cell);
-            since_verdict += 1;
-        } else if value["kind"] == "verdict" && value["lab"] == "matrix" {
-            parts.push(part_of(&value).map_err(|err| at(n, &err))?);
-            since_verdict = 0;
+            cells.extend(since_verdict.drain(..).map(|(_, cell)| cell));
+            parts.push(part);
         }
+    }
+    if !since_verdict.is_empty() {
+        crate::bail_usage!(
+            "--merge {}: its last {} have no verdict line after them: that run did not \
+             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
+            file.display(),
+            count(since_verdict.len() as u64, "cell", "cells")
+        );
     }
     if cells.is_empty() && parts.is_empty() {
         crate::bail_usage!(
             "--merge {}: no matrix cell and no matrix verdict in it: pass the --json output \
              of `lockslab matrix` (chaos's --json has schedules, not cells)",
             file.display()
-        );
-    }
-    if since_verdict > 0 {
-        crate::bail_usage!(
-            "--merge {}: its last {} have no verdict line after them: that run did not \
-             finish (Ctrl-C, or an error), and its last cells are missing; play it again",
-            file.display(),
-            count(since_verdict, "cell", "cells")
         );
     }
     Ok((cells, parts))
@@ -99,6 +116,14 @@ fn part_of(verdict: &serde_json::Value) -> Result<Part, String> {
         seed: number("seed")?,
         schedules: number("schedules_per_cell")?,
         shard: parse_shard(shard)?,
+        cells: match &verdict["cells"] {
+            serde_json::Value::Null => None,
+            cells => Some(
+                cells
+                    .as_u64()
+                    .ok_or("the verdict's `cells` is not a number")?,
+            ),
+        },
         asked: [&verdict["designs"], &verdict["faults"], &verdict["clients"]]
             .iter()
             .map(|v| v.to_string())
@@ -117,19 +142,27 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
         splits.entry(split).or_default().insert(part.shard.k);
     }
     for ((n, seed, schedules, _), here) in splits {
-        let missing: Vec<String> = (1..=n)
+        // The first few only: a file may claim a split in 4294967295 parts.
+        const NAMED: usize = 5;
+        let mut missing: Vec<String> = (1..=n)
             .filter(|k| !here.contains(k))
+            .take(NAMED)
             .map(|k| format!("{k}/{n}"))
             .collect();
-        if let Some(first) = missing.first() {
-            crate::bail_usage!(
-                "--merge: the matrix split in {n} parts (seed {seed}, {schedules} a cell) lacks \
-                 part {}: pass its --json file too, or play it (lockslab matrix --shard {first} \
-                 --seed {seed} --schedules {schedules} --json); parts of one split share the \
-                 seed, the designs, the faults and the clients",
-                missing.join(", ")
-            );
+        let Some(first) = missing.first().cloned() else {
+            continue;
+        };
+        let lacking = u64::from(n) - here.len() as u64;
+        if lacking > NAMED as u64 {
+            missing.push(format!("… ({lacking} in all)"));
         }
+        crate::bail_usage!(
+            "--merge: the matrix split in {n} parts (seed {seed}, {schedules} a cell) lacks \
+             part {}: pass its --json file too, or play it (lockslab matrix --shard {first} \
+             --seed {seed} --schedules {schedules} --json); parts of one split share the \
+             seed, the designs, the faults and the clients",
+            missing.join(", ")
+        );
     }
     Ok(())
 }
@@ -247,6 +280,16 @@ mod tests {
         format!("{err:#}")
     }
 
+    /// /dev/zero says it holds 0 bytes and never ends: refused at the limit, not read until
+    /// the memory is full.
+    #[test]
+    fn a_file_that_never_ends_is_refused_at_the_limit() {
+        // Not `refusal`, which removes its files.
+        let err = merge(&[PathBuf::from("/dev/zero")]).unwrap_err();
+        assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
+        assert!(format!("{err}").contains("at most 64 MiB"), "{err}");
+    }
+
     #[test]
     fn a_merge_of_no_cell_or_of_a_run_that_did_not_finish_is_refused() {
         let empty = file_of("empty", &[verdict(1, "1/1")]);
@@ -286,6 +329,49 @@ mod tests {
         assert!(refusal(&[banana]).contains("not a result a matrix prints"));
     }
 
+    /// A cell is held to the schedules a cell of the verdict after it, and a part to the
+    /// count of cells its verdict says it played (none said: a file from before it was).
+    #[test]
+    fn a_cell_past_its_schedules_or_a_part_short_of_its_cells_is_refused() {
+        let nine = file_of(
+            "nine",
+            &[
+                cell("redis-lock", "pause").replace("SAFE (8)", "SAFE (9)"),
+                verdict(1, "1/1"),
+            ],
+        );
+        let message = refusal(&[nine]);
+        assert!(
+            message.contains("at most its run's 8 schedules"),
+            "{message}"
+        );
+        let counted =
+            |cells: u64| verdict(1, "1/1").replace("{", &format!("{{\"cells\": {cells}, "));
+        let bare = file_of("bare", &[counted(2)]);
+        let message = refusal(&[bare]);
+        assert!(
+            message.contains("played 2 cells, and 0 before it"),
+            "{message}"
+        );
+        let short = file_of("short", &[cell("redis-lock", "pause"), counted(2)]);
+        let message = refusal(&[short]);
+        assert!(
+            message.contains("played 2 cells, and 1 before it"),
+            "{message}"
+        );
+        let whole = file_of(
+            "whole",
+            &[
+                cell("redis-lock", "pause"),
+                cell("redis-lock", "kill"),
+                counted(2),
+            ],
+        );
+        let merged = merge(std::slice::from_ref(&whole));
+        std::fs::remove_file(&whole).unwrap();
+        assert!(merged.is_ok(), "{merged:?}");
+    }
+
     /// Two runs that asked for other rows are not two parts of one split, whatever their
     /// --shard says: together they would leave cells out with nothing to say so.
     #[test]
@@ -320,6 +406,21 @@ mod tests {
         );
     }
 
+    /// A verdict may claim any split: its missing parts are named a few, not all listed.
+    #[test]
+    fn a_split_claimed_in_four_billion_parts_names_a_few_missing() {
+        let huge = file_of(
+            "huge",
+            &[cell("redis-lock", "pause"), verdict(1, "1/4294967295")],
+        );
+        let message = refusal(&[huge]);
+        assert!(
+            message.contains("lacks part 2/4294967295, 3/4294967295")
+                && message.contains("… (4294967294 in all)"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn a_whole_split_and_runs_of_other_columns_merge() {
         let one = file_of("whole-1", &[cell("redis-lock", "pause"), verdict(1, "1/2")]);
@@ -340,6 +441,7 @@ mod tests {
                 seed: *seed,
                 schedules: 8,
                 shard: Shard { k: 1, n: 1 },
+                cells: None,
                 asked: String::new(),
             })
             .collect();

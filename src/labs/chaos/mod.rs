@@ -8,6 +8,7 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
+mod cells;
 mod clock;
 mod cluster;
 mod failover;
@@ -151,8 +152,9 @@ pub struct ChaosArgs {
     /// How many clients
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub clients: u32,
-    /// Play this schedule (a JSON array, or a file holding one) instead of drawing
-    #[arg(long, value_name = "FILE|JSON")]
+    /// Play this schedule (a JSON array, or a file holding one) instead of drawing: its
+    /// steps are the faults, so no --faults or --seed
+    #[arg(long, value_name = "FILE|JSON", conflicts_with_all = ["faults", "seed"])]
     pub schedule: Option<String>,
     /// Replays of each smaller schedule while shrinking (timing varies: it is kept if
     /// it failed in four of five of them, every one of the default three)
@@ -264,10 +266,15 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         None => None,
     };
     let kinds = match &given {
-        Some(schedule) if args.faults.is_empty() => given::kinds(schedule),
-        _ if args.faults.is_empty() => FaultKind::ALL.to_vec(),
+        Some(schedule) => given::kinds(schedule),
+        None if args.faults.is_empty() => FaultKind::ALL.to_vec(),
         _ => once_each(&args.faults),
     };
+    let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
+    if args.time.is_none() {
+        let schedules = ("schedule", "schedules");
+        shard.every_part_plays(args.schedules.into(), schedules, "more --schedules")?;
+    }
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = crate::output::Style::detect(args.json);
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
@@ -330,7 +337,6 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         let setup = ground.setup(args.design, given.is_some());
         let space = play::space(&setup, args.clients, &kinds);
         let started = Instant::now();
-        let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
         let next = |nth: u64| {
             let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
             let enough = match args.time {
@@ -461,4 +467,28 @@ pub(crate) fn once_each<T: PartialEq + Copy>(asked: &[T]) -> Vec<T> {
 /// How long one schedule's clients work: etcd's sessions take longer to start.
 pub(crate) fn run_ms_of(design: Design) -> u64 {
     if design.uses_etcd() { 2000 } else { 1500 }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// A given schedule's steps are its faults: a --faults or --seed beside it would be
+    /// taken and ignored, so clap refuses the pair (exit 2).
+    #[test]
+    fn a_given_schedule_takes_no_faults_and_no_seed() {
+        let schedule = r#"[{"at_ms": 100, "fault": "kill", "target": "A"}]"#;
+        for (flag, value) in [("--faults", "pause"), ("--seed", "9")] {
+            let argv = ["lockslab", "chaos", "--design", "redis-lock"];
+            let argv = argv
+                .into_iter()
+                .chain(["--schedule", schedule, flag, value]);
+            let err = crate::cli::Cli::try_parse_from(argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{err}"
+            );
+        }
+    }
 }
