@@ -163,8 +163,8 @@ pub struct ChaosArgs {
     /// Do not shrink a failing schedule
     #[arg(long)]
     pub no_shrink: bool,
-    /// Schedules played side by side, each in its own namespace (one that restarts a
-    /// server plays alone)
+    /// Schedules played side by side, each in its own namespace and lane (a restart hits
+    /// only its lane's Redis; one with a leader kill or a failover plays alone)
     #[arg(long, default_value_t = DEFAULT_PARALLEL, value_name = "P",
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub parallel: u32,

@@ -222,7 +222,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
     if !missed.is_empty() {
         crate::prose!(
             "{} {} the labs expect to break {} not broken in these schedules: absence of \
-             evidence, not agreement (they missed the window; more --schedules, or chaos \
+             evidence, not agreement (the schedules missed the window; more --schedules, or chaos \
              --design D --faults F, hunt longer): {}.",
             missed.len(),
             if missed.len() == 1 { "cell" } else { "cells" },
