@@ -95,6 +95,25 @@ fn findings<'a>(verdict: &'a Value, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// A token checked only at the write fails, and the history shows the order that broke it.
+fn caught_at_the_worst_order(name: &str) {
+    python_ready();
+    for seed in 1..=3 {
+        let (code, verdict, output) = challenge(name, seed, &[], &[PYTHON, REFERENCE, "checked"]);
+        if code != 1 {
+            continue;
+        }
+        assert!(kinds(&verdict).iter().any(|k| k == "lost"), "{verdict}");
+        let history = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            history.contains("after its read of r") && history.contains("write first"),
+            "the held newer holder is in the history: {history}"
+        );
+        return;
+    }
+    panic!("checked passed {name} on 3 seeds");
+}
+
 fn passes(name: &str, mode: &str, seed: u64) {
     let (code, verdict) = reference(name, seed, mode);
     assert_eq!(code, 0, "{verdict}");
@@ -171,9 +190,12 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
 /// `fenced` holds its row lock across the pause: nobody writes the row before its held
 /// write lands, so the pause tested nothing (undecided, never a pass); `claimed` holds no
 /// row lock, a newer holder claims the row, and the held write is refused: it bit.
+/// `checked` checks its token at the write only: lockslab holds the newer holder just
+/// after its read and lets the frozen write go first, and both writes are taken.
 #[test]
 fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     caught_within("pause", "setnx", "stale-write", 3);
+    caught_at_the_worst_order("pause");
     let (code, verdict) = reference("pause", 1, "fenced");
     assert_eq!(code, 3, "{verdict}");
     assert_eq!(verdict["faults_bit"], 0, "{verdict}");
@@ -188,6 +210,7 @@ fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
 #[test]
 fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() {
     caught_within("delay", "setnx", "stale-write", 3);
+    caught_at_the_worst_order("delay");
     passes("delay", "claimed", 1);
 }
 

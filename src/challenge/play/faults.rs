@@ -65,7 +65,15 @@ impl Run<'_> {
         if !self.seats[index].client.is_running() {
             return Ok(());
         }
+        let held_after_its_read = (self.overtaking.as_ref()).is_some_and(|o| o.newer == name);
         match action.fault {
+            // Its own pause falls due while lockslab holds it after its read (the worst
+            // order, `overtake`): the pause takes that hold over, and ends when it ends.
+            Fault::Pause if paused && held_after_its_read => {
+                self.overtaking = None;
+                self.faults_played += 1;
+                self.strike("pause", index)?;
+            }
             Fault::Pause if !paused => {
                 let seat = &self.seats[index];
                 self.nemesis.pause(

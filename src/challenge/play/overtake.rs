@@ -23,7 +23,7 @@ use crate::output::human;
 /// A newer holder held just before its write while an older holder's write goes first.
 pub(super) struct Overtake {
     /// The newer holder, frozen.
-    newer: String,
+    pub(super) newer: String,
     /// The older holder let go, and the job whose write it held.
     older: String,
     job: i64,
