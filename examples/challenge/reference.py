@@ -58,7 +58,9 @@ sentinel fenced, on the Redis primary the Sentinels name (failover), with a toke
         written. The check refuses a smaller token, but lets an equal one
         through, and the counter climbs back to it: one token, two writes.
 sequence sentinel, with the token from a Postgres sequence instead: the database
-        that keeps the records keeps the counter, and it never goes back.
+        that keeps the records keeps the counter, and it never goes back (as
+        long as that Postgres keeps what it commits: fsync and synchronous_commit
+        on; the challenge's private one runs with fsync off and is never crashed).
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.

@@ -39,8 +39,8 @@ fn minus(a: &[String], b: &[String]) -> Vec<String> {
 }
 
 /// What a stale write did to `whose` items, as a verb phrase ("erased j1, j4 from r0's
-/// items"); empty when neither an entry was dropped nor a wrong one added (the items were
-/// only reordered, or were right).
+/// items"; "put j2 elsewhere than at the end of r0's items" when the entries are all there
+/// in another order); empty when they were right.
 pub(super) fn fault_words(
     append: &str,
     erased: &[String],
@@ -57,7 +57,7 @@ pub(super) fn fault_words(
             added.join(", ")
         )
     } else {
-        String::new()
+        format!("put {append} elsewhere than at the end of {whose}")
     }
 }
 
@@ -156,6 +156,7 @@ impl Gone {
 mod tests {
     use super::super::tests::{change, clean_run, evidence};
     use super::super::{Grade, check};
+    use super::fault_words;
 
     fn items(entries: &[&str]) -> Vec<String> {
         entries.iter().map(|e| e.to_string()).collect()
@@ -222,6 +223,18 @@ mod tests {
     }
 
     /// Job 2's write put j1 in again: j1 twice in r0's items, though job 1 changed r0 once.
+    #[test]
+    fn an_entry_put_first_says_so() {
+        assert_eq!(
+            fault_words("j2", &[], &items(&["j2"]), "r0's items"),
+            "put j2 elsewhere than at the end of r0's items"
+        );
+        assert_eq!(
+            fault_words("j2", &[], &[], "r0's items"),
+            "did not append j2 to r0's items"
+        );
+    }
+
     #[test]
     fn an_entry_twice_in_the_final_items_is_doubled() {
         let mut run = clean_run();
