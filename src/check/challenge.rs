@@ -402,9 +402,10 @@ impl Problem {
                 if new_value - old_value == *add {
                     let whose = format!("{record}'s items");
                     match items::fault_words(append, erased, added, &whose) {
+                        // Every entry there, in another order.
                         words if words.is_empty() => format!(
-                            "stale write: job {job}'s change #{seq} of {record} is not what \
-                             the job meant"
+                            "stale write: job {job} put {append} elsewhere than at the end of \
+                             {whose} (change #{seq})"
                         ),
                         words => format!("stale write: job {job} {words} (change #{seq})"),
                     }

@@ -39,8 +39,8 @@ fn minus(a: &[String], b: &[String]) -> Vec<String> {
 }
 
 /// What a stale write did to `whose` items, as a verb phrase ("erased j1, j4 from r0's
-/// items"; "put j2 elsewhere than at the end of r0's items" when the entries are all there
-/// in another order); empty when they were right.
+/// items"); empty when neither an entry was dropped nor a wrong one added (the items were
+/// only reordered, or were right: the caller knows which).
 pub(super) fn fault_words(
     append: &str,
     erased: &[String],
@@ -57,7 +57,7 @@ pub(super) fn fault_words(
             added.join(", ")
         )
     } else {
-        format!("put {append} elsewhere than at the end of {whose}")
+        String::new()
     }
 }
 
@@ -225,9 +225,12 @@ mod tests {
     /// Job 2's write put j1 in again: j1 twice in r0's items, though job 1 changed r0 once.
     #[test]
     fn an_entry_put_first_says_so() {
+        let mut run = clean_run();
+        run.changes[1].new_items = items(&["j2", "j1"]);
+        run.finals[0].items = items(&["j2", "j1"]);
         assert_eq!(
-            fault_words("j2", &[], &items(&["j2"]), "r0's items"),
-            "put j2 elsewhere than at the end of r0's items"
+            check(&run).problems[0].describe(),
+            "stale write: job 2 put j2 elsewhere than at the end of r0's items (change #2)"
         );
         assert_eq!(
             fault_words("j2", &[], &[], "r0's items"),
