@@ -11,7 +11,8 @@
 #
 # CLIENT is the program run with the mode as its last argument (default: reference.py under
 # /usr/bin/python3); for the Rust references, after `cargo build --release --example
-# challenge`: CLIENT=./target/release/examples/challenge.
+# challenge`: CLIENT=./target/release/examples/challenge. KEEP=DIR keeps every run's output
+# in DIR/challenge-mode/SEED.
 set -u
 N=$1; shift
 LOCKSLAB=${LOCKSLAB:-lockslab}
@@ -22,7 +23,11 @@ export LOCKSLAB CLIENT
 for pair in "$@"; do
     challenge=${pair%%:*}; mode=${pair#*:}
     # One line per seed: "seed exit-status".
-    logs=$(mktemp -d)
+    if [ -n "${KEEP:-}" ]; then
+        logs="$KEEP/$challenge-$mode"; mkdir -p "$logs"
+    else
+        logs=$(mktemp -d)
+    fi
     results=$(seq 1 "$N" | xargs -P "$JOBS" -I SEED sh -c '
         timeout -s INT 30 "$LOCKSLAB" challenge "$1" --seed SEED -- $CLIENT "$2" \
             >"$3/SEED" 2>&1
@@ -38,10 +43,12 @@ for pair in "$@"; do
     odd=$(echo "$results" | awk -v c="$common" '$2 != c {print $1 "→" $2}' | sort -n | tr '\n' ' ')
     if [ -n "$odd" ]; then
         echo "  seeds (exit status) not $common: $odd"
-        # What each odd run said last (an error of lockslab's own is exit status 4).
+        # Why each odd run ended as it did: its first finding ("- ") or undecided reason
+        # ("? "), else its last line (an error of lockslab's own is exit status 4).
         for seed in $(echo "$results" | awk -v c="$common" '$2 != c {print $1}' | sort -n); do
-            echo "    $seed: $(grep -v '^\s*$' "$logs/$seed" | tail -1 | cut -c1-100)"
+            why=$(grep -m1 -E '^  [-?] ' "$logs/$seed" || grep -v '^\s*$' "$logs/$seed" | tail -1)
+            echo "    $seed: $(echo "$why" | sed 's/^ *//' | cut -c1-150)"
         done
     fi
-    rm -rf "$logs"
+    [ -n "${KEEP:-}" ] || rm -rf "$logs"
 done

@@ -195,12 +195,16 @@ impl Challenge {
                 // not yet answered — dealt in turn from a drawn start, so that three
                 // clients with notes cover all three in every run: a client wrong at one
                 // moment only is caught on every seed, not on the seeds that drew it.
+                // A kill aimed at a note lands the moment lockslab reads it, before the
+                // client's next line: a job done twice (exactly-once) answers within a
+                // millisecond of taking the lock, and a kill even 2ms later finds it
+                // between jobs.
                 let first = rng.below(3);
                 for (i, (name, notes)) in clients.iter().enumerate() {
                     let (event, at_ms) = match (*notes, (first + i as u64) % 3) {
                         (false, _) => (Kind::JobSent, rng.below(30)),
-                        (true, 0) => (Kind::Acquired, rng.below(3)),
-                        (true, 1) => (Kind::Working, rng.below(3)),
+                        (true, 0) => (Kind::Acquired, 0),
+                        (true, 1) => (Kind::Working, 0),
                         (true, _) => (Kind::Released, 0),
                     };
                     steps.push(Step {

@@ -709,10 +709,8 @@ pub fn check(evidence: &Evidence) -> Report {
             .problems
             .extend(stuck_locks(&evidence.moments, bound_ms));
     }
-    let missed: Vec<String> = evidence
-        .strikes
-        .iter()
-        .filter_map(|s| s.missed(&jobs, &changes))
+    let missed: Vec<(&str, String)> = (evidence.strikes.iter())
+        .filter_map(|s| Some((s.fault, s.missed(&jobs, &changes)?)))
         .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
@@ -723,13 +721,19 @@ pub fn check(evidence: &Evidence) -> Report {
         report.undecided.extend(evidence.unplayed.iter().cloned());
     }
     if !missed.is_empty() {
+        let why = if missed.iter().all(|(fault, _)| *fault == "kill") {
+            "no client was killed while it held a job"
+        } else {
+            "no job's write was held up while another client wrote its record"
+        };
         report.undecided.push(format!(
-            "{} of {} faults that played missed: no job's write was held up while another client \
-             wrote its record",
+            "{} of {} faults that played missed: {why}",
             missed.len(),
             evidence.faults_played
         ));
-        report.undecided.extend(missed);
+        report
+            .undecided
+            .extend(missed.into_iter().map(|(_, line)| line));
     }
     report
 }
@@ -1173,6 +1177,10 @@ mod tests {
         assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
         let said = report.undecided.join("\n");
         assert!(said.contains("killed c2 between jobs"), "{said}");
+        assert!(
+            said.contains("missed: no client was killed while"),
+            "{said}"
+        );
         run.strikes = vec![kill(None, false)];
         assert!(
             check(&run)
