@@ -215,6 +215,11 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#""event": "acquired""#,
         ),
         ("{}", "neither a JSON array"),
+        // A misspelt fault: the faults chaos plays, not every name the engine knows.
+        (
+            r#"[{"at_ms":0,"fault":"pauze","target":"A","duration_ms":900}]"#,
+            "chaos plays pause, resume, kill",
+        ),
         // A network step: a delay with no length, a lost reply on a path the design lacks.
         (
             r#"[{"at_ms":0,"fault":"delay","target":"A→store"}]"#,

@@ -42,6 +42,10 @@ pub fn kinds(schedule: &Schedule) -> Vec<generate::FaultKind> {
     kinds
 }
 
+/// The faults a given schedule's steps may name.
+const CHAOS_PLAYS: &str = "chaos plays pause, resume, kill, restart, delay, drop_reply (also \
+     read as lost-reply), cut and clock_step (a lock server's clock jump, simulated)";
+
 /// The events a chaos client reports, which a step's `after.event` may name.
 const CLIENT_EVENTS: &str = "acquired, read_record, working, wrote, released";
 
@@ -53,6 +57,11 @@ fn tidy(json: &mut serde_json::Value) -> Result<()> {
         return Ok(());
     };
     for step in steps {
+        if let Some(fault) = step.get("fault")
+            && serde_json::from_value::<crate::nemesis::Fault>(fault.clone()).is_err()
+        {
+            crate::bail_usage!("--schedule: {CHAOS_PLAYS}; not {fault}");
+        }
         if let Some(Value::String(target)) = step.get_mut("target") {
             *target = target.replace("->", "→");
         }
@@ -183,12 +192,7 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
                 | Fault::Cut
                 | Fault::ClockStep
         ) {
-            crate::bail_usage!(
-                "--schedule: chaos plays pause, resume, kill, restart, delay, drop_reply \
-                 (also read as lost-reply), cut and clock_step (a lock server's clock jump, \
-                 simulated); not {}",
-                step.fault.as_str()
-            );
+            crate::bail_usage!("--schedule: {CHAOS_PLAYS}; not {}", step.fault.as_str());
         }
         if step.fault == Fault::Pause {
             match step.duration_ms {
