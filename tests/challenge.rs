@@ -621,7 +621,12 @@ import json, sys, psycopg2
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"]); cur = db.cursor()
 cur.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
-print("connected-as-%s-super-%s" % cur.fetchone(), flush=True)
+said = "connected-as-%s-super-%s" % cur.fetchone()
+# What the role may own or be granted outside the run's schema: dropped with the role.
+cur.execute("SELECT lo_create(0)")
+cur.execute("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC")
+db.commit()
+print(said, flush=True)
 "#;
     let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
     let superuser = format!("{server}/lockslab");
@@ -653,6 +658,14 @@ print("connected-as-%s-super-%s" % cur.fetchone(), flush=True)
         .unwrap()
         .get(0);
     assert_eq!(left, 0, "the run's role {role} was not dropped");
+    let objects: i64 = db
+        .query_one("SELECT count(*) FROM pg_largeobject_metadata", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        objects, 0,
+        "the large object the client made outlived its role"
+    );
 }
 
 #[test]

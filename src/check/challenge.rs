@@ -144,6 +144,8 @@ pub struct Strike {
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
+    /// The job of that newer holder, whose write shows whether it had really read first.
+    pub overtaken_by: Option<i64>,
 }
 
 impl Strike {
@@ -211,10 +213,28 @@ impl Strike {
                  meanwhile proves nothing (say `writing` between your read and your write)"
             ));
         }
+        if let Some(read_late) = self.read_after_the_fault(job, jobs, changes) {
+            return Some(read_late);
+        }
         if self.overtaken {
             // Its write went out between a newer holder's read and that holder's write: an
-            // accepted write there is stale, and only a fence at the read refuses it.
-            return None;
+            // accepted write there is stale, and only a fence at the read refuses it —
+            // unless the newer holder had not read yet (its `writing` note came before its
+            // read): then it read this write, and the order tested nothing.
+            let own = &jobs.get(&job)?.append;
+            let newer = self.overtaken_by.and_then(|newer| {
+                let write = changes.iter().find(|c| c.job == Some(newer))?;
+                write.new_items.contains(own).then_some((newer, write.seq))
+            });
+            return newer.map(|(newer, seq)| {
+                format!(
+                    "{} {who} and held the newer holder of {record} at its `writing` note for \
+                     job {newer}, but that holder had not read {record} yet: its write (change \
+                     #{seq}) holds {own}, job {job}'s entry, so its `writing` note came before \
+                     its read, not between its read and its write",
+                    self.verb()
+                )
+            });
         }
         let landed = first.filter(|(at_us, _)| *at_us >= self.at_us);
         let meanwhile = changes.iter().any(|c| {
@@ -234,6 +254,37 @@ impl Strike {
                  so even an unfenced late write was right"
             )
         })
+    }
+
+    /// What a client read is in what it wrote: its items, but for its own entry at the end.
+    /// An entry there that another job's change committed after the fault began was read
+    /// after the fault — the `writing` note came before the read, not between the read and
+    /// the write, and the fault froze (or held) a client with nothing read to go stale.
+    fn read_after_the_fault(
+        &self,
+        job: i64,
+        jobs: &BTreeMap<i64, &JobSpec>,
+        changes: &[Change],
+    ) -> Option<String> {
+        let write = changes.iter().find(|c| c.job == Some(job))?;
+        let own = &jobs.get(&job)?.append;
+        let read = write.new_items.iter().filter(|entry| *entry != own);
+        let committed_at = |entry: &String| {
+            let (&other, _) = jobs.iter().find(|(_, spec)| spec.append == *entry)?;
+            let change = changes.iter().find(|c| c.job == Some(other))?;
+            Some((change.at_us?, change.seq))
+        };
+        let (entry, at_us, seq) = read
+            .filter_map(|entry| committed_at(entry).map(|(at, seq)| (entry, at, seq)))
+            .find(|(_, at_us, seq)| *at_us > self.at_us && *seq < write.seq)?;
+        Some(format!(
+            "{} {} before its read of job {job}: it wrote back {entry}, which change #{seq} \
+             committed {}ms after the fault began, so its `writing` note came before its \
+             read, not between its read and its write",
+            self.verb(),
+            self.client,
+            (at_us - self.at_us) / 1000
+        ))
     }
 
     fn verb(&self) -> &'static str {
@@ -708,6 +759,18 @@ pub fn check(evidence: &Evidence) -> Report {
         report
             .problems
             .extend(stuck_locks(&evidence.moments, bound_ms));
+        // A dead holder's lock is seen from its `acquired` and the next holder's: a client
+        // that sends no notes cannot show whether it left its lock stuck past the bound.
+        let silent = (evidence.strikes.iter())
+            .find(|s| s.fault == "kill" && !s.notes && !s.answered && s.job.is_some());
+        if let Some(strike) = silent {
+            report.undecided.push(format!(
+                "a lock left by a dead holder is read from the clients' `acquired` notes, and \
+                 {} sends none: whether its lock kept the next client waiting past {bound_ms}ms \
+                 is unchecked (say `ready` with notes, and `acquired` when you hold the lock)",
+                strike.client
+            ));
+        }
     }
     let missed: Vec<(&str, String)> = (evidence.strikes.iter())
         .filter_map(|s| Some((s.fault, s.missed(&jobs, &changes)?)))
@@ -1072,11 +1135,24 @@ mod tests {
             notes: true,
             ..Strike::default()
         };
-        // Job 2's write is change #2 at 2s; job 1 wrote r0 at 1s, between the fault and it.
+        // Job 2's write is change #2 at 2s; job 1 wrote r0 at 1s, between the fault and it,
+        // and job 2's write holds j1: its client read r0 after the fault began (its
+        // `writing` note came before its read), so nothing it had read could go stale.
         run.strikes = vec![strike(Some(2), 500_000)];
         let report = check(&run);
-        assert_eq!(report.grade(), Grade::Pass, "{report:?}");
-        assert_eq!(report.faults_bit, 1);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert_eq!(report.faults_bit, 0);
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("paused c1 before its read of job 2: it wrote back j1, which change #1 committed 500ms after the fault began"),
+            "{said}"
+        );
+        // The same write refused instead (the client answered `fail`): fenced out, it bit.
+        let mut refused = strike(Some(2), 500_000);
+        refused.refused = true;
+        run.strikes = vec![refused];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
         // Held as long, but nobody wrote r0 from 1.5s until job 2's write: even an unfenced
         // late write was right, so it missed, and a run whose faults all missed is undecided.
         run.strikes = vec![strike(Some(2), 1_500_000)];
@@ -1103,6 +1179,21 @@ mod tests {
         overtaken.overtaken = true;
         run.strikes = vec![overtaken];
         assert_eq!(check(&run).faults_bit, 1);
+        // Job 1's write let go first, held until job 2's client said `writing`; but job 2's
+        // write holds j1: that client read r0 after job 1's write, its note came before its
+        // read, and the order tested nothing.
+        let mut early = strike(Some(1), 500_000);
+        (early.overtaken, early.overtaken_by) = (true, Some(2));
+        run.strikes = vec![early];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("that holder had not read r0 yet"),
+            "{report:?}"
+        );
         // Frozen after its write: its `writing` note came late. Never a pass.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         let report = check(&run);
@@ -1188,5 +1279,17 @@ mod tests {
                 .join("")
                 .contains("before its first job")
         );
+        // Under crash's stuck-lock bound, a kill that bit on a client with no notes leaves
+        // the bound unchecked (its lock is seen only from its notes): never a pass.
+        run.stuck_bound_ms = Some(2000);
+        run.strikes = vec![kill(Some(2), false)];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 1));
+        assert!(
+            report.undecided.join("").contains("c2 sends none"),
+            "{report:?}"
+        );
+        run.strikes[0].notes = true;
+        assert_eq!(check(&run).grade(), Grade::Pass);
     }
 }

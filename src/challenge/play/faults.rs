@@ -118,6 +118,7 @@ impl Run<'_> {
                     client: name.clone(),
                     job: current.or(seat.last_job),
                     answered: current.is_none() && seat.last_job.is_some(),
+                    notes: seat.notes,
                     ..Strike::default()
                 });
                 let seat = &mut self.seats[index];
@@ -179,6 +180,7 @@ impl Run<'_> {
             released,
             refused: false,
             overtaken: false,
+            overtaken_by: None,
         });
         Ok(())
     }
@@ -200,10 +202,12 @@ impl Run<'_> {
                 "`acquired` note"
             } else if anchor.event == Kind::Released.into() {
                 "`released` note"
+            } else if anchor.event == Kind::JobAnswered.into() {
+                "answer"
             } else {
                 "job"
             };
-            let promised = if moment == "job" {
+            let promised = if !moment.ends_with("note") {
                 ""
             } else {
                 " (it promised notes when it said ready)"

@@ -308,12 +308,34 @@ impl Run<'_> {
         });
     }
 
-    /// Records an event in a client's lane, and shows it to the schedule's player.
+    /// Records an event in a client's lane, and shows it to the schedule's player (an
+    /// answer was shown to it before it was read: `killed_as_it_answers`).
     fn note(&mut self, worker: &str, what: What, text: String) {
+        let answer = matches!(what, What::JobAnswered(_));
         self.tape.record(Event::new(worker, what, text));
-        if let (Some(player), Some(event)) = (self.player.as_mut(), self.tape.events.last()) {
+        if let (Some(player), Some(event), false) =
+            (self.player.as_mut(), self.tape.events.last(), answer)
+        {
             player.observe(event);
         }
+    }
+
+    /// Shows the schedule's player a client's answer before lockslab reads it, and plays
+    /// what falls due: a kill aimed at the answer lands first, and the answer dies unread
+    /// with the client — its job done, never answered, and sent again. Whether it did.
+    fn killed_as_it_answers(&mut self, name: &str, job: i64) -> Result<bool> {
+        let Some(player) = self.player.as_mut() else {
+            return Ok(false);
+        };
+        let answer = ChallengeJob {
+            job,
+            ..ChallengeJob::default()
+        };
+        let mut event = Event::new(name, What::JobAnswered(answer), String::new());
+        event.t_ms = self.tape.start.elapsed().as_millis() as u64;
+        player.observe(&event);
+        self.play_due()?;
+        Ok(self.killed.contains(name))
     }
 
     fn drive(&mut self) -> Result<()> {
@@ -367,6 +389,11 @@ impl Run<'_> {
                 if let Some(seat) = self.seat(&name) {
                     seat.heard_at = Some(at);
                 }
+                if let FromClient::Ok { job } | FromClient::Fail { job, .. } = &said
+                    && self.killed_as_it_answers(&name, *job)?
+                {
+                    return Ok(());
+                }
                 self.said(&name, said)
             }
             Heard::Garbage(name, line) => {
@@ -397,6 +424,10 @@ impl Run<'_> {
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
+                let how = match &status {
+                    Some(status) => format!("exited ({status})"),
+                    None => "closed its stdout, and was still running 1s later".to_string(),
+                };
                 if job == Some(0) && none_ready {
                     // No client got as far as ready: the program could not start here (a
                     // missing module, a wrong path), so there is nothing to grade.
@@ -410,10 +441,18 @@ impl Run<'_> {
                         ),
                         line => format!("its last stderr line: {line}"),
                     };
+                    // Exit status 0 and not a word: a program that does not speak the
+                    // protocol, not a machine that lacks something.
+                    let see = if status.as_deref() == Some("exit status: 0")
+                        && last == "nothing on stderr"
+                    {
+                        "a client says `ready` first, and then answers jobs until its stdin \
+                         closes (docs/challenge.md)"
+                    } else {
+                        "see `lockslab doctor`"
+                    };
                     anyhow::bail!(
-                        "client {name} exited ({}) before any client said ready, {last}; \
-                         see `lockslab doctor`",
-                        status.unwrap_or_else(|| "closed its stdout".into())
+                        "client {name} {how} before any client said ready, {last}; {see}"
                     );
                 }
                 let during = match job {
@@ -425,10 +464,11 @@ impl Run<'_> {
                     words if words.is_empty() => String::new(),
                     words => format!("; its stderr ended: {words}"),
                 };
-                Err(failed(format!(
-                    "client {name} exited by itself ({}){during}{last_words}",
-                    status.unwrap_or_else(|| "closed its stdout".into())
-                )))
+                let how = match status {
+                    Some(status) => format!("exited by itself ({status})"),
+                    None => how,
+                };
+                Err(failed(format!("client {name} {how}{during}{last_words}")))
             }
         }
     }
@@ -523,6 +563,7 @@ impl Run<'_> {
     }
 
     fn hand_out(&mut self) {
+        self.records_of_held_writes_first();
         while let Some(&job) = self.pending.front() {
             if self.player.is_none() {
                 return;
@@ -575,6 +616,28 @@ impl Run<'_> {
             );
             self.note(&name, What::JobSent(facts), text);
             self.moment(&name, job, Moment::Wants);
+        }
+    }
+
+    /// `pause`, `delay`: a held write tests something only if a newer holder of its record
+    /// comes while it is held, so a job waiting on that record goes first in line (the seed
+    /// fixes the jobs, not the order the clients take them in).
+    fn records_of_held_writes_first(&mut self) {
+        if !matches!(self.setup.challenge, Challenge::Pause | Challenge::Delay) {
+            return;
+        }
+        let paused = self.nemesis.paused();
+        let held: Vec<&str> = (self.seats.iter())
+            .filter(|s| {
+                paused.contains(&s.client.name) || self.held_writes.contains(&s.client.name)
+            })
+            .filter_map(|s| s.job.map(|(job, _)| job).filter(|&job| job > 0))
+            .map(|job| self.spec(job).record.as_str())
+            .collect();
+        let waiting =
+            (self.pending.iter()).position(|&job| held.contains(&self.spec(job).record.as_str()));
+        if let Some(job) = waiting.and_then(|at| self.pending.remove(at)) {
+            self.pending.push_front(job);
         }
     }
 

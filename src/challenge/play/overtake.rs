@@ -97,6 +97,7 @@ impl Run<'_> {
             .filter(|s| s.client == older_name && s.job == Some(older_job) && !s.answered);
         for strike in bit {
             strike.overtaken = true;
+            strike.overtaken_by = Some(job);
         }
         self.overtaking = Some(Overtake {
             newer,

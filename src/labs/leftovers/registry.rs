@@ -93,13 +93,18 @@ pub fn challenge_role_of(run_id: &str) -> String {
 }
 
 /// Drops a challenge run's client role if it is there, once the run's schema (which holds
-/// its grants and its own tables) is gone. A no-op where no such role exists, so a role
-/// that may not drop roles can still sweep a run that made none.
+/// its grants and its own tables) is gone, with whatever else the client made it own or
+/// be granted outside the schema (a large object, default privileges): `DROP OWNED`, which
+/// wants the role's privileges — a role that only may create roles takes them first. A
+/// no-op where no such role exists, so a role that may not drop roles can still sweep a
+/// run that made none.
 pub fn drop_challenge_role(run_id: &str) -> String {
     let role = challenge_role_of(run_id);
     format!(
         "DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
-         DROP ROLE {role}; END IF; END $$"
+         IF NOT pg_has_role(current_user, '{role}', 'USAGE') THEN \
+         GRANT {role} TO CURRENT_USER; END IF; \
+         DROP OWNED BY {role}; DROP ROLE {role}; END IF; END $$"
     )
 }
 
