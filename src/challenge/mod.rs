@@ -101,6 +101,11 @@ pub struct ChallengeArgs {
 
 /// `lockslab challenge …`.
 pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
+    // The template is the same for every challenge: no name needed.
+    if let Some(language) = &args.template {
+        crate::output::line(verdict::template(language));
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.name == "list" {
         verdict::list();
         return Ok(ExitCode::SUCCESS);
@@ -112,10 +117,6 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
             Challenge::ALL.map(|c| c.name()).join(", ")
         );
     };
-    if let Some(language) = &args.template {
-        crate::output::line(verdict::template(language));
-        return Ok(ExitCode::SUCCESS);
-    }
     if args.program.is_empty() {
         crate::bail_usage!(
             "name the client to run after `--`: lockslab challenge {} -- python3 client.py",
@@ -294,7 +295,15 @@ fn grade(
     });
     removal.now(&outcome);
     let (played, evidence) = outcome?;
-    let report = crate::check::challenge::check(&evidence);
+    let mut report = crate::check::challenge::check(&evidence);
+    if played.client_failure.is_some() {
+        // The run stopped at the client's failure: the jobs not done by then were never
+        // given a chance, and forty "never done" lines would bury the one that matters.
+        use crate::check::challenge::Problem;
+        report
+            .problems
+            .retain(|p| !matches!(p, Problem::NeverDone { .. }));
+    }
     let grade = if played.client_failure.is_some() {
         Grade::Fail
     } else {
