@@ -1,5 +1,6 @@
 //! Reference clients for `lockslab challenge`, in Rust, broken and fixed side by side (the
-//! Python ones, with two more modes, are in reference.py beside this file):
+//! Python ones, with three more modes, `checked`, `long` and `late`, are in reference.py
+//! beside this file):
 //!
 //! ```text
 //! cargo build --example challenge
@@ -38,7 +39,11 @@
 //! - `sentinel`: fenced, on the Redis primary the Sentinels name (`failover`), with a token
 //!   per record from `INCR` there. The promoted replica missed the last `INCR`s: its tokens
 //!   start again below those written, and the check lets an equal one through.
-//! - `sequence`: sentinel, with the token from a Postgres sequence: it never goes back.
+//! - `sequence`: sentinel, with the token from a Postgres sequence: it never goes back as long
+//!   as that Postgres keeps what it commits (`fsync` and `synchronous_commit` on) and is not
+//!   failed over to an asynchronous standby (values handed out on the old primary can be
+//!   handed out again there). The challenge's private Postgres runs with `fsync` and
+//!   `synchronous_commit` off and is never crashed.
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
@@ -85,11 +90,13 @@ impl Redis {
             let Ok(mut asked) = open(&format!("redis://default:{password}@{sentinel}")) else {
                 continue;
             };
-            let primary: Option<(String, u16)> = redis::cmd("SENTINEL")
+            let Ok(primary) = redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
                 .arg(self.init["master_name"].as_str()?)
-                .query(&mut asked)
-                .ok()?;
+                .query::<Option<(String, u16)>>(&mut asked)
+            else {
+                continue; // this Sentinel did not answer: ask the next
+            };
             if let Some((host, port)) = primary {
                 return open(&format!("redis://default:{password}@{host}:{port}")).ok();
             }

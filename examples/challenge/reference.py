@@ -36,8 +36,9 @@ checked setnx + a fencing token (Redis INCR) checked only at the write: the UPDA
 fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         That transaction stays open across the work, so its row lock is what
-        passes pause and delay: a frozen or delayed holder keeps the row and
-        the others wait for it; the token never has a newer write to refuse.
+        keeps pause and delay from catching it: a frozen or delayed holder keeps
+        the row and the others wait for it; the token never has a newer write to
+        refuse, the faults miss, and the run is undecided (exit 3), never a pass.
         A holder killed after its commit, before its answer, has its job resent:
         done twice. A job delivered twice is done twice, too.
 claimed setnx + a token that claims the row before the read, in its own short
@@ -58,9 +59,12 @@ sentinel fenced, on the Redis primary the Sentinels name (failover), with a toke
         written. The check refuses a smaller token, but lets an equal one
         through, and the counter climbs back to it: one token, two writes.
 sequence sentinel, with the token from a Postgres sequence instead: the database
-        that keeps the records keeps the counter, and it never goes back (as
-        long as that Postgres keeps what it commits: fsync and synchronous_commit
-        on; the challenge's private one runs with fsync off and is never crashed).
+        that keeps the records keeps the counter, and it never goes back as
+        long as that Postgres keeps what it commits (fsync and synchronous_commit
+        on) and is not failed over to an asynchronous standby (values handed out
+        on the old primary can be handed out again there). The challenge's
+        private Postgres runs with fsync and synchronous_commit off and is never
+        crashed.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -240,7 +244,7 @@ for line in sys.stdin:
     if lock:
         try:
             r.eval(RELEASE, 1, lock[0], lock[1])
-        except redis.exceptions.ConnectionError:
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             pass  # the primary died with the lock on it: nothing left to release there
         say(type="released", job=job["id"])
     if done:

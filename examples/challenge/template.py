@@ -23,6 +23,9 @@ def say(**message):
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"])
 r = redis.Redis.from_url(init["redis_url"])  # for your lock; keys start with init["key_prefix"]
+# Under `failover` the redis_url primary dies mid-run: ask the Sentinels in init["sentinels"]
+# ("host:port" strings) for the primary of init["master_name"] (they and the Redis servers
+# demand init["redis_password"]), and ask them again when your connection fails.
 table = init["table"]
 say(type="ready", notes=True)
 

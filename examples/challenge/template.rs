@@ -22,9 +22,13 @@ fn say(message: Value) {
 fn main() {
     let mut lines = std::io::stdin().lock().lines();
     let init: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let mut db = postgres::Client::connect(init["postgres_url"].as_str().unwrap(), postgres::NoTls)
-        .unwrap();
-    // For your lock; every key starts with init["key_prefix"].
+    let mut db =
+        postgres::Client::connect(init["postgres_url"].as_str().unwrap(), postgres::NoTls).unwrap();
+    // For your lock; every key starts with init["key_prefix"]. Under `failover` the
+    // redis_url primary dies mid-run: ask the Sentinels in init["sentinels"] ("host:port"
+    // strings) for the primary of init["master_name"] (SENTINEL get-master-addr-by-name;
+    // they and the Redis servers demand init["redis_password"]), and ask them again when your
+    // connection fails.
     let _redis = redis::Client::open(init["redis_url"].as_str().unwrap()).unwrap();
     let table = init["table"].as_str().unwrap().to_string();
     say(json!({"type": "ready", "notes": true}));
