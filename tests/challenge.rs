@@ -236,6 +236,40 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
     }
 }
 
+/// The other lie: `writing` said before the read. A fault aimed there lands before
+/// anything was read, and the worst order holds a newer holder that has not read yet: the
+/// grader sees it in the items the writes carry. It fails or is undecided, never a pass.
+#[test]
+fn a_writing_note_sent_before_the_read_never_passes() {
+    for name in ["pause", "delay"] {
+        for seed in [1, 2] {
+            let (code, verdict) = reference(name, seed, "early");
+            assert!(code == 1 || code == 3, "{name} {seed}: {verdict}");
+            if code == 3 {
+                let said = verdict["undecided"].to_string();
+                assert!(
+                    said.contains("had not read") || said.contains("before its read"),
+                    "{said}"
+                );
+            }
+        }
+    }
+}
+
+/// A client that sends no notes is killed as its answer comes (the answer dies with it):
+/// the resent job is done twice, and the fenced client without notes fails crash as the
+/// one with notes does.
+#[test]
+fn crash_kills_a_client_without_notes_as_its_answer_comes() {
+    let (code, verdict) = reference("crash", 1, "quiet");
+    assert_eq!(code, 1, "{verdict}");
+    assert!(!findings(&verdict, "doubled").is_empty(), "{verdict}");
+    assert!(
+        verdict["undecided"].to_string().contains("sends none"),
+        "{verdict}"
+    );
+}
+
 /// A third of the jobs delivered twice, and clients killed: a fenced lock applies a
 /// delivered-again job again; recording the job as done with its effect does not.
 #[test]

@@ -1,5 +1,5 @@
 //! Reference clients for `lockslab challenge`, in Rust, broken and fixed side by side (the
-//! Python ones, with three more modes, `checked`, `long` and `late`, are in reference.py
+//! Python ones, with five more modes, `checked`, `long`, `late`, `early` and `quiet`, are in reference.py
 //! beside this file):
 //!
 //! ```text

@@ -17,6 +17,8 @@
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py once   # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py late      # undecided
     lockslab challenge delay   -- python3 examples/challenge/reference.py late      # undecided
+    lockslab challenge pause   -- python3 examples/challenge/reference.py early     # never passes
+    lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
 
@@ -51,6 +53,13 @@ once    fenced + the job recorded as done in the same transaction: a resent (or
 late    setnx that lies: it says `writing` only after its write committed, so the
         faults aimed at that note find nothing left to hold up. They missed: the
         run is undecided, never a pass (the grader reads when the write landed).
+early   setnx that lies the other way: it says `writing` before its read. A fault
+        aimed at that note lands before anything was read; the grader sees, in
+        the items each write carries, that the read came after the fault. The
+        run is undecided or fails, never a pass.
+quiet   fenced, sending no notes at all (`ready` with notes false). Faults are
+        then aimed at its jobs and answers: `crash` kills it as its answer comes,
+        the answer dies with it, and the resent job is done twice.
 long    once, with a TTL of ten lease_ms "so that it never expires mid-job": the
         lock of a holder killed holding it keeps everyone waiting its whole TTL.
 sentinel fenced, on the Redis primary the Sentinels name (failover), with a token
@@ -80,9 +89,12 @@ import psycopg2
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
-MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "sentinel",
-         "sequence")
+MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
+         "quiet", "sentinel", "sequence")
 assert MODE in MODES, f"unknown mode {MODE}"
+EARLY, QUIET = MODE == "early", MODE == "quiet"
+MODE = {"early": "setnx", "quiet": "fenced"}.get(MODE, MODE)
+NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
 RELEASE = """
@@ -92,6 +104,8 @@ return 0
 
 
 def say(**message):
+    if QUIET and message["type"] in NOTES:
+        return
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
@@ -118,7 +132,7 @@ if MODE == "sequence":
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
-say(type="ready", notes=True)
+say(type="ready", notes=not QUIET)
 
 
 def retried(call):
@@ -215,6 +229,8 @@ def do(job, token):
             if fence is not None and fence > token:
                 return False
         else:
+            if EARLY:
+                say(type="writing", job=job["id"])  # the lie: before the read
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
             value, items = cur.fetchone()
         if MODE == "once":
@@ -222,7 +238,8 @@ def do(job, token):
                         (job["id"],))
             if cur.rowcount == 0:
                 return True  # done before, by a client that died before answering
-        say(type="writing", job=job["id"])
+        if not EARLY:
+            say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
                     " WHERE record = %s",

@@ -17,10 +17,12 @@ const RUST: &str = include_str!("../../examples/challenge/template.rs");
 
 /// The starting client in `language` (checked by clap to be one of these).
 pub fn template(language: &str) -> &'static str {
-    match language {
+    let text = match language {
         "rust" => RUST,
         _ => PYTHON,
-    }
+    };
+    // Printed as a line: its own last newline would leave a blank one.
+    text.strip_suffix('\n').unwrap_or(text)
 }
 
 /// `lockslab challenge list`.
