@@ -44,9 +44,11 @@ for pair in "$@"; do
     if [ -n "$odd" ]; then
         echo "  seeds (exit status) not $common: $odd"
         # Why each odd run ended as it did: its first finding ("- ") or undecided reason
-        # ("? "), else its last line (an error of lockslab's own is exit status 4).
+        # ("? ", past the count of faults that missed), else its last line (an error of
+        # lockslab's own is exit status 4).
         for seed in $(echo "$results" | awk -v c="$common" '$2 != c {print $1}' | sort -n); do
-            why=$(grep -m1 -E '^  [-?] ' "$logs/$seed" || grep -v '^\s*$' "$logs/$seed" | tail -1)
+            why=$(grep -E '^  [-?] ' "$logs/$seed" | grep -v -m1 'faults that played missed' ||
+                grep -v '^\s*$' "$logs/$seed" | tail -1)
             echo "    $seed: $(echo "$why" | sed 's/^ *//' | cut -c1-150)"
         done
     fi

@@ -101,21 +101,22 @@ pub struct ChallengeArgs {
 
 /// `lockslab challenge …`.
 pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
-    // The template is the same for every challenge: no name needed.
-    if let Some(language) = &args.template {
-        crate::output::line(verdict::template(language));
-        return Ok(ExitCode::SUCCESS);
-    }
-    if args.name == "list" {
-        verdict::list();
-        return Ok(ExitCode::SUCCESS);
-    }
-    let Some(challenge) = Challenge::ALL.into_iter().find(|c| c.name() == args.name) else {
+    let challenge = Challenge::ALL.into_iter().find(|c| c.name() == args.name);
+    if challenge.is_none() && args.name != "list" {
         crate::bail_usage!(
             "no challenge '{}' (there are: list, {})",
             args.name,
             Challenge::ALL.map(|c| c.name()).join(", ")
         );
+    }
+    // The template is the same for every challenge: no name needed.
+    if let Some(language) = &args.template {
+        crate::output::line(verdict::template(language));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(challenge) = challenge else {
+        verdict::list();
+        return Ok(ExitCode::SUCCESS);
     };
     if args.program.is_empty() {
         crate::bail_usage!(

@@ -324,7 +324,11 @@ impl Run<'_> {
     /// what falls due: a kill aimed at the answer lands first, and the answer dies unread
     /// with the client — its job done, never answered, and sent again. Whether it did.
     fn killed_as_it_answers(&mut self, name: &str, job: i64) -> Result<bool> {
-        let Some(player) = self.player.as_mut() else {
+        // An answer for a job it does not hold is said() to fail the client, not counted.
+        let holds = (self.seats.iter()).any(|s| {
+            s.client.name == name && s.ready && s.job.is_some_and(|(held, _)| held == job)
+        });
+        let Some(player) = self.player.as_mut().filter(|_| holds) else {
             return Ok(false);
         };
         let answer = ChallengeJob {
@@ -334,8 +338,22 @@ impl Run<'_> {
         let mut event = Event::new(name, What::JobAnswered(answer), String::new());
         event.t_ms = self.tape.start.elapsed().as_millis() as u64;
         player.observe(&event);
+        let struck = self.strikes.len();
         self.play_due()?;
-        Ok(self.killed.contains(name))
+        if self.killed.contains(name) {
+            let text =
+                format!("its answer to job {job} dies unread with it: the job is sent again");
+            self.tape.record(Event::new(name, What::Output, text));
+            return Ok(true);
+        }
+        // Any other fault that fell due here found the answer already written: the client
+        // was between jobs, not holding one (a `fail` then is no refusal).
+        for strike in &mut self.strikes[struck..] {
+            if strike.client == name {
+                strike.answered = true;
+            }
+        }
+        Ok(false)
     }
 
     fn drive(&mut self) -> Result<()> {

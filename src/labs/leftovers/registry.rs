@@ -98,13 +98,19 @@ pub fn challenge_role_of(run_id: &str) -> String {
 /// wants the role's privileges — a role that only may create roles takes them first. A
 /// no-op where no such role exists, so a role that may not drop roles can still sweep a
 /// run that made none.
+///
+/// A role that still owns something elsewhere (in another database, which `DROP OWNED`
+/// does not reach) stays, with a warning: its failure must not undo the schema's drop in
+/// the same batch.
 pub fn drop_challenge_role(run_id: &str) -> String {
     let role = challenge_role_of(run_id);
     format!(
         "DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
-         IF NOT pg_has_role(current_user, '{role}', 'USAGE') THEN \
+         IF NOT pg_has_role(current_user, '{role}', 'MEMBER') THEN \
          GRANT {role} TO CURRENT_USER; END IF; \
-         DROP OWNED BY {role}; DROP ROLE {role}; END IF; END $$"
+         DROP OWNED BY {role}; DROP ROLE {role}; END IF; \
+         EXCEPTION WHEN OTHERS THEN RAISE WARNING 'lockslab: role {role} left: %', SQLERRM; \
+         END $$"
     )
 }
 
