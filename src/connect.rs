@@ -25,6 +25,8 @@ use crate::deadline;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one command may take before the backend is called unresponsive.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a private Postgres's setup statement may take.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The bound for cleanup after a failure: deleting a run's rows is not worth a long wait.
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_millis(1500);
 
@@ -562,6 +564,12 @@ pub fn postgres(url: &str) -> Result<PgClient> {
     postgres_within(url, COMMAND_TIMEOUT)
 }
 
+/// A Postgres client for a private server's one-off setup (`CREATE DATABASE` copies a
+/// template: seconds on a loaded machine, where a lab's statements take milliseconds).
+pub fn postgres_for_setup(url: &str) -> Result<PgClient> {
+    postgres_within(url, SETUP_TIMEOUT)
+}
+
 /// A Postgres client for cleanup: a short bound, and none at all if this server already
 /// stopped answering during this run.
 pub fn postgres_for_cleanup(url: &str) -> Result<PgClient> {
@@ -587,7 +595,7 @@ fn postgres_within(url: &str, bound: Duration) -> Result<PgClient> {
         .keepalives_idle(Duration::from_secs(5))
         .options(&format!(
             "-c statement_timeout={}",
-            COMMAND_TIMEOUT.as_millis()
+            bound.max(COMMAND_TIMEOUT).as_millis()
         ))
         .application_name("lockslab");
     let (tx, rx) = mpsc::channel();

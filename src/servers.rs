@@ -1006,7 +1006,7 @@ impl PrivateServers {
         };
         let admin = self.urls[index].1.clone();
         let password = &self.secrets.password;
-        let mut client = connect::postgres(&admin)?;
+        let mut client = connect::postgres_for_setup(&admin)?;
         // CREATE DATABASE cannot run inside a transaction block: one statement at a time.
         for statement in [
             format!(
