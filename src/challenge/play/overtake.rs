@@ -92,6 +92,9 @@ impl Run<'_> {
             let note = format!("lets {older_name}'s held bytes go early, after {newer}'s read");
             self.nemesis
                 .heal_net(&mut self.tape, proxy, Direction::Up, note);
+            // Let go early, its bytes are not reported as a late delivery: its write is no
+            // longer held, or every later `writing` on the record would be held for it.
+            self.held_writes.remove(&older_name);
         }
         let bit = (self.strikes.iter_mut())
             .filter(|s| s.client == older_name && s.job == Some(older_job) && !s.answered);
