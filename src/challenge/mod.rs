@@ -297,15 +297,13 @@ fn grade(
     removal.now(&outcome);
     let (played, evidence) = outcome?;
     let mut report = crate::check::challenge::check(&evidence);
-    if played.client_failure.is_some() {
+    let grade = if played.client_failure.is_some() {
         // The run stopped at the client's failure: the jobs not done by then were never
         // given a chance, and forty "never done" lines would bury the one that matters.
         use crate::check::challenge::Problem;
         report
             .problems
             .retain(|p| !matches!(p, Problem::NeverDone { .. }));
-    }
-    let grade = if played.client_failure.is_some() {
         Grade::Fail
     } else {
         report.grade()

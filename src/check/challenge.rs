@@ -202,7 +202,8 @@ impl Strike {
         if self.refused {
             return None;
         }
-        let record = jobs.get(&job)?.record.as_str();
+        let spec = jobs.get(&job)?;
+        let (record, own) = (spec.record.as_str(), spec.append.as_str());
         if !self.notes {
             // Aimed only at the job's arrival: the client may not have read the record yet,
             // and a read after the fault sees every write made meanwhile. Another client's
@@ -213,30 +214,30 @@ impl Strike {
                  meanwhile proves nothing (say `writing` between your read and your write)"
             ));
         }
-        if let Some(read_late) = self.read_after_the_fault(job, jobs, changes) {
+        // The job's first write in the log: what its client had read is in it.
+        let write = changes.iter().find(|c| c.job == Some(job));
+        if let Some(read_late) = write.and_then(|w| self.read_after_the_fault(job, w, own, changes))
+        {
             return Some(read_late);
         }
         if self.overtaken {
             // Its write went out between a newer holder's read and that holder's write: an
             // accepted write there is stale, and only a fence at the read refuses it —
             // unless the newer holder had not read yet (its `writing` note came before its
-            // read): then it read this write, and the order tested nothing.
-            // The change right after the older write on its record, if it is the newer
-            // holder's (a retry of its job by another client read what it should).
-            let own = &jobs.get(&job)?.append;
-            let newer = self.overtaken_by.and_then(|newer| {
-                let older = changes.iter().find(|c| c.job == Some(job))?;
+            // read): then the next write on the record, the newer holder's, holds this
+            // job's entry, and the order tested nothing. (A retry of the newer job by
+            // another client, later, read what it should: only the next write counts.)
+            let newer = self.overtaken_by.zip(write).and_then(|(newer, older)| {
                 let next = (changes.iter()).find(|c| c.record == record && c.seq > older.seq)?;
-                (next.job == Some(newer) && next.new_items.contains(own))
+                (next.job == Some(newer) && next.new_items.iter().any(|e| e == own))
                     .then_some((newer, next.seq))
             });
             return newer.map(|(newer, seq)| {
                 format!(
-                    "{} {who} and held the newer holder of {record} at its `writing` note for \
-                     job {newer}, but that holder had not read {record} yet: its write (change \
-                     #{seq}) holds {own}, job {job}'s entry, so its `writing` note came before \
-                     its read, not between its read and its write",
-                    self.verb()
+                    "{verb} {who} and held the newer holder of {record} at its `writing` note \
+                     for job {newer}, but that holder had not read {record} yet: its write \
+                     (change #{seq}) holds {own}, job {job}'s entry, so its `writing` note came \
+                     before its read, not between its read and its write"
                 )
             });
         }
@@ -267,11 +268,10 @@ impl Strike {
     fn read_after_the_fault(
         &self,
         job: i64,
-        jobs: &BTreeMap<i64, &JobSpec>,
+        write: &Change,
+        own: &str,
         changes: &[Change],
     ) -> Option<String> {
-        let write = changes.iter().find(|c| c.job == Some(job))?;
-        let own = &jobs.get(&job)?.append;
         let read = write.new_items.iter().filter(|entry| *entry != own);
         // Where an entry first appeared in the record's items: the change that put it there,
         // whatever job that change says it was.
