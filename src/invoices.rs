@@ -848,12 +848,14 @@ impl Desk {
         lock.key = key;
         let deadline = Instant::now() + self.lock_wait;
         let mut pause = Duration::from_millis(1);
+        // One owner value for every try of this acquisition (see `try_acquire_as`).
+        let owner = crate::lock::random_owner();
         loop {
             self.tally.round_trips += 1;
             let held = if fenced {
-                lock.try_acquire_fenced(&counter)?
+                lock.try_acquire_fenced_as(&counter, &owner)?
             } else {
-                lock.try_acquire()?
+                lock.try_acquire_as(&owner)?
             };
             if let Some(held) = held {
                 return Ok(held);

@@ -3,6 +3,8 @@
 //! - Lab 4 plays a renewed Redis lock (owner-checked PEXPIRE on a heartbeat) beside the plain
 //!   one: it hands over after a kill about as fast as etcd, fails during a freeze the way etcd
 //!   does, and survives work longer than the plain TTL, which lab 4 now plays (overrun).
+//! - Issue 41: the labs' own Redis lock retries with the owner value drawn for the
+//!   acquisition, the pattern lab 8 marks ✅, and knows its own key after a lost reply.
 //!
 //! Timings are generous bounds only: the machine is shared.
 
@@ -60,6 +62,53 @@ fn renew_extends_our_key_and_never_someone_elses() {
         -2,
         "and the renewal did not recreate it"
     );
+}
+
+/// Lab 8's lost reply, on the labs' own lock: every try of one acquisition sends the value
+/// drawn for it, so a retry after a `SET` whose answer was lost finds its own key — the lock
+/// is its, re-armed for a full TTL — instead of waiting a whole TTL behind itself, as a
+/// retry with a new value does (lab 8 marks that one ❌). With a token, the retry draws a
+/// new one, higher than the lost answer's.
+#[test]
+fn a_retry_after_a_lost_reply_finds_its_own_key_by_its_owner_value() {
+    let key = format!("lockslab:test-corrections:{}:lost-reply", std::process::id());
+    let counter = format!("{key}:token");
+    let ttl = Duration::from_millis(1000);
+    let mut lock = redis_lock(&key, ttl);
+    let owner = lockslab::lock::random_owner();
+    // Redis applies the first try; its answer is lost on the way back (dropped here).
+    drop(lock.try_acquire_as(&owner).unwrap().expect("a fresh key"));
+    std::thread::sleep(Duration::from_millis(300));
+    let held = lock
+        .try_acquire_as(&owner)
+        .unwrap()
+        .expect("the retry finds its own key");
+    assert_eq!(held.owner, owner);
+    assert!(lock.pttl().unwrap() > 800, "re-armed from the retry");
+    // Another value — another client, or a retry with a new value — is refused.
+    assert!(redis_lock(&key, ttl).try_acquire().unwrap().is_none());
+    assert!(lock.release(&held).unwrap());
+
+    let lost = lock
+        .try_acquire_fenced_as(&counter, &owner)
+        .unwrap()
+        .expect("a fresh key");
+    let again = lock
+        .try_acquire_fenced_as(&counter, &owner)
+        .unwrap()
+        .expect("the retry finds its own key");
+    assert!(again.token > lost.token, "{again:?} after {lost:?}");
+    assert!(
+        redis_lock(&key, ttl)
+            .try_acquire_fenced(&counter)
+            .unwrap()
+            .is_none()
+    );
+    assert!(lock.release(&again).unwrap());
+    let _: () = redis::cmd("DEL")
+        .arg(&counter)
+        .query(&mut *lockslab::connect::redis(&servers().redis).unwrap())
+        .unwrap();
 }
 
 /// The heartbeat keeps a short key alive well past its TTL while the process runs, and

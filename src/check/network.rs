@@ -177,8 +177,10 @@ pub struct ReplyEvidence<'a> {
     pub held_by: Option<&'a str>,
     /// How long a retry with a new value waited for the lock.
     pub waited_ms: Option<u64>,
-    /// How long an abandoned key stayed, from A's send to its expiry.
-    pub orphaned_ms: Option<u64>,
+    /// How long the server kept the key of A's lost request, from A's send until the lab
+    /// read it gone or a retry's key took its place (None: not watched). Whatever A did
+    /// meanwhile, that key held the lock.
+    pub first_key_ms: Option<u64>,
 }
 
 /// What one lost `SET NX PX` shows.
@@ -193,7 +195,8 @@ pub struct ReplyFound {
     /// A waited for a lock that Redis said was A's own.
     pub waited_behind_itself: bool,
     pub waited_ms: Option<u64>,
-    /// The key stayed with nobody working under it (A gave up) until it expired.
+    /// The key of A's lost request held the lock until it expired, and nobody worked under
+    /// it: A no longer counted it its own (it gave up, or waited behind it with a new value).
     pub orphaned: bool,
     pub orphaned_ms: Option<u64>,
 }
@@ -212,8 +215,12 @@ pub fn lost_set(evidence: &ReplyEvidence) -> ReplyFound {
             && evidence.policy == Policy::NewOwner
             && evidence.waited_ms.is_some(),
         waited_ms: evidence.waited_ms,
-        orphaned: applied && evidence.believed.is_none() && evidence.orphaned_ms.is_some(),
-        orphaned_ms: evidence.orphaned_ms,
+        // Read from what the server held, not from the policy: the key was A's first
+        // request's, and A ended up believing in another value or in none.
+        orphaned: applied
+            && evidence.believed != Some(evidence.sent_owner)
+            && evidence.first_key_ms.is_some(),
+        orphaned_ms: evidence.first_key_ms,
     }
 }
 
@@ -368,7 +375,7 @@ mod tests {
             believed: Some("a1"),
             held_by: Some("a1"),
             waited_ms: None,
-            orphaned_ms: None,
+            first_key_ms: None,
         }
     }
 
@@ -379,6 +386,10 @@ mod tests {
         assert!(found.a_knows);
         assert!(!found.waited_behind_itself);
         assert!(!found.orphaned);
+        // However long the key lived, it was A's, and A held it.
+        let mut seen = reply(Policy::SameOwner);
+        seen.first_key_ms = Some(1000);
+        assert!(!lost_set(&seen).orphaned);
     }
 
     #[test]
@@ -387,9 +398,14 @@ mod tests {
         seen.believed = Some("a2");
         seen.held_by = Some("a2");
         seen.waited_ms = Some(990);
+        seen.first_key_ms = Some(1000);
         let found = lost_set(&seen);
         assert!(found.waited_behind_itself);
         assert!(found.a_knows);
+        // A's first key held the lock all that time, and nobody worked under it: A was
+        // waiting behind it.
+        assert!(found.orphaned);
+        assert_eq!(found.orphaned_ms, Some(1000));
         // Had the first SET not landed, the wait was behind someone else.
         seen.after_loss = Some("b1");
         assert!(!lost_set(&seen).waited_behind_itself);
@@ -400,7 +416,7 @@ mod tests {
         let mut seen = reply(Policy::GiveUp);
         seen.believed = None;
         seen.held_by = None;
-        seen.orphaned_ms = Some(1000);
+        seen.first_key_ms = Some(1000);
         let found = lost_set(&seen);
         assert!(found.orphaned);
         assert!(found.a_knows, "at the end the key is gone");

@@ -3,7 +3,9 @@
 //! The correct version has three parts, and each exists because of a bug:
 //! - acquire with **one** command, `SET key owner NX PX ttl`: "only if absent" and "expire
 //!   after ttl" happen together, so no crash can leave a key without an expiry;
-//! - the value is a random **owner**, unique to this acquisition;
+//! - the value is a random **owner**, unique to this acquisition, drawn once before its
+//!   first try: a retry sends the same value, so it knows its own key if the answer to an
+//!   earlier try was lost (lab 8);
 //! - release with a Lua script that deletes the key **only if it still holds our owner**,
 //!   because a GET followed by a DEL leaves a window in which the key can change hands.
 //!
@@ -80,8 +82,17 @@ return 0
 /// The token must be drawn *with* the lock: a client that ran SET NX, then paused, then
 /// ran INCR could draw a token higher than the holder that came after it, and its stale
 /// write would then win. Inside one script nothing runs in between.
+///
+/// The key already holding *our* owner value means an earlier try of this acquisition
+/// took the lock and its answer, token and all, was lost on the way back. The script
+/// re-arms the key (the lease runs from this try) and draws a new token: higher than the
+/// lost one, which nobody can have written with, and lower than any later holder's.
 const ACQUIRE_WITH_TOKEN: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('INCR', KEYS[2])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return redis.call('INCR', KEYS[2])
 end
 return false
@@ -148,39 +159,75 @@ impl RedisLock {
         }
     }
 
-    /// ✅ `SET key owner NX PX ttl`: one atomic command; None when someone else holds it.
+    /// ✅ One try of a new acquisition: a fresh owner value, then [`RedisLock::try_acquire_as`].
+    /// None when someone else holds the lock. To try again for the same acquisition, keep
+    /// the value and call `try_acquire_as` with it, as [`RedisLock::acquire_within`] does.
     pub fn try_acquire(&mut self) -> Result<Option<Held>> {
-        let owner = random_owner();
+        self.try_acquire_as(&random_owner())
+    }
+
+    /// ✅ One try with `owner`, the value drawn once for this acquisition, before its first
+    /// try: `SET key owner NX PX ttl GET`, one atomic command that also answers with the
+    /// value it found (NX and GET together: Redis 7.0). Nothing: the key was free, and is
+    /// ours. Our own value: an earlier try of this acquisition took the lock and its answer
+    /// was lost (lab 8, step 6) — the lock is ours, and the owner-checked renewal re-arms it,
+    /// so that its lease runs from this try. Anyone else's: not ours.
+    ///
+    /// ❌ A new value on every try cannot tell its own lost `SET` from someone else's lock,
+    /// and waits a whole TTL behind itself: lab 8's `new-owner` retry, played on purpose in
+    /// `src/labs/network/lost_reply.rs` beside the same-owner one. A new value per try also
+    /// makes the owner values depend on timing (how many tries a waiter needed), which
+    /// `--seed` cannot replay.
+    pub fn try_acquire_as(&mut self, owner: &str) -> Result<Option<Held>> {
         let asked_at = Instant::now();
-        let reply: Option<String> = redis::cmd("SET")
+        let found: Option<String> = redis::cmd("SET")
             .arg(&self.key)
-            .arg(&owner)
+            .arg(owner)
             .arg("NX")
             .arg("PX")
             .arg(self.ttl_ms())
+            .arg("GET")
             .query(&mut self.connection)
-            .context("SET NX PX")?;
-        Ok(reply.map(|_| Held {
-            owner,
+            .context("SET NX PX GET (NX with GET needs Redis 7.0 or later)")?;
+        let held = |asked_at| Held {
+            owner: owner.to_string(),
             token: None,
             asked_at,
-        }))
+        };
+        match found {
+            None => Ok(Some(held(asked_at))),
+            Some(value) if value == owner => {
+                let rearmed_at = Instant::now();
+                let rearmed = self.renew(&held(rearmed_at))?;
+                Ok(rearmed.then(|| held(rearmed_at)))
+            }
+            Some(_) => Ok(None),
+        }
     }
 
     /// ✅ The same acquisition, plus a fencing token from the counter `counter_key`,
-    /// drawn atomically with the lock.
+    /// drawn atomically with the lock; a fresh owner value, as [`RedisLock::try_acquire`].
     pub fn try_acquire_fenced(&mut self, counter_key: &str) -> Result<Option<Held>> {
-        let owner = random_owner();
+        self.try_acquire_fenced_as(counter_key, &random_owner())
+    }
+
+    /// ✅ [`RedisLock::try_acquire_as`] with a fencing token: a retry that finds its own
+    /// value in the key holds the lock, with a new token (see [`ACQUIRE_WITH_TOKEN`]).
+    pub fn try_acquire_fenced_as(
+        &mut self,
+        counter_key: &str,
+        owner: &str,
+    ) -> Result<Option<Held>> {
         let asked_at = Instant::now();
         let token: Option<i64> = ACQUIRE_WITH_TOKEN_SCRIPT
             .key(&self.key)
             .key(counter_key)
-            .arg(&owner)
+            .arg(owner)
             .arg(self.ttl_ms())
             .invoke(&mut self.connection)
             .context("acquiring with a fencing token")?;
         Ok(token.map(|token| Held {
-            owner,
+            owner: owner.to_string(),
             token: Some(token),
             asked_at,
         }))
@@ -188,16 +235,20 @@ impl RedisLock {
 
     /// Tries until the lock is ours or `wait` has passed. A bounded wait: a client that
     /// waits forever for a lock turns a stuck holder into a stuck application.
+    ///
+    /// The owner value is drawn once, before the first try: every try of this acquisition
+    /// sends the same one (see [`RedisLock::try_acquire_as`]).
     pub fn acquire_within(
         &mut self,
         wait: Duration,
         fence_counter: Option<&str>,
     ) -> Result<Option<Held>> {
         let deadline = Instant::now() + wait;
+        let owner = random_owner();
         loop {
             let held = match fence_counter {
-                Some(counter) => self.try_acquire_fenced(counter)?,
-                None => self.try_acquire()?,
+                Some(counter) => self.try_acquire_fenced_as(counter, &owner)?,
+                None => self.try_acquire_as(&owner)?,
             };
             if held.is_some() || Instant::now() >= deadline {
                 return Ok(held);

@@ -373,12 +373,14 @@ impl AnyLock {
             } => {
                 // Tried here rather than with `acquire_within`, to know when the winning
                 // `SET NX PX` went out: the heartbeat counts the first lease from that send.
+                // One owner value for every try of this acquisition (see `try_acquire_as`).
                 let deadline = Instant::now() + wait;
+                let owner = crate::lock::random_owner();
                 let (got, sent) = loop {
                     let sent = Instant::now();
                     let got = match fence_counter.as_deref() {
-                        Some(counter) => lock.try_acquire_fenced(counter)?,
-                        None => lock.try_acquire()?,
+                        Some(counter) => lock.try_acquire_fenced_as(counter, &owner)?,
+                        None => lock.try_acquire_as(&owner)?,
                     };
                     match got {
                         Some(got) => break (got, sent),

@@ -105,9 +105,10 @@ fn spin(script: &QueuerScript, out: &Emitter) -> Result<()> {
     let started = std::time::Instant::now();
     let mut requests = 0u64;
     let mut wakeups = 0u64;
+    let owner = crate::lock::random_owner();
     let held = loop {
         requests += 1;
-        let tried = lock.try_acquire_fenced(&counter)?;
+        let tried = lock.try_acquire_fenced_as(&counter, &owner)?;
         if requests == 1 {
             out.send(out.event(
                 Queued {

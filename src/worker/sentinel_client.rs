@@ -131,8 +131,10 @@ pub fn run(script: &SentinelClient) -> Result<()> {
     ));
 
     let deadline = Instant::now() + Duration::from_millis(script.wait_ms);
+    // One owner value for every try of this acquisition (see `RedisLock::try_acquire_as`).
+    let owner = crate::lock::random_owner();
     let held = loop {
-        if let Some(held) = take(&mut lock, &script.token, sequences.as_mut())? {
+        if let Some(held) = take(&mut lock, &owner, &script.token, sequences.as_mut())? {
             break held;
         }
         if Instant::now() >= deadline {
@@ -277,14 +279,15 @@ fn in_plain_words(err: &anyhow::Error) -> String {
 /// One attempt at the lock, with the token drawn from the script's source.
 fn take(
     lock: &mut RedisLock,
+    owner: &str,
     token: &TokenSource,
     sequences: Option<&mut connect::PgClient>,
 ) -> Result<Option<Held>> {
     match token {
-        TokenSource::None => lock.try_acquire(),
-        TokenSource::RedisCounter { key } => lock.try_acquire_fenced(key),
+        TokenSource::None => lock.try_acquire_as(owner),
+        TokenSource::RedisCounter { key } => lock.try_acquire_fenced_as(key, owner),
         TokenSource::PostgresSequence { name } => {
-            let Some(mut held) = lock.try_acquire()? else {
+            let Some(mut held) = lock.try_acquire_as(owner)? else {
                 return Ok(None);
             };
             let postgres = sequences.context("no Postgres connection for the sequence")?;

@@ -218,7 +218,7 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
     ));
     let mut a = runtime.block_on(connect::etcd(&part.through))?;
     let wait = lease_ttl * 2 + Duration::from_secs(5);
-    let (mut believed, mut waited_ms, mut orphaned_ms) = (None, None, None);
+    let (mut believed, mut waited_ms, mut first_key_ms) = (None, None, None);
     let mut new_lease = None;
     match policy {
         Policy::SameOwner => {
@@ -261,6 +261,9 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
             let waited = started.elapsed();
             let got = String::from_utf8_lossy(answer.key()).into_owned();
             waited_ms = Some(waited.as_millis() as u64);
+            // etcd answered once A's first key was gone: that key held the lock until now,
+            // while A, queued behind it, worked under nothing.
+            first_key_ms = Some(sent.elapsed().as_millis() as u64);
             believed = Some(got.clone());
             stage.record(Event::new(
                 "A",
@@ -299,7 +302,7 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
                 std::thread::sleep(Duration::from_millis(20));
             }
             let orphaned = sent.elapsed();
-            orphaned_ms = Some(orphaned.as_millis() as u64);
+            first_key_ms = Some(orphaned.as_millis() as u64);
             stage.record(Event::new(
                 "etcd",
                 Expired {
@@ -329,7 +332,7 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
         believed: believed.as_deref(),
         held_by: held_by.as_deref(),
         waited_ms,
-        orphaned_ms,
+        first_key_ms,
     }))
 }
 

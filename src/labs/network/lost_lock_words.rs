@@ -77,8 +77,9 @@ fn meaning(found: &ReplyFound) -> String {
         }
         Policy::SameOwner => "Retrying with the same lease did not give A its first key back.".into(),
         Policy::NewOwner if found.waited_behind_itself => format!(
-            "Retrying with a new lease, A waited {} behind its own first key, until that lease ran out.",
-            found.waited_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
+            "Retrying with a new lease, A waited {} behind its own first key, until that lease ran out; that key held the lock, nobody working under it, for {}.",
+            found.waited_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms))),
+            found.orphaned_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
         ),
         Policy::NewOwner => "A's retry with a new lease did not have to wait for itself.".into(),
         Policy::GiveUp if found.orphaned => format!(

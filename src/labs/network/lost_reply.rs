@@ -188,7 +188,7 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
     };
     let mut believed = None;
     let mut waited_ms = None;
-    let mut orphaned_ms = None;
+    let mut first_key_ms = None;
     match policy {
         Policy::SameOwner => {
             // ✅ The same value again. NX refuses (the key exists); GET says whose it is —
@@ -233,6 +233,9 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
             }
             let waited = started.elapsed();
             waited_ms = Some(waited.as_millis() as u64);
+            // NX set the new value only once A's first one was gone: that first key held
+            // the lock until now, while A, waiting behind it, worked under nothing.
+            first_key_ms = Some(sent.elapsed().as_millis() as u64);
             believed = Some(fresh.clone());
             stage.record(Event::new(
                 "A",
@@ -280,7 +283,7 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
                 thread::sleep(Duration::from_millis(10));
             }
             let orphaned = sent.elapsed();
-            orphaned_ms = Some(orphaned.as_millis() as u64);
+            first_key_ms = Some(orphaned.as_millis() as u64);
             stage.record(Event::new(
                 "redis",
                 Expired {
@@ -313,7 +316,7 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
         believed: believed.as_deref(),
         held_by: held_by.as_deref(),
         waited_ms,
-        orphaned_ms,
+        first_key_ms,
     });
     stage.drain();
     Ok(found)
@@ -442,8 +445,9 @@ fn set_meaning(found: &ReplyFound) -> String {
     let then = match found.policy {
         Policy::SameOwner => "Retrying with the value it had sent, A found that value in the key: the lock was its own, with the lease counted from the first try.".to_string(),
         Policy::NewOwner if found.waited_behind_itself => format!(
-            "Retrying with a new value, A waited {} for its own first lock to expire.",
-            found.waited_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
+            "Retrying with a new value, A waited {} for its own first lock to expire; the lock stayed taken by that first value, with nobody working under it, for {}.",
+            found.waited_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms))),
+            found.orphaned_ms.map_or("?".into(), |ms| human(Duration::from_millis(ms)))
         ),
         Policy::NewOwner => "A's retry with a new value did not have to wait for itself.".into(),
         Policy::GiveUp if found.orphaned => format!(
