@@ -184,7 +184,11 @@ impl EtcdLock {
     /// key, yet the waiting call may still return success once the older keys are gone.
     /// Only the key's presence, with our lease on it, says that we hold the lock — and it
     /// also says the lease was alive when we read it, since etcd deletes a lease's keys
-    /// together with the lease. ❌ Asking for the lease's TTL instead is a trap of its own:
+    /// together with the lease. etcd 3.4's lock service does not look: its `Lock`
+    /// (`clientv3/concurrency/mutex.go`) returns once every older key is gone. Jepsen's
+    /// etcd 3.4.3 analysis (<https://jepsen.io/analyses/etcd-3.4.3>, etcd-io/etcd#11456)
+    /// caught it granting the lock to a client whose lease had expired while it waited;
+    /// etcd 3.5.0 reads the key back itself (`ErrSessionExpired`). ❌ Asking for the lease's TTL instead is a trap of its own:
     /// etcd answers in whole seconds, rounded *down*, so a live 2s lease reads "1", then "0"
     /// for its last second; only -1 means expired.
     pub fn acquire_within(&mut self, lease: &Lease, wait: Duration) -> Result<Acquired> {
