@@ -68,21 +68,26 @@ pub enum Guard {
     /// alarms, work thrown away that was safe.
     #[value(help = "⚠️ aborts if the monotonic clock jumped between two samples")]
     PauseDetect,
-    /// ⚠️ **Renew at ⅓ of the lease, stop when a renewal fails**: a heartbeat thread
+    /// ⚠️ **Renew at ⅓ of the lease; stop once a renewal is refused or the heartbeat gives
+    /// up**: a heartbeat thread
     /// ([`crate::lock::redis::Renewal`]) re-arms the key with an owner-checked `PEXPIRE`
     /// every TTL/3; the check writes only if no renewal was refused and the last one that
     /// got through, counted from its send on the monotonic clock, still covers the write
     /// (less the margin). Work that runs long keeps its lock. A stopped process stops its
     /// heartbeat with it, so the lease runs out during a pause as if there were no
-    /// heartbeat — and the pause after the check is as blind as ever.
+    /// heartbeat — and the pause after the check is as blind as ever. A renewal that merely
+    /// fails (a reset, a timeout) stops nothing by itself: the heartbeat tries again until
+    /// the lease it last won would run out, and gives up then.
     ///
     /// ❌ Its broken twin, not played: believing the lock held "because the heartbeat is
     /// running". After a stop, the heartbeat and the check wake together; whichever runs
     /// first decides, and a check that only asks "has a renewal failed yet?" often wins the
     /// race and writes. The ✅ check counts from the last renewal that got through instead.
-    #[value(help = "⚠️ heartbeat renews every TTL/3; no write once a renewal fails")]
+    #[value(help = "⚠️ renews every TTL/3; no write once one is refused or gave up")]
     RenewThird,
-    /// ⚠️ **Lock-delay at the lock service**, modelled on Consul's: when a holder's lease
+    /// ⚠️ **Lock-delay at the lock service**, modelled on Consul's (the idea is Chubby's,
+    /// §2.4 of its paper: an "imperfect" protection for the servers that cannot check a
+    /// sequencer, Chubby's fencing token — fencing where they can): when a holder's lease
     /// runs out or it vanishes, nobody is granted the lock for a further D (Consul's
     /// sessions take 0 to 60s, 15s by default; a clean release has no delay). Redis has no
     /// such thing, so [`lock_delay_lifetime`] keeps the key D past the lease the holder was

@@ -78,8 +78,9 @@ impl Scene {
                 "the clock jump: the key's PTTL was shortened by the jump with PEXPIRE on the \
                  jumping masters (redis-server crashes under libfaketime); everything else is real",
             ),
-            prevented_by: "masters whose expiry cannot jump (no stepped clocks: slew only), \
-                           i.e. the timing assumption Redlock rests on",
+            prevented_by: "masters whose clocks never step and slew no faster than the drift \
+                           allowance (chrony's default slew reaches 8.3%): the timing \
+                           assumption Redlock rests on",
             ..Default::default()
         })
     }
