@@ -71,7 +71,10 @@ fn renew_extends_our_key_and_never_someone_elses() {
 /// new one, higher than the lost answer's.
 #[test]
 fn a_retry_after_a_lost_reply_finds_its_own_key_by_its_owner_value() {
-    let key = format!("lockslab:test-corrections:{}:lost-reply", std::process::id());
+    let key = format!(
+        "lockslab:test-corrections:{}:lost-reply",
+        std::process::id()
+    );
     let counter = format!("{key}:token");
     let ttl = Duration::from_millis(1000);
     let mut lock = redis_lock(&key, ttl);

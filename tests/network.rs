@@ -576,7 +576,10 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     assert!(new["waited_ms"].as_u64().unwrap() > 0);
     // The first value held the lock while A waited behind it: nobody worked under it.
     assert_eq!(new["orphaned"], true, "{new}");
-    assert!(new["orphaned_ms"].as_u64() >= new["waited_ms"].as_u64(), "{new}");
+    assert!(
+        new["orphaned_ms"].as_u64() >= new["waited_ms"].as_u64(),
+        "{new}"
+    );
     let gave_up = policy("give-up");
     assert_eq!(gave_up["orphaned"], true, "{gave_up}");
     assert!(lines.iter().any(|e| e.is("redis", Kind::Expired)));
@@ -641,7 +644,11 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     assert_eq!(lock("same-owner")["waited_behind_itself"], false);
     assert_eq!(lock("new-owner")["waited_behind_itself"], true);
     assert!(lock("new-owner")["waited_ms"].as_u64().unwrap() > 0);
-    assert_eq!(lock("new-owner")["orphaned"], true, "A's first key held it meanwhile");
+    assert_eq!(
+        lock("new-owner")["orphaned"],
+        true,
+        "A's first key held it meanwhile"
+    );
     assert_eq!(lock("give-up")["orphaned"], true);
     assert!(lines.iter().any(|e| e.is("etcd", Kind::Expired)));
     let queued = &verdict["lost_lock_queued"];

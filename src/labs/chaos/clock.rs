@@ -23,7 +23,10 @@
 //! reads the wall clock, and shows what that breaks. Only where a lock expires on a
 //! server's wall clock: Redis's keys (the Redis designs, Redlock's masters). etcd expires
 //! a lease on its leader's monotonic clock (`time.Until` of a `time.Now()`-based expiry,
-//! server/lease/lease.go), and Postgres's locks have no TTL: nothing to jump (`-`).
+//! `refresh` and `Remaining` in etcd 3.4's lease/lessor.go; its expiry queue is keyed by
+//! wall-clock nanoseconds, so a backward step there delays revocations, never hastens
+//! one — etcd-io/etcd#12291, fixed in 3.5), and Postgres's locks have no TTL: nothing to
+//! jump (`-`).
 
 use std::collections::HashMap;
 

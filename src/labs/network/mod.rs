@@ -184,7 +184,7 @@ impl Plan {
         }
         if cut_etcd {
             intro.push(
-                format!("In the etcd story, A and B share an etcd lock: each grants itself a lease of {} (the TTL in etcd's whole seconds) that its keepalive renews, and A's keepalive goes through a fault proxy, which cuts A off from etcd while A can still reach the store.", human(Duration::from_secs(self.ttl.as_secs_f64().ceil().max(1.0) as u64))),
+                format!("In the etcd story, A and B share an etcd lock: each asks for a lease of {} (the TTL rounded up to etcd's whole seconds; etcd raises it to its minimum, about 1.5 election timeouts: 1s on lockslab's own etcd, 2s on a default one, and each worker says what it was granted) that its keepalive renews, and A's keepalive goes through a fault proxy, which cuts A off from etcd while A can still reach the store.", human(Duration::from_secs(self.ttl.as_secs_f64().ceil().max(1.0) as u64))),
             );
         }
         if lost {
