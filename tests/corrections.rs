@@ -114,6 +114,34 @@ fn a_retry_after_a_lost_reply_finds_its_own_key_by_its_owner_value() {
         .unwrap();
 }
 
+/// Issue 41's corrections that a learner reads in `--help`: `renew-third` stops writing
+/// once a renewal is *refused* or its heartbeat gives up (a failed renewal alone stops
+/// nothing: the heartbeat retries until its lease would run out); and etcd 3.4 times a
+/// lease on its leader's monotonic clock but queues expiries by wall clock, so a step back
+/// only delays revocations.
+#[test]
+fn help_says_when_renewal_stops_and_what_a_clock_step_does_to_etcd() {
+    let help = |args: &[&str]| {
+        let out = lockslab(args).env_remove("COLUMNS").output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let guard = help(&["lease-guard", "--help"]);
+    assert!(
+        guard.contains("no write once a renewal is refused or it gives up"),
+        "{guard}"
+    );
+    assert!(!guard.contains("once a renewal fails"), "{guard}");
+    let matrix = help(&["matrix", "--help"]);
+    assert!(
+        matrix.contains("step back there only delays revocations, etcd#12291"),
+        "{matrix}"
+    );
+}
+
 /// The heartbeat keeps a short key alive well past its TTL while the process runs, and
 /// stops when told, after which the key lapses on its own.
 #[test]
