@@ -252,7 +252,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     crate::outln!("{}", "Tools".bold());
     let mut installed = Vec::new();
     for (name, backend, oldest, package) in [
-        ("redis-server", Backend::Redis, (6, 0), "redis-server"),
+        ("redis-server", Backend::Redis, (7, 0), "redis-server"),
         ("etcd", Backend::Etcd, (3, 3), "etcd-server"),
         ("postgres", Backend::Postgres, (14, 0), "postgresql"),
     ] {
