@@ -131,7 +131,7 @@ fn help_says_when_renewal_stops_and_what_a_clock_step_does_to_etcd() {
     };
     let guard = help(&["lease-guard", "--help"]);
     assert!(
-        guard.contains("no write once a renewal is refused or it gives up"),
+        guard.contains("no write once a renewal is refused or the heartbeat gives up"),
         "{guard}"
     );
     assert!(!guard.contains("once a renewal fails"), "{guard}");

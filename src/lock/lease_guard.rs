@@ -83,7 +83,9 @@ pub enum Guard {
     /// running". After a stop, the heartbeat and the check wake together; whichever runs
     /// first decides, and a check that only asks "has a renewal failed yet?" often wins the
     /// race and writes. The ✅ check counts from the last renewal that got through instead.
-    #[value(help = "⚠️ renews every TTL/3; no write once a renewal is refused or it gives up")]
+    #[value(
+        help = "⚠️ renews every TTL/3; no write once a renewal is refused or the heartbeat gives up"
+    )]
     RenewThird,
     /// ⚠️ **Lock-delay at the lock service**, modelled on Consul's (the idea is Chubby's,
     /// §2.4 of its paper: an "imperfect" protection for the servers that cannot check a

@@ -173,6 +173,12 @@ impl RedisLock {
     /// was lost (lab 8, step 6) — the lock is ours, and the owner-checked renewal re-arms it,
     /// so that its lease runs from this try. Anyone else's: not ours.
     ///
+    /// A lost answer is a transport error on this connection, and [`RedisLock::acquire_within`]
+    /// returns that error rather than retrying (its connection is gone): finding its own value
+    /// is for a caller that reconnects and tries again with the same value, as lab 8's
+    /// same-owner retry does. Until the key expires, a caller that gives up instead leaves it
+    /// held with nobody working (lab 8's give-up policy).
+    ///
     /// ❌ A new value on every try cannot tell its own lost `SET` from someone else's lock,
     /// and waits a whole TTL behind itself: lab 8's `new-owner` retry, played on purpose in
     /// `src/labs/network/lost_reply.rs` beside the same-owner one. A new value per try also

@@ -270,11 +270,13 @@ fn hold(me: &Emitter, redis_url: &str, script: &Holder) -> Result<()> {
     let ttl_ms = ttl.as_millis();
     let started = Instant::now();
     let mut tries = 0u32;
+    // One owner value for this whole acquisition, sent by every try (see `try_acquire_as`).
+    let owner = crate::lock::random_owner();
     let held = loop {
         tries += 1;
         let held = match acquire {
             Acquire::Setnx => lock.try_acquire_setnx()?,
-            Acquire::SetNxPx => lock.try_acquire()?,
+            Acquire::SetNxPx => lock.try_acquire_as(&owner)?,
             Acquire::SetnxThenExpire => lock.try_acquire_setnx_then_expire(|held: &Held| {
                 if stop_between {
                     me.send(
