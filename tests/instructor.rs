@@ -1409,19 +1409,43 @@ fn a_seat_reaches_only_its_own_namespace() {
         "DROP TABLE seat01.secrets",
         "CREATE TABLE seat01.planted (v text)",
         "DROP SCHEMA seat01 CASCADE",
-        "CREATE TABLE public.planted (v text)",
         "SET search_path = seat01; SELECT * FROM secrets",
     ] {
         let err = pb
             .batch_execute(attack)
             .expect_err(&format!("seat02 ran {attack}"));
-        // Refused, or (through a search_path it may not use) not even seen.
+        // Refused, or (in a database of its own, where seat01 has nothing) not even seen.
         use postgres::error::SqlState;
         assert!(
-            [SqlState::INSUFFICIENT_PRIVILEGE, SqlState::UNDEFINED_TABLE]
-                .iter()
-                .any(|code| err.code() == Some(code)),
+            [
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                SqlState::UNDEFINED_TABLE,
+                SqlState::INVALID_SCHEMA_NAME
+            ]
+            .iter()
+            .any(|code| err.code() == Some(code)),
             "{attack}: {err:?}"
+        );
+    }
+    // seat01's database is closed to seat02, and the labs' one takes nothing of it.
+    let into_a = url(&b, "LOCKSLAB_POSTGRES_URL").replace("/seat02", "/seat01");
+    assert!(
+        postgres::Client::connect(&into_a, postgres::NoTls).is_err(),
+        "seat02 entered seat01's database"
+    );
+    let mut labs = postgres::Client::connect(
+        &on_database(&url(&b, "LOCKSLAB_POSTGRES_URL"), "lockslab"),
+        postgres::NoTls,
+    )
+    .unwrap();
+    for attack in [
+        "CREATE TABLE public.planted (v text)",
+        "CREATE SCHEMA seat02",
+        "CREATE TABLE lockslab.planted (v text)",
+    ] {
+        assert!(
+            labs.batch_execute(attack).is_err(),
+            "seat02 ran {attack} in the labs' database"
         );
     }
     let rows = pa.query("SELECT v FROM secrets", &[]).unwrap();
@@ -1604,6 +1628,18 @@ fn a_seat_cannot_plant_a_trigger_that_the_admin_fires() {
         0,
         "the planted trigger fired; the seat ran: {through:#?}"
     );
+    // The admin's registry is its own, in a schema of its own (or the run above could not
+    // have registered, and a dead run of it would never be swept).
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    let owner: Option<String> = admin
+        .query_one(
+            "SELECT (SELECT relowner::regrole::text FROM pg_class \
+             WHERE oid = to_regclass('lockslab_admin.lockslab_live_run'))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(owner.as_deref(), Some("lockslab_admin"));
     // Nothing a seat may run in the labs' database creates anything there.
     let mut labs = postgres::Client::connect(
         &on_database(&room.seat_postgres(1), "lockslab"),
