@@ -1747,19 +1747,7 @@ fn a_client_holding_a_lock_past_the_run_leaves_no_role_nor_schema() {
     // Two clients start; each makes a table in the run's schema, then one holds it
     // locked from a session that sleeps (it never reads its socket again, so its end
     // goes unnoticed), and they leave.
-    let client = r#"
-read l
-field() { printf '%s' "$l" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
-url=$(field postgres_url); schema=$(field schema)
-psql -q "$url" -c "CREATE TABLE IF NOT EXISTS $schema.mine (v int)" 2>/dev/null
-psql -q "$url" -c "BEGIN; LOCK TABLE $schema.mine; SELECT pg_sleep(600)" >/dev/null 2>&1 &
-until psql -tA "$url" -c "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-    WHERE c.relname = 'mine' AND l.granted AND l.mode = 'AccessExclusiveLock'" | grep -q 1
-do sleep 0.2; done
-kill $!
-echo locked-and-gone
-exit 1
-"#;
+    let client = lock_holding_client("echo locked-and-gone\nexit 1");
     let output = room
         .command(&[
             "challenge",
@@ -1770,7 +1758,7 @@ exit 1
             "--",
             "sh",
             "-c",
-            client,
+            &client,
         ])
         .output()
         .unwrap();
@@ -1806,6 +1794,119 @@ exit 1
         left,
         (0, 0, 0),
         "(role, schema, sessions) of the run left; lockslab said: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A challenge client for the room tests: makes a table in the run's schema, holds it
+/// locked from a session busy in `pg_sleep` (which never notices its client is gone), ends
+/// the `psql` that sent it, then does `then`.
+fn lock_holding_client(then: &str) -> String {
+    format!(
+        r#"
+read l
+field() {{ printf '%s' "$l" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }}
+url=$(field postgres_url); schema=$(field schema)
+psql -q "$url" -c "CREATE TABLE IF NOT EXISTS $schema.mine (v int)" 2>/dev/null
+psql -q "$url" -c "BEGIN; LOCK TABLE $schema.mine; SELECT pg_sleep(600)" >/dev/null 2>&1 &
+until psql -tA "$url" -c "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE c.relname = 'mine' AND l.granted AND l.mode = 'AccessExclusiveLock'" | grep -q 1
+do sleep 0.2; done
+kill $!
+{then}
+"#
+    )
+}
+
+/// Issue 40, row 4, the sweep: a challenge run killed (SIGKILL) while its client's session
+/// holds a lock in its schema never cleans up; the next run finds it dead and must get
+/// past that lock to drop its schema and its LOGIN role.
+#[test]
+fn a_killed_challenge_runs_client_role_is_swept_by_the_next_run_past_a_held_lock() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.15", "--seats", "1"]);
+    let marker = format!("60{}", std::process::id());
+    let mut run = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--patience",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &lock_holding_client(&format!("exec sleep {marker}")),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    let holder = |admin: &mut postgres::Client| -> Option<String> {
+        admin
+            .query_opt(
+                "SELECT a.usename::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                 JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE c.relname = 'mine' AND l.granted AND l.mode = 'AccessExclusiveLock'",
+                &[],
+            )
+            .unwrap()
+            .map(|row| row.get(0))
+    };
+    let mut role = None;
+    assert!(
+        eventually(std::time::Duration::from_secs(60), || {
+            role = holder(&mut admin);
+            role.is_some()
+        }),
+        "the client never held its lock"
+    );
+    let role = role.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    run.wait().unwrap();
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || {
+            processes_mentioning(&format!("sleep {marker}")).is_empty()
+        }),
+        "the client outlived lockslab"
+    );
+    let run_id = role.strip_prefix("lockslab_client_").unwrap().to_string();
+    let schema = format!("lockslab_challenge_{run_id}");
+    let left = |admin: &mut postgres::Client| -> (i64, i64, i64) {
+        let row = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = $1), \
+                        (SELECT count(*) FROM pg_namespace WHERE nspname = $2), \
+                        (SELECT count(*) FROM pg_stat_activity WHERE usename = $1)",
+                &[&role, &schema],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    // Killed: nothing cleaned up, and the lock still held.
+    assert_eq!(left(&mut admin).0, 1);
+    assert!(holder(&mut admin).is_some());
+    // The next run of the instructor's sweeps the dead one before it starts.
+    let output = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--patience",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "read l; exit 1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        left(&mut admin),
+        (0, 0, 0),
+        "(role, schema, sessions) of the killed run left; the next run said: {}",
         String::from_utf8_lossy(&output.stderr)
     );
 }
