@@ -399,10 +399,14 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            a user per seat: keys under lockslab:<seat>_ only");
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
-    crate::outln!("            a role per seat, owning a schema named like it; SCRAM");
+    crate::outln!("            a role per seat, owning a database named like it; SCRAM");
     crate::outln!(
         "            max_connections {} = {seats} seats × {} per lab run + 40",
         servers::room_pg_connections(seats),
+        servers::PG_CONNECTIONS_PER_LAB
+    );
+    crate::outln!(
+        "            (each seat's limit: {})",
         servers::PG_CONNECTIONS_PER_LAB
     );
     crate::outln!();

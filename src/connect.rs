@@ -601,13 +601,27 @@ fn postgres_within(url: &str, bound: Duration) -> Result<PgClient> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let connected = config.connect(postgres::NoTls).and_then(|mut client| {
-            let port: Option<i32> = client.query_one("SELECT inet_client_port()", &[])?.get(0);
-            Ok((client, port))
+            // A fresh session has prepared one statement: this one. More, and it is not
+            // fresh: a pooler handed us a server session another client used.
+            let row = client.query_one(
+                "SELECT pg_catalog.inet_client_port(), (SELECT pg_catalog.count(*) \
+                 FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql)",
+                &[],
+            )?;
+            let (port, prepared): (Option<i32>, i64) = (row.get(0), row.get(1));
+            Ok((client, port, prepared))
         });
         let _ = tx.send(connected);
     });
     match rx.recv_timeout(CONNECT_TIMEOUT + Duration::from_millis(500)) {
-        Ok(Ok((client, port))) => {
+        Ok(Ok((_, _, prepared))) if prepared > 1 => Err(anyhow!(transaction_pooler(
+            url,
+            "the server session it was handed held another client's prepared statements"
+        ))),
+        Ok(Err(err)) if is_pooled_statement_clash(&err) => {
+            Err(anyhow!(transaction_pooler(url, &pg_cause(&err))))
+        }
+        Ok(Ok((client, port, _))) => {
             let guard = port
                 .and_then(|port| u16::try_from(port).ok())
                 .and_then(|port| {
@@ -629,6 +643,34 @@ fn postgres_within(url: &str, bound: Duration) -> Result<PgClient> {
             format!("no answer within {}s", CONNECT_TIMEOUT.as_secs()),
         )),
     }
+}
+
+/// Whether `err` is what a pooler in transaction mode (pgbouncer's `pool_mode =
+/// transaction`) does to a client's prepared statements: its transactions run on whichever
+/// server session is free, so a statement prepared on one is missing on the next
+/// (`prepared statement "s1" does not exist`), or one another client left there clashes
+/// with its own (`prepared statement "s0" already exists`).
+pub fn is_pooled_statement_clash(err: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    err.as_db_error().is_some_and(|db| {
+        (db.code() == &SqlState::DUPLICATE_PSTATEMENT
+            || db.code() == &SqlState::INVALID_SQL_STATEMENT_NAME)
+            && db.message().contains("prepared statement")
+    })
+}
+
+/// The one line for a Postgres behind a pooler in transaction mode: not a server that "did
+/// not answer", and nothing a lab can run on — its prepared statements and its session
+/// advisory locks (lab 7, chaos's `advisory-session`) need a server session of their own
+/// for as long as the connection lasts; in transaction mode they would part from it
+/// between two transactions, and a verdict drawn from such a run would be about the pooler.
+pub fn transaction_pooler(url: &str, sign: &str) -> String {
+    format!(
+        "Postgres at {} is behind a pooler in transaction mode ({sign}): lockslab needs a \
+         session per connection (prepared statements, session advisory locks); give it the \
+         Postgres itself, or a pool in session mode (pgbouncer's pool_mode = session)",
+        redact(url)
+    )
 }
 
 /// The most telling part of a Postgres error (the server's message, or the I/O cause).
@@ -683,6 +725,9 @@ fn server_failure(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
         let url = used_url(Backend::Postgres)?;
         if gave_up_on(&url) {
             return Some(Backend::Postgres.frozen(&url, COMMAND_TIMEOUT));
+        }
+        if is_pooled_statement_clash(err) {
+            return Some(transaction_pooler(&url, &pg_cause(err)));
         }
         // Class 08 is "connection exception", class 57 "operator intervention" (the server
         // shutting down, or its backend killed) — except 57014, a statement cancelled by its

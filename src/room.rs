@@ -4,7 +4,7 @@
 //! restart fell).
 //!
 //! A seat may add rows and read none: its role is granted `INSERT` on the results table's
-//! data columns only, and the seat column defaults to `current_user`, so nobody can record
+//! data columns only (in the labs' database, where a seat creates nothing), and the seat column defaults to `current_user`, so nobody can record
 //! a run under another seat's name. The labs' role (the instructor's) reads them.
 
 use std::collections::BTreeMap;
@@ -32,12 +32,15 @@ pub fn seat_of(postgres_url: &str) -> Option<String> {
 }
 
 /// Records a finished run on the room's Postgres when this lab ran as one of its seats;
-/// says so on stderr if it could not (the lab's own verdict stands either way).
+/// says so on stderr if it could not (the lab's own verdict stands either way). A seat's
+/// URL names its own database; the results are in the labs' one, where the seat may add
+/// rows and nothing else.
 pub fn record(postgres_url: Option<&str>, lab: &str, headline: &str, verdict: &Value) {
     let Some(url) = postgres_url else { return };
     if seat_of(url).is_none() {
         return;
     }
+    let url = &crate::servers::on_database(url, crate::servers::PG_ROLE);
     let run_id = verdict["run_id"].as_str().unwrap_or_default();
     let recorded = connect::postgres(url).and_then(|mut client| {
         client

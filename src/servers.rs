@@ -417,6 +417,11 @@ struct Secrets {
 pub const PG_ROLE: &str = "lockslab";
 /// The superuser initdb creates, with a password of its own that the labs never use.
 pub const PG_ADMIN: &str = "lockslab_admin";
+/// The admin's `search_path`, set on the role: the catalog only (see `provision_postgres`).
+pub const ADMIN_SEARCH_PATH: &str = "pg_catalog, pg_temp";
+/// The labs' role's `search_path`, set on the role: its own schema, which only it (and the
+/// superuser) may create in, then the catalog.
+pub const LABS_SEARCH_PATH: &str = "lockslab, pg_catalog, pg_temp";
 
 /// A room's servers (`lockslab up --room ADDR`): they listen on an address the attendees
 /// can reach, so each one demands a password — Redis `requirepass`, Postgres SCRAM, etcd
@@ -436,7 +441,9 @@ pub struct Room {
 ///
 /// - Redis: keys `lockslab:<seat>_*`, and only the commands the labs send;
 /// - etcd: keys under `lockslab:<seat>_`;
-/// - Postgres: the schema `<seat>` (its `search_path`), and the schemas its runs create.
+/// - Postgres: a database `<seat>` of its own, with a schema `<seat>` (its `search_path`)
+///   and the schemas its runs create; in the labs' database, rows added to the room's
+///   results and nothing else; at most [`PG_CONNECTIONS_PER_LAB`] connections.
 ///
 /// A run with `LOCKSLAB_NAMESPACE=<seat>` has the run id `<seat>_<hex>`, and every lab
 /// names its keys `lockslab:<run id>:…`, so everything it writes falls inside.
@@ -527,6 +534,22 @@ fn with_user(url: &str, user: &str, password: &str) -> String {
     format!("{scheme}://{user}:{password}@{rest}")
 }
 
+/// A Postgres `url` with its database replaced by `database` (a query string stays).
+pub fn on_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (rest, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(r, q)| (r, Some(q)));
+    let host_at = rest.rfind('@').map_or(0, |at| at + 1);
+    let server = rest[host_at..]
+        .find('/')
+        .map_or(rest, |slash| &rest[..host_at + slash]);
+    match query {
+        Some(query) => format!("{scheme}://{server}/{database}?{query}"),
+        None => format!("{scheme}://{server}/{database}"),
+    }
+}
+
 /// The most Postgres connections one run of any lab holds at once: `no-lock --contention`'s
 /// 32 workers, its orchestrator and the store (34 seen). Measured with
 /// `scripts/peak-connections`, which samples `pg_stat_activity` during each lab's run.
@@ -539,7 +562,9 @@ pub const PG_CONNECTIONS_AT_DEFAULTS: i64 = 14;
 pub const ROOM_ATTENDEES: i64 = 30;
 
 /// A room's Postgres connections: every attendee running the hungriest lab at once, and
-/// some to spare for `psql` and the by-hand exercises.
+/// some to spare for `psql` and the by-hand exercises. Each seat's role is limited to one
+/// lab run's worth ([`PG_CONNECTIONS_PER_LAB`]), so even every seat at its limit leaves
+/// the 40 to the labs' role (the instructor's) and Postgres's reserved superuser slots.
 pub const fn room_pg_connections(seats: i64) -> i64 {
     seats * PG_CONNECTIONS_PER_LAB + 40
 }
@@ -1000,6 +1025,15 @@ impl PrivateServers {
     /// Postgres: as the superuser, creates the labs' role and its database, and closes the
     /// other databases to everyone but the superuser. From then on the server is named by
     /// the labs' URL.
+    ///
+    /// Every role lockslab itself uses gets a `search_path` fixed on the role, naming only
+    /// schemas no other role can create or write in (the advice after CVE-2018-1058):
+    /// without it, the admin's default `"$user", public` found whatever another role put in
+    /// a schema called `lockslab_admin`, and a trigger there ran as superuser. `pg_temp`
+    /// comes last, named: left out, it would be searched first for tables.
+    /// - the admin: `pg_catalog, pg_temp`, and a schema `lockslab_admin` of its own in the
+    ///   labs' database for the tables it keeps (the registry of the runs it grades);
+    /// - the labs' role: its own schema `lockslab`, made here so that nobody else can.
     fn provision_postgres(&mut self) -> Result<()> {
         let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Postgres) else {
             return Ok(());
@@ -1013,6 +1047,8 @@ impl PrivateServers {
                 "CREATE ROLE {PG_ROLE} LOGIN PASSWORD '{password}' \
                  NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
             ),
+            format!("ALTER ROLE {PG_ADMIN} SET search_path = {ADMIN_SEARCH_PATH}"),
+            format!("ALTER ROLE {PG_ROLE} SET search_path = {LABS_SEARCH_PATH}"),
             format!("CREATE DATABASE {PG_ROLE} OWNER {PG_ROLE}"),
             "REVOKE ALL ON DATABASE postgres FROM PUBLIC".to_string(),
             "REVOKE ALL ON DATABASE template1 FROM PUBLIC".to_string(),
@@ -1021,14 +1057,22 @@ impl PrivateServers {
                 .batch_execute(&statement)
                 .context("creating the labs' role in the private Postgres")?;
         }
-        drop(client);
-        self.admin_url = Some(admin.clone());
         let at = admin.rsplit_once('@').map_or("", |(_, at)| at);
-        let at = at.strip_suffix("/postgres").unwrap_or(at);
-        self.seat_postgres_roles(&format!(
+        let at = at.strip_suffix("/postgres").unwrap_or(at).to_string();
+        let admin_in_labs_db = format!(
             "postgres://{PG_ADMIN}:{}@{at}/{PG_ROLE}",
             self.secrets.admin_password
-        ))?;
+        );
+        connect::postgres_for_setup(&admin_in_labs_db)?
+            .batch_execute(&format!(
+                "CREATE SCHEMA {PG_ROLE} AUTHORIZATION {PG_ROLE};
+                 CREATE SCHEMA {PG_ADMIN} AUTHORIZATION {PG_ADMIN};
+                 REVOKE ALL ON SCHEMA public FROM PUBLIC;"
+            ))
+            .context("creating the labs' schemas in the private Postgres")?;
+        self.seat_postgres_roles(&mut client, &admin_in_labs_db, &at)?;
+        drop(client);
+        self.admin_url = Some(admin.clone());
         let url = format!("postgres://{PG_ROLE}:{password}@{at}/{PG_ROLE}");
         connect::note_source(
             &url,
@@ -1044,33 +1088,54 @@ impl PrivateServers {
         Ok(())
     }
 
-    /// A room's seats in Postgres: a role each, owning a schema of its own named like it and
-    /// set as its `search_path`, so that the store's and the labs' unqualified tables land
-    /// there. The labs' `public` schema is closed to them; a seat may create schemas (lab 7
-    /// makes one per run), which it then owns and nobody else may enter.
-    fn seat_postgres_roles(&self, admin_in_labs_db: &str) -> Result<()> {
+    /// A room's seats in Postgres: a role each, with a database of its own named like it
+    /// (and in it a schema named like it, its `search_path`), where the store's and the
+    /// labs' tables land, and where it may create whatever its runs need (lab 7 and the
+    /// challenge make a schema per run). In the labs' database a seat creates nothing: it
+    /// may only add rows to the room's results. Each seat has a connection limit of one lab
+    /// run ([`PG_CONNECTIONS_PER_LAB`]).
+    ///
+    /// Why a database per seat rather than a schema per seat in a shared one: a seat's runs
+    /// need to create schemas, and `CREATE ON DATABASE` lets a seat name a schema anything —
+    /// `lockslab`, `lockslab_admin`, a name that shadows one another role searches. In a
+    /// database of its own a seat may do that harmlessly, as no other role lockslab uses
+    /// ever runs a statement there (the admin creates it from the `postgres` database, and
+    /// the seat makes its schema itself). It also keeps a seat's table names out of the
+    /// other seats' catalogs. The cost, one `CREATE DATABASE` per seat at `up`, is paid once.
+    fn seat_postgres_roles(
+        &self,
+        admin: &mut connect::PgClient,
+        admin_in_labs_db: &str,
+        at: &str,
+    ) -> Result<()> {
         let Some(room) = &self.room else {
             return Ok(());
         };
-        let mut client = connect::postgres(admin_in_labs_db)?;
-        let mut statements = vec![format!("REVOKE ALL ON SCHEMA public FROM PUBLIC")];
-        statements.extend(room_results_sql(PG_ROLE));
+        let mut statements = room_results_sql(PG_ROLE);
         for seat in &room.seats {
             let (name, password) = (&seat.name, &seat.password);
-            statements.extend([
+            for statement in [
                 format!(
                     "CREATE ROLE {name} LOGIN PASSWORD '{password}' \
-                     NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+                     NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS \
+                     CONNECTION LIMIT {PG_CONNECTIONS_PER_LAB}"
                 ),
-                format!("GRANT CREATE ON DATABASE {PG_ROLE} TO {name}"),
-                format!("CREATE SCHEMA {name} AUTHORIZATION {name}"),
-                format!("ALTER ROLE {name} SET search_path = {name}"),
-            ]);
+                format!("ALTER ROLE {name} SET search_path = {name}, pg_catalog, pg_temp"),
+                format!("CREATE DATABASE {name} OWNER {name}"),
+                format!("REVOKE ALL ON DATABASE {name} FROM PUBLIC"),
+            ] {
+                admin
+                    .batch_execute(&statement)
+                    .with_context(|| format!("creating the room's seat {name} in Postgres"))?;
+            }
+            connect::postgres_for_setup(&format!("postgres://{name}:{password}@{at}/{name}"))?
+                .batch_execute(&format!("CREATE SCHEMA {name}"))
+                .with_context(|| format!("creating the schema of seat {name} in Postgres"))?;
             statements.extend(room_results_grants_sql(name));
         }
-        client
+        connect::postgres_for_setup(admin_in_labs_db)?
             .batch_execute(&statements.join(";\n"))
-            .context("creating the room's seats in the private Postgres")
+            .context("granting the room's seats their results in Postgres")
     }
 
     /// A room's seats in Redis: an ACL user each (see [`Seat::redis_acl`]). The `default`
@@ -1895,7 +1960,11 @@ impl UpState {
         ]
         .iter()
         .filter_map(|(backend, var)| {
-            let url = with_user(self.url(*backend)?, &seat.name, &seat.password);
+            let mut url = with_user(self.url(*backend)?, &seat.name, &seat.password);
+            if *backend == Backend::Postgres {
+                // The seat's own database (see `seat_postgres_roles`).
+                url = on_database(&url, &seat.name);
+            }
             Some(format!("export {var}={url}"))
         })
         .collect();

@@ -42,8 +42,10 @@ use serde::{Deserialize, Serialize};
 use crate::connect::{self, PgClient};
 
 /// The tables, shared by every run; each row carries its run's id, so runs never mix.
+/// `{schema}` is the connection's own schema (see [`own_schema`]): every statement of the
+/// store names it, so no other schema's table of the same name can stand in.
 const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS lockslab_resource (
+    CREATE TABLE IF NOT EXISTS {schema}.lockslab_resource (
         run_id   text   NOT NULL,
         resource text   NOT NULL,
         value    text   NOT NULL,
@@ -54,7 +56,7 @@ const SCHEMA: &str = "
         decisions bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (run_id, resource)
     );
-    CREATE TABLE IF NOT EXISTS lockslab_attempt (
+    CREATE TABLE IF NOT EXISTS {schema}.lockslab_attempt (
         id       bigserial PRIMARY KEY,
         run_id   text    NOT NULL,
         resource text    NOT NULL,
@@ -69,7 +71,7 @@ const SCHEMA: &str = "
     );
     -- Lab 6's compare-and-set by lock value: who claimed the resource last. Every write
     -- guarded by a claim locks this row first, so its decisions are numbered here.
-    CREATE TABLE IF NOT EXISTS lockslab_claim (
+    CREATE TABLE IF NOT EXISTS {schema}.lockslab_claim (
         run_id    text   NOT NULL,
         resource  text   NOT NULL,
         claim     text,
@@ -80,19 +82,21 @@ const SCHEMA: &str = "
     -- A server whose tables an older lockslab made gets the new columns, only when missing
     -- (an ALTER would queue behind every run that is writing right now).
     DO $$ BEGIN
-        IF NOT EXISTS (SELECT FROM information_schema.columns
-                       WHERE table_name = 'lockslab_resource' AND column_name = 'decisions') THEN
-            ALTER TABLE lockslab_resource ADD COLUMN decisions bigint NOT NULL DEFAULT 0;
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                       WHERE attrelid = '{schema}.lockslab_resource'::pg_catalog.regclass
+                         AND attname = 'decisions' AND NOT attisdropped) THEN
+            ALTER TABLE {schema}.lockslab_resource ADD COLUMN decisions bigint NOT NULL DEFAULT 0;
         END IF;
-        IF NOT EXISTS (SELECT FROM information_schema.columns
-                       WHERE table_name = 'lockslab_attempt' AND column_name = 'decided') THEN
-            ALTER TABLE lockslab_attempt ADD COLUMN decided bigint;
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                       WHERE attrelid = '{schema}.lockslab_attempt'::pg_catalog.regclass
+                         AND attname = 'decided' AND NOT attisdropped) THEN
+            ALTER TABLE {schema}.lockslab_attempt ADD COLUMN decided bigint;
         END IF;
     END $$;";
 
 /// ❌ No fencing: the write always lands, whoever sends it and however late.
 const UNFENCED_WRITE: &str = "
-    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    INSERT INTO {schema}.lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, NULL)
     ON CONFLICT (run_id, resource) DO UPDATE
         SET value = EXCLUDED.value, writer = EXCLUDED.writer
@@ -103,7 +107,7 @@ const UNFENCED_WRITE: &str = "
 /// hands a number out twice; ❌ with a source that does (lab 1's `--token-restart`, lab 5):
 /// the stale holder's copy of a reissued token gets through.
 const FENCED_WRITE_NOT_LOWER: &str = "
-    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    INSERT INTO {schema}.lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (run_id, resource) DO UPDATE
         SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
@@ -116,7 +120,7 @@ const FENCED_WRITE_NOT_LOWER: &str = "
 /// (`ON CONFLICT … DO UPDATE … WHERE` locks the row and evaluates the condition on its
 /// latest version; a refused write returns no row.)
 const FENCED_WRITE_SAME_HOLDER: &str = "
-    INSERT INTO lockslab_resource (run_id, resource, value, writer, token)
+    INSERT INTO {schema}.lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (run_id, resource) DO UPDATE
         SET value = EXCLUDED.value, writer = EXCLUDED.writer, token = EXCLUDED.token
@@ -153,7 +157,7 @@ impl FenceRule {
 /// random value of the last client that claimed it. It has no order: a late claim from an
 /// old holder replaces a newer one just the same.
 const CLAIM: &str = "
-    INSERT INTO lockslab_claim (run_id, resource, claim, claimer)
+    INSERT INTO {schema}.lockslab_claim (run_id, resource, claim, claimer)
     VALUES ($1, $2, $3, $4)
     ON CONFLICT (run_id, resource) DO UPDATE
         SET claim = EXCLUDED.claim, claimer = EXCLUDED.claimer";
@@ -161,13 +165,13 @@ const CLAIM: &str = "
 /// Makes the claim row if missing, then locks it and reads it: the write is decided under
 /// that lock, so no claim can change between the compare and the set.
 const MAKE_THE_CLAIM_ROW: &str = "
-    INSERT INTO lockslab_claim (run_id, resource) VALUES ($1, $2)
+    INSERT INTO {schema}.lockslab_claim (run_id, resource) VALUES ($1, $2)
     ON CONFLICT (run_id, resource) DO NOTHING";
 const LOCK_THE_CLAIM: &str = "
-    SELECT claim FROM lockslab_claim WHERE run_id = $1 AND resource = $2 FOR UPDATE";
+    SELECT claim FROM {schema}.lockslab_claim WHERE run_id = $1 AND resource = $2 FOR UPDATE";
 
 const NUMBER_THE_CLAIMED_DECISION: &str = "
-    UPDATE lockslab_claim SET decisions = decisions + 1
+    UPDATE {schema}.lockslab_claim SET decisions = decisions + 1
     WHERE run_id = $1 AND resource = $2
     RETURNING decisions";
 
@@ -176,12 +180,12 @@ const NUMBER_THE_CLAIMED_DECISION: &str = "
 /// `ON CONFLICT DO UPDATE` locks the conflicting row before it evaluates `WHERE` — so no
 /// other write to the resource is decided between the write and this number.
 const NUMBER_THE_DECISION: &str = "
-    UPDATE lockslab_resource SET decisions = decisions + 1
+    UPDATE {schema}.lockslab_resource SET decisions = decisions + 1
     WHERE run_id = $1 AND resource = $2
     RETURNING decisions";
 
 const RECORD_THE_ATTEMPT: &str = "
-    INSERT INTO lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted, decided)
+    INSERT INTO {schema}.lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted, decided)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// What the store said about one write.
@@ -237,37 +241,79 @@ impl ReadBack {
     }
 }
 
+/// The schema lockslab keeps its own tables in on this connection, quoted as an identifier:
+/// the schema named like the connection's role, if that role owns it (`lockslab` for the
+/// labs' role, `lockslab_admin` for the admin, `seat07` for a room's seat — each made by
+/// `lockslab up` or a private server's setup), else the first schema of the role's
+/// `search_path` (a Postgres given to lockslab, set up as its owner chose).
+///
+/// A schema of that name made by another role is passed over: that is how a room's seat
+/// once put a table with a trigger in the admin's way (`"$user"` in the default path).
+pub fn own_schema(client: &mut postgres::Client) -> Result<String> {
+    let schema: Option<String> = client
+        .query_one(
+            "SELECT pg_catalog.quote_ident(coalesce(
+                 (SELECT n.nspname FROM pg_catalog.pg_namespace n
+                  JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+                  WHERE n.nspname = current_user AND r.rolname = current_user),
+                 pg_catalog.current_schema()))",
+            &[],
+        )
+        .context("finding the schema for lockslab's tables")?
+        .get(0);
+    schema.context(
+        "no schema for lockslab's tables: the role has no schema of its own and its \
+         search_path names none that exists (CREATE SCHEMA, or ALTER ROLE … SET search_path)",
+    )
+}
+
 pub struct Store {
     client: PgClient,
     url: String,
+    /// [`own_schema`] of this connection, quoted: it prefixes every table and sequence.
+    schema: String,
 }
 
 impl Store {
     pub fn connect(url: &str) -> Result<Store> {
-        Ok(Store {
-            client: connect::postgres(url)?,
-            url: url.to_string(),
-        })
+        Self::on(connect::postgres(url)?, url)
     }
 
     /// A store connection for cleanup (after an interrupt or a failure): short bounds, and
     /// none at all if this server already stopped answering.
     pub fn connect_for_cleanup(url: &str) -> Result<Store> {
+        Self::on(connect::postgres_for_cleanup(url)?, url)
+    }
+
+    fn on(mut client: PgClient, url: &str) -> Result<Store> {
+        let schema = own_schema(&mut client)?;
         Ok(Store {
-            client: connect::postgres_for_cleanup(url)?,
+            client,
             url: url.to_string(),
+            schema,
         })
+    }
+
+    /// `statement` with its tables in this connection's schema.
+    fn sql(&self, statement: &str) -> String {
+        statement.replace("{schema}", &self.schema)
+    }
+
+    /// `sequence`, qualified by this connection's schema.
+    fn sequence(&self, sequence: &str) -> String {
+        format!("{}.{sequence}", self.schema)
     }
 
     /// Creates the tables if they are missing. Concurrent `CREATE TABLE IF NOT EXISTS` can
     /// still collide in the catalog, so creators queue on an advisory lock.
     pub fn prepare(&mut self) -> Result<()> {
+        let schema = self.sql(SCHEMA);
         let mut tx = self.client.transaction()?;
         tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('lockslab schema'))",
+            "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('lockslab schema'))",
             &[],
         )?;
-        tx.batch_execute(SCHEMA)
+        tx.batch_execute(&schema)
             .context("creating the store's tables")?;
         tx.commit()?;
         Ok(())
@@ -296,24 +342,28 @@ impl Store {
         value: &str,
         token: Option<i64>,
     ) -> Outcome {
-        let fenced_write = match rule {
+        let fenced_write = self.sql(match rule {
             FenceRule::HigherOrSameHolder => FENCED_WRITE_SAME_HOLDER,
             FenceRule::NotLower => FENCED_WRITE_NOT_LOWER,
-        };
+        });
+        let unfenced_write = self.sql(UNFENCED_WRITE);
+        let number_the_decision = self.sql(NUMBER_THE_DECISION);
+        let record_the_attempt = self.sql(RECORD_THE_ATTEMPT);
         let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
             let mut tx = client.transaction()?;
             let accepted = match token {
-                None => tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?,
-                Some(token) => {
-                    tx.query_opt(fenced_write, &[&run_id, &resource, &value, &writer, &token])?
-                }
+                None => tx.query_opt(&unfenced_write, &[&run_id, &resource, &value, &writer])?,
+                Some(token) => tx.query_opt(
+                    &fenced_write,
+                    &[&run_id, &resource, &value, &writer, &token],
+                )?,
             }
             .is_some();
             let decided: i64 = tx
-                .query_one(NUMBER_THE_DECISION, &[&run_id, &resource])?
+                .query_one(&number_the_decision, &[&run_id, &resource])?
                 .get(0);
             tx.execute(
-                RECORD_THE_ATTEMPT,
+                &record_the_attempt,
                 &[
                     &run_id,
                     &resource,
@@ -339,8 +389,9 @@ impl Store {
     /// Claims the resource for the client whose random lock value is `lock_value`: the
     /// first half of antirez's compare-and-set. Returns false when the answer was lost.
     pub fn claim(&mut self, run_id: &str, resource: &str, writer: &str, lock_value: &str) -> bool {
+        let claim = self.sql(CLAIM);
         self.client
-            .execute(CLAIM, &[&run_id, &resource, &lock_value, &writer])
+            .execute(&claim, &[&run_id, &resource, &lock_value, &writer])
             .is_ok()
     }
 
@@ -355,20 +406,26 @@ impl Store {
         value: &str,
         lock_value: &str,
     ) -> Outcome {
+        let make_the_claim_row = self.sql(MAKE_THE_CLAIM_ROW);
+        let lock_the_claim = self.sql(LOCK_THE_CLAIM);
+        let unfenced_write = self.sql(UNFENCED_WRITE);
+        let number_the_claimed_decision = self.sql(NUMBER_THE_CLAIMED_DECISION);
+        let record_the_attempt = self.sql(RECORD_THE_ATTEMPT);
         let decide = |client: &mut postgres::Client| -> Result<bool, postgres::Error> {
             let mut tx = client.transaction()?;
-            tx.execute(MAKE_THE_CLAIM_ROW, &[&run_id, &resource])?;
-            let claim: Option<String> = tx.query_one(LOCK_THE_CLAIM, &[&run_id, &resource])?.get(0);
+            tx.execute(&make_the_claim_row, &[&run_id, &resource])?;
+            let claim: Option<String> =
+                tx.query_one(&lock_the_claim, &[&run_id, &resource])?.get(0);
             let accepted = claim.as_deref() == Some(lock_value);
             if accepted {
-                tx.query_opt(UNFENCED_WRITE, &[&run_id, &resource, &value, &writer])?;
+                tx.query_opt(&unfenced_write, &[&run_id, &resource, &value, &writer])?;
             }
             let decided: i64 = tx
-                .query_one(NUMBER_THE_CLAIMED_DECISION, &[&run_id, &resource])?
+                .query_one(&number_the_claimed_decision, &[&run_id, &resource])?
                 .get(0);
             let no_token: Option<i64> = None;
             tx.execute(
-                RECORD_THE_ATTEMPT,
+                &record_the_attempt,
                 &[
                     &run_id, &resource, &writer, &value, &no_token, &true, &accepted, &decided,
                 ],
@@ -383,8 +440,9 @@ impl Store {
         }
     }
 
-    /// Makes `sequence`, a token source in the store's own database, if it is missing.
+    /// Makes `sequence`, a token source in the store's own schema, if it is missing.
     pub fn create_token_sequence(&mut self, sequence: &str) -> Result<()> {
+        let sequence = self.sequence(sequence);
         self.client
             .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"))
             .context("creating the fencing token sequence")
@@ -394,32 +452,39 @@ impl Store {
     /// before it) and durable (a sequence does not go back when Postgres restarts), so it
     /// never hands a number out twice, whatever happens to the lock service.
     pub fn next_token(&mut self, sequence: &str) -> Result<i64> {
+        let sequence = self.sequence(sequence);
         Ok(self
             .client
-            .query_one("SELECT nextval($1::text::regclass)", &[&sequence])
+            .query_one(
+                "SELECT pg_catalog.nextval($1::text::pg_catalog.regclass)",
+                &[&sequence],
+            )
             .context("drawing a fencing token from the Postgres sequence")?
             .get(0))
     }
 
     /// Removes a sequence made by [`Store::create_token_sequence`].
     pub fn drop_token_sequence(&mut self, sequence: &str) -> Result<()> {
+        let sequence = self.sequence(sequence);
         self.client
             .batch_execute(&format!("DROP SEQUENCE IF EXISTS {sequence}"))
             .context("dropping the fencing token sequence")
     }
 
     pub fn read_back(&mut self, run_id: &str, resource: &str) -> Result<ReadBack> {
-        let current = self.client.query_opt(
-            "SELECT value, writer, token FROM lockslab_resource WHERE run_id = $1 AND resource = $2",
-            &[&run_id, &resource],
-        )?;
+        let current_sql = self.sql(
+            "SELECT value, writer, token FROM {schema}.lockslab_resource \
+             WHERE run_id = $1 AND resource = $2",
+        );
+        let attempts_sql = self.sql(
+            "SELECT writer, value, token, fenced, accepted, decided \
+             FROM {schema}.lockslab_attempt \
+             WHERE run_id = $1 AND resource = $2 ORDER BY decided",
+        );
+        let current = self.client.query_opt(&current_sql, &[&run_id, &resource])?;
         let attempts = self
             .client
-            .query(
-                "SELECT writer, value, token, fenced, accepted, decided FROM lockslab_attempt
-                 WHERE run_id = $1 AND resource = $2 ORDER BY decided",
-                &[&run_id, &resource],
-            )?
+            .query(&attempts_sql, &[&run_id, &resource])?
             .iter()
             .map(|row| Attempt {
                 writer: row.get(0),
@@ -445,14 +510,10 @@ impl Store {
             return Ok(());
         }
         self.client.bound(connect::CLEANUP_TIMEOUT);
-        self.client.execute(
-            "DELETE FROM lockslab_resource WHERE run_id = $1",
-            &[&run_id],
-        )?;
-        self.client
-            .execute("DELETE FROM lockslab_attempt WHERE run_id = $1", &[&run_id])?;
-        self.client
-            .execute("DELETE FROM lockslab_claim WHERE run_id = $1", &[&run_id])?;
+        for table in ["lockslab_resource", "lockslab_attempt", "lockslab_claim"] {
+            let delete = format!("DELETE FROM {}.{table} WHERE run_id = $1", self.schema);
+            self.client.execute(&delete, &[&run_id])?;
+        }
         Ok(())
     }
 }

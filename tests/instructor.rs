@@ -1413,19 +1413,43 @@ fn a_seat_reaches_only_its_own_namespace() {
         "DROP TABLE seat01.secrets",
         "CREATE TABLE seat01.planted (v text)",
         "DROP SCHEMA seat01 CASCADE",
-        "CREATE TABLE public.planted (v text)",
         "SET search_path = seat01; SELECT * FROM secrets",
     ] {
         let err = pb
             .batch_execute(attack)
             .expect_err(&format!("seat02 ran {attack}"));
-        // Refused, or (through a search_path it may not use) not even seen.
+        // Refused, or (in a database of its own, where seat01 has nothing) not even seen.
         use postgres::error::SqlState;
         assert!(
-            [SqlState::INSUFFICIENT_PRIVILEGE, SqlState::UNDEFINED_TABLE]
-                .iter()
-                .any(|code| err.code() == Some(code)),
+            [
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                SqlState::UNDEFINED_TABLE,
+                SqlState::INVALID_SCHEMA_NAME
+            ]
+            .iter()
+            .any(|code| err.code() == Some(code)),
             "{attack}: {err:?}"
+        );
+    }
+    // seat01's database is closed to seat02, and the labs' one takes nothing of it.
+    let into_a = url(&b, "LOCKSLAB_POSTGRES_URL").replace("/seat02", "/seat01");
+    assert!(
+        postgres::Client::connect(&into_a, postgres::NoTls).is_err(),
+        "seat02 entered seat01's database"
+    );
+    let mut labs = postgres::Client::connect(
+        &on_database(&url(&b, "LOCKSLAB_POSTGRES_URL"), "lockslab"),
+        postgres::NoTls,
+    )
+    .unwrap();
+    for attack in [
+        "CREATE TABLE public.planted (v text)",
+        "CREATE SCHEMA seat02",
+        "CREATE TABLE lockslab.planted (v text)",
+    ] {
+        assert!(
+            labs.batch_execute(attack).is_err(),
+            "seat02 ran {attack} in the labs' database"
         );
     }
     let rows = pa.query("SELECT v FROM secrets", &[]).unwrap();
@@ -1477,4 +1501,453 @@ fn a_seat_reaches_only_its_own_namespace() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("LOCKSLAB_NAMESPACE"));
+}
+
+/// `url` with its database replaced by `database`.
+fn on_database(url: &str, database: &str) -> String {
+    let (server, _) = url.rsplit_once('/').unwrap();
+    format!("{server}/{database}")
+}
+
+impl Room {
+    /// seat `n`'s Postgres URL, from its export lines.
+    fn seat_postgres(&self, n: usize) -> String {
+        self.seat(n)
+            .1
+            .into_iter()
+            .find(|(var, _)| var == "LOCKSLAB_POSTGRES_URL")
+            .unwrap()
+            .1
+    }
+
+    /// The room's superuser on the labs' database, from the instructor's state file.
+    fn admin_postgres(&self) -> String {
+        let admin = self.state_file()["postgres_admin"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        on_database(&admin, "lockslab")
+    }
+
+    /// Runs `sql` as seat `n` on its own database and on the labs' one (where a seat's
+    /// tables once lived), one statement at a time, as a hostile attendee would: whatever
+    /// is refused is skipped. Returns what went through.
+    fn seat_tries(&self, n: usize, sql: &[String]) -> Vec<String> {
+        let own = self.seat_postgres(n);
+        let mut through = Vec::new();
+        for url in [own.clone(), on_database(&own, "lockslab")] {
+            let Ok(mut db) = postgres::Client::connect(&url, postgres::NoTls) else {
+                continue;
+            };
+            for statement in sql {
+                if db.batch_execute(statement).is_ok() {
+                    through.push(format!("{url}: {statement}"));
+                }
+            }
+        }
+        through
+    }
+
+    /// Counts the rows of `table` wherever seat `n` can read it (its database, the labs').
+    fn seat_counts(&self, n: usize, table: &str) -> i64 {
+        let own = self.seat_postgres(n);
+        [own.clone(), on_database(&own, "lockslab")]
+            .iter()
+            .filter_map(|url| postgres::Client::connect(url, postgres::NoTls).ok())
+            .filter_map(|mut db| {
+                db.query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                    .ok()
+            })
+            .map(|row| row.get::<_, i64>(0))
+            .sum()
+    }
+}
+
+/// A trigger function in `schema` that notes who fired it in `schema.fired`, then does
+/// `also` (as whoever fired it).
+fn planted_trigger(schema: &str, also: &str) -> Vec<String> {
+    vec![
+        format!("CREATE TABLE {schema}.fired (who text)"),
+        format!("GRANT USAGE, CREATE ON SCHEMA {schema} TO PUBLIC"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO PUBLIC"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO PUBLIC"),
+        format!(
+            "CREATE FUNCTION {schema}.planted() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN INSERT INTO {schema}.fired VALUES (current_user); {also} RETURN NEW; END $$"
+        ),
+    ]
+}
+
+/// Issue 40, row 1: a seat made itself superuser. It created a schema named after the
+/// admin role, with a table named like the registry's and a trigger on it; the admin's
+/// default search_path ("$user", public) found it, and the instructor's next challenge run
+/// fired the trigger as superuser. Now a seat creates nothing outside its own database,
+/// the admin's search_path is fixed on the role, and the registry names its schema.
+#[test]
+fn a_seat_cannot_plant_a_trigger_that_the_admin_fires() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.11", "--seats", "2"]);
+    let mut attack = vec!["CREATE SCHEMA lockslab_admin".to_string()];
+    attack.push(
+        "CREATE TABLE lockslab_admin.lockslab_live_run (run_id text PRIMARY KEY, \
+         started timestamptz NOT NULL DEFAULT now())"
+            .to_string(),
+    );
+    attack.extend(planted_trigger(
+        "lockslab_admin",
+        "ALTER ROLE seat01 SUPERUSER;",
+    ));
+    attack.push(
+        "CREATE TRIGGER planted BEFORE INSERT OR DELETE ON lockslab_admin.lockslab_live_run \
+         FOR EACH ROW EXECUTE FUNCTION lockslab_admin.planted()"
+            .to_string(),
+    );
+    let through = room.seat_tries(1, &attack);
+    // The instructor grades a client on the room's Postgres: lockslab's admin at work.
+    let output = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--patience",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "read l; exit 1",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("client"), "the challenge ran: {said}");
+    let mut seat = postgres::Client::connect(&room.seat_postgres(1), postgres::NoTls).unwrap();
+    let superuser: bool = seat
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!superuser, "seat01 became superuser; it ran: {through:#?}");
+    assert_eq!(
+        room.seat_counts(1, "lockslab_admin.fired"),
+        0,
+        "the planted trigger fired; the seat ran: {through:#?}"
+    );
+    // The admin's registry is its own, in a schema of its own (or the run above could not
+    // have registered, and a dead run of it would never be swept).
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    let owner: Option<String> = admin
+        .query_one(
+            "SELECT (SELECT relowner::regrole::text FROM pg_class \
+             WHERE oid = to_regclass('lockslab_admin.lockslab_live_run'))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(owner.as_deref(), Some("lockslab_admin"));
+    // Nothing a seat may run in the labs' database creates anything there.
+    let mut labs = postgres::Client::connect(
+        &on_database(&room.seat_postgres(1), "lockslab"),
+        postgres::NoTls,
+    )
+    .unwrap();
+    for attempt in [
+        "CREATE SCHEMA lockslab_admin",
+        "CREATE SCHEMA lockslab",
+        "CREATE SCHEMA public2",
+        "CREATE TABLE public.lockslab_live_run (run_id text)",
+        "CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql AS 'SELECT NULL'",
+    ] {
+        assert!(
+            labs.batch_execute(attempt).is_err(),
+            "seat01 ran {attempt} in the labs' database"
+        );
+    }
+}
+
+/// Issue 40, row 2: the same trick on the labs' role. A seat made a schema `lockslab`
+/// (the labs' role's "$user") with copies of the store's tables and a trigger that flipped
+/// verdicts; the instructor's runs wrote through it. Now the labs' role's search_path is
+/// fixed on the role to a schema it owns, and the store names its schema.
+#[test]
+fn a_seat_cannot_steer_the_instructors_store() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.12", "--seats", "2"]);
+    let mut attack = vec![
+        "CREATE SCHEMA lockslab".to_string(),
+        "CREATE TABLE lockslab.lockslab_resource (run_id text NOT NULL, resource text NOT NULL, \
+         value text NOT NULL, writer text NOT NULL, token bigint, \
+         decisions bigint NOT NULL DEFAULT 0, PRIMARY KEY (run_id, resource))"
+            .to_string(),
+        "CREATE TABLE lockslab.lockslab_attempt (id bigserial PRIMARY KEY, run_id text NOT NULL, \
+         resource text NOT NULL, writer text NOT NULL, value text NOT NULL, token bigint, \
+         fenced boolean NOT NULL, accepted boolean NOT NULL, decided bigint, \
+         at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            .to_string(),
+        "CREATE TABLE lockslab.lockslab_claim (run_id text NOT NULL, resource text NOT NULL, \
+         claim text, claimer text, decisions bigint NOT NULL DEFAULT 0, \
+         PRIMARY KEY (run_id, resource))"
+            .to_string(),
+        "CREATE TABLE lockslab.lockslab_live_run (run_id text PRIMARY KEY, \
+         started timestamptz NOT NULL DEFAULT now())"
+            .to_string(),
+    ];
+    attack.extend(planted_trigger("lockslab", "NEW.accepted := true;"));
+    attack.push(
+        "CREATE TRIGGER planted BEFORE INSERT ON lockslab.lockslab_attempt \
+         FOR EACH ROW EXECUTE FUNCTION lockslab.planted()"
+            .to_string(),
+    );
+    let through = room.seat_tries(1, &attack);
+    // The instructor runs a fenced lab on the room's servers, as the labs' role.
+    let output = room.command(&QUICK_LAB).arg("--json").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        room.seat_counts(1, "lockslab.fired"),
+        0,
+        "the planted trigger fired; the seat ran: {through:#?}"
+    );
+    let verdict: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_ne!(
+        verdict["runs"][0]["stale_write_accepted"], true,
+        "{verdict}"
+    );
+    // Every role lockslab uses has its search_path on the role, and none starts with a
+    // schema a seat could make.
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    for (role, path) in [
+        ("lockslab_admin", "search_path=pg_catalog, pg_temp"),
+        ("lockslab", "search_path=lockslab, pg_catalog, pg_temp"),
+    ] {
+        let set: Vec<String> = admin
+            .query_one(
+                "SELECT coalesce(rolconfig, '{}') FROM pg_roles WHERE rolname = $1",
+                &[&role],
+            )
+            .unwrap()
+            .get(0);
+        assert!(set.iter().any(|s| s == path), "{role}: {set:?}");
+    }
+    let owner: String = admin
+        .query_one(
+            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'lockslab'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "lockslab");
+}
+
+/// Issue 40, row 4: a challenge client kept a backend holding `LOCK TABLE` on a table of
+/// its own past the run; the schema's drop timed out, the run left the registry anyway,
+/// and its schema and LOGIN role (whose password the client knew) stayed for good. Now
+/// the client role's sessions are ended before the drop.
+#[test]
+fn a_client_holding_a_lock_past_the_run_leaves_no_role_nor_schema() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.13", "--seats", "2"]);
+    // Two clients start; each makes a table in the run's schema, then one holds it
+    // locked from a session that sleeps (it never reads its socket again, so its end
+    // goes unnoticed), and they leave.
+    let client = lock_holding_client("echo locked-and-gone\nexit 1");
+    let output = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--json",
+            "--patience",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &client,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let verdict: serde_json::Value = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|v| v["kind"] == "verdict")
+        .unwrap_or_else(|| {
+            panic!(
+                "no verdict:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("locked-and-gone"), "{verdict}");
+    let run_id = verdict["run_id"].as_str().unwrap();
+    let role = format!("lockslab_client_{run_id}");
+    let schema = format!("lockslab_challenge_{run_id}");
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    let left: (i64, i64, i64) = {
+        let row = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = $1), \
+                        (SELECT count(*) FROM pg_namespace WHERE nspname = $2), \
+                        (SELECT count(*) FROM pg_stat_activity WHERE usename = $1)",
+                &[&role, &schema],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(
+        left,
+        (0, 0, 0),
+        "(role, schema, sessions) of the run left; lockslab said: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A challenge client for the room tests: makes a table in the run's schema, holds it
+/// locked from a session busy in `pg_sleep` (which never notices its client is gone), ends
+/// the `psql` that sent it, then does `then`.
+fn lock_holding_client(then: &str) -> String {
+    format!(
+        r#"
+read l
+field() {{ printf '%s' "$l" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }}
+url=$(field postgres_url); schema=$(field schema)
+psql -q "$url" -c "CREATE TABLE IF NOT EXISTS $schema.mine (v int)" 2>/dev/null
+psql -q "$url" -c "BEGIN; LOCK TABLE $schema.mine; SELECT pg_sleep(600)" >/dev/null 2>&1 &
+until psql -tA "$url" -c "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE c.relname = 'mine' AND l.granted AND l.mode = 'AccessExclusiveLock'" | grep -q 1
+do sleep 0.2; done
+kill $!
+{then}
+"#
+    )
+}
+
+/// Issue 40, row 4, the sweep: a challenge run killed (SIGKILL) while its client's session
+/// holds a lock in its schema never cleans up; the next run finds it dead and must get
+/// past that lock to drop its schema and its LOGIN role.
+#[test]
+fn a_killed_challenge_runs_client_role_is_swept_by_the_next_run_past_a_held_lock() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.15", "--seats", "1"]);
+    let marker = format!("60{}", std::process::id());
+    let mut run = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--patience",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &lock_holding_client(&format!("exec sleep {marker}")),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut admin = postgres::Client::connect(&room.admin_postgres(), postgres::NoTls).unwrap();
+    let holder = |admin: &mut postgres::Client| -> Option<String> {
+        admin
+            .query_opt(
+                "SELECT a.usename::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                 JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE c.relname = 'mine' AND l.granted AND l.mode = 'AccessExclusiveLock'",
+                &[],
+            )
+            .unwrap()
+            .map(|row| row.get(0))
+    };
+    let mut role = None;
+    assert!(
+        eventually(std::time::Duration::from_secs(60), || {
+            role = holder(&mut admin);
+            role.is_some()
+        }),
+        "the client never held its lock"
+    );
+    let role = role.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    run.wait().unwrap();
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || {
+            processes_mentioning(&format!("sleep {marker}")).is_empty()
+        }),
+        "the client outlived lockslab"
+    );
+    let run_id = role.strip_prefix("lockslab_client_").unwrap().to_string();
+    let schema = format!("lockslab_challenge_{run_id}");
+    let left = |admin: &mut postgres::Client| -> (i64, i64, i64) {
+        let row = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = $1), \
+                        (SELECT count(*) FROM pg_namespace WHERE nspname = $2), \
+                        (SELECT count(*) FROM pg_stat_activity WHERE usename = $1)",
+                &[&role, &schema],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    // Killed: nothing cleaned up, and the lock still held.
+    assert_eq!(left(&mut admin).0, 1);
+    assert!(holder(&mut admin).is_some());
+    // The next run of the instructor's sweeps the dead one before it starts.
+    let output = room
+        .command(&[
+            "challenge",
+            "counter",
+            "--patience",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "read l; exit 1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        left(&mut admin),
+        (0, 0, 0),
+        "(role, schema, sessions) of the killed run left; the next run said: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Issue 40, row 5 (Postgres): one seat opened every connection the room's Postgres had,
+/// and every other seat and the labs' role were refused. Now a seat has a connection
+/// limit: one lab run's worth.
+#[test]
+fn one_seat_cannot_take_every_postgres_connection() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.14", "--seats", "2"]);
+    let hog = room.seat_postgres(1);
+    let mut held = Vec::new();
+    for _ in 0..145 {
+        match postgres::Client::connect(&hog, postgres::NoTls) {
+            Ok(client) => held.push(client),
+            Err(_) => break,
+        }
+    }
+    let took = held.len() as i64;
+    for (who, url) in [
+        ("seat02", room.seat_postgres(2)),
+        (
+            "the labs' role",
+            room.state_file()["postgres"].as_str().unwrap().to_string(),
+        ),
+    ] {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls)
+            .unwrap_or_else(|err| panic!("{who} refused while seat01 holds {took}: {err}"));
+        db.batch_execute("SELECT 1").unwrap();
+    }
+    assert!(
+        took <= lockslab::servers::PG_CONNECTIONS_PER_LAB,
+        "seat01 opened {took} connections"
+    );
+    // Still enough for the hungriest lab.
+    assert!(
+        took >= lockslab::servers::PG_CONNECTIONS_PER_LAB - 1,
+        "seat01 opened only {took} connections"
+    );
 }

@@ -24,11 +24,14 @@ pub fn client_role_of(run_id: &str) -> String {
     crate::labs::leftovers::challenge_role_of(run_id)
 }
 
-/// What drops everything the run made in Postgres, the client's own tables with it, then
-/// the clients' role (once its grants went with the schema), if it was made.
+/// What drops everything the run made in Postgres: first it ends the clients' sessions
+/// (one kept busy holding a lock would outwait the drop), then the schema with the
+/// client's own tables, then the clients' role (once its grants went with the schema), if
+/// it was made. When this fails, the run stays in the registry and the next run sweeps it.
 pub fn drop_sql(run_id: &str) -> String {
     format!(
-        "DROP SCHEMA IF EXISTS {} CASCADE; {}",
+        "{}; DROP SCHEMA IF EXISTS {} CASCADE; {}",
+        crate::labs::leftovers::end_challenge_sessions(run_id),
         schema_of(run_id),
         crate::labs::leftovers::drop_challenge_role(run_id)
     )
@@ -41,6 +44,8 @@ pub fn drop_sql(run_id: &str) -> String {
 /// its owner — no superuser, no other role's rights: it cannot end the grader's
 /// connection (`pg_terminate_backend` wants the grader's role), nor rewrite the log.
 ///
+/// Its `search_path` is set on the role: the run's schema, then the catalog, `pg_temp` last.
+///
 /// Returns the clients' URL: `url` with the role and password in place of its own. `None`
 /// when `db`'s role may not create roles (a Postgres given to lockslab, or `lockslab up`'s
 /// role): the clients then share that role with the grader.
@@ -52,7 +57,8 @@ pub fn create_client_role(
 ) -> Result<Option<String>> {
     let may_create: bool = db
         .query_one(
-            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user",
+            "SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles \
+             WHERE rolname = current_user",
             &[],
         )?
         .get(0);
@@ -63,6 +69,7 @@ pub fn create_client_role(
     db.batch_execute(&format!(
         "CREATE ROLE {role} LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE
              NOREPLICATION NOBYPASSRLS NOINHERIT;
+         ALTER ROLE {role} SET search_path = {schema}, pg_catalog, pg_temp;
          GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
          GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
     ))
@@ -95,7 +102,7 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
              fence bigint,
              at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE FUNCTION {schema}.log_change() RETURNS trigger LANGUAGE plpgsql
-             SECURITY DEFINER SET search_path = pg_catalog AS $$
+             SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
          BEGIN
              INSERT INTO {schema}.changes
                  (record, job, old_value, new_value, old_items, new_items, fence)
@@ -103,7 +110,8 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
                  NEW.fence);
              RETURN NEW;
          END $$;
-         CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql
+             SET search_path = pg_catalog, pg_temp AS $$
          BEGIN
              RAISE EXCEPTION 'lockslab challenge: % on %.% is not allowed (update a record''s value, items and job)',
                  TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
@@ -141,7 +149,10 @@ fn epoch_us(timestamp: &str) -> String {
 /// The database's clock now, in µs since the epoch: the moment a fault began, on the same
 /// clock as the log's changes.
 pub fn clock_us(db: &mut PgClient) -> Result<i64> {
-    let row = db.query_one(&format!("SELECT {}", epoch_us("clock_timestamp()")), &[])?;
+    let row = db.query_one(
+        &format!("SELECT {}", epoch_us("pg_catalog.clock_timestamp()")),
+        &[],
+    )?;
     Ok(row.get(0))
 }
 
@@ -151,7 +162,7 @@ pub fn clock_us(db: &mut PgClient) -> Result<i64> {
 /// they are would fail.
 fn flat_items(column: &str) -> String {
     format!(
-        "ARRAY(SELECT coalesce(entry, 'NULL') FROM unnest({column}) WITH ORDINALITY \
+        "ARRAY(SELECT coalesce(entry, 'NULL') FROM pg_catalog.unnest({column}) WITH ORDINALITY \
          AS each(entry, n) ORDER BY n)"
     )
 }

@@ -12,7 +12,10 @@ use crate::connect;
 use crate::procs::{self, InterruptCleanup};
 use crate::store::Store;
 use registry::{Registry, what_a_run_creates_in_postgres};
-pub use registry::{challenge_role_of, challenge_schema_of, drop_challenge_role, sweep_dead_runs};
+pub use registry::{
+    challenge_role_of, challenge_schema_of, drop_challenge_role, end_challenge_sessions,
+    sweep_dead_runs,
+};
 
 /// The places a run writes to, named by its run id.
 #[derive(Clone, Debug, Default)]
@@ -84,18 +87,24 @@ impl Leftovers {
     }
 
     /// What the dead run `run_id` may have left on the servers `self` names, rebuilt from
-    /// its id alone. `postgres` is where it was registered: its tables, sequences and store
-    /// rows are there (the rows only where the store's tables exist).
-    fn of_dead_run(&self, run_id: &str, postgres: Option<(&str, bool)>) -> Leftovers {
+    /// its id alone. `postgres` is where it was registered, and the registry's schema
+    /// there: its tables, sequences and store rows are there (the rows only where the
+    /// store's tables exist).
+    fn of_dead_run(&self, run_id: &str, postgres: Option<(&str, &str, bool)>) -> Leftovers {
         Leftovers {
             run_id: run_id.to_string(),
             store: postgres
-                .filter(|&(_, has_store)| has_store)
-                .map(|(url, _)| url.to_string()),
+                .filter(|&(_, _, has_store)| has_store)
+                .map(|(url, _, _)| url.to_string()),
             redis: self.redis.clone(),
             etcd: self.etcd.clone(),
             sql: postgres
-                .map(|(url, _)| (url.to_string(), what_a_run_creates_in_postgres(run_id)))
+                .map(|(url, schema, _)| {
+                    (
+                        url.to_string(),
+                        what_a_run_creates_in_postgres(run_id, schema),
+                    )
+                })
                 .into_iter()
                 .collect(),
         }
@@ -175,7 +184,11 @@ impl Removal {
         }
         if let Some(leftovers) = self.leftovers.take() {
             let left = leftovers.remove();
-            if let Some(registry) = self.registry.take() {
+            // Left something: stays registered (its lock goes with the connection), so
+            // that the next run sweeps it.
+            if let Some(registry) = self.registry.take()
+                && left.is_empty()
+            {
                 registry.leave(&leftovers.run_id);
             }
             if run.is_ok() {
@@ -192,8 +205,10 @@ impl Drop for Removal {
         if let Some(leftovers) = self.leftovers.take()
             && !procs::interrupted()
         {
-            leftovers.remove();
-            if let Some(registry) = self.registry.take() {
+            let left = leftovers.remove();
+            if let Some(registry) = self.registry.take()
+                && left.is_empty()
+            {
                 registry.leave(&leftovers.run_id);
             }
         }

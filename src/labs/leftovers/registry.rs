@@ -4,6 +4,7 @@ use super::Leftovers;
 use crate::connect;
 use crate::invoices;
 use crate::queue::{Mode, Queue};
+use crate::store::own_schema;
 
 /// The live runs on shared servers, so that a run killed with SIGKILL — whose cleanup never
 /// ran — is swept by the next run on the same servers, or by `lockslab reset`.
@@ -22,13 +23,19 @@ use crate::queue::{Mode, Queue};
 /// named by its run id, and removed by those names: only run ids are read from the registry,
 /// never statements or URLs, so a row or member another user wrote can make a run sweep
 /// nothing but a dead run's own names.
+///
+/// The table lives in the connection's own schema ([`own_schema`]), named in every
+/// statement: the admin's registry (of the challenge runs it grades) in `lockslab_admin`,
+/// the labs' role's in `lockslab`, a seat's in its own. A run whose removal left something
+/// behind keeps its row, so that the next run sweeps it again.
 pub struct Registry {
-    postgres: Option<connect::PgClient>,
+    /// The connection holding the run's lock, and its schema (quoted).
+    postgres: Option<(connect::PgClient, String)>,
     redis: Option<(String, connect::RedisConn)>,
 }
 
 /// The advisory lock a live run holds, from its run id (computed, never read from the table).
-const RUN_LOCK: &str = "hashtextextended('lockslab-run:' || $1::text, 0)";
+const RUN_LOCK: &str = "pg_catalog.hashtextextended('lockslab-run:' || $1::text, 0)";
 
 /// The Redis set of the runs registered in that Redis.
 const LIVE_RUNS: &str = "lockslab:live-runs";
@@ -60,13 +67,15 @@ fn well_formed(run_id: &str) -> bool {
 
 /// The statements that drop whatever a run may have created in Postgres besides its store
 /// rows, built from its run id: lab 7's schema, lab 3's queue tables, and the fencing token
-/// sequences of labs 1, 5 and 6, and a challenge's records and log. Each is `IF EXISTS`:
-/// a run makes only some of them.
-pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
+/// sequences of labs 1, 5 and 6 (all in `schema`, the registry's), and a challenge's
+/// records and log, its clients' sessions ended first. Each is `IF EXISTS`: a run makes
+/// only some of them.
+pub(super) fn what_a_run_creates_in_postgres(run_id: &str, schema: &str) -> String {
     let queue_tables: Vec<String> = Mode::ALL
         .into_iter()
         .map(|mode| Queue::new(run_id, mode))
         .flat_map(|queue| [queue.jobs, queue.processing])
+        .map(|table| format!("{schema}.{table}"))
         .collect();
     let sequences = [
         // Lab 1's, one per fenced variation that draws from the store (`--token-restart`).
@@ -75,15 +84,48 @@ pub(super) fn what_a_run_creates_in_postgres(run_id: &str) -> String {
         // Lab 5's (`sequence_of` in labs/failover) and lab 6's.
         format!("lockslab_fence_{run_id}"),
         crate::labs::redlock::Plan::sequence(run_id),
-    ];
+    ]
+    .map(|sequence| format!("{schema}.{sequence}"));
     format!(
-        "DROP SCHEMA IF EXISTS {}, {} CASCADE; DROP TABLE IF EXISTS {}; \
+        "{}; DROP SCHEMA IF EXISTS {}, {} CASCADE; DROP TABLE IF EXISTS {}; \
          DROP SEQUENCE IF EXISTS {}; {}",
+        end_challenge_sessions(run_id),
         invoices::schema_of(run_id),
         challenge_schema_of(run_id),
         queue_tables.join(", "),
         sequences.join(", "),
         drop_challenge_role(run_id)
+    )
+}
+
+/// Ends every session that could keep a challenge run's schema from being dropped: its
+/// clients' role's (which may not log in again once this commits), and any other holding a
+/// lock on the schema or on something in it. A client that leaves a session holding
+/// `LOCK TABLE` on a table of its own, busy in `pg_sleep`, outlives its process (a busy
+/// backend does not notice its client is gone): waiting for it made the drop time out, and
+/// the role — whose password the client knows — stayed.
+///
+/// Best effort, like the drops after it: without the right to end those sessions (a role
+/// that is neither superuser nor a member of theirs), a warning, and the drop may wait.
+pub fn end_challenge_sessions(run_id: &str) -> String {
+    let role = challenge_role_of(run_id);
+    let schema = challenge_schema_of(run_id);
+    format!(
+        "DO $$ BEGIN \
+         PERFORM pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
+         WHERE a.pid <> pg_catalog.pg_backend_pid() AND (a.usename = '{role}' OR a.pid IN (\
+           SELECT l.pid FROM pg_catalog.pg_locks l, pg_catalog.pg_namespace n \
+           WHERE n.nspname = '{schema}' AND l.database = (SELECT d.oid \
+             FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()) \
+           AND (l.relation IN (SELECT c.oid FROM pg_catalog.pg_class c \
+                               WHERE c.relnamespace = n.oid) \
+                OR (l.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass \
+                    AND l.objid = n.oid)))); \
+         IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN \
+         ALTER ROLE {role} NOLOGIN; END IF; \
+         EXCEPTION WHEN OTHERS THEN \
+         RAISE WARNING 'lockslab: sessions of {role} left: %', SQLERRM; \
+         END $$"
     )
 }
 
@@ -105,8 +147,8 @@ pub fn challenge_role_of(run_id: &str) -> String {
 pub fn drop_challenge_role(run_id: &str) -> String {
     let role = challenge_role_of(run_id);
     format!(
-        "DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
-         IF NOT pg_has_role(current_user, '{role}', 'MEMBER') THEN \
+        "DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN \
+         IF NOT pg_catalog.pg_has_role(current_user, '{role}', 'MEMBER') THEN \
          GRANT {role} TO CURRENT_USER; END IF; \
          DROP OWNED BY {role}; DROP ROLE {role}; END IF; \
          EXCEPTION WHEN OTHERS THEN RAISE WARNING 'lockslab: role {role} left: %', SQLERRM; \
@@ -129,18 +171,24 @@ impl Registry {
         let run_id = &leftovers.run_id;
         if let Some(url) = leftovers.postgres() {
             let mut client = connect::postgres(url).ok()?;
-            create_live_run_table(&mut client).ok()?;
+            let schema = create_live_run_table(&mut client).ok()?;
             client
-                .execute(&format!("SELECT pg_advisory_lock({RUN_LOCK})"), &[run_id])
+                .execute(
+                    &format!("SELECT pg_catalog.pg_advisory_lock({RUN_LOCK})"),
+                    &[run_id],
+                )
                 .ok()?;
             client
                 .execute(
-                    "INSERT INTO lockslab_live_run (run_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    &format!(
+                        "INSERT INTO {schema}.lockslab_live_run (run_id) VALUES ($1) \
+                         ON CONFLICT DO NOTHING"
+                    ),
                     &[run_id],
                 )
                 .ok()?;
             return Some(Registry {
-                postgres: Some(client),
+                postgres: Some((client, schema)),
                 redis: None,
             });
         }
@@ -163,10 +211,12 @@ impl Registry {
     }
 
     /// The run is over and its leftovers removed: out of the registry, its lock released.
+    /// (A run whose removal left something drops its `Registry` without leaving: its lock
+    /// goes with the connection, and the next run finds it dead and sweeps it.)
     pub(super) fn leave(self, run_id: &str) {
-        if let Some(mut client) = self.postgres {
+        if let Some((mut client, schema)) = self.postgres {
             let _ = client.execute(
-                "DELETE FROM lockslab_live_run WHERE run_id = $1",
+                &format!("DELETE FROM {schema}.lockslab_live_run WHERE run_id = $1"),
                 &[&run_id],
             );
         }
@@ -179,12 +229,16 @@ impl Registry {
     }
 }
 
-fn create_live_run_table(client: &mut connect::PgClient) -> anyhow::Result<()> {
-    client.batch_execute(
-        "CREATE TABLE IF NOT EXISTS lockslab_live_run (
-             run_id text PRIMARY KEY, started timestamptz NOT NULL DEFAULT now())",
-    )?;
-    Ok(())
+/// Makes the registry's table in the connection's own schema if missing; returns that
+/// schema, quoted.
+fn create_live_run_table(client: &mut connect::PgClient) -> anyhow::Result<String> {
+    let schema = own_schema(client)?;
+    client.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.lockslab_live_run (
+             run_id text PRIMARY KEY,
+             started timestamptz NOT NULL DEFAULT pg_catalog.now())"
+    ))?;
+    Ok(schema)
 }
 
 /// Removes what each dead run registered on the servers `mine` names left there. Returns
@@ -206,24 +260,25 @@ fn sweep_postgres(url: &str, mine: &Leftovers) -> anyhow::Result<usize> {
         return Ok(0);
     }
     let mut client = connect::postgres(url)?;
-    create_live_run_table(&mut client)?;
+    let schema = create_live_run_table(&mut client)?;
     let has_store = client
         .query_one(
-            "SELECT to_regclass('lockslab_resource') IS NOT NULL
-                AND to_regclass('lockslab_attempt') IS NOT NULL
-                AND to_regclass('lockslab_claim') IS NOT NULL",
-            &[],
+            "SELECT pg_catalog.to_regclass($1 || '.lockslab_resource') IS NOT NULL
+                AND pg_catalog.to_regclass($1 || '.lockslab_attempt') IS NOT NULL
+                AND pg_catalog.to_regclass($1 || '.lockslab_claim') IS NOT NULL",
+            &[&schema],
         )?
         .get::<_, bool>(0);
     let mut swept = 0;
-    for row in client.query("SELECT run_id FROM lockslab_live_run", &[])? {
+    let live_runs = format!("SELECT run_id FROM {schema}.lockslab_live_run");
+    for row in client.query(&live_runs, &[])? {
         let run_id: String = row.get(0);
         if !well_formed(&run_id) || run_id == mine.run_id {
             continue;
         }
         let dead = client
             .query_one(
-                &format!("SELECT pg_try_advisory_lock({RUN_LOCK})"),
+                &format!("SELECT pg_catalog.pg_try_advisory_lock({RUN_LOCK})"),
                 &[&run_id],
             )
             .is_ok_and(|row| row.get::<_, bool>(0));
@@ -231,18 +286,18 @@ fn sweep_postgres(url: &str, mine: &Leftovers) -> anyhow::Result<usize> {
             continue;
         }
         if mine
-            .of_dead_run(&run_id, Some((url, has_store)))
+            .of_dead_run(&run_id, Some((url, &schema, has_store)))
             .remove()
             .is_empty()
         {
             let _ = client.execute(
-                "DELETE FROM lockslab_live_run WHERE run_id = $1",
+                &format!("DELETE FROM {schema}.lockslab_live_run WHERE run_id = $1"),
                 &[&run_id],
             );
             swept += 1;
         }
         let _ = client.execute(
-            &format!("SELECT pg_advisory_unlock({RUN_LOCK})"),
+            &format!("SELECT pg_catalog.pg_advisory_unlock({RUN_LOCK})"),
             &[&run_id],
         );
     }
@@ -321,14 +376,22 @@ mod tests {
 
     #[test]
     fn a_dead_runs_statements_name_only_its_own_objects() {
-        let sql = what_a_run_creates_in_postgres("ana_3f2a");
+        let sql = what_a_run_creates_in_postgres("ana_3f2a", "ana");
         assert!(
-            sql.starts_with(
-                "DROP SCHEMA IF EXISTS lockslab_ana_3f2a, lockslab_challenge_ana_3f2a CASCADE;"
+            sql.contains(
+                "; DROP SCHEMA IF EXISTS lockslab_ana_3f2a, lockslab_challenge_ana_3f2a CASCADE;"
             ),
             "{sql}"
         );
-        assert!(sql.contains("lockslab_ana_3f2a_skip_locked_jobs"), "{sql}");
-        assert!(sql.contains("lockslab_fence_ana_3f2a"), "{sql}");
+        // The client role's sessions end before anything is dropped.
+        assert!(
+            sql.find("pg_terminate_backend") < sql.find("DROP SCHEMA"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("ana.lockslab_ana_3f2a_skip_locked_jobs"),
+            "{sql}"
+        );
+        assert!(sql.contains("ana.lockslab_fence_ana_3f2a"), "{sql}");
     }
 }
