@@ -150,6 +150,27 @@ fn a_pause_between_read_and_write_breaks_the_redis_lock_and_not_its_fenced_twin(
     );
 }
 
+/// The database's own answer under the pause that breaks the Redis lock: A's read and
+/// write share one SERIALIZABLE transaction, so the write computed from A's stale read
+/// never commits — Postgres rolls it back (40001) and A reads again. Every attempt the
+/// store kept was accepted, and the checker finds nothing. (The same client at READ
+/// COMMITTED writes stale on both schedules.)
+#[test]
+fn a_pause_between_read_and_write_does_not_break_serializable() {
+    let (code, schedules, verdict, _) = replay("serializable", BETWEEN_READ_AND_WRITE, "2");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert_eq!(schedules.len(), 2, "{verdict}");
+    for line in &schedules {
+        assert_eq!(line["result"], "safe", "{line}");
+        assert_eq!(line["unplayed"], 0, "the pause played: {line}");
+        assert!(
+            line["accepted"].as_u64().unwrap() > 0,
+            "the clients did write"
+        );
+        assert_eq!(rows_of(line["run_id"].as_str().unwrap()), 0, "rows removed");
+    }
+}
+
 /// Interrupted while a client lies paused for 30s: the run never reaches its own cleanup,
 /// so only the interrupt's removes the history's rows.
 #[test]
