@@ -423,6 +423,13 @@ pub mod network {
                    What does the retry do?",
     };
 
+    /// Before a fenced write whose answer is lost, retried with the same token.
+    pub const LOST_FENCED_WRITE: Checkpoint = Checkpoint {
+        name: "before the lost fenced write",
+        question: "A writes with its fencing token; the store accepts it and the answer is \
+                   lost. A retries with the same token. Does the token stop the second copy?",
+    };
+
     pub const VERDICT: Checkpoint = Checkpoint {
         name: "before the verdict",
         question: "A was never paused and checked its lock before writing. Which evidence \
