@@ -316,6 +316,12 @@ pub mod queue {
                    must the waiter behind it do when it wakes? Then the holder freezes: who \
                    holds, and what becomes of the old holder's write?",
     };
+    pub const OWNER_TXN: Checkpoint = Checkpoint {
+        name: "before the check inside etcd",
+        question: "A writes an etcd key with a put guarded by its lock key's create \
+                   revision, in one transaction. A's lease ends; B takes the lock and writes. \
+                   What does etcd answer A's next guarded put?",
+    };
     pub const ELECTION: Checkpoint = Checkpoint {
         name: "before the election",
         question: "L1 leads; L2 campaigns. L1 freezes past its lease. When it wakes, who \
