@@ -208,7 +208,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
     let missed = expected_to_break(cells, "SAFE");
-    let undecided = expected_to_break(cells, "UNKNOWN");
+    let unknown = expected_to_break(cells, "UNKNOWN");
     crate::outln!();
     if against.is_empty() {
         crate::prose!("{}", none_against(cells));
@@ -217,7 +217,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             "{} {}: the labs expect these safe.{}",
             "Disagrees with the labs:".red().bold(),
             against.join(", "),
-            undecided_safe(cells).map_or(String::new(), |u| format!(" {u}"))
+            unknown_safe(cells).map_or(String::new(), |u| format!(" {u}"))
         );
     }
     if !missed.is_empty() {
@@ -231,11 +231,11 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             missed.join(", ")
         );
     }
-    if !undecided.is_empty() {
+    if !unknown.is_empty() {
         crate::prose!(
             "Expected to break, unknown (the checker could not decide that many of their \
              histories, and found no violation in the others): {}.",
-            undecided.join(", ")
+            unknown.join(", ")
         );
     }
 }
@@ -244,22 +244,22 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
 /// named: an UNKNOWN is not a pass.
 fn none_against(cells: &[Cell]) -> String {
     let said = "No cell the labs expect safe showed a violation.";
-    match undecided_safe(cells) {
-        Some(undecided) => format!("{said} {undecided}"),
+    match unknown_safe(cells) {
+        Some(unknown) => format!("{said} {unknown}"),
         None => said.to_string(),
     }
 }
 
 /// The cells the labs expect safe that came out UNKNOWN, in a sentence; None if none did.
-fn undecided_safe(cells: &[Cell]) -> Option<String> {
-    let undecided: Vec<String> = (cells.iter())
+fn unknown_safe(cells: &[Cell]) -> Option<String> {
+    let unknown: Vec<String> = (cells.iter())
         .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNKNOWN"))
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
-    (!undecided.is_empty()).then(|| {
+    (!unknown.is_empty()).then(|| {
         format!(
             "Expected safe, unknown, never a pass: {}.",
-            undecided.join(", ")
+            unknown.join(", ")
         )
     })
 }
@@ -430,7 +430,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_cell_expected_to_break_is_undecided_not_missed() {
+    fn an_unknown_cell_expected_to_break_is_unknown_not_missed() {
         let cell = |fault, result: &str| Cell {
             kind: "cell".into(),
             design: Design::RedisLock,
