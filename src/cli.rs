@@ -42,7 +42,7 @@ Exit status:
        workers and servers were stopped
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
   (`chaos`, `matrix`, `challenge` grade: 1 a violation found or a challenge
-       failed, 3 undecided, 4 could not run; see their --help)
+       failed, 3 unknown, 4 could not run; see their --help)
 
 Examples:
   lockslab                      the lab menu (also `lockslab list`)
@@ -112,7 +112,7 @@ enum Command {
     Queue(QueueArgs),
     /// Random fault schedules from a seed against one lock design; the smallest that breaks it
     Chaos(crate::labs::chaos::ChaosArgs),
-    /// Every lock design against every kind of fault: SAFE, UNSAFE or INCONCLUSIVE
+    /// Every lock design against every kind of fault: SAFE, UNSAFE or UNKNOWN
     Matrix(crate::labs::chaos::matrix::MatrixArgs),
     /// Your own lock client, in any language, run under pauses, kills and network delays
     /// and graded from the data (`lockslab challenge list`)

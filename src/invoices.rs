@@ -1,4 +1,4 @@
-//! Lab 7's job, and eight ways to do it with many workers racing: the SQL is the lesson.
+//! Lab 7's job, and nine ways to do it with many workers racing: the SQL is the lesson.
 //!
 //! **The job.** Issue the invoice for (customer, period) and add its amount to the
 //! customer's balance. Done right, every (customer, period) has exactly one invoice, and
@@ -17,6 +17,8 @@
 //!  ❌ fenced-write-only   the same lock, and the row checks a fencing token when it is
 //!                         written — fenced the write, not the read it depends on
 //!  ✅ optimistic          no lock: UPDATE … WHERE version = <what I read>; 0 rows → retry
+//!  ✅ serializable        no lock: read and write in one SERIALIZABLE transaction;
+//!                         SQLSTATE 40001 (or 40P01) → roll back, read again
 //!  ✅ idempotency-key     no lock: INSERT … ON CONFLICT DO NOTHING; balance += only if inserted
 //!  ✅ partitioned         no lock: worker k owns the customers with hash(id) mod N = k
 //!  ✅ advisory-xact       pg_advisory_xact_lock inside the transaction that writes
@@ -52,6 +54,9 @@ pub enum Approach {
     FencedWriteOnly,
     /// Compare-and-set on a version column; zero rows updated means retry
     Optimistic,
+    /// Read and write in one SERIALIZABLE transaction; on SQLSTATE 40001 or 40P01, roll
+    /// back and read again
+    Serializable,
     /// INSERT … ON CONFLICT (customer, period) DO NOTHING; balance changed only if inserted
     IdempotencyKey,
     /// Worker k does only the customers with hash(id) mod N = k: nothing is shared
@@ -66,10 +71,11 @@ pub enum Approach {
 
 impl Approach {
     /// The order of the lab's runs and of its table: the baseline first, its fix last.
-    pub const ALL: [Approach; 8] = [
+    pub const ALL: [Approach; 9] = [
         Approach::RedisLock,
         Approach::FencedWriteOnly,
         Approach::Optimistic,
+        Approach::Serializable,
         Approach::IdempotencyKey,
         Approach::Partitioned,
         Approach::AdvisoryXact,
@@ -81,6 +87,7 @@ impl Approach {
         match self {
             Approach::RedisLock => "redis-lock",
             Approach::Optimistic => "optimistic",
+            Approach::Serializable => "serializable",
             Approach::IdempotencyKey => "idempotency-key",
             Approach::Partitioned => "partitioned",
             Approach::AdvisoryXact => "advisory-xact",
@@ -97,6 +104,9 @@ impl Approach {
             Approach::FencedWriteOnly => "a lock service, a token, and luck: no pause mid-write",
             Approach::RedisFenced => "a lock service, and a row claimed with its token",
             Approach::Optimistic => "a version column on the row it changes; one database",
+            Approach::Serializable => {
+                "every transaction on these tables SERIALIZABLE; retries under contention"
+            }
             Approach::IdempotencyKey => "a natural key for the job (customer, period)",
             Approach::Partitioned => "partitionable work, and a new owner for a dead one",
             Approach::AdvisoryXact | Approach::AdvisorySession => {
@@ -226,6 +236,14 @@ pub const SET_BALANCE_IF_FENCE: &str =
 /// with a lower token than the row has seen claims nothing.
 pub const CLAIM_ROW: &str =
     "UPDATE {customers} SET fence = $2 WHERE id = $1 AND fence < $2 RETURNING balance";
+
+/// ✅ serializable: the transaction the read and both writes share. Postgres runs it under
+/// Serializable Snapshot Isolation: every read takes a predicate lock (SIRead) that blocks
+/// nobody and only records what was read; a write to something another serializable
+/// transaction read makes a read-write dependency, and a transaction that would close a
+/// cycle of them is rolled back with SQLSTATE 40001 (PostgreSQL 15 docs, 13.2.3
+/// "Serializable Isolation Level").
+pub const BEGIN_SERIALIZABLE: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
 /// ✅ idempotency-key: one invoice per (customer, period), decided by the unique index.
 /// Zero rows inserted is a no-op: somebody already did this job.
@@ -367,7 +385,8 @@ pub enum Outcome {
 pub struct Tally {
     pub invoiced: u64,
     pub already_done: u64,
-    /// Optimistic writes that found another version: each one is a retry.
+    /// Optimistic writes that found another version, and serializable transactions Postgres
+    /// rolled back (SQLSTATE 40001 or 40P01): each one is a retry from a fresh read.
     pub conflicts: u64,
     /// Attempts the database turned into nothing (ON CONFLICT, or a retry that found it done).
     pub no_ops: u64,
@@ -519,6 +538,7 @@ impl Desk {
             Approach::FencedWriteOnly => self.with_redis_lock_and_fenced_write(job, gate)?,
             Approach::RedisFenced => self.with_redis_lock_and_claim(job, gate)?,
             Approach::Optimistic => self.optimistic(job, gate)?,
+            Approach::Serializable => self.serializable(job, gate)?,
             Approach::IdempotencyKey => self.idempotency_key(job, gate)?,
             Approach::Partitioned => self.as_the_only_owner(job, gate)?,
             Approach::AdvisoryXact => self.with_advisory_xact_lock(job, gate)?,
@@ -711,6 +731,82 @@ impl Desk {
         )
     }
 
+    /// ✅ serializable: no lock at all. The read-modify-write of `redis-lock` — read the
+    /// balance and whether the job is invoiced, insert the invoice, write the computed
+    /// balance — in **one** `SERIALIZABLE` transaction, tried again from a fresh read
+    /// whenever Postgres rolls it back.
+    ///
+    /// Why no lock is needed: two workers that race on one job each read what the other
+    /// writes (the invoice that is not there yet, the customer's row), so each transaction
+    /// has a read-write dependency on the other: a cycle, which no serial order allows.
+    /// Postgres's Serializable Snapshot Isolation tracks those dependencies and fails one
+    /// of the two with SQLSTATE 40001 (`serialization_failure`) — at the write that closes
+    /// the cycle, at its COMMIT, or, when the other commits first, at the loser's next
+    /// statement. (Here both write the customer's row as well, so the loser often meets
+    /// the first-updater rule instead, "could not serialize access due to concurrent
+    /// update": the same SQLSTATE.) A sleeper frozen anywhere wakes into a transaction
+    /// whose snapshot is stale, and Postgres will not let it commit anything computed from
+    /// it: it rolls back, reads again, and finds the job done. A deadlock (40P01) is
+    /// retried the same way, as the docs advise (PostgreSQL 15, 13.5 "Serialization
+    /// Failure Handling").
+    ///
+    /// What it costs: retries — every loser redoes its read, and under contention the
+    /// losers pile up (counted in `conflicts`); a frozen transaction holds its row lock
+    /// once it has written, as any writer does. And the guarantee is only among
+    /// SERIALIZABLE transactions: one writer at READ COMMITTED (a script, a migration, an
+    /// admin's psql) is not tracked, and its writes can make the others' reads stale
+    /// unseen. `REPEATABLE READ` would catch this job too — every path writes the
+    /// customer's row, and the first-updater rule fails the second writer — but not a job
+    /// whose racing transactions read the same rows and write different ones (write skew):
+    /// that is what the serializable level adds.
+    fn serializable(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
+        const MOST_RETRIES: u32 = 10_000;
+        for attempt in 0..MOST_RETRIES {
+            match self.serializable_attempt(job, attempt, gate) {
+                Err(err) if must_retry(&err) => {
+                    // The transaction is aborted (or, after a failed COMMIT, over): end it
+                    // and start again from a fresh read.
+                    self.say("ROLLBACK")?;
+                    self.tally.conflicts += 1;
+                }
+                done => return done,
+            }
+        }
+        bail!(
+            "gave up on customer {} after {MOST_RETRIES} serialization failures",
+            job.customer
+        )
+    }
+
+    /// One try of [`Desk::serializable`]: read, decide, write both rows, commit.
+    fn serializable_attempt(
+        &mut self,
+        job: &Job,
+        attempt: u32,
+        gate: &mut dyn Gate,
+    ) -> Result<Outcome> {
+        self.say(BEGIN_SERIALIZABLE)?;
+        // The snapshot is taken by the transaction's first statement: the read below.
+        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
+        let (balance, _, invoiced) = self.read_customer(job)?;
+        if invoiced {
+            self.say("COMMIT")?;
+            return Ok(if attempt == 0 {
+                Outcome::AlreadyDone
+            } else {
+                Outcome::NoOp
+            });
+        }
+        gate.at(Moment::Decided, job, StopInfo::default())?;
+        self.work();
+        self.insert_invoice(job)?;
+        gate.at(Moment::MidWrite, job, StopInfo::default())?;
+        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
+        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
+        self.say("COMMIT")?;
+        Ok(Outcome::Invoiced)
+    }
+
     /// ✅ idempotency-key: no lock, no read. Insert the invoice with ON CONFLICT DO NOTHING;
     /// only if a row went in, add the amount to the balance — in the same transaction, and
     /// with `balance + amount` computed by the database, not from an earlier read. A worker
@@ -890,6 +986,17 @@ impl Desk {
             token: held.token,
         }
     }
+}
+
+/// A serializable transaction Postgres rolled back, to be tried again from a fresh read:
+/// SQLSTATE 40001 (`serialization_failure`) or 40P01 (`deadlock_detected`).
+pub fn must_retry(err: &anyhow::Error) -> bool {
+    use postgres::error::SqlState;
+    err.downcast_ref::<postgres::Error>()
+        .and_then(postgres::Error::code)
+        .is_some_and(|code| {
+            *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
+        })
 }
 
 /// Which of `owners` workers owns a customer: hash(key) mod N. With small integer keys the

@@ -106,7 +106,7 @@ const UNFENCED_WRITE: &str = "
 /// holder may write twice with its token). ✅ with tokens from an ordered source that never
 /// hands a number out twice; ❌ with a source that does (lab 1's `--token-restart`, lab 5):
 /// the stale holder's copy of a reissued token gets through.
-const FENCED_WRITE_NOT_LOWER: &str = "
+pub(crate) const FENCED_WRITE_NOT_LOWER: &str = "
     INSERT INTO {schema}.lockslab_resource (run_id, resource, value, writer, token)
     VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (run_id, resource) DO UPDATE
@@ -179,12 +179,12 @@ const NUMBER_THE_CLAIMED_DECISION: &str = "
 /// this transaction — an accepted write because it changed the row, a refused one because
 /// `ON CONFLICT DO UPDATE` locks the conflicting row before it evaluates `WHERE` — so no
 /// other write to the resource is decided between the write and this number.
-const NUMBER_THE_DECISION: &str = "
+pub(crate) const NUMBER_THE_DECISION: &str = "
     UPDATE {schema}.lockslab_resource SET decisions = decisions + 1
     WHERE run_id = $1 AND resource = $2
     RETURNING decisions";
 
-const RECORD_THE_ATTEMPT: &str = "
+pub(crate) const RECORD_THE_ATTEMPT: &str = "
     INSERT INTO {schema}.lockslab_attempt (run_id, resource, writer, value, token, fenced, accepted, decided)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
@@ -295,7 +295,7 @@ impl Store {
     }
 
     /// `statement` with its tables in this connection's schema.
-    fn sql(&self, statement: &str) -> String {
+    pub(crate) fn sql(&self, statement: &str) -> String {
         statement.replace("{schema}", &self.schema)
     }
 

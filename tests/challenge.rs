@@ -188,7 +188,7 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
 }
 
 /// `fenced` holds its row lock across the pause: nobody writes the row before its held
-/// write lands, so the pause tested nothing (undecided, never a pass); `claimed` holds no
+/// write lands, so the pause tested nothing (unknown, never a pass); `claimed` holds no
 /// row lock, a newer holder claims the row, and the held write is refused: it bit.
 /// `checked` checks its token at the write only: lockslab holds the newer holder just
 /// after its read and lets the frozen write go first, and both writes are taken.
@@ -199,7 +199,7 @@ fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     let (code, verdict) = reference("pause", 1, "fenced");
     assert_eq!(code, 3, "{verdict}");
     assert_eq!(verdict["faults_bit"], 0, "{verdict}");
-    let said = verdict["undecided"].to_string();
+    let said = verdict["unknown"].to_string();
     assert!(said.contains("nobody wrote"), "{said}");
     // A claim (an update of `fence` alone) before the read is not a write: not logged.
     passes("pause", "claimed", 2);
@@ -225,20 +225,20 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
         let (code, verdict) = reference(name, 1, "late");
         if name == "pause" {
             assert_eq!(code, 3, "{verdict}");
-            assert_eq!(verdict["grade"], "undecided");
+            assert_eq!(verdict["grade"], "unknown");
         } else {
             assert!(code == 1 || code == 3, "{verdict}");
         }
         assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
         assert_eq!(verdict["faults_bit"], 0, "{verdict}");
-        let said = verdict["undecided"].to_string();
+        let said = verdict["unknown"].to_string();
         assert!(said.contains("came after its write"), "{said}");
     }
 }
 
 /// The other lie: `writing` said before the read. A fault aimed there lands before
 /// anything was read, and the worst order holds a newer holder that has not read yet: the
-/// grader sees it in the items the writes carry. It fails or is undecided, never a pass.
+/// grader sees it in the items the writes carry. It fails or is unknown, never a pass.
 #[test]
 fn a_writing_note_sent_before_the_read_never_passes() {
     for name in ["pause", "delay"] {
@@ -246,7 +246,7 @@ fn a_writing_note_sent_before_the_read_never_passes() {
             let (code, verdict) = reference(name, seed, "early");
             assert!(code == 1 || code == 3, "{name} {seed}: {verdict}");
             if code == 3 {
-                let said = verdict["undecided"].to_string();
+                let said = verdict["unknown"].to_string();
                 assert!(
                     said.contains("had not read") || said.contains("before its read"),
                     "{said}"
@@ -265,7 +265,7 @@ fn crash_kills_a_client_without_notes_as_its_answer_comes() {
     assert_eq!(code, 1, "{verdict}");
     assert!(!findings(&verdict, "doubled").is_empty(), "{verdict}");
     assert!(
-        verdict["undecided"].to_string().contains("sends none"),
+        verdict["unknown"].to_string().contains("sends none"),
         "{verdict}"
     );
 }

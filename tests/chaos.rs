@@ -150,6 +150,27 @@ fn a_pause_between_read_and_write_breaks_the_redis_lock_and_not_its_fenced_twin(
     );
 }
 
+/// The database's own answer under the pause that breaks the Redis lock: A's read and
+/// write share one SERIALIZABLE transaction, so the write computed from A's stale read
+/// never commits — Postgres rolls it back (40001) and A reads again. Every attempt the
+/// store kept was accepted, and the checker finds nothing. (The same client at READ
+/// COMMITTED writes stale on both schedules.)
+#[test]
+fn a_pause_between_read_and_write_does_not_break_serializable() {
+    let (code, schedules, verdict, _) = replay("serializable", BETWEEN_READ_AND_WRITE, "2");
+    assert_eq!(code, Some(0), "{verdict}");
+    assert_eq!(schedules.len(), 2, "{verdict}");
+    for line in &schedules {
+        assert_eq!(line["result"], "safe", "{line}");
+        assert_eq!(line["unplayed"], 0, "the pause played: {line}");
+        assert!(
+            line["accepted"].as_u64().unwrap() > 0,
+            "the clients did write"
+        );
+        assert_eq!(rows_of(line["run_id"].as_str().unwrap()), 0, "rows removed");
+    }
+}
+
 /// Interrupted while a client lies paused for 30s: the run never reaches its own cleanup,
 /// so only the interrupt's removes the history's rows.
 #[test]
@@ -264,6 +285,80 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
         assert_eq!(output.status.code(), Some(2), "{schedule}: {stderr}");
         assert!(stderr.contains(says), "{schedule}: {stderr}");
     }
+}
+
+/// `matrix`'s exit status says whether the labs' claims held, so a course's CI can run it:
+/// a ❌ design breaking where the labs say it breaks exits 0 (the lesson), a ✅ one breaking
+/// exits 1, a ✅ cell unknown exits 3; `--strict` counts every cell. Crafted parts through
+/// `--merge`, the path every matrix's table and status share.
+#[test]
+fn a_matrix_exits_0_when_every_cell_agrees_with_the_labs() {
+    let dir = std::env::temp_dir().join(format!("lockslab-exit-{}", fresh_tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cell = |design: &str, fault: &str, result: &str| {
+        let replay = if result.starts_with("UNSAFE") {
+            format!(r#""lockslab chaos --design {design} --schedule '[]'""#)
+        } else {
+            "null".into()
+        };
+        format!(
+            r#"{{"kind":"cell","design":"{design}","fault":"{fault}","result":"{result}","replay":{replay},"labs_call_it_safe":{}}}"#,
+            !["redis-lock", "etcd-lease"].contains(&design)
+        )
+    };
+    let verdict = r#"{"kind":"verdict","lab":"matrix","seed":1,"schedules_per_cell":3,"shard":"1/1","cells":3}"#;
+    let status = |name: &str, cells: [String; 3], strict: bool| {
+        let file = dir.join(name);
+        std::fs::write(&file, [cells.join("\n"), verdict.into()].join("\n")).unwrap();
+        let mut args = vec!["matrix", "--merge", file.to_str().unwrap()];
+        if strict {
+            args.push("--strict");
+        }
+        let output = lockslab(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        (output.status.code(), text)
+    };
+    // The lessons: redis-lock breaks under a pause, etcd-lease under a pause; serializable
+    // holds. Every cell as the labs mark it: 0; strict, the violations count: 1.
+    let agree = [
+        cell("redis-lock", "pause", "UNSAFE stale-write"),
+        cell("etcd-lease", "pause", "UNSAFE lost-update"),
+        cell("serializable", "pause", "SAFE (3)"),
+    ];
+    let (code, text) = status("agree.jsonl", agree.clone(), false);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("No cell the labs expect safe showed a violation"),
+        "{text}"
+    );
+    assert_eq!(status("agree.jsonl", agree, true).0, Some(1), "strict");
+    // A ✅ design broken: 1, whatever else agrees.
+    let broke = [
+        cell("redis-lock", "pause", "UNSAFE stale-write"),
+        cell("serializable", "pause", "UNSAFE lost-update"),
+        cell("optimistic", "pause", "SAFE (3)"),
+    ];
+    let (code, text) = status("broke.jsonl", broke, false);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("serializable × pause"), "{text}");
+    // A ✅ cell unknown: 3 (never a pass); a ❌ cell unknown only under --strict.
+    let unknown = [
+        cell("redis-lock", "pause", "UNKNOWN 2/3"),
+        cell("serializable", "pause", "UNKNOWN 1/3"),
+        cell("optimistic", "pause", "SAFE (3)"),
+    ];
+    assert_eq!(status("unknown.jsonl", unknown, false).0, Some(3));
+    let lesson_unknown = [
+        cell("redis-lock", "pause", "UNKNOWN 2/3"),
+        cell("serializable", "pause", "SAFE (3)"),
+        cell("optimistic", "pause", "SAFE (3)"),
+    ];
+    assert_eq!(
+        status("lesson.jsonl", lesson_unknown.clone(), false).0,
+        Some(0)
+    );
+    assert_eq!(status("lesson.jsonl", lesson_unknown, true).0, Some(3));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The parts of a sharded matrix merge into one table: each part's cells where they
@@ -521,7 +616,7 @@ fn a_delayed_write_breaks_the_redis_lock_and_not_its_fenced_twin() {
     );
 }
 
-/// A release that got no answer leaves a design that trusts the lock undecided: unknown,
+/// A release that got no answer leaves a design that trusts the lock unknown,
 /// never a pass (exit 3 — or 1 if a busy machine starved a client past its TTL, a pause
 /// nobody scheduled); the fenced twin, whose store decides, is safe.
 #[test]
@@ -532,13 +627,13 @@ fn a_lost_reply_to_a_release_is_unknown_for_the_redis_lock_and_safe_for_its_fenc
         schedules.iter().all(|s| s["unplayed"] == 0),
         "{schedules:?}"
     );
-    let undecided = |s: &&Value| {
+    let unknown = |s: &&Value| {
         s["unknowns"].as_array().is_some_and(|u| {
             u.iter()
                 .any(|u| u.as_str().unwrap().starts_with("A's lock"))
         })
     };
-    assert!(schedules.iter().any(|s| undecided(&s)), "{schedules:?}");
+    assert!(schedules.iter().any(|s| unknown(&s)), "{schedules:?}");
     let (code, schedules, verdict, _) = replay("redis-fenced", LOST_RELEASE, "3");
     assert_eq!(code, Some(0), "{verdict}");
     assert!(
@@ -928,7 +1023,7 @@ fn a_given_schedule_with_a_step_that_never_played_is_unknown_and_names_it() {
     );
     let lines = json_lines(&output.stdout);
     let schedule = lines.iter().find(|l| l["kind"] == "schedule").unwrap();
-    assert_eq!(schedule["result"], "inconclusive", "{schedule}");
+    assert_eq!(schedule["result"], "unknown", "{schedule}");
     let unplayed: Vec<(u64, &str)> = schedule["unplayed_steps"]
         .as_array()
         .unwrap()
@@ -952,7 +1047,7 @@ fn a_given_schedule_with_a_step_that_never_played_is_unknown_and_names_it() {
     );
     let verdict = lines.last().unwrap();
     assert_eq!(
-        (&verdict["inconclusive"], &verdict["played_in_part"]),
+        (&verdict["unknown"], &verdict["played_in_part"]),
         (&Value::from(1), &Value::from(1)),
         "{verdict}"
     );
@@ -1279,7 +1374,7 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
     );
     let unknown_one = schedule_file(
         "merge-unknown",
-        &format!("{}\n{verdict}", cell("INCONCLUSIVE 1/2")),
+        &format!("{}\n{verdict}", cell("UNKNOWN 1/2")),
     );
     for files in [[&unsafe_one, &unknown_one], [&unknown_one, &unsafe_one]] {
         let output = lockslab(&[

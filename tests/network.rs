@@ -10,6 +10,7 @@ use common::*;
 use lockslab::events::facts::{Fault, Phase};
 use lockslab::events::{Event, Kind, What};
 use lockslab::proxy::Direction;
+use lockslab::store::Outcome;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -530,18 +531,19 @@ fn a_heartbeat_counts_its_first_lease_from_the_send_not_from_a_slow_reply() {
 #[test]
 fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", "lost-reply"]);
-    // Five requests let through with their answers lost: three SETs, two COMMITs.
+    // Six requests let through with their answers lost: three SETs, three COMMITs (two
+    // payments, one fenced write).
     let dropped: Vec<&Event> = lines
         .iter()
         .filter(|e| matches!(&e.what, What::NetFault(f) if f.fault == Some(Fault::DropReply)))
         .collect();
-    assert_eq!(dropped.len(), 5, "{dropped:#?}");
+    assert_eq!(dropped.len(), 6, "{dropped:#?}");
     assert_eq!(
         lines
             .iter()
             .filter(|e| matches!(&e.what, What::NetHealed(f) if f.lasted_ms.is_some()))
             .count(),
-        5 + 4,
+        6 + 4,
         "and four etcd lock calls whose answers the proxy swallowed"
     );
     // Right after each lost SET, Redis holds the value A sent.
@@ -597,7 +599,7 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
         .iter()
         .filter(|e| e.text.contains("sent A's COMMIT on"))
         .count();
-    assert_eq!(lost_commits, 2);
+    assert_eq!(lost_commits, 3);
     assert!(
         lines
             .iter()
@@ -624,6 +626,41 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
     );
     assert!(lines.iter().any(|e| e.is("postgres", Kind::Violation)));
     assert!(lines.iter().any(|e| e.is("postgres", Kind::ExactlyOnce)));
+
+    // Fencing does not make a retry safe: the fenced write whose answer was lost had been
+    // accepted, and its retry with the same token is accepted again (not lower than
+    // itself). The store's attempt log holds both, decided one after the other.
+    let fenced: Vec<&Event> = lines
+        .iter()
+        .filter(|e| e.part.scenario.as_deref() == Some("lost-reply:fenced-retry"))
+        .collect();
+    let outcomes: Vec<(Option<i64>, Outcome)> = fenced
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Wrote(w) if e.worker == "A" => Some((w.token, w.outcome)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(Some(1), Outcome::Unknown), (Some(1), Outcome::Accepted)],
+        "{fenced:#?}"
+    );
+    let twice = fenced
+        .iter()
+        .find(|e| e.is("postgres", Kind::Violation))
+        .unwrap_or_else(|| panic!("the store took the retry too: {fenced:#?}"));
+    assert_eq!(
+        observed(twice).and_then(|o| o.duplicates),
+        Some(1),
+        "{twice:?}"
+    );
+    assert!(
+        twice
+            .text
+            .contains("2 accepted attempts with token 1 (decisions 1 and 2)"),
+        "{twice:?}"
+    );
 
     // etcd's lock call: applied, its answer swallowed, then each retry as etcd answers it.
     let swallowed = lines

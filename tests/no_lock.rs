@@ -118,6 +118,7 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
             "redis-lock",
             "fenced-write-only",
             "optimistic",
+            "serializable",
             "idempotency-key",
             "partitioned",
             "advisory-xact",
@@ -250,6 +251,10 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
         "w1's stale version conflicts"
     );
     assert!(
+        count("serializable", "conflicts") >= 1,
+        "w1's stale snapshot is rolled back and read again"
+    );
+    assert!(
         count("idempotency-key", "no_ops") >= 1,
         "w1's late insert is a no-op"
     );
@@ -312,6 +317,43 @@ fn every_safe_approach_survives_a_freeze_at_every_point_and_the_lessons_fail_whe
         redis_keys(&run_id).is_empty(),
         "the run's Redis keys are gone"
     );
+}
+
+/// The database's own answer: the read and both writes in one SERIALIZABLE transaction,
+/// retried on 40001/40P01. A freeze at every point of a job, met by another worker before
+/// the SIGCONT, and the kill: every job once, every balance right — and the price, in
+/// transactions Postgres rolled back. (Run at READ COMMITTED instead, the same code
+/// invoices jobs twice at every point.)
+#[test]
+fn serializable_survives_a_freeze_at_every_point_and_pays_in_retries() {
+    let (lines, verdict, _) =
+        run_json(&["no-lock", "serializable", "--jobs", "100", "--pause", "1s"]);
+    let a = approach(&verdict, "serializable");
+    assert_eq!(a["safe"], true, "{a}");
+    let at: Vec<String> = freezes(a).into_iter().map(|(at, _)| at).collect();
+    assert_eq!(at, POINTS, "{a}");
+    assert_eq!(cells(a), ["ok"; 4], "every point met and right: {a}");
+    assert_eq!(a["correct_under_kill"], true, "{a}");
+    assert_eq!(
+        (&a["duplicates"], &a["lost_updates"], &a["lost_jobs"]),
+        (&0.into(), &0.into(), &0.into()),
+        "{a}"
+    );
+    let conflicts = a["conflicts"].as_u64().unwrap();
+    assert!(conflicts >= 1, "the stale sleepers are rolled back: {a}");
+    assert!(a["retries"].as_u64().unwrap() >= conflicts, "{a}");
+    assert_eq!(a["lock_retries"], 0, "no lock at all: {a}");
+    let said = verdict["text"].to_string();
+    assert!(
+        said.contains("40001"),
+        "the verdict shows the retries: {said}"
+    );
+    assert_eq!(
+        tables_line(&lines, "serializable").map(|t| t.bad_jobs.clone()),
+        Some(Some(vec![])),
+        "the tables name no job"
+    );
+    assert_gone(&worker_pids(&lines));
 }
 
 #[test]

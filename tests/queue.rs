@@ -15,6 +15,7 @@ use lockslab::events::facts::{ServerCount, Turn};
 use lockslab::events::{Event, Kind, What};
 use lockslab::labs::queue::verdict::{ExpiryVerdict, QueueVerdict};
 use lockslab::labs::queue::verdict_churn::{ChurnVerdict, ElectionVerdict};
+use lockslab::store::Outcome;
 use lockslab::store::ReadBack;
 use serde_json::Value;
 
@@ -293,6 +294,45 @@ fn a_leader_frozen_past_its_lease_still_believes_it_leads_and_its_generation_is_
     assert_run_left_nothing(run_id);
     assert_no_etcd_key_left(run_id);
     assert_no_worker_left(&tag);
+}
+
+/// Fencing inside etcd: a put guarded by the lock key's create revision, in one
+/// transaction. A's guarded put is taken while it holds the lock, B's after A's lease
+/// ended, and A's late one refused; the key, read back from etcd, holds B's write. (An
+/// unguarded put would have taken A's late write: `a_late` would be true.)
+#[test]
+fn a_put_guarded_by_the_lock_key_is_refused_once_the_holders_lease_is_gone() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = fresh_tag();
+    let (lines, verdict, _) = run_json_tagged(&["queue", "--only", "owner-txn"], &tag);
+    assert!(verdict.get("election").is_none(), "{verdict}");
+    let found = &verdict["owner_txn"];
+    assert_eq!(
+        (&found["a_while_holding"], &found["b"], &found["a_late"]),
+        (&true.into(), &true.into(), &false.into()),
+        "{found}"
+    );
+    assert_eq!(found["value"], "B", "{found}");
+    assert!(
+        found["a_token"].as_i64().unwrap() < found["b_token"].as_i64().unwrap(),
+        "{found}"
+    );
+    // A's two guarded puts carried its own token; etcd's answers are the events'.
+    let a_puts: Vec<(Option<i64>, Outcome)> = lines
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Wrote(w) if e.worker == "A" => Some((w.token, w.outcome)),
+            _ => None,
+        })
+        .collect();
+    let a_token = found["a_token"].as_i64();
+    assert_eq!(
+        a_puts,
+        [(a_token, Outcome::Accepted), (a_token, Outcome::Rejected)],
+        "{lines:#?}"
+    );
+    let run_id = verdict["run_id"].as_str().unwrap();
+    assert_no_etcd_key_left(run_id);
 }
 
 /// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers:

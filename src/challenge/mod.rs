@@ -60,7 +60,7 @@ Walkthrough: labs/11-challenge.md.
 Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
 or a fencing token that went back; or the client crashed, hung, flooded or
 printed garbage) · 2 bad command line
-· 3 undecided (a fault never played, or played and missed: no write of a job
+· 3 unknown (a fault never played, or played and missed: no write of a job
 was held up past the TTL) · 4 it could not run (a server did not answer, or a
 client exited before any said ready) · 130 Ctrl-C; clients and servers are
 stopped either way.")]

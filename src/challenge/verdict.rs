@@ -157,7 +157,7 @@ pub fn json(
     json!({
         "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "challenge",
         "run_id": run_id, "challenge": setup.challenge.name(), "seed": setup.seed,
-        "grade": grade, "problems": report.problems, "undecided": report.undecided,
+        "grade": grade, "problems": report.problems, "unknown": report.undecided,
         "client_failure": played.client_failure,
         "jobs": evidence.jobs.len(), "acknowledged": evidence.acknowledged.len(),
         "changes": evidence.changes, "schedule": played.schedule,

@@ -29,7 +29,7 @@
 //!   wanted that record waited longer than the bound for it (seen from the clients' notes).
 //!
 //! If the challenge's faults never played (the client never reached the moment they aim
-//! at), a clean log proves nothing about them: undecided, never a pass. Nor if they played
+//! at), a clean log proves nothing about them: unknown, never a pass. Nor if they played
 //! and missed. A pause or a delay **bites** only if the job its client had when it began
 //! was still unwritten then, and its held write was refused (the client answered `fail`),
 //! or another client's change to the same record committed between the fault and the held
@@ -637,6 +637,10 @@ fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
 pub enum Grade {
     Pass,
     Fail,
+    /// Nothing failed, and something the run set out to test was not tested: said
+    /// `unknown` (JSON) and `UNKNOWN` (terminal), as `chaos` and `matrix` say it — never a
+    /// pass.
+    #[serde(rename = "unknown", alias = "undecided")]
     Undecided,
 }
 
@@ -644,6 +648,8 @@ pub enum Grade {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
     pub problems: Vec<Problem>,
+    /// What the run could not decide, in sentences (`unknown` in the JSON).
+    #[serde(rename = "unknown")]
     pub undecided: Vec<String>,
     /// Changes in the log that took effect as their job meant.
     pub good_changes: usize,
@@ -657,7 +663,7 @@ impl Grade {
         match self {
             Grade::Pass => "PASS",
             Grade::Fail => "FAIL",
-            Grade::Undecided => "UNDECIDED",
+            Grade::Undecided => "UNKNOWN",
         }
     }
 }

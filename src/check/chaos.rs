@@ -205,7 +205,7 @@ pub struct Report {
 pub enum Judgement {
     Safe,
     Unsafe,
-    Inconclusive,
+    Unknown,
 }
 
 impl Report {
@@ -213,7 +213,7 @@ impl Report {
         if !self.violations.is_empty() {
             Judgement::Unsafe
         } else if !self.unknowns.is_empty() {
-            Judgement::Inconclusive
+            Judgement::Unknown
         } else {
             Judgement::Safe
         }
@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn a_lock_found_expired_is_unknown_never_a_pass() {
         let report = check(&lost(None), &[], true);
-        assert_eq!(report.judgement(), Judgement::Inconclusive);
+        assert_eq!(report.judgement(), Judgement::Unknown);
         assert!(report.unknowns[0].contains("expired"));
     }
 
@@ -468,7 +468,7 @@ mod tests {
         };
         assert_eq!(
             check(&Heard::default(), std::slice::from_ref(&missing), false).judgement(),
-            Judgement::Inconclusive
+            Judgement::Unknown
         );
         let broken = record(
             1,

@@ -1303,7 +1303,9 @@ fn findings(recording: &Recording) -> Option<Verdict> {
         lines.push(format!("  {failure}"));
     }
     lines.extend(problems.iter().map(|p| format!("  - {}", p.describe())));
-    if let Some(Value::Array(undecided)) = verdict.get("undecided") {
+    // Version 3 of the JSON called the list `undecided`.
+    let unknown = verdict.get("unknown").or_else(|| verdict.get("undecided"));
+    if let Some(Value::Array(undecided)) = unknown {
         lines.extend(
             undecided
                 .iter()

@@ -19,6 +19,8 @@
 //!  ✅ etcd-fenced         the lock key's create revision claims the record before the read
 //!  ✅ advisory-xact       pg_advisory_xact_lock in the transaction that reads and writes
 //!  ✅ optimistic          no lock: write only if the version read is still the record's
+//!  ✅ serializable        no lock: the read and the write in one SERIALIZABLE transaction,
+//!                         tried again from a fresh read on SQLSTATE 40001 or 40P01
 //!  ❌ redis-renewed       the Redis lock, renewed by a heartbeat thread: frozen with it
 //!  ✅ redis-durable-token the Redis lock, a token from a Postgres sequence claims the read
 //!  ✅ advisory-session    pg_advisory_lock on the client's session, held until unlock
@@ -65,6 +67,9 @@ pub enum Design {
     AdvisoryXact,
     /// ✅ No lock: write only if the record's version is still the one read; else retry
     Optimistic,
+    /// ✅ No lock: read and write in one SERIALIZABLE transaction; on SQLSTATE 40001 or
+    /// 40P01, roll back and read again
+    Serializable,
     /// ❌ The Redis lock renewed by a heartbeat thread, no token: a pause stops it too
     RedisRenewed,
     /// ✅ The Redis lock; a token from a Postgres sequence claims the record before the read
@@ -86,7 +91,7 @@ pub enum Design {
 }
 
 impl Design {
-    pub const ALL: [Design; 15] = [
+    pub const ALL: [Design; 16] = [
         Design::RedisLock,
         Design::RedisRenewed,
         Design::FencedWriteOnly,
@@ -100,6 +105,7 @@ impl Design {
         Design::AdvisorySession,
         Design::SkipLocked,
         Design::Optimistic,
+        Design::Serializable,
         Design::IdempotencyKey,
         Design::Partitioned,
     ];
@@ -113,6 +119,7 @@ impl Design {
             Design::EtcdFenced => "etcd-fenced",
             Design::AdvisoryXact => "advisory-xact",
             Design::Optimistic => "optimistic",
+            Design::Serializable => "serializable",
             Design::RedisRenewed => "redis-renewed",
             Design::RedisDurableToken => "redis-durable-token",
             Design::AdvisorySession => "advisory-session",
@@ -270,7 +277,7 @@ impl Design {
         let mut moments = vec![Kind::ReadRecord, Kind::Working, Kind::Wrote];
         match self {
             Design::IdempotencyKey => moments.retain(|kind| *kind != Kind::ReadRecord),
-            Design::Optimistic | Design::Partitioned => {}
+            Design::Optimistic | Design::Serializable | Design::Partitioned => {}
             Design::SkipLocked => moments.push(Kind::Acquired),
             _ => moments.extend([Kind::Acquired, Kind::Released]),
         }
@@ -459,6 +466,7 @@ impl Client<'_> {
             Design::AdvisorySession => self.advisory_session_job(job, record),
             Design::SkipLocked => self.skip_locked_job(job),
             Design::Optimistic => self.optimistic_job(job, record),
+            Design::Serializable => self.serializable_job(job, record),
             Design::IdempotencyKey => self.once_per_job(job, record),
             // Nothing shared: the record is this client's alone, read and written plainly.
             Design::Partitioned => self.read_work_write(job, record, Rule::Unfenced),
@@ -712,6 +720,62 @@ impl Client<'_> {
                 return Ok(());
             }
         }
+        Ok(())
+    }
+
+    /// The database's own answer, no lock: the read, the work and the write in one
+    /// SERIALIZABLE transaction ([`crate::invoices`] has the lab 7 version and why it
+    /// holds). A job whose read another write made stale is rolled back by Postgres —
+    /// at its write (the row it locks `FOR UPDATE` was updated since its snapshot: 40001),
+    /// or at its COMMIT (a cycle of read-write dependencies: 40001) — and read again, on
+    /// a fresh snapshot. A paused client wakes into a transaction Postgres will not let
+    /// commit. The guarantee holds only among SERIALIZABLE transactions: every job on
+    /// these records runs at that level (the store's other writers in chaos are other
+    /// designs' runs, on other rows).
+    fn serializable_job(&mut self, job: i64, record: &str) -> Result<()> {
+        for _ in 0..20 {
+            match self.serializable_try(job, record) {
+                Err(err) if crate::invoices::must_retry(&err) => {
+                    let code = err
+                        .downcast_ref::<postgres::Error>()
+                        .and_then(postgres::Error::code)
+                        .map_or("40001", |code| code.code())
+                        .to_string();
+                    self.me.say(
+                        Wrote {
+                            resource: Some(record.into()),
+                            job: Some(job),
+                            ..Wrote::new(Outcome::Rejected)
+                        },
+                        format!("job {job}: rolled back by Postgres ({code}): reads again"),
+                    );
+                }
+                done => return done,
+            }
+        }
+        Ok(())
+    }
+
+    /// One try of [`Client::serializable_job`].
+    fn serializable_try(&mut self, job: i64, record: &str) -> Result<()> {
+        let (script, me) = (self.script, &self.me);
+        let mut tx = self
+            .store
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::Serializable)
+            .start()?;
+        let read = read(&mut tx, script, record, None)?.context("no record")?;
+        say_read(me, job, record, &read, None);
+        std::thread::sleep(Duration::from_millis(script.work_ms));
+        let accepted = decide(&mut tx, script, job, record, read.value, Rule::Unfenced)?;
+        let outcome = match tx.commit().map_err(anyhow::Error::from) {
+            Ok(()) if accepted => Outcome::Accepted,
+            Ok(()) => Outcome::Rejected,
+            // Refused at COMMIT: nothing of it committed, and the caller reads again.
+            Err(err) if crate::invoices::must_retry(&err) => return Err(err),
+            Err(_) => Outcome::Unknown,
+        };
+        say_wrote(me, job, record, read.value + 1, None, outcome);
         Ok(())
     }
 

@@ -14,7 +14,7 @@ pub(super) fn check(cell: &Cell, schedules: u64) -> Result<(), String> {
     if !written(&cell.result, schedules) {
         return Err(format!(
             "{design} × {fault} reads {:?}, not a result a matrix prints: SAFE (n), UNSAFE \
-             <{}>, INCONCLUSIVE u/n (u ≤ n) or -, with n at most its run's {schedules} \
+             <{}>, UNKNOWN u/n (u ≤ n) or -, with n at most its run's {schedules} \
              schedules a cell",
             cell.result,
             Violation::KINDS.join("|")
@@ -39,7 +39,7 @@ pub(super) fn check(cell: &Cell, schedules: u64) -> Result<(), String> {
 }
 
 /// Is `result` exactly as `matrix` writes a cell of at most `schedules` schedules (see
-/// `matrix::run`): `SAFE (n)`, `UNSAFE <violation's kind>`, `INCONCLUSIVE u/n` or `-`?
+/// `matrix::run`): `SAFE (n)`, `UNSAFE <violation's kind>`, `UNKNOWN u/n` or `-`?
 fn written(result: &str, schedules: u64) -> bool {
     // A count as a matrix writes it: no sign, no leading zero, 1 to the schedules a cell.
     let count = |text: &str| {
@@ -51,7 +51,7 @@ fn written(result: &str, schedules: u64) -> bool {
     if let Some(n) = (result.strip_prefix("SAFE (")).and_then(|r| r.strip_suffix(')')) {
         return count(n).is_some();
     }
-    if let Some((u, n)) = (result.strip_prefix("INCONCLUSIVE ")).and_then(|r| r.split_once('/')) {
+    if let Some((u, n)) = (result.strip_prefix("UNKNOWN ")).and_then(|r| r.split_once('/')) {
         return matches!((count(u), count(n)), (Some(u), Some(n)) if u <= n);
     }
     result == "-"
@@ -77,13 +77,7 @@ mod tests {
 
     #[test]
     fn only_the_results_a_matrix_writes_within_its_schedules_pass() {
-        for good in [
-            "SAFE (8)",
-            "SAFE (1)",
-            "INCONCLUSIVE 3/8",
-            "INCONCLUSIVE 8/8",
-            "-",
-        ] {
+        for good in ["SAFE (8)", "SAFE (1)", "UNKNOWN 3/8", "UNKNOWN 8/8", "-"] {
             assert!(written(good, 8), "{good}");
         }
         for kind in Violation::KINDS {
@@ -101,11 +95,11 @@ mod tests {
             "UNSAFE",
             "UNSAFE banana",
             "UNSAFE stale-write ",
-            "INCONCLUSIVE 9/8",
-            "INCONCLUSIVE 4/3",
-            "INCONCLUSIVE 0/8",
-            "INCONCLUSIVE 3",
-            "INCONCLUSIVE 3/8/8",
+            "UNKNOWN 9/8",
+            "UNKNOWN 4/3",
+            "UNKNOWN 0/8",
+            "UNKNOWN 3",
+            "UNKNOWN 3/8/8",
             "--",
             "",
         ] {

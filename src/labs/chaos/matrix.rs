@@ -8,12 +8,27 @@ use serde_json::json;
 use super::play::space;
 pub use super::table::Cell;
 use super::table::{footer, header, in_table_order, notes, row_line};
-use super::{Ground, chaos_exit_help, show, side_by_side};
+use super::{Ground, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
 use crate::worker::chaos_client::Design;
+
+/// `matrix`'s exit statuses: whether every cell agrees with the labs' ✅/❌, so that a
+/// course's CI can tell the labs' claims held (a ❌ design breaking is what they teach).
+macro_rules! matrix_exit_help {
+    () => {
+        "Exit status: 0 every cell agrees with the labs: no cell they expect safe (✅, \
+and a ❌ design under a fault it survives) broke or is unknown; the ❌ designs \
+breaking is the lesson · 1 a cell the labs expect safe broke (--strict: any \
+violation) · 2 bad command line · 3 no such cell broke, but one is unknown, never \
+a pass (--strict: any unknown cell) · 4 it could not run (a server did not \
+answer) · 130 Ctrl-C; clients and servers are stopped either way. A ❌ cell that \
+did not break is named below the table, not in the status: schedules that miss \
+its window prove nothing."
+    };
+}
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -25,17 +40,18 @@ Examples:
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
   lockslab matrix --merge a.jsonl b.jsonl         one table of both parts
+  lockslab matrix --faults pause --strict  exit 1 on any violation, ❌ included
 
 A cell reads SAFE n (n schedules, no violation), UNSAFE#k (a violation: its kind
-and replay command in note k below the table) or UNK n (inconclusive: n of its
-histories could not be decided, or none of their faults played; never a pass),
-and `-` where the fault cannot reach the design. A cell stops at its first
-violation. Past seven columns (every kind, the default), each design takes two
-lines: a client's faults (pause, kill, delay, lost-reply, cut) over a server's
-(restart, restart-aof, leader-kill, clock, failover), headed rest-aof and
-leader; the notes are numbered in that order. With four columns or fewer, the
-cells read SAFE (n), UNSAFE [k] and UNKNOWN n/K (n of K schedules undecided);
-with seven, UNS#k.
+and replay command in note k below the table) or UNKNOWN n (n of its histories
+could not be decided, or none of their faults played; never a pass), and `-`
+where the fault cannot reach the design. A cell stops at its first violation.
+Past seven columns (every kind, the default), each design takes two lines: a
+client's faults (pause, kill, delay, lost-reply, cut) over a server's (restart,
+restart-aof, leader-kill, clock, failover), headed rest-aof and leader; the
+notes are numbered in that order. With four columns or fewer, the cells read
+SAFE (n), UNSAFE [k] and UNKNOWN n/K (n of K schedules unknown); with seven,
+UNS#k.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its data:
 what Redis wrote to the file survives a crash of the process (the kernel still
@@ -68,7 +84,7 @@ Replication is asynchronous: what the primary acknowledged in the lag is gone
 
 Walkthrough: labs/12-chaos.md.
 
-", chaos_exit_help!()))]
+", matrix_exit_help!()))]
 pub struct MatrixArgs {
     /// The designs (rows), repeated or comma-separated [default: every design]
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -104,6 +120,10 @@ pub struct MatrixArgs {
     /// JSON Lines: one object per cell, then the verdict
     #[arg(long)]
     pub json: bool,
+    /// Exit 1 on any violation and 3 on any unknown cell, the ❌ designs' included (by
+    /// default only the cells the labs expect safe count: see Exit status)
+    #[arg(long)]
+    pub strict: bool,
     #[command(flatten)]
     pub servers: ServerArgs,
 }
@@ -159,7 +179,7 @@ pub fn parse_shard(text: &str) -> Result<Shard, String> {
 
 pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     if !args.merge.is_empty() {
-        return super::merge::merge(&args.merge);
+        return super::merge::merge(&args.merge, args.strict);
     }
     let designs = if args.design.is_empty() {
         Design::ALL.to_vec()
@@ -230,7 +250,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                     let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
                     let unknown = played
                         .iter()
-                        .filter(|p| p.trial.report.judgement() == Judgement::Inconclusive)
+                        .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
                         .count();
                     let found = played
                         .iter()
@@ -247,7 +267,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                             why_unknown = played
                                 .iter()
                                 .find_map(|p| p.trial.report.unknowns.first().cloned());
-                            (format!("INCONCLUSIVE {unknown}/{}", played.len()), None)
+                            (format!("UNKNOWN {unknown}/{}", played.len()), None)
                         }
                         None => (format!("SAFE ({})", played.len()), None),
                     }
@@ -289,7 +309,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
                 "clients": args.clients,
                 "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
-                "inconclusive": cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")),
+                "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
             }));
         } else {
             footer(
@@ -297,7 +317,7 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
                 ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
             );
         }
-        Ok(ExitCode::from(exit_code(&cells)))
+        Ok(ExitCode::from(exit_code(&cells, args.strict)))
     })())
 }
 
@@ -316,10 +336,24 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn exit_code(cells: &[Cell]) -> u8 {
-    if cells.iter().any(|c| c.result.starts_with("UNSAFE")) {
+/// The matrix's exit status: does every cell agree with the labs? A ❌ design breaking
+/// under the fault the labs say breaks it is the lesson, not a failure — so only a cell the
+/// labs expect safe counts: UNSAFE there is 1, UNKNOWN there is 3 (never a pass). With
+/// `strict`, every cell counts (any violation 1, any unknown 3). The expectation is the
+/// code's ([`Design::labs_call_it_safe_under`]), not what a merged file says of itself. A
+/// ❌ cell that did not break is named below the table, not here: schedules that missed
+/// its window prove nothing either way.
+pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
+    let counted = |c: &&Cell| strict || c.design.labs_call_it_safe_under(c.fault);
+    let any = |word: &str| {
+        cells
+            .iter()
+            .filter(counted)
+            .any(|c| c.result.starts_with(word))
+    };
+    if any("UNSAFE") {
         super::EXIT_VIOLATION
-    } else if cells.iter().any(|c| c.result.starts_with("INCONCLUSIVE")) {
+    } else if any("UNKNOWN") {
         super::EXIT_ONLY_UNKNOWNS
     } else {
         crate::exit::EXIT_OK
@@ -386,7 +420,7 @@ mod tests {
         let result = |kind: FaultKind| match kind {
             FaultKind::Pause => "SAFE (8)",
             FaultKind::Kill => "UNSAFE stale-write",
-            FaultKind::Delay => "INCONCLUSIVE 7/8",
+            FaultKind::Delay => "UNKNOWN 7/8",
             _ => "-",
         };
         let row: Vec<Cell> = (kinds.iter())
@@ -406,7 +440,7 @@ mod tests {
         for (shown, named) in [
             ("SAFE 8", "SAFE n"),
             ("UNSAFE#1", "UNSAFE#k"),
-            ("UNK 7", "UNK n"),
+            ("UNKNOWN 7", "UNKNOWN n"),
         ] {
             assert!(table.contains(shown), "{table}");
             assert!(first.contains(named), "{first}");

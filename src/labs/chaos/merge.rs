@@ -168,7 +168,7 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
 }
 
 /// `--merge`: the cells of several `--json` runs, as one table.
-pub(super) fn merge(files: &[PathBuf]) -> Result<ExitCode> {
+pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<ExitCode> {
     let mut cells: Vec<Cell> = Vec::new();
     let mut parts: Vec<Part> = Vec::new();
     for file in files {
@@ -228,7 +228,7 @@ pub(super) fn merge(files: &[PathBuf]) -> Result<ExitCode> {
         crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
     }
     footer(&cells, false);
-    Ok(ExitCode::from(exit_code(&cells)))
+    Ok(ExitCode::from(exit_code(&cells, strict)))
 }
 
 /// "seed 1, 8 schedules a cell", or "seeds 1 and 7, 8 and 12 schedules a cell".
@@ -272,7 +272,7 @@ mod tests {
     }
 
     fn refusal(files: &[PathBuf]) -> String {
-        let err = merge(files).unwrap_err();
+        let err = merge(files, false).unwrap_err();
         for file in files {
             let _ = std::fs::remove_file(file);
         }
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn a_file_that_never_ends_is_refused_at_the_limit() {
         // Not `refusal`, which removes its files.
-        let err = merge(&[PathBuf::from("/dev/zero")]).unwrap_err();
+        let err = merge(&[PathBuf::from("/dev/zero")], false).unwrap_err();
         assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
         assert!(format!("{err}").contains("at most 64 MiB"), "{err}");
     }
@@ -367,7 +367,7 @@ mod tests {
                 counted(2),
             ],
         );
-        let merged = merge(std::slice::from_ref(&whole));
+        let merged = merge(std::slice::from_ref(&whole), false);
         std::fs::remove_file(&whole).unwrap();
         assert!(merged.is_ok(), "{merged:?}");
     }
@@ -430,7 +430,7 @@ mod tests {
             &[cell("redis-lock", "failover"), verdict(7, "1/1")],
         );
         let files = [one, two, other];
-        let merged = merge(&files);
+        let merged = merge(&files, false);
         for file in &files {
             std::fs::remove_file(file).unwrap();
         }

@@ -54,7 +54,7 @@ const LONGEST_HUNT: Duration = Duration::from_secs(24 * 60 * 60);
 /// keep them busy without starving the clients past their leases.
 pub const DEFAULT_PARALLEL: u32 = 4;
 
-/// The exit-status lines of `chaos` and `matrix` (a macro, for `concat!`).
+/// The exit-status lines of `chaos` (a macro, for `concat!`; `matrix` has its own).
 macro_rules! chaos_exit_help {
     () => {
         "Exit status: 0 no violation found · 1 a violation found · 2 bad command \
@@ -63,7 +63,6 @@ pass) · 4 it could not run (a server did not answer) · 130 Ctrl-C; clients and
 servers are stopped either way."
     };
 }
-pub(crate) use chaos_exit_help;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -366,9 +365,9 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 .iter()
                 .filter(move |p| p.trial.report.judgement() == j)
         };
-        let (unsafe_, inconclusive) = (
+        let (unsafe_, unknown) = (
             count(Judgement::Unsafe).count(),
-            count(Judgement::Inconclusive).count(),
+            count(Judgement::Unknown).count(),
         );
         let first_failure = count(Judgement::Unsafe)
             .min_by_key(|p| p.done)
@@ -384,7 +383,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         let mut verdict = json!({
             "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
             "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
-            "schedules": played, "unsafe": unsafe_, "inconclusive": inconclusive,
+            "schedules": played, "unsafe": unsafe_, "unknown": unknown,
             "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
             "seconds": hunted.as_secs_f64(),
         });
@@ -421,7 +420,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
                 crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
             }
             EXIT_VIOLATION
-        } else if inconclusive > 0 {
+        } else if unknown > 0 {
             EXIT_ONLY_UNKNOWNS
         } else {
             crate::exit::EXIT_OK

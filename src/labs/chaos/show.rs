@@ -136,7 +136,7 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
     let word = match judgement {
         Judgement::Safe => "safe".green(),
         Judgement::Unsafe => "UNSAFE".red().bold(),
-        Judgement::Inconclusive => "unknown".yellow(),
+        Judgement::Unknown => "unknown".yellow(),
     };
     let head = format!(
         "  #{index:<3} {word:<7} {:>3} writes  ",
@@ -175,7 +175,7 @@ pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, t
     for line in super::unplayed::lines(&trial.unplayed) {
         crate::prose!("        {line}");
     }
-    if let (Judgement::Inconclusive, Some(why)) = (judgement, trial.report.unknowns.first()) {
+    if let (Judgement::Unknown, Some(why)) = (judgement, trial.report.unknowns.first()) {
         crate::prose!("        {} {why}", "unknown:".yellow());
     }
 }
@@ -330,7 +330,7 @@ pub fn summary(style: Style, verdict: &Value, played: u64, took: Duration, shrin
         crate::output::count(played, "schedule", "schedules"),
         crate::output::human(took),
         verdict["unsafe"],
-        verdict["inconclusive"]
+        verdict["unknown"]
     );
 }
 

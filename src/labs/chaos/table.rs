@@ -18,7 +18,7 @@ pub struct Cell {
     pub result: String,
     pub replay: Option<String>,
     pub labs_call_it_safe: bool,
-    /// An INCONCLUSIVE cell: why its first undecided history could not be decided.
+    /// An UNKNOWN cell: why its first unknown history could not be decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown: Option<String>,
 }
@@ -30,7 +30,7 @@ fn column(kinds: usize) -> usize {
     ((80 - LABEL - 3) / kinds.max(1)).min(19)
 }
 
-/// Below this width a column shows its words short (`SAFE 12`, `UNSAFE#1`, `UNK 7`).
+/// Below this width a column shows its words short (`SAFE 12`, `UNSAFE#1`, `UNKNOWN 7`).
 const NARROW: usize = 13;
 
 /// The table's lines for these columns: one while seven fit on it; past seven, two — what
@@ -127,11 +127,12 @@ fn head_name(kind: FaultKind, width: usize) -> String {
     }
 }
 
-/// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (inconclusive:
-/// that many histories could not be decided), `-`; in a narrow column `SAFE 12`,
-/// `UNSAFE#1`, `UNK 7` (7 of the cell's schedules undecided); narrower still, `UNS#1`,
-/// and `SAFE` and `UNK` without their count where `SAFE 12` or `UNK 12` would touch the
-/// next column.
+/// A cell's word in its column: `SAFE (12)`, `UNSAFE [1]`, `UNKNOWN 7/12` (that many
+/// histories could not be decided), `-`; in a narrow column `SAFE 12`, `UNSAFE#1`,
+/// `UNKNOWN 7` (7 of the cell's schedules unknown); narrower still, `UNS#1`, and `SAFE`
+/// and `UNKNOWN` without their count where `SAFE 12` or `UNKNOWN 12` would touch the next
+/// column. The word is always UNKNOWN, as in `--json`: seven letters fit the narrowest
+/// column (seven kinds on one line).
 fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
     let narrow = width < NARROW;
     if cell.result.starts_with("UNSAFE") {
@@ -146,14 +147,14 @@ fn short(cell: &Cell, notes: &[&Cell], width: usize) -> String {
         } else {
             format!("UNSAFE [{n}]")
         }
-    } else if let Some(count) = cell.result.strip_prefix("INCONCLUSIVE ") {
-        let word = format!("UNK {}", count.split('/').next().unwrap_or(count));
-        if narrow && word.len() < width {
-            word
-        } else if narrow {
-            "UNK".into()
-        } else {
+    } else if let Some(count) = cell.result.strip_prefix("UNKNOWN ") {
+        let word = format!("UNKNOWN {}", count.split('/').next().unwrap_or(count));
+        if !narrow {
             format!("UNKNOWN {count}")
+        } else if word.len() < width {
+            word
+        } else {
+            "UNKNOWN".into()
         }
     } else if narrow && let Some(n) = cell.result.strip_prefix("SAFE (") {
         let word = format!("SAFE {}", n.trim_end_matches(')'));
@@ -207,7 +208,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
     let missed = expected_to_break(cells, "SAFE");
-    let undecided = expected_to_break(cells, "INCONCLUSIVE");
+    let unknown = expected_to_break(cells, "UNKNOWN");
     crate::outln!();
     if against.is_empty() {
         crate::prose!("{}", none_against(cells));
@@ -216,7 +217,7 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             "{} {}: the labs expect these safe.{}",
             "Disagrees with the labs:".red().bold(),
             against.join(", "),
-            undecided_safe(cells).map_or(String::new(), |u| format!(" {u}"))
+            unknown_safe(cells).map_or(String::new(), |u| format!(" {u}"))
         );
     }
     if !missed.is_empty() {
@@ -230,11 +231,11 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
             missed.join(", ")
         );
     }
-    if !undecided.is_empty() {
+    if !unknown.is_empty() {
         crate::prose!(
-            "Expected to break, undecided (UNKNOWN: the checker could not decide that many of \
-             their histories, and found no violation in the others): {}.",
-            undecided.join(", ")
+            "Expected to break, unknown (the checker could not decide that many of their \
+             histories, and found no violation in the others): {}.",
+            unknown.join(", ")
         );
     }
 }
@@ -243,28 +244,28 @@ pub fn footer(cells: &[Cell], restart_refused: bool) {
 /// named: an UNKNOWN is not a pass.
 fn none_against(cells: &[Cell]) -> String {
     let said = "No cell the labs expect safe showed a violation.";
-    match undecided_safe(cells) {
-        Some(undecided) => format!("{said} {undecided}"),
+    match unknown_safe(cells) {
+        Some(unknown) => format!("{said} {unknown}"),
         None => said.to_string(),
     }
 }
 
 /// The cells the labs expect safe that came out UNKNOWN, in a sentence; None if none did.
-fn undecided_safe(cells: &[Cell]) -> Option<String> {
-    let undecided: Vec<String> = (cells.iter())
-        .filter(|c| c.labs_call_it_safe && c.result.starts_with("INCONCLUSIVE"))
+fn unknown_safe(cells: &[Cell]) -> Option<String> {
+    let unknown: Vec<String> = (cells.iter())
+        .filter(|c| c.labs_call_it_safe && c.result.starts_with("UNKNOWN"))
         .map(|c| format!("{} × {}", c.design.name(), c.fault.name()))
         .collect();
-    (!undecided.is_empty()).then(|| {
+    (!unknown.is_empty()).then(|| {
         format!(
-            "Expected safe, undecided, never a pass: {}.",
-            undecided.join(", ")
+            "Expected safe, unknown, never a pass: {}.",
+            unknown.join(", ")
         )
     })
 }
 
 /// The cells the labs expect to break whose result starts with `word` (`SAFE`: no
-/// violation found; `INCONCLUSIVE`: histories the checker could not decide).
+/// violation found; `UNKNOWN`: histories the checker could not decide).
 fn expected_to_break(cells: &[Cell], word: &str) -> Vec<String> {
     cells
         .iter()
@@ -295,7 +296,7 @@ fn paint(cell: &str, width: usize) -> String {
         padded.red().to_string()
     } else if cell.starts_with("SAFE") {
         padded.green().to_string()
-    } else if cell.starts_with("UNK") {
+    } else if cell.starts_with("UNKNOWN") {
         padded.yellow().to_string()
     } else {
         padded
@@ -318,11 +319,7 @@ mod tests {
             unknown: None,
         };
         let row = vec![
-            cell(
-                Design::RedisDurableToken,
-                FaultKind::Pause,
-                "INCONCLUSIVE 12/12",
-            ),
+            cell(Design::RedisDurableToken, FaultKind::Pause, "UNKNOWN 12/12"),
             cell(
                 Design::RedisDurableToken,
                 FaultKind::Kill,
@@ -344,7 +341,7 @@ mod tests {
             .collect();
         assert_eq!(
             none_against(&safe_only),
-            "No cell the labs expect safe showed a violation. Expected safe, undecided, \
+            "No cell the labs expect safe showed a violation. Expected safe, unknown, \
              never a pass: redis-durable-token × pause."
         );
         let four = &FaultKind::ALL[..4];
@@ -357,7 +354,7 @@ mod tests {
         // Six columns: the short words, still under 80.
         let mut six = row.clone();
         for fault in [FaultKind::Delay, FaultKind::LostReply] {
-            six.push(cell(Design::RedisDurableToken, fault, "INCONCLUSIVE 12/12"));
+            six.push(cell(Design::RedisDurableToken, fault, "UNKNOWN 12/12"));
         }
         let line = row_line(
             Design::RedisDurableToken,
@@ -367,7 +364,7 @@ mod tests {
         );
         assert!(line.chars().count() < 80, "{line}");
         assert!(
-            line.contains("UNSAFE#1") && line.contains("UNK 12 ") && line.contains("SAFE 12"),
+            line.contains("UNSAFE#1") && line.contains("UNKNOWN ") && line.contains("SAFE 12"),
             "{line}"
         );
         // Seven: one line still, the shortest words.
@@ -382,7 +379,7 @@ mod tests {
         assert_eq!(line.lines().count(), 1, "{line}");
         assert!(line.chars().count() < 80, "{line}");
         assert!(
-            line.contains("UNS#1 ") && line.contains("UNK 12 "),
+            line.contains("UNS#1 ") && line.contains("UNKNOWN "),
             "{line}"
         );
         let mut eight = seven.clone();
@@ -398,7 +395,7 @@ mod tests {
         ten.push(cell(
             Design::RedisDurableToken,
             FaultKind::Failover,
-            "INCONCLUSIVE 12/12",
+            "UNKNOWN 12/12",
         ));
         let mut kinds = FaultKind::ALL.to_vec();
         in_table_order(&mut kinds);
@@ -413,7 +410,7 @@ mod tests {
         // pause kill delay lost-reply cut | restart restart-aof leader-kill clock failover
         assert!(lines[0].starts_with("✅ redis-durable-token"), "{row}");
         assert!(
-            lines[0].contains("UNSAFE#1 ") && lines[0].contains("UNK 12 "),
+            lines[0].contains("UNSAFE#1 ") && lines[0].contains("UNKNOWN 12 "),
             "{row}"
         );
         assert!(lines[1].starts_with(&" ".repeat(LABEL + 3)), "{row}");
@@ -422,7 +419,7 @@ mod tests {
             "{row}"
         );
         assert!(
-            lines[1].contains("UNSAFE#2 ") && lines[1].ends_with(" UNK 12"),
+            lines[1].contains("UNSAFE#2 ") && lines[1].ends_with(" UNKNOWN 12"),
             "{row}"
         );
         for kinds in [&FaultKind::ALL[..7], &kinds[..]] {
@@ -433,7 +430,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_cell_expected_to_break_is_undecided_not_missed() {
+    fn an_unknown_cell_expected_to_break_is_unknown_not_missed() {
         let cell = |fault, result: &str| Cell {
             kind: "cell".into(),
             design: Design::RedisLock,
@@ -445,11 +442,11 @@ mod tests {
         };
         let cells = [
             cell(FaultKind::Kill, "SAFE (6)"),
-            cell(FaultKind::Restart, "INCONCLUSIVE 6/6"),
+            cell(FaultKind::Restart, "UNKNOWN 6/6"),
         ];
         assert_eq!(expected_to_break(&cells, "SAFE"), ["redis-lock × kill"]);
         assert_eq!(
-            expected_to_break(&cells, "INCONCLUSIVE"),
+            expected_to_break(&cells, "UNKNOWN"),
             ["redis-lock × restart"]
         );
     }

@@ -8,7 +8,9 @@
 //!   key holds A's first value, so A waits a whole TTL behind itself), or ❌ **gives up**
 //!   (the key holds a lock nobody works under until it expires);
 //! - a Postgres `COMMIT`: ❌ retried as it was, the payment is made twice; ✅ retried with an
-//!   idempotency key (a unique column), the second insert finds the first and does nothing.
+//!   idempotency key (a unique column), the second insert finds the first and does nothing;
+//! - ❌ a fenced write to the store, retried with the same token: accepted twice, since a
+//!   token is not lower than itself ([`super::lost_fenced`]).
 //!
 //! A is a client in the lab's own process here: the story needs no pause and no second
 //! worker, only A's connection through the proxy and the lab's direct one.
@@ -45,6 +47,7 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<(Vec<ReplyFound>, Vec<Payme
     for keyed in [false, true] {
         payments.push(super::lost_commit::play(run, keyed)?);
     }
+    super::lost_fenced::play(run)?;
     Ok((redis, payments))
 }
 

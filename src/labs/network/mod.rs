@@ -27,7 +27,8 @@
 //!
 //! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
 //! - [`lost_reply`]: the lost `SET NX PX` under three policies; [`lost_commit`]: the lost
-//!   `COMMIT`, retried without and with an idempotency key; [`lost_lock`]: etcd's lock
+//!   `COMMIT`, retried without and with an idempotency key; [`lost_fenced`]: a fenced write
+//!   whose answer is lost, retried with the same token; [`lost_lock`]: etcd's lock
 //!   call, retried with the same lease, a new one, or not at all, and one lost in the queue;
 //! - [`verdict`]: what each run shows, decided by [`crate::check::network`].
 
@@ -35,6 +36,7 @@ pub mod by_hand;
 mod cut_off;
 mod delayed;
 mod lost_commit;
+mod lost_fenced;
 mod lost_lock;
 mod lost_lock_words;
 mod lost_reply;

@@ -55,7 +55,7 @@ pub use verdict::{ApproachVerdict, Verdict};
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
-  lockslab no-lock                      all eight approaches, freezes and kill
+  lockslab no-lock                      all nine approaches, freezes and kill
                                         in each
   lockslab no-lock optimistic           one approach
   lockslab no-lock --fault freeze       only the freeze
@@ -98,8 +98,8 @@ pub struct NoLockArgs {
           value_name = "DURATION")]
     pub work: Duration,
     /// Sweep the workers (2, 4, 8, 16, 32) on --keys customers (default 4) with no faults,
-    /// and show how the retries grow (optimistic, idempotency-key, partitioned and
-    /// advisory-xact, unless an approach is named)
+    /// and show how the retries grow (optimistic, serializable, idempotency-key,
+    /// partitioned and advisory-xact, unless an approach is named)
     #[arg(long, conflicts_with = "fault")]
     pub contention: bool,
     #[command(flatten)]
@@ -141,8 +141,9 @@ impl Fault {
 
 /// The workers the contention sweep runs, and the approaches it compares by default.
 pub(crate) const SWEEP: [u32; 5] = [2, 4, 8, 16, 32];
-const SWEPT: [Approach; 4] = [
+const SWEPT: [Approach; 5] = [
     Approach::Optimistic,
+    Approach::Serializable,
     Approach::IdempotencyKey,
     Approach::Partitioned,
     Approach::AdvisoryXact,
@@ -170,7 +171,7 @@ impl Plan {
         check_args(args)?;
         let approaches: Vec<Approach> = match args.approach {
             Some(one) => vec![one],
-            // The sweep is about contention on the database: four approaches, no Redis.
+            // The sweep is about contention on the database: five approaches, no Redis.
             None if args.contention => SWEPT.to_vec(),
             None => Approach::ALL.to_vec(),
         };

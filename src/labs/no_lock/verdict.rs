@@ -280,6 +280,11 @@ fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
             "{} version conflicts, each a re-read.",
             v.conflicts
         )),
+        "serializable" if v.conflicts > 0 => parts.push(format!(
+            "{} rolled back by Postgres (SQLSTATE 40001 or 40P01), each tried again from a \
+             fresh read.",
+            plural(v.conflicts as i64, "transaction", "transactions")
+        )),
         "idempotency-key" if v.no_ops > 0 => parts.push(format!(
             "{} found the invoice there and did nothing.",
             plural(v.no_ops as i64, "insert", "inserts")

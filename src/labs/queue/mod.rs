@@ -23,6 +23,10 @@
 //!   elected with a higher generation (its key's create revision), and the store refuses
 //!   the woken leader's write by it.
 //!
+//! - [`owner_txn`] (only with `--only owner-txn`): the check inside etcd — a put guarded
+//!   by the lock key's create revision in one transaction, refused once the holder's
+//!   lease is gone; what it costs, and what it cannot reach (a resource outside etcd).
+//!
 //! [`verdict`] and [`verdict_churn`] read them through [`crate::check::queue`].
 
 mod churn;
@@ -30,6 +34,7 @@ pub mod counters;
 mod election;
 mod expiry;
 mod herd;
+mod owner_txn;
 mod scene;
 pub mod verdict;
 pub mod verdict_churn;
@@ -58,6 +63,8 @@ Examples:
   lockslab queue --only churn          waiters leave the middle of the line
   lockslab queue --only expiry         only the frozen waiter and holder
   lockslab queue --only election       a leader frozen past its lease
+  lockslab queue --only owner-txn      the check inside etcd: a put guarded
+                                       by the lock key, in one transaction
   lockslab queue --json | jq .         events and verdict as JSON Lines
 
 See labs/10-queue.md.", crate::lab_exit_status_help!()))]
@@ -96,6 +103,9 @@ pub enum Part {
     Expiry,
     /// etcd's election: the leader frozen past its lease, a generation that fences
     Election,
+    /// Fencing inside etcd: a put guarded by the lock key's create revision, in one
+    /// transaction (played only when asked for)
+    OwnerTxn,
 }
 
 /// The lab as the flags ask for it (every flag checked by its parser).
@@ -108,6 +118,8 @@ pub(crate) struct Plan {
     pub(crate) churn: bool,
     pub(crate) expiry: bool,
     pub(crate) election: bool,
+    /// The check inside etcd ([`owner_txn`]): only with `--only owner-txn`.
+    pub(crate) owner_txn: bool,
     pub(crate) lease: Duration,
 }
 
@@ -140,6 +152,7 @@ impl Plan {
             churn: args.only.is_none_or(|only| only == Part::Churn),
             expiry: args.only.is_none_or(|only| only == Part::Expiry),
             election: args.only.is_none_or(|only| only == Part::Election),
+            owner_txn: args.only == Some(Part::OwnerTxn),
             lease: args.lease,
         })
     }
@@ -205,6 +218,14 @@ impl Lab for Plan {
                     .into(),
             );
         }
+        if self.owner_txn {
+            lines.push(
+                "The check inside etcd: A and then B write a key in etcd with a put guarded \
+                 by their lock key's create revision, one transaction each; A's lease ends \
+                 between them."
+                    .into(),
+            );
+        }
         lines
     }
 
@@ -239,12 +260,18 @@ impl Lab for Plan {
         } else {
             None
         };
+        let owner_txn = if self.owner_txn {
+            Some(owner_txn::play(self, run)?)
+        } else {
+            None
+        };
         Ok(Verdict {
             plan: self.clone(),
             queues,
             churn,
             expiry,
             election,
+            owner_txn,
         })
     }
 }

@@ -27,6 +27,7 @@ pub struct Verdict {
     pub churn: Option<ChurnVerdict>,
     pub expiry: Option<ExpiryVerdict>,
     pub election: Option<ElectionVerdict>,
+    pub owner_txn: Option<super::owner_txn::OwnerTxnFound>,
 }
 
 /// One way of queueing, read back.
@@ -146,6 +147,12 @@ impl runner::Verdict for Verdict {
                 serde_json::to_value(election).unwrap_or_default(),
             );
         }
+        if let Some(found) = &self.owner_txn {
+            fields.insert(
+                "owner_txn".into(),
+                serde_json::to_value(found).unwrap_or_default(),
+            );
+        }
         fields
     }
 
@@ -164,6 +171,9 @@ impl runner::Verdict for Verdict {
         }
         if let Some(election) = &self.election {
             print_election(election);
+        }
+        if let Some(found) = &self.owner_txn {
+            found.print();
         }
     }
 

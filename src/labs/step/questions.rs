@@ -316,6 +316,12 @@ pub mod queue {
                    must the waiter behind it do when it wakes? Then the holder freezes: who \
                    holds, and what becomes of the old holder's write?",
     };
+    pub const OWNER_TXN: Checkpoint = Checkpoint {
+        name: "before the check inside etcd",
+        question: "A writes an etcd key with a put guarded by its lock key's create \
+                   revision, in one transaction. A's lease ends; B takes the lock and writes. \
+                   What does etcd answer A's next guarded put?",
+    };
     pub const ELECTION: Checkpoint = Checkpoint {
         name: "before the election",
         question: "L1 leads; L2 campaigns. L1 freezes past its lease. When it wakes, who \
@@ -421,6 +427,13 @@ pub mod network {
         name: "before the lost COMMIT, with an idempotency key",
         question: "The same loss, but the payment carries a key that a unique index guards. \
                    What does the retry do?",
+    };
+
+    /// Before a fenced write whose answer is lost, retried with the same token.
+    pub const LOST_FENCED_WRITE: Checkpoint = Checkpoint {
+        name: "before the lost fenced write",
+        question: "A writes with its fencing token; the store accepts it and the answer is \
+                   lost. A retries with the same token. Does the token stop the second copy?",
     };
 
     pub const VERDICT: Checkpoint = Checkpoint {

@@ -1,0 +1,158 @@
+//! The lost reply's last Postgres part: fencing does not make a retry safe. A writes to the
+//! store with its fencing token; the store decides the write (`>=`: not lower than the
+//! highest token accepted), commits it, and the proxy loses the answer. A retries with the
+//! same token — and the store accepts it again, because a token is not lower than itself.
+//!
+//! A token and an idempotency key answer different questions. The token answers "is the
+//! writer still the newest holder?": it refuses an *older* holder, and it cannot tell a
+//! second copy of the newest holder's write from a new one. The key answers "was this
+//! write already applied?" (the `COMMIT` retried with a key, just before). The store's
+//! attempt log shows it: two accepted attempts with one token, decided one after the
+//! other. Its write sets a value, so the second copy sets the same value again; a write
+//! that adds (`balance + 10`) would have added twice.
+
+use anyhow::Result;
+
+use super::lost_reply::{lose_the_answer, open, run_line};
+use crate::connect::{self, Backend};
+use crate::events::facts::{Observed, Wrote};
+use crate::events::{Event, What};
+use crate::labs::runner::Run;
+use crate::labs::step;
+use crate::nemesis::Nemesis;
+use crate::proxy::{self, Proxy};
+use crate::store::{
+    FENCED_WRITE_NOT_LOWER, NUMBER_THE_DECISION, Outcome, RECORD_THE_ATTEMPT, Store,
+};
+
+/// The resource A writes (its rows carry the run's id, removed with the run's store rows).
+const RESOURCE: &str = "network-lost-fenced-write";
+
+/// A's token: any token does; what matters is that the retry carries the same one.
+const TOKEN: i64 = 1;
+
+/// What the store's attempt log says of A's token after the loss and after the retry:
+/// (accepted attempts with it, their decision numbers).
+pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
+    let store_url = run.url(Backend::Postgres);
+    let mut stage = open(
+        run,
+        "a lost reply to a fenced write, retried with the same token",
+        "fenced-retry",
+        &step::network::LOST_FENCED_WRITE,
+    );
+    stage.timeline.set_lane_width(8);
+    let mut lab = Store::connect(store_url)?;
+    let path = Proxy::start("A→store", proxy::upstream_of(store_url)?)?;
+    let through = proxy::through(store_url, path.addr())?;
+    stage.record(run_line(
+        run,
+        None,
+        format!(
+            "A holds a lock with token {TOKEN} and writes the store's {RESOURCE} (rule: a token not lower than the highest accepted); its path, A→store, goes through the fault proxy on {}",
+            path.addr()
+        ),
+    ));
+    let mut nemesis = Nemesis::new();
+    let run_id = run.id.as_str();
+    let value = "A: pay 10";
+    // The store's own statements, prepared before the transaction and kept until after
+    // it, so that nothing but the COMMIT goes up while the proxy waits to lose an answer
+    // (a statement dropped in between sends its Close first: see lost_commit).
+    let mut a = connect::postgres(&through)?;
+    let write = a.prepare(&lab.sql(FENCED_WRITE_NOT_LOWER))?;
+    let number = a.prepare(&lab.sql(NUMBER_THE_DECISION))?;
+    let record = a.prepare(&lab.sql(RECORD_THE_ATTEMPT))?;
+    let mut tx = a.transaction()?;
+    let accepted = tx
+        .query_opt(&write, &[&run_id, &RESOURCE, &value, &"A", &TOKEN])?
+        .is_some();
+    let decided: i64 = tx.query_one(&number, &[&run_id, &RESOURCE])?.get(0);
+    tx.execute(
+        &record,
+        &[
+            &run_id, &RESOURCE, &"A", &value, &TOKEN, &true, &accepted, &decided,
+        ],
+    )?;
+    lose_the_answer(&mut stage, &mut nemesis, &path, "COMMIT", || {
+        tx.commit()?;
+        Ok(())
+    })?;
+    drop((write, number, record));
+    drop(a);
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(value.into()),
+            token: Some(TOKEN),
+            ..Wrote::new(Outcome::Unknown)
+        },
+        format!("writes with token {TOKEN}: no answer to the COMMIT — A cannot tell whether the store took it"),
+    ));
+    let (first, _) = accepted_with_token(&mut lab, run_id)?;
+    stage.record(Event::new(
+        "postgres",
+        What::Output,
+        format!(
+            "the store's attempt log, read on the lab's own connection: {} with token {TOKEN} — the write happened",
+            attempts(first)
+        ),
+    ));
+    // A retries, as most clients do after an error, on a new connection.
+    let outcome = Store::connect(&through)?.write(run_id, RESOURCE, "A", value, Some(TOKEN));
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(value.into()),
+            token: Some(TOKEN),
+            ..Wrote::new(outcome)
+        },
+        format!(
+            "retries with the same token {TOKEN}: {} ({TOKEN} is not lower than {TOKEN})",
+            outcome.as_str()
+        ),
+    ));
+    let (twice, decisions) = accepted_with_token(&mut lab, run_id)?;
+    let facts = Observed {
+        once: Some(twice.min(1)),
+        duplicates: Some(twice.saturating_sub(1)),
+        ..Observed::default()
+    };
+    let numbers: Vec<String> = decisions.iter().map(i64::to_string).collect();
+    let text = format!(
+        "the store's attempt log: {} with token {TOKEN} (decisions {})",
+        attempts(twice),
+        numbers.join(" and ")
+    );
+    stage.record(if twice > 1 {
+        Event::new(
+            "postgres",
+            What::Violation(facts),
+            format!(
+                "{text} — the same write taken twice: the token refuses an older holder, not a second copy; a write that adds would have added twice"
+            ),
+        )
+    } else {
+        Event::new("postgres", What::ExactlyOnce(facts), format!("{text} — taken once"))
+    });
+    stage.drain();
+    Ok((twice, decisions))
+}
+
+/// The accepted attempts of A's token in the store's log, and their decision numbers.
+fn accepted_with_token(lab: &mut Store, run_id: &str) -> Result<(u64, Vec<i64>)> {
+    let back = lab.read_back(run_id, RESOURCE)?;
+    let decided: Vec<i64> = (back.attempts.iter())
+        .filter(|a| a.accepted && a.token == Some(TOKEN))
+        .map(|a| a.decided)
+        .collect();
+    Ok((decided.len() as u64, decided))
+}
+
+/// "1 accepted attempt", "2 accepted attempts".
+fn attempts(n: u64) -> String {
+    format!(
+        "{n} accepted {}",
+        if n == 1 { "attempt" } else { "attempts" }
+    )
+}
