@@ -51,6 +51,8 @@ pub struct Setup {
     pub grader_url: String,
     /// The command that replays the run, one shell word each.
     pub replay: Vec<String>,
+    /// Who the clients run as, and what they can reach.
+    pub isolation: super::isolation::Isolation,
 }
 
 /// What a run left: its history and what the clients answered; or the client's failure.
@@ -273,6 +275,7 @@ impl Run<'_> {
             name,
             &self.setup.run_id,
             &self.heard_to,
+            &self.setup.isolation,
         )?;
         client.send(&ToClient::Init(Box::new(init)));
         self.seats.push(Seat {
