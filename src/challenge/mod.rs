@@ -51,9 +51,14 @@ Examples:
   lockslab challenge failover -- python3 client.py
                                         the Redis primary dies mid-run: init
                                         names the Sentinels that know the next
+  lockslab challenge pause --isolated -- python3 /srv/client/client.py
+                                        a client you do not trust: refuse to
+                                        run unless it is isolated
 
 The program is started as 3 clients (and one more for each one killed), each
-in its own process group. It reads one JSON object a line on stdin (init,
+in a session of its own with no terminal and a scrubbed environment: as root,
+as a user of the run's own (its files must be readable by every user); else in
+a bwrap sandbox when bwrap is installed; else as you (the heading says so). It reads one JSON object a line on stdin (init,
 then jobs), answers on stdout (ready, then ok or fail per job; optional notes
 acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
 Walkthrough: labs/11-challenge.md.
