@@ -208,8 +208,13 @@ pub fn printable(text: &str) -> String {
                 skip_string(&mut chars);
             }
             '\u{90}' | '\u{98}' | '\u{9d}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
-            // Any other escape: ESC and the character after it.
+            // Any other escape: ESC, its intermediate bytes (`ESC ( B` picks a character
+            // set), and the character that ends it.
             '\u{1b}' => {
+                while chars
+                    .next_if(|c| ('\u{20}'..='\u{2f}').contains(c))
+                    .is_some()
+                {}
                 chars.next();
             }
             '\t' => out.push(' '),
@@ -410,4 +415,22 @@ impl std::error::Error for ClientFailed {}
 
 pub fn failed(sentence: String) -> anyhow::Error {
     ClientFailed(sentence).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    /// What a client prints reaches the screen with no way to recolour it, move the cursor,
+    /// clear it, retitle the window or turn a line around: a client cannot paint a verdict.
+    #[test]
+    fn a_clients_words_lose_every_escape_and_control_character() {
+        let painted = "\u{1b}[2J\u{1b}[H\u{1b}[1;32mPASS\u{1b}[0m \u{9b}31mred\u{1b}]0;title\u{7}\
+                       after\u{1b}]8;;http://x\u{1b}\\link\u{1b}(B\tend\r\u{202e}sdrawkcab\u{8}";
+        assert_eq!(printable(painted), "PASS redafterlink endsdrawkcab");
+        assert_eq!(
+            printable("Traceback: boom — ünïcode"),
+            "Traceback: boom — ünïcode"
+        );
+    }
 }

@@ -276,11 +276,11 @@ fn readable_by_others(program: &[String]) -> Result<()> {
         )
     };
     if relative && let Some((blocked, mode)) = blocked_on_the_way(&here) {
-        crate::bail_usage!(
+        bail!(
             "{}",
             why(&format!(
                 "that user cannot enter {} (mode {mode:o}), on the way to {}, where the \
-             client's paths count from",
+                 client's paths count from",
                 blocked.display(),
                 here.display()
             ))
@@ -289,7 +289,7 @@ fn readable_by_others(program: &[String]) -> Result<()> {
     for (i, file) in files.iter().enumerate() {
         let path = here.join(file);
         if let Some((blocked, mode)) = path.parent().and_then(blocked_on_the_way) {
-            crate::bail_usage!(
+            bail!(
                 "{}",
                 why(&format!(
                     "that user cannot enter {} (mode {mode:o}), on the way to {file}",
@@ -304,7 +304,7 @@ fn readable_by_others(program: &[String]) -> Result<()> {
         let needs = if is_program { 0o005 } else { 0o004 };
         if meta.permissions().mode() & needs != needs {
             let may = if is_program { "read and run" } else { "read" };
-            crate::bail_usage!(
+            bail!(
                 "{}",
                 why(&format!(
                     "that user may not {may} {file} (mode {:o})",
