@@ -1164,7 +1164,7 @@ fn lockslab_as_a_plain_user(args: &[&str]) -> std::process::Command {
     static COPY: OnceLock<String> = OnceLock::new();
     let bin = COPY.get_or_init(|| readable_copy(BIN));
     let servers = servers();
-    let mut command = std::process::Command::new("setpriv");
+    let mut command = std::process::Command::new("/usr/bin/setpriv");
     let admin = admin_on_the_labs_database();
     command
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
@@ -1245,4 +1245,56 @@ fn a_hostile_client_run_by_a_plain_user_is_sandboxed_and_a_reference_still_passe
         verdict["faults_bit"], verdict["faults_planned"],
         "{verdict}"
     );
+}
+
+/// A plain user with no `bwrap` on its PATH: the clients run as that user, the verdict says
+/// they were trusted, and `--isolated` refuses to run (exit 4) before any server starts,
+/// saying what to install.
+#[test]
+fn without_root_or_bwrap_the_clients_are_trusted_and_isolated_refuses_to_run() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only root can run lockslab as another user here");
+        return;
+    }
+    // A PATH with a shell (the watchdog's) and nothing else: no bwrap.
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", bin.path().join("sh")).unwrap();
+    let path = bin.path().to_str().unwrap();
+    let output = lockslab_as_a_plain_user(&[
+        "challenge",
+        "counter",
+        "--isolated",
+        "--",
+        "/bin/sh",
+        "-c",
+        "exit 0",
+    ])
+    .env("PATH", path)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("bwrap is not installed"), "{stderr}");
+    assert!(flat.contains("apt-get install bubblewrap"), "{stderr}");
+    assert!(!flat.contains("starting"), "{stderr}");
+    let script = r#"read l; echo '{"type":"ready"}'; read j; exit 3"#;
+    let output = lockslab_as_a_plain_user(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ])
+    .env("PATH", path)
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(verdict["clients_isolated"], "trusted", "{verdict}");
 }

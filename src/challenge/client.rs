@@ -363,7 +363,8 @@ pub fn sweep(entry: &str, prefix: bool) {
 /// Kills the run's marked processes once lockslab is gone without sweeping — SIGKILL,
 /// which leaves it no time: a shell of its own (its own process group,
 /// no parent-death signal, not marked) that waits for end of file on its stdin, which only
-/// lockslab holds open, then sweeps as [`sweep`] does.
+/// lockslab holds open, then sweeps as [`sweep`] does, and deletes the clients' home (as
+/// root, see [`Isolation`]) once they are gone.
 pub struct Watchdog(Option<Child>);
 
 const WATCHDOG: &str = r#"while read -r _; do :; done
@@ -374,12 +375,14 @@ for round in 1 2 3; do
     fi
   done
   sleep 0.1
-done"#;
+done
+[ -n "$2" ] && rm -rf -- "$2""#;
 
 impl Watchdog {
-    pub fn start(run_id: &str) -> Result<Watchdog> {
+    pub fn start(run_id: &str, home: Option<&std::path::Path>) -> Result<Watchdog> {
         let child = Command::new("sh")
             .args(["-c", WATCHDOG, MARK, run_id])
+            .arg(home.map(|h| h.as_os_str()).unwrap_or_default())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -157,6 +157,14 @@ impl Isolation {
         command
     }
 
+    /// The clients' home, when lockslab made one for them (root's case).
+    pub fn home(&self) -> Option<&Path> {
+        match self {
+            Isolation::OwnUser { home, .. } => Some(home),
+            _ => None,
+        }
+    }
+
     /// The identity a client process takes before it runs (root's case), else None.
     pub fn identity(&self) -> Option<(Uid, Gid)> {
         match self {
@@ -230,9 +238,15 @@ fn make_home(uid: Uid, gid: Gid) -> Result<PathBuf> {
         .context("creating the clients' home directory")?
         .keep();
     crate::procs::remove_on_cleanup(home.clone());
-    fs::set_permissions(&home, fs::Permissions::from_mode(0o700))?;
-    nix::unistd::chown(&home, Some(uid), Some(gid)).context("handing the clients their home")?;
-    if let Some((blocked, mode)) = home.parent().and_then(blocked_on_the_way) {
+    let handed = fs::set_permissions(&home, fs::Permissions::from_mode(0o700))
+        .and_then(|()| Ok(nix::unistd::chown(&home, Some(uid), Some(gid))?));
+    let blocked = home.parent().and_then(blocked_on_the_way);
+    if handed.is_err() || blocked.is_some() {
+        let _ = fs::remove_dir_all(&home);
+        crate::procs::forget_dir(&home);
+    }
+    handed.context("handing the clients their home")?;
+    if let Some((blocked, mode)) = blocked {
         bail!(
             "the clients' home {} is behind {} (mode {mode:o}), which their user may not \
              enter: set TMPDIR to a directory every user may enter, e.g. TMPDIR=/tmp",

@@ -150,7 +150,7 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 /// kills mid-run.
 pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) -> Result<Played> {
     let (heard_to, heard) = channel();
-    let watchdog = super::client::Watchdog::start(&setup.run_id)?;
+    let watchdog = super::client::Watchdog::start(&setup.run_id, setup.isolation.home())?;
     // After the watchdog and the servers, before any client: those are spared at the end.
     let reaper = super::reaper::Reaper::start()?;
     let start = Instant::now();
