@@ -202,7 +202,7 @@ pub fn printable(text: &str) -> String {
                 skip_csi(&mut chars);
             }
             '\u{9b}' => skip_csi(&mut chars),
-            // OSC, DCS, SOS, PM, APC: a string, ended by BEL or ESC \\ (ST).
+            // OSC, DCS, SOS, PM, APC: a string, ended by BEL or ST (ESC and a backslash).
             '\u{1b}' if matches!(chars.peek(), Some(']' | 'P' | 'X' | '^' | '_')) => {
                 chars.next();
                 skip_string(&mut chars);
