@@ -184,6 +184,38 @@ fn check_challenge_python() {
     }
 }
 
+/// How `lockslab challenge` would keep a learner's client from lockslab's own secrets and
+/// terminal: as root, a user of the run's own; else a bwrap sandbox; else not at all (the
+/// clients are trusted, and `challenge --isolated` refuses to run).
+fn check_challenge_isolation() {
+    if nix::unistd::Uid::effective().is_root() {
+        say(
+            Mark::Ok,
+            "isolation     as root  challenge clients run as a user of their own",
+        );
+        return;
+    }
+    match crate::challenge::isolation::sandbox() {
+        Ok(bwrap) => say(
+            Mark::Ok,
+            &format!(
+                "bwrap         sandbox  {} (challenge clients run sandboxed)",
+                bwrap.display()
+            ),
+        ),
+        Err(why) => {
+            say(
+                Mark::Note,
+                &format!("bwrap         {why}: challenge clients would run as you, trusted"),
+            );
+            advise(
+                "`sudo apt-get install bubblewrap` (or scripts/setup) to sandbox them; \
+                 `challenge --isolated` refuses to run without",
+            );
+        }
+    }
+}
+
 /// Where the labs would find one backend, as far as doctor could tell.
 enum Source {
     /// A server that answers, and where it came from.
@@ -280,6 +312,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     }
     check_hand_tools();
     check_challenge_python();
+    check_challenge_isolation();
 
     crate::outln!();
     crate::outln!("{}", "Servers the labs would use".bold());

@@ -166,6 +166,46 @@ pub fn tie_to_parent(command: &mut Command) {
     }
 }
 
+/// Spawns a child that is someone else's code (a learner's challenge client), tied to
+/// lockslab and registered as [`spawn_registered`] does, but in a session of its own rather
+/// than a process group of lockslab's session: it has no controlling terminal, so it can
+/// neither open `/dev/tty` nor push keystrokes into the shell of whoever runs lockslab
+/// (`TIOCSTI`), and the terminal's signals never reach it. `setsid` also makes it the leader
+/// of a new process group (its pid), so the group is signalled as every other child's.
+///
+/// With `user`, it drops root for that uid and gid (and no supplementary groups) before it
+/// runs. The parent-death signal is set after that switch: the kernel clears it whenever a
+/// process's credentials change, and a client of a SIGKILLed lockslab would live on.
+pub fn spawn_registered_alone(
+    command: &mut Command,
+    plan: StopPlan,
+    user: Option<(nix::unistd::Uid, nix::unistd::Gid)>,
+) -> io::Result<Child> {
+    let parent = nix::unistd::getpid();
+    let unblock = interrupt_signals();
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: setsid, setgroups (with an empty list, nothing
+    // allocated), setgid, setuid, prctl, sigprocmask and getppid are plain system calls, and
+    // errors are built from a raw errno without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            nix::unistd::setsid()?;
+            if let Some((uid, gid)) = user {
+                nix::unistd::setgroups(&[])?;
+                nix::unistd::setgid(gid)?;
+                nix::unistd::setuid(uid)?;
+            }
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            unblock.thread_unblock()?;
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc_esrch()));
+            }
+            Ok(())
+        });
+    }
+    spawn_untied_registered(command, plan)
+}
+
 fn libc_esrch() -> i32 {
     nix::errno::Errno::ESRCH as i32
 }

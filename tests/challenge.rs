@@ -9,6 +9,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,10 +18,49 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3";
-const REFERENCE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/examples/challenge/reference.py"
-);
+
+/// The Python reference client, as a copy every user may read: as root, lockslab runs the
+/// clients as a user of their own, who may not enter the directory a clone lives in.
+fn reference_py() -> &'static str {
+    static COPY: OnceLock<String> = OnceLock::new();
+    COPY.get_or_init(|| {
+        readable_copy(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/challenge/reference.py"
+        ))
+    })
+}
+
+/// A copy of `file` in a directory of this test process's that every user may enter, with
+/// its mode bits for others set as for its owner (read, and run if it runs); deleted when
+/// the tests end.
+fn readable_copy(file: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    extern "C" fn remove_dir_at_exit() {
+        if let Some(dir) = DIR.get() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    let dir = DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("lockslab-test-clients-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // SAFETY: registers a plain `extern "C" fn` that takes no arguments, as atexit expects.
+        unsafe {
+            nix::libc::atexit(remove_dir_at_exit);
+        }
+        dir
+    });
+    let from = std::path::Path::new(file);
+    let to = dir.join(from.file_name().unwrap());
+    std::fs::copy(from, &to).unwrap();
+    let mode = std::fs::metadata(from).unwrap().permissions().mode();
+    let mode = 0o644 | if mode & 0o100 != 0 { 0o111 } else { 0 };
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).unwrap();
+    to.to_str().unwrap().to_string()
+}
 
 fn python_ready() {
     let ok = std::process::Command::new(PYTHON)
@@ -59,7 +99,7 @@ fn verdict_in(output: &Output) -> Value {
 
 fn reference(name: &str, seed: u64, mode: &str) -> (i32, Value) {
     python_ready();
-    let (code, verdict, _) = challenge(name, seed, &[], &[PYTHON, REFERENCE, mode]);
+    let (code, verdict, _) = challenge(name, seed, &[], &[PYTHON, reference_py(), mode]);
     (code, verdict)
 }
 
@@ -99,7 +139,8 @@ fn findings<'a>(verdict: &'a Value, kind: &str) -> Vec<&'a Value> {
 fn caught_at_the_worst_order(name: &str) {
     python_ready();
     for seed in 1..=3 {
-        let (code, verdict, output) = challenge(name, seed, &[], &[PYTHON, REFERENCE, "checked"]);
+        let (code, verdict, output) =
+            challenge(name, seed, &[], &[PYTHON, reference_py(), "checked"]);
         if code != 1 {
             continue;
         }
@@ -136,7 +177,8 @@ fn the_rust_references_are_graded_as_the_python_ones() {
         "{} is missing: run `cargo build --example challenge`",
         rust.display()
     );
-    let rust = rust.to_str().unwrap();
+    let rust = readable_copy(rust.to_str().unwrap());
+    let rust = rust.as_str();
     for (name, mode, grade) in [
         ("pause", "setnx", 1),
         ("pause", "claimed", 0),
@@ -291,8 +333,12 @@ fn html_draws_the_run_with_its_network_faults() {
     python_ready();
     let page = std::env::temp_dir().join(format!("challenge-{}.html", std::process::id()));
     let path = page.to_str().unwrap();
-    let (code, verdict, _) =
-        challenge("delay", 2, &["--html", path], &[PYTHON, REFERENCE, "setnx"]);
+    let (code, verdict, _) = challenge(
+        "delay",
+        2,
+        &["--html", path],
+        &[PYTHON, reference_py(), "setnx"],
+    );
     let html = std::fs::read_to_string(&page).expect("the page was written");
     let _ = std::fs::remove_file(&page);
     assert_eq!(code, 1, "{verdict}");
@@ -336,7 +382,7 @@ fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_se
             "1",
             "--",
             PYTHON,
-            REFERENCE,
+            reference_py(),
             mode,
         ])
         .env("LOCKSLAB_TEST_TAG", &tag)
@@ -738,7 +784,7 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
 /// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops
 /// reading once the first client is frozen. Returns lockslab and the run's id.
 fn started_until_the_first_pause(marker: &str) -> (std::process::Child, String) {
-    started_until_the_first_pause_of(marker, &[PYTHON, REFERENCE, "setnx", marker])
+    started_until_the_first_pause_of(marker, &[PYTHON, reference_py(), "setnx", marker])
 }
 
 fn started_until_the_first_pause_of(
@@ -838,7 +884,8 @@ fn a_sigkilled_challenge_leaves_no_client_and_its_schema_is_swept_next_run() {
 fn escaping(marker: &str) -> String {
     format!(
         "setsid {PYTHON} -c 'import time; time.sleep(600)' {marker}-escaped & \
-         exec {PYTHON} {REFERENCE} setnx {marker}"
+         exec {PYTHON} {} setnx {marker}",
+        reference_py()
     )
 }
 
@@ -882,7 +929,8 @@ fn what_a_client_started_in_a_session_of_its_own_dies_when_the_run_is_sigkilled(
 fn escaping_without_its_mark(marker: &str) -> String {
     format!(
         "( env -i setsid sh -c 'sleep 300; true' {marker}-escaped & ); \
-         exec {PYTHON} {REFERENCE} setnx {marker}"
+         exec {PYTHON} {} setnx {marker}",
+        reference_py()
     )
 }
 
@@ -951,4 +999,302 @@ fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
         verdict["problems"]
     );
     assert_eq!(verdict["grade"], "fail");
+}
+
+/// The hostile client of tests/fixtures: it says ready, then looks for every way past its
+/// seat and reports what it reached as its last stderr line (see the file's doc).
+const HOSTILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/hostile_client.py"
+);
+
+/// A state directory as `lockslab up` leaves one: its URLs, the admin's among them, in a
+/// 0600 file in a 0700 directory of `owner`'s.
+fn state_dir_of(owner: Option<u32>) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let file = state.path().join("servers.json");
+    let urls = serde_json::json!({
+        "postgres": servers().postgres,
+        "postgres_admin": servers().postgres_admin,
+    });
+    std::fs::write(&file, urls.to_string()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if let Some(uid) = owner {
+        let id = Some(nix::unistd::Uid::from_raw(uid));
+        let group = Some(nix::unistd::Gid::from_raw(uid));
+        nix::unistd::chown(state.path(), id, group).unwrap();
+        nix::unistd::chown(&file, id, group).unwrap();
+    }
+    state
+}
+
+/// Runs `lockslab` (a `Command` made by [`lockslab`] or [`lockslab_as_a_plain_user`]) as a
+/// person's shell would: the session leader of a terminal of its own (a pty), that terminal
+/// its stdin. Returns its output and whatever reached the terminal's input — keystrokes a
+/// client pushed with TIOCSTI.
+fn on_a_terminal(mut command: std::process::Command) -> (Output, Vec<u8>) {
+    use nix::sys::termios;
+    use std::os::unix::process::CommandExt;
+    let pty = nix::pty::openpty(None, None).unwrap();
+    // Raw: a pushed keystroke is there to read at once, without a newline after it.
+    let mut modes = termios::tcgetattr(&pty.slave).unwrap();
+    termios::cfmakeraw(&mut modes);
+    termios::tcsetattr(&pty.slave, termios::SetArg::TCSANOW, &modes).unwrap();
+    let terminal = std::fs::File::from(pty.slave.try_clone().unwrap());
+    command
+        .stdin(terminal)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid and ioctl are plain system calls, allowed between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid()?;
+            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = command.output().expect("running lockslab on a terminal");
+    let slave = &pty.slave;
+    nix::fcntl::fcntl(
+        slave,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let mut typed = vec![0u8; 256];
+    let n = nix::unistd::read(slave, &mut typed).unwrap_or(0);
+    typed.truncate(n);
+    drop(pty.master);
+    (output, typed)
+}
+
+/// What the hostile client said it reached, and its uid; and that nothing it wrote to paint
+/// the screen (an escape sequence that clears it and prints a green PASS) got through.
+fn hostile_report(output: &Output) -> (String, u32) {
+    let verdict = verdict_in(output);
+    assert_eq!(output.status.code(), Some(1), "{verdict}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("PAINTED"), "{failure:?}");
+    assert!(
+        !failure.chars().any(|c| c.is_control()),
+        "a control character got through: {failure:?}"
+    );
+    let report = failure
+        .split("hostile ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no report: {failure}"));
+    let uid = report
+        .strip_prefix("uid=")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no uid: {report}"));
+    let found = report.split("found=").nth(1).unwrap_or_default();
+    (
+        found
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        uid,
+    )
+}
+
+/// Issue 40, rows 3 and 10, as root (as CI runs): a client under grading reads no
+/// credential but the URL init hands it — not lockslab's environment (where the admin's URL
+/// was given), nor its `/proc` entry (environ, memory, terminal), nor `up`'s state file,
+/// nor a private Postgres's pg_hba.conf — and has no terminal to push keystrokes into: it
+/// runs as a user of the run's own, in a session of its own.
+#[test]
+fn a_hostile_client_run_by_root_reaches_nothing_of_lockslabs_nor_its_terminal() {
+    python_ready();
+    let state = state_dir_of(None);
+    let hostile = readable_copy(HOSTILE);
+    let mut command = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--patience",
+        "20s",
+        "--",
+        PYTHON,
+        &hostile,
+        state.path().to_str().unwrap(),
+    ]);
+    command
+        .env("LOCKSLAB_POSTGRES_URL", admin_on_the_labs_database())
+        .env("LOCKSLAB_STATE_DIR", state.path());
+    let (output, typed) = on_a_terminal(command);
+    let (found, uid) = hostile_report(&output);
+    assert_eq!(found, "nothing", "the client reached: {found}");
+    assert!(
+        typed.is_empty(),
+        "keystrokes reached the terminal: {typed:?}"
+    );
+    if nix::unistd::Uid::effective().is_root() {
+        let postgres = ["postgres", "nobody"]
+            .iter()
+            .find_map(|name| nix::unistd::User::from_name(name).ok().flatten())
+            .map(|user| user.uid.as_raw());
+        assert_ne!(uid, 0, "the client ran as root");
+        assert_ne!(
+            Some(uid),
+            postgres,
+            "the client ran as the private Postgres's user"
+        );
+        let verdict = verdict_in(&output);
+        assert_eq!(verdict["clients_isolated"], "own-user", "{verdict}");
+    }
+}
+
+/// The superuser's URL on the labs' database (the one a run's client role may connect to),
+/// as an instructor might give it to lockslab.
+fn admin_on_the_labs_database() -> String {
+    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
+    format!("{server}/lockslab")
+}
+
+/// A copy of lockslab that a plain user may run, and the command that runs it as `nobody`
+/// with this binary's servers (given in the environment, the admin's for Postgres).
+fn lockslab_as_a_plain_user(args: &[&str]) -> std::process::Command {
+    static COPY: OnceLock<String> = OnceLock::new();
+    let bin = COPY.get_or_init(|| readable_copy(BIN));
+    let servers = servers();
+    let mut command = std::process::Command::new("/usr/bin/setpriv");
+    let admin = admin_on_the_labs_database();
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin)
+        .args(args)
+        .env("LOCKSLAB_REDIS_URL", &servers.redis)
+        .env("LOCKSLAB_ETCD_URL", &servers.etcd)
+        .env("LOCKSLAB_POSTGRES_URL", &admin)
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "1000")
+        .env("HOME", "/nonexistent")
+        .env("TMPDIR", "/tmp")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("LOCKSLAB_PRIVATE_SERVERS")
+        .current_dir("/");
+    command
+}
+
+/// The same attacks from a client of lockslab run by a plain user (`nobody`), whose clients
+/// are the same user: a bwrap sandbox (user, PID and mount namespaces) hides lockslab's
+/// environment, `/proc` entry, state and temp directories, and the session of its own
+/// leaves it no terminal. A reference client still plays `pause` there and passes: the
+/// nemesis freezes and resumes the sandbox's processes as any client's.
+#[test]
+fn a_hostile_client_run_by_a_plain_user_is_sandboxed_and_a_reference_still_passes() {
+    python_ready();
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only root can run lockslab as another user here");
+        return;
+    }
+    assert!(
+        lockslab::challenge::isolation::sandbox().is_ok(),
+        "bwrap cannot make a sandbox here: run scripts/setup (it installs bubblewrap)"
+    );
+    let state = state_dir_of(Some(65534));
+    let hostile = readable_copy(HOSTILE);
+    let mut command = lockslab_as_a_plain_user(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--patience",
+        "20s",
+        "--isolated",
+        "--",
+        PYTHON,
+        &hostile,
+        state.path().to_str().unwrap(),
+    ]);
+    command.env("LOCKSLAB_STATE_DIR", state.path());
+    let (output, typed) = on_a_terminal(command);
+    let (found, uid) = hostile_report(&output);
+    assert_eq!(found, "nothing", "the client reached: {found}");
+    assert!(
+        typed.is_empty(),
+        "keystrokes reached the terminal: {typed:?}"
+    );
+    assert_eq!(uid, 65534);
+    assert_eq!(verdict_in(&output)["clients_isolated"], "sandbox");
+    let reference = reference_py();
+    let output = lockslab_as_a_plain_user(&[
+        "challenge",
+        "pause",
+        "--json",
+        "--seed",
+        "2",
+        "--",
+        PYTHON,
+        reference,
+        "claimed",
+    ])
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(output.status.code(), Some(0), "{verdict}");
+    assert_eq!(
+        verdict["faults_bit"], verdict["faults_planned"],
+        "{verdict}"
+    );
+}
+
+/// A plain user with no `bwrap` on its PATH: the clients run as that user, the verdict says
+/// they were trusted, and `--isolated` refuses to run (exit 4) before any server starts,
+/// saying what to install.
+#[test]
+fn without_root_or_bwrap_the_clients_are_trusted_and_isolated_refuses_to_run() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only root can run lockslab as another user here");
+        return;
+    }
+    // A PATH with a shell (the watchdog's) and nothing else: no bwrap.
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", bin.path().join("sh")).unwrap();
+    let path = bin.path().to_str().unwrap();
+    let output = lockslab_as_a_plain_user(&[
+        "challenge",
+        "counter",
+        "--isolated",
+        "--",
+        "/bin/sh",
+        "-c",
+        "exit 0",
+    ])
+    .env("PATH", path)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("bwrap is not installed"), "{stderr}");
+    assert!(flat.contains("apt-get install bubblewrap"), "{stderr}");
+    assert!(!flat.contains("starting"), "{stderr}");
+    let script = r#"read l; echo '{"type":"ready"}'; read j; exit 3"#;
+    let output = lockslab_as_a_plain_user(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ])
+    .env("PATH", path)
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(verdict["clients_isolated"], "trusted", "{verdict}");
 }

@@ -1,8 +1,11 @@
-//! One learner's client process: started in a process group of its own (so the nemesis can
-//! pause and kill all of it), fed lines on its stdin, read line by line — each line
-//! bounded, so a client that floods its stdout is named, not buffered without end.
+//! One learner's client process: started in a session of its own (so the nemesis can
+//! pause and kill all of it, and it has no terminal to type into), as the run's
+//! [`Isolation`] says, from a scrubbed environment; fed lines on its stdin, read line by
+//! line — each line bounded, so a client that floods its stdout is named, not buffered
+//! without end — and what it says is stripped of control characters before anyone sees it.
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use super::isolation::Isolation;
 use super::protocol::{FromClient, MAX_LINE, ToClient};
 use crate::nemesis::Victim;
 use crate::procs::{self, StopPlan};
@@ -54,24 +58,24 @@ pub struct Client {
 }
 
 impl Client {
-    /// Starts `program args…` as client `name`; what it says arrives on `heard`.
+    /// Starts `program args…` as client `name`, kept from lockslab as `isolation` says; what
+    /// it says arrives on `heard`.
     pub fn start(
         program: &[String],
         name: &str,
         run_id: &str,
         heard: &Sender<Heard>,
+        isolation: &Isolation,
     ) -> Result<Client> {
         let mark = format!("{run_id}/{name}");
-        let mut command = Command::new(&program[0]);
+        let mut command = isolation.command(program, &environment(&mark));
         command
-            .args(&program[1..])
-            .env(MARK, &mark)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("PYTHONUNBUFFERED", "1");
-        let mut child = procs::spawn_registered(&mut command, StopPlan::kill())
-            .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
+            .stderr(Stdio::piped());
+        let mut child =
+            procs::spawn_registered_alone(&mut command, StopPlan::kill(), isolation.identity())
+                .with_context(|| format!("starting the client `{}`", program.join(" ")))?;
         let stdin = child.stdin.take().context("the client's stdin")?;
         let stdout = child.stdout.take().context("the client's stdout")?;
         let stderr = child.stderr.take().context("the client's stderr")?;
@@ -160,6 +164,88 @@ impl Drop for Client {
     }
 }
 
+/// A client's whole environment: what the protocol hands over comes on stdin, and nothing
+/// of lockslab's own is passed on — its environment may hold a server URL with an admin's
+/// password (`LOCKSLAB_POSTGRES_URL`), its state directory, its test tags. Only where to
+/// find programs, a home, a language, unbuffered Python output, and the reaper's mark.
+fn environment(mark: &str) -> Vec<(&'static str, OsString)> {
+    let mut vars = vec![
+        (
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        ),
+        ("PYTHONUNBUFFERED", "1".into()),
+        (MARK, mark.into()),
+    ];
+    for name in ["HOME", "LANG"] {
+        if let Some(value) = std::env::var_os(name) {
+            vars.push((name, value));
+        }
+    }
+    vars
+}
+
+/// `text` as it may reach a terminal: escape sequences (colours, cursor moves, a cleared
+/// screen, a window title) removed whole, other control characters and Unicode format
+/// characters (a bidi override turns the rest of a line around) dropped, a tab made a
+/// space. A client's words are quoted on the screen beside the verdict: it must not be able
+/// to paint a verdict of its own there.
+pub fn printable(text: &str) -> String {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            // CSI: ESC [ (or the one-character U+009B), parameters, then a final byte.
+            '\u{1b}' if chars.peek() == Some(&'[') => {
+                chars.next();
+                skip_csi(&mut chars);
+            }
+            '\u{9b}' => skip_csi(&mut chars),
+            // OSC, DCS, SOS, PM, APC: a string, ended by BEL or ST (ESC and a backslash).
+            '\u{1b}' if matches!(chars.peek(), Some(']' | 'P' | 'X' | '^' | '_')) => {
+                chars.next();
+                skip_string(&mut chars);
+            }
+            '\u{90}' | '\u{98}' | '\u{9d}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
+            // Any other escape: ESC, its intermediate bytes (`ESC ( B` picks a character
+            // set), and the character that ends it.
+            '\u{1b}' => {
+                while chars
+                    .next_if(|c| ('\u{20}'..='\u{2f}').contains(c))
+                    .is_some()
+                {}
+                chars.next();
+            }
+            '\t' => out.push(' '),
+            c if c.is_control() || c.general_category() == GeneralCategory::Format => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars>) {
+    for c in chars.by_ref() {
+        if ('\u{40}'..='\u{7e}').contains(&c) {
+            return;
+        }
+    }
+}
+
+fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars>) {
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{7}' | '\u{9c}' => return,
+            '\u{1b}' if chars.peek() == Some(&'\\') => {
+                chars.next();
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
 fn write_lines(mut stdin: ChildStdin, lines: Receiver<String>) {
     for line in lines {
         if writeln!(stdin, "{line}")
@@ -188,8 +274,16 @@ fn read_lines(name: String, stdout: impl Read, heard: Sender<Heard>) {
                     continue;
                 }
                 match serde_json::from_str::<FromClient>(&text) {
+                    Ok(FromClient::Fail { job, reason }) => {
+                        let reason = reason.map(|r| printable(&r));
+                        Heard::Said(
+                            name.clone(),
+                            FromClient::Fail { job, reason },
+                            Instant::now(),
+                        )
+                    }
                     Ok(said) => Heard::Said(name.clone(), said, Instant::now()),
-                    Err(_) => Heard::Garbage(name.clone(), text),
+                    Err(_) => Heard::Garbage(name.clone(), printable(&text)),
                 }
             }
         };
@@ -207,7 +301,9 @@ fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
         match (&mut reader).take(512).read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return,
             Ok(_) => {
-                let text = String::from_utf8_lossy(&line).trim().to_string();
+                let text = printable(&String::from_utf8_lossy(&line))
+                    .trim()
+                    .to_string();
                 if text.is_empty() {
                     continue;
                 }
@@ -267,7 +363,8 @@ pub fn sweep(entry: &str, prefix: bool) {
 /// Kills the run's marked processes once lockslab is gone without sweeping — SIGKILL,
 /// which leaves it no time: a shell of its own (its own process group,
 /// no parent-death signal, not marked) that waits for end of file on its stdin, which only
-/// lockslab holds open, then sweeps as [`sweep`] does.
+/// lockslab holds open, then sweeps as [`sweep`] does, and deletes the clients' home (as
+/// root, see [`Isolation`]) once they are gone.
 pub struct Watchdog(Option<Child>);
 
 const WATCHDOG: &str = r#"while read -r _; do :; done
@@ -278,12 +375,14 @@ for round in 1 2 3; do
     fi
   done
   sleep 0.1
-done"#;
+done
+[ -n "$2" ] && rm -rf -- "$2""#;
 
 impl Watchdog {
-    pub fn start(run_id: &str) -> Result<Watchdog> {
+    pub fn start(run_id: &str, home: Option<&std::path::Path>) -> Result<Watchdog> {
         let child = Command::new("sh")
             .args(["-c", WATCHDOG, MARK, run_id])
+            .arg(home.map(|h| h.as_os_str()).unwrap_or_default())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -319,4 +418,22 @@ impl std::error::Error for ClientFailed {}
 
 pub fn failed(sentence: String) -> anyhow::Error {
     ClientFailed(sentence).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    /// What a client prints reaches the screen with no way to recolour it, move the cursor,
+    /// clear it, retitle the window or turn a line around: a client cannot paint a verdict.
+    #[test]
+    fn a_clients_words_lose_every_escape_and_control_character() {
+        let painted = "\u{1b}[2J\u{1b}[H\u{1b}[1;32mPASS\u{1b}[0m \u{9b}31mred\u{1b}]0;title\u{7}\
+                       after\u{1b}]8;;http://x\u{1b}\\link\u{1b}(B\tend\r\u{202e}sdrawkcab\u{8}";
+        assert_eq!(printable(painted), "PASS redafterlink endsdrawkcab");
+        assert_eq!(
+            printable("Traceback: boom — ünïcode"),
+            "Traceback: boom — ünïcode"
+        );
+    }
 }

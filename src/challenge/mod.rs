@@ -13,6 +13,7 @@
 
 pub mod challenges;
 mod client;
+pub mod isolation;
 mod play;
 pub mod protocol;
 mod reaper;
@@ -50,9 +51,14 @@ Examples:
   lockslab challenge failover -- python3 client.py
                                         the Redis primary dies mid-run: init
                                         names the Sentinels that know the next
+  lockslab challenge pause --isolated -- python3 /srv/client/client.py
+                                        a client you do not trust: refuse to
+                                        run unless it is isolated
 
 The program is started as 3 clients (and one more for each one killed), each
-in its own process group. It reads one JSON object a line on stdin (init,
+in a session of its own with no terminal and a scrubbed environment: as root,
+as a user of the run's own (its files must be readable by every user); else in
+a bwrap sandbox when bwrap is installed; else as you (the heading says so). It reads one JSON object a line on stdin (init,
 then jobs), answers on stdout (ready, then ok or fail per job; optional notes
 acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
 Walkthrough: labs/11-challenge.md.
@@ -92,6 +98,10 @@ pub struct ChallengeArgs {
     /// Draw the run's timeline and verdict to this HTML page
     #[arg(long, value_name = "FILE")]
     pub html: Option<std::path::PathBuf>,
+    /// Refuse to run unless the clients are isolated from lockslab (as root: a user of
+    /// their own; else a bwrap sandbox): for grading a client you do not trust
+    #[arg(long)]
+    pub isolated: bool,
     /// The client to run, and its arguments (after `--`)
     #[arg(last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
@@ -125,13 +135,26 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         );
     }
     refuse_a_missing_file(&args.program)?;
+    let isolation = match isolation::Isolation::choose(&args.program) {
+        Ok(isolation) => isolation,
+        Err(err) => return crate::labs::chaos::could_not_run(Err(err)),
+    };
+    if args.isolated && !isolation.is_isolated() {
+        return crate::labs::chaos::could_not_run(Err(anyhow::anyhow!(
+            "--isolated: the clients cannot be isolated here ({}); install bubblewrap \
+             (`sudo apt-get install bubblewrap`) or run as root, or leave out --isolated",
+            isolation.why_not().unwrap_or_default()
+        )));
+    }
     let lease_ms = args.ttl.as_millis() as u64;
     if !(100..=10_000).contains(&lease_ms) {
         crate::bail_usage!("--ttl: between 100ms and 10s");
     }
     let patience = patience_of(challenge, args)?;
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
-    crate::labs::chaos::could_not_run(grade(challenge, args, lease_ms, patience, picture))
+    crate::labs::chaos::could_not_run(grade(
+        challenge, args, lease_ms, patience, picture, isolation,
+    ))
 }
 
 /// How long a client may take when `--patience` is not given.
@@ -164,15 +187,22 @@ const SCRIPTS: &[&str] = &[
     ".py", ".rb", ".js", ".mjs", ".ts", ".pl", ".php", ".sh", ".lua",
 ];
 
-/// A program, or its script, that is not there: said before any server starts, not as a
-/// client that dies at once. Paths count from the directory lockslab runs in.
-fn refuse_a_missing_file(program: &[String]) -> Result<()> {
+/// The files a client's command names: the program itself when it is a path, and the first
+/// script among its arguments. Paths count from the directory lockslab runs in.
+pub(crate) fn named_files(program: &[String]) -> Vec<String> {
     let script = program
         .iter()
         .skip(1)
         .find(|arg| SCRIPTS.iter().any(|ext| arg.ends_with(ext)));
     let path_like = program.first().filter(|p| p.contains('/'));
-    for file in path_like.into_iter().chain(script) {
+    path_like.into_iter().chain(script).cloned().collect()
+}
+
+/// A program, or its script, that is not there: said before any server starts, not as a
+/// client that dies at once. Paths count from the directory lockslab runs in.
+fn refuse_a_missing_file(program: &[String]) -> Result<()> {
+    for file in named_files(program) {
+        let file = &file;
         if !std::path::Path::new(file).exists() {
             let here = std::env::current_dir().unwrap_or_default();
             crate::bail_usage!(
@@ -191,6 +221,7 @@ fn grade(
     lease_ms: u64,
     patience: Duration,
     picture: Option<crate::picture::Target>,
+    isolation: isolation::Isolation,
 ) -> Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let servers = servers::provide(
@@ -261,6 +292,7 @@ fn grade(
             args.patience,
             &args.program,
         ),
+        isolation,
     };
     if !args.json {
         verdict::heading(&setup, &run_id, &servers, shared);

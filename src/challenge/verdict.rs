@@ -62,6 +62,13 @@ pub fn heading(setup: &Setup, run_id: &str, servers: &Servers, shared_role: bool
         setup.init.lease_ms,
         challenge.about().faults
     );
+    // Who the clients run as: said on every run, plainly when they are not isolated.
+    let isolation = setup.isolation.describe();
+    if setup.isolation.is_isolated() {
+        crate::prose!("  {}", isolation.dimmed());
+    } else {
+        crate::prose!("  {}", isolation.yellow());
+    }
     if shared_role {
         crate::prose!(
             "  {}",
@@ -164,6 +171,7 @@ pub fn json(
         "faults_planned": played.faults_planned, "faults_played": played.faults_played,
         "faults_bit": report.faults_bit,
         "replay": setup.replay.join(" "),
+        "clients_isolated": setup.isolation.kind(),
     })
 }
 

@@ -51,6 +51,8 @@ pub struct Setup {
     pub grader_url: String,
     /// The command that replays the run, one shell word each.
     pub replay: Vec<String>,
+    /// Who the clients run as, and what they can reach.
+    pub isolation: super::isolation::Isolation,
 }
 
 /// What a run left: its history and what the clients answered; or the client's failure.
@@ -148,7 +150,7 @@ fn hide_passwords(text: &str, init: &Init) -> String {
 /// kills mid-run.
 pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) -> Result<Played> {
     let (heard_to, heard) = channel();
-    let watchdog = super::client::Watchdog::start(&setup.run_id)?;
+    let watchdog = super::client::Watchdog::start(&setup.run_id, setup.isolation.home())?;
     // After the watchdog and the servers, before any client: those are spared at the end.
     let reaper = super::reaper::Reaper::start()?;
     let start = Instant::now();
@@ -273,6 +275,7 @@ impl Run<'_> {
             name,
             &self.setup.run_id,
             &self.heard_to,
+            &self.setup.isolation,
         )?;
         client.send(&ToClient::Init(Box::new(init)));
         self.seats.push(Seat {
