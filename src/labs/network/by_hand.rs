@@ -10,11 +10,19 @@
 //! The running proxy listens for faults on a Unix socket named after its port, one line
 //! per fault (`up hold`), and answers one line. Ctrl-C stops it: its connections close and
 //! the socket file goes.
+//!
+//! Anyone on the machine can connect to a loopback port, so the proxy is built to outlast
+//! its users: the control socket lives in a directory only its own user can enter
+//! ([`control_dir`]), never at a name in `/tmp` another user could take first; it relays a
+//! bounded number of connections, sized by its file descriptor limit, so that whoever opens
+//! hundreds cannot leave it without a descriptor for its control socket; and a failed
+//! `accept` on either socket waits and tries again rather than ending the proxy.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -137,9 +145,108 @@ fn check_listen(listen: SocketAddr, expose: bool) -> Result<()> {
     Ok(())
 }
 
+/// The directory of the proxies' control sockets: `proxy` in lockslab's state directory
+/// (`$LOCKSLAB_STATE_DIR`, else `lockslab-<uid>` in `$XDG_RUNTIME_DIR` or the temp
+/// directory), mode 0700, so that only this user can reach a socket in it, or put a file
+/// where one goes.
+pub fn control_dir() -> PathBuf {
+    crate::servers::state_dir().join("proxy")
+}
+
 /// The control socket of the proxy listening on `port`.
 pub fn control_socket(port: u16) -> PathBuf {
-    std::env::temp_dir().join(format!("lockslab-proxy-{port}.sock"))
+    control_dir().join(format!("proxy-{port}.sock"))
+}
+
+/// Creates [`control_dir`] (and the state directory) if needed, and checks that both are
+/// this user's: a directory someone else made, or a symlink, is refused with a message.
+fn own_control_dir() -> Result<PathBuf> {
+    crate::servers::own_dir(&crate::servers::state_dir())?;
+    let dir = control_dir();
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(err).with_context(|| format!("creating {}", dir.display()));
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::Uid::effective().as_raw() {
+        bail!(
+            "{} is not a directory of yours: remove it, or set LOCKSLAB_STATE_DIR to another place",
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(dir)
+}
+
+/// Makes way for this proxy's control socket: another proxy answering there is refused; a
+/// socket of this user's that nobody answers on (a proxy killed before it could remove
+/// it) is replaced; anything else — another user's file, or not a socket — is refused
+/// with a message, never removed.
+fn clear_for_socket(socket: &Path, port: u16) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(socket) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err).with_context(|| format!("looking at {}", socket.display())),
+    };
+    if meta.uid() != nix::unistd::Uid::effective().as_raw() {
+        bail!(
+            "{} belongs to user {}, not to you: lockslab does not remove it; its owner (or root)              may, or give this proxy another port",
+            socket.display(),
+            meta.uid()
+        );
+    }
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} is in the way of this proxy's control socket and is not a socket: remove it,              or give this proxy another port",
+            socket.display()
+        );
+    }
+    if UnixStream::connect(socket).is_ok() {
+        bail!(
+            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give              this one another port",
+            socket.display()
+        );
+    }
+    std::fs::remove_file(socket).with_context(|| format!("removing {}", socket.display()))
+}
+
+/// The control socket's file, removed however `serve` ends.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        // The directory goes with the last proxy's socket; another's keeps it.
+        let _ = std::fs::remove_dir(control_dir());
+    }
+}
+
+/// File descriptors kept free beyond the relayed connections: the control socket's
+/// clients, the accept of a connection refused for being one too many, and what the
+/// runtime opens.
+const FD_RESERVE: usize = 32;
+
+/// How many connections fit in this process's file descriptors: its soft limit, less
+/// those open now and [`FD_RESERVE`], at [`crate::proxy::FDS_PER_CONNECTION`] each. None
+/// when `/proc` does not say.
+fn connections_within_fd_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?;
+    let soft: usize = if soft == "unlimited" {
+        usize::MAX / 2
+    } else {
+        soft.parse().ok()?
+    };
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count();
+    Some(soft.saturating_sub(open + FD_RESERVE) / crate::proxy::FDS_PER_CONNECTION)
 }
 
 fn serve(to: &str, listen: SocketAddr) -> Result<()> {
@@ -172,18 +279,16 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
         );
     }
     let mut proxy = Proxy::start_on("proxy", listen, upstream)?;
-    let port = proxy.addr().port();
-    let socket = control_socket(port);
-    if UnixStream::connect(&socket).is_ok() {
-        bail!(
-            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give \
-             this one another port",
-            socket.display()
-        );
+    if let Some(most) = connections_within_fd_limit() {
+        proxy.limit_connections(most);
     }
-    let _ = std::fs::remove_file(&socket);
+    let port = proxy.addr().port();
+    own_control_dir()?;
+    let socket = control_socket(port);
+    clear_for_socket(&socket, port)?;
     let control = UnixListener::bind(&socket)
         .with_context(|| format!("opening the control socket {}", socket.display()))?;
+    let _file = SocketFile(socket.clone());
     control.set_nonblocking(true)?;
     let removal = {
         let socket = socket.clone();
@@ -200,15 +305,26 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     crate::outln!("faults from another terminal: lockslab proxy fault {port} hold|heal|…");
     crate::outln!("Ctrl-C stops it");
     let started = Instant::now();
+    let mut backoff = Duration::ZERO;
     while !crate::procs::interrupted() {
         match control.accept() {
             Ok((stream, _)) => {
+                backoff = Duration::ZERO;
                 if let Some(done) = obey(&proxy, stream) {
                     crate::outln!("+{:.3}s  {done}", started.elapsed().as_secs_f64());
                 }
             }
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 thread::sleep(Duration::from_millis(20));
+            }
+            // Out of file descriptors (or memory) for a moment: the fault waits in the
+            // socket's queue until one is free; the proxy goes on relaying meanwhile.
+            Err(err) if crate::proxy::accept_error_passes(&err) => {
+                if backoff.is_zero() {
+                    crate::errln!("lockslab proxy: the control socket waits: {err}");
+                }
+                backoff = crate::proxy::accept_backoff(backoff);
+                thread::sleep(backoff);
             }
             Err(err) => bail!("the control socket failed: {err}"),
         }
