@@ -1048,5 +1048,40 @@ fn a_taken_socket_name_does_not_stop_a_proxy_and_a_foreign_file_is_named() {
         assert_eq!(refused.status.code(), Some(1), "{said}");
         assert!(said.contains("belongs to user 65534"), "{said}");
         assert!(socket.exists(), "another user's file is left alone");
+
+        // The state directory's own name in the temp directory, taken by another user: the
+        // proxy warns and puts its socket in a directory of a random name, where a fault
+        // from another command finds it.
+        let state = dir.parent().unwrap();
+        std::fs::remove_dir_all(state).unwrap();
+        std::fs::create_dir(state).unwrap();
+        nix::unistd::chown(state, Some(65534.into()), Some(65534.into())).unwrap();
+        let (mut elsewhere, _, _output) = proxy_with(&[], &listen, &env);
+        let fault = lockslab(&["proxy", "fault", &port.to_string(), "hold"])
+            .envs(env)
+            .output()
+            .unwrap();
+        assert!(fault.status.success(), "{fault:?}");
+        kill(Pid::from_raw(elsewhere.0.id() as i32), Signal::SIGINT).unwrap();
+        let said = {
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut elsewhere.0.stderr.take().unwrap(), &mut said)
+                .unwrap();
+            said
+        };
+        assert_eq!(elsewhere.0.wait().unwrap().code(), Some(130), "{said}");
+        assert!(said.contains("is not a directory of yours"), "{said}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("lockslab-proxy-")
+            })
+            .filter(|entry| entry.path().is_dir() && entry.path() != squat)
+            .collect();
+        assert!(left.is_empty(), "its directory is removed: {left:?}");
     }
 }

@@ -153,14 +153,74 @@ pub fn control_dir() -> PathBuf {
     crate::servers::state_dir().join("proxy")
 }
 
-/// The control socket of the proxy listening on `port`.
+/// The control socket of the proxy listening on `port`: in [`control_dir`], or in a
+/// directory of a random name of this user's (see [`own_control_dir`]) when it is there.
 pub fn control_socket(port: u16) -> PathBuf {
-    control_dir().join(format!("proxy-{port}.sock"))
+    let name = format!("proxy-{port}.sock");
+    let usual = control_dir().join(&name);
+    if usual.exists() {
+        return usual;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return usual;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&fallback_prefix())
+        })
+        .map(|entry| entry.path())
+        // Only a directory of this user's that nobody else can enter: a socket in it is
+        // one of this user's proxies, whoever chose the name.
+        .filter(|dir| {
+            std::fs::symlink_metadata(dir).is_ok_and(|meta| {
+                meta.is_dir()
+                    && meta.uid() == nix::unistd::Uid::effective().as_raw()
+                    && meta.mode() & 0o077 == 0
+            })
+        })
+        .map(|dir| dir.join(&name))
+        .find(|socket| socket.exists())
+        .unwrap_or(usual)
+}
+
+/// The start of the name of a control directory made when the usual one is taken.
+fn fallback_prefix() -> String {
+    format!("lockslab-proxy-{}-", nix::unistd::Uid::effective())
+}
+
+/// Where this proxy's control socket goes, created if need be: [`control_dir`]; or, when
+/// the state directory is in the shared temporary directory and someone else took its
+/// name first (`/tmp/lockslab-<uid>` can be made by anyone), a new directory of a random
+/// name there, mode 0700, which nobody can take beforehand. `lockslab proxy fault` looks
+/// in both.
+fn own_control_dir() -> Result<PathBuf> {
+    let err = match own_usual_control_dir() {
+        Ok(dir) => return Ok(dir),
+        Err(err) => err,
+    };
+    if !crate::servers::state_dir().starts_with(std::env::temp_dir()) {
+        return Err(err);
+    }
+    let dir = tempfile::Builder::new()
+        .prefix(&fallback_prefix())
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("creating a directory for the proxy's control socket")?
+        .keep();
+    crate::errln!(
+        "warning: {err:#}; this proxy's control socket is in {} instead",
+        dir.display()
+    );
+    Ok(dir)
 }
 
 /// Creates [`control_dir`] (and the state directory) if needed, and checks that both are
 /// this user's: a directory someone else made, or a symlink, is refused with a message.
-fn own_control_dir() -> Result<PathBuf> {
+fn own_usual_control_dir() -> Result<PathBuf> {
     crate::servers::own_dir(&crate::servers::state_dir())?;
     let dir = control_dir();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -221,7 +281,9 @@ impl Drop for SocketFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
         // The directory goes with the last proxy's socket; another's keeps it.
-        let _ = std::fs::remove_dir(control_dir());
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -283,18 +345,15 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
         proxy.limit_connections(most);
     }
     let port = proxy.addr().port();
-    own_control_dir()?;
-    let socket = control_socket(port);
+    let socket = own_control_dir()?.join(format!("proxy-{port}.sock"));
     clear_for_socket(&socket, port)?;
     let control = UnixListener::bind(&socket)
         .with_context(|| format!("opening the control socket {}", socket.display()))?;
-    let _file = SocketFile(socket.clone());
+    let file = SocketFile(socket.clone());
     control.set_nonblocking(true)?;
     let removal = {
         let socket = socket.clone();
-        crate::procs::on_interrupt(move || {
-            let _ = std::fs::remove_file(&socket);
-        })
+        crate::procs::on_interrupt(move || drop(SocketFile(socket.clone())))
     };
     crate::outln!("proxy {} → {upstream}, no fault", proxy.addr());
     if to.contains("://") {
@@ -330,7 +389,7 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
         }
     }
     proxy.stop();
-    let _ = std::fs::remove_file(&socket);
+    drop(file);
     drop(removal);
     crate::procs::wait_for_cleanup()
 }
