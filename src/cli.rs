@@ -397,18 +397,10 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     );
     crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
     crate::outln!("            the instructor's; each seat has a Redis of its own:");
-    let ports: Vec<&str> = state
-        .seats
-        .iter()
-        .filter_map(|seat| seat.redis.as_deref()?.rsplit(':').next())
-        .collect();
-    if let (Some(first), Some(last)) = (ports.first(), ports.last()) {
-        crate::outln!(
-            "            ports {first}…{last}, {} and {} clients each",
-            servers::SEAT_REDIS_MAXMEMORY,
-            servers::SEAT_REDIS_MAXCLIENTS
-        );
-    }
+    crate::outln!(
+        "            on a port of its own, {} of data, no eviction",
+        servers::SEAT_REDIS_MAXMEMORY
+    );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            a user per seat: keys under lockslab:<seat>_ only");
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));

@@ -512,9 +512,17 @@ impl Seat {
 /// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.
 pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
 
-/// A seat's Redis connections: the hungriest lab's 50 workers, a chaos run's clients and
-/// lanes, and `redis-cli`s, with room to spare.
-pub const SEAT_REDIS_MAXCLIENTS: u32 = 256;
+/// A seat's Redis connections: Redis's own default. Unauthenticated connections count
+/// too, so a small number would let anyone who reaches the room's address lock a seat out
+/// with that many idle sockets; the labs need far fewer (50 workers at most).
+pub const SEAT_REDIS_MAXCLIENTS: u32 = 10_000;
+
+/// A seat's Redis address space, in bytes. `maxmemory` is checked when a command or a
+/// script *starts*: one script that writes in a loop grows past it unchecked (350 MB for a
+/// two-million-key loop). Past this limit its allocations fail and that seat's Redis ends
+/// (Redis aborts when out of memory), instead of the machine running out, and every
+/// seat's servers with it. It starts at about 60 MB.
+pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
 
 /// The directory of `up`'s state directory holding the seats' Redis configs and logs.
 const SEAT_REDIS_DIR: &str = "seat-redis";
@@ -1149,8 +1157,9 @@ impl PrivateServers {
     ///
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`]), and the `default`
     /// user with the room's password, the instructor's. Limits keep one seat from spending the
-    /// machine's memory or descriptors: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock
-    /// server must never drop a key to make room), and [`SEAT_REDIS_MAXCLIENTS`].
+    /// machine's memory: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never
+    /// drop a key to make room), and [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes
+    /// past it.
     fn start_seat_redis(&mut self) -> Result<()> {
         let Some(room) = self.room.clone() else {
             return Ok(());
@@ -1230,6 +1239,19 @@ impl PrivateServers {
         let conf = dir.join(format!("{}.conf", seat.name));
         write_secret(&conf, &seat_redis_config(&password, &seat))?;
         let mut command = self.redis_command(&conf, port, dir)?;
+        // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = nix::libc::rlimit {
+                    rlim_cur: SEAT_REDIS_ADDRESS_SPACE,
+                    rlim_max: SEAT_REDIS_ADDRESS_SPACE,
+                };
+                if nix::libc::setrlimit(nix::libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let log = dir.join(format!("{}.log", seat.name));
         let plan = stop_plan(Backend::Redis);
         let what = format!("Redis for {}", seat.name);
