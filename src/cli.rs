@@ -160,9 +160,10 @@ Examples:
 
 A room's servers listen on ADDR only, each with a generated password (Redis
 requirepass, Postgres SCRAM, etcd auth with user root) that stays the
-instructor's. Each seat is a user of its own on all three, with its own
-password, reaching only its own namespace; Postgres has room for every seat
-running any lab at once. `lockslab down` stops them.")]
+instructor's. Each seat has a Redis of its own (a busy script or a SCAN
+reaches no other seat), and a user of its own on etcd and Postgres, with its
+own password, reaching only its own namespace; Postgres has room for every
+seat running any lab at once. `lockslab down` stops them all.")]
     Up(UpArgs),
     /// Print the export lines of one seat of the room `lockslab up --room` started
     #[command(after_help = "\
@@ -395,7 +396,11 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         format!("Room servers on {addr}, passwords on (until `lockslab down`):").bold()
     );
     crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
-    crate::outln!("            an ACL user per seat: keys lockslab:<seat>_* only");
+    crate::outln!("            the instructor's; each seat has a Redis of its own:");
+    crate::outln!(
+        "            on a port of its own, {} of data, no eviction",
+        servers::SEAT_REDIS_MAXMEMORY
+    );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            a user per seat: keys under lockslab:<seat>_ only");
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));

@@ -393,6 +393,8 @@ pub struct PrivateServers {
     /// Redis started from now on keeps its data: AOF on, `appendfsync always` (chaos's
     /// `restart-aof`); off by default, a private Redis has no persistence.
     redis_aof: bool,
+    /// A room's seats' own Redis servers (see [`PrivateServers::start_seat_redis`]).
+    seat_pids: Vec<i32>,
 }
 
 /// Every server lockslab starts demands a secret, on loopback too: any local user can
@@ -436,10 +438,11 @@ pub struct Room {
     pub seats: Vec<Seat>,
 }
 
-/// One attendee's place in a room: a Redis ACL user, an etcd user and a Postgres role, all
+/// One attendee's place in a room: a Redis of its own, an etcd user and a Postgres role, all
 /// named like the seat, with one password of its own, reaching only the seat's namespace:
 ///
-/// - Redis: keys `lockslab:<seat>_*`, and only the commands the labs send;
+/// - Redis: a `redis-server` of the seat's own (see [`PrivateServers::start_seat_redis`]), where its user reaches
+///   every key and only the commands the labs send;
 /// - etcd: keys under `lockslab:<seat>_`;
 /// - Postgres: a database `<seat>` of its own, with a schema `<seat>` (its `search_path`)
 ///   and the schemas its runs create; in the labs' database, rows added to the room's
@@ -452,6 +455,9 @@ pub struct Seat {
     /// The seat's user name on every server, and its namespace: `seat01`, `seat02`…
     pub name: String,
     pub password: String,
+    /// Where the seat's own Redis listens (`host:port`), once started.
+    #[serde(default)]
+    pub redis: Option<String>,
 }
 
 impl Seat {
@@ -461,20 +467,23 @@ impl Seat {
             .map(|n| Seat {
                 name: format!("seat{n:02}"),
                 password: crate::seed::os_hex(24),
+                redis: None,
             })
             .collect()
     }
 
-    /// The ACL rules of the seat's Redis user: its password, its keys, and the commands the
-    /// labs send (strings, lists, expiry, scripts, transactions, WAIT, INFO for the eviction
-    /// check) — no command Redis marks dangerous (FLUSHALL, KEYS, CONFIG, CLIENT KILL, DEBUG…),
-    /// no functions, no channels.
+    /// The ACL rules of the seat's user on its own Redis: its password, every key (the
+    /// server holds nobody else's), and the commands the labs send (strings, lists, expiry,
+    /// scripts, transactions, WAIT, INFO for the eviction check, naming a connection and
+    /// listing them for the sweep of dead runs) — and `SCRIPT KILL`, so that a seat ends
+    /// its own runaway script. No command Redis marks dangerous (FLUSHALL, KEYS, CONFIG,
+    /// SAVE, REPLICAOF, MIGRATE, DEBUG, SHUTDOWN…), no functions, no channels.
     fn redis_acl(&self) -> Vec<String> {
         let mut rules = vec![
             "reset".to_string(),
             "on".to_string(),
             format!(">{}", self.password),
-            format!("~lockslab:{}_*", self.name),
+            "~*".to_string(),
             "resetchannels".to_string(),
         ];
         rules.extend(
@@ -488,14 +497,53 @@ impl Seat {
                 "+evalsha",
                 "+script|load",
                 "+script|exists",
+                "+script|kill",
                 "-@dangerous",
                 "-function",
                 "+info",
+                "+client|setname",
+                "+client|list",
             ]
             .map(String::from),
         );
         rules
     }
+
+    /// The URL the seat's attendee uses for its own Redis, when it has one.
+    pub fn redis_url(&self) -> Option<String> {
+        let at = self.redis.as_deref()?;
+        Some(format!("redis://{}:{}@{at}", self.name, self.password))
+    }
+}
+
+/// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.
+pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
+
+/// A seat's Redis connections: Redis's own default. Unauthenticated connections count
+/// too, so a small number would let anyone who reaches the room's address lock a seat out
+/// with that many idle sockets; the labs need far fewer (50 workers at most).
+pub const SEAT_REDIS_MAXCLIENTS: u32 = 10_000;
+
+/// A seat's Redis address space, in bytes. `maxmemory` is checked when a command or a
+/// script *starts*: one script that writes in a loop grows past it unchecked (350 MB for a
+/// two-million-key loop). Past this limit its allocations fail and that seat's Redis ends
+/// (Redis aborts when out of memory), instead of the machine running out, and every
+/// seat's servers with it. It starts at about 60 MB.
+pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
+
+/// The directory of `up`'s state directory holding the seats' Redis configs and logs.
+const SEAT_REDIS_DIR: &str = "seat-redis";
+
+/// A seat's Redis config: the instructor's password on `default`, the seat's user, the
+/// limits (see [`PrivateServers::start_seat_redis`]). In a file only this user reads: it
+/// holds both passwords.
+fn seat_redis_config(room_password: &str, seat: &Seat) -> String {
+    format!(
+        "requirepass {room_password}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
+         maxmemory-policy noeviction\nmaxclients {SEAT_REDIS_MAXCLIENTS}\n",
+        seat.name,
+        seat.redis_acl().join(" ")
+    )
 }
 
 /// The most seats a room has: the Postgres connections are sized by it.
@@ -620,12 +668,13 @@ impl PrivateServers {
             room,
             admin_url: None,
             redis_aof: false,
+            seat_pids: Vec::new(),
         };
         let result = servers
             .start_each(backends)
             .and_then(|()| servers.provision_postgres())
             .and_then(|()| servers.enable_etcd_auth())
-            .and_then(|()| servers.seat_redis_users());
+            .and_then(|()| servers.start_seat_redis());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -861,25 +910,10 @@ impl PrivateServers {
         let password = self.secrets.password.clone();
         let (mut command, url, stop_signal) = match backend {
             Backend::Redis => {
-                let mut command = Command::new(find_binary("redis-server", backend)?);
                 // In a config file only we can read, not on the command line.
                 let conf = self.dir.join("redis-auth.conf");
                 write_secret(&conf, &format!("requirepass {password}\n"))?;
-                command.arg(&conf);
-                command.args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    &host,
-                    "--save",
-                    "",
-                    "--appendonly",
-                    if self.redis_aof { "yes" } else { "no" },
-                ]);
-                if self.redis_aof {
-                    command.args(["--appendfsync", "always"]);
-                }
-                command.arg("--dir").arg(&self.dir);
+                let command = self.redis_command(&conf, port, &self.dir)?;
                 (
                     command,
                     // `default:` spelled out: Debian 12's `redis-cli -u` sends a URL's
@@ -971,39 +1005,11 @@ impl PrivateServers {
         } else {
             self.dir.clone()
         };
-        let log = fs::File::create(&log)?;
-        command
-            .current_dir(workdir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
         let plan = StopPlan {
             signal: stop_signal,
             grace: Duration::from_secs(5),
         };
-        let pid = match self.lifetime {
-            Lifetime::ThisRun => procs::spawn_registered(&mut command, plan)
-                .with_context(|| format!("starting a private {}", backend.name()))?
-                .id() as i32,
-            Lifetime::Detached => {
-                // Outlives this command: its own session, no parent-death signal, and the
-                // signals `lockslab down` stops it with unblocked (this thread blocks them).
-                let unblock = procs::interrupt_signals();
-                // SAFETY: setsid and sigprocmask are async-signal-safe and touch nothing but
-                // this process.
-                unsafe {
-                    command.pre_exec(move || {
-                        unblock.thread_unblock()?;
-                        nix::unistd::setsid().map(drop).map_err(Into::into)
-                    });
-                }
-                // Reaped by init once `lockslab up` exits; until then, registered so that a
-                // failed or interrupted `up` does not leave it behind.
-                procs::spawn_untied_registered(&mut command, plan)
-                    .with_context(|| format!("starting a private {}", backend.name()))?
-                    .id() as i32
-            }
-        };
+        let pid = self.spawn_server(&mut command, &workdir, &log, plan, backend.name())?;
         // Known as ours before the first readiness probe: a probe refused while the server
         // is still starting must not mark its URL as a server that went away.
         connect::note_source(
@@ -1020,6 +1026,69 @@ impl PrivateServers {
             self.record(true)?;
         }
         Ok(())
+    }
+
+    /// A `redis-server` command: its password in `conf`, listening on this start's host at
+    /// `port`, persisting nothing unless [`PrivateServers::set_redis_aof`] says so.
+    fn redis_command(&self, conf: &Path, port: u16, dir: &Path) -> Result<Command> {
+        let mut command = Command::new(find_binary("redis-server", Backend::Redis)?);
+        command.arg(conf);
+        command.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            &self.host().to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            if self.redis_aof { "yes" } else { "no" },
+        ]);
+        if self.redis_aof {
+            command.args(["--appendfsync", "always"]);
+        }
+        command.arg("--dir").arg(dir);
+        Ok(command)
+    }
+
+    /// Spawns a server working in `workdir`, its output in `log`: tied to this run, or (for
+    /// `lockslab up`) in a session of its own that outlives it. Returns its pid.
+    fn spawn_server(
+        &self,
+        command: &mut Command,
+        workdir: &Path,
+        log: &Path,
+        plan: StopPlan,
+        what: &str,
+    ) -> Result<i32> {
+        let log = fs::File::create(log)?;
+        command
+            .current_dir(workdir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        Ok(match self.lifetime {
+            Lifetime::ThisRun => procs::spawn_registered(command, plan)
+                .with_context(|| format!("starting a private {what}"))?
+                .id() as i32,
+            Lifetime::Detached => {
+                // Outlives this command: its own session, no parent-death signal, and the
+                // signals `lockslab down` stops it with unblocked (this thread blocks them).
+                let unblock = procs::interrupt_signals();
+                // SAFETY: setsid and sigprocmask are async-signal-safe and touch nothing but
+                // this process.
+                unsafe {
+                    command.pre_exec(move || {
+                        unblock.thread_unblock()?;
+                        nix::unistd::setsid().map(drop).map_err(Into::into)
+                    });
+                }
+                // Reaped by init once `lockslab up` exits; until then, registered so that a
+                // failed or interrupted `up` does not leave it behind.
+                procs::spawn_untied_registered(command, plan)
+                    .with_context(|| format!("starting a private {what}"))?
+                    .id() as i32
+            }
+        })
     }
 
     /// Postgres: as the superuser, creates the labs' role and its database, and closes the
@@ -1138,22 +1207,136 @@ impl PrivateServers {
             .context("granting the room's seats their results in Postgres")
     }
 
-    /// A room's seats in Redis: an ACL user each (see [`Seat::redis_acl`]). The `default`
-    /// user, whose password the labs' URL carries, stays the instructor's.
-    fn seat_redis_users(&self) -> Result<()> {
-        let (Some(room), Some(url)) = (&self.room, self.url(Backend::Redis)) else {
+    /// A seat's own Redis: a `redis-server` per seat, started with the room, listening on the
+    /// room's address on a port of its own, stopped with the room.
+    ///
+    /// Why not one Redis with an ACL user per seat: Redis runs every command, and every Lua
+    /// script, on one thread. The labs need `EVAL` (the lock's compare-and-delete), and a
+    /// script that never ends (`EVAL "while true do end" 0`) holds that thread: every other
+    /// client gets `BUSY` until someone with `SCRIPT KILL` stops it — and it can be sent again
+    /// at once. No ACL rule can let a seat run scripts and forbid slow ones. One server per
+    /// seat confines the damage to the seat that did it (who may `SCRIPT KILL` its own), and
+    /// makes the other questions moot: `SCAN` lists only the seat's own keys, and chaos's and
+    /// every lab's keys need no pattern to fall inside. A few MB of memory and a port per seat
+    /// are the price.
+    ///
+    /// Each demands a password: the seat's user (see [`Seat::redis_acl`]), and the `default`
+    /// user with the room's password, the instructor's. Limits keep one seat from spending the
+    /// machine's memory: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never
+    /// drop a key to make room), and [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes
+    /// past it.
+    fn start_seat_redis(&mut self) -> Result<()> {
+        let Some(room) = self.room.clone() else {
             return Ok(());
         };
-        let mut redis = connect::redis(&url)?;
-        for seat in &room.seats {
-            redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg(&seat.name)
-                .arg(seat.redis_acl())
-                .query::<()>(&mut *redis)
-                .with_context(|| format!("creating the Redis user of {}", seat.name))?;
+        if self.url(Backend::Redis).is_none() {
+            return Ok(());
+        }
+        let dir = self.dir.join(SEAT_REDIS_DIR);
+        match fs::create_dir(&dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(err).with_context(|| format!("creating {}", dir.display()));
+            }
+            _ => fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?,
+        }
+        let mut waiting: Vec<usize> = (0..room.seats.len()).collect();
+        for try_number in 1..=START_TRIES {
+            let mut launched = Vec::new();
+            for &index in &waiting {
+                launched.push((index, self.launch_seat_redis(&dir, index)?));
+            }
+            // Waited on together: thirty servers start in the time of one.
+            let waits: Vec<_> = launched
+                .into_iter()
+                .map(|(index, pid)| {
+                    let url = self.seat_redis_url(index);
+                    thread::spawn(move || {
+                        (index, pid, wait_until_answering(Backend::Redis, &url, pid))
+                    })
+                })
+                .collect();
+            waiting.clear();
+            for wait in waits {
+                let (index, pid, outcome) = wait
+                    .join()
+                    .map_err(|_| anyhow!("a readiness check panicked"))?;
+                match outcome {
+                    Ok(()) => {}
+                    Err(failure) => {
+                        self.seat_pids.retain(|p| *p != pid);
+                        procs::stop(pid, &stop_plan(Backend::Redis));
+                        let name = &room.seats[index].name;
+                        if try_number == START_TRIES || matches!(failure, StartFailure::Silent) {
+                            bail!(
+                                "the Redis of {name} did not start ({}); the end of its log: {}",
+                                match failure {
+                                    StartFailure::Exited => "it exited",
+                                    StartFailure::Silent => "it did not answer",
+                                },
+                                log_tail(&dir.join(format!("{name}.log")))
+                            );
+                        }
+                        waiting.push(index);
+                    }
+                }
+            }
+            if waiting.is_empty() {
+                break;
+            }
+        }
+        if self.lifetime == Lifetime::Detached {
+            self.record(true)?;
         }
         Ok(())
+    }
+
+    /// Starts the Redis of the room's seat number `index` on a free port; returns its pid.
+    fn launch_seat_redis(&mut self, dir: &Path, index: usize) -> Result<i32> {
+        let port = free_port_on(self.host())?;
+        let at = self.host_port(port);
+        let (seat, password) = match &mut self.room {
+            Some(room) => {
+                room.seats[index].redis = Some(at);
+                (room.seats[index].clone(), room.password.clone())
+            }
+            None => bail!("seats come with a room"),
+        };
+        let conf = dir.join(format!("{}.conf", seat.name));
+        write_secret(&conf, &seat_redis_config(&password, &seat))?;
+        let mut command = self.redis_command(&conf, port, dir)?;
+        // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = nix::libc::rlimit {
+                    rlim_cur: SEAT_REDIS_ADDRESS_SPACE,
+                    rlim_max: SEAT_REDIS_ADDRESS_SPACE,
+                };
+                if nix::libc::setrlimit(nix::libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let log = dir.join(format!("{}.log", seat.name));
+        let plan = stop_plan(Backend::Redis);
+        let what = format!("Redis for {}", seat.name);
+        let pid = self.spawn_server(&mut command, dir, &log, plan, &what)?;
+        self.seat_pids.push(pid);
+        connect::note_source(&self.seat_redis_url(index), connect::Source::Up);
+        if self.lifetime == Lifetime::Detached {
+            // Before waiting for it: a `lockslab up` killed now leaves a server `down` finds.
+            self.record(true)?;
+        }
+        Ok(pid)
+    }
+
+    /// The URL of a seat's own Redis, as its attendee uses it.
+    fn seat_redis_url(&self, index: usize) -> String {
+        self.room
+            .as_ref()
+            .and_then(|room| room.seats.get(index))
+            .and_then(Seat::redis_url)
+            .unwrap_or_default()
     }
 
     /// etcd: adds the root user with this start's password, turns auth on, and from then
@@ -1290,7 +1473,12 @@ impl PrivateServers {
             redis: url(Backend::Redis),
             etcd: url(Backend::Etcd),
             postgres: url(Backend::Postgres),
-            pids: self.pids.iter().map(|(_, pid)| *pid).collect(),
+            pids: self
+                .pids
+                .iter()
+                .map(|(_, pid)| *pid)
+                .chain(self.seat_pids.iter().copied())
+                .collect(),
             dir: self.dir.clone(),
             pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
             starting,
@@ -1310,6 +1498,9 @@ impl PrivateServers {
 
     /// Stops every server and, unless `lockslab up` handed them over, deletes their data.
     pub fn stop(&mut self) {
+        for pid in self.seat_pids.drain(..) {
+            procs::stop(pid, &stop_plan(Backend::Redis));
+        }
         for (backend, pid) in self.pids.drain(..) {
             procs::stop(pid, &stop_plan(backend));
         }
@@ -1333,6 +1524,9 @@ impl PrivateServers {
     fn release_detached(&mut self) -> Result<()> {
         self.record(false)?;
         for (_, pid) in self.pids.drain(..) {
+            procs::forget(pid);
+        }
+        for pid in self.seat_pids.drain(..) {
             procs::forget(pid);
         }
         self.released = true;
@@ -1767,7 +1961,7 @@ pub fn state_dir() -> PathBuf {
 ///
 /// Only `dir` itself is created, never a missing parent; and only a directory created here
 /// has its mode set (an existing one keeps the mode its owner chose).
-fn own_dir(dir: &Path) -> Result<()> {
+pub(crate) fn own_dir(dir: &Path) -> Result<()> {
     let created = match fs::create_dir(dir) {
         Ok(()) => true,
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => false,
@@ -1830,7 +2024,7 @@ pub struct UpState {
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 14] = [
+const STATE_ENTRIES: [&str; 15] = [
     "servers.json",
     "servers.json.tmp",
     "redis.log",
@@ -1845,6 +2039,7 @@ const STATE_ENTRIES: [&str; 14] = [
     "room-password",
     "admin-password",
     SEATS_FILE,
+    SEAT_REDIS_DIR,
 ];
 
 /// Every seat's lines, in the state directory (mode 0600), for the instructor to hand out.
@@ -1960,11 +2155,16 @@ impl UpState {
         ]
         .iter()
         .filter_map(|(backend, var)| {
-            let mut url = with_user(self.url(*backend)?, &seat.name, &seat.password);
-            if *backend == Backend::Postgres {
-                // The seat's own database (see `seat_postgres_roles`).
-                url = on_database(&url, &seat.name);
-            }
+            let url = match (backend, seat.redis_url()) {
+                // Its own Redis (see `PrivateServers::start_seat_redis`).
+                (Backend::Redis, Some(own)) => own,
+                // Its own database (see `seat_postgres_roles`).
+                (Backend::Postgres, _) => on_database(
+                    &with_user(self.url(*backend)?, &seat.name, &seat.password),
+                    &seat.name,
+                ),
+                _ => with_user(self.url(*backend)?, &seat.name, &seat.password),
+            };
             Some(format!("export {var}={url}"))
         })
         .collect();

@@ -1492,3 +1492,36 @@ fn interrupt_a_shrink(presses: usize) {
         "{said}"
     );
 }
+
+/// Issue 40, row 6: chaos on a Redis user that may not send its clients' commands (a room
+/// seat's outside its namespace; here an ACL user without EVAL) played every schedule,
+/// recorded each write as unknown ("0 writes"), exited 3, and never showed the NOPERM.
+/// Now it refuses up front, exit 4, with the refusal in Redis's words.
+#[test]
+fn chaos_refuses_up_front_a_redis_user_without_its_clients_commands() {
+    let admin_url = &servers().redis;
+    let mut admin = lockslab::connect::redis(admin_url).unwrap();
+    let user = format!("noeval{}", std::process::id());
+    ::redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg(&["reset", "on", ">pw", "~*", "+@all", "-eval", "-evalsha"])
+        .query::<()>(&mut *admin)
+        .unwrap();
+    let at = admin_url.rsplit_once('@').unwrap().1;
+    let url = format!("redis://{user}:pw@{at}");
+    let output = lockslab(&["chaos", "--design", "redis-lock", "--schedules", "1"])
+        .env("LOCKSLAB_REDIS_URL", &url)
+        .output()
+        .unwrap();
+    let _ = ::redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query::<i64>(&mut *admin);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let said = stderr.to_lowercase();
+    assert!(said.contains("noperm"), "{stderr}");
+    assert!(said.contains("'evalsha'"), "{stderr}");
+    assert!(!stderr.contains(":pw@"), "the password is hidden: {stderr}");
+}

@@ -1352,13 +1352,19 @@ fn a_seat_reaches_only_its_own_namespace() {
         "{all_seats}"
     );
 
-    // Redis: seat01's key is out of seat02's reach, and so is everything dangerous.
+    // Redis: each seat has a server of its own; seat01's key is not on seat02's, whatever
+    // seat02 does there, and everything dangerous is refused.
     let redis_of = |seat: &[(String, String)]| {
         redis::Client::open(url(seat, "LOCKSLAB_REDIS_URL").as_str())
             .unwrap()
             .get_connection()
             .unwrap()
     };
+    assert_ne!(
+        host_port(&url(&a, "LOCKSLAB_REDIS_URL")),
+        host_port(&url(&b, "LOCKSLAB_REDIS_URL")),
+        "a Redis per seat"
+    );
     let (mut ra, mut rb) = (redis_of(&a), redis_of(&b));
     let key = "lockslab:seat01_test:k";
     redis::cmd("SET")
@@ -1366,20 +1372,38 @@ fn a_seat_reaches_only_its_own_namespace() {
         .arg("a's")
         .query::<()>(&mut ra)
         .unwrap();
-    for refused in [
-        redis::cmd("GET").arg(key).clone(),
+    let seen: Option<String> = redis::cmd("GET").arg(key).query(&mut rb).unwrap();
+    assert_eq!(seen, None, "seat02 read seat01's key");
+    for elsewhere in [
         redis::cmd("SET").arg(key).arg("b's").clone(),
         redis::cmd("DEL").arg(key).clone(),
-        redis::cmd("PEXPIRE").arg(key).arg(1).clone(),
         redis::cmd("EVAL")
             .arg("return redis.call('DEL', KEYS[1])")
             .arg(1)
             .arg(key)
             .clone(),
+    ] {
+        // On seat02's own Redis: it changes nothing of seat01's.
+        let _ = elsewhere.query::<redis::Value>(&mut rb);
+    }
+    for refused in [
         redis::cmd("FLUSHALL").clone(),
         redis::cmd("CONFIG").arg("GET").arg("requirepass").clone(),
         redis::cmd("ACL").arg("LIST").clone(),
         redis::cmd("KEYS").arg("*").clone(),
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .clone(),
+        redis::cmd("SAVE").clone(),
+        redis::cmd("REPLICAOF").arg("127.0.0.1").arg("1").clone(),
+        redis::cmd("SHUTDOWN").clone(),
+        redis::cmd("MONITOR").clone(),
+        redis::cmd("AUTH")
+            .arg("default")
+            .arg(password_of(&url(&b, "LOCKSLAB_REDIS_URL")))
+            .clone(),
     ] {
         let result = refused.query::<redis::Value>(&mut rb);
         assert!(
@@ -1950,4 +1974,146 @@ fn one_seat_cannot_take_every_postgres_connection() {
         took >= lockslab::servers::PG_CONNECTIONS_PER_LAB - 1,
         "seat01 opened only {took} connections"
     );
+}
+
+/// Issue 40, rows 5, 6 and 8: on one Redis the room shared, a seat's
+/// `EVAL "while true do end" 0` answered `BUSY` to every seat until the instructor's
+/// `SCRIPT KILL`; `SCAN` listed every seat's key names; and `chaos`, whose keys fell outside
+/// a seat's namespace, wrote nothing (NOPERM) and exited 3. Now each seat has a Redis of its
+/// own and chaos keys its records under its run id.
+#[test]
+fn a_seat_neither_stalls_nor_lists_another_and_chaos_runs_on_a_seats_lines() {
+    use std::time::Duration;
+
+    let room = Room::up_with(&["up", "--room", "127.0.0.9", "--seats", "2"]);
+    let (_, a) = room.seat(1);
+    let (_, b) = room.seat(2);
+    let redis_url = |seat: &[(String, String)]| {
+        seat.iter()
+            .find(|(k, _)| k == "LOCKSLAB_REDIS_URL")
+            .unwrap()
+            .1
+            .clone()
+    };
+    let redis_of = |seat: &[(String, String)]| {
+        redis::Client::open(redis_url(seat).as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+
+    // Row 8: seat01's SCAN lists none of seat02's key names.
+    let mut rb = redis_of(&b);
+    redis::cmd("SET")
+        .arg("lockslab:seat02_secret:k")
+        .arg("b's")
+        .query::<()>(&mut rb)
+        .unwrap();
+    let mut ra = redis_of(&a);
+    let (_, listed): (String, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("COUNT")
+        .arg(10_000)
+        .query(&mut ra)
+        .unwrap();
+    assert!(
+        !listed.iter().any(|key| key.contains("seat02")),
+        "seat01 listed seat02's keys: {listed:?}"
+    );
+
+    // Row 5: seat01 runs a script that never ends…
+    let hostile = {
+        let url = redis_url(&a);
+        std::thread::spawn(move || {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query::<redis::Value>(&mut conn)
+        })
+    };
+    // …and it runs: seat01's own Redis answers BUSY once past its script time limit.
+    let busy = eventually(Duration::from_secs(60), || {
+        let ping = redis::cmd("PING").query::<String>(&mut ra);
+        matches!(&ping, Err(err) if err.to_string().contains("BUSY"))
+    });
+    assert!(busy, "seat01's script never made its Redis busy");
+    // Meanwhile seat02's Redis answers, and seat02's lab runs to its verdict.
+    let pong: String = redis::cmd("PING").query(&mut rb).unwrap();
+    assert_eq!(pong, "PONG");
+    let output = room
+        .attendee_with(&b, &QUICK_LAB)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "seat02's lab while seat01's script runs: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // seat01 ends its own script; its Redis answers again.
+    let killed: String = redis::cmd("SCRIPT").arg("KILL").query(&mut ra).unwrap();
+    assert_eq!(killed, "OK");
+    let ended = hostile.join().unwrap();
+    assert!(ended.is_err(), "the script was killed: {ended:?}");
+    let pong: String = redis::cmd("PING").query(&mut ra).unwrap();
+    assert_eq!(pong, "PONG");
+
+    // Row 6: chaos on a seat's lines alone writes real values on Redis and on etcd, inside
+    // the seat's namespace: no NOPERM, no "unknown".
+    for design in ["redis-lock", "etcd-lease"] {
+        let args = [
+            "chaos",
+            "--design",
+            design,
+            "--schedules",
+            "1",
+            "--seed",
+            "7",
+            "--no-shrink",
+            "--json",
+        ];
+        let output = room.attendee_with(&a, &args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // 0 or 1 (the unfenced design may well break): never 3, "nothing could be decided".
+        assert!(
+            matches!(output.status.code(), Some(0 | 1)),
+            "{design}: {:?}\n{stdout}\n{stderr}",
+            output.status
+        );
+        assert!(!stderr.contains("NOPERM"), "{design}: {stderr}");
+        let schedules: Vec<serde_json::Value> = stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|line: &serde_json::Value| line["kind"] == "schedule")
+            .collect();
+        assert_eq!(schedules.len(), 1, "{design}: {stdout}");
+        let accepted = schedules[0]["accepted"].as_u64().unwrap_or(0);
+        assert!(accepted > 0, "{design}: no write landed: {}", schedules[0]);
+    }
+
+    // `lockslab down` stops every seat's Redis with the room's servers.
+    let pids: Vec<i32> = room.state_file()["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_i64().unwrap() as i32)
+        .collect();
+    assert!(
+        pids.len() >= 5,
+        "three servers and a Redis per seat: {pids:?}"
+    );
+    drop(room);
+    for pid in pids {
+        assert!(
+            eventually(Duration::from_secs(10), || proc_state(pid)
+                .is_none_or(|s| s == 'Z')),
+            "server {pid} still running after down"
+        );
+    }
 }

@@ -926,3 +926,210 @@ fn each_fault_against_a_real_redis_as_redis_reads_back() {
         .query(&mut *direct)
         .unwrap();
 }
+
+/// A child killed and reaped when dropped: a failed assertion leaves no proxy running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `lockslab proxy --to redis --listen ADDR` with `env` changed, as `proxy_by_hand`;
+/// `prefix` runs before it (`prlimit …`).
+fn proxy_with(
+    prefix: &[&str],
+    listen: &str,
+    env: &[(&str, &std::path::Path)],
+) -> (
+    Reaped,
+    std::net::SocketAddr,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut command = std::process::Command::new(prefix.first().copied().unwrap_or(BIN));
+    if let Some((_, args)) = prefix.split_first() {
+        command.args(args).arg(BIN);
+    }
+    command.args(["proxy", "--to", "redis", "--listen", listen]);
+    // The environment `lockslab()` gives: the test's servers.
+    for (var, value) in lockslab(&[]).get_envs() {
+        match value {
+            Some(value) => command.env(var, value),
+            None => command.env_remove(var),
+        };
+    }
+    for (var, value) in env {
+        command.env(var, value);
+    }
+    let mut proxy = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(proxy.stdout.take().unwrap()).lines();
+    let first = match lines.next() {
+        Some(Ok(line)) => line,
+        _ => {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut proxy.stderr.take().unwrap(), &mut stderr).unwrap();
+            panic!("the proxy did not start: {:?}: {stderr}", proxy.wait());
+        }
+    };
+    let addr = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (Reaped(proxy), addr, lines)
+}
+
+/// Issue 40, row 7: another local user opened ~400 connections to a `lockslab proxy`; out of
+/// file descriptors, its control socket's `accept` failed and ended the proxy. Now it
+/// relays as many connections as its descriptors allow, resets the rest, and its control
+/// socket still answers; once they close it serves again.
+#[test]
+fn a_proxy_out_of_file_descriptors_keeps_serving_and_taking_faults() {
+    use std::net::TcpStream;
+
+    let (mut proxy, addr, _output) =
+        proxy_with(&["prlimit", "--nofile=64:64", "--"], "127.0.0.1:0", &[]);
+    let port = addr.port().to_string();
+    // Far more connections than 64 descriptors hold.
+    let flood: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    assert!(flood.len() > 20, "{} connections opened", flood.len());
+    let fault = |words: &[&str]| {
+        let mut args = vec!["proxy", "fault", port.as_str()];
+        args.extend_from_slice(words);
+        lockslab(&args).output().unwrap()
+    };
+    let held = fault(&["hold"]);
+    assert!(
+        held.status.success(),
+        "the control socket under the flood: {held:?}"
+    );
+    assert!(proxy.0.try_wait().unwrap().is_none(), "the proxy ended");
+    let healed = fault(&["heal"]);
+    assert!(healed.status.success(), "{healed:?}");
+    drop(flood);
+    // The flood gone, a client gets through: Redis answers it (that it wants a password
+    // first is an answer too). A connection refused while the flood's were still closing
+    // is tried again.
+    let served = eventually(std::time::Duration::from_secs(30), || {
+        let Ok(mut client) = TcpStream::connect(addr) else {
+            return false;
+        };
+        let _ = client.set_read_timeout(Some(std::time::Duration::from_secs(3)));
+        let mut answer = [0u8; 64];
+        std::io::Write::write_all(&mut client, b"PING\r\n").is_ok()
+            && std::io::Read::read(&mut client, &mut answer).is_ok_and(|n| {
+                answer[..n].starts_with(b"+PONG") || answer[..n].starts_with(b"-NOAUTH")
+            })
+    });
+    assert!(served, "the proxy serves again once the flood closed");
+    assert!(proxy.0.try_wait().unwrap().is_none(), "the proxy ended");
+    kill(Pid::from_raw(proxy.0.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(proxy.0.wait().unwrap().code(), Some(130));
+}
+
+/// Issue 40, row 7: a file another user put at `/tmp/lockslab-proxy-<port>.sock` kept a
+/// proxy from starting. Now the control socket is in a directory of this user's (mode
+/// 0700, in the state directory); a stale socket of its own is replaced, and a file it
+/// does not own is refused with a message, never removed.
+#[test]
+fn a_taken_socket_name_does_not_stop_a_proxy_and_a_foreign_file_is_named() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let env = [
+        ("TMPDIR", tmp.path()),
+        ("LOCKSLAB_STATE_DIR", std::path::Path::new("")),
+        ("XDG_RUNTIME_DIR", std::path::Path::new("")),
+    ];
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    // The old name, taken by "another user": a directory, which no remove_file removes.
+    let squat = tmp.path().join(format!("lockslab-proxy-{port}.sock"));
+    std::fs::create_dir(&squat).unwrap();
+    let root = nix::unistd::Uid::effective().is_root();
+    if root {
+        nix::unistd::chown(&squat, Some(65534.into()), Some(65534.into())).unwrap();
+    }
+    let (mut proxy, _, _output) = proxy_with(&[], &listen, &env);
+    let dir = tmp
+        .path()
+        .join(format!("lockslab-{}", nix::unistd::Uid::effective()))
+        .join("proxy");
+    let socket = dir.join(format!("proxy-{port}.sock"));
+    assert!(socket.exists(), "no control socket at {}", socket.display());
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert_eq!(meta.uid(), nix::unistd::Uid::effective().as_raw());
+    let fault = lockslab(&["proxy", "fault", &port.to_string(), "hold"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(fault.status.success(), "{fault:?}");
+
+    // Killed with no chance to clean up: its socket stays, and the next proxy replaces it.
+    kill(Pid::from_raw(proxy.0.id() as i32), Signal::SIGKILL).unwrap();
+    proxy.0.wait().unwrap();
+    assert!(socket.exists());
+    let (mut again, _, _output) = proxy_with(&[], &listen, &env);
+    kill(Pid::from_raw(again.0.id() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(again.0.wait().unwrap().code(), Some(130));
+    assert!(!socket.exists(), "removed at the end");
+
+    if root {
+        // A file of another user's where the socket goes: refused, named, left alone.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&socket, "").unwrap();
+        nix::unistd::chown(&socket, Some(65534.into()), Some(65534.into())).unwrap();
+        let refused = lockslab(&["proxy", "--to", "redis", "--listen", &listen])
+            .envs(env)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{said}");
+        assert!(said.contains("belongs to user 65534"), "{said}");
+        assert!(socket.exists(), "another user's file is left alone");
+
+        // The state directory's own name in the temp directory, taken by another user: the
+        // proxy warns and puts its socket in a directory of a random name, where a fault
+        // from another command finds it.
+        let state = dir.parent().unwrap();
+        std::fs::remove_dir_all(state).unwrap();
+        std::fs::create_dir(state).unwrap();
+        nix::unistd::chown(state, Some(65534.into()), Some(65534.into())).unwrap();
+        let (mut elsewhere, _, _output) = proxy_with(&[], &listen, &env);
+        let fault = lockslab(&["proxy", "fault", &port.to_string(), "hold"])
+            .envs(env)
+            .output()
+            .unwrap();
+        assert!(fault.status.success(), "{fault:?}");
+        kill(Pid::from_raw(elsewhere.0.id() as i32), Signal::SIGINT).unwrap();
+        let said = {
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut elsewhere.0.stderr.take().unwrap(), &mut said)
+                .unwrap();
+            said
+        };
+        assert_eq!(elsewhere.0.wait().unwrap().code(), Some(130), "{said}");
+        assert!(said.contains("is not a directory of yours"), "{said}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("lockslab-proxy-")
+            })
+            .filter(|entry| entry.path().is_dir() && entry.path() != squat)
+            .collect();
+        assert!(left.is_empty(), "its directory is removed: {left:?}");
+    }
+}

@@ -108,6 +108,12 @@ struct Shared {
     quiet: AtomicBool,
     /// The connection tasks alive (two per connection).
     tasks: AtomicUsize,
+    /// The most connections it relays at once (see [`Proxy::limit_connections`]); one more
+    /// is accepted and reset at once.
+    most_links: AtomicUsize,
+    /// The connections accepted and not yet closed (each counted by a [`Held`]), those
+    /// still connecting to the server included.
+    held: AtomicUsize,
 }
 
 impl Shared {
@@ -218,6 +224,8 @@ impl Proxy {
             stopping: AtomicBool::new(false),
             quiet: AtomicBool::new(true),
             tasks: AtomicUsize::new(0),
+            most_links: AtomicUsize::new(usize::MAX),
+            held: AtomicUsize::new(0),
         });
         let mut runtimes = Vec::new();
         for _ in 0..loops.max(1) {
@@ -323,6 +331,14 @@ impl Proxy {
         self.lock().links.len()
     }
 
+    /// Relays at most `most` connections at once: one more is accepted and reset at once.
+    /// A proxy anyone on the machine can connect to would otherwise spend its file
+    /// descriptors on whoever opens the most connections ([`FDS_PER_CONNECTION`] each),
+    /// and then have none left for its own control socket.
+    pub fn limit_connections(&self, most: usize) {
+        self.shared.most_links.store(most.max(1), Ordering::SeqCst);
+    }
+
     /// Stops accepting, closes every connection and waits for the proxy's thread.
     pub fn stop(&mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -376,26 +392,74 @@ async fn until_stopped(shared: Arc<Shared>) {
     }
 }
 
+/// The file descriptors one relayed connection holds: the client's socket, the server's,
+/// and a duplicate of each, kept to cut them from another thread.
+pub const FDS_PER_CONNECTION: usize = 4;
+
+/// How long an accept that failed for want of a resource waits before the next, at most.
+const LONGEST_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Whether an `accept` error is a shortage that passes (file descriptors, memory, buffers)
+/// or a connection that went before it was taken: wait and accept again, never stop.
+pub fn accept_error_passes(err: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        err.raw_os_error().map(Errno::from_raw),
+        Some(
+            Errno::EMFILE
+                | Errno::ENFILE
+                | Errno::ENOBUFS
+                | Errno::ENOMEM
+                | Errno::ECONNABORTED
+                | Errno::EINTR
+                | Errno::EPROTO
+                | Errno::EPERM
+        )
+    ) || err.kind() == std::io::ErrorKind::WouldBlock
+}
+
+/// The next wait after a failed accept: doubled from 10ms, at most
+/// [`LONGEST_ACCEPT_BACKOFF`]. The failed connection still waits in the kernel's queue, so
+/// accepting again at once would fail again at once, as fast as the CPU allows.
+pub fn accept_backoff(last: Duration) -> Duration {
+    (last * 2).clamp(Duration::from_millis(10), LONGEST_ACCEPT_BACKOFF)
+}
+
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, loops: Arc<Vec<Handle>>) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
     };
     let mut changed = shared.changed.subscribe();
     let mut next = 0;
+    let mut backoff = Duration::ZERO;
     loop {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
         }
         let client = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((client, _)) => client,
-                Err(_) => continue,
+                Ok((client, _)) => {
+                    backoff = Duration::ZERO;
+                    client
+                }
+                Err(_) => {
+                    // Out of file descriptors, most often: the connections open now must
+                    // close first. Waits, woken early by a stop.
+                    backoff = accept_backoff(backoff);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        _ = changed.changed() => {}
+                    }
+                    continue;
+                }
             },
             _ = changed.changed() => continue,
         };
         let cut = {
             let state = lock(&shared);
-            state.up == Some(NetFault::Reset) || state.down == Some(NetFault::Reset)
+            state.up == Some(NetFault::Reset)
+                || state.down == Some(NetFault::Reset)
+                || shared.held.load(Ordering::SeqCst) >= shared.most_links.load(Ordering::SeqCst)
         };
         if cut {
             let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
@@ -407,12 +471,29 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, loops: Arc<Vec<
         let Ok(client) = client.into_std() else {
             continue;
         };
-        loops[next].spawn(connect(client, Arc::clone(&shared)));
+        let held = Held::new(&shared);
+        loops[next].spawn(connect(client, Arc::clone(&shared), held));
+    }
+}
+
+/// Counts one accepted connection as held until its last task ends (see [`Shared::held`]).
+struct Held(Arc<Shared>);
+
+impl Held {
+    fn new(shared: &Arc<Shared>) -> Arc<Held> {
+        shared.held.fetch_add(1, Ordering::SeqCst);
+        Arc::new(Held(Arc::clone(shared)))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// Opens the server's side of a new connection and starts its two tasks.
-async fn connect(client: TcpStream, shared: Arc<Shared>) {
+async fn connect(client: TcpStream, shared: Arc<Shared>, held: Arc<Held>) {
     let Ok(client) = tokio::net::TcpStream::from_std(client) else {
         return;
     };
@@ -449,8 +530,10 @@ async fn connect(client: TcpStream, shared: Arc<Shared>) {
     };
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
-    let down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
+    let mut up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
+    let mut down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
+    up._held = Some(Arc::clone(&held));
+    down._held = Some(held);
     tokio::spawn(up.run());
     tokio::spawn(down.run());
 }
@@ -536,6 +619,8 @@ struct Pump {
     /// The bytes in `queue`.
     queued: usize,
     _alive: Alive,
+    /// The connection's place among those held, given back when both pumps end.
+    _held: Option<Arc<Held>>,
 }
 
 /// What to do after a chunk came in.
@@ -579,6 +664,7 @@ impl Pump {
             queue: VecDeque::new(),
             queued: 0,
             _alive: Alive(Arc::clone(shared)),
+            _held: None,
         }
     }
 
@@ -1215,5 +1301,51 @@ mod tests {
         let mut buffer = [0u8; 4];
         assert!(matches!(stream.read(&mut buffer), Ok(0) | Err(_)), "closed");
         assert!(TcpStream::connect_timeout(&proxy.addr(), Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn past_its_limit_a_connection_is_reset_and_a_closed_one_makes_room() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("limit", echo.addr).unwrap();
+        proxy.limit_connections(2);
+        let mut first = client(&proxy);
+        let mut second = client(&proxy);
+        assert_eq!(ask(&mut first, b"1").unwrap(), b"1");
+        assert_eq!(ask(&mut second, b"2").unwrap(), b"2");
+        let mut third = client(&proxy);
+        assert!(
+            !matches!(ask(&mut third, b"3"), Ok(answer) if answer == b"3"),
+            "a third connection was relayed"
+        );
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let served = loop {
+            let mut next = client(&proxy);
+            if matches!(ask(&mut next, b"4"), Ok(answer) if answer == b"4") {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        assert!(served, "a closed connection made room for another");
+    }
+
+    #[test]
+    fn a_failed_accept_waits_longer_each_time_up_to_a_second() {
+        let mut wait = Duration::ZERO;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            wait = accept_backoff(wait);
+            waits.push(wait);
+        }
+        assert_eq!(waits[0], Duration::from_millis(10));
+        assert_eq!(waits[1], Duration::from_millis(20));
+        assert_eq!(*waits.last().unwrap(), LONGEST_ACCEPT_BACKOFF);
+        let emfile = std::io::Error::from_raw_os_error(nix::errno::Errno::EMFILE as i32);
+        assert!(accept_error_passes(&emfile));
+        let bad = std::io::Error::from_raw_os_error(nix::errno::Errno::EBADF as i32);
+        assert!(!accept_error_passes(&bad));
     }
 }

@@ -490,7 +490,7 @@ impl Client<'_> {
     }
 
     fn lock_name(&self, record: &str) -> String {
-        format!("lockslab:chaos:{}:{record}", self.script.run_id)
+        format!("lockslab:{}:chaos:{record}", self.script.run_id)
     }
 
     fn redis_job(&mut self, job: i64, record: &str) -> Result<()> {

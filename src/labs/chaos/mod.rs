@@ -30,7 +30,7 @@ mod unplayed;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use serde_json::json;
 
 use crate::check::chaos::Judgement;
@@ -220,14 +220,73 @@ impl Ground {
         if designs.iter().any(|d| d.uses_masters()) {
             redlock_lane::add_masters(&mut lanes, parallel)?;
         }
-        Ok(Ground {
+        let ground = Ground {
             servers,
             lanes,
             redis_given: given.is_some() && uses_redis,
             run_id: super::new_run_id(),
             etcd_ring: None,
             sentinel_ring: None,
-        })
+        };
+        ground.check_permissions(designs)?;
+        Ok(ground)
+    }
+
+    /// Before any schedule plays: the clients' own commands, on a key named like theirs
+    /// (`lockslab:<run id>:chaos:…`), on a given Redis and on etcd, as the users their URLs
+    /// name. A user that may not send them — a room seat's outside its namespace, an ACL
+    /// without `EVAL` — would otherwise fail every client's every write, each recorded as
+    /// an unknown outcome: "0 writes", exit 3, and the server's refusal never shown. Here
+    /// it stops the run (exit 4) with the refusal in its words.
+    fn check_permissions(&self, designs: &[Design]) -> Result<()> {
+        let key = format!("lockslab:{}:chaos:permissions", self.run_id);
+        if self.redis_given {
+            let url = self.servers.url(Backend::Redis);
+            let counter = format!("{key}:token");
+            let checked = crate::connect::redis(url).and_then(|conn| {
+                let mut lock =
+                    crate::lock::redis::RedisLock::new(conn, &key, Duration::from_secs(10));
+                let held = lock.acquire_within(Duration::ZERO, Some(&counter))?;
+                if let Some(held) = held {
+                    lock.release(&held)?;
+                }
+                Ok(())
+            });
+            if let Err(err) = checked {
+                bail!(
+                    "the Redis at {} refused the commands chaos's clients send (SET NX PX, \
+                     INCR, EVALSHA, SCRIPT LOAD) on {key}: {}. Its user needs them on keys \
+                     lockslab:<run id>:* (a room seat's lines give that on the seat's own \
+                     Redis)",
+                    crate::connect::redact(url),
+                    crate::connect::explain(err).root_cause()
+                );
+            }
+            if let Ok(mut conn) = crate::connect::redis(url) {
+                let _ = redis::cmd("DEL").arg(&counter).query::<i64>(&mut *conn);
+            }
+        }
+        if designs.iter().any(|d| d.uses_etcd()) {
+            let url = self.servers.url(Backend::Etcd);
+            let checked = crate::connect::etcd_runtime().and_then(|runtime| {
+                runtime.block_on(async {
+                    let mut client = crate::connect::etcd(url).await?;
+                    client.put(key.as_str(), "chaos", None).await?;
+                    client.delete(key.as_str(), None).await?;
+                    anyhow::Ok(())
+                })
+            });
+            if let Err(err) = checked {
+                bail!(
+                    "etcd at {} refused chaos's clients a write and a delete of {key}: {}. \
+                     Its user needs read and write on the keys under lockslab:<run id>: (a \
+                     room seat's has them under lockslab:<seat>_)",
+                    crate::connect::redact(url),
+                    crate::connect::explain(err).root_cause()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// A setup for one design, borrowing the lanes' Redis servers for its restarts;

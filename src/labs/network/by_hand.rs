@@ -10,11 +10,19 @@
 //! The running proxy listens for faults on a Unix socket named after its port, one line
 //! per fault (`up hold`), and answers one line. Ctrl-C stops it: its connections close and
 //! the socket file goes.
+//!
+//! Anyone on the machine can connect to a loopback port, so the proxy is built to outlast
+//! its users: the control socket lives in a directory only its own user can enter
+//! ([`control_dir`]), never at a name in `/tmp` another user could take first; it relays a
+//! bounded number of connections, sized by its file descriptor limit, so that whoever opens
+//! hundreds cannot leave it without a descriptor for its control socket; and a failed
+//! `accept` on either socket waits and tries again rather than ending the proxy.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -137,9 +145,170 @@ fn check_listen(listen: SocketAddr, expose: bool) -> Result<()> {
     Ok(())
 }
 
-/// The control socket of the proxy listening on `port`.
+/// The directory of the proxies' control sockets: `proxy` in lockslab's state directory
+/// (`$LOCKSLAB_STATE_DIR`, else `lockslab-<uid>` in `$XDG_RUNTIME_DIR` or the temp
+/// directory), mode 0700, so that only this user can reach a socket in it, or put a file
+/// where one goes.
+pub fn control_dir() -> PathBuf {
+    crate::servers::state_dir().join("proxy")
+}
+
+/// The control socket of the proxy listening on `port`: in [`control_dir`], or in a
+/// directory of a random name of this user's (see [`own_control_dir`]) when it is there.
 pub fn control_socket(port: u16) -> PathBuf {
-    std::env::temp_dir().join(format!("lockslab-proxy-{port}.sock"))
+    let name = format!("proxy-{port}.sock");
+    let usual = control_dir().join(&name);
+    if usual.exists() {
+        return usual;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return usual;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&fallback_prefix())
+        })
+        .map(|entry| entry.path())
+        // Only a directory of this user's that nobody else can enter: a socket in it is
+        // one of this user's proxies, whoever chose the name.
+        .filter(|dir| {
+            std::fs::symlink_metadata(dir).is_ok_and(|meta| {
+                meta.is_dir()
+                    && meta.uid() == nix::unistd::Uid::effective().as_raw()
+                    && meta.mode() & 0o077 == 0
+            })
+        })
+        .map(|dir| dir.join(&name))
+        .find(|socket| socket.exists())
+        .unwrap_or(usual)
+}
+
+/// The start of the name of a control directory made when the usual one is taken.
+fn fallback_prefix() -> String {
+    format!("lockslab-proxy-{}-", nix::unistd::Uid::effective())
+}
+
+/// Where this proxy's control socket goes, created if need be: [`control_dir`]; or, when
+/// the state directory is in the shared temporary directory and someone else took its
+/// name first (`/tmp/lockslab-<uid>` can be made by anyone), a new directory of a random
+/// name there, mode 0700, which nobody can take beforehand. `lockslab proxy fault` looks
+/// in both.
+fn own_control_dir() -> Result<PathBuf> {
+    let err = match own_usual_control_dir() {
+        Ok(dir) => return Ok(dir),
+        Err(err) => err,
+    };
+    if !crate::servers::state_dir().starts_with(std::env::temp_dir()) {
+        return Err(err);
+    }
+    let dir = tempfile::Builder::new()
+        .prefix(&fallback_prefix())
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("creating a directory for the proxy's control socket")?
+        .keep();
+    crate::errln!(
+        "warning: {err:#}; this proxy's control socket is in {} instead",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// Creates [`control_dir`] (and the state directory) if needed, and checks that both are
+/// this user's: a directory someone else made, or a symlink, is refused with a message.
+fn own_usual_control_dir() -> Result<PathBuf> {
+    crate::servers::own_dir(&crate::servers::state_dir())?;
+    let dir = control_dir();
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(err).with_context(|| format!("creating {}", dir.display()));
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::Uid::effective().as_raw() {
+        bail!(
+            "{} is not a directory of yours: remove it, or set LOCKSLAB_STATE_DIR to another place",
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(dir)
+}
+
+/// Makes way for this proxy's control socket: another proxy answering there is refused; a
+/// socket of this user's that nobody answers on (a proxy killed before it could remove
+/// it) is replaced; anything else — another user's file, or not a socket — is refused
+/// with a message, never removed.
+fn clear_for_socket(socket: &Path, port: u16) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(socket) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err).with_context(|| format!("looking at {}", socket.display())),
+    };
+    if meta.uid() != nix::unistd::Uid::effective().as_raw() {
+        bail!(
+            "{} belongs to user {}, not to you: lockslab does not remove it; its owner (or root)              may, or give this proxy another port",
+            socket.display(),
+            meta.uid()
+        );
+    }
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} is in the way of this proxy's control socket and is not a socket: remove it,              or give this proxy another port",
+            socket.display()
+        );
+    }
+    if UnixStream::connect(socket).is_ok() {
+        bail!(
+            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give              this one another port",
+            socket.display()
+        );
+    }
+    std::fs::remove_file(socket).with_context(|| format!("removing {}", socket.display()))
+}
+
+/// The control socket's file, removed however `serve` ends.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        // The directory goes with the last proxy's socket; another's keeps it.
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// File descriptors kept free beyond the relayed connections: the control socket's
+/// clients, the accept of a connection refused for being one too many, and what the
+/// runtime opens.
+const FD_RESERVE: usize = 32;
+
+/// How many connections fit in this process's file descriptors: its soft limit, less
+/// those open now and [`FD_RESERVE`], at [`crate::proxy::FDS_PER_CONNECTION`] each. None
+/// when `/proc` does not say.
+fn connections_within_fd_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?;
+    let soft: usize = if soft == "unlimited" {
+        usize::MAX / 2
+    } else {
+        soft.parse().ok()?
+    };
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count();
+    Some(soft.saturating_sub(open + FD_RESERVE) / crate::proxy::FDS_PER_CONNECTION)
 }
 
 fn serve(to: &str, listen: SocketAddr) -> Result<()> {
@@ -172,24 +341,19 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
         );
     }
     let mut proxy = Proxy::start_on("proxy", listen, upstream)?;
-    let port = proxy.addr().port();
-    let socket = control_socket(port);
-    if UnixStream::connect(&socket).is_ok() {
-        bail!(
-            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give \
-             this one another port",
-            socket.display()
-        );
+    if let Some(most) = connections_within_fd_limit() {
+        proxy.limit_connections(most);
     }
-    let _ = std::fs::remove_file(&socket);
+    let port = proxy.addr().port();
+    let socket = own_control_dir()?.join(format!("proxy-{port}.sock"));
+    clear_for_socket(&socket, port)?;
     let control = UnixListener::bind(&socket)
         .with_context(|| format!("opening the control socket {}", socket.display()))?;
+    let file = SocketFile(socket.clone());
     control.set_nonblocking(true)?;
     let removal = {
         let socket = socket.clone();
-        crate::procs::on_interrupt(move || {
-            let _ = std::fs::remove_file(&socket);
-        })
+        crate::procs::on_interrupt(move || drop(SocketFile(socket.clone())))
     };
     crate::outln!("proxy {} → {upstream}, no fault", proxy.addr());
     if to.contains("://") {
@@ -200,9 +364,11 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
     crate::outln!("faults from another terminal: lockslab proxy fault {port} hold|heal|…");
     crate::outln!("Ctrl-C stops it");
     let started = Instant::now();
+    let mut backoff = Duration::ZERO;
     while !crate::procs::interrupted() {
         match control.accept() {
             Ok((stream, _)) => {
+                backoff = Duration::ZERO;
                 if let Some(done) = obey(&proxy, stream) {
                     crate::outln!("+{:.3}s  {done}", started.elapsed().as_secs_f64());
                 }
@@ -210,11 +376,20 @@ fn serve(to: &str, listen: SocketAddr) -> Result<()> {
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 thread::sleep(Duration::from_millis(20));
             }
+            // Out of file descriptors (or memory) for a moment: the fault waits in the
+            // socket's queue until one is free; the proxy goes on relaying meanwhile.
+            Err(err) if crate::proxy::accept_error_passes(&err) => {
+                if backoff.is_zero() {
+                    crate::errln!("lockslab proxy: the control socket waits: {err}");
+                }
+                backoff = crate::proxy::accept_backoff(backoff);
+                thread::sleep(backoff);
+            }
             Err(err) => bail!("the control socket failed: {err}"),
         }
     }
     proxy.stop();
-    let _ = std::fs::remove_file(&socket);
+    drop(file);
     drop(removal);
     crate::procs::wait_for_cleanup()
 }
