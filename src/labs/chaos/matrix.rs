@@ -73,9 +73,9 @@ after a client took it: SIMULATED, the run's lock keys' TTL cut there
 (redis-server does not run under libfaketime), on Redis or on one to three of
 Redlock's masters. etcd (leases timed on its leader's monotonic clock; in 3.4 a
 step back there only delays revocations, etcd#12291) and Postgres (no TTL) show
-`-`; a client's wall clock is not stepped: chaos's clients time
-their leases on the monotonic clock, which a step does not move (lab 9 shows
-what it breaks in a client that reads the wall clock).
+`-`; a client's wall clock is not stepped: chaos's clients time their leases on
+the monotonic clock, which a step does not move (lab 9 shows what it breaks in a
+client that reads the wall clock).
 `failover` runs the Redis designs against a primary and its replica under three
 Sentinels; the replica lags 200-700ms (frozen, its link cut), then the primary
 is killed; the Sentinels promote the replica, the clients ask them where to go.
