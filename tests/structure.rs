@@ -170,20 +170,3 @@ fn the_scan_finds_a_cycle_when_there_is_one() {
         BTreeSet::from(["output".into(), "procs".into(), "outln".into()])
     );
 }
-
-/// A lab reads as a plan, its scenarios and its words: no file of one runs past 500 lines
-/// (a lab with many scenarios is a folder, one file each).
-#[test]
-fn no_file_in_the_labs_runs_past_500_lines() {
-    let labs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/labs");
-    let mut files = Vec::new();
-    rust_files(&labs, &mut files);
-    assert!(files.len() > 10, "the scan sees the labs: {files:?}");
-    let long: Vec<String> = files
-        .iter()
-        .map(|file| (file, fs::read_to_string(file).unwrap().lines().count()))
-        .filter(|(_, lines)| *lines > 500)
-        .map(|(file, lines)| format!("{} has {lines} lines", file.display()))
-        .collect();
-    assert!(long.is_empty(), "{}", long.join("\n"));
-}
