@@ -59,7 +59,7 @@
 //!   done by hand.
 //!
 //! The modules form layers: none imports one that imports it back (`tests/structure.rs`
-//! checks it, and that no file of a lab runs past 500 lines).
+//! checks it).
 //!
 //! Adding a lab: a folder in `labs/` (its `Plan` and `impl runner::Lab`, one file per
 //! scenario, its verdict), its checkers in `check/`, one line in [`cli`]'s command enum and
