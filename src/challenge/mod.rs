@@ -13,6 +13,7 @@
 
 pub mod challenges;
 mod client;
+mod credentials;
 pub mod isolation;
 mod play;
 pub mod protocol;
@@ -215,6 +216,16 @@ fn refuse_a_missing_file(program: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Takes the run's Redis and etcd users back however the run ends (an interrupted run's
+/// process cleanup ends here too, through unwinding to `main`).
+struct RemoveOnDrop<'a>(&'a credentials::ClientLogins);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.remove();
+    }
+}
+
 fn grade(
     challenge: Challenge,
     args: &ChallengeArgs,
@@ -254,6 +265,14 @@ fn grade(
     let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
     let shared = clients_url.is_none();
     let clients_url = clients_url.unwrap_or_else(|| postgres.clone());
+    let key_prefix = format!("lockslab:{run_id}:");
+    let logins = credentials::ClientLogins::make(
+        servers.url(Backend::Redis),
+        servers.url(Backend::Etcd),
+        &run_id,
+        &key_prefix,
+    );
+    let _remove_logins = RemoveOnDrop(&logins);
     let mut setup = play::Setup {
         challenge,
         program: args.program.clone(),
@@ -261,12 +280,12 @@ fn grade(
         seed,
         init: Init {
             client: String::new(),
-            redis_url: servers.url(Backend::Redis).into(),
-            etcd_url: servers.url(Backend::Etcd).into(),
+            redis_url: logins.redis_url.clone(),
+            etcd_url: logins.etcd_url.clone(),
             postgres_url: clients_url,
             table: format!("{schema}.records"),
             schema: schema.clone(),
-            key_prefix: format!("lockslab:{run_id}:"),
+            key_prefix,
             lease_ms,
             seed,
             sentinels: sentinels
@@ -295,7 +314,7 @@ fn grade(
         isolation,
     };
     if !args.json {
-        verdict::heading(&setup, &run_id, &servers, shared);
+        verdict::heading(&setup, &run_id, &servers, shared, logins.shared());
         if let Some(cluster) = &sentinels {
             let took = crate::output::human(cluster.started_in);
             let line = format!("Sentinel Redis: primary, replica, 3 Sentinels (private, {took})");

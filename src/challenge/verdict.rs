@@ -41,7 +41,13 @@ pub fn list() {
     crate::outln!("  lockslab challenge NAME -- python3 client.py");
 }
 
-pub fn heading(setup: &Setup, run_id: &str, servers: &Servers, shared_role: bool) {
+pub fn heading(
+    setup: &Setup,
+    run_id: &str,
+    servers: &Servers,
+    shared_role: bool,
+    shared_logins: bool,
+) {
     let challenge = setup.challenge;
     crate::outln!(
         "{} run {run_id} {}",
@@ -74,6 +80,14 @@ pub fn heading(setup: &Setup, run_id: &str, servers: &Servers, shared_role: bool
             "  {}",
             "the clients share lockslab's Postgres role (it may not create one for them): \
              they could rewrite the log, or end the grader's connections"
+                .dimmed()
+        );
+    }
+    if shared_logins {
+        crate::prose!(
+            "  {}",
+            "the clients share lockslab's Redis or etcd login (the server given may not make \
+             users for them): they could reach keys beyond this run's"
                 .dimmed()
         );
     }
