@@ -15,8 +15,7 @@ use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
 use crate::worker::chaos_client::Design;
 
-/// `matrix`'s exit statuses: did a cell the labs expect safe (a ✅ design's) break or stay
-/// unknown? — so that a course's CI can tell the labs' claims held.
+/// `matrix`'s exit statuses: did a ✅ design's cell break or stay unknown? (a course's CI)
 macro_rules! matrix_exit_help {
     () => {
         "Exit status: 0 no cell the labs expect safe broke or is unknown — only a ✅ \
@@ -336,17 +335,12 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
     Ok(())
 }
 
-/// The matrix's exit status: did a cell the labs expect safe break, or stay unknown? Only
-/// a ✅ design's cells count, under the faults the labs say it survives: UNSAFE there is
-/// 1, UNKNOWN there is 3 (never a pass). A ❌ design's cells do not count, even under a
-/// fault it survives: breaking is the lesson, and a lock-only design's lost-reply,
-/// restart-aof and leader-kill cells read UNKNOWN by nature (a release that got no answer
-/// leaves its history undecidable), which would make every full matrix exit 3. The footer
-/// names them all. With `strict`, every cell counts (any violation 1, any unknown 3). The
-/// expectation is the code's ([`Design::labs_call_it_safe`],
-/// [`Design::labs_call_it_safe_under`]), not what a merged file says of itself. A ❌ cell
-/// that did not break is named below the table, not here: schedules that missed its
-/// window prove nothing either way.
+/// The matrix's exit status. Only a ✅ design's cells count, under the faults the labs say
+/// it survives ([`Design::labs_call_it_safe_under`], not what a merged file says): UNSAFE
+/// there is 1, UNKNOWN 3 (never a pass). A ❌ design's cells never count: breaking is the
+/// lesson, and a lock-only design's lost-reply, restart-aof and leader-kill cells read
+/// UNKNOWN by nature (a release that got no answer), which would make every full matrix
+/// exit 3; the footer names them. `strict` counts every cell.
 pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
     let counted = |c: &&Cell| {
         strict || (c.design.labs_call_it_safe() && c.design.labs_call_it_safe_under(c.fault))
