@@ -240,9 +240,12 @@ pub const CLAIM_ROW: &str =
 /// ✅ serializable: the transaction the read and both writes share. Postgres runs it under
 /// Serializable Snapshot Isolation: every read takes a predicate lock (SIRead) that blocks
 /// nobody and only records what was read; a write to something another serializable
-/// transaction read makes a read-write dependency, and a transaction that would close a
-/// cycle of them is rolled back with SQLSTATE 40001 (PostgreSQL 15 docs, 13.2.3
-/// "Serializable Isolation Level").
+/// transaction read makes a read-write dependency. Postgres does not look for whole cycles
+/// of them: it rolls back (SQLSTATE 40001) a transaction in a *dangerous pattern* of
+/// dependencies — one with a dependency in and a dependency out among concurrent
+/// transactions — that *could* be part of a cycle (PostgreSQL 15 docs, 13.2.3
+/// "Serializable Isolation Level", 13.4.1). So some rollbacks are false positives: from
+/// that pattern test itself, and from predicate locks coarser than the rows read.
 pub const BEGIN_SERIALIZABLE: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
 /// ✅ idempotency-key: one invoice per (customer, period), decided by the unique index.
@@ -739,10 +742,12 @@ impl Desk {
     /// Why no lock is needed: two workers that race on one job each read what the other
     /// writes (the invoice that is not there yet, the customer's row), so each transaction
     /// has a read-write dependency on the other: a cycle, which no serial order allows.
-    /// Postgres's Serializable Snapshot Isolation tracks those dependencies and fails one
-    /// of the two with SQLSTATE 40001 (`serialization_failure`) — at the write that closes
-    /// the cycle, at its COMMIT, or, when the other commits first, at the loser's next
-    /// statement. (Here both write the customer's row as well, so the loser often meets
+    /// Postgres's Serializable Snapshot Isolation tracks those dependencies — it does not
+    /// search for cycles; it fails a transaction caught in a pattern of dependencies that
+    /// *could* close one, which catches every real cycle and some that are not (false
+    /// positives, besides those of its coarse predicate locks) — with SQLSTATE 40001
+    /// (`serialization_failure`): at a write, at COMMIT, or, when the other commits
+    /// first, at the loser's next statement. (Here both write the customer's row as well, so the loser often meets
     /// the first-updater rule instead, "could not serialize access due to concurrent
     /// update": the same SQLSTATE.) A sleeper frozen anywhere wakes into a transaction
     /// whose snapshot is stale, and Postgres will not let it commit anything computed from
@@ -755,10 +760,15 @@ impl Desk {
     /// once it has written, as any writer does. And the guarantee is only among
     /// SERIALIZABLE transactions: one writer at READ COMMITTED (a script, a migration, an
     /// admin's psql) is not tracked, and its writes can make the others' reads stale
-    /// unseen. `REPEATABLE READ` would catch this job too — every path writes the
-    /// customer's row, and the first-updater rule fails the second writer — but not a job
-    /// whose racing transactions read the same rows and write different ones (write skew):
-    /// that is what the serializable level adds.
+    /// unseen. Nor does it reach a hot standby (which refuses SERIALIZABLE) or a logical
+    /// replica: a read there can see a state no serial order of the primary produced
+    /// (PostgreSQL 15, 13.4.1).
+    ///
+    /// What this job demonstrates is no more than `REPEATABLE READ` gives: every path that
+    /// invoices writes the customer's row, and the first-updater rule fails the second
+    /// writer of a row with the same 40001. What only SERIALIZABLE catches is write skew —
+    /// two rows, each transaction reads both and writes a different one — where no row is
+    /// written twice.
     fn serializable(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
         const MOST_RETRIES: u32 = 10_000;
         for attempt in 0..MOST_RETRIES {

@@ -289,7 +289,8 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
 
 /// `matrix`'s exit status says whether the labs' claims held, so a course's CI can run it:
 /// a ❌ design breaking where the labs say it breaks exits 0 (the lesson), a ✅ one breaking
-/// exits 1, a ✅ cell unknown exits 3; `--strict` counts every cell. Crafted parts through
+/// exits 1, a ✅ cell unknown exits 3, a ❌ design's cell unknown exits 0 whatever the fault;
+/// `--strict` counts every cell. Crafted parts through
 /// `--merge`, the path every matrix's table and status share.
 #[test]
 fn a_matrix_exits_0_when_every_cell_agrees_with_the_labs() {
@@ -358,6 +359,20 @@ fn a_matrix_exits_0_when_every_cell_agrees_with_the_labs() {
         Some(0)
     );
     assert_eq!(status("lesson.jsonl", lesson_unknown, true).0, Some(3));
+    // A ❌ design unknown even under a fault the labs say it survives — as a lost reply or
+    // a leader kill leaves a lock-only design's release — is no ✅ cell: 0, not 3, or every
+    // full matrix would exit 3. Only --strict counts it.
+    let lock_only_unknown = [
+        cell("redis-lock", "lost-reply", "UNKNOWN 2/3"),
+        cell("etcd-lease", "leader-kill", "UNKNOWN 3/3"),
+        cell("serializable", "lost-reply", "SAFE (3)"),
+    ];
+    let (code, text) = status("lock-only.jsonl", lock_only_unknown.clone(), false);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(
+        status("lock-only.jsonl", lock_only_unknown, true).0,
+        Some(3)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

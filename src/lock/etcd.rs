@@ -344,7 +344,16 @@ impl EtcdLock {
     /// where `IsOwner` is exactly `CreateRevision(myKey) = myRev`,
     /// `clientv3/concurrency/mutex.go`). etcd applies a transaction atomically at one
     /// revision: no other write lands between the compare and the put, so a holder whose
-    /// lease ran out (its key deleted with the lease) is refused, however late it wakes.
+    /// lease ran out (its key deleted with the lease) is refused, however late it wakes. A
+    /// key made again gets a new create revision, so a passing compare proves the key lived
+    /// without a break from the grant to the put — which protects what the holder read
+    /// after the grant too, not only the write (unlike lab 7's `fenced-write-only`).
+    ///
+    /// Its limits, even inside etcd: (a) the compare proves only "my key still exists";
+    /// that is ownership only once the lock call has returned — a key still waiting in the
+    /// queue passes it too. (b) Only guarded writers are protected: a plain put on `key`
+    /// goes through. (c) A guarded put whose answer is lost, retried while the lease lives,
+    /// passes twice and is applied twice: the compare is no idempotency key.
     ///
     /// What it costs: nothing in requests (the compare rides on the write), but the
     /// resource must be a key in the *same* etcd — every protected write becomes an etcd

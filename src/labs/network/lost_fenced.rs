@@ -3,13 +3,16 @@
 //! highest token accepted), commits it, and the proxy loses the answer. A retries with the
 //! same token — and the store accepts it again, because a token is not lower than itself.
 //!
-//! A token and an idempotency key answer different questions. The token answers "is the
-//! writer still the newest holder?": it refuses an *older* holder, and it cannot tell a
-//! second copy of the newest holder's write from a new one. The key answers "was this
-//! write already applied?" (the `COMMIT` retried with a key, just before). The store's
-//! attempt log shows it: two accepted attempts with one token, decided one after the
-//! other. Its write sets a value, so the second copy sets the same value again; a write
-//! that adds (`balance + 10`) would have added twice.
+//! A token and an idempotency key answer different questions. With `>=` the store knows
+//! only the highest token it accepted, so the token answers "has a newer holder already
+//! written here?": it refuses a write once a newer holder's has landed, and it cannot tell
+//! a second copy of a write from a new one. The key answers "was this write already
+//! applied?" (the `COMMIT` retried with a key, just before). The store's attempt log shows
+//! it: two accepted attempts with one token, decided one after the other — the write
+//! applied twice. This store's write *sets* a value, so here the second copy set the same
+//! value again: harmless for a set, double for an add (`balance + 10` would have added
+//! twice). And had a newer holder written in between, the retry would have been refused,
+//! and A would have concluded — wrongly — that its first write had failed too.
 
 use anyhow::Result;
 
@@ -55,7 +58,7 @@ pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
     ));
     let mut nemesis = Nemesis::new();
     let run_id = run.id.as_str();
-    let value = "A: pay 10";
+    let value = "A: balance = 10";
     // The store's own statements, prepared before the transaction and kept until after
     // it, so that nothing but the COMMIT goes up while the proxy waits to lose an answer
     // (a statement dropped in between sends its Close first: see lost_commit).
@@ -129,7 +132,7 @@ pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
             "postgres",
             What::Violation(facts),
             format!(
-                "{text} — the same write taken twice: the token refuses an older holder, not a second copy; a write that adds would have added twice"
+                "{text} — the same write applied twice: harmless for this set (the same value again), double for an add; the token refuses a write a newer holder's has overtaken, not a second copy"
             ),
         )
     } else {
