@@ -256,6 +256,39 @@ fn a_writing_note_sent_before_the_read_never_passes() {
     }
 }
 
+/// `liar` answers `fail` for a job that took longer than it liked, though its write
+/// committed: it passed `pause` and `delay` when a `fail` counted as a refusal ("2 bit").
+/// The log decides: the change the client said did not happen is named, and fails the run.
+#[test]
+fn a_fail_answered_for_a_write_that_committed_fails_with_the_change() {
+    for name in ["pause", "delay"] {
+        let verdict = caught_within(name, "liar", "failed-but-written", 3);
+        let lie = findings(&verdict, "failed-but-written")[0].clone();
+        let seq = lie["seq"].as_i64().unwrap();
+        let change = verdict["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["seq"].as_i64() == Some(seq))
+            .unwrap_or_else(|| panic!("no change #{seq}: {verdict}"));
+        assert_eq!(change["job"], lie["job"], "{verdict}");
+    }
+}
+
+/// `shuffled` says `acquired` and `writing` only after `released`, with a lease of ten
+/// lease_ms: honest notes fail it at `crash` (stuck lock), and shuffled ones passed. A note
+/// out of order is the client misbehaving, named.
+#[test]
+fn notes_out_of_order_are_the_client_misbehaving() {
+    let (code, verdict) = reference("crash", 1, "shuffled");
+    assert_eq!(code, 1, "{verdict}");
+    let said = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("said `acquired` for job") && said.contains("after its `released`"),
+        "{verdict}"
+    );
+}
+
 /// A client that sends no notes is killed as its answer comes (the answer dies with it):
 /// the resent job is done twice, and the fenced client without notes fails crash as the
 /// one with notes does.

@@ -21,6 +21,9 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
+    lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -75,6 +78,19 @@ sequence sentinel, with the token from a Postgres sequence instead: the database
         private Postgres runs with fsync and synchronous_commit off and is never
         crashed.
 
+liar    setnx with a lease of 3.5 lease_ms, that answers `fail` whenever its job took
+        longer than one lease_ms, though its write committed (and, sent the job
+        again, finds its entry there and answers ok without writing). A `fail` is
+        a claim: the log shows the write the client said did not happen, and the
+        run fails on it (never a refusal that made a fault bite).
+shuffled long (a lease of ten lease_ms), that says `acquired` and `writing` only
+        after `released`: notes out of order hide the lock a dead holder left
+        stuck. The client is misbehaving, and is named so.
+lastcheck setnx that asks, after its work and just before its write, "is the key
+        still mine, with more than 50ms left?" (lab 9's guard, marked there as
+        not enough). A pause or a hold aimed at the write itself, not at the
+        `writing` note before the check, lands after the check: never a pass.
+
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
 
@@ -90,10 +106,12 @@ import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
-         "quiet", "sentinel", "sequence")
+         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
-MODE = {"early": "setnx", "quiet": "fenced"}.get(MODE, MODE)
+LIAR, SHUFFLED, LASTCHECK = MODE == "liar", MODE == "shuffled", MODE == "lastcheck"
+MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
+        "lastcheck": "setnx"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -103,8 +121,20 @@ return 0
 """
 
 
+HELD = []  # shuffled: the notes of the job at hand, said after its `released`
+
+
 def say(**message):
     if QUIET and message["type"] in NOTES:
+        return
+    if SHUFFLED and message["type"] in ("acquired", "writing"):
+        HELD.append(message)
+        return
+    if SHUFFLED and message["type"] == "released":
+        for held in [message] + HELD:
+            sys.stdout.write(json.dumps(held) + "\n")
+        HELD.clear()
+        sys.stdout.flush()
         return
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -124,6 +154,8 @@ else:
 table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
 if MODE == "long":
     ttl, MODE = 10 * ttl, "once"
+if LIAR:
+    ttl = 7 * ttl // 2
 if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
@@ -151,6 +183,7 @@ def retried(call):
 def acquire(record):
     """SET NX PX until it is ours (at most 10 s); returns (key, owner value, token)."""
     key, owner = f"{prefix}lock:{record}", str(uuid.uuid4())
+    OWNERS[key] = owner
     deadline = time.monotonic() + 10
     while not retried(lambda: r.set(key, owner, nx=True, px=ttl)):
         if time.monotonic() > deadline:
@@ -202,6 +235,23 @@ def do_checked(job, token):
         return cur.rowcount == 1
 
 
+OWNERS = {}  # lastcheck: the value our lock of each record holds
+
+
+def still_mine(record):
+    """lastcheck's guard: the key still ours, with more than 50ms of its TTL left."""
+    key = f"{prefix}lock:{record}"
+    return r.get(key) == OWNERS.get(key, "").encode() and r.pttl(key) > 50
+
+
+def entry_there(job):
+    """liar: a resent job whose entry is there already is answered ok, not done again."""
+    with db, db.cursor() as cur:
+        cur.execute(f"SELECT %s = ANY(items) FROM {table} WHERE record = %s",
+                    (job["append"], job["record"]))
+        return cur.fetchone()[0]
+
+
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "claimed":
@@ -241,6 +291,8 @@ def do(job, token):
         if not EARLY:
             say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        if LASTCHECK and not still_mine(job["record"]):
+            return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
                     " WHERE record = %s",
                     (value + job["add"], items + [job["append"]], job["id"], token,
@@ -251,6 +303,10 @@ def do(job, token):
 for line in sys.stdin:
     job = json.loads(line)
     lock = None
+    if LIAR and entry_there(job):
+        say(type="ok", job=job["id"])
+        continue
+    began = time.monotonic()
     if MODE != "none":
         lock = acquire(job["record"])
         if lock is None:
@@ -264,7 +320,9 @@ for line in sys.stdin:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             pass  # the primary died with the lock on it: nothing left to release there
         say(type="released", job=job["id"])
-    if done:
+    if LIAR and done and time.monotonic() - began > init["lease_ms"] / 1000:
+        say(type="fail", job=job["id"], reason="it took too long: perhaps it did not land")
+    elif done:
         say(type="ok", job=job["id"])
     else:
         say(type="fail", job=job["id"], reason="fenced out: a newer holder wrote")

@@ -291,6 +291,7 @@ fn grade(
             unplayed: played.unplayed.clone(),
             lease_ms,
             fences_must_rise: challenge == Challenge::Failover,
+            deliveries: played.deliveries.clone(),
         };
         Ok((played, evidence))
     });

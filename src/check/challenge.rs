@@ -117,6 +117,67 @@ pub struct Evidence {
     /// Every change must carry a fence, greater than every earlier one on its record
     /// (failover: the tokens must only go up, across the promotion).
     pub fences_must_rise: bool,
+    /// Each job as it was handed to a client, and how that client answered: whose write a
+    /// logged change was, to hold a client's `fail` against the log (none: not checked).
+    pub deliveries: Vec<Delivery>,
+}
+
+/// One delivery of a job to a client: when lockslab sent it, and when and how the client
+/// answered, on the database's clock — so that a logged change can be laid against the
+/// clients that held its job when it committed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub job: i64,
+    pub client: String,
+    /// When lockslab sent the job (µs since the epoch, the database's clock).
+    pub sent_us: i64,
+    /// When lockslab read the client's answer (none: it died first, or the run ended).
+    pub answered_us: Option<i64>,
+    /// `ok` (true) or `fail` (false).
+    pub ok: Option<bool>,
+}
+
+/// The deliveries that may have made `change`: those that held its job when it committed;
+/// else the last one sent before it (its client had answered already, and its write was
+/// still on its way).
+fn makers<'a>(change: &Change, deliveries: &'a [Delivery]) -> Vec<&'a Delivery> {
+    let Some((job, at_us)) = change.job.zip(change.at_us) else {
+        return vec![];
+    };
+    let of_job = || deliveries.iter().filter(move |d| d.job == job);
+    let holding: Vec<&Delivery> = of_job()
+        .filter(|d| d.sent_us <= at_us && d.answered_us.is_none_or(|a| at_us <= a))
+        .collect();
+    if !holding.is_empty() {
+        return holding;
+    }
+    of_job()
+        .filter(|d| d.sent_us <= at_us)
+        .max_by_key(|d| d.sent_us)
+        .into_iter()
+        .collect()
+}
+
+/// Each change that only clients who answered `fail` for its job can have made: the client
+/// said the write did not happen, and the log shows it did.
+fn written_though_failed(changes: &[Change], deliveries: &[Delivery]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for change in changes {
+        let makers = makers(change, deliveries);
+        if makers.is_empty() || !makers.iter().all(|d| d.ok == Some(false)) {
+            continue;
+        }
+        let (Some(job), Some(maker)) = (change.job, makers.first()) else {
+            continue;
+        };
+        problems.push(Problem::FailedButWritten {
+            record: change.record.clone(),
+            job,
+            client: maker.client.clone(),
+            seq: change.seq,
+        });
+    }
+    problems
 }
 
 /// A pause, a delay or a kill as it began: whom it hit, the job that client had, and the
@@ -399,6 +460,15 @@ pub enum Problem {
         job: Option<i64>,
         seq: i64,
     },
+    /// A job its client answered `fail` for (the write did not happen, it said), whose
+    /// write the log shows committed: the change `seq`, which no client that answered `ok`
+    /// can have made.
+    FailedButWritten {
+        record: String,
+        job: i64,
+        client: String,
+        seq: i64,
+    },
 }
 
 impl Problem {
@@ -414,6 +484,7 @@ impl Problem {
             Problem::TokenReused(_) => "token-reused",
             Problem::TokenWentBack(_) => "token-went-back",
             Problem::Unfenced { .. } => "unfenced",
+            Problem::FailedButWritten { .. } => "failed-but-written",
         }
     }
 
@@ -423,7 +494,8 @@ impl Problem {
             Problem::StaleWrite { job, .. }
             | Problem::Doubled { job, .. }
             | Problem::Lost { job, .. }
-            | Problem::NeverDone { job } => Some(*job),
+            | Problem::NeverDone { job }
+            | Problem::FailedButWritten { job, .. } => Some(*job),
             Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
             Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
             Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
@@ -436,7 +508,8 @@ impl Problem {
         match self {
             Problem::StaleWrite { seq: named, .. }
             | Problem::Untagged { seq: named, .. }
-            | Problem::Unfenced { seq: named, .. } => seq == Some(*named),
+            | Problem::Unfenced { seq: named, .. }
+            | Problem::FailedButWritten { seq: named, .. } => seq == Some(*named),
             Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => {
                 seq == Some(tokens.seq) || seq == Some(tokens.earlier_seq)
             }
@@ -553,6 +626,17 @@ impl Problem {
                 "unfenced change #{seq} of {record} ({}): the write set no fence, and \
                  this challenge grades every change's token",
                 job_name(*job)
+            ),
+            Problem::FailedButWritten {
+                record,
+                job,
+                client,
+                seq,
+            } => format!(
+                "failed but written: {client} answered fail for job {job}, and its write \
+                 committed (change #{seq} of {record}): a `fail` says the job had no effect, \
+                 so lockslab gave it to another client; answer `fail` only for a write that \
+                 cannot land any more (refused, or rolled back)"
             ),
         }
     }
@@ -764,6 +848,15 @@ pub fn check(evidence: &Evidence) -> Report {
     if evidence.fences_must_rise {
         report.problems.extend(fences_that_did_not_rise(&changes));
     }
+    let false_fails = written_though_failed(&changes, &evidence.deliveries);
+    // A `fail` whose write committed is no refusal: the fault did not bite through it.
+    let lied: BTreeSet<(String, i64)> = (false_fails.iter())
+        .filter_map(|p| match p {
+            Problem::FailedButWritten { client, job, .. } => Some((client.clone(), *job)),
+            _ => None,
+        })
+        .collect();
+    report.problems.extend(false_fails);
     if let Some(bound_ms) = evidence.stuck_bound_ms {
         report
             .problems
@@ -781,9 +874,13 @@ pub fn check(evidence: &Evidence) -> Report {
             ));
         }
     }
-    let missed: Vec<String> = (evidence.strikes.iter())
-        .filter_map(|s| s.missed(&jobs, &changes))
-        .collect();
+    let strikes = evidence.strikes.iter().map(|strike| {
+        let mut strike = strike.clone();
+        let job = strike.job.unwrap_or_default();
+        strike.refused &= !lied.contains(&(strike.client.clone(), job));
+        strike
+    });
+    let missed: Vec<String> = strikes.filter_map(|s| s.missed(&jobs, &changes)).collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
@@ -1249,6 +1346,63 @@ mod tests {
         run.changes[1].new_value = 9;
         run.finals[0].value = 9;
         assert_eq!(check(&run).grade(), Grade::Fail);
+    }
+
+    fn delivery(job: i64, client: &str, sent_s: f64, answered_s: f64, ok: bool) -> Delivery {
+        Delivery {
+            job,
+            client: client.into(),
+            sent_us: (sent_s * 1e6) as i64,
+            answered_us: Some((answered_s * 1e6) as i64),
+            ok: Some(ok),
+        }
+    }
+
+    /// A `fail` is a claim, held against the log: job 2's one change (#2, at 2s) committed
+    /// while c1 held job 2, and c1 answered fail — the write it said did not happen did.
+    /// It is a finding of its own, and no refusal: the pause on c1 did not bite through it.
+    #[test]
+    fn a_fail_answered_for_a_write_that_committed_is_a_finding_and_no_refusal() {
+        let mut run = clean_run();
+        run.deliveries = vec![
+            delivery(1, "c2", 0.5, 1.2, true),
+            delivery(2, "c1", 0.6, 2.4, false),
+            delivery(2, "c3", 2.5, 2.6, true),
+            delivery(3, "c2", 1.3, 3.1, true),
+        ];
+        run.strikes = vec![Strike {
+            fault: "pause",
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 1_500_000,
+            notes: true,
+            refused: true,
+            ..Strike::default()
+        }];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Fail, "{report:?}");
+        let kinds: Vec<&str> = report.problems.iter().map(|p| p.kind()).collect();
+        assert_eq!(kinds, vec!["failed-but-written"]);
+        let line = report.problems[0].describe();
+        assert!(
+            line.contains("c1 answered fail for job 2, and its write committed (change #2 of r0)"),
+            "{line}"
+        );
+        assert!(report.problems[0].names_change(Some(2), Some(2)));
+        assert_eq!(report.faults_bit, 0, "the lie is no refusal");
+        // Its write landed after it answered (on its way still): still its own.
+        run.deliveries[1].answered_us = Some(1_900_000);
+        assert_eq!(check(&run).problems.len(), 1);
+        // The change fell in c3's delivery instead, answered ok: c1's fail was true.
+        run.deliveries[1].answered_us = Some(1_700_000);
+        run.deliveries[2].sent_us = 1_800_000;
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+        // Two deliveries of job 2 at once (exactly-once), one answered ok: either may have
+        // written it, so no client is blamed.
+        run.deliveries[2] = delivery(2, "c3", 0.7, 2.2, true);
+        run.deliveries[1].answered_us = Some(2_400_000);
+        assert!(check(&run).problems.is_empty());
     }
 
     #[test]
