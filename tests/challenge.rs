@@ -289,6 +289,83 @@ fn notes_out_of_order_are_the_client_misbehaving() {
     );
 }
 
+/// A compare-and-set with retry holds no lock: a fault between its read and its write
+/// makes its compare match nothing, and it reads again. The statement log shows that
+/// refused UPDATE, so the fault bit and its retry is no note sent before a read (it was
+/// undecided, "its `writing` note came before its read"). Answering `fail` on a lost
+/// compare passes too. It passes crash and exactly-once as a lockless client: its kills
+/// aim at its `writing` and its answer, and no stuck lock is asked of it.
+#[test]
+fn a_compare_and_set_with_retry_passes_as_a_lockless_client() {
+    for (name, mode) in [
+        ("pause", "optimistic"),
+        ("delay", "optimistic"),
+        ("pause", "optimistic-fail"),
+        ("crash", "optimistic"),
+        ("exactly-once", "optimistic"),
+    ] {
+        let (code, verdict) = reference(name, 1, mode);
+        assert_eq!(code, 0, "{name} {mode}: {verdict}");
+        assert_eq!(
+            verdict["faults_bit"], verdict["faults_planned"],
+            "{verdict}"
+        );
+    }
+}
+
+/// `lastcheck` asks "still mine?" just before its write and answers `fail` when not: no
+/// UPDATE of it ever matched nothing, so its `fail` is a refusal the database never saw,
+/// and the faults aimed at its `writing` note missed. It passed pause on every seed.
+#[test]
+fn a_check_just_before_the_write_never_passes() {
+    for seed in [1, 2] {
+        let (code, verdict) = reference("pause", seed, "lastcheck");
+        assert!(code == 1 || code == 3, "seed {seed}: {verdict}");
+    }
+}
+
+/// The statement log, like the change log, is lockslab's: the clients' role can neither
+/// read it, forge a refusal into it, nor empty it.
+#[test]
+fn a_client_cannot_forge_or_erase_the_statement_log() {
+    python_ready();
+    let tamper = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+said = []
+for sql in ["INSERT INTO {s}.statements (pid, rows) VALUES (1, 0)", "SELECT * FROM {s}.statements",
+            "TRUNCATE {s}.statements", "DELETE FROM {s}.statements",
+            "ALTER TABLE {s}.records DISABLE TRIGGER log_statement"]:
+    try:
+        db.cursor().execute(sql.format(s=init["schema"])); said.append("FORGED")
+    except psycopg2.Error:
+        said.append("DENIED")
+print("-".join(said), flush=True)
+"#;
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        tamper,
+    ])
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains("DENIED-DENIED-DENIED-DENIED-DENIED"),
+        "{failure}"
+    );
+}
+
 /// A client that sends no notes is killed as its answer comes (the answer dies with it):
 /// the resent job is done twice, and the fenced client without notes fails crash as the
 /// one with notes does.

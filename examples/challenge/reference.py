@@ -21,6 +21,8 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic      # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic-fail # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
@@ -78,6 +80,14 @@ sequence sentinel, with the token from a Postgres sequence instead: the database
         private Postgres runs with fsync and synchronous_commit off and is never
         crashed.
 
+optimistic no lock at all (`ready` says `"lock": false`): read, work, then a
+        compare-and-set, UPDATE ... WHERE value and items are still as read; on a
+        compare that matched nothing, read again and retry, with a new `writing`
+        note. A job whose entry is in the items read is done already (resent, or
+        delivered twice): answered ok with no second effect. The statement log
+        shows each refused compare, so a fault that made one bit.
+optimistic-fail optimistic that answers `fail` on a lost compare instead of retrying:
+        lockslab gives the job to another client.
 liar    setnx with a lease of 3.5 lease_ms, that answers `fail` whenever its job took
         longer than one lease_ms, though its write committed (and, sent the job
         again, finds its entry there and answers ok without writing). A `fail` is
@@ -106,12 +116,14 @@ import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
-         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck")
+         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck",
+         "optimistic", "optimistic-fail")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED, LASTCHECK = MODE == "liar", MODE == "shuffled", MODE == "lastcheck"
+RETRY = MODE == "optimistic"
 MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
-        "lastcheck": "setnx"}.get(MODE, MODE)
+        "lastcheck": "setnx", "optimistic-fail": "optimistic"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -164,7 +176,7 @@ if MODE == "sequence":
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
-say(type="ready", notes=not QUIET)
+say(type="ready", notes=not QUIET, lock=MODE not in ("none", "optimistic"))
 
 
 def retried(call):
@@ -252,8 +264,32 @@ def entry_there(job):
         return cur.fetchone()[0]
 
 
+def do_optimistic(job):
+    """Compare-and-set: read, work, write only if the row is still as read. A lost compare
+    is read again and retried (optimistic), or answered fail (optimistic-fail)."""
+    while True:
+        with db, db.cursor() as cur:
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+            value, items = cur.fetchone()
+        if job["append"] in items:
+            return True  # done already, by an earlier delivery: no second effect
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the work, between read and write
+        with db, db.cursor() as cur:  # committed even when it matched nothing: the evidence
+            cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s"
+                        " WHERE record = %s AND value = %s AND items = %s",
+                        (value + job["add"], items + [job["append"]], job["id"],
+                         job["record"], value, items))
+            if cur.rowcount == 1:
+                return True
+        if not RETRY:
+            return False
+
+
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
+    if MODE == "optimistic":
+        return do_optimistic(job)
     if MODE == "claimed":
         return do_claimed(job, token)
     if MODE == "checked":
@@ -307,7 +343,7 @@ for line in sys.stdin:
         say(type="ok", job=job["id"])
         continue
     began = time.monotonic()
-    if MODE != "none":
+    if MODE not in ("none", "optimistic"):
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")
@@ -325,4 +361,4 @@ for line in sys.stdin:
     elif done:
         say(type="ok", job=job["id"])
     else:
-        say(type="fail", job=job["id"], reason="fenced out: a newer holder wrote")
+        say(type="fail", job=job["id"], reason="refused: a newer write came first")

@@ -219,6 +219,7 @@ fn grade(
     let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
     let mut db = connect::postgres(&owner)?;
     table::create(&mut db, &schema, &records)?;
+    table::create_statement_log(&mut db, &schema)?;
     let role = table::client_role_of(&run_id);
     let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
     let shared = clients_url.is_none();
@@ -275,7 +276,8 @@ fn grade(
     }
     let played = play::play(&setup, sentinels.as_mut());
     let outcome = played.and_then(|played| {
-        let (changes, finals) = table::read_back(&mut db, &schema)?;
+        let (mut changes, finals) = table::read_back(&mut db, &schema)?;
+        let statements = table::read_statements(&mut db, &schema, &mut changes)?;
         let evidence = Evidence {
             jobs: setup.jobs.clone(),
             acknowledged: played.acknowledged.clone(),
@@ -292,6 +294,7 @@ fn grade(
             lease_ms,
             fences_must_rise: challenge == Challenge::Failover,
             deliveries: played.deliveries.clone(),
+            statements,
         };
         Ok((played, evidence))
     });

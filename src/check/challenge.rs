@@ -78,6 +78,20 @@ pub struct Change {
     /// The record's `fence` after the change: the token it was made under, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<i64>,
+    /// The Postgres session (backend pid) that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+}
+
+/// One UPDATE statement that reached the records, whatever it matched (a statement-level
+/// trigger logs it): the session that ran it, when, and how many rows it changed — none
+/// for a compare-and-set or a fenced write the database refused. A statement rolled back
+/// is not in the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Statement {
+    pub pid: i32,
+    pub at_us: i64,
+    pub rows: i64,
 }
 
 /// One record as the run left it.
@@ -120,6 +134,95 @@ pub struct Evidence {
     /// Each job as it was handed to a client, and how that client answered: whose write a
     /// logged change was, to hold a client's `fail` against the log (none: not checked).
     pub deliveries: Vec<Delivery>,
+    /// Every UPDATE statement on the records, rows or none.
+    pub statements: Vec<Statement>,
+}
+
+/// Each client's Postgres sessions, as its own changes show them: the pids of the changes
+/// that only its deliveries can have made.
+fn sessions(changes: &[Change], deliveries: &[Delivery]) -> BTreeMap<String, BTreeSet<i32>> {
+    let mut sessions: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    for change in changes {
+        let makers = makers(change, deliveries);
+        let Some((pid, first)) = change.pid.zip(makers.first()) else {
+            continue;
+        };
+        if makers.iter().all(|d| d.client == first.client) {
+            sessions
+                .entry(first.client.clone())
+                .or_default()
+                .insert(pid);
+        }
+    }
+    sessions
+}
+
+/// Did the newer holder `strike` was let go before see an UPDATE of its match nothing
+/// between the older write and its own (the next on the record)? Its sessions are those
+/// of the clients that held its job then, or any no client's changes name.
+fn newer_refused(
+    strike: &Strike,
+    changes: &[Change],
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    statements: &[Statement],
+    deliveries: &[Delivery],
+) -> bool {
+    let (Some(job), Some(newer)) = (strike.job, strike.overtaken_by) else {
+        return false;
+    };
+    let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
+        return false;
+    };
+    let next = changes
+        .iter()
+        .find(|c| c.record == older.record && c.seq > older.seq);
+    let Some((from, to)) = older.at_us.zip(next.and_then(|c| c.at_us)) else {
+        return false;
+    };
+    let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
+    let newers = |pid: i32, at: i64| {
+        deliveries.iter().any(|d| {
+            d.job == newer
+                && d.sent_us <= at
+                && d.answered_us.is_none_or(|a| at <= a)
+                && sessions
+                    .get(&d.client)
+                    .is_some_and(|pids| pids.contains(&pid))
+        })
+    };
+    statements.iter().any(|s| {
+        s.rows == 0 && from < s.at_us && s.at_us < to && (newers(s.pid, s.at_us) || !anyones(s.pid))
+    })
+}
+
+/// Did an UPDATE of `strike`'s client reach the records after the fault began, before the
+/// client answered its job, and match no row? Its session is one its changes were made in,
+/// or one no client's changes name (a client may open a connection per job).
+fn matched_nothing(
+    strike: &Strike,
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    statements: &[Statement],
+    deliveries: &[Delivery],
+) -> bool {
+    let Some(job) = strike.job else {
+        return false;
+    };
+    let until = (deliveries.iter())
+        .find(|d| {
+            d.client == strike.client
+                && d.job == job
+                && d.sent_us <= strike.at_us
+                && d.answered_us.is_none_or(|a| strike.at_us <= a)
+        })
+        .and_then(|d| d.answered_us)
+        .unwrap_or(i64::MAX);
+    let own = sessions.get(&strike.client);
+    let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
+    statements.iter().any(|s| {
+        s.rows == 0
+            && (strike.at_us..=until).contains(&s.at_us)
+            && (own.is_some_and(|pids| pids.contains(&s.pid)) || !anyones(s.pid))
+    })
 }
 
 /// One delivery of a job to a client: when lockslab sent it, and when and how the client
@@ -200,8 +303,20 @@ pub struct Strike {
     pub notes: bool,
     /// It had said `released` for that job before the fault.
     pub released: bool,
-    /// It answered `fail` for that job after the fault: its held write was refused.
+    /// It answered `fail` for that job after the fault: it says its held write was refused
+    /// (a claim: the fault bites through it only if `matched_nothing`).
     pub refused: bool,
+    /// An UPDATE from its session reached the records after the fault began, before it
+    /// answered, and matched no row: its held write demonstrably ran and changed nothing —
+    /// refused by the database (filled in by the checker from the statement log).
+    pub matched_nothing: bool,
+    /// The newer holder it was let go before (`overtaken_by`) had an UPDATE match nothing
+    /// after this job's write and before its own: it had read before, was refused, and read
+    /// again (a compare-and-set's retry), so its write holding this job's entry is no sign
+    /// of a note sent before its read (filled in by the checker).
+    pub newer_refused: bool,
+    /// Its client said it holds no lock: no lock of its can be left stuck.
+    pub lockless: bool,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -260,8 +375,16 @@ impl Strike {
                 "{verb} {who} after it said released for job {job}: it held no lock then"
             ));
         }
-        if self.refused {
+        if self.matched_nothing {
             return None;
+        }
+        if self.refused {
+            return Some(format!(
+                "{verb} {who} holding job {job}, and {who} answered fail for it, but no UPDATE \
+                 of its session reached the records after the fault and matched nothing: a \
+                 refusal the database did not see (a check in the client before its write \
+                 tests nothing the fault aims at; refuse in the write itself, and commit it)"
+            ));
         }
         let spec = jobs.get(&job)?;
         let (record, own) = (spec.record.as_str(), spec.append.as_str());
@@ -290,7 +413,9 @@ impl Strike {
             // another client, later, read what it should: only the next write counts.)
             let newer = self.overtaken_by.zip(write).and_then(|(newer, older)| {
                 let next = (changes.iter()).find(|c| c.record == record && c.seq > older.seq)?;
-                (next.job == Some(newer) && next.new_items.iter().any(|e| e == own))
+                (next.job == Some(newer)
+                    && next.new_items.iter().any(|e| e == own)
+                    && !self.newer_refused)
                     .then_some((newer, next.seq))
             });
             return newer.map(|(newer, seq)| {
@@ -863,8 +988,9 @@ pub fn check(evidence: &Evidence) -> Report {
             .extend(stuck_locks(&evidence.moments, bound_ms));
         // A dead holder's lock is seen from its `acquired` and the next holder's: a client
         // that sends no notes cannot show whether it left its lock stuck past the bound.
-        let silent = (evidence.strikes.iter())
-            .find(|s| s.fault == "kill" && !s.notes && !s.answered && s.job.is_some());
+        let silent = (evidence.strikes.iter()).find(|s| {
+            s.fault == "kill" && !s.notes && !s.lockless && !s.answered && s.job.is_some()
+        });
         if let Some(strike) = silent {
             report.undecided.push(format!(
                 "a lock left by a dead holder is read from the clients' `acquired` notes, and \
@@ -874,10 +1000,25 @@ pub fn check(evidence: &Evidence) -> Report {
             ));
         }
     }
+    let sessions = sessions(&changes, &evidence.deliveries);
     let strikes = evidence.strikes.iter().map(|strike| {
         let mut strike = strike.clone();
         let job = strike.job.unwrap_or_default();
         strike.refused &= !lied.contains(&(strike.client.clone(), job));
+        strike.newer_refused = newer_refused(
+            &strike,
+            &changes,
+            &sessions,
+            &evidence.statements,
+            &evidence.deliveries,
+        );
+        strike.matched_nothing = strike.fault != "kill"
+            && matched_nothing(
+                &strike,
+                &sessions,
+                &evidence.statements,
+                &evidence.deliveries,
+            );
         strike
     });
     let missed: Vec<String> = strikes.filter_map(|s| s.missed(&jobs, &changes)).collect();
@@ -968,6 +1109,7 @@ mod tests {
             fence: None,
             old_items: vec![],
             new_items: vec![],
+            pid: None,
         }
     }
 
@@ -1246,12 +1388,55 @@ mod tests {
             said.contains("paused c1 before its read of job 2: it wrote back j1, which change #1 committed 500ms after the fault began"),
             "{said}"
         );
-        // The same write refused instead (the client answered `fail`): fenced out, it bit.
+        // The client answered `fail` for it: a claim, and no statement of its matched
+        // nothing after the fault — a refusal the database never saw does not bite.
         let mut refused = strike(Some(2), 500_000);
         refused.refused = true;
         run.strikes = vec![refused];
         let report = check(&run);
-        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("a refusal the database did not see"),
+            "{report:?}"
+        );
+        // An UPDATE that matched nothing at 0.9s, from a session another client's change
+        // was made in: not c1's.
+        run.changes[0].pid = Some(5);
+        run.deliveries = vec![Delivery {
+            job: 1,
+            client: "c2".into(),
+            sent_us: 200_000,
+            answered_us: Some(1_100_000),
+            ok: Some(true),
+        }];
+        let refusal = |pid, at_us| Statement {
+            pid,
+            at_us,
+            rows: 0,
+        };
+        run.statements = vec![refusal(5, 900_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        // From c1's own session (or one no client's change names): its held write ran and
+        // changed nothing — refused by the database, and the write that followed at 2s read
+        // afresh (a compare-and-set's retry), not a note sent before the read. It bit,
+        // whether or not the client answered `fail`.
+        run.statements = vec![refusal(6, 900_000)];
+        assert_eq!(
+            (check(&run).grade(), check(&run).faults_bit),
+            (Grade::Pass, 1)
+        );
+        run.strikes = vec![strike(Some(2), 500_000)];
+        assert_eq!(
+            (check(&run).grade(), check(&run).faults_bit),
+            (Grade::Pass, 1)
+        );
+        // A statement before the fault is no refusal of the held write.
+        run.statements = vec![refusal(6, 400_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.statements = vec![];
         // Held as long, but nobody wrote r0 from 1.5s until job 2's write: even an unfenced
         // late write was right, so it missed, and a run whose faults all missed is undecided.
         run.strikes = vec![strike(Some(2), 1_500_000)];
@@ -1267,11 +1452,13 @@ mod tests {
         run.changes[0].record = "r1".into();
         assert_eq!(check(&run).faults_bit, 0);
         run.changes[0].record = "r0".into();
-        // The held write refused (the client answered `fail`): fenced out, it bit.
+        // The held write refused (the database matched nothing): fenced out, it bit.
         let mut refused = strike(Some(2), 1_500_000);
         refused.refused = true;
         run.strikes = vec![refused];
+        run.statements = vec![refusal(6, 1_700_000)];
         assert_eq!(check(&run).grade(), Grade::Pass);
+        run.statements = vec![];
         // Let go between a newer holder's read and its write (the worst order): it bit,
         // though nobody wrote r0 before it landed.
         let mut overtaken = strike(Some(2), 1_500_000);
@@ -1293,6 +1480,19 @@ mod tests {
                 .contains("that holder had not read r0 yet"),
             "{report:?}"
         );
+        // Unless an UPDATE of the newer holder's matched nothing between the two writes: it
+        // had read before j1 landed, its compare was refused, and it read again — it bit.
+        // (c1 answered job 1 at 1.1s: a statement after that is not its own refusal.)
+        run.deliveries[0].client = "c1".into();
+        run.statements = vec![refusal(8, 1_500_000)];
+        assert_eq!(check(&run).faults_bit, 1);
+        run.statements = vec![refusal(8, 2_500_000)];
+        assert_eq!(
+            check(&run).faults_bit,
+            0,
+            "after its own write: not its refusal"
+        );
+        run.statements = vec![];
         // Frozen after its write: its `writing` note came late. Never a pass.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         let report = check(&run);
@@ -1329,7 +1529,10 @@ mod tests {
         );
         silent.refused = true;
         run.strikes = vec![silent];
+        assert_eq!(check(&run).grade(), Grade::Undecided);
+        run.statements = vec![refusal(6, 900_000)];
         assert_eq!(check(&run).grade(), Grade::Pass);
+        run.statements = vec![];
         // Before any job, between jobs, or after it let its lock go: nothing held.
         run.strikes = vec![strike(None, 1_000_000)];
         assert_eq!(check(&run).grade(), Grade::Undecided);
@@ -1393,9 +1596,15 @@ mod tests {
         // Its write landed after it answered (on its way still): still its own.
         run.deliveries[1].answered_us = Some(1_900_000);
         assert_eq!(check(&run).problems.len(), 1);
-        // The change fell in c3's delivery instead, answered ok: c1's fail was true.
+        // The change fell in c3's delivery instead, answered ok: c1's fail was true, and an
+        // UPDATE of its matched nothing after the fault.
         run.deliveries[1].answered_us = Some(1_700_000);
         run.deliveries[2].sent_us = 1_800_000;
+        run.statements = vec![Statement {
+            pid: 9,
+            at_us: 1_600_000,
+            rows: 0,
+        }];
         let report = check(&run);
         assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
         // Two deliveries of job 2 at once (exactly-once), one answered ok: either may have
@@ -1443,6 +1652,9 @@ mod tests {
             "{report:?}"
         );
         run.strikes[0].notes = true;
+        assert_eq!(check(&run).grade(), Grade::Pass);
+        // A client that holds no lock leaves none stuck: the bound is not its question.
+        (run.strikes[0].notes, run.strikes[0].lockless) = (false, true);
         assert_eq!(check(&run).grade(), Grade::Pass);
     }
 }

@@ -90,6 +90,8 @@ struct Seat {
     proxy: Option<Proxy>,
     ready: bool,
     notes: bool,
+    /// It takes a lock (`ready` did not say `"lock": false`).
+    lock: bool,
     /// The job it has, and since when it has been waited for.
     job: Option<(i64, Instant)>,
     /// The last job it was given.
@@ -310,6 +312,7 @@ impl Run<'_> {
             proxy,
             ready: false,
             notes: false,
+            lock: true,
             job: Some((0, Instant::now())),
             last_job: None,
             heard_at: None,
@@ -547,12 +550,13 @@ impl Run<'_> {
         let Some(seat) = self.seat(name) else {
             return Ok(());
         };
-        if let FromClient::Ready { notes } = said {
+        if let FromClient::Ready { notes, lock } = said {
             if seat.ready {
                 return Err(failed(format!("client {name} said ready twice")));
             }
             seat.ready = true;
             seat.notes = notes;
+            seat.lock = lock;
             seat.job = None;
             return Ok(());
         }
