@@ -522,6 +522,18 @@ fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_se
     }
 }
 
+/// A client that writes no fence, and whose data is right, passes failover: there are no
+/// tokens to grade, and the verdict says so (it failed "unfenced" on every change).
+#[test]
+fn failover_grades_tokens_only_where_there_are_tokens() {
+    let (code, verdict) = reference("failover", 1, "optimistic");
+    assert_eq!(code, 0, "{verdict}");
+    assert!(
+        verdict["notes"].to_string().contains("no tokens to grade"),
+        "{verdict}"
+    );
+}
+
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that
 /// names what it did, and no process of it left.
 fn misbehaves(script: &str, says: &str) {

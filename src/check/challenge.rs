@@ -238,6 +238,11 @@ pub struct Delivery {
     pub answered_us: Option<i64>,
     /// `ok` (true) or `fail` (false).
     pub ok: Option<bool>,
+    /// The token its `acquired` note named, and when lockslab read that note (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_us: Option<i64>,
 }
 
 /// The deliveries that may have made `change`: those that held its job when it committed;
@@ -585,6 +590,10 @@ pub enum Problem {
         job: Option<i64>,
         seq: i64,
     },
+    /// A change whose fence is smaller than an earlier change's on its record, where the
+    /// clients' notes show the smaller token was taken first: the source did not go back,
+    /// the writes committed in another order than their tokens were taken.
+    TokenOutOfOrder(Tokens),
     /// A job its client answered `fail` for (the write did not happen, it said), whose
     /// write the log shows committed: the change `seq`, which no client that answered `ok`
     /// can have made.
@@ -608,6 +617,7 @@ impl Problem {
             Problem::StuckLock { .. } => "stuck-lock",
             Problem::TokenReused(_) => "token-reused",
             Problem::TokenWentBack(_) => "token-went-back",
+            Problem::TokenOutOfOrder(_) => "token-out-of-order",
             Problem::Unfenced { .. } => "unfenced",
             Problem::FailedButWritten { .. } => "failed-but-written",
         }
@@ -622,7 +632,9 @@ impl Problem {
             | Problem::NeverDone { job }
             | Problem::FailedButWritten { job, .. } => Some(*job),
             Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
-            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
+            Problem::TokenReused(tokens)
+            | Problem::TokenWentBack(tokens)
+            | Problem::TokenOutOfOrder(tokens) => tokens.job,
             Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
         }
     }
@@ -635,7 +647,9 @@ impl Problem {
             | Problem::Untagged { seq: named, .. }
             | Problem::Unfenced { seq: named, .. }
             | Problem::FailedButWritten { seq: named, .. } => seq == Some(*named),
-            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => {
+            Problem::TokenReused(tokens)
+            | Problem::TokenWentBack(tokens)
+            | Problem::TokenOutOfOrder(tokens) => {
                 seq == Some(tokens.seq) || seq == Some(tokens.earlier_seq)
             }
             Problem::Doubled { job: named, .. } => job == Some(*named),
@@ -747,6 +761,15 @@ impl Problem {
             Problem::TokenWentBack(tokens) => {
                 tokens.describe("token went back", "a smaller token than")
             }
+            Problem::TokenOutOfOrder(tokens) => format!(
+                "{}; the token source did not go back: fence {} was taken before fence {}, \
+                 and its write committed after — fences must rise in commit order (take the \
+                 token after the row lock, in the transaction that writes, or claim the row \
+                 with it)",
+                tokens.describe("token out of order", "a smaller token than"),
+                tokens.fence,
+                tokens.earlier_fence
+            ),
             Problem::Unfenced { record, job, seq } => format!(
                 "unfenced change #{seq} of {record} ({}): the write set no fence, and \
                  this challenge grades every change's token",
@@ -802,7 +825,14 @@ fn job_name(job: Option<i64>) -> String {
 
 /// Each change whose fence is missing, or not greater than the greatest fence an earlier
 /// change of its record had — with that earlier change as the evidence.
-fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
+fn fences_that_did_not_rise(changes: &[Change], deliveries: &[Delivery]) -> Vec<Problem> {
+    // When each token was taken, from the clients' `acquired` notes.
+    let taken = |token: i64| {
+        (deliveries.iter())
+            .filter(|d| d.token == Some(token))
+            .filter_map(|d| d.token_us)
+            .min()
+    };
     let mut problems = Vec::new();
     let mut highest: BTreeMap<&str, &Change> = BTreeMap::new();
     for change in changes {
@@ -826,8 +856,11 @@ fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
                     earlier_seq: earlier.seq,
                     earlier_fence: earlier.fence.unwrap_or_default(),
                 };
+                let first = taken(fence).zip(taken(tokens.earlier_fence));
                 problems.push(if earlier.fence == Some(fence) {
                     Problem::TokenReused(tokens)
+                } else if first.is_some_and(|(smaller, greater)| smaller < greater) {
+                    Problem::TokenOutOfOrder(tokens)
                 } else {
                     Problem::TokenWentBack(tokens)
                 });
@@ -858,6 +891,8 @@ pub struct Report {
     pub good_changes: usize,
     /// Faults that played and bit (see [`Strike::missed`]).
     pub faults_bit: usize,
+    /// What the grade did not weigh, said plainly (no tokens to grade).
+    pub notes: Vec<String>,
 }
 
 impl Grade {
@@ -971,7 +1006,18 @@ pub fn check(evidence: &Evidence) -> Report {
         }
     }
     if evidence.fences_must_rise {
-        report.problems.extend(fences_that_did_not_rise(&changes));
+        if changes.iter().all(|c| c.fence.is_none()) {
+            // A client with no fence at all: nothing here went back or repeated.
+            report.notes.push(
+                "no tokens to grade: no change carried a fence, so only the data is graded \
+                 here (a lock without a fence is pause's and delay's question)"
+                    .into(),
+            );
+        } else {
+            report
+                .problems
+                .extend(fences_that_did_not_rise(&changes, &evidence.deliveries));
+        }
     }
     let false_fails = written_though_failed(&changes, &evidence.deliveries);
     // A `fail` whose write committed is no refusal: the fault did not bite through it.
@@ -1222,12 +1268,22 @@ mod tests {
         let kinds = |run: &Evidence| -> Vec<&'static str> {
             check(run).problems.iter().map(|p| p.kind()).collect()
         };
-        assert_eq!(kinds(&run), vec!["unfenced"; 3], "no fence at all");
+        // No fence at all: no tokens to grade, said plainly; the data alone decides.
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Pass, "{report:?}");
+        assert!(
+            report.notes[0].starts_with("no tokens to grade"),
+            "{report:?}"
+        );
+        // Some fenced, some not: those without fail.
+        run.changes[1].fence = Some(3);
+        assert_eq!(kinds(&run), vec!["unfenced"; 2]);
         let line = check(&run).problems[0].describe();
         assert!(
             line.starts_with("unfenced change #1 of r0 (job 1)"),
             "{line}"
         );
+        run.changes[1].fence = None;
         // Tokens 4, 7 on r0 and 5 on r1: each record's rise, though r1's 5 < r0's 7.
         run.changes = vec![
             fenced(1, "r0", 1, 0, 3, 4),
@@ -1264,6 +1320,28 @@ mod tests {
             (json["seq"].as_i64(), json["earlier_seq"].as_i64()),
             (Some(5), Some(2))
         );
+        // The notes show token 6 was taken before token 7, and committed after it: the
+        // source never went back — the writes committed out of the tokens' order.
+        let took = |job, token, at_us| Delivery {
+            job,
+            client: "c1".into(),
+            token: Some(token),
+            token_us: Some(at_us),
+            ..Delivery::default()
+        };
+        run.deliveries = vec![took(2, 7, 2_000), took(4, 6, 1_000)];
+        let out_of_order = check(&run).problems[0].clone();
+        assert_eq!(out_of_order.kind(), "token-out-of-order");
+        let line = out_of_order.describe();
+        assert!(
+            line.contains("the token source did not go back")
+                && line.contains("fences must rise in commit order"),
+            "{line}"
+        );
+        // Taken after it: the source went back.
+        run.deliveries = vec![took(2, 7, 1_000), took(4, 6, 2_000)];
+        assert_eq!(check(&run).problems[0].kind(), "token-went-back");
+        run.deliveries.clear();
         // Other challenges do not grade the fences.
         run.fences_must_rise = false;
         assert_eq!(check(&run).grade(), Grade::Pass);
@@ -1411,6 +1489,7 @@ mod tests {
             sent_us: 200_000,
             answered_us: Some(1_100_000),
             ok: Some(true),
+            ..Delivery::default()
         }];
         let refusal = |pid, at_us| Statement {
             pid,
@@ -1558,6 +1637,7 @@ mod tests {
             sent_us: (sent_s * 1e6) as i64,
             answered_us: Some((answered_s * 1e6) as i64),
             ok: Some(ok),
+            ..Delivery::default()
         }
     }
 

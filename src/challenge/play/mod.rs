@@ -627,6 +627,13 @@ impl Run<'_> {
             }
             FromClient::Acquired { job, token } => {
                 self.moment(name, job, Moment::Acquired);
+                let at_us = self.db_us(heard_at);
+                let delivery = (self.deliveries.iter_mut().rev())
+                    .find(|d| d.client == name && d.job == job && d.answered_us.is_none());
+                if let (Some(delivery), Some(token)) = (delivery, token) {
+                    delivery.token.get_or_insert(token);
+                    delivery.token_us.get_or_insert(at_us);
+                }
                 let facts = Acquired {
                     token,
                     ..Acquired::default()
