@@ -196,11 +196,9 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
 fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     caught_within("pause", "setnx", "stale-write", 3);
     caught_at_the_worst_order("pause");
-    let (code, verdict) = reference("pause", 1, "fenced");
-    assert_eq!(code, 3, "{verdict}");
-    assert_eq!(verdict["faults_bit"], 0, "{verdict}");
-    let said = verdict["undecided"].to_string();
-    assert!(said.contains("nobody wrote"), "{said}");
+    // `fenced` keeps its row lock across the work: nobody writes the row while it is frozen,
+    // and the next holder waits behind it (pg_blocking_pids) — the lock held it off.
+    passes("pause", "fenced", 1);
     // A claim (an update of `fence` alone) before the read is not a write: not logged.
     passes("pause", "claimed", 2);
 }
@@ -289,6 +287,28 @@ fn notes_out_of_order_are_the_client_misbehaving() {
     );
 }
 
+/// A lock that is Postgres's own — the row's (`SELECT … FOR UPDATE`) or an advisory lock —
+/// held across the work: while its holder is frozen or its write held, nobody can write
+/// the record, and the next client waits behind it. lockslab reads that wait from
+/// pg_blocking_pids: the fault bit, and the lock held. (Both were undecided: "nobody wrote
+/// r0 meanwhile".)
+#[test]
+fn a_lock_held_in_postgres_passes_pause_and_delay_on_the_waits_it_caused() {
+    for (name, mode) in [
+        ("pause", "for-update"),
+        ("delay", "for-update"),
+        ("pause", "advisory"),
+    ] {
+        let verdict = passes_within(name, mode, 3);
+        assert!(
+            verdict["notes"]
+                .to_string()
+                .contains("the lock held it off"),
+            "{verdict}"
+        );
+    }
+}
+
 /// A compare-and-set with retry holds no lock: a fault between its read and its write
 /// makes its compare match nothing, and it reads again. The statement log shows that
 /// refused UPDATE, so the fault bit and its retry is no note sent before a read (it was
@@ -304,13 +324,25 @@ fn a_compare_and_set_with_retry_passes_as_a_lockless_client() {
         ("crash", "optimistic"),
         ("exactly-once", "optimistic"),
     ] {
-        let (code, verdict) = reference(name, 1, mode);
-        assert_eq!(code, 0, "{name} {mode}: {verdict}");
-        assert_eq!(
-            verdict["faults_bit"], verdict["faults_planned"],
-            "{verdict}"
-        );
+        passes_within(name, mode, 3);
     }
+}
+
+/// A correct client passes on one of the first `seeds` seeds and fails on none: on a busy
+/// machine lockslab may play a fault late (undecided, said so), never a false fail.
+fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
+    for seed in 1..=seeds {
+        let (code, verdict) = reference(name, seed, mode);
+        assert_ne!(code, 1, "{name} {mode} --seed {seed}: {verdict}");
+        if code == 0 {
+            assert_eq!(
+                verdict["faults_bit"], verdict["faults_planned"],
+                "{verdict}"
+            );
+            return verdict;
+        }
+    }
+    panic!("{mode} never passed {name} on {seeds} seeds");
 }
 
 /// `lastcheck` asks "still mine?" just before its write and answers `fail` when not: no
@@ -526,8 +558,7 @@ fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_se
 /// tokens to grade, and the verdict says so (it failed "unfenced" on every change).
 #[test]
 fn failover_grades_tokens_only_where_there_are_tokens() {
-    let (code, verdict) = reference("failover", 1, "optimistic");
-    assert_eq!(code, 0, "{verdict}");
+    let verdict = passes_within("failover", "optimistic", 3);
     assert!(
         verdict["notes"].to_string().contains("no tokens to grade"),
         "{verdict}"

@@ -21,6 +21,8 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py for-update # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py advisory  # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic      # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic-fail # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
@@ -80,6 +82,15 @@ sequence sentinel, with the token from a Postgres sequence instead: the database
         private Postgres runs with fsync and synchronous_commit off and is never
         crashed.
 
+for-update the lock is the row's: one transaction takes it (SELECT ... FOR UPDATE),
+        then a token from a Postgres sequence (after the lock, so the tokens rise
+        in commit order), works, writes, commits. A job whose entry is in the
+        items read is done already: answered ok with no second effect. A frozen
+        holder keeps the others waiting on its row: lockslab reads that from
+        pg_blocking_pids, and the fault bit (the lock held them off). A dead
+        holder's lock goes with its session.
+advisory for-update, with a transaction-scoped advisory lock on the record
+        (pg_advisory_xact_lock) taken before a plain read.
 optimistic no lock at all (`ready` says `"lock": false`): read, work, then a
         compare-and-set, UPDATE ... WHERE value and items are still as read; on a
         compare that matched nothing, read again and retry, with a new `writing`
@@ -117,7 +128,7 @@ import redis
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck",
-         "optimistic", "optimistic-fail")
+         "optimistic", "optimistic-fail", "for-update", "advisory")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED, LASTCHECK = MODE == "liar", MODE == "shuffled", MODE == "lastcheck"
@@ -172,7 +183,7 @@ if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
-if MODE == "sequence":
+if MODE in ("sequence", "for-update", "advisory"):
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
@@ -264,6 +275,31 @@ def entry_there(job):
         return cur.fetchone()[0]
 
 
+def do_in_postgres(job):
+    """for-update, advisory: the lock is Postgres's, held by the one transaction that reads,
+    works and writes; the token is taken under it."""
+    with db, db.cursor() as cur:
+        if MODE == "advisory":
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{table}/{job['record']}",))
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        else:
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s FOR UPDATE",
+                        (job["record"],))
+        value, items = cur.fetchone()
+        cur.execute(f"SELECT nextval('{init['schema']}.tokens')")
+        (token,) = cur.fetchone()
+        say(type="acquired", job=job["id"], token=token)
+        if job["append"] not in items:  # else done already, by an earlier delivery
+            say(type="writing", job=job["id"])
+            time.sleep(job["work_ms"] / 1000)  # the work, the lock held
+            cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
+                        " WHERE record = %s",
+                        (value + job["add"], items + [job["append"]], job["id"], token,
+                         job["record"]))
+    say(type="released", job=job["id"])  # the commit let the lock go
+    return True
+
+
 def do_optimistic(job):
     """Compare-and-set: read, work, write only if the row is still as read. A lost compare
     is read again and retried (optimistic), or answered fail (optimistic-fail)."""
@@ -290,6 +326,8 @@ def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "optimistic":
         return do_optimistic(job)
+    if MODE in ("for-update", "advisory"):
+        return do_in_postgres(job)
     if MODE == "claimed":
         return do_claimed(job, token)
     if MODE == "checked":
@@ -343,7 +381,7 @@ for line in sys.stdin:
         say(type="ok", job=job["id"])
         continue
     began = time.monotonic()
-    if MODE not in ("none", "optimistic"):
+    if MODE not in ("none", "optimistic", "for-update", "advisory"):
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")

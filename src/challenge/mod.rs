@@ -295,6 +295,7 @@ fn grade(
             fences_must_rise: challenge == Challenge::Failover,
             deliveries: played.deliveries.clone(),
             statements,
+            waits: played.waits.clone(),
         };
         Ok((played, evidence))
     });

@@ -136,6 +136,59 @@ pub struct Evidence {
     pub deliveries: Vec<Delivery>,
     /// Every UPDATE statement on the records, rows or none.
     pub statements: Vec<Statement>,
+    /// Sessions seen waiting on others (`pg_blocking_pids`) while a fault lasted.
+    pub waits: Vec<Wait>,
+}
+
+/// A Postgres session seen waiting for others' locks (row or advisory), and when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    pub waiter: i32,
+    pub blockers: Vec<i32>,
+    pub at_us: i64,
+}
+
+/// Did another client, holding a job on the same record, wait behind a session of
+/// `strike`'s client while the fault lasted (until the client answered its job)? Then the
+/// frozen client's lock held it off: the fault tested the lock, and the lock held. The
+/// client that waited is named.
+fn held_off(
+    strike: &Strike,
+    jobs: &BTreeMap<i64, &JobSpec>,
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    waits: &[Wait],
+    deliveries: &[Delivery],
+) -> Option<String> {
+    let record = &jobs.get(&strike.job?)?.record;
+    let own = sessions.get(&strike.client)?;
+    let until = (deliveries.iter())
+        .find(|d| {
+            d.client == strike.client
+                && Some(d.job) == strike.job
+                && d.sent_us <= strike.at_us
+                && d.answered_us.is_none_or(|a| strike.at_us <= a)
+        })
+        .and_then(|d| d.answered_us)
+        .unwrap_or(i64::MAX);
+    waits.iter().find_map(|wait| {
+        if !(strike.at_us..=until).contains(&wait.at_us)
+            || !wait.blockers.iter().any(|pid| own.contains(pid))
+        {
+            return None;
+        }
+        let (client, _) = sessions
+            .iter()
+            .find(|(client, pids)| **client != strike.client && pids.contains(&wait.waiter))?;
+        deliveries
+            .iter()
+            .any(|d| {
+                d.client == *client
+                    && jobs.get(&d.job).is_some_and(|j| j.record == *record)
+                    && d.sent_us <= wait.at_us
+                    && d.answered_us.is_none_or(|a| wait.at_us <= a)
+            })
+            .then(|| client.clone())
+    })
 }
 
 /// Each client's Postgres sessions, as its own changes show them: the pids of the changes
@@ -322,6 +375,9 @@ pub struct Strike {
     pub newer_refused: bool,
     /// Its client said it holds no lock: no lock of its can be left stuck.
     pub lockless: bool,
+    /// Another client, with a job on the same record, waited behind this client's lock
+    /// while the fault lasted (read from Postgres; filled in by the checker): it names it.
+    pub held_off: Option<String>,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -380,7 +436,7 @@ impl Strike {
                 "{verb} {who} after it said released for job {job}: it held no lock then"
             ));
         }
-        if self.matched_nothing {
+        if self.matched_nothing || self.held_off.is_some() {
             return None;
         }
         if self.refused {
@@ -1058,6 +1114,15 @@ pub fn check(evidence: &Evidence) -> Report {
             &evidence.statements,
             &evidence.deliveries,
         );
+        if strike.fault != "kill" {
+            strike.held_off = held_off(
+                &strike,
+                &jobs,
+                &sessions,
+                &evidence.waits,
+                &evidence.deliveries,
+            );
+        }
         strike.matched_nothing = strike.fault != "kill"
             && matched_nothing(
                 &strike,
@@ -1067,7 +1132,19 @@ pub fn check(evidence: &Evidence) -> Report {
             );
         strike
     });
-    let missed: Vec<String> = strikes.filter_map(|s| s.missed(&jobs, &changes)).collect();
+    let strikes: Vec<Strike> = strikes.collect();
+    for strike in &strikes {
+        if let (Some(waiter), false) = (&strike.held_off, strike.answered) {
+            report.notes.push(format!(
+                "the {} of {} bit: {waiter}, with a job on the same record, waited behind \
+                 {}'s lock (pg_blocking_pids) — the lock held it off",
+                strike.fault, strike.client, strike.client
+            ));
+        }
+    }
+    let missed: Vec<String> = (strikes.iter())
+        .filter_map(|s| s.missed(&jobs, &changes))
+        .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
@@ -1692,6 +1769,69 @@ mod tests {
         run.deliveries[2] = delivery(2, "c3", 0.7, 2.2, true);
         run.deliveries[1].answered_us = Some(2_400_000);
         assert!(check(&run).problems.is_empty());
+    }
+
+    /// `SELECT … FOR UPDATE` across the work: nobody can write r0 while c1 is frozen, so
+    /// nobody did — but c2, with a job on r0, waited behind c1's session (pg_blocking_pids):
+    /// the row lock held it off, and the pause bit.
+    #[test]
+    fn a_pause_bites_when_another_clients_job_on_the_record_waited_behind_the_frozen_lock() {
+        let mut run = clean_run();
+        (run.changes[0].pid, run.changes[1].pid) = (Some(12), Some(11));
+        run.changes[2].pid = Some(12);
+        run.deliveries = vec![
+            delivery(1, "c2", 0.5, 1.1, true),
+            delivery(2, "c1", 1.2, 2.2, true),
+            delivery(3, "c2", 1.3, 3.1, true),
+        ];
+        run.jobs[2].record = "r0".into();
+        run.changes[2].record = "r0".into();
+        run.changes[2].old_value = 8;
+        run.changes[2].new_value = 10;
+        run.finals[0].value = 10;
+        run.finals[1].value = 0;
+        fill_items(&mut run);
+        run.strikes = vec![Strike {
+            fault: "pause",
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 1_500_000,
+            notes: true,
+            ..Strike::default()
+        }];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("nobody wrote r0 meanwhile")
+        );
+        let wait = |waiter, blocker, at_us| Wait {
+            waiter,
+            blockers: vec![blocker],
+            at_us,
+        };
+        run.waits = vec![wait(12, 11, 1_800_000)];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        assert!(
+            report
+                .notes
+                .join("")
+                .contains("c2, with a job on the same record, waited behind c1's lock")
+        );
+        // Behind another session, or after c1 answered, or c2 holding no job on r0 then: no.
+        run.waits = vec![wait(12, 13, 1_800_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.waits = vec![wait(12, 11, 2_300_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.waits = vec![wait(12, 11, 1_200_000)];
+        assert_eq!(check(&run).faults_bit, 0, "before the fault");
     }
 
     #[test]

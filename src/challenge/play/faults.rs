@@ -190,6 +190,7 @@ impl Run<'_> {
             matched_nothing: false,
             newer_refused: false,
             lockless,
+            held_off: None,
             overtaken: false,
             overtaken_by: None,
         });

@@ -13,7 +13,7 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::{Delivery, JobSpec, LockMoment, Moment, Strike};
+use crate::check::challenge::{Delivery, JobSpec, LockMoment, Moment, Strike, Wait};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -23,6 +23,7 @@ use crate::proxy::{Direction, NetFault, Proxy, Seen};
 /// How many of the clients' lines one pass of the run reads before it looks at the clock.
 const LINES_A_PASS: usize = 256;
 /// The work of every job, between its read and its write.
+mod blocking;
 mod failover;
 mod faults;
 mod overtake;
@@ -70,6 +71,8 @@ pub struct Played {
     pub unplayed: Vec<String>,
     /// Each job as it was handed out, and how it was answered.
     pub deliveries: Vec<Delivery>,
+    /// Sessions seen waiting on others while a fault lasted.
+    pub waits: Vec<Wait>,
 }
 
 /// How far a client's notes for the job it holds have come: `acquired`, `writing` and
@@ -133,6 +136,9 @@ struct Run<'a> {
     failover: Option<failover::Failover<'a>>,
     /// Each job as it was handed out, and how it was answered.
     deliveries: Vec<Delivery>,
+    /// Sessions seen waiting on others while a fault lasted, and when they were last read.
+    waits: Vec<Wait>,
+    waits_read: Option<Instant>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
@@ -207,6 +213,8 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         moments: Vec::new(),
         strikes: Vec::new(),
         deliveries: Vec::new(),
+        waits: Vec::new(),
+        waits_read: None,
         held_writes: BTreeSet::new(),
         writing: None,
         overtaking: None,
@@ -275,6 +283,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         strikes: std::mem::take(&mut run.strikes),
         unplayed,
         deliveries: std::mem::take(&mut run.deliveries),
+        waits: std::mem::take(&mut run.waits),
     })
 }
 
@@ -436,6 +445,7 @@ impl Run<'_> {
             self.end_overtake()?;
             self.check_deadlines()?;
             self.heal_delivered();
+            self.read_waits()?;
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
