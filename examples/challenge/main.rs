@@ -7,7 +7,7 @@
 //! lockslab challenge counter      -- ./target/debug/examples/challenge none      # fails
 //! lockslab challenge counter      -- ./target/debug/examples/challenge fenced    # passes
 //! lockslab challenge pause        -- ./target/debug/examples/challenge setnx     # fails
-//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced    # undecided
+//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced    # passes
 //! lockslab challenge pause        -- ./target/debug/examples/challenge claimed   # passes
 //! lockslab challenge delay        -- ./target/debug/examples/challenge setnx     # fails
 //! lockslab challenge delay        -- ./target/debug/examples/challenge claimed   # passes
@@ -28,8 +28,8 @@
 //! - `fenced`: setnx + a fencing token (Redis `INCR`), checked by Postgres where the record
 //!   is read (`SELECT … FOR UPDATE`), and written in the same transaction. That
 //!   transaction's row lock, held across the work, keeps everyone off the row while its
-//!   holder is frozen: the token never meets a newer write to refuse, and `pause` cannot
-//!   tell (undecided, never a pass).
+//!   holder is frozen: the token never meets a newer write to refuse, and the next client
+//!   waits behind the frozen one's row (`pg_blocking_pids`): the lock held it off.
 //! - `claimed`: setnx + a token that claims the row before the read, in a short transaction
 //!   of its own; the work holds no row lock, and the write lands only if the row is still
 //!   claimed by this token. The token alone keeps a frozen or delayed holder out.

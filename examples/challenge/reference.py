@@ -5,7 +5,7 @@
     lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py checked   # fails
-    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # undecided
+    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge delay   -- python3 examples/challenge/reference.py checked   # fails
@@ -46,8 +46,9 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         That transaction stays open across the work, so its row lock is what
         keeps pause and delay from catching it: a frozen or delayed holder keeps
-        the row and the others wait for it; the token never has a newer write to
-        refuse, the faults miss, and the run is undecided (exit 3), never a pass.
+        the row and the others wait for it (lockslab reads that wait from
+        pg_blocking_pids: the fault bit, and the lock held); the token never has
+        a newer write to refuse.
         A holder killed after its commit, before its answer, has its job resent:
         done twice. A job delivered twice is done twice, too.
 claimed setnx + a token that claims the row before the read, in its own short
