@@ -142,8 +142,14 @@ fn the_rust_references_are_graded_as_the_python_ones() {
         ("pause", "claimed", 0),
         ("exactly-once", "fenced", 1),
         ("exactly-once", "once", 0),
+        ("pause", "for-update", 0),
+        ("delay", "advisory", 0),
+        ("crash", "optimistic", 0),
+        ("pause", "optimistic-fail", 0),
     ] {
-        // A failing reference is caught on one of three seeds, as the Python ones are.
+        // A failing reference is caught on one of three seeds, as the Python ones are; a
+        // passing one never fails, and passes on one of three (a fault lockslab played late
+        // on a busy machine is undecided, said so).
         let graded = (1..=3).map(|seed| challenge(name, seed, &[], &[rust, mode]));
         let mut codes = vec![];
         for (code, verdict, _) in graded {
@@ -151,7 +157,7 @@ fn the_rust_references_are_graded_as_the_python_ones() {
             if code == grade {
                 break;
             }
-            assert_eq!(grade, 1, "{name} {mode}: {verdict}");
+            assert!(grade == 1 || code == 3, "{name} {mode}: {verdict}");
         }
         assert_eq!(codes.last(), Some(&grade), "{name} {mode}: {codes:?}");
     }
