@@ -184,8 +184,13 @@ fn the_rust_references_are_graded_as_the_python_ones() {
         ("pause", "claimed", 0),
         ("exactly-once", "fenced", 1),
         ("exactly-once", "once", 0),
+        ("pause", "for-update", 0),
+        ("delay", "advisory", 0),
+        ("crash", "optimistic", 0),
     ] {
-        // A failing reference is caught on one of three seeds, as the Python ones are.
+        // A failing reference is caught on one of three seeds, as the Python ones are; a
+        // passing one never fails, and passes on one of three (a fault lockslab played late
+        // on a busy machine is undecided, said so).
         let graded = (1..=3).map(|seed| challenge(name, seed, &[], &[rust, mode]));
         let mut codes = vec![];
         for (code, verdict, _) in graded {
@@ -193,7 +198,7 @@ fn the_rust_references_are_graded_as_the_python_ones() {
             if code == grade {
                 break;
             }
-            assert_eq!(grade, 1, "{name} {mode}: {verdict}");
+            assert!(grade == 1 || code == 3, "{name} {mode}: {verdict}");
         }
         assert_eq!(codes.last(), Some(&grade), "{name} {mode}: {codes:?}");
     }
@@ -238,11 +243,9 @@ fn counter_without_a_lock_loses_updates_and_with_a_fenced_lock_does_not() {
 fn pause_catches_an_unfenced_lock_and_passes_a_claimed_write_only() {
     caught_within("pause", "setnx", "stale-write", 3);
     caught_at_the_worst_order("pause");
-    let (code, verdict) = reference("pause", 1, "fenced");
-    assert_eq!(code, 3, "{verdict}");
-    assert_eq!(verdict["faults_bit"], 0, "{verdict}");
-    let said = verdict["unknown"].to_string();
-    assert!(said.contains("nobody wrote"), "{said}");
+    // `fenced` keeps its row lock across the work: nobody writes the row while it is frozen,
+    // and the next holder waits behind it (pg_blocking_pids) — the lock held it off.
+    passes("pause", "fenced", 1);
     // A claim (an update of `fence` alone) before the read is not a write: not logged.
     passes("pause", "claimed", 2);
 }
@@ -296,6 +299,150 @@ fn a_writing_note_sent_before_the_read_never_passes() {
             }
         }
     }
+}
+
+/// `liar` answers `fail` for a job that took longer than it liked, though its write
+/// committed: it passed `pause` and `delay` when a `fail` counted as a refusal ("2 bit").
+/// The log decides: the change the client said did not happen is named, and fails the run.
+#[test]
+fn a_fail_answered_for_a_write_that_committed_fails_with_the_change() {
+    for name in ["pause", "delay"] {
+        let verdict = caught_within(name, "liar", "failed-but-written", 3);
+        let lie = findings(&verdict, "failed-but-written")[0].clone();
+        let seq = lie["seq"].as_i64().unwrap();
+        let change = verdict["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["seq"].as_i64() == Some(seq))
+            .unwrap_or_else(|| panic!("no change #{seq}: {verdict}"));
+        assert_eq!(change["job"], lie["job"], "{verdict}");
+    }
+}
+
+/// `shuffled` says `acquired` and `writing` only after `released`, with a lease of ten
+/// lease_ms: honest notes fail it at `crash` (stuck lock), and shuffled ones passed. A note
+/// out of order is the client misbehaving, named.
+#[test]
+fn notes_out_of_order_are_the_client_misbehaving() {
+    let (code, verdict) = reference("crash", 1, "shuffled");
+    assert_eq!(code, 1, "{verdict}");
+    let said = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("said `acquired` for job") && said.contains("after its `released`"),
+        "{verdict}"
+    );
+}
+
+/// A lock that is Postgres's own — the row's (`SELECT … FOR UPDATE`) or an advisory lock —
+/// held across the work: while its holder is frozen or its write held, nobody can write
+/// the record, and the next client waits behind it. lockslab reads that wait from
+/// pg_blocking_pids: the fault bit, and the lock held. (Both were undecided: "nobody wrote
+/// r0 meanwhile".)
+#[test]
+fn a_lock_held_in_postgres_passes_pause_and_delay_on_the_waits_it_caused() {
+    for (name, mode) in [
+        ("pause", "for-update"),
+        ("delay", "for-update"),
+        ("pause", "advisory"),
+    ] {
+        let verdict = passes_within(name, mode, 3);
+        assert!(
+            verdict["notes"]
+                .to_string()
+                .contains("the lock held it off"),
+            "{verdict}"
+        );
+    }
+}
+
+/// A compare-and-set with retry holds no lock: a fault between its read and its write
+/// makes its compare match nothing, and it reads again. The statement log shows that
+/// refused UPDATE, so the fault bit and its retry is no note sent before a read (it was
+/// undecided, "its `writing` note came before its read"). (Answering `fail` on a lost
+/// compare instead is as safe, but a job can lose five tries in a row: never done, on most
+/// seeds — measured, not asserted.) It passes crash and exactly-once as a lockless client: its kills
+/// aim at its `writing` and its answer, and no stuck lock is asked of it.
+#[test]
+fn a_compare_and_set_with_retry_passes_as_a_lockless_client() {
+    for (name, mode) in [
+        ("pause", "optimistic"),
+        ("delay", "optimistic"),
+        ("crash", "optimistic"),
+        ("exactly-once", "optimistic"),
+    ] {
+        passes_within(name, mode, 3);
+    }
+}
+
+/// A correct client passes on one of the first `seeds` seeds and fails on none: on a busy
+/// machine lockslab may play a fault late (undecided, said so), never a false fail.
+fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
+    for seed in 1..=seeds {
+        let (code, verdict) = reference(name, seed, mode);
+        assert_ne!(code, 1, "{name} {mode} --seed {seed}: {verdict}");
+        if code == 0 {
+            assert_eq!(
+                verdict["faults_bit"], verdict["faults_planned"],
+                "{verdict}"
+            );
+            return verdict;
+        }
+    }
+    panic!("{mode} never passed {name} on {seeds} seeds");
+}
+
+/// `lastcheck` asks "still mine?" just before its write and answers `fail` when not: no
+/// UPDATE of it ever matched nothing, so its `fail` is a refusal the database never saw,
+/// and the faults aimed at its `writing` note missed. It passed pause on every seed.
+#[test]
+fn a_check_just_before_the_write_never_passes() {
+    for seed in [1, 2] {
+        let (code, verdict) = reference("pause", seed, "lastcheck");
+        assert!(code == 1 || code == 3, "seed {seed}: {verdict}");
+    }
+}
+
+/// The statement log, like the change log, is lockslab's: the clients' role can neither
+/// read it, forge a refusal into it, nor empty it.
+#[test]
+fn a_client_cannot_forge_or_erase_the_statement_log() {
+    python_ready();
+    let tamper = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+said = []
+for sql in ["INSERT INTO {s}.statements (pid, rows) VALUES (1, 0)", "SELECT * FROM {s}.statements",
+            "TRUNCATE {s}.statements", "DELETE FROM {s}.statements",
+            "ALTER TABLE {s}.records DISABLE TRIGGER log_statement"]:
+    try:
+        db.cursor().execute(sql.format(s=init["schema"])); said.append("FORGED")
+    except psycopg2.Error:
+        said.append("DENIED")
+print("-".join(said), flush=True)
+"#;
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        tamper,
+    ])
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains("DENIED-DENIED-DENIED-DENIED-DENIED"),
+        "{failure}"
+    );
 }
 
 /// A client that sends no notes is killed as its answer comes (the answer dies with it):
@@ -456,6 +603,17 @@ fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_se
         let gone = eventually(Duration::from_secs(5), || left().is_empty());
         assert!(gone, "left running: {:?}", left());
     }
+}
+
+/// A client that writes no fence, and whose data is right, passes failover: there are no
+/// tokens to grade, and the verdict says so (it failed "unfenced" on every change).
+#[test]
+fn failover_grades_tokens_only_where_there_are_tokens() {
+    let verdict = passes_within("failover", "optimistic", 3);
+    assert!(
+        verdict["notes"].to_string().contains("no tokens to grade"),
+        "{verdict}"
+    );
 }
 
 /// Runs a misbehaving client (a shell line carrying `marker`), expects a failure that

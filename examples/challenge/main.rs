@@ -7,7 +7,7 @@
 //! lockslab challenge counter      -- ./target/debug/examples/challenge none      # fails
 //! lockslab challenge counter      -- ./target/debug/examples/challenge fenced    # passes
 //! lockslab challenge pause        -- ./target/debug/examples/challenge setnx     # fails
-//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced    # undecided
+//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced    # passes
 //! lockslab challenge pause        -- ./target/debug/examples/challenge claimed   # passes
 //! lockslab challenge delay        -- ./target/debug/examples/challenge setnx     # fails
 //! lockslab challenge delay        -- ./target/debug/examples/challenge claimed   # passes
@@ -17,6 +17,10 @@
 //! lockslab challenge exactly-once -- ./target/debug/examples/challenge once      # passes
 //! lockslab challenge failover     -- ./target/debug/examples/challenge sentinel  # fails
 //! lockslab challenge failover     -- ./target/debug/examples/challenge sequence  # passes
+//! lockslab challenge pause        -- ./target/debug/examples/challenge for-update   # passes
+//! lockslab challenge delay        -- ./target/debug/examples/challenge advisory     # passes
+//! lockslab challenge crash        -- ./target/debug/examples/challenge optimistic   # passes
+//! lockslab challenge pause        -- ./target/debug/examples/challenge optimistic-fail # never done, often
 //! ```
 //!
 //! Every mode reads the record's `value` and `items`, and writes `value + add` and the items
@@ -28,8 +32,8 @@
 //! - `fenced`: setnx + a fencing token (Redis `INCR`), checked by Postgres where the record
 //!   is read (`SELECT … FOR UPDATE`), and written in the same transaction. That
 //!   transaction's row lock, held across the work, keeps everyone off the row while its
-//!   holder is frozen: the token never meets a newer write to refuse, and `pause` cannot
-//!   tell (undecided, never a pass).
+//!   holder is frozen: the token never meets a newer write to refuse, and the next client
+//!   waits behind the frozen one's row (`pg_blocking_pids`): the lock held it off.
 //! - `claimed`: setnx + a token that claims the row before the read, in a short transaction
 //!   of its own; the work holds no row lock, and the write lands only if the row is still
 //!   claimed by this token. The token alone keeps a frozen or delayed holder out.
@@ -44,6 +48,18 @@
 //!   failed over to an asynchronous standby (values handed out on the old primary can be
 //!   handed out again there). The challenge's private Postgres runs with `fsync` and
 //!   `synchronous_commit` off and is never crashed.
+//! - `for-update`: no Redis lock: the row's lock (`SELECT … FOR UPDATE`), held by the one
+//!   transaction that reads, works and writes, with a token from a Postgres sequence taken
+//!   under it (so fences rise in commit order). A job whose entry is in the items read is
+//!   done already: `ok`, no second effect. A frozen holder keeps the others waiting on its
+//!   row, and lockslab reads that wait (`pg_blocking_pids`): the lock held them off.
+//! - `advisory`: for-update, with a transaction-scoped advisory lock on the record
+//!   (`pg_advisory_xact_lock`) before a plain read.
+//! - `optimistic`: no lock at all (`ready` says `"lock": false`): read, work, then a
+//!   compare-and-set (`UPDATE … WHERE value and items are as read`); a compare that matched
+//!   nothing is read again and retried, with a new `writing` note.
+//! - `optimistic-fail`: optimistic, answering `fail` on a lost compare instead: as safe, but
+//!   a job that loses five compares in a row is never done (most seeds, three clients).
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
@@ -200,6 +216,85 @@ fn work_claimed(db: &mut postgres::Client, table: &str, job: &Value, token: i64)
         == 1
 }
 
+/// `for-update`, `advisory`: the lock is Postgres's, held by the transaction that reads,
+/// works and writes; the token comes from a sequence, under the lock.
+fn work_in_postgres(db: &mut postgres::Client, init: &Value, mode: &str, job: &Value) -> bool {
+    let (table, schema) = (
+        init["table"].as_str().unwrap(),
+        init["schema"].as_str().unwrap(),
+    );
+    let (id, record) = (job["id"].as_i64().unwrap(), job["record"].as_str().unwrap());
+    let mut tx = db.transaction().unwrap();
+    let read = if mode == "advisory" {
+        let name = format!("{table}/{record}");
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&name])
+            .unwrap();
+        format!("SELECT value, items FROM {table} WHERE record = $1")
+    } else {
+        format!("SELECT value, items FROM {table} WHERE record = $1 FOR UPDATE")
+    };
+    let row = tx.query_one(&read, &[&record]).unwrap();
+    let token: i64 = tx
+        .query_one(&format!("SELECT nextval('{schema}.tokens')"), &[])
+        .unwrap()
+        .get(0);
+    say(json!({"type": "acquired", "job": id, "token": token}));
+    let items: Vec<String> = row.get(1);
+    if !items
+        .iter()
+        .any(|e| Some(e.as_str()) == job["append"].as_str())
+    {
+        let (value, items) = written(job, row.get(0), items);
+        say(json!({"type": "writing", "job": id}));
+        std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
+        let write = format!(
+            "UPDATE {table} SET value = $1, items = $2, job = $3, fence = $4 WHERE record = $5"
+        );
+        tx.execute(&write, &[&value, &items, &id, &token, &record])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    say(json!({"type": "released", "job": id}));
+    true
+}
+
+/// `optimistic`: read, work, compare-and-set; a lost compare is read again and retried
+/// (or answered `fail`, `optimistic-fail`). Each UPDATE commits, refused or not: the
+/// statement log then shows the refusal.
+fn work_optimistic(db: &mut postgres::Client, table: &str, job: &Value, retry: bool) -> bool {
+    let (id, record) = (job["id"].as_i64().unwrap(), job["record"].as_str().unwrap());
+    loop {
+        let read = format!("SELECT value, items FROM {table} WHERE record = $1");
+        let row = db.query_one(&read, &[&record]).unwrap();
+        let (was_value, was_items): (i64, Vec<String>) = (row.get(0), row.get(1));
+        if was_items
+            .iter()
+            .any(|e| Some(e.as_str()) == job["append"].as_str())
+        {
+            return true; // done already, by an earlier delivery
+        }
+        let (value, items) = written(job, was_value, was_items.clone());
+        say(json!({"type": "writing", "job": id}));
+        std::thread::sleep(Duration::from_millis(job["work_ms"].as_u64().unwrap_or(0)));
+        let write = format!(
+            "UPDATE {table} SET value = $1, items = $2, job = $3 \
+             WHERE record = $4 AND value = $5 AND items = $6"
+        );
+        let rows = db
+            .execute(
+                &write,
+                &[&value, &items, &id, &record, &was_value, &was_items],
+            )
+            .unwrap();
+        if rows == 1 {
+            return true;
+        }
+        if !retry {
+            return false;
+        }
+    }
+}
+
 /// One transaction: read, work, write. False if a newer holder's token is on the row.
 fn work(
     db: &mut postgres::Client,
@@ -209,6 +304,12 @@ fn work(
     token: Option<i64>,
 ) -> bool {
     let table = init["table"].as_str().unwrap();
+    if mode == "for-update" || mode == "advisory" {
+        return work_in_postgres(db, init, mode, job);
+    }
+    if mode.starts_with("optimistic") {
+        return work_optimistic(db, table, job, mode == "optimistic");
+    }
     if let ("claimed", Some(token)) = (mode, token) {
         return work_claimed(db, table, job, token);
     }
@@ -267,7 +368,17 @@ fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "none".into());
     assert!(
         [
-            "none", "setnx", "fenced", "claimed", "once", "sentinel", "sequence"
+            "none",
+            "setnx",
+            "fenced",
+            "claimed",
+            "once",
+            "sentinel",
+            "sequence",
+            "for-update",
+            "advisory",
+            "optimistic",
+            "optimistic-fail"
         ]
         .contains(&mode.as_str()),
         "unknown mode {mode}"
@@ -277,7 +388,7 @@ fn main() {
     let mut db =
         postgres::Client::connect(init["postgres_url"].as_str().unwrap(), postgres::NoTls).unwrap();
     let shared = match mode.as_str() {
-        "sequence" => Some("SEQUENCE IF NOT EXISTS {schema}.tokens"),
+        "sequence" | "for-update" | "advisory" => Some("SEQUENCE IF NOT EXISTS {schema}.tokens"),
         "once" => Some("TABLE IF NOT EXISTS {schema}.done (job bigint PRIMARY KEY)"),
         _ => None,
     };
@@ -298,14 +409,16 @@ fn main() {
     let prefix = init["key_prefix"].as_str().unwrap().to_string();
     let client = init["client"].as_str().unwrap().to_string();
     let ttl = init["lease_ms"].as_u64().unwrap();
-    say(json!({"type": "ready", "notes": true}));
+    let lockless = mode == "none" || mode.starts_with("optimistic");
+    say(json!({"type": "ready", "notes": true, "lock": !lockless}));
 
     // lockslab closes stdin when there are no more jobs.
     for line in lines {
         let job: Value = serde_json::from_str(&line.unwrap()).unwrap();
         let id = job["id"].as_i64().unwrap();
         let record = job["record"].as_str().unwrap();
-        let lock = if mode == "none" {
+        let own_lock = lockless || mode == "for-update" || mode == "advisory";
+        let lock = if own_lock {
             None
         } else {
             let owner = format!("{client}:{id}:{:?}", Instant::now());

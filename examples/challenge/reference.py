@@ -5,7 +5,7 @@
     lockslab challenge counter -- python3 examples/challenge/reference.py setnx     # passes*
     lockslab challenge pause   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py checked   # fails
-    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # undecided
+    lockslab challenge pause   -- python3 examples/challenge/reference.py fenced    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py claimed   # passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py setnx     # fails
     lockslab challenge delay   -- python3 examples/challenge/reference.py checked   # fails
@@ -21,6 +21,13 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sentinel # fails
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py for-update # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py advisory  # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic      # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic-fail # never done, often
+    lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
+    lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -39,8 +46,9 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         record is read, in the same transaction (SELECT ... FOR UPDATE).
         That transaction stays open across the work, so its row lock is what
         keeps pause and delay from catching it: a frozen or delayed holder keeps
-        the row and the others wait for it; the token never has a newer write to
-        refuse, the faults miss, and the run is undecided (exit 3), never a pass.
+        the row and the others wait for it (lockslab reads that wait from
+        pg_blocking_pids: the fault bit, and the lock held); the token never has
+        a newer write to refuse.
         A holder killed after its commit, before its answer, has its job resent:
         done twice. A job delivered twice is done twice, too.
 claimed setnx + a token that claims the row before the read, in its own short
@@ -75,6 +83,38 @@ sequence sentinel, with the token from a Postgres sequence instead: the database
         private Postgres runs with fsync and synchronous_commit off and is never
         crashed.
 
+for-update the lock is the row's: one transaction takes it (SELECT ... FOR UPDATE),
+        then a token from a Postgres sequence (after the lock, so the tokens rise
+        in commit order), works, writes, commits. A job whose entry is in the
+        items read is done already: answered ok with no second effect. A frozen
+        holder keeps the others waiting on its row: lockslab reads that from
+        pg_blocking_pids, and the fault bit (the lock held them off). A dead
+        holder's lock goes with its session.
+advisory for-update, with a transaction-scoped advisory lock on the record
+        (pg_advisory_xact_lock) taken before a plain read.
+optimistic no lock at all (`ready` says `"lock": false`): read, work, then a
+        compare-and-set, UPDATE ... WHERE value and items are still as read; on a
+        compare that matched nothing, read again and retry, with a new `writing`
+        note. A job whose entry is in the items read is done already (resent, or
+        delivered twice): answered ok with no second effect. The statement log
+        shows each refused compare, so a fault that made one bit.
+optimistic-fail optimistic that answers `fail` on a lost compare instead of retrying:
+        lockslab gives the job again. As safe, but not live: three clients on two
+        records lose a compare often, and a job that loses five tries in a row is
+        never done — it fails most seeds on that alone.
+liar    setnx with a lease of 3.5 lease_ms, that answers `fail` whenever its job took
+        longer than one lease_ms, though its write committed (and, sent the job
+        again, finds its entry there and answers ok without writing). A `fail` is
+        a claim: the log shows the write the client said did not happen, and the
+        run fails on it (never a refusal that made a fault bite).
+shuffled long (a lease of ten lease_ms), that says `acquired` and `writing` only
+        after `released`: notes out of order hide the lock a dead holder left
+        stuck. The client is misbehaving, and is named so.
+lastcheck setnx that asks, after its work and just before its write, "is the key
+        still mine, with more than 50ms left?" (lab 9's guard, marked there as
+        not enough). A pause or a hold aimed at the write itself, not at the
+        `writing` note before the check, lands after the check: never a pass.
+
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
 
@@ -90,10 +130,14 @@ import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
-         "quiet", "sentinel", "sequence")
+         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck",
+         "optimistic", "optimistic-fail", "for-update", "advisory")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
-MODE = {"early": "setnx", "quiet": "fenced"}.get(MODE, MODE)
+LIAR, SHUFFLED, LASTCHECK = MODE == "liar", MODE == "shuffled", MODE == "lastcheck"
+RETRY = MODE == "optimistic"
+MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
+        "lastcheck": "setnx", "optimistic-fail": "optimistic"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -103,8 +147,20 @@ return 0
 """
 
 
+HELD = []  # shuffled: the notes of the job at hand, said after its `released`
+
+
 def say(**message):
     if QUIET and message["type"] in NOTES:
+        return
+    if SHUFFLED and message["type"] in ("acquired", "writing"):
+        HELD.append(message)
+        return
+    if SHUFFLED and message["type"] == "released":
+        for held in [message] + HELD:
+            sys.stdout.write(json.dumps(held) + "\n")
+        HELD.clear()
+        sys.stdout.flush()
         return
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -124,15 +180,17 @@ else:
 table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
 if MODE == "long":
     ttl, MODE = 10 * ttl, "once"
+if LIAR:
+    ttl = 7 * ttl // 2
 if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
-if MODE == "sequence":
+if MODE in ("sequence", "for-update", "advisory"):
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
-say(type="ready", notes=not QUIET)
+say(type="ready", notes=not QUIET, lock=MODE not in ("none", "optimistic"))
 
 
 def retried(call):
@@ -151,6 +209,7 @@ def retried(call):
 def acquire(record):
     """SET NX PX until it is ours (at most 10 s); returns (key, owner value, token)."""
     key, owner = f"{prefix}lock:{record}", str(uuid.uuid4())
+    OWNERS[key] = owner
     deadline = time.monotonic() + 10
     while not retried(lambda: r.set(key, owner, nx=True, px=ttl)):
         if time.monotonic() > deadline:
@@ -202,8 +261,76 @@ def do_checked(job, token):
         return cur.rowcount == 1
 
 
+OWNERS = {}  # lastcheck: the value our lock of each record holds
+
+
+def still_mine(record):
+    """lastcheck's guard: the key still ours, with more than 50ms of its TTL left."""
+    key = f"{prefix}lock:{record}"
+    return r.get(key) == OWNERS.get(key, "").encode() and r.pttl(key) > 50
+
+
+def entry_there(job):
+    """liar: a resent job whose entry is there already is answered ok, not done again."""
+    with db, db.cursor() as cur:
+        cur.execute(f"SELECT %s = ANY(items) FROM {table} WHERE record = %s",
+                    (job["append"], job["record"]))
+        return cur.fetchone()[0]
+
+
+def do_in_postgres(job):
+    """for-update, advisory: the lock is Postgres's, held by the one transaction that reads,
+    works and writes; the token is taken under it."""
+    with db, db.cursor() as cur:
+        if MODE == "advisory":
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{table}/{job['record']}",))
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        else:
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s FOR UPDATE",
+                        (job["record"],))
+        value, items = cur.fetchone()
+        cur.execute(f"SELECT nextval('{init['schema']}.tokens')")
+        (token,) = cur.fetchone()
+        say(type="acquired", job=job["id"], token=token)
+        if job["append"] not in items:  # else done already, by an earlier delivery
+            say(type="writing", job=job["id"])
+            time.sleep(job["work_ms"] / 1000)  # the work, the lock held
+            cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
+                        " WHERE record = %s",
+                        (value + job["add"], items + [job["append"]], job["id"], token,
+                         job["record"]))
+    say(type="released", job=job["id"])  # the commit let the lock go
+    return True
+
+
+def do_optimistic(job):
+    """Compare-and-set: read, work, write only if the row is still as read. A lost compare
+    is read again and retried (optimistic), or answered fail (optimistic-fail)."""
+    while True:
+        with db, db.cursor() as cur:
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+            value, items = cur.fetchone()
+        if job["append"] in items:
+            return True  # done already, by an earlier delivery: no second effect
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the work, between read and write
+        with db, db.cursor() as cur:  # committed even when it matched nothing: the evidence
+            cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s"
+                        " WHERE record = %s AND value = %s AND items = %s",
+                        (value + job["add"], items + [job["append"]], job["id"],
+                         job["record"], value, items))
+            if cur.rowcount == 1:
+                return True
+        if not RETRY:
+            return False
+
+
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
+    if MODE == "optimistic":
+        return do_optimistic(job)
+    if MODE in ("for-update", "advisory"):
+        return do_in_postgres(job)
     if MODE == "claimed":
         return do_claimed(job, token)
     if MODE == "checked":
@@ -241,6 +368,8 @@ def do(job, token):
         if not EARLY:
             say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        if LASTCHECK and not still_mine(job["record"]):
+            return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"
                     " WHERE record = %s",
                     (value + job["add"], items + [job["append"]], job["id"], token,
@@ -251,7 +380,11 @@ def do(job, token):
 for line in sys.stdin:
     job = json.loads(line)
     lock = None
-    if MODE != "none":
+    if LIAR and entry_there(job):
+        say(type="ok", job=job["id"])
+        continue
+    began = time.monotonic()
+    if MODE not in ("none", "optimistic", "for-update", "advisory"):
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")
@@ -264,7 +397,9 @@ for line in sys.stdin:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             pass  # the primary died with the lock on it: nothing left to release there
         say(type="released", job=job["id"])
-    if done:
+    if LIAR and done and time.monotonic() - began > init["lease_ms"] / 1000:
+        say(type="fail", job=job["id"], reason="it took too long: perhaps it did not land")
+    elif done:
         say(type="ok", job=job["id"])
     else:
-        say(type="fail", job=job["id"], reason="fenced out: a newer holder wrote")
+        say(type="fail", job=job["id"], reason="refused: a newer write came first")

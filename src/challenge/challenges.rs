@@ -162,6 +162,19 @@ impl Challenge {
     /// (`notes`: just after it took the lock, or started its write), and otherwise at a
     /// time into one of its jobs.
     pub fn schedule(self, seed: u64, clients: &[(String, bool)], lease_ms: u64) -> Schedule {
+        self.schedule_with(seed, clients, &Default::default(), lease_ms)
+    }
+
+    /// [`Challenge::schedule`], knowing which clients hold no lock (`ready` with `"lock":
+    /// false`): a kill then aims at such a client's `writing` and at its answer — it has no
+    /// `acquired` or `released` to aim at.
+    pub fn schedule_with(
+        self,
+        seed: u64,
+        clients: &[(String, bool)],
+        lockless: &std::collections::BTreeSet<String>,
+        lease_ms: u64,
+    ) -> Schedule {
         let mut rng = Rng::new(seed);
         let mut steps = Vec::new();
         match self {
@@ -201,7 +214,11 @@ impl Challenge {
                 // between jobs.
                 let first = rng.below(3);
                 for (i, (name, notes)) in clients.iter().enumerate() {
-                    let (event, at_ms) = match (*notes, (first + i as u64) % 3) {
+                    let moment = (first + i as u64) % 3;
+                    let (event, at_ms) = match (*notes, moment) {
+                        // Lockless, with notes: as it writes, twice; and as its answer comes.
+                        (true, 2) if lockless.contains(name) => (Kind::JobAnswered, 0),
+                        (true, _) if lockless.contains(name) => (Kind::Working, 0),
                         // Without notes: a few ms into a job, twice; and as its answer
                         // comes, which dies unread with it — the job done, never answered.
                         (false, 2) => (Kind::JobAnswered, 0),
@@ -308,6 +325,27 @@ mod tests {
             assert_eq!(step.fault, Fault::Delay);
             let held = Challenge::delay_ms(3, &step.target, 500);
             assert!((1000..1500).contains(&held), "{held}");
+        }
+    }
+
+    /// A client that holds no lock has no `acquired` or `released`: its kills aim at its
+    /// `writing` and its answer, in every seed.
+    #[test]
+    fn a_lockless_client_is_killed_as_it_writes_and_as_it_answers() {
+        let all_notes: Vec<(String, bool)> =
+            ["c1", "c2", "c3"].map(|n| (n.to_string(), true)).into();
+        let lockless = ["c1", "c2", "c3"].map(String::from).into();
+        for seed in 0..50 {
+            let mut moments: Vec<String> = Challenge::Crash
+                .schedule_with(seed, &all_notes, &lockless, 500)
+                .steps()
+                .iter()
+                .map(|step| step.after.as_ref().unwrap().event.to_string())
+                .collect();
+            moments.sort();
+            let mut want = [Kind::JobAnswered, Kind::Working, Kind::Working].map(|k| k.to_string());
+            want.sort();
+            assert_eq!(moments, want, "seed {seed}");
         }
     }
 

@@ -261,6 +261,7 @@ fn grade(
     let records: Vec<String> = (0..2).map(|i| format!("r{i}")).collect();
     let mut db = connect::postgres(&owner)?;
     table::create(&mut db, &schema, &records)?;
+    table::create_statement_log(&mut db, &schema)?;
     let role = table::client_role_of(&run_id);
     let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
     let shared = clients_url.is_none();
@@ -326,7 +327,8 @@ fn grade(
     }
     let played = play::play(&setup, sentinels.as_mut());
     let outcome = played.and_then(|played| {
-        let (changes, finals) = table::read_back(&mut db, &schema)?;
+        let (mut changes, finals) = table::read_back(&mut db, &schema)?;
+        let statements = table::read_statements(&mut db, &schema, &mut changes)?;
         let evidence = Evidence {
             jobs: setup.jobs.clone(),
             acknowledged: played.acknowledged.clone(),
@@ -342,6 +344,9 @@ fn grade(
             unplayed: played.unplayed.clone(),
             lease_ms,
             fences_must_rise: challenge == Challenge::Failover,
+            deliveries: played.deliveries.clone(),
+            statements,
+            waits: played.waits.clone(),
         };
         Ok((played, evidence))
     });

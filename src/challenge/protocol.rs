@@ -83,6 +83,11 @@ pub enum FromClient {
     Ready {
         #[serde(default)]
         notes: bool,
+        /// Whether it takes a lock at all: `false` for a lockless client (a compare-and-set,
+        /// say), whose faults then aim at its `writing` and its answer, and for which a lock
+        /// left stuck by a dead holder is not a question.
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        lock: bool,
     },
     /// The job is done: its effect is in the table, once.
     Ok { job: i64 },
@@ -102,6 +107,14 @@ pub enum FromClient {
     Writing { job: i64 },
     /// Note: it let the lock go.
     Released { job: i64 },
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 impl FromClient {
@@ -148,7 +161,22 @@ mod tests {
             }
         );
         let ready: FromClient = serde_json::from_str(r#"{"type":"ready"}"#).unwrap();
-        assert_eq!(ready, FromClient::Ready { notes: false });
+        assert_eq!(
+            ready,
+            FromClient::Ready {
+                notes: false,
+                lock: true
+            }
+        );
+        let lockless: FromClient =
+            serde_json::from_str(r#"{"type":"ready","notes":true,"lock":false}"#).unwrap();
+        assert_eq!(
+            lockless,
+            FromClient::Ready {
+                notes: true,
+                lock: false
+            }
+        );
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"ok"}"#).is_err());
         assert!(serde_json::from_str::<FromClient>(r#"{"type":"done","job":1}"#).is_err());
     }

@@ -192,6 +192,7 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
             fence: row.get(6),
             old_items: row.get(7),
             new_items: row.get(8),
+            pid: None,
         })
         .collect();
     let finals = db
@@ -210,4 +211,69 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
         })
         .collect();
     Ok((changes, finals))
+}
+
+/// Adds to a run's schema the evidence of statements, beside the log of changes: each
+/// change's session (backend pid), and every `UPDATE` that reaches the records, rows or
+/// none, with its session, its time and how many rows it changed — a statement-level
+/// trigger fires on a statement that matched nothing, where a row trigger does not. So a
+/// compare-and-set or a fenced write refused after a fault is seen to have run and changed
+/// nothing. Written as the owner (`SECURITY DEFINER`, its `search_path` pinned): the
+/// clients' role has no right on it. A statement rolled back leaves no trace here.
+pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
+    db.batch_execute(&format!(
+        "ALTER TABLE {schema}.changes
+             ADD COLUMN pid integer NOT NULL DEFAULT pg_catalog.pg_backend_pid();
+         CREATE TABLE {schema}.statements (
+             seq bigserial PRIMARY KEY,
+             pid integer NOT NULL,
+             rows bigint NOT NULL,
+             at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp());
+         CREATE FUNCTION {schema}.log_statement() RETURNS trigger LANGUAGE plpgsql
+             SECURITY DEFINER SET search_path = pg_catalog AS $$
+         BEGIN
+             INSERT INTO {schema}.statements (pid, rows)
+                 SELECT pg_catalog.pg_backend_pid(), pg_catalog.count(*) FROM touched;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER log_statement AFTER UPDATE ON {schema}.records
+             REFERENCING NEW TABLE AS touched
+             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.log_statement();
+         CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.statements
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+    ))
+    .context("creating the log of statements")
+}
+
+/// The statement log, and each change's session written into `changes`.
+pub fn read_statements(
+    db: &mut PgClient,
+    schema: &str,
+    changes: &mut [Change],
+) -> Result<Vec<crate::check::challenge::Statement>> {
+    let pids: std::collections::BTreeMap<i64, i32> = db
+        .query(&format!("SELECT seq, pid FROM {schema}.changes"), &[])?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    for change in changes {
+        change.pid = pids.get(&change.seq).copied();
+    }
+    let statements = db
+        .query(
+            &format!(
+                "SELECT pid, {}, rows FROM {schema}.statements ORDER BY seq",
+                epoch_us("at")
+            ),
+            &[],
+        )
+        .context("reading the statement log back")?
+        .iter()
+        .map(|row| crate::check::challenge::Statement {
+            pid: row.get(0),
+            at_us: row.get(1),
+            rows: row.get(2),
+        })
+        .collect();
+    Ok(statements)
 }

@@ -179,6 +179,7 @@ pub fn json(
         "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "challenge",
         "run_id": run_id, "challenge": setup.challenge.name(), "seed": setup.seed,
         "grade": grade, "problems": report.problems, "unknown": report.undecided,
+        "notes": report.notes,
         "client_failure": played.client_failure,
         "jobs": evidence.jobs.len(), "acknowledged": evidence.acknowledged.len(),
         "changes": evidence.changes, "schedule": played.schedule,
@@ -244,6 +245,9 @@ pub fn show(
     }
     for line in &report.undecided {
         crate::prose!("  ? {line}");
+    }
+    for line in &report.notes {
+        crate::prose!("  · {line}");
     }
     for line in replay_lines(&setup.replay, 80) {
         crate::output::line(&line);

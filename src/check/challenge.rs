@@ -78,6 +78,20 @@ pub struct Change {
     /// The record's `fence` after the change: the token it was made under, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<i64>,
+    /// The Postgres session (backend pid) that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+}
+
+/// One UPDATE statement that reached the records, whatever it matched (a statement-level
+/// trigger logs it): the session that ran it, when, and how many rows it changed — none
+/// for a compare-and-set or a fenced write the database refused. A statement rolled back
+/// is not in the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Statement {
+    pub pid: i32,
+    pub at_us: i64,
+    pub rows: i64,
 }
 
 /// One record as the run left it.
@@ -117,6 +131,214 @@ pub struct Evidence {
     /// Every change must carry a fence, greater than every earlier one on its record
     /// (failover: the tokens must only go up, across the promotion).
     pub fences_must_rise: bool,
+    /// Each job as it was handed to a client, and how that client answered: whose write a
+    /// logged change was, to hold a client's `fail` against the log (none: not checked).
+    pub deliveries: Vec<Delivery>,
+    /// Every UPDATE statement on the records, rows or none.
+    pub statements: Vec<Statement>,
+    /// Sessions seen waiting on others (`pg_blocking_pids`) while a fault lasted.
+    pub waits: Vec<Wait>,
+}
+
+/// A Postgres session seen waiting for others' locks (row or advisory), and when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    pub waiter: i32,
+    pub blockers: Vec<i32>,
+    pub at_us: i64,
+}
+
+/// Did another client, holding a job on the same record, wait behind a session of
+/// `strike`'s client while the fault lasted (until the client answered its job)? Then the
+/// frozen client's lock held it off: the fault tested the lock, and the lock held. The
+/// client that waited is named.
+fn held_off(
+    strike: &Strike,
+    jobs: &BTreeMap<i64, &JobSpec>,
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    waits: &[Wait],
+    deliveries: &[Delivery],
+) -> Option<String> {
+    let record = &jobs.get(&strike.job?)?.record;
+    let own = sessions.get(&strike.client)?;
+    let until = (deliveries.iter())
+        .find(|d| {
+            d.client == strike.client
+                && Some(d.job) == strike.job
+                && d.sent_us <= strike.at_us
+                && d.answered_us.is_none_or(|a| strike.at_us <= a)
+        })
+        .and_then(|d| d.answered_us)
+        .unwrap_or(i64::MAX);
+    waits.iter().find_map(|wait| {
+        if !(strike.at_us..=until).contains(&wait.at_us)
+            || !wait.blockers.iter().any(|pid| own.contains(pid))
+        {
+            return None;
+        }
+        let (client, _) = sessions
+            .iter()
+            .find(|(client, pids)| **client != strike.client && pids.contains(&wait.waiter))?;
+        deliveries
+            .iter()
+            .any(|d| {
+                d.client == *client
+                    && jobs.get(&d.job).is_some_and(|j| j.record == *record)
+                    && d.sent_us <= wait.at_us
+                    && d.answered_us.is_none_or(|a| wait.at_us <= a)
+            })
+            .then(|| client.clone())
+    })
+}
+
+/// Each client's Postgres sessions, as its own changes show them: the pids of the changes
+/// that only its deliveries can have made.
+fn sessions(changes: &[Change], deliveries: &[Delivery]) -> BTreeMap<String, BTreeSet<i32>> {
+    let mut sessions: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    for change in changes {
+        let makers = makers(change, deliveries);
+        let Some((pid, first)) = change.pid.zip(makers.first()) else {
+            continue;
+        };
+        if makers.iter().all(|d| d.client == first.client) {
+            sessions
+                .entry(first.client.clone())
+                .or_default()
+                .insert(pid);
+        }
+    }
+    sessions
+}
+
+/// Did the newer holder `strike` was let go before see an UPDATE of its match nothing
+/// between the older write and its own (the next on the record)? Its sessions are those
+/// of the clients that held its job then, or any no client's changes name.
+fn newer_refused(
+    strike: &Strike,
+    changes: &[Change],
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    statements: &[Statement],
+    deliveries: &[Delivery],
+) -> bool {
+    let (Some(job), Some(newer)) = (strike.job, strike.overtaken_by) else {
+        return false;
+    };
+    let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
+        return false;
+    };
+    let next = changes
+        .iter()
+        .find(|c| c.record == older.record && c.seq > older.seq);
+    let Some((from, to)) = older.at_us.zip(next.and_then(|c| c.at_us)) else {
+        return false;
+    };
+    let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
+    let newers = |pid: i32, at: i64| {
+        deliveries.iter().any(|d| {
+            d.job == newer
+                && d.sent_us <= at
+                && d.answered_us.is_none_or(|a| at <= a)
+                && sessions
+                    .get(&d.client)
+                    .is_some_and(|pids| pids.contains(&pid))
+        })
+    };
+    statements.iter().any(|s| {
+        s.rows == 0 && from < s.at_us && s.at_us < to && (newers(s.pid, s.at_us) || !anyones(s.pid))
+    })
+}
+
+/// Did an UPDATE of `strike`'s client reach the records after the fault began, before the
+/// client answered its job, and match no row? Its session is one its changes were made in,
+/// or one no client's changes name (a client may open a connection per job).
+fn matched_nothing(
+    strike: &Strike,
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    statements: &[Statement],
+    deliveries: &[Delivery],
+) -> bool {
+    let Some(job) = strike.job else {
+        return false;
+    };
+    let until = (deliveries.iter())
+        .find(|d| {
+            d.client == strike.client
+                && d.job == job
+                && d.sent_us <= strike.at_us
+                && d.answered_us.is_none_or(|a| strike.at_us <= a)
+        })
+        .and_then(|d| d.answered_us)
+        .unwrap_or(i64::MAX);
+    let own = sessions.get(&strike.client);
+    let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
+    statements.iter().any(|s| {
+        s.rows == 0
+            && (strike.at_us..=until).contains(&s.at_us)
+            && (own.is_some_and(|pids| pids.contains(&s.pid)) || !anyones(s.pid))
+    })
+}
+
+/// One delivery of a job to a client: when lockslab sent it, and when and how the client
+/// answered, on the database's clock — so that a logged change can be laid against the
+/// clients that held its job when it committed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub job: i64,
+    pub client: String,
+    /// When lockslab sent the job (µs since the epoch, the database's clock).
+    pub sent_us: i64,
+    /// When lockslab read the client's answer (none: it died first, or the run ended).
+    pub answered_us: Option<i64>,
+    /// `ok` (true) or `fail` (false).
+    pub ok: Option<bool>,
+    /// The token its `acquired` note named, and when lockslab read that note (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_us: Option<i64>,
+}
+
+/// The deliveries that may have made `change`: those that held its job when it committed;
+/// else the last one sent before it (its client had answered already, and its write was
+/// still on its way).
+fn makers<'a>(change: &Change, deliveries: &'a [Delivery]) -> Vec<&'a Delivery> {
+    let Some((job, at_us)) = change.job.zip(change.at_us) else {
+        return vec![];
+    };
+    let of_job = || deliveries.iter().filter(move |d| d.job == job);
+    let holding: Vec<&Delivery> = of_job()
+        .filter(|d| d.sent_us <= at_us && d.answered_us.is_none_or(|a| at_us <= a))
+        .collect();
+    if !holding.is_empty() {
+        return holding;
+    }
+    of_job()
+        .filter(|d| d.sent_us <= at_us)
+        .max_by_key(|d| d.sent_us)
+        .into_iter()
+        .collect()
+}
+
+/// Each change that only clients who answered `fail` for its job can have made: the client
+/// said the write did not happen, and the log shows it did.
+fn written_though_failed(changes: &[Change], deliveries: &[Delivery]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for change in changes {
+        let makers = makers(change, deliveries);
+        if makers.is_empty() || !makers.iter().all(|d| d.ok == Some(false)) {
+            continue;
+        }
+        let (Some(job), Some(maker)) = (change.job, makers.first()) else {
+            continue;
+        };
+        problems.push(Problem::FailedButWritten {
+            record: change.record.clone(),
+            job,
+            client: maker.client.clone(),
+            seq: change.seq,
+        });
+    }
+    problems
 }
 
 /// A pause, a delay or a kill as it began: whom it hit, the job that client had, and the
@@ -139,8 +361,23 @@ pub struct Strike {
     pub notes: bool,
     /// It had said `released` for that job before the fault.
     pub released: bool,
-    /// It answered `fail` for that job after the fault: its held write was refused.
+    /// It answered `fail` for that job after the fault: it says its held write was refused
+    /// (a claim: the fault bites through it only if `matched_nothing`).
     pub refused: bool,
+    /// An UPDATE from its session reached the records after the fault began, before it
+    /// answered, and matched no row: its held write demonstrably ran and changed nothing —
+    /// refused by the database (filled in by the checker from the statement log).
+    pub matched_nothing: bool,
+    /// The newer holder it was let go before (`overtaken_by`) had an UPDATE match nothing
+    /// after this job's write and before its own: it had read before, was refused, and read
+    /// again (a compare-and-set's retry), so its write holding this job's entry is no sign
+    /// of a note sent before its read (filled in by the checker).
+    pub newer_refused: bool,
+    /// Its client said it holds no lock: no lock of its can be left stuck.
+    pub lockless: bool,
+    /// Another client, with a job on the same record, waited behind this client's lock
+    /// while the fault lasted (read from Postgres; filled in by the checker): it names it.
+    pub held_off: Option<String>,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -199,8 +436,16 @@ impl Strike {
                 "{verb} {who} after it said released for job {job}: it held no lock then"
             ));
         }
-        if self.refused {
+        if self.matched_nothing || self.held_off.is_some() {
             return None;
+        }
+        if self.refused {
+            return Some(format!(
+                "{verb} {who} holding job {job}, and {who} answered fail for it, but no UPDATE \
+                 of its session reached the records after the fault and matched nothing: a \
+                 refusal the database did not see (a check in the client before its write \
+                 tests nothing the fault aims at; refuse in the write itself, and commit it)"
+            ));
         }
         let spec = jobs.get(&job)?;
         let (record, own) = (spec.record.as_str(), spec.append.as_str());
@@ -229,7 +474,9 @@ impl Strike {
             // another client, later, read what it should: only the next write counts.)
             let newer = self.overtaken_by.zip(write).and_then(|(newer, older)| {
                 let next = (changes.iter()).find(|c| c.record == record && c.seq > older.seq)?;
-                (next.job == Some(newer) && next.new_items.iter().any(|e| e == own))
+                (next.job == Some(newer)
+                    && next.new_items.iter().any(|e| e == own)
+                    && !self.newer_refused)
                     .then_some((newer, next.seq))
             });
             return newer.map(|(newer, seq)| {
@@ -399,6 +646,19 @@ pub enum Problem {
         job: Option<i64>,
         seq: i64,
     },
+    /// A change whose fence is smaller than an earlier change's on its record, where the
+    /// clients' notes show the smaller token was taken first: the source did not go back,
+    /// the writes committed in another order than their tokens were taken.
+    TokenOutOfOrder(Tokens),
+    /// A job its client answered `fail` for (the write did not happen, it said), whose
+    /// write the log shows committed: the change `seq`, which no client that answered `ok`
+    /// can have made.
+    FailedButWritten {
+        record: String,
+        job: i64,
+        client: String,
+        seq: i64,
+    },
 }
 
 impl Problem {
@@ -413,7 +673,9 @@ impl Problem {
             Problem::StuckLock { .. } => "stuck-lock",
             Problem::TokenReused(_) => "token-reused",
             Problem::TokenWentBack(_) => "token-went-back",
+            Problem::TokenOutOfOrder(_) => "token-out-of-order",
             Problem::Unfenced { .. } => "unfenced",
+            Problem::FailedButWritten { .. } => "failed-but-written",
         }
     }
 
@@ -423,9 +685,12 @@ impl Problem {
             Problem::StaleWrite { job, .. }
             | Problem::Doubled { job, .. }
             | Problem::Lost { job, .. }
-            | Problem::NeverDone { job } => Some(*job),
+            | Problem::NeverDone { job }
+            | Problem::FailedButWritten { job, .. } => Some(*job),
             Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
-            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => tokens.job,
+            Problem::TokenReused(tokens)
+            | Problem::TokenWentBack(tokens)
+            | Problem::TokenOutOfOrder(tokens) => tokens.job,
             Problem::LogDisagrees { .. } | Problem::StuckLock { .. } => None,
         }
     }
@@ -436,8 +701,11 @@ impl Problem {
         match self {
             Problem::StaleWrite { seq: named, .. }
             | Problem::Untagged { seq: named, .. }
-            | Problem::Unfenced { seq: named, .. } => seq == Some(*named),
-            Problem::TokenReused(tokens) | Problem::TokenWentBack(tokens) => {
+            | Problem::Unfenced { seq: named, .. }
+            | Problem::FailedButWritten { seq: named, .. } => seq == Some(*named),
+            Problem::TokenReused(tokens)
+            | Problem::TokenWentBack(tokens)
+            | Problem::TokenOutOfOrder(tokens) => {
                 seq == Some(tokens.seq) || seq == Some(tokens.earlier_seq)
             }
             Problem::Doubled { job: named, .. } => job == Some(*named),
@@ -549,10 +817,30 @@ impl Problem {
             Problem::TokenWentBack(tokens) => {
                 tokens.describe("token went back", "a smaller token than")
             }
+            Problem::TokenOutOfOrder(tokens) => format!(
+                "{}; the token source did not go back: fence {} was taken before fence {}, \
+                 and its write committed after — fences must rise in commit order (take the \
+                 token after the row lock, in the transaction that writes, or claim the row \
+                 with it)",
+                tokens.describe("token out of order", "a smaller token than"),
+                tokens.fence,
+                tokens.earlier_fence
+            ),
             Problem::Unfenced { record, job, seq } => format!(
                 "unfenced change #{seq} of {record} ({}): the write set no fence, and \
                  this challenge grades every change's token",
                 job_name(*job)
+            ),
+            Problem::FailedButWritten {
+                record,
+                job,
+                client,
+                seq,
+            } => format!(
+                "failed but written: {client} answered fail for job {job}, and its write \
+                 committed (change #{seq} of {record}): a `fail` says the job had no effect, \
+                 so lockslab gave it to another client; answer `fail` only for a write that \
+                 cannot land any more (refused, or rolled back)"
             ),
         }
     }
@@ -593,7 +881,14 @@ fn job_name(job: Option<i64>) -> String {
 
 /// Each change whose fence is missing, or not greater than the greatest fence an earlier
 /// change of its record had — with that earlier change as the evidence.
-fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
+fn fences_that_did_not_rise(changes: &[Change], deliveries: &[Delivery]) -> Vec<Problem> {
+    // When each token was taken, from the clients' `acquired` notes.
+    let taken = |token: i64| {
+        (deliveries.iter())
+            .filter(|d| d.token == Some(token))
+            .filter_map(|d| d.token_us)
+            .min()
+    };
     let mut problems = Vec::new();
     let mut highest: BTreeMap<&str, &Change> = BTreeMap::new();
     for change in changes {
@@ -617,8 +912,11 @@ fn fences_that_did_not_rise(changes: &[Change]) -> Vec<Problem> {
                     earlier_seq: earlier.seq,
                     earlier_fence: earlier.fence.unwrap_or_default(),
                 };
+                let first = taken(fence).zip(taken(tokens.earlier_fence));
                 problems.push(if earlier.fence == Some(fence) {
                     Problem::TokenReused(tokens)
+                } else if first.is_some_and(|(smaller, greater)| smaller < greater) {
+                    Problem::TokenOutOfOrder(tokens)
                 } else {
                     Problem::TokenWentBack(tokens)
                 });
@@ -655,6 +953,8 @@ pub struct Report {
     pub good_changes: usize,
     /// Faults that played and bit (see [`Strike::missed`]).
     pub faults_bit: usize,
+    /// What the grade did not weigh, said plainly (no tokens to grade).
+    pub notes: Vec<String>,
 }
 
 impl Grade {
@@ -768,16 +1068,37 @@ pub fn check(evidence: &Evidence) -> Report {
         }
     }
     if evidence.fences_must_rise {
-        report.problems.extend(fences_that_did_not_rise(&changes));
+        if changes.iter().all(|c| c.fence.is_none()) {
+            // A client with no fence at all: nothing here went back or repeated.
+            report.notes.push(
+                "no tokens to grade: no change carried a fence, so only the data is graded \
+                 here (a lock without a fence is pause's and delay's question)"
+                    .into(),
+            );
+        } else {
+            report
+                .problems
+                .extend(fences_that_did_not_rise(&changes, &evidence.deliveries));
+        }
     }
+    let false_fails = written_though_failed(&changes, &evidence.deliveries);
+    // A `fail` whose write committed is no refusal: the fault did not bite through it.
+    let lied: BTreeSet<(String, i64)> = (false_fails.iter())
+        .filter_map(|p| match p {
+            Problem::FailedButWritten { client, job, .. } => Some((client.clone(), *job)),
+            _ => None,
+        })
+        .collect();
+    report.problems.extend(false_fails);
     if let Some(bound_ms) = evidence.stuck_bound_ms {
         report
             .problems
             .extend(stuck_locks(&evidence.moments, bound_ms));
         // A dead holder's lock is seen from its `acquired` and the next holder's: a client
         // that sends no notes cannot show whether it left its lock stuck past the bound.
-        let silent = (evidence.strikes.iter())
-            .find(|s| s.fault == "kill" && !s.notes && !s.answered && s.job.is_some());
+        let silent = (evidence.strikes.iter()).find(|s| {
+            s.fault == "kill" && !s.notes && !s.lockless && !s.answered && s.job.is_some()
+        });
         if let Some(strike) = silent {
             report.undecided.push(format!(
                 "a lock left by a dead holder is read from the clients' `acquired` notes, and \
@@ -787,7 +1108,47 @@ pub fn check(evidence: &Evidence) -> Report {
             ));
         }
     }
-    let missed: Vec<String> = (evidence.strikes.iter())
+    let sessions = sessions(&changes, &evidence.deliveries);
+    let strikes = evidence.strikes.iter().map(|strike| {
+        let mut strike = strike.clone();
+        let job = strike.job.unwrap_or_default();
+        strike.refused &= !lied.contains(&(strike.client.clone(), job));
+        strike.newer_refused = newer_refused(
+            &strike,
+            &changes,
+            &sessions,
+            &evidence.statements,
+            &evidence.deliveries,
+        );
+        if strike.fault != "kill" {
+            strike.held_off = held_off(
+                &strike,
+                &jobs,
+                &sessions,
+                &evidence.waits,
+                &evidence.deliveries,
+            );
+        }
+        strike.matched_nothing = strike.fault != "kill"
+            && matched_nothing(
+                &strike,
+                &sessions,
+                &evidence.statements,
+                &evidence.deliveries,
+            );
+        strike
+    });
+    let strikes: Vec<Strike> = strikes.collect();
+    for strike in &strikes {
+        if let (Some(waiter), false) = (&strike.held_off, strike.answered) {
+            report.notes.push(format!(
+                "the {} of {} bit: {waiter}, with a job on the same record, waited behind \
+                 {}'s lock (pg_blocking_pids) — the lock held it off",
+                strike.fault, strike.client, strike.client
+            ));
+        }
+    }
+    let missed: Vec<String> = (strikes.iter())
         .filter_map(|s| s.missed(&jobs, &changes))
         .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
@@ -877,6 +1238,7 @@ mod tests {
             fence: None,
             old_items: vec![],
             new_items: vec![],
+            pid: None,
         }
     }
 
@@ -989,12 +1351,22 @@ mod tests {
         let kinds = |run: &Evidence| -> Vec<&'static str> {
             check(run).problems.iter().map(|p| p.kind()).collect()
         };
-        assert_eq!(kinds(&run), vec!["unfenced"; 3], "no fence at all");
+        // No fence at all: no tokens to grade, said plainly; the data alone decides.
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Pass, "{report:?}");
+        assert!(
+            report.notes[0].starts_with("no tokens to grade"),
+            "{report:?}"
+        );
+        // Some fenced, some not: those without fail.
+        run.changes[1].fence = Some(3);
+        assert_eq!(kinds(&run), vec!["unfenced"; 2]);
         let line = check(&run).problems[0].describe();
         assert!(
             line.starts_with("unfenced change #1 of r0 (job 1)"),
             "{line}"
         );
+        run.changes[1].fence = None;
         // Tokens 4, 7 on r0 and 5 on r1: each record's rise, though r1's 5 < r0's 7.
         run.changes = vec![
             fenced(1, "r0", 1, 0, 3, 4),
@@ -1031,6 +1403,28 @@ mod tests {
             (json["seq"].as_i64(), json["earlier_seq"].as_i64()),
             (Some(5), Some(2))
         );
+        // The notes show token 6 was taken before token 7, and committed after it: the
+        // source never went back — the writes committed out of the tokens' order.
+        let took = |job, token, at_us| Delivery {
+            job,
+            client: "c1".into(),
+            token: Some(token),
+            token_us: Some(at_us),
+            ..Delivery::default()
+        };
+        run.deliveries = vec![took(2, 7, 2_000), took(4, 6, 1_000)];
+        let out_of_order = check(&run).problems[0].clone();
+        assert_eq!(out_of_order.kind(), "token-out-of-order");
+        let line = out_of_order.describe();
+        assert!(
+            line.contains("the token source did not go back")
+                && line.contains("fences must rise in commit order"),
+            "{line}"
+        );
+        // Taken after it: the source went back.
+        run.deliveries = vec![took(2, 7, 1_000), took(4, 6, 2_000)];
+        assert_eq!(check(&run).problems[0].kind(), "token-went-back");
+        run.deliveries.clear();
         // Other challenges do not grade the fences.
         run.fences_must_rise = false;
         assert_eq!(check(&run).grade(), Grade::Pass);
@@ -1155,12 +1549,56 @@ mod tests {
             said.contains("paused c1 before its read of job 2: it wrote back j1, which change #1 committed 500ms after the fault began"),
             "{said}"
         );
-        // The same write refused instead (the client answered `fail`): fenced out, it bit.
+        // The client answered `fail` for it: a claim, and no statement of its matched
+        // nothing after the fault — a refusal the database never saw does not bite.
         let mut refused = strike(Some(2), 500_000);
         refused.refused = true;
         run.strikes = vec![refused];
         let report = check(&run);
-        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("a refusal the database did not see"),
+            "{report:?}"
+        );
+        // An UPDATE that matched nothing at 0.9s, from a session another client's change
+        // was made in: not c1's.
+        run.changes[0].pid = Some(5);
+        run.deliveries = vec![Delivery {
+            job: 1,
+            client: "c2".into(),
+            sent_us: 200_000,
+            answered_us: Some(1_100_000),
+            ok: Some(true),
+            ..Delivery::default()
+        }];
+        let refusal = |pid, at_us| Statement {
+            pid,
+            at_us,
+            rows: 0,
+        };
+        run.statements = vec![refusal(5, 900_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        // From c1's own session (or one no client's change names): its held write ran and
+        // changed nothing — refused by the database, and the write that followed at 2s read
+        // afresh (a compare-and-set's retry), not a note sent before the read. It bit,
+        // whether or not the client answered `fail`.
+        run.statements = vec![refusal(6, 900_000)];
+        assert_eq!(
+            (check(&run).grade(), check(&run).faults_bit),
+            (Grade::Pass, 1)
+        );
+        run.strikes = vec![strike(Some(2), 500_000)];
+        assert_eq!(
+            (check(&run).grade(), check(&run).faults_bit),
+            (Grade::Pass, 1)
+        );
+        // A statement before the fault is no refusal of the held write.
+        run.statements = vec![refusal(6, 400_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.statements = vec![];
         // Held as long, but nobody wrote r0 from 1.5s until job 2's write: even an unfenced
         // late write was right, so it missed, and a run whose faults all missed is undecided.
         run.strikes = vec![strike(Some(2), 1_500_000)];
@@ -1176,11 +1614,13 @@ mod tests {
         run.changes[0].record = "r1".into();
         assert_eq!(check(&run).faults_bit, 0);
         run.changes[0].record = "r0".into();
-        // The held write refused (the client answered `fail`): fenced out, it bit.
+        // The held write refused (the database matched nothing): fenced out, it bit.
         let mut refused = strike(Some(2), 1_500_000);
         refused.refused = true;
         run.strikes = vec![refused];
+        run.statements = vec![refusal(6, 1_700_000)];
         assert_eq!(check(&run).grade(), Grade::Pass);
+        run.statements = vec![];
         // Let go between a newer holder's read and its write (the worst order): it bit,
         // though nobody wrote r0 before it landed.
         let mut overtaken = strike(Some(2), 1_500_000);
@@ -1202,6 +1642,19 @@ mod tests {
                 .contains("that holder had not read r0 yet"),
             "{report:?}"
         );
+        // Unless an UPDATE of the newer holder's matched nothing between the two writes: it
+        // had read before j1 landed, its compare was refused, and it read again — it bit.
+        // (c1 answered job 1 at 1.1s: a statement after that is not its own refusal.)
+        run.deliveries[0].client = "c1".into();
+        run.statements = vec![refusal(8, 1_500_000)];
+        assert_eq!(check(&run).faults_bit, 1);
+        run.statements = vec![refusal(8, 2_500_000)];
+        assert_eq!(
+            check(&run).faults_bit,
+            0,
+            "after its own write: not its refusal"
+        );
+        run.statements = vec![];
         // Frozen after its write: its `writing` note came late. Never a pass.
         run.strikes = vec![strike(Some(2), 2_500_000)];
         let report = check(&run);
@@ -1238,7 +1691,10 @@ mod tests {
         );
         silent.refused = true;
         run.strikes = vec![silent];
+        assert_eq!(check(&run).grade(), Grade::Undecided);
+        run.statements = vec![refusal(6, 900_000)];
         assert_eq!(check(&run).grade(), Grade::Pass);
+        run.statements = vec![];
         // Before any job, between jobs, or after it let its lock go: nothing held.
         run.strikes = vec![strike(None, 1_000_000)];
         assert_eq!(check(&run).grade(), Grade::Undecided);
@@ -1255,6 +1711,133 @@ mod tests {
         run.changes[1].new_value = 9;
         run.finals[0].value = 9;
         assert_eq!(check(&run).grade(), Grade::Fail);
+    }
+
+    fn delivery(job: i64, client: &str, sent_s: f64, answered_s: f64, ok: bool) -> Delivery {
+        Delivery {
+            job,
+            client: client.into(),
+            sent_us: (sent_s * 1e6) as i64,
+            answered_us: Some((answered_s * 1e6) as i64),
+            ok: Some(ok),
+            ..Delivery::default()
+        }
+    }
+
+    /// A `fail` is a claim, held against the log: job 2's one change (#2, at 2s) committed
+    /// while c1 held job 2, and c1 answered fail — the write it said did not happen did.
+    /// It is a finding of its own, and no refusal: the pause on c1 did not bite through it.
+    #[test]
+    fn a_fail_answered_for_a_write_that_committed_is_a_finding_and_no_refusal() {
+        let mut run = clean_run();
+        run.deliveries = vec![
+            delivery(1, "c2", 0.5, 1.2, true),
+            delivery(2, "c1", 0.6, 2.4, false),
+            delivery(2, "c3", 2.5, 2.6, true),
+            delivery(3, "c2", 1.3, 3.1, true),
+        ];
+        run.strikes = vec![Strike {
+            fault: "pause",
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 1_500_000,
+            notes: true,
+            refused: true,
+            ..Strike::default()
+        }];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Fail, "{report:?}");
+        let kinds: Vec<&str> = report.problems.iter().map(|p| p.kind()).collect();
+        assert_eq!(kinds, vec!["failed-but-written"]);
+        let line = report.problems[0].describe();
+        assert!(
+            line.contains("c1 answered fail for job 2, and its write committed (change #2 of r0)"),
+            "{line}"
+        );
+        assert!(report.problems[0].names_change(Some(2), Some(2)));
+        assert_eq!(report.faults_bit, 0, "the lie is no refusal");
+        // Its write landed after it answered (on its way still): still its own.
+        run.deliveries[1].answered_us = Some(1_900_000);
+        assert_eq!(check(&run).problems.len(), 1);
+        // The change fell in c3's delivery instead, answered ok: c1's fail was true, and an
+        // UPDATE of its matched nothing after the fault.
+        run.deliveries[1].answered_us = Some(1_700_000);
+        run.deliveries[2].sent_us = 1_800_000;
+        run.statements = vec![Statement {
+            pid: 9,
+            at_us: 1_600_000,
+            rows: 0,
+        }];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+        // Two deliveries of job 2 at once (exactly-once), one answered ok: either may have
+        // written it, so no client is blamed.
+        run.deliveries[2] = delivery(2, "c3", 0.7, 2.2, true);
+        run.deliveries[1].answered_us = Some(2_400_000);
+        assert!(check(&run).problems.is_empty());
+    }
+
+    /// `SELECT … FOR UPDATE` across the work: nobody can write r0 while c1 is frozen, so
+    /// nobody did — but c2, with a job on r0, waited behind c1's session (pg_blocking_pids):
+    /// the row lock held it off, and the pause bit.
+    #[test]
+    fn a_pause_bites_when_another_clients_job_on_the_record_waited_behind_the_frozen_lock() {
+        let mut run = clean_run();
+        (run.changes[0].pid, run.changes[1].pid) = (Some(12), Some(11));
+        run.changes[2].pid = Some(12);
+        run.deliveries = vec![
+            delivery(1, "c2", 0.5, 1.1, true),
+            delivery(2, "c1", 1.2, 2.2, true),
+            delivery(3, "c2", 1.3, 3.1, true),
+        ];
+        run.jobs[2].record = "r0".into();
+        run.changes[2].record = "r0".into();
+        run.changes[2].old_value = 8;
+        run.changes[2].new_value = 10;
+        run.finals[0].value = 10;
+        run.finals[1].value = 0;
+        fill_items(&mut run);
+        run.strikes = vec![Strike {
+            fault: "pause",
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 1_500_000,
+            notes: true,
+            ..Strike::default()
+        }];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("nobody wrote r0 meanwhile")
+        );
+        let wait = |waiter, blocker, at_us| Wait {
+            waiter,
+            blockers: vec![blocker],
+            at_us,
+        };
+        run.waits = vec![wait(12, 11, 1_800_000)];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        assert!(
+            report
+                .notes
+                .join("")
+                .contains("c2, with a job on the same record, waited behind c1's lock")
+        );
+        // Behind another session, or after c1 answered, or c2 holding no job on r0 then: no.
+        run.waits = vec![wait(12, 13, 1_800_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.waits = vec![wait(12, 11, 2_300_000)];
+        assert_eq!(check(&run).faults_bit, 0);
+        run.waits = vec![wait(12, 11, 1_200_000)];
+        assert_eq!(check(&run).faults_bit, 0, "before the fault");
     }
 
     #[test]
@@ -1295,6 +1878,9 @@ mod tests {
             "{report:?}"
         );
         run.strikes[0].notes = true;
+        assert_eq!(check(&run).grade(), Grade::Pass);
+        // A client that holds no lock leaves none stuck: the bound is not its question.
+        (run.strikes[0].notes, run.strikes[0].lockless) = (false, true);
         assert_eq!(check(&run).grade(), Grade::Pass);
     }
 }

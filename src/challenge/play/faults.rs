@@ -20,10 +20,16 @@ impl Run<'_> {
             .iter()
             .map(|s| (s.client.name.clone(), s.notes))
             .collect();
-        let schedule =
-            self.setup
-                .challenge
-                .schedule(self.setup.seed, &clients, self.setup.init.lease_ms);
+        let lockless = (self.seats.iter())
+            .filter(|s| !s.lock)
+            .map(|s| s.client.name.clone())
+            .collect();
+        let schedule = self.setup.challenge.schedule_with(
+            self.setup.seed,
+            &clients,
+            &lockless,
+            self.setup.init.lease_ms,
+        );
         let names: Vec<&str> = clients.iter().map(|(n, _)| n.as_str()).collect();
         schedule.validate(&names, &[])?;
         self.player = Some(Player::new(&schedule));
@@ -119,6 +125,7 @@ impl Run<'_> {
                     job: current.or(seat.last_job),
                     answered: current.is_none() && seat.last_job.is_some(),
                     notes: seat.notes,
+                    lockless: !seat.lock,
                     ..Strike::default()
                 });
                 let seat = &mut self.seats[index];
@@ -151,6 +158,7 @@ impl Run<'_> {
         let answered = current.is_none() && seat.last_job.is_some();
         let job = current.or(seat.last_job);
         let notes = seat.notes;
+        let lockless = !seat.lock;
         let (base, base_us) = self.clock_base;
         let note_us = seat
             .heard_at
@@ -179,6 +187,10 @@ impl Run<'_> {
             notes,
             released,
             refused: false,
+            matched_nothing: false,
+            newer_refused: false,
+            lockless,
+            held_off: None,
             overtaken: false,
             overtaken_by: None,
         });

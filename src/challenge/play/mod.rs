@@ -13,7 +13,7 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::{JobSpec, LockMoment, Moment, Strike};
+use crate::check::challenge::{Delivery, JobSpec, LockMoment, Moment, Strike, Wait};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -23,6 +23,7 @@ use crate::proxy::{Direction, NetFault, Proxy, Seen};
 /// How many of the clients' lines one pass of the run reads before it looks at the clock.
 const LINES_A_PASS: usize = 256;
 /// The work of every job, between its read and its write.
+mod blocking;
 mod failover;
 mod faults;
 mod overtake;
@@ -70,6 +71,22 @@ pub struct Played {
     pub strikes: Vec<Strike>,
     /// Why each fault of the schedule that never played did not.
     pub unplayed: Vec<String>,
+    /// Each job as it was handed out, and how it was answered.
+    pub deliveries: Vec<Delivery>,
+    /// Sessions seen waiting on others while a fault lasted.
+    pub waits: Vec<Wait>,
+}
+
+/// How far a client's notes for the job it holds have come: `acquired`, `writing` and
+/// `released` come in that order (a `writing` may repeat, for a retry of the write; so may
+/// an `acquired` before the first `writing`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    #[default]
+    Given,
+    Acquired,
+    Writing,
+    Released,
 }
 
 struct Seat {
@@ -78,12 +95,16 @@ struct Seat {
     proxy: Option<Proxy>,
     ready: bool,
     notes: bool,
+    /// It takes a lock (`ready` did not say `"lock": false`).
+    lock: bool,
     /// The job it has, and since when it has been waited for.
     job: Option<(i64, Instant)>,
     /// The last job it was given.
     last_job: Option<i64>,
     /// When its last protocol line was read.
     heard_at: Option<Instant>,
+    /// Its notes so far for the job it holds.
+    stage: Stage,
 }
 
 struct Run<'a> {
@@ -115,11 +136,26 @@ struct Run<'a> {
     overtaking: Option<overtake::Overtake>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
+    /// Each job as it was handed out, and how it was answered.
+    deliveries: Vec<Delivery>,
+    /// Sessions seen waiting on others while a fault lasted, and when they were last read.
+    waits: Vec<Wait>,
+    waits_read: Option<Instant>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
     clock_base: (Instant, i64),
+}
+
+/// A note's name, as the client says it.
+fn stage_word(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Given => "job",
+        Stage::Acquired => "acquired",
+        Stage::Writing => "writing",
+        Stage::Released => "released",
+    }
 }
 
 /// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
@@ -178,6 +214,9 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         played: Vec::new(),
         moments: Vec::new(),
         strikes: Vec::new(),
+        deliveries: Vec::new(),
+        waits: Vec::new(),
+        waits_read: None,
         held_writes: BTreeSet::new(),
         writing: None,
         overtaking: None,
@@ -245,6 +284,8 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         moments: std::mem::take(&mut run.moments),
         strikes: std::mem::take(&mut run.strikes),
         unplayed,
+        deliveries: std::mem::take(&mut run.deliveries),
+        waits: std::mem::take(&mut run.waits),
     })
 }
 
@@ -283,15 +324,38 @@ impl Run<'_> {
             proxy,
             ready: false,
             notes: false,
+            lock: true,
             job: Some((0, Instant::now())),
             last_job: None,
             heard_at: None,
+            stage: Stage::Given,
         });
         Ok(())
     }
 
     fn seat(&mut self, name: &str) -> Option<&mut Seat> {
         self.seats.iter_mut().find(|s| s.client.name == name)
+    }
+
+    /// A moment of lockslab's clock on the database's clock (µs since the epoch).
+    fn db_us(&self, at: Instant) -> i64 {
+        let (base, base_us) = self.clock_base;
+        if at >= base {
+            base_us + at.duration_since(base).as_micros() as i64
+        } else {
+            base_us - base.duration_since(at).as_micros() as i64
+        }
+    }
+
+    /// The client's answer to its delivery of `job`: when lockslab read it, and which.
+    fn answered(&mut self, name: &str, job: i64, ok: bool, at: Instant) {
+        let at_us = self.db_us(at);
+        let delivery = (self.deliveries.iter_mut().rev())
+            .find(|d| d.client == name && d.job == job && d.answered_us.is_none());
+        if let Some(delivery) = delivery {
+            delivery.answered_us = Some(at_us);
+            delivery.ok = Some(ok);
+        }
     }
 
     fn spec(&self, job: i64) -> &JobSpec {
@@ -384,6 +448,7 @@ impl Run<'_> {
             self.end_overtake()?;
             self.check_deadlines()?;
             self.heal_delivered();
+            self.read_waits()?;
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
@@ -498,12 +563,13 @@ impl Run<'_> {
         let Some(seat) = self.seat(name) else {
             return Ok(());
         };
-        if let FromClient::Ready { notes } = said {
+        if let FromClient::Ready { notes, lock } = said {
             if seat.ready {
                 return Err(failed(format!("client {name} said ready twice")));
             }
             seat.ready = true;
             seat.notes = notes;
+            seat.lock = lock;
             seat.job = None;
             return Ok(());
         }
@@ -515,10 +581,32 @@ impl Run<'_> {
                 holds.map_or("none".into(), |j| format!("job {j}"))
             )));
         }
+        let stage = match &said {
+            FromClient::Acquired { .. } => Some(Stage::Acquired),
+            FromClient::Writing { .. } => Some(Stage::Writing),
+            FromClient::Released { .. } => Some(Stage::Released),
+            _ => None,
+        };
+        if let Some(stage) = stage {
+            // A note after a later one hides the moment the faults aim at, and the lock the
+            // stuck-lock bound is read from: the client is misbehaving.
+            let repeats = stage == seat.stage && stage != Stage::Released;
+            if stage < seat.stage || (stage == seat.stage && !repeats) {
+                let (note, after) = (stage_word(stage), stage_word(seat.stage));
+                return Err(failed(format!(
+                    "client {name} said `{note}` for job {job} after its `{after}`: a job's \
+                     notes come in the order acquired, writing, released (a `writing` may \
+                     repeat, for a retried write), each as it happens"
+                )));
+            }
+            seat.stage = stage;
+        }
+        let heard_at = seat.heard_at.unwrap_or_else(Instant::now);
         match said {
             FromClient::Ready { .. } => unreachable!("handled above"),
             FromClient::Ok { job } => {
                 seat.job = None;
+                self.answered(name, job, true, heard_at);
                 self.acknowledged.insert(job);
                 let answer = ChallengeJob {
                     job,
@@ -529,6 +617,7 @@ impl Run<'_> {
             }
             FromClient::Fail { job, reason } => {
                 seat.job = None;
+                self.answered(name, job, false, heard_at);
                 let text = format!(
                     "fail: job {job} ({})",
                     reason.as_deref().unwrap_or("no reason")
@@ -551,6 +640,13 @@ impl Run<'_> {
             }
             FromClient::Acquired { job, token } => {
                 self.moment(name, job, Moment::Acquired);
+                let at_us = self.db_us(heard_at);
+                let delivery = (self.deliveries.iter_mut().rev())
+                    .find(|d| d.client == name && d.job == job && d.answered_us.is_none());
+                if let (Some(delivery), Some(token)) = (delivery, token) {
+                    delivery.token.get_or_insert(token);
+                    delivery.token_us.get_or_insert(at_us);
+                }
                 let facts = Acquired {
                     token,
                     ..Acquired::default()
@@ -610,9 +706,18 @@ impl Run<'_> {
             }
             let resent = (copy || *tries > 1).then_some(true);
             let spec = self.spec(job).clone();
+            let sent_us = self.db_us(Instant::now());
             let seat = &mut self.seats[index];
             seat.job = Some((job, Instant::now()));
             seat.last_job = Some(job);
+            seat.stage = Stage::Given;
+            self.deliveries.push(Delivery {
+                job,
+                client: seat.client.name.clone(),
+                sent_us,
+                ..Delivery::default()
+            });
+            let seat = &mut self.seats[index];
             seat.client.send(&ToClient::Job(Job {
                 id: job,
                 record: spec.record.clone(),
