@@ -582,6 +582,49 @@ fn with_user(url: &str, user: &str, password: &str) -> String {
     format!("{scheme}://{user}:{password}@{rest}")
 }
 
+/// etcd listens before it has a password: until `auth_enable`, anyone who reaches its port
+/// may add users and roles (another local user, or someone on a room's network who scans
+/// fast enough). Such a user would keep its rights once auth is on, so after turning auth
+/// on lockslab reads the users and roles back, as root: anything it did not make, or a
+/// seat's role with rights beyond its prefix, stops the start.
+fn check_no_one_else_got_in(root_url: &str, seats: &[Seat]) -> Result<()> {
+    let mut expected: Vec<String> = seats.iter().map(|seat| seat.name.clone()).collect();
+    expected.push("root".into());
+    expected.sort();
+    let (users, roles, seat_rights) = connect::etcd_runtime()?.block_on(async {
+        let mut client = connect::etcd(root_url).await?;
+        let mut users = client.user_list().await?.users().to_vec();
+        let mut roles = client.role_list().await?.roles().to_vec();
+        users.sort();
+        roles.sort();
+        let mut seat_rights = Vec::new();
+        for seat in seats {
+            let role = client.role_get(seat.name.as_str()).await?;
+            seat_rights.push((seat.name.clone(), role.permissions().len()));
+        }
+        anyhow::Ok((users, roles, seat_rights))
+    })?;
+    let widened: Vec<&String> = seat_rights
+        .iter()
+        .filter(|(_, rights)| *rights != 1)
+        .map(|(name, _)| name)
+        .collect();
+    if users != expected || roles != expected || !widened.is_empty() {
+        bail!(
+            "someone reached etcd before its password was set: it has users {users:?} and \
+             roles {roles:?} where lockslab made {expected:?}{}; stopping rather than hand \
+             out a server someone else may own (`lockslab down`, then start again; keep the \
+             room's address off networks you do not trust)",
+            if widened.is_empty() {
+                String::new()
+            } else {
+                format!(", and the roles {widened:?} have rights lockslab did not give")
+            }
+        );
+    }
+    Ok(())
+}
+
 /// A Postgres `url` with its database replaced by `database` (a query string stays).
 pub fn on_database(url: &str, database: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
@@ -1060,7 +1103,14 @@ impl PrivateServers {
         plan: StopPlan,
         what: &str,
     ) -> Result<i32> {
-        let log = fs::File::create(log)?;
+        // 0600: a server's log quotes the statements it refused, a seat's among them.
+        let log = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(log)?;
+        log.set_permissions(fs::Permissions::from_mode(0o600))?;
         command
             .current_dir(workdir)
             .stdin(Stdio::null())
@@ -1381,6 +1431,7 @@ impl PrivateServers {
             })
             .with_context(|| format!("turning on authentication in etcd at {plain}"))?;
         let with_user = plain.replacen("http://", &format!("http://root:{password}@"), 1);
+        check_no_one_else_got_in(&with_user, &seats)?;
         connect::note_source(&with_user, connect::Source::Up);
         self.urls[index].1 = with_user;
         if self.lifetime == Lifetime::Detached {
