@@ -99,7 +99,7 @@ enum Command {
     /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
     /// clock jump, a client pause
     Redlock(RedlockArgs),
-    /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
+    /// Lab 7: one job done nine ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
     /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
     Network(NetworkArgs),
@@ -416,11 +416,13 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     );
     crate::outln!();
     crate::outln!(
-        "{seats} seats, seat01 to {}, each with its own password. Hand each attendee",
+        "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",
+        if seats == 1 { "" } else { "s" },
         state.seats.last().map_or("-", |seat| seat.name.as_str())
     );
     crate::outln!("one seat's lines; the passwords above stay yours.");
-    crate::outln!("  one seat:  lockslab seat 7");
+    // A seat that exists in every room (`--seats` is at least 1).
+    crate::outln!("  one seat:  lockslab seat 1");
     crate::outln!(
         "  every seat: {} (mode 0600)",
         servers::state_dir().join(servers::SEATS_FILE).display()

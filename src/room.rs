@@ -188,7 +188,14 @@ fn print(rows: &[Row]) {
         return;
     }
     let seats: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.seat.as_str()).collect();
-    crate::outln!("{} runs by {} seats", rows.len(), seats.len());
+    let s = |n: usize| if n == 1 { "" } else { "s" };
+    crate::outln!(
+        "{} run{} by {} seat{}",
+        rows.len(),
+        s(rows.len()),
+        seats.len(),
+        s(seats.len())
+    );
     for (lab, outcomes) in by_lab(rows) {
         let runs: usize = outcomes.values().map(Vec::len).sum();
         crate::outln!();
