@@ -99,7 +99,7 @@ enum Command {
     /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
     /// clock jump, a client pause
     Redlock(RedlockArgs),
-    /// Lab 7: one job done eight ways, with and without a lock, under the same freezes and kill
+    /// Lab 7: one job done nine ways, with and without a lock, under the same freezes and kill
     NoLock(NoLockArgs),
     /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
     Network(NetworkArgs),
@@ -416,11 +416,13 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     );
     crate::outln!();
     crate::outln!(
-        "{seats} seats, seat01 to {}, each with its own password. Hand each attendee",
+        "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",
+        if seats == 1 { "" } else { "s" },
         state.seats.last().map_or("-", |seat| seat.name.as_str())
     );
     crate::outln!("one seat's lines; the passwords above stay yours.");
-    crate::outln!("  one seat:  lockslab seat 7");
+    // A seat that exists in every room (`--seats` is at least 1).
+    crate::outln!("  one seat:  lockslab seat 1");
     crate::outln!(
         "  every seat: {} (mode 0600)",
         servers::state_dir().join(servers::SEATS_FILE).display()
@@ -487,24 +489,68 @@ fn print_redacted(state: &servers::UpState) {
     }
 }
 
-/// Lists `up`'s servers; exits 1 (with one line saying what to do) when one does not answer,
-/// so that scripts can rely on `lockslab status && …`.
+/// Lists the servers the environment names (`LOCKSLAB_*_URL`, which labs use first: a
+/// seat's room, say), then `up`'s; exits 1 (with one line saying what to do) when one does
+/// not answer, so that scripts can rely on `lockslab status && …`.
 fn status() -> Result<()> {
-    let Some((state, health)) = servers::status()? else {
-        crate::outln!(
-            "no servers from `lockslab up`; labs will use docker-compose defaults or private servers"
-        );
-        return Ok(());
+    let given: Vec<(crate::connect::Backend, String)> = servers::ALL
+        .iter()
+        .filter_map(|backend| {
+            let url = std::env::var(backend.env_var()).ok()?;
+            (!url.is_empty()).then_some((*backend, url))
+        })
+        .collect();
+    let mut silent = Vec::new();
+    if !given.is_empty() {
+        crate::outln!("from the environment (labs use these first):");
+        for (backend, url) in &given {
+            let answers = crate::connect::probe(*backend, url).is_ok();
+            if !answers {
+                silent.push(backend.env_var());
+            }
+            // Passwords hidden: `status` is what gets shown to a room.
+            crate::outln!(
+                "  {:<9} {}  {}",
+                backend.name(),
+                crate::connect::redact(url),
+                up_mark(answers)
+            );
+        }
+    }
+    let silent_env = || {
+        (!silent.is_empty()).then(|| {
+            let (servers, are, it) = if silent.len() == 1 {
+                ("server", "is", "it")
+            } else {
+                ("servers", "are", "them")
+            };
+            anyhow::anyhow!(
+                "the {servers} in {} {are} not answering: check the URLs you exported, or ask \
+                 whoever started {it}",
+                silent.join(" and ")
+            )
+        })
     };
+    let Some((state, health)) = servers::status()? else {
+        if given.is_empty() {
+            crate::prose!(
+                "no servers from `lockslab up`; labs will use docker-compose defaults or private servers"
+            );
+        } else if given.len() < servers::ALL.len() {
+            crate::prose!(
+                "no servers from `lockslab up`; for the others labs will use docker-compose \
+                 defaults or private servers"
+            );
+        }
+        return silent_env().map_or(Ok(()), Err);
+    };
+    if !given.is_empty() {
+        crate::outln!("from `lockslab up` on this machine:");
+    }
     for (backend, answers) in &health {
         // Passwords hidden: `status` is what gets shown to a room.
         let url = crate::connect::redact(state.url(*backend).unwrap_or("-"));
-        let mark = if *answers {
-            "up".green().bold()
-        } else {
-            "not answering".red().bold()
-        };
-        crate::outln!("  {:<9} {url}  {mark}", backend.name());
+        crate::outln!("  {:<9} {url}  {}", backend.name(), up_mark(*answers));
     }
     match &state.room {
         Some(room) => {
@@ -529,7 +575,16 @@ fn status() -> Result<()> {
             down.join(" and ")
         );
     }
-    Ok(())
+    silent_env().map_or(Ok(()), Err)
+}
+
+/// A server's state in `status`'s words.
+fn up_mark(answers: bool) -> colored::ColoredString {
+    if answers {
+        "up".green().bold()
+    } else {
+        "not answering".red().bold()
+    }
 }
 
 #[cfg(test)]

@@ -173,7 +173,9 @@ fn check_challenge_python() {
                 Mark::Note,
                 "python3       the python3 on your PATH lacks redis or psycopg2",
             );
-            advise("type `/usr/bin/python3` where labs/11-challenge.md says `python3`");
+            advise(
+                "run clients with `/usr/bin/python3`, as labs/11-challenge.md does, not `python3`",
+            );
         }
     } else {
         say(

@@ -36,7 +36,7 @@
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.
-//! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done eight ways.
+//! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done nine ways.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
 //!   so that no figure measured across the gap passes for true.

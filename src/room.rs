@@ -31,6 +31,20 @@ pub fn seat_of(postgres_url: &str) -> Option<String> {
     (!number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())).then(|| user.to_string())
 }
 
+/// Whether this shell is a room's seat: it has a namespace or a seat's URL (the lines
+/// `lockslab seat N` prints). A seat never starts the room, so an error that would say
+/// "start one" sends it to the instructor instead.
+fn is_a_seat() -> bool {
+    std::env::var_os("LOCKSLAB_NAMESPACE").is_some_and(|ns| !ns.is_empty())
+        || [
+            "LOCKSLAB_POSTGRES_URL",
+            "LOCKSLAB_REDIS_URL",
+            "LOCKSLAB_ETCD_URL",
+        ]
+        .iter()
+        .any(|var| std::env::var(var).is_ok_and(|url| seat_of(&url).is_some()))
+}
+
 /// Records a finished run on the room's Postgres when this lab ran as one of its seats;
 /// says so on stderr if it could not (the lab's own verdict stands either way). A seat's
 /// URL names its own database; the results are in the labs' one, where the seat may add
@@ -112,6 +126,12 @@ pub struct ResultsArgs {
 /// `lockslab results`: the room's runs, from the room `lockslab up --room` started.
 pub fn results(args: &ResultsArgs) -> Result<()> {
     let Some(state) = UpState::load()? else {
+        if is_a_seat() {
+            bail!(
+                "a room's results are read on the instructor's machine, where `lockslab up --room` \
+                 runs (the projector's view); a seat records its runs and reads none"
+            );
+        }
         bail!("no room is running: `lockslab up --room ADDR` starts one");
     };
     if state.room.is_none() {
@@ -168,7 +188,14 @@ fn print(rows: &[Row]) {
         return;
     }
     let seats: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.seat.as_str()).collect();
-    crate::outln!("{} runs by {} seats", rows.len(), seats.len());
+    let s = |n: usize| if n == 1 { "" } else { "s" };
+    crate::outln!(
+        "{} run{} by {} seat{}",
+        rows.len(),
+        s(rows.len()),
+        seats.len(),
+        s(seats.len())
+    );
     for (lab, outcomes) in by_lab(rows) {
         let runs: usize = outcomes.values().map(Vec::len).sum();
         crate::outln!();

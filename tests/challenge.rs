@@ -1456,3 +1456,49 @@ fn without_root_or_bwrap_the_clients_are_trusted_and_isolated_refuses_to_run() {
     let verdict = verdict_in(&output);
     assert_eq!(verdict["clients_isolated"], "trusted", "{verdict}");
 }
+
+/// As root, a client in a directory the run's own user cannot enter (root's home, a
+/// private temp dir) is refused before any server starts (exit 4), and the advice copies
+/// that client — the script alone, or its directory when more modules sit beside it — not
+/// the directory lockslab runs in, and gives the line that runs it from the new place.
+#[test]
+fn a_client_its_user_cannot_read_is_refused_with_the_copy_and_the_line_to_run() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only as root are the clients a user of their own");
+        return;
+    }
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        private.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let dir = private.path().to_str().unwrap();
+    let client = format!("{dir}/client.py");
+    std::fs::write(&client, "print('never run')\n").unwrap();
+    let refused = |expected_copy: &str| {
+        let output = lockslab(&["challenge", "counter", "--seed", "3", "--", PYTHON, &client])
+            .current_dir("/")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(4),
+            "{said}{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert!(said.contains(expected_copy), "{said}");
+        assert!(!said.contains("cp -r . "), "{said}");
+        assert!(
+            said.contains(
+                "cd /srv/client && lockslab challenge counter --seed 3 -- \
+                 /usr/bin/python3 /srv/client/client.py"
+            ),
+            "{said}"
+        );
+    };
+    refused(&format!("cp {client} /srv/client/"));
+    std::fs::write(format!("{dir}/helpers.py"), "X = 1\n").unwrap();
+    refused(&format!("cp -r {dir}/. /srv/client"));
+}

@@ -326,3 +326,63 @@ fn etcd_gateway(address: &str, path: &str, body: &str) -> String {
     let _ = stream.read_to_string(&mut answer);
     answer
 }
+
+/// A seat's shell (its exports set, no `up` of its own): `status` lists the servers the
+/// environment names, passwords hidden, rather than saying there are none; `results` sends
+/// it to the instructor's machine rather than telling it to start a room.
+#[test]
+fn a_seat_sees_its_servers_and_is_sent_to_the_instructor_for_results() {
+    let state = tempfile::tempdir().unwrap();
+    let status = lockslab(&["status"])
+        .env("LOCKSLAB_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(text.contains("from the environment"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with("  up")).count(),
+        3,
+        "{text}"
+    );
+    assert!(!text.contains("no servers from"), "{text}");
+    let password = servers()
+        .redis
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
+        .unwrap()
+        .1;
+    assert!(
+        !text.contains(password),
+        "status shows the password: {text}"
+    );
+    assert!(text.contains("redis://default:***@"), "{text}");
+
+    for seat in [
+        ("LOCKSLAB_NAMESPACE", "seat07"),
+        (
+            "LOCKSLAB_POSTGRES_URL",
+            "postgres://seat07:pw@127.0.0.1:1/seat07",
+        ),
+    ] {
+        let results = bare(&["results"], state.path())
+            .env(seat.0, seat.1)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&results.stderr);
+        assert_eq!(results.status.code(), Some(1), "{seat:?}: {said}");
+        assert!(said.contains("instructor's machine"), "{seat:?}: {said}");
+        assert!(!said.contains("starts one"), "{seat:?}: {said}");
+    }
+    // Not a seat: nothing runs here, and `up --room` would start one.
+    let results = bare(&["results"], state.path())
+        .env_remove("LOCKSLAB_NAMESPACE")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&results.stderr);
+    assert!(said.contains("no room is running"), "{said}");
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A client for `lockslab challenge`: speaks the protocol, takes NO lock yet.
 
-Run it:  lockslab challenge counter -- python3 client.py
+Run it:  lockslab challenge counter -- /usr/bin/python3 client.py
+(the system python3, which has the modules below; a venv's may not.)
 Protocol (docs/challenge.md): one JSON object a line. stdin brings `init`, then
 `job`s; stdout answers `ready`, then `ok` (or `fail`) for each job. Log on stderr.
 Needs python3-redis and python3-psycopg2 (scripts/setup installs them).

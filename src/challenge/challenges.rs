@@ -56,7 +56,7 @@ impl Challenge {
         match self {
             Challenge::Counter => About {
                 goal: "no lost update: every job's add in its counter once",
-                faults: "none: three clients race on two counters",
+                faults: "none: the clients race on two counters",
                 target: "every job done once; no write from a stale read",
             },
             Challenge::Pause => About {

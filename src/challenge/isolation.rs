@@ -281,12 +281,12 @@ fn readable_by_others(program: &[String]) -> Result<()> {
     let here = std::env::current_dir().unwrap_or_default();
     let files = super::named_files(program);
     let relative = files.iter().any(|f| !Path::new(f).is_absolute());
+    let again = rerun_line(std::env::args().skip(1));
     let why = |what: &str| {
         format!(
             "as root, lockslab runs the clients as a user of their own (no account, no group): \
-             {what}. Put the client where every user may read it (e.g. `mkdir -p \
-             /srv/client && cp -r . /srv/client && chmod -R a+rX /srv/client`, then run \
-             from there), or run lockslab as an ordinary user"
+             {what}. {}, or run lockslab as an ordinary user",
+            move_the_client(program, &here, &again)
         )
     };
     if relative && let Some((blocked, mode)) = blocked_on_the_way(&here) {
@@ -328,6 +328,79 @@ fn readable_by_others(program: &[String]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where to put the client so a run's own user may read it, as commands to paste, and the
+/// line to run afterwards. The client is its script (`python3 /root/client.py`), else the
+/// program itself. Its directory is copied when it holds more files like it (a module
+/// beside the script); the file alone when it stands by itself, or when its directory is
+/// a home or a shared one (copying a whole home would hand its secrets to everyone).
+fn move_the_client(program: &[String], here: &Path, again: &[String]) -> String {
+    const TO: &str = "/srv/client";
+    let at = program
+        .iter()
+        .skip(1)
+        .position(|arg| super::SCRIPTS.iter().any(|ext| arg.ends_with(ext)))
+        .map_or(0, |i| i + 1);
+    let client = std::path::absolute(here.join(&program[at])).unwrap_or_default();
+    let (Some(dir), Some(name)) = (client.parent(), client.file_name()) else {
+        return format!("Put the client where every user may read it (e.g. under {TO})");
+    };
+    let shared = [
+        std::env::var_os("HOME").map(PathBuf::from),
+        Some(PathBuf::from("/root")),
+        Some(PathBuf::from("/tmp")),
+        Some(std::env::temp_dir()),
+    ];
+    let more_like_it = client.extension().is_some()
+        && fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|entry| {
+                entry.path() != client && entry.path().extension() == client.extension()
+            })
+        });
+    let whole_dir = more_like_it
+        && dir.parent().is_some()
+        && !shared.iter().flatten().any(|place| place == dir);
+    let word = |path: &Path| super::verdict::shell_word(&path.to_string_lossy());
+    let copy = if whole_dir {
+        format!("cp -r {}/. {TO}", word(dir))
+    } else {
+        format!("cp {} {TO}/", word(&client))
+    };
+    let moved = Path::new(TO).join(name).to_string_lossy().into_owned();
+    let line: Vec<String> = again
+        .iter()
+        .chain(
+            program
+                .iter()
+                .enumerate()
+                .map(|(i, w)| if i == at { &moved } else { w }),
+        )
+        .map(|w| super::verdict::shell_word(w))
+        .collect();
+    format!(
+        "Put the client where every user may read it: `mkdir -p {TO} && {copy} && chmod -R \
+         a+rX {TO}`, then run `cd {TO} && {}`",
+        line.join(" ")
+    )
+}
+
+/// The words of this command line before its `--` (`lockslab challenge counter --seed 7 --`),
+/// for the line that runs it again with the client moved.
+fn rerun_line(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut line = vec!["lockslab".to_string()];
+    for arg in args {
+        line.push(arg.clone());
+        if arg == "--" {
+            return line;
+        }
+    }
+    vec![
+        "lockslab".into(),
+        "challenge".into(),
+        "NAME".into(),
+        "--".into(),
+    ]
 }
 
 /// `bwrap`, when it is installed and this kernel lets an ordinary user make the namespaces
