@@ -728,6 +728,67 @@ pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// `text` as it may reach a terminal: escape sequences (colours, cursor moves, a cleared
+/// screen, a window title) removed whole, other control characters and Unicode format
+/// characters (a bidi override turns the rest of a line around) dropped, a tab made a
+/// space. A client's words, or a room seat's results, are shown on someone else's screen:
+/// they must not be able to paint a verdict of their own there.
+pub fn printable(text: &str) -> String {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            // CSI: ESC [ (or the one-character U+009B), parameters, then a final byte.
+            '\u{1b}' if chars.peek() == Some(&'[') => {
+                chars.next();
+                skip_csi(&mut chars);
+            }
+            '\u{9b}' => skip_csi(&mut chars),
+            // OSC, DCS, SOS, PM, APC: a string, ended by BEL or ST (ESC and a backslash).
+            '\u{1b}' if matches!(chars.peek(), Some(']' | 'P' | 'X' | '^' | '_')) => {
+                chars.next();
+                skip_string(&mut chars);
+            }
+            '\u{90}' | '\u{98}' | '\u{9d}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
+            // Any other escape: ESC, its intermediate bytes (`ESC ( B` picks a character
+            // set), and the character that ends it.
+            '\u{1b}' => {
+                while chars
+                    .next_if(|c| ('\u{20}'..='\u{2f}').contains(c))
+                    .is_some()
+                {}
+                chars.next();
+            }
+            '\t' => out.push(' '),
+            c if c.is_control() || c.general_category() == GeneralCategory::Format => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars>) {
+    for c in chars.by_ref() {
+        if ('\u{40}'..='\u{7e}').contains(&c) {
+            return;
+        }
+    }
+}
+
+fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars>) {
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{7}' | '\u{9c}' => return,
+            '\u{1b}' if chars.peek() == Some(&'\\') => {
+                chars.next();
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

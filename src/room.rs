@@ -156,9 +156,10 @@ pub fn results(args: &ResultsArgs) -> Result<()> {
         .iter()
         .map(|row| Row {
             seat: row.get(0),
-            lab: row.get(1),
+            // A seat wrote these: they reach the instructor's screen without its escapes.
+            lab: crate::output::printable(row.get(1)),
             at: row.get(2),
-            headline: row.get(3),
+            headline: crate::output::printable(row.get(3)),
         })
         .collect();
     print(&rows);

@@ -1197,15 +1197,32 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
         .find(|(var, _)| var == "LOCKSLAB_POSTGRES_URL")
         .unwrap()
         .1;
-    let mut seat = postgres::Client::connect(&seat_url, postgres::NoTls).unwrap();
+    // Where a seat records its runs: the labs' database (its own database has no results).
+    let results_url = format!("{}/lockslab", seat_url.rsplit_once('/').unwrap().0);
+    let mut seat = postgres::Client::connect(&results_url, postgres::NoTls).unwrap();
     let read = seat.query("SELECT * FROM public.lockslab_room_results", &[]);
-    assert!(read.is_err(), "a seat read the room's results");
+    let refused = read.as_ref().unwrap_err().to_string();
+    assert!(refused.contains("permission denied"), "{refused}");
     let forged = seat.execute(
         "INSERT INTO public.lockslab_room_results (seat, lab, run_id, headline, verdict) \
          VALUES ('seat02', 'x', 'x', 'x', '{}')",
         &[],
     );
-    assert!(forged.is_err(), "a seat recorded a run as another seat");
+    let refused = forged.unwrap_err().to_string();
+    assert!(refused.contains("permission denied"), "{refused}");
+    // A headline a seat wrote reaches the instructor's screen without its escapes (hostile
+    // finding: it cleared the screen and painted a green PASS).
+    seat.execute(
+        "INSERT INTO public.lockslab_room_results (lab, run_id, headline, verdict) \
+         VALUES (E'gc-pause\\x1b[2J', 'x', E'\\x1b[1;32mPASS everything', '{}')",
+        &[],
+    )
+    .unwrap();
+    let output = room.command(&["results"]).output().unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    assert!(shown.contains("PASS everything"), "{shown}");
+    assert!(!shown.contains('\u{1b}'), "{shown:?}");
 }
 
 /// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain
