@@ -2299,7 +2299,17 @@ pub fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<UpState> {
             .all(|b| state.url(*b).is_some_and(|url| answers(*b, url)))
     {
         match state.room.as_deref() {
-            Some(room) if room == addr.to_string() => return Ok(state),
+            Some(room) if room == addr.to_string() && state.seats.len() == seats => {
+                return Ok(state);
+            }
+            // More or fewer seats would mean new passwords for every seat.
+            Some(room) if room == addr.to_string() => bail!(
+                "a room of {} seat{} is already running on {room}, not {seats}: `lockslab \
+                 down` stops it (every attendee's export lines then point at nothing), then \
+                 `lockslab up --room {addr} --seats {seats}`",
+                state.seats.len(),
+                if state.seats.len() == 1 { "" } else { "s" }
+            ),
             // Replacing it would change every port and password: every attendee's pasted
             // lines would point at nothing.
             Some(room) => bail!(

@@ -1305,6 +1305,18 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
         };
         assert!(said.contains(expected), "up --room {addr}: {said}");
     }
+    // The same room with another number of seats: refused, not silently kept as it was.
+    let more = (lockslab::servers::ROOM_ATTENDEES + 1).to_string();
+    let output = room
+        .command(&["up", "--room", "127.0.0.4", "--seats", &more])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("is already running on 127.0.0.4, not"),
+        "{said}"
+    );
     let again = room
         .command(&["up", "--room", "127.0.0.4"])
         .output()
