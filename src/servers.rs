@@ -587,7 +587,7 @@ fn with_user(url: &str, user: &str, password: &str) -> String {
 /// fast enough). Such a user would keep its rights once auth is on, so after turning auth
 /// on lockslab reads the users and roles back, as root: anything it did not make, or a
 /// seat's role with rights beyond its prefix, stops the start.
-fn check_no_one_else_got_in(root_url: &str, seats: &[Seat]) -> Result<()> {
+pub fn check_no_one_else_got_in(root_url: &str, seats: &[Seat]) -> Result<()> {
     let mut expected: Vec<String> = seats.iter().map(|seat| seat.name.clone()).collect();
     expected.push("root".into());
     expected.sort();

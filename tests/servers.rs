@@ -386,3 +386,117 @@ fn a_seat_sees_its_servers_and_is_sent_to_the_instructor_for_results() {
     let said = String::from_utf8_lossy(&results.stderr);
     assert!(said.contains("no room is running"), "{said}");
 }
+
+/// A bare etcd on free loopback ports, killed and reaped when dropped.
+struct BareEtcd {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl BareEtcd {
+    fn start() -> BareEtcd {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (client, peer) = (free(), free());
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("http://127.0.0.1:{client}");
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{peer}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        BareEtcd {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for BareEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Hostile finding: etcd listens for a moment before it has a password, and a user added in
+/// that moment (here, `evil`, as another local user could) would keep its rights once
+/// lockslab turned auth on. lockslab now reads the users back and refuses to go on.
+#[test]
+fn a_user_someone_else_added_before_etcds_password_stops_the_start() {
+    let seats = lockslab::servers::Seat::generate(1);
+    for intruder in [false, true] {
+        let etcd = BareEtcd::start();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut client = None;
+            for _ in 0..100 {
+                if let Ok(mut c) = etcd_client::Client::connect([etcd.url.as_str()], None).await
+                    && c.status().await.is_ok()
+                {
+                    client = Some(c);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let mut client = client.expect("the bare etcd answers");
+            if intruder {
+                client.user_add("evil", "evilpw", None).await.unwrap();
+            }
+            // What lockslab makes: a seat's role and user, then root, then auth on.
+            let seat = &seats[0].name;
+            client.role_add(seat.as_str()).await.unwrap();
+            client
+                .role_grant_permission(
+                    seat.as_str(),
+                    etcd_client::Permission::read_write(format!("lockslab:{seat}_")).with_prefix(),
+                )
+                .await
+                .unwrap();
+            client.user_add(seat.as_str(), "pw", None).await.unwrap();
+            client
+                .user_grant_role(seat.as_str(), seat.as_str())
+                .await
+                .unwrap();
+            client.user_add("root", "rootpw", None).await.unwrap();
+            let _ = client.role_add("root").await;
+            client.user_grant_role("root", "root").await.unwrap();
+            client.auth_enable().await.unwrap();
+        });
+        let root = etcd.url.replacen("http://", "http://root:rootpw@", 1);
+        let checked = lockslab::servers::check_no_one_else_got_in(&root, &seats);
+        if intruder {
+            let said = format!("{:#}", checked.unwrap_err());
+            assert!(said.contains("evil"), "{said}");
+        } else {
+            checked.unwrap();
+        }
+    }
+}
