@@ -576,7 +576,7 @@ pub fn namespace() -> Result<Option<String>> {
 }
 
 /// `url` with its user and password replaced (`scheme://user:password@rest`).
-fn with_user(url: &str, user: &str, password: &str) -> String {
+pub(crate) fn with_user(url: &str, user: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
     format!("{scheme}://{user}:{password}@{rest}")

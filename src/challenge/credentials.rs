@@ -15,6 +15,7 @@
 use anyhow::{Context, Result};
 
 use crate::connect;
+use crate::servers::with_user;
 
 /// The logins handed to clients in `init`, and how to take them back.
 pub struct ClientLogins {
@@ -62,13 +63,6 @@ fn redis_rules(user_password: &str, key_prefix: &str) -> Vec<String> {
         .map(String::from),
     );
     rules
-}
-
-/// `url` logged in as `user`.
-fn with_user(url: &str, user: &str, password: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
-    format!("{scheme}://{user}:{password}@{rest}")
 }
 
 impl ClientLogins {
