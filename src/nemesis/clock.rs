@@ -65,6 +65,47 @@ fn sweep_leftovers(parent: &Path) {
     }
 }
 
+/// libfaketime shares a little state between a process and its children in POSIX shared
+/// memory named after the process (`/dev/shm/faketime_shm_<pid>` and its semaphore
+/// `sem.faketime_sem_<pid>`), removed when the process exits — but a worker killed with
+/// SIGKILL, as the labs kill them, runs no exit code, and the pair stays. This version of
+/// the library has no switch to turn the sharing off, so the segments of processes that are
+/// gone are removed here: only this user's, only libfaketime's names, only for a pid that
+/// no longer runs (a live one may still be using its segment).
+fn sweep_preload_memory() {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let me = nix::unistd::Uid::effective().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| {
+                name.strip_prefix("faketime_shm_")
+                    .or_else(|| name.strip_prefix("sem.faketime_sem_"))
+            })
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let mine = entry.metadata().is_ok_and(|meta| {
+            use std::os::unix::fs::MetadataExt;
+            meta.uid() == me
+        });
+        if mine && crate::procs::process_state(pid).is_none_or(|state| state == 'Z') {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+impl Drop for WorkerClock {
+    /// The run's workers are gone by now: what their preload library left goes too.
+    fn drop(&mut self) {
+        sweep_preload_memory();
+    }
+}
+
 impl WorkerClock {
     /// A clock that starts true (offset `+0`).
     pub fn new() -> Result<WorkerClock> {
@@ -75,6 +116,7 @@ impl WorkerClock {
         };
         let parent = std::env::temp_dir();
         sweep_leftovers(&parent);
+        sweep_preload_memory();
         let dir = tempfile::Builder::new()
             .prefix(&format!("{PREFIX}{}-", std::process::id()))
             .tempdir_in(&parent)
