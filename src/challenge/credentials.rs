@@ -18,6 +18,7 @@ use crate::connect;
 use crate::servers::with_user;
 
 /// The logins handed to clients in `init`, and how to take them back.
+#[derive(Clone)]
 pub struct ClientLogins {
     pub redis_url: String,
     pub etcd_url: String,

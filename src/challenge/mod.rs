@@ -216,8 +216,9 @@ fn refuse_a_missing_file(program: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Takes the run's Redis and etcd users back however the run ends (an interrupted run's
-/// process cleanup ends here too, through unwinding to `main`).
+/// Takes the run's Redis and etcd users back when the run returns, verdict or error; an
+/// interrupt exits without unwinding, so `grade` registers the same removal with
+/// [`crate::procs::on_interrupt`] as well.
 struct RemoveOnDrop<'a>(&'a credentials::ClientLogins);
 
 impl Drop for RemoveOnDrop<'_> {
@@ -274,6 +275,10 @@ fn grade(
         &key_prefix,
     );
     let _remove_logins = RemoveOnDrop(&logins);
+    let _remove_logins_if_interrupted = crate::procs::on_interrupt({
+        let logins = logins.clone();
+        move || logins.remove()
+    });
     let mut setup = play::Setup {
         challenge,
         program: args.program.clone(),
