@@ -10,7 +10,9 @@
 //! and does the ones that are not. The harm comes from the gap between *deciding* and
 //! *writing*: a worker frozen there wakes up believing what it read before the freeze.
 //!
-//! Read the approaches top to bottom, next to `labs/07-no-lock.md`:
+//! The approaches are [`crate::designs`]' code, the same that `lockslab chaos` runs; this
+//! file is lab 7's side of it: the tables, the job, and the SQL that puts each design's
+//! guard on lab 7's rows. Read them top to bottom, next to `labs/07-no-lock.md`:
 //!
 //! ```text
 //!  ❌ redis-lock          a Redis lock per customer, then read-modify-write the balance
@@ -33,7 +35,7 @@
 //! only one of them uses a lock service at all.
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use postgres::Statement;
@@ -41,7 +43,9 @@ use postgres::types::ToSql;
 use serde::{Deserialize, Serialize};
 
 use crate::connect::PgClient;
-use crate::lock::redis::{Held, RETRY_EVERY, RedisLock, Release};
+use crate::designs::postgres::{ADVISORY_LOCK, ADVISORY_UNLOCK, ADVISORY_XACT_LOCK};
+use crate::designs::{self, Design, Done, Guard, Isolation, LetGo, Point, Retry, Seen, Service};
+use crate::lock::redis::{RedisLock, Release};
 
 /// How the workers keep the job safe: the lesson of this lab. Declared in the order of
 /// [`Approach::ALL`], so that `--help` lists them as the run plays them.
@@ -83,18 +87,23 @@ impl Approach {
         Approach::RedisFenced,
     ];
 
-    pub fn name(self) -> &'static str {
+    /// The design this approach runs: the code of [`crate::designs`], shared with chaos.
+    pub fn design(self) -> Design {
         match self {
-            Approach::RedisLock => "redis-lock",
-            Approach::Optimistic => "optimistic",
-            Approach::Serializable => "serializable",
-            Approach::IdempotencyKey => "idempotency-key",
-            Approach::Partitioned => "partitioned",
-            Approach::AdvisoryXact => "advisory-xact",
-            Approach::AdvisorySession => "advisory-session",
-            Approach::FencedWriteOnly => "fenced-write-only",
-            Approach::RedisFenced => "redis-fenced",
+            Approach::RedisLock => Design::RedisLock,
+            Approach::FencedWriteOnly => Design::FencedWriteOnly,
+            Approach::Optimistic => Design::Optimistic,
+            Approach::Serializable => Design::Serializable,
+            Approach::IdempotencyKey => Design::IdempotencyKey,
+            Approach::Partitioned => Design::Partitioned,
+            Approach::AdvisoryXact => Design::AdvisoryXact,
+            Approach::AdvisorySession => Design::AdvisorySession,
+            Approach::RedisFenced => Design::RedisFenced,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.design().name()
     }
 
     /// What the approach asks of the problem (or of the system around it).
@@ -212,44 +221,38 @@ pub const INSERT_INVOICE: &str =
 /// guarantee, and what a holder frozen past its TTL no longer has.
 pub const SET_BALANCE: &str = "UPDATE {customers} SET balance = $2 WHERE id = $1";
 
-// ─── The approaches ───────────────────────────────────────────────────────────────────
+// ─── The guarded writes: the designs' guards, on lab 7's rows ─────────────────────────
 
-/// ✅ optimistic: the same computed balance, written only if the row is still the version
-/// the worker read. Zero rows updated means someone else wrote in between: read again.
+/// ✅ optimistic ([`Guard::Version`]): the same computed balance, written only if the row
+/// is still the version the worker read. Zero rows updated means someone else wrote in
+/// between: read again.
 pub const SET_BALANCE_IF_VERSION: &str =
     "UPDATE {customers} SET balance = $2, version = version + 1 WHERE id = $1 AND version = $3";
 
-/// ❌ fenced-write-only: the same computed balance, written only if no holder with a higher
-/// token has written this customer. It refuses a holder that *decided* while frozen — but
-/// not one frozen after this UPDATE and before its COMMIT: the next holder reads the old
-/// balance (the sleeper has not committed), its own UPDATE waits on the sleeper's row lock,
-/// and when the sleeper commits, `fence <= $3` still holds for the higher token. The write
-/// goes through with a balance computed from a read no token guarded: the sleeper's
-/// addition is lost. Fenced the write, not the read.
+/// ❌ fenced-write-only ([`Guard::NotLower`]): the same computed balance, written only if
+/// no holder with a higher token has written this customer. It refuses a holder that
+/// *decided* while frozen — but not one frozen after this UPDATE and before its COMMIT: the
+/// next holder reads the old balance (the sleeper has not committed), its own UPDATE waits
+/// on the sleeper's row lock, and when the sleeper commits, `fence <= $3` still holds for
+/// the higher token. The write goes through with a balance computed from a read no token
+/// guarded: the sleeper's addition is lost. Fenced the write, not the read.
 pub const SET_BALANCE_IF_FENCE: &str =
     "UPDATE {customers} SET balance = $2, fence = $3 WHERE id = $1 AND fence <= $3";
 
-/// ✅ redis-fenced: the first statement of the transaction claims the row with the token and
-/// reads the balance *in the same statement*. The claim takes the row lock, so everything
-/// read after it is what the last holder committed; a holder whose claim waited behind a
-/// frozen one reads only once the frozen one has committed or rolled back, and a holder
-/// with a lower token than the row has seen claims nothing.
-pub const CLAIM_ROW: &str =
-    "UPDATE {customers} SET fence = $2 WHERE id = $1 AND fence < $2 RETURNING balance";
+/// ✅ redis-fenced ([`Desk::claim`]): claims the row with the token and reads the balance
+/// *in the same statement*. A holder with a token no higher than one the row has seen
+/// claims nothing; a claim that waited behind a frozen writer's row lock reads only once
+/// that writer has committed or rolled back.
+pub const CLAIM_ROW: &str = "
+    UPDATE {customers} SET fence = $2 WHERE id = $1 AND fence < $2 RETURNING balance, version";
 
-/// ✅ serializable: the transaction the read and both writes share. Postgres runs it under
-/// Serializable Snapshot Isolation: every read takes a predicate lock (SIRead) that blocks
-/// nobody and only records what was read; a write to something another serializable
-/// transaction read makes a read-write dependency. Postgres does not look for whole cycles
-/// of them: it rolls back (SQLSTATE 40001) a transaction in a *dangerous pattern* of
-/// dependencies — one with a dependency in and a dependency out among concurrent
-/// transactions — that *could* be part of a cycle (PostgreSQL 15 docs, 13.2.3
-/// "Serializable Isolation Level", 13.4.1). So some rollbacks are false positives: from
-/// that pattern test itself, and from predicate locks coarser than the rows read.
-pub const BEGIN_SERIALIZABLE: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+/// ✅ redis-fenced ([`Guard::ClaimedBy`]): the balance computed from the claimed read,
+/// written only if no higher token has claimed the row since.
+pub const SET_BALANCE_IF_CLAIMED: &str =
+    "UPDATE {customers} SET balance = $2 WHERE id = $1 AND fence = $3";
 
-/// ✅ idempotency-key: one invoice per (customer, period), decided by the unique index.
-/// Zero rows inserted is a no-op: somebody already did this job.
+/// ✅ idempotency-key ([`Guard::OncePerJob`]): one invoice per (customer, period), decided
+/// by the unique index. Zero rows inserted is a no-op: somebody already did this job.
 pub const INSERT_INVOICE_ONCE: &str = "
     INSERT INTO {invoices} (customer, period, amount, worker) VALUES ($1, $2, $3, $4)
     ON CONFLICT (customer, period) DO NOTHING";
@@ -258,21 +261,8 @@ pub const INSERT_INVOICE_ONCE: &str = "
 /// the transaction whose insert happened. No value read earlier is written back.
 pub const ADD_TO_BALANCE: &str = "UPDATE {customers} SET balance = balance + $2 WHERE id = $1";
 
-/// ✅ advisory-xact: waits for the lock on (run, customer); it is released by COMMIT or
-/// ROLLBACK — and a closed connection is a ROLLBACK.
-pub const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1, $2)";
-
-/// A worker that should *skip* a customer whose lock is taken, rather than queue behind a
-/// frozen holder: `false` at once instead of a wait. (`SET LOCAL lock_timeout` bounds the
-/// waiting form instead: the wait ends with an error, SQLSTATE 55P03.)
-pub const ADVISORY_XACT_TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1, $2)";
-
-/// ✅ advisory-session: the same lock, held by the session until it says so.
-pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock($1, $2)";
-pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock($1, $2)";
-
 /// Every statement a worker prepares once, at the start (one round trip each later).
-const PREPARED: [&str; 15] = [
+const PREPARED: [&str; 16] = [
     IS_INVOICED,
     INVOICED_AMONG,
     CLAIM_ROW,
@@ -281,6 +271,7 @@ const PREPARED: [&str; 15] = [
     SET_BALANCE,
     SET_BALANCE_IF_VERSION,
     SET_BALANCE_IF_FENCE,
+    SET_BALANCE_IF_CLAIMED,
     INSERT_INVOICE_ONCE,
     ADD_TO_BALANCE,
     ADVISORY_XACT_LOCK,
@@ -289,6 +280,8 @@ const PREPARED: [&str; 15] = [
     READ_JOBS,
     "SELECT 1",
 ];
+
+// ─── One worker's desk: the connections, the counts, and the points ───────────────────
 
 // ─── One worker's desk: the connections, the counts, and each approach as a function ──
 
@@ -369,20 +362,6 @@ pub trait Gate {
     fn at(&mut self, moment: Moment, job: &Job, info: StopInfo) -> Result<()>;
 }
 
-/// How a job ended for the worker that tried it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// This worker wrote the invoice and the balance.
-    Invoiced,
-    /// Found invoiced before any attempt: nothing to do.
-    AlreadyDone,
-    /// Attempted, and the database said somebody else had done it (a conflicting insert,
-    /// or an optimistic retry that then found the invoice).
-    NoOp,
-    /// Attempted with this fencing token, lower than one the row had taken: refused.
-    Rejected { token: i64 },
-}
-
 /// What one worker counted; summed by the lab.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Tally {
@@ -404,7 +383,7 @@ pub struct Tally {
     pub round_trips: u64,
 }
 
-/// A worker's connections and what it needs to do a job.
+/// A worker's connections and what it needs to do a job: the [`designs::Desk`] of lab 7.
 pub struct Desk {
     pub db: PgClient,
     statements: Vec<(&'static str, Statement)>,
@@ -421,9 +400,25 @@ pub struct Desk {
     pub fence_counter: String,
     pub redis_key_prefix: String,
     pub tally: Tally,
+    /// Where the lab may stop this worker.
+    pub gate: Box<dyn Gate>,
+    /// The Redis lock held now, for a stop to report.
+    holding: StopInfo,
     /// The last look-ahead: where in the walk it starts, and its answers.
     ahead: (usize, Vec<bool>),
 }
+
+/// A worker no lab stops.
+struct NeverStop;
+
+impl Gate for NeverStop {
+    fn at(&mut self, _: Moment, _: &Job, _: StopInfo) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How many times `optimistic` and `serializable` try one job before the worker fails.
+const MOST_RETRIES: u32 = 10_000;
 
 impl Desk {
     pub fn new(mut db: PgClient, tables: Tables, worker: &str) -> Result<Desk> {
@@ -446,6 +441,8 @@ impl Desk {
             fence_counter: String::new(),
             redis_key_prefix: String::new(),
             tally: Tally::default(),
+            gate: Box::new(NeverStop),
+            holding: StopInfo::default(),
             ahead: (0, Vec::new()),
         })
     }
@@ -465,13 +462,14 @@ impl Desk {
         Ok(self.db.execute(&statement, params)?)
     }
 
-    /// The invoice row of `job`, in the transaction under way (INSERT_INVOICE).
-    fn insert_invoice(&mut self, job: &Job) -> Result<u64> {
-        let worker = self.worker.clone();
-        self.execute(
-            INSERT_INVOICE,
-            &[&job.customer, &job.period, &job.amount, &worker],
-        )
+    fn query_opt(
+        &mut self,
+        template: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<postgres::Row>> {
+        let statement = self.statement(template)?;
+        self.tally.round_trips += 1;
+        Ok(self.db.query_opt(&statement, params)?)
     }
 
     fn query_one(
@@ -479,9 +477,17 @@ impl Desk {
         template: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<postgres::Row> {
-        let statement = self.statement(template)?;
-        self.tally.round_trips += 1;
-        Ok(self.db.query_one(&statement, params)?)
+        self.query_opt(template, params)?
+            .with_context(|| format!("no row from {}", template.trim()))
+    }
+
+    /// The invoice row of `job`, in the transaction under way (INSERT_INVOICE).
+    fn insert_invoice(&mut self, job: &Job) -> Result<u64> {
+        let worker = self.worker.clone();
+        self.execute(
+            INSERT_INVOICE,
+            &[&job.customer, &job.period, &job.amount, &worker],
+        )
     }
 
     /// BEGIN, COMMIT, ROLLBACK (one round trip each).
@@ -523,496 +529,194 @@ impl Desk {
         Ok(self.ahead.1.first().copied().unwrap_or(false))
     }
 
-    /// Does one job the way `approach` says, stopping at `gate`'s moments, unless the walk's
-    /// "invoiced yet?" said it is done (`invoiced`, from [`Desk::invoiced_yet`]).
-    pub fn do_job(
-        &mut self,
-        approach: Approach,
-        job: &Job,
-        invoiced: bool,
-        gate: &mut dyn Gate,
-    ) -> Result<Outcome> {
+    /// Does one job the way `approach` says ([`crate::designs`]), stopping at the gate's
+    /// moments, unless the walk's "invoiced yet?" said it is done (`invoiced`, from
+    /// [`Desk::invoiced_yet`]).
+    pub fn do_job(&mut self, approach: Approach, job: &Job, invoiced: bool) -> Result<Done> {
         if invoiced {
             self.tally.already_done += 1;
-            return Ok(Outcome::AlreadyDone);
+            return Ok(Done::AlreadyDone);
         }
-        let outcome = match approach {
-            Approach::RedisLock => self.with_redis_lock(job, gate)?,
-            Approach::FencedWriteOnly => self.with_redis_lock_and_fenced_write(job, gate)?,
-            Approach::RedisFenced => self.with_redis_lock_and_claim(job, gate)?,
-            Approach::Optimistic => self.optimistic(job, gate)?,
-            Approach::Serializable => self.serializable(job, gate)?,
-            Approach::IdempotencyKey => self.idempotency_key(job, gate)?,
-            Approach::Partitioned => self.as_the_only_owner(job, gate)?,
-            Approach::AdvisoryXact => self.with_advisory_xact_lock(job, gate)?,
-            Approach::AdvisorySession => self.with_advisory_session_lock(job, gate)?,
-        };
-        match outcome {
-            Outcome::Invoiced => self.tally.invoiced += 1,
-            Outcome::AlreadyDone => self.tally.already_done += 1,
-            Outcome::NoOp => self.tally.no_ops += 1,
-            Outcome::Rejected { .. } => self.tally.rejected += 1,
+        let done = designs::do_job(approach.design(), self, job)?;
+        match &done {
+            Done::Written => self.tally.invoiced += 1,
+            Done::AlreadyDone => self.tally.already_done += 1,
+            Done::NoOp => self.tally.no_ops += 1,
+            Done::Refused { .. } => self.tally.rejected += 1,
+            Done::Unknown => bail!("job {}: its write got no answer", job.id),
+            Done::NotTaken => bail!(
+                "waited {:?} for the Redis lock {} and gave up",
+                self.lock_wait,
+                designs::Desk::lock_name(self, job)
+            ),
+            Done::Dropped(retry) => bail!(
+                "gave up on customer {} after {MOST_RETRIES} {}",
+                job.customer,
+                match retry {
+                    Retry::Version => "version conflicts",
+                    Retry::RolledBack(_) => "serialization failures",
+                }
+            ),
         }
-        Ok(outcome)
+        Ok(done)
+    }
+}
+
+impl designs::Desk for Desk {
+    type Job = Job;
+
+    fn begin(&mut self, isolation: Isolation) -> Result<()> {
+        self.say(isolation.begin())
     }
 
-    fn is_invoiced(&mut self, job: &Job) -> Result<bool> {
-        Ok(self
-            .query_one(IS_INVOICED, &[&job.customer, &job.period])?
-            .get(0))
+    fn commit(&mut self) -> Result<()> {
+        self.say("COMMIT")
     }
 
-    /// The customer's (balance, version, invoiced?) at one moment.
-    fn read_customer(&mut self, job: &Job) -> Result<(i64, i64, bool)> {
+    fn rollback(&mut self) -> Result<()> {
+        self.say("ROLLBACK")
+    }
+
+    /// The customer's balance and version, and whether the job is invoiced, in one
+    /// statement ([`READ_CUSTOMER`]).
+    fn read(&mut self, job: &Job) -> Result<Seen> {
         let row = self.query_one(READ_CUSTOMER, &[&job.customer, &job.period])?;
-        Ok((row.get(0), row.get(1), row.get(2)))
+        Ok(Seen {
+            value: row.get(0),
+            version: row.get(1),
+            done: row.get(2),
+            claimed: None,
+        })
+    }
+
+    /// [`CLAIM_ROW`]; then, in a statement of its own (a snapshot taken after the claim
+    /// waited, if it did), whether the job is invoiced.
+    fn claim(&mut self, job: &Job, token: i64) -> Result<Option<Seen>> {
+        let Some(row) = self.query_opt(CLAIM_ROW, &[&job.customer, &token])? else {
+            return Ok(None);
+        };
+        let done = self
+            .query_one(IS_INVOICED, &[&job.customer, &job.period])?
+            .get(0);
+        Ok(Some(Seen {
+            value: row.get(0),
+            version: row.get(1),
+            done,
+            claimed: Some(token),
+        }))
+    }
+
+    /// The job's two rows, the invoice and the balance, with the guard's statement first:
+    /// [`Moment::MidWrite`] is between them.
+    fn write(&mut self, job: &Job, seen: Option<&Seen>, guard: Guard) -> Result<bool> {
+        let balance = seen.map_or(0, |seen| seen.value) + job.amount;
+        let (first, second) = match guard {
+            Guard::None => {
+                self.insert_invoice(job)?;
+                self.at(job, Point::MidWrite)?;
+                self.execute(SET_BALANCE, &[&job.customer, &balance])?;
+                return Ok(true);
+            }
+            Guard::OncePerJob => {
+                let worker = self.worker.clone();
+                let params: [&(dyn ToSql + Sync); 4] =
+                    [&job.customer, &job.period, &job.amount, &worker];
+                if self.execute(INSERT_INVOICE_ONCE, &params)? == 0 {
+                    return Ok(false);
+                }
+                self.at(job, Point::MidWrite)?;
+                self.execute(ADD_TO_BALANCE, &[&job.customer, &job.amount])?;
+                return Ok(true);
+            }
+            Guard::Version(version) => (SET_BALANCE_IF_VERSION, version),
+            Guard::NotLower(token) => (SET_BALANCE_IF_FENCE, token),
+            Guard::ClaimedBy(token) => (SET_BALANCE_IF_CLAIMED, token),
+        };
+        if self.execute(first, &[&job.customer, &balance, &second])? == 0 {
+            return Ok(false);
+        }
+        self.at(job, Point::MidWrite)?;
+        self.insert_invoice(job)?;
+        Ok(true)
     }
 
     /// The work itself (computing the invoice, rendering a PDF…): here a sleep.
-    fn work(&self) {
+    fn work(&mut self) {
         if !self.work.is_zero() {
             thread::sleep(self.work);
         }
     }
 
-    /// ❌ redis-lock: take the customer's Redis lock, read, decide, write, let go.
-    ///
-    /// Inside the lock everything looks safe: the worker checks that the job is not done,
-    /// reads the balance, computes the new one and writes both in one transaction. But the
-    /// lock is a lease. A worker frozen after its read (a GC pause, a VM migration) wakes up
-    /// past the TTL, when another worker has already taken the lock, invoiced this very job
-    /// and added other invoices to the balance. Nothing stops the sleeper: it inserts a
-    /// second invoice and writes its stale balance over the others' work — a duplicate and a
-    /// lost update, with a correct lock. Frozen before its COMMIT it does the same harm the
-    /// other way round: the next holder read before that COMMIT, waits on the row, and then
-    /// writes its own stale balance over the sleeper's.
-    ///
-    /// Fix: [`Desk::with_redis_lock_and_claim`] — or no lock at all, below.
-    fn with_redis_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        let held = self.take_redis_lock(job, false)?;
-        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            self.let_go(&held)?;
-            return Ok(Outcome::AlreadyDone);
-        }
-        gate.at(Moment::Decided, job, self.stop_info(&held))?;
-        self.work();
-        self.say("BEGIN")?;
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
-        self.say("COMMIT")?;
-        self.let_go(&held)?;
-        Ok(Outcome::Invoiced)
+    fn retries(&self) -> u32 {
+        MOST_RETRIES
     }
 
-    /// ❌ fenced-write-only: the same lock, a fencing token drawn with it, and the customer
-    /// row takes the write only if it has seen no higher token ([`SET_BALANCE_IF_FENCE`]).
-    ///
-    /// It refuses a holder frozen *before* its write: by then a higher token has written the
-    /// row. It does not survive a holder frozen *inside* its transaction, after the fenced
-    /// UPDATE: the next holder's read cannot see the uncommitted write, its fenced UPDATE
-    /// waits for the sleeper's row lock and then passes (its token is higher), and it writes
-    /// a balance computed from the read before — the sleeper's amount is gone, and if both
-    /// did the same job it is invoiced twice. The token fenced the write, not the read.
-    ///
-    /// Fix: [`Desk::with_redis_lock_and_claim`].
-    fn with_redis_lock_and_fenced_write(
-        &mut self,
-        job: &Job,
-        gate: &mut dyn Gate,
-    ) -> Result<Outcome> {
-        let held = self.take_redis_lock(job, true)?;
-        let token = held.token.context("a fenced lock without a token")?;
-        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            self.let_go(&held)?;
-            return Ok(Outcome::AlreadyDone);
-        }
-        gate.at(Moment::Decided, job, self.stop_info(&held))?;
-        self.work();
-        self.say("BEGIN")?;
-        let taken = self.execute(
-            SET_BALANCE_IF_FENCE,
-            &[&job.customer, &(balance + job.amount), &token],
-        )?;
-        if taken == 0 {
-            self.say("ROLLBACK")?;
-            self.let_go(&held)?;
-            return Ok(Outcome::Rejected { token });
-        }
-        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
-        self.insert_invoice(job)?;
-        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
-        self.say("COMMIT")?;
-        self.let_go(&held)?;
-        Ok(Outcome::Invoiced)
+    fn lock_name(&self, job: &Job) -> String {
+        format!("{}{}", self.redis_key_prefix, job.customer)
     }
 
-    /// ✅ redis-fenced: the same lock and token, and the token guards the *read*: the
-    /// transaction's first statement claims the customer row with it and reads the balance
-    /// ([`CLAIM_ROW`]); only then does the worker ask whether the job is done.
-    ///
-    /// A holder frozen before its claim wakes up to a row that a higher token has claimed:
-    /// it claims nothing and writes nothing. A holder frozen after its claim holds the row
-    /// lock: the next holder's claim waits for it — safe, not live, like the advisory locks
-    /// — and, once the sleeper has committed, reads what the sleeper wrote and finds the
-    /// invoice. The lock still keeps workers off each other's jobs; the row decides.
-    fn with_redis_lock_and_claim(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        let held = self.take_redis_lock(job, true)?;
-        let token = held.token.context("a fenced lock without a token")?;
-        gate.at(Moment::BeforeRead, job, self.stop_info(&held))?;
-        self.say("BEGIN")?;
-        let claim = self.statement(CLAIM_ROW)?;
-        self.tally.round_trips += 1;
-        let Some(row) = self.db.query_opt(&claim, &[&job.customer, &token])? else {
-            self.say("ROLLBACK")?;
-            self.let_go(&held)?;
-            return Ok(Outcome::Rejected { token });
-        };
-        let balance: i64 = row.get(0);
-        if self.is_invoiced(job)? {
-            self.say("ROLLBACK")?;
-            self.let_go(&held)?;
-            return Ok(Outcome::AlreadyDone);
-        }
-        gate.at(Moment::Decided, job, self.stop_info(&held))?;
-        self.work();
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, self.stop_info(&held))?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        gate.at(Moment::BeforeCommit, job, self.stop_info(&held))?;
-        self.say("COMMIT")?;
-        self.let_go(&held)?;
-        Ok(Outcome::Invoiced)
+    fn lock_wait(&self) -> Duration {
+        self.lock_wait
     }
 
-    /// ✅ optimistic: no lock. Read the balance *and its version*, compute, then write only
-    /// if the version is still the one read. A worker that froze in between finds a newer
-    /// version (somebody invoiced this customer meanwhile), updates zero rows, reads again —
-    /// and now sees the invoice: nothing to do. A worker frozen after its UPDATE holds the
-    /// row: the others' UPDATEs wait, then find the version moved and read again. Under
-    /// contention the retries pile up; that is its cost, counted in `conflicts`.
-    fn optimistic(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        const MOST_RETRIES: u32 = 10_000;
-        for attempt in 0..MOST_RETRIES {
-            // Each moment stops a worker once (the gate's rule), on whichever attempt gets
-            // there first: a worker whose first tries all lose still meets its kill.
-            gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-            let (balance, version, invoiced) = self.read_customer(job)?;
-            if invoiced {
-                return Ok(if attempt == 0 {
-                    Outcome::AlreadyDone
-                } else {
-                    Outcome::NoOp
-                });
+    fn lease(&self) -> Duration {
+        self.redis.as_ref().map_or(Duration::ZERO, |lock| lock.ttl)
+    }
+
+    fn advisory(&mut self, sql: &'static str, job: &Job) -> Result<postgres::Row> {
+        let class = self.lock_class;
+        self.query_one(sql, &[&class, &job.customer])
+    }
+
+    fn redis(&mut self) -> Result<&mut RedisLock> {
+        self.redis.as_mut().context("no Redis connection")
+    }
+
+    /// One counter for every customer: the tokens of the whole run are ordered.
+    fn redis_counter(&self, _: &Job) -> String {
+        self.fence_counter.clone()
+    }
+
+    /// The lab's stops, and its counts: requests, lock spins, leases lost, retries.
+    fn at(&mut self, job: &Job, point: Point) -> Result<()> {
+        let moment = match point {
+            Point::BeforeRead => Moment::BeforeRead,
+            Point::Decided(_) => Moment::Decided,
+            Point::MidWrite => Moment::MidWrite,
+            Point::BeforeCommit => Moment::BeforeCommit,
+            Point::Locked(holding) if holding.service == Service::Redis => {
+                self.tally.round_trips += u64::from(holding.tries);
+                self.tally.lock_retries += u64::from(holding.tries - 1);
+                self.holding = StopInfo {
+                    lock_key: Some(holding.name.clone()),
+                    owner: holding.owner.clone(),
+                    token: holding.token,
+                };
+                return Ok(());
             }
-            gate.at(Moment::Decided, job, StopInfo::default())?;
-            self.work();
-            self.say("BEGIN")?;
-            let written = self.execute(
-                SET_BALANCE_IF_VERSION,
-                &[&job.customer, &(balance + job.amount), &version],
-            )?;
-            if written == 0 {
-                self.say("ROLLBACK")?;
-                self.tally.conflicts += 1;
-                continue;
-            }
-            gate.at(Moment::MidWrite, job, StopInfo::default())?;
-            self.insert_invoice(job)?;
-            gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
-            self.say("COMMIT")?;
-            return Ok(Outcome::Invoiced);
-        }
-        bail!(
-            "gave up on customer {} after {MOST_RETRIES} version conflicts",
-            job.customer
-        )
-    }
-
-    /// ✅ serializable: no lock at all. The read-modify-write of `redis-lock` — read the
-    /// balance and whether the job is invoiced, insert the invoice, write the computed
-    /// balance — in **one** `SERIALIZABLE` transaction, tried again from a fresh read
-    /// whenever Postgres rolls it back.
-    ///
-    /// Why no lock is needed: two workers that race on one job each read what the other
-    /// writes (the invoice that is not there yet, the customer's row), so each transaction
-    /// has a read-write dependency on the other: a cycle, which no serial order allows.
-    /// Postgres's Serializable Snapshot Isolation tracks those dependencies — it does not
-    /// search for cycles; it fails a transaction caught in a pattern of dependencies that
-    /// *could* close one, which catches every real cycle and some that are not (false
-    /// positives, besides those of its coarse predicate locks) — with SQLSTATE 40001
-    /// (`serialization_failure`): at a write, at COMMIT, or, when the other commits
-    /// first, at the loser's next statement. (Here both write the customer's row as well, so the loser often meets
-    /// the first-updater rule instead, "could not serialize access due to concurrent
-    /// update": the same SQLSTATE.) A sleeper frozen anywhere wakes into a transaction
-    /// whose snapshot is stale, and Postgres will not let it commit anything computed from
-    /// it: it rolls back, reads again, and finds the job done. A deadlock (40P01) is
-    /// retried the same way, as the docs advise (PostgreSQL 15, 13.5 "Serialization
-    /// Failure Handling").
-    ///
-    /// What it costs: retries — every loser redoes its read, and under contention the
-    /// losers pile up (counted in `conflicts`); a frozen transaction holds its row lock
-    /// once it has written, as any writer does. And the guarantee is only among
-    /// SERIALIZABLE transactions: one writer at READ COMMITTED (a script, a migration, an
-    /// admin's psql) is not tracked, and its writes can make the others' reads stale
-    /// unseen. Nor does it reach a hot standby (which refuses SERIALIZABLE) or a logical
-    /// replica: a read there can see a state no serial order of the primary produced
-    /// (PostgreSQL 15, 13.4.1).
-    ///
-    /// What this job demonstrates is no more than `REPEATABLE READ` gives: every path that
-    /// invoices writes the customer's row, and the first-updater rule fails the second
-    /// writer of a row with the same 40001. What only SERIALIZABLE catches is write skew —
-    /// two rows, each transaction reads both and writes a different one — where no row is
-    /// written twice.
-    fn serializable(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        const MOST_RETRIES: u32 = 10_000;
-        for attempt in 0..MOST_RETRIES {
-            match self.serializable_attempt(job, attempt, gate) {
-                Err(err) if must_retry(&err) => {
-                    // The transaction is aborted (or, after a failed COMMIT, over): end it
-                    // and start again from a fresh read.
-                    self.say("ROLLBACK")?;
-                    self.tally.conflicts += 1;
+            Point::Released(_, let_go) => {
+                self.holding = StopInfo::default();
+                if let LetGo::Redis { answer, .. } = let_go {
+                    self.tally.round_trips += 1;
+                    match answer {
+                        Ok(Release::Deleted) => {}
+                        Ok(_) => self.tally.leases_lost += 1,
+                        Err(err) => bail!("letting go of the Redis lock: {err:#}"),
+                    }
                 }
-                done => return done,
+                return Ok(());
             }
-        }
-        bail!(
-            "gave up on customer {} after {MOST_RETRIES} serialization failures",
-            job.customer
-        )
-    }
-
-    /// One try of [`Desk::serializable`]: read, decide, write both rows, commit.
-    fn serializable_attempt(
-        &mut self,
-        job: &Job,
-        attempt: u32,
-        gate: &mut dyn Gate,
-    ) -> Result<Outcome> {
-        self.say(BEGIN_SERIALIZABLE)?;
-        // The snapshot is taken by the transaction's first statement: the read below.
-        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            self.say("COMMIT")?;
-            return Ok(if attempt == 0 {
-                Outcome::AlreadyDone
-            } else {
-                Outcome::NoOp
-            });
-        }
-        gate.at(Moment::Decided, job, StopInfo::default())?;
-        self.work();
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, StopInfo::default())?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
-        self.say("COMMIT")?;
-        Ok(Outcome::Invoiced)
-    }
-
-    /// ✅ idempotency-key: no lock, no read. Insert the invoice with ON CONFLICT DO NOTHING;
-    /// only if a row went in, add the amount to the balance — in the same transaction, and
-    /// with `balance + amount` computed by the database, not from an earlier read. A worker
-    /// that froze before its insert wakes up, inserts nothing, and changes nothing; one
-    /// frozen after it makes the same insert of the others wait, and then do nothing.
-    fn idempotency_key(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        // Nothing is read: "before the read" and "after it" are the same moment.
-        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-        gate.at(Moment::Decided, job, StopInfo::default())?;
-        self.work();
-        self.say("BEGIN")?;
-        let inserted = self.execute(
-            INSERT_INVOICE_ONCE,
-            &[
-                &job.customer,
-                &job.period,
-                &job.amount,
-                &self.worker.clone(),
-            ],
-        )?;
-        if inserted == 0 {
-            self.say("COMMIT")?;
-            return Ok(Outcome::NoOp);
-        }
-        gate.at(Moment::MidWrite, job, StopInfo::default())?;
-        self.execute(ADD_TO_BALANCE, &[&job.customer, &job.amount])?;
-        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
-        self.say("COMMIT")?;
-        Ok(Outcome::Invoiced)
-    }
-
-    /// ✅ partitioned: exactly the ❌ read-modify-write of `redis-lock`, without any lock —
-    /// and correct, because only this worker ever writes these customers (the worker script
-    /// skips the others' jobs). A frozen owner corrupts nothing; its customers simply wait.
-    /// A dead owner needs a new one, and only once it is certainly dead: handing a partition
-    /// over while its owner may still wake up brings back every problem of a lease.
-    fn as_the_only_owner(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            return Ok(Outcome::AlreadyDone);
-        }
-        self.write_what_was_read(job, balance, gate)
-    }
-
-    /// The read-modify-write's second half, shared by the approaches whose exclusion comes
-    /// from elsewhere (a partition, an advisory lock): decide, insert, set, commit.
-    fn write_what_was_read(
-        &mut self,
-        job: &Job,
-        balance: i64,
-        gate: &mut dyn Gate,
-    ) -> Result<Outcome> {
-        gate.at(Moment::Decided, job, StopInfo::default())?;
-        self.work();
-        self.say("BEGIN")?;
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, StopInfo::default())?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
-        self.say("COMMIT")?;
-        Ok(Outcome::Invoiced)
-    }
-
-    /// ✅ advisory-xact: the same read-modify-write, under `pg_advisory_xact_lock` taken
-    /// *inside* the transaction that writes — the robust form of the database's own lock.
-    /// The lock and the writes live and die together: COMMIT, ROLLBACK or a closed
-    /// connection ends both, so no code path can forget to unlock, and a pooler that hands
-    /// the connection to someone else between transactions cannot take the lock along. A
-    /// frozen worker keeps its connection, so it keeps the lock, and every worker that needs
-    /// this customer waits — safe, not live. Only a server-side timeout bounds that
-    /// (`idle_in_transaction_session_timeout`), and then the sleeper's COMMIT fails. A
-    /// worker that would rather skip a busy customer than queue behind a frozen one asks
-    /// [`ADVISORY_XACT_TRY_LOCK`], or bounds the wait with `SET LOCAL lock_timeout`.
-    fn with_advisory_xact_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        let class = self.lock_class;
-        self.say("BEGIN")?;
-        self.execute(ADVISORY_XACT_LOCK, &[&class, &job.customer])?;
-        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            self.say("COMMIT")?;
-            return Ok(Outcome::AlreadyDone);
-        }
-        gate.at(Moment::Decided, job, StopInfo::default())?;
-        self.work();
-        self.insert_invoice(job)?;
-        gate.at(Moment::MidWrite, job, StopInfo::default())?;
-        self.execute(SET_BALANCE, &[&job.customer, &(balance + job.amount)])?;
-        gate.at(Moment::BeforeCommit, job, StopInfo::default())?;
-        self.say("COMMIT")?;
-        Ok(Outcome::Invoiced)
-    }
-
-    /// ✅ advisory-session: `pg_advisory_lock` belongs to the session, not a transaction, so
-    /// it outlives COMMIT and ROLLBACK and must be released by hand. Correct here because
-    /// the writes go through the session that holds the lock, and that session lives exactly
-    /// as long as this worker: while it is frozen nobody else gets in, and if Postgres ends
-    /// the session (`idle_session_timeout`: the session is idle *outside* a transaction, so
-    /// the in-transaction timeout never fires) its writes fail with it.
-    ///
-    /// What breaks it is anything that parts the lock from the writes: a pooler in
-    /// transaction mode (PgBouncer's `pool_mode = transaction`) runs the unlock, or the next
-    /// write, on another server session; a driver that silently reconnects carries on
-    /// writing on a session that never held the lock (the old one's lock died with it); and
-    /// an error path that skips the unlock leaves a pooled session holding it for as long as
-    /// the session lives. [`Desk::with_advisory_xact_lock`] has none of these problems.
-    fn with_advisory_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        let class = self.lock_class;
-        self.execute(ADVISORY_LOCK, &[&class, &job.customer])?;
-        let outcome = self.under_session_lock(job, gate);
-        // Released on every path, errors included (an error here ends the worker anyway).
-        self.execute(ADVISORY_UNLOCK, &[&class, &job.customer])?;
-        outcome
-    }
-
-    fn under_session_lock(&mut self, job: &Job, gate: &mut dyn Gate) -> Result<Outcome> {
-        gate.at(Moment::BeforeRead, job, StopInfo::default())?;
-        let (balance, _, invoiced) = self.read_customer(job)?;
-        if invoiced {
-            return Ok(Outcome::AlreadyDone);
-        }
-        self.write_what_was_read(job, balance, gate)
-    }
-
-    /// Takes the customer's Redis lock (`SET NX PX`, with a token when `fenced`), trying
-    /// again after 1ms, then twice as long each time up to [`RETRY_EVERY`], for at most
-    /// `lock_wait`. A holder keeps a customer's lock for a job's few round trips, a
-    /// millisecond or two: a waiter that always slept the full 20ms would leave the
-    /// customer idle ten times longer than it was held.
-    fn take_redis_lock(&mut self, job: &Job, fenced: bool) -> Result<Held> {
-        let key = format!("{}{}", self.redis_key_prefix, job.customer);
-        let counter = self.fence_counter.clone();
-        let lock = self.redis.as_mut().context("no Redis connection")?;
-        lock.key = key;
-        let deadline = Instant::now() + self.lock_wait;
-        let mut pause = Duration::from_millis(1);
-        // One owner value for every try of this acquisition (see `try_acquire_as`).
-        let owner = crate::lock::random_owner();
-        loop {
-            self.tally.round_trips += 1;
-            let held = if fenced {
-                lock.try_acquire_fenced_as(&counter, &owner)?
-            } else {
-                lock.try_acquire_as(&owner)?
-            };
-            if let Some(held) = held {
-                return Ok(held);
+            Point::Retry(_) => {
+                self.tally.conflicts += 1;
+                return Ok(());
             }
-            if Instant::now() >= deadline {
-                bail!(
-                    "waited {:?} for the Redis lock {} and gave up",
-                    self.lock_wait,
-                    lock.key
-                );
-            }
-            self.tally.lock_retries += 1;
-            thread::sleep(pause);
-            pause = (pause * 2).min(RETRY_EVERY);
-        }
+            Point::Wrote {
+                error: Some(err), ..
+            } => bail!("job {}: {err:#}", job.id),
+            _ => return Ok(()),
+        };
+        self.gate.at(moment, job, self.holding.clone())
     }
-
-    /// Compare-and-delete; counts a lease that Redis had ended before we let go.
-    fn let_go(&mut self, held: &Held) -> Result<()> {
-        let lock = self.redis.as_mut().context("no Redis connection")?;
-        self.tally.round_trips += 1;
-        if lock.release_reporting(held)? != Release::Deleted {
-            self.tally.leases_lost += 1;
-        }
-        Ok(())
-    }
-
-    fn stop_info(&self, held: &Held) -> StopInfo {
-        StopInfo {
-            lock_key: self.redis.as_ref().map(|lock| lock.key.clone()),
-            owner: Some(held.owner.clone()),
-            token: held.token,
-        }
-    }
-}
-
-/// A serializable transaction Postgres rolled back, to be tried again from a fresh read:
-/// SQLSTATE 40001 (`serialization_failure`) or 40P01 (`deadlock_detected`).
-pub fn must_retry(err: &anyhow::Error) -> bool {
-    use postgres::error::SqlState;
-    err.downcast_ref::<postgres::Error>()
-        .and_then(postgres::Error::code)
-        .is_some_and(|code| {
-            *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
-        })
-}
-
-/// Which of `owners` workers owns a customer: hash(key) mod N. With small integer keys the
-/// key is its own hash; a string key would go through a real hash first.
-pub fn owner_of(customer: i32, owners: u32) -> u32 {
-    customer.unsigned_abs() % owners.max(1)
 }
 
 /// One run's three tables, in the run's own schema.
@@ -1087,15 +791,6 @@ mod tests {
         assert_eq!(percentile(&us, 99.0), Some(99.0));
         assert_eq!(percentile(&[7000], 99.0), Some(7.0));
         assert_eq!(percentile(&[], 50.0), None);
-    }
-
-    #[test]
-    fn every_owner_gets_some_customers() {
-        let mut owned = [0; 10];
-        for customer in 0..20 {
-            owned[owner_of(customer, 10) as usize] += 1;
-        }
-        assert!(owned.iter().all(|&n| n > 0), "{owned:?}");
     }
 
     #[test]

@@ -36,7 +36,10 @@
 //! - [`store`] is the protected resource: a Postgres table that enforces fencing tokens in
 //!   the database itself, records every write attempt and numbers its decisions.
 //! - [`queue`] is lab 3's job queue: its tables and the three ways to claim a job.
-//! - [`invoices`] is lab 7's job (invoice once, add to the balance once) done nine ways.
+//! - [`designs`] holds every lock design once, the broken beside the fixed: lab 7 and
+//!   `lockslab chaos` run the same code, each with its own job, tables and points.
+//! - [`invoices`] is lab 7's job (invoice once, add to the balance once), its tables, and
+//!   the SQL that puts each design's guard on its rows.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
 //!   so that no figure measured across the gap passes for true.
@@ -77,6 +80,7 @@ pub mod cli;
 pub mod cluster;
 pub mod connect;
 pub mod deadline;
+pub mod designs;
 pub mod doctor;
 pub mod events;
 pub mod exit;

@@ -249,17 +249,34 @@ impl RedisLock {
         wait: Duration,
         fence_counter: Option<&str>,
     ) -> Result<Option<Held>> {
+        let first = self.retry_every;
+        Ok(self.acquire_backing_off(wait, fence_counter, first)?.0)
+    }
+
+    /// [`RedisLock::acquire_within`], trying again after `first_pause`, then twice as long
+    /// each time up to `retry_every`; also says how many tries it took. A holder that keeps
+    /// the lock for a millisecond or two is waited for a millisecond or two, not 20.
+    pub fn acquire_backing_off(
+        &mut self,
+        wait: Duration,
+        fence_counter: Option<&str>,
+        first_pause: Duration,
+    ) -> Result<(Option<Held>, u32)> {
         let deadline = Instant::now() + wait;
         let owner = random_owner();
+        let mut pause = first_pause.min(self.retry_every);
+        let mut tries = 0;
         loop {
+            tries += 1;
             let held = match fence_counter {
                 Some(counter) => self.try_acquire_fenced_as(counter, &owner)?,
                 None => self.try_acquire_as(&owner)?,
             };
             if held.is_some() || Instant::now() >= deadline {
-                return Ok(held);
+                return Ok((held, tries));
             }
-            thread::sleep(self.retry_every);
+            thread::sleep(pause);
+            pause = (pause * 2).min(self.retry_every);
         }
     }
 

@@ -13,9 +13,11 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::connect;
+use crate::designs::Done;
+use crate::designs::no_lock::owner_of;
 use crate::events::Emitter;
 use crate::events::facts::{Claimed, Finished, Ready, Wrote};
-use crate::invoices::{Approach, Desk, Gate, Job, Moment, Outcome, StopInfo, Tables, owner_of};
+use crate::invoices::{Approach, Desk, Gate, Job, Moment, StopInfo, Tables};
 use crate::lock::redis::RedisLock;
 use crate::store;
 
@@ -44,12 +46,12 @@ pub struct Role {
 }
 
 /// Stops once, at the role's moment: says `claimed`, then waits for the lab's `go`.
-struct StopOnce<'a> {
-    me: &'a Emitter,
+struct StopOnce {
+    me: Emitter,
     at: Option<Moment>,
 }
 
-impl Gate for StopOnce<'_> {
+impl Gate for StopOnce {
     fn at(&mut self, moment: Moment, job: &Job, info: StopInfo) -> Result<()> {
         if self.at != Some(moment) {
             return Ok(());
@@ -112,10 +114,10 @@ pub fn run(role: &Role) -> Result<()> {
     ));
     super::await_command("start")?;
 
-    let mut gate = StopOnce {
-        me: &me,
+    desk.gate = Box::new(StopOnce {
+        me: Emitter::new(&role.name),
         at: role.stop_at,
-    };
+    });
     let mut latencies_us = Vec::new();
     let start = role.start_at.min(jobs.len());
     let walk: Vec<Job> = jobs[start..]
@@ -130,18 +132,18 @@ pub fn run(role: &Role) -> Result<()> {
     for (i, job) in walk.iter().enumerate() {
         let invoiced = desk.invoiced_yet(&walk, i)?;
         let began = Instant::now();
-        match desk.do_job(role.approach, job, invoiced, &mut gate)? {
-            Outcome::Invoiced => latencies_us.push(began.elapsed().as_micros() as u64),
-            Outcome::Rejected { token } => me.send(me.event(
+        match desk.do_job(role.approach, job, invoiced)? {
+            Done::Written => latencies_us.push(began.elapsed().as_micros() as u64),
+            Done::Refused { token, claim } => me.send(me.event(
                 Wrote {
                     job: Some(job.id.into()),
                     customer: Some(job.customer.into()),
                     token: Some(token),
                     ..Wrote::new(store::Outcome::Rejected)
                 },
-                refused(role.approach, token),
+                refused(token, claim),
             )),
-            Outcome::AlreadyDone | Outcome::NoOp => {}
+            _ => {}
         }
     }
     let tally = &desk.tally;
@@ -158,12 +160,11 @@ pub fn run(role: &Role) -> Result<()> {
     Ok(())
 }
 
-/// A worker's line when the row refused its token: what each fenced approach refused.
-fn refused(approach: Approach, token: i64) -> String {
-    match approach {
-        Approach::RedisFenced => {
-            format!("claim with token {token} found a higher fence: nothing written")
-        }
-        _ => format!("write with token {token} found a higher fence: rolled back"),
+/// A worker's line when the row refused its token: at the claim, or at the write.
+fn refused(token: i64, claim: bool) -> String {
+    if claim {
+        format!("claim with token {token} found a higher fence: nothing written")
+    } else {
+        format!("write with token {token} found a higher fence: nothing written")
     }
 }

@@ -60,8 +60,8 @@ fn written(result: &str, schedules: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::designs::Design;
     use crate::nemesis::generate::FaultKind;
-    use crate::worker::chaos_client::Design;
 
     fn cell(design: Design, fault: FaultKind, result: &str, replay: Option<&str>) -> Cell {
         Cell {

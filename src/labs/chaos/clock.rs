@@ -35,6 +35,7 @@ use anyhow::{Result, bail};
 use super::play::Lane;
 use super::redlock_lane;
 use crate::connect::RedisConn;
+use crate::designs::Design;
 use crate::events::Kind;
 use crate::events::What;
 use crate::events::facts::FaultFacts;
@@ -42,7 +43,6 @@ use crate::labs::{Feed, Stage};
 use crate::nemesis::clock::Jump;
 use crate::nemesis::schedule::{Kinds, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note};
-use crate::worker::chaos_client::Design;
 
 /// The servers whose clock a clock fault may jump for `design`: the ones its lock keys
 /// expire on (none: the design meets no clock fault).

@@ -20,11 +20,11 @@ use anyhow::{Context, Result, bail};
 
 use crate::cluster::{ETCD_ELECTION_MS, ETCD_HEARTBEAT_MS, EtcdCluster, etcd_status};
 use crate::connect::Backend;
+use crate::designs::Design;
 use crate::nemesis::Victim;
 use crate::nemesis::generate::{ETCD_LEADER, FaultKind};
 use crate::nemesis::schedule::Schedule;
 use crate::procs::{self, StopPlan};
-use crate::worker::chaos_client::Design;
 
 /// How long the two members left may take to elect a new leader, and the killed one to
 /// answer again: far above etcd's election timeout, for a loaded machine.

@@ -28,12 +28,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
+use crate::designs::Design;
 use crate::events::facts::FaultFacts;
 use crate::labs::Stage;
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
 use crate::nemesis::schedule::Schedule;
 use crate::nemesis::{Fault, Held, Nemesis, Note, Victim, fault_event};
-use crate::worker::chaos_client::Design;
 
 /// How long the Sentinels may take to promote the replica, and the cluster to be whole
 /// again (the old primary back and in sync): far above Sentinel's timers (a primary is

@@ -5,9 +5,9 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::{clock, lag, net, play, redlock_lane, run_ms_of};
+use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
-use crate::worker::chaos_client::Design;
 
 /// A file's text, at most `limit` bytes, read through `take(limit + 1)`: a device such as
 /// /dev/zero, or a pipe that never ends, is refused once past the limit rather than read

@@ -10,10 +10,10 @@ pub use super::table::Cell;
 use super::table::{footer, header, in_table_order, notes, row_line};
 use super::{Ground, show, side_by_side};
 use crate::check::chaos::Judgement;
+use crate::designs::Design;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
-use crate::worker::chaos_client::Design;
 
 /// `matrix`'s exit statuses: did a ✅ design's cell break or stay unknown? (a course's CI)
 macro_rules! matrix_exit_help {

@@ -11,10 +11,10 @@ use anyhow::Result;
 
 use super::matrix::{Shard, exit_code, parse_shard};
 use super::table::{Cell, footer, header, in_table_order, notes, row_line};
+use crate::designs::Design;
 use crate::exit::UsageError;
 use crate::nemesis::generate::FaultKind;
 use crate::output::count;
-use crate::worker::chaos_client::Design;
 
 /// What a run's verdict line says of the cells before it.
 #[derive(Clone, Debug, PartialEq)]

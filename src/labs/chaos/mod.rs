@@ -35,9 +35,9 @@ use serde_json::json;
 
 use crate::check::chaos::Judgement;
 use crate::connect::Backend;
+use crate::designs::Design;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::servers::{self, ServerArgs, Servers};
-use crate::worker::chaos_client::Design;
 
 pub use play::{Lane, Setup, Trial};
 

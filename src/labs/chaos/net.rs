@@ -25,12 +25,12 @@ use std::collections::HashMap;
 
 use anyhow::{Result, bail};
 
+use crate::designs::Design;
 use crate::labs::{Feed, Stage};
 use crate::nemesis::generate::{self, PATH_ARROW, STORE};
 use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis};
 use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
-use crate::worker::chaos_client::Design;
 
 /// The longest delay chaos plays, as for a pause.
 const LONGEST_DELAY_MS: u64 = 60_000;

@@ -10,6 +10,7 @@ use super::rows::{forget, heard, prepare, read_back};
 use super::unplayed::Unplayed;
 use crate::check::chaos::{self, RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
+use crate::designs::Design;
 use crate::events::Event;
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
@@ -19,7 +20,7 @@ use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
 use crate::servers::{Lifetime, PrivateServers};
 use crate::worker::WorkerSpec;
-use crate::worker::chaos_client::{ChaosClient, Design};
+use crate::worker::chaos_client::ChaosClient;
 
 /// What every history of a run shares: the design, the servers, the sizes.
 pub struct Setup {

@@ -2,8 +2,8 @@
 //! restart needs a Redis, a leader-kill an etcd cluster, a lost reply a lock server
 //! behind the fault proxy.
 
+use crate::designs::Design;
 use crate::nemesis::generate::FaultKind;
-use crate::worker::chaos_client::Design;
 
 /// Can a fault of this kind reach this design at all?
 pub fn reaches(design: Design, kind: FaultKind) -> bool {

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use super::{ChaosArgs, Ground, Trial};
 use crate::check::chaos::Judgement;
+use crate::designs::Design;
 use crate::events::{Event, What};
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::{Schedule, Step};
 use crate::output::{Style, Timeline, json_line};
-use crate::worker::chaos_client::Design;
 
 pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
     crate::outln!(

@@ -6,8 +6,8 @@ use colored::Colorize;
 use serde::{Deserialize, Serialize};
 
 use super::show;
+use crate::designs::Design;
 use crate::nemesis::generate::FaultKind;
-use crate::worker::chaos_client::Design;
 
 /// One cell of the matrix, as `--json` prints it and `--merge` reads it back.
 #[derive(Clone, Debug, Serialize, Deserialize)]

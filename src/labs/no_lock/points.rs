@@ -10,9 +10,10 @@
 use anyhow::Result;
 
 use crate::connect::PgClient;
+use crate::designs::postgres;
 use crate::events::Event;
 use crate::events::facts::GaveUp;
-use crate::invoices::{self, Moment};
+use crate::invoices::Moment;
 
 /// The killed worker: always this name, whatever else runs.
 pub const KILLED: &str = "w2";
@@ -57,10 +58,10 @@ pub fn skip_rather_than_queue(db: &mut PgClient, class: i32, customer: i32) -> R
     const TIMEOUT_MS: u32 = 200;
     let mut tx = db.transaction()?;
     let got: bool = tx
-        .query_one(invoices::ADVISORY_XACT_TRY_LOCK, &[&class, &customer])?
+        .query_one(postgres::ADVISORY_XACT_TRY_LOCK, &[&class, &customer])?
         .get(0);
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{TIMEOUT_MS}ms'"))?;
-    let waited = tx.query_one(invoices::ADVISORY_XACT_LOCK, &[&class, &customer]);
+    let waited = tx.query_one(postgres::ADVISORY_XACT_LOCK, &[&class, &customer]);
     let code = match &waited {
         Ok(_) => None,
         Err(e) => e.code().map(|c| c.code().to_string()),

@@ -1,18 +1,12 @@
-//! The chaos client's Redlock jobs: the project's Redlock ([`crate::lock::redlock`], lab 6)
-//! on the lane's five masters of chaos's own, then the job's read, work and write.
-//!
-//! ```text
-//!  ❌ redlock         a majority of five masters, no token: a client frozen past its
-//!                     validity wakes and writes (lab 6's client-pause, unfenced row)
-//!  ✅ redlock-fenced  the same lock; a token from a Postgres sequence claims the record
-//!                     before the read (lab 6's "token from a Postgres sequence" row)
-//! ```
+//! The chaos client's Redlock: the project's Redlock ([`crate::lock::redlock`], lab 6) on
+//! the lane's five masters of chaos's own, and how its release is judged. The designs
+//! themselves (`redlock`, `redlock-fenced`) are [`crate::designs::redlock`].
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use super::{Client, Design, Rule};
+use super::Client;
 use crate::lock::redlock::{self, Master, Redlock, Reply, RoundOrder, Settings};
 
 /// Each master gets this long to answer before it counts as "no": five of them, one after
@@ -24,8 +18,8 @@ const INSTANCE_TIMEOUT_MS: u64 = 50;
 const RETRY_DELAY_MAX_MS: u64 = 10;
 
 impl Client<'_> {
-    pub(super) fn redlock_job(&mut self, job: i64, record: &str) -> Result<()> {
-        let key = self.lock_name(record);
+    /// The lane's Redlock, made on first use, its key set to `key`.
+    pub(super) fn redlock_on(&mut self, key: &str) -> Result<&mut Redlock> {
         if self.redlock.is_none() {
             anyhow::ensure!(!self.script.masters.is_empty(), "no Redlock masters");
             let masters = (self.script.masters.iter().enumerate())
@@ -38,35 +32,11 @@ impl Client<'_> {
                 retry_delay_max: Duration::from_millis(RETRY_DELAY_MAX_MS),
                 round: RoundOrder::Sequential,
             };
-            self.redlock = Some(Redlock::new(masters, &key, settings));
+            self.redlock = Some(Redlock::new(masters, key, settings));
         }
         let lock = self.redlock.as_mut().expect("made above");
-        lock.key = key.clone();
-        let rounds = lock.acquire_within(Duration::from_millis(self.script.wait_ms));
-        let Some(held) = rounds.into_iter().last().filter(|a| a.held) else {
-            return self.gave_up(job, record);
-        };
-        let token = match self.script.design {
-            // Lab 6's ordered, durable token: a Postgres sequence, which no master's
-            // restart can hand out again.
-            Design::RedlockFenced => Some(
-                self.store
-                    .query_one("SELECT nextval('lockslab_chaos_token')", &[])?
-                    .get(0),
-            ),
-            _ => None,
-        };
-        self.acquired(&key, Some(&held.value), token, "redlock", job, record);
-        let rule = token.map_or(Rule::Unfenced, Rule::ClaimedBy);
-        self.read_work_write(job, record, rule)?;
-        let lock = self.redlock.as_mut().context("the lock is gone")?;
-        let answers = lock.release(&held.value);
-        // Taken after the round: another value on a majority proves two holders only if
-        // every answer that showed it came back while this client's validity still ran.
-        let within_validity = held.valid_until().is_some_and(|end| Instant::now() < end);
-        let (released, found_owner) = judge_release(&answers, within_validity);
-        self.released(record, released, found_owner);
-        Ok(())
+        lock.key = key.to_string();
+        Ok(lock)
     }
 }
 
@@ -76,7 +46,10 @@ impl Client<'_> {
 /// expired, a master was down, or the release came after the validity, when another grant
 /// is the lock working as designed), which the checker counts as unknown, never as a pass.
 /// Work done past the validity is judged by the store's rows, not here.
-fn judge_release(answers: &[redlock::Answer], within_validity: bool) -> (bool, Option<String>) {
+pub(super) fn judge_release(
+    answers: &[redlock::Answer],
+    within_validity: bool,
+) -> (bool, Option<String>) {
     let quorum = redlock::quorum(answers.len());
     let deleted = answers.iter().filter(|a| a.reply == Reply::Deleted).count();
     if deleted >= quorum {
