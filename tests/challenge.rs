@@ -260,14 +260,19 @@ fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() 
 }
 
 /// A client that says `writing` only after its write committed (a lie, or a bug): the
-/// pause or delay aimed at that note finds its write already in the database's log, so it
-/// missed. Before the grader read when the write landed, this client passed both. Under
-/// `delay` the held bytes are then its next job's read, and its lock may expire while they
-/// wait: a stale write that follows fails it (rightly) — either way, never a pass.
+/// pause or delay aimed at the write after that note finds none — the client is done with
+/// the job — and plays there, with the job's write already in the database's log, so it
+/// missed. Before the grader read when the write landed, this client passed both.
 #[test]
 fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() {
+    python_ready();
     for name in ["pause", "delay"] {
-        let (code, verdict) = reference(name, 1, "late");
+        let (code, verdict, output) = challenge(name, 1, &[], &[PYTHON, reference_py(), "late"]);
+        let history = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            history.contains("no write"),
+            "the timeline says no write came: {history}"
+        );
         if name == "pause" {
             assert_eq!(code, 3, "{verdict}");
             assert_eq!(verdict["grade"], "unknown");
@@ -392,15 +397,75 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
     panic!("{mode} never passed {name} on {seeds} seeds");
 }
 
-/// `lastcheck` asks "still mine?" just before its write and answers `fail` when not: no
-/// UPDATE of it ever matched nothing, so its `fail` is a refusal the database never saw,
-/// and the faults aimed at its `writing` note missed. It passed pause on every seed.
+/// `lastcheck` asks "still mine, PTTL > 50?" after its work, just before its write, and
+/// answers `fail` when not; `lastcheck-select` sends a `SELECT 1` before that check. Aimed
+/// at the `writing` note, a pause froze the client before its check, and a delay held the
+/// `SELECT 1` in the write's place: the check then saw the lock gone, and the run was
+/// undecided (a refusal the database never saw) — lastcheck passed pause on every seed
+/// before that. Aimed at the write itself, both faults land after the check, and the stale
+/// write they let through is caught; on no seed does the guard pass.
 #[test]
-fn a_check_just_before_the_write_never_passes() {
-    for seed in [1, 2] {
-        let (code, verdict) = reference("pause", seed, "lastcheck");
-        assert!(code == 1 || code == 3, "seed {seed}: {verdict}");
+fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
+    python_ready();
+    for (name, mode) in [
+        ("pause", "lastcheck"),
+        ("delay", "lastcheck"),
+        ("delay", "lastcheck-select"),
+    ] {
+        let mut caught = false;
+        for seed in 1..=3 {
+            let (code, verdict, output) =
+                challenge(name, seed, &[], &[PYTHON, reference_py(), mode]);
+            assert_ne!(code, 0, "{name} {mode} --seed {seed}: {verdict}");
+            let history = String::from_utf8_lossy(&output.stdout);
+            let aimed = if name == "pause" {
+                "at its write, held in its proxy"
+            } else {
+                "write by"
+            };
+            assert!(history.contains(aimed), "{name} {mode}: {history}");
+            caught |= code == 1 && kinds(&verdict).iter().any(|k| k == "stale-write");
+        }
+        assert!(caught, "{name} {mode}: never caught on 3 seeds");
     }
+}
+
+/// A pause waits for its client's write a lease past the job's work at most: a client that
+/// works longer (here a row lock held across a slow job) is frozen then, where it is, and
+/// the timeline says that no write came.
+#[test]
+fn a_pause_whose_write_does_not_come_lands_after_its_patience() {
+    python_ready();
+    let slow = r#"
+import json, sys, time, psycopg2
+def say(**m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+init = json.loads(sys.stdin.readline())
+db, table = psycopg2.connect(init["postgres_url"]), init["table"]
+say(type="ready", notes=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    with db, db.cursor() as cur:
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s FOR UPDATE",
+                    (job["record"],))
+        value, items = cur.fetchone()
+        say(type="acquired", job=job["id"])
+        say(type="writing", job=job["id"])
+        time.sleep((job["work_ms"] + init["lease_ms"]) / 1000 + 0.3)
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s WHERE record = %s",
+                    (value + job["add"], items + [job["append"]], job["id"], job["record"]))
+    say(type="released", job=job["id"])
+    say(type="ok", job=job["id"])
+"#;
+    let (code, verdict, output) = challenge("pause", 1, &[], &[PYTHON, "-c", slow]);
+    let history = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        history.matches("no write within 600ms").count(),
+        2,
+        "{history}"
+    );
+    assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
+    assert_ne!(code, 1, "{verdict}");
 }
 
 /// The statement log, like the change log, is lockslab's: the clients' role can neither

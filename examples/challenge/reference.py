@@ -28,6 +28,7 @@
     lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py lastcheck-select # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -114,6 +115,9 @@ lastcheck setnx that asks, after its work and just before its write, "is the key
         still mine, with more than 50ms left?" (lab 9's guard, marked there as
         not enough). A pause or a hold aimed at the write itself, not at the
         `writing` note before the check, lands after the check: never a pass.
+lastcheck-select lastcheck that sends a harmless `SELECT 1` after its work, before its
+        check: a delay that held whatever bytes came first after the note held that,
+        and the check then saw the lock gone. Held at its write instead: never a pass.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -130,14 +134,16 @@ import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
-         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck",
+         "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "optimistic", "optimistic-fail", "for-update", "advisory")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
-LIAR, SHUFFLED, LASTCHECK = MODE == "liar", MODE == "shuffled", MODE == "lastcheck"
+LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
+LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-select"
 RETRY = MODE == "optimistic"
 MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
-        "lastcheck": "setnx", "optimistic-fail": "optimistic"}.get(MODE, MODE)
+        "lastcheck": "setnx", "lastcheck-select": "setnx",
+        "optimistic-fail": "optimistic"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -368,6 +374,8 @@ def do(job, token):
         if not EARLY:
             say(type="writing", job=job["id"])
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
+        if SELECT_FIRST:
+            cur.execute("SELECT 1")  # harmless: only the bytes before the check
         if LASTCHECK and not still_mine(job["record"]):
             return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"

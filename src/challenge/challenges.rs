@@ -100,9 +100,10 @@ impl Challenge {
     }
 
     /// Whether each client reaches Postgres through a fault proxy of its own (its `init`
-    /// names the proxy's address): the network faults are played there.
+    /// names the proxy's address): a delay holds the client's write there, and a pause
+    /// freezes the client as its write reaches it.
     pub fn proxied(self) -> bool {
-        self == Challenge::Delay
+        matches!(self, Challenge::Pause | Challenge::Delay)
     }
 
     /// When the failover plays (failover): the replica is cut off once this many jobs are
@@ -184,10 +185,10 @@ impl Challenge {
             Challenge::Pause | Challenge::Delay => {
                 let pause = self == Challenge::Pause;
                 for (name, notes) in clients.iter().take(2) {
-                    // Between its read and its write: the worst moment for a stale write. A
-                    // pause freezes the client there; a delay holds the next bytes it sends
-                    // to Postgres — its write. Without notes, a time into the job that is
-                    // most often after its read.
+                    // Between its read and its write: the worst moment for a stale write.
+                    // Armed there, a pause freezes the client as its write reaches its
+                    // proxy, and a delay holds that write (`play::aim`). Without notes, a
+                    // time into the job that is most often after its read.
                     let (event, at_ms) = match (notes, pause) {
                         (true, true) => (Kind::Working, rng.below(3)),
                         (false, true) => (Kind::JobSent, 2 + rng.below(15)),

@@ -18,8 +18,10 @@ use crate::proxy::{Direction, NetFault, Proxy};
 /// The history's name for a proxy fault.
 pub fn fault_of(net: NetFault) -> Fault {
     match net {
-        NetFault::Delay { .. } | NetFault::DelayNext { .. } => Fault::Delay,
-        NetFault::Hold => Fault::Hold,
+        NetFault::Delay { .. } | NetFault::DelayNext { .. } | NetFault::DelayWrite { .. } => {
+            Fault::Delay
+        }
+        NetFault::Hold | NetFault::HoldWrite => Fault::Hold,
         NetFault::Reset | NetFault::BlackHole => Fault::Cut,
         NetFault::DropReply => Fault::DropReply,
     }
@@ -49,10 +51,24 @@ impl Nemesis {
         (fault, recorded): (NetFault, Fault),
         note: impl Into<Note>,
     ) {
+        self.net_caught(history, proxy, direction, recorded, note);
+        proxy.set(direction, fault);
+    }
+
+    /// Records a fault on the path that the proxy put on by itself: a write it was told to
+    /// catch ([`NetFault::DelayWrite`], [`NetFault::HoldWrite`]), caught and held now. It
+    /// ends with [`Nemesis::heal_net`], as any other.
+    pub fn net_caught(
+        &mut self,
+        history: &mut impl Record,
+        proxy: &Proxy,
+        direction: Direction,
+        recorded: Fault,
+        note: impl Into<Note>,
+    ) {
         let path = proxy.path().to_string();
         history.record(net_event(recorded, &path, direction, note));
         self.net.entry(path).or_insert_with(Instant::now);
-        proxy.set(direction, fault);
     }
 
     /// Lifts the fault on one direction of the path and records its end with how long it

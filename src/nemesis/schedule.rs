@@ -389,11 +389,9 @@ impl Player {
             now_timed.extend(step.actions_from(*index, at_ms));
             false
         });
+        // Each after every action due no later: the order of the schedule is kept on ties.
         for action in now_timed {
-            self.last_ms = self.last_ms.max(action.at_ms);
-            // After every action due no later: the order of the schedule is kept on ties.
-            let at = self.timed.partition_point(|a| a.at_ms <= action.at_ms);
-            self.timed.insert(at, action);
+            self.add(action);
         }
     }
 
@@ -401,6 +399,21 @@ impl Player {
     pub fn due(&mut self, elapsed_ms: u64) -> Vec<Action> {
         let due = self.timed.partition_point(|a| a.at_ms <= elapsed_ms);
         self.timed.drain(..due).collect()
+    }
+
+    /// Takes back the first timed action of `fault` on `target` not handed out yet: a
+    /// pause's resume, while the pause waits for the moment it aims at. Hand it back with
+    /// [`Player::add`], at its new time.
+    pub fn withdraw(&mut self, target: &str, fault: Fault) -> Option<Action> {
+        let at = (self.timed.iter()).position(|a| a.target == target && a.fault == fault)?;
+        Some(self.timed.remove(at))
+    }
+
+    /// Adds an action, due at its `at_ms` (after every action due no later).
+    pub fn add(&mut self, action: Action) {
+        self.last_ms = self.last_ms.max(action.at_ms);
+        let at = self.timed.partition_point(|a| a.at_ms <= action.at_ms);
+        self.timed.insert(at, action);
     }
 
     /// Every action with a time was handed out, and no step waits for its event.
@@ -640,6 +653,29 @@ mod tests {
         assert_eq!(player.ends_at_ms(), 180);
         let resume = player.due(10_000);
         assert_eq!((resume[0].fault, resume[0].at_ms), (Fault::Resume, 180));
+        assert!(player.done());
+    }
+
+    #[test]
+    fn a_resume_withdrawn_while_its_pause_waits_is_due_when_added_back() {
+        let pause = step(10, Fault::Pause, "A", Some(100));
+        let schedule = Schedule::new(vec![pause, step(50, Fault::Kill, "B", None)]);
+        let mut player = Player::new(&schedule);
+        assert_eq!(player.due(10)[0].fault, Fault::Pause);
+        let resume = player
+            .withdraw("A", Fault::Resume)
+            .expect("the pause's resume");
+        assert_eq!(resume.at_ms, 110);
+        assert!(player.withdraw("A", Fault::Resume).is_none(), "only one");
+        assert_eq!(player.due(200)[0].fault, Fault::Kill, "the rest stays");
+        // The pause landed at 230: its resume is due its 100ms later.
+        player.add(Action {
+            at_ms: 330,
+            ..resume
+        });
+        assert_eq!(player.ends_at_ms(), 330);
+        assert!(player.due(329).is_empty());
+        assert_eq!(player.due(330)[0].fault, Fault::Resume);
         assert!(player.done());
     }
 

@@ -18,7 +18,10 @@
 //! - **delay the next** request only: one message late, everything else on time — the write
 //!   that left while the lease was valid and arrived after it ran out;
 //! - **drop the reply** to the next request: the server receives and applies it, and its
-//!   answer is lost; the client's connection is then reset, as a broken link would be.
+//!   answer is lost; the client's connection is then reset, as a broken link would be;
+//! - **delay or hold the next write** to one table: a proxy told to watch a Postgres table
+//!   ([`Proxy::watch_writes`]) reads the client's messages ([`pg`]) and aims at the one that
+//!   writes it, whatever the client sent before (a `SELECT 1`, a check of its lock).
 //!
 //! Two threads per proxy (one on a one-core machine) each run an event loop (tokio's
 //! single-threaded runtime, which the etcd client brings anyway), and connections take turns
@@ -30,7 +33,7 @@
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -41,6 +44,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+mod pg;
 mod url;
 pub use url::{through, upstream_of};
 
@@ -72,13 +76,24 @@ pub enum NetFault {
     /// The next request goes through; the server's reply to it is thrown away and the
     /// client's connection reset (up only: it aims at the reply of the next request).
     DropReply,
+    /// Only the next message that writes the watched table ([`Proxy::watch_writes`]) is
+    /// delayed by `ms`, and everything after it waits behind it; the messages before it go
+    /// on time (up only). It is reported as it is caught ([`Seen::WriteHeld`]).
+    DelayWrite { ms: u64 },
+    /// The next message that writes the watched table is held, with everything after it,
+    /// until the fault is lifted: on catching it (reported, [`Seen::WriteHeld`]) the fault
+    /// becomes a [`NetFault::Hold`] (up only).
+    HoldWrite,
 }
 
 /// What the proxy saw happen to a fault it was given, for the run's history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
-    /// A delayed-next chunk went out, `late_ms` after it came in.
+    /// A delayed-next chunk, or a held write, went out, `late_ms` after it came in.
     DelayedSent { late_ms: u64 },
+    /// A write aimed at by [`NetFault::DelayWrite`] or [`NetFault::HoldWrite`] came, and
+    /// is held.
+    WriteHeld,
     /// The request whose reply is dropped reached the server.
     RequestForwarded { bytes: usize },
     /// Its reply came back and was thrown away; the client's connection was reset.
@@ -114,6 +129,8 @@ struct Shared {
     /// The connections accepted and not yet closed (each counted by a [`Held`]), those
     /// still connecting to the server included.
     held: AtomicUsize,
+    /// The Postgres table whose writes the up direction looks for, once told.
+    watched: OnceLock<pg::Table>,
 }
 
 impl Shared {
@@ -226,6 +243,7 @@ impl Proxy {
             tasks: AtomicUsize::new(0),
             most_links: AtomicUsize::new(usize::MAX),
             held: AtomicUsize::new(0),
+            watched: OnceLock::new(),
         });
         let mut runtimes = Vec::new();
         for _ in 0..loops.max(1) {
@@ -329,6 +347,14 @@ impl Proxy {
     /// How many client connections are open through it.
     pub fn connections(&self) -> usize {
         self.lock().links.len()
+    }
+
+    /// Reads the Postgres protocol its clients send, on every connection opened from now
+    /// on, to find the messages that write `table` (`schema.name`): what
+    /// [`NetFault::DelayWrite`] and [`NetFault::HoldWrite`] aim at. Without it they catch
+    /// nothing, and every byte goes through.
+    pub fn watch_writes(&self, table: &str) {
+        let _ = self.shared.watched.set(pg::Table::parse(table));
     }
 
     /// Relays at most `most` connections at once: one more is accepted and reset at once.
@@ -531,6 +557,7 @@ async fn connect(client: TcpStream, shared: Arc<Shared>, held: Arc<Held>) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let mut up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
+    up.reader = (shared.watched.get()).map(|table| pg::Frontend::new(table.clone()));
     let mut down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
     up._held = Some(Arc::clone(&held));
     down._held = Some(held);
@@ -621,6 +648,11 @@ struct Pump {
     _alive: Alive,
     /// The connection's place among those held, given back when both pumps end.
     _held: Option<Arc<Held>>,
+    /// The Postgres messages read so far, when the proxy watches a table's writes (up only).
+    reader: Option<pg::Frontend>,
+    /// The first bytes of a message not judged yet, kept back while a write is aimed at:
+    /// it may be the write.
+    unjudged: Vec<u8>,
 }
 
 /// What to do after a chunk came in.
@@ -665,6 +697,8 @@ impl Pump {
             queued: 0,
             _alive: Alive(Arc::clone(shared)),
             _held: None,
+            reader: None,
+            unjudged: Vec::new(),
         }
     }
 
@@ -678,7 +712,12 @@ impl Pump {
                     break;
                 }
                 match self.from.read(&mut buffer).await {
-                    Ok(0) | Err(_) => reading = false,
+                    Ok(0) | Err(_) => {
+                        reading = false;
+                        if let Next::Stop = self.flush_unjudged().await {
+                            break;
+                        }
+                    }
                     Ok(n) => {
                         if let Next::Stop = self.came(&buffer[..n]).await {
                             break;
@@ -696,7 +735,12 @@ impl Pump {
                 () = front_ready(&self.shared, self.direction, &self.queue, &mut changed) => None,
             };
             match ready {
-                Some(Ok(0) | Err(_)) => reading = false,
+                Some(Ok(0) | Err(_)) => {
+                    reading = false;
+                    if let Next::Stop = self.flush_unjudged().await {
+                        break;
+                    }
+                }
                 Some(Ok(n)) => {
                     if let Next::Stop = self.came(&buffer[..n]).await {
                         break;
@@ -741,8 +785,103 @@ impl Pump {
         true
     }
 
-    /// Sends one chunk on its way according to the direction's fault.
+    /// Sends one chunk on its way: whole, or, while a write is aimed at and the proxy reads
+    /// the Postgres protocol, held from the first byte of the write on. A message not yet
+    /// read whole waits here meanwhile, as it may be the write.
     async fn came(&mut self, chunk: &[u8]) -> Next {
+        let Some(reader) = self.reader.as_mut() else {
+            return self.relay(chunk).await;
+        };
+        let judged = reader.read(chunk);
+        let write = judged.iter().find(|m| m.writes).map(|m| m.start);
+        let (unjudged, end) = (reader.unjudged_from(), reader.offset());
+        let aimed = !self.shared.quiet.load(Ordering::SeqCst)
+            && matches!(
+                lock(&self.shared).up,
+                Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+            );
+        if !aimed && self.unjudged.is_empty() {
+            return self.relay(chunk).await;
+        }
+        let mut bytes = std::mem::take(&mut self.unjudged);
+        bytes.extend_from_slice(chunk);
+        if !aimed {
+            return self.relay(&bytes).await;
+        }
+        // Where these bytes begin in the stream: the write may have begun before them, in
+        // bytes that went before the aim was set.
+        let from = end - bytes.len() as u64;
+        let at = |offset: u64| offset.saturating_sub(from) as usize;
+        if let Some(write) = write {
+            let rest = bytes.split_off(at(write));
+            if !bytes.is_empty()
+                && let Next::Stop = self.relay(&bytes).await
+            {
+                return Next::Stop;
+            }
+            return self.hold_write(rest).await;
+        }
+        let keep = unjudged.map_or(bytes.len(), at);
+        self.unjudged = bytes.split_off(keep);
+        if bytes.is_empty() {
+            return Next::Go;
+        }
+        self.relay(&bytes).await
+    }
+
+    /// Holds a write that was aimed at, and what comes after it: the aim is spent (a hold
+    /// becomes a plain [`NetFault::Hold`], lifted with the fault), and reported.
+    async fn hold_write(&mut self, bytes: Vec<u8>) -> Next {
+        let now = Instant::now();
+        let held = {
+            let mut state = lock(&self.shared);
+            let due = match state.up {
+                Some(NetFault::DelayWrite { ms }) => {
+                    state.up = None;
+                    Some(now + Duration::from_millis(ms))
+                }
+                Some(NetFault::HoldWrite) => {
+                    state.up = Some(NetFault::Hold);
+                    Some(now)
+                }
+                // Lifted since it was looked at: the write goes as any bytes would.
+                _ => None,
+            };
+            if due.is_some() {
+                let path = self.shared.path.clone();
+                let seen = Seen::WriteHeld;
+                state.reports.push(Report {
+                    at: now,
+                    path,
+                    seen,
+                });
+            }
+            due.map(|due| (due, state.heals[side(Direction::Up)]))
+        };
+        let Some((due, healed)) = held else {
+            return self.relay(&bytes).await;
+        };
+        self.queued += bytes.len();
+        self.queue.push_back(Queued {
+            due,
+            chunk: bytes,
+            marked: Some(now),
+            healed,
+        });
+        Next::Go
+    }
+
+    /// The client closed: the start of a message it never finished goes on, as it came.
+    async fn flush_unjudged(&mut self) -> Next {
+        if self.unjudged.is_empty() {
+            return Next::Go;
+        }
+        let rest = std::mem::take(&mut self.unjudged);
+        self.relay(&rest).await
+    }
+
+    /// Sends bytes on their way according to the direction's fault.
+    async fn relay(&mut self, chunk: &[u8]) -> Next {
         // The no-fault path: nothing queued ahead, the proxy quiet: no lock taken at all.
         if self.queue.is_empty() && self.shared.quiet.load(Ordering::SeqCst) {
             return self.write_now(chunk).await;
@@ -776,8 +915,13 @@ impl Pump {
             return Way::Cut;
         }
         let due = match fault {
-            None if self.queue.is_empty() => return Way::Now,
-            None => now,
+            // A write aimed at is caught in `came`: other bytes go on time.
+            None | Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+                if self.queue.is_empty() =>
+            {
+                return Way::Now;
+            }
+            None | Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite) => now,
             Some(NetFault::Delay { ms, jitter_ms }) => {
                 let extra = if jitter_ms == 0 {
                     0
@@ -985,6 +1129,109 @@ mod tests {
             matches!(reports[..], [Report { seen: Seen::DelayedSent { late_ms }, .. }] if late_ms >= 200),
             "{reports:?}"
         );
+    }
+
+    /// A proxy watching `s.records`, a client through it that has started its session, and
+    /// the bytes the server got so far.
+    fn watching(echo: &Echo) -> (Proxy, TcpStream, Vec<u8>) {
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        proxy.watch_writes("s.records");
+        let mut stream = client(&proxy);
+        let start = pg::wire::startup();
+        assert_eq!(ask(&mut stream, &start).unwrap(), start);
+        (proxy, stream, start)
+    }
+
+    /// Waits until the server got `bytes` in all, and a little more for anything beyond.
+    fn got_only(echo: &Echo, bytes: &[u8]) {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while echo.got().len() < bytes.len() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(echo.got(), bytes);
+    }
+
+    #[test]
+    fn a_held_write_waits_for_the_lift_from_its_first_byte_and_what_came_before_goes_on() {
+        use pg::wire::query;
+        let echo = Echo::start();
+        let (proxy, mut stream, mut sent) = watching(&echo);
+        proxy.set(Direction::Up, NetFault::HoldWrite);
+        let check = query("SELECT 1; SELECT * FROM records FOR UPDATE");
+        assert_eq!(ask(&mut stream, &check).unwrap(), check, "a read goes on");
+        sent.extend(&check);
+        // The write comes a few bytes at a time, then a statement after it.
+        let write = query("UPDATE s.records SET value = 2 -- held");
+        for piece in write.chunks(3) {
+            stream.write_all(piece).unwrap();
+            thread::sleep(Duration::from_millis(2));
+        }
+        stream.write_all(&query("COMMIT")).unwrap();
+        got_only(&echo, &sent);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert_eq!(seen, vec![Seen::WriteHeld]);
+        assert_eq!(proxy.fault(Direction::Up), Some(NetFault::Hold));
+        proxy.clear(Direction::Up);
+        sent.extend(write.iter().chain(&query("COMMIT")));
+        got_only(&echo, &sent);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert!(matches!(seen[..], [Seen::DelayedSent { .. }]), "{seen:?}");
+    }
+
+    #[test]
+    fn a_delayed_write_is_late_and_a_select_sent_before_it_is_not_held_in_its_place() {
+        use pg::wire::query;
+        let echo = Echo::start();
+        let (proxy, mut stream, _) = watching(&echo);
+        proxy.set(Direction::Up, NetFault::DelayWrite { ms: 300 });
+        let select = query("SELECT 1");
+        assert_eq!(ask(&mut stream, &select).unwrap(), select, "on its way");
+        assert!(proxy.reports().is_empty(), "nothing caught yet");
+        let write = query("update \"records\" set value = 2");
+        assert_eq!(
+            ask(&mut stream, &write).unwrap(),
+            write,
+            "late, then through"
+        );
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert!(
+            matches!(seen[..], [Seen::WriteHeld, Seen::DelayedSent { late_ms }] if late_ms >= 300),
+            "{seen:?}"
+        );
+        assert_eq!(proxy.fault(Direction::Up), None, "spent on the write");
+    }
+
+    #[test]
+    fn a_statement_prepared_before_the_aim_is_held_where_it_is_bound() {
+        use pg::wire::{bind, execute, parse, sync};
+        let echo = Echo::start();
+        let (proxy, mut stream, mut sent) = watching(&echo);
+        let prepare = [parse("s1", "UPDATE records SET value = $1"), sync()].concat();
+        assert_eq!(ask(&mut stream, &prepare).unwrap(), prepare);
+        sent.extend(&prepare);
+        proxy.set(Direction::Up, NetFault::HoldWrite);
+        let read = [parse("", "SELECT 1"), bind("", ""), execute("")].concat();
+        let write = [bind("", "s1"), execute(""), sync()].concat();
+        stream.write_all(&[read.clone(), write].concat()).unwrap();
+        sent.extend(&read);
+        got_only(&echo, &sent);
+        assert_eq!(proxy.fault(Direction::Up), Some(NetFault::Hold));
+    }
+
+    #[test]
+    fn a_proxy_not_told_the_table_lets_every_write_through() {
+        let echo = Echo::start();
+        let proxy = Proxy::start("t", echo.addr).unwrap();
+        let mut stream = client(&proxy);
+        proxy.set(Direction::Up, NetFault::HoldWrite);
+        let bytes = [
+            pg::wire::startup(),
+            pg::wire::query("UPDATE records SET value = 1"),
+        ];
+        let bytes = bytes.concat();
+        assert_eq!(ask(&mut stream, &bytes).unwrap(), bytes);
+        assert!(proxy.reports().is_empty());
     }
 
     #[test]

@@ -1,16 +1,18 @@
-//! The challenge's faults, played on its clients: the schedule drawn from the seed, each
-//! action when it falls due, and a held write's end when the proxy lets it go.
+//! The challenge's faults, played on its clients: the schedule drawn from the seed, and
+//! each action when it falls due (a pause or a delay is aimed at the write: see `aim`).
 
 use super::*;
 use crate::events::Kind;
 
 impl Run<'_> {
     pub(super) fn play_due(&mut self) -> Result<()> {
+        self.hear_proxies()?;
         let now = self.tape.start.elapsed().as_millis() as u64;
         let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
         for action in due {
             self.act(&action)?;
         }
+        self.let_frozen_writes_go();
         Ok(())
     }
 
@@ -37,30 +39,6 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A held write that went out ends its fault, on the timeline where it landed.
-    pub(super) fn heal_delivered(&mut self) {
-        for seat in &self.seats {
-            let Some(proxy) = &seat.proxy else { continue };
-            for report in proxy.reports() {
-                if let Seen::DelayedSent { late_ms } = report.seen {
-                    let name = &seat.client.name;
-                    self.held_writes.remove(name);
-                    // `held_ms` is the number the line says; `lasted_ms` (the nemesis's)
-                    // counts from when the delay was set, before the bytes came.
-                    let text =
-                        format!("{name}'s bytes reach Postgres, held {late_ms}ms in the proxy");
-                    let facts = crate::events::facts::FaultFacts {
-                        held_ms: Some(late_ms),
-                        ..Default::default()
-                    };
-                    let note = crate::nemesis::Note::new(text, facts);
-                    self.nemesis
-                        .heal_net(&mut self.tape, proxy, Direction::Up, note);
-                }
-            }
-        }
-    }
-
     /// Plays one fault of the schedule, if its client can take it now.
     pub(super) fn act(&mut self, action: &Action) -> Result<()> {
         let name = action.target.clone();
@@ -73,23 +51,9 @@ impl Run<'_> {
         }
         let held_after_its_read = (self.overtaking.as_ref()).is_some_and(|o| o.newer == name);
         match action.fault {
-            // Its own pause falls due while lockslab holds it after its read (the worst
-            // order, `overtake`): the pause takes that hold over, and ends when it ends.
-            Fault::Pause if paused && held_after_its_read => {
-                self.overtaking = None;
-                self.faults_played += 1;
-                self.strike("pause", index)?;
-            }
-            Fault::Pause if !paused => {
-                let seat = &self.seats[index];
-                self.nemesis.pause(
-                    &mut self.tape,
-                    &seat.client,
-                    format!("pauses {name} (SIGSTOP) for 2–3 TTLs"),
-                )?;
-                self.faults_played += 1;
-                self.strike("pause", index)?;
-            }
+            // Aimed at its write: it lands as the write reaches the proxy (`aim`) — after
+            // the hold, if lockslab holds it after its read (the worst order, `overtake`).
+            Fault::Pause if !paused || held_after_its_read => self.aim_pause(index, action)?,
             Fault::Resume if paused => {
                 let seat = &mut self.seats[index];
                 self.nemesis
@@ -99,20 +63,7 @@ impl Run<'_> {
                     *since = Instant::now();
                 }
             }
-            Fault::Delay => {
-                let Some(proxy) = &self.seats[index].proxy else {
-                    return Ok(());
-                };
-                let setup = self.setup;
-                let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
-                let text = format!("delays {name}'s next bytes to Postgres by {ms}ms (proxy)");
-                let fault = NetFault::DelayNext { ms };
-                self.nemesis
-                    .net(&mut self.tape, proxy, Direction::Up, fault, text);
-                self.faults_played += 1;
-                self.strike("delay", index)?;
-                self.held_writes.insert(name);
-            }
+            Fault::Delay => self.aim_delay(index)?,
             Fault::Kill => {
                 if let Some((job, _)) = self.seats[index].job {
                     self.moment(&name, job, Moment::Killed);
@@ -151,7 +102,7 @@ impl Run<'_> {
 
     /// A pause or a delay as it began: the job its client had, whether it had let that
     /// job's lock go, and the database's clock — whether it bit is read from the log.
-    fn strike(&mut self, fault: &'static str, index: usize) -> Result<()> {
+    pub(super) fn strike(&mut self, fault: &'static str, index: usize) -> Result<()> {
         let seat = &self.seats[index];
         let client = seat.client.name.clone();
         let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
@@ -205,6 +156,10 @@ impl Run<'_> {
             let hit = (step.target.clone(), step.fault);
             if let Some(i) = played.iter().position(|p| *p == hit) {
                 played.remove(i);
+                continue;
+            }
+            if let Some(line) = self.never_written(&step.target, step.fault) {
+                lines.push(line);
                 continue;
             }
             let Some(anchor) = &step.after else { continue };

@@ -3,7 +3,7 @@
 //! from the live history, a killed client's job given to another — and every wait
 //! bounded, so a client that hangs, crashes, floods or talks nonsense is named and ended.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
@@ -22,14 +22,16 @@ use crate::proxy::{Direction, NetFault, Proxy, Seen};
 
 /// How many of the clients' lines one pass of the run reads before it looks at the clock.
 const LINES_A_PASS: usize = 256;
-/// The work of every job, between its read and its write.
+
+mod aim;
 mod blocking;
 mod failover;
 mod faults;
 mod overtake;
 
-/// Long enough that a fault due just after a `writing` note lands before the write, even
-/// when lockslab runs late on a busy machine (a fault that lands after it missed).
+/// The work of every job, between its read and its write: long enough that a fault due just
+/// after a `writing` note lands before the write, even when lockslab runs late on a busy
+/// machine (a fault that lands after it missed).
 pub const WORK_MS: u64 = 100;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
@@ -131,6 +133,8 @@ struct Run<'a> {
     strikes: Vec<Strike>,
     /// The clients whose next write the proxy holds (delay), until it goes out.
     held_writes: BTreeSet<String>,
+    /// The pauses and delays aimed at a client's write, until it comes.
+    aimed: aim::Aimed,
     /// The last `writing` note not yet looked at, and the worst order being played.
     writing: Option<(String, i64)>,
     overtaking: Option<overtake::Overtake>,
@@ -218,6 +222,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         waits: Vec::new(),
         waits_read: None,
         held_writes: BTreeSet::new(),
+        aimed: aim::Aimed::default(),
         writing: None,
         overtaking: None,
         failover: redis
@@ -306,6 +311,7 @@ impl Run<'_> {
         let proxy = if self.setup.challenge.proxied() {
             let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
             let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
+            proxy.watch_writes(&init.table);
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
             Some(proxy)
         } else {
@@ -447,7 +453,7 @@ impl Run<'_> {
             }
             self.end_overtake()?;
             self.check_deadlines()?;
-            self.heal_delivered();
+            self.hear_proxies()?;
             self.read_waits()?;
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;

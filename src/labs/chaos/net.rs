@@ -352,7 +352,9 @@ impl<'p> NetPlay<'p> {
                          {client}'s connection: whether its request took effect, {client} \
                          does not know"
                     ),
-                    Seen::RequestForwarded { .. } | Seen::ConnectionReset => continue,
+                    Seen::RequestForwarded { .. } | Seen::ConnectionReset | Seen::WriteHeld => {
+                        continue;
+                    }
                 };
                 if self.nemesis.faulty_paths().contains(path) {
                     self.nemesis

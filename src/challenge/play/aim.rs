@@ -1,0 +1,282 @@
+//! `pause` and `delay` aimed at the write itself. The schedule arms a fault at the client's
+//! `writing` note (or a moment into its job); the client's proxy reads its Postgres
+//! messages and catches the next one that writes the records, and the fault plays then —
+//! after anything the client did between its note and its write.
+//!
+//! ```text
+//!  c1  writing · work · "still mine? PTTL > 50" · SELECT 1 · UPDATE records …
+//!      armed ──────────────────────────────────────────────────┘ caught: held in the proxy
+//!  pause  c1 frozen (SIGSTOP) now, 2–3 TTLs; its UPDATE goes on when it is resumed
+//!  delay  the UPDATE held 2–3 TTLs in the proxy; c1 runs on, waiting for its answer
+//! ```
+//!
+//! Aimed at the note, a client that checks its lock just before writing checked after the
+//! fault, and a `SELECT 1` first took the delay in the write's place: the check passed for
+//! a fault that never reached the write. A GC pause or a slow network does not wait for the
+//! check. An aim is for the job its client holds: a pause whose client sends no write
+//! within [`patience`], or answers that job first, lands at once; a delay whose client
+//! answers first is lifted, and counts as played — the timeline says which happened, and
+//! the log whether the fault missed (a `writing` note sent after the write, most often).
+
+use super::*;
+
+/// A fault armed on a client's proxy, waiting for its write.
+pub(super) struct Aim {
+    fault: Fault,
+    armed: Instant,
+    /// The job its client held when it was armed: the write aimed at is that job's.
+    job: Option<i64>,
+    /// A pause's resume, withdrawn from the schedule until the pause lands, and how long
+    /// after the pause it is due: the pause lasts as long as the seed drew, from its landing.
+    resume: Option<(Action, u64)>,
+}
+
+/// The faults aimed at writes: those waiting for their write, and the clients frozen with
+/// their write held in their proxy (true once it was let go).
+#[derive(Default)]
+pub(super) struct Aimed {
+    waiting: BTreeMap<String, Aim>,
+    frozen: BTreeMap<String, bool>,
+}
+
+/// How long a pause waits for its client's write after it was armed: the job's work, then
+/// a lease. A client still not writing by then was not about to write under that lease.
+fn patience(lease_ms: u64) -> Duration {
+    Duration::from_millis(WORK_MS + lease_ms)
+}
+
+impl Run<'_> {
+    /// A pause falls due: its client's proxy is told to hold its next write, and the client
+    /// is frozen when that write comes ([`Run::hear_proxies`]).
+    pub(super) fn aim_pause(&mut self, index: usize, action: &Action) -> Result<()> {
+        let name = self.seats[index].client.name.clone();
+        let resume = (self.player.as_mut())
+            .and_then(|player| player.withdraw(&name, Fault::Resume))
+            .map(|resume| {
+                let lasts = resume.at_ms.saturating_sub(action.at_ms);
+                (resume, lasts)
+            });
+        let aim = self.aim(index, Fault::Pause, resume);
+        let Some(proxy) = &self.seats[index].proxy else {
+            let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs");
+            return self.land_pause(index, aim, text);
+        };
+        if aim.job.is_none() {
+            return self.give_up(index, aim);
+        }
+        proxy.set(Direction::Up, NetFault::HoldWrite);
+        self.aimed.waiting.insert(name, aim);
+        Ok(())
+    }
+
+    fn aim(&self, index: usize, fault: Fault, resume: Option<(Action, u64)>) -> Aim {
+        let job = self.seats[index]
+            .job
+            .map(|(job, _)| job)
+            .filter(|&job| job > 0);
+        Aim {
+            fault,
+            armed: Instant::now(),
+            job,
+            resume,
+        }
+    }
+
+    /// A delay falls due: its client's proxy holds its next write for 2–3 TTLs.
+    pub(super) fn aim_delay(&mut self, index: usize) -> Result<()> {
+        let aim = self.aim(index, Fault::Delay, None);
+        let seat = &self.seats[index];
+        let Some(proxy) = &seat.proxy else {
+            return Ok(());
+        };
+        if aim.job.is_none() {
+            return self.give_up(index, aim);
+        }
+        let setup = self.setup;
+        let ms = Challenge::delay_ms(setup.seed, &seat.client.name, setup.init.lease_ms);
+        proxy.set(Direction::Up, NetFault::DelayWrite { ms });
+        self.aimed.waiting.insert(seat.client.name.clone(), aim);
+        Ok(())
+    }
+
+    /// What the proxies saw: a write caught (the fault aimed at it plays), a held write
+    /// gone out (its fault ends). Then the aims whose write will not come are given up, and
+    /// the writes of frozen clients that were resumed go on.
+    pub(super) fn hear_proxies(&mut self) -> Result<()> {
+        for index in 0..self.seats.len() {
+            let Some(proxy) = &self.seats[index].proxy else {
+                continue;
+            };
+            for report in proxy.reports() {
+                match report.seen {
+                    Seen::WriteHeld => self.write_caught(index)?,
+                    Seen::DelayedSent { late_ms } => self.write_sent(index, late_ms),
+                    _ => {}
+                }
+            }
+        }
+        self.no_write_came()?;
+        self.let_frozen_writes_go();
+        Ok(())
+    }
+
+    fn write_caught(&mut self, index: usize) -> Result<()> {
+        let name = self.seats[index].client.name.clone();
+        let Some(aim) = self.aimed.waiting.remove(&name) else {
+            return Ok(());
+        };
+        if aim.fault == Fault::Pause {
+            self.aimed.frozen.insert(name.clone(), false);
+            let text =
+                format!("pauses {name} (SIGSTOP) for 2–3 TTLs at its write, held in its proxy");
+            return self.land_pause(index, aim, text);
+        }
+        let setup = self.setup;
+        let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
+        let text = format!("delays {name}'s write by {ms}ms, held in its proxy");
+        if let Some(proxy) = &self.seats[index].proxy {
+            let up = Direction::Up;
+            (self.nemesis).net_caught(&mut self.tape, proxy, up, Fault::Delay, text);
+        }
+        self.faults_played += 1;
+        self.strike("delay", index)?;
+        self.held_writes.insert(name);
+        Ok(())
+    }
+
+    /// A held write went out: a delay's ends on the timeline where it landed; a frozen
+    /// client's went as it was resumed.
+    fn write_sent(&mut self, index: usize, late_ms: u64) {
+        let name = self.seats[index].client.name.clone();
+        if self.aimed.frozen.remove(&name).is_some() {
+            return;
+        }
+        let Some(proxy) = &self.seats[index].proxy else {
+            return;
+        };
+        self.held_writes.remove(&name);
+        // `held_ms` is the number the line says; `lasted_ms` (the nemesis's) counts from
+        // when the write was caught.
+        let text = format!("{name}'s write reaches Postgres, held {late_ms}ms in the proxy");
+        let facts = crate::events::facts::FaultFacts {
+            held_ms: Some(late_ms),
+            ..Default::default()
+        };
+        let note = crate::nemesis::Note::new(text, facts);
+        self.nemesis
+            .heal_net(&mut self.tape, proxy, Direction::Up, note);
+    }
+
+    /// The aims whose write will not come: their client answered the job aimed at (or
+    /// died), or, for a pause, sent no write within its patience. The aim is lifted.
+    fn no_write_came(&mut self) -> Result<()> {
+        let patience = patience(self.setup.init.lease_ms);
+        let seats = &self.seats;
+        let over: Vec<(usize, String)> = (self.aimed.waiting.iter())
+            .filter_map(|(name, aim)| {
+                let index = seats.iter().position(|s| s.client.name == *name)?;
+                let holds = seats[index].job.map(|(job, _)| job) == aim.job;
+                let late = aim.fault == Fault::Pause && aim.armed.elapsed() > patience;
+                (!holds || late).then(|| (index, name.clone()))
+            })
+            .collect();
+        for (index, name) in over {
+            let Some(aim) = self.aimed.waiting.remove(&name) else {
+                continue;
+            };
+            let seat = &self.seats[index];
+            if let Some(proxy) = &seat.proxy {
+                proxy.clear(Direction::Up);
+            }
+            if seat.client.is_running() {
+                self.give_up(index, aim)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A fault whose write will not come plays now, and the timeline says why: a pause
+    /// freezes its client where it is; a delay, with nothing to hold, is over at once.
+    /// Whether it missed is the log's to tell.
+    fn give_up(&mut self, index: usize, aim: Aim) -> Result<()> {
+        let seat = &self.seats[index];
+        let name = seat.client.name.clone();
+        let why = match (aim.job, seat.job.map(|(job, _)| job)) {
+            (None, _) => "no write, between jobs".to_string(),
+            (Some(job), held) if held != Some(job) => format!("no write, job {job} done"),
+            _ => format!(
+                "no write within {}",
+                crate::output::human(patience(self.setup.init.lease_ms))
+            ),
+        };
+        if aim.fault == Fault::Pause {
+            let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs: {why}");
+            return self.land_pause(index, aim, text);
+        }
+        let text = format!("delay of {name} holds nothing: {why}");
+        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
+        self.tape.record(event);
+        self.faults_played += 1;
+        self.strike("delay", index)
+    }
+
+    /// The pause lands: the client frozen, and its resume due as long after as drawn.
+    fn land_pause(&mut self, index: usize, aim: Aim, text: String) -> Result<()> {
+        self.freeze(index, text)?;
+        if let (Some((resume, lasts)), Some(player)) = (aim.resume, self.player.as_mut()) {
+            let now = self.tape.start.elapsed().as_millis() as u64;
+            player.add(Action {
+                at_ms: now + lasts,
+                ..resume
+            });
+        }
+        Ok(())
+    }
+
+    /// Freezes a client for its pause. If lockslab holds it already after its read (the
+    /// worst order, as the newer holder), the pause takes that hold over.
+    fn freeze(&mut self, index: usize, text: String) -> Result<()> {
+        let name = &self.seats[index].client.name;
+        let paused = self.nemesis.paused().contains(name);
+        if paused && (self.overtaking.as_ref()).is_some_and(|o| o.newer == *name) {
+            self.overtaking = None;
+        } else if !paused {
+            let seat = &self.seats[index];
+            self.nemesis.pause(&mut self.tape, &seat.client, text)?;
+        }
+        self.faults_played += 1;
+        self.strike("pause", index)
+    }
+
+    /// The writes held for frozen clients go on once their clients run again: resumed at
+    /// the pause's end, or early by the worst order.
+    pub(super) fn let_frozen_writes_go(&mut self) {
+        let paused = self.nemesis.paused();
+        for (name, gone) in &mut self.aimed.frozen {
+            if *gone || paused.contains(name) {
+                continue;
+            }
+            *gone = true;
+            let seat = self.seats.iter().find(|s| s.client.name == *name);
+            if let Some(proxy) = seat.and_then(|s| s.proxy.as_ref()) {
+                proxy.clear(Direction::Up);
+            }
+        }
+    }
+
+    /// Why a fault aimed at `target`'s write never played: armed, it waited for a write
+    /// that did not come before the run ended.
+    pub(super) fn never_written(&self, target: &str, fault: Fault) -> Option<String> {
+        let aim = self
+            .aimed
+            .waiting
+            .get(target)
+            .filter(|a| a.fault == fault)?;
+        Some(format!(
+            "the {} of {target} was aimed at its write to the records, and none came through \
+             its proxy before the run ended, {} later",
+            fault.as_str(),
+            crate::output::human(aim.armed.elapsed())
+        ))
+    }
+}

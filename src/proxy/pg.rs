@@ -1,0 +1,760 @@
+//! The client's half of the Postgres protocol, read as it passes through the proxy: where
+//! each message begins and ends, and which of them writes one table — so that a fault can
+//! be aimed at the write itself, not at whatever bytes happen to come first.
+//!
+//! ```text
+//!  startup   [len][version][user\0…]             no type byte; an SSLRequest or a
+//!                                                 GSSENCRequest may come first
+//!  then      [type][len][body]                    len counts itself, not the type
+//!            Q  "UPDATE records SET …"            simple query: it writes if its SQL does
+//!            P  name "UPDATE records …"           extended: the statement `name` writes
+//!            B  portal name …                     binds it: this is where it runs
+//!            E  portal                            executes the portal bound above
+//!            C  'S' name | 'P' portal             forgets a statement or a portal
+//! ```
+//!
+//! A write is an `UPDATE`, `INSERT INTO`, `DELETE FROM` or `MERGE INTO` the table, schema-
+//! qualified or not, quoted or not, in any case, anywhere in the statement (a `WITH` that
+//! updates writes). A lock clause (`SELECT … FOR UPDATE`), a read in a `WITH`, or the table
+//! named in a comment or a string does not. A statement prepared once (named) writes each
+//! time it is bound; the unnamed one is replaced by every `Parse`. After a request for
+//! encryption that the server accepted, the rest is ciphertext: nothing is a write.
+
+use std::collections::HashSet;
+
+/// The most of a message's body kept to tell whether it writes: a longer statement is
+/// judged on its first bytes, and its remaining bytes are only counted.
+const KEPT: usize = 64 * 1024;
+
+/// The startup packet's protocol versions (3.0 to 3.x) and its special requests.
+const PROTOCOL_3: u32 = 3 << 16;
+const CANCEL_REQUEST: u32 = 80_877_102;
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+
+/// The table whose writes are watched, as its schema and its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    schema: Option<String>,
+    name: String,
+}
+
+impl Table {
+    /// `schema.name` or `name`, as the challenge hands it to its clients (unquoted).
+    pub fn parse(qualified: &str) -> Table {
+        match qualified.rsplit_once('.') {
+            Some((schema, name)) => Table {
+                schema: Some(schema.to_string()),
+                name: name.to_string(),
+            },
+            None => Table {
+                schema: None,
+                name: qualified.to_string(),
+            },
+        }
+    }
+}
+
+/// One message read whole (or judged on its first [`KEPT`] bytes): where it began in the
+/// stream, its type (0 for a startup packet), and whether it writes the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub start: u64,
+    pub kind: u8,
+    pub writes: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Untyped packets: the startup message, or a request for encryption before it.
+    Startup,
+    Typed,
+    /// Encrypted, or not the Postgres protocol at all: only counted.
+    Opaque,
+}
+
+/// Reads the bytes a client sends, in order, in pieces of any size.
+pub struct Frontend {
+    table: Table,
+    phase: Phase,
+    /// Bytes read so far: a message's `start` is counted in them.
+    offset: u64,
+    /// The message being read: its header so far, where it began, its type.
+    head: Vec<u8>,
+    start: u64,
+    kind: u8,
+    /// Its body bytes still to come, and its first [`KEPT`] bytes.
+    left: usize,
+    body: Vec<u8>,
+    /// It was judged already (on its first [`KEPT`] bytes).
+    judged: bool,
+    /// The prepared statements and the portals that write, by name (the unnamed: "").
+    statements: HashSet<Vec<u8>>,
+    portals: HashSet<Vec<u8>>,
+    /// The statements prepared in SQL (`PREPARE name AS UPDATE …`) that write.
+    prepared: HashSet<String>,
+}
+
+impl Frontend {
+    pub fn new(table: Table) -> Frontend {
+        Frontend {
+            table,
+            phase: Phase::Startup,
+            offset: 0,
+            head: Vec::new(),
+            start: 0,
+            kind: 0,
+            left: 0,
+            body: Vec::new(),
+            judged: false,
+            statements: HashSet::new(),
+            portals: HashSet::new(),
+            prepared: HashSet::new(),
+        }
+    }
+
+    /// How many bytes were read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Where the message not yet judged began, if one was begun: its bytes so far.
+    pub fn unjudged_from(&self) -> Option<u64> {
+        (!self.head.is_empty() && !self.judged).then_some(self.start)
+    }
+
+    /// Reads the next bytes the client sent; returns each message judged on the way.
+    pub fn read(&mut self, mut bytes: &[u8]) -> Vec<Message> {
+        let mut judged = Vec::new();
+        while !bytes.is_empty() {
+            if self.phase == Phase::Opaque {
+                self.offset += bytes.len() as u64;
+                break;
+            }
+            let header = if self.phase == Phase::Startup { 4 } else { 5 };
+            if self.head.len() < header {
+                if self.head.is_empty() {
+                    self.start = self.offset;
+                    self.judged = false;
+                }
+                let take = (header - self.head.len()).min(bytes.len());
+                self.head.extend_from_slice(&bytes[..take]);
+                bytes = self.advance(bytes, take);
+                if self.head.len() < header {
+                    break;
+                }
+                if !self.begin() {
+                    self.phase = Phase::Opaque;
+                    self.head.clear();
+                    continue;
+                }
+            }
+            let take = self.left.min(bytes.len());
+            let keep = take.min(KEPT.saturating_sub(self.body.len()));
+            self.body.extend_from_slice(&bytes[..keep]);
+            self.left -= take;
+            bytes = self.advance(bytes, take);
+            if !self.judged && (self.left == 0 || self.body.len() >= KEPT) {
+                self.judged = true;
+                let writes = self.judge();
+                judged.push(Message {
+                    start: self.start,
+                    kind: self.kind,
+                    writes,
+                });
+            }
+            if self.left == 0 {
+                self.end();
+            }
+        }
+        judged
+    }
+
+    fn advance<'b>(&mut self, bytes: &'b [u8], n: usize) -> &'b [u8] {
+        self.offset += n as u64;
+        &bytes[n..]
+    }
+
+    /// A header read whole: the message's type and length. False if it is no Postgres.
+    fn begin(&mut self) -> bool {
+        let (kind, length) = match self.phase {
+            Phase::Startup => (0, be32(&self.head[..4])),
+            _ => (self.head[0], be32(&self.head[1..5])),
+        };
+        // A startup packet holds at least its version; a typed length counts itself.
+        let least = if kind == 0 { 8 } else { 4 };
+        if (length as usize) < least || (kind == 0 && length > 10_000) {
+            return false;
+        }
+        self.kind = kind;
+        self.left = length as usize - 4;
+        self.body.clear();
+        self.judged = false;
+        true
+    }
+
+    /// A message read to its end: what it changes for those after it.
+    fn end(&mut self) {
+        self.head.clear();
+        if self.phase == Phase::Startup {
+            let code = be32(&self.body[..4]);
+            // An SSLRequest or GSSENCRequest is answered with one byte: `N`, and the client
+            // sends its startup packet next (still untyped); `S` or `G`, and what follows
+            // is ciphertext, which begins as no startup packet does.
+            self.phase = match code {
+                SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => Phase::Startup,
+                _ if code >> 16 == PROTOCOL_3 >> 16 => Phase::Typed,
+                _ => Phase::Opaque,
+            };
+        }
+    }
+
+    /// Whether the message just read writes the table, and what it leaves named.
+    fn judge(&mut self) -> bool {
+        let body = &self.body;
+        match self.kind {
+            b'Q' => {
+                let sql = cstr(body, 0).0;
+                query_writes(sql, &self.table, &mut self.prepared)
+            }
+            b'P' => {
+                let (name, at) = cstr(body, 0);
+                let sql = cstr(body, at).0;
+                let writes = query_writes(sql, &self.table, &mut HashSet::new());
+                mark(&mut self.statements, name, writes);
+                false
+            }
+            b'B' => {
+                let (portal, at) = cstr(body, 0);
+                let statement = cstr(body, at).0;
+                let writes = self.statements.contains(statement);
+                mark(&mut self.portals, portal, writes);
+                writes
+            }
+            b'E' => self.portals.contains(cstr(body, 0).0),
+            b'C' => {
+                let name = cstr(body, 1).0;
+                match body.first() {
+                    Some(b'S') => self.statements.remove(name),
+                    Some(b'P') => self.portals.remove(name),
+                    _ => false,
+                };
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
+fn be32(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// The NUL-ended string at `at` (to the end of what is kept, if cut), and where the next
+/// field begins.
+fn cstr(body: &[u8], at: usize) -> (&[u8], usize) {
+    let rest = body.get(at..).unwrap_or_default();
+    match rest.iter().position(|&b| b == 0) {
+        Some(n) => (&rest[..n], at + n + 1),
+        None => (rest, body.len()),
+    }
+}
+
+fn mark(set: &mut HashSet<Vec<u8>>, name: &[u8], writes: bool) {
+    if writes {
+        set.insert(name.to_vec());
+    } else {
+        set.remove(name);
+    }
+}
+
+/// One word of SQL, as far as telling a write goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Token {
+    /// A keyword or an unquoted identifier, folded to lower case as Postgres folds it.
+    Word(String),
+    /// A quoted identifier, exactly as written (its doubled quotes undone).
+    Quoted(String),
+    /// A string constant's contents (quoted or dollar-quoted): the body of a `DO`.
+    Text(Vec<u8>),
+    Dot,
+    Semicolon,
+    Other,
+}
+
+/// Splits SQL into tokens, leaving out comments.
+fn tokens(sql: &[u8]) -> Vec<Token> {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < sql.len() {
+        let b = sql[i];
+        let next = sql.get(i + 1).copied();
+        match b {
+            _ if b.is_ascii_whitespace() => i += 1,
+            b'-' if next == Some(b'-') => {
+                i = sql[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(sql.len(), |n| i + n);
+            }
+            b'/' if next == Some(b'*') => {
+                // Block comments nest in Postgres.
+                let mut depth = 0;
+                while i < sql.len() {
+                    if sql[i..].starts_with(b"/*") {
+                        depth += 1;
+                        i += 2;
+                    } else if sql[i..].starts_with(b"*/") {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'\'' => {
+                let (text, end) = quoted(sql, i, b'\'', false);
+                out.push(Token::Text(text));
+                i = end;
+            }
+            b'"' => {
+                let (text, end) = quoted(sql, i, b'"', false);
+                out.push(Token::Quoted(String::from_utf8_lossy(&text).into_owned()));
+                i = end;
+            }
+            b'$' => {
+                // `$1` is a parameter; `$tag$…$tag$` (or `$$…$$`) a string.
+                let tag_end = sql[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|n| i + 1 + n);
+                let digit = next.is_some_and(|c| c.is_ascii_digit());
+                match tag_end.filter(|&e| sql[e] == b'$' && !digit) {
+                    Some(e) => {
+                        let tag = &sql[i..=e];
+                        let from = e + 1;
+                        let close = sql[from..].windows(tag.len()).position(|w| w == tag);
+                        let to = close.map_or(sql.len(), |n| from + n);
+                        out.push(Token::Text(sql[from..to].to_vec()));
+                        i = close.map_or(sql.len(), |_| to + tag.len());
+                    }
+                    None => {
+                        out.push(Token::Other);
+                        i += 1;
+                        while i < sql.len() && sql[i].is_ascii_digit() {
+                            i += 1;
+                        }
+                    }
+                }
+            }
+            _ if word(b) && !b.is_ascii_digit() => {
+                let end = sql[i..]
+                    .iter()
+                    .position(|&c| !word(c))
+                    .map_or(sql.len(), |n| i + n);
+                let text = String::from_utf8_lossy(&sql[i..end]).to_ascii_lowercase();
+                // E'…' takes backslash escapes: \' does not end it.
+                if text == "e" && sql.get(end) == Some(&b'\'') {
+                    let (text, after) = quoted(sql, end, b'\'', true);
+                    out.push(Token::Text(text));
+                    i = after;
+                } else {
+                    out.push(Token::Word(text));
+                    i = end;
+                }
+            }
+            _ if b.is_ascii_digit() => {
+                while i < sql.len() && (sql[i].is_ascii_alphanumeric() || sql[i] == b'.') {
+                    i += 1;
+                }
+                out.push(Token::Other);
+            }
+            b'.' => {
+                out.push(Token::Dot);
+                i += 1;
+            }
+            b';' => {
+                out.push(Token::Semicolon);
+                i += 1;
+            }
+            _ => {
+                out.push(Token::Other);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The contents of a quoted run that opens at `at`, its doubled quotes undone (and with
+/// `backslash`, its escaped ones), and where it ends.
+fn quoted(sql: &[u8], at: usize, quote: u8, backslash: bool) -> (Vec<u8>, usize) {
+    let mut text = Vec::new();
+    let mut i = at + 1;
+    while i < sql.len() {
+        let b = sql[i];
+        if backslash && b == b'\\' {
+            text.extend(sql.get(i + 1));
+            i += 2;
+        } else if b == quote && sql.get(i + 1) == Some(&quote) {
+            text.push(quote);
+            i += 2;
+        } else if b == quote {
+            return (text, i + 1);
+        } else {
+            text.push(b);
+            i += 1;
+        }
+    }
+    (text, sql.len())
+}
+
+/// Whether a query string (one or more statements) writes the table. `PREPARE name AS …`
+/// writes nothing itself and is remembered; `EXECUTE name` then writes if it does.
+fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bool {
+    let all = tokens(sql);
+    let mut writes = false;
+    for statement in all.split(|t| *t == Token::Semicolon) {
+        let word = |n: usize| match statement.get(n) {
+            Some(Token::Word(w)) => Some(w.as_str()),
+            Some(Token::Quoted(q)) => Some(q.as_str()),
+            _ => None,
+        };
+        match (word(0), word(1)) {
+            (Some("prepare"), Some(name)) => {
+                let name = name.to_string();
+                let body = (statement.iter())
+                    .position(|t| *t == Token::Word("as".into()))
+                    .map_or(&[][..], |at| &statement[at + 1..]);
+                if statement_writes(body, table) {
+                    prepared.insert(name);
+                } else {
+                    prepared.remove(&name);
+                }
+            }
+            (Some("execute"), Some(name)) => writes |= prepared.contains(name),
+            (Some("deallocate"), Some("all")) => prepared.clear(),
+            (Some("deallocate"), Some("prepare")) => {
+                if let Some(name) = word(2) {
+                    prepared.remove(name);
+                }
+            }
+            (Some("deallocate"), Some(name)) => {
+                prepared.remove(name);
+            }
+            (Some("do"), _) => {
+                // An anonymous block's body is a string of PL/pgSQL: its statements count.
+                writes |= statement.iter().any(|t| match t {
+                    Token::Text(body) => query_writes(body, table, &mut HashSet::new()),
+                    _ => false,
+                });
+            }
+            _ => writes |= statement_writes(statement, table),
+        }
+    }
+    writes
+}
+
+/// Whether one statement's tokens hold a write of the table: `UPDATE [ONLY] t`, `INSERT
+/// INTO t`, `DELETE FROM [ONLY] t`, `MERGE INTO [ONLY] t` — and not `FOR [NO KEY] UPDATE`,
+/// `DO UPDATE SET` or `UPDATE OF`, in which no table follows.
+fn statement_writes(statement: &[Token], table: &Table) -> bool {
+    let is = |n: usize, word: &str| matches!(statement.get(n), Some(Token::Word(w)) if w == word);
+    (0..statement.len()).any(|n| {
+        let target = if is(n, "update") && !(n > 0 && (is(n - 1, "for") || is(n - 1, "key"))) {
+            n + 1
+        } else if ((is(n, "insert") || is(n, "merge")) && is(n + 1, "into"))
+            || (is(n, "delete") && is(n + 1, "from"))
+        {
+            n + 2
+        } else {
+            return false;
+        };
+        let target = if is(target, "only") {
+            target + 1
+        } else {
+            target
+        };
+        names_the_table(&statement[target..], table)
+    })
+}
+
+/// Whether the tokens begin with the table's name: `t`, `schema.t`, `"t"`, `db.schema.t`.
+fn names_the_table(tokens: &[Token], table: &Table) -> bool {
+    let mut parts = Vec::new();
+    for (n, token) in tokens.iter().enumerate() {
+        let expect_name = n % 2 == 0;
+        match token {
+            Token::Word(w) | Token::Quoted(w) if expect_name => parts.push(w.as_str()),
+            Token::Dot if !expect_name => {}
+            _ => break,
+        }
+    }
+    let Some((&name, before)) = parts.split_last() else {
+        return false;
+    };
+    let schema_ok = match (before.last(), &table.schema) {
+        (Some(schema), Some(want)) => schema == want,
+        (Some(_), None) | (None, _) => true,
+    };
+    name == table.name && schema_ok
+}
+
+/// Messages as a client sends them, for the tests here and the proxy's.
+#[cfg(test)]
+pub(super) mod wire {
+    /// A typed message: its type, its length, its body.
+    pub fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    pub fn startup() -> Vec<u8> {
+        let body = b"\0\x03\0\0user\0c1\0database\0lockslab\0\0";
+        let mut out = (body.len() as u32 + 4).to_be_bytes().to_vec();
+        out.extend_from_slice(body);
+        out
+    }
+
+    pub fn query(sql: &str) -> Vec<u8> {
+        message(b'Q', &[sql.as_bytes(), b"\0"].concat())
+    }
+
+    pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+        let body = [name.as_bytes(), b"\0", sql.as_bytes(), b"\0", b"\0\0"].concat();
+        message(b'P', &body)
+    }
+
+    pub fn bind(portal: &str, statement: &str) -> Vec<u8> {
+        let body = [
+            portal.as_bytes(),
+            b"\0",
+            statement.as_bytes(),
+            b"\0",
+            b"\0\0\0\0\0\0",
+        ];
+        message(b'B', &body.concat())
+    }
+
+    pub fn execute(portal: &str) -> Vec<u8> {
+        message(b'E', &[portal.as_bytes(), b"\0\0\0\0\0"].concat())
+    }
+
+    pub fn sync() -> Vec<u8> {
+        message(b'S', b"")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wire::*;
+    use super::*;
+
+    const TABLE: &str = "lockslab_challenge_ab12.records";
+
+    fn table() -> Table {
+        Table::parse(TABLE)
+    }
+
+    fn writes(sql: &str) -> bool {
+        query_writes(sql.as_bytes(), &table(), &mut HashSet::new())
+    }
+
+    /// Reads `stream` in pieces of `piece` bytes; returns the start of each write.
+    fn writes_in(stream: &[u8], piece: usize) -> Vec<u64> {
+        let mut reader = Frontend::new(table());
+        let mut found = Vec::new();
+        for chunk in stream.chunks(piece) {
+            found.extend(
+                reader
+                    .read(chunk)
+                    .iter()
+                    .filter(|m| m.writes)
+                    .map(|m| m.start),
+            );
+        }
+        assert_eq!(reader.offset(), stream.len() as u64);
+        found
+    }
+
+    #[test]
+    fn writes_to_the_table_are_told_from_reads_locks_comments_and_other_tables() {
+        for sql in [
+            "UPDATE lockslab_challenge_ab12.records SET value = 1 WHERE record = 'r0'",
+            "update records set value = 1",
+            "UPDATE ONLY \"records\" SET value = 1",
+            "UPDATE \"lockslab_challenge_ab12\".\"records\" AS r SET value = 1",
+            "BEGIN; UPDATE Records SET value = 1; COMMIT",
+            "INSERT INTO records (record) VALUES ('r9')",
+            "DELETE FROM ONLY records WHERE record = 'r9'",
+            "MERGE INTO records r USING (SELECT 1) s ON true WHEN MATCHED THEN DO NOTHING",
+            "WITH w AS (UPDATE records SET value = 1 RETURNING *) SELECT * FROM w",
+            "/* a note */ UPDATE records SET value = 1 -- and another",
+            "SELECT 1; UPDATE records SET items = E'{\\'it''s\\'}'",
+            "DO $$ BEGIN UPDATE records SET value = 1; END $$",
+            "EXPLAIN ANALYZE UPDATE records SET value = 1",
+        ] {
+            assert!(writes(sql), "a write: {sql}");
+        }
+        for sql in [
+            "SELECT value, items FROM records WHERE record = 'r0' FOR UPDATE",
+            "SELECT * FROM records FOR NO KEY UPDATE OF records",
+            "WITH r AS (SELECT * FROM records) SELECT * FROM r",
+            "-- UPDATE records SET value = 1\nSELECT 1",
+            "/* UPDATE /* nested */ records */ SELECT 1",
+            "SELECT 'UPDATE records SET value = 1'",
+            "SELECT $x$ UPDATE records $x$, $1",
+            "UPDATE other.records SET value = 1",
+            "UPDATE records_copy SET value = 1",
+            "INSERT INTO done VALUES (1) ON CONFLICT DO UPDATE SET job = 1",
+            "CREATE TRIGGER t AFTER UPDATE ON records FOR EACH ROW EXECUTE FUNCTION f()",
+            "SELECT 1",
+            "",
+        ] {
+            assert!(!writes(sql), "no write: {sql}");
+        }
+    }
+
+    #[test]
+    fn a_write_is_found_in_a_query_cut_anywhere_and_its_start_is_exact() {
+        let mut stream = startup();
+        stream.extend(query("BEGIN"));
+        stream.extend(query(
+            "SELECT value FROM records WHERE record = 'r0' FOR UPDATE",
+        ));
+        let at = stream.len() as u64;
+        stream.extend(query("UPDATE records SET value = 3 WHERE record = 'r0'"));
+        stream.extend(query("COMMIT"));
+        for piece in [1, 2, 3, 5, 7, 64, stream.len()] {
+            assert_eq!(writes_in(&stream, piece), vec![at], "pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn a_message_not_yet_judged_is_where_its_first_byte_came() {
+        let mut reader = Frontend::new(table());
+        let start = startup();
+        reader.read(&start);
+        assert_eq!(reader.unjudged_from(), None, "between messages");
+        let update = query("UPDATE records SET value = 3");
+        let seen = reader.read(&update[..9]);
+        assert!(seen.is_empty());
+        let at = start.len() as u64;
+        assert_eq!(reader.unjudged_from(), Some(at), "half a query");
+        let seen = reader.read(&update[9..]);
+        assert_eq!(
+            seen,
+            vec![Message {
+                start: at,
+                kind: b'Q',
+                writes: true
+            }]
+        );
+        assert_eq!(reader.unjudged_from(), None);
+    }
+
+    #[test]
+    fn a_statement_longer_than_what_is_kept_is_judged_on_its_beginning() {
+        let mut stream = startup();
+        let at = stream.len() as u64;
+        let items = "'j1',".repeat(2 * KEPT / 5);
+        stream.extend(query(&format!(
+            "UPDATE records SET items = ARRAY[{items}'j2']"
+        )));
+        stream.extend(query("SELECT 1"));
+        assert_eq!(writes_in(&stream, 1000), vec![at]);
+    }
+
+    #[test]
+    fn extended_protocol_writes_where_the_write_statement_is_bound_and_executed() {
+        let mut stream = startup();
+        stream.extend(parse(
+            "",
+            "SELECT value FROM records WHERE record = $1 FOR UPDATE",
+        ));
+        stream.extend(bind("", ""));
+        stream.extend(execute(""));
+        stream.extend(sync());
+        stream.extend(parse("", "UPDATE records SET value = $1 WHERE record = $2"));
+        let bound = stream.len() as u64;
+        stream.extend(bind("", ""));
+        let executed = stream.len() as u64;
+        stream.extend(execute(""));
+        stream.extend(sync());
+        for piece in [1, 4, 13, stream.len()] {
+            assert_eq!(writes_in(&stream, piece), vec![bound, executed]);
+        }
+    }
+
+    #[test]
+    fn a_named_statement_writes_each_time_it_runs_until_closed_and_the_unnamed_is_replaced() {
+        let mut stream = startup();
+        // Prepared once, as drivers do at connect or at first use.
+        stream.extend(parse(
+            "s1",
+            "UPDATE records SET value = $1 WHERE record = $2",
+        ));
+        stream.extend(sync());
+        stream.extend(parse("", "UPDATE records SET value = 0"));
+        stream.extend(parse("", "SELECT 1"));
+        stream.extend(bind("", ""));
+        stream.extend(execute(""));
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            runs.push(stream.len() as u64);
+            stream.extend(bind("p", "s1"));
+            runs.push(stream.len() as u64);
+            stream.extend(execute("p"));
+            stream.extend(sync());
+        }
+        stream.extend(message(b'C', b"Ss1\0"));
+        stream.extend(bind("p", "s1"));
+        stream.extend(execute("p"));
+        stream.extend(sync());
+        assert_eq!(writes_in(&stream, 6), runs);
+    }
+
+    #[test]
+    fn a_statement_prepared_in_sql_writes_when_executed() {
+        let mut stream = startup();
+        stream.extend(query(
+            "PREPARE w(bigint) AS UPDATE records SET value = $1; PREPARE r AS SELECT 1",
+        ));
+        stream.extend(query("EXECUTE r"));
+        let at = stream.len() as u64;
+        stream.extend(query("EXECUTE w(3)"));
+        stream.extend(query("DEALLOCATE w"));
+        stream.extend(query("EXECUTE w(4)"));
+        assert_eq!(writes_in(&stream, 9), vec![at]);
+    }
+
+    #[test]
+    fn an_ssl_request_refused_is_followed_by_the_startup_and_one_accepted_by_ciphertext() {
+        let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+        let mut refused = ssl.to_vec();
+        refused.extend(startup());
+        let at = refused.len() as u64;
+        refused.extend(query("UPDATE records SET value = 1"));
+        assert_eq!(writes_in(&refused, 3), vec![at]);
+        // A TLS ClientHello, then what would read as a write were it plaintext.
+        let mut accepted = ssl.to_vec();
+        accepted.extend([0x16, 0x03, 0x01, 0x02, 0x00, 0x01]);
+        accepted.extend(query("UPDATE records SET value = 1"));
+        assert!(writes_in(&accepted, 3).is_empty());
+    }
+
+    #[test]
+    fn garbage_is_no_write() {
+        let mut stream = startup();
+        stream.extend([b'Q', 0, 0, 0, 1]);
+        stream.extend(query("UPDATE records SET value = 1"));
+        assert!(writes_in(&stream, 4).is_empty());
+        assert!(writes_in(b"GET / HTTP/1.1\r\n\r\n", 5).is_empty());
+    }
+}
