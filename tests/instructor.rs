@@ -2250,21 +2250,27 @@ fn uid_of(pid: i32) -> Option<u32> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The running processes named `name` (`comm`) whose working directory is under `dir`.
-fn servers_under(dir: &std::path::Path, name: &str) -> Vec<i32> {
+/// The process listening on TCP `port` (IPv4), found through its socket's inode.
+fn listener_on(port: u16) -> Option<i32> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields.get(1)?.rsplit(':').next()?;
+        let listening = fields.get(3) == Some(&"0A");
+        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+            .then(|| fields.get(9).map(|inode| inode.to_string()))?
+    })?;
+    let wanted = std::path::PathBuf::from(format!("socket:[{inode}]"));
     std::fs::read_dir("/proc")
-        .unwrap()
+        .ok()?
         .flatten()
         .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
-        .filter(|pid| proc_state(*pid).is_some_and(|state| state != 'Z'))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|comm| comm.trim() == name)
+        .find(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to == wanted))
+            })
         })
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
-        })
-        .collect()
 }
 
 /// Every file and directory under `dir` (itself included), with its owner and mode.
@@ -2293,7 +2299,6 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
     let home = state["pg_home"]
         .as_str()
         .map_or_else(|| room.state.path().to_path_buf(), std::path::PathBuf::from);
-    let seats = home.join("seats");
     let me = nix::unistd::Uid::effective();
     let postgres_uid = state["pids"]
         .as_array()
@@ -2309,27 +2314,27 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
 
     let mut seen_uids = Vec::new();
     let mut all_servers = Vec::new();
-    for seat in ["seat01", "seat02"] {
-        let dir = seats.join(seat);
-        let redis = servers_under(&dir, "redis-server");
-        let etcd = servers_under(&dir, "etcd");
-        assert_eq!(
-            (redis.len(), etcd.len()),
-            (1, 1),
-            "{seat}: a Redis and an etcd of its own, working in {}",
-            dir.display()
-        );
-        let uids: Vec<u32> = redis
+    for n in [1, 2] {
+        let (_, seat) = room.seat(n);
+        // The servers behind the seat's own lines, found by the ports they listen on.
+        let servers: Vec<i32> = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"]
             .iter()
-            .chain(&etcd)
-            .filter_map(|p| uid_of(*p))
+            .map(|var| {
+                let at = host_port(&export_of(&seat, var));
+                let port = at.rsplit(':').next().unwrap().parse().unwrap();
+                listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+            })
             .collect();
+        let uids: Vec<u32> = servers.iter().filter_map(|pid| uid_of(*pid)).collect();
         assert_eq!(uids.len(), 2);
-        assert_eq!(uids[0], uids[1], "{seat}: its Redis and etcd as one user");
+        assert_eq!(uids[0], uids[1], "seat {n}: its Redis and etcd as one user");
         let uid = uids[0];
         if me.is_root() {
-            assert_ne!(uid, 0, "{seat}'s servers run as root");
-            assert_ne!(uid, postgres_uid, "{seat}'s servers run as Postgres's user");
+            assert_ne!(uid, 0, "seat {n}'s servers run as root");
+            assert_ne!(
+                uid, postgres_uid,
+                "seat {n}'s servers run as Postgres's user"
+            );
             assert!(!seen_uids.contains(&uid), "two seats share uid {uid}");
         } else {
             assert_eq!(
@@ -2339,12 +2344,17 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
             );
         }
         seen_uids.push(uid);
-        // Its files (its config holds passwords): the seat user's, and private to it.
+        // Their directory (the Redis works in it, the etcd below): the seat user's, private
+        // to it; its config holds passwords.
+        let dir = std::fs::read_link(format!("/proc/{}/cwd", servers[0])).unwrap();
+        assert!(dir.starts_with(&home), "{} is not up's", dir.display());
+        let etcd_dir = std::fs::read_link(format!("/proc/{}/cwd", servers[1])).unwrap();
+        assert!(etcd_dir.starts_with(&dir), "{}", etcd_dir.display());
         for (path, owner, mode) in tree(&dir) {
-            assert_eq!(owner, uid, "{} is not {seat}'s", path.display());
+            assert_eq!(owner, uid, "{} is not seat {n}'s", path.display());
             assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", path.display());
         }
-        all_servers.extend(redis.into_iter().chain(etcd));
+        all_servers.extend(servers);
     }
     // The state directory stays lockslab's.
     assert_eq!(
@@ -2361,7 +2371,9 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
             "seat server {pid} still running after down"
         );
     }
-    assert!(!seats.exists(), "{} is still there", seats.display());
+    if home != state_dir {
+        assert!(!home.exists(), "{} is still there", home.display());
+    }
     let left: Vec<_> = std::fs::read_dir(&state_dir)
         .map(|dir| dir.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
