@@ -849,7 +849,7 @@ impl PrivateServers {
             .start_each(backends)
             .and_then(|()| servers.check_etcd_users())
             .and_then(|()| servers.provision_postgres())
-            .and_then(|()| servers.start_seat_servers());
+            .and_then(|()| servers.start_seats());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -1338,7 +1338,6 @@ impl PrivateServers {
                  REVOKE ALL ON SCHEMA public FROM PUBLIC;"
             ))
             .context("creating the labs' schemas in the private Postgres")?;
-        self.seat_postgres_roles(&mut client, &admin_in_labs_db, &at)?;
         drop(client);
         self.admin_url = Some(admin.clone());
         let url = format!("postgres://{PG_ROLE}:{password}@{at}/{PG_ROLE}");
@@ -1370,15 +1369,10 @@ impl PrivateServers {
     /// ever runs a statement there (the admin creates it from the `postgres` database, and
     /// the seat makes its schema itself). It also keeps a seat's table names out of the
     /// other seats' catalogs. The cost, one `CREATE DATABASE` per seat at `up`, is paid once.
-    fn seat_postgres_roles(
-        &self,
-        admin: &mut connect::PgClient,
-        admin_in_labs_db: &str,
-        at: &str,
-    ) -> Result<()> {
-        let Some(room) = &self.room else {
-            return Ok(());
-        };
+    ///
+    /// `admin_url` is the superuser's URL, on the `postgres` database.
+    fn seat_postgres_roles(room: &Room, admin_url: &str) -> Result<()> {
+        let mut admin = connect::postgres_for_setup(admin_url)?;
         let mut statements = room_results_sql(PG_ROLE);
         for seat in &room.seats {
             let (name, password) = (&seat.name, &seat.password);
@@ -1396,14 +1390,36 @@ impl PrivateServers {
                     .batch_execute(&statement)
                     .with_context(|| format!("creating the room's seat {name} in Postgres"))?;
             }
-            connect::postgres_for_setup(&format!("postgres://{name}:{password}@{at}/{name}"))?
+            connect::postgres_for_setup(&on_database(&with_user(admin_url, name, password), name))?
                 .batch_execute(&format!("CREATE SCHEMA {name}"))
                 .with_context(|| format!("creating the schema of seat {name} in Postgres"))?;
             statements.extend(room_results_grants_sql(name));
         }
-        connect::postgres_for_setup(admin_in_labs_db)?
+        connect::postgres_for_setup(&on_database(admin_url, PG_ROLE))?
             .batch_execute(&statements.join(";\n"))
             .context("granting the room's seats their results in Postgres")
+    }
+
+    /// A room's seats: their roles and databases in Postgres (see
+    /// [`PrivateServers::seat_postgres_roles`]), and meanwhile their own servers. A
+    /// `CREATE DATABASE` per seat is the longest part of a room's start (about five seconds
+    /// for thirty seats): the servers start in its shadow.
+    fn start_seats(&mut self) -> Result<()> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let admin = self.admin_url.clone();
+        thread::scope(|scope| {
+            let databases = scope.spawn(|| match &admin {
+                Some(admin) => Self::seat_postgres_roles(&room, admin),
+                None => Ok(()),
+            });
+            let servers = self.start_seat_servers();
+            let databases = databases
+                .join()
+                .unwrap_or_else(|_| Err(anyhow!("creating the seats in Postgres panicked")));
+            servers.and(databases)
+        })
     }
 
     /// A seat's own servers: a `redis-server` and an `etcd` per seat, started with the room,
