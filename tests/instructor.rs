@@ -2168,11 +2168,7 @@ fn a_seats_compaction_and_leases_reach_no_other_seat() {
     let room = Room::up_with(&["up", "--room", "127.0.0.11", "--seats", "2"]);
     let (_, a) = room.seat(1);
     let (_, b) = room.seat(2);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    lockslab::connect::etcd_runtime().unwrap().block_on(async {
         let etcd_of = |seat: &[(String, String)]| export_of(seat, "LOCKSLAB_ETCD_URL");
         let mut ea = lockslab::connect::etcd(&etcd_of(&a)).await.unwrap();
         let mut eb = lockslab::connect::etcd(&etcd_of(&b)).await.unwrap();
