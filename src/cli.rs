@@ -161,10 +161,11 @@ Examples:
 A room's servers listen on ADDR only, each with a generated password (Redis
 requirepass, Postgres SCRAM, etcd auth with user root) that stays the
 instructor's. Each seat has a Redis and an etcd of its own (a busy script, a
-SCAN, a compaction or a lease reaches no other seat) and a Postgres role
-owning a database of its own, with its own password; Postgres, the CPU,
-memory and disk stay shared. As root, each seat's Redis and etcd run as a uid
-of the seat's own. `lockslab down` stops them all.")]
+SCAN, or a compaction or lease made with its lines reaches no other seat) and
+a Postgres role owning a database of its own, with its own password;
+Postgres, the CPU, memory and disk stay shared, and etcd 3.4 asks no password
+to compact or to renew leases. As root, each seat's Redis and etcd run as a
+uid of the seat's own. `lockslab down` stops them all.")]
     Up(UpArgs),
     /// Print the export lines of one seat of the room `lockslab up --room` started
     #[command(after_help = "\
@@ -426,6 +427,8 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         None => crate::outln!("The seats' Redis and etcd run as you: passwords keep them apart."),
     }
     crate::outln!("Shared by every seat: Postgres, and this machine's CPU, memory and disk.");
+    crate::outln!("Not isolated: etcd 3.4 asks no password to compact or to renew leases, so");
+    crate::outln!("anyone who finds a seat's etcd port can cancel its watches and keep its locks.");
     crate::outln!();
     crate::outln!(
         "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",

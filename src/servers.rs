@@ -580,6 +580,12 @@ pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
 /// A seat's etcd database size: far more than any lab writes. Past it etcd raises its
 /// `NOSPACE` alarm and takes no more writes — for that seat alone — instead of filling the
 /// disk every seat's servers write to (etcd's own default is 2 GiB, 30 times over).
+///
+/// The price: etcd 3.4 grants leases without a password, and once the alarm is up it checks
+/// no permission at all (`auth disable` included). Filling 128 MB with lease grants takes
+/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s); 2 GiB would take 16 times
+/// longer, and let 31 etcds fill the disk. Bounding the disk was judged the lesser evil:
+/// what that seat's etcd then opens is that seat's lab keys.
 pub const SEAT_ETCD_QUOTA_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The directory holding a directory per seat, each with the seat's Redis config, its
@@ -1442,6 +1448,14 @@ impl PrivateServers {
     /// (CVE-2023-32082), so one seat could keep another's lock from ever expiring. On an etcd
     /// of its own a seat compacts its own history and sees its own leases. About 30 MB of
     /// memory per seat is the price.
+    ///
+    /// What that does not stop: etcd 3.4 (Debian 12's) asks no password at all for a
+    /// compaction or a lease call (grant, list, time-to-live with the key names,
+    /// keep-alive), nor for `auth disable` once its `NOSPACE` alarm is up — which lease
+    /// grants alone can raise. Whoever reaches a seat's etcd port (another attendee who
+    /// finds it) can do all of that to that seat. Only something in front that lets in
+    /// authenticated connections alone (or client certificates, or an etcd that checks these
+    /// calls) would close it.
     ///
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
     /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
