@@ -1446,7 +1446,7 @@ impl PrivateServers {
     /// cancels every watch that starts from an older revision — and the labs watch that way;
     /// and etcd 3.4 lets any user list every lease and keep any of them alive
     /// (CVE-2023-32082), so one seat could keep another's lock from ever expiring. On an etcd
-    /// of its own a seat compacts its own history and sees its own leases. About 30 MB of
+    /// of its own a seat compacts its own history and sees its own leases. About 25 MB of
     /// memory per seat is the price.
     ///
     /// What that does not stop: etcd 3.4 (Debian 12's) asks no password at all for a
