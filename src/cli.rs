@@ -160,10 +160,12 @@ Examples:
 
 A room's servers listen on ADDR only, each with a generated password (Redis
 requirepass, Postgres SCRAM, etcd auth with user root) that stays the
-instructor's. Each seat has a Redis of its own (a busy script or a SCAN
-reaches no other seat), and a user of its own on etcd and Postgres, with its
-own password, reaching only its own namespace; Postgres has room for every
-seat running any lab at once. `lockslab down` stops them all.")]
+instructor's. Each seat has a Redis and an etcd of its own (a busy script, a
+SCAN, or a compaction or lease made with its lines reaches no other seat) and
+a Postgres role owning a database of its own, with its own password;
+Postgres, the CPU, memory and disk stay shared, and etcd 3.4 asks no password
+to compact or to renew leases. As root, each seat's Redis and etcd run as a
+uid of the seat's own. `lockslab down` stops them all.")]
     Up(UpArgs),
     /// Print the export lines of one seat of the room `lockslab up --room` started
     #[command(after_help = "\
@@ -402,7 +404,11 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         servers::SEAT_REDIS_MAXMEMORY
     );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
-    crate::outln!("            a user per seat: keys under lockslab:<seat>_ only");
+    crate::outln!("            the instructor's; each seat has an etcd of its own:");
+    crate::outln!(
+        "            keys under lockslab:<seat>_, its own leases and history, {} MB",
+        servers::SEAT_ETCD_QUOTA_BYTES / (1024 * 1024)
+    );
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
     crate::outln!("            a role per seat, owning a database named like it; SCRAM");
     crate::outln!(
@@ -414,6 +420,15 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         "            (each seat's limit: {})",
         servers::PG_CONNECTIONS_PER_LAB
     );
+    match state.seats.first().and_then(|seat| seat.uid) {
+        Some(uid) => crate::outln!(
+            "Each seat's Redis and etcd run as a uid of its own ({uid}…), not as root."
+        ),
+        None => crate::outln!("The seats' Redis and etcd run as you: passwords keep them apart."),
+    }
+    crate::outln!("Shared by every seat: Postgres, and this machine's CPU, memory and disk.");
+    crate::outln!("Not isolated: etcd 3.4 asks no password to compact or to renew leases, so");
+    crate::outln!("anyone who finds a seat's etcd port can cancel its watches and keep its locks.");
     crate::outln!();
     crate::outln!(
         "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",

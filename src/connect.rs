@@ -819,6 +819,27 @@ pub async fn etcd_within(url: &str, timeout: Duration) -> Result<etcd_client::Cl
         .map_err(|err| Backend::Etcd.unreachable(url, err))
 }
 
+/// An etcd client with no user, over the Unix socket at `socket`: for an etcd lockslab has
+/// just started where only this user reaches it, to give it its users before it listens
+/// anywhere else (see `servers::PrivateServers::bootstrap_etcds`).
+pub async fn etcd_on_socket(socket: &std::path::Path) -> Result<etcd_client::Client> {
+    let url = format!("unix://{}", socket.display());
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|err| Backend::Etcd.unreachable(&url, err))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(COMMAND_TIMEOUT)
+        .connect()
+        .await
+        .map_err(|err| Backend::Etcd.unreachable(&url, err))?;
+    let mut client =
+        etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?;
+    client
+        .status()
+        .await
+        .map_err(|err| Backend::Etcd.unreachable(&url, err))?;
+    Ok(client)
+}
+
 /// Splits `http://user:password@host:port` into the endpoint and the user's credentials
 /// (percent-escapes decoded); a URL without a user comes back as it is.
 pub fn etcd_credentials(url: &str) -> (String, Option<(String, String)>) {

@@ -18,7 +18,7 @@ use std::fs;
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,6 +31,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid};
 use serde::{Deserialize, Serialize};
 
+use crate::challenge::isolation::SEAT_UIDS;
 use crate::connect::{self, Backend};
 use crate::procs::{self, StopPlan};
 
@@ -375,8 +376,9 @@ pub struct PrivateServers {
     pub pids: Vec<(Backend, i32)>,
     pub started_in: Duration,
     lifetime: Lifetime,
-    /// Holds Postgres's data directory, `pg`: `dir` itself, except for `lockslab up` as root
-    /// when the Postgres user can't enter `dir` (a private `XDG_RUNTIME_DIR`).
+    /// Holds the data of the servers that run as other users: Postgres's `pg`, and a room's
+    /// [`SEATS_DIR`]. `dir` itself, except for `lockslab up` as root when those users can't
+    /// enter `dir` (a private `XDG_RUNTIME_DIR`, a `LOCKSLAB_STATE_DIR` made by `mktemp -d`).
     pg_home: PathBuf,
     /// The user Postgres runs as, when lockslab runs as root.
     pg_user: Option<RunAs>,
@@ -393,8 +395,15 @@ pub struct PrivateServers {
     /// Redis started from now on keeps its data: AOF on, `appendfsync always` (chaos's
     /// `restart-aof`); off by default, a private Redis has no persistence.
     redis_aof: bool,
-    /// A room's seats' own Redis servers (see [`PrivateServers::start_seat_redis`]).
-    seat_pids: Vec<i32>,
+    /// A room's seats' own Redis and etcd servers (see [`PrivateServers::start_seat_servers`]).
+    seat_pids: Vec<(Backend, i32)>,
+    /// When lockslab runs as root, the user each seat's servers run as, by seat: a uid and a
+    /// gid (the same number) in [`SEAT_UIDS`] that no account, group or process has, drawn
+    /// afresh for each room. Neither root nor the user Postgres runs as: a seat that takes
+    /// over its Redis (a Lua sandbox escape, say) reads its own seat's files and nobody
+    /// else's, and cannot signal or trace another seat's servers. Empty when not root: the
+    /// servers then run as lockslab's user, as every private server does.
+    seat_users: Vec<(Uid, Gid)>,
 }
 
 /// Every server lockslab starts demands a secret, on loopback too: any local user can
@@ -438,18 +447,24 @@ pub struct Room {
     pub seats: Vec<Seat>,
 }
 
-/// One attendee's place in a room: a Redis of its own, an etcd user and a Postgres role, all
-/// named like the seat, with one password of its own, reaching only the seat's namespace:
+/// One attendee's place in a room: a Redis and an etcd of its own and a Postgres role, with a
+/// user on each named like the seat, one password of its own, reaching only the seat's
+/// namespace:
 ///
-/// - Redis: a `redis-server` of the seat's own (see [`PrivateServers::start_seat_redis`]), where its user reaches
-///   every key and only the commands the labs send;
-/// - etcd: keys under `lockslab:<seat>_`;
+/// - Redis: a `redis-server` of the seat's own (see [`PrivateServers::start_seat_servers`]),
+///   where its user reaches every key and only the commands the labs send;
+/// - etcd: an `etcd` of the seat's own, where its user reads and writes the keys under
+///   `lockslab:<seat>_` (and takes leases, watches and compacts — on its own server only);
 /// - Postgres: a database `<seat>` of its own, with a schema `<seat>` (its `search_path`)
 ///   and the schemas its runs create; in the labs' database, rows added to the room's
 ///   results and nothing else; at most [`PG_CONNECTIONS_PER_LAB`] connections.
 ///
 /// A run with `LOCKSLAB_NAMESPACE=<seat>` has the run id `<seat>_<hex>`, and every lab
 /// names its keys `lockslab:<run id>:…`, so everything it writes falls inside.
+///
+/// When lockslab runs as root, a seat's Redis and etcd run as a user of the seat's own (see
+/// [`PrivateServers::seat_users`]), so that a seat that takes over its server holds nothing
+/// but that seat's files.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Seat {
     /// The seat's user name on every server, and its namespace: `seat01`, `seat02`…
@@ -458,6 +473,13 @@ pub struct Seat {
     /// Where the seat's own Redis listens (`host:port`), once started.
     #[serde(default)]
     pub redis: Option<String>,
+    /// Where the seat's own etcd listens (`host:port`), once started.
+    #[serde(default)]
+    pub etcd: Option<String>,
+    /// The uid its servers run as, when lockslab runs as root (see
+    /// [`PrivateServers::seat_users`]).
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 impl Seat {
@@ -468,6 +490,8 @@ impl Seat {
                 name: format!("seat{n:02}"),
                 password: crate::seed::os_hex(24),
                 redis: None,
+                etcd: None,
+                uid: None,
             })
             .collect()
     }
@@ -514,6 +538,28 @@ impl Seat {
         let at = self.redis.as_deref()?;
         Some(format!("redis://{}:{}@{at}", self.name, self.password))
     }
+
+    /// The URL the seat's attendee uses for its own etcd, when it has one.
+    pub fn etcd_url(&self) -> Option<String> {
+        let at = self.etcd.as_deref()?;
+        Some(format!("http://{}:{}@{at}", self.name, self.password))
+    }
+
+    /// The role and user the seat has on its own etcd: the keys under `lockslab:<seat>_`.
+    async fn add_to_etcd(&self, client: &mut etcd_client::Client) -> Result<()> {
+        let name = self.name.as_str();
+        client.role_add(name).await?;
+        let prefix = format!("lockslab:{name}_");
+        client
+            .role_grant_permission(
+                name,
+                etcd_client::Permission::read_write(prefix).with_prefix(),
+            )
+            .await?;
+        client.user_add(name, self.password.as_str(), None).await?;
+        client.user_grant_role(name, name).await?;
+        Ok(())
+    }
 }
 
 /// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.
@@ -531,12 +577,24 @@ pub const SEAT_REDIS_MAXCLIENTS: u32 = 10_000;
 /// seat's servers with it. It starts at about 60 MB.
 pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
 
-/// The directory of `up`'s state directory holding the seats' Redis configs and logs.
-const SEAT_REDIS_DIR: &str = "seat-redis";
+/// A seat's etcd database size: far more than any lab writes. Past it etcd raises its
+/// `NOSPACE` alarm and takes no more writes — for that seat alone — instead of filling the
+/// disk every seat's servers write to (etcd's own default is 2 GiB, 30 times over).
+///
+/// The price: etcd 3.4 grants leases without a password, and once the alarm is up it checks
+/// no permission at all (`auth disable` included). Filling 128 MB with lease grants takes
+/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s); 2 GiB would take 16 times
+/// longer, and let 31 etcds fill the disk. Bounding the disk was judged the lesser evil:
+/// what that seat's etcd then opens is that seat's lab keys.
+pub const SEAT_ETCD_QUOTA_BYTES: u64 = 128 * 1024 * 1024;
+
+/// The directory holding a directory per seat, each with the seat's Redis config, its
+/// etcd's data and their logs (see [`PrivateServers::seat_home`]).
+const SEATS_DIR: &str = "seats";
 
 /// A seat's Redis config: the instructor's password on `default`, the seat's user, the
-/// limits (see [`PrivateServers::start_seat_redis`]). In a file only this user reads: it
-/// holds both passwords.
+/// limits (see [`PrivateServers::start_seat_servers`]). In a file only the seat's server
+/// reads: it holds both passwords.
 fn seat_redis_config(room_password: &str, seat: &Seat) -> String {
     format!(
         "requirepass {room_password}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
@@ -582,11 +640,12 @@ pub(crate) fn with_user(url: &str, user: &str, password: &str) -> String {
     format!("{scheme}://{user}:{password}@{rest}")
 }
 
-/// etcd listens before it has a password: until `auth_enable`, anyone who reaches its port
-/// may add users and roles (another local user, or someone on a room's network who scans
-/// fast enough). Such a user would keep its rights once auth is on, so after turning auth
-/// on lockslab reads the users and roles back, as root: anything it did not make, or a
-/// seat's role with rights beyond its prefix, stops the start.
+/// An etcd without auth lets whoever reaches it add users and roles, who keep their rights
+/// once auth is on. lockslab gives each etcd its users where nobody else reaches it (see
+/// [`PrivateServers::bootstrap_etcds`]); this reads them back, as root, once the etcd
+/// listens on its real address — a second line, and a check of lockslab's own work:
+/// anything it did not make, or a seat's role with rights beyond its prefix, stops the
+/// start.
 pub fn check_no_one_else_got_in(root_url: &str, seats: &[Seat]) -> Result<()> {
     let mut expected: Vec<String> = seats.iter().map(|seat| seat.name.clone()).collect();
     expected.push("root".into());
@@ -660,6 +719,73 @@ pub const fn room_pg_connections(seats: i64) -> i64 {
     seats * PG_CONNECTIONS_PER_LAB + 40
 }
 
+/// Where an etcd listens while lockslab gives it its users (see
+/// [`PrivateServers::bootstrap_etcds`]): a Unix socket in its home, which etcd names as it
+/// would a host and port (`unix://boot:0` is the file `boot:0` in its working directory).
+const ETCD_BOOT_SOCKET: &str = "boot:0";
+
+/// Where an etcd listens for the other members of its cluster: a Unix socket in its home.
+///
+/// A cluster of one has no other members, but etcd listens for them all the same, and its
+/// peer port asks for no password: on 127.0.0.1 it let any process of the machine keep any
+/// lease alive (`POST /leases`), read the keys attached to one (`/leases/internal`), list
+/// the members, and send raft messages. A socket in a directory that only the etcd's user
+/// (and root) may enter lets nobody else in.
+const ETCD_PEER_SOCKET: &str = "peer:0";
+
+/// An etcd to give its users before it listens anywhere (see
+/// [`PrivateServers::bootstrap_etcds`]).
+struct EtcdBoot {
+    /// Its working directory, 0700: its data (`data`) and its sockets.
+    home: PathBuf,
+    log: PathBuf,
+    /// The user it runs as (a seat's, when lockslab runs as root); else lockslab's.
+    owner: Option<(Uid, Gid)>,
+    /// The seat it is for, whose user it gets besides `root`.
+    seat: Option<Seat>,
+}
+
+impl EtcdBoot {
+    fn what(&self) -> String {
+        match &self.seat {
+            Some(seat) => format!("the etcd of {}", seat.name),
+            None => "the private etcd".to_string(),
+        }
+    }
+
+    /// Waits until the etcd started as `pid` answers on its socket, then gives it its users
+    /// and turns auth on.
+    fn give_users(&self, pid: i32, root_password: &str) -> Result<()> {
+        let socket = self.home.join(ETCD_BOOT_SOCKET);
+        let runtime = connect::etcd_runtime()?;
+        let answering = wait_until(pid, || {
+            runtime.block_on(connect::etcd_on_socket(&socket)).is_ok()
+        });
+        if let Err(failure) = answering {
+            bail!(
+                "{} did not start ({}); the end of its log: {}",
+                self.what(),
+                failure.words(),
+                log_tail(&self.log)
+            );
+        }
+        runtime
+            .block_on(async {
+                let mut client = connect::etcd_on_socket(&socket).await?;
+                if let Some(seat) = &self.seat {
+                    seat.add_to_etcd(&mut client).await?;
+                }
+                client.user_add("root", root_password, None).await?;
+                // The root role exists from the start in some versions, not in others.
+                let _ = client.role_add("root").await;
+                client.user_grant_role("root", "root").await?;
+                client.auth_enable().await?;
+                anyhow::Ok(())
+            })
+            .with_context(|| format!("turning on authentication in {}", self.what()))
+    }
+}
+
 impl PrivateServers {
     /// Starts the given backends and waits until each answers.
     ///
@@ -673,10 +799,21 @@ impl PrivateServers {
     pub fn start_with(
         backends: &[Backend],
         lifetime: Lifetime,
-        room: Option<Room>,
+        mut room: Option<Room>,
     ) -> Result<PrivateServers> {
         let started = Instant::now();
         let pg_user = unprivileged_owner()?;
+        let seat_users = match &mut room {
+            Some(room) if Uid::effective().is_root() => {
+                let users =
+                    crate::challenge::isolation::free_identities(SEAT_UIDS, room.seats.len())?;
+                for (seat, (uid, _)) in room.seats.iter_mut().zip(&users) {
+                    seat.uid = Some(uid.as_raw());
+                }
+                users
+            }
+            _ => Vec::new(),
+        };
         let (dir, owner) = match lifetime {
             Lifetime::ThisRun => {
                 let root = std::env::temp_dir();
@@ -712,12 +849,13 @@ impl PrivateServers {
             admin_url: None,
             redis_aof: false,
             seat_pids: Vec::new(),
+            seat_users,
         };
         let result = servers
             .start_each(backends)
+            .and_then(|()| servers.check_etcd_users())
             .and_then(|()| servers.provision_postgres())
-            .and_then(|()| servers.enable_etcd_auth())
-            .and_then(|()| servers.start_seat_redis());
+            .and_then(|()| servers.start_seats());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -812,22 +950,46 @@ impl PrivateServers {
         )
     }
 
-    /// Puts Postgres's data directory where its user can reach it.
+    /// Puts the data of the servers that run as other users where those users can reach it.
     ///
-    /// As root, Postgres runs as another user, who must be able to enter every directory on
-    /// the way to its data. A temporary directory is made so (0711); a real
-    /// `XDG_RUNTIME_DIR` is not (0700, and it must stay so). For `lockslab up` the data then
-    /// goes to a directory of its own under the temp root, recorded in the state file.
+    /// As root, Postgres runs as another user, and so do a room's seats' servers (see
+    /// [`PrivateServers::seat_users`]); each must be able to enter every directory on the way
+    /// to its data. A temporary directory is made so (0711); a real `XDG_RUNTIME_DIR` is not
+    /// (0700, and it must stay so). For `lockslab up` the data then goes to a directory of its
+    /// own under the temp root, recorded in the state file.
     fn choose_pg_home(&mut self) -> Result<()> {
         let Some(user) = &self.pg_user else {
             return Ok(());
         };
-        let Some((blocked, mode)) = user.blocked_on_way_to(&self.dir) else {
+        // A seat's user has no account and no group: it enters what everyone may.
+        let seat_user = self.seat_users.first().map(|&(uid, gid)| RunAs {
+            name: String::new(),
+            uid,
+            gid,
+        });
+        let who = |user: &RunAs| {
+            if user.name.is_empty() {
+                format!(
+                    "the seats' servers run as users of their own (uids from {})",
+                    SEAT_UIDS.start
+                )
+            } else {
+                format!(
+                    "Postgres runs as user `{}` (it refuses to run as root)",
+                    user.name
+                )
+            }
+        };
+        let blocked_on_way_to = |dir: &Path| {
+            std::iter::once(user)
+                .chain(seat_user.as_ref())
+                .find_map(|user| Some((who(user), user.blocked_on_way_to(dir)?)))
+        };
+        let Some((who_first, (blocked, mode))) = blocked_on_way_to(&self.dir) else {
             return Ok(());
         };
         let why = format!(
-            "Postgres runs as user `{}` (it refuses to run as root), and that user cannot enter {} (mode {mode:o})",
-            user.name,
+            "{who_first}, and that user cannot enter {} (mode {mode:o})",
             blocked.display()
         );
         if self.lifetime == Lifetime::ThisRun {
@@ -842,7 +1004,7 @@ impl PrivateServers {
         self.pg_home = home;
         fs::set_permissions(&self.pg_home, fs::Permissions::from_mode(0o711))?;
         self.record(true)?;
-        if let Some((blocked, mode)) = user.blocked_on_way_to(&self.pg_home) {
+        if let Some((_, (blocked, mode))) = blocked_on_way_to(&self.pg_home) {
             bail!(
                 "{why}, nor {} (mode {mode:o}): set LOCKSLAB_STATE_DIR or TMPDIR to a directory it can enter, e.g. /tmp",
                 blocked.display()
@@ -966,35 +1128,22 @@ impl PrivateServers {
                 )
             }
             Backend::Etcd => {
-                let peer_port = free_port()?;
-                // Its URL gains the root user's password once auth is on (`enable_etcd_auth`).
-                let client = format!("http://{at}");
-                let peer = format!("http://127.0.0.1:{peer_port}");
-                let mut command = Command::new(find_binary("etcd", backend)?);
-                command
-                    .args(["--name", "lockslab", "--data-dir"])
-                    .arg(self.dir.join("etcd"))
-                    .args([
-                        "--listen-client-urls",
-                        &client,
-                        "--advertise-client-urls",
-                        &client,
-                    ])
-                    .args([
-                        "--listen-peer-urls",
-                        &peer,
-                        "--initial-advertise-peer-urls",
-                        &peer,
-                    ])
-                    .args(["--initial-cluster", &format!("lockslab={peer}")])
-                    // A one-member cluster elects itself; short timers make that take milliseconds.
-                    .args(["--heartbeat-interval", "50", "--election-timeout", "300"])
-                    // Auth is always on (see `Secrets`), and etcd checks the password with
-                    // bcrypt at each client's log-in: at the default cost 10 that is tens of
-                    // milliseconds of CPU per worker. The password is 96 random bits, which
-                    // no cost factor needs to slow down guessing of.
-                    .args(["--bcrypt-cost", "4"]);
-                (command, client, Signal::SIGTERM)
+                let home = self.dir.join("etcd");
+                if !home.join("data").exists() {
+                    make_dir(&home, 0o700, None)?;
+                    self.bootstrap_etcds(&[EtcdBoot {
+                        home: home.clone(),
+                        log: log.clone(),
+                        owner: None,
+                        seat: None,
+                    }])?;
+                }
+                let command = self.etcd_command(&home, &format!("http://{at}"))?;
+                (
+                    command,
+                    format!("http://root:{password}@{at}"),
+                    Signal::SIGTERM,
+                )
             }
             Backend::Postgres => {
                 let data = self.pg_data();
@@ -1043,16 +1192,16 @@ impl PrivateServers {
         };
         // Every server works in its own directory: `down` and the sweep recognise a server
         // by its working directory (Redis rewrites its command line; the others name it).
-        let workdir = if backend == Backend::Postgres {
-            self.pg_data()
-        } else {
-            self.dir.clone()
+        let workdir = match backend {
+            Backend::Postgres => self.pg_data(),
+            Backend::Etcd => self.dir.join("etcd"),
+            Backend::Redis => self.dir.clone(),
         };
         let plan = StopPlan {
             signal: stop_signal,
             grace: Duration::from_secs(5),
         };
-        let pid = self.spawn_server(&mut command, &workdir, &log, plan, backend.name())?;
+        let pid = self.spawn_server(&mut command, &workdir, &log, plan, backend.name(), None)?;
         // Known as ours before the first readiness probe: a probe refused while the server
         // is still starting must not mark its URL as a server that went away.
         connect::note_source(
@@ -1094,7 +1243,8 @@ impl PrivateServers {
     }
 
     /// Spawns a server working in `workdir`, its output in `log`: tied to this run, or (for
-    /// `lockslab up`) in a session of its own that outlives it. Returns its pid.
+    /// `lockslab up`) in a session of its own that outlives it; as `owner` (who then owns
+    /// the log too), when given. Returns its pid.
     fn spawn_server(
         &self,
         command: &mut Command,
@@ -1102,6 +1252,7 @@ impl PrivateServers {
         log: &Path,
         plan: StopPlan,
         what: &str,
+        owner: Option<(Uid, Gid)>,
     ) -> Result<i32> {
         // 0600: a server's log quotes the statements it refused, a seat's among them.
         let log = fs::OpenOptions::new()
@@ -1111,6 +1262,10 @@ impl PrivateServers {
             .mode(0o600)
             .open(log)?;
         log.set_permissions(fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::fchown(&log, Some(uid), Some(gid))?;
+        }
+        as_user(command, owner);
         command
             .current_dir(workdir)
             .stdin(Stdio::null())
@@ -1189,7 +1344,6 @@ impl PrivateServers {
                  REVOKE ALL ON SCHEMA public FROM PUBLIC;"
             ))
             .context("creating the labs' schemas in the private Postgres")?;
-        self.seat_postgres_roles(&mut client, &admin_in_labs_db, &at)?;
         drop(client);
         self.admin_url = Some(admin.clone());
         let url = format!("postgres://{PG_ROLE}:{password}@{at}/{PG_ROLE}");
@@ -1221,15 +1375,10 @@ impl PrivateServers {
     /// ever runs a statement there (the admin creates it from the `postgres` database, and
     /// the seat makes its schema itself). It also keeps a seat's table names out of the
     /// other seats' catalogs. The cost, one `CREATE DATABASE` per seat at `up`, is paid once.
-    fn seat_postgres_roles(
-        &self,
-        admin: &mut connect::PgClient,
-        admin_in_labs_db: &str,
-        at: &str,
-    ) -> Result<()> {
-        let Some(room) = &self.room else {
-            return Ok(());
-        };
+    ///
+    /// `admin_url` is the superuser's URL, on the `postgres` database.
+    fn seat_postgres_roles(room: &Room, admin_url: &str) -> Result<()> {
+        let mut admin = connect::postgres_for_setup(admin_url)?;
         let mut statements = room_results_sql(PG_ROLE);
         for seat in &room.seats {
             let (name, password) = (&seat.name, &seat.password);
@@ -1247,18 +1396,40 @@ impl PrivateServers {
                     .batch_execute(&statement)
                     .with_context(|| format!("creating the room's seat {name} in Postgres"))?;
             }
-            connect::postgres_for_setup(&format!("postgres://{name}:{password}@{at}/{name}"))?
+            connect::postgres_for_setup(&on_database(&with_user(admin_url, name, password), name))?
                 .batch_execute(&format!("CREATE SCHEMA {name}"))
                 .with_context(|| format!("creating the schema of seat {name} in Postgres"))?;
             statements.extend(room_results_grants_sql(name));
         }
-        connect::postgres_for_setup(admin_in_labs_db)?
+        connect::postgres_for_setup(&on_database(admin_url, PG_ROLE))?
             .batch_execute(&statements.join(";\n"))
             .context("granting the room's seats their results in Postgres")
     }
 
-    /// A seat's own Redis: a `redis-server` per seat, started with the room, listening on the
-    /// room's address on a port of its own, stopped with the room.
+    /// A room's seats: their roles and databases in Postgres (see
+    /// [`PrivateServers::seat_postgres_roles`]), and meanwhile their own servers. A
+    /// `CREATE DATABASE` per seat is the longest part of a room's start (about five seconds
+    /// for thirty seats): the servers start in its shadow.
+    fn start_seats(&mut self) -> Result<()> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let admin = self.admin_url.clone();
+        thread::scope(|scope| {
+            let databases = scope.spawn(|| match &admin {
+                Some(admin) => Self::seat_postgres_roles(&room, admin),
+                None => Ok(()),
+            });
+            let servers = self.start_seat_servers();
+            let databases = databases
+                .join()
+                .unwrap_or_else(|_| Err(anyhow!("creating the seats in Postgres panicked")));
+            servers.and(databases)
+        })
+    }
+
+    /// A seat's own servers: a `redis-server` and an `etcd` per seat, started with the room,
+    /// listening on the room's address on ports of their own, stopped with the room.
     ///
     /// Why not one Redis with an ACL user per seat: Redis runs every command, and every Lua
     /// script, on one thread. The labs need `EVAL` (the lock's compare-and-delete), and a
@@ -1270,65 +1441,136 @@ impl PrivateServers {
     /// every lab's keys need no pattern to fall inside. A few MB of memory and a port per seat
     /// are the price.
     ///
-    /// Each demands a password: the seat's user (see [`Seat::redis_acl`]), and the `default`
-    /// user with the room's password, the instructor's. Limits keep one seat from spending the
-    /// machine's memory: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never
-    /// drop a key to make room), and [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes
-    /// past it.
-    fn start_seat_redis(&mut self) -> Result<()> {
+    /// Why not one etcd with a user per seat, limited to the seat's key prefix: etcd's
+    /// permissions cover keys, not the server. Any user may compact the history, which
+    /// cancels every watch that starts from an older revision — and the labs watch that way;
+    /// and etcd 3.4 lets any user list every lease and keep any of them alive
+    /// (CVE-2023-32082), so one seat could keep another's lock from ever expiring. On an etcd
+    /// of its own a seat compacts its own history and sees its own leases. About 25 MB of
+    /// memory per seat is the price.
+    ///
+    /// What that does not stop: etcd 3.4 (Debian 12's) asks no password at all for a
+    /// compaction or a lease call (grant, list, time-to-live with the key names,
+    /// keep-alive), nor for `auth disable` once its `NOSPACE` alarm is up — which lease
+    /// grants alone can raise. Whoever reaches a seat's etcd port (another attendee who
+    /// finds it) can do all of that to that seat. Only something in front that lets in
+    /// authenticated connections alone (or client certificates, or an etcd that checks these
+    /// calls) would close it.
+    ///
+    /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
+    /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
+    /// with the room's password. Limits keep one seat from spending the machine's memory and
+    /// disk: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never drop a key to
+    /// make room), [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes past it, and
+    /// [`SEAT_ETCD_QUOTA_BYTES`].
+    fn start_seat_servers(&mut self) -> Result<()> {
         let Some(room) = self.room.clone() else {
             return Ok(());
         };
-        if self.url(Backend::Redis).is_none() {
+        let backends: Vec<Backend> = [Backend::Redis, Backend::Etcd]
+            .into_iter()
+            .filter(|backend| self.url(*backend).is_some())
+            .collect();
+        // As root, each seat's user passes through it to the seat's own directory.
+        let mode = if self.seat_users.is_empty() {
+            0o700
+        } else {
+            0o711
+        };
+        make_dir(&self.pg_home.join(SEATS_DIR), mode, None)?;
+        let mut boots = Vec::new();
+        for (index, seat) in room.seats.iter().enumerate() {
+            let home = self.seat_home(index);
+            let owner = self.seat_users.get(index).copied();
+            make_dir(&home, 0o700, owner)?;
+            make_dir(&home.join("etcd"), 0o700, owner)?;
+            boots.push(EtcdBoot {
+                home: home.join("etcd"),
+                log: home.join("etcd.log"),
+                owner,
+                seat: Some(seat.clone()),
+            });
+        }
+        if backends.contains(&Backend::Etcd) {
+            self.bootstrap_etcds(&boots)?;
+        }
+        self.start_for_each_seat(&backends)?;
+        if !backends.contains(&Backend::Etcd) {
             return Ok(());
         }
-        let dir = self.dir.join(SEAT_REDIS_DIR);
-        match fs::create_dir(&dir) {
-            Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(err).with_context(|| format!("creating {}", dir.display()));
-            }
-            _ => fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?,
+        let checks: Vec<_> = (0..room.seats.len())
+            .map(|index| {
+                let root = self.seat_url(Backend::Etcd, index, "root", &room.password);
+                let seat = room.seats[index].clone();
+                thread::spawn(move || check_no_one_else_got_in(&root, &[seat]))
+            })
+            .collect();
+        for check in checks {
+            check
+                .join()
+                .map_err(|_| anyhow!("a check of a seat's etcd panicked"))??;
         }
-        let mut waiting: Vec<usize> = (0..room.seats.len()).collect();
+        Ok(())
+    }
+
+    /// The directory of the room's seat number `index`: its Redis config, its etcd's data
+    /// (`etcd`), their logs. 0700, and the seat's user's when lockslab runs as root.
+    fn seat_home(&self, index: usize) -> PathBuf {
+        let name = self
+            .room
+            .as_ref()
+            .and_then(|room| room.seats.get(index))
+            .map_or("seat", |seat| seat.name.as_str());
+        self.pg_home.join(SEATS_DIR).join(name)
+    }
+
+    /// Starts each seat's server of each of `backends`, waits for them all at once (thirty
+    /// seats start in the time of one), and starts again, on a new port, those that exited
+    /// at start-up (see [`START_TRIES`]).
+    fn start_for_each_seat(&mut self, backends: &[Backend]) -> Result<()> {
+        let seats = self.room.as_ref().map_or(0, |room| room.seats.len());
+        let mut waiting: Vec<(Backend, usize)> = backends
+            .iter()
+            .flat_map(|&backend| (0..seats).map(move |index| (backend, index)))
+            .collect();
         for try_number in 1..=START_TRIES {
             let mut launched = Vec::new();
-            for &index in &waiting {
-                launched.push((index, self.launch_seat_redis(&dir, index)?));
+            for &(backend, index) in &waiting {
+                launched.push((backend, index, self.launch_for_seat(backend, index)?));
             }
-            // Waited on together: thirty servers start in the time of one.
             let waits: Vec<_> = launched
                 .into_iter()
-                .map(|(index, pid)| {
-                    let url = self.seat_redis_url(index);
+                .map(|(backend, index, pid)| {
+                    let url = self.seat_attendee_url(backend, index);
                     thread::spawn(move || {
-                        (index, pid, wait_until_answering(Backend::Redis, &url, pid))
+                        let outcome = wait_until_answering(backend, &url, pid);
+                        (backend, index, pid, outcome)
                     })
                 })
                 .collect();
             waiting.clear();
             for wait in waits {
-                let (index, pid, outcome) = wait
+                let (backend, index, pid, outcome) = wait
                     .join()
                     .map_err(|_| anyhow!("a readiness check panicked"))?;
-                match outcome {
-                    Ok(()) => {}
-                    Err(failure) => {
-                        self.seat_pids.retain(|p| *p != pid);
-                        procs::stop(pid, &stop_plan(Backend::Redis));
-                        let name = &room.seats[index].name;
-                        if try_number == START_TRIES || matches!(failure, StartFailure::Silent) {
-                            bail!(
-                                "the Redis of {name} did not start ({}); the end of its log: {}",
-                                match failure {
-                                    StartFailure::Exited => "it exited",
-                                    StartFailure::Silent => "it did not answer",
-                                },
-                                log_tail(&dir.join(format!("{name}.log")))
-                            );
-                        }
-                        waiting.push(index);
-                    }
+                let Err(failure) = outcome else {
+                    continue;
+                };
+                self.seat_pids.retain(|(_, p)| *p != pid);
+                procs::stop(pid, &stop_plan(backend));
+                if try_number == START_TRIES || matches!(failure, StartFailure::Silent) {
+                    let log = self
+                        .seat_home(index)
+                        .join(format!("{}.log", backend.compose_service()));
+                    bail!(
+                        "the {} of seat{:02} did not start ({}); the end of its log: {}",
+                        backend.name(),
+                        index + 1,
+                        failure.words(),
+                        log_tail(&log)
+                    );
                 }
+                waiting.push((backend, index));
             }
             if waiting.is_empty() {
                 break;
@@ -1340,39 +1582,62 @@ impl PrivateServers {
         Ok(())
     }
 
-    /// Starts the Redis of the room's seat number `index` on a free port; returns its pid.
-    fn launch_seat_redis(&mut self, dir: &Path, index: usize) -> Result<i32> {
+    /// Starts the `backend` server of the room's seat number `index` on a free port, as the
+    /// seat's user when there is one; returns its pid.
+    fn launch_for_seat(&mut self, backend: Backend, index: usize) -> Result<i32> {
         let port = free_port_on(self.host())?;
         let at = self.host_port(port);
-        let (seat, password) = match &mut self.room {
-            Some(room) => {
-                room.seats[index].redis = Some(at);
-                (room.seats[index].clone(), room.password.clone())
-            }
-            None => bail!("seats come with a room"),
+        let home = self.seat_home(index);
+        let owner = self.seat_users.get(index).copied();
+        let Some(room) = &mut self.room else {
+            bail!("seats come with a room");
         };
-        let conf = dir.join(format!("{}.conf", seat.name));
-        write_secret(&conf, &seat_redis_config(&password, &seat))?;
-        let mut command = self.redis_command(&conf, port, dir)?;
-        // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.
-        unsafe {
-            command.pre_exec(|| {
-                let limit = nix::libc::rlimit {
-                    rlim_cur: SEAT_REDIS_ADDRESS_SPACE,
-                    rlim_max: SEAT_REDIS_ADDRESS_SPACE,
-                };
-                if nix::libc::setrlimit(nix::libc::RLIMIT_AS, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+        let seat = &mut room.seats[index];
+        match backend {
+            Backend::Redis => seat.redis = Some(at.clone()),
+            _ => seat.etcd = Some(at.clone()),
         }
-        let log = dir.join(format!("{}.log", seat.name));
-        let plan = stop_plan(Backend::Redis);
-        let what = format!("Redis for {}", seat.name);
-        let pid = self.spawn_server(&mut command, dir, &log, plan, &what)?;
-        self.seat_pids.push(pid);
-        connect::note_source(&self.seat_redis_url(index), connect::Source::Up);
+        let (password, seat) = (room.password.clone(), seat.clone());
+        let (mut command, workdir) = match backend {
+            Backend::Redis => {
+                let conf = home.join("redis.conf");
+                write_secret(&conf, &seat_redis_config(&password, &seat))?;
+                hand_over(&conf, owner)?;
+                let mut command = self.redis_command(&conf, port, &home)?;
+                // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.
+                unsafe {
+                    command.pre_exec(|| {
+                        let limit = nix::libc::rlimit {
+                            rlim_cur: SEAT_REDIS_ADDRESS_SPACE,
+                            rlim_max: SEAT_REDIS_ADDRESS_SPACE,
+                        };
+                        if nix::libc::setrlimit(nix::libc::RLIMIT_AS, &limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                (command, home.clone())
+            }
+            Backend::Etcd => {
+                let mut command = self.etcd_command(&home.join("etcd"), &format!("http://{at}"))?;
+                command.args(["--quota-backend-bytes", &SEAT_ETCD_QUOTA_BYTES.to_string()]);
+                (command, home.join("etcd"))
+            }
+            Backend::Postgres => bail!("a seat's Postgres is a database of the room's"),
+        };
+        let log = home.join(format!("{}.log", backend.compose_service()));
+        let what = format!("{} for {}", backend.name(), seat.name);
+        let pid = self.spawn_server(
+            &mut command,
+            &workdir,
+            &log,
+            stop_plan(backend),
+            &what,
+            owner,
+        )?;
+        self.seat_pids.push((backend, pid));
+        connect::note_source(&self.seat_attendee_url(backend, index), connect::Source::Up);
         if self.lifetime == Lifetime::Detached {
             // Before waiting for it: a `lockslab up` killed now leaves a server `down` finds.
             self.record(true)?;
@@ -1380,64 +1645,126 @@ impl PrivateServers {
         Ok(pid)
     }
 
-    /// The URL of a seat's own Redis, as its attendee uses it.
-    fn seat_redis_url(&self, index: usize) -> String {
-        self.room
-            .as_ref()
-            .and_then(|room| room.seats.get(index))
-            .and_then(Seat::redis_url)
-            .unwrap_or_default()
+    /// The URL of a seat's own `backend` server, as its attendee uses it.
+    fn seat_attendee_url(&self, backend: Backend, index: usize) -> String {
+        let seat = self.room.as_ref().and_then(|room| room.seats.get(index));
+        match backend {
+            Backend::Redis => seat.and_then(Seat::redis_url),
+            _ => seat.and_then(Seat::etcd_url),
+        }
+        .unwrap_or_default()
     }
 
-    /// etcd: adds the root user with this start's password, turns auth on, and from then
-    /// on names the server by a URL that carries the user. A room's seats get a user and a
-    /// role each, reading and writing the keys under `lockslab:<seat>_` and nothing else.
-    fn enable_etcd_auth(&mut self) -> Result<()> {
-        let password = self.secrets.password.clone();
-        let Some(index) = self.urls.iter().position(|(b, _)| *b == Backend::Etcd) else {
-            return Ok(());
-        };
-        let plain = self.urls[index].1.clone();
-        let seats = self
-            .room
-            .as_ref()
-            .map(|room| room.seats.clone())
-            .unwrap_or_default();
-        connect::etcd_runtime()?
-            .block_on(async {
-                let mut client = connect::etcd(&plain).await?;
-                for seat in &seats {
-                    let prefix = format!("lockslab:{}_", seat.name);
-                    client.role_add(seat.name.as_str()).await?;
-                    client
-                        .role_grant_permission(
-                            seat.name.as_str(),
-                            etcd_client::Permission::read_write(prefix).with_prefix(),
-                        )
-                        .await?;
-                    client
-                        .user_add(seat.name.as_str(), seat.password.as_str(), None)
-                        .await?;
-                    client
-                        .user_grant_role(seat.name.as_str(), seat.name.as_str())
-                        .await?;
-                }
-                client.user_add("root", password.as_str(), None).await?;
-                // The root role exists from the start in some versions, not in others.
-                let _ = client.role_add("root").await;
-                client.user_grant_role("root", "root").await?;
-                client.auth_enable().await?;
-                anyhow::Ok(())
-            })
-            .with_context(|| format!("turning on authentication in etcd at {plain}"))?;
-        let with_user = plain.replacen("http://", &format!("http://root:{password}@"), 1);
-        check_no_one_else_got_in(&with_user, &seats)?;
-        connect::note_source(&with_user, connect::Source::Up);
-        self.urls[index].1 = with_user;
-        if self.lifetime == Lifetime::Detached {
-            self.record(true)?;
+    /// The URL of a seat's own `backend` server as `user` with `password`.
+    fn seat_url(&self, backend: Backend, index: usize, user: &str, password: &str) -> String {
+        with_user(&self.seat_attendee_url(backend, index), user, password)
+    }
+
+    /// An `etcd` command for a cluster of one, run in `home`: its data in `home/data`, its
+    /// clients served at `client` (a URL), its peers at [`ETCD_PEER_SOCKET`].
+    fn etcd_command(&self, home: &Path, client: &str) -> Result<Command> {
+        let peer = format!("unix://{ETCD_PEER_SOCKET}");
+        let mut command = Command::new(find_binary("etcd", Backend::Etcd)?);
+        command
+            .args(["--name", "lockslab", "--data-dir"])
+            .arg(home.join("data"))
+            .args([
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("lockslab={peer}")])
+            // A one-member cluster elects itself; short timers make that take milliseconds.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "300"])
+            // Auth is always on (see `Secrets`), and etcd checks the password with bcrypt at
+            // each client's log-in: at the default cost 10 that is tens of milliseconds of CPU
+            // per worker. The password is 96 random bits, which no cost factor needs to slow
+            // down guessing of.
+            .args(["--bcrypt-cost", "4"]);
+        // etcd makes its sockets (and files) with the umask: for its own user only.
+        // SAFETY: umask is async-signal-safe and changes nothing but the child.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+                Ok(())
+            });
         }
-        Ok(())
+        Ok(command)
+    }
+
+    /// Starts each fresh etcd of `boots` listening on a Unix socket in its home and nowhere
+    /// else, gives it `root` with this start's password (and its seat's user), turns auth on,
+    /// and kills it. Started again on its real address, with the same data, it demands a
+    /// password from its first request.
+    ///
+    /// etcd can only be given users once it runs. Started on its real address, it served
+    /// whoever came, with no password, until `auth enable` (a second or so for a room): time
+    /// for someone on the room's network, or another local user, to add a user of their own
+    /// that keeps its rights afterwards. The socket is in a directory only the etcd's user
+    /// (and root) may enter. The second start costs about half a second, paid by every seat
+    /// at once.
+    ///
+    /// Killed rather than stopped (SIGTERM takes over a second): etcd syncs each change to
+    /// its write-ahead log before answering it, so an `auth enable` answered is kept.
+    fn bootstrap_etcds(&self, boots: &[EtcdBoot]) -> Result<()> {
+        let mut pids = Vec::new();
+        let given = (|| {
+            for boot in boots {
+                let socket = boot.home.join(ETCD_BOOT_SOCKET);
+                // A socket's path is at most 107 bytes (`sun_path`).
+                if socket.as_os_str().len() > 107 {
+                    bail!(
+                        "{} is too long a path for a Unix socket: set LOCKSLAB_STATE_DIR or \
+                         TMPDIR to a shorter one",
+                        socket.display()
+                    );
+                }
+                let client = format!("unix://{ETCD_BOOT_SOCKET}");
+                let mut command = self.etcd_command(&boot.home, &client)?;
+                pids.push(self.spawn_server(
+                    &mut command,
+                    &boot.home,
+                    &boot.log,
+                    StopPlan::kill(),
+                    &boot.what(),
+                    boot.owner,
+                )?);
+            }
+            let password = self.secrets.password.as_str();
+            thread::scope(|scope| {
+                let givers: Vec<_> = boots
+                    .iter()
+                    .zip(&pids)
+                    .map(|(boot, &pid)| scope.spawn(move || boot.give_users(pid, password)))
+                    .collect();
+                givers.into_iter().try_for_each(|giver| {
+                    giver
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow!("giving an etcd its users panicked")))
+                })
+            })
+        })();
+        for (boot, pid) in boots.iter().zip(pids) {
+            procs::stop(pid, &StopPlan::kill());
+            let _ = fs::remove_file(boot.home.join(ETCD_BOOT_SOCKET));
+        }
+        given
+    }
+
+    /// The main etcd's users, read back once it listens on its real address (see
+    /// [`check_no_one_else_got_in`]): `root` alone.
+    fn check_etcd_users(&self) -> Result<()> {
+        match self.url(Backend::Etcd) {
+            Some(root) => check_no_one_else_got_in(&root, &[]),
+            None => Ok(()),
+        }
     }
 
     /// Stops one server (before starting it again on another port).
@@ -1527,8 +1854,8 @@ impl PrivateServers {
             pids: self
                 .pids
                 .iter()
+                .chain(&self.seat_pids)
                 .map(|(_, pid)| *pid)
-                .chain(self.seat_pids.iter().copied())
                 .collect(),
             dir: self.dir.clone(),
             pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
@@ -1548,13 +1875,19 @@ impl PrivateServers {
     }
 
     /// Stops every server and, unless `lockslab up` handed them over, deletes their data.
+    ///
+    /// All at once: an etcd takes over a second to stop, and a room has one per seat.
     pub fn stop(&mut self) {
-        for pid in self.seat_pids.drain(..) {
-            procs::stop(pid, &stop_plan(Backend::Redis));
-        }
-        for (backend, pid) in self.pids.drain(..) {
-            procs::stop(pid, &stop_plan(backend));
-        }
+        let servers: Vec<(Backend, i32)> = self
+            .seat_pids
+            .drain(..)
+            .chain(self.pids.drain(..))
+            .collect();
+        thread::scope(|scope| {
+            for (backend, pid) in servers {
+                scope.spawn(move || procs::stop(pid, &stop_plan(backend)));
+            }
+        });
         if self.released {
             return;
         }
@@ -1577,7 +1910,7 @@ impl PrivateServers {
         for (_, pid) in self.pids.drain(..) {
             procs::forget(pid);
         }
-        for pid in self.seat_pids.drain(..) {
+        for (_, pid) in self.seat_pids.drain(..) {
             procs::forget(pid);
         }
         self.released = true;
@@ -1603,6 +1936,25 @@ pub(crate) fn write_secret(path: &Path, text: &str) -> Result<()> {
         .open(path)
         .and_then(|mut file| file.write_all(text.as_bytes()))
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Creates the directory `dir` (it must not exist yet) with `mode`, for `owner` when given.
+fn make_dir(dir: &Path, mode: u32, owner: Option<(Uid, Gid)>) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .mode(mode)
+        .create(dir)
+        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(mode)))
+        .with_context(|| format!("creating {}", dir.display()))?;
+    hand_over(dir, owner)
+}
+
+/// Gives `path` (never what a symlink there points to) to `owner`, when given.
+fn hand_over(path: &Path, owner: Option<(Uid, Gid)>) -> Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::lchown(path, Some(uid.as_raw()), Some(gid.as_raw()))
+            .with_context(|| format!("handing {} to uid {uid}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn stop_plan(backend: Backend) -> StopPlan {
@@ -1634,15 +1986,29 @@ enum StartFailure {
     Silent,
 }
 
+impl StartFailure {
+    fn words(&self) -> &'static str {
+        match self {
+            StartFailure::Exited => "it exited",
+            StartFailure::Silent => "it did not answer",
+        }
+    }
+}
+
 fn wait_until_answering(
     backend: Backend,
     url: &str,
     pid: i32,
 ) -> std::result::Result<(), StartFailure> {
+    wait_until(pid, || connect::probe(backend, url).is_ok())
+}
+
+/// Waits until the server started as `pid` `answers`.
+fn wait_until(pid: i32, answers: impl Fn() -> bool) -> std::result::Result<(), StartFailure> {
     let deadline = Instant::now() + START_TIMEOUT;
     let gone = || procs::process_state(pid).is_none_or(|state| state == 'Z');
     loop {
-        let answered = connect::probe(backend, url).is_ok();
+        let answered = answers();
         // Whoever answered must be our server, not someone who took the port from it.
         if gone() {
             return Err(StartFailure::Exited);
@@ -2075,7 +2441,7 @@ pub struct UpState {
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 15] = [
+const STATE_ENTRIES: [&str; 16] = [
     "servers.json",
     "servers.json.tmp",
     "redis.log",
@@ -2090,7 +2456,9 @@ const STATE_ENTRIES: [&str; 15] = [
     "room-password",
     "admin-password",
     SEATS_FILE,
-    SEAT_REDIS_DIR,
+    SEATS_DIR,
+    // Where earlier versions kept the seats' Redis configs.
+    "seat-redis",
 ];
 
 /// Every seat's lines, in the state directory (mode 0600), for the instructor to hand out.
@@ -2206,11 +2574,11 @@ impl UpState {
         ]
         .iter()
         .filter_map(|(backend, var)| {
-            let url = match (backend, seat.redis_url()) {
-                // Its own Redis (see `PrivateServers::start_seat_redis`).
-                (Backend::Redis, Some(own)) => own,
+            let url = match (backend, seat.redis_url(), seat.etcd_url()) {
+                // Its own Redis and etcd (see `PrivateServers::start_seat_servers`).
+                (Backend::Redis, Some(own), _) | (Backend::Etcd, _, Some(own)) => own,
                 // Its own database (see `seat_postgres_roles`).
-                (Backend::Postgres, _) => on_database(
+                (Backend::Postgres, _, _) => on_database(
                     &with_user(self.url(*backend)?, &seat.name, &seat.password),
                     &seat.name,
                 ),
@@ -2365,14 +2733,24 @@ pub fn down() -> Result<bool> {
         .iter()
         .filter(|(_, ppid, _)| !servers.iter().any(|(pid, _, _)| pid == ppid))
         .collect();
-    for (pid, _, name) in tops {
-        let signal = if name == "postgres" {
-            Signal::SIGINT
-        } else {
-            Signal::SIGTERM
-        };
-        stop_unrelated(*pid, signal);
-    }
+    // All at once: an etcd takes over a second to stop, and a room has one per seat.
+    thread::scope(|scope| {
+        for (pid, _, name) in tops {
+            let signal = if name == "postgres" {
+                Signal::SIGINT
+            } else {
+                Signal::SIGTERM
+            };
+            scope.spawn(move || stop_unrelated(*pid, signal));
+        }
+    });
+    // Whatever still runs as a seat's user was started by a seat that took over its server.
+    let seat_uids: Vec<u32> = state
+        .iter()
+        .flat_map(|state| &state.seats)
+        .filter_map(|seat| seat.uid)
+        .collect();
+    procs::kill_every_process_of(&seat_uids);
     for home in dirs.iter().filter(|d| **d != dir) {
         remove_server_dir(home);
     }

@@ -2146,3 +2146,233 @@ fn a_seat_neither_stalls_nor_lists_another_and_chaos_runs_on_a_seats_lines() {
         );
     }
 }
+
+/// The export value of `var` in a seat's lines.
+fn export_of(seat: &[(String, String)], var: &str) -> String {
+    seat.iter()
+        .find(|(k, _)| k == var)
+        .unwrap_or_else(|| panic!("no {var} in {seat:?}"))
+        .1
+        .clone()
+}
+
+/// Issue 40, the re-attack: all seats shared one etcd, where a seat's user, limited to its
+/// key prefix, could still compact the whole history (every other seat's watch from an
+/// older revision was cancelled) and, etcd 3.4 being what it is (CVE-2023-32082), list
+/// every lease, read the keys on another seat's, and keep it alive. Each seat now has an
+/// etcd of its own. (Sent to another seat's etcd port with no password at all, etcd 3.4
+/// still takes all of these: see `PrivateServers::start_seat_servers`.)
+#[test]
+fn a_seats_compaction_and_leases_on_its_own_lines_reach_no_other_seat() {
+    use etcd_client::{LeaseTimeToLiveOptions, WatchOptions};
+
+    let room = Room::up_with(&["up", "--room", "127.0.0.11", "--seats", "2"]);
+    let (_, a) = room.seat(1);
+    let (_, b) = room.seat(2);
+    lockslab::connect::etcd_runtime().unwrap().block_on(async {
+        let etcd_of = |seat: &[(String, String)]| export_of(seat, "LOCKSLAB_ETCD_URL");
+        let mut ea = lockslab::connect::etcd(&etcd_of(&a)).await.unwrap();
+        let mut eb = lockslab::connect::etcd(&etcd_of(&b)).await.unwrap();
+
+        // seat02 writes a key under a lease, as a lock holder does, and remembers the
+        // revision to watch from, as a waiter does.
+        let lease = eb.lease_grant(60, None).await.unwrap().id();
+        let key = "lockslab:seat02_run:lock";
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        let written = eb.put(key, "b's", Some(put)).await.unwrap();
+        let revision = written.header().unwrap().revision();
+        eb.put(key, "b's again", None).await.unwrap();
+
+        // seat01 compacts everything it can.
+        let own = ea.put("lockslab:seat01_run:x", "a's", None).await.unwrap();
+        let newest = own.header().unwrap().revision();
+        ea.compact(newest, None).await.unwrap();
+
+        // seat02's watch from its revision still sees its own history.
+        let from = WatchOptions::new().with_start_revision(revision);
+        let mut watch = eb.watch(key, Some(from)).await.unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            loop {
+                let response = watch.message().await.unwrap().expect("the watch ended");
+                if response.canceled() || !response.events().is_empty() {
+                    return response;
+                }
+            }
+        })
+        .await
+        .expect("no event and no cancel on seat02's watch");
+        assert!(
+            !seen.canceled(),
+            "seat01's compaction cancelled seat02's watch (compacted to {})",
+            seen.compact_revision()
+        );
+        assert_eq!(seen.events().len(), 2, "{seen:?}");
+
+        // seat01 sees its own leases only…
+        let listed: Vec<i64> = ea
+            .leases()
+            .await
+            .unwrap()
+            .leases()
+            .iter()
+            .map(|l| l.id())
+            .collect();
+        assert!(!listed.contains(&lease), "seat01 listed seat02's lease");
+        // …learns nothing of seat02's…
+        let peek = ea
+            .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await;
+        if let Ok(peek) = &peek {
+            assert!(
+                peek.keys().is_empty() && peek.ttl() <= 0,
+                "seat01 read seat02's lease: ttl {} keys {:?}",
+                peek.ttl(),
+                peek.keys()
+            );
+        }
+        // …and cannot keep it alive: the client sends one keep-alive and reads its answer,
+        // a TTL of 0 for a lease the server does not have.
+        let renewed = ea.lease_keep_alive(lease).await;
+        assert!(
+            renewed.is_err(),
+            "seat01 kept seat02's lease alive: {renewed:?}"
+        );
+    });
+}
+
+/// The uid a process runs as, from `/proc/<pid>/status`.
+fn uid_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The process listening on TCP `port` (IPv4), found through its socket's inode.
+fn listener_on(port: u16) -> Option<i32> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields.get(1)?.rsplit(':').next()?;
+        let listening = fields.get(3) == Some(&"0A");
+        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+            .then(|| fields.get(9).map(|inode| inode.to_string()))?
+    })?;
+    let wanted = std::path::PathBuf::from(format!("socket:[{inode}]"));
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to == wanted))
+            })
+        })
+}
+
+/// Every file and directory under `dir` (itself included), with its owner and mode.
+fn tree(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).unwrap();
+    let mut found = vec![(dir.to_path_buf(), meta.uid(), meta.mode() & 0o7777)];
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            found.extend(tree(&entry.path()));
+        }
+    }
+    found
+}
+
+/// Issue 40, the re-attack: as root (CI, this machine), a seat's Redis ran as root. Now each
+/// seat's Redis and etcd run as a user of the seat's own — not root, not Postgres's user,
+/// not another seat's — that owns the seat's files, private to it; as anyone else they run
+/// as that user, as before. `lockslab down` leaves none of them, and no file.
+#[test]
+fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
+    use std::os::unix::fs::MetadataExt;
+
+    let room = Room::up_with(&["up", "--room", "127.0.0.12", "--seats", "2"]);
+    let state = room.state_file();
+    let home = state["pg_home"]
+        .as_str()
+        .map_or_else(|| room.state.path().to_path_buf(), std::path::PathBuf::from);
+    let me = nix::unistd::Uid::effective();
+    let postgres_uid = state["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pid| pid.as_i64().unwrap() as i32)
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        })
+        .and_then(uid_of)
+        .expect("the room's Postgres");
+
+    let mut seen_uids = Vec::new();
+    let mut all_servers = Vec::new();
+    for n in [1, 2] {
+        let (_, seat) = room.seat(n);
+        // The servers behind the seat's own lines, found by the ports they listen on.
+        let servers: Vec<i32> = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"]
+            .iter()
+            .map(|var| {
+                let at = host_port(&export_of(&seat, var));
+                let port = at.rsplit(':').next().unwrap().parse().unwrap();
+                listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+            })
+            .collect();
+        let uids: Vec<u32> = servers.iter().filter_map(|pid| uid_of(*pid)).collect();
+        assert_eq!(uids.len(), 2);
+        assert_eq!(uids[0], uids[1], "seat {n}: its Redis and etcd as one user");
+        let uid = uids[0];
+        if me.is_root() {
+            assert_ne!(uid, 0, "seat {n}'s servers run as root");
+            assert_ne!(
+                uid, postgres_uid,
+                "seat {n}'s servers run as Postgres's user"
+            );
+            assert!(!seen_uids.contains(&uid), "two seats share uid {uid}");
+        } else {
+            assert_eq!(
+                uid,
+                me.as_raw(),
+                "not root: the seat's servers run as lockslab's user"
+            );
+        }
+        seen_uids.push(uid);
+        // Their directory (the Redis works in it, the etcd below): the seat user's, private
+        // to it; its config holds passwords.
+        let dir = std::fs::read_link(format!("/proc/{}/cwd", servers[0])).unwrap();
+        assert!(dir.starts_with(&home), "{} is not up's", dir.display());
+        let etcd_dir = std::fs::read_link(format!("/proc/{}/cwd", servers[1])).unwrap();
+        assert!(etcd_dir.starts_with(&dir), "{}", etcd_dir.display());
+        for (path, owner, mode) in tree(&dir) {
+            assert_eq!(owner, uid, "{} is not seat {n}'s", path.display());
+            assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", path.display());
+        }
+        all_servers.extend(servers);
+    }
+    // The state directory stays lockslab's.
+    assert_eq!(
+        std::fs::metadata(room.state.path()).unwrap().uid(),
+        me.as_raw()
+    );
+
+    let state_dir = room.state.path().to_path_buf();
+    drop(room);
+    for pid in all_servers {
+        assert!(
+            eventually(std::time::Duration::from_secs(10), || proc_state(pid)
+                .is_none_or(|s| s == 'Z')),
+            "seat server {pid} still running after down"
+        );
+    }
+    if home != state_dir {
+        assert!(!home.exists(), "{} is still there", home.display());
+    }
+    let left: Vec<_> = std::fs::read_dir(&state_dir)
+        .map(|dir| dir.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "down left {left:?}");
+}

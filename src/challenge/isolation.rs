@@ -39,8 +39,11 @@ use nix::unistd::{Gid, Uid};
 /// ids accounts get (1000 up), the ranges `useradd` hands out as subordinate ids (100000 to
 /// 600100000) and systemd's dynamic users (61184 to 65519); below 2^31, which some tools
 /// still take for a signed number.
-const FIRST_UID: u32 = 2_100_000_000;
-const UIDS: u32 = 1_000_000;
+pub const CLIENT_UIDS: std::ops::Range<u32> = 2_100_000_000..2_101_000_000;
+
+/// Where a room's seats' users come from (see `servers::Seat`): the million after the
+/// clients', so that a seat's server and a client can never be given the same number.
+pub const SEAT_UIDS: std::ops::Range<u32> = 2_101_000_000..2_102_000_000;
 
 /// How a run's clients are kept from what lockslab holds.
 pub enum Isolation {
@@ -61,7 +64,7 @@ impl Isolation {
     /// so a client its user cannot read is said at once, with what to do.
     pub fn choose(program: &[String]) -> Result<Isolation> {
         if Uid::effective().is_root() {
-            let (uid, gid) = free_identity()?;
+            let (uid, gid) = free_identities(CLIENT_UIDS, 1)?[0];
             readable_by_others(program)?;
             return Ok(Isolation::OwnUser {
                 uid,
@@ -184,9 +187,13 @@ impl Drop for Isolation {
     }
 }
 
-/// A uid and gid (the same number) that nothing on this machine has: no account, no group,
-/// no subordinate-id range (`/etc/subuid`, `/etc/subgid`), no process running as it.
-fn free_identity() -> Result<(Uid, Gid)> {
+/// `count` uids in `range`, each with the gid of the same number, that nothing on this
+/// machine has: no account, no group, no subordinate-id range (`/etc/subuid`,
+/// `/etc/subgid`), no process running as it — and no two alike.
+pub(crate) fn free_identities(
+    range: std::ops::Range<u32>,
+    count: usize,
+) -> Result<Vec<(Uid, Gid)>> {
     let running: std::collections::BTreeSet<u32> = fs::read_dir("/proc")
         .map(|dir| {
             dir.flatten()
@@ -210,23 +217,32 @@ fn free_identity() -> Result<(Uid, Gid)> {
                 .collect::<Vec<_>>()
         })
         .collect();
-    for _ in 0..64 {
+    let mut chosen: Vec<(Uid, Gid)> = Vec::with_capacity(count);
+    for _ in 0..64 + 2 * count {
+        if chosen.len() == count {
+            break;
+        }
         let draw = u32::from_str_radix(&crate::seed::os_hex(8), 16).unwrap_or(0);
-        let id = FIRST_UID + draw % UIDS;
+        let id = range.start + draw % range.len() as u32;
         let taken = running.contains(&id)
+            || chosen.iter().any(|(uid, _)| uid.as_raw() == id)
             || subordinate
                 .iter()
                 .any(|&(from, to)| (from..to).contains(&u64::from(id)))
             || !matches!(nix::unistd::User::from_uid(Uid::from_raw(id)), Ok(None))
             || !matches!(nix::unistd::Group::from_gid(Gid::from_raw(id)), Ok(None));
         if !taken {
-            return Ok((Uid::from_raw(id), Gid::from_raw(id)));
+            chosen.push((Uid::from_raw(id), Gid::from_raw(id)));
         }
     }
-    bail!(
-        "found no free uid for the clients between {FIRST_UID} and {}",
-        FIRST_UID + UIDS
-    )
+    if chosen.len() < count {
+        bail!(
+            "found no {count} free uids between {} and {}",
+            range.start,
+            range.end
+        );
+    }
+    Ok(chosen)
 }
 
 /// The clients' home: a directory of theirs in the temp directory, deleted with the run
