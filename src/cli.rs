@@ -398,13 +398,13 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         format!("Room servers on {addr}, passwords on (until `lockslab down`):").bold()
     );
     crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
-    crate::outln!("            the instructor's; each seat has a Redis of its own:");
+    crate::outln!("            the instructor's, on loopback; each seat has its own:");
     crate::outln!(
         "            on a port of its own, {} of data, no eviction",
         servers::SEAT_REDIS_MAXMEMORY
     );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
-    crate::outln!("            the instructor's; each seat has an etcd of its own:");
+    crate::outln!("            the instructor's, on loopback; each seat has its own:");
     crate::outln!(
         "            keys under lockslab:<seat>_, its own leases and history, {} MB",
         servers::SEAT_ETCD_QUOTA_BYTES / (1024 * 1024)

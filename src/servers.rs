@@ -1093,32 +1093,45 @@ impl PrivateServers {
     }
 
     fn launch(&mut self, backend: Backend) -> Result<()> {
-        self.launch_on(backend, free_port_on(self.host())?)
+        self.launch_on(backend, free_port_on(self.host_for(backend))?)
     }
 
-    /// Where the servers listen: loopback, or a room's address.
+    /// Where the seats' servers listen: loopback, or a room's address.
     fn host(&self) -> std::net::IpAddr {
         self.room
             .as_ref()
             .map_or(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), |room| room.addr)
     }
 
-    /// `host:port` as URLs write it (an IPv6 address in brackets).
+    /// Where the instructor's own server of `backend` listens. In a room only Postgres is
+    /// on the room's address (it holds the seats' databases and the room's results); the
+    /// instructor's Redis and etcd serve no seat — each seat has its own — so they stay on
+    /// loopback, out of reach of everyone in the room. That matters most for etcd: 3.4 asks
+    /// no password to compact, nor for lease calls (see [`SEAT_ETCD_QUOTA_BYTES`]).
+    fn host_for(&self, backend: Backend) -> std::net::IpAddr {
+        match backend {
+            Backend::Postgres => self.host(),
+            Backend::Redis | Backend::Etcd => std::net::IpAddr::V4(Ipv4Addr::LOCALHOST),
+        }
+    }
+
+    /// `host:port` as URLs write it (an IPv6 address in brackets), on the seats' host.
     fn host_port(&self, port: u16) -> String {
         std::net::SocketAddr::new(self.host(), port).to_string()
     }
 
     fn launch_on(&mut self, backend: Backend, port: u16) -> Result<()> {
         let log = self.dir.join(format!("{}.log", backend.compose_service()));
-        let host = self.host().to_string();
-        let at = self.host_port(port);
+        let host = self.host_for(backend);
+        let at = std::net::SocketAddr::new(host, port).to_string();
+        let host = host.to_string();
         let password = self.secrets.password.clone();
         let (mut command, url, stop_signal) = match backend {
             Backend::Redis => {
                 // In a config file only we can read, not on the command line.
                 let conf = self.dir.join("redis-auth.conf");
                 write_secret(&conf, &format!("requirepass {password}\n"))?;
-                let command = self.redis_command(&conf, port, &self.dir)?;
+                let command = self.redis_command(&conf, &at, &self.dir)?;
                 (
                     command,
                     // `default:` spelled out: Debian 12's `redis-cli -u` sends a URL's
@@ -1222,14 +1235,15 @@ impl PrivateServers {
 
     /// A `redis-server` command: its password in `conf`, listening on this start's host at
     /// `port`, persisting nothing unless [`PrivateServers::set_redis_aof`] says so.
-    fn redis_command(&self, conf: &Path, port: u16, dir: &Path) -> Result<Command> {
+    fn redis_command(&self, conf: &Path, at: &str, dir: &Path) -> Result<Command> {
+        let at: std::net::SocketAddr = at.parse()?;
         let mut command = Command::new(find_binary("redis-server", Backend::Redis)?);
         command.arg(conf);
         command.args([
             "--port",
-            &port.to_string(),
+            &at.port().to_string(),
             "--bind",
-            &self.host().to_string(),
+            &at.ip().to_string(),
             "--save",
             "",
             "--appendonly",
@@ -1603,7 +1617,7 @@ impl PrivateServers {
                 let conf = home.join("redis.conf");
                 write_secret(&conf, &seat_redis_config(&password, &seat))?;
                 hand_over(&conf, owner)?;
-                let mut command = self.redis_command(&conf, port, &home)?;
+                let mut command = self.redis_command(&conf, &at, &home)?;
                 // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.
                 unsafe {
                     command.pre_exec(|| {

@@ -1238,6 +1238,17 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
         .and_then(|rest| rest.split_once('@'))
         .map(|(password, _)| password.to_string())
         .unwrap_or_else(|| panic!("not the redis://default:PW@ form: {redis_url}"));
+    // No seat uses the instructor's Redis and etcd: they stay off the room's address (etcd
+    // 3.4 compacts and renews leases for anyone who reaches it). Postgres is the room's.
+    let state = room.state_file();
+    for (backend, host) in [
+        ("redis", "127.0.0.1:"),
+        ("etcd", "127.0.0.1:"),
+        ("postgres", "127.0.0.4:"),
+    ] {
+        let url = state[backend].as_str().unwrap();
+        assert!(host_port(url).starts_with(host), "{backend}: {url}");
+    }
 
     // What attendees get is no superuser, and cannot run programs.
     let mut db =
