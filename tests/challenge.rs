@@ -361,6 +361,42 @@ fn a_lock_held_in_postgres_passes_pause_and_delay_on_the_waits_it_caused() {
     }
 }
 
+/// `outlast` asks for a lease ten times lease_ms, hoping each fault ends before its key
+/// does: it was unknown ("nobody wrote r0 meanwhile"), rewarded for the long lease. The
+/// pause (or the hold) now lasts until the key is gone and a newer holder has read, and the
+/// held write is stale. A lease past the bound (30 × lease_ms) is unknown, the bound named
+/// in the verdict and the wait on the timeline.
+#[test]
+fn a_long_lease_is_waited_out_and_an_unfenced_write_caught_or_the_bound_named() {
+    for name in ["pause", "delay"] {
+        caught_within(name, "outlast", "stale-write", 2);
+    }
+    python_ready();
+    let (code, verdict, output) =
+        challenge("pause", 1, &[], &[PYTHON, reference_py(), "outlast", "30"]);
+    assert_eq!(code, 3, "{verdict}");
+    let said = verdict["unknown"].to_string();
+    assert!(said.contains("the fault ended at its bound"), "{said}");
+    let history = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        history.contains("still has") && history.contains("the pause lasts until it is gone"),
+        "{history}"
+    );
+}
+
+/// `long` takes the same long lease with a fenced read (`SELECT … FOR UPDATE`, held across
+/// the work): once the key is gone, the next holder waits on the frozen (or held) client's
+/// row, and the fault bit — the lock held it off. It was unknown, the fault over while the
+/// key still stood.
+#[test]
+fn a_fenced_client_with_a_long_lease_still_passes_pause_and_delay() {
+    for name in ["pause", "delay"] {
+        let verdict = passes_within(name, "long", 2);
+        let said = verdict["notes"].to_string();
+        assert!(said.contains("the lock held it off"), "{verdict}");
+    }
+}
+
 /// A compare-and-set with retry holds no lock: a fault between its read and its write
 /// makes its compare match nothing, and it reads again. The statement log shows that
 /// refused UPDATE, so the fault bit and its retry is no note sent before a read (it was
@@ -786,8 +822,9 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
     assert!(left.is_empty(), "left running: {left:?}");
 }
 
-/// A patience shorter than 3 TTLs and the longest fault would blame a client that waits
-/// rightly for a frozen holder's lock: refused before any server starts, with the minimum.
+/// A patience shorter than 3 TTLs and the longest wait behind the faults (two pauses of up
+/// to 12 TTLs each, back to back on one record) would blame a client that waits rightly for
+/// a frozen holder's lock: refused before any server starts, with the minimum.
 #[test]
 fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
     let output = lockslab(&[
@@ -806,7 +843,10 @@ fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
     .expect("running lockslab");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--patience: at least 60s here"), "{stderr}");
+    assert!(
+        stderr.contains("--patience: at least 270s here"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("starting"), "{stderr}");
 }
 

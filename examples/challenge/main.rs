@@ -1,6 +1,6 @@
 //! Reference clients for `lockslab challenge`, in Rust, broken and fixed side by side (the
-//! Python ones, with five more modes, `checked`, `long`, `late`, `early` and `quiet`, are
-//! in reference.py beside this file):
+//! Python ones, with more modes — `checked`, `long`, `outlast`, `late`, `early`, `quiet` and
+//! others — are in reference.py beside this file):
 //!
 //! ```text
 //! cargo build --example challenge

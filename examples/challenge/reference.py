@@ -13,6 +13,9 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py fenced    # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py once      # passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py long      # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py long      # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py outlast   # fails
+    lockslab challenge pause   -- python3 examples/challenge/reference.py outlast 30 # unknown
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py fenced # fails
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py once   # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py late      # undecided
@@ -71,6 +74,12 @@ quiet   fenced, sending no notes at all (`ready` with notes false). Faults are
         the answer dies with it, and the resent job is done twice.
 long    once, with a TTL of ten lease_ms "so that it never expires mid-job": the
         lock of a holder killed holding it keeps everyone waiting its whole TTL.
+        Under pause and delay the fault lasts until that TTL is out; then the row
+        lock holds the next holder off, and it passes.
+outlast setnx with a TTL of ten lease_ms (or of N lease_ms: `outlast N`), hoping
+        the fault ends before its key does. lockslab waits the key out (at most 12
+        TTLs), lets a newer holder read, and the held write is stale: it fails. A
+        TTL past the bound outlives the test: unknown, the bound named.
 sentinel fenced, on the Redis primary the Sentinels name (failover), with a token
         per record from INCR there. The replica promoted after the primary's
         death missed the last INCRs: its tokens start again below those already
@@ -135,7 +144,7 @@ import redis
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
-         "optimistic", "optimistic-fail", "for-update", "advisory")
+         "optimistic", "optimistic-fail", "for-update", "advisory", "outlast")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
@@ -186,6 +195,9 @@ else:
 table, prefix, ttl = init["table"], init["key_prefix"], init["lease_ms"]
 if MODE == "long":
     ttl, MODE = 10 * ttl, "once"
+if MODE == "outlast":
+    times = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 10
+    ttl, MODE = times * ttl, "setnx"
 if LIAR:
     ttl = 7 * ttl // 2
 if MODE == "once":

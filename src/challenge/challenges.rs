@@ -24,6 +24,9 @@ pub enum Challenge {
     Failover,
 }
 
+/// How many TTLs a pause or a held write lasts at most ([`Challenge::fault_bound`]).
+pub const BOUND_TTLS: u32 = 12;
+
 /// One row of `lockslab challenge list`.
 pub struct About {
     pub goal: &'static str,
@@ -124,14 +127,33 @@ impl Challenge {
     }
 
     /// The longest a fault of this challenge lasts: a pause, or a write held in the
-    /// network, lasts 2 to 3 TTLs (see [`Challenge::schedule`], [`Challenge::delay_ms`]);
-    /// a kill is over at once; a failover leaves no primary until the Sentinels agree it is
-    /// down and promote the replica (about 1.7s here: counted as 5s, for a busy machine).
+    /// network, lasts 2 to 3 TTLs (see [`Challenge::schedule`], [`Challenge::delay_ms`]),
+    /// and then until its client's lock is gone, at most [`Challenge::fault_bound`]; a kill
+    /// is over at once; a failover leaves no primary until the Sentinels agree it is down
+    /// and promote the replica (about 1.7s here: counted as 5s, for a busy machine).
     pub fn longest_fault(self, ttl: std::time::Duration) -> std::time::Duration {
         match self {
-            Challenge::Pause | Challenge::Delay => 3 * ttl,
+            Challenge::Pause | Challenge::Delay => self.fault_bound(ttl),
             Challenge::Failover => std::time::Duration::from_secs(5),
             Challenge::Counter | Challenge::Crash | Challenge::ExactlyOnce => Default::default(),
+        }
+    }
+
+    /// The most a pause or a held write lasts: past its own 2–3 TTLs it waits for its
+    /// client's lock to be gone (`challenge::play::outlast`), and [`BOUND_TTLS`] TTLs from
+    /// its start it ends whatever the lock — a lease of ten TTLs is outlived, a longer one
+    /// is named as what the fault could not test.
+    pub fn fault_bound(self, ttl: std::time::Duration) -> std::time::Duration {
+        BOUND_TTLS * ttl
+    }
+
+    /// The longest a client may rightly wait for a lock while the faults play: behind both
+    /// of a pause's (or a delay's) faults, back to back on its record, each up to its bound;
+    /// behind a failover's one.
+    pub fn longest_wait(self, ttl: std::time::Duration) -> std::time::Duration {
+        match self {
+            Challenge::Pause | Challenge::Delay => 2 * self.fault_bound(ttl),
+            _ => self.longest_fault(ttl),
         }
     }
 

@@ -90,7 +90,7 @@ pub struct ChallengeArgs {
           value_name = "T")]
     pub ttl: std::time::Duration,
     /// How long a client may take to say ready, or to answer one job [default: 10s, or
-    /// 3 TTLs and the challenge's longest fault when that is longer]
+    /// 3 TTLs and the challenge's longest wait behind its faults when that is longer]
     #[arg(long, value_parser = crate::flags::parse_duration, value_name = "T")]
     pub patience: Option<std::time::Duration>,
     /// JSON Lines on stdout: the run's events, then a verdict
@@ -162,10 +162,11 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
 const PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long a client may take to answer: a client that waits rightly for a lock whose
-/// holder was frozen may wait out that fault, then the lock's TTL, then its own tries —
-/// so never less than 3 TTLs and the challenge's longest fault.
+/// holder was frozen may wait out that fault (and the next, on the same record), then the
+/// lock's TTL, then its own tries — so never less than 3 TTLs and the challenge's longest
+/// wait.
 fn patience_of(challenge: Challenge, args: &ChallengeArgs) -> Result<Duration> {
-    let least = 3 * args.ttl + challenge.longest_fault(args.ttl);
+    let least = 3 * args.ttl + challenge.longest_wait(args.ttl);
     let Some(patience) = args.patience else {
         return Ok(least.max(PATIENCE));
     };
@@ -175,7 +176,7 @@ fn patience_of(challenge: Challenge, args: &ChallengeArgs) -> Result<Duration> {
     if patience < least {
         // Short: a usage error is printed as it is, on one line.
         crate::bail_usage!(
-            "--patience: at least {} here (3 TTLs + the longest fault)",
+            "--patience: at least {} here (3 TTLs + the longest wait behind faults)",
             verdict::flag_duration(least)
         );
     }
@@ -309,6 +310,8 @@ fn grade(
         patience,
         run_id: run_id.clone(),
         grader_url: owner.clone(),
+        admin_redis: servers.url(Backend::Redis).to_string(),
+        admin_etcd: servers.url(Backend::Etcd).to_string(),
         replay: verdict::replay_words(
             challenge,
             seed,
@@ -352,6 +355,7 @@ fn grade(
             deliveries: played.deliveries.clone(),
             statements,
             waits: played.waits.clone(),
+            key_waits: played.key_waits.clone(),
         };
         Ok((played, evidence))
     });

@@ -138,6 +138,8 @@ pub struct Evidence {
     pub statements: Vec<Statement>,
     /// Sessions seen waiting on others (`pg_blocking_pids`) while a fault lasted.
     pub waits: Vec<Wait>,
+    /// Clients seen waiting behind a faulted client's Redis or etcd lock.
+    pub key_waits: Vec<KeyWait>,
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -146,6 +148,65 @@ pub struct Wait {
     pub waiter: i32,
     pub blockers: Vec<i32>,
     pub at_us: i64,
+}
+
+/// A client seen waiting behind another's Redis or etcd lock while a fault lasted: the key,
+/// under the run's prefix, still held what it held when its (frozen, or held) client's fault
+/// began, and `waiter` had a job on the same record that it had not written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyWait {
+    /// The faulted client, its lock's key, and the server that holds it (`Redis`, `etcd`).
+    pub holder: String,
+    pub key: String,
+    pub server: String,
+    pub waiter: String,
+    /// The waiter's job.
+    pub job: i64,
+    /// When it was seen (the database's clock, µs since the epoch).
+    pub at_us: i64,
+}
+
+/// How a client was held off by a faulted client's lock: who waited, how lockslab saw it,
+/// and how far into the fault.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HeldOff {
+    pub waiter: String,
+    /// `pg_blocking_pids`, or the key that still held the faulted client's value.
+    pub seen: String,
+    pub after_ms: i64,
+}
+
+/// When `strike`'s client answered the job it had when the fault began (never: the end of
+/// time).
+fn answered_after(strike: &Strike, deliveries: &[Delivery]) -> i64 {
+    (deliveries.iter())
+        .find(|d| {
+            d.client == strike.client
+                && Some(d.job) == strike.job
+                && d.sent_us <= strike.at_us
+                && d.answered_us.is_none_or(|a| strike.at_us <= a)
+        })
+        .and_then(|d| d.answered_us)
+        .unwrap_or(i64::MAX)
+}
+
+/// Did `client` hold a job on `record` at `at_us`: which one?
+fn holding_on(
+    client: &str,
+    record: &str,
+    at_us: i64,
+    jobs: &BTreeMap<i64, &JobSpec>,
+    deliveries: &[Delivery],
+) -> Option<i64> {
+    deliveries
+        .iter()
+        .find(|d| {
+            d.client == client
+                && jobs.get(&d.job).is_some_and(|j| j.record == record)
+                && d.sent_us <= at_us
+                && d.answered_us.is_none_or(|a| at_us <= a)
+        })
+        .map(|d| d.job)
 }
 
 /// Did another client, holding a job on the same record, wait behind a session of
@@ -158,18 +219,10 @@ fn held_off(
     sessions: &BTreeMap<String, BTreeSet<i32>>,
     waits: &[Wait],
     deliveries: &[Delivery],
-) -> Option<String> {
+) -> Option<HeldOff> {
     let record = &jobs.get(&strike.job?)?.record;
     let own = sessions.get(&strike.client)?;
-    let until = (deliveries.iter())
-        .find(|d| {
-            d.client == strike.client
-                && Some(d.job) == strike.job
-                && d.sent_us <= strike.at_us
-                && d.answered_us.is_none_or(|a| strike.at_us <= a)
-        })
-        .and_then(|d| d.answered_us)
-        .unwrap_or(i64::MAX);
+    let until = answered_after(strike, deliveries);
     waits.iter().find_map(|wait| {
         if !(strike.at_us..=until).contains(&wait.at_us)
             || !wait.blockers.iter().any(|pid| own.contains(pid))
@@ -179,15 +232,46 @@ fn held_off(
         let (client, _) = sessions
             .iter()
             .find(|(client, pids)| **client != strike.client && pids.contains(&wait.waiter))?;
-        deliveries
-            .iter()
-            .any(|d| {
-                d.client == *client
-                    && jobs.get(&d.job).is_some_and(|j| j.record == *record)
-                    && d.sent_us <= wait.at_us
-                    && d.answered_us.is_none_or(|a| wait.at_us <= a)
-            })
-            .then(|| client.clone())
+        holding_on(client, record, wait.at_us, jobs, deliveries)?;
+        Some(HeldOff {
+            waiter: client.clone(),
+            seen: "pg_blocking_pids".into(),
+            after_ms: (wait.at_us - strike.at_us) / 1000,
+        })
+    })
+}
+
+/// The same for a Redis or etcd lock: another client, holding a job on the record that the
+/// log shows it had not written yet, was seen while the faulted client's key still held its
+/// value — and that key still held it when the fault ended ([`Strike::lock_kept`]). A lease
+/// that ran out during the fault held them off only while it lived: what came after it
+/// decides, not the wait before.
+fn held_off_by_key(
+    strike: &Strike,
+    jobs: &BTreeMap<i64, &JobSpec>,
+    key_waits: &[KeyWait],
+    deliveries: &[Delivery],
+    changes: &[Change],
+) -> Option<HeldOff> {
+    if !strike.lock_kept {
+        return None;
+    }
+    let record = &jobs.get(&strike.job?)?.record;
+    let until = answered_after(strike, deliveries);
+    let written_by = |job: i64, at_us: i64| {
+        (changes.iter()).any(|c| c.job == Some(job) && c.at_us.is_none_or(|at| at <= at_us))
+    };
+    key_waits.iter().find_map(|wait| {
+        let during = wait.holder == strike.client && (strike.at_us..=until).contains(&wait.at_us);
+        let job = holding_on(&wait.waiter, record, wait.at_us, jobs, deliveries)?;
+        (during && job == wait.job && !written_by(job, wait.at_us)).then(|| HeldOff {
+            waiter: wait.waiter.clone(),
+            seen: format!(
+                "{}'s key {} ({}) still held its value",
+                wait.holder, wait.key, wait.server
+            ),
+            after_ms: (wait.at_us - strike.at_us) / 1000,
+        })
     })
 }
 
@@ -257,18 +341,10 @@ fn matched_nothing(
     statements: &[Statement],
     deliveries: &[Delivery],
 ) -> bool {
-    let Some(job) = strike.job else {
+    if strike.job.is_none() {
         return false;
-    };
-    let until = (deliveries.iter())
-        .find(|d| {
-            d.client == strike.client
-                && d.job == job
-                && d.sent_us <= strike.at_us
-                && d.answered_us.is_none_or(|a| strike.at_us <= a)
-        })
-        .and_then(|d| d.answered_us)
-        .unwrap_or(i64::MAX);
+    }
+    let until = answered_after(strike, deliveries);
     let own = sessions.get(&strike.client);
     let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
     statements.iter().any(|s| {
@@ -376,8 +452,15 @@ pub struct Strike {
     /// Its client said it holds no lock: no lock of its can be left stuck.
     pub lockless: bool,
     /// Another client, with a job on the same record, waited behind this client's lock
-    /// while the fault lasted (read from Postgres; filled in by the checker): it names it.
-    pub held_off: Option<String>,
+    /// while the fault lasted (read from Postgres, or from the client's Redis or etcd key;
+    /// filled in by the checker): who, and how it was seen.
+    pub held_off: Option<HeldOff>,
+    /// Its lock — a Redis or etcd key under the run's prefix, found when the fault began —
+    /// still held its value when the fault ended (see `challenge::play::outlast`).
+    pub lock_kept: bool,
+    /// The fault ended at the challenge's bound, not because its client's lock was gone
+    /// and a newer holder had read: why, in a sentence. Nothing past the bound was tested.
+    pub bounded: Option<String>,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -434,6 +517,11 @@ impl Strike {
         if self.released {
             return Some(format!(
                 "{verb} {who} after it said released for job {job}: it held no lock then"
+            ));
+        }
+        if let Some(bound) = &self.bounded {
+            return Some(format!(
+                "{verb} {who} holding job {job}, and the fault ended at its bound: {bound}"
             ));
         }
         if self.matched_nothing || self.held_off.is_some() {
@@ -1127,7 +1215,16 @@ pub fn check(evidence: &Evidence) -> Report {
                 &sessions,
                 &evidence.waits,
                 &evidence.deliveries,
-            );
+            )
+            .or_else(|| {
+                held_off_by_key(
+                    &strike,
+                    &jobs,
+                    &evidence.key_waits,
+                    &evidence.deliveries,
+                    &changes,
+                )
+            });
         }
         strike.matched_nothing = strike.fault != "kill"
             && matched_nothing(
@@ -1140,11 +1237,18 @@ pub fn check(evidence: &Evidence) -> Report {
     });
     let strikes: Vec<Strike> = strikes.collect();
     for strike in &strikes {
-        if let (Some(waiter), false) = (&strike.held_off, strike.answered) {
+        let Some(held) = strike
+            .held_off
+            .as_ref()
+            .filter(|_| strike.bounded.is_none())
+        else {
+            continue;
+        };
+        if !strike.answered {
             report.notes.push(format!(
-                "the {} of {} bit: {waiter}, with a job on the same record, waited behind \
-                 {}'s lock (pg_blocking_pids) — the lock held it off",
-                strike.fault, strike.client, strike.client
+                "the {} of {} bit: {}, with a job on the same record, waited behind {}'s lock \
+                 ({}, {}ms into the fault) — the lock held it off",
+                strike.fault, strike.client, held.waiter, strike.client, held.seen, held.after_ms
             ));
         }
     }
@@ -1777,11 +1881,10 @@ mod tests {
         assert!(check(&run).problems.is_empty());
     }
 
-    /// `SELECT … FOR UPDATE` across the work: nobody can write r0 while c1 is frozen, so
-    /// nobody did — but c2, with a job on r0, waited behind c1's session (pg_blocking_pids):
-    /// the row lock held it off, and the pause bit.
-    #[test]
-    fn a_pause_bites_when_another_clients_job_on_the_record_waited_behind_the_frozen_lock() {
+    /// Three jobs on r0, each written once as meant (at 1s, 2s, 3s, by sessions 12, 11, 12):
+    /// c1 holds job 2 from 1.2s to 2.2s and is paused at 1.5s; c2 holds job 3 from 1.3s and
+    /// writes it at 3s. Nobody wrote r0 while c1 was frozen.
+    fn paused_while_c2_wanted_r0() -> Evidence {
         let mut run = clean_run();
         (run.changes[0].pid, run.changes[1].pid) = (Some(12), Some(11));
         run.changes[2].pid = Some(12);
@@ -1805,6 +1908,15 @@ mod tests {
             notes: true,
             ..Strike::default()
         }];
+        run
+    }
+
+    /// `SELECT … FOR UPDATE` across the work: nobody can write r0 while c1 is frozen, so
+    /// nobody did — but c2, with a job on r0, waited behind c1's session (pg_blocking_pids):
+    /// the row lock held it off, and the pause bit.
+    #[test]
+    fn a_pause_bites_when_another_clients_job_on_the_record_waited_behind_the_frozen_lock() {
+        let mut run = paused_while_c2_wanted_r0();
         let report = check(&run);
         assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
         assert!(
@@ -1838,6 +1950,78 @@ mod tests {
         assert_eq!(check(&run).faults_bit, 0);
         run.waits = vec![wait(12, 11, 1_200_000)];
         assert_eq!(check(&run).faults_bit, 0, "before the fault");
+    }
+
+    /// A Redis (or etcd) lock: c2, with job 3 on r0 not yet written, was seen while c1's
+    /// key still held c1's value. That held c2 off only if the key still held it when the
+    /// fault ended: a lease that ran out during the fault was waited out, and what came
+    /// after decides (here nobody wrote r0 meanwhile, so the pause missed).
+    #[test]
+    fn a_redis_lock_held_them_off_only_if_it_still_stood_when_the_fault_ended() {
+        let mut run = paused_while_c2_wanted_r0();
+        let seen = |holder: &str, job, at_us| KeyWait {
+            holder: holder.into(),
+            key: "lockslab:x:lock:r0".into(),
+            server: "Redis".into(),
+            waiter: "c2".into(),
+            job,
+            at_us,
+        };
+        run.key_waits = vec![seen("c1", 3, 1_600_000)];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        run.strikes[0].lock_kept = true;
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        let said = report.notes.join("");
+        assert!(
+            said.contains("c2, with a job on the same record, waited behind c1's lock (c1's key lockslab:x:lock:r0 (Redis) still held its value, 100ms into the fault) — the lock held it off"),
+            "{said}"
+        );
+        // Another holder's key; seen after c1 answered; or c2 holding another job then.
+        for wait in [
+            seen("c3", 3, 1_600_000),
+            seen("c1", 3, 2_300_000),
+            seen("c1", 1, 1_600_000),
+        ] {
+            run.key_waits = vec![wait];
+            assert_eq!(check(&run).faults_bit, 0, "{:?}", run.key_waits);
+        }
+        // Job 3 already in the log when c2 was seen: it was not waiting to write.
+        run.key_waits = vec![seen("c1", 3, 1_600_000)];
+        run.changes[2].at_us = Some(1_450_000);
+        assert_eq!(check(&run).faults_bit, 0);
+    }
+
+    /// A lease longer than the fault's bound: the pause ended with the key still standing.
+    /// That is what the fault could not test — unknown, with the bound named — whatever held
+    /// anyone off meanwhile; a stale write still fails.
+    #[test]
+    fn a_fault_that_ended_at_its_bound_is_unknown_never_a_pass() {
+        let mut run = paused_while_c2_wanted_r0();
+        run.strikes[0].lock_kept = true;
+        run.strikes[0].bounded = Some("c1's key lockslab:x:lock:r0 still held its value".into());
+        run.key_waits = vec![KeyWait {
+            holder: "c1".into(),
+            waiter: "c2".into(),
+            job: 3,
+            at_us: 1_600_000,
+            ..KeyWait::default()
+        }];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("paused c1 holding job 2, and the fault ended at its bound: c1's key"),
+            "{said}"
+        );
+        assert!(report.notes.is_empty(), "{report:?}");
+        run.changes[1].new_value = 9;
+        assert_eq!(check(&run).grade(), Grade::Fail);
     }
 
     #[test]

@@ -10,6 +10,10 @@ impl Run<'_> {
         let now = self.tape.start.elapsed().as_millis() as u64;
         let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
         for action in due {
+            // A pause whose client's lock still stands ends when that lock is gone.
+            if action.fault == Fault::Resume && self.resume_when_lock_gone(&action) {
+                continue;
+            }
             self.act(&action)?;
         }
         self.let_frozen_writes_go();
@@ -144,7 +148,9 @@ impl Run<'_> {
             held_off: None,
             overtaken: false,
             overtaken_by: None,
+            ..Strike::default()
         });
+        self.find_lock(index, kind);
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
 use super::verdict::Tape;
-use crate::check::challenge::{Delivery, JobSpec, LockMoment, Moment, Strike, Wait};
+use crate::check::challenge::{Delivery, JobSpec, KeyWait, LockMoment, Moment, Strike, Wait};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
@@ -27,6 +27,8 @@ mod aim;
 mod blocking;
 mod failover;
 mod faults;
+mod leases;
+mod outlast;
 mod overtake;
 
 /// The work of every job, between its read and its write: long enough that a fault due just
@@ -52,6 +54,10 @@ pub struct Setup {
     pub run_id: String,
     /// lockslab's own way into Postgres, as the records' owner (not the clients' role).
     pub grader_url: String,
+    /// lockslab's own logins to Redis and etcd, which read every key of the run's (the
+    /// clients' locks among them).
+    pub admin_redis: String,
+    pub admin_etcd: String,
     /// The command that replays the run, one shell word each.
     pub replay: Vec<String>,
     /// Who the clients run as, and what they can reach.
@@ -77,6 +83,8 @@ pub struct Played {
     pub deliveries: Vec<Delivery>,
     /// Sessions seen waiting on others while a fault lasted.
     pub waits: Vec<Wait>,
+    /// Clients seen waiting behind a faulted client's Redis or etcd key.
+    pub key_waits: Vec<KeyWait>,
 }
 
 /// How far a client's notes for the job it holds have come: `acquired`, `writing` and
@@ -145,6 +153,16 @@ struct Run<'a> {
     /// Sessions seen waiting on others while a fault lasted, and when they were last read.
     waits: Vec<Wait>,
     waits_read: Option<Instant>,
+    /// lockslab's reading of the run's Redis and etcd keys (`pause`, `delay`): each
+    /// client's last snapshot when its job went out and when it said `acquired` (with the
+    /// job), the faults that last until their client's lock is gone, and who waited
+    /// behind such a lock meanwhile.
+    leases: Option<leases::Servers>,
+    keys_given: HashMap<String, (i64, leases::Keys)>,
+    keys_acquired: HashMap<String, (i64, leases::Keys)>,
+    outlasting: Vec<outlast::Outlast>,
+    outlast_read: Option<Instant>,
+    key_waits: Vec<KeyWait>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
@@ -221,6 +239,18 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         deliveries: Vec::new(),
         waits: Vec::new(),
         waits_read: None,
+        leases: matches!(setup.challenge, Challenge::Pause | Challenge::Delay).then(|| {
+            leases::Servers::connect(
+                &setup.admin_redis,
+                &setup.admin_etcd,
+                &setup.init.key_prefix,
+            )
+        }),
+        keys_given: HashMap::new(),
+        keys_acquired: HashMap::new(),
+        outlasting: Vec::new(),
+        outlast_read: None,
+        key_waits: Vec::new(),
         held_writes: BTreeSet::new(),
         aimed: aim::Aimed::default(),
         writing: None,
@@ -291,6 +321,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         unplayed,
         deliveries: std::mem::take(&mut run.deliveries),
         waits: std::mem::take(&mut run.waits),
+        key_waits: std::mem::take(&mut run.key_waits),
     })
 }
 
@@ -430,13 +461,19 @@ impl Run<'_> {
     }
 
     fn drive(&mut self) -> Result<()> {
-        let give_up = Instant::now() + Duration::from_secs(120);
+        // The faults may last their bounds, on top of the run's own time.
+        let ttl = Duration::from_millis(self.setup.init.lease_ms);
+        let within = Duration::from_secs(120) + self.setup.challenge.longest_wait(ttl);
+        let give_up = Instant::now() + within;
         loop {
             if crate::procs::interrupted() {
                 bail!("interrupted");
             }
             if Instant::now() > give_up {
-                bail!("the run did not end within 120s");
+                bail!(
+                    "the run did not end within {}",
+                    crate::output::human(within)
+                );
             }
             // A fault due on a note is played before the client's next line is read: an
             // answer still in the pipe when the client is killed dies with it, as a reply
@@ -455,6 +492,7 @@ impl Run<'_> {
             self.check_deadlines()?;
             self.hear_proxies()?;
             self.read_waits()?;
+            self.outlast()?;
             if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
@@ -646,6 +684,7 @@ impl Run<'_> {
             }
             FromClient::Acquired { job, token } => {
                 self.moment(name, job, Moment::Acquired);
+                self.snapshot_keys(name, job, true);
                 let at_us = self.db_us(heard_at);
                 let delivery = (self.deliveries.iter_mut().rev())
                     .find(|d| d.client == name && d.job == job && d.answered_us.is_none());
@@ -723,6 +762,9 @@ impl Run<'_> {
                 sent_us,
                 ..Delivery::default()
             });
+            // The keys as they are before the client can take its lock for this job.
+            let name = self.seats[index].client.name.clone();
+            self.snapshot_keys(&name, job, false);
             let seat = &mut self.seats[index];
             seat.client.send(&ToClient::Job(Job {
                 id: job,
