@@ -349,6 +349,16 @@ impl Proxy {
         self.lock().links.len()
     }
 
+    /// The local ports of its live connections to the server: what the server sees as
+    /// their clients' ports (Postgres's `pg_stat_activity.client_port`), to tell which of
+    /// the server's sessions are this path's.
+    pub fn server_ports(&self) -> Vec<u16> {
+        (self.lock().links.iter())
+            .filter_map(|link| link.server.local_addr().ok())
+            .map(|addr| addr.port())
+            .collect()
+    }
+
     /// Reads the Postgres protocol its clients send, on every connection opened from now
     /// on, to find the messages that write `table` (`schema.name`): what
     /// [`NetFault::DelayWrite`] and [`NetFault::HoldWrite`] aim at. Without it they catch
@@ -1064,6 +1074,30 @@ mod tests {
         let mut answer = vec![0u8; message.len()];
         stream.read_exact(&mut answer)?;
         Ok(answer)
+    }
+
+    /// What the server sees as a connection's client port is one of the proxy's server
+    /// ports: how a Postgres session is told to be a client's (`pg_stat_activity`).
+    #[test]
+    fn its_server_ports_are_the_ports_the_server_sees() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let upstream = listener.local_addr().unwrap();
+        let (seen, peer) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let (stream, from) = listener.accept().unwrap();
+            seen.send(from.port()).unwrap();
+            thread::sleep(Duration::from_secs(3));
+            drop(stream);
+        });
+        let proxy = Proxy::start("t", upstream).unwrap();
+        assert!(proxy.server_ports().is_empty());
+        let _stream = client(&proxy);
+        let port = peer.recv_timeout(Duration::from_secs(3)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while proxy.server_ports().is_empty() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(proxy.server_ports(), vec![port]);
     }
 
     #[test]

@@ -19,24 +19,28 @@ const WAITING: &str = "
       FROM pg_stat_activity
      WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0";
 
-/// The sessions waiting behind one that has not moved since `$1` (µs since the epoch, the
-/// database's clock) — a faulted client's, frozen or with its write held since then — as
-/// [`WAITING`] lists them.
-const BEHIND_A_STILL_SESSION: &str = "
+/// The sessions waiting behind one of the faulted client's: its connections to Postgres are
+/// its proxy's, whose ports (`$1`) Postgres lists as their clients'.
+const BEHIND_ITS_SESSIONS: &str = "
     SELECT waiter.pid, pg_blocking_pids(waiter.pid),
            (1000000 * extract(epoch FROM clock_timestamp()))::bigint
       FROM pg_stat_activity waiter
      WHERE waiter.datname = current_database()
        AND EXISTS (SELECT 1 FROM pg_stat_activity blocker
                     WHERE blocker.pid = ANY(pg_blocking_pids(waiter.pid))
-                      AND blocker.state_change < to_timestamp($1::bigint / 1000000.0))";
+                      AND blocker.client_port = ANY($1::int[]))";
 
 impl Run<'_> {
-    /// Whether a session waits in Postgres behind one still since `since_us`: a newer holder
-    /// held off by the faulted client's row or advisory lock, once its Redis or etcd lock
-    /// is gone (`outlast`). The waits seen are kept, as [`Run::read_waits`] keeps its own.
-    pub(super) fn waits_behind_a_still_session(&mut self, since_us: i64) -> Result<bool> {
-        let rows = self.clock.query(BEHIND_A_STILL_SESSION, &[&since_us])?;
+    /// Whether a session waits in Postgres behind one of the client's at `index`: a newer
+    /// holder held off by its row or advisory lock, once its Redis or etcd lock is gone
+    /// (`outlast`). The waits seen are kept, as [`Run::read_waits`] keeps its own. (A client
+    /// without a proxy: never, its sessions unknown.)
+    pub(super) fn waits_behind(&mut self, index: usize) -> Result<bool> {
+        let Some(proxy) = &self.seats[index].proxy else {
+            return Ok(false);
+        };
+        let ports: Vec<i32> = proxy.server_ports().into_iter().map(i32::from).collect();
+        let rows = self.clock.query(BEHIND_ITS_SESSIONS, &[&ports])?;
         self.waits.extend(rows.iter().map(wait_of));
         Ok(!rows.is_empty())
     }
@@ -54,7 +58,7 @@ impl Run<'_> {
     }
 }
 
-/// A row of [`WAITING`] or [`BEHIND_A_STILL_SESSION`]: the waiter, whom it waits for, when.
+/// A row of [`WAITING`] or [`BEHIND_ITS_SESSIONS`]: the waiter, whom it waits for, when.
 fn wait_of(row: &postgres::Row) -> Wait {
     Wait {
         waiter: row.get(0),

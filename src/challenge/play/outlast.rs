@@ -13,7 +13,7 @@
 //! fault ends on its own time.
 //!
 //! ```text
-//!  594ms  pauses c2 (SIGSTOP) for 2–3 TTLs
+//!  594ms  pauses c2 (SIGSTOP) for 2–3 TTLs at its write, held in its proxy
 //!  603ms  c2's lock: lockslab:7b2f…:lock:r0 (Redis, 5.0s to live), set since job 2 went out, …
 //!  609ms  c1 (job 4 on r0) waits: lockslab:7b2f…:lock:r0 still holds c2's value
 //! 1667ms  c2's key lockslab:7b2f…:lock:r0 still has 3.9s to live: the pause lasts until it is gone
@@ -276,13 +276,13 @@ impl Run<'_> {
                     self.tape
                         .record(Event::new(crate::nemesis::LANE, What::Expired(facts), text));
                 }
-                let at_us = self.strikes[strike].at_us;
                 if !coming {
                     nothing_left
-                } else if self.waits_behind_a_still_session(at_us)? {
-                    "a session waits in Postgres behind one still since the fault began \
-                     (pg_blocking_pids): the lock held it off"
-                        .to_string()
+                } else if self.waits_behind(index)? {
+                    format!(
+                        "a session waits in Postgres behind {client}'s (pg_blocking_pids): the \
+                         lock held it off"
+                    )
                 } else if past_bound {
                     self.strikes[strike].bounded = Some(format!(
                         "{client}'s lock was gone, and no newer holder of {record} had read it \
