@@ -870,6 +870,22 @@ fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
     assert!(!stderr.contains("starting"), "{stderr}");
 }
 
+/// The command lines lockslab suggests run the Python the docs name, the one scripts/setup
+/// gives the modules: a bare `python3` may be another (pyenv, a virtualenv) without them.
+#[test]
+fn the_suggested_command_lines_run_the_python_the_docs_name() {
+    let usage = lockslab(&["challenge", "counter"]).output().unwrap();
+    for output in [
+        lockslab(&["challenge", "list"]).output().unwrap().stdout,
+        lockslab(&["challenge", "--help"]).output().unwrap().stdout,
+        usage.stderr,
+    ] {
+        let said = String::from_utf8_lossy(&output);
+        assert!(said.contains("-- /usr/bin/python3 "), "{said}");
+        assert!(!said.contains("-- python3 "), "{said}");
+    }
+}
+
 #[test]
 fn a_missing_script_is_refused_before_any_server_starts() {
     let output = lockslab(&["challenge", "counter", "--", "python3", "no/such/client.py"])
