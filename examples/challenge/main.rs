@@ -4,36 +4,34 @@
 //! side by side.
 //!
 //! ```text
-//! cargo build --example challenge
-//! lockslab challenge counter      -- ./target/debug/examples/challenge none       # fails
-//! lockslab challenge counter      -- ./target/debug/examples/challenge fenced     # passes
-//! lockslab challenge pause        -- ./target/debug/examples/challenge setnx      # fails
-//! lockslab challenge pause        -- ./target/debug/examples/challenge checked    # fails
-//! lockslab challenge pause        -- ./target/debug/examples/challenge fenced     # passes
-//! lockslab challenge pause        -- ./target/debug/examples/challenge claimed    # passes
-//! lockslab challenge delay        -- ./target/debug/examples/challenge setnx      # fails
-//! lockslab challenge delay        -- ./target/debug/examples/challenge checked    # fails
-//! lockslab challenge delay        -- ./target/debug/examples/challenge claimed    # passes
-//! lockslab challenge crash        -- ./target/debug/examples/challenge fenced     # fails
-//! lockslab challenge crash        -- ./target/debug/examples/challenge once       # passes
-//! lockslab challenge crash        -- ./target/debug/examples/challenge long       # fails
-//! lockslab challenge crash        -- ./target/debug/examples/challenge quiet      # fails
-//! lockslab challenge exactly-once -- ./target/debug/examples/challenge fenced     # fails
-//! lockslab challenge exactly-once -- ./target/debug/examples/challenge once       # passes
-//! lockslab challenge failover     -- ./target/debug/examples/challenge sentinel   # fails
-//! lockslab challenge failover     -- ./target/debug/examples/challenge sequence   # passes
-//! lockslab challenge pause        -- ./target/debug/examples/challenge for-update # passes
-//! lockslab challenge delay        -- ./target/debug/examples/challenge advisory   # passes
-//! lockslab challenge crash        -- ./target/debug/examples/challenge optimistic # passes
-//! lockslab challenge pause        -- ./target/debug/examples/challenge optimistic-fail
-//!                                                               # never done, often
-//! lockslab challenge pause        -- ./target/debug/examples/challenge late       # unknown
-//! lockslab challenge pause        -- ./target/debug/examples/challenge early      # never passes
-//! lockslab challenge pause        -- ./target/debug/examples/challenge liar       # fails
-//! lockslab challenge pause        -- ./target/debug/examples/challenge lastcheck  # never passes
-//! lockslab challenge delay        -- ./target/debug/examples/challenge lastcheck-select
-//!                                                               # never passes
-//! lockslab challenge crash        -- ./target/debug/examples/challenge shuffled   # fails
+//! cargo build --example challenge && R=./target/debug/examples/challenge
+//! lockslab challenge counter      -- $R none             # fails
+//! lockslab challenge counter      -- $R fenced           # passes
+//! lockslab challenge pause        -- $R setnx            # fails
+//! lockslab challenge pause        -- $R checked          # fails
+//! lockslab challenge pause        -- $R fenced           # passes
+//! lockslab challenge pause        -- $R claimed          # passes
+//! lockslab challenge delay        -- $R setnx            # fails
+//! lockslab challenge delay        -- $R checked          # fails
+//! lockslab challenge delay        -- $R claimed          # passes
+//! lockslab challenge crash        -- $R fenced           # fails
+//! lockslab challenge crash        -- $R once             # passes
+//! lockslab challenge crash        -- $R long             # fails
+//! lockslab challenge crash        -- $R quiet            # fails
+//! lockslab challenge exactly-once -- $R fenced           # fails
+//! lockslab challenge exactly-once -- $R once             # passes
+//! lockslab challenge failover     -- $R sentinel         # fails
+//! lockslab challenge failover     -- $R sequence         # passes
+//! lockslab challenge pause        -- $R for-update       # passes
+//! lockslab challenge delay        -- $R advisory         # passes
+//! lockslab challenge crash        -- $R optimistic       # passes
+//! lockslab challenge pause        -- $R optimistic-fail  # never done, often
+//! lockslab challenge pause        -- $R late             # unknown
+//! lockslab challenge pause        -- $R early            # never passes
+//! lockslab challenge pause        -- $R liar             # fails
+//! lockslab challenge pause        -- $R lastcheck        # never passes
+//! lockslab challenge delay        -- $R lastcheck-select # never passes
+//! lockslab challenge crash        -- $R shuffled         # fails
 //! ```
 //!
 //! Every reference reads the record's `value` and `items`, and writes `value + add` and the
