@@ -97,10 +97,71 @@ fn verdict_in(output: &Output) -> Value {
         })
 }
 
+/// The reference clients: the same modes in two languages, graded alike.
+#[derive(Clone, Copy, Debug)]
+enum Reference {
+    Python,
+    /// Built by `cargo test` beside lockslab (or by `cargo build --example challenge`).
+    Rust,
+}
+
+impl Reference {
+    const BOTH: [Reference; 2] = [Reference::Python, Reference::Rust];
+
+    /// The command line that runs `mode`.
+    fn program(self, mode: &str) -> Vec<&str> {
+        match self {
+            Reference::Python => {
+                python_ready();
+                vec![PYTHON, reference_py(), mode]
+            }
+            Reference::Rust => vec![reference_rs(), mode],
+        }
+    }
+
+    /// One run of `mode` under challenge `name`: its exit code, verdict and output.
+    fn run(self, name: &str, seed: u64, mode: &str) -> (i32, Value, Output) {
+        challenge(name, seed, &[], &self.program(mode))
+    }
+
+    /// One run of `mode` under challenge `name`: its exit code and verdict.
+    fn graded(self, name: &str, seed: u64, mode: &str) -> (i32, Value) {
+        let (code, verdict, _) = self.run(name, seed, mode);
+        (code, verdict)
+    }
+
+    /// The failing `mode` is caught on one of the first `seeds` seeds: that run's verdict.
+    fn caught_within(self, name: &str, mode: &str, kind: &str, seeds: u64) -> Value {
+        for seed in 1..=seeds {
+            let (code, verdict) = self.graded(name, seed, mode);
+            if code == 1 {
+                assert!(kinds(&verdict).iter().any(|k| k == kind), "{verdict}");
+                assert_eq!(verdict["grade"], "fail");
+                return verdict;
+            }
+        }
+        panic!("{self:?} {mode} passed {name} on {seeds} seeds");
+    }
+}
+
+/// The Rust reference, as a copy every user may read (see [`reference_py`]).
+fn reference_rs() -> &'static str {
+    static COPY: OnceLock<String> = OnceLock::new();
+    COPY.get_or_init(|| {
+        let built = std::path::Path::new(BIN)
+            .with_file_name("examples")
+            .join("challenge");
+        assert!(
+            built.exists(),
+            "{} is missing: run `cargo build --example challenge`",
+            built.display()
+        );
+        readable_copy(built.to_str().unwrap())
+    })
+}
+
 fn reference(name: &str, seed: u64, mode: &str) -> (i32, Value) {
-    python_ready();
-    let (code, verdict, _) = challenge(name, seed, &[], &[PYTHON, reference_py(), mode]);
-    (code, verdict)
+    Reference::Python.graded(name, seed, mode)
 }
 
 fn kinds(verdict: &Value) -> Vec<String> {
@@ -112,17 +173,10 @@ fn kinds(verdict: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The failing reference is caught on one of the first `seeds` seeds: that run's verdict.
+/// The failing Python reference is caught on one of the first `seeds` seeds: that run's
+/// verdict.
 fn caught_within(name: &str, mode: &str, kind: &str, seeds: u64) -> Value {
-    for seed in 1..=seeds {
-        let (code, verdict) = reference(name, seed, mode);
-        if code == 1 {
-            assert!(kinds(&verdict).iter().any(|k| k == kind), "{verdict}");
-            assert_eq!(verdict["grade"], "fail");
-            return verdict;
-        }
-    }
-    panic!("{mode} passed {name} on {seeds} seeds");
+    Reference::Python.caught_within(name, mode, kind, seeds)
 }
 
 /// The verdict's findings of `kind`.
@@ -164,24 +218,17 @@ fn passes(name: &str, mode: &str, seed: u64) {
     assert_eq!(verdict["faults_bit"], verdict["faults_planned"]);
 }
 
-/// The Rust references, built by `cargo test` beside lockslab (or by `cargo build
-/// --example challenge`): the claim passes `pause` where the lock alone fails it, and
-/// recording the job as done passes `exactly-once` where the fenced lock doubles a job.
+/// The Rust references: the claim passes `pause` where the lock alone, or a token checked
+/// at the write only, fails it; recording the job as done passes `exactly-once` where the
+/// fenced lock doubles a job, and fails `crash` with a lease ten times too long. (The three
+/// that must never pass are graded beside their Python twins, below.)
 #[test]
 fn the_rust_references_are_graded_as_the_python_ones() {
-    let rust = std::path::Path::new(BIN)
-        .with_file_name("examples")
-        .join("challenge");
-    assert!(
-        rust.exists(),
-        "{} is missing: run `cargo build --example challenge`",
-        rust.display()
-    );
-    let rust = readable_copy(rust.to_str().unwrap());
-    let rust = rust.as_str();
     for (name, mode, grade) in [
         ("pause", "setnx", 1),
+        ("pause", "checked", 1),
         ("pause", "claimed", 0),
+        ("crash", "long", 1),
         ("exactly-once", "fenced", 1),
         ("exactly-once", "once", 0),
         ("pause", "for-update", 0),
@@ -191,9 +238,9 @@ fn the_rust_references_are_graded_as_the_python_ones() {
         // A failing reference is caught on one of three seeds, as the Python ones are; a
         // passing one never fails, and passes on one of three (a fault lockslab played late
         // on a busy machine is undecided, said so).
-        let graded = (1..=3).map(|seed| challenge(name, seed, &[], &[rust, mode]));
+        let graded = (1..=3).map(|seed| Reference::Rust.graded(name, seed, mode));
         let mut codes = vec![];
-        for (code, verdict, _) in graded {
+        for (code, verdict) in graded {
             codes.push(code);
             if code == grade {
                 break;
@@ -308,11 +355,15 @@ fn a_writing_note_sent_before_the_read_never_passes() {
 
 /// `liar` answers `fail` for a job that took longer than it liked, though its write
 /// committed: it passed `pause` and `delay` when a `fail` counted as a refusal ("2 bit").
-/// The log decides: the change the client said did not happen is named, and fails the run.
+/// The log decides: the change the client said did not happen is named, and fails the run —
+/// in Python and in Rust.
 #[test]
 fn a_fail_answered_for_a_write_that_committed_fails_with_the_change() {
-    for name in ["pause", "delay"] {
-        let verdict = caught_within(name, "liar", "failed-but-written", 3);
+    for (reference, name) in Reference::BOTH
+        .into_iter()
+        .flat_map(|reference| [(reference, "pause"), (reference, "delay")])
+    {
+        let verdict = reference.caught_within(name, "liar", "failed-but-written", 3);
         let lie = findings(&verdict, "failed-but-written")[0].clone();
         let seq = lie["seq"].as_i64().unwrap();
         let change = verdict["changes"]
@@ -327,16 +378,18 @@ fn a_fail_answered_for_a_write_that_committed_fails_with_the_change() {
 
 /// `shuffled` says `acquired` and `writing` only after `released`, with a lease of ten
 /// lease_ms: honest notes fail it at `crash` (stuck lock), and shuffled ones passed. A note
-/// out of order is the client misbehaving, named.
+/// out of order is the client misbehaving, named — in Python and in Rust.
 #[test]
 fn notes_out_of_order_are_the_client_misbehaving() {
-    let (code, verdict) = reference("crash", 1, "shuffled");
-    assert_eq!(code, 1, "{verdict}");
-    let said = verdict["client_failure"].as_str().unwrap_or_default();
-    assert!(
-        said.contains("said `acquired` for job") && said.contains("after its `released`"),
-        "{verdict}"
-    );
+    for reference in Reference::BOTH {
+        let (code, verdict) = reference.graded("crash", 1, "shuffled");
+        assert_eq!(code, 1, "{reference:?}: {verdict}");
+        let said = verdict["client_failure"].as_str().unwrap_or_default();
+        assert!(
+            said.contains("said `acquired` for job") && said.contains("after its `released`"),
+            "{reference:?}: {verdict}"
+        );
+    }
 }
 
 /// A lock that is Postgres's own — the row's (`SELECT … FOR UPDATE`) or an advisory lock —
@@ -439,20 +492,27 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
 /// `SELECT 1` in the write's place: the check then saw the lock gone, and the run was
 /// undecided (a refusal the database never saw) — lastcheck passed pause on every seed
 /// before that. Aimed at the write itself, both faults land after the check, and the stale
-/// write they let through is caught; on no seed does the guard pass.
+/// write they let through is caught; on no seed does the guard pass. The Rust twins are
+/// run until caught, no further.
 #[test]
 fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
-    python_ready();
-    for (name, mode) in [
-        ("pause", "lastcheck"),
-        ("delay", "lastcheck"),
-        ("delay", "lastcheck-select"),
-    ] {
+    for (reference, name, mode) in Reference::BOTH.into_iter().flat_map(|reference| {
+        [
+            (reference, "pause", "lastcheck"),
+            (reference, "delay", "lastcheck"),
+            (reference, "delay", "lastcheck-select"),
+        ]
+    }) {
         let mut caught = false;
         for seed in 1..=3 {
-            let (code, verdict, output) =
-                challenge(name, seed, &[], &[PYTHON, reference_py(), mode]);
-            assert_ne!(code, 0, "{name} {mode} --seed {seed}: {verdict}");
+            if caught && matches!(reference, Reference::Rust) {
+                break;
+            }
+            let (code, verdict, output) = reference.run(name, seed, mode);
+            assert_ne!(
+                code, 0,
+                "{reference:?} {name} {mode} --seed {seed}: {verdict}"
+            );
             let history = String::from_utf8_lossy(&output.stdout);
             let aimed = if name == "pause" {
                 "at its write, held in its proxy"
@@ -848,6 +908,22 @@ fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
         "{stderr}"
     );
     assert!(!stderr.contains("starting"), "{stderr}");
+}
+
+/// The command lines lockslab suggests run the Python the docs name, the one scripts/setup
+/// gives the modules: a bare `python3` may be another (pyenv, a virtualenv) without them.
+#[test]
+fn the_suggested_command_lines_run_the_python_the_docs_name() {
+    let usage = lockslab(&["challenge", "counter"]).output().unwrap();
+    for output in [
+        lockslab(&["challenge", "list"]).output().unwrap().stdout,
+        lockslab(&["challenge", "--help"]).output().unwrap().stdout,
+        usage.stderr,
+    ] {
+        let said = String::from_utf8_lossy(&output);
+        assert!(said.contains("-- /usr/bin/python3 "), "{said}");
+        assert!(!said.contains("-- python3 "), "{said}");
+    }
 }
 
 #[test]

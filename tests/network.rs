@@ -661,6 +661,19 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
             .contains("2 accepted attempts with token 1 (decisions 1 and 2)"),
         "{twice:?}"
     );
+    // The verdict says so too, beside the payments.
+    let retry = &verdict["lost_fenced_retry"];
+    assert_eq!(
+        (
+            &retry["token"],
+            &retry["committed"],
+            &retry["accepted"],
+            &retry["doubled"]
+        ),
+        (&1.into(), &true.into(), &2.into(), &true.into()),
+        "{verdict}"
+    );
+    assert_eq!(retry["decisions"], serde_json::json!([1, 2]), "{retry}");
 
     // etcd's lock call: applied, its answer swallowed, then each retry as etcd answers it.
     let swallowed = lines

@@ -69,7 +69,7 @@ impl Challenge {
             },
             Challenge::Crash => About {
                 goal: "no lost or doubled effect when clients die mid-job",
-                faults: "up to three clients killed (SIGKILL) mid-job; jobs resent",
+                faults: "each client killed once (SIGKILL) mid-job; jobs resent",
                 target: "every effect exactly once; a dead holder's lock free in 2 TTLs + 1s",
             },
             Challenge::Delay => About {
@@ -79,7 +79,7 @@ impl Challenge {
             },
             Challenge::ExactlyOnce => About {
                 goal: "every job's effect exactly once, with or without a lock",
-                faults: "a third of the jobs sent twice; up to three clients killed mid-job",
+                faults: "a third of the jobs sent twice; each client killed once mid-job",
                 target: "no job's change in the log twice, none missing",
             },
             Challenge::Failover => About {

@@ -43,16 +43,16 @@ Examples:
   lockslab challenge counter --template python > client.py
                                         a client that speaks the protocol and
                                         takes no lock at all: start from it
-  lockslab challenge counter -- python3 client.py
-  lockslab challenge pause --seed 7 -- python3 client.py
+  lockslab challenge counter -- /usr/bin/python3 client.py
+  lockslab challenge pause --seed 7 -- /usr/bin/python3 client.py
                                         the same faults as the run of seed 7
   lockslab challenge crash --json -- ./target/release/my-client --fast
-  lockslab challenge delay --html run.html -- python3 client.py
+  lockslab challenge delay --html run.html -- /usr/bin/python3 client.py
                                         the run's timeline as a page
-  lockslab challenge failover -- python3 client.py
+  lockslab challenge failover -- /usr/bin/python3 client.py
                                         the Redis primary dies mid-run: init
                                         names the Sentinels that know the next
-  lockslab challenge pause --isolated -- python3 /srv/client/client.py
+  lockslab challenge pause --isolated -- /usr/bin/python3 /srv/client/client.py
                                         a client you do not trust: refuse to
                                         run unless it is isolated
 
@@ -131,7 +131,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     };
     if args.program.is_empty() {
         crate::bail_usage!(
-            "name the client to run after `--`: lockslab challenge {} -- python3 client.py",
+            "name the client to run after `--`: lockslab challenge {} -- /usr/bin/python3 client.py",
             challenge.name()
         );
     }

@@ -91,7 +91,9 @@ pub enum FromClient {
     },
     /// The job is done: its effect is in the table, once.
     Ok { job: i64 },
-    /// The job was not done (no effect): lockslab gives it to another client.
+    /// The job was not done (no effect): lockslab gives it again, to whichever client is
+    /// free first — often this one. A claim the log checks: a `fail` whose write committed
+    /// is a problem of its own.
     Fail {
         job: i64,
         #[serde(default)]

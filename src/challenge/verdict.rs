@@ -38,7 +38,7 @@ pub fn list() {
     }
     crate::outln!();
     crate::outln!("  lockslab challenge NAME --template python > client.py");
-    crate::outln!("  lockslab challenge NAME -- python3 client.py");
+    crate::outln!("  lockslab challenge NAME -- /usr/bin/python3 client.py");
 }
 
 pub fn heading(
@@ -225,13 +225,15 @@ pub fn show(
         played.faults_played,
         report.faults_bit
     );
-    let refused = played
+    // What the clients said, not what the log shows: a `fail` is a claim (a write that
+    // committed all the same is a problem of its own), so not called a refusal here.
+    let failed = played
         .events
         .iter()
         .filter(|e| matches!(&e.what, What::JobAnswered(a) if a.ok == Some(false)))
         .count();
-    if refused > 0 {
-        crate::outln!("  {refused} answered fail (refused) and were sent again");
+    if failed > 0 {
+        crate::outln!("  {failed} answered fail and were sent again");
     }
     const SHOWN: usize = 8;
     for problem in report.problems.iter().take(SHOWN) {

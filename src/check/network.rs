@@ -258,6 +258,42 @@ pub fn lost_commit(evidence: &PaymentEvidence) -> PaymentFound {
     }
 }
 
+/// A fenced write whose `COMMIT` answer was lost, then retried with the same token, read
+/// back from the store's attempt log.
+#[derive(Clone, Debug)]
+pub struct FencedRetryEvidence {
+    pub token: i64,
+    /// Accepted attempts with the token right after the loss (1: the write happened).
+    pub after_loss: u64,
+    /// Accepted attempts with the token after the retry, and their decision numbers.
+    pub decisions: Vec<i64>,
+}
+
+/// What the fenced write's lost answer shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FencedRetryFound {
+    pub token: i64,
+    /// The write whose answer was lost had been accepted.
+    pub committed: bool,
+    /// Accepted attempts with the token at the end, and the store's decision numbers.
+    pub accepted: u64,
+    pub decisions: Vec<i64>,
+    /// The retry was accepted too: one write applied twice under one token, which a token
+    /// not lower than the highest accepted cannot refuse.
+    pub doubled: bool,
+}
+
+pub fn lost_fenced_retry(evidence: &FencedRetryEvidence) -> FencedRetryFound {
+    let accepted = evidence.decisions.len() as u64;
+    FencedRetryFound {
+        token: evidence.token,
+        committed: evidence.after_loss > 0,
+        accepted,
+        decisions: evidence.decisions.clone(),
+        doubled: accepted > 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,6 +486,23 @@ mod tests {
             total: 10,
         });
         assert!(!never.committed && !never.doubled);
+    }
+
+    #[test]
+    fn a_lost_fenced_write_retried_with_its_token_is_applied_twice() {
+        let twice = lost_fenced_retry(&FencedRetryEvidence {
+            token: 1,
+            after_loss: 1,
+            decisions: vec![1, 2],
+        });
+        assert!(twice.committed && twice.doubled && twice.accepted == 2);
+        // The first write never landed: the retry is the only one.
+        let once = lost_fenced_retry(&FencedRetryEvidence {
+            token: 1,
+            after_loss: 0,
+            decisions: vec![1],
+        });
+        assert!(!once.committed && !once.doubled);
     }
 
     fn timing(failed: Option<u64>, gave_up: u64, b_granted: u64) -> CutTiming {

@@ -15,8 +15,10 @@
 //! and A would have concluded — wrongly — that its first write had failed too.
 
 use anyhow::Result;
+use colored::Colorize;
 
 use super::lost_reply::{lose_the_answer, open, run_line};
+use crate::check::network::{self as checks, FencedRetryEvidence, FencedRetryFound};
 use crate::connect::{self, Backend};
 use crate::events::facts::{Observed, Wrote};
 use crate::events::{Event, What};
@@ -34,9 +36,8 @@ const RESOURCE: &str = "network-lost-fenced-write";
 /// A's token: any token does; what matters is that the retry carries the same one.
 const TOKEN: i64 = 1;
 
-/// What the store's attempt log says of A's token after the loss and after the retry:
-/// (accepted attempts with it, their decision numbers).
-pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
+/// The fenced write whose answer is lost, and its retry, as the store's attempt log tells.
+pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
     let store_url = run.url(Backend::Postgres);
     let mut stage = open(
         run,
@@ -116,6 +117,11 @@ pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
         ),
     ));
     let (twice, decisions) = accepted_with_token(&mut lab, run_id)?;
+    let found = checks::lost_fenced_retry(&FencedRetryEvidence {
+        token: TOKEN,
+        after_loss: first,
+        decisions: decisions.clone(),
+    });
     let facts = Observed {
         once: Some(twice.min(1)),
         duplicates: Some(twice.saturating_sub(1)),
@@ -127,7 +133,7 @@ pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
         attempts(twice),
         numbers.join(" and ")
     );
-    stage.record(if twice > 1 {
+    stage.record(if found.doubled {
         Event::new(
             "postgres",
             What::Violation(facts),
@@ -139,7 +145,46 @@ pub(super) fn play(run: &Run) -> Result<(u64, Vec<i64>)> {
         Event::new("postgres", What::ExactlyOnce(facts), format!("{text} — taken once"))
     });
     stage.drain();
-    Ok((twice, decisions))
+    Ok(found)
+}
+
+/// The verdict's table for the fenced write, and what it means.
+pub(super) fn print(found: &FencedRetryFound) {
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    let token = found.token;
+    let accepted = if found.doubled {
+        found.accepted.to_string().red().bold().to_string()
+    } else {
+        found.accepted.to_string()
+    };
+    let rows = vec![
+        vec![
+            "write happened (attempt log)".into(),
+            yes_no(found.committed),
+        ],
+        vec![
+            format!("accepted with token {token} (attempt log)"),
+            accepted,
+        ],
+    ];
+    let header = ["evidence", "retried with the same token"];
+    crate::outln!();
+    crate::prose!("{}", "Verdict: a lost reply to a fenced write".bold());
+    crate::prose!("{}", crate::output::table(&header, &rows));
+    crate::outln!();
+    let committed = if found.committed {
+        "The fenced write whose answer was lost had been accepted."
+    } else {
+        "The fenced write whose answer was lost had not been accepted."
+    };
+    let then = if found.doubled {
+        format!(
+            "A's retry with the same token was accepted again ({token} is not lower than {token}): the same write applied twice. A token refuses a write that a newer holder's has overtaken, not a second copy of its own: that takes an idempotency key."
+        )
+    } else {
+        "A's retry made the only write.".to_string()
+    };
+    crate::prose!("  {} {committed} {then}", "fenced retry:".bold());
 }
 
 /// The accepted attempts of A's token in the store's log, and their decision numbers.

@@ -34,11 +34,18 @@ use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
 
-use crate::check::network::{PaymentFound, ReplyFound};
+use crate::check::network::{FencedRetryFound, PaymentFound, ReplyFound};
+
+/// What the lost replies to Redis and Postgres show.
+pub(super) struct LostReplies {
+    pub(super) sets: Vec<ReplyFound>,
+    pub(super) commits: Vec<PaymentFound>,
+    pub(super) fenced_retry: FencedRetryFound,
+}
 
 /// The whole story: the three Redis policies, then the Postgres `COMMIT` without and with
-/// a key.
-pub(super) fn play(plan: &Plan, run: &Run) -> Result<(Vec<ReplyFound>, Vec<PaymentFound>)> {
+/// a key, then a fenced write retried with its token.
+pub(super) fn play(plan: &Plan, run: &Run) -> Result<LostReplies> {
     let mut redis = Vec::new();
     for policy in [Policy::SameOwner, Policy::NewOwner, Policy::GiveUp] {
         redis.push(lost_set(plan, run, policy)?);
@@ -47,8 +54,11 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<(Vec<ReplyFound>, Vec<Payme
     for keyed in [false, true] {
         payments.push(super::lost_commit::play(run, keyed)?);
     }
-    super::lost_fenced::play(run)?;
-    Ok((redis, payments))
+    Ok(LostReplies {
+        sets: redis,
+        commits: payments,
+        fenced_retry: super::lost_fenced::play(run)?,
+    })
 }
 
 /// A stage for one part of the story, its heading and tags set, stopped at its checkpoint.

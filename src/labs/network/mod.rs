@@ -20,10 +20,10 @@
 //! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes
 //! the lock — and A, which nothing told to stop, writes.
 //!
-//! The third story loses a reply instead: A's `SET NX PX` (then a Postgres `COMMIT`, then
-//! etcd's lock call) is
-//! applied by the server and its answer thrown away, and the lab reads back what each
-//! client policy — retry the same, retry anew, give up — makes of it.
+//! The third story loses a reply instead: A's `SET NX PX` (then a Postgres `COMMIT`, a fenced
+//! write, then etcd's lock call) is applied by the server and its answer thrown away, and
+//! the lab reads back what each client policy — retry the same, retry anew, give up — makes
+//! of it.
 //!
 //! - [`delayed`]: one run of the delayed write; [`cut_off`]: one run of the cut;
 //! - [`lost_reply`]: the lost `SET NX PX` under three policies; [`lost_commit`]: the lost
@@ -69,8 +69,8 @@ Examples:
   lockslab network --scenario cut-off-etcd
                                        the same, cut off from etcd's keepalive
   lockslab network --scenario lost-reply
-                                       SET NX, COMMIT and etcd's lock call
-                                       applied, answer lost
+                                       SET NX, COMMIT, a fenced write and
+                                       etcd's lock call applied, answer lost
   lockslab network --ttl 3s            a longer lease: the write waits longer
   lockslab network --json | jq .       events and verdict as JSON Lines
 
@@ -113,9 +113,9 @@ pub enum Scenario {
     CutOffStops,
     /// The proxy cuts A off from etcd (a lease kept alive) but not from the store
     CutOffEtcd,
-    /// A's SET NX (then a COMMIT, then etcd's lock call) is applied and the proxy loses the
-    /// answer: what each client policy makes of it (no fencing runs: the story is the
-    /// client's)
+    /// A's SET NX (then a COMMIT, a fenced write retried with its token, then etcd's lock
+    /// call) is applied and the proxy loses the answer: what each client policy makes of it
+    /// (no fencing runs: the story is the client's)
     LostReply,
     All,
 }
@@ -191,7 +191,7 @@ impl Plan {
         }
         if lost {
             intro.push(format!(
-                "A client, A, in the lab's own process, reaches Redis, Postgres and etcd through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, a COMMIT, then a call to etcd's lock. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
+                "A client, A, in the lab's own process, reaches Redis, Postgres and etcd through a fault proxy that lets its request through and loses the answer: a SET NX PX with a {} TTL, a COMMIT, a write fenced with a token, then a call to etcd's lock. The lab reads back from the servers what happened, and what each way of retrying makes of it.",
                 human(self.ttl)
             ));
         }
@@ -253,6 +253,7 @@ impl Lab for Plan {
             runs: Vec::new(),
             lost_set: Vec::new(),
             lost_commit: Vec::new(),
+            lost_fenced_retry: None,
             lost_lock: Vec::new(),
             lost_lock_queued: None,
             ttl: self.ttl,
@@ -260,7 +261,9 @@ impl Lab for Plan {
         for &(scenario, fenced) in &self.runs {
             match scenario {
                 Scenario::LostReply => {
-                    (verdict.lost_set, verdict.lost_commit) = lost_reply::play(self, run)?;
+                    let lost = lost_reply::play(self, run)?;
+                    (verdict.lost_set, verdict.lost_commit) = (lost.sets, lost.commits);
+                    verdict.lost_fenced_retry = Some(lost.fenced_retry);
                     (verdict.lost_lock, verdict.lost_lock_queued) = lost_lock::play(self, run)?;
                 }
                 Scenario::CutOff => verdict.runs.push(cut_off::play(

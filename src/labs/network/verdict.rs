@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::check::LateWrite;
-use crate::check::network::{self as checks, Evidence, PaymentFound, ReplyFound};
+use crate::check::network::{self as checks, Evidence, FencedRetryFound, PaymentFound, ReplyFound};
 use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::runner;
@@ -25,6 +25,8 @@ pub struct Verdict {
     /// with an idempotency key.
     pub lost_set: Vec<ReplyFound>,
     pub lost_commit: Vec<PaymentFound>,
+    /// The fenced write whose answer was lost, retried with the same token.
+    pub lost_fenced_retry: Option<FencedRetryFound>,
     /// The lost answer to etcd's lock call: one per retry policy, and the queued call.
     pub lost_lock: Vec<ReplyFound>,
     pub lost_lock_queued: Option<super::lost_lock::QueuedFound>,
@@ -49,6 +51,10 @@ impl runner::Verdict for Verdict {
                 serde_json::to_value(&self.lost_commit).unwrap_or_default(),
             );
             fields.insert(
+                "lost_fenced_retry".into(),
+                serde_json::to_value(&self.lost_fenced_retry).unwrap_or_default(),
+            );
+            fields.insert(
                 "lost_lock".into(),
                 serde_json::to_value(&self.lost_lock).unwrap_or_default(),
             );
@@ -67,6 +73,9 @@ impl runner::Verdict for Verdict {
             crate::labs::step::checkpoint(&crate::labs::step::network::VERDICT_LOST_REPLIES);
         }
         super::lost_reply::print(&self.lost_set, &self.lost_commit);
+        if let Some(found) = &self.lost_fenced_retry {
+            super::lost_fenced::print(found);
+        }
         super::lost_lock::print(&self.lost_lock, self.lost_lock_queued.as_ref());
     }
 
