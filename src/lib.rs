@@ -98,6 +98,7 @@ pub mod procs;
 pub mod proxy;
 pub mod queue;
 pub mod redis_health;
+pub mod reproduce;
 pub mod room;
 pub mod seed;
 pub mod servers;
