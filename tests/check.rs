@@ -163,6 +163,32 @@ fn a_read_back_that_says_the_store_refused_gives_another_verdict() {
 }
 
 #[test]
+fn a_chaos_history_whose_read_back_lost_an_increment_is_not_reproduced() {
+    // tests/fixtures/chaos.jsonl: `chaos --design redis-lock --schedules 4 --no-shrink`,
+    // its third history safe. Its record's counter read back one lower than its log says.
+    let text = fixture("chaos.jsonl");
+    let tag = "\"scenario\":\"schedule-2\"";
+    let lowered = edited(&text, |line| {
+        if !(line.contains("\"kind\":\"records_read_back\"") && line.contains(tag)) {
+            return Some(line.to_string());
+        }
+        let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+        let value = &mut event["records"][0]["final_value"];
+        *value = (value.as_i64().unwrap() - 1).into();
+        Some(event.to_string())
+    });
+    assert_ne!(lowered, text);
+    let (_dir, path) = saved(&lowered);
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("✗ result: recorded safe, replayed unsafe")
+            && stdout.contains("✗ unsafe: recorded 3, replayed 4"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_verdict_field_changed_after_the_run_is_listed_with_both_values() {
     // The redis freeze cell's handover, 5002ms, written as 50ms.
     let changed = replaced(
@@ -198,15 +224,19 @@ fn a_run_cut_short_says_what_to_do() {
 
 #[test]
 fn what_it_cannot_replay_it_says_and_names_what_it_can() {
-    let cases: [(&str, &str); 4] = [
+    let cases: [(&str, &str); 5] = [
         ("not json\n", "line 1 is not JSON"),
         (
             "{\"kind\":\"verdict\",\"lab\":\"teleport\",\"json_version\":4}\n",
             "`teleport` is not a lab `check` replays",
         ),
         (
-            "{\"kind\":\"schedule\",\"run_id\":\"x\"}\n{\"kind\":\"verdict\",\"lab\":\"chaos\",\"json_version\":4}\n",
-            "not the histories themselves",
+            "{\"kind\":\"schedule\",\"index\":0}\n{\"kind\":\"verdict\",\"lab\":\"chaos\",\"design\":\"redis-lock\"}\n",
+            "schedule 0's history is not in the file",
+        ),
+        (
+            "{\"kind\":\"cell\"}\n{\"kind\":\"verdict\",\"lab\":\"matrix\",\"json_version\":4}\n",
+            "not the histories behind it",
         ),
         (
             "{\"kind\":\"verdict\",\"lab\":\"gc-pause\",\"json_version\":99}\n",

@@ -538,6 +538,9 @@ pub struct Warning {
     pub at_ms: Option<u64>,
     /// Lab 2: trials where the holders list and the counter disagree.
     pub disagreeing_trials: Option<Vec<u64>>,
+    /// `lockslab chaos`: the Sentinels failed the primary over by themselves during the
+    /// history, a failover its schedule does not hold.
+    pub failed_over_by_itself: Option<bool>,
 }
 
 /// Which of the two stale-write kinds a store line is: `What::StaleWriteAccepted` or
@@ -771,6 +774,20 @@ impl StoreRecord {
             final_token: self.final_token,
             attempts: self.attempts.clone(),
         }
+    }
+}
+
+/// `lockslab chaos`: every record of one history as the store read it back once the clients
+/// were done — its counter, its log of jobs, every attempt in decision order. The evidence
+/// the history is checked from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordsBack {
+    pub records: Vec<crate::check::chaos::RecordBack>,
+}
+
+impl From<RecordsBack> for What {
+    fn from(back: RecordsBack) -> What {
+        What::RecordsReadBack(back)
     }
 }
 

@@ -146,6 +146,9 @@ pub enum What {
     Handovers(Handovers),
     // `lockslab chaos`.
     ReadRecord(RecordRead),
+    /// Every record of a history as the store read it back (its counter, its log, its
+    /// attempts in decision order): the evidence the history is checked from.
+    RecordsReadBack(RecordsBack),
     /// The churn part's queue as etcd's history tells it: each key's create and delete
     /// revisions.
     QueueKeys(QueueKeys),

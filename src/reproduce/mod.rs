@@ -34,7 +34,7 @@ pub const EXIT_DISAGREES: u8 = 1;
 pub const EXIT_CANNOT_REPLAY: u8 = 4;
 
 /// The labs (and tools) `check` replays, as their verdicts name them.
-pub const SUPPORTED: [&str; 11] = [
+pub const SUPPORTED: [&str; 12] = [
     "gc-pause",
     "naive",
     "skip-locked",
@@ -46,6 +46,7 @@ pub const SUPPORTED: [&str; 11] = [
     "lease-guard",
     "queue",
     "challenge",
+    "chaos",
 ];
 
 #[derive(clap::Args, Debug)]
@@ -62,7 +63,8 @@ verdict was judged from), judges each part again with the lab's own checkers
 — the code the live run used — and lists each field of the verdict it reached
 beside the recorded one. No server is asked anything.
 
-Replays: the ten labs (gc-pause … queue) and `lockslab challenge` runs.
+Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
+`lockslab chaos` hunts (each history it printed, and the hunt's counts).
 
 Exit status: 0 reproduced (every field the history decides agrees) · 1 some
 field disagrees (both values are listed) · 2 bad command line · 4 the file
@@ -80,7 +82,8 @@ pub struct CheckArgs {
 pub struct Recorded {
     pub events: Vec<Event>,
     pub verdict: Option<Value>,
-    pub summaries: usize,
+    /// The summary lines of a tool that plays many histories (`chaos`'s `schedule` lines).
+    pub summaries: Vec<Value>,
 }
 
 /// `lockslab check`: reads, replays, compares, and says so; the exit status is the answer.
@@ -175,11 +178,12 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
         "lease-guard" => crate::labs::lease_guard::replay(events, verdict),
         "queue" => crate::labs::queue::replay(events, verdict),
         "challenge" => challenge::replay(events, verdict),
-        "chaos" | "matrix" => bail!(
-            "a `lockslab {lab}` run's --json holds one summary line per history it played, \
-             not the histories themselves, so there is nothing to judge again; replay one \
-             of its schedules with `lockslab chaos --design D --schedule '…'` (its `replay` \
-             line). `check` replays: {}",
+        "chaos" => crate::labs::chaos::replay(events, &recorded.summaries, verdict),
+        "matrix" => bail!(
+            "a `lockslab matrix` run's --json holds one line per cell, not the histories \
+             behind it, so there is nothing to judge again; hunt one cell again with \
+             `lockslab chaos --design D --faults F --json > run.jsonl` and check that. \
+             `check` replays: {}",
             SUPPORTED.join(", ")
         ),
         "" => bail!(
@@ -233,7 +237,7 @@ impl Recorded {
                     recorded.verdict = Some(value);
                     verdict_line = Some(number);
                 }
-                Some("schedule" | "cell") => recorded.summaries += 1,
+                Some("schedule" | "cell") => recorded.summaries.push(value),
                 _ => {
                     let event: Event = serde_json::from_value(value).with_context(|| {
                         format!(
