@@ -42,7 +42,8 @@ Exit status:
        workers and servers were stopped
   141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
   (`chaos`, `matrix`, `challenge` grade: 1 a violation found or a challenge
-       failed, 3 unknown, 4 could not run; see their --help)
+       failed, 3 unknown, 4 could not run; `check`: 1 the replay disagrees with
+       the recorded verdict, 4 it could not replay; see their --help)
 
 Examples:
   lockslab                      the lab menu (also `lockslab list`)
@@ -70,6 +71,8 @@ Examples:
                                 smallest schedule that breaks it
   lockslab matrix               every design against every kind of fault
   lockslab challenge list       bring your own lock client; graded under faults
+  lockslab check run.jsonl      a saved run's verdict judged again from its
+                                history, offline
   lockslab doctor               check this machine the day before a session
   lockslab up                   keep servers running for the hands-on exercises
   lockslab worker               take the lock by hand and freeze yourself with
@@ -196,6 +199,9 @@ Examples:
     /// The room the servers of `lockslab up --room` serve: `lockslab room results`
     #[command(subcommand)]
     Room(crate::room::RoomCommand),
+    /// Reproduce a saved run's verdict offline: judge its history again with the lab's own
+    /// checkers and compare, field by field (`lockslab check RUN.jsonl`, `-` for stdin)
+    Check(crate::reproduce::CheckArgs),
     /// Draw a saved run (`<lab> --json > RUN.jsonl`) as a self-contained HTML page or SVG
     #[command(after_help = "\
 Examples:
@@ -274,6 +280,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Chaos(args) => return crate::labs::chaos::run(&args),
         Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
         Command::Challenge(args) => return crate::challenge::run(&args),
+        Command::Check(args) => return crate::reproduce::run(&args),
         Command::List => crate::menu::print_list(),
         Command::Doctor(args) => crate::doctor::run(&args)?,
         Command::Checklist(args) => crate::checklist::run(&args)?,

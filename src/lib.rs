@@ -55,6 +55,9 @@
 //! - [`challenge`] is `lockslab challenge`: a learner's own lock client, in any language,
 //!   run as several processes under the nemesis's faults and graded by [`check::challenge`]
 //!   from the database's own log of changes.
+//! - [`reproduce`] is `lockslab check`: a saved run's verdict judged again offline from its
+//!   history, by each lab's `replay` (beside its verdict code, sharing [`labs::replay`]) —
+//!   the code the live run judged it with — and compared field by field.
 //! - [`doctor`] checks a machine before a session; [`checklist`] is the course's last
 //!   page: the questions to answer before shipping a lock.
 //! - [`menu`] is the lab menu (`lockslab`, `lockslab list`): one table row per lab.
@@ -98,6 +101,7 @@ pub mod procs;
 pub mod proxy;
 pub mod queue;
 pub mod redis_health;
+pub mod reproduce;
 pub mod room;
 pub mod seed;
 pub mod servers;

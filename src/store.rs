@@ -210,7 +210,7 @@ impl Outcome {
 }
 
 /// One recorded write attempt. Read back in decision order.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Attempt {
     pub writer: String,
     pub value: String,
@@ -219,6 +219,19 @@ pub struct Attempt {
     pub accepted: bool,
     /// Its place in the order the database decided the resource's writes (1, 2, …).
     pub decided: i64,
+}
+
+impl Attempt {
+    /// The attempts as a table cell says them, in their order: `B:2→ok A:1→no` (writer,
+    /// token or `-`, accepted or not).
+    pub fn words(attempts: &[Attempt]) -> String {
+        let word = |a: &Attempt| {
+            let token = a.token.map_or("-".into(), |t| t.to_string());
+            let ok = if a.accepted { "ok" } else { "no" };
+            format!("{}:{token}→{ok}", a.writer)
+        };
+        attempts.iter().map(word).collect::<Vec<_>>().join(" ")
+    }
 }
 
 /// The resource as read back at the end of a run.

@@ -1293,51 +1293,30 @@ fn what_a_client_double_forked_with_no_environment_ends_on_ctrl_c() {
 }
 
 /// A recorded `pause` run of the unfenced reference, replayed through the checker with no
-/// servers: the jobs and the `ok`s from the typed events, the log from the verdict, each
-/// record's final value and items from its last change. (tests/fixtures/challenge.jsonl,
-/// recorded before jobs appended, is the picture's: a verdict of then still draws.)
+/// servers by `lockslab check`'s replay: the jobs and the `ok`s from the typed events, the
+/// log from the verdict, each record's final value and items from its last change, give
+/// the recorded problems again. (tests/fixtures/challenge.jsonl, recorded before jobs
+/// appended, is the picture's: a verdict of then still draws, but today's grader cannot
+/// judge it again, and says so.)
 #[test]
 fn a_recorded_run_replays_through_the_checker_to_the_same_problems() {
-    use lockslab::check::challenge::{Change, Evidence, Final, Grade, JobSpec, check};
-    let text = include_str!("fixtures/challenge-items.jsonl");
-    let mut evidence = Evidence::default();
-    let mut verdict = Value::Null;
-    for line in text.lines() {
-        match event_line(line) {
-            Some(event) => match &event.what {
-                What::JobSent(job) if job.resent.is_none() => evidence.jobs.push(JobSpec {
-                    id: job.job,
-                    record: job.record.clone().unwrap(),
-                    add: job.add.unwrap(),
-                    append: job.append.clone().unwrap(),
-                }),
-                What::JobAnswered(job) if job.ok == Some(true) => {
-                    evidence.acknowledged.insert(job.job);
-                }
-                _ => {}
-            },
-            None => verdict = serde_json::from_str(line).unwrap(),
-        }
-    }
-    evidence.jobs.sort_by_key(|j| j.id);
-    evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone()).unwrap();
-    for record in ["r0", "r1"] {
-        let last = evidence.changes.iter().rev().find(|c| c.record == record);
-        evidence.finals.push(Final {
-            record: record.into(),
-            value: last.map_or(0, |c| c.new_value),
-            items: last.map(|c| c.new_items.clone()).unwrap_or_default(),
-        });
-    }
-    evidence.faults_planned = verdict["faults_planned"].as_u64().unwrap() as usize;
-    evidence.faults_played = verdict["faults_played"].as_u64().unwrap() as usize;
-    let report = check(&evidence);
-    assert_eq!(report.grade(), Grade::Fail);
-    assert_eq!(
-        serde_json::to_value(&report.problems).unwrap(),
-        verdict["problems"]
-    );
+    let (events, verdict) = events_and_verdict(include_str!("fixtures/challenge-items.jsonl"));
+    let replayed = lockslab::reproduce::challenge::replay(&events, &verdict).unwrap();
+    assert_replays(&replayed);
+    let [part] = &replayed.parts[..] else {
+        panic!("one part: {replayed:?}")
+    };
+    assert_eq!(part.replayed["problems"], verdict["problems"]);
+    assert_eq!(part.replayed["grade"], "fail");
     assert_eq!(verdict["grade"], "fail");
+
+    let (events, verdict) = events_and_verdict(include_str!("fixtures/challenge.jsonl"));
+    let err = lockslab::reproduce::challenge::replay(&events, &verdict).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("before a challenge's jobs appended"),
+        "{err}"
+    );
 }
 
 /// The hostile client of tests/fixtures: it says ready, then looks for every way past its

@@ -250,7 +250,19 @@ fn a_one_second_lease_is_a_real_lock_and_hands_over_after_about_a_second() {
         .iter()
         .filter(|e| e.worker == "lab" || e.worker == "store")
     {
-        assert!(e.backend().is_some(), "no backend on {e:?}");
+        match &e.what {
+            // The store's read-back names the lane's resource, which names its backend.
+            What::ReadBack(read) => assert!(
+                read.resource
+                    .as_deref()
+                    .is_some_and(|r| r.ends_with("-etcd")
+                        || r.ends_with("-redis")
+                        || r.ends_with("-redis-renewed")
+                        || r.ends_with("-postgres")),
+                "{e:?}"
+            ),
+            _ => assert!(e.backend().is_some(), "no backend on {e:?}"),
+        }
     }
     assert_gone(&worker_pids(&lines));
 }
@@ -497,6 +509,10 @@ fn the_sweeps_check_catches_evidence_that_contradicts_a_cell() {
             .collect()
     };
     assert_eq!(disagreeing(&events), Vec::<String>::new());
+    // The lab's own replay (what `lockslab check` runs) reaches every cell again.
+    let replayed = lockslab::labs::etcd_vs_redis::replay(&events, &verdict).unwrap();
+    assert_replays(&replayed);
+    assert_eq!(replayed.parts.len(), cells.len());
 
     let turned: Vec<Event> = events
         .iter()
@@ -511,6 +527,17 @@ fn the_sweeps_check_catches_evidence_that_contradicts_a_cell() {
         })
         .collect();
     assert_eq!(disagreeing(&turned), ["redis freeze", "etcd freeze"]);
+    // …and the replay finds the store lines turned in the same cells.
+    let compared = lockslab::reproduce::compare::compare(
+        &lockslab::labs::etcd_vs_redis::replay(&turned, &verdict).unwrap(),
+    );
+    let wrong: Vec<&str> = compared
+        .parts
+        .iter()
+        .filter(|p| p.disagreeing().next().is_some())
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(wrong, ["redis × freeze", "etcd × freeze"]);
 
     let without_store: Vec<Event> = events
         .iter()

@@ -13,7 +13,6 @@ use common::*;
 use lockslab::events::facts::HolderNow;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use serde_json::Value;
 
 /// The `lockslab-*` directories in `dir`.
 fn run_dirs(dir: &Path) -> Vec<PathBuf> {
@@ -488,70 +487,55 @@ fn own_clusters_are_refused_with_a_clear_usage_error() {
 }
 
 /// A recorded run (`lockslab failover --json`, tests/fixtures/failover.jsonl) replayed
-/// through the lab's checkers with no servers: every verdict field the store's record and
-/// the backends' answers decide follows from the evidence the recording carries.
+/// through the lab's checkers with no servers, by the lab's own replay (what `lockslab
+/// check` runs): every verdict field the store's record and the backends' answers decide
+/// follows from the evidence the recording carries.
 #[test]
 fn a_recorded_run_replays_through_the_checkers() {
+    use lockslab::check::LateWrite;
     use lockslab::check::failover::{self as checks, TokenOrder};
-    use lockslab::check::{Finding, LateWrite, two_holders_queued};
-    use lockslab::store::Attempt;
 
     let (lines, verdict) = events_and_verdict(include_str!("fixtures/failover.jsonl"));
     let verdict = &verdict;
-    let finding = |v: &Value| match v.as_bool() {
-        Some(true) => Finding::Yes,
-        Some(false) => Finding::No,
-        None => Finding::Unknown,
-    };
-    let event = |worker: &str, kind: Kind| {
-        lines
-            .iter()
-            .find(|e| e.is(worker, kind))
-            .unwrap_or_else(|| panic!("no {kind} of {worker}"))
-    };
     let scenarios = verdict["scenarios"].as_array().unwrap();
     assert_eq!(scenarios.len(), 9);
-    for s in scenarios {
-        let attempts: Vec<Attempt> = attempts_from(&s["attempts"]);
-        // The pair's writers, as the lab names them: `A:<label>`, `B:<label>`.
-        let label = match s["name"].as_str().unwrap() {
-            "redis-unfenced" => "unfenced",
-            "redis-incr-not-lower" | "redis-incr-same-holder" => "incr",
-            "redis-incr-lost" => "incr-lost",
-            "durable-token" => "durable",
-            "redis-wait" => "wait",
-            "etcd-leader-killed" => "etcd",
-            other => other,
-        };
-        let (a, b) = (format!("A:{label}"), format!("B:{label}"));
-        let from_lock = if s["name"] == "etcd-leader-killed" {
-            // etcd queues B: two holders only if A's release found its key already gone.
-            let a_kept = event("A:etcd", Kind::Released).released() == Some(true);
-            let b_got = lines.iter().any(|e| e.is("B:etcd", Kind::Acquired));
-            two_holders_queued(a_kept, b_got)
-        } else {
-            finding(&s["two_holders"])
-        };
-        let writes = checks::writes(from_lock, &attempts, s["final_writer"].as_str(), &a, &b)
-            .unwrap_or_else(|_| panic!("the recorded store disagrees with itself: {s}"));
-        assert_eq!(writes.two_holders, finding(&s["two_holders"]), "{s}");
+    let replayed = lockslab::labs::failover::replay(&lines, verdict).unwrap();
+    assert_replays(&replayed);
+    // Every row with writes, judged from the store's record: its tokens, its late write,
+    // its final writer; etcd's two holders from the releases and the waiter's grant.
+    assert_eq!(
+        replayed.parts.len(),
+        7,
+        "the two rows that granted nothing have no writes"
+    );
+    for part in &replayed.parts {
+        for field in [
+            "token_reissued",
+            "stale_write",
+            "a_token",
+            "b_token",
+            "final_writer",
+        ] {
+            assert_eq!(
+                part.replayed.get(field),
+                part.recorded.get(field),
+                "{}",
+                part.name
+            );
+        }
+    }
+    let etcd = replayed
+        .parts
+        .iter()
+        .find(|p| p.name == "etcd-leader-killed")
+        .unwrap();
+    assert_eq!(etcd.replayed["two_holders"], false);
+    for part in &replayed.parts {
         assert_eq!(
-            writes.late.attempted(),
-            s["stale_write"]["attempted"],
-            "{s}"
+            part.replayed["two_holders"], part.recorded["two_holders"],
+            "{}",
+            part.name
         );
-        assert_eq!(
-            serde_json::json!(writes.late.accepted()),
-            s["stale_write"]["accepted"],
-            "{s}"
-        );
-        assert_eq!(
-            serde_json::json!(writes.tokens.map(TokenOrder::reissued)),
-            s["token_reissued"],
-            "{s}"
-        );
-        assert_eq!(serde_json::json!(writes.a_token), s["a_token"], "{s}");
-        assert_eq!(serde_json::json!(writes.b_token), s["b_token"], "{s}");
     }
     // The stories the recording tells, as the checkers read them.
     let row = |name: &str| scenarios.iter().find(|s| s["name"] == name).unwrap();

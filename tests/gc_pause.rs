@@ -401,32 +401,23 @@ fn verdicts_at_the_ttl_edge_agree_with_the_store() {
 }
 
 /// A recorded run (tests/fixtures/gc-pause.jsonl, both runs at the defaults) replayed with
-/// no servers: each run's events and the store's record it carries go through the lab's
-/// own evidence reading and checkers, which must reach the verdict recorded with them.
+/// no servers by the lab's own replay (what `lockslab check` runs): each run's events and
+/// the store's record go through the lab's evidence reading and checkers, which must reach
+/// every field of the verdict recorded with them, and the store line the history holds.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
-    use lockslab::labs::gc_pause::verdict::{RunVerdict, Setup, heard};
-
     let (events, recorded) = events_and_verdict(include_str!("fixtures/gc-pause.jsonl"));
-    for run in recorded["runs"].as_array().unwrap() {
-        let fenced = run["fencing"].as_bool().unwrap();
-        let log: Vec<Event> = events
-            .iter()
-            .filter(|e| e.part.fencing == Some(fenced))
-            .cloned()
-            .collect();
-        let read = read_back_of(run);
-        let setup = Setup {
-            store_rule: fenced.then_some("not_lower"),
-            token_source: fenced.then_some("redis_incr"),
-            token_restart: false,
-        };
-        let replayed = RunVerdict::judge(setup, &heard(&log).unwrap(), read).unwrap();
-        let replayed = serde_json::to_value(&replayed).unwrap();
-        for (field, value) in run.as_object().unwrap() {
-            assert_eq!(&replayed[field], value, "fencing={fenced}: {field}");
-        }
-    }
+    let replayed = lockslab::labs::gc_pause::replay(&events, &recorded).unwrap();
+    assert_eq!(replayed.parts.len(), 2, "both runs");
+    assert_every_recorded_field_replayed(&replayed);
+    // A recording with the read-back in its history (five runs, the fencing tag repeated):
+    // each run cut where the lab announced it, and judged from its own read-back.
+    let (events, recorded) =
+        events_and_verdict(include_str!("fixtures/gc-pause-token-restart.jsonl"));
+    let replayed = lockslab::labs::gc_pause::replay(&events, &recorded).unwrap();
+    assert_eq!(replayed.parts.len(), 5);
+    assert!(replayed.notes.is_empty(), "{:?}", replayed.notes);
+    assert_replays(&replayed);
 }
 
 /// The other kind of stale write: what a store line would say had the store decided the

@@ -4,11 +4,9 @@
 mod common;
 
 use common::*;
-use lockslab::check::lease_guard::{self as checks, Evidence, Outcome};
-use lockslab::events::facts::{Fault, GuardDecided};
+use lockslab::events::facts::Fault;
 use lockslab::events::{Event, Kind, What};
 use lockslab::store::Attempt;
-use lockslab::worker::holder::release_of;
 use serde_json::Value;
 
 fn cell<'a>(verdict: &'a Value, guard: &str, fault: &str) -> &'a Value {
@@ -46,34 +44,6 @@ fn cell_events<'a>(events: &'a [Event], guard: &str, fault: &str) -> Vec<&'a Eve
             e.part.variant.as_deref() == Some(guard) && e.part.scenario.as_deref() == Some(fault)
         })
         .collect()
-}
-
-/// Replays a cell through the lab's checker from its events and the store's record it
-/// carries, as the lab did.
-fn replay(events: &[&Event], cell: &Value) -> Outcome {
-    let saw = |worker: &str, kind: Kind| events.iter().find(|e| e.is(worker, kind)).copied();
-    let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
-        Some(What::GuardDecided(decided)) => decided.clone(),
-        _ => panic!("no guard_decided in the cell"),
-    };
-    let a_release = saw("A", Kind::Released).and_then(release_of).unwrap();
-    let b_release = saw("B", Kind::Released).and_then(release_of);
-    let after_check = match saw("A", Kind::Wrote).map(|e| &e.what) {
-        Some(What::Wrote(wrote)) => wrote.after_check_ms,
-        _ => None,
-    };
-    let attempts = attempts_of(cell);
-    checks::judge(&Evidence {
-        decision: decision.decided(),
-        a_release: &a_release,
-        b_owner: saw("B", Kind::Acquired).and_then(|e| e.owner()),
-        b_release: b_release.as_ref(),
-        a_after_check_ms: after_check,
-        attempts: &attempts,
-        final_writer: cell["final_writer"].as_str(),
-    })
-    .unwrap()
-    .outcome
 }
 
 /// The teaching table: what each guard does against each fault.
@@ -141,9 +111,11 @@ fn expected(guard: &str, fault: &str) -> &'static str {
     row[FAULTS.iter().position(|f| *f == fault).unwrap()]
 }
 
-/// Each cell of a run is the teaching table's, the store's word, and what a replay of
-/// its history through the checker finds.
+/// Each cell of a run is the teaching table's, the store's word, and what the lab's own
+/// replay of its history (what `lockslab check` runs) finds, every field of it.
 fn assert_cells_as_taught(events: &[Event], verdict: &Value) {
+    let replayed = lockslab::labs::lease_guard::replay(events, verdict).unwrap();
+    assert_replays(&replayed);
     for cell in verdict["cells"].as_array().unwrap() {
         let (guard, fault) = (
             cell["guard"].as_str().unwrap(),
@@ -157,10 +129,13 @@ fn assert_cells_as_taught(events: &[Event], verdict: &Value) {
         };
         assert_eq!(cell["outcome"], expected, "{guard} × {fault}: {cell}");
         assert_eq!(store_says(cell), expected, "{guard} × {fault}: {cell}");
-        let replayed = replay(&cell_events(events, guard, fault), cell);
+        let part = replayed
+            .parts
+            .iter()
+            .find(|p| p.name == format!("{guard} × {fault}"))
+            .unwrap_or_else(|| panic!("{guard} × {fault} was not replayed"));
         assert_eq!(
-            serde_json::to_value(replayed).unwrap(),
-            cell["outcome"],
+            part.replayed["outcome"], cell["outcome"],
             "{guard} × {fault}"
         );
     }

@@ -2,14 +2,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lockslab::check::Finding;
-use lockslab::check::naive as checks;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -404,107 +401,55 @@ fn bad_flags_name_the_flag() {
 
 /// A real run's `--json` (tests/fixtures/naive.jsonl: every scenario, `--ttl 300ms --wait
 /// 1200ms --trials 20 --workers 4 --window 1ms`) replayed through the lab's checkers with no
-/// servers: the facts they decide from the recorded evidence are the verdict's.
+/// servers, by the lab's own replay (what `lockslab check` runs): the facts they decide
+/// from the recorded evidence are the verdict's.
 #[test]
 fn a_recorded_run_replays_through_the_checkers_to_its_verdict() {
     let (lines, verdict) = events_and_verdict(include_str!("fixtures/naive.jsonl"));
-    let verdict = &verdict;
-    let of = |scenario: &str, variant: &str| -> Vec<&Event> {
-        lines
-            .iter()
-            .filter(|e| {
-                e.part.scenario.as_deref() == Some(scenario)
-                    && e.part.variant.as_deref() == Some(variant)
-            })
-            .collect()
-    };
-    let owner_of = |events: &[&Event], worker: &str| -> Option<String> {
-        events
-            .iter()
-            .filter(|e| e.worker == worker)
-            .find_map(|e| e.owner())
-            .map(str::to_string)
-    };
-
-    // no-ttl and setnx-expire: the key read back after B's wait, against the killed A's owner.
-    for name in ["no-ttl", "setnx-expire"] {
-        for variant in ["broken", "fixed"] {
-            let events = of(name, variant);
-            let read_back = events
-                .iter()
-                .filter(|e| e.worker == "redis")
-                .filter_map(|e| observed(e))
-                .find(|o| o.dead_owner.is_some())
-                .unwrap();
-            let found = checks::dead_owner(
-                read_back.key_owner.as_deref(),
-                owner_of(&events, "A").as_deref(),
-            );
-            let counted = scenario(verdict, name)[variant]["violations"]
-                .as_u64()
-                .unwrap();
-            assert_eq!(found == Finding::Yes, counted == 1, "{name} {variant}");
-            assert_eq!(
-                found == Finding::Yes,
-                variant == "broken",
-                "{name} {variant}"
-            );
-        }
-    }
-
-    // wrong-release: the holders list and the workers' grant stamps, against the TTL.
-    let ttl = Duration::from_millis(
-        scenario(verdict, "no-ttl")["fixed"]["ttl_ms"]
-            .as_u64()
-            .unwrap(),
+    let replayed = lockslab::labs::naive::replay(&lines, &verdict).unwrap();
+    assert_replays(&replayed);
+    assert!(
+        replayed.not_replayed.is_empty(),
+        "{:?}",
+        replayed.not_replayed
     );
+    let part = |name: &str| {
+        replayed
+            .parts
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no part {name}"))
+    };
+    let violations = |name: &str| part(name).replayed["violations"].as_u64().unwrap();
+    // no-ttl and setnx-expire: the key read back after B's wait named the killed A in the
+    // broken runs only.
+    for name in ["no-ttl", "setnx-expire"] {
+        assert_eq!(violations(&format!("{name} (broken)")), 1, "{name}");
+        assert_eq!(violations(&format!("{name} (fixed)")), 0, "{name}");
+    }
+    // wrong-release: the holders list and the workers' grant stamps, against the TTL: the
+    // causes the verdict recorded, in order.
     for variant in ["broken", "fixed"] {
-        let events = of("wrong-release", variant);
-        let list: Vec<String> = events
-            .iter()
-            .filter(|e| e.worker == "redis")
-            .find_map(|e| observed(e).and_then(|o| o.holders.clone()))
-            .unwrap();
-        let entered: HashMap<String, u64> = events
-            .iter()
-            .filter_map(|e| Some((e.worker.clone(), acquired(e)?.enter_ns.unwrap())))
-            .collect();
-        let found = checks::overlaps(&checks::replay(&list).pairs, &entered, ttl);
-        let recorded = &scenario(verdict, "wrong-release")[variant];
+        let wrong = part(&format!("wrong-release ({variant})"));
+        let causes = |overlaps: &Value| -> Vec<String> {
+            overlaps
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["cause"].as_str().unwrap().to_string())
+                .collect()
+        };
         assert_eq!(
-            u64::from(checks::deleted_live_locks(&found)),
-            recorded["violations"].as_u64().unwrap(),
+            causes(&wrong.replayed["overlaps"]),
+            causes(&wrong.recorded["overlaps"]),
             "{variant}"
         );
-        let causes: Vec<&str> = found.iter().map(|o| o.cause.as_str()).collect();
-        let recorded_causes: Vec<&str> = recorded["overlaps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o["cause"].as_str().unwrap())
-            .collect();
-        assert_eq!(causes, recorded_causes, "{variant}");
     }
-
+    assert_eq!(violations("wrong-release (broken)"), 1);
     // race: the verdict's count is the trials whose holders list shows two at once.
-    for variant in ["broken", "fixed"] {
-        let summary = of("race", variant)
-            .into_iter()
-            .find(|e| e.worker == "redis")
-            .and_then(observed)
-            .unwrap();
-        let broke = summary
-            .holders_per_trial
-            .as_ref()
-            .unwrap()
-            .iter()
-            .filter(|&&h| h >= 2)
-            .count() as u64;
-        assert_eq!(
-            broke,
-            scenario(verdict, "race")[variant]["violations"]
-                .as_u64()
-                .unwrap()
-        );
-    }
+    assert_eq!(
+        violations("race (broken)"),
+        scenario(&verdict, "race")["broken"]["violations"]
+    );
+    assert_eq!(violations("race (fixed)"), 0);
 }

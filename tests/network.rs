@@ -364,34 +364,20 @@ fn ctrl_c_while_a_write_is_held_in_the_proxy_leaves_nothing_behind() {
 /// does carry (the read-back after the loss, the new lease's wait) says what the verdict says.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
-    use lockslab::labs::network::verdict::{RunVerdict, heard};
-
     let (lines, recorded) = events_and_verdict(include_str!("fixtures/network.jsonl"));
     let recorded = &recorded;
     let runs = recorded["runs"].as_array().unwrap();
-    let scenarios = ["delayed-write", "cut-off", "cut-off-stops", "cut-off-etcd"];
+    let scenarios = lockslab::labs::network::verdict::RUN_SCENARIOS;
     assert_eq!(
         runs.len(),
         2 * scenarios.len(),
         "every story, both fencing settings"
     );
-    for run in runs {
-        let fenced = run["fencing"].as_bool().unwrap();
-        let scenario = *scenarios
-            .iter()
-            .find(|s| run["scenario"] == **s)
-            .unwrap_or_else(|| panic!("an unknown scenario: {run}"));
-        let log = history(&lines, scenario, fenced);
-        let read = read_back_of(run);
-        let replayed = RunVerdict::judge(scenario, fenced, &heard(&log).unwrap(), read).unwrap();
-        let replayed = serde_json::to_value(&replayed).unwrap();
-        for (field, value) in run.as_object().unwrap() {
-            assert_eq!(
-                &replayed[field], value,
-                "{scenario} fencing={fenced}: {field}"
-            );
-        }
-    }
+    // Each run judged again by the lab's own replay (what `lockslab check` runs): every
+    // field of its verdict, and the store line the history holds.
+    let replayed = lockslab::labs::network::replay(&lines, recorded).unwrap();
+    assert_eq!(replayed.parts.len(), runs.len());
+    assert_every_recorded_field_replayed(&replayed);
 
     // etcd's lost lock call: one part per policy, then the queued call.
     let lost_lock = recorded["lost_lock"].as_array().unwrap();

@@ -465,97 +465,34 @@ fn bad_flags_name_the_flag() {
 }
 
 /// A real run's `--json` (`no-lock --jobs 20`, all eight approaches), replayed through the
-/// lab's checkers with no server: the freezes and the kill the lab recorded, and the tables'
-/// line it read back, give every approach's verdict again.
+/// lab's checkers with no server by the lab's own replay (what `lockslab check` runs): the
+/// freezes and the kill the lab recorded, and the tables' line it read back, give every
+/// approach's verdict again.
 #[test]
 fn a_recorded_run_replayed_through_the_checkers_gives_its_verdict_again() {
-    use lockslab::check::no_lock::{self as checks, ReadBack, Strike};
-    use lockslab::invoices::Moment;
-
     let (lines, verdict) = events_and_verdict(include_str!("fixtures/no-lock.jsonl"));
-    let verdict = &verdict;
-    let strike = |e: &Event, at: Moment| {
-        let fault = e.fault().unwrap();
-        Strike {
-            worker: fault.target.clone().unwrap(),
-            at,
-            job: fault.job.unwrap() as i32,
-            customer: fault.customer.unwrap() as i32,
-            exercised: true,
-        }
-    };
-    let ints = |v: &Option<Vec<i64>>| -> Vec<i32> {
-        v.as_ref().unwrap().iter().map(|&n| n as i32).collect()
-    };
+    let replayed = lockslab::labs::no_lock::replay(&lines, &verdict).unwrap();
+    assert_replays(&replayed);
+    assert_eq!(replayed.parts.len(), 8, "every approach");
     let mut failed_somewhere = Vec::new();
-    for a in verdict["approaches"].as_array().unwrap() {
-        let name = a["name"].as_str().unwrap();
-        let of_run = |kind: Kind| -> Vec<&Event> {
-            lines
-                .iter()
-                .filter(|e| e.part.approach.as_deref() == Some(name) && e.kind() == kind)
-                .collect()
-        };
-        // Whether another worker met the frozen one: on the SIGCONT that ended its freeze.
-        let resumes = of_run(Kind::Resumed);
-        let frozen: Vec<Strike> = of_run(Kind::Frozen)
-            .into_iter()
-            .map(|e| {
-                let target = &e.fault().unwrap().target;
-                Strike {
-                    exercised: resumes
-                        .iter()
-                        .map(|r| r.fault().unwrap())
-                        .find(|r| r.target == *target)
-                        .and_then(|r| r.exercised)
-                        .expect("the freeze's SIGCONT says whether it was exercised"),
-                    ..strike(e, e.fault().unwrap().at.unwrap())
-                }
-            })
-            .collect();
-        let killed: Vec<Strike> = of_run(Kind::Killed)
-            .into_iter()
-            .map(|e| strike(e, Moment::MidWrite))
-            .collect();
-        let said_event = of_run(Kind::Violation)
-            .into_iter()
-            .chain(of_run(Kind::ExactlyOnce))
-            .next()
-            .unwrap_or_else(|| panic!("{name}: no line from the tables"));
-        let said = observed(said_event).unwrap();
-        let tables = ReadBack {
-            jobs: verdict["jobs"].as_i64().unwrap(),
-            duplicates: said.duplicates.unwrap() as i64,
-            lost_jobs: said.lost_jobs.unwrap() as i64,
-            lost_updates: said.lost_updates.unwrap() as i64,
-            bad_jobs: ints(&said.bad_jobs),
-            bad_customers: ints(&said.bad_customers),
-        };
-        assert_eq!(
-            said_event.kind() == Kind::ExactlyOnce,
-            tables.correct(),
-            "{name}: {said_event:?}"
-        );
-        let points = checks::freezes(&frozen, &tables);
-        assert_eq!(
-            serde_json::to_value(&points).unwrap(),
-            a["freezes"],
-            "{name}"
-        );
-        assert_eq!(
-            checks::correct_under_freeze(&points),
-            a["correct_under_freeze"].as_bool(),
-            "{name}"
-        );
-        assert_eq!(
-            checks::correct_under_kill(killed.first(), &tables),
-            a["correct_under_kill"].as_bool(),
-            "{name}"
-        );
-        if a["safe"] == true {
-            assert_eq!(checks::correct_under_freeze(&points), Some(true), "{name}");
+    for part in &replayed.parts {
+        let name = part.recorded["name"].as_str().unwrap();
+        for field in ["freezes", "correct_under_freeze", "correct_under_kill"] {
+            assert_eq!(
+                part.replayed[field], part.recorded[field],
+                "{name}: {field}"
+            );
         }
-        if points.iter().any(|p| !p.correct) {
+        // The line the lab wrote from the tables says what the checker makes of them.
+        assert_eq!(
+            part.replayed["tables line"], part.recorded["tables line"],
+            "{name}"
+        );
+        if part.recorded["safe"] == true {
+            assert_eq!(part.replayed["correct_under_freeze"], true, "{name}");
+        }
+        let points = part.replayed["freezes"].as_array().unwrap();
+        if points.iter().any(|p| p["correct"] == false) {
             failed_somewhere.push(name);
         }
     }

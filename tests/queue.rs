@@ -11,12 +11,8 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
-use lockslab::events::facts::{ServerCount, Turn};
 use lockslab::events::{Event, Kind, What};
-use lockslab::labs::queue::verdict::{ExpiryVerdict, QueueVerdict};
-use lockslab::labs::queue::verdict_churn::{ChurnVerdict, ElectionVerdict};
 use lockslab::store::Outcome;
-use lockslab::store::ReadBack;
 use serde_json::Value;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -335,57 +331,31 @@ fn a_put_guarded_by_the_lock_key_is_refused_once_the_holders_lease_is_gone() {
     assert_no_etcd_key_left(run_id);
 }
 
-/// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers:
-/// its `handovers` events, and the churn, expiry and election parts' events with the
-/// store's record, go through the lab's checkers, which must reach the verdict recorded
-/// with them.
+/// A recorded run (tests/fixtures/queue.jsonl, the defaults) replayed with no servers by
+/// the lab's own replay (what `lockslab check` runs): its `handovers` events, and the
+/// churn, expiry and election parts' events with the store's record, go through the lab's
+/// checkers, which must reach the verdict recorded with them, every field of it.
 #[test]
 fn a_recorded_history_replays_to_its_recorded_verdict() {
     let (log, recorded) = events_and_verdict(include_str!("fixtures/queue.jsonl"));
     let recorded = &recorded;
-    let mut ways = 0;
-    for event in &log {
-        let What::Handovers(h) = &event.what else {
-            continue;
-        };
-        ways += 1;
-        let turns: Vec<Turn> = h.turns.clone();
-        let server: ServerCount = h.server.clone();
-        let replayed = serde_json::to_value(QueueVerdict::new(&h.way, &turns, server)).unwrap();
-        assert_eq!(&replayed, queue(recorded, &h.way), "{}", h.way);
-    }
+    let replayed = lockslab::labs::queue::replay(&log, recorded).unwrap();
+    let names: Vec<&str> = replayed.parts.iter().map(|p| p.name.as_str()).collect();
+    let ways = names.iter().filter(|n| n.starts_with("queue ")).count();
     assert_eq!(ways, 3);
-
-    // Each part from its own events, with the store's record as the verdict carries it
-    // (the read-back's own shape).
-    let part = |name: &str| -> Vec<Event> {
-        log.iter()
-            .filter(|e| e.part.scenario.as_deref() == Some(name))
-            .cloned()
-            .collect()
-    };
-    let expiry = &recorded["expiry"];
-    let read: ReadBack = serde_json::from_value(expiry["store"].clone()).unwrap();
-    let late = lockslab::check::late_write(&read.attempts, "H", "W2");
-    let replayed = ExpiryVerdict::from_log(
-        &part("expiry"),
-        late,
-        read,
-        std::time::Duration::from_millis(expiry["lease_ms"].as_u64().unwrap()),
-        std::time::Duration::from_millis(expiry["freeze_ms"].as_u64().unwrap()),
-    );
-    assert_eq!(&serde_json::to_value(replayed).unwrap(), expiry);
-
-    // The churn and the election.
+    for part in ["churn", "expiry", "election"] {
+        assert!(names.contains(&part), "{names:?}");
+    }
+    for part in &replayed.parts {
+        assert_eq!(
+            &Value::Object(part.replayed.clone()),
+            &part.recorded,
+            "{}",
+            part.name
+        );
+    }
     let churn = &recorded["churn"];
-    let read: ReadBack = serde_json::from_value(churn["store"].clone()).unwrap();
-    let replayed = ChurnVerdict::from_log(&part("churn"), read);
-    assert_eq!(&serde_json::to_value(replayed).unwrap(), churn);
     assert_eq!(churn["one_holder_at_a_time"], true, "{churn}");
     let election = &recorded["election"];
-    let read: ReadBack = serde_json::from_value(election["store"].clone()).unwrap();
-    let late = lockslab::check::late_write(&read.attempts, "L1", "L2");
-    let replayed = ElectionVerdict::from_log(&part("election"), late, read);
-    assert_eq!(&serde_json::to_value(replayed).unwrap(), election);
     assert_eq!(election["late_write"], "rejected", "{election}");
 }

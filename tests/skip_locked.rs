@@ -483,67 +483,12 @@ const COMPARE: &str = include_str!("fixtures/skip-locked.jsonl");
 /// `lockslab skip-locked --fault freeze --pause 1500ms --idle-timeout 500ms --jobs 60 --json`.
 const IDLE_TIMEOUT: &str = include_str!("fixtures/skip-locked-idle-timeout.jsonl");
 
-use lockslab::check::{self, skip_locked as checks};
+use lockslab::check::skip_locked as checks;
 
-/// A recorded run: its events (typed, as the lab wrote them) and its verdict.
-fn replay(jsonl: &str) -> (Vec<Event>, Value) {
-    let mut lines: Vec<&str> = jsonl.lines().collect();
-    let verdict = serde_json::from_str(lines.pop().unwrap()).unwrap();
-    let events = lines
-        .iter()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    (events, verdict)
-}
-
-fn of_mode<'a>(events: &'a [Event], mode: &str) -> Vec<&'a Event> {
-    events
-        .iter()
-        .filter(|e| e.part.mode.as_deref() == Some(mode))
-        .collect()
-}
-
-fn find<'a>(events: &[&'a Event], kind: Kind) -> Option<&'a Event> {
-    events.iter().copied().find(|e| e.kind() == kind)
-}
-
-/// The kill's evidence as the history carries it: the nemesis's `killed`, Postgres's
-/// `reclaimed` (the first claim after the kill) or `job_lost` (the job's row).
-fn kill_evidence(events: &[&Event]) -> Option<checks::Kill> {
-    let killed = find(events, Kind::Killed)?;
-    let victim = killed.fault().unwrap().target.clone().unwrap();
-    Some(checks::Kill {
-        first_claim: find(events, Kind::Reclaimed).map(|e| match &e.what {
-            What::Reclaimed(h) => (h.by.clone().unwrap(), h.reclaim_ms.unwrap()),
-            _ => unreachable!(),
-        }),
-        row: find(events, Kind::JobLost).map(|e| match &e.what {
-            What::JobLost(fate) => (fate.status.clone().unwrap(), fate.claimed_by.clone()),
-            _ => unreachable!(),
-        }),
-        dead: vec![victim.clone()],
-        victim,
-    })
-}
-
-/// The freeze's evidence: the nemesis's `frozen`, the lab's `freeze_result` (the table's
-/// final record), Postgres's `expired` and the sleeper's own `finish_failed`.
-fn freeze_evidence(events: &[&Event]) -> Option<checks::Freeze> {
-    let sleeper = find(events, Kind::Frozen)?.fault()?.target.as_deref()?;
-    let What::FreezeResult(result) = &find(events, Kind::FreezeResult)?.what else {
-        unreachable!()
-    };
-    Some(checks::Freeze {
-        sleeper: sleeper.to_string(),
-        by: result.by.clone().unwrap(),
-        processed_while_frozen: result.frozen_job_processed_while_frozen.unwrap() as i64,
-        session_ended: find(events, Kind::Expired).is_some(),
-        finish_failed: events.iter().any(|e| e.is(sleeper, Kind::FinishFailed)),
-    })
-}
-
-/// Every mode's verdict follows from its history by the lab's checkers: the counts, the
-/// reclaim, what became of the frozen job.
+/// A recorded run replayed by the lab's own replay (what `lockslab check` runs): every mode's
+/// verdict follows from its history by the lab's checkers — the counts, the reclaim, the
+/// line the lab wrote from the processing table; and what became of the killed and the
+/// frozen job, for the stories below.
 fn check_replay(
     jsonl: &str,
 ) -> Vec<(
@@ -551,47 +496,37 @@ fn check_replay(
     Option<checks::KillOutcome>,
     Option<checks::FrozenJob>,
 )> {
-    let (events, verdict) = replay(jsonl);
+    let (events, verdict) = events_and_verdict(jsonl);
+    let replayed = lockslab::labs::skip_locked::replay(&events, &verdict).unwrap();
+    assert_replays(&replayed);
     let mut seen = Vec::new();
     for m in verdict["modes"].as_array().unwrap() {
         let name = m["mode"].as_str().unwrap();
-        let events = of_mode(&events, name);
-        let count = find(&events, Kind::ExactlyOnce)
-            .or_else(|| find(&events, Kind::Violation))
-            .unwrap();
-        let (What::ExactlyOnce(said) | What::Violation(said)) = &count.what else {
-            unreachable!()
-        };
-        let processed = check::Processed {
-            jobs: m["jobs"].as_i64().unwrap(),
-            once: said.once.unwrap() as i64,
-            duplicates: said.duplicates.unwrap() as i64,
-            lost: said.lost.unwrap() as i64,
-        };
+        let events: Vec<Event> = events
+            .iter()
+            .filter(|e| e.part.mode.as_deref() == Some(name))
+            .cloned()
+            .collect();
+        let found = lockslab::labs::skip_locked::replay_mode(&events).unwrap();
         assert_eq!(
-            (processed.duplicates, processed.lost),
+            (found.processed.duplicates, found.processed.lost),
             (
                 m["duplicates"].as_i64().unwrap(),
                 m["lost"].as_i64().unwrap()
             )
         );
         assert_eq!(
-            checks::every_job_once(&processed),
-            count.kind() == Kind::ExactlyOnce,
+            checks::every_job_once(&found.processed),
+            found.said_every_job_once,
             "{name}"
         );
-        let kill = kill_evidence(&events).map(|evidence| {
-            let outcome = checks::kill_outcome(&evidence);
-            match &outcome {
-                checks::KillOutcome::Reclaimed { after_ms, .. } => {
-                    assert_eq!(m["reclaim_ms"].as_f64(), Some(*after_ms), "{name}")
-                }
-                _ => assert!(m["reclaim_ms"].is_null(), "{name}"),
+        match &found.kill {
+            Some(checks::KillOutcome::Reclaimed { after_ms, .. }) => {
+                assert_eq!(m["reclaim_ms"].as_f64(), Some(*after_ms), "{name}")
             }
-            outcome
-        });
-        let freeze = freeze_evidence(&events).map(|evidence| checks::frozen_job(&evidence));
-        seen.push((name.to_string(), kill, freeze));
+            _ => assert!(m["reclaim_ms"].is_null(), "{name}"),
+        }
+        seen.push((name.to_string(), found.kill, found.frozen));
     }
     seen
 }

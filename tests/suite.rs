@@ -11,6 +11,8 @@
 mod challenge;
 #[path = "chaos.rs"]
 mod chaos;
+#[path = "check.rs"]
+mod check;
 #[path = "corrections.rs"]
 mod corrections;
 #[path = "etcd_vs_redis.rs"]

@@ -80,7 +80,7 @@ fn every_help_fits_80_columns_even_when_piped() {
 /// Every `--help` a learner reads: the top level, every lab of the menu, the tools.
 fn helps() -> Vec<String> {
     let tools = [
-        "", "worker", "up", "reset", "doctor", "render", "list", "chaos", "matrix",
+        "", "worker", "up", "reset", "doctor", "render", "check", "list", "chaos", "matrix",
     ];
     let labs = lockslab::menu::available()
         .into_iter()

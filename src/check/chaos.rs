@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 /// One attempt the store decided, in its decision order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ChaosAttempt {
     pub client: String,
     pub job: i64,
@@ -60,7 +60,7 @@ pub struct LostRelease {
 }
 
 /// One record as read back at the end.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RecordBack {
     pub record: String,
     /// None: the record was not found.

@@ -538,6 +538,9 @@ pub struct Warning {
     pub at_ms: Option<u64>,
     /// Lab 2: trials where the holders list and the counter disagree.
     pub disagreeing_trials: Option<Vec<u64>>,
+    /// `lockslab chaos`: the Sentinels failed the primary over by themselves during the
+    /// history, a failover its schedule does not hold.
+    pub failed_over_by_itself: Option<bool>,
 }
 
 /// Which of the two stale-write kinds a store line is: `What::StaleWriteAccepted` or
@@ -734,6 +737,65 @@ pub struct QueueKeys {
 }
 
 one_kind!(QueueKeys);
+
+/// The store's record of one resource, read back when a part has ended: every write attempt
+/// in the order the database decided them, and what the resource holds. The evidence a
+/// part's verdict is judged from, kept in the history so that `lockslab check` can judge
+/// it again from the run's `--json` alone.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StoreRecord {
+    pub resource: Option<String>,
+    pub final_value: Option<String>,
+    pub final_writer: Option<String>,
+    /// The highest fencing token the resource accepted (none while only unfenced writes
+    /// happened).
+    pub final_token: Option<i64>,
+    /// Every attempt, accepted or refused, in decision order.
+    pub attempts: Vec<crate::store::Attempt>,
+}
+
+impl StoreRecord {
+    pub fn of(resource: &str, read: &crate::store::ReadBack) -> StoreRecord {
+        StoreRecord {
+            resource: Some(resource.into()),
+            final_value: read.final_value.clone(),
+            final_writer: read.final_writer.clone(),
+            final_token: read.final_token,
+            attempts: read.attempts.clone(),
+        }
+    }
+
+    /// The record as the checkers take it.
+    pub fn read_back(&self) -> crate::store::ReadBack {
+        crate::store::ReadBack {
+            final_value: self.final_value.clone(),
+            final_writer: self.final_writer.clone(),
+            final_token: self.final_token,
+            attempts: self.attempts.clone(),
+        }
+    }
+}
+
+/// `lockslab chaos`: every record of one history as the store read it back once the clients
+/// were done — its counter, its log of jobs, every attempt in decision order. The evidence
+/// the history is checked from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordsBack {
+    pub records: Vec<crate::check::chaos::RecordBack>,
+}
+
+impl From<RecordsBack> for What {
+    fn from(back: RecordsBack) -> What {
+        What::RecordsReadBack(back)
+    }
+}
+
+impl From<StoreRecord> for What {
+    fn from(record: StoreRecord) -> What {
+        What::ReadBack(record)
+    }
+}
 
 /// `lockslab challenge`: one job given to a learner's client, or its answer.
 #[skip_serializing_none]

@@ -121,6 +121,9 @@ pub enum What {
     StaleWriteAccepted(StaleWrite),
     /// The store decided an old holder's write after the next holder's, and refused it.
     StaleWriteRejected(StaleWrite),
+    /// The store's record of a resource, read back at the end of a part: the attempts in
+    /// decision order and what the resource holds (the evidence of the part's verdict).
+    ReadBack(StoreRecord),
 
     // Lab 8 (`network`).
     /// A network fault began on a path of the fault proxy (by the nemesis).
@@ -143,6 +146,9 @@ pub enum What {
     Handovers(Handovers),
     // `lockslab chaos`.
     ReadRecord(RecordRead),
+    /// Every record of a history as the store read it back (its counter, its log, its
+    /// attempts in decision order): the evidence the history is checked from.
+    RecordsReadBack(RecordsBack),
     /// The churn part's queue as etcd's history tells it: each key's create and delete
     /// revisions.
     QueueKeys(QueueKeys),
@@ -320,6 +326,20 @@ impl Event {
     pub fn fault_mut(&mut self) -> Option<&mut FaultFacts> {
         match &mut self.what {
             What::Frozen(f) | What::Killed(f) | What::Resumed(f) | What::ClockStepped(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// What the evidence showed, if this is a finding (two holders, a violation, a count,
+    /// exactly once, a lapse, a kept lock).
+    pub fn observed(&self) -> Option<&Observed> {
+        match &self.what {
+            What::TwoHolders(o)
+            | What::Violation(o)
+            | What::Counted(o)
+            | What::ExactlyOnce(o)
+            | What::Lapsed(o)
+            | What::Kept(o) => Some(o),
             _ => None,
         }
     }

@@ -17,6 +17,7 @@ pub mod network;
 pub mod no_lock;
 pub mod queue;
 pub mod redlock;
+pub mod replay;
 pub mod runner;
 pub mod skip_locked;
 mod stage;

@@ -455,7 +455,7 @@ pub fn render(input: &Path, output: &Path) -> Result<()> {
 
 /// The text of a saved run: a regular file of at most [`MOST_BYTES`], read without waiting
 /// (a FIFO or a device like /dev/zero is refused before a byte is read).
-fn read_saved_run(input: &Path) -> Result<String> {
+pub(crate) fn read_saved_run(input: &Path) -> Result<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()

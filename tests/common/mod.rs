@@ -343,15 +343,7 @@ pub fn released(event: &Event) -> Option<&facts::Released> {
 /// What the evidence showed, if `event` is a finding (two holders, a violation, a count,
 /// exactly once, a lapse, a kept lock).
 pub fn observed(event: &Event) -> Option<&facts::Observed> {
-    match &event.what {
-        What::TwoHolders(o)
-        | What::Violation(o)
-        | What::Counted(o)
-        | What::ExactlyOnce(o)
-        | What::Lapsed(o)
-        | What::Kept(o) => Some(o),
-        _ => None,
-    }
+    event.observed()
 }
 
 /// No worker of the run is left running, stopped or zombie.
@@ -483,13 +475,20 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Event]) -> Vec<String
     if matches!(expected, "accepted" | "rejected") && run["two_holders"] == false {
         problems.push("A wrote after B, yet the verdict says no two holders".into());
     }
-    let said: Vec<Kind> = store_lines.iter().map(|e| e.kind()).collect();
+    // The store's lines about a late write (its read-back, in the same lane, is evidence).
+    let said: Vec<Kind> = store_lines
+        .iter()
+        .filter(|e| stale_write(e).is_some())
+        .map(|e| e.kind())
+        .collect();
     if said != store_line_for(expected) {
         problems.push(format!("the timeline's store line says {said:?}"));
     }
-    if store_lines.iter().any(|e| {
-        stale_write(e).and_then(|s| s.final_writer.as_deref()) != run["final_writer"].as_str()
-    }) {
+    if store_lines
+        .iter()
+        .filter_map(|e| stale_write(e))
+        .any(|s| s.final_writer.as_deref() != run["final_writer"].as_str())
+    {
         problems.push("the timeline's store line names another final writer".into());
     }
     problems
@@ -589,10 +588,44 @@ pub fn assert_run_left_nothing(run_id: &str) {
     assert_eq!(rows, 0, "rows left behind for run {run_id}");
 }
 
-/// The store's read-back a verdict carries (`attempts`, `final_*`), as the labs' checkers
-/// take it: for replaying a recorded run with no servers.
-pub fn read_back_of(run: &Value) -> lockslab::store::ReadBack {
-    serde_json::from_value(run.clone()).unwrap_or_else(|err| panic!("{err}: {run}"))
+/// Every field of every part of the recorded verdict, reached again by the lab's replay
+/// (nothing taken as recorded, nothing left out).
+pub fn assert_every_recorded_field_replayed(replayed: &lockslab::labs::replay::Replayed) {
+    for part in &replayed.parts {
+        for (field, value) in part.recorded.as_object().unwrap() {
+            assert_eq!(
+                part.replayed.get(field),
+                Some(value),
+                "{}: {field}",
+                part.name
+            );
+        }
+    }
+}
+
+/// A lab's replay of a recorded run (what `lockslab check` runs) reached every field of the
+/// recorded verdict it decides, and decided at least one in every part.
+pub fn assert_replays(replayed: &lockslab::labs::replay::Replayed) {
+    use lockslab::reproduce::compare::compare;
+    let compared = compare(replayed);
+    for part in &compared.parts {
+        let wrong: Vec<String> = part
+            .disagreeing()
+            .map(|f| {
+                format!(
+                    "{}: recorded {:?}, replayed {}",
+                    f.name, f.recorded, f.replayed
+                )
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{}: {wrong:?}", part.name);
+        assert!(
+            part.compared().count() > 0,
+            "{}: nothing compared",
+            part.name
+        );
+    }
+    assert!(!compared.parts.is_empty(), "no part replayed");
 }
 
 /// The store's attempts a verdict carries (`"attempts": [...]`), typed again.

@@ -20,6 +20,7 @@ mod net;
 mod play;
 mod reach;
 mod redlock_lane;
+mod replay;
 mod rows;
 mod show;
 mod shrink;
@@ -40,6 +41,7 @@ use crate::nemesis::generate::{self, FaultKind};
 use crate::servers::{self, ServerArgs, Servers};
 
 pub use play::{Lane, Setup, Trial};
+pub use replay::replay;
 
 /// The exit statuses of `chaos` and `matrix` (Maelstrom's convention, plus one).
 pub const EXIT_VIOLATION: u8 = 1;
@@ -444,6 +446,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
             "schedules": played, "unsafe": unsafe_, "unknown": unknown,
             "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
+            "given": given.is_some(),
             "seconds": hunted.as_secs_f64(),
         });
         let code = if let Some((schedule, trial, found_after)) = first_failure {

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::rows::{forget, heard, prepare, read_back};
+use super::rows::{forget, prepare, read_back};
 use super::unplayed::Unplayed;
-use crate::check::chaos::{self, RecordBack, Report};
+use crate::check::chaos::{RecordBack, Report};
 use crate::connect::{self, Backend, PgClient};
 use crate::designs::Design;
 use crate::events::Event;
+use crate::events::facts::Warning;
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::generate::{self, FaultKind, Space};
@@ -238,26 +239,26 @@ impl Setup {
         let switched = sentinels.is_some_and(|ring| ring.switched_during_turn());
         drop((turn, sentinel_turn));
         let forgot = forget(&mut store, &run_id);
-        let (history, unplayed, backs) = result?;
+        let (mut history, unplayed, backs) = result?;
         forgot?;
-        let mut report = chaos::check(&heard(&history), &backs, self.design.trusts_the_lock());
+        // The evidence joins the history: the store's read-back, and a failover the
+        // Sentinels played by themselves.
+        let last_t = history.last().map_or(0, |e| e.t_ms);
+        history.push(super::rows::read_back_event(backs, last_t));
         if switched {
-            report
-                .unknowns
-                .push(super::failover::SWITCHED_BY_ITSELF.into());
+            let mut event = Event::new(
+                "sentinel",
+                Warning {
+                    failed_over_by_itself: Some(true),
+                    ..Warning::default()
+                },
+                super::failover::SWITCHED_BY_ITSELF,
+            );
+            event.t_ms = last_t;
+            history.push(event);
         }
         let steps = schedule.steps().len();
-        if let Some(why) = super::unplayed::unknown(&unplayed, steps, self.given) {
-            // First: the line shows the first unknown, and this one says what was tested.
-            report.unknowns.insert(0, why);
-        }
-        if report.attempts == 0 {
-            // Nothing was tried (a server that never answered, clients that never got to
-            // work): a history with no write says nothing about the design.
-            report
-                .unknowns
-                .push("no client attempted a write: this history tests nothing".into());
-        }
+        let report = super::rows::judge(&history, self.design, &unplayed, steps, self.given);
         let startup_ms = names
             .iter()
             .filter_map(|name| history.iter().find(|e| e.worker == *name))

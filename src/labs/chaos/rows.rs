@@ -3,8 +3,11 @@
 
 use anyhow::{Context, Result};
 
-use crate::check::chaos::{ChaosAttempt, Heard, LostRelease, RecordBack};
+use super::unplayed::Unplayed;
+use crate::check::chaos::{self, ChaosAttempt, Heard, LostRelease, RecordBack, Report};
 use crate::connect::PgClient;
+use crate::designs::Design;
+use crate::events::facts::RecordsBack;
 use crate::events::{Event, What};
 use crate::worker::chaos_client;
 
@@ -87,6 +90,69 @@ pub fn read_back(
         });
     }
     Ok(backs)
+}
+
+/// The store's read-back of every record, as an event of the history: the evidence the
+/// history is checked from, kept in it so that `lockslab check` checks it again.
+pub fn read_back_event(backs: Vec<RecordBack>, t_ms: u64) -> Event {
+    let text = backs
+        .iter()
+        .map(|b| {
+            let value = b.final_value.map_or("not found".into(), |v| v.to_string());
+            format!("{} = {value} ({} jobs in its log)", b.record, b.log.len())
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut event = Event::new(
+        "store",
+        RecordsBack { records: backs },
+        format!("read back: {text}"),
+    );
+    event.t_ms = t_ms;
+    event
+}
+
+/// One history checked: [`chaos::check`] over what the clients heard and the store's
+/// read-back in it, then what leaves the history unknown — a failover the Sentinels played
+/// by themselves (the history says so), steps of the schedule that did not play (`unplayed`,
+/// of its `steps`; `given`: the schedule was the learner's own), no write at all. The live
+/// run and `lockslab check` both judge a history this way.
+pub fn judge(
+    history: &[Event],
+    design: Design,
+    unplayed: &[Unplayed],
+    steps: usize,
+    given: bool,
+) -> Report {
+    let backs: Vec<RecordBack> = history
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::RecordsReadBack(back) => Some(back.records.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut report = chaos::check(&heard(history), &backs, design.trusts_the_lock());
+    let switched = history
+        .iter()
+        .any(|e| matches!(&e.what, What::Warning(w) if w.failed_over_by_itself == Some(true)));
+    if switched {
+        report
+            .unknowns
+            .push(super::failover::SWITCHED_BY_ITSELF.into());
+    }
+    if let Some(why) = super::unplayed::unknown(unplayed, steps, given) {
+        // First: the line shows the first unknown, and this one says what was tested.
+        report.unknowns.insert(0, why);
+    }
+    if report.attempts == 0 {
+        // Nothing was tried (a server that never answered, clients that never got to
+        // work): a history with no write says nothing about the design.
+        report
+            .unknowns
+            .push("no client attempted a write: this history tests nothing".into());
+    }
+    report
 }
 
 /// What the clients heard back, out of the history: the writes they were told were

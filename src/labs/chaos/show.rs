@@ -119,10 +119,23 @@ pub fn step_words(step: &Step) -> String {
     format!("{fault} {} {when}{lasting}", step.target)
 }
 
+/// The tag a history's events carry under `--json`, to tell the histories of one hunt apart.
+pub fn history_tag(index: u64) -> String {
+    format!("schedule-{index}")
+}
+
 pub fn schedule_line(style: Style, index: u64, seed: u64, schedule: &Schedule, trial: &Trial) {
     let run_id = &trial.run_id;
     let judgement = trial.report.judgement();
     if style.json {
+        // The history first — what the clients, the servers and the faults said, and the
+        // store's read-back — so that `lockslab check` can judge it again; then its line.
+        for event in &trial.history {
+            let mut event = event.clone();
+            event.part.scenario = Some(history_tag(index));
+            event.part.part = Some(event.part.label());
+            json_line(&event);
+        }
         json_line(&json!({
             "kind": "schedule", "run_id": run_id, "index": index, "seed": seed, "schedule": schedule,
             "result": judgement, "violations": trial.report.violations,

@@ -17,7 +17,7 @@ use super::show::step_words;
 use crate::nemesis::schedule::{Schedule, Step};
 
 /// A step that did not play in a history, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Unplayed {
     /// Its place in the schedule as written (1: the first step).
     pub nth: usize,

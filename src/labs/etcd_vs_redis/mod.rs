@@ -31,6 +31,7 @@
 mod lane;
 mod play;
 mod verdict;
+pub use verdict::replay;
 
 use std::time::Duration;
 
@@ -143,7 +144,7 @@ impl Service {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scenario {
     Kill,

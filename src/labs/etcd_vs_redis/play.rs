@@ -7,12 +7,10 @@ use anyhow::{Context, Result, bail};
 use colored::Colorize;
 
 use super::lane::Lane;
-use super::verdict::{Cell, token_text};
+use super::verdict::{Cell, resource_of, store_line};
 use super::{Job, Plan, Scenario, Service};
-use crate::check::LateWrite;
 use crate::connect::{self, Backend};
-use crate::events::facts::{StaleWrite, StaleWriteKind};
-use crate::events::{Event, Kind, What};
+use crate::events::Kind;
 use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::liveness::Liveness;
@@ -151,7 +149,7 @@ pub(super) fn play(
             },
             store_url: urls.postgres.clone(),
             run_id: run.id.clone(),
-            resource: format!("etcd-vs-redis-{label}-{}", kind.name()),
+            resource: resource_of(kind, scenario),
             wait_ms: plan.longest_wait().as_millis() as u64,
             before_write: match job {
                 Job::Holder { work_ms } => BeforeWrite::Work { ms: work_ms },
@@ -286,34 +284,10 @@ pub(super) fn play(
     let mut cells = Vec::new();
     for lane in &lanes {
         let read = store.read_back(&run.id, &lane.resource)?;
-        let cell = lane.verdict(&stage, plan, scenario, read);
-        let store_line: Option<(StaleWriteKind, String)> = match cell.late_write {
-            LateWrite::Accepted => Some((
-                What::StaleWriteAccepted,
-                format!(
-                    "{}: the store decided the {} holder's write after the waiter's, and took it",
-                    lane.kind.name(),
-                    scenario.late_holder()
-                ),
-            )),
-            LateWrite::Rejected => Some((
-                What::StaleWriteRejected,
-                format!(
-                    "{}: the store refused the {} holder's token {} (it had accepted {})",
-                    lane.kind.name(),
-                    scenario.late_holder(),
-                    token_text(cell.detail.holder_token),
-                    token_text(cell.detail.waiter_token)
-                ),
-            )),
-            _ => None,
-        };
-        if let Some((stale_write, text)) = store_line {
-            let facts = StaleWrite {
-                backend: Some(lane.kind.name().into()),
-                ..StaleWrite::default()
-            };
-            stage.record(Event::new("store", stale_write(facts), text));
+        stage.record_read_back(&lane.resource, &read);
+        let cell = lane.verdict(&stage, plan, scenario)?;
+        if let Some(line) = store_line(&cell) {
+            stage.record(line);
         }
         cells.push(cell);
     }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use anyhow::{Context, Result};
 use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -11,11 +12,12 @@ use super::lane::Lane;
 use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::{self, LateWrite};
-use crate::events::{Kind, What};
+use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
+use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::output::{human, table};
-use crate::store::ReadBack;
 use crate::worker::holder::release_of;
 
 /// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
@@ -79,64 +81,12 @@ impl runner::Verdict for Verdict {
 }
 
 impl Lane {
-    /// The cell, from the store's attempts and the backends' answers: who the backend said
-    /// held the lock just before the resume, and what each release found.
-    pub(super) fn verdict(
-        &self,
-        stage: &Stage,
-        plan: &Plan,
-        scenario: Scenario,
-        read: ReadBack,
-    ) -> Cell {
-        let strike_t = self.struck.map(|(_, t)| t).unwrap_or_default();
-        let waiter_acquired = stage.saw(&self.waiter_name, Kind::Acquired);
-        let late_write = check::late_write(&read.attempts, &self.holder_name, &self.waiter_name);
-        let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
-        let release = |worker: &str| stage.saw(worker, Kind::Released);
-        let releases = match self.kind {
-            Service::Redis | Service::RedisRenewed => Releases::Redis {
-                holder: release(&self.holder_name).and_then(release_of),
-                waiter_owner: waiter_acquired.and_then(|e| e.owner()),
-                waiter: release(&self.waiter_name).and_then(release_of),
-            },
-            // etcd and Postgres queue the waiter in the server, which grants it the lock
-            // the moment the holder's key or session goes.
-            Service::Etcd | Service::Postgres => Releases::Queued {
-                holder_kept: release(&self.holder_name)
-                    .and_then(|e| e.released())
-                    .unwrap_or(false),
-            },
-        };
-        let two_holders = checks::two_holders(&checks::Lane {
-            strike: match scenario {
-                Scenario::Kill => Strike::Kill,
-                Scenario::Freeze => Strike::Freeze,
-                Scenario::Overrun => Strike::Overrun,
-            },
-            strike_t,
-            waiter_granted_t: waiter_acquired.map(|e| e.t_ms),
-            backend_saw: self.backend_saw.as_deref(),
-            releases,
-        });
-        let fencing_token =
-            !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
-        let (expected, expected_why) = self.expected(stage, plan, scenario);
-        Cell {
-            backend: self.kind.name(),
-            scenario,
-            handover_ms,
-            expected,
-            expected_why,
-            two_holders: check::two_holders_given_writes(two_holders, late_write).as_option(),
-            late_write,
-            stale_write_accepted: late_write.accepted(),
-            fencing_token,
-            detail: Detail {
-                holder_token: read.last_token_of(&self.holder_name),
-                waiter_token: read.last_token_of(&self.waiter_name),
-            },
-            attempts: read.attempts,
-        }
+    /// The cell: its facts from the scenario's history ([`judge_cell`]), and the handover
+    /// the options predict.
+    pub(super) fn verdict(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> Result<Cell> {
+        let mut cell = judge_cell(self.kind, scenario, &stage.log)?;
+        (cell.expected, cell.expected_why) = self.expected(stage, plan, scenario);
+        Ok(cell)
     }
 
     /// The handover the options predict: a short figure, and where it comes from.
@@ -215,6 +165,159 @@ impl Lane {
             },
         }
     }
+}
+
+/// The store's resource one lane's workers write in a scenario.
+pub(super) fn resource_of(kind: Service, scenario: Scenario) -> String {
+    format!("etcd-vs-redis-{}-{}", scenario.name(), kind.name())
+}
+
+/// One cell's facts from its scenario's history: the strike (the nemesis's record of it; in
+/// the overrun, the holder's grant), the waiter's grant, what each release found, who the
+/// backend said held the lock just before the resume, and the store's read-back of the
+/// lane's resource. The live run and `lockslab check` both judge a cell this way; what the
+/// options predict (`expected`) is the plan's, and left empty here.
+pub fn judge_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Result<Cell> {
+    let backend = kind.name();
+    let (holder, waiter) = (format!("{backend}:holder"), format!("{backend}:waiter"));
+    let saw = |worker: &str, what: Kind| log.iter().find(|e| e.is(worker, what));
+    let read = replay::read_back_of(log, Some(&resource_of(kind, scenario)))
+        .with_context(|| format!("{backend}: the store's read-back is not in the history"))?;
+    let strike_t = match scenario {
+        Scenario::Overrun => saw(&holder, Kind::Acquired).map(|e| e.t_ms),
+        Scenario::Kill | Scenario::Freeze => log
+            .iter()
+            .find(|e| {
+                matches!(e.kind(), Kind::Killed | Kind::Frozen)
+                    && e.fault().and_then(|f| f.target.as_deref()) == Some(holder.as_str())
+            })
+            .map(|e| e.t_ms),
+    }
+    .unwrap_or_default();
+    let backend_saw = log.iter().find_map(|e| match &e.what {
+        What::HolderNow(h) if e.worker == backend => h.holder.as_deref(),
+        _ => None,
+    });
+    let waiter_acquired = saw(&waiter, Kind::Acquired);
+    let late_write = check::late_write(&read.attempts, &holder, &waiter);
+    let handover_ms = waiter_acquired.map(|e| e.t_ms.saturating_sub(strike_t));
+    let release = |worker: &str| saw(worker, Kind::Released);
+    let releases = match kind {
+        Service::Redis | Service::RedisRenewed => Releases::Redis {
+            holder: release(&holder).and_then(release_of),
+            waiter_owner: waiter_acquired.and_then(|e| e.owner()),
+            waiter: release(&waiter).and_then(release_of),
+        },
+        // etcd and Postgres queue the waiter in the server, which grants it the lock the
+        // moment the holder's key or session goes.
+        Service::Etcd | Service::Postgres => Releases::Queued {
+            holder_kept: release(&holder).and_then(|e| e.released()).unwrap_or(false),
+        },
+    };
+    let two_holders = checks::two_holders(&checks::Lane {
+        strike: match scenario {
+            Scenario::Kill => Strike::Kill,
+            Scenario::Freeze => Strike::Freeze,
+            Scenario::Overrun => Strike::Overrun,
+        },
+        strike_t,
+        waiter_granted_t: waiter_acquired.map(|e| e.t_ms),
+        backend_saw,
+        releases,
+    });
+    let fencing_token =
+        !read.attempts.is_empty() && read.attempts.iter().all(|a| a.token.is_some());
+    Ok(Cell {
+        backend,
+        scenario,
+        handover_ms,
+        expected: String::new(),
+        expected_why: String::new(),
+        two_holders: check::two_holders_given_writes(two_holders, late_write).as_option(),
+        late_write,
+        stale_write_accepted: late_write.accepted(),
+        fencing_token,
+        detail: Detail {
+            holder_token: read.last_token_of(&holder),
+            waiter_token: read.last_token_of(&waiter),
+        },
+        attempts: read.attempts,
+    })
+}
+
+/// The store's line on the timeline for a cell whose old holder wrote after the waiter.
+pub(super) fn store_line(cell: &Cell) -> Option<Event> {
+    let (stale_write, text): (StaleWriteKind, String) = match cell.late_write {
+        LateWrite::Accepted => (
+            What::StaleWriteAccepted,
+            format!(
+                "{}: the store decided the {} holder's write after the waiter's, and took it",
+                cell.backend,
+                cell.scenario.late_holder()
+            ),
+        ),
+        LateWrite::Rejected => (
+            What::StaleWriteRejected,
+            format!(
+                "{}: the store refused the {} holder's token {} (it had accepted {})",
+                cell.backend,
+                cell.scenario.late_holder(),
+                token_text(cell.detail.holder_token),
+                token_text(cell.detail.waiter_token)
+            ),
+        ),
+        LateWrite::None => return None,
+    };
+    let facts = StaleWrite {
+        backend: Some(cell.backend.into()),
+        ..StaleWrite::default()
+    };
+    Some(Event::new("store", stale_write(facts), text))
+}
+
+/// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`],
+/// and the store line it would have written beside the one the history holds.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    for recorded in replay::list(verdict, "cells")? {
+        let kind: Service = serde_json::from_value(recorded["backend"].clone())
+            .context("a cell of an unknown backend")?;
+        let scenario: Scenario = serde_json::from_value(recorded["scenario"].clone())
+            .context("a cell of an unknown scenario")?;
+        let mut log = replay::part_of(events, |e| {
+            e.part.scenario.as_deref() == Some(scenario.name())
+        });
+        let resource = resource_of(kind, scenario);
+        if replay::read_back_of(&log, Some(&resource)).is_none() {
+            let read = replayed.read_back_or_recorded(&[], None, recorded, None)?;
+            log.push(Event::new(
+                "store",
+                StoreRecord::of(&resource, &read),
+                "read back",
+            ));
+        }
+        let found = judge_cell(kind, scenario, &log)?;
+        let said = replay::store_lines(log.iter().filter(|e| {
+            e.worker == "store"
+                && matches!(&e.what, What::StaleWriteAccepted(s) | What::StaleWriteRejected(s)
+                    if s.backend.as_deref() == Some(kind.name()))
+        }));
+        let would = replay::store_lines(store_line(&found).as_ref());
+        let mut row = serde_json::to_value(&found)?;
+        if let Some(fields) = row.as_object_mut() {
+            // What the options predict is the plan's, not the history's.
+            fields.remove("expected");
+            fields.remove("expected_why");
+        }
+        replayed
+            .part(
+                format!("{} × {}", kind.name(), scenario.name()),
+                recorded,
+                row,
+            )
+            .also("store line", said, would);
+    }
+    Ok(replayed)
 }
 
 impl Cell {

@@ -260,6 +260,7 @@ impl Play<'_> {
             ));
         }
         let read = store.read_back(self.run_id, &resource)?;
+        stage.record_read_back(&resource, &read);
         let mut leader_killed = Scenario::from_store(
             "etcd-leader-killed",
             "etcd",
@@ -270,7 +271,9 @@ impl Play<'_> {
             "B:etcd",
         )?;
         leader_killed.election_ms = Some(election.as_millis() as u64);
-        store_line(stage, &leader_killed);
+        if let Some(line) = store_line(&leader_killed) {
+            stage.record(line);
+        }
 
         // Now the majority: two of three members dead, whoever is leader. C logs in first,
         // while a majority can still carry its log-in (etcd's auth goes through Raft).

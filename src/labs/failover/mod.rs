@@ -26,6 +26,7 @@
 mod etcd;
 mod redis;
 mod verdict;
+pub use verdict::replay;
 
 use std::time::{Duration, Instant};
 

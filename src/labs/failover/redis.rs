@@ -292,7 +292,9 @@ impl Play<'_> {
                 b_key_seen,
             });
             for (name, rule) in &pair.writes {
-                let read = store.read_back(self.run_id, &self.resource(name))?;
+                let resource = self.resource(name);
+                let read = store.read_back(self.run_id, &resource)?;
+                stage.record_read_back(&resource, &read);
                 let mut scenario = Scenario::from_store(
                     name,
                     if pair.label == "durable" {
@@ -308,7 +310,9 @@ impl Play<'_> {
                 )?;
                 scenario.failover_ms = failover.map(|d| d.as_millis() as u64);
                 scenario.replicas_confirmed = confirmed[index];
-                store_line(stage, &scenario);
+                if let Some(line) = store_line(&scenario) {
+                    stage.record(line);
+                }
                 scenarios.push(scenario);
             }
         }

@@ -4,17 +4,18 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
-use crate::check::{Finding, LateWrite};
-use crate::events::Event;
+use crate::check::{self, Finding, LateWrite};
 use crate::events::What;
 use crate::events::facts;
-use crate::labs::{Stage, runner};
+use crate::events::{Event, Kind};
+use crate::labs::replay::{self, Replayed};
+use crate::labs::runner;
 use crate::output::{human, table};
 use crate::store::ReadBack;
 use crate::worker::sentinel_client::Rule;
@@ -236,14 +237,14 @@ impl runner::Verdict for Verdict {
 }
 
 /// The store's line on the timeline for a scenario whose A wrote after B.
-pub(super) fn store_line(stage: &mut Stage, scenario: &Scenario) {
+pub(super) fn store_line(scenario: &Scenario) -> Option<Event> {
     let holds = scenario.final_writer.as_deref().unwrap_or("nobody");
     let (kind, decided): (facts::StaleWriteKind, _) = match scenario.late {
         LateWrite::Accepted => (What::StaleWriteAccepted, "taken"),
         LateWrite::Rejected => (What::StaleWriteRejected, "refused"),
-        LateWrite::None => return,
+        LateWrite::None => return None,
     };
-    stage.record(Event::new(
+    Some(Event::new(
         "store",
         kind(facts::StaleWrite {
             resource: Some(scenario.name.clone()),
@@ -254,7 +255,78 @@ pub(super) fn store_line(stage: &mut Stage, scenario: &Scenario) {
             "{}: A's write decided after B's: {decided}; holds {holds}'s result",
             scenario.name
         ),
-    ));
+    ))
+}
+
+/// `lockslab check`: each scenario whose writes the store decided, judged again from the
+/// store's read-back of its resource by [`Scenario::from_store`] — the tokens, the late
+/// write, the final writer — and the store line it would have written beside the one the
+/// history holds. etcd's two holders are judged again from the releases and the waiter's
+/// grant; Redis's rest on the PTTLs the lab read live, which the history does not carry:
+/// that part is taken as recorded and held against the store's order.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    for recorded in replay::list(verdict, "scenarios")? {
+        let name = replay::text(recorded, "name")?;
+        let label = match name {
+            "redis-unfenced" => "unfenced",
+            "redis-incr-not-lower" | "redis-incr-same-holder" => "incr",
+            "redis-incr-lost" => "incr-lost",
+            "durable-token" => "durable",
+            "redis-wait" => "wait",
+            "etcd-leader-killed" => "etcd",
+            // Nothing granted (refused, or no majority): no write to judge.
+            _ => continue,
+        };
+        let (a, b) = (format!("A:{label}"), format!("B:{label}"));
+        let resource = format!("failover-{name}");
+        let read = replayed.read_back_or_recorded(events, Some(&resource), recorded, None)?;
+        let etcd = name == "etcd-leader-killed";
+        let from_lock = if etcd {
+            // etcd queues B: two holders only if A's release found its lock already gone.
+            let a_kept = events
+                .iter()
+                .find(|e| e.is(&a, Kind::Released))
+                .and_then(Event::released)
+                .context("A's release is not in the history")?;
+            let b_got = events.iter().any(|e| e.is(&b, Kind::Acquired));
+            check::two_holders_queued(a_kept, b_got)
+        } else {
+            match recorded["two_holders"].as_bool() {
+                Some(true) => Finding::Yes,
+                Some(false) => Finding::No,
+                None => Finding::Unknown,
+            }
+        };
+        let backend = if etcd { "etcd" } else { "redis" };
+        let found = Scenario::from_store(name, backend, from_lock, None, read, &a, &b)?;
+        let row = json!({
+            "two_holders": found.two_holders,
+            "token_reissued": found.token_reissued,
+            "stale_write": found.stale_write,
+            "a_token": found.a_token,
+            "b_token": found.b_token,
+            "final_writer": found.final_writer,
+            "attempts": found.attempts,
+        });
+        let said = replay::store_lines(events.iter().filter(|e| match &e.what {
+            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
+                s.resource.as_deref() == Some(name)
+            }
+            _ => false,
+        }));
+        let would = replay::store_lines(store_line(&found).as_ref());
+        replayed
+            .part(name, recorded, row)
+            .also("store line", said, would);
+    }
+    replayed.not_replayed.push(
+        "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and the \
+         new primary answered, which the history does not carry yet) is taken as recorded, \
+         and held against the store's order of the writes"
+            .into(),
+    );
+    Ok(replayed)
 }
 
 fn print_verdict(scenarios: &[Scenario]) {

@@ -22,6 +22,7 @@
 
 mod play;
 pub mod verdict;
+pub use verdict::replay;
 
 use std::time::Duration;
 

@@ -7,12 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use colored::Colorize;
 
-use super::verdict::{RunVerdict, Setup, heard};
+use super::verdict::{RunVerdict, Setup, store_line};
 use super::{Fence, Freeze, Plan};
-use crate::check::LateWrite;
 use crate::connect::{self, Backend};
-use crate::events::What;
-use crate::events::facts::{self, Expired, Pttl, StaleWrite, StaleWriteKind};
+use crate::events::facts::{self, Expired, Pttl};
 use crate::events::{Event, Kind};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
@@ -305,8 +303,9 @@ impl Play<'_> {
         b.finish(Duration::from_secs(5));
         stage.drain();
 
-        let heard = heard(&stage.log)?;
-        let read = store.read_back(run_id, &format!("gc-pause-{label}"))?;
+        let resource = format!("gc-pause-{label}");
+        let read = store.read_back(run_id, &resource)?;
+        stage.record_read_back(&resource, &read);
         if let Some(sequence) = &sequence {
             store.drop_token_sequence(sequence)?;
         }
@@ -315,29 +314,9 @@ impl Play<'_> {
             token_source: fence.fenced.then_some(fence.token_source()),
             token_restart: restarting,
         };
-        let verdict = RunVerdict::judge(setup, &heard, read)?;
-        let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
-        let store_line: Option<(StaleWriteKind, String)> = match verdict.late_write {
-            LateWrite::Accepted => Some((
-                What::StaleWriteAccepted,
-                format!(
-                    "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
-                ),
-            )),
-            LateWrite::Rejected => Some((
-                What::StaleWriteRejected,
-                format!(
-                    "decided A's stale write after B's and refused it: it holds {holds}'s result"
-                ),
-            )),
-            LateWrite::None => None,
-        };
-        if let Some((kind, text)) = store_line {
-            let facts = StaleWrite {
-                final_writer: Some(holds.into()),
-                ..StaleWrite::default()
-            };
-            stage.record(Event::new("store", kind(facts), text));
+        let verdict = RunVerdict::from_history(setup, &stage.log)?;
+        if let Some(line) = store_line(&verdict) {
+            stage.record(line);
         }
         Ok(verdict)
     }

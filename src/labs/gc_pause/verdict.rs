@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 use super::Plan;
 use crate::check::LateWrite;
 use crate::check::gc_pause::{self as checks, Evidence};
+use crate::events::facts::StaleWrite;
 use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::lock::redis::Release;
 use crate::output::{human, table};
@@ -138,6 +140,98 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
     })
 }
 
+/// The store's line on the timeline when A's write was decided after B's: taken or refused,
+/// and whose result the resource holds.
+pub fn store_line(verdict: &RunVerdict) -> Option<Event> {
+    let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
+    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+        LateWrite::Accepted => (
+            What::StaleWriteAccepted,
+            format!(
+                "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
+            ),
+        ),
+        LateWrite::Rejected => (
+            What::StaleWriteRejected,
+            format!("decided A's stale write after B's and refused it: it holds {holds}'s result"),
+        ),
+        LateWrite::None => return None,
+    };
+    let facts = StaleWrite {
+        final_writer: Some(holds.into()),
+        ..StaleWrite::default()
+    };
+    Some(Event::new("store", kind(facts), text))
+}
+
+impl Setup {
+    /// The setup a recorded run states. A recording older than these fields was played
+    /// without `--token-restart`: fenced with Redis `INCR` tokens and the store's `>=`.
+    pub fn recorded(run: &Value, verdict: &Value) -> Result<Setup> {
+        let fenced = replay::flag(run, "fencing")?;
+        let named = |field: &str, known: &[&'static str], default: &'static str| match run
+            .get(field)
+            .and_then(Value::as_str)
+        {
+            Some(word) => known
+                .iter()
+                .find(|k| **k == word)
+                .copied()
+                .with_context(|| format!("an unknown {field}: {word}")),
+            None => Ok(default),
+        };
+        let store_rule = named(
+            "store_rule",
+            &["not_lower", "higher_or_same_holder"],
+            "not_lower",
+        )?;
+        let token_source = named(
+            "token_source",
+            &["redis_incr", "postgres_sequence"],
+            "redis_incr",
+        )?;
+        let token_restart = run
+            .get("token_restart")
+            .or_else(|| verdict.get("token_restart"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Ok(Setup {
+            store_rule: fenced.then_some(store_rule),
+            token_source: fenced.then_some(token_source),
+            token_restart,
+        })
+    }
+}
+
+/// `lockslab check`: each recorded run judged again from its own events (cut where the lab
+/// announced each run) by [`RunVerdict::from_history`], and the store line it would have
+/// written beside the one the history holds.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let runs = replay::list(verdict, "runs")?;
+    let pieces = match replay::cut_at_runs(events, runs.len()) {
+        Some(pieces) => pieces,
+        None => runs
+            .iter()
+            .map(|run| {
+                let fenced = run.get("fencing").and_then(Value::as_bool);
+                replay::part_of(events, |e| e.part.fencing == fenced)
+            })
+            .collect(),
+    };
+    let mut replayed = Replayed::default();
+    for (run, log) in runs.iter().zip(pieces) {
+        let log = replayed.with_read_back(log, run, None)?;
+        let setup = Setup::recorded(run, verdict)?;
+        let found = RunVerdict::from_history(setup, &log)?;
+        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
+        let would = replay::store_lines(store_line(&found).as_ref());
+        replayed
+            .part(found.title(), run, &found)
+            .also("store line", said, would);
+    }
+    Ok(replayed)
+}
+
 /// What one run found. Every field comes from a backend's answer: Redis's (who held the
 /// lock when) or the store's (which write it decided last, and what it decided).
 #[derive(Serialize, Debug, Clone)]
@@ -210,6 +304,12 @@ impl RunVerdict {
             (_, Some("higher_or_same_holder")) => format!("same holder, {first} first"),
             _ => format!(">=, {first} first"),
         }
+    }
+
+    /// Judges one run from its history: what Redis and the store answered the workers, and
+    /// the store's read-back in it. The live run and `lockslab check` both judge this way.
+    pub fn from_history(setup: Setup, log: &[Event]) -> Result<RunVerdict> {
+        RunVerdict::judge(setup, &heard(log)?, replay::read_back(log)?)
     }
 
     /// Judges the run from Redis's answers and the store's record (the checkers decide;
@@ -428,18 +528,7 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
                 .unwrap_or("none".into())
         }),
         row("attempts in decision order", &|v| {
-            v.attempts
-                .iter()
-                .map(|a| {
-                    let token = a.token.map(|t| t.to_string()).unwrap_or("-".into());
-                    format!(
-                        "{}:{token}→{}",
-                        a.writer,
-                        if a.accepted { "ok" } else { "no" }
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
+            crate::store::Attempt::words(&v.attempts)
         }),
     ];
     if verdicts.iter().any(|v| v.token_restart) {

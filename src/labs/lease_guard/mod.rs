@@ -23,6 +23,7 @@
 
 mod play;
 pub mod verdict;
+pub use verdict::replay;
 
 use std::time::Duration;
 

@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use colored::Colorize;
 
-use super::verdict::CellVerdict;
+use super::verdict::{CellVerdict, store_line};
 use super::{LeaseFault, Plan};
-use crate::check::lease_guard::{self as checks, Evidence};
 use crate::connect::Backend;
-use crate::events::facts::{GuardDecided, StaleWrite};
+use crate::events::facts::GuardDecided;
 use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
 use crate::labs::runner::Run;
@@ -23,7 +22,7 @@ use crate::proxy::{self, Direction, NetFault, Proxy};
 use crate::store::Store;
 use crate::worker::WorkerSpec;
 use crate::worker::guarded::{GuardedScript, StopAt};
-use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
+use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
 
 /// Shows incoming events for `span`, or until one of them is `until`.
 fn run_for(stage: &mut Stage, span: Duration, until: impl Fn(&Event) -> bool) {
@@ -311,80 +310,10 @@ impl Cell<'_> {
                 );
             }
         }
-        let a_release = saw("A", Kind::Released)
-            .and_then(release_of)
-            .context("A's release did not say what Redis found")?;
-        let b_release = saw("B", Kind::Released).and_then(release_of);
-        let b_owner = saw("B", Kind::Acquired)
-            .and_then(|e| e.owner())
-            .map(String::from);
-        let a_after_check_ms = match saw("A", Kind::Wrote).map(|e| &e.what) {
-            Some(What::Wrote(wrote)) => wrote.after_check_ms,
-            _ => None,
-        };
-        // Every stop the nemesis ended (one for a pause, one per stop of the stall).
-        let stops: Vec<u64> = stage
-            .log
-            .iter()
-            .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
-            .filter_map(|e| e.fault().and_then(|f| f.paused_ms))
-            .collect();
-        let paused_ms = (!stops.is_empty()).then(|| stops.iter().sum());
-        let at = |worker: &str, kind: Kind| saw(worker, kind).map(|e| e.t_ms);
-        let unavailable_ms = checks::unavailable_ms(&checks::Handover {
-            a_granted_ms: at("A", Kind::Acquired).context("A's grant")?,
-            ttl_ms,
-            a_renewed: guard == Guard::RenewThird,
-            a_deleted_ms: a_release
-                .deleted()
-                .then(|| at("A", Kind::Released))
-                .flatten(),
-            b_asked_ms: at("B", Kind::Waiting),
-            b_granted_ms: at("B", Kind::Acquired),
-        });
-        let found = checks::judge(&Evidence {
-            decision: decision.decided(),
-            a_release: &a_release,
-            b_owner: b_owner.as_deref(),
-            b_release: b_release.as_ref(),
-            a_after_check_ms,
-            attempts: &read.attempts,
-            final_writer: read.final_writer.as_deref(),
-        })
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the store's record disagrees with itself: its final writer is not its last accepted attempt"
-            )
-        })?;
-        let holds = read.final_writer.clone().unwrap_or("nobody".into());
-        let stale = match found.outcome {
-            checks::Outcome::StaleAccepted => Some((
-                What::StaleWriteAccepted as fn(StaleWrite) -> What,
-                format!(
-                    "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
-                ),
-            )),
-            checks::Outcome::StaleRefused => Some((
-                What::StaleWriteRejected as fn(StaleWrite) -> What,
-                format!(
-                    "decided A's stale write after B's and refused it: it holds {holds}'s result"
-                ),
-            )),
-            _ => None,
-        };
-        if let Some((kind, text)) = stale {
-            let facts = StaleWrite {
-                final_writer: Some(holds),
-                guard: Some(guard.as_str().into()),
-                ..StaleWrite::default()
-            };
-            stage.record(Event::new("store", kind(facts), text));
-        }
-        let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
-        cell.unavailable_ms = unavailable_ms;
-        if fault == LeaseFault::Stall {
-            cell.stops = Some(stops.len() as u64);
-            cell.longest_stop_ms = stops.iter().copied().max();
+        stage.record_read_back(&resource, &read);
+        let cell = CellVerdict::from_history(fault, guard, ttl_ms, &stage.log)?;
+        if let Some(line) = store_line(&cell) {
+            stage.record(line);
         }
         Ok(cell)
     }

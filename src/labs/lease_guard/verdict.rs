@@ -2,18 +2,22 @@
 //! [`crate::check::lease_guard`] from Redis's answers and the store's record, and the
 //! sentences that follow from the same cells.
 
+use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{LeaseFault, Plan};
-use crate::check::lease_guard::{Found, Outcome};
+use crate::check::lease_guard::{self as checks, Evidence, Found, Outcome};
 use crate::check::{Finding, LateWrite};
-use crate::events::facts::GuardDecided;
+use crate::events::facts::{GuardDecided, StaleWrite};
+use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::lock::lease_guard::Guard;
 use crate::output::{human, table};
 use crate::store::{Attempt, ReadBack};
+use crate::worker::holder::release_of;
 
 /// Below this, the time B was kept out is B's polling, not a guard's cost.
 const IDLE_WORTH_SAYING_MS: u64 = 100;
@@ -99,6 +103,73 @@ impl CellVerdict {
         }
     }
 
+    /// Judges one cell from its history: A's guard's decision, what Redis answered each
+    /// release, the nemesis's stops, and the store's read-back in it. The live run and
+    /// `lockslab check` both judge this way.
+    pub fn from_history(
+        fault: LeaseFault,
+        guard: Guard,
+        ttl_ms: u64,
+        log: &[Event],
+    ) -> Result<CellVerdict> {
+        let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
+        let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
+            Some(What::GuardDecided(decided)) => decided.clone(),
+            _ => bail!("A never reported its guard's decision"),
+        };
+        let read = replay::read_back(log)?;
+        let a_release = saw("A", Kind::Released)
+            .and_then(release_of)
+            .context("A's release did not say what Redis found")?;
+        let b_release = saw("B", Kind::Released).and_then(release_of);
+        let b_owner = saw("B", Kind::Acquired).and_then(|e| e.owner());
+        let a_after_check_ms = match saw("A", Kind::Wrote).map(|e| &e.what) {
+            Some(What::Wrote(wrote)) => wrote.after_check_ms,
+            _ => None,
+        };
+        // Every stop the nemesis ended (one for a pause, one per stop of the stall).
+        let stops: Vec<u64> = log
+            .iter()
+            .filter(|e| e.kind() == Kind::Resumed && e.worker == crate::nemesis::LANE)
+            .filter_map(|e| e.fault().and_then(|f| f.paused_ms))
+            .collect();
+        let paused_ms = (!stops.is_empty()).then(|| stops.iter().sum());
+        let at = |worker: &str, kind: Kind| saw(worker, kind).map(|e| e.t_ms);
+        let unavailable_ms = checks::unavailable_ms(&checks::Handover {
+            a_granted_ms: at("A", Kind::Acquired).context("A's grant")?,
+            ttl_ms,
+            a_renewed: guard == Guard::RenewThird,
+            a_deleted_ms: a_release
+                .deleted()
+                .then(|| at("A", Kind::Released))
+                .flatten(),
+            b_asked_ms: at("B", Kind::Waiting),
+            b_granted_ms: at("B", Kind::Acquired),
+        });
+        let found = checks::judge(&Evidence {
+            decision: decision.decided(),
+            a_release: &a_release,
+            b_owner,
+            b_release: b_release.as_ref(),
+            a_after_check_ms,
+            attempts: &read.attempts,
+            final_writer: read.final_writer.as_deref(),
+        })
+        .map_err(|_| {
+            anyhow!(
+                "the store's record disagrees with itself: its final writer is not its last \
+                 accepted attempt"
+            )
+        })?;
+        let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
+        cell.unavailable_ms = unavailable_ms;
+        if fault == LeaseFault::Stall {
+            cell.stops = Some(stops.len() as u64);
+            cell.longest_stop_ms = stops.iter().copied().max();
+        }
+        Ok(cell)
+    }
+
     fn word(&self) -> String {
         let word = self.outcome_word();
         match self.unavailable_ms {
@@ -118,6 +189,58 @@ impl CellVerdict {
             Outcome::NoStaleWrite => "no stale write".to_string(),
         }
     }
+}
+
+/// The store's line on the timeline when A's write was decided after B's.
+pub fn store_line(cell: &CellVerdict) -> Option<Event> {
+    let holds = cell.final_writer.clone().unwrap_or("nobody".into());
+    let (kind, text): (fn(StaleWrite) -> What, String) = match cell.outcome {
+        Outcome::StaleAccepted => (
+            What::StaleWriteAccepted,
+            format!(
+                "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
+            ),
+        ),
+        Outcome::StaleRefused => (
+            What::StaleWriteRejected,
+            format!("decided A's stale write after B's and refused it: it holds {holds}'s result"),
+        ),
+        _ => return None,
+    };
+    let facts = StaleWrite {
+        final_writer: Some(holds),
+        guard: Some(cell.guard.as_str().into()),
+        ..StaleWrite::default()
+    };
+    Some(Event::new("store", kind(facts), text))
+}
+
+/// `lockslab check`: each cell judged again from its own events (picked by its fault and
+/// guard tags) by [`CellVerdict::from_history`], and the store line it would have written
+/// beside the one the history holds.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    use clap::ValueEnum;
+    let ttl_ms = replay::number(verdict, "ttl_ms")?;
+    let mut replayed = Replayed::default();
+    for cell in replay::list(verdict, "cells")? {
+        let (fault_name, guard_name) = (replay::text(cell, "fault")?, replay::text(cell, "guard")?);
+        let fault = LeaseFault::from_str(fault_name, false)
+            .map_err(|_| anyhow!("an unknown fault: {fault_name}"))?;
+        let guard: Guard = serde_json::from_value(cell["guard"].clone())
+            .with_context(|| format!("an unknown guard: {guard_name}"))?;
+        let log = replay::part_of(events, |e| {
+            e.part.scenario.as_deref() == Some(fault_name)
+                && e.part.variant.as_deref() == Some(guard_name)
+        });
+        let log = replayed.with_read_back(log, cell, None)?;
+        let found = CellVerdict::from_history(fault, guard, ttl_ms, &log)?;
+        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
+        let would = replay::store_lines(store_line(&found).as_ref());
+        replayed
+            .part(format!("{guard_name} × {fault_name}"), cell, &found)
+            .also("store line", said, would);
+    }
+    Ok(replayed)
 }
 
 impl runner::Verdict for Verdict {

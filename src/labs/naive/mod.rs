@@ -33,6 +33,7 @@ mod example;
 mod race;
 mod stuck;
 mod verdict;
+pub use verdict::replay;
 mod wrong_release;
 
 use std::time::{Duration, Instant};

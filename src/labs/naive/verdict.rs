@@ -1,15 +1,23 @@
 //! Lab 2's verdict: per scenario, the broken and the fixed run counted from Redis's evidence
 //! (see [`crate::check::naive`]), the table and one sentence each.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::example::Example;
 
 use super::{Plan, Scenario, pttl_text, short};
+use crate::check::Finding;
+use crate::check::naive as checks;
+use crate::events::Event;
+use crate::events::What;
+use crate::events::facts::Observed;
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::output::{human, table};
 
@@ -72,6 +80,104 @@ pub struct OverlapSeen {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub second_entered_after_ms: Option<u64>,
     pub cause: &'static str,
+}
+
+/// Wrong-release's pairs of holders, from Redis's holders list and the workers' grant
+/// stamps in the history: each pair that held the lock at once, and why. The live run and
+/// `lockslab check` count wrong-release this way.
+pub fn overlaps_seen(list: &[String], log: &[Event], ttl: Duration) -> (u32, Vec<OverlapSeen>) {
+    let pairs = checks::replay(list).pairs;
+    let entered: HashMap<String, u64> = log
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Acquired(got) => Some((e.worker.clone(), got.enter_ns?)),
+            _ => None,
+        })
+        .collect();
+    let found = checks::overlaps(&pairs, &entered, ttl);
+    let seen = found
+        .iter()
+        .map(|o| OverlapSeen {
+            holders: [o.first.clone(), o.second.clone()],
+            second_entered_after_ms: o.gap.map(|g| g.as_millis() as u64),
+            cause: o.cause.as_str(),
+        })
+        .collect();
+    (checks::deleted_live_locks(&found), seen)
+}
+
+/// `lockslab check`: each scenario's two runs counted again from their own events —
+/// Redis's answers the lab recorded (the key read back after the wait, the holders lists)
+/// and the workers' grants — by the lab's checkers.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    // The lease the fixed runs played with: the stuck scenarios state it, a PTTL read shows it.
+    let ttl_ms = replay::list(verdict, "scenarios")?
+        .iter()
+        .find_map(|s| s["fixed"]["ttl_ms"].as_u64())
+        .or_else(|| {
+            events.iter().find_map(|e| match &e.what {
+                What::Pttl(p) if e.part.variant.as_deref() == Some("fixed") => {
+                    (p.pttl_ms > 0).then_some(p.pttl_ms as u64)
+                }
+                _ => None,
+            })
+        });
+    for scenario in replay::list(verdict, "scenarios")? {
+        let name = replay::text(scenario, "name")?;
+        for variant in ["broken", "fixed"] {
+            let log = replay::part_of(events, |e| {
+                e.part.scenario.as_deref() == Some(name)
+                    && e.part.variant.as_deref() == Some(variant)
+            });
+            let said = |pick: fn(&Observed) -> bool| {
+                log.iter()
+                    .filter(|e| e.worker == "redis")
+                    .filter_map(Event::observed)
+                    .find(|o| pick(o))
+            };
+            let found = match name {
+                "no-ttl" | "setnx-expire" => {
+                    let key = said(|o| o.dead_owner.is_some())
+                        .context("the key read back after B's wait is not in the history")?;
+                    let a_owner = log
+                        .iter()
+                        .filter(|e| e.worker == "A")
+                        .find_map(Event::owner);
+                    let dead = checks::dead_owner(key.key_owner.as_deref(), a_owner);
+                    json!({ "violations": u32::from(dead == Finding::Yes) })
+                }
+                "wrong-release" => {
+                    let Some(ttl_ms) = ttl_ms else {
+                        replayed.not_replayed.push(
+                            "wrong-release: the recording does not state the lease (played                              without the stuck scenarios), which tells a lease that ran out                              from a lock deleted"
+                                .into(),
+                        );
+                        continue;
+                    };
+                    let list = said(|o| o.holders.is_some())
+                        .and_then(|o| o.holders.clone())
+                        .context("Redis's holders list is not in the history")?;
+                    let (violations, overlaps) =
+                        overlaps_seen(&list, &log, Duration::from_millis(ttl_ms));
+                    json!({ "violations": violations, "holders_list": list, "overlaps": overlaps })
+                }
+                "race" => {
+                    let per_trial = said(|o| o.holders_per_trial.is_some())
+                        .and_then(|o| o.holders_per_trial.clone())
+                        .context("the race's holders per trial are not in the history")?;
+                    json!({
+                        "violations": per_trial.iter().filter(|&&h| h >= 2).count(),
+                        "most_at_once": per_trial.iter().max(),
+                        "trials": per_trial.len(),
+                    })
+                }
+                other => bail!("an unknown scenario: {other}"),
+            };
+            replayed.part(format!("{name} ({variant})"), &scenario[variant], found);
+        }
+    }
+    Ok(replayed)
 }
 
 impl Tally {

@@ -3,12 +3,11 @@
 //! leaves it alone. Who held the lock together, and why, is read off the holders list (see
 //! [`crate::check::naive::overlaps`]).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use super::verdict::{Evidence, OverlapSeen, Tally, WrongReleaseEvidence};
+use super::verdict::{self, Evidence, Tally, WrongReleaseEvidence};
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
@@ -156,26 +155,7 @@ impl Play<'_> {
             .arg(-1)
             .query(&mut redis)
             .step(url, "reading the holders list back from Redis")?;
-        let pairs = checks::replay(&list).pairs;
-        let entered: HashMap<String, u64> = stage
-            .log
-            .iter()
-            .filter(|e| e.kind() == Kind::Acquired)
-            .filter_map(|e| match &e.what {
-                What::Acquired(got) => Some((e.worker.clone(), got.enter_ns?)),
-                _ => None,
-            })
-            .collect();
-        let found = checks::overlaps(&pairs, &entered, args.ttl);
-        let violations = checks::deleted_live_locks(&found);
-        let overlaps: Vec<OverlapSeen> = found
-            .iter()
-            .map(|o| OverlapSeen {
-                holders: [o.first.clone(), o.second.clone()],
-                second_entered_after_ms: o.gap.map(|g| g.as_millis() as u64),
-                cause: o.cause.as_str(),
-            })
-            .collect();
+        let (violations, overlaps) = verdict::overlaps_seen(&list, &stage.log, args.ttl);
         let pairs_text = overlaps
             .iter()
             .map(|o| format!("{} and {} ({})", o.holders[0], o.holders[1], o.cause))

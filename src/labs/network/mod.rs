@@ -42,6 +42,7 @@ mod lost_lock_words;
 mod lost_reply;
 mod scene;
 pub mod verdict;
+pub use verdict::replay;
 
 use std::time::Duration;
 

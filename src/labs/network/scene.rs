@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use colored::Colorize;
 
 use super::Plan;
-use super::verdict::{RunVerdict, heard, store_line};
+use super::verdict::{RunVerdict, store_line};
 use crate::connect::Backend;
 use crate::events::facts::{self, FaultFacts};
 use crate::events::{Event, Kind};
@@ -278,9 +278,9 @@ impl<'a> Scene<'a> {
         a.finish(Duration::from_secs(5));
         b.finish(Duration::from_secs(5));
         stage.drain();
-        let heard = heard(&stage.log)?;
         let read = store.read_back(&self.run.id, &self.resource)?;
-        let verdict = RunVerdict::judge(self.scenario, self.fenced, &heard, read)?;
+        stage.record_read_back(&self.resource, &read);
+        let verdict = RunVerdict::from_history(self.scenario, self.fenced, &stage.log)?;
         if let Some(event) = store_line(&verdict, &self.resource) {
             stage.record(event);
         }

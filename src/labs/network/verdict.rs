@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -12,6 +12,7 @@ use crate::check::LateWrite;
 use crate::check::network::{self as checks, Evidence, FencedRetryFound, PaymentFound, ReplyFound};
 use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::lock::redis::Release;
 use crate::output::{human, table};
@@ -152,6 +153,49 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
         a_sent_ms: asks.first().and_then(|&(t, lost)| (!lost).then_some(t)),
         a_asked_again: asks.get(1).copied(),
     })
+}
+
+/// The stories whose runs are judged from a holder, a waiter and the store.
+pub const RUN_SCENARIOS: [&str; 4] = ["delayed-write", "cut-off", "cut-off-stops", "cut-off-etcd"];
+
+impl RunVerdict {
+    /// Judges one run from its history: the servers' and the proxy's answers, and the
+    /// store's read-back in it. The live run and `lockslab check` both judge this way.
+    pub fn from_history(scenario: &'static str, fenced: bool, log: &[Event]) -> Result<RunVerdict> {
+        RunVerdict::judge(scenario, fenced, &heard(log)?, replay::read_back(log)?)
+    }
+}
+
+/// `lockslab check`: each run of the delayed write and the cuts judged again from its own
+/// events (picked by its story and fencing tags), and the store line it would have written
+/// beside the one the history holds.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    for run in replay::list(verdict, "runs")? {
+        let named = replay::text(run, "scenario")?;
+        let scenario = RUN_SCENARIOS
+            .into_iter()
+            .find(|s| *s == named)
+            .with_context(|| format!("an unknown story: {named}"))?;
+        let fenced = replay::flag(run, "fencing")?;
+        let log = replay::part_of(events, |e| {
+            e.part.scenario.as_deref() == Some(scenario) && e.part.fencing == Some(fenced)
+        });
+        let log = replayed.with_read_back(log, run, None)?;
+        let found = RunVerdict::from_history(scenario, fenced, &log)?;
+        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
+        let would = replay::store_lines(store_line(&found, "").as_ref());
+        replayed
+            .part(format!("{scenario} ({})", found.title()), run, &found)
+            .also("store line", said, would);
+    }
+    if verdict.get("lost_set").is_some() {
+        replayed.not_replayed.push(
+            "the lost replies (`lost_set`, `lost_commit`, `lost_lock`): they rest on              read-backs of the key's holder the history does not carry yet"
+                .into(),
+        );
+    }
+    Ok(replayed)
 }
 
 /// The store's line on the timeline when A's write was decided after B's.
@@ -463,15 +507,7 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
             v.final_writer.clone().unwrap_or("nobody".into())
         }),
         row("attempts in decision order", &|v| {
-            v.attempts
-                .iter()
-                .map(|a| {
-                    let token = a.token.map_or("-".into(), |t| t.to_string());
-                    let ok = if a.accepted { "ok" } else { "no" };
-                    format!("{}:{token}→{ok}", a.writer)
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
+            Attempt::words(&v.attempts)
         }),
     ]);
     let title = if scenario == "cut-off" {

@@ -37,6 +37,7 @@ mod play;
 pub mod points;
 mod strike;
 mod verdict;
+pub use verdict::replay;
 
 use std::time::Duration;
 

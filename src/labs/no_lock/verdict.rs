@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
+use anyhow::{Context, Result};
 use colored::Colorize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
+use super::points::WATCHED;
 use super::{Fault, SWEEP};
 pub use crate::check::no_lock::PointVerdict;
+use crate::check::no_lock::{self as checks, Strike};
+use crate::events::{Event, Kind};
 use crate::invoices::Moment;
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
 use crate::output::{human, table};
@@ -57,6 +62,93 @@ pub struct ApproachVerdict {
     /// Jobs whose first invoice came only after the first frozen worker was resumed.
     pub waited_for_the_freeze: Option<i64>,
     pub needs: &'static str,
+}
+
+/// `lockslab check`: each approach judged again from its own events (picked by its
+/// `approach` tag) — the freezes and the kill the nemesis recorded, each freeze's SIGCONT
+/// saying whether another worker met the frozen one, and the tables' line the lab read back
+/// — by the lab's checkers.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let jobs = replay::number(verdict, "jobs")? as i64;
+    let mut replayed = Replayed::default();
+    for recorded in replay::list(verdict, "approaches")? {
+        let name = replay::text(recorded, "name")?;
+        let log = replay::part_of(events, |e| e.part.approach.as_deref() == Some(name));
+        let of = |kind: Kind| log.iter().filter(move |e| e.kind() == kind);
+        let strike = |e: &Event, at: Option<Moment>| -> Result<Strike> {
+            let fault = e.fault().context("a fault without its facts")?;
+            let number = |n: Option<i64>, what: &str| {
+                n.map(|n| n as i32)
+                    .with_context(|| format!("a strike that names no {what}"))
+            };
+            Ok(Strike {
+                worker: fault
+                    .target
+                    .clone()
+                    .context("a strike that names no worker")?,
+                at: at
+                    .or(fault.at)
+                    .context("a freeze that names no point of the job")?,
+                job: number(fault.job, "job")?,
+                customer: number(fault.customer, "customer")?,
+                // A freeze was put to the test if its SIGCONT says so (below); a kill always is.
+                exercised: true,
+            })
+        };
+        let mut frozen = Vec::new();
+        for event in of(Kind::Frozen) {
+            let mut struck = strike(event, None)?;
+            struck.exercised = of(Kind::Resumed)
+                .filter_map(Event::fault)
+                .find(|r| r.target.as_deref() == Some(struck.worker.as_str()))
+                .and_then(|r| r.exercised)
+                .context("a freeze's SIGCONT does not say whether it was put to the test")?;
+            frozen.push(struck);
+        }
+        let killed = match of(Kind::Killed).next() {
+            Some(event) => Some(strike(event, Some(Moment::MidWrite))?),
+            None => None,
+        };
+        let line = of(Kind::Violation)
+            .chain(of(Kind::ExactlyOnce))
+            .next()
+            .with_context(|| format!("{name}: the tables' line is not in the history"))?;
+        let said = line
+            .observed()
+            .context("the tables' line without its figures")?;
+        let count = |n: Option<u64>| n.unwrap_or(0) as i64;
+        let ids = |ids: &Option<Vec<i64>>| -> Vec<i32> {
+            ids.iter().flatten().map(|&n| n as i32).collect()
+        };
+        let tables = checks::ReadBack {
+            jobs,
+            duplicates: count(said.duplicates),
+            lost_jobs: count(said.lost_jobs),
+            lost_updates: count(said.lost_updates),
+            bad_jobs: ids(&said.bad_jobs),
+            bad_customers: ids(&said.bad_customers),
+        };
+        let points = checks::freezes(&frozen, &tables);
+        let found = json!({
+            "duplicates": tables.duplicates,
+            "lost_jobs": tables.lost_jobs,
+            "lost_updates": tables.lost_updates,
+            "correct_under_freeze": checks::correct_under_freeze(&points),
+            "freezes": points,
+            "correct_under_kill": checks::correct_under_kill(killed.as_ref(), &tables),
+            "frozen_job": frozen.iter().find(|f| f.worker == WATCHED).map(|f| f.job),
+            "killed_job": killed.as_ref().map(|k| k.job),
+        });
+        let word = |right: bool| if right { "exactly_once" } else { "violation" };
+        replayed
+            .part(format!("approach {name}"), recorded, found)
+            .also(
+                "tables line",
+                word(line.kind() == Kind::ExactlyOnce).into(),
+                word(tables.correct()).into(),
+            );
+    }
+    Ok(replayed)
 }
 
 /// The whole run's verdict: the plan's facts, then each approach's.

@@ -118,7 +118,8 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     let read = store
         .read_back(&run.id, RESOURCE)
         .context("reading the store back")?;
-    let mut verdict = ChurnVerdict::from_log(&stage.log, read);
+    stage.record_read_back(RESOURCE, &read);
+    let mut verdict = ChurnVerdict::from_history(&stage.log)?;
     verdict.schedule = Some(schedule);
     Ok(verdict)
 }

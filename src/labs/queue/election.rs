@@ -15,7 +15,6 @@ use anyhow::{Context, Result};
 
 use super::Plan;
 use super::verdict_churn::ElectionVerdict;
-use crate::check::late_write;
 use crate::connect::Backend;
 use crate::events::Kind;
 use crate::labs::faults::{Faults, Until};
@@ -99,8 +98,8 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ElectionVerdict> {
     let read = store
         .read_back(&run.id, RESOURCE)
         .context("reading the store back")?;
-    let late = late_write(&read.attempts, "L1", "L2");
-    let mut verdict = ElectionVerdict::from_log(&stage.log, late, read);
+    stage.record_read_back(RESOURCE, &read);
+    let mut verdict = ElectionVerdict::from_history(&stage.log)?;
     verdict.schedule = Some(schedule);
     Ok(verdict)
 }

@@ -15,7 +15,6 @@ use anyhow::{Context, Result};
 
 use super::Plan;
 use super::verdict::ExpiryVerdict;
-use crate::check::late_write;
 use crate::events::Kind;
 use crate::labs::Stage;
 use crate::labs::faults::{Faults, Until};
@@ -88,8 +87,8 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ExpiryVerdict> {
     let read = store
         .read_back(&run.id, RESOURCE)
         .context("reading the store back")?;
-    let late = late_write(&read.attempts, "H", "W2");
-    let mut verdict = ExpiryVerdict::from_log(&stage.log, late, read, granted, freeze);
+    stage.record_read_back(RESOURCE, &read);
+    let mut verdict = ExpiryVerdict::from_history(&stage.log, granted, freeze)?;
     verdict.schedule = Some(schedule);
     Ok(verdict)
 }

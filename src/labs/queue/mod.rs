@@ -37,6 +37,7 @@ mod herd;
 mod owner_txn;
 mod scene;
 pub mod verdict;
+pub use verdict::replay;
 pub mod verdict_churn;
 
 use std::time::Duration;

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use anyhow::{Context, Result};
 use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -16,6 +17,7 @@ use crate::check::queue::{
 use crate::check::{Finding, LateWrite};
 use crate::events::facts::{ServerCount, Turn};
 use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::nemesis::schedule::Schedule;
 use crate::output::{human, prose, table};
@@ -118,6 +120,55 @@ impl ExpiryVerdict {
             schedule: None,
         }
     }
+}
+
+impl ExpiryVerdict {
+    /// Judges the expiry part from its history, the store's read-back in it included. The
+    /// live run and `lockslab check` both judge this way.
+    pub fn from_history(log: &[Event], lease: Duration, freeze: Duration) -> Result<ExpiryVerdict> {
+        let read = replay::read_back(log)?;
+        let late = crate::check::late_write(&read.attempts, "H", "W2");
+        Ok(ExpiryVerdict::from_log(log, late, read, lease, freeze))
+    }
+}
+
+/// `lockslab check`: each way of queueing counted again from its `handovers` event (the
+/// waiters' turns and the server's counts), and the churn, expiry and election parts judged
+/// again from their own events and the store's read-back.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    let recorded_queues = verdict.get("queues").and_then(Value::as_array);
+    for event in events {
+        let What::Handovers(h) = &event.what else {
+            continue;
+        };
+        let recorded = recorded_queues
+            .and_then(|queues| queues.iter().find(|q| q["way"] == h.way.as_str()))
+            .with_context(|| format!("the verdict has no queue {}", h.way))?;
+        let found = QueueVerdict::new(&h.way, &h.turns, h.server.clone());
+        replayed.part(format!("queue {}", h.way), recorded, &found);
+    }
+    let part = |name: &str| replay::part_of(events, |e| e.part.scenario.as_deref() == Some(name));
+    if let Some(recorded) = verdict.get("churn") {
+        let log = replayed.with_read_back(part("churn"), recorded, Some("store"))?;
+        replayed.part("churn", recorded, ChurnVerdict::from_history(&log)?);
+    }
+    if let Some(recorded) = verdict.get("expiry") {
+        let log = replayed.with_read_back(part("expiry"), recorded, Some("store"))?;
+        let ms = |field: &str| replay::number(recorded, field).map(Duration::from_millis);
+        let found = ExpiryVerdict::from_history(&log, ms("lease_ms")?, ms("freeze_ms")?)?;
+        replayed.part("expiry", recorded, found);
+    }
+    if let Some(recorded) = verdict.get("election") {
+        let log = replayed.with_read_back(part("election"), recorded, Some("store"))?;
+        replayed.part("election", recorded, ElectionVerdict::from_history(&log)?);
+    }
+    if verdict.get("owner_txn").is_some() {
+        replayed.not_replayed.push(
+            "the owner transaction (`owner_txn`): its answers are not in the history yet".into(),
+        );
+    }
+    Ok(replayed)
 }
 
 impl runner::Verdict for Verdict {

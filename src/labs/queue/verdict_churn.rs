@@ -2,6 +2,7 @@
 //! are killed from the middle of the line) and the election (a leader frozen past its
 //! lease). Decided by [`crate::check::queue`] from etcd's history and the store.
 
+use anyhow::Result;
 use colored::Colorize;
 use serde::Serialize;
 
@@ -10,6 +11,7 @@ use crate::check::queue::{
     ChurnFacts, ChurnHistory, ElectionFacts, Grant, Waiter, Wake, churn_facts, election_facts,
 };
 use crate::events::{Event, Kind, What};
+use crate::labs::replay::read_back;
 use crate::nemesis::schedule::Schedule;
 use crate::output::prose;
 use crate::store::ReadBack;
@@ -35,6 +37,14 @@ impl ChurnVerdict {
             store,
             schedule: None,
         }
+    }
+}
+
+impl ChurnVerdict {
+    /// Judges the churn from its history, the store's read-back in it included. The live
+    /// run and `lockslab check` both judge this way.
+    pub fn from_history(log: &[Event]) -> Result<ChurnVerdict> {
+        Ok(ChurnVerdict::from_log(log, read_back(log)?))
     }
 }
 
@@ -110,6 +120,16 @@ impl ElectionVerdict {
             store,
             schedule: None,
         }
+    }
+}
+
+impl ElectionVerdict {
+    /// Judges the election from its history, the store's read-back in it included (L1's
+    /// late write against L2's). The live run and `lockslab check` both judge this way.
+    pub fn from_history(log: &[Event]) -> Result<ElectionVerdict> {
+        let read = read_back(log)?;
+        let late = crate::check::late_write(&read.attempts, "L1", "L2");
+        Ok(ElectionVerdict::from_log(log, late, read))
     }
 }
 

@@ -39,6 +39,7 @@ mod minority;
 mod restart;
 mod scene;
 mod verdict;
+pub use verdict::{reads_in, replay, rounds_in};
 
 use colored::Colorize;
 use std::time::Duration;

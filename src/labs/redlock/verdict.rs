@@ -2,12 +2,17 @@
 //! resource, and each scenario's sentences. Every fact in it was decided by
 //! [`crate::check::redlock`] from the masters' answers and the store's record.
 
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::{Plan, Scenario};
-use crate::check::redlock::{MasterState, StaleWrite};
+use crate::check::redlock::{self as check, MasterState, Round, StaleWrite};
+use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
 use crate::lock::redlock::{self, Attempt};
@@ -72,6 +77,115 @@ pub struct ScenarioVerdict {
     /// The faults the scenario played as a schedule (client-pause).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
+}
+
+/// Every round of the clients the events of `tag` report, on the run's clock: the event is
+/// stamped when the round's answer was in, and the round began its elapsed time before.
+pub fn rounds_in(events: &[Event], tag: &str) -> Vec<(String, Round)> {
+    events
+        .iter()
+        .filter(|e| e.part.scenario.as_deref() == Some(tag))
+        .filter_map(|e| {
+            let attempt = match &e.what {
+                What::Acquired(a) => a.attempt.as_deref(),
+                What::GaveUp(g) => g.attempt.as_deref(),
+                _ => None,
+            }?;
+            let elapsed = attempt.elapsed_ms.ceil() as u64;
+            let round = Round {
+                held: attempt.held,
+                began: Duration::from_millis(e.t_ms.saturating_sub(elapsed)),
+                ended: Duration::from_millis(e.t_ms),
+                validity_ms: attempt.validity_ms,
+            };
+            Some((e.worker.clone(), round))
+        })
+        .collect()
+}
+
+/// Every read-back of the masters for scenario `name`'s key, in the order the lab made them.
+pub fn reads_in(events: &[Event], name: &str) -> Vec<Vec<MasterState>> {
+    let suffix = format!(":{name}");
+    events
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::HolderNow(h) if h.key.as_deref().is_some_and(|k| k.ends_with(&suffix)) => {
+                h.masters.clone()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `lockslab check`: the facts of each scenario the masters' answers decide, judged again
+/// from the history — the read-backs of the majority-down key, A's and B's rounds in the
+/// restarts and the clock jump, and the client pause's grant against A's validity.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    let mut pairs = rounds_in(events, "restart");
+    pairs.extend(rounds_in(events, "clock-jump"));
+    let mut pairs = pairs
+        .chunks(2)
+        .map(|pair| pair.to_vec())
+        .collect::<Vec<_>>()
+        .into_iter();
+    for recorded in replay::list(verdict, "scenarios")? {
+        let name = replay::text(recorded, "name")?;
+        let found = match name {
+            "majority-down" => {
+                let [after, woke] = &reads_in(events, name)[..] else {
+                    bail!("majority-down: the history does not hold its two read-backs");
+                };
+                json!({
+                    "left_after_release": check::holding(after),
+                    "set_once_thawed": check::holding(woke),
+                })
+            }
+            "restart-empty" | "restart-delayed" | "clock-jump" => {
+                let Some([(a_who, a), (b_who, b)]) = pairs
+                    .next()
+                    .as_deref()
+                    .map(|p| p.to_vec())
+                    .and_then(|p| <[(String, Round); 2]>::try_from(p).ok())
+                else {
+                    bail!("{name}: the history does not hold A's and B's rounds");
+                };
+                if (a_who.as_str(), b_who.as_str()) != ("A", "B") {
+                    bail!("{name}: the rounds are {a_who}'s and {b_who}'s, not A's and B's");
+                }
+                json!({
+                    "granted": b.held,
+                    "two_holders": check::two_holders(&a, &b).as_option(),
+                })
+            }
+            "client-pause" => {
+                let log = replay::part_of(events, |e| e.part.scenario.as_deref() == Some(name));
+                let a_seen = log
+                    .iter()
+                    .find(|e| e.is("A", Kind::Acquired))
+                    .context("client-pause: A's grant is not in the history")?;
+                let validity_ms = match &a_seen.what {
+                    What::Acquired(a) => a.validity_ms.context("A's grant without its validity")?,
+                    _ => unreachable!("found as a grant"),
+                };
+                let rounds = rounds_in(events, name);
+                let b = rounds.iter().find(|(who, r)| who == "B" && r.held);
+                let found = match b {
+                    Some((_, b)) => check::granted_twice_after_pause(
+                        Duration::from_millis(a_seen.t_ms),
+                        validity_ms,
+                        b.began,
+                    )
+                    .as_option(),
+                    None => Some(false),
+                };
+                json!({ "granted": b.is_some(), "two_holders": found })
+            }
+            _ => continue,
+        };
+        replayed.part(name, recorded, found);
+    }
+    Ok(replayed)
 }
 
 /// The run's verdict: the plan it played and each scenario's verdict.

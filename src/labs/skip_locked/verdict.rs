@@ -5,13 +5,17 @@
 
 use std::time::Duration;
 
+use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::Fault;
 use super::round::plural;
-use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob};
+use crate::check::Processed;
+use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob, KillOutcome};
+use crate::events::{Event, Kind, What};
+use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::output::{human, table};
 use crate::queue::Mode;
@@ -31,6 +35,116 @@ pub struct ModeVerdict {
     /// From the kill until another worker claimed the killed worker's job; None when there
     /// was no kill, or when the job was never claimed again.
     pub reclaim_ms: Option<f64>,
+}
+
+/// One mode's history judged again by the lab's checkers: the processing table's counts
+/// (its `pg` line), what became of the killed worker's job and of the frozen one's.
+#[derive(Clone, Debug)]
+pub struct ModeReplayed {
+    pub processed: Processed,
+    /// The history's line from the processing table said every job was processed once.
+    pub said_every_job_once: bool,
+    pub kill: Option<KillOutcome>,
+    pub frozen: Option<FrozenJob>,
+}
+
+impl ModeReplayed {
+    /// The row of the verdict this mode's history decides.
+    fn row(&self) -> Value {
+        let reclaim_ms = match &self.kill {
+            Some(KillOutcome::Reclaimed { after_ms, .. }) => Some(*after_ms),
+            _ => None,
+        };
+        json!({
+            "jobs": self.processed.jobs,
+            "duplicates": self.processed.duplicates,
+            "lost": self.processed.lost,
+            "reclaim_ms": reclaim_ms,
+        })
+    }
+}
+
+/// Judges one mode again from its events: the count line the lab read from the processing
+/// table, the nemesis's kill and Postgres's word on the killed job (`reclaimed` or
+/// `job_lost`), the freeze and the table's final record of the frozen job.
+pub fn replay_mode(log: &[Event]) -> Result<ModeReplayed> {
+    let find = |kind: Kind| log.iter().find(|e| e.kind() == kind);
+    let count = find(Kind::ExactlyOnce)
+        .or_else(|| find(Kind::Violation))
+        .context("the processing table's count is not in the history")?;
+    let said = count.observed().context("a count without its figures")?;
+    let figure = |n: Option<u64>| n.map(|n| n as i64).context("a count without its figures");
+    let (once, duplicates, lost) = (
+        figure(said.once)?,
+        figure(said.duplicates)?,
+        figure(said.lost)?,
+    );
+    let processed = Processed {
+        // Every job was processed once, twice or more, or never.
+        jobs: once + duplicates + lost,
+        once,
+        duplicates,
+        lost,
+    };
+    let kill = find(Kind::Killed)
+        .and_then(|e| e.fault()?.target.clone())
+        .map(|victim| {
+            checks::kill_outcome(&checks::Kill {
+                first_claim: find(Kind::Reclaimed).and_then(|e| match &e.what {
+                    What::Reclaimed(h) => Some((h.by.clone()?, h.reclaim_ms?)),
+                    _ => None,
+                }),
+                row: find(Kind::JobLost).and_then(|e| match &e.what {
+                    What::JobLost(fate) => Some((fate.status.clone()?, fate.claimed_by.clone())),
+                    _ => None,
+                }),
+                dead: vec![victim.clone()],
+                victim,
+            })
+        });
+    let frozen = match find(Kind::Frozen).and_then(|e| e.fault()?.target.clone()) {
+        Some(sleeper) => {
+            let Some(What::FreezeResult(result)) = find(Kind::FreezeResult).map(|e| &e.what) else {
+                bail!("the frozen job's record is not in the history");
+            };
+            Some(checks::frozen_job(&Freeze {
+                by: result.by.clone().unwrap_or_default(),
+                processed_while_frozen: result.frozen_job_processed_while_frozen.unwrap_or(0)
+                    as i64,
+                session_ended: find(Kind::Expired).is_some(),
+                finish_failed: log.iter().any(|e| e.is(&sleeper, Kind::FinishFailed)),
+                sleeper,
+            }))
+        }
+        None => None,
+    };
+    Ok(ModeReplayed {
+        processed,
+        said_every_job_once: count.kind() == Kind::ExactlyOnce,
+        kill,
+        frozen,
+    })
+}
+
+/// `lockslab check`: each mode judged again from its own events (picked by its `mode` tag)
+/// by [`replay_mode`]; the line the lab wrote from the processing table against what the
+/// checker makes of its figures.
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
+    for recorded in replay::list(verdict, "modes")? {
+        let mode = replay::text(recorded, "mode")?;
+        let log = replay::part_of(events, |e| e.part.mode.as_deref() == Some(mode));
+        let found = replay_mode(&log)?;
+        let word = |once: bool| if once { "exactly_once" } else { "violation" };
+        replayed
+            .part(format!("mode {mode}"), recorded, found.row())
+            .also(
+                "table line",
+                word(found.said_every_job_once).into(),
+                word(checks::every_job_once(&found.processed)).into(),
+            );
+    }
+    Ok(replayed)
 }
 
 /// What the freeze round measured, for the sentence under the table.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::{step, worker_failed};
-use crate::events::facts::{Part, Warning};
+use crate::events::facts::{Part, StoreRecord, Warning};
 use crate::events::{self, Event, Incoming, Kind, What};
 use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
@@ -262,7 +262,28 @@ impl Stage {
     /// them from `next`) — except in a `tick`, which looks at the world before a line is
     /// shown so that an effect never shows above its cause: there they wait, and what the
     /// tick records is stamped no later than the first of them.
-    pub fn record(&mut self, mut event: Event) {
+    pub fn record(&mut self, event: Event) {
+        self.record_shown(event, true);
+    }
+
+    /// Records the store's read-back of `resource` in the run's history, where the part's
+    /// verdict is judged from, so that `lockslab check` can judge it again from `--json`
+    /// alone. A terminal does not show it on the timeline: the verdict's table says it.
+    pub fn record_read_back(&mut self, resource: &str, read: &crate::store::ReadBack) {
+        let record = StoreRecord::of(resource, read);
+        let text = format!(
+            "read back {resource}: {} in decision order; it holds {}'s write",
+            if read.attempts.is_empty() {
+                "no attempt".to_string()
+            } else {
+                crate::store::Attempt::words(&read.attempts)
+            },
+            read.final_writer.as_deref().unwrap_or("nobody")
+        );
+        self.record_shown(Event::new("store", record, text), false);
+    }
+
+    fn record_shown(&mut self, mut event: Event, on_terminal: bool) {
         if !matches!(&event.what, What::Warning(w) if w.lab_paused_ms.is_some()) {
             self.notice_own_pauses();
         }
@@ -285,7 +306,11 @@ impl Stage {
         let now = self.start.elapsed().as_millis() as u64;
         event.t_ms = bound.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
-        self.show(&event);
+        if on_terminal || self.timeline.style.json {
+            self.show(&event);
+        } else if let Some(history) = &self.history {
+            history.push(&event);
+        }
         self.log.push(event);
     }
 

@@ -1,0 +1,92 @@
+//! A recorded `lockslab challenge` run graded again by [`crate::check::challenge`]: the jobs
+//! and the clients' `ok`s from the typed events, the database's log of changes from the
+//! verdict (where the run kept it), each record's final value and items from its last change.
+//!
+//! The live grader also weighs evidence the `--json` does not carry (the clients' lock
+//! notes, the statements, the waits, which faults bit): the replay grades what the history
+//! and the log decide — the problems in the data — and says what it leaves as recorded.
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::check::challenge::{Change, Evidence, Final, JobSpec, Problem, check};
+use crate::events::{Event, What};
+use crate::labs::replay::{self, Replayed};
+
+/// What the replay decides of a challenge run.
+#[derive(Serialize)]
+struct Graded {
+    jobs: usize,
+    acknowledged: usize,
+    problems: Vec<Problem>,
+}
+
+pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let sent = events.iter().filter_map(|e| match &e.what {
+        What::JobSent(job) => Some(job),
+        _ => None,
+    });
+    if sent.clone().next().is_some() && sent.clone().all(|job| job.append.is_none()) {
+        bail!(
+            "it was recorded before a challenge's jobs appended to their record's items, and \
+             this lockslab's grader weighs those items: it would grade every change as one \
+             that appended nothing. Record the challenge again with this lockslab to check it"
+        );
+    }
+    let mut evidence = Evidence::default();
+    for event in events {
+        match &event.what {
+            What::JobSent(job) if job.resent.is_none() => evidence.jobs.push(JobSpec {
+                id: job.job,
+                record: job
+                    .record
+                    .clone()
+                    .context("a job sent without its record")?,
+                add: job.add.context("a job sent without what it adds")?,
+                append: job.append.clone().unwrap_or_default(),
+            }),
+            What::JobAnswered(job) if job.ok == Some(true) => {
+                evidence.acknowledged.insert(job.job);
+            }
+            _ => {}
+        }
+    }
+    evidence.jobs.sort_by_key(|j| j.id);
+    evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone())
+        .context("the verdict carries no log of changes (`changes`)")?;
+    let mut records: Vec<&str> = evidence.jobs.iter().map(|j| j.record.as_str()).collect();
+    records.sort_unstable();
+    records.dedup();
+    for record in records {
+        let last = evidence.changes.iter().rev().find(|c| c.record == record);
+        evidence.finals.push(Final {
+            record: record.into(),
+            value: last.map_or(0, |c| c.new_value),
+            items: last.map(|c| c.new_items.clone()).unwrap_or_default(),
+        });
+    }
+    evidence.faults_planned = replay::number(verdict, "faults_planned")? as usize;
+    evidence.faults_played = replay::number(verdict, "faults_played")? as usize;
+    let report = check(&evidence);
+    let mut replayed = Replayed::default();
+    let challenge = verdict["challenge"].as_str().unwrap_or("challenge");
+    let graded = Graded {
+        jobs: evidence.jobs.len(),
+        acknowledged: evidence.acknowledged.len(),
+        problems: report.problems.clone(),
+    };
+    let part = replayed.part(format!("challenge {challenge}"), verdict, graded);
+    // A grade of FAIL is decided by the problems alone; PASS or UNKNOWN also weighs what
+    // the history does not carry.
+    if !report.problems.is_empty() {
+        part.replayed.insert("grade".into(), "fail".into());
+    }
+    replayed.not_replayed.push(
+        "what the grade weighs besides the data (the clients' lock notes, the statements, \
+         which faults bit): the --json does not carry that evidence, so `unknown`, \
+         `faults_bit` and a grade without problems are as recorded"
+            .into(),
+    );
+    Ok(replayed)
+}

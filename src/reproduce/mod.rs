@@ -1,0 +1,272 @@
+//! `lockslab check RUN.jsonl`: a run's verdict reproduced offline, from its `--json` alone.
+//!
+//! A run's `--json` is its history — what every worker, backend and fault said, and the
+//! store's read-back — and then its verdict. This reads the two back, recognises the lab from
+//! the verdict's `lab`, and hands both to the lab's own `replay`, which cuts the history into
+//! the verdict's parts and judges each with the code the live run judged it with. Then it
+//! sets what the replay reached beside what the run recorded, field by field.
+//!
+//! ```text
+//! RUN.jsonl ──> events + verdict ──> labs::<lab>::replay (the lab's own checkers) ──> fields
+//!                                                   └──> compare with the recorded fields ──> 0 | 1 | 4
+//! ```
+//!
+//! No server is asked anything: the history is the evidence.
+
+pub mod challenge;
+pub mod compare;
+mod words;
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::events::{Event, JSON_VERSION};
+use crate::labs::replay::Replayed;
+
+/// The replay reached the recorded verdict.
+pub const EXIT_REPRODUCED: u8 = 0;
+/// The replay reached another verdict: some field disagrees.
+pub const EXIT_DISAGREES: u8 = 1;
+/// The file could not be read or replayed (cut short, edited past reading, not a run).
+pub const EXIT_CANNOT_REPLAY: u8 = 4;
+
+/// The labs (and tools) `check` replays, as their verdicts name them.
+pub const SUPPORTED: [&str; 12] = [
+    "gc-pause",
+    "naive",
+    "skip-locked",
+    "etcd-vs-redis",
+    "failover",
+    "redlock",
+    "no-lock",
+    "network",
+    "lease-guard",
+    "queue",
+    "challenge",
+    "chaos",
+];
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  lockslab gc-pause --json > run.jsonl   record a run
+  lockslab check run.jsonl               judge it again, offline: does the
+                                         history give the verdict it recorded?
+  lockslab network --json | lockslab check -
+                                         the same, straight from a live run
+
+It reads the run's history (every event, and the store's read-back the
+verdict was judged from), judges each part again with the lab's own checkers
+— the code the live run used — and lists each field of the verdict it reached
+beside the recorded one. No server is asked anything.
+
+Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
+`lockslab chaos` hunts (each history it printed, and the hunt's counts).
+
+Exit status: 0 reproduced (every field the history decides agrees) · 1 some
+field disagrees (both values are listed) · 2 bad command line · 4 the file
+could not be read or replayed (cut short, not a run's --json, a lab it does
+not replay); a line says what to do.")]
+pub struct CheckArgs {
+    /// A run's `--json` output (`lockslab <lab> --json > RUN.jsonl`); `-` reads stdin
+    #[arg(value_name = "RUN.jsonl")]
+    pub input: String,
+}
+
+/// A run's `--json`, read back: its history, its verdict, and any summary lines of a tool
+/// that plays many histories (`chaos`'s `schedule`, `matrix`'s `cell`).
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub events: Vec<Event>,
+    pub verdict: Option<Value>,
+    /// The summary lines of a tool that plays many histories (`chaos`'s `schedule` lines).
+    pub summaries: Vec<Value>,
+}
+
+/// `lockslab check`: reads, replays, compares, and says so; the exit status is the answer.
+pub fn run(args: &CheckArgs) -> Result<ExitCode> {
+    let name = if args.input == "-" {
+        "stdin".to_string()
+    } else {
+        args.input.clone()
+    };
+    let outcome = read(&args.input)
+        .and_then(|text| Recorded::from_jsonl(&text))
+        .and_then(|recorded| {
+            let replayed = replay(&recorded)?;
+            Ok((recorded, replayed))
+        });
+    let (recorded, replayed) = match outcome {
+        Ok(both) => both,
+        Err(err) if err.is::<crate::exit::UsageError>() => return Err(err),
+        Err(err) => {
+            crate::output::err_prose(&format!("lockslab check: {name}: {err:#}"));
+            return Ok(ExitCode::from(EXIT_CANNOT_REPLAY));
+        }
+    };
+    let compared = compare::compare(&replayed);
+    if compared.count_compared() == 0 {
+        crate::output::err_prose(&format!(
+            "lockslab check: {name}: the replay reached no field this recording has, so there              is nothing to compare: was it written by a much older lockslab? Record the run              again with this one (`lockslab <lab> --json > run.jsonl`)"
+        ));
+        return Ok(ExitCode::from(EXIT_CANNOT_REPLAY));
+    }
+    words::print(&name, &recorded, &replayed, &compared);
+    Ok(ExitCode::from(if compared.agrees() {
+        EXIT_REPRODUCED
+    } else {
+        EXIT_DISAGREES
+    }))
+}
+
+/// The text of a saved run, or of stdin (`-`).
+fn read(input: &str) -> Result<String> {
+    if input != "-" {
+        return crate::picture::read_saved_run(std::path::Path::new(input));
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(crate::picture::MOST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .context("reading stdin")?;
+    if bytes.len() as u64 > crate::picture::MOST_BYTES {
+        bail!(
+            "more than {} MB on stdin: a run's --json is far smaller",
+            crate::picture::MOST_BYTES >> 20
+        );
+    }
+    String::from_utf8(bytes).context("stdin is not UTF-8 text")
+}
+
+/// Hands the run to its lab's replay.
+pub fn replay(recorded: &Recorded) -> Result<Replayed> {
+    let Some(verdict) = &recorded.verdict else {
+        if recorded.events.is_empty() {
+            bail!(
+                "nothing to replay in it: expected a run's --json output \
+                 (`lockslab <lab> --json > run.jsonl`)"
+            );
+        }
+        bail!(
+            "this file has no verdict line: was it cut short? run the lab again with \
+             --json > run.jsonl, and let it finish"
+        );
+    };
+    if let Some(version) = verdict.get("json_version").and_then(Value::as_u64)
+        && version > u64::from(JSON_VERSION)
+    {
+        bail!(
+            "it was written by a newer lockslab (json_version {version}; this one reads up to \
+             {JSON_VERSION}): check it with the lockslab that recorded it"
+        );
+    }
+    let lab = verdict.get("lab").and_then(Value::as_str).unwrap_or("");
+    let events = &recorded.events;
+    let replayed = match lab {
+        "gc-pause" => crate::labs::gc_pause::replay(events, verdict),
+        "naive" => crate::labs::naive::replay(events, verdict),
+        "skip-locked" => crate::labs::skip_locked::replay(events, verdict),
+        "etcd-vs-redis" => crate::labs::etcd_vs_redis::replay(events, verdict),
+        "failover" => crate::labs::failover::replay(events, verdict),
+        "redlock" => crate::labs::redlock::replay(events, verdict),
+        "no-lock" => crate::labs::no_lock::replay(events, verdict),
+        "network" => crate::labs::network::replay(events, verdict),
+        "lease-guard" => crate::labs::lease_guard::replay(events, verdict),
+        "queue" => crate::labs::queue::replay(events, verdict),
+        "challenge" => challenge::replay(events, verdict),
+        "chaos" => crate::labs::chaos::replay(events, &recorded.summaries, verdict),
+        "matrix" => bail!(
+            "a `lockslab matrix` run's --json holds one line per cell, not the histories \
+             behind it, so there is nothing to judge again; hunt one cell again with \
+             `lockslab chaos --design D --faults F --json > run.jsonl` and check that. \
+             `check` replays: {}",
+            SUPPORTED.join(", ")
+        ),
+        "" => bail!(
+            "its verdict line names no lab: was it written by lockslab? `check` replays: {}",
+            SUPPORTED.join(", ")
+        ),
+        other => bail!(
+            "`{other}` is not a lab `check` replays (an older or newer lockslab's?); it \
+             replays: {}",
+            SUPPORTED.join(", ")
+        ),
+    };
+    replayed.with_context(|| {
+        format!(
+            "could not replay this {lab} run (was the file edited, or written by an older \
+             lockslab?)"
+        )
+    })
+}
+
+impl Recorded {
+    /// Reads a saved `--json` stream: one JSON object per line, the verdict last.
+    pub fn from_jsonl(text: &str) -> Result<Recorded> {
+        let mut recorded = Recorded::default();
+        let mut verdict_line = None;
+        // A byte-order mark or CRLF line ends (a file saved by an editor) change nothing.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        for (number, line) in text.lines().enumerate() {
+            let number = number + 1;
+            let line = line.trim_end_matches('\r');
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value: Value = serde_json::from_str(line).with_context(|| {
+                format!(
+                    "line {number} is not JSON: a run's --json is one JSON object per line \
+                     (`lockslab <lab> --json > run.jsonl`)"
+                )
+            })?;
+            if !value.is_object() {
+                bail!("line {number} is not a JSON object");
+            }
+            if let Some(seen) = verdict_line {
+                bail!(
+                    "line {number} follows the verdict of line {seen}: this file holds more than \
+                     one run; save each run to a file of its own and check each"
+                );
+            }
+            match value.get("kind").and_then(Value::as_str) {
+                Some("verdict") => {
+                    recorded.verdict = Some(value);
+                    verdict_line = Some(number);
+                }
+                Some("schedule" | "cell") => recorded.summaries.push(value),
+                _ => {
+                    let event: Event = serde_json::from_value(value).with_context(|| {
+                        format!(
+                            "line {number} is not an event lockslab records (docs/json.md): \
+                             was it edited, or written by another lockslab?"
+                        )
+                    })?;
+                    recorded.events.push(event);
+                }
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// The verdict's run id and json_version, for the heading.
+    fn stamp(&self) -> (String, String, Option<u64>) {
+        let field = |name: &str| {
+            self.verdict
+                .as_ref()
+                .and_then(|v| v.get(name))
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string()
+        };
+        let version = self
+            .verdict
+            .as_ref()
+            .and_then(|v| v.get("json_version"))
+            .and_then(Value::as_u64);
+        (field("lab"), field("run_id"), version)
+    }
+}

@@ -1,0 +1,289 @@
+//! `lockslab check`: every recorded run in tests/fixtures gives its verdict again offline,
+//! judged from its history alone by the labs' own checkers; a copy edited after the run does
+//! not, and says where. No servers: `check` asks none, so neither does this file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockslab");
+
+/// Recorded before a challenge's jobs appended to their record's items: today's grader
+/// weighs those items, so it cannot judge this run again (the picture tests keep it to
+/// show that a verdict of then still draws).
+const BEFORE_ITEMS: &str = "challenge.jsonl";
+
+fn check(path: &Path) -> (Option<i32>, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(BIN)
+        .arg("check")
+        .arg(path)
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "1000")
+        .output()
+        .expect("running lockslab check");
+    (
+        status.code(),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// Every complete recorded run: tests/fixtures/*.jsonl and tests/fixtures/pictures/*.jsonl.
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut files: Vec<PathBuf> = [root.clone(), root.join("pictures")]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// `text` saved in a directory of its own, to be checked.
+fn saved(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.jsonl");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// `text` with its lines passed through `edit` (a line it returns None for is dropped).
+fn edited(text: &str, edit: impl Fn(&str) -> Option<String>) -> String {
+    let lines: Vec<String> = text.lines().filter_map(edit).collect();
+    lines.join("\n") + "\n"
+}
+
+/// `text` with `from` written `to` in its lines of kind `kind` (once per line).
+fn replaced(text: &str, kind: &str, from: &str, to: &str) -> String {
+    let marker = format!("\"kind\":\"{kind}\"");
+    edited(text, |line| {
+        Some(match line.contains(&marker) {
+            true => line.replacen(from, to, 1),
+            false => line.to_string(),
+        })
+    })
+}
+
+#[test]
+fn every_recorded_run_reproduces_its_verdict_offline() {
+    let started = std::time::Instant::now();
+    let files = fixtures();
+    assert!(
+        files.len() >= 16,
+        "the recorded runs are missing: {files:?}"
+    );
+    for path in &files {
+        let (code, stdout, stderr) = check(path);
+        let name = path.file_name().unwrap().to_string_lossy();
+        if name == BEFORE_ITEMS {
+            assert_eq!(code, Some(4), "{name}: {stdout}{stderr}");
+            assert!(
+                stderr.contains("before a challenge's jobs appended"),
+                "{stderr}"
+            );
+            continue;
+        }
+        assert_eq!(code, Some(0), "{name} did not reproduce:\n{stdout}{stderr}");
+        assert!(stdout.contains("Reproduced:"), "{name}: {stdout}");
+        assert!(!stdout.contains('✗'), "{name}: {stdout}");
+    }
+    // Offline and quick: the whole sweep is a few processes reading files.
+    println!(
+        "{} recorded runs checked in {:?}",
+        files.len(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_history_whose_store_line_says_the_other_thing_is_not_reproduced() {
+    let flipped = replaced(
+        &fixture("gc-pause.jsonl"),
+        "stale_write_accepted",
+        "stale_write_accepted",
+        "stale_write_rejected",
+    );
+    let (_dir, path) = saved(&flipped);
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "✗ store line: recorded stale_write_rejected (it holds A), replayed \
+             stale_write_accepted (it holds A)"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Not reproduced: 1 of"), "{stdout}");
+}
+
+#[test]
+fn a_read_back_that_says_the_store_refused_gives_another_verdict() {
+    // The store's read-back is an event of the history now: the replay judges from it. Its
+    // first run's last attempt turned from accepted to refused (and the resource's writer
+    // with it) reads as a store that refused the stale write; the verdict says it took it.
+    let text = fixture("gc-pause-token-restart.jsonl");
+    let done = std::cell::Cell::new(false);
+    let turned = edited(&text, |line| {
+        if line.contains("\"kind\":\"read_back\"") && !done.replace(true) {
+            let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+            let attempts = event["attempts"].as_array_mut().unwrap();
+            let last = attempts.last_mut().unwrap();
+            last["accepted"] = (!last["accepted"].as_bool().unwrap()).into();
+            let writer = attempts
+                .iter()
+                .rev()
+                .find(|a| a["accepted"] == true)
+                .map(|a| a["writer"].clone())
+                .unwrap_or_default();
+            event["final_writer"] = writer;
+            return Some(event.to_string());
+        }
+        Some(line.to_string())
+    });
+    assert_ne!(turned, text);
+    let (_dir, path) = saved(&turned);
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("✗ late_write: recorded"), "{stdout}");
+    assert!(stdout.contains("✗ final_writer: recorded"), "{stdout}");
+}
+
+#[test]
+fn a_chaos_history_whose_read_back_lost_an_increment_is_not_reproduced() {
+    // tests/fixtures/chaos.jsonl: `chaos --design redis-lock --schedules 4 --no-shrink`,
+    // its third history safe. Its record's counter read back one lower than its log says.
+    let text = fixture("chaos.jsonl");
+    let tag = "\"scenario\":\"schedule-2\"";
+    let lowered = edited(&text, |line| {
+        if !(line.contains("\"kind\":\"records_read_back\"") && line.contains(tag)) {
+            return Some(line.to_string());
+        }
+        let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+        let value = &mut event["records"][0]["final_value"];
+        *value = (value.as_i64().unwrap() - 1).into();
+        Some(event.to_string())
+    });
+    assert_ne!(lowered, text);
+    let (_dir, path) = saved(&lowered);
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("✗ result: recorded safe, replayed unsafe")
+            && stdout.contains("✗ unsafe: recorded 3, replayed 4"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_verdict_field_changed_after_the_run_is_listed_with_both_values() {
+    // The redis freeze cell's handover, 5002ms, written as 50ms.
+    let changed = replaced(
+        &fixture("etcd-vs-redis.jsonl"),
+        "verdict",
+        "\"handover_ms\":5002",
+        "\"handover_ms\":50",
+    );
+    let (_dir, path) = saved(&changed);
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("redis × freeze  ✗ 1 of")
+            && stdout.contains("✗ handover_ms: recorded 50, replayed 5002"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_run_cut_short_says_what_to_do() {
+    let cut = edited(&fixture("gc-pause.jsonl"), |line| {
+        (!line.contains("\"kind\":\"verdict\"")).then(|| line.to_string())
+    });
+    let (_dir, path) = saved(&cut);
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, Some(4), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("no verdict line: was it cut short? run the lab again with --json"),
+        "{stderr}"
+    );
+    assert!(stdout.is_empty(), "{stdout}");
+}
+
+#[test]
+fn what_it_cannot_replay_it_says_and_names_what_it_can() {
+    let cases: [(&str, &str); 5] = [
+        ("not json\n", "line 1 is not JSON"),
+        (
+            "{\"kind\":\"verdict\",\"lab\":\"teleport\",\"json_version\":4}\n",
+            "`teleport` is not a lab `check` replays",
+        ),
+        (
+            "{\"kind\":\"schedule\",\"index\":0}\n{\"kind\":\"verdict\",\"lab\":\"chaos\",\"design\":\"redis-lock\"}\n",
+            "schedule 0's history is not in the file",
+        ),
+        (
+            "{\"kind\":\"cell\"}\n{\"kind\":\"verdict\",\"lab\":\"matrix\",\"json_version\":4}\n",
+            "not the histories behind it",
+        ),
+        (
+            "{\"kind\":\"verdict\",\"lab\":\"gc-pause\",\"json_version\":99}\n",
+            "written by a newer lockslab",
+        ),
+    ];
+    for (text, expected) in cases {
+        let (_dir, path) = saved(text);
+        let (code, _, stderr) = check(&path);
+        assert_eq!(code, Some(4), "{text}: {stderr}");
+        assert!(stderr.contains(expected), "{text}: {stderr}");
+    }
+    let (_dir, path) = saved("{\"kind\":\"verdict\",\"lab\":\"teleport\"}\n");
+    let (_, _, stderr) = check(&path);
+    assert!(
+        stderr.contains("gc-pause") && stderr.contains("challenge"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn stdin_is_read_with_a_dash_and_help_shows_examples() {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["check", "-"])
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(fixture("skip-locked.jsonl").as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("Reproduced:"));
+
+    let help = Command::new(BIN)
+        .args(["check", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Examples:") && help.contains("lockslab check run.jsonl"),
+        "{help}"
+    );
+}
