@@ -602,9 +602,9 @@ pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
 ///
 /// The price: etcd 3.4 grants leases without a password, and once the alarm is up it checks
 /// no permission at all (`auth disable` included). Filling 128 MB with lease grants takes
-/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s); 2 GiB would take 16 times
-/// longer, and let 31 etcds fill the disk. Bounding the disk was judged the lesser evil:
-/// what that seat's etcd then opens is that seat's lab keys.
+/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s), and only a holder of the
+/// seat's certificate gets to send one (see [`crate::etcd_tls`]): the seat itself, whose
+/// lab keys are all that etcd holds.
 pub const SEAT_ETCD_QUOTA_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The files of a seat's etcd, in its home, that [`crate::etcd_tls`] makes: the seat's
@@ -1488,13 +1488,12 @@ impl PrivateServers {
     /// of its own a seat compacts its own history and sees its own leases. About 25 MB of
     /// memory per seat is the price.
     ///
-    /// What that does not stop: etcd 3.4 (Debian 12's) asks no password at all for a
+    /// What a password would not stop: etcd 3.4 (Debian 12's) asks none at all for a
     /// compaction or a lease call (grant, list, time-to-live with the key names,
     /// keep-alive), nor for `auth disable` once its `NOSPACE` alarm is up — which lease
-    /// grants alone can raise. Whoever reaches a seat's etcd port (another attendee who
-    /// finds it) can do all of that to that seat. Only something in front that lets in
-    /// authenticated connections alone (or client certificates, or an etcd that checks these
-    /// calls) would close it.
+    /// grants alone can raise. So a seat's etcd speaks TLS and ends every handshake without
+    /// a client certificate of that seat's authority (see [`crate::etcd_tls`]): whoever
+    /// else reaches its port gets no further.
     ///
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
     /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
