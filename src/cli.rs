@@ -165,9 +165,11 @@ A room's servers listen on ADDR only, each with a generated password (Redis
 requirepass, Postgres SCRAM, etcd auth with user root) that stays the
 instructor's. Each seat has a Redis and an etcd of its own (a busy script, a
 SCAN, or a compaction or lease made with its lines reaches no other seat) and
-a Postgres role owning a database of its own, with its own password;
-Postgres, the CPU, memory and disk stay shared, and etcd 3.4 asks no password
-to compact or to renew leases. As root, each seat's Redis and etcd run as a
+a Postgres role owning a database of its own, with its own password. A seat's
+etcd also demands a client certificate that seat's own authority signed (its
+lines carry it in LOCKSLAB_ETCD_TLS): etcd 3.4 asks no password to compact or
+for leases, a certificate it cannot skip. Postgres, the CPU, memory and disk
+stay shared. As root, each seat's Redis and etcd run as a
 uid of the seat's own. `lockslab down` stops them all.")]
     Up(UpArgs),
     /// Print the export lines of one seat of the room `lockslab up --room` started
@@ -413,9 +415,10 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            the instructor's, on loopback; each seat has its own:");
     crate::outln!(
-        "            keys under lockslab:<seat>_, its own leases and history, {} MB",
+        "            keys under lockslab:<seat>_, its own leases and history, {} MB,",
         servers::SEAT_ETCD_QUOTA_BYTES / (1024 * 1024)
     );
+    crate::outln!("            TLS with a client certificate only that seat's lines hold");
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
     crate::outln!("            a role per seat, owning a database named like it; SCRAM");
     crate::outln!(
@@ -434,8 +437,8 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         None => crate::outln!("The seats' Redis and etcd run as you: passwords keep them apart."),
     }
     crate::outln!("Shared by every seat: Postgres, and this machine's CPU, memory and disk.");
-    crate::outln!("Not isolated: etcd 3.4 asks no password to compact or to renew leases, so");
-    crate::outln!("anyone who finds a seat's etcd port can cancel its watches and keep its locks.");
+    crate::outln!("Still open to anyone on the room's network: each seat's ports, for a TLS");
+    crate::outln!("handshake (etcd) or a password prompt (Redis, Postgres), and their CPU.");
     crate::outln!();
     crate::outln!(
         "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",

@@ -363,7 +363,7 @@ fn hide_password_parameters(text: &str) -> String {
 pub fn url_problem(backend: Backend, url: &str) -> Option<String> {
     let schemes: &[&str] = match backend {
         Backend::Redis => &["redis://"],
-        Backend::Etcd => &["http://"],
+        Backend::Etcd => &["http://", "https://"],
         Backend::Postgres => &["postgres://", "postgresql://"],
     };
     let Some(rest) = schemes.iter().find_map(|scheme| url.strip_prefix(scheme)) else {
@@ -793,7 +793,8 @@ fn etcd_cause(err: &etcd_client::Error) -> String {
 ///
 /// A URL with a user (`http://root:PASSWORD@host:2379`, what `lockslab up --room` prints)
 /// authenticates as that user: etcd URLs carry no credentials of their own, so lockslab
-/// takes them out of the URL and hands them to the client.
+/// takes them out of the URL and hands them to the client. An `https://` URL (a room seat's
+/// etcd) also wants a client certificate: see [`crate::etcd_tls::for_endpoint`].
 pub async fn etcd(url: &str) -> Result<etcd_client::Client> {
     note_used(Backend::Etcd, url);
     let mut client = etcd_within(url, COMMAND_TIMEOUT).await?;
@@ -813,6 +814,10 @@ pub async fn etcd_within(url: &str, timeout: Duration) -> Result<etcd_client::Cl
         .with_timeout(timeout);
     if let Some((name, password)) = user {
         options = options.with_user(name, password);
+    }
+    if let Some(host_port) = endpoint.strip_prefix("https://") {
+        let bundle = crate::etcd_tls::for_endpoint(host_port)?;
+        options = options.with_tls(bundle.client_options());
     }
     etcd_client::Client::connect([endpoint.as_str()], Some(options))
         .await
@@ -840,10 +845,13 @@ pub async fn etcd_on_socket(socket: &std::path::Path) -> Result<etcd_client::Cli
     Ok(client)
 }
 
-/// Splits `http://user:password@host:port` into the endpoint and the user's credentials
-/// (percent-escapes decoded); a URL without a user comes back as it is.
+/// Splits `http://user:password@host:port` (or `https://…`) into the endpoint and the
+/// user's credentials (percent-escapes decoded); a URL without a user comes back as it is.
 pub fn etcd_credentials(url: &str) -> (String, Option<(String, String)>) {
-    let Some(rest) = url.strip_prefix("http://") else {
+    let Some((scheme, rest)) = ["http://", "https://"]
+        .iter()
+        .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)))
+    else {
         return (url.to_string(), None);
     };
     let Some(at) = rest.rfind('@') else {
@@ -851,7 +859,7 @@ pub fn etcd_credentials(url: &str) -> (String, Option<(String, String)>) {
     };
     let (name, password) = rest[..at].split_once(':').unwrap_or((&rest[..at], ""));
     (
-        format!("http://{}", &rest[at + 1..]),
+        format!("{scheme}{}", &rest[at + 1..]),
         Some((percent_decode(name), percent_decode(password))),
     )
 }
@@ -908,6 +916,10 @@ mod tests {
                 "http://10.0.0.5:2379".to_string(),
                 Some(("root".to_string(), "p@ss".to_string()))
             )
+        );
+        assert_eq!(
+            etcd_credentials("https://seat01:pw@10.0.0.5:2379").0,
+            "https://10.0.0.5:2379"
         );
         assert_eq!(
             etcd_credentials("http://127.0.0.1:2379"),

@@ -85,6 +85,7 @@ pub mod connect;
 pub mod deadline;
 pub mod designs;
 pub mod doctor;
+pub mod etcd_tls;
 pub mod events;
 pub mod exit;
 pub mod flags;

@@ -455,6 +455,8 @@ pub struct Room {
 ///   where its user reaches every key and only the commands the labs send;
 /// - etcd: an `etcd` of the seat's own, where its user reads and writes the keys under
 ///   `lockslab:<seat>_` (and takes leases, watches and compacts — on its own server only);
+///   it lets in only clients whose certificate the seat's own authority signed (see
+///   [`crate::etcd_tls`]);
 /// - Postgres: a database `<seat>` of its own, with a schema `<seat>` (its `search_path`)
 ///   and the schemas its runs create; in the labs' database, rows added to the room's
 ///   results and nothing else; at most [`PG_CONNECTIONS_PER_LAB`] connections.
@@ -480,6 +482,13 @@ pub struct Seat {
     /// [`PrivateServers::seat_users`]).
     #[serde(default)]
     pub uid: Option<u32>,
+    /// The attendee's client certificate for the seat's etcd, with the seat's authority
+    /// ([`crate::etcd_tls::Bundle::encode`]): its `LOCKSLAB_ETCD_TLS`.
+    #[serde(default)]
+    pub etcd_tls: Option<String>,
+    /// The instructor's certificate for the same etcd (see [`crate::etcd_tls::INSTRUCTOR`]).
+    #[serde(default)]
+    pub instructor_etcd_tls: Option<String>,
 }
 
 impl Seat {
@@ -492,6 +501,8 @@ impl Seat {
                 redis: None,
                 etcd: None,
                 uid: None,
+                etcd_tls: None,
+                instructor_etcd_tls: None,
             })
             .collect()
     }
@@ -539,10 +550,18 @@ impl Seat {
         Some(format!("redis://{}:{}@{at}", self.name, self.password))
     }
 
-    /// The URL the seat's attendee uses for its own etcd, when it has one.
+    /// The URL the seat's attendee uses for its own etcd, when it has one: TLS with a client
+    /// certificate (see [`crate::etcd_tls`]).
     pub fn etcd_url(&self) -> Option<String> {
         let at = self.etcd.as_deref()?;
-        Some(format!("http://{}:{}@{at}", self.name, self.password))
+        Some(format!("https://{}:{}@{at}", self.name, self.password))
+    }
+
+    /// From now on, this process reaches the seat's etcd with the instructor's certificate.
+    fn trust_etcd_as_instructor(&self) {
+        if let (Some(at), Some(bundle)) = (&self.etcd, &self.instructor_etcd_tls) {
+            crate::etcd_tls::trust(at, bundle);
+        }
     }
 
     /// The role and user the seat has on its own etcd: the keys under `lockslab:<seat>_`.
@@ -583,10 +602,16 @@ pub const SEAT_REDIS_ADDRESS_SPACE: u64 = 512 * 1024 * 1024;
 ///
 /// The price: etcd 3.4 grants leases without a password, and once the alarm is up it checks
 /// no permission at all (`auth disable` included). Filling 128 MB with lease grants takes
-/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s); 2 GiB would take 16 times
-/// longer, and let 31 etcds fill the disk. Bounding the disk was judged the lesser evil:
-/// what that seat's etcd then opens is that seat's lab keys.
+/// about 1.7 million of them (13,337 filled 1 MB here, in 18 s), and only a holder of the
+/// seat's certificate gets to send one (see [`crate::etcd_tls`]): the seat itself, whose
+/// lab keys are all that etcd holds.
 pub const SEAT_ETCD_QUOTA_BYTES: u64 = 128 * 1024 * 1024;
+
+/// The files of a seat's etcd, in its home, that [`crate::etcd_tls`] makes: the seat's
+/// authority's certificate, the server's certificate and its key.
+const ETCD_CA_FILE: &str = "ca.pem";
+const ETCD_CERT_FILE: &str = "server.pem";
+const ETCD_KEY_FILE: &str = "server-key.pem";
 
 /// The directory holding a directory per seat, each with the seat's Redis config, its
 /// etcd's data and their logs (see [`PrivateServers::seat_home`]).
@@ -1463,13 +1488,12 @@ impl PrivateServers {
     /// of its own a seat compacts its own history and sees its own leases. About 25 MB of
     /// memory per seat is the price.
     ///
-    /// What that does not stop: etcd 3.4 (Debian 12's) asks no password at all for a
+    /// What a password would not stop: etcd 3.4 (Debian 12's) asks none at all for a
     /// compaction or a lease call (grant, list, time-to-live with the key names,
     /// keep-alive), nor for `auth disable` once its `NOSPACE` alarm is up — which lease
-    /// grants alone can raise. Whoever reaches a seat's etcd port (another attendee who
-    /// finds it) can do all of that to that seat. Only something in front that lets in
-    /// authenticated connections alone (or client certificates, or an etcd that checks these
-    /// calls) would close it.
+    /// grants alone can raise. So a seat's etcd speaks TLS and ends every handshake without
+    /// a client certificate of that seat's authority (see [`crate::etcd_tls`]): whoever
+    /// else reaches its port gets no further.
     ///
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
     /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
@@ -1498,6 +1522,9 @@ impl PrivateServers {
             let owner = self.seat_users.get(index).copied();
             make_dir(&home, 0o700, owner)?;
             make_dir(&home.join("etcd"), 0o700, owner)?;
+            if backends.contains(&Backend::Etcd) {
+                self.certify_seat_etcd(index, &home.join("etcd"), owner)?;
+            }
             boots.push(EtcdBoot {
                 home: home.join("etcd"),
                 log: home.join("etcd.log"),
@@ -1524,6 +1551,35 @@ impl PrivateServers {
                 .join()
                 .map_err(|_| anyhow!("a check of a seat's etcd panicked"))??;
         }
+        Ok(())
+    }
+
+    /// Signs the certificates of the etcd of the room's seat number `index` (see
+    /// [`crate::etcd_tls`]): the server's go to files in `etcd_home` for the seat's user, the
+    /// attendee's and the instructor's to the seat (and so to the state file).
+    fn certify_seat_etcd(
+        &mut self,
+        index: usize,
+        etcd_home: &Path,
+        owner: Option<(Uid, Gid)>,
+    ) -> Result<()> {
+        let Some(room) = &mut self.room else {
+            bail!("seats come with a room");
+        };
+        let seat = &mut room.seats[index];
+        let signed = crate::etcd_tls::SeatCertificates::generate(&seat.name, room.addr)
+            .with_context(|| format!("signing the certificates of {}'s etcd", seat.name))?;
+        for (file, pem) in [
+            (ETCD_CA_FILE, &signed.server.ca),
+            (ETCD_CERT_FILE, &signed.server.cert),
+            (ETCD_KEY_FILE, &signed.server.key),
+        ] {
+            let path = etcd_home.join(file);
+            write_secret(&path, pem)?;
+            hand_over(&path, owner)?;
+        }
+        seat.etcd_tls = Some(signed.seat.encode());
+        seat.instructor_etcd_tls = Some(signed.instructor.encode());
         Ok(())
     }
 
@@ -1611,6 +1667,7 @@ impl PrivateServers {
             Backend::Redis => seat.redis = Some(at.clone()),
             _ => seat.etcd = Some(at.clone()),
         }
+        seat.trust_etcd_as_instructor();
         let (password, seat) = (room.password.clone(), seat.clone());
         let (mut command, workdir) = match backend {
             Backend::Redis => {
@@ -1634,8 +1691,13 @@ impl PrivateServers {
                 (command, home.clone())
             }
             Backend::Etcd => {
-                let mut command = self.etcd_command(&home.join("etcd"), &format!("http://{at}"))?;
+                let mut command =
+                    self.etcd_command(&home.join("etcd"), &format!("https://{at}"))?;
                 command.args(["--quota-backend-bytes", &SEAT_ETCD_QUOTA_BYTES.to_string()]);
+                // Relative to its working directory, the seat's etcd home.
+                command
+                    .args(["--client-cert-auth", "--trusted-ca-file", ETCD_CA_FILE])
+                    .args(["--cert-file", ETCD_CERT_FILE, "--key-file", ETCD_KEY_FILE]);
                 (command, home.join("etcd"))
             }
             Backend::Postgres => bail!("a seat's Postgres is a database of the room's"),
@@ -2491,12 +2553,16 @@ impl UpState {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(err).with_context(|| format!("reading {}", file.display())),
         };
-        serde_json::from_str(&text).map(Some).with_context(|| {
+        let state: UpState = serde_json::from_str(&text).with_context(|| {
             format!(
                 "{} is not a state file of `lockslab up`: run `lockslab down`",
                 file.display()
             )
-        })
+        })?;
+        for seat in &state.seats {
+            seat.trust_etcd_as_instructor();
+        }
+        Ok(Some(state))
     }
 
     /// Written to a temporary file and renamed: a reader never sees half a file. Readable
@@ -2601,6 +2667,9 @@ impl UpState {
             Some(format!("export {var}={url}"))
         })
         .collect();
+        if let Some(bundle) = &seat.etcd_tls {
+            lines.push(format!("export {}={bundle}", crate::etcd_tls::ENV));
+        }
         lines.push(format!("export LOCKSLAB_NAMESPACE={}", seat.name));
         lines.push(format!("export LOCKSLAB_NAME={}", seat.name));
         lines

@@ -860,17 +860,13 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         .unwrap();
     let endpoint = format!("http://{}", host_port(&etcd_url));
     runtime.block_on(async {
-        let mut anonymous = etcd_client::Client::connect([endpoint.as_str()], None)
-            .await
-            .unwrap();
-        assert!(
-            anonymous
-                .put("lockslab:room-test", "x", None)
-                .await
-                .is_err(),
-            "etcd took a write without a user"
-        );
+        let wrote = match etcd_client::Client::connect([endpoint.as_str()], None).await {
+            Ok(mut anonymous) => anonymous.put("lockslab:room-test", "x", None).await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!wrote, "etcd took a write without a user");
     });
+    trust_seat_etcd(&room.exports);
     runtime.block_on(async {
         let mut seat = lockslab::connect::etcd(&etcd_url).await.unwrap();
         seat.put("lockslab:seat01_room-test", "x", None)
@@ -1525,7 +1521,7 @@ fn a_seat_reaches_only_its_own_namespace() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let etcd_of = |seat: &[(String, String)]| url(seat, "LOCKSLAB_ETCD_URL");
+        let etcd_of = |seat: &[(String, String)]| trust_seat_etcd(seat);
         let mut ea = lockslab::connect::etcd(&etcd_of(&a)).await.unwrap();
         let mut eb = lockslab::connect::etcd(&etcd_of(&b)).await.unwrap();
         ea.put(key, "a's", None).await.unwrap();
@@ -2181,7 +2177,7 @@ fn a_seats_compaction_and_leases_on_its_own_lines_reach_no_other_seat() {
     let (_, a) = room.seat(1);
     let (_, b) = room.seat(2);
     lockslab::connect::etcd_runtime().unwrap().block_on(async {
-        let etcd_of = |seat: &[(String, String)]| export_of(seat, "LOCKSLAB_ETCD_URL");
+        let etcd_of = |seat: &[(String, String)]| trust_seat_etcd(seat);
         let mut ea = lockslab::connect::etcd(&etcd_of(&a)).await.unwrap();
         let mut eb = lockslab::connect::etcd(&etcd_of(&b)).await.unwrap();
 
@@ -2248,6 +2244,104 @@ fn a_seats_compaction_and_leases_on_its_own_lines_reach_no_other_seat() {
             renewed.is_err(),
             "seat01 kept seat02's lease alive: {renewed:?}"
         );
+    });
+}
+
+/// A seat's etcd URL, once this test process reaches it with the seat's certificate (its
+/// `LOCKSLAB_ETCD_TLS`), as the attendee's lockslab does.
+fn trust_seat_etcd(seat: &[(String, String)]) -> String {
+    let url = export_of(seat, "LOCKSLAB_ETCD_URL");
+    lockslab::etcd_tls::trust(&host_port(&url), &export_of(seat, "LOCKSLAB_ETCD_TLS"));
+    url
+}
+
+/// What a client with `tls` (none: plain text) and no password gets done on the etcd at
+/// `host_port`: each of a compaction, a lease grant and a lease list that etcd took.
+async fn calls_without_a_password(
+    host_port: &str,
+    tls: Option<etcd_client::TlsOptions>,
+) -> Vec<&'static str> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(std::time::Duration::from_secs(5))
+        .with_timeout(std::time::Duration::from_secs(5));
+    if let Some(tls) = tls {
+        options = options.with_tls(tls);
+    }
+    let endpoint = format!("{scheme}://{host_port}");
+    let Ok(mut client) = etcd_client::Client::connect([endpoint], Some(options)).await else {
+        return Vec::new();
+    };
+    let mut taken = Vec::new();
+    if client.compact(1, None).await.is_ok() {
+        taken.push("compaction");
+    }
+    if client.lease_grant(60, None).await.is_ok() {
+        taken.push("lease grant");
+    }
+    if client.leases().await.is_ok() {
+        taken.push("lease list");
+    }
+    taken
+}
+
+/// etcd 3.4 asks no password for a compaction or a lease call: whoever reached a seat's etcd
+/// port could cancel the seat's watches and keep its locks alive, and, with enough lease
+/// grants to raise `NOSPACE`, turn its auth off. Each seat's etcd now demands a client
+/// certificate signed by that seat's own authority: without one, and with another seat's,
+/// nothing gets through. The seat's own certificate, without its password, logs in as the
+/// seat (etcd 3.4 takes the certificate's name) and reaches no further than the seat's
+/// user does.
+#[test]
+fn a_seats_etcd_lets_in_no_one_without_its_own_certificate() {
+    use lockslab::etcd_tls::Bundle;
+
+    let room = Room::up_with(&["up", "--room", "127.0.0.12", "--seats", "2"]);
+    let (_, a) = room.seat(1);
+    let (_, b) = room.seat(2);
+    let b_at = host_port(&export_of(&b, "LOCKSLAB_ETCD_URL"));
+    lockslab::connect::etcd_runtime().unwrap().block_on(async {
+        // No certificate at all: in plain text…
+        let taken = calls_without_a_password(&b_at, None).await;
+        assert!(
+            taken.is_empty(),
+            "seat02's etcd took, in plain text: {taken:?}"
+        );
+        let a_bundle = Bundle::decode(&export_of(&a, "LOCKSLAB_ETCD_TLS")).unwrap();
+        let b_bundle = Bundle::decode(&export_of(&b, "LOCKSLAB_ETCD_TLS")).unwrap();
+        // …or over TLS, trusting seat02's authority but showing no certificate.
+        let server_only = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&b_bundle.ca))
+            .domain_name(lockslab::etcd_tls::SERVER_NAME);
+        let taken = calls_without_a_password(&b_at, Some(server_only.clone())).await;
+        assert!(
+            taken.is_empty(),
+            "seat02's etcd took, with no certificate: {taken:?}"
+        );
+
+        // seat01's certificate, offered to seat02's etcd.
+        let a_at_b = server_only.identity(etcd_client::Identity::from_pem(
+            &a_bundle.cert,
+            &a_bundle.key,
+        ));
+        let taken = calls_without_a_password(&b_at, Some(a_at_b)).await;
+        assert!(
+            taken.is_empty(),
+            "seat02's etcd took seat01's certificate: {taken:?}"
+        );
+
+        // seat02's own certificate with no password is seat02, and no more.
+        let options = etcd_client::ConnectOptions::new().with_tls(b_bundle.client_options());
+        let mut own = etcd_client::Client::connect([format!("https://{b_at}")], Some(options))
+            .await
+            .unwrap();
+        own.put("lockslab:seat02_cert", "b's", None).await.unwrap();
+        assert!(
+            own.put("elsewhere", "b's", None).await.is_err(),
+            "outside its prefix"
+        );
+        assert!(own.user_list().await.is_err(), "listed the users");
+        assert!(own.auth_disable().await.is_err(), "turned auth off");
     });
 }
 

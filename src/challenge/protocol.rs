@@ -55,6 +55,10 @@ pub struct Init {
     /// The password the Sentinels and both Redis servers demand (failover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis_password: Option<String>,
+    /// When `etcd_url` is `https://` (a room seat's etcd): the client certificate it wants,
+    /// with its authority, as `LOCKSLAB_ETCD_TLS` holds them (see [`crate::etcd_tls`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_tls: Option<String>,
 }
 
 /// One job: add `add` to the `value` of `record`, put `append` at the end of its `items`,
@@ -198,6 +202,7 @@ mod tests {
             sentinels: vec![],
             master_name: None,
             redis_password: None,
+            etcd_tls: None,
         };
         let line = serde_json::to_string(&ToClient::Init(Box::new(init.clone()))).unwrap();
         assert!(
