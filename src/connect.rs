@@ -845,6 +845,15 @@ pub async fn etcd_on_socket(socket: &std::path::Path) -> Result<etcd_client::Cli
     Ok(client)
 }
 
+/// The encoded bundle for an `https://` etcd URL, when this process has one.
+pub fn etcd_tls_line(url: &str) -> Option<String> {
+    let (endpoint, _) = etcd_credentials(url);
+    let host_port = endpoint.strip_prefix("https://")?;
+    crate::etcd_tls::for_endpoint(host_port)
+        .ok()
+        .map(|bundle| bundle.encode())
+}
+
 /// Splits `http://user:password@host:port` (or `https://…`) into the endpoint and the
 /// user's credentials (percent-escapes decoded); a URL without a user comes back as it is.
 pub fn etcd_credentials(url: &str) -> (String, Option<(String, String)>) {

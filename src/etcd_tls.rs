@@ -170,13 +170,6 @@ pub fn for_endpoint(host_port: &str) -> Result<Bundle> {
     Bundle::decode(&line).with_context(|| format!("reading {ENV}"))
 }
 
-/// The encoded bundle for an `https://` etcd URL, when this process has one.
-pub fn line_for_url(url: &str) -> Option<String> {
-    let (endpoint, _) = crate::connect::etcd_credentials(url);
-    let host_port = endpoint.strip_prefix("https://")?;
-    for_endpoint(host_port).ok().map(|bundle| bundle.encode())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

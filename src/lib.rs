@@ -44,7 +44,9 @@
 //!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
 //!   so that no figure measured across the gap passes for true.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones (every one
-//!   behind a password); [`cluster`] starts lab 5's Sentinel group and etcd cluster.
+//!   behind a password); [`cluster`] starts lab 5's Sentinel group and etcd cluster;
+//!   [`etcd_tls`] makes a room seat's etcd certificates; [`identities`] draws the uids
+//!   that untrusted code (challenge clients, seats' servers) runs as under root.
 //! - [`connect`] opens connections with bounded timeouts and errors that say what to do;
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
@@ -90,6 +92,7 @@ pub mod events;
 pub mod exit;
 pub mod flags;
 pub mod hands_on;
+pub mod identities;
 pub mod invoices;
 pub mod labs;
 pub mod liveness;

@@ -31,8 +31,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid};
 use serde::{Deserialize, Serialize};
 
-use crate::challenge::isolation::SEAT_UIDS;
 use crate::connect::{self, Backend};
+use crate::identities::SEAT_UIDS;
 use crate::procs::{self, StopPlan};
 
 /// The flags and environment variables that name servers; every lab takes them.
@@ -830,8 +830,7 @@ impl PrivateServers {
         let pg_user = unprivileged_owner()?;
         let seat_users = match &mut room {
             Some(room) if Uid::effective().is_root() => {
-                let users =
-                    crate::challenge::isolation::free_identities(SEAT_UIDS, room.seats.len())?;
+                let users = crate::identities::free(SEAT_UIDS, room.seats.len())?;
                 for (seat, (uid, _)) in room.seats.iter_mut().zip(&users) {
                     seat.uid = Some(uid.as_raw());
                 }

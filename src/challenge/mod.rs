@@ -304,7 +304,7 @@ fn grade(
                 .as_ref()
                 .map(|_| crate::cluster::MASTER_NAME.into()),
             redis_password: sentinels.as_ref().map(|c| c.password.clone()),
-            etcd_tls: crate::etcd_tls::line_for_url(&logins.etcd_url),
+            etcd_tls: crate::connect::etcd_tls_line(&logins.etcd_url),
         },
         jobs: challenge.draw_jobs(seed, &records),
         json: args.json,
