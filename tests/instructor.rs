@@ -1336,6 +1336,31 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
     );
 }
 
+/// Lab 8 whole, from a seat's lines: its lost reply to etcd's lock warmed A's connection up
+/// with a read of `lockslab:network:warm-up`, outside the run's keys, and the seat's etcd
+/// user (which reaches `lockslab:<seat>_…` only) answered "permission denied".
+#[test]
+fn lab_8_runs_whole_on_a_seats_lines() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.7", "--seats", "2"]);
+    let output = room
+        .attendee(&["network", "--ttl", "500ms", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let verdict: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("no verdict in\n{stdout}"));
+    assert_eq!(verdict["kind"], "verdict", "{verdict}");
+    // Every story ran: the fenced and unfenced runs, then the lost replies, etcd's last.
+    assert!(!verdict["runs"].as_array().unwrap().is_empty(), "{verdict}");
+    let lost_lock = verdict["lost_lock"].as_array().unwrap();
+    assert_eq!(lost_lock.len(), 3, "{verdict}");
+    assert!(lost_lock.iter().all(|p| p["applied"] == true), "{verdict}");
+    assert_eq!(verdict["lost_lock_queued"]["auth"], true, "{verdict}");
+}
+
 /// Issue 20: attendees shared one Redis user, one etcd user and one Postgres role, so any
 /// of them could read, change or delete anyone's keys and rows. Now each seat has users of
 /// its own that reach its namespace only, and the instructor's credentials are in no
