@@ -220,7 +220,8 @@ fn passes(name: &str, mode: &str, seed: u64) {
 
 /// The Rust references: the claim passes `pause` where the lock alone, or a token checked
 /// at the write only, fails it; recording the job as done passes `exactly-once` where the
-/// fenced lock doubles a job, and fails `crash` with a lease ten times too long. (The three
+/// fenced lock doubles a job, and fails `crash` with a lease ten times too long; that lease
+/// does not outlast `pause` either, held with a plain lock (`outlast`). (The three
 /// that must never pass are graded beside their Python twins, below.)
 #[test]
 fn the_rust_references_are_graded_as_the_python_ones() {
@@ -229,6 +230,7 @@ fn the_rust_references_are_graded_as_the_python_ones() {
         ("pause", "checked", 1),
         ("pause", "claimed", 0),
         ("crash", "long", 1),
+        ("pause", "outlast", 1),
         ("exactly-once", "fenced", 1),
         ("exactly-once", "once", 0),
         ("pause", "for-update", 0),

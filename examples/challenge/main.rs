@@ -1,7 +1,7 @@
-//! Reference clients for `lockslab challenge`, in Rust: the twenty of reference.py beside
-//! this file (all but `outlast`, the long lease that only the Python one plays). Each is a
-//! lock design ([`Design`]) and, for some, a twist that breaks it on purpose ([`Twist`]);
-//! [`REFERENCES`] names them, a design's fixed and broken variants side by side.
+//! Reference clients for `lockslab challenge`, in Rust: the twenty-one of reference.py
+//! beside this file. Each is a lock design ([`Design`]) and, for some, a twist that breaks
+//! it on purpose ([`Twist`]); [`REFERENCES`] names them, a design's fixed and broken
+//! variants side by side.
 //!
 //! ```text
 //! cargo build --example challenge && R=./target/debug/examples/challenge
@@ -17,6 +17,9 @@
 //! lockslab challenge crash        -- $R fenced           # fails
 //! lockslab challenge crash        -- $R once             # passes
 //! lockslab challenge crash        -- $R long             # fails
+//! lockslab challenge pause        -- $R long             # passes
+//! lockslab challenge pause        -- $R outlast          # fails
+//! lockslab challenge pause        -- $R outlast 30       # unknown
 //! lockslab challenge crash        -- $R quiet            # fails
 //! lockslab challenge exactly-once -- $R fenced           # fails
 //! lockslab challenge exactly-once -- $R once             # passes
@@ -43,7 +46,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// Every reference by name: a design, and what it does wrong on purpose, if anything.
-const REFERENCES: [(&str, Design, Twist); 20] = [
+const REFERENCES: [(&str, Design, Twist); 21] = [
     ("none", Design::NoLock, Twist::Honest),
     ("setnx", Design::Setnx, Twist::Honest),
     ("late", Design::Setnx, Twist::WritingAfterCommit),
@@ -66,7 +69,8 @@ const REFERENCES: [(&str, Design, Twist); 20] = [
     ("quiet", Design::Fenced, Twist::NoNotes),
     ("claimed", Design::Claimed, Twist::Honest),
     ("once", Design::Once, Twist::Honest),
-    ("long", Design::Once, Twist::LongLease),
+    ("long", Design::Once, Twist::LongLease { times: 10 }),
+    ("outlast", Design::Setnx, Twist::LongLease { times: 10 }),
     ("shuffled", Design::Once, Twist::NotesAfterRelease),
     ("sentinel", Design::Sentinel, Twist::Honest),
     ("sequence", Design::Sequence, Twist::Honest),
@@ -200,11 +204,17 @@ enum Twist {
     /// and the answers instead. `crash` kills it as its answer comes, the answer dies with
     /// it, and the resent job is done twice.
     NoNotes,
-    /// A lease of ten `lease_ms`, "so that it never expires mid-job": the lock of a holder
-    /// killed holding it keeps everyone waiting its whole lease — a stuck lock.
-    LongLease,
-    /// LongLease, with `acquired` and `writing` said only after `released`: notes out of
-    /// order hide the lock a dead holder left stuck. The client misbehaves, and is named so.
+    /// A lease of `times` `lease_ms` (ten, or the number after the mode), "so that it never
+    /// expires mid-job": the lock of a holder killed holding it keeps everyone waiting its
+    /// whole lease — a stuck lock. Nor does it outlast a pause or a held write: lockslab
+    /// waits the key out (at most 12 TTLs) and lets a newer holder read, so the held write
+    /// of a lock with nothing else behind it is stale; a fenced read's row lock holds the
+    /// newer holder off instead, and passes. A lease past the bound is unknown, the bound
+    /// named: what the fault cannot outlast, it did not test.
+    LongLease { times: u64 },
+    /// A lease of ten `lease_ms`, with `acquired` and `writing` said only after `released`:
+    /// notes out of order hide the lock a dead holder left stuck. The client misbehaves, and
+    /// is named so.
     NotesAfterRelease,
 }
 
@@ -212,7 +222,8 @@ impl Twist {
     /// The lease it asks for, given the challenge's.
     fn lease_ms(self, lease_ms: u64) -> u64 {
         match self {
-            Twist::LongLease | Twist::NotesAfterRelease => 10 * lease_ms,
+            Twist::LongLease { times } => times * lease_ms,
+            Twist::NotesAfterRelease => 10 * lease_ms,
             Twist::FailWhenSlow => 7 * lease_ms / 2,
             _ => lease_ms,
         }
@@ -727,11 +738,17 @@ impl Client {
 }
 
 fn main() {
-    let name = std::env::args().nth(1).unwrap_or_else(|| "none".into());
-    let Some(&(_, design, twist)) = REFERENCES.iter().find(|(known, ..)| *known == name) else {
+    let mut args = std::env::args().skip(1);
+    let name = args.next().unwrap_or_else(|| "none".into());
+    let Some(&(_, design, mut twist)) = REFERENCES.iter().find(|(known, ..)| *known == name) else {
         let known: Vec<&str> = REFERENCES.iter().map(|(known, ..)| *known).collect();
         panic!("unknown mode {name}: one of {}", known.join(", "));
     };
+    // `outlast 30`: a long lease of that many lease_ms.
+    if let (Twist::LongLease { .. }, Some(times)) = (twist, args.next()) {
+        let times = times.parse().expect("a long lease's length, in lease_ms");
+        twist = Twist::LongLease { times };
+    }
     let mut lines = std::io::stdin().lock().lines();
     let init: Init = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     let mut client = Client::connect(design, twist, init);
