@@ -667,6 +667,23 @@ fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     passes("crash", "once", 1);
 }
 
+/// Five clients share the 24 jobs, so each gets a few: every kill is aimed at a note its
+/// client reaches, and a right client passes on every seed, never left unknown.
+#[test]
+fn crash_with_five_clients_kills_each_at_a_note_it_reaches() {
+    python_ready();
+    for seed in 1..=3 {
+        let (code, verdict, _) = challenge(
+            "crash",
+            seed,
+            &["--clients", "5"],
+            &[PYTHON, reference_py(), "once"],
+        );
+        assert_eq!(code, 0, "seed {seed}: {verdict}");
+        assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
+    }
+}
+
 /// A TTL of ten lease_ms: a holder killed holding its lock keeps the next client waiting
 /// past the bound (two TTLs and a second).
 #[test]

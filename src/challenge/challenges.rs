@@ -200,6 +200,7 @@ impl Challenge {
     ) -> Schedule {
         let mut rng = Rng::new(seed);
         let mut steps = Vec::new();
+        let reach = self.reach(clients.len());
         match self {
             // Failover's faults are on the Redis servers, not on the clients: see
             // `failover_after`.
@@ -219,7 +220,7 @@ impl Challenge {
                     };
                     steps.push(Step {
                         at_ms,
-                        after: Some(Anchor::on(name, event, 1 + rng.below(3) as u32)),
+                        after: Some(Anchor::on(name, event, 1 + rng.below(reach.min(3)) as u32)),
                         fault: if pause { Fault::Pause } else { Fault::Delay },
                         target: name.clone(),
                         duration_ms: pause.then(|| 2 * lease_ms + rng.below(lease_ms)),
@@ -252,7 +253,7 @@ impl Challenge {
                     };
                     steps.push(Step {
                         at_ms,
-                        after: Some(Anchor::on(name, event, 1 + rng.below(4) as u32)),
+                        after: Some(Anchor::on(name, event, 1 + rng.below(reach) as u32)),
                         fault: Fault::Kill,
                         target: name.clone(),
                         duration_ms: None,
@@ -261,6 +262,15 @@ impl Challenge {
             }
         }
         Schedule::new(steps)
+    }
+
+    /// How many of its own notes a fault may count before it plays on a client: at most
+    /// four, and no more than half a client's even share of the jobs — they go to whichever
+    /// client is free, so some get fewer than others, and a note the client never reaches
+    /// leaves the run unknown through no fault of the client's. Three clients keep the
+    /// first four; many clients are struck at their first or second.
+    fn reach(self, clients: usize) -> u64 {
+        (self.jobs() as u64 / (2 * clients.max(1) as u64)).clamp(1, 4)
     }
 }
 
@@ -370,6 +380,36 @@ mod tests {
             want.sort();
             assert_eq!(moments, want, "seed {seed}");
         }
+    }
+
+    /// Jobs go to whichever client is free, so with many clients each gets a few: a fault
+    /// aims no further into a client's notes than half its even share of the jobs (five
+    /// clients are struck at their first or second note), and three keep the first four.
+    #[test]
+    fn with_many_clients_a_fault_aims_at_a_note_every_client_reaches() {
+        for count in 1..=30 {
+            let many: Vec<(String, bool)> = (1..=count).map(|i| (format!("c{i}"), true)).collect();
+            for challenge in Challenge::ALL {
+                let share = (challenge.jobs() / (2 * count)).max(1) as u32;
+                for seed in 0..50 {
+                    for step in challenge.schedule(seed, &many, 500).steps() {
+                        let nth = step.after.as_ref().unwrap().nth;
+                        assert!(nth <= share, "{count} clients, {step:?}");
+                    }
+                }
+            }
+        }
+        let three: Vec<(String, bool)> = ["c1", "c2", "c3"].map(|n| (n.to_string(), true)).into();
+        let deepest = (0..50)
+            .flat_map(|seed| {
+                Challenge::Crash
+                    .schedule(seed, &three, 500)
+                    .steps()
+                    .to_vec()
+            })
+            .map(|step| step.after.unwrap().nth)
+            .max();
+        assert_eq!(deepest, Some(4));
     }
 
     /// The patience lockslab derives from it must cover every fault a seed can draw.

@@ -557,7 +557,7 @@ impl Strike {
             // Its write went out between a newer holder's read and that holder's write: an
             // accepted write there is stale, and only a fence at the read refuses it —
             // unless the newer holder had not read yet (its `writing` note came before its
-            // read): then the next write on the record, the newer holder's, holds this
+            // read, or it computed its write in SQL with no read): then the next write on the record, the newer holder's, holds this
             // job's entry, and the order tested nothing. (A retry of the newer job by
             // another client, later, read what it should: only the next write counts.)
             let newer = self.overtaken_by.zip(write).and_then(|(newer, older)| {
@@ -570,9 +570,11 @@ impl Strike {
             return newer.map(|(newer, seq)| {
                 format!(
                     "{verb} {who} and held the newer holder of {record} at its `writing` note \
-                     for job {newer}, but that holder had not read {record} yet: its write \
-                     (change #{seq}) holds {own}, job {job}'s entry, so its `writing` note came \
-                     before its read, not between its read and its write"
+                     for job {newer}, but that holder's write (change #{seq}) holds {own}, job \
+                     {job}'s entry: it wrote from {record} as it was after the held write — \
+                     it had not read {record} before its `writing` note, or it computed its \
+                     write in SQL from the row as it stood, using no read — so the order \
+                     tested nothing"
                 )
             });
         }
@@ -599,7 +601,8 @@ impl Strike {
     /// What a client read is in what it wrote: its items, but for its own entry at the end.
     /// An entry there that another job's change committed after the fault began was read
     /// after the fault — the `writing` note came before the read, not between the read and
-    /// the write, and the fault froze (or held) a client with nothing read to go stale.
+    /// the write, or the write was computed in SQL from the row as it stood and used no read
+    /// — and the fault froze (or held) a client with nothing read to go stale.
     fn read_after_the_fault(
         &self,
         job: i64,
@@ -622,9 +625,11 @@ impl Strike {
             .filter_map(|entry| committed_at(entry).map(|(at, seq)| (entry, at, seq)))
             .find(|(_, at_us, seq)| *at_us > self.at_us && *seq < write.seq)?;
         Some(format!(
-            "{} {} before its read of job {job}: it wrote back {entry}, which change #{seq} \
-             committed {}ms after the fault began, so its `writing` note came before its \
-             read, not between its read and its write",
+            "{} {} holding job {job}, but its write carries {entry}, which change #{seq} \
+             committed {}ms after the fault began: it wrote from the record as it was after \
+             the fault — its `writing` note came before its read, or it computed the write in \
+             SQL from the row as it stood (`SET value = value + …`), using no read — and the \
+             grader cannot see a stale read a write never used",
             self.verb(),
             self.client,
             (at_us - self.at_us) / 1000
@@ -1650,7 +1655,13 @@ mod tests {
         assert_eq!(report.faults_bit, 0);
         let said = report.undecided.join("\n");
         assert!(
-            said.contains("paused c1 before its read of job 2: it wrote back j1, which change #1 committed 500ms after the fault began"),
+            said.contains("paused c1 holding job 2, but its write carries j1, which change #1 committed 500ms after the fault began"),
+            "{said}"
+        );
+        // Read after the fault, or computed in SQL without a read: either may be true, and
+        // the message says both.
+        assert!(
+            said.contains("or it computed the write in SQL from the row as it stood"),
             "{said}"
         );
         // The client answered `fail` for it: a claim, and no statement of its matched
@@ -1740,10 +1751,9 @@ mod tests {
         let report = check(&run);
         assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
         assert!(
-            report
-                .undecided
-                .join("")
-                .contains("that holder had not read r0 yet"),
+            report.undecided.join("").contains(
+                "it had not read r0 before its `writing` note, or it computed its write in SQL"
+            ),
             "{report:?}"
         );
         // Unless an UPDATE of the newer holder's matched nothing between the two writes: it

@@ -154,10 +154,17 @@ impl Run<'_> {
         let Some(proxy) = &self.seats[index].proxy else {
             return;
         };
-        self.held_writes.remove(&name);
+        // Let go early by the worst order (`overtake`), it is no longer among the held.
+        let early = !self.held_writes.remove(&name);
         // `held_ms` is the number the line says; `lasted_ms` (the nemesis's) counts from
         // when the write was caught.
-        let text = format!("{name}'s write reaches Postgres, held {late_ms}ms in the proxy");
+        let text = if late_ms == 0 {
+            format!("{name}'s write reaches Postgres at once: nothing was held")
+        } else if early {
+            format!("{name}'s write, let go early, reaches Postgres after {late_ms}ms held")
+        } else {
+            format!("{name}'s write reaches Postgres, held {late_ms}ms in the proxy")
+        };
         let facts = crate::events::facts::FaultFacts {
             held_ms: Some(late_ms),
             ..Default::default()

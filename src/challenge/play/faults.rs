@@ -180,18 +180,23 @@ impl Run<'_> {
             } else {
                 "job"
             };
-            let promised = if !moment.ends_with("note") {
-                ""
+            // Jobs go to whichever client is free: one may get too few to reach the note.
+            let given = (self.deliveries.iter())
+                .filter(|d| d.client == step.target)
+                .count();
+            let why = if self.killed.contains(&step.target) {
+                ", and it was killed before that".to_string()
+            } else if given < anchor.nth as usize {
+                format!(
+                    ": it was given {given} job{} in the run, too few to reach it (the \
+                     schedule's miss, not the client's)",
+                    if given == 1 { "" } else { "s" }
+                )
             } else {
-                " (it promised notes when it said ready)"
-            };
-            let killed = if self.killed.contains(&step.target) {
-                ", and it was killed before that"
-            } else {
-                ""
+                format!(": it was given {given} jobs")
             };
             lines.push(format!(
-                "the {} of {} waited for its {moment} #{}, which never came{killed}{promised}",
+                "the {} of {} waited for its {moment} #{}, which never came{why}",
                 step.fault.as_str(),
                 step.target,
                 anchor.nth

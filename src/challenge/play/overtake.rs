@@ -89,7 +89,10 @@ impl Run<'_> {
                 *since = Instant::now();
             }
         } else if let Some(proxy) = &self.seats[older].proxy {
-            let note = format!("lets {older_name}'s held bytes go early, after {newer}'s read");
+            let note = format!(
+                "lets {older_name}'s held write go early, after {newer}'s read: the worst \
+                 order, {older_name}'s write between {newer}'s read and its write"
+            );
             self.nemesis
                 .heal_net(&mut self.tape, proxy, Direction::Up, note);
             // Let go early, its bytes are not reported as a late delivery: its write is no
