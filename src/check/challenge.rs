@@ -932,7 +932,7 @@ impl Problem {
             } => format!(
                 "failed but written: {client} answered fail for job {job}, and its write \
                  committed (change #{seq} of {record}): a `fail` says the job had no effect, \
-                 so lockslab gave it to another client; answer `fail` only for a write that \
+                 so lockslab gave it out again; answer `fail` only for a write that \
                  cannot land any more (refused, or rolled back)"
             ),
         }
