@@ -472,6 +472,13 @@ pub struct Seat {
     /// The seat's user name on every server, and its namespace: `seat01`, `seat02`…
     pub name: String,
     pub password: String,
+    /// The password of `default` on the seat's own Redis and of `root` on its etcd: the
+    /// instructor's, kept in the state file. A password of its own, never the room's: the
+    /// seat's Redis config holds it in a file its server's user reads, and a seat that took
+    /// over its server would hold that file — with the room's password in it, every
+    /// server's admin too (a hostile re-attack found exactly that).
+    #[serde(default)]
+    pub admin_password: String,
     /// Where the seat's own Redis listens (`host:port`), once started.
     #[serde(default)]
     pub redis: Option<String>,
@@ -498,6 +505,7 @@ impl Seat {
             .map(|n| Seat {
                 name: format!("seat{n:02}"),
                 password: crate::seed::os_hex(24),
+                admin_password: crate::seed::os_hex(24),
                 redis: None,
                 etcd: None,
                 uid: None,
@@ -617,13 +625,14 @@ const ETCD_KEY_FILE: &str = "server-key.pem";
 /// etcd's data and their logs (see [`PrivateServers::seat_home`]).
 const SEATS_DIR: &str = "seats";
 
-/// A seat's Redis config: the instructor's password on `default`, the seat's user, the
+/// A seat's Redis config: the seat's admin password on `default`, the seat's user, the
 /// limits (see [`PrivateServers::start_seat_servers`]). In a file only the seat's server
 /// reads: it holds both passwords.
-fn seat_redis_config(room_password: &str, seat: &Seat) -> String {
+fn seat_redis_config(seat: &Seat) -> String {
     format!(
-        "requirepass {room_password}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
+        "requirepass {}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
          maxmemory-policy noeviction\nmaxclients {SEAT_REDIS_MAXCLIENTS}\n",
+        seat.admin_password,
         seat.name,
         seat.redis_acl().join(" ")
     )
@@ -800,6 +809,11 @@ impl EtcdBoot {
                 if let Some(seat) = &self.seat {
                     seat.add_to_etcd(&mut client).await?;
                 }
+                // A seat's etcd has a root of its own (see `Seat::admin_password`).
+                let root_password = self
+                    .seat
+                    .as_ref()
+                    .map_or(root_password, |seat| seat.admin_password.as_str());
                 client.user_add("root", root_password, None).await?;
                 // The root role exists from the start in some versions, not in others.
                 let _ = client.role_add("root").await;
@@ -1496,7 +1510,7 @@ impl PrivateServers {
     ///
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
     /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
-    /// with the room's password. Limits keep one seat from spending the machine's memory and
+    /// with the seat's own admin password ([`Seat::admin_password`], not the room's). Limits keep one seat from spending the machine's memory and
     /// disk: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never drop a key to
     /// make room), [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes past it, and
     /// [`SEAT_ETCD_QUOTA_BYTES`].
@@ -1540,7 +1554,12 @@ impl PrivateServers {
         }
         let checks: Vec<_> = (0..room.seats.len())
             .map(|index| {
-                let root = self.seat_url(Backend::Etcd, index, "root", &room.password);
+                let root = self.seat_url(
+                    Backend::Etcd,
+                    index,
+                    "root",
+                    &room.seats[index].admin_password,
+                );
                 let seat = room.seats[index].clone();
                 thread::spawn(move || check_no_one_else_got_in(&root, &[seat]))
             })
@@ -1667,11 +1686,11 @@ impl PrivateServers {
             _ => seat.etcd = Some(at.clone()),
         }
         seat.trust_etcd_as_instructor();
-        let (password, seat) = (room.password.clone(), seat.clone());
+        let seat = seat.clone();
         let (mut command, workdir) = match backend {
             Backend::Redis => {
                 let conf = home.join("redis.conf");
-                write_secret(&conf, &seat_redis_config(&password, &seat))?;
+                write_secret(&conf, &seat_redis_config(&seat))?;
                 hand_over(&conf, owner)?;
                 let mut command = self.redis_command(&conf, &at, &home)?;
                 // SAFETY: setrlimit is async-signal-safe and changes nothing but the child.

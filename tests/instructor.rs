@@ -2481,6 +2481,27 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
             assert_eq!(owner, uid, "{} is not seat {n}'s", path.display());
             assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", path.display());
         }
+        // None of those files holds the room's password, the instructor's on every server
+        // (Redis's `default`, etcd's `root`, Postgres's labs role): a seat that took over
+        // its server would hold them (a hostile re-attack read it in the seat's redis.conf).
+        let instructor = state["redis"].as_str().unwrap();
+        let room_password = instructor
+            .strip_prefix("redis://default:")
+            .and_then(|rest| rest.split_once('@'))
+            .map(|(password, _)| password.as_bytes())
+            .unwrap();
+        for (path, _, _) in tree(&dir) {
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            assert!(
+                !bytes
+                    .windows(room_password.len())
+                    .any(|w| w == room_password),
+                "seat {n}'s {} holds the room's password",
+                path.display()
+            );
+        }
         all_servers.extend(servers);
     }
     // The state directory stays lockslab's.

@@ -11,24 +11,54 @@ use crate::check::challenge::Wait;
 /// How often the waits are read while a fault lasts.
 const EVERY: Duration = Duration::from_millis(25);
 
-/// Every session of the run's database waiting on another, with the sessions it waits on,
-/// and the database's clock.
-const WAITING: &str = "
-    SELECT pid, pg_blocking_pids(pid),
-           (1000000 * extract(epoch FROM clock_timestamp()))::bigint
-      FROM pg_stat_activity
-     WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0";
+/// The sessions that hold, granted, a lock that session `waiter.pid` waits for.
+/// `pg_blocking_pids` alone also names "soft" blockers: sessions merely queued ahead for the
+/// same lock, which hold nothing — a frozen client waiting in that queue would be credited
+/// with holding the others off. A blocker here must hold the very lock the waiter asks for.
+const HARD_BLOCKERS: &str = "
+    ARRAY(SELECT DISTINCT held.pid
+            FROM pg_locks wanted
+            JOIN pg_locks held
+              ON held.granted AND held.pid <> wanted.pid
+             AND held.locktype = wanted.locktype
+             AND held.database IS NOT DISTINCT FROM wanted.database
+             AND held.relation IS NOT DISTINCT FROM wanted.relation
+             AND held.page IS NOT DISTINCT FROM wanted.page
+             AND held.tuple IS NOT DISTINCT FROM wanted.tuple
+             AND held.virtualxid IS NOT DISTINCT FROM wanted.virtualxid
+             AND held.transactionid IS NOT DISTINCT FROM wanted.transactionid
+             AND held.classid IS NOT DISTINCT FROM wanted.classid
+             AND held.objid IS NOT DISTINCT FROM wanted.objid
+             AND held.objsubid IS NOT DISTINCT FROM wanted.objsubid
+           WHERE wanted.pid = waiter.pid AND NOT wanted.granted
+             AND held.pid = ANY(pg_blocking_pids(waiter.pid)))";
 
-/// The sessions waiting behind one of the faulted client's: its connections to Postgres are
-/// its proxy's, whose ports (`$1`) Postgres lists as their clients'.
-const BEHIND_ITS_SESSIONS: &str = "
-    SELECT waiter.pid, pg_blocking_pids(waiter.pid),
-           (1000000 * extract(epoch FROM clock_timestamp()))::bigint
-      FROM pg_stat_activity waiter
-     WHERE waiter.datname = current_database()
-       AND EXISTS (SELECT 1 FROM pg_stat_activity blocker
-                    WHERE blocker.pid = ANY(pg_blocking_pids(waiter.pid))
-                      AND blocker.client_port = ANY($1::int[]))";
+/// Every session of the run's database waiting on another's held lock, with the sessions
+/// holding it, and the database's clock.
+fn waiting() -> String {
+    format!(
+        "SELECT pid, blockers, (1000000 * extract(epoch FROM clock_timestamp()))::bigint
+           FROM (SELECT waiter.pid, {HARD_BLOCKERS} AS blockers
+                   FROM pg_stat_activity waiter
+                  WHERE waiter.datname = current_database()) w
+          WHERE cardinality(blockers) > 0"
+    )
+}
+
+/// The sessions waiting behind a lock one of the faulted client's sessions holds: its
+/// connections to Postgres are its proxy's, whose ports (`$1`) Postgres lists as their
+/// clients'.
+fn behind_its_sessions() -> String {
+    format!(
+        "SELECT pid, blockers, (1000000 * extract(epoch FROM clock_timestamp()))::bigint
+           FROM (SELECT waiter.pid, {HARD_BLOCKERS} AS blockers
+                   FROM pg_stat_activity waiter
+                  WHERE waiter.datname = current_database()) w
+          WHERE EXISTS (SELECT 1 FROM pg_stat_activity blocker
+                         WHERE blocker.pid = ANY(blockers)
+                           AND blocker.client_port = ANY($1::int[]))"
+    )
+}
 
 impl Run<'_> {
     /// Whether a session waits in Postgres behind one of the client's at `index`: a newer
@@ -40,7 +70,7 @@ impl Run<'_> {
             return Ok(false);
         };
         let ports: Vec<i32> = proxy.server_ports().into_iter().map(i32::from).collect();
-        let rows = self.clock.query(BEHIND_ITS_SESSIONS, &[&ports])?;
+        let rows = self.clock.query(&behind_its_sessions(), &[&ports])?;
         self.waits.extend(rows.iter().map(wait_of));
         Ok(!rows.is_empty())
     }
@@ -52,13 +82,13 @@ impl Run<'_> {
             return Ok(());
         }
         self.waits_read = Some(Instant::now());
-        let rows = self.clock.query(WAITING, &[])?;
+        let rows = self.clock.query(&waiting(), &[])?;
         self.waits.extend(rows.iter().map(wait_of));
         Ok(())
     }
 }
 
-/// A row of [`WAITING`] or [`BEHIND_ITS_SESSIONS`]: the waiter, whom it waits for, when.
+/// A row of [`waiting`] or [`behind_its_sessions`]: the waiter, whom it waits for, when.
 fn wait_of(row: &postgres::Row) -> Wait {
     Wait {
         waiter: row.get(0),
