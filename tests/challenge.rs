@@ -330,8 +330,13 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
         }
         assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
         assert_eq!(verdict["faults_bit"], 0, "{verdict}");
+        // Missed either way: the note came after the write, or — on a busy machine, where
+        // the note's and the database's clocks are within a millisecond — lockslab was late.
         let said = verdict["unknown"].to_string();
-        assert!(said.contains("came after its write"), "{said}");
+        assert!(
+            said.contains("came after its write") || said.contains("lockslab was late"),
+            "{said}"
+        );
     }
 }
 
