@@ -36,27 +36,28 @@ const HARD_BLOCKERS: &str = "
 /// Every session of the run's database waiting on another's held lock, with the sessions
 /// holding it, and the database's clock.
 fn waiting() -> String {
-    format!(
-        "SELECT pid, blockers, (1000000 * extract(epoch FROM clock_timestamp()))::bigint
-           FROM (SELECT waiter.pid, {HARD_BLOCKERS} AS blockers
-                   FROM pg_stat_activity waiter
-                  WHERE waiter.datname = current_database()) w
-          WHERE cardinality(blockers) > 0"
-    )
+    waits_where("cardinality(blockers) > 0")
 }
 
 /// The sessions waiting behind a lock one of the faulted client's sessions holds: its
 /// connections to Postgres are its proxy's, whose ports (`$1`) Postgres lists as their
 /// clients'.
 fn behind_its_sessions() -> String {
+    waits_where(
+        "EXISTS (SELECT 1 FROM pg_stat_activity blocker
+                  WHERE blocker.pid = ANY(blockers) AND blocker.client_port = ANY($1::int[]))",
+    )
+}
+
+/// Each session of the run's database with its [`HARD_BLOCKERS`] and the database's clock,
+/// where `condition` holds.
+fn waits_where(condition: &str) -> String {
     format!(
         "SELECT pid, blockers, (1000000 * extract(epoch FROM clock_timestamp()))::bigint
            FROM (SELECT waiter.pid, {HARD_BLOCKERS} AS blockers
                    FROM pg_stat_activity waiter
                   WHERE waiter.datname = current_database()) w
-          WHERE EXISTS (SELECT 1 FROM pg_stat_activity blocker
-                         WHERE blocker.pid = ANY(blockers)
-                           AND blocker.client_port = ANY($1::int[]))"
+          WHERE {condition}"
     )
 }
 
