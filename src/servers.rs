@@ -522,34 +522,12 @@ impl Seat {
     /// its own runaway script. No command Redis marks dangerous (FLUSHALL, KEYS, CONFIG,
     /// SAVE, REPLICAOF, MIGRATE, DEBUG, SHUTDOWN…), no functions, no channels.
     fn redis_acl(&self) -> Vec<String> {
-        let mut rules = vec![
-            "reset".to_string(),
-            "on".to_string(),
-            format!(">{}", self.password),
-            "~*".to_string(),
-            "resetchannels".to_string(),
-        ];
-        rules.extend(
-            [
-                "-@all",
-                "+@read",
-                "+@write",
-                "+@connection",
-                "+@transaction",
-                "+eval",
-                "+evalsha",
-                "+script|load",
-                "+script|exists",
-                "+script|kill",
-                "-@dangerous",
-                "-function",
-                "+info",
-                "+client|setname",
-                "+client|list",
-            ]
-            .map(String::from),
-        );
-        rules
+        lab_redis_acl(
+            &self.password,
+            "*",
+            &["+script|kill"],
+            &["+info", "+client|setname", "+client|list"],
+        )
     }
 
     /// The URL the seat's attendee uses for its own Redis, when it has one.
@@ -587,6 +565,42 @@ impl Seat {
         client.user_grant_role(name, name).await?;
         Ok(())
     }
+}
+
+/// The ACL rules of a Redis user that lockslab makes for someone it does not trust (a room
+/// seat, a challenge's clients): its password, the keys matching `keys*`, no channels, and
+/// the commands a lock sends — strings, lists, expiry, scripts (`EVAL`, `EVALSHA`, `SCRIPT
+/// LOAD`/`EXISTS`), transactions, connection commands — plus `granted`; then nothing Redis
+/// marks dangerous and no functions, but `let_back`, named after that on purpose (`INFO`
+/// and `CLIENT` are in the dangerous category).
+pub(crate) fn lab_redis_acl(
+    password: &str,
+    keys: &str,
+    granted: &[&str],
+    let_back: &[&str],
+) -> Vec<String> {
+    let mut rules = vec![
+        "reset".to_string(),
+        "on".to_string(),
+        format!(">{password}"),
+        format!("~{keys}"),
+        "resetchannels".to_string(),
+    ];
+    let commands = [
+        "-@all",
+        "+@read",
+        "+@write",
+        "+@connection",
+        "+@transaction",
+        "+eval",
+        "+evalsha",
+        "+script|load",
+        "+script|exists",
+    ];
+    rules.extend(commands.iter().chain(granted).map(|rule| rule.to_string()));
+    rules.extend(["-@dangerous", "-function"].map(String::from));
+    rules.extend(let_back.iter().map(|rule| rule.to_string()));
+    rules
 }
 
 /// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.

@@ -39,31 +39,7 @@ fn user_of(run_id: &str) -> String {
 /// (strings, expiry, scripts, transactions), nothing Redis marks dangerous — no `CONFIG`,
 /// `KEYS`, `ACL`, `CLIENT KILL`, `DEBUG`, `SHUTDOWN` — no functions, no channels.
 fn redis_rules(user_password: &str, key_prefix: &str) -> Vec<String> {
-    let mut rules = vec![
-        "reset".to_string(),
-        "on".to_string(),
-        format!(">{user_password}"),
-        format!("~{key_prefix}*"),
-        "resetchannels".to_string(),
-    ];
-    rules.extend(
-        [
-            "-@all",
-            "+@read",
-            "+@write",
-            "+@connection",
-            "+@transaction",
-            "+eval",
-            "+evalsha",
-            "+script|load",
-            "+script|exists",
-            "+wait",
-            "-@dangerous",
-            "-function",
-        ]
-        .map(String::from),
-    );
-    rules
+    crate::servers::lab_redis_acl(user_password, &format!("{key_prefix}*"), &["+wait"], &[])
 }
 
 impl ClientLogins {
