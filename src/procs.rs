@@ -302,8 +302,10 @@ pub fn stop(pid: i32, plan: &StopPlan) {
                 thread::sleep(Duration::from_millis(10))
             }
             Ok(WaitStatus::StillAlive) => {
+                let segments = PostgresSegments::mapped_under(pid);
                 let _ = killpg(group, Signal::SIGKILL);
                 let _ = waitpid(group, None);
+                segments.remove();
                 break;
             }
             // Exited and reaped now, or reaped earlier (ECHILD), or not our child.
@@ -424,12 +426,51 @@ fn kill_all_now() {
         live.drain().collect()
     });
     for (pid, _) in live {
+        let segments = PostgresSegments::mapped_under(pid);
         let group = Pid::from_raw(pid);
         let _ = killpg(group, Signal::SIGKILL);
         let _ = killpg(group, Signal::SIGCONT);
         let _ = waitpid(group, None);
+        segments.remove();
     }
     remove_registered_dirs();
+}
+
+/// The POSIX shared-memory segments (`/dev/shm/PostgreSQL.*`) that a `postgres` below one of
+/// lockslab's children has mapped, found before that child's group is killed.
+///
+/// A Postgres cleans its segments up as it exits, but not when SIGKILL ends it: they stay in
+/// `/dev/shm` until the machine restarts. lockslab's servers keep theirs in their data
+/// directory (`dynamic_shared_memory_type=mmap`), which goes with the directory; the
+/// `postgres` that `initdb` runs cannot be told so, and a second Ctrl-C kills it. These
+/// names were mapped by our own children, now dead, so no one else uses them.
+struct PostgresSegments(Vec<std::path::PathBuf>);
+
+impl PostgresSegments {
+    fn mapped_under(pid: i32) -> PostgresSegments {
+        let mut found: Vec<std::path::PathBuf> = Vec::new();
+        for process in std::iter::once(pid).chain(descendants(pid)) {
+            let Ok(maps) = std::fs::read_to_string(format!("/proc/{process}/maps")) else {
+                continue;
+            };
+            for line in maps.lines() {
+                // `range perms offset dev inode path`: the path is the sixth field.
+                let Some(path) = line.split_whitespace().nth(5) else {
+                    continue;
+                };
+                if path.starts_with("/dev/shm/PostgreSQL.") && !found.iter().any(|f| f == path) {
+                    found.push(path.into());
+                }
+            }
+        }
+        PostgresSegments(found)
+    }
+
+    fn remove(self) {
+        for path in self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// Set once lockslab is shutting down early: the lab's output stops there.

@@ -132,6 +132,7 @@ fn comm(pid: i32) -> String {
 /// Every pid that was ever a descendant of a process while it ran.
 struct Family {
     pids: Arc<std::sync::Mutex<HashSet<i32>>>,
+    segments: Arc<std::sync::Mutex<HashSet<String>>>,
     done: Arc<AtomicBool>,
     watcher: Option<thread::JoinHandle<()>>,
     since: u64,
@@ -146,6 +147,8 @@ struct Family {
 #[derive(Clone, Default)]
 struct Run {
     pids: HashSet<i32>,
+    /// POSIX segments (`/dev/shm/PostgreSQL.*`) a process of the run had mapped.
+    segments: HashSet<String>,
     from: u64,
     until: u64,
 }
@@ -161,18 +164,23 @@ impl Family {
     fn watch(root: i32) -> Family {
         let pids = Arc::new(std::sync::Mutex::new(HashSet::from([root])));
         let done = Arc::new(AtomicBool::new(false));
-        let (p, d) = (pids.clone(), done.clone());
+        let segments = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let (p, d, s) = (pids.clone(), done.clone(), segments.clone());
         let watcher = thread::spawn(move || {
             while !d.load(Ordering::SeqCst) {
                 let table = process_table();
                 let mut known = p.lock().unwrap();
                 family_in(&table, &mut known);
+                let live: Vec<i32> = known.iter().copied().collect();
                 drop(known);
+                let mapped = live.into_iter().flat_map(postgres_segments_mapped_by);
+                s.lock().unwrap().extend(mapped);
                 thread::sleep(Duration::from_millis(3));
             }
         });
         Family {
             pids,
+            segments,
             done,
             watcher: Some(watcher),
             since: unix_now(),
@@ -194,6 +202,7 @@ impl Family {
         }
         Run {
             pids: self.pids.lock().unwrap().clone(),
+            segments: self.segments.lock().unwrap().clone(),
             from: self.since,
             until: unix_now(),
         }
@@ -204,6 +213,32 @@ impl Drop for Family {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The `/dev/shm/PostgreSQL.*` files process `pid` has mapped (none once it is gone).
+fn postgres_segments_mapped_by(pid: i32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.starts_with("/dev/shm/PostgreSQL."))
+        .map(str::to_string)
+        .collect()
+}
+
+/// SysV segments a run created (see [`shm_created_by`]) and the POSIX segments its processes
+/// mapped that are still in `/dev/shm`: what a Postgres leaves there when SIGKILL ends it.
+fn shared_memory_left_by(runs: &[Run]) -> Vec<String> {
+    let mut left = shm_created_by(runs);
+    for run in runs {
+        left.extend(
+            run.segments
+                .iter()
+                .filter(|path| Path::new(path).exists())
+                .cloned(),
+        );
+    }
+    left
 }
 
 /// SysV shared-memory segments (shmid) that a process of one of `runs` created while that
@@ -309,12 +344,12 @@ fn an_interrupt_while_initdb_runs_leaves_no_directory_process_or_shared_memory()
                 world.leftover_dirs()
             );
             assert!(
-                eventually(Duration::from_secs(5), || shm_created_by(
+                eventually(Duration::from_secs(5), || shared_memory_left_by(
                     std::slice::from_ref(&family)
                 )
                 .is_empty()),
                 "{case}: left shared memory: {:?}",
-                shm_created_by(std::slice::from_ref(&family))
+                shared_memory_left_by(std::slice::from_ref(&family))
             );
         }
     }
@@ -356,12 +391,12 @@ fn a_second_interrupt_while_initdb_runs_leaves_no_directory_or_shared_memory() {
             world.processes()
         );
         assert!(
-            eventually(Duration::from_secs(5), || shm_created_by(
+            eventually(Duration::from_secs(5), || shared_memory_left_by(
                 std::slice::from_ref(&run)
             )
             .is_empty()),
             "{case}: left shared memory: {:?}",
-            shm_created_by(std::slice::from_ref(&run))
+            shared_memory_left_by(std::slice::from_ref(&run))
         );
         assert!(
             world.leftover_dirs().is_empty(),
@@ -453,7 +488,7 @@ fn what_a_killed_run_left_is_removed_by_the_next_start_and_nothing_else() {
         "after 3 SIGKILLs: {} dirs ({}) , shared memory {:?}",
         killed_dirs.len(),
         size_kb.split_whitespace().next().unwrap_or("?"),
-        shm_created_by(&families)
+        shared_memory_left_by(&families)
     );
 
     // A killed run's servers are stopped by its watchdog, which on a loaded machine can take
@@ -480,10 +515,10 @@ fn what_a_killed_run_left_is_removed_by_the_next_start_and_nothing_else() {
         "the killed runs' dirs must go, the live and foreign ones stay"
     );
     assert!(
-        eventually(Duration::from_secs(5), || shm_created_by(&families)
+        eventually(Duration::from_secs(5), || shared_memory_left_by(&families)
             .is_empty()),
         "the killed runs' shared memory is still there: {:?}",
-        shm_created_by(&families)
+        shared_memory_left_by(&families)
     );
     // The live run still works.
     let urls: serde_json::Value = serde_json::from_str(&first_line).unwrap();
