@@ -114,7 +114,7 @@ impl Anchor {
         }
     }
 
-    fn matches(&self, event: &Event) -> bool {
+    pub fn matches(&self, event: &Event) -> bool {
         event.worker == self.worker && self.event.contains(event.kind())
     }
 }

@@ -39,6 +39,13 @@ pub(super) struct Aimed {
     frozen: BTreeMap<String, bool>,
 }
 
+impl Aimed {
+    /// Is a fault armed on `client`, waiting for its write, or has it frozen it there?
+    pub(super) fn is_armed(&self, client: &str) -> bool {
+        self.waiting.contains_key(client) || self.frozen.contains_key(client)
+    }
+}
+
 /// How long a pause waits for its client's write after it was armed: the job's work, then
 /// a lease. A client still not writing by then was not about to write under that lease.
 fn patience(lease_ms: u64) -> Duration {

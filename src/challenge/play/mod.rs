@@ -141,6 +141,8 @@ struct Run<'a> {
     strikes: Vec<Strike>,
     /// The clients whose next write the proxy holds (delay), until it goes out.
     held_writes: BTreeSet<String>,
+    /// Faults that wait for another client's to end (`one_fault_at_a_time`), by client.
+    postponed: BTreeMap<String, Postponed>,
     /// The pauses and delays aimed at a client's write, until it comes.
     aimed: aim::Aimed,
     /// The last `writing` note not yet looked at, and the worst order being played.
@@ -252,6 +254,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         outlast_read: None,
         key_waits: Vec::new(),
         held_writes: BTreeSet::new(),
+        postponed: BTreeMap::new(),
         aimed: aim::Aimed::default(),
         writing: None,
         overtaking: None,
@@ -323,6 +326,13 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         waits: std::mem::take(&mut run.waits),
         key_waits: std::mem::take(&mut run.key_waits),
     })
+}
+
+/// A pause or delay that waits for another client's fault to end, with the resume that
+/// ends it (a pause's), taken back from the player meanwhile.
+pub(super) struct Postponed {
+    action: Action,
+    resume: Option<Action>,
 }
 
 impl Run<'_> {
@@ -421,6 +431,8 @@ impl Run<'_> {
             (self.player.as_mut(), self.tape.events.last(), answer)
         {
             player.observe(event);
+            let event = event.clone();
+            self.rearm_postponed(&event);
         }
     }
 
