@@ -64,7 +64,7 @@ impl Challenge {
             },
             Challenge::Pause => About {
                 goal: "no stale write lands after the lock's TTL ran out",
-                faults: "two clients frozen 2-3 TTLs between their read and write",
+                faults: "two clients frozen at their write in turn, 2-3 TTLs or past their lock",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::Crash => About {
@@ -74,7 +74,7 @@ impl Challenge {
             },
             Challenge::Delay => About {
                 goal: "no stale write lands, though no client ever stopped",
-                faults: "two clients' next write to Postgres held 2-3 TTLs in the network",
+                faults: "two writes held in the network in turn, 2-3 TTLs or past their lock",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::ExactlyOnce => About {
