@@ -874,6 +874,20 @@ fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
     );
 }
 
+/// A Rust client that panics: its last line is Rust's hint to set RUST_BACKTRACE, which a
+/// client's scrubbed environment would not pass on; the panic's message is quoted instead.
+#[test]
+fn a_rust_client_that_panics_is_said_by_its_message_not_the_backtrace_hint() {
+    let stderr = cannot_start(
+        "read l; echo \"thread 'main' panicked at src/main.rs:9:5:\" >&2; \
+         echo 'no record named r9' >&2; \
+         echo 'note: run with `RUST_BACKTRACE=1` environment variable to display a \
+         backtrace' >&2; exit 101",
+        "its last stderr line: no record named r9",
+    );
+    assert!(!stderr.contains("RUST_BACKTRACE"), "{stderr}");
+}
+
 /// A client that never says ready (a slow start on a loaded machine): nothing ran, so the
 /// run is not graded (exit 4, no never-done list), and lockslab says how to give it longer.
 #[test]

@@ -244,7 +244,7 @@ fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
                 let text = printable(&String::from_utf8_lossy(&line))
                     .trim()
                     .to_string();
-                if text.is_empty() {
+                if text.is_empty() || is_backtrace_hint(&text) {
                     continue;
                 }
                 let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -255,6 +255,13 @@ fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
             }
         }
     }
+}
+
+/// Rust's "note: run with `RUST_BACKTRACE=1` …" after a panic: advice a learner cannot take
+/// (a client starts from a scrubbed environment, which lockslab's own variables do not
+/// reach), and a line that would push the panic's message out of the few kept.
+fn is_backtrace_hint(line: &str) -> bool {
+    line.starts_with("note: run with `RUST_BACKTRACE")
 }
 
 /// SIGKILLs every process of this user whose environment holds `entry` (`prefix`: an
