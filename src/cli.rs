@@ -114,9 +114,9 @@ enum Command {
     /// waiters leaving the line, a session that expires, a leader that was paused
     Queue(QueueArgs),
     /// Random fault schedules from a seed against one lock design; the smallest that breaks it
-    Chaos(crate::labs::chaos::ChaosArgs),
+    Chaos(crate::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or UNKNOWN
-    Matrix(crate::labs::chaos::matrix::MatrixArgs),
+    Matrix(crate::matrix::MatrixArgs),
     /// Your own lock client, in any language, run under pauses, kills and network delays
     /// and graded from the data (`lockslab challenge list`)
     Challenge(crate::challenge::ChallengeArgs),
@@ -279,8 +279,8 @@ pub fn run() -> Result<ExitCode> {
         crate::seed::start(seed, "lab");
     }
     match command {
-        Command::Chaos(args) => return crate::labs::chaos::run(&args),
-        Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
+        Command::Chaos(args) => return crate::chaos::run(&args),
+        Command::Matrix(args) => return crate::matrix::run(&args),
         Command::Challenge(args) => return crate::challenge::run(&args),
         Command::Check(args) => return crate::reproduce::run(&args),
         Command::List => crate::menu::print_list(),

@@ -138,10 +138,10 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     refuse_a_missing_file(&args.program)?;
     let isolation = match isolation::Isolation::choose(&args.program) {
         Ok(isolation) => isolation,
-        Err(err) => return crate::labs::chaos::could_not_run(Err(err)),
+        Err(err) => return crate::chaos::could_not_run(Err(err)),
     };
     if args.isolated && !isolation.is_isolated() {
-        return crate::labs::chaos::could_not_run(Err(anyhow::anyhow!(
+        return crate::chaos::could_not_run(Err(anyhow::anyhow!(
             "--isolated: the clients cannot be isolated here ({}); install bubblewrap \
              (`sudo apt-get install bubblewrap`) or run as root, or leave out --isolated",
             isolation.why_not().unwrap_or_default()
@@ -153,7 +153,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     }
     let patience = patience_of(challenge, args)?;
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
-    crate::labs::chaos::could_not_run(grade(
+    crate::chaos::could_not_run(grade(
         challenge, args, lease_ms, patience, picture, isolation,
     ))
 }

@@ -5,7 +5,6 @@
 //! back from the store. [`Stage`] is what every lab uses for that: it spawns workers,
 //! collects their events on one clock, and shows them on the timeline.
 
-pub mod chaos;
 pub mod etcd_vs_redis;
 pub mod failover;
 pub mod faults;

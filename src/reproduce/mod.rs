@@ -178,7 +178,7 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
         "lease-guard" => crate::labs::lease_guard::replay(events, verdict),
         "queue" => crate::labs::queue::replay(events, verdict),
         "challenge" => challenge::replay(events, verdict),
-        "chaos" => crate::labs::chaos::replay(events, &recorded.summaries, verdict),
+        "chaos" => crate::chaos::replay(events, &recorded.summaries, verdict),
         "matrix" => bail!(
             "a `lockslab matrix` run's --json holds one line per cell, not the histories \
              behind it, so there is nothing to judge again; hunt one cell again with \

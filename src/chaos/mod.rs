@@ -8,24 +8,21 @@
 //! a failing schedule ──> shrink (fewer faults, shorter, fewer clients; replayed) ──> replay line
 //! ```
 
-mod cells;
 mod clock;
-mod cluster;
-mod failover;
-mod given;
+pub mod cluster;
+pub mod failover;
+pub mod given;
 mod lag;
-pub mod matrix;
-mod merge;
 mod net;
-mod play;
-mod reach;
+pub mod play;
+pub mod reach;
 mod redlock_lane;
 mod replay;
 mod rows;
-mod show;
+pub mod shard;
+pub mod show;
 mod shrink;
 pub mod side_by_side;
-mod table;
 mod unplayed;
 
 use std::process::ExitCode;
@@ -174,8 +171,8 @@ pub struct ChaosArgs {
     pub json: bool,
     /// Play only the K-th of N parts of the schedules (every N-th, from the K-th): N runs
     /// with the same seed play the schedules of one
-    #[arg(long, value_name = "K/N", value_parser = matrix::parse_shard)]
-    pub shard: Option<matrix::Shard>,
+    #[arg(long, value_name = "K/N", value_parser = shard::parse_shard)]
+    pub shard: Option<shard::Shard>,
     /// Draw the smallest failing schedule's history into FILE, a self-contained HTML page
     #[arg(long, value_name = "FILE")]
     pub html: Option<std::path::PathBuf>,
@@ -226,7 +223,7 @@ impl Ground {
             servers,
             lanes,
             redis_given: given.is_some() && uses_redis,
-            run_id: super::new_run_id(),
+            run_id: crate::labs::new_run_id(),
             etcd_ring: None,
             sentinel_ring: None,
         };
@@ -330,7 +327,7 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
         None if args.faults.is_empty() => FaultKind::ALL.to_vec(),
         _ => once_each(&args.faults),
     };
-    let shard = args.shard.unwrap_or(matrix::Shard { k: 1, n: 1 });
+    let shard = args.shard.unwrap_or(shard::Shard { k: 1, n: 1 });
     if args.time.is_none() {
         let schedules = ("schedule", "schedules");
         shard.every_part_plays(args.schedules.into(), schedules, "more --schedules")?;

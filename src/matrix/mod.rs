@@ -5,10 +5,16 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde_json::json;
 
-use super::play::space;
-pub use super::table::Cell;
-use super::table::{footer, header, in_table_order, notes, row_line};
-use super::{Ground, show, side_by_side};
+mod cells;
+mod merge;
+mod table;
+
+pub use table::Cell;
+use table::{footer, header, in_table_order, notes, row_line};
+
+use crate::chaos::play::space;
+use crate::chaos::shard::{Shard, parse_shard};
+use crate::chaos::{Ground, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::designs::Design;
 use crate::nemesis::generate::{self, FaultKind};
@@ -103,7 +109,7 @@ pub struct MatrixArgs {
     pub clients: u32,
     /// Schedules played side by side, each in its own namespace (one that restarts a
     /// server plays alone)
-    #[arg(long, default_value_t = super::DEFAULT_PARALLEL, value_name = "P",
+    #[arg(long, default_value_t = crate::chaos::DEFAULT_PARALLEL, value_name = "P",
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub parallel: u32,
     /// Play only the K-th of N parts of the cells (e.g. 2/4, on another machine); merge
@@ -127,63 +133,14 @@ pub struct MatrixArgs {
     pub servers: ServerArgs,
 }
 
-/// `--shard K/N`: the K-th of N parts (1-based).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub k: u32,
-    pub n: u32,
-}
-
-impl Shard {
-    /// Does this part play the `index`th cell (or schedule)?
-    pub fn owns(self, index: u64) -> bool {
-        index % u64::from(self.n) == u64::from(self.k - 1)
-    }
-
-    /// Refuses a split of `items` (schedules, or cells) into more parts than there are
-    /// items: a part past them plays none, and would exit 0 as if it had found nothing.
-    /// `what`: the item's name, one and many; `more`: the flags that give more of them.
-    pub fn every_part_plays(self, items: u64, what: (&str, &str), more: &str) -> Result<()> {
-        let (k, n) = (self.k, self.n);
-        if u64::from(n) <= items {
-            return Ok(());
-        }
-        let none = if u64::from(k) > items {
-            "plays none".to_string()
-        } else if u64::from(n) == items + 1 {
-            format!("leaves part {n}/{n} none")
-        } else {
-            format!("leaves parts {}/{n} to {n}/{n} none", items + 1)
-        };
-        let fewer = match items {
-            1 => "drop --shard".to_string(),
-            _ => format!("use at most --shard K/{items}"),
-        };
-        crate::bail_usage!(
-            "--shard {k}/{n} of {} {none}: {fewer}, or {more}",
-            count(items, what.0, what.1)
-        );
-    }
-}
-
-pub fn parse_shard(text: &str) -> Result<Shard, String> {
-    let parsed = text
-        .split_once('/')
-        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)));
-    match parsed {
-        Some((k, n)) if (1..=n).contains(&k) => Ok(Shard { k, n }),
-        _ => Err(format!("{text}: K/N with 1 ≤ K ≤ N, e.g. 2/4")),
-    }
-}
-
 pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     if !args.merge.is_empty() {
-        return super::merge::merge(&args.merge, args.strict);
+        return merge::merge(&args.merge, args.strict);
     }
     let designs = if args.design.is_empty() {
         Design::ALL.to_vec()
     } else {
-        super::once_each(&args.design)
+        crate::chaos::once_each(&args.design)
     };
     let mut kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
@@ -197,10 +154,11 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     shard.every_part_plays(cells, ("cell", "cells"), "more --design or --faults")?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
-    super::could_not_run((|| {
+    crate::chaos::could_not_run((|| {
         let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
-        ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
-        ground.sentinel_ring = super::failover::ring_for(&designs, &kinds, ground.redis_given)?;
+        ground.etcd_ring = crate::chaos::cluster::ring_for(&designs, &kinds)?;
+        ground.sentinel_ring =
+            crate::chaos::failover::ring_for(&designs, &kinds, ground.redis_given)?;
         if !style.json {
             let part = if shard.n > 1 {
                 format!(" Part {} of {} (--shard).", shard.k, shard.n)
@@ -322,10 +280,10 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
 
 /// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.
 fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
-    let plays = |d: &Design| kinds.iter().any(|k| super::reach::reaches(*d, *k));
+    let plays = |d: &Design| kinds.iter().any(|k| crate::chaos::reach::reaches(*d, *k));
     if !designs.iter().any(plays) {
         let why: Vec<String> = (designs.iter())
-            .flat_map(|d| super::reach::unreached_kinds(*d, kinds))
+            .flat_map(|d| crate::chaos::reach::unreached_kinds(*d, kinds))
             .collect();
         crate::bail_usage!(
             "no cell would play, every one `-`: {}; choose other --faults or --design",
@@ -352,9 +310,9 @@ pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
             .any(|c| c.result.starts_with(word))
     };
     if any("UNSAFE") {
-        super::EXIT_VIOLATION
+        crate::chaos::EXIT_VIOLATION
     } else if any("UNKNOWN") {
-        super::EXIT_ONLY_UNKNOWNS
+        crate::chaos::EXIT_ONLY_UNKNOWNS
     } else {
         crate::exit::EXIT_OK
     }
@@ -363,47 +321,6 @@ pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shards_split_the_cells_between_them_and_k_over_n_is_checked() {
-        let shards: Vec<Shard> = (1..=3)
-            .map(|k| parse_shard(&format!("{k}/3")).unwrap())
-            .collect();
-        for index in 0..30u64 {
-            let owners = shards.iter().filter(|s| s.owns(index)).count();
-            assert_eq!(owners, 1, "cell {index} is played by exactly one part");
-        }
-        for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
-            assert!(parse_shard(bad).is_err(), "{bad}");
-        }
-    }
-
-    /// A part past the items plays none and would exit 0: refused, with what to do.
-    #[test]
-    fn a_split_into_more_parts_than_items_is_refused_with_what_to_do() {
-        let schedules = ("schedule", "schedules");
-        let refused = |shard: &str, items: u64| {
-            let shard = parse_shard(shard).unwrap();
-            let err = shard.every_part_plays(items, schedules, "more --schedules");
-            let err = err.unwrap_err();
-            assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
-            format!("{err}")
-        };
-        assert_eq!(
-            refused("3/3", 2),
-            "--shard 3/3 of 2 schedules plays none: use at most --shard K/2, or more --schedules"
-        );
-        let message = refused("1/4294967295", 10);
-        assert!(
-            message.contains("leaves parts 11/4294967295 to 4294967295/4294967295 none"),
-            "{message}"
-        );
-        assert!(refused("2/2", 1).contains("drop --shard"));
-        for (shard, items) in [("2/2", 2), ("1/3", 30), ("1/1", 1)] {
-            let shard = parse_shard(shard).unwrap();
-            assert!(shard.every_part_plays(items, schedules, "").is_ok());
-        }
-    }
 
     /// `matrix --help` names the words the default table (every kind) prints, and its
     /// prose is filled to 80 columns: no line a word short that the next line starts

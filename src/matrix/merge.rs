@@ -9,8 +9,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::matrix::{Shard, exit_code, parse_shard};
+use super::exit_code;
 use super::table::{Cell, footer, header, in_table_order, notes, row_line};
+use crate::chaos::shard::{Shard, parse_shard};
 use crate::designs::Design;
 use crate::exit::UsageError;
 use crate::nemesis::generate::FaultKind;
@@ -42,7 +43,7 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
     };
-    let text = match super::given::read_small_file(file, LARGEST_FILE) {
+    let text = match crate::chaos::given::read_small_file(file, LARGEST_FILE) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => crate::bail_usage!(
             "--merge {}: more than any matrix's --json (at most {} MiB)",

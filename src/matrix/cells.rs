@@ -4,8 +4,8 @@
 //! otherwise was edited, or is no matrix's, and a table from it would claim what was never
 //! played.
 
-use super::reach;
 use super::table::Cell;
+use crate::chaos::reach;
 use crate::check::chaos::Violation;
 
 /// Refuses, with why, a cell that a matrix of `schedules` schedules a cell cannot write.
