@@ -484,7 +484,7 @@ fn event_line(t_ms: u64, worker: &str, kind: &str, extra: &str) -> String {
 }
 
 #[test]
-fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
+fn render_refuses_input_it_cannot_draw_at_once_with_exit_4() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.svg");
     let write = |name: &str, text: &str| {
@@ -578,7 +578,7 @@ fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(
             output.status.code(),
-            Some(1),
+            Some(4),
             "{}: {stderr}",
             input.display()
         );

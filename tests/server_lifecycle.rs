@@ -603,14 +603,14 @@ fn a_dead_server_of_up_is_named_and_never_replaced_silently() {
 
     let lab = world.run(&QUICK_LAB);
     let stderr = String::from_utf8_lossy(&lab.stderr);
-    assert_eq!(lab.status.code(), Some(1), "{}", text(&lab));
+    assert_eq!(lab.status.code(), Some(4), "{}", text(&lab));
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     for word in ["Redis", "lockslab up", "lockslab down"] {
         assert!(stderr.contains(word), "{word:?} in {stderr}");
     }
 
     let status = world.run(&["status"]);
-    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    assert_eq!(status.status.code(), Some(4), "{}", text(&status));
     assert!(
         String::from_utf8_lossy(&status.stdout).contains("not answering"),
         "{}",

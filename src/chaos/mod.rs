@@ -25,7 +25,6 @@ mod shrink;
 pub mod side_by_side;
 mod unplayed;
 
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -34,16 +33,12 @@ use serde_json::json;
 use crate::check::chaos::Judgement;
 use crate::connect::Backend;
 use crate::designs::Design;
+use crate::exit::Exit;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::servers::{self, ServerArgs, Servers};
 
 pub use play::{Lane, Setup, Trial};
 pub use replay::replay;
-
-/// The exit statuses of `chaos` and `matrix` (Maelstrom's convention, plus one).
-pub const EXIT_VIOLATION: u8 = 1;
-pub const EXIT_ONLY_UNKNOWNS: u8 = 3;
-pub const EXIT_COULD_NOT_RUN: u8 = 4;
 
 /// The longest `--time`: a day of schedules is already more than the 100000 `--schedules`
 /// allows at a second or two each.
@@ -52,16 +47,6 @@ const LONGEST_HUNT: Duration = Duration::from_secs(24 * 60 * 60);
 /// How many schedules play side by side unless told: on 2 cores, 4 histories of 3 clients
 /// keep them busy without starving the clients past their leases.
 pub const DEFAULT_PARALLEL: u32 = 4;
-
-/// The exit-status lines of `chaos` (a macro, for `concat!`; `matrix` has its own).
-macro_rules! chaos_exit_help {
-    () => {
-        "Exit status: 0 no violation found · 1 a violation found · 2 bad command \
-line · 3 no violation, but some history could not be decided (unknown, never a \
-pass) · 4 it could not run (a server did not answer) · 130 Ctrl-C; clients and \
-servers are stopped either way."
-    };
-}
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -128,7 +113,11 @@ is judged on the faults that played (unknown if none did: it tested none).
 
 Walkthrough: labs/12-chaos.md.
 
-", chaos_exit_help!()))]
+", crate::exit_status_help!(
+    done: "no violation found",
+    violation: "a violation found",
+    undecided: "no violation, but some history could not be decided (unknown, never a pass)"
+)))]
 pub struct ChaosArgs {
     /// The lock design to attack
     #[arg(long, value_enum)]
@@ -317,7 +306,7 @@ impl Ground {
 }
 
 /// `lockslab chaos`.
-pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
+pub fn run(args: &ChaosArgs) -> Result<Exit> {
     let given = match &args.schedule {
         Some(text) => Some(given::read_schedule(text, args.clients, args.design)?),
         None => None,
@@ -370,144 +359,128 @@ pub fn run(args: &ChaosArgs) -> Result<ExitCode> {
             reaching.join(", ")
         );
     }
-    let outcome = (|| -> Result<ExitCode> {
-        let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
-        ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
-        // A given schedule's failover needs the cluster, whatever --faults says.
-        let with_given: Vec<FaultKind> = (kinds.iter().copied())
-            .chain(
-                given
-                    .iter()
-                    .flat_map(|s| s.steps().iter().filter_map(FaultKind::of)),
-            )
-            .collect();
-        ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
-        if !args.json {
-            show::heading(&ground, args, seed);
-        }
-        // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
-        match reach::unreached(args.design, &once_each(&args.faults)) {
-            Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
-            Some(line) if given.is_none() => crate::output::prose(&line),
-            _ => {}
-        }
-        let setup = ground.setup(args.design, given.is_some());
-        let space = play::space(&setup, args.clients, &kinds);
-        let started = Instant::now();
-        let next = |nth: u64| {
-            let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
-            let enough = match args.time {
-                // At least one schedule, however short the time: none played is no answer.
-                Some(time) => nth > 0 && started.elapsed() >= time,
-                None => index >= u64::from(args.schedules),
-            };
-            let seed = generate::nth_seed(seed, index);
-            let schedule = match &given {
-                Some(schedule) => schedule.clone(),
-                None => generate::draw(seed, &space),
-            };
-            (!enough).then_some(side_by_side::Job {
-                index,
-                seed,
-                schedule,
-                clients: args.clients,
-            })
-        };
-        // A replay plays the given schedule every time asked, to count how often it breaks
-        // the design; a hunt stops at its first violation.
-        let played = side_by_side::play(&setup, args.parallel, given.is_none(), next, |p| {
-            show::schedule_line(style, p.job.index, p.job.seed, &p.job.schedule, &p.trial)
-        })?;
-        let count = |j: Judgement| {
-            played
+    let mut ground = Ground::start(&args.servers, &[args.design], args.parallel)?;
+    ground.etcd_ring = cluster::ring_for(&[args.design], &kinds)?;
+    // A given schedule's failover needs the cluster, whatever --faults says.
+    let with_given: Vec<FaultKind> = (kinds.iter().copied())
+        .chain(
+            given
                 .iter()
-                .filter(move |p| p.trial.report.judgement() == j)
-        };
-        let (unsafe_, unknown) = (
-            count(Judgement::Unsafe).count(),
-            count(Judgement::Unknown).count(),
-        );
-        let first_failure = count(Judgement::Unsafe)
-            .min_by_key(|p| p.done)
-            .map(|p| p.job.index);
-        let played_n = played.len() as u64;
-        let in_part = unplayed::in_part(&played);
-        let first_failure = first_failure.and_then(|index| {
-            let p = played.into_iter().find(|p| p.job.index == index)?;
-            Some((p.job.schedule, p.trial, p.done - started))
-        });
-        let played = played_n;
-        let hunted = started.elapsed();
-        let mut verdict = json!({
-            "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
-            "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
-            "schedules": played, "unsafe": unsafe_, "unknown": unknown,
-            "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
-            "given": given.is_some(),
-            "seconds": hunted.as_secs_f64(),
-        });
-        let code = if let Some((schedule, trial, found_after)) = first_failure {
-            let shrinking = !args.no_shrink && given.is_none();
-            let (small, clients, small_trial) = if !shrinking {
-                (schedule, args.clients, trial)
-            } else {
-                shrink::shrink(
-                    &setup,
-                    style,
-                    &schedule,
-                    args.clients,
-                    seed,
-                    args.replays,
-                    args.parallel,
-                    trial,
-                )?
-            };
-            let replay = show::replay_command(args.design, clients, &small);
-            let lines = show::replay_lines(args.design, clients, &small);
-            show::failure(style, &small, &small_trial, &lines, found_after, shrinking);
-            verdict["shrunk"] = serde_json::to_value(&small)?;
-            verdict["clients"] = clients.into();
-            verdict["replay"] = replay.into();
-            verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
-            verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
-            if let Some(target) = &picture {
-                let recording = crate::picture::Recording::of_run(
-                    small_trial.history.clone(),
-                    Some(verdict.clone()),
-                    Vec::new(),
-                );
-                crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
-            }
-            EXIT_VIOLATION
-        } else if unknown > 0 {
-            EXIT_ONLY_UNKNOWNS
-        } else {
-            crate::exit::EXIT_OK
-        };
-        if code != EXIT_VIOLATION {
-            let why = "no violation (--html draws a failing schedule's history)";
-            crate::picture::not_drawn(picture.as_slice(), why, style.json);
-        }
-        ground.give_back(setup);
-        show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
-        // Printed: an interrupt from here on has nothing more to keep.
-        crate::procs::say_if_interrupted(None);
-        Ok(ExitCode::from(code))
-    })();
-    could_not_run(outcome)
-}
-
-/// An error that is not the command line's ends chaos and matrix with 4, not 1: 1 means a
-/// violation was found.
-pub fn could_not_run(outcome: Result<ExitCode>) -> Result<ExitCode> {
-    match outcome {
-        Err(err) if err.downcast_ref::<crate::exit::UsageError>().is_none() => {
-            let text = format!("lockslab: error: {:#}", crate::connect::explain(err));
-            crate::output::err_prose(&text);
-            Ok(ExitCode::from(EXIT_COULD_NOT_RUN))
-        }
-        other => other,
+                .flat_map(|s| s.steps().iter().filter_map(FaultKind::of)),
+        )
+        .collect();
+    ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
+    if !args.json {
+        show::heading(&ground, args, seed);
     }
+    // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
+    match reach::unreached(args.design, &once_each(&args.faults)) {
+        Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
+        Some(line) if given.is_none() => crate::output::prose(&line),
+        _ => {}
+    }
+    let setup = ground.setup(args.design, given.is_some());
+    let space = play::space(&setup, args.clients, &kinds);
+    let started = Instant::now();
+    let next = |nth: u64| {
+        let index = nth * u64::from(shard.n) + u64::from(shard.k - 1);
+        let enough = match args.time {
+            // At least one schedule, however short the time: none played is no answer.
+            Some(time) => nth > 0 && started.elapsed() >= time,
+            None => index >= u64::from(args.schedules),
+        };
+        let seed = generate::nth_seed(seed, index);
+        let schedule = match &given {
+            Some(schedule) => schedule.clone(),
+            None => generate::draw(seed, &space),
+        };
+        (!enough).then_some(side_by_side::Job {
+            index,
+            seed,
+            schedule,
+            clients: args.clients,
+        })
+    };
+    // A replay plays the given schedule every time asked, to count how often it breaks
+    // the design; a hunt stops at its first violation.
+    let played = side_by_side::play(&setup, args.parallel, given.is_none(), next, |p| {
+        show::schedule_line(style, p.job.index, p.job.seed, &p.job.schedule, &p.trial)
+    })?;
+    let count = |j: Judgement| {
+        played
+            .iter()
+            .filter(move |p| p.trial.report.judgement() == j)
+    };
+    let (unsafe_, unknown) = (
+        count(Judgement::Unsafe).count(),
+        count(Judgement::Unknown).count(),
+    );
+    let first_failure = count(Judgement::Unsafe)
+        .min_by_key(|p| p.done)
+        .map(|p| p.job.index);
+    let played_n = played.len() as u64;
+    let in_part = unplayed::in_part(&played);
+    let first_failure = first_failure.and_then(|index| {
+        let p = played.into_iter().find(|p| p.job.index == index)?;
+        Some((p.job.schedule, p.trial, p.done - started))
+    });
+    let played = played_n;
+    let hunted = started.elapsed();
+    let mut verdict = json!({
+        "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
+        "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
+        "schedules": played, "unsafe": unsafe_, "unknown": unknown,
+        "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
+        "given": given.is_some(),
+        "seconds": hunted.as_secs_f64(),
+    });
+    let code = if let Some((schedule, trial, found_after)) = first_failure {
+        let shrinking = !args.no_shrink && given.is_none();
+        let (small, clients, small_trial) = if !shrinking {
+            (schedule, args.clients, trial)
+        } else {
+            shrink::shrink(
+                &setup,
+                style,
+                &schedule,
+                args.clients,
+                seed,
+                args.replays,
+                args.parallel,
+                trial,
+            )?
+        };
+        let replay = show::replay_command(args.design, clients, &small);
+        let lines = show::replay_lines(args.design, clients, &small);
+        show::failure(style, &small, &small_trial, &lines, found_after, shrinking);
+        verdict["shrunk"] = serde_json::to_value(&small)?;
+        verdict["clients"] = clients.into();
+        verdict["replay"] = replay.into();
+        verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
+        verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
+        if let Some(target) = &picture {
+            let recording = crate::picture::Recording::of_run(
+                small_trial.history.clone(),
+                Some(verdict.clone()),
+                Vec::new(),
+            );
+            crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
+        }
+        Exit::Violation
+    } else if unknown > 0 {
+        Exit::Undecided
+    } else {
+        Exit::Done
+    };
+    if code != Exit::Violation {
+        let why = "no violation (--html draws a failing schedule's history)";
+        crate::picture::not_drawn(picture.as_slice(), why, style.json);
+    }
+    ground.give_back(setup);
+    show::summary(style, &verdict, played, hunted, started.elapsed() - hunted);
+    // Printed: an interrupt from here on has nothing more to keep.
+    crate::procs::say_if_interrupted(None);
+    Ok(code)
 }
 
 /// Each item once, in the order first asked: `--design a,a` is one row, played once (a

@@ -29,14 +29,18 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 /// The exit-status lines every lab's `--help` ends with (a macro, so that `concat!` can
-/// join it to each lab's examples at compile time).
+/// join it to each lab's examples at compile time): [`crate::exit::Exit`]'s, in a lab's
+/// words.
 #[macro_export]
 macro_rules! lab_exit_status_help {
     () => {
-        "\n\nExit status: 0 the lab ran and its verdict was read back · 1 it could not run \
-         (a backend did not answer, a worker failed) · 2 bad command line · 130 Ctrl-C \
-         (143 SIGTERM, 129 SIGHUP or the terminal closed) · 141 stdout closed early (| head); \
-         workers and servers are stopped either way."
+        concat!(
+            "\n\n",
+            $crate::exit_status_help!(
+                done: "the lab ran and its verdict was read back, whatever it shows (a stale \
+                       write is the lesson, not a failure)"
+            )
+        )
     };
 }
 

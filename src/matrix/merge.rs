@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::Result;
 
@@ -169,7 +168,7 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
 }
 
 /// `--merge`: the cells of several `--json` runs, as one table.
-pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<ExitCode> {
+pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<crate::exit::Exit> {
     let mut cells: Vec<Cell> = Vec::new();
     let mut parts: Vec<Part> = Vec::new();
     for file in files {
@@ -229,7 +228,7 @@ pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<ExitCode> {
         crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
     }
     footer(&cells, false);
-    Ok(ExitCode::from(exit_code(&cells, strict)))
+    Ok(exit_code(&cells, strict))
 }
 
 /// "seed 1, 8 schedules a cell", or "seeds 1 and 7, 8 and 12 schedules a cell".

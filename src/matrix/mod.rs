@@ -1,7 +1,5 @@
 //! `lockslab matrix`: every design against every kind of fault, K schedules a cell.
 
-use std::process::ExitCode;
-
 use anyhow::Result;
 use serde_json::json;
 
@@ -17,23 +15,10 @@ use crate::chaos::shard::{Shard, parse_shard};
 use crate::chaos::{Ground, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::designs::Design;
+use crate::exit::Exit;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
-
-/// `matrix`'s exit statuses: did a ✅ design's cell break or stay unknown? (a course's CI)
-macro_rules! matrix_exit_help {
-    () => {
-        "Exit status: 0 no cell the labs expect safe broke or is unknown — only a ✅ \
-design's cells count, each under the faults the labs say it survives; a ❌ design's \
-cells (broken, or unknown as a lost reply leaves them) are the lesson and are named \
-below the table · 1 such a cell broke (--strict: any violation) · 2 bad command \
-line · 3 no such cell broke, but one is unknown, never a pass (--strict: any \
-unknown cell) · 4 it could not run (a server did not answer) · 130 Ctrl-C; clients \
-and servers are stopped either way. A ❌ cell that did not break is named below the \
-table, not in the status: schedules that miss its window prove nothing."
-    };
-}
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -89,7 +74,15 @@ Replication is asynchronous: what the primary acknowledged in the lag is gone
 
 Walkthrough: labs/12-chaos.md.
 
-", matrix_exit_help!()))]
+", crate::exit_status_help!(
+    done: "no cell the labs expect safe broke or is unknown — only a ✅ design's cells \
+count, each under the faults the labs say it survives; a ❌ design's cells (broken, or \
+unknown as a lost reply leaves them) are the lesson and are named below the table",
+    violation: "such a cell broke (--strict: any violation)",
+    undecided: "no such cell broke, but one is unknown, never a pass (--strict: any unknown \
+cell)"
+), " A ❌ cell that did not break is named below the table, not in the status: schedules \
+that miss its window prove nothing."))]
 pub struct MatrixArgs {
     /// The designs (rows), repeated or comma-separated [default: every design]
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -133,7 +126,7 @@ pub struct MatrixArgs {
     pub servers: ServerArgs,
 }
 
-pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
+pub fn run(args: &MatrixArgs) -> Result<Exit> {
     if !args.merge.is_empty() {
         return merge::merge(&args.merge, args.strict);
     }
@@ -154,128 +147,124 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     shard.every_part_plays(cells, ("cell", "cells"), "more --design or --faults")?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
-    crate::chaos::could_not_run((|| {
-        let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
-        ground.etcd_ring = crate::chaos::cluster::ring_for(&designs, &kinds)?;
-        ground.sentinel_ring =
-            crate::chaos::failover::ring_for(&designs, &kinds, ground.redis_given)?;
-        if !style.json {
-            let part = if shard.n > 1 {
-                format!(" Part {} of {} (--shard).", shard.k, shard.n)
-            } else {
-                String::new()
-            };
-            crate::prose!(
-                "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
-                count(designs.len() as u64, "design", "designs"),
-                count(kinds.len() as u64, "fault", "faults"),
-                count(args.schedules, "schedule", "schedules")
-            );
-            header(&kinds);
-        }
-        let mut cells: Vec<Cell> = Vec::new();
-        for (d, design) in designs.iter().enumerate() {
-            let mut setup = ground.setup(*design, false);
-            let design_run_id = setup.run_id.clone();
-            let mut row = Vec::new();
-            for (f, kind) in kinds.iter().enumerate() {
-                if !shard.owns((d * kinds.len() + f) as u64) {
-                    continue;
-                }
-                // Each cell's histories in their own namespace: the columns draw the same
-                // schedule indexes, and one cell's keys must not meet the next cell's clients.
-                setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
-                let space = space(&setup, args.clients, &[*kind]);
-                let mut why_unknown = None;
-                let no_server = (kind.restarts() && space.restartable.is_empty())
-                    || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
-                    || (*kind == FaultKind::Clock && space.jumping.is_empty())
-                    || (*kind == FaultKind::Failover && !space.redis_failover)
-                    || !space.kinds.contains(kind);
-                let (result, replay) = if no_server {
-                    ("-".to_string(), None)
-                } else {
-                    let next = |index: u64| {
-                        let seed = generate::nth_seed(seed, index);
-                        (index < u64::from(args.schedules)).then(|| side_by_side::Job {
-                            index,
-                            seed,
-                            schedule: generate::draw(seed, &space),
-                            clients: args.clients,
-                        })
-                    };
-                    let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
-                    let unknown = played
-                        .iter()
-                        .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
-                        .count();
-                    let found = played
-                        .iter()
-                        .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
-                        .min_by_key(|p| p.done);
-                    match found {
-                        Some(p) => {
-                            let kind_word = p.trial.report.violations[0].kind();
-                            let replay =
-                                show::replay_command(*design, args.clients, &p.job.schedule);
-                            (format!("UNSAFE {kind_word}"), Some(replay))
-                        }
-                        None if unknown > 0 => {
-                            why_unknown = played
-                                .iter()
-                                .find_map(|p| p.trial.report.unknowns.first().cloned());
-                            (format!("UNKNOWN {unknown}/{}", played.len()), None)
-                        }
-                        None => (format!("SAFE ({})", played.len()), None),
-                    }
-                };
-                let cell = Cell {
-                    kind: "cell".into(),
-                    design: *design,
-                    fault: *kind,
-                    result,
-                    replay,
-                    labs_call_it_safe: design.labs_call_it_safe_under(*kind),
-                    unknown: why_unknown,
-                };
-                if style.json {
-                    json_line(&cell);
-                }
-                row.push(cell);
-            }
-            ground.give_back(setup);
-            cells.extend(row);
-            let row: Vec<Cell> = cells
-                .iter()
-                .filter(|c| c.design == *design)
-                .cloned()
-                .collect();
-            if !style.json && !row.is_empty() {
-                crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
-            }
-        }
-        if style.json {
-            json_line(&json!({
-                "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
-                "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
-                "shard": format!("{}/{}", shard.k, shard.n),
-                // How many cell lines are before it: `--merge` tells a part whose file
-                // lost some (or all) of them from a whole one.
-                "cells": cells.len(),
-                "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
-                "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-                "clients": args.clients,
-                "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
-                "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
-            }));
+    let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
+    ground.etcd_ring = crate::chaos::cluster::ring_for(&designs, &kinds)?;
+    ground.sentinel_ring = crate::chaos::failover::ring_for(&designs, &kinds, ground.redis_given)?;
+    if !style.json {
+        let part = if shard.n > 1 {
+            format!(" Part {} of {} (--shard).", shard.k, shard.n)
         } else {
-            footer(
-                &cells,
-                ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
-            );
+            String::new()
+        };
+        crate::prose!(
+            "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
+            count(designs.len() as u64, "design", "designs"),
+            count(kinds.len() as u64, "fault", "faults"),
+            count(args.schedules, "schedule", "schedules")
+        );
+        header(&kinds);
+    }
+    let mut cells: Vec<Cell> = Vec::new();
+    for (d, design) in designs.iter().enumerate() {
+        let mut setup = ground.setup(*design, false);
+        let design_run_id = setup.run_id.clone();
+        let mut row = Vec::new();
+        for (f, kind) in kinds.iter().enumerate() {
+            if !shard.owns((d * kinds.len() + f) as u64) {
+                continue;
+            }
+            // Each cell's histories in their own namespace: the columns draw the same
+            // schedule indexes, and one cell's keys must not meet the next cell's clients.
+            setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
+            let space = space(&setup, args.clients, &[*kind]);
+            let mut why_unknown = None;
+            let no_server = (kind.restarts() && space.restartable.is_empty())
+                || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                || (*kind == FaultKind::Clock && space.jumping.is_empty())
+                || (*kind == FaultKind::Failover && !space.redis_failover)
+                || !space.kinds.contains(kind);
+            let (result, replay) = if no_server {
+                ("-".to_string(), None)
+            } else {
+                let next = |index: u64| {
+                    let seed = generate::nth_seed(seed, index);
+                    (index < u64::from(args.schedules)).then(|| side_by_side::Job {
+                        index,
+                        seed,
+                        schedule: generate::draw(seed, &space),
+                        clients: args.clients,
+                    })
+                };
+                let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
+                let unknown = played
+                    .iter()
+                    .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
+                    .count();
+                let found = played
+                    .iter()
+                    .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+                    .min_by_key(|p| p.done);
+                match found {
+                    Some(p) => {
+                        let kind_word = p.trial.report.violations[0].kind();
+                        let replay = show::replay_command(*design, args.clients, &p.job.schedule);
+                        (format!("UNSAFE {kind_word}"), Some(replay))
+                    }
+                    None if unknown > 0 => {
+                        why_unknown = played
+                            .iter()
+                            .find_map(|p| p.trial.report.unknowns.first().cloned());
+                        (format!("UNKNOWN {unknown}/{}", played.len()), None)
+                    }
+                    None => (format!("SAFE ({})", played.len()), None),
+                }
+            };
+            let cell = Cell {
+                kind: "cell".into(),
+                design: *design,
+                fault: *kind,
+                result,
+                replay,
+                labs_call_it_safe: design.labs_call_it_safe_under(*kind),
+                unknown: why_unknown,
+            };
+            if style.json {
+                json_line(&cell);
+            }
+            row.push(cell);
         }
-        Ok(ExitCode::from(exit_code(&cells, args.strict)))
-    })())
+        ground.give_back(setup);
+        cells.extend(row);
+        let row: Vec<Cell> = cells
+            .iter()
+            .filter(|c| c.design == *design)
+            .cloned()
+            .collect();
+        if !style.json && !row.is_empty() {
+            crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
+        }
+    }
+    if style.json {
+        json_line(&json!({
+            "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
+            "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
+            "shard": format!("{}/{}", shard.k, shard.n),
+            // How many cell lines are before it: `--merge` tells a part whose file
+            // lost some (or all) of them from a whole one.
+            "cells": cells.len(),
+            "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
+            "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "clients": args.clients,
+            "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
+            "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
+        }));
+    } else {
+        footer(
+            &cells,
+            ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
+        );
+    }
+    Ok(exit_code(&cells, args.strict))
 }
 
 /// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.
@@ -299,7 +288,7 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
 /// lesson, and a lock-only design's lost-reply, restart-aof and leader-kill cells read
 /// UNKNOWN by nature (a release that got no answer), which would make every full matrix
 /// exit 3; the footer names them. `strict` counts every cell.
-pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
+pub(super) fn exit_code(cells: &[Cell], strict: bool) -> Exit {
     let counted = |c: &&Cell| {
         strict || (c.design.labs_call_it_safe() && c.design.labs_call_it_safe_under(c.fault))
     };
@@ -310,11 +299,11 @@ pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
             .any(|c| c.result.starts_with(word))
     };
     if any("UNSAFE") {
-        crate::chaos::EXIT_VIOLATION
+        Exit::Violation
     } else if any("UNKNOWN") {
-        crate::chaos::EXIT_ONLY_UNKNOWNS
+        Exit::Undecided
     } else {
-        crate::exit::EXIT_OK
+        Exit::Done
     }
 }
 
