@@ -426,14 +426,14 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
     });
     let played = played_n;
     let hunted = started.elapsed();
-    let mut verdict = json!({
-        "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "chaos",
-        "run_id": ground.run_id, "design": args.design.name(), "seed": seed,
+    let fields = json!({
+        "design": args.design.name(), "seed": seed,
         "schedules": played, "unsafe": unsafe_, "unknown": unknown,
         "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
         "given": given.is_some(),
         "seconds": hunted.as_secs_f64(),
     });
+    let mut verdict = crate::events::envelope::verdict_of("chaos", &ground.run_id, fields);
     let code = if let Some((schedule, trial, found_after)) = first_failure {
         let shrinking = !args.no_shrink && given.is_none();
         let (small, clients, small_trial) = if !shrinking {

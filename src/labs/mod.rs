@@ -44,8 +44,6 @@ macro_rules! lab_exit_status_help {
     };
 }
 
-pub use crate::events::JSON_VERSION;
-
 /// Options every lab shares.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct OutputArgs {

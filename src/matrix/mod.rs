@@ -245,9 +245,8 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
         }
     }
     if style.json {
-        json_line(&json!({
-            "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
-            "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
+        let fields = json!({
+            "seed": seed, "schedules_per_cell": args.schedules,
             "shard": format!("{}/{}", shard.k, shard.n),
             // How many cell lines are before it: `--merge` tells a part whose file
             // lost some (or all) of them from a whole one.
@@ -257,7 +256,11 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
             "clients": args.clients,
             "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
             "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
-        }));
+        });
+        let run_id = &ground.run_id;
+        json_line(&crate::events::envelope::verdict_of(
+            "matrix", run_id, fields,
+        ));
     } else {
         footer(
             &cells,

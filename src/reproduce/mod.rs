@@ -22,7 +22,7 @@ use std::io::Read;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::events::{Event, JSON_VERSION};
+use crate::events::{Event, envelope};
 use crate::exit::Exit;
 use crate::labs::replay::Replayed;
 
@@ -151,14 +151,7 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
              --json > run.jsonl, and let it finish"
         );
     };
-    if let Some(version) = verdict.get("json_version").and_then(Value::as_u64)
-        && version > u64::from(JSON_VERSION)
-    {
-        bail!(
-            "it was written by a newer lockslab (json_version {version}; this one reads up to \
-             {JSON_VERSION}): check it with the lockslab that recorded it"
-        );
-    }
+    envelope::readable(verdict, "check")?;
     let lab = verdict.get("lab").and_then(Value::as_str).unwrap_or("");
     let events = &recorded.events;
     let replayed = match lab {
@@ -247,7 +240,7 @@ impl Recorded {
         Ok(recorded)
     }
 
-    /// The verdict's run id and json_version, for the heading.
+    /// The verdict's lab, run id and `--json` shape, for the heading.
     fn stamp(&self) -> (String, String, Option<u64>) {
         let field = |name: &str| {
             self.verdict
@@ -257,11 +250,7 @@ impl Recorded {
                 .unwrap_or("?")
                 .to_string()
         };
-        let version = self
-            .verdict
-            .as_ref()
-            .and_then(|v| v.get("json_version"))
-            .and_then(Value::as_u64);
+        let version = self.verdict.as_ref().and_then(envelope::version_of);
         (field("lab"), field("run_id"), version)
     }
 }
