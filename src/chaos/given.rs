@@ -4,7 +4,8 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{clock, lag, net, play, redlock_lane, run_ms_of};
+use super::play::run_ms_of;
+use super::{clock, lag, net, play, redlock_lane};
 use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use super::exit_code;
+use super::cells::exit_code;
 use super::table::{Cell, footer, header, in_table_order, notes, row_line};
 use crate::chaos::shard::{Shard, parse_shard};
 use crate::designs::Design;

@@ -7,6 +7,7 @@ mod cells;
 mod merge;
 mod table;
 
+use cells::exit_code;
 pub use table::Cell;
 use table::{footer, header, in_table_order, notes, row_line};
 
@@ -283,31 +284,6 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The matrix's exit status. Only a ✅ design's cells count, under the faults the labs say
-/// it survives ([`Design::labs_call_it_safe_under`], not what a merged file says): UNSAFE
-/// there is 1, UNKNOWN 3 (never a pass). A ❌ design's cells never count: breaking is the
-/// lesson, and a lock-only design's lost-reply, restart-aof and leader-kill cells read
-/// UNKNOWN by nature (a release that got no answer), which would make every full matrix
-/// exit 3; the footer names them. `strict` counts every cell.
-pub(super) fn exit_code(cells: &[Cell], strict: bool) -> Exit {
-    let counted = |c: &&Cell| {
-        strict || (c.design.labs_call_it_safe() && c.design.labs_call_it_safe_under(c.fault))
-    };
-    let any = |word: &str| {
-        cells
-            .iter()
-            .filter(counted)
-            .any(|c| c.result.starts_with(word))
-    };
-    if any("UNSAFE") {
-        Exit::Violation
-    } else if any("UNKNOWN") {
-        Exit::Undecided
-    } else {
-        Exit::Done
-    }
 }
 
 #[cfg(test)]
