@@ -1,7 +1,5 @@
 //! The command line: one subcommand per lab, plus the hands-on worker and server helpers.
 
-use std::process::ExitCode;
-
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use colored::Colorize;
@@ -20,7 +18,7 @@ use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
 
-pub use crate::exit::{EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, UsageError};
+pub use crate::exit::{Exit, UsageError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -28,22 +26,13 @@ pub use crate::exit::{EXIT_COULD_NOT_RUN, EXIT_OK, EXIT_USAGE, UsageError};
     name = "lockslab",
     version,
     about = "Learn distributed locks by breaking them: real workers, real Redis/etcd/Postgres, real SIGSTOP.",
-    after_help = "\
+    after_help = concat!("\
 Servers: each lab finds Redis, etcd and Postgres by
 --redis-url/--etcd-url/--postgres-url (or LOCKSLAB_REDIS_URL…), then `lockslab
 up`'s servers, then the docker-compose.yml defaults; if none answers it starts
 private servers from local binaries and removes them afterwards.
 
-Exit status:
-  0    the lab ran and its verdict was read back from the store
-  1    the lab could not run (a backend did not answer, a worker failed)
-  2    bad command line (an unknown flag, a malformed duration or URL, flags that clash)
-  130  interrupted by Ctrl-C (143 SIGTERM, 129 SIGHUP or the terminal closed);
-       workers and servers were stopped
-  141  stdout was closed early (`lockslab gc-pause | head`); workers and servers were stopped
-  (`chaos`, `matrix`, `challenge` grade: 1 a violation found or a challenge
-       failed, 3 unknown, 4 could not run; `check`: 1 the replay disagrees with
-       the recorded verdict, 4 it could not replay; see their --help)
+", crate::exit_status_table!(), "
 
 Examples:
   lockslab                      the lab menu (also `lockslab list`)
@@ -79,7 +68,7 @@ Examples:
                                 kill -STOP
   lockslab <lab> --help         options and examples of one lab
 
-Walkthroughs: labs/01-gc-pause.md … labs/10-queue.md in the repository."
+Walkthroughs: labs/01-gc-pause.md … labs/10-queue.md in the repository.")
 )]
 pub struct Cli {
     /// None: `lockslab` alone shows the lab menu.
@@ -114,9 +103,9 @@ enum Command {
     /// waiters leaving the line, a session that expires, a leader that was paused
     Queue(QueueArgs),
     /// Random fault schedules from a seed against one lock design; the smallest that breaks it
-    Chaos(crate::labs::chaos::ChaosArgs),
+    Chaos(crate::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or UNKNOWN
-    Matrix(crate::labs::chaos::matrix::MatrixArgs),
+    Matrix(crate::matrix::MatrixArgs),
     /// Your own lock client, in any language, run under pauses, kills and network delays
     /// and graded from the data (`lockslab challenge list`)
     Challenge(crate::challenge::ChallengeArgs),
@@ -254,11 +243,11 @@ impl Command {
 }
 
 /// Parses the command line and runs it; errors are printed once, by `main`.
-pub fn run() -> Result<ExitCode> {
+pub fn run() -> Result<Exit> {
     let cli = Cli::parse();
     let Some(command) = cli.command else {
         crate::menu::print();
-        return Ok(ExitCode::from(EXIT_OK));
+        return Ok(Exit::Done);
     };
     if let Command::InternalWorker = &command {
         return Ok(worker::run_internal());
@@ -279,8 +268,8 @@ pub fn run() -> Result<ExitCode> {
         crate::seed::start(seed, "lab");
     }
     match command {
-        Command::Chaos(args) => return crate::labs::chaos::run(&args),
-        Command::Matrix(args) => return crate::labs::chaos::matrix::run(&args),
+        Command::Chaos(args) => return crate::chaos::run(&args),
+        Command::Matrix(args) => return crate::matrix::run(&args),
         Command::Challenge(args) => return crate::challenge::run(&args),
         Command::Check(args) => return crate::reproduce::run(&args),
         Command::List => crate::menu::print_list(),
@@ -322,7 +311,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
         Command::InternalWorker => unreachable!("handled above"),
     }
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(Exit::Done)
 }
 
 /// The shells `lockslab completions` writes for.
@@ -515,7 +504,7 @@ fn print_redacted(state: &servers::UpState) {
 }
 
 /// Lists the servers the environment names (`LOCKSLAB_*_URL`, which labs use first: a
-/// seat's room, say), then `up`'s; exits 1 (with one line saying what to do) when one does
+/// seat's room, say), then `up`'s; exits 4 (with one line saying what to do) when one does
 /// not answer, so that scripts can rely on `lockslab status && …`.
 fn status() -> Result<()> {
     let given: Vec<(crate::connect::Backend, String)> = servers::ALL

@@ -2,8 +2,8 @@
 //! start and how fast, which servers the labs would use and whether they answer, and how
 //! many connections a shared Postgres has left — one line each, OK or what to do.
 //!
-//! It exits 1 when any lab could not run here, so that `lockslab doctor && …` means the
-//! session can start.
+//! It exits 4 (could not run, in [`crate::exit::Exit`]'s words) when any lab could not run
+//! here, so that `lockslab doctor && …` means the session can start.
 
 use std::process::Command;
 use std::time::Instant;
@@ -27,8 +27,8 @@ Examples:
                                         connections too)
   lockslab doctor --private-servers     only the private servers
 
-Exit status: 0 every lab can run here · 1 at least one cannot (each line says
-what to do)")]
+Exit status: 0 every lab can run here · 2 bad command line · 4 at least one
+could not run here (each line says what to do)")]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub servers: ServerArgs,

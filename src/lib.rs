@@ -51,9 +51,10 @@
 //!   [`deadline`] bounds Postgres and Redis calls on the client side, where a frozen server
 //!   cannot; [`redis_health`] refuses a Redis that evicts keys, and a verdict after one lost
 //!   keys without their TTL (an eviction, a flush, a restart looks like an expiry).
-//! - [`labs::chaos`] is `lockslab chaos` and `lockslab matrix`: schedules drawn from a seed
-//!   ([`nemesis::generate`]), played from the live history, checked by [`check::chaos`],
-//!   shrunk when one fails.
+//! - [`chaos`] is `lockslab chaos`: schedules drawn from a seed ([`nemesis::generate`]),
+//!   played from the live history, checked by [`check::chaos`], shrunk when one fails;
+//!   [`matrix`] is `lockslab matrix`, every design against every kind of fault, one chaos
+//!   hunt a cell. Both are tools, not labs: they sit beside [`challenge`], outside `labs`.
 //! - [`challenge`] is `lockslab challenge`: a learner's own lock client, in any language,
 //!   run as several processes under the nemesis's faults and graded by [`check::challenge`]
 //!   from the database's own log of changes.
@@ -79,6 +80,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod challenge;
+pub mod chaos;
 pub mod check;
 pub mod checklist;
 pub mod cli;
@@ -97,6 +99,7 @@ pub mod invoices;
 pub mod labs;
 pub mod liveness;
 pub mod lock;
+pub mod matrix;
 pub mod menu;
 pub mod nemesis;
 pub mod output;

@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+use lockslab::exit::Exit;
+
 fn main() -> ExitCode {
     lockslab::output::init();
     let result = lockslab::cli::run();
@@ -11,16 +13,19 @@ fn main() -> ExitCode {
         // failed because its workers were being stopped. The cleanup decides the exit.
         lockslab::procs::wait_for_cleanup();
     }
-    match result {
-        Ok(code) => code,
+    let exit = match result {
+        Ok(exit) => exit,
         Err(err) => {
+            // A server that froze or went away is said in its own one line, whichever
+            // command met it (the first such failure: the others are its echoes).
+            let err = lockslab::connect::explain(err);
             lockslab::errln!("lockslab: error: {err:#}");
-            if err.downcast_ref::<lockslab::cli::UsageError>().is_some() {
+            let exit = Exit::of_error(&err);
+            if exit == Exit::Usage {
                 lockslab::errln!("\nFor more information, try '--help'.");
-                ExitCode::from(lockslab::cli::EXIT_USAGE)
-            } else {
-                ExitCode::from(lockslab::cli::EXIT_COULD_NOT_RUN)
             }
+            exit
         }
-    }
+    };
+    exit.into()
 }

@@ -434,16 +434,17 @@ fn write_line(text: &str) {
 ///   the terminal hung up *before* it sends SIGHUP, and a shell forwards its own SIGHUP later
 ///   still, so this write may fail first: it is the same event, and exits 129 like SIGHUP.
 ///   A write error on a terminal is not a closed pipe;
-/// - anything else (`>/dev/full`, a disk error): the lab could not run, exit 1 with a reason.
+/// - anything else (`>/dev/full`, a disk error): the lab could not run, exit 4 with a reason.
 fn stdout_failed(err: &io::Error) -> ! {
+    use crate::exit::Exit;
     use nix::sys::signal::Signal;
     if err.kind() == io::ErrorKind::BrokenPipe {
-        crate::procs::shut_down(crate::procs::exit_code_for(Signal::SIGPIPE as i32), None)
+        crate::procs::shut_down(Exit::Signalled(Signal::SIGPIPE as i32), None)
     } else if STDOUT_WAS_TERMINAL.load(Ordering::Relaxed) {
-        crate::procs::shut_down(crate::procs::exit_code_for(Signal::SIGHUP as i32), None)
+        crate::procs::shut_down(Exit::Signalled(Signal::SIGHUP as i32), None)
     } else {
         let reason = format!("lockslab: error: writing the lab's output to stdout: {err}");
-        crate::procs::shut_down(crate::exit::EXIT_COULD_NOT_RUN.into(), Some(reason))
+        crate::procs::shut_down(Exit::CouldNotRun, Some(reason))
     }
 }
 

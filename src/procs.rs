@@ -491,11 +491,6 @@ pub fn wait_for_cleanup() -> ! {
     }
 }
 
-/// Exit status for "ended by signal N", the shell's convention.
-pub fn exit_code_for(signal: i32) -> i32 {
-    128 + signal
-}
-
 /// Ends lockslab early: stops every worker and private server, runs the labs' cleanups,
 /// then prints `last_words` (if any) and exits with `status`.
 ///
@@ -536,7 +531,7 @@ pub fn say_if_interrupted(words: Option<String>) {
     *LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()) = words;
 }
 
-pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
+pub fn shut_down(status: crate::exit::Exit, last_words: Option<String>) -> ! {
     // First, so that `main` never returns on its own once a shutdown has begun, and what
     // the workers say while they die is not shown.
     INTERRUPTED.store(true, Ordering::SeqCst);
@@ -549,7 +544,7 @@ pub fn shut_down(status: i32, last_words: Option<String>) -> ! {
     if let Some(text) = last_words {
         say(&text);
     }
-    std::process::exit(status);
+    std::process::exit(status.code());
 }
 
 /// Installs the handler for Ctrl-C, SIGTERM and SIGHUP.
@@ -579,7 +574,7 @@ pub fn install_interrupt_handler() -> Result<()> {
         .spawn(move || {
             let mut first = true;
             for signal in signals.forever() {
-                let status = exit_code_for(signal);
+                let status = crate::exit::Exit::Signalled(signal);
                 if first {
                     first = false;
                     let cleanup = thread::Builder::new().name("cleanup".into()).spawn(move || {
@@ -596,7 +591,7 @@ pub fn install_interrupt_handler() -> Result<()> {
                     kill_all_now();
                     // A finding kept for the interrupt is not lost to impatience.
                     say_last_words(LAST_WORDS.lock().unwrap_or_else(|p| p.into_inner()).clone());
-                    std::process::exit(status);
+                    std::process::exit(status.code());
                 }
             }
         })

@@ -198,7 +198,7 @@ fn a_redis_that_evicts_keys_is_refused_before_the_lab_plays() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert_eq!(output.status.code(), Some(1), "{lab}: {stderr}\n{stdout}");
+        assert_eq!(output.status.code(), Some(4), "{lab}: {stderr}\n{stdout}");
         assert!(
             stderr.contains(&format!("maxmemory-policy {policy}, maxmemory 3145728"))
                 && stderr.contains("CONFIG SET maxmemory-policy noeviction"),
@@ -335,7 +335,7 @@ fn lab_2_does_not_call_a_deleted_or_flushed_lock_key_a_lapse() {
             Duration::from_millis(300),
         )
     });
-    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert_eq!(code, Some(4), "{stderr}\n{stdout}");
     assert!(
         !stdout.contains("A's key expired"),
         "a DEL called an expiry: {stdout}"
@@ -353,7 +353,7 @@ fn lab_2_does_not_call_a_deleted_or_flushed_lock_key_a_lapse() {
     let (code, stdout, stderr) = lab_on(&lab, "A       took the lock", &redis, |redis| {
         redis.command(&["FLUSHALL"])
     });
-    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert_eq!(code, Some(4), "{stderr}\n{stdout}");
     assert!(
         !stdout.contains("A's key expired"),
         "a flush called an expiry: {stdout}"
@@ -370,7 +370,7 @@ fn assert_no_verdict_for_lost_keys(
     (code, stdout, stderr): (Option<i32>, String, String),
     cause: &str,
 ) {
-    assert_eq!(code, Some(1), "{stderr}\n{stdout}");
+    assert_eq!(code, Some(4), "{stderr}\n{stdout}");
     assert!(
         (stderr.contains("lost keys during this run without their TTL")
             || stderr.contains("no verdict: A's lock key went without its TTL ending it"))

@@ -117,7 +117,7 @@ impl Outcome {
             .collect()
     }
 
-    /// Exit 1 within the bound, and one line on stderr that says `what` about `server`.
+    /// Exit 4 (could not run) within the bound, and one line on stderr that says `what` about `server`.
     fn assert_one_line(&self, server: &str, what: &str) {
         assert!(
             self.after_strike < BOUND,
@@ -125,7 +125,7 @@ impl Outcome {
             self.after_strike,
             self.stderr
         );
-        assert_eq!(self.status, Some(1), "stderr:\n{}", self.stderr);
+        assert_eq!(self.status, Some(4), "stderr:\n{}", self.stderr);
         let lines = self.error_lines();
         assert_eq!(lines.len(), 1, "one line, not:\n{}", self.stderr);
         assert!(
@@ -342,7 +342,7 @@ fn stopped_client() {
 }
 
 /// Under load, etcd-vs-redis's waiter may not be waiting yet when the holder's work ends:
-/// a fact about the machine, not the command line (exit 1, not 2). Stopping the waiter as
+/// a fact about the machine, not the command line (exit 4, not 2). Stopping the waiter as
 /// soon as it starts plays that load.
 #[test]
 fn a_slow_waiter_is_not_a_usage_error() {
@@ -389,7 +389,7 @@ fn a_slow_waiter_is_not_a_usage_error() {
         if !stderr.contains("was still starting") {
             continue; // the waiter said "waiting" before we caught it: try again
         }
-        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert_eq!(output.status.code(), Some(4), "{stderr}");
         assert!(
             !stderr.contains("For more information, try '--help'"),
             "{stderr}"
@@ -419,7 +419,7 @@ fn the_advice_fits_where_the_url_came_from() {
             command.env("LOCKSLAB_REDIS_URL", &dead);
         }
         let output = command.output().unwrap();
-        assert_eq!(output.status.code(), Some(1));
+        assert_eq!(output.status.code(), Some(4));
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let from_flag = run(true);

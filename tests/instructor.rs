@@ -117,14 +117,14 @@ fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
 }
 
 #[test]
-fn doctor_exits_1_and_says_what_to_do_when_a_server_does_not_answer() {
+fn doctor_exits_4_and_says_what_to_do_when_a_server_does_not_answer() {
     let output = lockslab(&["doctor"])
         .env("LOCKSLAB_REDIS_URL", "redis://127.0.0.1:1")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     let errors = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{text}\n{errors}");
+    assert_eq!(output.status.code(), Some(4), "{text}\n{errors}");
     assert_fits_80(&text);
     assert!(
         text.lines()
@@ -961,7 +961,7 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
         "{a}\n{ab}"
     );
     let (code, said) = reset_as("a", &["--name", "b"]);
-    assert_eq!(code, Some(1), "{said}");
+    assert_eq!(code, Some(4), "{said}");
     assert!(said.contains("clears only your own lock"), "{said}");
 
     let state_file = room.state.path().join("servers.json");
@@ -1304,7 +1304,7 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
     for addr in ["0.0.0.0", "::", "127.0.0.5"] {
         let output = room.command(&["up", "--room", addr]).output().unwrap();
         let said = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "up --room {addr}: {said}");
+        assert_eq!(output.status.code(), Some(4), "up --room {addr}: {said}");
         let expected = if addr == "127.0.0.5" {
             "a room is already running on 127.0.0.4"
         } else {
@@ -1319,7 +1319,7 @@ fn a_room_keeps_its_secrets_and_is_not_replaced_by_another() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert_eq!(output.status.code(), Some(4), "{said}");
     assert!(
         said.contains("is already running on 127.0.0.4, not"),
         "{said}"

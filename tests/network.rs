@@ -797,7 +797,7 @@ fn a_second_proxy_on_the_same_port_is_refused_and_a_killed_ones_socket_is_named_
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&second.stderr);
-    assert_eq!(second.status.code(), Some(1), "{text}");
+    assert_eq!(second.status.code(), Some(4), "{text}");
     assert!(text.contains("another `lockslab proxy` on port"), "{text}");
     let fault = lockslab(&["proxy", "fault", &port, "hold"])
         .output()
@@ -814,7 +814,7 @@ fn a_second_proxy_on_the_same_port_is_refused_and_a_killed_ones_socket_is_named_
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&fault.stderr);
-    assert_eq!(fault.status.code(), Some(1), "{text}");
+    assert_eq!(fault.status.code(), Some(4), "{text}");
     assert!(
         text.contains(&format!(
             "the proxy on port {port} is gone (stale control socket"
@@ -1092,7 +1092,7 @@ fn a_taken_socket_name_does_not_stop_a_proxy_and_a_foreign_file_is_named() {
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&refused.stderr);
-        assert_eq!(refused.status.code(), Some(1), "{said}");
+        assert_eq!(refused.status.code(), Some(4), "{said}");
         assert!(said.contains("belongs to user 65534"), "{said}");
         assert!(socket.exists(), "another user's file is left alone");
 

@@ -484,7 +484,7 @@ fn event_line(t_ms: u64, worker: &str, kind: &str, extra: &str) -> String {
 }
 
 #[test]
-fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
+fn render_refuses_input_it_cannot_draw_at_once_with_exit_4() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.svg");
     let write = |name: &str, text: &str| {
@@ -578,7 +578,7 @@ fn render_refuses_input_it_cannot_draw_at_once_with_exit_1() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(
             output.status.code(),
-            Some(1),
+            Some(4),
             "{}: {stderr}",
             input.display()
         );
@@ -701,7 +701,7 @@ fn a_write_that_fails_midway_leaves_the_old_picture_whole() {
     }
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("writing the picture"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "the old picture");
     let left: Vec<_> = std::fs::read_dir(dir.path())
@@ -759,7 +759,7 @@ fn a_lab_refuses_a_picture_on_a_full_disk_before_it_plays() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert_eq!(output.status.code(), Some(4), "{stderr}");
         assert!(stderr.contains("cannot write 16 KB in"), "{stderr}");
         assert!(output.stdout.is_empty(), "the lab did not play: {output:?}");
     }

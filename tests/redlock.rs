@@ -776,7 +776,7 @@ fn given_masters_must_be_odd_and_well_formed() {
     assert!(stderr.contains("'--master'"), "{stderr}");
     assert!(!stderr.contains("sekrit"), "the password shows: {stderr}");
 
-    // Three that do not answer: one line naming the master, exit 1.
+    // Three that do not answer: one line naming the master, exit 4.
     let dead: Vec<String> = (0..3)
         .map(|_| {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -789,7 +789,7 @@ fn given_masters_must_be_odd_and_well_formed() {
     let output = lockslab(&with_masters(&["redlock", "clock-jump"], &dead))
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(4));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("m1") && !stderr.contains("sekrit"),

@@ -20,7 +20,7 @@ const PASSWORD: &str = "S3cret/PW";
 const NEEDLE: &str = "S3cret";
 
 /// A lockslab command that finds no server anywhere: a run that gets past its parsing
-/// fails with exit status 1 (could not run), not 2.
+/// fails with exit status 4 (could not run), not 2.
 fn lockslab_without_servers(args: &[&str]) -> Command {
     let mut command = Command::new(BIN);
     command
@@ -174,23 +174,23 @@ fn no_error_shows_the_password() {
             2,
             "LOCKSLAB_POSTGRES_URL",
         ),
-        // Well-formed, but nobody listens: the "did not answer" line, exit 1.
+        // Well-formed, but nobody listens: the "did not answer" line, exit 4.
         (
             "--postgres-url",
             format!("postgres://u:{PASSWORD}@127.0.0.1:1/db"),
-            1,
+            4,
             "Postgres",
         ),
         (
             "LOCKSLAB_POSTGRES_URL",
             format!("postgres://u@127.0.0.1:1/db?sslmode=disable&password={pw}"),
-            1,
+            4,
             "Postgres",
         ),
         (
             "--redis-url",
             format!("redis://u:{PASSWORD}@127.0.0.1:1"),
-            1,
+            4,
             "Redis",
         ),
     ];
@@ -222,7 +222,7 @@ fn no_error_shows_the_password() {
         .output()
         .unwrap();
     let text = printed(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert_eq!(output.status.code(), Some(4), "{text}");
     assert!(text.contains("etcd") && !text.contains(NEEDLE), "{text}");
 
     // --help shows what the variables hold, unless told not to.
@@ -321,7 +321,7 @@ fn absurd_durations_are_refused_before_anything_starts() {
         (&["worker", "--wait", huge], "--wait", "at most 1h"),
         (&["worker", "--work", huge], "--work", "at most 1h"),
     ] {
-        // No server answers here: had the lab started, it would exit 1, not 2.
+        // No server answers here: had the lab started, it would exit 4, not 2.
         let started = Instant::now();
         let output = lockslab_without_servers(args).output().unwrap();
         let text = printed(&output);
@@ -363,7 +363,7 @@ fn absurd_durations_are_refused_before_anything_starts() {
 
 /// The fault proxy's and chaos's flags that make no sense are refused (exit status 2)
 /// before a server, a port or a proxy starts: no server answers here, so a run that got
-/// past its checks would exit 1.
+/// past its checks would exit 4.
 #[test]
 fn proxy_and_chaos_refuse_senseless_flags_before_anything_starts() {
     for (args, says) in [

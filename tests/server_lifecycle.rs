@@ -638,14 +638,14 @@ fn a_dead_server_of_up_is_named_and_never_replaced_silently() {
 
     let lab = world.run(&QUICK_LAB);
     let stderr = String::from_utf8_lossy(&lab.stderr);
-    assert_eq!(lab.status.code(), Some(1), "{}", text(&lab));
+    assert_eq!(lab.status.code(), Some(4), "{}", text(&lab));
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     for word in ["Redis", "lockslab up", "lockslab down"] {
         assert!(stderr.contains(word), "{word:?} in {stderr}");
     }
 
     let status = world.run(&["status"]);
-    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    assert_eq!(status.status.code(), Some(4), "{}", text(&status));
     assert!(
         String::from_utf8_lossy(&status.stdout).contains("not answering"),
         "{}",
@@ -739,7 +739,7 @@ fn a_server_that_never_starts_shows_the_end_of_its_log() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output));
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "took {:?}",
@@ -885,7 +885,7 @@ fn up_creates_nothing_outside_an_existing_directory_and_keeps_modes_it_did_not_s
         .env("LOCKSLAB_STATE_DIR", &deep)
         .output()
         .unwrap();
-    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert_eq!(refused.status.code(), Some(4), "{}", text(&refused));
     assert!(
         text(&refused).contains("does not exist"),
         "{}",
@@ -957,7 +957,7 @@ fn a_full_disk_is_named_as_the_cause() {
         .env("TMPDIR", disk.0.path())
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output));
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(
         said.contains("No space left on device") || said.contains("no space left on"),

@@ -151,7 +151,7 @@ fn the_hands_on_worker_without_shared_servers_says_how_to_get_them() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("lockslab up"), "{stderr}");
 }
 
@@ -374,7 +374,7 @@ fn a_seat_sees_its_servers_and_is_sent_to_the_instructor_for_results() {
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&results.stderr);
-        assert_eq!(results.status.code(), Some(1), "{seat:?}: {said}");
+        assert_eq!(results.status.code(), Some(4), "{seat:?}: {said}");
         assert!(said.contains("instructor's machine"), "{seat:?}: {said}");
         assert!(!said.contains("starts one"), "{seat:?}: {said}");
     }

@@ -21,23 +21,20 @@ mod reaper;
 mod table;
 mod verdict;
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 
 use crate::check::challenge::{Evidence, Grade};
 use crate::connect::{self, Backend};
+use crate::exit::Exit;
 use crate::labs::leftovers::Leftovers;
 use crate::servers::{self, ServerArgs};
 use challenges::Challenge;
 use protocol::Init;
 
-pub const EXIT_FAIL: u8 = 1;
-pub const EXIT_UNDECIDED: u8 = 3;
-
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
 Examples:
   lockslab challenge list               the challenges, their faults, targets
   lockslab challenge counter --template python > client.py
@@ -64,13 +61,13 @@ then jobs), answers on stdout (ready, then ok or fail per job; optional notes
 acquired, writing, released), and logs on stderr. Protocol: docs/challenge.md.
 Walkthrough: labs/11-challenge.md.
 
-Exit status: 0 pass · 1 fail (the data shows a lost, doubled or stale write,
-or a fencing token that went back; or the client crashed, hung, flooded or
-printed garbage) · 2 bad command line
-· 3 unknown (a fault never played, or played and missed: no write of a job
-was held up past the TTL) · 4 it could not run (a server did not answer, or a
-client exited before any said ready) · 130 Ctrl-C; clients and servers are
-stopped either way.")]
+", crate::exit_status_help!(
+    done: "pass",
+    violation: "fail (the data shows a lost, doubled or stale write, or a fencing token \
+that went back; or the client crashed, hung, flooded or printed garbage)",
+    undecided: "unknown (a fault never played, or played and missed: no write of a job was \
+held up past the TTL)"
+), " A client that exits before any said ready: it could not run (4)."))]
 pub struct ChallengeArgs {
     /// The challenge: counter, pause, crash, delay, exactly-once or failover (`list` to
     /// see them)
@@ -111,7 +108,7 @@ pub struct ChallengeArgs {
 }
 
 /// `lockslab challenge …`.
-pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
+pub fn run(args: &ChallengeArgs) -> Result<Exit> {
     let challenge = Challenge::ALL.into_iter().find(|c| c.name() == args.name);
     if challenge.is_none() && args.name != "list" {
         crate::bail_usage!(
@@ -123,11 +120,11 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     // The template is the same for every challenge: no name needed.
     if let Some(language) = &args.template {
         crate::output::line(verdict::template(language));
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Done);
     }
     let Some(challenge) = challenge else {
         verdict::list();
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Done);
     };
     if args.program.is_empty() {
         crate::bail_usage!(
@@ -136,16 +133,13 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
         );
     }
     refuse_a_missing_file(&args.program)?;
-    let isolation = match isolation::Isolation::choose(&args.program) {
-        Ok(isolation) => isolation,
-        Err(err) => return crate::labs::chaos::could_not_run(Err(err)),
-    };
+    let isolation = isolation::Isolation::choose(&args.program)?;
     if args.isolated && !isolation.is_isolated() {
-        return crate::labs::chaos::could_not_run(Err(anyhow::anyhow!(
+        return Err(anyhow::anyhow!(
             "--isolated: the clients cannot be isolated here ({}); install bubblewrap \
              (`sudo apt-get install bubblewrap`) or run as root, or leave out --isolated",
             isolation.why_not().unwrap_or_default()
-        )));
+        ));
     }
     let lease_ms = args.ttl.as_millis() as u64;
     if !(100..=10_000).contains(&lease_ms) {
@@ -153,9 +147,7 @@ pub fn run(args: &ChallengeArgs) -> Result<ExitCode> {
     }
     let patience = patience_of(challenge, args)?;
     let picture = crate::picture::Target::html_page(args.html.as_deref())?;
-    crate::labs::chaos::could_not_run(grade(
-        challenge, args, lease_ms, patience, picture, isolation,
-    ))
+    grade(challenge, args, lease_ms, patience, picture, isolation)
 }
 
 /// How long a client may take when `--patience` is not given.
@@ -235,7 +227,7 @@ fn grade(
     patience: Duration,
     picture: Option<crate::picture::Target>,
     isolation: isolation::Isolation,
-) -> Result<ExitCode> {
+) -> Result<Exit> {
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let servers = servers::provide(
         &args.servers,
@@ -380,9 +372,9 @@ fn grade(
         let recording = crate::picture::Recording::of_run(played.events, Some(verdict), vec![]);
         crate::picture::draw(&[target], &recording, args.json)?;
     }
-    Ok(ExitCode::from(match grade {
-        Grade::Pass => crate::exit::EXIT_OK,
-        Grade::Fail => EXIT_FAIL,
-        Grade::Undecided => EXIT_UNDECIDED,
-    }))
+    Ok(match grade {
+        Grade::Pass => Exit::Done,
+        Grade::Fail => Exit::Violation,
+        Grade::Undecided => Exit::Undecided,
+    })
 }

@@ -175,9 +175,8 @@ pub fn json(
     report: &Report,
     grade: Grade,
 ) -> serde_json::Value {
-    json!({
-        "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "challenge",
-        "run_id": run_id, "challenge": setup.challenge.name(), "seed": setup.seed,
+    let fields = json!({
+        "challenge": setup.challenge.name(), "seed": setup.seed,
         "grade": grade, "problems": report.problems, "unknown": report.undecided,
         "notes": report.notes,
         "client_failure": played.client_failure,
@@ -187,7 +186,8 @@ pub fn json(
         "faults_bit": report.faults_bit,
         "replay": setup.replay.join(" "),
         "clients_isolated": setup.isolation.kind(),
-    })
+    });
+    crate::events::envelope::verdict_of("challenge", run_id, fields)
 }
 
 pub fn show(

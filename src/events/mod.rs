@@ -19,6 +19,7 @@ use strum::EnumDiscriminants;
 /// changes meaning or goes away (new fields do not raise it).
 pub const JSON_VERSION: u32 = 4;
 
+pub mod envelope;
 pub mod facts;
 
 use facts::*;

@@ -5,7 +5,6 @@
 //! back from the store. [`Stage`] is what every lab uses for that: it spawns workers,
 //! collects their events on one clock, and shows them on the timeline.
 
-pub mod chaos;
 pub mod etcd_vs_redis;
 pub mod failover;
 pub mod faults;
@@ -30,18 +29,20 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 /// The exit-status lines every lab's `--help` ends with (a macro, so that `concat!` can
-/// join it to each lab's examples at compile time).
+/// join it to each lab's examples at compile time): [`crate::exit::Exit`]'s, in a lab's
+/// words.
 #[macro_export]
 macro_rules! lab_exit_status_help {
     () => {
-        "\n\nExit status: 0 the lab ran and its verdict was read back · 1 it could not run \
-         (a backend did not answer, a worker failed) · 2 bad command line · 130 Ctrl-C \
-         (143 SIGTERM, 129 SIGHUP or the terminal closed) · 141 stdout closed early (| head); \
-         workers and servers are stopped either way."
+        concat!(
+            "\n\n",
+            $crate::exit_status_help!(
+                done: "the lab ran and its verdict was read back, whatever it shows (a stale \
+                       write is the lesson, not a failure)"
+            )
+        )
     };
 }
-
-pub use crate::events::JSON_VERSION;
 
 /// Options every lab shares.
 #[derive(clap::Args, Clone, Debug, Default)]

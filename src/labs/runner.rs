@@ -23,6 +23,7 @@ use super::leftovers::Leftovers;
 use super::stage::{History, Stage};
 use super::step::Checkpoint;
 use crate::connect::{self, Backend};
+use crate::events::envelope;
 use crate::nemesis::schedule::Schedule;
 use crate::output::{Style, Timeline, capture, json_line, run_heading, stamp_verdict, tee};
 use crate::picture::Recording;
@@ -61,7 +62,7 @@ pub trait Lab {
 
 /// A lab's verdict: what `--json` carries and what the terminal shows.
 pub trait Verdict {
-    /// The verdict's own fields; the runner adds `kind`, `json_version`, `lab` and `run_id`.
+    /// The verdict's own fields; the runner puts them in the [`envelope`].
     fn fields(&self) -> Map<String, Value>;
     /// The verdict table and its sentences, for a terminal.
     fn print(&self);
@@ -152,7 +153,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     if let Some(schedule) = &schedule {
         fields.insert("schedule".into(), serde_json::to_value(schedule)?);
     }
-    let mut verdict_json = Value::Object(envelope(lab.name(), &run.id, fields));
+    let mut verdict_json = envelope::verdict(lab.name(), &run.id, fields);
     stamp_verdict(&mut verdict_json);
     let verdict_text = if style.json {
         // The verdict's words as a terminal shows them, so `render` draws the same verdict
@@ -185,35 +186,4 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())
-}
-
-/// The verdict's JSON object: the fields every lab's verdict starts with, then its own.
-pub fn envelope(lab: &str, run_id: &str, fields: Map<String, Value>) -> Map<String, Value> {
-    let mut object = Map::new();
-    object.insert("kind".into(), "verdict".into());
-    object.insert("json_version".into(), super::JSON_VERSION.into());
-    object.insert("lab".into(), lab.into());
-    object.insert("run_id".into(), run_id.into());
-    for (key, value) in fields {
-        object.entry(key).or_insert(value);
-    }
-    object
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_envelope_names_the_lab_and_a_lab_cannot_overwrite_it() {
-        let mut fields = Map::new();
-        fields.insert("lab".into(), "other".into());
-        fields.insert("ttl_ms".into(), 2000.into());
-        let object = envelope("gc-pause", "3f2a91c0", fields);
-        assert_eq!(object["kind"], "verdict");
-        assert_eq!(object["json_version"], crate::labs::JSON_VERSION);
-        assert_eq!(object["run_id"], "3f2a91c0");
-        assert_eq!(object["lab"], "gc-pause");
-        assert_eq!(object["ttl_ms"], 2000);
-    }
 }

@@ -365,7 +365,7 @@ fn failover_lag_ms(seed: u64) -> u64 {
 ///   the write itself), as its write or release is answered (its next job's lock), or at a
 ///   time of the run;
 /// - a **cut** of its path to its lock server (the store's path too, see
-///   `labs::chaos::net`), for 1.25 to 3 leases, landing where a pause does: after its grant,
+///   `chaos::net`), for 1.25 to 3 leases, landing where a pause does: after its grant,
 ///   after its read, inside its write, or at a time of the run.
 fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> Step {
     if kind == FaultKind::Cut {

@@ -170,19 +170,8 @@ impl Recording {
     /// run reaches. A lab's own run is far inside every bound; what is outside them is a
     /// file that was not written by a lab run, or not by this lockslab.
     pub fn drawable(&self) -> Result<()> {
-        if let Some(version) = self
-            .verdict
-            .as_ref()
-            .and_then(|v| v.get("json_version"))
-            .and_then(Value::as_u64)
-            && version > u64::from(crate::events::JSON_VERSION)
-        {
-            bail!(
-                "it was written by a newer lockslab (json_version {version}; this lockslab {} \
-                 reads up to {}): render it with the lockslab that recorded it",
-                env!("CARGO_PKG_VERSION"),
-                crate::events::JSON_VERSION
-            );
+        if let Some(verdict) = &self.verdict {
+            crate::events::envelope::readable(verdict, "render")?;
         }
         if self.events.len() > MOST_EVENTS {
             bail!(

@@ -349,10 +349,8 @@ fn settings(recording: &Recording) -> Vec<String> {
         let facts: Vec<String> = verdict
             .iter()
             .filter(|(key, _)| {
-                !matches!(
-                    key.as_str(),
-                    "kind" | "json_version" | "lab" | "run_id" | "disturbed" | "lab_paused_ms"
-                )
+                let about_the_line = crate::events::envelope::FIELDS.contains(&key.as_str());
+                !about_the_line && !matches!(key.as_str(), "disturbed" | "lab_paused_ms")
             })
             .filter_map(|(key, value)| match value {
                 Value::String(text) => Some(format!("{key} {text}")),

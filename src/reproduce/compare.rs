@@ -61,8 +61,11 @@ impl Compared {
     }
 }
 
-/// What every verdict line carries about itself, not about the run.
-const ENVELOPE: [&str; 5] = ["kind", "json_version", "lab", "run_id", "text"];
+/// What every verdict line carries about itself, not about the run: the envelope, and the
+/// verdict's words as the terminal showed them.
+fn about_the_line(field: &str) -> bool {
+    crate::events::envelope::FIELDS.contains(&field) || field == "text"
+}
 
 pub fn compare(replayed: &Replayed) -> Compared {
     Compared {
@@ -87,7 +90,7 @@ fn part(replayed: &PartReplayed) -> PartCompared {
         as_recorded: recorded
             .keys()
             .filter(|name| !replayed.replayed.contains_key(*name))
-            .filter(|name| !ENVELOPE.contains(&name.as_str()))
+            .filter(|name| !about_the_line(name))
             .cloned()
             .collect(),
     }

@@ -18,20 +18,13 @@ pub mod compare;
 mod words;
 
 use std::io::Read;
-use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::events::{Event, JSON_VERSION};
+use crate::events::{Event, envelope};
+use crate::exit::Exit;
 use crate::labs::replay::Replayed;
-
-/// The replay reached the recorded verdict.
-pub const EXIT_REPRODUCED: u8 = 0;
-/// The replay reached another verdict: some field disagrees.
-pub const EXIT_DISAGREES: u8 = 1;
-/// The file could not be read or replayed (cut short, edited past reading, not a run).
-pub const EXIT_CANNOT_REPLAY: u8 = 4;
 
 /// The labs (and tools) `check` replays, as their verdicts name them.
 pub const SUPPORTED: [&str; 12] = [
@@ -50,7 +43,7 @@ pub const SUPPORTED: [&str; 12] = [
 ];
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
 Examples:
   lockslab gc-pause --json > run.jsonl   record a run
   lockslab check run.jsonl               judge it again, offline: does the
@@ -66,10 +59,11 @@ beside the recorded one. No server is asked anything.
 Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
 `lockslab chaos` hunts (each history it printed, and the hunt's counts).
 
-Exit status: 0 reproduced (every field the history decides agrees) · 1 some
-field disagrees (both values are listed) · 2 bad command line · 4 the file
-could not be read or replayed (cut short, not a run's --json, a lab it does
-not replay); a line says what to do.")]
+", crate::exit_status_help!(
+    done: "reproduced (every field the history decides agrees)",
+    violation: "some field disagrees (both values are listed)"
+), " A file cut short, not a run's --json, or of a lab it does not replay could not be \
+replayed (4); a line says what to do."))]
 pub struct CheckArgs {
     /// A run's `--json` output (`lockslab <lab> --json > RUN.jsonl`); `-` reads stdin
     #[arg(value_name = "RUN.jsonl")]
@@ -87,7 +81,7 @@ pub struct Recorded {
 }
 
 /// `lockslab check`: reads, replays, compares, and says so; the exit status is the answer.
-pub fn run(args: &CheckArgs) -> Result<ExitCode> {
+pub fn run(args: &CheckArgs) -> Result<Exit> {
     let name = if args.input == "-" {
         "stdin".to_string()
     } else {
@@ -104,7 +98,7 @@ pub fn run(args: &CheckArgs) -> Result<ExitCode> {
         Err(err) if err.is::<crate::exit::UsageError>() => return Err(err),
         Err(err) => {
             crate::output::err_prose(&format!("lockslab check: {name}: {err:#}"));
-            return Ok(ExitCode::from(EXIT_CANNOT_REPLAY));
+            return Ok(Exit::CouldNotRun);
         }
     };
     let compared = compare::compare(&replayed);
@@ -112,14 +106,15 @@ pub fn run(args: &CheckArgs) -> Result<ExitCode> {
         crate::output::err_prose(&format!(
             "lockslab check: {name}: the replay reached no field this recording has, so there              is nothing to compare: was it written by a much older lockslab? Record the run              again with this one (`lockslab <lab> --json > run.jsonl`)"
         ));
-        return Ok(ExitCode::from(EXIT_CANNOT_REPLAY));
+        return Ok(Exit::CouldNotRun);
     }
     words::print(&name, &recorded, &replayed, &compared);
-    Ok(ExitCode::from(if compared.agrees() {
-        EXIT_REPRODUCED
+    // The replay reached the recorded verdict (0), or some field disagrees (1).
+    Ok(if compared.agrees() {
+        Exit::Done
     } else {
-        EXIT_DISAGREES
-    }))
+        Exit::Violation
+    })
 }
 
 /// The text of a saved run, or of stdin (`-`).
@@ -156,14 +151,7 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
              --json > run.jsonl, and let it finish"
         );
     };
-    if let Some(version) = verdict.get("json_version").and_then(Value::as_u64)
-        && version > u64::from(JSON_VERSION)
-    {
-        bail!(
-            "it was written by a newer lockslab (json_version {version}; this one reads up to \
-             {JSON_VERSION}): check it with the lockslab that recorded it"
-        );
-    }
+    envelope::readable(verdict, "check")?;
     let lab = verdict.get("lab").and_then(Value::as_str).unwrap_or("");
     let events = &recorded.events;
     let replayed = match lab {
@@ -178,7 +166,7 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
         "lease-guard" => crate::labs::lease_guard::replay(events, verdict),
         "queue" => crate::labs::queue::replay(events, verdict),
         "challenge" => challenge::replay(events, verdict),
-        "chaos" => crate::labs::chaos::replay(events, &recorded.summaries, verdict),
+        "chaos" => crate::chaos::replay(events, &recorded.summaries, verdict),
         "matrix" => bail!(
             "a `lockslab matrix` run's --json holds one line per cell, not the histories \
              behind it, so there is nothing to judge again; hunt one cell again with \
@@ -252,7 +240,7 @@ impl Recorded {
         Ok(recorded)
     }
 
-    /// The verdict's run id and json_version, for the heading.
+    /// The verdict's lab, run id and `--json` shape, for the heading.
     fn stamp(&self) -> (String, String, Option<u64>) {
         let field = |name: &str| {
             self.verdict
@@ -262,11 +250,7 @@ impl Recorded {
                 .unwrap_or("?")
                 .to_string()
         };
-        let version = self
-            .verdict
-            .as_ref()
-            .and_then(|v| v.get("json_version"))
-            .and_then(Value::as_u64);
+        let version = self.verdict.as_ref().and_then(envelope::version_of);
         (field("lab"), field("run_id"), version)
     }
 }

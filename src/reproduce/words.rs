@@ -11,7 +11,8 @@ use crate::store::Attempt;
 
 pub fn print(name: &str, recorded: &Recorded, replayed: &Replayed, compared: &Compared) {
     let (lab, run_id, version) = recorded.stamp();
-    let version = version.map_or(String::new(), |v| format!(", json_version {v}"));
+    let field = crate::events::envelope::VERSION_FIELD;
+    let version = version.map_or(String::new(), |v| format!(", {field} {v}"));
     crate::prose!(
         "{} {name}: lab {lab}, run {run_id}{version}, {} events",
         "lockslab check".bold(),

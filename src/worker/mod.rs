@@ -18,7 +18,6 @@ pub mod redlock_client;
 pub mod sentinel_client;
 
 use std::io::{self, BufRead};
-use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
@@ -52,7 +51,7 @@ pub enum WorkerSpec {
 
 /// `lockslab __worker`: reads one worker script from stdin's first line, runs it, and
 /// reports failure as an event.
-pub fn run_internal() -> ExitCode {
+pub fn run_internal() -> crate::exit::Exit {
     crate::seed::start_from_environment();
     let mut line = String::new();
     // Stdin's buffer is shared: what follows the script stays there for `await_command`.
@@ -65,7 +64,7 @@ pub fn run_internal() -> ExitCode {
         Ok(spec) => spec,
         Err(err) => {
             crate::errln!("lockslab worker: bad script on stdin: {err}");
-            return ExitCode::from(2);
+            return crate::exit::Exit::Usage;
         }
     };
     let (name, result) = match spec {
@@ -80,10 +79,10 @@ pub fn run_internal() -> ExitCode {
         WorkerSpec::ChaosClient(script) => (script.name.clone(), chaos_client::run(&script)),
     };
     match result.map_err(crate::connect::explain) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => crate::exit::Exit::Done,
         Err(err) => {
             Emitter::new(&name).say(What::Error, format!("{err:#}"));
-            ExitCode::from(1)
+            crate::exit::Exit::CouldNotRun
         }
     }
 }

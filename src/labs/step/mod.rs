@@ -115,7 +115,7 @@ fn ask(name: &str, question: &str) {
         Ok(_) if answer.trim().eq_ignore_ascii_case("q") => {
             use nix::sys::signal::Signal;
             crate::procs::shut_down(
-                crate::procs::exit_code_for(Signal::SIGINT as i32),
+                crate::exit::Exit::Signalled(Signal::SIGINT as i32),
                 Some(format!(
                     "lockslab: stopped at '{name}'; workers stopped, the run's keys and rows removed"
                 )),

@@ -1,33 +1,25 @@
 //! `lockslab matrix`: every design against every kind of fault, K schedules a cell.
 
-use std::process::ExitCode;
-
 use anyhow::Result;
 use serde_json::json;
 
-use super::play::space;
-pub use super::table::Cell;
-use super::table::{footer, header, in_table_order, notes, row_line};
-use super::{Ground, show, side_by_side};
+mod cells;
+mod merge;
+mod table;
+
+use cells::exit_code;
+pub use table::Cell;
+use table::{footer, header, in_table_order, notes, row_line};
+
+use crate::chaos::play::space;
+use crate::chaos::shard::{Shard, parse_shard};
+use crate::chaos::{Ground, show, side_by_side};
 use crate::check::chaos::Judgement;
 use crate::designs::Design;
+use crate::exit::Exit;
 use crate::nemesis::generate::{self, FaultKind};
 use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
-
-/// `matrix`'s exit statuses: did a ✅ design's cell break or stay unknown? (a course's CI)
-macro_rules! matrix_exit_help {
-    () => {
-        "Exit status: 0 no cell the labs expect safe broke or is unknown — only a ✅ \
-design's cells count, each under the faults the labs say it survives; a ❌ design's \
-cells (broken, or unknown as a lost reply leaves them) are the lesson and are named \
-below the table · 1 such a cell broke (--strict: any violation) · 2 bad command \
-line · 3 no such cell broke, but one is unknown, never a pass (--strict: any \
-unknown cell) · 4 it could not run (a server did not answer) · 130 Ctrl-C; clients \
-and servers are stopped either way. A ❌ cell that did not break is named below the \
-table, not in the status: schedules that miss its window prove nothing."
-    };
-}
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -83,7 +75,15 @@ Replication is asynchronous: what the primary acknowledged in the lag is gone
 
 Walkthrough: labs/12-chaos.md.
 
-", matrix_exit_help!()))]
+", crate::exit_status_help!(
+    done: "no cell the labs expect safe broke or is unknown — only a ✅ design's cells \
+count, each under the faults the labs say it survives; a ❌ design's cells (broken, or \
+unknown as a lost reply leaves them) are the lesson and are named below the table",
+    violation: "such a cell broke (--strict: any violation)",
+    undecided: "no such cell broke, but one is unknown, never a pass (--strict: any unknown \
+cell)"
+), " A ❌ cell that did not break is named below the table, not in the status: schedules \
+that miss its window prove nothing."))]
 pub struct MatrixArgs {
     /// The designs (rows), repeated or comma-separated [default: every design]
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -103,7 +103,7 @@ pub struct MatrixArgs {
     pub clients: u32,
     /// Schedules played side by side, each in its own namespace (one that restarts a
     /// server plays alone)
-    #[arg(long, default_value_t = super::DEFAULT_PARALLEL, value_name = "P",
+    #[arg(long, default_value_t = crate::chaos::DEFAULT_PARALLEL, value_name = "P",
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub parallel: u32,
     /// Play only the K-th of N parts of the cells (e.g. 2/4, on another machine); merge
@@ -127,63 +127,14 @@ pub struct MatrixArgs {
     pub servers: ServerArgs,
 }
 
-/// `--shard K/N`: the K-th of N parts (1-based).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub k: u32,
-    pub n: u32,
-}
-
-impl Shard {
-    /// Does this part play the `index`th cell (or schedule)?
-    pub fn owns(self, index: u64) -> bool {
-        index % u64::from(self.n) == u64::from(self.k - 1)
-    }
-
-    /// Refuses a split of `items` (schedules, or cells) into more parts than there are
-    /// items: a part past them plays none, and would exit 0 as if it had found nothing.
-    /// `what`: the item's name, one and many; `more`: the flags that give more of them.
-    pub fn every_part_plays(self, items: u64, what: (&str, &str), more: &str) -> Result<()> {
-        let (k, n) = (self.k, self.n);
-        if u64::from(n) <= items {
-            return Ok(());
-        }
-        let none = if u64::from(k) > items {
-            "plays none".to_string()
-        } else if u64::from(n) == items + 1 {
-            format!("leaves part {n}/{n} none")
-        } else {
-            format!("leaves parts {}/{n} to {n}/{n} none", items + 1)
-        };
-        let fewer = match items {
-            1 => "drop --shard".to_string(),
-            _ => format!("use at most --shard K/{items}"),
-        };
-        crate::bail_usage!(
-            "--shard {k}/{n} of {} {none}: {fewer}, or {more}",
-            count(items, what.0, what.1)
-        );
-    }
-}
-
-pub fn parse_shard(text: &str) -> Result<Shard, String> {
-    let parsed = text
-        .split_once('/')
-        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)));
-    match parsed {
-        Some((k, n)) if (1..=n).contains(&k) => Ok(Shard { k, n }),
-        _ => Err(format!("{text}: K/N with 1 ≤ K ≤ N, e.g. 2/4")),
-    }
-}
-
-pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
+pub fn run(args: &MatrixArgs) -> Result<Exit> {
     if !args.merge.is_empty() {
-        return super::merge::merge(&args.merge, args.strict);
+        return merge::merge(&args.merge, args.strict);
     }
     let designs = if args.design.is_empty() {
         Design::ALL.to_vec()
     } else {
-        super::once_each(&args.design)
+        crate::chaos::once_each(&args.design)
     };
     let mut kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
@@ -197,135 +148,135 @@ pub fn run(args: &MatrixArgs) -> Result<ExitCode> {
     shard.every_part_plays(cells, ("cell", "cells"), "more --design or --faults")?;
     let seed = args.seed.unwrap_or_else(crate::seed::fresh);
     let style = Style::detect(args.json);
-    super::could_not_run((|| {
-        let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
-        ground.etcd_ring = super::cluster::ring_for(&designs, &kinds)?;
-        ground.sentinel_ring = super::failover::ring_for(&designs, &kinds, ground.redis_given)?;
-        if !style.json {
-            let part = if shard.n > 1 {
-                format!(" Part {} of {} (--shard).", shard.k, shard.n)
-            } else {
-                String::new()
-            };
-            crate::prose!(
-                "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
-                count(designs.len() as u64, "design", "designs"),
-                count(kinds.len() as u64, "fault", "faults"),
-                count(args.schedules, "schedule", "schedules")
-            );
-            header(&kinds);
-        }
-        let mut cells: Vec<Cell> = Vec::new();
-        for (d, design) in designs.iter().enumerate() {
-            let mut setup = ground.setup(*design, false);
-            let design_run_id = setup.run_id.clone();
-            let mut row = Vec::new();
-            for (f, kind) in kinds.iter().enumerate() {
-                if !shard.owns((d * kinds.len() + f) as u64) {
-                    continue;
-                }
-                // Each cell's histories in their own namespace: the columns draw the same
-                // schedule indexes, and one cell's keys must not meet the next cell's clients.
-                setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
-                let space = space(&setup, args.clients, &[*kind]);
-                let mut why_unknown = None;
-                let no_server = (kind.restarts() && space.restartable.is_empty())
-                    || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
-                    || (*kind == FaultKind::Clock && space.jumping.is_empty())
-                    || (*kind == FaultKind::Failover && !space.redis_failover)
-                    || !space.kinds.contains(kind);
-                let (result, replay) = if no_server {
-                    ("-".to_string(), None)
-                } else {
-                    let next = |index: u64| {
-                        let seed = generate::nth_seed(seed, index);
-                        (index < u64::from(args.schedules)).then(|| side_by_side::Job {
-                            index,
-                            seed,
-                            schedule: generate::draw(seed, &space),
-                            clients: args.clients,
-                        })
-                    };
-                    let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
-                    let unknown = played
-                        .iter()
-                        .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
-                        .count();
-                    let found = played
-                        .iter()
-                        .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
-                        .min_by_key(|p| p.done);
-                    match found {
-                        Some(p) => {
-                            let kind_word = p.trial.report.violations[0].kind();
-                            let replay =
-                                show::replay_command(*design, args.clients, &p.job.schedule);
-                            (format!("UNSAFE {kind_word}"), Some(replay))
-                        }
-                        None if unknown > 0 => {
-                            why_unknown = played
-                                .iter()
-                                .find_map(|p| p.trial.report.unknowns.first().cloned());
-                            (format!("UNKNOWN {unknown}/{}", played.len()), None)
-                        }
-                        None => (format!("SAFE ({})", played.len()), None),
-                    }
-                };
-                let cell = Cell {
-                    kind: "cell".into(),
-                    design: *design,
-                    fault: *kind,
-                    result,
-                    replay,
-                    labs_call_it_safe: design.labs_call_it_safe_under(*kind),
-                    unknown: why_unknown,
-                };
-                if style.json {
-                    json_line(&cell);
-                }
-                row.push(cell);
-            }
-            ground.give_back(setup);
-            cells.extend(row);
-            let row: Vec<Cell> = cells
-                .iter()
-                .filter(|c| c.design == *design)
-                .cloned()
-                .collect();
-            if !style.json && !row.is_empty() {
-                crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
-            }
-        }
-        if style.json {
-            json_line(&json!({
-                "kind": "verdict", "json_version": crate::labs::JSON_VERSION, "lab": "matrix",
-                "run_id": ground.run_id, "seed": seed, "schedules_per_cell": args.schedules,
-                "shard": format!("{}/{}", shard.k, shard.n),
-                // How many cell lines are before it: `--merge` tells a part whose file
-                // lost some (or all) of them from a whole one.
-                "cells": cells.len(),
-                "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
-                "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-                "clients": args.clients,
-                "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
-                "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
-            }));
+    let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
+    ground.etcd_ring = crate::chaos::cluster::ring_for(&designs, &kinds)?;
+    ground.sentinel_ring = crate::chaos::failover::ring_for(&designs, &kinds, ground.redis_given)?;
+    if !style.json {
+        let part = if shard.n > 1 {
+            format!(" Part {} of {} (--shard).", shard.k, shard.n)
         } else {
-            footer(
-                &cells,
-                ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
-            );
+            String::new()
+        };
+        crate::prose!(
+            "Matrix: {} × {}, {} a cell, seed {seed}.{part}",
+            count(designs.len() as u64, "design", "designs"),
+            count(kinds.len() as u64, "fault", "faults"),
+            count(args.schedules, "schedule", "schedules")
+        );
+        header(&kinds);
+    }
+    let mut cells: Vec<Cell> = Vec::new();
+    for (d, design) in designs.iter().enumerate() {
+        let mut setup = ground.setup(*design, false);
+        let design_run_id = setup.run_id.clone();
+        let mut row = Vec::new();
+        for (f, kind) in kinds.iter().enumerate() {
+            if !shard.owns((d * kinds.len() + f) as u64) {
+                continue;
+            }
+            // Each cell's histories in their own namespace: the columns draw the same
+            // schedule indexes, and one cell's keys must not meet the next cell's clients.
+            setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
+            let space = space(&setup, args.clients, &[*kind]);
+            let mut why_unknown = None;
+            let no_server = (kind.restarts() && space.restartable.is_empty())
+                || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
+                || (*kind == FaultKind::Clock && space.jumping.is_empty())
+                || (*kind == FaultKind::Failover && !space.redis_failover)
+                || !space.kinds.contains(kind);
+            let (result, replay) = if no_server {
+                ("-".to_string(), None)
+            } else {
+                let next = |index: u64| {
+                    let seed = generate::nth_seed(seed, index);
+                    (index < u64::from(args.schedules)).then(|| side_by_side::Job {
+                        index,
+                        seed,
+                        schedule: generate::draw(seed, &space),
+                        clients: args.clients,
+                    })
+                };
+                let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
+                let unknown = played
+                    .iter()
+                    .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
+                    .count();
+                let found = played
+                    .iter()
+                    .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+                    .min_by_key(|p| p.done);
+                match found {
+                    Some(p) => {
+                        let kind_word = p.trial.report.violations[0].kind();
+                        let replay = show::replay_command(*design, args.clients, &p.job.schedule);
+                        (format!("UNSAFE {kind_word}"), Some(replay))
+                    }
+                    None if unknown > 0 => {
+                        why_unknown = played
+                            .iter()
+                            .find_map(|p| p.trial.report.unknowns.first().cloned());
+                        (format!("UNKNOWN {unknown}/{}", played.len()), None)
+                    }
+                    None => (format!("SAFE ({})", played.len()), None),
+                }
+            };
+            let cell = Cell {
+                kind: "cell".into(),
+                design: *design,
+                fault: *kind,
+                result,
+                replay,
+                labs_call_it_safe: design.labs_call_it_safe_under(*kind),
+                unknown: why_unknown,
+            };
+            if style.json {
+                json_line(&cell);
+            }
+            row.push(cell);
         }
-        Ok(ExitCode::from(exit_code(&cells, args.strict)))
-    })())
+        ground.give_back(setup);
+        cells.extend(row);
+        let row: Vec<Cell> = cells
+            .iter()
+            .filter(|c| c.design == *design)
+            .cloned()
+            .collect();
+        if !style.json && !row.is_empty() {
+            crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
+        }
+    }
+    if style.json {
+        let fields = json!({
+            "seed": seed, "schedules_per_cell": args.schedules,
+            "shard": format!("{}/{}", shard.k, shard.n),
+            // How many cell lines are before it: `--merge` tells a part whose file
+            // lost some (or all) of them from a whole one.
+            "cells": cells.len(),
+            "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
+            "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "clients": args.clients,
+            "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
+            "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
+        });
+        let run_id = &ground.run_id;
+        json_line(&crate::events::envelope::verdict_of(
+            "matrix", run_id, fields,
+        ));
+    } else {
+        footer(
+            &cells,
+            ground.redis_given && kinds.iter().any(|k| k.kills_redis()),
+        );
+    }
+    Ok(exit_code(&cells, args.strict))
 }
 
 /// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.
 fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
-    let plays = |d: &Design| kinds.iter().any(|k| super::reach::reaches(*d, *k));
+    let plays = |d: &Design| kinds.iter().any(|k| crate::chaos::reach::reaches(*d, *k));
     if !designs.iter().any(plays) {
         let why: Vec<String> = (designs.iter())
-            .flat_map(|d| super::reach::unreached_kinds(*d, kinds))
+            .flat_map(|d| crate::chaos::reach::unreached_kinds(*d, kinds))
             .collect();
         crate::bail_usage!(
             "no cell would play, every one `-`: {}; choose other --faults or --design",
@@ -335,75 +286,9 @@ fn some_cell_plays(designs: &[Design], kinds: &[FaultKind]) -> Result<()> {
     Ok(())
 }
 
-/// The matrix's exit status. Only a ✅ design's cells count, under the faults the labs say
-/// it survives ([`Design::labs_call_it_safe_under`], not what a merged file says): UNSAFE
-/// there is 1, UNKNOWN 3 (never a pass). A ❌ design's cells never count: breaking is the
-/// lesson, and a lock-only design's lost-reply, restart-aof and leader-kill cells read
-/// UNKNOWN by nature (a release that got no answer), which would make every full matrix
-/// exit 3; the footer names them. `strict` counts every cell.
-pub(super) fn exit_code(cells: &[Cell], strict: bool) -> u8 {
-    let counted = |c: &&Cell| {
-        strict || (c.design.labs_call_it_safe() && c.design.labs_call_it_safe_under(c.fault))
-    };
-    let any = |word: &str| {
-        cells
-            .iter()
-            .filter(counted)
-            .any(|c| c.result.starts_with(word))
-    };
-    if any("UNSAFE") {
-        super::EXIT_VIOLATION
-    } else if any("UNKNOWN") {
-        super::EXIT_ONLY_UNKNOWNS
-    } else {
-        crate::exit::EXIT_OK
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shards_split_the_cells_between_them_and_k_over_n_is_checked() {
-        let shards: Vec<Shard> = (1..=3)
-            .map(|k| parse_shard(&format!("{k}/3")).unwrap())
-            .collect();
-        for index in 0..30u64 {
-            let owners = shards.iter().filter(|s| s.owns(index)).count();
-            assert_eq!(owners, 1, "cell {index} is played by exactly one part");
-        }
-        for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
-            assert!(parse_shard(bad).is_err(), "{bad}");
-        }
-    }
-
-    /// A part past the items plays none and would exit 0: refused, with what to do.
-    #[test]
-    fn a_split_into_more_parts_than_items_is_refused_with_what_to_do() {
-        let schedules = ("schedule", "schedules");
-        let refused = |shard: &str, items: u64| {
-            let shard = parse_shard(shard).unwrap();
-            let err = shard.every_part_plays(items, schedules, "more --schedules");
-            let err = err.unwrap_err();
-            assert!(err.downcast_ref::<crate::exit::UsageError>().is_some());
-            format!("{err}")
-        };
-        assert_eq!(
-            refused("3/3", 2),
-            "--shard 3/3 of 2 schedules plays none: use at most --shard K/2, or more --schedules"
-        );
-        let message = refused("1/4294967295", 10);
-        assert!(
-            message.contains("leaves parts 11/4294967295 to 4294967295/4294967295 none"),
-            "{message}"
-        );
-        assert!(refused("2/2", 1).contains("drop --shard"));
-        for (shard, items) in [("2/2", 2), ("1/3", 30), ("1/1", 1)] {
-            let shard = parse_shard(shard).unwrap();
-            assert!(shard.every_part_plays(items, schedules, "").is_ok());
-        }
-    }
 
     /// `matrix --help` names the words the default table (every kind) prints, and its
     /// prose is filled to 80 columns: no line a word short that the next line starts

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::play::Lane;
+use super::keeper::Keeper;
 use crate::connect::Backend;
 use crate::nemesis::Victim;
 use crate::nemesis::generate::AOF_SUFFIX;
@@ -40,26 +40,9 @@ pub fn restart_targets() -> Vec<String> {
         .collect()
 }
 
-/// Gives each of `parallel` lanes (more lanes if needed: one Redis given to chaos is every
-/// lane's) five masters of its own, and the keeper thread that restarts them. Call it from
-/// a thread that outlives the lanes.
-pub fn add_masters(lanes: &mut Vec<Lane>, parallel: u32) -> Result<()> {
-    while lanes.len() < parallel.max(1) as usize {
-        let url = lanes.first().and_then(|l| l.redis_url.clone());
-        lanes.push(url.map_or_else(Lane::default, |url| Lane::given(&url)));
-    }
-    for lane in lanes.iter_mut() {
-        if lane.keeper.is_none() {
-            lane.keeper = Some(super::play::keeper()?);
-        }
-        lane.masters = Masters::start()?;
-    }
-    Ok(())
-}
-
 impl Masters {
     /// Starts the masters; call it from a thread that outlives the lane (as
-    /// [`Lane::private_redis`]).
+    /// [`super::lane::Lane::private_redis`]).
     pub fn start() -> Result<Masters> {
         let mut masters = Masters::default();
         for _ in 0..MASTERS {
@@ -86,24 +69,24 @@ impl Masters {
     /// Sets each master's persistence for one schedule, before its clients connect: the
     /// append-only file on for the master a `-aof` restart aims at, off everywhere else.
     /// A change restarts that master, empty: setup, not a fault of the schedule.
-    pub fn persist(&self, lane: &Lane, restart: Option<&str>) -> Result<()> {
+    pub fn persist(&self, keeper: &Keeper, restart: Option<&str>) -> Result<()> {
         let keeps = restart
             .filter(|t| t.ends_with(AOF_SUFFIX))
             .and_then(|t| self.index(t));
         for (i, server) in self.servers.iter().enumerate() {
             let want = keeps == Some(i);
-            lane.on_keeper_for(server.clone(), move |private| {
-                super::play::set_persistence(private, want)
+            keeper.run_on(server.clone(), move |private| {
+                super::keeper::set_persistence(private, want)
             })?;
         }
         Ok(())
     }
 
     /// The master a restart aims at, as the nemesis sees it.
-    pub fn victim<'a>(&self, lane: &'a Lane, target: &str) -> Option<MasterVictim<'a>> {
+    pub fn victim<'a>(&self, keeper: &'a Keeper, target: &str) -> Option<MasterVictim<'a>> {
         let i = self.index(target)?;
         Some(MasterVictim {
-            lane,
+            keeper,
             server: self.servers[i].clone(),
             label: target.to_string(),
         })
@@ -112,7 +95,7 @@ impl Masters {
 
 /// One master, killed where it stands and started again by the lane's keeper thread.
 pub struct MasterVictim<'a> {
-    lane: &'a Lane,
+    keeper: &'a Keeper,
     server: Arc<Mutex<PrivateServers>>,
     label: String,
 }
@@ -134,7 +117,7 @@ impl Victim for MasterVictim<'_> {
     }
 
     fn restart_now(&mut self) -> Result<Duration> {
-        self.lane.on_keeper_for(self.server.clone(), |private| {
+        self.keeper.run_on(self.server.clone(), |private| {
             private.crash_and_restart(Backend::Redis)
         })
     }

@@ -6,12 +6,14 @@ use std::time::Duration;
 use colored::Colorize;
 use serde_json::{Value, json};
 
-use super::{ChaosArgs, Ground, Trial};
+use super::args::ChaosArgs;
+use super::ground::Ground;
+use super::play::Trial;
+use super::step_words::step_words;
 use crate::check::chaos::Judgement;
 use crate::designs::Design;
 use crate::events::{Event, What};
-use crate::nemesis::Fault;
-use crate::nemesis::schedule::{Schedule, Step};
+use crate::nemesis::schedule::Schedule;
 use crate::output::{Style, Timeline, json_line};
 
 pub fn heading(ground: &Ground, args: &ChaosArgs, seed: u64) {
@@ -93,30 +95,6 @@ pub fn lanes_words(ground: &Ground) -> Vec<String> {
         "redis    a primary, its replica, 3 Sentinels: the failovers' (one at a time)".into()
     }))
     .collect()
-}
-
-/// A step in a few words: `pause B 3ms after read_record#2 for 640ms`.
-pub fn step_words(step: &Step) -> String {
-    let when = match &step.after {
-        None => format!("at +{}ms", step.at_ms),
-        Some(anchor) => format!(
-            "{}ms after {}'s {}#{}",
-            step.at_ms, anchor.worker, anchor.event, anchor.nth
-        ),
-    };
-    let failover = step.target == crate::nemesis::generate::REDIS_PRIMARY;
-    let lasting = (step.duration_ms).map_or(String::new(), |ms| match failover {
-        true => format!(", lag {ms}ms"),
-        false => format!(" for {ms}ms"),
-    });
-    let fault = match step.fault {
-        Fault::Restart if failover => "failover",
-        Fault::Restart => "restart",
-        Fault::DropReply => "lost-reply",
-        Fault::ClockStep => "clock-jump",
-        other => other.as_str(),
-    };
-    format!("{fault} {} {when}{lasting}", step.target)
 }
 
 /// The tag a history's events carry under `--json`, to tell the histories of one hunt apart.

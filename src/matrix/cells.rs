@@ -2,11 +2,12 @@
 //! a matrix writes, its counts within the run's schedules a cell, `-` where the fault
 //! cannot reach the design, and a replay command under every UNSAFE. A file that says
 //! otherwise was edited, or is no matrix's, and a table from it would claim what was never
-//! played.
+//! played. And what the cells, read or played, make of the exit status ([`exit_code`]).
 
-use super::reach;
 use super::table::Cell;
+use crate::chaos::reach;
 use crate::check::chaos::Violation;
+use crate::exit::Exit;
 
 /// Refuses, with why, a cell that a matrix of `schedules` schedules a cell cannot write.
 pub(super) fn check(cell: &Cell, schedules: u64) -> Result<(), String> {
@@ -55,6 +56,31 @@ fn written(result: &str, schedules: u64) -> bool {
         return matches!((count(u), count(n)), (Some(u), Some(n)) if u <= n);
     }
     result == "-"
+}
+
+/// The matrix's exit status. Only a ✅ design's cells count, under the faults the labs say
+/// it survives ([`Design::labs_call_it_safe_under`], not what a merged file says): UNSAFE
+/// there is 1, UNKNOWN 3 (never a pass). A ❌ design's cells never count: breaking is the
+/// lesson, and a lock-only design's lost-reply, restart-aof and leader-kill cells read
+/// UNKNOWN by nature (a release that got no answer), which would make every full matrix
+/// exit 3; the footer names them. `strict` counts every cell.
+pub fn exit_code(cells: &[Cell], strict: bool) -> Exit {
+    let counted = |c: &&Cell| {
+        strict || (c.design.labs_call_it_safe() && c.design.labs_call_it_safe_under(c.fault))
+    };
+    let any = |word: &str| {
+        cells
+            .iter()
+            .filter(counted)
+            .any(|c| c.result.starts_with(word))
+    };
+    if any("UNSAFE") {
+        Exit::Violation
+    } else if any("UNKNOWN") {
+        Exit::Undecided
+    } else {
+        Exit::Done
+    }
 }
 
 #[cfg(test)]

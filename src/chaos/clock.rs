@@ -32,7 +32,7 @@ use std::collections::HashMap;
 
 use anyhow::{Result, bail};
 
-use super::play::Lane;
+use super::lane::Lane;
 use super::redlock_lane;
 use crate::connect::RedisConn;
 use crate::designs::Design;

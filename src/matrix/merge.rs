@@ -5,12 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::matrix::{Shard, exit_code, parse_shard};
+use super::cells::exit_code;
 use super::table::{Cell, footer, header, in_table_order, notes, row_line};
+use crate::chaos::shard::{Shard, parse_shard};
 use crate::designs::Design;
 use crate::exit::UsageError;
 use crate::nemesis::generate::FaultKind;
@@ -42,7 +42,7 @@ fn read(file: &Path) -> Result<(Vec<Cell>, Vec<Part>)> {
     let at = |n: usize, err: &dyn std::fmt::Display| {
         UsageError(format!("--merge {}:{}: {err}", file.display(), n + 1))
     };
-    let text = match super::given::read_small_file(file, LARGEST_FILE) {
+    let text = match crate::chaos::given::read_small_file(file, LARGEST_FILE) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => crate::bail_usage!(
             "--merge {}: more than any matrix's --json (at most {} MiB)",
@@ -168,7 +168,7 @@ fn every_part_present(parts: &[Part]) -> Result<()> {
 }
 
 /// `--merge`: the cells of several `--json` runs, as one table.
-pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<ExitCode> {
+pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<crate::exit::Exit> {
     let mut cells: Vec<Cell> = Vec::new();
     let mut parts: Vec<Part> = Vec::new();
     for file in files {
@@ -228,7 +228,7 @@ pub(super) fn merge(files: &[PathBuf], strict: bool) -> Result<ExitCode> {
         crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
     }
     footer(&cells, false);
-    Ok(ExitCode::from(exit_code(&cells, strict)))
+    Ok(exit_code(&cells, strict))
 }
 
 /// "seed 1, 8 schedules a cell", or "seeds 1 and 7, 8 and 12 schedules a cell".

@@ -5,7 +5,7 @@ use colored::Colorize;
 
 use serde::{Deserialize, Serialize};
 
-use super::show;
+use crate::chaos::show;
 use crate::designs::Design;
 use crate::nemesis::generate::FaultKind;
 

@@ -179,7 +179,7 @@ pub fn shrink(
                     let steps: Vec<String> = candidate
                         .steps()
                         .iter()
-                        .map(super::show::step_words)
+                        .map(super::step_words::step_words)
                         .collect();
                     crate::prose!(
                         "  still fails with {faults}, {clients_word} ({} of {played_n} \

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use super::show::step_words;
+use super::step_words::step_words;
 use crate::nemesis::schedule::{Schedule, Step};
 
 /// A step that did not play in a history, and why.
@@ -60,12 +60,6 @@ pub fn unknown(unplayed: &[Unplayed], steps: usize, given: bool) -> Option<Strin
     } else {
         None
     }
-}
-
-/// How many of the histories played had a step that did not play.
-pub fn in_part(played: &[super::side_by_side::Played]) -> usize {
-    let in_part = played.iter().filter(|p| !p.trial.unplayed.is_empty());
-    in_part.count()
 }
 
 /// One line per step that did not play: its place, the step, and why.

@@ -1,15 +1,15 @@
 //! One history: the records set up, the clients started, the schedule played from the live
 //! history, the records read back and checked.
 
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
+use super::lane::{self, Lane};
 use super::rows::{forget, prepare, read_back};
 use super::unplayed::Unplayed;
 use crate::check::chaos::{RecordBack, Report};
-use crate::connect::{self, Backend, PgClient};
+use crate::connect::{self, PgClient};
 use crate::designs::Design;
 use crate::events::Event;
 use crate::events::facts::Warning;
@@ -19,7 +19,6 @@ use crate::nemesis::generate::{self, FaultKind, Space};
 use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
-use crate::servers::{Lifetime, PrivateServers};
 use crate::worker::WorkerSpec;
 use crate::worker::chaos_client::ChaosClient;
 
@@ -44,124 +43,6 @@ pub struct Setup {
     pub given: bool,
 }
 
-/// One lane of schedules played side by side: its Redis, restarted by its schedules only
-/// (a restart would otherwise land in every history in flight, a fault none of their
-/// schedules holds). A given Redis (`--redis-url`) is every lane's, and never restarted.
-#[derive(Default)]
-pub struct Lane {
-    pub redis_url: Option<String>,
-    /// Chaos's own Redis, which this lane's schedules may restart.
-    pub redis: Option<Arc<Mutex<PrivateServers>>>,
-    /// The thread that starts this lane's Redis again (see [`Keeper`]).
-    pub(super) keeper: Option<Keeper>,
-    /// Redlock's masters, chaos's own (see [`super::redlock_lane`]).
-    pub masters: super::redlock_lane::Masters,
-}
-
-/// A thread that lives as long as its lane and starts the lane's Redis again when asked.
-/// A child dies with the *thread* that spawned it (`PR_SET_PDEATHSIG`, see
-/// [`crate::procs`]), and the threads that play schedules end with each batch: a Redis they
-/// restarted would die with them, under the next cell's clients.
-pub(super) type Keeper = mpsc::Sender<Box<dyn FnOnce() + Send>>;
-
-/// Starts a lane's keeper thread.
-pub(super) fn keeper() -> Result<Keeper> {
-    let (keeper, jobs) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
-    std::thread::Builder::new()
-        .name("chaos-lane-keeper".into())
-        .spawn(move || jobs.into_iter().for_each(|job| job()))?;
-    Ok(keeper)
-}
-
-impl Lane {
-    /// A lane on a Redis chaos was given: never restarted.
-    pub fn given(url: &str) -> Lane {
-        Lane {
-            redis_url: Some(url.to_string()),
-            ..Lane::default()
-        }
-    }
-
-    /// A lane with a Redis of its own; call it from a thread that outlives the lane.
-    pub fn private_redis() -> Result<Lane> {
-        let private = PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?;
-        let url = private
-            .url(Backend::Redis)
-            .context("the private Redis has no URL")?;
-        Ok(Lane {
-            redis_url: Some(url),
-            redis: Some(Arc::new(Mutex::new(private))),
-            keeper: Some(keeper()?),
-            ..Lane::default()
-        })
-    }
-
-    /// Runs `f` on the lane's Redis from its keeper thread, and waits for its answer.
-    fn on_keeper<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut PrivateServers) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let Some(redis) = self.redis.clone() else {
-            anyhow::bail!("this lane's Redis is not chaos's own");
-        };
-        self.on_keeper_for(redis, f)
-    }
-
-    /// Runs `f` on one of the lane's servers from its keeper thread, and waits for its answer.
-    pub(super) fn on_keeper_for<T: Send + 'static>(
-        &self,
-        redis: Arc<Mutex<PrivateServers>>,
-        f: impl FnOnce(&mut PrivateServers) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let Some(keeper) = self.keeper.as_ref() else {
-            anyhow::bail!("this lane has no keeper thread");
-        };
-        let (answer, answered) = mpsc::channel();
-        keeper
-            .send(Box::new(move || {
-                let mut private = redis.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = answer.send(f(&mut private));
-            }))
-            .map_err(|_| anyhow::anyhow!("the lane's keeper thread is gone"))?;
-        answered
-            .recv()
-            .map_err(|_| anyhow::anyhow!("the lane's keeper thread is gone"))?
-    }
-
-    fn redis_pid(&self) -> Option<i32> {
-        let redis = self.redis.as_ref()?;
-        let private = redis.lock().unwrap_or_else(|p| p.into_inner());
-        private.pid(Backend::Redis)
-    }
-}
-
-/// A lane's Redis as the nemesis sees it: killed where it stands, restarted by the keeper.
-struct LaneRedis<'a> {
-    lane: &'a Lane,
-    label: String,
-}
-
-impl Victim for LaneRedis<'_> {
-    fn label(&self) -> String {
-        self.label.clone()
-    }
-
-    fn pid(&self) -> Option<i32> {
-        self.lane.redis_pid()
-    }
-
-    fn kill_now(&mut self) {
-        if let Some(pid) = self.pid() {
-            crate::procs::stop(pid, &crate::procs::StopPlan::kill());
-        }
-    }
-
-    fn restart_now(&mut self) -> Result<Duration> {
-        self.lane
-            .on_keeper(|private| private.crash_and_restart(Backend::Redis))
-    }
-}
-
 /// One history and what the checker made of it.
 pub struct Trial {
     /// The history's own run id (its rows' and keys').
@@ -174,6 +55,11 @@ pub struct Trial {
     pub startup_ms: u64,
     /// The schedule's steps that did not play, and why.
     pub unplayed: Vec<Unplayed>,
+}
+
+/// How long one schedule's clients work: etcd's sessions take longer to start.
+pub fn run_ms_of(design: Design) -> u64 {
+    if design.uses_etcd() { 2000 } else { 1500 }
 }
 
 pub fn client_names(clients: u32) -> Vec<String> {
@@ -305,10 +191,11 @@ impl Setup {
         let etcd_of = |i: usize| ring.map_or(self.etcd_url.as_deref(), |(_, urls)| Some(&urls[i]));
         let keeps_data = restart.is_some_and(|s| FaultKind::of(s) == Some(FaultKind::RestartAof));
         if lane.redis.is_some() {
-            persist(lane, keeps_data)?;
+            lane::persist(lane, keeps_data)?;
         }
-        lane.masters
-            .persist(lane, restart.map(|s| s.target.as_str()))?;
+        if !lane.masters.is_empty() {
+            (lane.masters).persist(lane.keeper()?, restart.map(|s| s.target.as_str()))?;
+        }
         // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
         let (rest, net) = super::net::split(schedule);
         let (rest, clock) = super::clock::split(&rest);
@@ -399,10 +286,7 @@ impl Setup {
         .tolerating_errors();
         {
             let mut redis = match (restart, lane.redis.is_some()) {
-                (Some(step), true) => Some(LaneRedis {
-                    lane,
-                    label: step.target.clone(),
-                }),
+                (Some(step), true) => Some(lane.redis_victim(&step.target)),
                 _ => None,
             };
             let mut cast: Vec<&mut dyn Victim> = workers
@@ -412,7 +296,10 @@ impl Setup {
             if let Some(redis) = redis.as_mut() {
                 cast.push(redis);
             }
-            let mut master = restart.and_then(|step| lane.masters.victim(lane, &step.target));
+            let mut master = restart.and_then(|step| {
+                let keeper = lane.keeper.as_ref()?;
+                lane.masters.victim(keeper, &step.target)
+            });
             if let Some(master) = master.as_mut() {
                 cast.push(master);
             }
@@ -441,25 +328,6 @@ impl Setup {
         let backs = read_back(store, run_id, records)?;
         Ok((history, super::unplayed::place(schedule, left), backs))
     }
-}
-
-/// Sets a lane's Redis to keep its data across a crash, or not: `--appendonly yes
-/// --appendfsync always` (Redis appends every write to its append-only file and fsyncs
-/// the file each time it appends), or no persistence at all. A change restarts it, empty, before the
-/// schedule's clients start: the switch is setup, not a fault of the schedule.
-fn persist(lane: &Lane, keeps_data: bool) -> Result<()> {
-    lane.on_keeper(move |private| set_persistence(private, keeps_data))
-}
-
-/// Turns a private Redis's append-only file on or off, restarting it if that changes.
-pub(super) fn set_persistence(private: &mut PrivateServers, keeps_data: bool) -> Result<()> {
-    if private.redis_aof() != keeps_data {
-        private.set_redis_aof(keeps_data);
-        private
-            .crash_and_restart(Backend::Redis)
-            .context("restarting a private Redis with its new persistence")?;
-    }
-    Ok(())
 }
 
 /// The faults a design can meet: a restart only where there is a server of chaos's own.

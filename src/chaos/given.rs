@@ -4,7 +4,8 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{clock, lag, net, play, redlock_lane, run_ms_of};
+use super::play::run_ms_of;
+use super::{clock, lag, net, play, redlock_lane};
 use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
@@ -13,7 +14,7 @@ use crate::nemesis::schedule::Schedule;
 /// /dev/zero, or a pipe that never ends, is refused once past the limit rather than read
 /// until the memory is full, while a pipe within it (`<(…)`) reads whole. Over the limit:
 /// an error of kind [`std::io::ErrorKind::FileTooLarge`], for the caller to say why.
-pub(super) fn read_small_file(path: &Path, limit: u64) -> std::io::Result<String> {
+pub fn read_small_file(path: &Path, limit: u64) -> std::io::Result<String> {
     use std::io::{Error, ErrorKind, Read};
     let file = std::fs::File::open(path)?;
     let too_big = || Error::new(ErrorKind::FileTooLarge, format!("over {limit} bytes"));

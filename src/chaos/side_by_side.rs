@@ -106,3 +106,9 @@ pub fn play(
         None => Ok(played),
     }
 }
+
+/// How many of the histories played had a step that did not play.
+pub fn in_part(played: &[Played]) -> usize {
+    let in_part = played.iter().filter(|p| !p.trial.unplayed.is_empty());
+    in_part.count()
+}
