@@ -104,7 +104,9 @@ pub fn run(args: &CheckArgs) -> Result<Exit> {
     let compared = compare::compare(&replayed);
     if compared.count_compared() == 0 {
         crate::output::err_prose(&format!(
-            "lockslab check: {name}: the replay reached no field this recording has, so there              is nothing to compare: was it written by a much older lockslab? Record the run              again with this one (`lockslab <lab> --json > run.jsonl`)"
+            "lockslab check: {name}: the replay reached no field this recording has, so there \
+             is nothing to compare: was it written by a much older lockslab? Record the run \
+             again with this one (`lockslab <lab> --json > run.jsonl`)"
         ));
         return Ok(Exit::CouldNotRun);
     }
