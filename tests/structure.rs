@@ -667,8 +667,9 @@ fn shown(src: &Path, parent: &[String], child: &str) -> String {
 }
 
 /// Every cycle between siblings below the crate's top level (the top level is the test
-/// above's), described by its files and the lines that make it.
-fn sibling_cycles(src: &Path) -> Vec<String> {
+/// above's), with the module whose children they are, described by its files and the
+/// lines that make it.
+fn sibling_cycles(src: &Path) -> Vec<(Vec<String>, String)> {
     let mut by_parent: BTreeMap<Vec<String>, Vec<Need>> = BTreeMap::new();
     for need in sibling_needs(src) {
         if !need.parent.is_empty() {
@@ -700,7 +701,7 @@ fn sibling_cycles(src: &Path) -> Vec<String> {
                     }
                 }
             }
-            cycles.push(lines.join("\n"));
+            cycles.push((parent.clone(), lines.join("\n")));
         }
     }
     cycles
@@ -716,7 +717,15 @@ fn no_file_imports_a_sibling_that_imports_it_back() {
             .any(|n| n.from == "cut_off" && n.to == "scene" && n.parent == ["labs", "network"]),
         "the scan sees imports between siblings"
     );
-    let cycles = sibling_cycles(&src);
+    // The one exception, until the merge that moves `chaos` and `matrix` out of
+    // `src/labs/` (issue 43): that move breaks the chaos folder's own cycles. The lead
+    // deletes this line at the merge; no other folder may be added to it.
+    let not_yet_checked: &[&str] = &["labs::chaos"];
+    let cycles: Vec<String> = sibling_cycles(&src)
+        .into_iter()
+        .filter(|(parent, _)| !not_yet_checked.contains(&parent.join("::").as_str()))
+        .map(|(_, cycle)| cycle)
+        .collect();
     assert!(
         cycles.is_empty(),
         "{} import cycles between sibling files:\n{}",

@@ -6,13 +6,14 @@ use anyhow::Result;
 use super::ApproachVerdict;
 use super::play::{Faults, Play};
 use super::points::{FROZEN, KILLED};
-use super::verdict::{plural, round1};
+use super::verdict::round1;
 use crate::check::no_lock::{self as checks, Costs, Strike};
 use crate::connect::PgClient;
 use crate::events::facts::{Observed, RoundFacts, Warning};
 use crate::events::{Event, What};
 use crate::invoices::{self, Tally};
 use crate::labs::Stage;
+use crate::output::count;
 
 /// Jobs whose first invoice came after the first SIGCONT, on the database's clock.
 const FIRST_INVOICED_AFTER: &str = "SELECT count(*) FROM (SELECT min(at) AS first FROM {invoices}
@@ -159,7 +160,7 @@ impl Play<'_> {
         if let Some(waited) = waited {
             cost.push_str(&format!(
                 "; {} first invoiced after the first SIGCONT",
-                plural(waited, "job", "jobs")
+                count(waited, "job", "jobs")
             ));
         }
         stage.record(Event::new(
