@@ -798,3 +798,137 @@ fn the_sibling_scan_reads_every_way_a_file_names_another() {
         vec![vec!["a".to_string(), "b".to_string()]]
     );
 }
+
+// ───────────────────────── Long functions in the labs ─────────────────────────
+//
+// A lab is read by someone learning: a function over a screenful or two is split into
+// named steps. Lines are counted as a reader sees them, from the line of `fn` to the line
+// of its closing brace, blank lines and comments included; unit tests are not counted.
+
+/// The longest a function in a lab may be.
+const LONGEST_LAB_FUNCTION: usize = 100;
+
+/// Every function of `text` with a body: its name, the line of its `fn` and its length.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let tokens = without_tests(tokens(text));
+    let mut found = Vec::new();
+    for (i, (token, line)) in tokens.iter().enumerate() {
+        let (Token::Name(word), Some((Token::Name(name), _))) = (token, tokens.get(i + 1)) else {
+            continue;
+        };
+        if word != "fn" {
+            continue;
+        }
+        // The body opens at the first `{` after the signature; a `;` first: no body.
+        let Some(open) = tokens[i..]
+            .iter()
+            .position(|(t, _)| matches!(t, Token::Open | Token::Semicolon))
+            .map(|at| i + at)
+            .filter(|&at| tokens[at].0 == Token::Open)
+        else {
+            continue;
+        };
+        let mut depth = 0;
+        for (t, end) in &tokens[open..] {
+            match t {
+                Token::Open => depth += 1,
+                Token::Close => {
+                    depth -= 1;
+                    if depth == 0 {
+                        found.push((name.clone(), *line, end - line + 1));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// The functions under `src/<dir>` longer than `limit` lines, as `path:line name (N lines)`
+/// keyed by `path::name`, longest first.
+fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join(dir), &mut files);
+    let mut long = Vec::new();
+    for file in files {
+        let path = file.strip_prefix(root).unwrap().display().to_string();
+        if skip.iter().any(|s| path.starts_with(s)) {
+            continue;
+        }
+        for (name, line, length) in functions(&fs::read_to_string(&file).unwrap()) {
+            if length > limit {
+                long.push((format!("{path}::{name}"), length, format!("{path}:{line}")));
+            }
+        }
+    }
+    long.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    long
+}
+
+/// The labs' fault choreography still over the limit: the functions that start workers
+/// and strike them by hand. They are being rewritten onto one fault player (issue 43, "one
+/// nemesis, one player"); the lead empties this list as that work merges. A function only
+/// leaves it: nothing is added.
+const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
+    "src/labs/etcd_vs_redis/lane.rs::step",
+    "src/labs/etcd_vs_redis/play.rs::play",
+    "src/labs/failover/etcd.rs::etcd_leader_killed",
+    "src/labs/failover/redis.rs::redis_failover",
+    "src/labs/gc_pause/play.rs::run",
+    "src/labs/lease_guard/play.rs::play",
+    "src/labs/naive/stuck.rs::stuck",
+    "src/labs/network/lost_commit.rs::play",
+    "src/labs/network/lost_fenced.rs::play",
+    "src/labs/network/lost_lock.rs::lost_lock",
+    "src/labs/network/lost_reply.rs::lost_set",
+    "src/labs/no_lock/play.rs::run",
+    "src/labs/no_lock/play.rs::watch",
+    "src/labs/redlock/client_pause.rs::play_client_pause",
+    "src/labs/redlock/minority.rs::play_minority",
+    "src/labs/redlock/restart.rs::play_restart",
+    "src/labs/skip_locked/freeze.rs::freeze_round",
+    "src/labs/skip_locked/kill.rs::kill_round",
+    "src/labs/skip_locked/play.rs::rounds",
+];
+
+#[test]
+fn no_function_in_a_lab_runs_past_a_hundred_lines() {
+    // `src/labs/chaos/` is moving out of the labs' folder (issue 43): a tool, not a lab.
+    let long = longer_than("src/labs", LONGEST_LAB_FUNCTION, &["src/labs/chaos/"]);
+    let over: Vec<String> = long
+        .iter()
+        .filter(|(name, _, _)| !CHOREOGRAPHY_STILL_LONG.contains(&name.as_str()))
+        .map(|(name, length, at)| format!("{name} ({length} lines, {at})"))
+        .collect();
+    // A name left on the list once its function is short (or gone) is said too, so that
+    // the list only shrinks to what is true.
+    let stale: Vec<&&str> = CHOREOGRAPHY_STILL_LONG
+        .iter()
+        .filter(|name| !long.iter().any(|(long, _, _)| long == **name))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "no longer over {LONGEST_LAB_FUNCTION} lines: take them off CHOREOGRAPHY_STILL_LONG: {stale:?}"
+    );
+    assert!(
+        over.is_empty(),
+        "{} functions over {LONGEST_LAB_FUNCTION} lines:\n{}",
+        over.len(),
+        over.join("\n")
+    );
+}
+
+#[test]
+fn a_function_is_measured_from_its_fn_to_its_closing_brace() {
+    let text = "trait T { fn declared(&self); }\n\
+                fn short() { let s = \"}\"; }\n\
+                fn long(\n    a: u32,\n) -> u32\nwhere\n    u32: Copy,\n{\n    // {\n    a\n}\n\
+                #[cfg(test)]\nmod tests { fn hidden() {\n}\n}\n";
+    assert_eq!(
+        functions(text),
+        vec![("short".to_string(), 2, 1), ("long".to_string(), 3, 9)]
+    );
+}
