@@ -14,6 +14,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 1500ms, 2s, 1m30s)"))
 }
 
+/// A duration written as a duration flag takes it (`2s`, or `1500ms`): what a command that
+/// replays a run puts on its line, and what [`parse_duration`] reads back to the same value.
+pub fn flag_duration(duration: Duration) -> String {
+    match duration.as_millis() {
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
 /// The longest pause, TTL, lease or timeout a lab takes. A lab is a demonstration that
 /// someone watches: beyond this, a value is a typo — and an unbounded one overflows the
 /// arithmetic on it, or leaves an eleven-year lease in a shared etcd.
@@ -42,5 +51,20 @@ pub fn duration_in(
             return Err(format!("use at most {}", humantime::format_duration(max)));
         }
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duration_written_for_a_flag_reads_back_the_same() {
+        for ms in [0, 1, 500, 1000, 1500, 61_500, 120_000] {
+            let duration = Duration::from_millis(ms);
+            assert_eq!(parse_duration(&flag_duration(duration)), Ok(duration));
+        }
+        assert_eq!(flag_duration(Duration::from_secs(2)), "2s");
+        assert_eq!(flag_duration(Duration::from_millis(1500)), "1500ms");
     }
 }

@@ -67,8 +67,9 @@
 //! - [`flags`] reads duration flags; [`hands_on`] is `lockslab worker`, for the exercises
 //!   done by hand.
 //!
-//! The modules form layers: none imports one that imports it back (`tests/structure.rs`
-//! checks it).
+//! The modules form layers: none imports one that imports it back, at the top level nor
+//! between the files of one folder; and no function in a lab runs past 100 lines
+//! (`tests/structure.rs` checks both). Files follow seams, not a line count.
 //!
 //! Adding a lab: a folder in `labs/` (its `Plan` and `impl runner::Lab`, one file per
 //! scenario, its verdict), its checkers in `check/`, one line in [`cli`]'s command enum and

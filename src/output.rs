@@ -723,10 +723,22 @@ pub fn human(duration: Duration) -> String {
     }
 }
 
-/// A count and its noun, the singular for one: `1 schedule`, `2 schedules`, `1 time`.
-pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+/// A count and its noun, the singular for one: `1 schedule`, `2 schedules`, `1 time`. Any
+/// integer a lab counts in (a row count read from Postgres is an `i64`).
+pub fn count(n: impl Into<i128>, one: &str, many: &str) -> String {
     let n = n.into();
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `word` as one word of a POSIX shell's command line: as it is when it holds nothing the
+/// shell reads specially; otherwise between single quotes, inside which only `'` itself
+/// needs care (closed, escaped, reopened: `'\''`). The empty word is `''`.
+pub fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
 }
 
 /// `text` as it may reach a terminal: escape sequences (colours, cursor moves, a cleared
@@ -793,6 +805,40 @@ fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shell_word_is_quoted_only_when_the_shell_would_read_it_otherwise() {
+        assert_eq!(shell_word("client.py"), "client.py");
+        assert_eq!(shell_word("--fast=1"), "--fast=1");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("my client.py"), "'my client.py'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word("$HOME"), "'$HOME'");
+        assert_eq!(shell_word("a\"b`c`"), "'a\"b`c`'");
+        assert_eq!(shell_word("*"), "'*'");
+    }
+
+    /// Each word goes through a real shell and comes back as it was.
+    #[test]
+    fn a_quoted_program_comes_back_from_sh_word_for_word() {
+        let words = [
+            "",
+            "two words",
+            "it's",
+            "$HOME `id`",
+            "a\"b",
+            "back\\slash",
+            "\n",
+        ];
+        let line: Vec<String> = words.iter().map(|w| shell_word(w)).collect();
+        let script = format!("for w in {}; do printf '<%s>' \"$w\"; done", line.join(" "));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        let expected: String = words.iter().map(|w| format!("<{w}>")).collect();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    }
 
     #[test]
     fn a_count_of_one_takes_the_singular() {

@@ -309,7 +309,7 @@ fn move_the_client(program: &[String], here: &Path, again: &[String]) -> String 
     let whole_dir = more_like_it
         && dir.parent().is_some()
         && !shared.iter().flatten().any(|place| place == dir);
-    let word = |path: &Path| super::verdict::shell_word(&path.to_string_lossy());
+    let word = |path: &Path| crate::output::shell_word(&path.to_string_lossy());
     let copy = if whole_dir {
         format!("cp -r {}/. {TO}", word(dir))
     } else {
@@ -324,7 +324,7 @@ fn move_the_client(program: &[String], here: &Path, again: &[String]) -> String 
                 .enumerate()
                 .map(|(i, w)| if i == at { &moved } else { w }),
         )
-        .map(|w| super::verdict::shell_word(w))
+        .map(|w| crate::output::shell_word(w))
         .collect();
     format!(
         "Put the client where every user may read it: `mkdir -p {TO} && {copy} && chmod -R \

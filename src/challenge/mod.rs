@@ -169,7 +169,7 @@ fn patience_of(challenge: Challenge, args: &ChallengeArgs) -> Result<Duration> {
         // Short: a usage error is printed as it is, on one line.
         crate::bail_usage!(
             "--patience: at least {} here (3 TTLs + the longest wait behind faults)",
-            verdict::flag_duration(least)
+            crate::flags::flag_duration(least)
         );
     }
     Ok(patience)

@@ -7,10 +7,11 @@ use serde_json::json;
 use super::challenges::Challenge;
 use super::play::{Played, Setup};
 use crate::check::challenge::{Evidence, Grade, Report};
-use crate::events::{Event, What};
-use crate::nemesis::Record;
+use crate::events::What;
+use crate::flags::flag_duration;
+use crate::output::shell_word;
 use crate::servers::Servers;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PYTHON: &str = include_str!("../../examples/challenge/template.py");
 const RUST: &str = include_str!("../../examples/challenge/template.rs");
@@ -127,25 +128,6 @@ pub fn replay_words(
 pub const DEFAULT_CLIENTS: u32 = 3;
 pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
 
-/// A duration as the duration flags read it back: `2s`, or `1500ms`.
-pub fn flag_duration(duration: Duration) -> String {
-    match duration.as_millis() {
-        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        ms => format!("{ms}ms"),
-    }
-}
-
-/// `word` as one word of a POSIX shell's command line: as it is when it holds nothing the
-/// shell reads specially; otherwise between single quotes, inside which only `'` itself
-/// needs care (closed, escaped, reopened: `'\''`). The empty word is `''`.
-pub fn shell_word(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        return word.to_string();
-    }
-    format!("'{}'", word.replace('\'', "'\\''"))
-}
-
 /// The replay command for a terminal: broken between words into lines of at most `width`
 /// columns, each but the last ending in ` \`, so that it pastes as one command. A word
 /// longer than a line is not broken.
@@ -256,70 +238,9 @@ pub fn show(
     }
 }
 
-/// The run's history: stamped on the run's clock and, as it comes, shown.
-pub struct Tape {
-    pub start: Instant,
-    pub json: bool,
-    pub events: Vec<Event>,
-}
-
-impl Record for Tape {
-    fn record(&mut self, mut event: Event) {
-        event.t_ms = self.start.elapsed().as_millis() as u64;
-        if self.json {
-            crate::output::json_line(&event);
-        } else if !matches!(
-            event.what,
-            What::JobSent(_)
-                | What::JobAnswered(_)
-                | What::Acquired(_)
-                | What::Working
-                | What::Released(_)
-                | What::Run(_)
-        ) {
-            crate::outln!("{:>7}ms  {:<4} {}", event.t_ms, event.worker, event.text);
-        }
-        self.events.push(event);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_shell_word_is_quoted_only_when_the_shell_would_read_it_otherwise() {
-        assert_eq!(shell_word("client.py"), "client.py");
-        assert_eq!(shell_word("--fast=1"), "--fast=1");
-        assert_eq!(shell_word(""), "''");
-        assert_eq!(shell_word("my client.py"), "'my client.py'");
-        assert_eq!(shell_word("it's"), "'it'\\''s'");
-        assert_eq!(shell_word("$HOME"), "'$HOME'");
-        assert_eq!(shell_word("a\"b`c`"), "'a\"b`c`'");
-        assert_eq!(shell_word("*"), "'*'");
-    }
-
-    /// Each word goes through a real shell and comes back as it was.
-    #[test]
-    fn a_quoted_program_comes_back_from_sh_word_for_word() {
-        let words = [
-            "",
-            "two words",
-            "it's",
-            "$HOME `id`",
-            "a\"b",
-            "back\\slash",
-            "\n",
-        ];
-        let line: Vec<String> = words.iter().map(|w| shell_word(w)).collect();
-        let script = format!("for w in {}; do printf '<%s>' \"$w\"; done", line.join(" "));
-        let out = std::process::Command::new("sh")
-            .args(["-c", &script])
-            .output()
-            .unwrap();
-        let expected: String = words.iter().map(|w| format!("<{w}>")).collect();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
-    }
 
     #[test]
     fn the_replay_names_every_option_that_shapes_the_run() {

@@ -105,7 +105,7 @@ fn next_write_stopped(evidence: &Evidence) -> Finding {
 }
 
 /// A cut's timing on the lab's clock (ms, as the reports arrived), read off the history
-/// by the lab (`labs::network::cut_off::cut_timing`):
+/// by the lab (`labs::network::verdict::cut_timing`):
 /// A's first renewal that failed, A's heartbeat giving the lock up, the lab's own
 /// connection finding A's key gone (lane `redis` or `etcd`), B's grant, A's write answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -199,6 +199,19 @@ pub struct ReplyFound {
     /// it: A no longer counted it its own (it gave up, or waited behind it with a new value).
     pub orphaned: bool,
     pub orphaned_ms: Option<u64>,
+}
+
+/// What etcd's lock call, queued behind another holder, left behind once its connection
+/// went (lab 8's lost reply, its etcd half), read back from etcd.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct QueuedFound {
+    /// The lab's etcd client logs in as a user (its URL names one), so auth is on: etcd's
+    /// lock service then cannot delete a cancelled waiter's key (etcd-io/etcd#13330).
+    pub auth: bool,
+    /// A's waiter key was still under the lock's name after A's connection closed.
+    pub key_left: bool,
+    /// When the lab let go, etcd handed the lock to A's key, a client that had gone.
+    pub handed_to_a: bool,
 }
 
 pub fn lost_set(evidence: &ReplyEvidence) -> ReplyFound {

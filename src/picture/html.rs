@@ -3,8 +3,8 @@
 
 use std::fmt::Write;
 
+use super::drawing::{Picture, Verdict};
 use super::escape;
-use super::model::{Picture, Verdict};
 
 const STYLE: &str = "\
 body{margin:0;background:#fff;color:#222;font-family:'DejaVu Sans','Liberation Sans',Arial,Helvetica,sans-serif}

@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use super::model::{Bar, Lane, LaneKind, Span, overlaps_where};
+use super::drawing::{Bar, Lane, LaneKind, Span, overlaps_where};
 use crate::events::{Event, Kind};
 use std::collections::BTreeMap;
 

@@ -16,6 +16,7 @@
 //!
 //! Both files are self-contained: no network, no external fonts, scripts or styles.
 
+mod drawing;
 mod html;
 mod masters;
 mod model;
@@ -29,7 +30,7 @@ use serde_json::Value;
 
 use crate::events::Event;
 
-pub use model::{Lane, LaneKind, Mark, Part, Picture, Shape, Tone};
+pub use drawing::{Lane, LaneKind, Mark, Part, Picture, Shape, Tone};
 
 /// The largest file `render` reads: a lab run's `--json` is a few hundred KB at most.
 pub const MOST_BYTES: u64 = 32 << 20;

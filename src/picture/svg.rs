@@ -7,8 +7,8 @@
 
 use std::fmt::Write;
 
+use super::drawing::{Bar, Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
 use super::escape;
-use super::model::{Bar, Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
 
 pub const WIDTH: f64 = 1280.0;
 const X0: f64 = 150.0;
@@ -739,7 +739,7 @@ fn overlap_label_span(band_end: f64, text: &str) -> (f64, f64) {
 /// "two holders: A (lock ended) and B": which of them the backend had already let go of
 /// (chaos's text verdict counts two holders only from the backend's grants; this says which
 /// kind of overlap the band is).
-fn overlap_label(overlap: &super::model::Overlap) -> String {
+fn overlap_label(overlap: &super::drawing::Overlap) -> String {
     let named: Vec<String> = (overlap.holders.iter())
         .map(|h| match overlap.believing.contains(h) {
             true => format!("{h} (lock ended)"),

@@ -12,13 +12,13 @@ use anyhow::{Result, bail};
 use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
-use super::verdict::Tape;
 use crate::check::challenge::{Delivery, JobSpec, KeyWait, LockMoment, Moment, Strike, Wait};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::schedule::{Action, Player, Schedule};
 use crate::nemesis::{Fault, Nemesis, Record};
 use crate::proxy::{Direction, NetFault, Proxy, Seen};
+use tape::Tape;
 
 /// How many of the clients' lines one pass of the run reads before it looks at the clock.
 const LINES_A_PASS: usize = 256;
@@ -30,6 +30,7 @@ mod faults;
 mod leases;
 mod outlast;
 mod overtake;
+mod tape;
 
 /// The work of every job, between its read and its write: long enough that a fault due just
 /// after a `writing` note lands before the write, even when lockslab runs late on a busy
@@ -851,7 +852,7 @@ impl Run<'_> {
                      ran; on a busy machine: --patience {}",
                     seat.client.name,
                     crate::output::human(limit),
-                    super::verdict::flag_duration((2 * limit).max(Duration::from_secs(30)))
+                    crate::flags::flag_duration((2 * limit).max(Duration::from_secs(30)))
                 );
             }
             if since.elapsed() > limit {

@@ -26,12 +26,12 @@
 //! The grader counts that as the lock holding it off only if the key still held the value
 //! when the fault ended: a lease that ran out was waited out, and what came after decides.
 
-use super::super::verdict::flag_duration;
 use super::leases::{Held, Keys, its_lock};
 use super::*;
 use crate::challenge::challenges::BOUND_TTLS;
 use crate::check::challenge::KeyWait;
 use crate::events::facts::{Expired, HolderNow, Pttl};
+use crate::flags::flag_duration;
 
 /// How often the faulted client's lock is read while the fault lasts.
 const EVERY: Duration = Duration::from_millis(25);

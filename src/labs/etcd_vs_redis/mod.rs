@@ -29,6 +29,7 @@
 //! worker believed.
 
 mod lane;
+mod observer;
 mod play;
 mod verdict;
 pub use verdict::replay;

@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use colored::Colorize;
 
 use super::lane::Lane;
+use super::observer::{Observer, catch_up};
 use super::verdict::{Cell, resource_of, store_line};
 use super::{Job, Plan, Scenario, Service};
 use crate::connect::{self, Backend};
@@ -14,8 +15,6 @@ use crate::events::Kind;
 use crate::labs::Stage;
 use crate::labs::runner::Run;
 use crate::liveness::Liveness;
-use crate::lock::etcd::EtcdLock;
-use crate::lock::postgres as pg;
 use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::store::Store;
@@ -36,29 +35,6 @@ impl Urls {
             Backend::Etcd => &self.etcd,
             Backend::Postgres => &self.postgres,
         }
-    }
-}
-
-/// The lab's own view into the backends, to ask who holds a lock.
-pub(super) struct Observer {
-    redis: connect::RedisConn,
-    etcd: EtcdLock,
-    postgres: connect::PgClient,
-}
-
-impl Observer {
-    /// Who the backend says holds `lock` now (the same identity the workers report).
-    pub(super) fn holder(&mut self, kind: Service, lock: &str) -> Result<Option<String>> {
-        Ok(match kind {
-            Service::Redis | Service::RedisRenewed => redis::cmd("GET")
-                .arg(lock)
-                .query(&mut self.redis)
-                .context("Redis: GET")?,
-            Service::Etcd => self.etcd.holder_of(lock)?.map(|(key, _)| key),
-            Service::Postgres => pg::holder_and_waiters(&mut self.postgres, lock)?
-                .0
-                .map(|pid| pid.to_string()),
-        })
     }
 }
 
@@ -102,11 +78,7 @@ pub(super) fn play(
             human(plan.pause)
         ));
     }
-    let mut observer = Observer {
-        redis: connect::redis(&urls.redis)?,
-        etcd: EtcdLock::connect(&urls.etcd, "")?,
-        postgres: connect::postgres(&urls.postgres)?,
-    };
+    let mut observer = Observer::connect(&urls.redis, &urls.etcd, &urls.postgres)?;
     let label = scenario.name();
     let lock_name =
         |kind: Service| format!("lockslab:{}:etcd-vs-redis:{label}:{}", run.id, kind.name());
@@ -292,21 +264,6 @@ pub(super) fn play(
         cells.push(cell);
     }
     Ok(cells)
-}
-
-/// Shows the events that have already arrived, so that what the lab records next comes after them.
-///
-/// `Stage::next` answers None both when nothing is waiting and when it consumed a worker's
-/// end of stream; there is at most one of those per worker (eight per scenario), so nine
-/// Nones in a row mean the queue is empty.
-pub(super) fn catch_up(stage: &mut Stage) {
-    let mut nones = 0;
-    while nones < 2 * Service::ALL.len() + 1 {
-        match stage.next(Duration::ZERO) {
-            Some(_) => nones = 0,
-            None => nones += 1,
-        }
-    }
 }
 
 /// While holders are frozen, a bar (on a terminal only) counts the pause of the first one.

@@ -8,13 +8,11 @@ use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::lane::Lane;
 use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::{self, LateWrite};
 use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
 use crate::events::{Event, Kind, What};
-use crate::labs::Stage;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::output::{human, table};
@@ -77,93 +75,6 @@ impl runner::Verdict for Verdict {
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
         Some(&crate::labs::step::etcd_vs_redis::VERDICT)
-    }
-}
-
-impl Lane {
-    /// The cell: its facts from the scenario's history ([`judge_cell`]), and the handover
-    /// the options predict.
-    pub(super) fn verdict(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> Result<Cell> {
-        let mut cell = judge_cell(self.kind, scenario, &stage.log)?;
-        (cell.expected, cell.expected_why) = self.expected(stage, plan, scenario);
-        Ok(cell)
-    }
-
-    /// The handover the options predict: a short figure, and where it comes from.
-    fn expected(&self, stage: &Stage, plan: &Plan, scenario: Scenario) -> (String, String) {
-        let held = match (self.struck, stage.saw(&self.holder_name, Kind::Acquired)) {
-            (Some((_, strike)), Some(acquired)) => {
-                Duration::from_millis(strike.saturating_sub(acquired.t_ms))
-            }
-            _ => Duration::ZERO,
-        };
-        let lease = stage
-            .saw(&self.holder_name, Kind::Waiting)
-            .and_then(|e| match &e.what {
-                What::Waiting(waiting) => waiting.lease_ttl_ms,
-                _ => None,
-            })
-            .map(Duration::from_millis)
-            .unwrap_or(plan.lease);
-        let ttl = plan.plain_ttl(scenario);
-        if scenario == Scenario::Overrun {
-            return match self.kind {
-                Service::Redis if ttl < plan.work => (
-                    format!("≈ {}", human(ttl)),
-                    format!(
-                        "the TTL, set once, runs out before the {} of work",
-                        human(plan.work)
-                    ),
-                ),
-                _ => (
-                    format!("≈ {}", human(plan.work)),
-                    "the work, then the holder's release".into(),
-                ),
-            };
-        }
-        // The earliest moment the backend could free a frozen holder's lock by itself.
-        let earliest = match (self.kind, plan.pg_timeout) {
-            (Service::Redis, _) => ttl.saturating_sub(held),
-            (Service::RedisRenewed | Service::Etcd, _) => lease * 2 / 3,
-            (Service::Postgres, Some(t)) => t * 2 / 3,
-            (Service::Postgres, None) => Duration::MAX,
-        };
-        if scenario == Scenario::Freeze && plan.pause < earliest {
-            return (
-                format!("> {}", human(plan.pause)),
-                "the pause ends first; the holder wakes and releases".into(),
-            );
-        }
-        match self.kind {
-            Service::Redis => (
-                format!("≈ {}", human(ttl.saturating_sub(held))),
-                format!("TTL {} − {} held", human(ttl), human(held)),
-            ),
-            // Redis drops an expired key the moment anyone touches it, and the waiter's
-            // SET NX touches it every 20ms: no sweep to wait for, unlike etcd.
-            Service::RedisRenewed => (
-                format!("{}–{}", human(lease * 2 / 3), human(lease)),
-                "⅔–1 TTL after the last renewal".into(),
-            ),
-            Service::Etcd => (
-                format!(
-                    "{}–{}",
-                    human(lease * 2 / 3),
-                    human(lease + Duration::from_millis(500))
-                ),
-                "⅔–1 lease TTL, + etcd's 0.5s expiry sweep".into(),
-            ),
-            Service::Postgres => match (scenario, plan.pg_timeout) {
-                (Scenario::Kill, _) => {
-                    ("at once".into(), "the session ends with the process".into())
-                }
-                (_, Some(t)) => (
-                    format!("{}–{}", human(t * 2 / 3), human(t)),
-                    "⅔–1 idle_session_timeout".into(),
-                ),
-                (_, None) => unreachable!("returned above"),
-            },
-        }
     }
 }
 

@@ -361,69 +361,96 @@ impl RunVerdict {
     /// What the run shows, in sentences drawn from the same fields as the table: first who
     /// held the lock, then what the store did with A's write.
     fn meaning(&self, ttl: Duration, pause: Duration) -> String {
-        let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
         if self.token_restart {
-            let (a, b) = (token(self.stale_token), token(self.newer_token));
-            let grants = match (
-                self.two_holders,
-                self.b_granted_by_ms,
-                self.a_lease_until_ms,
-            ) {
-                (Some(true), Some(granted), Some(until)) if granted < until => format!(
-                    " Redis granted B by +{:.3}s, while A's PX — by the PTTL Redis answered \
-                     before the crash — ran until at least +{:.3}s: Redis handed the lock out \
-                     twice within A's lease.",
-                    granted as f64 / 1000.0,
-                    until as f64 / 1000.0
-                ),
-                _ => String::new(),
-            };
-            let holders = if self.token_reissued {
-                format!(
-                    "Redis restarted empty while A was frozen: A's key and the token counter were \
-                     gone, so B took the lock at once and drew token {b} — A's token, issued twice."
-                )
-            } else if self.token_source == Some("postgres_sequence") {
-                format!(
-                    "Redis restarted empty while A was frozen and B took the lock at once, but the \
-                     tokens came from the store's sequence, which no Redis restart resets: A {a}, \
-                     B {b}."
-                )
-            } else {
-                format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
-            };
-            let store = match (self.late_write, self.store_rule, self.b_write_accepted) {
-                (LateWrite::Accepted, Some("not_lower"), _) => format!(
-                    "The store's rule, not lower than the highest (>=), took A's token {a} after \
-                     B's {b}: B's result is lost, fencing and all (a lesson: the source reissued)."
-                ),
-                (LateWrite::Rejected, Some("higher_or_same_holder"), _) => format!(
-                    "Refusing an equal token from another holder refused A's {a}, because B's \
-                     came first (a lesson: see the run where A writes first)."
-                ),
-                (LateWrite::None, Some("higher_or_same_holder"), Some(false)) => format!(
-                    "A, the stale holder, wrote after its key was gone and, first, was accepted; \
-                     B, granted the lock after A and still inside its own lease, came second with \
-                     the same token {b} and was refused: A's result stands. No rule at the store \
-                     can tell two holders of one token apart (a lesson)."
-                ),
-                (LateWrite::Rejected, _, _) => {
-                    format!("The store refused A's token {a} after B's {b}: B's result stands.")
-                }
-                (LateWrite::None, _, Some(true)) if self.final_writer.as_deref() == Some("B") => {
-                    format!(
-                        "A's write was decided first; B's token {b} came after it and was \
-                         accepted: B's result stands."
-                    )
-                }
-                (LateWrite::Accepted, _, _) => "The store took A's stale write.".to_string(),
-                (LateWrite::None, _, _) => "The store decided A's write before B's: no stale \
-                                            write this time."
-                    .to_string(),
-            };
-            return format!("{holders}{grants} {store}");
+            let (a, b) = (token_text(self.stale_token), token_text(self.newer_token));
+            return format!(
+                "{}{} {}",
+                self.who_held_across_the_restart(&a, &b),
+                self.grants_within_a_lease(),
+                self.what_the_store_did_after_the_restart(&a, &b)
+            );
         }
-        let holders = match (self.two_holders, self.a_lease_ran_out) {
+        format!(
+            "{} {}",
+            self.who_held(ttl, pause),
+            self.what_the_store_did()
+        )
+    }
+
+    /// Under `--token-restart`: Redis restarted while A was frozen, and where B's token came
+    /// from.
+    fn who_held_across_the_restart(&self, a: &str, b: &str) -> String {
+        if self.token_reissued {
+            format!(
+                "Redis restarted empty while A was frozen: A's key and the token counter were \
+                 gone, so B took the lock at once and drew token {b} — A's token, issued twice."
+            )
+        } else if self.token_source == Some("postgres_sequence") {
+            format!(
+                "Redis restarted empty while A was frozen and B took the lock at once, but the \
+                 tokens came from the store's sequence, which no Redis restart resets: A {a}, \
+                 B {b}."
+            )
+        } else {
+            format!("Redis restarted while A was frozen; A holds token {a}, B drew token {b}.")
+        }
+    }
+
+    /// Under `--token-restart`: when Redis granted B inside A's lease, by the PTTL it had
+    /// answered before the crash.
+    fn grants_within_a_lease(&self) -> String {
+        match (
+            self.two_holders,
+            self.b_granted_by_ms,
+            self.a_lease_until_ms,
+        ) {
+            (Some(true), Some(granted), Some(until)) if granted < until => format!(
+                " Redis granted B by +{:.3}s, while A's PX — by the PTTL Redis answered \
+                 before the crash — ran until at least +{:.3}s: Redis handed the lock out \
+                 twice within A's lease.",
+                granted as f64 / 1000.0,
+                until as f64 / 1000.0
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Under `--token-restart`: what the store's rule made of two writes after the restart.
+    fn what_the_store_did_after_the_restart(&self, a: &str, b: &str) -> String {
+        match (self.late_write, self.store_rule, self.b_write_accepted) {
+            (LateWrite::Accepted, Some("not_lower"), _) => format!(
+                "The store's rule, not lower than the highest (>=), took A's token {a} after \
+                 B's {b}: B's result is lost, fencing and all (a lesson: the source reissued)."
+            ),
+            (LateWrite::Rejected, Some("higher_or_same_holder"), _) => format!(
+                "Refusing an equal token from another holder refused A's {a}, because B's \
+                 came first (a lesson: see the run where A writes first)."
+            ),
+            (LateWrite::None, Some("higher_or_same_holder"), Some(false)) => format!(
+                "A, the stale holder, wrote after its key was gone and, first, was accepted; \
+                 B, granted the lock after A and still inside its own lease, came second with \
+                 the same token {b} and was refused: A's result stands. No rule at the store \
+                 can tell two holders of one token apart (a lesson)."
+            ),
+            (LateWrite::Rejected, _, _) => {
+                format!("The store refused A's token {a} after B's {b}: B's result stands.")
+            }
+            (LateWrite::None, _, Some(true)) if self.final_writer.as_deref() == Some("B") => {
+                format!(
+                    "A's write was decided first; B's token {b} came after it and was \
+                     accepted: B's result stands."
+                )
+            }
+            (LateWrite::Accepted, _, _) => "The store took A's stale write.".to_string(),
+            (LateWrite::None, _, _) => "The store decided A's write before B's: no stale \
+                                        write this time."
+                .to_string(),
+        }
+    }
+
+    /// Who held the lock while A was paused, by Redis's answers.
+    fn who_held(&self, ttl: Duration, pause: Duration) -> String {
+        match (self.two_holders, self.a_lease_ran_out) {
             (Some(true), _) => format!(
                 "A's {} lease ran out during its {} pause and Redis gave the lock to B while A still \
                  believed it held it (A's release found B's key).",
@@ -443,19 +470,19 @@ impl RunVerdict {
             (None, _) => "A's lease ran out, and B's key had expired too by the time B let go, \
                           so Redis's answers cannot tell whether B got the lock before A let go."
                 .to_string(),
-        };
-        let store = match self.late_write {
+        }
+    }
+
+    /// What the store did with A's write.
+    fn what_the_store_did(&self) -> String {
+        match self.late_write {
             LateWrite::Accepted => "The store decided A's write after B's and took it: B's result \
                                     is lost, although both workers used a correct lock."
                 .to_string(),
             LateWrite::Rejected => format!(
                 "The store refused A's token {} because it had accepted token {}: B's result stands.",
-                self.stale_token
-                    .map(|t| t.to_string())
-                    .unwrap_or("?".into()),
-                self.newer_token
-                    .map(|t| t.to_string())
-                    .unwrap_or("?".into()),
+                token_text(self.stale_token),
+                token_text(self.newer_token),
             ),
             LateWrite::None if !self.a_write_recorded => {
                 "A's write never took effect: the store has no record of it.".to_string()
@@ -466,9 +493,13 @@ impl RunVerdict {
                     .to_string()
             }
             LateWrite::None => "No stale write: the lock did its job.".to_string(),
-        };
-        format!("{holders} {store}")
+        }
     }
+}
+
+/// A fencing token as the sentences name it, `?` when the run has none.
+fn token_text(token: Option<i64>) -> String {
+    token.map(|t| t.to_string()).unwrap_or("?".into())
 }
 
 fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {

@@ -338,15 +338,26 @@ impl Verdict {
 
     /// What the matrix says, each sentence drawn from its cells.
     fn sentences(&self) -> Vec<String> {
+        let mut lines = self.what_got_through();
+        lines.extend(self.what_the_guards_believed());
+        lines.push(self.which_guards_held());
+        lines.extend(self.what_the_guards_cost());
+        lines.extend(self.what_lock_delay_does());
+        lines.extend(self.what_the_clock_speeds_did());
+        lines.extend(self.stall_sentences());
+        if self.plan.faults.contains(&LeaseFault::ClockBack) {
+            lines.push(format!(
+                "clock-back moved A's wall clock only, {} back, with libfaketime; Redis's clock and every monotonic clock stayed true.",
+                human(self.plan.clock_step)
+            ));
+        }
+        lines
+    }
+
+    /// Fault by fault, the guards under which the stale write got through, and how long
+    /// after a check that passed the write went out.
+    fn what_got_through(&self) -> Vec<String> {
         let mut lines = Vec::new();
-        let held = self.guards_that_held();
-        let names = |guards: &[Guard]| {
-            guards
-                .iter()
-                .map(|g| g.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         for &fault in &self.plan.faults {
             let through: Vec<Guard> = self
                 .cells
@@ -370,10 +381,16 @@ impl Verdict {
                 lines.push(format!(
                     "{}: the stale write got through under {}{window}.",
                     fault.as_str(),
-                    names(&through)
+                    guard_names(&through)
                 ));
             }
         }
+        lines
+    }
+
+    /// The cells whose guard believed time was left on a lease Redis had already ended.
+    fn what_the_guards_believed(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         for cell in &self.cells {
             if let (Outcome::StaleAccepted, Some(false), Some(left)) =
                 (cell.outcome, cell.key_ours_at_check, cell.believed_left_ms)
@@ -386,14 +403,27 @@ impl Verdict {
                 ));
             }
         }
-        lines.push(if held.is_empty() {
+        lines
+    }
+
+    /// The guards that kept B's result in every cell, if any.
+    fn which_guards_held(&self) -> String {
+        let held = self.guards_that_held();
+        if held.is_empty() {
             "No guard kept B's result in every cell.".to_string()
         } else if held == [Guard::Fencing] && self.plan.guards.len() > 1 {
             "Only fencing kept B's result in every cell: the store refused what every guess let through.".to_string()
         } else {
-            format!("Kept B's result in every cell played: {}.", names(&held))
-        });
-        // A cost, cell by cell: "guard under fault (what it cost)".
+            format!(
+                "Kept B's result in every cell played: {}.",
+                guard_names(&held)
+            )
+        }
+    }
+
+    /// What the guards cost, cell by cell ("guard under fault (what it cost)"): safe work
+    /// thrown away, and B kept out after A's lease ran out.
+    fn what_the_guards_cost(&self) -> Vec<String> {
         let costs = |what: &str, cost: &dyn Fn(&CellVerdict) -> Option<String>| {
             let cells: Vec<String> = self
                 .cells
@@ -406,6 +436,7 @@ impl Verdict {
                 .collect();
             (!cells.is_empty()).then(|| format!("{what}: {}.", cells.join("; ")))
         };
+        let mut lines = Vec::new();
         lines.extend(costs(
             "Work thrown away that was safe (Redis still had A's key)",
             &|c| {
@@ -421,50 +452,61 @@ impl Verdict {
                     .map(|ms| format!("{ms}ms"))
             },
         ));
+        lines
+    }
+
+    /// What lock-delay did, when it was played: where the late write landed before B was
+    /// let in, and where a fault outlasted the delay.
+    fn what_lock_delay_does(&self) -> Option<String> {
         let delayed: Vec<&CellVerdict> = self
             .cells
             .iter()
             .filter(|c| c.guard == Guard::LockDelay)
             .collect();
-        if !delayed.is_empty() {
-            let (kept, lost): (Vec<&CellVerdict>, Vec<&CellVerdict>) =
-                delayed.iter().partition(|c| {
-                    c.outcome.safe()
-                        && c.unavailable_ms
-                            .is_some_and(|ms| ms >= IDLE_WORTH_SAYING_MS)
-                });
-            // Only the cells where the delay held B out, and those it did not.
-            let lost: Vec<&CellVerdict> = lost
-                .into_iter()
-                .filter(|c| c.outcome == Outcome::StaleAccepted)
-                .collect();
-            let faults = |cells: &[&CellVerdict]| {
-                cells
-                    .iter()
-                    .map(|c| c.fault.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let mut line = format!(
-                "lock-delay ({} here) only moves the window out: ",
-                human(self.plan.lock_delay)
-            );
-            if !kept.is_empty() {
-                line.push_str(&format!(
-                    "A's late write landed before B was let in under {}",
-                    faults(&kept)
-                ));
-            }
-            if !lost.is_empty() {
-                line.push_str(&format!(
-                    "{}a fault that outlasted the lease by more than the delay got through ({})",
-                    if kept.is_empty() { "" } else { "; " },
-                    faults(&lost)
-                ));
-            }
-            line.push_str(". A holder that vanished keeps everyone out for the whole delay.");
-            lines.push(line);
+        if delayed.is_empty() {
+            return None;
         }
+        let (kept, lost): (Vec<&CellVerdict>, Vec<&CellVerdict>) = delayed.iter().partition(|c| {
+            c.outcome.safe()
+                && c.unavailable_ms
+                    .is_some_and(|ms| ms >= IDLE_WORTH_SAYING_MS)
+        });
+        // Only the cells where the delay held B out, and those it did not.
+        let lost: Vec<&CellVerdict> = lost
+            .into_iter()
+            .filter(|c| c.outcome == Outcome::StaleAccepted)
+            .collect();
+        let faults = |cells: &[&CellVerdict]| {
+            cells
+                .iter()
+                .map(|c| c.fault.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut line = format!(
+            "lock-delay ({} here) only moves the window out: ",
+            human(self.plan.lock_delay)
+        );
+        if !kept.is_empty() {
+            line.push_str(&format!(
+                "A's late write landed before B was let in under {}",
+                faults(&kept)
+            ));
+        }
+        if !lost.is_empty() {
+            line.push_str(&format!(
+                "{}a fault that outlasted the lease by more than the delay got through ({})",
+                if kept.is_empty() { "" } else { "; " },
+                faults(&lost)
+            ));
+        }
+        line.push_str(". A holder that vanished keeps everyone out for the whole delay.");
+        Some(line)
+    }
+
+    /// What a slow and a fast wall clock did to the wall deadline.
+    fn what_the_clock_speeds_did(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         if self
             .cell(Guard::WallDeadline, LeaseFault::ClockSlow)
             .is_some_and(|c| c.outcome == Outcome::StaleAccepted)
@@ -482,13 +524,6 @@ impl Verdict {
                 "clock-fast: three times too fast, A's wall clock made the wall deadline give up early: work lost, not a write."
                     .into(),
             );
-        }
-        lines.extend(self.stall_sentences());
-        if self.plan.faults.contains(&LeaseFault::ClockBack) {
-            lines.push(format!(
-                "clock-back moved A's wall clock only, {} back, with libfaketime; Redis's clock and every monotonic clock stayed true.",
-                human(self.plan.clock_step)
-            ));
         }
         lines
     }
@@ -523,4 +558,13 @@ impl Verdict {
         }
         lines
     }
+}
+
+/// Guards by name, in the order given: `none, wall-deadline`.
+fn guard_names(guards: &[Guard]) -> String {
+    guards
+        .iter()
+        .map(|g| g.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

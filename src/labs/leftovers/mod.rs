@@ -14,7 +14,7 @@ use crate::store::Store;
 use registry::{Registry, what_a_run_creates_in_postgres};
 pub use registry::{
     challenge_role_of, challenge_schema_of, drop_challenge_role, end_challenge_sessions,
-    sweep_dead_runs,
+    redlock_sequence_of, sweep_dead_runs,
 };
 
 /// The places a run writes to, named by its run id.

@@ -83,7 +83,7 @@ pub(super) fn what_a_run_creates_in_postgres(run_id: &str, schema: &str) -> Stri
         format!("lockslab_gc_pause_{run_id}_sequence_a_first"),
         // Lab 5's (`sequence_of` in labs/failover) and lab 6's.
         format!("lockslab_fence_{run_id}"),
-        crate::labs::redlock::Plan::sequence(run_id),
+        redlock_sequence_of(run_id),
     ]
     .map(|sequence| format!("{schema}.{sequence}"));
     format!(
@@ -154,6 +154,12 @@ pub fn drop_challenge_role(run_id: &str) -> String {
          EXCEPTION WHEN OTHERS THEN RAISE WARNING 'lockslab: role {role} left: %', SQLERRM; \
          END $$"
     )
+}
+
+/// The Postgres sequence that hands out lab 6's client-pause fencing tokens. Named here,
+/// where a dead run's leftovers are known by name, and used by `labs::redlock`.
+pub fn redlock_sequence_of(run_id: &str) -> String {
+    format!("lockslab_redlock_{run_id}")
 }
 
 /// The schema of a `lockslab challenge` run: its records and their log. Named here, where

@@ -111,6 +111,64 @@ impl Play<'_> {
         // A trial lasts at most the latest arrival, the window and the work, plus a few
         // Redis round trips; the slack lets a worker whose Redis stopped answering report
         // that itself (its commands time out after COMMAND_TIMEOUT).
+        let (reports, took) = self.play_trials(stage, workers, variant);
+        let reports = reports?;
+
+        let lists = self.holders_lists(variant)?;
+
+        let evidence: Vec<RaceTrial> = lists
+            .into_iter()
+            .zip(&reports)
+            .map(|(holders, these)| RaceTrial {
+                holders,
+                reports: these.iter().map(report_of).collect(),
+            })
+            .collect();
+        let RaceCount {
+            violations,
+            clock_overlaps,
+            disagreements,
+            overwritten,
+            believers: believers_total,
+            most_at_once,
+            holders_per_trial,
+            first_broken,
+        } = checks::race(&evidence);
+        let example = first_broken.map(|(trial, pairs)| {
+            race_example(trial, &evidence[trial as usize - 1].reports, &pairs)
+        });
+        let trials = args.trials;
+        let rate = violations as f64 / trials as f64;
+        let count = RaceCounted {
+            trials,
+            violations,
+            most_at_once,
+            overwritten,
+            clock_overlaps,
+            holders_per_trial: &holders_per_trial,
+            disagreements: &disagreements,
+        };
+        record_count(stage, &count, fixed, took);
+        let evidence = RaceEvidence {
+            rate: (rate * 1000.0).round() / 1000.0,
+            clock_overlaps,
+            most_at_once,
+            believers: believers_total,
+            took_ms: took.as_millis() as u64,
+        };
+        let tally = Tally::new(violations, trials, Evidence::Race(evidence));
+        Ok(RaceRun { tally, example })
+    }
+
+    /// The trials, one after another: each worker told the trial's number, and each one's
+    /// report collected. The reports (or what stopped them) and how long the trials took.
+    fn play_trials(
+        &self,
+        stage: &mut Stage,
+        workers: &mut [WorkerHandle],
+        variant: &str,
+    ) -> (Result<Vec<Vec<Event>>>, Duration) {
+        let args = self.plan;
         let trial_timeout = args.spread + args.window + args.work + SLACK;
         let started = Instant::now();
         let reports = (|| -> Result<Vec<Vec<Event>>> {
@@ -136,11 +194,13 @@ impl Play<'_> {
         })();
         // Cleared on the error path too, so the error is not printed under a stale bar.
         stage.timeline.clear_bar();
-        let reports = reports?;
-        let took = started.elapsed();
+        (reports, started.elapsed())
+    }
 
-        // The verdict: each trial's holders list, the entries the workers wrote to Redis,
-        // read back in Redis's order.
+    /// Each trial's holders list, the entries the workers wrote to Redis, read back in
+    /// Redis's order: the evidence the verdict counts from.
+    fn holders_lists(&self, variant: &str) -> Result<Vec<Vec<String>>> {
+        let args = self.plan;
         let mut redis = self.redis()?;
         let mut pipe = redis::pipe();
         for trial in 1..=args.trials {
@@ -149,86 +209,8 @@ impl Play<'_> {
                 .arg(0)
                 .arg(-1);
         }
-        let lists: Vec<Vec<String>> = pipe
-            .query(&mut redis)
-            .step(&self.redis_url, "reading the holders lists back from Redis")?;
-
-        let evidence: Vec<RaceTrial> = lists
-            .into_iter()
-            .zip(&reports)
-            .map(|(holders, these)| RaceTrial {
-                holders,
-                reports: these.iter().map(report_of).collect(),
-            })
-            .collect();
-        let RaceCount {
-            violations,
-            clock_overlaps,
-            disagreements,
-            overwritten,
-            believers: believers_total,
-            most_at_once,
-            holders_per_trial,
-            first_broken,
-        } = checks::race(&evidence);
-        let example = first_broken.map(|(trial, pairs)| {
-            race_example(trial, &evidence[trial as usize - 1].reports, &pairs)
-        });
-        let trials = args.trials;
-        let rate = violations as f64 / trials as f64;
-        let lock = if fixed { "SET NX" } else { "GET-then-SET" };
-        let mut text = if violations == 0 {
-            format!(
-                "{trials} trials with {lock} in {}: never two holders at once",
-                human(took)
-            )
-        } else {
-            format!(
-                "{trials} trials with {lock} in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
-                human(took),
-                rate * 100.0
-            )
-        };
-        if overwritten > 0 {
-            text.push_str(&format!(
-                "; in {overwritten} a worker's compare-and-delete found its own value gone"
-            ));
-        }
-        let count = Observed {
-            violations: Some(violations.into()),
-            trials: Some(trials.into()),
-            clock_overlaps: Some(clock_overlaps as u64),
-            overwritten_trials: Some(overwritten as u64),
-            holders_per_trial: Some(holders_per_trial.iter().map(|&h| h as u64).collect()),
-            ..Observed::default()
-        };
-        let counted = if violations > 0 {
-            What::Violation(count)
-        } else {
-            What::Counted(count)
-        };
-        stage.record(Event::new("redis", counted, text));
-        if !disagreements.is_empty() {
-            let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
-            stage.record(
-                Event::new("lab", Warning { disagreeing_trials: Some(disagreements.iter().map(|&t| t.into()).collect()), ..Warning::default() }, format!(
-                        "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
-                         whether two workers held the lock at once; the count follows the holders list",
-                        disagreements.len(),
-                        shown.join(", #"),
-                        if disagreements.len() > 5 { ", …" } else { "" }
-                    )),
-            );
-        }
-        let evidence = RaceEvidence {
-            rate: (rate * 1000.0).round() / 1000.0,
-            clock_overlaps,
-            most_at_once,
-            believers: believers_total,
-            took_ms: took.as_millis() as u64,
-        };
-        let tally = Tally::new(violations, trials, Evidence::Race(evidence));
-        Ok(RaceRun { tally, example })
+        pipe.query(&mut redis)
+            .step(&self.redis_url, "reading the holders lists back from Redis")
     }
 
     fn race_prefix(&self) -> String {
@@ -287,4 +269,74 @@ fn collect(
         }
     }
     Ok(())
+}
+
+/// What one variant's trials counted, for the line the lab records.
+struct RaceCounted<'a> {
+    trials: u32,
+    violations: u32,
+    most_at_once: usize,
+    overwritten: u32,
+    clock_overlaps: u32,
+    holders_per_trial: &'a [usize],
+    disagreements: &'a [u32],
+}
+
+/// The count, as Redis's holders lists show it: a violation when two workers held the lock
+/// at once in any trial; and a warning where the clocks and the lists disagree.
+fn record_count(stage: &mut Stage, count: &RaceCounted, fixed: bool, took: Duration) {
+    let RaceCounted {
+        trials,
+        violations,
+        most_at_once,
+        overwritten,
+        clock_overlaps,
+        holders_per_trial,
+        disagreements,
+    } = *count;
+    let rate = violations as f64 / trials as f64;
+    let lock = if fixed { "SET NX" } else { "GET-then-SET" };
+    let mut text = if violations == 0 {
+        format!(
+            "{trials} trials with {lock} in {}: never two holders at once",
+            human(took)
+        )
+    } else {
+        format!(
+            "{trials} trials with {lock} in {}: two or more holders at once in {violations} ({:.1}%), up to {most_at_once} together",
+            human(took),
+            rate * 100.0
+        )
+    };
+    if overwritten > 0 {
+        text.push_str(&format!(
+            "; in {overwritten} a worker's compare-and-delete found its own value gone"
+        ));
+    }
+    let count = Observed {
+        violations: Some(violations.into()),
+        trials: Some(trials.into()),
+        clock_overlaps: Some(clock_overlaps as u64),
+        overwritten_trials: Some(overwritten as u64),
+        holders_per_trial: Some(holders_per_trial.iter().map(|&h| h as u64).collect()),
+        ..Observed::default()
+    };
+    let counted = if violations > 0 {
+        What::Violation(count)
+    } else {
+        What::Counted(count)
+    };
+    stage.record(Event::new("redis", counted, text));
+    if !disagreements.is_empty() {
+        let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
+        stage.record(
+            Event::new("lab", Warning { disagreeing_trials: Some(disagreements.iter().map(|&t| t.into()).collect()), ..Warning::default() }, format!(
+                    "in {} trial(s) (#{}{}) the CLOCK_MONOTONIC stamps and the holders list disagree on \
+                     whether two workers held the lock at once; the count follows the holders list",
+                    disagreements.len(),
+                    shown.join(", #"),
+                    if disagreements.len() > 5 { ", …" } else { "" }
+                )),
+        );
+    }
 }

@@ -24,7 +24,6 @@ use anyhow::Result;
 use super::Plan;
 use super::scene::Scene;
 use super::verdict::RunVerdict;
-use crate::check::network::{CutTiming, LATE, NEXT};
 use crate::connect::{self, Backend};
 use crate::events::facts::Expired;
 use crate::events::{Event, Kind};
@@ -214,60 +213,4 @@ pub(super) fn play_stopping(
         seen,
     );
     scene.end((a, b), store, false)
-}
-
-/// A cut's timing read off the run's history (see [`CutTiming`]): the first of each.
-pub fn cut_timing(log: &[Event]) -> CutTiming {
-    let first = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind)).map(|e| e.t_ms);
-    CutTiming {
-        renewal_failed_ms: first(LATE, Kind::RenewalFailed),
-        gave_up_ms: first(LATE, Kind::Lost),
-        expired_ms: first("redis", Kind::Expired).or_else(|| first("etcd", Kind::Expired)),
-        b_granted_ms: first(NEXT, Kind::Acquired),
-        a_wrote_ms: first(LATE, Kind::Wrote),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::check::Finding;
-    use crate::events::facts;
-
-    fn at(t_ms: u64, worker: &str, what: impl Into<crate::events::What>) -> Event {
-        Event {
-            t_ms,
-            ..Event::new(worker, what, "")
-        }
-    }
-
-    fn failed(t_ms: u64) -> Event {
-        let facts = facts::RenewalFailed {
-            error: facts::RenewalError::Cut,
-            why: "Connection reset by peer".into(),
-        };
-        at(t_ms, "A", facts)
-    }
-
-    #[test]
-    fn a_cut_is_timed_from_the_first_failed_renewal() {
-        let log = [
-            failed(1_200),
-            failed(1_300),
-            at(1_900, "A", facts::Lost::because("no renewal")),
-            at(2_000, "redis", Expired::default()),
-            at(2_050, "B", facts::Acquired::default()),
-        ];
-        let timing = cut_timing(&log);
-        assert_eq!(
-            timing.renewal_failed_ms,
-            Some(1_200),
-            "the first, not a retry"
-        );
-        assert_eq!(timing.gave_up_ms, Some(1_900));
-        assert_eq!(timing.expired_ms, Some(2_000));
-        assert_eq!(timing.b_granted_ms, Some(2_050));
-        assert_eq!(timing.failed_first(), Finding::Yes);
-        assert_eq!(cut_timing(&[]).failed_first(), Finding::Unknown);
-    }
 }

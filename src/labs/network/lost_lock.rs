@@ -23,13 +23,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use etcd_client::{Client, GetOptions, LockOptions, SortOrder, SortTarget};
-use serde::Serialize;
 use tokio::runtime::Runtime;
 
 use super::Plan;
-pub(super) use super::lost_lock_words::print;
 use super::lost_reply::{open, run_line};
-use crate::check::network::{self as checks, Policy, ReplyEvidence, ReplyFound};
+use crate::check::network::{self as checks, Policy, QueuedFound, ReplyEvidence, ReplyFound};
 use crate::connect::{self, Backend};
 use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow};
@@ -39,18 +37,6 @@ use crate::labs::step;
 use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::proxy::{self, Direction, NetFault, Proxy};
-
-/// What the queued call left behind once its connection went, read back from etcd.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct QueuedFound {
-    /// The lab's etcd client logs in as a user (its URL names one), so auth is on: etcd's
-    /// lock service then cannot delete a cancelled waiter's key (etcd-io/etcd#13330).
-    pub auth: bool,
-    /// A's waiter key was still under the lock's name after A's connection closed.
-    pub key_left: bool,
-    /// When the lab let go, etcd handed the lock to A's key, a client that had gone.
-    pub handed_to_a: bool,
-}
 
 /// The three retries, then the queued call.
 pub(super) fn play(plan: &Plan, run: &Run) -> Result<(Vec<ReplyFound>, Option<QueuedFound>)> {

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use super::lost_lock::QueuedFound;
-use crate::check::network::{Policy, ReplyFound};
+use crate::check::network::{Policy, QueuedFound, ReplyFound};
 use crate::output::human;
 
 /// The column of a policy, as the etcd half calls it.

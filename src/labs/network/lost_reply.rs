@@ -34,31 +34,17 @@ use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
 
-use crate::check::network::{FencedRetryFound, PaymentFound, ReplyFound};
+use crate::check::network::{PaymentFound, ReplyFound};
 
-/// What the lost replies to Redis and Postgres show.
-pub(super) struct LostReplies {
-    pub(super) sets: Vec<ReplyFound>,
-    pub(super) commits: Vec<PaymentFound>,
-    pub(super) fenced_retry: FencedRetryFound,
-}
-
-/// The whole story: the three Redis policies, then the Postgres `COMMIT` without and with
-/// a key, then a fenced write retried with its token.
-pub(super) fn play(plan: &Plan, run: &Run) -> Result<LostReplies> {
+/// The story's Redis half: the three policies, one after the other. (The lab then plays
+/// its Postgres halves, [`super::lost_commit`] and [`super::lost_fenced`], and its etcd
+/// half, [`super::lost_lock`], each a part opened with [`open`].)
+pub(super) fn play(plan: &Plan, run: &Run) -> Result<Vec<ReplyFound>> {
     let mut redis = Vec::new();
     for policy in [Policy::SameOwner, Policy::NewOwner, Policy::GiveUp] {
         redis.push(lost_set(plan, run, policy)?);
     }
-    let mut payments = Vec::new();
-    for keyed in [false, true] {
-        payments.push(super::lost_commit::play(run, keyed)?);
-    }
-    Ok(LostReplies {
-        sets: redis,
-        commits: payments,
-        fenced_retry: super::lost_fenced::play(run)?,
-    })
+    Ok(redis)
 }
 
 /// A stage for one part of the story, its heading and tags set, stopped at its checkpoint.

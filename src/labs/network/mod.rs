@@ -262,9 +262,14 @@ impl Lab for Plan {
         for &(scenario, fenced) in &self.runs {
             match scenario {
                 Scenario::LostReply => {
-                    let lost = lost_reply::play(self, run)?;
-                    (verdict.lost_set, verdict.lost_commit) = (lost.sets, lost.commits);
-                    verdict.lost_fenced_retry = Some(lost.fenced_retry);
+                    // Redis's three policies, Postgres's `COMMIT` without and with a key, a
+                    // fenced write retried with its token, then etcd's lock call.
+                    verdict.lost_set = lost_reply::play(self, run)?;
+                    verdict.lost_commit = [false, true]
+                        .into_iter()
+                        .map(|keyed| lost_commit::play(run, keyed))
+                        .collect::<Result<_>>()?;
+                    verdict.lost_fenced_retry = Some(lost_fenced::play(run)?);
                     (verdict.lost_lock, verdict.lost_lock_queued) = lost_lock::play(self, run)?;
                 }
                 Scenario::CutOff => verdict.runs.push(cut_off::play(

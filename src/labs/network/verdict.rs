@@ -9,7 +9,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::check::LateWrite;
-use crate::check::network::{self as checks, Evidence, FencedRetryFound, PaymentFound, ReplyFound};
+use crate::check::network::{
+    self as checks, CutTiming, Evidence, FencedRetryFound, LATE, NEXT, PaymentFound, ReplyFound,
+};
 use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
@@ -30,7 +32,7 @@ pub struct Verdict {
     pub lost_fenced_retry: Option<FencedRetryFound>,
     /// The lost answer to etcd's lock call: one per retry policy, and the queued call.
     pub lost_lock: Vec<ReplyFound>,
-    pub lost_lock_queued: Option<super::lost_lock::QueuedFound>,
+    pub lost_lock_queued: Option<checks::QueuedFound>,
     pub ttl: Duration,
 }
 
@@ -77,7 +79,7 @@ impl runner::Verdict for Verdict {
         if let Some(found) = &self.lost_fenced_retry {
             super::lost_fenced::print(found);
         }
-        super::lost_lock::print(&self.lost_lock, self.lost_lock_queued.as_ref());
+        super::lost_lock_words::print(&self.lost_lock, self.lost_lock_queued.as_ref());
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -149,10 +151,22 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
             .and_then(|e| e.owner())
             .map(String::from),
         b_release: saw("B", Kind::Released).and_then(release_of),
-        cut: super::cut_off::cut_timing(log),
+        cut: cut_timing(log),
         a_sent_ms: asks.first().and_then(|&(t, lost)| (!lost).then_some(t)),
         a_asked_again: asks.get(1).copied(),
     })
+}
+
+/// A cut's timing read off the run's history (see [`CutTiming`]): the first of each.
+pub fn cut_timing(log: &[Event]) -> CutTiming {
+    let first = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind)).map(|e| e.t_ms);
+    CutTiming {
+        renewal_failed_ms: first(LATE, Kind::RenewalFailed),
+        gave_up_ms: first(LATE, Kind::Lost),
+        expired_ms: first("redis", Kind::Expired).or_else(|| first("etcd", Kind::Expired)),
+        b_granted_ms: first(NEXT, Kind::Acquired),
+        a_wrote_ms: first(LATE, Kind::Wrote),
+    }
 }
 
 /// The stories whose runs are judged from a holder, a waiter and the store.
@@ -529,5 +543,49 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
             format!("{}:", verdict.title()).bold(),
             verdict.meaning()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Finding;
+    use crate::events::facts::{self, Expired};
+
+    fn at(t_ms: u64, worker: &str, what: impl Into<crate::events::What>) -> Event {
+        Event {
+            t_ms,
+            ..Event::new(worker, what, "")
+        }
+    }
+
+    fn failed(t_ms: u64) -> Event {
+        let facts = facts::RenewalFailed {
+            error: facts::RenewalError::Cut,
+            why: "Connection reset by peer".into(),
+        };
+        at(t_ms, "A", facts)
+    }
+
+    #[test]
+    fn a_cut_is_timed_from_the_first_failed_renewal() {
+        let log = [
+            failed(1_200),
+            failed(1_300),
+            at(1_900, "A", facts::Lost::because("no renewal")),
+            at(2_000, "redis", Expired::default()),
+            at(2_050, "B", facts::Acquired::default()),
+        ];
+        let timing = cut_timing(&log);
+        assert_eq!(
+            timing.renewal_failed_ms,
+            Some(1_200),
+            "the first, not a retry"
+        );
+        assert_eq!(timing.gave_up_ms, Some(1_900));
+        assert_eq!(timing.expired_ms, Some(2_000));
+        assert_eq!(timing.b_granted_ms, Some(2_050));
+        assert_eq!(timing.failed_first(), Finding::Yes);
+        assert_eq!(cut_timing(&[]).failed_first(), Finding::Unknown);
     }
 }

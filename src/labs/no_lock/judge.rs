@@ -6,17 +6,29 @@ use anyhow::Result;
 use super::ApproachVerdict;
 use super::play::{Faults, Play};
 use super::points::{FROZEN, KILLED};
-use super::verdict::{plural, round1};
+use super::verdict::round1;
 use crate::check::no_lock::{self as checks, Costs, Strike};
 use crate::connect::PgClient;
 use crate::events::facts::{Observed, RoundFacts, Warning};
 use crate::events::{Event, What};
 use crate::invoices::{self, Tally};
 use crate::labs::Stage;
+use crate::output::count;
 
 /// Jobs whose first invoice came after the first SIGCONT, on the database's clock.
 const FIRST_INVOICED_AFTER: &str = "SELECT count(*) FROM (SELECT min(at) AS first FROM {invoices}
                          GROUP BY customer, period) f WHERE first > $1";
+
+/// What the database says after an approach's run.
+struct Tables {
+    /// Invoices per job, and each customer's balance beside its invoices.
+    per_job: Vec<(i32, i64)>,
+    per_customer: Vec<(i32, i64, i64)>,
+    /// Seconds from the first invoice to the last.
+    span: f64,
+    /// Jobs first invoiced after the first SIGCONT, when a freeze was resumed.
+    waited: Option<i64>,
+}
 
 impl Play<'_> {
     /// Reads the tables back and states the verdict.
@@ -28,29 +40,8 @@ impl Play<'_> {
         tallies: Vec<Tally>,
         mut latencies: Vec<u64>,
     ) -> Result<ApproachVerdict> {
-        let t = &self.tables;
-        let per_job: Vec<(i32, i64)> = db
-            .query(&t.sql(invoices::INVOICES_PER_JOB), &[])?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        let per_customer: Vec<(i32, i64, i64)> = db
-            .query(&t.sql(invoices::BALANCE_VS_INVOICES), &[])?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect();
-        let span: f64 = db
-            .query_one(&t.sql(invoices::SPAN_OF_FIRST_INVOICES), &[])?
-            .get(0);
-        let tables = checks::read_back(&per_job, &per_customer);
-        let waited = match faults.resumed_at {
-            Some(at) => Some(
-                db.query_one(&t.sql(FIRST_INVOICED_AFTER), &[&at])?
-                    .get::<_, i64>(0),
-            ),
-            None => None,
-        };
-
+        let read = self.read_tables(db, &faults)?;
+        let tables = checks::read_back(&read.per_job, &read.per_customer);
         let sum = |f: fn(&Tally) -> u64| tallies.iter().map(f).sum::<u64>();
         let costs = Costs::new(
             sum(|t| t.conflicts),
@@ -58,12 +49,12 @@ impl Play<'_> {
             sum(|t| t.rejected),
             sum(|t| t.lock_retries),
         );
-        let round_trips = sum(|t| t.round_trips);
         latencies.sort_unstable();
-        let jobs = tables.jobs;
         let frozen: Vec<Strike> = faults.frozen.iter().map(|f| f.strike.clone()).collect();
         let killed = faults.killed.as_ref().map(|k| &k.strike);
         let freezes = checks::freezes(&frozen, &tables);
+        let jobs = tables.jobs;
+        let round_trips = sum(|t| t.round_trips);
         let result = ApproachVerdict {
             name: self.approach.name(),
             workers: self.workers,
@@ -71,8 +62,8 @@ impl Play<'_> {
             lost_updates: tables.lost_updates,
             lost_jobs: tables.lost_jobs,
             safe: self.approach.safe(),
-            finished_in_s: (span * 1000.0).round() / 1000.0,
-            jobs_per_s: (span > 0.0).then(|| round1(jobs as f64 / span)),
+            finished_in_s: (read.span * 1000.0).round() / 1000.0,
+            jobs_per_s: (read.span > 0.0).then(|| round1(jobs as f64 / read.span)),
             retries: costs.retries,
             conflicts: costs.conflicts,
             no_ops: costs.no_ops,
@@ -87,12 +78,57 @@ impl Play<'_> {
             correct_under_kill: checks::correct_under_kill(killed, &tables),
             frozen_job: faults.watched().map(|f| f.strike.job),
             killed_job: killed.map(|k| k.job),
-            waited_for_the_freeze: waited,
+            waited_for_the_freeze: read.waited,
             needs: self.approach.needs(),
         };
+        self.warn_of_faults_not_played(stage, &frozen, killed);
+        record_tables(stage, &tables, read.per_customer.len());
+        record_costs(stage, &costs, result.round_trips_per_job, read.waited);
+        Ok(result)
+    }
+
+    /// The tables, read back: invoices per job, balances beside invoices, the span of the
+    /// run, and how many jobs waited for the first SIGCONT.
+    fn read_tables(&self, db: &mut PgClient, faults: &Faults) -> Result<Tables> {
+        let t = &self.tables;
+        let per_job = db
+            .query(&t.sql(invoices::INVOICES_PER_JOB), &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let per_customer = db
+            .query(&t.sql(invoices::BALANCE_VS_INVOICES), &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let span: f64 = db
+            .query_one(&t.sql(invoices::SPAN_OF_FIRST_INVOICES), &[])?
+            .get(0);
+        let waited = match faults.resumed_at {
+            Some(at) => Some(
+                db.query_one(&t.sql(FIRST_INVOICED_AFTER), &[&at])?
+                    .get::<_, i64>(0),
+            ),
+            None => None,
+        };
+        Ok(Tables {
+            per_job,
+            per_customer,
+            span,
+            waited,
+        })
+    }
+
+    /// A warning for each fault the plan asked for that found no job to land in.
+    fn warn_of_faults_not_played(
+        &self,
+        stage: &mut Stage,
+        frozen: &[Strike],
+        killed: Option<&Strike>,
+    ) {
         let fault = self.plan.fault;
         if fault.freezes() {
-            for (who, at) in checks::missed(&FROZEN, &frozen) {
+            for (who, at) in checks::missed(&FROZEN, frozen) {
                 stage.record(Event::new(
                     "lab",
                     Warning {
@@ -115,61 +151,67 @@ impl Play<'_> {
                 ),
             ));
         }
-        stage.record(Event::new(
-            "pg",
-            {
-                let count = |n: i64| Some(n as u64);
-                let ids = |ids: &[i32]| Some(ids.iter().map(|&id| id.into()).collect());
-                let evidence = Observed {
-                    duplicates: count(tables.duplicates),
-                    lost_jobs: count(tables.lost_jobs),
-                    lost_updates: count(tables.lost_updates),
-                    bad_jobs: ids(&tables.bad_jobs),
-                    bad_customers: ids(&tables.bad_customers),
-                    ..Observed::default()
-                };
-                if tables.correct() {
-                    What::ExactlyOnce(evidence)
-                } else {
-                    What::Violation(evidence)
-                }
-            },
-            format!(
-                "the tables say: {} jobs, {} invoiced twice or more, {} never; \
-                     {} of {} balances differ from their invoices",
-                tables.jobs,
-                tables.duplicates,
-                tables.lost_jobs,
-                tables.lost_updates,
-                per_customer.len()
-            ),
-        ));
-        let mut cost = format!(
-            "{} retries (conflicts {}, no-ops {}, refused {}, lock spins {}), {} round trips \
-             per job",
-            costs.retries,
-            costs.conflicts,
-            costs.no_ops,
-            costs.rejected,
-            costs.lock_retries,
-            result
-                .round_trips_per_job
-                .map_or("?".into(), |r| format!("{r:.1}")),
-        );
-        if let Some(waited) = waited {
-            cost.push_str(&format!(
-                "; {} first invoiced after the first SIGCONT",
-                plural(waited, "job", "jobs")
-            ));
-        }
-        stage.record(Event::new(
-            "lab",
-            RoundFacts {
-                retries: Some(costs.retries),
-                ..RoundFacts::default()
-            },
-            cost,
-        ));
-        Ok(result)
     }
+}
+
+/// What the tables say, as the database's own observation: exactly once, or a violation.
+fn record_tables(stage: &mut Stage, tables: &checks::ReadBack, customers: usize) {
+    let count = |n: i64| Some(n as u64);
+    let ids = |ids: &[i32]| Some(ids.iter().map(|&id| id.into()).collect());
+    let evidence = Observed {
+        duplicates: count(tables.duplicates),
+        lost_jobs: count(tables.lost_jobs),
+        lost_updates: count(tables.lost_updates),
+        bad_jobs: ids(&tables.bad_jobs),
+        bad_customers: ids(&tables.bad_customers),
+        ..Observed::default()
+    };
+    let what = if tables.correct() {
+        What::ExactlyOnce(evidence)
+    } else {
+        What::Violation(evidence)
+    };
+    stage.record(Event::new(
+        "pg",
+        what,
+        format!(
+            "the tables say: {} jobs, {} invoiced twice or more, {} never; \
+                 {} of {} balances differ from their invoices",
+            tables.jobs, tables.duplicates, tables.lost_jobs, tables.lost_updates, customers
+        ),
+    ));
+}
+
+/// What the approach paid for its safety: retries of each kind, round trips per job, and
+/// the jobs that waited for a frozen worker.
+fn record_costs(
+    stage: &mut Stage,
+    costs: &Costs,
+    round_trips_per_job: Option<f64>,
+    waited: Option<i64>,
+) {
+    let mut cost = format!(
+        "{} retries (conflicts {}, no-ops {}, refused {}, lock spins {}), {} round trips \
+         per job",
+        costs.retries,
+        costs.conflicts,
+        costs.no_ops,
+        costs.rejected,
+        costs.lock_retries,
+        round_trips_per_job.map_or("?".into(), |r| format!("{r:.1}")),
+    );
+    if let Some(waited) = waited {
+        cost.push_str(&format!(
+            "; {} first invoiced after the first SIGCONT",
+            count(waited, "job", "jobs")
+        ));
+    }
+    stage.record(Event::new(
+        "lab",
+        RoundFacts {
+            retries: Some(costs.retries),
+            ..RoundFacts::default()
+        },
+        cost,
+    ));
 }

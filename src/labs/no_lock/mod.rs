@@ -46,6 +46,7 @@ use serde::Serialize;
 
 use super::leftovers::Leftovers;
 use super::runner::{self, Lab, Run};
+use super::step::Checkpoint;
 use super::{LONGEST_LAB_WAIT, LONGEST_STEP, OutputArgs, duration_in};
 use crate::connect::{self, Backend};
 use crate::invoices::{self, Approach, Tables};
@@ -137,6 +138,16 @@ impl Fault {
     }
     pub(crate) fn kills(self) -> bool {
         matches!(self, Fault::Both | Fault::Kill)
+    }
+    /// What `--step` asks before each approach: about the faults this run plays.
+    fn question_before_approach(self) -> &'static Checkpoint {
+        use super::step::no_lock::*;
+        match self {
+            Fault::Both => &BEFORE_APPROACH,
+            Fault::Kill => &BEFORE_APPROACH_KILL,
+            Fault::Freeze => &BEFORE_APPROACH_FREEZE,
+            Fault::None => &BEFORE_APPROACH_NONE,
+        }
     }
 }
 
@@ -275,10 +286,7 @@ impl Lab for Plan {
                 redis_url: redis_url.as_deref(),
                 tables,
             };
-            super::step::checkpoint_before(
-                super::step::no_lock::before_approach(self.fault),
-                approach.name(),
-            );
+            super::step::checkpoint_before(self.fault.question_before_approach(), approach.name());
             approaches.push(play.run(&mut stage, &mut db, &schema)?);
         }
         Ok(Verdict {

@@ -8,7 +8,6 @@ use anyhow::{Context, Result, bail};
 
 use super::play::{Faults, Play, Struck, find};
 use super::points::{self, WATCHED};
-use super::verdict::plural;
 use crate::check::no_lock::{LockSeen, lock_seen};
 use crate::connect::{PgClient, RedisConn};
 use crate::events::Event;
@@ -16,7 +15,7 @@ use crate::events::facts::{Expired, FaultFacts, HolderNow, Session};
 use crate::invoices::Approach;
 use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::{Nemesis, Note};
-use crate::output::human;
+use crate::output::{count, human};
 
 /// How another worker met a frozen one before its SIGCONT: what makes its point a test.
 pub(super) enum Met {
@@ -166,7 +165,7 @@ impl Play<'_> {
         let how = match &met {
             Some(Met::Waiting(n)) => format!(
                 "{} on its locks",
-                plural(*n, "worker session waits", "worker sessions wait")
+                count(*n, "worker session waits", "worker sessions wait")
             ),
             Some(Met::DoneBy(other)) => format!("{other} has invoiced job {job}"),
             Some(Met::Owner) => "nobody else may do its customers' jobs".to_string(),
@@ -265,7 +264,7 @@ impl Play<'_> {
             }
             (Some(state), n) => format!(
                 "pg_stat_activity: w1's session is '{state}'; {} wait on a lock ({})",
-                plural(n, "worker session", "worker sessions"),
+                count(n, "worker session", "worker sessions"),
                 why.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
             (None, _) => "pg_stat_activity: w1 has no session".to_string(),

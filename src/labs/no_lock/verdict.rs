@@ -16,7 +16,7 @@ use crate::invoices::Moment;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
-use crate::output::{human, table};
+use crate::output::{count, human, table};
 
 /// One approach's verdict: the `--json` verdict's `approaches` entries.
 #[derive(serde::Serialize, Clone, Debug)]
@@ -255,10 +255,6 @@ fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration,
     }
 }
 
-pub(super) fn plural(n: i64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 pub(super) fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
@@ -342,9 +338,9 @@ fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
     } else {
         parts.push(format!(
             "{} invoiced twice or more, {} with a wrong balance, {} never invoiced.",
-            plural(v.duplicates, "job", "jobs"),
-            plural(v.lost_updates, "customer", "customers"),
-            plural(v.lost_jobs, "job", "jobs"),
+            count(v.duplicates, "job", "jobs"),
+            count(v.lost_updates, "customer", "customers"),
+            count(v.lost_jobs, "job", "jobs"),
         ));
     }
     let failed: Vec<&str> = v
@@ -375,15 +371,15 @@ fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
         "serializable" if v.conflicts > 0 => parts.push(format!(
             "{} rolled back by Postgres (SQLSTATE 40001 or 40P01), each tried again from a \
              fresh read.",
-            plural(v.conflicts as i64, "transaction", "transactions")
+            count(v.conflicts as i64, "transaction", "transactions")
         )),
         "idempotency-key" if v.no_ops > 0 => parts.push(format!(
             "{} found the invoice there and did nothing.",
-            plural(v.no_ops as i64, "insert", "inserts")
+            count(v.no_ops as i64, "insert", "inserts")
         )),
         "redis-fenced" | "fenced-write-only" if v.rejected > 0 => parts.push(format!(
             "{} by the row's token check.",
-            plural(
+            count(
                 v.rejected as i64,
                 "stale holder refused",
                 "stale holders refused"
@@ -396,7 +392,7 @@ fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
     {
         parts.push(format!(
             "{} got their first invoice only after the first SIGCONT.",
-            plural(waited, "job", "jobs")
+            count(waited, "job", "jobs")
         ));
     }
     parts.push(format!("Needs: {}.", v.needs));

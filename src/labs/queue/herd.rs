@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use colored::Colorize;
+use indicatif::ProgressBar;
 
 use super::counters::{self, ETCD_SOURCE, REDIS_SOURCE};
 use super::verdict::QueueVerdict;
@@ -59,22 +60,15 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
     let n = plan.waiters as usize;
     // Room for every holder ahead, and for starting them all.
     let patience = (plan.hold + Duration::from_secs(1)) * plan.waiters + Duration::from_secs(30);
-    let script = |name: &str, hold: Option<Duration>| QueuerScript {
-        name: name.into(),
-        way,
-        url: url.into(),
-        lock: lock_name(&run.id, way.as_str()),
-        ttl_ms: match way {
-            // Longer than the whole queue: the spinning waiters' key must not expire.
-            Way::RedisSpin => patience.as_millis() as u64,
-            _ => 10_000,
-        },
-        hold_ms: hold.map(|hold| hold.as_millis() as u64),
-        wait_ms: patience.as_millis() as u64,
-        report_wakes: false,
-        store: None,
-        give_up_when_told: false,
-        election: false,
+    let script = |name: &str, hold: Option<Duration>| {
+        queuer_script(
+            name,
+            hold,
+            way,
+            url,
+            &lock_name(&run.id, way.as_str()),
+            patience,
+        )
     };
     let names: Vec<String> = (1..=n).map(|i| format!("w{i:02}")).collect();
     let before = read().ok();
@@ -100,26 +94,7 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
         names[0]
     ));
     workers[0].tell("release")?;
-    let mut done = 0;
-    let deadline = Instant::now() + patience;
-    while done < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            bail!("timed out waiting for the queue to be served ({done} of {n} let go)");
-        }
-        collect(&mut stage, &mut seen, left, "a waiter to let go", |e| {
-            matches!(e.kind(), Kind::Released | Kind::GaveUp | Kind::Lost)
-        })?;
-        done += 1;
-        bar.inc(1);
-        // A waiter that let go has exited: reap it now, not at the end (200 would pile up
-        // as zombies meanwhile).
-        for worker in workers.iter_mut() {
-            if stage.has_exited(&worker.name) {
-                worker.finish(Duration::ZERO);
-            }
-        }
-    }
+    serve_the_queue(&mut stage, &mut seen, &mut workers, patience, &bar)?;
     bar.finish_and_clear();
     for worker in &mut workers {
         worker.finish(Duration::from_secs(5));
@@ -132,25 +107,7 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
             ..ServerCount::default()
         },
     };
-    let turns = turns(&names, &seen);
-    let facts = queue_facts(&turns);
-    let served: Vec<String> = facts
-        .order_got
-        .iter()
-        .map(|asked| asked.to_string())
-        .collect();
-    stage.record(Event::new(
-        "lab",
-        Handovers {
-            way: way.as_str().into(),
-            turns: turns.clone(),
-            server: server.clone(),
-        },
-        format!(
-            "served, by token (the place each had asked in): {}",
-            served.join(" ")
-        ),
-    ));
+    let turns = record_handovers(&mut stage, way, &names, &seen, &server);
     stage.drain();
     Ok(QueueVerdict::new(way.as_str(), &turns, server))
 }
@@ -208,4 +165,97 @@ pub(super) fn turns(names: &[String], seen: &[Event]) -> Vec<Turn> {
             turn
         })
         .collect()
+}
+
+/// What each waiter runs: ask for the lock, hold it for `hold` when given (the first holds
+/// until told to let go), and wait at most `patience`.
+fn queuer_script(
+    name: &str,
+    hold: Option<Duration>,
+    way: Way,
+    url: &str,
+    lock: &str,
+    patience: Duration,
+) -> QueuerScript {
+    QueuerScript {
+        name: name.into(),
+        way,
+        url: url.into(),
+        lock: lock.into(),
+        ttl_ms: match way {
+            // Longer than the whole queue: the spinning waiters' key must not expire.
+            Way::RedisSpin => patience.as_millis() as u64,
+            _ => 10_000,
+        },
+        hold_ms: hold.map(|hold| hold.as_millis() as u64),
+        wait_ms: patience.as_millis() as u64,
+        report_wakes: false,
+        store: None,
+        give_up_when_told: false,
+        election: false,
+    }
+}
+
+/// The queue served: every waiter lets go in turn, each reaped as it exits (200 would pile
+/// up as zombies meanwhile), all within `patience`.
+fn serve_the_queue(
+    stage: &mut Stage,
+    seen: &mut Vec<Event>,
+    workers: &mut [WorkerHandle],
+    patience: Duration,
+    bar: &ProgressBar,
+) -> Result<()> {
+    let n = workers.len();
+    let mut done = 0;
+    let deadline = Instant::now() + patience;
+    while done < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("timed out waiting for the queue to be served ({done} of {n} let go)");
+        }
+        collect(stage, seen, left, "a waiter to let go", |e| {
+            matches!(e.kind(), Kind::Released | Kind::GaveUp | Kind::Lost)
+        })?;
+        done += 1;
+        bar.inc(1);
+        // A waiter that let go has exited: reap it now, not at the end (200 would pile up
+        // as zombies meanwhile).
+        for worker in workers.iter_mut() {
+            if stage.has_exited(&worker.name) {
+                worker.finish(Duration::ZERO);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Who was served in which turn, recorded as the run's handovers beside the server's own
+/// count.
+fn record_handovers(
+    stage: &mut Stage,
+    way: Way,
+    names: &[String],
+    seen: &[Event],
+    server: &ServerCount,
+) -> Vec<Turn> {
+    let turns = turns(names, seen);
+    let facts = queue_facts(&turns);
+    let served: Vec<String> = facts
+        .order_got
+        .iter()
+        .map(|asked| asked.to_string())
+        .collect();
+    stage.record(Event::new(
+        "lab",
+        Handovers {
+            way: way.as_str().into(),
+            turns: turns.clone(),
+            server: server.clone(),
+        },
+        format!(
+            "served, by token (the place each had asked in): {}",
+            served.join(" ")
+        ),
+    ));
+    turns
 }

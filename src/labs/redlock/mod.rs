@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::leftovers::Leftovers;
+use super::leftovers::{Leftovers, redlock_sequence_of};
 use super::runner::{self, Lab, Run};
 use super::{OutputArgs, duration_in};
 use crate::connect::Backend;
@@ -193,11 +193,6 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The Postgres sequence that hands out client-pause's fencing tokens.
-    pub(crate) fn sequence(run_id: &str) -> String {
-        format!("lockslab_redlock_{run_id}")
-    }
-
     fn needs_store(&self) -> bool {
         self.scenarios.contains(&Scenario::ClientPause)
     }
@@ -301,7 +296,7 @@ impl Lab for Plan {
             let url = run.url(Backend::Postgres);
             leftovers = leftovers.store(url).sql(
                 url,
-                &format!("DROP SEQUENCE IF EXISTS {}", Plan::sequence(&run.id)),
+                &format!("DROP SEQUENCE IF EXISTS {}", redlock_sequence_of(&run.id)),
             );
         }
         leftovers
@@ -318,7 +313,7 @@ impl Lab for Plan {
                 Scenario::ClockJump => scenarios.push(scene.play_clock_jump()?),
                 Scenario::ClientPause => {
                     let store = run.url(Backend::Postgres).to_string();
-                    let sequence = Plan::sequence(&run.id);
+                    let sequence = redlock_sequence_of(&run.id);
                     scenarios.push(scene.play_client_pause(&store, &sequence)?);
                 }
             }

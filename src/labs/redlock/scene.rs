@@ -79,15 +79,12 @@ impl Scene {
     pub(super) fn start(plan: &Plan, run: &Run) -> Result<Scene> {
         let n = plan.n;
         let given = !plan.given.is_empty();
-        // From this (the main) thread, one after another: each server's parent-death signal
-        // is tied to the thread that starts it, which must outlive it.
         let starting = Instant::now();
-        let mut private = Vec::new();
-        if !given {
-            for _ in 0..n {
-                private.push(PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun)?);
-            }
-        }
+        let private = if given {
+            Vec::new()
+        } else {
+            start_private_masters(n)?
+        };
         let urls: Vec<String> = if given {
             plan.given.clone()
         } else {
@@ -98,30 +95,8 @@ impl Scene {
         };
         let ports: Vec<String> = urls.iter().map(|url| port_of(url)).collect();
         if given {
-            for (i, url) in urls.iter().enumerate() {
-                let mut master = Master::new(&name(i), url);
-                master
-                    .command::<String>(&redis::cmd("PING"), Duration::from_secs(2))
-                    .map_err(|why| {
-                        anyhow::anyhow!(
-                            "Redis master {} at {} did not answer PING: {why}; check that --master URL",
-                            name(i),
-                            connect::redact(url)
-                        )
-                    })?;
-            }
-            let shown: Vec<String> = urls.iter().map(|url| connect::redact(url)).collect();
-            run.detail(&format!(
-                "{n} Redis masters of yours (--master): {}\n  the run's keys lockslab:{}:* are removed from them at the end",
-                shown.join(" "),
-                run.id
-            ));
-            for scenario in &plan.skipped {
-                run.say(&format!(
-                    "  skipped: {} needs masters lockslab starts itself (it kills, freezes\n  and restarts them); run it without --master",
-                    scenario.command_name()
-                ));
-            }
+            check_given_masters(&urls)?;
+            say_given_masters(plan, run, &urls);
         } else {
             run.detail(&format!(
                 "{n} private Redis masters on ports {} (ready in {})\n  no replication, no persistence",
@@ -130,29 +105,8 @@ impl Scene {
             ));
         }
         let settings = plan.settings.clone();
-        let q = redlock::quorum(n);
-        let drift = redlock::drift(settings.ttl, settings.drift_factor);
-        run.say(&format!(
-            "Redlock: held when {q} of {n} masters grant SET NX PX {} and validity > 0,\n\
-             validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
-             each master gets {} to answer. The default drift factor 0.01 and the 2ms\n\
-             are the reference implementations' choice, not part of the algorithm.",
-            settings.ttl.as_millis(),
-            settings.drift_factor,
-            drift.as_millis(),
-            human(settings.instance_timeout)
-        ));
-        let masters_seen: Vec<MasterSeen> = (0..n)
-            .map(|i| MasterSeen {
-                master: name(i),
-                port: ports[i].to_string(),
-                pid: private.get(i).and_then(|server| server.pid(Backend::Redis)),
-                dir: private
-                    .get(i)
-                    .map(|server| server.dir.display().to_string()),
-                url: private.get(i).is_none().then(|| connect::redact(&urls[i])),
-            })
-            .collect();
+        say_the_arithmetic(run, &settings, n);
+        let masters_seen = masters_seen(&private, &urls, &ports);
         let mut scene = Scene {
             settings,
             private,
@@ -487,4 +441,79 @@ pub(super) fn round(client: &str, attempt: &Attempt) -> ClientRound {
         client: client.to_string(),
         attempt: attempt.clone(),
     }
+}
+
+/// `n` private Redis masters, started from this (the main) thread one after another: each
+/// server's parent-death signal is tied to the thread that starts it, which must outlive it.
+fn start_private_masters(n: usize) -> Result<Vec<PrivateServers>> {
+    (0..n)
+        .map(|_| PrivateServers::start(&[Backend::Redis], Lifetime::ThisRun))
+        .collect()
+}
+
+/// Each of the user's masters (`--master`) must answer PING before the run touches it.
+fn check_given_masters(urls: &[String]) -> Result<()> {
+    for (i, url) in urls.iter().enumerate() {
+        let mut master = Master::new(&name(i), url);
+        master
+            .command::<String>(&redis::cmd("PING"), Duration::from_secs(2))
+            .map_err(|why| {
+                anyhow::anyhow!(
+                    "Redis master {} at {} did not answer PING: {why}; check that --master URL",
+                    name(i),
+                    connect::redact(url)
+                )
+            })?;
+    }
+    Ok(())
+}
+
+/// Under the heading: the user's masters (their passwords hidden), what the run leaves on
+/// them, and the scenarios that need masters of lockslab's own.
+fn say_given_masters(plan: &Plan, run: &Run, urls: &[String]) {
+    let shown: Vec<String> = urls.iter().map(|url| connect::redact(url)).collect();
+    run.detail(&format!(
+        "{} Redis masters of yours (--master): {}\n  the run's keys lockslab:{}:* are removed from them at the end",
+        plan.n,
+        shown.join(" "),
+        run.id
+    ));
+    for scenario in &plan.skipped {
+        run.say(&format!(
+            "  skipped: {} needs masters lockslab starts itself (it kills, freezes\n  and restarts them); run it without --master",
+            scenario.command_name()
+        ));
+    }
+}
+
+/// The algorithm's arithmetic, with this run's numbers: the quorum, the validity, the drift.
+fn say_the_arithmetic(run: &Run, settings: &Settings, n: usize) {
+    let q = redlock::quorum(n);
+    let drift = redlock::drift(settings.ttl, settings.drift_factor);
+    run.say(&format!(
+        "Redlock: held when {q} of {n} masters grant SET NX PX {} and validity > 0,\n\
+         validity = TTL − elapsed − drift (drift = {} × TTL + 2ms = {}ms);\n\
+         each master gets {} to answer. The default drift factor 0.01 and the 2ms\n\
+         are the reference implementations' choice, not part of the algorithm.",
+        settings.ttl.as_millis(),
+        settings.drift_factor,
+        drift.as_millis(),
+        human(settings.instance_timeout)
+    ));
+}
+
+/// Each master as the run's first event names it: its port, and its pid and folder when
+/// lockslab started it, or its URL (password hidden) when it is the user's.
+fn masters_seen(private: &[PrivateServers], urls: &[String], ports: &[String]) -> Vec<MasterSeen> {
+    (0..urls.len())
+        .map(|i| MasterSeen {
+            master: name(i),
+            port: ports[i].to_string(),
+            pid: private.get(i).and_then(|server| server.pid(Backend::Redis)),
+            dir: private
+                .get(i)
+                .map(|server| server.dir.display().to_string()),
+            url: private.get(i).is_none().then(|| connect::redact(&urls[i])),
+        })
+        .collect()
 }

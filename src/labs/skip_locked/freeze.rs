@@ -8,7 +8,7 @@ use anyhow::{Result, anyhow};
 use colored::Colorize;
 
 use super::play::Play;
-use super::round::{Round, in_mode, job_result, plural};
+use super::round::{Round, in_mode, job_result};
 use super::verdict::{FreezeNotes, times};
 use crate::check::skip_locked::Freeze;
 use crate::events::What;
@@ -16,7 +16,7 @@ use crate::events::facts::{Expired, FaultFacts, Handover};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
 use crate::nemesis::{Nemesis, Note};
-use crate::output::human;
+use crate::output::{count, human};
 
 impl Play<'_> {
     /// Round 3: a worker claims a job and is frozen for `--pause`.
@@ -37,7 +37,7 @@ impl Play<'_> {
             "{}",
             format!(
                 "{label} — the freeze: {}; w2 claims one and is frozen for {}",
-                plural(jobs.into(), "new job", "new jobs"),
+                count(jobs, "new job", "new jobs"),
                 human(pause)
             )
             .bold()
@@ -148,7 +148,7 @@ impl Play<'_> {
         let words = format!(
             "SIGCONT {frozen_name} after {}; meanwhile the others processed {}, and job {job} {}",
             human(frozen_at.elapsed()),
-            plural(others_done, "job", "jobs"),
+            count(others_done, "job", "jobs"),
             if frozen_job_done == 0 {
                 "not at all".to_string()
             } else {

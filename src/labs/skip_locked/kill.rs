@@ -9,7 +9,7 @@ use colored::Colorize;
 
 use super::KILL_AFTER;
 use super::play::Play;
-use super::round::{Round, in_mode, job_result, plural, round1};
+use super::round::{Round, in_mode, job_result, round1};
 use super::verdict::reclaim_how;
 use crate::check::skip_locked::{self as checks, Kill, KillOutcome};
 use crate::events::What;
@@ -17,6 +17,7 @@ use crate::events::facts::{FaultFacts, Handover, JobFate};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
 use crate::nemesis::{Nemesis, Note};
+use crate::output::count;
 
 impl Play<'_> {
     /// Round 2: a worker claims a job and is killed before it commits. Returns how long
@@ -32,7 +33,7 @@ impl Play<'_> {
             "{}",
             format!(
                 "Round 2 — the kill: {}; w1 claims one and dies before it commits",
-                plural(jobs.into(), "new job", "new jobs")
+                count(jobs, "new job", "new jobs")
             )
             .bold()
         ));
@@ -67,7 +68,7 @@ impl Play<'_> {
         let words = format!(
             "SIGKILL w1 (pid {}) while it holds job {job}: {how}; the others have done {} meanwhile",
             victim.pid,
-            plural(done_before_kill, "job", "jobs")
+            count(done_before_kill, "job", "jobs")
         );
         nemesis.kill(
             round.stage,

@@ -8,7 +8,7 @@ use colored::Colorize;
 use postgres::Client;
 
 use super::Plan;
-use super::round::{Round, plural};
+use super::round::Round;
 use super::verdict::{ModeVerdict, Played};
 use crate::check::{self, skip_locked as checks};
 use crate::connect;
@@ -17,7 +17,7 @@ use crate::events::{Event, What};
 use crate::labs::Stage;
 use crate::labs::leftovers::Leftovers;
 use crate::nemesis::Nemesis;
-use crate::output::Style;
+use crate::output::{Style, count};
 use crate::queue::{CREATE_JOBS, CREATE_PROCESSING, Mode, Queue, TIMES_PROCESSED};
 use crate::worker::WorkerSpec;
 use crate::worker::consumer::Role;
@@ -105,8 +105,8 @@ impl Play<'_> {
             "{}",
             format!(
                 "Round 1 — the queue: {}, {}, no faults",
-                plural(args.jobs.into(), "job", "jobs"),
-                plural(args.workers.into(), "worker", "workers")
+                count(args.jobs, "job", "jobs"),
+                count(args.workers, "worker", "workers")
             )
             .bold()
         ));
@@ -166,7 +166,7 @@ impl Play<'_> {
             },
             format!(
                 "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
-                plural(verdict.jobs, "job", "jobs"),
+                count(verdict.jobs, "job", "jobs"),
                 verdict.duplicates,
                 verdict.lost
             ),

@@ -14,7 +14,7 @@ use crate::events::facts::RoundFacts;
 use crate::events::facts::{Blocked, JobFate, Session};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
-use crate::output::{Style, human};
+use crate::output::{Style, count, human};
 use crate::queue::{Mode, Queue};
 
 /// The orchestrator's view of one mode's queue while its rounds play.
@@ -160,7 +160,7 @@ impl Round<'_> {
                 bail!(
                     "round {round} did not finish within {}: {} still to do",
                     human(limit),
-                    plural(left, "job", "jobs")
+                    count(left, "job", "jobs")
                 );
             }
         }
@@ -221,7 +221,7 @@ impl Round<'_> {
             },
             format!(
                 "{} done in {}: {jobs_per_s:.0} jobs/s · per worker: {}",
-                plural(jobs, "job", "jobs"),
+                count(jobs, "job", "jobs"),
                 human(Duration::from_secs_f64(seconds)),
                 listing.join(" · ")
             ),
@@ -289,7 +289,7 @@ impl Round<'_> {
                     "pg_blocking_pids: {} blocked behind {holder}'s session, which holds \
                          job {job}'s row lock ({direct} waiting for it directly, {} queued \
                          behind another waiter)",
-                    plural(all, "worker session is", "worker sessions are"),
+                    count(all, "worker session is", "worker sessions are"),
                     all - direct
                 ),
             ));
@@ -353,11 +353,6 @@ pub(super) fn job_result(result: fn(JobFate) -> What, job: i64, by: &[String]) -
 /// Whether an event belongs to this mode's play (the stage's log holds every mode's events).
 pub(super) fn in_mode(event: &Event, mode: Mode) -> bool {
     event.part.mode.as_deref() == Some(mode.name())
-}
-
-/// "1 worker session is", "3 worker sessions are": the count and the right form.
-pub(super) fn plural(n: i64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 pub(super) fn round1(x: f64) -> f64 {

@@ -11,13 +11,12 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::Fault;
-use super::round::plural;
 use crate::check::Processed;
 use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob, KillOutcome};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
-use crate::output::{human, table};
+use crate::output::{count, human, table};
 use crate::queue::Mode;
 
 /// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
@@ -258,14 +257,14 @@ fn meaning(pause: Duration, played: &Played, fastest: f64) -> String {
         parts.push(format!(
             "{} processed twice or more: workers read the same pending id before any of \
              them marked it.",
-            plural(v.duplicates, "job was", "jobs were")
+            count(v.duplicates, "job was", "jobs were")
         ));
     }
     if v.lost > 0 {
         parts.push(format!(
             "{} never processed: the killed worker's 'running' mark outlives it, and \
              only a timeout (a lease, with its TTL guess) could hand it back.",
-            plural(v.lost, "job was", "jobs were")
+            count(v.lost, "job was", "jobs were")
         ));
     }
     if let Some(ms) = v.reclaim_ms {
@@ -321,14 +320,14 @@ fn freeze_sentence(pause: Duration, mode: Mode, note: &FreezeNotes) -> String {
             "The frozen worker's job was {} (while {} was frozen: {}).",
             processed(by),
             freeze.sleeper,
-            plural(freeze.processed_while_frozen, "time", "times")
+            count(freeze.processed_while_frozen, "time", "times")
         ),
     }
 }
 
 /// What the others did while one worker was frozen, as [`checks::around_the_freeze`] decided it.
 fn around_the_freeze(note: &FreezeNotes) -> String {
-    let sessions = |n| plural(n, "worker session was", "worker sessions were");
+    let sessions = |n| count(n, "worker session was", "worker sessions were");
     match checks::around_the_freeze(note.others_done, note.blocked_at_resume, note.jobs) {
         Around::OnlyJob => {
             "it was the round's only job, so the others had nothing to do.".to_string()
@@ -348,11 +347,11 @@ fn around_the_freeze(note: &FreezeNotes) -> String {
         ),
         Around::CarriedOn { done } => format!(
             "the others carried on around it ({}).",
-            plural(done, "job", "jobs")
+            count(done, "job", "jobs")
         ),
         Around::Both { done, blocked } => format!(
             "the others processed {}, and at the resume {} blocked behind it.",
-            plural(done, "job", "jobs"),
+            count(done, "job", "jobs"),
             sessions(blocked)
         ),
     }

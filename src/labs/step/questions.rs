@@ -235,37 +235,27 @@ pub mod redlock {
 pub mod no_lock {
     use super::Checkpoint;
 
-    /// Before each approach, asking about the faults this run plays (`--fault`).
-    pub fn before_approach(fault: crate::labs::no_lock::Fault) -> &'static Checkpoint {
-        use crate::labs::no_lock::Fault;
-        match fault {
-            Fault::Both => &BEFORE_APPROACH,
-            Fault::Kill => &BEFORE_APPROACH_KILL,
-            Fault::Freeze => &BEFORE_APPROACH_FREEZE,
-            Fault::None => &BEFORE_APPROACH_NONE,
-        }
-    }
-
-    const BEFORE_APPROACH: Checkpoint = Checkpoint {
+    // Before each approach, one question per `--fault` (the lab picks the one it plays).
+    pub const BEFORE_APPROACH: Checkpoint = Checkpoint {
         name: "before the next approach",
         question: "Four workers freeze, each at another point of a job (before the read, \
                    after it, mid-write, before COMMIT); another is killed mid-write. At which \
                    points will this approach invoice a job twice or lose a balance update? \
                    What does it cost?",
     };
-    const BEFORE_APPROACH_KILL: Checkpoint = Checkpoint {
+    pub const BEFORE_APPROACH_KILL: Checkpoint = Checkpoint {
         name: "before the next approach",
         question: "A worker is killed in the middle of writing a job. Will this approach \
                    lose the job, invoice it twice, or leave a lock behind — and who finishes \
                    it?",
     };
-    const BEFORE_APPROACH_FREEZE: Checkpoint = Checkpoint {
+    pub const BEFORE_APPROACH_FREEZE: Checkpoint = Checkpoint {
         name: "before the next approach",
         question: "Four workers freeze, each at another point of a job (before the read, \
                    after it, mid-write, before COMMIT). At which points will this approach \
                    invoice a job twice or lose a balance update?",
     };
-    const BEFORE_APPROACH_NONE: Checkpoint = Checkpoint {
+    pub const BEFORE_APPROACH_NONE: Checkpoint = Checkpoint {
         name: "before the next approach",
         question: "No faults this time: how many jobs a second will this approach do \
                    against the others, and what does its safety cost?",
