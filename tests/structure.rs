@@ -717,13 +717,8 @@ fn no_file_imports_a_sibling_that_imports_it_back() {
             .any(|n| n.from == "cut_off" && n.to == "scene" && n.parent == ["labs", "network"]),
         "the scan sees imports between siblings"
     );
-    // The one exception, until the merge that moves `chaos` and `matrix` out of
-    // `src/labs/` (issue 43): that move breaks the chaos folder's own cycles. The lead
-    // deletes this line at the merge; no other folder may be added to it.
-    let not_yet_checked: &[&str] = &["labs::chaos"];
     let cycles: Vec<String> = sibling_cycles(&src)
         .into_iter()
-        .filter(|(parent, _)| !not_yet_checked.contains(&parent.join("::").as_str()))
         .map(|(_, cycle)| cycle)
         .collect();
     assert!(
@@ -896,8 +891,7 @@ const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
 
 #[test]
 fn no_function_in_a_lab_runs_past_a_hundred_lines() {
-    // `src/labs/chaos/` is moving out of the labs' folder (issue 43): a tool, not a lab.
-    let long = longer_than("src/labs", LONGEST_LAB_FUNCTION, &["src/labs/chaos/"]);
+    let long = longer_than("src/labs", LONGEST_LAB_FUNCTION, &[]);
     let over: Vec<String> = long
         .iter()
         .filter(|(name, _, _)| !CHOREOGRAPHY_STILL_LONG.contains(&name.as_str()))
