@@ -19,7 +19,8 @@ fn main() -> ExitCode {
             // A server that froze or went away is said in its own one line, whichever
             // command met it (the first such failure: the others are its echoes).
             let err = lockslab::connect::explain(err);
-            lockslab::errln!("lockslab: error: {err:#}");
+            // Wrapped to the terminal (80 columns when piped), as a projector shows it.
+            lockslab::output::err_prose(&format!("lockslab: error: {err:#}"));
             let exit = Exit::of_error(&err);
             if exit == Exit::Usage {
                 lockslab::errln!("\nFor more information, try '--help'.");

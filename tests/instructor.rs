@@ -962,7 +962,10 @@ fn a_rooms_servers_demand_passwords_and_serve_a_lab_from_the_printed_exports() {
     );
     let (code, said) = reset_as("a", &["--name", "b"]);
     assert_eq!(code, Some(4), "{said}");
-    assert!(said.contains("clears only your own lock"), "{said}");
+    assert!(
+        common::one_line(&said).contains("clears only your own lock"),
+        "{said}"
+    );
 
     let state_file = room.state.path().join("servers.json");
     let mode = std::os::unix::fs::PermissionsExt::mode(

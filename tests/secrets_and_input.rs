@@ -324,7 +324,7 @@ fn absurd_durations_are_refused_before_anything_starts() {
         // No server answers here: had the lab started, it would exit 4, not 2.
         let started = Instant::now();
         let output = lockslab_without_servers(args).output().unwrap();
-        let text = printed(&output);
+        let text = common::one_line(&printed(&output));
         assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
         assert!(
             text.contains(flag) && text.contains(says),
@@ -397,7 +397,7 @@ fn proxy_and_chaos_refuse_senseless_flags_before_anything_starts() {
         ),
     ] {
         let output = lockslab_without_servers(args).output().unwrap();
-        let text = printed(&output);
+        let text = common::one_line(&printed(&output));
         assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
         assert!(text.contains(says), "{args:?}: {text}");
         assert!(!text.contains("starting"), "{args:?}: {text}");

@@ -369,6 +369,12 @@ pub fn proc_state(pid: i32) -> Option<char> {
         .next()
 }
 
+/// `text` with its line breaks and runs of spaces made single spaces: an error wraps at 80
+/// columns, as a projector shows it, and a phrase may break across two lines.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Runs a lab for a human (no --json), asserts it succeeded, and returns what it printed.
 pub fn run_human(args: &[&str]) -> String {
     let output = lockslab(args).output().expect("running lockslab");
