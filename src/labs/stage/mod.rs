@@ -504,5 +504,16 @@ impl crate::nemesis::Record for Stage {
     }
 }
 
+/// The floor the nemesis's player plays on: the stage's log and its clock.
+impl crate::nemesis::play::Floor for Stage {
+    fn events(&self) -> &[Event] {
+        &self.log
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.elapsed().as_millis() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests;
