@@ -39,6 +39,10 @@ pub trait Floor: Record {
     fn events(&self) -> &[Event];
     /// The floor's clock, in ms: the events' `t_ms` count from the same start.
     fn now_ms(&self) -> u64;
+    /// A schedule is about to be played here (a run keeps it for its `--json`).
+    fn playing(&mut self, schedule: &Schedule) {
+        let _ = schedule;
+    }
 }
 
 /// A schedule's [`Player`] fed from a floor's events as they are logged. The schedule's
@@ -141,6 +145,8 @@ pub struct Faults<'w> {
     clocks: Vec<(String, &'w WorkerClock)>,
     /// The backends probes ask, by their name in the history.
     askers: Vec<Box<dyn Ask + 'w>>,
+    /// Was the floor told that this schedule plays there?
+    announced: bool,
 }
 
 impl<'w> Faults<'w> {
@@ -159,6 +165,7 @@ impl<'w> Faults<'w> {
             paths: Vec::new(),
             clocks: Vec::new(),
             askers: Vec::new(),
+            announced: false,
         }
     }
 
@@ -226,7 +233,11 @@ impl<'w> Faults<'w> {
 
     /// Shows the player what the floor logged since it last looked, then queues what is
     /// due.
-    pub fn catch_up(&mut self, floor: &impl Floor) {
+    pub fn catch_up(&mut self, floor: &mut impl Floor) {
+        if !self.announced {
+            self.announced = true;
+            floor.playing(&self.schedule);
+        }
         self.pending.extend(self.cursor.due_all(floor, |_| {}).0);
     }
 

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use super::{step, worker_failed};
 use crate::events::facts::{Part, StoreRecord, Warning};
 use crate::events::{self, Event, Incoming, Kind, What};
+use crate::nemesis::schedule::Schedule;
 use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
 use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
@@ -62,22 +63,44 @@ enum Early {
 }
 
 /// A run's typed history: every event its stages showed, in order, for the pictures drawn
-/// once the lab has its verdict. Shared by the run's stages (a lab may play several).
+/// once the lab has its verdict — and every schedule its stages played, for `--json`.
+/// Shared by the run's stages (a lab may play several).
 #[derive(Clone, Debug, Default)]
-pub struct History(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
+pub struct History {
+    events: std::sync::Arc<std::sync::Mutex<Vec<Event>>>,
+    schedules: std::sync::Arc<std::sync::Mutex<Vec<Schedule>>>,
+}
 
 impl History {
     fn push(&self, event: &Event) {
-        if let Ok(mut events) = self.0.lock() {
+        if let Ok(mut events) = self.events.lock() {
             events.push(event.clone());
         }
     }
 
     /// The events so far, taken out.
     pub fn take(&self) -> Vec<Event> {
-        self.0
+        self.events
             .lock()
             .map(|mut events| std::mem::take(&mut *events))
+            .unwrap_or_default()
+    }
+
+    /// Keeps a schedule the run played, once: a lab that plays the same faults in several
+    /// runs (the broken one and its fix) played one schedule.
+    fn played(&self, schedule: &Schedule) {
+        if let Ok(mut schedules) = self.schedules.lock()
+            && !schedules.contains(schedule)
+        {
+            schedules.push(schedule.clone());
+        }
+    }
+
+    /// The distinct schedules the run played, in the order they were first played.
+    pub fn schedules(&self) -> Vec<Schedule> {
+        self.schedules
+            .lock()
+            .map(|schedules| schedules.clone())
             .unwrap_or_default()
     }
 }
@@ -512,6 +535,12 @@ impl crate::nemesis::play::Floor for Stage {
 
     fn now_ms(&self) -> u64 {
         self.elapsed().as_millis() as u64
+    }
+
+    fn playing(&mut self, schedule: &Schedule) {
+        if let Some(history) = &self.history {
+            history.played(schedule);
+        }
     }
 }
 
