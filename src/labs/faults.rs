@@ -136,6 +136,28 @@ impl Stage {
     }
 }
 
+impl Stage {
+    /// Plays one fault now, with `words`, as a step added to `faults`'s schedule (see
+    /// [`Faults::now`]): for a fault whose moment and words the lab reads from the run
+    /// just before it. Returns once it was done (or skipped).
+    pub fn play_now(
+        &mut self,
+        faults: &mut Faults,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+        (fault, target): (Fault, &str),
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
+        let (done, skipped) = (faults.done_count(), faults.skipped().len());
+        faults.now(self, fault, target, words.into());
+        let what = format!("the {} of {target}", fault.as_str());
+        let played = Until::holds(&what, Duration::from_secs(30), |_, faults| {
+            faults.done_count() > done || faults.skipped().len() > skipped
+        });
+        self.play(faults, nemesis, cast, played)
+    }
+}
+
 /// The schedule in a few short lines, for a lab's intro and its `--step` stops: "the
 /// faults this run plays".
 pub fn lines(schedule: &Schedule) -> Vec<String> {

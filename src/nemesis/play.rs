@@ -39,9 +39,10 @@ pub trait Floor: Record {
     fn events(&self) -> &[Event];
     /// The floor's clock, in ms: the events' `t_ms` count from the same start.
     fn now_ms(&self) -> u64;
-    /// A schedule is about to be played here (a run keeps it for its `--json`).
-    fn playing(&mut self, schedule: &Schedule) {
-        let _ = schedule;
+    /// Schedule `play` (a number of its own) is being played here, as it stands now (a
+    /// run keeps the latest of each for its `--json`).
+    fn playing(&mut self, play: u64, schedule: &Schedule) {
+        let _ = (play, schedule);
     }
 }
 
@@ -92,6 +93,11 @@ impl Cursor {
     /// How many of the floor's events the player has been shown.
     pub fn seen(&self) -> usize {
         self.seen
+    }
+
+    /// The time now on the schedule's clock.
+    pub fn now_ms(&self, floor: &impl Floor) -> u64 {
+        floor.now_ms().saturating_sub(self.origin_ms)
     }
 
     pub fn player(&self) -> &Player {
@@ -145,9 +151,16 @@ pub struct Faults<'w> {
     clocks: Vec<(String, &'w WorkerClock)>,
     /// The backends probes ask, by their name in the history.
     askers: Vec<Box<dyn Ask + 'w>>,
-    /// Was the floor told that this schedule plays there?
+    /// Was the floor told that this schedule plays there (since it last grew)?
     announced: bool,
+    /// This play's number among the process's plays, for the floor.
+    id: u64,
+    /// The words of the step added by [`Faults::now`], for it alone.
+    words_now: Option<Note>,
 }
+
+/// Numbers the plays, so a floor can tell a schedule that grew from another.
+static PLAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<'w> Faults<'w> {
     /// The schedule, its clock starting now on `floor`'s clock; every event the floor
@@ -166,6 +179,8 @@ impl<'w> Faults<'w> {
             clocks: Vec::new(),
             askers: Vec::new(),
             announced: false,
+            id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            words_now: None,
         }
     }
 
@@ -236,9 +251,45 @@ impl<'w> Faults<'w> {
     pub fn catch_up(&mut self, floor: &mut impl Floor) {
         if !self.announced {
             self.announced = true;
-            floor.playing(&self.schedule);
+            floor.playing(self.id, &self.schedule);
         }
         self.pending.extend(self.cursor.due_all(floor, |_| {}).0);
+    }
+
+    /// Adds a step to the schedule, due now, with its words: a fault whose moment and
+    /// words only the lab knows when it comes (what Postgres counted just before it). The
+    /// schedule grows into the faults as played, times and all, which `--json` carries.
+    /// The next play does it.
+    pub fn now(&mut self, floor: &impl Floor, fault: Fault, target: &str, words: Note) {
+        let step = Step {
+            at_ms: self.cursor.now_ms(floor),
+            after: None,
+            fault,
+            target: target.into(),
+            duration_ms: None,
+        };
+        let index = self.schedule.steps().len();
+        self.schedule = self.schedule.and(&Schedule::new(vec![step.clone()]));
+        self.pending.extend(
+            step.actions_from(index, step.at_ms)
+                .into_iter()
+                .map(Due::Fault),
+        );
+        self.words_now = Some(words);
+        self.announced = false;
+    }
+
+    /// How many faults this play has done.
+    pub fn done_count(&self) -> usize {
+        self.acted.len()
+    }
+
+    /// The words for `cue`: the lab's, or those given with the step added now.
+    fn say(&mut self, cue: &Cue) -> Note {
+        match self.words_now.take() {
+            Some(note) if cue.back_after.is_none() => note,
+            _ => (self.words)(cue),
+        }
     }
 
     /// The next thing due, if any (faults, probes and misses, in time order).
@@ -366,7 +417,7 @@ impl<'w> Faults<'w> {
             back_after: None,
             how: &how,
         };
-        let note = (self.words)(&cue);
+        let note = self.say(&cue);
         if action.fault == Fault::Heal {
             nemesis.heal_net(floor, proxy, direction, note);
         } else {
@@ -424,7 +475,7 @@ impl<'w> Faults<'w> {
         };
         match action.fault {
             Fault::Pause if !paused => {
-                let note = (self.words)(&cue(None, None));
+                let note = self.say(&cue(None, None));
                 if self.self_pausing.contains(&target) {
                     nemesis.adopt_pause(floor, &**victim, note)?;
                 } else {
@@ -434,16 +485,16 @@ impl<'w> Faults<'w> {
             }
             Fault::Resume if paused => {
                 let held = self.paused_at.remove(&target).map(|at| at.elapsed());
-                let note = (self.words)(&cue(held, None));
+                let note = self.say(&cue(held, None));
                 nemesis.resume(floor, &**victim, note)?;
             }
             Fault::Kill => {
-                let note = (self.words)(&cue(None, None));
+                let note = self.say(&cue(None, None));
                 nemesis.kill(floor, &mut **victim, note)?;
                 self.paused_at.remove(&target);
             }
             Fault::Restart => {
-                let note = (self.words)(&cue(None, None));
+                let note = self.say(&cue(None, None));
                 let words = &mut self.words;
                 nemesis.restart(floor, &mut **victim, note, |took| {
                     words(&cue(None, Some(took)))
@@ -451,13 +502,13 @@ impl<'w> Faults<'w> {
                 self.paused_at.remove(&target);
             }
             Fault::ClockStep | Fault::ClockRate => {
-                let Some((_, clock)) = self.clocks.iter().find(|(w, _)| *w == target) else {
+                let Some(&(_, clock)) = self.clocks.iter().find(|(w, _)| *w == target) else {
                     return self.skip(
                         &action,
                         format!("{target}'s clock is not one lockslab can step"),
                     );
                 };
-                let note = (self.words)(&cue(None, None));
+                let note = self.say(&cue(None, None));
                 match (action.fault, how.by_ms, how.rate_percent) {
                     (Fault::ClockStep, Some(by_ms), _) => {
                         nemesis.step_clock(floor, &**victim, clock, by_ms, note)?

@@ -68,7 +68,8 @@ enum Early {
 #[derive(Clone, Debug, Default)]
 pub struct History {
     events: std::sync::Arc<std::sync::Mutex<Vec<Event>>>,
-    schedules: std::sync::Arc<std::sync::Mutex<Vec<Schedule>>>,
+    /// By play (its number), the schedule as it last stood.
+    schedules: std::sync::Arc<std::sync::Mutex<Vec<(u64, Schedule)>>>,
 }
 
 impl History {
@@ -86,22 +87,29 @@ impl History {
             .unwrap_or_default()
     }
 
-    /// Keeps a schedule the run played, once: a lab that plays the same faults in several
-    /// runs (the broken one and its fix) played one schedule.
-    fn played(&self, schedule: &Schedule) {
-        if let Ok(mut schedules) = self.schedules.lock()
-            && !schedules.contains(schedule)
-        {
-            schedules.push(schedule.clone());
+    /// Keeps the schedule of play `play` as it stands now (a play whose schedule grows as
+    /// it plays says so again).
+    fn played(&self, play: u64, schedule: &Schedule) {
+        if let Ok(mut schedules) = self.schedules.lock() {
+            match schedules.iter_mut().find(|(id, _)| *id == play) {
+                Some((_, kept)) => *kept = schedule.clone(),
+                None => schedules.push((play, schedule.clone())),
+            }
         }
     }
 
-    /// The distinct schedules the run played, in the order they were first played.
+    /// The distinct schedules the run played, in the order they were first played: a lab
+    /// that plays the same faults in several runs (the broken one and its fix) played one.
     pub fn schedules(&self) -> Vec<Schedule> {
-        self.schedules
-            .lock()
-            .map(|schedules| schedules.clone())
-            .unwrap_or_default()
+        let mut distinct: Vec<Schedule> = Vec::new();
+        if let Ok(schedules) = self.schedules.lock() {
+            for (_, schedule) in schedules.iter() {
+                if !schedule.is_empty() && !distinct.contains(schedule) {
+                    distinct.push(schedule.clone());
+                }
+            }
+        }
+        distinct
     }
 }
 
@@ -537,9 +545,9 @@ impl crate::nemesis::play::Floor for Stage {
         self.elapsed().as_millis() as u64
     }
 
-    fn playing(&mut self, schedule: &Schedule) {
+    fn playing(&mut self, play: u64, schedule: &Schedule) {
         if let Some(history) = &self.history {
-            history.played(schedule);
+            history.played(play, schedule);
         }
     }
 }
