@@ -158,6 +158,38 @@ impl Stage {
     }
 }
 
+/// The nemesis of a play whose faults come when the lab says so (a moment read from a
+/// server, not a time or an event), and the schedule that grows as they come: each fault
+/// is a step added at its moment ([`Faults::now`]) and played by the nemesis's player.
+pub struct Hand<'w> {
+    faults: Faults<'w>,
+    /// Declared last: dropped after the play, resuming whatever it left paused.
+    nemesis: Nemesis,
+}
+
+impl<'w> Hand<'w> {
+    /// An empty schedule, its clock starting now on `stage`'s.
+    pub fn new(stage: &Stage) -> Hand<'w> {
+        Hand {
+            faults: Faults::new(&Schedule::default(), stage),
+            nemesis: Nemesis::new(),
+        }
+    }
+
+    /// Plays `fault` on `victim` now, with `words`.
+    pub fn play(
+        &mut self,
+        stage: &mut Stage,
+        victim: &mut dyn Victim,
+        fault: Fault,
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
+        let target = victim.label();
+        let (faults, nemesis) = (&mut self.faults, &mut self.nemesis);
+        stage.play_now(faults, nemesis, &mut [victim], (fault, &target), words)
+    }
+}
+
 /// The schedule in a few short lines, for a lab's intro and its `--step` stops: "the
 /// faults this run plays".
 pub fn lines(schedule: &Schedule) -> Vec<String> {
