@@ -597,6 +597,57 @@ impl GuardDecided {
         }
     }
 }
+/// A backend's answer to a schedule's probe: the question's facts and the answer's.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Probed {
+    /// The backend asked (`redis`, `etcd`, `postgres`).
+    pub target: Option<String>,
+    /// The question: `pttl`, `lease_ttl`, `blocking_pids`.
+    pub ask: Option<String>,
+    /// `pttl`: the key, its value (the holder's owner value) and its PTTL (ms; -2 no key,
+    /// -1 no TTL).
+    pub key: Option<String>,
+    pub owner: Option<String>,
+    pub pttl_ms: Option<i64>,
+    /// `lease_ttl`: the lease and its TTL left (whole seconds; -1 expired or unknown).
+    pub lease: Option<i64>,
+    pub ttl_s: Option<i64>,
+    /// `blocking_pids`: the session asked about (its application_name), its backend pid
+    /// (none: no such session) and the pids it waits behind.
+    pub session: Option<String>,
+    pub pid: Option<i32>,
+    pub blocking_pids: Option<Vec<i32>>,
+}
+
+impl Probed {
+    /// The answer in a few words, for the timeline.
+    pub fn words(&self) -> String {
+        match (self.pttl_ms, self.ttl_s, &self.blocking_pids) {
+            (Some(pttl), ..) => format!(
+                "{pttl}ms, held by {}",
+                self.owner.as_deref().unwrap_or("no one")
+            ),
+            (_, Some(ttl), _) => format!("{ttl}s"),
+            (.., Some(pids)) if self.pid.is_none() => "no such session".into(),
+            (.., Some(pids)) if pids.is_empty() => "nobody".into(),
+            (.., Some(pids)) => format!("{pids:?}"),
+            _ => "no answer".into(),
+        }
+    }
+}
+
+/// A schedule's step or probe whose events did not come by its `within_ms`.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Missed {
+    /// The fault it would have done (none: a probe) and its target.
+    pub fault: Option<Fault>,
+    pub target: Option<String>,
+    /// The events it waited for, in words, and the time it gave up at (schedule's clock).
+    pub waited_for: Option<String>,
+    pub within_ms: Option<u64>,
+}
 
 macro_rules! one_kind {
     ($($facts:ident),*) => {
@@ -627,7 +678,9 @@ one_kind!(
     Blocked,
     Pttl,
     Warning,
-    GuardDecided
+    GuardDecided,
+    Probed,
+    Missed
 );
 
 impl From<RunFacts> for What {

@@ -162,6 +162,12 @@ pub enum What {
     /// A held lock's renewal failed (a Redis heartbeat's `PEXPIRE`, an etcd keepalive): the
     /// first failure after one that got through, before the holder gives the lock up.
     RenewalFailed(RenewalFailed),
+
+    // The nemesis's observations (issue 43).
+    /// A backend's answer to a schedule's probe, asked at its moment ([`crate::nemesis::probe`]).
+    Probed(Probed),
+    /// A schedule's step whose events did not come within its time: it did not play.
+    Missed(Missed),
 }
 
 impl std::fmt::Display for Kind {

@@ -1,7 +1,8 @@
 //! A lab's faults, played as data: the lab writes its [`Schedule`] from its plan ("pause A
 //! as soon as A is at work, for 3s"), and [`Stage::play`] plays it from the live history —
-//! it shows the schedule's [`Player`] every event the stage logs, hands each action that
-//! falls due to the nemesis, and returns once the lab's [`Until`] holds.
+//! the nemesis's one player ([`Faults`], in [`crate::nemesis::play`]) is shown every event
+//! the stage logs and does each fault and probe that falls due; the play returns once the
+//! lab's [`Until`] holds.
 //!
 //! ```text
 //! lab ──> Schedule ──> Faults ──> stage.play(.., Until::done(..)) ──> nemesis ──> history
@@ -12,199 +13,18 @@
 //! The lab keeps its words (what the timeline says of each fault: [`Cue`]) and whatever it
 //! watches while the faults play (a `tick`, as in [`Stage::run_until`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use colored::Colorize;
 
-use super::{Feed, Stage};
+use super::Stage;
 use crate::events::Kind;
-use crate::nemesis::schedule::{Action, Schedule, Step};
-use crate::nemesis::{Fault, Nemesis, Note, Victim};
+use crate::nemesis::schedule::Schedule;
+use crate::nemesis::{Fault, Nemesis, Victim};
 use crate::output::human;
 
-/// What the lab is asked to put into words when its schedule acts.
-pub struct Cue<'a> {
-    pub action: &'a Action,
-    /// The victim's process (before a restart: the one that is killed).
-    pub pid: i32,
-    /// For a resume: how long this play kept the victim paused.
-    pub held: Option<Duration>,
-    /// For a restart, once the server answers again: how long it was away.
-    pub back_after: Option<Duration>,
-}
-
-/// A schedule being played on one stage, and the lab's words for its faults.
-pub struct Faults<'w> {
-    schedule: Schedule,
-    feed: Feed,
-    /// Actions due but not done yet (a play returns as soon as its `Until` holds).
-    pending: VecDeque<Action>,
-    paused_at: HashMap<String, Instant>,
-    /// Victims that stop themselves: their pause is adopted, not sent.
-    self_pausing: HashSet<String>,
-    acted: Vec<Action>,
-    /// Steps (by their place in the schedule) whose fault came due and was not done, and
-    /// why: its victim was gone, or not in the state the fault needs.
-    skipped: Vec<(usize, String)>,
-    words: Box<dyn FnMut(&Cue) -> Note + 'w>,
-}
-
-impl<'w> Faults<'w> {
-    /// The schedule, its clock starting now on `stage`'s clock; every event the stage
-    /// logs from now on is shown to its player.
-    pub fn new(schedule: &Schedule, stage: &Stage) -> Faults<'w> {
-        Faults {
-            schedule: schedule.clone(),
-            feed: Feed::new(schedule, stage),
-            pending: VecDeque::new(),
-            paused_at: HashMap::new(),
-            self_pausing: HashSet::new(),
-            acted: Vec::new(),
-            skipped: Vec::new(),
-            words: Box::new(|cue| Note::from(plain_words(cue))),
-        }
-    }
-
-    /// The lab's words for each fault, instead of the plain ones.
-    pub fn saying(mut self, words: impl FnMut(&Cue) -> Note + 'w) -> Faults<'w> {
-        self.words = Box::new(words);
-        self
-    }
-
-    /// `victim` sends itself SIGSTOP at a point of its work (a worker that freezes itself):
-    /// a pause due for it is adopted (checked, recorded, ended by the nemesis), not sent.
-    pub fn self_pausing(mut self, victim: &str) -> Faults<'w> {
-        self.self_pausing.insert(victim.into());
-        self
-    }
-
-    pub fn schedule(&self) -> &Schedule {
-        &self.schedule
-    }
-
-    /// Every action was handed out and done (or skipped).
-    pub fn finished(&self) -> bool {
-        self.feed.player().done() && self.pending.is_empty()
-    }
-
-    /// Does this play hold a victim paused (a pause it started and has not ended)?
-    pub fn holding(&self) -> bool {
-        !self.paused_at.is_empty()
-    }
-
-    /// Has this play done `fault` to `target`?
-    pub fn acted(&self, fault: Fault, target: &str) -> bool {
-        self.acted
-            .iter()
-            .any(|a| a.fault == fault && a.target == target)
-    }
-
-    /// Once the play is over: the steps that did not play, in the schedule's order, and
-    /// why — their event or their time never came, or their victim could not take them.
-    pub fn unplayed(&self) -> Vec<(&Step, String)> {
-        let mut left = self.feed.player().left();
-        left.extend(
-            (self.pending.iter())
-                .filter_map(|a| Some((a.step?, crate::nemesis::schedule::not_reached(a.at_ms)))),
-        );
-        left.extend(self.skipped.iter().cloned());
-        left.sort_by_key(|(index, _)| *index);
-        (left.into_iter())
-            .filter_map(|(index, why)| Some((self.schedule.steps().get(index)?, why)))
-            .collect()
-    }
-
-    /// A fault that came due and was not done: its step did not play (a resume that ends
-    /// a timed pause is not a step of its own).
-    fn skip(&mut self, action: &Action, why: String) -> Result<()> {
-        if let Some(index) = action.step {
-            self.skipped.push((index, why));
-        }
-        Ok(())
-    }
-
-    /// Shows the player what the stage logged since it last looked, then queues what is due.
-    fn catch_up(&mut self, stage: &Stage) {
-        self.pending.extend(self.feed.due(stage, |_| {}).0);
-    }
-
-    /// Does one action, if its victim can take it now: a fault aimed at a victim not in
-    /// the cast, gone, or not in the state it needs (a resume of what is not paused) is
-    /// skipped, as the schedule says.
-    fn act(
-        &mut self,
-        action: Action,
-        stage: &mut Stage,
-        nemesis: &mut Nemesis,
-        cast: &mut [&mut dyn Victim],
-    ) -> Result<()> {
-        let target = action.target.clone();
-        let gone = |faults: &Faults| match faults.acted(Fault::Kill, &target) {
-            true => format!("{target} had been killed already"),
-            false => format!("{target} had already exited"),
-        };
-        let Some(victim) = cast.iter_mut().find(|v| v.label() == action.target) else {
-            return self.skip(&action, format!("this run has nothing named {target}"));
-        };
-        let Some(pid) = victim.pid() else {
-            let why = gone(self);
-            return self.skip(&action, why);
-        };
-        // A worker that has finished its work and exited is gone even while it waits to be
-        // reaped (a zombie: state Z or X): a signal to it does nothing, and it never stops.
-        if matches!(crate::procs::process_state(pid), None | Some('Z' | 'X')) {
-            let why = gone(self);
-            return self.skip(&action, why);
-        }
-        let paused = nemesis.paused().contains(&action.target);
-        let cue = |held, back_after| Cue {
-            action: &action,
-            pid,
-            held,
-            back_after,
-        };
-        match action.fault {
-            Fault::Pause if !paused => {
-                let note = (self.words)(&cue(None, None));
-                if self.self_pausing.contains(&target) {
-                    nemesis.adopt_pause(stage, &**victim, note)?;
-                } else {
-                    nemesis.pause(stage, &**victim, note)?;
-                }
-                self.paused_at.insert(target, Instant::now());
-            }
-            Fault::Resume if paused => {
-                let held = self.paused_at.remove(&target).map(|at| at.elapsed());
-                let note = (self.words)(&cue(held, None));
-                nemesis.resume(stage, &**victim, note)?;
-            }
-            Fault::Kill => {
-                let note = (self.words)(&cue(None, None));
-                nemesis.kill(stage, &mut **victim, note)?;
-                self.paused_at.remove(&target);
-            }
-            Fault::Restart => {
-                let note = (self.words)(&cue(None, None));
-                let words = &mut self.words;
-                nemesis.restart(stage, &mut **victim, note, |took| {
-                    words(&cue(None, Some(took)))
-                })?;
-                self.paused_at.remove(&target);
-            }
-            Fault::Pause => return self.skip(&action, format!("{target} was paused already")),
-            Fault::Resume => return self.skip(&action, format!("{target} was not paused")),
-            other => bail!(
-                "a lab's schedule plays pauses, kills and restarts; {} belongs to the network \
-                 and clock labs' own players",
-                other.as_str()
-            ),
-        }
-        self.acted.push(action);
-        Ok(())
-    }
-}
+pub use crate::nemesis::play::{Cue, Faults};
 
 /// A lab's condition on its stage and its faults.
 type Condition<'u> = Box<dyn FnMut(&Stage, &Faults) -> bool + 'u>;
@@ -284,7 +104,7 @@ impl Stage {
     ) -> Result<()> {
         let deadline = Instant::now() + until.within;
         loop {
-            let looked = faults.feed.seen();
+            let looked = faults.seen();
             faults.catch_up(self);
             let new_events = &self.log[looked.min(self.log.len())..];
             if let Some(failed) = new_events.iter().find(|e| e.kind() == Kind::Error)
@@ -293,10 +113,10 @@ impl Stage {
                 return Err(super::worker_failed(&failed.worker, &failed.text));
             }
             while !(until.holds)(self, faults) {
-                let Some(action) = faults.pending.pop_front() else {
+                let Some(due) = faults.next_due() else {
                     break;
                 };
-                faults.act(action, self, nemesis, cast)?;
+                faults.act(due, self, nemesis, cast)?;
             }
             if (until.holds)(self, faults) {
                 return Ok(());
@@ -316,16 +136,57 @@ impl Stage {
     }
 }
 
-/// The words of a fault when the lab gives none.
-fn plain_words(cue: &Cue) -> String {
-    let target = &cue.action.target;
-    match (cue.action.fault, cue.back_after) {
-        (Fault::Pause, _) => format!("pauses {target} (SIGSTOP)"),
-        (Fault::Resume, _) => format!("resumes {target} (SIGCONT)"),
-        (Fault::Kill, _) => format!("kills {target} (SIGKILL)"),
-        (Fault::Restart, None) => format!("crashes {target} (SIGKILL), then starts it again"),
-        (Fault::Restart, Some(took)) => format!("{target} back after {}", human(took)),
-        (other, _) => format!("{} {target}", other.as_str()),
+impl Stage {
+    /// Plays one fault now, with `words`, as a step added to `faults`'s schedule (see
+    /// [`Faults::now`]): for a fault whose moment and words the lab reads from the run
+    /// just before it. Returns once it was done (or skipped).
+    pub fn play_now(
+        &mut self,
+        faults: &mut Faults,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+        (fault, target): (Fault, &str),
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
+        let (done, skipped) = (faults.done_count(), faults.skipped().len());
+        faults.now(self, fault, target, words.into());
+        let what = format!("the {} of {target}", fault.as_str());
+        let played = Until::holds(&what, Duration::from_secs(30), |_, faults| {
+            faults.done_count() > done || faults.skipped().len() > skipped
+        });
+        self.play(faults, nemesis, cast, played)
+    }
+}
+
+/// The nemesis of a play whose faults come when the lab says so (a moment read from a
+/// server, not a time or an event), and the schedule that grows as they come: each fault
+/// is a step added at its moment ([`Faults::now`]) and played by the nemesis's player.
+pub struct Hand<'w> {
+    faults: Faults<'w>,
+    /// Declared last: dropped after the play, resuming whatever it left paused.
+    nemesis: Nemesis,
+}
+
+impl<'w> Hand<'w> {
+    /// An empty schedule, its clock starting now on `stage`'s.
+    pub fn new(stage: &Stage) -> Hand<'w> {
+        Hand {
+            faults: Faults::new(&Schedule::default(), stage),
+            nemesis: Nemesis::new(),
+        }
+    }
+
+    /// Plays `fault` on `victim` now, with `words`.
+    pub fn play(
+        &mut self,
+        stage: &mut Stage,
+        victim: &mut dyn Victim,
+        fault: Fault,
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
+        let target = victim.label();
+        let (faults, nemesis) = (&mut self.faults, &mut self.nemesis);
+        stage.play_now(faults, nemesis, &mut [victim], (fault, &target), words)
     }
 }
 

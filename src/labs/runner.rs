@@ -150,9 +150,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         super::step::checkpoint(stop);
     }
     let mut fields = verdict.fields();
-    if let Some(schedule) = &schedule {
-        fields.insert("schedule".into(), serde_json::to_value(schedule)?);
-    }
+    schedule_fields(&mut fields, schedule.as_ref(), run.history.schedules())?;
     let mut verdict_json = envelope::verdict(lab.name(), &run.id, fields);
     stamp_verdict(&mut verdict_json);
     let verdict_text = if style.json {
@@ -184,6 +182,27 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         let verdict = style.json.then_some(verdict_json);
         let recording = Recording::of_run(run.history.take(), verdict, verdict_text);
         crate::picture::draw(&pictures, &recording, style.json)?;
+    }
+    Ok(())
+}
+
+/// The faults the run played, for `--json`: the lab's own schedule when it names one (the
+/// same in each of its runs), or the one its stages played (`schedule`); a lab whose parts
+/// played different schedules carries them all, in the order played (`schedules`). Either
+/// replays on a chaos design: `lockslab chaos --design D --schedule FILE`.
+fn schedule_fields(
+    fields: &mut Map<String, Value>,
+    declared: Option<&Schedule>,
+    played: Vec<Schedule>,
+) -> Result<()> {
+    match (declared, played.as_slice()) {
+        (Some(schedule), _) | (None, [schedule]) => {
+            fields.insert("schedule".into(), serde_json::to_value(schedule)?);
+        }
+        (None, []) => {}
+        (None, several) => {
+            fields.insert("schedules".into(), serde_json::to_value(several)?);
+        }
     }
     Ok(())
 }

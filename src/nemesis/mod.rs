@@ -30,6 +30,8 @@
 pub mod clock;
 pub mod generate;
 pub mod network;
+pub mod play;
+pub mod probe;
 pub mod schedule;
 pub mod victims;
 

@@ -86,7 +86,9 @@ impl Run<'_> {
         let step = (self.schedule.as_ref())
             .zip(postponed.action.step)
             .and_then(|(schedule, at)| schedule.steps().get(at));
-        let Some(step) = step.filter(|s| s.after.as_ref().is_some_and(|a| a.matches(event))) else {
+        let Some(step) = step.filter(|s| {
+            (s.after.as_ref()).is_some_and(|a| a.points().iter().any(|p| p.matches(event)))
+        }) else {
             return;
         };
         if self.other_fault_on(&event.worker).is_some() {

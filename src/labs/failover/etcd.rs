@@ -15,8 +15,9 @@ use crate::connect;
 use crate::events::facts::{GaveUp, HolderNow};
 use crate::events::{Event, Kind};
 use crate::labs::Stage;
+use crate::labs::faults::Hand;
 use crate::lock::etcd::EtcdLock;
-use crate::nemesis::Nemesis;
+use crate::nemesis::Fault;
 use crate::output::human;
 use crate::store::Store;
 use crate::worker::WorkerSpec;
@@ -28,7 +29,7 @@ impl Play<'_> {
     pub(super) fn etcd_leader_killed(
         &self,
         stage: &mut Stage,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
         etcd: &mut EtcdCluster,
         store: &mut Store,
     ) -> Result<Vec<Scenario>> {
@@ -114,7 +115,7 @@ impl Play<'_> {
         // leads at this moment, as the cluster reports it, and B's queued key is read first.
         let killed_at = Instant::now();
         let words = format!("SIGKILLs the leader {}", etcd.members[leader].name);
-        nemesis.kill(stage, &mut etcd.members[leader], words)?;
+        hand.play(stage, &mut etcd.members[leader], Fault::Kill, words)?;
         let old_leader = etcd.members[leader].id;
         // etcd's `status` reports the term of the last entry the member has *applied*, not
         // the term Raft is in: right after an election it still shows the old term. A new
@@ -282,7 +283,7 @@ impl Play<'_> {
             "SIGKILLs {} too: one member of three is left",
             etcd.members[near].name
         );
-        nemesis.kill(stage, &mut etcd.members[near], words)?;
+        hand.play(stage, &mut etcd.members[near], Fault::Kill, words)?;
         let Some(refusal) = try_to_lock_without_majority(c)? else {
             bail!("etcd granted a lease with one member of three: that cannot be");
         };

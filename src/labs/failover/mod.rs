@@ -38,6 +38,7 @@ use super::runner::{self, Lab, Run};
 use super::{LONGEST_LAB_WAIT, OutputArgs, duration_in};
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::connect::{self, Backend};
+use crate::labs::faults::Hand;
 use crate::nemesis::Nemesis;
 use crate::output::human;
 use crate::servers::ServerArgs;
@@ -209,12 +210,9 @@ impl Lab for Plan {
             play.redis_failover(&mut stage, &mut nemesis, &mut redis, &mut store)?;
         redis.stop();
         stage.checkpoint(&super::step::failover::ETCD);
-        scenarios.extend(play.etcd_leader_killed(
-            &mut stage,
-            &mut nemesis,
-            &mut etcd,
-            &mut store,
-        )?);
+        // The etcd part's kills: played by the nemesis's player as their moments come.
+        let mut hand = Hand::new(&stage);
+        scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, &mut store)?);
         Ok(Verdict {
             ttl: self.ttl,
             scenarios,

@@ -13,11 +13,24 @@ use crate::check::naive as checks;
 use crate::events::What;
 use crate::events::facts::{Observed, Pttl};
 use crate::events::{Event, Kind};
+use crate::labs::faults::{Faults, Until};
 use crate::lock::redis::owner_and_pttl;
-use crate::nemesis::Nemesis;
+use crate::nemesis::schedule::{Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::human;
 use crate::redis_health::KeyWatch;
 use crate::worker::racer::{Acquire, Holder, Release};
+
+/// The stuck runs' one fault: A killed as soon as the lab has read its key's PTTL.
+fn kill_a() -> Schedule {
+    Schedule::new(vec![Step {
+        at_ms: 0,
+        after: None,
+        fault: Fault::Kill,
+        target: "A".into(),
+        duration_ms: None,
+    }])
+}
 
 impl Play<'_> {
     /// A takes the lock and is killed holding it; B tries for `--wait`. Broken: B gives
@@ -69,12 +82,10 @@ impl Play<'_> {
             Acquire::SetnxThenExpire => "between SETNX and PEXPIRE: the PEXPIRE is never sent",
             _ => "while it holds the lock: its release never runs",
         };
-        let pid = a.pid;
-        Nemesis::new().kill(
-            &mut stage,
-            &mut a,
-            format!("SIGKILL to A (pid {pid}) {where_}"),
-        )?;
+        let mut faults = Faults::new(&kill_a(), &stage)
+            .saying(|cue| Note::from(format!("SIGKILL to A (pid {}) {where_}", cue.pid)));
+        let killed = Until::done(Duration::from_secs(5));
+        stage.play(&mut faults, &mut Nemesis::new(), &mut [&mut a], killed)?;
         let killed_at = Instant::now();
 
         let mut b = stage.spawn("B", &self.spec("B", holder))?;

@@ -15,8 +15,8 @@ use crate::events::What;
 use crate::events::facts::{Handover, Workers};
 use crate::events::{Event, Kind};
 use crate::invoices::{self, Approach, Moment, Tables, Tally};
+use crate::labs::faults::Hand;
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::Nemesis;
 use crate::worker::WorkerSpec;
 use crate::worker::invoicer::Role;
 
@@ -257,9 +257,8 @@ impl Play<'_> {
             others: names(others),
         };
 
-        let mut nemesis = Nemesis::new();
-        let (faults, tallies, latencies) =
-            self.watch(stage, db, &mut nemesis, &mut workers, order)?;
+        let mut hand = Hand::new(stage);
+        let (faults, tallies, latencies) = self.watch(stage, db, &mut hand, &mut workers, order)?;
         for worker in &mut workers {
             worker.finish(Duration::from_secs(5));
         }
@@ -272,7 +271,7 @@ impl Play<'_> {
         &self,
         stage: &mut Stage,
         db: &mut PgClient,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
         workers: &mut Vec<WorkerHandle>,
         mut order: Starts,
     ) -> Result<(Faults, Vec<Tally>, Vec<u64>)> {
@@ -308,12 +307,12 @@ impl Play<'_> {
                             && points::stop_at(who, fault.freezes(), false).is_some() =>
                     {
                         let struck = Struck::from(&event)?;
-                        self.freeze(stage, db, nemesis, find(workers, who)?, &struck)?;
+                        self.freeze(stage, db, hand, find(workers, who)?, &struck)?;
                         faults.frozen.push(struck);
                     }
                     (Kind::Claimed, KILLED) if fault.kills() => {
                         let struck = Struck::from(&event)?;
-                        self.kill(stage, nemesis, find(workers, KILLED)?, &struck)?;
+                        self.kill(stage, hand, find(workers, KILLED)?, &struck)?;
                         dead.push(KILLED.into());
                         faults.killed = Some(struck);
                         if self.approach == Approach::Partitioned {
@@ -368,7 +367,7 @@ impl Play<'_> {
             for (who, waited_enough) in due {
                 let met = self.met(db, &faults, &who)?;
                 if met.is_some() || waited_enough {
-                    self.resume(stage, db, nemesis, workers, &mut faults, &who, met)?;
+                    self.resume(stage, db, hand, workers, &mut faults, &who, met)?;
                 }
             }
             if faults.watched().is_some_and(|f| !f.resumed)

@@ -13,8 +13,9 @@ use crate::connect::{PgClient, RedisConn};
 use crate::events::Event;
 use crate::events::facts::{Expired, FaultFacts, HolderNow, Session};
 use crate::invoices::Approach;
+use crate::labs::faults::Hand;
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::{Nemesis, Note};
+use crate::nemesis::{self, Note};
 use crate::output::{count, human};
 
 /// How another worker met a frozen one before its SIGCONT: what makes its point a test.
@@ -46,7 +47,7 @@ impl Play<'_> {
         &self,
         stage: &mut Stage,
         db: &mut PgClient,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
         worker: &mut WorkerHandle,
         struck: &Struck,
     ) -> Result<()> {
@@ -72,7 +73,7 @@ impl Play<'_> {
                 ..FaultFacts::default()
             },
         );
-        nemesis.pause(stage, &*worker, note)?;
+        hand.play(stage, worker, nemesis::Fault::Pause, note)?;
         worker.tell("go")?;
         if strike.worker == WATCHED
             && matches!(
@@ -90,7 +91,7 @@ impl Play<'_> {
     pub(super) fn kill(
         &self,
         stage: &mut Stage,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
         worker: &mut WorkerHandle,
         struck: &Struck,
     ) -> Result<()> {
@@ -106,12 +107,12 @@ impl Play<'_> {
                 ..FaultFacts::default()
             },
         );
-        nemesis.kill(stage, worker, note)
+        hand.play(stage, worker, nemesis::Fault::Kill, note)
     }
 
-    // The strikes are played by hand, not as a schedule (labs::faults): a frozen worker is
-    // resumed once Postgres says another worker met it — a condition read back mid-run
-    // (`met`), not a time or an event.
+    // The strikes are played by the nemesis's player as steps added when they come (a
+    // `Hand`): a frozen worker is resumed once Postgres says another worker met it — a
+    // condition read back mid-run (`met`), not a time or an event.
 
     /// Has another worker met the frozen `who` yet — so that its point is a test, not a
     /// matter of timing? Asked of Postgres: a worker session that `pg_blocking_pids` says
@@ -149,7 +150,7 @@ impl Play<'_> {
         &self,
         stage: &mut Stage,
         db: &mut PgClient,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
         workers: &mut [WorkerHandle],
         faults: &mut Faults,
         who: &str,
@@ -180,9 +181,10 @@ impl Play<'_> {
             ),
         };
         let worker = find(workers, who)?;
-        nemesis.resume(
+        hand.play(
             stage,
-            &*worker,
+            worker,
+            nemesis::Fault::Resume,
             Note::new(
                 format!(
                     "SIGCONT {who} after {} ({how}): it carries on from where it stopped",

@@ -15,7 +15,9 @@ use crate::events::What;
 use crate::events::facts::{Expired, FaultFacts, Handover};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
-use crate::nemesis::{Nemesis, Note};
+use crate::labs::faults::Faults;
+use crate::nemesis::schedule::Schedule;
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::{count, human};
 
 impl Play<'_> {
@@ -55,18 +57,25 @@ impl Play<'_> {
             )?
             .job()
             .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
-        // Played by hand, not as a schedule (labs::faults): the resume's line and facts are
-        // what Postgres says just before it (jobs the others processed, who took the frozen
-        // job), read back mid-run.
-        let frozen = &workers[frozen_index];
-        nemesis.pause(
-            round.stage,
-            frozen,
-            Note::new(format!(
+        // Played now, steps added to the round's schedule as they come: the resume's line
+        // and facts are what Postgres says just before it (jobs the others processed, who
+        // took the frozen job), read back mid-run.
+        let mut faults = Faults::new(&Schedule::default(), &*round.stage);
+        let frozen = &mut workers[frozen_index];
+        let words = Note::new(
+            format!(
                 "SIGSTOP {frozen_name} (pid {}) while it holds job {job}; its connection stays open",
                 frozen.pid
-            ), FaultFacts { job: Some(job), ..FaultFacts::default() }),
-        )?;
+            ),
+            FaultFacts {
+                job: Some(job),
+                ..FaultFacts::default()
+            },
+        );
+        let stop = (Fault::Pause, frozen_name.as_str());
+        round
+            .stage
+            .play_now(&mut faults, nemesis, &mut [frozen], stop, words)?;
         let frozen_at = Instant::now();
         let session = self.session(&frozen_name);
         if self.mode.transactional() {
@@ -155,9 +164,12 @@ impl Play<'_> {
                 times(frozen_job_done as usize).to_string()
             }
         );
-        nemesis.resume(
-            round.stage,
-            frozen,
+        let resume = (Fault::Resume, frozen_name.as_str());
+        round.stage.play_now(
+            &mut faults,
+            nemesis,
+            &mut [&mut *frozen],
+            resume,
             Note::new(
                 words,
                 FaultFacts {

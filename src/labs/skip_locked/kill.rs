@@ -16,7 +16,9 @@ use crate::events::What;
 use crate::events::facts::{FaultFacts, Handover, JobFate};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
-use crate::nemesis::{Nemesis, Note};
+use crate::labs::faults::Faults;
+use crate::nemesis::schedule::Schedule;
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::count;
 
 impl Play<'_> {
@@ -56,9 +58,9 @@ impl Play<'_> {
         let (done_before_kill, _) = round.counts(2)?;
         round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
 
-        // Played by hand, not as a schedule (labs::faults): the kill's line carries what
-        // Postgres counts just before it, and the reclaim is timed from Postgres's own clock
-        // read at that moment.
+        // Played now, a step added to the round's schedule as it comes: the kill's line
+        // carries what Postgres counts just before it, and the reclaim is timed from
+        // Postgres's own clock read at that moment.
         let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
         let how = if self.mode.transactional() {
             "its transaction is open, the job is claimed but not done"
@@ -70,9 +72,13 @@ impl Play<'_> {
             victim.pid,
             count(done_before_kill, "job", "jobs")
         );
-        nemesis.kill(
-            round.stage,
-            victim,
+        let name = victim.name.clone();
+        let mut faults = Faults::new(&Schedule::default(), &*round.stage);
+        round.stage.play_now(
+            &mut faults,
+            nemesis,
+            &mut [&mut *victim],
+            (Fault::Kill, &name),
             Note::new(
                 words,
                 FaultFacts {

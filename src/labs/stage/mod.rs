@@ -12,6 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use super::{step, worker_failed};
 use crate::events::facts::{Part, StoreRecord, Warning};
 use crate::events::{self, Event, Incoming, Kind, What};
+use crate::nemesis::schedule::Schedule;
 use crate::output::{Style, Timeline};
 use crate::procs::{self, StopPlan};
 use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
@@ -62,23 +63,53 @@ enum Early {
 }
 
 /// A run's typed history: every event its stages showed, in order, for the pictures drawn
-/// once the lab has its verdict. Shared by the run's stages (a lab may play several).
+/// once the lab has its verdict — and every schedule its stages played, for `--json`.
+/// Shared by the run's stages (a lab may play several).
 #[derive(Clone, Debug, Default)]
-pub struct History(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
+pub struct History {
+    events: std::sync::Arc<std::sync::Mutex<Vec<Event>>>,
+    /// By play (its number), the schedule as it last stood.
+    schedules: std::sync::Arc<std::sync::Mutex<Vec<(u64, Schedule)>>>,
+}
 
 impl History {
     fn push(&self, event: &Event) {
-        if let Ok(mut events) = self.0.lock() {
+        if let Ok(mut events) = self.events.lock() {
             events.push(event.clone());
         }
     }
 
     /// The events so far, taken out.
     pub fn take(&self) -> Vec<Event> {
-        self.0
+        self.events
             .lock()
             .map(|mut events| std::mem::take(&mut *events))
             .unwrap_or_default()
+    }
+
+    /// Keeps the schedule of play `play` as it stands now (a play whose schedule grows as
+    /// it plays says so again).
+    fn played(&self, play: u64, schedule: &Schedule) {
+        if let Ok(mut schedules) = self.schedules.lock() {
+            match schedules.iter_mut().find(|(id, _)| *id == play) {
+                Some((_, kept)) => *kept = schedule.clone(),
+                None => schedules.push((play, schedule.clone())),
+            }
+        }
+    }
+
+    /// The distinct schedules the run played, in the order they were first played: a lab
+    /// that plays the same faults in several runs (the broken one and its fix) played one.
+    pub fn schedules(&self) -> Vec<Schedule> {
+        let mut distinct: Vec<Schedule> = Vec::new();
+        if let Ok(schedules) = self.schedules.lock() {
+            for (_, schedule) in schedules.iter() {
+                if !schedule.is_empty() && !distinct.contains(schedule) {
+                    distinct.push(schedule.clone());
+                }
+            }
+        }
+        distinct
     }
 }
 
@@ -501,6 +532,23 @@ impl Stage {
 impl crate::nemesis::Record for Stage {
     fn record(&mut self, event: Event) {
         Stage::record(self, event);
+    }
+}
+
+/// The floor the nemesis's player plays on: the stage's log and its clock.
+impl crate::nemesis::play::Floor for Stage {
+    fn events(&self) -> &[Event] {
+        &self.log
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.elapsed().as_millis() as u64
+    }
+
+    fn playing(&mut self, play: u64, schedule: &Schedule) {
+        if let Some(history) = &self.history {
+            history.played(play, schedule);
+        }
     }
 }
 
