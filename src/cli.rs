@@ -222,6 +222,10 @@ Every lab also takes --html FILE and --svg FILE to draw the run it just played."
     /// (used by the test suite, which must never depend on fixed ports)
     #[command(name = "__serve", hide = true)]
     Serve,
+    /// A room's guard (started by `lockslab up --room`): each door is PROTOCOL:FD:SERVER, a
+    /// listening socket it inherited and the loopback server behind it
+    #[command(name = "__guard", hide = true)]
+    Guard { doors: Vec<String> },
 }
 
 #[derive(clap::Args, Debug)]
@@ -262,6 +266,10 @@ pub fn run() -> Result<ExitCode> {
     };
     if let Command::InternalWorker = &command {
         return Ok(worker::run_internal());
+    }
+    if let Command::Guard { doors } = &command {
+        // Before the interrupt handler: the guard ends at `lockslab down`'s SIGTERM.
+        return run_guard(doors);
     }
     crate::procs::install_interrupt_handler()?;
     // Checked once, before anything runs: every run id is drawn from it.
@@ -320,8 +328,21 @@ pub fn run() -> Result<ExitCode> {
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
-        Command::InternalWorker => unreachable!("handled above"),
+        Command::InternalWorker | Command::Guard { .. } => unreachable!("handled above"),
     }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `lockslab __guard`: the room's guard, until it is killed.
+fn run_guard(doors: &[String]) -> Result<ExitCode> {
+    crate::proxy::guard::take_process_name();
+    let doors = doors
+        .iter()
+        // SAFETY: `lockslab up --room` passes each listening socket to this process alone
+        // (see `servers::PrivateServers::start_guard`).
+        .map(|door| unsafe { crate::proxy::guard::Door::from_argument(door) })
+        .collect::<Result<Vec<_>>>()?;
+    crate::proxy::guard::run(doors)?;
     Ok(ExitCode::from(EXIT_OK))
 }
 
