@@ -420,6 +420,7 @@ struct UpArgs {
 }
 
 fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
+    use crate::proxy::guard;
     let state = servers::up_room(addr, seats)?;
     let seats = state.seats.len() as i64;
     let redact = |url: Option<&str>| crate::connect::redact(url.unwrap_or("-"));
@@ -443,13 +444,17 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
     crate::outln!("            a role per seat, owning a database named like it; SCRAM");
     crate::outln!(
-        "            max_connections {} = {seats} seats × {} per lab run + 40",
+        "            max_connections {} = {seats} seats × {} per lab run + {} + {}",
         servers::room_pg_connections(seats),
-        servers::PG_CONNECTIONS_PER_LAB
+        servers::PG_CONNECTIONS_PER_LAB,
+        servers::ROOM_PG_INSTRUCTOR_CONNECTIONS,
+        guard::LOGINS_PER_SERVER
     );
     crate::outln!(
-        "            (each seat's limit: {})",
-        servers::PG_CONNECTIONS_PER_LAB
+        "            (each seat's limit: {}; yours: {}; logins at once: {})",
+        servers::PG_CONNECTIONS_PER_LAB,
+        servers::ROOM_PG_INSTRUCTOR_CONNECTIONS,
+        guard::LOGINS_PER_SERVER
     );
     match state.seats.first().and_then(|seat| seat.uid) {
         Some(uid) => crate::outln!(
@@ -458,8 +463,18 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         None => crate::outln!("The seats' Redis and etcd run as you: passwords keep them apart."),
     }
     crate::outln!("Shared by every seat: Postgres, and this machine's CPU, memory and disk.");
-    crate::outln!("Still open to anyone on the room's network: each seat's ports, for a TLS");
-    crate::outln!("handshake (etcd) or a password prompt (Redis, Postgres), and their CPU.");
+    crate::outln!("On the room's address, Postgres and the seats' Redis sit behind a guard:");
+    crate::outln!(
+        "  per source address {} logins at once, {} unfinished in all; {} s to log in",
+        guard::LOGINS_PER_ADDRESS,
+        guard::UNPROVEN_PER_ADDRESS,
+        guard::LOGIN_DEADLINE.as_secs()
+    );
+    crate::outln!(
+        "  (Postgres's own authentication_timeout: {} s). A flood from many addresses",
+        servers::ROOM_PG_AUTHENTICATION_TIMEOUT_S
+    );
+    crate::outln!("  still slows or blocks logins; each seat's etcd wants its certificate.");
     crate::outln!();
     crate::outln!(
         "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",

@@ -69,8 +69,10 @@ pub const UNPROVEN_PER_ADDRESS: usize = 256;
 /// How many connections may be logging in at once on one server, from every address: what
 /// Postgres's `max_connections` keeps for logins on top of the seats' limits and the
 /// instructor's (see [`crate::servers::room_pg_connections`]). A flood from one address
-/// takes [`LOGINS_PER_ADDRESS`] of them; it takes five addresses to fill them.
-pub const LOGINS_PER_SERVER: usize = 32;
+/// takes [`LOGINS_PER_ADDRESS`] of them; it takes eight addresses to fill them (with 32,
+/// ten flooding addresses kept a seat's login waiting 4.8 s of its 5). Each costs
+/// Postgres a slot's shared memory, a few hundred kB in all.
+pub const LOGINS_PER_SERVER: usize = 64;
 
 /// How many unproven connections the guard holds in all, from every address: its sockets
 /// must stay well within its file descriptors (raised to the hard limit at start, 20,000
