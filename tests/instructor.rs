@@ -2441,17 +2441,33 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
 
     let mut seen_uids = Vec::new();
     let mut all_servers = Vec::new();
+    let mut guards = Vec::new();
     for n in [1, 2] {
         let (_, seat) = room.seat(n);
-        // The servers behind the seat's own lines, found by the ports they listen on.
-        let servers: Vec<i32> = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"]
-            .iter()
-            .map(|var| {
-                let at = host_port(&export_of(&seat, var));
-                let port = at.rsplit(':').next().unwrap().parse().unwrap();
-                listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+        // The servers behind the seat's own lines, found by the ports they listen on: its
+        // etcd's, and the guard's in front of its Redis (which listens on loopback, working
+        // in the seat's directory, one above its etcd's).
+        let [redis_door, etcd] = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"].map(|var| {
+            let at = host_port(&export_of(&seat, var));
+            let port = at.rsplit(':').next().unwrap().parse().unwrap();
+            listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+        });
+        let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm(redis_door).trim(), "lockslab-guard");
+        guards.push(redis_door);
+        let etcd_dir = std::fs::read_link(format!("/proc/{etcd}/cwd")).unwrap();
+        let redis = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/cwd"))
+                    .is_ok_and(|cwd| Some(cwd.as_path()) == etcd_dir.parent())
+                    && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|c| c.trim() == "redis-server")
             })
-            .collect();
+            .unwrap_or_else(|| panic!("no Redis of seat {n} beside its etcd"));
+        let servers = vec![redis, etcd];
         let uids: Vec<u32> = servers.iter().filter_map(|pid| uid_of(*pid)).collect();
         assert_eq!(uids.len(), 2);
         assert_eq!(uids[0], uids[1], "seat {n}: its Redis and etcd as one user");
@@ -2475,7 +2491,6 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
         // to it; its config holds passwords.
         let dir = std::fs::read_link(format!("/proc/{}/cwd", servers[0])).unwrap();
         assert!(dir.starts_with(&home), "{} is not up's", dir.display());
-        let etcd_dir = std::fs::read_link(format!("/proc/{}/cwd", servers[1])).unwrap();
         assert!(etcd_dir.starts_with(&dir), "{}", etcd_dir.display());
         for (path, owner, mode) in tree(&dir) {
             assert_eq!(owner, uid, "{} is not seat {n}'s", path.display());
@@ -2512,11 +2527,11 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
 
     let state_dir = room.state.path().to_path_buf();
     drop(room);
-    for pid in all_servers {
+    for pid in all_servers.into_iter().chain(guards) {
         assert!(
             eventually(std::time::Duration::from_secs(10), || proc_state(pid)
                 .is_none_or(|s| s == 'Z')),
-            "seat server {pid} still running after down"
+            "seat server or guard {pid} still running after down"
         );
     }
     if home != state_dir {
