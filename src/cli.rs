@@ -211,6 +211,10 @@ Every lab also takes --html FILE and --svg FILE to draw the run it just played."
     /// (used by the test suite, which must never depend on fixed ports)
     #[command(name = "__serve", hide = true)]
     Serve,
+    /// A room's guard (started by `lockslab up --room`): each door is PROTOCOL:FD:SERVER, a
+    /// listening socket it inherited and the loopback server behind it
+    #[command(name = "__guard", hide = true)]
+    Guard { doors: Vec<String> },
 }
 
 #[derive(clap::Args, Debug)]
@@ -251,6 +255,10 @@ pub fn run() -> Result<Exit> {
     };
     if let Command::InternalWorker = &command {
         return Ok(worker::run_internal());
+    }
+    if let Command::Guard { doors } = &command {
+        // Before the interrupt handler: the guard ends at `lockslab down`'s SIGTERM.
+        return run_guard(doors);
     }
     crate::procs::install_interrupt_handler()?;
     // Checked once, before anything runs: every run id is drawn from it.
@@ -309,9 +317,22 @@ pub fn run() -> Result<Exit> {
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
-        Command::InternalWorker => unreachable!("handled above"),
+        Command::InternalWorker | Command::Guard { .. } => unreachable!("handled above"),
     }
     Ok(Exit::Done)
+}
+
+/// `lockslab __guard`: the room's guard, until it is killed.
+fn run_guard(doors: &[String]) -> Result<ExitCode> {
+    crate::proxy::guard::take_process_name();
+    let doors = doors
+        .iter()
+        // SAFETY: `lockslab up --room` passes each listening socket to this process alone
+        // (see `servers::PrivateServers::start_guard`).
+        .map(|door| unsafe { crate::proxy::guard::Door::from_argument(door) })
+        .collect::<Result<Vec<_>>>()?;
+    crate::proxy::guard::run(doors)?;
+    Ok(ExitCode::from(EXIT_OK))
 }
 
 /// The shells `lockslab completions` writes for.
@@ -388,6 +409,7 @@ struct UpArgs {
 }
 
 fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
+    use crate::proxy::guard;
     let state = servers::up_room(addr, seats)?;
     let seats = state.seats.len() as i64;
     let redact = |url: Option<&str>| crate::connect::redact(url.unwrap_or("-"));
@@ -411,13 +433,17 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("  Postgres  {}", redact(state.postgres.as_deref()));
     crate::outln!("            a role per seat, owning a database named like it; SCRAM");
     crate::outln!(
-        "            max_connections {} = {seats} seats × {} per lab run + 40",
+        "            max_connections {} = {seats} seats × {} per lab run + {} + {}",
         servers::room_pg_connections(seats),
-        servers::PG_CONNECTIONS_PER_LAB
+        servers::PG_CONNECTIONS_PER_LAB,
+        servers::ROOM_PG_INSTRUCTOR_CONNECTIONS,
+        guard::LOGINS_PER_SERVER
     );
     crate::outln!(
-        "            (each seat's limit: {})",
-        servers::PG_CONNECTIONS_PER_LAB
+        "            (each seat's limit: {}; yours: {}; logins at once: {})",
+        servers::PG_CONNECTIONS_PER_LAB,
+        servers::ROOM_PG_INSTRUCTOR_CONNECTIONS,
+        guard::LOGINS_PER_SERVER
     );
     match state.seats.first().and_then(|seat| seat.uid) {
         Some(uid) => crate::outln!(
@@ -426,8 +452,18 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         None => crate::outln!("The seats' Redis and etcd run as you: passwords keep them apart."),
     }
     crate::outln!("Shared by every seat: Postgres, and this machine's CPU, memory and disk.");
-    crate::outln!("Still open to anyone on the room's network: each seat's ports, for a TLS");
-    crate::outln!("handshake (etcd) or a password prompt (Redis, Postgres), and their CPU.");
+    crate::outln!("On the room's address, Postgres and the seats' Redis sit behind a guard:");
+    crate::outln!(
+        "  per source address {} logins at once, {} unfinished in all; {} s to log in",
+        guard::LOGINS_PER_ADDRESS,
+        guard::UNPROVEN_PER_ADDRESS,
+        guard::LOGIN_DEADLINE.as_secs()
+    );
+    crate::outln!(
+        "  (Postgres's own authentication_timeout: {} s). A flood from many addresses",
+        servers::ROOM_PG_AUTHENTICATION_TIMEOUT_S
+    );
+    crate::outln!("  still slows or blocks logins; each seat's etcd wants its certificate.");
     crate::outln!();
     crate::outln!(
         "{seats} seat{}, seat01 to {}, each with its own password. Hand each attendee",

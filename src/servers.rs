@@ -17,6 +17,7 @@
 use std::fs;
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::connect::{self, Backend};
 use crate::identities::SEAT_UIDS;
 use crate::procs::{self, StopPlan};
+use crate::proxy::guard::{self, Protocol};
 
 /// The flags and environment variables that name servers; every lab takes them.
 ///
@@ -404,6 +406,8 @@ pub struct PrivateServers {
     /// else's, and cannot signal or trace another seat's servers. Empty when not root: the
     /// servers then run as lockslab's user, as every private server does.
     seat_users: Vec<(Uid, Gid)>,
+    /// A room's guard (see [`PrivateServers::start_guard`]), once started.
+    guard_pid: Option<i32>,
 }
 
 /// Every server lockslab starts demands a secret, on loopback too: any local user can
@@ -606,10 +610,15 @@ pub(crate) fn lab_redis_acl(
 /// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.
 pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
 
-/// A seat's Redis connections: Redis's own default. Unauthenticated connections count
-/// too, so a small number would let anyone who reaches the room's address lock a seat out
-/// with that many idle sockets; the labs need far fewer (50 workers at most).
-pub const SEAT_REDIS_MAXCLIENTS: u32 = 10_000;
+/// A seat's Redis connections. Connections that have not logged in count too, but only the
+/// room's guard reaches a seat's Redis, and it lets at most
+/// [`crate::proxy::guard::LOGINS_PER_SERVER`] of them through at a time, each for
+/// [`crate::proxy::guard::LOGIN_DEADLINE`]; the rest are the seat's own, logged in. The labs
+/// need far fewer (50 workers at most). The guard relays each connection on two file
+/// descriptors: Redis's default of 10,000 per seat would let one seat's logged-in
+/// connections take every descriptor the guard has (20,000 on a common machine), and with
+/// it every other seat's way in.
+pub const SEAT_REDIS_MAXCLIENTS: u32 = 256;
 
 /// A seat's Redis address space, in bytes. `maxmemory` is checked when a command or a
 /// script *starts*: one script that writes in a loop grows past it unchecked (350 MB for a
@@ -759,13 +768,28 @@ pub const PG_CONNECTIONS_AT_DEFAULTS: i64 = 14;
 /// How many attendees a room's servers are sized for, unless `--seats` says otherwise.
 pub const ROOM_ATTENDEES: i64 = 30;
 
-/// A room's Postgres connections: every attendee running the hungriest lab at once, and
-/// some to spare for `psql` and the by-hand exercises. Each seat's role is limited to one
-/// lab run's worth ([`PG_CONNECTIONS_PER_LAB`]), so even every seat at its limit leaves
-/// the 40 to the labs' role (the instructor's) and Postgres's reserved superuser slots.
+/// What a room's Postgres keeps for the labs' role (the instructor's) and the superuser
+/// slots, beyond the seats' limits: `psql`, the by-hand exercises, the instructor's own labs.
+pub const ROOM_PG_INSTRUCTOR_CONNECTIONS: i64 = 40;
+
+/// A room's Postgres connections: every attendee running the hungriest lab at once, the
+/// instructor's share, and the logins in progress. Each seat's role is limited to one lab
+/// run's worth ([`PG_CONNECTIONS_PER_LAB`]); a connection that is still logging in holds a
+/// slot before any role's limit is checked, and the room's guard lets at most
+/// [`crate::proxy::guard::LOGINS_PER_SERVER`] log in at once, whoever sends them. So even
+/// every seat at its limit, with the guard's logins all taken by a flood, leaves the
+/// instructor's [`ROOM_PG_INSTRUCTOR_CONNECTIONS`].
 pub const fn room_pg_connections(seats: i64) -> i64 {
-    seats * PG_CONNECTIONS_PER_LAB + 40
+    seats * PG_CONNECTIONS_PER_LAB
+        + ROOM_PG_INSTRUCTOR_CONNECTIONS
+        + crate::proxy::guard::LOGINS_PER_SERVER as i64
 }
+
+/// A room's Postgres's own login deadline (`authentication_timeout`, a minute by default):
+/// the second layer behind the guard's [`crate::proxy::guard::LOGIN_DEADLINE`], which
+/// fires first. It ends a login that reached Postgres by another way than the guard (a
+/// local user, on loopback) ten seconds in.
+pub const ROOM_PG_AUTHENTICATION_TIMEOUT_S: u64 = 10;
 
 /// Where an etcd listens while lockslab gives it its users (see
 /// [`PrivateServers::bootstrap_etcds`]): a Unix socket in its home, which etcd names as it
@@ -902,12 +926,14 @@ impl PrivateServers {
             redis_aof: false,
             seat_pids: Vec::new(),
             seat_users,
+            guard_pid: None,
         };
         let result = servers
             .start_each(backends)
             .and_then(|()| servers.check_etcd_users())
             .and_then(|()| servers.provision_postgres())
-            .and_then(|()| servers.start_seats());
+            .and_then(|()| servers.start_seats())
+            .and_then(|()| servers.start_guard());
         if let Err(err) = result {
             servers.stop();
             return Err(err);
@@ -1155,21 +1181,14 @@ impl PrivateServers {
             .map_or(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), |room| room.addr)
     }
 
-    /// Where the instructor's own server of `backend` listens. In a room only Postgres is
-    /// on the room's address (it holds the seats' databases and the room's results); the
-    /// instructor's Redis and etcd serve no seat — each seat has its own — so they stay on
-    /// loopback, out of reach of everyone in the room. That matters most for etcd: 3.4 asks
-    /// no password to compact, nor for lease calls (see [`SEAT_ETCD_QUOTA_BYTES`]).
-    fn host_for(&self, backend: Backend) -> std::net::IpAddr {
-        match backend {
-            Backend::Postgres => self.host(),
-            Backend::Redis | Backend::Etcd => std::net::IpAddr::V4(Ipv4Addr::LOCALHOST),
-        }
-    }
-
-    /// `host:port` as URLs write it (an IPv6 address in brackets), on the seats' host.
-    fn host_port(&self, port: u16) -> String {
-        std::net::SocketAddr::new(self.host(), port).to_string()
+    /// Where the instructor's own server of `backend` listens: loopback, always. In a room
+    /// Postgres is reached from the room's address (it holds the seats' databases and the
+    /// room's results), but through the room's guard (see [`PrivateServers::start_guard`]);
+    /// the instructor's Redis and etcd serve no seat — each seat has its own — so they are
+    /// out of reach of everyone in the room. That matters most for etcd: 3.4 asks no
+    /// password to compact, nor for lease calls (see [`SEAT_ETCD_QUOTA_BYTES`]).
+    fn host_for(&self, _backend: Backend) -> std::net::IpAddr {
+        std::net::IpAddr::V4(Ipv4Addr::LOCALHOST)
     }
 
     fn launch_on(&mut self, backend: Backend, port: u16) -> Result<()> {
@@ -1241,6 +1260,11 @@ impl PrivateServers {
                     // Dynamic shared memory in the data directory rather than /dev/shm: if
                     // the server is killed, it goes with the directory.
                     .args(["-c", "dynamic_shared_memory_type=mmap"]);
+                if self.room.is_some() {
+                    command.arg("-c").arg(format!(
+                        "authentication_timeout={ROOM_PG_AUTHENTICATION_TIMEOUT_S}s"
+                    ));
+                }
                 as_user(&mut command, self.pg_user.as_ref().map(|u| (u.uid, u.gid)));
                 // SIGINT is Postgres's fast shutdown: it does not wait for clients to leave.
                 (
@@ -1615,6 +1639,98 @@ impl PrivateServers {
         Ok(())
     }
 
+    /// A room's guard: the one process on the room's address in front of Postgres and each
+    /// seat's Redis, which listen on loopback only (see [`crate::proxy::guard`]). lockslab
+    /// binds each door's socket here, on a port the kernel chooses, and hands it to the
+    /// guard's process as an open file descriptor: no other process can take the port in
+    /// between, and connections queue from this moment. From then on the URLs of Postgres
+    /// (the instructor's too) and of each seat's Redis name the guard's doors.
+    ///
+    /// The seats' etcds stay on the room's address without it: each ends a connection
+    /// without the seat's certificate at its TLS handshake (see [`crate::etcd_tls`]).
+    fn start_guard(&mut self) -> Result<()> {
+        let Some(room) = self.room.clone() else {
+            return Ok(());
+        };
+        let mut doors: Vec<(Protocol, std::net::TcpListener, std::net::SocketAddr)> = Vec::new();
+        let bind = || {
+            std::net::TcpListener::bind((room.addr, 0))
+                .with_context(|| format!("listening on the room's address {}", room.addr))
+        };
+        let postgres = self.url(Backend::Postgres);
+        if let Some(url) = &postgres {
+            doors.push((Protocol::Postgres, bind()?, crate::proxy::upstream_of(url)?));
+        }
+        for seat in &room.seats {
+            if let Some(inner) = &seat.redis {
+                doors.push((Protocol::Redis, bind()?, inner.parse()?));
+            }
+        }
+        let fds: Vec<i32> = doors.iter().map(|(_, l, _)| l.as_raw_fd()).collect();
+        let mut command = Command::new(std::env::current_exe()?);
+        command.arg("__guard");
+        for ((protocol, _, server), fd) in doors.iter().zip(&fds) {
+            command.arg(guard::Door::argument(*protocol, *fd, *server));
+        }
+        // SAFETY: fcntl is async-signal-safe; it only lets the child keep these sockets.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in &fds {
+                    if nix::libc::fcntl(*fd, nix::libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let log = self.dir.join(GUARD_LOG);
+        let pid = self.spawn_server(
+            &mut command,
+            &self.dir.clone(),
+            &log,
+            guard_stop_plan(),
+            "guard",
+            None,
+        )?;
+        self.guard_pid = Some(pid);
+        let mut public = doors
+            .iter()
+            .map(|(_, listener, _)| listener.local_addr().map(|at| at.to_string()));
+        if let Some(url) = postgres {
+            let at = public.next().context("the guard's Postgres door")??;
+            let inner = crate::proxy::upstream_of(&url)?.to_string();
+            let through = |url: &str| url.replacen(&format!("@{inner}/"), &format!("@{at}/"), 1);
+            self.admin_url = self.admin_url.as_deref().map(through);
+            for (backend, url) in &mut self.urls {
+                if *backend == Backend::Postgres {
+                    *url = through(url);
+                    connect::note_source(url, connect::Source::Up);
+                }
+            }
+        }
+        let room = self.room.as_mut().context("a guard comes with a room")?;
+        for seat in room.seats.iter_mut().filter(|seat| seat.redis.is_some()) {
+            seat.redis = Some(public.next().context("a seat's Redis door")??);
+            connect::note_source(&seat.redis_url().unwrap_or_default(), connect::Source::Up);
+        }
+        // The sockets are the guard's now.
+        drop(doors);
+        if self.lifetime == Lifetime::Detached {
+            self.record(true)?;
+        }
+        // Through the guard, as every seat comes: it answers once it runs.
+        if let Some(url) = self.url(Backend::Postgres)
+            && let Err(failure) = wait_until_answering(Backend::Postgres, &url, pid)
+        {
+            bail!(
+                "the room's guard did not start ({}); the end of its log: {}",
+                failure.words(),
+                log_tail(&log)
+            );
+        }
+        Ok(())
+    }
+
     /// The directory of the room's seat number `index`: its Redis config, its etcd's data
     /// (`etcd`), their logs. 0700, and the seat's user's when lockslab runs as root.
     fn seat_home(&self, index: usize) -> PathBuf {
@@ -1685,10 +1801,15 @@ impl PrivateServers {
     }
 
     /// Starts the `backend` server of the room's seat number `index` on a free port, as the
-    /// seat's user when there is one; returns its pid.
+    /// seat's user when there is one; returns its pid. Its Redis listens on loopback, for
+    /// the room's guard to stand in front of (see [`PrivateServers::start_guard`]); its
+    /// etcd on the room's address, where it lets in no one without the seat's certificate.
     fn launch_for_seat(&mut self, backend: Backend, index: usize) -> Result<i32> {
-        let port = free_port_on(self.host())?;
-        let at = self.host_port(port);
+        let host = match backend {
+            Backend::Redis => std::net::IpAddr::V4(Ipv4Addr::LOCALHOST),
+            _ => self.host(),
+        };
+        let at = std::net::SocketAddr::new(host, free_port_on(host)?).to_string();
         let home = self.seat_home(index);
         let owner = self.seat_users.get(index).copied();
         let Some(room) = &mut self.room else {
@@ -1964,6 +2085,7 @@ impl PrivateServers {
                 .iter()
                 .chain(&self.seat_pids)
                 .map(|(_, pid)| *pid)
+                .chain(self.guard_pid)
                 .collect(),
             dir: self.dir.clone(),
             pg_home: (self.pg_home != self.dir).then(|| self.pg_home.clone()),
@@ -1991,7 +2113,11 @@ impl PrivateServers {
             .drain(..)
             .chain(self.pids.drain(..))
             .collect();
+        let guard = self.guard_pid.take();
         thread::scope(|scope| {
+            if let Some(pid) = guard {
+                scope.spawn(move || procs::stop(pid, &guard_stop_plan()));
+            }
             for (backend, pid) in servers {
                 scope.spawn(move || procs::stop(pid, &stop_plan(backend)));
             }
@@ -2019,6 +2145,9 @@ impl PrivateServers {
             procs::forget(pid);
         }
         for (_, pid) in self.seat_pids.drain(..) {
+            procs::forget(pid);
+        }
+        if let Some(pid) = self.guard_pid.take() {
             procs::forget(pid);
         }
         self.released = true;
@@ -2079,6 +2208,14 @@ fn stop_plan(backend: Backend) -> StopPlan {
 
 /// initdb stops cleanly on SIGTERM at the end of its current step, which takes a second or
 /// two on a busy machine; SIGKILL would leave its `postgres` child's shared memory behind.
+/// The room's guard ends at SIGTERM; it holds nothing to write out.
+fn guard_stop_plan() -> StopPlan {
+    StopPlan {
+        signal: Signal::SIGTERM,
+        grace: Duration::from_secs(2),
+    }
+}
+
 fn initdb_stop_plan() -> StopPlan {
     StopPlan {
         signal: Signal::SIGTERM,
@@ -2549,9 +2686,10 @@ pub struct UpState {
 
 /// The entries `lockslab up` makes in its state directory: `down` removes these and no
 /// others, in case the directory was shared with something else.
-const STATE_ENTRIES: [&str; 16] = [
+const STATE_ENTRIES: [&str; 17] = [
     "servers.json",
     "servers.json.tmp",
+    GUARD_LOG,
     "redis.log",
     "etcd.log",
     "postgres.log",
@@ -2568,6 +2706,9 @@ const STATE_ENTRIES: [&str; 16] = [
     // Where earlier versions kept the seats' Redis configs.
     "seat-redis",
 ];
+
+/// The room's guard's log, in the state directory.
+const GUARD_LOG: &str = "guard.log";
 
 /// Every seat's lines, in the state directory (mode 0600), for the instructor to hand out.
 pub const SEATS_FILE: &str = "room-seats.txt";
@@ -2833,7 +2974,7 @@ pub fn down() -> Result<bool> {
         .filter(|(_, _, name)| {
             matches!(
                 name.as_str(),
-                "redis-server" | "etcd" | "postgres" | "initdb"
+                "redis-server" | "etcd" | "postgres" | "initdb" | guard::PROCESS_NAME
             )
         })
         .collect();

@@ -2444,17 +2444,33 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
 
     let mut seen_uids = Vec::new();
     let mut all_servers = Vec::new();
+    let mut guards = Vec::new();
     for n in [1, 2] {
         let (_, seat) = room.seat(n);
-        // The servers behind the seat's own lines, found by the ports they listen on.
-        let servers: Vec<i32> = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"]
-            .iter()
-            .map(|var| {
-                let at = host_port(&export_of(&seat, var));
-                let port = at.rsplit(':').next().unwrap().parse().unwrap();
-                listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+        // The servers behind the seat's own lines, found by the ports they listen on: its
+        // etcd's, and the guard's in front of its Redis (which listens on loopback, working
+        // in the seat's directory, one above its etcd's).
+        let [redis_door, etcd] = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"].map(|var| {
+            let at = host_port(&export_of(&seat, var));
+            let port = at.rsplit(':').next().unwrap().parse().unwrap();
+            listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+        });
+        let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm(redis_door).trim(), "lockslab-guard");
+        guards.push(redis_door);
+        let etcd_dir = std::fs::read_link(format!("/proc/{etcd}/cwd")).unwrap();
+        let redis = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/cwd"))
+                    .is_ok_and(|cwd| Some(cwd.as_path()) == etcd_dir.parent())
+                    && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|c| c.trim() == "redis-server")
             })
-            .collect();
+            .unwrap_or_else(|| panic!("no Redis of seat {n} beside its etcd"));
+        let servers = vec![redis, etcd];
         let uids: Vec<u32> = servers.iter().filter_map(|pid| uid_of(*pid)).collect();
         assert_eq!(uids.len(), 2);
         assert_eq!(uids[0], uids[1], "seat {n}: its Redis and etcd as one user");
@@ -2478,7 +2494,6 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
         // to it; its config holds passwords.
         let dir = std::fs::read_link(format!("/proc/{}/cwd", servers[0])).unwrap();
         assert!(dir.starts_with(&home), "{} is not up's", dir.display());
-        let etcd_dir = std::fs::read_link(format!("/proc/{}/cwd", servers[1])).unwrap();
         assert!(etcd_dir.starts_with(&dir), "{}", etcd_dir.display());
         for (path, owner, mode) in tree(&dir) {
             assert_eq!(owner, uid, "{} is not seat {n}'s", path.display());
@@ -2515,11 +2530,11 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
 
     let state_dir = room.state.path().to_path_buf();
     drop(room);
-    for pid in all_servers {
+    for pid in all_servers.into_iter().chain(guards) {
         assert!(
             eventually(std::time::Duration::from_secs(10), || proc_state(pid)
                 .is_none_or(|s| s == 'Z')),
-            "seat server {pid} still running after down"
+            "seat server or guard {pid} still running after down"
         );
     }
     if home != state_dir {
@@ -2529,4 +2544,135 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
         .map(|dir| dir.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "down left {left:?}");
+}
+
+/// A TCP connection to `to` from the source address `from` (any of 127.0.0.0/8 on Linux):
+/// what an attendee at another machine of the room would open.
+fn connect_from(from: [u8; 4], to: &str) -> std::io::Result<std::net::TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::from((from, 0)).into())?;
+    let to: std::net::SocketAddr = to.parse().unwrap();
+    socket.connect(&to.into())?;
+    Ok(socket.into())
+}
+
+/// A Postgres startup packet for `user` on database `user`, the first thing a client sends.
+fn pg_startup(user: &str) -> Vec<u8> {
+    let body = [
+        &3u32.wrapping_shl(16).to_be_bytes()[..],
+        format!("user\0{user}\0database\0{user}\0\0").as_bytes(),
+    ]
+    .concat();
+    [&(body.len() as u32 + 4).to_be_bytes()[..], &body].concat()
+}
+
+/// Whether the other side closes `stream` before `until`: reads (and drops) whatever comes
+/// until the end of the stream, a reset, or `until`.
+fn closed_before(stream: &mut std::net::TcpStream, until: std::time::Instant) -> bool {
+    use std::io::Read;
+    let mut buffer = [0u8; 1024];
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let _ = stream.set_read_timeout(Some(left.max(std::time::Duration::from_millis(50))));
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Issue 40, the hostile re-attack: from the room's network, with no password, anyone could
+/// hold the room's connections in the middle of logging in — Postgres counts each against
+/// `max_connections` until its `authentication_timeout` (a minute), a seat's Redis against
+/// its `maxclients` for ever — and 200 of them locked every seat and the instructor out of
+/// Postgres. Now the room's address is the guard's, which lets one address log in eight at
+/// a time and gives every connection a few seconds to log in.
+#[test]
+fn a_flood_of_unfinished_logins_from_one_address_locks_no_one_else_out() {
+    const FLOOD_FROM: [u8; 4] = [127, 0, 0, 17];
+    let room = Room::up_with(&["up", "--room", "127.0.0.16", "--seats", "2"]);
+    let (_, seat) = room.seat(1);
+    let seat_pg = export_of(&seat, "LOCKSLAB_POSTGRES_URL");
+    let seat_redis = export_of(&seat, "LOCKSLAB_REDIS_URL");
+    // Logged in before the flood, used after it: the deadline is for logins only.
+    let mut early_pg = postgres::Client::connect(&seat_pg, postgres::NoTls).unwrap();
+    let mut early_redis = redis::Client::open(seat_redis.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+
+    // The flood: a startup packet for a real role and never its password (Postgres then
+    // waits for the password, holding a connection slot), and bare sockets on the seat's
+    // Redis. What the guard refuses at once is refused; the rest is held.
+    let startup = pg_startup("seat02");
+    let mut flood = Vec::new();
+    for (at, first) in [
+        (host_port(&seat_pg), startup.as_slice()),
+        (host_port(&seat_redis), b"".as_slice()),
+    ] {
+        for _ in 0..220 {
+            if let Ok(mut stream) = connect_from(FLOOD_FROM, &at) {
+                use std::io::Write;
+                let _ = stream.write_all(first);
+                flood.push(stream);
+            }
+        }
+    }
+    assert!(
+        flood.len() >= 220,
+        "only {} flood connections opened",
+        flood.len()
+    );
+
+    // Meanwhile, from another address: both seats, the labs' role, the superuser.
+    let (_, other) = room.seat(2);
+    for (who, url) in [
+        ("seat01", seat_pg.clone()),
+        ("seat02", export_of(&other, "LOCKSLAB_POSTGRES_URL")),
+        (
+            "the labs' role",
+            room.state_file()["postgres"].as_str().unwrap().to_string(),
+        ),
+        ("the superuser", room.admin_postgres()),
+    ] {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls)
+            .unwrap_or_else(|err| panic!("{who} refused during the flood: {err}"));
+        db.batch_execute("SELECT 1").unwrap();
+    }
+    let mut redis = redis::Client::open(seat_redis.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap_or_else(|err| panic!("seat01's Redis refused during the flood: {err}"));
+    assert_eq!(
+        redis::cmd("PING").query::<String>(&mut redis).unwrap(),
+        "PONG"
+    );
+
+    // Every flood connection is closed, well before Postgres's own minute.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let open = flood
+        .iter_mut()
+        .map(|stream| closed_before(stream, until))
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(open, 0, "flood connections still open");
+
+    // The connections that logged in before the flood outlived the login deadline.
+    early_pg.batch_execute("SELECT 1").unwrap();
+    assert_eq!(
+        redis::cmd("PING")
+            .query::<String>(&mut early_redis)
+            .unwrap(),
+        "PONG"
+    );
 }

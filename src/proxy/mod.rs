@@ -44,6 +44,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+pub mod guard;
 mod pg;
 mod url;
 pub use url::{through, upstream_of};

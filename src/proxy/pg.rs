@@ -28,9 +28,9 @@ const KEPT: usize = 64 * 1024;
 
 /// The startup packet's protocol versions (3.0 to 3.x) and its special requests.
 const PROTOCOL_3: u32 = 3 << 16;
-const CANCEL_REQUEST: u32 = 80_877_102;
-const SSL_REQUEST: u32 = 80_877_103;
-const GSSENC_REQUEST: u32 = 80_877_104;
+pub(super) const CANCEL_REQUEST: u32 = 80_877_102;
+pub(super) const SSL_REQUEST: u32 = 80_877_103;
+pub(super) const GSSENC_REQUEST: u32 = 80_877_104;
 
 /// The table whose writes are watched, as its schema and its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
