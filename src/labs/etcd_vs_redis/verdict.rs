@@ -15,6 +15,7 @@ use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::output::{human, table};
 use crate::worker::holder::release_of;
 
@@ -69,8 +70,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_matrix(&self.cells, &self.plan);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_matrix(&self.cells, &self.plan);
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

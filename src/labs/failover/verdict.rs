@@ -16,6 +16,7 @@ use crate::events::facts;
 use crate::events::{Event, Kind};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::output::{human, table};
 use crate::store::ReadBack;
 use crate::worker::sentinel_client::Rule;
@@ -211,8 +212,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdict(&self.scenarios);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdict(&self.scenarios);
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

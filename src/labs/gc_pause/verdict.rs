@@ -15,6 +15,7 @@ use crate::events::facts::StaleWrite;
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::lock::redis::Release;
 use crate::output::{human, table};
 use crate::store::{Outcome, ReadBack};
@@ -46,8 +47,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.runs, self.plan.ttl, self.plan.pause);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdicts(&self.runs, self.plan.ttl, self.plan.pause);
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

@@ -14,6 +14,7 @@ use crate::events::facts::{GuardDecided, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::lock::lease_guard::Guard;
 use crate::output::{human, table};
 use crate::store::{Attempt, ReadBack};
@@ -286,31 +287,33 @@ impl runner::Verdict for Verdict {
         Some(&crate::labs::step::lease_guard::VERDICT)
     }
 
-    fn print(&self) {
-        let faults = &self.plan.faults;
-        let header: Vec<&str> = std::iter::once("guard ↓  fault →")
-            .chain(faults.iter().map(|f| f.as_str()))
-            .collect();
-        let rows: Vec<Vec<String>> = self
-            .plan
-            .guards
-            .iter()
-            .map(|&guard| {
-                std::iter::once(guard.as_str().to_string())
-                    .chain(faults.iter().map(|&fault| {
-                        self.cell(guard, fault)
-                            .map(CellVerdict::word)
-                            .unwrap_or_default()
-                    }))
-                    .collect()
-            })
-            .collect();
-        crate::prose!("");
-        crate::prose!("{}", "Verdict — read back from the store".bold());
-        crate::prose!("{}", table(&header, &rows));
-        for line in self.sentences() {
-            crate::prose!("{line}");
-        }
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            let faults = &self.plan.faults;
+            let header: Vec<&str> = std::iter::once("guard ↓  fault →")
+                .chain(faults.iter().map(|f| f.as_str()))
+                .collect();
+            let rows: Vec<Vec<String>> = self
+                .plan
+                .guards
+                .iter()
+                .map(|&guard| {
+                    std::iter::once(guard.as_str().to_string())
+                        .chain(faults.iter().map(|&fault| {
+                            self.cell(guard, fault)
+                                .map(CellVerdict::word)
+                                .unwrap_or_default()
+                        }))
+                        .collect()
+                })
+                .collect();
+            crate::prose!("");
+            crate::prose!("{}", "Verdict — read back from the store".bold());
+            crate::prose!("{}", table(&header, &rows));
+            for line in self.sentences() {
+                crate::prose!("{line}");
+            }
+        })
     }
 }
 

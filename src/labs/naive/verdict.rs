@@ -19,6 +19,7 @@ use crate::events::What;
 use crate::events::facts::Observed;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::output::{human, table};
 
 /// One run (broken or fixed) of a scenario, counted from the evidence.
@@ -219,8 +220,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.scenarios);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdicts(&self.scenarios);
+        })
     }
 
     fn headline(&self) -> String {

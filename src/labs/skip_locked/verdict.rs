@@ -16,6 +16,7 @@ use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob, KillO
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::output::{count, human, table};
 use crate::queue::Mode;
 
@@ -184,8 +185,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdict(self);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdict(self);
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
