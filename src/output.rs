@@ -495,8 +495,8 @@ pub fn capturing() -> bool {
 /// Runs `print` and returns the lines it would have printed on stdout, printing none.
 ///
 /// What is left of "one output obtained by capturing another": the plain words of the
-/// verdicts not yet written as data ([`crate::labs::words::Said::Printed`]) — no-lock,
-/// network and queue. Once they return their words as data, this goes.
+/// verdicts not yet written as data ([`crate::labs::words::Said::Printed`]): no-lock,
+/// network, queue and redlock. Once they return their words as data, this goes.
 pub fn capture(print: impl FnOnce()) -> Vec<String> {
     CAPTURED.with(|captured| *captured.borrow_mut() = Some(Vec::new()));
     print();

@@ -36,6 +36,9 @@ pub enum Said<'a> {
     About { thing: String, sentence: String },
     /// Prose as the lab wrote it: each of its lines fitted to the width.
     Prose(String),
+    /// A line of a caveat beside the verdict: dimmed, two columns in, and kept as written
+    /// (its lines were broken by hand).
+    Aside(String),
     /// A `--step` stop between the words: a terminal stops there, a JSON text has none.
     Stop(&'static Checkpoint),
     /// Words not yet written as data: a lab's old print, run as it is on a terminal and
@@ -52,6 +55,18 @@ pub struct Words<'a> {
 impl<'a> Words<'a> {
     pub fn new() -> Words<'a> {
         Words::default()
+    }
+
+    /// The shape most verdicts open with: a blank line, the title, the table, a blank line;
+    /// the sentences about its rows follow.
+    pub fn titled_table<H: AsRef<str>>(
+        title: impl Into<String>,
+        header: &[H],
+        rows: Vec<Vec<String>>,
+    ) -> Words<'a> {
+        let mut words = Words::new();
+        words.blank().heading(title).table(header, rows).blank();
+        words
     }
 
     /// Words a lab still prints itself (see [`Said::Printed`]).
@@ -83,6 +98,10 @@ impl<'a> Words<'a> {
 
     pub fn prose(&mut self, text: impl Into<String>) -> &mut Self {
         self.say(Said::Prose(text.into()))
+    }
+
+    pub fn aside(&mut self, line: impl Into<String>) -> &mut Self {
+        self.say(Said::Aside(line.into()))
     }
 
     pub fn stop(&mut self, at: &'static Checkpoint) -> &mut Self {
@@ -139,6 +158,7 @@ fn lines(said: &Said) -> Vec<String> {
             fitted(&format!("  {} {sentence}", format!("{thing}:").bold()))
         }
         Said::Prose(text) => fitted(text),
+        Said::Aside(line) => vec![format!("  {}", line.dimmed())],
         Said::Stop(_) | Said::Printed(_) => Vec::new(),
     }
 }

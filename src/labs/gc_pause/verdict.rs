@@ -17,7 +17,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
 use crate::lock::redis::Release;
-use crate::output::{human, table};
+use crate::output::human;
 use crate::store::{Outcome, ReadBack};
 use crate::worker::holder::release_of;
 
@@ -48,9 +48,7 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            print_verdicts(&self.runs, self.plan.ttl, self.plan.pause);
-        })
+        verdict_words(&self.runs, self.plan.ttl, self.plan.pause)
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -505,7 +503,8 @@ fn token_text(token: Option<i64>) -> String {
     token.map(|t| t.to_string()).unwrap_or("?".into())
 }
 
-fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
+/// The verdict's words: a table with a column per run, then a sentence on each run.
+fn verdict_words(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) -> Words<'static> {
     let yes_no = |b: bool| {
         if b {
             "yes".to_string()
@@ -575,15 +574,9 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             }),
         );
     }
-    crate::outln!();
-    crate::prose!("{}", "Verdict".bold());
-    crate::prose!("{}", table(&header, &rows));
-    crate::outln!();
+    let mut words = Words::titled_table("Verdict", &header, rows);
     for verdict in verdicts {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", verdict.title()).bold(),
-            verdict.meaning(ttl, pause)
-        );
+        words.about(verdict.title(), verdict.meaning(ttl, pause));
     }
+    words
 }

@@ -16,7 +16,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
 use crate::lock::lease_guard::Guard;
-use crate::output::{human, table};
+use crate::output::human;
 use crate::store::{Attempt, ReadBack};
 use crate::worker::holder::release_of;
 
@@ -288,32 +288,34 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            let faults = &self.plan.faults;
-            let header: Vec<&str> = std::iter::once("guard ↓  fault →")
-                .chain(faults.iter().map(|f| f.as_str()))
-                .collect();
-            let rows: Vec<Vec<String>> = self
-                .plan
-                .guards
-                .iter()
-                .map(|&guard| {
-                    std::iter::once(guard.as_str().to_string())
-                        .chain(faults.iter().map(|&fault| {
-                            self.cell(guard, fault)
-                                .map(CellVerdict::word)
-                                .unwrap_or_default()
-                        }))
-                        .collect()
-                })
-                .collect();
-            crate::prose!("");
-            crate::prose!("{}", "Verdict — read back from the store".bold());
-            crate::prose!("{}", table(&header, &rows));
-            for line in self.sentences() {
-                crate::prose!("{line}");
-            }
-        })
+        let faults = &self.plan.faults;
+        let header: Vec<&str> = std::iter::once("guard ↓  fault →")
+            .chain(faults.iter().map(|f| f.as_str()))
+            .collect();
+        let rows: Vec<Vec<String>> = self
+            .plan
+            .guards
+            .iter()
+            .map(|&guard| {
+                std::iter::once(guard.as_str().to_string())
+                    .chain(faults.iter().map(|&fault| {
+                        self.cell(guard, fault)
+                            .map(CellVerdict::word)
+                            .unwrap_or_default()
+                    }))
+                    .collect()
+            })
+            .collect();
+        // No blank line above the heading, as this lab has always printed it (its old
+        // `prose!("")` printed nothing: an empty text has no line to fit).
+        let mut words = Words::new();
+        words
+            .heading("Verdict — read back from the store")
+            .table(&header, rows);
+        for line in self.sentences() {
+            words.prose(line);
+        }
+        words
     }
 }
 

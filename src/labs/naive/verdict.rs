@@ -20,7 +20,7 @@ use crate::events::facts::Observed;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
-use crate::output::{human, table};
+use crate::output::human;
 
 /// One run (broken or fixed) of a scenario, counted from the evidence.
 #[derive(Serialize, Debug, Clone)]
@@ -221,9 +221,7 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            print_verdicts(&self.scenarios);
-        })
+        verdict_words(&self.scenarios)
     }
 
     fn headline(&self) -> String {
@@ -343,7 +341,8 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
     }
 }
 
-fn print_verdicts(verdicts: &[ScenarioVerdict]) {
+/// The verdict's words: a row per scenario, then a sentence on each.
+fn verdict_words(verdicts: &[ScenarioVerdict]) -> Words<'static> {
     let count = |t: &Tally, broken: bool| {
         let text = if t.trials > 1 {
             format!(
@@ -375,28 +374,21 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             ]
         })
         .collect();
-    crate::outln!();
-    crate::prose!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
-    crate::prose!(
-        "{}",
-        table(
-            &[
-                "scenario",
-                "violation counted",
-                "broken lock",
-                "count",
-                "fixed lock",
-                "count"
-            ],
-            &rows
-        )
+    let header = [
+        "scenario",
+        "violation counted",
+        "broken lock",
+        "count",
+        "fixed lock",
+        "count",
+    ];
+    let mut words = Words::titled_table(
+        "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)",
+        &header,
+        rows,
     );
-    crate::outln!();
     for verdict in verdicts {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", verdict.name).bold(),
-            verdict.meaning
-        );
+        words.about(verdict.name, verdict.meaning.clone());
     }
+    words
 }
