@@ -21,6 +21,7 @@ pub mod runner;
 pub mod skip_locked;
 mod stage;
 pub mod step;
+pub mod words;
 
 pub use stage::{Feed, History, Stage, WorkerHandle};
 
@@ -142,13 +143,13 @@ pub fn worker_failed(worker: &str, text: &str) -> anyhow::Error {
 use crate::watchdog::at_ms;
 pub use crate::watchdog::{OwnPause, own_pauses};
 
-/// After a lab: if it was paused itself, one line that says its figures are disturbed (on
-/// stdout after the verdict, so that a picture shows it too; on stderr with `--json`, whose
-/// verdict carries `disturbed`).
-pub fn say_if_disturbed(json: bool) {
+/// After a lab: if it was paused itself, one sentence that says its figures are disturbed.
+/// The runner says it after the verdict's words (so that a picture shows it too), or on
+/// stderr with `--json`, whose verdict carries `disturbed`.
+pub fn disturbed_note() -> Option<String> {
     let pauses = own_pauses();
     if pauses.is_empty() {
-        return;
+        return None;
     }
     let total: Duration = pauses.iter().map(|p| p.gap).sum();
     let text = format!(
@@ -166,11 +167,7 @@ pub fn say_if_disturbed(json: bool) {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if json {
-        crate::errln!("lockslab: {text}");
-    } else {
-        crate::prose!("{text}");
-    }
+    Some(text)
 }
 
 /// Keeps the first of each repeated flag value (`--guard none --guard fencing --guard none`,

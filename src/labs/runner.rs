@@ -22,10 +22,11 @@ use super::OutputArgs;
 use super::leftovers::Leftovers;
 use super::stage::{History, Stage};
 use super::step::Checkpoint;
+use super::words::Words;
 use crate::connect::{self, Backend};
 use crate::events::envelope;
 use crate::nemesis::schedule::Schedule;
-use crate::output::{Style, Timeline, capture, json_line, run_heading, stamp_verdict, tee};
+use crate::output::{Style, Timeline, json_line, run_heading, stamp_verdict};
 use crate::picture::Recording;
 use crate::servers::{self, ServerArgs, Servers};
 
@@ -64,8 +65,9 @@ pub trait Lab {
 pub trait Verdict {
     /// The verdict's own fields; the runner puts them in the [`envelope`].
     fn fields(&self) -> Map<String, Value>;
-    /// The verdict table and its sentences, for a terminal.
-    fn print(&self);
+    /// The verdict table and its sentences, as data: the runner exports them to the
+    /// terminal, to `--json`'s `text` and to the picture ([`super::words`]).
+    fn words(&self) -> Words<'_>;
     /// The `--step` stop before the verdict is shown, if the lab has one.
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
         None
@@ -153,24 +155,25 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     schedule_fields(&mut fields, schedule.as_ref(), run.history.schedules())?;
     let mut verdict_json = envelope::verdict(lab.name(), &run.id, fields);
     stamp_verdict(&mut verdict_json);
-    let verdict_text = if style.json {
-        // The verdict's words as a terminal shows them, so `render` draws the same verdict
-        // as a live `--html`.
-        let words = crate::picture::trim_blank(capture(|| verdict.print()));
+    let mut words = verdict.words();
+    let note = super::disturbed_note();
+    if style.json {
+        // The verdict's words as a terminal shows them, without colours, so `render` draws
+        // the same verdict as a live `--html`.
         if let Some(fields) = verdict_json.as_object_mut() {
-            fields.insert("text".into(), words.clone().into());
+            fields.insert("text".into(), words.plain().into());
         }
         json_line(&verdict_json);
-        super::say_if_disturbed(true);
-        words
+        if let Some(note) = &note {
+            crate::errln!("lockslab: {note}");
+        }
     } else {
-        let words = tee(|| {
-            verdict.print();
-            super::say_if_disturbed(false);
-        });
+        if let Some(note) = note {
+            words.prose(note);
+        }
+        words.print();
         super::step::show_held();
-        words
-    };
+    }
     crate::room::record(
         server_args.postgres_url.as_deref(),
         lab.name(),
@@ -180,7 +183,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     let pictures = output.pictures()?;
     if !pictures.is_empty() {
         let verdict = style.json.then_some(verdict_json);
-        let recording = Recording::of_run(run.history.take(), verdict, verdict_text);
+        let recording = Recording::of_run(run.history.take(), verdict, words.plain());
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())

@@ -15,7 +15,8 @@ use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
-use crate::output::{human, table};
+use crate::labs::words::Words;
+use crate::output::human;
 use crate::worker::holder::release_of;
 
 /// One cell of the final matrix: one backend in one scenario, as the evidence shows it.
@@ -69,8 +70,8 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_matrix(&self.cells, &self.plan);
+    fn words(&self) -> Words<'_> {
+        matrix_words(&self.cells, &self.plan)
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -358,7 +359,8 @@ fn late_write_sentence(cell: &Cell) -> String {
     }
 }
 
-fn print_matrix(cells: &[Cell], plan: &Plan) {
+/// The verdict's words: a row per cell, a sentence on each, and what the matrix says.
+fn matrix_words(cells: &[Cell], plan: &Plan) -> Words<'static> {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let header = [
         "backend",
@@ -396,26 +398,19 @@ fn print_matrix(cells: &[Cell], plan: &Plan) {
             ]
         })
         .collect();
-    crate::outln!();
-    crate::prose!("{}", "Verdict (from the backends and the store)".bold());
-    crate::prose!("{}", table(&header, &rows));
-    crate::outln!();
+    let mut words = Words::titled_table("Verdict (from the backends and the store)", &header, rows);
     for cell in cells {
         let scenario = cell.scenario.name();
-        crate::prose!(
-            "  {} {}",
-            format!("{} / {scenario}:", cell.backend).bold(),
-            cell.meaning(plan)
-        );
+        words.about(format!("{} / {scenario}", cell.backend), cell.meaning(plan));
     }
-    crate::outln!();
-    crate::prose!(
-        "  {} a short renewed TTL (Redis or etcd) or a session gets the next holder \
+    words.blank().about(
+        "In short",
+        "a short renewed TTL (Redis or etcd) or a session gets the next holder \
          in fast after a crash, and lasts as long as the work; a TTL set once must \
          choose between the two. None of them keeps a paused holder out: only a token \
          the store checks keeps its write out. etcd's revision is such a token, and \
          Raft keeps what etcd acknowledged through a failover; a Redis owner value is \
          random, and Redis replicates asynchronously (lab 5).",
-        "In short:".bold()
     );
+    words
 }

@@ -16,7 +16,8 @@ use crate::events::facts;
 use crate::events::{Event, Kind};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
-use crate::output::{human, table};
+use crate::labs::words::Words;
+use crate::output::human;
 use crate::store::ReadBack;
 use crate::worker::sentinel_client::Rule;
 
@@ -211,8 +212,8 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdict(&self.scenarios);
+    fn words(&self) -> Words<'_> {
+        verdict_words(&self.scenarios)
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -329,7 +330,9 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     Ok(replayed)
 }
 
-fn print_verdict(scenarios: &[Scenario]) {
+/// The verdict's words: a row per scenario, a sentence on each, and the caveats of the
+/// scenarios that used WAIT or min-replicas-to-write.
+fn verdict_words(scenarios: &[Scenario]) -> Words<'static> {
     let yes_no = |v: Option<bool>| match v {
         Some(true) => "YES".red().bold().to_string(),
         Some(false) => "no".green().to_string(),
@@ -366,25 +369,13 @@ fn print_verdict(scenarios: &[Scenario]) {
             vec![s.name.clone(), yes_no(s.two_holders), tokens, stale, time]
         })
         .collect();
-    crate::outln!();
-    crate::prose!("{}", "Verdict".bold());
-    crate::prose!(
-        "{}",
-        table(
-            &["scenario", "2 holders", "tokens A→B", "late write", "time"],
-            &rows
-        )
-    );
-    crate::outln!();
+    let header = ["scenario", "2 holders", "tokens A→B", "late write", "time"];
+    let mut words = Words::titled_table("Verdict", &header, rows);
     for scenario in scenarios {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", scenario.name).bold(),
-            scenario.meaning()
-        );
+        words.about(scenario.name.clone(), scenario.meaning());
     }
     if scenarios.iter().any(|s| s.replicas_confirmed == Some(0)) {
-        crate::outln!();
+        words.blank();
         for line in [
             "WAIT buys detection: A learned that its lock lived on the primary only",
             "and wrote nothing. It is not consensus: the primary had granted the",
@@ -393,11 +384,11 @@ fn print_verdict(scenarios: &[Scenario]) {
             "promote a replica that never acknowledged and pass over the one that",
             "did. Nor does it order writes: it hands out no token.",
         ] {
-            crate::outln!("  {}", line.dimmed());
+            words.aside(line);
         }
     }
     if scenarios.iter().any(|s| s.refused.is_some()) {
-        crate::outln!();
+        words.blank();
         for line in [
             "min-replicas-to-write 1 turns the lost lock into a refused one, and",
             "leaves two gaps. A replica counts as good until its last",
@@ -408,7 +399,8 @@ fn print_verdict(scenarios: &[Scenario]) {
             "replica, while the Sentinels promote another. Set on every node, it",
             "also refuses writes on a promoted replica that has no replica yet.",
         ] {
-            crate::outln!("  {}", line.dimmed());
+            words.aside(line);
         }
     }
+    words
 }

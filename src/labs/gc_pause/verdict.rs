@@ -15,8 +15,9 @@ use crate::events::facts::StaleWrite;
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::lock::redis::Release;
-use crate::output::{human, table};
+use crate::output::human;
 use crate::store::{Outcome, ReadBack};
 use crate::worker::holder::release_of;
 
@@ -46,8 +47,8 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.runs, self.plan.ttl, self.plan.pause);
+    fn words(&self) -> Words<'_> {
+        verdict_words(&self.runs, self.plan.ttl, self.plan.pause)
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -502,7 +503,8 @@ fn token_text(token: Option<i64>) -> String {
     token.map(|t| t.to_string()).unwrap_or("?".into())
 }
 
-fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
+/// The verdict's words: a table with a column per run, then a sentence on each run.
+fn verdict_words(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) -> Words<'static> {
     let yes_no = |b: bool| {
         if b {
             "yes".to_string()
@@ -572,15 +574,9 @@ fn print_verdicts(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) {
             }),
         );
     }
-    crate::outln!();
-    crate::prose!("{}", "Verdict".bold());
-    crate::prose!("{}", table(&header, &rows));
-    crate::outln!();
+    let mut words = Words::titled_table("Verdict", &header, rows);
     for verdict in verdicts {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", verdict.title()).bold(),
-            verdict.meaning(ttl, pause)
-        );
+        words.about(verdict.title(), verdict.meaning(ttl, pause));
     }
+    words
 }

@@ -14,8 +14,9 @@ use crate::events::facts::{GuardDecided, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::lock::lease_guard::Guard;
-use crate::output::{human, table};
+use crate::output::human;
 use crate::store::{Attempt, ReadBack};
 use crate::worker::holder::release_of;
 
@@ -286,7 +287,7 @@ impl runner::Verdict for Verdict {
         Some(&crate::labs::step::lease_guard::VERDICT)
     }
 
-    fn print(&self) {
+    fn words(&self) -> Words<'_> {
         let faults = &self.plan.faults;
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
             .chain(faults.iter().map(|f| f.as_str()))
@@ -305,12 +306,16 @@ impl runner::Verdict for Verdict {
                     .collect()
             })
             .collect();
-        crate::prose!("");
-        crate::prose!("{}", "Verdict — read back from the store".bold());
-        crate::prose!("{}", table(&header, &rows));
+        // No blank line above the heading, as this lab has always printed it (its old
+        // `prose!("")` printed nothing: an empty text has no line to fit).
+        let mut words = Words::new();
+        words
+            .heading("Verdict — read back from the store")
+            .table(&header, rows);
         for line in self.sentences() {
-            crate::prose!("{line}");
+            words.prose(line);
         }
+        words
     }
 }
 

@@ -19,7 +19,8 @@ use crate::events::What;
 use crate::events::facts::Observed;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
-use crate::output::{human, table};
+use crate::labs::words::Words;
+use crate::output::human;
 
 /// One run (broken or fixed) of a scenario, counted from the evidence.
 #[derive(Serialize, Debug, Clone)]
@@ -219,8 +220,8 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.scenarios);
+    fn words(&self) -> Words<'_> {
+        verdict_words(&self.scenarios)
     }
 
     fn headline(&self) -> String {
@@ -340,7 +341,8 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
     }
 }
 
-fn print_verdicts(verdicts: &[ScenarioVerdict]) {
+/// The verdict's words: a row per scenario, then a sentence on each.
+fn verdict_words(verdicts: &[ScenarioVerdict]) -> Words<'static> {
     let count = |t: &Tally, broken: bool| {
         let text = if t.trials > 1 {
             format!(
@@ -372,28 +374,21 @@ fn print_verdicts(verdicts: &[ScenarioVerdict]) {
             ]
         })
         .collect();
-    crate::outln!();
-    crate::prose!("{}", "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)".bold());
-    crate::prose!(
-        "{}",
-        table(
-            &[
-                "scenario",
-                "violation counted",
-                "broken lock",
-                "count",
-                "fixed lock",
-                "count"
-            ],
-            &rows
-        )
+    let header = [
+        "scenario",
+        "violation counted",
+        "broken lock",
+        "count",
+        "fixed lock",
+        "count",
+    ];
+    let mut words = Words::titled_table(
+        "Verdict (from Redis: the holder entries the workers wrote, in Redis's order; GET and PTTL)",
+        &header,
+        rows,
     );
-    crate::outln!();
     for verdict in verdicts {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", verdict.name).bold(),
-            verdict.meaning
-        );
+        words.about(verdict.name, verdict.meaning.clone());
     }
+    words
 }

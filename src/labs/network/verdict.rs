@@ -16,6 +16,7 @@ use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::lock::redis::Release;
 use crate::output::{human, table};
 use crate::store::{Attempt, ReadBack};
@@ -69,17 +70,19 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.runs);
-        let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();
-        if !self.runs.is_empty() && (lost || !self.lost_lock.is_empty()) {
-            crate::labs::step::checkpoint(&crate::labs::step::network::VERDICT_LOST_REPLIES);
-        }
-        super::lost_reply::print(&self.lost_set, &self.lost_commit);
-        if let Some(found) = &self.lost_fenced_retry {
-            super::lost_fenced::print(found);
-        }
-        super::lost_lock_words::print(&self.lost_lock, self.lost_lock_queued.as_ref());
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdicts(&self.runs);
+            let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();
+            if !self.runs.is_empty() && (lost || !self.lost_lock.is_empty()) {
+                crate::labs::step::checkpoint(&crate::labs::step::network::VERDICT_LOST_REPLIES);
+            }
+            super::lost_reply::print(&self.lost_set, &self.lost_commit);
+            if let Some(found) = &self.lost_fenced_retry {
+                super::lost_fenced::print(found);
+            }
+            super::lost_lock_words::print(&self.lost_lock, self.lost_lock_queued.as_ref());
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

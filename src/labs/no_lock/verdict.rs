@@ -16,6 +16,7 @@ use crate::invoices::Moment;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
+use crate::labs::words::Words;
 use crate::output::{count, human, table};
 
 /// One approach's verdict: the `--json` verdict's `approaches` entries.
@@ -181,12 +182,14 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        if self.contention {
-            print_sweep(&self.approaches);
-        } else {
-            print_verdict(self);
-        }
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            if self.contention {
+                print_sweep(&self.approaches);
+            } else {
+                print_verdict(self);
+            }
+        })
     }
 
     fn headline(&self) -> String {

@@ -19,6 +19,7 @@ use crate::events::facts::{ServerCount, Turn};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
+use crate::labs::words::Words;
 use crate::nemesis::schedule::Schedule;
 use crate::output::{human, prose, table};
 use crate::store::ReadBack;
@@ -207,25 +208,27 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        if !self.queues.is_empty() {
-            print_queues(&self.queues, self.plan.waiters);
-            if self.churn.is_some() || self.expiry.is_some() || self.election.is_some() {
-                crate::labs::step::checkpoint(&crate::labs::step::queue::VERDICT_FAULTS);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            if !self.queues.is_empty() {
+                print_queues(&self.queues, self.plan.waiters);
+                if self.churn.is_some() || self.expiry.is_some() || self.election.is_some() {
+                    crate::labs::step::checkpoint(&crate::labs::step::queue::VERDICT_FAULTS);
+                }
             }
-        }
-        if let Some(churn) = &self.churn {
-            print_churn(churn);
-        }
-        if let Some(expiry) = &self.expiry {
-            print_expiry(expiry);
-        }
-        if let Some(election) = &self.election {
-            print_election(election);
-        }
-        if let Some(found) = &self.owner_txn {
-            found.print();
-        }
+            if let Some(churn) = &self.churn {
+                print_churn(churn);
+            }
+            if let Some(expiry) = &self.expiry {
+                print_expiry(expiry);
+            }
+            if let Some(election) = &self.election {
+                print_election(election);
+            }
+            if let Some(found) = &self.owner_txn {
+                found.print();
+            }
+        })
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

@@ -15,6 +15,7 @@ use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
+use crate::labs::words::Words;
 use crate::lock::redlock::{self, Attempt};
 use crate::nemesis::schedule::Schedule;
 use crate::output::table;
@@ -237,8 +238,10 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdicts(&self.scenarios, &self.plan.skipped);
+    fn words(&self) -> Words<'_> {
+        Words::printed_by(move || {
+            print_verdicts(&self.scenarios, &self.plan.skipped);
+        })
     }
 
     fn headline(&self) -> String {

@@ -16,7 +16,8 @@ use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob, KillO
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
-use crate::output::{count, human, table};
+use crate::labs::words::Words;
+use crate::output::{count, human};
 use crate::queue::Mode;
 
 /// One mode's verdict: exactly the fields of the `--json` verdict's `modes` array.
@@ -184,8 +185,8 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn print(&self) {
-        print_verdict(self);
+    fn words(&self) -> Words<'_> {
+        verdict_words(self)
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -193,7 +194,8 @@ impl runner::Verdict for Verdict {
     }
 }
 
-fn print_verdict(verdict: &Verdict) {
+/// The verdict's words: a row per mode, then a sentence on each mode.
+fn verdict_words(verdict: &Verdict) -> Words<'static> {
     let header = [
         "mode",
         "jobs",
@@ -228,22 +230,23 @@ fn print_verdict(verdict: &Verdict) {
             ]
         })
         .collect();
-    crate::outln!();
-    crate::prose!("{}", "Verdict (read back from the processing table)".bold());
-    crate::prose!("{}", table(&header, &rows));
-    crate::outln!();
+    let mut words = Words::titled_table(
+        "Verdict (read back from the processing table)",
+        &header,
+        rows,
+    );
     let fastest = verdict
         .modes
         .iter()
         .map(|m| m.verdict.jobs_per_s)
         .fold(0.0_f64, f64::max);
     for played in &verdict.modes {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", played.verdict.mode.name()).bold(),
-            meaning(verdict.pause, played, fastest)
+        words.about(
+            played.verdict.mode.name(),
+            meaning(verdict.pause, played, fastest),
         );
     }
+    words
 }
 
 /// One sentence (or two) on what a mode's numbers mean.

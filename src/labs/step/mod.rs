@@ -58,7 +58,7 @@ pub fn checkpoint_before(at: &Checkpoint, next: &str) {
 static PART: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
 fn stop(name: &str, question: &str) {
-    // A verdict's words captured for `--json` are not shown: no stop between them.
+    // A verdict's words captured for their plain text are not shown: no stop between them.
     if !stepping() || crate::procs::interrupted() || crate::output::capturing() {
         return;
     }
