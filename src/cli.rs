@@ -323,7 +323,7 @@ pub fn run() -> Result<Exit> {
 }
 
 /// `lockslab __guard`: the room's guard, until it is killed.
-fn run_guard(doors: &[String]) -> Result<ExitCode> {
+fn run_guard(doors: &[String]) -> Result<Exit> {
     crate::proxy::guard::take_process_name();
     let doors = doors
         .iter()
@@ -332,7 +332,7 @@ fn run_guard(doors: &[String]) -> Result<ExitCode> {
         .map(|door| unsafe { crate::proxy::guard::Door::from_argument(door) })
         .collect::<Result<Vec<_>>>()?;
     crate::proxy::guard::run(doors)?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(Exit::Done)
 }
 
 /// The shells `lockslab completions` writes for.
