@@ -607,8 +607,15 @@ pub(crate) fn lab_redis_acl(
     rules
 }
 
-/// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop.
+/// A seat's Redis memory: far more than any lab writes, and 30 of them fit a laptop. Its
+/// clients' buffers have a cap of the same size (`maxmemory-clients`): `maxmemory` counts
+/// data only, and a hostile re-attack grew a seat's Redis to 348 MB by asking for a big
+/// value 40 times and never reading the replies.
 pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
+
+/// The most replies a seat's Redis keeps waiting for one client to read: a lab's replies
+/// are a few bytes; past this the client is disconnected.
+const SEAT_REDIS_REPLY_BUFFER: &str = "8mb";
 
 /// A seat's Redis connections. Connections that have not logged in count too, but only the
 /// room's guard reaches a seat's Redis, and it lets at most
@@ -654,7 +661,9 @@ const SEATS_DIR: &str = "seats";
 fn seat_redis_config(seat: &Seat) -> String {
     format!(
         "requirepass {}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
-         maxmemory-policy noeviction\nmaxclients {SEAT_REDIS_MAXCLIENTS}\n",
+         maxmemory-policy noeviction\nmaxclients {SEAT_REDIS_MAXCLIENTS}\n\
+         client-output-buffer-limit normal {SEAT_REDIS_REPLY_BUFFER} {SEAT_REDIS_REPLY_BUFFER} 0\n\
+         maxmemory-clients {SEAT_REDIS_MAXMEMORY}\n",
         seat.admin_password,
         seat.name,
         seat.redis_acl().join(" ")

@@ -265,9 +265,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         clock: crate::connect::postgres(&setup.grader_url)?,
         clock_base: (start, 0),
     };
-    let asked = Instant::now();
-    let db_us = crate::challenge::table::clock_us(&mut run.clock)?;
-    run.clock_base = (asked + asked.elapsed() / 2, db_us);
+    run.clock_base = clock_base(&mut run.clock)?;
     let facts = crate::events::facts::RunFacts {
         run_id: Some(setup.run_id.clone()),
         ..Default::default()
@@ -327,6 +325,26 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         waits: std::mem::take(&mut run.waits),
         key_waits: std::mem::take(&mut run.key_waits),
     })
+}
+
+/// The database's clock against lockslab's: the reading of five whose round trip was the
+/// shortest, taken as read halfway through it. The log's changes are stamped by the
+/// database and the answers by lockslab; on a loaded machine one reading's round trip can
+/// take a hundred milliseconds, and an answer read a moment after a commit would seem to
+/// come before it (then a `fail` from a second delivery of the same job was blamed for the
+/// first delivery's write).
+fn clock_base(db: &mut crate::connect::PgClient) -> Result<(Instant, i64)> {
+    let mut best: Option<(Duration, Instant, i64)> = None;
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let db_us = crate::challenge::table::clock_us(db)?;
+        let round_trip = asked.elapsed();
+        if best.is_none_or(|(shortest, _, _)| round_trip < shortest) {
+            best = Some((round_trip, asked + round_trip / 2, db_us));
+        }
+    }
+    let (_, at, db_us) = best.expect("five readings");
+    Ok((at, db_us))
 }
 
 /// A pause or delay that waits for another client's fault to end, with the resume that
