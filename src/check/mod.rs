@@ -28,6 +28,7 @@ pub mod no_lock;
 pub mod queue;
 pub mod redlock;
 pub mod skip_locked;
+pub mod stated;
 
 use serde::Serialize;
 
