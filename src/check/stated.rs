@@ -295,6 +295,12 @@ mod tests {
         event
     }
 
+    /// What `verdict` states about a part tagged `scenario`.
+    fn stated<'a>(verdict: Option<&'a Value>, scenario: &str) -> Stated<'a> {
+        let event = tagged(scenario);
+        Stated::of(verdict, &[&event])
+    }
+
     fn attempt(writer: &str, accepted: bool, decided: i64) -> Value {
         json!({"writer": writer, "accepted": accepted, "decided": decided})
     }
@@ -305,16 +311,12 @@ mod tests {
             {"scenario": "kill", "two_holders": false},
             {"scenario": "freeze", "two_holders": true},
         ]});
-        let freeze = [tagged("freeze")];
-        let history: Vec<&Event> = freeze.iter().collect();
         assert_eq!(
-            Stated::of(Some(&verdict), &history).two_holders(&["A", "B"]),
+            stated(Some(&verdict), "freeze").two_holders(&["A", "B"]),
             Finding::Yes
         );
-        let kill = [tagged("kill")];
-        let history: Vec<&Event> = kill.iter().collect();
         assert_eq!(
-            Stated::of(Some(&verdict), &history).two_holders(&["A", "B"]),
+            stated(Some(&verdict), "kill").two_holders(&["A", "B"]),
             Finding::No
         );
     }
@@ -326,17 +328,15 @@ mod tests {
             {"name": "one", "two_holders": false},
             {"name": "two", "two_holders": true},
         ]});
-        let events = [tagged("both")];
-        let history: Vec<&Event> = events.iter().collect();
-        let stated = Stated::of(Some(&verdict), &history);
-        assert_eq!(stated.two_holders(&["A", "B"]), Finding::Unknown);
+        let both = stated(Some(&verdict), "both");
+        assert_eq!(both.two_holders(&["A", "B"]), Finding::Unknown);
         assert_eq!(
-            Stated::of(None, &history).two_holders(&["A", "B"]),
+            stated(None, "both").two_holders(&["A", "B"]),
             Finding::Unknown
         );
         let null = json!({"runs": [{"two_holders": null}]});
         assert_eq!(
-            Stated::of(Some(&null), &history).two_holders(&["A", "B"]),
+            stated(Some(&null), "both").two_holders(&["A", "B"]),
             Finding::Unknown
         );
     }
@@ -349,11 +349,9 @@ mod tests {
              "attempts": [attempt("B:u", true, 1), attempt("A:u", true, 2)]},
             {"name": "etcd", "two_holders": false, "attempts": []},
         ]});
-        let events = [tagged("failover")];
-        let history: Vec<&Event> = events.iter().collect();
-        let stated = Stated::of(Some(&verdict), &history);
-        assert_eq!(stated.two_holders(&["A:u", "B:u"]), Finding::Yes);
-        assert_eq!(stated.two_holders(&["A:e", "B:e"]), Finding::Unknown);
+        let failover = stated(Some(&verdict), "failover");
+        assert_eq!(failover.two_holders(&["A:u", "B:u"]), Finding::Yes);
+        assert_eq!(failover.two_holders(&["A:e", "B:e"]), Finding::Unknown);
     }
 
     #[test]
@@ -367,8 +365,7 @@ mod tests {
         let late = |fencing: bool| {
             let mut event = Event::new("A", What::Working, "at work");
             event.part.fencing = Some(fencing);
-            let history = [&event];
-            Stated::of(Some(&verdict), &history).late_writes(|_| Vec::new())
+            Stated::of(Some(&verdict), &[&event]).late_writes(|_| Vec::new())
         };
         let taken = LateWriteStated {
             writer: "A".into(),
@@ -392,10 +389,8 @@ mod tests {
             {"resource": "r1", "attempted": true, "accepted": true, "final_writer": "A"},
             {"resource": "r2", "attempted": true, "accepted": false, "final_writer": "B"},
         ]}]});
-        let events = [tagged("client-pause")];
-        let history: Vec<&Event> = events.iter().collect();
-        let stated = Stated::of(Some(&verdict), &history);
-        let found = stated.late_writes(|_| vec!["A".to_string(), "B".to_string()]);
+        let found = stated(Some(&verdict), "client-pause")
+            .late_writes(|_| vec!["A".to_string(), "B".to_string()]);
         let writers: Vec<(&str, Option<&str>, bool)> = found
             .iter()
             .map(|l| (l.writer.as_str(), l.resource.as_deref(), l.accepted))
