@@ -197,13 +197,85 @@ fn no_overlap_when_the_first_holder_lets_go_before_the_next_is_granted() {
     assert!(!svg.contains("<g class=\"overlap\""), "{svg}");
     assert!(!svg.contains("<g class=\"believed\""));
 
-    // The same with B granted before A lets go: now there are two holders.
+    // The same with B granted before A lets go, and a verdict that found two holders.
     let mut overlapping = history.to_vec();
     overlapping[2]["t_ms"] = json!(400);
     overlapping.swap(1, 2);
     let text: String = overlapping.iter().map(|e| format!("{e}\n")).collect();
-    let svg = picture::svg(&recording(&text));
+    let svg = picture::svg(&recording(&(text + &verdict_line(Some(true)))));
     assert!(svg.contains("two holders: A (lock ended) and B"), "{svg}");
+}
+
+/// A verdict line of one run whose checkers settled `two_holders` (null: could not tell).
+fn verdict_line(two_holders: Option<bool>) -> String {
+    let verdict = json!({"kind": "verdict", "lab": "gc-pause", "json_version": 4,
+        "runs": [{"two_holders": two_holders}]});
+    format!("{verdict}\n")
+}
+
+#[test]
+fn two_holders_is_drawn_only_where_the_verdict_found_it() {
+    // B's grant reached the lab before A's release: the arrival-stamped spans overlap. Whether
+    // Redis granted twice is what the checkers decide from its answers, not the picture.
+    let history = [
+        json!({"t_ms": 0, "worker": "A", "kind": "acquired", "text": "", "backend": "redis"}),
+        json!({"t_ms": 400, "worker": "B", "kind": "acquired", "text": "", "backend": "redis"}),
+        json!({"t_ms": 500, "worker": "A", "kind": "released", "text": "", "released": true}),
+        json!({"t_ms": 900, "worker": "B", "kind": "released", "text": "", "released": true}),
+    ];
+    let text: String = history.iter().map(|e| format!("{e}\n")).collect();
+    let drawn = |verdict: String| picture::svg(&recording(&format!("{text}{verdict}")));
+    let found = drawn(verdict_line(Some(true)));
+    assert!(
+        found.contains("two holders: A (lock ended) and B"),
+        "{found}"
+    );
+    for (verdict, what) in [
+        (verdict_line(Some(false)), "found none"),
+        (verdict_line(None), "could not tell"),
+        (String::new(), "is missing"),
+    ] {
+        let svg = drawn(verdict);
+        assert!(
+            !svg.contains("<g class=\"overlap\"") && !svg.contains("two holders"),
+            "the verdict {what}, yet the picture draws two holders: {svg}"
+        );
+        // The spans themselves are drawn as observed: both grants, both bars.
+        assert_eq!(count(&svg, "<g class=\"bar\""), 2);
+    }
+}
+
+#[test]
+fn a_write_is_stale_only_where_the_verdict_found_it_late() {
+    // Lab 1's unfenced run, its verdict edited to say the store decided no late write and
+    // nobody held the lock twice: A's write still comes after B's grant in arrival order.
+    let edited: String = GC_PAUSE
+        .lines()
+        .map(|line| {
+            let mut value: Value = serde_json::from_str(line).expect("a JSON line");
+            if value["kind"] == "verdict" {
+                let unfenced = &mut value["runs"][0];
+                assert_eq!(unfenced["fencing"], false);
+                unfenced["late_write"] = json!("none");
+                unfenced["stale_write_attempted"] = json!(false);
+                unfenced["two_holders"] = json!(false);
+            }
+            format!("{value}\n")
+        })
+        .collect();
+    let svg = picture::svg(&recording(&edited));
+    let unfenced = between(
+        &svg,
+        "data-part=\"fencing=false\"",
+        "data-part=\"fencing=true\"",
+    );
+    assert!(!unfenced.contains("STALE write"), "{unfenced}");
+    assert!(!unfenced.contains("<g class=\"overlap\""), "{unfenced}");
+    assert!(unfenced.contains("write, no token: accepted"));
+    // The fenced run's verdict is untouched: its late write and two holders stay drawn.
+    let fenced = between(&svg, "data-part=\"fencing=true\"", "</svg>");
+    assert!(fenced.contains("STALE write, token 1: REJECTED"));
+    assert!(fenced.contains("<g class=\"overlap\""));
 }
 
 #[test]
@@ -909,6 +981,47 @@ fn lab_5_draws_one_lane_per_lock_and_two_holders_only_within_one() {
         }
     }
     assert_labels_apart_and_beside(&picture::svg(&recording));
+}
+
+#[test]
+fn lab_6_draws_two_holders_only_in_the_scenarios_its_verdict_found_them() {
+    // In the client-pause scenario A froze past its validity and B was granted after it had
+    // ended: the verdict says the lock was never granted twice within validity. A's
+    // hatched tail (believed held until its release) still overlaps B's bar.
+    let recording = recording(REDLOCK);
+    let picture = picture::Picture::of(&recording);
+    let quorum = |label: &str| {
+        let part = picture
+            .parts
+            .iter()
+            .find(|p| p.label == label)
+            .expect(label);
+        part.lanes
+            .iter()
+            .find(|l| l.name == "redlock")
+            .expect("the quorum lane")
+    };
+    let paused = quorum("scenario=client-pause");
+    let bar = |holder: &str| {
+        paused
+            .bars
+            .iter()
+            .find(|b| b.holder == holder)
+            .expect(holder)
+    };
+    assert!(
+        bar("B").from < bar("A").believed_to,
+        "the fixture's spans overlap, as this test needs"
+    );
+    assert!(
+        paused.overlaps.is_empty(),
+        "two holders drawn where the verdict found none: {:?}",
+        paused.overlaps
+    );
+    // Where the verdict found two majorities at once, they are drawn.
+    for label in ["scenario=restart", "scenario=clock-jump"] {
+        assert_eq!(quorum(label).overlaps.len(), 1, "{label}");
+    }
 }
 
 #[test]

@@ -182,8 +182,9 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     );
     let pictures = output.pictures()?;
     if !pictures.is_empty() {
-        let verdict = style.json.then_some(verdict_json);
-        let recording = Recording::of_run(run.history.take(), verdict, words.plain());
+        // The verdict's object even without --json: the picture draws its findings (two
+        // holders, the late write) from it, never its own.
+        let recording = Recording::of_run(run.history.take(), Some(verdict_json), words.plain());
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())

@@ -71,8 +71,9 @@ pub struct Bar {
     pub color: usize,
 }
 
-/// Two holders at once on one lock: both acting as its holder, each from its grant to its
-/// release or death — lab 1's "two holders at once".
+/// Two holders at once on one lock, as the run's verdict found them, drawn where both acted
+/// as its holder, each from its grant to its release or death — lab 1's "two holders at
+/// once". [`overlaps_where`] offers the places; the verdict decides which are drawn.
 #[derive(Debug, Clone)]
 pub struct Overlap {
     pub from: u64,

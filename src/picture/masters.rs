@@ -5,9 +5,10 @@
 //! master's kill (a master without persistence loses its keys with it), an expiry the lab
 //! made on that master (the simulated clock jump), or the key's TTL. The quorum's lane has
 //! one bar per round that held a majority: held for the validity the algorithm computed
-//! (or until the release), believed held until the release — so that two majorities at
-//! once show as two holders, and a client that paused past its validity shows its hatched
-//! tail, as a single lock's lane does.
+//! (or until the release), believed held until the release — so that a client that paused
+//! past its validity shows its hatched tail, as a single lock's lane does. Two majorities at
+//! once are marked "two holders" only where the lab's verdict found them
+//! ([`super::model`] keeps the bands the verdict found).
 
 use serde_json::Value;
 

@@ -10,9 +10,10 @@
 //! ends when the backend said it was gone — the holder's own release deleting it, an expiry
 //! the lab saw, another holder's grant (an exclusive lock is only granted once the previous
 //! key, lease or session is gone), a killed Postgres session. Past that end, while the old
-//! holder still acts as if it held the lock, the bar goes on hatched; where two holders'
-//! spans overlap, the lane is marked "two holders". A write made after its writer's lock had
-//! ended is the stale write, and is highlighted with the store's answer.
+//! holder still acts as if it held the lock, the bar goes on hatched. The findings are the
+//! run's checkers', read from its verdict, never the picture's own: where the verdict found
+//! two holders at once, the lane is marked "two holders" where their bars overlap; the write
+//! it found late is the stale write, highlighted with the store's answer.
 //!
 //! Both files are self-contained: no network, no external fonts, scripts or styles.
 
@@ -20,6 +21,7 @@ mod drawing;
 mod html;
 mod masters;
 mod model;
+mod stated;
 mod svg;
 mod waits;
 

@@ -16,9 +16,15 @@
 //!
 //! Each lock is a lane of its own: two lock names on one server (lab 5's five pairs) are
 //! two lanes, and a backend none of whose locks was granted in a part has no lock lane.
-//! Where two holders' spans (grant to release or death) overlap on one lock, the lane shows
-//! "two holders". A write made after its writer's bar ended is stale. Redlock's masters get
-//! a lane each ([`super::masters`]); a part the store read back (lab 7) carries its outcome.
+//! Redlock's masters get a lane each ([`super::masters`]); a part the store read back (lab
+//! 7) carries its outcome.
+//!
+//! Nothing here decides a finding. The bars are stamped on arrival, and two events from two
+//! processes can arrive in either order ([`crate::check`] says why that misleads at the
+//! edges), so "two holders" and "stale write" are what the run's checkers found, read from
+//! its recorded verdict ([`super::stated`]): a "two holders" band is drawn where the
+//! verdict found those two holding the lock at once (over the span where their bars
+//! overlap), and a write is marked stale where the verdict found it late.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -28,6 +34,8 @@ use super::Recording;
 use super::drawing::{
     Bar, Lane, LaneKind, Mark, Overlap, Part, Picture, Shape, Span, Tone, Verdict, overlaps_where,
 };
+use super::stated::Stated;
+use crate::check::Finding;
 use crate::check::challenge::{Grade, Problem};
 use crate::events::{Event, Kind, What};
 
@@ -129,7 +137,12 @@ impl Picture {
             .collect();
         let parts: Vec<Part> = order
             .iter()
-            .map(|label| Part::build(label, &by_part[label], &everyone, &named))
+            .map(|label| {
+                let events = &by_part[label];
+                let history: Vec<&Event> = events.iter().map(|(_, e)| *e).collect();
+                let stated = Stated::of(recording.verdict.as_ref(), &history);
+                Part::build(label, events, &everyone, &named, &stated)
+            })
             .collect();
         let span_ms = parts
             .iter()
@@ -242,6 +255,7 @@ impl Part {
         events: &[(usize, &Event)],
         everyone: &[String],
         named: &BTreeSet<i64>,
+        stated: &Stated,
     ) -> Part {
         let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
         let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
@@ -468,7 +482,7 @@ impl Part {
                 _ => {}
             }
         }
-        let mut stale_after = holds.ends_by_holder();
+        let stale = stale_writes(events, stated);
         // Writers that write to more than one resource: their write labels name it.
         let mut resources: HashMap<&str, BTreeSet<&str>> = HashMap::new();
         for (_, event) in events {
@@ -583,15 +597,15 @@ impl Part {
         }
         let quorum_and_masters =
             super::masters::lanes(events, &masters, end, everyone, &mut freezes);
-        // A Redlock holder's lock ends with its validity: a write after it is stale too.
-        if let Some(quorum) = quorum_and_masters.first() {
-            for bar in &quorum.bars {
-                let held = stale_after.entry(bar.holder.clone()).or_default();
-                held.push((bar.from, (!bar.open).then_some(bar.held_to)));
-                held.sort_by_key(|(from, _)| *from);
-            }
-        }
         lanes.extend(quorum_and_masters);
+        // "Two holders" is the checkers' finding, not the spans': a band is drawn only where
+        // the run's verdict found these two holding the lock at once.
+        for lane in &mut lanes {
+            lane.overlaps.retain(|overlap| {
+                let holders: Vec<&str> = overlap.holders.iter().map(String::as_str).collect();
+                stated.two_holders(&holders) == Finding::Yes
+            });
+        }
         for worker in &workers {
             let mut lane = Lane::new(worker, LaneKind::Worker);
             lane.freezes = freezes.remove(worker).unwrap_or_default();
@@ -613,7 +627,7 @@ impl Part {
                     lanes.last_mut().expect("just pushed")
                 }
             };
-            let mut drawn = mark(*index, event, &stale_after, &writes_many);
+            let mut drawn = mark(*index, event, stale.contains(index), &writes_many);
             if event.kind() == Kind::Working
                 && let Some(&job) = job_of.get(lane_of(event))
             {
@@ -886,28 +900,45 @@ impl Holds {
             .filter(|&i| self.list[i].believed_to.is_none())
             .collect()
     }
-
-    /// Each holder's holds as (grant, end), in order of grant: what tells a stale write.
-    fn ends_by_holder(&self) -> HashMap<String, Vec<(u64, Option<u64>)>> {
-        let mut ends: HashMap<String, Vec<(u64, Option<u64>)>> = HashMap::new();
-        for hold in &self.list {
-            ends.entry(hold.holder.clone())
-                .or_default()
-                .push((hold.from, hold.held_to));
-        }
-        for list in ends.values_mut() {
-            list.sort_by_key(|(from, _)| *from); // stable: the later of two equal grants last
-        }
-        ends
-    }
 }
 
-fn mark(
-    index: usize,
-    event: &Event,
-    ends: &HashMap<String, Vec<(u64, Option<u64>)>>,
-    writes_many: &BTreeSet<String>,
-) -> Mark {
+/// The writes the run's checkers found late (their verdict's `late_write`), by event index:
+/// the late writer's last write to the resource. Which writes they are is read from the
+/// verdict, not from where the spans end.
+fn stale_writes(events: &[(usize, &Event)], stated: &Stated) -> BTreeSet<usize> {
+    let writes: Vec<(usize, &str, Option<&str>)> = events
+        .iter()
+        .filter_map(|(index, event)| match &event.what {
+            What::Wrote(wrote) => Some((*index, lane_of(event), wrote.resource.as_deref())),
+            _ => None,
+        })
+        .collect();
+    let writers_of = |resource: Option<&str>| {
+        let mut writers: Vec<String> = Vec::new();
+        for (_, writer, to) in &writes {
+            if (resource.is_none() || *to == resource) && !writers.iter().any(|w| w == writer) {
+                writers.push(writer.to_string());
+            }
+        }
+        writers
+    };
+    let mut stale = BTreeSet::new();
+    for late in stated.late_writes(writers_of) {
+        // The late writer's last write to each resource it wrote (to the one named, if any).
+        let mut last: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+        for (index, writer, to) in &writes {
+            if *writer == late.writer
+                && (late.resource.is_none() || *to == late.resource.as_deref())
+            {
+                last.insert(*to, *index);
+            }
+        }
+        stale.extend(last.into_values());
+    }
+    stale
+}
+
+fn mark(index: usize, event: &Event, stale: bool, writes_many: &BTreeSet<String>) -> Mark {
     let t = t_of(event);
     let kind = event.kind().to_string();
     let lane = lane_of(event);
@@ -980,11 +1011,7 @@ fn mark(
             Some(token) => format!("token {token}"),
             None => "no token".to_string(),
         };
-        // Stale: the writer's lock had ended, as the backend said, before this write.
-        let stale = ends.get(lane).is_some_and(|held| {
-            let granted_before = held.partition_point(|(from, _)| *from <= t);
-            granted_before > 0 && held[granted_before - 1].1.is_some_and(|ended| ended < t)
-        });
+        // Stale: the run's checkers found this write late (decided after the next holder's).
         tone = match (stale, outcome) {
             (true, "accepted") => Tone::Bad,
             (true, "rejected") => Tone::Good,
@@ -1299,7 +1326,7 @@ mod tests {
                 },
                 "decided",
             );
-            mark(0, &event, &HashMap::new(), &BTreeSet::new())
+            mark(0, &event, false, &BTreeSet::new())
         };
         let gave_up = decided(false, Some(-212));
         assert_eq!(
@@ -1328,9 +1355,11 @@ mod tests {
         event
     }
 
+    /// The "two holders" bands drawn, under a verdict that found two holders.
     fn two_holders(events: Vec<Event>) -> Vec<Vec<String>> {
         let recording = Recording {
             events,
+            verdict: Some(serde_json::json!({"runs": [{"two_holders": true}]})),
             ..Recording::default()
         };
         Picture::of(&recording)
