@@ -68,10 +68,7 @@ impl Run<'_> {
         (self.seats.iter())
             .map(|s| &s.client.name)
             .find(|name| {
-                *name != client
-                    && (paused.contains(*name)
-                        || self.held_writes.contains(*name)
-                        || self.aimed.is_armed(name))
+                *name != client && (self.write_held(&paused, name) || self.aimed.is_armed(name))
             })
             .cloned()
     }

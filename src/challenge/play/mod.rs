@@ -355,6 +355,12 @@ pub(super) struct Postponed {
 }
 
 impl Run<'_> {
+    /// Is `name`'s write held now: its client frozen (`paused`, as the nemesis lists them)
+    /// or its bytes kept in its proxy (a delay)?
+    fn write_held(&self, paused: &[String], name: &str) -> bool {
+        paused.iter().any(|p| p == name) || self.held_writes.contains(name)
+    }
+
     fn masked(&self, text: &str) -> String {
         hide_passwords(text, &self.setup.init)
     }
@@ -450,8 +456,10 @@ impl Run<'_> {
             (self.player.as_mut(), self.tape.events.last(), answer)
         {
             player.observe(event);
-            let event = event.clone();
-            self.rearm_postponed(&event);
+            if !self.postponed.is_empty() {
+                let event = event.clone();
+                self.rearm_postponed(&event);
+            }
         }
     }
 
@@ -833,9 +841,7 @@ impl Run<'_> {
         }
         let paused = self.nemesis.paused();
         let held: Vec<&str> = (self.seats.iter())
-            .filter(|s| {
-                paused.contains(&s.client.name) || self.held_writes.contains(&s.client.name)
-            })
+            .filter(|s| self.write_held(&paused, &s.client.name))
             .filter_map(|s| s.job.map(|(job, _)| job).filter(|&job| job > 0))
             .map(|job| self.spec(job).record.as_str())
             .collect();

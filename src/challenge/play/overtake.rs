@@ -56,7 +56,7 @@ impl Run<'_> {
             let name = &seat.client.name;
             *name != newer
                 && seat.client.is_running()
-                && (paused.contains(name) || self.held_writes.contains(name))
+                && self.write_held(&paused, name)
                 && seat
                     .job
                     .is_some_and(|(held, _)| held > 0 && self.spec(held).record == record)
