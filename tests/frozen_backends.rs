@@ -110,20 +110,8 @@ struct Outcome {
 }
 
 impl Outcome {
-    /// The messages on stderr, each whole: an error wraps at 80 columns as a projector shows
-    /// it, and a line that does not start with `lockslab` continues the one before.
     fn error_lines(&self) -> Vec<String> {
-        let mut messages: Vec<String> = Vec::new();
-        for line in self.stderr.lines().filter(|l| !l.trim().is_empty()) {
-            match messages.last_mut() {
-                Some(message) if !line.starts_with("lockslab") => {
-                    message.push(' ');
-                    message.push_str(line.trim());
-                }
-                _ => messages.push(line.to_string()),
-            }
-        }
-        messages
+        common::error_messages(&self.stderr)
     }
 
     /// Exit 4 (could not run) within the bound, and one line on stderr that says `what` about `server`.

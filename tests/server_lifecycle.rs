@@ -639,7 +639,7 @@ fn a_dead_server_of_up_is_named_and_never_replaced_silently() {
     let lab = world.run(&QUICK_LAB);
     let stderr = String::from_utf8_lossy(&lab.stderr);
     assert_eq!(lab.status.code(), Some(4), "{}", text(&lab));
-    let messages = stderr.lines().filter(|l| l.starts_with("lockslab")).count();
+    let messages = common::error_messages(&stderr).len();
     assert_eq!(messages, 1, "one message: {stderr}");
     let stderr = common::one_line(&stderr);
     for word in ["Redis", "lockslab up", "lockslab down"] {

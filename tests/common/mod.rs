@@ -375,6 +375,22 @@ pub fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The messages lockslab wrote on stderr, each whole: a message wraps at 80 columns, and a
+/// line that does not start with `lockslab` continues the one before.
+pub fn error_messages(stderr: &str) -> Vec<String> {
+    let mut messages: Vec<String> = Vec::new();
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        match messages.last_mut() {
+            Some(message) if !line.starts_with("lockslab") => {
+                message.push(' ');
+                message.push_str(line.trim());
+            }
+            _ => messages.push(line.to_string()),
+        }
+    }
+    messages
+}
+
 /// Runs a lab for a human (no --json), asserts it succeeded, and returns what it printed.
 pub fn run_human(args: &[&str]) -> String {
     let output = lockslab(args).output().expect("running lockslab");
