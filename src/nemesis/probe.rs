@@ -14,6 +14,28 @@ use serde::{Deserialize, Serialize};
 use crate::events::facts::Probed;
 use crate::events::{Event, What};
 
+/// The sessions that hold, granted, a lock that session `waiter.pid` waits for.
+/// `pg_blocking_pids` alone also names "soft" blockers: sessions merely queued ahead for the
+/// same lock, which hold nothing — a frozen client waiting in that queue would be credited
+/// with holding the others off. A blocker here must hold the very lock the waiter asks for.
+pub const HARD_BLOCKERS: &str = "
+    ARRAY(SELECT DISTINCT held.pid
+            FROM pg_locks wanted
+            JOIN pg_locks held
+              ON held.granted AND held.pid <> wanted.pid
+             AND held.locktype = wanted.locktype
+             AND held.database IS NOT DISTINCT FROM wanted.database
+             AND held.relation IS NOT DISTINCT FROM wanted.relation
+             AND held.page IS NOT DISTINCT FROM wanted.page
+             AND held.tuple IS NOT DISTINCT FROM wanted.tuple
+             AND held.virtualxid IS NOT DISTINCT FROM wanted.virtualxid
+             AND held.transactionid IS NOT DISTINCT FROM wanted.transactionid
+             AND held.classid IS NOT DISTINCT FROM wanted.classid
+             AND held.objid IS NOT DISTINCT FROM wanted.objid
+             AND held.objsubid IS NOT DISTINCT FROM wanted.objsubid
+           WHERE wanted.pid = waiter.pid AND NOT wanted.granted
+             AND held.pid = ANY(pg_blocking_pids(waiter.pid)))";
+
 /// What a probe asks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "ask", rename_all = "snake_case", deny_unknown_fields)]
@@ -22,8 +44,8 @@ pub enum Question {
     Pttl { key: String },
     /// An etcd lease's TTL left, in whole seconds (-1: expired or unknown).
     LeaseTtl { lease: i64 },
-    /// The Postgres sessions that the session named `application_name` waits behind
-    /// (`pg_blocking_pids`).
+    /// The Postgres sessions that the session named `application_name` waits behind: those
+    /// holding the lock it asks for ([`HARD_BLOCKERS`], from `pg_blocking_pids`).
     BlockingPids { application_name: String },
 }
 
@@ -134,8 +156,10 @@ impl Ask for PostgresProbe {
         let row = self
             .client
             .query_opt(
-                "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity \
-                 WHERE application_name = $1 LIMIT 1",
+                &format!(
+                    "SELECT waiter.pid, {HARD_BLOCKERS} FROM pg_stat_activity waiter \
+                     WHERE waiter.application_name = $1 LIMIT 1"
+                ),
                 &[application_name],
             )
             .with_context(|| format!("{}: pg_blocking_pids", self.label))?;

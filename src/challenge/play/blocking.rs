@@ -7,31 +7,10 @@
 
 use super::*;
 use crate::check::challenge::Wait;
+use crate::nemesis::probe::HARD_BLOCKERS;
 
 /// How often the waits are read while a fault lasts.
 const EVERY: Duration = Duration::from_millis(25);
-
-/// The sessions that hold, granted, a lock that session `waiter.pid` waits for.
-/// `pg_blocking_pids` alone also names "soft" blockers: sessions merely queued ahead for the
-/// same lock, which hold nothing — a frozen client waiting in that queue would be credited
-/// with holding the others off. A blocker here must hold the very lock the waiter asks for.
-const HARD_BLOCKERS: &str = "
-    ARRAY(SELECT DISTINCT held.pid
-            FROM pg_locks wanted
-            JOIN pg_locks held
-              ON held.granted AND held.pid <> wanted.pid
-             AND held.locktype = wanted.locktype
-             AND held.database IS NOT DISTINCT FROM wanted.database
-             AND held.relation IS NOT DISTINCT FROM wanted.relation
-             AND held.page IS NOT DISTINCT FROM wanted.page
-             AND held.tuple IS NOT DISTINCT FROM wanted.tuple
-             AND held.virtualxid IS NOT DISTINCT FROM wanted.virtualxid
-             AND held.transactionid IS NOT DISTINCT FROM wanted.transactionid
-             AND held.classid IS NOT DISTINCT FROM wanted.classid
-             AND held.objid IS NOT DISTINCT FROM wanted.objid
-             AND held.objsubid IS NOT DISTINCT FROM wanted.objsubid
-           WHERE wanted.pid = waiter.pid AND NOT wanted.granted
-             AND held.pid = ANY(pg_blocking_pids(waiter.pid)))";
 
 /// Every session of the run's database waiting on another's held lock, with the sessions
 /// holding it, and the database's clock.
