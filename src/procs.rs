@@ -436,6 +436,18 @@ fn kill_all_now() {
     remove_registered_dirs();
 }
 
+/// The `/dev/shm/PostgreSQL.*` files process `pid` has mapped (none once it is gone, or if
+/// its maps cannot be read).
+pub fn postgres_segments_mapped_by(pid: i32) -> Vec<std::path::PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines()
+        // `range perms offset dev inode path`: the path is the sixth field.
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.starts_with("/dev/shm/PostgreSQL."))
+        .map(std::path::PathBuf::from)
+        .collect()
+}
+
 /// The POSIX shared-memory segments (`/dev/shm/PostgreSQL.*`) that a `postgres` below one of
 /// lockslab's children has mapped, found before that child's group is killed.
 ///
@@ -450,16 +462,9 @@ impl PostgresSegments {
     fn mapped_under(pid: i32) -> PostgresSegments {
         let mut found: Vec<std::path::PathBuf> = Vec::new();
         for process in std::iter::once(pid).chain(descendants(pid)) {
-            let Ok(maps) = std::fs::read_to_string(format!("/proc/{process}/maps")) else {
-                continue;
-            };
-            for line in maps.lines() {
-                // `range perms offset dev inode path`: the path is the sixth field.
-                let Some(path) = line.split_whitespace().nth(5) else {
-                    continue;
-                };
-                if path.starts_with("/dev/shm/PostgreSQL.") && !found.iter().any(|f| f == path) {
-                    found.push(path.into());
+            for path in postgres_segments_mapped_by(process) {
+                if !found.contains(&path) {
+                    found.push(path);
                 }
             }
         }

@@ -132,7 +132,7 @@ fn comm(pid: i32) -> String {
 /// Every pid that was ever a descendant of a process while it ran.
 struct Family {
     pids: Arc<std::sync::Mutex<HashSet<i32>>>,
-    segments: Arc<std::sync::Mutex<HashSet<String>>>,
+    segments: Arc<std::sync::Mutex<HashSet<PathBuf>>>,
     done: Arc<AtomicBool>,
     watcher: Option<thread::JoinHandle<()>>,
     since: u64,
@@ -148,7 +148,7 @@ struct Family {
 struct Run {
     pids: HashSet<i32>,
     /// POSIX segments (`/dev/shm/PostgreSQL.*`) a process of the run had mapped.
-    segments: HashSet<String>,
+    segments: HashSet<PathBuf>,
     from: u64,
     until: u64,
 }
@@ -173,7 +173,8 @@ impl Family {
                 family_in(&table, &mut known);
                 let live: Vec<i32> = known.iter().copied().collect();
                 drop(known);
-                let mapped = live.into_iter().flat_map(postgres_segments_mapped_by);
+                let mapped =
+                    (live.into_iter()).flat_map(lockslab::procs::postgres_segments_mapped_by);
                 s.lock().unwrap().extend(mapped);
                 thread::sleep(Duration::from_millis(3));
             }
@@ -215,17 +216,6 @@ impl Drop for Family {
     }
 }
 
-/// The `/dev/shm/PostgreSQL.*` files process `pid` has mapped (none once it is gone).
-fn postgres_segments_mapped_by(pid: i32) -> Vec<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
-        .filter(|path| path.starts_with("/dev/shm/PostgreSQL."))
-        .map(str::to_string)
-        .collect()
-}
-
 /// SysV segments a run created (see [`shm_created_by`]) and the POSIX segments its processes
 /// mapped that are still in `/dev/shm`: what a Postgres leaves there when SIGKILL ends it.
 fn shared_memory_left_by(runs: &[Run]) -> Vec<String> {
@@ -234,8 +224,8 @@ fn shared_memory_left_by(runs: &[Run]) -> Vec<String> {
         left.extend(
             run.segments
                 .iter()
-                .filter(|path| Path::new(path).exists())
-                .cloned(),
+                .filter(|path| path.exists())
+                .map(|path| path.display().to_string()),
         );
     }
     left
