@@ -7,15 +7,17 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::isolation::Isolation;
 use super::protocol::{FromClient, MAX_LINE, ToClient};
@@ -34,6 +36,9 @@ pub enum Heard {
     Flood(String),
     /// Its stdout closed: it exited (or was killed).
     Closed(String),
+    /// Every line it had written when drain `u64` was asked for ([`Client::drain`]) was
+    /// handed over before this.
+    Drained(String, u64),
 }
 
 /// How many of a client's last stderr lines are kept, to quote when it fails.
@@ -56,6 +61,14 @@ pub struct Client {
     stderr: Arc<Mutex<VecDeque<String>>>,
     /// Set when its stderr closed: every last word is in.
     stderr_closed: Arc<AtomicBool>,
+    drains: Drains,
+}
+
+/// How the run asks a client's reader thread for every line written so far: the number of
+/// the last drain asked for, and a pipe whose byte wakes the thread.
+struct Drains {
+    asked: Arc<AtomicU64>,
+    wake: OwnedFd,
 }
 
 impl Client {
@@ -84,7 +97,13 @@ impl Client {
         thread::spawn(move || write_lines(stdin, lines));
         let heard = heard.clone();
         let owner = name.to_string();
-        thread::spawn(move || read_lines(owner, stdout, heard));
+        let (woken, wake) = nix::unistd::pipe().context("a pipe to wake the client's reader")?;
+        let asked = Arc::new(AtomicU64::new(0));
+        let drains = Drains {
+            asked: Arc::clone(&asked),
+            wake,
+        };
+        thread::spawn(move || read_lines(owner, stdout, heard, asked, woken));
         let last = Arc::new(Mutex::new(VecDeque::new()));
         let kept = last.clone();
         let stderr_closed = Arc::new(AtomicBool::new(false));
@@ -100,7 +119,18 @@ impl Client {
             to: Some(to),
             stderr: last,
             stderr_closed,
+            drains,
         })
+    }
+
+    /// Asks its reader for every line the client has written by now: each comes, then
+    /// [`Heard::Drained`] with the number returned. What a client wrote before it sent a
+    /// write (its `writing` note) is in its stdout pipe by the time the write reaches its
+    /// proxy, so a drain asked then hands that note over before the write goes on.
+    pub fn drain(&self) -> u64 {
+        let number = self.drains.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        let _ = nix::unistd::write(&self.drains.wake, &[1]);
+        number
     }
 
     pub fn send(&self, message: &ToClient) {
@@ -197,41 +227,112 @@ fn write_lines(mut stdin: ChildStdin, lines: Receiver<String>) {
     }
 }
 
-/// Reads the client's stdout a line at a time, at most [`MAX_LINE`] bytes a line.
-fn read_lines(name: String, stdout: impl Read, heard: Sender<Heard>) {
-    let mut reader = BufReader::new(stdout);
+/// Reads the client's stdout as lines, at most [`MAX_LINE`] bytes a line, and answers the
+/// run's drains ([`Client::drain`]) in order with the lines: a drain is answered once
+/// everything in the pipe when it was asked for was read and handed over.
+fn read_lines(
+    name: String,
+    mut stdout: ChildStdout,
+    heard: Sender<Heard>,
+    asked: Arc<AtomicU64>,
+    woken: OwnedFd,
+) {
+    let nonblocking = |fd: BorrowedFd| {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+    };
+    if nonblocking(stdout.as_fd()).is_err() || nonblocking(woken.as_fd()).is_err() {
+        let _ = heard.send(Heard::Closed(name));
+        return;
+    }
+    let mut pending = Vec::new();
+    let mut answered = 0;
     loop {
-        let mut line = Vec::new();
-        let read = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line);
-        let message = match read {
-            Ok(0) | Err(_) => Heard::Closed(name.clone()),
-            Ok(_) if line.len() > MAX_LINE && !line.ends_with(b"\n") => Heard::Flood(name.clone()),
-            Ok(_) => {
-                let text = String::from_utf8_lossy(&line).trim().to_string();
-                if text.is_empty() {
-                    continue;
-                }
-                match serde_json::from_str::<FromClient>(&text) {
-                    Ok(FromClient::Fail { job, reason }) => {
-                        let reason = reason.map(|r| printable(&r));
-                        Heard::Said(
-                            name.clone(),
-                            FromClient::Fail { job, reason },
-                            Instant::now(),
-                        )
-                    }
-                    Ok(said) => Heard::Said(name.clone(), said, Instant::now()),
-                    Err(_) => Heard::Garbage(name.clone(), printable(&text)),
-                }
-            }
-        };
-        let last = matches!(message, Heard::Closed(_) | Heard::Flood(_));
-        if heard.send(message).is_err() || last {
+        let mut fds = [
+            PollFd::new(stdout.as_fd(), PollFlags::POLLIN),
+            PollFd::new(woken.as_fd(), PollFlags::POLLIN),
+        ];
+        if let Err(err) = nix::poll::poll(&mut fds, PollTimeout::NONE)
+            && err != nix::errno::Errno::EINTR
+        {
+            let _ = heard.send(Heard::Closed(name));
             return;
         }
+        // The drain asked for is read before the pipe: all the client wrote before it was
+        // asked for is then read below.
+        let wanted = asked.load(Ordering::SeqCst);
+        let mut sink = [0u8; 64];
+        while matches!(nix::unistd::read(woken.as_fd(), &mut sink), Ok(n) if n > 0) {}
+        let open = read_available(&mut stdout, &mut pending);
+        if !hand_over_lines(&name, &mut pending, !open, &heard) {
+            return;
+        }
+        if !open {
+            let _ = heard.send(Heard::Closed(name));
+            return;
+        }
+        if wanted > answered {
+            answered = wanted;
+            if heard.send(Heard::Drained(name.clone(), wanted)).is_err() {
+                return;
+            }
+        }
     }
+}
+
+/// Reads what the pipe holds now onto `pending`; false once it is closed.
+fn read_available(stdout: &mut ChildStdout, pending: &mut Vec<u8>) -> bool {
+    let mut buffer = [0u8; 8192];
+    loop {
+        match stdout.read(&mut buffer) {
+            Ok(0) => return false,
+            Ok(n) => pending.extend_from_slice(&buffer[..n]),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Hands each whole line of `pending` over (and, at the end of the stream, the last one
+/// without its newline); false when the client flooded (a line past [`MAX_LINE`] bytes)
+/// or nobody listens.
+fn hand_over_lines(name: &str, pending: &mut Vec<u8>, ended: bool, heard: &Sender<Heard>) -> bool {
+    loop {
+        let line = match pending.iter().position(|&b| b == b'\n') {
+            Some(end) if end <= MAX_LINE => pending.drain(..=end).collect::<Vec<u8>>(),
+            Some(_) => return flooded(name, heard),
+            None if pending.len() > MAX_LINE => return flooded(name, heard),
+            None if ended && !pending.is_empty() => std::mem::take(pending),
+            None => return true,
+        };
+        let text = String::from_utf8_lossy(&line).trim().to_string();
+        if text.is_empty() {
+            continue;
+        }
+        let message = match serde_json::from_str::<FromClient>(&text) {
+            Ok(FromClient::Fail { job, reason }) => {
+                let reason = reason.map(|r| printable(&r));
+                Heard::Said(
+                    name.into(),
+                    FromClient::Fail { job, reason },
+                    Instant::now(),
+                )
+            }
+            Ok(said) => Heard::Said(name.into(), said, Instant::now()),
+            Err(_) => Heard::Garbage(name.into(), printable(&text)),
+        };
+        if heard.send(message).is_err() {
+            return false;
+        }
+    }
+}
+
+fn flooded(name: &str, heard: &Sender<Heard>) -> bool {
+    let _ = heard.send(Heard::Flood(name.into()));
+    false
 }
 
 fn keep_last_words(stderr: impl Read, kept: Arc<Mutex<VecDeque<String>>>) {
@@ -369,7 +470,59 @@ pub fn failed(sentence: String) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::output::printable;
+
+    /// A drain is answered after every line the client had written when it was asked
+    /// for, though none of them was read yet, and its last line without a newline too at
+    /// the end; a line past the bound is a flood.
+    #[test]
+    fn a_drain_is_answered_after_every_line_written_before_it() {
+        let mut child = Command::new("sh")
+            .args(["-c", r#"printf '{"type":"ok","job":1}\n{"type":"writing","job":2}\n{"type":'; sleep 1; printf '"ok","job":2}'"#])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (heard_to, heard) = channel();
+        let (woken, wake) = nix::unistd::pipe().unwrap();
+        let asked = Arc::new(AtomicU64::new(0));
+        let drains = Drains {
+            asked: Arc::clone(&asked),
+            wake,
+        };
+        // The lines are in the pipe before the reader starts: nothing was read yet.
+        thread::sleep(Duration::from_millis(300));
+        let reader = thread::spawn(move || read_lines("c1".into(), stdout, heard_to, asked, woken));
+        let number = drains.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        let _ = nix::unistd::write(&drains.wake, &[1]);
+        let mut said = Vec::new();
+        loop {
+            match heard.recv_timeout(Duration::from_secs(5)).unwrap() {
+                Heard::Said(_, message, _) => said.push(serde_json::to_string(&message).unwrap()),
+                Heard::Drained(_, n) => {
+                    assert_eq!(n, number);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(said[1].contains("writing"), "{said:?}");
+        let last = heard.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(last, Heard::Said(_, FromClient::Ok { job: 2 }, _)),
+            "{last:?}"
+        );
+        let closed = heard.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(closed, Heard::Closed(_)), "{closed:?}");
+        reader.join().unwrap();
+        child.wait().unwrap();
+        let mut pending = vec![b'x'; MAX_LINE + 1];
+        let (flood_to, flood) = channel();
+        assert!(!hand_over_lines("c1", &mut pending, false, &flood_to));
+        assert!(matches!(flood.try_recv(), Ok(Heard::Flood(_))));
+    }
 
     /// What a client prints reaches the screen with no way to recolour it, move the cursor,
     /// clear it, retitle the window or turn a line around: a client cannot paint a verdict.

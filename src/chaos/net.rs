@@ -352,7 +352,10 @@ impl<'p> NetPlay<'p> {
                          {client}'s connection: whether its request took effect, {client} \
                          does not know"
                     ),
-                    Seen::RequestForwarded { .. } | Seen::ConnectionReset | Seen::WriteHeld => {
+                    Seen::RequestForwarded { .. }
+                    | Seen::ConnectionReset
+                    | Seen::WriteHeld
+                    | Seen::WriteGated { .. } => {
                         continue;
                     }
                 };

@@ -101,6 +101,9 @@ pub enum Seen {
     ReplyDropped { bytes: usize },
     /// A connection was reset by a cut.
     ConnectionReset,
+    /// A write to the watched table came and waits at the gate ([`Proxy::gate_writes`])
+    /// until [`Proxy::open_gate`] lets ticket `ticket` in.
+    WriteGated { ticket: u64 },
 }
 
 /// One report from the proxy: when, on which path, what.
@@ -164,6 +167,11 @@ struct State {
     /// How many times each direction was healed (up, down): a chunk queued before the
     /// last heal of its direction goes out at once, whatever delay it was waiting out.
     heals: [u64; 2],
+    /// Writes to the watched table wait at the gate until let in ([`Proxy::gate_writes`]).
+    gate: bool,
+    /// The last ticket handed to a write at the gate, and the last one let in.
+    gate_tickets: u64,
+    gate_opened: u64,
 }
 
 impl State {
@@ -366,6 +374,28 @@ impl Proxy {
     /// nothing, and every byte goes through.
     pub fn watch_writes(&self, table: &str) {
         let _ = self.shared.watched.set(pg::Table::parse(table));
+    }
+
+    /// Stops every write to the watched table at a gate, from now on, until the one who
+    /// watches lets it in ([`Proxy::open_gate`] with the ticket of its
+    /// [`Seen::WriteGated`]): the bytes before the write go on, the write and what follows
+    /// wait. The challenge lets a write in only once it has read every note its client
+    /// wrote before it: a fault aimed at the client's `writing` note is then armed before
+    /// the write it aims at goes by, however late the note was read. A write nobody lets
+    /// in goes on its own after [`GATE_PATIENCE`].
+    pub fn gate_writes(&self) {
+        self.lock().gate = true;
+        self.shared.wake();
+    }
+
+    /// Lets the write holding `ticket` (and any before it) through the gate: it meets the
+    /// fault on the path now, as if it had just come.
+    pub fn open_gate(&self, ticket: u64) {
+        {
+            let mut state = self.lock();
+            state.gate_opened = state.gate_opened.max(ticket);
+        }
+        self.shared.wake();
     }
 
     /// Relays at most `most` connections at once: one more is accepted and reset at once.
@@ -616,6 +646,7 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let quiet = self.state.up.is_none()
             && self.state.down.is_none()
+            && !self.state.gate
             && self.state.drop_reply_on.is_empty();
         self.quiet.store(quiet, Ordering::SeqCst);
     }
@@ -642,6 +673,18 @@ struct Queued {
 /// the proxy growing by whatever the sender sends.
 const QUEUE_CAP: usize = 1024 * 1024;
 
+/// How long a write waits at the gate for the one who watches to let it in, before it goes
+/// on by itself (the watcher stuck or gone): a write is held no longer than this.
+pub const GATE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// A write waiting at the gate: its ticket, its bytes and all that came after them, and
+/// since when.
+struct Gated {
+    ticket: u64,
+    bytes: Vec<u8>,
+    since: Instant,
+}
+
 /// One direction of one connection: reads, and forwards what it reads — at once when the
 /// path is clear, through its queue when a fault holds bytes back. It keeps reading while
 /// chunks wait (up to [`QUEUE_CAP`] bytes), so that each waits its own delay, not the sum
@@ -664,6 +707,8 @@ struct Pump {
     /// The first bytes of a message not judged yet, kept back while a write is aimed at:
     /// it may be the write.
     unjudged: Vec<u8>,
+    /// A write waiting at the gate (up only): nothing more is read until it is let in.
+    gated: Option<Gated>,
 }
 
 /// What to do after a chunk came in.
@@ -710,6 +755,7 @@ impl Pump {
             _held: None,
             reader: None,
             unjudged: Vec::new(),
+            gated: None,
         }
     }
 
@@ -718,6 +764,13 @@ impl Pump {
         let mut buffer = vec![0u8; 16 * 1024];
         let mut reading = true;
         loop {
+            if let Some(gated) = self.gated.take() {
+                self.wait_at_gate(&gated, &mut changed).await;
+                if let Next::Stop = self.through_gate(gated.bytes).await {
+                    break;
+                }
+                continue;
+            }
             if self.queue.is_empty() {
                 if !reading {
                     break;
@@ -806,17 +859,22 @@ impl Pump {
         let judged = reader.read(chunk);
         let write = judged.iter().find(|m| m.writes).map(|m| m.start);
         let (unjudged, end) = (reader.unjudged_from(), reader.offset());
-        let aimed = !self.shared.quiet.load(Ordering::SeqCst)
-            && matches!(
-                lock(&self.shared).up,
+        let (aimed, gating) = if self.shared.quiet.load(Ordering::SeqCst) {
+            (false, false)
+        } else {
+            let state = lock(&self.shared);
+            let aimed = matches!(
+                state.up,
                 Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
             );
-        if !aimed && self.unjudged.is_empty() {
+            (aimed, state.gate)
+        };
+        if !aimed && !gating && self.unjudged.is_empty() {
             return self.relay(chunk).await;
         }
         let mut bytes = std::mem::take(&mut self.unjudged);
         bytes.extend_from_slice(chunk);
-        if !aimed {
+        if !aimed && !gating {
             return self.relay(&bytes).await;
         }
         // Where these bytes begin in the stream: the write may have begun before them, in
@@ -830,12 +888,70 @@ impl Pump {
             {
                 return Next::Stop;
             }
-            return self.hold_write(rest).await;
+            if aimed {
+                return self.hold_write(rest).await;
+            }
+            return self.stop_at_gate(rest);
         }
         let keep = unjudged.map_or(bytes.len(), at);
         self.unjudged = bytes.split_off(keep);
         if bytes.is_empty() {
             return Next::Go;
+        }
+        self.relay(&bytes).await
+    }
+
+    /// A write came to the gate: it waits there, with everything after it, and the one who
+    /// watches is told its ticket.
+    fn stop_at_gate(&mut self, bytes: Vec<u8>) -> Next {
+        let now = Instant::now();
+        let mut state = lock(&self.shared);
+        state.gate_tickets += 1;
+        let ticket = state.gate_tickets;
+        state.reports.push(Report {
+            at: now,
+            path: self.shared.path.clone(),
+            seen: Seen::WriteGated { ticket },
+        });
+        self.gated = Some(Gated {
+            ticket,
+            bytes,
+            since: now,
+        });
+        Next::Go
+    }
+
+    /// Returns once `gated` is let in, the gate is taken away, the proxy stops, or the write
+    /// waited [`GATE_PATIENCE`]. Cancel-safe: it only waits.
+    async fn wait_at_gate(&self, gated: &Gated, changed: &mut watch::Receiver<u64>) {
+        let give_up = gated.since + GATE_PATIENCE;
+        loop {
+            changed.borrow_and_update();
+            {
+                let state = lock(&self.shared);
+                if state.gate_opened >= gated.ticket || !state.gate {
+                    return;
+                }
+            }
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::select! {
+                changed = changed.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(give_up.into()) => return,
+            }
+        }
+    }
+
+    /// A write let in at the gate meets the path's fault now: caught if a fault is aimed
+    /// at it by now, else sent on (a later write in the same bytes is not stopped again).
+    async fn through_gate(&mut self, bytes: Vec<u8>) -> Next {
+        let aimed = matches!(
+            lock(&self.shared).up,
+            Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+        );
+        if aimed {
+            return self.hold_write(bytes).await;
         }
         self.relay(&bytes).await
     }
@@ -1212,6 +1328,50 @@ mod tests {
         got_only(&echo, &sent);
         let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
         assert!(matches!(seen[..], [Seen::DelayedSent { .. }]), "{seen:?}");
+    }
+
+    /// The gate: a write waits (reads before it go on) until it is let in; a fault aimed
+    /// meanwhile catches it as it goes through; a write nobody lets in goes on by itself.
+    #[test]
+    fn a_write_at_the_gate_waits_to_be_let_in_and_meets_the_fault_aimed_meanwhile() {
+        use pg::wire::query;
+        let echo = Echo::start();
+        let (proxy, mut stream, mut sent) = watching(&echo);
+        proxy.gate_writes();
+        let read = query("SELECT 1");
+        assert_eq!(ask(&mut stream, &read).unwrap(), read, "a read goes on");
+        sent.extend(&read);
+        let write = query("UPDATE s.records SET value = 2");
+        stream.write_all(&write).unwrap();
+        got_only(&echo, &sent);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert_eq!(seen, vec![Seen::WriteGated { ticket: 1 }]);
+        // Aimed at while it waits: let in, it is held by the aim, not sent.
+        proxy.set(Direction::Up, NetFault::HoldWrite);
+        proxy.open_gate(1);
+        got_only(&echo, &sent);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert_eq!(seen, vec![Seen::WriteHeld]);
+        proxy.clear(Direction::Up);
+        sent.extend(&write);
+        got_only(&echo, &sent);
+        let _ = proxy.reports();
+        // Nobody aims nor lets the next one in: it goes on after the gate's patience.
+        let second = query("UPDATE s.records SET value = 3");
+        let came = Instant::now();
+        stream.write_all(&second).unwrap();
+        sent.extend(&second);
+        let deadline = came + GATE_PATIENCE + Duration::from_secs(3);
+        while echo.got().len() < sent.len() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(echo.got(), sent);
+        assert!(
+            came.elapsed() >= GATE_PATIENCE,
+            "it waited at the gate first"
+        );
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert_eq!(seen, vec![Seen::WriteGated { ticket: 2 }]);
     }
 
     #[test]

@@ -117,6 +117,7 @@ impl Run<'_> {
             for report in proxy.reports() {
                 match report.seen {
                     Seen::WriteHeld => self.write_caught(index)?,
+                    Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
                     Seen::DelayedSent { late_ms } => self.write_sent(index, late_ms),
                     _ => {}
                 }
@@ -125,6 +126,33 @@ impl Run<'_> {
         self.no_write_came()?;
         self.let_frozen_writes_go();
         Ok(())
+    }
+
+    /// A write came to its proxy's gate: lockslab reads every note its client wrote before
+    /// the write ([`Client::drain`]) and plays what falls due at them, and only then lets
+    /// the write in ([`Run::drained`]). A `writing` note read late — the client wrote it,
+    /// then its write, and the write reached the proxy first — still arms its fault before
+    /// the write goes by.
+    pub(super) fn write_at_gate(&mut self, index: usize, ticket: u64) {
+        let client = &self.seats[index].client;
+        let drain = client.drain();
+        self.gates.insert(client.name.clone(), (drain, ticket));
+    }
+
+    /// `name`'s notes up to drain `drain` are read (and what fell due at them played): its
+    /// write waiting at the gate goes on, to meet whatever fault is aimed at it now.
+    pub(super) fn drained(&mut self, name: &str, drain: u64) {
+        let Some(&(asked, ticket)) = self.gates.get(name) else {
+            return;
+        };
+        if asked > drain {
+            return;
+        }
+        self.gates.remove(name);
+        let seat = self.seats.iter().find(|s| s.client.name == name);
+        if let Some(proxy) = seat.and_then(|s| s.proxy.as_ref()) {
+            proxy.open_gate(ticket);
+        }
     }
 
     fn write_caught(&mut self, index: usize) -> Result<()> {

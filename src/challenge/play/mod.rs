@@ -146,6 +146,9 @@ struct Run<'a> {
     postponed: BTreeMap<String, Postponed>,
     /// The pauses and delays aimed at a client's write, until it comes.
     aimed: aim::Aimed,
+    /// The writes waiting at their proxy's gate, by client: the drain of its notes asked
+    /// for, and the gate's ticket (see [`aim::Run::write_at_gate`]).
+    gates: BTreeMap<String, (u64, u64)>,
     /// The last `writing` note not yet looked at, and the worst order being played.
     writing: Option<(String, i64)>,
     overtaking: Option<overtake::Overtake>,
@@ -255,6 +258,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         outlast_read: None,
         key_waits: Vec::new(),
         held_writes: BTreeSet::new(),
+        gates: BTreeMap::new(),
         postponed: BTreeMap::new(),
         aimed: aim::Aimed::default(),
         writing: None,
@@ -378,6 +382,7 @@ impl Run<'_> {
             let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
             let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
             proxy.watch_writes(&init.table);
+            proxy.gate_writes();
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
             Some(proxy)
         } else {
@@ -548,6 +553,10 @@ impl Run<'_> {
 
     fn hear(&mut self, heard: Heard) -> Result<()> {
         match heard {
+            Heard::Drained(name, drain) => {
+                self.drained(&name, drain);
+                Ok(())
+            }
             // What a killed client had written before it died is lost with it.
             Heard::Said(name, _, _) | Heard::Garbage(name, _) | Heard::Flood(name)
                 if self.killed.contains(&name) =>
