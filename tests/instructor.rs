@@ -2,7 +2,7 @@
 //! `--step` driven through a pseudo-terminal, and a room's servers on a second loopback
 //! address.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
