@@ -5,7 +5,7 @@
 //!
 //! The Python references need python3-redis and python3-psycopg2 (scripts/setup).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Output, Stdio};
@@ -931,7 +931,7 @@ fn a_run_in_which_no_client_said_ready_could_not_run() {
 /// a frozen holder's lock: refused before any server starts, with the minimum.
 #[test]
 fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
-    let output = lockslab(&[
+    let output = lockslab_offline(&[
         "challenge",
         "pause",
         "--ttl",
@@ -958,10 +958,18 @@ fn a_patience_too_short_for_the_ttl_is_refused_with_the_minimum() {
 /// gives the modules: a bare `python3` may be another (pyenv, a virtualenv) without them.
 #[test]
 fn the_suggested_command_lines_run_the_python_the_docs_name() {
-    let usage = lockslab(&["challenge", "counter"]).output().unwrap();
+    let usage = lockslab_offline(&["challenge", "counter"])
+        .output()
+        .unwrap();
     for output in [
-        lockslab(&["challenge", "list"]).output().unwrap().stdout,
-        lockslab(&["challenge", "--help"]).output().unwrap().stdout,
+        lockslab_offline(&["challenge", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+        lockslab_offline(&["challenge", "--help"])
+            .output()
+            .unwrap()
+            .stdout,
         usage.stderr,
     ] {
         let said = String::from_utf8_lossy(&output);
@@ -972,7 +980,7 @@ fn the_suggested_command_lines_run_the_python_the_docs_name() {
 
 #[test]
 fn a_missing_script_is_refused_before_any_server_starts() {
-    let output = lockslab(&["challenge", "counter", "--", "python3", "no/such/client.py"])
+    let output = lockslab_offline(&["challenge", "counter", "--", "python3", "no/such/client.py"])
         .output()
         .expect("running lockslab");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -3,7 +3,7 @@
 //! not its fenced twin (the token claims the record before the read); Ctrl-C leaves no
 //! client, server or row behind.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -286,7 +286,7 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             "only a client (A, B, C) can be paused or killed",
         ),
     ] {
-        let output = lockslab(&["chaos", "--design", "redis-lock", "--schedule", schedule])
+        let output = lockslab_offline(&["chaos", "--design", "redis-lock", "--schedule", schedule])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -477,7 +477,7 @@ fn a_restart_of_a_given_redis_is_refused() {
             Some(faults) => args.extend(["--faults", faults]),
             None => args.extend(["--schedule", schedule]),
         }
-        let output = lockslab(&args).output().unwrap();
+        let output = lockslab_offline(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         assert!(
@@ -998,7 +998,7 @@ fn faults_that_cannot_reach_the_design_are_refused() {
         ("etcd-lease", "failover"),
         ("redlock", "failover"),
     ] {
-        let output = lockslab(&["chaos", "--design", design, "--faults", faults])
+        let output = lockslab_offline(&["chaos", "--design", design, "--faults", faults])
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&output.stderr);
@@ -1400,7 +1400,7 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
         &format!("{}\n{verdict}", cell("UNKNOWN 1/2")),
     );
     for files in [[&unsafe_one, &unknown_one], [&unknown_one, &unsafe_one]] {
-        let output = lockslab(&[
+        let output = lockslab_offline(&[
             "matrix",
             "--merge",
             files[0].to_str().unwrap(),
@@ -1413,7 +1413,7 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
         assert!(said.contains("optimistic × kill reads"), "{said}");
     }
     // The same cell twice, alike: one cell.
-    let output = lockslab(&[
+    let output = lockslab_offline(&[
         "matrix",
         "--merge",
         unsafe_one.to_str().unwrap(),
@@ -1430,7 +1430,7 @@ fn a_merge_refuses_a_cell_that_reads_two_ways() {
 /// and no-lock designs) is refused before anything starts, not played as unknown.
 #[test]
 fn a_restart_given_to_a_design_without_redis_or_etcd_is_refused() {
-    let output = lockslab(&[
+    let output = lockslab_offline(&[
         "chaos",
         "--design",
         "advisory-xact",

@@ -8,7 +8,7 @@
 //!
 //! Timings are generous bounds only: the machine is shared.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! and who keeps a woken holder's stale write out after a freeze. Timings are compared as
 //! orderings and generous bounds only; the machine is shared.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -398,7 +398,7 @@ fn ctrl_c_while_holders_are_frozen_leaves_nothing_behind() {
 
 #[test]
 fn bad_options_name_the_flag() {
-    let output = lockslab(&["etcd-vs-redis", "--lease", "1500ms"])
+    let output = lockslab_offline(&["etcd-vs-redis", "--lease", "1500ms"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -408,7 +408,7 @@ fn bad_options_name_the_flag() {
         "{stderr}"
     );
 
-    let output = lockslab(&["etcd-vs-redis", "--redis-ttl", "6"])
+    let output = lockslab_offline(&["etcd-vs-redis", "--redis-ttl", "6"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -433,7 +433,7 @@ fn bad_options_name_the_flag() {
             "at least 100ms",
         ),
     ] {
-        let output = lockslab(&[&["etcd-vs-redis"][..], args].concat())
+        let output = lockslab_offline(&[&["etcd-vs-redis"][..], args].concat())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -444,7 +444,9 @@ fn bad_options_name_the_flag() {
         );
     }
 
-    let output = lockslab(&["etcd-vs-redis", "--help"]).output().unwrap();
+    let output = lockslab_offline(&["etcd-vs-redis", "--help"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         text.contains("Examples") && text.contains("--pg-timeout"),

@@ -1,7 +1,7 @@
 //! Lab 5 against real clusters: a Redis primary + replica + 3 Sentinels and a 3-member etcd
 //! cluster that lockslab starts itself, the shared test Postgres as the store.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -477,7 +477,7 @@ fn a_sigkilled_lab_leaves_no_server_and_its_directories_are_swept_next_time() {
 
 #[test]
 fn own_clusters_are_refused_with_a_clear_usage_error() {
-    let output = lockslab(&["failover", "--sentinel-url", "redis://10.0.0.1:26379"])
+    let output = lockslab_offline(&["failover", "--sentinel-url", "redis://10.0.0.1:26379"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));

@@ -1,7 +1,7 @@
 //! Faults aimed at lockslab itself and at its servers (issue 20): the lab process stopped
 //! mid-run, a Redis that evicts keys, a dead run's leftovers on shared servers.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -413,7 +413,7 @@ fn a_lock_name_with_control_or_format_characters_is_refused_and_never_echoed_raw
         ("demo\u{200b}", "demo\\u{200b}"),
     ] {
         for command in ["worker", "reset"] {
-            let output = common::lockslab(&[command, "--lock", name])
+            let output = common::lockslab_offline(&[command, "--lock", name])
                 .output()
                 .unwrap();
             let stderr = String::from_utf8_lossy(&output.stderr);

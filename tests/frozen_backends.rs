@@ -6,7 +6,7 @@
 //! postmaster and every backend: backends call setsid(), so the postmaster's process group
 //! is not enough. Whatever a test froze is resumed by a guard, even when the test fails.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};

@@ -1,6 +1,6 @@
 //! Lab 1 against real Redis and Postgres: the verdicts are read back from the store.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -325,7 +325,9 @@ fn a_frozen_backend_fails_within_seconds() {
 
 #[test]
 fn bad_flags_name_the_flag() {
-    let output = lockslab(&["gc-pause", "--ttl", "2"]).output().unwrap();
+    let output = lockslab_offline(&["gc-pause", "--ttl", "2"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2));
     assert!(
@@ -333,7 +335,7 @@ fn bad_flags_name_the_flag() {
         "{stderr}"
     );
 
-    let output = lockslab(&["gc-pause", "--redis-url", "localhost:6379"])
+    let output = lockslab_offline(&["gc-pause", "--redis-url", "localhost:6379"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -347,7 +349,9 @@ fn bad_flags_name_the_flag() {
         "{stderr}"
     );
 
-    let output = lockslab(&["gc-pause", "--ttl", "50ms"]).output().unwrap();
+    let output = lockslab_offline(&["gc-pause", "--ttl", "50ms"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(

@@ -1,7 +1,7 @@
 //! Lab 9 against real Redis and Postgres: every guard against every fault, each cell's
 //! verdict read back from the store and held against the store's attempts here.
 
-mod common;
+use crate::common;
 
 use common::*;
 use lockslab::events::facts::Fault;
@@ -563,7 +563,7 @@ fn stepping_stops_before_each_fault_and_the_verdict() {
 
 #[test]
 fn a_margin_not_below_the_ttl_is_refused_naming_the_flag() {
-    let output = lockslab(&["lease-guard", "--ttl", "500ms", "--margin", "500ms"])
+    let output = lockslab_offline(&["lease-guard", "--ttl", "500ms", "--margin", "500ms"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));

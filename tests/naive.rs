@@ -1,6 +1,6 @@
 //! Lab 2 against a real Redis: every bug shows, every fix holds, counted from the evidence.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -365,7 +365,9 @@ fn bad_flags_name_the_flag() {
         (&["race", "--spread", "1h"], &["--spread"]),
         (&["race", "--window", "2m"], &["--window"]),
     ] {
-        let output = lockslab(&[&["naive"][..], args].concat()).output().unwrap();
+        let output = lockslab_offline(&[&["naive"][..], args].concat())
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         for flag in flags {
@@ -378,7 +380,7 @@ fn bad_flags_name_the_flag() {
     let (_, verdict) = naive(&["race", "--ttl", "10s", "--trials", "3", "--workers", "2"]);
     assert_eq!(counts(&scenario(&verdict, "race")["fixed"]).1, 3);
 
-    let output = lockslab(&["naive", "racy"]).output().unwrap();
+    let output = lockslab_offline(&["naive", "racy"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2));
     assert!(
@@ -386,12 +388,14 @@ fn bad_flags_name_the_flag() {
         "{stderr}"
     );
 
-    let output = lockslab(&["naive", "--workers", "1"]).output().unwrap();
+    let output = lockslab_offline(&["naive", "--workers", "1"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2));
     assert!(stderr.contains("--workers"), "{stderr}");
 
-    let output = lockslab(&["naive", "--help"]).output().unwrap();
+    let output = lockslab_offline(&["naive", "--help"]).output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         text.contains("Examples") && text.contains("--window"),

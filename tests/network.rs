@@ -1,7 +1,7 @@
 //! Lab 8 against real Redis and Postgres, A's store path through the fault proxy: the
 //! verdicts are read back from the store, and the history is read as typed events.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;

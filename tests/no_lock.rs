@@ -3,7 +3,7 @@
 //! marks ✅ survive it at every point, the two lessons fail where they fail; and nothing of
 //! a run — workers, tables, keys — outlives it, Ctrl-C included.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -456,7 +456,7 @@ fn bad_flags_name_the_flag() {
         (&["no-lock", "pessimistic"], "pessimistic"),
     ];
     for (args, expected) in cases {
-        let output = lockslab(args).output().unwrap();
+        let output = lockslab_offline(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");

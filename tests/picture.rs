@@ -5,7 +5,7 @@
 //! default settings: the unfenced one has two holders and a stale write taken) and
 //! tests/fixtures/etcd-vs-redis.jsonl (kill and freeze on all three backends).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 
@@ -424,11 +424,11 @@ fn render_refuses_what_it_cannot_draw_with_a_usage_error() {
 
 #[test]
 fn a_lab_refuses_a_picture_it_could_not_write_before_it_plays() {
-    let output = common::lockslab(&["gc-pause", "--html", "/no/such/dir/run.html"])
+    let output = common::lockslab_offline(&["gc-pause", "--html", "/no/such/dir/run.html"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    let output = common::lockslab(&["gc-pause", "--svg", "run.html"])
+    let output = common::lockslab_offline(&["gc-pause", "--svg", "run.html"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
@@ -740,7 +740,7 @@ fn a_lab_refuses_a_picture_in_a_place_it_cannot_write_before_it_plays() {
         } else {
             "/proc/run.svg"
         };
-        let output = common::lockslab(&["gc-pause", flag, target])
+        let output = common::lockslab_offline(&["gc-pause", flag, target])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);

@@ -6,7 +6,7 @@
 //! The servers' counters are read before and after each queue, so the tests of this file
 //! take turns: two labs on one etcd at once would count each other's requests.
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 

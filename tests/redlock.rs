@@ -2,7 +2,7 @@
 //! itself, the release-everywhere rule on a real Redis, and what a run leaves behind —
 //! after a normal end and after Ctrl-C.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -584,13 +584,13 @@ fn bad_flags_name_the_flag() {
             "--instance-timeout",
         ),
     ] {
-        let output = lockslab(&args).output().unwrap();
+        let output = lockslab_offline(&args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
     // The limit it says is the one it checks: timeout × masters below half the TTL.
-    let output = lockslab(&["redlock", "--ttl", "500ms", "--instance-timeout", "100ms"])
+    let output = lockslab_offline(&["redlock", "--ttl", "500ms", "--instance-timeout", "100ms"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -762,13 +762,13 @@ fn given_masters_must_be_odd_and_well_formed() {
         "redis://127.0.0.1:1".to_string(),
         "redis://127.0.0.1:2".to_string(),
     ];
-    let output = lockslab(&with_masters(&["redlock"], &two))
+    let output = lockslab_offline(&with_masters(&["redlock"], &two))
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--master given 2 times"));
 
-    let output = lockslab(&["redlock", "--master", "http://u:sekrit@h:1"])
+    let output = lockslab_offline(&["redlock", "--master", "http://u:sekrit@h:1"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
@@ -786,7 +786,7 @@ fn given_masters_must_be_odd_and_well_formed() {
             )
         })
         .collect();
-    let output = lockslab(&with_masters(&["redlock", "clock-jump"], &dead))
+    let output = lockslab_offline(&with_masters(&["redlock", "clock-jump"], &dead))
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(4));

@@ -3,7 +3,7 @@
 //! told apart from real failures at parse time; an interrupted `etcd-vs-redis` leaves
 //! nothing of its run on shared servers.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};

@@ -4,7 +4,7 @@
 //! check that nothing of its own is left — no `lockslab-*` directory, no process, no SysV
 //! shared-memory segment created by its servers — without seeing other runs.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;

@@ -1,6 +1,6 @@
 //! Finding and starting servers, `lockslab up`/`down`/`status`, and what is left afterwards.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //! Every case records the lab's whole process tree while it runs and checks afterwards that
 //! none of it is left: not running, not stopped, not a zombie.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fs::{self, File};

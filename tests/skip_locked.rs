@@ -1,7 +1,7 @@
 //! Lab 3 against a real Postgres: the verdicts come from the append-only processing table,
 //! and the freeze is checked by reading that table ourselves while the worker is stopped.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -463,7 +463,7 @@ fn bad_flags_name_the_flag() {
         ),
     ];
     for (args, flag) in cases {
-        let output = lockslab(args).output().unwrap();
+        let output = lockslab_offline(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(
             output.status.code(),

@@ -2,7 +2,7 @@
 //! source hands the same token out twice (in both orders of the two writes), what a token
 //! from the store's own sequence does instead, and lab 6's compare-and-set by lock value.
 
-mod common;
+use crate::common;
 
 use common::servers;
 use lockslab::store::{FenceRule, Outcome, ReadBack, Store};

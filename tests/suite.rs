@@ -1,11 +1,12 @@
 //! Every integration test in one binary: one link instead of one per file, and libtest
 //! runs tests of different files side by side (most of them wait on servers and timers,
-//! not on the CPU). Each file keeps its own `mod common;`, and so its own private servers,
-//! as when it was a binary of its own. Run one file's tests with
-//! `cargo test --test suite network::`.
+//! not on the CPU). Every file reaches the one `common` below (`use crate::common;`), and
+//! so one set of servers for the whole binary, started by the first test that needs it:
+//! a file that froze, killed or restarted those servers would disturb the others, so the
+//! files that do (frozen_backends, faults, server_faults) start private ones for those
+//! tests. Run one file's tests with `cargo test --test suite network::`.
 
-// Each file's `mod common;` is its own copy on purpose: its own private servers.
-#![allow(clippy::duplicate_mod)]
+mod common;
 
 #[path = "challenge.rs"]
 mod challenge;

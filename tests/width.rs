@@ -9,7 +9,7 @@
 //! columns there: a stepped run prints every line of the default run, and its questions
 //! besides. Here: the two labs not stepped at their defaults.
 
-mod common;
+use crate::common;
 
 use common::lockslab;
 

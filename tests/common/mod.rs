@@ -110,12 +110,33 @@ pub async fn etcd_client_of(url: &str) -> etcd_client::Client {
 /// A lockslab command that uses this binary's servers and nothing from the environment.
 pub fn lockslab(args: &[&str]) -> Command {
     let servers = servers();
+    lockslab_on(args, [&servers.redis, &servers.etcd, &servers.postgres])
+}
+
+/// A lockslab command for a test that expects its command line to be refused before any
+/// server is reached: it starts no servers for the test binary, and its URLs name a port
+/// nothing listens on (port 1 wants root), so a refusal that came only after trying a
+/// server shows that server's error and fails the test.
+pub fn lockslab_offline(args: &[&str]) -> Command {
+    lockslab_on(
+        args,
+        [
+            "redis://default:offline@127.0.0.1:1",
+            "http://root:offline@127.0.0.1:1",
+            "postgres://lockslab:offline@127.0.0.1:1/lockslab",
+        ],
+    )
+}
+
+/// A lockslab command given these Redis, etcd and Postgres URLs and nothing else from the
+/// environment.
+fn lockslab_on(args: &[&str], [redis, etcd, postgres]: [&str; 3]) -> Command {
     let mut command = Command::new(BIN);
     command
         .args(args)
-        .env("LOCKSLAB_REDIS_URL", &servers.redis)
-        .env("LOCKSLAB_ETCD_URL", &servers.etcd)
-        .env("LOCKSLAB_POSTGRES_URL", &servers.postgres)
+        .env("LOCKSLAB_REDIS_URL", redis)
+        .env("LOCKSLAB_ETCD_URL", etcd)
+        .env("LOCKSLAB_POSTGRES_URL", postgres)
         .env("NO_COLOR", "1")
         // Lines as the labs compose them, unwrapped, for the tests that read them word by
         // word; tests/width.rs sets 80 to check what a projector shows.
