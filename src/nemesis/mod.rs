@@ -32,6 +32,7 @@ pub mod generate;
 pub mod network;
 pub mod play;
 pub mod probe;
+pub mod replication;
 pub mod schedule;
 pub mod victims;
 

@@ -26,8 +26,10 @@ use anyhow::{Result, bail};
 
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
+use super::replication::Link;
 use super::schedule::{Action, Due, Item, Player, Schedule, Step};
-use super::{Fault, Nemesis, Note, Record, Victim};
+use super::{Fault, Held, Nemesis, Note, Record, Victim};
+use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
 use crate::output::human;
@@ -128,6 +130,9 @@ pub struct Cue<'a> {
     pub back_after: Option<Duration>,
     /// How the step is done (a cut's proxy fault, a clock's step).
     pub how: &'a super::schedule::How,
+    /// For a replica's lag (a pause that cuts its link): how many links the cut closed
+    /// (None: the cut failed).
+    pub links_closed: Option<u64>,
 }
 
 /// A schedule being played, what it aims at besides processes, and the lab's words.
@@ -151,6 +156,8 @@ pub struct Faults<'w> {
     clocks: Vec<(String, &'w WorkerClock)>,
     /// The backends probes ask, by their name in the history.
     askers: Vec<Box<dyn Ask + 'w>>,
+    /// The replicas whose link a lagging pause cuts, with their primary.
+    links: Vec<Link<'w>>,
     /// Was the floor told that this schedule plays there (since it last grew)?
     announced: bool,
     /// This play's number among the process's plays, for the floor.
@@ -178,6 +185,7 @@ impl<'w> Faults<'w> {
             paths: Vec::new(),
             clocks: Vec::new(),
             askers: Vec::new(),
+            links: Vec::new(),
             announced: false,
             id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             words_now: None,
@@ -212,6 +220,17 @@ impl<'w> Faults<'w> {
     /// Probes aimed at `backend`'s name are asked of it.
     pub fn asking(mut self, backend: impl Ask + 'w) -> Faults<'w> {
         self.askers.push(Box::new(backend));
+        self
+    }
+
+    /// A pause of `replica` that cuts its link (`how.cut_link`) closes it on the primary
+    /// `primary_url` names at that moment ([`super::replication`]).
+    pub fn on_replica(
+        mut self,
+        replica: &str,
+        primary_url: impl Fn() -> String + 'w,
+    ) -> Faults<'w> {
+        self.links.push(Link::new(replica, primary_url));
         self
     }
 
@@ -416,6 +435,7 @@ impl<'w> Faults<'w> {
             held: None,
             back_after: None,
             how: &how,
+            links_closed: None,
         };
         let note = self.say(&cue);
         if action.fault == Fault::Heal {
@@ -472,8 +492,12 @@ impl<'w> Faults<'w> {
             held,
             back_after,
             how: &how,
+            links_closed: None,
         };
         match action.fault {
+            Fault::Pause if !paused && how.cut_link => {
+                return self.lag(action, floor, nemesis, &**victim);
+            }
             Fault::Pause if !paused => {
                 let note = self.say(&cue(None, None));
                 if self.self_pausing.contains(&target) {
@@ -531,6 +555,58 @@ impl<'w> Faults<'w> {
     }
 }
 
+/// A replica's lag ([`super::replication`]): a pause that also closes its link.
+impl Faults<'_> {
+    /// Freezes the replica, cuts its link on its primary, then records both as one fault:
+    /// the lab's words for it know how many links the cut closed. A cut that failed is
+    /// recorded (the freeze happened) and then returned as the error.
+    fn lag(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        victim: &dyn Victim,
+    ) -> Result<()> {
+        let target = action.target.clone();
+        let Some(link) = self.links.iter().find(|l| l.replica == target) else {
+            return self.skip(&action, format!("this run knows no primary of {target}"));
+        };
+        let mut freeze = Held::default();
+        nemesis.pause(&mut freeze, victim, Note::default())?;
+        self.paused_at.insert(target, Instant::now());
+        let cut = link.cut();
+        let how = (action.step)
+            .map(|i| self.schedule.how(i).clone())
+            .unwrap_or_default();
+        let cue = Cue {
+            action: &action,
+            pid: victim.pid().unwrap_or_default(),
+            held: None,
+            back_after: None,
+            how: &how,
+            links_closed: cut.as_ref().ok().copied(),
+        };
+        let note = self.say(&cue);
+        for mut event in freeze.0 {
+            event.text = note.words.clone();
+            if let Some(facts) = event.fault_mut() {
+                *facts = FaultFacts {
+                    fault: facts.fault,
+                    target: facts.target.take(),
+                    pid: facts.pid,
+                    phase: facts.phase,
+                    links_closed: cut.as_ref().ok().copied(),
+                    ..note.facts.clone()
+                };
+            }
+            floor.record(event);
+        }
+        cut?;
+        self.acted.push(action);
+        Ok(())
+    }
+}
+
 /// A fault the proxy plays on a path.
 fn is_network(fault: Fault) -> bool {
     matches!(
@@ -543,6 +619,10 @@ fn is_network(fault: Fault) -> bool {
 fn plain_words(cue: &Cue) -> String {
     let target = &cue.action.target;
     match (cue.action.fault, cue.back_after) {
+        (Fault::Pause, _) if cue.how.cut_link => format!(
+            "pauses {target} (SIGSTOP) and cuts its replication link ({} closed)",
+            cue.links_closed.map_or("none".into(), |n| n.to_string())
+        ),
         (Fault::Pause, _) => format!("pauses {target} (SIGSTOP)"),
         (Fault::Resume, _) => format!("resumes {target} (SIGCONT)"),
         (Fault::Kill, _) => format!("kills {target} (SIGKILL)"),
