@@ -41,7 +41,8 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
         "--work",
         "600ms",
     ]);
-    // Exactly the fields the issue names, one cell per backend.
+    // Exactly the fields the issue names, one cell per backend, and the faults played
+    // (`schedule`: the four holders' kills).
     let mut keys: Vec<&String> = verdict.as_object().unwrap().keys().collect();
     keys.sort();
     assert_eq!(
@@ -55,6 +56,7 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
             "lab_paused_ms",
             "lab_pauses",
             "run_id",
+            "schedule",
             "seed",
             "text"
         ],

@@ -91,6 +91,12 @@ pub trait Victim {
     fn restart_now(&mut self) -> Result<Duration> {
         bail!("{} cannot be restarted", self.label())
     }
+    /// Does it come back by itself after a crash — or another takes its place, as a
+    /// replica the Sentinels promote does a killed primary's? Then a restart only kills
+    /// it ([`Nemesis::crash`]), and whoever watches it records its return.
+    fn returns_by_itself(&self) -> bool {
+        false
+    }
     /// Reaps its process if it has exited by itself, so that no zombie waits for the end
     /// of the run (then `pid` is None).
     fn reap_if_exited(&mut self) {}
@@ -249,8 +255,19 @@ impl Nemesis {
         victim: &mut dyn Victim,
         note: impl Into<Note>,
     ) -> Result<()> {
+        self.kill_as(Fault::Kill, history, victim, note.into())
+    }
+
+    /// Records `fault` (a kill, or a restart's start), then kills the victim and reaps it.
+    fn kill_as(
+        &mut self,
+        fault: Fault,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: Note,
+    ) -> Result<()> {
         let pid = alive_pid(victim)?;
-        history.record(fault_event(Fault::Kill, &victim.label(), pid, note));
+        history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.remove(&pid);
         victim.kill_now();
         Ok(())
@@ -273,6 +290,18 @@ impl Nemesis {
         let new_pid = victim.pid().unwrap_or_default();
         history.record(restarted_event(&victim.label(), new_pid, took, back(took)));
         Ok(took)
+    }
+
+    /// The start of a restart whose end the nemesis does not wait for: the victim is
+    /// killed, and comes back by itself ([`Victim::returns_by_itself`]: a Sentinel
+    /// failover); whoever sees it back records the end ([`restarted_event`]).
+    pub fn crash(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        self.kill_as(Fault::Restart, history, victim, note.into())
     }
 
     /// The victims this nemesis paused and has not resumed, by label.
