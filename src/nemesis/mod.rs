@@ -19,6 +19,7 @@
 //! | `cut`     | the proxy resets or swallows     | a partition: one server out of reach        |
 //! | `drop_reply` | the proxy loses one answer    | a request applied whose reply never came    |
 //! | `heal`    | the proxy clears the path        | the link works again                        |
+//! | `pause` + `cut_link` | SIGSTOP, and `CLIENT KILL TYPE replica` on its primary | a replica that lags |
 //!
 //! Network faults ([`network`]) are aimed at a path of the fault proxy ([`crate::proxy`]):
 //! one worker's link to one server, so no other worker and no process is touched.

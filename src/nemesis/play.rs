@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! Schedule ──> Faults ──(due)──> nemesis: pause/resume/kill/restart  (a victim in the cast)
+//!                │                        lag: pause + cut its link  (a replica, its primary)
 //!                ▲                        cut/hold/delay/drop/heal   (a proxy path)
 //!                │                        clock_step/clock_rate      (a worker's clock)
 //!                │               probe:   pttl/lease_ttl/blocking    (a backend)
