@@ -41,7 +41,8 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
         "--work",
         "600ms",
     ]);
-    // Exactly the fields the issue names, one cell per backend.
+    // Exactly the fields the issue names, one cell per backend, and the faults played
+    // (`schedule`: the four holders' kills).
     let mut keys: Vec<&String> = verdict.as_object().unwrap().keys().collect();
     keys.sort();
     assert_eq!(
@@ -55,6 +56,7 @@ fn after_a_kill_postgres_hands_over_before_etcd_and_etcd_before_redis() {
             "lab_paused_ms",
             "lab_pauses",
             "run_id",
+            "schedule",
             "seed",
             "text"
         ],
@@ -176,6 +178,27 @@ fn after_a_freeze_etcd_fences_redis_does_not_and_postgres_keeps_the_lock() {
         })
         .expect("the lab asked Postgres before the resume");
     assert_eq!(asked.holder.as_deref(), Some("holder"), "{asked:?}");
+
+    // The strikes and resumes were played by the nemesis's player, as steps of a schedule
+    // that --json carries: a pause, then a resume, of each lane's holder.
+    let played: Vec<(&str, &str)> = verdict["schedule"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no schedule in {verdict}"))
+        .iter()
+        .map(|s| (s["fault"].as_str().unwrap(), s["target"].as_str().unwrap()))
+        .collect();
+    for holder in [
+        "redis:holder",
+        "redis-renewed:holder",
+        "etcd:holder",
+        "postgres:holder",
+    ] {
+        let faults: Vec<&str> = (played.iter())
+            .filter(|(_, target)| *target == holder)
+            .map(|(fault, _)| *fault)
+            .collect();
+        assert_eq!(faults, ["pause", "resume"], "{holder}: {played:?}");
+    }
 
     assert_gone(&worker_pids(&lines));
 }

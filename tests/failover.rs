@@ -291,6 +291,32 @@ fn the_failover_verdict_is_true_to_the_store_and_leaves_nothing() {
     assert_eq!(durable["token_reissued"], false, "{durable}");
     assert_eq!(durable["stale_write"]["accepted"], false, "{durable}");
 
+    // The Redis part's faults are a schedule the one player played, carried in --json
+    // before the etcd part's: the replica lags (a pause that cuts its link), then the
+    // primary dies and the replica is thawed, once the primary refused A:min-replicas.
+    let redis_faults: Vec<(&str, &str)> = verdict["schedules"][0]
+        .as_array()
+        .unwrap_or_else(|| panic!("no schedule of the Redis part: {verdict}"))
+        .iter()
+        .map(|s| (s["fault"].as_str().unwrap(), s["target"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        redis_faults,
+        [
+            ("pause", "replica"),
+            ("kill", "primary"),
+            ("resume", "replica")
+        ]
+    );
+    assert_eq!(verdict["schedules"][0][0]["cut_link"], true, "{verdict}");
+    let lagged = lines
+        .iter()
+        .find(|e| e.kind() == Kind::Frozen)
+        .and_then(|e| e.fault())
+        .unwrap_or_else(|| panic!("the replica's lag is not in the history"));
+    assert_eq!(lagged.target.as_deref(), Some("replica"));
+    assert!(lagged.links_closed.is_some(), "{lagged:?}");
+
     // Scenario 2: WAIT answered 0 to A, so A wrote nothing; Redis still granted twice.
     let wait = scenario("redis-wait");
     assert_eq!(wait["two_holders"], true, "{wait}");

@@ -868,10 +868,6 @@ fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, St
 /// nemesis, one player"); the lead empties this list as that work merges. A function only
 /// leaves it: nothing is added.
 const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
-    "src/labs/etcd_vs_redis/lane.rs::step",
-    "src/labs/etcd_vs_redis/play.rs::play",
-    "src/labs/failover/etcd.rs::etcd_leader_killed",
-    "src/labs/failover/redis.rs::redis_failover",
     "src/labs/gc_pause/play.rs::run",
     "src/labs/lease_guard/play.rs::play",
     "src/labs/naive/stuck.rs::stuck",

@@ -25,15 +25,14 @@
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::designs::Design;
 use crate::events::facts::FaultFacts;
-use crate::labs::Stage;
+use crate::nemesis::Victim;
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
 use crate::nemesis::schedule::Schedule;
-use crate::nemesis::{Fault, Held, Nemesis, Note, Victim, fault_event};
 
 /// How long the Sentinels may take to promote the replica, and the cluster to be whole
 /// again (the old primary back and in sync): far above Sentinel's timers (a primary is
@@ -176,7 +175,7 @@ impl SentinelRing {
 
     /// The Sentinels failed over by themselves before this failover began (their primary
     /// is the one to lag and kill; the history is unknown all the same).
-    fn see_unasked(&self) {
+    pub(super) fn see_unasked(&self) {
         if self.switched_by_itself() {
             self.unasked
                 .store(true, std::sync::atomic::Ordering::Release);
@@ -184,88 +183,25 @@ impl SentinelRing {
         }
     }
 
-    /// The replica lags: frozen, then its link closed from the primary's side (frozen
-    /// alone, its kernel would still take the stream into the socket buffer, and it would
-    /// read it from there once thawed) — lab 5's way. One line of the history.
-    pub(super) fn lag(&self, stage: &mut Stage, nemesis: &mut Nemesis, lag_ms: u64) -> Result<()> {
-        self.see_unasked();
-        let primary = self.cluster().primary.url();
-        let mut on_primary = cluster::ask(&primary).context("asking the Redis primary")?;
-        let port = self.cluster().replica.port;
-        let facts = FaultFacts {
-            port: Some(port),
-            ..FaultFacts::default()
-        };
-        let mut held = Held::default();
-        nemesis.pause(&mut held, &Replica(self), Note::new("", facts))?;
-        let cut = cluster::cut_replica_links(&mut on_primary);
-        for mut event in held.0 {
-            let closed = *cut.as_ref().unwrap_or(&0);
-            event.text = format!(
-                "the replica :{port} lags: frozen (SIGSTOP), its link cut ({closed} closed) \
-                 — what the primary takes meanwhile it never gets; the primary dies in \
-                 {lag_ms}ms"
-            );
-            if let Some(facts) = event.fault_mut() {
-                facts.links_closed = Some(closed as u64);
-            }
-            stage.record(event);
-        }
-        cut.context("cutting the replica's link (CLIENT KILL TYPE replica)")?;
-        Ok(())
+    /// The primary's URL now (after a failover by themselves: the promoted node's).
+    pub(super) fn primary_url(&self) -> String {
+        self.cluster().primary.url()
     }
 
-    /// Kills the primary (a restart's start, in the history) and thaws a lagging replica:
-    /// what the primary had written by then, from its own replication offset.
-    pub(super) fn kill_primary(
-        &self,
-        stage: &mut Stage,
-        nemesis: &mut Nemesis,
-        lag_ms: u64,
-    ) -> Result<Option<u64>> {
+    /// The ports of the primary and the replica now.
+    pub(super) fn ports(&self) -> (u16, u16) {
+        let cluster = self.cluster();
+        (cluster.primary.port, cluster.replica.port)
+    }
+
+    /// Just before the primary dies: how far its replication stream went (what it had
+    /// written), read from its own `INFO`. A failover without a lag looks here whether the
+    /// Sentinels failed over by themselves first (a lag looked as it began).
+    pub(super) fn written_before_kill(&self, lag_ms: u64) -> Option<u64> {
         if lag_ms == 0 {
             self.see_unasked();
         }
-        let (url, pid, port) = {
-            let cluster = self.cluster();
-            let primary = &cluster.primary;
-            (primary.url(), primary.pid, primary.port)
-        };
-        let pid = pid.context("the Redis primary is not running")?;
-        let written = offset_of(&url, "master_repl_offset");
-        let words = match lag_ms {
-            0 => "kills Redis's primary (SIGKILL), its replica in sync: the Sentinels are to \
-                  promote it"
-                .to_string(),
-            _ => format!(
-                "kills Redis's primary (SIGKILL) after {lag_ms}ms of lag: the Sentinels are \
-                 to promote its replica"
-            ),
-        };
-        let facts = FaultFacts {
-            port: Some(port),
-            ..FaultFacts::default()
-        };
-        stage.record(fault_event(
-            Fault::Restart,
-            REDIS_PRIMARY,
-            pid,
-            Note::new(words, facts),
-        ));
-        SentinelCluster::kill(&mut self.cluster().primary);
-        if lag_ms > 0 {
-            let port = self.cluster().replica.port;
-            let words = format!(
-                "thaws the replica :{port}: its primary is dead, nothing can send it what \
-                 it missed"
-            );
-            let facts = FaultFacts {
-                port: Some(port),
-                ..FaultFacts::default()
-            };
-            nemesis.resume(stage, &Replica(self), Note::new(words, facts))?;
-        }
-        Ok(written)
+        offset_of(&self.primary_url(), "master_repl_offset")
     }
 
     /// Has the replica taken over — it says it is the primary, and a Sentinel names it? Then
@@ -382,7 +318,7 @@ fn lacking(cluster: &SentinelCluster) -> Option<String> {
 pub const REDIS_REPLICA: &str = "redis-replica";
 
 /// The cluster's replica as the nemesis sees it: frozen and thawed by a lag.
-struct Replica<'a>(&'a SentinelRing);
+pub(super) struct Replica<'a>(pub(super) &'a SentinelRing);
 
 impl Victim for Replica<'_> {
     fn label(&self) -> String {
@@ -395,6 +331,65 @@ impl Victim for Replica<'_> {
 
     fn kill_now(&mut self) {
         SentinelCluster::kill(&mut self.0.cluster().replica);
+    }
+}
+
+/// The cluster's primary as the nemesis sees it: a failover's restart kills it, and the
+/// Sentinels put the replica in its place ([`Victim::returns_by_itself`]).
+pub(super) struct Primary<'a>(pub(super) &'a SentinelRing);
+
+impl Victim for Primary<'_> {
+    fn label(&self) -> String {
+        REDIS_PRIMARY.into()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.0.cluster().primary.pid
+    }
+
+    fn kill_now(&mut self) {
+        SentinelCluster::kill(&mut self.0.cluster().primary);
+    }
+
+    fn returns_by_itself(&self) -> bool {
+        true
+    }
+}
+
+/// The history's words for a failover's three faults: the replica's lag (with how many
+/// links its cut closed), the primary's kill, the replica's thaw.
+pub(super) fn lag_words(replica: u16, closed: Option<u64>, lag_ms: u64) -> String {
+    let closed = closed.unwrap_or(0);
+    format!(
+        "the replica :{replica} lags: frozen (SIGSTOP), its link cut ({closed} closed) — \
+         what the primary takes meanwhile it never gets; the primary dies in {lag_ms}ms"
+    )
+}
+
+pub(super) fn kill_words(lag_ms: u64) -> String {
+    match lag_ms {
+        0 => "kills Redis's primary (SIGKILL), its replica in sync: the Sentinels are to \
+              promote it"
+            .to_string(),
+        _ => format!(
+            "kills Redis's primary (SIGKILL) after {lag_ms}ms of lag: the Sentinels are to \
+             promote its replica"
+        ),
+    }
+}
+
+pub(super) fn thaw_words(replica: u16) -> String {
+    format!(
+        "thaws the replica :{replica}: its primary is dead, nothing can send it what it \
+         missed"
+    )
+}
+
+/// What a failover's fault says besides its words: the node's port.
+pub(super) fn on_port(port: u16) -> FaultFacts {
+    FaultFacts {
+        port: Some(port),
+        ..FaultFacts::default()
     }
 }
 

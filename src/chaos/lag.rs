@@ -10,19 +10,23 @@
 //! ```
 //!
 //! Played beside the schedule's other steps, not among them: the stage keeps taking the
-//! clients' events all through the lag and the promotion.
+//! clients' events all through the lag and the promotion. Its three faults — the lag (a
+//! pause of the replica that cuts its link), the primary's kill (a restart's start: the
+//! Sentinels bring the replica in its place) and the replica's thaw — are each done by
+//! the nemesis's player as they come; the promotion, when the servers say so, ends it.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use super::failover::{self, SentinelRing};
+use super::failover::{self, Primary, REDIS_REPLICA, Replica, SentinelRing};
 use crate::events::facts::FaultFacts;
+use crate::labs::faults::{Cue, Faults};
 use crate::labs::{Feed, Stage};
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
-use crate::nemesis::schedule::{Schedule, Step};
-use crate::nemesis::{Nemesis, Note, restarted_event};
+use crate::nemesis::schedule::{How, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note, Victim, restarted_event};
 
 /// The schedule's other steps, and its failover (a restart of `redis-primary`).
 pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
@@ -83,6 +87,8 @@ pub struct LagPlay<'a> {
     /// True while a failover is under way: the play must not end before it does.
     busy: &'a Cell<bool>,
     skipped: Vec<(usize, String)>,
+    /// The nemesis's player, which does each fault of a failover as it comes.
+    faults: Faults<'a>,
     nemesis: Nemesis,
 }
 
@@ -100,8 +106,35 @@ impl<'a> LagPlay<'a> {
             under_way: None,
             busy,
             skipped: Vec::new(),
+            faults: match ring {
+                Some(ring) => Faults::new(&Schedule::default(), stage)
+                    .on_replica(REDIS_REPLICA, move || ring.primary_url()),
+                None => Faults::new(&Schedule::default(), stage),
+            },
             nemesis: Nemesis::new(),
         }
+    }
+
+    /// Has the player do `fault` to `target` now, done as `how` says, in `words`.
+    fn play_now(
+        &mut self,
+        stage: &mut Stage,
+        ring: &'a SentinelRing,
+        (fault, target, how): (Fault, &str, How),
+        words: impl FnOnce(&Cue) -> Note + 'a,
+    ) -> Result<()> {
+        self.faults.now_done_so(stage, (fault, target, how), words);
+        let (mut replica, mut primary) = (Replica(ring), Primary(ring));
+        let cast: &mut [&mut dyn Victim] = &mut [&mut replica, &mut primary];
+        let skipped = self.faults.skipped().len();
+        while let Some(due) = self.faults.next_due() {
+            self.faults.act(due, stage, &mut self.nemesis, cast)?;
+        }
+        // A failover's node gone (not running) ends the history: nothing would fail over.
+        if let Some((_, why)) = self.faults.skipped().get(skipped) {
+            bail!("the failover could not {} {target}: {why}", fault.as_str());
+        }
+        Ok(())
     }
 
     /// Shows the player what the stage logged, starts a failover that falls due and moves
@@ -125,7 +158,17 @@ impl<'a> LagPlay<'a> {
                 }
                 (Some(ring), None) => {
                     if lag_ms > 0 {
-                        ring.lag(stage, &mut self.nemesis, lag_ms)?;
+                        ring.see_unasked();
+                        let port = ring.ports().1;
+                        let lag = How {
+                            cut_link: true,
+                            ..How::default()
+                        };
+                        let words = move |cue: &Cue| {
+                            let words = failover::lag_words(port, cue.links_closed, lag_ms);
+                            Note::new(words, failover::on_port(port))
+                        };
+                        self.play_now(stage, ring, (Fault::Pause, REDIS_REPLICA, lag), words)?;
                     }
                     let kill_at = Instant::now() + Duration::from_millis(lag_ms);
                     self.under_way = Some(UnderWay::Lagging { kill_at, lag_ms });
@@ -138,7 +181,16 @@ impl<'a> LagPlay<'a> {
         };
         match self.under_way {
             Some(UnderWay::Lagging { kill_at, lag_ms }) if Instant::now() >= kill_at => {
-                let written = ring.kill_primary(stage, &mut self.nemesis, lag_ms)?;
+                let written = ring.written_before_kill(lag_ms);
+                let (primary, replica) = ring.ports();
+                let kill = Note::new(failover::kill_words(lag_ms), failover::on_port(primary));
+                let crash = (Fault::Restart, REDIS_PRIMARY, How::default());
+                self.play_now(stage, ring, crash, move |_| kill)?;
+                if lag_ms > 0 {
+                    let thaw = Note::new(failover::thaw_words(replica), failover::on_port(replica));
+                    let resume = (Fault::Resume, REDIS_REPLICA, How::default());
+                    self.play_now(stage, ring, resume, move |_| thaw)?;
+                }
                 self.under_way = Some(UnderWay::Promoting {
                     at: Instant::now(),
                     written,

@@ -19,6 +19,7 @@
 //! | `cut`     | the proxy resets or swallows     | a partition: one server out of reach        |
 //! | `drop_reply` | the proxy loses one answer    | a request applied whose reply never came    |
 //! | `heal`    | the proxy clears the path        | the link works again                        |
+//! | `pause` + `cut_link` | SIGSTOP, and `CLIENT KILL TYPE replica` on its primary | a replica that lags |
 //!
 //! Network faults ([`network`]) are aimed at a path of the fault proxy ([`crate::proxy`]):
 //! one worker's link to one server, so no other worker and no process is touched.
@@ -32,6 +33,7 @@ pub mod generate;
 pub mod network;
 pub mod play;
 pub mod probe;
+pub mod replication;
 pub mod schedule;
 pub mod victims;
 
@@ -89,6 +91,12 @@ pub trait Victim {
     /// Kills it and starts it again in the same place; returns how long it was away.
     fn restart_now(&mut self) -> Result<Duration> {
         bail!("{} cannot be restarted", self.label())
+    }
+    /// Does it come back by itself after a crash — or another takes its place, as a
+    /// replica the Sentinels promote does a killed primary's? Then a restart only kills
+    /// it ([`Nemesis::crash`]), and whoever watches it records its return.
+    fn returns_by_itself(&self) -> bool {
+        false
     }
     /// Reaps its process if it has exited by itself, so that no zombie waits for the end
     /// of the run (then `pid` is None).
@@ -248,8 +256,19 @@ impl Nemesis {
         victim: &mut dyn Victim,
         note: impl Into<Note>,
     ) -> Result<()> {
+        self.kill_as(Fault::Kill, history, victim, note.into())
+    }
+
+    /// Records `fault` (a kill, or a restart's start), then kills the victim and reaps it.
+    fn kill_as(
+        &mut self,
+        fault: Fault,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: Note,
+    ) -> Result<()> {
         let pid = alive_pid(victim)?;
-        history.record(fault_event(Fault::Kill, &victim.label(), pid, note));
+        history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.remove(&pid);
         victim.kill_now();
         Ok(())
@@ -272,6 +291,18 @@ impl Nemesis {
         let new_pid = victim.pid().unwrap_or_default();
         history.record(restarted_event(&victim.label(), new_pid, took, back(took)));
         Ok(took)
+    }
+
+    /// The start of a restart whose end the nemesis does not wait for: the victim is
+    /// killed, and comes back by itself ([`Victim::returns_by_itself`]: a Sentinel
+    /// failover); whoever sees it back records the end ([`restarted_event`]).
+    pub fn crash(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        note: impl Into<Note>,
+    ) -> Result<()> {
+        self.kill_as(Fault::Restart, history, victim, note.into())
     }
 
     /// The victims this nemesis paused and has not resumed, by label.

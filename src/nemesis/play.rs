@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! Schedule ──> Faults ──(due)──> nemesis: pause/resume/kill/restart  (a victim in the cast)
+//!                │                        lag: pause + cut its link  (a replica, its primary)
 //!                ▲                        cut/hold/delay/drop/heal   (a proxy path)
 //!                │                        clock_step/clock_rate      (a worker's clock)
 //!                │               probe:   pttl/lease_ttl/blocking    (a backend)
@@ -26,8 +27,10 @@ use anyhow::{Result, bail};
 
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
+use super::replication::Link;
 use super::schedule::{Action, Due, Item, Player, Schedule, Step};
-use super::{Fault, Nemesis, Note, Record, Victim};
+use super::{Fault, Held, Nemesis, Note, Record, Victim};
+use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
 use crate::output::human;
@@ -128,6 +131,9 @@ pub struct Cue<'a> {
     pub back_after: Option<Duration>,
     /// How the step is done (a cut's proxy fault, a clock's step).
     pub how: &'a super::schedule::How,
+    /// For a replica's lag (a pause that cuts its link): how many links the cut closed
+    /// (None: the cut failed).
+    pub links_closed: Option<u64>,
 }
 
 /// A schedule being played, what it aims at besides processes, and the lab's words.
@@ -151,13 +157,18 @@ pub struct Faults<'w> {
     clocks: Vec<(String, &'w WorkerClock)>,
     /// The backends probes ask, by their name in the history.
     askers: Vec<Box<dyn Ask + 'w>>,
+    /// The replicas whose link a lagging pause cuts, with their primary.
+    links: Vec<Link<'w>>,
     /// Was the floor told that this schedule plays there (since it last grew)?
     announced: bool,
     /// This play's number among the process's plays, for the floor.
     id: u64,
     /// The words of the step added by [`Faults::now`], for it alone.
-    words_now: Option<Note>,
+    words_now: Option<Words<'w>>,
 }
+
+/// The words of one fault, made from its cue.
+type Words<'w> = Box<dyn FnOnce(&Cue) -> Note + 'w>;
 
 /// Numbers the plays, so a floor can tell a schedule that grew from another.
 static PLAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -178,6 +189,7 @@ impl<'w> Faults<'w> {
             paths: Vec::new(),
             clocks: Vec::new(),
             askers: Vec::new(),
+            links: Vec::new(),
             announced: false,
             id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             words_now: None,
@@ -212,6 +224,17 @@ impl<'w> Faults<'w> {
     /// Probes aimed at `backend`'s name are asked of it.
     pub fn asking(mut self, backend: impl Ask + 'w) -> Faults<'w> {
         self.askers.push(Box::new(backend));
+        self
+    }
+
+    /// A pause of `replica` that cuts its link (`how.cut_link`) closes it on the primary
+    /// `primary_url` names at that moment ([`super::replication`]).
+    pub fn on_replica(
+        mut self,
+        replica: &str,
+        primary_url: impl Fn() -> String + 'w,
+    ) -> Faults<'w> {
+        self.links.push(Link::new(replica, primary_url));
         self
     }
 
@@ -261,6 +284,18 @@ impl<'w> Faults<'w> {
     /// schedule grows into the faults as played, times and all, which `--json` carries.
     /// The next play does it.
     pub fn now(&mut self, floor: &impl Floor, fault: Fault, target: &str, words: Note) {
+        let how = super::schedule::How::default();
+        self.now_done_so(floor, (fault, target, how), move |_| words);
+    }
+
+    /// [`Faults::now`], done as `how` says, with words made from the fault's cue once it
+    /// is done (a lag's words say how many links its cut closed).
+    pub fn now_done_so(
+        &mut self,
+        floor: &impl Floor,
+        (fault, target, how): (Fault, &str, super::schedule::How),
+        words: impl FnOnce(&Cue) -> Note + 'w,
+    ) {
         let step = Step {
             at_ms: self.cursor.now_ms(floor),
             after: None,
@@ -269,13 +304,14 @@ impl<'w> Faults<'w> {
             duration_ms: None,
         };
         let index = self.schedule.steps().len();
-        self.schedule = self.schedule.and(&Schedule::new(vec![step.clone()]));
+        let added = Schedule::done_so(vec![(step.clone(), how)]);
+        self.schedule = self.schedule.and(&added);
         self.pending.extend(
             step.actions_from(index, step.at_ms)
                 .into_iter()
                 .map(Due::Fault),
         );
-        self.words_now = Some(words);
+        self.words_now = Some(Box::new(words));
         self.announced = false;
     }
 
@@ -287,7 +323,7 @@ impl<'w> Faults<'w> {
     /// The words for `cue`: the lab's, or those given with the step added now.
     fn say(&mut self, cue: &Cue) -> Note {
         match self.words_now.take() {
-            Some(note) if cue.back_after.is_none() => note,
+            Some(words) if cue.back_after.is_none() => words(cue),
             _ => (self.words)(cue),
         }
     }
@@ -416,6 +452,7 @@ impl<'w> Faults<'w> {
             held: None,
             back_after: None,
             how: &how,
+            links_closed: None,
         };
         let note = self.say(&cue);
         if action.fault == Fault::Heal {
@@ -472,8 +509,12 @@ impl<'w> Faults<'w> {
             held,
             back_after,
             how: &how,
+            links_closed: None,
         };
         match action.fault {
+            Fault::Pause if !paused && how.cut_link => {
+                return self.lag(action, floor, nemesis, &**victim);
+            }
             Fault::Pause if !paused => {
                 let note = self.say(&cue(None, None));
                 if self.self_pausing.contains(&target) {
@@ -491,6 +532,11 @@ impl<'w> Faults<'w> {
             Fault::Kill => {
                 let note = self.say(&cue(None, None));
                 nemesis.kill(floor, &mut **victim, note)?;
+                self.paused_at.remove(&target);
+            }
+            Fault::Restart if victim.returns_by_itself() => {
+                let note = self.say(&cue(None, None));
+                nemesis.crash(floor, &mut **victim, note)?;
                 self.paused_at.remove(&target);
             }
             Fault::Restart => {
@@ -531,6 +577,58 @@ impl<'w> Faults<'w> {
     }
 }
 
+/// A replica's lag ([`super::replication`]): a pause that also closes its link.
+impl Faults<'_> {
+    /// Freezes the replica, cuts its link on its primary, then records both as one fault:
+    /// the lab's words for it know how many links the cut closed. A cut that failed is
+    /// recorded (the freeze happened) and then returned as the error.
+    fn lag(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        victim: &dyn Victim,
+    ) -> Result<()> {
+        let target = action.target.clone();
+        let Some(link) = self.links.iter().find(|l| l.replica == target) else {
+            return self.skip(&action, format!("this run knows no primary of {target}"));
+        };
+        let mut freeze = Held::default();
+        nemesis.pause(&mut freeze, victim, Note::default())?;
+        self.paused_at.insert(target, Instant::now());
+        let cut = link.cut();
+        let how = (action.step)
+            .map(|i| self.schedule.how(i).clone())
+            .unwrap_or_default();
+        let cue = Cue {
+            action: &action,
+            pid: victim.pid().unwrap_or_default(),
+            held: None,
+            back_after: None,
+            how: &how,
+            links_closed: cut.as_ref().ok().copied(),
+        };
+        let note = self.say(&cue);
+        for mut event in freeze.0 {
+            event.text = note.words.clone();
+            if let Some(facts) = event.fault_mut() {
+                *facts = FaultFacts {
+                    fault: facts.fault,
+                    target: facts.target.take(),
+                    pid: facts.pid,
+                    phase: facts.phase,
+                    links_closed: cut.as_ref().ok().copied(),
+                    ..note.facts.clone()
+                };
+            }
+            floor.record(event);
+        }
+        cut?;
+        self.acted.push(action);
+        Ok(())
+    }
+}
+
 /// A fault the proxy plays on a path.
 fn is_network(fault: Fault) -> bool {
     matches!(
@@ -543,6 +641,10 @@ fn is_network(fault: Fault) -> bool {
 fn plain_words(cue: &Cue) -> String {
     let target = &cue.action.target;
     match (cue.action.fault, cue.back_after) {
+        (Fault::Pause, _) if cue.how.cut_link => format!(
+            "pauses {target} (SIGSTOP) and cuts its replication link ({} closed)",
+            cue.links_closed.map_or("none".into(), |n| n.to_string())
+        ),
         (Fault::Pause, _) => format!("pauses {target} (SIGSTOP)"),
         (Fault::Resume, _) => format!("resumes {target} (SIGCONT)"),
         (Fault::Kill, _) => format!("kills {target} (SIGKILL)"),

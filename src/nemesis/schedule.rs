@@ -266,6 +266,10 @@ pub struct How {
     /// A `clock_rate`: the worker's clock's speed, in percent of true time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_percent: Option<u32>,
+    /// A `pause` of a replica: its replication link closed too, from its primary's side,
+    /// so that it lags ([`super::replication`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_link: bool,
 }
 
 impl How {
@@ -348,6 +352,7 @@ impl Schedule {
             direction: None,
             by_ms: None,
             rate_percent: None,
+            cut_link: false,
         };
         self.hows.get(index).unwrap_or(&PLAIN)
     }

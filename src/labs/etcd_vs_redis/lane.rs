@@ -11,8 +11,9 @@ use super::{Job, Plan, Scenario, Service};
 use crate::connect;
 use crate::events::facts::{FaultFacts, HolderNow};
 use crate::events::{Event, Kind, What};
+use crate::labs::faults::Hand;
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::{Nemesis, Note};
+use crate::nemesis::{Fault, Note};
 use crate::output::human;
 use crate::worker::WorkerSpec;
 use crate::worker::holder::HolderScript;
@@ -61,6 +62,15 @@ impl Lane {
         holder_gone && waiter_gone
     }
 
+    /// Moves the lane on by what its workers did so far: starts the waiter once the holder
+    /// has the lock, strikes the holder mid-work, asks who holds the lock at the end of a
+    /// freeze and resumes the holder, and lets the waiter finish once it has written.
+    ///
+    /// The faults are played by hand through the nemesis's player (`hand`), not as a
+    /// schedule written up front: the strike waits for the waiter to be waiting (a
+    /// condition on the run), and the resume follows the backend's answer to who holds the
+    /// lock, asked just before it. Each is a step added to the scenario's schedule as it
+    /// comes, which `--json` carries.
     pub(super) fn step(
         &mut self,
         stage: &mut Stage,
@@ -68,147 +78,21 @@ impl Lane {
         scenario: Scenario,
         role: &dyn Fn(Service, Job) -> HolderScript,
         observer: &mut Observer,
-        nemesis: &mut Nemesis,
+        hand: &mut Hand,
     ) -> Result<()> {
-        // 1. The holder has the lock: start the waiter.
-        if self.waiter.is_none() {
-            let Some(acquired) = stage.saw(&self.holder_name, Kind::Acquired) else {
-                return Ok(());
-            };
-            let ago = stage
-                .elapsed()
-                .saturating_sub(Duration::from_millis(acquired.t_ms));
-            self.acquired_at = Some(Instant::now() - ago);
-            let waiter_role = role(self.kind, Job::Waiter);
-            self.waiter =
-                Some(stage.spawn(&waiter_role.name, &WorkerSpec::Holder(waiter_role.clone()))?);
-            return Ok(());
-        }
-        let acquired_at = self.acquired_at.expect("set with the waiter");
-
-        // 2. Overrun: no strike; times count from the holder's grant.
-        if self.struck.is_none() && scenario == Scenario::Overrun {
-            let acquired_t = stage
-                .saw(&self.holder_name, Kind::Acquired)
-                .map(|e| e.t_ms)
-                .unwrap_or_default();
-            self.struck = Some((acquired_at, acquired_t));
-            return Ok(());
-        }
-
-        // 2. Halfway through the holder's work, once the waiter is waiting: strike.
-        if self.struck.is_none() {
-            if Instant::now() < acquired_at + plan.strike_after() {
-                return Ok(());
-            }
-            if stage.saw(&self.waiter_name, Kind::Waiting).is_none() {
-                // Not a usage error: the same flags work on a machine that is less busy. But a
-                // waiter stuck on a frozen server is late too, and will say so within its own
-                // connect and command timeouts: give it that long to name the server.
-                if Instant::now() > acquired_at + plan.work.mul_f64(0.9) {
-                    let grace = connect::CONNECT_TIMEOUT + connect::COMMAND_TIMEOUT;
-                    let waiter = self.waiter_name.clone();
-                    let _ = stage.wait_for(grace, "the waiter", |e| {
-                        e.is(&waiter, Kind::Waiting) || e.is(&waiter, Kind::Error)
-                    });
-                    if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
-                        return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
-                    }
-                    bail!(
-                        "{} was still starting when {} finished its {} of work, so there was nothing \
-                         to measure (is the machine very busy?); run it again, or give a longer --work",
-                        self.waiter_name,
-                        self.holder_name,
-                        human(plan.work)
-                    );
-                }
-                return Ok(());
-            }
-            // Played by hand, not as a schedule (labs::faults): the strike waits for the waiter
-            // to be waiting (a condition), and the resume follows the backend's answer to who
-            // holds the lock, asked just before it.
-            // The nemesis records the strike before it sends the signal, so that nothing the
-            // signal causes (the waiter's acquisition) can carry an earlier time.
-            catch_up(stage);
-            let pid = self.holder.pid;
-            let name = &self.holder_name;
-            let facts = self.fault_facts();
-            let note = |words: String| Note::new(words, facts.clone());
-            match scenario {
-                Scenario::Kill => nemesis.kill(
-                    stage,
-                    &mut self.holder,
-                    note(format!(
-                        "SIGKILL → {name} (pid {pid}) mid-work: no release, no goodbye"
-                    )),
-                )?,
-                Scenario::Freeze => nemesis.pause(
-                    stage,
-                    &self.holder,
-                    note(format!(
-                        "SIGSTOP → {name} (pid {pid}) mid-work, for {}",
-                        human(plan.pause)
-                    )),
-                )?,
-                Scenario::Overrun => unreachable!("nobody is struck in the overrun"),
-            }
-            self.struck = Some((Instant::now(), last_t(stage)));
-            return Ok(());
-        }
-        let (struck_at, _) = self.struck.expect("checked above");
-
-        // 3. Freeze: at the end of the pause, ask the backend who holds the lock, then resume.
+        let Some(acquired_at) = self.acquired_at else {
+            return self.start_waiter(stage, role);
+        };
+        let Some((struck_at, _)) = self.struck else {
+            return self.strike_when_due(stage, plan, scenario, acquired_at, hand);
+        };
         if scenario == Scenario::Freeze && self.resumed_t.is_none() {
             if Instant::now() < struck_at + plan.pause {
                 return Ok(());
             }
-            let holder = observer.holder(self.kind, &self.lock_name)?;
-            // Events that arrived during the question come first, and may name the owner.
-            catch_up(stage);
-            let holder_owner = owner_of(stage, &self.holder_name);
-            let waiter_owner = owner_of(stage, &self.waiter_name);
-            let (who, text) = match &holder {
-                Some(h) if Some(h) == holder_owner.as_ref() => {
-                    ("holder", "still belongs to the frozen holder".to_string())
-                }
-                Some(h) if Some(h) == waiter_owner.as_ref() => (
-                    "waiter",
-                    "belongs to the waiter: the frozen holder lost it without knowing".to_string(),
-                ),
-                Some(h) => ("other", format!("belongs to someone else ({h})")),
-                None => ("nobody", "is free".to_string()),
-            };
-            stage.record(Event::new(
-                self.kind.name(),
-                HolderNow {
-                    holder: Some(who.into()),
-                    backend: Some(self.kind.name().into()),
-                    ..HolderNow::default()
-                },
-                format!(
-                    "asked before the resume, {} says the lock {text}",
-                    self.kind.name()
-                ),
-            ));
-            self.backend_saw = Some(who.to_string());
-            catch_up(stage);
-            nemesis.resume(
-                stage,
-                &self.holder,
-                Note::new(
-                    format!(
-                        "SIGCONT → {} after {}",
-                        self.holder_name,
-                        human(struck_at.elapsed())
-                    ),
-                    self.fault_facts(),
-                ),
-            )?;
-            self.resumed_t = Some(last_t(stage));
-            return Ok(());
+            return self.ask_then_resume(stage, struck_at, observer, hand);
         }
-
-        // 4. The old holder is gone and the waiter has written: let it finish.
+        // The old holder is gone and the waiter has written: let it finish.
         let holder_gone = stage.has_exited(&self.holder_name);
         let waiter_ready = stage.saw(&self.waiter_name, Kind::Wrote).is_some();
         if holder_gone && waiter_ready && !self.told_finish {
@@ -217,6 +101,148 @@ impl Lane {
                 waiter.tell("finish")?;
             }
         }
+        Ok(())
+    }
+
+    /// Once the holder has the lock: notes when, and starts the waiter.
+    fn start_waiter(
+        &mut self,
+        stage: &mut Stage,
+        role: &dyn Fn(Service, Job) -> HolderScript,
+    ) -> Result<()> {
+        let Some(acquired) = stage.saw(&self.holder_name, Kind::Acquired) else {
+            return Ok(());
+        };
+        let ago = stage
+            .elapsed()
+            .saturating_sub(Duration::from_millis(acquired.t_ms));
+        self.acquired_at = Some(Instant::now() - ago);
+        let waiter_role = role(self.kind, Job::Waiter);
+        self.waiter =
+            Some(stage.spawn(&waiter_role.name, &WorkerSpec::Holder(waiter_role.clone()))?);
+        Ok(())
+    }
+
+    /// Halfway through the holder's work, once the waiter is waiting: strikes the holder
+    /// (kill or freeze). In the overrun nobody is struck: times count from the grant.
+    fn strike_when_due(
+        &mut self,
+        stage: &mut Stage,
+        plan: &Plan,
+        scenario: Scenario,
+        acquired_at: Instant,
+        hand: &mut Hand,
+    ) -> Result<()> {
+        if scenario == Scenario::Overrun {
+            let acquired_t = stage
+                .saw(&self.holder_name, Kind::Acquired)
+                .map(|e| e.t_ms)
+                .unwrap_or_default();
+            self.struck = Some((acquired_at, acquired_t));
+            return Ok(());
+        }
+        if Instant::now() < acquired_at + plan.strike_after() {
+            return Ok(());
+        }
+        if stage.saw(&self.waiter_name, Kind::Waiting).is_none() {
+            return self.waiter_late(stage, plan, acquired_at);
+        }
+        // The nemesis records the strike before it sends the signal, so that nothing the
+        // signal causes (the waiter's acquisition) can carry an earlier time.
+        catch_up(stage);
+        let (pid, name) = (self.holder.pid, &self.holder_name);
+        let (fault, words) = match scenario {
+            Scenario::Kill => (
+                Fault::Kill,
+                format!("SIGKILL → {name} (pid {pid}) mid-work: no release, no goodbye"),
+            ),
+            Scenario::Freeze => (
+                Fault::Pause,
+                format!(
+                    "SIGSTOP → {name} (pid {pid}) mid-work, for {}",
+                    human(plan.pause)
+                ),
+            ),
+            Scenario::Overrun => unreachable!("nobody is struck in the overrun"),
+        };
+        let note = Note::new(words, self.fault_facts());
+        hand.play(stage, &mut self.holder, fault, note)?;
+        self.struck = Some((Instant::now(), last_t(stage)));
+        Ok(())
+    }
+
+    /// The waiter is not waiting yet when the strike is due. Not a usage error: the same
+    /// flags work on a machine that is less busy. But a waiter stuck on a frozen server is
+    /// late too, and will say so within its own connect and command timeouts: near the end
+    /// of the holder's work, give it that long to name the server, then stop.
+    fn waiter_late(&self, stage: &mut Stage, plan: &Plan, acquired_at: Instant) -> Result<()> {
+        if Instant::now() <= acquired_at + plan.work.mul_f64(0.9) {
+            return Ok(());
+        }
+        let grace = connect::CONNECT_TIMEOUT + connect::COMMAND_TIMEOUT;
+        let waiter = self.waiter_name.clone();
+        let _ = stage.wait_for(grace, "the waiter", |e| {
+            e.is(&waiter, Kind::Waiting) || e.is(&waiter, Kind::Error)
+        });
+        if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
+            return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
+        }
+        bail!(
+            "{} was still starting when {} finished its {} of work, so there was nothing \
+             to measure (is the machine very busy?); run it again, or give a longer --work",
+            self.waiter_name,
+            self.holder_name,
+            human(plan.work)
+        );
+    }
+
+    /// At the end of the freeze: asks the backend who holds the lock, records its answer,
+    /// then resumes the holder.
+    fn ask_then_resume(
+        &mut self,
+        stage: &mut Stage,
+        struck_at: Instant,
+        observer: &mut Observer,
+        hand: &mut Hand,
+    ) -> Result<()> {
+        let holder = observer.holder(self.kind, &self.lock_name)?;
+        // Events that arrived during the question come first, and may name the owner.
+        catch_up(stage);
+        let holder_owner = owner_of(stage, &self.holder_name);
+        let waiter_owner = owner_of(stage, &self.waiter_name);
+        let (who, text) = match &holder {
+            Some(h) if Some(h) == holder_owner.as_ref() => {
+                ("holder", "still belongs to the frozen holder".to_string())
+            }
+            Some(h) if Some(h) == waiter_owner.as_ref() => (
+                "waiter",
+                "belongs to the waiter: the frozen holder lost it without knowing".to_string(),
+            ),
+            Some(h) => ("other", format!("belongs to someone else ({h})")),
+            None => ("nobody", "is free".to_string()),
+        };
+        stage.record(Event::new(
+            self.kind.name(),
+            HolderNow {
+                holder: Some(who.into()),
+                backend: Some(self.kind.name().into()),
+                ..HolderNow::default()
+            },
+            format!(
+                "asked before the resume, {} says the lock {text}",
+                self.kind.name()
+            ),
+        ));
+        self.backend_saw = Some(who.to_string());
+        catch_up(stage);
+        let words = format!(
+            "SIGCONT → {} after {}",
+            self.holder_name,
+            human(struck_at.elapsed())
+        );
+        let note = Note::new(words, self.fault_facts());
+        hand.play(stage, &mut self.holder, Fault::Resume, note)?;
+        self.resumed_t = Some(last_t(stage));
         Ok(())
     }
 

@@ -14,8 +14,8 @@ use crate::cluster::{self, EtcdCluster};
 use crate::connect;
 use crate::events::facts::{GaveUp, HolderNow};
 use crate::events::{Event, Kind};
-use crate::labs::Stage;
 use crate::labs::faults::Hand;
+use crate::labs::{Stage, WorkerHandle};
 use crate::lock::etcd::EtcdLock;
 use crate::nemesis::Fault;
 use crate::output::human;
@@ -24,8 +24,19 @@ use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec, release_of};
 use crate::worker::sentinel_client::Rule;
 
+/// The etcd part's members, by their place in the cluster: the leader it kills first, the
+/// follower A talks to (killed second), the follower B talks to (left alone after that).
+struct Members {
+    leader: usize,
+    near: usize,
+    far: usize,
+}
+
 impl Play<'_> {
-    /// Scenario 3: the leader dies while A holds the lock; then the majority goes.
+    /// Scenario 3: the leader dies while A holds the lock; then the majority goes. The
+    /// kills are played by hand through the nemesis's player (`hand`), not as a schedule
+    /// written up front: the victim is whichever member leads at that moment, as the
+    /// cluster reports it, and B's queued key is read first.
     pub(super) fn etcd_leader_killed(
         &self,
         stage: &mut Stage,
@@ -41,9 +52,11 @@ impl Play<'_> {
         stage.tags().scenario = Some("etcd".into());
         let (leader, status) = etcd.leader().context("the etcd cluster names no leader")?;
         let followers: Vec<usize> = (0..etcd.members.len()).filter(|i| *i != leader).collect();
-        let (near, far) = (followers[0], followers[1]);
-        let lock_name = format!("lockslab:{}:failover:etcd", self.run_id);
-        let resource = self.resource("etcd-leader-killed");
+        let at = Members {
+            leader,
+            near: followers[0],
+            far: followers[1],
+        };
         stage.record(Event::new(
             "etcd",
             HolderNow {
@@ -54,10 +67,61 @@ impl Play<'_> {
                 "leader is {} (term {}); A talks to {}, B to {}",
                 etcd.members[leader].name,
                 status.raft_term,
-                etcd.members[near].name,
-                etcd.members[far].name
+                etcd.members[at.near].name,
+                etcd.members[at.far].name
             ),
         ));
+        let resource = self.resource("etcd-leader-killed");
+        let (mut a, mut b, a_key, b_queued_at) =
+            self.a_holds_b_queues(stage, etcd, &at, &resource)?;
+
+        let killed_at = Instant::now();
+        let words = format!("SIGKILLs the leader {}", etcd.members[leader].name);
+        hand.play(stage, &mut etcd.members[leader], Fault::Kill, words)?;
+        let election = watch_election(stage, etcd, &at, &status, killed_at)?;
+        self.a_lease_after_election(
+            stage,
+            &etcd.members[at.near].url(),
+            &a_key,
+            killed_at + election,
+        )?;
+        a.tell("finish")?;
+        for (worker, what) in [("A:etcd", Kind::Released), ("B:etcd", Kind::Released)] {
+            stage.wait_for(
+                Duration::from_secs(15),
+                &format!("{worker} to let go"),
+                |e| e.is(worker, what),
+            )?;
+        }
+        a.finish(Duration::from_secs(5));
+        b.finish(Duration::from_secs(5));
+        stage.drain();
+        let mut leader_killed =
+            judge_leader_killed(stage, store, (self.run_id, &resource), b_queued_at)?;
+        leader_killed.election_ms = Some(election.as_millis() as u64);
+        if let Some(line) = store_line(&leader_killed) {
+            stage.record(line);
+        }
+        let majority_lost = majority_lost(stage, hand, etcd, &at)?;
+        Ok(vec![leader_killed, majority_lost])
+    }
+
+    /// The etcd lock's name in this run.
+    fn etcd_lock(&self) -> String {
+        format!("lockslab:{}:failover:etcd", self.run_id)
+    }
+
+    /// A takes the lock (through the near follower), then B asks (through the far one)
+    /// and its key queues behind A's. Returns both workers, A's key, and the revision B's
+    /// key was queued at.
+    fn a_holds_b_queues(
+        &self,
+        stage: &mut Stage,
+        etcd: &EtcdCluster,
+        at: &Members,
+        resource: &str,
+    ) -> Result<(WorkerHandle, WorkerHandle, String, i64)> {
+        let lock_name = self.etcd_lock();
         let holder = |name: &str, member: usize, before, wait_ms| HolderScript {
             name: name.into(),
             lock: LockSpec::Etcd {
@@ -68,16 +132,21 @@ impl Play<'_> {
             },
             store_url: self.postgres.into(),
             run_id: self.run_id.into(),
-            resource: resource.clone(),
+            resource: resource.into(),
             wait_ms,
             before_write: before,
             after_write: AfterWrite::Release,
             fence_rule: Default::default(),
             token_sequence: None,
         };
-        let mut a = stage.spawn(
+        let a = stage.spawn(
             "A:etcd",
-            &WorkerSpec::Holder(holder("A:etcd", near, BeforeWrite::WorkUntilTold, 10_000)),
+            &WorkerSpec::Holder(holder(
+                "A:etcd",
+                at.near,
+                BeforeWrite::WorkUntilTold,
+                10_000,
+            )),
         )?;
         let a_key = stage
             .wait_for(Duration::from_secs(10), "A:etcd to take the lock", |e| {
@@ -86,22 +155,23 @@ impl Play<'_> {
             .owner()
             .unwrap_or_default()
             .to_string();
-        let mut b = stage.spawn(
+        let b = stage.spawn(
             "B:etcd",
-            &WorkerSpec::Holder(holder("B:etcd", far, BeforeWrite::Nothing, 30_000)),
+            &WorkerSpec::Holder(holder("B:etcd", at.far, BeforeWrite::Nothing, 30_000)),
         )?;
         stage.wait_for(Duration::from_secs(10), "B:etcd to ask", |e| {
             e.is("B:etcd", Kind::Waiting)
         })?;
         // B's lock call has put its key in the queue behind A's: only now is B waiting.
+        let url = etcd.members[at.near].url();
         let queued_by = Instant::now() + Duration::from_secs(10);
-        while queued_keys(&etcd.members[near].url(), &lock_name)? < 2 {
+        while queued_keys(&url, &lock_name)? < 2 {
             if Instant::now() > queued_by {
                 bail!("B:etcd's key did not appear in the lock's queue within 10s");
             }
             stage.next(Duration::from_millis(10));
         }
-        let b_queued_at = queue_of(&etcd.members[near].url(), &lock_name)?
+        let b_queued_at = queue_of(&url, &lock_name)?
             .get(1)
             .map(|(_, revision)| *revision)
             .context("B:etcd's key is not in the queue")?;
@@ -110,77 +180,32 @@ impl Play<'_> {
                     "two keys under the lock: A's holds it, B's (revision {b_queued_at}) waits behind it"
                 )),
         );
+        Ok((a, b, a_key, b_queued_at))
+    }
 
-        // Played by hand, not as a schedule (labs::faults): the victim is whichever member
-        // leads at this moment, as the cluster reports it, and B's queued key is read first.
-        let killed_at = Instant::now();
-        let words = format!("SIGKILLs the leader {}", etcd.members[leader].name);
-        hand.play(stage, &mut etcd.members[leader], Fault::Kill, words)?;
-        let old_leader = etcd.members[leader].id;
-        // etcd's `status` reports the term of the last entry the member has *applied*, not
-        // the term Raft is in: right after an election it still shows the old term. A new
-        // leader's first act is to commit an empty entry of its own term, so wait until a
-        // member has applied that (the term reported rises) before naming the term.
-        let mut named = None;
-        let mut election = None;
-        while killed_at.elapsed() < Duration::from_secs(15) {
-            let stands = cluster::etcd_status(&etcd.members[near].client_url)
-                .ok()
-                .map(|now| {
-                    let stands =
-                        checks::election(old_leader, status.raft_term, now.leader, now.raft_term);
-                    (now, stands)
-                });
-            if let Some((now, stands)) = stands
-                && stands != Election::NotYet
-            {
-                let took = *named.get_or_insert_with(|| killed_at.elapsed());
-                if stands == Election::Elected {
-                    let name = etcd
-                        .members
-                        .iter()
-                        .find(|m| m.id == now.leader)
-                        .map_or("?".to_string(), |m| m.name.clone());
-                    stage.record(Event::new(
-                        "etcd",
-                        HolderNow {
-                            election_ms: Some(took.as_millis() as u64),
-                            raft_term: Some(now.raft_term),
-                            old_raft_term: Some(status.raft_term),
-                            ..HolderNow::default()
-                        },
-                        format!(
-                            "{name} is the new leader, {} after the kill; term {} (was {})",
-                            human(took),
-                            now.raft_term,
-                            status.raft_term
-                        ),
-                    ));
-                    election = Some(took);
-                    break;
-                }
-            }
-            stage.next(Duration::from_millis(10));
-        }
-        let election = election.context("etcd elected no new leader within 15s")?;
-
-        // While there is no leader, no lease expires: only the leader expires leases, and a
-        // member that stops being leader pushes every lease's expiry out to "never". The new
-        // leader then gives every lease its full TTL again, plus an election timeout, counted
-        // from its election. So a lease that merely survived the election proves nothing,
-        // and neither does a key seen soon after that extension: the leader looks for
-        // expired leases only every 500ms, and revokes them through Raft. What proves that
-        // A's keepalives reach the new leader is A's lease itself, as the new leader counts
-        // it: more time left than its reset alone can have left.
-        let seen_elected = killed_at + election;
+    /// While there is no leader, no lease expires: only the leader expires leases, and a
+    /// member that stops being leader pushes every lease's expiry out to "never". The new
+    /// leader then gives every lease its full TTL again, plus an election timeout, counted
+    /// from its election. So a lease that merely survived the election proves nothing,
+    /// and neither does a key seen soon after that extension: the leader looks for
+    /// expired leases only every 500ms, and revokes them through Raft. What proves that
+    /// A's keepalives reach the new leader is A's lease itself, as the new leader counts
+    /// it: more time left than its reset alone can have left. Records what it found.
+    fn a_lease_after_election(
+        &self,
+        stage: &mut Stage,
+        url: &str,
+        a_key: &str,
+        seen_elected: Instant,
+    ) -> Result<()> {
+        let lock_name = self.etcd_lock();
         let extension = ETCD_LEASE + Duration::from_millis(cluster::ETCD_ELECTION_MS);
-        let url = etcd.members[near].url();
-        let a_lease = lease_of(&url, &a_key)?;
+        let a_lease = lease_of(url, a_key)?;
         let mut renewed = None;
         let mut last_left = None;
         while seen_elected.elapsed() < extension + Duration::from_secs(2) {
             let asked_at = Instant::now();
-            let left = lease_left(&url, a_lease)?;
+            let left = lease_left(url, a_lease)?;
             last_left = left;
             if let Some(left) = left
                 && checks::renewed_after_election(left, asked_at - seen_elected, extension)
@@ -190,9 +215,9 @@ impl Play<'_> {
             }
             stage.next(Duration::from_millis(250));
         }
-        let mut watch = EtcdLock::connect(&url, &lock_name)?;
+        let mut watch = EtcdLock::connect(url, &lock_name)?;
         let holder_now = watch.holder_of(&lock_name)?.map(|(key, _)| key);
-        let a_survived = holder_now.as_deref() == Some(a_key.as_str());
+        let a_survived = holder_now.as_deref() == Some(a_key);
         let text = match (renewed, a_survived) {
             (Some((since, left)), true) => format!(
                 "A's lease has {}s left, read {} after the election; the new leader's reset \
@@ -224,83 +249,145 @@ impl Play<'_> {
             },
             text,
         ));
-        a.tell("finish")?;
-        for (worker, what) in [("A:etcd", Kind::Released), ("B:etcd", Kind::Released)] {
-            stage.wait_for(
-                Duration::from_secs(15),
-                &format!("{worker} to let go"),
-                |e| e.is(worker, what),
-            )?;
-        }
-        a.finish(Duration::from_secs(5));
-        b.finish(Duration::from_secs(5));
-        stage.drain();
-        let a_kept = stage
-            .saw("A:etcd", Kind::Released)
-            .and_then(release_of)
-            .is_some_and(|r| r.deleted());
-        let b_got = stage.saw("B:etcd", Kind::Acquired).is_some();
-        if let Some(b_token) = stage.saw("B:etcd", Kind::Acquired).and_then(|e| e.token()) {
-            stage.record(Event::new(
-                "etcd",
-                HolderNow {
-                    b_queued_revision: Some(b_queued_at),
-                    b_token: Some(b_token),
-                    b_kept_place: Some(checks::kept_place(b_queued_at, b_token)),
-                    ..HolderNow::default()
-                },
-                if checks::kept_place(b_queued_at, b_token) {
-                    format!("B held its place in the queue: its key kept revision {b_queued_at}")
-                } else {
-                    format!(
-                        "B lost its place in the queue: the leader change dropped its lock \
-                             call, etcd deleted its key (revision {b_queued_at}) and B queued a \
-                             new one (revision {b_token})"
-                    )
-                },
-            ));
-        }
-        let read = store.read_back(self.run_id, &resource)?;
-        stage.record_read_back(&resource, &read);
-        let mut leader_killed = Scenario::from_store(
-            "etcd-leader-killed",
-            "etcd",
-            check::two_holders_queued(a_kept, b_got),
-            Some(Rule::NotLower),
-            read,
-            "A:etcd",
-            "B:etcd",
-        )?;
-        leader_killed.election_ms = Some(election.as_millis() as u64);
-        if let Some(line) = store_line(&leader_killed) {
-            stage.record(line);
-        }
+        Ok(())
+    }
+}
 
-        // Now the majority: two of three members dead, whoever is leader. C logs in first,
-        // while a majority can still carry its log-in (etcd's auth goes through Raft).
-        let c = client_c(&etcd.members[far].url())?;
-        let words = format!(
-            "SIGKILLs {} too: one member of three is left",
-            etcd.members[near].name
-        );
-        hand.play(stage, &mut etcd.members[near], Fault::Kill, words)?;
-        let Some(refusal) = try_to_lock_without_majority(c)? else {
-            bail!("etcd granted a lease with one member of three: that cannot be");
-        };
+/// Watches for the new leader after the kill; records it with its term, and returns how
+/// long the election took as seen from here.
+///
+/// etcd's `status` reports the term of the last entry the member has *applied*, not the
+/// term Raft is in: right after an election it still shows the old term. A new leader's
+/// first act is to commit an empty entry of its own term, so wait until a member has
+/// applied that (the term reported rises) before naming the term.
+fn watch_election(
+    stage: &mut Stage,
+    etcd: &EtcdCluster,
+    at: &Members,
+    before: &cluster::MemberStatus,
+    killed_at: Instant,
+) -> Result<Duration> {
+    let old_leader = etcd.members[at.leader].id;
+    let mut named = None;
+    while killed_at.elapsed() < Duration::from_secs(15) {
+        let stands = cluster::etcd_status(&etcd.members[at.near].client_url)
+            .ok()
+            .map(|now| {
+                let stands =
+                    checks::election(old_leader, before.raft_term, now.leader, now.raft_term);
+                (now, stands)
+            });
+        if let Some((now, stands)) = stands
+            && stands != Election::NotYet
+        {
+            let took = *named.get_or_insert_with(|| killed_at.elapsed());
+            if stands == Election::Elected {
+                let name = etcd
+                    .members
+                    .iter()
+                    .find(|m| m.id == now.leader)
+                    .map_or("?".to_string(), |m| m.name.clone());
+                stage.record(Event::new(
+                    "etcd",
+                    HolderNow {
+                        election_ms: Some(took.as_millis() as u64),
+                        raft_term: Some(now.raft_term),
+                        old_raft_term: Some(before.raft_term),
+                        ..HolderNow::default()
+                    },
+                    format!(
+                        "{name} is the new leader, {} after the kill; term {} (was {})",
+                        human(took),
+                        now.raft_term,
+                        before.raft_term
+                    ),
+                ));
+                return Ok(took);
+            }
+        }
+        stage.next(Duration::from_millis(10));
+    }
+    bail!("etcd elected no new leader within 15s")
+}
+
+/// The leader-killed scenario, once A and B have let go: whether B kept its place in the
+/// queue (recorded), and the store's read-back.
+fn judge_leader_killed(
+    stage: &mut Stage,
+    store: &mut Store,
+    (run_id, resource): (&str, &str),
+    b_queued_at: i64,
+) -> Result<Scenario> {
+    let a_kept = stage
+        .saw("A:etcd", Kind::Released)
+        .and_then(release_of)
+        .is_some_and(|r| r.deleted());
+    let b_got = stage.saw("B:etcd", Kind::Acquired).is_some();
+    if let Some(b_token) = stage.saw("B:etcd", Kind::Acquired).and_then(|e| e.token()) {
         stage.record(Event::new(
             "etcd",
-            GaveUp {
-                error: Some(refusal.clone()),
-                ..GaveUp::default()
+            HolderNow {
+                b_queued_revision: Some(b_queued_at),
+                b_token: Some(b_token),
+                b_kept_place: Some(checks::kept_place(b_queued_at, b_token)),
+                ..HolderNow::default()
             },
-            format!("C asks {} for a lease: {refusal}", etcd.members[far].name),
+            if checks::kept_place(b_queued_at, b_token) {
+                format!("B held its place in the queue: its key kept revision {b_queued_at}")
+            } else {
+                format!(
+                    "B lost its place in the queue: the leader change dropped its lock \
+                         call, etcd deleted its key (revision {b_queued_at}) and B queued a \
+                         new one (revision {b_token})"
+                )
+            },
         ));
-        let majority_lost = Scenario {
-            unavailable: Some(refusal),
-            ..Scenario::nothing_granted("etcd-majority-lost", "etcd")
-        };
-        Ok(vec![leader_killed, majority_lost])
     }
+    let read = store.read_back(run_id, resource)?;
+    stage.record_read_back(resource, &read);
+    Scenario::from_store(
+        "etcd-leader-killed",
+        "etcd",
+        check::two_holders_queued(a_kept, b_got),
+        Some(Rule::NotLower),
+        read,
+        "A:etcd",
+        "B:etcd",
+    )
+}
+
+/// Now the majority: two of three members dead, whoever is leader. C logs in first,
+/// while a majority can still carry its log-in (etcd's auth goes through Raft).
+fn majority_lost(
+    stage: &mut Stage,
+    hand: &mut Hand,
+    etcd: &mut EtcdCluster,
+    at: &Members,
+) -> Result<Scenario> {
+    let c = client_c(&etcd.members[at.far].url())?;
+    let words = format!(
+        "SIGKILLs {} too: one member of three is left",
+        etcd.members[at.near].name
+    );
+    hand.play(stage, &mut etcd.members[at.near], Fault::Kill, words)?;
+    let Some(refusal) = try_to_lock_without_majority(c)? else {
+        bail!("etcd granted a lease with one member of three: that cannot be");
+    };
+    stage.record(Event::new(
+        "etcd",
+        GaveUp {
+            error: Some(refusal.clone()),
+            ..GaveUp::default()
+        },
+        format!(
+            "C asks {} for a lease: {refusal}",
+            etcd.members[at.far].name
+        ),
+    ));
+    Ok(Scenario {
+        unavailable: Some(refusal),
+        ..Scenario::nothing_granted("etcd-majority-lost", "etcd")
+    })
 }
 
 /// The keys under an etcd lock's prefix, oldest first, with their create revisions.

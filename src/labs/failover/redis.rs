@@ -15,15 +15,95 @@ use crate::connect;
 use crate::events::What;
 use crate::events::facts::{self, Expired, FaultFacts, GaveUp, HolderNow};
 use crate::events::{Event, Kind};
-use crate::labs::Stage;
+use crate::labs::faults::{self, Cue, Faults, Until};
+use crate::labs::{Stage, WorkerHandle};
 use crate::lock::redis::RedisLock;
-use crate::nemesis::{Held, Nemesis, Note};
+use crate::nemesis::schedule::{Anchor, How, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::human;
 use crate::store::Store;
 use crate::worker::sentinel_client::TokenSource;
 
+/// The history's names of the two data nodes (their [`crate::cluster::RedisNode`] roles).
+const PRIMARY: &str = "primary";
+const REPLICA: &str = "replica";
+
+/// The worker whose refused `SET NX` is the last thing the lab asks the primary.
+const MIN_REPLICAS: &str = "A:min-replicas";
+
+/// Lab 5's Redis faults, as data. The replica lags from the start: frozen, and its link
+/// closed from the primary's side (frozen alone, its kernel would still take the stream
+/// into the socket buffer, and it would read A's keys from there once thawed). The primary
+/// dies, and the replica is thawed, once the primary refused A:min-replicas — the lab has
+/// read A's keys and that refusal from it by then.
+pub(super) fn redis_schedule() -> Schedule {
+    let refused = || Some(Anchor::on(MIN_REPLICAS, Kind::GaveUp, 1));
+    let step = |after, fault, target: &str| Step {
+        at_ms: 0,
+        after,
+        fault,
+        target: target.into(),
+        duration_ms: None,
+    };
+    let lag = How {
+        cut_link: true,
+        ..How::default()
+    };
+    Schedule::done_so(vec![
+        (step(None, Fault::Pause, REPLICA), lag),
+        (step(refused(), Fault::Kill, PRIMARY), How::default()),
+        (step(refused(), Fault::Resume, REPLICA), How::default()),
+    ])
+}
+
+/// What the timeline says of each of the schedule's faults.
+fn redis_words(cue: &Cue, primary: u16, replica: u16) -> Note {
+    let port = |port| FaultFacts {
+        port: Some(port),
+        ..FaultFacts::default()
+    };
+    match (cue.action.fault, cue.links_closed) {
+        (Fault::Pause, Some(cut)) => Note::from(format!(
+            "freezes the replica (SIGSTOP) and cuts its link ({cut} closed): from now on \
+             writes live on the primary only"
+        )),
+        (Fault::Pause, None) => Note::from("freezes the replica (SIGSTOP)"),
+        (Fault::Kill, _) => Note::new(format!("SIGKILLs the primary :{primary}"), port(primary)),
+        _ => Note::new(format!("thaws the replica :{replica}"), port(replica)),
+    }
+}
+
+/// Plays the schedule's faults on the cluster's two data nodes until `until` holds.
+fn play_on(
+    redis: &mut SentinelCluster,
+    stage: &mut Stage,
+    (faults, nemesis): (&mut Faults, &mut Nemesis),
+    until: Until,
+) -> Result<()> {
+    let cast: &mut [&mut dyn Victim] = &mut [&mut redis.replica, &mut redis.primary];
+    stage.play(faults, nemesis, cast, until)
+}
+
+/// A's side before the primary dies: its clients, what A:wait's `WAIT` confirmed, and the
+/// primary's own answer for each of A's keys (when read, its PTTL).
+struct ASide {
+    workers: Vec<WorkerHandle>,
+    confirmed: Vec<Option<i64>>,
+    leases: Vec<(Duration, Duration)>,
+}
+
+/// What the new primary answered for B: whether it had forgotten A's key, and when B's
+/// grant was read back (with whether its key held B's owner).
+struct BSide {
+    workers: Vec<WorkerHandle>,
+    forgot: Vec<bool>,
+    granted: Vec<(Duration, bool)>,
+    failover: Option<Duration>,
+}
+
 impl Play<'_> {
-    /// Scenarios 1, 2 and 4: one failover, five pairs of clients.
+    /// Scenarios 1, 2 and 4: one failover, five pairs of clients. Its faults are
+    /// [`redis_schedule`], played by the nemesis's player as their moments come.
     pub(super) fn redis_failover(
         &self,
         stage: &mut Stage,
@@ -31,6 +111,39 @@ impl Play<'_> {
         redis: &mut SentinelCluster,
         store: &mut Store,
     ) -> Result<Vec<Scenario>> {
+        self.redis_heading(stage, redis);
+        let schedule = redis_schedule();
+        faults::show(stage, &schedule);
+        let (primary, replica, primary_url) =
+            (redis.primary.port, redis.replica.port, redis.primary.url());
+        let mut faults = Faults::new(&schedule, stage)
+            .saying(|cue| redis_words(cue, primary, replica))
+            .on_replica(REPLICA, move || primary_url.clone());
+        let within = Duration::from_secs(10);
+        let replica_lags = Until::acted(Fault::Pause, REPLICA, within);
+        play_on(redis, stage, (&mut faults, nemesis), replica_lags)?;
+        let lost_counter = self.earlier_holders(stage, redis)?;
+        let mut a = self.a_takes_its_locks(stage, redis)?;
+        let mut on_primary = cluster::ask(&redis.primary.url()).context("asking the primary")?;
+        a.leases = self.primary_holds_a(stage, redis, &mut on_primary)?;
+        let min_replicas = self.min_replicas_refusal(stage, &mut on_primary)?;
+        let killed_at = Instant::now();
+        play_on(redis, stage, (&mut faults, nemesis), Until::done(within))?;
+        let failover = self.watch_failover(stage, redis, killed_at)?;
+        let mut b = self.b_takes_its_locks(stage, redis, &lost_counter)?;
+        b.failover = failover;
+        self.both_write(stage, &mut a, &mut b)?;
+        let mut scenarios = self.redis_scenarios(stage, store, &a, &b)?;
+        scenarios.push(Scenario {
+            failover_ms: failover.map(|d| d.as_millis() as u64),
+            refused: Some(min_replicas),
+            ..Scenario::nothing_granted("redis-min-replicas", "redis")
+        });
+        Ok(scenarios)
+    }
+
+    /// The part's heading, and the run's facts: which node is which.
+    fn redis_heading(&self, stage: &mut Stage, redis: &SentinelCluster) {
         stage.timeline.say("");
         stage.timeline.say(&format!(
             "{}",
@@ -38,7 +151,6 @@ impl Play<'_> {
         ));
         stage.tags().scenario = Some("redis-failover".into());
         let (primary, replica) = (redis.primary.port, redis.replica.port);
-        let pairs = self.pairs();
         stage.record(Event::new(
             "lab",
             facts::RunFacts {
@@ -50,34 +162,15 @@ impl Play<'_> {
             format!(
                 "run {}: {} locks on the primary :{primary}, replicated to :{replica}",
                 self.run_id,
-                pairs.len()
+                self.pairs().len()
             ),
         ));
+    }
 
-        // The replica falls behind: frozen, and its link closed from the primary's side.
-        // (Frozen alone is not enough: its kernel would still take the stream into the
-        // socket buffer, and the replica would read A's key from there once thawed.)
-        let mut on_primary = cluster::ask(&redis.primary.url()).context("asking the primary")?;
-        let mut freeze = Held::default();
-        nemesis.pause(&mut freeze, &redis.replica, Note::default())?;
-        let cut = cluster::cut_replica_links(&mut on_primary).context("CLIENT KILL TYPE replica");
-        for mut event in freeze.0 {
-            event.text = match &cut {
-                Ok(cut) => format!(
-                    "freezes the replica (SIGSTOP) and cuts its link ({cut} closed): \
-                     from now on writes live on the primary only"
-                ),
-                Err(_) => "freezes the replica (SIGSTOP)".into(),
-            };
-            if let Some(facts) = event.fault_mut() {
-                facts.links_closed = Some(*cut.as_ref().unwrap_or(&0) as u64);
-            }
-            stage.record(event);
-        }
-        cut?;
-
-        // Earlier holders of the `incr-lost` lock: their increments never reach the replica.
-        let lost_counter = match &pairs[2].token {
+    /// Two earlier holders of the `incr-lost` lock, on the lagging primary: their
+    /// increments never reach the replica. Returns that lock's counter key.
+    fn earlier_holders(&self, stage: &mut Stage, redis: &SentinelCluster) -> Result<String> {
+        let lost_counter = match &self.pairs()[2].token {
             TokenSource::RedisCounter { key } => key.clone(),
             _ => unreachable!("pair 2 counts in Redis"),
         };
@@ -97,23 +190,26 @@ impl Play<'_> {
             facts::RunFacts::default(),
             "plays two earlier holders of the incr-lost lock (tokens 1, 2) on the primary",
         ));
+        Ok(lost_counter)
+    }
 
-        let mut a_workers = Vec::new();
+    /// A's five clients take their locks on the primary; A:wait's `WAIT 1` runs out
+    /// against the frozen replica before the primary dies.
+    fn a_takes_its_locks(&self, stage: &mut Stage, redis: &SentinelCluster) -> Result<ASide> {
+        let pairs = self.pairs();
+        let mut workers = Vec::new();
         for pair in &pairs {
-            a_workers
+            workers
                 .push(stage.spawn(&format!("A:{}", pair.label), &self.client("A", pair, redis))?);
         }
-        let mut a_owners = Vec::new();
         for pair in &pairs {
             let name = format!("A:{}", pair.label);
-            let got = stage.wait_for(
+            stage.wait_for(
                 Duration::from_secs(10),
                 &format!("{name} to take the lock"),
                 |e| e.is(&name, Kind::Acquired),
             )?;
-            a_owners.push(got.owner().unwrap_or_default().to_string());
         }
-        // A:wait's `WAIT 1` runs out against the frozen replica before the primary dies.
         let mut confirmed = Vec::new();
         for pair in &pairs {
             let name = format!("A:{}", pair.label);
@@ -132,59 +228,65 @@ impl Play<'_> {
                 None
             });
         }
+        Ok(ASide {
+            workers,
+            confirmed,
+            leases: Vec::new(),
+        })
+    }
 
-        // The primary's own answers just before the crash: A's keys, and no replica.
-        let mut a_leases = Vec::new();
-        for (pair, owner) in pairs.iter().zip(&a_owners) {
+    /// The primary's own answers just before the crash: A's keys (each read's time and
+    /// PTTL), and no replica.
+    fn primary_holds_a(
+        &self,
+        stage: &mut Stage,
+        redis: &SentinelCluster,
+        on_primary: &mut redis::Connection,
+    ) -> Result<Vec<(Duration, Duration)>> {
+        let pairs = self.pairs();
+        let mut leases = Vec::new();
+        for pair in &pairs {
+            let name = format!("A:{}", pair.label);
+            let owner = stage.saw(&name, Kind::Acquired).and_then(|e| e.owner());
+            let owner = owner.unwrap_or_default().to_string();
             let (found, pttl) =
-                crate::lock::redis::owner_and_pttl(&mut on_primary, &self.key(pair.label))
+                crate::lock::redis::owner_and_pttl(on_primary, &self.key(pair.label))
                     .context("reading A's key on the primary")?;
             if found.as_deref() != Some(owner.as_str()) {
                 bail!("the primary does not hold A:{}'s key", pair.label);
             }
-            a_leases.push((stage.elapsed(), Duration::from_millis(pttl.max(0) as u64)));
+            leases.push((stage.elapsed(), Duration::from_millis(pttl.max(0) as u64)));
         }
         let replicas = cluster::replication_info(&redis.primary.url())
             .and_then(|info| info_field(&info, "connected_slaves"))
             .unwrap_or_default();
-        stage.record(
-            Event::new("redis", HolderNow { connected_replicas: Some(replicas.clone()), ..HolderNow::default() }, format!(
-                    "primary :{primary} holds all {} of A's keys (PTTL ~{}); connected replicas: {replicas}",
-                    pairs.len(),
-                    human(a_leases[0].1)
-                )),
-        );
-
-        let min_replicas = self.min_replicas_refusal(stage, &mut on_primary)?;
-
-        // Played by hand, not as a schedule (labs::faults): the replica's freeze and the cut
-        // of its link make one line (`Held`), and the primary is killed once the lab has read
-        // A's keys and the min-replicas refusal from it.
-        let killed_at = Instant::now();
-        nemesis.kill(
-            stage,
-            &mut redis.primary,
-            Note::new(
-                format!("SIGKILLs the primary :{primary}"),
-                FaultFacts {
-                    port: Some(primary),
-                    ..FaultFacts::default()
-                },
+        let primary = redis.primary.port;
+        stage.record(Event::new(
+            "redis",
+            HolderNow {
+                connected_replicas: Some(replicas.clone()),
+                ..HolderNow::default()
+            },
+            format!(
+                "primary :{primary} holds all {} of A's keys (PTTL ~{}); connected replicas: \
+                 {replicas}",
+                pairs.len(),
+                human(leases[0].1)
             ),
-        )?;
-        nemesis.resume(
-            stage,
-            &redis.replica,
-            Note::new(
-                format!("thaws the replica :{replica}"),
-                FaultFacts {
-                    port: Some(replica),
-                    ..FaultFacts::default()
-                },
-            ),
-        )?;
+        ));
+        Ok(leases)
+    }
 
-        let failover = self.watch_failover(stage, redis, killed_at)?;
+    /// The promoted replica's answers (A's keys forgotten, the `incr-lost` counter), then
+    /// B's five clients take their locks there, each grant read back from it.
+    fn b_takes_its_locks(
+        &self,
+        stage: &mut Stage,
+        redis: &SentinelCluster,
+        lost_counter: &str,
+    ) -> Result<BSide> {
+        let pairs = self.pairs();
+        let replica = redis.replica.port;
         let mut on_new_primary =
             cluster::ask(&redis.replica.url()).context("asking the new primary")?;
         let mut forgot = Vec::new();
@@ -195,7 +297,7 @@ impl Play<'_> {
             forgot.push(exists == 0);
         }
         let counter_now: Option<i64> = redis::cmd("GET")
-            .arg(&lost_counter)
+            .arg(lost_counter)
             .query(&mut on_new_primary)?;
         stage.record(Event::new(
             "redis",
@@ -209,13 +311,12 @@ impl Play<'_> {
                 counter_now.map_or("none".into(), |c| c.to_string())
             ),
         ));
-
-        let mut b_workers = Vec::new();
+        let mut workers = Vec::new();
         for pair in &pairs {
-            b_workers
+            workers
                 .push(stage.spawn(&format!("B:{}", pair.label), &self.client("B", pair, redis))?);
         }
-        let mut b_granted = Vec::new();
+        let mut granted = Vec::new();
         for pair in &pairs {
             let name = format!("B:{}", pair.label);
             let got = stage.wait_for(
@@ -227,11 +328,22 @@ impl Play<'_> {
             let found: Option<String> = redis::cmd("GET")
                 .arg(self.key(pair.label))
                 .query(&mut on_new_primary)?;
-            b_granted.push((stage.elapsed(), found == Some(owner)));
+            granted.push((stage.elapsed(), found == Some(owner)));
         }
+        Ok(BSide {
+            workers,
+            forgot,
+            granted,
+            failover: None,
+        })
+    }
 
-        for b in &mut b_workers {
-            b.tell("write")?;
+    /// B writes, then A, which never paused and never heard that its lock is gone — but
+    /// A:wait, whose `WAIT` came back short, writes nothing. Then every client lets go.
+    fn both_write(&self, stage: &mut Stage, a: &mut ASide, b: &mut BSide) -> Result<()> {
+        let pairs = self.pairs();
+        for worker in &mut b.workers {
+            worker.tell("write")?;
         }
         for pair in &pairs {
             let name = format!("B:{}", pair.label);
@@ -241,12 +353,10 @@ impl Play<'_> {
                 })?;
             }
         }
-        // A never paused and never heard that its lock is gone: it writes now.
-        for a in &mut a_workers {
-            a.tell("write")?;
+        for worker in &mut a.workers {
+            worker.tell("write")?;
         }
-        // Except A:wait, if its WAIT came back short: it writes nothing.
-        for (pair, confirmed) in pairs.iter().zip(&confirmed) {
+        for (pair, confirmed) in pairs.iter().zip(&a.confirmed) {
             let name = format!("A:{}", pair.label);
             let wanted = match confirmed {
                 Some(n) if *n < 1 => 0,
@@ -266,10 +376,10 @@ impl Play<'_> {
                 stage.next(Duration::from_millis(50));
             }
         }
-        for worker in a_workers.iter_mut().chain(b_workers.iter_mut()) {
+        for worker in a.workers.iter_mut().chain(b.workers.iter_mut()) {
             worker.tell("finish")?;
         }
-        for worker in a_workers.iter_mut().chain(b_workers.iter_mut()) {
+        for worker in a.workers.iter_mut().chain(b.workers.iter_mut()) {
             let name = worker.name.clone();
             stage.wait_for(Duration::from_secs(10), &format!("{name} to let go"), |e| {
                 e.is(&name, Kind::Released)
@@ -277,17 +387,27 @@ impl Play<'_> {
             worker.finish(Duration::from_secs(10));
         }
         stage.drain();
+        Ok(())
+    }
 
+    /// Each pair's scenarios, from the servers' answers and the store's read-back.
+    fn redis_scenarios(
+        &self,
+        stage: &mut Stage,
+        store: &mut Store,
+        a: &ASide,
+        b: &BSide,
+    ) -> Result<Vec<Scenario>> {
         let mut scenarios = Vec::new();
-        for (index, pair) in pairs.iter().enumerate() {
+        for (index, pair) in self.pairs().iter().enumerate() {
             // Two holders, per the servers: the old primary granted A a lease that was still
             // running when the new primary granted B (whose key it answered with).
-            let (a_read, a_pttl) = a_leases[index];
-            let (b_read, b_key_seen) = b_granted[index];
+            let (a_read, a_pttl) = a.leases[index];
+            let (b_read, b_key_seen) = b.granted[index];
             let two = checks::redis_two_holders(&RedisGrants {
                 a_read_ms: a_read.as_millis() as u64,
                 a_pttl_ms: a_pttl.as_millis() as u64,
-                new_primary_forgot: forgot[index],
+                new_primary_forgot: b.forgot[index],
                 b_read_ms: b_read.as_millis() as u64,
                 b_key_seen,
             });
@@ -308,19 +428,14 @@ impl Play<'_> {
                     &format!("A:{}", pair.label),
                     &format!("B:{}", pair.label),
                 )?;
-                scenario.failover_ms = failover.map(|d| d.as_millis() as u64);
-                scenario.replicas_confirmed = confirmed[index];
+                scenario.failover_ms = b.failover.map(|d| d.as_millis() as u64);
+                scenario.replicas_confirmed = a.confirmed[index];
                 if let Some(line) = store_line(&scenario) {
                     stage.record(line);
                 }
                 scenarios.push(scenario);
             }
         }
-        scenarios.push(Scenario {
-            failover_ms: failover.map(|d| d.as_millis() as u64),
-            refused: Some(min_replicas),
-            ..Scenario::nothing_granted("redis-min-replicas", "redis")
-        });
         Ok(scenarios)
     }
 
@@ -361,7 +476,7 @@ impl Play<'_> {
             }
         };
         stage.record(Event::new(
-            "A:min-replicas",
+            MIN_REPLICAS,
             GaveUp {
                 why: Some(refusal.clone()),
                 ..GaveUp::default()

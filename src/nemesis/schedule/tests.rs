@@ -480,3 +480,19 @@ fn how_a_fault_is_done_travels_with_its_step_and_a_timed_cut_heals() {
         .to_string();
     assert!(message.contains("unknown field `by`"), "{message}");
 }
+
+#[test]
+fn a_lagging_replica_s_pause_says_it_cuts_the_link_and_reads_back_so() {
+    let text = r#"[{"at_ms":0,"fault":"pause","target":"replica","cut_link":true},
+                   {"at_ms":0,"fault":"pause","target":"A"}]"#;
+    let schedule: Schedule = serde_json::from_str(text).unwrap();
+    assert!(schedule.how(0).cut_link);
+    assert!(
+        schedule.how(1).is_plain(),
+        "a plain pause writes no cut_link"
+    );
+    let written = serde_json::to_string(&schedule).unwrap();
+    assert_eq!(written.matches("cut_link").count(), 1, "{written}");
+    let again: Schedule = serde_json::from_str(&written).unwrap();
+    assert_eq!(again, schedule);
+}

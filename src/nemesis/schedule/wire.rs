@@ -45,7 +45,7 @@ struct WrittenStep<'a> {
 }
 
 /// The fields of [`How`], which a fault step's entry may carry beside its own.
-const HOW_FIELDS: [&str; 4] = ["proxy", "direction", "by_ms", "rate_percent"];
+const HOW_FIELDS: [&str; 5] = ["proxy", "direction", "by_ms", "rate_percent", "cut_link"];
 
 impl<'de> Deserialize<'de> for Schedule {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Schedule, D::Error> {
