@@ -274,6 +274,21 @@ impl Nemesis {
         Ok(took)
     }
 
+    /// Starts again a victim that was killed earlier and stayed down (a server kept down
+    /// a while): only its return is recorded, with the line `back` makes of how long the
+    /// start took (`restart_ms`) — its crash is the kill, recorded when it happened.
+    pub fn start_again(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        back: impl FnOnce(Duration) -> Note,
+    ) -> Result<Duration> {
+        let took = victim.restart_now()?;
+        let pid = victim.pid().unwrap_or_default();
+        history.record(restarted_event(&victim.label(), pid, took, back(took)));
+        Ok(took)
+    }
+
     /// The victims this nemesis paused and has not resumed, by label.
     pub fn paused(&self) -> Vec<String> {
         let mut labels: Vec<String> = self.paused.values().map(|a| a.label.clone()).collect();

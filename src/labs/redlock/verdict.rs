@@ -75,7 +75,7 @@ pub struct ScenarioVerdict {
     pub simulated: Option<&'static str>,
     pub meaning: String,
     pub prevented_by: &'static str,
-    /// The faults the scenario played as a schedule (client-pause).
+    /// The faults the part played, as its schedule (none where it played none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
 }
