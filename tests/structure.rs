@@ -873,7 +873,6 @@ const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
     "src/labs/failover/etcd.rs::etcd_leader_killed",
     "src/labs/failover/redis.rs::redis_failover",
     "src/labs/gc_pause/play.rs::run",
-    "src/labs/lease_guard/play.rs::play",
     "src/labs/naive/stuck.rs::stuck",
     "src/labs/network/lost_commit.rs::play",
     "src/labs/network/lost_fenced.rs::play",
