@@ -232,6 +232,37 @@ fn assert_stall_stopped_a_again_and_again(events: &[Event], verdict: &Value) {
     }
 }
 
+/// Every cell's fault is a schedule in the run's `--json`, played by the one player: A's
+/// stops (where it stops itself, or the stall's, timed from its work) each ended at the
+/// latest by a resume timed from B's write, not by the lab's own loop.
+fn assert_each_cell_played_its_schedule(verdict: &Value) {
+    // One per fault: every guard meets the same fault (the run keeps distinct ones).
+    let schedules = verdict["schedules"].as_array().unwrap();
+    let mut faults: Vec<&Value> = (verdict["cells"].as_array().unwrap().iter())
+        .map(|c| &c["fault"])
+        .collect();
+    faults.dedup();
+    assert_eq!(schedules.len(), faults.len(), "{verdict}");
+    let after_b = serde_json::json!({
+        "at_ms": 0, "after": {"worker": "B", "event": ["wrote", "gave_up"], "nth": 1},
+        "fault": "resume", "target": "A"
+    });
+    for schedule in schedules {
+        let steps = schedule.as_array().unwrap();
+        assert!(steps.contains(&after_b), "{schedule}");
+        let pauses: Vec<&Value> = steps.iter().filter(|s| s["fault"] == "pause").collect();
+        let stall = pauses.len() > 1;
+        for pause in &pauses {
+            let anchor = &pause["after"];
+            match stall {
+                true => assert_eq!(anchor["event"], "working", "{schedule}"),
+                false => assert_eq!(anchor["event"], "freezing", "{schedule}"),
+            }
+        }
+        assert!(!pauses.is_empty(), "{schedule}");
+    }
+}
+
 /// The delayed write: the nemesis held A's write on A's path to the store and let it
 /// go, once per cell, and A's process was never stopped in those cells.
 fn assert_delayed_write_held_once_per_cell(events: &[Event]) {
@@ -283,6 +314,7 @@ fn live_pauses_and_the_stall_split_pause_detection_and_renewal() {
         &["pause-before-check", "stall"],
     );
     assert_stall_stopped_a_again_and_again(&events, &verdict);
+    assert_each_cell_played_its_schedule(&verdict);
     let detected = cell(&verdict, "pause-detect", "pause-before-check");
     assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
 }

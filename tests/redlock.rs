@@ -161,6 +161,46 @@ fn every_scenario_reads_its_verdict_from_the_masters_and_the_store() {
     let delayed = scenario(&verdict, "restart-delayed");
     assert_eq!(delayed["granted"], false, "{delayed}");
     assert_eq!(delayed["two_holders"], false, "{delayed}");
+    // Its faults are its schedule, played by the one player: the masters A does not get
+    // are down during its round; after it the crashing one goes down first and comes back
+    // only longer than the TTL (2s) after A's round, as a step, not a sleep.
+    let a_round = serde_json::json!({"worker": "A", "event": ["acquired", "gave_up"], "nth": 1});
+    let step = |at_ms: u64, after: Option<&Value>, fault: &str, target: &str| {
+        let mut step = serde_json::json!({"at_ms": at_ms, "fault": fault, "target": target});
+        if let Some(after) = after {
+            step["after"] = after.clone();
+        }
+        step
+    };
+    assert_eq!(
+        delayed["schedule"],
+        Value::Array(vec![
+            step(0, None, "kill", "m4"),
+            step(0, None, "kill", "m5"),
+            step(0, Some(&a_round), "kill", "m3"),
+            step(0, Some(&a_round), "restart", "m4"),
+            step(0, Some(&a_round), "restart", "m5"),
+            step(2200, Some(&a_round), "restart", "m3"),
+        ]),
+        "{delayed}"
+    );
+    // Every part that struck a master carries its schedule, and the run's --json carries
+    // them all, in the order played.
+    let played: Vec<&Value> = verdict["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["schedule"])
+        .collect();
+    assert!(played.iter().all(|s| s.is_array()), "{verdict}");
+    assert_eq!(
+        verdict["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect::<Vec<_>>(),
+        played
+    );
 
     // 3. The clock jump: simulated, said so, and two holders.
     let jump = scenario(&verdict, "clock-jump");

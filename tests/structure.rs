@@ -869,7 +869,6 @@ fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, St
 /// leaves it: nothing is added.
 const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
     "src/labs/gc_pause/play.rs::run",
-    "src/labs/lease_guard/play.rs::play",
     "src/labs/naive/stuck.rs::stuck",
     "src/labs/network/lost_commit.rs::play",
     "src/labs/network/lost_fenced.rs::play",
@@ -877,9 +876,6 @@ const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
     "src/labs/network/lost_reply.rs::lost_set",
     "src/labs/no_lock/play.rs::run",
     "src/labs/no_lock/play.rs::watch",
-    "src/labs/redlock/client_pause.rs::play_client_pause",
-    "src/labs/redlock/minority.rs::play_minority",
-    "src/labs/redlock/restart.rs::play_restart",
     "src/labs/skip_locked/freeze.rs::freeze_round",
     "src/labs/skip_locked/kill.rs::kill_round",
     "src/labs/skip_locked/play.rs::rounds",

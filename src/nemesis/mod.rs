@@ -293,6 +293,21 @@ impl Nemesis {
         Ok(took)
     }
 
+    /// Starts again a victim that was killed earlier and stayed down (a server kept down
+    /// a while): only its return is recorded, with the line `back` makes of how long the
+    /// start took (`restart_ms`) — its crash is the kill, recorded when it happened.
+    pub fn start_again(
+        &mut self,
+        history: &mut impl Record,
+        victim: &mut dyn Victim,
+        back: impl FnOnce(Duration) -> Note,
+    ) -> Result<Duration> {
+        let took = victim.restart_now()?;
+        let pid = victim.pid().unwrap_or_default();
+        history.record(restarted_event(&victim.label(), pid, took, back(took)));
+        Ok(took)
+    }
+
     /// The start of a restart whose end the nemesis does not wait for: the victim is
     /// killed, and comes back by itself ([`Victim::returns_by_itself`]: a Sentinel
     /// failover); whoever sees it back records the end ([`restarted_event`]).

@@ -488,6 +488,9 @@ impl<'w> Faults<'w> {
         let Some(victim) = cast.iter_mut().find(|v| v.label() == action.target) else {
             return self.skip(&action, format!("this run has nothing named {target}"));
         };
+        if action.fault == Fault::Restart && self.down(&target) {
+            return self.start_again(action, floor, nemesis, &mut **victim);
+        }
         let Some(pid) = victim.pid() else {
             let why = gone(self);
             return self.skip(&action, why);
@@ -624,6 +627,43 @@ impl Faults<'_> {
             floor.record(event);
         }
         cut?;
+        self.acted.push(action);
+        Ok(())
+    }
+}
+
+impl Faults<'_> {
+    /// Is `target` down: killed by this play, and not started again since?
+    fn down(&self, target: &str) -> bool {
+        (self.acted.iter().rev())
+            .find(|a| a.target == target && matches!(a.fault, Fault::Kill | Fault::Restart))
+            .is_some_and(|a| a.fault == Fault::Kill)
+    }
+
+    /// A restart of a server this play killed (a master kept down a while, then brought
+    /// back): it is only started again, and only its return is recorded — its crash is
+    /// on the timeline already, as the kill.
+    fn start_again(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        victim: &mut dyn Victim,
+    ) -> Result<()> {
+        let how = (action.step)
+            .map(|i| self.schedule.how(i).clone())
+            .unwrap_or_default();
+        let words = &mut self.words;
+        nemesis.start_again(floor, victim, |took| {
+            words(&Cue {
+                action: &action,
+                pid: 0,
+                held: None,
+                back_after: Some(took),
+                how: &how,
+                links_closed: None,
+            })
+        })?;
         self.acted.push(action);
         Ok(())
     }

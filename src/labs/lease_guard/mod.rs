@@ -19,9 +19,11 @@
 //! story's, not the machine's speed.
 //!
 //! - [`play`]: one cell;
+//! - [`schedule`]: its fault as data, played by the nemesis's one player;
 //! - [`verdict`]: the matrix, read back from the store by [`crate::check::lease_guard`].
 
 mod play;
+mod schedule;
 pub mod verdict;
 pub use verdict::replay;
 

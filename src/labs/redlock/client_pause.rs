@@ -12,8 +12,9 @@ use crate::check::{self, Finding};
 use crate::events::What;
 use crate::events::facts::{Expired, StaleWrite, StaleWriteKind, Wrote};
 use crate::events::{Event, Kind};
+use crate::labs::WorkerHandle;
 use crate::labs::faults::{Faults, Until};
-use crate::lock::redlock::{self, Master};
+use crate::lock::redlock::{self, Attempt, Master, Redlock};
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::nemesis::{Fault, Note};
 use crate::output::human;
@@ -44,22 +45,7 @@ impl Scene {
             late_claim: "redlock-claimed-late".into(),
             sequence: "redlock-by-sequence".into(),
         };
-        let script = RedlockClientScript {
-            name: "A".into(),
-            masters: (0..n).map(|i| (name(i), self.url(i))).collect(),
-            key: key.clone(),
-            ttl_ms: self.settings.ttl.as_millis() as u64,
-            drift_factor: self.settings.drift_factor,
-            instance_timeout_ms: self.settings.instance_timeout.as_millis() as u64,
-            retry_delay_max_ms: self.settings.retry_delay_max.as_millis() as u64,
-            round: self.settings.round,
-            wait_ms: 10_000,
-            store_url: store_url.into(),
-            run_id: self.run_id.clone(),
-            token_sequence: sequence.into(),
-            resources: resources.clone(),
-        };
-        let mut a = self.stage.spawn("A", &WorkerSpec::RedlockClient(script))?;
+        let mut a = self.spawn_pausing_client(&key, store_url, sequence, &resources)?;
         let long = self.settings.ttl + Duration::from_secs(15);
         let acquired = self
             .stage
@@ -93,18 +79,86 @@ impl Scene {
         let frozen = Until::acted(Fault::Pause, "A", long);
         self.stage
             .play(&mut faults, &mut self.nemesis, &mut [&mut a], frozen)?;
-        // Until no master holds A's value: each expires it by its own clock.
+        self.await_expiry(&key, &a_value, long)?;
+        let (mut b_lock, b, b_asked) = self.b_takes_over(&key)?;
+        // B's round started after A's validity ended (proved on this process's clock), or
+        // the lab cannot tell: it never says "granted twice" without the evidence.
+        let granted_twice = check::redlock::granted_twice_after_pause(
+            self.since_start(a_seen),
+            a_validity,
+            self.since_start(b_asked),
+        );
+        self.b_writes(&mut store, sequence, &resources, &b.value)?;
+        // B has written everything: the schedule's resume of A falls due now.
+        let resumed = Until::done(long);
+        self.stage
+            .play(&mut faults, &mut self.nemesis, &mut [&mut a], resumed)?;
+        self.stage
+            .wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
+        a.finish(Duration::from_secs(5));
+        self.release("B", &mut b_lock, &b);
+        self.stage.drain();
+
+        let rows = self.stale_writes(&mut store, &resources)?;
+        let read = self.read_back(&key, "the masters at the end");
+        let meaning = pause_meaning(&rows, a_validity, (b.granted, n), granted_twice)?;
+        Ok(ScenarioVerdict {
+            name: "client-pause",
+            granted: b.held,
+            quorum: q,
+            validity_ms: b.validity_ms,
+            two_holders: granted_twice.as_option(),
+            stale_write: rows.first().map(|row| row.stale.clone()),
+            meaning,
+            guarded_writes: Some(rows),
+            rounds: vec![round("B", &b)],
+            read_back: read,
+            prevented_by: "a fencing token from an ordered, durable source (a Postgres \
+                           sequence, an etcd revision) checked by the store; not Redlock, and \
+                           not its random value, even compare-and-set",
+            schedule: Some(schedule),
+            ..Default::default()
+        })
+    }
+
+    /// Client A: a worker process (only a process can be frozen), which takes the lock on
+    /// every master, stops itself, and on waking writes each resource its own way.
+    fn spawn_pausing_client(
+        &mut self,
+        key: &str,
+        store_url: &str,
+        sequence: &str,
+        resources: &Resources,
+    ) -> Result<WorkerHandle> {
+        let script = RedlockClientScript {
+            name: "A".into(),
+            masters: (0..self.n()).map(|i| (name(i), self.url(i))).collect(),
+            key: key.into(),
+            ttl_ms: self.settings.ttl.as_millis() as u64,
+            drift_factor: self.settings.drift_factor,
+            instance_timeout_ms: self.settings.instance_timeout.as_millis() as u64,
+            retry_delay_max_ms: self.settings.retry_delay_max.as_millis() as u64,
+            round: self.settings.round,
+            wait_ms: 10_000,
+            store_url: store_url.into(),
+            run_id: self.run_id.clone(),
+            token_sequence: sequence.into(),
+            resources: resources.clone(),
+        };
+        self.stage.spawn("A", &WorkerSpec::RedlockClient(script))
+    }
+
+    /// Waits until no master holds A's value — each expires it by its own clock — and
+    /// records that they all have.
+    fn await_expiry(&mut self, key: &str, a_value: &str, long: Duration) -> Result<()> {
         let deadline = Instant::now() + long;
         loop {
-            let mut holding = 0;
-            for i in 0..n {
-                let mut master = Master::new(&name(i), &self.url(i));
-                if let Ok((Some(value), _)) = master.read(&key, READ_TIMEOUT)
-                    && value == a_value
-                {
-                    holding += 1;
-                }
-            }
+            let holding = (0..self.n())
+                .filter(|&i| {
+                    let mut master = Master::new(&name(i), &self.url(i));
+                    matches!(master.read(key, READ_TIMEOUT), Ok((Some(value), _)) if value == a_value)
+                })
+                .count();
             if holding == 0 {
                 break;
             }
@@ -118,12 +172,19 @@ impl Scene {
         }
         self.stage.record(Event::new(
             "masters",
-            Expired {
-                ..Expired::default()
-            },
-            format!("A's key has expired on all {n} masters, each by its own clock"),
+            Expired::default(),
+            format!(
+                "A's key has expired on all {} masters, each by its own clock",
+                self.n()
+            ),
         ));
-        let mut b_lock = self.lock(&key);
+        Ok(())
+    }
+
+    /// B asks until it holds the lock (a few seconds at most); returns its lock, its
+    /// round, and when that round began.
+    fn b_takes_over(&mut self, key: &str) -> Result<(Redlock, Attempt, Instant)> {
+        let mut b_lock = self.lock(key);
         let mut b_asked = Instant::now();
         let mut b = self.acquire("B", &mut b_lock);
         let retry_until = Instant::now() + Duration::from_secs(5);
@@ -135,16 +196,21 @@ impl Scene {
         if !b.held {
             bail!("B did not get the lock after A's key expired everywhere");
         }
-        // B's round started after A's validity ended (proved on this process's clock), or
-        // the lab cannot tell: it never says "granted twice" without the evidence.
-        let granted_twice = check::redlock::granted_twice_after_pause(
-            self.since_start(a_seen),
-            a_validity,
-            self.since_start(b_asked),
-        );
+        Ok((b_lock, b, b_asked))
+    }
+
+    /// B, holding the lock: a token from the sequence, its claims by value, then its
+    /// write to each resource, each guarded its own way.
+    fn b_writes(
+        &mut self,
+        store: &mut Store,
+        sequence: &str,
+        resources: &Resources,
+        b_value: &str,
+    ) -> Result<()> {
         let b_token = store.next_token(sequence)?;
         for resource in [&resources.claimed, &resources.late_claim] {
-            store.claim(&self.run_id, resource, "B", &b.value);
+            store.claim(&self.run_id, resource, "B", b_value);
         }
         self.stage.record(Event::new(
             "B",
@@ -154,8 +220,8 @@ impl Scene {
                 resources.claimed, resources.late_claim
             ),
         ));
-        for (resource, guard) in resources.guarded(&b.value, b_token) {
-            let outcome = guard.write(&mut store, &self.run_id, resource, "B", "B's result");
+        for (resource, guard) in resources.guarded(b_value, b_token) {
+            let outcome = guard.write(store, &self.run_id, resource, "B", "B's result");
             self.stage.record(Event::new(
                 "B",
                 Wrote {
@@ -170,16 +236,16 @@ impl Scene {
                 ),
             ));
         }
-        // B has written everything: the schedule's resume of A falls due now.
-        let resumed = Until::done(long);
-        self.stage
-            .play(&mut faults, &mut self.nemesis, &mut [&mut a], resumed)?;
-        self.stage
-            .wait_for(long, "A to release", |e| e.is("A", Kind::Released))?;
-        a.finish(Duration::from_secs(5));
-        self.release("B", &mut b_lock, &b);
-        self.stage.drain();
+        Ok(())
+    }
 
+    /// Each resource read back from the store: A's stale write, taken or refused, and
+    /// whose result it keeps; recorded as the store's word. Unfenced first.
+    fn stale_writes(
+        &mut self,
+        store: &mut Store,
+        resources: &Resources,
+    ) -> Result<Vec<GuardedWrite>> {
         let mut rows = Vec::new();
         for (guard, resource) in [
             ("unfenced", &resources.unfenced),
@@ -218,57 +284,48 @@ impl Scene {
             }
             rows.push(row);
         }
-        let read = self.read_back(&key, "the masters at the end");
-        let took = |row: &GuardedWrite| match row.stale.accepted {
-            Some(true) => "took",
-            Some(false) => "refused",
-            None => "never saw",
-        };
-        let [unfenced, claim, late_claim, by_sequence] = &rows[..] else {
-            bail!("four resources were written, {} read back", rows.len());
-        };
-        let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
-        let stale_write = Some(unfenced.stale.clone());
-        let meaning = format!(
-            "A froze past its {a_validity}ms validity; B was granted {} of {n} once A's key \
-             expired everywhere: {}. A woke still believing it held the lock and wrote: a stale \
-             writer. Unfenced, the store {} A's write. Claimed by value at the grant \
-             (compare-and-set on the random value), it {} it: B's claim had replaced A's. \
-             Claimed by value after the pause, it {} it: A's late claim displaced B's, and the \
-             resource cannot tell which claim is older (a random value has no order). By the \
-             sequence (token {} < {}) it {} it.",
-            b.granted,
-            match granted_twice {
-                Finding::No =>
-                    "B's round began after A's validity had ended, so the lock was \
-                                never granted twice within validity",
-                _ => "the lab's clock cannot order B's grant against the end of A's validity",
-            },
-            took(unfenced),
-            took(claim),
-            took(late_claim),
-            token(by_sequence.stale.a_token),
-            token(by_sequence.stale.b_token),
-            took(by_sequence),
-        );
-        Ok(ScenarioVerdict {
-            name: "client-pause",
-            granted: b.held,
-            quorum: q,
-            validity_ms: b.validity_ms,
-            two_holders: granted_twice.as_option(),
-            stale_write,
-            meaning,
-            guarded_writes: Some(rows),
-            rounds: vec![round("B", &b)],
-            read_back: read,
-            prevented_by: "a fencing token from an ordered, durable source (a Postgres \
-                           sequence, an etcd revision) checked by the store; not Redlock, and \
-                           not its random value, even compare-and-set",
-            schedule: Some(schedule),
-            ..Default::default()
-        })
+        Ok(rows)
     }
+}
+
+/// The scenario's meaning, resource by resource, from the store's rows: A froze past its
+/// validity, B was granted `granted` of `n` after, and what each guard made of A's write.
+fn pause_meaning(
+    rows: &[GuardedWrite],
+    a_validity: i64,
+    (granted, n): (usize, usize),
+    granted_twice: Finding,
+) -> Result<String> {
+    let took = |row: &GuardedWrite| match row.stale.accepted {
+        Some(true) => "took",
+        Some(false) => "refused",
+        None => "never saw",
+    };
+    let [unfenced, claim, late_claim, by_sequence] = rows else {
+        bail!("four resources were written, {} read back", rows.len());
+    };
+    let token = |t: Option<i64>| t.map(|t| t.to_string()).unwrap_or("?".into());
+    Ok(format!(
+        "A froze past its {a_validity}ms validity; B was granted {granted} of {n} once A's key \
+         expired everywhere: {}. A woke still believing it held the lock and wrote: a stale \
+         writer. Unfenced, the store {} A's write. Claimed by value at the grant \
+         (compare-and-set on the random value), it {} it: B's claim had replaced A's. \
+         Claimed by value after the pause, it {} it: A's late claim displaced B's, and the \
+         resource cannot tell which claim is older (a random value has no order). By the \
+         sequence (token {} < {}) it {} it.",
+        match granted_twice {
+            Finding::No =>
+                "B's round began after A's validity had ended, so the lock was \
+                            never granted twice within validity",
+            _ => "the lab's clock cannot order B's grant against the end of A's validity",
+        },
+        took(unfenced),
+        took(claim),
+        took(late_claim),
+        token(by_sequence.stale.a_token),
+        token(by_sequence.stale.b_token),
+        took(by_sequence),
+    ))
 }
 
 /// The scenario's faults: A stops itself where its script says (the nemesis adopts the

@@ -6,10 +6,13 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::scene::{READ_TIMEOUT, Scene, name, round};
+use super::schedules::{after_a, at_start};
 use super::verdict::ScenarioVerdict;
 use crate::events::Event;
 use crate::events::facts::Expired;
 use crate::lock::redlock::Master;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::Schedule;
 use crate::output::human;
 
 impl Scene {
@@ -29,18 +32,27 @@ impl Scene {
             ),
         );
         let key = self.key("clock-jump");
-        let own = !self.private.is_empty();
-        if own {
-            self.kill(last)?;
-        } else {
-            self.stand_in(last, &key)?;
+        // Its one fault, on masters of the lab's own: the last is down during A's round
+        // and back right after it. On the user's masters a key of the lab's stands in.
+        let schedule = (!self.private.is_empty()).then(|| {
+            Schedule::new(
+                [
+                    at_start(Fault::Kill, &[last]),
+                    after_a(Fault::Restart, &[last], 0),
+                ]
+                .concat(),
+            )
+        });
+        let mut faults = schedule.as_ref().map(|schedule| self.faults(schedule));
+        match &mut faults {
+            Some(faults) => self.play_until(faults, Fault::Kill, &[last])?,
+            None => self.stand_in(last, &key)?,
         }
         let mut a_lock = self.lock(&key);
         let a = self.acquire("A", &mut a_lock);
-        if own {
-            self.restart(last)?;
-        } else {
-            self.stand_in_gone(last, &key)?;
+        match &mut faults {
+            Some(faults) => self.play_until(faults, Fault::Restart, &[last])?,
+            None => self.stand_in_gone(last, &key)?,
         }
         let jump = self.settings.ttl;
         for &i in &jumping {
@@ -78,6 +90,7 @@ impl Scene {
                 "the clock jump: the key's PTTL was shortened by the jump with PEXPIRE on the \
                  jumping masters (redis-server crashes under libfaketime); everything else is real",
             ),
+            schedule,
             prevented_by: "masters whose clocks never step and slew no faster than the drift \
                            allowance (chrony's default slew reaches 8.3%): the timing \
                            assumption Redlock rests on",

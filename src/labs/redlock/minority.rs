@@ -1,11 +1,17 @@
-//! Scenario 1: a minority of masters down, then frozen, then a majority down.
+//! Scenario 1: a minority of masters down, then frozen, then a majority down. Each part is
+//! a schedule ([`super::schedules`]): the minority killed and brought back after A's round;
+//! frozen; one more killed, the frozen ones thawed and it brought back after A's round.
 
 use anyhow::Result;
 
 use super::scene::{Scene, name, round};
+use super::schedules::{after_a, at_start};
 use super::verdict::ScenarioVerdict;
 use crate::check::Finding;
-use crate::check::redlock as check;
+use crate::check::redlock::{self as check, MasterState};
+use crate::lock::redlock::Attempt;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::Schedule;
 use crate::output::human;
 
 impl Scene {
@@ -18,29 +24,52 @@ impl Scene {
             "minority",
             &format!("1. Survives a minority: {} of {n} masters down", n - q),
         );
-        let mut verdicts = Vec::new();
+        let down = self.minority_down(&minority)?;
+        self.note(&format!(
+            "{} frozen instead: each costs the {} per-instance timeout",
+            self.names(minority.clone()),
+            human(self.settings.instance_timeout)
+        ));
+        let frozen = self.minority_frozen(&minority)?;
+        let majority = self.majority_down(&minority)?;
+        Ok(vec![down, frozen, majority])
+    }
 
-        for &i in &minority {
-            self.kill(i)?;
-        }
-        let key = self.key("minority-down");
+    /// A's round on the part's own key, the masters read back right after it, and its
+    /// release if it held.
+    fn a_round(&mut self, part: &str) -> (Attempt, Vec<MasterState>) {
+        let key = self.key(part);
         let mut lock = self.lock(&key);
-        let down = self.acquire("A", &mut lock);
-        let down_read = self.read_back(&key, "the masters, right after A's round");
-        if down.held {
-            self.release("A", &mut lock, &down);
+        let attempt = self.acquire("A", &mut lock);
+        let read = self.read_back(&key, "the masters, right after A's round");
+        if attempt.held {
+            self.release("A", &mut lock, &attempt);
         }
-        for &i in &minority {
-            self.restart(i)?;
-        }
-        verdicts.push(ScenarioVerdict {
+        (attempt, read)
+    }
+
+    /// The minority killed: connection refused at once, so they cost no validity.
+    fn minority_down(&mut self, minority: &[usize]) -> Result<ScenarioVerdict> {
+        let (n, q) = (self.n(), self.q());
+        let schedule = Schedule::new(
+            [
+                at_start(Fault::Kill, minority),
+                after_a(Fault::Restart, minority, 0),
+            ]
+            .concat(),
+        );
+        let mut faults = self.faults(&schedule);
+        self.play_until(&mut faults, Fault::Kill, minority)?;
+        let (down, read) = self.a_round("minority-down");
+        self.play_until(&mut faults, Fault::Restart, minority)?;
+        Ok(ScenarioVerdict {
             name: "minority-down",
             granted: down.held,
             quorum: q,
             validity_ms: down.validity_ms,
             meaning: format!(
                 "With {} down (connection refused at once), {} of {n} granted: {}.",
-                self.names(minority.clone()),
+                self.names(minority.to_vec()),
                 down.granted,
                 if down.held {
                     "the lock holds, and the dead masters cost almost no validity"
@@ -49,29 +78,24 @@ impl Scene {
                 }
             ),
             rounds: vec![round("A", &down)],
-            read_back: down_read,
+            read_back: read,
             prevented_by: "nothing needed: a minority down is what Redlock is built for",
+            schedule: Some(schedule),
             ..Default::default()
-        });
+        })
+    }
 
-        self.note(&format!(
-            "{} frozen instead: each costs the {} per-instance timeout",
-            self.names(minority.clone()),
-            human(self.settings.instance_timeout)
-        ));
-        for &i in &minority {
-            self.freeze(i)?;
-        }
-        let key = self.key("minority-frozen");
-        let mut lock = self.lock(&key);
-        let frozen = self.acquire("A", &mut lock);
-        let frozen_read = self.read_back(&key, "the masters, right after A's round");
-        if frozen.held {
-            self.release("A", &mut lock, &frozen);
-        }
+    /// The minority frozen: each costs the whole per-instance timeout. They stay frozen
+    /// into the next part.
+    fn minority_frozen(&mut self, minority: &[usize]) -> Result<ScenarioVerdict> {
+        let (n, q) = (self.n(), self.q());
+        let schedule = Schedule::new(at_start(Fault::Pause, minority));
+        let mut faults = self.faults(&schedule);
+        self.play_until(&mut faults, Fault::Pause, minority)?;
+        let (frozen, read) = self.a_round("minority-frozen");
         // The share of the round spent waiting on the frozen masters, from the same round.
         let waited = check::waited_on_silent_ms(&frozen.answers);
-        verdicts.push(ScenarioVerdict {
+        Ok(ScenarioVerdict {
             name: "minority-frozen",
             granted: frozen.held,
             quorum: q,
@@ -79,85 +103,112 @@ impl Scene {
             meaning: format!(
                 "With {} frozen, {} of {n} granted ({}). Of the round's {}ms, {waited:.0}ms \
                  went on waiting for the frozen masters: validity {}ms.",
-                self.names(minority.clone()),
+                self.names(minority.to_vec()),
                 frozen.granted,
                 if frozen.held { "held" } else { "not held" },
                 frozen.elapsed_whole_ms(),
                 frozen.validity_ms
             ),
             rounds: vec![round("A", &frozen)],
-            read_back: frozen_read,
+            read_back: read,
             prevented_by: "nothing needed; a shorter per-instance timeout costs less validity",
+            schedule: Some(schedule),
             ..Default::default()
-        });
+        })
+    }
 
-        // One more master down: only a minority can answer.
+    /// One more master down besides the frozen minority: only a minority can answer. Then
+    /// the frozen ones are thawed, and the key read back again: a request that timed out
+    /// may still have landed.
+    fn majority_down(&mut self, minority: &[usize]) -> Result<ScenarioVerdict> {
+        let (n, q) = (self.n(), self.q());
         let extra = q - 1;
-        self.kill(extra)?;
+        let schedule = Schedule::new(
+            [
+                at_start(Fault::Kill, &[extra]),
+                after_a(Fault::Resume, minority, 0),
+                after_a(Fault::Restart, &[extra], 0),
+            ]
+            .concat(),
+        );
+        let mut faults = self.faults(&schedule);
+        self.play_until(&mut faults, Fault::Kill, &[extra])?;
         let key = self.key("majority-down");
         let mut lock = self.lock(&key);
         let failed = self.acquire("A", &mut lock);
         let after = self.read_back(&key, "the masters, after the failed round's release");
         let left = check::holding(&after);
-        for &i in &minority {
-            self.thaw(i)?;
-        }
-        self.restart(extra)?;
+        self.play_until(&mut faults, Fault::Restart, &[extra])?;
         // What the frozen masters did with the requests queued while they were stopped.
         let woke = self.read_back(&key, "the same key once the frozen masters woke");
         let set_once_thawed = check::holding(&woke);
-        let late: Vec<String> = woke
-            .iter()
-            .filter(|s| set_once_thawed.contains(&s.master))
-            .map(|s| format!("{} ({}ms left)", s.master, s.pttl_ms.unwrap_or_default()))
-            .collect();
-        let silent: Vec<&str> = woke
-            .iter()
-            .filter(|s| !s.answered)
-            .map(|s| s.master.as_str())
-            .collect();
         let answering: Vec<usize> = (0..n)
             .filter(|i| *i != extra && !minority.contains(i))
             .collect();
-        verdicts.push(ScenarioVerdict {
+        let meaning = format!(
+            "With {} down and {} frozen, {} of {n} granted: {}. Right after the release on \
+             all {n}, {}.{}",
+            name(extra),
+            self.names(minority.to_vec()),
+            failed.granted,
+            if failed.held {
+                "held"
+            } else {
+                "not held, and the release was sent to every master"
+            },
+            if left.is_empty() {
+                format!(
+                    "no master that answered ({}) kept its key",
+                    self.names(answering)
+                )
+            } else {
+                format!("{} still held it", left.join(", "))
+            },
+            once_thawed(&woke, &set_once_thawed)
+        );
+        Ok(ScenarioVerdict {
             name: "majority-down",
             granted: failed.held,
             quorum: q,
             validity_ms: failed.validity_ms,
-            meaning: format!(
-                "With {} down and {} frozen, {} of {n} granted: {}. Right after the release on \
-                 all {n}, {}.{}",
-                name(extra),
-                self.names(minority.clone()),
-                failed.granted,
-                if failed.held { "held" } else { "not held, and the release was sent to every master" },
-                if left.is_empty() {
-                    format!("no master that answered ({}) kept its key", self.names(answering))
-                } else {
-                    format!("{} still held it", left.join(", "))
-                },
-                match check::released_everywhere(&woke) {
-                    Finding::Yes =>
-                        " Once thawed, no master held it either: released everywhere.".to_string(),
-                    Finding::No => format!(
-                        " Once thawed, {} set the key after all (a request that timed out still \
-                         landed), so it was not released everywhere: only its TTL removes it.",
-                        late.join(", ")
-                    ),
-                    Finding::Unknown => format!(
-                        " Once thawed, {} did not answer the read-back: whether the key was \
-                         released everywhere is unknown.",
-                        silent.join(", ")
-                    ),
-                }
-            ),
+            meaning,
             left_after_release: Some(left),
             set_once_thawed: Some(set_once_thawed),
             rounds: vec![round("A", &failed)],
             read_back: after,
             prevented_by: "nothing to prevent: no majority, no lock (availability lost, not safety)",
+            schedule: Some(schedule),
             ..Default::default()
-        });
-        Ok(verdicts)
+        })
+    }
+}
+
+/// What the masters held once the frozen ones woke: released everywhere, or set after all
+/// by a request that timed out and still landed, or unknown where one did not answer.
+fn once_thawed(woke: &[MasterState], set_once_thawed: &[String]) -> String {
+    match check::released_everywhere(woke) {
+        Finding::Yes => " Once thawed, no master held it either: released everywhere.".into(),
+        Finding::No => {
+            let late: Vec<String> = (woke.iter())
+                .filter(|s| set_once_thawed.contains(&s.master))
+                .map(|s| format!("{} ({}ms left)", s.master, s.pttl_ms.unwrap_or_default()))
+                .collect();
+            format!(
+                " Once thawed, {} set the key after all (a request that timed out still \
+                 landed), so it was not released everywhere: only its TTL removes it.",
+                late.join(", ")
+            )
+        }
+        Finding::Unknown => {
+            let silent: Vec<&str> = (woke.iter())
+                .filter(|s| !s.answered)
+                .map(|s| s.master.as_str())
+                .collect();
+            format!(
+                " Once thawed, {} did not answer the read-back: whether the key was \
+                 released everywhere is unknown.",
+                silent.join(", ")
+            )
+        }
     }
 }

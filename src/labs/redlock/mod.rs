@@ -38,6 +38,7 @@ mod clock_jump;
 mod minority;
 mod restart;
 mod scene;
+mod schedules;
 mod verdict;
 pub use verdict::{reads_in, replay, rounds_in};
 

@@ -1,42 +1,58 @@
 //! Scenario 2: a master restarting empty hands the lock out twice; kept down longer than
-//! the TTL, it does not.
+//! the TTL, it does not. Each part is a schedule ([`super::schedules`]): the masters A does
+//! not get are down during its round; right after it they come back, and one of A's
+//! crashes — restarting at once, or (delayed) only once the TTL has run out.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 
 use super::scene::{Scene, name, round};
+use super::schedules::{after_a, at_start};
 use super::verdict::ScenarioVerdict;
 use crate::check::redlock as check;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::Schedule;
 use crate::output::human;
 
 impl Scene {
     /// Scenario 2: a master restarting empty hands out the lock twice; kept down longer
     /// than the TTL, it does not.
     pub(super) fn play_restart(&mut self) -> Result<Vec<ScenarioVerdict>> {
-        // Played by hand, not as a schedule (labs::faults): A and B are the lab's own calls,
-        // in this process, and each fault comes between two of them (after A's round
-        // returns, before B asks): an order, not a time or a worker's event.
-        let (n, q) = (self.n(), self.q());
-        // A gets the first q masters: the others are down while A asks.
-        let others: Vec<usize> = (q..n).collect();
-        let crashing = q - 1;
+        let q = self.q();
         self.heading(
             "restart",
             &format!("2. A master restarts empty: A holds {}", self.names(0..q)),
         );
-        let mut verdicts = Vec::new();
+        let empty = self.restart_empty()?;
+        self.note(&format!(
+            "again, but a crashed master stays down longer than the TTL ({}) before it rejoins",
+            human(self.settings.ttl)
+        ));
+        let delayed = self.restart_delayed()?;
+        Ok(vec![empty, delayed])
+    }
 
-        for &i in &others {
-            self.kill(i)?;
-        }
+    /// A gets the first q masters (the others are down while it asks); then the others
+    /// come back and one of A's crashes and restarts empty; B asks.
+    fn restart_empty(&mut self) -> Result<ScenarioVerdict> {
+        let (n, q) = (self.n(), self.q());
+        let others: Vec<usize> = (q..n).collect();
+        let crashing = q - 1;
+        let schedule = Schedule::new(
+            [
+                at_start(Fault::Kill, &others),
+                after_a(Fault::Restart, &others, 0),
+                after_a(Fault::Restart, &[crashing], 0),
+            ]
+            .concat(),
+        );
+        let mut faults = self.faults(&schedule);
+        self.play_until(&mut faults, Fault::Kill, &others)?;
         let key = self.key("restart-empty");
         let mut a_lock = self.lock(&key);
         let a = self.acquire("A", &mut a_lock);
-        for &i in &others {
-            self.restart(i)?;
-        }
-        self.crash(crashing)?;
+        self.play_until(&mut faults, Fault::Restart, &[crashing])?;
         let (mut b_lock, b, read, two) = self.b_asks(&key, &a);
         if a.held {
             self.release("A", &mut a_lock, &a);
@@ -44,7 +60,7 @@ impl Scene {
         if b.held {
             self.release("B", &mut b_lock, &b);
         }
-        verdicts.push(ScenarioVerdict {
+        Ok(ScenarioVerdict {
             name: "restart-empty",
             granted: b.held,
             quorum: q,
@@ -69,37 +85,45 @@ impl Scene {
                            appendonly yes with the default appendfsync everysec (an acknowledged \
                            SET has reached the page cache); for a power loss, appendfsync \
                            always — or one that stays down longer than the longest TTL",
+            schedule: Some(schedule),
             ..Default::default()
-        });
+        })
+    }
 
-        self.note(&format!(
-            "again, but a crashed master stays down longer than the TTL ({}) before it rejoins",
-            human(self.settings.ttl)
-        ));
-        for &i in &others {
-            self.kill(i)?;
-        }
+    /// The same, but the crashed master is started again only longer than the TTL after
+    /// A's round — the delay the algorithm's author proposes — so every key A's round set
+    /// has expired by then.
+    fn restart_delayed(&mut self) -> Result<ScenarioVerdict> {
+        let (n, q) = (self.n(), self.q());
+        let others: Vec<usize> = (q..n).collect();
+        let crashing = q - 1;
+        let delay = self.settings.ttl + Duration::from_millis(200);
+        let schedule = Schedule::new(
+            [
+                at_start(Fault::Kill, &others),
+                // It crashes first, so that it stays down for all of the delay.
+                after_a(Fault::Kill, &[crashing], 0),
+                after_a(Fault::Restart, &others, 0),
+                after_a(Fault::Restart, &[crashing], delay.as_millis() as u64),
+            ]
+            .concat(),
+        );
+        let mut faults = self.faults(&schedule);
+        self.play_until(&mut faults, Fault::Kill, &others)?;
         let key = self.key("restart-delayed");
         let mut a_lock = self.lock(&key);
         let a = self.acquire("A", &mut a_lock);
-        for &i in &others {
-            self.restart(i)?;
-        }
-        self.kill(crashing)?;
-        let crashed_at = Instant::now();
+        self.play_until(&mut faults, Fault::Restart, &others)?;
         let (_, b, read, two) = self.b_asks(&key, &a);
-        // The delay the algorithm's author proposes: longer than the longest TTL.
-        let delay = self.settings.ttl + Duration::from_millis(200);
-        if let Some(left) = (crashed_at + delay).checked_duration_since(Instant::now()) {
-            std::thread::sleep(left);
-        }
-        self.restart(crashing)?;
+        self.play_until(&mut faults, Fault::Restart, &[crashing])?;
         let rejoined = self.read_back(&key, "the masters once it has rejoined");
         let a_keys_left = check::held_by(&rejoined, "A");
         if a.held {
             self.release("A", &mut a_lock, &a);
         }
-        verdicts.push(ScenarioVerdict {
+        // How long it was down, by the history: from its kill to its return.
+        let down = self.down_for(&name(crashing)).unwrap_or(delay);
+        Ok(ScenarioVerdict {
             name: "restart-delayed",
             granted: b.held,
             quorum: q,
@@ -108,7 +132,7 @@ impl Scene {
             meaning: format!(
                 "With {} kept down for {}, B got {} of {n}: {}. {}",
                 name(crashing),
-                human(delay),
+                human(down),
                 b.granted,
                 if b.held { "granted" } else { "refused" },
                 if a_keys_left == 0 {
@@ -122,8 +146,8 @@ impl Scene {
             rounds: vec![round("A", &a), round("B", &b)],
             read_back: read,
             prevented_by: "this is the prevention (a delayed restart); it costs availability",
+            schedule: Some(schedule),
             ..Default::default()
-        });
-        Ok(verdicts)
+        })
     }
 }

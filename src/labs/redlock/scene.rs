@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use colored::Colorize;
 
 use super::Plan;
@@ -11,16 +11,16 @@ use super::verdict::ClientRound;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState, Round};
 use crate::connect::{self, Backend};
-use crate::events::Event;
-use crate::events::What;
 use crate::events::facts::Observed;
-use crate::events::facts::{self, FaultFacts, HolderNow, MasterSeen, Phase, Released};
+use crate::events::facts::{self, HolderNow, MasterSeen, Released};
+use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
+use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
 use crate::labs::stage::History;
 use crate::lock::redlock::{self, Attempt, Master, Redlock, Reply, Settings};
 use crate::nemesis::victims::Server;
-use crate::nemesis::{Nemesis, Note, Record};
+use crate::nemesis::{Fault, Nemesis, Victim};
 use crate::output::{Style, human};
 use crate::servers::{Lifetime, PrivateServers};
 use crate::worker::redlock_client::{indent, round_text};
@@ -48,9 +48,6 @@ pub(super) struct Scene {
     pub(super) run_id: String,
     /// Which client wrote which lock value: read-backs name the client, not the value.
     pub(super) values: Vec<(String, String)>,
-    /// What the lab has done to each master, so that a read-back does not wait on one it
-    /// froze or killed itself.
-    condition: Vec<Condition>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,19 +55,6 @@ enum Condition {
     Up,
     Down,
     Frozen,
-}
-
-/// The history a restart of a master the lab killed earlier writes to. The nemesis records
-/// a restart's crash and its return; this master crashed when the lab killed it (that kill
-/// is on the timeline already), so only its return is kept.
-struct Rejoin<'a>(&'a mut Stage);
-
-impl Record for Rejoin<'_> {
-    fn record(&mut self, event: Event) {
-        if event.fault().and_then(|f| f.phase) == Some(Phase::End) {
-            self.0.record(event);
-        }
-    }
 }
 
 impl Scene {
@@ -118,7 +102,6 @@ impl Scene {
             history: run.history.clone(),
             run_id: run.id.clone(),
             values: Vec::new(),
-            condition: vec![Condition::Up; n],
         };
         let run_id = &run.id;
         scene.stage.record(Event::new(
@@ -143,6 +126,10 @@ impl Scene {
 
     pub(super) fn url(&self, i: usize) -> String {
         self.urls[i].clone()
+    }
+
+    pub(super) fn port(&self, i: usize) -> String {
+        port_of(&self.urls[i])
     }
 
     pub(super) fn names(&self, indexes: impl IntoIterator<Item = usize>) -> String {
@@ -239,106 +226,50 @@ impl Scene {
         ));
     }
 
-    /// Master `i` as the nemesis's victim, with the stage it records to and the nemesis.
-    fn aim(&mut self, i: usize) -> Result<(Server<'_>, &mut Stage, &mut Nemesis)> {
+    /// Plays `faults` on the masters until `until` holds: each fault aimed at `m3` goes to
+    /// the third master, if it is the lab's own (with `--master` none is: nothing is aimed
+    /// at them).
+    pub(super) fn play(&mut self, faults: &mut Faults, until: Until) -> Result<()> {
         let Scene {
             private,
             stage,
             nemesis,
             ..
         } = self;
-        let server = private
-            .get_mut(i)
-            .context("the lab kills, freezes and restarts only masters it started itself")?;
-        Ok((
-            Server::new(server, Backend::Redis, &name(i)),
-            stage,
-            nemesis,
-        ))
+        let mut masters: Vec<Server> = (private.iter_mut().enumerate())
+            .map(|(i, server)| Server::new(server, Backend::Redis, &name(i)))
+            .collect();
+        let mut cast: Vec<&mut dyn Victim> = (masters.iter_mut())
+            .map(|master| master as &mut dyn Victim)
+            .collect();
+        stage.play(faults, nemesis, &mut cast, until)
     }
 
-    fn pid(&mut self, i: usize) -> Result<i32> {
-        use crate::nemesis::Victim;
-        let (victim, _, _) = self.aim(i)?;
-        victim.pid().context("a master has no pid")
+    /// What the part's faults have done to master `i` so far, by its history: a read-back
+    /// does not wait on a master the lab froze or killed itself.
+    fn condition(&self, i: usize) -> Condition {
+        let master = name(i);
+        let last = (self.stage.log.iter().rev())
+            .find(|e| e.fault().and_then(|f| f.target.as_deref()) == Some(master.as_str()));
+        match last.map(|e| &e.what) {
+            Some(What::Killed(_)) => Condition::Down,
+            Some(What::Frozen(_)) => Condition::Frozen,
+            _ => Condition::Up,
+        }
     }
 
-    /// SIGKILL to one master: down, its port refuses connections until it is restarted.
-    pub(super) fn kill(&mut self, i: usize) -> Result<()> {
-        let pid = self.pid(i)?;
-        let port = port_of(&self.url(i));
-        let (mut victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::new(
-            format!("SIGKILL {} (pid {pid}, port {port}): down", name(i)),
-            FaultFacts {
-                master: Some(name(i)),
-                ..FaultFacts::default()
-            },
-        );
-        nemesis.kill(stage, &mut victim, note)?;
-        self.condition[i] = Condition::Down;
-        Ok(())
-    }
-
-    /// Starts a master the lab killed again, on the same port. Without persistence it
-    /// comes back empty.
-    pub(super) fn restart(&mut self, i: usize) -> Result<()> {
-        let port = port_of(&self.url(i));
-        let (mut victim, stage, nemesis) = self.aim(i)?;
-        nemesis.restart(&mut Rejoin(stage), &mut victim, Note::default(), |took| {
-            back(i, &port, took)
-        })?;
-        self.condition[i] = Condition::Up;
-        Ok(())
-    }
-
-    /// A live master crashes (SIGKILL) and is started again at once, EMPTY.
-    pub(super) fn crash(&mut self, i: usize) -> Result<()> {
-        let pid = self.pid(i)?;
-        let port = port_of(&self.url(i));
-        let (mut victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::new(
-            format!("SIGKILL {} (pid {pid}, port {port}): crashes", name(i)),
-            FaultFacts {
-                master: Some(name(i)),
-                ..FaultFacts::default()
-            },
-        );
-        nemesis.restart(stage, &mut victim, note, |took| back(i, &port, took))?;
-        self.condition[i] = Condition::Up;
-        Ok(())
-    }
-
-    pub(super) fn freeze(&mut self, i: usize) -> Result<()> {
-        let pid = self.pid(i)?;
-        let (victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::new(
-            format!(
-                "SIGSTOP {} (pid {pid}): accepts connections, answers nothing",
-                name(i)
-            ),
-            FaultFacts {
-                master: Some(name(i)),
-                ..FaultFacts::default()
-            },
-        );
-        nemesis.pause(stage, &victim, note)?;
-        self.condition[i] = Condition::Frozen;
-        Ok(())
-    }
-
-    pub(super) fn thaw(&mut self, i: usize) -> Result<()> {
-        let (victim, stage, nemesis) = self.aim(i)?;
-        let note = Note::new(
-            format!("SIGCONT {}: it serves what queued up meanwhile", name(i)),
-            FaultFacts {
-                master: Some(name(i)),
-                ..FaultFacts::default()
-            },
-        );
-        nemesis.resume(stage, &victim, note)?;
-        self.condition[i] = Condition::Up;
-        Ok(())
+    /// How long master `name` was down the last time the lab killed it, by the history:
+    /// from its kill to its return.
+    pub(super) fn down_for(&self, master: &str) -> Option<Duration> {
+        let log = &self.stage.log;
+        let on = |e: &Event, fault| {
+            (e.fault()).is_some_and(|f| f.target.as_deref() == Some(master) && f.fault == fault)
+        };
+        let killed = log.iter().rposition(|e| on(e, Some(Fault::Kill)))?;
+        let back = log[killed..]
+            .iter()
+            .find(|e| on(e, Some(Fault::Restart)) && e.kind() == Kind::Resumed)?;
+        Some(Duration::from_millis(back.t_ms - log[killed].t_ms))
     }
 
     /// GET and PTTL of `key` on every master: who holds it where, by the masters' answers.
@@ -346,7 +277,7 @@ impl Scene {
         let mut states = Vec::new();
         for i in 0..self.n() {
             let mut master = Master::new(&name(i), &self.url(i));
-            let asked = match self.condition[i] {
+            let asked = match self.condition(i) {
                 Condition::Up => master.read(key, READ_TIMEOUT),
                 Condition::Down => Err("down (killed by the lab)".to_string()),
                 Condition::Frozen => Err("frozen by the lab: not asked".to_string()),
@@ -419,21 +350,6 @@ pub(super) fn name(i: usize) -> String {
 
 fn port_of(url: &str) -> String {
     Master::new("", url).port().to_string()
-}
-
-/// The line for a master that is back after a restart.
-fn back(i: usize, port: &str, took: Duration) -> Note {
-    Note::new(
-        format!(
-            "{} back on :{port} in {}, EMPTY (no persistence)",
-            name(i),
-            human(took)
-        ),
-        FaultFacts {
-            master: Some(name(i)),
-            ..FaultFacts::default()
-        },
-    )
 }
 
 pub(super) fn round(client: &str, attempt: &Attempt) -> ClientRound {

@@ -18,7 +18,6 @@ use crate::labs::step::{self, Checkpoint};
 use crate::labs::words::Words;
 use crate::lock::redlock::{self, Attempt};
 use crate::nemesis::schedule::Schedule;
-use crate::output::table;
 
 /// What the paused client's late write came to in one resource of the store (client-pause).
 #[derive(Serialize, Debug, Clone)]
@@ -75,7 +74,7 @@ pub struct ScenarioVerdict {
     pub simulated: Option<&'static str>,
     pub meaning: String,
     pub prevented_by: &'static str,
-    /// The faults the scenario played as a schedule (client-pause).
+    /// The faults the part played, as its schedule (none where it played none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
 }
@@ -239,9 +238,7 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            print_verdicts(&self.scenarios, &self.plan.skipped);
-        })
+        verdict_words(&self.scenarios, &self.plan.skipped)
     }
 
     fn headline(&self) -> String {
@@ -298,20 +295,9 @@ pub(super) fn state_line(state: &MasterState) -> String {
     format!("{:<3} :{:<5} {what}", state.master, state.port)
 }
 
-fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
-    let yes_no = |b: Option<bool>| match b {
-        Some(true) => "YES".red().bold().to_string(),
-        Some(false) => "no".to_string(),
-        None => "–".to_string(),
-    };
-    let stale = |s: Option<&StaleWrite>| match s {
-        None => "–".to_string(),
-        Some(s) => match s.accepted {
-            Some(true) => "ACCEPTED".red().bold().to_string(),
-            Some(false) => "rejected".green().bold().to_string(),
-            None => "none".to_string(),
-        },
-    };
+/// The verdict as data: the table of scenarios, client-pause's resources, then a sentence
+/// per scenario with what prevents its failure, and the scenarios skipped.
+fn verdict_words<'a>(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) -> Words<'a> {
     let rows: Vec<Vec<String>> = verdicts
         .iter()
         .map(|v| {
@@ -324,7 +310,7 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
                 v.name.to_string(),
                 format!("{} {granted}", if v.granted { "yes" } else { "no" }),
                 yes_no(v.two_holders),
-                stale(v.stale_write.as_ref()),
+                stale_word(v.stale_write.as_ref()),
             ]
         })
         .chain(skipped.iter().map(|s| {
@@ -333,20 +319,13 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
             row
         }))
         .collect();
-    crate::outln!();
-    crate::outln!("{}", "Verdict".bold());
-    crate::outln!(
-        "{}",
-        table(
-            &[
-                "scenario",
-                "granted",
-                "granted twice within validity",
-                "stale write"
-            ],
-            &rows
-        )
-    );
+    let header = [
+        "scenario",
+        "granted",
+        "granted twice within validity",
+        "stale write",
+    ];
+    let mut words = Words::titled_table("Verdict", &header, rows);
     for verdict in verdicts {
         let Some(guarded) = &verdict.guarded_writes else {
             continue;
@@ -356,39 +335,66 @@ fn print_verdicts(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) {
             .map(|g| {
                 vec![
                     guard_label(g.guard).to_string(),
-                    stale(Some(&g.stale)),
+                    stale_word(Some(&g.stale)),
                     g.final_writer.clone().unwrap_or("nobody".into()),
                 ]
             })
             .collect();
-        crate::outln!();
-        crate::outln!(
-            "  {}: A's stale write, resource by resource (read back from the store)",
-            verdict.name
-        );
-        crate::outln!(
-            "{}",
-            table(&["guard", "A's late write", "result kept"], &rows)
-        );
+        words
+            .prose(format!(
+                "  {}: A's stale write, resource by resource (read back from the store)",
+                verdict.name
+            ))
+            .table(&["guard", "A's late write", "result kept"], rows)
+            .blank();
     }
-    crate::outln!();
+    // Wrapped here, as the walkthrough shows them: the meaning to 76 columns two in, what
+    // prevents it to 74 four in, dimmed.
+    let indented = |text: &str, width: usize| {
+        let lines: Vec<String> = (crate::output::wrap(text, width).iter())
+            .map(|line| format!("  {line}"))
+            .collect();
+        lines.join("\n")
+    };
     for verdict in verdicts {
-        let text = format!("{}: {}", verdict.name, verdict.meaning);
-        for line in crate::output::wrap(&text, 76) {
-            crate::outln!("  {line}");
-        }
+        words.prose(indented(
+            &format!("{}: {}", verdict.name, verdict.meaning),
+            76,
+        ));
         for line in crate::output::wrap(&format!("prevented by: {}", verdict.prevented_by), 74) {
-            crate::outln!("    {}", line.dimmed());
+            words.aside(format!("  {line}"));
         }
     }
     for scenario in skipped {
-        let text = format!(
-            "{}: skipped. It needs masters lockslab starts itself (it kills, freezes and \
-             restarts them); run it without --master.",
-            scenario.command_name()
-        );
-        for line in crate::output::wrap(&text, 76) {
-            crate::outln!("  {line}");
-        }
+        words.prose(indented(
+            &format!(
+                "{}: skipped. It needs masters lockslab starts itself (it kills, freezes and \
+                 restarts them); run it without --master.",
+                scenario.command_name()
+            ),
+            76,
+        ));
+    }
+    words
+}
+
+/// The table's word for "granted twice within validity".
+fn yes_no(twice: Option<bool>) -> String {
+    match twice {
+        Some(true) => "YES".red().bold().to_string(),
+        Some(false) => "no".to_string(),
+        None => "–".to_string(),
+    }
+}
+
+/// The table's word for a stale write: taken, refused, or none.
+fn stale_word(stale: Option<&StaleWrite>) -> String {
+    match stale {
+        None => "–".to_string(),
+        Some(s) => match s.accepted {
+            Some(true) => "ACCEPTED".red().bold().to_string(),
+            Some(false) => "rejected".green().bold().to_string(),
+            None => "none".to_string(),
+        },
     }
 }
