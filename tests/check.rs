@@ -287,3 +287,96 @@ fn stdin_is_read_with_a_dash_and_help_shows_examples() {
         "{help}"
     );
 }
+
+/// A lab's checker over a recorded history: the [`Report`]'s outcome for each run agrees
+/// with the verdict the run recorded, and every finding points at events that exist and are
+/// of a kind that can prove it.
+mod reports {
+    use lockslab::check::report::{Outcome, Report};
+    use lockslab::events::Kind;
+    use lockslab::reproduce::Recorded;
+    use serde_json::Value;
+
+    /// The findings named `name` in `report`, in order (one per run).
+    fn named<'a>(report: &'a Report, name: &str) -> Vec<&'a lockslab::check::report::Finding> {
+        let prefix = format!("{name} (");
+        report
+            .findings
+            .iter()
+            .filter(|f| f.name.starts_with(&prefix))
+            .collect()
+    }
+
+    /// Every event a finding named `name` points at exists in `recorded` and is one of `kinds`.
+    fn points_at(recorded: &Recorded, report: &Report, name: &str, kinds: &[Kind]) {
+        for finding in named(report, name) {
+            assert!(!finding.events.is_empty(), "{finding:?} points at nothing");
+            for &at in &finding.events {
+                let event = recorded
+                    .events
+                    .get(at)
+                    .unwrap_or_else(|| panic!("{finding:?}: no event {at}"));
+                assert!(
+                    kinds.contains(&event.kind()),
+                    "{}: event {at} is a {:?}, which proves nothing here",
+                    finding.name,
+                    event.kind()
+                );
+            }
+        }
+    }
+
+    fn outcome_of(flag: Option<bool>) -> Outcome {
+        match flag {
+            Some(true) => Outcome::Invalid,
+            Some(false) => Outcome::Valid,
+            None => Outcome::Unknown,
+        }
+    }
+
+    #[test]
+    fn gc_pause_report_agrees_with_each_recorded_run_and_points_at_its_proof() {
+        let text = super::fixture("gc-pause-token-restart.jsonl");
+        let recorded = Recorded::from_jsonl(&text).unwrap();
+        let report = lockslab::labs::gc_pause::verdict::check(&recorded.events);
+        let runs = recorded.verdict.as_ref().unwrap()["runs"]
+            .as_array()
+            .unwrap();
+        let exclusion = named(&report, "mutual exclusion");
+        let stale = named(&report, "stale write");
+        assert_eq!((exclusion.len(), stale.len()), (runs.len(), runs.len()));
+        for ((run, exclusion), stale) in runs.iter().zip(exclusion).zip(stale) {
+            assert_eq!(
+                exclusion.outcome,
+                outcome_of(run["two_holders"].as_bool()),
+                "{exclusion:?}"
+            );
+            let stale_taken = run["late_write"] == "accepted"
+                || run["a_stale_write_accepted"] == Value::Bool(true);
+            assert_eq!(stale.outcome, outcome_of(Some(stale_taken)), "{stale:?}");
+            // The store's decision order is the proof of every stale-write finding.
+            assert!(
+                stale
+                    .events
+                    .iter()
+                    .any(|&at| recorded.events[at].kind() == Kind::ReadBack),
+                "{stale:?}"
+            );
+        }
+        points_at(
+            &recorded,
+            &report,
+            "mutual exclusion",
+            &[Kind::Released, Kind::Acquired, Kind::Pttl, Kind::ReadBack],
+        );
+        points_at(
+            &recorded,
+            &report,
+            "stale write",
+            &[Kind::ReadBack, Kind::Wrote],
+        );
+        // Some runs refused the stale write, some took it: the lab as a whole is invalid.
+        assert_eq!(report.outcome, Outcome::Invalid);
+        assert!(report.with(Outcome::Valid).count() > 0);
+    }
+}
