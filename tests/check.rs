@@ -293,7 +293,7 @@ fn stdin_is_read_with_a_dash_and_help_shows_examples() {
 /// of a kind that can prove it.
 mod reports {
     use lockslab::check::report::{Outcome, Report};
-    use lockslab::events::Kind;
+    use lockslab::events::{Event, Kind};
     use lockslab::reproduce::Recorded;
     use serde_json::Value;
 
@@ -326,6 +326,22 @@ mod reports {
         }
     }
 
+    /// The fixture `name` read back, its history judged by `check`, and its verdict's list
+    /// `parts` (the runs or modes the findings are about, in order).
+    fn judged(
+        name: &str,
+        check: fn(&[Event]) -> Report,
+        parts: &str,
+    ) -> (Recorded, Report, Vec<Value>) {
+        let recorded = Recorded::from_jsonl(&super::fixture(name)).unwrap();
+        let report = check(&recorded.events);
+        let parts = recorded.verdict.as_ref().unwrap()[parts]
+            .as_array()
+            .unwrap()
+            .clone();
+        (recorded, report, parts)
+    }
+
     fn outcome_of(flag: Option<bool>) -> Outcome {
         match flag {
             Some(true) => Outcome::Invalid,
@@ -336,12 +352,11 @@ mod reports {
 
     #[test]
     fn gc_pause_report_agrees_with_each_recorded_run_and_points_at_its_proof() {
-        let text = super::fixture("gc-pause-token-restart.jsonl");
-        let recorded = Recorded::from_jsonl(&text).unwrap();
-        let report = lockslab::labs::gc_pause::verdict::check(&recorded.events);
-        let runs = recorded.verdict.as_ref().unwrap()["runs"]
-            .as_array()
-            .unwrap();
+        let (recorded, report, runs) = judged(
+            "gc-pause-token-restart.jsonl",
+            lockslab::labs::gc_pause::verdict::check,
+            "runs",
+        );
         let exclusion = named(&report, "mutual exclusion");
         let stale = named(&report, "stale write");
         assert_eq!((exclusion.len(), stale.len()), (runs.len(), runs.len()));
@@ -378,5 +393,52 @@ mod reports {
         // Some runs refused the stale write, some took it: the lab as a whole is invalid.
         assert_eq!(report.outcome, Outcome::Invalid);
         assert!(report.with(Outcome::Valid).count() > 0);
+    }
+
+    #[test]
+    fn skip_locked_report_agrees_with_each_recorded_mode_and_points_at_its_proof() {
+        let (recorded, report, modes) = judged(
+            "skip-locked.jsonl",
+            lockslab::labs::skip_locked::check,
+            "modes",
+        );
+        let once = named(&report, "exactly once");
+        let killed = named(&report, "killed worker's job");
+        assert_eq!((once.len(), killed.len()), (modes.len(), modes.len()));
+        for ((mode, once), killed) in modes.iter().zip(once).zip(killed) {
+            assert!(once.name.contains(mode["mode"].as_str().unwrap()));
+            let clean = mode["duplicates"] == 0 && mode["lost"] == 0;
+            let expected = if clean {
+                Outcome::Valid
+            } else {
+                Outcome::Invalid
+            };
+            assert_eq!(once.outcome, expected, "{once:?}");
+            // A reclaim time is recorded exactly when another worker claimed the job.
+            assert_eq!(
+                killed.outcome == Outcome::Valid,
+                !mode["reclaim_ms"].is_null(),
+                "{killed:?}"
+            );
+        }
+        points_at(
+            &recorded,
+            &report,
+            "exactly once",
+            &[Kind::ExactlyOnce, Kind::Violation],
+        );
+        points_at(
+            &recorded,
+            &report,
+            "killed worker's job",
+            &[Kind::Killed, Kind::Reclaimed, Kind::JobLost],
+        );
+        points_at(
+            &recorded,
+            &report,
+            "frozen worker's job",
+            &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+        );
+        assert_eq!(report.outcome, Outcome::Invalid, "the naive claim breaks");
     }
 }
