@@ -127,6 +127,22 @@ impl Report {
         report
     }
 
+    /// A report from a checker that lists what broke (each with its kind and a sentence)
+    /// and what it left open (a sentence each), without pointing at events: each broken
+    /// thing an invalid finding, each open question an unknown one.
+    pub fn of_lists(
+        broken: impl IntoIterator<Item = (&'static str, String)>,
+        open: impl IntoIterator<Item = String>,
+    ) -> Report {
+        let broken = broken
+            .into_iter()
+            .map(|(kind, words)| Finding::new(kind, Outcome::Invalid, words, []));
+        let open = open
+            .into_iter()
+            .map(|why| Finding::new("unknown", Outcome::Unknown, why, []));
+        Report::of(broken.chain(open))
+    }
+
     pub fn push(&mut self, finding: Finding) {
         self.outcome = self.outcome.merge(finding.outcome);
         self.findings.push(finding);
