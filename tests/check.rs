@@ -396,6 +396,24 @@ mod reports {
     }
 
     #[test]
+    fn a_history_without_the_store_read_back_is_unknown_never_a_pass() {
+        // Recorded before the read-back was an event: its history alone cannot say what
+        // the store decided (`lockslab check` takes it from the verdict instead).
+        let (_, report, runs) = judged(
+            "gc-pause.jsonl",
+            lockslab::labs::gc_pause::verdict::check,
+            "runs",
+        );
+        assert_eq!(report.outcome, Outcome::Unknown, "{report:?}");
+        let open = named(&report, "evidence");
+        assert_eq!(open.len(), runs.len());
+        assert!(
+            open.iter().all(|f| f.words.contains("read-back")),
+            "{open:?}"
+        );
+    }
+
+    #[test]
     fn skip_locked_report_agrees_with_each_recorded_mode_and_points_at_its_proof() {
         let (recorded, report, modes) = judged(
             "skip-locked.jsonl",
