@@ -414,6 +414,32 @@ mod reports {
     }
 
     #[test]
+    fn naive_report_agrees_with_each_recorded_run_and_points_at_redis_answers() {
+        let (recorded, report, scenarios) =
+            judged("naive.jsonl", lockslab::labs::naive::check, "scenarios");
+        for scenario in &scenarios {
+            let name = scenario["name"].as_str().unwrap();
+            for variant in ["broken", "fixed"] {
+                let title = format!("mutual exclusion ({name}, {variant})");
+                let finding = report.findings.iter().find(|f| f.name == title).unwrap();
+                let broken = scenario[variant]["violations"].as_u64().unwrap() > 0;
+                assert_eq!(finding.outcome, outcome_of(Some(broken)), "{finding:?}");
+                // Redis's own answer decides, not what a worker believed.
+                let [at] = finding.events[..] else {
+                    panic!("{finding:?} points at no single answer")
+                };
+                let event = &recorded.events[at];
+                assert!(
+                    event.worker == "redis" && event.observed().is_some(),
+                    "{title}: event {at} is {event:?}"
+                );
+            }
+        }
+        assert_eq!(report.findings.len(), 2 * scenarios.len());
+        assert_eq!(report.outcome, Outcome::Invalid, "the broken lock breaks");
+    }
+
+    #[test]
     fn skip_locked_report_agrees_with_each_recorded_mode_and_points_at_its_proof() {
         let (recorded, report, modes) = judged(
             "skip-locked.jsonl",

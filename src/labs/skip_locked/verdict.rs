@@ -172,10 +172,8 @@ pub fn check(history: &[Event]) -> Report {
         }
     }
     Report::compose(modes.into_iter().map(|mode| {
-        let positions: Vec<usize> = (0..history.len())
-            .filter(|&i| history[i].part.mode.as_deref() == Some(mode))
-            .collect();
-        let log: Vec<Event> = positions.iter().map(|&i| history[i].clone()).collect();
+        let (positions, log) =
+            replay::part_with_positions(history, |e| e.part.mode.as_deref() == Some(mode));
         let mut found = check_mode(&log);
         // Positions in the mode's own events, moved to positions in the whole history.
         for finding in &mut found.findings {
