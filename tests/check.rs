@@ -307,21 +307,24 @@ mod reports {
             .collect()
     }
 
-    /// Every event a finding named `name` points at exists in `recorded` and is one of `kinds`.
-    fn points_at(recorded: &Recorded, report: &Report, name: &str, kinds: &[Kind]) {
-        for finding in named(report, name) {
-            assert!(!finding.events.is_empty(), "{finding:?} points at nothing");
-            for &at in &finding.events {
-                let event = recorded
-                    .events
-                    .get(at)
-                    .unwrap_or_else(|| panic!("{finding:?}: no event {at}"));
-                assert!(
-                    kinds.contains(&event.kind()),
-                    "{}: event {at} is a {:?}, which proves nothing here",
-                    finding.name,
-                    event.kind()
-                );
+    /// Every event a finding named `name` points at exists in `recorded` and is one of the
+    /// `kinds` given with that name: the kinds of event that can prove such a finding.
+    fn points_at(recorded: &Recorded, report: &Report, proofs: &[(&str, &[Kind])]) {
+        for (name, kinds) in proofs {
+            for finding in named(report, name) {
+                assert!(!finding.events.is_empty(), "{finding:?} points at nothing");
+                for &at in &finding.events {
+                    let event = recorded
+                        .events
+                        .get(at)
+                        .unwrap_or_else(|| panic!("{finding:?}: no event {at}"));
+                    assert!(
+                        kinds.contains(&event.kind()),
+                        "{}: event {at} is a {:?}, which proves nothing here",
+                        finding.name,
+                        event.kind()
+                    );
+                }
             }
         }
     }
@@ -381,14 +384,13 @@ mod reports {
         points_at(
             &recorded,
             &report,
-            "mutual exclusion",
-            &[Kind::Released, Kind::Acquired, Kind::Pttl, Kind::ReadBack],
-        );
-        points_at(
-            &recorded,
-            &report,
-            "stale write",
-            &[Kind::ReadBack, Kind::Wrote],
+            &[
+                (
+                    "mutual exclusion",
+                    &[Kind::Released, Kind::Acquired, Kind::Pttl, Kind::ReadBack],
+                ),
+                ("stale write", &[Kind::ReadBack, Kind::Wrote]),
+            ],
         );
         // Some runs refused the stale write, some took it: the lab as a whole is invalid.
         assert_eq!(report.outcome, Outcome::Invalid);
@@ -440,6 +442,55 @@ mod reports {
     }
 
     #[test]
+    fn no_lock_report_agrees_with_each_recorded_approach_and_points_at_its_proof() {
+        let (recorded, report, approaches) = judged(
+            "no-lock.jsonl",
+            lockslab::labs::no_lock::check,
+            "approaches",
+        );
+        let find = |name: &str, approach: &str| {
+            let title = format!("{name} (approach {approach})");
+            report.findings.iter().find(|f| f.name == title).cloned()
+        };
+        for approach in &approaches {
+            let name = approach["name"].as_str().unwrap();
+            let once = find("exactly once", name).unwrap();
+            let clean = approach["duplicates"] == 0
+                && approach["lost_jobs"] == 0
+                && approach["lost_updates"] == 0;
+            assert_eq!(once.outcome, outcome_of(Some(!clean)), "{once:?}");
+            for (finding, field) in [
+                ("under freeze", "correct_under_freeze"),
+                ("under kill", "correct_under_kill"),
+            ] {
+                let right = approach[field].as_bool();
+                match find(finding, name) {
+                    Some(found) => {
+                        assert_eq!(found.outcome, outcome_of(right.map(|r| !r)), "{found:?}")
+                    }
+                    None => assert!(right.is_none(), "{name}: no {finding} finding"),
+                }
+            }
+        }
+        points_at(
+            &recorded,
+            &report,
+            &[
+                ("exactly once", &[Kind::ExactlyOnce, Kind::Violation]),
+                (
+                    "under freeze",
+                    &[Kind::Frozen, Kind::ExactlyOnce, Kind::Violation],
+                ),
+                (
+                    "under kill",
+                    &[Kind::Killed, Kind::ExactlyOnce, Kind::Violation],
+                ),
+            ],
+        );
+        assert_eq!(report.outcome, Outcome::Invalid);
+    }
+
+    #[test]
     fn skip_locked_report_agrees_with_each_recorded_mode_and_points_at_its_proof() {
         let (recorded, report, modes) = judged(
             "skip-locked.jsonl",
@@ -468,20 +519,17 @@ mod reports {
         points_at(
             &recorded,
             &report,
-            "exactly once",
-            &[Kind::ExactlyOnce, Kind::Violation],
-        );
-        points_at(
-            &recorded,
-            &report,
-            "killed worker's job",
-            &[Kind::Killed, Kind::Reclaimed, Kind::JobLost],
-        );
-        points_at(
-            &recorded,
-            &report,
-            "frozen worker's job",
-            &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+            &[
+                ("exactly once", &[Kind::ExactlyOnce, Kind::Violation]),
+                (
+                    "killed worker's job",
+                    &[Kind::Killed, Kind::Reclaimed, Kind::JobLost],
+                ),
+                (
+                    "frozen worker's job",
+                    &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+                ),
+            ],
         );
         assert_eq!(report.outcome, Outcome::Invalid, "the naive claim breaks");
     }
