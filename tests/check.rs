@@ -287,3 +287,250 @@ fn stdin_is_read_with_a_dash_and_help_shows_examples() {
         "{help}"
     );
 }
+
+/// A lab's checker over a recorded history: the [`Report`]'s outcome for each run agrees
+/// with the verdict the run recorded, and every finding points at events that exist and are
+/// of a kind that can prove it.
+mod reports {
+    use lockslab::check::report::{Outcome, Report};
+    use lockslab::events::{Event, Kind};
+    use lockslab::reproduce::Recorded;
+    use serde_json::Value;
+
+    /// The findings named `name` in `report`, in order (one per run).
+    fn named<'a>(report: &'a Report, name: &str) -> Vec<&'a lockslab::check::report::Finding> {
+        let prefix = format!("{name} (");
+        report
+            .findings
+            .iter()
+            .filter(|f| f.name.starts_with(&prefix))
+            .collect()
+    }
+
+    /// Every event a finding named `name` points at exists in `recorded` and is one of the
+    /// `kinds` given with that name: the kinds of event that can prove such a finding.
+    fn points_at(recorded: &Recorded, report: &Report, proofs: &[(&str, &[Kind])]) {
+        for (name, kinds) in proofs {
+            for finding in named(report, name) {
+                assert!(!finding.events.is_empty(), "{finding:?} points at nothing");
+                for &at in &finding.events {
+                    let event = recorded
+                        .events
+                        .get(at)
+                        .unwrap_or_else(|| panic!("{finding:?}: no event {at}"));
+                    assert!(
+                        kinds.contains(&event.kind()),
+                        "{}: event {at} is a {:?}, which proves nothing here",
+                        finding.name,
+                        event.kind()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The fixture `name` read back, its history judged by `check`, and its verdict's list
+    /// `parts` (the runs or modes the findings are about, in order).
+    fn judged(
+        name: &str,
+        check: fn(&[Event]) -> Report,
+        parts: &str,
+    ) -> (Recorded, Report, Vec<Value>) {
+        let recorded = Recorded::from_jsonl(&super::fixture(name)).unwrap();
+        let report = check(&recorded.events);
+        let parts = recorded.verdict.as_ref().unwrap()[parts]
+            .as_array()
+            .unwrap()
+            .clone();
+        (recorded, report, parts)
+    }
+
+    fn outcome_of(flag: Option<bool>) -> Outcome {
+        match flag {
+            Some(true) => Outcome::Invalid,
+            Some(false) => Outcome::Valid,
+            None => Outcome::Unknown,
+        }
+    }
+
+    #[test]
+    fn gc_pause_report_agrees_with_each_recorded_run_and_points_at_its_proof() {
+        let (recorded, report, runs) = judged(
+            "gc-pause-token-restart.jsonl",
+            lockslab::labs::gc_pause::verdict::check,
+            "runs",
+        );
+        let exclusion = named(&report, "mutual exclusion");
+        let stale = named(&report, "stale write");
+        assert_eq!((exclusion.len(), stale.len()), (runs.len(), runs.len()));
+        for ((run, exclusion), stale) in runs.iter().zip(exclusion).zip(stale) {
+            assert_eq!(
+                exclusion.outcome,
+                outcome_of(run["two_holders"].as_bool()),
+                "{exclusion:?}"
+            );
+            let stale_taken = run["late_write"] == "accepted"
+                || run["a_stale_write_accepted"] == Value::Bool(true);
+            assert_eq!(stale.outcome, outcome_of(Some(stale_taken)), "{stale:?}");
+            // The store's decision order is the proof of every stale-write finding.
+            assert!(
+                stale
+                    .events
+                    .iter()
+                    .any(|&at| recorded.events[at].kind() == Kind::ReadBack),
+                "{stale:?}"
+            );
+        }
+        points_at(
+            &recorded,
+            &report,
+            &[
+                (
+                    "mutual exclusion",
+                    &[Kind::Released, Kind::Acquired, Kind::Pttl, Kind::ReadBack],
+                ),
+                ("stale write", &[Kind::ReadBack, Kind::Wrote]),
+            ],
+        );
+        // Some runs refused the stale write, some took it: the lab as a whole is invalid.
+        assert_eq!(report.outcome, Outcome::Invalid);
+        assert!(report.with(Outcome::Valid).count() > 0);
+    }
+
+    #[test]
+    fn a_history_without_the_store_read_back_is_unknown_never_a_pass() {
+        // Recorded before the read-back was an event: its history alone cannot say what
+        // the store decided (`lockslab check` takes it from the verdict instead).
+        let (_, report, runs) = judged(
+            "gc-pause.jsonl",
+            lockslab::labs::gc_pause::verdict::check,
+            "runs",
+        );
+        assert_eq!(report.outcome, Outcome::Unknown, "{report:?}");
+        let open = named(&report, "evidence");
+        assert_eq!(open.len(), runs.len());
+        assert!(
+            open.iter().all(|f| f.words.contains("read-back")),
+            "{open:?}"
+        );
+    }
+
+    #[test]
+    fn naive_report_agrees_with_each_recorded_run_and_points_at_redis_answers() {
+        let (recorded, report, scenarios) =
+            judged("naive.jsonl", lockslab::labs::naive::check, "scenarios");
+        for scenario in &scenarios {
+            let name = scenario["name"].as_str().unwrap();
+            for variant in ["broken", "fixed"] {
+                let title = format!("mutual exclusion ({name}, {variant})");
+                let finding = report.findings.iter().find(|f| f.name == title).unwrap();
+                let broken = scenario[variant]["violations"].as_u64().unwrap() > 0;
+                assert_eq!(finding.outcome, outcome_of(Some(broken)), "{finding:?}");
+                // Redis's own answer decides, not what a worker believed.
+                let [at] = finding.events[..] else {
+                    panic!("{finding:?} points at no single answer")
+                };
+                let event = &recorded.events[at];
+                assert!(
+                    event.worker == "redis" && event.observed().is_some(),
+                    "{title}: event {at} is {event:?}"
+                );
+            }
+        }
+        assert_eq!(report.findings.len(), 2 * scenarios.len());
+        assert_eq!(report.outcome, Outcome::Invalid, "the broken lock breaks");
+    }
+
+    #[test]
+    fn no_lock_report_agrees_with_each_recorded_approach_and_points_at_its_proof() {
+        let (recorded, report, approaches) = judged(
+            "no-lock.jsonl",
+            lockslab::labs::no_lock::check,
+            "approaches",
+        );
+        let find = |name: &str, approach: &str| {
+            let title = format!("{name} (approach {approach})");
+            report.findings.iter().find(|f| f.name == title).cloned()
+        };
+        for approach in &approaches {
+            let name = approach["name"].as_str().unwrap();
+            let once = find("exactly once", name).unwrap();
+            let clean = approach["duplicates"] == 0
+                && approach["lost_jobs"] == 0
+                && approach["lost_updates"] == 0;
+            assert_eq!(once.outcome, outcome_of(Some(!clean)), "{once:?}");
+            for (finding, field) in [
+                ("under freeze", "correct_under_freeze"),
+                ("under kill", "correct_under_kill"),
+            ] {
+                let right = approach[field].as_bool();
+                match find(finding, name) {
+                    Some(found) => {
+                        assert_eq!(found.outcome, outcome_of(right.map(|r| !r)), "{found:?}")
+                    }
+                    None => assert!(right.is_none(), "{name}: no {finding} finding"),
+                }
+            }
+        }
+        points_at(
+            &recorded,
+            &report,
+            &[
+                ("exactly once", &[Kind::ExactlyOnce, Kind::Violation]),
+                (
+                    "under freeze",
+                    &[Kind::Frozen, Kind::ExactlyOnce, Kind::Violation],
+                ),
+                (
+                    "under kill",
+                    &[Kind::Killed, Kind::ExactlyOnce, Kind::Violation],
+                ),
+            ],
+        );
+        assert_eq!(report.outcome, Outcome::Invalid);
+    }
+
+    #[test]
+    fn skip_locked_report_agrees_with_each_recorded_mode_and_points_at_its_proof() {
+        let (recorded, report, modes) = judged(
+            "skip-locked.jsonl",
+            lockslab::labs::skip_locked::check,
+            "modes",
+        );
+        let once = named(&report, "exactly once");
+        let killed = named(&report, "killed worker's job");
+        assert_eq!((once.len(), killed.len()), (modes.len(), modes.len()));
+        for ((mode, once), killed) in modes.iter().zip(once).zip(killed) {
+            assert!(once.name.contains(mode["mode"].as_str().unwrap()));
+            let clean = mode["duplicates"] == 0 && mode["lost"] == 0;
+            let expected = if clean {
+                Outcome::Valid
+            } else {
+                Outcome::Invalid
+            };
+            assert_eq!(once.outcome, expected, "{once:?}");
+            // A reclaim time is recorded exactly when another worker claimed the job.
+            assert_eq!(
+                killed.outcome == Outcome::Valid,
+                !mode["reclaim_ms"].is_null(),
+                "{killed:?}"
+            );
+        }
+        points_at(
+            &recorded,
+            &report,
+            &[
+                ("exactly once", &[Kind::ExactlyOnce, Kind::Violation]),
+                (
+                    "killed worker's job",
+                    &[Kind::Killed, Kind::Reclaimed, Kind::JobLost],
+                ),
+                (
+                    "frozen worker's job",
+                    &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+                ),
+            ],
+        );
+        assert_eq!(report.outcome, Outcome::Invalid, "the naive claim breaks");
+    }
+}

@@ -45,6 +45,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::report::{self, Outcome};
+
 mod items;
 pub use items::Gone;
 
@@ -1022,7 +1024,8 @@ fn fences_that_did_not_rise(changes: &[Change], deliveries: &[Delivery]) -> Vec<
     problems
 }
 
-/// The verdict's one word, and the exit status it maps to.
+/// The verdict's one word, and the exit status it maps to: the run's [`Outcome`] in the
+/// grader's words (`pass`, `fail`, `unknown`), which its JSON and exit status keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grade {
@@ -1061,15 +1064,30 @@ impl Grade {
     }
 }
 
-impl Report {
-    pub fn grade(&self) -> Grade {
-        if !self.problems.is_empty() {
-            Grade::Fail
-        } else if !self.undecided.is_empty() {
-            Grade::Undecided
-        } else {
-            Grade::Pass
+impl From<Outcome> for Grade {
+    fn from(outcome: Outcome) -> Grade {
+        match outcome {
+            Outcome::Valid => Grade::Pass,
+            Outcome::Invalid => Grade::Fail,
+            Outcome::Unknown => Grade::Undecided,
         }
+    }
+}
+
+impl Report {
+    /// The run as the one result every checker gives: each problem an invalid finding,
+    /// each undecided question an unknown one, merged by Jepsen's rule. (The findings name
+    /// no events yet: the grader reads the store's change log, not positions in the history.)
+    pub fn report(&self) -> report::Report {
+        report::Report::of_lists(
+            self.problems.iter().map(|p| (p.kind(), p.describe())),
+            self.undecided.iter().cloned(),
+        )
+    }
+
+    /// The outcome in the grader's words: pass, fail, unknown.
+    pub fn grade(&self) -> Grade {
+        self.report().outcome.into()
     }
 }
 

@@ -28,6 +28,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::report::{self, Outcome};
+
 /// One attempt the store decided, in its decision order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ChaosAttempt {
@@ -199,7 +201,9 @@ pub struct Report {
     pub attempts: usize,
 }
 
-/// The one-word result of a history: what the exit status and the matrix say.
+/// The one-word result of a history, as `chaos` and the matrix word it: the history's
+/// [`Outcome`] (valid, invalid, unknown) under the names their output has always used
+/// (`safe`, `unsafe`, `unknown`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Judgement {
@@ -208,15 +212,30 @@ pub enum Judgement {
     Unknown,
 }
 
-impl Report {
-    pub fn judgement(&self) -> Judgement {
-        if !self.violations.is_empty() {
-            Judgement::Unsafe
-        } else if !self.unknowns.is_empty() {
-            Judgement::Unknown
-        } else {
-            Judgement::Safe
+impl From<Outcome> for Judgement {
+    fn from(outcome: Outcome) -> Judgement {
+        match outcome {
+            Outcome::Valid => Judgement::Safe,
+            Outcome::Invalid => Judgement::Unsafe,
+            Outcome::Unknown => Judgement::Unknown,
         }
+    }
+}
+
+impl Report {
+    /// What one history broke and left open, as the one result every checker gives: each
+    /// violation an invalid finding, each unknown an unknown one, merged by Jepsen's rule.
+    /// (The findings name no events yet: this checker reads the store's records and the
+    /// clients' releases, not positions in the history.)
+    pub fn report(&self) -> report::Report {
+        report::Report::of_lists(
+            self.violations.iter().map(|v| (v.kind(), v.describe())),
+            self.unknowns.iter().cloned(),
+        )
+    }
+
+    pub fn judgement(&self) -> Judgement {
+        self.report().outcome.into()
     }
 }
 
@@ -475,9 +494,15 @@ mod tests {
             &[1, 2],
             vec![attempt("A", 1, 0, true, 1), attempt("B", 2, 0, true, 2)],
         );
+        let report = check(&Heard::default(), &[missing, broken], false);
+        assert_eq!(report.judgement(), Judgement::Unsafe);
+        // The same, as the one result type: one finding per violation and per unknown.
+        let merged = report.report();
+        assert_eq!(merged.outcome, Outcome::Invalid);
         assert_eq!(
-            check(&Heard::default(), &[missing, broken], false).judgement(),
-            Judgement::Unsafe
+            merged.with(Outcome::Invalid).count(),
+            report.violations.len()
         );
+        assert_eq!(merged.with(Outcome::Unknown).count(), 1);
     }
 }

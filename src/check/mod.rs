@@ -15,6 +15,10 @@
 //!
 //! Where the evidence cannot decide, the answer is [`Finding::Unknown`], never a guess.
 //! Every function is pure, so each edge is a unit test on a small hand-written history.
+//!
+//! A lab's checker puts these answers together as one [`report::Report`]: an outcome
+//! (valid, invalid, unknown) that composes, and findings that each name the events of the
+//! history that prove them.
 
 pub mod challenge;
 pub mod chaos;
@@ -27,6 +31,7 @@ pub mod network;
 pub mod no_lock;
 pub mod queue;
 pub mod redlock;
+pub mod report;
 pub mod skip_locked;
 
 use serde::Serialize;

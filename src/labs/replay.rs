@@ -179,6 +179,18 @@ pub fn part_of(events: &[Event], belongs: impl Fn(&Event) -> bool) -> Vec<Event>
     events.iter().filter(|e| belongs(e)).cloned().collect()
 }
 
+/// The events `belongs` picks, in order, and where each stands in `events`: a checker that
+/// judges the part points its findings back into the whole history.
+pub fn part_with_positions(
+    events: &[Event],
+    belongs: impl Fn(&Event) -> bool,
+) -> (Vec<usize>, Vec<Event>) {
+    (0..events.len())
+        .filter(|&i| belongs(&events[i]))
+        .map(|i| (i, events[i].clone()))
+        .unzip()
+}
+
 /// The history cut where the lab announced each run (its `run` events): one piece per run,
 /// in order, the events before the first left out. None when `runs` runs were not announced.
 pub fn cut_at_runs(events: &[Event], runs: usize) -> Option<Vec<Vec<Event>>> {

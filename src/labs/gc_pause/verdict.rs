@@ -3,14 +3,15 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow};
 use colored::Colorize;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::Plan;
-use crate::check::LateWrite;
-use crate::check::gc_pause::{self as checks, Evidence};
+use crate::check::gc_pause::{self as checks, Evidence, Findings};
+use crate::check::report::{self, Report};
+use crate::check::{Finding, LateWrite};
 use crate::events::facts::StaleWrite;
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
@@ -103,6 +104,30 @@ pub struct Heard {
     pub a_lease_until_ms: Option<u64>,
     /// Lab clock (ms): B's grant had been reported by then.
     pub b_granted_by_ms: Option<u64>,
+}
+
+impl Heard {
+    /// The checkers' findings from what the servers answered and the store's record; an
+    /// error when the store's record disagrees with itself (no verdict is read from it).
+    pub fn judged(&self, read: &ReadBack) -> Result<Findings> {
+        checks::judge(&Evidence {
+            a_release: &self.a_release,
+            b_owner: self.b_owner.as_deref(),
+            b_release: self.b_release.as_ref(),
+            attempts: &read.attempts,
+            final_writer: read.final_writer.as_deref(),
+            a_key_gone_before_write: self.a_key_gone_before_write,
+            a_lease_until_ms: self.a_lease_until_ms,
+            b_granted_by_ms: self.b_granted_by_ms,
+        })
+        .map_err(|wrong| {
+            anyhow!(
+                "the store's record disagrees with itself: its final writer is {:?} but its \
+                 last accepted attempt is not",
+                wrong.final_writer
+            )
+        })
+    }
 }
 
 /// Reads one run's history (its events only) for what the servers answered the workers.
@@ -233,6 +258,144 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     Ok(replayed)
 }
 
+/// Lab 1's checker: the whole history, every run in it, judged as one [`Report`].
+///
+/// The history is cut where the lab announced each run (its `run` events; a history without
+/// them is one run), and each run gives two findings, both from the same checkers the
+/// verdict's table is read from ([`checks::judge`]):
+///
+/// - **mutual exclusion**: did Redis grant B the lock while A still held it? Proved by A's
+///   release (it found B's key), B's grant reported before A's lease could end (the PTTL
+///   answered before a crash), or the store deciding A's write after B's;
+/// - **stale write**: did the store take a write A made once its lease was over? Proved by
+///   the store's read-back (its decision order) and the two writes.
+///
+/// A run whose history lacks what decides (A's release, the read-back) is unknown, with the
+/// reason, never a pass. Each finding's events are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let starts: Vec<usize> = (0..history.len())
+        .filter(|&i| history[i].is("lab", Kind::Run))
+        .collect();
+    let starts = if starts.is_empty() { vec![0] } else { starts };
+    Report::compose(starts.iter().enumerate().map(|(n, &from)| {
+        let to = starts.get(n + 1).copied().unwrap_or(history.len());
+        let run = &history[from..to];
+        let label = run.first().map(|e| e.part.label()).unwrap_or_default();
+        check_run(run)
+            .shifted(from)
+            .about(&format!("run {}: {label}", n + 1))
+    }))
+}
+
+/// One run's two findings; event positions are in `log`.
+fn check_run(log: &[Event]) -> Report {
+    let unknown = |why: String| {
+        Report::of([report::Finding::new(
+            "evidence",
+            report::Outcome::Unknown,
+            why,
+            [],
+        )])
+    };
+    let (heard, read) = match (heard(log), replay::read_back(log)) {
+        (Ok(heard), Ok(read)) => (heard, read),
+        (Err(why), _) | (_, Err(why)) => return unknown(format!("{why:#}")),
+    };
+    let found = match heard.judged(&read) {
+        Ok(found) => found,
+        Err(why) => return unknown(format!("{why:#}")),
+    };
+    let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
+    let read_back_at = log.iter().rposition(|e| e.kind() == Kind::ReadBack);
+    Report::of([
+        mutual_exclusion(&found, &heard, &at, read_back_at),
+        stale_write(&found, &at, read_back_at),
+    ])
+}
+
+/// Whether Redis handed the lock to B while A still held it, and the answers that say so.
+fn mutual_exclusion(
+    found: &Findings,
+    heard: &Heard,
+    at: &dyn Fn(&str, Kind) -> Option<usize>,
+    read_back_at: Option<usize>,
+) -> report::Finding {
+    // A's release and B's grant always; then whichever answer settled it.
+    let mut events: Vec<Option<usize>> = vec![at("A", Kind::Released), at("B", Kind::Acquired)];
+    let words = match found.two_holders {
+        Finding::Yes if found.b_granted_within_a_lease == Finding::Yes => {
+            events.push(at("redis", Kind::Pttl));
+            "Redis granted B the lock before A's lease could have ended (by the PTTL it \
+             answered): two holders at once"
+        }
+        Finding::Yes if matches!(heard.a_release, Release::HeldBy(_)) => {
+            "A's release found B's key: Redis had granted B the lock while A still held it"
+        }
+        Finding::Yes => {
+            events.push(read_back_at);
+            "the store decided A's write after B's accepted one: B held the lock before A \
+             let go"
+        }
+        Finding::No if heard.b_owner.is_none() => "Redis never granted B the lock",
+        Finding::No if heard.a_release.deleted() => {
+            "A's release deleted its own key: A held the lock until it let go"
+        }
+        Finding::No => {
+            events.push(at("B", Kind::Released));
+            "A's key was gone when it let go and B's lived until B's release: Redis granted B \
+             only after A let go"
+        }
+        Finding::Unknown => {
+            events.push(at("B", Kind::Released));
+            "A's and B's keys had both expired before they let go: Redis's answers cannot \
+             order B's grant against A's release"
+        }
+    };
+    report::Finding::new(
+        "mutual exclusion",
+        report::Outcome::broken_if(found.two_holders),
+        words,
+        events.into_iter().flatten(),
+    )
+}
+
+/// Whether the store took a write A made after its lease was over, by the store's
+/// decision order.
+fn stale_write(
+    found: &Findings,
+    at: &dyn Fn(&str, Kind) -> Option<usize>,
+    read_back_at: Option<usize>,
+) -> report::Finding {
+    let (outcome, words) = match (found.late_write, found.a_stale_write_accepted) {
+        (LateWrite::Accepted, _) => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        (_, Some(true)) => (
+            report::Outcome::Invalid,
+            "the store took A's write, made after A's key was gone",
+        ),
+        (LateWrite::Rejected, _) => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+        (LateWrite::None, Some(false)) => (
+            report::Outcome::Valid,
+            "the store refused A's write, made after A's key was gone",
+        ),
+        (LateWrite::None, _) if !found.a_write_recorded => (
+            report::Outcome::Valid,
+            "the store has no record of A's write: it took no effect",
+        ),
+        (LateWrite::None, _) => (
+            report::Outcome::Valid,
+            "the store decided A's write before B's, while it was not stale",
+        ),
+    };
+    let events = [read_back_at, at("A", Kind::Wrote), at("B", Kind::Wrote)];
+    report::Finding::new("stale write", outcome, words, events.into_iter().flatten())
+}
+
 /// What one run found. Every field comes from a backend's answer: Redis's (who held the
 /// lock when) or the store's (which write it decided last, and what it decided).
 #[derive(Serialize, Debug, Clone)]
@@ -316,22 +479,7 @@ impl RunVerdict {
     /// Judges the run from Redis's answers and the store's record (the checkers decide;
     /// this only lays their findings out for the table and `--json`).
     pub fn judge(setup: Setup, heard: &Heard, read: ReadBack) -> Result<RunVerdict> {
-        let found = match checks::judge(&Evidence {
-            a_release: &heard.a_release,
-            b_owner: heard.b_owner.as_deref(),
-            b_release: heard.b_release.as_ref(),
-            attempts: &read.attempts,
-            final_writer: read.final_writer.as_deref(),
-            a_key_gone_before_write: heard.a_key_gone_before_write,
-            a_lease_until_ms: heard.a_lease_until_ms,
-            b_granted_by_ms: heard.b_granted_by_ms,
-        }) {
-            Ok(found) => found,
-            Err(wrong) => bail!(
-                "the store's record disagrees with itself: its final writer is {:?} but its last accepted attempt is not",
-                wrong.final_writer
-            ),
-        };
+        let found = heard.judged(&read)?;
         Ok(RunVerdict {
             fencing: setup.store_rule.is_some(),
             store_rule: setup.store_rule,

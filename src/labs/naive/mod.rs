@@ -33,7 +33,7 @@ mod example;
 mod race;
 mod stuck;
 mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 mod wrong_release;
 
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@ use super::example::Example;
 use super::{Plan, Scenario, pttl_text, short};
 use crate::check::Finding;
 use crate::check::naive as checks;
+use crate::check::report::{self, Report};
 use crate::events::Event;
 use crate::events::What;
 use crate::events::facts::Observed;
@@ -116,69 +117,145 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let ttl_ms = replay::list(verdict, "scenarios")?
         .iter()
         .find_map(|s| s["fixed"]["ttl_ms"].as_u64())
-        .or_else(|| {
-            events.iter().find_map(|e| match &e.what {
-                What::Pttl(p) if e.part.variant.as_deref() == Some("fixed") => {
-                    (p.pttl_ms > 0).then_some(p.pttl_ms as u64)
-                }
-                _ => None,
-            })
-        });
+        .or_else(|| lease_read(events));
     for scenario in replay::list(verdict, "scenarios")? {
         let name = replay::text(scenario, "name")?;
         for variant in ["broken", "fixed"] {
-            let log = replay::part_of(events, |e| {
-                e.part.scenario.as_deref() == Some(name)
-                    && e.part.variant.as_deref() == Some(variant)
-            });
-            let said = |pick: fn(&Observed) -> bool| {
-                log.iter()
-                    .filter(|e| e.worker == "redis")
-                    .filter_map(Event::observed)
-                    .find(|o| pick(o))
+            let log = part_log(events, name, variant);
+            let Some(found) = judge_part(name, &log, ttl_ms)? else {
+                replayed.not_replayed.push(format!("{name}: {NO_LEASE}"));
+                continue;
             };
-            let found = match name {
-                "no-ttl" | "setnx-expire" => {
-                    let key = said(|o| o.dead_owner.is_some())
-                        .context("the key read back after B's wait is not in the history")?;
-                    let a_owner = log
-                        .iter()
-                        .filter(|e| e.worker == "A")
-                        .find_map(Event::owner);
-                    let dead = checks::dead_owner(key.key_owner.as_deref(), a_owner);
-                    json!({ "violations": u32::from(dead == Finding::Yes) })
-                }
-                "wrong-release" => {
-                    let Some(ttl_ms) = ttl_ms else {
-                        replayed.not_replayed.push(
-                            "wrong-release: the recording does not state the lease (played                              without the stuck scenarios), which tells a lease that ran out                              from a lock deleted"
-                                .into(),
-                        );
-                        continue;
-                    };
-                    let list = said(|o| o.holders.is_some())
-                        .and_then(|o| o.holders.clone())
-                        .context("Redis's holders list is not in the history")?;
-                    let (violations, overlaps) =
-                        overlaps_seen(&list, &log, Duration::from_millis(ttl_ms));
-                    json!({ "violations": violations, "holders_list": list, "overlaps": overlaps })
-                }
-                "race" => {
-                    let per_trial = said(|o| o.holders_per_trial.is_some())
-                        .and_then(|o| o.holders_per_trial.clone())
-                        .context("the race's holders per trial are not in the history")?;
-                    json!({
-                        "violations": per_trial.iter().filter(|&&h| h >= 2).count(),
-                        "most_at_once": per_trial.iter().max(),
-                        "trials": per_trial.len(),
-                    })
-                }
-                other => bail!("an unknown scenario: {other}"),
-            };
-            replayed.part(format!("{name} ({variant})"), &scenario[variant], found);
+            replayed.part(format!("{name} ({variant})"), &scenario[variant], found.row);
         }
     }
     Ok(replayed)
+}
+
+/// Why wrong-release cannot be judged without the lease.
+const NO_LEASE: &str = "the recording does not state the lease (played without the stuck \
+                        scenarios), which tells a lease that ran out from a lock deleted";
+
+/// The lease the fixed runs played with, as a PTTL read in the history shows it.
+fn lease_read(events: &[Event]) -> Option<u64> {
+    events.iter().find_map(|e| match &e.what {
+        What::Pttl(p) if e.part.variant.as_deref() == Some("fixed") => {
+            (p.pttl_ms > 0).then_some(p.pttl_ms as u64)
+        }
+        _ => None,
+    })
+}
+
+/// The events of one scenario's broken or fixed run.
+fn part_log(events: &[Event], name: &str, variant: &str) -> Vec<Event> {
+    replay::part_of(events, |e| {
+        e.part.scenario.as_deref() == Some(name) && e.part.variant.as_deref() == Some(variant)
+    })
+}
+
+/// One scenario's run judged from its events: the verdict's row, its count of violations,
+/// and where in `log` Redis's answer that decided it is.
+struct PartFound {
+    row: Value,
+    violations: u64,
+    proof: usize,
+}
+
+/// Judges one scenario's run (broken or fixed) from Redis's answers in its events; None for
+/// wrong-release when the lease is not known.
+fn judge_part(name: &str, log: &[Event], ttl_ms: Option<u64>) -> Result<Option<PartFound>> {
+    let said = |pick: fn(&Observed) -> bool| {
+        log.iter().enumerate().find_map(|(at, e)| {
+            let observed = e.observed().filter(|o| e.worker == "redis" && pick(o))?;
+            Some((at, observed))
+        })
+    };
+    let (proof, row, violations) = match name {
+        "no-ttl" | "setnx-expire" => {
+            let (at, key) = said(|o| o.dead_owner.is_some())
+                .context("the key read back after B's wait is not in the history")?;
+            let a_owner = log
+                .iter()
+                .filter(|e| e.worker == "A")
+                .find_map(Event::owner);
+            let dead = checks::dead_owner(key.key_owner.as_deref(), a_owner);
+            let violations = u32::from(dead == Finding::Yes);
+            (at, json!({ "violations": violations }), violations as u64)
+        }
+        "wrong-release" => {
+            let Some(ttl_ms) = ttl_ms else {
+                return Ok(None);
+            };
+            let (at, list) = said(|o| o.holders.is_some())
+                .and_then(|(at, o)| Some((at, o.holders.clone()?)))
+                .context("Redis's holders list is not in the history")?;
+            let (violations, overlaps) = overlaps_seen(&list, log, Duration::from_millis(ttl_ms));
+            let row =
+                json!({ "violations": violations, "holders_list": list, "overlaps": overlaps });
+            (at, row, violations as u64)
+        }
+        "race" => {
+            let (at, per_trial) = said(|o| o.holders_per_trial.is_some())
+                .and_then(|(at, o)| Some((at, o.holders_per_trial.clone()?)))
+                .context("the race's holders per trial are not in the history")?;
+            let violations = per_trial.iter().filter(|&&h| h >= 2).count();
+            let row = json!({
+                "violations": violations,
+                "most_at_once": per_trial.iter().max(),
+                "trials": per_trial.len(),
+            });
+            (at, row, violations as u64)
+        }
+        other => bail!("an unknown scenario: {other}"),
+    };
+    Ok(Some(PartFound {
+        row,
+        violations,
+        proof,
+    }))
+}
+
+/// Lab 2's checker: the whole history judged as one [`Report`], one finding per scenario and
+/// run (broken or fixed): **mutual exclusion**, invalid when Redis's own answers (a dead
+/// owner's key still there, a holders list with overlaps, two holders in one race trial)
+/// show the lock broken, each pointing at that answer. A part whose answer is missing, or
+/// wrong-release without a known lease, is unknown. Positions are in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let ttl_ms = lease_read(history);
+    let mut parts: Vec<(&str, &str)> = Vec::new();
+    for event in history {
+        if let (Some(name), Some(variant)) = (
+            event.part.scenario.as_deref(),
+            event.part.variant.as_deref(),
+        ) && !parts.contains(&(name, variant))
+        {
+            parts.push((name, variant));
+        }
+    }
+    Report::of(parts.into_iter().map(|(name, variant)| {
+        let (positions, log) = replay::part_with_positions(history, |e| {
+            e.part.scenario.as_deref() == Some(name) && e.part.variant.as_deref() == Some(variant)
+        });
+        let title = format!("mutual exclusion ({name}, {variant})");
+        let (outcome, words, events) = match judge_part(name, &log, ttl_ms) {
+            Ok(Some(found)) if found.violations > 0 => (
+                report::Outcome::Invalid,
+                format!(
+                    "Redis's answers show the lock broken {} time(s)",
+                    found.violations
+                ),
+                vec![positions[found.proof]],
+            ),
+            Ok(Some(found)) => (
+                report::Outcome::Valid,
+                "Redis's answers show no second holder".to_string(),
+                vec![positions[found.proof]],
+            ),
+            Ok(None) => (report::Outcome::Unknown, NO_LEASE.to_string(), Vec::new()),
+            Err(why) => (report::Outcome::Unknown, format!("{why:#}"), Vec::new()),
+        };
+        report::Finding::new(title, outcome, words, events)
+    }))
 }
 
 impl Tally {

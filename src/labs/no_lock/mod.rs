@@ -37,7 +37,7 @@ mod play;
 pub mod points;
 mod strike;
 mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::Duration;
 

@@ -11,6 +11,7 @@ use super::points::WATCHED;
 use super::{Fault, SWEEP};
 pub use crate::check::no_lock::PointVerdict;
 use crate::check::no_lock::{self as checks, Strike};
+use crate::check::report::{self, Report};
 use crate::events::{Event, Kind};
 use crate::invoices::Moment;
 use crate::labs::replay::{self, Replayed};
@@ -75,68 +76,20 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     for recorded in replay::list(verdict, "approaches")? {
         let name = replay::text(recorded, "name")?;
         let log = replay::part_of(events, |e| e.part.approach.as_deref() == Some(name));
-        let of = |kind: Kind| log.iter().filter(move |e| e.kind() == kind);
-        let strike = |e: &Event, at: Option<Moment>| -> Result<Strike> {
-            let fault = e.fault().context("a fault without its facts")?;
-            let number = |n: Option<i64>, what: &str| {
-                n.map(|n| n as i32)
-                    .with_context(|| format!("a strike that names no {what}"))
-            };
-            Ok(Strike {
-                worker: fault
-                    .target
-                    .clone()
-                    .context("a strike that names no worker")?,
-                at: at
-                    .or(fault.at)
-                    .context("a freeze that names no point of the job")?,
-                job: number(fault.job, "job")?,
-                customer: number(fault.customer, "customer")?,
-                // A freeze was put to the test if its SIGCONT says so (below); a kill always is.
-                exercised: true,
-            })
-        };
-        let mut frozen = Vec::new();
-        for event in of(Kind::Frozen) {
-            let mut struck = strike(event, None)?;
-            struck.exercised = of(Kind::Resumed)
-                .filter_map(Event::fault)
-                .find(|r| r.target.as_deref() == Some(struck.worker.as_str()))
-                .and_then(|r| r.exercised)
-                .context("a freeze's SIGCONT does not say whether it was put to the test")?;
-            frozen.push(struck);
-        }
-        let killed = match of(Kind::Killed).next() {
-            Some(event) => Some(strike(event, Some(Moment::MidWrite))?),
-            None => None,
-        };
-        let line = of(Kind::Violation)
-            .chain(of(Kind::ExactlyOnce))
-            .next()
-            .with_context(|| format!("{name}: the tables' line is not in the history"))?;
-        let said = line
-            .observed()
-            .context("the tables' line without its figures")?;
-        let count = |n: Option<u64>| n.unwrap_or(0) as i64;
-        let ids = |ids: &Option<Vec<i64>>| -> Vec<i32> {
-            ids.iter().flatten().map(|&n| n as i32).collect()
-        };
-        let tables = checks::ReadBack {
-            jobs,
-            duplicates: count(said.duplicates),
-            lost_jobs: count(said.lost_jobs),
-            lost_updates: count(said.lost_updates),
-            bad_jobs: ids(&said.bad_jobs),
-            bad_customers: ids(&said.bad_customers),
-        };
-        let points = checks::freezes(&frozen, &tables);
+        let judged = judge_approach(name, &log, jobs)?;
+        let (tables, points, killed, frozen) = (
+            &judged.tables,
+            &judged.points,
+            &judged.killed,
+            &judged.frozen,
+        );
         let found = json!({
             "duplicates": tables.duplicates,
             "lost_jobs": tables.lost_jobs,
             "lost_updates": tables.lost_updates,
-            "correct_under_freeze": checks::correct_under_freeze(&points),
+            "correct_under_freeze": checks::correct_under_freeze(points),
             "freezes": points,
-            "correct_under_kill": checks::correct_under_kill(killed.as_ref(), &tables),
+            "correct_under_kill": checks::correct_under_kill(killed.as_ref(), tables),
             "frozen_job": frozen.iter().find(|f| f.worker == WATCHED).map(|f| f.job),
             "killed_job": killed.as_ref().map(|k| k.job),
         });
@@ -145,11 +98,175 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             .part(format!("approach {name}"), recorded, found)
             .also(
                 "tables line",
-                word(line.kind() == Kind::ExactlyOnce).into(),
+                word(log[judged.line_at].kind() == Kind::ExactlyOnce).into(),
                 word(tables.correct()).into(),
             );
     }
     Ok(replayed)
+}
+
+/// One approach judged from its events: what the tables' line said, each freeze and the
+/// kill, and where in `log` the events that decide them are.
+struct Judged {
+    tables: checks::ReadBack,
+    points: Vec<PointVerdict>,
+    frozen: Vec<Strike>,
+    killed: Option<Strike>,
+    /// The tables' line (`exactly_once` or `violation`): the store's figures.
+    line_at: usize,
+    /// The freezes and the kill, as the nemesis recorded them.
+    frozen_at: Vec<usize>,
+    killed_at: Option<usize>,
+}
+
+/// Judges one approach's events with the checkers its verdict is read from.
+fn judge_approach(name: &str, log: &[Event], jobs: i64) -> Result<Judged> {
+    let of = |kind: Kind| log.iter().filter(move |e| e.kind() == kind);
+    let strike = |e: &Event, at: Option<Moment>| -> Result<Strike> {
+        let fault = e.fault().context("a fault without its facts")?;
+        let number = |n: Option<i64>, what: &str| {
+            n.map(|n| n as i32)
+                .with_context(|| format!("a strike that names no {what}"))
+        };
+        Ok(Strike {
+            worker: fault
+                .target
+                .clone()
+                .context("a strike that names no worker")?,
+            at: at
+                .or(fault.at)
+                .context("a freeze that names no point of the job")?,
+            job: number(fault.job, "job")?,
+            customer: number(fault.customer, "customer")?,
+            // A freeze was put to the test if its SIGCONT says so (below); a kill always is.
+            exercised: true,
+        })
+    };
+    let mut frozen = Vec::new();
+    for event in of(Kind::Frozen) {
+        let mut struck = strike(event, None)?;
+        struck.exercised = of(Kind::Resumed)
+            .filter_map(Event::fault)
+            .find(|r| r.target.as_deref() == Some(struck.worker.as_str()))
+            .and_then(|r| r.exercised)
+            .context("a freeze's SIGCONT does not say whether it was put to the test")?;
+        frozen.push(struck);
+    }
+    let killed = match of(Kind::Killed).next() {
+        Some(event) => Some(strike(event, Some(Moment::MidWrite))?),
+        None => None,
+    };
+    let line_at = log
+        .iter()
+        .position(|e| e.kind() == Kind::Violation)
+        .or_else(|| log.iter().position(|e| e.kind() == Kind::ExactlyOnce))
+        .with_context(|| format!("{name}: the tables' line is not in the history"))?;
+    let said = log[line_at]
+        .observed()
+        .context("the tables' line without its figures")?;
+    let count = |n: Option<u64>| n.unwrap_or(0) as i64;
+    let ids =
+        |ids: &Option<Vec<i64>>| -> Vec<i32> { ids.iter().flatten().map(|&n| n as i32).collect() };
+    let tables = checks::ReadBack {
+        jobs,
+        duplicates: count(said.duplicates),
+        lost_jobs: count(said.lost_jobs),
+        lost_updates: count(said.lost_updates),
+        bad_jobs: ids(&said.bad_jobs),
+        bad_customers: ids(&said.bad_customers),
+    };
+    let points = checks::freezes(&frozen, &tables);
+    let at = |kind: Kind| (0..log.len()).filter(move |&i| log[i].kind() == kind);
+    let (frozen_at, killed_at) = (at(Kind::Frozen).collect(), at(Kind::Killed).next());
+    Ok(Judged {
+        tables,
+        points,
+        frozen,
+        killed,
+        line_at,
+        frozen_at,
+        killed_at,
+    })
+}
+
+/// Lab 7's checker: the whole history, every approach in it, judged as one [`Report`].
+/// Each approach (its events picked by their `approach` tag) gives up to three findings,
+/// from the checkers its row is read from:
+///
+/// - **exactly once**: the tables' line — no job twice, none lost, every balance the sum of
+///   its invoices;
+/// - **under freeze** (a round with freezes): every frozen worker's job came out right;
+///   unknown when a freeze was never put to the test;
+/// - **under kill** (a round with a kill): the killed worker's job came out right and no
+///   job was lost.
+///
+/// Each points at the tables' line and, for the faults, at the nemesis's strikes.
+pub fn check(history: &[Event]) -> Report {
+    let mut approaches: Vec<&str> = Vec::new();
+    for event in history {
+        if let Some(name) = event.part.approach.as_deref()
+            && !approaches.contains(&name)
+        {
+            approaches.push(name);
+        }
+    }
+    Report::compose(approaches.into_iter().map(|name| {
+        let (positions, log) =
+            replay::part_with_positions(history, |e| e.part.approach.as_deref() == Some(name));
+        // The job count only sizes the tables' figures; no finding depends on it.
+        let found = match judge_approach(name, &log, 0) {
+            Ok(judged) => approach_findings(&judged),
+            Err(why) => Report::of([report::Finding::new(
+                "evidence",
+                report::Outcome::Unknown,
+                format!("{why:#}"),
+                [],
+            )]),
+        };
+        Report::of(found.findings.into_iter().map(|mut finding| {
+            for at in &mut finding.events {
+                *at = positions[*at];
+            }
+            finding
+        }))
+        .about(&format!("approach {name}"))
+    }))
+}
+
+/// One approach's findings; positions are in its own events.
+fn approach_findings(judged: &Judged) -> Report {
+    let outcome = |right: Option<bool>| match right {
+        Some(true) => report::Outcome::Valid,
+        Some(false) => report::Outcome::Invalid,
+        None => report::Outcome::Unknown,
+    };
+    let tables = &judged.tables;
+    let mut report = Report::of([report::Finding::new(
+        "exactly once",
+        outcome(Some(tables.correct())),
+        format!(
+            "the tables: {} job(s) twice, {} lost, {} balance(s) not the sum of their invoices",
+            tables.duplicates, tables.lost_jobs, tables.lost_updates
+        ),
+        [judged.line_at],
+    )]);
+    if !judged.frozen.is_empty() {
+        report.push(report::Finding::new(
+            "under freeze",
+            outcome(checks::correct_under_freeze(&judged.points)),
+            "every frozen worker's job, by the tables",
+            judged.frozen_at.iter().copied().chain([judged.line_at]),
+        ));
+    }
+    if let Some(right) = checks::correct_under_kill(judged.killed.as_ref(), tables) {
+        report.push(report::Finding::new(
+            "under kill",
+            outcome(Some(right)),
+            "the killed worker's job, and no job lost, by the tables",
+            judged.killed_at.into_iter().chain([judged.line_at]),
+        ));
+    }
+    report
 }
 
 /// The whole run's verdict: the plan's facts, then each approach's.

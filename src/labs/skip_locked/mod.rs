@@ -43,7 +43,7 @@ mod kill;
 mod play;
 mod round;
 mod verdict;
-pub use verdict::{ModeReplayed, replay, replay_mode};
+pub use verdict::{ModeReplayed, check, replay, replay_mode};
 
 use std::time::Duration;
 

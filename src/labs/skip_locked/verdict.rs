@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::Fault;
 use crate::check::Processed;
+use crate::check::report::{self, Report};
 use crate::check::skip_locked::{self as checks, Around, Freeze, FrozenJob, KillOutcome};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
@@ -145,6 +146,163 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             );
     }
     Ok(replayed)
+}
+
+/// Lab 3's checker: the whole history, every claiming mode in it, judged as one [`Report`].
+///
+/// Each mode (its events picked by their `mode` tag, as [`replay`] picks them) is judged by
+/// [`replay_mode`], the code its row is replayed with, and gives up to three findings:
+///
+/// - **exactly once**: the processing table's count — every job processed once, none twice,
+///   none never;
+/// - **killed worker's job** (a round with a kill): Postgres rolled the dead worker's claim
+///   back and another worker claimed the job, or the job is stuck behind a dead holder;
+/// - **frozen worker's job** (a round with a freeze): the job stayed its worker's, or its
+///   late write was refused, or it was processed by someone else — once (fine) or not.
+///
+/// A mode whose history lacks its count is unknown, with the reason. Each finding's events
+/// are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let mut modes: Vec<&str> = Vec::new();
+    for event in history {
+        if let Some(mode) = event.part.mode.as_deref()
+            && !modes.contains(&mode)
+        {
+            modes.push(mode);
+        }
+    }
+    Report::compose(modes.into_iter().map(|mode| {
+        let (positions, log) =
+            replay::part_with_positions(history, |e| e.part.mode.as_deref() == Some(mode));
+        let mut found = check_mode(&log);
+        // Positions in the mode's own events, moved to positions in the whole history.
+        for finding in &mut found.findings {
+            for at in &mut finding.events {
+                *at = positions[*at];
+            }
+        }
+        found.about(&format!("mode {mode}"))
+    }))
+}
+
+/// One mode's findings; event positions are in `log`.
+fn check_mode(log: &[Event]) -> Report {
+    let found = match replay_mode(log) {
+        Ok(found) => found,
+        Err(why) => {
+            return Report::of([report::Finding::new(
+                "evidence",
+                report::Outcome::Unknown,
+                format!("{why:#}"),
+                [],
+            )]);
+        }
+    };
+    let at = |kind: Kind| log.iter().position(|e| e.kind() == kind);
+    let mut report = Report::default();
+    let once = checks::every_job_once(&found.processed);
+    report.push(report::Finding::new(
+        "exactly once",
+        if once {
+            report::Outcome::Valid
+        } else {
+            report::Outcome::Invalid
+        },
+        format!(
+            "the processing table: {} jobs, {} processed once, {} twice or more, {} never",
+            found.processed.jobs,
+            found.processed.once,
+            found.processed.duplicates,
+            found.processed.lost
+        ),
+        at(Kind::ExactlyOnce).or(at(Kind::Violation)),
+    ));
+    if let Some(kill) = &found.kill {
+        report.push(killed_job(kill, &at));
+    }
+    if let Some(frozen) = &found.frozen {
+        report.push(frozen_job(frozen, log, &at));
+    }
+    report
+}
+
+/// What became of the job a killed worker held: Postgres's word on it decides.
+fn killed_job(kill: &KillOutcome, at: &dyn Fn(Kind) -> Option<usize>) -> report::Finding {
+    let (outcome, words, proof) = match kill {
+        KillOutcome::Reclaimed { by, after_ms } => (
+            report::Outcome::Valid,
+            format!(
+                "Postgres rolled the dead worker's claim back: {by} claimed the job {after_ms:.0} ms \
+                 after the kill"
+            ),
+            at(Kind::Reclaimed),
+        ),
+        KillOutcome::Lost { status, .. } => (
+            report::Outcome::Invalid,
+            format!("nobody claimed the job again: its row still says `{status}`"),
+            at(Kind::JobLost),
+        ),
+        KillOutcome::Unknown => (
+            report::Outcome::Unknown,
+            "no other worker claimed the job and no row settles it".to_string(),
+            None,
+        ),
+    };
+    report::Finding::new(
+        "killed worker's job",
+        outcome,
+        words,
+        [at(Kind::Killed), proof].into_iter().flatten(),
+    )
+}
+
+/// What became of the job a frozen worker held: the table's final record of it, and the
+/// sleeper's own fate after the resume.
+fn frozen_job(
+    frozen: &FrozenJob,
+    log: &[Event],
+    at: &dyn Fn(Kind) -> Option<usize>,
+) -> report::Finding {
+    let mut events = vec![at(Kind::Frozen), at(Kind::FreezeResult)];
+    let (outcome, words) = match frozen {
+        FrozenJob::Refused { .. } => {
+            events.push(log.iter().position(|e| e.kind() == Kind::FinishFailed));
+            (
+                report::Outcome::Valid,
+                "the frozen worker's late write was refused: Postgres had ended its session",
+            )
+        }
+        FrozenJob::Kept => (
+            report::Outcome::Valid,
+            "nobody touched the frozen worker's job, and it finished the job once",
+        ),
+        FrozenJob::Moved => {
+            // Someone else processed it: harmless once, a duplicate more often than that.
+            let times = events[1]
+                .and_then(|i| match &log[i].what {
+                    What::FreezeResult(fate) => fate.by.as_ref().map(Vec::len),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            if times == 1 {
+                (
+                    report::Outcome::Valid,
+                    "another worker took the frozen worker's job over and processed it once",
+                )
+            } else {
+                (
+                    report::Outcome::Invalid,
+                    "the frozen worker's job was processed other than once",
+                )
+            }
+        }
+    };
+    report::Finding::new(
+        "frozen worker's job",
+        outcome,
+        words,
+        events.into_iter().flatten(),
+    )
 }
 
 /// What the freeze round measured, for the sentence under the table.
