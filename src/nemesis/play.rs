@@ -26,7 +26,7 @@ use anyhow::{Result, bail};
 
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
-use super::schedule::{Action, Due, Item, Player, Schedule, Step};
+use super::schedule::{Action, Due, How, Item, Player, Schedule, Step};
 use super::{Fault, Nemesis, Note, Record, Victim};
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
@@ -261,6 +261,12 @@ impl<'w> Faults<'w> {
     /// schedule grows into the faults as played, times and all, which `--json` carries.
     /// The next play does it.
     pub fn now(&mut self, floor: &impl Floor, fault: Fault, target: &str, words: Note) {
+        self.now_done_so(floor, (fault, target, How::default()), words);
+    }
+
+    /// [`Faults::now`], done as `how` says: a network fault whose proxy fault or direction
+    /// is not its usual one (a cut that swallows the answers, and the heal of that way).
+    pub fn now_done_so(&mut self, floor: &impl Floor, (fault, target, how): (Fault, &str, How), words: Note) {
         let step = Step {
             at_ms: self.cursor.now_ms(floor),
             after: None,
@@ -269,7 +275,7 @@ impl<'w> Faults<'w> {
             duration_ms: None,
         };
         let index = self.schedule.steps().len();
-        self.schedule = self.schedule.and(&Schedule::new(vec![step.clone()]));
+        self.schedule = (self.schedule).and(&Schedule::done_so(vec![(step.clone(), how)]));
         self.pending.extend(
             step.actions_from(index, step.at_ms)
                 .into_iter()
