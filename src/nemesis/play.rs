@@ -266,7 +266,12 @@ impl<'w> Faults<'w> {
 
     /// [`Faults::now`], done as `how` says: a network fault whose proxy fault or direction
     /// is not its usual one (a cut that swallows the answers, and the heal of that way).
-    pub fn now_done_so(&mut self, floor: &impl Floor, (fault, target, how): (Fault, &str, How), words: Note) {
+    pub fn now_done_so(
+        &mut self,
+        floor: &impl Floor,
+        (fault, target, how): (Fault, &str, How),
+        words: Note,
+    ) {
         let step = Step {
             at_ms: self.cursor.now_ms(floor),
             after: None,

@@ -22,8 +22,8 @@ use crate::check::network::{self as checks, FencedRetryEvidence, FencedRetryFoun
 use crate::connect::{self, Backend};
 use crate::events::facts::{Observed, Wrote};
 use crate::events::{Event, What};
-use crate::labs::runner::Run;
 use crate::labs::faults::Hand;
+use crate::labs::runner::Run;
 use crate::labs::{Stage, step};
 use crate::proxy::{self, Proxy};
 use crate::store::{
@@ -60,7 +60,13 @@ pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
     let run_id = run.id.as_str();
     let value = "A: balance = 10";
     let mut hand = Hand::new(&stage).on_path(&path);
-    write_and_lose_the_answer(&mut stage, &mut hand, (&path, &through), &lab, (run_id, value))?;
+    write_and_lose_the_answer(
+        &mut stage,
+        &mut hand,
+        (&path, &through),
+        &lab,
+        (run_id, value),
+    )?;
     let (first, _) = accepted_with_token(&mut lab, run_id)?;
     stage.record(Event::new(
         "postgres",
@@ -162,7 +168,11 @@ fn taken(found: &FencedRetryFound, twice: u64, decisions: &[i64]) -> Event {
             ),
         )
     } else {
-        Event::new("postgres", What::ExactlyOnce(facts), format!("{text} — taken once"))
+        Event::new(
+            "postgres",
+            What::ExactlyOnce(facts),
+            format!("{text} — taken once"),
+        )
     }
 }
 

@@ -32,8 +32,8 @@ use crate::connect::{self, Backend};
 use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow};
 use crate::labs::Stage;
-use crate::labs::runner::Run;
 use crate::labs::faults::Hand;
+use crate::labs::runner::Run;
 use crate::labs::step;
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::How;
@@ -264,20 +264,38 @@ struct Retry<'r> {
 }
 
 impl Retry<'_> {
-    /// ✅ The same lease again: etcd finds the key the lost call made and returns it.
-    fn same_lease(&self, stage: &mut Stage, a: &mut Client, (lease, key): (i64, &str)) -> Result<Retried> {
+    /// A's word that it holds the lock under `key`.
+    fn acquired(&self, key: &str) -> Acquired {
+        Acquired {
+            lock: Some(self.name.into()),
+            owner: Some(key.into()),
+            backend: Some("etcd".into()),
+            ..Acquired::default()
+        }
+    }
+
+    /// A's call to etcd's lock with `lease`, answered within the wait: the key it got.
+    fn lock_with(&self, a: &mut Client, lease: i64) -> Result<String> {
         let call = a.lock(self.name, Some(LockOptions::new().with_lease(lease)));
         let wait = self.wait;
-        let answer = (self.runtime).block_on(async { tokio::time::timeout(wait, call).await })??;
-        let got = String::from_utf8_lossy(answer.key()).into_owned();
+        let answer =
+            (self.runtime).block_on(async { tokio::time::timeout(wait, call).await })??;
+        Ok(String::from_utf8_lossy(answer.key()).into_owned())
+    }
+
+    /// ✅ The same lease again: etcd finds the key the lost call made and returns it.
+    fn same_lease(
+        &self,
+        stage: &mut Stage,
+        a: &mut Client,
+        (lease, key): (i64, &str),
+    ) -> Result<Retried> {
+        let got = self.lock_with(a, lease)?;
         stage.record(Event::new(
             "A",
             Acquired {
-                lock: Some(self.name.into()),
-                owner: Some(got.clone()),
-                backend: Some("etcd".into()),
                 tries: Some(2),
-                ..Acquired::default()
+                ..self.acquired(&got)
             },
             if got == key {
                 format!(
@@ -304,22 +322,18 @@ impl Retry<'_> {
         sent: Instant,
     ) -> Result<(Retried, i64)> {
         // A lease that outlives the wait, so that only the first one can end it.
-        let granted = self.runtime.block_on(a.lease_grant(seconds * 3 + 5, None))?;
+        let granted = self
+            .runtime
+            .block_on(a.lease_grant(seconds * 3 + 5, None))?;
         let started = Instant::now();
-        let call = a.lock(self.name, Some(LockOptions::new().with_lease(granted.id())));
-        let wait = self.wait;
-        let answer = (self.runtime).block_on(async { tokio::time::timeout(wait, call).await })??;
+        let got = self.lock_with(a, granted.id())?;
         let waited = started.elapsed();
-        let got = String::from_utf8_lossy(answer.key()).into_owned();
         let waited_ms = Some(waited.as_millis() as u64);
         stage.record(Event::new(
             "A",
             Acquired {
-                lock: Some(self.name.into()),
-                owner: Some(got.clone()),
-                backend: Some("etcd".into()),
                 waited_ms,
-                ..Acquired::default()
+                ..self.acquired(&got)
             },
             format!(
                 "retried lock with a new lease: its new key {} queued behind its first key and got the lock after {}, once the first lease ran out (nothing kept it alive; a session's keepalive would have kept A waiting on itself as long as it ran)",
@@ -338,7 +352,13 @@ impl Retry<'_> {
     }
 
     /// ❌ Give up: the key holds the lock, nobody working under it, until the lease ends.
-    fn give_up(&self, stage: &mut Stage, lab: &mut Client, key: &str, sent: Instant) -> Result<Retried> {
+    fn give_up(
+        &self,
+        stage: &mut Stage,
+        lab: &mut Client,
+        key: &str,
+        sent: Instant,
+    ) -> Result<Retried> {
         stage.record(Event::new(
             "A",
             GaveUp {

@@ -26,8 +26,8 @@ use crate::check::network::{self as checks, Policy, ReplyEvidence};
 use crate::connect::{self, Backend};
 use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow, RunFacts};
-use crate::labs::runner::Run;
 use crate::labs::faults::Hand;
+use crate::labs::runner::Run;
 use crate::labs::{Stage, step};
 use crate::lock::random_owner;
 use crate::lock::redis::{RETRY_EVERY, owner_and_pttl};
@@ -336,7 +336,9 @@ fn give_up(
     stage.record(Event::new(
         "A",
         GaveUp {
-            why: Some("no answer to SET NX PX: A treats the lock as not taken and goes away".into()),
+            why: Some(
+                "no answer to SET NX PX: A treats the lock as not taken and goes away".into(),
+            ),
             owner: Some(owner.into()),
             ..GaveUp::default()
         },
