@@ -24,6 +24,7 @@ use crate::events::facts::{Observed, Wrote};
 use crate::events::{Event, What};
 use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
+use crate::labs::words::Words;
 use crate::labs::{Stage, step};
 use crate::proxy::{self, Proxy};
 use crate::store::{
@@ -177,7 +178,7 @@ fn taken(found: &FencedRetryFound, twice: u64, decisions: &[i64]) -> Event {
 }
 
 /// The verdict's table for the fenced write, and what it means.
-pub(super) fn print(found: &FencedRetryFound) {
+pub(super) fn say(words: &mut Words, found: &FencedRetryFound) {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let token = found.token;
     let accepted = if found.doubled {
@@ -196,10 +197,8 @@ pub(super) fn print(found: &FencedRetryFound) {
         ],
     ];
     let header = ["evidence", "retried with the same token"];
-    crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to a fenced write".bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
-    crate::outln!();
+    let title = "Verdict: a lost reply to a fenced write";
+    words.blank().heading(title).table(&header, rows).blank();
     let committed = if found.committed {
         "The fenced write whose answer was lost had been accepted."
     } else {
@@ -212,7 +211,7 @@ pub(super) fn print(found: &FencedRetryFound) {
     } else {
         "A's retry made the only write.".to_string()
     };
-    crate::prose!("  {} {committed} {then}", "fenced retry:".bold());
+    words.about("fenced retry", format!("{committed} {then}"));
 }
 
 /// The accepted attempts of A's token in the store's log, and their decision numbers.

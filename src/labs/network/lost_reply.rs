@@ -28,6 +28,7 @@ use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow, RunFacts};
 use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
+use crate::labs::words::Words;
 use crate::labs::{Stage, step};
 use crate::lock::random_owner;
 use crate::lock::redis::{RETRY_EVERY, owner_and_pttl};
@@ -393,7 +394,8 @@ fn short(owner: &str) -> String {
 /// server applied it, whether A's belief matched the server's holder at the end, and what the
 /// retry cost. Redis's `SET NX` and etcd's lock call share it; `applied_and_belief` names
 /// the first two rows for the backend.
-pub(super) fn print_reply_table(
+pub(super) fn say_reply_table(
+    words: &mut Words,
     title: &str,
     applied_and_belief: [&str; 2],
     columns: &[&str],
@@ -428,17 +430,17 @@ pub(super) fn print_reply_table(
             }
         }),
     ];
-    crate::outln!();
-    crate::prose!("{}", title.bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
+    words.blank().heading(title).table(&header, rows);
 }
 
-pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
+/// The Redis and Postgres tables of the lost reply, and what each column means.
+pub(super) fn say(words: &mut Words, sets: &[ReplyFound], commits: &[PaymentFound]) {
     if sets.is_empty() && commits.is_empty() {
         return;
     }
     let columns: Vec<&str> = sets.iter().map(|s| s.policy.as_str()).collect();
-    print_reply_table(
+    say_reply_table(
+        words,
         "Verdict: a lost reply to SET NX",
         [
             "SET applied (Redis read back)",
@@ -469,24 +471,18 @@ pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
             }
         }),
     ];
-    crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to COMMIT".bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
-    crate::outln!();
+    let title = "Verdict: a lost reply to COMMIT";
+    words.blank().heading(title).table(&header, rows).blank();
     for set in sets {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", set.policy.as_str()).bold(),
-            set_meaning(set)
-        );
+        words.about(set.policy.as_str(), set_meaning(set));
     }
     for commit in commits {
         let title = if commit.idempotency_key {
-            "with a key:"
+            "with a key"
         } else {
-            "without a key:"
+            "without a key"
         };
-        crate::prose!("  {} {}", title.bold(), commit_meaning(commit));
+        words.about(title, commit_meaning(commit));
     }
 }
 

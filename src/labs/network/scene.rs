@@ -1,6 +1,7 @@
-//! What both stories of lab 8 share: the stage and its proxy on one path of A's, the two
-//! holders' scripts, watching A's process while the fault lasts, and the ending — the fault
-//! healed, the workers let go, the store read back.
+//! What both stories of lab 8 share: the stage on one path of A's through a proxy (the
+//! story starts the proxy), the two holders' scripts, the story's schedule played by the
+//! nemesis's one player while the lab watches A's process, and the ending — the workers
+//! let go, the store read back.
 
 use std::cell::Cell;
 use std::rc::Rc;
