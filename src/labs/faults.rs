@@ -163,7 +163,8 @@ impl Stage {
         words: impl Into<crate::nemesis::Note>,
     ) -> Result<()> {
         let (done, skipped) = (faults.done_count(), faults.skipped().len());
-        faults.now_done_so(self, (fault, target, how), words.into());
+        let note = words.into();
+        faults.now_done_so(self, (fault, target, how), move |_| note);
         let what = format!("the {} of {target}", fault.as_str());
         let played = Until::holds(&what, Duration::from_secs(30), |_, faults| {
             faults.done_count() > done || faults.skipped().len() > skipped

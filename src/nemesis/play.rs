@@ -26,7 +26,7 @@ use anyhow::{Result, bail};
 
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
-use super::schedule::{Action, Due, How, Item, Player, Schedule, Step};
+use super::schedule::{Action, Due, Item, Player, Schedule, Step};
 use super::{Fault, Nemesis, Note, Record, Victim};
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
@@ -156,8 +156,11 @@ pub struct Faults<'w> {
     /// This play's number among the process's plays, for the floor.
     id: u64,
     /// The words of the step added by [`Faults::now`], for it alone.
-    words_now: Option<Note>,
+    words_now: Option<Words<'w>>,
 }
+
+/// The words of one fault, made from its cue.
+type Words<'w> = Box<dyn FnOnce(&Cue) -> Note + 'w>;
 
 /// Numbers the plays, so a floor can tell a schedule that grew from another.
 static PLAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -261,16 +264,17 @@ impl<'w> Faults<'w> {
     /// schedule grows into the faults as played, times and all, which `--json` carries.
     /// The next play does it.
     pub fn now(&mut self, floor: &impl Floor, fault: Fault, target: &str, words: Note) {
-        self.now_done_so(floor, (fault, target, How::default()), words);
+        let how = super::schedule::How::default();
+        self.now_done_so(floor, (fault, target, how), move |_| words);
     }
 
-    /// [`Faults::now`], done as `how` says: a network fault whose proxy fault or direction
-    /// is not its usual one (a cut that swallows the answers, and the heal of that way).
+    /// [`Faults::now`], done as `how` says, with words made from the fault's cue once it
+    /// is done (a lag's words say how many links its cut closed).
     pub fn now_done_so(
         &mut self,
         floor: &impl Floor,
-        (fault, target, how): (Fault, &str, How),
-        words: Note,
+        (fault, target, how): (Fault, &str, super::schedule::How),
+        words: impl FnOnce(&Cue) -> Note + 'w,
     ) {
         let step = Step {
             at_ms: self.cursor.now_ms(floor),
@@ -280,13 +284,14 @@ impl<'w> Faults<'w> {
             duration_ms: None,
         };
         let index = self.schedule.steps().len();
-        self.schedule = (self.schedule).and(&Schedule::done_so(vec![(step.clone(), how)]));
+        let added = Schedule::done_so(vec![(step.clone(), how)]);
+        self.schedule = self.schedule.and(&added);
         self.pending.extend(
             step.actions_from(index, step.at_ms)
                 .into_iter()
                 .map(Due::Fault),
         );
-        self.words_now = Some(words);
+        self.words_now = Some(Box::new(words));
         self.announced = false;
     }
 
@@ -298,7 +303,7 @@ impl<'w> Faults<'w> {
     /// The words for `cue`: the lab's, or those given with the step added now.
     fn say(&mut self, cue: &Cue) -> Note {
         match self.words_now.take() {
-            Some(note) if cue.back_after.is_none() => note,
+            Some(words) if cue.back_after.is_none() => words(cue),
             _ => (self.words)(cue),
         }
     }
