@@ -48,6 +48,18 @@ fn writers(run: &Value) -> Vec<(&str, bool)> {
         .collect()
 }
 
+/// A schedule the verdict carries: each step's fault, target and the event it waits for.
+fn played(schedule: &Value) -> Vec<(Fault, String, Option<String>)> {
+    let schedule: lockslab::nemesis::schedule::Schedule =
+        serde_json::from_value(schedule.clone()).expect("a schedule in the verdict");
+    (schedule.steps().iter())
+        .map(|s| {
+            let after = s.after.as_ref().map(|a| a.describe());
+            (s.fault, s.target.clone(), after)
+        })
+        .collect()
+}
+
 fn position(log: &[Event], what: impl Fn(&Event) -> bool) -> usize {
     log.iter()
         .position(what)
@@ -118,6 +130,20 @@ fn a_checked_write_held_in_flight_lands_unfenced_and_is_refused_fenced() {
             assert_eq!(attempts, vec![("B", true), ("A", true)]);
         }
     }
+    // The faults both runs played, as data: the hold at once, its heal once B had written.
+    let steps = played(&verdict["schedule"]);
+    assert_eq!(
+        steps,
+        vec![
+            (Fault::Hold, "A→store".to_string(), None),
+            (
+                Fault::Heal,
+                "A→store".to_string(),
+                Some("B's wrote #1".to_string())
+            ),
+        ],
+        "{verdict}"
+    );
     assert_one_clock(&lines);
     let pids = worker_pids(&lines);
     assert_eq!(pids.len(), 4, "two workers per run");
@@ -217,6 +243,24 @@ fn cut_off(scenario: &str, path: &str, server: &str) -> Vec<Event> {
 fn a_holder_that_stops_when_its_heartbeat_gives_up_still_lands_the_write_in_flight() {
     let scenario = "cut-off-stops";
     let (lines, verdict, _) = run_json(&["network", "--ttl", "500ms", "--scenario", scenario]);
+    // The faults both runs played, as data: the hold, the cut once A had sent its write,
+    // and both heals once B had written and A's heartbeat had given up.
+    let both = Some("A's lost #1 and B's wrote #1".to_string());
+    assert_eq!(
+        played(&verdict["schedule"]),
+        vec![
+            (Fault::Hold, "A→store".to_string(), None),
+            (
+                Fault::Cut,
+                "A→redis".to_string(),
+                Some("A's checked #1".to_string())
+            ),
+            (Fault::Heal, "A→redis".to_string(), both.clone()),
+            (Fault::Heal, "A→store".to_string(), both),
+        ],
+        "{verdict}"
+    );
+    assert_eq!(verdict["schedule"][1]["proxy"]["net"], "reset", "{verdict}");
     for fenced in [false, true] {
         let log = history(&lines, scenario, fenced);
         let fault = |fault: Fault, path: &'static str| {
@@ -532,6 +576,36 @@ fn a_lost_reply_was_applied_and_each_policy_ends_as_the_servers_say() {
         6 + 4,
         "and four etcd lock calls whose answers the proxy swallowed"
     );
+    // Each part played its fault and heal from a schedule of its own, carried in order (a
+    // part whose schedule came out the same as an earlier one's, to the millisecond, is
+    // carried once).
+    let mut parts: Vec<Vec<(Fault, String, Option<String>)>> = (verdict["schedules"].as_array())
+        .expect("one schedule per part")
+        .iter()
+        .map(played)
+        .collect();
+    parts.dedup();
+    let lost = |path: &str| {
+        vec![
+            (Fault::DropReply, path.to_string(), None),
+            (Fault::Heal, path.to_string(), None),
+        ]
+    };
+    let swallowed = vec![
+        (Fault::Cut, "A→etcd".to_string(), None),
+        (Fault::Heal, "A→etcd".to_string(), None),
+    ];
+    let expected = vec![
+        lost("A→redis"),
+        lost("A→postgres"),
+        lost("A→store"),
+        swallowed,
+    ];
+    assert_eq!(parts, expected, "{verdict}");
+    let etcd = (verdict["schedules"].as_array().unwrap().last()).unwrap();
+    assert_eq!(etcd[0]["proxy"]["net"], "black_hole", "{verdict}");
+    assert_eq!(etcd[0]["direction"], "down", "{verdict}");
+    assert_eq!(etcd[1]["direction"], "down", "{verdict}");
     // Right after each lost SET, Redis holds the value A sent.
     let held: Vec<&Event> = lines
         .iter()

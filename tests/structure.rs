@@ -870,10 +870,6 @@ fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, St
 const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
     "src/labs/gc_pause/play.rs::run",
     "src/labs/naive/stuck.rs::stuck",
-    "src/labs/network/lost_commit.rs::play",
-    "src/labs/network/lost_fenced.rs::play",
-    "src/labs/network/lost_lock.rs::lost_lock",
-    "src/labs/network/lost_reply.rs::lost_set",
     "src/labs/no_lock/play.rs::run",
     "src/labs/no_lock/play.rs::watch",
     "src/labs/skip_locked/freeze.rs::freeze_round",

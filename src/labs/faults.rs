@@ -20,9 +20,10 @@ use colored::Colorize;
 
 use super::Stage;
 use crate::events::Kind;
-use crate::nemesis::schedule::Schedule;
+use crate::nemesis::schedule::{How, Schedule};
 use crate::nemesis::{Fault, Nemesis, Victim};
 use crate::output::human;
+use crate::proxy::Proxy;
 
 pub use crate::nemesis::play::{Cue, Faults};
 
@@ -148,8 +149,22 @@ impl Stage {
         (fault, target): (Fault, &str),
         words: impl Into<crate::nemesis::Note>,
     ) -> Result<()> {
+        let how = (fault, target, How::default());
+        self.play_now_done_so(faults, nemesis, cast, how, words)
+    }
+
+    /// [`Stage::play_now`], done as `how` says (see [`Faults::now_done_so`]).
+    pub fn play_now_done_so(
+        &mut self,
+        faults: &mut Faults,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+        (fault, target, how): (Fault, &str, How),
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
         let (done, skipped) = (faults.done_count(), faults.skipped().len());
-        faults.now(self, fault, target, words.into());
+        let note = words.into();
+        faults.now_done_so(self, (fault, target, how), move |_| note);
         let what = format!("the {} of {target}", fault.as_str());
         let played = Until::holds(&what, Duration::from_secs(30), |_, faults| {
             faults.done_count() > done || faults.skipped().len() > skipped
@@ -174,6 +189,23 @@ impl<'w> Hand<'w> {
             faults: Faults::new(&Schedule::default(), stage),
             nemesis: Nemesis::new(),
         }
+    }
+
+    /// Network faults aimed at `proxy`'s path are played on it.
+    pub fn on_path(mut self, proxy: &'w Proxy) -> Hand<'w> {
+        self.faults = self.faults.on_path(proxy);
+        self
+    }
+
+    /// Plays `fault` on the path named `path` now, done as `how` says, with `words`.
+    pub fn net(
+        &mut self,
+        stage: &mut Stage,
+        (fault, path, how): (Fault, &str, How),
+        words: impl Into<crate::nemesis::Note>,
+    ) -> Result<()> {
+        let (faults, nemesis) = (&mut self.faults, &mut self.nemesis);
+        stage.play_now_done_so(faults, nemesis, &mut [], (fault, path, how), words)
     }
 
     /// Plays `fault` on `victim` now, with `words`.

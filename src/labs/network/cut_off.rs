@@ -22,15 +22,18 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::Plan;
-use super::scene::Scene;
+use super::scene::{HOLD_WORDS, Scene, net_step, resets};
 use super::verdict::RunVerdict;
 use crate::connect::{self, Backend};
 use crate::events::facts::Expired;
 use crate::events::{Event, Kind};
+use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
 use crate::lock::etcd::EtcdLock;
 use crate::lock::redis::RedisLock;
-use crate::proxy::{self, Direction, NetFault, Proxy};
+use crate::nemesis::schedule::{Anchor, How, Point, Schedule};
+use crate::nemesis::{Fault, Note};
+use crate::proxy::{self, Proxy};
 use crate::store::Store;
 use crate::worker::holder::{AfterWrite, BeforeWrite};
 
@@ -83,7 +86,8 @@ pub(super) fn play(
         ),
     };
     let at = crate::labs::step::network::before_cut(fenced, service == LockService::Etcd);
-    let mut scene = Scene::open(plan, run, story, fenced, at, (path, server))?;
+    let to_server = Proxy::start(path, proxy::upstream_of(server)?)?;
+    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_server, server))?;
     // A's lock goes through the proxy and is renewed; its store connection does not.
     let a_urls = (scene.url_through.as_str(), store_url);
     let a_script = scene.holder(
@@ -113,44 +117,67 @@ pub(super) fn play(
             "A's lock key is gone: no keepalive reached etcd, so etcd expired A's lease and deleted the key with it",
         ),
     };
-    scene.nemesis.net(
-        &mut scene.stage,
-        &scene.path,
-        Direction::Up,
-        NetFault::Reset,
-        cut_words,
-    );
+    // The cut at once, healed once B has written.
+    let schedule = Schedule::done_so(vec![
+        net_step(Fault::Cut, path, None, resets()),
+        net_step(
+            Fault::Heal,
+            path,
+            Some(Anchor::on("B", Kind::Wrote, 1)),
+            How::default(),
+        ),
+    ]);
+    let mut faults = scene.faults(&schedule, &[&to_server], |cue, looks| {
+        match cue.action.fault {
+            Fault::Cut => Note::from(cut_words),
+            _ => looks.healed("the cut heals"),
+        }
+    });
+    scene.play(
+        &mut faults,
+        Until::acted(Fault::Cut, path, Duration::from_secs(5)),
+    )?;
     let b = scene.spawn_b()?;
 
     // A works on, cut off. The lab watches A's lock on its own connection, which is not cut.
-    let seen = watch_until_b_wrote(
-        &mut scene,
-        &a,
-        &mut watch,
-        a_owner,
-        (server_name, gone_words),
-    )?;
-    scene.heal("the cut heals", seen);
+    let gone = (server_name, gone_words);
+    play_watching(&mut scene, (&mut faults, &a), &mut watch, a_owner, gone)?;
     scene.end((a, b), store, true)
 }
 
-/// Shows events until B has written (see [`Scene::until_b_wrote`]), recording, the first
+/// Plays the rest of the story's faults (see [`Scene::play_out`]), recording, the first
 /// time the lab's own connection finds the lock no longer A's, that the lease is gone.
-fn watch_until_b_wrote(
+fn play_watching(
     scene: &mut Scene,
-    a: &crate::labs::WorkerHandle,
+    (faults, a): (&mut Faults, &crate::labs::WorkerHandle),
     watch: &mut Watch,
     a_owner: Option<String>,
     (server_name, gone_words): (&str, &str),
-) -> Result<(bool, u64)> {
+) -> Result<()> {
     let mut expired = false;
-    scene.until_b_wrote(a, |stage| {
+    scene.play_out(faults, a, |stage| {
         if !expired && watch.holder()? != a_owner {
             expired = true;
             stage.record(Event::new(server_name, Expired::default(), gone_words));
         }
         Ok(())
     })
+}
+
+/// The third row's faults: A's first write held on its way to the store; the cut from
+/// Redis once A has sent it; and, once B has written and A's heartbeat has given up, the
+/// cut healed first (so that A's release reaches Redis), then the write let go. The write
+/// stays held until the heartbeat has given up, so that A's question before its second
+/// write comes after the heartbeat's answer.
+fn stopping_schedule() -> Schedule {
+    let sent = Anchor::on("A", Kind::Checked, 1);
+    let both = Anchor::on("A", Kind::Lost, 1).and(Point::on("B", Kind::Wrote, 1));
+    Schedule::done_so(vec![
+        net_step(Fault::Hold, "A→store", None, How::default()),
+        net_step(Fault::Cut, "A→redis", Some(sent), resets()),
+        net_step(Fault::Heal, "A→redis", Some(both.clone()), How::default()),
+        net_step(Fault::Heal, "A→store", Some(both), How::default()),
+    ])
 }
 
 /// The third row: A's renewed Redis lock, and A stops writing once its heartbeat gives the
@@ -165,7 +192,8 @@ pub(super) fn play_stopping(
     let (redis_url, store_url) = (run.url(Backend::Redis), run.url(Backend::Postgres));
     let at = crate::labs::step::network::before_cut_stops(fenced);
     let story = ("cut-off-stops", "cut off from Redis, a holder that stops");
-    let mut scene = Scene::open(plan, run, story, fenced, at, ("A→store", store_url))?;
+    let to_store = Proxy::start("A→store", proxy::upstream_of(store_url)?)?;
+    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_store, store_url))?;
     let to_redis = Proxy::start("A→redis", proxy::upstream_of(redis_url)?)?;
     let redis_through = proxy::through(redis_url, to_redis.addr())?;
     let a_script = scene.holder(
@@ -183,34 +211,26 @@ pub(super) fn play_stopping(
         scene.lock_key(),
         plan.ttl,
     )));
-    scene.hold_a_write(&mut a)?;
+    let paths = [&to_store, &to_redis];
+    let mut faults = scene.faults(&stopping_schedule(), &paths, |cue, looks| {
+        match (cue.action.fault, cue.action.target.as_str()) {
+            (Fault::Hold, _) => Note::from(HOLD_WORDS),
+            (Fault::Cut, _) => Note::from(
+                "the proxy cuts A off from Redis: A's connections reset, new ones refused; A's write is already in flight to the store",
+            ),
+            (_, "A→redis") => Note::from("the cut heals, after B wrote"),
+            _ => looks.healed("the proxy lets A's write go once A's heartbeat has given up"),
+        }
+    });
+    scene.hold_a_write(&mut faults, &mut a)?;
     // A's write is in flight, sent while its heartbeat held the lock: now the cut.
-    scene.nemesis.net(
-        &mut scene.stage,
-        &to_redis,
-        Direction::Up,
-        NetFault::Reset,
-        "the proxy cuts A off from Redis: A's connections reset, new ones refused; A's write is already in flight to the store",
-    );
+    scene.play(
+        &mut faults,
+        Until::acted(Fault::Cut, "A→redis", Duration::from_secs(5)),
+    )?;
     let b = scene.spawn_b()?;
     let gone_words = "A's key has expired: no renewal reached Redis, so for Redis the lock is free";
-    let seen = watch_until_b_wrote(&mut scene, &a, &mut watch, a_owner, ("redis", gone_words))?;
-    // The write stays held until A's heartbeat has given up as well, so that A's question
-    // before its second write comes after the heartbeat's answer.
-    let wait = plan.ttl + Duration::from_secs(10);
-    scene
-        .stage
-        .wait_for(wait, "A's heartbeat to give up", |e| e.is("A", Kind::Lost))?;
-    // The cut heals first, so that A's release reaches Redis; then A's write goes on.
-    scene.nemesis.heal_net(
-        &mut scene.stage,
-        &to_redis,
-        Direction::Up,
-        "the cut heals, after B wrote",
-    );
-    scene.heal(
-        "the proxy lets A's write go once A's heartbeat has given up",
-        seen,
-    );
+    let gone = ("redis", gone_words);
+    play_watching(&mut scene, (&mut faults, &a), &mut watch, a_owner, gone)?;
     scene.end((a, b), store, false)
 }

@@ -3,16 +3,17 @@
 //! twice; retried with an idempotency key that a unique index guards, once.
 
 use anyhow::Result;
+use postgres::types::ToSql;
 
 use super::lost_reply::{lose_the_answer, open, run_line};
 use crate::check::network::{self as checks, PaymentEvidence, PaymentFound};
 use crate::connect::{self, Backend, PgClient};
 use crate::events::facts::{Observed, Wrote};
 use crate::events::{Event, What};
+use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
-use crate::labs::step;
+use crate::labs::{Stage, step};
 use crate::lock::random_owner;
-use crate::nemesis::Nemesis;
 use crate::proxy::{self, Proxy};
 use crate::store::Outcome;
 
@@ -65,7 +66,6 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
     let mut lab = connect::postgres(store_url)?;
     lab.batch_execute(PAYMENTS)?;
     let payment = format!("network-lost-commit-{label}");
-    let key = keyed.then(|| format!("{}:{payment}", random_owner()));
     let path = Proxy::start("A→postgres", proxy::upstream_of(store_url)?)?;
     let through = proxy::through(store_url, path.addr())?;
     stage.record(run_line(
@@ -73,44 +73,14 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         None,
         format!("A pays into the table lockslab_network_payment; its path to Postgres, A→postgres, goes through the fault proxy on {}", path.addr()),
     ));
-    let mut nemesis = Nemesis::new();
-    let mut a = connect::postgres(&through)?;
-    let run_id = run.id.as_str();
-    let pay = |a: &mut PgClient| -> Result<u64> {
-        Ok(if keyed {
-            a.query(PAY_ONCE, &[&run_id, &payment, &10i64, &key])?.len() as u64
-        } else {
-            a.execute(PAY, &[&run_id, &payment, &10i64, &key])?
-        })
+    let pay = Payment {
+        run_id: &run.id,
+        key: keyed.then(|| format!("{}:{payment}", random_owner())),
+        payment,
     };
-    // Prepared before the transaction and kept until after it: a statement dropped in
-    // between would send its Close ahead of the COMMIT, and the proxy would lose the answer
-    // to that Close instead of the COMMIT's.
-    let insert = a.prepare(PAY)?;
-    let mut tx = a.transaction()?;
-    tx.execute(&insert, &[&run_id, &payment, &10i64, &key])?;
-    lose_the_answer(&mut stage, &mut nemesis, &path, "COMMIT", || {
-        tx.commit()?;
-        Ok(())
-    })?;
-    drop(insert);
-    drop(a);
-    stage.record(Event::new(
-        "A",
-        Wrote {
-            value: Some(payment.clone()),
-            ..Wrote::new(Outcome::Unknown)
-        },
-        "pays 10 (INSERT, COMMIT): no answer to the COMMIT — A cannot tell whether it paid",
-    ));
-    let count = |lab: &mut PgClient| -> Result<(u64, i64)> {
-        let row = lab.query_one(
-            "SELECT count(*), coalesce(sum(amount), 0)::bigint FROM lockslab_network_payment WHERE run_id = $1 AND payment = $2",
-            &[&run_id, &payment],
-        )?;
-        Ok((row.get::<_, i64>(0) as u64, row.get(1)))
-    };
-    let (after_loss, _) = count(&mut lab)?;
+    let mut hand = Hand::new(&stage).on_path(&path);
+    pay_and_lose_the_answer(&mut stage, &mut hand, &path, &through, &pay)?;
+    let (after_loss, _) = pay.count(&mut lab)?;
     stage.record(Event::new(
         "postgres",
         What::Output,
@@ -124,13 +94,85 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
             }
         ),
     ));
-    // A retries, as most clients do after an error, on a new connection.
-    let mut a = connect::postgres(&through)?;
-    let rows = pay(&mut a)?;
+    retry(&mut stage, &through, &pay)?;
+    let (rows_now, total) = pay.count(&mut lab)?;
+    let found = checks::lost_commit(&PaymentEvidence {
+        keyed,
+        after_loss,
+        rows: rows_now,
+        total,
+    });
+    stage.record(paid(&found, rows_now, total));
+    stage.drain();
+    Ok(found)
+}
+
+/// A's payment: its run, its name, and its idempotency key when A sends one.
+struct Payment<'r> {
+    run_id: &'r str,
+    payment: String,
+    key: Option<String>,
+}
+
+impl Payment<'_> {
+    /// The payment's rows and what they paid in all, read back on `lab`'s connection.
+    fn count(&self, lab: &mut PgClient) -> Result<(u64, i64)> {
+        let row = lab.query_one(
+            "SELECT count(*), coalesce(sum(amount), 0)::bigint FROM lockslab_network_payment WHERE run_id = $1 AND payment = $2",
+            &[&self.run_id, &self.payment],
+        )?;
+        Ok((row.get::<_, i64>(0) as u64, row.get(1)))
+    }
+}
+
+/// A pays 10 in a transaction through the proxy, which loses the answer to its `COMMIT`.
+fn pay_and_lose_the_answer(
+    stage: &mut Stage,
+    hand: &mut Hand,
+    path: &Proxy,
+    through: &str,
+    pay: &Payment,
+) -> Result<()> {
+    let mut a = connect::postgres(through)?;
+    let values: [&(dyn ToSql + Sync); 4] = [&pay.run_id, &pay.payment, &10i64, &pay.key];
+    // Prepared before the transaction and kept until after it: a statement dropped in
+    // between would send its Close ahead of the COMMIT, and the proxy would lose the answer
+    // to that Close instead of the COMMIT's.
+    let insert = a.prepare(PAY)?;
+    let mut tx = a.transaction()?;
+    tx.execute(&insert, &values)?;
+    lose_the_answer(stage, hand, path, "COMMIT", || {
+        tx.commit()?;
+        Ok(())
+    })?;
+    drop(insert);
+    drop(a);
     stage.record(Event::new(
         "A",
         Wrote {
-            value: Some(payment.clone()),
+            value: Some(pay.payment.clone()),
+            ..Wrote::new(Outcome::Unknown)
+        },
+        "pays 10 (INSERT, COMMIT): no answer to the COMMIT — A cannot tell whether it paid",
+    ));
+    Ok(())
+}
+
+/// A retries, as most clients do after an error, on a new connection: as it was, or with
+/// its idempotency key.
+fn retry(stage: &mut Stage, through: &str, pay: &Payment) -> Result<()> {
+    let mut a = connect::postgres(through)?;
+    let values: [&(dyn ToSql + Sync); 4] = [&pay.run_id, &pay.payment, &10i64, &pay.key];
+    let keyed = pay.key.is_some();
+    let rows = if keyed {
+        a.query(PAY_ONCE, &values)?.len() as u64
+    } else {
+        a.execute(PAY, &values)?
+    };
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(pay.payment.clone()),
             ..Wrote::new(Outcome::Accepted)
         },
         match (keyed, rows) {
@@ -139,14 +181,11 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
             (false, _) => format!("retries the payment as it was: INSERT inserted {}", rows_of(rows)),
         },
     ));
-    drop(a);
-    let (rows_now, total) = count(&mut lab)?;
-    let found = checks::lost_commit(&PaymentEvidence {
-        keyed,
-        after_loss,
-        rows: rows_now,
-        total,
-    });
+    Ok(())
+}
+
+/// The store's last word: the payment's rows read back, paid once or twice.
+fn paid(found: &PaymentFound, rows_now: u64, total: i64) -> Event {
     let facts = Observed {
         once: Some(rows_now.min(1)),
         duplicates: Some(rows_now.saturating_sub(1)),
@@ -156,7 +195,7 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
         "read back: {} for this payment, {total} paid in all",
         rows_of(rows_now)
     );
-    stage.record(if found.doubled {
+    if found.doubled {
         Event::new(
             "postgres",
             What::Violation(facts),
@@ -168,9 +207,7 @@ pub(super) fn play(run: &Run, keyed: bool) -> Result<PaymentFound> {
             What::ExactlyOnce(facts),
             format!("{text} — paid once"),
         )
-    });
-    stage.drain();
-    Ok(found)
+    }
 }
 
 /// "1 row", "2 rows".

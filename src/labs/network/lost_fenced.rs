@@ -22,9 +22,10 @@ use crate::check::network::{self as checks, FencedRetryEvidence, FencedRetryFoun
 use crate::connect::{self, Backend};
 use crate::events::facts::{Observed, Wrote};
 use crate::events::{Event, What};
+use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
-use crate::labs::step;
-use crate::nemesis::Nemesis;
+use crate::labs::words::Words;
+use crate::labs::{Stage, step};
 use crate::proxy::{self, Proxy};
 use crate::store::{
     FENCED_WRITE_NOT_LOWER, NUMBER_THE_DECISION, Outcome, RECORD_THE_ATTEMPT, Store,
@@ -57,42 +58,16 @@ pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
             path.addr()
         ),
     ));
-    let mut nemesis = Nemesis::new();
     let run_id = run.id.as_str();
     let value = "A: balance = 10";
-    // The store's own statements, prepared before the transaction and kept until after
-    // it, so that nothing but the COMMIT goes up while the proxy waits to lose an answer
-    // (a statement dropped in between sends its Close first: see lost_commit).
-    let mut a = connect::postgres(&through)?;
-    let write = a.prepare(&lab.sql(FENCED_WRITE_NOT_LOWER))?;
-    let number = a.prepare(&lab.sql(NUMBER_THE_DECISION))?;
-    let record = a.prepare(&lab.sql(RECORD_THE_ATTEMPT))?;
-    let mut tx = a.transaction()?;
-    let accepted = tx
-        .query_opt(&write, &[&run_id, &RESOURCE, &value, &"A", &TOKEN])?
-        .is_some();
-    let decided: i64 = tx.query_one(&number, &[&run_id, &RESOURCE])?.get(0);
-    tx.execute(
-        &record,
-        &[
-            &run_id, &RESOURCE, &"A", &value, &TOKEN, &true, &accepted, &decided,
-        ],
+    let mut hand = Hand::new(&stage).on_path(&path);
+    write_and_lose_the_answer(
+        &mut stage,
+        &mut hand,
+        (&path, &through),
+        &lab,
+        (run_id, value),
     )?;
-    lose_the_answer(&mut stage, &mut nemesis, &path, "COMMIT", || {
-        tx.commit()?;
-        Ok(())
-    })?;
-    drop((write, number, record));
-    drop(a);
-    stage.record(Event::new(
-        "A",
-        Wrote {
-            value: Some(value.into()),
-            token: Some(TOKEN),
-            ..Wrote::new(Outcome::Unknown)
-        },
-        format!("writes with token {TOKEN}: no answer to the COMMIT — A cannot tell whether the store took it"),
-    ));
     let (first, _) = accepted_with_token(&mut lab, run_id)?;
     stage.record(Event::new(
         "postgres",
@@ -122,6 +97,58 @@ pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
         after_loss: first,
         decisions: decisions.clone(),
     });
+    stage.record(taken(&found, twice, &decisions));
+    stage.drain();
+    Ok(found)
+}
+
+/// A's fenced write, in a transaction of the store's own statements through the proxy,
+/// which loses the answer to its `COMMIT`.
+fn write_and_lose_the_answer(
+    stage: &mut Stage,
+    hand: &mut Hand,
+    (path, through): (&Proxy, &str),
+    lab: &Store,
+    (run_id, value): (&str, &str),
+) -> Result<()> {
+    // The store's own statements, prepared before the transaction and kept until after
+    // it, so that nothing but the COMMIT goes up while the proxy waits to lose an answer
+    // (a statement dropped in between sends its Close first: see lost_commit).
+    let mut a = connect::postgres(through)?;
+    let write = a.prepare(&lab.sql(FENCED_WRITE_NOT_LOWER))?;
+    let number = a.prepare(&lab.sql(NUMBER_THE_DECISION))?;
+    let record = a.prepare(&lab.sql(RECORD_THE_ATTEMPT))?;
+    let mut tx = a.transaction()?;
+    let accepted = tx
+        .query_opt(&write, &[&run_id, &RESOURCE, &value, &"A", &TOKEN])?
+        .is_some();
+    let decided: i64 = tx.query_one(&number, &[&run_id, &RESOURCE])?.get(0);
+    tx.execute(
+        &record,
+        &[
+            &run_id, &RESOURCE, &"A", &value, &TOKEN, &true, &accepted, &decided,
+        ],
+    )?;
+    lose_the_answer(stage, hand, path, "COMMIT", || {
+        tx.commit()?;
+        Ok(())
+    })?;
+    drop((write, number, record));
+    drop(a);
+    stage.record(Event::new(
+        "A",
+        Wrote {
+            value: Some(value.into()),
+            token: Some(TOKEN),
+            ..Wrote::new(Outcome::Unknown)
+        },
+        format!("writes with token {TOKEN}: no answer to the COMMIT — A cannot tell whether the store took it"),
+    ));
+    Ok(())
+}
+
+/// The store's last word: A's token accepted once, or twice (decided one after the other).
+fn taken(found: &FencedRetryFound, twice: u64, decisions: &[i64]) -> Event {
     let facts = Observed {
         once: Some(twice.min(1)),
         duplicates: Some(twice.saturating_sub(1)),
@@ -133,7 +160,7 @@ pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
         attempts(twice),
         numbers.join(" and ")
     );
-    stage.record(if found.doubled {
+    if found.doubled {
         Event::new(
             "postgres",
             What::Violation(facts),
@@ -142,14 +169,16 @@ pub(super) fn play(run: &Run) -> Result<FencedRetryFound> {
             ),
         )
     } else {
-        Event::new("postgres", What::ExactlyOnce(facts), format!("{text} — taken once"))
-    });
-    stage.drain();
-    Ok(found)
+        Event::new(
+            "postgres",
+            What::ExactlyOnce(facts),
+            format!("{text} — taken once"),
+        )
+    }
 }
 
 /// The verdict's table for the fenced write, and what it means.
-pub(super) fn print(found: &FencedRetryFound) {
+pub(super) fn say(words: &mut Words, found: &FencedRetryFound) {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let token = found.token;
     let accepted = if found.doubled {
@@ -168,10 +197,8 @@ pub(super) fn print(found: &FencedRetryFound) {
         ],
     ];
     let header = ["evidence", "retried with the same token"];
-    crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to a fenced write".bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
-    crate::outln!();
+    let title = "Verdict: a lost reply to a fenced write";
+    words.blank().heading(title).table(&header, rows).blank();
     let committed = if found.committed {
         "The fenced write whose answer was lost had been accepted."
     } else {
@@ -184,7 +211,7 @@ pub(super) fn print(found: &FencedRetryFound) {
     } else {
         "A's retry made the only write.".to_string()
     };
-    crate::prose!("  {} {committed} {then}", "fenced retry:".bold());
+    words.about("fenced retry", format!("{committed} {then}"));
 }
 
 /// The accepted attempts of A's token in the store's log, and their decision numbers.

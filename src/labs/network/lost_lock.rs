@@ -26,15 +26,17 @@ use etcd_client::{Client, GetOptions, LockOptions, SortOrder, SortTarget};
 use tokio::runtime::Runtime;
 
 use super::Plan;
-use super::lost_reply::{open, run_line};
+use super::lost_reply::{Retried, open, run_line};
 use crate::check::network::{self as checks, Policy, QueuedFound, ReplyEvidence, ReplyFound};
 use crate::connect::{self, Backend};
 use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow};
 use crate::labs::Stage;
+use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
 use crate::labs::step;
-use crate::nemesis::Nemesis;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::How;
 use crate::output::human;
 use crate::proxy::{self, Direction, NetFault, Proxy};
 
@@ -55,7 +57,6 @@ struct Part {
     path: Proxy,
     through: String,
     lab: Client,
-    nemesis: Nemesis,
 }
 
 fn part(run: &Run, runtime: &Runtime, stage: &mut Stage, label: &str) -> Result<Part> {
@@ -77,7 +78,6 @@ fn part(run: &Run, runtime: &Runtime, stage: &mut Stage, label: &str) -> Result<
         path,
         through,
         lab,
-        nemesis: Nemesis::new(),
     })
 }
 
@@ -115,7 +115,7 @@ fn exists(runtime: &Runtime, lab: &mut Client, key: &str) -> Result<bool> {
 fn call_unanswered(
     runtime: &Runtime,
     stage: &mut Stage,
-    part: &mut Part,
+    (part, hand): (&Part, &mut Hand),
     lease: i64,
     patience: Duration,
 ) -> Result<String> {
@@ -124,13 +124,17 @@ fn call_unanswered(
     // The read names a key of the run's own (beside the lock's, not under it): a room
     // seat's etcd user may touch nothing else.
     runtime.block_on(a.get(format!("{}:warm-up", part.name), None))?;
-    part.nemesis.net(
+    let answers = How {
+        proxy: Some(NetFault::BlackHole),
+        direction: Some(Direction::Down),
+        ..How::default()
+    };
+    let path = part.path.path();
+    hand.net(
         stage,
-        &part.path,
-        Direction::Down,
-        NetFault::BlackHole,
+        (Fault::Cut, path, answers.clone()),
         "the proxy on A→etcd lets A's requests through and swallows everything etcd answers",
-    );
+    )?;
     let name = part.name.clone();
     let call = a.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
     let answered = runtime.block_on(async { tokio::time::timeout(patience, call).await });
@@ -146,29 +150,27 @@ fn call_unanswered(
         // The client's connection task runs on this runtime: let it see the drop.
         runtime.block_on(async { tokio::time::sleep(Duration::from_millis(10)).await });
     }
-    part.nemesis.heal_net(
+    let that_way = How {
+        direction: answers.direction,
+        ..How::default()
+    };
+    hand.net(
         stage,
-        &part.path,
-        Direction::Down,
+        (Fault::Heal, path, that_way),
         format!(
             "no answer within {}: A's client gives the call up and closes its connection (the proxy saw it close); the path heals",
             human(patience)
         ),
-    );
+    )?;
     Ok(format!("{name}/{lease:x}"))
 }
 
 /// One retry policy after a lost answer to a free lock.
 fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Result<ReplyFound> {
-    let label = match policy {
-        Policy::SameOwner => "same-lease",
-        Policy::NewOwner => "new-lease",
-        Policy::GiveUp => "give-up",
-    };
-    let says = match policy {
-        Policy::SameOwner => "A retries with the same lease",
-        Policy::NewOwner => "A retries with a new lease",
-        Policy::GiveUp => "A gives up",
+    let (label, says) = match policy {
+        Policy::SameOwner => ("same-lease", "A retries with the same lease"),
+        Policy::NewOwner => ("new-lease", "A retries with a new lease"),
+        Policy::GiveUp => ("give-up", "A gives up"),
     };
     let mut stage = open(
         run,
@@ -177,133 +179,31 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
         step::network::before_lost_lock(policy.as_str()),
     );
     let mut part = part(run, runtime, &mut stage, label)?;
+    let mut hand = Hand::new(&stage).on_path(&part.path);
     let seconds = lease_seconds(plan);
     let mut a = runtime.block_on(connect::etcd(&part.through))?;
     let granted = runtime.block_on(a.lease_grant(seconds, None))?;
     let (lease, lease_ttl) = (granted.id(), Duration::from_secs(granted.ttl() as u64));
     drop(a);
     let sent = Instant::now();
-    let key = call_unanswered(runtime, &mut stage, &mut part, lease, PATIENCE)?;
-    let after_loss = holder(runtime, &mut part.lab, &part.name)?;
-    let applied = after_loss.as_ref().is_some_and(|(k, _)| *k == key);
-    stage.record(Event::new(
-        "etcd",
-        HolderNow {
-            holder: after_loss.as_ref().map(|(k, _)| k.clone()),
-            key: Some(key.clone()),
-            backend: Some("etcd".into()),
-            ..HolderNow::default()
-        },
-        match &after_loss {
-            Some((_, revision)) if applied => format!(
-                "read back on the lab's own connection: A's key {} holds the lock (create revision {revision}), on A's lease of {} that nothing keeps alive — the lock call was applied, only its answer was lost",
-                tail(&key),
-                human(lease_ttl)
-            ),
-            Some((other, _)) => format!("read back: the lock is held by {}, not A's key", tail(other)),
-            None => "read back: no key under the lock's name — the call was not applied".into(),
-        },
-    ));
+    let key = call_unanswered(runtime, &mut stage, (&part, &mut hand), lease, PATIENCE)?;
+    let lab = (&mut part.lab, part.name.as_str());
+    let after_loss = read_after_loss(runtime, &mut stage, lab, &key, lease_ttl)?;
     let mut a = runtime.block_on(connect::etcd(&part.through))?;
     let wait = lease_ttl * 2 + Duration::from_secs(5);
-    let (mut believed, mut waited_ms, mut first_key_ms) = (None, None, None);
-    let mut new_lease = None;
-    match policy {
-        Policy::SameOwner => {
-            let call = a.lock(
-                part.name.as_str(),
-                Some(LockOptions::new().with_lease(lease)),
-            );
-            let answer = runtime.block_on(async { tokio::time::timeout(wait, call).await })??;
-            let got = String::from_utf8_lossy(answer.key()).into_owned();
-            let same = got == key;
-            believed = Some(got.clone());
-            stage.record(Event::new(
-                "A",
-                Acquired {
-                    lock: Some(part.name.clone()),
-                    owner: Some(got.clone()),
-                    backend: Some("etcd".into()),
-                    tries: Some(2),
-                    ..Acquired::default()
-                },
-                if same {
-                    format!(
-                        "retries lock with the same lease: etcd answers at once with the key {} — the one the lost call made; the lock is A's, and its lease has run since then",
-                        tail(&got)
-                    )
-                } else {
-                    format!("retries lock with the same lease: etcd answers with the key {}", tail(&got))
-                },
-            ));
-        }
+    let retry = Retry {
+        runtime,
+        name: &part.name,
+        wait,
+    };
+    let (retried, new_lease) = match policy {
+        Policy::SameOwner => (retry.same_lease(&mut stage, &mut a, (lease, &key))?, None),
         Policy::NewOwner => {
-            // A lease that outlives the wait, so that only the first one can end it.
-            let granted = runtime.block_on(a.lease_grant(seconds * 3 + 5, None))?;
-            let started = Instant::now();
-            let call = a.lock(
-                part.name.as_str(),
-                Some(LockOptions::new().with_lease(granted.id())),
-            );
-            let answer = runtime.block_on(async { tokio::time::timeout(wait, call).await })??;
-            let waited = started.elapsed();
-            let got = String::from_utf8_lossy(answer.key()).into_owned();
-            waited_ms = Some(waited.as_millis() as u64);
-            // etcd answered once A's first key was gone: that key held the lock until now,
-            // while A, queued behind it, worked under nothing.
-            first_key_ms = Some(sent.elapsed().as_millis() as u64);
-            believed = Some(got.clone());
-            stage.record(Event::new(
-                "A",
-                Acquired {
-                    lock: Some(part.name.clone()),
-                    owner: Some(got.clone()),
-                    backend: Some("etcd".into()),
-                    waited_ms,
-                    ..Acquired::default()
-                },
-                format!(
-                    "retried lock with a new lease: its new key {} queued behind its first key and got the lock after {}, once the first lease ran out (nothing kept it alive; a session's keepalive would have kept A waiting on itself as long as it ran)",
-                    tail(&got),
-                    human(waited)
-                ),
-            ));
-            new_lease = Some(granted.id());
+            let (retried, new) = retry.new_lease(&mut stage, &mut a, seconds, sent)?;
+            (retried, Some(new))
         }
-        Policy::GiveUp => {
-            stage.record(Event::new(
-                "A",
-                GaveUp {
-                    why: Some(
-                        "no answer to lock: A treats the lock as not taken and goes away".into(),
-                    ),
-                    owner: Some(key.clone()),
-                    ..GaveUp::default()
-                },
-                "gives up: no answer, so A believes it does not hold the lock, and goes away",
-            ));
-            let deadline = Instant::now() + wait;
-            while exists(runtime, &mut part.lab, &key)? {
-                if Instant::now() > deadline {
-                    bail!("A's abandoned lock key did not go");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let orphaned = sent.elapsed();
-            first_key_ms = Some(orphaned.as_millis() as u64);
-            stage.record(Event::new(
-                "etcd",
-                Expired {
-                    lock: Some(part.name.clone()),
-                    ..Expired::default()
-                },
-                format!(
-                    "A's lease expired and etcd deleted A's key with it, {} after A's call: all that time the lock was taken and nobody worked under it",
-                    human(orphaned)
-                ),
-            ));
-        }
-    }
+        Policy::GiveUp => (retry.give_up(&mut stage, &mut part.lab, &key, sent)?, None),
+    };
     let held_by = holder(runtime, &mut part.lab, &part.name)?.map(|(k, _)| k);
     for lease in std::iter::once(lease).chain(new_lease) {
         let _ = runtime.block_on(part.lab.lease_revoke(lease));
@@ -317,11 +217,181 @@ fn lost_lock(plan: &Plan, run: &Run, runtime: &Runtime, policy: Policy) -> Resul
         policy,
         sent_owner: &key,
         after_loss: after_loss.as_ref().map(|(k, _)| k.as_str()),
-        believed: believed.as_deref(),
+        believed: retried.believed.as_deref(),
         held_by: held_by.as_deref(),
-        waited_ms,
-        first_key_ms,
+        waited_ms: retried.waited_ms,
+        first_key_ms: retried.first_key_ms,
     }))
+}
+
+/// Reads the lock back on the lab's own connection once the answer was lost: the key that
+/// holds it, and its create revision.
+fn read_after_loss(
+    runtime: &Runtime,
+    stage: &mut Stage,
+    (lab, name): (&mut Client, &str),
+    key: &str,
+    lease_ttl: Duration,
+) -> Result<Option<(String, i64)>> {
+    let after_loss = holder(runtime, lab, name)?;
+    let applied = after_loss.as_ref().is_some_and(|(k, _)| k == key);
+    stage.record(Event::new(
+        "etcd",
+        HolderNow {
+            holder: after_loss.as_ref().map(|(k, _)| k.clone()),
+            key: Some(key.into()),
+            backend: Some("etcd".into()),
+            ..HolderNow::default()
+        },
+        match &after_loss {
+            Some((_, revision)) if applied => format!(
+                "read back on the lab's own connection: A's key {} holds the lock (create revision {revision}), on A's lease of {} that nothing keeps alive — the lock call was applied, only its answer was lost",
+                tail(key),
+                human(lease_ttl)
+            ),
+            Some((other, _)) => format!("read back: the lock is held by {}, not A's key", tail(other)),
+            None => "read back: no key under the lock's name — the call was not applied".into(),
+        },
+    ));
+    Ok(after_loss)
+}
+
+/// What A does after the lost answer, on etcd's lock named `name`, waiting at most `wait`.
+struct Retry<'r> {
+    runtime: &'r Runtime,
+    name: &'r str,
+    wait: Duration,
+}
+
+impl Retry<'_> {
+    /// A's word that it holds the lock under `key`.
+    fn acquired(&self, key: &str) -> Acquired {
+        Acquired {
+            lock: Some(self.name.into()),
+            owner: Some(key.into()),
+            backend: Some("etcd".into()),
+            ..Acquired::default()
+        }
+    }
+
+    /// A's call to etcd's lock with `lease`, answered within the wait: the key it got.
+    fn lock_with(&self, a: &mut Client, lease: i64) -> Result<String> {
+        let call = a.lock(self.name, Some(LockOptions::new().with_lease(lease)));
+        let wait = self.wait;
+        let answer =
+            (self.runtime).block_on(async { tokio::time::timeout(wait, call).await })??;
+        Ok(String::from_utf8_lossy(answer.key()).into_owned())
+    }
+
+    /// ✅ The same lease again: etcd finds the key the lost call made and returns it.
+    fn same_lease(
+        &self,
+        stage: &mut Stage,
+        a: &mut Client,
+        (lease, key): (i64, &str),
+    ) -> Result<Retried> {
+        let got = self.lock_with(a, lease)?;
+        stage.record(Event::new(
+            "A",
+            Acquired {
+                tries: Some(2),
+                ..self.acquired(&got)
+            },
+            if got == key {
+                format!(
+                    "retries lock with the same lease: etcd answers at once with the key {} — the one the lost call made; the lock is A's, and its lease has run since then",
+                    tail(&got)
+                )
+            } else {
+                format!("retries lock with the same lease: etcd answers with the key {}", tail(&got))
+            },
+        ));
+        Ok(Retried {
+            believed: Some(got),
+            ..Retried::default()
+        })
+    }
+
+    /// ❌ A new lease: a second key, queued behind A's first one until its lease runs out.
+    /// Returns the new lease too, for the lab to revoke.
+    fn new_lease(
+        &self,
+        stage: &mut Stage,
+        a: &mut Client,
+        seconds: i64,
+        sent: Instant,
+    ) -> Result<(Retried, i64)> {
+        // A lease that outlives the wait, so that only the first one can end it.
+        let granted = self
+            .runtime
+            .block_on(a.lease_grant(seconds * 3 + 5, None))?;
+        let started = Instant::now();
+        let got = self.lock_with(a, granted.id())?;
+        let waited = started.elapsed();
+        let waited_ms = Some(waited.as_millis() as u64);
+        stage.record(Event::new(
+            "A",
+            Acquired {
+                waited_ms,
+                ..self.acquired(&got)
+            },
+            format!(
+                "retried lock with a new lease: its new key {} queued behind its first key and got the lock after {}, once the first lease ran out (nothing kept it alive; a session's keepalive would have kept A waiting on itself as long as it ran)",
+                tail(&got),
+                human(waited)
+            ),
+        ));
+        // etcd answered once A's first key was gone: that key held the lock until now,
+        // while A, queued behind it, worked under nothing.
+        let retried = Retried {
+            believed: Some(got),
+            waited_ms,
+            first_key_ms: Some(sent.elapsed().as_millis() as u64),
+        };
+        Ok((retried, granted.id()))
+    }
+
+    /// ❌ Give up: the key holds the lock, nobody working under it, until the lease ends.
+    fn give_up(
+        &self,
+        stage: &mut Stage,
+        lab: &mut Client,
+        key: &str,
+        sent: Instant,
+    ) -> Result<Retried> {
+        stage.record(Event::new(
+            "A",
+            GaveUp {
+                why: Some("no answer to lock: A treats the lock as not taken and goes away".into()),
+                owner: Some(key.into()),
+                ..GaveUp::default()
+            },
+            "gives up: no answer, so A believes it does not hold the lock, and goes away",
+        ));
+        let deadline = Instant::now() + self.wait;
+        while exists(self.runtime, lab, key)? {
+            if Instant::now() > deadline {
+                bail!("A's abandoned lock key did not go");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let orphaned = sent.elapsed();
+        stage.record(Event::new(
+            "etcd",
+            Expired {
+                lock: Some(self.name.into()),
+                ..Expired::default()
+            },
+            format!(
+                "A's lease expired and etcd deleted A's key with it, {} after A's call: all that time the lock was taken and nobody worked under it",
+                human(orphaned)
+            ),
+        ));
+        Ok(Retried {
+            first_key_ms: Some(orphaned.as_millis() as u64),
+            ..Retried::default()
+        })
+    }
 }
 
 /// A's lock call queued behind the lab's lock when its answer (none yet) and connection go.
@@ -333,6 +403,7 @@ fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
         step::network::before_lost_lock("queued"),
     );
     let mut part = part(run, runtime, &mut stage, "queued")?;
+    let mut hand = Hand::new(&stage).on_path(&part.path);
     let seconds = lease_seconds(plan);
     let lab_lease = runtime
         .block_on(part.lab.lease_grant(seconds * 3 + 5, None))?
@@ -356,7 +427,7 @@ fn queued(plan: &Plan, run: &Run, runtime: &Runtime) -> Result<QueuedFound> {
     let mut a = runtime.block_on(connect::etcd(&part.through))?;
     let lease = runtime.block_on(a.lease_grant(seconds * 3 + 5, None))?.id();
     drop(a);
-    let key = call_unanswered(runtime, &mut stage, &mut part, lease, PATIENCE)?;
+    let key = call_unanswered(runtime, &mut stage, (&part, &mut hand), lease, PATIENCE)?;
     // The server may take a moment to see the connection gone.
     std::thread::sleep(Duration::from_millis(300));
     let key_left = exists(runtime, &mut part.lab, &key)?;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::check::network::{Policy, QueuedFound, ReplyFound};
+use crate::labs::words::Words;
 use crate::output::human;
 
 /// The column of a policy, as the etcd half calls it.
@@ -15,13 +16,13 @@ fn label(policy: Policy) -> &'static str {
 }
 
 /// The etcd half's table and what it means.
-pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
-    use colored::Colorize;
+pub(super) fn say(words: &mut Words, locks: &[ReplyFound], queued: Option<&QueuedFound>) {
     if locks.is_empty() {
         return;
     }
     let columns: Vec<&str> = locks.iter().map(|s| label(s.policy)).collect();
-    super::lost_reply::print_reply_table(
+    super::lost_reply::say_reply_table(
+        words,
         "Verdict: a lost reply to etcd's lock",
         [
             "lock call applied (etcd read back)",
@@ -30,13 +31,9 @@ pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
         &columns,
         locks,
     );
-    crate::outln!();
+    words.blank();
     for lock in locks {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", label(lock.policy)).bold(),
-            meaning(lock)
-        );
+        words.about(label(lock.policy), meaning(lock));
     }
     if let Some(queued) = queued {
         let left = match (queued.key_left, queued.auth) {
@@ -60,7 +57,7 @@ pub(super) fn print(locks: &[ReplyFound], queued: Option<&QueuedFound>) {
         } else {
             " That cleanup is best-effort: a client whose lock call failed should revoke its own lease."
         };
-        crate::prose!("  {} {left}{handed}{cleanup}", "queued:".bold());
+        words.about("queued", format!("{left}{handed}{cleanup}"));
     }
 }
 

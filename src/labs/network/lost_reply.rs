@@ -26,13 +26,16 @@ use crate::check::network::{self as checks, Policy, ReplyEvidence};
 use crate::connect::{self, Backend};
 use crate::events::Event;
 use crate::events::facts::{Acquired, Expired, GaveUp, HolderNow, RunFacts};
+use crate::labs::faults::Hand;
 use crate::labs::runner::Run;
+use crate::labs::words::Words;
 use crate::labs::{Stage, step};
 use crate::lock::random_owner;
 use crate::lock::redis::{RETRY_EVERY, owner_and_pttl};
-use crate::nemesis::Nemesis;
+use crate::nemesis::Fault;
+use crate::nemesis::schedule::How;
 use crate::output::human;
-use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
+use crate::proxy::{self, Proxy, Seen};
 
 use crate::check::network::{PaymentFound, ReplyFound};
 
@@ -69,25 +72,22 @@ pub(super) fn run_line(run: &Run, lock_key: Option<&str>, text: String) -> Event
     Event::new("lab", facts, format!("run {}: {text}", run.id))
 }
 
-/// Puts a drop-reply on the proxy, has `request` fail, and records the proxy's account:
-/// the request went up, the answer was thrown away. Bails if an answer came back.
+/// Has the one player put a drop-reply on the proxy, has `request` fail, and has it heal
+/// the path with the proxy's account: the request went up, the answer was thrown away.
+/// Bails if an answer came back.
 pub(super) fn lose_the_answer<T>(
     stage: &mut Stage,
-    nemesis: &mut Nemesis,
+    hand: &mut Hand,
     path: &Proxy,
     what: &str,
     request: impl FnOnce() -> Result<T>,
 ) -> Result<String> {
-    nemesis.net(
+    let at = path.path();
+    hand.net(
         stage,
-        path,
-        Direction::Up,
-        NetFault::DropReply,
-        format!(
-            "the proxy on {} will let A's {what} through and lose the answer",
-            path.path()
-        ),
-    );
+        (Fault::DropReply, at, How::default()),
+        format!("the proxy on {at} will let A's {what} through and lose the answer"),
+    )?;
     let error = match request() {
         Ok(_) => bail!("A's {what} was answered: the proxy did not drop the reply"),
         Err(err) => once(&format!("{err:#}")),
@@ -105,15 +105,45 @@ pub(super) fn lose_the_answer<T>(
     ) else {
         bail!("A's {what} failed ({error}) but the proxy did not see it through: {seen:?}");
     };
-    nemesis.heal_net(
+    hand.net(
         stage,
-        path,
-        Direction::Up,
+        (Fault::Heal, at, How::default()),
         format!(
             "the proxy sent A's {what} on ({up} bytes), threw the answer away ({lost} bytes) and reset A's connection; A's client says: {error}"
         ),
-    );
+    )?;
     Ok(error)
+}
+
+/// A's `SET key owner NX PX ttl` on the story's key: whether it took the key.
+struct SetNx<'k> {
+    key: &'k str,
+    ttl_ms: u64,
+}
+
+impl SetNx<'_> {
+    fn send(&self, a: &mut connect::RedisConn, owner: &str) -> Result<bool> {
+        let reply: Option<String> = redis::cmd("SET")
+            .arg(self.key)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms)
+            .query(&mut **a)?;
+        Ok(reply.is_some())
+    }
+}
+
+/// What A believes after its policy, and what the policy cost, as the lab timed it (for
+/// Redis's `SET NX` here, and for etcd's lock call in [`super::lost_lock`]).
+#[derive(Default)]
+pub(super) struct Retried {
+    /// The owner value A works under, if it believes it holds the lock.
+    pub(super) believed: Option<String>,
+    /// How long A's retry waited behind A's own first SET.
+    pub(super) waited_ms: Option<u64>,
+    /// How long A's first key held the lock (from A's send).
+    pub(super) first_key_ms: Option<u64>,
 }
 
 /// One Redis policy: A's `SET NX PX` applied, its answer lost, and what A does next.
@@ -137,169 +167,30 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
         Some(&key),
         format!("the lock is the Redis key {key}; A's path to Redis, A→redis, goes through the fault proxy on {}", path.addr()),
     ));
-    let mut nemesis = Nemesis::new();
+    let mut hand = Hand::new(&stage).on_path(&path);
     let mut lab = connect::redis(redis_url)?;
     let mut a = connect::redis(&through)?;
-    let ttl_ms = plan.ttl.as_millis() as u64;
+    let set = SetNx {
+        key: &key,
+        ttl_ms: plan.ttl.as_millis() as u64,
+    };
     // A's owner value: random, made by A before it sends anything.
     let owner = random_owner();
     let sent = Instant::now();
-    lose_the_answer(&mut stage, &mut nemesis, &path, "SET NX PX", || {
-        let reply: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query(&mut *a)?;
-        Ok(reply)
+    lose_the_answer(&mut stage, &mut hand, &path, "SET NX PX", || {
+        set.send(&mut a, &owner)
     })?;
-    let (after_loss, pttl) = owner_and_pttl(&mut lab, &key)?;
-    let applied = after_loss.as_deref() == Some(owner.as_str());
-    stage.record(Event::new(
-        "redis",
-        HolderNow {
-            holder: after_loss.clone(),
-            key: Some(key.clone()),
-            backend: Some("redis".into()),
-            ..HolderNow::default()
-        },
-        match &after_loss {
-            Some(found) if applied => format!(
-                "read back on the lab's own connection: the key holds A's owner value {}…, PTTL {pttl}ms — the SET was applied, only its answer was lost",
-                short(found)
-            ),
-            Some(found) => format!("read back: the key holds {}…, not A's value", short(found)),
-            None => "read back: no key — the SET was not applied".into(),
-        },
-    ));
+    let (after_loss, pttl) = read_after_loss(&mut stage, &mut lab, &key, &owner)?;
     // A's client after the loss: a new connection (the old one was reset).
     let mut a = connect::redis(&through)?;
-    let set = |a: &mut connect::RedisConn, owner: &str| -> Result<bool> {
-        let reply: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query(&mut **a)?;
-        Ok(reply.is_some())
+    let retried = match policy {
+        Policy::SameOwner => retry_same_owner(&mut stage, &set, &mut a, &owner)?,
+        Policy::NewOwner => retry_new_owner(plan, &mut stage, &set, &mut a, sent)?,
+        Policy::GiveUp => give_up(plan, &mut stage, (&mut lab, &key), &owner, (sent, pttl))?,
     };
-    let mut believed = None;
-    let mut waited_ms = None;
-    let mut first_key_ms = None;
-    match policy {
-        Policy::SameOwner => {
-            // ✅ The same value again. NX refuses (the key exists); GET says whose it is —
-            // and only A's first SET can have stored a value A made up itself.
-            let took = set(&mut a, &owner)?;
-            let now: Option<String> = redis::cmd("GET").arg(&key).query(&mut *a)?;
-            let ours = took || now.as_deref() == Some(owner.as_str());
-            if ours {
-                believed = Some(owner.clone());
-            }
-            stage.record(Event::new(
-                "A",
-                Acquired {
-                    lock: Some(key.clone()),
-                    owner: believed.clone(),
-                    backend: Some("redis".into()),
-                    tries: Some(2),
-                    ..Acquired::default()
-                },
-                if took {
-                    "retries SET NX PX with the same owner value: OK — the first one had not landed".to_string()
-                } else {
-                    format!(
-                        "retries SET NX PX with the same owner value: nil (the key exists); GET answers {}… — A's own value, which only A's first SET can have stored: the lock is A's, and its lease has run since the first try",
-                        now.as_deref().map_or("nothing".into(), short)
-                    )
-                },
-            ));
-        }
-        Policy::NewOwner => {
-            // ❌ A fresh value: the key holds A's first one, so NX refuses until it expires.
-            let fresh = random_owner();
-            let (mut tries, deadline) =
-                (0u64, Instant::now() + plan.ttl * 2 + Duration::from_secs(5));
-            let started = Instant::now();
-            while !set(&mut a, &fresh)? {
-                tries += 1;
-                if Instant::now() > deadline {
-                    bail!("A's retry never got the lock back");
-                }
-                thread::sleep(RETRY_EVERY);
-            }
-            let waited = started.elapsed();
-            waited_ms = Some(waited.as_millis() as u64);
-            // NX set the new value only once A's first one was gone: that first key held
-            // the lock until now, while A, waiting behind it, worked under nothing.
-            first_key_ms = Some(sent.elapsed().as_millis() as u64);
-            believed = Some(fresh.clone());
-            stage.record(Event::new(
-                "A",
-                Acquired {
-                    lock: Some(key.clone()),
-                    owner: Some(fresh.clone()),
-                    backend: Some("redis".into()),
-                    tries: Some(tries + 1),
-                    waited_ms,
-                    ..Acquired::default()
-                },
-                format!(
-                    "retried SET NX PX with a new owner value {}… {} times: refused until its own first SET expired — it waited {} behind itself",
-                    short(&fresh),
-                    tries + 1,
-                    human(waited)
-                ),
-            ));
-        }
-        Policy::GiveUp => {
-            // ❌ "No answer: not mine." The key says otherwise until it expires.
-            stage.record(Event::new(
-                "A",
-                GaveUp {
-                    why: Some(
-                        "no answer to SET NX PX: A treats the lock as not taken and goes away"
-                            .into(),
-                    ),
-                    owner: Some(owner.clone()),
-                    ..GaveUp::default()
-                },
-                "gives up: no answer, so A believes it does not hold the lock, and goes away",
-            ));
-            let deadline = Instant::now() + plan.ttl * 2 + Duration::from_secs(5);
-            let mut last = pttl;
-            loop {
-                let (now, left) = owner_and_pttl(&mut lab, &key)?;
-                if now.as_deref() != Some(owner.as_str()) {
-                    break;
-                }
-                last = left;
-                if Instant::now() > deadline {
-                    bail!("A's abandoned key did not expire");
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-            let orphaned = sent.elapsed();
-            first_key_ms = Some(orphaned.as_millis() as u64);
-            stage.record(Event::new(
-                "redis",
-                Expired {
-                    lock: Some(key.clone()),
-                    pttl_before_ms: Some(last),
-                    ..Expired::default()
-                },
-                format!(
-                    "A's abandoned key expired, {} after A sent its SET: all that time the lock was taken and nobody worked under it",
-                    human(orphaned)
-                ),
-            ));
-        }
-    }
     // The end, from Redis: whose value is in the key now, and A lets go of what it believes.
     let (held_by, _) = owner_and_pttl(&mut lab, &key)?;
-    if let Some(value) = &believed {
+    if let Some(value) = &retried.believed {
         let _: i64 = redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
         )
@@ -312,13 +203,178 @@ fn lost_set(plan: &Plan, run: &Run, policy: Policy) -> Result<ReplyFound> {
         policy,
         sent_owner: &owner,
         after_loss: after_loss.as_deref(),
-        believed: believed.as_deref(),
+        believed: retried.believed.as_deref(),
         held_by: held_by.as_deref(),
-        waited_ms,
-        first_key_ms,
+        waited_ms: retried.waited_ms,
+        first_key_ms: retried.first_key_ms,
     });
     stage.drain();
     Ok(found)
+}
+
+/// Reads the key back on the lab's own connection once the answer was lost: whose value
+/// it holds, and its PTTL.
+fn read_after_loss(
+    stage: &mut Stage,
+    lab: &mut connect::RedisConn,
+    key: &str,
+    owner: &str,
+) -> Result<(Option<String>, i64)> {
+    let (after_loss, pttl) = owner_and_pttl(lab, key)?;
+    let applied = after_loss.as_deref() == Some(owner);
+    stage.record(Event::new(
+        "redis",
+        HolderNow {
+            holder: after_loss.clone(),
+            key: Some(key.into()),
+            backend: Some("redis".into()),
+            ..HolderNow::default()
+        },
+        match &after_loss {
+            Some(found) if applied => format!(
+                "read back on the lab's own connection: the key holds A's owner value {}…, PTTL {pttl}ms — the SET was applied, only its answer was lost",
+                short(found)
+            ),
+            Some(found) => format!("read back: the key holds {}…, not A's value", short(found)),
+            None => "read back: no key — the SET was not applied".into(),
+        },
+    ));
+    Ok((after_loss, pttl))
+}
+
+/// ✅ The same value again. NX refuses (the key exists); GET says whose it is — and only
+/// A's first SET can have stored a value A made up itself.
+fn retry_same_owner(
+    stage: &mut Stage,
+    set: &SetNx,
+    a: &mut connect::RedisConn,
+    owner: &str,
+) -> Result<Retried> {
+    let took = set.send(a, owner)?;
+    let now: Option<String> = redis::cmd("GET").arg(set.key).query(&mut **a)?;
+    let ours = took || now.as_deref() == Some(owner);
+    let believed = ours.then(|| owner.to_string());
+    stage.record(Event::new(
+        "A",
+        Acquired {
+            lock: Some(set.key.into()),
+            owner: believed.clone(),
+            backend: Some("redis".into()),
+            tries: Some(2),
+            ..Acquired::default()
+        },
+        if took {
+            "retries SET NX PX with the same owner value: OK — the first one had not landed".to_string()
+        } else {
+            format!(
+                "retries SET NX PX with the same owner value: nil (the key exists); GET answers {}… — A's own value, which only A's first SET can have stored: the lock is A's, and its lease has run since the first try",
+                now.as_deref().map_or("nothing".into(), short)
+            )
+        },
+    ));
+    Ok(Retried {
+        believed,
+        ..Retried::default()
+    })
+}
+
+/// ❌ A fresh value: the key holds A's first one, so NX refuses until it expires.
+fn retry_new_owner(
+    plan: &Plan,
+    stage: &mut Stage,
+    set: &SetNx,
+    a: &mut connect::RedisConn,
+    sent: Instant,
+) -> Result<Retried> {
+    let fresh = random_owner();
+    let (mut tries, deadline) = (0u64, Instant::now() + plan.ttl * 2 + Duration::from_secs(5));
+    let started = Instant::now();
+    while !set.send(a, &fresh)? {
+        tries += 1;
+        if Instant::now() > deadline {
+            bail!("A's retry never got the lock back");
+        }
+        thread::sleep(RETRY_EVERY);
+    }
+    let waited = started.elapsed();
+    let waited_ms = Some(waited.as_millis() as u64);
+    // NX set the new value only once A's first one was gone: that first key held the lock
+    // until now, while A, waiting behind it, worked under nothing.
+    let first_key_ms = Some(sent.elapsed().as_millis() as u64);
+    stage.record(Event::new(
+        "A",
+        Acquired {
+            lock: Some(set.key.into()),
+            owner: Some(fresh.clone()),
+            backend: Some("redis".into()),
+            tries: Some(tries + 1),
+            waited_ms,
+            ..Acquired::default()
+        },
+        format!(
+            "retried SET NX PX with a new owner value {}… {} times: refused until its own first SET expired — it waited {} behind itself",
+            short(&fresh),
+            tries + 1,
+            human(waited)
+        ),
+    ));
+    Ok(Retried {
+        believed: Some(fresh),
+        waited_ms,
+        first_key_ms,
+    })
+}
+
+/// ❌ "No answer: not mine." The key says otherwise until it expires: the lab watches it
+/// go, on its own connection.
+fn give_up(
+    plan: &Plan,
+    stage: &mut Stage,
+    (lab, key): (&mut connect::RedisConn, &str),
+    owner: &str,
+    (sent, pttl): (Instant, i64),
+) -> Result<Retried> {
+    stage.record(Event::new(
+        "A",
+        GaveUp {
+            why: Some(
+                "no answer to SET NX PX: A treats the lock as not taken and goes away".into(),
+            ),
+            owner: Some(owner.into()),
+            ..GaveUp::default()
+        },
+        "gives up: no answer, so A believes it does not hold the lock, and goes away",
+    ));
+    let deadline = Instant::now() + plan.ttl * 2 + Duration::from_secs(5);
+    let mut last = pttl;
+    loop {
+        let (now, left) = owner_and_pttl(lab, key)?;
+        if now.as_deref() != Some(owner) {
+            break;
+        }
+        last = left;
+        if Instant::now() > deadline {
+            bail!("A's abandoned key did not expire");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let orphaned = sent.elapsed();
+    stage.record(Event::new(
+        "redis",
+        Expired {
+            lock: Some(key.into()),
+            pttl_before_ms: Some(last),
+            ..Expired::default()
+        },
+        format!(
+            "A's abandoned key expired, {} after A sent its SET: all that time the lock was taken and nobody worked under it",
+            human(orphaned)
+        ),
+    ));
+    Ok(Retried {
+        first_key_ms: Some(orphaned.as_millis() as u64),
+        ..Retried::default()
+    })
 }
 
 /// A client error whose cause repeats its message (`eof: eof`) said once.
@@ -338,7 +394,8 @@ fn short(owner: &str) -> String {
 /// server applied it, whether A's belief matched the server's holder at the end, and what the
 /// retry cost. Redis's `SET NX` and etcd's lock call share it; `applied_and_belief` names
 /// the first two rows for the backend.
-pub(super) fn print_reply_table(
+pub(super) fn say_reply_table(
+    words: &mut Words,
     title: &str,
     applied_and_belief: [&str; 2],
     columns: &[&str],
@@ -373,17 +430,17 @@ pub(super) fn print_reply_table(
             }
         }),
     ];
-    crate::outln!();
-    crate::prose!("{}", title.bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
+    words.blank().heading(title).table(&header, rows);
 }
 
-pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
+/// The Redis and Postgres tables of the lost reply, and what each column means.
+pub(super) fn say(words: &mut Words, sets: &[ReplyFound], commits: &[PaymentFound]) {
     if sets.is_empty() && commits.is_empty() {
         return;
     }
     let columns: Vec<&str> = sets.iter().map(|s| s.policy.as_str()).collect();
-    print_reply_table(
+    say_reply_table(
+        words,
         "Verdict: a lost reply to SET NX",
         [
             "SET applied (Redis read back)",
@@ -414,24 +471,18 @@ pub(super) fn print(sets: &[ReplyFound], commits: &[PaymentFound]) {
             }
         }),
     ];
-    crate::outln!();
-    crate::prose!("{}", "Verdict: a lost reply to COMMIT".bold());
-    crate::prose!("{}", crate::output::table(&header, &rows));
-    crate::outln!();
+    let title = "Verdict: a lost reply to COMMIT";
+    words.blank().heading(title).table(&header, rows).blank();
     for set in sets {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", set.policy.as_str()).bold(),
-            set_meaning(set)
-        );
+        words.about(set.policy.as_str(), set_meaning(set));
     }
     for commit in commits {
         let title = if commit.idempotency_key {
-            "with a key:"
+            "with a key"
         } else {
-            "without a key:"
+            "without a key"
         };
-        crate::prose!("  {} {}", title.bold(), commit_meaning(commit));
+        words.about(title, commit_meaning(commit));
     }
 }
 

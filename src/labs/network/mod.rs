@@ -13,8 +13,10 @@
 //! can see what happens to the bytes *after*: without fencing the store takes A's write on
 //! top of B's; with fencing it compares tokens when the write arrives and refuses it.
 //!
-//! The nemesis puts the hold on the path and lifts it, and records both; the lab looks at
-//! A's process while the write waits, so that the verdict can say A ran throughout.
+//! The story's schedule says when the hold goes on the path and when it lifts (once B has
+//! written); the nemesis's one player plays it and records both. The lab looks at A's
+//! process while the write waits, so that the verdict can say A ran throughout. Every
+//! story and part plays its faults so, and `--json` carries their schedules.
 //!
 //! The second story cuts A off from Redis instead, not from the store: A's lock is renewed
 //! by a heartbeat, the renewals stop getting through, the lease runs out in Redis, B takes

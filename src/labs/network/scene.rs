@@ -1,10 +1,13 @@
-//! What both stories of lab 8 share: the stage and its proxy on one path of A's, the two
-//! holders' scripts, watching A's process while the fault lasts, and the ending — the fault
-//! healed, the workers let go, the store read back.
+//! What both stories of lab 8 share: the stage on one path of A's through a proxy (the
+//! story starts the proxy), the two holders' scripts, the story's schedule played by the
+//! nemesis's one player while the lab watches A's process, and the ending — the workers
+//! let go, the store read back.
 
-use std::time::{Duration, Instant};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use colored::Colorize;
 
 use super::Plan;
@@ -12,11 +15,13 @@ use super::verdict::{RunVerdict, store_line};
 use crate::connect::Backend;
 use crate::events::facts::{self, FaultFacts};
 use crate::events::{Event, Kind};
+use crate::labs::faults::{Cue, Faults, Until};
 use crate::labs::runner::Run;
 use crate::labs::{Stage, WorkerHandle, step};
-use crate::nemesis::{Nemesis, Note};
+use crate::nemesis::schedule::{Anchor, How, Schedule, Step};
+use crate::nemesis::{Fault, Nemesis, Note};
 use crate::procs;
-use crate::proxy::{self, Direction, Proxy};
+use crate::proxy::{self, NetFault, Proxy};
 use crate::store::{FenceRule, Store};
 use crate::worker::WorkerSpec;
 use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
@@ -29,10 +34,13 @@ pub(super) struct Scene<'a> {
     pub(super) scenario: &'static str,
     pub(super) fenced: bool,
     pub(super) stage: Stage,
-    pub(super) nemesis: Nemesis,
-    /// A's path to `server` (`A→store`, `A→redis`), and A's URL for that server through it.
-    pub(super) path: Proxy,
+    /// Plays the story's faults, from its schedule, through the one player.
+    nemesis: Nemesis,
+    /// A's URL for the server its proxy stands before (`A→store`, `A→redis`).
     pub(super) url_through: String,
+    /// What the lab has seen of A's process so far while the faults play: shared with the
+    /// words of the heal, which say it.
+    looks: Rc<Cell<Looks>>,
     /// The lock is etcd's (each holder's own lease kept alive by a keepalive, and etcd's
     /// lock called with it), not Redis's: the scenes whose proxy is on A's path to etcd.
     pub(super) on_etcd: bool,
@@ -41,7 +49,7 @@ pub(super) struct Scene<'a> {
 }
 
 impl<'a> Scene<'a> {
-    /// Sets the stage (heading, tags, `--step` stop) and puts a proxy on A's path to the
+    /// Sets the stage (heading, tags, `--step` stop) for A's path through `proxy` to the
     /// server at `server_url`.
     pub(super) fn open(
         plan: &'a Plan,
@@ -49,7 +57,7 @@ impl<'a> Scene<'a> {
         (scenario, heading): (&'static str, &str),
         fenced: bool,
         at: &step::Checkpoint,
-        (path, server_url): (&str, &str),
+        (proxy, server_url): (&Proxy, &str),
     ) -> Result<Scene<'a>> {
         let label = if fenced { "fenced" } else { "unfenced" };
         let mut stage = run.stage();
@@ -67,13 +75,13 @@ impl<'a> Scene<'a> {
         stage.checkpoint(at);
         let run_id = run.id.as_str();
         let lock_key = format!("lockslab:{run_id}:network:{scenario}:{label}:lock");
+        let path = proxy.path();
         let on_etcd = path.ends_with("etcd");
         let lock_is = if on_etcd {
             "etcd's lock named"
         } else {
             "the Redis key"
         };
-        let proxy = Proxy::start(path, proxy::upstream_of(server_url)?)?;
         let url_through = proxy::through(server_url, proxy.addr())?;
         stage.record(Event::new(
             "lab",
@@ -94,8 +102,8 @@ impl<'a> Scene<'a> {
             fenced,
             stage,
             nemesis: Nemesis::new(),
-            path: proxy,
             url_through,
+            looks: Rc::default(),
             on_etcd,
             lock_key,
             resource: format!("network-{scenario}-{label}"),
@@ -176,21 +184,59 @@ impl<'a> Scene<'a> {
         Ok((a, owner))
     }
 
-    /// Has the proxy on A's path hold what A sends next, tells A to finish its work, and
-    /// waits for A's `checked` (A's question before it sends its write into the hold).
-    pub(super) fn hold_a_write(&mut self, a: &mut WorkerHandle) -> Result<Event> {
-        self.nemesis.net(
-            &mut self.stage,
-            &self.path,
-            Direction::Up,
-            proxy::NetFault::Hold,
-            "the proxy on A→store holds what A sends next: A's write will leave A and wait in flight",
-        );
+    /// The story's faults: `schedule`, its clock starting now, played on `paths` with the
+    /// lab's `words` for each fault (given what the lab has seen of A's process so far).
+    pub(super) fn faults<'p>(
+        &self,
+        schedule: &Schedule,
+        paths: &[&'p Proxy],
+        words: impl Fn(&Cue, Looks) -> Note + 'p,
+    ) -> Faults<'p> {
+        let looks = Rc::clone(&self.looks);
+        let faults = Faults::new(schedule, &self.stage).saying(move |cue| words(cue, looks.get()));
+        (paths.iter()).fold(faults, |faults, path| faults.on_path(path))
+    }
+
+    /// Plays the story's faults until the hold on `A→store` is on, tells A to finish its
+    /// work, and waits for A's `checked` (A's question before it sends its write into the
+    /// hold).
+    pub(super) fn hold_a_write(
+        &mut self,
+        faults: &mut Faults,
+        a: &mut WorkerHandle,
+    ) -> Result<Event> {
+        self.play(
+            faults,
+            Until::acted(Fault::Hold, "A→store", Duration::from_secs(5)),
+        )?;
         a.tell("finish")?;
         self.stage
             .wait_for(Duration::from_secs(10), "A's check before its write", |e| {
                 e.is("A", Kind::Checked)
             })
+    }
+
+    /// Plays the story's faults until `until` holds.
+    pub(super) fn play(&mut self, faults: &mut Faults, until: Until) -> Result<()> {
+        self.stage.play(faults, &mut self.nemesis, &mut [], until)
+    }
+
+    /// Plays the rest of the story's faults (its heals come once B has written), calling
+    /// `tick` (before each event is shown) and looking at A's process each time: it must be
+    /// running, or asleep in a read, never stopped.
+    pub(super) fn play_out(
+        &mut self,
+        faults: &mut Faults,
+        a: &WorkerHandle,
+        mut tick: impl FnMut(&mut Stage) -> Result<()>,
+    ) -> Result<()> {
+        let within = self.plan.ttl * 4 + Duration::from_secs(25);
+        let looks = Rc::clone(&self.looks);
+        let done = Until::done(within);
+        (self.stage).play_ticking(faults, &mut self.nemesis, &mut [], done, |stage| {
+            looks.set(looks.get().took(procs::process_state(a.pid) == Some('T')));
+            tick(stage)
+        })
     }
 
     /// Starts B, on direct paths to the lock's server and the store: it waits for the
@@ -204,59 +250,6 @@ impl<'a> Scene<'a> {
             (BeforeWrite::Nothing, AfterWrite::HoldUntilTold),
         );
         self.stage.spawn("B", &WorkerSpec::Holder(script))
-    }
-
-    /// Shows events until B has written, calling `tick` (before each event is shown) and
-    /// looking at A's process each time: it must be running, or asleep in a read, never
-    /// stopped. Returns whether it never was, with how many looks.
-    pub(super) fn until_b_wrote(
-        &mut self,
-        a: &WorkerHandle,
-        mut tick: impl FnMut(&mut Stage) -> Result<()>,
-    ) -> Result<(bool, u64)> {
-        let (mut looks, mut stopped) = (0u64, 0u64);
-        let deadline = Instant::now() + self.plan.ttl * 3 + Duration::from_secs(15);
-        while self.stage.saw("B", Kind::Wrote).is_none() {
-            if Instant::now() > deadline {
-                bail!(
-                    "B did not write within {:?}",
-                    self.plan.ttl * 3 + Duration::from_secs(15)
-                );
-            }
-            if let Some(failed) = self.stage.log.iter().find(|e| e.kind() == Kind::Error) {
-                bail!("worker {} failed: {}", failed.worker, failed.text);
-            }
-            self.stage
-                .run_until(Instant::now() + Duration::from_millis(20), |stage| {
-                    looks += 1;
-                    if procs::process_state(a.pid) == Some('T') {
-                        stopped += 1;
-                    }
-                    tick(stage)
-                })?;
-        }
-        Ok((looks > 0 && stopped == 0, looks))
-    }
-
-    /// Lifts the fault on A's path (its end recorded with what the lab saw of A's process).
-    pub(super) fn heal(&mut self, what: &str, (ran, looks): (bool, u64)) {
-        let words = if ran {
-            format!(
-                "{what}, after B wrote; A's process was never stopped in the {looks} looks the lab took at it"
-            )
-        } else {
-            format!("{what}, after B wrote; A's process was seen stopped (state T)")
-        };
-        let facts = FaultFacts {
-            process_ran: Some(ran),
-            ..FaultFacts::default()
-        };
-        self.nemesis.heal_net(
-            &mut self.stage,
-            &self.path,
-            Direction::Up,
-            Note::new(words, facts),
-        );
     }
 
     /// Lets A write and both let go, then reads the store back into the run's verdict.
@@ -285,5 +278,66 @@ impl<'a> Scene<'a> {
             stage.record(event);
         }
         Ok(verdict)
+    }
+}
+
+/// What the lab saw of A's process while the faults played: how many times it looked
+/// (in `/proc`), and how many of those found A stopped (state T).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Looks {
+    looks: u64,
+    stopped: u64,
+}
+
+impl Looks {
+    fn took(self, stopped: bool) -> Looks {
+        Looks {
+            looks: self.looks + 1,
+            stopped: self.stopped + u64::from(stopped),
+        }
+    }
+
+    /// The words of a heal that comes after B wrote, with what the lab saw of A's process
+    /// while the fault lasted.
+    pub(super) fn healed(self, what: &str) -> Note {
+        let ran = self.looks > 0 && self.stopped == 0;
+        let words = if ran {
+            format!(
+                "{what}, after B wrote; A's process was never stopped in the {} looks the lab took at it",
+                self.looks
+            )
+        } else {
+            format!("{what}, after B wrote; A's process was seen stopped (state T)")
+        };
+        let facts = FaultFacts {
+            process_ran: Some(ran),
+            ..FaultFacts::default()
+        };
+        Note::new(words, facts)
+    }
+}
+
+/// The hold on A's path to the store, in the timeline's words.
+pub(super) const HOLD_WORDS: &str =
+    "the proxy on A→store holds what A sends next: A's write will leave A and wait in flight";
+
+/// A step of a story's schedule: `fault` on `path`, done as `how` says, as soon as
+/// `after` (an event of the run) comes, or at once.
+pub(super) fn net_step(fault: Fault, path: &str, after: Option<Anchor>, how: How) -> (Step, How) {
+    let step = Step {
+        at_ms: 0,
+        after,
+        fault,
+        target: path.into(),
+        duration_ms: None,
+    };
+    (step, how)
+}
+
+/// A cut that resets A's connections on a path and refuses new ones.
+pub(super) fn resets() -> How {
+    How {
+        proxy: Some(NetFault::Reset),
+        ..How::default()
     }
 }

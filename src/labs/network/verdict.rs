@@ -18,7 +18,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
 use crate::lock::redis::Release;
-use crate::output::{human, table};
+use crate::output::human;
 use crate::store::{Attempt, ReadBack};
 use crate::worker::holder::release_of;
 
@@ -71,18 +71,19 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            print_verdicts(&self.runs);
-            let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();
-            if !self.runs.is_empty() && (lost || !self.lost_lock.is_empty()) {
-                crate::labs::step::checkpoint(&crate::labs::step::network::VERDICT_LOST_REPLIES);
-            }
-            super::lost_reply::print(&self.lost_set, &self.lost_commit);
-            if let Some(found) = &self.lost_fenced_retry {
-                super::lost_fenced::print(found);
-            }
-            super::lost_lock_words::print(&self.lost_lock, self.lost_lock_queued.as_ref());
-        })
+        let mut words = Words::new();
+        say_verdicts(&mut words, &self.runs);
+        let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();
+        if !self.runs.is_empty() && (lost || !self.lost_lock.is_empty()) {
+            words.stop(&crate::labs::step::network::VERDICT_LOST_REPLIES);
+        }
+        super::lost_reply::say(&mut words, &self.lost_set, &self.lost_commit);
+        if let Some(found) = &self.lost_fenced_retry {
+            super::lost_fenced::say(&mut words, found);
+        }
+        let queued = self.lost_lock_queued.as_ref();
+        super::lost_lock_words::say(&mut words, &self.lost_lock, queued);
+        words
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -440,16 +441,17 @@ impl RunVerdict {
 }
 
 /// One table per scenario, in the order they ran.
-fn print_verdicts(verdicts: &[RunVerdict]) {
+/// Each story's table and sentences, in the order the stories were played.
+fn say_verdicts(words: &mut Words, verdicts: &[RunVerdict]) {
     let mut scenarios: Vec<&str> = verdicts.iter().map(|v| v.scenario).collect();
     scenarios.dedup();
     for scenario in scenarios {
         let runs: Vec<&RunVerdict> = verdicts.iter().filter(|v| v.scenario == scenario).collect();
-        print_scenario(scenario, &runs);
+        say_scenario(words, scenario, &runs);
     }
 }
 
-fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
+fn say_scenario(words: &mut Words, scenario: &str, verdicts: &[&RunVerdict]) {
     let yes_no = |b: Option<bool>| match b {
         Some(true) => "yes".to_string(),
         Some(false) => "no".to_string(),
@@ -536,16 +538,9 @@ fn print_scenario(scenario: &str, verdicts: &[&RunVerdict]) {
     } else {
         "Verdict: the delayed write"
     };
-    crate::outln!();
-    crate::prose!("{}", title.bold());
-    crate::prose!("{}", table(&header, &rows));
-    crate::outln!();
+    words.blank().heading(title).table(&header, rows).blank();
     for verdict in verdicts {
-        crate::prose!(
-            "  {} {}",
-            format!("{}:", verdict.title()).bold(),
-            verdict.meaning()
-        );
+        words.about(verdict.title(), verdict.meaning());
     }
 }
 
