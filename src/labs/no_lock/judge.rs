@@ -105,13 +105,7 @@ impl Play<'_> {
         let name = self.approach.name();
         for frozen in &mut faults.frozen {
             let strike = &mut frozen.strike;
-            let refused = stage.log.iter().find(|e| {
-                e.part.approach.as_deref() == Some(name)
-                    && frozen.waiters.contains(&e.worker)
-                    && matches!(&e.what, What::Wrote(w) if w.outcome == Outcome::Rejected
-                        && w.customer == Some(strike.customer.into()))
-            });
-            let Some(refused) = refused.map(|e| e.worker.clone()) else {
+            let Some(refused) = refused_waiter(&stage.log, name, &frozen.waiters, strike) else {
                 continue;
             };
             if !strike.exercised {
@@ -259,4 +253,71 @@ fn record_costs(
         },
         cost,
     ));
+}
+
+/// The first of `waiters` (the workers that waited on `strike`'s frozen worker when it was
+/// resumed) that reports a write refused by the fence on the frozen customer, in
+/// `approach`'s run.
+fn refused_waiter(
+    log: &[Event],
+    approach: &str,
+    waiters: &[String],
+    strike: &Strike,
+) -> Option<String> {
+    log.iter()
+        .find(|e| {
+            e.part.approach.as_deref() == Some(approach)
+                && waiters.contains(&e.worker)
+                && matches!(&e.what, What::Wrote(w) if w.outcome == Outcome::Rejected
+                    && w.customer == Some(strike.customer.into()))
+        })
+        .map(|e| e.worker.clone())
+}
+
+#[cfg(test)]
+mod worst_order_tests {
+    use super::*;
+    use crate::events::facts::Wrote;
+    use crate::invoices::Moment;
+
+    fn refusal(worker: &str, approach: &str, customer: i64) -> Event {
+        let mut event = Event::new(
+            worker,
+            Wrote {
+                customer: Some(customer),
+                token: Some(7),
+                ..Wrote::new(Outcome::Rejected)
+            },
+            "write with token 7 found a higher fence: nothing written",
+        );
+        event.part.approach = Some(approach.into());
+        event
+    }
+
+    #[test]
+    fn a_waiter_refused_on_the_frozen_customer_means_the_worst_order_did_not_come() {
+        let strike = Strike {
+            worker: "w5".into(),
+            at: Moment::BeforeCommit,
+            job: 89,
+            customer: 9,
+            exercised: true,
+        };
+        let waiters = vec!["w10".to_string()];
+        let log = vec![
+            refusal("w10", "fenced-write-only", 3),
+            refusal("w7", "fenced-write-only", 9),
+            refusal("w10", "redis-fenced", 9),
+        ];
+        // Another customer, a worker that did not wait, another approach's run: no.
+        assert_eq!(
+            refused_waiter(&log, "fenced-write-only", &waiters, &strike),
+            None
+        );
+        let log = [log, vec![refusal("w10", "fenced-write-only", 9)]].concat();
+        assert_eq!(
+            refused_waiter(&log, "fenced-write-only", &waiters, &strike).as_deref(),
+            Some("w10")
+        );
+    }
 }
