@@ -171,7 +171,7 @@ impl Play<'_> {
         let job = frozen.strike.job;
         let how = match &met {
             Some(Met::Waiting(who)) => format!(
-                "{} on its locks ({})",
+                "{} on its locks: {}",
                 count(
                     who.len() as i64,
                     "worker session waits",
