@@ -11,9 +11,10 @@ use crate::check::no_lock::{self as checks, Costs, Strike};
 use crate::connect::PgClient;
 use crate::events::facts::{Observed, RoundFacts, Warning};
 use crate::events::{Event, What};
-use crate::invoices::{self, Tally};
+use crate::invoices::{self, Approach, Tally};
 use crate::labs::Stage;
 use crate::output::count;
+use crate::store::Outcome;
 
 /// Jobs whose first invoice came after the first SIGCONT, on the database's clock.
 const FIRST_INVOICED_AFTER: &str = "SELECT count(*) FROM (SELECT min(at) AS first FROM {invoices}
@@ -36,7 +37,7 @@ impl Play<'_> {
         &self,
         stage: &mut Stage,
         db: &mut PgClient,
-        faults: Faults,
+        mut faults: Faults,
         tallies: Vec<Tally>,
         mut latencies: Vec<u64>,
     ) -> Result<ApproachVerdict> {
@@ -50,6 +51,7 @@ impl Play<'_> {
             sum(|t| t.lock_retries),
         );
         latencies.sort_unstable();
+        self.worst_order_missed(stage, &mut faults);
         let frozen: Vec<Strike> = faults.frozen.iter().map(|f| f.strike.clone()).collect();
         let killed = faults.killed.as_ref().map(|k| &k.strike);
         let freezes = checks::freezes(&frozen, &tables);
@@ -85,6 +87,43 @@ impl Play<'_> {
         record_tables(stage, &tables, read.per_customer.len());
         record_costs(stage, &costs, result.round_trips_per_job, read.waited);
         Ok(result)
+    }
+
+    /// fenced-write-only's lesson needs the worst order: a worker frozen on its row is met
+    /// by a newer holder that read before its COMMIT and waits on the row (the lab resumes
+    /// it only then), and that holder's write lands after the COMMIT — its token higher,
+    /// the fence lets it through with a value computed from the stale read. Once resumed,
+    /// though, the waiters race whoever takes the lock next: one that reads after the
+    /// COMMIT and writes first raises the fence past every waiter's token, and they are
+    /// refused. The job then comes out right by luck (a busy machine's), not because the
+    /// design held: a point whose waiter was refused on its customer is untested, never ok,
+    /// and the timeline says why.
+    fn worst_order_missed(&self, stage: &mut Stage, faults: &mut Faults) {
+        if self.approach != Approach::FencedWriteOnly {
+            return;
+        }
+        let name = self.approach.name();
+        for frozen in &mut faults.frozen {
+            let strike = &mut frozen.strike;
+            let Some(refused) = refused_waiter(&stage.log, name, &frozen.waiters, strike) else {
+                continue;
+            };
+            if !strike.exercised {
+                continue;
+            }
+            strike.exercised = false;
+            stage.record(Event::new(
+                "lab",
+                Warning::default(),
+                format!(
+                    "{refused} read before {}'s COMMIT and waited on its row, but a holder that \
+                     read after the COMMIT wrote first and the fence refused {refused}'s write: \
+                     the worst order did not come, {} is untested",
+                    strike.worker,
+                    strike.at.label()
+                ),
+            ));
+        }
     }
 
     /// The tables, read back: invoices per job, balances beside invoices, the span of the
@@ -214,4 +253,71 @@ fn record_costs(
         },
         cost,
     ));
+}
+
+/// The first of `waiters` (the workers that waited on `strike`'s frozen worker when it was
+/// resumed) that reports a write refused by the fence on the frozen customer, in
+/// `approach`'s run.
+fn refused_waiter(
+    log: &[Event],
+    approach: &str,
+    waiters: &[String],
+    strike: &Strike,
+) -> Option<String> {
+    log.iter()
+        .find(|e| {
+            e.part.approach.as_deref() == Some(approach)
+                && waiters.contains(&e.worker)
+                && matches!(&e.what, What::Wrote(w) if w.outcome == Outcome::Rejected
+                    && w.customer == Some(strike.customer.into()))
+        })
+        .map(|e| e.worker.clone())
+}
+
+#[cfg(test)]
+mod worst_order_tests {
+    use super::*;
+    use crate::events::facts::Wrote;
+    use crate::invoices::Moment;
+
+    fn refusal(worker: &str, approach: &str, customer: i64) -> Event {
+        let mut event = Event::new(
+            worker,
+            Wrote {
+                customer: Some(customer),
+                token: Some(7),
+                ..Wrote::new(Outcome::Rejected)
+            },
+            "write with token 7 found a higher fence: nothing written",
+        );
+        event.part.approach = Some(approach.into());
+        event
+    }
+
+    #[test]
+    fn a_waiter_refused_on_the_frozen_customer_means_the_worst_order_did_not_come() {
+        let strike = Strike {
+            worker: "w5".into(),
+            at: Moment::BeforeCommit,
+            job: 89,
+            customer: 9,
+            exercised: true,
+        };
+        let waiters = vec!["w10".to_string()];
+        let log = vec![
+            refusal("w10", "fenced-write-only", 3),
+            refusal("w7", "fenced-write-only", 9),
+            refusal("w10", "redis-fenced", 9),
+        ];
+        // Another customer, a worker that did not wait, another approach's run: no.
+        assert_eq!(
+            refused_waiter(&log, "fenced-write-only", &waiters, &strike),
+            None
+        );
+        let log = [log, vec![refusal("w10", "fenced-write-only", 9)]].concat();
+        assert_eq!(
+            refused_waiter(&log, "fenced-write-only", &waiters, &strike).as_deref(),
+            Some("w10")
+        );
+    }
 }

@@ -67,6 +67,9 @@ pub(super) struct Struck {
     pub(super) at: Instant,
     pub(super) lock_key: Option<String>,
     pub(super) owner: Option<String>,
+    /// The workers that waited on its locks when it was resumed: they read before its
+    /// COMMIT (see [`Play::worst_order_missed`]).
+    pub(super) waiters: Vec<String>,
 }
 
 impl Struck {
@@ -87,6 +90,7 @@ impl Struck {
             at: Instant::now(),
             lock_key: claimed.lock_key.clone(),
             owner: claimed.owner.clone(),
+            waiters: Vec::new(),
         })
     }
 }

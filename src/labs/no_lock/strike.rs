@@ -20,8 +20,8 @@ use crate::output::{count, human};
 
 /// How another worker met a frozen one before its SIGCONT: what makes its point a test.
 pub(super) enum Met {
-    /// Worker sessions waiting on the frozen worker's locks (`pg_blocking_pids`).
-    Waiting(i64),
+    /// The workers whose sessions wait on the frozen worker's locks (`pg_blocking_pids`).
+    Waiting(Vec<String>),
     /// The frozen job, invoiced (and committed) by this other worker.
     DoneBy(String),
     /// Partitioned: only the frozen worker may do its customers' jobs; nobody is to come.
@@ -29,10 +29,12 @@ pub(super) enum Met {
 }
 
 /// `$1` the frozen worker's session, `$2` the prefix of every worker session of this run,
-/// `$3` the frozen job, `$4` the frozen worker: how many worker sessions wait on the frozen one, and who else has
+/// `$3` the frozen job, `$4` the frozen worker: the worker sessions that wait on the frozen one, and who else has
 /// invoiced its job.
 const MET: &str = "
-    SELECT (SELECT count(*) FROM pg_stat_activity me, pg_stat_activity other
+    SELECT (SELECT coalesce(array_agg(other.application_name ORDER BY other.application_name),
+                            '{}')
+            FROM pg_stat_activity me, pg_stat_activity other
             WHERE me.application_name = $1 AND starts_with(other.application_name, $2)
               AND me.pid = ANY(pg_blocking_pids(other.pid))),
            (SELECT min(i.worker) FROM {invoices} i
@@ -134,9 +136,13 @@ impl Play<'_> {
                 &who,
             ],
         )?;
-        let (waiting, done_by): (i64, Option<String>) = (row.get(0), row.get(1));
+        let (waiting, done_by): (Vec<String>, Option<String>) = (row.get(0), row.get(1));
+        let prefix = self.session("");
+        let waiting: Vec<String> = (waiting.iter())
+            .map(|session| session[prefix.len().min(session.len())..].to_string())
+            .collect();
         Ok(match done_by {
-            _ if waiting > 0 => Some(Met::Waiting(waiting)),
+            _ if !waiting.is_empty() => Some(Met::Waiting(waiting)),
             Some(other) => Some(Met::DoneBy(other)),
             None => None,
         })
@@ -164,9 +170,14 @@ impl Play<'_> {
         };
         let job = frozen.strike.job;
         let how = match &met {
-            Some(Met::Waiting(n)) => format!(
-                "{} on its locks",
-                count(*n, "worker session waits", "worker sessions wait")
+            Some(Met::Waiting(who)) => format!(
+                "{} on its locks: {}",
+                count(
+                    who.len() as i64,
+                    "worker session waits",
+                    "worker sessions wait"
+                ),
+                who.join(", ")
             ),
             Some(Met::DoneBy(other)) => format!("{other} has invoiced job {job}"),
             Some(Met::Owner) => "nobody else may do its customers' jobs".to_string(),
@@ -198,6 +209,9 @@ impl Play<'_> {
         )?;
         frozen.resumed = true;
         frozen.strike.exercised = met.is_some();
+        if let Some(Met::Waiting(who)) = met {
+            frozen.waiters = who;
+        }
         if faults.resumed_at.is_none() {
             faults.resumed_at = Some(db.query_one("SELECT clock_timestamp()", &[])?.get(0));
         }
