@@ -97,7 +97,9 @@ impl Client {
         thread::spawn(move || write_lines(stdin, lines));
         let heard = heard.clone();
         let owner = name.to_string();
-        let (woken, wake) = nix::unistd::pipe().context("a pipe to wake the client's reader")?;
+        // Close-on-exec: the clients started after this one must not inherit it.
+        let (woken, wake) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .context("a pipe to wake the client's reader")?;
         let asked = Arc::new(AtomicU64::new(0));
         let drains = Drains {
             asked: Arc::clone(&asked),
