@@ -221,7 +221,11 @@ impl Frontend {
                 let (name, at) = cstr(body, 0);
                 let sql = cstr(body, at).0;
                 let writes = query_writes(sql, &self.table, &mut HashSet::new());
-                mark(&mut self.statements, name, writes);
+                // A named statement is not replaced: Postgres refuses a second `Parse` of
+                // the name (only the unnamed one is), and the first stays as it was.
+                if name.is_empty() || writes {
+                    mark(&mut self.statements, name, writes);
+                }
                 false
             }
             b'B' => {
@@ -357,8 +361,24 @@ fn tokens(sql: &[u8]) -> Vec<Token> {
                     .position(|&c| !word(c))
                     .map_or(sql.len(), |n| i + n);
                 let text = String::from_utf8_lossy(&sql[i..end]).to_ascii_lowercase();
+                // U&"…" and U&'…' spell characters as \XXXX or \+XXXXXX (or with the escape
+                // a following UESCAPE names).
+                let unicode = text == "u"
+                    && sql.get(end) == Some(&b'&')
+                    && matches!(sql.get(end + 1), Some(b'"' | b'\''));
                 // E'…' takes backslash escapes: \' does not end it.
-                if text == "e" && sql.get(end) == Some(&b'\'') {
+                if unicode {
+                    let quote = sql[end + 1];
+                    let (raw, after) = quoted(sql, end + 1, quote, false);
+                    let (escape, after) = uescape(sql, after);
+                    let text = unicode_escapes(&raw, escape);
+                    out.push(if quote == b'"' {
+                        Token::Quoted(String::from_utf8_lossy(&text).into_owned())
+                    } else {
+                        Token::Text(text)
+                    });
+                    i = after;
+                } else if text == "e" && sql.get(end) == Some(&b'\'') {
                     let (text, after) = quoted(sql, end, b'\'', true);
                     out.push(Token::Text(text));
                     i = after;
@@ -383,6 +403,68 @@ fn tokens(sql: &[u8]) -> Vec<Token> {
             }
             _ => {
                 out.push(Token::Other);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A `UESCAPE 'c'` after a Unicode literal ending at `at`: its escape character (a
+/// backslash without one), and where the clause ends.
+fn uescape(sql: &[u8], at: usize) -> (u8, usize) {
+    let mut i = at;
+    while sql.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+        i += 1;
+    }
+    let word = sql
+        .get(i..i + 7)
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"uescape"));
+    if !word {
+        return (b'\\', at);
+    }
+    let mut j = i + 7;
+    while sql.get(j).is_some_and(|b| b.is_ascii_whitespace()) {
+        j += 1;
+    }
+    match (sql.get(j), sql.get(j + 1), sql.get(j + 2)) {
+        (Some(b'\''), Some(&c), Some(b'\'')) => (c, j + 3),
+        _ => (b'\\', at),
+    }
+}
+
+/// A Unicode literal's text with its escapes undone: `\XXXX`, `\+XXXXXX`, and the escape
+/// doubled for itself (`escape` in place of the backslash).
+fn unicode_escapes(raw: &[u8], escape: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let hex = |from: usize, n: usize| {
+        let digits = raw.get(from..from + n)?;
+        u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    while i < raw.len() {
+        if raw[i] != escape {
+            out.push(raw[i]);
+            i += 1;
+            continue;
+        }
+        let (code, used) = match raw.get(i + 1) {
+            Some(&c) if c == escape => {
+                out.push(escape);
+                i += 2;
+                continue;
+            }
+            Some(b'+') => (hex(i + 2, 6), 8),
+            _ => (hex(i + 1, 4), 5),
+        };
+        match code.and_then(char::from_u32) {
+            Some(c) => {
+                let mut buffer = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buffer).as_bytes());
+                i += used;
+            }
+            None => {
+                out.push(raw[i]);
                 i += 1;
             }
         }
@@ -430,10 +512,10 @@ fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bo
                 let body = (statement.iter())
                     .position(|t| *t == Token::Word("as".into()))
                     .map_or(&[][..], |at| &statement[at + 1..]);
+                // Never forgotten here: Postgres refuses to prepare a name again, and the
+                // statement prepared first stays (only `DEALLOCATE` lets it go).
                 if statement_writes(body, table) {
                     prepared.insert(name);
-                } else {
-                    prepared.remove(&name);
                 }
             }
             (Some("execute"), Some(name)) => writes |= prepared.contains(name),
@@ -449,7 +531,7 @@ fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bo
             (Some("do"), _) => {
                 // An anonymous block's body is a string of PL/pgSQL: its statements count.
                 writes |= statement.iter().any(|t| match t {
-                    Token::Text(body) => query_writes(body, table, &mut HashSet::new()),
+                    Token::Text(body) => plpgsql_writes(body, table),
                     _ => false,
                 });
             }
@@ -457,6 +539,17 @@ fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bo
         }
     }
     writes
+}
+
+/// Whether a PL/pgSQL body writes the table: its statements, and any string in it that
+/// does (`EXECUTE 'UPDATE …'`). A statement built from pieces at run time (`format`, `||`)
+/// is not seen.
+fn plpgsql_writes(body: &[u8], table: &Table) -> bool {
+    query_writes(body, table, &mut HashSet::new())
+        || tokens(body).iter().any(|t| match t {
+            Token::Text(text) => plpgsql_writes(text, table),
+            _ => false,
+        })
 }
 
 /// Whether one statement's tokens hold a write of the table: `UPDATE [ONLY] t`, `INSERT
@@ -732,6 +825,33 @@ mod tests {
         stream.extend(query("DEALLOCATE w"));
         stream.extend(query("EXECUTE w(4)"));
         assert_eq!(writes_in(&stream, 9), vec![at]);
+    }
+
+    /// What a hostile tester hid its write behind: a name prepared again (Postgres keeps
+    /// the first), a string a DO block executes, a table spelt with Unicode escapes.
+    #[test]
+    fn a_write_hidden_behind_a_second_prepare_an_executed_string_or_unicode_escapes_is_seen() {
+        let mut stream = startup();
+        stream.extend(query("PREPARE w AS UPDATE records SET value = 1"));
+        stream.extend(query("PREPARE w AS SELECT 1"));
+        stream.extend(parse("s", "UPDATE records SET value = 2"));
+        stream.extend(parse("s", "SELECT 2"));
+        let executed = stream.len() as u64;
+        stream.extend(query("EXECUTE w"));
+        let bound = stream.len() as u64;
+        stream.extend(bind("", "s"));
+        assert_eq!(writes_in(&stream, 7), vec![executed, bound]);
+        assert!(writes(
+            "DO $b$ BEGIN EXECUTE 'UPDATE records SET value = 1'; END $b$"
+        ));
+        assert!(writes(
+            r#"UPDATE lockslab_challenge_ab12.U&"\0072ecords" SET value = 1"#
+        ));
+        assert!(writes(
+            r#"UPDATE U&"!+000072ecords" UESCAPE '!' SET value = 1"#
+        ));
+        assert!(!writes(r#"UPDATE U&"\0072eceipts" SET value = 1"#));
+        assert!(!writes("DO $b$ BEGIN PERFORM 1; END $b$"));
     }
 
     #[test]
