@@ -29,8 +29,10 @@ pub use stage::{Feed, History, Stage, WorkerHandle};
 /// Registers the labs from one table: a row `Variant => module::Args` makes the lab's
 /// subcommand (its `--help` is its `Args`'s doc comment and attributes), runs it
 /// (`module::run`), replays its saved runs for `lockslab check` (`module::replay`) and shows
-/// it in the menu (`module::MENU`). Nothing else in the crate names a lab's module, so a new
-/// lab is its own folder plus one row in [`lab_table!`]'s call below.
+/// it in the menu (`module::MENU`). Nothing else in the crate names a lab's module (but
+/// `lockslab proxy`, lab 8's tool for the by-hand part), so a new lab is its own folder, its
+/// `pub mod` line above, and one row in [`lab_table!`]'s call below: the structure test
+/// `a_lab_is_its_folder_and_one_row_of_the_lab_table` holds the crate to that.
 macro_rules! lab_table {
     ($($variant:ident => $module:ident::$args:ident,)*) => {
         /// The labs' subcommands, in the course's order (flattened into the command line's

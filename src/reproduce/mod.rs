@@ -2,9 +2,10 @@
 //!
 //! A run's `--json` is its history — what every worker, backend and fault said, and the
 //! store's read-back — and then its verdict. This reads the two back, recognises the lab from
-//! the verdict's `lab`, and hands both to the lab's own `replay` (through `labs::replay`), which cuts the history into
-//! the verdict's parts and judges each with the code the live run judged it with. Then it
-//! sets what the replay reached beside what the run recorded, field by field.
+//! the verdict's `lab`, and hands both to the lab's own `replay` (`labs::replay` finds it by
+//! that name), which cuts the history into the verdict's parts and judges each with the code
+//! the live run judged it with. Then it sets what the replay reached beside what the run
+//! recorded, field by field.
 //!
 //! ```text
 //! RUN.jsonl ──> events + verdict ──> labs::<lab>::replay (the lab's own checkers) ──> fields
