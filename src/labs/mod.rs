@@ -289,3 +289,17 @@ impl Fencing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A row's variant names the subcommand, its folder's `MENU` names the menu row and the
+    /// `lab` of `check`'s replay: the two must be one name, in one order.
+    #[test]
+    fn each_labs_subcommand_is_named_as_its_menu_row() {
+        use clap::Subcommand;
+        let labs = super::Lab::augment_subcommands(clap::Command::new("labs"));
+        let subcommands: Vec<&str> = labs.get_subcommands().map(|c| c.get_name()).collect();
+        let rows: Vec<&str> = super::LABS.iter().map(|lab| lab.command).collect();
+        assert_eq!(subcommands, rows);
+    }
+}
