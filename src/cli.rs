@@ -1,20 +1,11 @@
-//! The command line: one subcommand per lab, plus the hands-on worker and server helpers.
+//! The command line: the labs' subcommands (from `labs`'s one table), plus the hands-on
+//! worker and server helpers.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use colored::Colorize;
 
 use crate::hands_on::{self, HandsOnArgs};
-use crate::labs::etcd_vs_redis::{self, EtcdVsRedisArgs};
-use crate::labs::failover::{self, FailoverArgs};
-use crate::labs::gc_pause::{self, GcPauseArgs};
-use crate::labs::lease_guard::{self, LeaseGuardArgs};
-use crate::labs::naive::{self, NaiveArgs};
-use crate::labs::network::{self, NetworkArgs};
-use crate::labs::no_lock::{self, NoLockArgs};
-use crate::labs::queue::{self, QueueArgs};
-use crate::labs::redlock::{self, RedlockArgs};
-use crate::labs::skip_locked::{self, SkipLockedArgs};
 use crate::servers;
 use crate::worker;
 
@@ -78,30 +69,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Lab 1: a lock holder freezes past its TTL; its stale write lands unfenced, is refused fenced
-    GcPause(GcPauseArgs),
-    /// Lab 2: the naive Redis lock broken every way, each bug beside its fix, with counts
-    Naive(NaiveArgs),
-    /// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
-    SkipLocked(SkipLockedArgs),
-    /// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
-    EtcdVsRedis(EtcdVsRedisArgs),
-    /// Lab 5: no pause needed: a Redis failover hands the lock out twice, etcd's Raft does not
-    Failover(FailoverArgs),
-    /// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
-    /// clock jump, a client pause
-    Redlock(RedlockArgs),
-    /// Lab 7: one job done nine ways, with and without a lock, under the same freezes and kill
-    NoLock(NoLockArgs),
-    /// Lab 8: no pause at all: the network holds a checked holder's write past its lease
-    Network(NetworkArgs),
-    /// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock, pause
-    /// detection, renewal, lock-delay), each against pauses, wrong wall clocks and long
-    /// work: the gap each one leaves, and what each costs
-    LeaseGuard(LeaseGuardArgs),
-    /// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served,
-    /// waiters leaving the line, a session that expires, a leader that was paused
-    Queue(QueueArgs),
+    // The labs, first and in the course's order: `labs`'s table is their only registration.
+    #[command(flatten)]
+    Lab(crate::labs::Lab),
     /// Random fault schedules from a seed against one lock design; the smallest that breaks it
     Chaos(crate::chaos::ChaosArgs),
     /// Every lock design against every kind of fault: SAFE, UNSAFE or UNKNOWN
@@ -231,16 +201,7 @@ impl Command {
     /// The options every lab shares, when this is a lab.
     fn lab_output(&self) -> Option<&crate::labs::OutputArgs> {
         match self {
-            Command::GcPause(args) => Some(&args.output),
-            Command::Naive(args) => Some(&args.output),
-            Command::SkipLocked(args) => Some(&args.output),
-            Command::EtcdVsRedis(args) => Some(&args.output),
-            Command::Failover(args) => Some(&args.output),
-            Command::Redlock(args) => Some(&args.output),
-            Command::NoLock(args) => Some(&args.output),
-            Command::Network(args) => Some(&args.output),
-            Command::LeaseGuard(args) => Some(&args.output),
-            Command::Queue(args) => Some(&args.output),
+            Command::Lab(lab) => Some(lab.output()),
             _ => None,
         }
     }
@@ -286,16 +247,7 @@ pub fn run() -> Result<Exit> {
         Command::Completions { shell } => completions(shell),
         Command::Man { dir } => man_pages(dir.as_deref())?,
         Command::Schema => crate::outln!("{}", crate::events::json_schema()),
-        Command::GcPause(args) => gc_pause::run(&args)?,
-        Command::Naive(args) => naive::run(&args)?,
-        Command::SkipLocked(args) => skip_locked::run(&args)?,
-        Command::EtcdVsRedis(args) => etcd_vs_redis::run(&args)?,
-        Command::Failover(args) => failover::run(&args)?,
-        Command::Redlock(args) => redlock::run(&args)?,
-        Command::NoLock(args) => no_lock::run(&args)?,
-        Command::Network(args) => network::run(&args)?,
-        Command::LeaseGuard(args) => lease_guard::run(&args)?,
-        Command::Queue(args) => queue::run(&args)?,
+        Command::Lab(lab) => lab.run()?,
         Command::Worker(args) => hands_on::hands_on(&args)?,
         Command::Proxy(args) => crate::labs::network::by_hand::run(&args)?,
         Command::Up(args) => match args.room {

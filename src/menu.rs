@@ -1,157 +1,15 @@
 //! `lockslab` with no arguments, and `lockslab list`: the lab menu.
 //!
-//! One table, [`LABS`], one row per lab. A row shows only when its subcommand exists in
-//! the command line's definition, so a lab written on another branch appears in the menu
-//! the moment its subcommand is merged, and a row never advertises a command that is not
-//! there.
+//! The rows come from [`LABS`], which `labs`'s one table builds from each lab's own
+//! `MENU`: a lab's subcommand and its row are registered together, so a row never
+//! advertises a command that is not there.
 
 use colored::Colorize;
 
 use crate::connect::Backend;
 use crate::output::Style;
 
-/// One lab, as the menu shows it.
-pub struct LabRow {
-    pub number: u8,
-    /// The subcommand.
-    pub command: &'static str,
-    /// What it shows, in one line.
-    pub shows: &'static str,
-    /// How long a run with the defaults takes, on a laptop, servers already started.
-    pub takes: &'static str,
-    pub needs: &'static [Backend],
-    pub walkthrough: &'static str,
-    /// Minutes it takes in a workshop, with `--step` and its questions (README's plans).
-    pub session: u8,
-    /// The stops at a question that `--step` makes in a run with the defaults (counted by
-    /// running it); a part longer than one screen adds a stop for each further screen.
-    pub stops: u8,
-    /// The tools its walkthrough's by-hand part runs, besides lockslab itself.
-    pub by_hand: &'static [&'static str],
-}
-
-use Backend::{Etcd, Postgres, Redis};
-
-/// Every lab, in the order of the course. Times are measured with defaults against running
-/// servers (`lockslab <lab>` with `lockslab up`'s servers); private servers add a few seconds.
-pub const LABS: &[LabRow] = &[
-    LabRow {
-        number: 1,
-        command: "gc-pause",
-        shows: "frozen past its TTL, A writes late: fencing refuses it",
-        takes: "6s",
-        needs: &[Redis, Postgres],
-        walkthrough: "labs/01-gc-pause.md",
-        session: 15,
-        stops: 3,
-        by_hand: &["redis-cli", "jq"],
-    },
-    LabRow {
-        number: 2,
-        command: "naive",
-        shows: "the naive Redis lock broken four ways, each beside its fix",
-        takes: "17s",
-        needs: &[Redis],
-        walkthrough: "labs/02-naive.md",
-        session: 10,
-        stops: 5,
-        by_hand: &["redis-cli", "jq"],
-    },
-    LabRow {
-        number: 3,
-        command: "skip-locked",
-        shows: "a Postgres job queue: kill and freeze a worker",
-        takes: "3s",
-        needs: &[Postgres],
-        walkthrough: "labs/03-skip-locked.md",
-        session: 10,
-        stops: 2,
-        by_hand: &["psql", "jq"],
-    },
-    LabRow {
-        number: 4,
-        command: "etcd-vs-redis",
-        shows: "kill or freeze the holder: who hands over, who fences",
-        takes: "15s",
-        needs: &[Redis, Etcd, Postgres],
-        walkthrough: "labs/04-etcd-vs-redis.md",
-        session: 15,
-        stops: 4,
-        by_hand: &["psql", "jq"],
-    },
-    LabRow {
-        number: 5,
-        command: "failover",
-        shows: "Redis failover hands the lock out twice; etcd does not",
-        takes: "16s",
-        needs: &[Redis, Etcd, Postgres],
-        walkthrough: "labs/05-failover.md",
-        session: 15,
-        stops: 3,
-        by_hand: &["redis-server", "redis-cli", "etcdctl", "jq"],
-    },
-    LabRow {
-        number: 6,
-        command: "redlock",
-        shows: "Redlock on five masters: quorum, validity, no fencing",
-        takes: "8s",
-        needs: &[Redis, Postgres],
-        walkthrough: "labs/06-redlock.md",
-        session: 15,
-        stops: 5,
-        by_hand: &["redis-server", "redis-cli"],
-    },
-    LabRow {
-        number: 7,
-        command: "no-lock",
-        shows: "the same job with no lock: optimistic writes, idempotency",
-        takes: "26s",
-        needs: &[Redis, Postgres],
-        walkthrough: "labs/07-no-lock.md",
-        session: 15,
-        stops: 10,
-        by_hand: &["psql"],
-    },
-    LabRow {
-        number: 8,
-        command: "network",
-        shows: "no pause: a checked write held in flight past the lease",
-        takes: "25s",
-        needs: &[Redis, Etcd, Postgres],
-        walkthrough: "labs/08-network.md",
-        session: 15,
-        stops: 19,
-        by_hand: &[],
-    },
-    LabRow {
-        number: 9,
-        command: "lease-guard",
-        shows: "lease guards short of fencing, and the gap each leaves",
-        takes: "80s",
-        needs: &[Redis, Postgres],
-        walkthrough: "labs/09-lease-guard.md",
-        session: 15,
-        stops: 9,
-        by_hand: &["redis-server"],
-    },
-    LabRow {
-        number: 10,
-        command: "queue",
-        shows: "etcd's queue recipe: no herd, fair order, churn, election",
-        takes: "20s",
-        needs: &[Redis, Etcd, Postgres],
-        walkthrough: "labs/10-queue.md",
-        session: 10,
-        stops: 8,
-        by_hand: &["jq"],
-    },
-];
-
-/// Labs that start servers of their own even when URLs are given (a room's, a team's):
-/// they kill and restart them, or need several. The menu says so, so that an attendee
-/// knows what must be installed on their own machine.
-pub const STARTS_ITS_OWN: &[(&str, &str)] =
-    &[("failover", "own Redis+etcd"), ("redlock", "own 5 Redis")];
+pub use crate::labs::{LABS, LabRow};
 
 /// The labs, in order (the cli's tests check that each row names a subcommand it has).
 pub fn available() -> Vec<&'static LabRow> {
@@ -181,10 +39,7 @@ fn print_labs(detailed: bool) {
     );
     crate::outln!();
     for lab in available() {
-        let own = STARTS_ITS_OWN
-            .iter()
-            .find(|(command, _)| *command == lab.command)
-            .map(|(_, own)| *own);
+        let own = lab.starts_its_own;
         let needs: Vec<&str> = lab
             .needs
             .iter()
@@ -281,13 +136,6 @@ mod tests {
                 );
             }
             assert!(lab.session > 0 && lab.stops > 0, "{}", lab.command);
-        }
-    }
-
-    #[test]
-    fn every_lab_that_starts_its_own_servers_is_a_row() {
-        for (command, _) in STARTS_ITS_OWN {
-            assert!(LABS.iter().any(|lab| lab.command == *command), "{command}");
         }
     }
 

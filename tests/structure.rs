@@ -914,3 +914,141 @@ fn a_function_is_measured_from_its_fn_to_its_closing_brace() {
         vec![("short".to_string(), 2, 1), ("long".to_string(), 3, 9)]
     );
 }
+
+/// The rows of the one table that registers the labs (`lab_table!` in `src/labs/mod.rs`):
+/// `(Variant, module, Args)` for each `Variant => module::Args,` line.
+fn lab_table(labs_mod: &str) -> Vec<(String, String, String)> {
+    let call = labs_mod
+        .split("\nlab_table! {\n")
+        .nth(1)
+        .expect("src/labs/mod.rs calls lab_table! { … } at its top level");
+    let rows = call.split("\n}").next().unwrap();
+    rows.lines()
+        .map(|line| line.trim().trim_end_matches(','))
+        .filter(|line| !line.is_empty())
+        .map(|row| {
+            let (variant, path) = row
+                .split_once(" => ")
+                .expect("a row is `Variant => module::Args,`");
+            let (module, args) = path.split_once("::").expect("a row names module::Args");
+            (variant.to_string(), module.to_string(), args.to_string())
+        })
+        .collect()
+}
+
+/// Whether `code` names `word` as a whole identifier.
+fn names_identifier(code: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(word).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// Where `code` reaches into the labs' module `module`: by the path `labs::module`, by
+/// `super::module` when its file is a child of `labs` (`in_labs`), or inside a `labs::{…}`
+/// group.
+fn reaches_lab_module(code: &str, module: &str, in_labs: bool) -> bool {
+    let by_path = names_identifier(code, &format!("labs::{module}"))
+        || (in_labs && names_identifier(code, &format!("super::{module}")));
+    let in_group = code.match_indices("labs::{").any(|(at, _)| {
+        let group = &code[at + "labs::{".len()..];
+        names_identifier(&group[..group.find('}').unwrap_or(group.len())], module)
+    });
+    by_path || in_group
+}
+
+/// The engine's promise: adding a lab is its folder plus one row of `lab_table!`. Every
+/// folder of `src/labs` that is a lab (a `clap::Args` and a `pub fn run` in its `mod.rs`)
+/// has exactly one row, and no other file of `src/` names the lab's module, its `Args` or
+/// its variant: the subcommand, its dispatch, its shared options, `check`'s replay and the
+/// menu row all come from that row and what the folder defines.
+#[test]
+fn a_lab_is_its_folder_and_one_row_of_the_lab_table() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let labs_dir = src.join("labs");
+    let labs_mod = fs::read_to_string(labs_dir.join("mod.rs")).unwrap();
+    let table = lab_table(&code_of(&labs_mod));
+
+    let mut folders = BTreeSet::new();
+    for entry in fs::read_dir(&labs_dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(text) = fs::read_to_string(path.join("mod.rs")) else {
+            continue;
+        };
+        let code = code_of(&text);
+        if code.contains("derive(clap::Args") && code.contains("pub fn run(") {
+            folders.insert(path.file_name().unwrap().to_str().unwrap().to_string());
+        }
+    }
+    assert!(folders.len() >= 10, "the scan found the labs: {folders:?}");
+    let rows: Vec<&String> = table.iter().map(|(_, module, _)| module).collect();
+    let registered: BTreeSet<String> = rows.iter().map(|m| m.to_string()).collect();
+    assert_eq!(
+        rows.len(),
+        registered.len(),
+        "a lab registered twice: {rows:?}"
+    );
+    assert_eq!(folders, registered, "lab folders vs rows of lab_table!");
+
+    // Naming a lab elsewhere is what adding one used to cost: an edit in each such file.
+    // One known exception: `lockslab proxy`, lab 8's hands-on tool, a command of its own.
+    let allowed = [("cli.rs", "labs::network::by_hand")];
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut elsewhere = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&src).unwrap();
+        let mut code = code_of(&fs::read_to_string(file).unwrap());
+        for (path, exempt) in allowed {
+            if relative == Path::new(path) {
+                code = code.replace(exempt, "");
+            }
+        }
+        // A file whose `super` is `labs`: `labs/step.rs` or `labs/stage/mod.rs`.
+        let parts: Vec<_> = relative.iter().collect();
+        let child_of_labs = parts.first().is_some_and(|p| *p == "labs")
+            && (parts.len() == 2 || (parts.len() == 3 && parts[2] == "mod.rs"));
+        for (variant, module, args) in &table {
+            let in_its_folder = relative.starts_with(Path::new("labs").join(module));
+            if in_its_folder || relative == Path::new("labs/mod.rs") {
+                continue;
+            }
+            let lab_variant = format!("Lab::{variant}");
+            if reaches_lab_module(&code, module, child_of_labs)
+                || names_identifier(&code, args)
+                || names_identifier(&code, &lab_variant)
+            {
+                elsewhere.push(format!("src/{} names lab {module}", relative.display()));
+            }
+        }
+    }
+    assert!(elsewhere.is_empty(), "{}", elsewhere.join("\n"));
+}
+
+#[test]
+fn the_lab_scan_sees_each_way_of_naming_a_lab() {
+    let sees = |code: &str, module: &str, in_labs: bool| reaches_lab_module(code, module, in_labs);
+    assert!(sees(
+        "use crate::labs::gc_pause::{self, GcPauseArgs};",
+        "gc_pause",
+        false
+    ));
+    assert!(sees(
+        "crate::labs::naive::replay(events, verdict)",
+        "naive",
+        false
+    ));
+    assert!(sees("use super::queue::Plan;", "queue", true));
+    assert!(!sees("use super::queue::Plan;", "queue", false));
+    assert!(sees("use crate::labs::{network, queue};", "queue", false));
+    assert!(!sees("use crate::chaos::failover;", "failover", false));
+    assert!(!sees("use crate::labs::redlock_words;", "redlock", false));
+    assert!(!sees("use crate::labs::{Feed, Stage};", "queue", false));
+    let table = lab_table("x\nlab_table! {\n    GcPause => gc_pause::GcPauseArgs,\n}\n");
+    assert_eq!(
+        table,
+        [("GcPause".into(), "gc_pause".into(), "GcPauseArgs".into())]
+    );
+}

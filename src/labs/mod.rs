@@ -1,4 +1,5 @@
-//! The labs, one file each, and the stage they all play on.
+//! The labs, one folder each, the one table that registers them, and the stage they all
+//! play on.
 //!
 //! A lab is an orchestrator: it starts worker processes, freezes or kills them at the
 //! moments the story needs, watches the lock in its backend, and finally reads the verdict
@@ -24,6 +25,94 @@ pub mod step;
 pub mod words;
 
 pub use stage::{Feed, History, Stage, WorkerHandle};
+
+/// Registers the labs from one table: a row `Variant => module::Args` makes the lab's
+/// subcommand (its `--help` is its `Args`'s doc comment and attributes), runs it
+/// (`module::run`), replays its saved runs for `lockslab check` (`module::replay`) and shows
+/// it in the menu (`module::MENU`). Nothing else in the crate names a lab's module (but
+/// `lockslab proxy`, lab 8's tool for the by-hand part), so a new lab is its own folder, its
+/// `pub mod` line above, and one row in [`lab_table!`]'s call below: the structure test
+/// `a_lab_is_its_folder_and_one_row_of_the_lab_table` holds the crate to that.
+macro_rules! lab_table {
+    ($($variant:ident => $module:ident::$args:ident,)*) => {
+        /// The labs' subcommands, in the course's order (flattened into the command line's
+        /// own list, where they come first).
+        #[derive(clap::Subcommand, Debug)]
+        pub enum Lab {
+            $($variant($module::$args),)*
+        }
+
+        impl Lab {
+            /// The options every lab shares.
+            pub fn output(&self) -> &OutputArgs {
+                match self {
+                    $(Lab::$variant(args) => &args.output,)*
+                }
+            }
+
+            /// Plays the lab.
+            pub fn run(&self) -> Result<()> {
+                match self {
+                    $(Lab::$variant(args) => $module::run(args),)*
+                }
+            }
+        }
+
+        /// Every lab's row in the menu, in the course's order.
+        pub const LABS: &[LabRow] = &[$($module::MENU,)*];
+
+        /// Judges a saved run of the lab named `command` again from its history; `None` when
+        /// no lab has that name.
+        pub fn replay(
+            command: &str,
+            events: &[crate::events::Event],
+            verdict: &serde_json::Value,
+        ) -> Option<Result<replay::Replayed>> {
+            $(if command == $module::MENU.command {
+                return Some($module::replay(events, verdict));
+            })*
+            None
+        }
+    };
+}
+
+lab_table! {
+    GcPause => gc_pause::GcPauseArgs,
+    Naive => naive::NaiveArgs,
+    SkipLocked => skip_locked::SkipLockedArgs,
+    EtcdVsRedis => etcd_vs_redis::EtcdVsRedisArgs,
+    Failover => failover::FailoverArgs,
+    Redlock => redlock::RedlockArgs,
+    NoLock => no_lock::NoLockArgs,
+    Network => network::NetworkArgs,
+    LeaseGuard => lease_guard::LeaseGuardArgs,
+    Queue => queue::QueueArgs,
+}
+
+/// One lab, as the menu (`lockslab`, `lockslab list`) and `lockslab doctor` show it; each
+/// lab's folder defines its own as `MENU`.
+pub struct LabRow {
+    pub number: u8,
+    /// The subcommand, and the `lab` a saved run's verdict names.
+    pub command: &'static str,
+    /// What it shows, in one line.
+    pub shows: &'static str,
+    /// How long a run with the defaults takes, on a laptop, servers already started.
+    pub takes: &'static str,
+    pub needs: &'static [crate::connect::Backend],
+    /// The servers it starts itself even when URLs are given (a room's, a team's), since it
+    /// kills and restarts them or needs several; the menu says so, so that an attendee knows
+    /// what must be installed on their own machine.
+    pub starts_its_own: Option<&'static str>,
+    pub walkthrough: &'static str,
+    /// Minutes it takes in a workshop, with `--step` and its questions (README's plans).
+    pub session: u8,
+    /// The stops at a question that `--step` makes in a run with the defaults (counted by
+    /// running it); a part longer than one screen adds a stop for each further screen.
+    pub stops: u8,
+    /// The tools its walkthrough's by-hand part runs, besides lockslab itself.
+    pub by_hand: &'static [&'static str],
+}
 
 use std::time::Duration;
 
@@ -198,5 +287,19 @@ impl Fencing {
             Fencing::On => vec![true],
             Fencing::Both => vec![false, true],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A row's variant names the subcommand, its folder's `MENU` names the menu row and the
+    /// `lab` of `check`'s replay: the two must be one name, in one order.
+    #[test]
+    fn each_labs_subcommand_is_named_as_its_menu_row() {
+        use clap::Subcommand;
+        let labs = super::Lab::augment_subcommands(clap::Command::new("labs"));
+        let subcommands: Vec<&str> = labs.get_subcommands().map(|c| c.get_name()).collect();
+        let rows: Vec<&str> = super::LABS.iter().map(|lab| lab.command).collect();
+        assert_eq!(subcommands, rows);
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! A run's `--json` is its history — what every worker, backend and fault said, and the
 //! store's read-back — and then its verdict. This reads the two back, recognises the lab from
-//! the verdict's `lab`, and hands both to the lab's own `replay`, which cuts the history into
-//! the verdict's parts and judges each with the code the live run judged it with. Then it
-//! sets what the replay reached beside what the run recorded, field by field.
+//! the verdict's `lab`, and hands both to the lab's own `replay` (`labs::replay` finds it by
+//! that name), which cuts the history into the verdict's parts and judges each with the code
+//! the live run judged it with. Then it sets what the replay reached beside what the run
+//! recorded, field by field.
 //!
 //! ```text
 //! RUN.jsonl ──> events + verdict ──> labs::<lab>::replay (the lab's own checkers) ──> fields
@@ -26,21 +27,14 @@ use crate::events::{Event, envelope};
 use crate::exit::Exit;
 use crate::labs::replay::Replayed;
 
-/// The labs (and tools) `check` replays, as their verdicts name them.
-pub const SUPPORTED: [&str; 12] = [
-    "gc-pause",
-    "naive",
-    "skip-locked",
-    "etcd-vs-redis",
-    "failover",
-    "redlock",
-    "no-lock",
-    "network",
-    "lease-guard",
-    "queue",
-    "challenge",
-    "chaos",
-];
+/// What `check` replays, as verdicts name it: every lab, then the tools that keep their
+/// histories (`challenge`, `chaos`).
+pub fn supported() -> String {
+    let labs = crate::labs::LABS.iter().map(|lab| lab.command);
+    labs.chain(["challenge", "chaos"])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
@@ -157,16 +151,6 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
     let lab = verdict.get("lab").and_then(Value::as_str).unwrap_or("");
     let events = &recorded.events;
     let replayed = match lab {
-        "gc-pause" => crate::labs::gc_pause::replay(events, verdict),
-        "naive" => crate::labs::naive::replay(events, verdict),
-        "skip-locked" => crate::labs::skip_locked::replay(events, verdict),
-        "etcd-vs-redis" => crate::labs::etcd_vs_redis::replay(events, verdict),
-        "failover" => crate::labs::failover::replay(events, verdict),
-        "redlock" => crate::labs::redlock::replay(events, verdict),
-        "no-lock" => crate::labs::no_lock::replay(events, verdict),
-        "network" => crate::labs::network::replay(events, verdict),
-        "lease-guard" => crate::labs::lease_guard::replay(events, verdict),
-        "queue" => crate::labs::queue::replay(events, verdict),
         "challenge" => challenge::replay(events, verdict),
         "chaos" => crate::chaos::replay(events, &recorded.summaries, verdict),
         "matrix" => bail!(
@@ -174,17 +158,20 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
              behind it, so there is nothing to judge again; hunt one cell again with \
              `lockslab chaos --design D --faults F --json > run.jsonl` and check that. \
              `check` replays: {}",
-            SUPPORTED.join(", ")
+            supported()
         ),
         "" => bail!(
             "its verdict line names no lab: was it written by lockslab? `check` replays: {}",
-            SUPPORTED.join(", ")
+            supported()
         ),
-        other => bail!(
-            "`{other}` is not a lab `check` replays (an older or newer lockslab's?); it \
-             replays: {}",
-            SUPPORTED.join(", ")
-        ),
+        other => match crate::labs::replay(other, events, verdict) {
+            Some(replayed) => replayed,
+            None => bail!(
+                "`{other}` is not a lab `check` replays (an older or newer lockslab's?); it \
+                 replays: {}",
+                supported()
+            ),
+        },
     };
     replayed.with_context(|| {
         format!(

@@ -50,6 +50,7 @@ use crate::store::Store;
 pub use verdict::Cell;
 use verdict::Verdict;
 
+/// Lab 4: kill or freeze the holder on Redis, etcd and Postgres; who recovers, who fences
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -405,3 +406,17 @@ fn plan_from(args: &EtcdVsRedisArgs) -> Result<Plan> {
         pause: args.pause.unwrap_or(longest + Duration::from_secs(1)),
     })
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 4,
+    command: "etcd-vs-redis",
+    shows: "kill or freeze the holder: who hands over, who fences",
+    takes: "15s",
+    needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/04-etcd-vs-redis.md",
+    session: 15,
+    stops: 4,
+    by_hand: &["psql", "jq"],
+};

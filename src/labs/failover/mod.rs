@@ -48,6 +48,7 @@ use crate::worker::sentinel_client::{Rule, SentinelClient, StoreWrite, TokenSour
 use verdict::Verdict;
 pub use verdict::{Scenario, StaleWrite};
 
+/// Lab 5: no pause needed: a Redis failover hands the lock out twice, etcd's Raft does not
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -322,3 +323,17 @@ impl Play<'_> {
         })
     }
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 5,
+    command: "failover",
+    shows: "Redis failover hands the lock out twice; etcd does not",
+    takes: "16s",
+    needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    starts_its_own: Some("own Redis+etcd"),
+    walkthrough: "labs/05-failover.md",
+    session: 15,
+    stops: 3,
+    by_hand: &["redis-server", "redis-cli", "etcdctl", "jq"],
+};

@@ -42,6 +42,7 @@ use crate::servers::{Lifetime, PrivateServers, ServerArgs};
 use crate::store::{FenceRule, Store};
 use verdict::Verdict;
 
+/// Lab 1: a lock holder freezes past its TTL; its stale write lands unfenced, is refused fenced
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -345,3 +346,17 @@ const RESTART_RUNS: [Fence; 5] = [
         ..Fence::ON
     },
 ];
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 1,
+    command: "gc-pause",
+    shows: "frozen past its TTL, A writes late: fencing refuses it",
+    takes: "6s",
+    needs: &[Backend::Redis, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/01-gc-pause.md",
+    session: 15,
+    stops: 3,
+    by_hand: &["redis-cli", "jq"],
+};

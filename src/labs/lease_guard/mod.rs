@@ -42,6 +42,9 @@ use crate::servers::ServerArgs;
 use crate::store::Store;
 use verdict::Verdict;
 
+/// Lab 9: lease guards short of fencing (deadlines, margins, asking the lock, pause
+/// detection, renewal, lock-delay), each against pauses, wrong wall clocks and long
+/// work: the gap each one leaves, and what each costs
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -356,3 +359,17 @@ impl Lab for Plan {
         })
     }
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 9,
+    command: "lease-guard",
+    shows: "lease guards short of fencing, and the gap each leaves",
+    takes: "80s",
+    needs: &[Backend::Redis, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/09-lease-guard.md",
+    session: 15,
+    stops: 9,
+    by_hand: &["redis-server"],
+};

@@ -54,6 +54,7 @@ use crate::worker::WorkerSpec;
 use crate::worker::racer::{Acquire, Holder, Release, Role, Script, redis_failed, variant_name};
 use verdict::Verdict;
 
+/// Lab 2: the naive Redis lock broken every way, each bug beside its fix, with counts
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -419,3 +420,17 @@ fn short(duration: Duration) -> String {
         human(duration)
     }
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 2,
+    command: "naive",
+    shows: "the naive Redis lock broken four ways, each beside its fix",
+    takes: "17s",
+    needs: &[Backend::Redis],
+    starts_its_own: None,
+    walkthrough: "labs/02-naive.md",
+    session: 10,
+    stops: 5,
+    by_hand: &["redis-cli", "jq"],
+};

@@ -60,6 +60,7 @@ use crate::store::Store;
 use cut_off::LockService;
 use verdict::Verdict;
 
+/// Lab 8: no pause at all: the network holds a checked holder's write past its lease
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -299,6 +300,20 @@ impl Lab for Plan {
         Ok(verdict)
     }
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 8,
+    command: "network",
+    shows: "no pause: a checked write held in flight past the lease",
+    takes: "25s",
+    needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/08-network.md",
+    session: 15,
+    stops: 19,
+    by_hand: &[],
+};
 
 #[cfg(test)]
 mod tests {

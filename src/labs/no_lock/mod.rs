@@ -54,6 +54,7 @@ use crate::servers::ServerArgs;
 use play::Play;
 pub use verdict::{ApproachVerdict, Verdict};
 
+/// Lab 7: one job done nine ways, with and without a lock, under the same freezes and kill
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -323,3 +324,17 @@ fn check_args(args: &NoLockArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 7,
+    command: "no-lock",
+    shows: "the same job with no lock: optimistic writes, idempotency",
+    takes: "26s",
+    needs: &[Backend::Redis, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/07-no-lock.md",
+    session: 15,
+    stops: 10,
+    by_hand: &["psql"],
+};

@@ -53,6 +53,8 @@ use crate::servers::ServerArgs;
 use crate::worker::queuer::Way;
 use verdict::Verdict;
 
+/// Lab 10: the lock services' queue recipe on etcd: no herd, first come first served,
+/// waiters leaving the line, a session that expires, a leader that was paused
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -281,3 +283,17 @@ impl Lab for Plan {
 pub(crate) fn lock_name(run_id: &str, part: &str) -> String {
     format!("lockslab:{run_id}:queue:{part}")
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 10,
+    command: "queue",
+    shows: "etcd's queue recipe: no herd, fair order, churn, election",
+    takes: "20s",
+    needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/10-queue.md",
+    session: 10,
+    stops: 8,
+    by_hand: &["jq"],
+};

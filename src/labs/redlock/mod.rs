@@ -57,6 +57,8 @@ use crate::servers::{LabUrlParser, ServerArgs};
 use scene::Scene;
 use verdict::Verdict;
 
+/// Lab 6: Redlock on five Redis masters: a minority down, a master restarting empty, a
+/// clock jump, a client pause
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -325,3 +327,17 @@ impl Lab for Plan {
         })
     }
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 6,
+    command: "redlock",
+    shows: "Redlock on five masters: quorum, validity, no fencing",
+    takes: "8s",
+    needs: &[Backend::Redis, Backend::Postgres],
+    starts_its_own: Some("own 5 Redis"),
+    walkthrough: "labs/06-redlock.md",
+    session: 15,
+    stops: 5,
+    by_hand: &["redis-server", "redis-cli"],
+};

@@ -59,6 +59,7 @@ use play::Play;
 pub use verdict::ModeVerdict;
 use verdict::Verdict;
 
+/// Lab 3: a Postgres job queue with FOR UPDATE SKIP LOCKED; kill and freeze a worker
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\
 Examples:
@@ -269,3 +270,17 @@ fn plan_from(args: &SkipLockedArgs) -> Result<Plan> {
         idle_timeout: args.idle_timeout,
     })
 }
+
+/// The lab's row in the menu and `lockslab list`.
+pub const MENU: super::LabRow = super::LabRow {
+    number: 3,
+    command: "skip-locked",
+    shows: "a Postgres job queue: kill and freeze a worker",
+    takes: "3s",
+    needs: &[Backend::Postgres],
+    starts_its_own: None,
+    walkthrough: "labs/03-skip-locked.md",
+    session: 10,
+    stops: 2,
+    by_hand: &["psql", "jq"],
+};
