@@ -181,6 +181,9 @@ pub fn map(steps: &mut Value, clients: &[String], design: Design) -> Result<Vec<
             continue;
         }
         let before = words(entry);
+        if let Some(why) = no_counterpart(entry) {
+            return Err(refusal(n, &before, why));
+        }
         if let Some(Value::String(target)) = entry.get_mut("target") {
             *target = match target.split_once(PATH_ARROW) {
                 Some((lab, server)) => {
@@ -215,6 +218,22 @@ pub fn map(steps: &mut Value, clients: &[String], design: Design) -> Result<Vec<
         }
     }
     Ok(notes)
+}
+
+/// Why a lab's fault has no counterpart among chaos's, and what to write instead: lab 8
+/// holds a path until an event heals it, where chaos holds it for a time.
+fn no_counterpart(entry: &Value) -> Option<&'static str> {
+    match entry.get("fault").and_then(Value::as_str)? {
+        "hold" => Some(
+            "chaos holds a path for a time, not until an event: write \"fault\": \"delay\" \
+             with a \"duration_ms\" instead (a client's path to the store), and drop its heal",
+        ),
+        "heal" => Some(
+            "chaos heals a delay or a cut itself, after its duration_ms: drop the step, and \
+             give the delay or the cut it ends a duration_ms",
+        ),
+        _ => None,
+    }
 }
 
 /// An anchor's point on chaos's run: its worker as a client, its events as chaos's
@@ -315,6 +334,12 @@ mod tests {
 
     #[test]
     fn what_chaos_lacks_is_refused_by_its_step_with_what_to_write() {
+        let held = json!([{"at_ms": 0, "fault": "hold", "target": "A→store"}]);
+        let err = map(&mut held.clone(), &chaos_clients(), Design::RedisLock).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("step 1 (hold A→store): chaos holds"),
+            "{err:#}"
+        );
         let master = json!([{"at_ms": 0, "fault": "kill", "target": "A"},
                             {"at_ms": 5, "fault": "restart", "target": "m3"}]);
         let err = map(&mut master.clone(), &chaos_clients(), Design::RedisLock).unwrap_err();
