@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::lab_names::{self, CLIENT_EVENTS};
 use super::play::run_ms_of;
-use super::{clock, lag, net, play, redlock_lane};
+use super::{clock, lag, net, play};
 use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
@@ -90,21 +90,6 @@ pub struct Given {
     pub mapped: Vec<String>,
 }
 
-/// The servers a step may restart: the design's own (a design with neither Redis nor etcd
-/// has none, and a restart aimed at one would never play).
-pub fn servers_of(design: Design) -> Vec<String> {
-    if design.uses_masters() {
-        redlock_lane::restart_targets()
-    } else if design.uses_etcd() {
-        vec![generate::ETCD_LEADER.to_string()]
-    } else if design.uses_redis() {
-        let primary = generate::REDIS_PRIMARY.to_string();
-        vec!["redis".to_string(), "redis-aof".to_string(), primary]
-    } else {
-        Vec::new()
-    }
-}
-
 /// `--schedule`'s text: inline JSON (an array of steps, or a verdict line), or a file
 /// holding one or a lab's whole `--json` output; `FILE#N` names the N-th of a verdict's
 /// `schedules`.
@@ -161,7 +146,7 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Given> 
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let servers = servers_of(design);
+    let servers = lab_names::servers_of(design);
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
     if let Some(step) = (schedule.steps().iter())
         .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)

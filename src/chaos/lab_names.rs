@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use super::net;
 use crate::designs::Design;
-use crate::nemesis::generate::{PATH_ARROW, STORE};
+use crate::nemesis::generate::{self, PATH_ARROW, STORE};
 
 /// The events a chaos client reports, which a step's `after` may wait for.
 pub const CLIENT_EVENTS: [&str; 5] = ["acquired", "read_record", "working", "wrote", "released"];
@@ -89,6 +89,21 @@ pub fn pick(text: &str, part: Option<usize>) -> Result<Value> {
             "--schedule: this verdict holds {len} schedules, one per part the lab played: \
              name one after a '#', from 1 to {len} (e.g. --schedule 'FILE#2')"
         ),
+    }
+}
+
+/// The servers a step may restart: the design's own (a design with neither Redis nor etcd
+/// has none, and a restart aimed at one would never play).
+pub fn servers_of(design: Design) -> Vec<String> {
+    if design.uses_masters() {
+        super::redlock_lane::restart_targets()
+    } else if design.uses_etcd() {
+        vec![generate::ETCD_LEADER.to_string()]
+    } else if design.uses_redis() {
+        let primary = generate::REDIS_PRIMARY.to_string();
+        vec!["redis".to_string(), "redis-aof".to_string(), primary]
+    } else {
+        Vec::new()
     }
 }
 
@@ -173,7 +188,7 @@ pub fn map(steps: &mut Value, clients: &[String], design: Design) -> Result<Vec<
         Some((_, chaos)) => chaos.clone(),
         None => lab.to_string(),
     };
-    let servers = super::given::servers_of(design);
+    let servers = servers_of(design);
     let mut notes = Vec::new();
     for (n, entry) in entries.iter_mut().enumerate() {
         // A probe asks a backend a question; only the fault steps are chaos's to map.
@@ -267,7 +282,7 @@ fn server(name: &str, design: Design, servers: &[String]) -> Result<String, Stri
         return Ok(name.to_string());
     }
     if name == "etcd" && design.uses_etcd() {
-        return Ok(crate::nemesis::generate::ETCD_LEADER.to_string());
+        return Ok(generate::ETCD_LEADER.to_string());
     }
     let what = match name {
         "redis" | "redis-aof" | "redis-primary" => "a Redis",
