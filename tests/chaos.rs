@@ -1604,7 +1604,7 @@ fn a_labs_json_output_replays_its_faults_on_chaos() {
 
 /// A lab step with no counterpart on chaos's run is refused before anything starts, by
 /// one line naming the step and what to write instead: a Redlock master on one Redis, a
-/// fourth client among three, an event chaos's clients never report.
+/// fourth client among three, an event chaos's clients never report, lab 8's hold.
 #[test]
 fn a_lab_step_chaos_has_no_counterpart_for_is_refused_by_name() {
     for (schedule, says) in [
@@ -1619,6 +1619,11 @@ fn a_lab_step_chaos_has_no_counterpart_for_is_refused_by_name() {
         (
             r#"[{"at_ms":0,"after":{"worker":"W1","event":"queued"},"fault":"kill","target":"W1"}]"#,
             "chaos's clients never report queued",
+        ),
+        // Lab 8's hold of A's path, until B has written: chaos holds for a time.
+        (
+            r#"[{"at_ms":0,"fault":"hold","target":"A→store"}]"#,
+            r#"step 1 (hold A→store): chaos holds a path for a time, not until an event: write "fault": "delay""#,
         ),
     ] {
         let output = lockslab_offline(&["chaos", "--design", "redis-lock", "--schedule", schedule])
