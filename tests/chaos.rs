@@ -249,13 +249,14 @@ fn a_schedule_chaos_cannot_play_is_refused_up_front() {
             r#"[{"at_ms":0,"fault":"pauze","target":"A","duration_ms":900}]"#,
             "chaos plays pause, resume, kill",
         ),
-        // A network step: a delay with no length, a lost reply on a path the design lacks.
+        // A network step: a delay with no length, a lost reply on the store, where redis-lock does not
+        // ask for its lock (a lab's `A→etcd` is redis-lock's `A→redis`, by the rule of `--schedule`).
         (
             r#"[{"at_ms":0,"fault":"delay","target":"A→store"}]"#,
             "needs a duration_ms",
         ),
         (
-            r#"[{"at_ms":0,"fault":"drop_reply","target":"A→etcd"}]"#,
+            r#"[{"at_ms":0,"fault":"drop_reply","target":"A→store"}]"#,
             "A→redis for redis-lock",
         ),
         // Under a failover the clients reach the primary Sentinel names, not the proxy.
@@ -1547,4 +1548,89 @@ fn chaos_refuses_up_front_a_redis_user_without_its_clients_commands() {
     assert!(said.contains("noperm"), "{stderr}");
     assert!(said.contains("'evalsha'"), "{stderr}");
     assert!(!stderr.contains(":pw@"), "the password is hidden: {stderr}");
+}
+
+// A lab's schedule replayed by chaos (the engine issue): `--schedule` takes a lab's own
+// `--json` output, and its names are put on chaos's run.
+
+/// Lab 1's `--json` output (its fenced run with a token restart), passed as it is: A
+/// paused for 3s once it said it was freezing, and Redis restarted empty then. On chaos's
+/// run the pause waits for A's `working` (the same point of the job, as the timeline and
+/// the verdict say), and both faults play on chaos's own clients and Redis.
+#[test]
+fn a_labs_json_output_replays_its_faults_on_chaos() {
+    let lab_output = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gc-pause-token-restart.jsonl"
+    );
+    let mut command = lockslab(&[
+        "chaos",
+        "--design",
+        "redis-lock",
+        "--parallel",
+        "1",
+        "--schedules",
+        "1",
+        "--no-shrink",
+        "--json",
+        "--schedule",
+        lab_output,
+    ]);
+    // Chaos restarts only a Redis of its own.
+    command.env_remove("LOCKSLAB_REDIS_URL");
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(matches!(output.status.code(), Some(0 | 1)), "{stderr}");
+    let lines = json_lines(&output.stdout);
+    let verdict = lines.last().unwrap();
+    assert_eq!(
+        verdict["mapped"][0],
+        "step 1: pause A after A's freezing plays as pause A after A's working",
+        "{verdict}"
+    );
+    let line = first_schedule(&lines);
+    assert_eq!(line["unplayed"], 0, "{line}");
+    let played: Vec<(&str, &str)> = (line["schedule"].as_array().unwrap().iter())
+        .map(|s| (s["fault"].as_str().unwrap(), s["target"].as_str().unwrap()))
+        .collect();
+    assert_eq!(played, [("pause", "A"), ("restart", "redis")], "{line}");
+    // The nemesis's own record of each fault, on chaos's timeline.
+    let did = |kind: &str, fault: &str, target: &str| {
+        (lines.iter()).any(|e| e["kind"] == kind && e["fault"] == fault && e["target"] == target)
+    };
+    assert!(did("frozen", "pause", "A"), "{stderr}");
+    assert!(did("killed", "restart", "redis"), "{stderr}");
+}
+
+/// A lab step with no counterpart on chaos's run is refused before anything starts, by
+/// one line naming the step and what to write instead: a Redlock master on one Redis, a
+/// fourth client among three, an event chaos's clients never report, lab 8's hold.
+#[test]
+fn a_lab_step_chaos_has_no_counterpart_for_is_refused_by_name() {
+    for (schedule, says) in [
+        (
+            r#"{"kind":"verdict","schedule":[{"at_ms":0,"fault":"restart","target":"m3"}]}"#,
+            r#"step 1 (restart m3): m3 is a Redlock master, which redis-lock does not have; write "target": "redis""#,
+        ),
+        (
+            r#"[{"at_ms":0,"fault":"kill","target":"w1"},{"at_ms":0,"fault":"kill","target":"w2"},{"at_ms":0,"fault":"kill","target":"w3"},{"at_ms":0,"fault":"kill","target":"w4"}]"#,
+            "step 4 (kill w4): w4 is one client more than chaos's run has (3): pass --clients 4",
+        ),
+        (
+            r#"[{"at_ms":0,"after":{"worker":"W1","event":"queued"},"fault":"kill","target":"W1"}]"#,
+            "chaos's clients never report queued",
+        ),
+        // Lab 8's hold of A's path, until B has written: chaos holds for a time.
+        (
+            r#"[{"at_ms":0,"fault":"hold","target":"A→store"}]"#,
+            r#"step 1 (hold A→store): chaos holds a path for a time, not until an event: write "fault": "delay""#,
+        ),
+    ] {
+        let output = lockslab_offline(&["chaos", "--design", "redis-lock", "--schedule", schedule])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).replace('\n', " ");
+        assert_eq!(output.status.code(), Some(2), "{schedule}: {stderr}");
+        assert!(stderr.contains(says), "{schedule}: {stderr}");
+    }
 }

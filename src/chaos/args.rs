@@ -33,6 +33,12 @@ Examples:
                                         replay a schedule: a JSON list of
                                         {at_ms, after, fault, target,
                                         duration_ms}, in FILE or inline
+  lockslab gc-pause --json > lab1.jsonl
+  lockslab chaos --design etcd-lease --schedule lab1.jsonl
+                                        replay a lab's faults on a design:
+                                        its --json output (or its verdict
+                                        line) as it is; FILE#N for the N-th
+                                        of a verdict's `schedules`
 
 Each schedule: CLIENTS clients do read-modify-write jobs (read a counter, add
 one, append the job to the record's log) on 2 records through the design,
@@ -74,6 +80,14 @@ Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost
 update, duplicated effect, two holders (by the lock service's answers).
+A lab's schedule plays on chaos's names, each keeping its role: a client chaos
+has (A, B, C…) keeps its name, another (w1, c2…) takes the next one the
+schedule leaves free, in the order first named; a path's lock server is the
+design's (A→redis is A→etcd on etcd); a server keeps its name if the design
+has it (etcd is etcd-leader); a lab worker's `freezing` or `checked` is
+chaos's `working`. Each step changed is said before the first play; one with
+no counterpart (a Redlock master on one Redis, lab 8's hold and heal, a
+fourth client among three) is refused, naming the step and what to write.
 A step that never plays (its moment never came, its target was gone, the
 path it was put on carried nothing more) is named under its line, with why.
 A play of a given schedule missing one is unknown, never safe; a drawn one
@@ -107,8 +121,9 @@ pub struct ChaosArgs {
     /// How many clients
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub clients: u32,
-    /// Play this schedule (a JSON array, or a file holding one) instead of drawing: its
-    /// steps are the faults, so no --faults or --seed
+    /// Play this schedule (a JSON array, a lab's --json verdict line, or a file holding
+    /// either or a lab's whole --json output) instead of drawing: its steps are the
+    /// faults, so no --faults or --seed
     #[arg(long, value_name = "FILE|JSON", conflicts_with_all = ["faults", "seed"])]
     pub schedule: Option<String>,
     /// Replays of each smaller schedule while shrinking (timing varies: it is kept if

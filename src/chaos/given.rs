@@ -4,8 +4,9 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use super::lab_names::{self, CLIENT_EVENTS};
 use super::play::run_ms_of;
-use super::{clock, lag, net, play, redlock_lane};
+use super::{clock, lag, net, play};
 use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
@@ -47,9 +48,6 @@ pub fn kinds(schedule: &Schedule) -> Vec<generate::FaultKind> {
 const CHAOS_PLAYS: &str = "chaos plays pause, resume, kill, restart, delay, drop_reply (also \
      read as lost-reply), cut and clock_step (a lock server's clock jump, simulated)";
 
-/// The events a chaos client reports, which a step's `after.event` may name.
-const CLIENT_EVENTS: &str = "acquired, read_record, working, wrote, released";
-
 /// A schedule's JSON as a learner may type it: a path's `A->store` read as `A→store`, and
 /// an `after.event` that names no event refused with the events there are.
 fn tidy(json: &mut serde_json::Value) -> Result<()> {
@@ -75,7 +73,8 @@ fn tidy(json: &mut serde_json::Value) -> Result<()> {
             if serde_json::from_value::<crate::events::Kind>(name.clone()).is_err() {
                 crate::bail_usage!(
                     "--schedule: after.event {name} is not an event a client reports: \
-                     {CLIENT_EVENTS} (one, or a list of them)"
+                     {} (one, or a list of them)",
+                    CLIENT_EVENTS.join(", ")
                 );
             }
         }
@@ -83,30 +82,52 @@ fn tidy(json: &mut serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// `--schedule`: a JSON array, or a file that holds one; checked against the clients.
-pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedule> {
+/// A schedule as `--schedule` gave it, on chaos's names.
+#[derive(Debug)]
+pub struct Given {
+    pub schedule: Schedule,
+    /// Each step a lab's names were put on chaos's run for, in words ([`lab_names`]).
+    pub mapped: Vec<String>,
+}
+
+/// `--schedule`'s text: inline JSON (an array of steps, or a verdict line), or a file
+/// holding one or a lab's whole `--json` output; `FILE#N` names the N-th of a verdict's
+/// `schedules`.
+fn schedule_text(text: &str) -> Result<(String, Option<usize>)> {
+    if text.trim_start().starts_with(['[', '{']) {
+        return Ok((text.to_string(), None));
+    }
+    let (path, part) = match text.rsplit_once('#') {
+        Some((path, n)) if !Path::new(text).exists() && n.parse::<usize>().is_ok() => {
+            (path, n.parse().ok())
+        }
+        _ => (text, None),
+    };
+    // A schedule is a few lines, a lab's --json output a few hundred: a megabyte is far
+    // more than either.
+    match read_small_file(Path::new(path), 1 << 20) {
+        Ok(json) => Ok((json, part)),
+        Err(_) if !Path::new(path).exists() => crate::bail_usage!(
+            "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
+        ),
+        Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => {
+            crate::bail_usage!("--schedule {text}: over 1 MiB: a schedule is a few lines")
+        }
+        Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
+    }
+}
+
+/// `--schedule`: a JSON array, a lab's verdict line, or a file holding either or a lab's
+/// `--json` output; its names put on chaos's ([`lab_names`]), then checked against the
+/// clients.
+pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Given> {
     let run_ms = run_ms_of(design);
     use crate::nemesis::Fault;
-    let json = if text.trim_start().starts_with('[') {
-        text.to_string()
-    } else {
-        // A schedule is a few lines: a megabyte is far more than any.
-        match read_small_file(Path::new(text), 1 << 20) {
-            Ok(json) => json,
-            Err(_) if !Path::new(text).exists() => crate::bail_usage!(
-                "--schedule {text}: neither a JSON array of steps nor a file (e.g. '[{{\"at_ms\": 200, \"fault\": \"pause\", \"target\": \"A\", \"duration_ms\": 900}}]')"
-            ),
-            Err(err) if err.kind() == std::io::ErrorKind::FileTooLarge => {
-                crate::bail_usage!("--schedule {text}: over 1 MiB: a schedule is a few lines")
-            }
-            Err(err) => crate::bail_usage!("--schedule {text}: {err}"),
-        }
-    };
-    let mut value: serde_json::Value = match serde_json::from_str(&json) {
-        Ok(value) => value,
-        Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
-    };
+    let (json, part) = schedule_text(text)?;
+    let mut value = lab_names::pick(&json, part)?;
     tidy(&mut value)?;
+    let names = play::client_names(clients);
+    let mapped = lab_names::map(&mut value, &names, design)?;
     let schedule: Schedule = match serde_json::from_value(value) {
         Ok(schedule) => schedule,
         Err(err) => crate::bail_usage!("--schedule: not a schedule ({err})"),
@@ -117,7 +138,6 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
              drop --schedule and pass --faults)"
         );
     }
-    let names = play::client_names(clients);
     let checked = net::validate(&schedule, &names, design)
         .and_then(|rest| clock::validate(&rest, &names, design))
         .and_then(|rest| lag::validate(&rest));
@@ -126,19 +146,7 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    // The servers a step may restart: the design's own (a design with neither Redis nor
-    // etcd has none, and a restart aimed at one would never play).
-    let mut servers = if design.uses_etcd() {
-        vec![generate::ETCD_LEADER.to_string()]
-    } else if design.uses_redis() {
-        let primary = generate::REDIS_PRIMARY.to_string();
-        vec!["redis".to_string(), "redis-aof".to_string(), primary]
-    } else {
-        Vec::new()
-    };
-    if design.uses_masters() {
-        servers = redlock_lane::restart_targets();
-    }
+    let servers = lab_names::servers_of(design);
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
     if let Some(step) = (schedule.steps().iter())
         .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
@@ -219,7 +227,7 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Schedul
             );
         }
     }
-    Ok(schedule)
+    Ok(Given { schedule, mapped })
 }
 
 #[cfg(test)]
@@ -233,11 +241,15 @@ mod tests {
     fn a_given_schedule_has_its_own_steps_kinds_only() {
         let pauses = r#"[{"at_ms": 100, "fault": "pause", "target": "A", "duration_ms": 900},
             {"at_ms": 300, "fault": "pause", "target": "B", "duration_ms": 90}]"#;
-        let schedule = read_schedule(pauses, 2, Design::RedisLock).unwrap();
+        let schedule = read_schedule(pauses, 2, Design::RedisLock)
+            .unwrap()
+            .schedule;
         assert_eq!(kinds(&schedule), vec![FaultKind::Pause]);
         let failover = r#"[{"at_ms": 100, "fault": "kill", "target": "A"},
             {"at_ms": 200, "fault": "restart", "target": "redis-primary"}]"#;
-        let schedule = read_schedule(failover, 2, Design::RedisLock).unwrap();
+        let schedule = read_schedule(failover, 2, Design::RedisLock)
+            .unwrap()
+            .schedule;
         assert_eq!(kinds(&schedule), vec![FaultKind::Kill, FaultKind::Failover]);
     }
 
@@ -245,14 +257,14 @@ mod tests {
     fn a_path_may_be_typed_in_ascii_and_an_unknown_event_names_the_events() {
         let ascii = r#"[{"at_ms": 100, "fault": "delay", "target": "A->store",
             "duration_ms": 900}]"#;
-        let schedule = read_schedule(ascii, 2, Design::RedisLock).unwrap();
+        let schedule = read_schedule(ascii, 2, Design::RedisLock).unwrap().schedule;
         assert_eq!(schedule.steps()[0].target, "A→store");
         let unknown = r#"[{"at_ms": 5, "after": {"worker": "A", "event": "grabbed"},
             "fault": "pause", "target": "A", "duration_ms": 900}]"#;
         let err = read_schedule(unknown, 2, Design::RedisLock).unwrap_err();
         let message = format!("{err:#}");
         assert!(message.contains("\"grabbed\""), "{message}");
-        assert!(message.contains(CLIENT_EVENTS), "{message}");
+        assert!(message.contains(&CLIENT_EVENTS.join(", ")), "{message}");
         let listed = unknown.replace(r#""grabbed""#, r#"["wrote", "grabbed"]"#);
         let err = read_schedule(&listed, 2, Design::RedisLock).unwrap_err();
         assert!(format!("{err:#}").contains("\"grabbed\""));

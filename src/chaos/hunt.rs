@@ -18,9 +18,12 @@ use anyhow::Result;
 
 /// `lockslab chaos`.
 pub fn run(args: &ChaosArgs) -> Result<Exit> {
-    let given = match &args.schedule {
-        Some(text) => Some(given::read_schedule(text, args.clients, args.design)?),
-        None => None,
+    let (given, mapped) = match &args.schedule {
+        Some(text) => {
+            let given = given::read_schedule(text, args.clients, args.design)?;
+            (Some(given.schedule), given.mapped)
+        }
+        None => (None, Vec::new()),
     };
     let kinds = match &given {
         Some(schedule) => given::kinds(schedule),
@@ -83,6 +86,11 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
     ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
     if !args.json {
         show::heading(&ground, args, seed);
+        // A lab's names on chaos's run: said before the first play, so that its lines
+        // read as the schedule they are.
+        for line in &mapped {
+            crate::output::details([line.clone()]);
+        }
     }
     // Asked for and left out: said, not dropped silently (stdout is JSON under --json).
     match reach::unreached(args.design, &once_each(&args.faults)) {
@@ -141,7 +149,7 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
         "design": args.design.name(), "seed": seed,
         "schedules": played, "unsafe": unsafe_, "unknown": unknown,
         "played_in_part": in_part, "shard": format!("{}/{}", shard.k, shard.n),
-        "given": given.is_some(),
+        "given": given.is_some(), "mapped": mapped,
         "seconds": hunted.as_secs_f64(),
     });
     let mut verdict = crate::events::envelope::verdict_of("chaos", &ground.run_id, fields);

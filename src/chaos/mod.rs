@@ -16,6 +16,7 @@ pub mod given;
 mod ground;
 mod hunt;
 mod keeper;
+mod lab_names;
 mod lag;
 pub mod lane;
 mod net;
