@@ -167,3 +167,50 @@ mod network {
         assert_eq!(report.with(Outcome::Valid).count(), 0);
     }
 }
+
+mod redlock {
+    use super::*;
+    use lockslab::labs::redlock::check;
+
+    #[test]
+    fn redlock_report_agrees_with_each_recorded_scenario_and_points_at_the_masters_answers() {
+        let recorded = recorded("redlock.jsonl");
+        let report = check(&recorded.events);
+        let events = &recorded.events;
+        let scenarios = recorded.verdict.as_ref().unwrap()["scenarios"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let mut judged = 0;
+        for scenario in &scenarios {
+            let name = scenario["name"].as_str().unwrap();
+            match name {
+                "restart-empty" | "restart-delayed" | "clock-jump" | "client-pause" => {
+                    let exclusion = finding(&report, &format!("mutual exclusion ({name})"));
+                    assert_eq!(exclusion.outcome, broken(scenario["two_holders"].as_bool()));
+                    // The clients' rounds as the masters answered them, and the masters.
+                    let kinds = [Kind::Acquired, Kind::GaveUp, Kind::HolderNow];
+                    proved_by(events, exclusion, &kinds);
+                    judged += 1;
+                }
+                "majority-down" => {
+                    let released = finding(&report, "released everywhere (majority-down)");
+                    let left = !scenario["set_once_thawed"].as_array().unwrap().is_empty();
+                    assert_eq!(released.outcome, broken(Some(left)), "{released:?}");
+                    proved_by(events, released, &[Kind::HolderNow]);
+                    judged += 1;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(judged, 5, "every scenario the masters' answers decide");
+        // The store's read-back is not in the history: never a pass.
+        let stale = finding(&report, "stale write (client-pause)");
+        assert_eq!(stale.outcome, Outcome::Unknown);
+        assert_eq!(
+            report.outcome,
+            Outcome::Invalid,
+            "a restart without delay breaks it"
+        );
+    }
+}
