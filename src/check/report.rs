@@ -165,6 +165,29 @@ impl Report {
         self
     }
 
+    /// The report of a checker whose history lacks what decides (a read-back, an answer):
+    /// one unknown `evidence` finding that says why, and no event, since none decides it.
+    pub fn without_evidence(why: impl std::fmt::Display) -> Report {
+        Report::of([Finding::new(
+            "evidence",
+            Outcome::Unknown,
+            why.to_string(),
+            [],
+        )])
+    }
+
+    /// This report with each event position `i` replaced by `positions[i]`: a checker that
+    /// read a part picked out of the history (its events at `positions`) points into the
+    /// whole of it.
+    pub fn placed(mut self, positions: &[usize]) -> Report {
+        for finding in &mut self.findings {
+            for event in &mut finding.events {
+                *event = positions[*event];
+            }
+        }
+        self
+    }
+
     /// This report with `part` named in each finding's name (`two holders (run 2)`).
     pub fn about(mut self, part: &str) -> Report {
         for finding in &mut self.findings {
@@ -226,5 +249,16 @@ mod tests {
         assert_eq!(whole.with(Invalid).count(), 1);
         assert_eq!(Report::compose([]).outcome, Valid);
         assert_eq!(Report::of([held]).outcome, Valid);
+    }
+
+    #[test]
+    fn a_part_s_report_points_into_the_whole_history() {
+        // The part's events 0 and 1 stood at 4 and 9 in the history.
+        let part = Report::of([Finding::new("stale write", Invalid, "taken", [1, 0])]);
+        assert_eq!(part.placed(&[4, 9]).findings[0].events, vec![4, 9]);
+        let open = Report::without_evidence("no read-back");
+        assert_eq!(open.outcome, Unknown);
+        assert_eq!(open.findings[0].name, "evidence");
+        assert!(open.findings[0].events.is_empty());
     }
 }

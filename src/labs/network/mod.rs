@@ -44,7 +44,7 @@ mod lost_lock_words;
 mod lost_reply;
 mod scene;
 pub mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::Duration;
 

@@ -12,6 +12,7 @@ use crate::check::LateWrite;
 use crate::check::network::{
     self as checks, CutTiming, Evidence, FencedRetryFound, LATE, NEXT, PaymentFound, ReplyFound,
 };
+use crate::check::report::{self, Report};
 use crate::events::facts::{Fault, StaleWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
@@ -214,6 +215,146 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         );
     }
     Ok(replayed)
+}
+
+/// Lab 8's checker: the whole history, every run of the delayed write and the cuts in it,
+/// judged as one [`Report`].
+///
+/// Each run (its events picked by their story and fencing tags, as [`replay`] picks them)
+/// is judged by [`RunVerdict::from_history`], the function the live run judges with, and
+/// gives two findings, three for the holder that stops:
+///
+/// - **mutual exclusion**: did the lock server grant B the lock while A still believed it
+///   held it? Proved by A's release (it found its key gone or B's), B's grant, and the
+///   store deciding A's write after B's;
+/// - **stale write**: did the store take A's write once B had written? Proved by the
+///   store's read-back (its decision order) and the two writes;
+/// - **next write stopped** (`cut-off-stops`): A, told by its heartbeat that the lock was
+///   given up, sent no second write. Proved by A's asks and the read-back.
+///
+/// A run whose history lacks its read-back is unknown, with the reason, never a pass. The
+/// lost replies rest on read-backs of the key's holder the history does not carry: one
+/// unknown finding says so. Each finding's events are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let mut runs: Vec<(&'static str, bool)> = Vec::new();
+    for event in history {
+        let scenario = event.part.scenario.as_deref();
+        if let (Some(scenario), Some(fenced)) = (
+            RUN_SCENARIOS.into_iter().find(|s| Some(*s) == scenario),
+            event.part.fencing,
+        ) && !runs.contains(&(scenario, fenced))
+        {
+            runs.push((scenario, fenced));
+        }
+    }
+    let mut report = Report::compose(runs.into_iter().map(|(scenario, fenced)| {
+        let (positions, log) = replay::part_with_positions(history, |e| {
+            e.part.scenario.as_deref() == Some(scenario) && e.part.fencing == Some(fenced)
+        });
+        check_run(scenario, fenced, &log)
+            .placed(&positions)
+            .about(&format!("{scenario}, fencing={fenced}"))
+    }));
+    let lost_replies = history.iter().any(|e| {
+        e.part
+            .scenario
+            .as_deref()
+            .is_some_and(|s| s.starts_with("lost-reply"))
+    });
+    if lost_replies {
+        report.push(report::Finding::new(
+            "lost replies",
+            report::Outcome::Unknown,
+            "the lost replies rest on read-backs of the key's holder the history does not \
+             carry yet: not judged from it",
+            [],
+        ));
+    }
+    report
+}
+
+/// One run's findings; event positions are in `log`.
+fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
+    let found = match RunVerdict::from_history(scenario, fenced, log) {
+        Ok(found) => found,
+        Err(why) => return Report::without_evidence(format!("{why:#}")),
+    };
+    let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
+    let read_back_at = log.iter().rposition(|e| e.kind() == Kind::ReadBack);
+    let (exclusion, exclusion_words) = match found.two_holders {
+        Some(true) => (
+            report::Outcome::Invalid,
+            "the lock server granted B the lock while A still believed it held it: two \
+             holders at once",
+        ),
+        Some(false) => (
+            report::Outcome::Valid,
+            "B was granted the lock only after A let go",
+        ),
+        None => (
+            report::Outcome::Unknown,
+            "the answers cannot order B's grant against A's release",
+        ),
+    };
+    let (stale, stale_words) = match found.late_write {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        LateWrite::Rejected => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused its lower token",
+        ),
+        LateWrite::None => (
+            report::Outcome::Valid,
+            "the store decided A's write before B's: no stale write",
+        ),
+    };
+    let writes = [at(LATE, Kind::Wrote), at(NEXT, Kind::Wrote), read_back_at];
+    let mut report = Report::of([
+        report::Finding::new(
+            "mutual exclusion",
+            exclusion,
+            exclusion_words,
+            [
+                at(LATE, Kind::Released),
+                at(NEXT, Kind::Acquired),
+                read_back_at,
+            ]
+            .into_iter()
+            .flatten(),
+        ),
+        report::Finding::new(
+            "stale write",
+            stale,
+            stale_words,
+            writes.into_iter().flatten(),
+        ),
+    ]);
+    if scenario == "cut-off-stops" {
+        let asks = (0..log.len()).filter(|&i| log[i].is(LATE, Kind::Checked));
+        let (outcome, words) = match found.a_next_write_stopped {
+            Some(true) => (
+                report::Outcome::Valid,
+                "told its heartbeat had given the lock up, A sent no second write",
+            ),
+            Some(false) => (
+                report::Outcome::Invalid,
+                "A sent a second write: its heartbeat had not given up when A asked",
+            ),
+            None => (
+                report::Outcome::Unknown,
+                "A did not ask its heartbeat again, or the store does not say",
+            ),
+        };
+        report.push(report::Finding::new(
+            "next write stopped",
+            outcome,
+            words,
+            asks.chain(read_back_at),
+        ));
+    }
+    report
 }
 
 /// The store's line on the timeline when A's write was decided after B's.

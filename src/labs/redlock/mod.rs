@@ -40,7 +40,7 @@ mod restart;
 mod scene;
 mod schedules;
 mod verdict;
-pub use verdict::{reads_in, replay, rounds_in};
+pub use verdict::{check, reads_in, replay, rounds_in};
 
 use colored::Colorize;
 use std::time::Duration;

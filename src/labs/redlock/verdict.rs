@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Plan, Scenario};
 use crate::check::redlock::{self as check, MasterState, Round, StaleWrite};
+use crate::check::report::{self, Report};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
@@ -82,10 +83,18 @@ pub struct ScenarioVerdict {
 /// Every round of the clients the events of `tag` report, on the run's clock: the event is
 /// stamped when the round's answer was in, and the round began its elapsed time before.
 pub fn rounds_in(events: &[Event], tag: &str) -> Vec<(String, Round)> {
-    events
-        .iter()
-        .filter(|e| e.part.scenario.as_deref() == Some(tag))
-        .filter_map(|e| {
+    rounds_at(events, tag)
+        .into_iter()
+        .map(|(_, who, round)| (who, round))
+        .collect()
+}
+
+/// [`rounds_in`], each round with the position of its event in `events`.
+pub fn rounds_at(events: &[Event], tag: &str) -> Vec<(usize, String, Round)> {
+    (0..events.len())
+        .filter(|&i| events[i].part.scenario.as_deref() == Some(tag))
+        .filter_map(|i| {
+            let e = &events[i];
             let attempt = match &e.what {
                 What::Acquired(a) => a.attempt.as_deref(),
                 What::GaveUp(g) => g.attempt.as_deref(),
@@ -98,23 +107,56 @@ pub fn rounds_in(events: &[Event], tag: &str) -> Vec<(String, Round)> {
                 ended: Duration::from_millis(e.t_ms),
                 validity_ms: attempt.validity_ms,
             };
-            Some((e.worker.clone(), round))
+            Some((i, e.worker.clone(), round))
         })
         .collect()
 }
 
 /// Every read-back of the masters for scenario `name`'s key, in the order the lab made them.
 pub fn reads_in(events: &[Event], name: &str) -> Vec<Vec<MasterState>> {
+    reads_at(events, name)
+        .into_iter()
+        .map(|(_, read)| read)
+        .collect()
+}
+
+/// [`reads_in`], each read-back with the position of its event in `events`.
+pub fn reads_at(events: &[Event], name: &str) -> Vec<(usize, Vec<MasterState>)> {
     let suffix = format!(":{name}");
-    events
-        .iter()
-        .filter_map(|e| match &e.what {
+    (0..events.len())
+        .filter_map(|i| match &events[i].what {
             What::HolderNow(h) if h.key.as_deref().is_some_and(|k| k.ends_with(&suffix)) => {
-                h.masters.clone()
+                Some((i, h.masters.clone()?))
             }
             _ => None,
         })
         .collect()
+}
+
+/// The client pause judged from its history: was the lock granted twice within A's
+/// validity? Answers with the positions in `events` of A's grant and B's granted round
+/// (None: B was never granted, so not twice).
+pub fn judge_client_pause(
+    events: &[Event],
+    name: &str,
+) -> Result<(usize, Option<usize>, crate::check::Finding)> {
+    let a_at = (0..events.len())
+        .find(|&i| {
+            events[i].part.scenario.as_deref() == Some(name) && events[i].is("A", Kind::Acquired)
+        })
+        .with_context(|| format!("{name}: A's grant is not in the history"))?;
+    let a_seen = &events[a_at];
+    let validity_ms = match &a_seen.what {
+        What::Acquired(a) => a.validity_ms.context("A's grant without its validity")?,
+        _ => unreachable!("found as a grant"),
+    };
+    let rounds = rounds_at(events, name);
+    let Some((b_at, _, b)) = rounds.iter().find(|(_, who, r)| who == "B" && r.held) else {
+        return Ok((a_at, None, crate::check::Finding::No));
+    };
+    let twice =
+        check::granted_twice_after_pause(Duration::from_millis(a_seen.t_ms), validity_ms, b.began);
+    Ok((a_at, Some(*b_at), twice))
 }
 
 /// `lockslab check`: the facts of each scenario the masters' answers decide, judged again
@@ -159,33 +201,146 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
                 })
             }
             "client-pause" => {
-                let log = replay::part_of(events, |e| e.part.scenario.as_deref() == Some(name));
-                let a_seen = log
-                    .iter()
-                    .find(|e| e.is("A", Kind::Acquired))
-                    .context("client-pause: A's grant is not in the history")?;
-                let validity_ms = match &a_seen.what {
-                    What::Acquired(a) => a.validity_ms.context("A's grant without its validity")?,
-                    _ => unreachable!("found as a grant"),
-                };
-                let rounds = rounds_in(events, name);
-                let b = rounds.iter().find(|(who, r)| who == "B" && r.held);
-                let found = match b {
-                    Some((_, b)) => check::granted_twice_after_pause(
-                        Duration::from_millis(a_seen.t_ms),
-                        validity_ms,
-                        b.began,
-                    )
-                    .as_option(),
-                    None => Some(false),
-                };
-                json!({ "granted": b.is_some(), "two_holders": found })
+                let (_, b_at, twice) = judge_client_pause(events, name)?;
+                json!({ "granted": b_at.is_some(), "two_holders": twice.as_option() })
             }
             _ => continue,
         };
         replayed.part(name, recorded, found);
     }
     Ok(replayed)
+}
+
+/// Lab 6's checker: the whole history judged as one [`Report`], from the same functions
+/// [`replay`] and the live run judge with:
+///
+/// - **mutual exclusion** (the restarts, the clock jump, the client pause): did two clients
+///   each hold a majority's grant at once? Proved by A's and B's rounds (and, where the lab
+///   read them, the masters right after B's);
+/// - **released everywhere** (majority-down): did the failed round's release reach every
+///   master? Proved by the masters read back once the frozen ones woke;
+/// - **stale write** (client-pause): unknown, since the store's read-back of the resources
+///   is not an event of the history.
+///
+/// A scenario whose rounds or read-backs are missing is unknown, with the reason. Each
+/// finding's events are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let mut report = Report::default();
+    let reads = reads_at(history, "majority-down");
+    if let [_, (woke_at, woke)] = &reads[..] {
+        let (outcome, words) = match check::released_everywhere(woke) {
+            crate::check::Finding::Yes => (
+                report::Outcome::Valid,
+                "once the frozen masters woke, none held the failed round's key".to_string(),
+            ),
+            crate::check::Finding::No => (
+                report::Outcome::Invalid,
+                format!(
+                    "once the frozen masters woke, {} held the failed round's key: its \
+                     release did not reach them",
+                    check::holding(woke).join(", ")
+                ),
+            ),
+            crate::check::Finding::Unknown => (
+                report::Outcome::Unknown,
+                "a master did not answer the read-back once the others woke".to_string(),
+            ),
+        };
+        let name = "released everywhere (majority-down)";
+        report.push(report::Finding::new(name, outcome, words, [*woke_at]));
+    } else if !reads.is_empty() {
+        report.push(report::Finding::new(
+            "evidence (majority-down)",
+            report::Outcome::Unknown,
+            "the history does not hold the majority-down key's two read-backs",
+            [],
+        ));
+    }
+    let mut rounds = rounds_at(history, "restart");
+    rounds.extend(rounds_at(history, "clock-jump"));
+    for pair in rounds.chunks(2) {
+        report.push(pair_exclusion(history, pair));
+    }
+    if history
+        .iter()
+        .any(|e| e.part.scenario.as_deref() == Some("client-pause"))
+    {
+        for finding in client_pause_findings(history) {
+            report.push(finding);
+        }
+    }
+    report
+}
+
+/// Two clients' rounds in a restart or the clock jump: were both granted at once? Named
+/// after the scenario whose key the lab read back right after B's round.
+fn pair_exclusion(history: &[Event], pair: &[(usize, String, Round)]) -> report::Finding {
+    let [(a_at, a_who, a), (b_at, b_who, b)] = pair else {
+        return report::Finding::new(
+            "evidence",
+            report::Outcome::Unknown,
+            "a client's round without its partner's",
+            pair.iter().map(|(at, _, _)| *at),
+        );
+    };
+    let read_at = (*b_at..history.len()).find(|&i| history[i].kind() == Kind::HolderNow);
+    let scenario = read_at
+        .and_then(|i| match &history[i].what {
+            What::HolderNow(h) => h.key.as_deref()?.rsplit(':').next(),
+            _ => None,
+        })
+        .unwrap_or("restart");
+    let name = format!("mutual exclusion ({scenario})");
+    if (a_who.as_str(), b_who.as_str()) != ("A", "B") {
+        let words = format!("the rounds are {a_who}'s and {b_who}'s, not A's and B's");
+        return report::Finding::new(name, report::Outcome::Unknown, words, [*a_at, *b_at]);
+    }
+    let two = check::two_holders(a, b);
+    let words = match two {
+        crate::check::Finding::Yes => "B's round was granted before A's validity ended",
+        _ => "B was not granted while A's validity ran",
+    };
+    let events = [Some(*a_at), Some(*b_at), read_at].into_iter().flatten();
+    report::Finding::new(name, report::Outcome::broken_if(two), words, events)
+}
+
+/// The client pause: was the lock granted twice within A's validity (the judgment the live
+/// run made), and the stale write the history cannot decide.
+fn client_pause_findings(history: &[Event]) -> Vec<report::Finding> {
+    let name = "client-pause";
+    let exclusion = match judge_client_pause(history, name) {
+        Ok((a_at, b_at, twice)) => {
+            let words = match (b_at, twice) {
+                (None, _) => "B was never granted the lock",
+                (_, crate::check::Finding::No) => "B asked after A's validity had ended",
+                _ => {
+                    "B asked before A's validity could have ended: the lab's clock cannot \
+                      order them"
+                }
+            };
+            let events = [Some(a_at), b_at].into_iter().flatten();
+            report::Finding::new(
+                "mutual exclusion (client-pause)",
+                report::Outcome::broken_if(twice),
+                words,
+                events,
+            )
+        }
+        Err(why) => report::Finding::new(
+            "evidence (client-pause)",
+            report::Outcome::Unknown,
+            format!("{why:#}"),
+            [],
+        ),
+    };
+    let stale = report::Finding::new(
+        "stale write (client-pause)",
+        report::Outcome::Unknown,
+        "the store's read-back of the resources is not an event of the history: what it \
+         took of A's late writes is not judged from it",
+        [],
+    );
+    vec![exclusion, stale]
 }
 
 /// The run's verdict: the plan it played and each scenario's verdict.
