@@ -14,6 +14,7 @@ mod challenge;
 mod chaos;
 #[path = "check.rs"]
 mod check;
+mod check_reports_servers;
 #[path = "corrections.rs"]
 mod corrections;
 #[path = "etcd_vs_redis.rs"]

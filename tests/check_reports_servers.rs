@@ -1,0 +1,171 @@
+//! The reports of the labs that break a lock by its server — lab 9 (lease guards), lab 5
+//! (failover), lab 4 (etcd vs Redis) — read from their recorded fixtures: each finding
+//! agrees with the verdict the lab printed live, and points at events that can prove it.
+//!
+//! These fixtures were recorded before the store's read-back was an event of the history.
+//! Their history alone cannot say what the store decided, so each lab's report over it is
+//! unknown, never a pass. `lockslab check` takes the read-back from the verdict instead;
+//! the tests do the same, putting it back into the history as the event a newer run
+//! records, and then judge.
+
+use lockslab::check::report::{Finding, Outcome, Report};
+use lockslab::events::facts::StoreRecord;
+use lockslab::events::{Event, Kind};
+use lockslab::reproduce::Recorded;
+use lockslab::store::ReadBack;
+use serde_json::Value;
+
+fn recorded(name: &str) -> Recorded {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    Recorded::from_jsonl(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The verdict's list `field` (its cells, runs…).
+fn parts(recorded: &Recorded, field: &str) -> Vec<Value> {
+    recorded.verdict.as_ref().unwrap()[field]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The one finding called exactly `title`.
+fn finding<'a>(report: &'a Report, title: &str) -> &'a Finding {
+    let mut found = report.findings.iter().filter(|f| f.name == title);
+    let first = found
+        .next()
+        .unwrap_or_else(|| panic!("no finding `{title}` in {:#?}", report.findings));
+    assert!(found.next().is_none(), "two findings `{title}`");
+    first
+}
+
+/// "broken?" as the verdict recorded it (null: it could not say), as an outcome.
+fn outcome_of(broken: Option<bool>) -> Outcome {
+    match broken {
+        Some(true) => Outcome::Invalid,
+        Some(false) => Outcome::Valid,
+        None => Outcome::Unknown,
+    }
+}
+
+/// `finding` points at something, and only at events of `history` of the given kinds.
+fn proves_with(history: &[Event], finding: &Finding, kinds: &[Kind]) {
+    assert!(!finding.events.is_empty(), "{finding:?} points at nothing");
+    for &at in &finding.events {
+        let kind = history
+            .get(at)
+            .unwrap_or_else(|| panic!("{}: no event {at}", finding.name))
+            .kind();
+        assert!(
+            kinds.contains(&kind),
+            "{}: event {at} is a {kind:?}, which proves nothing here",
+            finding.name
+        );
+    }
+}
+
+/// `events` with the store's read-back of each part put back in, as a run records it now:
+/// one `read_back` event after the part's last event (`belongs` says which events are the
+/// part's), tagged as that event is and carrying the record the verdict kept (`record_of`).
+fn with_read_backs(
+    events: &[Event],
+    parts: &[Value],
+    belongs: impl Fn(&Value, &Event) -> bool,
+    record_of: impl Fn(&Value) -> &Value,
+) -> Vec<Event> {
+    let mut history = events.to_vec();
+    for part in parts {
+        let last = history
+            .iter()
+            .rposition(|e| belongs(part, e))
+            .unwrap_or_else(|| panic!("no event of {part}"));
+        let read: ReadBack = serde_json::from_value(record_of(part).clone()).unwrap();
+        let mut read_back = Event::new("store", StoreRecord::of("", &read), "read back");
+        read_back.part = history[last].part.clone();
+        history.insert(last + 1, read_back);
+    }
+    history
+}
+
+mod lease_guard {
+    use super::*;
+    use lockslab::labs::lease_guard::check;
+
+    fn in_cell(cell: &Value, event: &Event) -> bool {
+        event.part.scenario.as_deref() == cell["fault"].as_str()
+            && event.part.variant.as_deref() == cell["guard"].as_str()
+    }
+
+    fn title(name: &str, cell: &Value) -> String {
+        format!(
+            "{name} ({} × {})",
+            cell["guard"].as_str().unwrap(),
+            cell["fault"].as_str().unwrap()
+        )
+    }
+
+    #[test]
+    fn lease_guard_history_without_the_read_back_is_unknown_in_every_cell() {
+        let recorded = recorded("lease-guard.jsonl");
+        let cells = parts(&recorded, "cells");
+        let report = check(&recorded.events);
+        assert_eq!(report.outcome, Outcome::Unknown, "{report:#?}");
+        for cell in &cells {
+            let open = finding(&report, &title("evidence", cell));
+            assert_eq!(open.outcome, Outcome::Unknown);
+            assert!(open.words.contains("read-back"), "{open:?}");
+        }
+        assert_eq!(
+            report.findings.len(),
+            cells.len(),
+            "nothing but the open cells"
+        );
+    }
+
+    #[test]
+    fn lease_guard_report_agrees_with_each_recorded_cell_and_points_at_its_proof() {
+        let recorded = recorded("lease-guard.jsonl");
+        let cells = parts(&recorded, "cells");
+        let history = with_read_backs(&recorded.events, &cells, in_cell, |cell| cell);
+        let report = check(&history);
+        for cell in &cells {
+            let stale = finding(&report, &title("stale write", cell));
+            let taken = cell["outcome"] == "stale_accepted";
+            assert_eq!(stale.outcome, outcome_of(Some(taken)), "{stale:?}");
+            // The store's decision order decides, never what the guard believed.
+            assert!(
+                stale
+                    .events
+                    .iter()
+                    .any(|&at| history[at].kind() == Kind::ReadBack),
+                "{stale:?}"
+            );
+            proves_with(
+                &history,
+                stale,
+                &[Kind::ReadBack, Kind::Wrote, Kind::GuardDecided],
+            );
+            let exclusion = finding(&report, &title("mutual exclusion", cell));
+            assert_eq!(
+                exclusion.outcome,
+                outcome_of(cell["two_holders"].as_bool()),
+                "{exclusion:?}"
+            );
+            proves_with(
+                &history,
+                exclusion,
+                &[Kind::Released, Kind::Acquired, Kind::ReadBack],
+            );
+        }
+        assert_eq!(report.findings.len(), 2 * cells.len());
+        // Some guards let the stale write through, fencing never: the matrix is invalid.
+        assert_eq!(report.outcome, Outcome::Invalid);
+        assert!(
+            report
+                .with(Outcome::Valid)
+                .any(|f| f.name.starts_with("stale write (fencing")),
+            "fencing kept B's result somewhere"
+        );
+    }
+}
