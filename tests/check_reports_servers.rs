@@ -65,6 +65,28 @@ fn proves_with(history: &[Event], finding: &Finding, kinds: &[Kind]) {
     }
 }
 
+/// The stale-write finding `title` says the store took the late write exactly when the
+/// verdict did (`taken`), rests on the store's read-back, and points only at `kinds`.
+fn stale_write_agrees(
+    history: &[Event],
+    report: &Report,
+    title: &str,
+    taken: bool,
+    kinds: &[Kind],
+) {
+    let stale = finding(report, title);
+    assert_eq!(stale.outcome, outcome_of(Some(taken)), "{stale:?}");
+    // The store's decision order decides, never what a worker believed.
+    assert!(
+        stale
+            .events
+            .iter()
+            .any(|&at| history[at].kind() == Kind::ReadBack),
+        "{stale:?}"
+    );
+    proves_with(history, stale, kinds);
+}
+
 /// `events` with the store's read-back of each part put back in, as a run records it now:
 /// one `read_back` event of the part's resource (`resource_of`) after the part's last event
 /// (`belongs` says which events are the part's), tagged as that event is and carrying the
@@ -133,20 +155,12 @@ mod lease_guard {
         let history = with_read_backs(&recorded.events, &all, in_cell, |_| String::new());
         let report = check(&history);
         for cell in &cells {
-            let stale = finding(&report, &title("stale write", cell));
             let taken = cell["outcome"] == "stale_accepted";
-            assert_eq!(stale.outcome, outcome_of(Some(taken)), "{stale:?}");
-            // The store's decision order decides, never what the guard believed.
-            assert!(
-                stale
-                    .events
-                    .iter()
-                    .any(|&at| history[at].kind() == Kind::ReadBack),
-                "{stale:?}"
-            );
-            proves_with(
+            stale_write_agrees(
                 &history,
-                stale,
+                &report,
+                &title("stale write", cell),
+                taken,
                 &[Kind::ReadBack, Kind::Wrote, Kind::GuardDecided],
             );
             let exclusion = finding(&report, &title("mutual exclusion", cell));
@@ -215,17 +229,14 @@ mod failover {
         );
         let report = check(&history);
         for scenario in writing(&scenarios) {
-            let stale = finding(&report, &title("stale write", scenario));
             let taken = scenario["stale_write"]["accepted"] == Value::Bool(true);
-            assert_eq!(stale.outcome, outcome_of(Some(taken)), "{stale:?}");
-            assert!(
-                stale
-                    .events
-                    .iter()
-                    .any(|&at| history[at].kind() == Kind::ReadBack),
-                "{stale:?}"
+            stale_write_agrees(
+                &history,
+                &report,
+                &title("stale write", scenario),
+                taken,
+                &[Kind::ReadBack, Kind::Wrote, Kind::Lost],
             );
-            proves_with(&history, stale, &[Kind::ReadBack, Kind::Wrote, Kind::Lost]);
             let exclusion = finding(&report, &title("mutual exclusion", scenario));
             let recorded_two = outcome_of(scenario["two_holders"].as_bool());
             if exclusion.outcome == Outcome::Unknown {
@@ -294,17 +305,14 @@ mod etcd_vs_redis {
         });
         let report = check(&history);
         for cell in &cells {
-            let stale = finding(&report, &title("stale write", cell));
             let taken = cell["stale_write_accepted"] == Value::Bool(true);
-            assert_eq!(stale.outcome, outcome_of(Some(taken)), "{stale:?}");
-            assert!(
-                stale
-                    .events
-                    .iter()
-                    .any(|&at| history[at].kind() == Kind::ReadBack),
-                "{stale:?}"
+            stale_write_agrees(
+                &history,
+                &report,
+                &title("stale write", cell),
+                taken,
+                &[Kind::ReadBack, Kind::Wrote],
             );
-            proves_with(&history, stale, &[Kind::ReadBack, Kind::Wrote]);
             let exclusion = finding(&report, &title("mutual exclusion", cell));
             assert_eq!(
                 exclusion.outcome,

@@ -64,6 +64,16 @@ impl Outcome {
         }
     }
 
+    /// The outcome of a verdict's "broken?" field (`two_holders`, `stale_write_accepted`):
+    /// true is invalid, false is valid, null (the evidence could not say) is unknown.
+    pub fn broken_when(broken: Option<bool>) -> Outcome {
+        match broken {
+            Some(true) => Outcome::Invalid,
+            Some(false) => Outcome::Valid,
+            None => Outcome::Unknown,
+        }
+    }
+
     /// The word `--json` and tests use: `valid`, `invalid`, `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -143,6 +153,12 @@ impl Report {
         Report::of(broken.chain(open))
     }
 
+    /// The report on a part whose history lacks what decides it: one unknown `evidence`
+    /// finding saying what is missing, never a pass.
+    pub fn evidence_missing(why: impl Into<String>) -> Report {
+        Report::of([Finding::new("evidence", Outcome::Unknown, why, [])])
+    }
+
     pub fn push(&mut self, finding: Finding) {
         self.outcome = self.outcome.merge(finding.outcome);
         self.findings.push(finding);
@@ -207,6 +223,12 @@ mod tests {
         assert_eq!(Outcome::broken_if(Answer::Yes), Invalid);
         assert_eq!(Outcome::broken_if(Answer::No), Valid);
         assert_eq!(Outcome::broken_if(Answer::Unknown), Unknown);
+        assert_eq!(Outcome::broken_when(Some(true)), Invalid);
+        assert_eq!(Outcome::broken_when(Some(false)), Valid);
+        assert_eq!(Outcome::broken_when(None), Unknown);
+        let open = Report::evidence_missing("no read-back");
+        assert_eq!(open.outcome, Unknown, "missing evidence is never a pass");
+        assert_eq!(open.findings[0].name, "evidence");
     }
 
     #[test]

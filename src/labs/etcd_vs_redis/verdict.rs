@@ -246,12 +246,7 @@ fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
     let cell = match judge_cell(kind, scenario, log) {
         Ok(cell) => cell,
         Err(why) => {
-            return Report::of([report::Finding::new(
-                "evidence",
-                report::Outcome::Unknown,
-                format!("{why:#}"),
-                [],
-            )]);
+            return Report::evidence_missing(format!("{why:#}"));
         }
     };
     let backend = kind.name();
@@ -316,11 +311,7 @@ fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
     Report::of([
         report::Finding::new(
             "mutual exclusion",
-            match cell.two_holders {
-                Some(true) => report::Outcome::Invalid,
-                Some(false) => report::Outcome::Valid,
-                None => report::Outcome::Unknown,
-            },
+            report::Outcome::broken_when(cell.two_holders),
             exclusion_words,
             exclusion.into_iter().flatten(),
         ),

@@ -322,14 +322,7 @@ pub fn check(history: &[Event]) -> Report {
 fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
     let (a, b) = (format!("A:{label}"), format!("B:{label}"));
     let resource = format!("failover-{name}");
-    let evidence = |why: String| {
-        Report::of([report::Finding::new(
-            "evidence",
-            report::Outcome::Unknown,
-            why,
-            [],
-        )])
-    };
+    let evidence = |why: String| Report::evidence_missing(why);
     let Some(read_back_at) = history.iter().rposition(|e| {
         matches!(&e.what, What::ReadBack(r) if r.resource.as_deref() == Some(resource.as_str()))
     }) else {
@@ -402,11 +395,7 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
     Report::of([
         report::Finding::new(
             "mutual exclusion",
-            match found.two_holders {
-                Some(true) => report::Outcome::Invalid,
-                Some(false) => report::Outcome::Valid,
-                None => report::Outcome::Unknown,
-            },
+            report::Outcome::broken_when(found.two_holders),
             exclusion_words,
             exclusion.into_iter().flatten(),
         ),

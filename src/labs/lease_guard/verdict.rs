@@ -320,12 +320,7 @@ fn check_cell(log: &[Event]) -> Report {
     let cell = match judged(log) {
         Ok(cell) => cell,
         Err(why) => {
-            return Report::of([report::Finding::new(
-                "evidence",
-                report::Outcome::Unknown,
-                format!("{why:#}"),
-                [],
-            )]);
+            return Report::evidence_missing(format!("{why:#}"));
         }
     };
     let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
