@@ -15,6 +15,7 @@ mod chaos;
 #[path = "check.rs"]
 mod check;
 mod check_reports_more;
+mod check_reports_servers;
 #[path = "corrections.rs"]
 mod corrections;
 #[path = "etcd_vs_redis.rs"]

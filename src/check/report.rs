@@ -57,10 +57,16 @@ impl Outcome {
     /// The outcome of a yes/no question whose "yes" is the broken case ("two holders?",
     /// "a stale write accepted?"): yes is invalid, no is valid, unknown stays unknown.
     pub fn broken_if(answer: super::Finding) -> Outcome {
-        match answer {
-            super::Finding::Yes => Outcome::Invalid,
-            super::Finding::No => Outcome::Valid,
-            super::Finding::Unknown => Outcome::Unknown,
+        Outcome::broken_when(answer.as_option())
+    }
+
+    /// The outcome of a verdict's "broken?" field (`two_holders`, `stale_write_accepted`):
+    /// true is invalid, false is valid, null (the evidence could not say) is unknown.
+    pub fn broken_when(broken: Option<bool>) -> Outcome {
+        match broken {
+            Some(true) => Outcome::Invalid,
+            Some(false) => Outcome::Valid,
+            None => Outcome::Unknown,
         }
     }
 
@@ -143,6 +149,13 @@ impl Report {
         Report::of(broken.chain(open))
     }
 
+    /// The report on a part whose history lacks what decides it (a read-back, an answer):
+    /// one unknown `evidence` finding saying what is missing, and no event, since none
+    /// decides it — never a pass.
+    pub fn evidence_missing(why: impl Into<String>) -> Report {
+        Report::of([Finding::new("evidence", Outcome::Unknown, why, [])])
+    }
+
     pub fn push(&mut self, finding: Finding) {
         self.outcome = self.outcome.merge(finding.outcome);
         self.findings.push(finding);
@@ -163,17 +176,6 @@ impl Report {
             }
         }
         self
-    }
-
-    /// The report of a checker whose history lacks what decides (a read-back, an answer):
-    /// one unknown `evidence` finding that says why, and no event, since none decides it.
-    pub fn without_evidence(why: impl std::fmt::Display) -> Report {
-        Report::of([Finding::new(
-            "evidence",
-            Outcome::Unknown,
-            why.to_string(),
-            [],
-        )])
     }
 
     /// This report with each event position `i` replaced by `positions[i]`: a checker that
@@ -230,6 +232,12 @@ mod tests {
         assert_eq!(Outcome::broken_if(Answer::Yes), Invalid);
         assert_eq!(Outcome::broken_if(Answer::No), Valid);
         assert_eq!(Outcome::broken_if(Answer::Unknown), Unknown);
+        assert_eq!(Outcome::broken_when(Some(true)), Invalid);
+        assert_eq!(Outcome::broken_when(Some(false)), Valid);
+        assert_eq!(Outcome::broken_when(None), Unknown);
+        let open = Report::evidence_missing("no read-back");
+        assert_eq!(open.outcome, Unknown, "missing evidence is never a pass");
+        assert_eq!(open.findings[0].name, "evidence");
     }
 
     #[test]
@@ -256,7 +264,7 @@ mod tests {
         // The part's events 0 and 1 stood at 4 and 9 in the history.
         let part = Report::of([Finding::new("stale write", Invalid, "taken", [1, 0])]);
         assert_eq!(part.placed(&[4, 9]).findings[0].events, vec![4, 9]);
-        let open = Report::without_evidence("no read-back");
+        let open = Report::evidence_missing("no read-back");
         assert_eq!(open.outcome, Unknown);
         assert_eq!(open.findings[0].name, "evidence");
         assert!(open.findings[0].events.is_empty());

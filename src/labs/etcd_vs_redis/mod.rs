@@ -32,7 +32,7 @@ mod lane;
 mod observer;
 mod play;
 mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::Duration;
 

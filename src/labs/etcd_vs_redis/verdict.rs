@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
+use crate::check::report::{self, Report};
 use crate::check::{self, LateWrite};
 use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
 use crate::events::{Event, Kind, What};
@@ -185,6 +186,142 @@ pub(super) fn store_line(cell: &Cell) -> Option<Event> {
         ..StaleWrite::default()
     };
     Some(Event::new("store", stale_write(facts), text))
+}
+
+/// Lab 4's checker: the whole history, every cell in it (a backend in a scenario), judged
+/// as one [`Report`] through [`judge_cell`], the function the matrix is read through.
+///
+/// A cell is a scenario whose events (tagged with it) include the backend's holder, in the
+/// order the scenarios were played. Each cell gives two findings:
+///
+/// - **mutual exclusion**: did the backend grant the waiter the lock before the holder let
+///   go? Proved by the strike and the waiter's grant (kill), who the backend said held the
+///   lock before the resume (freeze), the releases, or the store deciding the holder's
+///   write after the waiter's;
+/// - **stale write**: did the store take the holder's write after the waiter's? Proved by
+///   the store's read-back of the cell's resource and the two writes.
+///
+/// A cell whose history lacks its read-back is unknown, with the reason, never a pass.
+/// Each finding's events are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let mut scenarios: Vec<Scenario> = Vec::new();
+    for event in history {
+        let named = event.part.scenario.as_deref().and_then(|name| {
+            [Scenario::Kill, Scenario::Freeze, Scenario::Overrun]
+                .into_iter()
+                .find(|s| s.name() == name)
+        });
+        if let Some(scenario) = named
+            && !scenarios.contains(&scenario)
+        {
+            scenarios.push(scenario);
+        }
+    }
+    Report::compose(scenarios.into_iter().flat_map(|scenario| {
+        let (positions, log) = replay::part_with_positions(history, |e| {
+            e.part.scenario.as_deref() == Some(scenario.name())
+        });
+        let played: Vec<Service> = Service::ALL
+            .into_iter()
+            .filter(|kind| {
+                let holder = format!("{}:holder", kind.name());
+                log.iter().any(|e| e.worker == holder)
+            })
+            .collect();
+        played.into_iter().map(move |kind| {
+            let mut found = check_cell(kind, scenario, &log);
+            // Positions in the scenario's own events, moved to positions in the history.
+            for finding in &mut found.findings {
+                for at in &mut finding.events {
+                    *at = positions[*at];
+                }
+            }
+            found.about(&format!("{} × {}", kind.name(), scenario.name()))
+        })
+    }))
+}
+
+/// One cell's two findings; event positions are in `log`.
+fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
+    let cell = match judge_cell(kind, scenario, log) {
+        Ok(cell) => cell,
+        Err(why) => {
+            return Report::evidence_missing(format!("{why:#}"));
+        }
+    };
+    let backend = kind.name();
+    let (holder, waiter) = (format!("{backend}:holder"), format!("{backend}:waiter"));
+    let at = |worker: &str, what: Kind| log.iter().position(|e| e.is(worker, what));
+    let resource = resource_of(kind, scenario);
+    let read_back_at = log.iter().rposition(|e| {
+        matches!(&e.what, What::ReadBack(r) if r.resource.as_deref() == Some(resource.as_str()))
+    });
+    let strike_at = log.iter().position(|e| {
+        matches!(e.kind(), Kind::Killed | Kind::Frozen)
+            && e.fault().and_then(|f| f.target.as_deref()) == Some(holder.as_str())
+    });
+    let backend_saw_at = log
+        .iter()
+        .position(|e| e.worker == backend && e.kind() == Kind::HolderNow);
+    let mut exclusion = vec![at(&waiter, Kind::Acquired)];
+    let exclusion_words = match (cell.two_holders, cell.late_write.attempted(), scenario) {
+        (_, true, _) => {
+            exclusion.push(read_back_at);
+            "the store decided the holder's write after the waiter's accepted one: the waiter \
+             was granted the lock before the holder let go"
+        }
+        (Some(false), _, Scenario::Kill) => {
+            exclusion.push(strike_at);
+            "the waiter was granted the lock only after the holder was killed"
+        }
+        (Some(true), _, Scenario::Freeze) if backend_saw_at.is_some() => {
+            exclusion.push(backend_saw_at);
+            "asked before the resume, the backend named the waiter as holder: two holders"
+        }
+        (two, ..) => {
+            exclusion.push(at(&holder, Kind::Released));
+            exclusion.push(at(&waiter, Kind::Released));
+            match two {
+                Some(true) => "the releases show the waiter granted before the holder let go",
+                Some(false) => "the releases show the holder kept the lock until it let go",
+                None => "the releases cannot order the waiter's grant against the holder's",
+            }
+        }
+    };
+    let (outcome, stale_words) = match cell.late_write {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided the holder's write after the waiter's and took it: the \
+             waiter's result is lost",
+        ),
+        LateWrite::Rejected => (
+            report::Outcome::Valid,
+            "the store decided the holder's write after the waiter's and refused it",
+        ),
+        LateWrite::None => (
+            report::Outcome::Valid,
+            "no write of the holder's was decided after the waiter's",
+        ),
+    };
+    let writes = [
+        read_back_at,
+        at(&holder, Kind::Wrote),
+        at(&waiter, Kind::Wrote),
+    ];
+    Report::of([
+        report::Finding::new(
+            "mutual exclusion",
+            report::Outcome::broken_when(cell.two_holders),
+            exclusion_words,
+            exclusion.into_iter().flatten(),
+        ),
+        report::Finding::new(
+            "stale write",
+            outcome,
+            stale_words,
+            writes.into_iter().flatten(),
+        ),
+    ])
 }
 
 /// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`],

@@ -26,7 +26,7 @@
 mod etcd;
 mod redis;
 mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::{Duration, Instant};
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
+use crate::check::report::{self, Report};
 use crate::check::{self, Finding, LateWrite};
 use crate::events::What;
 use crate::events::facts;
@@ -259,6 +260,154 @@ pub(super) fn store_line(scenario: &Scenario) -> Option<Event> {
     ))
 }
 
+/// The scenarios whose two holders wrote to the store, with the label their workers carry
+/// (`A:incr`, `B:incr`): both `incr` scenarios share one pair of holders, one write each.
+const WRITING_SCENARIOS: [(&str, &str); 7] = [
+    ("redis-unfenced", "unfenced"),
+    ("redis-incr-not-lower", "incr"),
+    ("redis-incr-same-holder", "incr"),
+    ("redis-incr-lost", "incr-lost"),
+    ("durable-token", "durable"),
+    ("redis-wait", "wait"),
+    (ETCD_SCENARIO, "etcd"),
+];
+
+const ETCD_SCENARIO: &str = "etcd-leader-killed";
+
+/// The label of a scenario's workers; None for a scenario where nothing was granted.
+fn label_of(name: &str) -> Option<&'static str> {
+    WRITING_SCENARIOS
+        .iter()
+        .find(|(scenario, _)| *scenario == name)
+        .map(|(_, label)| *label)
+}
+
+/// etcd queues B behind A: two holders only if A's release found its lock already gone and
+/// B was granted it.
+fn etcd_two_holders(events: &[Event], a: &str, b: &str) -> Result<Finding> {
+    let a_kept = events
+        .iter()
+        .find(|e| e.is(a, Kind::Released))
+        .and_then(Event::released)
+        .context("A's release is not in the history")?;
+    let b_got = events.iter().any(|e| e.is(b, Kind::Acquired));
+    Ok(check::two_holders_queued(a_kept, b_got))
+}
+
+/// Lab 5's checker: the whole history, every scenario whose holders wrote, judged as one
+/// [`Report`] through [`Scenario::from_store`], the function its verdict's rows are read
+/// through. Each scenario whose workers are in the history gives two findings:
+///
+/// - **mutual exclusion**: did the lock service hand the lock to B while A held it? For
+///   etcd, proved by A's release (it found its key still there, or gone) and B's grant. For
+///   Redis, by the store deciding A's write after B's accepted one; otherwise the answer is
+///   in the PTTLs the lab read live, which the history does not carry: unknown;
+/// - **stale write**: did the store take A's write after B's? Proved by the store's
+///   read-back of the scenario's resource and the writes (or A's `WAIT` that stopped it).
+///
+/// A scenario whose read-back is missing is unknown, with the reason, never a pass. The
+/// scenarios where nothing was granted (min-replicas, a lost majority) have no write to
+/// judge and no finding. Each finding's events are positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let played = WRITING_SCENARIOS.iter().filter(|(_, label)| {
+        let a = format!("A:{label}");
+        history.iter().any(|e| e.worker == a)
+    });
+    Report::compose(played.map(|&(name, label)| {
+        check_scenario(history, name, label).about(&format!("scenario {name}"))
+    }))
+}
+
+/// One scenario's findings; event positions are in `history`.
+fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
+    let (a, b) = (format!("A:{label}"), format!("B:{label}"));
+    let resource = format!("failover-{name}");
+    let evidence = |why: String| Report::evidence_missing(why);
+    let Some(read_back_at) = history.iter().rposition(|e| {
+        matches!(&e.what, What::ReadBack(r) if r.resource.as_deref() == Some(resource.as_str()))
+    }) else {
+        return evidence(format!(
+            "the store's read-back of {resource} is missing from the history"
+        ));
+    };
+    let read = replay::read_back_of(&history[read_back_at..], Some(&resource))
+        .expect("the read-back just found");
+    let etcd = name == ETCD_SCENARIO;
+    let from_lock = if etcd {
+        match etcd_two_holders(history, &a, &b) {
+            Ok(found) => found,
+            Err(why) => return evidence(format!("{why:#}")),
+        }
+    } else {
+        Finding::Unknown
+    };
+    let backend = if etcd { "etcd" } else { "redis" };
+    let found = match Scenario::from_store(name, backend, from_lock, None, read, &a, &b) {
+        Ok(found) => found,
+        Err(why) => return evidence(format!("{why:#}")),
+    };
+    let at = |worker: &str, kind: Kind| history.iter().position(|e| e.is(worker, kind));
+    // A worker's write to this scenario's resource (etcd's writes name none).
+    let wrote = |worker: &str| {
+        history.iter().position(|e| {
+            e.is(worker, Kind::Wrote)
+                && matches!(&e.what, What::Wrote(w)
+                    if w.resource.as_deref().is_none_or(|r| r == resource))
+        })
+    };
+    let mut exclusion = vec![at(&a, Kind::Acquired), at(&b, Kind::Acquired)];
+    let exclusion_words = if found.late.attempted() {
+        exclusion.push(Some(read_back_at));
+        "the store decided A's write after B's accepted one: B was granted the lock before A \
+         let go"
+    } else if etcd {
+        exclusion.push(at(&a, Kind::Released));
+        match from_lock {
+            Finding::Yes => "A's release found its key gone and B was granted: two holders",
+            _ => "A's release found its key still holding the lock: etcd granted B only after",
+        }
+    } else {
+        "the PTTLs that order B's grant against A's lease were read live and are not in the \
+         history: Redis's answers here cannot say"
+    };
+    let mut writes = vec![Some(read_back_at), wrote(&a), wrote(&b)];
+    let (outcome, stale_words) = match found.late {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        LateWrite::Rejected => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+        LateWrite::None if !found.a_wrote => {
+            writes.push(at(&a, Kind::Lost));
+            (
+                report::Outcome::Valid,
+                "the store has no write of A's: nothing of A's came after B's",
+            )
+        }
+        LateWrite::None => (
+            report::Outcome::Valid,
+            "the store decided A's write before B's: nothing was lost",
+        ),
+    };
+    Report::of([
+        report::Finding::new(
+            "mutual exclusion",
+            report::Outcome::broken_when(found.two_holders),
+            exclusion_words,
+            exclusion.into_iter().flatten(),
+        ),
+        report::Finding::new(
+            "stale write",
+            outcome,
+            stale_words,
+            writes.into_iter().flatten(),
+        ),
+    ])
+}
+
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the
 /// store's read-back of its resource by [`Scenario::from_store`] — the tokens, the late
 /// write, the final writer — and the store line it would have written beside the one the
@@ -269,29 +418,16 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for recorded in replay::list(verdict, "scenarios")? {
         let name = replay::text(recorded, "name")?;
-        let label = match name {
-            "redis-unfenced" => "unfenced",
-            "redis-incr-not-lower" | "redis-incr-same-holder" => "incr",
-            "redis-incr-lost" => "incr-lost",
-            "durable-token" => "durable",
-            "redis-wait" => "wait",
-            "etcd-leader-killed" => "etcd",
-            // Nothing granted (refused, or no majority): no write to judge.
-            _ => continue,
+        // Nothing granted (refused, or no majority): no write to judge.
+        let Some(label) = label_of(name) else {
+            continue;
         };
         let (a, b) = (format!("A:{label}"), format!("B:{label}"));
         let resource = format!("failover-{name}");
         let read = replayed.read_back_or_recorded(events, Some(&resource), recorded, None)?;
-        let etcd = name == "etcd-leader-killed";
+        let etcd = name == ETCD_SCENARIO;
         let from_lock = if etcd {
-            // etcd queues B: two holders only if A's release found its lock already gone.
-            let a_kept = events
-                .iter()
-                .find(|e| e.is(&a, Kind::Released))
-                .and_then(Event::released)
-                .context("A's release is not in the history")?;
-            let b_got = events.iter().any(|e| e.is(&b, Kind::Acquired));
-            check::two_holders_queued(a_kept, b_got)
+            etcd_two_holders(events, &a, &b)?
         } else {
             match recorded["two_holders"].as_bool() {
                 Some(true) => Finding::Yes,

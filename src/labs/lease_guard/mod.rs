@@ -25,7 +25,7 @@
 mod play;
 mod schedule;
 pub mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::Duration;
 

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::{LeaseFault, Plan};
 use crate::check::lease_guard::{self as checks, Evidence, Found, Outcome};
+use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
 use crate::events::facts::{GuardDecided, StaleWrite};
 use crate::events::{Event, Kind, What};
@@ -16,6 +17,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
 use crate::lock::lease_guard::Guard;
+use crate::lock::redis::Release;
 use crate::output::human;
 use crate::store::{Attempt, ReadBack};
 use crate::worker::holder::release_of;
@@ -69,6 +71,55 @@ pub struct CellVerdict {
     pub attempts: Vec<Attempt>,
 }
 
+/// What decides a cell, read from its history: A's guard's decision, the store's record,
+/// what A's release found, and the checkers' findings from them. The verdict's table
+/// ([`CellVerdict::from_history`]) and the report ([`check`]) both start here.
+struct Judged {
+    decision: GuardDecided,
+    read: ReadBack,
+    a_release: Release,
+    found: Found,
+}
+
+fn judged(log: &[Event]) -> Result<Judged> {
+    let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
+    let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
+        Some(What::GuardDecided(decided)) => decided.clone(),
+        _ => bail!("A never reported its guard's decision"),
+    };
+    let read = replay::read_back(log)?;
+    let a_release = saw("A", Kind::Released)
+        .and_then(release_of)
+        .context("A's release did not say what Redis found")?;
+    let b_release = saw("B", Kind::Released).and_then(release_of);
+    let b_owner = saw("B", Kind::Acquired).and_then(|e| e.owner());
+    let a_after_check_ms = match saw("A", Kind::Wrote).map(|e| &e.what) {
+        Some(What::Wrote(wrote)) => wrote.after_check_ms,
+        _ => None,
+    };
+    let found = checks::judge(&Evidence {
+        decision: decision.decided(),
+        a_release: &a_release,
+        b_owner,
+        b_release: b_release.as_ref(),
+        a_after_check_ms,
+        attempts: &read.attempts,
+        final_writer: read.final_writer.as_deref(),
+    })
+    .map_err(|_| {
+        anyhow!(
+            "the store's record disagrees with itself: its final writer is not its last \
+             accepted attempt"
+        )
+    })?;
+    Ok(Judged {
+        decision,
+        read,
+        a_release,
+        found,
+    })
+}
+
 impl CellVerdict {
     pub fn new(
         fault: LeaseFault,
@@ -113,21 +164,13 @@ impl CellVerdict {
         ttl_ms: u64,
         log: &[Event],
     ) -> Result<CellVerdict> {
+        let Judged {
+            decision,
+            read,
+            a_release,
+            found,
+        } = judged(log)?;
         let saw = |worker: &str, kind: Kind| log.iter().find(|e| e.is(worker, kind));
-        let decision: GuardDecided = match saw("A", Kind::GuardDecided).map(|e| &e.what) {
-            Some(What::GuardDecided(decided)) => decided.clone(),
-            _ => bail!("A never reported its guard's decision"),
-        };
-        let read = replay::read_back(log)?;
-        let a_release = saw("A", Kind::Released)
-            .and_then(release_of)
-            .context("A's release did not say what Redis found")?;
-        let b_release = saw("B", Kind::Released).and_then(release_of);
-        let b_owner = saw("B", Kind::Acquired).and_then(|e| e.owner());
-        let a_after_check_ms = match saw("A", Kind::Wrote).map(|e| &e.what) {
-            Some(What::Wrote(wrote)) => wrote.after_check_ms,
-            _ => None,
-        };
         // Every stop the nemesis ended (one for a pause, one per stop of the stall).
         let stops: Vec<u64> = log
             .iter()
@@ -147,21 +190,6 @@ impl CellVerdict {
             b_asked_ms: at("B", Kind::Waiting),
             b_granted_ms: at("B", Kind::Acquired),
         });
-        let found = checks::judge(&Evidence {
-            decision: decision.decided(),
-            a_release: &a_release,
-            b_owner,
-            b_release: b_release.as_ref(),
-            a_after_check_ms,
-            attempts: &read.attempts,
-            final_writer: read.final_writer.as_deref(),
-        })
-        .map_err(|_| {
-            anyhow!(
-                "the store's record disagrees with itself: its final writer is not its last \
-                 accepted attempt"
-            )
-        })?;
         let mut cell = CellVerdict::new(fault, guard, &decision, found, paused_ms, read);
         cell.unavailable_ms = unavailable_ms;
         if fault == LeaseFault::Stall {
@@ -242,6 +270,134 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             .also("store line", said, would);
     }
     Ok(replayed)
+}
+
+/// Lab 9's checker: the whole history, every cell in it, judged as one [`Report`].
+///
+/// A cell's events are the ones tagged with its fault (`scenario`) and guard (`variant`),
+/// taken in the order the cells were played. Each cell gives two findings, read through
+/// [`judged`], the function its row of the verdict's matrix is read through:
+///
+/// - **mutual exclusion**: did Redis grant B the lock while A still believed it held it?
+///   Proved by A's release (it found B's key, or its own), B's release where A's key had
+///   expired, or the store deciding A's write after B's accepted one;
+/// - **stale write**: did the store take A's write after B's? Proved by the store's
+///   read-back (its decision order) with the writes, or A's guard giving up.
+///
+/// A guard that kept B's result is a valid stale-write finding even where two workers held
+/// the lock at once: that is the lesson (only the write matters), not a contradiction. A
+/// cell whose history lacks what decides (the guard's decision, A's release, the store's
+/// read-back) is unknown, with the reason, never a pass. Each finding's events are
+/// positions in `history`.
+pub fn check(history: &[Event]) -> Report {
+    let mut cells: Vec<(&str, &str)> = Vec::new();
+    for event in history {
+        if let (Some(fault), Some(guard)) = (
+            event.part.scenario.as_deref(),
+            event.part.variant.as_deref(),
+        ) && !cells.contains(&(fault, guard))
+        {
+            cells.push((fault, guard));
+        }
+    }
+    Report::compose(cells.into_iter().map(|(fault, guard)| {
+        let (positions, log) = replay::part_with_positions(history, |e| {
+            e.part.scenario.as_deref() == Some(fault) && e.part.variant.as_deref() == Some(guard)
+        });
+        let mut found = check_cell(&log);
+        // Positions in the cell's own events, moved to positions in the whole history.
+        for finding in &mut found.findings {
+            for at in &mut finding.events {
+                *at = positions[*at];
+            }
+        }
+        found.about(&format!("{guard} × {fault}"))
+    }))
+}
+
+/// One cell's two findings; event positions are in `log`.
+fn check_cell(log: &[Event]) -> Report {
+    let cell = match judged(log) {
+        Ok(cell) => cell,
+        Err(why) => {
+            return Report::evidence_missing(format!("{why:#}"));
+        }
+    };
+    let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
+    let read_back_at = log.iter().rposition(|e| e.kind() == Kind::ReadBack);
+    Report::of([
+        cell_exclusion(&cell, &at, read_back_at),
+        cell_stale_write(&cell, &at, read_back_at),
+    ])
+}
+
+/// Whether Redis granted B the lock while A still believed it held it.
+fn cell_exclusion(
+    cell: &Judged,
+    at: &dyn Fn(&str, Kind) -> Option<usize>,
+    read_back_at: Option<usize>,
+) -> report::Finding {
+    let mut events = vec![at("A", Kind::Released), at("B", Kind::Acquired)];
+    let words = if cell.found.late_write.attempted() {
+        events.push(read_back_at);
+        "the store decided A's write after B's accepted one: Redis had granted B the lock \
+         before A let go"
+    } else {
+        match (&cell.a_release, cell.found.two_holders) {
+            (Release::HeldBy(_), _) => {
+                "A's release found another owner's key: Redis had granted it the lock while A \
+                 still believed it held it"
+            }
+            (Release::Deleted, _) => "A's release found its own key: nobody else held the lock",
+            (Release::Gone, Finding::No) => {
+                events.push(at("B", Kind::Released));
+                "A's key had expired when it let go and B's lived until B let go: B was granted \
+                 the lock only after A's key was gone"
+            }
+            (Release::Gone, _) => {
+                events.push(at("B", Kind::Released));
+                "A's and B's keys had both expired when they let go: Redis's answers cannot \
+                 order B's grant against A's release"
+            }
+        }
+    };
+    report::Finding::new(
+        "mutual exclusion",
+        report::Outcome::broken_if(cell.found.two_holders),
+        words,
+        events.into_iter().flatten(),
+    )
+}
+
+/// Whether the store took a write A made after B's, by the store's decision order.
+fn cell_stale_write(
+    cell: &Judged,
+    at: &dyn Fn(&str, Kind) -> Option<usize>,
+    read_back_at: Option<usize>,
+) -> report::Finding {
+    let mut events = vec![read_back_at, at("A", Kind::Wrote), at("B", Kind::Wrote)];
+    let (outcome, words) = match cell.found.outcome {
+        Outcome::StaleAccepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        Outcome::StaleRefused => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+        Outcome::Aborted => {
+            events.push(at("A", Kind::GuardDecided));
+            (
+                report::Outcome::Valid,
+                "A's guard stopped the write: the store holds no write of A's",
+            )
+        }
+        Outcome::NoStaleWrite => (
+            report::Outcome::Valid,
+            "the store decided A's write before B's: nothing was lost",
+        ),
+    };
+    report::Finding::new("stale write", outcome, words, events.into_iter().flatten())
 }
 
 impl runner::Verdict for Verdict {

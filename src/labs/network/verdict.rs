@@ -277,7 +277,7 @@ pub fn check(history: &[Event]) -> Report {
 fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
     let found = match RunVerdict::from_history(scenario, fenced, log) {
         Ok(found) => found,
-        Err(why) => return Report::without_evidence(format!("{why:#}")),
+        Err(why) => return Report::evidence_missing(format!("{why:#}")),
     };
     let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
     let read_back_at = log.iter().rposition(|e| e.kind() == Kind::ReadBack);
