@@ -42,11 +42,7 @@ fn finding<'a>(report: &'a Report, title: &str) -> &'a Finding {
 
 /// "broken?" as the verdict recorded it (null: it could not say), as an outcome.
 fn outcome_of(broken: Option<bool>) -> Outcome {
-    match broken {
-        Some(true) => Outcome::Invalid,
-        Some(false) => Outcome::Valid,
-        None => Outcome::Unknown,
-    }
+    Outcome::broken_when(broken)
 }
 
 /// `finding` points at something, and only at events of `history` of the given kinds.
@@ -63,6 +59,24 @@ fn proves_with(history: &[Event], finding: &Finding, kinds: &[Kind]) {
             finding.name
         );
     }
+}
+
+/// The mutual-exclusion finding `title` answers as the verdict did (`two_holders` of
+/// `recorded`), and points only at `kinds`.
+fn exclusion_agrees(
+    history: &[Event],
+    report: &Report,
+    title: &str,
+    recorded: &Value,
+    kinds: &[Kind],
+) {
+    let exclusion = finding(report, title);
+    assert_eq!(
+        exclusion.outcome,
+        outcome_of(recorded["two_holders"].as_bool()),
+        "{exclusion:?}"
+    );
+    proves_with(history, exclusion, kinds);
 }
 
 /// The stale-write finding `title` says the store took the late write exactly when the
@@ -163,15 +177,11 @@ mod lease_guard {
                 taken,
                 &[Kind::ReadBack, Kind::Wrote, Kind::GuardDecided],
             );
-            let exclusion = finding(&report, &title("mutual exclusion", cell));
-            assert_eq!(
-                exclusion.outcome,
-                outcome_of(cell["two_holders"].as_bool()),
-                "{exclusion:?}"
-            );
-            proves_with(
+            exclusion_agrees(
                 &history,
-                exclusion,
+                &report,
+                &title("mutual exclusion", cell),
+                cell,
                 &[Kind::Released, Kind::Acquired, Kind::ReadBack],
             );
         }
@@ -313,15 +323,11 @@ mod etcd_vs_redis {
                 taken,
                 &[Kind::ReadBack, Kind::Wrote],
             );
-            let exclusion = finding(&report, &title("mutual exclusion", cell));
-            assert_eq!(
-                exclusion.outcome,
-                outcome_of(cell["two_holders"].as_bool()),
-                "{exclusion:?}"
-            );
-            proves_with(
+            exclusion_agrees(
                 &history,
-                exclusion,
+                &report,
+                &title("mutual exclusion", cell),
+                cell,
                 &[
                     Kind::Acquired,
                     Kind::Released,

@@ -156,6 +156,27 @@ impl Report {
         Report::of([Finding::new("evidence", Outcome::Unknown, why, [])])
     }
 
+    /// A lock lab's two findings on one part: was the lock held by two at once (the
+    /// verdict's `two_holders`, with its words and the events that settle it), and did the
+    /// store take a stale write (its outcome, words and events).
+    pub fn exclusion_and_stale_write(
+        two_holders: Option<bool>,
+        exclusion: (impl Into<String>, impl IntoIterator<Item = usize>),
+        stale: (Outcome, impl Into<String>, impl IntoIterator<Item = usize>),
+    ) -> Report {
+        let (exclusion_words, exclusion_events) = exclusion;
+        let (stale_outcome, stale_words, stale_events) = stale;
+        Report::of([
+            Finding::new(
+                "mutual exclusion",
+                Outcome::broken_when(two_holders),
+                exclusion_words,
+                exclusion_events,
+            ),
+            Finding::new("stale write", stale_outcome, stale_words, stale_events),
+        ])
+    }
+
     pub fn push(&mut self, finding: Finding) {
         self.outcome = self.outcome.merge(finding.outcome);
         self.findings.push(finding);

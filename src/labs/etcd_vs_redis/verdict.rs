@@ -308,20 +308,11 @@ fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
         at(&holder, Kind::Wrote),
         at(&waiter, Kind::Wrote),
     ];
-    Report::of([
-        report::Finding::new(
-            "mutual exclusion",
-            report::Outcome::broken_when(cell.two_holders),
-            exclusion_words,
-            exclusion.into_iter().flatten(),
-        ),
-        report::Finding::new(
-            "stale write",
-            outcome,
-            stale_words,
-            writes.into_iter().flatten(),
-        ),
-    ])
+    Report::exclusion_and_stale_write(
+        cell.two_holders,
+        (exclusion_words, exclusion.into_iter().flatten()),
+        (outcome, stale_words, writes.into_iter().flatten()),
+    )
 }
 
 /// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`],

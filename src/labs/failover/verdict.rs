@@ -392,20 +392,11 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
             "the store decided A's write before B's: nothing was lost",
         ),
     };
-    Report::of([
-        report::Finding::new(
-            "mutual exclusion",
-            report::Outcome::broken_when(found.two_holders),
-            exclusion_words,
-            exclusion.into_iter().flatten(),
-        ),
-        report::Finding::new(
-            "stale write",
-            outcome,
-            stale_words,
-            writes.into_iter().flatten(),
-        ),
-    ])
+    Report::exclusion_and_stale_write(
+        found.two_holders,
+        (exclusion_words, exclusion.into_iter().flatten()),
+        (outcome, stale_words, writes.into_iter().flatten()),
+    )
 }
 
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the
