@@ -251,12 +251,16 @@ fn read_lines(
     }
     let mut pending = Vec::new();
     let mut answered = 0;
+    // The run's end of the wake pipe closes with the client's handle; from then on only
+    // the client's stdout is waited on (a closed pipe would wake `poll` without end).
+    let mut wakes = true;
     loop {
         let mut fds = [
             PollFd::new(stdout.as_fd(), PollFlags::POLLIN),
             PollFd::new(woken.as_fd(), PollFlags::POLLIN),
         ];
-        if let Err(err) = nix::poll::poll(&mut fds, PollTimeout::NONE)
+        let watched = if wakes { &mut fds[..] } else { &mut fds[..1] };
+        if let Err(err) = nix::poll::poll(watched, PollTimeout::NONE)
             && err != nix::errno::Errno::EINTR
         {
             let _ = heard.send(Heard::Closed(name));
@@ -266,7 +270,13 @@ fn read_lines(
         // asked for is then read below.
         let wanted = asked.load(Ordering::SeqCst);
         let mut sink = [0u8; 64];
-        while matches!(nix::unistd::read(woken.as_fd(), &mut sink), Ok(n) if n > 0) {}
+        while wakes {
+            match nix::unistd::read(woken.as_fd(), &mut sink) {
+                Ok(0) => wakes = false,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
         let open = read_available(&mut stdout, &mut pending);
         if !hand_over_lines(&name, &mut pending, !open, &heard) {
             return;
@@ -511,6 +521,9 @@ mod tests {
         }
         assert_eq!(said.len(), 2, "{said:?}");
         assert!(said[1].contains("writing"), "{said:?}");
+        // The run lets go of the client's handle (its end of the wake pipe) before the
+        // client is done: the reader still hands over the rest and its close.
+        drop(drains);
         let last = heard.recv_timeout(Duration::from_secs(5)).unwrap();
         assert!(
             matches!(last, Heard::Said(_, FromClient::Ok { job: 2 }, _)),
