@@ -229,14 +229,10 @@ pub fn check(history: &[Event]) -> Report {
             })
             .collect();
         played.into_iter().map(move |kind| {
-            let mut found = check_cell(kind, scenario, &log);
             // Positions in the scenario's own events, moved to positions in the history.
-            for finding in &mut found.findings {
-                for at in &mut finding.events {
-                    *at = positions[*at];
-                }
-            }
-            found.about(&format!("{} × {}", kind.name(), scenario.name()))
+            check_cell(kind, scenario, &log)
+                .placed(&positions)
+                .about(&format!("{} × {}", kind.name(), scenario.name()))
         })
     }))
 }

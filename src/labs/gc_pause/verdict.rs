@@ -289,21 +289,13 @@ pub fn check(history: &[Event]) -> Report {
 
 /// One run's two findings; event positions are in `log`.
 fn check_run(log: &[Event]) -> Report {
-    let unknown = |why: String| {
-        Report::of([report::Finding::new(
-            "evidence",
-            report::Outcome::Unknown,
-            why,
-            [],
-        )])
-    };
     let (heard, read) = match (heard(log), replay::read_back(log)) {
         (Ok(heard), Ok(read)) => (heard, read),
-        (Err(why), _) | (_, Err(why)) => return unknown(format!("{why:#}")),
+        (Err(why), _) | (_, Err(why)) => return Report::evidence_missing(format!("{why:#}")),
     };
     let found = match heard.judged(&read) {
         Ok(found) => found,
-        Err(why) => return unknown(format!("{why:#}")),
+        Err(why) => return Report::evidence_missing(format!("{why:#}")),
     };
     let at = |worker: &str, kind: Kind| log.iter().position(|e| e.is(worker, kind));
     let read_back_at = log.iter().rposition(|e| e.kind() == Kind::ReadBack);

@@ -304,14 +304,10 @@ pub fn check(history: &[Event]) -> Report {
         let (positions, log) = replay::part_with_positions(history, |e| {
             e.part.scenario.as_deref() == Some(fault) && e.part.variant.as_deref() == Some(guard)
         });
-        let mut found = check_cell(&log);
         // Positions in the cell's own events, moved to positions in the whole history.
-        for finding in &mut found.findings {
-            for at in &mut finding.events {
-                *at = positions[*at];
-            }
-        }
-        found.about(&format!("{guard} × {fault}"))
+        check_cell(&log)
+            .placed(&positions)
+            .about(&format!("{guard} × {fault}"))
     }))
 }
 

@@ -216,20 +216,9 @@ pub fn check(history: &[Event]) -> Report {
         // The job count only sizes the tables' figures; no finding depends on it.
         let found = match judge_approach(name, &log, 0) {
             Ok(judged) => approach_findings(&judged),
-            Err(why) => Report::of([report::Finding::new(
-                "evidence",
-                report::Outcome::Unknown,
-                format!("{why:#}"),
-                [],
-            )]),
+            Err(why) => Report::evidence_missing(format!("{why:#}")),
         };
-        Report::of(found.findings.into_iter().map(|mut finding| {
-            for at in &mut finding.events {
-                *at = positions[*at];
-            }
-            finding
-        }))
-        .about(&format!("approach {name}"))
+        found.placed(&positions).about(&format!("approach {name}"))
     }))
 }
 

@@ -174,14 +174,10 @@ pub fn check(history: &[Event]) -> Report {
     Report::compose(modes.into_iter().map(|mode| {
         let (positions, log) =
             replay::part_with_positions(history, |e| e.part.mode.as_deref() == Some(mode));
-        let mut found = check_mode(&log);
         // Positions in the mode's own events, moved to positions in the whole history.
-        for finding in &mut found.findings {
-            for at in &mut finding.events {
-                *at = positions[*at];
-            }
-        }
-        found.about(&format!("mode {mode}"))
+        check_mode(&log)
+            .placed(&positions)
+            .about(&format!("mode {mode}"))
     }))
 }
 
@@ -189,14 +185,7 @@ pub fn check(history: &[Event]) -> Report {
 fn check_mode(log: &[Event]) -> Report {
     let found = match replay_mode(log) {
         Ok(found) => found,
-        Err(why) => {
-            return Report::of([report::Finding::new(
-                "evidence",
-                report::Outcome::Unknown,
-                format!("{why:#}"),
-                [],
-            )]);
-        }
+        Err(why) => return Report::evidence_missing(format!("{why:#}")),
     };
     let at = |kind: Kind| log.iter().position(|e| e.kind() == kind);
     let mut report = Report::default();
