@@ -71,6 +71,15 @@ struct Drains {
     wake: OwnedFd,
 }
 
+impl Drains {
+    /// Asks for the next drain and wakes the reader; returns its number.
+    fn ask(&self) -> u64 {
+        let number = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        let _ = nix::unistd::write(&self.wake, &[1]);
+        number
+    }
+}
+
 impl Client {
     /// Starts `program args…` as client `name`, kept from lockslab as `isolation` says; what
     /// it says arrives on `heard`.
@@ -130,9 +139,7 @@ impl Client {
     /// write (its `writing` note) is in its stdout pipe by the time the write reaches its
     /// proxy, so a drain asked then hands that note over before the write goes on.
     pub fn drain(&self) -> u64 {
-        let number = self.drains.asked.fetch_add(1, Ordering::SeqCst) + 1;
-        let _ = nix::unistd::write(&self.drains.wake, &[1]);
-        number
+        self.drains.ask()
     }
 
     pub fn send(&self, message: &ToClient) {
@@ -506,8 +513,7 @@ mod tests {
         // The lines are in the pipe before the reader starts: nothing was read yet.
         thread::sleep(Duration::from_millis(300));
         let reader = thread::spawn(move || read_lines("c1".into(), stdout, heard_to, asked, woken));
-        let number = drains.asked.fetch_add(1, Ordering::SeqCst) + 1;
-        let _ = nix::unistd::write(&drains.wake, &[1]);
+        let number = drains.ask();
         let mut said = Vec::new();
         loop {
             match heard.recv_timeout(Duration::from_secs(5)).unwrap() {

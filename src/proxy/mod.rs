@@ -189,6 +189,15 @@ impl State {
         }
     }
 
+    /// Is a fault aimed at the next write to the watched table ([`NetFault::DelayWrite`],
+    /// [`NetFault::HoldWrite`])?
+    fn write_aimed(&self) -> bool {
+        matches!(
+            self.up,
+            Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+        )
+    }
+
     /// Resets both sockets of a connection and forgets it.
     fn cut(&mut self, link: u64) {
         self.links.retain(|l| {
@@ -863,11 +872,7 @@ impl Pump {
             (false, false)
         } else {
             let state = lock(&self.shared);
-            let aimed = matches!(
-                state.up,
-                Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
-            );
-            (aimed, state.gate)
+            (state.write_aimed(), state.gate)
         };
         if !aimed && !gating && self.unjudged.is_empty() {
             return self.relay(chunk).await;
@@ -946,11 +951,7 @@ impl Pump {
     /// A write let in at the gate meets the path's fault now: caught if a fault is aimed
     /// at it by now, else sent on (a later write in the same bytes is not stopped again).
     async fn through_gate(&mut self, bytes: Vec<u8>) -> Next {
-        let aimed = matches!(
-            lock(&self.shared).up,
-            Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
-        );
-        if aimed {
+        if lock(&self.shared).write_aimed() {
             return self.hold_write(bytes).await;
         }
         self.relay(&bytes).await
