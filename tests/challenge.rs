@@ -505,8 +505,10 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
 /// `SELECT 1` in the write's place: the check then saw the lock gone, and the run was
 /// undecided (a refusal the database never saw) — lastcheck passed pause on every seed
 /// before that. Aimed at the write itself, both faults land after the check, and the stale
-/// write they let through is caught; on no seed does the guard pass. The Rust twins are
-/// run until caught, no further.
+/// write they let through is caught; on no seed does the guard pass. `lastcheck-decoy`
+/// sends a write that matches nothing before its check: the fault is aimed at the write
+/// that changed the record in the last `ok` job (its second), and lands after the check
+/// all the same. The Rust twins are run until caught, no further.
 #[test]
 fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
     for (reference, name, mode) in Reference::BOTH.into_iter().flat_map(|reference| {
@@ -514,6 +516,8 @@ fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
             (reference, "pause", "lastcheck"),
             (reference, "delay", "lastcheck"),
             (reference, "delay", "lastcheck-select"),
+            (reference, "pause", "lastcheck-decoy"),
+            (reference, "delay", "lastcheck-decoy"),
         ]
     }) {
         let mut caught = false;
@@ -527,10 +531,11 @@ fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
                 "{reference:?} {name} {mode} --seed {seed}: {verdict}"
             );
             let history = String::from_utf8_lossy(&output.stdout);
-            let aimed = if name == "pause" {
-                "at its write, held in its proxy"
-            } else {
-                "write by"
+            let aimed = match (name, mode) {
+                ("pause", "lastcheck-decoy") => "at its 2nd write since its note",
+                ("pause", _) => "at its write, held in its proxy",
+                (_, "lastcheck-decoy") => "2nd write since its note",
+                _ => "write by",
             };
             assert!(history.contains(aimed), "{name} {mode}: {history}");
             caught |= code == 1 && kinds(&verdict).iter().any(|k| k == "stale-write");

@@ -34,6 +34,7 @@
 //! lockslab challenge pause        -- $R liar             # fails
 //! lockslab challenge pause        -- $R lastcheck        # never passes
 //! lockslab challenge delay        -- $R lastcheck-select # never passes
+//! lockslab challenge pause        -- $R lastcheck-decoy  # never passes
 //! lockslab challenge crash        -- $R shuffled         # fails
 //! ```
 //!
@@ -46,7 +47,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// Every reference by name: a design, and what it does wrong on purpose, if anything.
-const REFERENCES: [(&str, Design, Twist); 21] = [
+const REFERENCES: [(&str, Design, Twist); 22] = [
     ("none", Design::NoLock, Twist::Honest),
     ("setnx", Design::Setnx, Twist::Honest),
     ("late", Design::Setnx, Twist::WritingAfterCommit),
@@ -55,14 +56,17 @@ const REFERENCES: [(&str, Design, Twist); 21] = [
     (
         "lastcheck",
         Design::Setnx,
-        Twist::CheckBeforeWrite {
-            select_first: false,
-        },
+        Twist::CheckBeforeWrite(SentFirst::Nothing),
     ),
     (
         "lastcheck-select",
         Design::Setnx,
-        Twist::CheckBeforeWrite { select_first: true },
+        Twist::CheckBeforeWrite(SentFirst::Select),
+    ),
+    (
+        "lastcheck-decoy",
+        Design::Setnx,
+        Twist::CheckBeforeWrite(SentFirst::DecoyWrite),
     ),
     ("checked", Design::Checked, Twist::Honest),
     ("fenced", Design::Fenced, Twist::Honest),
@@ -195,11 +199,9 @@ enum Twist {
     /// Asks "is the key still mine, with more than 50ms left?" after the work, just before
     /// the write, and answers `fail` when not (lab 9's guard, marked ⚠️ there). The answer
     /// is stale the moment it comes: a pause or a held write aimed at the write itself
-    /// lands after the check, which dodges nothing. Never a pass. With `select_first`, a
-    /// harmless `SELECT 1` goes to Postgres before the check: a delay that held whatever
-    /// came first after the `writing` note held that one, and the check then saw the lock
-    /// gone; held at the write itself, it is caught all the same.
-    CheckBeforeWrite { select_first: bool },
+    /// lands after the check, which dodges nothing. Never a pass, whatever it sends to
+    /// Postgres before the check ([`SentFirst`]).
+    CheckBeforeWrite(SentFirst),
     /// No notes at all (`ready` with `"notes": false`): lockslab aims its faults at the jobs
     /// and the answers instead. `crash` kills it as its answer comes, the answer dies with
     /// it, and the resent job is done twice.
@@ -216,6 +218,22 @@ enum Twist {
     /// notes out of order hide the lock a dead holder left stuck. The client misbehaves, and
     /// is named so.
     NotesAfterRelease,
+}
+
+/// What a [`Twist::CheckBeforeWrite`] client sends to Postgres after its work, before its
+/// check: each is a way to make a fault aimed at "the next thing after the note" land
+/// before the check instead of after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SentFirst {
+    Nothing,
+    /// A harmless `SELECT 1`: a delay that held whatever bytes came first after the note
+    /// held that, and the check then saw the lock gone. Held at the write itself instead.
+    Select,
+    /// A write to the records that matches no row (`… AND false`): a fault aimed at the
+    /// first write after the note lands on it, and the check comes after. lockslab aims
+    /// at the write that changed the record in the client's last `ok` job — here the
+    /// second after the note — and catches the stale write all the same.
+    DecoyWrite,
 }
 
 impl Twist {
@@ -585,9 +603,15 @@ impl Client {
             self.out.note("writing", job.id);
         }
         job.work();
-        if let Twist::CheckBeforeWrite { select_first } = self.twist {
-            if select_first {
-                tx.batch_execute("SELECT 1").unwrap(); // harmless: bytes before the check
+        if let Twist::CheckBeforeWrite(first) = self.twist {
+            match first {
+                SentFirst::Nothing => {}
+                SentFirst::Select => tx.batch_execute("SELECT 1").unwrap(),
+                SentFirst::DecoyWrite => {
+                    let decoy =
+                        format!("UPDATE {table} SET value = value WHERE record = $1 AND false");
+                    tx.execute(&decoy, &[&job.record]).unwrap();
+                }
             }
             let lock = lock.expect("a guard needs a lock to check");
             if !self.redis.still_ours(lock, 50) {

@@ -32,6 +32,7 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py lastcheck-select # never passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck-decoy # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
 items with the job's entry (`append`) at the end, in one UPDATE.
@@ -127,6 +128,11 @@ lastcheck setnx that asks, after its work and just before its write, "is the key
 lastcheck-select lastcheck that sends a harmless `SELECT 1` after its work, before its
         check: a delay that held whatever bytes came first after the note held that,
         and the check then saw the lock gone. Held at its write instead: never a pass.
+lastcheck-decoy lastcheck that sends, before its check, an UPDATE of the records that
+        matches no row (`... AND false`): a fault aimed at the first write after the
+        note would land on that and the check would come after. lockslab aims at the
+        write that changed the record in the client's last `ok` job (here the second
+        after the note): never a pass.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -144,14 +150,16 @@ import redis
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
+         "lastcheck-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "outlast")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
 LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-select"
+DECOY = MODE == "lastcheck-decoy"
 RETRY = MODE == "optimistic"
 MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
-        "lastcheck": "setnx", "lastcheck-select": "setnx",
+        "lastcheck": "setnx", "lastcheck-select": "setnx", "lastcheck-decoy": "setnx",
         "optimistic-fail": "optimistic"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
@@ -388,6 +396,9 @@ def do(job, token):
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
         if SELECT_FIRST:
             cur.execute("SELECT 1")  # harmless: only the bytes before the check
+        if DECOY:  # a write that matches nothing, to take a fault aimed at the first write
+            cur.execute(f"UPDATE {table} SET value = value WHERE record = %s AND false",
+                        (job["record"],))
         if LASTCHECK and not still_mine(job["record"]):
             return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"

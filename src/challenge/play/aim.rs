@@ -29,6 +29,44 @@ pub(super) struct Aim {
     /// A pause's resume, withdrawn from the schedule until the pause lands, and how long
     /// after the pause it is due: the pause lasts as long as the seed drew, from its landing.
     resume: Option<(Action, u64)>,
+    /// What the proxy is told to do to the write aimed at, and whether it has been told.
+    net: NetFault,
+    told: bool,
+    /// Writes of the job to let by before the one aimed at ([`Aimed::skip_for`]), and
+    /// which write since the note that one is (1: the next).
+    skip: u32,
+    nth: u32,
+}
+
+impl Aim {
+    /// The write aimed at, for the timeline: "write", or "2nd write since its note (its
+    /// last one in its last `ok` job)".
+    fn which_write(&self) -> String {
+        match self.nth {
+            0 | 1 => "write".into(),
+            2 => "2nd write since its note (as many as in its last `ok` job)".into(),
+            3 => "3rd write since its note (as many as in its last `ok` job)".into(),
+            n => format!("{n}th write since its note (as many as in its last `ok` job)"),
+        }
+    }
+}
+
+impl Aimed {
+    /// Which write of the job a fault aims at: the one that, in the client's last job
+    /// answered `ok`, was its last after its `writing` note — the write that changed the
+    /// record — counted from the note. Aimed always at the first, a client could send a
+    /// write that matches nothing (`… AND false`) right after its note, take the fault
+    /// there, and check its lock just before its real write: the check would never face
+    /// the fault. A client with one write per job (a compare-and-set that retries with a
+    /// new `writing` note, say) is aimed at its first, as before.
+    ///
+    /// Before the client answered any job `ok`, the run's last `ok` job counts: every
+    /// client of a run is the same program.
+    fn skip_for(seat: &Seat, run_last_ok: Option<u32>) -> u32 {
+        let last = seat.writes_last_ok.or(run_last_ok).unwrap_or(1);
+        last.saturating_sub(1)
+            .saturating_sub(seat.writes_since_note)
+    }
 }
 
 /// The faults aimed at writes: those waiting for their write, and the clients frozen with
@@ -63,45 +101,54 @@ impl Run<'_> {
                 let lasts = resume.at_ms.saturating_sub(action.at_ms);
                 (resume, lasts)
             });
-        let aim = self.aim(index, Fault::Pause, resume);
-        let Some(proxy) = &self.seats[index].proxy else {
+        let aim = self.aim(index, Fault::Pause, NetFault::HoldWrite, resume);
+        if self.seats[index].proxy.is_none() {
             let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs");
             return self.land_pause(index, aim, text);
-        };
-        if aim.job.is_none() {
-            return self.give_up(index, aim);
         }
-        proxy.set(Direction::Up, NetFault::HoldWrite);
-        self.aimed.waiting.insert(name, aim);
-        Ok(())
+        self.take_aim(index, aim)
     }
 
-    fn aim(&self, index: usize, fault: Fault, resume: Option<(Action, u64)>) -> Aim {
-        let job = self.seats[index]
-            .job
-            .map(|(job, _)| job)
-            .filter(|&job| job > 0);
+    fn aim(&self, index: usize, fault: Fault, net: NetFault, resume: Option<(Action, u64)>) -> Aim {
+        let seat = &self.seats[index];
+        let job = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
         Aim {
             fault,
             armed: Instant::now(),
             job,
             resume,
+            net,
+            told: false,
+            skip: Aimed::skip_for(seat, self.writes_last_ok),
+            nth: Aimed::skip_for(seat, self.writes_last_ok) + 1,
         }
     }
 
     /// A delay falls due: its client's proxy holds its next write for 2–3 TTLs.
     pub(super) fn aim_delay(&mut self, index: usize) -> Result<()> {
-        let aim = self.aim(index, Fault::Delay, None);
-        let seat = &self.seats[index];
-        let Some(proxy) = &seat.proxy else {
+        let setup = self.setup;
+        let name = &self.seats[index].client.name;
+        let ms = Challenge::delay_ms(setup.seed, name, setup.init.lease_ms);
+        let aim = self.aim(index, Fault::Delay, NetFault::DelayWrite { ms }, None);
+        if self.seats[index].proxy.is_none() {
             return Ok(());
-        };
+        }
+        self.take_aim(index, aim)
+    }
+
+    /// The aim waits for its write: the proxy is told now if it is the client's next, or
+    /// at the gate once the writes before it went by ([`Run::drained`]).
+    fn take_aim(&mut self, index: usize, mut aim: Aim) -> Result<()> {
         if aim.job.is_none() {
             return self.give_up(index, aim);
         }
-        let setup = self.setup;
-        let ms = Challenge::delay_ms(setup.seed, &seat.client.name, setup.init.lease_ms);
-        proxy.set(Direction::Up, NetFault::DelayWrite { ms });
+        let seat = &self.seats[index];
+        if aim.skip == 0
+            && let Some(proxy) = &seat.proxy
+        {
+            proxy.set(Direction::Up, aim.net);
+            aim.told = true;
+        }
         self.aimed.waiting.insert(seat.client.name.clone(), aim);
         Ok(())
     }
@@ -149,26 +196,41 @@ impl Run<'_> {
             return;
         }
         self.gates.remove(name);
-        let seat = self.seats.iter().find(|s| s.client.name == name);
-        if let Some(proxy) = seat.and_then(|s| s.proxy.as_ref()) {
-            proxy.open_gate(ticket);
+        let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name) else {
+            return;
+        };
+        seat.writes_since_note += 1;
+        let Some(proxy) = seat.proxy.as_ref() else {
+            return;
+        };
+        let holds = seat.job.map(|(job, _)| job);
+        if let Some(aim) = (self.aimed.waiting.get_mut(name)).filter(|aim| aim.job == holds) {
+            if aim.skip > 0 {
+                aim.skip -= 1;
+            } else if !aim.told {
+                proxy.set(Direction::Up, aim.net);
+                aim.told = true;
+            }
         }
+        proxy.open_gate(ticket);
     }
 
     fn write_caught(&mut self, index: usize) -> Result<()> {
+        self.seats[index].writes_since_note += 1;
         let name = self.seats[index].client.name.clone();
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        let which = aim.which_write();
         if aim.fault == Fault::Pause {
             self.aimed.frozen.insert(name.clone(), false);
             let text =
-                format!("pauses {name} (SIGSTOP) for 2–3 TTLs at its write, held in its proxy");
+                format!("pauses {name} (SIGSTOP) for 2–3 TTLs at its {which}, held in its proxy");
             return self.land_pause(index, aim, text);
         }
         let setup = self.setup;
         let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
-        let text = format!("delays {name}'s write by {ms}ms, held in its proxy");
+        let text = format!("delays {name}'s {which} by {ms}ms, held in its proxy");
         if let Some(proxy) = &self.seats[index].proxy {
             let up = Direction::Up;
             (self.nemesis).net_caught(&mut self.tape, proxy, up, Fault::Delay, text);

@@ -116,6 +116,12 @@ struct Seat {
     heard_at: Option<Instant>,
     /// Its notes so far for the job it holds.
     stage: Stage,
+    /// Its writes to the records since its last `writing` note (or since it was given the
+    /// job it holds, before any): which of them a fault aims at ([`aim::Aimed`]).
+    writes_since_note: u32,
+    /// How many writes came after the `writing` note in the last job it answered `ok`:
+    /// the last of them is the write that changed the record.
+    writes_last_ok: Option<u32>,
 }
 
 struct Run<'a> {
@@ -151,6 +157,9 @@ struct Run<'a> {
     gates: BTreeMap<String, (u64, u64)>,
     /// The last `writing` note not yet looked at, and the worst order being played.
     writing: Option<(String, i64)>,
+    /// How many writes came after the `writing` note in the last job any client answered
+    /// `ok` (see [`Seat::writes_last_ok`]).
+    writes_last_ok: Option<u32>,
     overtaking: Option<overtake::Overtake>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
@@ -262,6 +271,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         postponed: BTreeMap::new(),
         aimed: aim::Aimed::default(),
         writing: None,
+        writes_last_ok: None,
         overtaking: None,
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
@@ -406,6 +416,8 @@ impl Run<'_> {
             last_job: None,
             heard_at: None,
             stage: Stage::Given,
+            writes_since_note: 0,
+            writes_last_ok: None,
         });
         Ok(())
     }
@@ -698,6 +710,10 @@ impl Run<'_> {
             FromClient::Ready { .. } => unreachable!("handled above"),
             FromClient::Ok { job } => {
                 seat.job = None;
+                if seat.writes_since_note > 0 {
+                    seat.writes_last_ok = Some(seat.writes_since_note);
+                    self.writes_last_ok = seat.writes_last_ok;
+                }
                 self.answered(name, job, true, heard_at);
                 self.acknowledged.insert(job);
                 let answer = ChallengeJob {
@@ -751,6 +767,7 @@ impl Run<'_> {
                 self.note(name, What::Acquired(facts), text);
             }
             FromClient::Writing { job } => {
+                seat.writes_since_note = 0;
                 self.note(name, What::Working, format!("writes job {job}"));
                 self.writing = Some((name.to_string(), job));
             }
@@ -804,6 +821,7 @@ impl Run<'_> {
             seat.job = Some((job, Instant::now()));
             seat.last_job = Some(job);
             seat.stage = Stage::Given;
+            seat.writes_since_note = 0;
             self.deliveries.push(Delivery {
                 job,
                 client: seat.client.name.clone(),
