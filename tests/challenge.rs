@@ -507,7 +507,7 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
 /// before that. Aimed at the write itself, both faults land after the check, and the stale
 /// write they let through is caught; on no seed does the guard pass. `lastcheck-decoy`
 /// sends a write that matches nothing before its check: the fault is aimed at the write
-/// that changed the record in the last `ok` job (its second), and lands after the check
+/// that changed the record in the `ok` jobs (its second), and lands after the check
 /// all the same. The Rust twins are run until caught, no further.
 #[test]
 fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {

@@ -231,8 +231,8 @@ enum SentFirst {
     Select,
     /// A write to the records that matches no row (`… AND false`): a fault aimed at the
     /// first write after the note lands on it, and the check comes after. lockslab aims
-    /// at the write that changed the record in the client's last `ok` job — here the
-    /// second after the note — and catches the stale write all the same.
+    /// at the write that changed the record in the `ok` jobs — here the second after the
+    /// note — and catches the stale write all the same.
     DecoyWrite,
 }
 

@@ -131,8 +131,8 @@ lastcheck-select lastcheck that sends a harmless `SELECT 1` after its work, befo
 lastcheck-decoy lastcheck that sends, before its check, an UPDATE of the records that
         matches no row (`... AND false`): a fault aimed at the first write after the
         note would land on that and the check would come after. lockslab aims at the
-        write that changed the record in the client's last `ok` job (here the second
-        after the note): never a pass.
+        write that changed the record in the `ok` jobs (here the second after the
+        note): never a pass.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.

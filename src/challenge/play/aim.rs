@@ -39,32 +39,31 @@ pub(super) struct Aim {
 }
 
 impl Aim {
-    /// The write aimed at, for the timeline: "write", or "2nd write since its note (its
-    /// last one in its last `ok` job)".
+    /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
         match self.nth {
             0 | 1 => "write".into(),
-            2 => "2nd write since its note (as many as in its last `ok` job)".into(),
-            3 => "3rd write since its note (as many as in its last `ok` job)".into(),
-            n => format!("{n}th write since its note (as many as in its last `ok` job)"),
+            2 => "2nd write since its note (as many as in an `ok` job)".into(),
+            3 => "3rd write since its note (as many as in an `ok` job)".into(),
+            n => format!("{n}th write since its note (as many as in an `ok` job)"),
         }
     }
 }
 
 impl Aimed {
-    /// Which write of the job a fault aims at: the one that, in the client's last job
-    /// answered `ok`, was its last after its `writing` note — the write that changed the
-    /// record — counted from the note. Aimed always at the first, a client could send a
-    /// write that matches nothing (`… AND false`) right after its note, take the fault
-    /// there, and check its lock just before its real write: the check would never face
-    /// the fault. A client with one write per job (a compare-and-set that retries with a
-    /// new `writing` note, say) is aimed at its first, as before.
-    ///
-    /// Before the client answered any job `ok`, the run's last `ok` job counts: every
-    /// client of a run is the same program.
-    fn skip_for(seat: &Seat, run_last_ok: Option<u32>) -> u32 {
-        let last = seat.writes_last_ok.or(run_last_ok).unwrap_or(1);
-        last.saturating_sub(1)
+    /// Which write of the job a fault aims at, counted from its `writing` note: the one
+    /// that changed the record in the jobs answered `ok` so far — the last write after the
+    /// note, the most there were in any of them (every client of a run is the same
+    /// program). Aimed always at the first, a client could send a write that matches
+    /// nothing (`… AND false`) right after its note, take the fault there, and check its
+    /// lock just before its real write: the check would never face the fault. Aimed at
+    /// the most, a client that sends such a write in some jobs and not others has the
+    /// fault land after its check, or miss (the run is then undecided, never passed). A
+    /// client with one write per job (a compare-and-set that retries with a new `writing`
+    /// note, say) is aimed at its first, as before.
+    fn skip_for(seat: &Seat, writes_most_ok: Option<u32>) -> u32 {
+        let most = writes_most_ok.unwrap_or(1);
+        most.saturating_sub(1)
             .saturating_sub(seat.writes_since_note)
     }
 }
@@ -119,8 +118,8 @@ impl Run<'_> {
             resume,
             net,
             told: false,
-            skip: Aimed::skip_for(seat, self.writes_last_ok),
-            nth: Aimed::skip_for(seat, self.writes_last_ok) + 1,
+            skip: Aimed::skip_for(seat, self.writes_most_ok),
+            nth: Aimed::skip_for(seat, self.writes_most_ok) + 1,
         }
     }
 

@@ -119,9 +119,6 @@ struct Seat {
     /// Its writes to the records since its last `writing` note (or since it was given the
     /// job it holds, before any): which of them a fault aims at ([`aim::Aimed`]).
     writes_since_note: u32,
-    /// How many writes came after the `writing` note in the last job it answered `ok`:
-    /// the last of them is the write that changed the record.
-    writes_last_ok: Option<u32>,
 }
 
 struct Run<'a> {
@@ -157,9 +154,9 @@ struct Run<'a> {
     gates: BTreeMap<String, (u64, u64)>,
     /// The last `writing` note not yet looked at, and the worst order being played.
     writing: Option<(String, i64)>,
-    /// How many writes came after the `writing` note in the last job any client answered
-    /// `ok` (see [`Seat::writes_last_ok`]).
-    writes_last_ok: Option<u32>,
+    /// The most writes that came after the `writing` note in a job answered `ok`: the
+    /// last of them changed the record ([`aim::Aimed`]).
+    writes_most_ok: Option<u32>,
     overtaking: Option<overtake::Overtake>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
@@ -271,7 +268,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         postponed: BTreeMap::new(),
         aimed: aim::Aimed::default(),
         writing: None,
-        writes_last_ok: None,
+        writes_most_ok: None,
         overtaking: None,
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
@@ -417,7 +414,6 @@ impl Run<'_> {
             heard_at: None,
             stage: Stage::Given,
             writes_since_note: 0,
-            writes_last_ok: None,
         });
         Ok(())
     }
@@ -710,9 +706,9 @@ impl Run<'_> {
             FromClient::Ready { .. } => unreachable!("handled above"),
             FromClient::Ok { job } => {
                 seat.job = None;
-                if seat.writes_since_note > 0 {
-                    seat.writes_last_ok = Some(seat.writes_since_note);
-                    self.writes_last_ok = seat.writes_last_ok;
+                let writes = seat.writes_since_note;
+                if writes > 0 {
+                    self.writes_most_ok = self.writes_most_ok.max(Some(writes));
                 }
                 self.answered(name, job, true, heard_at);
                 self.acknowledged.insert(job);
