@@ -29,9 +29,11 @@ pub(super) struct Aim {
     /// A pause's resume, withdrawn from the schedule until the pause lands, and how long
     /// after the pause it is due: the pause lasts as long as the seed drew, from its landing.
     resume: Option<(Action, u64)>,
-    /// What the proxy is told to do to the write aimed at, and whether it has been told.
+    /// What the proxy is told to do to the write aimed at, and whether it has been told:
+    /// when the aim was taken (the write then comes straight to the fault), or as the
+    /// write was let in at the gate (and counted there).
     net: NetFault,
-    told: bool,
+    told: Option<Told>,
     /// Writes of the job to let by before the one aimed at ([`Aimed::skip_for`]), and
     /// which write since the note that one is (1: the next).
     skip: u32,
@@ -66,6 +68,12 @@ impl Aimed {
         most.saturating_sub(1)
             .saturating_sub(seat.writes_since_note)
     }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Told {
+    WhenAimed,
+    AtTheGate,
 }
 
 /// The faults aimed at writes: those waiting for their write, and the clients frozen with
@@ -117,7 +125,7 @@ impl Run<'_> {
             job,
             resume,
             net,
-            told: false,
+            told: None,
             skip: Aimed::skip_for(seat, self.writes_most_ok),
             nth: Aimed::skip_for(seat, self.writes_most_ok) + 1,
         }
@@ -146,7 +154,7 @@ impl Run<'_> {
             && let Some(proxy) = &seat.proxy
         {
             proxy.set(Direction::Up, aim.net);
-            aim.told = true;
+            aim.told = Some(Told::WhenAimed);
         }
         self.aimed.waiting.insert(seat.client.name.clone(), aim);
         Ok(())
@@ -206,20 +214,23 @@ impl Run<'_> {
         if let Some(aim) = (self.aimed.waiting.get_mut(name)).filter(|aim| aim.job == holds) {
             if aim.skip > 0 {
                 aim.skip -= 1;
-            } else if !aim.told {
+            } else if aim.told.is_none() {
                 proxy.set(Direction::Up, aim.net);
-                aim.told = true;
+                aim.told = Some(Told::AtTheGate);
             }
         }
         proxy.open_gate(ticket);
     }
 
     fn write_caught(&mut self, index: usize) -> Result<()> {
-        self.seats[index].writes_since_note += 1;
         let name = self.seats[index].client.name.clone();
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        if aim.told == Some(Told::WhenAimed) {
+            // It came straight to the fault, not by the gate, where writes are counted.
+            self.seats[index].writes_since_note += 1;
+        }
         let which = aim.which_write();
         if aim.fault == Fault::Pause {
             self.aimed.frozen.insert(name.clone(), false);
