@@ -508,7 +508,8 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
 /// write they let through is caught; on no seed does the guard pass. `lastcheck-decoy`
 /// sends a write that matches nothing before its check: the fault is aimed at the write
 /// that changed the record in the `ok` jobs (its second), and lands after the check
-/// all the same. The Rust twins are run until caught, no further.
+/// all the same. Each is run until caught, on at most three seeds (none passed on 50
+/// seeds: `examples/challenge/measure.sh`).
 #[test]
 fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
     for (reference, name, mode) in Reference::BOTH.into_iter().flat_map(|reference| {
@@ -522,7 +523,7 @@ fn a_check_just_before_the_write_is_caught_by_a_fault_aimed_at_the_write() {
     }) {
         let mut caught = false;
         for seed in 1..=3 {
-            if caught && matches!(reference, Reference::Rust) {
+            if caught {
                 break;
             }
             let (code, verdict, output) = reference.run(name, seed, mode);
