@@ -868,7 +868,6 @@ fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, St
 /// nemesis, one player"); the lead empties this list as that work merges. A function only
 /// leaves it: nothing is added.
 const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
-    "src/labs/gc_pause/play.rs::run",
     "src/labs/naive/stuck.rs::stuck",
     "src/labs/no_lock/play.rs::run",
     "src/labs/no_lock/play.rs::watch",
