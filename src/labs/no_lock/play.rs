@@ -59,6 +59,87 @@ struct Starts {
     others: Vec<String>,
 }
 
+/// The run as it plays: who is to start next, the faults so far, the workers done.
+struct Watching {
+    order: Starts,
+    /// The struck worker started last, until it stops (or 10 s pass).
+    pending: Option<(String, Instant)>,
+    faults: Faults,
+    finished: HashMap<String, Tally>,
+    latencies: Vec<u64>,
+    dead: Vec<String>,
+}
+
+impl Watching {
+    /// Once the struck worker started last has stopped (or finished, or 10 s passed), the
+    /// next struck worker starts; after the last of them, all the others at once.
+    fn start_next(&mut self, workers: &mut [WorkerHandle]) -> Result<()> {
+        if let Some((name, since)) = &self.pending
+            && (self.faults.frozen.iter().any(|f| &f.strike.worker == name)
+                || self.faults.killed.is_some() && name == KILLED
+                || self.finished.contains_key(name)
+                || since.elapsed() > Duration::from_secs(10))
+        {
+            self.pending = None;
+        }
+        if self.pending.is_some() {
+            return Ok(());
+        }
+        if let Some(name) = self.order.struck.pop() {
+            find(workers, &name)?.tell("start")?;
+            self.pending = Some((name, Instant::now()));
+        } else {
+            for name in self.order.others.drain(..) {
+                find(workers, &name)?.tell("start")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Has every live worker finished? A worker that exited before it did ends the run
+    /// with its error.
+    fn all_finished(&self, stage: &mut Stage, workers: &[WorkerHandle]) -> Result<bool> {
+        let live: Vec<&WorkerHandle> = (workers.iter())
+            .filter(|w| !self.dead.contains(&w.name))
+            .collect();
+        if live.iter().all(|w| self.finished.contains_key(&w.name)) {
+            return Ok(true);
+        }
+        let gone = live
+            .iter()
+            .find(|w| stage.has_exited(&w.name) && !self.finished.contains_key(&w.name));
+        if let Some(gone) = gone {
+            stage.drain();
+            if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
+                return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
+            }
+            bail!("worker {} exited before it finished the list", gone.name);
+        }
+        Ok(false)
+    }
+}
+
+/// Waits until `count` workers said they are ready (30 s at most).
+fn wait_until_ready(stage: &mut Stage, count: usize) -> Result<()> {
+    let mut ready = 0;
+    let wait_ready = Instant::now() + Duration::from_secs(30);
+    while ready < count {
+        let left = wait_ready
+            .checked_duration_since(Instant::now())
+            .ok_or_else(|| anyhow!("timed out waiting for the workers to connect"))?;
+        if let Some(event) = stage.next_silent(left.min(Duration::from_millis(50))) {
+            match event.kind() {
+                Kind::Ready => ready += 1,
+                Kind::Error => {
+                    return Err(crate::labs::worker_failed(&event.worker, &event.text));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A worker the lab struck: where (the checkers' evidence), since when, and the Redis lock
 /// it held, if any.
 pub(super) struct Struck {
@@ -164,6 +245,20 @@ impl Play<'_> {
         db: &mut PgClient,
         schema: &str,
     ) -> Result<ApproachVerdict> {
+        self.make_tables(db, schema)?;
+        self.say_heading(stage);
+        let (mut workers, order) = self.spawn_workers(stage)?;
+        let mut hand = Hand::new(stage);
+        let (faults, tallies, latencies) = self.watch(stage, db, &mut hand, &mut workers, order)?;
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(5));
+        }
+        stage.drain();
+        self.judge(stage, db, faults, tallies, latencies)
+    }
+
+    /// The approach's own jobs, invoices and customers tables, filled.
+    fn make_tables(&self, db: &mut PgClient, schema: &str) -> Result<()> {
         let name = self.approach.name();
         let t = &self.tables;
         db.batch_execute(&t.sql(invoices::CREATE_TABLES))
@@ -181,7 +276,12 @@ impl Play<'_> {
             &t.sql(invoices::FILL_CUSTOMERS),
             &[&(self.plan.keys as i32)],
         )?;
+        Ok(())
+    }
 
+    /// The approach's heading: red for a lesson, green for a safe approach.
+    fn say_heading(&self, stage: &mut Stage) {
+        let name = self.approach.name();
         stage.tags().approach = Some(name.into());
         stage.tags().workers = Some(self.workers);
         stage.timeline.say("");
@@ -190,16 +290,21 @@ impl Play<'_> {
         } else {
             format!("── {name} ──")
         };
-        stage.timeline.say(&format!(
-            "{}",
-            if !self.approach.safe() {
-                heading.red().bold()
-            } else {
-                heading.green().bold()
-            }
-        ));
+        let heading = if self.approach.safe() {
+            heading.green().bold()
+        } else {
+            heading.red().bold()
+        };
+        stage.timeline.say(&heading.to_string());
+    }
 
-        let struck = match self.plan.fault {
+    /// Starts the workers and waits until each has connected. The struck workers go
+    /// first, one at a time, each to its stop on its first job; the others start once all
+    /// of them have stopped, so that nobody takes a struck job first, and the struck job is
+    /// the first one each paired worker comes to after its own.
+    fn spawn_workers(&self, stage: &mut Stage) -> Result<(Vec<WorkerHandle>, Starts)> {
+        let fault = self.plan.fault;
+        let struck = match fault {
             Fault::Both | Fault::Freeze => VICTIMS,
             Fault::Kill => 2,
             Fault::None => 0,
@@ -207,36 +312,17 @@ impl Play<'_> {
         let starts = points::starts(self.plan.jobs, self.workers, self.plan.keys, struck);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for i in 0..self.workers {
-            let worker_name = format!("w{}", i + 1);
-            let stop_at = points::stop_at(
-                &worker_name,
-                self.plan.fault.freezes(),
-                self.plan.fault.kills(),
-            );
-            let role = self.role(&worker_name, i, starts[i as usize], stop_at);
-            workers.push(stage.spawn(&worker_name, &WorkerSpec::Invoicer(role))?);
+            let name = format!("w{}", i + 1);
+            let stop_at = points::stop_at(&name, fault.freezes(), fault.kills());
+            let role = self.role(&name, i, starts[i as usize], stop_at);
+            workers.push(stage.spawn(&name, &WorkerSpec::Invoicer(role))?);
         }
-        let mut ready = 0;
-        let wait_ready = Instant::now() + Duration::from_secs(30);
-        while ready < workers.len() {
-            let left = wait_ready
-                .checked_duration_since(Instant::now())
-                .ok_or_else(|| anyhow!("timed out waiting for the workers to connect"))?;
-            if let Some(event) = stage.next_silent(left.min(Duration::from_millis(50))) {
-                match event.kind() {
-                    Kind::Ready => ready += 1,
-                    Kind::Error => {
-                        return Err(crate::labs::worker_failed(&event.worker, &event.text));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let pids: Vec<i32> = workers.iter().map(|w| w.pid).collect();
+        wait_until_ready(stage, workers.len())?;
+        let t = &self.tables;
         stage.record(Event::new(
             "lab",
             Workers {
-                pids: pids.clone(),
+                pids: workers.iter().map(|w| w.pid).collect(),
                 run_id: Some(self.run_id.into()),
                 invoices_table: Some(t.name("invoices")),
             },
@@ -247,27 +333,15 @@ impl Play<'_> {
                 t.name("*")
             ),
         ));
-        // The struck workers go first, one at a time, each to its stop on its first job; the
-        // others start once all of them have stopped, so that nobody takes a struck job
-        // first, and the struck job is the first one each paired worker comes to after its own.
-        let (struck, others): (Vec<&WorkerHandle>, Vec<&WorkerHandle>) =
-            workers.iter().partition(|w| {
-                points::stop_at(&w.name, self.plan.fault.freezes(), self.plan.fault.kills())
-                    .is_some()
-            });
+        let (struck, others): (Vec<&WorkerHandle>, Vec<&WorkerHandle>) = workers
+            .iter()
+            .partition(|w| points::stop_at(&w.name, fault.freezes(), fault.kills()).is_some());
         let names = |ws: Vec<&WorkerHandle>| ws.iter().map(|w| w.name.clone()).collect();
         let order = Starts {
             struck: names(struck),
             others: names(others),
         };
-
-        let mut hand = Hand::new(stage);
-        let (faults, tallies, latencies) = self.watch(stage, db, &mut hand, &mut workers, order)?;
-        for worker in &mut workers {
-            worker.finish(Duration::from_secs(5));
-        }
-        stage.drain();
-        self.judge(stage, db, faults, tallies, latencies)
+        Ok((workers, order))
     }
 
     /// Plays the faults as the workers reach them, until every live worker has finished.
@@ -280,20 +354,21 @@ impl Play<'_> {
         mut order: Starts,
     ) -> Result<(Faults, Vec<Tally>, Vec<u64>)> {
         order.struck.reverse();
-        // The struck worker started last, until it stops (or 10 s pass).
-        let mut pending: Option<(String, Instant)> = None;
-        let pause = self.plan.pause;
         let fault = self.plan.fault;
-        let mut faults = Faults::default();
-        let mut finished: HashMap<String, Tally> = HashMap::new();
-        let mut latencies = Vec::new();
-        let mut dead: Vec<String> = Vec::new();
+        let mut watching = Watching {
+            order,
+            pending: None,
+            faults: Faults::default(),
+            finished: HashMap::new(),
+            latencies: Vec::new(),
+            dead: Vec::new(),
+        };
         let mut redis_watch: Option<RedisConn> = match (self.approach.uses_redis(), self.redis_url)
         {
             (true, Some(url)) if fault.freezes() => Some(connect::redis(url)?),
             _ => None,
         };
-        let deadline = Instant::now() + pause + Duration::from_secs(120);
+        let deadline = Instant::now() + self.plan.pause + Duration::from_secs(120);
         loop {
             if Instant::now() > deadline {
                 bail!(
@@ -302,100 +377,105 @@ impl Play<'_> {
                 );
             }
             if let Some(event) = stage.next(Duration::from_millis(10)) {
-                match (event.kind(), event.worker.as_str()) {
-                    (Kind::Error, who) => {
-                        return Err(crate::labs::worker_failed(who, &event.text));
-                    }
-                    (Kind::Claimed, who)
-                        if who != KILLED
-                            && points::stop_at(who, fault.freezes(), false).is_some() =>
-                    {
-                        let struck = Struck::from(&event)?;
-                        self.freeze(stage, db, hand, find(workers, who)?, &struck)?;
-                        faults.frozen.push(struck);
-                    }
-                    (Kind::Claimed, KILLED) if fault.kills() => {
-                        let struck = Struck::from(&event)?;
-                        self.kill(stage, hand, find(workers, KILLED)?, &struck)?;
-                        dead.push(KILLED.into());
-                        faults.killed = Some(struck);
-                        if self.approach == Approach::Partitioned {
-                            self.replace_owner(stage, workers)?;
-                        }
-                    }
-                    (Kind::Finished, who) => {
-                        let What::Finished(said) = &event.what else {
-                            unreachable!("a finished event")
-                        };
-                        let tally: Tally = said
-                            .tally
-                            .clone()
-                            .with_context(|| format!("{who}'s counts"))?;
-                        latencies.extend(said.latencies_us.iter().flatten());
-                        finished.insert(who.to_string(), tally);
-                    }
-                    _ => {}
-                }
+                self.heard(stage, db, hand, workers, &mut watching, &event)?;
             }
-            if let Some((name, since)) = &pending
-                && (faults.frozen.iter().any(|f| &f.strike.worker == name)
-                    || faults.killed.is_some() && name == KILLED
-                    || finished.contains_key(name)
-                    || since.elapsed() > Duration::from_secs(10))
-            {
-                pending = None;
-            }
-            if pending.is_none() {
-                if let Some(name) = order.struck.pop() {
-                    find(workers, &name)?.tell("start")?;
-                    pending = Some((name, Instant::now()));
-                } else {
-                    for name in order.others.drain(..) {
-                        find(workers, &name)?.tell("start")?;
-                    }
-                }
-            }
-            // Past its pause, a frozen worker is resumed once another worker has met it
-            // (waits on its locks, or has done its job), or once that wait runs out.
-            let due: Vec<(String, bool)> = faults
-                .frozen
-                .iter()
-                .filter(|f| !f.resumed && f.at.elapsed() >= pause)
-                .map(|f| {
-                    (
-                        f.strike.worker.clone(),
-                        f.at.elapsed() >= pause + self.exercise_wait(),
-                    )
-                })
-                .collect();
-            for (who, waited_enough) in due {
-                let met = self.met(db, &faults, &who)?;
-                if met.is_some() || waited_enough {
-                    self.resume(stage, db, hand, workers, &mut faults, &who, met)?;
-                }
-            }
-            if faults.watched().is_some_and(|f| !f.resumed)
+            watching.start_next(workers)?;
+            self.resume_due(stage, db, hand, workers, &mut watching.faults)?;
+            if watching.faults.watched().is_some_and(|f| !f.resumed)
                 && let Some(conn) = redis_watch.as_mut()
             {
-                self.watch_lock(stage, conn, &mut faults)?;
+                self.watch_lock(stage, conn, &mut watching.faults)?;
             }
-            let live: Vec<&WorkerHandle> =
-                workers.iter().filter(|w| !dead.contains(&w.name)).collect();
-            if live.iter().all(|w| finished.contains_key(&w.name)) {
+            if watching.all_finished(stage, workers)? {
                 break;
             }
-            if let Some(gone) = live
-                .iter()
-                .find(|w| stage.has_exited(&w.name) && !finished.contains_key(&w.name))
+        }
+        let Watching {
+            faults,
+            finished,
+            latencies,
+            ..
+        } = watching;
+        Ok((faults, finished.into_values().collect(), latencies))
+    }
+
+    /// A worker's event while the run plays: a worker at its stop is frozen or killed
+    /// there; a finished worker's counts are kept.
+    fn heard(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        hand: &mut Hand,
+        workers: &mut Vec<WorkerHandle>,
+        watching: &mut Watching,
+        event: &Event,
+    ) -> Result<()> {
+        let fault = self.plan.fault;
+        match (event.kind(), event.worker.as_str()) {
+            (Kind::Error, who) => Err(crate::labs::worker_failed(who, &event.text)),
+            (Kind::Claimed, who)
+                if who != KILLED && points::stop_at(who, fault.freezes(), false).is_some() =>
             {
-                stage.drain();
-                if let Some(failed) = stage.log.iter().find(|e| e.kind() == Kind::Error) {
-                    return Err(crate::labs::worker_failed(&failed.worker, &failed.text));
+                let struck = Struck::from(event)?;
+                self.freeze(stage, db, hand, find(workers, who)?, &struck)?;
+                watching.faults.frozen.push(struck);
+                Ok(())
+            }
+            (Kind::Claimed, KILLED) if fault.kills() => {
+                let struck = Struck::from(event)?;
+                self.kill(stage, hand, find(workers, KILLED)?, &struck)?;
+                watching.dead.push(KILLED.into());
+                watching.faults.killed = Some(struck);
+                if self.approach == Approach::Partitioned {
+                    self.replace_owner(stage, workers)?;
                 }
-                bail!("worker {} exited before it finished the list", gone.name);
+                Ok(())
+            }
+            (Kind::Finished, who) => {
+                let What::Finished(said) = &event.what else {
+                    unreachable!("a finished event")
+                };
+                let tally: Tally = said
+                    .tally
+                    .clone()
+                    .with_context(|| format!("{who}'s counts"))?;
+                (watching.latencies).extend(said.latencies_us.iter().flatten());
+                watching.finished.insert(who.to_string(), tally);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Past its pause, a frozen worker is resumed once another worker has met it (waits
+    /// on its locks, or has done its job), or once that wait runs out.
+    fn resume_due(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        hand: &mut Hand,
+        workers: &mut [WorkerHandle],
+        faults: &mut Faults,
+    ) -> Result<()> {
+        let pause = self.plan.pause;
+        let due: Vec<(String, bool)> = faults
+            .frozen
+            .iter()
+            .filter(|f| !f.resumed && f.at.elapsed() >= pause)
+            .map(|f| {
+                (
+                    f.strike.worker.clone(),
+                    f.at.elapsed() >= pause + self.exercise_wait(),
+                )
+            })
+            .collect();
+        for (who, waited_enough) in due {
+            let met = self.met(db, faults, &who)?;
+            if met.is_some() || waited_enough {
+                self.resume(stage, db, hand, workers, faults, &who, met)?;
             }
         }
-        Ok((faults, finished.into_values().collect(), latencies))
+        Ok(())
     }
 
     /// Partitioned: a supervisor starts a new owner for the killed worker's partition —
