@@ -88,11 +88,13 @@ pub struct Frontend {
     body: Vec<u8>,
     /// It was judged already (on its first [`KEPT`] bytes).
     judged: bool,
-    /// The prepared statements and the portals that write, by name (the unnamed: "").
+    /// The prepared statements that write, by name (the unnamed: ""): prepared with
+    /// `Parse` or in SQL (`PREPARE name AS UPDATE …`) — one namespace in Postgres, so a
+    /// name prepared one way runs the other way too (`EXECUTE` of a `Parse`d name, a
+    /// `Bind` to a `PREPARE`d one).
     statements: HashSet<Vec<u8>>,
+    /// The portals that write, by name.
     portals: HashSet<Vec<u8>>,
-    /// The statements prepared in SQL (`PREPARE name AS UPDATE …`) that write.
-    prepared: HashSet<String>,
 }
 
 impl Frontend {
@@ -109,7 +111,6 @@ impl Frontend {
             judged: false,
             statements: HashSet::new(),
             portals: HashSet::new(),
-            prepared: HashSet::new(),
         }
     }
 
@@ -215,12 +216,12 @@ impl Frontend {
         match self.kind {
             b'Q' => {
                 let sql = cstr(body, 0).0;
-                query_writes(sql, &self.table, &mut self.prepared)
+                query_writes(sql, &self.table, &mut self.statements)
             }
             b'P' => {
                 let (name, at) = cstr(body, 0);
                 let sql = cstr(body, at).0;
-                let writes = query_writes(sql, &self.table, &mut HashSet::new());
+                let writes = query_writes(sql, &self.table, &mut self.statements);
                 // A named statement is not replaced: Postgres refuses a second `Parse` of
                 // the name (only the unnamed one is), and the first stays as it was.
                 if name.is_empty() || writes {
@@ -283,11 +284,14 @@ enum Token {
     Text(Vec<u8>),
     Dot,
     Semicolon,
+    /// `(`.
+    Open,
     Other,
 }
 
-/// Splits SQL into tokens, leaving out comments.
-fn tokens(sql: &[u8]) -> Vec<Token> {
+/// Splits SQL into tokens, leaving out comments. With `escaping`, a backslash escapes the
+/// next character in a plain string too (`standard_conforming_strings` off).
+fn tokens(sql: &[u8], escaping: bool) -> Vec<Token> {
     let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
     let mut out = Vec::new();
     let mut i = 0;
@@ -297,9 +301,10 @@ fn tokens(sql: &[u8]) -> Vec<Token> {
         match b {
             _ if b.is_ascii_whitespace() => i += 1,
             b'-' if next == Some(b'-') => {
+                // A line comment ends at a carriage return as at a newline.
                 i = sql[i..]
                     .iter()
-                    .position(|&c| c == b'\n')
+                    .position(|&c| c == b'\n' || c == b'\r')
                     .map_or(sql.len(), |n| i + n);
             }
             b'/' if next == Some(b'*') => {
@@ -321,7 +326,7 @@ fn tokens(sql: &[u8]) -> Vec<Token> {
                 }
             }
             b'\'' => {
-                let (text, end) = quoted(sql, i, b'\'', false);
+                let (text, end) = quoted(sql, i, b'\'', escaping);
                 out.push(Token::Text(text));
                 i = end;
             }
@@ -399,6 +404,10 @@ fn tokens(sql: &[u8]) -> Vec<Token> {
             }
             b';' => {
                 out.push(Token::Semicolon);
+                i += 1;
+            }
+            b'(' => {
+                out.push(Token::Open);
                 i += 1;
             }
             _ => {
@@ -497,8 +506,17 @@ fn quoted(sql: &[u8], at: usize, quote: u8, backslash: bool) -> (Vec<u8>, usize)
 
 /// Whether a query string (one or more statements) writes the table. `PREPARE name AS …`
 /// writes nothing itself and is remembered; `EXECUTE name` then writes if it does.
-fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bool {
-    let all = tokens(sql);
+///
+/// A backslash in a plain string escapes the quote after it when the session has set
+/// `standard_conforming_strings` off (any role may), and is a plain character when it is
+/// on: the proxy does not follow the setting, so a query writes if it does read either way.
+fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
+    let conforming = statements_write(&tokens(sql, false), table, prepared);
+    let escaping = statements_write(&tokens(sql, true), table, prepared);
+    conforming || escaping
+}
+
+fn statements_write(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
     let mut writes = false;
     for statement in all.split(|t| *t == Token::Semicolon) {
         let word = |n: usize| match statement.get(n) {
@@ -515,18 +533,18 @@ fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bo
                 // Never forgotten here: Postgres refuses to prepare a name again, and the
                 // statement prepared first stays (only `DEALLOCATE` lets it go).
                 if statement_writes(body, table) {
-                    prepared.insert(name);
+                    prepared.insert(name.into_bytes());
                 }
             }
-            (Some("execute"), Some(name)) => writes |= prepared.contains(name),
+            (Some("execute"), Some(name)) => writes |= prepared.contains(name.as_bytes()),
             (Some("deallocate"), Some("all")) => prepared.clear(),
             (Some("deallocate"), Some("prepare")) => {
                 if let Some(name) = word(2) {
-                    prepared.remove(name);
+                    prepared.remove(name.as_bytes());
                 }
             }
             (Some("deallocate"), Some(name)) => {
-                prepared.remove(name);
+                prepared.remove(name.as_bytes());
             }
             (Some("do"), _) => {
                 // An anonymous block's body is a string of PL/pgSQL: its statements count.
@@ -546,7 +564,7 @@ fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<String>) -> bo
 /// is not seen.
 fn plpgsql_writes(body: &[u8], table: &Table) -> bool {
     query_writes(body, table, &mut HashSet::new())
-        || tokens(body).iter().any(|t| match t {
+        || tokens(body, false).iter().any(|t| match t {
             Token::Text(text) => plpgsql_writes(text, table),
             _ => false,
         })
@@ -572,7 +590,13 @@ fn statement_writes(statement: &[Token], table: &Table) -> bool {
         } else {
             target
         };
-        names_the_table(&statement[target..], table)
+        // `ONLY (t)`: the name may stand in parentheses.
+        let target = if statement.get(target) == Some(&Token::Open) {
+            target + 1
+        } else {
+            target
+        };
+        names_the_table(statement.get(target..).unwrap_or_default(), table)
     })
 }
 
@@ -852,6 +876,29 @@ mod tests {
         ));
         assert!(!writes(r#"UPDATE U&"\0072eceipts" SET value = 1"#));
         assert!(!writes("DO $b$ BEGIN PERFORM 1; END $b$"));
+    }
+
+    /// The second hostile tester's: a line comment ended by a carriage return, `ONLY` with
+    /// the table in parentheses, a string whose backslash escapes its quote (with
+    /// `standard_conforming_strings` off), and a name prepared one way and run the other.
+    #[test]
+    fn a_write_after_a_carriage_return_a_parenthesis_an_escaped_quote_or_a_shared_name_is_seen() {
+        assert!(writes("-- note\rUPDATE records SET value = 1"));
+        assert!(writes(
+            "UPDATE ONLY (lockslab_challenge_ab12.records) SET value = 1"
+        ));
+        assert!(writes("SELECT 'x\\''; UPDATE records SET value = 1"));
+        assert!(writes("SELECT 'x\\'; UPDATE records SET value = 1"));
+        assert!(!writes("UPDATE ONLY (receipts) SET value = 1"));
+        assert!(!writes("SELECT 1 -- UPDATE records SET value = 1"));
+        let mut stream = startup();
+        stream.extend(parse("w", "UPDATE records SET value = $1"));
+        stream.extend(query("PREPARE p AS UPDATE records SET value = 2"));
+        let executed = stream.len() as u64;
+        stream.extend(query("EXECUTE w(1)"));
+        let bound = stream.len() as u64;
+        stream.extend(bind("", "p"));
+        assert_eq!(writes_in(&stream, 7), vec![executed, bound]);
     }
 
     #[test]
