@@ -934,7 +934,11 @@ impl Faults<'_> {
             cut_link: true,
             ..How::default()
         };
+        let skipped = self.skipped.len();
         self.lag(lag, &how, floor, nemesis, &**victim)?;
+        if let Some((_, why)) = self.skipped.get(skipped) {
+            bail!("the failover could not make {replica} lag: {why}");
+        }
         self.lagged.insert(index);
         let at_ms = self.cursor.now_ms(floor) + lag_ms;
         let player = self.cursor.player_mut();
