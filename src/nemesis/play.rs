@@ -4,17 +4,24 @@
 //! ```text
 //! Schedule ──> Faults ──(due)──> nemesis: pause/resume/kill/restart  (a victim in the cast)
 //!                │                        lag: pause + cut its link  (a replica, its primary)
-//!                ▲                        cut/hold/delay/drop/heal   (a proxy path)
+//!                │                        failover: lag, kill, thaw  (primary and replica)
+//!                ▲                        cut/hold/delay/drop/heal   (a proxy path, or two)
 //!                │                        clock_step/clock_rate      (a worker's clock)
+//!                │                        clock_step, simulated      (a Redis server's keys)
 //!                │               probe:   pttl/lease_ttl/blocking    (a backend)
 //!                │               miss:    an anchor that did not come in time
+//!                │      (watch)  heal:    a delay or lost reply the proxy saw through
+//!                │               back:    a crashed victim that came back by itself
 //!                └──── observe ◀──── every event the floor logs (the run's history)
 //! ```
 //!
-//! A lab registers what its schedule aims at — its proxy paths, its workers' clocks, the
-//! backends it may ask — and hands the processes (workers, servers, cluster members) to
-//! each play (`cast`, which it borrows mutably only for as long as a play lasts). The lab
-//! keeps its words: what the timeline says of each fault ([`Cue`]).
+//! A lab registers what its schedule aims at — its proxy paths (and which paths a cut
+//! holds together), its workers' clocks, the servers whose clocks jump, the backends it
+//! may ask, a failover's primary and replica — and hands the processes (workers, servers,
+//! cluster members) to each play (`cast`, which it borrows mutably only for as long as a
+//! play lasts). The lab keeps its words: what the timeline says of each fault ([`Cue`]).
+//! Between the faults due, [`Faults::watch`] ends what the proxy saw through and records a
+//! return; once the play is over, [`Faults::finish`] heals what is still on a path.
 //!
 //! Everything the player does is an event of the history: a fault's start and end, a
 //! probe's answer ([`crate::events::What::Probed`]), a step that missed its moment
