@@ -1,6 +1,7 @@
 //! Chaos's Redis failover (issue 25): the Redis designs against lab 5's primary and
 //! replica watched by three Sentinels ([`crate::cluster::SentinelCluster`]), whose primary a
-//! schedule kills once its replica has lagged (played by [`super::lag`]).
+//! schedule kills once its replica has lagged (played by the nemesis's player:
+//! [`crate::nemesis::play::Faults::failing_over`]).
 //!
 //! ```text
 //!  client A ─┐  "where is the primary?"
@@ -21,6 +22,19 @@
 //! pass it over. Every client asks the Sentinels where the primary is, and asks again
 //! after an error. A failover reaches every history on the cluster, so the schedules that
 //! hold one play one at a time (the others play on their lane's Redis, as before).
+//!
+//! ```text
+//!  at_ms               + duration_ms (the lag)          + the Sentinels' time
+//!  ❄ replica frozen,   ✗ primary killed (SIGKILL),       ▶ replica promoted: how far
+//!    its link cut        replica thawed                    behind it was, in bytes
+//!  ───────────── the primary alone takes the writes ──▶ gone with it
+//! ```
+//!
+//! The failover is one step of the schedule (a restart of `redis-primary`, its lag the
+//! `duration_ms`), played among the others by the one player: the lag (a pause of the
+//! replica that cuts its link), the primary's kill (a restart's start: the Sentinels bring
+//! the replica in its place) and the replica's thaw; the promotion, which [`Primary`] sees
+//! when the servers say so, ends it.
 
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
@@ -30,9 +44,48 @@ use anyhow::{Result, anyhow, bail};
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::designs::Design;
 use crate::events::facts::FaultFacts;
-use crate::nemesis::Victim;
 use crate::nemesis::generate::{FaultKind, REDIS_PRIMARY};
-use crate::nemesis::schedule::Schedule;
+use crate::nemesis::schedule::{Schedule, Step};
+use crate::nemesis::{Fault, Note, Return, Victim};
+
+/// The schedule's other steps, and its failover (a restart of `redis-primary`).
+pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
+    let (failover, rest): (Vec<Step>, Vec<Step>) = (schedule.steps().iter().cloned())
+        .partition(|step| FaultKind::of(step) == Some(FaultKind::Failover));
+    (Schedule::new(rest), Schedule::new(failover))
+}
+
+/// Checks a given schedule's failovers (`--schedule`): a lag (`duration_ms`) under the
+/// Sentinels' down-after. Returns the schedule for the usual checks, its failovers' lags
+/// left out (only a pause has a duration there).
+pub fn validate(schedule: &Schedule) -> Result<Schedule> {
+    let (rest, failover) = split(schedule);
+    let longest = LONGEST_LAG.as_millis() as u64;
+    if let Some(ms) =
+        (failover.steps().iter()).find_map(|s| s.duration_ms.filter(|ms| *ms > longest))
+    {
+        bail!(
+            "a failover's replica lags {ms} ms: at most {longest} ms, under the Sentinels' \
+             down-after ({} ms) — they call a replica silent that long down, and pass over \
+             a replica they hold down when they promote one",
+            DOWN_AFTER.as_millis()
+        );
+    }
+    let no_lag = (failover.steps().iter()).map(|step| Step {
+        duration_ms: None,
+        ..step.clone()
+    });
+    Ok(Schedule::new(
+        rest.steps().iter().cloned().chain(no_lag).collect(),
+    ))
+}
+
+/// The longest lag of a schedule's failover steps (0: none, or its replica in sync).
+pub fn lag_ms(schedule: &Schedule) -> u64 {
+    let (_, failover) = split(schedule);
+    let lags = failover.steps().iter().filter_map(|step| step.duration_ms);
+    lags.max().unwrap_or(0)
+}
 
 /// How long the Sentinels may take to promote the replica, and the cluster to be whole
 /// again (the old primary back and in sync): far above Sentinel's timers (a primary is
@@ -226,11 +279,6 @@ impl SentinelRing {
         Some(written.zip(received).map(|(w, r)| w.saturating_sub(r)))
     }
 
-    /// The primary's process (after a failover: the promoted replica's).
-    pub(super) fn primary_pid(&self) -> Option<i32> {
-        self.cluster().primary.pid
-    }
-
     /// Starts the killed node again as the primary's replica, from the keeper thread.
     fn start_replica_again(&self) -> Result<()> {
         let (answer, answered) = mpsc::channel();
@@ -260,7 +308,7 @@ fn offset_of(url: &str, field: &str) -> Option<u64> {
 
 /// The history's line for the failover's end: how long the promotion took, and how far
 /// the promoted replica was behind, from both servers' own offsets.
-pub(super) fn promoted_words(took: Duration, behind: Option<u64>) -> String {
+fn promoted_words(took: Duration, behind: Option<u64>) -> String {
     let short = match behind {
         Some(0) => ", with every byte the primary had written by its kill".into(),
         Some(bytes) => format!(
@@ -325,6 +373,14 @@ impl Victim for Replica<'_> {
         REDIS_REPLICA.into()
     }
 
+    /// Before its lag: did the Sentinels fail over by themselves first? Then the node to
+    /// freeze is the other one.
+    fn before(&mut self, fault: Fault) {
+        if fault == Fault::Pause {
+            self.0.see_unasked();
+        }
+    }
+
     fn pid(&self) -> Option<i32> {
         self.0.cluster().replica.pid
     }
@@ -335,8 +391,30 @@ impl Victim for Replica<'_> {
 }
 
 /// The cluster's primary as the nemesis sees it: a failover's restart kills it, and the
-/// Sentinels put the replica in its place ([`Victim::returns_by_itself`]).
-pub(super) struct Primary<'a>(pub(super) &'a SentinelRing);
+/// Sentinels put the replica in its place ([`Victim::returns_by_itself`]); it says when
+/// they have, and how far behind the promoted replica was.
+pub(super) struct Primary<'a> {
+    ring: &'a SentinelRing,
+    /// How long the replica lagged before the kill (0: in sync).
+    lag_ms: u64,
+    /// How far the primary's stream went just before its kill.
+    written: Option<u64>,
+    killed_at: Option<Instant>,
+    /// When the servers were last asked whether the replica took over.
+    asked: Option<Instant>,
+}
+
+impl<'a> Primary<'a> {
+    pub(super) fn new(ring: &'a SentinelRing, lag_ms: u64) -> Primary<'a> {
+        Primary {
+            ring,
+            lag_ms,
+            written: None,
+            killed_at: None,
+            asked: None,
+        }
+    }
+}
 
 impl Victim for Primary<'_> {
     fn label(&self) -> String {
@@ -344,21 +422,80 @@ impl Victim for Primary<'_> {
     }
 
     fn pid(&self) -> Option<i32> {
-        self.0.cluster().primary.pid
+        self.ring.cluster().primary.pid
+    }
+
+    /// Just before the kill: how far its stream went.
+    fn before(&mut self, fault: Fault) {
+        if fault == Fault::Restart {
+            self.written = self.ring.written_before_kill(self.lag_ms);
+        }
     }
 
     fn kill_now(&mut self) {
-        SentinelCluster::kill(&mut self.0.cluster().primary);
+        SentinelCluster::kill(&mut self.ring.cluster().primary);
+        self.killed_at = Some(Instant::now());
     }
 
     fn returns_by_itself(&self) -> bool {
         true
     }
+
+    /// The replica promoted in its place: the failover's end. The Sentinels and the
+    /// replica are asked every 20ms at most.
+    fn has_returned(&mut self) -> Result<Return> {
+        let Some(at) = self.killed_at else {
+            return Ok(Return::Unwatched);
+        };
+        if (self.asked).is_some_and(|asked| asked.elapsed() < Duration::from_millis(20)) {
+            return Ok(Return::NotYet);
+        }
+        self.asked = Some(Instant::now());
+        if let Some(behind) = self.ring.took_over(self.written) {
+            self.killed_at = None;
+            let took = at.elapsed();
+            let note = Box::new(Note::new(
+                promoted_words(took, behind),
+                FaultFacts::default(),
+            ));
+            return Ok(Return::Back { took, note });
+        }
+        if at.elapsed() > WITHIN {
+            bail!(
+                "the Sentinels did not promote the replica within {}s of the primary's kill \
+                 (a busy machine? run again)",
+                WITHIN.as_secs()
+            );
+        }
+        Ok(Return::NotYet)
+    }
+}
+
+/// The history's words for a failover's faults, from the step's lag: the replica's lag
+/// (with how many links its cut closed), the primary's kill, the replica's thaw.
+pub(super) fn words(
+    ring: &SentinelRing,
+    cue: &crate::nemesis::play::Cue,
+    lag_ms: u64,
+) -> Option<Note> {
+    let (primary, replica) = ring.ports();
+    let target = cue.action.target.as_str();
+    let (words, port) = match cue.action.fault {
+        Fault::Pause if target == REDIS_REPLICA => {
+            (lag_words(replica, cue.links_closed, lag_ms), replica)
+        }
+        Fault::Restart if target == REDIS_PRIMARY && cue.back_after.is_none() => {
+            (kill_words(lag_ms), primary)
+        }
+        Fault::Resume if target == REDIS_REPLICA => (thaw_words(replica), replica),
+        _ => return None,
+    };
+    Some(Note::new(words, on_port(port)))
 }
 
 /// The history's words for a failover's three faults: the replica's lag (with how many
 /// links its cut closed), the primary's kill, the replica's thaw.
-pub(super) fn lag_words(replica: u16, closed: Option<u64>, lag_ms: u64) -> String {
+fn lag_words(replica: u16, closed: Option<u64>, lag_ms: u64) -> String {
     let closed = closed.unwrap_or(0);
     format!(
         "the replica :{replica} lags: frozen (SIGSTOP), its link cut ({closed} closed) — \
@@ -366,7 +503,7 @@ pub(super) fn lag_words(replica: u16, closed: Option<u64>, lag_ms: u64) -> Strin
     )
 }
 
-pub(super) fn kill_words(lag_ms: u64) -> String {
+fn kill_words(lag_ms: u64) -> String {
     match lag_ms {
         0 => "kills Redis's primary (SIGKILL), its replica in sync: the Sentinels are to \
               promote it"
@@ -378,7 +515,7 @@ pub(super) fn kill_words(lag_ms: u64) -> String {
     }
 }
 
-pub(super) fn thaw_words(replica: u16) -> String {
+fn thaw_words(replica: u16) -> String {
     format!(
         "thaws the replica :{replica}: its primary is dead, nothing can send it what it \
          missed"
@@ -386,7 +523,7 @@ pub(super) fn thaw_words(replica: u16) -> String {
 }
 
 /// What a failover's fault says besides its words: the node's port.
-pub(super) fn on_port(port: u16) -> FaultFacts {
+fn on_port(port: u16) -> FaultFacts {
     FaultFacts {
         port: Some(port),
         ..FaultFacts::default()

@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::lab_names::{self, CLIENT_EVENTS};
 use super::play::run_ms_of;
-use super::{clock, lag, net, play};
+use super::{clock, failover, net, play};
 use crate::designs::Design;
 use crate::nemesis::generate;
 use crate::nemesis::schedule::Schedule;
@@ -140,7 +140,7 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Given> 
     }
     let checked = net::validate(&schedule, &names, design)
         .and_then(|rest| clock::validate(&rest, &names, design))
-        .and_then(|rest| lag::validate(&rest));
+        .and_then(|rest| failover::validate(&rest));
     let on_processes = match checked {
         Ok(rest) => rest,
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),

@@ -17,7 +17,6 @@ mod ground;
 mod hunt;
 mod keeper;
 mod lab_names;
-mod lag;
 pub mod lane;
 mod net;
 pub mod play;

@@ -26,11 +26,11 @@ use std::collections::HashMap;
 use anyhow::{Result, bail};
 
 use crate::designs::Design;
-use crate::labs::{Feed, Stage};
+use crate::nemesis::Fault;
 use crate::nemesis::generate::{self, PATH_ARROW, STORE};
+use crate::nemesis::play::{Cue, Faults, NetEnd};
 use crate::nemesis::schedule::{Schedule, Step};
-use crate::nemesis::{Fault, Nemesis};
-use crate::proxy::{self, Direction, NetFault, Proxy, Seen};
+use crate::proxy::{self, Proxy, Seen};
 
 /// The longest delay chaos plays, as for a pause.
 const LONGEST_DELAY_MS: u64 = 60_000;
@@ -187,19 +187,19 @@ impl Paths {
         Ok(paths)
     }
 
-    /// The paths a cut aimed at `target` holds: the client's path to its lock server,
-    /// then its path to the store (one path when the store is its lock server).
-    fn cut_of(&self, target: &str) -> Vec<(&String, &Proxy)> {
-        let store = generate::path(client_of(target), STORE);
-        let mut cut: Vec<(&String, &Proxy)> = Vec::new();
-        for path in [target, store.as_str()] {
-            if let Some(entry) = self.proxies.get_key_value(path)
-                && !cut.iter().any(|(p, _)| *p == entry.0)
-            {
-                cut.push(entry);
+    /// `faults` playing on these paths: a network fault aimed at a path is put on its
+    /// proxy, a cut of a client's path to its lock server holds its path to the store too
+    /// (one path when the store is its lock server), and a delay or a lost reply ends when
+    /// the proxy has seen it through.
+    pub fn on<'w>(&'w self, mut faults: Faults<'w>) -> Faults<'w> {
+        for (path, proxy) in &self.proxies {
+            faults = faults.on_path(proxy);
+            let store = generate::path(client_of(path), STORE);
+            if *path != store && self.proxies.contains_key(&store) {
+                faults = faults.cut_spreads(path, &store);
             }
         }
-        cut
+        faults.ending_when_seen()
     }
 
     /// `client`'s URL of `server`: through its proxy when it has one.
@@ -211,191 +211,43 @@ impl Paths {
     }
 }
 
-/// The network steps of one history, played on its [`Paths`] from the stage's events (a
-/// `tick` of [`Stage::play_ticking`]); the nemesis records each fault's start, and its end
-/// once the proxy says what happened.
-pub struct NetPlay<'p> {
-    paths: &'p Paths,
-    steps: Vec<Step>,
-    feed: Feed,
-    /// The steps put on a path (by their place), and whether the proxy saw them through.
-    armed: Vec<(usize, bool)>,
-    /// The steps that came due and could not be put on, and why.
-    skipped: Vec<(usize, String)>,
-    /// The cuts on (by their step's place), with when they heal (ms of the play).
-    cuts: Vec<(usize, u64)>,
-    nemesis: Nemesis,
-}
-
-impl<'p> NetPlay<'p> {
-    pub fn new(net: &Schedule, paths: &'p Paths, stage: &Stage) -> NetPlay<'p> {
-        NetPlay {
-            paths,
-            steps: net.steps().to_vec(),
-            feed: Feed::new(net, stage),
-            armed: Vec::new(),
-            skipped: Vec::new(),
-            cuts: Vec::new(),
-            nemesis: Nemesis::new(),
+/// The history's words for a network fault of chaos's (None: not one of a path's).
+pub fn words(cue: &Cue, schedule: &Schedule) -> Option<String> {
+    let net = cue.net.as_ref()?;
+    let path = net.path;
+    let target = &cue.action.target;
+    let client = client_of(path);
+    let ms = (cue.action.step)
+        .and_then(|i| schedule.steps().get(i)?.duration_ms)
+        .unwrap_or_default();
+    Some(match (&net.end, cue.action.fault) {
+        (None, Fault::Cut) => format!(
+            "cuts {client} off on {path} for {ms}ms (a partition): what {client} sends there \
+             waits in the proxy; {client} runs on"
+        ),
+        (None, Fault::Delay) => format!(
+            "delays what {client} sends the store next by {ms}ms (the proxy on {target}): \
+             {client} runs on"
+        ),
+        (None, _) => {
+            format!("will lose the answer to {client}'s next request (the proxy on {target})")
         }
-    }
-
-    /// Shows the player what the stage logged, puts on the faults that fall due, and ends
-    /// those the proxy has seen through.
-    pub fn tick(&mut self, stage: &mut Stage) -> Result<()> {
-        let (due, now) = self.feed.due(stage, |_| {});
-        for action in due {
-            let Some((index, step)) = action.step.and_then(|i| Some((i, self.steps.get(i)?)))
-            else {
-                continue;
-            };
-            let Some(proxy) = self.paths.proxies.get(&action.target) else {
-                let why = format!("no proxy stood on {}", action.target);
-                self.skipped.push((index, why));
-                continue;
-            };
-            let client = client_of(&action.target);
-            if step.fault == Fault::Cut {
-                let ms = step.duration_ms.unwrap_or_default();
-                self.armed.push((index, false));
-                self.cuts.push((index, now + ms));
-                for (path, proxy) in self.paths.cut_of(&action.target) {
-                    let words = format!(
-                        "cuts {client} off on {path} for {ms}ms (a partition): what {client} \
-                         sends there waits in the proxy; {client} runs on"
-                    );
-                    let fault = (NetFault::Hold, Fault::Cut);
-                    (self.nemesis).net_as(stage, proxy, Direction::Up, fault, words.as_str());
-                }
-                continue;
-            }
-            self.armed.push((index, false));
-            let (fault, words) = match step.fault {
-                Fault::Delay => {
-                    let ms = step.duration_ms.unwrap_or_default();
-                    (
-                        NetFault::DelayNext { ms },
-                        format!(
-                            "delays what {client} sends the store next by {ms}ms (the proxy on \
-                             {}): {client} runs on",
-                            action.target
-                        ),
-                    )
-                }
-                _ => (
-                    NetFault::DropReply,
-                    format!(
-                        "will lose the answer to {client}'s next request (the proxy on {})",
-                        action.target
-                    ),
-                ),
-            };
-            self.nemesis
-                .net(stage, proxy, Direction::Up, fault, words.as_str());
+        (Some(NetEnd::Timed), _) => {
+            format!("the cut on {path} heals: what {client} sent meanwhile goes out, in order")
         }
-        self.heal_what_was_seen(stage);
-        self.heal_cuts(stage, Some(now));
-        Ok(())
-    }
-
-    /// Heals the cuts whose time is up (all of them: `now` None), the lock server's path
-    /// first: what the client sent during the cut goes out, in order.
-    fn heal_cuts(&mut self, stage: &mut Stage, now: Option<u64>) {
-        let is_due = |until: u64| now.is_none_or(|now| now >= until);
-        let due: Vec<usize> = (self.cuts.iter())
-            .filter(|(_, until)| is_due(*until))
-            .map(|(index, _)| *index)
-            .collect();
-        self.cuts.retain(|(_, until)| !is_due(*until));
-        for index in due {
-            let target = &self.steps[index].target;
-            let client = client_of(target);
-            for (path, proxy) in self.paths.cut_of(target) {
-                let words = match now {
-                    Some(_) => format!(
-                        "the cut on {path} heals: what {client} sent meanwhile goes out, in order"
-                    ),
-                    None => format!(
-                        "the cut on {path} heals as the clients' time is up: what {client} \
-                         sent meanwhile goes out"
-                    ),
-                };
-                self.nemesis
-                    .heal_net(stage, proxy, Direction::Up, words.as_str());
-            }
-            for (armed, done) in &mut self.armed {
-                *done |= *armed == index;
-            }
+        (Some(NetEnd::Seen(Seen::DelayedSent { late_ms })), _) => {
+            format!("the proxy on {path} lets {client}'s request go, {late_ms}ms late")
         }
-    }
-
-    /// Ends each fault the proxy has seen through, with what it saw.
-    fn heal_what_was_seen(&mut self, stage: &mut Stage) {
-        for (path, proxy) in &self.paths.proxies {
-            let client = client_of(path);
-            for report in proxy.reports() {
-                let through = match report.seen {
-                    Seen::DelayedSent { .. } => Some(Fault::Delay),
-                    Seen::ReplyDropped { .. } => Some(Fault::DropReply),
-                    _ => None,
-                };
-                for (index, done) in &mut self.armed {
-                    let step = &self.steps[*index];
-                    *done |= Some(step.fault) == through && step.target == *path;
-                }
-                let words = match report.seen {
-                    Seen::DelayedSent { late_ms } => {
-                        format!("the proxy on {path} lets {client}'s request go, {late_ms}ms late")
-                    }
-                    Seen::ReplyDropped { bytes } => format!(
-                        "the proxy on {path} threw the answer away ({bytes} bytes) and reset \
-                         {client}'s connection: whether its request took effect, {client} \
-                         does not know"
-                    ),
-                    Seen::RequestForwarded { .. }
-                    | Seen::ConnectionReset
-                    | Seen::WriteHeld
-                    | Seen::WriteGated { .. } => {
-                        continue;
-                    }
-                };
-                if self.nemesis.faulty_paths().contains(path) {
-                    self.nemesis
-                        .heal_net(stage, proxy, Direction::Up, words.as_str());
-                }
-            }
-        }
-    }
-
-    /// After the clients are done: ends the faults nothing went through (recorded as such);
-    /// returns the steps that never played, and why: their event or time never came, or
-    /// they were put on a path that nothing went through before the run ended.
-    pub fn finish(mut self, stage: &mut Stage) -> Vec<(Step, String)> {
-        self.heal_what_was_seen(stage);
-        self.heal_cuts(stage, None);
-        for path in self.nemesis.faulty_paths() {
-            if let Some(proxy) = self.paths.proxies.get(&path) {
-                let words = format!(
-                    "the run ended before {} sent anything more on {path}",
-                    client_of(&path)
-                );
-                self.nemesis
-                    .heal_net(stage, proxy, Direction::Up, words.as_str());
-            }
-        }
-        let mut left = std::mem::take(&mut self.skipped);
-        for &(index, done) in &self.armed {
-            let path = &self.steps[index].target;
-            if !done {
-                let why = format!(
-                    "it was put on {path}, and {} sent nothing more on it before the run ended",
-                    client_of(path)
-                );
-                left.push((index, why));
-            }
-        }
-        self.feed.unplayed(&self.steps, left)
-    }
+        (Some(NetEnd::Seen(Seen::ReplyDropped { bytes })), _) => format!(
+            "the proxy on {path} threw the answer away ({bytes} bytes) and reset {client}'s \
+             connection: whether its request took effect, {client} does not know"
+        ),
+        (Some(NetEnd::RunOver(Fault::Cut)), _) => format!(
+            "the cut on {path} heals as the clients' time is up: what {client} sent meanwhile \
+             goes out"
+        ),
+        (Some(_), _) => format!("the run ended before {client} sent anything more on {path}"),
+    })
 }
 
 fn client_of(path: &str) -> &str {

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use super::failover::{Primary, REDIS_REPLICA, Replica};
 use super::lane::{self, Lane};
 use super::rows::{forget, prepare, read_back};
 use super::unplayed::Unplayed;
@@ -15,7 +16,7 @@ use crate::events::Event;
 use crate::events::facts::Warning;
 use crate::labs::faults::{Faults, Until};
 use crate::labs::{Stage, WorkerHandle};
-use crate::nemesis::generate::{self, FaultKind, Space};
+use crate::nemesis::generate::{self, FaultKind, REDIS_PRIMARY, Space};
 use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Note, Victim};
 use crate::output::Style;
@@ -197,9 +198,7 @@ impl Setup {
             (lane.masters).persist(lane.keeper()?, restart.map(|s| s.target.as_str()))?;
         }
         // The network faults' paths: a proxy for each path the schedule aims at (see `net`).
-        let (rest, net) = super::net::split(schedule);
-        let (rest, clock) = super::clock::split(&rest);
-        let (rest, failover) = super::lag::split(&rest);
+        let (_, net) = super::net::split(schedule);
         let paths = super::net::Paths::start(
             &net,
             &[
@@ -215,7 +214,7 @@ impl Setup {
             url.map(|url| paths.url(name, server, url)).transpose()
         };
         // A failover's clients work on past its lag and the promotion (see `failover`).
-        let more_ms = super::failover::MORE_WORK_MS + super::lag::lag_ms(&failover);
+        let more_ms = super::failover::MORE_WORK_MS + super::failover::lag_ms(schedule);
         let run_ms = self.run_ms + sentinels.map_or(0, |_| more_ms);
         let mut workers: Vec<WorkerHandle> = Vec::new();
         for (i, name) in names.iter().enumerate() {
@@ -241,13 +240,19 @@ impl Setup {
         }
         // Declared after the workers: dropped first, so a failed run resumes them first.
         let mut nemesis = Nemesis::new();
-        let mut net_play = super::net::NetPlay::new(&net, &paths, &stage);
-        let mut clock_play = super::clock::ClockPlay::new(&clock, lane, self.lease_ms, &stage)?;
-        let failing_over = std::cell::Cell::new(false);
+        // Every fault of the schedule, of every kind, is played by the one player: on the
+        // processes and servers of the cast, on the proxies' paths (`net`), on the lock
+        // servers' clocks (`clock`), and the failover on the Sentinels' nodes (`failover`).
         let ring_of = sentinels.map(|(ring, _)| ring);
-        let mut lag_play = super::lag::LagPlay::new(&failover, ring_of, &failing_over, &stage);
-        let mut faults = Faults::new(&rest, &stage).saying(|cue| {
+        let lag_ms = super::failover::lag_ms(schedule);
+        let mut faults = Faults::new(schedule, &stage).saying(|cue| {
             let name = &cue.action.target;
+            if let Some(words) = super::net::words(cue, schedule) {
+                return Note::from(words);
+            }
+            if let Some(note) = ring_of.and_then(|ring| super::failover::words(ring, cue, lag_ms)) {
+                return note;
+            }
             Note::from(match (cue.action.fault, cue.back_after) {
                 (Fault::Restart, None) if name == generate::ETCD_LEADER => {
                     "kills etcd's leader (SIGKILL): the other two members elect a new one"
@@ -275,13 +280,18 @@ impl Setup {
                 _ => format!("kills {name} (SIGKILL)"),
             })
         });
+        faults = super::clock::on(paths.on(faults), schedule, lane, self.lease_ms)?;
+        if let Some(ring) = ring_of {
+            faults = (faults.on_replica(REDIS_REPLICA, move || ring.primary_url()))
+                .failing_over(REDIS_PRIMARY, REDIS_REPLICA);
+        }
         let longest_pause = (schedule.steps().iter())
             .filter_map(|s| s.duration_ms)
             .max();
         let within = Duration::from_millis(run_ms + longest_pause.unwrap_or(0) + 15_000);
         let until = Until::holds("the clients to finish", within, |stage, faults| {
             let exited = names.iter().all(|name| stage.has_exited(name));
-            exited && !faults.holding() && !failing_over.get()
+            exited && !faults.holding()
         })
         .tolerating_errors();
         {
@@ -307,18 +317,18 @@ impl Setup {
             if let Some(leader) = leader.as_mut() {
                 cast.push(leader);
             }
-            stage.play_ticking(&mut faults, &mut nemesis, &mut cast, until, |stage| {
-                net_play.tick(stage)?;
-                lag_play.tick(stage)?;
-                clock_play.tick(stage)
-            })?;
+            let mut replica = ring_of.map(Replica);
+            let mut primary = ring_of.map(|ring| Primary::new(ring, lag_ms));
+            if let (Some(replica), Some(primary)) = (replica.as_mut(), primary.as_mut()) {
+                cast.push(replica);
+                cast.push(primary);
+            }
+            stage.play(&mut faults, &mut nemesis, &mut cast, until)?;
         }
-        let mut left: Vec<(Step, String)> = (faults.unplayed().into_iter())
+        faults.finish(&mut stage, &mut nemesis);
+        let left: Vec<(Step, String)> = (faults.unplayed().into_iter())
             .map(|(step, why)| (step.clone(), why))
             .collect();
-        left.extend(net_play.finish(&mut stage));
-        left.extend(clock_play.finish());
-        left.extend(lag_play.finish());
         for worker in &mut workers {
             worker.finish(Duration::from_secs(2));
         }

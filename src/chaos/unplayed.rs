@@ -25,7 +25,7 @@ pub struct Unplayed {
     pub why: String,
 }
 
-/// Each step of `left` (as the players and the proxies name it, with why) found at its
+/// Each step of `left` (as the player names it, with why) found at its
 /// place in `schedule`; a step written twice takes each of its places once.
 pub fn place(schedule: &Schedule, left: Vec<(Step, String)>) -> Vec<Unplayed> {
     let mut taken = vec![false; schedule.steps().len()];

@@ -119,6 +119,7 @@ impl Stage {
                 };
                 faults.act(due, self, nemesis, cast)?;
             }
+            faults.watch(self, nemesis, cast)?;
             if (until.holds)(self, faults) {
                 return Ok(());
             }

@@ -24,7 +24,7 @@ mod stage;
 pub mod step;
 pub mod words;
 
-pub use stage::{Feed, History, Stage, WorkerHandle};
+pub use stage::{History, Stage, WorkerHandle};
 
 /// Registers the labs from one table: a row `Variant => module::Args` makes the lab's
 /// subcommand (its `--help` is its `Args`'s doc comment and attributes), runs it

@@ -35,6 +35,7 @@ pub mod play;
 pub mod probe;
 pub mod replication;
 pub mod schedule;
+pub mod server_clock;
 pub mod victims;
 
 use std::collections::HashMap;
@@ -101,6 +102,29 @@ pub trait Victim {
     /// Reaps its process if it has exited by itself, so that no zombie waits for the end
     /// of the run (then `pid` is None).
     fn reap_if_exited(&mut self) {}
+    /// Called just before the player does `fault` to it: a victim that must look at its
+    /// servers first does so here (who is primary now, how far its stream went).
+    fn before(&mut self, fault: Fault) {
+        let _ = fault;
+    }
+    /// After a crash it comes back from ([`Victim::returns_by_itself`]): is it back? The
+    /// player asks until it is, and records its return; a victim that does not say
+    /// (`Unwatched`) is watched by its lab.
+    fn has_returned(&mut self) -> Result<Return> {
+        Ok(Return::Unwatched)
+    }
+}
+
+/// What a victim that comes back by itself says of its return.
+pub enum Return {
+    /// It does not say: whoever watches it records its return.
+    Unwatched,
+    NotYet,
+    /// Back after `took`, in the victim's own words (what it saw as it came back).
+    Back {
+        took: Duration,
+        note: Box<Note>,
+    },
 }
 
 /// What the history says of a fault besides its name and target: the line the timeline

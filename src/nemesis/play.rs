@@ -4,17 +4,24 @@
 //! ```text
 //! Schedule ──> Faults ──(due)──> nemesis: pause/resume/kill/restart  (a victim in the cast)
 //!                │                        lag: pause + cut its link  (a replica, its primary)
-//!                ▲                        cut/hold/delay/drop/heal   (a proxy path)
+//!                │                        failover: lag, kill, thaw  (primary and replica)
+//!                ▲                        cut/hold/delay/drop/heal   (a proxy path, or two)
 //!                │                        clock_step/clock_rate      (a worker's clock)
+//!                │                        clock_step, simulated      (a Redis server's keys)
 //!                │               probe:   pttl/lease_ttl/blocking    (a backend)
 //!                │               miss:    an anchor that did not come in time
+//!                │      (watch)  heal:    a delay or lost reply the proxy saw through
+//!                │               back:    a crashed victim that came back by itself
 //!                └──── observe ◀──── every event the floor logs (the run's history)
 //! ```
 //!
-//! A lab registers what its schedule aims at — its proxy paths, its workers' clocks, the
-//! backends it may ask — and hands the processes (workers, servers, cluster members) to
-//! each play (`cast`, which it borrows mutably only for as long as a play lasts). The lab
-//! keeps its words: what the timeline says of each fault ([`Cue`]).
+//! A lab registers what its schedule aims at — its proxy paths (and which paths a cut
+//! holds together), its workers' clocks, the servers whose clocks jump, the backends it
+//! may ask, a failover's primary and replica — and hands the processes (workers, servers,
+//! cluster members) to each play (`cast`, which it borrows mutably only for as long as a
+//! play lasts). The lab keeps its words: what the timeline says of each fault ([`Cue`]).
+//! Between the faults due, [`Faults::watch`] ends what the proxy saw through and records a
+//! return; once the play is over, [`Faults::finish`] heals what is still on a path.
 //!
 //! Everything the player does is an event of the history: a fault's start and end, a
 //! probe's answer ([`crate::events::What::Probed`]), a step that missed its moment
@@ -28,13 +35,14 @@ use anyhow::{Result, bail};
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
 use super::replication::Link;
-use super::schedule::{Action, Due, Item, Player, Schedule, Step};
-use super::{Fault, Held, Nemesis, Note, Record, Victim};
+use super::schedule::{Action, Due, How, Item, Player, Schedule, Step};
+use super::server_clock::ServerClocks;
+use super::{Fault, Held, Nemesis, Note, Record, Return, Victim};
 use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
 use crate::output::human;
-use crate::proxy::{Direction, NetFault, Proxy};
+use crate::proxy::{Direction, NetFault, Proxy, Seen};
 
 /// Where a play happens: a history the player reads (every event logged so far, in
 /// order) and writes (through [`Record`]), on a clock.
@@ -52,7 +60,7 @@ pub trait Floor: Record {
 /// A schedule's [`Player`] fed from a floor's events as they are logged. The schedule's
 /// clock starts when the cursor is made (the floor's clock ran before: a lab's setup, its
 /// workers' start), so an event's time is counted from there.
-pub struct Cursor {
+struct Cursor {
     player: Player,
     /// The floor's time (ms) at which the schedule's clock starts.
     origin_ms: u64,
@@ -61,7 +69,7 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    pub fn new(schedule: &Schedule, floor: &impl Floor) -> Cursor {
+    fn new(schedule: &Schedule, floor: &impl Floor) -> Cursor {
         Cursor {
             player: Player::new(schedule),
             origin_ms: floor.now_ms(),
@@ -71,15 +79,9 @@ impl Cursor {
 
     /// Shows the player the events logged since it last looked (each also to `each`), and
     /// hands out what fell due, with the time now on the schedule's clock.
-    pub fn due_all(&mut self, floor: &impl Floor, mut each: impl FnMut(&Event)) -> (Vec<Due>, u64) {
+    fn due_all(&mut self, floor: &impl Floor, mut each: impl FnMut(&Event)) -> (Vec<Due>, u64) {
         let now = self.look(floor, &mut each);
         (self.player.due_all(now), now)
-    }
-
-    /// [`Cursor::due_all`], the faults only (a play that has no probes nor time limits).
-    pub fn due(&mut self, floor: &impl Floor, mut each: impl FnMut(&Event)) -> (Vec<Action>, u64) {
-        let now = self.look(floor, &mut each);
-        (self.player.due(now), now)
     }
 
     fn look(&mut self, floor: &impl Floor, each: &mut impl FnMut(&Event)) -> u64 {
@@ -94,29 +96,21 @@ impl Cursor {
     }
 
     /// How many of the floor's events the player has been shown.
-    pub fn seen(&self) -> usize {
+    fn seen(&self) -> usize {
         self.seen
     }
 
     /// The time now on the schedule's clock.
-    pub fn now_ms(&self, floor: &impl Floor) -> u64 {
+    fn now_ms(&self, floor: &impl Floor) -> u64 {
         floor.now_ms().saturating_sub(self.origin_ms)
     }
 
-    pub fn player(&self) -> &Player {
+    fn player(&self) -> &Player {
         &self.player
     }
 
-    /// Once the play is over: the steps of `steps` that never played, in the schedule's
-    /// order, and why — those whose event or time never came, and `also` (by their place:
-    /// the ones the player came to and could not do).
-    pub fn unplayed(&self, steps: &[Step], also: Vec<(usize, String)>) -> Vec<(Step, String)> {
-        let mut left = self.player.left();
-        left.extend(also);
-        left.sort_by_key(|(index, _)| *index);
-        (left.into_iter())
-            .filter_map(|(index, why)| Some((steps.get(index)?.clone(), why)))
-            .collect()
+    fn player_mut(&mut self) -> &mut Player {
+        &mut self.player
     }
 }
 
@@ -134,6 +128,48 @@ pub struct Cue<'a> {
     /// For a replica's lag (a pause that cuts its link): how many links the cut closed
     /// (None: the cut failed).
     pub links_closed: Option<u64>,
+    /// For a network fault: the path it is put on or healed now (a cut holds several).
+    pub net: Option<NetCue<'a>>,
+}
+
+impl<'a> Cue<'a> {
+    /// The cue of `action` done as `how` says, with nothing more to tell.
+    fn of(action: &'a Action, how: &'a How) -> Cue<'a> {
+        Cue {
+            action,
+            pid: 0,
+            held: None,
+            back_after: None,
+            how,
+            links_closed: None,
+            net: None,
+        }
+    }
+}
+
+/// A network fault's path, and for its heal, why it ends.
+pub struct NetCue<'a> {
+    pub path: &'a str,
+    pub end: Option<NetEnd>,
+}
+
+/// Why a network fault ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetEnd {
+    /// Its time is up (a timed cut), or the schedule heals it.
+    Timed,
+    /// The proxy saw it through: the delayed request went out, the reply was lost.
+    Seen(Seen),
+    /// The run is over with this fault still on the path.
+    RunOver(Fault),
+}
+
+/// A delay or a lost reply put on a path, which ends once the proxy has seen it through.
+struct Armed {
+    step: usize,
+    path: String,
+    fault: Fault,
+    done: bool,
 }
 
 /// A schedule being played, what it aims at besides processes, and the lab's words.
@@ -159,6 +195,23 @@ pub struct Faults<'w> {
     askers: Vec<Box<dyn Ask + 'w>>,
     /// The replicas whose link a lagging pause cuts, with their primary.
     links: Vec<Link<'w>>,
+    /// A cut aimed at the first path holds the second as well (a client's path to its
+    /// lock server, and its path to the store).
+    cut_spreads: Vec<(String, String)>,
+    /// A delay and a lost reply end when the proxy has seen them through.
+    ends_when_seen: bool,
+    armed: Vec<Armed>,
+    /// The Redis servers whose clocks a `clock_step` aimed at them jumps.
+    server_clocks: ServerClocks,
+    /// How far a server's clock jumps when the step does not say.
+    server_jump_ms: u64,
+    /// Failovers: a restart of the primary whose step has a duration lags the replica
+    /// that long first (primary, replica).
+    failovers: Vec<(String, String)>,
+    /// The failover steps (by place) whose lag is done: their restart is the kill.
+    lagged: HashSet<usize>,
+    /// Victims crashed that come back by themselves and say when.
+    returning: Vec<String>,
     /// Was the floor told that this schedule plays there (since it last grew)?
     announced: bool,
     /// This play's number among the process's plays, for the floor.
@@ -190,6 +243,14 @@ impl<'w> Faults<'w> {
             clocks: Vec::new(),
             askers: Vec::new(),
             links: Vec::new(),
+            cut_spreads: Vec::new(),
+            ends_when_seen: false,
+            armed: Vec::new(),
+            server_clocks: ServerClocks::default(),
+            server_jump_ms: 0,
+            failovers: Vec::new(),
+            lagged: HashSet::new(),
+            returning: Vec::new(),
             announced: false,
             id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             words_now: None,
@@ -238,6 +299,44 @@ impl<'w> Faults<'w> {
         self
     }
 
+    /// A cut aimed at `path` holds `also` as well, put on and healed with it (a client cut
+    /// off from its lock server is cut off from the store too).
+    pub fn cut_spreads(mut self, path: &str, also: &str) -> Faults<'w> {
+        self.cut_spreads.push((path.into(), also.into()));
+        self
+    }
+
+    /// A delay or a lost reply on a path ends when the proxy has seen it through (the
+    /// request went out late, the answer was lost) — see [`Faults::watch`]; one nothing
+    /// went through before [`Faults::finish`] did not play.
+    pub fn ending_when_seen(mut self) -> Faults<'w> {
+        self.ends_when_seen = true;
+        self
+    }
+
+    /// A `clock_step` aimed at `server` (a Redis, by its name in the history) jumps its
+    /// clock under the grant its anchor names, by `how.by_ms` or else `by_ms`
+    /// ([`super::server_clock`]). `connection` is made now, before the clients work.
+    pub fn on_server_clock(
+        mut self,
+        server: &str,
+        url: &str,
+        connection: crate::connect::RedisConn,
+        by_ms: u64,
+    ) -> Faults<'w> {
+        self.server_clocks.add(server, url, connection);
+        self.server_jump_ms = by_ms;
+        self
+    }
+
+    /// A restart of `primary` with a duration is a failover: `replica` lags that long
+    /// first (a pause that cuts its link, [`Faults::on_replica`]), then the primary dies
+    /// and the replica is thawed at once.
+    pub fn failing_over(mut self, primary: &str, replica: &str) -> Faults<'w> {
+        self.failovers.push((primary.into(), replica.into()));
+        self
+    }
+
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
     }
@@ -247,9 +346,10 @@ impl<'w> Faults<'w> {
         self.cursor.player().done() && self.pending.is_empty()
     }
 
-    /// Does this play hold a victim paused (a pause it started and has not ended)?
+    /// Does this play hold a victim paused (a pause it started and has not ended), or wait
+    /// for one it crashed to come back?
     pub fn holding(&self) -> bool {
-        !self.paused_at.is_empty()
+        !self.paused_at.is_empty() || !self.returning.is_empty()
     }
 
     /// Has this play done `fault` to `target`?
@@ -276,7 +376,9 @@ impl<'w> Faults<'w> {
             self.announced = true;
             floor.playing(self.id, &self.schedule);
         }
-        self.pending.extend(self.cursor.due_all(floor, |_| {}).0);
+        let clocks = &mut self.server_clocks;
+        self.pending
+            .extend(self.cursor.due_all(floor, |event| clocks.see(event)).0);
     }
 
     /// Adds a step to the schedule, due now, with its words: a fault whose moment and
@@ -430,14 +532,10 @@ impl<'w> Faults<'w> {
     }
 
     /// A fault on a proxy path: put on (as the schedule's `how` says, or the fault's usual
-    /// way), or healed. A cut or hold with a duration heals itself that much later.
+    /// way), or healed. A cut or hold with a duration heals itself that much later; a cut
+    /// holds the paths it spreads to as well ([`Faults::cut_spreads`]), each its own line.
     fn net(&mut self, action: Action, floor: &mut impl Floor, nemesis: &mut Nemesis) -> Result<()> {
-        let Some(proxy) = self
-            .paths
-            .iter()
-            .copied()
-            .find(|p| p.path() == action.target)
-        else {
+        let Some(proxy) = self.proxy(&action.target) else {
             let why = format!("this run has no proxy on {}", action.target);
             return self.skip(&action, why);
         };
@@ -446,30 +544,184 @@ impl<'w> Faults<'w> {
             .map(|i| self.schedule.how(i).clone())
             .unwrap_or_default();
         let direction = how.direction.unwrap_or(Direction::Up);
-        let cue = Cue {
-            action: &action,
-            pid: 0,
-            held: None,
-            back_after: None,
-            how: &how,
-            links_closed: None,
-        };
-        let note = self.say(&cue);
-        if action.fault == Fault::Heal {
-            nemesis.heal_net(floor, proxy, direction, note);
-        } else {
-            let duration_ms = (action.step)
-                .and_then(|i| self.schedule.steps()[i].duration_ms)
-                .unwrap_or(0);
-            let put = how.proxy.unwrap_or(match action.fault {
-                Fault::Delay => NetFault::DelayNext { ms: duration_ms },
-                Fault::DropReply => NetFault::DropReply,
-                _ => NetFault::Hold,
+        let mut on = vec![proxy];
+        if matches!(action.fault, Fault::Cut | Fault::Heal) {
+            let spread = (self.cut_spreads.iter()).filter(|(path, _)| *path == action.target);
+            for (_, also) in spread {
+                if let Some(also) = self.proxy(also)
+                    && !on.iter().any(|p| p.path() == also.path())
+                {
+                    on.push(also);
+                }
+            }
+        }
+        let duration_ms = (action.step)
+            .and_then(|i| self.schedule.steps()[i].duration_ms)
+            .unwrap_or(0);
+        let put = how.proxy.unwrap_or(match action.fault {
+            Fault::Delay => NetFault::DelayNext { ms: duration_ms },
+            Fault::DropReply => NetFault::DropReply,
+            _ => NetFault::Hold,
+        });
+        for proxy in on {
+            let end = (action.fault == Fault::Heal).then_some(NetEnd::Timed);
+            let cue = Cue {
+                net: Some(NetCue {
+                    path: proxy.path(),
+                    end,
+                }),
+                ..Cue::of(&action, &how)
+            };
+            let note = self.say(&cue);
+            if action.fault == Fault::Heal {
+                nemesis.heal_net(floor, proxy, direction, note);
+            } else {
+                nemesis.net_as(floor, proxy, direction, (put, action.fault), note);
+            }
+        }
+        let seen_through = matches!(action.fault, Fault::Delay | Fault::DropReply);
+        if let Some(step) = action.step.filter(|_| self.ends_when_seen && seen_through) {
+            self.armed.push(Armed {
+                step,
+                path: action.target.clone(),
+                fault: action.fault,
+                done: false,
             });
-            nemesis.net_as(floor, proxy, direction, (put, action.fault), note);
         }
         self.acted.push(action);
         Ok(())
+    }
+
+    /// The proxy on the path named `path`, if this play has one.
+    fn proxy(&self, path: &str) -> Option<&'w Proxy> {
+        self.paths.iter().copied().find(|p| p.path() == path)
+    }
+
+    /// Between the faults due: ends each fault the proxy has seen through (with
+    /// [`Faults::ending_when_seen`]), with what it saw, and records the return of a victim
+    /// crashed that has come back by itself. A play calls it as it waits (a tick).
+    pub fn watch(
+        &mut self,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+    ) -> Result<()> {
+        if self.ends_when_seen {
+            for proxy in self.paths.clone() {
+                for report in proxy.reports() {
+                    self.heal_seen(floor, nemesis, proxy, report.seen);
+                }
+            }
+        }
+        let mut still = Vec::new();
+        for target in std::mem::take(&mut self.returning) {
+            let Some(victim) = cast.iter_mut().find(|v| v.label() == target) else {
+                continue;
+            };
+            match victim.has_returned()? {
+                Return::Unwatched => {}
+                Return::NotYet => still.push(target),
+                Return::Back { took, note } => {
+                    let pid = victim.pid().unwrap_or_default();
+                    floor.record(super::restarted_event(&target, pid, took, *note));
+                }
+            }
+        }
+        self.returning = still;
+        Ok(())
+    }
+
+    /// A delayed request gone out, or a reply lost: the fault that did it is done, and its
+    /// path heals (if a fault is still on it).
+    fn heal_seen(
+        &mut self,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        proxy: &Proxy,
+        seen: Seen,
+    ) {
+        let path = proxy.path();
+        let through = match seen {
+            Seen::DelayedSent { .. } => Fault::Delay,
+            Seen::ReplyDropped { .. } => Fault::DropReply,
+            _ => return,
+        };
+        for armed in &mut self.armed {
+            armed.done |= armed.fault == through && armed.path == path;
+        }
+        if nemesis.faulty_paths().iter().any(|p| p == path) {
+            let heal = self.heal_action(path);
+            let how = How::default();
+            let cue = Cue {
+                net: Some(NetCue {
+                    path,
+                    end: Some(NetEnd::Seen(seen)),
+                }),
+                ..Cue::of(&heal, &how)
+            };
+            let note = self.say(&cue);
+            nemesis.heal_net(floor, proxy, Direction::Up, note);
+        }
+    }
+
+    /// The heal of `path` now, which no step of the schedule asked for.
+    fn heal_action(&self, path: &str) -> Action {
+        Action {
+            at_ms: 0,
+            fault: Fault::Heal,
+            target: path.into(),
+            step: None,
+        }
+    }
+
+    /// Once the play is over: ends what the proxy saw through since the last look, then
+    /// every fault still on a path (`NetEnd::RunOver`, with the fault it was); a delay or
+    /// lost reply nothing went through did not play. Call it before [`Faults::unplayed`].
+    pub fn finish(&mut self, floor: &mut impl Floor, nemesis: &mut Nemesis) {
+        if self.ends_when_seen {
+            for proxy in self.paths.clone() {
+                for report in proxy.reports() {
+                    self.heal_seen(floor, nemesis, proxy, report.seen);
+                }
+            }
+        }
+        for path in nemesis.faulty_paths() {
+            let Some(proxy) = self.proxy(&path) else {
+                continue;
+            };
+            // The fault on it: the last one this play put on the path (or a cut spread
+            // to it).
+            let on = (self.acted.iter().rev())
+                .find(|a| {
+                    a.fault != Fault::Heal
+                        && (a.target == path
+                            || (self.cut_spreads.iter())
+                                .any(|(cut, also)| *cut == a.target && *also == path))
+                })
+                .map_or(Fault::Hold, |a| a.fault);
+            let heal = self.heal_action(&path);
+            let how = How::default();
+            let cue = Cue {
+                net: Some(NetCue {
+                    path: &path,
+                    end: Some(NetEnd::RunOver(on)),
+                }),
+                ..Cue::of(&heal, &how)
+            };
+            let note = self.say(&cue);
+            nemesis.heal_net(floor, proxy, Direction::Up, note);
+        }
+        for armed in std::mem::take(&mut self.armed) {
+            if !armed.done {
+                let client = armed.path.split(super::generate::PATH_ARROW).next();
+                let why = format!(
+                    "it was put on {}, and {} sent nothing more on it before the run ended",
+                    armed.path,
+                    client.unwrap_or_default()
+                );
+                self.skipped.push((armed.step, why));
+            }
+        }
     }
 
     /// A fault on a process (a worker, a server, a cluster member) or on a worker's clock.
@@ -481,6 +733,12 @@ impl<'w> Faults<'w> {
         cast: &mut [&mut dyn Victim],
     ) -> Result<()> {
         let target = action.target.clone();
+        if action.fault == Fault::ClockStep && self.server_clocks.has(&target) {
+            return self.jump_server_clock(action, floor, nemesis);
+        }
+        if let Some(lag) = self.lag_first(&action) {
+            return self.fail_over(action, lag, floor, nemesis, cast);
+        }
         let gone = |faults: &Faults| match faults.acted(Fault::Kill, &target) {
             true => format!("{target} had been killed already"),
             false => format!("{target} had already exited"),
@@ -491,6 +749,7 @@ impl<'w> Faults<'w> {
         if action.fault == Fault::Restart && self.down(&target) {
             return self.start_again(action, floor, nemesis, &mut **victim);
         }
+        victim.before(action.fault);
         let Some(pid) = victim.pid() else {
             let why = gone(self);
             return self.skip(&action, why);
@@ -513,10 +772,11 @@ impl<'w> Faults<'w> {
             back_after,
             how: &how,
             links_closed: None,
+            net: None,
         };
         match action.fault {
             Fault::Pause if !paused && how.cut_link => {
-                return self.lag(action, floor, nemesis, &**victim);
+                return self.lag(action, &how, floor, nemesis, &**victim);
             }
             Fault::Pause if !paused => {
                 let note = self.say(&cue(None, None));
@@ -540,6 +800,10 @@ impl<'w> Faults<'w> {
             Fault::Restart if victim.returns_by_itself() => {
                 let note = self.say(&cue(None, None));
                 nemesis.crash(floor, &mut **victim, note)?;
+                // One that says when it is back is asked until it is (see `watch`).
+                if !matches!(victim.has_returned()?, Return::Unwatched) {
+                    self.returning.push(target.clone());
+                }
                 self.paused_at.remove(&target);
             }
             Fault::Restart => {
@@ -588,6 +852,7 @@ impl Faults<'_> {
     fn lag(
         &mut self,
         action: Action,
+        how: &How,
         floor: &mut impl Floor,
         nemesis: &mut Nemesis,
         victim: &dyn Victim,
@@ -600,16 +865,14 @@ impl Faults<'_> {
         nemesis.pause(&mut freeze, victim, Note::default())?;
         self.paused_at.insert(target, Instant::now());
         let cut = link.cut();
-        let how = (action.step)
-            .map(|i| self.schedule.how(i).clone())
-            .unwrap_or_default();
         let cue = Cue {
             action: &action,
             pid: victim.pid().unwrap_or_default(),
             held: None,
             back_after: None,
-            how: &how,
+            how,
             links_closed: cut.as_ref().ok().copied(),
+            net: None,
         };
         let note = self.say(&cue);
         for mut event in freeze.0 {
@@ -629,6 +892,98 @@ impl Faults<'_> {
         cut?;
         self.acted.push(action);
         Ok(())
+    }
+}
+
+/// A failover ([`Faults::failing_over`]) and a server's clock jump
+/// ([`Faults::on_server_clock`]).
+impl Faults<'_> {
+    /// A failover's restart whose replica is to lag first, not yet lagged: the replica's
+    /// name and how long it lags.
+    fn lag_first(&self, action: &Action) -> Option<(String, u64)> {
+        let index = action.step.filter(|i| !self.lagged.contains(i))?;
+        let (_, replica) = (self.failovers.iter())
+            .find(|(primary, _)| action.fault == Fault::Restart && *primary == action.target)?;
+        let lag_ms = self.schedule.steps()[index]
+            .duration_ms
+            .filter(|ms| *ms > 0)?;
+        Some((replica.clone(), lag_ms))
+    }
+
+    /// The start of a failover with a lag: the replica frozen and its link cut now; the
+    /// primary's kill and the replica's thaw due `lag_ms` later, in that order (the kill
+    /// is the step's own restart, played again once its lag is done). A failover whose
+    /// replica is not running ends the play: nothing would fail over.
+    fn fail_over(
+        &mut self,
+        action: Action,
+        (replica, lag_ms): (String, u64),
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+    ) -> Result<()> {
+        let Some(index) = action.step else {
+            return Ok(());
+        };
+        let Some(victim) = cast.iter_mut().find(|v| v.label() == replica) else {
+            bail!("the failover has no {replica} to make lag");
+        };
+        victim.before(Fault::Pause);
+        if victim.pid().is_none() {
+            bail!("the failover could not pause {replica}: it is not running");
+        }
+        let lag = Action {
+            fault: Fault::Pause,
+            target: replica.clone(),
+            ..action.clone()
+        };
+        let how = How {
+            cut_link: true,
+            ..How::default()
+        };
+        let skipped = self.skipped.len();
+        self.lag(lag, &how, floor, nemesis, &**victim)?;
+        if let Some((_, why)) = self.skipped.get(skipped) {
+            bail!("the failover could not make {replica} lag: {why}");
+        }
+        self.lagged.insert(index);
+        let at_ms = self.cursor.now_ms(floor) + lag_ms;
+        let player = self.cursor.player_mut();
+        player.add(Action { at_ms, ..action });
+        player.add(Action {
+            at_ms,
+            fault: Fault::Resume,
+            target: replica,
+            step: None,
+        });
+        Ok(())
+    }
+
+    /// Jumps the clock of a Redis server under the grant the step is timed from; a jump
+    /// that came too late (the key gone, or another's) did not play.
+    fn jump_server_clock(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+    ) -> Result<()> {
+        let Some(index) = action.step else {
+            return Ok(());
+        };
+        let step = self.schedule.steps()[index].clone();
+        let by_ms = match self.schedule.how(index).by_ms {
+            Some(ms) if ms > 0 => ms as u64,
+            _ => self.server_jump_ms,
+        };
+        let now_ms = floor.now_ms();
+        let jumped = (self.server_clocks).jump((nemesis, floor, now_ms), (index, &step), by_ms);
+        match jumped {
+            Ok(()) => {
+                self.acted.push(action);
+                Ok(())
+            }
+            Err(why) => self.skip(&action, why),
+        }
     }
 }
 
@@ -656,12 +1011,8 @@ impl Faults<'_> {
         let words = &mut self.words;
         nemesis.start_again(floor, victim, |took| {
             words(&Cue {
-                action: &action,
-                pid: 0,
-                held: None,
                 back_after: Some(took),
-                how: &how,
-                links_closed: None,
+                ..Cue::of(&action, &how)
             })
         })?;
         self.acted.push(action);

@@ -231,3 +231,163 @@ fn the_schedule_reads_in_short_lines() {
     assert_eq!(lines[1], "  pause A for 3.000s, 0ms after A's working #1");
     assert!(lines.iter().all(|line| line.chars().count() <= 80));
 }
+
+/// A proxy in front of a listener of the test's own: a path the player can put faults on,
+/// and a connection through it.
+struct Path {
+    proxy: crate::proxy::Proxy,
+    _server: std::net::TcpListener,
+}
+
+impl Path {
+    fn start(name: &str) -> Path {
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = crate::proxy::Proxy::start(name, server.local_addr().unwrap()).unwrap();
+        Path {
+            proxy,
+            _server: server,
+        }
+    }
+}
+
+/// Each network fault's line, as the test's words put it: `fault path (end)`.
+fn net_words(cue: &Cue) -> Note {
+    let net = cue.net.as_ref().expect("a network fault");
+    Note::from(format!(
+        "{} {} {:?}",
+        cue.action.fault.as_str(),
+        net.path,
+        net.end
+    ))
+}
+
+fn net_step(at_ms: u64, fault: Fault, path: &str, duration_ms: Option<u64>) -> Step {
+    Step {
+        target: path.into(),
+        ..step(at_ms, fault, duration_ms)
+    }
+}
+
+/// Chaos's network faults, played by the one player: a timed cut holds the path it
+/// spreads to as well and heals both; a delay ends once the proxy has let the request go;
+/// one nothing went through is healed at the run's end and did not play.
+#[test]
+fn a_cut_spreads_and_a_delay_ends_when_the_proxy_saw_it_through() {
+    use crate::nemesis::play::NetEnd;
+    use std::io::Write;
+    let mut stage = stage();
+    let mut nemesis = Nemesis::new();
+    let (lock, store, other) = (Path::start("A→x"), Path::start("A→y"), Path::start("B→y"));
+    let schedule = Schedule::new(vec![
+        net_step(0, Fault::Cut, "A→x", Some(20)),
+        net_step(50, Fault::Delay, "A→y", Some(30)),
+        net_step(50, Fault::Delay, "B→y", Some(30)),
+    ]);
+    let mut faults = Faults::new(&schedule, &stage)
+        .saying(net_words)
+        .on_path(&lock.proxy)
+        .on_path(&store.proxy)
+        .on_path(&other.proxy)
+        .cut_spreads("A→x", "A→y")
+        .ending_when_seen();
+    let mut sent = false;
+    let mut a = std::net::TcpStream::connect(store.proxy.addr()).unwrap();
+    let until = Until::holds("A's delay seen through", LONG, |stage, _| {
+        stage.log.iter().any(|e| e.text.contains("Seen"))
+    });
+    let tick = |stage: &mut Stage| {
+        // A writes once its delay is on: the proxy lets it go late, and says so.
+        if !sent && stage.log.iter().any(|e| e.text.starts_with("delay A→y")) {
+            sent = true;
+            a.write_all(b"late").unwrap();
+        }
+        Ok(())
+    };
+    stage
+        .play_ticking(&mut faults, &mut nemesis, &mut [], until, tick)
+        .unwrap();
+    faults.finish(&mut stage, &mut nemesis);
+    let said: Vec<&str> = stage.log.iter().map(|e| e.text.as_str()).collect();
+    let timed = format!("{:?}", Some(NetEnd::Timed));
+    assert_eq!(
+        said[..4],
+        [
+            "cut A→x None".to_string(),
+            "cut A→y None".into(),
+            format!("heal A→x {timed}"),
+            format!("heal A→y {timed}"),
+        ]
+    );
+    let late = (said.iter()).find(|s| s.starts_with("heal A→y Some(Seen(DelayedSent"));
+    assert!(late.is_some(), "{said:?}");
+    let over = format!("heal B→y {:?}", Some(NetEnd::RunOver(Fault::Delay)));
+    assert_eq!(said.last().copied(), Some(over.as_str()), "{said:?}");
+    assert!(nemesis.faulty_paths().is_empty());
+    let why: Vec<String> = (faults.unplayed().into_iter())
+        .map(|(step, why)| format!("{}: {why}", step.target))
+        .collect();
+    assert_eq!(
+        why,
+        ["B→y: it was put on B→y, and B sent nothing more on it before the run ended"]
+    );
+}
+
+/// A server that comes back by itself after its crash (a primary the Sentinels replace),
+/// and says when: on the second time it is asked.
+struct Returning {
+    sleep: Sleep,
+    asked: u32,
+}
+
+impl Victim for Returning {
+    fn label(&self) -> String {
+        "S".into()
+    }
+    fn pid(&self) -> Option<i32> {
+        self.sleep.pid()
+    }
+    fn kill_now(&mut self) {
+        self.sleep.kill_now();
+    }
+    fn returns_by_itself(&self) -> bool {
+        true
+    }
+    fn has_returned(&mut self) -> anyhow::Result<crate::nemesis::Return> {
+        self.asked += 1;
+        Ok(match self.asked {
+            1 => crate::nemesis::Return::NotYet,
+            _ => crate::nemesis::Return::Back {
+                took: Duration::from_millis(7),
+                note: Box::new(Note::from("back: promoted")),
+            },
+        })
+    }
+}
+
+/// The end of a failover, played by the one player: the crash is recorded, the play holds
+/// until the victim says it is back, and its return is recorded with how long it took.
+#[test]
+fn a_crash_that_comes_back_by_itself_is_awaited_and_its_return_recorded() {
+    let mut stage = stage();
+    let mut nemesis = Nemesis::new();
+    let mut victim = Returning {
+        sleep: Sleep::start(),
+        asked: 0,
+    };
+    let schedule = Schedule::new(vec![step(0, Fault::Restart, None)]);
+    let mut faults = Faults::new(&schedule, &stage);
+    let mut cast: [&mut dyn Victim; 1] = [&mut victim];
+    let until = Until::holds("the return", LONG, |_, faults| {
+        faults.finished() && !faults.holding()
+    });
+    stage
+        .play(&mut faults, &mut nemesis, &mut cast, until)
+        .unwrap();
+    assert_eq!(kinds(&stage), vec![Kind::Killed, Kind::Resumed]);
+    assert_eq!(stage.log[1].text, "back: promoted");
+    let What::Resumed(facts) = &stage.log[1].what else {
+        unreachable!()
+    };
+    assert_eq!(facts.restart_ms, Some(7));
+    assert_eq!(victim.asked, 2);
+}

@@ -18,9 +18,7 @@ use crate::procs::{self, StopPlan};
 use crate::watchdog::{OWN_PAUSE_COUNT, at_ms, own_pauses, watch_own_pauses};
 use crate::worker::WorkerSpec;
 
-mod feed;
 mod handle;
-pub use feed::Feed;
 pub use handle::WorkerHandle;
 
 /// The orchestrator's side of a lab run: workers, their events, the timeline.
