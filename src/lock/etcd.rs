@@ -484,7 +484,10 @@ fn keep_alive(
     let mut renewed = Instant::now();
     let runtime = connect::etcd_runtime()?;
     runtime.block_on(async {
-        let mut client = connect::etcd(url).await?;
+        // Connected at the first renewal, not before: a heartbeat that cannot reach etcd
+        // yet (its thread started late, or the network failed first) has failed a renewal,
+        // and retries like any other until the lease's vouched time runs out.
+        let mut client: Option<Client> = None;
         let mut stream = None;
         let mut last_try = Instant::now();
         let mut failing: Option<String> = None;
@@ -513,7 +516,13 @@ fn keep_alive(
                 Some(left) => left.min(every).max(Duration::from_millis(20)),
                 None => every,
             };
-            let attempt = renew(&mut client, &mut stream, lease, ttl.as_secs() as i64);
+            let attempt = async {
+                if client.is_none() {
+                    client = Some(connect::etcd(url).await?);
+                }
+                let client = client.as_mut().expect("connected just above");
+                renew(client, &mut stream, lease, ttl.as_secs() as i64).await
+            };
             let (outcome, timed_out) = match tokio::time::timeout(limit, attempt).await {
                 Ok(outcome) => (outcome, false),
                 Err(_) => {
@@ -597,5 +606,30 @@ async fn renew(
         Some(answer) if answer.ttl() > 0 => Ok(Renewal::Renewed(answer.ttl())),
         Some(_) => Ok(Renewal::Expired),
         None => Err(anyhow!("the keepalive stream was closed")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heartbeat whose thread reaches etcd only after the network failed (on a busy
+    /// machine its first renewal comes late) has failed a renewal, said so, and retried
+    /// until the lease's vouched time ran out: a loss with no failure before it hides the
+    /// moment the holder could have known. Here etcd is a port nothing listens on.
+    #[test]
+    fn a_heartbeat_that_cannot_reach_etcd_says_its_renewal_failed_before_the_loss() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://127.0.0.1:{}", closed.local_addr().unwrap().port());
+        drop(closed);
+        let stop = AtomicBool::new(false);
+        let mut beats = Vec::new();
+        let ttl = Duration::from_millis(600);
+        let lost = keep_alive(&url, 1, ttl, &stop, &mut |beat| beats.push(beat));
+        assert!(matches!(lost, Ok(Some(_))), "{lost:?}");
+        assert!(
+            matches!(beats.first(), Some(Beat::Failed { .. })),
+            "{beats:?}"
+        );
     }
 }
