@@ -73,6 +73,21 @@ macro_rules! lab_table {
             })*
             None
         }
+
+        /// The checker of the lab named `command` over a whole history: its [`Report`],
+        /// each finding pointing at the events that prove it; `None` when no lab has that
+        /// name.
+        ///
+        /// [`Report`]: crate::check::report::Report
+        pub fn check(
+            command: &str,
+            history: &[crate::events::Event],
+        ) -> Option<crate::check::report::Report> {
+            $(if command == $module::MENU.command {
+                return Some($module::check(history));
+            })*
+            None
+        }
     };
 }
 
