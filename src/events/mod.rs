@@ -105,16 +105,19 @@ pub enum What {
     JobLost(JobFate),
     /// A key's remaining time to live as Redis answers it (lab 2).
     Pttl(Pttl),
+    /// What Redis answered when lab 2 read its lock back: a key's owner and time to live,
+    /// the holders list, each race trial's holders. An observation, not a conclusion:
+    /// whether it shows the lock broken is lab 2's checker's finding, which points at it.
+    /// (Older recordings wrote the conclusion in its place, `counted` or `lapsed`: they
+    /// read as this, their facts unchanged.)
+    #[serde(alias = "counted", alias = "lapsed")]
+    RedisRead(Observed),
     /// Two holders at once, as the evidence shows.
     TwoHolders(Observed),
     /// A broken lock's failure counted.
     Violation(Observed),
-    /// A broken lock that did not fail this time (lab 2).
-    Counted(Observed),
     /// Every job processed exactly once (lab 3, lab 7).
     ExactlyOnce(Observed),
-    /// A dead holder's lock lapsed with its TTL (lab 2).
-    Lapsed(Observed),
     /// A holder kept its lock to the end.
     Kept(Observed),
     Warning(Warning),
@@ -337,15 +340,14 @@ impl Event {
         }
     }
 
-    /// What the evidence showed, if this is a finding (two holders, a violation, a count,
-    /// exactly once, a lapse, a kept lock).
+    /// What the evidence showed, if this is a finding (two holders, a violation, exactly
+    /// once, a kept lock) or Redis's answer read back (lab 2).
     pub fn observed(&self) -> Option<&Observed> {
         match &self.what {
             What::TwoHolders(o)
             | What::Violation(o)
-            | What::Counted(o)
+            | What::RedisRead(o)
             | What::ExactlyOnce(o)
-            | What::Lapsed(o)
             | What::Kept(o) => Some(o),
             _ => None,
         }
