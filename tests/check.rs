@@ -581,7 +581,7 @@ mod reports {
                 ),
                 (
                     "frozen worker's job",
-                    &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+                    &[Kind::Frozen, Kind::JobRead, Kind::FinishFailed],
                 ),
             ],
         );

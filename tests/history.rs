@@ -57,7 +57,12 @@ fn same(a: &Value, b: &Value) -> bool {
 
 /// Kinds that were conclusions, and the observation each now reads as: an older line of
 /// one of them writes back as the observation, every fact unchanged.
-const MIGRATED: &[(&str, &str)] = &[("counted", "redis_read"), ("lapsed", "redis_read")];
+const MIGRATED: &[(&str, &str)] = &[
+    ("counted", "redis_read"),
+    ("lapsed", "redis_read"),
+    ("kill_result", "job_read"),
+    ("freeze_result", "job_read"),
+];
 
 #[test]
 fn every_recorded_event_reads_into_the_typed_history_and_writes_back_unchanged() {

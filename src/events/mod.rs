@@ -93,10 +93,12 @@ pub enum What {
     Reclaimed(Handover),
     /// A round of jobs done (lab 3, lab 7).
     Round(RoundFacts),
-    /// What became of the frozen worker's job (lab 3).
-    FreezeResult(JobFate),
-    /// What became of the killed worker's job (lab 3).
-    KillResult(JobFate),
+    /// A job's record as Postgres's processing table answered it once its round was over
+    /// (lab 3): who processed it, in order, and how often — the evidence lab 3's checker
+    /// reads to say what became of a killed or frozen worker's job. (Older recordings wrote
+    /// the conclusion in its place, `kill_result` or `freeze_result`: they read as this.)
+    #[serde(alias = "kill_result", alias = "freeze_result")]
+    JobRead(JobFate),
     /// A worker's session as Postgres lists it.
     Session(Session),
     /// Sessions blocked behind a frozen worker's row lock, as `pg_blocking_pids` says (lab 3).
@@ -313,7 +315,7 @@ impl Event {
             What::Committed(s) | What::FinishFailed(s) => Some(s.job),
             What::Wrote(w) => w.job,
             What::TakenOver(h) | What::Reclaimed(h) => h.job,
-            What::FreezeResult(f) | What::KillResult(f) | What::JobLost(f) => f.job,
+            What::JobRead(f) | What::JobLost(f) => f.job,
             What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.job,
             _ => None,
         }
