@@ -135,14 +135,14 @@ impl Picture {
             .iter()
             .filter_map(Problem::job)
             .collect();
-        let broken = broken_proof(recording);
+        let broken = &recording.proof;
         let parts: Vec<Part> = order
             .iter()
             .map(|label| {
                 let events = &by_part[label];
                 let history: Vec<&Event> = events.iter().map(|(_, e)| *e).collect();
                 let stated = Stated::of(recording.verdict.as_ref(), &history);
-                Part::build(label, events, &everyone, &named, &stated, &broken)
+                Part::build(label, events, &everyone, &named, &stated, broken)
             })
             .collect();
         let span_ms = parts
@@ -942,22 +942,6 @@ fn stale_writes(events: &[(usize, &Event)], stated: &Stated) -> BTreeSet<usize> 
         stale.extend(last.into_values());
     }
     stale
-}
-
-/// The events the run's checker points at as the proof of a broken property (its
-/// [`Report`]'s invalid findings), by index: the picture draws them as failures, and decides
-/// nothing itself. Empty for a run no lab's checker judges.
-///
-/// [`Report`]: crate::check::report::Report
-fn broken_proof(recording: &Recording) -> BTreeSet<usize> {
-    let lab = recording.verdict.as_ref().and_then(|v| str_of(v, "lab"));
-    let Some(report) = lab.and_then(|lab| crate::labs::check(lab, &recording.events)) else {
-        return BTreeSet::new();
-    };
-    report
-        .with(crate::check::report::Outcome::Invalid)
-        .flat_map(|finding| finding.events.iter().copied())
-        .collect()
 }
 
 /// What the run's checkers said of one event: a write they found late, an answer that
