@@ -1592,11 +1592,7 @@ fn lab_2s_failures_are_where_the_checkers_findings_point() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/naive-redis-read.jsonl"
     );
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_lockslab"))
-        .args(["render", input, "-o"])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let status = render_bounded(std::path::Path::new(input), &out);
     assert!(status.status.success(), "{status:?}");
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
