@@ -268,7 +268,9 @@ pub fn run() -> Result<Exit> {
         }
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
-        Command::Render(args) => crate::picture::render(&args.input, &args.output)?,
+        Command::Render(args) => {
+            crate::picture::render(&args.input, &args.output, crate::labs::broken_proof)?
+        }
         Command::InternalWorker | Command::Guard { .. } => unreachable!("handled above"),
     }
     Ok(Exit::Done)

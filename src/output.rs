@@ -140,11 +140,11 @@ impl Timeline {
                     "{:>9}  {:<width$} {}",
                     format!("+{seconds:.3}s").dimmed(),
                     event.worker.color(color).bold(),
-                    paint(event.kind(), piece),
+                    paint(event, piece),
                     width = self.lane_width,
                 )
             } else {
-                format!("{}{}", " ".repeat(indent), paint(event.kind(), piece))
+                format!("{}{}", " ".repeat(indent), paint(event, piece))
             };
             self.println(&line);
         }
@@ -186,14 +186,23 @@ fn symbol(kind: Kind) -> &'static str {
 
 /// Colours the events a learner must not miss: the same colour means the same thing in
 /// every lab (red: a safety property broken; green: fencing held; blue: a freeze).
-fn paint(kind: Kind, text: &str) -> String {
-    match kind {
+fn paint(event: &Event, text: &str) -> String {
+    match event.kind() {
         Kind::Frozen | Kind::Freezing => text.bright_blue().bold().to_string(),
         Kind::Resumed => text.bright_blue().to_string(),
         Kind::Killed => text.red().bold().to_string(),
         Kind::Expired => text.yellow().to_string(),
         Kind::StaleWriteRejected => text.green().bold().to_string(),
         Kind::StaleWriteAccepted | Kind::TwoHolders | Kind::Violation => {
+            text.red().bold().to_string()
+        }
+        // Lab 2's read-back: red where Redis's answer itself counts a failure (trials with
+        // two holders, the dead holder's value still in the key).
+        Kind::RedisRead
+            if event
+                .observed()
+                .is_some_and(|o| o.violations.unwrap_or(0) > 0 || o.dead_owner == Some(true)) =>
+        {
             text.red().bold().to_string()
         }
         Kind::Error | Kind::Vanished => text.red().to_string(),

@@ -99,7 +99,9 @@ fn every_recorded_run_reproduces_its_verdict_offline() {
         }
         assert_eq!(code, Some(0), "{name} did not reproduce:\n{stdout}{stderr}");
         assert!(stdout.contains("Reproduced:"), "{name}: {stdout}");
-        assert!(!stdout.contains('✗'), "{name}: {stdout}");
+        let (fields, report) = stdout.split_once("\nReport:").expect("a Report section");
+        assert!(!fields.contains('✗'), "{name}: {stdout}");
+        said_its_report(&name, path, report);
     }
     // Offline and quick: the whole sweep is a few processes reading files.
     println!(
@@ -107,6 +109,58 @@ fn every_recorded_run_reproduces_its_verdict_offline() {
         files.len(),
         started.elapsed()
     );
+}
+
+/// `check`'s Report section (`report`, after `Report:`) is the checker's [`Report`] on the
+/// recorded history: its outcome, and every finding with its outcome, its sentence and the
+/// file's numbers of the events it points at. Every lab's history decides every part — an
+/// older recording's read-back is taken from its verdict — so no part is left unknown for
+/// want of evidence; chaos and challenge say they have no such report.
+fn said_its_report(name: &str, path: &Path, report: &str) {
+    use lockslab::reproduce::{Recorded, judge, replay};
+    let recorded = Recorded::from_jsonl(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let judged = match judge(&recorded, &replay(&recorded).unwrap()) {
+        Ok(judged) => judged,
+        Err(why) => {
+            let lab = &recorded.verdict.as_ref().unwrap()["lab"];
+            assert!(lab == "chaos" || lab == "challenge", "{name}: {why}");
+            assert!(
+                report.starts_with(" none of the checker's kind"),
+                "{report}"
+            );
+            return;
+        }
+    };
+    let report_of = &judged.report;
+    assert!(
+        report.starts_with(&format!(" {} —", report_of.outcome.as_str())),
+        "{name}: {report}"
+    );
+    assert!(!report_of.findings.is_empty(), "{name}: no finding");
+    for finding in &report_of.findings {
+        let line = format!(
+            "{} {}: {}.",
+            finding.name,
+            finding.outcome.as_str(),
+            finding.words
+        );
+        assert!(
+            report.contains(&line),
+            "{name}: no line `{line}` in\n{report}"
+        );
+        assert!(
+            finding.name != "evidence" && !finding.name.starts_with("evidence ("),
+            "{name}: the history left a part undecided: {finding:?}"
+        );
+        // The first event it points at, by its number in the file (from 1).
+        if let Some(&first) = finding.events.first()
+            && let Some(n) = judged.in_file[first]
+        {
+            let event = &recorded.events[n];
+            let named = format!("#{} {} {}", n + 1, event.worker, event.kind());
+            assert!(report.contains(&named), "{name}: `{named}` not said");
+        }
+    }
 }
 
 #[test]
@@ -527,7 +581,7 @@ mod reports {
                 ),
                 (
                     "frozen worker's job",
-                    &[Kind::Frozen, Kind::FreezeResult, Kind::FinishFailed],
+                    &[Kind::Frozen, Kind::JobRead, Kind::FinishFailed],
                 ),
             ],
         );

@@ -214,3 +214,161 @@ mod redlock {
         );
     }
 }
+
+/// Lab 10 (`queue`): every way of queueing, the churn, the expiry and the election.
+mod queue {
+    use super::*;
+    use lockslab::events::What;
+    use lockslab::labs::queue::check;
+
+    /// `lockslab queue --json` with the defaults, recorded once the store's read-back was an
+    /// event of the history.
+    const FIXTURE: &str = "queue-read-back.jsonl";
+
+    #[test]
+    fn queue_report_agrees_with_each_recorded_part_and_points_at_its_proof() {
+        let recorded = recorded(FIXTURE);
+        let verdict = recorded.verdict.as_ref().unwrap();
+        let events = &recorded.events;
+        let report = check(events);
+        for queue in verdict["queues"].as_array().unwrap() {
+            let way = queue["way"].as_str().unwrap();
+            let fair = finding(&report, &format!("first come, first served (queue {way})"));
+            assert_eq!(fair.outcome, broken(queue["fair"].as_bool().map(|f| !f)));
+            proved_by(events, fair, &[Kind::Handovers]);
+            let tokens = finding(&report, &format!("tokens grow (queue {way})"));
+            assert_eq!(
+                tokens.outcome,
+                broken(queue["tokens_grow"].as_bool().map(|t| !t))
+            );
+        }
+        let churn = &verdict["churn"];
+        for (name, field) in [
+            ("one holder at a time", "one_holder_at_a_time"),
+            ("nobody held twice", "nobody_held_twice"),
+            ("nobody skipped", "nobody_skipped"),
+            ("store in order", "store_in_order"),
+            ("gaps rechecked", "gaps_rechecked"),
+        ] {
+            let found = finding(&report, &format!("{name} (churn)"));
+            assert_eq!(found.outcome, broken(churn[field].as_bool().map(|h| !h)));
+        }
+        proved_by(
+            events,
+            finding(&report, "one holder at a time (churn)"),
+            &[Kind::Acquired, Kind::QueueKeys],
+        );
+        proved_by(
+            events,
+            finding(&report, "store in order (churn)"),
+            &[Kind::Acquired, Kind::ReadBack],
+        );
+        let expiry = &verdict["expiry"];
+        let frozen = finding(&report, "frozen waiter (expiry)");
+        assert_eq!(
+            frozen.outcome == Outcome::Valid,
+            expiry["frozen_waiter"] == "learned_it_was_gone"
+        );
+        proved_by(events, frozen, &[Kind::Lost, Kind::Acquired]);
+        let gap = finding(&report, "gap skipped (expiry)");
+        assert_eq!(
+            gap.outcome,
+            broken(expiry["skipped_the_gap"].as_bool().map(|s| !s))
+        );
+        proved_by(events, gap, &[Kind::Woke, Kind::Acquired]);
+        let election = &verdict["election"];
+        assert_eq!(
+            finding(&report, "one leader at a time (election)").outcome,
+            broken(election["one_leader_at_a_time"].as_bool().map(|o| !o))
+        );
+        for (part, recorded) in [("expiry", expiry), ("election", election)] {
+            let stale = finding(&report, &format!("stale write ({part})"));
+            let taken = recorded["late_write"] == "accepted";
+            assert_eq!(stale.outcome, broken(Some(taken)), "{stale:?}");
+            proved_by(events, stale, &[Kind::ReadBack, Kind::Wrote]);
+            // The store's decision order is the proof.
+            assert!(
+                stale
+                    .events
+                    .iter()
+                    .any(|&at| events[at].kind() == Kind::ReadBack)
+            );
+        }
+        // The spinning waiters on Redis are served out of order: the lab as a whole breaks
+        // first come, first served, and nothing else.
+        assert_eq!(report.outcome, Outcome::Invalid);
+        assert!(
+            report
+                .with(Outcome::Invalid)
+                .all(|f| f.name.starts_with("first come, first served")),
+            "{report:#?}"
+        );
+    }
+
+    #[test]
+    fn a_late_write_the_store_took_or_a_token_handed_out_twice_is_invalid() {
+        let recorded = recorded(FIXTURE);
+        let mut events = recorded.events.clone();
+        // The expiry's read-back says the store took H's late write after W2's.
+        let expiry_read = events
+            .iter()
+            .position(|e| {
+                e.kind() == Kind::ReadBack && e.part.scenario.as_deref() == Some("expiry")
+            })
+            .unwrap();
+        let What::ReadBack(record) = &mut events[expiry_read].what else {
+            unreachable!()
+        };
+        let late = record
+            .attempts
+            .iter_mut()
+            .find(|a| a.writer == "H")
+            .unwrap();
+        late.accepted = true;
+        // The recipe's last waiter served with the token of the one before it.
+        let recipe = events
+            .iter()
+            .position(|e| matches!(&e.what, What::Handovers(h) if h.way == "etcd_recipe"))
+            .unwrap();
+        let What::Handovers(queue) = &mut events[recipe].what else {
+            unreachable!()
+        };
+        let mut tokens: Vec<i64> = queue.turns.iter().filter_map(|t| t.token).collect();
+        tokens.sort_unstable();
+        let last = queue.turns.iter_mut().max_by_key(|t| t.token).unwrap();
+        last.token = Some(tokens[tokens.len() - 2]);
+        let report = check(&events);
+        let stale = finding(&report, "stale write (expiry)");
+        assert_eq!(stale.outcome, Outcome::Invalid, "{stale:?}");
+        assert!(stale.events.contains(&expiry_read));
+        let tokens = finding(&report, "tokens grow (queue etcd_recipe)");
+        assert_eq!(tokens.outcome, Outcome::Invalid);
+        assert_eq!(tokens.events, [recipe]);
+        assert_eq!(
+            finding(&report, "stale write (election)").outcome,
+            Outcome::Valid,
+            "the other parts are judged on their own evidence"
+        );
+    }
+
+    #[test]
+    fn a_queue_history_without_the_store_read_back_is_unknown_never_a_pass() {
+        // Recorded before the read-back was an event: the ways are judged from their
+        // turns, the parts the store decides are left open.
+        let recorded = recorded("queue.jsonl");
+        let report = check(&recorded.events);
+        for part in ["churn", "expiry", "election"] {
+            let open = finding(&report, &format!("evidence ({part})"));
+            assert_eq!(open.outcome, Outcome::Unknown);
+            assert!(open.words.contains("read-back"), "{open:?}");
+        }
+        assert_eq!(
+            report
+                .findings
+                .iter()
+                .filter(|f| f.name.starts_with("tokens grow"))
+                .count(),
+            3
+        );
+    }
+}

@@ -1558,3 +1558,44 @@ fn a_challenges_held_write_is_a_band_on_its_clients_lane() {
     assert!(svg.contains("bytes held 0.900s"));
     assert!(between(&svg, "class=\"legend\"", "</g>\n").contains("bytes held by the proxy"));
 }
+
+/// Lab 2 recorded once its read-backs were observations (`redis_read`): the picture draws a
+/// failure exactly at the answers the checker's invalid findings point at, and decides none
+/// itself — without the checker's proof the same answers are not failures.
+#[test]
+fn lab_2s_failures_are_where_the_checkers_findings_point() {
+    let text = include_str!("fixtures/naive-redis-read.jsonl");
+    let mut recording = recording(text);
+    let violations = |recording: &Recording| {
+        let svg = picture::svg(recording);
+        labels(&svg)
+            .iter()
+            .filter(|(_, _, _, text)| text == "violation")
+            .count()
+    };
+    assert_eq!(
+        violations(&recording),
+        0,
+        "no proof given, no failure drawn"
+    );
+    recording.proof = lockslab::labs::broken_proof(&recording.events, recording.verdict.as_ref());
+    let report = lockslab::labs::check("naive", &recording.events).unwrap();
+    let invalid = report
+        .with(lockslab::check::report::Outcome::Invalid)
+        .count();
+    assert!(invalid > 0, "the broken variants break");
+    assert_eq!(violations(&recording), invalid);
+    // `lockslab render` hands the picture the same proof.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.svg");
+    let input = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/naive-redis-read.jsonl"
+    );
+    let status = render_bounded(std::path::Path::new(input), &out);
+    assert!(status.status.success(), "{status:?}");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        picture::svg(&recording)
+    );
+}

@@ -39,10 +39,10 @@ fn run_id(lines: &[Event]) -> String {
     round(lines).run_id.clone().expect("run_id")
 }
 
-/// What became of a job, as a `kill_result`, `freeze_result` or `job_lost` says it.
+/// A job's record, as a `job_read` (the processing table) or `job_lost` (its row) says it.
 fn fate(event: &Event) -> &facts::JobFate {
     match &event.what {
-        What::KillResult(f) | What::FreezeResult(f) | What::JobLost(f) => f,
+        What::JobRead(f) | What::JobLost(f) => f,
         _ => panic!("not a job's fate: {event:?}"),
     }
 }
@@ -133,7 +133,7 @@ fn skip_locked_processes_every_job_once_and_a_killed_workers_job_comes_back() {
     assert_ne!(reclaimed.by.as_deref(), Some("w1"), "{reclaimed:?}");
     assert_eq!(reclaimed.reclaim_ms, Some(reclaim), "{reclaimed:?}");
     assert!(reclaim >= 0.0, "claimed before the kill: {reclaimed:?}");
-    let result = fate(lab_event(&lines, Kind::KillResult));
+    let result = fate(lab_event(&lines, Kind::JobRead));
     assert_eq!(result.job, Some(job));
     assert_eq!(result.times_processed, Some(1), "{result:?}");
     assert_ne!(
@@ -172,7 +172,7 @@ fn naive_mode_processes_jobs_twice_and_loses_the_killed_workers_job() {
     // The victim's 'running' mark outlives it: nobody ever takes that job again.
     assert_eq!(m["lost"], 1, "{m}");
     assert!(m["reclaim_ms"].is_null(), "{m}");
-    let result = fate(lab_event(&lines, Kind::KillResult));
+    let result = fate(lab_event(&lines, Kind::JobRead));
     assert_eq!(result.times_processed, Some(0), "{result:?}");
     assert_no_workers_left(&run_id(&lines));
 }
@@ -257,7 +257,7 @@ fn a_frozen_worker_keeps_its_job_until_it_resumes() {
         (committed.worker.as_str(), committed.job()),
         ("w2", Some(job))
     );
-    let result = fate(lab_event(&lines, Kind::FreezeResult));
+    let result = fate(lab_event(&lines, Kind::JobRead));
     assert_eq!(result.times_processed, Some(1), "{result:?}");
     assert_eq!(first_by(result), Some("w2"), "{result:?}");
     assert_eq!(mode(verdict, "skip-locked")["duplicates"], 0);
@@ -293,7 +293,7 @@ fn with_an_idle_timeout_postgres_hands_the_frozen_job_on_and_the_sleepers_insert
     assert!(failed.text.contains("idle-in-transaction"), "{failed:?}");
     let taken = handover(lab_event(&lines, Kind::TakenOver));
     assert_ne!(taken.by.as_deref(), Some("w2"));
-    let result = fate(lab_event(&lines, Kind::FreezeResult));
+    let result = fate(lab_event(&lines, Kind::JobRead));
     assert_eq!(result.times_processed, Some(1), "{result:?}");
     assert_ne!(first_by(result), Some("w2"), "{result:?}");
     let m = mode(&verdict, "skip-locked");

@@ -93,10 +93,12 @@ pub enum What {
     Reclaimed(Handover),
     /// A round of jobs done (lab 3, lab 7).
     Round(RoundFacts),
-    /// What became of the frozen worker's job (lab 3).
-    FreezeResult(JobFate),
-    /// What became of the killed worker's job (lab 3).
-    KillResult(JobFate),
+    /// A job's record as Postgres's processing table answered it once its round was over
+    /// (lab 3): who processed it, in order, and how often — the evidence lab 3's checker
+    /// reads to say what became of a killed or frozen worker's job. (Older recordings wrote
+    /// the conclusion in its place, `kill_result` or `freeze_result`: they read as this.)
+    #[serde(alias = "kill_result", alias = "freeze_result")]
+    JobRead(JobFate),
     /// A worker's session as Postgres lists it.
     Session(Session),
     /// Sessions blocked behind a frozen worker's row lock, as `pg_blocking_pids` says (lab 3).
@@ -105,16 +107,19 @@ pub enum What {
     JobLost(JobFate),
     /// A key's remaining time to live as Redis answers it (lab 2).
     Pttl(Pttl),
+    /// What Redis answered when lab 2 read its lock back: a key's owner and time to live,
+    /// the holders list, each race trial's holders. An observation, not a conclusion:
+    /// whether it shows the lock broken is lab 2's checker's finding, which points at it.
+    /// (Older recordings wrote the conclusion in its place, `counted` or `lapsed`: they
+    /// read as this, their facts unchanged.)
+    #[serde(alias = "counted", alias = "lapsed")]
+    RedisRead(Observed),
     /// Two holders at once, as the evidence shows.
     TwoHolders(Observed),
     /// A broken lock's failure counted.
     Violation(Observed),
-    /// A broken lock that did not fail this time (lab 2).
-    Counted(Observed),
     /// Every job processed exactly once (lab 3, lab 7).
     ExactlyOnce(Observed),
-    /// A dead holder's lock lapsed with its TTL (lab 2).
-    Lapsed(Observed),
     /// A holder kept its lock to the end.
     Kept(Observed),
     Warning(Warning),
@@ -310,7 +315,7 @@ impl Event {
             What::Committed(s) | What::FinishFailed(s) => Some(s.job),
             What::Wrote(w) => w.job,
             What::TakenOver(h) | What::Reclaimed(h) => h.job,
-            What::FreezeResult(f) | What::KillResult(f) | What::JobLost(f) => f.job,
+            What::JobRead(f) | What::JobLost(f) => f.job,
             What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.job,
             _ => None,
         }
@@ -337,15 +342,14 @@ impl Event {
         }
     }
 
-    /// What the evidence showed, if this is a finding (two holders, a violation, a count,
-    /// exactly once, a lapse, a kept lock).
+    /// What the evidence showed, if this is a finding (two holders, a violation, exactly
+    /// once, a kept lock) or Redis's answer read back (lab 2).
     pub fn observed(&self) -> Option<&Observed> {
         match &self.what {
             What::TwoHolders(o)
             | What::Violation(o)
-            | What::Counted(o)
+            | What::RedisRead(o)
             | What::ExactlyOnce(o)
-            | What::Lapsed(o)
             | What::Kept(o) => Some(o),
             _ => None,
         }

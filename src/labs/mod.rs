@@ -73,6 +73,21 @@ macro_rules! lab_table {
             })*
             None
         }
+
+        /// The checker of the lab named `command` over a whole history: its [`Report`],
+        /// each finding pointing at the events that prove it; `None` when no lab has that
+        /// name.
+        ///
+        /// [`Report`]: crate::check::report::Report
+        pub fn check(
+            command: &str,
+            history: &[crate::events::Event],
+        ) -> Option<crate::check::report::Report> {
+            $(if command == $module::MENU.command {
+                return Some($module::check(history));
+            })*
+            None
+        }
     };
 }
 
@@ -87,6 +102,25 @@ lab_table! {
     Network => network::NetworkArgs,
     LeaseGuard => lease_guard::LeaseGuardArgs,
     Queue => queue::QueueArgs,
+}
+
+/// The events the checker of the lab a verdict names points at as the proof of a broken
+/// property (its report's invalid findings), by index in `history`: what a picture draws
+/// as failures. Empty for a run no lab's checker judges (chaos, a challenge).
+pub fn broken_proof(
+    history: &[crate::events::Event],
+    verdict: Option<&serde_json::Value>,
+) -> std::collections::BTreeSet<usize> {
+    let lab = verdict
+        .and_then(|v| v.get("lab"))
+        .and_then(serde_json::Value::as_str);
+    let Some(report) = lab.and_then(|lab| check(lab, history)) else {
+        return Default::default();
+    };
+    report
+        .with(crate::check::report::Outcome::Invalid)
+        .flat_map(|finding| finding.events.iter().copied())
+        .collect()
 }
 
 /// One lab, as the menu (`lockslab`, `lockslab list`) and `lockslab doctor` show it; each

@@ -24,6 +24,52 @@ pub struct Replayed {
     /// How the replay read the recording, where a reader should know (an older recording's
     /// read-back taken out of its verdict).
     pub notes: Vec<String>,
+    /// The store's read-backs an older recording kept in its verdict and not in its
+    /// history, as the events a recording of today would hold: with them the lab's checker
+    /// can judge that history whole ([`Completion::completed`]).
+    pub completions: Vec<Completion>,
+}
+
+/// A read-back taken out of the verdict, and where in the history it belongs: after the
+/// last event of the part it was read for (at the end, where the part had none).
+#[derive(Debug)]
+pub struct Completion {
+    pub after: Option<Event>,
+    pub event: Event,
+}
+
+impl Completion {
+    /// `events` with each completion's read-back after the event it belongs after, and for
+    /// each event of the result its position in `events` (None for a read-back taken out of
+    /// the verdict), so that a finding pointing at the result can be told in the file's terms.
+    pub fn completed(
+        events: &[Event],
+        completions: &[Completion],
+    ) -> (Vec<Event>, Vec<Option<usize>>) {
+        // Where each read-back goes: after the file's event it names (None: at the end).
+        let anchors: Vec<Option<usize>> = completions
+            .iter()
+            .map(|c| {
+                c.after
+                    .as_ref()
+                    .and_then(|after| events.iter().rposition(|e| e == after))
+            })
+            .collect();
+        let taken_after = |at: Option<usize>| {
+            completions
+                .iter()
+                .zip(&anchors)
+                .filter(move |(_, anchor)| **anchor == at)
+                .map(|(c, _)| (c.event.clone(), None))
+        };
+        let whole: Vec<(Event, Option<usize>)> = events
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| std::iter::once((e.clone(), Some(i))).chain(taken_after(Some(i))))
+            .chain(taken_after(None))
+            .collect();
+        whole.into_iter().unzip()
+    }
 }
 
 /// One part of a verdict: the recorded object and the one the replay built.
@@ -88,8 +134,10 @@ impl Replayed {
         store_field: Option<&str>,
     ) -> Result<Vec<Event>> {
         if read_back_in(&log).is_none() {
-            let read = self.read_back_or_recorded(&log, None, recorded, store_field)?;
-            log.push(Event::new("store", StoreRecord::of("", &read), "read back"));
+            self.read_back_or_recorded(&log, None, recorded, store_field)?;
+            if let Some(taken) = self.completions.last() {
+                log.push(taken.event.clone());
+            }
         }
         Ok(log)
     }
@@ -112,6 +160,19 @@ impl Replayed {
         };
         let read: ReadBack = serde_json::from_value(carried.clone())
             .context("the history has no read_back and the verdict carries no store record")?;
+        let mut event = Event::new(
+            "store",
+            StoreRecord::of(resource.unwrap_or(""), &read),
+            "read back (kept in the verdict)",
+        );
+        if let Some(last) = log.last() {
+            event.part = last.part.clone();
+            event.t_ms = last.t_ms;
+        }
+        self.completions.push(Completion {
+            after: log.last().cloned(),
+            event,
+        });
         self.note(
             "recorded before the store's read-back was an event of the history: the read-back \
              is taken from the verdict, where that lockslab kept it",

@@ -184,7 +184,9 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     if !pictures.is_empty() {
         // The verdict's object even without --json: the picture draws its findings (two
         // holders, the late write) from it, never its own.
-        let recording = Recording::of_run(run.history.take(), Some(verdict_json), words.plain());
+        let mut recording =
+            Recording::of_run(run.history.take(), Some(verdict_json), words.plain());
+        recording.proof = super::broken_proof(&recording.events, recording.verdict.as_ref());
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())

@@ -72,6 +72,11 @@ pub struct Recording {
     pub verdict_text: Vec<String>,
     /// The command line of a live run (`lockslab gc-pause --html run.html`).
     pub command: Option<String>,
+    /// The events the run's checker points at as the proof of a broken property (its
+    /// report's invalid findings), by index in `events`: drawn as failures. Set by whoever
+    /// knows the run's checker — the lab runner, `lockslab render` — since the picture
+    /// decides nothing itself (and does not know the labs).
+    pub proof: std::collections::BTreeSet<usize>,
 }
 
 impl Recording {
@@ -243,6 +248,7 @@ impl Recording {
             verdict,
             verdict_text: trim_blank(verdict_text),
             command: Some(command),
+            proof: Default::default(),
         }
     }
 }
@@ -423,11 +429,17 @@ impl Target {
 }
 
 /// `lockslab render RUN.jsonl -o FILE`: the picture of a saved run.
-pub fn render(input: &Path, output: &Path) -> Result<()> {
+/// Draws a saved run; `proof` gives the events its checker points at as the proof of a
+/// broken property (see [`Recording::proof`]).
+pub fn render(
+    input: &Path,
+    output: &Path,
+    proof: fn(&[Event], Option<&Value>) -> std::collections::BTreeSet<usize>,
+) -> Result<()> {
     let target = Target::by_extension(output, "-o")?;
     target.check_writable("-o")?;
     let text = read_saved_run(input)?;
-    let recording = match Recording::from_jsonl(&text) {
+    let mut recording = match Recording::from_jsonl(&text) {
         Ok(recording) => recording,
         Err(err) if err.is::<TwoRuns>() => bail!("{}: {err}", input.display()),
         Err(err) => bail!("{}: {err:#}", input.display()),
@@ -435,6 +447,7 @@ pub fn render(input: &Path, output: &Path) -> Result<()> {
     recording
         .drawable()
         .with_context(|| format!("{} cannot be drawn", input.display()))?;
+    recording.proof = proof(&recording.events, recording.verdict.as_ref());
     let bytes = target.write(&recording)?;
     crate::outln!(
         "wrote {} ({} events, {} KB)",

@@ -135,13 +135,14 @@ impl Picture {
             .iter()
             .filter_map(Problem::job)
             .collect();
+        let broken = &recording.proof;
         let parts: Vec<Part> = order
             .iter()
             .map(|label| {
                 let events = &by_part[label];
                 let history: Vec<&Event> = events.iter().map(|(_, e)| *e).collect();
                 let stated = Stated::of(recording.verdict.as_ref(), &history);
-                Part::build(label, events, &everyone, &named, &stated)
+                Part::build(label, events, &everyone, &named, &stated, broken)
             })
             .collect();
         let span_ms = parts
@@ -256,6 +257,7 @@ impl Part {
         everyone: &[String],
         named: &BTreeSet<i64>,
         stated: &Stated,
+        broken: &BTreeSet<usize>,
     ) -> Part {
         let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
         let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
@@ -627,7 +629,11 @@ impl Part {
                     lanes.last_mut().expect("just pushed")
                 }
             };
-            let mut drawn = mark(*index, event, stale.contains(index), &writes_many);
+            let proof = Proof {
+                stale: stale.contains(index),
+                broken: broken.contains(index),
+            };
+            let mut drawn = mark(*index, event, proof, &writes_many);
             if event.kind() == Kind::Working
                 && let Some(&job) = job_of.get(lane_of(event))
             {
@@ -938,7 +944,16 @@ fn stale_writes(events: &[(usize, &Event)], stated: &Stated) -> BTreeSet<usize> 
     stale
 }
 
-fn mark(index: usize, event: &Event, stale: bool, writes_many: &BTreeSet<String>) -> Mark {
+/// What the run's checkers said of one event: a write they found late, an answer that
+/// proves a property broken.
+#[derive(Clone, Copy, Default)]
+struct Proof {
+    stale: bool,
+    broken: bool,
+}
+
+fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String>) -> Mark {
+    let Proof { stale, broken } = proof;
     let t = t_of(event);
     let kind = event.kind().to_string();
     let lane = lane_of(event);
@@ -946,7 +961,17 @@ fn mark(index: usize, event: &Event, stale: bool, writes_many: &BTreeSet<String>
         Kind::Killed => (Shape::Kill, Tone::Bad, Some("killed".to_string())),
         Kind::Frozen | Kind::Freezing => (Shape::Freeze, Tone::Cold, None),
         Kind::Resumed => (Shape::Resume, Tone::Cold, None),
-        Kind::Expired | Kind::Lapsed => (Shape::Expire, Tone::Warn, Some(kind.clone())),
+        Kind::Expired => (Shape::Expire, Tone::Warn, Some(kind.clone())),
+        // Lab 2's read-back of its lock: a failure where the checker's finding points at
+        // it, a lapse where Redis's key no longer held the dead holder's value.
+        Kind::RedisRead if broken => (Shape::Tick, Tone::Bad, Some("violation".to_string())),
+        Kind::RedisRead
+            if event
+                .observed()
+                .is_some_and(|o| o.dead_owner == Some(false)) =>
+        {
+            (Shape::Expire, Tone::Warn, Some("lapsed".to_string()))
+        }
         Kind::Acquired | Kind::Between | Kind::Claimed => (Shape::Grant, Tone::Plain, None),
         Kind::Released | Kind::Committed => (Shape::Release, Tone::Plain, None),
         Kind::StaleWriteAccepted => (
@@ -1326,7 +1351,7 @@ mod tests {
                 },
                 "decided",
             );
-            mark(0, &event, false, &BTreeSet::new())
+            mark(0, &event, Proof::default(), &BTreeSet::new())
         };
         let gave_up = decided(false, Some(-212));
         assert_eq!(
@@ -1388,5 +1413,39 @@ mod tests {
         // The same key granted to B while A still acts on it: two holders.
         let same = two_holders(vec![grant(0, "A", "k"), grant(10, "B", "k"), later]);
         assert_eq!(same, vec![vec!["A".to_string(), "B".to_string()]]);
+    }
+
+    #[test]
+    fn lab_2s_read_back_is_a_failure_only_where_the_checker_points_at_it() {
+        use crate::events::facts::Observed;
+        let read = |dead_owner: bool| {
+            Event::new(
+                "redis",
+                What::RedisRead(Observed {
+                    dead_owner: Some(dead_owner),
+                    pttl_ms: Some(-1),
+                    ..Observed::default()
+                }),
+                "GET, PTTL",
+            )
+        };
+        let broken = Proof {
+            broken: true,
+            ..Proof::default()
+        };
+        let drawn = mark(0, &read(true), broken, &BTreeSet::new());
+        assert_eq!(
+            (drawn.tone, drawn.label.as_deref()),
+            (Tone::Bad, Some("violation"))
+        );
+        // The same answer, no finding pointing at it: not a failure.
+        let drawn = mark(0, &read(true), Proof::default(), &BTreeSet::new());
+        assert_ne!(drawn.tone, Tone::Bad);
+        // The key no longer held the dead holder's value: its lock lapsed.
+        let drawn = mark(0, &read(false), Proof::default(), &BTreeSet::new());
+        assert_eq!(
+            (drawn.shape, drawn.label.as_deref()),
+            (Shape::Expire, Some("lapsed"))
+        );
     }
 }

@@ -23,9 +23,10 @@ use std::io::Read;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::check::report::Report;
 use crate::events::{Event, envelope};
 use crate::exit::Exit;
-use crate::labs::replay::Replayed;
+use crate::labs::replay::{Completion, Replayed};
 
 /// What `check` replays, as verdicts name it: every lab, then the tools that keep their
 /// histories (`challenge`, `chaos`).
@@ -48,7 +49,9 @@ Examples:
 It reads the run's history (every event, and the store's read-back the
 verdict was judged from), judges each part again with the lab's own checkers
 — the code the live run used — and lists each field of the verdict it reached
-beside the recorded one. No server is asked anything.
+beside the recorded one. No server is asked anything. Then the lab's checker
+reports on the whole history: valid, invalid or unknown, and each finding with
+the events (their place in the file and their time) that prove it.
 
 Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
 `lockslab chaos` hunts (each history it printed, and the hunt's counts).
@@ -105,6 +108,7 @@ pub fn run(args: &CheckArgs) -> Result<Exit> {
         return Ok(Exit::CouldNotRun);
     }
     words::print(&name, &recorded, &replayed, &compared);
+    words::print_report(&judge(&recorded, &replayed));
     // The replay reached the recorded verdict (0), or some field disagrees (1).
     Ok(if compared.agrees() {
         Exit::Done
@@ -179,6 +183,50 @@ pub fn replay(recorded: &Recorded) -> Result<Replayed> {
              lockslab?)"
         )
     })
+}
+
+/// The run's checker on its whole history: the [`Report`], and the history it judged.
+#[derive(Debug)]
+pub struct Judged {
+    pub report: Report,
+    /// The file's events, with any read-back an older recording kept in its verdict put
+    /// back where a recording of today holds it; the findings point into this.
+    pub history: Vec<Event>,
+    /// For each event of `history`, its position among the file's events (None for a
+    /// read-back taken out of the verdict).
+    pub in_file: Vec<Option<usize>>,
+}
+
+/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, whose
+/// findings point at the events that prove them. `Err` says why a run has none: a tool
+/// whose checker gives its own result (chaos's per-history safe/unsafe/unknown, the
+/// challenge's grade and problems), judged in the parts above.
+pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'static str> {
+    let lab = recorded
+        .verdict
+        .as_ref()
+        .and_then(|v| v.get("lab"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match lab {
+        "chaos" => Err(
+            "a chaos hunt's checker judges each history safe, unsafe or unknown (the \
+             schedules above); its findings do not point at events yet",
+        ),
+        "challenge" => Err(
+            "a challenge is graded by its own checker (the grade and problems above); its \
+             problems do not point at events yet",
+        ),
+        lab => {
+            let (history, in_file) = Completion::completed(&recorded.events, &replayed.completions);
+            let report = crate::labs::check(lab, &history).ok_or("no checker knows this run")?;
+            Ok(Judged {
+                report,
+                history,
+                in_file,
+            })
+        }
+    }
 }
 
 impl Recorded {

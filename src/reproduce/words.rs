@@ -4,8 +4,9 @@
 use colored::Colorize;
 use serde_json::Value;
 
-use super::Recorded;
 use super::compare::{Compared, Field, PartCompared};
+use super::{Judged, Recorded};
+use crate::check::report::Outcome;
 use crate::labs::replay::Replayed;
 use crate::store::Attempt;
 
@@ -160,6 +161,88 @@ fn shown(value: &Value) -> String {
     }
 }
 
+/// How many of a finding's events its line names; the rest are counted.
+const EVENTS_NAMED: usize = 4;
+
 fn plural(n: usize, one: &'static str, many: &'static str) -> &'static str {
     if n == 1 { one } else { many }
+}
+
+/// The checker's report on the whole history: its outcome, then each finding with its
+/// outcome, its sentence and the events that prove it — each by its number among the
+/// file's events (from 1) and the time the lab stamped it, so a reader can go and look.
+/// `Err` says why the run has no such report.
+pub fn print_report(judged: &Result<Judged, &'static str>) {
+    crate::outln!();
+    let judged = match judged {
+        Ok(judged) => judged,
+        Err(why) => {
+            crate::prose!("{} none of the checker's kind: {why}.", "Report:".bold());
+            return;
+        }
+    };
+    let report = &judged.report;
+    let count = |outcome| report.with(outcome).count();
+    crate::prose!(
+        "{} {} — the lab's checker on the whole history: {} invalid, {} unknown, {} valid \
+         {}.",
+        "Report:".bold(),
+        coloured(report.outcome),
+        count(Outcome::Invalid),
+        count(Outcome::Unknown),
+        count(Outcome::Valid),
+        plural(report.findings.len(), "finding", "findings")
+    );
+    for finding in &report.findings {
+        let mark = match finding.outcome {
+            Outcome::Valid => "✓".green(),
+            Outcome::Unknown => "?".yellow(),
+            Outcome::Invalid => "✗".red().bold(),
+        };
+        crate::prose!(
+            "  {mark} {} {}: {}.{}",
+            finding.name.bold(),
+            coloured(finding.outcome),
+            finding.words,
+            proof(judged, &finding.events)
+        );
+    }
+}
+
+/// An outcome's word in its colour.
+fn coloured(outcome: Outcome) -> colored::ColoredString {
+    match outcome {
+        Outcome::Valid => outcome.as_str().green(),
+        Outcome::Unknown => outcome.as_str().yellow(),
+        Outcome::Invalid => outcome.as_str().red().bold(),
+    }
+}
+
+/// ` Events: #12 B acquired at 1203 ms, …`: the events a finding points at — the first
+/// few and the last (often the store's read-back, the proof that closes the case).
+fn proof(judged: &Judged, at: &[usize]) -> String {
+    let Some(&last) = at.last() else {
+        return " No event decides it.".into();
+    };
+    let name = |i: usize| {
+        let Some(e) = judged.history.get(i) else {
+            return format!("(no event {i})");
+        };
+        let number = match judged.in_file.get(i).copied().flatten() {
+            Some(n) => format!("#{}", n + 1),
+            None => "(kept in the verdict)".into(),
+        };
+        format!("{number} {} {} at {} ms", e.worker, e.kind(), e.t_ms)
+    };
+    if at.len() <= EVENTS_NAMED {
+        let named: Vec<String> = at.iter().map(|&i| name(i)).collect();
+        return format!(" Events: {}.", named.join(", "));
+    }
+    let first: Vec<String> = at[..EVENTS_NAMED - 1].iter().map(|&i| name(i)).collect();
+    let skipped = at.len() - EVENTS_NAMED;
+    format!(
+        " Events: {}, {skipped} more, and {}.",
+        first.join(", "),
+        name(last)
+    )
 }

@@ -12,7 +12,7 @@ use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::report::{self, Report};
 use crate::check::{self, LateWrite};
-use crate::events::facts::{StaleWrite, StaleWriteKind, StoreRecord};
+use crate::events::facts::{StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
@@ -325,12 +325,10 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         let resource = resource_of(kind, scenario);
         if replay::read_back_of(&log, Some(&resource)).is_none() {
-            let read = replayed.read_back_or_recorded(&[], None, recorded, None)?;
-            log.push(Event::new(
-                "store",
-                StoreRecord::of(&resource, &read),
-                "read back",
-            ));
+            replayed.read_back_or_recorded(&log, Some(&resource), recorded, None)?;
+            if let Some(taken) = replayed.completions.last() {
+                log.push(taken.event.clone());
+            }
         }
         let found = judge_cell(kind, scenario, &log)?;
         let said = replay::store_lines(log.iter().filter(|e| {

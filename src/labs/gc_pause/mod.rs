@@ -22,7 +22,7 @@
 
 mod play;
 pub mod verdict;
-pub use verdict::replay;
+pub use verdict::{check, replay};
 
 use std::time::Duration;
 

@@ -321,12 +321,7 @@ fn record_count(stage: &mut Stage, count: &RaceCounted, fixed: bool, took: Durat
         holders_per_trial: Some(holders_per_trial.iter().map(|&h| h as u64).collect()),
         ..Observed::default()
     };
-    let counted = if violations > 0 {
-        What::Violation(count)
-    } else {
-        What::Counted(count)
-    };
-    stage.record(Event::new("redis", counted, text));
+    stage.record(Event::new("redis", What::RedisRead(count), text));
     if !disagreements.is_empty() {
         let shown: Vec<String> = disagreements.iter().take(5).map(u32::to_string).collect();
         stage.record(

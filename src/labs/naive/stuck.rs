@@ -167,19 +167,12 @@ impl Play<'_> {
         };
         stage.record(Event::new(
             "redis",
-            {
-                let evidence = Observed {
-                    dead_owner: Some(dead_owner),
-                    key_owner: owner.clone(),
-                    pttl_ms: Some(pttl),
-                    ..Observed::default()
-                };
-                if dead_owner {
-                    What::Violation(evidence)
-                } else {
-                    What::Lapsed(evidence)
-                }
-            },
+            What::RedisRead(Observed {
+                dead_owner: Some(dead_owner),
+                key_owner: owner.clone(),
+                pttl_ms: Some(pttl),
+                ..Observed::default()
+            }),
             text,
         ));
         if b_result.kind() == Kind::Acquired {

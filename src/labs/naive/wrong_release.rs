@@ -168,11 +168,10 @@ fn read_the_lock_after_a_release(
     let read = whose(owner.as_deref(), &[("A", a_owner), ("B", b_owner)]);
     stage.record(Event::new(
         "redis",
-        if b_lost_lock {
-            What::Violation(Observed::default())
-        } else {
-            What::Kept(Observed::default())
-        },
+        What::RedisRead(Observed {
+            key_owner: owner.clone(),
+            ..Observed::default()
+        }),
         if b_lost_lock {
             format!("GET → {read}: A's DEL removed B's lock, and B is still working")
         } else {
@@ -196,7 +195,16 @@ fn say_if_c_holds_beside_b(
         .query(redis)
         .step(url, "reading the lock after C took it")?;
     if checks::newcomer_holds(owner.as_deref(), c_owner) {
-        stage.record(Event::new("redis", What::TwoHolders(Observed::default()), "GET → C's value while B still works and believes it holds the lock: two holders, B and C"));
+        let read = What::RedisRead(Observed {
+            key_owner: owner,
+            ..Observed::default()
+        });
+        stage.record(Event::new(
+            "redis",
+            read,
+            "GET → C's value while B still works and believes it holds the lock: two holders, \
+             B and C",
+        ));
     }
     Ok(())
 }
@@ -228,18 +236,11 @@ fn count_the_holders(
         .join("; ");
     stage.record(Event::new(
         "redis",
-        {
-            let evidence = Observed {
-                holders: Some(list.clone()),
-                violations: Some(violations.into()),
-                ..Observed::default()
-            };
-            if violations > 0 {
-                What::Violation(evidence)
-            } else {
-                What::Counted(evidence)
-            }
-        },
+        What::RedisRead(Observed {
+            holders: Some(list.clone()),
+            violations: Some(violations.into()),
+            ..Observed::default()
+        }),
         format!(
             "holders list [{}]: held at the same time: {pairs_text}",
             list.join(" ")

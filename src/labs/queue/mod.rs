@@ -29,6 +29,7 @@
 //!
 //! [`verdict`] and [`verdict_churn`] read them through [`crate::check::queue`].
 
+mod check;
 mod churn;
 pub mod counters;
 mod election;
@@ -37,6 +38,7 @@ mod herd;
 mod owner_txn;
 mod scene;
 pub mod verdict;
+pub use check::check;
 pub use verdict::replay;
 pub mod verdict_churn;
 

@@ -8,7 +8,7 @@ use anyhow::{Result, anyhow};
 use colored::Colorize;
 
 use super::play::Play;
-use super::round::{Round, in_mode, job_result};
+use super::round::{Round, in_mode, job_read};
 use super::verdict::{FreezeNotes, times};
 use crate::check::skip_locked::Freeze;
 use crate::events::What;
@@ -196,8 +196,8 @@ impl Play<'_> {
         }
         round.until_done(3, jobs, |_| Ok(()))?;
         let by = round.processed_by(job)?;
-        let mut result = job_result(What::FreezeResult, job, &by);
-        if let What::FreezeResult(fate) = &mut result.what {
+        let mut result = job_read(job, &by);
+        if let What::JobRead(fate) = &mut result.what {
             fate.frozen_job_processed_while_frozen = Some(frozen_job_done as u64);
         }
         round.stage.record(result);

@@ -9,7 +9,7 @@ use colored::Colorize;
 
 use super::KILL_AFTER;
 use super::play::Play;
-use super::round::{Round, in_mode, job_result, round1};
+use super::round::{Round, in_mode, job_read, round1};
 use super::verdict::reclaim_how;
 use crate::check::skip_locked::{self as checks, Kill, KillOutcome};
 use crate::events::What;
@@ -168,7 +168,7 @@ impl Play<'_> {
                 ),
             ));
         }
-        round.stage.record(job_result(What::KillResult, job, &by));
+        round.stage.record(job_read(job, &by));
         Ok(match outcome {
             KillOutcome::Reclaimed { after_ms, .. } => Some(round1(after_ms)),
             _ => None,

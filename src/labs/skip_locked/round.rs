@@ -336,7 +336,7 @@ impl Round<'_> {
 
 /// What became of the job a fault hit (`kind`: the kill's or the freeze's result), from the
 /// processing table: who processed it, in order.
-pub(super) fn job_result(result: fn(JobFate) -> What, job: i64, by: &[String]) -> Event {
+pub(super) fn job_read(job: i64, by: &[String]) -> Event {
     let fate = JobFate {
         job: Some(job),
         times_processed: Some(by.len() as u64),
@@ -345,7 +345,7 @@ pub(super) fn job_result(result: fn(JobFate) -> What, job: i64, by: &[String]) -
     };
     Event::new(
         "lab",
-        result(fate),
+        What::JobRead(fate),
         format!("job {job} was {}", processed(by)),
     )
 }

@@ -105,7 +105,7 @@ pub fn replay_mode(log: &[Event]) -> Result<ModeReplayed> {
         });
     let frozen = match find(Kind::Frozen).and_then(|e| e.fault()?.target.clone()) {
         Some(sleeper) => {
-            let Some(What::FreezeResult(result)) = find(Kind::FreezeResult).map(|e| &e.what) else {
+            let Some(What::JobRead(result)) = frozen_job_read(log).map(|at| &log[at].what) else {
                 bail!("the frozen job's record is not in the history");
             };
             Some(checks::frozen_job(&Freeze {
@@ -245,6 +245,14 @@ fn killed_job(kill: &KillOutcome, at: &dyn Fn(Kind) -> Option<usize>) -> report:
     )
 }
 
+/// Where in `log` the processing table's record of the frozen worker's job is: the
+/// `job_read` of the job the freeze names (a round with a kill reads its job too).
+fn frozen_job_read(log: &[Event]) -> Option<usize> {
+    let frozen = log.iter().find(|e| e.kind() == Kind::Frozen)?.job();
+    log.iter()
+        .position(|e| matches!(&e.what, What::JobRead(fate) if frozen.is_none_or(|job| fate.job == Some(job))))
+}
+
 /// What became of the job a frozen worker held: the table's final record of it, and the
 /// sleeper's own fate after the resume.
 fn frozen_job(
@@ -252,7 +260,7 @@ fn frozen_job(
     log: &[Event],
     at: &dyn Fn(Kind) -> Option<usize>,
 ) -> report::Finding {
-    let mut events = vec![at(Kind::Frozen), at(Kind::FreezeResult)];
+    let mut events = vec![at(Kind::Frozen), frozen_job_read(log)];
     let (outcome, words) = match frozen {
         FrozenJob::Refused { .. } => {
             events.push(log.iter().position(|e| e.kind() == Kind::FinishFailed));
@@ -269,7 +277,7 @@ fn frozen_job(
             // Someone else processed it: harmless once, a duplicate more often than that.
             let times = events[1]
                 .and_then(|i| match &log[i].what {
-                    What::FreezeResult(fate) => fate.by.as_ref().map(Vec::len),
+                    What::JobRead(fate) => fate.by.as_ref().map(Vec::len),
                     _ => None,
                 })
                 .unwrap_or(0);
