@@ -20,6 +20,30 @@ use crate::nemesis::schedule::Schedule;
 use crate::nemesis::{Fault, Nemesis, Note};
 use crate::output::{count, human};
 
+/// The frozen worker and its job, once claimed and stopped.
+struct Frozen {
+    index: usize,
+    name: String,
+    job: i64,
+    session: String,
+    at: Instant,
+}
+
+/// What Postgres showed while the worker was frozen: its session ended (idle timeout),
+/// and who processed its job meanwhile.
+#[derive(Default)]
+struct Meanwhile {
+    session_gone: bool,
+    taken_by: Option<String>,
+}
+
+/// Just before the resume: the others' jobs, and how often the frozen job was processed.
+struct BeforeResume {
+    others_done: i64,
+    frozen_job_done: i64,
+    blocked: i64,
+}
+
 impl Play<'_> {
     /// Round 3: a worker claims a job and is frozen for `--pause`.
     pub(super) fn freeze_round(
@@ -29,101 +53,159 @@ impl Play<'_> {
         nemesis: &mut Nemesis,
         jobs: u32,
     ) -> Result<FreezeNotes> {
-        let pause = self.plan.pause;
+        self.say_freeze(round, jobs);
+        round.fill(3, jobs)?;
+        // Played now, steps added to the round's schedule as they come: the resume's line
+        // and facts are what Postgres says just before it (jobs the others processed, who
+        // took the frozen job), read back mid-run.
+        let mut faults = Faults::new(&Schedule::default(), &*round.stage);
+        let frozen = self.claim_and_freeze(round, workers, nemesis, &mut faults)?;
+        for (i, worker) in workers.iter_mut().enumerate() {
+            if i != frozen.index && !round.dead.contains(&worker.name) {
+                worker.tell("drain 3")?;
+            }
+        }
+        let meanwhile = self.watch_the_freeze(round, &frozen, jobs)?;
+        let before = self.before_resume(round, &frozen)?;
+        let worker = &mut workers[frozen.index];
+        self.resume_frozen(round, nemesis, &mut faults, worker, &frozen, &before)?;
+        worker.tell("commit")?;
+        let outcome = round.stage.wait_for(
+            Duration::from_secs(10),
+            &format!("{} to finish its job", frozen.name),
+            |e| {
+                e.worker == frozen.name
+                    && (e.kind() == Kind::Committed || e.kind() == Kind::FinishFailed)
+                    && in_mode(e, self.mode)
+            },
+        )?;
+        let finish_failed = outcome.kind() == Kind::FinishFailed;
+        if finish_failed {
+            round.dead.push(frozen.name.clone());
+        }
+        round.until_done(3, jobs, |_| Ok(()))?;
+        let by = round.processed_by(frozen.job)?;
+        let mut result = job_read(frozen.job, &by);
+        if let What::JobRead(fate) = &mut result.what {
+            fate.frozen_job_processed_while_frozen = Some(before.frozen_job_done as u64);
+        }
+        round.stage.record(result);
+        Ok(FreezeNotes {
+            evidence: Freeze {
+                sleeper: frozen.name,
+                by,
+                processed_while_frozen: before.frozen_job_done,
+                session_ended: meanwhile.session_gone,
+                finish_failed,
+            },
+            others_done: before.others_done,
+            blocked_at_resume: before.blocked,
+            jobs,
+        })
+    }
+
+    fn say_freeze(&self, round: &mut Round, jobs: u32) {
         let label = if self.plan.fault.kills() {
             "Round 3"
         } else {
             "Round 2"
         };
-        round.stage.timeline.say(&format!(
-            "{}",
-            format!(
-                "{label} — the freeze: {}; w2 claims one and is frozen for {}",
-                count(jobs, "new job", "new jobs"),
-                human(pause)
-            )
-            .bold()
-        ));
-        round.fill(3, jobs)?;
-        let frozen_index = 1;
-        let frozen_name = workers[frozen_index].name.clone();
-        workers[frozen_index].tell("hold 3")?;
+        let heading = format!(
+            "{label} — the freeze: {}; w2 claims one and is frozen for {}",
+            count(jobs, "new job", "new jobs"),
+            human(self.plan.pause)
+        );
+        round.stage.timeline.say(&heading.bold().to_string());
+    }
+
+    /// w2 claims a job and is stopped (SIGSTOP) holding it; its connection stays open.
+    fn claim_and_freeze(
+        &self,
+        round: &mut Round,
+        workers: &mut [WorkerHandle],
+        nemesis: &mut Nemesis,
+        faults: &mut Faults,
+    ) -> Result<Frozen> {
+        let index = 1;
+        let name = workers[index].name.clone();
+        workers[index].tell("hold 3")?;
         let job = round
             .stage
             .wait_for(
                 Duration::from_secs(10),
-                &format!("{frozen_name} to claim a job"),
-                |e| e.is(&frozen_name, Kind::Claimed) && in_mode(e, self.mode),
+                &format!("{name} to claim a job"),
+                |e| e.is(&name, Kind::Claimed) && in_mode(e, self.mode),
             )?
             .job()
-            .ok_or_else(|| anyhow!("{frozen_name} claimed no job id"))?;
-        // Played now, steps added to the round's schedule as they come: the resume's line
-        // and facts are what Postgres says just before it (jobs the others processed, who
-        // took the frozen job), read back mid-run.
-        let mut faults = Faults::new(&Schedule::default(), &*round.stage);
-        let frozen = &mut workers[frozen_index];
+            .ok_or_else(|| anyhow!("{name} claimed no job id"))?;
+        let worker = &mut workers[index];
         let words = Note::new(
             format!(
-                "SIGSTOP {frozen_name} (pid {}) while it holds job {job}; its connection stays open",
-                frozen.pid
+                "SIGSTOP {name} (pid {}) while it holds job {job}; its connection stays open",
+                worker.pid
             ),
             FaultFacts {
                 job: Some(job),
                 ..FaultFacts::default()
             },
         );
-        let stop = (Fault::Pause, frozen_name.as_str());
+        let stop = (Fault::Pause, name.as_str());
         round
             .stage
-            .play_now(&mut faults, nemesis, &mut [frozen], stop, words)?;
-        let frozen_at = Instant::now();
-        let session = self.session(&frozen_name);
+            .play_now(faults, nemesis, &mut [worker], stop, words)?;
+        let at = Instant::now();
+        let session = self.session(&name);
         if self.mode.transactional() {
             // Seen again just before the resume: the same transaction, open for the pause.
-            round.show_session(&frozen_name, &session)?;
+            round.show_session(&name, &session)?;
         }
-        for (i, worker) in workers.iter_mut().enumerate() {
-            if i != frozen_index && !round.dead.contains(&worker.name) {
-                worker.tell("drain 3")?;
-            }
-        }
+        Ok(Frozen {
+            index,
+            name,
+            job,
+            session,
+            at,
+        })
+    }
 
-        // While frozen: the others carry on (or wait, in for-update mode); with an idle
-        // timeout, Postgres ends the frozen session and the job moves on.
+    /// While frozen: the others carry on (or wait, in for-update mode); with an idle
+    /// timeout, Postgres ends the frozen session and the job moves on.
+    fn watch_the_freeze(&self, round: &mut Round, frozen: &Frozen, jobs: u32) -> Result<Meanwhile> {
+        let (name, job) = (&frozen.name, frozen.job);
         let taken_sql = self
             .queue
             .sql("SELECT worker FROM {processing} WHERE job_id = $1 AND worker <> $2 LIMIT 1");
         let session_sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
         let watch_session = self.plan.idle_timeout.is_some();
-        let mut session_gone = false;
-        let mut taken_by: Option<String> = None;
-        let deadline = frozen_at + pause;
+        let mut meanwhile = Meanwhile::default();
+        let pause = self.plan.pause;
+        let deadline = frozen.at + pause;
         while Instant::now() < deadline {
             round.pump(Duration::from_millis(20))?;
-            round.show_freeze(3, jobs, &frozen_name, frozen_at, pause)?;
-            if watch_session && !session_gone {
-                let n: i64 = round.db.query_one(session_sql, &[&session])?.get(0);
+            round.show_freeze(3, jobs, name, frozen.at, pause)?;
+            if watch_session && !meanwhile.session_gone {
+                let n: i64 = round.db.query_one(session_sql, &[&frozen.session])?.get(0);
                 if n == 0 {
-                    session_gone = true;
+                    meanwhile.session_gone = true;
                     round.stage.record(Event::new(
                         "pg",
                         Expired {
                             ..Expired::default()
                         },
                         format!(
-                            "pg_stat_activity no longer lists {frozen_name}'s session, {} into \
+                            "pg_stat_activity no longer lists {name}'s session, {} into \
                              the freeze. A stopped process closes nothing, so Postgres ended it: \
                              idle in its transaction longer than \
                              idle_in_transaction_session_timeout ({}); its row lock on job {job} \
                              went with it",
-                            human(frozen_at.elapsed()),
+                            human(frozen.at.elapsed()),
                             human(self.plan.idle_timeout.unwrap_or_default())
                         ),
                     ));
                 }
             }
-            if taken_by.is_none()
-                && let Some(row) = round.db.query_opt(&taken_sql, &[&job, &frozen_name])?
+            if meanwhile.taken_by.is_none()
+                && let Some(row) = round.db.query_opt(&taken_sql, &[&job, name])?
             {
                 let by: String = row.get(0);
                 round.stage.record(Event::new(
@@ -133,14 +215,17 @@ impl Play<'_> {
                         by: Some(by.clone()),
                         ..Handover::default()
                     }),
-                    format!("{by} processed job {job} while {frozen_name} was frozen"),
+                    format!("{by} processed job {job} while {name} was frozen"),
                 ));
-                taken_by = Some(by);
+                meanwhile.taken_by = Some(by);
             }
         }
         round.stage.timeline.clear_bar();
+        Ok(meanwhile)
+    }
 
-        // Just before the resume: what did the others do, and who touched the frozen job?
+    /// Just before the resume: what did the others do, and who touched the frozen job?
+    fn before_resume(&self, round: &mut Round, frozen: &Frozen) -> Result<BeforeResume> {
         let row = round.db.query_one(
             &self.queue.sql(
                 "SELECT count(DISTINCT j.id) FILTER (WHERE j.id <> $2),
@@ -148,70 +233,55 @@ impl Play<'_> {
                  FROM {processing} p JOIN {jobs} j ON j.id = p.job_id
                  WHERE j.round = $1",
             ),
-            &[&3i32, &job],
+            &[&3i32, &frozen.job],
         )?;
         let (others_done, frozen_job_done): (i64, i64) = (row.get(0), row.get(1));
-        let blocked = round.show_blocked(&self.session(""), &frozen_name, &session, job)?;
-        round.show_session(&frozen_name, &session)?;
-        let frozen = &mut workers[frozen_index];
+        let blocked =
+            round.show_blocked(&self.session(""), &frozen.name, &frozen.session, frozen.job)?;
+        round.show_session(&frozen.name, &frozen.session)?;
+        Ok(BeforeResume {
+            others_done,
+            frozen_job_done,
+            blocked,
+        })
+    }
+
+    /// SIGCONT, said with what Postgres showed just before it.
+    fn resume_frozen(
+        &self,
+        round: &mut Round,
+        nemesis: &mut Nemesis,
+        faults: &mut Faults,
+        worker: &mut WorkerHandle,
+        frozen: &Frozen,
+        before: &BeforeResume,
+    ) -> Result<()> {
+        let (name, job) = (&frozen.name, frozen.job);
         let words = format!(
-            "SIGCONT {frozen_name} after {}; meanwhile the others processed {}, and job {job} {}",
-            human(frozen_at.elapsed()),
-            count(others_done, "job", "jobs"),
-            if frozen_job_done == 0 {
+            "SIGCONT {name} after {}; meanwhile the others processed {}, and job {job} {}",
+            human(frozen.at.elapsed()),
+            count(before.others_done, "job", "jobs"),
+            if before.frozen_job_done == 0 {
                 "not at all".to_string()
             } else {
-                times(frozen_job_done as usize).to_string()
+                times(before.frozen_job_done as usize).to_string()
             }
         );
-        let resume = (Fault::Resume, frozen_name.as_str());
+        let resume = (Fault::Resume, name.as_str());
         round.stage.play_now(
-            &mut faults,
+            faults,
             nemesis,
-            &mut [&mut *frozen],
+            &mut [worker],
             resume,
             Note::new(
                 words,
                 FaultFacts {
                     job: Some(job),
-                    others_processed: Some(others_done as u64),
-                    frozen_job_processed: Some(frozen_job_done as u64),
+                    others_processed: Some(before.others_done as u64),
+                    frozen_job_processed: Some(before.frozen_job_done as u64),
                     ..FaultFacts::default()
                 },
             ),
-        )?;
-        frozen.tell("commit")?;
-        let outcome = round.stage.wait_for(
-            Duration::from_secs(10),
-            &format!("{frozen_name} to finish its job"),
-            |e| {
-                e.worker == frozen_name
-                    && (e.kind() == Kind::Committed || e.kind() == Kind::FinishFailed)
-                    && in_mode(e, self.mode)
-            },
-        )?;
-        let finish_failed = outcome.kind() == Kind::FinishFailed;
-        if finish_failed {
-            round.dead.push(frozen_name.clone());
-        }
-        round.until_done(3, jobs, |_| Ok(()))?;
-        let by = round.processed_by(job)?;
-        let mut result = job_read(job, &by);
-        if let What::JobRead(fate) = &mut result.what {
-            fate.frozen_job_processed_while_frozen = Some(frozen_job_done as u64);
-        }
-        round.stage.record(result);
-        Ok(FreezeNotes {
-            evidence: Freeze {
-                sleeper: frozen_name,
-                by,
-                processed_while_frozen: frozen_job_done,
-                session_ended: session_gone,
-                finish_failed,
-            },
-            others_done,
-            blocked_at_resume: blocked,
-            jobs,
-        })
+        )
     }
 }
