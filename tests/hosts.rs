@@ -199,3 +199,100 @@ fn hosts_die_with_a_sigkilled_lockslab() {
         "processes still in a host's network: {still_in:?}"
     );
 }
+
+/// A schedule written in the schedule language partitions two hosts, heals them, then
+/// stalls the Redis "cluster"'s leader; the history records each as the nemesis did it.
+#[test]
+fn a_schedule_partitions_heals_and_stalls_and_the_history_records_each() {
+    use lockslab::events::{Kind, What};
+    use lockslab::labs::Stage;
+    use lockslab::labs::faults::{Faults, Until};
+    use lockslab::nemesis::schedule::Schedule;
+    use lockslab::nemesis::{Fault, Nemesis, Victim};
+
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts(&["client", "server"]);
+    let mut redis = hosts.start_redis("server", dir.path(), PASSWORD).unwrap();
+    let patience = Duration::from_secs(5);
+    let mut stream = hosts
+        .connect_from("client", redis_addr(&hosts, "server"), patience)
+        .unwrap();
+    assert_eq!(
+        ask(&mut stream, &format!("AUTH {PASSWORD}"), patience).unwrap(),
+        "+OK\r\n"
+    );
+    let schedule: Schedule = serde_json::from_str(
+        r#"[{"at_ms": 0, "fault": "partition", "target": "client|server"},
+            {"at_ms": 1500, "fault": "heal", "target": "client|server"},
+            {"at_ms": 1600, "fault": "leader_stall", "target": "redis", "duration_ms": 300}]"#,
+    )
+    .unwrap();
+    schedule
+        .validate(&[], &["client", "server", "redis"])
+        .unwrap();
+
+    let mut stage = Stage::new(lockslab::output::Style {
+        json: true,
+        fancy: false,
+    })
+    .quiet();
+    let mut nemesis = Nemesis::new();
+    let mut faults = Faults::new(&schedule, &stage)
+        .on_hosts(&hosts)
+        .on_leader("redis", || Some("server".to_string()));
+    let long = Duration::from_secs(30);
+    let mut cast: [&mut dyn Victim; 1] = [&mut redis];
+    let cut = Until::acted(Fault::Partition, "client|server", long);
+    stage
+        .play(&mut faults, &mut nemesis, &mut cast, cut)
+        .unwrap();
+    assert_eq!(hosts.cut_pairs().len(), 1);
+    assert!(
+        ask(&mut stream, "PING", Duration::from_millis(800)).is_err(),
+        "the schedule's partition cuts the connection"
+    );
+    stage
+        .play(&mut faults, &mut nemesis, &mut cast, Until::done(long))
+        .unwrap();
+    assert!(hosts.cut_pairs().is_empty());
+    assert_eq!(
+        wait_reply(&mut stream, Duration::from_secs(60)).unwrap(),
+        "+PONG\r\n"
+    );
+
+    // Network faults' facts are not among `Event::fault`'s: read them from the event.
+    let facts = |e: &lockslab::events::Event| match &e.what {
+        What::NetFault(f) | What::NetHealed(f) => Some(f.clone()),
+        _ => e.fault().cloned(),
+    };
+    let faults: Vec<(Kind, Option<Fault>, Option<String>)> = (stage.log.iter())
+        .filter_map(|e| Some((e.kind(), facts(e)?.fault, facts(e)?.target)))
+        .collect();
+    let named = |kind, fault, target: &str| (kind, Some(fault), Some(target.to_string()));
+    assert_eq!(
+        faults,
+        [
+            named(Kind::NetFault, Fault::Partition, "client|server"),
+            named(Kind::NetHealed, Fault::Heal, "client|server"),
+            // The stall is aimed at the cluster, and lands on whoever leads it.
+            named(Kind::Frozen, Fault::LeaderStall, "server"),
+            named(Kind::Resumed, Fault::Resume, "server"),
+        ]
+    );
+    let partition = stage
+        .log
+        .iter()
+        .find(|e| e.kind() == Kind::NetFault)
+        .unwrap();
+    assert!(
+        partition.text.contains("client–server"),
+        "{}",
+        partition.text
+    );
+    let heal = stage
+        .log
+        .iter()
+        .find(|e| e.kind() == Kind::NetHealed)
+        .unwrap();
+    assert!(matches!(&heal.what, What::NetHealed(f) if f.lasted_ms.is_some()));
+}

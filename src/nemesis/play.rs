@@ -33,6 +33,7 @@ use super::{Fault, Held, Nemesis, Note, Record, Victim};
 use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
+use crate::hosts::{Hosts, Sides};
 use crate::output::human;
 use crate::proxy::{Direction, NetFault, Proxy};
 
@@ -165,7 +166,16 @@ pub struct Faults<'w> {
     id: u64,
     /// The words of the step added by [`Faults::now`], for it alone.
     words_now: Option<Words<'w>>,
+    /// The hosts partitions cut apart and heal.
+    hosts: Option<&'w Hosts>,
+    /// Who leads each cluster a leader's stall may be aimed at, asked when it is due.
+    leaders: Vec<(String, Leader<'w>)>,
+    /// Each cluster's leader stalled by this play and not resumed yet, by cluster.
+    stalled: HashMap<String, String>,
 }
+
+/// Names the victim that leads a cluster now (None: none does).
+type Leader<'w> = Box<dyn Fn() -> Option<String> + 'w>;
 
 /// The words of one fault, made from its cue.
 type Words<'w> = Box<dyn FnOnce(&Cue) -> Note + 'w>;
@@ -193,6 +203,9 @@ impl<'w> Faults<'w> {
             announced: false,
             id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             words_now: None,
+            hosts: None,
+            leaders: Vec::new(),
+            stalled: HashMap::new(),
         }
     }
 
@@ -212,6 +225,22 @@ impl<'w> Faults<'w> {
     /// Network faults aimed at `proxy`'s path are played on it.
     pub fn on_path(mut self, proxy: &'w Proxy) -> Faults<'w> {
         self.paths.push(proxy);
+        self
+    }
+
+    /// Partitions (and their heals) are played on `hosts`.
+    pub fn on_hosts(mut self, hosts: &'w Hosts) -> Faults<'w> {
+        self.hosts = Some(hosts);
+        self
+    }
+
+    /// A leader's stall aimed at `cluster` stalls the victim `leader` names when it is due.
+    pub fn on_leader(
+        mut self,
+        cluster: &str,
+        leader: impl Fn() -> Option<String> + 'w,
+    ) -> Faults<'w> {
+        self.leaders.push((cluster.into(), Box::new(leader)));
         self
     }
 
@@ -374,6 +403,12 @@ impl<'w> Faults<'w> {
                 Ok(())
             }
             Due::Probe { index, .. } => self.ask(index, floor),
+            Due::Fault(action) if self.is_partition(&action) => {
+                self.partition(action, floor, nemesis)
+            }
+            Due::Fault(action) if self.is_stall(&action) => {
+                self.stall(action, floor, nemesis, cast)
+            }
             Due::Fault(action) if is_network(action.fault) => self.net(action, floor, nemesis),
             Due::Fault(action) => self.on_process(action, floor, nemesis, cast),
         }
@@ -690,6 +725,113 @@ fn plain_words(cue: &Cue) -> String {
         (Fault::Kill, _) => format!("kills {target} (SIGKILL)"),
         (Fault::Restart, None) => format!("crashes {target} (SIGKILL), then starts it again"),
         (Fault::Restart, Some(took)) => format!("{target} back after {}", human(took)),
+        (Fault::Partition, _) => format!("partitions the hosts: {target}"),
+        (Fault::Heal, _) if target.contains(['|', ',']) => format!("heals the partition {target}"),
+        (Fault::LeaderStall, _) => {
+            format!("stalls {target}'s leader (SIGSTOP, past its election timeout)")
+        }
         (other, _) => format!("{} {target}", other.as_str()),
+    }
+}
+
+/// Partitions between hosts, and leaders' stalls.
+impl Faults<'_> {
+    /// A partition, or the heal of one: a heal aimed at no proxy path of this play, when
+    /// it has hosts.
+    fn is_partition(&self, action: &Action) -> bool {
+        match action.fault {
+            Fault::Partition => true,
+            Fault::Heal => {
+                self.hosts.is_some() && !self.paths.iter().any(|p| p.path() == action.target)
+            }
+            _ => false,
+        }
+    }
+
+    /// A leader's stall, or the resume that ends one.
+    fn is_stall(&self, action: &Action) -> bool {
+        action.fault == Fault::LeaderStall
+            || (action.fault == Fault::Resume && self.stalled.contains_key(&action.target))
+    }
+
+    fn partition(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+    ) -> Result<()> {
+        let Some(hosts) = self.hosts else {
+            return self.skip(&action, "this run has no hosts to partition".into());
+        };
+        let sides: Sides = action.target.parse()?;
+        let how = (action.step)
+            .map(|i| self.schedule.how(i).clone())
+            .unwrap_or_default();
+        let note = self.say(&Cue {
+            action: &action,
+            pid: 0,
+            held: None,
+            back_after: None,
+            how: &how,
+            links_closed: None,
+        });
+        if action.fault == Fault::Heal {
+            nemesis.heal_partition(floor, hosts, &sides, note)?;
+        } else {
+            nemesis.partition(floor, hosts, &sides, note)?;
+        }
+        self.acted.push(action);
+        Ok(())
+    }
+
+    /// Stalls whoever leads the cluster now, or resumes the one this play stalled.
+    fn stall(
+        &mut self,
+        action: Action,
+        floor: &mut impl Floor,
+        nemesis: &mut Nemesis,
+        cast: &mut [&mut dyn Victim],
+    ) -> Result<()> {
+        let cluster = action.target.clone();
+        let leader = match action.fault {
+            Fault::Resume => self.stalled.remove(&cluster),
+            _ => match self.leaders.iter().find(|(c, _)| *c == cluster) {
+                Some((_, leader)) => leader(),
+                None => {
+                    let why = format!("this run cannot tell who leads {cluster}");
+                    return self.skip(&action, why);
+                }
+            },
+        };
+        let Some(leader) = leader else {
+            return self.skip(&action, format!("{cluster} had no leader"));
+        };
+        let Some(victim) = cast.iter().find(|v| v.label() == leader) else {
+            let why = format!("{cluster}'s leader {leader} is not one this run can stop");
+            return self.skip(&action, why);
+        };
+        let how = (action.step)
+            .map(|i| self.schedule.how(i).clone())
+            .unwrap_or_default();
+        let held = (action.fault == Fault::Resume)
+            .then(|| self.paused_at.remove(&leader).map(|at| at.elapsed()))
+            .flatten();
+        let note = self.say(&Cue {
+            action: &action,
+            pid: victim.pid().unwrap_or_default(),
+            held,
+            back_after: None,
+            how: &how,
+            links_closed: None,
+        });
+        if action.fault == Fault::Resume {
+            nemesis.resume(floor, &**victim, note)?;
+        } else {
+            nemesis.stall(floor, &**victim, note)?;
+            self.stalled.insert(cluster, leader.clone());
+            self.paused_at.insert(leader, Instant::now());
+        }
+        self.acted.push(action);
+        Ok(())
     }
 }
