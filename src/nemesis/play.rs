@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+mod hosts;
+
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
 use super::replication::Link;
@@ -33,7 +35,7 @@ use super::{Fault, Held, Nemesis, Note, Record, Victim};
 use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
-use crate::hosts::{Hosts, Sides};
+use crate::hosts::Hosts;
 use crate::output::human;
 use crate::proxy::{Direction, NetFault, Proxy};
 
@@ -731,107 +733,5 @@ fn plain_words(cue: &Cue) -> String {
             format!("stalls {target}'s leader (SIGSTOP, past its election timeout)")
         }
         (other, _) => format!("{} {target}", other.as_str()),
-    }
-}
-
-/// Partitions between hosts, and leaders' stalls.
-impl Faults<'_> {
-    /// A partition, or the heal of one: a heal aimed at no proxy path of this play, when
-    /// it has hosts.
-    fn is_partition(&self, action: &Action) -> bool {
-        match action.fault {
-            Fault::Partition => true,
-            Fault::Heal => {
-                self.hosts.is_some() && !self.paths.iter().any(|p| p.path() == action.target)
-            }
-            _ => false,
-        }
-    }
-
-    /// A leader's stall, or the resume that ends one.
-    fn is_stall(&self, action: &Action) -> bool {
-        action.fault == Fault::LeaderStall
-            || (action.fault == Fault::Resume && self.stalled.contains_key(&action.target))
-    }
-
-    fn partition(
-        &mut self,
-        action: Action,
-        floor: &mut impl Floor,
-        nemesis: &mut Nemesis,
-    ) -> Result<()> {
-        let Some(hosts) = self.hosts else {
-            return self.skip(&action, "this run has no hosts to partition".into());
-        };
-        let sides: Sides = action.target.parse()?;
-        let how = (action.step)
-            .map(|i| self.schedule.how(i).clone())
-            .unwrap_or_default();
-        let note = self.say(&Cue {
-            action: &action,
-            pid: 0,
-            held: None,
-            back_after: None,
-            how: &how,
-            links_closed: None,
-        });
-        if action.fault == Fault::Heal {
-            nemesis.heal_partition(floor, hosts, &sides, note)?;
-        } else {
-            nemesis.partition(floor, hosts, &sides, note)?;
-        }
-        self.acted.push(action);
-        Ok(())
-    }
-
-    /// Stalls whoever leads the cluster now, or resumes the one this play stalled.
-    fn stall(
-        &mut self,
-        action: Action,
-        floor: &mut impl Floor,
-        nemesis: &mut Nemesis,
-        cast: &mut [&mut dyn Victim],
-    ) -> Result<()> {
-        let cluster = action.target.clone();
-        let leader = match action.fault {
-            Fault::Resume => self.stalled.remove(&cluster),
-            _ => match self.leaders.iter().find(|(c, _)| *c == cluster) {
-                Some((_, leader)) => leader(),
-                None => {
-                    let why = format!("this run cannot tell who leads {cluster}");
-                    return self.skip(&action, why);
-                }
-            },
-        };
-        let Some(leader) = leader else {
-            return self.skip(&action, format!("{cluster} had no leader"));
-        };
-        let Some(victim) = cast.iter().find(|v| v.label() == leader) else {
-            let why = format!("{cluster}'s leader {leader} is not one this run can stop");
-            return self.skip(&action, why);
-        };
-        let how = (action.step)
-            .map(|i| self.schedule.how(i).clone())
-            .unwrap_or_default();
-        let held = (action.fault == Fault::Resume)
-            .then(|| self.paused_at.remove(&leader).map(|at| at.elapsed()))
-            .flatten();
-        let note = self.say(&Cue {
-            action: &action,
-            pid: victim.pid().unwrap_or_default(),
-            held,
-            back_after: None,
-            how: &how,
-            links_closed: None,
-        });
-        if action.fault == Fault::Resume {
-            nemesis.resume(floor, &**victim, note)?;
-        } else {
-            nemesis.stall(floor, &**victim, note)?;
-            self.stalled.insert(cluster, leader.clone());
-            self.paused_at.insert(leader, Instant::now());
-        }
-        self.acted.push(action);
-        Ok(())
     }
 }
