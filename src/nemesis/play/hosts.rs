@@ -1,7 +1,7 @@
 //! The player's part for hosts ([`crate::hosts`]): partitions and their heals, and
 //! leaders' stalls, each done by the nemesis ([`super::super::partition`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -9,6 +9,20 @@ use super::{Cue, Faults, Floor};
 use crate::hosts::Sides;
 use crate::nemesis::schedule::{Action, How};
 use crate::nemesis::{Fault, Nemesis, Victim};
+impl<'a> Cue<'a> {
+    /// The cue of a fault that neither restarts nor cuts a replica's link.
+    fn on(action: &'a Action, how: &'a How, pid: i32, held: Option<Duration>) -> Cue<'a> {
+        Cue {
+            action,
+            pid,
+            held,
+            back_after: None,
+            how,
+            links_closed: None,
+        }
+    }
+}
+
 /// Partitions between hosts, and leaders' stalls.
 impl Faults<'_> {
     /// How the action's step is done (the usual way for a resume that ends a stall).
@@ -47,14 +61,7 @@ impl Faults<'_> {
         };
         let sides: Sides = action.target.parse()?;
         let how = self.how_of(&action);
-        let note = self.say(&Cue {
-            action: &action,
-            pid: 0,
-            held: None,
-            back_after: None,
-            how: &how,
-            links_closed: None,
-        });
+        let note = self.say(&Cue::on(&action, &how, 0, None));
         if action.fault == Fault::Heal {
             nemesis.heal_partition(floor, hosts, &sides, note)?;
         } else {
@@ -94,14 +101,8 @@ impl Faults<'_> {
         let held = (action.fault == Fault::Resume)
             .then(|| self.paused_at.remove(&leader).map(|at| at.elapsed()))
             .flatten();
-        let note = self.say(&Cue {
-            action: &action,
-            pid: victim.pid().unwrap_or_default(),
-            held,
-            back_after: None,
-            how: &how,
-            links_closed: None,
-        });
+        let pid = victim.pid().unwrap_or_default();
+        let note = self.say(&Cue::on(&action, &how, pid, held));
         if action.fault == Fault::Resume {
             nemesis.resume(floor, &**victim, note)?;
         } else {
