@@ -100,6 +100,9 @@ impl Hosts {
     /// Makes one host per name, every two joined by a link of their own, each host able
     /// to reach every other at its address. Fails, saying why, where the kernel allows no
     /// user namespaces (or `ip` or `tc` is missing).
+    ///
+    /// Make them on a thread that lives as long as they do (the main thread): the kernel
+    /// sends the parent-death signal when the *thread* that spawned a process ends.
     pub fn new(names: &[&str]) -> Result<Hosts> {
         if names.len() > 250 {
             bail!("at most 250 hosts ({} asked)", names.len());

@@ -109,3 +109,55 @@ fn partition_event(fault: Fault, sides: &Sides, note: Note) -> crate::events::Ev
     }
     event
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::schedule::{Action, Schedule};
+    use super::*;
+
+    fn step(fault: Fault, target: &str, duration_ms: Option<u64>) -> Step {
+        Step {
+            at_ms: 100,
+            after: None,
+            fault,
+            target: target.into(),
+            duration_ms,
+        }
+    }
+
+    fn check(steps: Vec<Step>) -> Result<()> {
+        Schedule::new(steps).validate(&["A", "B"], &["m1", "m2", "m3", "etcd"])
+    }
+
+    #[test]
+    fn a_partition_names_hosts_the_run_has_and_a_stall_a_cluster_for_a_time() {
+        check(vec![step(Fault::Partition, "m1|m2,m3", None)]).unwrap();
+        check(vec![step(Fault::Partition, "A", Some(500))]).unwrap();
+        check(vec![step(Fault::Heal, "m1|m2,m3", None)]).unwrap();
+        check(vec![step(Fault::LeaderStall, "etcd", Some(2000))]).unwrap();
+        assert!(check(vec![step(Fault::Partition, "m1|m9", None)]).is_err());
+        assert!(check(vec![step(Fault::Heal, "m1|m2", Some(5))]).is_err());
+        assert!(check(vec![step(Fault::LeaderStall, "etcd", None)]).is_err());
+        assert!(check(vec![step(Fault::LeaderStall, "nothing", Some(5))]).is_err());
+    }
+
+    #[test]
+    fn a_timed_partition_heals_itself_and_a_timed_stall_resumes() {
+        let schedule = Schedule::new(vec![
+            step(Fault::Partition, "m1", Some(400)),
+            step(Fault::LeaderStall, "etcd", Some(900)),
+        ]);
+        let actions: Vec<(u64, Fault, String)> = (schedule.actions().into_iter())
+            .map(|a: Action| (a.at_ms, a.fault, a.target))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                (100, Fault::Partition, "m1".into()),
+                (100, Fault::LeaderStall, "etcd".into()),
+                (500, Fault::Heal, "m1".into()),
+                (1000, Fault::Resume, "etcd".into()),
+            ]
+        );
+    }
+}
