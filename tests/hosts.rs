@@ -13,6 +13,11 @@ use crate::common;
 
 const PASSWORD: &str = "hostsTestPassword1";
 
+/// How long the test partition lasts: past the ~10 s after which TCP gives up a connection
+/// whose packets its own kernel drops, and far short of the ~15 min it waits for a
+/// network that went silent.
+const PARTITION_OUTLASTS_LOCAL_DROPS: Duration = Duration::from_secs(20);
+
 /// The hosts, or a loud failure saying why this machine cannot make them.
 fn hosts(names: &[&str]) -> Hosts {
     match Hosts::new(names) {
@@ -87,6 +92,9 @@ fn a_partition_hangs_an_established_connection_and_heal_resumes_the_same_one() {
     }
     // lockslab's own line to the server is not cut, and the server still counts the client.
     assert_eq!(client_count(&redis), 1);
+    // A partition lasts: longer than a kernel that saw its own packets dropped would keep
+    // the connection (one that drops them in the sender's own queue gave up after ~10 s).
+    std::thread::sleep(PARTITION_OUTLASTS_LOCAL_DROPS);
 
     let healed = hosts.heal().unwrap();
     assert_eq!(healed, cut);

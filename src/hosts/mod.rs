@@ -20,13 +20,16 @@
 //!        to1 ──── m3 ─────to2
 //! ```
 //!
-//! **A partition** cuts pairs: both ends of each cut link get a queue that holds nothing
-//! (`tc qdisc … pfifo limit 0`), so every packet is dropped as it is sent, both ways, and
-//! nobody is told: no reset, no "unreachable" — an established connection hangs, and a
-//! new one times out. The links stay up and the routes stay put, so **heal** (removing
-//! that queue) lets TCP's own retransmissions resume the same connections: nothing
-//! restarts. (Setting a link down is not the same: the side whose end is down loses its
-//! routes and hears "Network is unreachable" at once.)
+//! **A partition** cuts pairs: each host of a cut pair routes its peer's address into its
+//! own loopback, where the packet arrives addressed to someone else and is dropped without
+//! a word (a host does not forward). Both ways, nobody is told: no reset, no
+//! "unreachable" — an established connection hangs, and a new one times out. **Heal**
+//! points the routes back over the link, and TCP's own retransmissions resume the same
+//! connections: nothing restarts. Two ways that look simpler are not silent: a link set
+//! down takes its host's routes with it ("Network is unreachable" at once), and a queue
+//! that drops every packet (`tc … pfifo limit 0`) drops it *in the sender's kernel*,
+//! which TCP counts as a local failure and gives the connection up after ~10 s, where a
+//! real partition leaves it waiting for many minutes.
 //!
 //! **Who runs where.** A process started with [`Hosts::start_in`] joins a host's network
 //! (servers, workers, challenge clients): its traffic to another host crosses their link,
@@ -99,7 +102,7 @@ pub struct Hosts {
 impl Hosts {
     /// Makes one host per name, every two joined by a link of their own, each host able
     /// to reach every other at its address. Fails, saying why, where the kernel allows no
-    /// user namespaces (or `ip` or `tc` is missing).
+    /// user namespaces (or `ip` is missing).
     ///
     /// Make them on a thread that lives as long as they do (the main thread): the kernel
     /// sends the parent-death signal when the *thread* that spawned a process ends.
@@ -261,7 +264,7 @@ impl Hosts {
         let new: Vec<(usize, usize)> = (pairs.into_iter())
             .filter(|pair| !cut.contains(pair))
             .collect();
-        self.set_queues(&new, Queue::DropAll)?;
+        self.set_routes(&new, Route::Nowhere)?;
         cut.extend(new.iter().copied());
         Ok(self.named(&new))
     }
@@ -283,7 +286,7 @@ impl Hosts {
     ) -> Result<Vec<(String, String)>> {
         let mut cut = lock(&self.cut);
         let healed: Vec<(usize, usize)> = cut.iter().copied().filter(|p| chosen(p)).collect();
-        self.set_queues(&healed, Queue::Normal)?;
+        self.set_routes(&healed, Route::OverTheLink)?;
         cut.retain(|pair| !healed.contains(pair));
         Ok(self.named(&healed))
     }
@@ -373,31 +376,26 @@ impl Hosts {
             let mut lines = Vec::new();
             for (j, peer) in self.hosts.iter().enumerate().filter(|(j, _)| *j != i) {
                 lines.push(format!("link set {} up", link_name(j)));
-                lines.push(format!(
-                    "route add {}/32 dev {} src {}",
-                    peer.addr,
-                    link_name(j),
-                    host.addr
-                ));
+                lines.push(Route::OverTheLink.command(host.addr, j, peer.addr));
             }
             self.run_in(i, &self.tools.ip, &lines)?;
         }
         Ok(())
     }
 
-    /// Puts `queue` on both ends of each pair's link.
-    fn set_queues(&self, pairs: &[(usize, usize)], queue: Queue) -> Result<()> {
-        for (i, _) in self.hosts.iter().enumerate() {
+    /// Points each host of each pair at the other the way `route` says.
+    fn set_routes(&self, pairs: &[(usize, usize)], route: Route) -> Result<()> {
+        for (i, host) in self.hosts.iter().enumerate() {
             let lines: Vec<String> = (pairs.iter())
                 .filter_map(|&(a, b)| match (a == i, b == i) {
                     (true, _) => Some(b),
                     (_, true) => Some(a),
                     _ => None,
                 })
-                .map(|peer| queue.command(&link_name(peer)))
+                .map(|peer| route.command(host.addr, peer, self.hosts[peer].addr))
                 .collect();
             if !lines.is_empty() {
-                self.run_in(i, &self.tools.tc, &lines)?;
+                self.run_in(i, &self.tools.ip, &lines)?;
             }
         }
         Ok(())
@@ -434,20 +432,24 @@ impl Hosts {
     }
 }
 
-/// What a link's queue does: the kernel's usual, or drop every packet.
+/// How a host sends to one peer: over their link, or nowhere.
 #[derive(Clone, Copy)]
-enum Queue {
-    Normal,
-    DropAll,
+enum Route {
+    OverTheLink,
+    /// Into the host's own loopback: the packet comes back in addressed to someone else,
+    /// and a host that does not forward drops it without a word (no ICMP). The sender's
+    /// send succeeded, so its TCP waits and retransmits as over a dead network.
+    Nowhere,
 }
 
-impl Queue {
-    fn command(self, link: &str) -> String {
-        match self {
-            // A FIFO that holds nothing: each packet finds it full, and is dropped.
-            Queue::DropAll => format!("qdisc replace dev {link} root pfifo limit 0"),
-            Queue::Normal => format!("qdisc del dev {link} root"),
-        }
+impl Route {
+    /// The `ip` line that points `own`'s host at peer number `peer`, at `to`.
+    fn command(self, own: Ipv4Addr, peer: usize, to: Ipv4Addr) -> String {
+        let via = match self {
+            Route::OverTheLink => link_name(peer),
+            Route::Nowhere => "lo".to_string(),
+        };
+        format!("route replace {to}/32 dev {via} src {own}")
     }
 }
 
@@ -472,10 +474,9 @@ fn link_name(peer: usize) -> String {
     format!("to{peer}")
 }
 
-/// iproute2's two tools, which make the links (`ip`) and cut them (`tc`).
+/// iproute2's `ip`, which makes the links and points the routes.
 struct Tools {
     ip: PathBuf,
-    tc: PathBuf,
 }
 
 impl Tools {
@@ -495,10 +496,7 @@ impl Tools {
                     )
                 })
         };
-        Ok(Tools {
-            ip: find("ip")?,
-            tc: find("tc")?,
-        })
+        Ok(Tools { ip: find("ip")? })
     }
 }
 
@@ -521,7 +519,7 @@ fn sleeper() -> Command {
 /// The holder: a process in a new user namespace (and a new network namespace, so that
 /// it owns one: a user namespace alone may be made but not hold networks for others
 /// without it). Its user and group ids are mapped once it runs: yours to root inside, so
-/// that `ip` and `tc` run there with every network capability — or, as root, every id to
+/// that `ip` runs there with every network capability — or, as root, every id to
 /// itself.
 fn spawn_holder() -> Result<Child> {
     let mut command = sleeper();
