@@ -20,7 +20,7 @@
 //! | `drop_reply` | the proxy loses one answer    | a request applied whose reply never came    |
 //! | `heal`    | the proxy clears the path        | the link works again                        |
 //! | `pause` + `cut_link` | SIGSTOP, and `CLIENT KILL TYPE replica` on its primary | a replica that lags |
-//! | `partition` | both ends of each cut host pair drop every packet ([`crate::hosts`]) | servers cut off from each other |
+//! | `partition` | each host of a cut pair routes the other into nowhere ([`crate::hosts`]) | servers cut off from each other |
 //! | `heal` (of sides) | the cut links carry packets again | the partition ends; hung connections resume |
 //! | `leader_stall` | SIGSTOP of whoever leads now, past the election, then SIGCONT | a leader deposed while asleep |
 //!
