@@ -218,6 +218,24 @@ fn check_challenge_isolation() {
     }
 }
 
+/// Can this machine partition lockslab's own hosts (src/hosts)? Doctor makes two hosts
+/// and their link, and lets them go: nothing else tells whether the kernel allows it.
+fn check_partitions() {
+    match crate::hosts::Hosts::unavailable() {
+        None => say(
+            Mark::Ok,
+            "partitions    can      hosts of lockslab's own, without root",
+        ),
+        Some(why) => {
+            say(Mark::Note, &format!("partitions    cannot   {why}"));
+            advise(
+                "the partition faults need user namespaces (sysctl \
+                 kernel.unprivileged_userns_clone=1 on older Debian) and iproute2",
+            );
+        }
+    }
+}
+
 /// Where the labs would find one backend, as far as doctor could tell.
 enum Source {
     /// A server that answers, and where it came from.
@@ -315,6 +333,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     check_hand_tools();
     check_challenge_python();
     check_challenge_isolation();
+    check_partitions();
 
     crate::outln!();
     crate::outln!("{}", "Servers the labs would use".bold());

@@ -95,6 +95,7 @@ pub mod events;
 pub mod exit;
 pub mod flags;
 pub mod hands_on;
+pub mod hosts;
 pub mod identities;
 pub mod invoices;
 pub mod labs;

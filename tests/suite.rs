@@ -30,6 +30,8 @@ mod frozen_backends;
 mod gc_pause;
 #[path = "history.rs"]
 mod history;
+#[path = "hosts.rs"]
+mod hosts;
 #[path = "instructor.rs"]
 mod instructor;
 #[path = "lease_guard.rs"]

@@ -54,6 +54,14 @@ pub enum Fault {
     /// Lab 9: a worker's wall clock set to run slow or fast (libfaketime's speed factor, in
     /// that worker only; the machine's clock and every monotonic clock untouched).
     ClockRate,
+
+    // Hosts (src/hosts): faults of the network between lockslab's own hosts.
+    /// Pairs of hosts cut apart: every packet between them dropped, both ways, silently;
+    /// the target names the sides (`m1|m2,m3`).
+    Partition,
+    /// SIGSTOP of whoever leads now (etcd's leader, Redis's primary), for longer than an
+    /// election takes, then SIGCONT: the leader that stalls and wakes up deposed.
+    LeaderStall,
 }
 
 /// Whether a fault's record opens it or closes it.

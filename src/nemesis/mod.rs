@@ -20,6 +20,9 @@
 //! | `drop_reply` | the proxy loses one answer    | a request applied whose reply never came    |
 //! | `heal`    | the proxy clears the path        | the link works again                        |
 //! | `pause` + `cut_link` | SIGSTOP, and `CLIENT KILL TYPE replica` on its primary | a replica that lags |
+//! | `partition` | each host of a cut pair routes the other into nowhere ([`crate::hosts`]) | servers cut off from each other |
+//! | `heal` (of sides) | the cut links carry packets again | the partition ends; hung connections resume |
+//! | `leader_stall` | SIGSTOP of whoever leads now, past the election, then SIGCONT | a leader deposed while asleep |
 //!
 //! Network faults ([`network`]) are aimed at a path of the fault proxy ([`crate::proxy`]):
 //! one worker's link to one server, so no other worker and no process is touched.
@@ -31,6 +34,7 @@
 pub mod clock;
 pub mod generate;
 pub mod network;
+pub mod partition;
 pub mod play;
 pub mod probe;
 pub mod replication;
@@ -64,16 +68,20 @@ impl Fault {
             Fault::Heal => "heal",
             Fault::ClockStep => "clock_step",
             Fault::ClockRate => "clock_rate",
+            Fault::Partition => "partition",
+            Fault::LeaderStall => "leader_stall",
         }
     }
 
     /// The history's word for this fault (what the timeline and the pictures draw).
     fn record(self, facts: FaultFacts) -> What {
         match self {
-            Fault::Pause => What::Frozen(facts),
+            Fault::Pause | Fault::LeaderStall => What::Frozen(facts),
             Fault::Resume => What::Resumed(facts),
             Fault::Kill | Fault::Restart => What::Killed(facts),
-            Fault::Hold | Fault::Delay | Fault::Cut | Fault::DropReply => What::NetFault(facts),
+            Fault::Hold | Fault::Delay | Fault::Cut | Fault::DropReply | Fault::Partition => {
+                What::NetFault(facts)
+            }
             Fault::Heal => What::NetHealed(facts),
             Fault::ClockStep | Fault::ClockRate => What::ClockStepped(facts),
         }
@@ -214,8 +222,20 @@ impl Nemesis {
         victim: &dyn Victim,
         note: impl Into<Note>,
     ) -> Result<()> {
+        self.pause_as(Fault::Pause, history, victim, note.into())
+    }
+
+    /// [`Nemesis::pause`], recorded as `fault` (a leader's stall is a pause of whoever
+    /// leads).
+    fn pause_as(
+        &mut self,
+        fault: Fault,
+        history: &mut impl Record,
+        victim: &dyn Victim,
+        note: Note,
+    ) -> Result<()> {
         let pid = alive_pid(victim)?;
-        history.record(fault_event(Fault::Pause, &victim.label(), pid, note));
+        history.record(fault_event(fault, &victim.label(), pid, note));
         self.paused.insert(pid, Active::now(victim));
         procs::signal_group(pid, Signal::SIGSTOP)?;
         if !procs::wait_until_stopped(pid, STOP_PATIENCE) {

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+mod hosts;
+
 use super::clock::WorkerClock;
 use super::probe::{self, Ask};
 use super::replication::Link;
@@ -41,6 +43,7 @@ use super::{Fault, Held, Nemesis, Note, Record, Return, Victim};
 use crate::events::facts::FaultFacts;
 use crate::events::facts::Missed;
 use crate::events::{Event, What};
+use crate::hosts::Hosts;
 use crate::output::human;
 use crate::proxy::{Direction, NetFault, Proxy, Seen};
 
@@ -218,7 +221,16 @@ pub struct Faults<'w> {
     id: u64,
     /// The words of the step added by [`Faults::now`], for it alone.
     words_now: Option<Words<'w>>,
+    /// The hosts partitions cut apart and heal.
+    hosts: Option<&'w Hosts>,
+    /// Who leads each cluster a leader's stall may be aimed at, asked when it is due.
+    leaders: Vec<(String, Leader<'w>)>,
+    /// Each cluster's leader stalled by this play and not resumed yet, by cluster.
+    stalled: HashMap<String, String>,
 }
+
+/// Names the victim that leads a cluster now (None: none does).
+type Leader<'w> = Box<dyn Fn() -> Option<String> + 'w>;
 
 /// The words of one fault, made from its cue.
 type Words<'w> = Box<dyn FnOnce(&Cue) -> Note + 'w>;
@@ -254,6 +266,9 @@ impl<'w> Faults<'w> {
             announced: false,
             id: PLAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             words_now: None,
+            hosts: None,
+            leaders: Vec::new(),
+            stalled: HashMap::new(),
         }
     }
 
@@ -273,6 +288,22 @@ impl<'w> Faults<'w> {
     /// Network faults aimed at `proxy`'s path are played on it.
     pub fn on_path(mut self, proxy: &'w Proxy) -> Faults<'w> {
         self.paths.push(proxy);
+        self
+    }
+
+    /// Partitions (and their heals) are played on `hosts`.
+    pub fn on_hosts(mut self, hosts: &'w Hosts) -> Faults<'w> {
+        self.hosts = Some(hosts);
+        self
+    }
+
+    /// A leader's stall aimed at `cluster` stalls the victim `leader` names when it is due.
+    pub fn on_leader(
+        mut self,
+        cluster: &str,
+        leader: impl Fn() -> Option<String> + 'w,
+    ) -> Faults<'w> {
+        self.leaders.push((cluster.into(), Box::new(leader)));
         self
     }
 
@@ -476,6 +507,12 @@ impl<'w> Faults<'w> {
                 Ok(())
             }
             Due::Probe { index, .. } => self.ask(index, floor),
+            Due::Fault(action) if self.is_partition(&action) => {
+                self.partition(action, floor, nemesis)
+            }
+            Due::Fault(action) if self.is_stall(&action) => {
+                self.stall(action, floor, nemesis, cast)
+            }
             Due::Fault(action) if is_network(action.fault) => self.net(action, floor, nemesis),
             Due::Fault(action) => self.on_process(action, floor, nemesis, cast),
         }
@@ -1041,6 +1078,11 @@ fn plain_words(cue: &Cue) -> String {
         (Fault::Kill, _) => format!("kills {target} (SIGKILL)"),
         (Fault::Restart, None) => format!("crashes {target} (SIGKILL), then starts it again"),
         (Fault::Restart, Some(took)) => format!("{target} back after {}", human(took)),
+        (Fault::Partition, _) => format!("partitions the hosts: {target}"),
+        (Fault::Heal, _) if target.contains(['|', ',']) => format!("heals the partition {target}"),
+        (Fault::LeaderStall, _) => {
+            format!("stalls {target}'s leader (SIGSTOP, past its election timeout)")
+        }
         (other, _) => format!("{} {target}", other.as_str()),
     }
 }

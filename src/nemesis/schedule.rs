@@ -372,6 +372,22 @@ impl Schedule {
         for step in &self.steps {
             let is_worker = workers.contains(&step.target.as_str());
             let is_server = servers.contains(&step.target.as_str());
+            if super::partition::names_sides(step) {
+                super::partition::validate(step, workers, servers)?;
+                continue;
+            }
+            if step.fault == Fault::LeaderStall && (!is_server || step.duration_ms.is_none()) {
+                bail!(
+                    "a leader_stall is aimed at a cluster this run has ({}), with how long                      (duration_ms: past its election timeout): not '{}'{}",
+                    servers.join(", "),
+                    step.target,
+                    if step.duration_ms.is_none() {
+                        " without duration_ms"
+                    } else {
+                        ""
+                    }
+                );
+            }
             if !is_worker && !is_server {
                 bail!(
                     "the schedule aims {} at '{}', which this run does not have (it has {})",
@@ -402,7 +418,9 @@ impl Schedule {
                     step.target
                 );
             }
-            if step.duration_ms.is_some() && step.fault != Fault::Pause {
+            if step.duration_ms.is_some()
+                && !matches!(step.fault, Fault::Pause | Fault::LeaderStall)
+            {
                 bail!(
                     "a {} takes no duration_ms: a pause does, and in chaos a delay and a cut \
                      ({} at {} ms)",
@@ -431,7 +449,7 @@ impl Schedule {
                 );
             }
             match action.fault {
-                Fault::Pause if !paused.insert(target.clone()) => {
+                Fault::Pause | Fault::LeaderStall if !paused.insert(target.clone()) => {
                     bail!("'{target}' is paused twice (at {} ms)", action.at_ms)
                 }
                 Fault::Resume if !paused.remove(&target) => {
@@ -550,8 +568,8 @@ impl Step {
         }];
         // A timed pause ends with its resume; a timed cut or hold with its heal.
         let end = match self.fault {
-            Fault::Pause => Some(Fault::Resume),
-            Fault::Cut | Fault::Hold => Some(Fault::Heal),
+            Fault::Pause | Fault::LeaderStall => Some(Fault::Resume),
+            Fault::Cut | Fault::Hold | Fault::Partition => Some(Fault::Heal),
             _ => None,
         };
         if let (Some(end), Some(duration)) = (end, self.duration_ms) {
