@@ -19,6 +19,7 @@ impl<'a> Cue<'a> {
             back_after: None,
             how,
             links_closed: None,
+            net: None,
         }
     }
 }
