@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail};
 
 use super::Hosts;
 use crate::connect::Backend;
-use crate::nemesis::Victim;
 use crate::procs;
 
 /// The port every hosted Redis listens on: each host has an address of its own.
@@ -108,16 +107,14 @@ impl HostedRedis {
     }
 }
 
-impl Victim for HostedRedis {
-    fn label(&self) -> String {
-        self.host.clone()
-    }
-
-    fn pid(&self) -> Option<i32> {
+impl HostedRedis {
+    /// Its process, while it runs.
+    pub fn pid(&self) -> Option<i32> {
         self.child.as_ref().map(|c| c.id() as i32)
     }
 
-    fn kill_now(&mut self) {
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill_now(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

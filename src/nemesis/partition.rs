@@ -12,9 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
-use super::schedule::Step;
 use super::{Fault, Nemesis, Note, Record, Victim};
 use crate::events::What;
 use crate::hosts::{Hosts, Sides};
@@ -69,29 +68,6 @@ impl Nemesis {
     }
 }
 
-/// Does this step name a partition's sides (a partition, or the heal of one written as
-/// its sides), rather than one process or proxy path?
-pub fn names_sides(step: &Step) -> bool {
-    step.fault == Fault::Partition
-        || (step.fault == Fault::Heal && step.target.contains(['|', ',']))
-}
-
-/// Checks a partition's sides against the run: each names hosts, and a host is named
-/// after what runs in it (a worker, a server).
-pub fn validate(step: &Step, workers: &[&str], servers: &[&str]) -> Result<()> {
-    let sides: Sides = step.target.parse()?;
-    let hosts: Vec<&str> = workers.iter().chain(servers).copied().collect();
-    sides.pairs(&hosts)?;
-    if step.duration_ms.is_some() && step.fault != Fault::Partition {
-        bail!(
-            "a heal takes no duration_ms ({} at {} ms)",
-            step.target,
-            step.at_ms
-        );
-    }
-    Ok(())
-}
-
 /// `m1–m2, m1–m3`.
 fn links(pairs: &[(String, String)]) -> String {
     if pairs.is_empty() {
@@ -112,7 +88,7 @@ fn partition_event(fault: Fault, sides: &Sides, note: Note) -> crate::events::Ev
 
 #[cfg(test)]
 mod tests {
-    use super::super::schedule::{Action, Schedule};
+    use super::super::schedule::{Action, Schedule, Step};
     use super::*;
 
     fn step(fault: Fault, target: &str, duration_ms: Option<u64>) -> Step {

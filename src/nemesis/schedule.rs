@@ -63,6 +63,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Fault;
 use crate::events::{Event, Kind};
+use crate::hosts::Sides;
 
 /// One fault of a schedule. A field it does not know is refused, not ignored: a
 /// misspelt `duration_ms` would otherwise replay a schedule other than the one written.
@@ -372,8 +373,8 @@ impl Schedule {
         for step in &self.steps {
             let is_worker = workers.contains(&step.target.as_str());
             let is_server = servers.contains(&step.target.as_str());
-            if super::partition::names_sides(step) {
-                super::partition::validate(step, workers, servers)?;
+            if names_sides(step) {
+                validate_sides(step, workers, servers)?;
                 continue;
             }
             if step.fault == Fault::LeaderStall && (!is_server || step.duration_ms.is_none()) {
@@ -582,4 +583,27 @@ impl Step {
         }
         actions
     }
+}
+
+/// Does this step name a partition's sides (a partition, or the heal of one written as
+/// its sides), rather than one process or proxy path?
+fn names_sides(step: &Step) -> bool {
+    step.fault == Fault::Partition
+        || (step.fault == Fault::Heal && step.target.contains(['|', ',']))
+}
+
+/// Checks a partition's sides against the run: each names hosts, and a host is named
+/// after what runs in it (a worker, a server).
+fn validate_sides(step: &Step, workers: &[&str], servers: &[&str]) -> Result<()> {
+    let sides: Sides = step.target.parse()?;
+    let hosts: Vec<&str> = workers.iter().chain(servers).copied().collect();
+    sides.pairs(&hosts)?;
+    if step.duration_ms.is_some() && step.fault != Fault::Partition {
+        bail!(
+            "a heal takes no duration_ms ({} at {} ms)",
+            step.target,
+            step.at_ms
+        );
+    }
+    Ok(())
 }

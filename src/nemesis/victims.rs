@@ -82,3 +82,19 @@ impl Victim for EtcdMember {
         }
     }
 }
+
+/// A Redis on a host of its own ([`crate::hosts`]): a partition cuts it off, a stall
+/// freezes it.
+impl Victim for crate::hosts::HostedRedis {
+    fn label(&self) -> String {
+        self.host.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        crate::hosts::HostedRedis::pid(self)
+    }
+
+    fn kill_now(&mut self) {
+        crate::hosts::HostedRedis::kill_now(self)
+    }
+}
