@@ -378,8 +378,9 @@ impl Lab for Plan {
             fault,
             guard,
         };
-        // `--step` stops before a fault's first cell and waits for Enter: one at a time.
-        let cells = if plan.parallel <= 1 || crate::labs::step::stepping() {
+        // `--step` stops before a fault's first cell and waits for Enter: one at a time, as
+        // a single cell is, shown as it happens.
+        let cells = if plan.parallel.min(order.len()) <= 1 || crate::labs::step::stepping() {
             let mut cells = Vec::new();
             for each in &order {
                 cells.push(cell(each, &run.history).play(&mut store)?);
