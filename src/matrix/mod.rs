@@ -94,7 +94,7 @@ pub struct MatrixArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// How many schedules each cell plays (it stops at its first violation); the default
-    /// plays every cell in under 15 minutes on two cores
+    /// plays every cell in about 5 minutes on two cores
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub schedules: u32,
     /// Draw every cell's schedules from this seed (printed when not given)

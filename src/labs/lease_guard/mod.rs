@@ -66,7 +66,7 @@ Examples:
           --clock-step 300ms              just past the margin: a stale write
   lockslab lease-guard --json | jq .      events and verdict as JSON Lines
 
-The default run plays 64 cells in about 25 s, eight side by side (--parallel).
+The default run plays 64 cells in about 15 s, eight side by side (--parallel).
 
 The clock faults need libfaketime (apt-get install faketime); without it the
 lab leaves those columns out and says so.", crate::lab_exit_status_help!()))]
@@ -478,7 +478,7 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 9,
     command: "lease-guard",
     shows: "lease guards short of fencing, and the gap each leaves",
-    takes: "25s",
+    takes: "15s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/09-lease-guard.md",
