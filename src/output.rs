@@ -427,6 +427,9 @@ fn write_line(text: &str) {
     if crate::procs::interrupted() {
         return; // cleaning up after Ctrl-C: what workers say while they die is noise
     }
+    if kept_back(text) {
+        return;
+    }
     let mut out = io::stdout().lock();
     if let Err(err) = writeln!(out, "{text}").and_then(|_| out.flush()) {
         drop(out);
@@ -512,6 +515,39 @@ pub fn capture(print: impl FnOnce()) -> Vec<String> {
     CAPTURED
         .with(|captured| captured.borrow_mut().take())
         .unwrap_or_default()
+}
+
+thread_local! {
+    /// While [`held_back`] runs on this thread: the lines it printed, colours and all.
+    static HELD_BACK: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `play` with every line this thread prints kept back, and returns them beside its
+/// result, to be printed with [`print_held`]: parts of a lab played side by side, each on
+/// its own thread, are shown one whole part after another, in their order, not interleaved.
+pub fn held_back<R>(play: impl FnOnce() -> R) -> (R, Vec<String>) {
+    HELD_BACK.with(|held| *held.borrow_mut() = Some(Vec::new()));
+    let result = play();
+    let lines = HELD_BACK.with(|held| held.borrow_mut().take().unwrap_or_default());
+    (result, lines)
+}
+
+/// Prints the lines [`held_back`] kept, as they would have been printed.
+pub fn print_held(lines: &[String]) {
+    for text in lines {
+        write_line(text);
+    }
+}
+
+/// Keeps `text` for [`held_back`]; true when it is kept, and so not printed yet.
+fn kept_back(text: &str) -> bool {
+    HELD_BACK.with(|held| match held.borrow_mut().as_mut() {
+        Some(lines) => {
+            lines.push(text.to_string());
+            true
+        }
+        None => false,
+    })
 }
 
 /// Keeps `text` for [`capture`]; true when it is captured, and so not to be shown.

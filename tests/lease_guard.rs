@@ -122,8 +122,10 @@ fn assert_cells_as_taught(events: &[Event], verdict: &Value) {
             cell["fault"].as_str().unwrap(),
         );
         let expected = match (guard, fault) {
-            // Each stop of the stall is under the margin, but a sampler that misses its
-            // turn in a short run sees two stops as one gap: its verdict follows its gap.
+            // Each stop of the stall is under the margin, and the next stop waits for A to
+            // say it runs again, so no run between two stops goes unused. What is left to
+            // the machine: a lab or a sampler starved for over margin − stop (100ms) at a
+            // stop's end, seen as a gap over the margin: its verdict follows its gap.
             ("pause-detect", "stall") if cell["gap_ms"].as_u64().unwrap() > 200 => ABORT,
             _ => expected(guard, fault),
         };
@@ -156,7 +158,18 @@ fn live(guards: &[&str], faults: &[&str]) -> (Vec<Event>, Value) {
         guards.len() * faults.len()
     );
     assert_cells_as_taught(&events, &verdict);
-    assert_one_clock(&events);
+    // Cells play side by side: each on the run's one clock.
+    for cell in verdict["cells"].as_array().unwrap() {
+        let (guard, fault) = (
+            cell["guard"].as_str().unwrap(),
+            cell["fault"].as_str().unwrap(),
+        );
+        let own: Vec<Event> = cell_events(&events, guard, fault)
+            .into_iter()
+            .cloned()
+            .collect();
+        assert_one_clock(&own);
+    }
     assert_gone(&worker_pids(&events));
     assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
     (events, verdict)
@@ -220,6 +233,24 @@ fn assert_stall_stopped_a_again_and_again(events: &[Event], verdict: &Value) {
         assert_eq!(count(Kind::Frozen), count(Kind::Resumed), "{guard} × stall");
         assert_eq!(stall["stops"], count(Kind::Frozen) as u64, "{stall}");
         assert!(stall["longest_stop_ms"].as_u64().unwrap() < 250, "{stall}");
+        // Every stop after the first came once A had said it runs again since the last (a
+        // history recorded before the stall waited for A has no such word from A).
+        let waited_for_a = cell_events.iter().any(|e| e.is("A", Kind::Resumed));
+        let (mut stops, mut ran) = (0, 0);
+        for e in &cell_events {
+            match (e.worker.as_str(), e.kind()) {
+                ("lab", Kind::Frozen) => {
+                    assert!(
+                        !waited_for_a || stops == 0 || ran >= stops,
+                        "{guard} × stall: stop {} before A ran",
+                        stops + 1
+                    );
+                    stops += 1;
+                }
+                ("A", Kind::Resumed) => ran += 1,
+                _ => {}
+            }
+        }
     }
     if verdict["cells"]
         .as_array()
@@ -255,7 +286,11 @@ fn assert_each_cell_played_its_schedule(verdict: &Value) {
         for pause in &pauses {
             let anchor = &pause["after"];
             match stall {
-                true => assert_eq!(anchor["event"], "working", "{schedule}"),
+                // The stall's first stop from A's work, each next one from A running again.
+                true => assert!(
+                    anchor["event"] == "working" || anchor["event"] == "resumed",
+                    "{schedule}"
+                ),
                 false => assert_eq!(anchor["event"], "freezing", "{schedule}"),
             }
         }
@@ -317,6 +352,40 @@ fn live_pauses_and_the_stall_split_pause_detection_and_renewal() {
     assert_each_cell_played_its_schedule(&verdict);
     let detected = cell(&verdict, "pause-detect", "pause-before-check");
     assert!(detected["gap_ms"].as_u64().unwrap() > 200, "{detected}");
+}
+
+/// Live, on a busy machine (threads of this test spin on every core): each stop of the stall
+/// after the first waits for A to say it runs again, so a run between two stops that A
+/// never got to use (its sampler not scheduled in it) is not there to miss. Timed from the
+/// SIGCONT alone, it was: two stops and the run between looked like one pause over the
+/// margin, and pause detection aborted by luck (seen here before the fix).
+#[test]
+fn a_stall_on_a_busy_machine_waits_for_a_between_its_stops() {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let spinners: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let (events, verdict) = live(&["pause-detect"], &["stall"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinners.into_iter().for_each(|s| s.join().unwrap());
+    assert_stall_stopped_a_again_and_again(&events, &verdict);
+    let blind = cell(&verdict, "pause-detect", "stall");
+    // Not left to the scheduler: A said it runs again after the stops (and the stops after
+    // the first waited for it: `assert_stall_stopped_a_again_and_again`).
+    let stops = blind["stops"].as_u64().unwrap() as usize;
+    let ran = events.iter().filter(|e| e.is("A", Kind::Resumed)).count();
+    assert!(
+        ran >= 1 && ran + 1 >= stops,
+        "{stops} stops, A said it ran again {ran} times"
+    );
 }
 
 /// Live: the clocks against the two deadlines. A wall clock stepped back or running slow

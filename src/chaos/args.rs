@@ -12,9 +12,11 @@ use super::shard;
 /// allows at a second or two each.
 const LONGEST_HUNT: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How many schedules play side by side unless told: on 2 cores, 4 histories of 3 clients
-/// keep them busy without starving the clients past their leases.
-pub const DEFAULT_PARALLEL: u32 = 4;
+/// How many schedules play side by side unless told. A schedule mostly waits (on leases,
+/// pauses, its clients' start-up), so on 2 cores 8 histories of 3 clients keep the cores
+/// busy without starving the clients past their leases; 4 left them half idle
+/// (`cargo bench --bench speed` measures both).
+pub const DEFAULT_PARALLEL: u32 = 8;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = concat!("\

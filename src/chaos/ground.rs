@@ -17,7 +17,8 @@ use crate::servers::{self, ServerArgs, Servers};
 /// `--redis-url`, which chaos never restarts (server faults only on servers it started).
 pub struct Ground {
     pub servers: Servers,
-    pub lanes: Vec<Lane>,
+    /// Shared by every setup taken from it: the matrix plays all its designs' cells at once.
+    pub lanes: std::sync::Arc<Vec<Lane>>,
     /// The Redis was given: client faults only.
     pub redis_given: bool,
     pub run_id: String,
@@ -52,7 +53,7 @@ impl Ground {
         }
         let ground = Ground {
             servers,
-            lanes,
+            lanes: lanes.into(),
             redis_given: given.is_some() && uses_redis,
             run_id: crate::labs::new_run_id(),
             etcd_ring: None,
@@ -129,7 +130,7 @@ impl Ground {
             design,
             run_id: format!("{}_{}", self.run_id, design.name().replace('-', "_")),
             store_url: self.servers.url(Backend::Postgres).to_string(),
-            lanes: std::mem::take(&mut self.lanes),
+            lanes: self.lanes.clone(),
             etcd_url,
             etcd_ring: self.etcd_ring.clone().filter(|_| design.uses_etcd()),
             sentinel_ring: self.sentinel_ring.clone().filter(|_| design.uses_redis()),

@@ -29,7 +29,7 @@ pub struct Setup {
     pub run_id: String,
     pub store_url: String,
     /// Where schedules play side by side: each lane its own Redis.
-    pub lanes: Vec<Lane>,
+    pub lanes: std::sync::Arc<Vec<Lane>>,
     pub etcd_url: Option<String>,
     /// The etcd cluster whose leader a schedule may kill (issue 25).
     pub etcd_ring: Option<std::sync::Arc<super::cluster::EtcdRing>>,

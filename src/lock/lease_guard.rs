@@ -170,6 +170,16 @@ struct Samples {
 
 impl Sampler {
     pub fn start() -> Sampler {
+        Sampler::start_telling(Duration::MAX, |_| {})
+    }
+
+    /// A sampler that also calls `ran_again` with the gap whenever a gap of at least
+    /// `gap_from` ends: the first sample after a stop, the proof that the process runs again
+    /// (lab 9's stall times its next stop from it, not from a guess at the scheduler).
+    pub fn start_telling(
+        gap_from: Duration,
+        ran_again: impl Fn(Duration) + Send + 'static,
+    ) -> Sampler {
         let samples = Arc::new(Mutex::new(Samples {
             last: Instant::now(),
             widest: Duration::ZERO,
@@ -180,9 +190,16 @@ impl Sampler {
             while !stopping.load(Ordering::SeqCst) {
                 std::thread::sleep(SAMPLE_EVERY);
                 let now = Instant::now();
-                let mut samples = shared.lock().unwrap_or_else(|e| e.into_inner());
-                samples.widest = samples.widest.max(now - samples.last);
-                samples.last = now;
+                let gap = {
+                    let mut samples = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    let gap = now - samples.last;
+                    samples.widest = samples.widest.max(gap);
+                    samples.last = now;
+                    gap
+                };
+                if gap >= gap_from {
+                    ran_again(gap);
+                }
             }
         });
         Sampler {

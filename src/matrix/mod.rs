@@ -5,6 +5,7 @@ use serde_json::json;
 
 mod cells;
 mod merge;
+mod pool;
 mod table;
 
 use cells::exit_code;
@@ -13,11 +14,12 @@ use table::{footer, header, in_table_order, notes, row_line};
 
 use crate::chaos::play::space;
 use crate::chaos::shard::{Shard, parse_shard};
-use crate::chaos::{Ground, show, side_by_side};
+use crate::chaos::side_by_side::Played;
+use crate::chaos::{Ground, show};
 use crate::check::chaos::Judgement;
 use crate::designs::Design;
 use crate::exit::Exit;
-use crate::nemesis::generate::{self, FaultKind};
+use crate::nemesis::generate::FaultKind;
 use crate::output::{Style, count, json_line};
 use crate::servers::ServerArgs;
 
@@ -92,7 +94,7 @@ pub struct MatrixArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// How many schedules each cell plays (it stops at its first violation); the default
-    /// plays every cell in under 15 minutes on two cores
+    /// plays every cell in about 5 minutes on two cores
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub schedules: u32,
     /// Draw every cell's schedules from this seed (printed when not given)
@@ -165,86 +167,80 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
         );
         header(&kinds);
     }
-    let mut cells: Vec<Cell> = Vec::new();
+    // Every cell of the table, in order: `Some` where schedules play, `None` for `-` (or
+    // a cell another part of a --shard plays).
+    let mut to_play: Vec<Option<pool::ToPlay>> = Vec::new();
+    let mut owned = Vec::new();
     for (d, design) in designs.iter().enumerate() {
-        let mut setup = ground.setup(*design, false);
-        let design_run_id = setup.run_id.clone();
-        let mut row = Vec::new();
         for (f, kind) in kinds.iter().enumerate() {
-            if !shard.owns((d * kinds.len() + f) as u64) {
-                continue;
-            }
+            let mine = shard.owns((d * kinds.len() + f) as u64);
+            owned.push(mine);
+            let mut setup = ground.setup(*design, false);
             // Each cell's histories in their own namespace: the columns draw the same
             // schedule indexes, and one cell's keys must not meet the next cell's clients.
-            setup.run_id = format!("{design_run_id}_{}", kind.name().replace('-', "_"));
+            setup.run_id = format!("{}_{}", setup.run_id, kind.name().replace('-', "_"));
             let space = space(&setup, args.clients, &[*kind]);
-            let mut why_unknown = None;
             let no_server = (kind.restarts() && space.restartable.is_empty())
                 || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
                 || (*kind == FaultKind::Clock && space.jumping.is_empty())
                 || (*kind == FaultKind::Failover && !space.redis_failover)
                 || !space.kinds.contains(kind);
-            let (result, replay) = if no_server {
-                ("-".to_string(), None)
-            } else {
-                let next = |index: u64| {
-                    let seed = generate::nth_seed(seed, index);
-                    (index < u64::from(args.schedules)).then(|| side_by_side::Job {
-                        index,
-                        seed,
-                        schedule: generate::draw(seed, &space),
-                        clients: args.clients,
-                    })
-                };
-                let played = side_by_side::play(&setup, args.parallel, true, next, |_| {})?;
-                let unknown = played
-                    .iter()
-                    .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
-                    .count();
-                let found = played
-                    .iter()
-                    .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
-                    .min_by_key(|p| p.done);
-                match found {
-                    Some(p) => {
-                        let kind_word = p.trial.report.violations[0].kind();
-                        let replay = show::replay_command(*design, args.clients, &p.job.schedule);
-                        (format!("UNSAFE {kind_word}"), Some(replay))
-                    }
-                    None if unknown > 0 => {
-                        why_unknown = played
-                            .iter()
-                            .find_map(|p| p.trial.report.unknowns.first().cloned());
-                        (format!("UNKNOWN {unknown}/{}", played.len()), None)
-                    }
-                    None => (format!("SAFE ({})", played.len()), None),
-                }
-            };
-            let cell = Cell {
-                kind: "cell".into(),
-                design: *design,
-                fault: *kind,
-                result,
-                replay,
-                labs_call_it_safe: design.labs_call_it_safe_under(*kind),
-                unknown: why_unknown,
-            };
-            if style.json {
-                json_line(&cell);
-            }
-            row.push(cell);
-        }
-        ground.give_back(setup);
-        cells.extend(row);
-        let row: Vec<Cell> = cells
-            .iter()
-            .filter(|c| c.design == *design)
-            .cloned()
-            .collect();
-        if !style.json && !row.is_empty() {
-            crate::outln!("{}", row_line(*design, &kinds, &row, &notes(&cells)));
+            to_play.push((mine && !no_server).then_some(pool::ToPlay { setup, space }));
         }
     }
+    let plan = pool::Plan {
+        cells: &to_play,
+        seed,
+        schedules: args.schedules,
+        clients: args.clients,
+        parallel: args.parallel,
+    };
+    let mut results: Vec<Option<Cell>> = vec![None; to_play.len()];
+    for (c, playing) in to_play.iter().enumerate() {
+        if playing.is_none() && owned[c] {
+            results[c] = Some(cell_of(
+                designs[c / kinds.len()],
+                kinds[c % kinds.len()],
+                &[],
+                args.clients,
+            ));
+        }
+    }
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut rows_shown = 0;
+    let mut show_rows = |results: &[Option<Cell>], cells: &mut Vec<Cell>| {
+        // A row is shown once each of its cells is in, rows in order.
+        while rows_shown < designs.len() {
+            let row_at = rows_shown * kinds.len()..(rows_shown + 1) * kinds.len();
+            let in_row = row_at.clone().filter(|&c| owned[c]);
+            if in_row.clone().any(|c| results[c].is_none()) {
+                break;
+            }
+            let row: Vec<Cell> = in_row.filter_map(|c| results[c].clone()).collect();
+            if style.json {
+                row.iter().for_each(json_line);
+            }
+            cells.extend(row.iter().cloned());
+            let design = designs[rows_shown];
+            if !style.json && !row.is_empty() {
+                crate::outln!("{}", row_line(design, &kinds, &row, &notes(cells)));
+            }
+            rows_shown += 1;
+        }
+    };
+    show_rows(&results, &mut cells);
+    // Where the time went: how many schedules played, their own time summed, and the part
+    // of it spent starting their clients (the rest: the clients' work and the faults).
+    let (mut schedules_played, mut schedule_ms, mut startup_ms) = (0u64, 0u64, 0u64);
+    plan.play(|c, played| {
+        schedules_played += played.len() as u64;
+        schedule_ms += played.iter().map(|p| p.trial.ms).sum::<u64>();
+        startup_ms += played.iter().map(|p| p.trial.startup_ms).sum::<u64>();
+        let (design, kind) = (designs[c / kinds.len()], kinds[c % kinds.len()]);
+        results[c] = Some(cell_of(design, kind, &played, args.clients));
+        show_rows(&results, &mut cells);
+        Ok(())
+    })?;
     if style.json {
         let fields = json!({
             "seed": seed, "schedules_per_cell": args.schedules,
@@ -255,6 +251,10 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
             "designs": designs.iter().map(|d| d.name()).collect::<Vec<_>>(),
             "faults": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "clients": args.clients,
+            "parallel": args.parallel,
+            "schedules_played": schedules_played,
+            "schedule_seconds": schedule_ms as f64 / 1000.0,
+            "startup_seconds": startup_ms as f64 / 1000.0,
             "unsafe": cells.iter().any(|c| c.result.starts_with("UNSAFE")),
             "unknown": cells.iter().any(|c| c.result.starts_with("UNKNOWN")),
         });
@@ -269,6 +269,44 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
         );
     }
     Ok(exit_code(&cells, args.strict))
+}
+
+/// A cell from its played schedules: `-` when none played, the first violation found (in
+/// the order their histories were checked), the unknowns, or SAFE with how many played.
+fn cell_of(design: Design, kind: FaultKind, played: &[Played], clients: u32) -> Cell {
+    let mut why_unknown = None;
+    let unknown = played
+        .iter()
+        .filter(|p| p.trial.report.judgement() == Judgement::Unknown)
+        .count();
+    let found = played
+        .iter()
+        .filter(|p| p.trial.report.judgement() == Judgement::Unsafe)
+        .min_by_key(|p| p.done);
+    let (result, replay) = match found {
+        _ if played.is_empty() => ("-".to_string(), None),
+        Some(p) => {
+            let kind_word = p.trial.report.violations[0].kind();
+            let replay = show::replay_command(design, clients, &p.job.schedule);
+            (format!("UNSAFE {kind_word}"), Some(replay))
+        }
+        None if unknown > 0 => {
+            why_unknown = played
+                .iter()
+                .find_map(|p| p.trial.report.unknowns.first().cloned());
+            (format!("UNKNOWN {unknown}/{}", played.len()), None)
+        }
+        None => (format!("SAFE ({})", played.len()), None),
+    };
+    Cell {
+        kind: "cell".into(),
+        design,
+        fault: kind,
+        result,
+        replay,
+        labs_call_it_safe: design.labs_call_it_safe_under(kind),
+        unknown: why_unknown,
+    }
 }
 
 /// Refuses a table of `-` only: no asked-for kind reaches any asked-for design.

@@ -48,6 +48,12 @@ pub struct GuardedScript {
     /// The lock-delay D, for [`Guard::LockDelay`].
     #[serde(default)]
     pub lock_delay_ms: u64,
+    /// Say so (an A `resumed` event) each time its clock sampler runs after a gap of at
+    /// least this many ms: under lab 9's stall, the proof that A runs again, from which the
+    /// nemesis times its next stop. A sampler runs for this even under guards that do not
+    /// look at it.
+    #[serde(default)]
+    pub say_runs_again_after_ms: Option<u64>,
 }
 
 pub fn run(script: &GuardedScript) -> Result<()> {
@@ -98,7 +104,22 @@ pub fn run(script: &GuardedScript) -> Result<()> {
             None => format!("took the lock (TTL {})", human(ttl)),
         },
     ));
-    let sampler = (script.guard == Guard::PauseDetect).then(Sampler::start);
+    let sampler = match script.say_runs_again_after_ms {
+        Some(gap_from_ms) => {
+            let name = script.name.clone();
+            Some(Sampler::start_telling(
+                Duration::from_millis(gap_from_ms),
+                move |gap| {
+                    let me = Emitter::new(&name);
+                    me.send(me.event(
+                        What::Resumed(FaultFacts::paused_for(gap)),
+                        format!("runs again: its clock sampler saw a {} gap", human(gap)),
+                    ));
+                },
+            ))
+        }
+        None => (script.guard == Guard::PauseDetect).then(Sampler::start),
+    };
     let heartbeat = match script.guard {
         Guard::RenewThird => Some(Heartbeat::start(
             RedisLock::new(connect::redis(&script.redis_url)?, &script.key, ttl),
@@ -117,7 +138,9 @@ pub fn run(script: &GuardedScript) -> Result<()> {
         )?;
     }
     let watch = Watch {
-        sampler: sampler.as_ref(),
+        sampler: sampler
+            .as_ref()
+            .filter(|_| script.guard == Guard::PauseDetect),
         heartbeat: heartbeat.as_ref(),
     };
     let decision = script.guard.decide(&lease, &mut lock, &held, &watch)?;

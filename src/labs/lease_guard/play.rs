@@ -14,6 +14,7 @@ use crate::events::facts::GuardDecided;
 use crate::events::{Event, Kind, What};
 use crate::labs::faults::{Faults, Until};
 use crate::labs::runner::Run;
+use crate::labs::stage::History;
 use crate::labs::{Stage, WorkerHandle};
 use crate::lock::lease_guard::Guard;
 use crate::nemesis::clock::WorkerClock;
@@ -27,6 +28,9 @@ use crate::worker::holder::{AfterWrite, BeforeWrite, HolderScript, LockSpec};
 pub(super) struct Cell<'a> {
     pub(super) plan: &'a Plan,
     pub(super) run: &'a Run,
+    /// Where the cell's events are kept: the run's, or the cell's own while cells play
+    /// side by side.
+    pub(super) history: History,
     pub(super) fault: LeaseFault,
     pub(super) guard: Guard,
 }
@@ -131,7 +135,8 @@ impl Cell<'_> {
     /// guard).
     fn stage(&self) -> Stage {
         let (fault, guard) = (self.fault, self.guard);
-        let mut stage = self.run.stage();
+        let mut stage =
+            Stage::on_clock(self.run.style, self.run.started).recorded_in(&self.history);
         stage.timeline.say("");
         stage.timeline.say(
             &format!("── guard {} × fault {} ──", guard.as_str(), fault.as_str())
@@ -172,6 +177,10 @@ impl Cell<'_> {
                 _ => StopAt::Nowhere,
             },
             lock_delay_ms: plan.lock_delay.as_millis() as u64,
+            say_runs_again_after_ms: (self.fault == LeaseFault::Stall)
+                .then(|| schedule::runs_again_after(plan))
+                .flatten()
+                .map(|gap| gap.as_millis() as u64),
         })
     }
 

@@ -3,8 +3,9 @@
 //! nemesis's one player, every stop, clock fault and held write an event of the history.
 //!
 //! ```text
-//!  stall              pause A for 100ms at +0, +120ms, +240ms… after A's working,
-//!                     up to --overrun past its lease; resume A once B has written
+//!  stall              pause A for 100ms after A's working, and again 20ms after each
+//!                     time A says it runs again, up to --overrun past its lease;
+//!                     resume A once B has written
 //!  pause-before-check pause A where it stops itself; resume it once B has written,
 //!                     or --overrun past its lease
 //!  delayed-write      hold A→store after A's working; heal once B has written, or
@@ -17,6 +18,7 @@ use std::time::Duration;
 use super::{LeaseFault, Plan, STALL_RUN};
 use crate::events::Kind;
 use crate::labs::faults::Cue;
+use crate::lock::lease_guard::SAMPLE_EVERY;
 use crate::nemesis::schedule::{Anchor, How, Kinds, Schedule, Step};
 use crate::nemesis::{Fault, Note};
 use crate::output::human;
@@ -77,7 +79,7 @@ pub(super) fn of(plan: &Plan, fault: LeaseFault) -> Schedule {
             }
             steps.into_iter().map(plain).collect()
         }
-        LeaseFault::Stall => stall(plan.stall_stop, lasts_ms)
+        LeaseFault::Stall => stall(plan.stall_stop, lasts_ms, runs_again_after(plan).is_some())
             .into_iter()
             .map(plain)
             .collect(),
@@ -94,20 +96,45 @@ pub(super) fn of(plan: &Plan, fault: LeaseFault) -> Schedule {
     Schedule::done_so(steps)
 }
 
-/// The stall: stops of `stop` with [`STALL_RUN`] between, from A's work until `lasts_ms`
-/// (the last one cut short there), and the stop B's write finds ended then.
-fn stall(stop: Duration, lasts_ms: u64) -> Vec<Step> {
+/// The gap after which A's clock sampler says A runs again, under the stall: half a stop,
+/// and no less than three samples' time (a busy machine's scheduling gaps are shorter). A
+/// stop too short to tell from those gaps (under 60ms) is timed from A's work alone.
+pub(super) fn runs_again_after(plan: &Plan) -> Option<Duration> {
+    let at_least = SAMPLE_EVERY * 3;
+    (plan.stall_stop >= at_least * 2).then(|| (plan.stall_stop / 2).max(at_least))
+}
+
+/// The stall: stops of `stop` from A's work until `lasts_ms`, and the stop B's write finds
+/// ended then. With `from_a_running`, each stop after the first comes [`STALL_RUN`] after A
+/// said it runs again (its sampler's first sample after the stop before): however busy the
+/// machine, A ran between two stops, and no two stops and the run between look like one to
+/// pause detection. Without it (stops too short to tell), [`STALL_RUN`] after the SIGCONT,
+/// the last stop cut short at `lasts_ms`.
+fn stall(stop: Duration, lasts_ms: u64, from_a_running: bool) -> Vec<Step> {
     let (stop_ms, run_ms) = (stop.as_millis() as u64, STALL_RUN.as_millis() as u64);
     let mut steps = Vec::new();
     let mut at_ms = 0;
     while at_ms < lasts_ms {
-        let mut pause = step(a_working(), at_ms, Fault::Pause, "A");
-        pause.duration_ms = Some(stop_ms.min(lasts_ms - at_ms));
+        let stops = steps.len() as u32;
+        let mut pause = match stops {
+            0 => step(a_working(), 0, Fault::Pause, "A"),
+            _ if from_a_running => step(a_running_again(stops), run_ms, Fault::Pause, "A"),
+            _ => step(a_working(), at_ms, Fault::Pause, "A"),
+        };
+        pause.duration_ms = Some(match from_a_running {
+            true => stop_ms,
+            false => stop_ms.min(lasts_ms - at_ms),
+        });
         steps.push(pause);
         at_ms += stop_ms + run_ms;
     }
     steps.push(step(b_done(), 0, Fault::Resume, "A"));
     steps
+}
+
+/// A said for the `nth` time that it runs again after a stop.
+fn a_running_again(nth: u32) -> Anchor {
+    Anchor::on("A", Kind::Resumed, nth)
 }
 
 /// What the timeline says of each of the cell's faults: `schedule` is the cell's (a step
@@ -118,6 +145,7 @@ pub(super) fn words(
     schedule: Schedule,
 ) -> impl FnMut(&Cue) -> Note + 'static {
     let (pause, overrun, clock_step) = (plan.pause, plan.overrun, plan.clock_step);
+    let from_a_running = runs_again_after(plan).is_some();
     let mut stops = 0;
     move |cue| {
         let step = cue.action.step.and_then(|i| schedule.steps().get(i));
@@ -154,6 +182,10 @@ pub(super) fn words(
             (Fault::Resume, LeaseFault::Stall) if after_b => {
                 format!("SIGCONT after {held} (B had written)")
             }
+            (Fault::Resume, LeaseFault::Stall) if from_a_running => format!(
+                "SIGCONT after {held}: A runs {} from when it says it runs again",
+                human(STALL_RUN)
+            ),
             (Fault::Resume, LeaseFault::Stall) => {
                 format!("SIGCONT after {held}: A runs for {}", human(STALL_RUN))
             }

@@ -85,6 +85,23 @@ impl History {
             .unwrap_or_default()
     }
 
+    /// Moves `part`'s events and schedules to the end of this history: a lab that plays
+    /// its parts side by side keeps each part's history apart, and appends them in order.
+    pub fn append(&self, part: &History) {
+        let events = part.take();
+        if let Ok(mut all) = self.events.lock() {
+            all.extend(events);
+        }
+        let schedules = part
+            .schedules
+            .lock()
+            .map(|mut kept| std::mem::take(&mut *kept))
+            .unwrap_or_default();
+        for (play, schedule) in schedules {
+            self.played(play, &schedule);
+        }
+    }
+
     /// Keeps the schedule of play `play` as it stands now (a play whose schedule grows as
     /// it plays says so again).
     fn played(&self, play: u64, schedule: &Schedule) {
