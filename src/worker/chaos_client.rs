@@ -534,9 +534,9 @@ impl Client<'_> {
             &[run_id, &record],
         )?;
         let (version, stored): (i64, Option<i64>) = (row.get(0), row.get(1));
-        if read.is_some() {
-            designs::Desk::at(self, job, Point::MidWrite)?;
-        }
+        // Said by every write, the idempotency key's too (it read nothing, but its write
+        // holds the row lock all the same): the moment `working` faults aim at.
+        designs::Desk::at(self, job, Point::MidWrite)?;
         let (accepted, token) = match rule {
             Rule::Guarded(Guard::None) => (true, None),
             Rule::Guarded(Guard::NotLower(t)) => (stored.is_none_or(|s| s <= t), Some(t)),
