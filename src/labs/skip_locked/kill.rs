@@ -31,14 +31,11 @@ impl Play<'_> {
         nemesis: &mut Nemesis,
         jobs: u32,
     ) -> Result<Option<f64>> {
-        round.stage.timeline.say(&format!(
-            "{}",
-            format!(
-                "Round 2 — the kill: {}; w1 claims one and dies before it commits",
-                count(jobs, "new job", "new jobs")
-            )
-            .bold()
-        ));
+        let heading = format!(
+            "Round 2 — the kill: {}; w1 claims one and dies before it commits",
+            count(jobs, "new job", "new jobs")
+        );
+        round.stage.timeline.say(&heading.bold().to_string());
         round.fill(2, jobs)?;
         let (victim, others) = workers.split_first_mut().expect("at least 2 workers");
         victim.tell("hold 2")?;
@@ -55,12 +52,35 @@ impl Play<'_> {
             worker.tell("drain 2")?;
         }
         round.pump_for(KILL_AFTER, 2, jobs)?;
+        let kill_at = self.kill(round, nemesis, victim, job)?;
+        round.dead.push(victim.name.clone());
+        let mut evidence = Kill {
+            victim: victim.name.clone(),
+            ..Kill::default()
+        };
+        self.watch_for_the_reclaim(round, &mut evidence, job, kill_at, jobs)?;
+        let by = round.processed_by(job)?;
+        evidence.dead = round.dead.clone();
+        let outcome = self.outcome(round, &mut evidence, job, by.len())?;
+        round.stage.record(job_read(job, &by));
+        Ok(match outcome {
+            KillOutcome::Reclaimed { after_ms, .. } => Some(round1(after_ms)),
+            _ => None,
+        })
+    }
+
+    /// Played now, a step added to the round's schedule as it comes: the kill's line
+    /// carries what Postgres counts just before it, and the reclaim is timed from
+    /// Postgres's own clock read at that moment (returned).
+    fn kill(
+        &self,
+        round: &mut Round,
+        nemesis: &mut Nemesis,
+        victim: &mut WorkerHandle,
+        job: i64,
+    ) -> Result<SystemTime> {
         let (done_before_kill, _) = round.counts(2)?;
         round.show_blocked(&self.session(""), "w1", &self.session("w1"), job)?;
-
-        // Played now, a step added to the round's schedule as it comes: the kill's line
-        // carries what Postgres counts just before it, and the reclaim is timed from
-        // Postgres's own clock read at that moment.
         let kill_at: SystemTime = round.db.query_one("SELECT clock_timestamp()", &[])?.get(0);
         let how = if self.mode.transactional() {
             "its transaction is open, the job is claimed but not done"
@@ -77,7 +97,7 @@ impl Play<'_> {
         round.stage.play_now(
             &mut faults,
             nemesis,
-            &mut [&mut *victim],
+            &mut [victim],
             (Fault::Kill, &name),
             Note::new(
                 words,
@@ -88,48 +108,62 @@ impl Play<'_> {
                 },
             ),
         )?;
-        round.dead.push(victim.name.clone());
+        Ok(kill_at)
+    }
 
-        // Watch for the job coming back, until the round is over: its first processing in
-        // the table, and how long after the kill Postgres stamped its claim.
+    /// Watches for the job coming back, until the round is over: its first processing in
+    /// the table, and how long after the kill Postgres stamped its claim.
+    fn watch_for_the_reclaim(
+        &self,
+        round: &mut Round,
+        evidence: &mut Kill,
+        job: i64,
+        kill_at: SystemTime,
+        jobs: u32,
+    ) -> Result<()> {
         let reclaim_sql = self.queue.sql(
             "SELECT worker, extract(epoch FROM claimed_at - $2::timestamptz)::float8 * 1000
              FROM {processing} WHERE job_id = $1 ORDER BY claimed_at LIMIT 1",
         );
-        let mut evidence = Kill {
-            victim: victim.name.clone(),
-            ..Kill::default()
-        };
         round.until_done(2, jobs, |round| {
-            if evidence.first_claim.is_none()
-                && let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])?
-            {
-                evidence.first_claim = Some((row.get(0), row.get(1)));
-                if let KillOutcome::Reclaimed { by, after_ms } = checks::kill_outcome(&evidence) {
-                    round.stage.record(Event::new(
-                        "pg",
-                        What::Reclaimed(Handover {
-                            job: Some(job),
-                            by: Some(by.clone()),
-                            reclaim_ms: Some(round1(after_ms)),
-                            ..Handover::default()
-                        }),
-                        format!(
-                            "{by} claimed job {job} {after_ms:.1}ms after the kill: Postgres \
-                                 rolled back w1's transaction when its connection closed (no TTL \
-                                 involved){}",
-                            reclaim_how(self.mode)
-                        ),
-                    ));
-                }
+            if evidence.first_claim.is_some() {
+                return Ok(());
+            }
+            let Some(row) = round.db.query_opt(&reclaim_sql, &[&job, &kill_at])? else {
+                return Ok(());
+            };
+            evidence.first_claim = Some((row.get(0), row.get(1)));
+            if let KillOutcome::Reclaimed { by, after_ms } = checks::kill_outcome(evidence) {
+                round.stage.record(Event::new(
+                    "pg",
+                    What::Reclaimed(Handover {
+                        job: Some(job),
+                        by: Some(by.clone()),
+                        reclaim_ms: Some(round1(after_ms)),
+                        ..Handover::default()
+                    }),
+                    format!(
+                        "{by} claimed job {job} {after_ms:.1}ms after the kill: Postgres \
+                         rolled back w1's transaction when its connection closed (no TTL \
+                         involved){}",
+                        reclaim_how(self.mode)
+                    ),
+                ));
             }
             Ok(())
-        })?;
+        })
+    }
 
-        let by = round.processed_by(job)?;
-        evidence.dead = round.dead.clone();
+    /// The kill's outcome: reclaimed, or — the job's row read back — lost, said so.
+    fn outcome(
+        &self,
+        round: &mut Round,
+        evidence: &mut Kill,
+        job: i64,
+        times_processed: usize,
+    ) -> Result<KillOutcome> {
         if !matches!(
-            checks::kill_outcome(&evidence),
+            checks::kill_outcome(evidence),
             KillOutcome::Reclaimed { .. }
         ) {
             let row = round.db.query_one(
@@ -140,7 +174,7 @@ impl Play<'_> {
             )?;
             evidence.row = Some((row.get(0), row.get(1)));
         }
-        let outcome = checks::kill_outcome(&evidence);
+        let outcome = checks::kill_outcome(evidence);
         if let KillOutcome::Lost {
             status,
             holder,
@@ -159,19 +193,15 @@ impl Play<'_> {
                     job: Some(job),
                     status: Some(status.as_str().into()),
                     claimed_by: holder.clone(),
-                    times_processed: Some(by.len() as u64),
+                    times_processed: Some(times_processed as u64),
                     ..JobFate::default()
                 }),
                 format!(
                     "job {job} was never claimed again: its row says status '{status}', \
-                         claimed_by {name}; {why}"
+                     claimed_by {name}; {why}"
                 ),
             ));
         }
-        round.stage.record(job_read(job, &by));
-        Ok(match outcome {
-            KillOutcome::Reclaimed { after_ms, .. } => Some(round1(after_ms)),
-            _ => None,
-        })
+        Ok(outcome)
     }
 }
