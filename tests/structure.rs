@@ -869,7 +869,6 @@ fn longer_than(dir: &str, limit: usize, skip: &[&str]) -> Vec<(String, usize, St
 /// leaves it: nothing is added.
 const CHOREOGRAPHY_STILL_LONG: &[&str] = &[
     "src/labs/naive/stuck.rs::stuck",
-    "src/labs/skip_locked/play.rs::rounds",
 ];
 
 #[test]

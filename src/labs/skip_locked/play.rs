@@ -14,8 +14,8 @@ use crate::check::{self, skip_locked as checks};
 use crate::connect;
 use crate::events::facts::Observed;
 use crate::events::{Event, What};
-use crate::labs::Stage;
 use crate::labs::leftovers::Leftovers;
+use crate::labs::{Stage, WorkerHandle};
 use crate::nemesis::Nemesis;
 use crate::output::{Style, count};
 use crate::queue::{CREATE_JOBS, CREATE_PROCESSING, Mode, Queue, TIMES_PROCESSED};
@@ -58,17 +58,56 @@ impl Play<'_> {
 
     fn rounds(&self, db: &mut Client, stage: &mut Stage) -> Result<Played> {
         let args = self.plan;
+        self.say_heading(stage);
+        let mut workers = self.spawn_workers(stage)?;
+        let mut round = Round {
+            stage,
+            work: args.work,
+            run_id: self.run_id,
+            db,
+            queue: &self.queue,
+            style: self.style,
+            workers: args.workers,
+            dead: Vec::new(),
+            next_id: 1,
+        };
+        // Every fault of this mode goes through here; declared after the workers, it is
+        // dropped before them, so a worker paused when the mode fails is resumed first.
+        let mut nemesis = Nemesis::new();
+        let jobs_per_s = self.queue_round(&mut round, &mut workers)?;
+        let fault_jobs = args.fault_jobs();
+        let mut reclaim_ms = None;
+        if args.fault.kills() {
+            reclaim_ms = self.kill_round(&mut round, &mut workers, &mut nemesis, fault_jobs)?;
+        }
+        let mut freeze = None;
+        if args.fault.freezes() {
+            freeze = Some(self.freeze_round(&mut round, &mut workers, &mut nemesis, fault_jobs)?);
+        }
+        for worker in &mut workers {
+            worker.finish(Duration::from_secs(5));
+        }
+        round.stage.drain();
+        round.check_errors()?;
+        let verdict = self.read_back(&mut round, jobs_per_s, reclaim_ms)?;
+        Ok(Played { verdict, freeze })
+    }
+
+    /// The mode's heading: green for SKIP LOCKED, red for the naive claim, yellow for
+    /// FOR UPDATE's waits.
+    fn say_heading(&self, stage: &mut Stage) {
         stage.timeline.say("");
         let heading = format!("── {} ──", self.mode.name());
-        stage.timeline.say(&format!(
-            "{}",
-            match self.mode {
-                Mode::SkipLocked => heading.green().bold(),
-                Mode::Naive => heading.red().bold(),
-                Mode::ForUpdate => heading.yellow().bold(),
-            }
-        ));
+        let heading = match self.mode {
+            Mode::SkipLocked => heading.green().bold(),
+            Mode::Naive => heading.red().bold(),
+            Mode::ForUpdate => heading.yellow().bold(),
+        };
+        stage.timeline.say(&heading.to_string());
+    }
 
+    fn spawn_workers(&self, stage: &mut Stage) -> Result<Vec<WorkerHandle>> {
+        let args = self.plan;
         let mut workers = Vec::new();
         for i in 1..=args.workers {
             let name = format!("w{i}");
@@ -85,54 +124,33 @@ impl Play<'_> {
             };
             workers.push(stage.spawn(&name, &WorkerSpec::Consumer(role))?);
         }
-        let mut round = Round {
-            stage,
-            work: args.work,
-            run_id: self.run_id,
-            db,
-            queue: &self.queue,
-            style: self.style,
-            workers: args.workers,
-            dead: Vec::new(),
-            next_id: 1,
-        };
-        // Every fault of this mode goes through here; declared after the workers, it is
-        // dropped before them, so a worker paused when the mode fails is resumed first.
-        let mut nemesis = Nemesis::new();
+        Ok(workers)
+    }
 
-        // Round 1: the queue, no faults.
-        round.stage.timeline.say(&format!(
-            "{}",
-            format!(
-                "Round 1 — the queue: {}, {}, no faults",
-                count(args.jobs, "job", "jobs"),
-                count(args.workers, "worker", "workers")
-            )
-            .bold()
-        ));
+    /// Round 1: the queue, no faults; its speed in jobs a second.
+    fn queue_round(&self, round: &mut Round, workers: &mut [WorkerHandle]) -> Result<f64> {
+        let args = self.plan;
+        let heading = format!(
+            "Round 1 — the queue: {}, {}, no faults",
+            count(args.jobs, "job", "jobs"),
+            count(args.workers, "worker", "workers")
+        );
+        round.stage.timeline.say(&heading.bold().to_string());
         round.fill(1, args.jobs)?;
-        for worker in &mut workers {
+        for worker in workers.iter_mut() {
             worker.tell("drain 1")?;
         }
         round.until_done(1, args.jobs, |_| Ok(()))?;
-        let jobs_per_s = round.summarise_speed(1)?;
+        round.summarise_speed(1)
+    }
 
-        let fault_jobs = args.fault_jobs();
-        let mut reclaim_ms = None;
-        if args.fault.kills() {
-            reclaim_ms = self.kill_round(&mut round, &mut workers, &mut nemesis, fault_jobs)?;
-        }
-        let mut freeze = None;
-        if args.fault.freezes() {
-            freeze = Some(self.freeze_round(&mut round, &mut workers, &mut nemesis, fault_jobs)?);
-        }
-
-        for worker in &mut workers {
-            worker.finish(Duration::from_secs(5));
-        }
-        round.stage.drain();
-        round.check_errors()?;
-
+    /// The processing table read back: how often each job was processed.
+    fn read_back(
+        &self,
+        round: &mut Round,
+        jobs_per_s: f64,
+        reclaim_ms: Option<f64>,
+    ) -> Result<ModeVerdict> {
         let times: Vec<i64> = round
             .db
             .query(&self.queue.sql(TIMES_PROCESSED), &[])?
@@ -149,21 +167,20 @@ impl Play<'_> {
             reclaim_ms,
         };
         let once = processed.once;
+        let evidence = Observed {
+            once: Some(once as u64),
+            duplicates: Some(verdict.duplicates as u64),
+            lost: Some(verdict.lost as u64),
+            ..Observed::default()
+        };
+        let what = if checks::every_job_once(&processed) {
+            What::ExactlyOnce(evidence)
+        } else {
+            What::Violation(evidence)
+        };
         round.stage.record(Event::new(
             "pg",
-            {
-                let evidence = Observed {
-                    once: Some(once as u64),
-                    duplicates: Some(verdict.duplicates as u64),
-                    lost: Some(verdict.lost as u64),
-                    ..Observed::default()
-                };
-                if checks::every_job_once(&processed) {
-                    What::ExactlyOnce(evidence)
-                } else {
-                    What::Violation(evidence)
-                }
-            },
+            what,
             format!(
                 "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
                 count(verdict.jobs, "job", "jobs"),
@@ -171,7 +188,7 @@ impl Play<'_> {
                 verdict.lost
             ),
         ));
-        Ok(Played { verdict, freeze })
+        Ok(verdict)
     }
 
     pub(super) fn session(&self, worker: &str) -> String {
