@@ -10,9 +10,11 @@ use super::verdict::{Evidence, StuckEvidence, Tally};
 use super::{Play, RedisStep, Scenario, pttl_text, whose};
 use crate::check::Finding;
 use crate::check::naive as checks;
+use crate::connect::RedisConn;
 use crate::events::What;
 use crate::events::facts::{Observed, Pttl};
 use crate::events::{Event, Kind};
+use crate::labs::Stage;
 use crate::labs::faults::{Faults, Until};
 use crate::lock::redis::owner_and_pttl;
 use crate::nemesis::schedule::{Schedule, Step};
@@ -62,22 +64,7 @@ impl Play<'_> {
             e.worker == "A" && (e.kind() == Kind::Acquired || e.kind() == Kind::Between)
         })?;
         let a_owner = took.owner().map(String::from);
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query(&mut redis)
-            .step(url, "reading A's key's PTTL after it took the lock")?;
-        stage.record(Event::new(
-            "redis",
-            Pttl {
-                pttl_ms: pttl,
-                ..Pttl::default()
-            },
-            match pttl {
-                -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
-                -2 => "PTTL → -2: there is no key".to_string(),
-                ms => format!("PTTL → {ms}ms: the key will expire by itself"),
-            },
-        ));
+        record_pttl(&mut stage, &mut redis, &key, url)?;
         let where_ = match acquire {
             Acquire::SetnxThenExpire => "between SETNX and PEXPIRE: the PEXPIRE is never sent",
             _ => "while it holds the lock: its release never runs",
@@ -89,92 +76,18 @@ impl Play<'_> {
         let killed_at = Instant::now();
 
         let mut b = stage.spawn("B", &self.spec("B", holder))?;
-        let bar = self
-            .style
-            .progress(args.wait.as_millis() as u64, "  {msg} [{bar:30}]");
-        stage.timeline.attach_bar(bar);
-        let deadline = Instant::now() + args.wait + Duration::from_secs(10);
-        let mut last_look = Instant::now() - Duration::from_secs(1);
-        // When A's key went (None: not seen gone yet), for telling a lapse from a vanishing.
-        let mut gone_at: Option<Instant> = None;
-        let b_result = (|| loop {
-            if let Some(event) = stage.next(Duration::from_millis(10)) {
-                if event.kind() == Kind::Error {
-                    return Err(crate::labs::worker_failed(&event.worker, &event.text));
-                }
-                if event.worker == "B"
-                    && (event.kind() == Kind::Acquired || event.kind() == Kind::GaveUp)
-                {
-                    if event.kind() == Kind::Acquired {
-                        gone_at.get_or_insert_with(Instant::now);
-                    }
-                    return Ok(event);
-                }
-            }
-            if Instant::now() > deadline {
-                bail!("timed out waiting for B to take the lock or give up");
-            }
-            if last_look.elapsed() >= Duration::from_millis(50) {
-                last_look = Instant::now();
-                let (owner, pttl) = owner_and_pttl(&mut redis, &key)
-                    .step(url, "watching A's key's PTTL while B waits")?;
-                if owner.is_some() && owner == a_owner {
-                    key_watch.present(last_look, pttl);
-                } else {
-                    gone_at.get_or_insert(last_look);
-                }
-                if let Some(bar) = stage.timeline.bar() {
-                    bar.set_position(killed_at.elapsed().as_millis() as u64);
-                    bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
-                }
-            }
-        })();
-        stage.timeline.clear_bar();
-        let b_result = b_result?;
-        let b_owner = b_result.owner().map(String::from);
-
-        // The evidence: who the key names now, and whether it will ever expire.
-        let (owner, pttl) =
-            owner_and_pttl(&mut redis, &key).step(url, "reading the lock back from Redis")?;
-        let dead_owner = checks::dead_owner(owner.as_deref(), a_owner.as_deref()) == Finding::Yes;
-        let since_kill = killed_at.elapsed();
-        let read = format!(
-            "GET → {}, PTTL → {}",
-            whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
-            pttl_text(pttl)
-        );
-        if !dead_owner
-            && let Some(gone_at) = gone_at
-            && let Some(vanished) = key_watch.gone(gone_at)?
-        {
-            return Err(vanished.stop_the_lab(&mut stage, "A"));
-        }
-        let text = if dead_owner {
-            format!(
-                "{read}: {} after A died the lock still belongs to it{}",
-                human(since_kill),
-                if pttl == -1 {
-                    ", and no expiry will free it"
-                } else {
-                    ""
-                }
-            )
-        } else {
-            format!(
-                "{read}: A's key is gone, lapsed with its TTL of {}",
-                human(args.ttl)
-            )
+        let mut watch = Watch {
+            redis: &mut redis,
+            url,
+            key: &key,
+            a_owner: a_owner.as_deref(),
+            keys: &mut key_watch,
+            killed_at,
+            gone_at: None,
         };
-        stage.record(Event::new(
-            "redis",
-            What::RedisRead(Observed {
-                dead_owner: Some(dead_owner),
-                key_owner: owner.clone(),
-                pttl_ms: Some(pttl),
-                ..Observed::default()
-            }),
-            text,
-        ));
+        let b_result = self.wait_for_b(&mut stage, &mut watch)?;
+        let b_owner = b_result.owner().map(String::from);
+        let (dead_owner, pttl) = self.read_the_lock_back(&mut stage, &mut watch, b_owner)?;
         if b_result.kind() == Kind::Acquired {
             b.tell("finish")?;
             stage.wait_for(Duration::from_secs(5), "B to release", |e| {
@@ -198,4 +111,132 @@ impl Play<'_> {
         };
         Ok(Tally::new(dead_owner as u32, 1, Evidence::Stuck(evidence)))
     }
+
+    /// The evidence: who the key names now, and whether it will ever expire — Redis's
+    /// answers, recorded. A key that vanished (deleted, flushed, evicted) stops the lab.
+    fn read_the_lock_back(
+        &self,
+        stage: &mut Stage,
+        watch: &mut Watch,
+        b_owner: Option<String>,
+    ) -> Result<(bool, i64)> {
+        let (owner, pttl) = owner_and_pttl(watch.redis, watch.key)
+            .step(watch.url, "reading the lock back from Redis")?;
+        let a_owner = watch.a_owner.map(String::from);
+        let dead_owner = checks::dead_owner(owner.as_deref(), watch.a_owner) == Finding::Yes;
+        let since_kill = watch.killed_at.elapsed();
+        let read = format!(
+            "GET → {}, PTTL → {}",
+            whose(owner.as_deref(), &[("A", &a_owner), ("B", &b_owner)]),
+            pttl_text(pttl)
+        );
+        if !dead_owner
+            && let Some(gone_at) = watch.gone_at
+            && let Some(vanished) = watch.keys.gone(gone_at)?
+        {
+            return Err(vanished.stop_the_lab(stage, "A"));
+        }
+        let text = if dead_owner {
+            let never = if pttl == -1 {
+                ", and no expiry will free it"
+            } else {
+                ""
+            };
+            let since = human(since_kill);
+            format!("{read}: {since} after A died the lock still belongs to it{never}")
+        } else {
+            let ttl = human(self.plan.ttl);
+            format!("{read}: A's key is gone, lapsed with its TTL of {ttl}")
+        };
+        stage.record(Event::new(
+            "redis",
+            What::RedisRead(Observed {
+                dead_owner: Some(dead_owner),
+                key_owner: owner,
+                pttl_ms: Some(pttl),
+                ..Observed::default()
+            }),
+            text,
+        ));
+        Ok((dead_owner, pttl))
+    }
+
+    /// B tries for the lock while lockslab watches A's key (its PTTL on the bar, and when
+    /// it went): until B takes the lock or gives up.
+    fn wait_for_b(&self, stage: &mut Stage, watch: &mut Watch) -> Result<Event> {
+        let wait = self.plan.wait;
+        let bar = self
+            .style
+            .progress(wait.as_millis() as u64, "  {msg} [{bar:30}]");
+        stage.timeline.attach_bar(bar);
+        let deadline = Instant::now() + wait + Duration::from_secs(10);
+        let mut last_look = Instant::now() - Duration::from_secs(1);
+        let b_result = (|| loop {
+            if let Some(event) = stage.next(Duration::from_millis(10)) {
+                if event.kind() == Kind::Error {
+                    return Err(crate::labs::worker_failed(&event.worker, &event.text));
+                }
+                if event.worker == "B"
+                    && (event.kind() == Kind::Acquired || event.kind() == Kind::GaveUp)
+                {
+                    if event.kind() == Kind::Acquired {
+                        watch.gone_at.get_or_insert_with(Instant::now);
+                    }
+                    return Ok(event);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for B to take the lock or give up");
+            }
+            if last_look.elapsed() >= Duration::from_millis(50) {
+                last_look = Instant::now();
+                let (owner, pttl) = owner_and_pttl(watch.redis, watch.key)
+                    .step(watch.url, "watching A's key's PTTL while B waits")?;
+                if owner.is_some() && owner.as_deref() == watch.a_owner {
+                    watch.keys.present(last_look, pttl);
+                } else {
+                    watch.gone_at.get_or_insert(last_look);
+                }
+                if let Some(bar) = stage.timeline.bar() {
+                    bar.set_position(watch.killed_at.elapsed().as_millis() as u64);
+                    bar.set_message(format!("B keeps trying; A's key: PTTL {}", pttl_text(pttl)));
+                }
+            }
+        })();
+        stage.timeline.clear_bar();
+        b_result
+    }
+}
+
+/// A's key as lockslab watches it while B waits: when it went (None: not seen gone yet),
+/// to tell a lapse from a key that vanished.
+struct Watch<'w> {
+    redis: &'w mut RedisConn,
+    url: &'w str,
+    key: &'w str,
+    a_owner: Option<&'w str>,
+    keys: &'w mut KeyWatch,
+    killed_at: Instant,
+    gone_at: Option<Instant>,
+}
+
+/// Redis's own word on A's key just after A took the lock: will it ever expire?
+fn record_pttl(stage: &mut Stage, redis: &mut RedisConn, key: &str, url: &str) -> Result<()> {
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query(redis)
+        .step(url, "reading A's key's PTTL after it took the lock")?;
+    stage.record(Event::new(
+        "redis",
+        Pttl {
+            pttl_ms: pttl,
+            ..Pttl::default()
+        },
+        match pttl {
+            -1 => "PTTL → -1: the key exists and has no expiry".to_string(),
+            -2 => "PTTL → -2: there is no key".to_string(),
+            ms => format!("PTTL → {ms}ms: the key will expire by itself"),
+        },
+    ));
+    Ok(())
 }
