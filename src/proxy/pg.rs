@@ -512,6 +512,10 @@ fn quoted(sql: &[u8], at: usize, quote: u8, backslash: bool) -> (Vec<u8>, usize)
 /// on: the proxy does not follow the setting, so a query writes if it does read either way.
 fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
     let conforming = statements_write(&tokens(sql, false), table, prepared);
+    // Without a backslash both readings are the same: read once.
+    if !sql.contains(&b'\\') {
+        return conforming;
+    }
     let escaping = statements_write(&tokens(sql, true), table, prepared);
     conforming || escaping
 }

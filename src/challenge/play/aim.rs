@@ -119,6 +119,7 @@ impl Run<'_> {
     fn aim(&self, index: usize, fault: Fault, net: NetFault, resume: Option<(Action, u64)>) -> Aim {
         let seat = &self.seats[index];
         let job = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
+        let skip = Aimed::skip_for(seat, self.writes_most_ok);
         Aim {
             fault,
             armed: Instant::now(),
@@ -126,8 +127,8 @@ impl Run<'_> {
             resume,
             net,
             told: None,
-            skip: Aimed::skip_for(seat, self.writes_most_ok),
-            nth: Aimed::skip_for(seat, self.writes_most_ok) + 1,
+            skip,
+            nth: skip + 1,
         }
     }
 

@@ -155,7 +155,7 @@ impl Play<'_> {
         };
         self.watch_while_frozen(&mut held, watch)?;
         self.write_in_turn(&mut stage, &mut a, &mut b)?;
-        self.read_back(&mut stage, store, &names, restarting)
+        self.read_back(&mut stage, store, &names)
     }
 
     /// The run's first events: which run it is and what its lock is, after the checkpoint
@@ -371,13 +371,7 @@ impl Play<'_> {
     }
 
     /// The store's rows read back into the history, and the run's verdict from it.
-    fn read_back(
-        &self,
-        stage: &mut Stage,
-        store: &mut Store,
-        names: &Names,
-        restarting: bool,
-    ) -> Result<RunVerdict> {
+    fn read_back(&self, stage: &mut Stage, store: &mut Store, names: &Names) -> Result<RunVerdict> {
         let read = store.read_back(&self.run.id, &names.resource)?;
         stage.record_read_back(&names.resource, &read);
         if let Some(sequence) = &names.sequence {
@@ -387,7 +381,7 @@ impl Play<'_> {
         let setup = Setup {
             store_rule: fence.fenced.then_some(fence.rule.as_str()),
             token_source: fence.fenced.then_some(fence.token_source()),
-            token_restart: restarting,
+            token_restart: names.restarting,
         };
         let verdict = RunVerdict::from_history(setup, &stage.log)?;
         if let Some(line) = store_line(&verdict) {

@@ -29,14 +29,6 @@ struct Frozen {
     at: Instant,
 }
 
-/// What Postgres showed while the worker was frozen: its session ended (idle timeout),
-/// and who processed its job meanwhile.
-#[derive(Default)]
-struct Meanwhile {
-    session_gone: bool,
-    taken_by: Option<String>,
-}
-
 /// Just before the resume: the others' jobs, and how often the frozen job was processed.
 struct BeforeResume {
     others_done: i64,
@@ -65,7 +57,7 @@ impl Play<'_> {
                 worker.tell("drain 3")?;
             }
         }
-        let meanwhile = self.watch_the_freeze(round, &frozen, jobs)?;
+        let session_ended = self.watch_the_freeze(round, &frozen, jobs)?;
         let before = self.before_resume(round, &frozen)?;
         let worker = &mut workers[frozen.index];
         self.resume_frozen(round, nemesis, &mut faults, worker, &frozen, &before)?;
@@ -95,7 +87,7 @@ impl Play<'_> {
                 sleeper: frozen.name,
                 by,
                 processed_while_frozen: before.frozen_job_done,
-                session_ended: meanwhile.session_gone,
+                session_ended,
                 finish_failed,
             },
             others_done: before.others_done,
@@ -169,24 +161,25 @@ impl Play<'_> {
     }
 
     /// While frozen: the others carry on (or wait, in for-update mode); with an idle
-    /// timeout, Postgres ends the frozen session and the job moves on.
-    fn watch_the_freeze(&self, round: &mut Round, frozen: &Frozen, jobs: u32) -> Result<Meanwhile> {
+    /// timeout, Postgres ends the frozen session and the job moves on. Whether it ended the
+    /// session.
+    fn watch_the_freeze(&self, round: &mut Round, frozen: &Frozen, jobs: u32) -> Result<bool> {
         let (name, job) = (&frozen.name, frozen.job);
         let taken_sql = self
             .queue
             .sql("SELECT worker FROM {processing} WHERE job_id = $1 AND worker <> $2 LIMIT 1");
         let session_sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
         let watch_session = self.plan.idle_timeout.is_some();
-        let mut meanwhile = Meanwhile::default();
+        let (mut session_gone, mut taken) = (false, false);
         let pause = self.plan.pause;
         let deadline = frozen.at + pause;
         while Instant::now() < deadline {
             round.pump(Duration::from_millis(20))?;
             round.show_freeze(3, jobs, name, frozen.at, pause)?;
-            if watch_session && !meanwhile.session_gone {
+            if watch_session && !session_gone {
                 let n: i64 = round.db.query_one(session_sql, &[&frozen.session])?.get(0);
                 if n == 0 {
-                    meanwhile.session_gone = true;
+                    session_gone = true;
                     round.stage.record(Event::new(
                         "pg",
                         Expired {
@@ -204,9 +197,7 @@ impl Play<'_> {
                     ));
                 }
             }
-            if meanwhile.taken_by.is_none()
-                && let Some(row) = round.db.query_opt(&taken_sql, &[&job, name])?
-            {
+            if !taken && let Some(row) = round.db.query_opt(&taken_sql, &[&job, name])? {
                 let by: String = row.get(0);
                 round.stage.record(Event::new(
                     "pg",
@@ -217,11 +208,11 @@ impl Play<'_> {
                     }),
                     format!("{by} processed job {job} while {name} was frozen"),
                 ));
-                meanwhile.taken_by = Some(by);
+                taken = true;
             }
         }
         round.stage.timeline.clear_bar();
-        Ok(meanwhile)
+        Ok(session_gone)
     }
 
     /// Just before the resume: what did the others do, and who touched the frozen job?
