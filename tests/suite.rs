@@ -44,6 +44,7 @@ mod network;
 mod no_lock;
 #[path = "picture.rs"]
 mod picture;
+mod proxy_try;
 #[path = "queue.rs"]
 mod queue;
 #[path = "redlock.rs"]

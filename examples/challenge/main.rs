@@ -229,10 +229,11 @@ enum SentFirst {
     /// A harmless `SELECT 1`: a delay that held whatever bytes came first after the note
     /// held that, and the check then saw the lock gone. Held at the write itself instead.
     Select,
-    /// A write to the records that matches no row (`… AND false`): a fault aimed at the
-    /// first write after the note lands on it, and the check comes after. lockslab aims
-    /// at the write that changed the record in the `ok` jobs — here the second after the
-    /// note — and catches the stale write all the same.
+    /// Writes to the records that match no row (`… AND false`), one more each job than
+    /// any job of the run before (a counter in Redis), so more than any `ok` job sent: a
+    /// fault aimed at the first write after
+    /// the note, or at the Nth, would land on one, and the check would come after. lockslab
+    /// tries each write first, lets those that match nothing by, and catches the real one.
     DecoyWrite,
 }
 
@@ -610,7 +611,12 @@ impl Client {
                 SentFirst::DecoyWrite => {
                     let decoy =
                         format!("UPDATE {table} SET value = value WHERE record = $1 AND false");
-                    tx.execute(&decoy, &[&job.record]).unwrap();
+                    // Counted across the run's clients: more than any job answered before.
+                    let key = format!("{}decoys", self.init.key_prefix);
+                    let decoys: u32 = self.redis.run(|c| redis::cmd("INCR").arg(&key).query(c));
+                    for _ in 0..decoys {
+                        tx.execute(&decoy, &[&job.record]).unwrap();
+                    }
                 }
             }
             let lock = lock.expect("a guard needs a lock to check");

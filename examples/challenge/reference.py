@@ -128,11 +128,12 @@ lastcheck setnx that asks, after its work and just before its write, "is the key
 lastcheck-select lastcheck that sends a harmless `SELECT 1` after its work, before its
         check: a delay that held whatever bytes came first after the note held that,
         and the check then saw the lock gone. Held at its write instead: never a pass.
-lastcheck-decoy lastcheck that sends, before its check, an UPDATE of the records that
-        matches no row (`... AND false`): a fault aimed at the first write after the
-        note would land on that and the check would come after. lockslab aims at the
-        write that changed the record in the `ok` jobs (here the second after the
-        note): never a pass.
+lastcheck-decoy lastcheck that sends, before its check, UPDATEs of the records that
+        match no row (`... AND false`), one more each job than any job of the run
+        before (a counter in Redis): a fault aimed at the first write after the note,
+        or the Nth, would land on one and the check would come after. lockslab tries
+        each write first (rolled back) and lets those that match nothing by: never a
+        pass.
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -396,9 +397,11 @@ def do(job, token):
         time.sleep(job["work_ms"] / 1000)  # the job's work, between read and write
         if SELECT_FIRST:
             cur.execute("SELECT 1")  # harmless: only the bytes before the check
-        if DECOY:  # a write that matches nothing, to take a fault aimed at the first write
-            cur.execute(f"UPDATE {table} SET value = value WHERE record = %s AND false",
-                        (job["record"],))
+        if DECOY:  # writes that match nothing, to take a fault aimed at the first write
+            # one more each job than any job of the run before: more than any ok job sent
+            for _ in range(r.incr(f"{prefix}decoys")):
+                cur.execute(f"UPDATE {table} SET value = value WHERE record = %s AND false",
+                            (job["record"],))
         if LASTCHECK and not still_mine(job["record"]):
             return False  # the guard: the lock is gone or nearly, so do not write
         cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s, fence = %s"

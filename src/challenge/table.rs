@@ -240,9 +240,27 @@ pub fn create_statement_log(db: &mut PgClient, schema: &str) -> Result<()> {
              REFERENCING NEW TABLE AS touched
              FOR EACH STATEMENT EXECUTE FUNCTION {schema}.log_statement();
          CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.statements
-             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();
+         CREATE FUNCTION {schema}.statements_mark() RETURNS bigint LANGUAGE sql STABLE
+             SECURITY DEFINER SET search_path = pg_catalog AS
+             $$ SELECT coalesce(max(seq), 0) FROM {schema}.statements $$;
+         CREATE FUNCTION {schema}.rows_updated_since(mark bigint) RETURNS bigint
+             LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS
+             $$ SELECT coalesce(sum(rows), 0)::bigint FROM {schema}.statements
+                WHERE seq > mark AND pid = pg_backend_pid() $$;"
     ))
     .context("creating the log of statements")
+}
+
+/// How a client's proxy asks, trying a caught write, how many rows of the records it
+/// updated: from the statement log, counted for the client's own session only (so another
+/// client's writes meanwhile are not counted), through the two functions above — the
+/// clients' role may run them and read nothing else of the log.
+pub fn try_probe(schema: &str) -> crate::proxy::Probe {
+    crate::proxy::Probe {
+        mark: format!("{schema}.statements_mark()"),
+        rows_since: format!("{schema}.rows_updated_since"),
+    }
 }
 
 /// The statement log, and each change's session written into `changes`.

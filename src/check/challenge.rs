@@ -46,6 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::report::{self, Outcome};
+use crate::proxy::Tried;
 
 mod items;
 pub use items::Gone;
@@ -446,6 +447,13 @@ pub struct Strike {
     /// answered, and matched no row: its held write demonstrably ran and changed nothing —
     /// refused by the database (filled in by the checker from the statement log).
     pub matched_nothing: bool,
+    /// The held write, tried when it was caught in its own session and rolled back
+    /// (`proxy::dry_run`): whether it would have changed the records then. None: no write
+    /// was caught.
+    pub tried: Option<Tried>,
+    /// Why an UPDATE that matched nothing after the fault is no refusal (filled in by the
+    /// checker): its held write was not shown to change the records when caught.
+    pub unweighed: Option<String>,
     /// The newer holder it was let go before (`overtaken_by`) had an UPDATE match nothing
     /// after this job's write and before its own: it had read before, was refused, and read
     /// again (a compare-and-set's retry), so its write holding this job's entry is no sign
@@ -528,6 +536,9 @@ impl Strike {
         }
         if self.matched_nothing || self.held_off.is_some() {
             return None;
+        }
+        if let Some(why) = &self.unweighed {
+            return Some(format!("{verb} {who} holding job {job}: {why}"));
         }
         if self.refused {
             return Some(format!(
@@ -1249,13 +1260,30 @@ pub fn check(evidence: &Evidence) -> Report {
                 )
             });
         }
-        strike.matched_nothing = strike.fault != "kill"
+        let zero_rows = strike.fault != "kill"
             && matched_nothing(
                 &strike,
                 &sessions,
                 &evidence.statements,
                 &evidence.deliveries,
             );
+        // Matching nothing after the fault is a refusal only for a write that, tried when
+        // it was caught, would have changed the records: a write that matches nothing
+        // whenever it runs (`… AND false`) refuses nothing.
+        strike.matched_nothing = zero_rows && strike.tried == Some(Tried::Changes);
+        if zero_rows && !strike.matched_nothing {
+            strike.unweighed = Some(match &strike.tried {
+                Some(Tried::Untried(why)) => format!(
+                    "an UPDATE of its session matched nothing after the fault, but its held \
+                     write was not tried when it was caught ({why}): whether it would have \
+                     changed the records then is unknown, so its 0 rows prove nothing"
+                ),
+                _ => "an UPDATE of its session matched nothing after the fault, but no write \
+                      of its was caught and tried: what it would have changed is unknown, so \
+                      its 0 rows prove nothing"
+                    .to_string(),
+            });
+        }
         strike
     });
     let strikes: Vec<Strike> = strikes.collect();

@@ -44,9 +44,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+mod dry_run;
 pub mod guard;
 mod pg;
 mod url;
+pub use dry_run::{Probe, Tried};
 pub use url::{through, upstream_of};
 
 /// Which way the bytes go.
@@ -93,8 +95,14 @@ pub enum Seen {
     /// A delayed-next chunk, or a held write, went out, `late_ms` after it came in.
     DelayedSent { late_ms: u64 },
     /// A write aimed at by [`NetFault::DelayWrite`] or [`NetFault::HoldWrite`] came, and
-    /// is held.
-    WriteHeld,
+    /// is held; what trying it when it came showed ([`dry_run`]).
+    WriteHeld { tried: Tried },
+    /// A write to the watched table came while writes are watched for a fault, and,
+    /// tried, it changed nothing: it went straight on, neither gated nor held.
+    WriteChangedNothing,
+    /// A write to the watched table could not be tried, or its try told nothing: why. It
+    /// goes on as an untried write would.
+    WriteUntried { why: String },
     /// The request whose reply is dropped reached the server.
     RequestForwarded { bytes: usize },
     /// Its reply came back and was thrown away; the client's connection was reset.
@@ -135,6 +143,8 @@ struct Shared {
     held: AtomicUsize,
     /// The Postgres table whose writes the up direction looks for, once told.
     watched: OnceLock<pg::Table>,
+    /// Each write caught is tried first, asking the server this way ([`Proxy::try_writes`]).
+    trying: OnceLock<Probe>,
 }
 
 impl Shared {
@@ -262,6 +272,7 @@ impl Proxy {
             most_links: AtomicUsize::new(usize::MAX),
             held: AtomicUsize::new(0),
             watched: OnceLock::new(),
+            trying: OnceLock::new(),
         });
         let mut runtimes = Vec::new();
         for _ in 0..loops.max(1) {
@@ -383,6 +394,16 @@ impl Proxy {
     /// nothing, and every byte goes through.
     pub fn watch_writes(&self, table: &str) {
         let _ = self.shared.watched.set(pg::Table::parse(table));
+    }
+
+    /// Tries each write to the watched table as it comes, on the connections made from now
+    /// on, before it goes to the gate or to a fault: in the client's session, rolled back
+    /// ([`dry_run`]). A write that changes nothing goes straight on
+    /// ([`Seen::WriteChangedNothing`]); a held one is reported with what its try showed.
+    /// Postgres only: it speaks to the server on the client's connection, and `probe`
+    /// reads the rows the write updated from the server's own log.
+    pub fn try_writes(&self, probe: Probe) {
+        let _ = self.shared.trying.set(probe);
     }
 
     /// Stops every write to the watched table at a gate, from now on, until the one who
@@ -609,6 +630,11 @@ async fn connect(client: TcpStream, shared: Arc<Shared>, held: Arc<Held>) {
     let mut up = Pump::new(&shared, Direction::Up, link, client_read, server_write);
     up.reader = (shared.watched.get()).map(|table| pg::Frontend::new(table.clone()));
     let mut down = Pump::new(&shared, Direction::Down, link, server_read, client_write);
+    if up.reader.is_some() && shared.trying.get().is_some() {
+        let conversation = Arc::new(dry_run::Conversation::default());
+        up.conversation = Some(Arc::clone(&conversation));
+        down.conversation = Some(conversation);
+    }
     up._held = Some(Arc::clone(&held));
     down._held = Some(held);
     tokio::spawn(up.run());
@@ -713,6 +739,14 @@ struct Pump {
     _held: Option<Arc<Held>>,
     /// The Postgres messages read so far, when the proxy watches a table's writes (up only).
     reader: Option<pg::Frontend>,
+    /// The connection's requests and answers, when the proxy watches a table's writes: the
+    /// down pump reads the answers, the up pump tries a caught write ([`dry_run`]).
+    conversation: Option<Arc<dry_run::Conversation>>,
+    /// The requests read from the client that the server answers with a `ReadyForQuery`:
+    /// its startup, each `Query` and each `Sync`.
+    asked: u64,
+    /// What trying the write caught last showed, told when its fault catches it.
+    tried: Option<Tried>,
     /// The first bytes of a message not judged yet, kept back while a write is aimed at:
     /// it may be the write.
     unjudged: Vec<u8>,
@@ -763,6 +797,10 @@ impl Pump {
             _alive: Alive(Arc::clone(shared)),
             _held: None,
             reader: None,
+            conversation: None,
+            // The startup packet is answered with a ReadyForQuery too, once logged in.
+            asked: 1,
+            tried: None,
             unjudged: Vec::new(),
             gated: None,
         }
@@ -862,10 +900,22 @@ impl Pump {
     /// the Postgres protocol, held from the first byte of the write on. A message not yet
     /// read whole waits here meanwhile, as it may be the write.
     async fn came(&mut self, chunk: &[u8]) -> Next {
+        if self.direction == Direction::Down
+            && let Some(conversation) = &self.conversation
+        {
+            // The answers to a try are the proxy's own: they never reach the client.
+            let from = conversation.heard(chunk);
+            if from >= chunk.len() {
+                return Next::Go;
+            }
+            return self.relay(&chunk[from..]).await;
+        }
         let Some(reader) = self.reader.as_mut() else {
             return self.relay(chunk).await;
         };
         let judged = reader.read(chunk);
+        let answered_later = |m: &&pg::Message| matches!(m.kind, b'Q' | b'S');
+        self.asked += judged.iter().filter(answered_later).count() as u64;
         let write = judged.iter().find(|m| m.writes).map(|m| m.start);
         let (unjudged, end) = (reader.unjudged_from(), reader.offset());
         let (aimed, gating) = if self.shared.quiet.load(Ordering::SeqCst) {
@@ -893,6 +943,26 @@ impl Pump {
             {
                 return Next::Stop;
             }
+            let in_rest = judged.iter().filter(|m| m.start >= write);
+            let asked_before = self.asked - in_rest.filter(answered_later).count() as u64;
+            let tried = self.try_write(&rest, asked_before).await;
+            if tried == Tried::ChangesNothing {
+                lock(&self.shared).reports.push(Report {
+                    at: Instant::now(),
+                    path: self.shared.path.clone(),
+                    seen: Seen::WriteChangedNothing,
+                });
+                return self.relay(&rest).await;
+            }
+            if let Tried::Untried(why) = &tried {
+                let seen = Seen::WriteUntried { why: why.clone() };
+                lock(&self.shared).reports.push(Report {
+                    at: Instant::now(),
+                    path: self.shared.path.clone(),
+                    seen,
+                });
+            }
+            self.tried = Some(tried);
             if aimed {
                 return self.hold_write(rest).await;
             }
@@ -977,7 +1047,9 @@ impl Pump {
             };
             if due.is_some() {
                 let path = self.shared.path.clone();
-                let seen = Seen::WriteHeld;
+                let tried = self.tried.take();
+                let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
+                let seen = Seen::WriteHeld { tried };
                 state.reports.push(Report {
                     at: now,
                     path,
@@ -997,6 +1069,42 @@ impl Pump {
             healed,
         });
         Next::Go
+    }
+
+    /// Tries the write caught, with what came in its bytes, in the client's session and
+    /// rolls it back ([`dry_run`]), once every request before it was answered.
+    async fn try_write(&mut self, held: &[u8], asked_before: u64) -> Tried {
+        let untried = |why: &str| Tried::Untried(why.to_string());
+        let (Some(conversation), Some(probe)) = (&self.conversation, self.shared.trying.get())
+        else {
+            return untried("the proxy does not read this connection");
+        };
+        let conversation = Arc::clone(conversation);
+        if let Some(why) = pg::why_not_try(held) {
+            return untried(why);
+        }
+        if !self.queue.is_empty() {
+            return untried("bytes sent before it still wait in the proxy");
+        }
+        let Some(status) = conversation.idle(asked_before).await else {
+            return untried("the requests sent before it were not answered within a second");
+        };
+        if status == b'E' {
+            return untried("the client's transaction had failed already");
+        }
+        let result = conversation.listen(status);
+        let bytes = dry_run::around(probe, status, held);
+        if self.to.write_all(&bytes).await.is_err() {
+            return untried("the server's side of the connection closed");
+        }
+        match tokio::time::timeout(dry_run::PATIENCE, result).await {
+            Ok(Ok(tried)) => tried,
+            _ => {
+                // The answers may still come, and the client must never read them.
+                lock(&self.shared).cut(self.link);
+                untried("the try was not answered in time: the connection was cut")
+            }
+        }
     }
 
     /// The client closed: the start of a message it never finished goes on, as it came.
@@ -1322,7 +1430,7 @@ mod tests {
         stream.write_all(&query("COMMIT")).unwrap();
         got_only(&echo, &sent);
         let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
-        assert_eq!(seen, vec![Seen::WriteHeld]);
+        assert!(matches!(seen[..], [Seen::WriteHeld { .. }]), "{seen:?}");
         assert_eq!(proxy.fault(Direction::Up), Some(NetFault::Hold));
         proxy.clear(Direction::Up);
         sent.extend(write.iter().chain(&query("COMMIT")));
@@ -1352,7 +1460,7 @@ mod tests {
         proxy.open_gate(1);
         got_only(&echo, &sent);
         let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
-        assert_eq!(seen, vec![Seen::WriteHeld]);
+        assert!(matches!(seen[..], [Seen::WriteHeld { .. }]), "{seen:?}");
         proxy.clear(Direction::Up);
         sent.extend(&write);
         got_only(&echo, &sent);
@@ -1392,7 +1500,7 @@ mod tests {
         );
         let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
         assert!(
-            matches!(seen[..], [Seen::WriteHeld, Seen::DelayedSent { late_ms }] if late_ms >= 300),
+            matches!(seen[..], [Seen::WriteHeld { .. }, Seen::DelayedSent { late_ms }] if late_ms >= 300),
             "{seen:?}"
         );
         assert_eq!(proxy.fault(Direction::Up), None, "spent on the write");

@@ -604,6 +604,85 @@ fn statement_writes(statement: &[Token], table: &Table) -> bool {
     })
 }
 
+/// The first words a statement of a batch tried in a rolled-back transaction may begin with
+/// ([`why_not_try`]): statements that read or write rows, and nothing that ends, begins or
+/// marks a transaction (a `COMMIT` in the batch would commit the try), copies, or runs a
+/// block.
+const TRIED_STATEMENTS: &[&str] = &[
+    "update", "insert", "delete", "merge", "with", "select", "values", "table", "execute",
+];
+
+/// Why the held batch — the write aimed at, with what came in the same bytes — cannot be
+/// tried in the client's session and rolled back, or nothing if it can. It can when it is
+/// one simple query, or one extended batch ending at its `Sync`, that: names no statement of
+/// its own (a `Parse` of a name would leave the name behind, and the real run would find it
+/// taken), closes nothing, and whose every statement begins as [`TRIED_STATEMENTS`] — read
+/// both ways a backslash may be taken — and calls no advisory lock (a session's advisory
+/// locks and unlocks outlive a rollback).
+pub fn why_not_try(batch: &[u8]) -> Option<&'static str> {
+    let mut rest = batch;
+    let mut messages = Vec::new();
+    while !rest.is_empty() {
+        if rest.len() < 5 {
+            return Some("the batch ends inside a message");
+        }
+        let length = be32(&rest[1..5]) as usize;
+        if length < 4 || rest.len() < 1 + length {
+            return Some("the batch ends inside a message");
+        }
+        messages.push((rest[0], &rest[5..1 + length]));
+        rest = &rest[1 + length..];
+    }
+    let sql_of = |kind: u8, body: &[u8]| -> Option<Vec<u8>> {
+        match kind {
+            b'Q' => Some(cstr(body, 0).0.to_vec()),
+            b'P' => Some(cstr(body, cstr(body, 0).1).0.to_vec()),
+            _ => None,
+        }
+    };
+    match messages.as_slice() {
+        [(b'Q', _)] => {}
+        [.., (b'S', _)] => {
+            let syncs = messages.iter().filter(|(kind, _)| *kind == b'S').count();
+            if syncs > 1 {
+                return Some("the batch holds more than one request");
+            }
+            for (kind, body) in &messages {
+                match kind {
+                    b'P' if !cstr(body, 0).0.is_empty() => {
+                        return Some("the batch prepares a named statement");
+                    }
+                    b'P' | b'B' | b'D' | b'E' | b'H' | b'S' => {}
+                    _ => return Some("the batch holds a message other than a query"),
+                }
+            }
+        }
+        _ => return Some("the batch is not one whole request"),
+    }
+    let tried = |sql: &[u8]| {
+        [false, true].iter().all(|&escaping| {
+            let tokens = tokens(sql, escaping);
+            let calls_advisory = tokens
+                .iter()
+                .any(|t| matches!(t, Token::Word(w) if w.contains("advisory")));
+            let begins_well =
+                tokens
+                    .split(|t| *t == Token::Semicolon)
+                    .all(|statement| match statement.first() {
+                        None => true,
+                        Some(Token::Word(first)) => TRIED_STATEMENTS.contains(&first.as_str()),
+                        Some(_) => false,
+                    });
+            begins_well && !calls_advisory
+        })
+    };
+    let untried = messages
+        .iter()
+        .filter_map(|(kind, body)| sql_of(*kind, body))
+        .any(|sql| !tried(&sql));
+    untried.then_some("a statement of the batch is not a plain read or write")
+}
+
 /// Whether the tokens begin with the table's name: `t`, `schema.t`, `"t"`, `db.schema.t`.
 fn names_the_table(tokens: &[Token], table: &Table) -> bool {
     let mut parts = Vec::new();
@@ -927,5 +1006,43 @@ mod tests {
         stream.extend(query("UPDATE records SET value = 1"));
         assert!(writes_in(&stream, 4).is_empty());
         assert!(writes_in(b"GET / HTTP/1.1\r\n\r\n", 5).is_empty());
+    }
+
+    #[test]
+    fn only_one_whole_request_of_plain_reads_and_writes_is_tried() {
+        let tried = |batch: Vec<u8>| why_not_try(&batch).is_none();
+        assert!(tried(query("UPDATE records SET value = 1 WHERE fence < 7")));
+        assert!(tried(query("update records set value = 1; select 1;")));
+        let mut bound = bind("", "s3");
+        bound.extend(execute(""));
+        bound.extend(sync());
+        assert!(tried(bound.clone()));
+        let mut parsed = parse("", "UPDATE records SET value = $1");
+        parsed.extend(bound.clone());
+        assert!(tried(parsed));
+        // What would commit the try, survive its rollback, or leave a name behind.
+        assert!(!tried(query("UPDATE records SET value = 1; COMMIT")));
+        assert!(!tried(query("UPDATE records SET value = 1;\nend")));
+        assert!(!tried(query(
+            "SELECT pg_advisory_unlock(1); UPDATE records SET value = 1"
+        )));
+        assert!(!tried(query(
+            "DO $$ BEGIN UPDATE records SET value = 1; END $$"
+        )));
+        assert!(!tried(query("COPY records FROM STDIN")));
+        let mut named = parse("w", "UPDATE records SET value = $1");
+        named.extend(bound.clone());
+        assert!(!tried(named));
+        // A quote a backslash may escape: read both ways, one reading ends in a COMMIT.
+        assert!(!tried(query(
+            "UPDATE records SET items = '\\'; COMMIT; --'"
+        )));
+        // Not one whole request: two of them, a half, or one without its Sync.
+        let mut two = query("UPDATE records SET value = 1");
+        two.extend(query("SELECT 1"));
+        assert!(!tried(two));
+        let whole = query("UPDATE records SET value = 1");
+        assert!(!tried(whole[..whole.len() - 2].to_vec()));
+        assert!(!tried(bound[..bound.len() - 5].to_vec()));
     }
 }

@@ -19,6 +19,7 @@
 //! the log whether the fault missed (a `writing` note sent after the write, most often).
 
 use super::*;
+use crate::proxy::Tried;
 
 /// A fault armed on a client's proxy, waiting for its write.
 pub(super) struct Aim {
@@ -38,6 +39,9 @@ pub(super) struct Aim {
     /// which write since the note that one is (1: the next).
     skip: u32,
     nth: u32,
+    /// Writes let by since it was armed, because tried they changed nothing (the timeline
+    /// names the first).
+    let_by: u32,
 }
 
 impl Aim {
@@ -129,6 +133,7 @@ impl Run<'_> {
             told: None,
             skip,
             nth: skip + 1,
+            let_by: 0,
         }
     }
 
@@ -171,7 +176,9 @@ impl Run<'_> {
             };
             for report in proxy.reports() {
                 match report.seen {
-                    Seen::WriteHeld => self.write_caught(index)?,
+                    Seen::WriteHeld { tried } => self.write_caught(index, tried)?,
+                    Seen::WriteChangedNothing => self.write_let_by(index),
+                    Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
                     Seen::DelayedSent { late_ms } => self.write_sent(index, late_ms),
                     _ => {}
@@ -223,11 +230,55 @@ impl Run<'_> {
         proxy.open_gate(ticket);
     }
 
-    fn write_caught(&mut self, index: usize) -> Result<()> {
+    /// A write that, tried, changed nothing went by: if a fault waits for this client's
+    /// write, the timeline says it let this one go (it is no write that counts).
+    fn write_let_by(&mut self, index: usize) {
+        let name = &self.seats[index].client.name;
+        let Some(aim) = self.aimed.waiting.get_mut(name) else {
+            return;
+        };
+        aim.let_by += 1;
+        if aim.let_by > 1 {
+            return;
+        }
+        let text = format!(
+            "{name} sent a write that, tried in its session and rolled back, changed nothing: \
+             let by, the {} waits for a write that changes the records",
+            aim.fault.as_str()
+        );
+        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
+        self.tape.record(event);
+    }
+
+    /// A write that could not be tried: the timeline says so, the first time for each
+    /// client, since a refusal of such a write cannot be weighed.
+    fn write_untried(&mut self, index: usize, why: String) {
+        let name = self.seats[index].client.name.clone();
+        if !self.untried.insert(name.clone()) {
+            return;
+        }
+        let text = format!(
+            "{name} sent a write that could not be tried in its session ({why}): if a fault \
+             holds such a write, its matching nothing is no refusal"
+        );
+        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
+        self.tape.record(event);
+    }
+
+    fn write_caught(&mut self, index: usize, tried: Tried) -> Result<()> {
         let name = self.seats[index].client.name.clone();
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        let result = self.write_caught_aimed(index, aim);
+        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
+            strike.tried = Some(tried);
+        }
+        result
+    }
+
+    fn write_caught_aimed(&mut self, index: usize, aim: Aim) -> Result<()> {
+        let name = self.seats[index].client.name.clone();
         if aim.told == Some(Told::WhenAimed) {
             // It came straight to the fault, not by the gate, where writes are counted.
             self.seats[index].writes_since_note += 1;

@@ -152,6 +152,8 @@ struct Run<'a> {
     /// The writes waiting at their proxy's gate, by client: the drain of its notes asked
     /// for, and the gate's ticket (see [`aim::Run::write_at_gate`]).
     gates: BTreeMap<String, (u64, u64)>,
+    /// The clients that sent a write the proxy could not try (named once on the timeline).
+    untried: BTreeSet<String>,
     /// The last `writing` note not yet looked at, and the worst order being played.
     writing: Option<(String, i64)>,
     /// The most writes that came after the `writing` note in a job answered `ok`: the
@@ -265,6 +267,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         key_waits: Vec::new(),
         held_writes: BTreeSet::new(),
         gates: BTreeMap::new(),
+        untried: BTreeSet::new(),
         postponed: BTreeMap::new(),
         aimed: aim::Aimed::default(),
         writing: None,
@@ -390,6 +393,7 @@ impl Run<'_> {
             let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
             proxy.watch_writes(&init.table);
             proxy.gate_writes();
+            proxy.try_writes(super::table::try_probe(&self.setup.init.schema));
             init.postgres_url = crate::proxy::through(&init.postgres_url, proxy.addr())?;
             Some(proxy)
         } else {

@@ -1,0 +1,464 @@
+//! Trying a held write before the fault lands on it: in the client's own session, inside a
+//! transaction that is rolled back, the proxy runs the write it caught and asks the server
+//! how many rows of the watched table it updated — read from a log the server's own trigger
+//! keeps, per session ([`Probe`]), not from what the client's bytes claim. So the challenge can tell a write that would have
+//! changed the records from one that matches nothing whenever it runs (`… AND false`): a
+//! client that sends such writes first, to take the fault there and check its lock just
+//! before its real write, no longer draws the fault away from the write that counts, and a
+//! write the database refused after the fault is a refusal only if, tried when it was
+//! caught, it would have changed the records.
+//!
+//! ```text
+//!  client ─ UPDATE … ─▶ proxy   (idle: every earlier request answered)
+//!                        ├─▶ BEGIN; SET LOCAL statement_timeout …; mark the log's end
+//!                        ├─▶ the client's own bytes, as they came
+//!                        ├─▶ rows this session updated since the mark
+//!                        └─▶ ROLLBACK          (in a transaction of the client's: a savepoint)
+//!  server answers ────▶ read and kept from the client, to the last ReadyForQuery
+//!  then the write goes on as before: to the gate, to its fault, or straight through
+//! ```
+//!
+//! The try runs in the client's session because the write may lean on it: its search path,
+//! its temporary tables, its prepared statements. It is made only when it cannot leave a
+//! trace — one whole request of plain reads and writes ([`super::pg::why_not_try`]), the
+//! session idle and not in a failed transaction — and every other case is "not tried", which
+//! the challenge treats as knowing nothing: a refusal it cannot weigh proves nothing.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+
+/// What trying the held write showed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tried {
+    /// Run when it was caught, it updated rows of the watched table.
+    Changes,
+    /// Run when it was caught, it matched no row of the watched table.
+    ChangesNothing,
+    /// It was not tried, or the try told nothing: why.
+    Untried(String),
+}
+
+/// How long the try may take in all before the connection is given up, and the limits it
+/// sets on itself inside the server.
+const TRY_PATIENCE: Duration = Duration::from_secs(5);
+const STATEMENT_TIMEOUT_MS: u32 = 1500;
+const LOCK_TIMEOUT_MS: u32 = 500;
+/// How long the write waits for the client's earlier requests to be answered first.
+const IDLE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// One connection's conversation with the server, as the proxy follows it: requests
+/// answered, the transaction status, and the try listening to the answers meanwhile.
+pub(super) struct Conversation {
+    talk: Mutex<Talk>,
+    answered: Notify,
+}
+
+impl Default for Conversation {
+    fn default() -> Conversation {
+        let talk = Talk {
+            at_boundary: true,
+            ..Talk::default()
+        };
+        Conversation {
+            talk: Mutex::new(talk),
+            answered: Notify::new(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Talk {
+    /// `ReadyForQuery` messages the server sent, and the status of the last.
+    answered: u64,
+    status: u8,
+    /// The server's bytes are read up to a message's end (the try may begin there).
+    at_boundary: bool,
+    framer: Framer,
+    listening: Option<Listening>,
+}
+
+/// How the try asks the server what the write did: SQL for the end of the server's log of
+/// statements now, and a function of that mark giving the rows this session's statements
+/// updated in the watched table since (both run as the client's role).
+#[derive(Clone, Debug)]
+pub struct Probe {
+    pub mark: String,
+    pub rows_since: String,
+}
+
+/// The try in flight: which of its four answers the server is on, what it read so far.
+struct Listening {
+    part: usize,
+    rows: Option<Vec<u8>>,
+    trouble: Option<String>,
+    status_before: u8,
+    done: Option<oneshot::Sender<Tried>>,
+}
+
+/// The answers of the try, each ending at a `ReadyForQuery`: the opening with the mark, the
+/// held write, the rows counted, the rollback.
+const PARTS: usize = 4;
+
+impl Conversation {
+    /// Reads bytes the server sent; returns where in them the bytes for the client begin
+    /// (`chunk.len()`: none are, all were the try's).
+    pub(super) fn heard(&self, chunk: &[u8]) -> usize {
+        let mut talk = self.lock();
+        let talk = &mut *talk;
+        let mut forward_from = if talk.listening.is_some() {
+            chunk.len()
+        } else {
+            0
+        };
+        let mut woke = false;
+        let mut messages = Vec::new();
+        talk.framer.feed(chunk, |kind, body, end| {
+            messages.push((kind, body.to_vec(), end))
+        });
+        for (kind, body, end) in messages {
+            let Some(listening) = talk.listening.as_mut() else {
+                if kind == b'Z' {
+                    talk.answered += 1;
+                    talk.status = body.first().copied().unwrap_or(b'I');
+                    woke = true;
+                }
+                continue;
+            };
+            listening.hear(kind, &body);
+            if listening.part == PARTS {
+                let listening = talk.listening.take().expect("listening");
+                listening.finish(talk.status_after(&body));
+                // The try's last answer ends here: what follows is the client's again.
+                forward_from = end;
+            }
+        }
+        talk.at_boundary = talk.framer.at_boundary();
+        if woke {
+            self.answered.notify_waiters();
+        }
+        forward_from
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Talk> {
+        self.talk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until the server has answered `asked` requests and its bytes stand at a
+    /// message's end; then the status of the session (`I`, `T` or `E`), or none.
+    pub(super) async fn idle(&self, asked: u64) -> Option<u8> {
+        let give_up = tokio::time::Instant::now() + IDLE_PATIENCE;
+        let idle = || {
+            let talk = self.lock();
+            (talk.answered >= asked && talk.at_boundary && talk.listening.is_none())
+                .then_some(talk.status)
+        };
+        loop {
+            // Listening before looking: an answer read in between still wakes it.
+            let notified = self.answered.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(status) = idle() {
+                return Some(status);
+            }
+            if tokio::time::timeout_at(give_up, notified).await.is_err() {
+                return idle();
+            }
+        }
+    }
+
+    /// Starts listening for the try's answers; its result comes on the receiver.
+    pub(super) fn listen(&self, status: u8) -> oneshot::Receiver<Tried> {
+        let (done, result) = oneshot::channel();
+        self.lock().listening = Some(Listening {
+            part: 0,
+            rows: None,
+            trouble: None,
+            status_before: status,
+            done: Some(done),
+        });
+        result
+    }
+}
+
+impl Talk {
+    fn status_after(&mut self, ready: &[u8]) -> u8 {
+        self.status = ready.first().copied().unwrap_or(b'I');
+        self.status
+    }
+}
+
+impl Listening {
+    fn hear(&mut self, kind: u8, body: &[u8]) {
+        match kind {
+            b'D' if self.part == 2 => self.rows = Some(first_column(body)),
+            b'E' if self.trouble.is_none() => {
+                let said = error_message(body);
+                let part = [
+                    "opening the try",
+                    "the write",
+                    "counting rows",
+                    "the rollback",
+                ];
+                self.trouble = Some(format!(
+                    "{} failed in the try: {said}",
+                    part[self.part.min(3)]
+                ));
+            }
+            b'Z' => self.part += 1,
+            _ => {}
+        }
+    }
+
+    fn finish(mut self, status_after: u8) {
+        let rows = (self.rows.as_deref())
+            .and_then(|rows| std::str::from_utf8(rows).ok()?.parse::<i64>().ok());
+        let tried = match (&self.trouble, rows) {
+            _ if status_after != self.status_before => Tried::Untried(format!(
+                "the session's status after the try ({}) is not the one before ({})",
+                status_after as char, self.status_before as char
+            )),
+            (Some(trouble), _) => Tried::Untried(trouble.clone()),
+            (None, Some(0)) => Tried::ChangesNothing,
+            (None, Some(_)) => Tried::Changes,
+            (None, None) => Tried::Untried("the rows it updated were not read back".into()),
+        };
+        if let Some(done) = self.done.take() {
+            let _ = done.send(tried);
+        }
+    }
+}
+
+/// The bytes the proxy sends around the held write: the opening (limits, and the log's
+/// end kept in a setting local to the try), the count and the rollback, for a session idle
+/// (`I`) or inside a transaction of its own (`T`). Every name is schema-qualified: the
+/// client's search path is its own.
+pub(super) fn around(probe: &Probe, status: u8, held: &[u8]) -> Vec<u8> {
+    let Probe { mark, rows_since } = probe;
+    let limits = format!(
+        "SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+         SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}; \
+         SELECT pg_catalog.set_config('lockslab.try_mark', ({mark})::pg_catalog.text, true)"
+    );
+    let count = format!(
+        "SELECT {rows_since}(pg_catalog.current_setting('lockslab.try_mark')::pg_catalog.int8)"
+    );
+    let (open, close) = if status == b'T' {
+        (
+            format!("SAVEPOINT lockslab_try; {limits}"),
+            "ROLLBACK TO SAVEPOINT lockslab_try; RELEASE SAVEPOINT lockslab_try".to_string(),
+        )
+    } else {
+        (format!("BEGIN; {limits}"), "ROLLBACK".to_string())
+    };
+    let mut bytes = query(&open);
+    bytes.extend_from_slice(held);
+    bytes.extend(query(&count));
+    bytes.extend(query(&close));
+    bytes
+}
+
+pub(super) const PATIENCE: Duration = TRY_PATIENCE;
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut out = vec![b'Q'];
+    out.extend_from_slice(&(sql.len() as u32 + 5).to_be_bytes());
+    out.extend_from_slice(sql.as_bytes());
+    out.push(0);
+    out
+}
+
+/// A `DataRow`'s first column, as sent (empty for NULL).
+fn first_column(body: &[u8]) -> Vec<u8> {
+    let Some(length) = body.get(2..6) else {
+        return Vec::new();
+    };
+    let length = i32::from_be_bytes([length[0], length[1], length[2], length[3]]);
+    if length < 0 {
+        return Vec::new();
+    }
+    body.get(6..6 + length as usize)
+        .unwrap_or_default()
+        .to_vec()
+}
+
+/// An `ErrorResponse`'s message field.
+fn error_message(body: &[u8]) -> String {
+    let mut rest = body;
+    while let Some((&code, tail)) = rest.split_first() {
+        if code == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
+        if code == b'M' {
+            return String::from_utf8_lossy(&tail[..end]).into_owned();
+        }
+        rest = tail.get(end + 1..).unwrap_or_default();
+    }
+    "an error".into()
+}
+
+/// Splits the server's bytes into messages, in pieces of any size; keeps the first bytes of
+/// each body (what is read of it: a status, a digest, an error).
+#[derive(Default)]
+struct Framer {
+    head: Vec<u8>,
+    left: usize,
+    body: Vec<u8>,
+    /// Past the answers to requests for encryption, each one untyped byte (`N`: no, go on
+    /// in plain text) — or encrypted (`S`, `G`), when nothing is read any more.
+    typed: bool,
+    opaque: bool,
+}
+
+const KEPT: usize = 4096;
+
+impl Framer {
+    /// Calls `each` with every message that ends in `chunk`: its type, its first bytes, and
+    /// where in `chunk` it ends.
+    fn feed(&mut self, chunk: &[u8], mut each: impl FnMut(u8, &[u8], usize)) {
+        let mut at = 0;
+        while at < chunk.len() && !self.opaque {
+            if !self.typed && self.head.is_empty() {
+                match chunk[at] {
+                    b'N' => {
+                        at += 1;
+                        continue;
+                    }
+                    b'S' | b'G' => {
+                        self.opaque = true;
+                        return;
+                    }
+                    _ => self.typed = true,
+                }
+            }
+            if self.head.len() < 5 {
+                let take = (5 - self.head.len()).min(chunk.len() - at);
+                self.head.extend_from_slice(&chunk[at..at + take]);
+                at += take;
+                if self.head.len() < 5 {
+                    return;
+                }
+                let length =
+                    u32::from_be_bytes([self.head[1], self.head[2], self.head[3], self.head[4]]);
+                self.left = (length as usize).saturating_sub(4);
+                self.body.clear();
+            }
+            let take = self.left.min(chunk.len() - at);
+            let keep = take.min(KEPT.saturating_sub(self.body.len()));
+            self.body.extend_from_slice(&chunk[at..at + keep]);
+            self.left -= take;
+            at += take;
+            if self.left == 0 {
+                each(self.head[0], &self.body, at);
+                self.head.clear();
+            }
+        }
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.head.is_empty() && !self.opaque
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn row(value: &str) -> Vec<u8> {
+        let mut body = 1u16.to_be_bytes().to_vec();
+        body.extend_from_slice(&(value.len() as i32).to_be_bytes());
+        body.extend_from_slice(value.as_bytes());
+        message(b'D', &body)
+    }
+
+    fn ready(status: u8) -> Vec<u8> {
+        message(b'Z', &[status])
+    }
+
+    /// The server's answers to a try whose write the log counts as `rows` rows.
+    fn answers(rows: &str, write: Vec<u8>) -> Vec<u8> {
+        let mut out = message(b'C', b"BEGIN\0");
+        out.extend(row("17"));
+        out.extend(ready(b'T'));
+        out.extend(write);
+        out.extend(ready(b'T'));
+        out.extend(row(rows));
+        out.extend(ready(b'T'));
+        out.extend(message(b'C', b"ROLLBACK\0"));
+        out.extend(ready(b'I'));
+        out
+    }
+
+    fn tried_in_pieces(stream: &[u8], piece: usize) -> (Tried, Vec<u8>) {
+        let conversation = Conversation::default();
+        conversation.lock().status = b'I';
+        let mut result = conversation.listen(b'I');
+        let mut forwarded = Vec::new();
+        for chunk in stream.chunks(piece) {
+            let from = conversation.heard(chunk);
+            forwarded.extend_from_slice(&chunk[from..]);
+        }
+        (result.try_recv().expect("a result"), forwarded)
+    }
+
+    #[test]
+    fn a_try_is_read_to_its_last_answer_in_pieces_of_any_size_and_kept_from_the_client() {
+        let changed = answers("1", message(b'C', b"UPDATE 1\0"));
+        let unchanged = answers("0", message(b'C', b"UPDATE 0\0"));
+        let failed = answers("0", message(b'E', b"SERROR\0M boom\0\0"));
+        for piece in [1, 3, 7, 1000] {
+            let mut with_after = changed.clone();
+            with_after.extend(message(b'N', b"later\0"));
+            let (tried, forwarded) = tried_in_pieces(&with_after, piece);
+            assert_eq!(tried, Tried::Changes);
+            assert_eq!(forwarded, message(b'N', b"later\0"), "piece {piece}");
+            assert_eq!(tried_in_pieces(&unchanged, piece).0, Tried::ChangesNothing);
+            let (failed, forwarded) = tried_in_pieces(&failed, piece);
+            assert!(matches!(failed, Tried::Untried(why) if why.contains("boom")));
+            assert!(forwarded.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_answers_to_requests_for_encryption_are_single_bytes_and_an_accepted_one_ends_it() {
+        let conversation = Conversation::default();
+        let mut stream = b"NN".to_vec();
+        stream.extend(message(b'R', &[0, 0, 0, 0]));
+        stream.extend(ready(b'I'));
+        for chunk in stream.chunks(3) {
+            conversation.heard(chunk);
+        }
+        assert_eq!(conversation.lock().answered, 1);
+        let encrypted = Conversation::default();
+        encrypted.heard(b"S\x16\x03\x01");
+        encrypted.heard(&ready(b'I'));
+        let talk = encrypted.lock();
+        assert_eq!((talk.answered, talk.at_boundary), (0, false));
+    }
+
+    #[test]
+    fn answers_are_counted_and_the_status_kept_when_nothing_is_tried() {
+        let conversation = Conversation::default();
+        let mut stream = message(b'C', b"UPDATE 1\0");
+        stream.extend(ready(b'T'));
+        stream.extend(ready(b'E'));
+        for chunk in stream.chunks(2) {
+            assert_eq!(conversation.heard(chunk), 0);
+        }
+        let talk = conversation.lock();
+        assert_eq!(
+            (talk.answered, talk.status, talk.at_boundary),
+            (2, b'E', true)
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! The proxy tries a caught write in the client's own session before a fault lands on it,
+//! and rolls it back (`proxy::dry_run`): against a real Postgres, a write that matches
+//! nothing goes straight by, one that updates the records is held and said to, a
+//! transaction of the client's survives its try, and a try that cannot tell says why. The
+//! rows are counted as the challenge counts them: a statement trigger's log, per session.
+
+use std::time::{Duration, Instant};
+
+use lockslab::proxy::{self, Direction, NetFault, Probe, Proxy, Seen, Tried};
+use postgres::{Client, NoTls};
+
+use crate::common::{eventually, servers};
+
+struct Bench {
+    proxy: Proxy,
+    /// The client's connection, through the proxy (lent to a thread while it sends).
+    client: Option<Client>,
+    other: Client,
+    table: String,
+}
+
+impl Bench {
+    fn new(name: &str) -> Bench {
+        let url = &servers().postgres;
+        let table = format!("lockslab_try_{name}_{}", std::process::id());
+        let mut other = Client::connect(url, NoTls).unwrap();
+        other
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table};
+                 DROP TABLE IF EXISTS {table}_log;
+                 CREATE TABLE {table} (record text PRIMARY KEY, value bigint NOT NULL);
+                 INSERT INTO {table} VALUES ('r0', 0), ('r1', 0);
+                 CREATE TABLE {table}_log (seq bigserial, pid int, rows bigint);
+                 CREATE FUNCTION {table}_logged() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO {table}_log (pid, rows)
+                         SELECT pg_backend_pid(), count(*) FROM touched;
+                     RETURN NULL;
+                 END $$;
+                 CREATE TRIGGER logged AFTER UPDATE ON {table} REFERENCING NEW TABLE AS touched
+                     FOR EACH STATEMENT EXECUTE FUNCTION {table}_logged();"
+            ))
+            .unwrap();
+        let proxy = Proxy::start("test→postgres", proxy::upstream_of(url).unwrap()).unwrap();
+        proxy.watch_writes(&table);
+        proxy.try_writes(Probe {
+            mark: format!("SELECT coalesce(max(seq), 0) FROM {table}_log"),
+            rows_since: format!("{table}_rows_since"),
+        });
+        other
+            .batch_execute(&format!(
+                "CREATE FUNCTION {table}_rows_since(mark bigint) RETURNS bigint LANGUAGE sql AS
+                 $$ SELECT coalesce(sum(rows), 0)::bigint FROM {table}_log
+                    WHERE seq > mark AND pid = pg_backend_pid() $$;"
+            ))
+            .unwrap();
+        let client = Client::connect(&proxy::through(url, proxy.addr()).unwrap(), NoTls).unwrap();
+        Bench {
+            proxy,
+            client: Some(client),
+            other,
+            table,
+        }
+    }
+
+    fn value(&mut self, record: &str) -> i64 {
+        value(&mut self.other, &self.table, record)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        seen(&self.proxy)
+    }
+
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("the client's connection")
+    }
+
+    /// Sends `sql` as a simple query from a thread of its own (it may be held there).
+    fn send(&mut self, sql: String) -> Sent {
+        self.send_with(move |client| client.simple_query(&sql).map(|_| ()))
+    }
+
+    fn send_with(
+        &mut self,
+        call: impl FnOnce(&mut Client) -> Result<(), postgres::Error> + Send + 'static,
+    ) -> Sent {
+        let mut client = self.client.take().expect("the client's connection");
+        std::thread::spawn(move || {
+            let result = call(&mut client);
+            (client, result.map_err(|e| e.to_string()))
+        })
+    }
+
+    /// What `send` sent, answered within 10s — not held: a write held by mistake fails the
+    /// test instead of hanging it.
+    fn answered_at_once(&mut self, sent: Sent) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sent.is_finished() {
+            assert!(Instant::now() < deadline, "held: {:?}", self.seen());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.answer(sent)
+    }
+
+    /// The answer to what `send` sent; the connection comes back.
+    fn answer(&mut self, sent: Sent) -> Result<(), String> {
+        let (client, result) = sent.join().unwrap();
+        self.client = Some(client);
+        result
+    }
+}
+
+type Sent = std::thread::JoinHandle<(Client, Result<(), String>)>;
+
+fn value(other: &mut Client, table: &str, record: &str) -> i64 {
+    let sql = format!("SELECT value FROM {table} WHERE record = $1");
+    other.query_one(&sql, &[&record]).unwrap().get(0)
+}
+
+fn seen(proxy: &Proxy) -> Vec<Seen> {
+    proxy.reports().into_iter().map(|r| r.seen).collect()
+}
+
+/// Waits for the proxy to report what it caught (an earlier held write's going out aside).
+fn caught(proxy: &Proxy) -> Vec<Seen> {
+    let mut all = Vec::new();
+    eventually(Duration::from_secs(10), || {
+        let now = seen(proxy).into_iter();
+        all.extend(now.filter(|s| !matches!(s, Seen::DelayedSent { .. })));
+        all.iter().any(|s| matches!(s, Seen::WriteHeld { .. }))
+    });
+    all
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        self.proxy.stop();
+        let table = &self.table;
+        let _ = (self.other).batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}, {table}_log;
+             DROP FUNCTION IF EXISTS {table}_logged, {table}_rows_since;"
+        ));
+    }
+}
+
+#[test]
+fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_held() {
+    let mut bench = Bench::new("held");
+    let table = bench.table.clone();
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    // Extended protocol (a named statement, bound), and a simple query: neither is held.
+    let decoy = format!("UPDATE {table} SET value = value + 1 WHERE record = $1 AND false");
+    let sent = bench.send_with(move |client| client.execute(&decoy, &[&"r0"]).map(|_| ()));
+    bench.answered_at_once(sent).unwrap();
+    let simple = format!("UPDATE {table} SET value = 9 WHERE record = 'r9'");
+    let sent = bench.send(simple);
+    bench.answered_at_once(sent).unwrap();
+    assert_eq!(
+        bench.seen(),
+        vec![Seen::WriteChangedNothing, Seen::WriteChangedNothing],
+        "no row matched: nothing held"
+    );
+    assert_eq!(bench.proxy.fault(Direction::Up), Some(NetFault::HoldWrite));
+    // The write that changes r0 is caught, tried, and held; its try left no trace.
+    let sent = bench.send(format!(
+        "UPDATE {table} SET value = value + 5 WHERE record = 'r0'"
+    ));
+    let seen = caught(&bench.proxy);
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    assert!(
+        matches!(
+            seen[..],
+            [Seen::WriteHeld {
+                tried: Tried::Changes
+            }]
+        ),
+        "{seen:?}"
+    );
+    assert_eq!(bench.value("r0"), 5, "the real write, once");
+}
+
+#[test]
+fn a_transaction_of_the_clients_keeps_its_work_through_the_try() {
+    let mut bench = Bench::new("txn");
+    let table = bench.table.clone();
+    bench
+        .proxy
+        .set(Direction::Up, NetFault::DelayWrite { ms: 200 });
+    let mut txn = bench.client().transaction().unwrap();
+    let first = format!("UPDATE {table} SET value = 7 WHERE record = 'r1' AND false");
+    txn.execute(&first, &[]).unwrap();
+    let write = format!("UPDATE {table} SET value = value + 8 WHERE record = 'r1'");
+    let started = Instant::now();
+    assert_eq!(txn.execute(&write, &[]).unwrap(), 1);
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "it was held"
+    );
+    let read = format!("SELECT value FROM {table} WHERE record = 'r1'");
+    let value: i64 = txn.query_one(&read, &[]).unwrap().get(0);
+    assert_eq!(value, 8, "the write once, in the transaction");
+    txn.commit().unwrap();
+    assert_eq!(bench.value("r1"), 8);
+    let seen = bench.seen();
+    assert!(
+        matches!(
+            seen[..],
+            [
+                Seen::WriteChangedNothing,
+                Seen::WriteHeld {
+                    tried: Tried::Changes
+                },
+                ..
+            ]
+        ),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn a_try_that_cannot_tell_says_why_and_the_write_is_held_all_the_same() {
+    let mut bench = Bench::new("untold");
+    let table = bench.table.clone();
+    // Another session holds r0's row lock: the try waits past its lock timeout.
+    let mut blocker = Client::connect(&servers().postgres, NoTls).unwrap();
+    let mut holding = blocker.transaction().unwrap();
+    let lock = format!("SELECT value FROM {table} WHERE record = 'r0' FOR UPDATE");
+    holding.query_one(&lock, &[]).unwrap();
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    let sent = bench.send(format!("UPDATE {table} SET value = 3 WHERE record = 'r0'"));
+    let seen = caught(&bench.proxy);
+    bench.proxy.clear(Direction::Up);
+    holding.commit().unwrap();
+    bench.answer(sent).unwrap();
+    assert!(
+        matches!(&seen[..], [Seen::WriteUntried { why }, Seen::WriteHeld { tried: Tried::Untried(_) }]
+            if why.contains("lock timeout")),
+        "{seen:?}"
+    );
+    assert_eq!(bench.value("r0"), 3);
+    // A batch that would commit the try is not tried at all.
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    let sent = bench.send(format!(
+        "UPDATE {table} SET value = 4 WHERE record = 'r0'; COMMIT"
+    ));
+    let seen = caught(&bench.proxy);
+    bench.proxy.clear(Direction::Up);
+    let _ = bench.answer(sent);
+    assert!(
+        matches!(&seen[..], [Seen::WriteUntried { why }, Seen::WriteHeld { .. }]
+            if why.contains("not a plain read or write")),
+        "{seen:?}"
+    );
+    assert_eq!(bench.value("r0"), 4);
+}
