@@ -269,7 +269,7 @@ pub fn run() -> Result<Exit> {
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => {
-            crate::picture::render(&args.input, &args.output, crate::labs::broken_proof)?
+            crate::picture::render(&args.input, &args.output, crate::reproduce::report_for)?
         }
         Command::InternalWorker | Command::Guard { .. } => unreachable!("handled above"),
     }

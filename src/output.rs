@@ -118,11 +118,31 @@ impl Timeline {
             json_line(event);
             return;
         }
-        let color = self.lane_color(&event.worker);
-        let seconds = event.t_ms as f64 / 1000.0;
-        // Long texts wrap under their own column, so the time and lane columns stay clear.
-        let indent = 9 + 2 + self.lane_width.max(visible_width(&event.worker)) + 1;
         let text = format!("{}{}", symbol(event.kind()), event.text);
+        self.timeline_line(event.t_ms, &event.worker, &text, |piece| {
+            paint(event, piece)
+        });
+    }
+
+    /// Prints a conclusion the lab draws from its checker as a timeline line (red where a
+    /// safety property broke, green where a defence held): words, not an event, so there
+    /// is nothing to print with `--json`, whose verdict says it.
+    pub fn conclude(&mut self, t_ms: u64, lane: &str, text: &str, broken: bool) {
+        if self.style.json {
+            return;
+        }
+        self.timeline_line(t_ms, lane, text, |piece| match broken {
+            true => piece.red().bold().to_string(),
+            false => piece.green().bold().to_string(),
+        });
+    }
+
+    /// One timeline line: the time, the lane, and `text` painted by `paint`.
+    fn timeline_line(&mut self, t_ms: u64, lane: &str, text: &str, paint: impl Fn(&str) -> String) {
+        let color = self.lane_color(lane);
+        let seconds = t_ms as f64 / 1000.0;
+        // Long texts wrap under their own column, so the time and lane columns stay clear.
+        let indent = 9 + 2 + self.lane_width.max(visible_width(lane)) + 1;
         // A text of several lines (a round's answer from each server) keeps its lines and
         // their indentation, each under the text's column.
         let mut pieces = Vec::new();
@@ -139,12 +159,12 @@ impl Timeline {
                 format!(
                     "{:>9}  {:<width$} {}",
                     format!("+{seconds:.3}s").dimmed(),
-                    event.worker.color(color).bold(),
-                    paint(event, piece),
+                    lane.color(color).bold(),
+                    paint(piece),
                     width = self.lane_width,
                 )
             } else {
-                format!("{}{}", " ".repeat(indent), paint(event, piece))
+                format!("{}{}", " ".repeat(indent), paint(piece))
             };
             self.println(&line);
         }
@@ -192,8 +212,8 @@ fn paint(event: &Event, text: &str) -> String {
         Kind::Resumed => text.bright_blue().to_string(),
         Kind::Killed => text.red().bold().to_string(),
         Kind::Expired => text.yellow().to_string(),
-        Kind::StaleWriteRejected => text.green().bold().to_string(),
-        Kind::StaleWriteAccepted | Kind::TwoHolders | Kind::Violation => {
+        // What the tables counted back: red where a job was processed twice or never.
+        Kind::TablesRead if event.observed().is_some_and(|o| o.counted_wrong() > 0) => {
             text.red().bold().to_string()
         }
         // Lab 2's read-back: red where Redis's answer itself counts a failure (trials with

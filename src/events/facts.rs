@@ -506,7 +506,9 @@ pub struct Pttl {
     pub lease_lives_until_ms: Option<u64>,
 }
 
-/// What the evidence shows about a lock: two holders, a count of failures, a lapse…
+/// What a backend answered when a lab read something back: Redis's key and holders (lab
+/// 2), the tables' counts (labs 3, 7, 8), a `WAIT`'s replicas (lab 5). Figures only; the
+/// checkers conclude from them.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Observed {
@@ -538,6 +540,23 @@ pub struct Observed {
     pub master: Option<String>,
 }
 
+impl Observed {
+    /// What the tables counted as gone wrong, all told: jobs (payments, a token's writes)
+    /// processed twice or more, jobs never processed, balances that differ from their
+    /// invoices. Zero is every job exactly once — the checkers' rule, which reads this.
+    pub fn counted_wrong(&self) -> u64 {
+        [
+            self.duplicates,
+            self.lost,
+            self.lost_jobs,
+            self.lost_updates,
+        ]
+        .into_iter()
+        .flatten()
+        .sum()
+    }
+}
+
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Warning {
@@ -549,21 +568,6 @@ pub struct Warning {
     /// `lockslab chaos`: the Sentinels failed the primary over by themselves during the
     /// history, a failover its schedule does not hold.
     pub failed_over_by_itself: Option<bool>,
-}
-
-/// Which of the two stale-write kinds a store line is: `What::StaleWriteAccepted` or
-/// `What::StaleWriteRejected`.
-pub type StaleWriteKind = fn(StaleWrite) -> What;
-
-/// An old holder's write decided after the next holder's, and what the store did with it.
-#[skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct StaleWrite {
-    pub backend: Option<String>,
-    pub resource: Option<String>,
-    pub final_writer: Option<String>,
-    /// Lab 6: what refused it.
-    pub guard: Option<String>,
 }
 
 // Lab 9 (lease-guard).

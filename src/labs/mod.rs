@@ -24,7 +24,7 @@ mod stage;
 pub mod step;
 pub mod words;
 
-pub use stage::{History, Stage, WorkerHandle};
+pub use stage::{Conclusion, History, Stage, WorkerHandle};
 
 /// Registers the labs from one table: a row `Variant => module::Args` makes the lab's
 /// subcommand (its `--help` is its `Args`'s doc comment and attributes), runs it
@@ -102,25 +102,6 @@ lab_table! {
     Network => network::NetworkArgs,
     LeaseGuard => lease_guard::LeaseGuardArgs,
     Queue => queue::QueueArgs,
-}
-
-/// The events the checker of the lab a verdict names points at as the proof of a broken
-/// property (its report's invalid findings), by index in `history`: what a picture draws
-/// as failures. Empty for a run no lab's checker judges (chaos, a challenge).
-pub fn broken_proof(
-    history: &[crate::events::Event],
-    verdict: Option<&serde_json::Value>,
-) -> std::collections::BTreeSet<usize> {
-    let lab = verdict
-        .and_then(|v| v.get("lab"))
-        .and_then(serde_json::Value::as_str);
-    let Some(report) = lab.and_then(|lab| check(lab, history)) else {
-        return Default::default();
-    };
-    report
-        .with(crate::check::report::Outcome::Invalid)
-        .flat_map(|finding| finding.events.iter().copied())
-        .collect()
 }
 
 /// One lab, as the menu (`lockslab`, `lockslab list`) and `lockslab doctor` show it; each

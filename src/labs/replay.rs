@@ -273,28 +273,6 @@ pub fn cut_at_runs(events: &[Event], runs: usize) -> Option<Vec<Vec<Event>>> {
     )
 }
 
-/// The store's line on the timeline (a stale write decided after the next holder's,
-/// accepted or refused), as the history holds it and as a replay would have written it:
-/// the kind and the writer the resource holds. `none` when there is no such line.
-pub fn store_lines<'a>(lines: impl IntoIterator<Item = &'a Event>) -> Value {
-    let said: Vec<String> = lines
-        .into_iter()
-        .filter_map(|e| match &e.what {
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => Some(format!(
-                "{} (it holds {})",
-                e.kind(),
-                s.final_writer.as_deref().unwrap_or("nobody")
-            )),
-            _ => None,
-        })
-        .collect();
-    if said.is_empty() {
-        "none".into()
-    } else {
-        said.join("; ").into()
-    }
-}
-
 /// An object, short enough to name in an error.
 fn short(object: &Value) -> String {
     let text = object.to_string();

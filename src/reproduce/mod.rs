@@ -229,6 +229,33 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
     }
 }
 
+/// The run's [`Report`] for a reader of its events (the picture): [`judge`] on the run,
+/// its findings pointing into `events`. A read-back taken out of an older recording's
+/// verdict is not one of `events`, so no finding points at it there. A run whose verdict
+/// the replay cannot read is judged by its lab's checker on `events` as they are; None for
+/// a run no lab's checker judges (chaos, a challenge, no verdict).
+pub fn report_for(events: &[Event], verdict: Option<&Value>) -> Option<Report> {
+    let recorded = Recorded {
+        events: events.to_vec(),
+        verdict: verdict.cloned(),
+        summaries: Vec::new(),
+    };
+    let judged = replay(&recorded)
+        .ok()
+        .and_then(|replayed| judge(&recorded, &replayed).ok());
+    let Some(judged) = judged else {
+        let lab = verdict?.get("lab")?.as_str()?;
+        return crate::labs::check(lab, events);
+    };
+    let in_file = |i: usize| judged.in_file.get(i).copied().flatten();
+    let mut report = judged.report;
+    for finding in &mut report.findings {
+        finding.events = finding.events.iter().filter_map(|&i| in_file(i)).collect();
+        finding.subject = finding.subject.and_then(in_file);
+    }
+    Some(report)
+}
+
 impl Recorded {
     /// Reads a saved `--json` stream: one JSON object per line, the verdict last.
     pub fn from_jsonl(text: &str) -> Result<Recorded> {
@@ -264,7 +291,7 @@ impl Recorded {
                 }
                 Some("schedule" | "cell") => recorded.summaries.push(value),
                 _ => {
-                    let event: Event = serde_json::from_value(value).with_context(|| {
+                    let event: Event = crate::events::read_line(value).with_context(|| {
                         format!(
                             "line {number} is not an event lockslab records (docs/json.md): \
                              was it edited, or written by another lockslab?"

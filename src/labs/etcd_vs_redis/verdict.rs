@@ -12,8 +12,8 @@ use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::report::{self, Report};
 use crate::check::{self, LateWrite};
-use crate::events::facts::{StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -159,10 +159,11 @@ pub fn judge_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Result<Ce
 }
 
 /// The store's line on the timeline for a cell whose old holder wrote after the waiter.
-pub(super) fn store_line(cell: &Cell) -> Option<Event> {
-    let (stale_write, text): (StaleWriteKind, String) = match cell.late_write {
+/// (The checker's conclusion, said on the timeline, not recorded.)
+pub(super) fn store_line(cell: &Cell) -> Option<Conclusion> {
+    let (broken, text) = match cell.late_write {
         LateWrite::Accepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "{}: the store decided the {} holder's write after the waiter's, and took it",
                 cell.backend,
@@ -170,7 +171,7 @@ pub(super) fn store_line(cell: &Cell) -> Option<Event> {
             ),
         ),
         LateWrite::Rejected => (
-            What::StaleWriteRejected,
+            false,
             format!(
                 "{}: the store refused the {} holder's token {} (it had accepted {})",
                 cell.backend,
@@ -181,11 +182,11 @@ pub(super) fn store_line(cell: &Cell) -> Option<Event> {
         ),
         LateWrite::None => return None,
     };
-    let facts = StaleWrite {
-        backend: Some(cell.backend.into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", stale_write(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// Lab 4's checker: the whole history, every cell in it (a backend in a scenario), judged
@@ -304,15 +305,16 @@ fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
         at(&holder, Kind::Wrote),
         at(&waiter, Kind::Wrote),
     ];
+    let late = at(&holder, Kind::Wrote).filter(|_| cell.late_write.attempted());
     Report::exclusion_and_stale_write(
         cell.two_holders,
         (exclusion_words, exclusion.into_iter().flatten()),
         (outcome, stale_words, writes.into_iter().flatten()),
+        late,
     )
 }
 
-/// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`],
-/// and the store line it would have written beside the one the history holds.
+/// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`].
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for recorded in replay::list(verdict, "cells")? {
@@ -331,25 +333,17 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             }
         }
         let found = judge_cell(kind, scenario, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| {
-            e.worker == "store"
-                && matches!(&e.what, What::StaleWriteAccepted(s) | What::StaleWriteRejected(s)
-                    if s.backend.as_deref() == Some(kind.name()))
-        }));
-        let would = replay::store_lines(store_line(&found).as_ref());
         let mut row = serde_json::to_value(&found)?;
         if let Some(fields) = row.as_object_mut() {
             // What the options predict is the plan's, not the history's.
             fields.remove("expected");
             fields.remove("expected_why");
         }
-        replayed
-            .part(
-                format!("{} × {}", kind.name(), scenario.name()),
-                recorded,
-                row,
-            )
-            .also("store line", said, would);
+        replayed.part(
+            format!("{} × {}", kind.name(), scenario.name()),
+            recorded,
+            row,
+        );
     }
     Ok(replayed)
 }

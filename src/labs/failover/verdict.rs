@@ -13,11 +13,10 @@ use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
 use crate::check::report::{self, Report};
 use crate::check::{self, Finding, LateWrite};
 use crate::events::What;
-use crate::events::facts;
 use crate::events::{Event, Kind};
 use crate::labs::replay::{self, Replayed};
-use crate::labs::runner;
 use crate::labs::words::Words;
+use crate::labs::{Conclusion, runner};
 use crate::output::human;
 use crate::store::ReadBack;
 use crate::worker::sentinel_client::Rule;
@@ -239,25 +238,22 @@ impl runner::Verdict for Verdict {
 }
 
 /// The store's line on the timeline for a scenario whose A wrote after B.
-pub(super) fn store_line(scenario: &Scenario) -> Option<Event> {
+/// (The checker's conclusion, said on the timeline, not recorded.)
+pub(super) fn store_line(scenario: &Scenario) -> Option<Conclusion> {
     let holds = scenario.final_writer.as_deref().unwrap_or("nobody");
-    let (kind, decided): (facts::StaleWriteKind, _) = match scenario.late {
-        LateWrite::Accepted => (What::StaleWriteAccepted, "taken"),
-        LateWrite::Rejected => (What::StaleWriteRejected, "refused"),
+    let (broken, decided) = match scenario.late {
+        LateWrite::Accepted => (true, "taken"),
+        LateWrite::Rejected => (false, "refused"),
         LateWrite::None => return None,
     };
-    Some(Event::new(
-        "store",
-        kind(facts::StaleWrite {
-            resource: Some(scenario.name.clone()),
-            final_writer: Some(holds.into()),
-            ..Default::default()
-        }),
-        format!(
+    Some(Conclusion {
+        lane: "store",
+        text: format!(
             "{}: A's write decided after B's: {decided}; holds {holds}'s result",
             scenario.name
         ),
-    ))
+        broken,
+    })
 }
 
 /// The scenarios whose two holders wrote to the store, with the label their workers carry
@@ -396,13 +392,13 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
         found.two_holders,
         (exclusion_words, exclusion.into_iter().flatten()),
         (outcome, stale_words, writes.into_iter().flatten()),
+        wrote(&a).filter(|_| found.late.attempted()),
     )
 }
 
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the
 /// store's read-back of its resource by [`Scenario::from_store`] — the tokens, the late
-/// write, the final writer — and the store line it would have written beside the one the
-/// history holds. etcd's two holders are judged again from the releases and the waiter's
+/// write, the final writer. etcd's two holders are judged again from the releases and the waiter's
 /// grant; Redis's rest on the PTTLs the lab read live, which the history does not carry:
 /// that part is taken as recorded and held against the store's order.
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
@@ -437,16 +433,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             "final_writer": found.final_writer,
             "attempts": found.attempts,
         });
-        let said = replay::store_lines(events.iter().filter(|e| match &e.what {
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
-                s.resource.as_deref() == Some(name)
-            }
-            _ => false,
-        }));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(name, recorded, row)
-            .also("store line", said, would);
+        replayed.part(name, recorded, row);
     }
     replayed.not_replayed.push(
         "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and the \

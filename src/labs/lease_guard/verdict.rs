@@ -11,8 +11,9 @@ use super::{LeaseFault, Plan};
 use crate::check::lease_guard::{self as checks, Evidence, Found, Outcome};
 use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
-use crate::events::facts::{GuardDecided, StaleWrite};
+use crate::events::facts::GuardDecided;
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -220,33 +221,32 @@ impl CellVerdict {
     }
 }
 
-/// The store's line on the timeline when A's write was decided after B's.
-pub fn store_line(cell: &CellVerdict) -> Option<Event> {
+/// The store's line on the timeline when A's write was decided after B's (the checker's
+/// conclusion, said, not recorded).
+pub fn store_line(cell: &CellVerdict) -> Option<Conclusion> {
     let holds = cell.final_writer.clone().unwrap_or("nobody".into());
-    let (kind, text): (fn(StaleWrite) -> What, String) = match cell.outcome {
+    let (broken, text) = match cell.outcome {
         Outcome::StaleAccepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
             ),
         ),
         Outcome::StaleRefused => (
-            What::StaleWriteRejected,
+            false,
             format!("decided A's stale write after B's and refused it: it holds {holds}'s result"),
         ),
         _ => return None,
     };
-    let facts = StaleWrite {
-        final_writer: Some(holds),
-        guard: Some(cell.guard.as_str().into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", kind(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// `lockslab check`: each cell judged again from its own events (picked by its fault and
-/// guard tags) by [`CellVerdict::from_history`], and the store line it would have written
-/// beside the one the history holds.
+/// guard tags) by [`CellVerdict::from_history`].
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     use clap::ValueEnum;
     let ttl_ms = replay::number(verdict, "ttl_ms")?;
@@ -263,11 +263,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         let log = replayed.with_read_back(log, cell, None)?;
         let found = CellVerdict::from_history(fault, guard, ttl_ms, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(format!("{guard_name} × {fault_name}"), cell, &found)
-            .also("store line", said, would);
+        replayed.part(format!("{guard_name} × {fault_name}"), cell, &found);
     }
     Ok(replayed)
 }
@@ -372,6 +368,13 @@ fn cell_stale_write(
     read_back_at: Option<usize>,
 ) -> report::Finding {
     let mut events = vec![read_back_at, at("A", Kind::Wrote), at("B", Kind::Wrote)];
+    // What the finding is about: A's late write, taken or refused, or its guard's decision
+    // that held it back.
+    let subject = match cell.found.outcome {
+        Outcome::StaleAccepted | Outcome::StaleRefused => at("A", Kind::Wrote),
+        Outcome::Aborted => at("A", Kind::GuardDecided),
+        Outcome::NoStaleWrite => None,
+    };
     let (outcome, words) = match cell.found.outcome {
         Outcome::StaleAccepted => (
             report::Outcome::Invalid,
@@ -394,6 +397,7 @@ fn cell_stale_write(
         ),
     };
     report::Finding::new("stale write", outcome, words, events.into_iter().flatten())
+        .about_event(subject)
 }
 
 impl runner::Verdict for Verdict {

@@ -13,8 +13,9 @@ use crate::check::network::{
     self as checks, CutTiming, Evidence, FencedRetryFound, LATE, NEXT, PaymentFound, ReplyFound,
 };
 use crate::check::report::{self, Report};
-use crate::events::facts::{Fault, StaleWrite};
+use crate::events::facts::Fault;
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -186,8 +187,7 @@ impl RunVerdict {
 }
 
 /// `lockslab check`: each run of the delayed write and the cuts judged again from its own
-/// events (picked by its story and fencing tags), and the store line it would have written
-/// beside the one the history holds.
+/// events (picked by its story and fencing tags).
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for run in replay::list(verdict, "runs")? {
@@ -202,11 +202,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         let log = replayed.with_read_back(log, run, None)?;
         let found = RunVerdict::from_history(scenario, fenced, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
-        let would = replay::store_lines(store_line(&found, "").as_ref());
-        replayed
-            .part(format!("{scenario} ({})", found.title()), run, &found)
-            .also("store line", said, would);
+        replayed.part(format!("{scenario} ({})", found.title()), run, &found);
     }
     if verdict.get("lost_set").is_some() {
         replayed.not_replayed.push(
@@ -329,6 +325,12 @@ fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
             stale,
             stale_words,
             writes.into_iter().flatten(),
+        )
+        .about_event(
+            // A's last write: the one the store decided after B's.
+            log.iter()
+                .rposition(|e| e.is(LATE, Kind::Wrote))
+                .filter(|_| found.late_write.attempted()),
         ),
     ]);
     if scenario == "cut-off-stops" {
@@ -357,30 +359,30 @@ fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
     report
 }
 
-/// The store's line on the timeline when A's write was decided after B's.
-pub fn store_line(verdict: &RunVerdict, resource: &str) -> Option<Event> {
+/// The store's line on the timeline when A's write was decided after B's (the checker's
+/// conclusion, said, not recorded).
+pub fn store_line(verdict: &RunVerdict) -> Option<Conclusion> {
     let holds = verdict.final_writer.clone().unwrap_or("nobody".into());
-    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+    let (broken, text) = match verdict.late_write {
         LateWrite::Accepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "decided A's late write after B's and took it: it holds {holds}'s result, B's is lost"
             ),
         ),
         LateWrite::Rejected => (
-            What::StaleWriteRejected,
+            false,
             format!(
                 "decided A's late write after B's and refused its lower token: it holds {holds}'s result"
             ),
         ),
         LateWrite::None => return None,
     };
-    let facts = StaleWrite {
-        final_writer: Some(holds),
-        resource: Some(resource.into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", kind(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// The network faults of a history, for a reader who wants to check the hold was the only

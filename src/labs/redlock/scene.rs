@@ -11,7 +11,6 @@ use super::verdict::ClientRound;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState, Round};
 use crate::connect::{self, Backend};
-use crate::events::facts::Observed;
 use crate::events::facts::{self, HolderNow, MasterSeen, Released};
 use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
@@ -330,14 +329,13 @@ impl Scene {
         let two = check::two_holders(&a_round, &b_round) == Finding::Yes;
         if two {
             let left = check::validity_left_ms(&a_round, &b_round);
-            self.stage.record(Event::new(
-                "masters",
-                What::TwoHolders(Observed {
-                    a_validity_left_ms: Some(left),
-                    ..Observed::default()
-                }),
-                format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
-            ));
+            // Said, not recorded: the checker concludes it again from the rounds and the
+            // masters' answers the history holds.
+            self.stage.conclude(crate::labs::Conclusion {
+                lane: "masters",
+                text: format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
+                broken: true,
+            });
         }
         (b_lock, b, read, two)
     }

@@ -52,6 +52,18 @@ pub struct Stage {
     ticking: bool,
 }
 
+/// A line the lab states on the timeline from its checker's conclusion — the store took a
+/// stale write, or refused it; two majorities at once — for the learner watching. Words,
+/// not an event: the history keeps the observations it was concluded from (the store's
+/// read-back, the masters' answers), and `lockslab check` concludes it again from those.
+pub struct Conclusion {
+    /// The lane it is said on (`store`, `masters`).
+    pub lane: &'static str,
+    pub text: String,
+    /// A safety property broken (red), or a defence that held (green).
+    pub broken: bool,
+}
+
 /// A worker event that arrived before a lab event was recorded.
 enum Early {
     /// Shown and logged before the lab event (it was said before it).
@@ -310,6 +322,20 @@ impl Stage {
     /// tick records is stamped no later than the first of them.
     pub fn record(&mut self, event: Event) {
         self.record_shown(event, true);
+    }
+
+    /// Says a conclusion the lab drew from its checker on the timeline, after the lines that
+    /// arrived before it: words for the learner watching, not an event of the history
+    /// (nothing with `--json`, whose verdict says it, nor in a quiet stage).
+    pub fn conclude(&mut self, conclusion: Conclusion) {
+        if !self.silent && !self.ticking {
+            self.show_arrived();
+        }
+        if !self.quiet {
+            let t_ms = self.start.elapsed().as_millis() as u64;
+            let Conclusion { lane, text, broken } = conclusion;
+            self.timeline.conclude(t_ms, lane, &text, broken);
+        }
     }
 
     /// Records the store's read-back of `resource` in the run's history, where the part's
