@@ -104,6 +104,20 @@ lab_table! {
     Queue => queue::QueueArgs,
 }
 
+/// The checker's [`Report`] on a run's history, by the lab its verdict names (`lab`): what a
+/// picture of the run draws. None for a run no lab's checker judges (chaos, a challenge).
+/// A run of today holds its read-backs in its history; an older recording's may sit in its
+/// verdict, which [`crate::reproduce::report_for`] puts back first.
+///
+/// [`Report`]: crate::check::report::Report
+pub fn report_of(
+    history: &[crate::events::Event],
+    verdict: Option<&serde_json::Value>,
+) -> Option<crate::check::report::Report> {
+    let lab = verdict?.get("lab")?.as_str()?;
+    check(lab, history)
+}
+
 /// One lab, as the menu (`lockslab`, `lockslab list`) and `lockslab doctor` show it; each
 /// lab's folder defines its own as `MENU`.
 pub struct LabRow {

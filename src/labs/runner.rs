@@ -187,8 +187,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
         // never its own.
         let mut recording =
             Recording::of_run(run.history.take(), Some(verdict_json), words.plain());
-        recording.report =
-            crate::reproduce::report_for(&recording.events, recording.verdict.as_ref());
+        recording.report = super::report_of(&recording.events, recording.verdict.as_ref());
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())

@@ -244,8 +244,7 @@ pub fn report_for(events: &[Event], verdict: Option<&Value>) -> Option<Report> {
         .ok()
         .and_then(|replayed| judge(&recorded, &replayed).ok());
     let Some(judged) = judged else {
-        let lab = verdict?.get("lab")?.as_str()?;
-        return crate::labs::check(lab, events);
+        return crate::labs::report_of(events, verdict);
     };
     let in_file = |i: usize| judged.in_file.get(i).copied().flatten();
     let mut report = judged.report;
