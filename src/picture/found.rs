@@ -13,16 +13,27 @@ use crate::check::report::{Finding, Outcome, Report};
 use crate::events::Event;
 
 /// The names of the findings that say whether the lock was held by two at once: the lock
-/// labs' `mutual exclusion`, the queue lab's turns and leaders.
+/// labs' `mutual exclusion`, the queue lab's turns and leaders, a chaos hunt's
+/// `two-holders`.
 const EXCLUSION: &[&str] = &[
     "mutual exclusion",
     "one holder at a time",
     "one leader at a time",
+    "two-holders",
 ];
 
-/// The names of the findings that judge what the store kept: a late write, or each job's
-/// processing counted in the tables.
-const STORE: &[&str] = &["stale write", "exactly once"];
+/// The names of the findings about a late write: the labs' and a hunt's.
+const LATE_WRITE: &[&str] = &["stale write", "stale-write"];
+
+/// The names of the findings that judge what the store kept: a late write, each job's
+/// processing counted in the tables, a hunt's records.
+const STORE: &[&str] = &[
+    "stale write",
+    "exactly once",
+    "stale-write",
+    "lost-update",
+    "duplicate",
+];
 
 /// A finding's name without the part a checker appended (`stale write (run 2)`).
 fn named(finding: &Finding, names: &[&str]) -> bool {
@@ -66,7 +77,7 @@ impl<'a> Found<'a> {
     pub fn late_writes(&self) -> BTreeMap<usize, Outcome> {
         self.findings
             .iter()
-            .filter(|f| named(f, &["stale write"]))
+            .filter(|f| named(f, LATE_WRITE))
             .filter_map(|f| Some((f.subject?, f.outcome)))
             .collect()
     }

@@ -197,10 +197,10 @@ pub struct Judged {
     pub in_file: Vec<Option<usize>>,
 }
 
-/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, whose
-/// findings point at the events that prove them. `Err` says why a run has none: a tool
-/// whose checker gives its own result (chaos's per-history safe/unsafe/unknown, the
-/// challenge's grade and problems), judged in the parts above.
+/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, or a
+/// hunt's histories each judged again ([`crate::chaos::check`]), whose findings point at
+/// the events that prove them. `Err` says why a run has none: the challenge, whose grader
+/// gives its own result (its grade and problems), judged in the parts above.
 pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'static str> {
     let lab = recorded
         .verdict
@@ -209,10 +209,16 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
         .and_then(Value::as_str)
         .unwrap_or("");
     match lab {
-        "chaos" => Err(
-            "a chaos hunt's checker judges each history safe, unsafe or unknown (the \
-             schedules above); its findings do not point at events yet",
-        ),
+        "chaos" => {
+            let verdict = recorded.verdict.as_ref().ok_or("no verdict")?;
+            let report = crate::chaos::check(&recorded.events, &recorded.summaries, verdict)
+                .map_err(|_| "the hunt's histories could not be judged again")?;
+            Ok(Judged {
+                report,
+                history: recorded.events.clone(),
+                in_file: (0..recorded.events.len()).map(Some).collect(),
+            })
+        }
         "challenge" => Err(
             "a challenge is graded by its own checker (the grade and problems above); its \
              problems do not point at events yet",
