@@ -29,7 +29,8 @@
 //!   evidence into the facts a verdict states, one file per lab, every checker a pure
 //!   function with unit tests (and the recorded runs in `tests/fixtures` replay through them
 //!   with no servers); [`output`] renders both, and [`picture`] draws a run as an SVG or
-//!   HTML timeline (`--html`, `--svg`, `lockslab render`).
+//!   HTML timeline (`--html`, `--svg`, `lockslab render`), marking the findings of the
+//!   run's checker, never its own.
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
 //!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6);
 //!   [`lock::lease_guard`], the checks a holder makes before writing, short of fencing (lab 9).

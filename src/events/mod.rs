@@ -278,8 +278,8 @@ impl Event {
         }
     }
 
-    /// The backend this event names: the lock's (a grant), or the one a fault, a probe or a
-    /// store line is about.
+    /// The backend this event names: the lock's (a grant), or the one a fault or a probe is
+    /// about.
     pub fn backend(&self) -> Option<&str> {
         match &self.what {
             What::Acquired(a) => a.backend.as_deref(),

@@ -84,18 +84,6 @@ pub struct PartReplayed {
     pub replayed: Map<String, Value>,
 }
 
-impl PartReplayed {
-    /// One more thing to compare that is not a field of the verdict: what the history says
-    /// (its store line) against what the replay would have written there.
-    pub fn also(&mut self, what: &str, recorded: Value, replayed: Value) -> &mut PartReplayed {
-        if let Value::Object(fields) = &mut self.recorded {
-            fields.insert(what.into(), recorded);
-        }
-        self.replayed.insert(what.into(), replayed);
-        self
-    }
-}
-
 impl Replayed {
     /// Adds a part: `replayed` is anything that serializes to an object (a lab's own row).
     pub fn part(

@@ -105,7 +105,7 @@ struct Judged {
     points: Vec<PointVerdict>,
     frozen: Vec<Strike>,
     killed: Option<Strike>,
-    /// The tables' line (`exactly_once` or `violation`): the store's figures.
+    /// The tables' line (`tables_read`): the store's figures.
     line_at: usize,
     /// The freezes and the kill, as the nemesis recorded them.
     frozen_at: Vec<usize>,
