@@ -49,9 +49,10 @@ Examples:
 It reads the run's history (every event, and the store's read-back the
 verdict was judged from), judges each part again with the lab's own checkers
 — the code the live run used — and lists each field of the verdict it reached
-beside the recorded one. No server is asked anything. Then the lab's checker
-reports on the whole history: valid, invalid or unknown, and each finding with
-the events (their place in the file and their time) that prove it.
+beside the recorded one. No server is asked anything. Then the run's checker
+(the lab's, or a chaos hunt's on each history) reports on the whole history:
+valid, invalid or unknown, and each finding with the events (their place in the
+file and their time) that prove it.
 
 Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
 `lockslab chaos` hunts (each history it printed, and the hunt's counts).
