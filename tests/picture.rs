@@ -1622,3 +1622,39 @@ fn lab_2s_failures_are_where_the_checkers_findings_point() {
         picture::svg(&recording)
     );
 }
+
+/// A challenge its grader judges again (recorded with today's items): a write is drawn as
+/// a wrong one exactly where the run's Report has an invalid finding at its job's events —
+/// the jobs the grader's recorded problems name.
+#[test]
+fn a_challenges_wrong_writes_are_the_jobs_its_report_points_at() {
+    let recording = recording(include_str!("fixtures/challenge-items.jsonl"));
+    assert!(recording.report.is_some(), "the grader judges it again");
+    let verdict = recording.verdict.as_ref().unwrap();
+    let named: HashSet<i64> = verdict["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["job"].as_i64())
+        .collect();
+    let picture = picture::Picture::of(&recording);
+    let mut writes = 0;
+    for mark in picture
+        .parts
+        .iter()
+        .flat_map(|p| &p.lanes)
+        .flat_map(|l| &l.marks)
+        .filter(|m| m.shape == picture::Shape::Write)
+    {
+        let label = mark.label.as_deref().unwrap_or("");
+        let job: i64 = label
+            .strip_prefix("write job ")
+            .and_then(|rest| rest.split(':').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a write names its job: {label}"));
+        let wrong = mark.tone == picture::Tone::Bad;
+        assert_eq!(wrong, named.contains(&job), "{label}");
+        writes += 1;
+    }
+    assert!(writes > 0 && !named.is_empty());
+}

@@ -131,10 +131,7 @@ impl Picture {
             }
         }
         // A challenge's findings name jobs: their writes are drawn as the wrong ones.
-        let named: BTreeSet<i64> = challenge_problems(recording)
-            .iter()
-            .filter_map(Problem::job)
-            .collect();
+        let named = challenge_jobs_named(recording);
         let parts: Vec<Part> = order
             .iter()
             .map(|label| {
@@ -744,6 +741,26 @@ fn challenge_write(mark: &mut Mark, job: i64, named: &BTreeSet<i64>) {
     } else {
         mark.label = Some(format!("write job {job}"));
     }
+}
+
+/// The jobs a challenge's findings name: those whose events (sent, answered) an invalid
+/// finding of the run's Report points at; for a run without one (recorded before today's
+/// grader could judge it again), the jobs its recorded problems name.
+fn challenge_jobs_named(recording: &Recording) -> BTreeSet<i64> {
+    let Some(report) = &recording.report else {
+        return challenge_problems(recording)
+            .iter()
+            .filter_map(Problem::job)
+            .collect();
+    };
+    report
+        .with(crate::check::report::Outcome::Invalid)
+        .flat_map(|finding| &finding.events)
+        .filter_map(|&i| match &recording.events.get(i)?.what {
+            What::JobSent(job) | What::JobAnswered(job) => Some(job.job),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The findings of a challenge's verdict (`lab` `challenge`), as the checker made them.

@@ -198,10 +198,10 @@ pub struct Judged {
     pub in_file: Vec<Option<usize>>,
 }
 
-/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, or a
-/// hunt's histories each judged again ([`crate::chaos::check`]), whose findings point at
-/// the events that prove them. `Err` says why a run has none: the challenge, whose grader
-/// gives its own result (its grade and problems), judged in the parts above.
+/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, a
+/// hunt's histories each judged again ([`crate::chaos::check`]), or the challenge's grader
+/// ([`challenge::report`]), whose findings point at the events that prove them. `Err` says
+/// why a run has none.
 pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'static str> {
     let lab = recorded
         .verdict
@@ -209,21 +209,20 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
         .and_then(|v| v.get("lab"))
         .and_then(Value::as_str)
         .unwrap_or("");
+    // A tool's history is its file's events as they are: the report points at them.
+    let tool = |report: Report| Judged {
+        report,
+        history: recorded.events.clone(),
+        in_file: (0..recorded.events.len()).map(Some).collect(),
+    };
+    let verdict = recorded.verdict.as_ref().ok_or("no verdict")?;
     match lab {
-        "chaos" => {
-            let verdict = recorded.verdict.as_ref().ok_or("no verdict")?;
-            let report = crate::chaos::check(&recorded.events, &recorded.summaries, verdict)
-                .map_err(|_| "the hunt's histories could not be judged again")?;
-            Ok(Judged {
-                report,
-                history: recorded.events.clone(),
-                in_file: (0..recorded.events.len()).map(Some).collect(),
-            })
-        }
-        "challenge" => Err(
-            "a challenge is graded by its own checker (the grade and problems above); its \
-             problems do not point at events yet",
-        ),
+        "chaos" => crate::chaos::check(&recorded.events, &recorded.summaries, verdict)
+            .map(tool)
+            .map_err(|_| "the hunt's histories could not be judged again"),
+        "challenge" => challenge::report(&recorded.events, verdict)
+            .map(tool)
+            .map_err(|_| "the challenge could not be graded again"),
         lab => {
             let (history, in_file) = Completion::completed(&recorded.events, &replayed.completions);
             let report = crate::labs::check(lab, &history).ok_or("no checker knows this run")?;
@@ -240,7 +239,7 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
 /// its findings pointing into `events`. A read-back taken out of an older recording's
 /// verdict is not one of `events`, so no finding points at it there. A run whose verdict
 /// the replay cannot read is judged by its lab's checker on `events` as they are; None for
-/// a run no lab's checker judges (chaos, a challenge, no verdict).
+/// a run no checker judges (no verdict, a challenge recorded before today's grader).
 pub fn report_for(events: &[Event], verdict: Option<&Value>) -> Option<Report> {
     let recorded = Recorded {
         events: events.to_vec(),
