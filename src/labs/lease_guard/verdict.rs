@@ -397,6 +397,33 @@ fn cell_stale_write(
 }
 
 impl runner::Verdict for Verdict {
+    /// Per guard, the faults under which B's result was lost: `check-owner: B's result
+    /// lost under pause-after-check, stall · fencing: B's result kept`.
+    fn headline(&self) -> String {
+        let mut guards: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+        for cell in &self.cells {
+            let guard = cell.guard.as_str();
+            let at = match guards.iter().position(|(g, _)| *g == guard) {
+                Some(at) => at,
+                None => {
+                    guards.push((guard, Vec::new()));
+                    guards.len() - 1
+                }
+            };
+            if !cell.outcome.safe() {
+                guards[at].1.push(cell.fault.as_str());
+            }
+        }
+        let parts: Vec<String> = guards
+            .into_iter()
+            .map(|(guard, lost)| match lost.as_slice() {
+                [] => format!("{guard}: B's result kept"),
+                faults => format!("{guard}: B's result lost under {}", faults.join(", ")),
+            })
+            .collect();
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("ttl_ms".into(), (self.plan.ttl.as_millis() as u64).into());
