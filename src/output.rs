@@ -158,6 +158,10 @@ impl Timeline {
     pub fn say(&self, text: &str) {
         if !self.style.json {
             let _one_block = screens::block();
+            let plain = without_colors(text);
+            if plain.trim_start().starts_with("── ") && plain.trim_end().ends_with("──") {
+                screens::block_is_a_heading();
+            }
             for line in fitted(text) {
                 self.println(&line);
             }
@@ -287,6 +291,8 @@ pub mod screens {
         piece: Vec<String>,
         /// The inner block is a heading: it goes with the piece after it.
         piece_heads: bool,
+        /// The open group is a heading ([`block_is_a_heading`]).
+        group_heads: bool,
         /// A heading waiting for the block it heads.
         heading: Vec<String>,
         /// The next line is a heading ([`heading_follows`]).
@@ -302,6 +308,7 @@ pub mod screens {
             pieces: Vec::new(),
             piece: Vec::new(),
             piece_heads: false,
+            group_heads: false,
             heading: Vec::new(),
             heading_next: false,
         };
@@ -379,13 +386,17 @@ pub mod screens {
             if !self.on {
                 return joined.concat();
             }
+            // A group that ends on a heading (a part's `── … ──` said alone) waits, whole,
+            // for the block it heads.
+            let heads = glue || std::mem::take(&mut self.group_heads);
             let total: usize = joined.iter().map(|p| rows_of_all(p)).sum();
             if total <= ROWS {
-                return self.place(joined.concat(), false);
+                return self.place(joined.concat(), heads);
             }
+            let last = joined.len().saturating_sub(1);
             let mut now = Vec::new();
-            for piece in joined {
-                now.extend(self.place(piece, false));
+            for (i, piece) in joined.into_iter().enumerate() {
+                now.extend(self.place(piece, heads && i == last));
             }
             now
         }
@@ -521,6 +532,15 @@ pub mod screens {
             for text in &now {
                 super::write_line(text);
             }
+        }
+    }
+
+    /// The open block is a heading (`── kill: … ──` over two lines): kept, whole, with the
+    /// block after it.
+    pub fn block_is_a_heading() {
+        let mut pager = pager();
+        if pager.depth > 0 {
+            pager.group_heads = true;
         }
     }
 

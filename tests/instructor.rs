@@ -1173,15 +1173,25 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     let output = room.command(&["results"]).output().unwrap();
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{shown}");
-    assert!(shown.starts_with("8 runs by 8 seats"), "{shown}");
+    assert!(
+        shown.starts_with("The room's results: each seat's latest run of each lab"),
+        "{shown}"
+    );
+    // Every lab says its outcome, lab 3's and lab 4's included.
+    assert!(!shown.contains("ran to its verdict"), "{shown}");
+    assert!(shown.contains("skip-locked: each job once 1/1"), "{shown}");
     // `lockslab room results`, as the issue names it, is the same view.
     let by_room = room.command(&["room", "results"]).output().unwrap();
     assert!(by_room.status.success());
     assert_eq!(String::from_utf8_lossy(&by_room.stdout), shown);
-    for seat in 1..=8 {
-        assert!(shown.contains(&format!("seat{seat:02}")), "{shown}");
-    }
-    assert!(shown.contains("no-lock — 2 runs"), "{shown}");
+    // Each lab's seats counted under its number (two seats ran no-lock).
+    let seats: usize = shown
+        .lines()
+        .filter_map(|line| line.split(" — ").nth(1))
+        .filter_map(|count| count.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(seats, 8, "{shown}");
+    assert!(shown.contains("7 no-lock — 2 seats"), "{shown}");
     assert!(
         shown.contains("minority-down: granted"),
         "lab 6's headline: {shown}"
@@ -1224,6 +1234,71 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     assert!(output.status.success(), "{shown}");
     assert!(shown.contains("PASS everything"), "{shown}");
     assert!(!shown.contains('\u{1b}'), "{shown:?}");
+}
+
+/// Issue 45: a room's results are each lab's outcome counted across its seats — one line
+/// per scenario (`fenced: stale write refused 2/3`), the labs in their order, the seats that
+/// saw something else named — and the projector's page says the same, every word a seat
+/// wrote escaped. `up --seats 3` names a seat the room has.
+#[test]
+fn room_results_count_each_scenario_across_seats_in_the_labs_order() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.17", "--seats", "3"]);
+    assert!(room.printed.contains("lockslab seat 1"), "{}", room.printed);
+    assert!(!room.printed.contains("seat 7"), "{}", room.printed);
+    let up_help = room.command(&["up", "--help"]).output().unwrap();
+    let up_help = String::from_utf8_lossy(&up_help.stdout);
+    assert!(!up_help.contains("seat 7"), "{up_help}");
+    // A seat records a finished run the way `room::record` does: one INSERT as its role.
+    let record = |seat: usize, lab: &str, headline: &str| {
+        let url = room
+            .seat(seat)
+            .1
+            .into_iter()
+            .find(|(var, _)| var == "LOCKSLAB_POSTGRES_URL")
+            .unwrap()
+            .1;
+        let results_url = format!("{}/lockslab", url.rsplit_once('/').unwrap().0);
+        let mut client = postgres::Client::connect(&results_url, postgres::NoTls).unwrap();
+        client
+            .execute(
+                "INSERT INTO public.lockslab_room_results (lab, run_id, headline, verdict) \
+                 VALUES ($1, 'x', $2, '{}')",
+                &[&lab, &headline],
+            )
+            .unwrap();
+    };
+    let agreed = "unfenced: stale write ACCEPTED · fenced: stale write refused";
+    record(1, "redlock", "restart: two holders");
+    record(1, "gc-pause", agreed);
+    record(2, "gc-pause", agreed);
+    record(3, "gc-pause", "unfenced: stale write ACCEPTED · fenced: stale write unknown");
+    record(3, "<script>alert(1)</script>", "x: <img src=x onerror=alert(1)>");
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("room.html");
+    let output = room
+        .command(&["results", "--html", page.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    let at = |text: &str| {
+        shown
+            .lines()
+            .position(|line| line == text)
+            .unwrap_or_else(|| panic!("no line {text:?} in:\n{shown}"))
+    };
+    let gc_pause = at("1 gc-pause — 3 seats");
+    assert!(at("6 redlock — 1 seat") > gc_pause, "labs in their order:\n{shown}");
+    assert_eq!(at("  unfenced: stale write ACCEPTED 3/3"), gc_pause + 1);
+    assert_eq!(
+        at("  fenced: stale write refused 2/3 · stale write unknown 1/3 (seat03)"),
+        gc_pause + 2
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("stale write refused <b>2/3</b>"), "{html}");
+    assert!(html.contains("seat03"), "{html}");
+    assert!(!html.contains("<script>alert") && !html.contains("<img"), "{html}");
+    assert!(html.contains("&lt;script&gt;"), "{html}");
 }
 
 /// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain

@@ -321,6 +321,9 @@ fn print_queues(queues: &[QueueVerdict], waiters: u32) {
         .collect();
     crate::outln!();
     crate::outln!("{}", format!("The queue, {waiters} waiters:").bold());
+    if queues.iter().any(|q| !q.facts.fair) {
+        crate::outln!("  (an overtake: a waiter served before one that had asked earlier)");
+    }
     crate::outln!("{}", table(&header, &rows));
     for q in queues {
         let total = q
