@@ -426,7 +426,7 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         if seats == 1 { "" } else { "s" },
         state.seats.last().map_or("-", |seat| seat.name.as_str())
     );
-    crate::outln!("one seat's lines; the passwords above stay yours.");
+    crate::outln!("one seat's lines (pairs share one); the passwords above stay yours.");
     // A seat that exists in every room (`--seats` is at least 1).
     crate::outln!("  one seat:  lockslab seat 1");
     crate::outln!(

@@ -363,22 +363,28 @@ fn html(labs: &[LabResults], reloads: bool) -> String {
     }
     page.push_str(
         "<title>lockslab: the room's results</title><style>\
-         body{font:24px/1.35 sans-serif;margin:1em 2em;background:#fff;color:#111}\
-         h1{font-size:130%;margin:.2em 0}h2{font-size:105%;margin:.8em 0 .2em}\
-         table{border-collapse:collapse}td{padding:.1em .7em;vertical-align:top}\
-         .n{text-align:right;white-space:nowrap}.all{color:#1a6b1a}.split{color:#a33}\
-         .who{color:#666;font-size:80%}</style></head><body>\n\
-         <h1>The room's results</h1>\n",
+         body{font:20px/1.3 sans-serif;margin:.8em 1.5em;background:#fff;color:#111}\
+         h1{font-size:130%;margin:.2em 0}h2{font-size:105%;margin:0 0 .2em}\
+         main{column-count:2;column-gap:2.5em}section{break-inside:avoid;margin-bottom:.9em}\
+         table{border-collapse:collapse}td{padding:.05em .6em;vertical-align:top}\
+         .split{background:#fde7c2;padding:0 .2em}\
+         .who{color:#555;font-size:85%}</style></head><body>\n\
+         <h1>The room's results</h1>\n<main>\n",
     );
     if labs.is_empty() {
         page.push_str("<p>No results yet: a seat's run is recorded when its lab finishes.</p>\n");
     }
     for lab in labs {
-        let _ = writeln!(page, "<h2>{}</h2>\n<table>", escape(&lab_title(lab)));
+        let _ = writeln!(
+            page,
+            "<section><h2>{}</h2>\n<table>",
+            escape(&lab_title(lab))
+        );
         for scenario in &lab.scenarios {
             let of = scenario.seats();
             let mut cells = Vec::new();
             for (i, (outcome, seats)) in scenario.outcomes.iter().enumerate() {
+                // The seats split: marked, so that the room looks at what differed.
                 let class = if seats.len() == of { "all" } else { "split" };
                 let who = if i > 0 {
                     format!(" <span class=\"who\">{}</span>", escape(&seats.join(" ")))
@@ -398,9 +404,9 @@ fn html(labs: &[LabResults], reloads: bool) -> String {
                 cells.join(" · ")
             );
         }
-        page.push_str("</table>\n");
+        page.push_str("</table></section>\n");
     }
-    page.push_str("</body></html>\n");
+    page.push_str("</main></body></html>\n");
     page
 }
 

@@ -496,11 +496,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 9,
     command: "lease-guard",
     shows: "lease guards short of fencing, and the gap each leaves",
-    takes: "15s",
+    takes: "10s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/09-lease-guard.md",
     session: 15,
-    stops: 9,
+    stops: 11,
     by_hand: &["redis-server"],
 };

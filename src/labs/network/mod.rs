@@ -321,12 +321,12 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 8,
     command: "network",
     shows: "no pause: a checked write held in flight past the lease",
-    takes: "25s",
+    takes: "20s",
     needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/08-network.md",
     session: 15,
-    stops: 19,
+    stops: 6,
     by_hand: &[],
 };
 

@@ -352,11 +352,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 7,
     command: "no-lock",
     shows: "the same job with no lock: optimistic writes, idempotency",
-    takes: "26s",
+    takes: "24s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/07-no-lock.md",
     session: 15,
-    stops: 10,
+    stops: 11,
     by_hand: &["psql"],
 };
