@@ -485,20 +485,7 @@ impl runner::Verdict for Verdict {
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
             .chain(faults.iter().map(|f| f.as_str()))
             .collect();
-        let rows: Vec<Vec<String>> = self
-            .plan
-            .guards
-            .iter()
-            .map(|&guard| {
-                std::iter::once(guard.as_str().to_string())
-                    .chain(faults.iter().map(|&fault| {
-                        self.cell(guard, fault)
-                            .map(CellVerdict::word)
-                            .unwrap_or_default()
-                    }))
-                    .collect()
-            })
-            .collect();
+        let rows = self.matrix_rows(CellVerdict::word);
         // No blank line above the heading, as this lab has always printed it (its old
         // `prose!("")` printed nothing: an empty text has no line to fit).
         let mut words = Words::new();
@@ -522,20 +509,7 @@ impl Verdict {
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
             .chain(numbers.iter().map(String::as_str))
             .collect();
-        let rows: Vec<Vec<String>> = self
-            .plan
-            .guards
-            .iter()
-            .map(|&guard| {
-                std::iter::once(guard.as_str().to_string())
-                    .chain(faults.iter().map(|&fault| {
-                        self.cell(guard, fault)
-                            .map(CellVerdict::short_word)
-                            .unwrap_or_default()
-                    }))
-                    .collect()
-            })
-            .collect();
+        let rows = self.matrix_rows(CellVerdict::short_word);
         let legend: Vec<String> = faults
             .iter()
             .enumerate()
@@ -556,6 +530,24 @@ impl Verdict {
             words.prose(line);
         }
         words
+    }
+
+    /// The matrix's rows: a guard's name, then its cell against each fault in `word`s.
+    fn matrix_rows(&self, word: fn(&CellVerdict) -> String) -> Vec<Vec<String>> {
+        let faults = &self.plan.faults;
+        self.plan
+            .guards
+            .iter()
+            .map(|&guard| {
+                std::iter::once(guard.as_str().to_string())
+                    .chain(
+                        faults
+                            .iter()
+                            .map(|&fault| self.cell(guard, fault).map(word).unwrap_or_default()),
+                    )
+                    .collect()
+            })
+            .collect()
     }
 
     fn cell(&self, guard: Guard, fault: LeaseFault) -> Option<&CellVerdict> {
