@@ -383,7 +383,7 @@ impl Lab for Plan {
         let cells = if plan.parallel.min(order.len()) <= 1 || crate::labs::step::stepping() {
             let mut cells = Vec::new();
             for each in &order {
-                cells.push(if self.told_in_one_line(each.1) {
+                cells.push(if self.told_in_one_line(each.1, run.style.json) {
                     let (verdict, _lines) =
                         crate::output::held_back(|| cell(each, &run.history).play(&mut store));
                     let verdict = verdict?;
@@ -411,8 +411,9 @@ impl Plan {
     /// every other guard's cell against it plays the same way (its events are in the
     /// history, `--json` and the picture) and shows one line, its outcome: seven more
     /// timelines that differ in one line would bury the question.
-    fn told_in_one_line(&self, guard: Guard) -> bool {
-        crate::labs::step::stepping() && self.guards.first() != Some(&guard)
+    /// `--json` prints every event of every cell: JSON Lines have no screens to spare.
+    fn told_in_one_line(&self, guard: Guard, json: bool) -> bool {
+        crate::labs::step::stepping() && !json && self.guards.first() != Some(&guard)
     }
 }
 
