@@ -335,3 +335,17 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::no_answer;
+
+    #[test]
+    fn a_read_timeout_is_a_server_that_gave_no_answer_not_os_error_11() {
+        let timed_out = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+        let err = anyhow::Error::from(timed_out).context("releasing with compare-and-delete");
+        assert!(no_answer(&err));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!no_answer(&anyhow::Error::from(refused)));
+    }
+}
