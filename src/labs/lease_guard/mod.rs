@@ -503,5 +503,5 @@ pub const MENU: super::LabRow = super::LabRow {
     walkthrough: "labs/09-lease-guard.md",
     session: 15,
     stops: 11,
-    by_hand: &["redis-server"],
+    by_hand: &["libfaketime"],
 };
