@@ -266,7 +266,11 @@ pub fn run() -> Result<Exit> {
         }
         Command::Status => status()?,
         Command::Results(args) | Command::Room(crate::room::RoomCommand::Results(args)) => {
-            crate::room::results(&args)?
+            let order: Vec<(u8, &str)> = crate::labs::LABS
+                .iter()
+                .map(|lab| (lab.number, lab.command))
+                .collect();
+            crate::room::results(&args, &order)?
         }
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,

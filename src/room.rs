@@ -146,7 +146,9 @@ pub struct ResultsArgs {
 const LONGEST_HEADLINE: usize = 2_000;
 
 /// `lockslab results`: the room's runs, from the room `lockslab up --room` started.
-pub fn results(args: &ResultsArgs) -> Result<()> {
+///
+/// `labs` is the menu's order, (number, subcommand): the results follow it.
+pub fn results(args: &ResultsArgs, labs: &[(u8, &str)]) -> Result<()> {
     let Some(state) = UpState::load()? else {
         if is_a_seat() {
             bail!(
@@ -168,14 +170,14 @@ pub fn results(args: &ResultsArgs) -> Result<()> {
     let mut client = connect::postgres(url)?;
     let mut shown: Option<Vec<LabResults>> = None;
     loop {
-        let labs = tally(&read_rows(&mut client)?);
-        if shown.as_ref() != Some(&labs) {
-            print(&labs);
+        let counted = tally(&read_rows(&mut client)?, labs);
+        if shown.as_ref() != Some(&counted) {
+            print(&counted);
             if let Some(path) = &args.html {
-                write_html(path, &labs, args.follow)?;
+                write_html(path, &counted, args.follow)?;
                 crate::errln!("wrote {}", path.display());
             }
-            shown = Some(labs);
+            shown = Some(counted);
         }
         if !args.follow {
             return Ok(());
@@ -268,7 +270,7 @@ fn scenarios_of(headline: &str) -> Vec<(String, String)> {
 
 /// The room's runs counted: a seat's latest run of each lab, each scenario's outcomes
 /// across the seats, the labs in the menu's order.
-fn tally(rows: &[Row]) -> Vec<LabResults> {
+fn tally(rows: &[Row], order: &[(u8, &str)]) -> Vec<LabResults> {
     // Rows come oldest first: a later run of the same seat and lab replaces the earlier.
     let mut latest: BTreeMap<(&str, &str), &Row> = BTreeMap::new();
     for row in rows {
@@ -308,10 +310,10 @@ fn tally(rows: &[Row]) -> Vec<LabResults> {
                     .sort_by_key(|(_, seats)| std::cmp::Reverse(seats.len()));
             }
             LabResults {
-                number: crate::labs::LABS
+                number: order
                     .iter()
-                    .find(|row| row.command == lab)
-                    .map(|row| row.number as u32),
+                    .find(|(_, command)| *command == lab)
+                    .map(|(number, _)| u32::from(*number)),
                 lab: lab.to_string(),
                 seats: runs.len(),
                 scenarios,
@@ -436,6 +438,8 @@ mod tests {
         assert_eq!(seat_of("postgres://seatx1:pw@h/db"), None);
     }
 
+    const ORDER: &[(u8, &str)] = &[(1, "gc-pause"), (6, "redlock")];
+
     fn row(seat: &str, lab: &str, headline: &str) -> Row {
         Row {
             seat: seat.into(),
@@ -457,7 +461,7 @@ mod tests {
                 "unfenced: stale write ACCEPTED · fenced: stale write unknown",
             ),
         ];
-        let labs = tally(&rows);
+        let labs = tally(&rows, ORDER);
         assert_eq!(labs[0].lab, "gc-pause", "labs in the menu's order");
         assert_eq!(labs[1].lab, "redlock");
         let lines: Vec<String> = labs[0].scenarios.iter().map(Scenario::line).collect();
@@ -477,7 +481,7 @@ mod tests {
             row("seat01", "redlock", "restart: two holders"),
             row("seat01", "redlock", "restart: one holder"),
         ];
-        let labs = tally(&rows);
+        let labs = tally(&rows, ORDER);
         assert_eq!(labs[0].seats, 1);
         assert_eq!(labs[0].scenarios[0].line(), "restart: one holder 1/1");
     }
@@ -489,7 +493,7 @@ mod tests {
             "<script>alert(1)</script>",
             "x: <img src=x onerror=alert(1)> · 'q': \"&\"",
         )];
-        let page = html(&tally(&rows), true);
+        let page = html(&tally(&rows, ORDER), true);
         assert!(
             !page.contains("<script>alert") && !page.contains("<img"),
             "{page}"

@@ -200,9 +200,9 @@ impl Stage {
         self.pauses_shown = pauses.len();
     }
 
-    /// The run's time, less the waits at `--step`'s stops ([`crate::labs::step::clock`]).
+    /// The run's time, less the waits at `--step`'s stops ([`crate::run_clock`]).
     pub fn elapsed(&self) -> Duration {
-        crate::labs::step::clock::since(self.start)
+        crate::run_clock::since(self.start)
     }
 
     /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the

@@ -108,7 +108,7 @@ fn ask(name: &str, question: &str) {
     let mut answer = String::new();
     let began = std::time::Instant::now();
     let read = std::io::stdin().lock().read_line(&mut answer);
-    clock::waited_since(began);
+    crate::run_clock::waited_since(began);
     match read {
         Ok(0) | Err(_) => {
             if on_terminal {
@@ -136,7 +136,6 @@ fn ask(name: &str, question: &str) {
     }
 }
 
-pub mod clock;
 mod network_etcd;
 mod questions;
 mod verdict_halves;

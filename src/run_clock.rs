@@ -1,6 +1,7 @@
 //! The run's clock under `--step`: the seconds a room spends at a stop are not the lab's.
 //!
-//! A stop waits for Enter while no timer of the story runs (see [`super`]), so a run's
+//! A stop waits for Enter while no timer of the story runs (see [`crate::labs::step`]),
+//! so a run's
 //! event times leave those seconds out: the first event of a run that waited a minute at
 //! its first stop is still at `+0.1s`, and the gaps between events are the ones the
 //! servers saw.
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 static WAITS: Mutex<Vec<(Instant, Duration)>> = Mutex::new(Vec::new());
 
 /// Notes a wait at a stop that began at `began` and has just ended.
-pub(super) fn waited_since(began: Instant) {
+pub fn waited_since(began: Instant) {
     WAITS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
