@@ -43,7 +43,8 @@
 //!   the SQL that puts each design's guard on its rows.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
-//!   so that no figure measured across the gap passes for true.
+//!   so that no figure measured across the gap passes for true; [`run_clock`] leaves the
+//!   seconds waited at `--step`'s stops out of a run's event times.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones (every one
 //!   behind a password); [`cluster`] starts lab 5's Sentinel group and etcd cluster;
 //!   [`etcd_tls`] makes a room seat's etcd certificates; [`identities`] draws the uids
@@ -113,6 +114,7 @@ pub mod queue;
 pub mod redis_health;
 pub mod reproduce;
 pub mod room;
+pub mod run_clock;
 pub mod seed;
 pub mod servers;
 pub mod store;

@@ -375,10 +375,10 @@ fn human_output_shows_the_timeline_and_the_matrix_without_colour() {
         "etcd:waiter",
         "postgres:waiter",
         "SIGKILL",
-        "next holder",
+        "kill: handover = until the waiter held the lock",
         "expected",
         "fencing token",
-        "etcd / kill:",
+        "  etcd: ",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }

@@ -451,13 +451,13 @@ pub fn forward(
             let Ok(line) = line else { break };
             let event = match serde_json::from_str::<Event>(&line) {
                 Ok(mut event) => {
-                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event.t_ms = crate::run_clock::since(start).as_millis() as u64;
                     event
                 }
                 // Anything that is not an event is still worth showing, never worth a crash.
                 Err(_) => {
                     let mut event = Event::new(&worker, What::Output, line);
-                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event.t_ms = crate::run_clock::since(start).as_millis() as u64;
                     event
                 }
             };

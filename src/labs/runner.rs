@@ -172,6 +172,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
             words.prose(note);
         }
         words.print();
+        crate::output::screens::finish();
         super::step::show_held();
     }
     crate::room::record(

@@ -62,6 +62,24 @@ pub struct Verdict {
 }
 
 impl runner::Verdict for Verdict {
+    /// Each cell's late write, as the store decided it: `kill redis: no stale write ·
+    /// freeze etcd: stale write refused`.
+    fn headline(&self) -> String {
+        let cells: Vec<String> = self
+            .cells
+            .iter()
+            .map(|cell| {
+                format!(
+                    "{} {}: {}",
+                    cell.scenario.name(),
+                    cell.backend,
+                    crate::room::late_write_word(cell.late_write)
+                )
+            })
+            .collect();
+        cells.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert(
@@ -475,49 +493,63 @@ fn late_write_sentence(cell: &Cell) -> String {
     }
 }
 
-/// The verdict's words: a row per cell, a sentence on each, and what the matrix says.
+/// The verdict's words: per scenario, a row per lock and a sentence on each; then what the
+/// matrix says. A table per scenario fits 80 columns (one table of all the cells, with
+/// its scenario column, does not), and a page of `--step` can end between two scenarios.
 fn matrix_words(cells: &[Cell], plan: &Plan) -> Words<'static> {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let header = [
-        "backend",
-        "scenario",
-        "next holder",
+        "lock",
+        "handover",
         "expected",
-        "two holders",
-        "stale write",
+        "2 holders",
+        "late write",
         "token",
     ];
-    let rows: Vec<Vec<String>> = cells
-        .iter()
-        .map(|cell| {
-            let scenario = cell.scenario.name();
-            let two = match cell.two_holders {
-                Some(true) => "YES".red().bold().to_string(),
-                Some(false) => "no".to_string(),
-                None => "unknown".yellow().to_string(),
-            };
-            let stale = match cell.late_write {
-                LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
-                LateWrite::Rejected => "rejected".green().bold().to_string(),
-                other => other.as_str().to_string(),
-            };
-            vec![
-                cell.backend.to_string(),
-                scenario.to_string(),
-                cell.handover_ms
-                    .map(|ms| human(Duration::from_millis(ms)))
-                    .unwrap_or("nobody".into()),
-                cell.expected.clone(),
-                two,
-                stale,
-                yes_no(cell.fencing_token),
-            ]
-        })
-        .collect();
-    let mut words = Words::titled_table("Verdict (from the backends and the store)", &header, rows);
+    let row = |cell: &Cell| {
+        let two = match cell.two_holders {
+            Some(true) => "YES".red().bold().to_string(),
+            Some(false) => "no".to_string(),
+            None => "unknown".yellow().to_string(),
+        };
+        let stale = match cell.late_write {
+            LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+            LateWrite::Rejected => "rejected".green().bold().to_string(),
+            other => other.as_str().to_string(),
+        };
+        vec![
+            cell.backend.to_string(),
+            cell.handover_ms
+                .map(|ms| human(Duration::from_millis(ms)))
+                .unwrap_or("nobody".into()),
+            cell.expected.clone(),
+            two,
+            stale,
+            yes_no(cell.fencing_token),
+        ]
+    };
+    let mut scenarios: Vec<Scenario> = Vec::new();
     for cell in cells {
-        let scenario = cell.scenario.name();
-        words.about(format!("{} / {scenario}", cell.backend), cell.meaning(plan));
+        if !scenarios.contains(&cell.scenario) {
+            scenarios.push(cell.scenario);
+        }
+    }
+    let mut words = Words::new();
+    words
+        .blank()
+        .heading("Verdict (from the backends and the store)");
+    for scenario in scenarios {
+        let of_scenario: Vec<&Cell> = cells.iter().filter(|c| c.scenario == scenario).collect();
+        words
+            .blank()
+            .heading(format!(
+                "{}: handover = until the waiter held the lock",
+                scenario.name()
+            ))
+            .table(&header, of_scenario.iter().map(|c| row(c)).collect());
+        for cell in of_scenario {
+            words.about(cell.backend, cell.meaning(plan));
+        }
     }
     words.blank().about(
         "In short",

@@ -329,11 +329,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 5,
     command: "failover",
     shows: "Redis failover hands the lock out twice; etcd does not",
-    takes: "16s",
+    takes: "11s",
     needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     starts_its_own: Some("own Redis+etcd"),
     walkthrough: "labs/05-failover.md",
     session: 15,
-    stops: 3,
+    stops: 8,
     by_hand: &["redis-server", "redis-cli", "etcdctl", "jq"],
 };

@@ -200,11 +200,22 @@ impl CellVerdict {
         Ok(cell)
     }
 
-    fn word(&self) -> String {
+    pub(super) fn word(&self) -> String {
         let word = self.outcome_word();
         match self.unavailable_ms {
             Some(ms) if ms >= IDLE_WORTH_SAYING_MS => format!("{word}, B kept out {ms}ms"),
             _ => word,
+        }
+    }
+
+    /// The outcome in four letters at most, for the numbered matrix.
+    fn short_word(&self) -> String {
+        match self.outcome {
+            Outcome::StaleAccepted => "LOST".red().bold().to_string(),
+            Outcome::StaleRefused => "ref".green().to_string(),
+            Outcome::Aborted if self.needless_abort == Some(true) => "idle".yellow().to_string(),
+            Outcome::Aborted => "stop".to_string(),
+            Outcome::NoStaleWrite => "ok".to_string(),
         }
     }
 
@@ -401,6 +412,33 @@ fn cell_stale_write(
 }
 
 impl runner::Verdict for Verdict {
+    /// Per guard, the faults under which B's result was lost: `check-owner: B's result
+    /// lost under pause-after-check, stall · fencing: B's result kept`.
+    fn headline(&self) -> String {
+        let mut guards: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+        for cell in &self.cells {
+            let guard = cell.guard.as_str();
+            let at = match guards.iter().position(|(g, _)| *g == guard) {
+                Some(at) => at,
+                None => {
+                    guards.push((guard, Vec::new()));
+                    guards.len() - 1
+                }
+            };
+            if !cell.outcome.safe() {
+                guards[at].1.push(cell.fault.as_str());
+            }
+        }
+        let parts: Vec<String> = guards
+            .into_iter()
+            .map(|(guard, lost)| match lost.as_slice() {
+                [] => format!("{guard}: B's result kept"),
+                faults => format!("{guard}: B's result lost under {}", faults.join(", ")),
+            })
+            .collect();
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("ttl_ms".into(), (self.plan.ttl.as_millis() as u64).into());
@@ -444,24 +482,14 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
+        if self.plan.faults.len() > 3 {
+            return self.words_numbered();
+        }
         let faults = &self.plan.faults;
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
             .chain(faults.iter().map(|f| f.as_str()))
             .collect();
-        let rows: Vec<Vec<String>> = self
-            .plan
-            .guards
-            .iter()
-            .map(|&guard| {
-                std::iter::once(guard.as_str().to_string())
-                    .chain(faults.iter().map(|&fault| {
-                        self.cell(guard, fault)
-                            .map(CellVerdict::word)
-                            .unwrap_or_default()
-                    }))
-                    .collect()
-            })
-            .collect();
+        let rows = self.matrix_rows(CellVerdict::word);
         // No blank line above the heading, as this lab has always printed it (its old
         // `prose!("")` printed nothing: an empty text has no line to fit).
         let mut words = Words::new();
@@ -476,6 +504,56 @@ impl runner::Verdict for Verdict {
 }
 
 impl Verdict {
+    /// The matrix of more than three faults: a fault's name would make its column too wide
+    /// for 80, so the columns are numbered, each cell a word of four letters, and a legend
+    /// says both — one table on one screen, where a table of a block per guard took two.
+    fn words_numbered(&self) -> Words<'_> {
+        let faults = &self.plan.faults;
+        let numbers: Vec<String> = (1..=faults.len()).map(|n| n.to_string()).collect();
+        let header: Vec<&str> = std::iter::once("guard ↓  fault →")
+            .chain(numbers.iter().map(String::as_str))
+            .collect();
+        let rows = self.matrix_rows(CellVerdict::short_word);
+        let legend: Vec<String> = faults
+            .iter()
+            .enumerate()
+            .map(|(i, fault)| format!("{} {}", i + 1, fault.as_str()))
+            .collect();
+        let mut words = Words::new();
+        words
+            .heading("Verdict — read back from the store")
+            .table(&header, rows)
+            .prose(format!("  faults: {}", legend.join(" · ")))
+            .prose(
+                "  LOST: A's stale write taken, B's result lost · stop: the guard stopped A · \
+                 idle: stopped A needlessly (Redis still had its key) · ref: the store \
+                 refused it · ok: no stale write"
+                    .to_string(),
+            );
+        for line in self.sentences() {
+            words.prose(line);
+        }
+        words
+    }
+
+    /// The matrix's rows: a guard's name, then its cell against each fault in `word`s.
+    fn matrix_rows(&self, word: fn(&CellVerdict) -> String) -> Vec<Vec<String>> {
+        let faults = &self.plan.faults;
+        self.plan
+            .guards
+            .iter()
+            .map(|&guard| {
+                std::iter::once(guard.as_str().to_string())
+                    .chain(
+                        faults
+                            .iter()
+                            .map(|&fault| self.cell(guard, fault).map(word).unwrap_or_default()),
+                    )
+                    .collect()
+            })
+            .collect()
+    }
+
     fn cell(&self, guard: Guard, fault: LeaseFault) -> Option<&CellVerdict> {
         self.cells
             .iter()

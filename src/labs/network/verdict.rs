@@ -40,6 +40,54 @@ pub struct Verdict {
 }
 
 impl runner::Verdict for Verdict {
+    /// Each run's late write as the store decided it, then what each lost answer left:
+    /// `delayed-write fenced: stale write refused · lost SET same-owner: A knows`.
+    fn headline(&self) -> String {
+        let mut parts: Vec<String> = self
+            .runs
+            .iter()
+            .map(|run| {
+                let fencing = if run.fencing { "fenced" } else { "unfenced" };
+                let late = crate::room::late_write_word(run.late_write);
+                format!("{} {fencing}: {late}", run.scenario)
+            })
+            .collect();
+        let lost = |what: &str, found: &ReplyFound| {
+            let outcome = if found.orphaned {
+                "lock orphaned until it expired"
+            } else if found.a_knows {
+                "A knows whose lock it is"
+            } else {
+                "A mistaken about the lock"
+            };
+            format!("{what} {}: {outcome}", found.policy.as_str())
+        };
+        parts.extend(self.lost_set.iter().map(|f| lost("lost SET", f)));
+        parts.extend(self.lost_commit.iter().map(|found| {
+            let key = if found.idempotency_key {
+                "with key"
+            } else {
+                "no key"
+            };
+            let paid = if found.doubled {
+                "paid twice"
+            } else {
+                "paid once"
+            };
+            format!("lost COMMIT {key}: {paid}")
+        }));
+        if let Some(found) = &self.lost_fenced_retry {
+            let done = if found.doubled {
+                "done twice"
+            } else {
+                "done once"
+            };
+            parts.push(format!("lost fenced COMMIT: {done}"));
+        }
+        parts.extend(self.lost_lock.iter().map(|f| lost("lost etcd lock", f)));
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("ttl_ms".into(), (self.ttl.as_millis() as u64).into());

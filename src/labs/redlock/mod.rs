@@ -333,11 +333,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 6,
     command: "redlock",
     shows: "Redlock on five masters: quorum, validity, no fencing",
-    takes: "8s",
+    takes: "6s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: Some("own 5 Redis"),
     walkthrough: "labs/06-redlock.md",
     session: 15,
-    stops: 5,
+    stops: 13,
     by_hand: &["redis-server", "redis-cli"],
 };

@@ -347,6 +347,26 @@ impl runner::Verdict for Verdict {
         verdict_words(self)
     }
 
+    /// Each mode's jobs as the processing table counted them: `skip-locked: each job
+    /// once · naive: jobs done twice`.
+    fn headline(&self) -> String {
+        let modes: Vec<String> = self
+            .modes
+            .iter()
+            .map(|m| {
+                let v = &m.verdict;
+                let outcome = match (v.duplicates > 0, v.lost > 0) {
+                    (false, false) => "each job once",
+                    (true, false) => "jobs done twice",
+                    (false, true) => "jobs lost",
+                    (true, true) => "jobs done twice and lost",
+                };
+                format!("{}: {outcome}", v.mode.name())
+            })
+            .collect();
+        modes.join(" · ")
+    }
+
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
         Some(&crate::labs::step::skip_locked::VERDICT)
     }

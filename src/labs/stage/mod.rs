@@ -50,6 +50,8 @@ pub struct Stage {
     silent: bool,
     /// In `run_until`'s `tick`: what it records is stamped no later than what has arrived.
     ticking: bool,
+    /// Each queue key a waiter took (key, waiter), to name it in the lines that mention it.
+    queue_keys: Vec<(String, String)>,
 }
 
 /// A line the lab states on the timeline from its checker's conclusion — the store took a
@@ -172,6 +174,7 @@ impl Stage {
             early: Default::default(),
             silent: false,
             ticking: false,
+            queue_keys: Vec::new(),
         }
     }
 
@@ -209,8 +212,9 @@ impl Stage {
         self.pauses_shown = pauses.len();
     }
 
+    /// The run's time, less the waits at `--step`'s stops ([`crate::run_clock`]).
     pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
+        crate::run_clock::since(self.start)
     }
 
     /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the
@@ -375,7 +379,7 @@ impl Stage {
         } else if !self.silent {
             self.show_arrived();
         }
-        let now = self.start.elapsed().as_millis() as u64;
+        let now = self.elapsed().as_millis() as u64;
         event.t_ms = bound.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
         if on_terminal || self.timeline.style.json {
@@ -424,12 +428,33 @@ impl Stage {
 
     /// Shows an event on the timeline and keeps it in the run's history.
     fn show(&mut self, event: &Event) {
+        if let What::Queued(queued) = &event.what
+            && let Some(key) = &queued.key
+        {
+            self.queue_keys.push((key.clone(), event.worker.clone()));
+        }
         if !self.quiet {
-            self.timeline.show(event);
+            self.timeline.show(&self.keys_named(event));
         }
         if let Some(history) = &self.history {
             history.push(event);
         }
+    }
+
+    /// The event as the terminal shows it: a queue key another waiter's line mentions
+    /// (`woken: lockslab:…:churn/3bc2a2339227 is gone`) named after its waiter (`W2's
+    /// key`). The log, the history and `--json` keep the keys.
+    fn keys_named(&self, event: &Event) -> Event {
+        let mut shown = event.clone();
+        if self.timeline.style.json || matches!(event.what, What::Queued(_)) {
+            return shown;
+        }
+        for (key, waiter) in &self.queue_keys {
+            if shown.text.contains(key.as_str()) {
+                shown.text = shown.text.replace(key.as_str(), &format!("{waiter}'s key"));
+            }
+        }
+        shown
     }
 
     fn accept(&mut self, incoming: Incoming) -> Option<Event> {
