@@ -311,6 +311,8 @@ struct ClientA {
     next_renew: Instant,
     /// The first refusal of a write is shown on the timeline; the rest only recorded.
     refusal_shown: bool,
+    /// A renewal was refused: A renews no more.
+    lost: bool,
 }
 
 impl ClientA {
@@ -363,6 +365,7 @@ impl ClientA {
             next_write: Instant::now(),
             next_renew: Instant::now() + RENEW_EVERY,
             refusal_shown: false,
+            lost: false,
         })
     }
 
@@ -379,8 +382,10 @@ impl ClientA {
         }
     }
 
+    /// Re-arms A's key if it is still A's. Once a renewal is refused A knows its lease may
+    /// end and stops renewing (it goes on writing: its work is what the lab watches).
     fn renew(&mut self, plan: &RoundPlan, stage: &mut Stage) {
-        let Some(line) = self.line.as_mut() else {
+        let Some(line) = self.line.as_mut().filter(|_| !self.lost) else {
             return;
         };
         let answer = line.call(
@@ -394,12 +399,13 @@ impl ClientA {
         let why = match answer {
             Ok(Value::Int(1)) => return,
             Ok(_) => "the key is no longer A's".to_string(),
-            Err(err) => format!("{err}"),
+            Err(err) => refusal(&err),
         };
+        self.lost = true;
         stage.record(Event::new(
             "A",
             Lost::because(why.clone()),
-            format!("A's renewal refused by the old primary: {why}"),
+            format!("A's renewal refused by the old primary ({why}): A stops renewing"),
         ));
     }
 
@@ -418,7 +424,7 @@ impl ClientA {
             }
             Ok(other) => (Outcome::Unknown, format!("answered {other:?}")),
             Err(err) if err.is_io_error() => (Outcome::Unknown, format!("no answer: {err}")),
-            Err(err) => (Outcome::Rejected, format!("refused: {err}")),
+            Err(err) => (Outcome::Rejected, format!("refused: {}", refusal(err))),
         };
         let event = Event::new(
             "A",
@@ -725,6 +731,17 @@ impl Round<'_> {
             self.done.set(true);
         }
         Ok(())
+    }
+}
+
+/// A server's refusal in a few words: its code and the first sentence of its message
+/// (`NOREPLICAS Not enough good replicas to write`), without the script's digest.
+fn refusal(err: &redis::RedisError) -> String {
+    let detail = err.detail().unwrap_or_default();
+    let first = detail.split(['.', '\n']).next().unwrap_or_default().trim();
+    match err.code() {
+        Some(code) => format!("{code} {first}"),
+        None => format!("{err}"),
     }
 }
 

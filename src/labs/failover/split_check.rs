@@ -92,10 +92,11 @@ impl<'h> Round<'h> {
         }
     }
 
-    /// The answers of `node` read between `from` and `to` (ms, `to` excluded).
-    fn answers(&self, node: &str, from: u64, to: u64) -> Vec<(usize, u64, &'h NodeAnswered)> {
+    /// The answers of `node` recorded between the history's positions `from` and `to`
+    /// (both excluded).
+    fn answers(&self, node: &str, from: usize, to: usize) -> Vec<(usize, u64, &'h NodeAnswered)> {
         (self.events.iter())
-            .filter(|(_, e)| e.t_ms >= from && e.t_ms < to)
+            .filter(|(i, _)| *i > from && *i < to)
             .filter_map(|(i, e)| match &e.what {
                 What::NodeAnswered(n) if n.node == node => Some((*i, e.t_ms, n)),
                 _ => None,
@@ -105,8 +106,8 @@ impl<'h> Round<'h> {
 
     fn during_cut(&self, node: &str) -> Vec<(usize, u64, &'h NodeAnswered)> {
         match (self.cut, self.healed) {
-            (Some((_, from)), Some((_, to))) => self.answers(node, from, to),
-            (Some((_, from)), None) => self.answers(node, from, u64::MAX),
+            (Some((from, _)), Some((to, _))) => self.answers(node, from, to),
+            (Some((from, _)), None) => self.answers(node, from, usize::MAX),
             _ => Vec::new(),
         }
     }
@@ -172,19 +173,20 @@ fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
     let (primaries, primaries_at) = two_primaries(&round);
     let (holders, holders_at) = two_holders(&round);
     let writes = round.a_writes();
-    let cut_ms = round.cut.map(|(_, t)| t);
-    let after_cut = |t: u64| cut_ms.is_some_and(|cut| t >= cut);
+    // After the cut in the history's order, not on its millisecond clock: the write the
+    // cut was timed from can carry the cut's own millisecond.
+    let after_cut = |position: usize| round.cut.is_some_and(|(cut, _)| position > cut);
     let acked: Vec<_> = (writes.iter())
-        .filter(|w| after_cut(w.1) && w.3 == WriteOutcome::Accepted)
+        .filter(|w| after_cut(w.0) && w.3 == WriteOutcome::Accepted)
         .collect();
-    let since_cut = |t: u64| t.saturating_sub(cut_ms.unwrap_or_default());
+    let since_cut = |t: u64| t.saturating_sub(round.cut.map_or(0, |(_, at)| at));
     let first_refused = (writes.iter())
-        .find(|w| after_cut(w.1) && w.3 == WriteOutcome::Rejected)
+        .find(|w| after_cut(w.0) && w.3 == WriteOutcome::Rejected)
         .map(|w| since_cut(w.1));
     // The old primary's answers after the heal: the last one says where it ended.
     let after_heal = round
         .healed
-        .map(|(_, t)| round.answers(OLD_PRIMARY, t, u64::MAX))
+        .map(|(at, _)| round.answers(OLD_PRIMARY, at, usize::MAX))
         .unwrap_or_default();
     let last = after_heal.last();
     let demoted = last.map(|(_, _, n)| n.role.as_deref() == Some("slave"));
