@@ -47,7 +47,12 @@ impl Hosts {
         password: &str,
         more: &str,
     ) -> Result<HostedRedis> {
-        let conf = format!("masterauth {password}\nappendonly no\nsave \"\"\n{more}");
+        // No persistence: what a node knows is in its memory only. A replica syncs over the
+        // socket at once (Redis waits 5s by default for more replicas to share the sync).
+        let conf = format!(
+            "masterauth {password}\nappendonly no\nsave \"\"\n\
+             repl-diskless-sync yes\nrepl-diskless-sync-delay 0\n{more}"
+        );
         self.start_server(host, dir, password, (PORT, "redis"), &conf)
     }
 

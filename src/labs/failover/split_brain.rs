@@ -423,7 +423,10 @@ impl ClientA {
                 (Outcome::Accepted, format!("acknowledged (length {length})"))
             }
             Ok(other) => (Outcome::Unknown, format!("answered {other:?}")),
-            Err(err) if err.is_io_error() => (Outcome::Unknown, format!("no answer: {err}")),
+            Err(err) if err.is_io_error() => (
+                Outcome::Unknown,
+                format!("no answer, the old primary closed A's connection ({err})"),
+            ),
             Err(err) => (Outcome::Rejected, format!("refused: {}", refusal(err))),
         };
         let event = Event::new(
