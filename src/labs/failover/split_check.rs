@@ -418,11 +418,12 @@ pub fn words(words: &mut Words<'_>, rows: &[SplitRow]) {
     }
     words.blank();
     for line in [
-        "Sentinel promotes a replica when a majority of Sentinels agree; nothing",
-        "tells the old primary, which goes on acknowledging its clients. When it",
-        "is seen again, Sentinel makes it a replica of the new primary, and it",
-        "replaces its data with the new primary's: what it acknowledged since the",
-        "cut is gone. min-replicas-to-write 1 makes it refuse writes once no",
+        "Once a quorum of Sentinels call the primary down, one of them, elected",
+        "by a majority of all the Sentinels, promotes a replica; nothing tells",
+        "the old primary, which goes on acknowledging its clients. When the",
+        "Sentinels see it again they make it a replica of the new primary, and",
+        "it replaces its data with the new primary's: what it acknowledged since",
+        "the cut is gone. min-replicas-to-write 1 makes it refuse writes once no",
         "replica has reported for min-replicas-max-lag seconds (replicas report",
         "every second): the window shrinks to those seconds, it does not close.",
         "The token from Postgres is drawn after each grant, so B's is higher and",
