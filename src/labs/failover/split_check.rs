@@ -167,11 +167,19 @@ fn two_holders(round: &Round) -> (Option<bool>, Vec<usize>) {
     (asked.then_some(false), Vec::new())
 }
 
-/// The round's row and its findings, from its events; positions are in `history`.
-fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
-    let round = Round::of(history, name);
-    let (primaries, primaries_at) = two_primaries(&round);
-    let (holders, holders_at) = two_holders(&round);
+/// What became of A's writes to the old primary after the cut.
+struct WritesFate {
+    acked: u64,
+    last_acked_ms: Option<u64>,
+    first_refused_ms: Option<u64>,
+    /// The old primary's last answer after the heal said `slave`; its place.
+    demoted: Option<bool>,
+    read_after_heal: Option<usize>,
+    /// The acknowledged writes that answer lacks, by their place in the history.
+    lost: Option<Vec<usize>>,
+}
+
+fn writes_fate(round: &Round) -> WritesFate {
     let writes = round.a_writes();
     // After the cut in the history's order, not on its millisecond clock: the write the
     // cut was timed from can carry the cut's own millisecond.
@@ -180,62 +188,86 @@ fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
         .filter(|w| after_cut(w.0) && w.3 == WriteOutcome::Accepted)
         .collect();
     let since_cut = |t: u64| t.saturating_sub(round.cut.map_or(0, |(_, at)| at));
-    let first_refused = (writes.iter())
-        .find(|w| after_cut(w.0) && w.3 == WriteOutcome::Rejected)
-        .map(|w| since_cut(w.1));
     // The old primary's answers after the heal: the last one says where it ended.
-    let after_heal = round
-        .healed
+    let after_heal = (round.healed)
         .map(|(at, _)| round.answers(OLD_PRIMARY, at, usize::MAX))
         .unwrap_or_default();
     let last = after_heal.last();
-    let demoted = last.map(|(_, _, n)| n.role.as_deref() == Some("slave"));
-    let lost: Option<Vec<usize>> = last.and_then(|(_, _, n)| {
-        let held = n.writes_held.as_ref()?;
-        Some(
-            (acked.iter())
-                .filter(|w| !held.contains(&w.2))
-                .map(|w| w.0)
-                .collect(),
-        )
-    });
-    let store = replay::read_back_of(
-        &history[round.events.first().map_or(0, |e| e.0)..],
-        Some(&resource_of(name)),
-    );
-    let store_at = read_back_at(history, &resource_of(name));
+    WritesFate {
+        acked: acked.len() as u64,
+        last_acked_ms: acked.last().map(|w| since_cut(w.1)),
+        first_refused_ms: (writes.iter())
+            .find(|w| after_cut(w.0) && w.3 == WriteOutcome::Rejected)
+            .map(|w| since_cut(w.1)),
+        demoted: last.map(|(_, _, n)| n.role.as_deref() == Some("slave")),
+        read_after_heal: last.map(|(at, _, _)| *at),
+        lost: last.and_then(|(_, _, n)| {
+            let held = n.writes_held.as_ref()?;
+            Some(
+                (acked.iter())
+                    .filter(|w| !held.contains(&w.2))
+                    .map(|w| w.0)
+                    .collect(),
+            )
+        }),
+    }
+}
+
+/// What the store's read-back of the round says of A's write.
+struct StoreFate {
+    read: bool,
+    at: Option<usize>,
+    /// A's attempt decided after B's accepted one: taken (stale) or refused.
+    late_taken: Option<bool>,
+    a_token: Option<i64>,
+    b_token: Option<i64>,
+}
+
+fn store_fate(history: &[Event], round: &Round, name: &str) -> StoreFate {
+    let from = round.events.first().map_or(0, |e| e.0);
+    let store = replay::read_back_of(&history[from..], Some(&resource_of(name)));
     let token_of = |writer: &str| {
         (store.as_ref()).and_then(|s| s.attempts.iter().find(|a| a.writer == writer)?.token)
     };
-    // A's attempt decided after B's accepted one: taken (stale) or refused.
-    let late = store.as_ref().and_then(|s| {
+    let late_taken = store.as_ref().and_then(|s| {
         let b = s.attempts.iter().find(|a| a.writer == "B" && a.accepted)?;
-        let a = s
-            .attempts
-            .iter()
-            .find(|a| a.writer == "A" && a.decided > b.decided)?;
-        Some(a.accepted)
+        let mut after_b = s.attempts.iter().filter(|a| a.decided > b.decided);
+        Some(after_b.find(|a| a.writer == "A")?.accepted)
     });
+    StoreFate {
+        read: store.is_some(),
+        at: read_back_at(history, &resource_of(name)),
+        late_taken,
+        a_token: token_of("A"),
+        b_token: token_of("B"),
+    }
+}
+
+/// The round's row and its findings, from its events; positions are in `history`.
+fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
+    let round = Round::of(history, name);
+    let (primaries, primaries_at) = two_primaries(&round);
+    let (holders, holders_at) = two_holders(&round);
+    let writes = writes_fate(&round);
+    let store = store_fate(history, &round, name);
     let row = SplitRow {
         name: name.into(),
         two_primaries: primaries,
         two_holders: holders,
-        a_acked_after_cut: acked.len() as u64,
-        a_last_acked_ms: acked.last().map(|w| since_cut(w.1)),
-        a_first_refused_ms: first_refused,
-        old_primary_demoted: demoted,
-        a_acked_lost: lost.as_ref().map(|l| l.len() as u64),
-        store_refused_a: late.map(|accepted| !accepted),
-        a_token: token_of("A"),
-        b_token: token_of("B"),
+        a_acked_after_cut: writes.acked,
+        a_last_acked_ms: writes.last_acked_ms,
+        a_first_refused_ms: writes.first_refused_ms,
+        old_primary_demoted: writes.demoted,
+        a_acked_lost: writes.lost.as_ref().map(|l| l.len() as u64),
+        store_refused_a: store.late_taken.map(|taken| !taken),
+        a_token: store.a_token,
+        b_token: store.b_token,
     };
-    let cut_at = round.cut.map(|(i, _)| i);
-    let healed_at = round.healed.map(|(i, _)| i);
     let with_cut = |mut at: Vec<usize>| {
-        at.extend(cut_at);
+        at.extend(round.cut.map(|(i, _)| i));
         at
     };
-    let mut findings = vec![
+    let findings = [
         Finding::new(
             "one primary",
             Outcome::broken_when(primaries),
@@ -260,9 +292,15 @@ fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
             },
             with_cut(holders_at),
         ),
+        lost_writes_finding(&writes, round.healed.map(|(i, _)| i)),
+        stale_write_finding(&store),
     ];
-    let (lost_outcome, lost_words) = match (&lost, demoted) {
-        (Some(l), Some(true)) if !l.is_empty() => (
+    (row, Report::of(findings).about(&format!("scenario {name}")))
+}
+
+fn lost_writes_finding(writes: &WritesFate, healed_at: Option<usize>) -> Finding {
+    let (outcome, words) = match (&writes.lost, writes.demoted) {
+        (Some(lost), Some(true)) if !lost.is_empty() => (
             Outcome::Invalid,
             "writes the old primary acknowledged after the cut are gone from it once Sentinel made it a replica",
         ),
@@ -275,16 +313,14 @@ fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
             "the old primary was not read back as a replica after the heal: the history cannot say",
         ),
     };
-    let mut lost_at = lost.unwrap_or_default();
-    lost_at.extend(last.map(|a| a.0));
-    lost_at.extend(healed_at);
-    findings.push(Finding::new(
-        "acknowledged writes",
-        lost_outcome,
-        lost_words,
-        lost_at,
-    ));
-    let (stale_outcome, stale_words) = match late {
+    let mut at = writes.lost.clone().unwrap_or_default();
+    at.extend(writes.read_after_heal);
+    at.extend(healed_at);
+    Finding::new("acknowledged writes", outcome, words, at)
+}
+
+fn stale_write_finding(store: &StoreFate) -> Finding {
+    let (outcome, words) = match store.late_taken {
         Some(true) => (
             Outcome::Invalid,
             "the store decided A's write after B's and took it",
@@ -293,19 +329,13 @@ fn judge(history: &[Event], name: &str) -> (SplitRow, Report) {
             Outcome::Valid,
             "the store decided A's write after B's and refused it: A's token is lower",
         ),
-        None if store.is_some() => (Outcome::Valid, "the store has no write of A's after B's"),
+        None if store.read => (Outcome::Valid, "the store has no write of A's after B's"),
         None => (
             Outcome::Unknown,
             "the store's read-back is missing from the history",
         ),
     };
-    findings.push(Finding::new(
-        "stale write",
-        stale_outcome,
-        stale_words,
-        store_at,
-    ));
-    (row, Report::of(findings).about(&format!("scenario {name}")))
+    Finding::new("stale write", outcome, words, store.at)
 }
 
 /// Where the history holds the store's last read-back of `resource`.

@@ -425,9 +425,6 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
 /// that part is taken as recorded and held against the store's order.
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
-    if let Some(Value::Array(rounds)) = verdict.get("split_brain") {
-        super::split_check::replay(events, rounds, &mut replayed);
-    }
     for recorded in replay::list(verdict, "scenarios")? {
         let name = replay::text(recorded, "name")?;
         // Nothing granted (refused, or no majority): no write to judge.
@@ -476,6 +473,10 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
              recorded, and held against the store's order of the writes"
                 .into(),
         );
+    }
+    // The split brain's rounds, after the crash's rows as the verdict lists them.
+    if let Some(Value::Array(rounds)) = verdict.get("split_brain") {
+        super::split_check::replay(events, rounds, &mut replayed);
     }
     Ok(replayed)
 }
