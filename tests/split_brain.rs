@@ -269,6 +269,12 @@ fn the_split_brain_shows_two_primaries_and_loses_the_old_primarys_writes() {
         String::from_utf8_lossy(&output.stderr)
     );
     started.all_gone();
+    // The servers' files (configurations with the password, sockets, logs) went with them.
+    let left: Vec<_> = (std::fs::read_dir(tmp.path()).unwrap().flatten())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("lockslab-"))
+        .collect();
+    assert!(left.is_empty(), "left in the temp dir: {left:?}");
     let stdout = read.join("\n") + "\n";
     let (events, verdict) = events_and_verdict(&stdout);
 
