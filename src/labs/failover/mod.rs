@@ -77,7 +77,8 @@ pub struct FailoverArgs {
     /// brain (the Redis primary cut off from its Sentinels by a network partition), or all
     #[arg(long, value_enum, default_value_t = Scenarios::Crash)]
     pub scenario: Scenarios,
-    /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
+    /// How long each Redis lock of the crash lives (5s to 10m): long, so that B's grant
+    /// falls inside A's (the split brain's lock lives 3s, renewed every second)
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// A Sentinel of your own cluster (not supported yet: the lab SIGKILLs the primary)
@@ -100,6 +101,7 @@ pub enum Scenarios {
     /// The Redis primary and its client cut off from the replica, the Sentinels and B:
     /// two primaries; then the same with min-replicas-to-write 1
     SplitBrain,
+    /// Both, the crash first
     All,
 }
 
@@ -214,6 +216,10 @@ impl Lab for Plan {
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        // Before anything runs: `all` must not play the crash and then find it cannot split.
+        if self.scenarios.split_brain() {
+            split_brain::can_make_hosts()?;
+        }
         let postgres = run.url(Backend::Postgres).to_string();
         let mut store = Store::connect(&postgres)?;
         store.prepare()?;

@@ -74,17 +74,25 @@ pub const MAX_LAG: u64 = 2;
 /// How long a client waits for an answer from a server on its side.
 const PATIENCE: Duration = Duration::from_millis(800);
 
-/// The split brain, both rounds, on hosts made for it. Fails with one line where this
-/// machine cannot make hosts.
+/// The one line the split brain ends with where this machine cannot make hosts.
+const NEEDS_HOSTS: &str = "the split brain needs network namespaces of lockslab's own \
+     (see `lockslab doctor`), and this machine refused them";
+
+/// Fails with [`NEEDS_HOSTS`] and the kernel's reason where hosts cannot be made here.
+pub(super) fn can_make_hosts() -> Result<()> {
+    match Hosts::unavailable() {
+        None => Ok(()),
+        Some(why) => bail!("{NEEDS_HOSTS}: {why}"),
+    }
+}
+
+/// The split brain, both rounds, on hosts made for it.
 pub(super) fn play(
     stage: &mut Stage,
     store: &mut Store,
     (run_id, sequence): (&str, &str),
 ) -> Result<()> {
-    let hosts = Hosts::new(&HOSTS).context(
-        "the split brain needs network namespaces of lockslab's own (see `lockslab doctor`), \
-         and this machine refused them",
-    )?;
+    let hosts = Hosts::new(&HOSTS).context(NEEDS_HOSTS)?;
     let dir = crate::cluster::RunDir::new()?;
     let private = crate::cluster::private_dir(&dir.path)?;
     store.create_token_sequence(sequence)?;
