@@ -500,3 +500,54 @@ fn meaning(row: &SplitRow) -> String {
     };
     format!("{primaries}; {window}; {heal}; {tokens}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::facts::FaultFacts;
+
+    /// An event of the plain round at `t_ms`.
+    fn at(t_ms: u64, worker: &str, what: What) -> Event {
+        let mut event = Event::new(worker, what, "");
+        event.t_ms = t_ms;
+        event.part.scenario = Some(PLAIN.into());
+        event
+    }
+
+    /// A data node's answer: master, holding `owner`'s key with `pttl_ms` left.
+    fn holds(t_ms: u64, node: &str, owner: &str, pttl_ms: i64) -> Event {
+        let answered = NodeAnswered {
+            node: node.into(),
+            role: Some("master".into()),
+            lock_owner: Some(owner.into()),
+            lock_pttl_ms: Some(pttl_ms),
+            ..NodeAnswered::default()
+        };
+        at(t_ms, node, What::NodeAnswered(answered))
+    }
+
+    fn holders(old_key: (u64, i64), new_read_at: u64) -> Option<bool> {
+        let history = [
+            at(
+                0,
+                "A",
+                What::Wrote(crate::events::facts::Wrote::new(WriteOutcome::Accepted)),
+            ),
+            at(10, "lab", What::NetFault(FaultFacts::default())),
+            holds(old_key.0, OLD_PRIMARY, "A-1", old_key.1),
+            holds(new_read_at, REPLICA, "B-1", 3000),
+        ];
+        rows(&history)[0].two_holders
+    }
+
+    /// A key read at `t` with PTTL `p` lives until `t + p` on its server's word: B's key
+    /// read after that proves nothing about overlap, read before it proves two holders.
+    #[test]
+    fn two_holders_need_both_keys_alive_at_the_later_read() {
+        assert_eq!(holders((100, 50), 149), Some(true));
+        assert_eq!(holders((100, 50), 150), Some(false));
+        assert_eq!(holders((100, 50), 400), Some(false));
+        // A key with no time left (-2: none) holds nothing.
+        assert_eq!(holders((100, -2), 101), Some(false));
+    }
+}
