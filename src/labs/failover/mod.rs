@@ -27,6 +27,7 @@ mod etcd;
 mod redis;
 mod split_brain;
 mod split_check;
+mod split_clients;
 mod verdict;
 pub use verdict::{check, replay};
 

@@ -13,8 +13,8 @@
 //! Each server runs in a host of its own ([`crate::hosts`]): a network namespace, so the
 //! partition really drops packets between them, played by the nemesis's one player from
 //! the round's [`Schedule`]. A and B are lockslab's own connections, made from inside their
-//! hosts (client-a beside the primary, client-b beside the Sentinels), so a cut cuts them
-//! too; the lab reads every server over its Unix socket, a line no partition touches, and
+//! hosts (client-a beside the primary, client-b beside the Sentinels; [`super::split_clients`]),
+//! so a cut cuts them too; the lab reads every server over its Unix socket, a line no partition touches, and
 //! records each answer ([`What::NodeAnswered`]) — the evidence the verdict is decided
 //! from ([`super::split_check`]).
 //!
@@ -23,24 +23,25 @@
 //! accepts writes. Both fence the store with a token from a Postgres sequence.
 
 use std::cell::Cell;
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use colored::Colorize;
 use redis::Value;
 
-use super::split_check::{self, MIN_REPLICAS, OLD_PRIMARY, PLAIN, REPLICA, WRITES_RESOURCE};
-use crate::events::facts::{self, Acquired, Lost, NodeAnswered, Wrote};
+use super::split_check::{self, MIN_REPLICAS, OLD_PRIMARY, PLAIN, REPLICA};
+use super::split_clients::{
+    ClientA, ClientB, Keys, LOCK_TTL, MASTER_NAME, RENEW_EVERY, WRITE_EVERY,
+};
+use crate::events::facts::{self, Acquired, NodeAnswered, Wrote};
 use crate::events::{Event, Kind};
-use crate::hosts::{HOSTED_REDIS_PORT, HostedRedis, Hosts, SENTINEL_PORT, Watch};
+use crate::hosts::{HOSTED_REDIS_PORT, HostedRedis, Hosts, Watch};
 use crate::labs::Stage;
 use crate::labs::faults::{self, Faults, Until};
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::nemesis::{Fault, Nemesis};
 use crate::output::human;
-use crate::store::{Outcome, Store};
+use crate::store::Store;
 
 /// The hosts: the primary and client A on one side, everyone else on the other.
 const HOSTS: [&str; 7] = [
@@ -56,23 +57,14 @@ const SENTINELS: [&str; 3] = ["sentinel-1", "sentinel-2", "sentinel-3"];
 /// The partition: this side cut off from every other host.
 const A_SIDE: &str = "primary,client-a";
 
-/// The name the Sentinels know the primary by.
-const MASTER_NAME: &str = "lockslab";
 /// Sentinel's timers, short so that a round takes seconds: a primary silent for 1s is down
 /// for a Sentinel (its default is 30s); two agreeing make it objectively down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(5);
 const QUORUM: usize = 2;
 
-/// The lock's lease, and how often A renews it (a third of it, as lockslab's heartbeat does).
-pub const LOCK_TTL: Duration = Duration::from_secs(3);
-const RENEW_EVERY: Duration = Duration::from_millis(1000);
-/// How often A writes to the primary.
-const WRITE_EVERY: Duration = Duration::from_millis(200);
 /// The second round's `min-replicas-max-lag`, in seconds.
 pub const MAX_LAG: u64 = 2;
-/// How long a client waits for an answer from a server on its side.
-const PATIENCE: Duration = Duration::from_millis(800);
 
 /// The one line the split brain ends with where this machine cannot make hosts.
 const NEEDS_HOSTS: &str = "the split brain needs network namespaces of lockslab's own \
@@ -177,7 +169,7 @@ impl RoundPlan<'_> {
                 )),
             ),
         ));
-        let a = ClientA::take_lock(self, stage, store, hosts)?;
+        let a = self.a_takes_the_lock(stage, store, hosts)?;
         let schedule = RoundPlan::schedule();
         faults::show(stage, &schedule);
         let mut faults = Faults::new(&schedule, stage).on_hosts(hosts);
@@ -211,6 +203,41 @@ impl RoundPlan<'_> {
             .read_back(self.run_id, &split_check::resource_of(self.name))?;
         stage.record_read_back(&split_check::resource_of(self.name), &read);
         Ok(())
+    }
+
+    /// A takes the lock, and its token from the store's sequence.
+    fn a_takes_the_lock(
+        &self,
+        stage: &mut Stage,
+        store: &mut Store,
+        hosts: &Hosts,
+    ) -> Result<ClientA> {
+        let keys = Keys {
+            lock: self.key("lock"),
+            writes: self.key("writes"),
+        };
+        let mut a = ClientA::take_lock(hosts, &self.password, keys)?;
+        a.token = store.next_token(self.sequence)?;
+        let (primary, token) = (a.primary, a.token);
+        stage.record(Event::new(
+            "A",
+            Acquired {
+                lock: Some(self.key("lock")),
+                owner: Some(a.owner.clone()),
+                token: Some(token),
+                backend: Some("redis".into()),
+                primary: Some(primary.to_string()),
+                ..Acquired::default()
+            },
+            format!(
+                "Sentinel names {primary} the primary; SET NX PX {} there ✓, token {token} \
+                 (Postgres sequence); renews every {}, writes every {}",
+                human(LOCK_TTL),
+                human(RENEW_EVERY),
+                human(WRITE_EVERY)
+            ),
+        ));
+        Ok(a)
     }
 
     fn heading(&self, stage: &mut Stage) {
@@ -279,250 +306,6 @@ impl Servers {
     }
 }
 
-/// One client's connection to a server, made from inside its host: what the partition
-/// cuts. It speaks RESP itself (the redis crate builds its connections from addresses
-/// only, and this socket was made in another network).
-struct Line {
-    stream: TcpStream,
-    parser: redis::Parser,
-}
-
-impl Line {
-    fn open(hosts: &Hosts, from: &str, to: SocketAddr, password: &str) -> Result<Line> {
-        let stream = hosts.connect_from(from, to, PATIENCE)?;
-        stream.set_read_timeout(Some(PATIENCE))?;
-        stream.set_write_timeout(Some(PATIENCE))?;
-        let mut line = Line {
-            stream,
-            parser: redis::Parser::new(),
-        };
-        line.call(redis::cmd("AUTH").arg(password))
-            .with_context(|| format!("AUTH at {to} from {from}"))?;
-        Ok(line)
-    }
-
-    /// Sends one command and reads its answer; a server's error reply is an `Err`.
-    fn call(&mut self, command: &redis::Cmd) -> redis::RedisResult<Value> {
-        self.stream.write_all(&command.get_packed_command())?;
-        self.parser.parse_value(&mut self.stream)?.extract_error()
-    }
-}
-
-/// A: finds the primary through a Sentinel before the cut, takes the lock there, and from
-/// then on renews it and writes, every write numbered and answered by the old primary.
-struct ClientA {
-    line: Option<Line>,
-    owner: String,
-    token: i64,
-    written: u64,
-    next_write: Instant,
-    next_renew: Instant,
-    /// The first refusal of a write is shown on the timeline; the rest only recorded.
-    refusal_shown: bool,
-    /// A renewal was refused: A renews no more.
-    lost: bool,
-}
-
-impl ClientA {
-    fn take_lock(
-        plan: &RoundPlan,
-        stage: &mut Stage,
-        store: &mut Store,
-        hosts: &Hosts,
-    ) -> Result<ClientA> {
-        let sentinel = SocketAddr::new(hosts.addr("sentinel-1")?.into(), SENTINEL_PORT);
-        let mut asked = Line::open(hosts, "client-a", sentinel, &plan.password)?;
-        let primary = primary_named(&mut asked)?;
-        let mut line = Line::open(hosts, "client-a", primary, &plan.password)?;
-        let owner = format!("A-{}", crate::seed::os_hex(8));
-        let set = line.call(
-            redis::cmd("SET")
-                .arg(plan.key("lock"))
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(LOCK_TTL.as_millis() as u64),
-        )?;
-        if set == Value::Nil {
-            bail!("A could not take the free lock on the primary");
-        }
-        let token = store.next_token(plan.sequence)?;
-        stage.record(Event::new(
-            "A",
-            Acquired {
-                lock: Some(plan.key("lock")),
-                owner: Some(owner.clone()),
-                token: Some(token),
-                backend: Some("redis".into()),
-                primary: Some(primary.to_string()),
-                ..Acquired::default()
-            },
-            format!(
-                "Sentinel names {primary} the primary; SET NX PX {} there ✓, token {token} \
-                 (Postgres sequence); renews every {}, writes every {}",
-                human(LOCK_TTL),
-                human(RENEW_EVERY),
-                human(WRITE_EVERY)
-            ),
-        ));
-        Ok(ClientA {
-            line: Some(line),
-            owner,
-            token,
-            written: 0,
-            next_write: Instant::now(),
-            next_renew: Instant::now() + RENEW_EVERY,
-            refusal_shown: false,
-            lost: false,
-        })
-    }
-
-    /// Renews and writes when due; a connection the server closed ends A's work.
-    fn work(&mut self, plan: &RoundPlan, stage: &mut Stage) {
-        let now = Instant::now();
-        if now >= self.next_renew {
-            self.next_renew = now + RENEW_EVERY;
-            self.renew(plan, stage);
-        }
-        if now >= self.next_write {
-            self.next_write = now + WRITE_EVERY;
-            self.write(plan, stage);
-        }
-    }
-
-    /// Re-arms A's key if it is still A's. Once a renewal is refused A knows its lease may
-    /// end and stops renewing (it goes on writing: its work is what the lab watches).
-    fn renew(&mut self, plan: &RoundPlan, stage: &mut Stage) {
-        let Some(line) = self.line.as_mut().filter(|_| !self.lost) else {
-            return;
-        };
-        let answer = line.call(
-            redis::cmd("EVAL")
-                .arg(crate::lock::redis::EXTEND_IF_OWNER)
-                .arg(1)
-                .arg(plan.key("lock"))
-                .arg(&self.owner)
-                .arg(LOCK_TTL.as_millis() as u64),
-        );
-        let why = match answer {
-            Ok(Value::Int(1)) => return,
-            Ok(_) => "the key is no longer A's".to_string(),
-            Err(err) => refusal(&err),
-        };
-        self.lost = true;
-        stage.record(Event::new(
-            "A",
-            Lost::because(why.clone()),
-            format!("A's renewal refused by the old primary ({why}): A stops renewing"),
-        ));
-    }
-
-    /// One numbered write (`RPUSH` of its number), recorded with the server's answer: a
-    /// length is an acknowledgement.
-    fn write(&mut self, plan: &RoundPlan, stage: &mut Stage) {
-        let Some(line) = self.line.as_mut() else {
-            return;
-        };
-        self.written += 1;
-        let number = self.written;
-        let answer = line.call(redis::cmd("RPUSH").arg(plan.key("writes")).arg(number));
-        let (outcome, words) = match &answer {
-            Ok(Value::Int(length)) => {
-                (Outcome::Accepted, format!("acknowledged (length {length})"))
-            }
-            Ok(other) => (Outcome::Unknown, format!("answered {other:?}")),
-            Err(err) if err.is_io_error() => (
-                Outcome::Unknown,
-                format!("no answer, the old primary closed A's connection ({err})"),
-            ),
-            Err(err) => (Outcome::Rejected, format!("refused: {}", refusal(err))),
-        };
-        let event = Event::new(
-            "A",
-            Wrote {
-                value: Some(number.to_string()),
-                resource: Some(WRITES_RESOURCE.into()),
-                ..Wrote::new(outcome)
-            },
-            format!("A's write #{number} to the old primary: {words}"),
-        );
-        if outcome == Outcome::Unknown {
-            // The server closed the connection (Sentinel does, when it demotes it).
-            self.line = None;
-            stage.record(event);
-        } else if outcome == Outcome::Rejected && !self.refusal_shown {
-            self.refusal_shown = true;
-            stage.record(event);
-        } else {
-            stage.record_off_terminal(event);
-        }
-    }
-}
-
-/// B: asks a Sentinel on its side for the primary until it names another one, checks that
-/// server says it is the primary (`ROLE`), and takes the lock there.
-#[derive(Default)]
-struct ClientB {
-    sentinel: Option<Line>,
-    next_try: Option<Instant>,
-    token: Option<i64>,
-}
-
-impl ClientB {
-    /// One try; Some(grant) once the lock is B's.
-    fn try_lock(&mut self, round: &RoundView) -> Result<Option<(SocketAddr, String)>> {
-        if self.next_try.is_some_and(|at| Instant::now() < at) {
-            return Ok(None);
-        }
-        self.next_try = Some(Instant::now() + Duration::from_millis(250));
-        let hosts = round.hosts;
-        if self.sentinel.is_none() {
-            let at = SocketAddr::new(hosts.addr("sentinel-2")?.into(), SENTINEL_PORT);
-            self.sentinel = Line::open(hosts, "client-b", at, round.password).ok();
-        }
-        let Some(sentinel) = self.sentinel.as_mut() else {
-            return Ok(None);
-        };
-        let Ok(primary) = primary_named(sentinel) else {
-            self.sentinel = None;
-            return Ok(None);
-        };
-        if primary.ip() == std::net::IpAddr::from(hosts.addr(OLD_PRIMARY)?) {
-            return Ok(None); // Not failed over yet (and that address is across the cut).
-        }
-        let Ok(mut line) = Line::open(hosts, "client-b", primary, round.password) else {
-            return Ok(None);
-        };
-        let role = line.call(&redis::cmd("ROLE"));
-        let is_master = matches!(&role, Ok(Value::Array(items))
-            if matches!(items.first(), Some(Value::BulkString(word)) if word == b"master"));
-        if !is_master {
-            return Ok(None);
-        }
-        let owner = format!("B-{}", crate::seed::os_hex(8));
-        let set = line.call(
-            redis::cmd("SET")
-                .arg(round.key_lock)
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(LOCK_TTL.as_millis() as u64),
-        );
-        match set {
-            Ok(Value::Okay) | Ok(Value::SimpleString(_)) => {}
-            _ => return Ok(None),
-        }
-        Ok(Some((primary, owner)))
-    }
-}
-
-/// What B's tries need of the round.
-struct RoundView<'a> {
-    hosts: &'a Hosts,
-    password: &'a str,
-    key_lock: &'a str,
-}
-
 /// Where the round is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -566,7 +349,7 @@ impl Round<'_> {
         if healed && self.phase == Phase::Split {
             self.phase = Phase::Healed;
         }
-        self.a.work(self.plan, stage);
+        self.a.work(stage);
         match self.phase {
             Phase::Before | Phase::Split => {}
             Phase::Cut => self.b_tries(stage)?,
@@ -579,16 +362,13 @@ impl Round<'_> {
     /// (two primaries, two holders), then A's store write with its own token.
     fn b_tries(&mut self, stage: &mut Stage) -> Result<()> {
         let key_lock = self.plan.key("lock");
-        let view = RoundView {
-            hosts: self.hosts,
-            password: &self.plan.password,
-            key_lock: &key_lock,
-        };
-        let Some((primary, owner)) = self.b.try_lock(&view)? else {
+        let tried = self
+            .b
+            .try_lock(self.hosts, &self.plan.password, &key_lock)?;
+        let Some((primary, owner)) = tried else {
             return Ok(());
         };
         let token = self.store.next_token(self.plan.sequence)?;
-        self.b.token = Some(token);
         stage.record(Event::new(
             "B",
             Acquired {
@@ -745,17 +525,6 @@ impl Round<'_> {
     }
 }
 
-/// A server's refusal in a few words: its code and the first sentence of its message
-/// (`NOREPLICAS Not enough good replicas to write`), without the script's digest.
-fn refusal(err: &redis::RedisError) -> String {
-    let detail = err.detail().unwrap_or_default();
-    let first = detail.split(['.', '\n']).next().unwrap_or_default().trim();
-    match err.code() {
-        Some(code) => format!("{code} {first}"),
-        None => format!("{err}"),
-    }
-}
-
 /// A Sentinel's answers: its role and the primary it names.
 fn read_sentinel(sentinel: &HostedRedis) -> Result<NodeAnswered> {
     let mut control = sentinel.control()?;
@@ -769,17 +538,6 @@ fn read_sentinel(sentinel: &HostedRedis) -> Result<NodeAnswered> {
         primary: named.map(|(ip, port)| format!("{ip}:{port}")),
         ..NodeAnswered::default()
     })
-}
-
-/// The primary a Sentinel names, asked on a client's own line.
-fn primary_named(sentinel: &mut Line) -> Result<SocketAddr> {
-    let answer = sentinel.call(
-        redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(MASTER_NAME),
-    )?;
-    let (ip, port): (String, u16) = redis::from_redis_value(answer)?;
-    Ok(SocketAddr::new(ip.parse()?, port))
 }
 
 /// The verdict's rows, from the stage's history.
