@@ -62,6 +62,8 @@ mod setup;
 mod signals;
 #[path = "skip_locked.rs"]
 mod skip_locked;
+#[path = "split_brain.rs"]
+mod split_brain;
 #[path = "store.rs"]
 mod store;
 #[path = "structure.rs"]

@@ -415,6 +415,33 @@ pub struct Expired {
     pub pttl_after_ms: Option<i64>,
 }
 
+/// One Redis server's answers in lab 5's split brain, read together: an observation the
+/// checker decides from ([`crate::check::split_brain`]), never a conclusion.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeAnswered {
+    /// The host it runs in (`primary`, `replica`, `sentinel-1`): its name for the whole run,
+    /// whatever its role becomes.
+    pub node: String,
+    /// The first word of its `ROLE`: `master`, `slave` or `sentinel`.
+    pub role: Option<String>,
+    /// Whom it follows: a replica's primary (`ROLE`), or the primary a Sentinel names
+    /// (`SENTINEL get-master-addr-by-name`), as `address:port`.
+    pub primary: Option<String>,
+    /// A replica's `master_link_status` (`up`, `down`).
+    pub link: Option<String>,
+    /// A primary's `connected_slaves` (`INFO replication`), and how many seconds ago its
+    /// first replica last acknowledged (`lag=`): what `min-replicas-max-lag` is held against.
+    pub connected_replicas: Option<u64>,
+    pub replica_lag_s: Option<u64>,
+    /// The lock's key there: its value (the holder's owner value) and PTTL in ms (-2: no
+    /// key), read in one `MULTI`.
+    pub lock_owner: Option<String>,
+    pub lock_pttl_ms: Option<i64>,
+    /// The numbers of A's writes its copy of the list holds (`LRANGE`).
+    pub writes_held: Option<Vec<u64>>,
+}
+
 /// Who the backend says holds the lock now, and what it says of its own state.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -903,3 +930,4 @@ pub enum RenewalError {
 }
 
 one_kind!(RenewalFailed);
+one_kind!(NodeAnswered);

@@ -173,6 +173,12 @@ pub enum What {
     Probed(Probed),
     /// A schedule's step whose events did not come within its time: it did not play.
     Missed(Missed),
+
+    // Lab 5's split brain.
+    /// A Redis node's or a Sentinel's own answers, asked over lockslab's control line while
+    /// the hosts are cut apart or after: what it says it is, whom it follows, the lock's key
+    /// there, the writes it holds.
+    NodeAnswered(NodeAnswered),
 }
 
 impl std::fmt::Display for Kind {

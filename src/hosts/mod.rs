@@ -48,7 +48,7 @@
 mod redis;
 mod sides;
 
-pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT};
+pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT, SENTINEL_PORT, Watch};
 pub use sides::Sides;
 
 use std::collections::BTreeSet;

@@ -25,6 +25,9 @@
 
 mod etcd;
 mod redis;
+mod split_brain;
+mod split_check;
+mod split_clients;
 mod verdict;
 pub use verdict::{check, replay};
 
@@ -56,15 +59,27 @@ Examples:
                                     etcd
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper
                                     inside A's
+  lockslab failover --scenario split-brain
+                                    the primary partitioned from its Sentinels
+                                    (on hosts of lockslab's own): two primaries,
+                                    then with min-replicas-to-write 1
+  lockslab failover --scenario all  both stories, one after the other
   lockslab failover --json | jq .   events and verdict as JSON Lines
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;
 3 etcd members) on free loopback ports, each with a password of its own,
 and removes them at the end: --redis-url and --etcd-url are not used by
-this lab. The store is the usual Postgres.
+this lab. The split brain runs each Redis and Sentinel in a network
+namespace of its own (no root needed where the kernel allows user
+namespaces; `lockslab doctor` says whether this machine can partition). The store is the usual Postgres.
 By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
-    /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
+    /// Which story: a crash (the Redis primary and the etcd leader SIGKILLed), the split
+    /// brain (the Redis primary cut off from its Sentinels by a network partition), or all
+    #[arg(long, value_enum, default_value_t = Scenarios::Crash)]
+    pub scenario: Scenarios,
+    /// How long each Redis lock of the crash lives (5s to 10m): long, so that B's grant
+    /// falls inside A's (the split brain's lock lives 3s, renewed every second)
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// A Sentinel of your own cluster (not supported yet: the lab SIGKILLs the primary)
@@ -77,6 +92,28 @@ pub struct FailoverArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
+}
+
+/// The lab's stories, as `--scenario` names them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenarios {
+    /// The Redis primary SIGKILLed (plain, WAIT, min-replicas, fenced), then the etcd leader
+    Crash,
+    /// The Redis primary and its client cut off from the replica, the Sentinels and B:
+    /// two primaries; then the same with min-replicas-to-write 1
+    SplitBrain,
+    /// Both, the crash first
+    All,
+}
+
+impl Scenarios {
+    fn crash(self) -> bool {
+        self != Scenarios::SplitBrain
+    }
+
+    fn split_brain(self) -> bool {
+        self != Scenarios::Crash
+    }
 }
 
 fn parse_ttl(text: &str) -> Result<Duration, String> {
@@ -103,6 +140,7 @@ const ETCD_LEASE: Duration = Duration::from_secs(6);
 /// The lab as the flags ask for it, checked once, before any server is touched.
 pub(crate) struct Plan {
     ttl: Duration,
+    scenarios: Scenarios,
     /// `--redis-url`/`--etcd-url` were given: said under the heading, since they go unused.
     urls_ignored: bool,
 }
@@ -118,6 +156,7 @@ impl Plan {
         }
         Ok(Plan {
             ttl: args.ttl,
+            scenarios: args.scenario,
             urls_ignored: args.servers.redis_url.is_some() || args.servers.etcd_url.is_some(),
         })
     }
@@ -132,6 +171,11 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
 /// The durable token source's name: a sequence in the store's own database, one per run.
 fn sequence_of(run_id: &str) -> String {
     format!("lockslab_fence_{run_id}")
+}
+
+/// The split brain's token source: a sequence in the store's own schema, one per run.
+fn split_sequence_of(run_id: &str) -> String {
+    format!("lockslab_split_{run_id}")
 }
 
 impl Lab for Plan {
@@ -162,16 +206,54 @@ impl Lab for Plan {
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
         let postgres = run.url(Backend::Postgres);
+        let split = split_sequence_of(&run.id);
         leftovers.store(postgres).sql(
             postgres,
-            &format!("DROP SEQUENCE IF EXISTS {}", sequence_of(&run.id)),
+            &format!(
+                "DROP SEQUENCE IF EXISTS {}; DROP SEQUENCE IF EXISTS {split}",
+                sequence_of(&run.id)
+            ),
         )
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        // Before anything runs: `all` must not play the crash and then find it cannot split.
+        if self.scenarios.split_brain() {
+            split_brain::can_make_hosts()?;
+        }
         let postgres = run.url(Backend::Postgres).to_string();
         let mut store = Store::connect(&postgres)?;
         store.prepare()?;
+        let mut verdict = Verdict {
+            ttl: self.ttl,
+            scenarios: Vec::new(),
+            split_brain: Vec::new(),
+        };
+        if self.scenarios.crash() {
+            verdict.scenarios = self.play_crash(run, &postgres, &mut store)?;
+        }
+        if self.scenarios.split_brain() {
+            if !self.scenarios.crash() {
+                run.started = Instant::now();
+            }
+            let mut stage = run.stage();
+            stage.timeline.set_lane_width(16);
+            let names = (run.id.as_str(), split_sequence_of(&run.id));
+            split_brain::play(&mut stage, &mut store, (names.0, &names.1))?;
+            verdict.split_brain = split_brain::rows(&stage);
+        }
+        Ok(verdict)
+    }
+}
+
+impl Plan {
+    /// The crash: the Redis primary SIGKILLed, then the etcd leader.
+    fn play_crash(
+        &mut self,
+        run: &mut Run,
+        postgres: &str,
+        store: &mut Store,
+    ) -> Result<Vec<Scenario>> {
         let (mut redis, mut etcd) = cluster::start_both()?;
         run.detail(&format!(
             "Redis    primary :{} replica :{} Sentinels :{} :{} :{} (ready in {})",
@@ -195,29 +277,25 @@ impl Lab for Plan {
         // it (and takes seconds on a busy machine).
         run.started = Instant::now();
         let sequence = sequence_of(&run.id);
-        store_sequence(&postgres, &sequence)?;
+        store_sequence(postgres, &sequence)?;
         let mut stage = run.stage();
         stage.timeline.set_lane_width(16);
         let play = Play {
             run_id: &run.id,
-            postgres: &postgres,
+            postgres,
             sequence: &sequence,
             ttl: self.ttl,
         };
         // Dropped on every way out of here, it resumes whatever it left paused.
         let mut nemesis = Nemesis::new();
         stage.checkpoint(&super::step::failover::REDIS);
-        let mut scenarios =
-            play.redis_failover(&mut stage, &mut nemesis, &mut redis, &mut store)?;
+        let mut scenarios = play.redis_failover(&mut stage, &mut nemesis, &mut redis, store)?;
         redis.stop();
         stage.checkpoint(&super::step::failover::ETCD);
         // The etcd part's kills: played by the nemesis's player as their moments come.
         let mut hand = Hand::new(&stage);
-        scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, &mut store)?);
-        Ok(Verdict {
-            ttl: self.ttl,
-            scenarios,
-        })
+        scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, store)?);
+        Ok(scenarios)
     }
 }
 

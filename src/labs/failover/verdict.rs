@@ -199,6 +199,8 @@ impl Scenario {
 pub struct Verdict {
     pub ttl: Duration,
     pub scenarios: Vec<Scenario>,
+    /// The split brain's rounds (`--scenario split-brain`), decided from the history.
+    pub split_brain: Vec<super::split_check::SplitRow>,
 }
 
 impl runner::Verdict for Verdict {
@@ -209,11 +211,25 @@ impl runner::Verdict for Verdict {
             "scenarios".into(),
             serde_json::to_value(&self.scenarios).unwrap_or_default(),
         );
+        if !self.split_brain.is_empty() {
+            fields.insert(
+                "split_brain".into(),
+                serde_json::to_value(&self.split_brain).unwrap_or_default(),
+            );
+        }
         fields
     }
 
     fn words(&self) -> Words<'_> {
-        verdict_words(&self.scenarios)
+        let mut words = if self.scenarios.is_empty() {
+            Words::new()
+        } else {
+            verdict_words(&self.scenarios)
+        };
+        if !self.split_brain.is_empty() {
+            super::split_check::words(&mut words, &self.split_brain);
+        }
+        words
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -232,6 +248,7 @@ impl runner::Verdict for Verdict {
                     crate::room::stale_write_word(s.stale_write.attempted, s.stale_write.accepted)
                 )
             })
+            .chain(self.split_brain.iter().map(super::split_check::headline))
             .collect();
         scenarios.join(" · ")
     }
@@ -309,9 +326,10 @@ pub fn check(history: &[Event]) -> Report {
         let a = format!("A:{label}");
         history.iter().any(|e| e.worker == a)
     });
-    Report::compose(played.map(|&(name, label)| {
+    let crash = played.map(|&(name, label)| {
         check_scenario(history, name, label).about(&format!("scenario {name}"))
-    }))
+    });
+    Report::compose(crash.chain([super::split_check::check(history)]))
 }
 
 /// One scenario's findings; event positions are in `history`.
@@ -435,12 +453,18 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         replayed.part(name, recorded, row);
     }
-    replayed.not_replayed.push(
-        "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and the \
-         new primary answered, which the history does not carry yet) is taken as recorded, \
-         and held against the store's order of the writes"
-            .into(),
-    );
+    if !replay::list(verdict, "scenarios")?.is_empty() {
+        replayed.not_replayed.push(
+            "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and \
+             the new primary answered, which the history does not carry yet) is taken as \
+             recorded, and held against the store's order of the writes"
+                .into(),
+        );
+    }
+    // The split brain's rounds, after the crash's rows as the verdict lists them.
+    if let Some(Value::Array(rounds)) = verdict.get("split_brain") {
+        super::split_check::replay(events, rounds, &mut replayed);
+    }
     Ok(replayed)
 }
 

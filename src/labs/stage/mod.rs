@@ -359,6 +359,13 @@ impl Stage {
         self.record_shown(Event::new("store", record, text), false);
     }
 
+    /// Records an event of the lab's own in the run's history (`--json`, the checkers, the
+    /// picture) without a line on the terminal's timeline: one of many alike (a client's
+    /// hundred writes), which the lines the lab does show sum up.
+    pub fn record_off_terminal(&mut self, event: Event) {
+        self.record_shown(event, false);
+    }
+
     fn record_shown(&mut self, mut event: Event, on_terminal: bool) {
         if !matches!(&event.what, What::Warning(w) if w.lab_paused_ms.is_some()) {
             self.notice_own_pauses();
