@@ -173,6 +173,11 @@ pub enum What {
     Probed(Probed),
     /// A schedule's step whose events did not come within its time: it did not play.
     Missed(Missed),
+
+    // etcd on hosts of its own (issue 44).
+    /// What one etcd member answered when the lab asked it directly (its status, a lease's
+    /// TTL, the lock's holder), or what a client's request to it came back with.
+    MemberSaid(MemberSaid),
 }
 
 impl std::fmt::Display for Kind {

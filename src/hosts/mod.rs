@@ -45,9 +45,13 @@
 //! process left in it is gone, and its links with it. Addresses are lockslab's own, inside
 //! namespaces nobody else is in: nothing is ever sent outside them.
 
+mod door;
+mod etcd;
 mod redis;
 mod sides;
 
+pub use door::Door;
+pub use etcd::{HostedEtcd, HostedMember, MemberStatus as HostedMemberStatus};
 pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT};
 pub use sides::Sides;
 

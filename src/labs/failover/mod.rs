@@ -24,8 +24,13 @@
 //! `ROLE`, etcd's `status`) and from the fenced store, never from what a worker believed.
 
 mod etcd;
+mod etcd_hosts;
+mod etcd_partition;
+mod etcd_stall;
+mod hosts_check;
 mod redis;
 mod verdict;
+pub use etcd_hosts::OnHosts;
 pub use verdict::{check, replay};
 
 use std::time::{Duration, Instant};
@@ -57,6 +62,10 @@ Examples:
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper
                                     inside A's
   lockslab failover --json | jq .   events and verdict as JSON Lines
+  lockslab failover etcd-partition  etcd's leader cut off in a minority
+                                    (each member on a host of its own)
+  lockslab failover etcd-stall      etcd's leader stopped past its election
+                                    timeout: is a live lease revoked? (#15247)
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;
 3 etcd members) on free loopback ports, each with a password of its own,
@@ -64,6 +73,10 @@ and removes them at the end: --redis-url and --etcd-url are not used by
 this lab. The store is the usual Postgres.
 By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
+    /// Play one etcd scenario on hosts of its own (network namespaces) instead of the
+    /// usual run [default: Redis failover, then etcd's leader killed]
+    #[arg(value_enum)]
+    pub on_hosts: Option<OnHosts>,
     /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
@@ -103,6 +116,8 @@ const ETCD_LEASE: Duration = Duration::from_secs(6);
 /// The lab as the flags ask for it, checked once, before any server is touched.
 pub(crate) struct Plan {
     ttl: Duration,
+    /// An etcd scenario on hosts, played alone.
+    on_hosts: Option<OnHosts>,
     /// `--redis-url`/`--etcd-url` were given: said under the heading, since they go unused.
     urls_ignored: bool,
 }
@@ -118,6 +133,7 @@ impl Plan {
         }
         Ok(Plan {
             ttl: args.ttl,
+            on_hosts: args.on_hosts,
             urls_ignored: args.servers.redis_url.is_some() || args.servers.etcd_url.is_some(),
         })
     }
@@ -172,6 +188,9 @@ impl Lab for Plan {
         let postgres = run.url(Backend::Postgres).to_string();
         let mut store = Store::connect(&postgres)?;
         store.prepare()?;
+        if let Some(which) = self.on_hosts {
+            return self.play_on_hosts(run, &postgres, &mut store, which);
+        }
         let (mut redis, mut etcd) = cluster::start_both()?;
         run.detail(&format!(
             "Redis    primary :{} replica :{} Sentinels :{} :{} :{} (ready in {})",
@@ -214,6 +233,32 @@ impl Lab for Plan {
         // The etcd part's kills: played by the nemesis's player as their moments come.
         let mut hand = Hand::new(&stage);
         scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, &mut store)?);
+        Ok(Verdict {
+            ttl: self.ttl,
+            scenarios,
+        })
+    }
+}
+
+impl Plan {
+    /// An etcd scenario on hosts ([`etcd_hosts`]), alone: no Redis, no other etcd.
+    fn play_on_hosts(
+        &self,
+        run: &mut Run,
+        postgres: &str,
+        store: &mut Store,
+        which: OnHosts,
+    ) -> Result<Verdict> {
+        run.started = Instant::now();
+        let mut stage = run.stage();
+        stage.timeline.set_lane_width(16);
+        let play = Play {
+            run_id: &run.id,
+            postgres,
+            sequence: "",
+            ttl: self.ttl,
+        };
+        let scenarios = play.on_hosts(&mut stage, store, which)?;
         Ok(Verdict {
             ttl: self.ttl,
             scenarios,

@@ -60,6 +60,10 @@ pub struct Scenario {
     /// `redis-min-replicas`: the primary's answer to A's `SET NX` (`NOREPLICAS …`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// etcd on hosts: what this run saw that the table has no column for (a stalled
+    /// leader's effect on a lease), as read back from the members.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
     pub attempts: Vec<crate::store::Attempt>,
     /// A's write in the store's decision order (the JSON carries it as `stale_write`).
     #[serde(skip)]
@@ -127,6 +131,7 @@ impl Scenario {
             replicas_confirmed: None,
             unavailable: None,
             refused: None,
+            observed: None,
             attempts: Vec::new(),
             late: LateWrite::None,
             a_wrote: false,
@@ -159,6 +164,9 @@ impl Scenario {
                 "the primary refused A's SET ({answer}): no replica in reach, so no lock \
                  was granted for the failover to lose"
             );
+        }
+        if let Some(observed) = &self.observed {
+            return observed.clone();
         }
         if let Some(error) = &self.unavailable {
             return format!(
@@ -313,9 +321,14 @@ pub fn check(history: &[Event]) -> Report {
         let a = format!("A:{label}");
         history.iter().any(|e| e.worker == a)
     });
-    Report::compose(played.map(|&(name, label)| {
-        check_scenario(history, name, label).about(&format!("scenario {name}"))
-    }))
+    let on_hosts = super::hosts_check::check(history);
+    Report::compose(
+        played
+            .map(|&(name, label)| {
+                check_scenario(history, name, label).about(&format!("scenario {name}"))
+            })
+            .chain([on_hosts]),
+    )
 }
 
 /// One scenario's findings; event positions are in `history`.
@@ -409,6 +422,10 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for recorded in replay::list(verdict, "scenarios")? {
         let name = replay::text(recorded, "name")?;
+        if super::hosts_check::is_row(name) {
+            super::hosts_check::replay_row(events, recorded, &mut replayed)?;
+            continue;
+        }
         // Nothing granted (refused, or no majority): no write to judge.
         let Some(label) = label_of(name) else {
             continue;

@@ -1,0 +1,238 @@
+//! Lab 5, etcd on hosts: the leader cut off in a minority (issue 44).
+//!
+//! ```text
+//!  m1 (leader) ─┬─ A: lease, lock, token t_A          m2 ── B: waits for the lock
+//!               │                                     m3
+//!  ═════════════ partition: m1 | m2, m3 ═══════════════════════════════════════════
+//!  m1: A's put times out (no majority to commit it);   m2, m3: elect a new leader;
+//!      A's keepalives fail, A never asks again             A's lease runs out there;
+//!                                                          B gets the lock, token t_B
+//!  A writes the store anyway: unfenced it lands, fenced by t_A < t_B it is refused
+//!  ═════════════ heal ═══════════════════════════════════════════════════════════════
+//!  m1 rejoins as a follower of the new leader
+//! ```
+//!
+//! Every fact is read from the members (their status, A's lease, the lock's holder, a
+//! put's answer) and from the store; the partition is a step of the nemesis's schedule.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use colored::Colorize;
+
+use super::Play;
+use super::etcd_hosts::{self as on_hosts, HostClient, Waiter};
+use super::hosts_check;
+use super::verdict::{Scenario, store_line};
+use crate::hosts::{HostedEtcd, Hosts};
+use crate::labs::Stage;
+use crate::labs::faults::Faults;
+use crate::nemesis::schedule::Schedule;
+use crate::nemesis::{Fault, Nemesis};
+use crate::store::Store;
+use crate::worker::sentinel_client::Rule;
+
+/// A's and B's lease: short, so that the majority's expiry comes within seconds of the
+/// election (etcd's new leader gives every lease its full TTL again, plus an election
+/// timeout).
+pub(super) const LEASE: Duration = Duration::from_secs(3);
+
+/// How long A's put through the cut-off leader may take before the lab calls it timed out.
+const PUT_WITHIN: Duration = Duration::from_secs(2);
+
+/// The partition's clients, by the names the history gives them.
+pub(super) const A: &str = "A:cut";
+pub(super) const B: &str = "B:cut";
+
+/// The two rows: the same two writes of A's, on a resource with fencing and one without.
+pub(super) const UNFENCED: &str = "etcd-partition-unfenced";
+pub(super) const FENCED: &str = "etcd-partition-fenced";
+
+impl Play<'_> {
+    /// The scenario: see the module doc. Returns its two rows.
+    pub(super) fn etcd_partition(
+        &self,
+        stage: &mut Stage,
+        hosts: &Arc<Hosts>,
+        etcd: &HostedEtcd,
+        store: &mut Store,
+    ) -> Result<Vec<Scenario>> {
+        heading(stage, "── etcd: the leader cut off in a minority ──");
+        stage.tags().scenario = Some("etcd-partition".into());
+        let (leader, term) = leader_now(stage, etcd)?;
+        let majority: Vec<&str> = etcd.hosts().into_iter().filter(|h| *h != leader).collect();
+        let lock = format!("lockslab:{}:failover:etcd-partition", self.run_id);
+        let (unfenced, fenced) = (self.resource(UNFENCED), self.resource(FENCED));
+
+        let mut a = HostClient::on(hosts, (A, &leader), etcd.on(&leader)?, &lock)?;
+        a.take(stage, LEASE)?;
+        let a_lease = a.lease_id().context("A's lease")?;
+        let b_member = etcd.on(majority[0])?;
+        let wait = Duration::from_secs(30);
+        let b = Waiter::start(
+            hosts,
+            (B, majority[0]),
+            b_member,
+            (&lock, LEASE, wait),
+            stage,
+        )?;
+        a.write(stage, store, self.run_id, &unfenced, false);
+        a.write(stage, store, self.run_id, &fenced, true);
+
+        // The cut: a step of the player's schedule, played now.
+        let mut nemesis = Nemesis::new();
+        let mut faults = Faults::new(&Schedule::default(), stage).on_hosts(hosts);
+        let words = format!(
+            "cuts the leader's host {leader} off from {}: a minority of one",
+            majority.join(" and ")
+        );
+        stage.play_now(
+            &mut faults,
+            &mut nemesis,
+            &mut [],
+            (Fault::Partition, &leader),
+            words,
+        )?;
+        let cut_at = Instant::now();
+        let put = a.start_put(&format!("{lock}-a-put"), PUT_WITHIN);
+        let new_leader = watch_majority_elect(stage, etcd, (&leader, term), &majority, cut_at)?;
+        let election = cut_at.elapsed();
+        on_hosts::read_status(stage, etcd, etcd.on(&leader)?, false);
+        a.record_put(stage, &leader, put);
+        let watcher = etcd.on(&new_leader)?;
+        let mut last = None;
+        let b_held = loop {
+            a.record_beats(stage);
+            on_hosts::watch_lease(stage, watcher, (A, a_lease), &mut last);
+            if let Some(held) = b.granted(stage, &lock)? {
+                break held;
+            }
+            if cut_at.elapsed() > Duration::from_secs(30) {
+                bail!("B got no lock within 30s of the cut");
+            }
+            stage.next(Duration::from_millis(100));
+        };
+        // Read right after B's grant: where A's lease stands on the majority now.
+        on_hosts::read_lease(stage, watcher, (A, a_lease), true);
+        on_hosts::read_holder(stage, watcher, &lock, true);
+        b.write((stage, store), (self.run_id, &unfenced), &b_held, false);
+        b.write((stage, store), (self.run_id, &fenced), &b_held, true);
+        // A never asked again: it writes as if it still held the lock.
+        a.record_beats(stage);
+        a.write(stage, store, self.run_id, &unfenced, false);
+        a.write(stage, store, self.run_id, &fenced, true);
+
+        let words = format!("heals the partition: {leader} reaches the others again");
+        stage.play_now(
+            &mut faults,
+            &mut nemesis,
+            &mut [],
+            (Fault::Heal, &leader),
+            words,
+        )?;
+        watch_rejoin(stage, etcd, &leader, &new_leader)?;
+        drop(b);
+        a.let_go();
+        let mut rows = Vec::new();
+        for (name, resource) in [(UNFENCED, &unfenced), (FENCED, &fenced)] {
+            let mut row = self.row_read_back(stage, store, (name, resource), (A, B))?;
+            row.election_ms = Some(election.as_millis() as u64);
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    /// The row of `name`, read back from the store's `resource`; two holders as the
+    /// members' answers in the history say ([`hosts_check::exclusion`]).
+    pub(super) fn row_read_back(
+        &self,
+        stage: &mut Stage,
+        store: &mut Store,
+        (name, resource): (&str, &str),
+        (a, b): (&str, &str),
+    ) -> Result<Scenario> {
+        let read = store.read_back(self.run_id, resource)?;
+        stage.record_read_back(resource, &read);
+        let (two_holders, _) = hosts_check::exclusion(&stage.log, a, b);
+        let rule = resource.ends_with("fenced") && !resource.ends_with("unfenced");
+        let row = Scenario::from_store(
+            name,
+            "etcd",
+            two_holders,
+            rule.then_some(Rule::NotLower),
+            read,
+            a,
+            b,
+        )?;
+        if let Some(line) = store_line(&row) {
+            stage.record(line);
+        }
+        Ok(row)
+    }
+}
+
+pub(super) fn heading(stage: &mut Stage, title: &str) {
+    stage.timeline.say("");
+    stage.timeline.say(&format!("{}", title.green().bold()));
+}
+
+/// Every member's status, recorded; returns the leader they name (its host) and the term.
+pub(super) fn leader_now(stage: &mut Stage, etcd: &HostedEtcd) -> Result<(String, u64)> {
+    let mut named = None;
+    for member in &etcd.members {
+        if let Some(status) = on_hosts::read_status(stage, etcd, member, true) {
+            named = named.or(etcd
+                .by_id(status.leader)
+                .map(|m| (m.host.clone(), status.raft_term)));
+        }
+    }
+    named.context("no etcd member names a leader")
+}
+
+/// Asks the majority's members until one names a leader other than `old` in a later term;
+/// records that answer, and returns the new leader's host.
+pub(super) fn watch_majority_elect(
+    stage: &mut Stage,
+    etcd: &HostedEtcd,
+    (old, term): (&str, u64),
+    majority: &[&str],
+    since: Instant,
+) -> Result<String> {
+    while since.elapsed() < Duration::from_secs(20) {
+        for host in majority {
+            let member = etcd.on(host)?;
+            let Ok(status) = member.status(on_hosts::ASK_WITHIN) else {
+                continue;
+            };
+            let named = etcd.by_id(status.leader).map(|m| m.host.clone());
+            if let Some(new) = named.filter(|n| n != old)
+                && status.raft_term > term
+            {
+                on_hosts::read_status(stage, etcd, member, true);
+                return Ok(new);
+            }
+        }
+        stage.next(Duration::from_millis(20));
+    }
+    bail!("the majority elected no new leader within 20s")
+}
+
+/// Asks the old leader until it names another member as leader: it rejoined as a
+/// follower. (Not necessarily of `new`: etcd 3.4 runs no pre-vote by default, so the old
+/// leader, which kept calling elections alone, comes back with a higher term and makes the
+/// majority elect again — among the members whose log is complete, never itself.)
+fn watch_rejoin(stage: &mut Stage, etcd: &HostedEtcd, old: &str, new: &str) -> Result<()> {
+    let member = etcd.on(old)?;
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(20) {
+        let follows = (member.status(on_hosts::ASK_WITHIN).ok())
+            .and_then(|s| etcd.by_id(s.leader).map(|m| m.host != old));
+        if follows == Some(true) {
+            on_hosts::read_status(stage, etcd, member, true);
+            return Ok(());
+        }
+        stage.next(Duration::from_millis(20));
+    }
+    bail!("{old} named no other leader within 20s of the heal (the new one was {new})")
+}
