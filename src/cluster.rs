@@ -52,13 +52,13 @@ pub const ETCD_ELECTION_MS: u64 = 500;
 
 /// One directory, claimed for as long as this process lives, deleted on drop and on
 /// interrupt (after the processes working in it are stopped).
-struct RunDir {
+pub(crate) struct RunDir {
     path: PathBuf,
     _owner: Flock<fs::File>,
 }
 
 impl RunDir {
-    fn new() -> Result<RunDir> {
+    pub(crate) fn new() -> Result<RunDir> {
         let root = std::env::temp_dir();
         crate::servers::sweep_dead_runs(&root);
         let (path, owner) = new_run_dir(&root)?;
@@ -67,6 +67,13 @@ impl RunDir {
             path,
             _owner: owner,
         })
+    }
+}
+
+impl RunDir {
+    /// The directory (lab 5's etcd on hosts keeps its members' files there).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 }
 

@@ -22,6 +22,8 @@ mod corrections;
 mod etcd_vs_redis;
 #[path = "failover.rs"]
 mod failover;
+#[path = "failover_hosts.rs"]
+mod failover_hosts;
 #[path = "faults.rs"]
 mod faults;
 #[path = "frozen_backends.rs"]

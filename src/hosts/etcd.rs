@@ -273,11 +273,7 @@ impl HostedMember {
 
     /// Kills it (SIGKILL) and reaps it.
     pub fn kill_now(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            procs::forget(child.id() as i32);
-        }
+        super::kill_started(&mut self.child);
     }
 
     /// Has its process ended (reaped if so)?

@@ -504,6 +504,16 @@ impl Tools {
     }
 }
 
+/// Kills a process started in a host (SIGKILL), reaps it and forgets it, if it still runs:
+/// how a hosted server goes.
+fn kill_started(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+        procs::forget(child.id() as i32);
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()

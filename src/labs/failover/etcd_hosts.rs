@@ -389,8 +389,9 @@ pub(super) fn read_status(
     answer.ok()
 }
 
-/// [`read_lease`], recorded only when the answer differs from `last` (the lab asks often;
-/// the history keeps each change). Returns the answer.
+/// [`read_lease`] as the lab watches a lease: the first answer is recorded, then only the
+/// answers of its last seconds and its end (a lease that a heartbeat renews reads 3, 4,
+/// 3, 4… — the history keeps what matters, not each renewal). Returns the answer.
 pub(super) fn watch_lease(
     stage: &mut Stage,
     member: &HostedMember,
@@ -398,7 +399,12 @@ pub(super) fn watch_lease(
     last: &mut Option<i64>,
 ) -> Option<i64> {
     let now = member.lease_ttl(lease, ASK_WITHIN).ok();
-    if now.is_some() && now != *last {
+    let worth_keeping = match (*last, now) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(before), Some(ttl)) => ttl != before && ttl <= 1,
+    };
+    if worth_keeping {
         *last = read_lease(stage, member, (client, lease), true).or(now);
     }
     now
@@ -507,20 +513,26 @@ impl super::Play<'_> {
              which this machine does not allow (`lockslab doctor` says why)",
         )?;
         let hosts = Arc::new(hosts);
-        let dir = tempfile::Builder::new()
-            .prefix("lockslab-hosts-")
-            .tempdir()
-            .context("a directory for the hosted etcd")?;
+        // Claimed for this run, removed at the end and on Ctrl-C, swept after a SIGKILL.
+        let dir = crate::cluster::RunDir::new()?;
         let mut etcd = hosts.start_etcd(&["m1", "m2", "m3"], dir.path())?;
-        stage.timeline.say(&format!(
-            "  etcd on hosts: m1 {}, m2 {}, m3 {} (heartbeat {}ms, election timeout {}ms; \
-             ready in {})",
-            etcd.members[0].client_addr,
-            etcd.members[1].client_addr,
-            etcd.members[2].client_addr,
-            crate::cluster::ETCD_HEARTBEAT_MS,
-            crate::cluster::ETCD_ELECTION_MS,
-            crate::output::human(etcd.started_in)
+        stage.record(Event::new(
+            "lab",
+            crate::events::facts::RunFacts {
+                run_id: Some(self.run_id.into()),
+                ..Default::default()
+            },
+            format!(
+                "run {}: etcd on hosts m1 {}, m2 {}, m3 {} (heartbeat {}ms, election \
+                 timeout {}ms; ready in {})",
+                self.run_id,
+                etcd.members[0].client_addr,
+                etcd.members[1].client_addr,
+                etcd.members[2].client_addr,
+                crate::cluster::ETCD_HEARTBEAT_MS,
+                crate::cluster::ETCD_ELECTION_MS,
+                crate::output::human(etcd.started_in)
+            ),
         ));
         let mut rows = Vec::new();
         if which.partition() {

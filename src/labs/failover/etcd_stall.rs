@@ -103,6 +103,9 @@ impl Play<'_> {
             on_hosts::watch_lease(stage, etcd.on(&new_leader)?, (A, a_lease), &mut last);
             stage.next(Duration::from_millis(100));
         }
+        // Where A's lease stands on the new leader as the old one wakes: alive, renewed
+        // by A's keepalives through the new leader all along.
+        on_hosts::read_lease(stage, etcd.on(&new_leader)?, (A, a_lease), true);
         play(
             stage,
             &mut faults,

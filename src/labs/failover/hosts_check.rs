@@ -13,11 +13,11 @@
 //!   valid here, since which one this etcd gives is the question, not a property.
 
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::etcd_partition::{self as partition};
 use super::etcd_stall as stall;
-use super::verdict::{Scenario, store_line};
+use super::verdict::Scenario;
 use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
 use crate::events::{Event, Kind, What};
@@ -191,24 +191,6 @@ pub(super) fn replay_row(
     let read = replayed.read_back_or_recorded(events, Some(&resource), recorded, None)?;
     let (two_holders, _) = exclusion(events, a, b);
     let found = Scenario::from_store(name, "etcd", two_holders, None, read, a, b)?;
-    let row = json!({
-        "two_holders": found.two_holders,
-        "token_reissued": found.token_reissued,
-        "stale_write": found.stale_write,
-        "a_token": found.a_token,
-        "b_token": found.b_token,
-        "final_writer": found.final_writer,
-        "attempts": found.attempts,
-    });
-    let said = replay::store_lines(events.iter().filter(|e| match &e.what {
-        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
-            s.resource.as_deref() == Some(name)
-        }
-        _ => false,
-    }));
-    let would = replay::store_lines(store_line(&found).as_ref());
-    replayed
-        .part(name, recorded, row)
-        .also("store line", said, would);
+    super::verdict::replay_part(events, recorded, &found, replayed);
     Ok(())
 }

@@ -445,25 +445,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         };
         let backend = if etcd { "etcd" } else { "redis" };
         let found = Scenario::from_store(name, backend, from_lock, None, read, &a, &b)?;
-        let row = json!({
-            "two_holders": found.two_holders,
-            "token_reissued": found.token_reissued,
-            "stale_write": found.stale_write,
-            "a_token": found.a_token,
-            "b_token": found.b_token,
-            "final_writer": found.final_writer,
-            "attempts": found.attempts,
-        });
-        let said = replay::store_lines(events.iter().filter(|e| match &e.what {
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
-                s.resource.as_deref() == Some(name)
-            }
-            _ => false,
-        }));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(name, recorded, row)
-            .also("store line", said, would);
+        replay_part(events, recorded, &found, &mut replayed);
     }
     replayed.not_replayed.push(
         "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and the \
@@ -472,6 +454,36 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             .into(),
     );
     Ok(replayed)
+}
+
+/// A row judged again (`found`) beside the recorded one: the fields the store's record
+/// decides, and the store line the history holds beside the one the row would write.
+pub(super) fn replay_part(
+    events: &[Event],
+    recorded: &Value,
+    found: &Scenario,
+    replayed: &mut Replayed,
+) {
+    let name = found.name.as_str();
+    let row = json!({
+        "two_holders": found.two_holders,
+        "token_reissued": found.token_reissued,
+        "stale_write": found.stale_write,
+        "a_token": found.a_token,
+        "b_token": found.b_token,
+        "final_writer": found.final_writer,
+        "attempts": found.attempts,
+    });
+    let said = replay::store_lines(events.iter().filter(|e| match &e.what {
+        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
+            s.resource.as_deref() == Some(name)
+        }
+        _ => false,
+    }));
+    let would = replay::store_lines(store_line(found).as_ref());
+    replayed
+        .part(name, recorded, row)
+        .also("store line", said, would);
 }
 
 /// The verdict's words: a row per scenario, a sentence on each, and the caveats of the
