@@ -17,9 +17,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// `lockslab failover <scenario> --json`, its temporary directories in `tmp`.
+/// `lockslab failover --scenario <scenario> --json`, its temporary directories in `tmp`.
 fn on_hosts(tmp: &Path, scenario: &str) -> std::process::Child {
-    lockslab(&["failover", scenario, "--json"])
+    lockslab(&["failover", "--scenario", scenario, "--json"])
         .env("TMPDIR", tmp)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -33,7 +33,7 @@ fn run(tmp: &Path, scenario: &str) -> (Vec<Event>, Value) {
     let output = on_hosts(tmp, scenario).wait_with_output().unwrap();
     assert!(
         output.status.success(),
-        "lockslab failover {scenario} failed (a machine without user namespaces cannot run \
+        "lockslab failover --scenario {scenario} failed (a machine without user namespaces cannot run \
          these tests; they are not skipped): {}",
         String::from_utf8_lossy(&output.stderr)
     );

@@ -62,9 +62,11 @@ Examples:
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper
                                     inside A's
   lockslab failover --json | jq .   events and verdict as JSON Lines
-  lockslab failover etcd-partition  etcd's leader cut off in a minority
+  lockslab failover --scenario etcd-partition
+                                    etcd's leader cut off in a minority
                                     (each member on a host of its own)
-  lockslab failover etcd-stall      etcd's leader stopped past its election
+  lockslab failover --scenario etcd-stall
+                                    etcd's leader stopped past its election
                                     timeout: is a live lease revoked? (#15247)
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;
@@ -75,7 +77,7 @@ By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
     /// Play one etcd scenario on hosts of its own (network namespaces) instead of the
     /// usual run [default: Redis failover, then etcd's leader killed]
-    #[arg(value_enum)]
+    #[arg(long = "scenario", value_enum, value_name = "SCENARIO")]
     pub on_hosts: Option<OnHosts>,
     /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
