@@ -50,6 +50,8 @@ mod picture;
 mod queue;
 #[path = "redlock.rs"]
 mod redlock;
+#[path = "redlock_hosts.rs"]
+mod redlock_hosts;
 #[path = "secrets_and_input.rs"]
 mod secrets_and_input;
 #[path = "server_faults.rs"]

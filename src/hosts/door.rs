@@ -43,6 +43,11 @@ impl Door {
     pub fn http_url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// Its loopback address, for a client that builds its own URL.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 impl Hosts {
@@ -61,12 +66,16 @@ impl Hosts {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                // A connection that cannot be made into the host is closed at once: the
-                // client sees it refused, as it would on the host.
-                let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) else {
-                    continue;
-                };
-                carry(client, server, &open);
+                // Each connection is made into the host on a thread of its own: one that
+                // hangs (its peer is cut off) holds up no other.
+                let (hosts, host, open) = (Arc::clone(&hosts), host.clone(), Arc::clone(&open));
+                thread::spawn(move || {
+                    // A connection that cannot be made into the host is closed: the client
+                    // sees it end, as it would see its own connect fail on the host.
+                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                        carry(client, server, &open);
+                    }
+                });
             }
         });
         Ok(Door {

@@ -308,7 +308,7 @@ impl Scene {
         states
     }
 
-    fn client_of(&self, value: &str) -> String {
+    pub(super) fn client_of(&self, value: &str) -> String {
         self.values
             .iter()
             .find(|(v, _)| v == value)
