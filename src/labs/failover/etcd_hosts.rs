@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use super::hosts_check;
+use super::verdict::{Scenario, store_line};
 use crate::events::Event;
 use crate::events::facts::{
     Acquired, Lost, MemberSaid, RenewalError, RenewalFailed, Waiting, Wrote,
@@ -23,6 +25,9 @@ use crate::hosts::{Door, HostedEtcd, HostedMember, Hosts};
 use crate::labs::Stage;
 use crate::lock::etcd::{Acquired as Grant, Beat, EtcdLock, Held, Lease};
 use crate::store::Store;
+use crate::worker::sentinel_client::Rule;
+use colored::Colorize;
+use std::time::Instant;
 
 /// How long the lab waits for one member's answer over its socket.
 pub(super) const ASK_WITHIN: Duration = Duration::from_millis(800);
@@ -500,6 +505,34 @@ impl OnHosts {
 }
 
 impl super::Play<'_> {
+    /// The row of `name`, read back from the store's `resource`; two holders as the
+    /// members' answers in the history say ([`hosts_check::exclusion`]).
+    pub(super) fn row_read_back(
+        &self,
+        stage: &mut Stage,
+        store: &mut Store,
+        (name, resource): (&str, &str),
+        (a, b): (&str, &str),
+    ) -> Result<Scenario> {
+        let read = store.read_back(self.run_id, resource)?;
+        stage.record_read_back(resource, &read);
+        let (two_holders, _) = hosts_check::exclusion(&stage.log, a, b);
+        let rule = resource.ends_with("fenced") && !resource.ends_with("unfenced");
+        let row = Scenario::from_store(
+            name,
+            "etcd",
+            two_holders,
+            rule.then_some(Rule::NotLower),
+            read,
+            a,
+            b,
+        )?;
+        if let Some(line) = store_line(&row) {
+            stage.record(line);
+        }
+        Ok(row)
+    }
+
     /// Makes three hosts, starts an etcd member on each, and plays `which` on them.
     /// Fails, saying why, where this machine cannot make hosts.
     pub(super) fn on_hosts(
@@ -545,4 +578,50 @@ impl super::Play<'_> {
         drop(hosts);
         Ok(rows)
     }
+}
+
+pub(super) fn heading(stage: &mut Stage, title: &str) {
+    stage.timeline.say("");
+    stage.timeline.say(&format!("{}", title.green().bold()));
+}
+
+/// Every member's status, recorded; returns the leader they name (its host) and the term.
+pub(super) fn leader_now(stage: &mut Stage, etcd: &HostedEtcd) -> Result<(String, u64)> {
+    let mut named = None;
+    for member in &etcd.members {
+        if let Some(status) = read_status(stage, etcd, member, true) {
+            named = named.or(etcd
+                .by_id(status.leader)
+                .map(|m| (m.host.clone(), status.raft_term)));
+        }
+    }
+    named.context("no etcd member names a leader")
+}
+
+/// Asks the majority's members until one names a leader other than `old` in a later term;
+/// records that answer, and returns the new leader's host.
+pub(super) fn watch_majority_elect(
+    stage: &mut Stage,
+    etcd: &HostedEtcd,
+    (old, term): (&str, u64),
+    majority: &[&str],
+    since: Instant,
+) -> Result<String> {
+    while since.elapsed() < Duration::from_secs(20) {
+        for host in majority {
+            let member = etcd.on(host)?;
+            let Ok(status) = member.status(ASK_WITHIN) else {
+                continue;
+            };
+            let named = etcd.by_id(status.leader).map(|m| m.host.clone());
+            if let Some(new) = named.filter(|n| n != old)
+                && status.raft_term > term
+            {
+                read_status(stage, etcd, member, true);
+                return Ok(new);
+            }
+        }
+        stage.next(Duration::from_millis(20));
+    }
+    bail!("the majority elected no new leader within 20s")
 }

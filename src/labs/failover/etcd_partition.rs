@@ -20,19 +20,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use colored::Colorize;
 
 use super::Play;
-use super::etcd_hosts::{self as on_hosts, HostClient, Waiter};
-use super::hosts_check;
-use super::verdict::{Scenario, store_line};
+use super::etcd_hosts::watch_majority_elect;
+use super::etcd_hosts::{self as on_hosts, HostClient, Waiter, heading, leader_now};
+use super::hosts_check::partition::{A, B, FENCED, UNFENCED};
+use super::verdict::Scenario;
 use crate::hosts::{HostedEtcd, Hosts};
 use crate::labs::Stage;
 use crate::labs::faults::Faults;
 use crate::nemesis::schedule::Schedule;
 use crate::nemesis::{Fault, Nemesis};
 use crate::store::Store;
-use crate::worker::sentinel_client::Rule;
 
 /// A's and B's lease: short, so that the majority's expiry comes within seconds of the
 /// election (etcd's new leader gives every lease its full TTL again, plus an election
@@ -41,14 +40,6 @@ pub(super) const LEASE: Duration = Duration::from_secs(3);
 
 /// How long A's put through the cut-off leader may take before the lab calls it timed out.
 const PUT_WITHIN: Duration = Duration::from_secs(2);
-
-/// The partition's clients, by the names the history gives them.
-pub(super) const A: &str = "A:cut";
-pub(super) const B: &str = "B:cut";
-
-/// The two rows: the same two writes of A's, on a resource with fencing and one without.
-pub(super) const UNFENCED: &str = "etcd-partition-unfenced";
-pub(super) const FENCED: &str = "etcd-partition-fenced";
 
 impl Play<'_> {
     /// The scenario: see the module doc. Returns its two rows.
@@ -146,80 +137,6 @@ impl Play<'_> {
         }
         Ok(rows)
     }
-
-    /// The row of `name`, read back from the store's `resource`; two holders as the
-    /// members' answers in the history say ([`hosts_check::exclusion`]).
-    pub(super) fn row_read_back(
-        &self,
-        stage: &mut Stage,
-        store: &mut Store,
-        (name, resource): (&str, &str),
-        (a, b): (&str, &str),
-    ) -> Result<Scenario> {
-        let read = store.read_back(self.run_id, resource)?;
-        stage.record_read_back(resource, &read);
-        let (two_holders, _) = hosts_check::exclusion(&stage.log, a, b);
-        let rule = resource.ends_with("fenced") && !resource.ends_with("unfenced");
-        let row = Scenario::from_store(
-            name,
-            "etcd",
-            two_holders,
-            rule.then_some(Rule::NotLower),
-            read,
-            a,
-            b,
-        )?;
-        if let Some(line) = store_line(&row) {
-            stage.record(line);
-        }
-        Ok(row)
-    }
-}
-
-pub(super) fn heading(stage: &mut Stage, title: &str) {
-    stage.timeline.say("");
-    stage.timeline.say(&format!("{}", title.green().bold()));
-}
-
-/// Every member's status, recorded; returns the leader they name (its host) and the term.
-pub(super) fn leader_now(stage: &mut Stage, etcd: &HostedEtcd) -> Result<(String, u64)> {
-    let mut named = None;
-    for member in &etcd.members {
-        if let Some(status) = on_hosts::read_status(stage, etcd, member, true) {
-            named = named.or(etcd
-                .by_id(status.leader)
-                .map(|m| (m.host.clone(), status.raft_term)));
-        }
-    }
-    named.context("no etcd member names a leader")
-}
-
-/// Asks the majority's members until one names a leader other than `old` in a later term;
-/// records that answer, and returns the new leader's host.
-pub(super) fn watch_majority_elect(
-    stage: &mut Stage,
-    etcd: &HostedEtcd,
-    (old, term): (&str, u64),
-    majority: &[&str],
-    since: Instant,
-) -> Result<String> {
-    while since.elapsed() < Duration::from_secs(20) {
-        for host in majority {
-            let member = etcd.on(host)?;
-            let Ok(status) = member.status(on_hosts::ASK_WITHIN) else {
-                continue;
-            };
-            let named = etcd.by_id(status.leader).map(|m| m.host.clone());
-            if let Some(new) = named.filter(|n| n != old)
-                && status.raft_term > term
-            {
-                on_hosts::read_status(stage, etcd, member, true);
-                return Ok(new);
-            }
-        }
-        stage.next(Duration::from_millis(20));
-    }
-    bail!("the majority elected no new leader within 20s")
 }
 
 /// Asks the old leader until it names another member as leader and has applied entries

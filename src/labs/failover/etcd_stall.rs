@@ -27,20 +27,17 @@ use colored::Colorize;
 
 use super::Play;
 use super::etcd_hosts::{self as on_hosts, HostClient, Waiter};
-use super::etcd_partition::{heading, leader_now, watch_majority_elect};
+use super::etcd_hosts::{heading, leader_now, watch_majority_elect};
+use super::hosts_check::stall::{A, B, ROW};
 use super::verdict::Scenario;
 use crate::events::Event;
 use crate::events::facts::MemberSaid;
-use crate::hosts::{HostedEtcd, Hosts};
+use crate::hosts::{HostedEtcd, HostedMember, Hosts};
 use crate::labs::Stage;
 use crate::labs::faults::{Faults, Until};
 use crate::nemesis::schedule::{Schedule, Step};
 use crate::nemesis::{Fault, Nemesis, Victim};
 use crate::store::Store;
-
-pub(super) const A: &str = "A:stall";
-pub(super) const B: &str = "B:stall";
-pub(super) const ROW: &str = "etcd-stall";
 
 /// A's lease: shorter than the stall, so that the frozen leader counts it expired when it
 /// wakes; long enough that A's heartbeat (every TTL/3) rides out the election.
@@ -134,26 +131,7 @@ impl Play<'_> {
             stage.next(Duration::from_millis(100));
         }
         on_hosts::read_status(stage, etcd, etcd.on(&leader)?, false);
-        // The read the observation rests on: after the wake, and after B's grant if any.
-        last = on_hosts::read_lease(stage, watcher, (A, a_lease), true).or(last);
-        let holder = on_hosts::read_holder(stage, watcher, &lock, true);
-        let observed = observation(&version, last, holder.as_ref().map(|(k, _)| k.as_str()));
-        stage.record(Event::new(
-            on_hosts::LANE,
-            MemberSaid {
-                member: new_leader.clone(),
-                ask: "observed".into(),
-                client: Some(A.into()),
-                lease: Some(a_lease),
-                ttl_s: last,
-                version: Some(version.clone()),
-                ..MemberSaid::default()
-            },
-            observed.clone(),
-        ));
-        for line in ISSUE_15247 {
-            stage.timeline.say(&format!("  {}", line.dimmed()));
-        }
+        let observed = say_what_was_observed(stage, watcher, (a_lease, last), (&lock, &version));
         if let Some(held) = &b_held {
             b.write((stage, store), (self.run_id, &resource), held, true);
         }
@@ -166,6 +144,37 @@ impl Play<'_> {
         row.election_ms = Some(election.as_millis() as u64);
         Ok(row)
     }
+}
+
+/// Reads A's lease and the lock's holder from the new leader once more — after the wake,
+/// and after B's grant if any — and records what they show, in a sentence with the
+/// version, followed by what etcd's records say of the bug. Returns the sentence.
+fn say_what_was_observed(
+    stage: &mut Stage,
+    watcher: &HostedMember,
+    (a_lease, last): (i64, Option<i64>),
+    (lock, version): (&str, &str),
+) -> String {
+    let last = on_hosts::read_lease(stage, watcher, (A, a_lease), true).or(last);
+    let holder = on_hosts::read_holder(stage, watcher, lock, true);
+    let observed = observation(version, last, holder.as_ref().map(|(k, _)| k.as_str()));
+    stage.record(Event::new(
+        on_hosts::LANE,
+        MemberSaid {
+            member: watcher.host.clone(),
+            ask: "observed".into(),
+            client: Some(A.into()),
+            lease: Some(a_lease),
+            ttl_s: last,
+            version: Some(version.into()),
+            ..MemberSaid::default()
+        },
+        observed.clone(),
+    ));
+    for line in ISSUE_15247 {
+        stage.timeline.say(&format!("  {}", line.dimmed()));
+    }
+    observed
 }
 
 /// What etcd's own records say of the bug, printed under what this run observed: the

@@ -15,13 +15,27 @@
 use anyhow::Result;
 use serde_json::Value;
 
-use super::etcd_partition::{self as partition};
-use super::etcd_stall as stall;
 use super::verdict::Scenario;
 use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::{self, Replayed};
+
+/// The partition's clients and rows, by the names the history gives them: the same two
+/// writes of A's, on a resource with fencing and one without.
+pub(super) mod partition {
+    pub const A: &str = "A:cut";
+    pub const B: &str = "B:cut";
+    pub const UNFENCED: &str = "etcd-partition-unfenced";
+    pub const FENCED: &str = "etcd-partition-fenced";
+}
+
+/// The stall's clients and its row.
+pub(super) mod stall {
+    pub const A: &str = "A:stall";
+    pub const B: &str = "B:stall";
+    pub const ROW: &str = "etcd-stall";
+}
 
 /// Each row these scenarios write: its name, its clients, and the resource it writes.
 const ROWS: [(&str, &str, &str); 3] = [
@@ -36,7 +50,7 @@ fn resource_of(row: &str) -> String {
 }
 
 /// Is `name` one of these scenarios' rows?
-pub(super) fn is_row(name: &str) -> bool {
+fn is_row(name: &str) -> bool {
     ROWS.iter().any(|(row, ..)| *row == name)
 }
 
@@ -176,13 +190,23 @@ fn check_row(history: &[Event], row: &str, (a, b): (&str, &str)) -> Report {
     )
 }
 
-/// `lockslab check`: a row of these scenarios judged again from the history, as the live
-/// run judged it.
-pub(super) fn replay_row(
+/// `lockslab check`: each of these scenarios' rows in the recorded verdict judged again.
+pub(super) fn replay_rows(
     events: &[Event],
-    recorded: &Value,
+    verdict: &Value,
     replayed: &mut Replayed,
 ) -> Result<()> {
+    for recorded in replay::list(verdict, "scenarios")? {
+        if is_row(replay::text(recorded, "name")?) {
+            replay_row(events, recorded, replayed)?;
+        }
+    }
+    Ok(())
+}
+
+/// `lockslab check`: a row of these scenarios judged again from the history, as the live
+/// run judged it.
+fn replay_row(events: &[Event], recorded: &Value, replayed: &mut Replayed) -> Result<()> {
     let name = replay::text(recorded, "name")?;
     let Some(&(_, a, b)) = ROWS.iter().find(|(row, ..)| *row == name) else {
         return Ok(());

@@ -321,14 +321,9 @@ pub fn check(history: &[Event]) -> Report {
         let a = format!("A:{label}");
         history.iter().any(|e| e.worker == a)
     });
-    let on_hosts = super::hosts_check::check(history);
-    Report::compose(
-        played
-            .map(|&(name, label)| {
-                check_scenario(history, name, label).about(&format!("scenario {name}"))
-            })
-            .chain([on_hosts]),
-    )
+    Report::compose(played.map(|&(name, label)| {
+        check_scenario(history, name, label).about(&format!("scenario {name}"))
+    }))
 }
 
 /// One scenario's findings; event positions are in `history`.
@@ -422,10 +417,6 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for recorded in replay::list(verdict, "scenarios")? {
         let name = replay::text(recorded, "name")?;
-        if super::hosts_check::is_row(name) {
-            super::hosts_check::replay_row(events, recorded, &mut replayed)?;
-            continue;
-        }
         // Nothing granted (refused, or no majority): no write to judge.
         let Some(label) = label_of(name) else {
             continue;
