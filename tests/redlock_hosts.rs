@@ -55,7 +55,7 @@ fn a_quorum_survives_a_cut_minority_and_a_3_2_split_grants_one_side_only() {
         holders(&read_back(&events, "partition-cut")),
         ["A", "A", "A", "-", "-"]
     );
-    // Split 3/2, each client asking at once: A's side holds, B's side holds nothing (its
+    // Split 3/2, each client asking while it lasts: A's side holds, B's side holds nothing (its
     // failed round released m4 and m5).
     assert_eq!(
         holders(&read_back(&events, "partition-split")),

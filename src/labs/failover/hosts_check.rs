@@ -164,14 +164,7 @@ fn check_row(history: &[Event], row: &str, (a, b): (&str, &str)) -> Report {
         }
     };
     let (outcome, stale_words) = match found.late {
-        LateWrite::Accepted => (
-            report::Outcome::Invalid,
-            "the store decided A's write after B's and took it: B's result is lost",
-        ),
-        LateWrite::Rejected => (
-            report::Outcome::Valid,
-            "the store decided A's write after B's and refused it: B's result stands",
-        ),
+        LateWrite::Accepted | LateWrite::Rejected => super::verdict::late_write_decided(found.late),
         LateWrite::None => (
             report::Outcome::Valid,
             "no write of A's was decided after B's: nothing was lost",

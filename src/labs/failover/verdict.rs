@@ -380,14 +380,7 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
     };
     let mut writes = vec![Some(read_back_at), wrote(&a), wrote(&b)];
     let (outcome, stale_words) = match found.late {
-        LateWrite::Accepted => (
-            report::Outcome::Invalid,
-            "the store decided A's write after B's and took it: B's result is lost",
-        ),
-        LateWrite::Rejected => (
-            report::Outcome::Valid,
-            "the store decided A's write after B's and refused it: B's result stands",
-        ),
+        LateWrite::Accepted | LateWrite::Rejected => late_write_decided(found.late),
         LateWrite::None if !found.a_wrote => {
             writes.push(at(&a, Kind::Lost));
             (
@@ -405,6 +398,21 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
         (exclusion_words, exclusion.into_iter().flatten()),
         (outcome, stale_words, writes.into_iter().flatten()),
     )
+}
+
+/// The stale-write finding of a write of A's the store decided after B's: taken (B's
+/// result lost) or refused. (`LateWrite::None` is each checker's own to word.)
+pub(super) fn late_write_decided(late: LateWrite) -> (report::Outcome, &'static str) {
+    match late {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        _ => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+    }
 }
 
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the

@@ -5,7 +5,8 @@
 //! ```text
 //!  cut     A ── m1 m2 m3 ✓      A ╳ m4 m5: A's SETs there get no answer within the
 //!                               per-instance timeout; 3 of 5 is a quorum: granted
-//!  split   A ── m1 m2 m3   ╳   B ── m4 m5: both ask at once, each side its own masters;
+//!  split   A ── m1 m2 m3   ╳   B ── m4 m5: both ask while it lasts, A then B, each
+//!                               reaching its own side's masters only;
 //!          A: 3 of 5, granted   B: 2 of 5, refused (and released where it set)
 //! ```
 //!
@@ -22,15 +23,12 @@ use super::scene::{READ_TIMEOUT, Scene, name, round};
 use super::verdict::ScenarioVerdict;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState};
-use crate::events::Event;
-use crate::events::facts::HolderNow;
 use crate::hosts::{Door, HOSTED_REDIS_PORT, HostedRedis, Hosts};
 use crate::labs::faults::Faults;
 use crate::lock::redlock::{Master, Redlock};
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::Schedule;
 use crate::output::human;
-use crate::worker::redlock_client::indent;
 
 /// The partition's masters and clients, on their hosts.
 struct Net {
@@ -143,7 +141,7 @@ impl Scene {
     }
 
     /// Part 2: the masters split q / n − q, A with the first side, B with the second;
-    /// both ask at once — each reaches only its own side.
+    /// both ask while the split lasts (A, then B) — each reaches only its own side.
     fn masters_split(&mut self, net: &Net) -> Result<ScenarioVerdict> {
         let (n, q) = (self.n(), self.q());
         self.heading(
@@ -204,33 +202,13 @@ impl Scene {
         let mut states = Vec::new();
         for (i, redis) in net.masters.iter().enumerate() {
             let mut master = Master::new(&name(i), &redis.control_url());
-            let (holder, pttl_ms, why) = match master.read(key, READ_TIMEOUT) {
-                Ok((value, pttl)) => (value.map(|v| self.client_of(&v)), Some(pttl), None),
-                Err(why) => (None, None, Some(why)),
-            };
             let port = net.hosts.addr(&redis.host).map_or_else(
                 |_| HOSTED_REDIS_PORT.to_string(),
                 |addr| format!("{addr}:{HOSTED_REDIS_PORT}"),
             );
-            states.push(MasterState {
-                master: name(i),
-                port,
-                holder,
-                pttl_ms,
-                answered: why.is_none(),
-                why,
-            });
+            states.push(self.state_of(&name(i), port, master.read(key, READ_TIMEOUT)));
         }
-        let lines: Vec<String> = states.iter().map(super::verdict::state_line).collect();
-        self.stage.record(Event::new(
-            "masters",
-            HolderNow {
-                key: Some(key.into()),
-                masters: Some(states.clone()),
-                ..HolderNow::default()
-            },
-            format!("{heading}:\n{}", indent(&lines)),
-        ));
+        self.record_masters(key, heading, &states);
         states
     }
 }
