@@ -70,6 +70,13 @@ impl RunDir {
     }
 }
 
+impl RunDir {
+    /// The directory (lab 5's etcd on hosts keeps its members' files there).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl Drop for RunDir {
     fn drop(&mut self) {
         remove_server_dir(&self.path);

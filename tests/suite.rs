@@ -22,6 +22,8 @@ mod corrections;
 mod etcd_vs_redis;
 #[path = "failover.rs"]
 mod failover;
+#[path = "failover_hosts.rs"]
+mod failover_hosts;
 #[path = "faults.rs"]
 mod faults;
 #[path = "frozen_backends.rs"]
@@ -48,6 +50,8 @@ mod picture;
 mod queue;
 #[path = "redlock.rs"]
 mod redlock;
+#[path = "redlock_hosts.rs"]
+mod redlock_hosts;
 #[path = "secrets_and_input.rs"]
 mod secrets_and_input;
 #[path = "server_faults.rs"]

@@ -931,3 +931,36 @@ pub enum RenewalError {
 
 one_kind!(RenewalFailed);
 one_kind!(NodeAnswered);
+
+/// One etcd member's answer to the lab, asked over the member's own control socket (which
+/// no partition cuts), or the answer a client's request through that member got: the
+/// servers' word on who leads, whether a lease lives and who holds the lock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemberSaid {
+    /// The member asked (its host's name: `m1`…).
+    pub member: String,
+    /// What was asked: `status`, `lease_ttl`, `holder`, or a client's `put`.
+    pub ask: String,
+    /// Is the member on the majority's side of the partition now (or, with no partition,
+    /// one of the members that were not stalled)?
+    pub in_majority: Option<bool>,
+    /// The client whose lease or request this is (`A:cut`).
+    pub client: Option<String>,
+    /// `status`: the member it names as leader (None: it knows of none), the Raft term,
+    /// and the server's version.
+    pub leader: Option<String>,
+    pub raft_term: Option<u64>,
+    pub version: Option<String>,
+    /// `lease_ttl`: the lease and the TTL left (whole seconds; -1: expired, not found).
+    pub lease: Option<i64>,
+    pub ttl_s: Option<i64>,
+    /// `holder`: the key that holds the lock (the oldest under its prefix) and its create
+    /// revision; None: nobody holds it.
+    pub holder_key: Option<String>,
+    pub holder_revision: Option<i64>,
+    /// The error the request came back with (a timeout, `leader changed`…).
+    pub error: Option<String>,
+}
+
+one_kind!(MemberSaid);

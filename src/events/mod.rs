@@ -179,6 +179,10 @@ pub enum What {
     /// the hosts are cut apart or after: what it says it is, whom it follows, the lock's key
     /// there, the writes it holds.
     NodeAnswered(NodeAnswered),
+    // etcd on hosts of its own (issue 44).
+    /// What one etcd member answered when the lab asked it directly (its status, a lease's
+    /// TTL, the lock's holder), or what a client's request to it came back with.
+    MemberSaid(MemberSaid),
 }
 
 impl std::fmt::Display for Kind {

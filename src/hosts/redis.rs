@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail};
 
 use super::Hosts;
 use crate::connect::Backend;
-use crate::procs;
 
 /// The port every hosted Redis listens on: each host has an address of its own.
 pub const PORT: u16 = 6379;
@@ -198,11 +197,7 @@ impl HostedRedis {
 
     /// Kills it (SIGKILL) and reaps it.
     pub fn kill_now(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            procs::forget(child.id() as i32);
-        }
+        super::kill_started(&mut self.child);
     }
 }
 

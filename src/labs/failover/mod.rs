@@ -24,12 +24,32 @@
 //! `ROLE`, etcd's `status`) and from the fenced store, never from what a worker believed.
 
 mod etcd;
+mod etcd_hosts;
+mod etcd_partition;
+mod etcd_stall;
+mod hosts_check;
 mod redis;
 mod split_brain;
 mod split_check;
 mod split_clients;
 mod verdict;
-pub use verdict::{check, replay};
+pub use etcd_hosts::OnHosts;
+
+/// Lab 5's checker: the Redis and etcd rows ([`verdict::check`]) and the etcd-on-hosts
+/// rows ([`hosts_check::check`]), one report.
+pub fn check(history: &[crate::events::Event]) -> crate::check::report::Report {
+    crate::check::report::Report::compose([verdict::check(history), hosts_check::check(history)])
+}
+
+/// `lockslab check`: every row judged again, each by the code that judged it live.
+pub fn replay(
+    events: &[crate::events::Event],
+    recorded: &serde_json::Value,
+) -> Result<super::replay::Replayed> {
+    let mut replayed = verdict::replay(events, recorded)?;
+    hosts_check::replay_rows(events, recorded, &mut replayed)?;
+    Ok(replayed)
+}
 
 use std::time::{Duration, Instant};
 
@@ -65,6 +85,12 @@ Examples:
                                     then with min-replicas-to-write 1
   lockslab failover --scenario all  both stories, one after the other
   lockslab failover --json | jq .   events and verdict as JSON Lines
+  lockslab failover --scenario etcd-partition
+                                    etcd's leader cut off in a minority
+                                    (each member on a host of its own)
+  lockslab failover --scenario etcd-stall
+                                    etcd's leader stopped past its election
+                                    timeout: is a live lease revoked? (#15247)
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;
 3 etcd members) on free loopback ports, each with a password of its own,
@@ -75,7 +101,8 @@ namespaces; `lockslab doctor` says whether this machine can partition). The stor
 By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
     /// Which story: a crash (the Redis primary and the etcd leader SIGKILLed), the split
-    /// brain (the Redis primary cut off from its Sentinels by a network partition), or all
+    /// brain (the Redis primary cut off from its Sentinels by a network partition), all
+    /// three; or etcd's leader cut off or stalled on hosts of its own (network namespaces)
     #[arg(long, value_enum, default_value_t = Scenarios::Crash)]
     pub scenario: Scenarios,
     /// How long each Redis lock of the crash lives (5s to 10m): long, so that B's grant
@@ -104,15 +131,31 @@ pub enum Scenarios {
     SplitBrain,
     /// Both, the crash first
     All,
+    /// etcd's leader cut off in a minority by a real partition, then healed (hosts)
+    EtcdPartition,
+    /// etcd's leader stopped (SIGSTOP) past its election timeout: etcd #15247 (hosts)
+    EtcdStall,
+    /// Both etcd scenarios, one after the other, on one cluster (hosts)
+    Etcd,
 }
 
 impl Scenarios {
     fn crash(self) -> bool {
-        self != Scenarios::SplitBrain
+        matches!(self, Scenarios::Crash | Scenarios::All)
     }
 
     fn split_brain(self) -> bool {
-        self != Scenarios::Crash
+        matches!(self, Scenarios::SplitBrain | Scenarios::All)
+    }
+
+    /// The etcd scenarios on hosts, played alone.
+    fn on_hosts(self) -> Option<OnHosts> {
+        match self {
+            Scenarios::EtcdPartition => Some(OnHosts::EtcdPartition),
+            Scenarios::EtcdStall => Some(OnHosts::EtcdStall),
+            Scenarios::Etcd => Some(OnHosts::Etcd),
+            _ => None,
+        }
     }
 }
 
@@ -224,6 +267,9 @@ impl Lab for Plan {
         let postgres = run.url(Backend::Postgres).to_string();
         let mut store = Store::connect(&postgres)?;
         store.prepare()?;
+        if let Some(which) = self.scenarios.on_hosts() {
+            return self.play_on_hosts(run, &postgres, &mut store, which);
+        }
         let mut verdict = Verdict {
             ttl: self.ttl,
             scenarios: Vec::new(),
@@ -296,6 +342,33 @@ impl Plan {
         let mut hand = Hand::new(&stage);
         scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, store)?);
         Ok(scenarios)
+    }
+}
+
+impl Plan {
+    /// An etcd scenario on hosts ([`etcd_hosts`]), alone: no Redis, no other etcd.
+    fn play_on_hosts(
+        &self,
+        run: &mut Run,
+        postgres: &str,
+        store: &mut Store,
+        which: OnHosts,
+    ) -> Result<Verdict> {
+        run.started = Instant::now();
+        let mut stage = run.stage();
+        stage.timeline.set_lane_width(16);
+        let play = Play {
+            run_id: &run.id,
+            postgres,
+            sequence: "",
+            ttl: self.ttl,
+        };
+        let scenarios = play.on_hosts(&mut stage, store, which)?;
+        Ok(Verdict {
+            ttl: self.ttl,
+            scenarios,
+            split_brain: Vec::new(),
+        })
     }
 }
 

@@ -59,6 +59,10 @@ pub struct Scenario {
     /// `redis-min-replicas`: the primary's answer to A's `SET NX` (`NOREPLICAS …`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// etcd on hosts: what this run saw that the table has no column for (a stalled
+    /// leader's effect on a lease), as read back from the members.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
     pub attempts: Vec<crate::store::Attempt>,
     /// A's write in the store's decision order (the JSON carries it as `stale_write`).
     #[serde(skip)]
@@ -126,6 +130,7 @@ impl Scenario {
             replicas_confirmed: None,
             unavailable: None,
             refused: None,
+            observed: None,
             attempts: Vec::new(),
             late: LateWrite::None,
             a_wrote: false,
@@ -158,6 +163,9 @@ impl Scenario {
                 "the primary refused A's SET ({answer}): no replica in reach, so no lock \
                  was granted for the failover to lose"
             );
+        }
+        if let Some(observed) = &self.observed {
+            return observed.clone();
         }
         if let Some(error) = &self.unavailable {
             return format!(
@@ -386,14 +394,7 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
     };
     let mut writes = vec![Some(read_back_at), wrote(&a), wrote(&b)];
     let (outcome, stale_words) = match found.late {
-        LateWrite::Accepted => (
-            report::Outcome::Invalid,
-            "the store decided A's write after B's and took it: B's result is lost",
-        ),
-        LateWrite::Rejected => (
-            report::Outcome::Valid,
-            "the store decided A's write after B's and refused it: B's result stands",
-        ),
+        LateWrite::Accepted | LateWrite::Rejected => late_write_decided(found.late),
         LateWrite::None if !found.a_wrote => {
             writes.push(at(&a, Kind::Lost));
             (
@@ -412,6 +413,21 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
         (outcome, stale_words, writes.into_iter().flatten()),
         wrote(&a).filter(|_| found.late.attempted()),
     )
+}
+
+/// The stale-write finding of a write of A's the store decided after B's: taken (B's
+/// result lost) or refused. (`LateWrite::None` is each checker's own to word.)
+pub(super) fn late_write_decided(late: LateWrite) -> (report::Outcome, &'static str) {
+    match late {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        _ => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+    }
 }
 
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the
@@ -442,16 +458,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         };
         let backend = if etcd { "etcd" } else { "redis" };
         let found = Scenario::from_store(name, backend, from_lock, None, read, &a, &b)?;
-        let row = json!({
-            "two_holders": found.two_holders,
-            "token_reissued": found.token_reissued,
-            "stale_write": found.stale_write,
-            "a_token": found.a_token,
-            "b_token": found.b_token,
-            "final_writer": found.final_writer,
-            "attempts": found.attempts,
-        });
-        replayed.part(name, recorded, row);
+        replay_part(recorded, &found, &mut replayed);
     }
     if !replay::list(verdict, "scenarios")?.is_empty() {
         replayed.not_replayed.push(
@@ -466,6 +473,21 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         super::split_check::replay(events, rounds, &mut replayed);
     }
     Ok(replayed)
+}
+
+/// A row judged again (`found`) beside the recorded one: the fields the store's record
+/// decides.
+pub(super) fn replay_part(recorded: &Value, found: &Scenario, replayed: &mut Replayed) {
+    let row = json!({
+        "two_holders": found.two_holders,
+        "token_reissued": found.token_reissued,
+        "stale_write": found.stale_write,
+        "a_token": found.a_token,
+        "b_token": found.b_token,
+        "final_writer": found.final_writer,
+        "attempts": found.attempts,
+    });
+    replayed.part(found.name.as_str(), recorded, row);
 }
 
 /// The verdict's words: a row per scenario, a sentence on each, and the caveats of the

@@ -281,33 +281,50 @@ impl Scene {
                 Condition::Down => Err("down (killed by the lab)".to_string()),
                 Condition::Frozen => Err("frozen by the lab: not asked".to_string()),
             };
-            let (holder, pttl_ms, why) = match asked {
-                Ok((value, pttl)) => (value.map(|v| self.client_of(&v)), Some(pttl), None),
-                Err(why) => (None, None, Some(why)),
-            };
-            states.push(MasterState {
-                master: master.name.clone(),
-                port: master.port().to_string(),
-                holder,
-                pttl_ms,
-                answered: why.is_none(),
-                why,
-            });
+            let port = master.port().to_string();
+            states.push(self.state_of(&master.name, port, asked));
         }
+        self.record_masters(key, heading, &states);
+        states
+    }
+
+    /// One master's answer to a read-back (its GET and PTTL, or why none came), with the
+    /// value named by the client that wrote it.
+    pub(super) fn state_of(
+        &self,
+        master: &str,
+        port: String,
+        asked: Result<(Option<String>, i64), String>,
+    ) -> MasterState {
+        let (holder, pttl_ms, why) = match asked {
+            Ok((value, pttl)) => (value.map(|v| self.client_of(&v)), Some(pttl), None),
+            Err(why) => (None, None, Some(why)),
+        };
+        MasterState {
+            master: master.into(),
+            port,
+            holder,
+            pttl_ms,
+            answered: why.is_none(),
+            why,
+        }
+    }
+
+    /// Records the masters' answers on `key` (a read-back), under `heading`.
+    pub(super) fn record_masters(&mut self, key: &str, heading: &str, states: &[MasterState]) {
         let lines: Vec<String> = states.iter().map(super::verdict::state_line).collect();
         self.stage.record(Event::new(
             "masters",
             HolderNow {
                 key: Some(key.into()),
-                masters: Some(states.clone()),
+                masters: Some(states.to_vec()),
                 ..HolderNow::default()
             },
             format!("{heading}:\n{}", indent(&lines)),
         ));
-        states
     }
 
-    fn client_of(&self, value: &str) -> String {
+    pub(super) fn client_of(&self, value: &str) -> String {
         self.values
             .iter()
             .find(|(v, _)| v == value)
