@@ -72,13 +72,16 @@ fn sweep_gc_pause(runs: usize) -> usize {
                     run["late_write"].as_str().unwrap_or("?")
                 ),
             );
-            let store_lines: Vec<&Event> = lines
-                .iter()
-                .filter(|e| e.worker == "store" && e.part.fencing == run["fencing"].as_bool())
-                .collect();
-            for problem in gc_pause_disagreements(run, &store_lines) {
+            for problem in gc_pause_disagreements(run) {
                 disagreements.push(format!("pause {pause}ms: {problem}\n    {run}"));
             }
+        }
+        // The lab's checker, judging the history again, reaches the verdict it printed.
+        let replayed = lockslab::labs::gc_pause::replay(&lines, &verdict);
+        if !replayed.is_ok_and(|r| lockslab::reproduce::compare::compare(&r).agrees()) {
+            disagreements.push(format!(
+                "pause {pause}ms: the history does not replay to its verdict"
+            ));
         }
     }
     outcomes.print();

@@ -118,7 +118,9 @@ Examples:
   lockslab up                      servers on 127.0.0.1 for this machine's
                                    terminals
   lockslab up --room 192.168.1.20  servers a room shares, passwords on, 30 seats
-  lockslab seat 7                  the lines attendee 7 pastes (seat07's only)
+  lockslab up --room 192.168.1.20 --seats 12
+                                   12 seats: pairs share one, 24 attendees
+  lockslab seat 1                  the lines seat 1 pastes (seat01's only)
 
 A room's servers listen on ADDR only, each with a generated password (Redis
 requirepass, Postgres SCRAM, etcd auth with user root) that stays the
@@ -134,8 +136,8 @@ uid of the seat's own. `lockslab down` stops them all.")]
     /// Print the export lines of one seat of the room `lockslab up --room` started
     #[command(after_help = "\
 Examples:
-  lockslab seat 7        seat07's lines, to hand to one attendee
-  lockslab seat seat07   the same
+  lockslab seat 1        seat01's lines, to hand to one pair of attendees
+  lockslab seat seat01   the same
 
 All seats' lines are also in the file `lockslab up --room` names (mode 0600).")]
     Seat {
@@ -264,12 +266,16 @@ pub fn run() -> Result<Exit> {
         }
         Command::Status => status()?,
         Command::Results(args) | Command::Room(crate::room::RoomCommand::Results(args)) => {
-            crate::room::results(&args)?
+            let order: Vec<(u8, &str)> = crate::labs::LABS
+                .iter()
+                .map(|lab| (lab.number, lab.command))
+                .collect();
+            crate::room::results(&args, &order)?
         }
         Command::Reset(args) => crate::hands_on::reset(&args)?,
         Command::Serve => servers::serve_until_stdin_closes()?,
         Command::Render(args) => {
-            crate::picture::render(&args.input, &args.output, crate::labs::broken_proof)?
+            crate::picture::render(&args.input, &args.output, crate::reproduce::report_for)?
         }
         Command::InternalWorker | Command::Guard { .. } => unreachable!("handled above"),
     }
@@ -424,7 +430,7 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
         if seats == 1 { "" } else { "s" },
         state.seats.last().map_or("-", |seat| seat.name.as_str())
     );
-    crate::outln!("one seat's lines; the passwords above stay yours.");
+    crate::outln!("one seat's lines (pairs share one); the passwords above stay yours.");
     // A seat that exists in every room (`--seats` is at least 1).
     crate::outln!("  one seat:  lockslab seat 1");
     crate::outln!(

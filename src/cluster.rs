@@ -52,13 +52,13 @@ pub const ETCD_ELECTION_MS: u64 = 500;
 
 /// One directory, claimed for as long as this process lives, deleted on drop and on
 /// interrupt (after the processes working in it are stopped).
-struct RunDir {
-    path: PathBuf,
+pub(crate) struct RunDir {
+    pub(crate) path: PathBuf,
     _owner: Flock<fs::File>,
 }
 
 impl RunDir {
-    fn new() -> Result<RunDir> {
+    pub(crate) fn new() -> Result<RunDir> {
         let root = std::env::temp_dir();
         crate::servers::sweep_dead_runs(&root);
         let (path, owner) = new_run_dir(&root)?;
@@ -67,6 +67,13 @@ impl RunDir {
             path,
             _owner: owner,
         })
+    }
+}
+
+impl RunDir {
+    /// The directory (lab 5's etcd on hosts keeps its members' files there).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -79,7 +86,7 @@ impl Drop for RunDir {
 
 /// A 0700 directory inside the cluster's (which others may enter, 0711), for the files
 /// that hold the password: Sentinel rewrites its configuration file with the mode 0644.
-fn private_dir(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn private_dir(dir: &Path) -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let private = dir.join("private");
     fs::DirBuilder::new()

@@ -828,21 +828,30 @@ pub async fn etcd_within(url: &str, timeout: Duration) -> Result<etcd_client::Cl
 /// just started where only this user reaches it, to give it its users before it listens
 /// anywhere else (see `servers::PrivateServers::bootstrap_etcds`).
 pub async fn etcd_on_socket(socket: &std::path::Path) -> Result<etcd_client::Client> {
+    let mut client = etcd_on_socket_within(socket, COMMAND_TIMEOUT).await?;
+    client
+        .status()
+        .await
+        .map_err(|err| Backend::Etcd.unreachable(&format!("unix://{}", socket.display()), err))?;
+    Ok(client)
+}
+
+/// An etcd client with no user over the Unix socket at `socket`, its requests bounded by
+/// `timeout`, not checked with a first request: for a member that may be cut off from its
+/// cluster, where a request that needs the leader is expected to time out.
+pub async fn etcd_on_socket_within(
+    socket: &std::path::Path,
+    timeout: Duration,
+) -> Result<etcd_client::Client> {
     let url = format!("unix://{}", socket.display());
     let channel = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|err| Backend::Etcd.unreachable(&url, err))?
         .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(COMMAND_TIMEOUT)
+        .timeout(timeout)
         .connect()
         .await
         .map_err(|err| Backend::Etcd.unreachable(&url, err))?;
-    let mut client =
-        etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?;
-    client
-        .status()
-        .await
-        .map_err(|err| Backend::Etcd.unreachable(&url, err))?;
-    Ok(client)
+    Ok(etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?)
 }
 
 /// The encoded bundle for an `https://` etcd URL, when this process has one.

@@ -115,7 +115,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     store.prepare()?;
     let mut lock = RedisLock::new(connect::redis(servers.url(Backend::Redis))?, &key, args.ttl);
 
-    crate::outln!(
+    crate::prose!(
         "{me}: taking lock '{}' (TTL {})…",
         lock_name,
         human(args.ttl)
@@ -134,7 +134,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         .token
         .map(|t| format!(", fencing token {t}"))
         .unwrap_or_default();
-    crate::outln!(
+    crate::prose!(
         "{}",
         format!(
             "{me}: holds lock '{}'{token}; it expires in {} unless released",
@@ -144,8 +144,8 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         .bold()
     );
     crate::outln!();
-    crate::outln!("  To play the GC pause, in another terminal:");
-    crate::outln!(
+    crate::prose!("  To play the GC pause, in another terminal:");
+    crate::prose!(
         "    {}    freeze me now",
         format!("kill -STOP {pid}").cyan().bold()
     );
@@ -160,19 +160,19 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     if let Some(name) = &args.name {
         second.push_str(&format!(" --name {name}"));
     }
-    crate::outln!(
+    crate::prose!(
         "    wait more than {}, then run {} until it has written",
         human(args.ttl),
         second.cyan().bold()
     );
-    crate::outln!(
+    crate::prose!(
         "    {}    wake me up: I finish my work and write, late",
         format!("kill -CONT {pid}").cyan().bold()
     );
     crate::outln!();
 
     if args.work >= args.ttl {
-        crate::outln!(
+        crate::prose!(
             "  note: --work {} is not shorter than --ttl {}: the lock expires while I work, pause or not",
             human(args.work),
             human(args.ttl)
@@ -180,7 +180,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
     }
     let paused = work_watching_the_clock(acquired_at, args.work, style);
     if paused > Duration::from_millis(500) {
-        crate::outln!(
+        crate::prose!(
             "{me}: {} — my clock jumped by {} while I worked. My lock may be gone, but I write anyway, as most code would.",
             "I was paused".yellow().bold(),
             human(paused)
@@ -199,7 +199,7 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
             .bold(),
         Outcome::Unknown => "UNKNOWN (no answer from the store)".yellow().bold(),
     };
-    crate::outln!("{me}: wrote '{value}'{token}: the store says {verdict}");
+    crate::prose!("{me}: wrote '{value}'{token}: the store says {verdict}");
     let now = store.read_back("hands-on", &lock_name)?;
     let fencing = match (held.token, now.final_token) {
         (Some(_), Some(highest)) => format!("highest token accepted: {highest}"),
@@ -208,21 +208,50 @@ pub fn hands_on(args: &HandsOnArgs) -> Result<()> {
         // number says nothing about this write, which the store did not check.
         (None, _) => "sent without a token: the store checked nothing".to_string(),
     };
-    crate::outln!(
+    crate::prose!(
         "{me}: the store now holds '{}' ({fencing})",
         now.final_value.unwrap_or_default(),
     );
-    match lock.release_reporting(&held)? {
-        Release::Deleted => crate::outln!("{me}: released the lock"),
-        Release::HeldBy(_) => crate::outln!(
+    let released = lock.release_reporting(&held).map_err(|err| {
+        if no_answer(&err) {
+            anyhow::anyhow!(
+                "{me}: Redis gave no answer to my release (compare-and-delete) in time: the \
+                 network between us is silent (a black hole drops every byte, both ways). My \
+                 key stays until its TTL runs out, {} after I took it; nothing else is lost",
+                human(args.ttl)
+            )
+        } else {
+            err
+        }
+    })?;
+    match released {
+        Release::Deleted => crate::prose!("{me}: released the lock"),
+        Release::HeldBy(_) => crate::prose!(
             "{me}: the key holds another worker's value now (my lock expired and someone took \
              it): compare-and-delete left it alone"
         ),
-        Release::Gone => crate::outln!(
+        Release::Gone => crate::prose!(
             "{me}: my key was gone already (it expired or was deleted): nothing to release"
         ),
     }
     Ok(())
+}
+
+/// Whether `err` is a server that said nothing in time: a socket's read timeout, which the
+/// Redis client reports as the raw `EAGAIN` ("Resource temporarily unavailable (os error
+/// 11)") — words for the kernel, not for a learner.
+fn no_answer(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<redis::RedisError>()
+            .is_some_and(redis::RedisError::is_timeout)
+            || cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            })
+    })
 }
 
 /// Works until `work` has passed since `started` (the moment the lock was taken), in small steps, and returns the longest
@@ -294,7 +323,7 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
         "DELETE FROM lockslab_attempt WHERE run_id = 'hands-on' AND resource = $1",
         &[&lock_name],
     )?;
-    crate::outln!(
+    crate::prose!(
         "reset '{lock_name}': {deleted} Redis key(s), {rows} store row(s), {attempts} attempt(s) removed"
     );
     let swept = crate::labs::leftovers::sweep_dead_runs(
@@ -302,7 +331,21 @@ pub fn reset(args: &ResetArgs) -> Result<()> {
         servers.url(Backend::Postgres),
     );
     if swept > 0 {
-        crate::outln!("swept what {swept} killed lab run(s) left on these servers");
+        crate::prose!("swept what {swept} killed lab run(s) left on these servers");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::no_answer;
+
+    #[test]
+    fn a_read_timeout_is_a_server_that_gave_no_answer_not_os_error_11() {
+        let timed_out = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+        let err = anyhow::Error::from(timed_out).context("releasing with compare-and-delete");
+        assert!(no_answer(&err));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!no_answer(&anyhow::Error::from(refused)));
+    }
 }

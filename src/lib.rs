@@ -29,7 +29,8 @@
 //!   evidence into the facts a verdict states, one file per lab, every checker a pure
 //!   function with unit tests (and the recorded runs in `tests/fixtures` replay through them
 //!   with no servers); [`output`] renders both, and [`picture`] draws a run as an SVG or
-//!   HTML timeline (`--html`, `--svg`, `lockslab render`).
+//!   HTML timeline (`--html`, `--svg`, `lockslab render`), marking the findings of the
+//!   run's checker, never its own.
 //! - [`lock`] holds the locks themselves, the broken variants beside the correct ones.
 //!   [`lock::redlock`] is the one lock spread over N Redis masters (lab 6);
 //!   [`lock::lease_guard`], the checks a holder makes before writing, short of fencing (lab 9).
@@ -42,7 +43,8 @@
 //!   the SQL that puts each design's guard on its rows.
 //! - [`procs`] owns every child process and guarantees none is left running, stopped or
 //!   zombie, including after Ctrl-C; [`watchdog`] notices when lockslab itself was paused,
-//!   so that no figure measured across the gap passes for true.
+//!   so that no figure measured across the gap passes for true; [`run_clock`] leaves the
+//!   seconds waited at `--step`'s stops out of a run's event times.
 //! - [`servers`] finds Redis, etcd and Postgres, or starts private throwaway ones (every one
 //!   behind a password); [`cluster`] starts lab 5's Sentinel group and etcd cluster;
 //!   [`etcd_tls`] makes a room seat's etcd certificates; [`identities`] draws the uids
@@ -112,6 +114,7 @@ pub mod queue;
 pub mod redis_health;
 pub mod reproduce;
 pub mod room;
+pub mod run_clock;
 pub mod seed;
 pub mod servers;
 pub mod store;

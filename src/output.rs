@@ -36,7 +36,9 @@ impl Style {
         Style { json, fancy }
     }
 
-    /// The one place a progress bar is made: hidden unless the style is fancy.
+    /// The one place a progress bar is made: hidden unless the style is fancy. However
+    /// its lab ends (its part done, an error, a `?`), the bar is wiped when dropped: a bar
+    /// left drawn stays frozen on the screen under what follows.
     pub fn progress(&self, len: u64, template: &str) -> ProgressBar {
         let bar = ProgressBar::with_draw_target(
             Some(len),
@@ -49,7 +51,7 @@ impl Style {
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("█▓░"));
         }
-        bar
+        bar.with_finish(indicatif::ProgressFinish::AndClear)
     }
 }
 
@@ -118,11 +120,31 @@ impl Timeline {
             json_line(event);
             return;
         }
-        let color = self.lane_color(&event.worker);
-        let seconds = event.t_ms as f64 / 1000.0;
-        // Long texts wrap under their own column, so the time and lane columns stay clear.
-        let indent = 9 + 2 + self.lane_width.max(visible_width(&event.worker)) + 1;
         let text = format!("{}{}", symbol(event.kind()), event.text);
+        self.timeline_line(event.t_ms, &event.worker, &text, |piece| {
+            paint(event, piece)
+        });
+    }
+
+    /// Prints a conclusion the lab draws from its checker as a timeline line (red where a
+    /// safety property broke, green where a defence held): words, not an event, so there
+    /// is nothing to print with `--json`, whose verdict says it.
+    pub fn conclude(&mut self, t_ms: u64, lane: &str, text: &str, broken: bool) {
+        if self.style.json {
+            return;
+        }
+        self.timeline_line(t_ms, lane, text, |piece| match broken {
+            true => piece.red().bold().to_string(),
+            false => piece.green().bold().to_string(),
+        });
+    }
+
+    /// One timeline line: the time, the lane, and `text` painted by `paint`.
+    fn timeline_line(&mut self, t_ms: u64, lane: &str, text: &str, paint: impl Fn(&str) -> String) {
+        let color = self.lane_color(lane);
+        let seconds = t_ms as f64 / 1000.0;
+        // Long texts wrap under their own column, so the time and lane columns stay clear.
+        let indent = 9 + 2 + self.lane_width.max(visible_width(lane)) + 1;
         // A text of several lines (a round's answer from each server) keeps its lines and
         // their indentation, each under the text's column.
         let mut pieces = Vec::new();
@@ -134,17 +156,18 @@ impl Timeline {
                 pieces.push(format!("{inner}{piece}"));
             }
         }
+        let _one_block = screens::block();
         for (i, piece) in pieces.iter().enumerate() {
             let line = if i == 0 {
                 format!(
                     "{:>9}  {:<width$} {}",
                     format!("+{seconds:.3}s").dimmed(),
-                    event.worker.color(color).bold(),
-                    paint(event, piece),
+                    lane.color(color).bold(),
+                    paint(piece),
                     width = self.lane_width,
                 )
             } else {
-                format!("{}{}", " ".repeat(indent), paint(event, piece))
+                format!("{}{}", " ".repeat(indent), paint(piece))
             };
             self.println(&line);
         }
@@ -154,6 +177,11 @@ impl Timeline {
     /// terminal's width ([`fitted`]); nothing with `--json`.
     pub fn say(&self, text: &str) {
         if !self.style.json {
+            let _one_block = screens::block();
+            let plain = without_colors(text);
+            if plain.trim_start().starts_with("── ") && plain.trim_end().ends_with("──") {
+                screens::block_is_a_heading();
+            }
             for line in fitted(text) {
                 self.println(&line);
             }
@@ -192,8 +220,8 @@ fn paint(event: &Event, text: &str) -> String {
         Kind::Resumed => text.bright_blue().to_string(),
         Kind::Killed => text.red().bold().to_string(),
         Kind::Expired => text.yellow().to_string(),
-        Kind::StaleWriteRejected => text.green().bold().to_string(),
-        Kind::StaleWriteAccepted | Kind::TwoHolders | Kind::Violation => {
+        // What the tables counted back: red where a job was processed twice or never.
+        Kind::TablesRead if event.observed().is_some_and(|o| o.counted_wrong() > 0) => {
             text.red().bold().to_string()
         }
         // Lab 2's read-back: red where Redis's answer itself counts a failure (trials with
@@ -244,7 +272,10 @@ pub fn init() {
 /// every worker and server, and exit with a status that says why, instead of panicking
 /// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
-    if !captured(text) && !screens::held(text) {
+    if captured(text) || kept_back(text) {
+        return;
+    }
+    if !screens::held(text) {
         write_line(text);
     }
 }
@@ -258,53 +289,224 @@ pub mod screens {
     use std::sync::Mutex;
 
     /// The rows of a part's lines on one screen, leaving room on a 45-row terminal for the
-    /// stop that ends it (its name, a question of up to five lines, the Enter line) and for
-    /// the last lines of an event whose first line still fitted.
-    pub const ROWS: usize = 32;
-    const A_WRAPPED_EVENTS_TAIL: usize = 3;
+    /// stop that ends it: a blank line, its name, a question of up to five lines, the Enter
+    /// line, and the "more follows" note.
+    pub const ROWS: usize = 36;
 
-    /// The rows shown since the last Enter, and the lines held back since the screen filled.
+    /// What a screen holds: whole blocks. A block is what must never be split across two
+    /// screens — an event and its wrapped lines, a round's answers from each server, a
+    /// table, a paragraph; a verdict, when it fits one screen. A heading is kept with the
+    /// block it heads, so that no screen ends on one.
     struct Pager {
         on: bool,
+        /// The rows shown since the last Enter.
         rows: usize,
-        held: VecDeque<String>,
+        /// Blocks held back since the screen filled, in order.
+        held: VecDeque<Vec<String>>,
+        /// How many [`block`]s are open: their lines are gathered, not yet placed.
+        depth: usize,
+        /// The outermost open block's pieces: each inner block, or a lone line.
+        pieces: Vec<Vec<String>>,
+        /// The inner block being gathered.
+        piece: Vec<String>,
+        /// The inner block is a heading: it goes with the piece after it.
+        piece_heads: bool,
+        /// The open group is a heading ([`block_is_a_heading`]).
+        group_heads: bool,
+        /// A heading waiting for the block it heads.
+        heading: Vec<String>,
+        /// The next line is a heading ([`heading_follows`]).
+        heading_next: bool,
     }
 
     impl Pager {
-        /// Counts `text` on the screen, or holds it when the screen is full; true when held.
-        fn hold(&mut self, text: &str) -> bool {
+        const OFF: Pager = Pager {
+            on: false,
+            rows: 0,
+            held: VecDeque::new(),
+            depth: 0,
+            pieces: Vec::new(),
+            piece: Vec::new(),
+            piece_heads: false,
+            group_heads: false,
+            heading: Vec::new(),
+            heading_next: false,
+        };
+
+        /// Takes `text` into the open block, or places it as a block of its own; true when
+        /// the pager keeps it (to print later, or held), false when it is to be printed now.
+        fn take(&mut self, text: &str) -> (bool, Vec<String>) {
             if !self.on {
-                return false;
+                return (false, Vec::new());
             }
-            if self.held.is_empty() && fits(self.rows, text) {
-                self.rows += rows_of(text);
-                return false;
+            let is_heading = std::mem::take(&mut self.heading_next) || looks_like_heading(text);
+            match self.depth {
+                0 => {
+                    let now = self.place(vec![text.to_string()], is_heading);
+                    (true, now)
+                }
+                1 => {
+                    self.pieces.push(vec![text.to_string()]);
+                    if is_heading {
+                        self.pieces.push(Vec::new()); // an empty piece marks "heads the next"
+                    }
+                    (true, Vec::new())
+                }
+                _ => {
+                    self.piece.push(text.to_string());
+                    self.piece_heads |= is_heading;
+                    (true, Vec::new())
+                }
             }
-            self.held.push_back(text.to_string());
-            true
         }
 
-        /// The next screen of held lines, counted as shown.
+        fn open(&mut self) {
+            self.depth += 1;
+        }
+
+        /// Closes a block; when it was the outermost, places it and returns the lines to
+        /// print now.
+        fn close(&mut self) -> Vec<String> {
+            self.depth = self.depth.saturating_sub(1);
+            match self.depth {
+                0 => {
+                    let pieces = std::mem::take(&mut self.pieces);
+                    self.place_group(pieces)
+                }
+                1 => {
+                    let piece = std::mem::take(&mut self.piece);
+                    if !piece.is_empty() {
+                        self.pieces.push(piece);
+                    }
+                    if std::mem::take(&mut self.piece_heads) {
+                        self.pieces.push(Vec::new());
+                    }
+                    Vec::new()
+                }
+                _ => Vec::new(),
+            }
+        }
+
+        /// A group of pieces: whole on one screen when it fits one, else piece by piece.
+        fn place_group(&mut self, pieces: Vec<Vec<String>>) -> Vec<String> {
+            // Join each heading to the piece after it (an empty piece follows a heading).
+            let mut joined: Vec<Vec<String>> = Vec::new();
+            let mut glue = false;
+            for piece in pieces {
+                if piece.is_empty() {
+                    glue = true;
+                    continue;
+                }
+                match joined.last_mut() {
+                    Some(last) if glue => last.extend(piece),
+                    _ => joined.push(piece),
+                }
+                glue = false;
+            }
+            if !self.on {
+                return joined.concat();
+            }
+            // A group that ends on a heading (a part's `── … ──` said alone) waits, whole,
+            // for the block it heads.
+            let heads = glue || std::mem::take(&mut self.group_heads);
+            let total: usize = joined.iter().map(|p| rows_of_all(p)).sum();
+            if total <= ROWS {
+                return self.place(joined.concat(), heads);
+            }
+            let last = joined.len().saturating_sub(1);
+            let mut now = Vec::new();
+            for (i, piece) in joined.into_iter().enumerate() {
+                now.extend(self.place(piece, heads && i == last));
+            }
+            now
+        }
+
+        /// Places one block: shown now when it fits the screen and nothing is held before
+        /// it, else held (a block taller than a screen is cut into screens).
+        fn place(&mut self, block: Vec<String>, is_heading: bool) -> Vec<String> {
+            if is_heading {
+                self.heading.extend(block);
+                return Vec::new();
+            }
+            let mut block = block;
+            if !self.heading.is_empty() {
+                let mut with_heading = std::mem::take(&mut self.heading);
+                with_heading.append(&mut block);
+                block = with_heading;
+            }
+            let rows = rows_of_all(&block);
+            if self.held.is_empty() && self.rows + rows <= ROWS {
+                self.rows += rows;
+                return block;
+            }
+            if rows <= ROWS {
+                self.held.push_back(block);
+                return Vec::new();
+            }
+            // Taller than a screen, it is cut anyway: it starts on the screen in view, so
+            // that no stop follows a screen left half empty.
+            let mut now = Vec::new();
+            let mut lines = block.into_iter().peekable();
+            while self.held.is_empty() {
+                match lines.peek() {
+                    Some(line) if self.rows + rows_of(line) <= ROWS => {
+                        self.rows += rows_of(line);
+                        now.extend(lines.next());
+                    }
+                    _ => break,
+                }
+            }
+            let mut screen = Vec::new();
+            let mut screen_rows = 0;
+            for line in lines {
+                let line_rows = rows_of(&line);
+                if !screen.is_empty() && screen_rows + line_rows > ROWS {
+                    self.held.push_back(std::mem::take(&mut screen));
+                    screen_rows = 0;
+                }
+                screen_rows += line_rows;
+                screen.push(line);
+            }
+            if !screen.is_empty() {
+                self.held.push_back(screen);
+            }
+            now
+        }
+
+        /// The next screen of held blocks, counted as shown.
         fn next_screen(&mut self) -> Vec<String> {
             let mut screen = Vec::new();
             let mut rows = 0;
-            while let Some(text) = self.held.front() {
-                if !screen.is_empty() && !fits(rows, text) {
+            while let Some(block) = self.held.front() {
+                let block_rows = rows_of_all(block);
+                if !screen.is_empty() && rows + block_rows > ROWS {
                     break;
                 }
-                rows += rows_of(text);
-                screen.extend(self.held.pop_front());
+                rows += block_rows;
+                screen.extend(self.held.pop_front().unwrap_or_default());
             }
             self.rows = rows;
             screen
         }
+
+        /// A heading still waiting when the part ends: shown as it is.
+        fn flush_heading(&mut self) -> Vec<String> {
+            let heading = std::mem::take(&mut self.heading);
+            if heading.is_empty() {
+                return heading;
+            }
+            self.place(heading, false)
+        }
     }
 
-    static PAGER: Mutex<Pager> = Mutex::new(Pager {
-        on: false,
-        rows: 0,
-        held: VecDeque::new(),
-    });
+    /// A part's or a scenario's heading (`── without fencing ──`): it belongs to what
+    /// follows it.
+    fn looks_like_heading(text: &str) -> bool {
+        let plain = super::without_colors(text);
+        plain.trim_start().starts_with("── ") && !plain.contains('\n')
+    }
+
+    static PAGER: Mutex<Pager> = Mutex::new(Pager::OFF);
 
     fn pager() -> std::sync::MutexGuard<'static, Pager> {
         PAGER
@@ -329,34 +531,64 @@ pub mod screens {
             .sum()
     }
 
-    /// A wrapped event's or paragraph's later line, deeply indented: kept with its first.
-    fn continues(text: &str) -> bool {
-        super::without_colors(text).starts_with(&" ".repeat(12))
+    fn rows_of_all(lines: &[String]) -> usize {
+        lines.iter().map(|line| rows_of(line)).sum()
     }
 
-    fn fits(rows: usize, text: &str) -> bool {
-        let room = if continues(text) {
-            ROWS + A_WRAPPED_EVENTS_TAIL
-        } else {
-            ROWS
-        };
-        rows + rows_of(text) <= room
+    /// While the returned guard lives, the lines printed form one block, never split across
+    /// two screens (blocks nest: a verdict of tables and sentences is placed whole when it
+    /// fits one screen, else table by table).
+    pub fn block() -> Block {
+        pager().open();
+        Block
     }
 
-    /// Counts `text` on the screen, or holds it when the screen is full; true when held.
-    /// The first line held says so, on stderr: the part goes on playing unseen.
+    /// An open block: placed when dropped.
+    pub struct Block;
+
+    impl Drop for Block {
+        fn drop(&mut self) {
+            let now = pager().close();
+            for text in &now {
+                super::write_line(text);
+            }
+        }
+    }
+
+    /// The open block is a heading (`── kill: … ──` over two lines): kept, whole, with the
+    /// block after it.
+    pub fn block_is_a_heading() {
+        let mut pager = pager();
+        if pager.depth > 0 {
+            pager.group_heads = true;
+        }
+    }
+
+    /// The next line printed is a heading: kept with the block after it.
+    pub fn heading_follows() {
+        pager().heading_next = true;
+    }
+
+    /// Counts `text` on the screen, prints it, or keeps it (in an open block, or held when
+    /// the screen is full); true when the pager took it. The first line held says so, on
+    /// stderr: the part goes on playing unseen.
     pub fn held(text: &str) -> bool {
         let mut pager = pager();
-        let first = pager.held.is_empty();
-        let held = pager.hold(text);
-        if held && first {
+        let nothing_held = pager.held.is_empty();
+        let (taken, now) = pager.take(text);
+        let started_holding = nothing_held && !pager.held.is_empty();
+        drop(pager);
+        if started_holding {
             use colored::Colorize;
             super::err_line(&format!(
                 "  {}",
                 "… more follows once this part has played: a screen at each Enter".dimmed()
             ));
         }
-        held
+        for text in &now {
+            super::write_line(text);
+        }
+        taken
     }
 
     /// Whether lines are held, waiting for a stop to show them.
@@ -372,53 +604,123 @@ pub mod screens {
         }
     }
 
+    /// The run is over: a heading nothing followed is shown, at its place.
+    pub fn finish() {
+        let now = pager().flush_heading();
+        for text in &now {
+            super::write_line(text);
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
 
-        #[test]
-        fn a_part_longer_than_a_screen_is_shown_whole_in_order_a_screen_at_a_time() {
-            let mut pager = Pager {
+        fn on() -> Pager {
+            Pager {
                 on: true,
-                rows: 0,
-                held: VecDeque::new(),
-            };
-            let event = |i: usize| {
-                vec![
-                    format!("+{i}.000s  w1  an event"),
-                    format!("{:20}its second line", ""),
-                ]
-            };
-            let lines: Vec<String> = (0..40).flat_map(event).collect();
-            let shown: Vec<&String> = lines.iter().filter(|l| !pager.hold(l)).collect();
-            assert!(
-                shown.len() <= ROWS + A_WRAPPED_EVENTS_TAIL,
-                "{}",
-                shown.len()
-            );
-            assert!(
-                shown.len().is_multiple_of(2),
-                "an event's lines stay on one screen"
-            );
-            let mut all: Vec<String> = shown.into_iter().cloned().collect();
-            while !pager.held.is_empty() {
-                let screen = pager.next_screen();
-                assert!(
-                    screen.len() <= ROWS + A_WRAPPED_EVENTS_TAIL && screen.len().is_multiple_of(2)
-                );
-                all.extend(screen);
+                ..Pager::OFF
             }
-            assert_eq!(all, lines);
+        }
+
+        /// Feeds lines into `pager`; returns those printed at once.
+        fn feed(pager: &mut Pager, lines: &[String]) -> Vec<String> {
+            let mut shown = Vec::new();
+            for line in lines {
+                let (taken, now) = pager.take(line);
+                shown.extend(now);
+                if !taken {
+                    shown.push(line.clone());
+                }
+            }
+            shown
+        }
+
+        fn all_screens(pager: &mut Pager) -> Vec<Vec<String>> {
+            let mut screens = Vec::new();
+            while !pager.held.is_empty() {
+                screens.push(pager.next_screen());
+            }
+            screens
+        }
+
+        #[test]
+        fn an_event_and_its_wrapped_lines_stay_on_one_screen() {
+            let mut pager = on();
+            let mut shown = Vec::new();
+            for i in 0..40 {
+                pager.open();
+                feed(&mut pager, &[format!("+{i}.000s  w1  an event")]);
+                feed(&mut pager, &[format!("{:20}its second line", "")]);
+                shown.extend(pager.close());
+            }
+            assert!(shown.len() <= ROWS && shown.len().is_multiple_of(2));
+            let screens = all_screens(&mut pager);
+            assert!(
+                screens
+                    .iter()
+                    .all(|s| s.len() <= ROWS && s.len().is_multiple_of(2))
+            );
+            assert_eq!(shown.len() + screens.concat().len(), 80);
+        }
+
+        #[test]
+        fn a_table_that_does_not_fit_the_rest_of_a_screen_starts_the_next_whole() {
+            let mut pager = on();
+            let before: Vec<String> = (0..30).map(|i| format!("line {i}")).collect();
+            let shown = feed(&mut pager, &before);
+            assert_eq!(shown.len(), 30);
+            let table: Vec<String> = (0..10).map(|i| format!("row {i}")).collect();
+            pager.open();
+            feed(&mut pager, &table);
+            assert!(
+                pager.close().is_empty(),
+                "no row of the table on the full screen"
+            );
+            assert_eq!(all_screens(&mut pager), vec![table]);
+        }
+
+        #[test]
+        fn a_heading_goes_with_what_it_heads_never_alone_at_a_screens_end() {
+            let mut pager = on();
+            let before: Vec<String> = (0..ROWS - 1).map(|i| format!("line {i}")).collect();
+            feed(&mut pager, &before);
+            let shown = feed(&mut pager, &["── with fencing ──".to_string()]);
+            assert!(shown.is_empty(), "the heading waits for its block");
+            pager.open();
+            feed(&mut pager, &["+1.000s  A  took the lock".to_string()]);
+            feed(&mut pager, &["           and more".to_string()]);
+            assert!(pager.close().is_empty());
+            let screens = all_screens(&mut pager);
+            assert_eq!(screens[0][0], "── with fencing ──");
+            assert_eq!(screens[0].len(), 3);
+        }
+
+        #[test]
+        fn a_verdict_that_fits_one_screen_is_kept_whole() {
+            let mut pager = on();
+            let before: Vec<String> = (0..20).map(|i| format!("line {i}")).collect();
+            feed(&mut pager, &before);
+            pager.open();
+            feed(&mut pager, &["Verdict".to_string()]);
+            for part in 0..3 {
+                pager.open();
+                feed(
+                    &mut pager,
+                    &(0..6).map(|i| format!("{part}.{i}")).collect::<Vec<_>>(),
+                );
+                pager.close();
+            }
+            assert!(pager.close().is_empty(), "19 rows do not fit the 16 left");
+            let screens = all_screens(&mut pager);
+            assert_eq!(screens.len(), 1);
+            assert_eq!(screens[0].len(), 19);
         }
 
         #[test]
         fn nothing_is_held_without_step() {
-            let mut pager = Pager {
-                on: false,
-                rows: 0,
-                held: VecDeque::new(),
-            };
-            assert!((0..100).all(|i| !pager.hold(&format!("line {i}"))));
+            let mut pager = Pager::OFF;
+            assert!((0..100).all(|i| !pager.take(&format!("line {i}")).0));
         }
     }
 }
@@ -533,9 +835,18 @@ pub fn held_back<R>(play: impl FnOnce() -> R) -> (R, Vec<String>) {
 }
 
 /// Prints the lines [`held_back`] kept, as they would have been printed.
+/// Under `--step`, an event's wrapped lines (indented under its text) stay on the
+/// screen of its first line.
 pub fn print_held(lines: &[String]) {
+    let mut event: Option<screens::Block> = None;
     for text in lines {
-        write_line(text);
+        if !without_colors(text).starts_with(&" ".repeat(12)) {
+            drop(event.take());
+            event = Some(screens::block());
+        }
+        if !screens::held(text) {
+            write_line(text);
+        }
     }
 }
 
@@ -723,6 +1034,7 @@ pub fn details(lines: impl IntoIterator<Item = String>) {
 
 /// Prints prose on stdout fitted to the terminal's width (see [`fitted`]).
 pub fn prose(text: &str) {
+    let _one_block = screens::block();
     for line in fitted(text) {
         self::line(&line);
     }

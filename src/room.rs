@@ -94,37 +94,61 @@ pub fn holders_word(two_holders: Option<bool>) -> &'static str {
     }
 }
 
+/// A late write's fate (a [`LateWrite`](crate::check::LateWrite)) in a headline's words.
+pub fn late_write_word(late: crate::check::LateWrite) -> &'static str {
+    use crate::check::LateWrite;
+    match late {
+        LateWrite::None => "no stale write",
+        LateWrite::Accepted => "stale write ACCEPTED",
+        LateWrite::Rejected => "stale write refused",
+    }
+}
+
 /// `lockslab room …`: what the room's servers keep for everyone.
 #[derive(clap::Subcommand, Debug)]
 pub enum RoomCommand {
-    /// Every seat's finished runs, lab by lab, and how each outcome fell (terminal, or
+    /// Every lab's outcome counted across the seats, scenario by scenario (terminal, or
     /// `--html FILE` for the projector)
     Results(ResultsArgs),
 }
 
-/// One recorded run, as `results` reads it.
+/// One recorded run, as `results` reads it (oldest first).
 struct Row {
     seat: String,
     lab: String,
-    at: String,
     headline: String,
 }
 
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = "\
 Examples:
-  lockslab room results                   every seat's runs, lab by lab
+  lockslab room results                   each lab's outcome, counted across seats
   lockslab room results --html room.html  the same as a page to project
+  lockslab room results --html room.html --follow
+                                          the page rewritten as results arrive
+                                          (it reloads itself every 5 s)
 
-`lockslab results` is the same command.")]
+A seat's latest run of a lab counts. Each line is one scenario of the lab, with
+the outcome most seats saw, as seats/seats-that-ran-it; the seats that saw
+something else are named. `lockslab results` is the same command.")]
 pub struct ResultsArgs {
     /// Also write the results as a self-contained HTML page
     #[arg(long, value_name = "FILE")]
     pub html: Option<std::path::PathBuf>,
+    /// Keep reading the results, every 2 s, and rewrite the page (and the terminal's view)
+    /// when they change, until Ctrl-C
+    #[arg(long, requires = "html")]
+    pub follow: bool,
 }
 
+/// The longest headline `results` reads of a seat's row: a seat writes what it likes, and
+/// one row must not fill the projector.
+const LONGEST_HEADLINE: usize = 2_000;
+
 /// `lockslab results`: the room's runs, from the room `lockslab up --room` started.
-pub fn results(args: &ResultsArgs) -> Result<()> {
+///
+/// `labs` is the menu's order, (number, subcommand): the results follow it.
+pub fn results(args: &ResultsArgs, labs: &[(u8, &str)]) -> Result<()> {
     let Some(state) = UpState::load()? else {
         if is_a_seat() {
             bail!(
@@ -144,113 +168,259 @@ pub fn results(args: &ResultsArgs) -> Result<()> {
         .as_deref()
         .context("the room has no Postgres to keep results in")?;
     let mut client = connect::postgres(url)?;
-    let rows: Vec<Row> = client
+    let mut shown: Option<Vec<LabResults>> = None;
+    loop {
+        let counted = tally(&read_rows(&mut client)?, labs);
+        if shown.as_ref() != Some(&counted) {
+            print(&counted);
+            if let Some(path) = &args.html {
+                write_html(path, &counted, args.follow)?;
+                crate::errln!("wrote {}", path.display());
+            }
+            shown = Some(counted);
+        }
+        if !args.follow {
+            return Ok(());
+        }
+        for _ in 0..20 {
+            if crate::procs::interrupted() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+fn read_rows(client: &mut postgres::Client) -> Result<Vec<Row>> {
+    Ok(client
         .query(
             &format!(
-                "SELECT seat::text, lab, to_char(at, 'HH24:MI:SS'), headline \
-                 FROM {TABLE} ORDER BY lab, at"
+                "SELECT seat::text, lab, left(headline, {LONGEST_HEADLINE}) \
+                 FROM {TABLE} ORDER BY at"
             ),
             &[],
         )
         .context("reading the room's results")?
         .iter()
         .map(|row| Row {
-            seat: row.get(0),
+            seat: crate::output::printable(row.get(0)),
             // A seat wrote these: they reach the instructor's screen without its escapes.
             lab: crate::output::printable(row.get(1)),
-            at: row.get(2),
-            headline: crate::output::printable(row.get(3)),
+            headline: crate::output::printable(row.get(2)),
+        })
+        .collect())
+}
+
+/// One lab across the room: each scenario's outcomes, with the seats that saw each.
+#[derive(Debug, PartialEq)]
+struct LabResults {
+    /// The lab's number in the menu (`None`: a name no lab has, which a seat wrote).
+    number: Option<u32>,
+    lab: String,
+    seats: usize,
+    scenarios: Vec<Scenario>,
+}
+
+/// One scenario of a lab (`fenced`), its outcomes most frequent first.
+#[derive(Debug, PartialEq)]
+struct Scenario {
+    name: String,
+    /// (outcome, the seats that saw it), the most seats first.
+    outcomes: Vec<(String, Vec<String>)>,
+}
+
+impl Scenario {
+    fn seats(&self) -> usize {
+        self.outcomes.iter().map(|(_, seats)| seats.len()).sum()
+    }
+
+    /// The line the terminal shows: `fenced: stale write refused 24/25 · stale write
+    /// ACCEPTED 1/25 seat07`.
+    fn line(&self) -> String {
+        let of = self.seats();
+        let mut parts = Vec::new();
+        for (i, (outcome, seats)) in self.outcomes.iter().enumerate() {
+            let mut part = format!("{outcome} {}/{of}", seats.len());
+            if i > 0 {
+                part.push_str(&format!(" ({})", seats.join(" ")));
+            }
+            parts.push(part);
+        }
+        let outcomes = parts.join(" · ");
+        if self.name.is_empty() {
+            outcomes
+        } else {
+            format!("{}: {outcomes}", self.name)
+        }
+    }
+}
+
+/// A headline's scenarios: `fenced: stale write refused · unfenced: …` read as
+/// (`fenced`, `stale write refused`), …; a part without a name is the lab's one outcome.
+fn scenarios_of(headline: &str) -> Vec<(String, String)> {
+    headline
+        .split(" · ")
+        .filter(|part| !part.trim().is_empty())
+        .map(|part| match part.split_once(": ") {
+            Some((name, outcome)) => (name.trim().to_string(), outcome.trim().to_string()),
+            None => (String::new(), part.trim().to_string()),
+        })
+        .collect()
+}
+
+/// The room's runs counted: a seat's latest run of each lab, each scenario's outcomes
+/// across the seats, the labs in the menu's order.
+fn tally(rows: &[Row], order: &[(u8, &str)]) -> Vec<LabResults> {
+    // Rows come oldest first: a later run of the same seat and lab replaces the earlier.
+    let mut latest: BTreeMap<(&str, &str), &Row> = BTreeMap::new();
+    for row in rows {
+        latest.insert((row.lab.as_str(), row.seat.as_str()), row);
+    }
+    let mut labs: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for ((lab, _), row) in latest {
+        labs.entry(lab).or_default().push(row);
+    }
+    let mut results: Vec<LabResults> = labs
+        .into_iter()
+        .map(|(lab, runs)| {
+            let mut scenarios: Vec<Scenario> = Vec::new();
+            for run in &runs {
+                for (name, outcome) in scenarios_of(&run.headline) {
+                    let at = match scenarios.iter().position(|s| s.name == name) {
+                        Some(at) => at,
+                        None => {
+                            scenarios.push(Scenario {
+                                name,
+                                outcomes: Vec::new(),
+                            });
+                            scenarios.len() - 1
+                        }
+                    };
+                    let outcomes = &mut scenarios[at].outcomes;
+                    match outcomes.iter_mut().find(|(o, _)| *o == outcome) {
+                        Some((_, seats)) => seats.push(run.seat.clone()),
+                        None => outcomes.push((outcome, vec![run.seat.clone()])),
+                    }
+                }
+            }
+            for scenario in &mut scenarios {
+                // The outcome most seats saw first; a stable sort keeps the first seen ahead.
+                scenario
+                    .outcomes
+                    .sort_by_key(|(_, seats)| std::cmp::Reverse(seats.len()));
+            }
+            LabResults {
+                number: order
+                    .iter()
+                    .find(|(_, command)| *command == lab)
+                    .map(|(number, _)| u32::from(*number)),
+                lab: lab.to_string(),
+                seats: runs.len(),
+                scenarios,
+            }
         })
         .collect();
-    print(&rows);
-    if let Some(path) = &args.html {
-        write_html(path, &rows)?;
-        crate::errln!("wrote {}", path.display());
-    }
-    Ok(())
+    results.sort_by_key(|lab| (lab.number.unwrap_or(u32::MAX), lab.lab.clone()));
+    results
 }
 
-/// Runs grouped by lab, and within a lab by outcome: how the room's runs fell.
-fn by_lab(rows: &[Row]) -> BTreeMap<&str, BTreeMap<&str, Vec<&Row>>> {
-    let mut labs: BTreeMap<&str, BTreeMap<&str, Vec<&Row>>> = BTreeMap::new();
-    for row in rows {
-        labs.entry(&row.lab)
-            .or_default()
-            .entry(&row.headline)
-            .or_default()
-            .push(row);
-    }
-    labs
+/// The lab's heading line: `1 gc-pause — 25 seats`.
+fn lab_title(lab: &LabResults) -> String {
+    let number = lab.number.map(|n| format!("{n} ")).unwrap_or_default();
+    let s = if lab.seats == 1 { "" } else { "s" };
+    format!("{number}{} — {} seat{s}", lab.lab, lab.seats)
 }
 
-fn print(rows: &[Row]) {
-    if rows.is_empty() {
+fn print(labs: &[LabResults]) {
+    if labs.is_empty() {
         crate::outln!("No results yet: a seat's run is recorded when its lab finishes.");
         return;
     }
-    let seats: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.seat.as_str()).collect();
-    let s = |n: usize| if n == 1 { "" } else { "s" };
-    crate::outln!(
-        "{} run{} by {} seat{}",
-        rows.len(),
-        s(rows.len()),
-        seats.len(),
-        s(seats.len())
-    );
-    for (lab, outcomes) in by_lab(rows) {
-        let runs: usize = outcomes.values().map(Vec::len).sum();
+    crate::outln!("The room's results: each seat's latest run of each lab");
+    for lab in labs {
         crate::outln!();
-        crate::outln!(
-            "{} — {runs} run{}",
-            lab.bold(),
-            if runs == 1 { "" } else { "s" }
-        );
-        for (headline, runs) in outcomes {
-            let who: Vec<&str> = runs.iter().map(|r| r.seat.as_str()).collect();
-            crate::output::prose(&format!("  {:>3}×  {headline}", runs.len()));
-            crate::output::prose(&format!("        {}", who.join(" ").dimmed()));
+        crate::outln!("{}", lab_title(lab).bold());
+        for scenario in &lab.scenarios {
+            crate::output::prose(&format!("  {}", scenario.line()));
         }
     }
 }
 
-fn write_html(path: &Path, rows: &[Row]) -> Result<()> {
-    let escape = |text: &str| {
-        text.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
-    let mut page = String::from(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>lockslab: the room's results</title><style>\
-         body{font:18px/1.4 sans-serif;margin:2em}td,th{padding:.3em .8em;text-align:left;\
-         vertical-align:top}th{border-bottom:1px solid #888}.n{text-align:right}\
-         .who{color:#666;font-size:80%}</style></head><body>\n\
-         <h1>The room's results</h1>\n",
+/// Text a seat wrote, safe inside an HTML element or attribute.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// The projector's page: one table per lab, one row per scenario. With `--follow` it
+/// reloads itself, and `results` rewrites it whenever a result arrives.
+fn html(labs: &[LabResults], reloads: bool) -> String {
+    let mut page =
+        String::from("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
+    if reloads {
+        page.push_str("<meta http-equiv=\"refresh\" content=\"5\">\n");
+    }
+    page.push_str(
+        "<title>lockslab: the room's results</title><style>\
+         body{font:20px/1.3 sans-serif;margin:.8em 1.5em;background:#fff;color:#111}\
+         h1{font-size:130%;margin:.2em 0}h2{font-size:105%;margin:0 0 .2em}\
+         main{column-count:2;column-gap:2.5em}section{break-inside:avoid;margin-bottom:.9em}\
+         table{border-collapse:collapse}td{padding:.05em .6em;vertical-align:top}\
+         .split{background:#fde7c2;padding:0 .2em}\
+         .who{color:#555;font-size:85%}</style></head><body>\n\
+         <h1>The room's results</h1>\n<main>\n",
     );
-    for (lab, outcomes) in by_lab(rows) {
-        let _ = write!(
+    if labs.is_empty() {
+        page.push_str("<p>No results yet: a seat's run is recorded when its lab finishes.</p>\n");
+    }
+    for lab in labs {
+        let _ = writeln!(
             page,
-            "<h2>{}</h2>\n<table><tr><th class=\"n\">runs</th><th>outcome</th><th>seats</th></tr>\n",
-            escape(lab)
+            "<section><h2>{}</h2>\n<table>",
+            escape(&lab_title(lab))
         );
-        for (headline, runs) in outcomes {
-            let who: Vec<String> = runs
-                .iter()
-                .map(|r| format!("{} {}", r.seat, r.at))
-                .collect();
+        for scenario in &lab.scenarios {
+            let of = scenario.seats();
+            let mut cells = Vec::new();
+            for (i, (outcome, seats)) in scenario.outcomes.iter().enumerate() {
+                // The seats split: marked, so that the room looks at what differed.
+                let class = if seats.len() == of { "all" } else { "split" };
+                let who = if i > 0 {
+                    format!(" <span class=\"who\">{}</span>", escape(&seats.join(" ")))
+                } else {
+                    String::new()
+                };
+                cells.push(format!(
+                    "<span class=\"{class}\">{} <b>{}/{of}</b></span>{who}",
+                    escape(outcome),
+                    seats.len()
+                ));
+            }
             let _ = writeln!(
                 page,
-                "<tr><td class=\"n\">{}</td><td>{}</td><td class=\"who\">{}</td></tr>",
-                runs.len(),
-                escape(headline),
-                escape(&who.join(", "))
+                "<tr><td>{}</td><td>{}</td></tr>",
+                escape(&scenario.name),
+                cells.join(" · ")
             );
         }
-        page.push_str("</table>\n");
+        page.push_str("</table></section>\n");
     }
-    page.push_str("</body></html>\n");
-    std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))
+    page.push_str("</main></body></html>\n");
+    page
+}
+
+/// Writes the page whole, then moves it into place: a browser reloading it never reads
+/// half a page.
+fn write_html(path: &Path, labs: &[LabResults], reloads: bool) -> Result<()> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    std::fs::write(&partial, html(labs, reloads))
+        .and_then(|()| std::fs::rename(&partial, path))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -268,23 +438,70 @@ mod tests {
         assert_eq!(seat_of("postgres://seatx1:pw@h/db"), None);
     }
 
-    #[test]
-    fn runs_are_grouped_by_lab_then_outcome() {
-        let row = |seat: &str, lab: &str, headline: &str| Row {
+    const ORDER: &[(u8, &str)] = &[(1, "gc-pause"), (6, "redlock")];
+
+    fn row(seat: &str, lab: &str, headline: &str) -> Row {
+        Row {
             seat: seat.into(),
             lab: lab.into(),
-            at: "10:00:00".into(),
             headline: headline.into(),
-        };
+        }
+    }
+
+    #[test]
+    fn each_scenario_is_counted_across_seats_and_the_seats_that_differ_are_named() {
+        let fenced = "unfenced: stale write ACCEPTED · fenced: stale write refused";
         let rows = [
             row("seat01", "redlock", "restart: two holders"),
-            row("seat02", "redlock", "restart: one holder"),
-            row("seat03", "redlock", "restart: two holders"),
-            row("seat01", "gc-pause", "unfenced: accepted"),
+            row("seat01", "gc-pause", fenced),
+            row("seat02", "gc-pause", fenced),
+            row(
+                "seat03",
+                "gc-pause",
+                "unfenced: stale write ACCEPTED · fenced: stale write unknown",
+            ),
         ];
-        let labs = by_lab(&rows);
-        assert_eq!(labs.len(), 2);
-        assert_eq!(labs["redlock"]["restart: two holders"].len(), 2);
-        assert_eq!(labs["redlock"]["restart: one holder"].len(), 1);
+        let labs = tally(&rows, ORDER);
+        assert_eq!(labs[0].lab, "gc-pause", "labs in the menu's order");
+        assert_eq!(labs[1].lab, "redlock");
+        let lines: Vec<String> = labs[0].scenarios.iter().map(Scenario::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "unfenced: stale write ACCEPTED 3/3",
+                "fenced: stale write refused 2/3 · stale write unknown 1/3 (seat03)"
+            ]
+        );
+        assert_eq!(lab_title(&labs[0]), "1 gc-pause — 3 seats");
+    }
+
+    #[test]
+    fn a_seats_latest_run_of_a_lab_is_the_one_counted() {
+        let rows = [
+            row("seat01", "redlock", "restart: two holders"),
+            row("seat01", "redlock", "restart: one holder"),
+        ];
+        let labs = tally(&rows, ORDER);
+        assert_eq!(labs[0].seats, 1);
+        assert_eq!(labs[0].scenarios[0].line(), "restart: one holder 1/1");
+    }
+
+    #[test]
+    fn what_a_seat_wrote_reaches_the_page_as_text() {
+        let rows = [row(
+            "seat01",
+            "<script>alert(1)</script>",
+            "x: <img src=x onerror=alert(1)> · 'q': \"&\"",
+        )];
+        let page = html(&tally(&rows, ORDER), true);
+        assert!(
+            !page.contains("<script>alert") && !page.contains("<img"),
+            "{page}"
+        );
+        assert!(
+            page.contains("&lt;script&gt;") && page.contains("&#39;q&#39;"),
+            "{page}"
+        );
+        assert!(page.contains("http-equiv=\"refresh\""));
     }
 }

@@ -489,7 +489,7 @@ fn a_restart_of_a_given_redis_is_refused() {
 }
 
 /// `--html`: the counterexample's history drawn as a page, the faults and the clients'
-/// jobs in it.
+/// jobs in it, and the checker's findings on it.
 #[test]
 fn html_draws_the_counterexample() {
     let page = std::env::temp_dir().join(format!("lockslab-chaos-{}.html", std::process::id()));
@@ -512,6 +512,10 @@ fn html_draws_the_counterexample() {
     assert!(html.contains("<html"), "a page");
     assert!(html.contains("SIGSTOP"), "the pause is drawn");
     assert!(html.contains("reads r"), "the clients' reads are drawn");
+    // The checker's findings on the history, placed on its events, are what it marks: the
+    // history's outcome, and the write a stale-write finding is about.
+    assert!(html.contains("FAILED — "), "the history's finding is drawn");
+    assert!(html.contains("STALE write"), "the stale write is marked");
     std::fs::remove_file(&page).unwrap();
 }
 

@@ -85,6 +85,36 @@ fn the_menu_lists_the_labs_plainly_when_piped() {
     }
 }
 
+/// Issue 45: one estimate per lab — a run's time, its `--step` slot and its stops — the
+/// same in `lockslab list` (the lab's row), its walkthrough and the README's table.
+#[test]
+fn each_labs_times_are_the_same_in_list_its_walkthrough_and_the_readme() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for lab in lockslab::menu::available() {
+        let walkthrough = std::fs::read_to_string(root.join(lab.walkthrough)).unwrap();
+        let time = walkthrough
+            .lines()
+            .find(|line| line.starts_with("**Time:**"))
+            .unwrap_or_else(|| panic!("{}: no **Time:** line", lab.walkthrough));
+        let said = format!(
+            "a run takes ~{}; with `--step` in a room, a {}-minute slot",
+            lab.takes, lab.session
+        );
+        assert!(
+            time.contains(&said),
+            "{}: {time}\nwants: {said}",
+            lab.walkthrough
+        );
+        let row = format!(
+            "| {} `{}` | ~{} | {} min | {} |",
+            lab.number, lab.command, lab.takes, lab.session, lab.stops
+        );
+        assert!(readme.contains(&row), "README has no row {row}");
+        assert!(lab.stops <= 15, "{}: {} stops", lab.command, lab.stops);
+    }
+}
+
 #[test]
 fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
     let output = lockslab(&["doctor"]).output().unwrap();
@@ -106,11 +136,21 @@ fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
         text.contains("private Redis, etcd, Postgres started in"),
         "{text}"
     );
+    // Lab 9's clock faults preload libfaketime: doctor looks for it.
+    assert!(text.contains("libfaketime"), "{text}");
+    // Lab numbers right-aligned: `10 queue` under ` 9 lease-guard`.
+    let column = |command: &str| {
+        text.lines()
+            .find(|l| l.contains("has what it needs") && l.contains(&format!(" {command} ")))
+            .and_then(|l| l.find(command))
+    };
+    assert_eq!(column("lease-guard"), column("queue"), "{text}");
     // The test binary's Postgres is shared here: doctor reads its free connections.
     assert!(text.contains("connections free"), "{text}");
     for lab in ["gc-pause", "naive", "skip-locked", "etcd-vs-redis"] {
         assert!(
-            text.lines().any(|l| l.contains(lab) && l.contains("runs")),
+            text.lines()
+                .any(|l| l.contains(lab) && l.contains("has what it needs")),
             "{lab}:\n{text}"
         );
     }
@@ -215,7 +255,7 @@ fn rows_per_part(text: &str) -> Vec<(String, usize)> {
 /// run and its questions besides: tests/width.rs plays only the labs not stepped here).
 /// Every lab but naive (its parts are short), each with its longest parts, each its own
 /// test so that they play side by side.
-fn each_part_fits_one_45_row_screen(lab: &[&str]) {
+fn each_part_fits_one_45_row_screen(lab: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("screen.txt");
     let file = std::fs::File::create(&path).unwrap();
@@ -252,57 +292,106 @@ fn each_part_fits_one_45_row_screen(lab: &[&str]) {
             "{lab:?}: the part after '{name}' takes {rows} rows at 80 columns:\n{text}"
         );
     }
+    // Never a stop under a lone heading: a part's `── … ──` goes with what it heads.
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("⏸ ") {
+            let above = lines[..i].iter().rev().find(|l| !l.trim().is_empty());
+            assert!(
+                !above.is_some_and(|l| l.trim_end().ends_with("──") && !l.contains("───")),
+                "{lab:?}: a stop under a lone heading ({above:?}):\n{text}"
+            );
+        }
+    }
+    text
+}
+
+/// Issue 45: a lab's `--step` takes at most 15 stops, and its last stop asks the lab's
+/// own question (its verdict's, asked again when the verdict takes a second screen), never
+/// only that a screen is full.
+fn ends_on_its_question_within_15_stops(lab: &[&str], text: &str) {
+    let stops: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("⏸ "))
+        .collect();
+    assert!(
+        stops.len() <= 15,
+        "{lab:?}: {} stops:\n{stops:#?}",
+        stops.len()
+    );
+    let last = stops.last().copied().unwrap_or_default();
+    assert!(
+        !last.starts_with("more of"),
+        "{lab:?} ends on '{last}', not on its question"
+    );
 }
 
 #[test]
 fn each_part_of_stepped_gc_pause_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&LAB1);
+    let text = each_part_fits_one_45_row_screen(&LAB1);
+    ends_on_its_question_within_15_stops(&LAB1, &text);
 }
 
 #[test]
 fn each_part_of_stepped_skip_locked_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["skip-locked"]);
+    let text = each_part_fits_one_45_row_screen(&["skip-locked"]);
+    ends_on_its_question_within_15_stops(&["skip-locked"], &text);
 }
 
 #[test]
 fn each_part_of_stepped_etcd_vs_redis_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["etcd-vs-redis"]);
+    let text = each_part_fits_one_45_row_screen(&["etcd-vs-redis"]);
+    ends_on_its_question_within_15_stops(&["etcd-vs-redis"], &text);
 }
 
 #[test]
 fn each_part_of_stepped_failover_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["failover"]);
+    let text = each_part_fits_one_45_row_screen(&["failover"]);
+    ends_on_its_question_within_15_stops(&["failover"], &text);
 }
 
 #[test]
 fn each_part_of_stepped_redlock_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["redlock"]);
+    let text = each_part_fits_one_45_row_screen(&["redlock"]);
+    ends_on_its_question_within_15_stops(&["redlock"], &text);
 }
 
 #[test]
 fn each_part_of_stepped_no_lock_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["no-lock"]);
+    let text = each_part_fits_one_45_row_screen(&["no-lock"]);
+    ends_on_its_question_within_15_stops(&["no-lock"], &text);
 }
 
 #[test]
 fn each_part_of_stepped_lease_guard_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&[
+    let lab = [
         "lease-guard",
         "--fault",
         "stall",
         "--fault",
         "pause-after-check",
-    ]);
+    ];
+    let text = each_part_fits_one_45_row_screen(&lab);
+    ends_on_its_question_within_15_stops(&lab, &text);
 }
 
 #[test]
 fn each_part_of_stepped_network_fits_one_screen() {
+    // Every story: each part on one screen (more than 15 stops: a session of its own).
     each_part_fits_one_45_row_screen(&["network", "--scenario", "all"]);
 }
 
 #[test]
+fn stepped_network_plays_its_slot_within_15_stops() {
+    let text = each_part_fits_one_45_row_screen(&["network"]);
+    ends_on_its_question_within_15_stops(&["network"], &text);
+    assert!(text.contains("--step plays the delayed write and the cut from Redis"));
+}
+
+#[test]
 fn each_part_of_stepped_queue_fits_one_screen() {
-    each_part_fits_one_45_row_screen(&["queue", "--waiters", "6"]);
+    let text = each_part_fits_one_45_row_screen(&["queue", "--waiters", "6"]);
+    ends_on_its_question_within_15_stops(&["queue", "--waiters", "6"], &text);
 }
 
 /// A lab run with `--step --json`: its stdin and stderr on a pseudo-terminal (where the
@@ -1173,15 +1262,25 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     let output = room.command(&["results"]).output().unwrap();
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{shown}");
-    assert!(shown.starts_with("8 runs by 8 seats"), "{shown}");
+    assert!(
+        shown.starts_with("The room's results: each seat's latest run of each lab"),
+        "{shown}"
+    );
+    // Every lab says its outcome, lab 3's and lab 4's included.
+    assert!(!shown.contains("ran to its verdict"), "{shown}");
+    assert!(shown.contains("skip-locked: each job once 1/1"), "{shown}");
     // `lockslab room results`, as the issue names it, is the same view.
     let by_room = room.command(&["room", "results"]).output().unwrap();
     assert!(by_room.status.success());
     assert_eq!(String::from_utf8_lossy(&by_room.stdout), shown);
-    for seat in 1..=8 {
-        assert!(shown.contains(&format!("seat{seat:02}")), "{shown}");
-    }
-    assert!(shown.contains("no-lock — 2 runs"), "{shown}");
+    // Each lab's seats counted under its number (two seats ran no-lock).
+    let seats: usize = shown
+        .lines()
+        .filter_map(|line| line.split(" — ").nth(1))
+        .filter_map(|count| count.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(seats, 8, "{shown}");
+    assert!(shown.contains("7 no-lock — 2 seats"), "{shown}");
     assert!(
         shown.contains("minority-down: granted"),
         "lab 6's headline: {shown}"
@@ -1224,6 +1323,85 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     assert!(output.status.success(), "{shown}");
     assert!(shown.contains("PASS everything"), "{shown}");
     assert!(!shown.contains('\u{1b}'), "{shown:?}");
+}
+
+/// Issue 45: a room's results are each lab's outcome counted across its seats — one line
+/// per scenario (`fenced: stale write refused 2/3`), the labs in their order, the seats that
+/// saw something else named — and the projector's page says the same, every word a seat
+/// wrote escaped. `up --seats 3` names a seat the room has.
+#[test]
+fn room_results_count_each_scenario_across_seats_in_the_labs_order() {
+    let room = Room::up_with(&["up", "--room", "127.0.0.17", "--seats", "3"]);
+    assert!(room.printed.contains("lockslab seat 1"), "{}", room.printed);
+    assert!(!room.printed.contains("seat 7"), "{}", room.printed);
+    let up_help = room.command(&["up", "--help"]).output().unwrap();
+    let up_help = String::from_utf8_lossy(&up_help.stdout);
+    assert!(!up_help.contains("seat 7"), "{up_help}");
+    // A seat records a finished run the way `room::record` does: one INSERT as its role.
+    let record = |seat: usize, lab: &str, headline: &str| {
+        let url = room
+            .seat(seat)
+            .1
+            .into_iter()
+            .find(|(var, _)| var == "LOCKSLAB_POSTGRES_URL")
+            .unwrap()
+            .1;
+        let results_url = format!("{}/lockslab", url.rsplit_once('/').unwrap().0);
+        let mut client = postgres::Client::connect(&results_url, postgres::NoTls).unwrap();
+        client
+            .execute(
+                "INSERT INTO public.lockslab_room_results (lab, run_id, headline, verdict) \
+                 VALUES ($1, 'x', $2, '{}')",
+                &[&lab, &headline],
+            )
+            .unwrap();
+    };
+    let agreed = "unfenced: stale write ACCEPTED · fenced: stale write refused";
+    record(1, "redlock", "restart: two holders");
+    record(1, "gc-pause", agreed);
+    record(2, "gc-pause", agreed);
+    record(
+        3,
+        "gc-pause",
+        "unfenced: stale write ACCEPTED · fenced: stale write unknown",
+    );
+    record(
+        3,
+        "<script>alert(1)</script>",
+        "x: <img src=x onerror=alert(1)>",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("room.html");
+    let output = room
+        .command(&["results", "--html", page.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    let at = |text: &str| {
+        shown
+            .lines()
+            .position(|line| line == text)
+            .unwrap_or_else(|| panic!("no line {text:?} in:\n{shown}"))
+    };
+    let gc_pause = at("1 gc-pause — 3 seats");
+    assert!(
+        at("6 redlock — 1 seat") > gc_pause,
+        "labs in their order:\n{shown}"
+    );
+    assert_eq!(at("  unfenced: stale write ACCEPTED 3/3"), gc_pause + 1);
+    assert_eq!(
+        at("  fenced: stale write refused 2/3 · stale write unknown 1/3 (seat03)"),
+        gc_pause + 2
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("stale write refused <b>2/3</b>"), "{html}");
+    assert!(html.contains("seat03"), "{html}");
+    assert!(
+        !html.contains("<script>alert") && !html.contains("<img"),
+        "{html}"
+    );
+    assert!(html.contains("&lt;script&gt;"), "{html}");
 }
 
 /// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain

@@ -9,6 +9,7 @@ use crate::common;
 
 use std::collections::HashSet;
 
+use lockslab::check::report::{Finding, Outcome, Report};
 use lockslab::events::Kind;
 use lockslab::picture::{self, Recording};
 use serde_json::{Value, json};
@@ -16,8 +17,23 @@ use serde_json::{Value, json};
 const GC_PAUSE: &str = include_str!("fixtures/gc-pause.jsonl");
 const ETCD_VS_REDIS: &str = include_str!("fixtures/etcd-vs-redis.jsonl");
 
+/// A saved run as `lockslab render` draws it: its events and verdict, and its checker's
+/// Report on them.
 fn recording(text: &str) -> Recording {
-    Recording::from_jsonl(text).expect("the fixture parses")
+    let mut recording = Recording::from_jsonl(text).expect("the fixture parses");
+    recording.report =
+        lockslab::reproduce::report_for(&recording.events, recording.verdict.as_ref());
+    recording
+}
+
+/// `text` (a hand-written history) drawn with a Report of one finding on mutual exclusion,
+/// of `outcome`, pointing at event `at`; None: no Report at all.
+fn with_exclusion(text: &str, found: Option<(Outcome, usize)>) -> String {
+    let mut recording = Recording::from_jsonl(text).expect("the history parses");
+    recording.report = found.map(|(outcome, at)| {
+        Report::of([Finding::new("mutual exclusion (run 1)", outcome, "", [at])])
+    });
+    picture::svg(&recording)
 }
 
 /// A small well-formedness check: tags nest and close, attributes are quoted, `<` and `&`
@@ -197,26 +213,19 @@ fn no_overlap_when_the_first_holder_lets_go_before_the_next_is_granted() {
     assert!(!svg.contains("<g class=\"overlap\""), "{svg}");
     assert!(!svg.contains("<g class=\"believed\""));
 
-    // The same with B granted before A lets go, and a verdict that found two holders.
+    // The same with B granted before A lets go, and a Report that found two holders.
     let mut overlapping = history.to_vec();
     overlapping[2]["t_ms"] = json!(400);
     overlapping.swap(1, 2);
     let text: String = overlapping.iter().map(|e| format!("{e}\n")).collect();
-    let svg = picture::svg(&recording(&(text + &verdict_line(Some(true)))));
+    let svg = with_exclusion(&text, Some((Outcome::Invalid, 1)));
     assert!(svg.contains("two holders: A (lock ended) and B"), "{svg}");
 }
 
-/// A verdict line of one run whose checkers settled `two_holders` (null: could not tell).
-fn verdict_line(two_holders: Option<bool>) -> String {
-    let verdict = json!({"kind": "verdict", "lab": "gc-pause", "json_version": 4,
-        "runs": [{"two_holders": two_holders}]});
-    format!("{verdict}\n")
-}
-
 #[test]
-fn two_holders_is_drawn_only_where_the_verdict_found_it() {
+fn two_holders_is_drawn_only_where_the_report_found_it() {
     // B's grant reached the lab before A's release: the arrival-stamped spans overlap. Whether
-    // Redis granted twice is what the checkers decide from its answers, not the picture.
+    // Redis granted twice is what the checker decides from its answers, not the picture.
     let history = [
         json!({"t_ms": 0, "worker": "A", "kind": "acquired", "text": "", "backend": "redis"}),
         json!({"t_ms": 400, "worker": "B", "kind": "acquired", "text": "", "backend": "redis"}),
@@ -224,21 +233,20 @@ fn two_holders_is_drawn_only_where_the_verdict_found_it() {
         json!({"t_ms": 900, "worker": "B", "kind": "released", "text": "", "released": true}),
     ];
     let text: String = history.iter().map(|e| format!("{e}\n")).collect();
-    let drawn = |verdict: String| picture::svg(&recording(&format!("{text}{verdict}")));
-    let found = drawn(verdict_line(Some(true)));
+    let found = with_exclusion(&text, Some((Outcome::Invalid, 1)));
     assert!(
         found.contains("two holders: A (lock ended) and B"),
         "{found}"
     );
-    for (verdict, what) in [
-        (verdict_line(Some(false)), "found none"),
-        (verdict_line(None), "could not tell"),
-        (String::new(), "is missing"),
+    for (report, what) in [
+        (Some((Outcome::Valid, 1)), "found none"),
+        (Some((Outcome::Unknown, 1)), "could not tell"),
+        (None, "is missing"),
     ] {
-        let svg = drawn(verdict);
+        let svg = with_exclusion(&text, report);
         assert!(
             !svg.contains("<g class=\"overlap\"") && !svg.contains("two holders"),
-            "the verdict {what}, yet the picture draws two holders: {svg}"
+            "the Report {what}, yet the picture draws two holders: {svg}"
         );
         // The spans themselves are drawn as observed: both grants, both bars.
         assert_eq!(count(&svg, "<g class=\"bar\""), 2);
@@ -246,24 +254,21 @@ fn two_holders_is_drawn_only_where_the_verdict_found_it() {
 }
 
 #[test]
-fn a_write_is_stale_only_where_the_verdict_found_it_late() {
-    // Lab 1's unfenced run, its verdict edited to say the store decided no late write and
+fn a_write_is_stale_only_where_the_report_found_it_late() {
+    // Lab 1's unfenced run, its Report edited to say the store decided no late write and
     // nobody held the lock twice: A's write still comes after B's grant in arrival order.
-    let edited: String = GC_PAUSE
-        .lines()
-        .map(|line| {
-            let mut value: Value = serde_json::from_str(line).expect("a JSON line");
-            if value["kind"] == "verdict" {
-                let unfenced = &mut value["runs"][0];
-                assert_eq!(unfenced["fencing"], false);
-                unfenced["late_write"] = json!("none");
-                unfenced["stale_write_attempted"] = json!(false);
-                unfenced["two_holders"] = json!(false);
-            }
-            format!("{value}\n")
-        })
-        .collect();
-    let svg = picture::svg(&recording(&edited));
+    let mut edited = recording(GC_PAUSE);
+    let report = edited.report.as_mut().expect("lab 1's checker judges it");
+    let mut unfenced_findings = 0;
+    for finding in &mut report.findings {
+        if finding.name.contains("fencing=false") {
+            finding.outcome = Outcome::Valid;
+            finding.subject = None;
+            unfenced_findings += 1;
+        }
+    }
+    assert_eq!(unfenced_findings, 2, "two holders and the stale write");
+    let svg = picture::svg(&edited);
     let unfenced = between(
         &svg,
         "data-part=\"fencing=false\"",
@@ -272,7 +277,7 @@ fn a_write_is_stale_only_where_the_verdict_found_it_late() {
     assert!(!unfenced.contains("STALE write"), "{unfenced}");
     assert!(!unfenced.contains("<g class=\"overlap\""), "{unfenced}");
     assert!(unfenced.contains("write, no token: accepted"));
-    // The fenced run's verdict is untouched: its late write and two holders stay drawn.
+    // The fenced run's findings are untouched: its late write and two holders stay drawn.
     let fenced = between(&svg, "data-part=\"fencing=true\"", "</svg>");
     assert!(fenced.contains("STALE write, token 1: REJECTED"));
     assert!(fenced.contains("<g class=\"overlap\""));
@@ -458,7 +463,7 @@ fn a_lab_run_draws_its_own_picture_from_the_json_it_prints() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("picture: "));
     // The picture drawn live is the picture of the JSON the run printed.
     let printed = String::from_utf8_lossy(&output.stdout);
-    let mut from_json = Recording::from_jsonl(&printed).unwrap();
+    let mut from_json = recording(&printed);
     let live_svg = std::fs::read_to_string(&svg).unwrap();
     well_formed(&live_svg).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -1098,24 +1103,25 @@ fn lab_6_draws_a_lane_per_master_and_each_majority_on_them() {
         majorities_at_once >= 2,
         "restart-empty and clock-jump grant twice"
     );
-    // The store's answers each name the guard they met.
+    // The store's answers, each naming the guard it met, were once events of the history
+    // (the checker's conclusion): an older recording's are plain lines now, each still
+    // drawn on the store's lane with its sentence in the hover text.
     let svg = picture::svg(&recording);
-    for event in recording.events.iter().filter(|e| {
-        matches!(
-            e.kind(),
-            Kind::StaleWriteAccepted | Kind::StaleWriteRejected
-        )
-    }) {
-        let guard = serde_json::to_value(event).expect("serializes")["guard"]
-            .as_str()
-            .expect("a guard")
-            .to_string();
-        assert!(
-            labels(&svg)
-                .iter()
-                .any(|(_, _, _, text)| text.starts_with(&format!("{guard}: stale write"))),
-            "no label names the guard {guard}"
-        );
+    let store_lines: Vec<&lockslab::events::Event> = recording
+        .events
+        .iter()
+        .filter(|e| e.worker == "store" && e.kind() == Kind::Output)
+        .collect();
+    assert!(!store_lines.is_empty(), "the older recording's store lines");
+    for event in store_lines {
+        let drawn = picture
+            .parts
+            .iter()
+            .flat_map(|part| &part.lanes)
+            .filter(|lane| lane.name == "store")
+            .flat_map(|lane| &lane.marks)
+            .any(|mark| mark.tip.contains(&event.text));
+        assert!(drawn, "not drawn: {}", event.text);
     }
     assert_labels_apart_and_beside(&svg);
 }
@@ -1126,13 +1132,16 @@ fn lab_7_shows_each_approachs_outcome_and_fits_a_page() {
     let picture = picture::Picture::of(&recording);
     assert_eq!(picture.parts.len(), 8, "eight approaches");
     for part in &picture.parts {
+        // What the tables counted back: a job twice or never, a balance off, is FAILED.
         let read_back = recording
             .events
             .iter()
             .filter(|e| e.part.part.as_deref() == Some(&part.label))
             .find_map(|e| match e.kind() {
-                Kind::Violation => Some("FAILED"),
-                Kind::ExactlyOnce => Some("ok"),
+                Kind::TablesRead => Some(match e.observed()?.counted_wrong() {
+                    0 => "ok",
+                    _ => "FAILED",
+                }),
                 _ => None,
             })
             .expect("each approach is read back");
@@ -1253,10 +1262,18 @@ fn lab_10_shows_each_queues_order_and_cost() {
         );
     }
     assert_eq!(queues, 3, "spinning, herd and recipe");
-    // The spinning waiters and the herd are served out of order; the recipe is fair.
+    // The spinning waiters and the herd are served out of order; the recipe is fair. (The
+    // parts after them, expiry and election, say how their late writes came out.)
+    let queue_parts: Vec<&str> = recording
+        .events
+        .iter()
+        .filter(|e| e.kind() == Kind::Handovers)
+        .filter_map(|e| e.part.part.as_deref())
+        .collect();
     let fair: Vec<bool> = picture
         .parts
         .iter()
+        .filter(|p| queue_parts.contains(&p.label.as_str()))
         .filter_map(|p| p.outcome.as_ref())
         .map(|(o, _)| o.starts_with("served in order"))
         .collect();
@@ -1270,39 +1287,44 @@ fn lab_10_shows_each_queues_order_and_cost() {
 
 const LEASE_GUARD: &str = include_str!("fixtures/lease-guard.jsonl");
 
-/// Lab 9 (and lab 1): each part says how its late write came out, from the part's own
-/// typed events: the store took it (FAILED), the store refused it, or the writer's guard
-/// held it back; the outcomes above the drawing stay inside its width.
+/// Lab 9 (and lab 1): each part says how its late write came out, as its verdict records it
+/// (the picture draws it from the checker's Report): the store took it (FAILED), the store
+/// refused it, or the writer's guard held it back; the outcomes above the drawing stay
+/// inside its width.
 #[test]
 fn lab_9_shows_how_each_parts_late_write_came_out() {
     for fixture in [LEASE_GUARD, GC_PAUSE] {
         let recording = recording(fixture);
         let picture = picture::Picture::of(&recording);
+        let verdict = recording.verdict.as_ref().expect("a verdict");
         for part in &picture.parts {
-            let whats: Vec<&lockslab::events::What> = recording
+            let tags = &recording
                 .events
                 .iter()
-                .filter(|e| e.part.part.as_deref() == Some(&part.label))
-                .map(|e| &e.what)
-                .collect();
-            use lockslab::events::What;
-            let expected = if whats
-                .iter()
-                .any(|w| matches!(w, What::StaleWriteAccepted(_)))
-            {
-                Some("FAILED")
-            } else if whats
-                .iter()
-                .any(|w| matches!(w, What::StaleWriteRejected(_)))
-            {
-                Some("refused")
-            } else if whats
-                .iter()
-                .any(|w| matches!(w, What::GuardDecided(g) if !g.write))
-            {
-                Some("held back")
-            } else {
-                None
+                .find(|e| e.part.part.as_deref() == Some(&part.label))
+                .expect("a part has events")
+                .part;
+            // Lab 9's cell of this fault and guard, or lab 1's run of this fencing.
+            let recorded = match verdict["lab"].as_str() {
+                Some("lease-guard") => verdict["cells"].as_array().unwrap().iter().find(|c| {
+                    c["fault"].as_str() == tags.scenario.as_deref()
+                        && c["guard"].as_str() == tags.variant.as_deref()
+                }),
+                _ => verdict["runs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["fencing"].as_bool() == tags.fencing),
+            }
+            .unwrap_or_else(|| panic!("{}: no verdict item", part.label));
+            let came_out = recorded["outcome"]
+                .as_str()
+                .or(recorded["late_write"].as_str());
+            let expected = match came_out {
+                Some("stale_accepted" | "accepted") => Some("FAILED"),
+                Some("stale_refused" | "rejected") => Some("refused"),
+                Some("aborted") => Some("held back"),
+                _ => None,
             };
             let got = part.outcome.as_ref().map(|(text, _)| text.as_str());
             match expected {
@@ -1395,7 +1417,7 @@ fn lab_10_long_outcomes_wrap_whole() {
             .map(|t| &t[t.find('>').unwrap() + 1..t.find("</tspan>").unwrap()])
             .collect();
         assert!(!lines.concat().contains('…'), "cut: {lines:?}");
-        let whole = lines.join(" ");
+        let whole = lines.join(" ").replace("&#39;", "'");
         assert!(
             picture
                 .parts
@@ -1565,7 +1587,7 @@ fn a_challenges_held_write_is_a_band_on_its_clients_lane() {
 #[test]
 fn lab_2s_failures_are_where_the_checkers_findings_point() {
     let text = include_str!("fixtures/naive-redis-read.jsonl");
-    let mut recording = recording(text);
+    let mut recording = Recording::from_jsonl(text).expect("the fixture parses");
     let violations = |recording: &Recording| {
         let svg = picture::svg(recording);
         labels(&svg)
@@ -1576,16 +1598,17 @@ fn lab_2s_failures_are_where_the_checkers_findings_point() {
     assert_eq!(
         violations(&recording),
         0,
-        "no proof given, no failure drawn"
+        "no Report given, no failure drawn"
     );
-    recording.proof = lockslab::labs::broken_proof(&recording.events, recording.verdict.as_ref());
+    recording.report =
+        lockslab::reproduce::report_for(&recording.events, recording.verdict.as_ref());
     let report = lockslab::labs::check("naive", &recording.events).unwrap();
     let invalid = report
         .with(lockslab::check::report::Outcome::Invalid)
         .count();
     assert!(invalid > 0, "the broken variants break");
     assert_eq!(violations(&recording), invalid);
-    // `lockslab render` hands the picture the same proof.
+    // `lockslab render` hands the picture the same Report.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run.svg");
     let input = concat!(
@@ -1598,4 +1621,40 @@ fn lab_2s_failures_are_where_the_checkers_findings_point() {
         std::fs::read_to_string(&out).unwrap(),
         picture::svg(&recording)
     );
+}
+
+/// A challenge its grader judges again (recorded with today's items): a write is drawn as
+/// a wrong one exactly where the run's Report has an invalid finding at its job's events —
+/// the jobs the grader's recorded problems name.
+#[test]
+fn a_challenges_wrong_writes_are_the_jobs_its_report_points_at() {
+    let recording = recording(include_str!("fixtures/challenge-items.jsonl"));
+    assert!(recording.report.is_some(), "the grader judges it again");
+    let verdict = recording.verdict.as_ref().unwrap();
+    let named: HashSet<i64> = verdict["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["job"].as_i64())
+        .collect();
+    let picture = picture::Picture::of(&recording);
+    let mut writes = 0;
+    for mark in picture
+        .parts
+        .iter()
+        .flat_map(|p| &p.lanes)
+        .flat_map(|l| &l.marks)
+        .filter(|m| m.shape == picture::Shape::Write)
+    {
+        let label = mark.label.as_deref().unwrap_or("");
+        let job: i64 = label
+            .strip_prefix("write job ")
+            .and_then(|rest| rest.split(':').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a write names its job: {label}"));
+        let wrong = mark.tone == picture::Tone::Bad;
+        assert_eq!(wrong, named.contains(&job), "{label}");
+        writes += 1;
+    }
+    assert!(writes > 0 && !named.is_empty());
 }

@@ -229,6 +229,17 @@ fn waiters_leaving_the_middle_of_the_line_are_skipped_over_and_the_rest_served_i
     });
     let woke = lines.iter().position(|e| e.is("W3", Kind::Woke));
     assert!(woke.is_some() && killed > woke, "W3 killed once woken");
+    // Cause before effect (issue 45): W2 says it gives up, then deletes its key, which
+    // wakes W3 — the record never has W3 woken first.
+    let gave_up = lines.iter().position(|e| e.is("W2", Kind::GaveUp));
+    assert!(
+        gave_up.is_some() && gave_up < woke,
+        "W2 gives up before W3 is woken"
+    );
+    assert!(
+        !lines.iter().any(|e| e.text.contains("(1 wake-ups")),
+        "one wake-up, not 1 wake-ups"
+    );
     assert!(
         !lines
             .iter()
@@ -358,4 +369,23 @@ fn a_recorded_history_replays_to_its_recorded_verdict() {
     assert_eq!(churn["one_holder_at_a_time"], true, "{churn}");
     let election = &recorded["election"];
     assert_eq!(election["late_write"], "rejected", "{election}");
+}
+
+/// Issue 45: on the terminal a waiter's line names the waiters whose keys it speaks of
+/// (`woken: W2's key is gone; … W1's key is ahead`), not 40-character etcd keys; the
+/// keys stay in `--json`.
+#[test]
+fn a_woken_waiters_line_names_the_waiters_not_their_keys() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let text = run_human(&["queue", "--only", "churn"]);
+    let woken: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("woken:"))
+        .collect();
+    assert!(!woken.is_empty(), "{text}");
+    assert!(
+        woken.iter().all(|line| line.contains("'s key is gone")),
+        "{text}"
+    );
+    assert!(text.contains("W2's key is gone"), "{text}");
 }

@@ -22,6 +22,8 @@ mod corrections;
 mod etcd_vs_redis;
 #[path = "failover.rs"]
 mod failover;
+#[path = "failover_hosts.rs"]
+mod failover_hosts;
 #[path = "faults.rs"]
 mod faults;
 #[path = "frozen_backends.rs"]
@@ -49,6 +51,8 @@ mod proxy_try;
 mod queue;
 #[path = "redlock.rs"]
 mod redlock;
+#[path = "redlock_hosts.rs"]
+mod redlock_hosts;
 #[path = "secrets_and_input.rs"]
 mod secrets_and_input;
 #[path = "server_faults.rs"]
@@ -63,6 +67,8 @@ mod setup;
 mod signals;
 #[path = "skip_locked.rs"]
 mod skip_locked;
+#[path = "split_brain.rs"]
+mod split_brain;
 #[path = "store.rs"]
 mod store;
 #[path = "structure.rs"]

@@ -135,3 +135,23 @@ fn every_help_keeps_its_examples_in_two_columns() {
         );
     }
 }
+
+/// Issue 45: the hands-on worker's lines are fitted to the terminal, broken at spaces,
+/// however narrow (a projector's terminal broke its long lines mid-word).
+#[test]
+fn the_hands_on_workers_lines_fit_a_narrow_terminal() {
+    let lock = format!("width-{}", std::process::id());
+    let output = lockslab(&[
+        "worker", "--lock", &lock, "--ttl", "300ms", "--work", "400ms",
+    ])
+    .env("COLUMNS", "60")
+    .env("NO_COLOR", "1")
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    // --work not shorter than --ttl: the worker's long note is among its lines.
+    assert!(stdout.contains("note:"), "{stdout}");
+    let wide = common::too_wide(&stdout, 60);
+    assert!(wide.is_empty(), "lines over 60:\n{}", wide.join("\n"));
+}

@@ -369,7 +369,11 @@ fn grade(
     verdict::show(&setup, &run_id, &played, &evidence, &report, grade);
     if let Some(target) = picture {
         let verdict = verdict::json(&setup, &run_id, &played, &evidence, &report, grade);
-        let recording = crate::picture::Recording::of_run(played.events, Some(verdict), vec![]);
+        let mut recording = crate::picture::Recording::of_run(played.events, Some(verdict), vec![]);
+        // The grader's findings on the history, for the picture to draw.
+        recording.report = recording.verdict.as_ref().and_then(|verdict| {
+            crate::reproduce::challenge::report(&recording.events, verdict).ok()
+        });
         crate::picture::draw(&[target], &recording, args.json)?;
     }
     Ok(match grade {

@@ -178,11 +178,16 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
         verdict["violations"] = serde_json::to_value(&small_trial.report.violations)?;
         verdict["first_violation_after_s"] = found_after.as_secs_f64().into();
         if let Some(target) = &picture {
-            let recording = crate::picture::Recording::of_run(
+            let mut recording = crate::picture::Recording::of_run(
                 small_trial.history.clone(),
                 Some(verdict.clone()),
                 Vec::new(),
             );
+            // The checker's findings on the history, for the picture to draw.
+            recording.report = Some(super::findings::placed(
+                &small_trial.history,
+                &small_trial.report,
+            ));
             crate::picture::draw(std::slice::from_ref(target), &recording, style.json)?;
         }
         Exit::Violation

@@ -92,6 +92,12 @@ pub struct Finding {
     /// Positions in the checked history of the events that prove it, in history order.
     /// Empty only for an unknown finding whose point is that no event decides it.
     pub events: Vec<usize>,
+    /// The one event among `events` the finding is about, where there is one: the late
+    /// write a "stale write" finding judged (taken or refused), or the guard's decision that
+    /// held it back. The other events are the evidence around it; a reader that marks one
+    /// event (the picture) marks this one, and need not work out which write was late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<usize>,
 }
 
 impl Finding {
@@ -109,7 +115,20 @@ impl Finding {
             outcome,
             words: words.into(),
             events,
+            subject: None,
         }
+    }
+
+    /// This finding about one of its events (see [`Finding::subject`]); `None` leaves it
+    /// about none. The subject is one of the events that prove the finding.
+    pub fn about_event(mut self, subject: Option<usize>) -> Finding {
+        if let Some(at) = subject
+            && let Err(place) = self.events.binary_search(&at)
+        {
+            self.events.insert(place, at);
+        }
+        self.subject = subject;
+        self
     }
 }
 
@@ -159,10 +178,12 @@ impl Report {
     /// A lock lab's two findings on one part: was the lock held by two at once (the
     /// verdict's `two_holders`, with its words and the events that settle it), and did the
     /// store take a stale write (its outcome, words and events).
+    /// `late` is the late write the stale-write finding is about, if there was one.
     pub fn exclusion_and_stale_write(
         two_holders: Option<bool>,
         exclusion: (impl Into<String>, impl IntoIterator<Item = usize>),
         stale: (Outcome, impl Into<String>, impl IntoIterator<Item = usize>),
+        late: Option<usize>,
     ) -> Report {
         let (exclusion_words, exclusion_events) = exclusion;
         let (stale_outcome, stale_words, stale_events) = stale;
@@ -173,7 +194,7 @@ impl Report {
                 exclusion_words,
                 exclusion_events,
             ),
-            Finding::new("stale write", stale_outcome, stale_words, stale_events),
+            Finding::new("stale write", stale_outcome, stale_words, stale_events).about_event(late),
         ])
     }
 
@@ -192,7 +213,7 @@ impl Report {
     /// slice of the history (one run of several) points into the whole of it.
     pub fn shifted(mut self, offset: usize) -> Report {
         for finding in &mut self.findings {
-            for event in &mut finding.events {
+            for event in finding.events.iter_mut().chain(&mut finding.subject) {
                 *event += offset;
             }
         }
@@ -204,7 +225,7 @@ impl Report {
     /// whole of it.
     pub fn placed(mut self, positions: &[usize]) -> Report {
         for finding in &mut self.findings {
-            for event in &mut finding.events {
+            for event in finding.events.iter_mut().chain(&mut finding.subject) {
                 *event = positions[*event];
             }
         }

@@ -415,6 +415,33 @@ pub struct Expired {
     pub pttl_after_ms: Option<i64>,
 }
 
+/// One Redis server's answers in lab 5's split brain, read together: an observation the
+/// checker decides from ([`crate::check::split_brain`]), never a conclusion.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeAnswered {
+    /// The host it runs in (`primary`, `replica`, `sentinel-1`): its name for the whole run,
+    /// whatever its role becomes.
+    pub node: String,
+    /// The first word of its `ROLE`: `master`, `slave` or `sentinel`.
+    pub role: Option<String>,
+    /// Whom it follows: a replica's primary (`ROLE`), or the primary a Sentinel names
+    /// (`SENTINEL get-master-addr-by-name`), as `address:port`.
+    pub primary: Option<String>,
+    /// A replica's `master_link_status` (`up`, `down`).
+    pub link: Option<String>,
+    /// A primary's `connected_slaves` (`INFO replication`), and how many seconds ago its
+    /// first replica last acknowledged (`lag=`): what `min-replicas-max-lag` is held against.
+    pub connected_replicas: Option<u64>,
+    pub replica_lag_s: Option<u64>,
+    /// The lock's key there: its value (the holder's owner value) and PTTL in ms (-2: no
+    /// key), read in one `MULTI`.
+    pub lock_owner: Option<String>,
+    pub lock_pttl_ms: Option<i64>,
+    /// The numbers of A's writes its copy of the list holds (`LRANGE`).
+    pub writes_held: Option<Vec<u64>>,
+}
+
 /// Who the backend says holds the lock now, and what it says of its own state.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -506,7 +533,9 @@ pub struct Pttl {
     pub lease_lives_until_ms: Option<u64>,
 }
 
-/// What the evidence shows about a lock: two holders, a count of failures, a lapse…
+/// What a backend answered when a lab read something back: Redis's key and holders (lab
+/// 2), the tables' counts (labs 3, 7, 8), a `WAIT`'s replicas (lab 5). Figures only; the
+/// checkers conclude from them.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Observed {
@@ -538,6 +567,23 @@ pub struct Observed {
     pub master: Option<String>,
 }
 
+impl Observed {
+    /// What the tables counted as gone wrong, all told: jobs (payments, a token's writes)
+    /// processed twice or more, jobs never processed, balances that differ from their
+    /// invoices. Zero is every job exactly once — the checkers' rule, which reads this.
+    pub fn counted_wrong(&self) -> u64 {
+        [
+            self.duplicates,
+            self.lost,
+            self.lost_jobs,
+            self.lost_updates,
+        ]
+        .into_iter()
+        .flatten()
+        .sum()
+    }
+}
+
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Warning {
@@ -549,21 +595,6 @@ pub struct Warning {
     /// `lockslab chaos`: the Sentinels failed the primary over by themselves during the
     /// history, a failover its schedule does not hold.
     pub failed_over_by_itself: Option<bool>,
-}
-
-/// Which of the two stale-write kinds a store line is: `What::StaleWriteAccepted` or
-/// `What::StaleWriteRejected`.
-pub type StaleWriteKind = fn(StaleWrite) -> What;
-
-/// An old holder's write decided after the next holder's, and what the store did with it.
-#[skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct StaleWrite {
-    pub backend: Option<String>,
-    pub resource: Option<String>,
-    pub final_writer: Option<String>,
-    /// Lab 6: what refused it.
-    pub guard: Option<String>,
 }
 
 // Lab 9 (lease-guard).
@@ -899,3 +930,37 @@ pub enum RenewalError {
 }
 
 one_kind!(RenewalFailed);
+one_kind!(NodeAnswered);
+
+/// One etcd member's answer to the lab, asked over the member's own control socket (which
+/// no partition cuts), or the answer a client's request through that member got: the
+/// servers' word on who leads, whether a lease lives and who holds the lock.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemberSaid {
+    /// The member asked (its host's name: `m1`…).
+    pub member: String,
+    /// What was asked: `status`, `lease_ttl`, `holder`, or a client's `put`.
+    pub ask: String,
+    /// Is the member on the majority's side of the partition now (or, with no partition,
+    /// one of the members that were not stalled)?
+    pub in_majority: Option<bool>,
+    /// The client whose lease or request this is (`A:cut`).
+    pub client: Option<String>,
+    /// `status`: the member it names as leader (None: it knows of none), the Raft term,
+    /// and the server's version.
+    pub leader: Option<String>,
+    pub raft_term: Option<u64>,
+    pub version: Option<String>,
+    /// `lease_ttl`: the lease and the TTL left (whole seconds; -1: expired, not found).
+    pub lease: Option<i64>,
+    pub ttl_s: Option<i64>,
+    /// `holder`: the key that holds the lock (the oldest under its prefix) and its create
+    /// revision; None: nobody holds it.
+    pub holder_key: Option<String>,
+    pub holder_revision: Option<i64>,
+    /// The error the request came back with (a timeout, `leader changed`…).
+    pub error: Option<String>,
+}
+
+one_kind!(MemberSaid);

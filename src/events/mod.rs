@@ -94,17 +94,16 @@ pub enum What {
     /// A round of jobs done (lab 3, lab 7).
     Round(RoundFacts),
     /// A job's record as Postgres's processing table answered it once its round was over
-    /// (lab 3): who processed it, in order, and how often — the evidence lab 3's checker
-    /// reads to say what became of a killed or frozen worker's job. (Older recordings wrote
-    /// the conclusion in its place, `kill_result` or `freeze_result`: they read as this.)
-    #[serde(alias = "kill_result", alias = "freeze_result")]
+    /// (lab 3): who processed it, in order, and how often, or its row in the jobs table
+    /// (its status and who claimed it) — the evidence lab 3's checker reads to say what
+    /// became of a killed or frozen worker's job. (Older recordings wrote the conclusion in
+    /// its place, `kill_result`, `freeze_result` or `job_lost`: they read as this.)
+    #[serde(alias = "kill_result", alias = "freeze_result", alias = "job_lost")]
     JobRead(JobFate),
     /// A worker's session as Postgres lists it.
     Session(Session),
     /// Sessions blocked behind a frozen worker's row lock, as `pg_blocking_pids` says (lab 3).
     Blocked(Blocked),
-    /// A killed worker's job that nothing will hand back (lab 3).
-    JobLost(JobFate),
     /// A key's remaining time to live as Redis answers it (lab 2).
     Pttl(Pttl),
     /// What Redis answered when lab 2 read its lock back: a key's owner and time to live,
@@ -114,19 +113,20 @@ pub enum What {
     /// read as this, their facts unchanged.)
     #[serde(alias = "counted", alias = "lapsed")]
     RedisRead(Observed),
-    /// Two holders at once, as the evidence shows.
-    TwoHolders(Observed),
-    /// A broken lock's failure counted.
-    Violation(Observed),
-    /// Every job processed exactly once (lab 3, lab 7).
-    ExactlyOnce(Observed),
-    /// A holder kept its lock to the end.
-    Kept(Observed),
+    /// What Postgres's tables counted back once a part's work was done (labs 3, 7, 8): jobs
+    /// (payments, a token's writes) processed once, twice or more, never; balances that
+    /// differ from their invoices, and which. The observation; whether every job was done
+    /// exactly once is the lab's checker's finding, which points at it. (Older recordings
+    /// wrote the conclusion in its place, `violation` or `exactly_once`, with these same
+    /// figures: they read as this.)
+    #[serde(alias = "violation", alias = "exactly_once")]
+    TablesRead(Observed),
+    /// Lab 5: what Redis's `WAIT` answered a holder that asked a replica to confirm its
+    /// lock: how many replicas had the key (one or more; none is the holder's `lost`).
+    /// (Older recordings called it `kept`: they read as this.)
+    #[serde(alias = "kept")]
+    WaitAnswered(Observed),
     Warning(Warning),
-    /// The store decided an old holder's write after the next holder's, and took it.
-    StaleWriteAccepted(StaleWrite),
-    /// The store decided an old holder's write after the next holder's, and refused it.
-    StaleWriteRejected(StaleWrite),
     /// The store's record of a resource, read back at the end of a part: the attempts in
     /// decision order and what the resource holds (the evidence of the part's verdict).
     ReadBack(StoreRecord),
@@ -173,6 +173,16 @@ pub enum What {
     Probed(Probed),
     /// A schedule's step whose events did not come within its time: it did not play.
     Missed(Missed),
+
+    // Lab 5's split brain.
+    /// A Redis node's or a Sentinel's own answers, asked over lockslab's control line while
+    /// the hosts are cut apart or after: what it says it is, whom it follows, the lock's key
+    /// there, the writes it holds.
+    NodeAnswered(NodeAnswered),
+    // etcd on hosts of its own (issue 44).
+    /// What one etcd member answered when the lab asked it directly (its status, a lease's
+    /// TTL, the lock's holder), or what a client's request to it came back with.
+    MemberSaid(MemberSaid),
 }
 
 impl std::fmt::Display for Kind {
@@ -195,6 +205,38 @@ pub fn json_schema() -> String {
         .into_generator();
     let schema = generator.into_root_schema_for::<Event>();
     serde_json::to_string_pretty(&schema).expect("a schema is plain JSON")
+}
+
+/// The kinds an older lockslab wrote into the history that were conclusions carrying no
+/// observation of their own: the store took (or refused) a stale write, two Redlock
+/// majorities at once. Today the history holds only what they were concluded from — the
+/// store's read-back, the masters' answers — and the checkers conclude again from that.
+pub const OLD_CONCLUSIONS: [&str; 3] = [
+    "stale_write_accepted",
+    "stale_write_rejected",
+    "two_holders",
+];
+
+/// One event line of a saved run, read as an [`Event`]. A line of a kind in
+/// [`OLD_CONCLUSIONS`] reads as an `output` line that keeps its time, lane, sentence and
+/// part: the file still loads, every other event keeps its place, and no checker takes the
+/// old conclusion for evidence.
+pub fn read_line(line: serde_json::Value) -> serde_json::Result<Event> {
+    let kind = line.get("kind").and_then(serde_json::Value::as_str);
+    if !kind.is_some_and(|kind| OLD_CONCLUSIONS.contains(&kind)) {
+        return serde_json::from_value(line);
+    }
+    let text = |field: &str| line.get(field).and_then(serde_json::Value::as_str);
+    Ok(Event {
+        t_ms: line
+            .get("t_ms")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0),
+        worker: text("worker").unwrap_or_default().to_string(),
+        text: text("text").unwrap_or_default().to_string(),
+        what: What::Output,
+        part: serde_json::from_value(line.clone())?,
+    })
 }
 
 /// One thing that happened, as a worker or the lab reports it.
@@ -246,8 +288,8 @@ impl Event {
         }
     }
 
-    /// The backend this event names: the lock's (a grant), or the one a fault, a probe or a
-    /// store line is about.
+    /// The backend this event names: the lock's (a grant), or the one a fault or a probe is
+    /// about.
     pub fn backend(&self) -> Option<&str> {
         match &self.what {
             What::Acquired(a) => a.backend.as_deref(),
@@ -255,7 +297,6 @@ impl Event {
             What::Claimed(c) => c.backend.as_deref(),
             What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.backend.as_deref(),
             What::HolderNow(h) => h.backend.as_deref(),
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => s.backend.as_deref(),
             _ => None,
         }
     }
@@ -315,7 +356,7 @@ impl Event {
             What::Committed(s) | What::FinishFailed(s) => Some(s.job),
             What::Wrote(w) => w.job,
             What::TakenOver(h) | What::Reclaimed(h) => h.job,
-            What::JobRead(f) | What::JobLost(f) => f.job,
+            What::JobRead(f) => f.job,
             What::Frozen(f) | What::Killed(f) | What::Resumed(f) => f.job,
             _ => None,
         }
@@ -342,15 +383,11 @@ impl Event {
         }
     }
 
-    /// What the evidence showed, if this is a finding (two holders, a violation, exactly
-    /// once, a kept lock) or Redis's answer read back (lab 2).
+    /// What a backend answered, if this is a read-back that counts (Redis's answers in lab
+    /// 2, the tables' counts, a `WAIT`'s replicas).
     pub fn observed(&self) -> Option<&Observed> {
         match &self.what {
-            What::TwoHolders(o)
-            | What::Violation(o)
-            | What::RedisRead(o)
-            | What::ExactlyOnce(o)
-            | What::Kept(o) => Some(o),
+            What::RedisRead(o) | What::TablesRead(o) | What::WaitAnswered(o) => Some(o),
             _ => None,
         }
     }
@@ -424,13 +461,13 @@ pub fn forward(
             let Ok(line) = line else { break };
             let event = match serde_json::from_str::<Event>(&line) {
                 Ok(mut event) => {
-                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event.t_ms = crate::run_clock::since(start).as_millis() as u64;
                     event
                 }
                 // Anything that is not an event is still worth showing, never worth a crash.
                 Err(_) => {
                     let mut event = Event::new(&worker, What::Output, line);
-                    event.t_ms = start.elapsed().as_millis() as u64;
+                    event.t_ms = crate::run_clock::since(start).as_millis() as u64;
                     event
                 }
             };

@@ -45,10 +45,14 @@
 //! process left in it is gone, and its links with it. Addresses are lockslab's own, inside
 //! namespaces nobody else is in: nothing is ever sent outside them.
 
+mod door;
+mod etcd;
 mod redis;
 mod sides;
 
-pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT};
+pub use door::Door;
+pub use etcd::{HostedEtcd, HostedMember, MemberStatus as HostedMemberStatus};
+pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT, SENTINEL_PORT, Watch};
 pub use sides::Sides;
 
 use std::collections::BTreeSet;
@@ -497,6 +501,16 @@ impl Tools {
                 })
         };
         Ok(Tools { ip: find("ip")? })
+    }
+}
+
+/// Kills a process started in a host (SIGKILL), reaps it and forgets it, if it still runs:
+/// how a hosted server goes.
+fn kill_started(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+        procs::forget(child.id() as i32);
     }
 }
 

@@ -24,7 +24,7 @@ mod stage;
 pub mod step;
 pub mod words;
 
-pub use stage::{History, Stage, WorkerHandle};
+pub use stage::{Conclusion, History, Stage, WorkerHandle};
 
 /// Registers the labs from one table: a row `Variant => module::Args` makes the lab's
 /// subcommand (its `--help` is its `Args`'s doc comment and attributes), runs it
@@ -104,23 +104,18 @@ lab_table! {
     Queue => queue::QueueArgs,
 }
 
-/// The events the checker of the lab a verdict names points at as the proof of a broken
-/// property (its report's invalid findings), by index in `history`: what a picture draws
-/// as failures. Empty for a run no lab's checker judges (chaos, a challenge).
-pub fn broken_proof(
+/// The checker's [`Report`] on a run's history, by the lab its verdict names (`lab`): what a
+/// picture of the run draws. None for a run no lab's checker judges (chaos, a challenge).
+/// A run of today holds its read-backs in its history; an older recording's may sit in its
+/// verdict, which [`crate::reproduce::report_for`] puts back first.
+///
+/// [`Report`]: crate::check::report::Report
+pub fn report_of(
     history: &[crate::events::Event],
     verdict: Option<&serde_json::Value>,
-) -> std::collections::BTreeSet<usize> {
-    let lab = verdict
-        .and_then(|v| v.get("lab"))
-        .and_then(serde_json::Value::as_str);
-    let Some(report) = lab.and_then(|lab| check(lab, history)) else {
-        return Default::default();
-    };
-    report
-        .with(crate::check::report::Outcome::Invalid)
-        .flat_map(|finding| finding.events.iter().copied())
-        .collect()
+) -> Option<crate::check::report::Report> {
+    let lab = verdict?.get("lab")?.as_str()?;
+    check(lab, history)
 }
 
 /// One lab, as the menu (`lockslab`, `lockslab list`) and `lockslab doctor` show it; each

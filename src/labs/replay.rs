@@ -84,18 +84,6 @@ pub struct PartReplayed {
     pub replayed: Map<String, Value>,
 }
 
-impl PartReplayed {
-    /// One more thing to compare that is not a field of the verdict: what the history says
-    /// (its store line) against what the replay would have written there.
-    pub fn also(&mut self, what: &str, recorded: Value, replayed: Value) -> &mut PartReplayed {
-        if let Value::Object(fields) = &mut self.recorded {
-            fields.insert(what.into(), recorded);
-        }
-        self.replayed.insert(what.into(), replayed);
-        self
-    }
-}
-
 impl Replayed {
     /// Adds a part: `replayed` is anything that serializes to an object (a lab's own row).
     pub fn part(
@@ -271,28 +259,6 @@ pub fn cut_at_runs(events: &[Event], runs: usize) -> Option<Vec<Vec<Event>>> {
             })
             .collect(),
     )
-}
-
-/// The store's line on the timeline (a stale write decided after the next holder's,
-/// accepted or refused), as the history holds it and as a replay would have written it:
-/// the kind and the writer the resource holds. `none` when there is no such line.
-pub fn store_lines<'a>(lines: impl IntoIterator<Item = &'a Event>) -> Value {
-    let said: Vec<String> = lines
-        .into_iter()
-        .filter_map(|e| match &e.what {
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => Some(format!(
-                "{} (it holds {})",
-                e.kind(),
-                s.final_writer.as_deref().unwrap_or("nobody")
-            )),
-            _ => None,
-        })
-        .collect();
-    if said.is_empty() {
-        "none".into()
-    } else {
-        said.join("; ").into()
-    }
 }
 
 /// An object, short enough to name in an error.

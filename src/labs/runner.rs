@@ -172,6 +172,7 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
             words.prose(note);
         }
         words.print();
+        crate::output::screens::finish();
         super::step::show_held();
     }
     crate::room::record(
@@ -182,11 +183,12 @@ pub fn run<L: Lab>(lab: &mut L, output: &OutputArgs, server_args: &ServerArgs) -
     );
     let pictures = output.pictures()?;
     if !pictures.is_empty() {
-        // The verdict's object even without --json: the picture draws its findings (two
-        // holders, the late write) from it, never its own.
+        // The verdict's object even without --json, and the lab's checker's Report on the
+        // history: the picture draws the Report's findings (two holders, the late write),
+        // never its own.
         let mut recording =
             Recording::of_run(run.history.take(), Some(verdict_json), words.plain());
-        recording.proof = super::broken_proof(&recording.events, recording.verdict.as_ref());
+        recording.report = super::report_of(&recording.events, recording.verdict.as_ref());
         crate::picture::draw(&pictures, &recording, style.json)?;
     }
     Ok(())

@@ -115,12 +115,25 @@ impl<'a> Words<'a> {
 
     /// The terminal's exporter: prints the words on stdout, coloured when the terminal
     /// takes colours, and stops at each `--step` stop.
+    ///
+    /// Under `--step`, the words between two stops are one block of the screens: shown on
+    /// one screen when they fit one, else split only between their tables and sentences,
+    /// a title kept with its table (see [`output::screens`]).
     pub fn print(&self) {
+        let mut verdict = Some(output::screens::block());
         for said in &self.said {
             match said {
-                Said::Stop(at) => step::checkpoint(at),
+                Said::Stop(at) => {
+                    drop(verdict.take());
+                    step::checkpoint(at);
+                    verdict = Some(output::screens::block());
+                }
                 Said::Printed(print) => print(),
                 data => {
+                    let _one_block = output::screens::block();
+                    if matches!(data, Said::Heading(_)) {
+                        output::screens::heading_follows();
+                    }
                     for line in lines(data) {
                         output::line(&line);
                     }

@@ -70,7 +70,7 @@ return {0, current}
 ///
 /// ❌ A plain `PEXPIRE key ttl` would re-arm whatever is in the key — after our lock expired
 /// and someone else took it, it would stretch *their* lock on *our* schedule.
-const EXTEND_IF_OWNER: &str = r#"
+pub const EXTEND_IF_OWNER: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

@@ -98,3 +98,18 @@ impl Victim for crate::hosts::HostedRedis {
         crate::hosts::HostedRedis::kill_now(self)
     }
 }
+
+/// An etcd member on a host of its own: a partition cuts it off, a stall freezes it.
+impl Victim for crate::hosts::HostedMember {
+    fn label(&self) -> String {
+        self.host.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        crate::hosts::HostedMember::pid(self)
+    }
+
+    fn kill_now(&mut self) {
+        crate::hosts::HostedMember::kill_now(self)
+    }
+}

@@ -24,8 +24,9 @@ pub struct Part {
     pub start: u64,
     pub end: u64,
     pub lanes: Vec<Lane>,
-    /// How the part came out, when the lab read it back from the store (lab 7's
-    /// `exactly_once` or `violation`): drawn beside the part's heading.
+    /// How the part came out, as the checker's findings on its store say it (a late write
+    /// taken or refused, the tables' jobs each done once or not), or a queue's order and
+    /// cost: drawn beside the part's heading.
     pub outcome: Option<(String, Tone)>,
 }
 

@@ -11,17 +11,20 @@
 //! the lab saw, another holder's grant (an exclusive lock is only granted once the previous
 //! key, lease or session is gone), a killed Postgres session. Past that end, while the old
 //! holder still acts as if it held the lock, the bar goes on hatched. The findings are the
-//! run's checkers', read from its verdict, never the picture's own: where the verdict found
-//! two holders at once, the lane is marked "two holders" where their bars overlap; the write
-//! it found late is the stale write, highlighted with the store's answer.
+//! run's checker's, its [`Report`] over the same history, never the picture's own: where an
+//! invalid finding says two held the lock at once, the lane is marked "two holders" where
+//! their bars overlap; the write a stale-write finding is about is highlighted with the
+//! store's answer; each part's outcome is its findings on the store.
+//!
+//! [`Report`]: crate::check::report::Report
 //!
 //! Both files are self-contained: no network, no external fonts, scripts or styles.
 
 mod drawing;
+mod found;
 mod html;
 mod masters;
 mod model;
-mod stated;
 mod svg;
 mod waits;
 
@@ -72,11 +75,14 @@ pub struct Recording {
     pub verdict_text: Vec<String>,
     /// The command line of a live run (`lockslab gc-pause --html run.html`).
     pub command: Option<String>,
-    /// The events the run's checker points at as the proof of a broken property (its
-    /// report's invalid findings), by index in `events`: drawn as failures. Set by whoever
-    /// knows the run's checker — the lab runner, `lockslab render` — since the picture
-    /// decides nothing itself (and does not know the labs).
-    pub proof: std::collections::BTreeSet<usize>,
+    /// The run's checker's [`Report`] on `events` (its findings point at them by index):
+    /// what the picture marks — two holders, the late write, failures, each part's outcome.
+    /// Set by whoever knows the run's checker — the lab runner, `lockslab render` — since
+    /// the picture decides nothing itself (and does not know the labs). None: a run no
+    /// lab's checker judges, drawn without findings.
+    ///
+    /// [`Report`]: crate::check::report::Report
+    pub report: Option<crate::check::report::Report>,
 }
 
 impl Recording {
@@ -158,7 +164,7 @@ impl Recording {
                          from 0"
                     );
                 }
-                let event: Event = serde_json::from_value(value).with_context(|| {
+                let event: Event = crate::events::read_line(value).with_context(|| {
                     format!(
                         "line {} is not an event lockslab records (docs/json.md)",
                         number + 1
@@ -248,7 +254,7 @@ impl Recording {
             verdict,
             verdict_text: trim_blank(verdict_text),
             command: Some(command),
-            proof: Default::default(),
+            report: None,
         }
     }
 }
@@ -428,13 +434,12 @@ impl Target {
     }
 }
 
-/// `lockslab render RUN.jsonl -o FILE`: the picture of a saved run.
-/// Draws a saved run; `proof` gives the events its checker points at as the proof of a
-/// broken property (see [`Recording::proof`]).
+/// `lockslab render RUN.jsonl -o FILE`: the picture of a saved run; `report` gives its
+/// checker's Report on its events (see [`Recording::report`]).
 pub fn render(
     input: &Path,
     output: &Path,
-    proof: fn(&[Event], Option<&Value>) -> std::collections::BTreeSet<usize>,
+    report: fn(&[Event], Option<&Value>) -> Option<crate::check::report::Report>,
 ) -> Result<()> {
     let target = Target::by_extension(output, "-o")?;
     target.check_writable("-o")?;
@@ -447,7 +452,7 @@ pub fn render(
     recording
         .drawable()
         .with_context(|| format!("{} cannot be drawn", input.display()))?;
-    recording.proof = proof(&recording.events, recording.verdict.as_ref());
+    recording.report = report(&recording.events, recording.verdict.as_ref());
     let bytes = target.write(&recording)?;
     crate::outln!(
         "wrote {} ({} events, {} KB)",

@@ -21,10 +21,11 @@
 //!
 //! Nothing here decides a finding. The bars are stamped on arrival, and two events from two
 //! processes can arrive in either order ([`crate::check`] says why that misleads at the
-//! edges), so "two holders" and "stale write" are what the run's checkers found, read from
-//! its recorded verdict ([`super::stated`]): a "two holders" band is drawn where the
-//! verdict found those two holding the lock at once (over the span where their bars
-//! overlap), and a write is marked stale where the verdict found it late.
+//! edges), so "two holders", "stale write" and a part's outcome are the findings of the
+//! run's checker, its [`crate::check::report::Report`] ([`super::found`]): a "two holders"
+//! band is drawn where an invalid exclusion finding points at one of those two holders
+//! (over the span where their bars overlap), a write is marked stale where a stale-write
+//! finding is about it, and a part says FAILED where a finding on its store is invalid.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -34,8 +35,7 @@ use super::Recording;
 use super::drawing::{
     Bar, Lane, LaneKind, Mark, Overlap, Part, Picture, Shape, Span, Tone, Verdict, overlaps_where,
 };
-use super::stated::Stated;
-use crate::check::Finding;
+use super::found::Found;
 use crate::check::challenge::{Grade, Problem};
 use crate::events::{Event, Kind, What};
 
@@ -131,18 +131,13 @@ impl Picture {
             }
         }
         // A challenge's findings name jobs: their writes are drawn as the wrong ones.
-        let named: BTreeSet<i64> = challenge_problems(recording)
-            .iter()
-            .filter_map(Problem::job)
-            .collect();
-        let broken = &recording.proof;
+        let named = challenge_jobs_named(recording);
         let parts: Vec<Part> = order
             .iter()
             .map(|label| {
                 let events = &by_part[label];
-                let history: Vec<&Event> = events.iter().map(|(_, e)| *e).collect();
-                let stated = Stated::of(recording.verdict.as_ref(), &history);
-                Part::build(label, events, &everyone, &named, &stated, broken)
+                let found = Found::of(recording.report.as_ref(), events);
+                Part::build(label, events, &everyone, &named, &found)
             })
             .collect();
         let span_ms = parts
@@ -256,8 +251,7 @@ impl Part {
         events: &[(usize, &Event)],
         everyone: &[String],
         named: &BTreeSet<i64>,
-        stated: &Stated,
-        broken: &BTreeSet<usize>,
+        found: &Found,
     ) -> Part {
         let start = events.iter().map(|(_, e)| t_of(e)).min().unwrap_or(0);
         let end = events.iter().map(|(_, e)| t_of(e)).max().unwrap_or(start);
@@ -484,7 +478,8 @@ impl Part {
                 _ => {}
             }
         }
-        let stale = stale_writes(events, stated);
+        let stale = found.late_writes();
+        let broken = found.broken();
         // Writers that write to more than one resource: their write labels name it.
         let mut resources: HashMap<&str, BTreeSet<&str>> = HashMap::new();
         for (_, event) in events {
@@ -600,12 +595,12 @@ impl Part {
         let quorum_and_masters =
             super::masters::lanes(events, &masters, end, everyone, &mut freezes);
         lanes.extend(quorum_and_masters);
-        // "Two holders" is the checkers' finding, not the spans': a band is drawn only where
-        // the run's verdict found these two holding the lock at once.
+        // "Two holders" is the checker's finding, not the spans': a band is drawn only where
+        // the run's Report found these two holding the lock at once.
         for lane in &mut lanes {
             lane.overlaps.retain(|overlap| {
                 let holders: Vec<&str> = overlap.holders.iter().map(String::as_str).collect();
-                stated.two_holders(&holders) == Finding::Yes
+                found.two_holders(&holders)
             });
         }
         for worker in &workers {
@@ -630,7 +625,7 @@ impl Part {
                 }
             };
             let proof = Proof {
-                stale: stale.contains(index),
+                stale: stale.contains_key(index),
                 broken: broken.contains(index),
             };
             let mut drawn = mark(*index, event, proof, &writes_many);
@@ -656,7 +651,7 @@ impl Part {
             start,
             end,
             lanes,
-            outcome: outcome(events),
+            outcome: found.outcome().or_else(|| queue_outcome_of(events)),
         }
     }
 }
@@ -700,49 +695,15 @@ fn turns_lane(queue: &crate::events::facts::Handovers, at: u64, colors: usize) -
     Some(lane)
 }
 
-/// A part's outcome as the store's read-back said it: FAILED (a violation) or ok; else, in
-/// a part with a late write, whether the store took it (FAILED) or refused it, or whether
-/// the writer's own guard held it back (lab 9).
-fn outcome(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
-    read_back(events).or_else(|| late_write(events))
-}
-
-fn late_write(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
-    let whats = || events.iter().map(|(_, event)| &event.what);
-    if whats().any(|w| matches!(w, What::StaleWriteAccepted(_))) {
-        return Some(("FAILED — the store took a stale write".into(), Tone::Bad));
-    }
-    if whats().any(|w| matches!(w, What::StaleWriteRejected(_))) {
-        return Some((
-            "refused — the store refused the stale write".into(),
-            Tone::Good,
-        ));
-    }
-    events.iter().find_map(|(_, event)| match &event.what {
-        What::GuardDecided(guard) if !guard.write => Some((
-            format!(
-                "held back — {}'s guard gave up before writing",
-                event.worker
-            ),
-            Tone::Good,
-        )),
-        _ => None,
-    })
-}
-
-fn read_back(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
-    events.iter().rev().find_map(|(_, event)| {
-        let what = event
-            .text
-            .strip_prefix("the tables say: ")
-            .unwrap_or(&event.text);
-        match &event.what {
-            What::Violation(_) => Some((format!("FAILED — {what}"), Tone::Bad)),
-            What::ExactlyOnce(_) => Some((format!("ok — {what}"), Tone::Good)),
+/// A queue part's outcome (lab 10's waiting parts), from the waiters' turns it reported.
+fn queue_outcome_of(events: &[(usize, &Event)]) -> Option<(String, Tone)> {
+    events
+        .iter()
+        .rev()
+        .find_map(|(_, event)| match &event.what {
             What::Handovers(queue) => Some(queue_outcome(&queue.turns)),
             _ => None,
-        }
-    })
+        })
 }
 
 /// A queue's outcome (lab 10's waiting parts), from its waiters' own turns: served in the
@@ -780,6 +741,26 @@ fn challenge_write(mark: &mut Mark, job: i64, named: &BTreeSet<i64>) {
     } else {
         mark.label = Some(format!("write job {job}"));
     }
+}
+
+/// The jobs a challenge's findings name: those whose events (sent, answered) an invalid
+/// finding of the run's Report points at; for a run without one (recorded before today's
+/// grader could judge it again), the jobs its recorded problems name.
+fn challenge_jobs_named(recording: &Recording) -> BTreeSet<i64> {
+    let Some(report) = &recording.report else {
+        return challenge_problems(recording)
+            .iter()
+            .filter_map(Problem::job)
+            .collect();
+    };
+    report
+        .with(crate::check::report::Outcome::Invalid)
+        .flat_map(|finding| &finding.events)
+        .filter_map(|&i| match &recording.events.get(i)?.what {
+            What::JobSent(job) | What::JobAnswered(job) => Some(job.job),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The findings of a challenge's verdict (`lab` `challenge`), as the checker made them.
@@ -908,42 +889,6 @@ impl Holds {
     }
 }
 
-/// The writes the run's checkers found late (their verdict's `late_write`), by event index:
-/// the late writer's last write to the resource. Which writes they are is read from the
-/// verdict, not from where the spans end.
-fn stale_writes(events: &[(usize, &Event)], stated: &Stated) -> BTreeSet<usize> {
-    let writes: Vec<(usize, &str, Option<&str>)> = events
-        .iter()
-        .filter_map(|(index, event)| match &event.what {
-            What::Wrote(wrote) => Some((*index, lane_of(event), wrote.resource.as_deref())),
-            _ => None,
-        })
-        .collect();
-    let writers_of = |resource: Option<&str>| {
-        let mut writers: Vec<String> = Vec::new();
-        for (_, writer, to) in &writes {
-            if (resource.is_none() || *to == resource) && !writers.iter().any(|w| w == writer) {
-                writers.push(writer.to_string());
-            }
-        }
-        writers
-    };
-    let mut stale = BTreeSet::new();
-    for late in stated.late_writes(writers_of) {
-        // The late writer's last write to each resource it wrote (to the one named, if any).
-        let mut last: BTreeMap<Option<&str>, usize> = BTreeMap::new();
-        for (index, writer, to) in &writes {
-            if *writer == late.writer
-                && (late.resource.is_none() || *to == late.resource.as_deref())
-            {
-                last.insert(*to, *index);
-            }
-        }
-        stale.extend(last.into_values());
-    }
-    stale
-}
-
 /// What the run's checkers said of one event: a write they found late, an answer that
 /// proves a property broken.
 #[derive(Clone, Copy, Default)]
@@ -962,9 +907,13 @@ fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String
         Kind::Frozen | Kind::Freezing => (Shape::Freeze, Tone::Cold, None),
         Kind::Resumed => (Shape::Resume, Tone::Cold, None),
         Kind::Expired => (Shape::Expire, Tone::Warn, Some(kind.clone())),
-        // Lab 2's read-back of its lock: a failure where the checker's finding points at
-        // it, a lapse where Redis's key no longer held the dead holder's value.
-        Kind::RedisRead if broken => (Shape::Tick, Tone::Bad, Some("violation".to_string())),
+        // A read-back (lab 2's Redis answers, the tables' counts, a killed worker's job's
+        // row): a failure where an invalid finding of the checker points at it; else lab 2's
+        // lapse, where Redis's key no longer held the dead holder's value.
+        Kind::RedisRead | Kind::TablesRead if broken => {
+            (Shape::Tick, Tone::Bad, Some("violation".to_string()))
+        }
+        Kind::JobRead if broken => (Shape::Tick, Tone::Warn, Some("job lost".to_string())),
         Kind::RedisRead
             if event
                 .observed()
@@ -974,20 +923,7 @@ fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String
         }
         Kind::Acquired | Kind::Between | Kind::Claimed => (Shape::Grant, Tone::Plain, None),
         Kind::Released | Kind::Committed => (Shape::Release, Tone::Plain, None),
-        Kind::StaleWriteAccepted => (
-            Shape::Tick,
-            Tone::Bad,
-            Some("stale write ACCEPTED".to_string()),
-        ),
-        Kind::StaleWriteRejected => (
-            Shape::Tick,
-            Tone::Good,
-            Some("stale write rejected".to_string()),
-        ),
-        Kind::TwoHolders | Kind::Violation => {
-            (Shape::Tick, Tone::Bad, Some(kind.replace('_', " ")))
-        }
-        Kind::Lost | Kind::GaveUp | Kind::Error | Kind::JobLost => {
+        Kind::Lost | Kind::GaveUp | Kind::Error => {
             (Shape::Tick, Tone::Warn, Some(kind.replace('_', " ")))
         }
         Kind::Woke => (Shape::Tick, Tone::Cold, Some("woke".to_string())),
@@ -997,21 +933,6 @@ fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String
         },
         _ => (Shape::Tick, Tone::Plain, None),
     };
-    if matches!(
-        event.kind(),
-        Kind::StaleWriteAccepted | Kind::StaleWriteRejected
-    ) && let Some(label) = &mut label
-    {
-        // Which resource (lab 5) or which guard (lab 6) this answer is about.
-        let which = serde_json::to_value(event).ok().and_then(|v| {
-            ["guard", "resource"]
-                .iter()
-                .find_map(|key| v.get(key).and_then(Value::as_str).map(str::to_string))
-        });
-        if let Some(which) = which {
-            *label = format!("{which}: {label}");
-        }
-    }
     if let What::GuardDecided(decided) = &event.what {
         // Lab 9: the guard's check, what it believed was left, and its decision.
         let left = decided
@@ -1380,11 +1301,19 @@ mod tests {
         event
     }
 
-    /// The "two holders" bands drawn, under a verdict that found two holders.
+    /// The "two holders" bands drawn, under a Report that found the lock held by two at
+    /// once, pointing at every event.
     fn two_holders(events: Vec<Event>) -> Vec<Vec<String>> {
+        use crate::check::report::{Finding, Outcome, Report};
+        let every = 0..events.len();
         let recording = Recording {
             events,
-            verdict: Some(serde_json::json!({"runs": [{"two_holders": true}]})),
+            report: Some(Report::of([Finding::new(
+                "mutual exclusion",
+                Outcome::Invalid,
+                "two at once",
+                every,
+            )])),
             ..Recording::default()
         };
         Picture::of(&recording)

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::check::challenge::{Change, Evidence, Final, JobSpec, Problem, check};
+use crate::check::report::{Finding, Outcome, Report};
 use crate::events::{Event, What};
 use crate::labs::replay::{self, Replayed};
 
@@ -23,6 +24,68 @@ struct Graded {
 }
 
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
+    let evidence = evidence(events, verdict)?;
+    let report = check(&evidence);
+    let mut replayed = Replayed::default();
+    let challenge = verdict["challenge"].as_str().unwrap_or("challenge");
+    let graded = Graded {
+        jobs: evidence.jobs.len(),
+        acknowledged: evidence.acknowledged.len(),
+        problems: report.problems.clone(),
+    };
+    let part = replayed.part(format!("challenge {challenge}"), verdict, graded);
+    // A grade of FAIL is decided by the problems alone; PASS or UNKNOWN also weighs what
+    // the history does not carry.
+    if !report.problems.is_empty() {
+        part.replayed.insert("grade".into(), "fail".into());
+    }
+    replayed.not_replayed.push(BEYOND_THE_DATA.into());
+    Ok(replayed)
+}
+
+/// What the live grade weighs that the `--json` does not carry.
+const BEYOND_THE_DATA: &str = "what the grade weighs besides the data (the clients' lock \
+     notes, the statements, which faults bit): the --json does not carry that evidence, so \
+     `unknown`, `faults_bit` and a grade without problems are as recorded";
+
+/// The grader over a challenge's `--json`, as one [`Report`]: each problem it finds in the
+/// data an invalid finding at the events of its job (the job sent, the client's answers);
+/// each question the data leaves open an unknown one; and where the data shows no problem,
+/// an unknown finding for what the grade weighs besides it — never a pass from the history
+/// alone.
+pub fn report(events: &[Event], verdict: &Value) -> Result<Report> {
+    let graded = check(&evidence(events, verdict)?);
+    let of_job = |job: Option<i64>| {
+        (0..events.len()).filter(move |&i| {
+            matches!(&events[i].what, What::JobSent(j) | What::JobAnswered(j)
+                if Some(j.job) == job)
+        })
+    };
+    let mut report = Report::of(graded.problems.iter().map(|problem| {
+        Finding::new(
+            problem.kind(),
+            Outcome::Invalid,
+            problem.describe(),
+            of_job(problem.job()),
+        )
+    }));
+    for why in &graded.undecided {
+        report.push(Finding::new("unknown", Outcome::Unknown, why, []));
+    }
+    if graded.problems.is_empty() {
+        report.push(Finding::new(
+            "beyond the data",
+            Outcome::Unknown,
+            BEYOND_THE_DATA,
+            [],
+        ));
+    }
+    Ok(report)
+}
+
+/// The grader's evidence out of a recorded run: the jobs and the clients' `ok`s from the
+/// history, the change log and the faults from the verdict.
+fn evidence(events: &[Event], verdict: &Value) -> Result<Evidence> {
     let sent = events.iter().filter_map(|e| match &e.what {
         What::JobSent(job) => Some(job),
         _ => None,
@@ -68,25 +131,5 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     }
     evidence.faults_planned = replay::number(verdict, "faults_planned")? as usize;
     evidence.faults_played = replay::number(verdict, "faults_played")? as usize;
-    let report = check(&evidence);
-    let mut replayed = Replayed::default();
-    let challenge = verdict["challenge"].as_str().unwrap_or("challenge");
-    let graded = Graded {
-        jobs: evidence.jobs.len(),
-        acknowledged: evidence.acknowledged.len(),
-        problems: report.problems.clone(),
-    };
-    let part = replayed.part(format!("challenge {challenge}"), verdict, graded);
-    // A grade of FAIL is decided by the problems alone; PASS or UNKNOWN also weighs what
-    // the history does not carry.
-    if !report.problems.is_empty() {
-        part.replayed.insert("grade".into(), "fail".into());
-    }
-    replayed.not_replayed.push(
-        "what the grade weighs besides the data (the clients' lock notes, the statements, \
-         which faults bit): the --json does not carry that evidence, so `unknown`, \
-         `faults_bit` and a grade without problems are as recorded"
-            .into(),
-    );
-    Ok(replayed)
+    Ok(evidence)
 }

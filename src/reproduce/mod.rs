@@ -49,9 +49,10 @@ Examples:
 It reads the run's history (every event, and the store's read-back the
 verdict was judged from), judges each part again with the lab's own checkers
 — the code the live run used — and lists each field of the verdict it reached
-beside the recorded one. No server is asked anything. Then the lab's checker
-reports on the whole history: valid, invalid or unknown, and each finding with
-the events (their place in the file and their time) that prove it.
+beside the recorded one. No server is asked anything. Then the run's checker
+(the lab's, or a chaos hunt's on each history) reports on the whole history:
+valid, invalid or unknown, and each finding with the events (their place in the
+file and their time) that prove it.
 
 Replays: the ten labs (gc-pause … queue), `lockslab challenge` runs and
 `lockslab chaos` hunts (each history it printed, and the hunt's counts).
@@ -197,10 +198,10 @@ pub struct Judged {
     pub in_file: Vec<Option<usize>>,
 }
 
-/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, whose
-/// findings point at the events that prove them. `Err` says why a run has none: a tool
-/// whose checker gives its own result (chaos's per-history safe/unsafe/unknown, the
-/// challenge's grade and problems), judged in the parts above.
+/// The run's checker over its whole history, as one [`Report`]: each lab's `check`, a
+/// hunt's histories each judged again ([`crate::chaos::check`]), or the challenge's grader
+/// ([`challenge::report`]), whose findings point at the events that prove them. `Err` says
+/// why a run has none.
 pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'static str> {
     let lab = recorded
         .verdict
@@ -208,15 +209,20 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
         .and_then(|v| v.get("lab"))
         .and_then(Value::as_str)
         .unwrap_or("");
+    // A tool's history is its file's events as they are: the report points at them.
+    let tool = |report: Report| Judged {
+        report,
+        history: recorded.events.clone(),
+        in_file: (0..recorded.events.len()).map(Some).collect(),
+    };
+    let verdict = recorded.verdict.as_ref().ok_or("no verdict")?;
     match lab {
-        "chaos" => Err(
-            "a chaos hunt's checker judges each history safe, unsafe or unknown (the \
-             schedules above); its findings do not point at events yet",
-        ),
-        "challenge" => Err(
-            "a challenge is graded by its own checker (the grade and problems above); its \
-             problems do not point at events yet",
-        ),
+        "chaos" => crate::chaos::check(&recorded.events, &recorded.summaries, verdict)
+            .map(tool)
+            .map_err(|_| "the hunt's histories could not be judged again"),
+        "challenge" => challenge::report(&recorded.events, verdict)
+            .map(tool)
+            .map_err(|_| "the challenge could not be graded again"),
         lab => {
             let (history, in_file) = Completion::completed(&recorded.events, &replayed.completions);
             let report = crate::labs::check(lab, &history).ok_or("no checker knows this run")?;
@@ -227,6 +233,32 @@ pub fn judge(recorded: &Recorded, replayed: &Replayed) -> Result<Judged, &'stati
             })
         }
     }
+}
+
+/// The run's [`Report`] for a reader of its events (the picture): [`judge`] on the run,
+/// its findings pointing into `events`. A read-back taken out of an older recording's
+/// verdict is not one of `events`, so no finding points at it there. A run whose verdict
+/// the replay cannot read is judged by its lab's checker on `events` as they are; None for
+/// a run no checker judges (no verdict, a challenge recorded before today's grader).
+pub fn report_for(events: &[Event], verdict: Option<&Value>) -> Option<Report> {
+    let recorded = Recorded {
+        events: events.to_vec(),
+        verdict: verdict.cloned(),
+        summaries: Vec::new(),
+    };
+    let judged = replay(&recorded)
+        .ok()
+        .and_then(|replayed| judge(&recorded, &replayed).ok());
+    let Some(judged) = judged else {
+        return crate::labs::report_of(events, verdict);
+    };
+    let in_file = |i: usize| judged.in_file.get(i).copied().flatten();
+    let mut report = judged.report;
+    for finding in &mut report.findings {
+        finding.events = finding.events.iter().filter_map(|&i| in_file(i)).collect();
+        finding.subject = finding.subject.and_then(in_file);
+    }
+    Some(report)
 }
 
 impl Recorded {
@@ -264,7 +296,7 @@ impl Recorded {
                 }
                 Some("schedule" | "cell") => recorded.summaries.push(value),
                 _ => {
-                    let event: Event = serde_json::from_value(value).with_context(|| {
+                    let event: Event = crate::events::read_line(value).with_context(|| {
                         format!(
                             "line {number} is not an event lockslab records (docs/json.md): \
                              was it edited, or written by another lockslab?"

@@ -184,7 +184,7 @@ pub fn print_report(judged: &Result<Judged, &'static str>) {
     let report = &judged.report;
     let count = |outcome| report.with(outcome).count();
     crate::prose!(
-        "{} {} — the lab's checker on the whole history: {} invalid, {} unknown, {} valid \
+        "{} {} — the run's checker on the whole history: {} invalid, {} unknown, {} valid \
          {}.",
         "Report:".bold(),
         coloured(report.outcome),

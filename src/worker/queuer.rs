@@ -222,17 +222,22 @@ fn on_etcd(script: &QueuerScript, out: &Emitter) -> Result<()> {
             };
             // ✅ A waiter that gives up deletes its key: left behind, it would hold its place
             // (and the one behind it) until its lease ran out.
-            let left = match &place {
-                Some(place) => queue.leave(place)?,
-                None => false,
+            //
+            // It says so *before* the delete: the delete wakes the waiter behind it, whose
+            // line must not come first on the timeline (an effect above its cause).
+            let Some(place) = &place else {
+                let _ = leases.revoke(lease);
+                return gave_up(out, why);
             };
+            gave_up(out, &format!("{why}; deletes its key and leaves the queue"))?;
+            if !queue.leave(place)? {
+                out.say(
+                    crate::events::What::Output,
+                    "its key was already gone from the queue",
+                );
+            }
             let _ = leases.revoke(lease);
-            let why = if left {
-                format!("{why}; deletes its key and leaves the queue")
-            } else {
-                why.to_string()
-            };
-            return gave_up(out, &why);
+            return Ok(());
         }
     };
     let counts = (queue.requests, queue.wakeups);
@@ -385,7 +390,11 @@ fn acquired(out: &Emitter, lock: &str, token: i64, counts: (u64, u64), seen_at: 
             seen_at,
             ..facts::Acquired::default()
         },
-        format!("holds the lock, token {token} ({wakeups} wake-ups, {requests} requests)"),
+        format!(
+            "holds the lock, token {token} ({}, {})",
+            crate::output::count(wakeups, "wake-up", "wake-ups"),
+            crate::output::count(requests, "request", "requests")
+        ),
     ));
 }
 

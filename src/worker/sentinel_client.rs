@@ -181,7 +181,7 @@ pub fn run(script: &SentinelClient) -> Result<()> {
             )
         } else {
             me.event(
-                What::Kept(Observed {
+                What::WaitAnswered(Observed {
                     replicas_confirmed,
                     ..Observed::default()
                 }),

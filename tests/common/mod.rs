@@ -154,7 +154,7 @@ pub fn event_line(line: &str) -> Option<Event> {
         return None;
     }
     Some(
-        serde_json::from_value(value)
+        lockslab::events::read_line(value)
             .unwrap_or_else(|e| panic!("not an event of the typed history ({e}): {line}")),
     )
 }
@@ -476,28 +476,9 @@ fn late_write_in(attempts: &[Value], late: &str, next: &str) -> &'static str {
     }
 }
 
-/// The stale write a `store` lane event reports, if it reports one.
-pub fn stale_write(event: &Event) -> Option<&facts::StaleWrite> {
-    match &event.what {
-        What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// The store line a late write decided as `expected` ("accepted", "rejected" or "none")
-/// must be: one line of that kind, or none.
-fn store_line_for(expected: &str) -> Vec<Kind> {
-    match expected {
-        "accepted" => vec![Kind::StaleWriteAccepted],
-        "rejected" => vec![Kind::StaleWriteRejected],
-        _ => vec![],
-    }
-}
-
 /// Every way one run of a lab 1 verdict could contradict the store's record it carries (the
-/// attempts in decision order) or the timeline's store line (`store_lines`, that run's
-/// events from the `store` lane). Empty when the verdict is true to its evidence.
-pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Event]) -> Vec<String> {
+/// attempts in decision order). Empty when the verdict is true to its evidence.
+pub fn gc_pause_disagreements(run: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
     problems.extend(decision_order_problem(&attempts));
@@ -518,27 +499,11 @@ pub fn gc_pause_disagreements(run: &Value, store_lines: &[&Event]) -> Vec<String
     if matches!(expected, "accepted" | "rejected") && run["two_holders"] == false {
         problems.push("A wrote after B, yet the verdict says no two holders".into());
     }
-    // The store's lines about a late write (its read-back, in the same lane, is evidence).
-    let said: Vec<Kind> = store_lines
-        .iter()
-        .filter(|e| stale_write(e).is_some())
-        .map(|e| e.kind())
-        .collect();
-    if said != store_line_for(expected) {
-        problems.push(format!("the timeline's store line says {said:?}"));
-    }
-    if store_lines
-        .iter()
-        .filter_map(|e| stale_write(e))
-        .any(|s| s.final_writer.as_deref() != run["final_writer"].as_str())
-    {
-        problems.push("the timeline's store line names another final writer".into());
-    }
     problems
 }
 
-/// Every way one cell of a lab 4 verdict could contradict the store's record it carries,
-/// the releases the workers reported, or the timeline's store line for its backend.
+/// Every way one cell of a lab 4 verdict could contradict the store's record it carries or
+/// the releases the workers reported.
 pub fn etcd_vs_redis_disagreements(cell: &Value, events: &[Event]) -> Vec<String> {
     let mut problems = Vec::new();
     let backend = cell["backend"].as_str().unwrap_or("?");
@@ -579,18 +544,6 @@ pub fn etcd_vs_redis_disagreements(cell: &Value, events: &[Event]) -> Vec<String
         && cell["two_holders"] != true
     {
         problems.push("the holder's release found its lock gone, yet not two holders".into());
-    }
-    let store_said: Vec<Kind> = events
-        .iter()
-        .filter(|e| {
-            e.worker == "store"
-                && stale_write(e).and_then(|s| s.backend.as_deref()) == Some(backend)
-                && e.part.scenario.as_deref() == cell["scenario"].as_str()
-        })
-        .map(|e| e.kind())
-        .collect();
-    if store_said != store_line_for(expected) {
-        problems.push(format!("the timeline's store line says {store_said:?}"));
     }
     problems
 }

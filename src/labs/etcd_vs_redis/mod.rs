@@ -412,11 +412,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 4,
     command: "etcd-vs-redis",
     shows: "kill or freeze the holder: who hands over, who fences",
-    takes: "15s",
+    takes: "17s",
     needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/04-etcd-vs-redis.md",
     session: 15,
-    stops: 4,
+    stops: 13,
     by_hand: &["psql", "jq"],
 };

@@ -296,7 +296,7 @@ fn cells(
         stage.record_read_back(&lane.resource, &read);
         let cell = lane.verdict(stage, plan, scenario)?;
         if let Some(line) = store_line(&cell) {
-            stage.record(line);
+            stage.conclude(line);
         }
         cells.push(cell);
     }

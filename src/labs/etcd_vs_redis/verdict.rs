@@ -12,8 +12,8 @@ use super::{Plan, Scenario, Service};
 use crate::check::etcd_vs_redis::{self as checks, Releases, Strike};
 use crate::check::report::{self, Report};
 use crate::check::{self, LateWrite};
-use crate::events::facts::{StaleWrite, StaleWriteKind};
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -62,6 +62,24 @@ pub struct Verdict {
 }
 
 impl runner::Verdict for Verdict {
+    /// Each cell's late write, as the store decided it: `kill redis: no stale write ·
+    /// freeze etcd: stale write refused`.
+    fn headline(&self) -> String {
+        let cells: Vec<String> = self
+            .cells
+            .iter()
+            .map(|cell| {
+                format!(
+                    "{} {}: {}",
+                    cell.scenario.name(),
+                    cell.backend,
+                    crate::room::late_write_word(cell.late_write)
+                )
+            })
+            .collect();
+        cells.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert(
@@ -159,10 +177,11 @@ pub fn judge_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Result<Ce
 }
 
 /// The store's line on the timeline for a cell whose old holder wrote after the waiter.
-pub(super) fn store_line(cell: &Cell) -> Option<Event> {
-    let (stale_write, text): (StaleWriteKind, String) = match cell.late_write {
+/// (The checker's conclusion, said on the timeline, not recorded.)
+pub(super) fn store_line(cell: &Cell) -> Option<Conclusion> {
+    let (broken, text) = match cell.late_write {
         LateWrite::Accepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "{}: the store decided the {} holder's write after the waiter's, and took it",
                 cell.backend,
@@ -170,7 +189,7 @@ pub(super) fn store_line(cell: &Cell) -> Option<Event> {
             ),
         ),
         LateWrite::Rejected => (
-            What::StaleWriteRejected,
+            false,
             format!(
                 "{}: the store refused the {} holder's token {} (it had accepted {})",
                 cell.backend,
@@ -181,11 +200,11 @@ pub(super) fn store_line(cell: &Cell) -> Option<Event> {
         ),
         LateWrite::None => return None,
     };
-    let facts = StaleWrite {
-        backend: Some(cell.backend.into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", stale_write(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// Lab 4's checker: the whole history, every cell in it (a backend in a scenario), judged
@@ -304,15 +323,16 @@ fn check_cell(kind: Service, scenario: Scenario, log: &[Event]) -> Report {
         at(&holder, Kind::Wrote),
         at(&waiter, Kind::Wrote),
     ];
+    let late = at(&holder, Kind::Wrote).filter(|_| cell.late_write.attempted());
     Report::exclusion_and_stale_write(
         cell.two_holders,
         (exclusion_words, exclusion.into_iter().flatten()),
         (outcome, stale_words, writes.into_iter().flatten()),
+        late,
     )
 }
 
-/// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`],
-/// and the store line it would have written beside the one the history holds.
+/// `lockslab check`: each cell judged again from its scenario's events by [`judge_cell`].
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for recorded in replay::list(verdict, "cells")? {
@@ -331,25 +351,17 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             }
         }
         let found = judge_cell(kind, scenario, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| {
-            e.worker == "store"
-                && matches!(&e.what, What::StaleWriteAccepted(s) | What::StaleWriteRejected(s)
-                    if s.backend.as_deref() == Some(kind.name()))
-        }));
-        let would = replay::store_lines(store_line(&found).as_ref());
         let mut row = serde_json::to_value(&found)?;
         if let Some(fields) = row.as_object_mut() {
             // What the options predict is the plan's, not the history's.
             fields.remove("expected");
             fields.remove("expected_why");
         }
-        replayed
-            .part(
-                format!("{} × {}", kind.name(), scenario.name()),
-                recorded,
-                row,
-            )
-            .also("store line", said, would);
+        replayed.part(
+            format!("{} × {}", kind.name(), scenario.name()),
+            recorded,
+            row,
+        );
     }
     Ok(replayed)
 }
@@ -481,49 +493,63 @@ fn late_write_sentence(cell: &Cell) -> String {
     }
 }
 
-/// The verdict's words: a row per cell, a sentence on each, and what the matrix says.
+/// The verdict's words: per scenario, a row per lock and a sentence on each; then what the
+/// matrix says. A table per scenario fits 80 columns (one table of all the cells, with
+/// its scenario column, does not), and a page of `--step` can end between two scenarios.
 fn matrix_words(cells: &[Cell], plan: &Plan) -> Words<'static> {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let header = [
-        "backend",
-        "scenario",
-        "next holder",
+        "lock",
+        "handover",
         "expected",
-        "two holders",
-        "stale write",
+        "2 holders",
+        "late write",
         "token",
     ];
-    let rows: Vec<Vec<String>> = cells
-        .iter()
-        .map(|cell| {
-            let scenario = cell.scenario.name();
-            let two = match cell.two_holders {
-                Some(true) => "YES".red().bold().to_string(),
-                Some(false) => "no".to_string(),
-                None => "unknown".yellow().to_string(),
-            };
-            let stale = match cell.late_write {
-                LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
-                LateWrite::Rejected => "rejected".green().bold().to_string(),
-                other => other.as_str().to_string(),
-            };
-            vec![
-                cell.backend.to_string(),
-                scenario.to_string(),
-                cell.handover_ms
-                    .map(|ms| human(Duration::from_millis(ms)))
-                    .unwrap_or("nobody".into()),
-                cell.expected.clone(),
-                two,
-                stale,
-                yes_no(cell.fencing_token),
-            ]
-        })
-        .collect();
-    let mut words = Words::titled_table("Verdict (from the backends and the store)", &header, rows);
+    let row = |cell: &Cell| {
+        let two = match cell.two_holders {
+            Some(true) => "YES".red().bold().to_string(),
+            Some(false) => "no".to_string(),
+            None => "unknown".yellow().to_string(),
+        };
+        let stale = match cell.late_write {
+            LateWrite::Accepted => "ACCEPTED".red().bold().to_string(),
+            LateWrite::Rejected => "rejected".green().bold().to_string(),
+            other => other.as_str().to_string(),
+        };
+        vec![
+            cell.backend.to_string(),
+            cell.handover_ms
+                .map(|ms| human(Duration::from_millis(ms)))
+                .unwrap_or("nobody".into()),
+            cell.expected.clone(),
+            two,
+            stale,
+            yes_no(cell.fencing_token),
+        ]
+    };
+    let mut scenarios: Vec<Scenario> = Vec::new();
     for cell in cells {
-        let scenario = cell.scenario.name();
-        words.about(format!("{} / {scenario}", cell.backend), cell.meaning(plan));
+        if !scenarios.contains(&cell.scenario) {
+            scenarios.push(cell.scenario);
+        }
+    }
+    let mut words = Words::new();
+    words
+        .blank()
+        .heading("Verdict (from the backends and the store)");
+    for scenario in scenarios {
+        let of_scenario: Vec<&Cell> = cells.iter().filter(|c| c.scenario == scenario).collect();
+        words
+            .blank()
+            .heading(format!(
+                "{}: handover = until the waiter held the lock",
+                scenario.name()
+            ))
+            .table(&header, of_scenario.iter().map(|c| row(c)).collect());
+        for cell in of_scenario {
+            words.about(cell.backend, cell.meaning(plan));
+        }
     }
     words.blank().about(
         "In short",

@@ -100,7 +100,7 @@ impl Play<'_> {
             judge_leader_killed(stage, store, (self.run_id, &resource), b_queued_at)?;
         leader_killed.election_ms = Some(election.as_millis() as u64);
         if let Some(line) = store_line(&leader_killed) {
-            stage.record(line);
+            stage.conclude(line);
         }
         let majority_lost = majority_lost(stage, hand, etcd, &at)?;
         Ok(vec![leader_killed, majority_lost])

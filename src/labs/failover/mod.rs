@@ -24,9 +24,32 @@
 //! `ROLE`, etcd's `status`) and from the fenced store, never from what a worker believed.
 
 mod etcd;
+mod etcd_hosts;
+mod etcd_partition;
+mod etcd_stall;
+mod hosts_check;
 mod redis;
+mod split_brain;
+mod split_check;
+mod split_clients;
 mod verdict;
-pub use verdict::{check, replay};
+pub use etcd_hosts::OnHosts;
+
+/// Lab 5's checker: the Redis and etcd rows ([`verdict::check`]) and the etcd-on-hosts
+/// rows ([`hosts_check::check`]), one report.
+pub fn check(history: &[crate::events::Event]) -> crate::check::report::Report {
+    crate::check::report::Report::compose([verdict::check(history), hosts_check::check(history)])
+}
+
+/// `lockslab check`: every row judged again, each by the code that judged it live.
+pub fn replay(
+    events: &[crate::events::Event],
+    recorded: &serde_json::Value,
+) -> Result<super::replay::Replayed> {
+    let mut replayed = verdict::replay(events, recorded)?;
+    hosts_check::replay_rows(events, recorded, &mut replayed)?;
+    Ok(replayed)
+}
 
 use std::time::{Duration, Instant};
 
@@ -56,15 +79,34 @@ Examples:
                                     etcd
   lockslab failover --ttl 30s       a longer lease: B's grant falls even deeper
                                     inside A's
+  lockslab failover --scenario split-brain
+                                    the primary partitioned from its Sentinels
+                                    (on hosts of lockslab's own): two primaries,
+                                    then with min-replicas-to-write 1
+  lockslab failover --scenario all  both stories, one after the other
   lockslab failover --json | jq .   events and verdict as JSON Lines
+  lockslab failover --scenario etcd-partition
+                                    etcd's leader cut off in a minority
+                                    (each member on a host of its own)
+  lockslab failover --scenario etcd-stall
+                                    etcd's leader stopped past its election
+                                    timeout: is a live lease revoked? (#15247)
 
 lockslab starts its own clusters (Redis primary + replica + 3 Sentinels;
 3 etcd members) on free loopback ports, each with a password of its own,
 and removes them at the end: --redis-url and --etcd-url are not used by
-this lab. The store is the usual Postgres.
+this lab. The split brain runs each Redis and Sentinel in a network
+namespace of its own (no root needed where the kernel allows user
+namespaces; `lockslab doctor` says whether this machine can partition). The store is the usual Postgres.
 By hand: see labs/05-failover.md.", crate::lab_exit_status_help!()))]
 pub struct FailoverArgs {
-    /// How long each Redis lock lives (5s to 10m): long, so that B's grant falls inside A's
+    /// Which story: a crash (the Redis primary and the etcd leader SIGKILLed), the split
+    /// brain (the Redis primary cut off from its Sentinels by a network partition), all
+    /// three; or etcd's leader cut off or stalled on hosts of its own (network namespaces)
+    #[arg(long, value_enum, default_value_t = Scenarios::Crash)]
+    pub scenario: Scenarios,
+    /// How long each Redis lock of the crash lives (5s to 10m): long, so that B's grant
+    /// falls inside A's (the split brain's lock lives 3s, renewed every second)
     #[arg(long, default_value = "10s", value_parser = parse_ttl, value_name = "DURATION")]
     pub ttl: Duration,
     /// A Sentinel of your own cluster (not supported yet: the lab SIGKILLs the primary)
@@ -77,6 +119,44 @@ pub struct FailoverArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub servers: ServerArgs,
+}
+
+/// The lab's stories, as `--scenario` names them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenarios {
+    /// The Redis primary SIGKILLed (plain, WAIT, min-replicas, fenced), then the etcd leader
+    Crash,
+    /// The Redis primary and its client cut off from the replica, the Sentinels and B:
+    /// two primaries; then the same with min-replicas-to-write 1
+    SplitBrain,
+    /// Both, the crash first
+    All,
+    /// etcd's leader cut off in a minority by a real partition, then healed (hosts)
+    EtcdPartition,
+    /// etcd's leader stopped (SIGSTOP) past its election timeout: etcd #15247 (hosts)
+    EtcdStall,
+    /// Both etcd scenarios, one after the other, on one cluster (hosts)
+    Etcd,
+}
+
+impl Scenarios {
+    fn crash(self) -> bool {
+        matches!(self, Scenarios::Crash | Scenarios::All)
+    }
+
+    fn split_brain(self) -> bool {
+        matches!(self, Scenarios::SplitBrain | Scenarios::All)
+    }
+
+    /// The etcd scenarios on hosts, played alone.
+    fn on_hosts(self) -> Option<OnHosts> {
+        match self {
+            Scenarios::EtcdPartition => Some(OnHosts::EtcdPartition),
+            Scenarios::EtcdStall => Some(OnHosts::EtcdStall),
+            Scenarios::Etcd => Some(OnHosts::Etcd),
+            _ => None,
+        }
+    }
 }
 
 fn parse_ttl(text: &str) -> Result<Duration, String> {
@@ -103,6 +183,7 @@ const ETCD_LEASE: Duration = Duration::from_secs(6);
 /// The lab as the flags ask for it, checked once, before any server is touched.
 pub(crate) struct Plan {
     ttl: Duration,
+    scenarios: Scenarios,
     /// `--redis-url`/`--etcd-url` were given: said under the heading, since they go unused.
     urls_ignored: bool,
 }
@@ -118,6 +199,7 @@ impl Plan {
         }
         Ok(Plan {
             ttl: args.ttl,
+            scenarios: args.scenario,
             urls_ignored: args.servers.redis_url.is_some() || args.servers.etcd_url.is_some(),
         })
     }
@@ -132,6 +214,11 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
 /// The durable token source's name: a sequence in the store's own database, one per run.
 fn sequence_of(run_id: &str) -> String {
     format!("lockslab_fence_{run_id}")
+}
+
+/// The split brain's token source: a sequence in the store's own schema, one per run.
+fn split_sequence_of(run_id: &str) -> String {
+    format!("lockslab_split_{run_id}")
 }
 
 impl Lab for Plan {
@@ -162,16 +249,57 @@ impl Lab for Plan {
 
     fn leftovers(&self, run: &Run, leftovers: Leftovers) -> Leftovers {
         let postgres = run.url(Backend::Postgres);
+        let split = split_sequence_of(&run.id);
         leftovers.store(postgres).sql(
             postgres,
-            &format!("DROP SEQUENCE IF EXISTS {}", sequence_of(&run.id)),
+            &format!(
+                "DROP SEQUENCE IF EXISTS {}; DROP SEQUENCE IF EXISTS {split}",
+                sequence_of(&run.id)
+            ),
         )
     }
 
     fn play(&mut self, run: &mut Run) -> Result<Verdict> {
+        // Before anything runs: `all` must not play the crash and then find it cannot split.
+        if self.scenarios.split_brain() {
+            split_brain::can_make_hosts()?;
+        }
         let postgres = run.url(Backend::Postgres).to_string();
         let mut store = Store::connect(&postgres)?;
         store.prepare()?;
+        if let Some(which) = self.scenarios.on_hosts() {
+            return self.play_on_hosts(run, &postgres, &mut store, which);
+        }
+        let mut verdict = Verdict {
+            ttl: self.ttl,
+            scenarios: Vec::new(),
+            split_brain: Vec::new(),
+        };
+        if self.scenarios.crash() {
+            verdict.scenarios = self.play_crash(run, &postgres, &mut store)?;
+        }
+        if self.scenarios.split_brain() {
+            if !self.scenarios.crash() {
+                run.started = Instant::now();
+            }
+            let mut stage = run.stage();
+            stage.timeline.set_lane_width(16);
+            let names = (run.id.as_str(), split_sequence_of(&run.id));
+            split_brain::play(&mut stage, &mut store, (names.0, &names.1))?;
+            verdict.split_brain = split_brain::rows(&stage);
+        }
+        Ok(verdict)
+    }
+}
+
+impl Plan {
+    /// The crash: the Redis primary SIGKILLed, then the etcd leader.
+    fn play_crash(
+        &mut self,
+        run: &mut Run,
+        postgres: &str,
+        store: &mut Store,
+    ) -> Result<Vec<Scenario>> {
         let (mut redis, mut etcd) = cluster::start_both()?;
         run.detail(&format!(
             "Redis    primary :{} replica :{} Sentinels :{} :{} :{} (ready in {})",
@@ -195,28 +323,51 @@ impl Lab for Plan {
         // it (and takes seconds on a busy machine).
         run.started = Instant::now();
         let sequence = sequence_of(&run.id);
-        store_sequence(&postgres, &sequence)?;
+        store_sequence(postgres, &sequence)?;
         let mut stage = run.stage();
         stage.timeline.set_lane_width(16);
         let play = Play {
             run_id: &run.id,
-            postgres: &postgres,
+            postgres,
             sequence: &sequence,
             ttl: self.ttl,
         };
         // Dropped on every way out of here, it resumes whatever it left paused.
         let mut nemesis = Nemesis::new();
         stage.checkpoint(&super::step::failover::REDIS);
-        let mut scenarios =
-            play.redis_failover(&mut stage, &mut nemesis, &mut redis, &mut store)?;
+        let mut scenarios = play.redis_failover(&mut stage, &mut nemesis, &mut redis, store)?;
         redis.stop();
         stage.checkpoint(&super::step::failover::ETCD);
         // The etcd part's kills: played by the nemesis's player as their moments come.
         let mut hand = Hand::new(&stage);
-        scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, &mut store)?);
+        scenarios.extend(play.etcd_leader_killed(&mut stage, &mut hand, &mut etcd, store)?);
+        Ok(scenarios)
+    }
+}
+
+impl Plan {
+    /// An etcd scenario on hosts ([`etcd_hosts`]), alone: no Redis, no other etcd.
+    fn play_on_hosts(
+        &self,
+        run: &mut Run,
+        postgres: &str,
+        store: &mut Store,
+        which: OnHosts,
+    ) -> Result<Verdict> {
+        run.started = Instant::now();
+        let mut stage = run.stage();
+        stage.timeline.set_lane_width(16);
+        let play = Play {
+            run_id: &run.id,
+            postgres,
+            sequence: "",
+            ttl: self.ttl,
+        };
+        let scenarios = play.on_hosts(&mut stage, store, which)?;
         Ok(Verdict {
             ttl: self.ttl,
             scenarios,
+            split_brain: Vec::new(),
         })
     }
 }
@@ -329,11 +480,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 5,
     command: "failover",
     shows: "Redis failover hands the lock out twice; etcd does not",
-    takes: "16s",
+    takes: "11s",
     needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     starts_its_own: Some("own Redis+etcd"),
     walkthrough: "labs/05-failover.md",
     session: 15,
-    stops: 3,
+    stops: 8,
     by_hand: &["redis-server", "redis-cli", "etcdctl", "jq"],
 };

@@ -217,11 +217,11 @@ impl Play<'_> {
                 let answer = stage.wait_for(
                     Duration::from_secs(10),
                     &format!("{name}'s WAIT to answer"),
-                    |e| e.is(&name, Kind::Lost) || e.is(&name, Kind::Kept),
+                    |e| e.is(&name, Kind::Lost) || e.is(&name, Kind::WaitAnswered),
                 )?;
                 match &answer.what {
                     What::Lost(lost) => lost.replicas_confirmed,
-                    What::Kept(kept) => kept.replicas_confirmed,
+                    What::WaitAnswered(kept) => kept.replicas_confirmed,
                     _ => None,
                 }
             } else {
@@ -431,7 +431,7 @@ impl Play<'_> {
                 scenario.failover_ms = b.failover.map(|d| d.as_millis() as u64);
                 scenario.replicas_confirmed = a.confirmed[index];
                 if let Some(line) = store_line(&scenario) {
-                    stage.record(line);
+                    stage.conclude(line);
                 }
                 scenarios.push(scenario);
             }

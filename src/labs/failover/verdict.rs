@@ -13,11 +13,10 @@ use crate::check::failover::{self as checks, LateWriteSeen, TokenOrder};
 use crate::check::report::{self, Report};
 use crate::check::{self, Finding, LateWrite};
 use crate::events::What;
-use crate::events::facts;
 use crate::events::{Event, Kind};
 use crate::labs::replay::{self, Replayed};
-use crate::labs::runner;
 use crate::labs::words::Words;
+use crate::labs::{Conclusion, runner};
 use crate::output::human;
 use crate::store::ReadBack;
 use crate::worker::sentinel_client::Rule;
@@ -60,6 +59,10 @@ pub struct Scenario {
     /// `redis-min-replicas`: the primary's answer to A's `SET NX` (`NOREPLICAS …`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// etcd on hosts: what this run saw that the table has no column for (a stalled
+    /// leader's effect on a lease), as read back from the members.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
     pub attempts: Vec<crate::store::Attempt>,
     /// A's write in the store's decision order (the JSON carries it as `stale_write`).
     #[serde(skip)]
@@ -127,6 +130,7 @@ impl Scenario {
             replicas_confirmed: None,
             unavailable: None,
             refused: None,
+            observed: None,
             attempts: Vec::new(),
             late: LateWrite::None,
             a_wrote: false,
@@ -159,6 +163,9 @@ impl Scenario {
                 "the primary refused A's SET ({answer}): no replica in reach, so no lock \
                  was granted for the failover to lose"
             );
+        }
+        if let Some(observed) = &self.observed {
+            return observed.clone();
         }
         if let Some(error) = &self.unavailable {
             return format!(
@@ -200,6 +207,8 @@ impl Scenario {
 pub struct Verdict {
     pub ttl: Duration,
     pub scenarios: Vec<Scenario>,
+    /// The split brain's rounds (`--scenario split-brain`), decided from the history.
+    pub split_brain: Vec<super::split_check::SplitRow>,
 }
 
 impl runner::Verdict for Verdict {
@@ -210,11 +219,25 @@ impl runner::Verdict for Verdict {
             "scenarios".into(),
             serde_json::to_value(&self.scenarios).unwrap_or_default(),
         );
+        if !self.split_brain.is_empty() {
+            fields.insert(
+                "split_brain".into(),
+                serde_json::to_value(&self.split_brain).unwrap_or_default(),
+            );
+        }
         fields
     }
 
     fn words(&self) -> Words<'_> {
-        verdict_words(&self.scenarios)
+        let mut words = if self.scenarios.is_empty() {
+            Words::new()
+        } else {
+            verdict_words(&self.scenarios)
+        };
+        if !self.split_brain.is_empty() {
+            super::split_check::words(&mut words, &self.split_brain);
+        }
+        words
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -233,31 +256,29 @@ impl runner::Verdict for Verdict {
                     crate::room::stale_write_word(s.stale_write.attempted, s.stale_write.accepted)
                 )
             })
+            .chain(self.split_brain.iter().map(super::split_check::headline))
             .collect();
         scenarios.join(" · ")
     }
 }
 
 /// The store's line on the timeline for a scenario whose A wrote after B.
-pub(super) fn store_line(scenario: &Scenario) -> Option<Event> {
+/// (The checker's conclusion, said on the timeline, not recorded.)
+pub(super) fn store_line(scenario: &Scenario) -> Option<Conclusion> {
     let holds = scenario.final_writer.as_deref().unwrap_or("nobody");
-    let (kind, decided): (facts::StaleWriteKind, _) = match scenario.late {
-        LateWrite::Accepted => (What::StaleWriteAccepted, "taken"),
-        LateWrite::Rejected => (What::StaleWriteRejected, "refused"),
+    let (broken, decided) = match scenario.late {
+        LateWrite::Accepted => (true, "taken"),
+        LateWrite::Rejected => (false, "refused"),
         LateWrite::None => return None,
     };
-    Some(Event::new(
-        "store",
-        kind(facts::StaleWrite {
-            resource: Some(scenario.name.clone()),
-            final_writer: Some(holds.into()),
-            ..Default::default()
-        }),
-        format!(
+    Some(Conclusion {
+        lane: "store",
+        text: format!(
             "{}: A's write decided after B's: {decided}; holds {holds}'s result",
             scenario.name
         ),
-    ))
+        broken,
+    })
 }
 
 /// The scenarios whose two holders wrote to the store, with the label their workers carry
@@ -313,9 +334,10 @@ pub fn check(history: &[Event]) -> Report {
         let a = format!("A:{label}");
         history.iter().any(|e| e.worker == a)
     });
-    Report::compose(played.map(|&(name, label)| {
+    let crash = played.map(|&(name, label)| {
         check_scenario(history, name, label).about(&format!("scenario {name}"))
-    }))
+    });
+    Report::compose(crash.chain([super::split_check::check(history)]))
 }
 
 /// One scenario's findings; event positions are in `history`.
@@ -372,14 +394,7 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
     };
     let mut writes = vec![Some(read_back_at), wrote(&a), wrote(&b)];
     let (outcome, stale_words) = match found.late {
-        LateWrite::Accepted => (
-            report::Outcome::Invalid,
-            "the store decided A's write after B's and took it: B's result is lost",
-        ),
-        LateWrite::Rejected => (
-            report::Outcome::Valid,
-            "the store decided A's write after B's and refused it: B's result stands",
-        ),
+        LateWrite::Accepted | LateWrite::Rejected => late_write_decided(found.late),
         LateWrite::None if !found.a_wrote => {
             writes.push(at(&a, Kind::Lost));
             (
@@ -396,13 +411,28 @@ fn check_scenario(history: &[Event], name: &str, label: &str) -> Report {
         found.two_holders,
         (exclusion_words, exclusion.into_iter().flatten()),
         (outcome, stale_words, writes.into_iter().flatten()),
+        wrote(&a).filter(|_| found.late.attempted()),
     )
+}
+
+/// The stale-write finding of a write of A's the store decided after B's: taken (B's
+/// result lost) or refused. (`LateWrite::None` is each checker's own to word.)
+pub(super) fn late_write_decided(late: LateWrite) -> (report::Outcome, &'static str) {
+    match late {
+        LateWrite::Accepted => (
+            report::Outcome::Invalid,
+            "the store decided A's write after B's and took it: B's result is lost",
+        ),
+        _ => (
+            report::Outcome::Valid,
+            "the store decided A's write after B's and refused it: B's result stands",
+        ),
+    }
 }
 
 /// `lockslab check`: each scenario whose writes the store decided, judged again from the
 /// store's read-back of its resource by [`Scenario::from_store`] — the tokens, the late
-/// write, the final writer — and the store line it would have written beside the one the
-/// history holds. etcd's two holders are judged again from the releases and the waiter's
+/// write, the final writer. etcd's two holders are judged again from the releases and the waiter's
 /// grant; Redis's rest on the PTTLs the lab read live, which the history does not carry:
 /// that part is taken as recorded and held against the store's order.
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
@@ -428,33 +458,36 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         };
         let backend = if etcd { "etcd" } else { "redis" };
         let found = Scenario::from_store(name, backend, from_lock, None, read, &a, &b)?;
-        let row = json!({
-            "two_holders": found.two_holders,
-            "token_reissued": found.token_reissued,
-            "stale_write": found.stale_write,
-            "a_token": found.a_token,
-            "b_token": found.b_token,
-            "final_writer": found.final_writer,
-            "attempts": found.attempts,
-        });
-        let said = replay::store_lines(events.iter().filter(|e| match &e.what {
-            What::StaleWriteAccepted(s) | What::StaleWriteRejected(s) => {
-                s.resource.as_deref() == Some(name)
-            }
-            _ => false,
-        }));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(name, recorded, row)
-            .also("store line", said, would);
+        replay_part(recorded, &found, &mut replayed);
     }
-    replayed.not_replayed.push(
-        "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and the \
-         new primary answered, which the history does not carry yet) is taken as recorded, \
-         and held against the store's order of the writes"
-            .into(),
-    );
+    if !replay::list(verdict, "scenarios")?.is_empty() {
+        replayed.not_replayed.push(
+            "the lock service's part of the Redis rows' `two_holders` (the PTTLs the old and \
+             the new primary answered, which the history does not carry yet) is taken as \
+             recorded, and held against the store's order of the writes"
+                .into(),
+        );
+    }
+    // The split brain's rounds, after the crash's rows as the verdict lists them.
+    if let Some(Value::Array(rounds)) = verdict.get("split_brain") {
+        super::split_check::replay(events, rounds, &mut replayed);
+    }
     Ok(replayed)
+}
+
+/// A row judged again (`found`) beside the recorded one: the fields the store's record
+/// decides.
+pub(super) fn replay_part(recorded: &Value, found: &Scenario, replayed: &mut Replayed) {
+    let row = json!({
+        "two_holders": found.two_holders,
+        "token_reissued": found.token_reissued,
+        "stale_write": found.stale_write,
+        "a_token": found.a_token,
+        "b_token": found.b_token,
+        "final_writer": found.final_writer,
+        "attempts": found.attempts,
+    });
+    replayed.part(found.name.as_str(), recorded, row);
 }
 
 /// The verdict's words: a row per scenario, a sentence on each, and the caveats of the

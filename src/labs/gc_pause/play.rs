@@ -385,7 +385,7 @@ impl Play<'_> {
         };
         let verdict = RunVerdict::from_history(setup, &stage.log)?;
         if let Some(line) = store_line(&verdict) {
-            stage.record(line);
+            stage.conclude(line);
         }
         Ok(verdict)
     }

@@ -12,8 +12,8 @@ use super::Plan;
 use crate::check::gc_pause::{self as checks, Evidence, Findings};
 use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
-use crate::events::facts::StaleWrite;
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -167,27 +167,27 @@ pub fn heard(log: &[Event]) -> Result<Heard> {
 }
 
 /// The store's line on the timeline when A's write was decided after B's: taken or refused,
-/// and whose result the resource holds.
-pub fn store_line(verdict: &RunVerdict) -> Option<Event> {
+/// and whose result the resource holds (the checker's conclusion, said, not recorded).
+pub fn store_line(verdict: &RunVerdict) -> Option<Conclusion> {
     let holds = verdict.final_writer.as_deref().unwrap_or("nobody");
-    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+    let (broken, text) = match verdict.late_write {
         LateWrite::Accepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
             ),
         ),
         LateWrite::Rejected => (
-            What::StaleWriteRejected,
+            false,
             format!("decided A's stale write after B's and refused it: it holds {holds}'s result"),
         ),
         LateWrite::None => return None,
     };
-    let facts = StaleWrite {
-        final_writer: Some(holds.into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", kind(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 impl Setup {
@@ -230,8 +230,7 @@ impl Setup {
 }
 
 /// `lockslab check`: each recorded run judged again from its own events (cut where the lab
-/// announced each run) by [`RunVerdict::from_history`], and the store line it would have
-/// written beside the one the history holds.
+/// announced each run) by [`RunVerdict::from_history`].
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let runs = replay::list(verdict, "runs")?;
     let pieces = match replay::cut_at_runs(events, runs.len()) {
@@ -249,11 +248,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         let log = replayed.with_read_back(log, run, None)?;
         let setup = Setup::recorded(run, verdict)?;
         let found = RunVerdict::from_history(setup, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(found.title(), run, &found)
-            .also("store line", said, would);
+        replayed.part(found.title(), run, &found);
     }
     Ok(replayed)
 }
@@ -385,7 +380,11 @@ fn stale_write(
         ),
     };
     let events = [read_back_at, at("A", Kind::Wrote), at("B", Kind::Wrote)];
+    // A's write is what the finding is about where it was stale: decided after B's, or
+    // made after A's key was gone.
+    let stale = found.late_write.attempted() || found.a_stale_write_accepted.is_some();
     report::Finding::new("stale write", outcome, words, events.into_iter().flatten())
+        .about_event(at("A", Kind::Wrote).filter(|_| stale))
 }
 
 /// What one run found. Every field comes from a backend's answer: Redis's (who held the

@@ -297,7 +297,7 @@ impl Cell<'_> {
         stage.record_read_back(resource, &read);
         let cell = CellVerdict::from_history(fault, guard, ttl_ms, &stage.log)?;
         if let Some(line) = store_line(&cell) {
-            stage.record(line);
+            stage.conclude(line);
         }
         Ok(cell)
     }

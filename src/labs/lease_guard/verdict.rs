@@ -11,8 +11,9 @@ use super::{LeaseFault, Plan};
 use crate::check::lease_guard::{self as checks, Evidence, Found, Outcome};
 use crate::check::report::{self, Report};
 use crate::check::{Finding, LateWrite};
-use crate::events::facts::{GuardDecided, StaleWrite};
+use crate::events::facts::GuardDecided;
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -199,11 +200,22 @@ impl CellVerdict {
         Ok(cell)
     }
 
-    fn word(&self) -> String {
+    pub(super) fn word(&self) -> String {
         let word = self.outcome_word();
         match self.unavailable_ms {
             Some(ms) if ms >= IDLE_WORTH_SAYING_MS => format!("{word}, B kept out {ms}ms"),
             _ => word,
+        }
+    }
+
+    /// The outcome in four letters at most, for the numbered matrix.
+    fn short_word(&self) -> String {
+        match self.outcome {
+            Outcome::StaleAccepted => "LOST".red().bold().to_string(),
+            Outcome::StaleRefused => "ref".green().to_string(),
+            Outcome::Aborted if self.needless_abort == Some(true) => "idle".yellow().to_string(),
+            Outcome::Aborted => "stop".to_string(),
+            Outcome::NoStaleWrite => "ok".to_string(),
         }
     }
 
@@ -220,33 +232,32 @@ impl CellVerdict {
     }
 }
 
-/// The store's line on the timeline when A's write was decided after B's.
-pub fn store_line(cell: &CellVerdict) -> Option<Event> {
+/// The store's line on the timeline when A's write was decided after B's (the checker's
+/// conclusion, said, not recorded).
+pub fn store_line(cell: &CellVerdict) -> Option<Conclusion> {
     let holds = cell.final_writer.clone().unwrap_or("nobody".into());
-    let (kind, text): (fn(StaleWrite) -> What, String) = match cell.outcome {
+    let (broken, text) = match cell.outcome {
         Outcome::StaleAccepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "decided A's stale write after B's and took it: it holds {holds}'s result, B's is lost"
             ),
         ),
         Outcome::StaleRefused => (
-            What::StaleWriteRejected,
+            false,
             format!("decided A's stale write after B's and refused it: it holds {holds}'s result"),
         ),
         _ => return None,
     };
-    let facts = StaleWrite {
-        final_writer: Some(holds),
-        guard: Some(cell.guard.as_str().into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", kind(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// `lockslab check`: each cell judged again from its own events (picked by its fault and
-/// guard tags) by [`CellVerdict::from_history`], and the store line it would have written
-/// beside the one the history holds.
+/// guard tags) by [`CellVerdict::from_history`].
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     use clap::ValueEnum;
     let ttl_ms = replay::number(verdict, "ttl_ms")?;
@@ -263,11 +274,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         let log = replayed.with_read_back(log, cell, None)?;
         let found = CellVerdict::from_history(fault, guard, ttl_ms, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
-        let would = replay::store_lines(store_line(&found).as_ref());
-        replayed
-            .part(format!("{guard_name} × {fault_name}"), cell, &found)
-            .also("store line", said, would);
+        replayed.part(format!("{guard_name} × {fault_name}"), cell, &found);
     }
     Ok(replayed)
 }
@@ -372,6 +379,13 @@ fn cell_stale_write(
     read_back_at: Option<usize>,
 ) -> report::Finding {
     let mut events = vec![read_back_at, at("A", Kind::Wrote), at("B", Kind::Wrote)];
+    // What the finding is about: A's late write, taken or refused, or its guard's decision
+    // that held it back.
+    let subject = match cell.found.outcome {
+        Outcome::StaleAccepted | Outcome::StaleRefused => at("A", Kind::Wrote),
+        Outcome::Aborted => at("A", Kind::GuardDecided),
+        Outcome::NoStaleWrite => None,
+    };
     let (outcome, words) = match cell.found.outcome {
         Outcome::StaleAccepted => (
             report::Outcome::Invalid,
@@ -394,9 +408,37 @@ fn cell_stale_write(
         ),
     };
     report::Finding::new("stale write", outcome, words, events.into_iter().flatten())
+        .about_event(subject)
 }
 
 impl runner::Verdict for Verdict {
+    /// Per guard, the faults under which B's result was lost: `check-owner: B's result
+    /// lost under pause-after-check, stall · fencing: B's result kept`.
+    fn headline(&self) -> String {
+        let mut guards: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+        for cell in &self.cells {
+            let guard = cell.guard.as_str();
+            let at = match guards.iter().position(|(g, _)| *g == guard) {
+                Some(at) => at,
+                None => {
+                    guards.push((guard, Vec::new()));
+                    guards.len() - 1
+                }
+            };
+            if !cell.outcome.safe() {
+                guards[at].1.push(cell.fault.as_str());
+            }
+        }
+        let parts: Vec<String> = guards
+            .into_iter()
+            .map(|(guard, lost)| match lost.as_slice() {
+                [] => format!("{guard}: B's result kept"),
+                faults => format!("{guard}: B's result lost under {}", faults.join(", ")),
+            })
+            .collect();
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("ttl_ms".into(), (self.plan.ttl.as_millis() as u64).into());
@@ -440,24 +482,14 @@ impl runner::Verdict for Verdict {
     }
 
     fn words(&self) -> Words<'_> {
+        if self.plan.faults.len() > 3 {
+            return self.words_numbered();
+        }
         let faults = &self.plan.faults;
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")
             .chain(faults.iter().map(|f| f.as_str()))
             .collect();
-        let rows: Vec<Vec<String>> = self
-            .plan
-            .guards
-            .iter()
-            .map(|&guard| {
-                std::iter::once(guard.as_str().to_string())
-                    .chain(faults.iter().map(|&fault| {
-                        self.cell(guard, fault)
-                            .map(CellVerdict::word)
-                            .unwrap_or_default()
-                    }))
-                    .collect()
-            })
-            .collect();
+        let rows = self.matrix_rows(CellVerdict::word);
         // No blank line above the heading, as this lab has always printed it (its old
         // `prose!("")` printed nothing: an empty text has no line to fit).
         let mut words = Words::new();
@@ -472,6 +504,56 @@ impl runner::Verdict for Verdict {
 }
 
 impl Verdict {
+    /// The matrix of more than three faults: a fault's name would make its column too wide
+    /// for 80, so the columns are numbered, each cell a word of four letters, and a legend
+    /// says both — one table on one screen, where a table of a block per guard took two.
+    fn words_numbered(&self) -> Words<'_> {
+        let faults = &self.plan.faults;
+        let numbers: Vec<String> = (1..=faults.len()).map(|n| n.to_string()).collect();
+        let header: Vec<&str> = std::iter::once("guard ↓  fault →")
+            .chain(numbers.iter().map(String::as_str))
+            .collect();
+        let rows = self.matrix_rows(CellVerdict::short_word);
+        let legend: Vec<String> = faults
+            .iter()
+            .enumerate()
+            .map(|(i, fault)| format!("{} {}", i + 1, fault.as_str()))
+            .collect();
+        let mut words = Words::new();
+        words
+            .heading("Verdict — read back from the store")
+            .table(&header, rows)
+            .prose(format!("  faults: {}", legend.join(" · ")))
+            .prose(
+                "  LOST: A's stale write taken, B's result lost · stop: the guard stopped A · \
+                 idle: stopped A needlessly (Redis still had its key) · ref: the store \
+                 refused it · ok: no stale write"
+                    .to_string(),
+            );
+        for line in self.sentences() {
+            words.prose(line);
+        }
+        words
+    }
+
+    /// The matrix's rows: a guard's name, then its cell against each fault in `word`s.
+    fn matrix_rows(&self, word: fn(&CellVerdict) -> String) -> Vec<Vec<String>> {
+        let faults = &self.plan.faults;
+        self.plan
+            .guards
+            .iter()
+            .map(|&guard| {
+                std::iter::once(guard.as_str().to_string())
+                    .chain(
+                        faults
+                            .iter()
+                            .map(|&fault| self.cell(guard, fault).map(word).unwrap_or_default()),
+                    )
+                    .collect()
+            })
+            .collect()
+    }
+
     fn cell(&self, guard: Guard, fault: LeaseFault) -> Option<&CellVerdict> {
         self.cells
             .iter()

@@ -426,11 +426,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 2,
     command: "naive",
     shows: "the naive Redis lock broken four ways, each beside its fix",
-    takes: "17s",
+    takes: "18s",
     needs: &[Backend::Redis],
     starts_its_own: None,
     walkthrough: "labs/02-naive.md",
     session: 10,
-    stops: 5,
+    stops: 7,
     by_hand: &["redis-cli", "jq"],
 };

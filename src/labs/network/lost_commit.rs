@@ -195,19 +195,16 @@ fn paid(found: &PaymentFound, rows_now: u64, total: i64) -> Event {
         "read back: {} for this payment, {total} paid in all",
         rows_of(rows_now)
     );
-    if found.doubled {
-        Event::new(
-            "postgres",
-            What::Violation(facts),
-            format!("{text} — the retry paid twice"),
-        )
+    let said = if found.doubled {
+        "the retry paid twice"
     } else {
-        Event::new(
-            "postgres",
-            What::ExactlyOnce(facts),
-            format!("{text} — paid once"),
-        )
-    }
+        "paid once"
+    };
+    Event::new(
+        "postgres",
+        What::TablesRead(facts),
+        format!("{text} — {said}"),
+    )
 }
 
 /// "1 row", "2 rows".

@@ -160,21 +160,16 @@ fn taken(found: &FencedRetryFound, twice: u64, decisions: &[i64]) -> Event {
         attempts(twice),
         numbers.join(" and ")
     );
-    if found.doubled {
-        Event::new(
-            "postgres",
-            What::Violation(facts),
-            format!(
-                "{text} — the same write applied twice: harmless for this set (the same value again), double for an add; the token refuses a write a newer holder's has overtaken, not a second copy"
-            ),
-        )
+    let said = if found.doubled {
+        "the same write applied twice: harmless for this set (the same value again), double for an add; the token refuses a write a newer holder's has overtaken, not a second copy"
     } else {
-        Event::new(
-            "postgres",
-            What::ExactlyOnce(facts),
-            format!("{text} — taken once"),
-        )
-    }
+        "taken once"
+    };
+    Event::new(
+        "postgres",
+        What::TablesRead(facts),
+        format!("{text} — {said}"),
+    )
 }
 
 /// The verdict's table for the fenced write, and what it means.

@@ -274,8 +274,8 @@ impl<'a> Scene<'a> {
         let read = store.read_back(&self.run.id, &self.resource)?;
         stage.record_read_back(&self.resource, &read);
         let verdict = RunVerdict::from_history(self.scenario, self.fenced, &stage.log)?;
-        if let Some(event) = store_line(&verdict, &self.resource) {
-            stage.record(event);
+        if let Some(line) = store_line(&verdict) {
+            stage.conclude(line);
         }
         Ok(verdict)
     }

@@ -13,8 +13,9 @@ use crate::check::network::{
     self as checks, CutTiming, Evidence, FencedRetryFound, LATE, NEXT, PaymentFound, ReplyFound,
 };
 use crate::check::report::{self, Report};
-use crate::events::facts::{Fault, StaleWrite};
+use crate::events::facts::Fault;
 use crate::events::{Event, Kind, What};
+use crate::labs::Conclusion;
 use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
@@ -39,6 +40,54 @@ pub struct Verdict {
 }
 
 impl runner::Verdict for Verdict {
+    /// Each run's late write as the store decided it, then what each lost answer left:
+    /// `delayed-write fenced: stale write refused · lost SET same-owner: A knows`.
+    fn headline(&self) -> String {
+        let mut parts: Vec<String> = self
+            .runs
+            .iter()
+            .map(|run| {
+                let fencing = if run.fencing { "fenced" } else { "unfenced" };
+                let late = crate::room::late_write_word(run.late_write);
+                format!("{} {fencing}: {late}", run.scenario)
+            })
+            .collect();
+        let lost = |what: &str, found: &ReplyFound| {
+            let outcome = if found.orphaned {
+                "lock orphaned until it expired"
+            } else if found.a_knows {
+                "A knows whose lock it is"
+            } else {
+                "A mistaken about the lock"
+            };
+            format!("{what} {}: {outcome}", found.policy.as_str())
+        };
+        parts.extend(self.lost_set.iter().map(|f| lost("lost SET", f)));
+        parts.extend(self.lost_commit.iter().map(|found| {
+            let key = if found.idempotency_key {
+                "with key"
+            } else {
+                "no key"
+            };
+            let paid = if found.doubled {
+                "paid twice"
+            } else {
+                "paid once"
+            };
+            format!("lost COMMIT {key}: {paid}")
+        }));
+        if let Some(found) = &self.lost_fenced_retry {
+            let done = if found.doubled {
+                "done twice"
+            } else {
+                "done once"
+            };
+            parts.push(format!("lost fenced COMMIT: {done}"));
+        }
+        parts.extend(self.lost_lock.iter().map(|f| lost("lost etcd lock", f)));
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("ttl_ms".into(), (self.ttl.as_millis() as u64).into());
@@ -186,8 +235,7 @@ impl RunVerdict {
 }
 
 /// `lockslab check`: each run of the delayed write and the cuts judged again from its own
-/// events (picked by its story and fencing tags), and the store line it would have written
-/// beside the one the history holds.
+/// events (picked by its story and fencing tags).
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     for run in replay::list(verdict, "runs")? {
@@ -202,11 +250,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         });
         let log = replayed.with_read_back(log, run, None)?;
         let found = RunVerdict::from_history(scenario, fenced, &log)?;
-        let said = replay::store_lines(log.iter().filter(|e| e.worker == "store"));
-        let would = replay::store_lines(store_line(&found, "").as_ref());
-        replayed
-            .part(format!("{scenario} ({})", found.title()), run, &found)
-            .also("store line", said, would);
+        replayed.part(format!("{scenario} ({})", found.title()), run, &found);
     }
     if verdict.get("lost_set").is_some() {
         replayed.not_replayed.push(
@@ -329,6 +373,12 @@ fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
             stale,
             stale_words,
             writes.into_iter().flatten(),
+        )
+        .about_event(
+            // A's last write: the one the store decided after B's.
+            log.iter()
+                .rposition(|e| e.is(LATE, Kind::Wrote))
+                .filter(|_| found.late_write.attempted()),
         ),
     ]);
     if scenario == "cut-off-stops" {
@@ -357,30 +407,30 @@ fn check_run(scenario: &'static str, fenced: bool, log: &[Event]) -> Report {
     report
 }
 
-/// The store's line on the timeline when A's write was decided after B's.
-pub fn store_line(verdict: &RunVerdict, resource: &str) -> Option<Event> {
+/// The store's line on the timeline when A's write was decided after B's (the checker's
+/// conclusion, said, not recorded).
+pub fn store_line(verdict: &RunVerdict) -> Option<Conclusion> {
     let holds = verdict.final_writer.clone().unwrap_or("nobody".into());
-    let (kind, text): (fn(StaleWrite) -> What, String) = match verdict.late_write {
+    let (broken, text) = match verdict.late_write {
         LateWrite::Accepted => (
-            What::StaleWriteAccepted,
+            true,
             format!(
                 "decided A's late write after B's and took it: it holds {holds}'s result, B's is lost"
             ),
         ),
         LateWrite::Rejected => (
-            What::StaleWriteRejected,
+            false,
             format!(
                 "decided A's late write after B's and refused its lower token: it holds {holds}'s result"
             ),
         ),
         LateWrite::None => return None,
     };
-    let facts = StaleWrite {
-        final_writer: Some(holds),
-        resource: Some(resource.into()),
-        ..StaleWrite::default()
-    };
-    Some(Event::new("store", kind(facts), text))
+    Some(Conclusion {
+        lane: "store",
+        text,
+        broken,
+    })
 }
 
 /// The network faults of a history, for a reader who wants to check the hold was the only

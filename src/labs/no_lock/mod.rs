@@ -152,6 +152,16 @@ impl Fault {
     }
 }
 
+/// What `--step` plays when no approach is named: the lock that fails, the database's own
+/// check, the key that makes a retry harmless, and the lock made safe by a token — the
+/// lab's argument in four approaches, each on one screen or two, within 15 stops.
+const STEPPED: [Approach; 4] = [
+    Approach::RedisLock,
+    Approach::Optimistic,
+    Approach::IdempotencyKey,
+    Approach::RedisFenced,
+];
+
 /// The workers the contention sweep runs, and the approaches it compares by default.
 pub(crate) const SWEEP: [u32; 5] = [2, 4, 8, 16, 32];
 const SWEPT: [Approach; 5] = [
@@ -186,6 +196,7 @@ impl Plan {
             Some(one) => vec![one],
             // The sweep is about contention on the database: five approaches, no Redis.
             None if args.contention => SWEPT.to_vec(),
+            None if crate::labs::step::stepping() => STEPPED.to_vec(),
             None => Approach::ALL.to_vec(),
         };
         let needs = if approaches.iter().any(|a| a.uses_redis()) {
@@ -241,10 +252,21 @@ impl Lab for Plan {
     }
 
     fn intro(&self, _run: &Run) -> Vec<String> {
-        vec![format!(
+        let mut intro = vec![format!(
             "{} jobs: invoice (customer, period) once, add it to the balance once; {} customers.",
             self.jobs, self.keys
-        )]
+        )];
+        let played: Vec<Approach> = self.plays.iter().map(|&(a, _)| a).collect();
+        if played == STEPPED {
+            let names: Vec<&str> = STEPPED.iter().map(|a| a.name()).collect();
+            intro.push(format!(
+                "--step plays four of the nine approaches, a 15-minute slot: {}. Name one to \
+                 play it alone (`lockslab no-lock serializable --step`); without --step, all \
+                 nine.",
+                names.join(", ")
+            ));
+        }
+        intro
     }
 
     /// The run's schema holds every approach's tables; its Redis keys every lock and counter.
@@ -330,11 +352,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 7,
     command: "no-lock",
     shows: "the same job with no lock: optimistic writes, idempotency",
-    takes: "26s",
+    takes: "24s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/07-no-lock.md",
     session: 15,
-    stops: 10,
+    stops: 11,
     by_hand: &["psql"],
 };

@@ -93,14 +93,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
             "frozen_job": frozen.iter().find(|f| f.worker == WATCHED).map(|f| f.job),
             "killed_job": killed.as_ref().map(|k| k.job),
         });
-        let word = |right: bool| if right { "exactly_once" } else { "violation" };
-        replayed
-            .part(format!("approach {name}"), recorded, found)
-            .also(
-                "tables line",
-                word(log[judged.line_at].kind() == Kind::ExactlyOnce).into(),
-                word(tables.correct()).into(),
-            );
+        replayed.part(format!("approach {name}"), recorded, found);
     }
     Ok(replayed)
 }
@@ -112,7 +105,7 @@ struct Judged {
     points: Vec<PointVerdict>,
     frozen: Vec<Strike>,
     killed: Option<Strike>,
-    /// The tables' line (`exactly_once` or `violation`): the store's figures.
+    /// The tables' line (`tables_read`): the store's figures.
     line_at: usize,
     /// The freezes and the kill, as the nemesis recorded them.
     frozen_at: Vec<usize>,
@@ -158,8 +151,7 @@ fn judge_approach(name: &str, log: &[Event], jobs: i64) -> Result<Judged> {
     };
     let line_at = log
         .iter()
-        .position(|e| e.kind() == Kind::Violation)
-        .or_else(|| log.iter().position(|e| e.kind() == Kind::ExactlyOnce))
+        .position(|e| e.kind() == Kind::TablesRead)
         .with_context(|| format!("{name}: the tables' line is not in the history"))?;
     let said = log[line_at]
         .observed()

@@ -204,7 +204,10 @@ fn stale_write(late: &str, writer: &str, log: &[Event]) -> Finding {
     let events = positions(log, |e| {
         e.kind() == Kind::ReadBack || e.is(writer, Kind::Wrote)
     });
-    Finding::new("stale write", outcome, words, events)
+    let late = matches!(late, "accepted" | "rejected")
+        .then(|| log.iter().rposition(|e| e.is(writer, Kind::Wrote)))
+        .flatten();
+    Finding::new("stale write", outcome, words, events).about_event(late)
 }
 
 /// The expiry part: what the frozen waiter and the one behind it reported, and what the

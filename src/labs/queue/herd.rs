@@ -76,6 +76,8 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
         .style
         .progress(2 * n as u64, "  {msg} [{bar:30}] {pos}/{len}");
     bar.set_message("waiters asking, then served");
+    // Lines said while the bar lives go above it, not through it.
+    stage.timeline.attach_bar(bar.clone());
     let mut seen = Vec::new();
     let mut workers: Vec<WorkerHandle> = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -95,7 +97,7 @@ pub(super) fn play(plan: &Plan, run: &Run, way: Way) -> Result<QueueVerdict> {
     ));
     workers[0].tell("release")?;
     serve_the_queue(&mut stage, &mut seen, &mut workers, patience, &bar)?;
-    bar.finish_and_clear();
+    stage.timeline.clear_bar();
     for worker in &mut workers {
         worker.finish(Duration::from_secs(5));
     }

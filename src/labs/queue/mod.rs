@@ -291,11 +291,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 10,
     command: "queue",
     shows: "etcd's queue recipe: no herd, fair order, churn, election",
-    takes: "20s",
+    takes: "14s",
     needs: &[Backend::Redis, Backend::Etcd, Backend::Postgres],
     starts_its_own: None,
     walkthrough: "labs/10-queue.md",
     session: 10,
-    stops: 8,
+    stops: 10,
     by_hand: &["jq"],
 };

@@ -173,6 +173,46 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
 }
 
 impl runner::Verdict for Verdict {
+    /// Each way of queueing's order, then the churn, the expiry and the election:
+    /// `etcd_recipe: first come, first served · expiry: stale write refused`.
+    fn headline(&self) -> String {
+        let mut parts: Vec<String> = self
+            .queues
+            .iter()
+            .map(|q| {
+                let order = if q.facts.fair {
+                    "first come, first served"
+                } else {
+                    "served out of order"
+                };
+                let tokens = if q.facts.tokens_grow {
+                    ""
+                } else {
+                    ", a token reused"
+                };
+                format!("{}: {order}{tokens}", q.way)
+            })
+            .collect();
+        if let Some(churn) = &self.churn {
+            let f = &churn.facts;
+            let kept = f.nobody_held_twice && f.nobody_skipped && f.store_in_order;
+            let outcome = if kept { "line kept" } else { "line broken" };
+            parts.push(format!("churn: {outcome}"));
+        }
+        let late = |word: &str| match word {
+            "accepted" => "stale write ACCEPTED",
+            "rejected" => "stale write refused",
+            _ => "no stale write",
+        };
+        if let Some(expiry) = &self.expiry {
+            parts.push(format!("expiry: {}", late(expiry.late_write)));
+        }
+        if let Some(election) = &self.election {
+            parts.push(format!("election: {}", late(election.facts.late_write)));
+        }
+        parts.join(" · ")
+    }
+
     fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("waiters".into(), self.plan.waiters.into());
@@ -281,6 +321,9 @@ fn print_queues(queues: &[QueueVerdict], waiters: u32) {
         .collect();
     crate::outln!();
     crate::outln!("{}", format!("The queue, {waiters} waiters:").bold());
+    if queues.iter().any(|q| !q.facts.fair) {
+        crate::outln!("  (an overtake: a waiter served before one that had asked earlier)");
+    }
     crate::outln!("{}", table(&header, &rows));
     for q in queues {
         let total = q

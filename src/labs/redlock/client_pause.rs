@@ -10,7 +10,7 @@ use super::scene::{READ_TIMEOUT, Scene, name, round};
 use super::verdict::{GuardedWrite, ScenarioVerdict, guard_label};
 use crate::check::{self, Finding};
 use crate::events::What;
-use crate::events::facts::{Expired, StaleWrite, StaleWriteKind, Wrote};
+use crate::events::facts::{Expired, Wrote};
 use crate::events::{Event, Kind};
 use crate::labs::WorkerHandle;
 use crate::labs::faults::{Faults, Until};
@@ -264,23 +264,17 @@ impl Scene {
                 final_writer: read.final_writer,
             };
             if let Some(accepted) = row.stale.accepted {
-                let (kind, verb): (StaleWriteKind, _) = if accepted {
-                    (What::StaleWriteAccepted, "took")
-                } else {
-                    (What::StaleWriteRejected, "refused")
-                };
-                self.stage.record(Event::new(
-                    "store",
-                    kind(StaleWrite {
-                        guard: Some(guard.into()),
-                        ..StaleWrite::default()
-                    }),
-                    format!(
+                let verb = if accepted { "took" } else { "refused" };
+                // Said, not recorded: the store's answer, not a fact of the history.
+                self.stage.conclude(crate::labs::Conclusion {
+                    lane: "store",
+                    text: format!(
                         "{}: decided A's stale write after B's and {verb} it; it holds {}'s result",
                         guard_label(guard),
                         row.final_writer.as_deref().unwrap_or("nobody")
                     ),
-                ));
+                    broken: accepted,
+                });
             }
             rows.push(row);
         }

@@ -36,6 +36,7 @@
 mod client_pause;
 mod clock_jump;
 mod minority;
+mod partition;
 mod restart;
 mod scene;
 mod schedules;
@@ -65,6 +66,9 @@ Examples:
   lockslab redlock                       all four scenarios on five private
                                          masters
   lockslab redlock restart               one scenario: a master restarting empty
+  lockslab redlock partition             real partitions: a client cut from two
+                                         masters, the masters split 3/2 (each on
+                                         a host of its own; not in the default run)
   lockslab redlock --masters 3           three masters (quorum 2)
   lockslab redlock --instance-timeout 200ms   frozen masters eat more of the
                                               validity
@@ -82,7 +86,7 @@ run's keys lockslab:<run id>:* are removed from yours at the end. The clock jump
 is SIMULATED with PEXPIRE (redis-server cannot run under libfaketime). By hand,
 with redis-cli against five ports: see labs/06-redlock.md.", crate::lab_exit_status_help!()))]
 pub struct RedlockArgs {
-    /// Play one scenario only [default: all four, in this order]
+    /// Play one scenario only [default: the first four, in this order]
     #[arg(value_enum)]
     pub scenario: Option<Scenario>,
     /// How many Redis masters to start: odd, 3 to 9
@@ -152,12 +156,18 @@ pub enum Scenario {
     ClockJump,
     /// The client pauses past its validity; its random value compare-and-set vs a token
     ClientPause,
+    /// A client cut from two masters, then the masters split 3/2 between two clients: real
+    /// partitions, each master and client on a host of its own (not in the default run)
+    Partition,
 }
 
 impl Scenario {
     /// It kills, freezes or restarts masters: only masters the lab started itself will do.
     fn needs_own_masters(&self) -> bool {
-        matches!(self, Scenario::Minority | Scenario::Restart)
+        matches!(
+            self,
+            Scenario::Minority | Scenario::Restart | Scenario::Partition
+        )
     }
 
     /// Its name on the command line.
@@ -167,6 +177,7 @@ impl Scenario {
             Scenario::Restart => "restart",
             Scenario::ClockJump => "clock-jump",
             Scenario::ClientPause => "client-pause",
+            Scenario::Partition => "partition",
         }
     }
 }
@@ -314,6 +325,7 @@ impl Lab for Plan {
                 Scenario::Minority => scenarios.extend(scene.play_minority()?),
                 Scenario::Restart => scenarios.extend(scene.play_restart()?),
                 Scenario::ClockJump => scenarios.push(scene.play_clock_jump()?),
+                Scenario::Partition => scenarios.extend(scene.play_partition()?),
                 Scenario::ClientPause => {
                     let store = run.url(Backend::Postgres).to_string();
                     let sequence = redlock_sequence_of(&run.id);
@@ -333,11 +345,11 @@ pub const MENU: super::LabRow = super::LabRow {
     number: 6,
     command: "redlock",
     shows: "Redlock on five masters: quorum, validity, no fencing",
-    takes: "8s",
+    takes: "6s",
     needs: &[Backend::Redis, Backend::Postgres],
     starts_its_own: Some("own 5 Redis"),
     walkthrough: "labs/06-redlock.md",
     session: 15,
-    stops: 5,
+    stops: 13,
     by_hand: &["redis-server", "redis-cli"],
 };

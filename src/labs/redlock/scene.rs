@@ -11,7 +11,6 @@ use super::verdict::ClientRound;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState, Round};
 use crate::connect::{self, Backend};
-use crate::events::facts::Observed;
 use crate::events::facts::{self, HolderNow, MasterSeen, Released};
 use crate::events::{Event, Kind, What};
 use crate::labs::Stage;
@@ -282,33 +281,50 @@ impl Scene {
                 Condition::Down => Err("down (killed by the lab)".to_string()),
                 Condition::Frozen => Err("frozen by the lab: not asked".to_string()),
             };
-            let (holder, pttl_ms, why) = match asked {
-                Ok((value, pttl)) => (value.map(|v| self.client_of(&v)), Some(pttl), None),
-                Err(why) => (None, None, Some(why)),
-            };
-            states.push(MasterState {
-                master: master.name.clone(),
-                port: master.port().to_string(),
-                holder,
-                pttl_ms,
-                answered: why.is_none(),
-                why,
-            });
+            let port = master.port().to_string();
+            states.push(self.state_of(&master.name, port, asked));
         }
+        self.record_masters(key, heading, &states);
+        states
+    }
+
+    /// One master's answer to a read-back (its GET and PTTL, or why none came), with the
+    /// value named by the client that wrote it.
+    pub(super) fn state_of(
+        &self,
+        master: &str,
+        port: String,
+        asked: Result<(Option<String>, i64), String>,
+    ) -> MasterState {
+        let (holder, pttl_ms, why) = match asked {
+            Ok((value, pttl)) => (value.map(|v| self.client_of(&v)), Some(pttl), None),
+            Err(why) => (None, None, Some(why)),
+        };
+        MasterState {
+            master: master.into(),
+            port,
+            holder,
+            pttl_ms,
+            answered: why.is_none(),
+            why,
+        }
+    }
+
+    /// Records the masters' answers on `key` (a read-back), under `heading`.
+    pub(super) fn record_masters(&mut self, key: &str, heading: &str, states: &[MasterState]) {
         let lines: Vec<String> = states.iter().map(super::verdict::state_line).collect();
         self.stage.record(Event::new(
             "masters",
             HolderNow {
                 key: Some(key.into()),
-                masters: Some(states.clone()),
+                masters: Some(states.to_vec()),
                 ..HolderNow::default()
             },
             format!("{heading}:\n{}", indent(&lines)),
         ));
-        states
     }
 
-    fn client_of(&self, value: &str) -> String {
+    pub(super) fn client_of(&self, value: &str) -> String {
         self.values
             .iter()
             .find(|(v, _)| v == value)
@@ -330,14 +346,13 @@ impl Scene {
         let two = check::two_holders(&a_round, &b_round) == Finding::Yes;
         if two {
             let left = check::validity_left_ms(&a_round, &b_round);
-            self.stage.record(Event::new(
-                "masters",
-                What::TwoHolders(Observed {
-                    a_validity_left_ms: Some(left),
-                    ..Observed::default()
-                }),
-                format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
-            ));
+            // Said, not recorded: the checker concludes it again from the rounds and the
+            // masters' answers the history holds.
+            self.stage.conclude(crate::labs::Conclusion {
+                lane: "masters",
+                text: format!("TWO HOLDERS: B holds a majority, A's validity has {left}ms to run"),
+                broken: true,
+            });
         }
         (b_lock, b, read, two)
     }

@@ -166,6 +166,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     let mut pairs = rounds_in(events, "restart");
     pairs.extend(rounds_in(events, "clock-jump"));
+    pairs.extend(rounds_in(events, "partition-split"));
     let mut pairs = pairs
         .chunks(2)
         .map(|pair| pair.to_vec())
@@ -183,7 +184,13 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
                     "set_once_thawed": check::holding(woke),
                 })
             }
-            "restart-empty" | "restart-delayed" | "clock-jump" => {
+            "partition-cut" => {
+                let [(_, a)] = &rounds_in(events, name)[..] else {
+                    bail!("{name}: the history does not hold A's one round");
+                };
+                json!({ "granted": a.held })
+            }
+            "restart-empty" | "restart-delayed" | "clock-jump" | "partition-split" => {
                 let Some([(a_who, a), (b_who, b)]) = pairs
                     .next()
                     .as_deref()
@@ -258,6 +265,7 @@ pub fn check(history: &[Event]) -> Report {
     }
     let mut rounds = rounds_at(history, "restart");
     rounds.extend(rounds_at(history, "clock-jump"));
+    rounds.extend(rounds_at(history, "partition-split"));
     for pair in rounds.chunks(2) {
         report.push(pair_exclusion(history, pair));
     }

@@ -175,31 +175,32 @@ impl Play<'_> {
             evidence.row = Some((row.get(0), row.get(1)));
         }
         let outcome = checks::kill_outcome(evidence);
-        if let KillOutcome::Lost {
-            status,
-            holder,
-            holder_dead,
-        } = &outcome
-        {
+        // The row, as the jobs table answered it, is the evidence: recorded whenever it was
+        // read; the story's words say what the checker makes of it.
+        if let Some((status, holder)) = &evidence.row {
             let name = holder.as_deref().unwrap_or("nobody");
-            let why = if *holder_dead {
-                format!("{name} is dead, and nothing will ever hand the job back — lost")
-            } else {
-                "nothing handed it back — lost".to_string()
+            let said = format!("its row says status '{status}', claimed_by {name}");
+            let text = match &outcome {
+                KillOutcome::Lost { holder_dead, .. } => {
+                    let why = if *holder_dead {
+                        format!("{name} is dead, and nothing will ever hand the job back — lost")
+                    } else {
+                        "nothing handed it back — lost".to_string()
+                    };
+                    format!("job {job} was never claimed again: {said}; {why}")
+                }
+                _ => format!("job {job} was never claimed again: {said}"),
             };
             round.stage.record(Event::new(
                 "pg",
-                What::JobLost(JobFate {
+                What::JobRead(JobFate {
                     job: Some(job),
-                    status: Some(status.as_str().into()),
+                    status: Some(status.clone()),
                     claimed_by: holder.clone(),
                     times_processed: Some(times_processed as u64),
                     ..JobFate::default()
                 }),
-                format!(
-                    "job {job} was never claimed again: its row says status '{status}', \
-                     claimed_by {name}; {why}"
-                ),
+                text,
             ));
         }
         Ok(outcome)

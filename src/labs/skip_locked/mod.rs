@@ -193,7 +193,8 @@ impl Lab for Plan {
 
     fn intro(&self, _run: &Run) -> Vec<String> {
         vec![format!(
-            "A jobs table in Postgres and {} worker processes. Each worker claims a job, works {}, \
+            "A jobs table in Postgres and {} worker processes. Each worker claims a job (takes \
+             a pending job and marks it taken, so that no other worker picks it up), works {}, \
              records the processing in an append-only table, and marks the job done.",
             self.workers,
             human(self.work)

@@ -10,7 +10,7 @@ use postgres::Client;
 use super::Plan;
 use super::round::Round;
 use super::verdict::{ModeVerdict, Played};
-use crate::check::{self, skip_locked as checks};
+use crate::check;
 use crate::connect;
 use crate::events::facts::Observed;
 use crate::events::{Event, What};
@@ -173,14 +173,9 @@ impl Play<'_> {
             lost: Some(verdict.lost as u64),
             ..Observed::default()
         };
-        let what = if checks::every_job_once(&processed) {
-            What::ExactlyOnce(evidence)
-        } else {
-            What::Violation(evidence)
-        };
         round.stage.record(Event::new(
             "pg",
-            what,
+            What::TablesRead(evidence),
             format!(
                 "the processing table says: {}, {once} exactly once, {} twice or more, {} never",
                 count(verdict.jobs, "job", "jobs"),

@@ -43,8 +43,6 @@ pub struct ModeVerdict {
 #[derive(Clone, Debug)]
 pub struct ModeReplayed {
     pub processed: Processed,
-    /// The history's line from the processing table said every job was processed once.
-    pub said_every_job_once: bool,
     pub kill: Option<KillOutcome>,
     pub frozen: Option<FrozenJob>,
 }
@@ -70,9 +68,8 @@ impl ModeReplayed {
 /// `job_lost`), the freeze and the table's final record of the frozen job.
 pub fn replay_mode(log: &[Event]) -> Result<ModeReplayed> {
     let find = |kind: Kind| log.iter().find(|e| e.kind() == kind);
-    let count = find(Kind::ExactlyOnce)
-        .or_else(|| find(Kind::Violation))
-        .context("the processing table's count is not in the history")?;
+    let count =
+        find(Kind::TablesRead).context("the processing table's count is not in the history")?;
     let said = count.observed().context("a count without its figures")?;
     let figure = |n: Option<u64>| n.map(|n| n as i64).context("a count without its figures");
     let (once, duplicates, lost) = (
@@ -95,8 +92,8 @@ pub fn replay_mode(log: &[Event]) -> Result<ModeReplayed> {
                     What::Reclaimed(h) => Some((h.by.clone()?, h.reclaim_ms?)),
                     _ => None,
                 }),
-                row: find(Kind::JobLost).and_then(|e| match &e.what {
-                    What::JobLost(fate) => Some((fate.status.clone()?, fate.claimed_by.clone())),
+                row: killed_job_row(log).and_then(|at| match &log[at].what {
+                    What::JobRead(fate) => Some((fate.status.clone()?, fate.claimed_by.clone())),
                     _ => None,
                 }),
                 dead: vec![victim.clone()],
@@ -121,7 +118,6 @@ pub fn replay_mode(log: &[Event]) -> Result<ModeReplayed> {
     };
     Ok(ModeReplayed {
         processed,
-        said_every_job_once: count.kind() == Kind::ExactlyOnce,
         kill,
         frozen,
     })
@@ -136,14 +132,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
         let mode = replay::text(recorded, "mode")?;
         let log = replay::part_of(events, |e| e.part.mode.as_deref() == Some(mode));
         let found = replay_mode(&log)?;
-        let word = |once: bool| if once { "exactly_once" } else { "violation" };
-        replayed
-            .part(format!("mode {mode}"), recorded, found.row())
-            .also(
-                "table line",
-                word(found.said_every_job_once).into(),
-                word(checks::every_job_once(&found.processed)).into(),
-            );
+        replayed.part(format!("mode {mode}"), recorded, found.row());
     }
     Ok(replayed)
 }
@@ -204,10 +193,10 @@ fn check_mode(log: &[Event]) -> Report {
             found.processed.duplicates,
             found.processed.lost
         ),
-        at(Kind::ExactlyOnce).or(at(Kind::Violation)),
+        at(Kind::TablesRead),
     ));
     if let Some(kill) = &found.kill {
-        report.push(killed_job(kill, &at));
+        report.push(killed_job(kill, &at, killed_job_row(log)));
     }
     if let Some(frozen) = &found.frozen {
         report.push(frozen_job(frozen, log, &at));
@@ -216,7 +205,11 @@ fn check_mode(log: &[Event]) -> Report {
 }
 
 /// What became of the job a killed worker held: Postgres's word on it decides.
-fn killed_job(kill: &KillOutcome, at: &dyn Fn(Kind) -> Option<usize>) -> report::Finding {
+fn killed_job(
+    kill: &KillOutcome,
+    at: &dyn Fn(Kind) -> Option<usize>,
+    row_at: Option<usize>,
+) -> report::Finding {
     let (outcome, words, proof) = match kill {
         KillOutcome::Reclaimed { by, after_ms } => (
             report::Outcome::Valid,
@@ -229,7 +222,7 @@ fn killed_job(kill: &KillOutcome, at: &dyn Fn(Kind) -> Option<usize>) -> report:
         KillOutcome::Lost { status, .. } => (
             report::Outcome::Invalid,
             format!("nobody claimed the job again: its row still says `{status}`"),
-            at(Kind::JobLost),
+            row_at,
         ),
         KillOutcome::Unknown => (
             report::Outcome::Unknown,
@@ -247,6 +240,16 @@ fn killed_job(kill: &KillOutcome, at: &dyn Fn(Kind) -> Option<usize>) -> report:
 
 /// Where in `log` the processing table's record of the frozen worker's job is: the
 /// `job_read` of the job the freeze names (a round with a kill reads its job too).
+/// Where `log` holds the killed worker's job's row as the jobs table answered it (its
+/// status, who claimed it), read when no other worker claimed the job.
+fn killed_job_row(log: &[Event]) -> Option<usize> {
+    let killed = log.iter().find(|e| e.kind() == Kind::Killed)?.job();
+    log.iter().position(|e| {
+        matches!(&e.what, What::JobRead(fate)
+            if fate.status.is_some() && killed.is_none_or(|job| fate.job == Some(job)))
+    })
+}
+
 fn frozen_job_read(log: &[Event]) -> Option<usize> {
     let frozen = log.iter().find(|e| e.kind() == Kind::Frozen)?.job();
     log.iter()
@@ -342,6 +345,26 @@ impl runner::Verdict for Verdict {
 
     fn words(&self) -> Words<'_> {
         verdict_words(self)
+    }
+
+    /// Each mode's jobs as the processing table counted them: `skip-locked: each job
+    /// once · naive: jobs done twice`.
+    fn headline(&self) -> String {
+        let modes: Vec<String> = self
+            .modes
+            .iter()
+            .map(|m| {
+                let v = &m.verdict;
+                let outcome = match (v.duplicates > 0, v.lost > 0) {
+                    (false, false) => "each job once",
+                    (true, false) => "jobs done twice",
+                    (false, true) => "jobs lost",
+                    (true, true) => "jobs done twice and lost",
+                };
+                format!("{}: {outcome}", v.mode.name())
+            })
+            .collect();
+        modes.join(" · ")
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {

@@ -50,6 +50,20 @@ pub struct Stage {
     silent: bool,
     /// In `run_until`'s `tick`: what it records is stamped no later than what has arrived.
     ticking: bool,
+    /// Each queue key a waiter took (key, waiter), to name it in the lines that mention it.
+    queue_keys: Vec<(String, String)>,
+}
+
+/// A line the lab states on the timeline from its checker's conclusion — the store took a
+/// stale write, or refused it; two majorities at once — for the learner watching. Words,
+/// not an event: the history keeps the observations it was concluded from (the store's
+/// read-back, the masters' answers), and `lockslab check` concludes it again from those.
+pub struct Conclusion {
+    /// The lane it is said on (`store`, `masters`).
+    pub lane: &'static str,
+    pub text: String,
+    /// A safety property broken (red), or a defence that held (green).
+    pub broken: bool,
 }
 
 /// A worker event that arrived before a lab event was recorded.
@@ -160,6 +174,7 @@ impl Stage {
             early: Default::default(),
             silent: false,
             ticking: false,
+            queue_keys: Vec::new(),
         }
     }
 
@@ -197,8 +212,9 @@ impl Stage {
         self.pauses_shown = pauses.len();
     }
 
+    /// The run's time, less the waits at `--step`'s stops ([`crate::run_clock`]).
     pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
+        crate::run_clock::since(self.start)
     }
 
     /// Starts a worker process: this binary, re-executed as `lockslab __worker`, with the
@@ -312,6 +328,20 @@ impl Stage {
         self.record_shown(event, true);
     }
 
+    /// Says a conclusion the lab drew from its checker on the timeline, after the lines that
+    /// arrived before it: words for the learner watching, not an event of the history
+    /// (nothing with `--json`, whose verdict says it, nor in a quiet stage).
+    pub fn conclude(&mut self, conclusion: Conclusion) {
+        if !self.silent && !self.ticking {
+            self.show_arrived();
+        }
+        if !self.quiet {
+            let t_ms = self.start.elapsed().as_millis() as u64;
+            let Conclusion { lane, text, broken } = conclusion;
+            self.timeline.conclude(t_ms, lane, &text, broken);
+        }
+    }
+
     /// Records the store's read-back of `resource` in the run's history, where the part's
     /// verdict is judged from, so that `lockslab check` can judge it again from `--json`
     /// alone. A terminal does not show it on the timeline: the verdict's table says it.
@@ -327,6 +357,13 @@ impl Stage {
             read.final_writer.as_deref().unwrap_or("nobody")
         );
         self.record_shown(Event::new("store", record, text), false);
+    }
+
+    /// Records an event of the lab's own in the run's history (`--json`, the checkers, the
+    /// picture) without a line on the terminal's timeline: one of many alike (a client's
+    /// hundred writes), which the lines the lab does show sum up.
+    pub fn record_off_terminal(&mut self, event: Event) {
+        self.record_shown(event, false);
     }
 
     fn record_shown(&mut self, mut event: Event, on_terminal: bool) {
@@ -349,7 +386,7 @@ impl Stage {
         } else if !self.silent {
             self.show_arrived();
         }
-        let now = self.start.elapsed().as_millis() as u64;
+        let now = self.elapsed().as_millis() as u64;
         event.t_ms = bound.map_or(now, |bound| now.min(bound));
         let event = self.with_tags(event);
         if on_terminal || self.timeline.style.json {
@@ -398,12 +435,33 @@ impl Stage {
 
     /// Shows an event on the timeline and keeps it in the run's history.
     fn show(&mut self, event: &Event) {
+        if let What::Queued(queued) = &event.what
+            && let Some(key) = &queued.key
+        {
+            self.queue_keys.push((key.clone(), event.worker.clone()));
+        }
         if !self.quiet {
-            self.timeline.show(event);
+            self.timeline.show(&self.keys_named(event));
         }
         if let Some(history) = &self.history {
             history.push(event);
         }
+    }
+
+    /// The event as the terminal shows it: a queue key another waiter's line mentions
+    /// (`woken: lockslab:…:churn/3bc2a2339227 is gone`) named after its waiter (`W2's
+    /// key`). The log, the history and `--json` keep the keys.
+    fn keys_named(&self, event: &Event) -> Event {
+        let mut shown = event.clone();
+        if self.timeline.style.json || matches!(event.what, What::Queued(_)) {
+            return shown;
+        }
+        for (key, waiter) in &self.queue_keys {
+            if shown.text.contains(key.as_str()) {
+                shown.text = shown.text.replace(key.as_str(), &format!("{waiter}'s key"));
+            }
+        }
+        shown
     }
 
     fn accept(&mut self, incoming: Incoming) -> Option<Event> {

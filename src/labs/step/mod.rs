@@ -54,8 +54,9 @@ pub fn checkpoint_before(at: &Checkpoint, next: &str) {
     stop(&format!("{}: {next}", at.name), at.question);
 }
 
-/// The name of the last stop: the part a held screen belongs to.
-static PART: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+/// The last stop's name and question: the part a held screen belongs to.
+static PART: std::sync::Mutex<(String, String)> =
+    std::sync::Mutex::new((String::new(), String::new()));
 
 fn stop(name: &str, question: &str) {
     // A verdict's words captured for their plain text are not shown: no stop between them.
@@ -67,30 +68,31 @@ fn stop(name: &str, question: &str) {
         return;
     }
     ask(name, question);
-    *PART.lock().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+    *PART.lock().unwrap_or_else(|p| p.into_inner()) = (name.to_string(), question.to_string());
 }
 
 /// Shows the lines a part held back while it played (see [`crate::output::screens`]), a
-/// screen at a time, with a stop before each: the screen above it is full. Every stop
-/// shows them first; the runner calls it once more after the verdict.
+/// screen at a time, with a stop before each: the screen above it is full. Such a stop
+/// asks its part's question again, the one the room is answering from these screens, so
+/// that a lab ends on its own question even when its verdict takes two screens. Every
+/// stop shows them first; the runner calls it once more after the verdict.
 pub fn show_held() {
     use crate::output::screens;
     while screens::holding() && !crate::procs::interrupted() {
         if stepping() {
-            let part = PART.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let name = if part.is_empty() {
-                "more of the heading".to_string()
+            let (part, question) = PART.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let (name, question) = if part.is_empty() {
+                ("more of the heading".to_string(), HEADING_FULL.to_string())
             } else {
-                format!("more of the part after '{part}'")
+                (format!("{part}, continued"), question)
             };
-            ask(
-                &name,
-                "The screen is full. Before you read on: what do you expect next?",
-            );
+            ask(&name, &question);
         }
         screens::show_next();
     }
 }
+
+const HEADING_FULL: &str = "The screen is full. Before you read on: what do you expect next?";
 
 fn ask(name: &str, question: &str) {
     crate::errln!("");
@@ -104,7 +106,10 @@ fn ask(name: &str, question: &str) {
         "Enter: go on · q then Enter: stop the lab (cleans up)".dimmed()
     );
     let mut answer = String::new();
-    match std::io::stdin().lock().read_line(&mut answer) {
+    let began = std::time::Instant::now();
+    let read = std::io::stdin().lock().read_line(&mut answer);
+    crate::run_clock::waited_since(began);
+    match read {
         Ok(0) | Err(_) => {
             if on_terminal {
                 crate::errln!("  (no input: carrying on without stopping)");

@@ -1,0 +1,134 @@
+//! A door into a host: a loopback port in lockslab's own network whose every connection
+//! is carried on into one host and made from there.
+//!
+//! lockslab cannot reach a host's addresses (see the module doc of [`super`]), yet a lab
+//! plays clients that live on a host — client A on the etcd leader's host — with its own
+//! client libraries, which connect by URL. A door gives such a client a URL: each
+//! connection to the door's port is answered by a connection that [`Hosts::connect_from`]
+//! makes inside the host, and bytes are copied both ways. So the client's traffic leaves
+//! from the host, crosses the host's links, and a partition cuts it exactly as it would cut
+//! a process running there. (A client talking to a server on its own host goes over that
+//! host's loopback: no partition cuts it, as none cuts a process from its own machine.)
+//!
+//! ```text
+//!  lockslab: A's etcd client ──▶ 127.0.0.1:port (the door) ══ host m1 ══▶ 10.77.0.1:2379
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::Hosts;
+
+/// How long the connection into the host may take before the door gives it up.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(3);
+
+/// A door open into one host, to one address. Closed (every connection through it too)
+/// when dropped.
+pub struct Door {
+    addr: SocketAddr,
+    closing: Arc<AtomicBool>,
+    /// Both ends of every connection carried, to shut them when the door closes.
+    carried: Arc<Mutex<Vec<TcpStream>>>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl Door {
+    /// `http://127.0.0.1:<port>`: what a client that speaks HTTP (etcd's gRPC) connects to.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its loopback address, for a client that builds its own URL.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Hosts {
+    /// Opens a door into `host` towards `to` (see the module doc).
+    pub fn door(self: &Arc<Hosts>, host: &str, to: SocketAddr) -> Result<Door> {
+        self.addr(host)?;
+        let listener = TcpListener::bind("127.0.0.1:0").context("opening a door into a host")?;
+        let addr = listener.local_addr()?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let carried = Arc::new(Mutex::new(Vec::new()));
+        let (hosts, host) = (Arc::clone(self), host.to_string());
+        let (stop, open) = (Arc::clone(&closing), Arc::clone(&carried));
+        let accepting = thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                // Each connection is made into the host on a thread of its own: one that
+                // hangs (its peer is cut off) holds up no other.
+                let (hosts, host, open) = (Arc::clone(&hosts), host.clone(), Arc::clone(&open));
+                thread::spawn(move || {
+                    // A connection that cannot be made into the host is closed: the client
+                    // sees it end, as it would see its own connect fail on the host.
+                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                        carry(client, server, &open);
+                    }
+                });
+            }
+        });
+        Ok(Door {
+            addr,
+            closing,
+            carried,
+            accepting: Some(accepting),
+        })
+    }
+}
+
+/// Copies bytes both ways between `a` and `b`, each way on a thread of its own, until
+/// either side closes.
+fn carry(a: TcpStream, b: TcpStream, open: &Mutex<Vec<TcpStream>>) {
+    let _ = a.set_nodelay(true);
+    let _ = b.set_nodelay(true);
+    let ends = [a.try_clone(), b.try_clone(), a.try_clone(), b.try_clone()];
+    let [Ok(a2), Ok(b2), Ok(a3), Ok(b3)] = ends else {
+        return;
+    };
+    open.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .extend([a3, b3]);
+    thread::spawn(move || copy(a, b));
+    thread::spawn(move || copy(b2, a2));
+}
+
+fn copy(mut from: TcpStream, mut to: TcpStream) {
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees it is closing.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(thread) = self.accepting.take() {
+            let _ = thread.join();
+        }
+        let carried = self.carried.lock();
+        for stream in carried.unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
