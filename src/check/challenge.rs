@@ -1684,12 +1684,14 @@ mod tests {
     fn a_pause_or_delay_bites_only_if_another_write_to_its_record_came_before_the_held_one() {
         let mut run = clean_run();
         run.lease_ms = 500;
+        // Its held write, tried when it was caught, updated a row.
         let strike = |job: Option<i64>, at_us: i64| Strike {
             fault: "pause",
             client: "c1".into(),
             job,
             at_us,
             notes: true,
+            tried: Some(Tried::Changes),
             ..Strike::default()
         };
         // Job 2's write is change #2 at 2s; job 1 wrote r0 at 1s, between the fault and it,
@@ -1751,6 +1753,21 @@ mod tests {
             (check(&run).grade(), check(&run).faults_bit),
             (Grade::Pass, 1)
         );
+        // The same 0 rows from a held write that was not tried (or matched nothing when it
+        // was caught, `… AND false`): no refusal, nothing bit.
+        let untried = Some(Tried::Untried(
+            "the batch holds more than one request".into(),
+        ));
+        for tried in [untried, None] {
+            let mut unweighed = run.clone();
+            unweighed.strikes[0].tried = tried;
+            let report = check(&unweighed);
+            assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+            assert!(
+                format!("{report:?}").contains("0 rows prove nothing"),
+                "{report:?}"
+            );
+        }
         run.strikes = vec![strike(Some(2), 500_000)];
         assert_eq!(
             (check(&run).grade(), check(&run).faults_bit),
@@ -1903,6 +1920,7 @@ mod tests {
             at_us: 1_500_000,
             notes: true,
             refused: true,
+            tried: Some(Tried::Changes),
             ..Strike::default()
         }];
         let report = check(&run);

@@ -954,7 +954,9 @@ impl Pump {
                 });
                 return self.relay(&rest).await;
             }
-            if let Tried::Untried(why) = &tried {
+            if let Tried::Untried(why) = &tried
+                && self.conversation.is_some()
+            {
                 let seen = Seen::WriteUntried { why: why.clone() };
                 lock(&self.shared).reports.push(Report {
                     at: Instant::now(),
