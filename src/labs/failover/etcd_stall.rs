@@ -9,12 +9,15 @@
 //!
 //! Frozen, the old leader's own clock of A's lease ran on: it last saw a keepalive before
 //! the stall, so on waking it counts the lease expired. The bug reported as #15247 (and
-//! #12528 before it): an old leader that has not yet learned it was deposed asks to revoke
-//! such leases, and its request, forwarded to the new leader, is carried out — a live
-//! client loses its lock. etcd's fix (pull request 16822, backported to 3.4 and 3.5) has
-//! a member revoke leases only while Raft still names it leader; its own comment says it
-//! narrows the window and does not close it. Whether it happens is a race on waking, so
-//! the lab reads back what happened on *this* run, on *this* etcd, and says that.
+//! #12528 before it): an old leader whose server has not yet caught up with Raft's news
+//! that it was deposed asks to revoke such leases, and Raft, a follower by then, forwards
+//! the request to the new leader, which carries it out — a live client loses its lock.
+//! etcd's fix (pull request 16822, backported to 3.4 and 3.5) has a member confirm with a
+//! majority (a linearizable read) that Raft still names it leader before it revokes; the
+//! check precedes the revoke, so it narrows the window and does not close it (read from
+//! the fix's code: `ensureLeadership` in etcd's server.go). Whether it happens is a race
+//! on waking, so the lab reads back what happened on *this* run, on *this* etcd, and says
+//! that.
 //!
 //! Fenced, nobody is hurt either way: revoked, B gets the lock with a higher revision and
 //! the store refuses A's token; alive, A still holds the lock and B waits.
@@ -181,9 +184,9 @@ fn say_what_was_observed(
 /// reader compares the two, the lab does not presume either.
 const ISSUE_15247: [&str; 4] = [
     "etcd-io/etcd#15247 (and #12528): a leader that wakes up deposed may revoke leases whose",
-    "keepalives went to the new leader. Fixed by ignoring revokes from a member Raft no longer",
-    "names leader — in 3.4.31 (PR 17465) and 3.5.13 (PR 17425), per etcd's changelogs; the",
-    "fix's own comment says it narrows the window and does not close it.",
+    "keepalives went to the new leader. Fixed in 3.4.31 (PR 17465) and 3.5.13 (PR 17425), per",
+    "etcd's changelogs: a member first confirms with a majority that it still leads. That",
+    "check comes before the revoke, not with it: it narrows the window, it does not close it.",
 ];
 
 /// Plays `faults` on the members until `until` holds.

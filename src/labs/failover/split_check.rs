@@ -454,7 +454,7 @@ pub fn words(words: &mut Words<'_>, rows: &[SplitRow]) {
         "Sentinels see it again they make it a replica of the new primary, and",
         "it replaces its data with the new primary's: what it acknowledged since",
         "the cut is gone. min-replicas-to-write 1 makes it refuse writes once no",
-        "replica has reported for min-replicas-max-lag seconds (replicas report",
+        "replica has reported for over min-replicas-max-lag seconds (they report",
         "every second): the window shrinks to those seconds, it does not close.",
         "The token from Postgres is drawn after each grant, so B's is higher and",
         "the store refuses A whatever either Redis says.",

@@ -552,7 +552,7 @@ fn verdict_words(scenarios: &[Scenario]) -> Words<'static> {
         for line in [
             "min-replicas-to-write 1 turns the lost lock into a refused one, and",
             "leaves two gaps. A replica counts as good until its last",
-            "acknowledgement is min-replicas-max-lag seconds old (10 by default):",
+            "acknowledgement is over min-replicas-max-lag seconds old (10 by default):",
             "a lock granted inside that window can still die with the primary. And",
             "an old primary cut off from the Sentinels, but not from the clients",
             "beside it, keeps granting locks for that long after it loses its",

@@ -141,7 +141,9 @@ fn parse_drift_factor(text: &str) -> Result<f64, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a number (e.g. 0.01)"))?;
     if !(0.0..=0.5).contains(&factor) {
-        return Err("use a fraction from 0 to 0.5 (0.01 is the algorithm's own)".into());
+        return Err(
+            "use a fraction from 0 to 0.5 (0.01 is the reference implementations' default)".into(),
+        );
     }
     Ok(factor)
 }
