@@ -182,11 +182,12 @@ fn say_what_was_observed(
 
 /// What etcd's own records say of the bug, printed under what this run observed: the
 /// reader compares the two, the lab does not presume either.
-const ISSUE_15247: [&str; 4] = [
-    "etcd-io/etcd#15247 (and #12528): a leader that wakes up deposed may revoke leases whose",
-    "keepalives went to the new leader. Fixed in 3.4.31 (PR 17465) and 3.5.13 (PR 17425), per",
-    "etcd's changelogs: a member first confirms with a majority that it still leads. That",
-    "check comes before the revoke, not with it: it narrows the window, it does not close it.",
+const ISSUE_15247: [&str; 5] = [
+    "etcd-io/etcd#15247 (and #12528): a leader that wakes up deposed may",
+    "revoke leases whose keepalives went to the new leader. Fixed in 3.4.31",
+    "(PR 17465) and 3.5.13 (PR 17425), per etcd's changelogs: a member first",
+    "confirms with a majority that it still leads. That check comes before",
+    "the revoke, not with it: it narrows the window, it does not close it.",
 ];
 
 /// Plays `faults` on the members until `until` holds.
