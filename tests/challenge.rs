@@ -863,7 +863,8 @@ fn misbehaves(script: &str, says: &str) {
 /// A client that cannot start (every client exits before it says ready): the run could not
 /// be graded (exit 4), and lockslab says only the cause, from the client's last stderr line.
 fn cannot_start(script: &str, says: &str) -> String {
-    let marker = format!("lockslab-cannot-start-test-{}", std::process::id());
+    // Fresh per call: the tests that use it run side by side in one test process.
+    let marker = format!("lockslab-cannot-start-test-{}", fresh_tag());
     let script = format!("{script} # {marker}");
     let output = lockslab(&[
         "challenge",
@@ -888,7 +889,10 @@ fn cannot_start(script: &str, says: &str) -> String {
     assert!(wide.is_empty(), "error lines over 80 columns: {wide:?}");
     let flat = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains(says), "{stderr:?} should say {says:?}");
-    assert!(flat.contains("lockslab doctor"), "{stderr}");
+    assert!(
+        flat.contains("lockslab doctor") || flat.contains("an error of the client's own"),
+        "{stderr}"
+    );
     assert!(!stdout.contains("never"), "no never-done list:\n{stdout}");
     let left = processes_mentioning(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
@@ -897,12 +901,21 @@ fn cannot_start(script: &str, says: &str) -> String {
 
 #[test]
 fn a_client_that_cannot_start_is_said_as_its_last_stderr_line() {
-    cannot_start(
+    let missing = cannot_start(
         "read l; echo 'Traceback (most recent call last):' >&2; \
          echo \"ModuleNotFoundError: No module named 'psycopg2'\" >&2; exit 1",
         "its last stderr line: ModuleNotFoundError: No module named 'psycopg2' (install \
          it for that python3, or name a python3 that has it)",
     );
+    assert!(missing.contains("lockslab doctor"), "{missing}");
+    // An error of the client's own, from Postgres: its message, not the CONTEXT line
+    // Postgres adds after it, and no pointer to the doctor.
+    let own = cannot_start(
+        "read l; echo 'psycopg2.errors.UndefinedTable: relation \"jobs\" does not exist' \
+         >&2; echo 'CONTEXT:  SQL statement in line 1' >&2; exit 1",
+        "its last stderr line: psycopg2.errors.UndefinedTable",
+    );
+    assert!(!own.contains("lockslab doctor"), "{own}");
 }
 
 /// A Rust client that panics: its last line is Rust's hint to set RUST_BACKTRACE, which a
@@ -1105,6 +1118,57 @@ print("-".join(said), flush=True)
     // lockslab's connections were there to be tried, and none of them ended.
     assert!(!failure.contains("-others-0-"), "{failure}");
     assert!(failure.contains("-ended-0"), "{failure}");
+}
+
+/// A write the proxy cannot see is a write no fault can be aimed at: on a Postgres lockslab
+/// starts itself, the clients' role may make tables, sequences and indexes of its own, but
+/// Postgres refuses it a view, a rule or a function (each could write the records under
+/// another name), and refuses any write to the records from inside a DO block. A plain
+/// statement that names the records still runs.
+#[test]
+fn a_client_may_not_hide_a_write_to_the_records_behind_a_view_a_rule_a_function_or_a_do() {
+    python_ready();
+    let hider = r#"
+import json, sys, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+said = []
+for sql in ["CREATE TABLE {s}.done (job bigint PRIMARY KEY)", "CREATE SEQUENCE {s}.n",
+            "CREATE VIEW {s}.v AS SELECT * FROM {t}",
+            "CREATE TEMP VIEW tv AS SELECT * FROM {t}",
+            "CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS "
+            "'UPDATE {t} SET value = value WHERE false RETURNING 1'",
+            "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            "CREATE RULE r AS ON INSERT TO {s}.done DO ALSO UPDATE {t} SET value = 0",
+            "DO $$ BEGIN UPDATE {t} SET value = value WHERE false; END $$",
+            "UPDATE {t} SET value = value WHERE false"]:
+    try:
+        db.cursor().execute(sql.format(s=init["schema"], t=init["table"])); said.append("RAN")
+    except psycopg2.Error:
+        said.append("REFUSED")
+print("-".join(said), flush=True)
+"#;
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        hider,
+    ])
+    .env_remove("LOCKSLAB_POSTGRES_URL")
+    .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains("RAN-RAN-REFUSED-REFUSED-REFUSED-REFUSED-REFUSED-REFUSED-RAN"),
+        "{failure}"
+    );
 }
 
 /// On a Postgres whose role may create roles, the clients connect as a role made for the

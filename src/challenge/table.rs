@@ -74,11 +74,51 @@ pub fn create_client_role(
          GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
     ))
     .context("creating the clients' Postgres role")?;
+    let superuser: bool = db
+        .query_one(
+            "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user",
+            &[],
+        )?
+        .get(0);
+    if superuser {
+        db.batch_execute(&clients_make_tables_only(schema, role))
+            .context("limiting what the clients' role may create")?;
+    }
     let (_, rest) = url
         .split_once("://")
         .context("the Postgres URL has no scheme")?;
     let at = rest.rfind('@').map_or(rest, |i| &rest[i + 1..]);
     Ok(Some(format!("postgres://{role}:{password}@{at}")))
+}
+
+/// The kinds of object a client may make in the run's schema: tables and sequences of its
+/// own (a list of jobs done, a counter), their indexes and who may use them, and nothing
+/// that runs SQL of its own accord. A view, a rule or a trigger could write the records under another name,
+/// and a function could hide a write inside `SELECT f()`: the proxy must see each write to
+/// aim a fault at it, and could not. A function could also carry a side effect (a session
+/// advisory lock) through the rollback of a write lockslab tries.
+const CLIENTS_MAY_CREATE: &str = "'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', \
+    'CREATE SEQUENCE', 'CREATE INDEX', 'ALTER TABLE', 'ALTER SEQUENCE', 'ALTER INDEX', \
+    'DROP TABLE', 'DROP SEQUENCE', 'DROP INDEX', 'GRANT', 'REVOKE', 'COMMENT', \
+    'ALTER DEFAULT PRIVILEGES'";
+
+/// An event trigger (Postgres runs it before every DDL command of the database) that refuses
+/// the clients' role anything but [`CLIENTS_MAY_CREATE`]. Only a superuser may make one;
+/// it goes with the schema, as its function does.
+fn clients_make_tables_only(schema: &str, role: &str) -> String {
+    format!(
+        "CREATE FUNCTION {schema}.clients_make_tables_only() RETURNS event_trigger
+             LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+         BEGIN
+             IF session_user = '{role}' AND tg_tag NOT IN ({CLIENTS_MAY_CREATE}) THEN
+                 RAISE EXCEPTION 'lockslab challenge: % is not allowed; a client may create \
+tables, sequences and indexes in its schema, and writes the records with statements of its \
+own that name them, so that lockslab can hold each write', tg_tag;
+             END IF;
+         END $$;
+         CREATE EVENT TRIGGER {schema}_clients_make_tables_only ON ddl_command_start
+             EXECUTE FUNCTION {schema}.clients_make_tables_only();"
+    )
 }
 
 /// Creates the schema, the records (each at 0), the log and its triggers.
@@ -122,7 +162,24 @@ pub fn create(db: &mut PgClient, schema: &str, records: &[String]) -> Result<()>
                  OR OLD.job IS DISTINCT FROM NEW.job)
              EXECUTE FUNCTION {schema}.log_change();
          CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.changes
-             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();
+         CREATE FUNCTION {schema}.sent_by_the_client() RETURNS trigger LANGUAGE plpgsql
+             SET search_path = pg_catalog, pg_temp AS $$
+         DECLARE
+             callers text;
+         BEGIN
+             -- This function's own line, and one more for each caller: a statement run from
+             -- inside a function or a DO block has callers.
+             GET DIAGNOSTICS callers = PG_CONTEXT;
+             IF position(chr(10) IN callers) > 0 THEN
+                 RAISE EXCEPTION 'lockslab challenge: the records are written only by a \
+statement the client sends itself, not from inside a function or a DO block: lockslab must \
+see each write to hold it';
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER sent_by_the_client BEFORE UPDATE ON {schema}.records
+             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.sent_by_the_client();"
     );
     let mut tx = db.transaction()?;
     tx.batch_execute(&sql)

@@ -194,6 +194,15 @@ fn stage_word(stage: Stage) -> &'static str {
     }
 }
 
+/// The lines Postgres adds after an error's message (where it happened, a hint, a caret
+/// under the statement): the message itself says more.
+fn postgres_afterword(line: &str) -> bool {
+    let line = line.trim();
+    ["CONTEXT:", "DETAIL:", "HINT:", "LINE ", "^"]
+        .iter()
+        .any(|start| line.starts_with(start))
+}
+
 /// The servers' passwords (from the URLs in `init`), to be hidden from what a client says.
 fn passwords(init: &Init) -> Vec<String> {
     [&init.redis_url, &init.etcd_url, &init.postgres_url]
@@ -622,7 +631,15 @@ impl Run<'_> {
                     // No client got as far as ready: the program could not start here (a
                     // missing module, a wrong path), so there is nothing to grade.
                     let words = hide_passwords(&seat.client.last_words(), &self.setup.init);
-                    let last = words.rsplit(" | ").next().unwrap_or_default();
+                    // The line that names the error, not Postgres's afterword to it.
+                    let lines: Vec<&str> = words.split(" | ").collect();
+                    let last = lines
+                        .iter()
+                        .rev()
+                        .find(|line| !postgres_afterword(line))
+                        .or(lines.last())
+                        .copied()
+                        .unwrap_or_default();
                     let last = match last.trim() {
                         "" => "nothing on stderr".to_string(),
                         line if line.starts_with("ModuleNotFoundError") => format!(
@@ -633,13 +650,19 @@ impl Run<'_> {
                     };
                     // Exit status 0 and not a word: a program that does not speak the
                     // protocol, not a machine that lacks something.
+                    let missing = ["ModuleNotFoundError", "No such file", "not found"]
+                        .iter()
+                        .any(|sign| last.contains(sign));
                     let see = if status.as_deref() == Some("exit status: 0")
                         && last == "nothing on stderr"
                     {
                         "a client says `ready` first, and then answers jobs until its stdin \
                          closes (docs/challenge.md)"
-                    } else {
+                    } else if missing {
                         "see `lockslab doctor`"
+                    } else {
+                        "an error of the client's own: run it by hand with an `init` line \
+                         (docs/challenge.md) to see it whole"
                     };
                     anyhow::bail!(
                         "client {name} {how} before any client said ready, {last}; {see}"
