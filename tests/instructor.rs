@@ -115,6 +115,42 @@ fn each_labs_times_are_the_same_in_list_its_walkthrough_and_the_readme() {
     }
 }
 
+/// Lab 12's one estimate, its Step 4 matrix: the same in `lockslab list`, the walkthrough's
+/// **Time:** line and the README (it said "about 5 minutes" for a run measured at 8½).
+#[test]
+fn the_matrixs_time_is_the_same_in_list_lab_12_and_the_readme() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let takes = format!("~{}", lockslab::menu::MATRIX_TAKES);
+    let list = Command::new(BIN)
+        .arg("list")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let matrix = list
+        .lines()
+        .find(|l| l.contains("lockslab matrix"))
+        .unwrap();
+    assert!(matrix.contains(&format!("({takes})")), "{matrix}");
+    assert_fits_80(&list);
+    let walkthrough = std::fs::read_to_string(root.join("labs/12-chaos.md")).unwrap();
+    let time = walkthrough.split("**Time:**").nth(1).unwrap();
+    let time = &time[..time.find("**Needs:**").unwrap()].replace('\n', " ");
+    assert!(
+        time.contains(&format!("Step 4's full matrix {takes}")),
+        "{time}"
+    );
+    let readme = std::fs::read_to_string(root.join("README.md"))
+        .unwrap()
+        .replace('\n', " ");
+    assert!(
+        readme.contains(&format!(
+            "lab 12's Step 4, twelve schedules a cell: {takes}"
+        )),
+        "README"
+    );
+}
+
 #[test]
 fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
     let output = lockslab(&["doctor"]).output().unwrap();
