@@ -479,9 +479,10 @@ fn up() -> Result<()> {
     crate::outln!("  Redis     {}", state.redis.as_deref().unwrap_or("-"));
     crate::outln!("  etcd      {}", state.etcd.as_deref().unwrap_or("-"));
     crate::outln!("  Postgres  {}", state.postgres.as_deref().unwrap_or("-"));
-    crate::outln!(
-        "Labs here find them by themselves. In another terminal, or for redis-cli/psql, paste:"
-    );
+    // Two lines: at a projector's 80 columns one would wrap mid-sentence (only the
+    // lines with a URL, copied whole, may be wider).
+    crate::outln!("Labs here find them by themselves. In another terminal, or for");
+    crate::outln!("redis-cli/psql, paste:");
     for line in state.exports() {
         crate::outln!("  {line}");
     }

@@ -11,6 +11,11 @@ use crate::output::Style;
 
 pub use crate::labs::{LABS, LabRow};
 
+/// How long lab 12's Step 4 takes — `lockslab matrix --seed 1 --schedules 12`, every design
+/// against every fault, twelve schedules a cell — measured on a busy two-core machine
+/// (8 min 24 s). Lab 12's **Time:** line and the README say the same (a test checks).
+pub const MATRIX_TAKES: &str = "9 min";
+
 /// The labs, in order (the cli's tests check that each row names a subcommand it has).
 pub fn available() -> Vec<&'static LabRow> {
     LABS.iter().collect()
@@ -96,7 +101,9 @@ fn print_labs(detailed: bool) {
         crate::outln!("  lockslab list           each lab's session, --step stops, by-hand tools");
     }
     crate::outln!("  lockslab chaos          random faults against a lock design (--help)");
-    crate::outln!("  lockslab matrix         every design against every kind of fault");
+    crate::outln!(
+        "  lockslab matrix         every design against every kind of fault (~{MATRIX_TAKES})"
+    );
     crate::outln!("  lockslab challenge      your own lock client, graded under faults");
     crate::outln!("  lockslab doctor         check this machine before a session");
     crate::outln!("  lockslab up             servers for the exercises by hand");

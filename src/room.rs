@@ -7,7 +7,7 @@
 //! data columns only (in the labs' database, where a seat creates nothing), and the seat column defaults to `current_user`, so nobody can record
 //! a run under another seat's name. The labs' role (the instructor's) reads them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -128,7 +128,7 @@ Examples:
                                           the page rewritten as results arrive
                                           (it reloads itself every 5 s)
 
-A seat's latest run of a lab counts. Each line is one scenario of the lab, with
+A seat's latest run of a scenario counts. Each line is one scenario of the lab, with
 the outcome most seats saw, as seats/seats-that-ran-it; the seats that saw
 something else are named. `lockslab results` is the same command.")]
 pub struct ResultsArgs {
@@ -168,6 +168,15 @@ pub fn results(args: &ResultsArgs, labs: &[(u8, &str)]) -> Result<()> {
         .as_deref()
         .context("the room has no Postgres to keep results in")?;
     let mut client = connect::postgres(url)?;
+    if let (true, Some(path)) = (args.follow, &args.html) {
+        // Said once, before the first table: nothing else tells the room the command is
+        // still working while no result arrives.
+        crate::output::err_prose(&format!(
+            "following: {} is rewritten as results arrive (read every 2 s; the page reloads \
+             itself every 5 s); Ctrl-C stops",
+            path.display()
+        ));
+    }
     let mut shown: Option<Vec<LabResults>> = None;
     loop {
         let counted = tally(&read_rows(&mut client)?, labs);
@@ -268,54 +277,57 @@ fn scenarios_of(headline: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The room's runs counted: a seat's latest run of each lab, each scenario's outcomes
-/// across the seats, the labs in the menu's order.
+/// The room's runs counted: each seat's latest outcome of each scenario, each scenario's
+/// outcomes across the seats, the labs in the menu's order.
+///
+/// A seat's later run replaces only the scenarios it played: the plan runs lab 10 twice
+/// (`queue --only herd`, then `--only election`), and the herd's outcome must still count.
 fn tally(rows: &[Row], order: &[(u8, &str)]) -> Vec<LabResults> {
-    // Rows come oldest first: a later run of the same seat and lab replaces the earlier.
-    let mut latest: BTreeMap<(&str, &str), &Row> = BTreeMap::new();
+    /// A lab's seats, and its scenarios in the order first played, each with every seat's
+    /// latest outcome (by seat name, so that the seats that differ are named in order).
+    type Played<'r> = (BTreeSet<&'r str>, Vec<(String, BTreeMap<&'r str, String>)>);
+    let mut labs: BTreeMap<&str, Played> = BTreeMap::new();
+    // Rows come oldest first: a later outcome of the same seat and scenario replaces it.
     for row in rows {
-        latest.insert((row.lab.as_str(), row.seat.as_str()), row);
-    }
-    let mut labs: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
-    for ((lab, _), row) in latest {
-        labs.entry(lab).or_default().push(row);
+        let (seats, scenarios) = labs.entry(row.lab.as_str()).or_default();
+        seats.insert(row.seat.as_str());
+        for (name, outcome) in scenarios_of(&row.headline) {
+            let at = match scenarios.iter().position(|(n, _)| *n == name) {
+                Some(at) => at,
+                None => {
+                    scenarios.push((name, BTreeMap::new()));
+                    scenarios.len() - 1
+                }
+            };
+            scenarios[at].1.insert(row.seat.as_str(), outcome);
+        }
     }
     let mut results: Vec<LabResults> = labs
         .into_iter()
-        .map(|(lab, runs)| {
-            let mut scenarios: Vec<Scenario> = Vec::new();
-            for run in &runs {
-                for (name, outcome) in scenarios_of(&run.headline) {
-                    let at = match scenarios.iter().position(|s| s.name == name) {
-                        Some(at) => at,
-                        None => {
-                            scenarios.push(Scenario {
-                                name,
-                                outcomes: Vec::new(),
-                            });
-                            scenarios.len() - 1
+        .map(|(lab, (seats, played))| {
+            let scenarios = played
+                .into_iter()
+                .map(|(name, by_seat)| {
+                    let mut outcomes: Vec<(String, Vec<String>)> = Vec::new();
+                    for (seat, outcome) in by_seat {
+                        match outcomes.iter_mut().find(|(o, _)| *o == outcome) {
+                            Some((_, seats)) => seats.push(seat.to_string()),
+                            None => outcomes.push((outcome, vec![seat.to_string()])),
                         }
-                    };
-                    let outcomes = &mut scenarios[at].outcomes;
-                    match outcomes.iter_mut().find(|(o, _)| *o == outcome) {
-                        Some((_, seats)) => seats.push(run.seat.clone()),
-                        None => outcomes.push((outcome, vec![run.seat.clone()])),
                     }
-                }
-            }
-            for scenario in &mut scenarios {
-                // The outcome most seats saw first; a stable sort keeps the first seen ahead.
-                scenario
-                    .outcomes
-                    .sort_by_key(|(_, seats)| std::cmp::Reverse(seats.len()));
-            }
+                    // The outcome most seats saw first; a stable sort keeps the first seen
+                    // ahead.
+                    outcomes.sort_by_key(|(_, seats)| std::cmp::Reverse(seats.len()));
+                    Scenario { name, outcomes }
+                })
+                .collect();
             LabResults {
                 number: order
                     .iter()
                     .find(|(_, command)| *command == lab)
                     .map(|(number, _)| u32::from(*number)),
                 lab: lab.to_string(),
-                seats: runs.len(),
+                seats: seats.len(),
                 scenarios,
             }
         })
@@ -336,7 +348,7 @@ fn print(labs: &[LabResults]) {
         crate::outln!("No results yet: a seat's run is recorded when its lab finishes.");
         return;
     }
-    crate::outln!("The room's results: each seat's latest run of each lab");
+    crate::outln!("The room's results: each seat's latest run of each scenario");
     for lab in labs {
         crate::outln!();
         crate::outln!("{}", lab_title(lab).bold());
@@ -363,11 +375,16 @@ fn html(labs: &[LabResults], reloads: bool) -> String {
     if reloads {
         page.push_str("<meta http-equiv=\"refresh\" content=\"5\">\n");
     }
+    // Three columns, the type scaled with the window's width: all ten labs of a session fit
+    // one 1280×720 projector screen (checked in headless Chromium, two seats agreeing; two
+    // columns at 20 px took 1,230 px), and any 16:9 screen lays out the same; two columns
+    // on a narrow window. Seats that disagree add lines, and then the page scrolls.
     page.push_str(
         "<title>lockslab: the room's results</title><style>\
-         body{font:20px/1.3 sans-serif;margin:.8em 1.5em;background:#fff;color:#111}\
+         body{font:max(14px,1.17vw)/1.2 sans-serif;margin:.5em 1.2em;background:#fff;color:#111}\
          h1{font-size:130%;margin:.2em 0}h2{font-size:105%;margin:0 0 .2em}\
-         main{column-count:2;column-gap:2.5em}section{break-inside:avoid;margin-bottom:.9em}\
+         main{column-count:3;column-gap:2em}@media (max-width:900px){main{column-count:2}}\
+         section{break-inside:avoid;margin-bottom:.6em}\
          table{border-collapse:collapse}td{padding:.05em .6em;vertical-align:top}\
          .split{background:#fde7c2;padding:0 .2em}\
          .who{color:#555;font-size:85%}</style></head><body>\n\
@@ -484,6 +501,29 @@ mod tests {
         let labs = tally(&rows, ORDER);
         assert_eq!(labs[0].seats, 1);
         assert_eq!(labs[0].scenarios[0].line(), "restart: one holder 1/1");
+    }
+
+    /// The plan runs lab 10 in two parts (`--only herd`, then `--only election`): the
+    /// second run replaces the scenarios it played, not the herd's.
+    #[test]
+    fn a_later_run_of_some_scenarios_leaves_the_others_counted() {
+        let rows = [
+            row("seat01", "redlock", "restart: two holders · pause: granted"),
+            row("seat02", "redlock", "restart: two holders"),
+            row("seat01", "redlock", "clock: two holders"),
+            row("seat01", "redlock", "restart: one holder"),
+        ];
+        let labs = tally(&rows, ORDER);
+        let lines: Vec<String> = labs[0].scenarios.iter().map(Scenario::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "restart: one holder 1/2 · two holders 1/2 (seat02)",
+                "pause: granted 1/1",
+                "clock: two holders 1/1"
+            ]
+        );
+        assert_eq!(lab_title(&labs[0]), "6 redlock — 2 seats");
     }
 
     #[test]

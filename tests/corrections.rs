@@ -470,6 +470,10 @@ fn up_says_loudly_when_a_dead_server_makes_it_restart_on_new_ports() {
     let first = run(&["up"]);
     assert!(first.status.success(), "{first:?}");
     let first_out = String::from_utf8_lossy(&first.stdout).into_owned();
+    // At 80 columns, only the lines with a URL (copied whole) may be wider.
+    for line in first_out.lines().filter(|l| !l.contains("://")) {
+        assert!(line.chars().count() <= 80, "wider than 80 columns: {line}");
+    }
     let redis_url = first_out
         .lines()
         .find_map(|l| l.trim().strip_prefix("Redis"))

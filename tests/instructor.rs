@@ -115,6 +115,42 @@ fn each_labs_times_are_the_same_in_list_its_walkthrough_and_the_readme() {
     }
 }
 
+/// Lab 12's one estimate, its Step 4 matrix: the same in `lockslab list`, the walkthrough's
+/// **Time:** line and the README (it said "about 5 minutes" for a run measured at 8½).
+#[test]
+fn the_matrixs_time_is_the_same_in_list_lab_12_and_the_readme() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let takes = format!("~{}", lockslab::menu::MATRIX_TAKES);
+    let list = Command::new(BIN)
+        .arg("list")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let matrix = list
+        .lines()
+        .find(|l| l.contains("lockslab matrix"))
+        .unwrap();
+    assert!(matrix.contains(&format!("({takes})")), "{matrix}");
+    assert_fits_80(&list);
+    let walkthrough = std::fs::read_to_string(root.join("labs/12-chaos.md")).unwrap();
+    let time = walkthrough.split("**Time:**").nth(1).unwrap();
+    let time = &time[..time.find("**Needs:**").unwrap()].replace('\n', " ");
+    assert!(
+        time.contains(&format!("Step 4's full matrix {takes}")),
+        "{time}"
+    );
+    let readme = std::fs::read_to_string(root.join("README.md"))
+        .unwrap()
+        .replace('\n', " ");
+    assert!(
+        readme.contains(&format!(
+            "lab 12's Step 4, twelve schedules a cell: {takes}"
+        )),
+        "README"
+    );
+}
+
 #[test]
 fn doctor_says_ok_for_working_servers_and_counts_free_connections() {
     let output = lockslab(&["doctor"]).output().unwrap();
@@ -1263,7 +1299,7 @@ fn eight_attendees_run_different_labs_at_once_on_a_rooms_servers() {
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{shown}");
     assert!(
-        shown.starts_with("The room's results: each seat's latest run of each lab"),
+        shown.starts_with("The room's results: each seat's latest run of each scenario"),
         "{shown}"
     );
     // Every lab says its outcome, lab 3's and lab 4's included.
@@ -1402,6 +1438,38 @@ fn room_results_count_each_scenario_across_seats_in_the_labs_order() {
         "{html}"
     );
     assert!(html.contains("&lt;script&gt;"), "{html}");
+
+    // `--follow`, the projector's page during the session: it says it keeps going and how
+    // to stop, and rewrites the page when a seat's run arrives.
+    let follow = room
+        .command(&["results", "--html", page.to_str().unwrap(), "--follow"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(std::time::Duration::from_secs(20), || {
+        std::fs::read_to_string(&page).is_ok_and(|html| html.contains("http-equiv=\"refresh\""))
+    }));
+    record(2, "redlock", "restart: two holders");
+    assert!(
+        eventually(std::time::Duration::from_secs(20), || {
+            std::fs::read_to_string(&page).is_ok_and(|html| html.contains("6 redlock — 2 seats"))
+        }),
+        "the page was not rewritten when seat02's run arrived"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(follow.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let followed = follow.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&followed.stderr);
+    assert_fits_80(&said);
+    let said = said.replace('\n', " ");
+    assert!(
+        said.contains("as results arrive") && said.contains("Ctrl-C"),
+        "--follow says what it does and how to stop: {said}"
+    );
 }
 
 /// Issue 20: a room's shared password was the Postgres superuser's; `status` and a plain

@@ -271,6 +271,14 @@ fn a_holder_that_stops_when_its_heartbeat_gives_up_still_lands_the_write_in_flig
         };
         let hold = position(&log, fault(Fault::Hold, "A→store"));
         let cut = position(&log, fault(Fault::Cut, "A→redis"));
+        // Both proxies' ports are printed, so that either can be sent a fault by hand.
+        let opening = &log[0].text;
+        for path in [
+            "A→store goes through the fault proxy on 127.0.0.1:",
+            "A→redis through another on 127.0.0.1:",
+        ] {
+            assert!(opening.contains(path), "{path}: {opening}");
+        }
         let asks: Vec<(usize, bool)> = log
             .iter()
             .enumerate()

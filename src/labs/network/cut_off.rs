@@ -87,7 +87,7 @@ pub(super) fn play(
     };
     let at = crate::labs::step::network::before_cut(fenced, service == LockService::Etcd);
     let to_server = Proxy::start(path, proxy::upstream_of(server)?)?;
-    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_server, server))?;
+    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_server, server, &[]))?;
     // A's lock goes through the proxy and is renewed; its store connection does not.
     let a_urls = (scene.url_through.as_str(), store_url);
     let a_script = scene.holder(
@@ -193,8 +193,9 @@ pub(super) fn play_stopping(
     let at = crate::labs::step::network::before_cut_stops(fenced);
     let story = ("cut-off-stops", "cut off from Redis, a holder that stops");
     let to_store = Proxy::start("A→store", proxy::upstream_of(store_url)?)?;
-    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_store, store_url))?;
     let to_redis = Proxy::start("A→redis", proxy::upstream_of(redis_url)?)?;
+    let proxies = (&to_store, store_url, &[&to_redis][..]);
+    let mut scene = Scene::open(plan, run, story, fenced, at, proxies)?;
     let redis_through = proxy::through(redis_url, to_redis.addr())?;
     let a_script = scene.holder(
         "A",

@@ -33,7 +33,7 @@ pub(super) fn play(plan: &Plan, run: &Run, fenced: bool, store: &mut Store) -> R
     let at = crate::labs::step::network::before_run(fenced);
     let story = ("delayed-write", "the delayed write");
     let to_store = Proxy::start("A→store", proxy::upstream_of(store_url)?)?;
-    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_store, store_url))?;
+    let mut scene = Scene::open(plan, run, story, fenced, at, (&to_store, store_url, &[]))?;
     let a_urls = (redis_url, scene.url_through.as_str());
     let a_script = scene.holder(
         "A",

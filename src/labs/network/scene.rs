@@ -50,14 +50,17 @@ pub(super) struct Scene<'a> {
 
 impl<'a> Scene<'a> {
     /// Sets the stage (heading, tags, `--step` stop) for A's path through `proxy` to the
-    /// server at `server_url`.
+    /// server at `server_url`; `also` are the story's other proxies on A's paths. The
+    /// first line names every proxy's address, so that each of A's connections can be told
+    /// apart (`ss -tn`, a packet capture) while the story plays and the walkthrough's
+    /// "a second proxy" has a port to point at.
     pub(super) fn open(
         plan: &'a Plan,
         run: &'a Run,
         (scenario, heading): (&'static str, &str),
         fenced: bool,
         at: &step::Checkpoint,
-        (proxy, server_url): (&Proxy, &str),
+        (proxy, server_url, also): (&Proxy, &str, &[&Proxy]),
     ) -> Result<Scene<'a>> {
         let label = if fenced { "fenced" } else { "unfenced" };
         let mut stage = run.stage();
@@ -83,6 +86,13 @@ impl<'a> Scene<'a> {
             "the Redis key"
         };
         let url_through = proxy::through(server_url, proxy.addr())?;
+        let mut paths = format!(
+            "the path {path} goes through the fault proxy on {}",
+            proxy.addr()
+        );
+        for other in also {
+            paths += &format!(", and {} through another on {}", other.path(), other.addr());
+        }
         stage.record(Event::new(
             "lab",
             facts::RunFacts {
@@ -90,10 +100,7 @@ impl<'a> Scene<'a> {
                 lock_key: Some(lock_key.clone()),
                 ..facts::RunFacts::default()
             },
-            format!(
-                "run {run_id}: the lock is {lock_is} {lock_key}; the path {path} goes through the fault proxy on {}",
-                proxy.addr()
-            ),
+            format!("run {run_id}: the lock is {lock_is} {lock_key}; {paths}"),
         ));
         Ok(Scene {
             plan,
