@@ -294,7 +294,16 @@ impl runner::Verdict for Verdict {
         let approaches: Vec<String> = self
             .approaches
             .iter()
-            .map(|a| format!("{}: {}", a.name, if a.safe { "safe" } else { "FAILED" }))
+            // The unsafe approaches are the lab's lessons: said as what happened, not as a
+            // failure of the run.
+            .map(|a| {
+                let outcome = if a.safe {
+                    "safe"
+                } else {
+                    "let a late write in"
+                };
+                format!("{}: {outcome}", a.name)
+            })
             .collect();
         approaches.join(" · ")
     }

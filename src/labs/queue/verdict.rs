@@ -174,7 +174,7 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
 
 impl runner::Verdict for Verdict {
     /// Each way of queueing's order, then the churn, the expiry and the election:
-    /// `etcd_recipe: first come, first served · expiry: stale write refused`.
+    /// `etcd-recipe: first come, first served · expiry: stale write refused`.
     fn headline(&self) -> String {
         let mut parts: Vec<String> = self
             .queues
@@ -190,7 +190,7 @@ impl runner::Verdict for Verdict {
                 } else {
                     ", a token reused"
                 };
-                format!("{}: {order}{tokens}", q.way)
+                format!("{}: {order}{tokens}", q.way.replace('_', "-"))
             })
             .collect();
         if let Some(churn) = &self.churn {
