@@ -776,6 +776,22 @@ fn failover_catches_tokens_counted_in_redis_and_passes_tokens_from_a_postgres_se
             "{stdout}"
         );
         assert_eq!(verdict["faults_played"], 1, "{verdict}");
+        // The nemesis's one player plays the failover, as steps added to the run's schedule
+        // when their moment came: the replica made to lag (frozen, its link cut), the
+        // primary killed, the replica thawed — all in the schedule `--json` carries.
+        let steps: Vec<String> = (verdict["schedule"].as_array())
+            .unwrap_or_else(|| panic!("no schedule: {verdict}"))
+            .iter()
+            .map(|step| {
+                let lag = if step["cut_link"] == true { "+cut" } else { "" };
+                format!("{} {}{lag}", step["fault"], step["target"]).replace('"', "")
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            ["pause replica+cut", "kill primary", "resume replica"],
+            "{verdict}"
+        );
         if want == 1 {
             let problems = verdict["problems"].as_array().unwrap();
             let token = problems

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+mod by_hand;
 mod hosts;
 
 use super::clock::WorkerClock;
@@ -69,6 +70,9 @@ struct Cursor {
     origin_ms: u64,
     /// How many of the floor's events the player has been shown.
     seen: usize,
+    /// Events shown to the player before the floor logged them ([`Faults::foresee`]), by
+    /// worker and kind: each is not shown again when it is logged.
+    foreseen: Vec<(String, crate::events::Kind)>,
 }
 
 impl Cursor {
@@ -77,6 +81,7 @@ impl Cursor {
             player: Player::new(schedule),
             origin_ms: floor.now_ms(),
             seen: floor.events().len(),
+            foreseen: Vec::new(),
         }
     }
 
@@ -90,8 +95,16 @@ impl Cursor {
     fn look(&mut self, floor: &impl Floor, each: &mut impl FnMut(&Event)) -> u64 {
         let events = floor.events();
         for event in &events[self.seen.min(events.len())..] {
-            let at = event.t_ms.saturating_sub(self.origin_ms);
-            self.player.observe_at(event, at);
+            let key = (event.worker.clone(), event.kind());
+            match self.foreseen.iter().position(|seen| *seen == key) {
+                Some(at) => {
+                    self.foreseen.remove(at);
+                }
+                None => {
+                    let at = event.t_ms.saturating_sub(self.origin_ms);
+                    self.player.observe_at(event, at);
+                }
+            }
             each(event);
         }
         self.seen = events.len();

@@ -19,10 +19,13 @@
 //! the log whether the fault missed (a `writing` note sent after the write, most often).
 
 use super::*;
+use crate::nemesis::Note;
 use crate::proxy::Tried;
 
 /// A fault armed on a client's proxy, waiting for its write.
 pub(super) struct Aim {
+    /// The schedule's action: the player does it when the write comes.
+    action: Action,
     fault: Fault,
     armed: Instant,
     /// The job its client held when it was armed: the write aimed at is that job's.
@@ -106,13 +109,13 @@ impl Run<'_> {
     /// is frozen when that write comes ([`Run::hear_proxies`]).
     pub(super) fn aim_pause(&mut self, index: usize, action: &Action) -> Result<()> {
         let name = self.seats[index].client.name.clone();
-        let resume = (self.player.as_mut())
-            .and_then(|player| player.withdraw(&name, Fault::Resume))
+        let resume = (self.faults.as_mut())
+            .and_then(|faults| faults.withdraw(&name, Fault::Resume))
             .map(|resume| {
                 let lasts = resume.at_ms.saturating_sub(action.at_ms);
                 (resume, lasts)
             });
-        let aim = self.aim(index, Fault::Pause, NetFault::HoldWrite, resume);
+        let aim = self.aim(index, action, NetFault::HoldWrite, resume);
         if self.seats[index].proxy.is_none() {
             let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs");
             return self.land_pause(index, aim, text);
@@ -120,12 +123,19 @@ impl Run<'_> {
         self.take_aim(index, aim)
     }
 
-    fn aim(&self, index: usize, fault: Fault, net: NetFault, resume: Option<(Action, u64)>) -> Aim {
+    fn aim(
+        &self,
+        index: usize,
+        action: &Action,
+        net: NetFault,
+        resume: Option<(Action, u64)>,
+    ) -> Aim {
         let seat = &self.seats[index];
         let job = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
         let skip = Aimed::skip_for(seat, self.writes_most_ok);
         Aim {
-            fault,
+            action: action.clone(),
+            fault: action.fault,
             armed: Instant::now(),
             job,
             resume,
@@ -138,11 +148,11 @@ impl Run<'_> {
     }
 
     /// A delay falls due: its client's proxy holds its next write for 2–3 TTLs.
-    pub(super) fn aim_delay(&mut self, index: usize) -> Result<()> {
+    pub(super) fn aim_delay(&mut self, index: usize, action: &Action) -> Result<()> {
         let setup = self.setup;
         let name = &self.seats[index].client.name;
         let ms = Challenge::delay_ms(setup.seed, name, setup.init.lease_ms);
-        let aim = self.aim(index, Fault::Delay, NetFault::DelayWrite { ms }, None);
+        let aim = self.aim(index, action, NetFault::DelayWrite { ms }, None);
         if self.seats[index].proxy.is_none() {
             return Ok(());
         }
@@ -293,9 +303,9 @@ impl Run<'_> {
         let setup = self.setup;
         let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
         let text = format!("delays {name}'s {which} by {ms}ms, held in its proxy");
-        if let Some(proxy) = &self.seats[index].proxy {
-            let up = Direction::Up;
-            (self.nemesis).net_caught(&mut self.tape, proxy, up, Fault::Delay, text);
+        if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut()) {
+            let on = (&mut self.tape, &mut self.nemesis);
+            faults.caught(aim.action, proxy, Note::from(text), on);
         }
         self.faults_played += 1;
         self.strike("delay", index)?;
@@ -328,9 +338,10 @@ impl Run<'_> {
             held_ms: Some(late_ms),
             ..Default::default()
         };
-        let note = crate::nemesis::Note::new(text, facts);
-        self.nemesis
-            .heal_net(&mut self.tape, proxy, Direction::Up, note);
+        let note = Note::new(text, facts);
+        if let Some(faults) = self.faults.as_mut() {
+            faults.let_go(proxy, note, (&mut self.tape, &mut self.nemesis));
+        }
     }
 
     /// The aims whose write will not come: their client answered the job aimed at (or
@@ -388,10 +399,10 @@ impl Run<'_> {
 
     /// The pause lands: the client frozen, and its resume due as long after as drawn.
     fn land_pause(&mut self, index: usize, aim: Aim, text: String) -> Result<()> {
-        self.freeze(index, text)?;
-        if let (Some((resume, lasts)), Some(player)) = (aim.resume, self.player.as_mut()) {
-            let now = self.tape.start.elapsed().as_millis() as u64;
-            player.add(Action {
+        self.freeze(index, &aim.action, text)?;
+        if let (Some((resume, lasts)), Some(faults)) = (aim.resume, self.faults.as_mut()) {
+            let now = faults.now_ms(&self.tape);
+            faults.add(Action {
                 at_ms: now + lasts,
                 ..resume
             });
@@ -401,14 +412,13 @@ impl Run<'_> {
 
     /// Freezes a client for its pause. If lockslab holds it already after its read (the
     /// worst order, as the newer holder), the pause takes that hold over.
-    fn freeze(&mut self, index: usize, text: String) -> Result<()> {
+    fn freeze(&mut self, index: usize, action: &Action, text: String) -> Result<()> {
         let name = &self.seats[index].client.name;
-        let paused = self.nemesis.paused().contains(name);
+        let paused = self.paused().contains(name);
         if paused && (self.overtaking.as_ref()).is_some_and(|o| o.newer == *name) {
             self.overtaking = None;
         } else if !paused {
-            let seat = &self.seats[index];
-            self.nemesis.pause(&mut self.tape, &seat.client, text)?;
+            self.play(action, text)?;
         }
         self.faults_played += 1;
         self.strike("pause", index)
@@ -417,7 +427,7 @@ impl Run<'_> {
     /// The writes held for frozen clients go on once their clients run again: resumed at
     /// the pause's end, or early by the worst order.
     pub(super) fn let_frozen_writes_go(&mut self) {
-        let paused = self.nemesis.paused();
+        let paused = self.paused();
         for (name, gone) in &mut self.aimed.frozen {
             if *gone || paused.contains(name) {
                 continue;

@@ -57,7 +57,7 @@ impl Run<'_> {
 
     /// While a client is frozen or its write held, reads who waits behind whom.
     pub(super) fn read_waits(&mut self) -> Result<()> {
-        let faulted = !self.nemesis.paused().is_empty() || !self.held_writes.is_empty();
+        let faulted = !self.paused().is_empty() || !self.held_writes.is_empty();
         if !faulted || self.waits_read.is_some_and(|at| at.elapsed() < EVERY) {
             return Ok(());
         }

@@ -9,7 +9,12 @@
 use super::*;
 use crate::cluster::{self, MASTER_NAME, SentinelCluster};
 use crate::events::facts::{FaultFacts, HolderNow};
-use crate::nemesis::{Held, Note};
+use crate::nemesis::schedule::How;
+use crate::nemesis::{Note, Victim};
+
+/// The replica's and the primary's names in the history (and in the schedule's steps).
+pub(super) const REPLICA: &str = "replica";
+const PRIMARY: &str = "primary";
 
 /// How long Sentinel may take to promote the replica.
 const PROMOTION_TIMEOUT: Duration = Duration::from_secs(20);
@@ -66,6 +71,17 @@ impl<'a> Failover<'a> {
         Event::new("redis", HolderNow::default(), text)
     }
 
+    /// The primary's URL, where the replica's link is cut.
+    pub(super) fn primary_url(&self) -> String {
+        self.cluster.primary.url()
+    }
+
+    /// The primary and the replica, for the nemesis to aim at.
+    pub(super) fn victims(&mut self) -> [&mut dyn Victim; 2] {
+        let cluster = &mut *self.cluster;
+        [&mut cluster.primary, &mut cluster.replica]
+    }
+
     /// Under way: the run waits for its end.
     pub(super) fn under_way(&self) -> bool {
         matches!(self.step, Step::Killed { .. })
@@ -111,27 +127,29 @@ impl Run<'_> {
         let Some(failover) = self.failover.as_mut() else {
             return Ok(());
         };
-        if self.player.is_none() {
+        if self.faults.is_none() {
             return Ok(());
         }
         let (primary, replica) = (failover.cluster.primary.port, failover.cluster.replica.port);
         match failover.step {
             Step::Waiting if answered >= failover.cut_after => {
-                let mut on_primary = cluster::ask(&failover.cluster.primary.url())?;
-                let mut held = Held::default();
-                self.nemesis
-                    .pause(&mut held, &failover.cluster.replica, Note::default())?;
-                let cut = cluster::cut_replica_links(&mut on_primary)?;
-                for mut event in held.0 {
-                    event.text =
-                        format!("freezes Redis replica :{replica}, cuts its link ({cut} closed)");
-                    if let Some(facts) = event.fault_mut() {
-                        facts.links_closed = Some(cut as u64);
-                        facts.port = Some(replica);
-                    }
-                    self.tape.record(event);
-                }
                 failover.step = Step::Cut { answered };
+                // A pause that cuts the replica's link: the nemesis's lag.
+                let lag = How {
+                    cut_link: true,
+                    ..How::default()
+                };
+                self.play_now((Fault::Pause, REPLICA, lag), move |cue| {
+                    let closed = cue.links_closed.map_or("none".into(), |n| n.to_string());
+                    let facts = FaultFacts {
+                        port: Some(replica),
+                        ..FaultFacts::default()
+                    };
+                    let text = format!(
+                        "freezes Redis replica :{replica}, cuts its link ({closed} closed)"
+                    );
+                    Note::new(text, facts)
+                })?;
             }
             Step::Cut { answered: at } if answered >= at + failover.kill_after => {
                 let prefix = &self.setup.init.key_prefix;
@@ -144,24 +162,21 @@ impl Run<'_> {
                     "kills Redis primary :{primary}, {} jobs answered after the cut",
                     answered - at
                 );
-                self.nemesis.kill(
-                    &mut self.tape,
-                    &mut failover.cluster.primary,
-                    Note::new(text, facts.clone()),
-                )?;
+                let kill = Note::new(text, facts.clone());
                 let text = format!("thaws replica :{replica}: Sentinel's turn");
-                self.nemesis.resume(
-                    &mut self.tape,
-                    &failover.cluster.replica,
-                    Note::new(
-                        text,
-                        FaultFacts {
-                            port: Some(replica),
-                            ..facts
-                        },
-                    ),
-                )?;
-                failover.step = Step::Killed { at: Instant::now() };
+                let thaw = Note::new(
+                    text,
+                    FaultFacts {
+                        port: Some(replica),
+                        ..facts
+                    },
+                );
+                let plain = How::default();
+                self.play_now((Fault::Kill, PRIMARY, plain.clone()), move |_| kill)?;
+                self.play_now((Fault::Resume, REPLICA, plain), move |_| thaw)?;
+                if let Some(failover) = self.failover.as_mut() {
+                    failover.step = Step::Killed { at: Instant::now() };
+                }
             }
             Step::Killed { at } => {
                 if failover

@@ -1,14 +1,28 @@
-//! The challenge's faults, played on its clients: the schedule drawn from the seed, and
-//! each action when it falls due (a pause or a delay is aimed at the write: see `aim`).
+//! The challenge's faults, played on its clients by the nemesis's one player
+//! ([`Faults`]): the schedule drawn from the seed, and each action when it falls due (a
+//! pause or a delay is aimed at the write: see `aim`). The run takes what falls due and
+//! has the player do it at the moment it aims at, in its words; a fault whose moment only
+//! the run sees (the worst order, the failover) is a step added to the schedule then.
 
 use super::*;
 use crate::events::Kind;
+use crate::nemesis::play::Cue;
+use crate::nemesis::schedule::{Due, How};
+use crate::nemesis::{Note, Victim};
 
 impl Run<'_> {
     pub(super) fn play_due(&mut self) -> Result<()> {
         self.hear_proxies()?;
-        let now = self.tape.start.elapsed().as_millis() as u64;
-        let due = self.player.as_mut().map(|p| p.due(now)).unwrap_or_default();
+        self.rearm_at_new_notes();
+        let due = match self.faults.as_mut() {
+            Some(faults) => faults.take_due(&mut self.tape),
+            None => Vec::new(),
+        };
+        // The challenge's schedule has faults only (no probes, no step that gives up).
+        let due = due.into_iter().filter_map(|due| match due {
+            Due::Fault(action) => Some(action),
+            _ => None,
+        });
         for action in due {
             // A pause whose client's lock still stands ends when that lock is gone.
             if action.fault == Fault::Resume && self.resume_when_lock_gone(&action) {
@@ -39,10 +53,10 @@ impl Run<'_> {
         let Some(other) = self.other_fault_on(&action.target) else {
             return false;
         };
-        let Some(player) = self.player.as_mut() else {
+        let Some(faults) = self.faults.as_mut() else {
             return false;
         };
-        let resume = player.withdraw(&action.target, Fault::Resume);
+        let resume = faults.withdraw(&action.target, Fault::Resume);
         let what = if action.fault == Fault::Pause {
             "pause"
         } else {
@@ -64,7 +78,7 @@ impl Run<'_> {
 
     /// The client, other than `client`, whose pause or delay is armed or playing.
     fn other_fault_on(&self, client: &str) -> Option<String> {
-        let paused = self.nemesis.paused();
+        let paused = self.paused();
         (self.seats.iter())
             .map(|s| &s.client.name)
             .find(|name| {
@@ -73,10 +87,24 @@ impl Run<'_> {
             .cloned()
     }
 
+    /// The notes logged since the last look, each shown to the faults that wait for
+    /// another's to end ([`Run::rearm_postponed`]).
+    fn rearm_at_new_notes(&mut self) {
+        let from = self.looked.min(self.tape.events.len());
+        self.looked = self.tape.events.len();
+        if self.postponed.is_empty() || self.faults.is_none() {
+            return;
+        }
+        for at in from..self.looked {
+            let event = self.tape.events[at].clone();
+            self.rearm_postponed(&event);
+        }
+    }
+
     /// A client's note: a fault that waited for another's to end is due again, at this
     /// note as its step's anchor would have put it, if it is that kind of note and no
     /// other fault is on now.
-    pub(super) fn rearm_postponed(&mut self, event: &crate::events::Event) {
+    fn rearm_postponed(&mut self, event: &crate::events::Event) {
         let Some(postponed) = self.postponed.get(&event.worker) else {
             return;
         };
@@ -91,22 +119,23 @@ impl Run<'_> {
         if self.other_fault_on(&event.worker).is_some() {
             return;
         }
-        let at_ms = event.t_ms + step.at_ms;
+        let step_ms = step.at_ms;
         let Some(Postponed { action, resume }) = self.postponed.remove(&event.worker) else {
             return;
         };
-        let Some(player) = self.player.as_mut() else {
+        let Some(faults) = self.faults.as_mut() else {
             return;
         };
+        let at_ms = faults.schedule_ms(event.t_ms) + step_ms;
         if let Some(resume) = resume {
             // As long after the fault as drawn.
             let lasts = resume.at_ms.saturating_sub(action.at_ms);
-            player.add(Action {
+            faults.add(Action {
                 at_ms: at_ms + lasts,
                 ..resume
             });
         }
-        player.add(Action { at_ms, ..action });
+        faults.add(Action { at_ms, ..action });
     }
 
     pub(super) fn start_schedule(&mut self) -> Result<()> {
@@ -127,15 +156,71 @@ impl Run<'_> {
         );
         let names: Vec<&str> = clients.iter().map(|(n, _)| n.as_str()).collect();
         schedule.validate(&names, &[])?;
-        self.player = Some(Player::new(&schedule));
+        let mut faults = Faults::new(&schedule, &self.tape);
+        if let Some(failover) = &self.failover {
+            let primary_url = failover.primary_url();
+            faults = faults.on_replica(failover::REPLICA, move || primary_url.clone());
+        }
+        self.looked = self.tape.events.len();
+        self.faults = Some(faults);
         self.schedule = Some(schedule);
         Ok(())
+    }
+
+    /// The clients (and the failover's Redis) the nemesis holds paused, by name.
+    pub(super) fn paused(&self) -> Vec<String> {
+        self.faults.as_ref().map(Faults::paused).unwrap_or_default()
+    }
+
+    /// Has the schedule's player do `action` now, in `words`.
+    pub(super) fn play(&mut self, action: &Action, words: impl Into<Note>) -> Result<()> {
+        let (due, words) = (Due::Fault(action.clone()), words.into());
+        self.on_stage(|faults, tape, nemesis, cast| {
+            faults.act_saying(due, words, tape, nemesis, cast)
+        })
+    }
+
+    /// Adds `fault` on `target` to the schedule, due now, and has the player do it at
+    /// once, in the words `words` makes of its cue.
+    pub(super) fn play_now(
+        &mut self,
+        (fault, target, how): (Fault, &str, How),
+        words: impl FnOnce(&Cue) -> Note + 'static,
+    ) -> Result<()> {
+        self.on_stage(|faults, tape, nemesis, cast| {
+            faults.play_now((tape, nemesis, cast), (fault, target, how), words)
+        })
+    }
+
+    /// Hands the player, once the schedule has started, what it plays on: the run's
+    /// history, the nemesis, and the cast it aims at ([`cast`]).
+    fn on_stage(
+        &mut self,
+        play: impl FnOnce(
+            &mut Faults<'static>,
+            &mut Tape,
+            &mut Nemesis,
+            &mut [&mut dyn Victim],
+        ) -> Result<()>,
+    ) -> Result<()> {
+        let Run {
+            faults,
+            tape,
+            nemesis,
+            seats,
+            failover,
+            ..
+        } = self;
+        let Some(faults) = faults.as_mut() else {
+            return Ok(());
+        };
+        play(faults, tape, nemesis, &mut cast(seats, failover))
     }
 
     /// Plays one fault of the schedule, if its client can take it now.
     pub(super) fn act(&mut self, action: &Action) -> Result<()> {
         let name = action.target.clone();
-        let paused = self.nemesis.paused().contains(&name);
+        let paused = self.paused().contains(&name);
         let Some(index) = self.seats.iter().position(|s| s.client.name == name) else {
             return Ok(());
         };
@@ -148,15 +233,13 @@ impl Run<'_> {
             // the hold, if lockslab holds it after its read (the worst order, `overtake`).
             Fault::Pause if !paused || held_after_its_read => self.aim_pause(index, action)?,
             Fault::Resume if paused => {
-                let seat = &mut self.seats[index];
-                self.nemesis
-                    .resume(&mut self.tape, &seat.client, format!("resumes {name}"))?;
+                self.play(action, format!("resumes {name}"))?;
                 // Its time to answer counts again from now.
-                if let Some((_, since)) = seat.job.as_mut() {
+                if let Some((_, since)) = self.seats[index].job.as_mut() {
                     *since = Instant::now();
                 }
             }
-            Fault::Delay => self.aim_delay(index)?,
+            Fault::Delay => self.aim_delay(index, action)?,
             Fault::Kill => {
                 if let Some((job, _)) = self.seats[index].job {
                     self.moment(&name, job, Moment::Killed);
@@ -172,16 +255,11 @@ impl Run<'_> {
                     lockless: !seat.lock,
                     ..Strike::default()
                 });
-                let seat = &mut self.seats[index];
                 self.killed.insert(name.clone());
-                self.nemesis.kill(
-                    &mut self.tape,
-                    &mut seat.client,
-                    format!("kills {name} (SIGKILL) mid-job"),
-                )?;
+                self.play(action, format!("kills {name} (SIGKILL) mid-job"))?;
                 self.faults_played += 1;
                 self.played.push((name.clone(), Fault::Kill));
-                let orphan = seat.job.take().map(|(job, _)| job);
+                let orphan = self.seats[index].job.take().map(|(job, _)| job);
                 if let Some(job) = orphan.filter(|&job| job > 0) {
                     self.give_again(job);
                 }
@@ -293,4 +371,19 @@ impl Run<'_> {
         }
         lines
     }
+}
+
+/// What the nemesis may aim at in a run: its clients, and the failover's Redis primary and
+/// replica.
+fn cast<'c>(
+    seats: &'c mut [Seat],
+    failover: &'c mut Option<super::failover::Failover<'_>>,
+) -> Vec<&'c mut dyn Victim> {
+    let mut cast: Vec<&mut dyn Victim> = (seats.iter_mut())
+        .map(|seat| &mut seat.client as &mut dyn Victim)
+        .collect();
+    if let Some(failover) = failover.as_mut() {
+        cast.extend(failover.victims());
+    }
+    cast
 }

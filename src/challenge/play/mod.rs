@@ -15,7 +15,8 @@ use super::protocol::{FromClient, Init, Job, ToClient};
 use crate::check::challenge::{Delivery, JobSpec, KeyWait, LockMoment, Moment, Strike, Wait};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
-use crate::nemesis::schedule::{Action, Player, Schedule};
+use crate::nemesis::play::Faults;
+use crate::nemesis::schedule::{Action, Schedule};
 use crate::nemesis::{Fault, Nemesis, Record};
 use crate::proxy::{Direction, NetFault, Proxy, Seen};
 use tape::Tape;
@@ -135,9 +136,15 @@ struct Run<'a> {
     acknowledged: BTreeSet<i64>,
     given_up: BTreeSet<i64>,
     killed: BTreeSet<String>,
+    /// Does every fault, handed it by `faults` (and its drop resumes what is left paused).
     nemesis: Nemesis,
+    /// The schedule drawn from the seed, once every client is ready.
     schedule: Option<Schedule>,
-    player: Option<Player>,
+    /// The one player: it plays the drawn schedule from the run's history, and the faults
+    /// whose moment the run picks as steps added when they come.
+    faults: Option<Faults<'static>>,
+    /// How many of the history's events were looked at for a postponed fault's note.
+    looked: usize,
     faults_played: usize,
     /// The faults played, by target and kind, to name those that never did.
     played: Vec<(String, Fault)>,
@@ -254,7 +261,8 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         killed: BTreeSet::new(),
         nemesis: Nemesis::new(),
         schedule: None,
-        player: None,
+        faults: None,
+        looked: 0,
         faults_played: 0,
         played: Vec::new(),
         moments: Vec::new(),
@@ -304,10 +312,11 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
     }
     let failure = run.drive().err();
     let schedule_planned = run.schedule_len() + usize::from(run.failover.is_some());
-    // However it ended: resume what is paused, then no more jobs; whoever does not exit
-    // when its stdin closes is killed (and every client is reaped) — at once after a
-    // failure, within 3s after a run that went to its end.
-    run.nemesis.heal();
+    // However it ended: resume what is paused (a nemesis dropped resumes what it left
+    // paused), then no more jobs; whoever does not exit when its stdin closes is killed
+    // (and every client is reaped) — at once after a failure, within 3s after a run that
+    // went to its end.
+    drop(std::mem::take(&mut run.nemesis));
     for seat in &mut run.seats {
         seat.client.close();
     }
@@ -330,8 +339,10 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         None => None,
     };
     drop(watchdog);
-    let schedule = run.schedule.take().unwrap_or_default();
-    let mut unplayed = run.unplayed(&schedule);
+    let drawn = run.schedule.take().unwrap_or_default();
+    let mut unplayed = run.unplayed(&drawn);
+    // The schedule as played: the drawn steps and those the run added as they came.
+    let schedule = run.faults.as_ref().map_or(drawn, |f| f.schedule().clone());
     let answered = run.acknowledged.len();
     unplayed.extend(run.failover.as_ref().and_then(|f| f.unplayed(answered)));
     Ok(Played {
@@ -473,20 +484,10 @@ impl Run<'_> {
         });
     }
 
-    /// Records an event in a client's lane, and shows it to the schedule's player (an
-    /// answer was shown to it before it was read: `killed_as_it_answers`).
+    /// Records an event in a client's lane: the schedule's player sees it in the history
+    /// (an answer was shown to it before it was read: `killed_as_it_answers`).
     fn note(&mut self, worker: &str, what: What, text: String) {
-        let answer = matches!(what, What::JobAnswered(_));
         self.tape.record(Event::new(worker, what, text));
-        if let (Some(player), Some(event), false) =
-            (self.player.as_mut(), self.tape.events.last(), answer)
-        {
-            player.observe(event);
-            if !self.postponed.is_empty() {
-                let event = event.clone();
-                self.rearm_postponed(&event);
-            }
-        }
     }
 
     /// Shows the schedule's player a client's answer before lockslab reads it, and plays
@@ -497,7 +498,7 @@ impl Run<'_> {
         let holds = (self.seats.iter()).any(|s| {
             s.client.name == name && s.ready && s.job.is_some_and(|(held, _)| held == job)
         });
-        let Some(player) = self.player.as_mut().filter(|_| holds) else {
+        let Some(faults) = self.faults.as_mut().filter(|_| holds) else {
             return Ok(false);
         };
         let answer = ChallengeJob {
@@ -506,7 +507,7 @@ impl Run<'_> {
         };
         let mut event = Event::new(name, What::JobAnswered(answer), String::new());
         event.t_ms = self.tape.start.elapsed().as_millis() as u64;
-        player.observe(&event);
+        faults.foresee(&mut self.tape, &event);
         let struck = self.strikes.len();
         self.play_due()?;
         if self.killed.contains(name) {
@@ -558,7 +559,7 @@ impl Run<'_> {
             self.hear_proxies()?;
             self.read_waits()?;
             self.outlast()?;
-            if self.player.is_none() && self.seats.iter().all(|s| s.ready) {
+            if self.faults.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
             }
             self.play_due()?;
@@ -566,7 +567,7 @@ impl Run<'_> {
             self.hand_out();
             let busy = self.seats.iter().any(|s| s.job.is_some() && s.ready);
             let failing_over = self.failover.as_ref().is_some_and(|f| f.under_way());
-            if self.player.is_some() && self.pending.is_empty() && !busy && !failing_over {
+            if self.faults.is_some() && self.pending.is_empty() && !busy && !failing_over {
                 return Ok(());
             }
         }
@@ -815,7 +816,7 @@ impl Run<'_> {
     fn hand_out(&mut self) {
         self.records_of_held_writes_first();
         while let Some(&job) = self.pending.front() {
-            if self.player.is_none() {
+            if self.faults.is_none() {
                 return;
             }
             let Some(index) = self
@@ -889,7 +890,7 @@ impl Run<'_> {
         if !matches!(self.setup.challenge, Challenge::Pause | Challenge::Delay) {
             return;
         }
-        let paused = self.nemesis.paused();
+        let paused = self.paused();
         let held: Vec<&str> = (self.seats.iter())
             .filter(|s| self.write_held(&paused, &s.client.name))
             .filter_map(|s| s.job.map(|(job, _)| job).filter(|&job| job > 0))
@@ -904,7 +905,7 @@ impl Run<'_> {
 
     /// A client that does not say ready, or does not answer its job, within its time.
     fn check_deadlines(&mut self) -> Result<()> {
-        let paused = self.nemesis.paused();
+        let paused = self.paused();
         let none_ready = !self.seats.iter().any(|s| s.ready);
         for seat in &mut self.seats {
             let Some((job, since)) = seat.job else {

@@ -32,6 +32,8 @@ use crate::challenge::challenges::BOUND_TTLS;
 use crate::check::challenge::KeyWait;
 use crate::events::facts::{Expired, HolderNow, Pttl};
 use crate::flags::flag_duration;
+use crate::nemesis::Note;
+use crate::nemesis::schedule::How;
 
 /// How often the faulted client's lock is read while the fault lasts.
 const EVERY: Duration = Duration::from_millis(25);
@@ -50,6 +52,8 @@ pub(super) struct Outlast {
     /// When the fault's own time was up: the schedule's resume (pause), or the held bytes'
     /// delay counted from when they came (delay).
     due: Option<Instant>,
+    /// pause: the schedule's resume, held back until the lock is gone.
+    resume: Option<Action>,
     /// delay: when the held bytes came, and the proxy began holding them for lockslab.
     came: Option<Instant>,
     /// What the timeline was told already: the lock still there, the lock gone.
@@ -138,6 +142,7 @@ impl Run<'_> {
             lock,
             began: Instant::now(),
             due: None,
+            resume: None,
             came: None,
             said_alive: false,
             said_gone: false,
@@ -153,6 +158,7 @@ impl Run<'_> {
         match waiting {
             Some(outlast) => {
                 outlast.due.get_or_insert_with(Instant::now);
+                outlast.resume.get_or_insert_with(|| action.clone());
                 true
             }
             None => false,
@@ -191,7 +197,7 @@ impl Run<'_> {
             return Ok(true);
         };
         let faulted = match fault {
-            Fault::Pause => self.nemesis.paused().contains(&client),
+            Fault::Pause => self.paused().contains(&client),
             _ => self.held_writes.contains(&client),
         };
         let lock = self.lock_now(i);
@@ -300,7 +306,8 @@ impl Run<'_> {
             Fault::Pause => format!("resumes {client}"),
             _ => format!("lets {client}'s held bytes go"),
         };
-        self.end_fault(index, fault, format!("{ends}: {why}"))?;
+        let resume = self.outlasting[i].resume.take();
+        self.end_fault(index, (fault, resume), format!("{ends}: {why}"))?;
         Ok(true)
     }
 
@@ -405,20 +412,31 @@ impl Run<'_> {
             .record(Event::new(crate::nemesis::LANE, What::Pttl(facts), text));
     }
 
-    /// Ends a pause (resumes its client) or a hold (lets the bytes go), saying why.
-    fn end_fault(&mut self, index: usize, fault: Fault, text: String) -> Result<()> {
-        let seat = &mut self.seats[index];
+    /// Ends a pause (the schedule's resume, held back until now, resumes its client) or a
+    /// hold (lets the bytes go), saying why.
+    fn end_fault(
+        &mut self,
+        index: usize,
+        (fault, resume): (Fault, Option<Action>),
+        text: String,
+    ) -> Result<()> {
         if fault == Fault::Pause {
-            self.nemesis.resume(&mut self.tape, &seat.client, text)?;
+            let client = self.seats[index].client.name.clone();
+            match resume {
+                Some(resume) => self.play(&resume, text)?,
+                None => self.play_now((Fault::Resume, &client, How::default()), move |_| {
+                    Note::from(text)
+                })?,
+            }
             // Its time to answer counts again from now.
-            if let Some((_, since)) = seat.job.as_mut() {
+            if let Some((_, since)) = self.seats[index].job.as_mut() {
                 *since = Instant::now();
             }
-        } else if let Some(proxy) = &seat.proxy {
-            self.nemesis
-                .heal_net(&mut self.tape, proxy, Direction::Up, text);
+        } else if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
+        {
+            faults.let_go(proxy, Note::from(text), (&mut self.tape, &mut self.nemesis));
             // No longer held: a newer holder's `writing` from now on is not held for it.
-            self.held_writes.remove(&seat.client.name);
+            self.held_writes.remove(&self.seats[index].client.name);
         }
         Ok(())
     }

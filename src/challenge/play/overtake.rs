@@ -18,6 +18,8 @@
 //! `pause` and `delay` challenges could not tell the two fences apart.
 
 use super::*;
+use crate::nemesis::Note;
+use crate::nemesis::schedule::How;
 use crate::output::human;
 
 /// A newer holder held just before its write while an older holder's write goes first.
@@ -46,7 +48,7 @@ impl Run<'_> {
         if self.overtaking.is_some() || !matches!(challenge, Challenge::Pause | Challenge::Delay) {
             return Ok(());
         }
-        let paused = self.nemesis.paused();
+        let paused = self.paused();
         if paused.contains(&newer) {
             // Frozen at that note by its own pause: it is an older holder now.
             return Ok(());
@@ -71,30 +73,28 @@ impl Run<'_> {
             let seat = &self.seats[older];
             (seat.client.name.clone(), seat.job.map_or(0, |(job, _)| job))
         };
-        self.nemesis.pause(
-            &mut self.tape,
-            &self.seats[at].client,
-            format!(
-                "holds {newer} after its read of {record} (SIGSTOP): {older_name}'s write first"
-            ),
-        )?;
+        let hold = format!(
+            "holds {newer} after its read of {record} (SIGSTOP): {older_name}'s write first"
+        );
+        let newer_name = self.seats[at].client.name.clone();
+        self.play_now((Fault::Pause, &newer_name, How::default()), move |_| {
+            Note::from(hold)
+        })?;
         if paused.contains(&older_name) {
-            let seat = &mut self.seats[older];
-            self.nemesis.resume(
-                &mut self.tape,
-                &seat.client,
-                format!("resumes {older_name} early, after {newer}'s read"),
-            )?;
-            if let Some((_, since)) = seat.job.as_mut() {
+            let early = format!("resumes {older_name} early, after {newer}'s read");
+            self.play_now((Fault::Resume, &older_name, How::default()), move |_| {
+                Note::from(early)
+            })?;
+            if let Some((_, since)) = self.seats[older].job.as_mut() {
                 *since = Instant::now();
             }
-        } else if let Some(proxy) = &self.seats[older].proxy {
+        } else if let (Some(proxy), Some(faults)) = (&self.seats[older].proxy, self.faults.as_mut())
+        {
             let note = format!(
                 "lets {older_name}'s held write go early, after {newer}'s read: the worst \
                  order, {older_name}'s write between {newer}'s read and its write"
             );
-            self.nemesis
-                .heal_net(&mut self.tape, proxy, Direction::Up, note);
+            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
             // Let go early, its bytes are not reported as a late delivery: its write is no
             // longer held, or every later `writing` on the record would be held for it.
             self.held_writes.remove(&older_name);
@@ -132,7 +132,7 @@ impl Run<'_> {
             return Ok(());
         };
         let name = overtake.newer;
-        let paused = self.nemesis.paused().contains(&name);
+        let paused = self.paused().contains(&name);
         let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name) else {
             return Ok(());
         };
@@ -146,12 +146,13 @@ impl Run<'_> {
                     human(HOLD_AT_MOST)
                 )
             };
-            self.nemesis.resume(
-                &mut self.tape,
-                &seat.client,
-                format!("resumes {name}, to write ({after})"),
-            )?;
-            if let Some((_, since)) = seat.job.as_mut() {
+            let words = format!("resumes {name}, to write ({after})");
+            self.play_now((Fault::Resume, &name, How::default()), move |_| {
+                Note::from(words)
+            })?;
+            if let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name)
+                && let Some((_, since)) = seat.job.as_mut()
+            {
                 *since = Instant::now();
             }
         }
