@@ -450,8 +450,7 @@ impl<'w> Faults<'w> {
             duration_ms: None,
         };
         let index = self.schedule.steps().len();
-        let added = Schedule::done_so(vec![(step.clone(), how)]);
-        self.schedule = self.schedule.and(&added);
+        self.schedule = std::mem::take(&mut self.schedule).with_last(step.clone(), how);
         self.pending.extend(
             step.actions_from(index, step.at_ms)
                 .into_iter()

@@ -201,6 +201,34 @@ mod tests {
         assert_eq!(targets(&faults.take_due(&mut log)), ["A2"]);
     }
 
+    /// A step added now, while a later step waits for its time, goes last: the waiting
+    /// step keeps its place, and each action names the step it belongs to.
+    #[test]
+    fn a_step_added_now_does_not_move_a_later_step() {
+        let mut log = Log::default();
+        let later = Step {
+            at_ms: 500,
+            after: None,
+            fault: Fault::Kill,
+            target: "B".into(),
+            duration_ms: None,
+        };
+        let mut faults = Faults::new(&Schedule::new(vec![later]), &log);
+        log.now_ms = 100;
+        assert!(faults.take_due(&mut log).is_empty(), "B's time is later");
+        faults.now(&log, Fault::Kill, "A", Note::default());
+        log.now_ms = 600;
+        let due = faults.take_due(&mut log);
+        assert_eq!(targets(&due), ["A", "B"]);
+        let steps = faults.schedule().steps();
+        for due in &due {
+            if let Due::Fault(action) = due {
+                let step = &steps[action.step.expect("a step's own fault")];
+                assert_eq!(step.target, action.target, "{steps:?}");
+            }
+        }
+    }
+
     /// A timed pause's resume taken back while the pause waits for its moment, and handed
     /// back at a later time, falls due then and not before.
     #[test]
