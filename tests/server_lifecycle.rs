@@ -19,10 +19,13 @@ use common::{BIN, QUICK_LAB, eventually, family_in, process_table};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// One test's world: a temp root for TMPDIR and a state directory for `up`/`down`.
+/// One test's world: a temp root for TMPDIR, a state directory for `up`/`down`, and a cache
+/// directory of its own, empty: its first private Postgres runs `initdb` (the step these
+/// tests interrupt) rather than copying the template an earlier run kept.
 struct World {
     tmp: tempfile::TempDir,
     state: PathBuf,
+    cache: tempfile::TempDir,
     /// Keeps the state directory's parent alive.
     _state_parent: tempfile::TempDir,
 }
@@ -37,6 +40,7 @@ impl World {
         World {
             state: parent.path().join("state"),
             tmp,
+            cache: tempfile::tempdir().unwrap(),
             _state_parent: parent,
         }
     }
@@ -56,6 +60,7 @@ impl World {
             .env_remove("LOCKSLAB_PRIVATE_SERVERS")
             .env("LOCKSLAB_STATE_DIR", &self.state)
             .env("TMPDIR", self.tmp())
+            .env("XDG_CACHE_HOME", self.cache.path())
             .env("NO_COLOR", "1");
         command
     }
