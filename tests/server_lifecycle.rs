@@ -289,15 +289,19 @@ fn text(output: &Output) -> String {
 }
 
 /// Starts `args` in `world`, waits until its `initdb` runs, waits `after` more, sends
-/// `signal`; returns the exit status and every pid of the run's process tree.
+/// `signal`; returns the exit status and every pid of the run's process tree. The run gets
+/// an empty cache directory of its own: a template an earlier run of the world kept would
+/// spare it `initdb`.
 fn signal_during_initdb(
     world: &World,
     args: &[&str],
     signal: Signal,
     after: Duration,
 ) -> (std::process::ExitStatus, Run) {
+    let empty_cache = tempfile::tempdir().unwrap();
     let mut child = world
         .lockslab(args)
+        .env("XDG_CACHE_HOME", empty_cache.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -308,25 +308,6 @@ fn every_private_server_refuses_a_client_without_the_password() {
     }
 }
 
-/// A `lockslab __serve` with `cache` as its cache directory: its URLs (admin's included).
-fn serve_with_cache(cache: &std::path::Path) -> (std::process::Child, serde_json::Value) {
-    let mut keeper = Command::new(BIN)
-        .arg("__serve")
-        .env("XDG_CACHE_HOME", cache)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(keeper.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let urls = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
-    (keeper, urls)
-}
-
 /// The password in a URL's `user:password@`.
 fn password_of(url: &str) -> &str {
     let credentials = url.split_once("://").unwrap().1.rsplit_once('@').unwrap().0;
@@ -339,14 +320,15 @@ fn password_of(url: &str) -> &str {
 #[test]
 fn postgres_copies_of_the_template_share_no_password() {
     let cache = tempfile::tempdir().unwrap();
-    let (mut first, first_urls) = serve_with_cache(cache.path());
+    let serve = || common::start_serve_with(&[("XDG_CACHE_HOME", cache.path())]);
+    let (mut first, first_stdin, first_urls) = serve();
     let templates = || {
         std::fs::read_dir(cache.path().join("lockslab"))
             .map(|entries| entries.flatten().count())
             .unwrap_or(0)
     };
     assert_eq!(templates(), 1, "the first start kept no template");
-    let (mut second, second_urls) = serve_with_cache(cache.path());
+    let (mut second, second_stdin, second_urls) = serve();
     for (ours, theirs) in [(&first_urls, &second_urls), (&second_urls, &first_urls)] {
         for url in ["postgres_admin", "postgres"] {
             let (ours, theirs) = (ours[url].as_str().unwrap(), theirs[url].as_str().unwrap());
@@ -363,8 +345,8 @@ fn postgres_copies_of_the_template_share_no_password() {
             );
         }
     }
+    drop((first_stdin, second_stdin));
     for keeper in [&mut first, &mut second] {
-        drop(keeper.stdin.take());
         keeper.wait().unwrap();
     }
 }
