@@ -37,6 +37,8 @@ use crate::identities::SEAT_UIDS;
 use crate::procs::{self, StopPlan};
 use crate::proxy::guard::{self, Protocol};
 
+mod pg_template;
+
 /// The flags and environment variables that name servers; every lab takes them.
 ///
 /// An empty variable (`LOCKSLAB_ETCD_URL=`) counts as not set, as in most command-line tools.
@@ -973,7 +975,7 @@ impl PrivateServers {
         if let Some(initdb) = initdb {
             if others.is_err() {
                 // Not left writing into a directory about to be deleted.
-                procs::stop(initdb.id() as i32, &initdb_stop_plan());
+                procs::stop(initdb.pid(), &initdb_stop_plan());
             } else {
                 self.finish_initdb(initdb)?;
                 self.launch(Backend::Postgres)?;
@@ -1104,24 +1106,44 @@ impl PrivateServers {
         self.pg_home.join("pg")
     }
 
-    /// Starts `initdb` as a registered child, tied to this process like every other: an
-    /// interrupt stops it (SIGTERM: it finishes its step and removes what it wrote, and its
-    /// own `postgres` child ends normally, releasing its shared memory), and lockslab's
-    /// death kills it (its `postgres` child then reads end-of-input and ends normally too).
-    fn start_initdb(&mut self) -> Result<Child> {
+    /// Starts making the private Postgres's cluster, as a registered child tied to this
+    /// process like every other: an interrupt stops it, and lockslab's death kills it.
+    ///
+    /// From a copy of the template a fresh `initdb` left (see [`pg_template`]) when there is
+    /// one: the child then only gives the copy its superuser password. Otherwise `initdb`
+    /// itself (SIGTERM: it finishes its step and removes what it wrote, and its own
+    /// `postgres` child ends normally, releasing its shared memory; lockslab's death leaves
+    /// that child end-of-input, and it ends normally too). Either way [`Self::finish_initdb`]
+    /// waits for it.
+    fn start_initdb(&mut self) -> Result<ClusterStep> {
         let data = self.pg_data();
         let owner = self.pg_user.as_ref().map(|u| (u.uid, u.gid));
+        let initdb_binary = find_binary("initdb", Backend::Postgres)?;
+        if let Some(template) = pg_template::find(&initdb_binary) {
+            match pg_template::copy_tree(&template, &data, owner, false) {
+                Ok(()) => {
+                    return self
+                        .start_password_setter()
+                        .map(ClusterStep::SettingPassword);
+                }
+                // A template that cannot be copied is only a slower start.
+                Err(_) => remove_copy(&data),
+            }
+        }
         fs::create_dir_all(&data)?;
         if let Some((uid, gid)) = owner {
             nix::unistd::chown(&data, Some(uid), Some(gid))
                 .context("handing the Postgres directory to its user")?;
         }
-        let mut initdb = Command::new(find_binary("initdb", Backend::Postgres)?);
-        // The superuser's password goes in a file only its user can read, never on a command
-        // line (`ps` shows those to everyone); it is deleted once initdb is done. Every
-        // connection, over TCP or the Unix socket, must give a password.
+        let mut initdb = Command::new(&initdb_binary);
+        // initdb demands a superuser password for password authentication. This one is
+        // thrown away: the cluster becomes a template for later starts, and each start (this
+        // one too) gives the superuser a password of its own before any server runs on it.
+        // In a file only its user can read, never on a command line (`ps` shows those to
+        // everyone); deleted once initdb is done. Every connection, over TCP or the Unix
+        // socket, must give a password.
         let file = self.pg_home.join("admin-password");
-        write_secret(&file, &self.secrets.admin_password)?;
+        write_secret(&file, &crate::seed::os_hex(24))?;
         if let Some((uid, gid)) = owner {
             nix::unistd::chown(&file, Some(uid), Some(gid))?;
         }
@@ -1146,20 +1168,74 @@ impl PrivateServers {
             // the one line that says why would be lost.
             .stderr(Stdio::piped());
         as_user(&mut initdb, owner);
-        procs::spawn_registered(&mut initdb, initdb_stop_plan()).context("running initdb")
+        procs::spawn_registered(&mut initdb, initdb_stop_plan())
+            .context("running initdb")
+            .map(|child| ClusterStep::Initdb(child, initdb_binary))
     }
 
-    fn finish_initdb(&mut self, mut initdb: Child) -> Result<()> {
-        let mut output = String::new();
-        if let Some(mut stderr) = initdb.stderr.take() {
-            // Until initdb (and the `postgres` it runs) closes it: it ends with them.
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut output);
+    /// Gives the superuser of the cluster in [`Self::pg_data`] this start's password, with
+    /// Postgres in single-user mode: no port, no socket, nobody else connected. The password
+    /// goes through its stdin, never a command line, and no log line quotes the statement.
+    fn start_password_setter(&self) -> Result<Child> {
+        let data = self.pg_data();
+        let mut command = Command::new(find_binary("postgres", Backend::Postgres)?);
+        command
+            .arg("--single")
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-c",
+                "log_min_error_statement=panic",
+                "-c",
+                "password_encryption=scram-sha-256",
+                "-c",
+                "fsync=off",
+                "-c",
+                "dynamic_shared_memory_type=mmap",
+                "postgres",
+            ])
+            .current_dir(&data)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_user(&mut command, self.pg_user.as_ref().map(|u| (u.uid, u.gid)));
+        let mut setter = procs::spawn_registered(&mut command, initdb_stop_plan())
+            .context("running postgres --single to set the superuser's password")?;
+        let statement = format!(
+            "ALTER ROLE {PG_ADMIN} PASSWORD '{}'\n",
+            self.secrets.admin_password
+        );
+        // Dropped once written: end of input ends the single-user session.
+        let written = setter
+            .stdin
+            .take()
+            .map(|mut stdin| stdin.write_all(statement.as_bytes()));
+        if let Some(Err(err)) = written {
+            procs::stop(setter.id() as i32, &initdb_stop_plan());
+            return Err(err).context("giving the private Postgres its superuser's password");
         }
-        let status = initdb.wait().context("waiting for initdb");
-        procs::forget(initdb.id() as i32);
-        let _ = fs::remove_file(self.pg_home.join("admin-password"));
-        let status = status?;
-        if status.success() && self.room.is_some() {
+        Ok(setter)
+    }
+
+    /// Waits for the step [`Self::start_initdb`] began. After a fresh `initdb`, keeps its
+    /// cluster as the template and then gives it this start's superuser password.
+    fn finish_initdb(&mut self, step: ClusterStep) -> Result<()> {
+        let setter = match step {
+            ClusterStep::Initdb(initdb, binary) => {
+                let done = wait_for_cluster_step(initdb, "initdb", &self.pg_home);
+                let _ = fs::remove_file(self.pg_home.join("admin-password"));
+                done?;
+                pg_template::keep(&binary, &self.pg_data());
+                self.start_password_setter()?
+            }
+            ClusterStep::SettingPassword(setter) => setter,
+        };
+        wait_for_cluster_step(
+            setter,
+            "setting the Postgres superuser's password",
+            &self.pg_home,
+        )?;
+        if self.room.is_some() {
             // initdb lets in loopback clients only; a room's attendees come from the LAN,
             // and every one of them must give the password.
             let mut hba = fs::OpenOptions::new()
@@ -1168,13 +1244,6 @@ impl PrivateServers {
                 .context("opening pg_hba.conf")?;
             writeln!(hba, "host all all 0.0.0.0/0 scram-sha-256")?;
             writeln!(hba, "host all all ::/0 scram-sha-256")?;
-        }
-        if !status.success() {
-            bail!(
-                "initdb failed ({status}){}; the end of its output: {}",
-                full_disk_note(&self.pg_home),
-                text_tail(&output)
-            );
         }
         Ok(())
     }
@@ -2230,6 +2299,53 @@ fn initdb_stop_plan() -> StopPlan {
         signal: Signal::SIGTERM,
         grace: Duration::from_secs(15),
     }
+}
+
+/// What [`PrivateServers::start_initdb`] began: `initdb` (with the binary, whose result
+/// becomes the template), or the single-user Postgres that gives a copy its password.
+enum ClusterStep {
+    Initdb(Child, PathBuf),
+    SettingPassword(Child),
+}
+
+impl ClusterStep {
+    fn pid(&self) -> i32 {
+        match self {
+            ClusterStep::Initdb(child, _) | ClusterStep::SettingPassword(child) => {
+                child.id() as i32
+            }
+        }
+    }
+}
+
+/// Waits for one child that makes the private Postgres's cluster (`initdb`, or the
+/// password's setter) and fails with the end of what it wrote when it did not succeed. The
+/// single-user Postgres exits 0 after a failed statement: its `ERROR` line is the failure.
+fn wait_for_cluster_step(mut child: Child, what: &str, pg_home: &Path) -> Result<()> {
+    let mut output = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        // Until the child (and any `postgres` it runs) closes it: it ends with them.
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut output);
+    }
+    let status = child.wait().with_context(|| format!("waiting for {what}"));
+    procs::forget(child.id() as i32);
+    let status = status?;
+    let refused = output
+        .lines()
+        .any(|line| line.contains("ERROR:") || line.contains("FATAL:"));
+    if !status.success() || refused {
+        bail!(
+            "{what} failed ({status}){}; the end of its output: {}",
+            full_disk_note(pg_home),
+            text_tail(&output)
+        );
+    }
+    Ok(())
+}
+
+/// Removes what a copy of the template cut short left, so that `initdb` finds no directory.
+fn remove_copy(data: &Path) {
+    let _ = fs::remove_dir_all(data);
 }
 
 /// Why a private server did not start.

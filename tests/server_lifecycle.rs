@@ -19,10 +19,13 @@ use common::{BIN, QUICK_LAB, eventually, family_in, process_table};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// One test's world: a temp root for TMPDIR and a state directory for `up`/`down`.
+/// One test's world: a temp root for TMPDIR, a state directory for `up`/`down`, and a cache
+/// directory of its own, empty: its first private Postgres runs `initdb` (the step these
+/// tests interrupt) rather than copying the template an earlier run kept.
 struct World {
     tmp: tempfile::TempDir,
     state: PathBuf,
+    cache: tempfile::TempDir,
     /// Keeps the state directory's parent alive.
     _state_parent: tempfile::TempDir,
 }
@@ -37,6 +40,7 @@ impl World {
         World {
             state: parent.path().join("state"),
             tmp,
+            cache: tempfile::tempdir().unwrap(),
             _state_parent: parent,
         }
     }
@@ -56,6 +60,7 @@ impl World {
             .env_remove("LOCKSLAB_PRIVATE_SERVERS")
             .env("LOCKSLAB_STATE_DIR", &self.state)
             .env("TMPDIR", self.tmp())
+            .env("XDG_CACHE_HOME", self.cache.path())
             .env("NO_COLOR", "1");
         command
     }
@@ -284,15 +289,19 @@ fn text(output: &Output) -> String {
 }
 
 /// Starts `args` in `world`, waits until its `initdb` runs, waits `after` more, sends
-/// `signal`; returns the exit status and every pid of the run's process tree.
+/// `signal`; returns the exit status and every pid of the run's process tree. The run gets
+/// an empty cache directory of its own: a template an earlier run of the world kept would
+/// spare it `initdb`.
 fn signal_during_initdb(
     world: &World,
     args: &[&str],
     signal: Signal,
     after: Duration,
 ) -> (std::process::ExitStatus, Run) {
+    let empty_cache = tempfile::tempdir().unwrap();
     let mut child = world
         .lockslab(args)
+        .env("XDG_CACHE_HOME", empty_cache.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -308,6 +308,49 @@ fn every_private_server_refuses_a_client_without_the_password() {
     }
 }
 
+/// The password in a URL's `user:password@`.
+fn password_of(url: &str) -> &str {
+    let credentials = url.split_once("://").unwrap().1.rsplit_once('@').unwrap().0;
+    credentials.split_once(':').unwrap().1
+}
+
+/// A private Postgres starts from a copy of the cluster an earlier start's `initdb` made
+/// (the template in the cache directory), and each copy gets passwords of its own before it
+/// runs: neither the superuser's nor the labs' password of one start opens another's.
+#[test]
+fn postgres_copies_of_the_template_share_no_password() {
+    let cache = tempfile::tempdir().unwrap();
+    let serve = || common::start_serve_with(&[("XDG_CACHE_HOME", cache.path())]);
+    let (mut first, first_stdin, first_urls) = serve();
+    let templates = || {
+        std::fs::read_dir(cache.path().join("lockslab"))
+            .map(|entries| entries.flatten().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(templates(), 1, "the first start kept no template");
+    let (mut second, second_stdin, second_urls) = serve();
+    for (ours, theirs) in [(&first_urls, &second_urls), (&second_urls, &first_urls)] {
+        for url in ["postgres_admin", "postgres"] {
+            let (ours, theirs) = (ours[url].as_str().unwrap(), theirs[url].as_str().unwrap());
+            assert_ne!(password_of(ours), password_of(theirs), "{url}");
+            postgres::Client::connect(ours, postgres::NoTls)
+                .unwrap_or_else(|e| panic!("{url}: its own password: {e}"));
+            let user = ours.split_once("://").unwrap().1.split_once(':').unwrap().0;
+            let (scheme_and_user, at) = ours.rsplit_once('@').unwrap();
+            let (scheme, _) = scheme_and_user.split_once("://").unwrap();
+            let with_theirs = format!("{scheme}://{user}:{}@{at}", password_of(theirs));
+            assert!(
+                postgres::Client::connect(&with_theirs, postgres::NoTls).is_err(),
+                "{url}: the other start's password let {user} in"
+            );
+        }
+    }
+    drop((first_stdin, second_stdin));
+    for keeper in [&mut first, &mut second] {
+        keeper.wait().unwrap();
+    }
+}
+
 /// One POST to etcd's JSON gateway, by hand: the whole answer.
 fn etcd_gateway(address: &str, path: &str, body: &str) -> String {
     use std::io::{Read, Write};

@@ -60,8 +60,14 @@ static SERVERS: OnceLock<Servers> = OnceLock::new();
 /// the returned stdin closes. Returns the keeper, its stdin, and the JSON line of URLs (and
 /// pids) it printed.
 pub fn start_serve() -> (Child, ChildStdin, Value) {
+    start_serve_with(&[])
+}
+
+/// [`start_serve`] with these variables added to the keeper's environment.
+pub fn start_serve_with(env: &[(&str, &std::path::Path)]) -> (Child, ChildStdin, Value) {
     let mut keeper = Command::new(BIN)
         .arg("__serve")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
