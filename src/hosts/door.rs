@@ -118,6 +118,73 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
     let _ = to.shutdown(Shutdown::Write);
 }
 
+/// A door the other way: a port at one host's address whose every connection is carried
+/// on to a server in lockslab's own network. A server lockslab runs as it always does
+/// (chaos's Redis, its etcd, the store) is so reached by clients on hosts at an address of
+/// a host of its own, across that host's links: a partition cuts them from it as from a
+/// server started in the host. (lockslab itself still reaches the server directly.)
+///
+/// ```text
+///  client on host A ══ A–redis link ══▶ 10.77.0.4:6379 (the relay, host redis) ──▶ 127.0.0.1:port
+/// ```
+pub struct Relay {
+    /// A second handle on the listening socket: shut down, it wakes the accepting thread.
+    listening: TcpListener,
+    closing: Arc<AtomicBool>,
+    carried: Arc<Mutex<Vec<TcpStream>>>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl Hosts {
+    /// Opens a relay at `host`'s address on `port` to the server at `to` (see [`Relay`]).
+    pub fn relay(&self, host: &str, port: u16, to: SocketAddr) -> Result<Relay> {
+        let listener = self.listen_in(host, port)?;
+        let listening = listener.try_clone()?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let carried = Arc::new(Mutex::new(Vec::new()));
+        let (stop, open) = (Arc::clone(&closing), Arc::clone(&carried));
+        let accepting = thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if let Ok(server) = TcpStream::connect_timeout(&to, CONNECT_PATIENCE) {
+                    carry(client, server, &open);
+                }
+            }
+        });
+        Ok(Relay {
+            listening,
+            closing,
+            carried,
+            accepting: Some(accepting),
+        })
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // A listening socket shut down makes accept fail at once (Linux): the thread sees
+        // it is closing.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.listening);
+        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        if let Some(thread) = self.accepting.take() {
+            let _ = thread.join();
+        }
+        close_all(&self.carried);
+    }
+}
+
+/// Shuts every connection a door or relay carried.
+fn close_all(carried: &Mutex<Vec<TcpStream>>) {
+    let mut carried = carried.lock().unwrap_or_else(|p| p.into_inner());
+    for stream in carried.drain(..) {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+}
+
 impl Drop for Door {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::SeqCst);
@@ -126,9 +193,6 @@ impl Drop for Door {
         if let Some(thread) = self.accepting.take() {
             let _ = thread.join();
         }
-        let carried = self.carried.lock();
-        for stream in carried.unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
+        close_all(&self.carried);
     }
 }

@@ -28,7 +28,10 @@ use crate::servers::ServerArgs;
 Examples:
   lockslab matrix                          every design × pause, kill, restart,
                                            restart-aof, delay, lost-reply,
-                                           cut, leader-kill, clock, failover
+                                           cut, leader-kill, clock, failover,
+                                           partition, leader-stall
+  lockslab matrix --faults partition,leader-stall
+                                           the faults on hosts and clusters
   lockslab matrix --schedules 40 --seed 3  more schedules a cell
   lockslab matrix --design redis-lock,optimistic --faults pause,kill
   lockslab matrix --shard 1/2 --json > a.jsonl    (and 2/2 > b.jsonl elsewhere)
@@ -40,11 +43,11 @@ and replay command in note k below the table) or UNKNOWN n (n of its histories
 could not be decided, or none of their faults played; never a pass), and `-`
 where the fault cannot reach the design. A cell stops at its first violation.
 Past seven columns (every kind, the default), each design takes two lines: a
-client's faults (pause, kill, delay, lost-reply, cut) over a server's (restart,
-restart-aof, leader-kill, clock, failover), headed rest-aof and leader; the
-notes are numbered in that order. With four columns or fewer, the cells read
-SAFE (n), UNSAFE [k] and UNKNOWN n/K (n of K schedules unknown); with seven,
-UNS#k.
+client's faults (pause, kill, delay, lost-reply, cut, partition) over a server's
+(restart, restart-aof, leader-kill, clock, failover, leader-stall), headed
+rest-aof, leader, partitn and ldr-stl; the notes are numbered in that order.
+With four columns or fewer, the cells read SAFE (n), UNSAFE [k] and UNKNOWN n/K
+(n of K schedules unknown); with seven, UNS#k.
 `restart` crashes chaos's own Redis, which comes back empty; `restart-aof`
 crashes it running with its append-only file, and it comes back with its data:
 what Redis wrote to the file survives a crash of the process (the kernel still
@@ -74,6 +77,14 @@ Sentinels; the replica lags 200-700ms (frozen, its link cut), then the primary
 is killed; the Sentinels promote the replica, the clients ask them where to go.
 Replication is asynchronous: what the primary acknowledged in the lag is gone
 (lab 5). Designs without Redis, or on a given Redis, show `-` there.
+`partition` puts each client, and each server it talks to, on a host of its own
+(a network namespace) and cuts one client's host off from its lock server and
+the store for 1.25 to 3 leases (Redlock's: from every server, or from two or
+three of its masters): the kernel drops the packets both ways, the connections
+hang and resume when it heals. Where this machine cannot make hosts, the column
+is `-` and one line says why. `leader-stall` freezes the etcd cluster's leader 1
+to 3 s, past its election timeout, then thaws it: it wakes up deposed (lab 5).
+Designs without etcd show `-` there.
 
 Walkthrough: labs/12-chaos.md.
 
@@ -153,6 +164,9 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
     let mut ground = Ground::start(&args.servers, &designs, args.parallel)?;
     ground.etcd_ring = crate::chaos::cluster::ring_for(&designs, &kinds)?;
     ground.sentinel_ring = crate::chaos::failover::ring_for(&designs, &kinds, ground.redis_given)?;
+    if let Some(line) = ground.allow_partitions(&kinds) {
+        crate::output::err_prose(&line);
+    }
     if !style.json {
         let part = if shard.n > 1 {
             format!(" Part {} of {} (--shard).", shard.k, shard.n)
@@ -184,6 +198,8 @@ pub fn run(args: &MatrixArgs) -> Result<Exit> {
                 || (*kind == FaultKind::LeaderKill && !space.etcd_cluster)
                 || (*kind == FaultKind::Clock && space.jumping.is_empty())
                 || (*kind == FaultKind::Failover && !space.redis_failover)
+                || (*kind == FaultKind::Partition && space.partitioned.is_empty())
+                || (*kind == FaultKind::LeaderStall && space.stall_ms.is_none())
                 || !space.kinds.contains(kind);
             to_play.push((mine && !no_server).then_some(pool::ToPlay { setup, space }));
         }

@@ -118,6 +118,10 @@ fn head_name(kind: FaultKind, width: usize) -> String {
         FaultKind::LeaderKill if width > 6 => "leader".into(),
         FaultKind::LeaderKill => "ldr-k".into(),
         FaultKind::Failover => "fover".into(),
+        FaultKind::Partition if width > 7 => "partitn".into(),
+        FaultKind::Partition => "part".into(),
+        FaultKind::LeaderStall if width > 6 => "ldr-stl".into(),
+        FaultKind::LeaderStall => "stall".into(),
         _ => name.into(),
     };
     if cut.len() < width {
