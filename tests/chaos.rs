@@ -1689,18 +1689,39 @@ fn a_partition_breaks_redlock_and_not_redlock_fenced() {
 fn a_leader_stall_breaks_neither_etcd_design() {
     const STALL: &str =
         r#"[{"at_ms":400,"fault":"leader_stall","target":"etcd-leader","duration_ms":2000}]"#;
-    let (code, schedules, verdict, html) = replay("etcd-fenced", STALL, "2");
-    assert_eq!(code, Some(0), "{verdict}");
+    let output = lockslab(&["chaos", "--design", "etcd-fenced", "--schedule", STALL])
+        .args(["--schedules", "2", "--no-shrink", "--json"])
+        .output()
+        .unwrap();
+    let lines = json_lines(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{lines:?}");
+    let schedules: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "schedule").collect();
     assert!(
         schedules
             .iter()
             .all(|s| s["result"] == "safe" && s["unplayed"] == 0),
         "{schedules:?}"
     );
-    assert!(
-        html.contains("freezes etcd") && html.contains("thaws etcd"),
-        "the stall and its end are in the history"
-    );
+    let frozen: Vec<&Value> = (lines.iter())
+        .filter(|l| l["kind"] == "frozen" && l["fault"] == "leader_stall")
+        .collect();
+    assert_eq!(frozen.len(), 2, "one stall a history: {lines:?}");
+    for stall in frozen {
+        let member = stall["target"].as_str().unwrap();
+        assert!(
+            member.starts_with('m') || member.starts_with("etcd"),
+            "{stall}"
+        );
+        let thawed = (lines.iter()).find(|l| {
+            l["kind"] == "resumed" && l["target"] == member && l["scenario"] == stall["scenario"]
+        });
+        let thawed = thawed.expect("the member stalled is the one thawed");
+        assert!(thawed["paused_ms"].is_u64(), "{thawed}");
+        assert!(
+            thawed["text"].as_str().unwrap().contains("leader now"),
+            "{thawed}"
+        );
+    }
     let (code, schedules, verdict, _) = replay("etcd-lease", STALL, "2");
     assert!(matches!(code, Some(0 | 3)), "{verdict}");
     assert!(

@@ -614,8 +614,10 @@ fn a_chaos_partition_run_holds_its_cuts_and_heals_and_is_judged_again_the_same()
     let (_dir, path) = saved(&text);
     let (code, stdout, stderr) = check(&path);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let (fields, report) = stdout.split_once("\nReport:").expect("a Report section");
     assert!(
-        stdout.contains("Reproduced:") && !stdout.contains('✗'),
+        fields.contains("Reproduced:") && !fields.contains('✗'),
         "{stdout}"
     );
+    assert!(report.contains("✗ stale-write (schedule 0)"), "{report}");
 }
