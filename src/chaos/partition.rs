@@ -72,7 +72,7 @@ impl Network {
         let mut doors = HashMap::new();
         for client in clients {
             for (server, addr) in &at {
-                let door = hosts.door(client, *addr)?;
+                let door = hosts.door_ready(client, *addr)?;
                 doors.insert((client.clone(), server.clone()), door);
             }
         }

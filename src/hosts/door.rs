@@ -53,26 +53,62 @@ impl Door {
 impl Hosts {
     /// Opens a door into `host` towards `to` (see the module doc).
     pub fn door(self: &Arc<Hosts>, host: &str, to: SocketAddr) -> Result<Door> {
+        self.open_door(host, to, false)
+    }
+
+    /// [`Hosts::door`], keeping one connection into the host made ahead, handed to the next
+    /// client that connects (and made again for the one after): each connection into a
+    /// host takes a helper process, which on a busy machine outlasts a client that gives a
+    /// server 50 ms to answer (Redlock's per-master timeout) — it would never get through.
+    /// The connection made ahead crosses the link as any other: a partition hangs it.
+    pub fn door_ready(self: &Arc<Hosts>, host: &str, to: SocketAddr) -> Result<Door> {
+        self.open_door(host, to, true)
+    }
+
+    fn open_door(self: &Arc<Hosts>, host: &str, to: SocketAddr, ahead: bool) -> Result<Door> {
         self.addr(host)?;
         let listener = TcpListener::bind("127.0.0.1:0").context("opening a door into a host")?;
         let addr = listener.local_addr()?;
         let closing = Arc::new(AtomicBool::new(false));
         let carried = Arc::new(Mutex::new(Vec::new()));
+        let made_ahead: Arc<Mutex<Option<TcpStream>>> = Arc::default();
         let (hosts, host) = (Arc::clone(self), host.to_string());
         let (stop, open) = (Arc::clone(&closing), Arc::clone(&carried));
+        let make_ahead = {
+            let (hosts, host, spare) = (Arc::clone(&hosts), host.clone(), Arc::clone(&made_ahead));
+            move || {
+                let (hosts, host, spare) = (Arc::clone(&hosts), host.clone(), Arc::clone(&spare));
+                thread::spawn(move || {
+                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                        *spare.lock().unwrap_or_else(|p| p.into_inner()) = Some(server);
+                    }
+                });
+            }
+        };
+        if ahead {
+            make_ahead();
+        }
         let accepting = thread::spawn(move || {
             for client in listener.incoming() {
                 if stop.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(client) = client else { continue };
+                let ready = made_ahead.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if ahead {
+                    make_ahead();
+                }
                 // Each connection is made into the host on a thread of its own: one that
                 // hangs (its peer is cut off) holds up no other.
                 let (hosts, host, open) = (Arc::clone(&hosts), host.clone(), Arc::clone(&open));
                 thread::spawn(move || {
                     // A connection that cannot be made into the host is closed: the client
                     // sees it end, as it would see its own connect fail on the host.
-                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                    let server = ready.map_or_else(
+                        || hosts.connect_from(&host, to, CONNECT_PATIENCE).ok(),
+                        Some,
+                    );
+                    if let Some(server) = server {
                         carry(client, server, &open);
                     }
                 });
