@@ -137,6 +137,12 @@ impl FaultKind {
         matches!(self, FaultKind::Restart | FaultKind::RestartAof)
     }
 
+    /// Does this kind need hosts of lockslab's own or an etcd cluster (issue 44): a column
+    /// the matrix plays only when asked (`--hosts`)?
+    pub fn on_hosts(self) -> bool {
+        matches!(self, FaultKind::Partition | FaultKind::LeaderStall)
+    }
+
     /// Does this kind kill a Redis server (a restart, or a failover's primary), which chaos
     /// must have started itself — never a Redis it was given?
     pub fn kills_redis(self) -> bool {
