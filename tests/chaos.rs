@@ -1638,3 +1638,142 @@ fn a_lab_step_chaos_has_no_counterpart_for_is_refused_by_name() {
         assert!(stderr.contains(says), "{schedule}: {stderr}");
     }
 }
+
+// chaos on hosts (issue 44)
+
+/// A's host cut off from every server (its lock server, the store) right after its first
+/// read, for 2.5 leases: the kernel drops what A sends until the partition heals.
+fn partition_after_read(sides: &str) -> String {
+    format!(
+        r#"[{{"at_ms":0,"after":{{"worker":"A","event":"read_record","nth":1}},"fault":"partition","target":"{sides}","duration_ms":2500}}]"#
+    )
+}
+
+/// A real partition (network namespaces, packets dropped) outlives the lease: another client
+/// takes the lock, and A's write, retransmitted by its kernel once the partition heals,
+/// lands stale — the unfenced Redis lock lets it in, its fenced twin refuses it. The
+/// history holds the cut (with the links it cut) and the heal.
+#[test]
+fn a_partition_breaks_the_redis_lock_and_not_its_fenced_twin() {
+    let html = breaks_only_the_unfenced(
+        "redis-lock",
+        "redis-fenced",
+        &partition_after_read("A"),
+        "2",
+    );
+    for said in [
+        "cuts A&#39;s host off from every server it talks to",
+        "A–redis",
+        "A–store",
+        "the partition heals (A)",
+    ] {
+        assert!(
+            html.contains(said) || html.contains(&said.replace("&#39;", "'")),
+            "the history says: {said}"
+        );
+    }
+}
+
+/// Redlock's client cut off from every server after its read: its validity runs out as a
+/// pause's would, and its write lands stale; the fenced twin's store refuses it.
+#[test]
+fn a_partition_breaks_redlock_and_not_redlock_fenced() {
+    breaks_only_the_unfenced("redlock", "redlock-fenced", &partition_after_read("A"), "1");
+}
+
+/// A leader frozen past its election breaks neither etcd design: the other two elect a new
+/// leader, which gives every lease its TTL again. `etcd-lease` may read unknown (a release
+/// sent to the frozen leader's cluster got no clean answer), never unsafe. The stall and
+/// its end are in the history, the frozen member by its name.
+#[test]
+fn a_leader_stall_breaks_neither_etcd_design() {
+    const STALL: &str =
+        r#"[{"at_ms":400,"fault":"leader_stall","target":"etcd-leader","duration_ms":2000}]"#;
+    let output = lockslab(&["chaos", "--design", "etcd-fenced", "--schedule", STALL])
+        .args(["--schedules", "2", "--no-shrink", "--json"])
+        .output()
+        .unwrap();
+    let lines = json_lines(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{lines:?}");
+    let schedules: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "schedule").collect();
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["result"] == "safe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+    let frozen: Vec<&Value> = (lines.iter())
+        .filter(|l| l["kind"] == "frozen" && l["fault"] == "leader_stall")
+        .collect();
+    assert_eq!(frozen.len(), 2, "one stall a history: {lines:?}");
+    for stall in frozen {
+        let member = stall["target"].as_str().unwrap();
+        assert!(
+            member.starts_with('m') || member.starts_with("etcd"),
+            "{stall}"
+        );
+        let thawed = (lines.iter()).find(|l| {
+            l["kind"] == "resumed" && l["target"] == member && l["scenario"] == stall["scenario"]
+        });
+        let thawed = thawed.expect("the member stalled is the one thawed");
+        assert!(thawed["paused_ms"].is_u64(), "{thawed}");
+        assert!(
+            thawed["text"].as_str().unwrap().contains("leader now"),
+            "{thawed}"
+        );
+    }
+    let (code, schedules, verdict, _) = replay("etcd-lease", STALL, "2");
+    assert!(matches!(code, Some(0 | 3)), "{verdict}");
+    assert!(
+        schedules
+            .iter()
+            .all(|s| s["result"] != "unsafe" && s["unplayed"] == 0),
+        "{schedules:?}"
+    );
+}
+
+/// The processes in a network namespace other than the test's own, among `pids`: the
+/// hosts' anchors and holder.
+fn in_other_networks(pids: &HashSet<i32>) -> Vec<i32> {
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    (pids.iter().copied())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|net| net != own))
+        .collect()
+}
+
+/// Interrupted (SIGINT) or killed (SIGKILL) while A's host is cut off for 30 s: nothing of
+/// the run is left — no client, no host (each a process holding a network namespace).
+#[test]
+fn ctrl_c_or_sigkill_mid_partition_leaves_no_client_and_no_host() {
+    for signal in [Signal::SIGINT, Signal::SIGKILL] {
+        let mut chaos = lockslab(&[
+            "chaos",
+            "--design",
+            "optimistic",
+            "--schedule",
+            r#"[{"at_ms":0,"after":{"worker":"A","event":"read_record","nth":1},"fault":"partition","target":"A","duration_ms":30000}]"#,
+            "--json",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+        let mut family = HashSet::new();
+        let mut hosts = Vec::new();
+        assert!(eventually(std::time::Duration::from_secs(60), || {
+            family = HashSet::from([chaos.id() as i32]);
+            family_in(&process_table(), &mut family);
+            hosts = in_other_networks(&family);
+            hosts.len() >= 4
+        }));
+        family.remove(&(chaos.id() as i32));
+        kill(Pid::from_raw(chaos.id() as i32), signal).unwrap();
+        let status = chaos.wait().unwrap();
+        if signal == Signal::SIGINT {
+            assert_eq!(status.code(), Some(130));
+        }
+        assert!(eventually(std::time::Duration::from_secs(10), || {
+            hosts.iter().all(|pid| common::proc_state(*pid).is_none())
+        }));
+        assert_gone(&family.into_iter().collect::<Vec<_>>());
+    }
+}

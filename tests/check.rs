@@ -572,3 +572,52 @@ mod reports {
         assert_eq!(report.outcome, Outcome::Invalid, "the naive claim breaks");
     }
 }
+
+/// tests/fixtures/chaos-partition.jsonl: `chaos --design redis-lock --faults partition
+/// --schedules 3 --seed 2 --no-shrink --parallel 3 --json` (issue 44). Each history holds
+/// its partitions as the player did them — a client's host cut off, the links it cut, its
+/// heal with how long it lasted — and the checker, judging again from the history alone,
+/// finds what the run found: the client cut off writes stale once healed.
+#[test]
+fn a_chaos_partition_run_holds_its_cuts_and_heals_and_is_judged_again_the_same() {
+    let text = fixture("chaos-partition.jsonl");
+    let lines: Vec<serde_json::Value> = (text.lines())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let of = |kind: &'static str| lines.iter().filter(move |l| l["kind"] == kind);
+    for schedule in of("schedule") {
+        let scenario = format!("schedule-{}", schedule["index"]);
+        let steps = schedule["schedule"].as_array().unwrap();
+        assert!(
+            steps.iter().all(|s| s["fault"] == "partition"),
+            "{schedule}"
+        );
+        let faults = |kind: &'static str| {
+            of(kind)
+                .filter(|e| e["scenario"] == scenario.as_str())
+                .count()
+        };
+        assert!(
+            faults("net_fault") >= 1 && faults("net_healed") >= 1,
+            "{scenario}"
+        );
+        assert_eq!(schedule["result"], "unsafe", "{schedule}");
+    }
+    let cut = of("net_fault").next().unwrap();
+    assert_eq!(cut["fault"], "partition");
+    assert!(
+        cut["text"].as_str().unwrap().contains("links cut:"),
+        "{cut}"
+    );
+    let healed = of("net_healed").next().unwrap();
+    assert!(healed["lasted_ms"].as_u64().unwrap() > 0, "{healed}");
+    let (_dir, path) = saved(&text);
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let (fields, report) = stdout.split_once("\nReport:").expect("a Report section");
+    assert!(
+        fields.contains("Reproduced:") && !fields.contains('✗'),
+        "{stdout}"
+    );
+    assert!(report.contains("✗ stale-write (schedule 0)"), "{report}");
+}

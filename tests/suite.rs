@@ -18,6 +18,8 @@ mod check_reports_more;
 mod check_reports_servers;
 #[path = "corrections.rs"]
 mod corrections;
+#[path = "etcd_lock_hosts.rs"]
+mod etcd_lock_hosts;
 #[path = "etcd_vs_redis.rs"]
 mod etcd_vs_redis;
 #[path = "failover.rs"]

@@ -29,6 +29,8 @@ Examples:
   lockslab chaos --design etcd-lease --faults cut
   lockslab chaos --design redlock --faults clock
   lockslab chaos --design redis-fenced --faults failover
+  lockslab chaos --design redlock --faults partition
+  lockslab chaos --design etcd-fenced --faults leader-stall
   lockslab chaos --design redis-lock --html broke.html
                                         the shrunk counterexample, drawn
   lockslab chaos --design redis-lock --schedule FILE
@@ -78,6 +80,16 @@ leases on the monotonic clock, which a step does not move (lab 9 steps one
 under a client that reads the wall clock); etcd expires a lease on its
 leader's monotonic clock, and Postgres's locks have no TTL: those designs do
 not meet it.
+`partition` (issue 44): each client, and each server it talks to, on a host of
+its own (a network namespace, no root needed); one client's host is cut off
+from its lock server and the store for 1.25 to 3 leases (Redlock's: from every
+server, or from two or three of its five masters) — the kernel drops every
+packet between them, both ways, nobody is told; its connections hang, and
+resume when the partition heals, what it sent meanwhile landing late. Where
+this machine cannot make hosts, no partition is drawn, and one line says why.
+`leader-stall`, for the etcd designs: the cluster of three members whose
+leader is frozen (SIGSTOP) 1 to 3 s, past its election timeout, then thawed:
+the other two elect a new leader, and the old one wakes up deposed.
 Redlock's designs run on five Redis masters of chaos's own per lane (m1 to
 m5); their restart is one master's.
 The store's rows are then read back and checked: stale write accepted, lost

@@ -55,12 +55,40 @@ impl EtcdRing {
         })
     }
 
-    /// Does this schedule kill the leader (and so play on the cluster, alone)?
+    /// Does this schedule kill or stall the leader (and so play on the cluster, alone)?
     pub fn wanted_by(schedule: &Schedule) -> bool {
-        schedule
-            .steps()
-            .iter()
-            .any(|step| FaultKind::of(step) == Some(FaultKind::LeaderKill))
+        (schedule.steps().iter()).any(|step| {
+            matches!(
+                FaultKind::of(step),
+                Some(FaultKind::LeaderKill | FaultKind::LeaderStall)
+            )
+        })
+    }
+
+    /// The name of the member that leads now (None: none does, or none answers).
+    pub fn leader_name(&self) -> Option<String> {
+        let cluster = self.cluster();
+        let (index, _) = cluster.leader()?;
+        Some(cluster.members[index].name.clone())
+    }
+
+    /// The member that leads now as the members other than the one running as `pid` say
+    /// (a frozen member would keep the question waiting): the words of a stall's end.
+    pub fn leader_besides(&self, pid: i32) -> Option<String> {
+        let cluster = self.cluster();
+        let status = (cluster.members.iter())
+            .filter(|m| m.pid.is_some_and(|own| own != pid))
+            .find_map(|m| etcd_status(&m.client_url).ok())?;
+        let leader = cluster.members.iter().find(|m| m.id == status.leader)?;
+        Some(leader.name.clone())
+    }
+
+    /// Every member as the nemesis sees it, by its name: a leader's stall freezes whichever
+    /// leads when it lands, and its end thaws that same one, though another leads by then.
+    pub fn members(&self) -> Vec<Member<'_>> {
+        (0..self.cluster().members.len())
+            .map(|index| Member { ring: self, index })
+            .collect()
     }
 
     /// Waits for the cluster to be this schedule's alone, with a leader and every member
@@ -205,9 +233,36 @@ impl Victim for Leader<'_> {
     }
 }
 
+/// How long a drawn leader's stall lasts: past the cluster's election timeout
+/// ([`ETCD_ELECTION_MS`]) twice at least, so that the others elect a new leader while it
+/// sleeps, and up to three of the etcd designs' leases.
+pub const STALL_MS: (u64, u64) = (2 * ETCD_ELECTION_MS, 3000);
+
+/// One member of the cluster, by its place: frozen and thawed by a leader's stall.
+pub struct Member<'a> {
+    ring: &'a EtcdRing,
+    index: usize,
+}
+
+impl Victim for Member<'_> {
+    fn label(&self) -> String {
+        self.ring.cluster().members[self.index].name.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.ring.cluster().members[self.index].pid
+    }
+
+    fn kill_now(&mut self) {
+        let _ = self.ring.cluster().kill(self.index);
+    }
+}
+
 /// The cluster a run needs: when it may draw a leader kill for a design on etcd.
 pub fn ring_for(designs: &[Design], kinds: &[FaultKind]) -> Result<Option<Arc<EtcdRing>>> {
-    let wanted = kinds.contains(&FaultKind::LeaderKill) && designs.iter().any(|d| d.uses_etcd());
+    let wanted = (kinds.contains(&FaultKind::LeaderKill)
+        || kinds.contains(&FaultKind::LeaderStall))
+        && designs.iter().any(|d| d.uses_etcd());
     Ok(if wanted {
         Some(Arc::new(EtcdRing::start()?))
     } else {

@@ -46,7 +46,8 @@ pub fn kinds(schedule: &Schedule) -> Vec<generate::FaultKind> {
 
 /// The faults a given schedule's steps may name.
 const CHAOS_PLAYS: &str = "chaos plays pause, resume, kill, restart, delay, drop_reply (also \
-     read as lost-reply), cut and clock_step (a lock server's clock jump, simulated)";
+     read as lost-reply), cut, clock_step (a lock server's clock jump, simulated), partition \
+     (on hosts) and leader_stall (etcd's leader)";
 
 /// A schedule's JSON as a learner may type it: a path's `A->store` read as `A→store`, and
 /// an `after.event` that names no event refused with the events there are.
@@ -146,7 +147,9 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Given> 
         Err(err) => crate::bail_usage!("--schedule: {err:#}"),
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let servers = lab_names::servers_of(design);
+    let mut servers = lab_names::servers_of(design);
+    // A partition's sides may name the hosts of the servers its clients talk to.
+    servers.extend(play::partition_hosts(design));
     let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
     if let Some(step) = (schedule.steps().iter())
         .find(|s| s.target == generate::REDIS_PRIMARY && s.fault != Fault::Restart)
@@ -200,8 +203,23 @@ pub fn read_schedule(text: &str, clients: u32, design: Design) -> Result<Given> 
                 | Fault::DropReply
                 | Fault::Cut
                 | Fault::ClockStep
+                | Fault::Partition
+                | Fault::LeaderStall
         ) {
             crate::bail_usage!("--schedule: {CHAOS_PLAYS}; not {}", step.fault.as_str());
+        }
+        if matches!(step.fault, Fault::Partition | Fault::LeaderStall)
+            && step
+                .duration_ms
+                .is_none_or(|ms| ms == 0 || ms > LONGEST_PAUSE_MS)
+        {
+            crate::bail_usage!(
+                "--schedule: the {} of {} at {} ms needs a duration_ms of 1 to \
+                 {LONGEST_PAUSE_MS} ms (chaos ends it)",
+                step.fault.as_str(),
+                step.target,
+                step.at_ms
+            );
         }
         if step.fault == Fault::Pause {
             match step.duration_ms {

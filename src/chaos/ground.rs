@@ -27,6 +27,9 @@ pub struct Ground {
     /// The Redis primary and replica under Sentinel of the failovers, when a run may draw
     /// one.
     pub sentinel_ring: Option<std::sync::Arc<failover::SentinelRing>>,
+    /// Partitions may be drawn: they were asked for, and this machine can make hosts
+    /// ([`Ground::allow_partitions`]).
+    pub hosts: bool,
 }
 
 impl Ground {
@@ -58,6 +61,7 @@ impl Ground {
             run_id: crate::labs::new_run_id(),
             etcd_ring: None,
             sentinel_ring: None,
+            hosts: false,
         };
         ground.check_permissions(designs)?;
         Ok(ground)
@@ -120,6 +124,28 @@ impl Ground {
         Ok(())
     }
 
+    /// Lets schedules cut clients off on hosts when `kinds` asks for partitions and this
+    /// machine can make hosts; where it cannot, returns the one line that says why they are
+    /// not played.
+    pub fn allow_partitions(
+        &mut self,
+        kinds: &[crate::nemesis::generate::FaultKind],
+    ) -> Option<String> {
+        if !kinds.contains(&crate::nemesis::generate::FaultKind::Partition) {
+            return None;
+        }
+        match crate::hosts::Hosts::unavailable() {
+            None => {
+                self.hosts = true;
+                None
+            }
+            Some(why) => Some(format!(
+                "partition: not played — this machine cannot make hosts (network \
+                 namespaces): {why}"
+            )),
+        }
+    }
+
     /// A setup for one design, borrowing the lanes' Redis servers for its restarts;
     /// `given`: its schedules are the one given (see [`Setup::given`]).
     pub fn setup(&mut self, design: Design, given: bool) -> Setup {
@@ -139,6 +165,7 @@ impl Ground {
             work_ms: 20,
             lease_ms: Setup::lease_for(design),
             given,
+            hosts: self.hosts,
         }
     }
 

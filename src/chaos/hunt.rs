@@ -84,6 +84,9 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
         )
         .collect();
     ground.sentinel_ring = failover::ring_for(&[args.design], &with_given, ground.redis_given)?;
+    let no_hosts = (given.is_none() && reach::reaches(args.design, FaultKind::Partition))
+        .then(|| ground.allow_partitions(&kinds))
+        .flatten();
     if !args.json {
         show::heading(&ground, args, seed);
         // A lab's names on chaos's run: said before the first play, so that its lines
@@ -97,6 +100,9 @@ pub fn run(args: &ChaosArgs) -> Result<Exit> {
         Some(line) if given.is_none() && args.json => crate::output::err_prose(&line),
         Some(line) if given.is_none() => crate::output::prose(&line),
         _ => {}
+    }
+    if let Some(line) = no_hosts {
+        crate::output::err_prose(&line);
     }
     let setup = ground.setup(args.design, given.is_some());
     let space = play::space(&setup, args.clients, &kinds);

@@ -131,8 +131,11 @@ fn clients_named(entry: &Value) -> Vec<&str> {
     if let Some(target) = entry.get("target").and_then(Value::as_str) {
         match target.split_once(PATH_ARROW) {
             Some((client, _)) => named.push(client),
-            None if !is_server(target) => named.push(target),
-            None => {}
+            // A partition's sides: every host in them that is not a server's.
+            None => named.extend(
+                (target.split(SIDE_MARKS).map(str::trim))
+                    .filter(|host| !host.is_empty() && !is_server(host)),
+            ),
         }
     }
     if let Some(after) = entry.get("after") {
@@ -211,6 +214,8 @@ pub fn map(steps: &mut Value, clients: &[String], design: Design) -> Result<Vec<
                 None if is_server(target) => {
                     server(target, design, &servers).map_err(|why| refusal(n, &before, &why))?
                 }
+                // A partition's sides: each client's host on its name on chaos's run.
+                None if target.contains(SIDE_MARKS) => sides(target, &client),
                 None => client(target),
             };
         }
@@ -233,6 +238,24 @@ pub fn map(steps: &mut Value, clients: &[String], design: Design) -> Result<Vec<
         }
     }
     Ok(notes)
+}
+
+/// What splits a partition's sides (`|`) and the hosts of a side (`,`).
+const SIDE_MARKS: [char; 2] = ['|', ','];
+
+/// A partition's sides with each client's host named as on chaos's run (`w1|m1,m2` →
+/// `A|m1,m2`); a server's host keeps its name.
+fn sides(target: &str, client: &impl Fn(&str) -> String) -> String {
+    let side = |side: &str| {
+        let hosts: Vec<String> = (side.split(',').map(str::trim))
+            .map(|host| match is_server(host) {
+                true => host.to_string(),
+                false => client(host),
+            })
+            .collect();
+        hosts.join(",")
+    };
+    target.split('|').map(side).collect::<Vec<_>>().join("|")
 }
 
 /// Why a lab's fault has no counterpart among chaos's, and what to write instead: lab 8

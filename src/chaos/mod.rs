@@ -20,6 +20,7 @@ mod keeper;
 mod lab_names;
 pub mod lane;
 mod net;
+pub mod partition;
 pub mod play;
 pub mod reach;
 mod redlock_lane;

@@ -60,14 +60,18 @@ pub fn split(schedule: &Schedule) -> (Schedule, Schedule) {
     (Schedule::new(rest), Schedule::new(net))
 }
 
-/// The schedule without `client`: the steps aimed at it, timed from its events, or aimed
-/// at one of its paths (shrinking's "a client fewer").
+/// The schedule without `client`: the steps aimed at it, timed from its events, aimed at
+/// one of its paths, or cutting its host off (shrinking's "a client fewer").
 pub fn without_client(schedule: &Schedule, client: &str) -> Schedule {
     let rest = schedule.without_worker(client);
-    let kept = rest
-        .steps()
-        .iter()
-        .filter(|step| client_of(&step.target) != client);
+    let names_client = |step: &&Step| {
+        step.fault == Fault::Partition
+            && (step.target.parse::<crate::hosts::Sides>())
+                .is_ok_and(|sides| sides.named().any(|host| host == client))
+    };
+    let kept = (rest.steps().iter())
+        .filter(|step| client_of(&step.target) != client)
+        .filter(|step| !names_client(step));
     Schedule::new(kept.cloned().collect())
 }
 

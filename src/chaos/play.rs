@@ -42,6 +42,8 @@ pub struct Setup {
     /// The schedules are the one given (`--schedule`): a step that does not play makes its
     /// history unknown (see [`super::unplayed`]).
     pub given: bool,
+    /// This machine can make hosts: a schedule may cut a client off ([`super::partition`]).
+    pub hosts: bool,
 }
 
 /// One history and what the checker made of it.
@@ -210,8 +212,14 @@ impl Setup {
                 ("etcd", etcd_of(0)),
             ],
         )?;
+        // A partition's hosts: each client on one, each server behind a relay on one.
+        let network = self.network_for(schedule, lane, names)?;
+        let via = |name: &str, server: &str, url: &str| match &network {
+            Some(network) => network.url(name, server, url),
+            None => paths.url(name, server, url),
+        };
         let through = |name: &str, server: &str, url: Option<&str>| {
-            url.map(|url| paths.url(name, server, url)).transpose()
+            url.map(|url| via(name, server, url)).transpose()
         };
         // A failover's clients work on past its lag and the promotion (see `failover`).
         let more_ms = super::failover::MORE_WORK_MS + super::failover::lag_ms(schedule);
@@ -222,7 +230,7 @@ impl Setup {
                 name: name.clone(),
                 index: i as u32,
                 design: self.design,
-                store_url: paths.url(name, crate::nemesis::generate::STORE, &self.store_url)?,
+                store_url: via(name, crate::nemesis::generate::STORE, &self.store_url)?,
                 redis_url: through(name, "redis", lane.redis_url.as_deref())?,
                 etcd_url: through(name, "etcd", etcd_of(i))?,
                 run_id: run_id.into(),
@@ -233,7 +241,9 @@ impl Setup {
                 wait_ms: 2000,
                 seed: crate::nemesis::generate::nth_seed(seed, i as u64 + 1),
                 clients: names.len() as u32,
-                masters: lane.masters.urls.clone(),
+                masters: (lane.masters.urls.iter().enumerate())
+                    .map(|(m, url)| via(name, &super::redlock_lane::name(m), url))
+                    .collect::<Result<_>>()?,
                 sentinels: sentinels.map_or_else(Vec::new, |(_, urls)| urls.to_vec()),
             };
             workers.push(stage.spawn(name, &WorkerSpec::ChaosClient(script))?);
@@ -248,6 +258,9 @@ impl Setup {
         let mut faults = Faults::new(schedule, &stage).saying(|cue| {
             let name = &cue.action.target;
             if let Some(words) = super::net::words(cue, schedule) {
+                return Note::from(words);
+            }
+            if let Some(words) = super::partition::words(cue) {
                 return Note::from(words);
             }
             if let Some(note) = ring_of.and_then(|ring| super::failover::words(ring, cue, lag_ms)) {
@@ -275,12 +288,35 @@ impl Setup {
                 (Fault::Restart, Some(took)) => {
                     format!("Redis back after {}ms, empty", took.as_millis())
                 }
+                (Fault::LeaderStall, _) => {
+                    let ms = (cue.action.step)
+                        .and_then(|i| schedule.steps().get(i)?.duration_ms)
+                        .unwrap_or_default();
+                    format!(
+                        "freezes etcd's leader (SIGSTOP) for {ms}ms, past its election \
+                         timeout ({}ms)",
+                        crate::cluster::ETCD_ELECTION_MS
+                    )
+                }
+                (Fault::Resume, _) if name == generate::ETCD_LEADER => {
+                    let now = ring.and_then(|(ring, _)| ring.leader_besides(cue.pid));
+                    format!(
+                        "thaws etcd's old leader (SIGCONT); the others name {} leader now",
+                        now.as_deref().unwrap_or("no member")
+                    )
+                }
                 (Fault::Pause, _) => format!("pauses {name} (SIGSTOP)"),
                 (Fault::Resume, _) => format!("resumes {name} (SIGCONT)"),
                 _ => format!("kills {name} (SIGKILL)"),
             })
         });
         faults = super::clock::on(paths.on(faults), schedule, lane, self.lease_ms)?;
+        if let Some(network) = &network {
+            faults = faults.on_hosts(network.hosts());
+        }
+        if let Some((ring, _)) = ring {
+            faults = faults.on_leader(generate::ETCD_LEADER, move || ring.leader_name());
+        }
         if let Some(ring) = ring_of {
             faults = (faults.on_replica(REDIS_REPLICA, move || ring.primary_url()))
                 .failing_over(REDIS_PRIMARY, REDIS_REPLICA);
@@ -317,6 +353,10 @@ impl Setup {
             if let Some(leader) = leader.as_mut() {
                 cast.push(leader);
             }
+            let mut members = ring.map_or_else(Vec::new, |(ring, _)| ring.members());
+            for member in &mut members {
+                cast.push(member);
+            }
             let mut replica = ring_of.map(Replica);
             let mut primary = ring_of.map(|ring| Primary::new(ring, lag_ms));
             if let (Some(replica), Some(primary)) = (replica.as_mut(), primary.as_mut()) {
@@ -338,6 +378,65 @@ impl Setup {
         let backs = read_back(store, run_id, records)?;
         Ok((history, super::unplayed::place(schedule, left), backs))
     }
+}
+
+impl Setup {
+    /// The hosts of a schedule that cuts a client off ([`super::partition`]): one per
+    /// client, and one per server the design's clients talk to (the store, its lock
+    /// server, or Redlock's masters); None for any other schedule.
+    fn network_for(
+        &self,
+        schedule: &Schedule,
+        lane: &Lane,
+        clients: &[String],
+    ) -> Result<Option<super::partition::Network>> {
+        if !super::partition::wanted_by(schedule) {
+            return Ok(None);
+        }
+        let servers =
+            partitioned_servers(self.design, lane, self.etcd_url.as_deref(), &self.store_url);
+        super::partition::Network::start(clients, &servers).map(Some)
+    }
+}
+
+/// The servers a partition may cut a design's client off from, by their hosts' names, with
+/// the URL each is found at.
+fn partitioned_servers(
+    design: Design,
+    lane: &Lane,
+    etcd_url: Option<&str>,
+    store_url: &str,
+) -> Vec<(String, String)> {
+    let mut servers = vec![(generate::STORE.to_string(), store_url.to_string())];
+    if design.uses_redis()
+        && let Some(url) = &lane.redis_url
+    {
+        servers.push(("redis".into(), url.clone()));
+    }
+    if design.uses_etcd()
+        && let Some(url) = etcd_url
+    {
+        servers.push(("etcd".into(), url.to_string()));
+    }
+    if design.uses_masters() {
+        for (m, url) in lane.masters.urls.iter().enumerate() {
+            servers.push((super::redlock_lane::name(m), url.clone()));
+        }
+    }
+    servers
+}
+
+/// The hosts a partition may cut a design's client off from (see [`partitioned_servers`]).
+pub fn partition_hosts(design: Design) -> Vec<String> {
+    let mut hosts = vec![generate::STORE.to_string()];
+    if design.uses_redis() {
+        hosts.push("redis".into());
+    } else if design.uses_etcd() {
+        hosts.push("etcd".into());
+    } else if design.uses_masters() {
+        hosts.extend((0..super::redlock_lane::MASTERS).map(super::redlock_lane::name));
+    }
+    hosts
 }
 
 /// The faults a design can meet: a restart only where there is a server of chaos's own.
@@ -374,5 +473,10 @@ pub fn space(setup: &Setup, clients: u32, kinds: &[FaultKind]) -> Space {
         redis_failover: setup.sentinel_ring.is_some(),
         moments: setup.design.moments(),
         jumping: super::clock::servers(setup.design),
+        partitioned: match setup.hosts {
+            true => partition_hosts(setup.design),
+            false => Vec::new(),
+        },
+        stall_ms: setup.etcd_ring.as_ref().map(|_| super::cluster::STALL_MS),
     }
 }

@@ -14,6 +14,7 @@ pub fn reaches(design: Design, kind: FaultKind) -> bool {
         FaultKind::Failover => d.uses_redis(),
         FaultKind::LostReply | FaultKind::Cut => !d.uses_masters(),
         FaultKind::Clock => d.uses_redis() || d.uses_masters(),
+        FaultKind::LeaderStall => d.uses_etcd(),
         _ => true,
     }
 }
@@ -29,6 +30,10 @@ fn why_not(design: Design, kind: FaultKind) -> String {
             "Redlock's masters are not behind the fault proxy".into()
         }
         FaultKind::Clock => format!("{name}'s locks do not expire on Redis"),
+        FaultKind::LeaderStall => format!(
+            "{name} is not on etcd (a Redis primary's stall under Sentinel: lab 5, \
+             --scenario split-brain)"
+        ),
         _ => "it reaches every design".into(),
     }
 }

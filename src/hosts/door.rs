@@ -53,26 +53,62 @@ impl Door {
 impl Hosts {
     /// Opens a door into `host` towards `to` (see the module doc).
     pub fn door(self: &Arc<Hosts>, host: &str, to: SocketAddr) -> Result<Door> {
+        self.open_door(host, to, false)
+    }
+
+    /// [`Hosts::door`], keeping one connection into the host made ahead, handed to the next
+    /// client that connects (and made again for the one after): each connection into a
+    /// host takes a helper process, which on a busy machine outlasts a client that gives a
+    /// server 50 ms to answer (Redlock's per-master timeout) — it would never get through.
+    /// The connection made ahead crosses the link as any other: a partition hangs it.
+    pub fn door_ready(self: &Arc<Hosts>, host: &str, to: SocketAddr) -> Result<Door> {
+        self.open_door(host, to, true)
+    }
+
+    fn open_door(self: &Arc<Hosts>, host: &str, to: SocketAddr, ahead: bool) -> Result<Door> {
         self.addr(host)?;
         let listener = TcpListener::bind("127.0.0.1:0").context("opening a door into a host")?;
         let addr = listener.local_addr()?;
         let closing = Arc::new(AtomicBool::new(false));
         let carried = Arc::new(Mutex::new(Vec::new()));
+        let made_ahead: Arc<Mutex<Option<TcpStream>>> = Arc::default();
         let (hosts, host) = (Arc::clone(self), host.to_string());
         let (stop, open) = (Arc::clone(&closing), Arc::clone(&carried));
+        let make_ahead = {
+            let (hosts, host, spare) = (Arc::clone(&hosts), host.clone(), Arc::clone(&made_ahead));
+            move || {
+                let (hosts, host, spare) = (Arc::clone(&hosts), host.clone(), Arc::clone(&spare));
+                thread::spawn(move || {
+                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                        *spare.lock().unwrap_or_else(|p| p.into_inner()) = Some(server);
+                    }
+                });
+            }
+        };
+        if ahead {
+            make_ahead();
+        }
         let accepting = thread::spawn(move || {
             for client in listener.incoming() {
                 if stop.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(client) = client else { continue };
+                let ready = made_ahead.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if ahead {
+                    make_ahead();
+                }
                 // Each connection is made into the host on a thread of its own: one that
                 // hangs (its peer is cut off) holds up no other.
                 let (hosts, host, open) = (Arc::clone(&hosts), host.clone(), Arc::clone(&open));
                 thread::spawn(move || {
                     // A connection that cannot be made into the host is closed: the client
                     // sees it end, as it would see its own connect fail on the host.
-                    if let Ok(server) = hosts.connect_from(&host, to, CONNECT_PATIENCE) {
+                    let server = ready.map_or_else(
+                        || hosts.connect_from(&host, to, CONNECT_PATIENCE).ok(),
+                        Some,
+                    );
+                    if let Some(server) = server {
                         carry(client, server, &open);
                     }
                 });
@@ -118,6 +154,73 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
     let _ = to.shutdown(Shutdown::Write);
 }
 
+/// A door the other way: a port at one host's address whose every connection is carried
+/// on to a server in lockslab's own network. A server lockslab runs as it always does
+/// (chaos's Redis, its etcd, the store) is so reached by clients on hosts at an address of
+/// a host of its own, across that host's links: a partition cuts them from it as from a
+/// server started in the host. (lockslab itself still reaches the server directly.)
+///
+/// ```text
+///  client on host A ══ A–redis link ══▶ 10.77.0.4:6379 (the relay, host redis) ──▶ 127.0.0.1:port
+/// ```
+pub struct Relay {
+    /// A second handle on the listening socket: shut down, it wakes the accepting thread.
+    listening: TcpListener,
+    closing: Arc<AtomicBool>,
+    carried: Arc<Mutex<Vec<TcpStream>>>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl Hosts {
+    /// Opens a relay at `host`'s address on `port` to the server at `to` (see [`Relay`]).
+    pub fn relay(&self, host: &str, port: u16, to: SocketAddr) -> Result<Relay> {
+        let listener = self.listen_in(host, port)?;
+        let listening = listener.try_clone()?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let carried = Arc::new(Mutex::new(Vec::new()));
+        let (stop, open) = (Arc::clone(&closing), Arc::clone(&carried));
+        let accepting = thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if let Ok(server) = TcpStream::connect_timeout(&to, CONNECT_PATIENCE) {
+                    carry(client, server, &open);
+                }
+            }
+        });
+        Ok(Relay {
+            listening,
+            closing,
+            carried,
+            accepting: Some(accepting),
+        })
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // A listening socket shut down makes accept fail at once (Linux): the thread sees
+        // it is closing.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.listening);
+        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        if let Some(thread) = self.accepting.take() {
+            let _ = thread.join();
+        }
+        close_all(&self.carried);
+    }
+}
+
+/// Shuts every connection a door or relay carried.
+fn close_all(carried: &Mutex<Vec<TcpStream>>) {
+    let mut carried = carried.lock().unwrap_or_else(|p| p.into_inner());
+    for stream in carried.drain(..) {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+}
+
 impl Drop for Door {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::SeqCst);
@@ -126,9 +229,6 @@ impl Drop for Door {
         if let Some(thread) = self.accepting.take() {
             let _ = thread.join();
         }
-        let carried = self.carried.lock();
-        for stream in carried.unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
+        close_all(&self.carried);
     }
 }

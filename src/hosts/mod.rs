@@ -50,7 +50,7 @@ mod etcd;
 mod redis;
 mod sides;
 
-pub use door::Door;
+pub use door::{Door, Relay};
 pub use etcd::{HostedEtcd, HostedMember, MemberStatus as HostedMemberStatus};
 pub use redis::{HostedRedis, PORT as HOSTED_REDIS_PORT, SENTINEL_PORT, Watch};
 pub use sides::Sides;
@@ -59,7 +59,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::io::{IoSlice, IoSliceMut};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -203,6 +203,46 @@ impl Hosts {
         to: SocketAddr,
         patience: Duration,
     ) -> Result<TcpStream> {
+        let socket = self.socket_in(host, &format!("connecting to {to}"), move || {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            // Only an errno crosses back from here: a timeout is given one.
+            socket
+                .connect_timeout(&to.into(), patience)
+                .map_err(|err| match err.kind() {
+                    std::io::ErrorKind::TimedOut => {
+                        std::io::Error::from_raw_os_error(nix::errno::Errno::ETIMEDOUT as i32)
+                    }
+                    _ => err,
+                })?;
+            Ok(socket)
+        })?;
+        Ok(socket.into())
+    }
+
+    /// A socket listening at `host`'s address on `port`, made inside `host` (as
+    /// [`Hosts::connect_from`] makes its connections): the other hosts reach it across
+    /// their links, and lockslab accepts on it.
+    pub fn listen_in(&self, host: &str, port: u16) -> Result<TcpListener> {
+        let at = SocketAddr::new(self.addr(host)?.into(), port);
+        let socket = self.socket_in(host, &format!("listening at {at}"), move || {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&at.into())?;
+            socket.listen(128)?;
+            Ok(socket)
+        })?;
+        Ok(socket.into())
+    }
+
+    /// A socket `make` makes inside `host`'s network, handed back to lockslab: a helper
+    /// process joins the host, makes it, and sends it over a Unix socket pair (`doing`
+    /// says what for, in an error).
+    fn socket_in(
+        &self,
+        host: &str,
+        doing: &str,
+        make: impl Fn() -> std::io::Result<socket2::Socket> + Send + Sync + 'static,
+    ) -> Result<socket2::Socket> {
         let (ours, theirs) = UnixStream::pair()?;
         let theirs_fd = theirs.as_raw_fd();
         let mut command = Command::new("true");
@@ -211,21 +251,11 @@ impl Hosts {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.place(&mut command, host)?;
-        // SAFETY: after fork, the helper only makes a socket, connects it and sends it
-        // (system calls; glibc's malloc is usable in a fork's child, for nix's buffer).
+        // SAFETY: after fork, the helper only makes a socket and sends it (system calls;
+        // glibc's malloc is usable in a fork's child, for nix's buffer).
         unsafe {
             command.pre_exec(move || {
-                let socket =
-                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-                // Only an errno crosses back from here: a timeout is given one.
-                socket
-                    .connect_timeout(&to.into(), patience)
-                    .map_err(|err| match err.kind() {
-                        std::io::ErrorKind::TimedOut => {
-                            std::io::Error::from_raw_os_error(nix::errno::Errno::ETIMEDOUT as i32)
-                        }
-                        _ => err,
-                    })?;
+                let socket = make()?;
                 let fds = [socket.as_raw_fd()];
                 let rights = [ControlMessage::ScmRights(&fds)];
                 let byte = [IoSlice::new(b"s")];
@@ -235,10 +265,10 @@ impl Hosts {
         }
         let status = command
             .status()
-            .with_context(|| format!("connecting to {to} from host {host}"))?;
+            .with_context(|| format!("{doing} from host {host}"))?;
         drop(theirs);
         if !status.success() {
-            bail!("the helper that connects from host {host} failed ({status})");
+            bail!("the helper {doing} in host {host} failed ({status})");
         }
         let mut byte = [0u8; 1];
         let mut iov = [IoSliceMut::new(&mut byte)];
@@ -254,10 +284,10 @@ impl Hosts {
                 && let Some(&fd) = fds.first()
             {
                 // SAFETY: the kernel just gave this process the descriptor; nobody else owns it.
-                return Ok(unsafe { TcpStream::from_raw_fd(fd) });
+                return Ok(unsafe { socket2::Socket::from_raw_fd(fd) });
             }
         }
-        bail!("the helper that connects from host {host} sent no socket")
+        bail!("the helper {doing} in host {host} sent no socket")
     }
 
     /// Cuts every pair `sides` separates, both ways, silently (pairs cut already stay

@@ -116,6 +116,30 @@ pub struct EtcdLock {
     url: String,
     /// The lock's name; etcd puts each contender's key under `<name>/`.
     pub name: String,
+    /// etcd's words for each lock call the cluster dropped and [`EtcdLock::acquire_within`]
+    /// asked again, oldest first: shared, so that a lab (or a test) can say what the
+    /// election did to a call still waiting.
+    dropped: Arc<Mutex<Vec<String>>>,
+}
+
+/// The errors etcd answers a request it neither did nor refused: the cluster lost or
+/// changed its leader while the request was in flight. `leader changed`: a new leader
+/// was elected under it. `request timed out` (also `…, possibly due to previous leader
+/// failure` and `…, possibly due to connection lost`): its proposal was not committed
+/// within the member's request timeout — a member cut off from its majority, or a leader
+/// frozen past its election, says this; the proposal may still be committed later.
+/// `raft proposal dropped` and `no leader`: a member that knows of no leader (mid-election)
+/// turned it away. None of them means "no": each means "ask again once there is a leader".
+pub fn dropped_by_the_cluster(err: &etcd_client::Error) -> bool {
+    let words = err.to_string();
+    [
+        "leader changed",
+        "request timed out",
+        "proposal dropped",
+        "no leader",
+    ]
+    .iter()
+    .any(|said| words.contains(said))
 }
 
 impl EtcdLock {
@@ -127,7 +151,14 @@ impl EtcdLock {
             client,
             url: url.to_string(),
             name: name.to_string(),
+            dropped: Arc::default(),
         })
+    }
+
+    /// etcd's words for each lock call the cluster dropped and this lock asked again (see
+    /// [`dropped_by_the_cluster`]), shared: it fills as a call waits.
+    pub fn dropped_calls(&self) -> Arc<Mutex<Vec<String>>> {
+        Arc::clone(&self.dropped)
     }
 
     /// Grants this client its own lease and starts its heartbeat: a keepalive every TTL/3.
@@ -167,8 +198,10 @@ impl EtcdLock {
     /// trap: etcd (3.4) deletes the cancelled call's key in the background — and a new call
     /// with the same lease uses the *same key name*, so that late delete can remove the key
     /// the retry is queued (or already holding the lock) with. Each retry also goes to the
-    /// back of the queue. The one call that is asked again is one the cluster dropped in a
-    /// leader change; see the comment where that happens: it too loses its place.
+    /// back of the queue. The one call that is asked again is one the cluster dropped (a
+    /// leader change, or a proposal not committed in time: [`dropped_by_the_cluster`]),
+    /// within the same wait; see the comment where that happens: it too loses its place.
+    /// Each is kept, in etcd's words, in [`EtcdLock::dropped_calls`].
     ///
     /// ✅ **The call is raced against the heartbeat.** If the lease is lost while we wait,
     /// our key is gone with it and the call can only end badly: we stop at once and say why.
@@ -199,6 +232,7 @@ impl EtcdLock {
         }
         let name = self.name.clone();
         let url = self.url.clone();
+        let dropped = Arc::clone(&self.dropped);
         let waited = self.runtime.block_on(async {
             // A client for this one call: its requests may last the whole wait, not the usual
             // few seconds, since the call waits, by design, as long as the holder holds the
@@ -214,11 +248,19 @@ impl EtcdLock {
                     () = tokio::time::sleep_until(give_up) => return Ok(Waited::TimedOut),
                 };
                 match answer {
-                    // The cluster elected a new leader while we queued: the call was dropped,
-                    // not refused — and etcd's lock, failing, deletes (or tries to delete) the
+                    // The cluster elected a new leader while we queued, or could not commit
+                    // our key in time (a member cut off from its majority, a leader frozen
+                    // past its election: "request timed out"): the call was dropped, not
+                    // refused — and etcd's lock, failing, deletes (or tries to delete) the
                     // key it queued for us. Our place in the queue is gone: asking again puts
                     // a new key at the back (a higher revision, behind whoever queued since).
-                    Err(err) if err.to_string().contains("leader changed") => {
+                    // ❌ Returning the error would give up a wait that still had time: the
+                    // caller would see a failure where etcd only said "not now".
+                    Err(err) if dropped_by_the_cluster(&err) => {
+                        dropped
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(err.to_string());
                         let ours = format!("{name}/{:x}", lease.id);
                         // etcd's lock tries that delete before it answers; if the delete
                         // failed too (no leader yet) the key is still there, and if it timed

@@ -45,6 +45,15 @@ pub enum FaultKind {
     /// (frozen, its link cut) 200-700ms: the replica promoted without what the primary took
     /// meanwhile; clients ask Sentinel where to go
     Failover,
+    // chaos on hosts (issue 44)
+    /// A client cut off, on hosts of their own (network namespaces), from its lock server
+    /// and the store for 1.25 to 3 leases: packets dropped both ways, its connections hang,
+    /// and resume when it heals; for Redlock, from every server or from two or three of its
+    /// five masters
+    Partition,
+    /// The etcd cluster's leader frozen (SIGSTOP) past its election timeout, then resumed:
+    /// the other two elect a new one, and the old one wakes up deposed
+    LeaderStall,
 }
 
 /// The target of a leader kill: whichever member leads the etcd cluster when it lands.
@@ -63,7 +72,7 @@ pub const FAILOVER_LAG_MS: (u64, u64) = (200, 700);
 pub const AOF_SUFFIX: &str = "-aof";
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
@@ -74,6 +83,8 @@ impl FaultKind {
         FaultKind::LeaderKill,
         FaultKind::Clock,
         FaultKind::Failover,
+        FaultKind::Partition,
+        FaultKind::LeaderStall,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +99,8 @@ impl FaultKind {
             FaultKind::LeaderKill => "leader-kill",
             FaultKind::Clock => "clock",
             FaultKind::Failover => "failover",
+            FaultKind::Partition => "partition",
+            FaultKind::LeaderStall => "leader-stall",
         }
     }
 
@@ -115,12 +128,19 @@ impl FaultKind {
                 | FaultKind::LeaderKill
                 | FaultKind::Clock
                 | FaultKind::Failover
+                | FaultKind::LeaderStall
         )
     }
 
     /// Does this kind aim at a server (which chaos must have started itself)?
     pub fn restarts(self) -> bool {
         matches!(self, FaultKind::Restart | FaultKind::RestartAof)
+    }
+
+    /// Does this kind need hosts of lockslab's own or an etcd cluster (issue 44): a column
+    /// the matrix plays only when asked (`--hosts`)?
+    pub fn on_hosts(self) -> bool {
+        matches!(self, FaultKind::Partition | FaultKind::LeaderStall)
     }
 
     /// Does this kind kill a Redis server (a restart, or a failover's primary), which chaos
@@ -142,6 +162,8 @@ impl FaultKind {
             Fault::DropReply => Some(FaultKind::LostReply),
             Fault::Cut => Some(FaultKind::Cut),
             Fault::ClockStep => Some(FaultKind::Clock),
+            Fault::Partition => Some(FaultKind::Partition),
+            Fault::LeaderStall => Some(FaultKind::LeaderStall),
             _ => None,
         }
     }
@@ -180,6 +202,13 @@ pub struct Space {
     /// The servers whose clock a `clock` fault jumps: where the design's lock keys expire
     /// (`redis`, or Redlock's `m1`…`m5`); none (etcd, Postgres): no clock fault is drawn.
     pub jumping: Vec<String>,
+    /// The hosts of the servers a partition may cut a client off from (`redis` and
+    /// `store`; Redlock's `m1`…`m5` and `store`); none: this machine cannot make hosts,
+    /// and no partition is drawn.
+    pub partitioned: Vec<String>,
+    /// How long a leader's stall lasts (past the cluster's election timeout); None: no
+    /// cluster here to stall the leader of.
+    pub stall_ms: Option<(u64, u64)>,
 }
 
 /// The name of a client's path to a server through the fault proxy (`A→store`).
@@ -248,6 +277,12 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     if !space.redis_failover {
         kinds.retain(|kind| *kind != FaultKind::Failover);
     }
+    if space.partitioned.is_empty() {
+        kinds.retain(|kind| *kind != FaultKind::Partition);
+    }
+    if space.stall_ms.is_none() {
+        kinds.retain(|kind| *kind != FaultKind::LeaderStall);
+    }
     if kinds.is_empty() || space.clients.is_empty() {
         return Schedule::default();
     }
@@ -255,6 +290,8 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
     let mut restarted = false;
     let mut leader_killed = false;
     let mut failed_over = false;
+    let mut stalled = false;
+    let mut partitioned = false;
     let mut steps = Vec::new();
     let count = rng.between(1, space.max_faults.max(1) as u64);
     for _ in 0..count {
@@ -303,6 +340,28 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
             FaultKind::Failover => {}
+            // One stall a schedule, at a time of the run, as a leader kill; none beside a
+            // kill of the same leader.
+            FaultKind::LeaderStall if !stalled && !leader_killed => {
+                stalled = true;
+                let (lo, hi) = space.stall_ms.unwrap_or_default();
+                steps.push(Step {
+                    at_ms: rng.between(space.span_ms / 10, space.span_ms * 6 / 10),
+                    after: None,
+                    fault: Fault::LeaderStall,
+                    target: ETCD_LEADER.into(),
+                    duration_ms: Some(rng.between(lo, hi)),
+                });
+            }
+            FaultKind::LeaderStall => {}
+            FaultKind::Partition => {
+                if free.is_empty() {
+                    continue;
+                }
+                partitioned = true;
+                let client = free.remove(rng.next_u64() as usize % free.len());
+                steps.push(partition_step(&mut rng, &client, space));
+            }
             FaultKind::Delay | FaultKind::LostReply | FaultKind::Cut => {
                 if free.is_empty() {
                     continue;
@@ -338,6 +397,18 @@ pub fn draw(seed: u64, space: &Space) -> Schedule {
                 });
             }
         }
+    }
+    if leader_killed {
+        // A stall drawn before the kill: the kill is the leader's fault of this schedule.
+        steps.retain(|step| step.fault != Fault::LeaderStall);
+    }
+    if partitioned && (leader_killed || stalled || failed_over) {
+        // A cluster's schedule plays on its members, which are not on hosts.
+        steps.retain(|step| step.fault != Fault::Partition);
+    } else if partitioned {
+        // A partitioned schedule's clients reach their servers through the hosts, not
+        // through the fault proxy: a fault on a proxy's path would find nothing to hold.
+        steps.retain(|step| !FaultKind::of(step).is_some_and(FaultKind::network));
     }
     if failed_over {
         // The clients find the primary through Sentinel, straight, not through the proxy:
@@ -420,6 +491,40 @@ fn network_step(rng: &mut Rng, kind: FaultKind, client: &str, space: &Space) -> 
         fault: Fault::DropReply,
         target: path(client, &space.lock_server),
         duration_ms: None,
+    }
+}
+
+/// A partition that cuts `client`'s host off, aimed where a pause lands (after its grant,
+/// after its read, inside its write, or at a time), for as long as a cut: from every other
+/// host (its lock server and the store: what it sends meanwhile goes out when it heals);
+/// or, where the lock is on several servers (Redlock's masters), from two or three of them
+/// only, half the time — the store and the other masters still in reach.
+fn partition_step(rng: &mut Rng, client: &str, space: &Space) -> Step {
+    let (at_ms, after) = aim(rng, client, space);
+    let (lo, hi) = space.cut_ms;
+    let duration_ms = Some(rng.between(lo, hi));
+    let mut masters: Vec<&String> = (space.partitioned.iter())
+        .filter(|host| host.as_str() != STORE)
+        .collect();
+    let target = if masters.len() > 3 && rng.between(0, 1) == 1 {
+        let mut cut = Vec::new();
+        for _ in 0..rng.between(2, 3) {
+            cut.push(
+                masters
+                    .remove(rng.next_u64() as usize % masters.len())
+                    .as_str(),
+            );
+        }
+        format!("{client}|{}", cut.join(","))
+    } else {
+        client.to_string()
+    };
+    Step {
+        at_ms,
+        after,
+        fault: Fault::Partition,
+        target,
+        duration_ms,
     }
 }
 
@@ -514,6 +619,8 @@ mod tests {
                 Kind::Released,
             ],
             jumping: Vec::new(),
+            partitioned: Vec::new(),
+            stall_ms: None,
         }
     }
 
@@ -959,6 +1066,124 @@ mod tests {
             PINNED_FAILOVER_OF_SEED_5
         );
     }
+
+    // chaos on hosts (issue 44)
+
+    /// A partition cuts one client's host off, aimed where a pause lands, for as long as a
+    /// cut: from every server, or (Redlock) from two or three masters; never beside a
+    /// fault of the proxy, whose paths its clients do not take. Without hosts none is
+    /// drawn, and every seed draws what it drew before partitions existed.
+    #[test]
+    fn a_partition_cuts_one_clients_host_off_for_longer_than_a_lease() {
+        let mut masters = space();
+        masters.kinds = vec![FaultKind::Partition, FaultKind::Cut, FaultKind::Pause];
+        masters.partitioned = (1..=5)
+            .map(|i| format!("m{i}"))
+            .chain([STORE.into()])
+            .collect();
+        let (mut whole, mut some) = (0, 0);
+        for index in 0..300 {
+            let seed = nth_seed(29, index);
+            let schedule = draw(seed, &masters);
+            assert_eq!(schedule, draw(seed, &masters), "reproducible");
+            let cut_off = (schedule.steps().iter()).filter(|s| s.fault == Fault::Partition);
+            for step in cut_off.clone() {
+                let sides: crate::hosts::Sides = step.target.parse().unwrap();
+                let named: Vec<&str> = sides.named().collect();
+                assert!(["A", "B", "C"].contains(&named[0]), "{step:?}");
+                match named.len() {
+                    1 => whole += 1,
+                    3 | 4 => some += 1,
+                    _ => panic!("{step:?}"),
+                }
+                assert!(named[1..].iter().all(|m| m.starts_with('m')), "{step:?}");
+                assert!((1000..=2400).contains(&step.duration_ms.unwrap()));
+                assert_eq!(FaultKind::of(step), Some(FaultKind::Partition));
+            }
+            if cut_off.count() > 0 {
+                assert!(schedule.steps().iter().all(|s| s.fault != Fault::Cut));
+            }
+            let servers: Vec<&str> = masters.partitioned.iter().map(String::as_str).collect();
+            let cuts = (schedule.steps().iter()).filter(|s| s.fault == Fault::Partition);
+            let cuts = Schedule::new(cuts.cloned().collect());
+            cuts.validate(&["A", "B", "C"], &servers).unwrap();
+        }
+        assert!(
+            whole > 30 && some > 30,
+            "{whole} whole, {some} from some masters"
+        );
+        let mut with = space();
+        assert!(with.kinds.contains(&FaultKind::Partition) && with.partitioned.is_empty());
+        let mut without = space();
+        without.kinds.retain(|k| *k != FaultKind::Partition);
+        for index in 0..100 {
+            let seed = nth_seed(31, index);
+            assert_eq!(draw(seed, &with), draw(seed, &without));
+        }
+        // Pinned: a printed seed replays the same partition forever.
+        with.kinds = vec![FaultKind::Partition];
+        with.partitioned = vec!["redis".into(), STORE.into()];
+        assert_eq!(
+            serde_json::to_string(&draw(5, &with)).unwrap(),
+            PINNED_PARTITION_OF_SEED_5
+        );
+    }
+
+    const PINNED_PARTITION_OF_SEED_5: &str = concat!(
+        r#"[{"at_ms":4,"after":{"worker":"C","event":"read_record","nth":2},"#,
+        r#""fault":"partition","target":"C","duration_ms":1279},"#,
+        r#"{"at_ms":404,"fault":"partition","target":"A","duration_ms":2087},"#,
+        r#"{"at_ms":994,"fault":"partition","target":"B","duration_ms":1725}]"#
+    );
+
+    /// A leader's stall, once a schedule, at a time of the run, for as long as the space
+    /// says; none beside a leader's kill, none without a cluster.
+    #[test]
+    fn a_leader_stall_is_drawn_once_a_schedule_only_on_a_cluster() {
+        let mut on_cluster = space();
+        on_cluster.kinds = vec![
+            FaultKind::LeaderStall,
+            FaultKind::LeaderKill,
+            FaultKind::Pause,
+        ];
+        on_cluster.etcd_cluster = true;
+        on_cluster.stall_ms = Some((1000, 3000));
+        let mut stalls = 0;
+        for index in 0..200 {
+            let seed = nth_seed(37, index);
+            let schedule = draw(seed, &on_cluster);
+            let kinds: Vec<FaultKind> = schedule.steps().iter().filter_map(FaultKind::of).collect();
+            let n = kinds
+                .iter()
+                .filter(|k| **k == FaultKind::LeaderStall)
+                .count();
+            assert!(n <= 1, "{schedule:?}");
+            if n == 1 {
+                stalls += 1;
+                assert!(!kinds.contains(&FaultKind::LeaderKill), "{schedule:?}");
+                let step = (schedule.steps().iter())
+                    .find(|s| s.fault == Fault::LeaderStall)
+                    .unwrap();
+                assert_eq!(step.target, ETCD_LEADER);
+                assert!((1000..=3000).contains(&step.duration_ms.unwrap()));
+            }
+            schedule.validate(&["A", "B", "C"], &[ETCD_LEADER]).unwrap();
+        }
+        assert!(stalls > 30, "{stalls} stalls");
+        let mut single = on_cluster.clone();
+        single.stall_ms = None;
+        single.kinds = vec![FaultKind::LeaderStall];
+        assert!(draw(3, &single).is_empty());
+        let mut only = on_cluster;
+        only.kinds = vec![FaultKind::LeaderStall];
+        assert_eq!(
+            serde_json::to_string(&draw(5, &only)).unwrap(),
+            PINNED_STALL_OF_SEED_5
+        );
+    }
+
+    const PINNED_STALL_OF_SEED_5: &str =
+        r#"[{"at_ms":388,"fault":"leader_stall","target":"etcd-leader","duration_ms":1989}]"#;
 
     /// Its lag (`duration_ms`, drawn on a stream of its own) is all that changed when the
     /// replica began to lag: the time is the one drawn before.
