@@ -490,6 +490,15 @@ pub struct Strike {
     /// refusal is read there — not from an UPDATE the client sent on another connection.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_session: Option<i32>,
+    /// It followed an earlier fault on the same job to the job's next write (see
+    /// `challenge::play::aim`): a write retried after the held one was refused.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub follows: bool,
+    /// The fault it followed bit (filled in by the checker): then this one, on the retry,
+    /// misses nothing by finding nobody writing the record meanwhile — the retry read
+    /// afresh, and nobody was left to be overtaken.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub followed_bit: bool,
     /// Its lock — a Redis or etcd key under the run's prefix, found when the fault began —
     /// still held its value when the fault ended (see `challenge::play::outlast`).
     pub lock_kept: bool,
@@ -628,7 +637,7 @@ impl Strike {
             Some((_, seq)) => format!("before job {job}'s write landed (change #{seq})"),
             None => format!("and job {job}'s write never landed"),
         };
-        (!meanwhile).then(|| {
+        (!meanwhile && !(self.follows && self.followed_bit)).then(|| {
             format!(
                 "{verb} {who} holding job {job}: nobody wrote {record} meanwhile ({held}), \
                  so even an unfenced late write was right"
@@ -1338,9 +1347,16 @@ pub fn check(evidence: &Evidence) -> Report {
             .undecided
             .extend(around_the_proxy(&changes, &evidence.statements, by_client));
     }
-    let missed: Vec<String> = (strikes.iter())
-        .filter_map(|s| s.missed(&jobs, &changes))
-        .collect();
+    let mut bit_last: BTreeMap<(String, Option<i64>), bool> = BTreeMap::new();
+    let mut missed = Vec::new();
+    for strike in &strikes {
+        let mut strike = strike.clone();
+        let chain = (strike.client.clone(), strike.job);
+        strike.followed_bit = strike.follows && bit_last.get(&chain) == Some(&true);
+        let miss = strike.missed(&jobs, &changes);
+        bit_last.insert(chain, miss.is_none());
+        missed.extend(miss);
+    }
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(

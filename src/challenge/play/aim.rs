@@ -122,7 +122,7 @@ impl Aimed {
 /// The most writes of one job a fault holds, following it ([`Follow`]): enough for a
 /// compare-and-set refused once or twice; a client whose writes go on being refused (or
 /// that sends write after write, each to take the fault) is not followed for ever.
-const MOST_HELD_PER_JOB: usize = 4;
+const MOST_HELD_PER_JOB: usize = 8;
 
 /// How long a pause waits for its client's write after it was armed: the job's work, then
 /// a lease. A client still not writing by then was not about to write under that lease.
@@ -302,10 +302,12 @@ impl Run<'_> {
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        let follows = aim.follows;
         let result = self.write_caught_aimed(index, aim);
         if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
             strike.tried = Some(tried);
             strike.held_session = session;
+            strike.follows = follows;
         }
         result
     }
