@@ -637,7 +637,10 @@ impl Strike {
             Some((_, seq)) => format!("before job {job}'s write landed (change #{seq})"),
             None => format!("and job {job}'s write never landed"),
         };
-        (!meanwhile && !(self.follows && self.followed_bit)).then(|| {
+        // A retry held after a fault that bit, with nobody writing meanwhile: it read
+        // afresh, and nobody was left to overtake it.
+        let retried_after_a_bite = self.follows && self.followed_bit;
+        (!(meanwhile || retried_after_a_bite)).then(|| {
             format!(
                 "{verb} {who} holding job {job}: nobody wrote {record} meanwhile ({held}), \
                  so even an unfenced late write was right"
