@@ -218,8 +218,15 @@ fn assert_passed(code: i32, verdict: &Value) {
     assert_eq!(code, 0, "{verdict}");
     assert_eq!(verdict["grade"], "pass");
     assert_eq!(verdict["acknowledged"], verdict["jobs"]);
-    assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
-    assert_eq!(verdict["faults_bit"], verdict["faults_planned"]);
+    every_fault_played_and_bit(verdict);
+}
+
+/// Every fault of the schedule played, and every fault that played bit — a fault that
+/// follows its job to a retried write plays too, so there may be more than were planned.
+fn every_fault_played_and_bit(verdict: &Value) {
+    let (planned, played) = (&verdict["faults_planned"], &verdict["faults_played"]);
+    assert!(played.as_u64() >= planned.as_u64(), "{verdict}");
+    assert_eq!(verdict["faults_bit"], *played, "{verdict}");
 }
 
 /// The Rust references: the claim passes `pause` where the lock alone, or a token checked
@@ -489,10 +496,7 @@ fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {
         let (code, verdict) = reference(name, seed, mode);
         assert_ne!(code, 1, "{name} {mode} --seed {seed}: {verdict}");
         if code == 0 {
-            assert_eq!(
-                verdict["faults_bit"], verdict["faults_planned"],
-                "{verdict}"
-            );
+            every_fault_played_and_bit(&verdict);
             return verdict;
         }
     }
@@ -1733,10 +1737,7 @@ fn a_hostile_client_run_by_a_plain_user_is_sandboxed_and_a_reference_still_passe
     .unwrap();
     let verdict = verdict_in(&output);
     assert_eq!(output.status.code(), Some(0), "{verdict}");
-    assert_eq!(
-        verdict["faults_bit"], verdict["faults_planned"],
-        "{verdict}"
-    );
+    every_fault_played_and_bit(&verdict);
 }
 
 /// A plain user with no `bwrap` on its PATH: the clients run as that user, the verdict says
