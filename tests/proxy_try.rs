@@ -172,7 +172,8 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
         matches!(
             seen[..],
             [Seen::WriteHeld {
-                tried: Tried::Changes
+                tried: Tried::Changes,
+                session: Some(_),
             }]
         ),
         "{seen:?}"
@@ -209,7 +210,8 @@ fn a_transaction_of_the_clients_keeps_its_work_through_the_try() {
             [
                 Seen::WriteChangedNothing,
                 Seen::WriteHeld {
-                    tried: Tried::Changes
+                    tried: Tried::Changes,
+                    ..
                 },
                 ..
             ]
@@ -234,7 +236,7 @@ fn a_try_that_cannot_tell_says_why_and_the_write_is_held_all_the_same() {
     holding.commit().unwrap();
     bench.answer(sent).unwrap();
     assert!(
-        matches!(&seen[..], [Seen::WriteUntried { why }, Seen::WriteHeld { tried: Tried::Untried(_) }]
+        matches!(&seen[..], [Seen::WriteUntried { why }, Seen::WriteHeld { tried: Tried::Untried(_), .. }]
             if why.contains("lock timeout")),
         "{seen:?}"
     );

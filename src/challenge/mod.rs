@@ -349,6 +349,7 @@ fn grade(
             statements,
             waits: played.waits.clone(),
             key_waits: played.key_waits.clone(),
+            proxy_sessions: played.proxy_sessions.clone(),
         };
         Ok((played, evidence))
     });

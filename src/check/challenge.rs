@@ -143,6 +143,10 @@ pub struct Evidence {
     pub waits: Vec<Wait>,
     /// Clients seen waiting behind a faulted client's Redis or etcd lock.
     pub key_waits: Vec<KeyWait>,
+    /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`; none: no
+    /// proxies, or a session unread): a change made in any other session went around them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -338,16 +342,32 @@ fn newer_refused(
 /// Did an UPDATE of `strike`'s client reach the records after the fault began, before the
 /// client answered its job, and match no row? Its session is one its changes were made in,
 /// or one no client's changes name (a client may open a connection per job).
+///
+/// When its proxy read the session its held write went to, the refusal is read there
+/// alone: that session's UPDATEs from the fault on — to the next fault on the client (a
+/// fault follows its job) or its answer — are the held write and what came after it on
+/// that connection, and they must all have matched nothing. An UPDATE that matched nothing
+/// on another connection, or after a held write that changed the records, is no refusal of
+/// the held write.
 fn matched_nothing(
     strike: &Strike,
     sessions: &BTreeMap<String, BTreeSet<i32>>,
     statements: &[Statement],
     deliveries: &[Delivery],
+    next_on_client_us: Option<i64>,
 ) -> bool {
     if strike.job.is_none() {
         return false;
     }
     let until = answered_after(strike, deliveries);
+    if let Some(held) = strike.held_session {
+        let until = next_on_client_us.map_or(until, |next| until.min(next - 1));
+        let mut after = statements
+            .iter()
+            .filter(|s| s.pid == held && (strike.at_us..=until).contains(&s.at_us))
+            .peekable();
+        return after.peek().is_some() && after.all(|s| s.rows == 0);
+    }
     let own = sessions.get(&strike.client);
     let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
     statements.iter().any(|s| {
@@ -465,6 +485,20 @@ pub struct Strike {
     /// while the fault lasted (read from Postgres, or from the client's Redis or etcd key;
     /// filled in by the checker): who, and how it was seen.
     pub held_off: Option<HeldOff>,
+    /// The Postgres session its held write went to (read by its proxy): the statements of
+    /// that session after the fault are the held write's and what followed it, so a
+    /// refusal is read there — not from an UPDATE the client sent on another connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_session: Option<i32>,
+    /// It followed an earlier fault on the same job to the job's next write (see
+    /// `challenge::play::aim`): a write retried after the held one was refused.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub follows: bool,
+    /// The fault it followed bit (filled in by the checker): then this one, on the retry,
+    /// misses nothing by finding nobody writing the record meanwhile — the retry read
+    /// afresh, and nobody was left to be overtaken.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub followed_bit: bool,
     /// Its lock — a Redis or etcd key under the run's prefix, found when the fault began —
     /// still held its value when the fault ended (see `challenge::play::outlast`).
     pub lock_kept: bool,
@@ -603,7 +637,10 @@ impl Strike {
             Some((_, seq)) => format!("before job {job}'s write landed (change #{seq})"),
             None => format!("and job {job}'s write never landed"),
         };
-        (!meanwhile).then(|| {
+        // A retry held after a fault that bit, with nobody writing meanwhile: it read
+        // afresh, and nobody was left to overtake it.
+        let retried_after_a_bite = self.follows && self.followed_bit;
+        (!(meanwhile || retried_after_a_bite)).then(|| {
             format!(
                 "{verb} {who} holding job {job}: nobody wrote {record} meanwhile ({held}), \
                  so even an unfenced late write was right"
@@ -1260,12 +1297,17 @@ pub fn check(evidence: &Evidence) -> Report {
                 )
             });
         }
+        let next_on_client_us = (evidence.strikes.iter())
+            .filter(|s| s.client == strike.client && s.at_us > strike.at_us)
+            .map(|s| s.at_us)
+            .min();
         let zero_rows = strike.fault != "kill"
             && matched_nothing(
                 &strike,
                 &sessions,
                 &evidence.statements,
                 &evidence.deliveries,
+                next_on_client_us,
             );
         // Matching nothing after the fault is a refusal only for a write that, tried when
         // it was caught, would have changed the records: a write that matches nothing
@@ -1303,9 +1345,21 @@ pub fn check(evidence: &Evidence) -> Report {
             ));
         }
     }
-    let missed: Vec<String> = (strikes.iter())
-        .filter_map(|s| s.missed(&jobs, &changes))
-        .collect();
+    if let Some(by_client) = &evidence.proxy_sessions {
+        report
+            .undecided
+            .extend(around_the_proxy(&changes, &evidence.statements, by_client));
+    }
+    let mut bit_last: BTreeMap<(String, Option<i64>), bool> = BTreeMap::new();
+    let mut missed = Vec::new();
+    for strike in &strikes {
+        let mut strike = strike.clone();
+        let chain = (strike.client.clone(), strike.job);
+        strike.followed_bit = strike.follows && bit_last.get(&chain) == Some(&true);
+        let miss = strike.missed(&jobs, &changes);
+        bit_last.insert(chain, miss.is_none());
+        missed.extend(miss);
+    }
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
@@ -1323,6 +1377,41 @@ pub fn check(evidence: &Evidence) -> Report {
         report.undecided.extend(missed);
     }
     report
+}
+
+/// The UPDATEs of the records made in sessions that no client's fault proxy opened: a
+/// client that connects to Postgres around its proxy (the server's port is no secret to
+/// it) writes where no pause or delay can hold its writes, and the fault lands on whatever
+/// it still sends through the proxy. What the faults tested is then unknown: one line
+/// saying so, naming the first such change (or statement).
+fn around_the_proxy(
+    changes: &[Change],
+    statements: &[Statement],
+    by_client: &BTreeMap<String, BTreeSet<i32>>,
+) -> Option<String> {
+    let proxied = |pid: i32| by_client.values().any(|pids| pids.contains(&pid));
+    let change = changes
+        .iter()
+        .find(|c| c.pid.is_some_and(|pid| !proxied(pid)));
+    let statement = statements.iter().find(|s| !proxied(s.pid));
+    let what = match (change, statement) {
+        (Some(change), _) => format!(
+            "change #{} ({}) was made in Postgres session {}",
+            change.seq,
+            job_name(change.job),
+            change.pid.unwrap_or_default()
+        ),
+        (None, Some(statement)) => format!(
+            "an UPDATE of the records ({} rows) ran in Postgres session {}",
+            statement.rows, statement.pid
+        ),
+        (None, None) => return None,
+    };
+    Some(format!(
+        "{what}, which no client's fault proxy opened: a client reached the records around \
+         its proxy, where no pause or delay can hold its writes, so what the faults tested \
+         is unknown (connect with the `postgres_url` that `init` gives)"
+    ))
 }
 
 /// Each lock whose holder was killed holding it: how long the next client to take it had
@@ -1677,6 +1766,59 @@ mod tests {
             report.grade(),
             Grade::Undecided,
             "a clean log under no fault"
+        );
+    }
+
+    /// The hostile tester's refusals from elsewhere: an UPDATE that matched nothing sent on
+    /// another connection while the held write, let go, changed the records, counted as the
+    /// held write's refusal; and writes made around the proxies (straight to the server's
+    /// port) were graded as if a fault could have reached them.
+    #[test]
+    fn a_refusal_is_read_in_the_held_writes_session_and_writes_around_the_proxies_are_unknown() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        run.changes[0].pid = Some(5);
+        run.deliveries = vec![Delivery {
+            job: 1,
+            client: "c2".into(),
+            sent_us: 200_000,
+            answered_us: Some(1_100_000),
+            ok: Some(true),
+            ..Delivery::default()
+        }];
+        let held = Strike {
+            fault: "delay",
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 500_000,
+            notes: true,
+            tried: Some(Tried::Changes),
+            held_session: Some(7),
+            ..Strike::default()
+        };
+        run.strikes = vec![held];
+        let statement = |pid, at_us, rows| Statement { pid, at_us, rows };
+        // The held write (session 7) changed a row; 0 rows came from session 6.
+        run.statements = vec![statement(6, 900_000, 0), statement(7, 950_000, 1)];
+        assert_eq!(check(&run).faults_bit, 0, "{:?}", check(&run));
+        // The held write's own session matched nothing: refused.
+        run.statements = vec![statement(7, 900_000, 0)];
+        assert_eq!(
+            (check(&run).grade(), check(&run).faults_bit),
+            (Grade::Pass, 1)
+        );
+        // Job 2's change was made in session 8, which neither proxy opened.
+        run.changes[1].pid = Some(8);
+        let proxies = [("c1", 7), ("c2", 5)].map(|(c, pid)| (c.to_string(), BTreeSet::from([pid])));
+        run.proxy_sessions = Some(proxies.into_iter().collect());
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Undecided, "{report:?}");
+        assert!(
+            report.undecided.join("\n").contains(
+                "change #2 (job 2) was made in Postgres session 8, which no client's fault \
+                 proxy opened"
+            ),
+            "{report:?}"
         );
     }
 

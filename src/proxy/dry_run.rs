@@ -78,6 +78,9 @@ struct Talk {
     at_boundary: bool,
     framer: Framer,
     listening: Option<Listening>,
+    /// The server's process for this connection, from its `BackendKeyData`: the session
+    /// whose statements and changes the server's logs name (`pg_backend_pid()`).
+    backend_pid: Option<i32>,
 }
 
 /// How the try asks the server what the write did: SQL for the end of the server's log of
@@ -119,6 +122,11 @@ impl Conversation {
             messages.push((kind, body.to_vec(), end))
         });
         for (kind, body, end) in messages {
+            if kind == b'K'
+                && let Some(pid) = body.get(..4)
+            {
+                talk.backend_pid = Some(i32::from_be_bytes([pid[0], pid[1], pid[2], pid[3]]));
+            }
             let Some(listening) = talk.listening.as_mut() else {
                 if kind == b'Z' {
                     talk.answered += 1;
@@ -140,6 +148,13 @@ impl Conversation {
             self.answered.notify_waiters();
         }
         forward_from
+    }
+
+    /// The server's process for this connection, once the server named it; and whether
+    /// the connection went encrypted, when no name can be read any more.
+    pub(super) fn backend(&self) -> (Option<i32>, bool) {
+        let talk = self.lock();
+        (talk.backend_pid, talk.framer.opaque)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Talk> {

@@ -95,8 +95,9 @@ pub enum Seen {
     /// A delayed-next chunk, or a held write, went out, `late_ms` after it came in.
     DelayedSent { late_ms: u64 },
     /// A write aimed at by [`NetFault::DelayWrite`] or [`NetFault::HoldWrite`] came, and
-    /// is held; what trying it when it came showed ([`dry_run`]).
-    WriteHeld { tried: Tried },
+    /// is held; what trying it when it came showed ([`dry_run`]), and the server session
+    /// it goes to (its `pg_backend_pid()`), when the proxy read it.
+    WriteHeld { tried: Tried, session: Option<i32> },
     /// A write to the watched table came while writes are watched for a fault, and,
     /// tried, it changed nothing: it went straight on, neither gated nor held.
     WriteChangedNothing,
@@ -145,6 +146,19 @@ struct Shared {
     watched: OnceLock<pg::Table>,
     /// Each write caught is tried first, asking the server this way ([`Proxy::try_writes`]).
     trying: OnceLock<Probe>,
+    /// The server sessions its connections opened, as far as it could read them.
+    sessions: Mutex<Sessions>,
+}
+
+/// The Postgres sessions a proxy's connections opened, read from the server's
+/// `BackendKeyData` (on the connections it reads the protocol of, when it tries writes):
+/// so the challenge can tell a change made through the proxy from one made around it, on
+/// a connection of the client's own straight to the server, where no fault reaches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sessions {
+    pub pids: std::collections::BTreeSet<i32>,
+    /// Connections that went encrypted before the server named its session: unread.
+    pub encrypted: usize,
 }
 
 impl Shared {
@@ -273,6 +287,7 @@ impl Proxy {
             held: AtomicUsize::new(0),
             watched: OnceLock::new(),
             trying: OnceLock::new(),
+            sessions: Mutex::new(Sessions::default()),
         });
         let mut runtimes = Vec::new();
         for _ in 0..loops.max(1) {
@@ -404,6 +419,14 @@ impl Proxy {
     /// reads the rows the write updated from the server's own log.
     pub fn try_writes(&self, probe: Probe) {
         let _ = self.shared.trying.set(probe);
+    }
+
+    /// The server sessions its connections opened so far ([`Sessions`]): read on the
+    /// connections made after [`Proxy::try_writes`].
+    pub fn sessions(&self) -> Sessions {
+        (self.shared.sessions.lock())
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops every write to the watched table at a gate, from now on, until the one who
@@ -742,6 +765,8 @@ struct Pump {
     /// The connection's requests and answers, when the proxy watches a table's writes: the
     /// down pump reads the answers, the up pump tries a caught write ([`dry_run`]).
     conversation: Option<Arc<dry_run::Conversation>>,
+    /// The server's session for this connection is known (or cannot be: encrypted).
+    session_told: bool,
     /// The requests read from the client that the server answers with a `ReadyForQuery`:
     /// its startup, each `Query` and each `Sync`.
     asked: u64,
@@ -801,6 +826,7 @@ impl Pump {
             // The startup packet is answered with a ReadyForQuery too, once logged in.
             asked: 1,
             tried: None,
+            session_told: false,
             unjudged: Vec::new(),
             gated: None,
         }
@@ -905,6 +931,16 @@ impl Pump {
         {
             // The answers to a try are the proxy's own: they never reach the client.
             let from = conversation.heard(chunk);
+            if !self.session_told {
+                let (pid, encrypted) = conversation.backend();
+                if pid.is_some() || encrypted {
+                    self.session_told = true;
+                    let mut sessions =
+                        (self.shared.sessions.lock()).unwrap_or_else(|p| p.into_inner());
+                    sessions.pids.extend(pid);
+                    sessions.encrypted += usize::from(pid.is_none());
+                }
+            }
             if from >= chunk.len() {
                 return Next::Go;
             }
@@ -1051,7 +1087,8 @@ impl Pump {
                 let path = self.shared.path.clone();
                 let tried = self.tried.take();
                 let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
-                let seen = Seen::WriteHeld { tried };
+                let session = (self.conversation.as_ref()).and_then(|c| c.backend().0);
+                let seen = Seen::WriteHeld { tried, session };
                 state.reports.push(Report {
                     at: now,
                     path,

@@ -45,11 +45,35 @@ pub(super) struct Aim {
     /// Writes let by since it was armed, because tried they changed nothing (the timeline
     /// names the first).
     let_by: u32,
+    /// It follows a fault that held an earlier write of the same job ([`Follow`]): it is
+    /// dropped, not played, if the job is answered or no write comes.
+    follows: bool,
+}
+
+/// A fault that held a write, kept to follow its job: once the held write went out, the
+/// job's next write to the records meets the same fault, and so on until the job is
+/// answered. The write held may not be the one that counts: a write that tells the try
+/// from the real run (a setting the try makes, `now()` against `statement_timestamp()`, a
+/// sequence that the rollback does not undo) can change the records only when tried, be
+/// held, match nothing for real (a refusal the database saw), and leave the job's real
+/// write to come after a check of the lock. Followed, that write is held as well, and the
+/// data says whether the check was enough.
+#[derive(Clone)]
+struct Follow {
+    /// The schedule's action of the fault followed: each follow-up plays it again.
+    action: Action,
+    job: i64,
+    fault: Fault,
+    net: NetFault,
+    resume: Option<(Action, u64)>,
 }
 
 impl Aim {
     /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
+        if self.follows {
+            return "next write of the same job (the fault follows its job)".into();
+        }
         match self.nth {
             0 | 1 => "write".into(),
             2 => "2nd write since its note (as many as in an `ok` job)".into(),
@@ -89,6 +113,8 @@ enum Told {
 pub(super) struct Aimed {
     waiting: BTreeMap<String, Aim>,
     frozen: BTreeMap<String, bool>,
+    /// The last fault that held each client's write, to follow its job.
+    followed: BTreeMap<String, Follow>,
 }
 
 impl Aimed {
@@ -97,6 +123,11 @@ impl Aimed {
         self.waiting.contains_key(client) || self.frozen.contains_key(client)
     }
 }
+
+/// The most writes of one job a fault holds, following it ([`Follow`]): enough for a
+/// compare-and-set refused once or twice; a client whose writes go on being refused (or
+/// that sends write after write, each to take the fault) is not followed for ever.
+const MOST_HELD_PER_JOB: usize = 8;
 
 /// How long a pause waits for its client's write after it was armed: the job's work, then
 /// a lease. A client still not writing by then was not about to write under that lease.
@@ -144,6 +175,7 @@ impl Run<'_> {
             skip,
             nth: skip + 1,
             let_by: 0,
+            follows: false,
         }
     }
 
@@ -186,7 +218,9 @@ impl Run<'_> {
             };
             for report in proxy.reports() {
                 match report.seen {
-                    Seen::WriteHeld { tried } => self.write_caught(index, tried)?,
+                    Seen::WriteHeld { tried, session } => {
+                        self.write_caught(index, tried, session)?;
+                    }
                     Seen::WriteChangedNothing => self.write_let_by(index),
                     Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
@@ -275,20 +309,33 @@ impl Run<'_> {
         self.tape.record(event);
     }
 
-    fn write_caught(&mut self, index: usize, tried: Tried) -> Result<()> {
+    fn write_caught(&mut self, index: usize, tried: Tried, session: Option<i32>) -> Result<()> {
         let name = self.seats[index].client.name.clone();
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        let follows = aim.follows;
         let result = self.write_caught_aimed(index, aim);
         if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
             strike.tried = Some(tried);
+            strike.held_session = session;
+            strike.follows = follows;
         }
         result
     }
 
     fn write_caught_aimed(&mut self, index: usize, aim: Aim) -> Result<()> {
         let name = self.seats[index].client.name.clone();
+        if let Some(job) = aim.job {
+            let follow = Follow {
+                action: aim.action.clone(),
+                job,
+                fault: aim.fault,
+                net: aim.net,
+                resume: aim.resume.clone(),
+            };
+            self.aimed.followed.insert(name.clone(), follow);
+        }
         if aim.told == Some(Told::WhenAimed) {
             // It came straight to the fault, not by the gate, where writes are counted.
             self.seats[index].writes_since_note += 1;
@@ -318,6 +365,7 @@ impl Run<'_> {
     fn write_sent(&mut self, index: usize, late_ms: u64) {
         let name = self.seats[index].client.name.clone();
         if self.aimed.frozen.remove(&name).is_some() {
+            self.follow(index);
             return;
         }
         let Some(proxy) = &self.seats[index].proxy else {
@@ -342,6 +390,52 @@ impl Run<'_> {
         if let Some(faults) = self.faults.as_mut() {
             faults.let_go(proxy, note, (&mut self.tape, &mut self.nemesis));
         }
+        self.follow(index);
+    }
+
+    /// A held write went out while its client still holds the job: the same fault waits
+    /// for the job's next write ([`Follow`]). Told to the proxy at the gate, as the write
+    /// comes; dropped if the job is answered first.
+    fn follow(&mut self, index: usize) {
+        let name = self.seats[index].client.name.clone();
+        let Some(follow) = self.aimed.followed.get(&name).cloned() else {
+            return;
+        };
+        let holds = self.seats[index].job.map(|(job, _)| job);
+        if holds != Some(follow.job) || self.aimed.waiting.contains_key(&name) {
+            return;
+        }
+        let chain = (self.strikes.iter_mut())
+            .filter(|s| s.client == name && s.job == Some(follow.job) && s.fault != "kill");
+        let chain: Vec<&mut Strike> = chain.collect();
+        if chain.len() >= MOST_HELD_PER_JOB {
+            // Followed no further: the job's next write goes untested, so none of the
+            // faults on the job can say it was tested (the run is unknown, never a pass).
+            let why = format!(
+                "the fault followed job {} through {} of its writes, the most it follows, and \
+                 its writes after those went untested",
+                follow.job,
+                chain.len()
+            );
+            for strike in chain {
+                strike.bounded = Some(why.clone());
+            }
+            return;
+        }
+        let aim = Aim {
+            action: follow.action.clone(),
+            fault: follow.fault,
+            armed: Instant::now(),
+            job: Some(follow.job),
+            resume: follow.resume,
+            net: follow.net,
+            told: None,
+            skip: 0,
+            nth: 1,
+            let_by: 0,
+            follows: true,
+        };
+        self.aimed.waiting.insert(name, aim);
     }
 
     /// The aims whose write will not come: their client answered the job aimed at (or
@@ -353,7 +447,10 @@ impl Run<'_> {
             .filter_map(|(name, aim)| {
                 let index = seats.iter().position(|s| s.client.name == *name)?;
                 let holds = seats[index].job.map(|(job, _)| job) == aim.job;
-                let late = aim.fault == Fault::Pause && aim.armed.elapsed() > patience;
+                // A fault that follows its job waits for the job's next write however long it
+                // takes: a client that re-takes its lock first must not outwait it.
+                let late =
+                    aim.fault == Fault::Pause && !aim.follows && aim.armed.elapsed() > patience;
                 (!holds || late).then(|| (index, name.clone()))
             })
             .collect();
@@ -364,6 +461,11 @@ impl Run<'_> {
             let seat = &self.seats[index];
             if let Some(proxy) = &seat.proxy {
                 proxy.clear(Direction::Up);
+            }
+            if aim.follows {
+                // The job went on without another write: nothing left to follow.
+                self.aimed.followed.remove(&name);
+                continue;
             }
             if seat.client.is_running() {
                 self.give_up(index, aim)?;
@@ -447,7 +549,7 @@ impl Run<'_> {
             .aimed
             .waiting
             .get(target)
-            .filter(|a| a.fault == fault)?;
+            .filter(|a| a.fault == fault && !a.follows)?;
         Some(format!(
             "the {} of {target} was aimed at its write to the records, and none came through \
              its proxy before the run ended, {} later",

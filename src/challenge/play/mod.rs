@@ -87,6 +87,9 @@ pub struct Played {
     pub waits: Vec<Wait>,
     /// Clients seen waiting behind a faulted client's Redis or etcd key.
     pub key_waits: Vec<KeyWait>,
+    /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`); none
+    /// when the clients had no proxies, or one could not read a session's number.
+    pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
 }
 
 /// How far a client's notes for the job it holds have come: `acquired`, `writing` and
@@ -328,6 +331,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let proxy_sessions = proxy_sessions(&run.seats);
     // Every client killed and reaped, then whatever they started out of their groups.
     run.seats.clear();
     super::client::sweep(&format!("{}={}/", super::client::MARK, setup.run_id), true);
@@ -358,7 +362,22 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         deliveries: std::mem::take(&mut run.deliveries),
         waits: std::mem::take(&mut run.waits),
         key_waits: std::mem::take(&mut run.key_waits),
+        proxy_sessions,
     })
+}
+
+/// The sessions each client's proxy opened, by client; none if a client had no proxy or
+/// a connection of its went encrypted before its session could be read.
+fn proxy_sessions(seats: &[Seat]) -> Option<BTreeMap<String, BTreeSet<i32>>> {
+    let mut by_client = BTreeMap::new();
+    for seat in seats {
+        let sessions = seat.proxy.as_ref()?.sessions();
+        if sessions.encrypted > 0 {
+            return None;
+        }
+        by_client.insert(seat.client.name.clone(), sessions.pids);
+    }
+    (!by_client.is_empty()).then_some(by_client)
 }
 
 /// The database's clock against lockslab's: the reading of five whose round trip was the
