@@ -2,7 +2,7 @@
 // this into a copy of the page and reads the result back with --dump-dom). Each fact is
 // measured on the laid-out SVG (getBBox), not read from the markup:
 //   overflow   texts that stick out of the drawing or out of their part's box
-//   overlaps   pairs of labels in one part whose boxes cross (more than 1px each way)
+//   overlaps   pairs of labels in one part whose boxes cross (1px across, 3px down)
 //   crammed    parts whose marks crowd: the densest 3% of the time axis holds more than
 //              half of the part's marks (the decisive moments squeezed into a sliver)
 //   slivers    lock bars drawn narrower than 10px
@@ -52,7 +52,9 @@
       var u = boxes[a][0], v = boxes[c][0];
       var dx = Math.min(u.x + u.w, v.x + v.w) - Math.max(u.x, v.x);
       var dy = Math.min(u.y + u.h, v.y + v.h) - Math.max(u.y, v.y);
-      if (dx > 1 && dy > 1)
+      // A text box holds its line gap too: rows 12px apart touch by ~1-2px without their
+      // glyphs meeting, so a crossing counts from 3px down and 1px across.
+      if (dx > 1 && dy > 3)
         out.overlaps.push(name(boxes[a][1]) + ' × ' + name(boxes[c][1]));
     }
     // Where the part's marks are: the densest 3% of the axis.

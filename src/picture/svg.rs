@@ -21,6 +21,8 @@ const PART_HEAD: f64 = 20.0;
 const AXIS_ROW: f64 = 13.0;
 /// About how wide an 11px label is per character.
 const LABEL_CHAR: f64 = 6.3;
+/// The same for a bold 11px label (measured in Chromium with DejaVu Sans: about 7.3).
+const BOLD_LABEL_CHAR: f64 = 7.4;
 const MONO_CHAR: f64 = 6.6;
 
 const BAD: &str = "#D55E00";
@@ -121,6 +123,13 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
     );
     let mut y = 46.0;
     for line in &picture.settings {
+        // A long command line (a chaos schedule's JSON) is cut to the drawing's width; the
+        // page's title and the hover keep nothing from it, the terminal has it whole.
+        let room = ((WIDTH - 24.0) / 6.7) as usize;
+        let line = &match line.chars().count() > room {
+            true => line.chars().take(room - 1).collect::<String>() + "…",
+            false => line.clone(),
+        };
         let _ = writeln!(
             out,
             "<text x=\"12\" y=\"{y}\" font-size=\"12\" fill=\"#333\" class=\"settings\">{}</text>",
@@ -151,7 +160,10 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         let mut used = 0.0;
         for (i, (part, (text, tone))) in outcomes.iter().enumerate() {
             let verdict = text.split(" — ").next().unwrap_or(text);
-            let name = part_title(&part.label);
+            let name = match part.label.is_empty() {
+                true => "the run".to_string(),
+                false => part_title(&part.label),
+            };
             let wide = (name.chars().count() + verdict.chars().count() + 5) as f64 * 7.8;
             let first_on_line = i == 0 || used + wide > WIDTH - 24.0;
             if first_on_line {
@@ -899,7 +911,12 @@ fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
         let mark = &lane.marks[i];
         let Some(label) = &mark.label else { continue };
         let x = scale.x(mark.t);
-        let width = label.chars().count() as f64 * LABEL_CHAR;
+        // Bold labels (a stale write, a kill) are wider than the plain ones.
+        let per_char = match mark.tone {
+            Tone::Bad | Tone::Good => BOLD_LABEL_CHAR,
+            _ => LABEL_CHAR,
+        };
+        let width = label.chars().count() as f64 * per_char;
         let free = |from: f64, row: &[(f64, f64)]| {
             let to = from + width;
             from >= X0 - 6.0
