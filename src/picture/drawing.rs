@@ -28,6 +28,20 @@ pub struct Part {
     /// taken or refused, the tables' jobs each done once or not), or a queue's order and
     /// cost: drawn beside the part's heading.
     pub outcome: Option<(String, Tone)>,
+    /// Faults that cut hosts from hosts or stall a server: drawn as bands over the part.
+    pub bands: Vec<Band>,
+}
+
+/// A fault on the network or a server, over a stretch of a part: which hosts were cut from
+/// which (a partition), or which server stood still (a leader's stall), from when to when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Band {
+    pub from: u64,
+    pub to: u64,
+    /// Not healed when the part ended.
+    pub open: bool,
+    /// What it was, in words: `partition: a cut off from m4, m5`.
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +105,9 @@ pub struct Span {
     pub from: u64,
     pub to: u64,
     pub open: bool,
+    /// What the span was, in words, where a lane's spans differ (a proxy's cut, hold or
+    /// lost reply); empty for a freeze.
+    pub what: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

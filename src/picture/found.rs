@@ -91,20 +91,29 @@ impl<'a> Found<'a> {
             .collect()
     }
 
-    /// The part's outcome, as the Report's findings on the store say it: FAILED where one
-    /// is invalid; else refused where a late write was refused, held back where a guard
-    /// stopped it, ok where the tables counted every job once. None where the part's
+    /// The part's outcome, as the Report's findings on the store say it: "late write taken"
+    /// (or "broken") where one is invalid; else refused where a late write was refused, held
+    /// back where a guard stopped it, "each job once" where the tables counted every job
+    /// once. None where the part's
     /// findings judge no late write and no job (its outcome is then its bars and marks).
     pub fn outcome(&self) -> Option<(String, Tone)> {
         let store: Vec<&&Finding> = self.findings.iter().filter(|f| named(f, STORE)).collect();
         if let Some(broken) = store.iter().find(|f| f.outcome == Outcome::Invalid) {
-            return Some((format!("FAILED — {}", broken.words), Tone::Bad));
+            // The lesson's outcome in a word, not a test's: what broke.
+            let word = if named(broken, LATE_WRITE) {
+                "late write taken"
+            } else {
+                "broken"
+            };
+            return Some((format!("{word} — {}", broken.words), Tone::Bad));
         }
         store.iter().find_map(|f| {
             let word = match f.subject.and_then(|i| self.events.get(&i)) {
-                Some(e) if e.kind() == crate::events::Kind::Wrote => "refused",
+                Some(e) if e.kind() == crate::events::Kind::Wrote => "late write refused",
                 Some(_) => "held back",
-                None if named(f, &["exactly once"]) && f.outcome == Outcome::Valid => "ok",
+                None if named(f, &["exactly once"]) && f.outcome == Outcome::Valid => {
+                    "each job once"
+                }
                 None => return None,
             };
             Some((format!("{word} — {}", f.words), Tone::Good))
@@ -156,7 +165,10 @@ mod tests {
         ]);
         let found = Found::of(Some(&refused), &events);
         assert_eq!(found.late_writes(), BTreeMap::from([(1, Outcome::Valid)]));
-        assert_eq!(found.outcome().unwrap().0, "refused — refused it");
+        assert_eq!(
+            found.outcome().unwrap().0,
+            "late write refused — refused it"
+        );
         // The same finding without a subject names no late write, and no outcome.
         let none = Report::of([Finding::new("stale write", Outcome::Valid, "none", [0, 1])]);
         assert!(Found::of(Some(&none), &events).late_writes().is_empty());
@@ -167,7 +179,7 @@ mod tests {
         let found = Found::of(Some(&taken), &events);
         assert_eq!(
             found.outcome().unwrap(),
-            ("FAILED — took it".into(), Tone::Bad)
+            ("late write taken — took it".into(), Tone::Bad)
         );
         assert_eq!(found.broken(), BTreeSet::from([0, 1]));
     }

@@ -25,6 +25,7 @@ mod found;
 mod html;
 mod masters;
 mod model;
+mod scale;
 mod svg;
 mod waits;
 

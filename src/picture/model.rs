@@ -25,7 +25,7 @@
 //! run's checker, its [`crate::check::report::Report`] ([`super::found`]): a "two holders"
 //! band is drawn where an invalid exclusion finding points at one of those two holders
 //! (over the span where their bars overlap), a write is marked stale where a stale-write
-//! finding is about it, and a part says FAILED where a finding on its store is invalid.
+//! finding is about it, and a part says what broke where a finding on its store is invalid.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -33,10 +33,12 @@ use serde_json::Value;
 
 use super::Recording;
 use super::drawing::{
-    Bar, Lane, LaneKind, Mark, Overlap, Part, Picture, Shape, Span, Tone, Verdict, overlaps_where,
+    Band, Bar, Lane, LaneKind, Mark, Overlap, Part, Picture, Shape, Span, Tone, Verdict,
+    overlaps_where,
 };
 use super::found::Found;
 use crate::check::challenge::{Grade, Problem};
+use crate::events::facts::{Fault, FaultFacts};
 use crate::events::{Event, Kind, What};
 
 /// The kinds only a worker reports: a lane with one of them is a worker's lane.
@@ -115,8 +117,21 @@ impl Picture {
     pub fn of(recording: &Recording) -> Picture {
         let mut order: Vec<String> = Vec::new();
         let mut by_part: BTreeMap<String, Vec<(usize, &Event)>> = BTreeMap::new();
+        // Events that belong to no part (a run's opening lines) go with the part before
+        // them, or the first one: never a part of their own with nothing in it.
+        let first_named = recording
+            .events
+            .iter()
+            .map(part_of)
+            .find(|label| !label.is_empty());
+        let mut last_named = first_named.clone();
         for (index, event) in recording.events.iter().enumerate() {
-            let part = part_of(event);
+            let mut part = part_of(event);
+            if part.is_empty() {
+                part = last_named.clone().unwrap_or_default();
+            } else {
+                last_named = Some(part.clone());
+            }
             if !by_part.contains_key(&part) {
                 order.push(part.clone());
             }
@@ -212,6 +227,12 @@ fn settings(recording: &Recording) -> Vec<String> {
     if let Some(command) = &recording.command {
         settings.push(command.clone());
     }
+    if let Some(verdict) = &recording.verdict
+        && str_of(verdict, "lab") == Some("chaos")
+    {
+        settings.extend(chaos_settings(verdict));
+        return settings;
+    }
     if let Some(Value::Object(verdict)) = &recording.verdict {
         let facts: Vec<String> = verdict
             .iter()
@@ -219,10 +240,20 @@ fn settings(recording: &Recording) -> Vec<String> {
                 let about_the_line = crate::events::envelope::FIELDS.contains(&key.as_str());
                 !about_the_line && !matches!(key.as_str(), "disturbed" | "lab_paused_ms")
             })
-            .filter_map(|(key, value)| match value {
-                Value::String(text) => Some(format!("{key} {text}")),
-                Value::Number(_) | Value::Bool(_) => Some(format!("{key} {value}")),
-                _ => None,
+            .filter_map(|(key, value)| {
+                // `ttl_ms 10000` reads as `ttl 10000ms`.
+                let (key, unit) = match key.strip_suffix("_ms") {
+                    Some(key) => (key, "ms"),
+                    None => (key.as_str(), ""),
+                };
+                let key = key.replace('_', " ");
+                match value {
+                    Value::String(text) => Some(format!("{key} {text}")),
+                    Value::Number(_) => Some(format!("{key} {value}{unit}")),
+                    Value::Bool(true) => Some(key),
+                    Value::Bool(false) => Some(format!("no {key}")),
+                    _ => None,
+                }
             })
             .collect();
         if !facts.is_empty() {
@@ -230,6 +261,63 @@ fn settings(recording: &Recording) -> Vec<String> {
         }
     }
     settings
+}
+
+/// A chaos hunt's header in words: what was hunted, what broke, and how to play it again.
+fn chaos_settings(verdict: &Value) -> Vec<String> {
+    let number = |key: &str| verdict.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let design = str_of(verdict, "design").unwrap_or("?");
+    let mut first = format!(
+        "design {design}, seed {}: {} of {} schedules broke it",
+        number("seed"),
+        number("unsafe"),
+        number("schedules")
+    );
+    if let Some(after) = verdict
+        .get("first_violation_after_s")
+        .and_then(Value::as_f64)
+    {
+        first.push_str(&format!(", the first after {after:.1}s of hunting"));
+    }
+    let steps = verdict
+        .get("shrunk")
+        .and_then(Value::as_array)
+        .map(Vec::len);
+    let mut lines = vec![first];
+    if let Some(steps) = steps {
+        let clients = number("clients");
+        lines.push(format!(
+            "Drawn: the failing schedule, shrunk to {steps} fault{} with {clients} client{}.",
+            if steps == 1 { "" } else { "s" },
+            if clients == 1 { "" } else { "s" }
+        ));
+    }
+    if let Some(replay) = str_of(verdict, "replay") {
+        lines.push(format!("Replay it: {replay}"));
+    }
+    lines
+}
+
+/// A chaos hunt's verdict: its checker's findings on the drawn history, in its words.
+fn chaos_findings(recording: &Recording) -> Option<Verdict> {
+    let verdict = recording.verdict.as_ref()?;
+    if str_of(verdict, "lab") != Some("chaos") {
+        return None;
+    }
+    let report = recording.report.as_ref()?;
+    let lines: Vec<String> = report
+        .findings
+        .iter()
+        .map(|finding| {
+            let word = match finding.outcome {
+                crate::check::report::Outcome::Invalid => "broken",
+                crate::check::report::Outcome::Unknown => "unknown",
+                crate::check::report::Outcome::Valid => "held",
+            };
+            format!("{word}: {} — {}", finding.name, finding.words)
+        })
+        .collect();
+    Some(Verdict::Text(lines))
 }
 
 /// A hold on a lock while the part is being read.
@@ -320,7 +408,13 @@ impl Part {
         // A challenge's client locks the record of the job it was last sent (lab 11).
         let mut record_of: HashMap<&str, &str> = HashMap::new();
         let mut held: BTreeMap<String, Vec<Span>> = BTreeMap::new();
-        let mut held_now: BTreeMap<String, u64> = BTreeMap::new();
+        let mut held_now: BTreeMap<String, (u64, String)> = BTreeMap::new();
+        // Partitions and stalls open now, by target: since when, and in words.
+        let mut bands: Vec<Band> = Vec::new();
+        let mut bands_now: BTreeMap<String, (u64, String)> = BTreeMap::new();
+        // The client whose reply a proxy threw away last (lab 8's lost reply): the lock the
+        // server then shows is that client's, abandoned.
+        let mut lost_reply_of: Option<String> = None;
         let end_frozen = |frozen_now: &mut BTreeMap<String, u64>,
                           freezes: &mut BTreeMap<String, Vec<Span>>,
                           worker: &str,
@@ -330,6 +424,7 @@ impl Part {
                     from,
                     to: t,
                     open: false,
+                    what: String::new(),
                 });
             }
         };
@@ -348,21 +443,67 @@ impl Part {
                 && client == client_lane
             {
                 match &event.what {
-                    What::NetFault(_) => {
-                        held_now.entry(client.to_string()).or_insert(t);
+                    What::NetFault(fault) => {
+                        if fault.fault == Some(Fault::DropReply) {
+                            lost_reply_of = Some(client.to_string());
+                        }
+                        let what = proxy_fault_words(fault.fault).to_string();
+                        held_now.entry(client.to_string()).or_insert((t, what));
                     }
                     What::NetHealed(_) => {
-                        if let Some(from) = held_now.remove(client) {
+                        if let Some((from, what)) = held_now.remove(client) {
                             let span = Span {
                                 from,
                                 to: t,
                                 open: false,
+                                what,
                             };
                             held.entry(client.to_string()).or_default().push(span);
                         }
                     }
                     _ => {}
                 }
+            }
+            if let Some(fault) = any_fault(event)
+                && let Some(target) = fault.target.as_deref()
+            {
+                match (fault.fault, fault.phase) {
+                    (Some(Fault::Partition | Fault::LeaderStall), _) => {
+                        bands_now.insert(target.to_string(), (t, band_words(fault)));
+                    }
+                    (Some(Fault::Heal | Fault::Resume), _) => {
+                        if let Some((from, text)) = bands_now.remove(target) {
+                            bands.push(Band {
+                                from,
+                                to: t,
+                                open: false,
+                                text,
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let What::HolderNow(now) = &event.what
+                && let (Some(client), Some(_), Some(key)) =
+                    (lost_reply_of.take(), &now.holder, &now.key)
+            {
+                // The server holds a lock its client never heard it got: drawn on a row of
+                // its own, until the backend ends it (an expiry, the next grant).
+                let backend = now
+                    .backend
+                    .clone()
+                    .or_else(|| backend_of_lane(lane).map(String::from))
+                    .unwrap_or_else(|| lane.to_string());
+                holds.push(Hold {
+                    holder: format!("{client}, reply lost"),
+                    lock: (backend, None, Some(key.clone())),
+                    from: t,
+                    token: None,
+                    held_to: None,
+                    believed_to: Some(t),
+                    ended_by: String::new(),
+                });
             }
             match (kind, is_worker) {
                 (Kind::Freezing, true) => {
@@ -381,6 +522,22 @@ impl Part {
                     });
                     if let Some(who) = who {
                         end_frozen(&mut frozen_now, &mut freezes, &who, t);
+                    }
+                }
+                (Kind::Killed, false)
+                    if target.is_none()
+                        && let Some(port) = event.fault().and_then(|f| f.port) =>
+                {
+                    // A Redis server killed (lab 5's primary): the locks it held are gone with
+                    // it, whatever a replica promoted later holds; their holders only
+                    // believe from here on.
+                    let on_redis: Vec<usize> = holds
+                        .unended_by_backend
+                        .get("redis")
+                        .map(|held| held.iter().map(|&(_, i)| i).collect())
+                        .unwrap_or_default();
+                    for i in on_redis {
+                        holds.end(i, t, format!("its server (:{port}) was killed"));
                     }
                 }
                 (Kind::Killed, false) => {
@@ -503,13 +660,23 @@ impl Part {
                 from,
                 to: end,
                 open: true,
+                what: String::new(),
             });
         }
-        for (worker, from) in held_now {
+        for (worker, (from, what)) in held_now {
             held.entry(worker).or_default().push(Span {
                 from,
                 to: end,
                 open: true,
+                what,
+            });
+        }
+        for (_, (from, text)) in bands_now {
+            bands.push(Band {
+                from,
+                to: end,
+                open: true,
+                text,
             });
         }
 
@@ -652,7 +819,43 @@ impl Part {
             end,
             lanes,
             outcome: found.outcome().or_else(|| queue_outcome_of(events)),
+            bands,
         }
+    }
+}
+
+/// The fault facts of a process fault or a network one.
+fn any_fault(event: &Event) -> Option<&FaultFacts> {
+    match &event.what {
+        What::NetFault(f) | What::NetHealed(f) => Some(f),
+        _ => event.fault(),
+    }
+}
+
+/// What a proxy did to a client's path, as the span on its lane says it.
+fn proxy_fault_words(fault: Option<Fault>) -> &'static str {
+    match fault {
+        Some(Fault::Cut) => "cut off",
+        Some(Fault::DropReply) => "reply lost",
+        Some(Fault::Delay) => "bytes delayed",
+        _ => "write held in flight",
+    }
+}
+
+/// A partition or a stall in words, from its target: `m2` alone (cut off from the rest),
+/// `a|m4,m5` (one side cut from the other), `a,m1|b,m4` (a split in two).
+fn band_words(fault: &FaultFacts) -> String {
+    let target = fault.target.as_deref().unwrap_or("?");
+    let list = |side: &str| side.split(',').collect::<Vec<_>>().join(", ");
+    if fault.fault == Some(Fault::LeaderStall) {
+        return format!("leader {} stalled (SIGSTOP)", list(target));
+    }
+    match target.split_once('|') {
+        Some((one, other)) if one.contains(',') && other.contains(',') => {
+            format!("partition: {} | {} (split in two)", list(one), list(other))
+        }
+        Some((one, other)) => format!("partition: {} cut off from {}", list(one), list(other)),
+        None => format!("partition: {} cut off from the rest", list(target)),
     }
 }
 
@@ -669,18 +872,21 @@ fn turns_lane(queue: &crate::events::facts::Handovers, at: u64, colors: usize) -
         "etcd"
     };
     let mut lane = Lane::new(backend, LaneKind::Lock);
-    lane.rows.push("holders".to_string());
+    lane.rows.push("served in turn".to_string());
     let mut turns: Vec<&crate::check::queue::Turn> = queue.turns.iter().collect();
     turns.sort_by_key(|turn| turn.enter_ns);
     for (i, turn) in turns.iter().enumerate() {
-        let token = turn
-            .token
-            .map(|token| format!(" · token {token}"))
-            .unwrap_or_default();
+        // Served i-th, it had asked at place `asked`: the label says both, so that the lane
+        // reads as asking order against serving order.
+        let label = if turn.asked as usize == i + 1 {
+            format!("#{}", turn.asked)
+        } else {
+            format!("#{} (served {})", turn.asked, i + 1)
+        };
         lane.bars.push(Bar {
             row: 0,
             holder: turn.waiter.clone(),
-            label: format!("{}{token}", turn.waiter),
+            label,
             from: t(turn.enter_ns),
             held_to: t(turn.leave_ns),
             believed_to: t(turn.leave_ns),
@@ -716,11 +922,17 @@ fn queue_outcome(turns: &[crate::check::queue::Turn]) -> (String, Tone) {
         format!("served out of order ({} overtakes)", facts.overtakes)
     };
     let per = |figure: Option<f64>| figure.map_or("?".to_string(), |f| format!("{f:.1}"));
+    // Who asked at which place, in the order they were served: 1 2 3 … when fair.
+    let mut served: Vec<&crate::check::queue::Turn> = turns.iter().collect();
+    served.sort_by_key(|turn| turn.enter_ns);
+    let places: Vec<String> = served.iter().map(|t| t.asked.to_string()).collect();
     let text = format!(
-        "{order} — {} waiters; per hand-over: {} requests, {} wake-ups",
+        "{order} — {} waiters; per hand-over: {} requests, {} wake-ups; the places they had \
+         asked at, in the order they were served: {}",
         facts.waiters,
         per(facts.client_requests_per_handover),
         per(facts.wakeups_per_handover),
+        places.join(" "),
     );
     let herd = facts.wakeups_per_handover.is_some_and(|w| w > 1.5);
     let tone = match (facts.fair, herd) {
@@ -933,6 +1145,22 @@ fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String
         },
         _ => (Shape::Tick, Tone::Plain, None),
     };
+    if let Some(words) = fault_label(event) {
+        label = Some(words);
+    }
+    if let What::HolderNow(now) = &event.what {
+        // Lab 5: the server side's answer to the fault — a replica promoted, a leader elected.
+        let after = match (now.failover_ms, now.election_ms) {
+            (Some(ms), _) => Some(format!(
+                "replica promoted to primary ({ms}ms after the kill)"
+            )),
+            (None, Some(ms)) => Some(format!("new leader elected ({ms}ms after the kill)")),
+            _ => None,
+        };
+        if let Some(words) = after {
+            (shape, tone, label) = (Shape::Grant, Tone::Warn, Some(words));
+        }
+    }
     if let What::GuardDecided(decided) = &event.what {
         // Lab 9: the guard's check, what it believed was left, and its decision.
         let left = decided
@@ -985,6 +1213,61 @@ fn mark(index: usize, event: &Event, proof: Proof, writes_many: &BTreeSet<String
     }
 }
 
+/// A fault's mark in words, by its kind: `kill m4`, `cut A→redis`, `leader m1 stalled`.
+fn fault_label(event: &Event) -> Option<String> {
+    let fault = any_fault(event)?;
+    let target = fault.target.as_deref();
+    let words = match (&event.what, fault.fault, target) {
+        (What::Killed(_), Some(Fault::Restart), Some(target)) => {
+            format!("crash {target} (restarted)")
+        }
+        (What::Killed(_), _, Some(target)) => format!("kill {target}"),
+        (What::Killed(_), _, None) => {
+            // A server the lab names only in its sentence (lab 5's primary, etcd's leader):
+            // its first clause, which says which.
+            let said = event.text.split(';').next().unwrap_or("").trim();
+            match said.strip_prefix("SIGKILLs ") {
+                Some(whom) if whom.chars().count() <= 40 => format!("kill: {whom}"),
+                _ => "killed".to_string(),
+            }
+        }
+        (What::Resumed(_), Some(Fault::Restart), Some(target)) => match fault.restart_ms {
+            Some(ms) => format!("{target} back, empty ({ms}ms)"),
+            None => format!("{target} back"),
+        },
+        (What::Frozen(_), Some(Fault::LeaderStall), Some(target)) => {
+            format!("stall leader {target}")
+        }
+        (What::Frozen(_), Some(Fault::Pause), Some(target))
+            if super::masters::master_of(event).is_some() =>
+        {
+            format!("pause {target}")
+        }
+        (What::NetFault(_), Some(Fault::Partition), _) => "partition".to_string(),
+        (What::NetFault(_), Some(kind), Some(path)) => {
+            let verb = match kind {
+                Fault::Cut => "cut",
+                Fault::DropReply => "drop the reply on",
+                Fault::Delay => "delay",
+                _ => "hold",
+            };
+            format!("{verb} {path}")
+        }
+        (What::NetHealed(_), Some(Fault::Heal), _) => "heal".to_string(),
+        (What::ClockStepped(_), _, _) => match (fault.clock_step_ms, fault.clock_rate_percent) {
+            (Some(ms), _) => format!(
+                "wall clock {}{:.1}s",
+                if ms < 0 { "−" } else { "+" },
+                ms.abs() as f64 / 1000.0
+            ),
+            (None, Some(rate)) => format!("wall clock at {rate}% speed"),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(words)
+}
+
 /// The hover text: time, lane, kind, sentence, then every fact, as `--json` writes them.
 fn tip(event: &Event) -> String {
     let t = t_of(event);
@@ -1021,7 +1304,7 @@ impl Verdict {
         if !recording.verdict_text.is_empty() {
             return Verdict::Text(recording.verdict_text.clone());
         }
-        if let Some(findings) = findings(recording) {
+        if let Some(findings) = findings(recording).or_else(|| chaos_findings(recording)) {
             return findings;
         }
         match &recording.verdict {

@@ -9,6 +9,7 @@ use std::fmt::Write;
 
 use super::drawing::{Bar, Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
 use super::escape;
+use super::scale::{GAP_PX, Scale, short_duration, tick_label};
 
 pub const WIDTH: f64 = 1280.0;
 const X0: f64 = 150.0;
@@ -16,8 +17,12 @@ const X1: f64 = 1230.0;
 const LANE: f64 = 17.0;
 const ROW: f64 = 13.0;
 const PART_HEAD: f64 = 20.0;
+/// The row under a part's heading that holds its own time axis.
+const AXIS_ROW: f64 = 13.0;
 /// About how wide an 11px label is per character.
 const LABEL_CHAR: f64 = 6.3;
+/// The same for a bold 11px label (measured in Chromium with DejaVu Sans: about 7.3).
+const BOLD_LABEL_CHAR: f64 = 7.4;
 const MONO_CHAR: f64 = 6.6;
 
 const BAD: &str = "#D55E00";
@@ -34,16 +39,6 @@ const HOLDERS: [(&str, &str); 5] = [
     ("#F0E442", "#000000"),
     ("#882255", "#ffffff"),
 ];
-
-struct Scale {
-    per_ms: f64,
-}
-
-impl Scale {
-    fn x(&self, part: &Part, t: u64) -> f64 {
-        X0 + (t.saturating_sub(part.start)) as f64 * self.per_ms
-    }
-}
 
 fn seconds(ms: u64) -> String {
     format!("{:.3}s", ms as f64 / 1000.0)
@@ -119,9 +114,6 @@ fn lane_height(lane: &Lane) -> f64 {
 
 /// The drawing's body and its height.
 fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
-    let scale = Scale {
-        per_ms: (X1 - X0) / picture.span_ms as f64,
-    };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -131,6 +123,13 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
     );
     let mut y = 46.0;
     for line in &picture.settings {
+        // A long command line (a chaos schedule's JSON) is cut to the drawing's width; the
+        // page's title and the hover keep nothing from it, the terminal has it whole.
+        let room = ((WIDTH - 24.0) / 6.7) as usize;
+        let line = &match line.chars().count() > room {
+            true => line.chars().take(room - 1).collect::<String>() + "…",
+            false => line.clone(),
+        };
         let _ = writeln!(
             out,
             "<text x=\"12\" y=\"{y}\" font-size=\"12\" fill=\"#333\" class=\"settings\">{}</text>",
@@ -152,23 +151,20 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         .iter()
         .filter_map(|part| part.outcome.as_ref().map(|o| (part, o)))
         .collect();
-    if !outcomes.is_empty() {
+    if let Some(grid) = Grid::of(picture) {
+        // Lab 9's full run: one cell per guard and fault, instead of a line per part.
+        y = draw_grid(&mut out, &grid, picture, y);
+    } else if !outcomes.is_empty() {
         // What each part came to, first, where a projector shows it without scrolling; as
-        // many lines as the parts need (lab 9 has two dozen).
-        let names: Vec<String> = outcomes
-            .iter()
-            .map(|(part, _)| short_part_name(&part.label))
-            .collect();
+        // many lines as the parts need.
         let mut used = 0.0;
         for (i, (part, (text, tone))) in outcomes.iter().enumerate() {
             let verdict = text.split(" — ").next().unwrap_or(text);
-            // Parts one word cannot tell apart (lab 10's three `herd` queues) get every value.
-            let name = if names.iter().filter(|n| **n == names[i]).count() > 1 {
-                part_values(&part.label)
-            } else {
-                names[i].clone()
+            let name = match part.label.is_empty() {
+                true => "the run".to_string(),
+                false => part_title(&part.label),
             };
-            let wide = (name.chars().count() + verdict.chars().count() + 4) as f64 * 7.8;
+            let wide = (name.chars().count() + verdict.chars().count() + 5) as f64 * 7.8;
             let first_on_line = i == 0 || used + wide > WIDTH - 24.0;
             if first_on_line {
                 if i > 0 {
@@ -184,7 +180,7 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
             used += wide;
             let _ = write!(
                 out,
-                "{}<tspan font-weight=\"bold\">{}</tspan> <tspan fill=\"{}\" font-weight=\"bold\">{}</tspan>",
+                "{}<tspan font-weight=\"bold\">{}:</tspan> <tspan fill=\"{}\" font-weight=\"bold\">{}</tspan>",
                 if first_on_line { "" } else { " · " },
                 escape(&name),
                 tone_color(*tone),
@@ -195,17 +191,14 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
         y += 18.0;
     }
     y += 4.0;
-    out.push_str(&legend(y, picture));
-    y += 26.0;
-    let step = tick_step(picture.span_ms, scale.per_ms);
-    out.push_str(&axis(y, picture.span_ms, step, &scale));
-    y += 8.0;
-    for part in &picture.parts {
-        y = draw_part(&mut out, part, y, &scale, step, picture.span_ms);
+    let (legend, lines) = legend(y, picture);
+    out.push_str(&legend);
+    y += 8.0 + 18.0 * lines as f64;
+    for (i, part) in picture.parts.iter().enumerate() {
+        y = draw_part(&mut out, part, i, y);
         y += 8.0;
     }
-    out.push_str(&axis(y + 10.0, picture.span_ms, step, &scale));
-    y += 24.0;
+    y += 14.0;
     if with_verdict {
         y = draw_verdict(&mut out, &picture.verdict, y + 10.0);
     }
@@ -213,7 +206,8 @@ fn drawing(picture: &Picture, with_verdict: bool) -> (String, f64) {
 }
 
 /// The legend: only what this picture draws (a challenge has no "two holders" band).
-fn legend(y: f64, picture: &Picture) -> String {
+/// The legend, and how many lines it takes (it wraps at the drawing's width).
+fn legend(y: f64, picture: &Picture) -> (String, usize) {
     let lanes = || picture.parts.iter().flat_map(|part| &part.lanes);
     let bars = || lanes().flat_map(|lane| &lane.bars);
     let marks = || lanes().flat_map(|lane| &lane.marks);
@@ -222,17 +216,22 @@ fn legend(y: f64, picture: &Picture) -> String {
         marks().any(|m| m.shape == Shape::Write && m.tone == tone && m.label.is_some())
     };
     let mut out = format!("<g class=\"legend\" transform=\"translate(12,{y})\" font-size=\"11\">");
-    let mut x = 0.0;
+    let (mut x, mut line) = (0.0, 0);
     let mut item = |shown: bool, swatch: String, text: &str| {
         if !shown {
             return;
         }
+        let wide = 30.0 + text.chars().count() as f64 * 6.0;
+        if x + wide > WIDTH - 24.0 {
+            (x, line) = (0.0, line + 1);
+        }
         let _ = write!(
             out,
-            "<g transform=\"translate({x},0)\">{swatch}<text x=\"22\" y=\"10\" fill=\"{INK}\">{}</text></g>",
+            "<g transform=\"translate({x},{})\">{swatch}<text x=\"22\" y=\"10\" fill=\"{INK}\">{}</text></g>",
+            line * 18,
             escape(text)
         );
-        x += 30.0 + text.chars().count() as f64 * 6.0;
+        x += wide;
     };
     let mark = |shape: Shape, tone: Tone, big: bool| {
         format!(
@@ -273,7 +272,14 @@ fn legend(y: f64, picture: &Picture) -> String {
     item(
         lanes().any(|lane| !lane.held.is_empty()),
         format!("<rect y=\"1\" width=\"18\" height=\"10\" fill=\"url(#held)\" stroke=\"{WARN}\"/>"),
-        "bytes held by the proxy",
+        "proxy fault on a path (held, cut, reply lost)",
+    );
+    item(
+        picture.parts.iter().any(|part| !part.bands.is_empty()),
+        format!(
+            "<rect y=\"1\" width=\"18\" height=\"10\" fill=\"{BAD}\" fill-opacity=\"0.18\" stroke=\"{BAD}\" stroke-dasharray=\"5 3\"/>"
+        ),
+        "hosts cut apart, or a leader stalled",
     );
     item(
         has(Shape::Grant),
@@ -316,57 +322,72 @@ fn legend(y: f64, picture: &Picture) -> String {
         refused,
     );
     out.push_str("</g>\n");
-    out
+    (out, line + 1)
 }
 
-/// Seconds between ticks: the first round step that leaves 70px between labels.
-fn tick_step(span_ms: u64, per_ms: f64) -> u64 {
-    let steps = [
-        100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000, 300_000, 900_000,
-        3_600_000,
-    ];
-    steps
-        .iter()
-        .copied()
-        .find(|step| *step as f64 * per_ms >= 70.0)
-        .unwrap_or_else(|| span_ms.max(1))
+/// Every moment a part draws something at: its marks, its bars' and spans' ends.
+fn moments(part: &Part) -> Vec<u64> {
+    let mut at = Vec::new();
+    for lane in &part.lanes {
+        at.extend(lane.marks.iter().map(|m| m.t));
+        for bar in &lane.bars {
+            at.extend([bar.from, bar.held_to, bar.believed_to]);
+        }
+        for span in lane.freezes.iter().chain(&lane.held) {
+            at.extend([span.from, span.to]);
+        }
+        for wait in &lane.waits {
+            at.extend([wait.from, wait.to]);
+        }
+    }
+    for band in &part.bands {
+        at.extend([band.from, band.to]);
+    }
+    at
 }
 
-fn axis(y: f64, span_ms: u64, step: u64, scale: &Scale) -> String {
-    let mut out = format!(
-        "<g class=\"axis\"><text x=\"{}\" y=\"{y}\" text-anchor=\"end\">time in each part</text>",
-        X0 - 24.0
-    );
-    let mut t = 0;
-    while t <= span_ms + step / 2 {
-        let x = X0 + t as f64 * scale.per_ms;
-        let label = if step.is_multiple_of(1000) {
-            format!("+{}s", t / 1000)
-        } else {
-            format!("+{:.1}s", t as f64 / 1000.0)
-        };
+/// The part's own axis, in the row under its heading: ticks in time since the part began,
+/// and each squeezed stretch marked as a break with its length.
+fn part_axis(out: &mut String, scale: &Scale, part: &Part, y: f64, bottom: f64) {
+    out.push_str("<g class=\"axis\">");
+    // A tick's label must not run into a squeezed stretch's "≈12s".
+    let breaks: Vec<f64> = scale.gaps().map(|gap| (gap.x0 + gap.x1) / 2.0).collect();
+    let ticks = scale.ticks(part.start, 62.0);
+    let ticks = ticks
+        .into_iter()
+        .filter(|(x, _)| breaks.iter().all(|mid| (x - mid).abs() >= 48.0));
+    for (x, ms) in ticks {
         let _ = write!(
             out,
-            "<text x=\"{x:.1}\" y=\"{y}\" text-anchor=\"middle\">{label}</text>"
+            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" stroke=\"#e3e3e3\"/>\
+             <text class=\"tick\" x=\"{x:.1}\" y=\"{y:.1}\" text-anchor=\"middle\">{}</text>",
+            y + 3.0,
+            tick_label(ms)
         );
-        t += step;
+    }
+    for gap in scale.gaps() {
+        let mid = (gap.x0 + gap.x1) / 2.0;
+        let long = gap.to_ms - gap.from_ms;
+        // A broken axis: the stretch is drawn GAP_PX wide whatever its length.
+        let _ = write!(
+            out,
+            "<g class=\"gap\" data-ms=\"{long}\"><title>{} with nothing new (+{} to +{}), drawn {GAP_PX}px wide</title>\
+             <text class=\"gap-label\" x=\"{mid:.1}\" y=\"{y:.1}\" text-anchor=\"middle\" font-size=\"9\" fill=\"#444\">≈{}</text></g>",
+            seconds(long),
+            seconds(gap.from_ms - part.start),
+            seconds(gap.to_ms - part.start),
+            short_duration(long),
+        );
     }
     out.push_str("</g>\n");
-    out
 }
 
-fn draw_part(
-    out: &mut String,
-    part: &Part,
-    top: f64,
-    scale: &Scale,
-    step: u64,
-    span_ms: u64,
-) -> f64 {
+fn draw_part(out: &mut String, part: &Part, index: usize, top: f64) -> f64 {
+    let scale = &Scale::of(&moments(part), part.start, part.end, X0, X1);
     let layouts: Vec<Labels> = part
         .lanes
         .iter()
-        .map(|lane| lay_out_labels(part, lane, scale))
+        .map(|lane| lay_out_labels(lane, scale))
         .collect();
     let lanes_height: f64 = part
         .lanes
@@ -377,7 +398,7 @@ fn draw_part(
     let heading = if part.label.is_empty() {
         "the run".to_string()
     } else {
-        part.label.replace('=', ": ")
+        part_title(&part.label)
     };
     // The outcome after the heading and its times, wrapped to the drawing's width.
     let outcome_x = 12.0 + heading.chars().count() as f64 * 8.4 + 24.0 + 40.0 * LABEL_CHAR;
@@ -387,11 +408,12 @@ fn draw_part(
         .as_ref()
         .map(|(text, _)| wrap_words(text, room))
         .unwrap_or_default();
-    let head = PART_HEAD + outcome_lines.len().saturating_sub(1) as f64 * 15.0;
-    let bottom = top + head + lanes_height;
+    let head = PART_HEAD + outcome_lines.len().saturating_sub(1) as f64 * 15.0 + AXIS_ROW;
+    let bands_height = bands_height(part);
+    let bottom = top + head + bands_height + lanes_height;
     let _ = writeln!(
         out,
-        "<g class=\"part\" data-part=\"{}\">\n<rect x=\"6\" y=\"{top}\" width=\"{}\" height=\"{:.1}\" fill=\"none\" stroke=\"#bbbbbb\" rx=\"4\"/>",
+        "<g class=\"part\" id=\"part-{index}\" data-part=\"{}\">\n<rect x=\"6\" y=\"{top}\" width=\"{}\" height=\"{:.1}\" fill=\"none\" stroke=\"#bbbbbb\" rx=\"4\"/>",
         escape(&part.label),
         WIDTH - 12.0,
         bottom - top + 4.0
@@ -425,19 +447,8 @@ fn draw_part(
         }
         out.push_str("</text>\n");
     }
-    // Grid.
-    let mut t = 0;
-    while t <= span_ms {
-        let x = X0 + t as f64 * scale.per_ms;
-        let _ = write!(
-            out,
-            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" stroke=\"#e3e3e3\"/>",
-            top + head
-        );
-        t += step;
-    }
-    out.push('\n');
-    let mut y = top + head;
+    part_axis(out, scale, part, top + head - 3.0, bottom);
+    let mut y = top + head + bands_height;
     for (i, (lane, labels)) in part.lanes.iter().zip(&layouts).enumerate() {
         let height = lane_height(lane) + labels.extra_height();
         let at = LaneAt {
@@ -448,8 +459,103 @@ fn draw_part(
         draw_lane(out, part, lane, at, scale, labels);
         y += height;
     }
+    draw_bands(out, part, scale, top + head, bottom);
+    draw_breaks(out, scale, top + head, bottom);
     out.push_str("</g>\n");
     bottom
+}
+
+/// The height of one row of fault bands (partitions, stalls).
+const BAND_ROW: f64 = 16.0;
+
+/// The rows a part's bands take: one per band that overlaps an earlier one in time.
+fn band_rows(part: &Part) -> Vec<usize> {
+    let mut ends: Vec<u64> = Vec::new();
+    part.bands
+        .iter()
+        .map(|band| match ends.iter().position(|&end| end <= band.from) {
+            Some(row) => {
+                ends[row] = band.to;
+                row
+            }
+            None => {
+                ends.push(band.to);
+                ends.len() - 1
+            }
+        })
+        .collect()
+}
+
+fn bands_height(part: &Part) -> f64 {
+    let rows = band_rows(part).into_iter().max().map_or(0, |r| r + 1);
+    rows as f64 * BAND_ROW
+}
+
+/// The partitions and stalls: a band in the rows above the lanes, saying which hosts were
+/// cut from which (or which leader stood still), and its stretch shaded down the part.
+fn draw_bands(out: &mut String, part: &Part, scale: &Scale, top: f64, bottom: f64) {
+    for (band, row) in part.bands.iter().zip(band_rows(part)) {
+        let x = scale.x(band.from);
+        let w = (scale.x(band.to) - x).max(MIN_BAR);
+        let y = top + row as f64 * BAND_ROW;
+        let text = format!(
+            "{}, {}{}",
+            band.text,
+            seconds(band.to - band.from),
+            if band.open { " (not healed)" } else { "" }
+        );
+        let width = text.chars().count() as f64 * LABEL_CHAR;
+        // Inside the band where it fits, else beside it (to its left near the right edge).
+        let label_x = if width + 8.0 <= w {
+            x + 4.0
+        } else if x + w + 4.0 + width <= WIDTH - 12.0 {
+            x + w + 4.0
+        } else {
+            (x - 4.0 - width).max(12.0)
+        };
+        let _ = writeln!(
+            out,
+            "<g class=\"band\" data-from=\"{}\" data-to=\"{}\"><title>{} from +{} to +{}</title>\
+             <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.06\" stroke=\"{BAD}\" stroke-dasharray=\"5 3\"/>\
+             <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.18\"/>\
+             <text class=\"lbl band-label\" x=\"{label_x:.1}\" y=\"{:.1}\" fill=\"#8a2b00\" font-weight=\"bold\">{}</text></g>",
+            band.from,
+            band.to,
+            escape(&band.text),
+            seconds(band.from - part.start),
+            seconds(band.to - part.start),
+            y + 1.0,
+            bottom - y - 1.0,
+            y + 1.0,
+            BAND_ROW - 3.0,
+            y + 11.5,
+            escape(&text),
+        );
+    }
+}
+
+/// Over each squeezed stretch, drawn last: a veil, and the axis's break marks at its top
+/// and bottom.
+fn draw_breaks(out: &mut String, scale: &Scale, top: f64, bottom: f64) {
+    for gap in scale.gaps() {
+        let mid = (gap.x0 + gap.x1) / 2.0;
+        let _ = writeln!(
+            out,
+            "<g class=\"break\"><rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffffff\" fill-opacity=\"0.6\"/>\
+             <path d=\"M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9\" stroke=\"#555\" stroke-width=\"1.4\"/></g>",
+            gap.x0 + 3.0,
+            gap.x1 - gap.x0 - 6.0,
+            bottom - top,
+            mid - 6.0,
+            top + 9.0,
+            mid,
+            top + 9.0,
+            mid - 6.0,
+            bottom,
+            mid,
+            bottom,
+        );
+    }
 }
 
 /// Text cut into lines of at most `room` characters, at spaces (a longer word stands alone).
@@ -514,9 +620,9 @@ fn draw_lane(
     );
     let mut overlap_labels: Vec<(f64, f64)> = Vec::new();
     for overlap in &lane.overlaps {
-        let x = scale.x(part, overlap.from);
-        let w = (scale.x(part, overlap.to) - x).max(2.0);
-        let mut text = overlap_label(overlap);
+        let x = scale.x(overlap.from);
+        let w = (scale.x(overlap.to) - x).max(2.0);
+        let mut text = overlap_label(lane, overlap);
         // In its own lane, under the bars, beside the band (where [`lay_out_labels`] kept
         // room for it); one that would cover another's keeps its hover text only.
         let (label_x, label_end) = overlap_label_span(x + w, &text);
@@ -534,7 +640,7 @@ fn draw_lane(
              <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{BAD}\" fill-opacity=\"0.22\" \
              stroke=\"{BAD}\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
              <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{BAD}\" font-weight=\"bold\">{}</text></g>",
-            escape(&overlap_label(overlap)),
+            escape(&overlap_label(lane, overlap)),
             seconds(overlap.to - overlap.from),
             seconds(overlap.from - part.start),
             seconds(overlap.to - part.start),
@@ -545,22 +651,15 @@ fn draw_lane(
             escape(&text),
         );
     }
-    // Labels drawn outside their bars, by row: one must not cover another.
-    let mut outside: Vec<(usize, f64, f64)> = Vec::new();
-    let clear_of = |outside: &[(usize, f64, f64)], row: usize, from: f64, to: f64| {
-        outside
-            .iter()
-            .all(|(r, a, b)| *r != row || to <= *a || from >= *b)
-    };
-    for bar in &lane.bars {
+    for (i, bar) in lane.bars.iter().enumerate() {
+        let place = labels.bars.get(i).and_then(Option::as_ref);
         let (color, ink) = HOLDERS[bar.color % HOLDERS.len()];
         let pattern = bar.color % HOLDERS.len();
         let by = y + 4.0 + ROW * bar.row as f64;
-        let x = scale.x(part, bar.from);
-        let w = (scale.x(part, bar.held_to) - x).max(2.0);
+        let (x, w) = bar_extent(scale, bar);
         let _ = writeln!(
             out,
-            "<g class=\"bar\" data-holder=\"{}\" data-from=\"{}\" data-to=\"{}\"><title>{} held the {} lock from +{} to +{}: {}</title>\
+            "<g class=\"bar\" data-holder=\"{}\" data-from=\"{}\" data-to=\"{}\"><title>{} held the {} lock from +{} to +{} ({}): {}</title>\
              <rect class=\"held\" x=\"{x:.1}\" y=\"{by:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{color}\" rx=\"2\"/>",
             escape(&bar.holder),
             bar.from,
@@ -569,41 +668,21 @@ fn draw_lane(
             escape(&lane.name),
             seconds(bar.from - part.start),
             seconds(bar.held_to - part.start),
+            seconds(bar.held_to - bar.from),
             escape(&bar.ended_by),
             ROW - 3.0,
         );
-        let label_width = bar.label.chars().count() as f64 * 6.2;
-        if label_width + 6.0 < w {
+        if let Some(place) = place {
+            let (fill, class) = match place.inside {
+                true => (ink, ""),
+                false => (INK, " class=\"lbl\""),
+            };
             let _ = writeln!(
                 out,
-                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"{ink}\">{}</text>",
-                x + 3.0,
+                "<text{class} x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"{fill}\">{}</text>",
+                place.from + if place.inside { 3.0 } else { 0.0 },
                 by + 9.0,
-                escape(&bar.label)
-            );
-        } else if x - 3.0 - label_width > X0 - 4.0
-            && free_between(lane, bar, x - 3.0 - label_width, x, part, scale)
-            && clear_of(&outside, bar.row, x - 3.0 - label_width, x)
-        {
-            outside.push((bar.row, x - 3.0 - label_width, x));
-            let _ = writeln!(
-                out,
-                "<text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\" fill=\"{INK}\">{}</text>",
-                x - 3.0,
-                by + 9.0,
-                escape(&bar.label)
-            );
-        } else if let after = scale.x(part, bar.believed_to).max(x + w) + 4.0
-            && free_between(lane, bar, after, after + label_width, part, scale)
-            && clear_of(&outside, bar.row, after, after + label_width)
-        {
-            outside.push((bar.row, after, after + label_width));
-            // No room left of it without running into the lane's name: after its end.
-            let _ = writeln!(
-                out,
-                "<text class=\"lbl\" x=\"{after:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"{INK}\">{}</text>",
-                by + 9.0,
-                escape(&bar.label)
+                escape(&place.text)
             );
         }
         if bar.open {
@@ -618,7 +697,7 @@ fn draw_lane(
         out.push_str("</g>\n");
         if bar.believed_to > bar.held_to {
             let tx = x + w;
-            let tw = (scale.x(part, bar.believed_to) - tx).max(1.0);
+            let tw = (scale.x(bar.believed_to) - tx).max(1.0);
             let _ = writeln!(
                 out,
                 "<g class=\"believed\" data-holder=\"{}\"><title>{} still acted as the holder from +{} to +{}, after the backend had ended its lock</title>\
@@ -633,8 +712,8 @@ fn draw_lane(
         }
     }
     for freeze in &lane.freezes {
-        let x = scale.x(part, freeze.from);
-        let w = (scale.x(part, freeze.to) - x).max(2.0);
+        let x = scale.x(freeze.from);
+        let w = (scale.x(freeze.to) - x).max(2.0);
         let text = format!(
             "frozen {}{}",
             seconds(freeze.to - freeze.from),
@@ -659,16 +738,21 @@ fn draw_lane(
         );
     }
     for span in &lane.held {
-        let x = scale.x(part, span.from);
-        let w = (scale.x(part, span.to) - x).max(2.0);
+        let x = scale.x(span.from);
+        let w = (scale.x(span.to) - x).max(2.0);
+        let what = if span.what.is_empty() {
+            "write held in flight"
+        } else {
+            span.what.as_str()
+        };
         let text = format!(
-            "bytes held {}{}",
+            "{what} {}{}",
             seconds(span.to - span.from),
             if span.open { " (still at the end)" } else { "" }
         );
         let _ = writeln!(
             out,
-            "<g class=\"held\"><title>{}: the proxy held its bytes to the server from +{} to +{} ({})</title>\
+            "<g class=\"held\"><title>{}: the proxy's fault on its path from +{} to +{} ({})</title>\
              <rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"url(#held)\" stroke=\"{WARN}\"/>\
              <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"#7a4f00\" font-size=\"10\">{}</text></g>",
             escape(&lane.name),
@@ -694,7 +778,7 @@ fn draw_lane(
     };
     // Marks first, then their labels: a later mark must not cover an earlier one's label.
     for mark in &lane.marks {
-        draw_mark(out, part, mark, mid, scale, None);
+        draw_mark(out, mark, mid, scale, None);
     }
     for (mark, place) in lane.marks.iter().zip(&labels.places) {
         let dy = match place {
@@ -702,7 +786,7 @@ fn draw_lane(
             Some((_, row)) => first_extra + (row - 1) as f64 * LABEL_ROW,
             None => continue,
         };
-        draw_mark(out, part, mark, mid, scale, place.map(|(x, _)| (x, dy)));
+        draw_mark(out, mark, mid, scale, place.map(|(x, _)| (x, dy)));
     }
     out.push_str("</g>\n");
 }
@@ -716,6 +800,8 @@ const LABEL_ROWS: usize = 4;
 struct Labels {
     places: Vec<Option<(f64, usize)>>,
     rows: usize,
+    /// Where each of a lock lane's bars has its label ([`place_bar_labels`]).
+    bars: Vec<Option<BarLabel>>,
 }
 
 impl Labels {
@@ -738,8 +824,27 @@ fn overlap_label_span(band_end: f64, text: &str) -> (f64, f64) {
 
 /// "two holders: A (lock ended) and B": which of them the backend had already let go of
 /// (chaos's text verdict counts two holders only from the backend's grants; this says which
-/// kind of overlap the band is).
-fn overlap_label(overlap: &super::drawing::Overlap) -> String {
+/// kind of overlap the band is). On Redlock's quorum lane (lab 6) the words are its
+/// verdict's: a majority granted twice within validity, or a holder acting past its
+/// validity while another held the lock — which are not the same failure.
+fn overlap_label(lane: &Lane, overlap: &super::drawing::Overlap) -> String {
+    if lane.name == "redlock" {
+        let names = overlap.holders.join(" and ");
+        return match overlap.believing.as_slice() {
+            [] => format!("granted twice within validity: {names}"),
+            late => {
+                let others: Vec<&str> = (overlap.holders.iter())
+                    .filter(|h| !late.contains(h))
+                    .map(String::as_str)
+                    .collect();
+                format!(
+                    "{} acted past its validity while {} held it",
+                    late.join(" and "),
+                    others.join(" and ")
+                )
+            }
+        };
+    }
     let named: Vec<String> = (overlap.holders.iter())
         .map(|h| match overlap.believing.contains(h) {
             true => format!("{h} (lock ended)"),
@@ -752,29 +857,44 @@ fn overlap_label(overlap: &super::drawing::Overlap) -> String {
 /// Lays a lane's labels out beside their marks, none over another: right of the mark, else
 /// left of it, else the same on a row below. What strikes the eye (a stale write taken or
 /// refused, a kill) is placed first; a label with no room keeps its hover text only.
-fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
+fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
     let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); LABEL_ROWS];
     for span in lane.freezes.iter().chain(&lane.held) {
-        let x = scale.x(part, span.from) + 10.0;
+        let x = scale.x(span.from) + 10.0;
         taken[0].push((x, x + 18.0 * LABEL_CHAR));
     }
     // A lock lane's "two holders" labels take the row under its bars.
     let mut rows = 1;
     for overlap in &lane.overlaps {
-        let end = scale
-            .x(part, overlap.to)
-            .max(scale.x(part, overlap.from) + 2.0);
-        taken[1].push(overlap_label_span(end, &overlap_label(overlap)));
+        let end = scale.x(overlap.to).max(scale.x(overlap.from) + 2.0);
+        taken[1].push(overlap_label_span(end, &overlap_label(lane, overlap)));
         rows = 2;
+    }
+    // Nor a hold's bar on the lane's first row, nor that bar's label drawn beside it.
+    let bar_labels = match lane.kind {
+        LaneKind::Lock => place_bar_labels(lane, scale),
+        _ => Vec::new(),
+    };
+    {
+        for (bar, place) in lane.bars.iter().zip(&bar_labels) {
+            if bar.row != 0 {
+                continue;
+            }
+            let (x, w) = bar_extent(scale, bar);
+            taken[0].push((x, scale.x(bar.believed_to).max(x + w)));
+            if let Some(place) = place {
+                taken[0].push((place.from, place.to));
+            }
+        }
     }
     // A label beside its mark must not cover another mark.
     for mark in &lane.marks {
-        let x = scale.x(part, mark.t);
+        let x = scale.x(mark.t);
         taken[0].push((x - 6.0, x + 6.0));
     }
     // Nor a wait's name (lab 10), drawn under the lane's start of waiting.
     // (The waits' line runs along the lane's foot: whichever row is lowest.)
-    for (from, to) in wait_labels(part, lane, scale).into_iter().flatten() {
+    for (from, to) in wait_labels(lane, scale).into_iter().flatten() {
         for row in &mut taken {
             row.push((from, to));
         }
@@ -790,8 +910,13 @@ fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
     for i in order {
         let mark = &lane.marks[i];
         let Some(label) = &mark.label else { continue };
-        let x = scale.x(part, mark.t);
-        let width = label.chars().count() as f64 * LABEL_CHAR;
+        let x = scale.x(mark.t);
+        // Bold labels (a stale write, a kill) are wider than the plain ones.
+        let per_char = match mark.tone {
+            Tone::Bad | Tone::Good => BOLD_LABEL_CHAR,
+            _ => LABEL_CHAR,
+        };
+        let width = label.chars().count() as f64 * per_char;
         let free = |from: f64, row: &[(f64, f64)]| {
             let to = from + width;
             from >= X0 - 6.0
@@ -810,37 +935,159 @@ fn lay_out_labels(part: &Part, lane: &Lane, scale: &Scale) -> Labels {
             places[i] = Some((from, row));
         }
     }
-    Labels { places, rows }
-}
-
-/// A part's label as the outcomes' line names it: `approach=redis-lock workers=10` is
-/// `redis-lock`.
-fn short_part_name(label: &str) -> String {
-    let first = label.split_whitespace().next().unwrap_or(label);
-    match first.split_once('=') {
-        // `fencing=false` alone says nothing: `fencing false`.
-        Some((key, value @ ("true" | "false"))) => format!("{key} {value}"),
-        Some((_, value)) => value.to_string(),
-        None => first.to_string(),
+    Labels {
+        places,
+        rows,
+        bars: bar_labels,
     }
 }
 
-/// Every value of a part's label: `scenario=herd variant=redis_spin` is `herd redis_spin`.
-fn part_values(label: &str) -> String {
-    label
+/// A part's label as a heading: the scenario and the variant (or approach, mode) first,
+/// then the rest in words: `fencing=false scenario=delayed-write` is `delayed-write, no
+/// fencing`; `scenario=herd variant=redis_spin` is `herd redis_spin`.
+pub(super) fn part_title(label: &str) -> String {
+    let pairs: Vec<(&str, &str)> = label
         .split_whitespace()
-        .map(|word| word.split_once('=').map_or(word, |(_, value)| value))
-        .collect::<Vec<_>>()
-        .join(" ")
+        .map(|word| word.split_once('=').unwrap_or(("", word)))
+        .collect();
+    const NAMES: [&str; 5] = ["", "scenario", "variant", "approach", "mode"];
+    let mut names: Vec<&str> = Vec::new();
+    for key in NAMES {
+        names.extend(pairs.iter().filter(|(k, _)| *k == key).map(|(_, v)| *v));
+    }
+    let rest = pairs
+        .iter()
+        .filter(|(key, _)| !NAMES.contains(key))
+        .map(|(key, value)| match (*key, *value) {
+            ("fencing", "true") => "fenced".to_string(),
+            ("fencing", "false") => "no fencing".to_string(),
+            (key, value) => format!("{} {value}", key.replace('_', " ")),
+        });
+    let title: Vec<String> = (!names.is_empty())
+        .then(|| names.join(" "))
+        .into_iter()
+        .chain(rest)
+        .collect();
+    title.join(", ")
+}
+
+/// A run whose parts are every guard against every fault (lab 9's full run): drawn as a
+/// grid of outcomes, a row per guard (`variant`) and a column per fault (`scenario`).
+struct Grid<'a> {
+    faults: Vec<&'a str>,
+    guards: Vec<&'a str>,
+    /// (fault, guard) → the part's index.
+    cells: std::collections::HashMap<(&'a str, &'a str), usize>,
+}
+
+impl<'a> Grid<'a> {
+    fn of(picture: &'a Picture) -> Option<Grid<'a>> {
+        let mut faults: Vec<&str> = Vec::new();
+        let mut guards: Vec<&str> = Vec::new();
+        let mut cells = std::collections::HashMap::new();
+        for (i, part) in picture.parts.iter().enumerate() {
+            let value = |key: &str| {
+                part.label
+                    .split_whitespace()
+                    .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+            };
+            let (fault, guard) = (value("scenario")?, value("variant")?);
+            if !faults.contains(&fault) {
+                faults.push(fault);
+            }
+            if !guards.contains(&guard) {
+                guards.push(guard);
+            }
+            cells.insert((fault, guard), i);
+        }
+        (faults.len() >= 3 && guards.len() >= 3).then_some(Grid {
+            faults,
+            guards,
+            cells,
+        })
+    }
+}
+
+/// The grid's cell height and its row names' column.
+const GRID_ROW: f64 = 17.0;
+const GRID_NAMES: f64 = 150.0;
+
+/// The grid: each cell the part's outcome in a word or two, coloured as its tone, and a
+/// link to the part drawn below.
+fn draw_grid(out: &mut String, grid: &Grid, picture: &Picture, top: f64) -> f64 {
+    let cell_w = (WIDTH - 24.0 - GRID_NAMES) / grid.faults.len() as f64;
+    let _ = write!(
+        out,
+        "<g class=\"grid\" font-size=\"11\"><text x=\"12\" y=\"{:.1}\" font-weight=\"bold\" fill=\"{INK}\">guard ↓ fault →</text>",
+        top + 11.0
+    );
+    for (column, fault) in grid.faults.iter().enumerate() {
+        let x = 12.0 + GRID_NAMES + column as f64 * cell_w;
+        let _ = write!(
+            out,
+            "<text class=\"grid-fault\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-weight=\"bold\" fill=\"{INK}\">{}</text>",
+            x + cell_w / 2.0,
+            top + 11.0,
+            escape(fault)
+        );
+    }
+    for (row, guard) in grid.guards.iter().enumerate() {
+        let y = top + GRID_ROW * (row + 1) as f64;
+        let _ = write!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" font-weight=\"bold\" fill=\"{INK}\">{}</text>",
+            12.0 + GRID_NAMES - 8.0,
+            y + 12.0,
+            escape(guard)
+        );
+        for (column, fault) in grid.faults.iter().enumerate() {
+            let x = 12.0 + GRID_NAMES + column as f64 * cell_w;
+            let Some(&index) = grid.cells.get(&(*fault, *guard)) else {
+                continue;
+            };
+            let part = &picture.parts[index];
+            let (word, tone) = match &part.outcome {
+                Some((text, tone)) => (text.split(" — ").next().unwrap_or(text), *tone),
+                None => ("no late write", Tone::Plain),
+            };
+            let fill = match tone {
+                Tone::Bad => "#f6d0bc",
+                Tone::Good => "#c8eadf",
+                Tone::Warn => "#fbe8c4",
+                Tone::Cold | Tone::Plain => "#eeeeee",
+            };
+            let _ = write!(
+                out,
+                "<a href=\"#part-{index}\" class=\"cell\"><title>{}: {}</title>\
+                 <rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{fill}\" stroke=\"#ffffff\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{}\">{}</text></a>",
+                escape(&part_title(&part.label)),
+                escape(
+                    part.outcome
+                        .as_ref()
+                        .map_or("no late write", |(t, _)| t.as_str())
+                ),
+                x + 1.0,
+                cell_w - 2.0,
+                GRID_ROW - 2.0,
+                x + cell_w / 2.0,
+                y + 12.0,
+                tone_color(tone),
+                escape(word)
+            );
+        }
+    }
+    out.push_str("</g>\n");
+    top + GRID_ROW * (grid.guards.len() + 1) as f64 + 6.0
 }
 
 /// A queue's waits on a worker's lane (lab 10): a dashed line under the lane for each span
 /// of waiting, named by whom it waited on; each ends where a watch woke the waiter.
 fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &Scale) {
-    let places = wait_labels(part, lane, scale);
+    let places = wait_labels(lane, scale);
     for (wait, place) in lane.waits.iter().zip(places) {
-        let x = scale.x(part, wait.from);
-        let to = scale.x(part, wait.to).max(x + 2.0);
+        let x = scale.x(wait.from);
+        let to = scale.x(wait.to).max(x + 2.0);
         let on = wait_name(wait);
         // Where the name has no room of its own, it keeps its hover text only.
         let (label_x, shown) = match place {
@@ -873,13 +1120,13 @@ fn wait_name(wait: &super::waits::Wait) -> String {
 
 /// Where each wait's name goes: at the wait's start, else just after a freeze's or a held
 /// span's label it would run into, if that is still within the wait; else nowhere.
-fn wait_labels(part: &Part, lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
+fn wait_labels(lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
     let spans: Vec<(f64, f64)> = lane
         .freezes
         .iter()
         .chain(&lane.held)
         .map(|span| {
-            let x = scale.x(part, span.from);
+            let x = scale.x(span.from);
             (x - 2.0, x + 10.0 + 18.0 * LABEL_CHAR)
         })
         .collect();
@@ -887,8 +1134,8 @@ fn wait_labels(part: &Part, lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)
     lane.waits
         .iter()
         .map(|wait| {
-            let x = scale.x(part, wait.from);
-            let to = scale.x(part, wait.to).max(x + 2.0);
+            let x = scale.x(wait.from);
+            let to = scale.x(wait.to).max(x + 2.0);
             let width = wait_name(wait).chars().count() as f64 * 4.8;
             let clear = |from: f64, taken: &[(f64, f64)]| {
                 taken.iter().all(|(a, b)| from + width <= *a || from >= *b)
@@ -909,17 +1156,111 @@ fn wait_labels(part: &Part, lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)
         .collect()
 }
 
-/// Is the stretch `from..to` of `bar`'s row clear of the row's other bars? (A bar's label
-/// drawn outside it must not cover the next one; without room it keeps its hover text.)
-fn free_between(lane: &Lane, bar: &Bar, from: f64, to: f64, part: &Part, scale: &Scale) -> bool {
+/// The stretches a lane's bars take, row by row, sorted by their start, with the furthest
+/// end so far: whether a stretch is clear of every bar of a row is a binary search, so a
+/// lane of 20,000 holds is laid out in a moment.
+struct RowBars {
+    /// Per row: (start, furthest end of the bars up to this one), by start.
+    rows: std::collections::HashMap<usize, Vec<(f64, f64)>>,
+}
+
+impl RowBars {
+    fn of(lane: &Lane, scale: &Scale) -> RowBars {
+        let mut rows: std::collections::HashMap<usize, Vec<(f64, f64)>> = Default::default();
+        for bar in &lane.bars {
+            let (a, w) = bar_extent(scale, bar);
+            let b = scale.x(bar.believed_to).max(a + w);
+            rows.entry(bar.row).or_default().push((a, b));
+        }
+        for spans in rows.values_mut() {
+            spans.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let mut furthest = f64::MIN;
+            for span in spans.iter_mut() {
+                furthest = furthest.max(span.1);
+                span.1 = furthest;
+            }
+        }
+        RowBars { rows }
+    }
+
+    /// Is `from..to` of `row` clear of its bars? (A bar's label drawn outside it must not
+    /// cover the next one; without room it keeps its hover text.) The bar the label is for
+    /// never counts: its label is left of its start or past its end.
+    fn free(&self, row: usize, from: f64, to: f64) -> bool {
+        let Some(spans) = self.rows.get(&row) else {
+            return true;
+        };
+        let before = spans.partition_point(|(a, _)| *a < to);
+        before == 0 || spans[before - 1].1 <= from
+    }
+}
+
+/// The narrowest a hold is drawn: a hold of a few milliseconds is still a bar one can
+/// see and point at, and its label then says how long it truly was.
+pub(super) const MIN_BAR: f64 = 10.0;
+
+/// Where a bar is drawn: its x and width, at least [`MIN_BAR`] wide.
+fn bar_extent(scale: &Scale, bar: &Bar) -> (f64, f64) {
+    let x = scale.x(bar.from);
+    (x, (scale.x(bar.held_to) - x).max(MIN_BAR))
+}
+
+/// A bar's label and where it goes: inside the bar, else left of it, else after its end.
+#[derive(Debug, Clone)]
+pub(super) struct BarLabel {
+    pub text: String,
+    pub from: f64,
+    pub to: f64,
+    pub inside: bool,
+}
+
+/// Where each bar's label goes, none over another bar or another's label; a bar drawn
+/// wider than its time (a few ms held) says its true length in its label.
+pub(super) fn place_bar_labels(lane: &Lane, scale: &Scale) -> Vec<Option<BarLabel>> {
+    let bars = RowBars::of(lane, scale);
+    // Labels already drawn outside their bars, by row: one must not cover another.
+    let mut outside: std::collections::HashMap<usize, Vec<(f64, f64)>> = Default::default();
     lane.bars
         .iter()
-        .filter(|other| other.row == bar.row && other.from != bar.from)
-        .all(|other| {
-            let a = scale.x(part, other.from);
-            let b = scale.x(part, other.believed_to).max(a + 2.0);
-            to <= a || from >= b
+        .map(|bar| {
+            let (x, w) = bar_extent(scale, bar);
+            let true_width = scale.x(bar.held_to) - x;
+            let text = if true_width < MIN_BAR && !bar.open {
+                format!("{} · held {}ms", bar.label, bar.held_to - bar.from)
+            } else {
+                bar.label.clone()
+            };
+            let width = text.chars().count() as f64 * 6.2;
+            if width + 6.0 < w {
+                return Some(BarLabel {
+                    text,
+                    from: x,
+                    to: x + w,
+                    inside: true,
+                });
+            }
+            let left = x - 3.0 - width;
+            let after = scale.x(bar.believed_to).max(x + w) + 4.0;
+            let row = outside.entry(bar.row).or_default();
+            let fits = |from: f64, to: f64, row: &[(f64, f64)]| {
+                from > X0 - 4.0
+                    && to < WIDTH - 12.0
+                    && bars.free(bar.row, from, to)
+                    && row.iter().all(|(a, b)| to <= *a || from >= *b)
+            };
+            // Left of it first, then after its end (after its believed tail).
+            let from = [left, after]
+                .into_iter()
+                .find(|&from| fits(from, from + width, row))?;
+            row.push((from, from + width));
+            Some(BarLabel {
+                text,
+                from,
+                to: from + width,
+                inside: false,
+            })
         })
+        .collect()
 }
 
 fn tone_color(tone: Tone) -> &'static str {
@@ -957,15 +1298,8 @@ fn shape_svg(shape: Shape, tone: Tone, big: bool) -> String {
     }
 }
 
-fn draw_mark(
-    out: &mut String,
-    part: &Part,
-    mark: &Mark,
-    y: f64,
-    scale: &Scale,
-    label_at: Option<(f64, f64)>,
-) {
-    let x = scale.x(part, mark.t);
+fn draw_mark(out: &mut String, mark: &Mark, y: f64, scale: &Scale, label_at: Option<(f64, f64)>) {
+    let x = scale.x(mark.t);
     let big =
         mark.shape == Shape::Write && matches!(mark.tone, Tone::Bad | Tone::Good | Tone::Warn);
     if label_at.is_none() {
@@ -1093,4 +1427,94 @@ fn text_table(header: &[String], rows: &[Vec<String>]) -> Vec<String> {
         lines.push(render(row));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::picture::drawing::{Lane, LaneKind, Mark, Shape, Tone};
+
+    fn bar(holder: &str, from: u64, to: u64) -> Bar {
+        Bar {
+            row: 0,
+            holder: holder.into(),
+            label: holder.into(),
+            from,
+            held_to: to,
+            believed_to: to,
+            open: false,
+            ended_by: String::new(),
+            color: 0,
+        }
+    }
+
+    fn mark(t: u64, label: &str) -> Mark {
+        Mark {
+            index: 0,
+            t,
+            kind: "expired".into(),
+            shape: Shape::Expire,
+            tone: Tone::Warn,
+            label: Some(label.into()),
+            tip: String::new(),
+        }
+    }
+
+    /// Lab 8's B: a hold of 3ms in a part of 10s was a 3px sliver; it is drawn at least
+    /// MIN_BAR wide, and its label says how long it truly was.
+    #[test]
+    fn a_hold_of_a_few_ms_is_drawn_wide_enough_and_says_its_length() {
+        // Events every second: nothing to squeeze, one scale of 0.108px per ms.
+        let times: Vec<u64> = (0..=10).map(|s| s * 1000).chain([5_003]).collect();
+        let scale = Scale::of(&times, 0, 10_000, X0, X1);
+        let mut lane = Lane::new("redis", LaneKind::Lock);
+        lane.rows.push("B".into());
+        lane.bars.push(bar("B", 5_000, 5_003));
+        let (_, width) = bar_extent(&scale, &lane.bars[0]);
+        assert!(width >= MIN_BAR, "drawn {width:.1}px wide");
+        let label = place_bar_labels(&lane, &scale)[0].clone().expect("a label");
+        assert!(label.text.contains("held 3ms"), "{label:?}");
+    }
+
+    /// A backend's mark on a lock lane (an expiry) is labelled beside it: the label must not
+    /// be drawn over the bar on the lane's first row, nor over that bar's own label.
+    #[test]
+    fn a_marks_label_on_a_lock_lane_keeps_off_the_bars_and_their_labels() {
+        let times: Vec<u64> = (0..=10).map(|i| i * 100).collect();
+        let scale = Scale::of(&times, 0, 1_000, X0, X1);
+        let mut lane = Lane::new("redis", LaneKind::Lock);
+        lane.rows.push("A".into());
+        lane.bars.push(bar("A", 100, 600));
+        lane.marks.push(mark(350, "the key expired on the server"));
+        let labels = lay_out_labels(&lane, &scale);
+        let (from, row) = labels.places[0].expect("the label is placed");
+        let to = from + "the key expired on the server".chars().count() as f64 * LABEL_CHAR;
+        let (x, w) = bar_extent(&scale, &lane.bars[0]);
+        let on_bar = row == 0 && from < x + w && to > x;
+        assert!(
+            !on_bar,
+            "label {from:.0}..{to:.0} on row {row} covers the bar {x:.0}..{:.0}",
+            x + w
+        );
+        for place in place_bar_labels(&lane, &scale).into_iter().flatten() {
+            let covers = row == 0 && from < place.to && to > place.from;
+            assert!(!covers, "covers the bar's label {place:?}");
+        }
+    }
+
+    #[test]
+    fn a_parts_heading_reads_as_words() {
+        assert_eq!(
+            part_title("fencing=false scenario=delayed-write"),
+            "delayed-write, no fencing"
+        );
+        assert_eq!(
+            part_title("scenario=herd variant=redis_spin"),
+            "herd redis_spin"
+        );
+        assert_eq!(
+            part_title("approach=redis-lock workers=10"),
+            "redis-lock, workers 10"
+        );
+    }
 }
