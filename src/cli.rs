@@ -381,7 +381,7 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("            the instructor's, on loopback; each seat has its own:");
     crate::outln!(
         "            on a port of its own, {} of data, no eviction",
-        servers::SEAT_REDIS_MAXMEMORY
+        servers::SEAT_REDIS_MAXMEMORY_WORDS
     );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            the instructor's, on loopback; each seat has its own:");

@@ -615,6 +615,9 @@ pub(crate) fn lab_redis_acl(
 /// value 40 times and never reading the replies.
 pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
 
+/// [`SEAT_REDIS_MAXMEMORY`] as people read it, in the unit `up` uses for etcd's quota.
+pub const SEAT_REDIS_MAXMEMORY_WORDS: &str = "64 MB";
+
 /// The most replies a seat's Redis keeps waiting for one client to read: a lab's replies
 /// are a few bytes; past this the client is disconnected.
 const SEAT_REDIS_REPLY_BUFFER: &str = "8mb";
@@ -3259,4 +3262,15 @@ pub fn room_results_grants_sql(seat: &str) -> Vec<String> {
         format!("GRANT USAGE ON SCHEMA public TO {seat}"),
         format!("GRANT INSERT (lab, run_id, headline, verdict) ON {ROOM_RESULTS} TO {seat}"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    /// `up` says a seat's Redis memory in words: the same number as the setting it writes.
+    #[test]
+    fn a_seats_redis_memory_in_words_is_the_setting() {
+        let setting = super::SEAT_REDIS_MAXMEMORY.trim_end_matches("mb");
+        let words = super::SEAT_REDIS_MAXMEMORY_WORDS.trim_end_matches(" MB");
+        assert_eq!(setting, words);
+    }
 }
