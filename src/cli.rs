@@ -380,8 +380,8 @@ fn up_room(addr: std::net::IpAddr, seats: usize) -> Result<()> {
     crate::outln!("  Redis     {}", redact(state.redis.as_deref()));
     crate::outln!("            the instructor's, on loopback; each seat has its own:");
     crate::outln!(
-        "            on a port of its own, {} of data, no eviction",
-        servers::SEAT_REDIS_MAXMEMORY_WORDS
+        "            on a port of its own, {} MB of data, no eviction",
+        servers::SEAT_REDIS_MAXMEMORY_MB
     );
     crate::outln!("  etcd      {}", redact(state.etcd.as_deref()));
     crate::outln!("            the instructor's, on loopback; each seat has its own:");

@@ -613,10 +613,7 @@ pub(crate) fn lab_redis_acl(
 /// clients' buffers have a cap of the same size (`maxmemory-clients`): `maxmemory` counts
 /// data only, and a hostile re-attack grew a seat's Redis to 348 MB by asking for a big
 /// value 40 times and never reading the replies.
-pub const SEAT_REDIS_MAXMEMORY: &str = "64mb";
-
-/// [`SEAT_REDIS_MAXMEMORY`] as people read it, in the unit `up` uses for etcd's quota.
-pub const SEAT_REDIS_MAXMEMORY_WORDS: &str = "64 MB";
+pub const SEAT_REDIS_MAXMEMORY_MB: u64 = 64;
 
 /// The most replies a seat's Redis keeps waiting for one client to read: a lab's replies
 /// are a few bytes; past this the client is disconnected.
@@ -665,10 +662,10 @@ const SEATS_DIR: &str = "seats";
 /// reads: it holds both passwords.
 fn seat_redis_config(seat: &Seat) -> String {
     format!(
-        "requirepass {}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY}\n\
+        "requirepass {}\nuser {} {}\nmaxmemory {SEAT_REDIS_MAXMEMORY_MB}mb\n\
          maxmemory-policy noeviction\nmaxclients {SEAT_REDIS_MAXCLIENTS}\n\
          client-output-buffer-limit normal {SEAT_REDIS_REPLY_BUFFER} {SEAT_REDIS_REPLY_BUFFER} 0\n\
-         maxmemory-clients {SEAT_REDIS_MAXMEMORY}\n",
+         maxmemory-clients {SEAT_REDIS_MAXMEMORY_MB}mb\n",
         seat.admin_password,
         seat.name,
         seat.redis_acl().join(" ")
@@ -1630,7 +1627,7 @@ impl PrivateServers {
     /// Each demands a password: the seat's user (see [`Seat::redis_acl`],
     /// [`Seat::add_to_etcd`]), and the instructor's — Redis's `default` user and etcd's `root`,
     /// with the seat's own admin password ([`Seat::admin_password`], not the room's). Limits keep one seat from spending the machine's memory and
-    /// disk: [`SEAT_REDIS_MAXMEMORY`] with no eviction (a lock server must never drop a key to
+    /// disk: [`SEAT_REDIS_MAXMEMORY_MB`] with no eviction (a lock server must never drop a key to
     /// make room), [`SEAT_REDIS_ADDRESS_SPACE`] for what a script writes past it, and
     /// [`SEAT_ETCD_QUOTA_BYTES`].
     fn start_seat_servers(&mut self) -> Result<()> {
@@ -3262,15 +3259,4 @@ pub fn room_results_grants_sql(seat: &str) -> Vec<String> {
         format!("GRANT USAGE ON SCHEMA public TO {seat}"),
         format!("GRANT INSERT (lab, run_id, headline, verdict) ON {ROOM_RESULTS} TO {seat}"),
     ]
-}
-
-#[cfg(test)]
-mod tests {
-    /// `up` says a seat's Redis memory in words: the same number as the setting it writes.
-    #[test]
-    fn a_seats_redis_memory_in_words_is_the_setting() {
-        let setting = super::SEAT_REDIS_MAXMEMORY.trim_end_matches("mb");
-        let words = super::SEAT_REDIS_MAXMEMORY_WORDS.trim_end_matches(" MB");
-        assert_eq!(setting, words);
-    }
 }
