@@ -55,14 +55,12 @@ pub fn create_client_role(
     role: &str,
     url: &str,
 ) -> Result<Option<String>> {
-    let may_create: bool = db
-        .query_one(
-            "SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles \
-             WHERE rolname = current_user",
-            &[],
-        )?
-        .get(0);
-    if !may_create {
+    let grader = db.query_one(
+        "SELECT rolsuper, rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user",
+        &[],
+    )?;
+    let (superuser, creates_roles): (bool, bool) = (grader.get(0), grader.get(1));
+    if !(superuser || creates_roles) {
         return Ok(None);
     }
     let password = crate::seed::os_hex(32);
@@ -74,12 +72,6 @@ pub fn create_client_role(
          GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
     ))
     .context("creating the clients' Postgres role")?;
-    let superuser: bool = db
-        .query_one(
-            "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user",
-            &[],
-        )?
-        .get(0);
     if superuser {
         db.batch_execute(&clients_make_tables_only(schema, role))
             .context("limiting what the clients' role may create")?;
