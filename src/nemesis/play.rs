@@ -450,7 +450,7 @@ impl<'w> Faults<'w> {
             duration_ms: None,
         };
         let index = self.schedule.steps().len();
-        self.schedule = std::mem::take(&mut self.schedule).with_last(step.clone(), how);
+        self.schedule.push_last(step.clone(), how);
         self.pending.extend(
             step.actions_from(index, step.at_ms)
                 .into_iter()

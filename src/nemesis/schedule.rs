@@ -320,13 +320,11 @@ impl Schedule {
         }
     }
 
-    /// The same schedule with `step` last, whatever its time: a step added while the
-    /// schedule plays must not move the steps already there, whose places the player's
-    /// pending actions name.
-    pub fn with_last(mut self, step: Step, how: How) -> Schedule {
+    /// Puts `step` last, whatever its time: a step added while the schedule plays must not
+    /// move the steps already there, whose places the player's pending actions name.
+    pub fn push_last(&mut self, step: Step, how: How) {
         self.steps.push(step);
         self.hows.push(how);
-        self
     }
 
     /// The same schedule, asking these probes too.
