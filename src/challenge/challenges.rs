@@ -181,6 +181,19 @@ impl Challenge {
             .collect()
     }
 
+    /// A job added to a run (`pause`, `delay`) for a held write whose record has no job
+    /// left for a newer holder: its id follows the last, its `add` drawn from the seed and
+    /// the id, its entry `j` and its id like every other.
+    pub fn spare_job(self, seed: u64, id: i64, record: &str) -> JobSpec {
+        let mut rng = Rng::new(seed ^ 0x7370_6172 ^ id as u64);
+        JobSpec {
+            id,
+            record: record.to_string(),
+            add: 1 + rng.below(9) as i64,
+            append: format!("j{id}"),
+        }
+    }
+
     /// The faults of a run. A fault is aimed at the client's own notes when it sends them
     /// (`notes`: just after it took the lock, or started its write), and otherwise at a
     /// time into one of its jobs.

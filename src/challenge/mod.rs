@@ -331,7 +331,7 @@ fn grade(
         let (mut changes, finals) = table::read_back(&mut db, &schema)?;
         let statements = table::read_statements(&mut db, &schema, &mut changes)?;
         let evidence = Evidence {
-            jobs: setup.jobs.clone(),
+            jobs: played.jobs.clone(),
             acknowledged: played.acknowledged.clone(),
             changes,
             finals,

@@ -321,7 +321,11 @@ impl Run<'_> {
             strike.held_session = session;
             strike.follows = follows;
         }
-        result
+        result?;
+        if follows {
+            self.followed_into_the_worst_order(&name)?;
+        }
+        Ok(())
     }
 
     fn write_caught_aimed(&mut self, index: usize, aim: Aim) -> Result<()> {

@@ -40,6 +40,9 @@ pub const WORK_MS: u64 = 100;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
 
+/// The most jobs a run adds for held writes that have no newer holder ([`Run::spare`]).
+const MOST_SPARES: usize = 8;
+
 /// What a run needs to know.
 pub struct Setup {
     pub challenge: Challenge,
@@ -90,6 +93,8 @@ pub struct Played {
     /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`); none
     /// when the clients had no proxies, or one could not read a session's number.
     pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
+    /// The jobs handed out: the seed's, then any spares the run added ([`Run::spare`]).
+    pub jobs: Vec<JobSpec>,
 }
 
 /// How far a client's notes for the job it holds have come: `acquired`, `writing` and
@@ -132,6 +137,8 @@ struct Run<'a> {
     heard_to: std::sync::mpsc::Sender<Heard>,
     seats: Vec<Seat>,
     pending: VecDeque<i64>,
+    /// The seed's jobs, then the spares added for held writes ([`Run::spare`]).
+    jobs: Vec<JobSpec>,
     tries: HashMap<i64, u32>,
     /// Jobs to deliver twice (exactly-once), and the second copies now in `pending`.
     duplicates: BTreeSet<i64>,
@@ -256,6 +263,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         heard_to,
         seats: Vec::new(),
         pending: setup.jobs.iter().map(|j| j.id).collect(),
+        jobs: setup.jobs.clone(),
         tries: HashMap::new(),
         duplicates: setup.challenge.duplicates(setup.seed, setup.jobs.len()),
         copies: BTreeSet::new(),
@@ -363,6 +371,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         waits: std::mem::take(&mut run.waits),
         key_waits: std::mem::take(&mut run.key_waits),
         proxy_sessions,
+        jobs: std::mem::take(&mut run.jobs),
     })
 }
 
@@ -487,12 +496,12 @@ impl Run<'_> {
     }
 
     fn spec(&self, job: i64) -> &JobSpec {
-        &self.setup.jobs[(job - 1) as usize]
+        &self.jobs[(job - 1) as usize]
     }
 
     /// A moment of `client`'s lock on the record of `job`, for the stuck-lock bound.
     fn moment(&mut self, client: &str, job: i64, what: Moment) {
-        if job < 1 || job as usize > self.setup.jobs.len() {
+        if job < 1 || job as usize > self.jobs.len() {
             return;
         }
         self.moments.push(LockMoment {
@@ -904,22 +913,63 @@ impl Run<'_> {
 
     /// `pause`, `delay`: a held write tests something only if a newer holder of its record
     /// comes while it is held, so a job waiting on that record goes first in line (the seed
-    /// fixes the jobs, not the order the clients take them in).
+    /// fixes the jobs, not the order the clients take them in). If none is waiting, and no
+    /// other client holds a job on that record, a spare is added ([`Run::spare`]).
     fn records_of_held_writes_first(&mut self) {
         if !matches!(self.setup.challenge, Challenge::Pause | Challenge::Delay) {
             return;
         }
         let paused = self.paused();
-        let held: Vec<&str> = (self.seats.iter())
+        let held: Vec<(String, String)> = (self.seats.iter())
             .filter(|s| self.write_held(&paused, &s.client.name))
-            .filter_map(|s| s.job.map(|(job, _)| job).filter(|&job| job > 0))
-            .map(|job| self.spec(job).record.as_str())
+            .filter_map(|s| {
+                let job = s.job.map(|(job, _)| job).filter(|&job| job > 0)?;
+                Some((s.client.name.clone(), self.spec(job).record.clone()))
+            })
             .collect();
-        let waiting =
-            (self.pending.iter()).position(|&job| held.contains(&self.spec(job).record.as_str()));
+        let waiting = (self.pending.iter())
+            .position(|&job| held.iter().any(|(_, r)| *r == self.spec(job).record));
         if let Some(job) = waiting.and_then(|at| self.pending.remove(at)) {
             self.pending.push_front(job);
+            return;
         }
+        if let Some((name, record)) = held.into_iter().find(|(_, r)| self.alone_on(r)) {
+            self.spare(&name, &record);
+        }
+    }
+
+    /// Does only one client hold a job on `record`?
+    fn alone_on(&self, record: &str) -> bool {
+        let on = |s: &&Seat| {
+            s.client.is_running()
+                && s.job
+                    .is_some_and(|(job, _)| job > 0 && self.spec(job).record == record)
+        };
+        self.seats.iter().filter(on).count() == 1
+    }
+
+    /// A job added for `holder`'s held write: its record has no job left for a newer
+    /// holder to come while the write is held — the seed's jobs ran out, most often while
+    /// a fault followed a compare-and-set through its retries, and another client did
+    /// the rest. Without one, the fault tests nothing and the run could not be decided,
+    /// whatever the client's design. Added only when a client is free to take it, and at
+    /// most [`MOST_SPARES`] a run, one per fault that held a write.
+    fn spare(&mut self, holder: &str, record: &str) {
+        let free = (self.seats.iter()).any(|s| s.ready && s.job.is_none() && s.client.is_running());
+        let strikes = self.strikes.iter().filter(|s| s.fault != "kill").count();
+        let spares = self.jobs.len() - self.setup.jobs.len();
+        if !free || spares >= strikes.min(MOST_SPARES) {
+            return;
+        }
+        let id = self.jobs.len() as i64 + 1;
+        let job = (self.setup.challenge).spare_job(self.setup.seed, id, record);
+        self.jobs.push(job);
+        self.pending.push_front(id);
+        let text = format!(
+            "no job is left on {record} for a newer holder to come while {holder}'s write is \
+             held: job {id} is added (a spare)"
+        );
+        self.note(crate::nemesis::LANE, What::Output, text);
     }
 
     /// A client that does not say ready, or does not answer its job, within its time.

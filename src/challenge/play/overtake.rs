@@ -24,8 +24,9 @@ use crate::output::human;
 
 /// A newer holder held just before its write while an older holder's write goes first.
 pub(super) struct Overtake {
-    /// The newer holder, frozen.
+    /// The newer holder, frozen, and the job it holds.
     pub(super) newer: String,
+    newer_job: i64,
     /// The older holder let go, and the job whose write it held.
     older: String,
     job: i64,
@@ -107,10 +108,56 @@ impl Run<'_> {
         }
         self.overtaking = Some(Overtake {
             newer,
+            newer_job: job,
             older: older_name,
             job: older_job,
             until: Instant::now() + HOLD_AT_MOST,
         });
+        Ok(())
+    }
+
+    /// The older holder's write, let go first, was refused and its retry (read afresh) is
+    /// held again by the fault that follows its job, while the newer holder is still held
+    /// after its read: the retry goes at once, in the same worst order — between the newer
+    /// holder's read and its write. Held until the newer holder's wait ran out instead, the
+    /// newer holder would write first, the retry would be refused again, and a
+    /// compare-and-set would be made to lose every round until the fault gave up following.
+    pub(super) fn followed_into_the_worst_order(&mut self, older: &str) -> Result<()> {
+        let Some(overtake) = self.overtaking.as_ref().filter(|o| o.older == older) else {
+            return Ok(());
+        };
+        let (newer, newer_job) = (overtake.newer.clone(), overtake.newer_job);
+        let Some(index) = self.seats.iter().position(|s| s.client.name == older) else {
+            return Ok(());
+        };
+        if self.paused().iter().any(|p| p == older) {
+            if let Some(faults) = self.faults.as_mut() {
+                // Resumed now, its pause's end is not played again later.
+                faults.withdraw(older, Fault::Resume);
+            }
+            let words = format!(
+                "resumes {older} at once: {newer} has read and is held, so {older}'s retry \
+                 goes first (the worst order again)"
+            );
+            self.play_now((Fault::Resume, older, How::default()), move |_| {
+                Note::from(words)
+            })?;
+        } else if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
+        {
+            let note = format!(
+                "lets {older}'s retry go at once: {newer} has read and is held, so it goes \
+                 first (the worst order again)"
+            );
+            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
+            self.held_writes.remove(older);
+        }
+        if let Some((_, since)) = self.seats[index].job.as_mut() {
+            *since = Instant::now();
+        }
+        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == older) {
+            strike.overtaken = true;
+            strike.overtaken_by = Some(newer_job);
+        }
         Ok(())
     }
 
