@@ -8,6 +8,11 @@
 //!  split   A ── m1 m2 m3   ╳   B ── m4 m5: both ask while it lasts, A then B, each
 //!                               reaching its own side's masters only;
 //!          A: 3 of 5, granted   B: 2 of 5, refused (and released where it set)
+//!  mid-round, the same split A ── m1 m2  ╳  B ── m3 m4 m5, landing during A's round,
+//!  timed from A's grant event:
+//!    once m2 has granted A   A: 2 of 5, refused; its release deletes m1's and m2's keys
+//!                            B: m3 m4 m5, granted
+//!    once m3 has granted A   A: 3 of 5, granted; B: m3 answers nil (A's key), refused
 //! ```
 //!
 //! Redlock's masters never talk to each other, so a partition between masters changes
@@ -26,7 +31,7 @@ use crate::check::redlock::{self as check, MasterState};
 use crate::events::{Kind, What};
 use crate::hosts::{Door, HOSTED_REDIS_PORT, HostedRedis, Hosts};
 use crate::labs::faults::Faults;
-use crate::lock::redlock::{Attempt, Master, Redlock, RoundOrder};
+use crate::lock::redlock::{Attempt, Master, Redlock, Reply, RoundOrder};
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::output::human;
@@ -214,10 +219,12 @@ impl Scene {
             (q - 1..n).map(name).collect(),
         );
         let title = format!(
-            "{}. The masters split {}/{} during A's round, once {} has granted A ({})",
+            "{}. The masters split {}/{} during A's round, A on the {}: once {} has granted it \
+             ({})",
             landing.number(),
-            a_side.len(),
             b_side.len(),
+            a_side.len(),
+            a_side.len(),
             name(grants - 1),
             landing.said()
         );
@@ -275,7 +282,7 @@ impl Scene {
         stage.play_now(&mut faults, nemesis, &mut [], heal, "heals the split")?;
         let left = left_by_failed(&[("A", a.held), ("B", b.held)], &read);
         let meaning = mid_round_meaning(&a, &b, &read, (&a_side, &b_side), two);
-        let meaning = format!("{landed} {meaning}");
+        let meaning = format!("The split landed {landed}: {meaning}");
         Ok(ScenarioVerdict {
             name: landing.scenario(),
             granted: b.held,
@@ -294,8 +301,8 @@ impl Scene {
         })
     }
 
-    /// Which of A's grants the split followed, by the part's history: the last grant
-    /// recorded before the partition.
+    /// When the split landed, by the part's history: after the last of A's grants recorded
+    /// before the partition ("once m2 had granted A (2 of 5 so far)").
     fn landed_after(&self) -> String {
         let log = &self.stage.log;
         let cut = log.iter().position(|e| e.kind() == Kind::NetFault);
@@ -307,10 +314,10 @@ impl Scene {
         });
         match grant {
             Some(g) => format!(
-                "The split landed once {} had granted A, {} of {} so far.",
+                "once {} had granted A ({} of {} so far)",
                 g.answer.master, g.granted, g.masters
             ),
-            None => "The split did not land during A's round.".to_string(),
+            None => "after A's round, not during it".to_string(),
         }
     }
 
@@ -412,8 +419,22 @@ fn mid_round_meaning(
             false => masters.join(", "),
         }
     };
+    let deleted: Vec<&str> = (a.released.iter())
+        .filter(|answer| answer.reply == Reply::Deleted)
+        .map(|answer| answer.master.as_str())
+        .collect();
+    let short_of_quorum = format!(
+        "A's round fell short of a quorum, so it released on all {n} masters at once; the \
+         release deleted its key on {} (the masters it still reached), and B, on the \
+         majority's side, was granted.",
+        if deleted.is_empty() {
+            "none".to_string()
+        } else {
+            deleted.join(", ")
+        }
+    );
     format!(
-        "The split put A with {} and B with {}. A set the key on {} of {n} in a round of \
+        "A with {} and B with {}. A set the key on {} of {n} in a round of \
          {}ms: {}. B set it on {} of {n}: {}. Read back while the split lasted, A's value \
          was on {}, B's on {}. {}",
         a_side.join(", "),
@@ -431,8 +452,7 @@ fn mid_round_meaning(
             "B's side is the network's majority, yet a master of it had granted A before the \
              cut: B cannot reach a quorum while A's key lives there."
         } else {
-            "A's round fell short of a quorum, and its release deleted what it had set on \
-             the masters it still reached: B, on the majority's side, was granted."
+            &short_of_quorum
         }
     )
 }
