@@ -169,15 +169,7 @@ impl Scene {
         );
         self.cut(net, (Fault::Partition, &sides), words)?;
         let a = self.acquire("A", &mut a_lock);
-        let b = self.acquire("B", &mut b_lock);
-        let read = self.hosted_read_back(net, &key, "the masters, right after both rounds");
-        let two = check::two_holders(&self.round(&a), &self.round(&b)) == Finding::Yes;
-        // A round that failed has released everywhere already (the algorithm's own step).
-        for (client, lock, attempt) in [("A", &mut a_lock, &a), ("B", &mut b_lock, &b)] {
-            if attempt.held {
-                self.release(client, lock, attempt);
-            }
-        }
+        let (b, read, two) = self.b_asks_while_split(net, (&mut a_lock, &a), &mut b_lock);
         self.cut(net, (Fault::Heal, &sides), "heals the split".into())?;
         Ok(ScenarioVerdict {
             name: "partition-split",
@@ -202,6 +194,28 @@ impl Scene {
             prevented_by: "a quorum of the masters: two sides cannot both hold a majority",
             ..Default::default()
         })
+    }
+
+    /// B's round once A's is over, the split still in place; the masters read back right
+    /// after it, over their sockets; whether both held a majority's grant at once; then
+    /// the release of whichever round held (a failed round has released everywhere
+    /// already: the algorithm's own step).
+    fn b_asks_while_split(
+        &mut self,
+        net: &Net,
+        (a_lock, a): (&mut Redlock, &Attempt),
+        b_lock: &mut Redlock,
+    ) -> (Attempt, Vec<MasterState>, bool) {
+        let b = self.acquire("B", b_lock);
+        let key = b_lock.key.clone();
+        let read = self.hosted_read_back(net, &key, "the masters, right after both rounds");
+        let two = check::two_holders(&self.round(a), &self.round(&b)) == Finding::Yes;
+        for (client, lock, attempt) in [("A", a_lock, a), ("B", b_lock, &b)] {
+            if attempt.held {
+                self.release(client, lock, attempt);
+            }
+        }
+        (b, read, two)
     }
 
     /// Parts 3 and 4: the masters split while A's round is under way. The same split both
@@ -268,15 +282,7 @@ impl Scene {
             );
         }
         let landed = self.landed_after();
-        let b = self.acquire("B", &mut b_lock);
-        let read = self.hosted_read_back(net, &key, "the masters, right after both rounds");
-        let two = check::two_holders(&self.round(&a), &self.round(&b)) == Finding::Yes;
-        // The failed round has released everywhere already (the algorithm's own step).
-        for (client, lock, attempt) in [("A", &mut a_lock, &a), ("B", &mut b_lock, &b)] {
-            if attempt.held {
-                self.release(client, lock, attempt);
-            }
-        }
+        let (b, read, two) = self.b_asks_while_split(net, (&mut a_lock, &a), &mut b_lock);
         let (stage, nemesis) = (&mut self.stage, &mut self.nemesis);
         let heal = (Fault::Heal, sides.as_str());
         stage.play_now(&mut faults, nemesis, &mut [], heal, "heals the split")?;
