@@ -215,6 +215,63 @@ mod redlock {
     }
 }
 
+/// Lab 6's partition scenario with the split landing in the middle of A's round
+/// (`redlock partition --json`, tests/fixtures/redlock-partition-mid-round.jsonl): the
+/// report judges each mid-round part from its rounds and the masters' read-back, and a
+/// read-back edited to show A's value still on m1 after its failed round turns the
+/// finding, and the replayed verdict, against the run.
+mod redlock_mid_round {
+    use super::*;
+    use lockslab::events::What;
+    use lockslab::labs::redlock::{check, replay};
+
+    const FIXTURE: &str = "redlock-partition-mid-round.jsonl";
+    const BEFORE: &str = "partition-split-before-quorum";
+
+    #[test]
+    fn a_split_in_the_middle_of_a_round_is_judged_from_the_masters_answers() {
+        let recorded = recorded(FIXTURE);
+        let events = &recorded.events;
+        let report = check(events);
+        for part in [BEFORE, "partition-split-after-quorum"] {
+            let exclusion = finding(&report, &format!("mutual exclusion ({part})"));
+            assert_eq!(exclusion.outcome, Outcome::Valid, "{exclusion:?}");
+            proved_by(
+                events,
+                exclusion,
+                &[Kind::Acquired, Kind::GaveUp, Kind::HolderNow],
+            );
+            let released = finding(&report, &format!("failed round released ({part})"));
+            assert_eq!(released.outcome, Outcome::Valid, "{released:?}");
+            proved_by(events, released, &[Kind::GaveUp, Kind::HolderNow]);
+        }
+        let verdict = recorded.verdict.as_ref().unwrap();
+        let replayed = replay(events, verdict).unwrap();
+        let before = replayed.parts.iter().find(|p| p.name == BEFORE).unwrap();
+        assert_eq!(before.replayed["left_after_release"], serde_json::json!([]));
+
+        // The same history, with m1 answering A's value in the read-back.
+        let mut edited = events.clone();
+        let read = (edited.iter_mut())
+            .find(|e| e.part.scenario.as_deref() == Some(BEFORE) && e.kind() == Kind::HolderNow)
+            .unwrap();
+        let What::HolderNow(holder) = &mut read.what else {
+            unreachable!()
+        };
+        holder.masters.as_mut().unwrap()[0].holder = Some("A".into());
+        let report = check(&edited);
+        let released = finding(&report, &format!("failed round released ({BEFORE})"));
+        assert_eq!(released.outcome, Outcome::Invalid, "{released:?}");
+        assert!(released.words.contains("m1"), "{released:?}");
+        let replayed = replay(&edited, verdict).unwrap();
+        let before = replayed.parts.iter().find(|p| p.name == BEFORE).unwrap();
+        assert_eq!(
+            before.replayed["left_after_release"],
+            serde_json::json!(["m1"])
+        );
+    }
+}
+
 /// Lab 10 (`queue`): every way of queueing, the churn, the expiry and the election.
 mod queue {
     use super::*;

@@ -964,3 +964,22 @@ pub struct MemberSaid {
 }
 
 one_kind!(MemberSaid);
+
+/// One master's grant in the middle of a Redlock round (lab 6): which master, its answer
+/// as the client timed it, and how far the round had come.
+#[skip_serializing_none]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Granted {
+    /// The key the client asked for.
+    pub lock: String,
+    /// The master's answer: its name, its port, when the `SET` was sent and how long the
+    /// OK took, from the start of the round.
+    pub answer: Answer,
+    /// Masters that had granted this round so far, this one included, of how many, and
+    /// how many make a quorum.
+    pub granted: usize,
+    pub masters: usize,
+    pub quorum: usize,
+}
+
+one_kind!(Granted);

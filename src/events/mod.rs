@@ -183,6 +183,11 @@ pub enum What {
     /// What one etcd member answered when the lab asked it directly (its status, a lease's
     /// TTL, the lock's holder), or what a client's request to it came back with.
     MemberSaid(MemberSaid),
+    // Lab 6: a round watched master by master (issue 44).
+    /// One Redis master said OK to a Redlock client's `SET`, seen the moment it came in,
+    /// before the client asked the next master: a point in the middle of a round that a
+    /// fault can be timed from ("once m2 has granted A").
+    Granted(Granted),
 }
 
 impl std::fmt::Display for Kind {

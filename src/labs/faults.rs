@@ -58,6 +58,14 @@ impl<'u> Until<'u> {
         )
     }
 
+    /// Once what the events logged so far made due was done — at once if they made
+    /// nothing due: for a lab that plays its faults between two steps of its own work (a
+    /// fault timed from a master's answer, before the client asks the next one), never
+    /// waiting for a fault to come.
+    pub fn nothing_due(within: Duration) -> Until<'u> {
+        Until::holds("the faults due now", within, |_, faults| !faults.due())
+    }
+
     /// Once the lab's own condition holds (`what` names it if it never does).
     pub fn holds(
         what: &str,

@@ -460,6 +460,14 @@ impl Redlock {
     /// ✅ One round of the algorithm. Returns the round whether or not it got the lock; a
     /// failed round has already been released everywhere.
     pub fn try_acquire(&mut self) -> Attempt {
+        self.try_acquire_seen(|_| {})
+    }
+
+    /// [`Redlock::try_acquire`], showing `seen` each master's answer to the `SET` as soon as
+    /// it is in: asked one after another, before the next master is asked (what a lab does
+    /// there — a fault that lands between two requests — is part of the round and of its
+    /// elapsed time); all at once, after the last answer, in the masters' order.
+    pub fn try_acquire_seen(&mut self, seen: impl FnMut(&Answer)) -> Attempt {
         let ttl = self.settings.ttl;
         let value = random_owner();
         let mut set = redis::cmd("SET");
@@ -473,14 +481,15 @@ impl Redlock {
             script: None,
         };
         let started = Instant::now();
-        let answers = self.ask_every_master(started, &set, |answer| match answer {
+        let judge = |answer| match answer {
             Ok(Value::Okay) => Reply::Granted,
             Ok(Value::Nil) => Reply::Refused,
             Ok(other) => Reply::NoAnswer {
                 why: format!("unexpected reply {other:?}"),
             },
             Err(why) => Reply::NoAnswer { why },
-        });
+        };
+        let answers = self.ask_every_master(started, &set, judge, seen);
         let elapsed = started.elapsed();
         let granted = answers.iter().filter(|a| a.reply == Reply::Granted).count();
         let quorum = quorum(self.masters.len());
@@ -517,11 +526,15 @@ impl Redlock {
     /// that a frozen one, which accepts the connection and never answers, costs the round
     /// one timeout however many are frozen. Answers are read in the masters' order: one read
     /// after a silent master's wait shows the time it was read, not when it arrived.
+    ///
+    /// `seen` is shown each answer as it is in (one after another), or all of them once the
+    /// last is (all at once).
     fn ask_every_master(
         &mut self,
         started: Instant,
         request: &Request,
         judge: impl Fn(Result<Value, String>) -> Reply + Sync,
+        mut seen: impl FnMut(&Answer),
     ) -> Vec<Answer> {
         let timeout = self.settings.instance_timeout;
         let answer = |master: &Master, reply, sent: Duration| Answer {
@@ -537,7 +550,13 @@ impl Redlock {
             answer(master, reply, sent)
         };
         match self.settings.round {
-            RoundOrder::Sequential => self.masters.iter_mut().map(ask).collect(),
+            RoundOrder::Sequential => (self.masters.iter_mut())
+                .map(|master| {
+                    let answer = ask(master);
+                    seen(&answer);
+                    answer
+                })
+                .collect(),
             RoundOrder::Concurrent => thread::scope(|scope| {
                 let mut connecting = Vec::new();
                 let mut waiting = Vec::new();
@@ -566,7 +585,9 @@ impl Redlock {
                 for (i, thread) in connecting {
                     answers[i] = Some(thread.join().expect("a thread asking a master panicked"));
                 }
-                answers.into_iter().flatten().collect()
+                let answers: Vec<Answer> = answers.into_iter().flatten().collect();
+                answers.iter().for_each(&mut seen);
+                answers
             }),
         }
     }
@@ -606,13 +627,14 @@ impl Redlock {
             packed: by_digest.get_packed_command(),
             script: Some(by_text.get_packed_command()),
         };
-        self.ask_every_master(Instant::now(), &request, |answer| {
-            match answer.and_then(|v| redis::from_redis_value(v).map_err(|e| e.to_string())) {
-                Ok((1, _)) => Reply::Deleted,
-                Ok((_, found)) => Reply::NotOurs { found },
-                Err(why) => Reply::NoAnswer { why },
-            }
-        })
+        let judge = |answer: Result<Value, String>| match answer
+            .and_then(|v| redis::from_redis_value(v).map_err(|e| e.to_string()))
+        {
+            Ok((1, _)) => Reply::Deleted,
+            Ok((_, found)) => Reply::NotOurs { found },
+            Err(why) => Reply::NoAnswer { why },
+        };
+        self.ask_every_master(Instant::now(), &request, judge, |_| {})
     }
 }
 

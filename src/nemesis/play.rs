@@ -408,6 +408,11 @@ impl<'w> Faults<'w> {
         self.cursor.seen()
     }
 
+    /// Did the events shown so far make something due that is not done yet?
+    pub fn due(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// The steps (by their place) that came due and were not done so far, and why.
     pub fn skipped(&self) -> &[(usize, String)] {
         &self.skipped

@@ -67,8 +67,11 @@ Examples:
                                          masters
   lockslab redlock restart               one scenario: a master restarting empty
   lockslab redlock partition             real partitions: a client cut from two
-                                         masters, the masters split 3/2 (each on
-                                         a host of its own; not in the default run)
+                                         masters, the masters split 3/2 — between
+                                         two rounds, then in the middle of A's,
+                                         once m2 has granted it, once m3 has
+                                         (each on a host of its own; not in the
+                                         default run)
   lockslab redlock --masters 3           three masters (quorum 2)
   lockslab redlock --instance-timeout 200ms   frozen masters eat more of the
                                               validity
@@ -158,7 +161,8 @@ pub enum Scenario {
     ClockJump,
     /// The client pauses past its validity; its random value compare-and-set vs a token
     ClientPause,
-    /// A client cut from two masters, then the masters split 3/2 between two clients: real
+    /// A client cut from two masters, then the masters split 3/2 between two clients —
+    /// before A's round, then in its middle (once m2 has granted A, once m3 has): real
     /// partitions, each master and client on a host of its own (not in the default run)
     Partition,
 }

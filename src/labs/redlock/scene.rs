@@ -183,6 +183,57 @@ impl Scene {
     /// One round of `client` on `lock`, shown master by master.
     pub(super) fn acquire(&mut self, client: &str, lock: &mut Redlock) -> Attempt {
         let attempt = lock.try_acquire();
+        self.record_round(client, lock, attempt)
+    }
+
+    /// One round of `client` on `lock` with each master's grant recorded the moment it is
+    /// in ([`What::Granted`]), and `faults` played on it before the next master is asked:
+    /// a fault timed from "m2 granted A" lands in the middle of A's round, and the time it
+    /// takes is part of the round's elapsed time, as anything that happens during it is.
+    pub(super) fn acquire_playing(
+        &mut self,
+        client: &str,
+        lock: &mut Redlock,
+        faults: &mut Faults,
+    ) -> Result<Attempt> {
+        let (key, masters) = (lock.key.clone(), lock.masters.len());
+        let quorum = redlock::quorum(masters);
+        let Scene { stage, nemesis, .. } = self;
+        let (mut granted, mut failed) = (0, None);
+        let attempt = lock.try_acquire_seen(|answer| {
+            if answer.reply != Reply::Granted || failed.is_some() {
+                return;
+            }
+            granted += 1;
+            let facts = facts::Granted {
+                lock: key.clone(),
+                answer: answer.clone(),
+                granted,
+                masters,
+                quorum,
+            };
+            stage.record(Event::new(
+                client,
+                facts,
+                format!(
+                    "{} granted (OK in {:.1}ms): {granted} of {masters} so far, quorum {quorum}",
+                    answer.master, answer.took_ms
+                ),
+            ));
+            let due = Until::nothing_due(Duration::from_secs(30));
+            if let Err(why) = stage.play(faults, nemesis, &mut [], due) {
+                failed = Some(why);
+            }
+        });
+        match failed {
+            Some(why) => Err(why),
+            None => Ok(self.record_round(client, lock, attempt)),
+        }
+    }
+
+    /// Records `client`'s round on `lock`: its grant, or its giving up, with every
+    /// master's answer and the arithmetic.
+    fn record_round(&mut self, client: &str, lock: &Redlock, attempt: Attempt) -> Attempt {
         self.values
             .push((attempt.value.clone(), client.to_string()));
         let owner = Some(attempt.value.clone());

@@ -112,6 +112,27 @@ pub fn rounds_at(events: &[Event], tag: &str) -> Vec<(usize, String, Round)> {
         .collect()
 }
 
+/// The parts where two clients ask while the masters are split, in the order they play: at
+/// once, and in the middle of A's round (before its quorum, after it).
+const SPLIT_PARTS: [&str; 3] = [
+    "partition-split",
+    "partition-split-before-quorum",
+    "partition-split-after-quorum",
+];
+
+/// The masters that still held the value of a client whose round failed (`rounds`: each
+/// client and whether its round held), as `read` answered: what its release left behind.
+pub fn left_by_failed(rounds: &[(&str, bool)], read: &[MasterState]) -> Vec<String> {
+    let failed: Vec<&str> = (rounds.iter())
+        .filter(|(_, held)| !held)
+        .map(|(who, _)| *who)
+        .collect();
+    (read.iter())
+        .filter(|s| s.answered && s.holder.as_deref().is_some_and(|h| failed.contains(&h)))
+        .map(|s| s.master.clone())
+        .collect()
+}
+
 /// Every read-back of the masters for scenario `name`'s key, in the order the lab made them.
 pub fn reads_in(events: &[Event], name: &str) -> Vec<Vec<MasterState>> {
     reads_at(events, name)
@@ -166,7 +187,9 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     let mut pairs = rounds_in(events, "restart");
     pairs.extend(rounds_in(events, "clock-jump"));
-    pairs.extend(rounds_in(events, "partition-split"));
+    for name in SPLIT_PARTS {
+        pairs.extend(rounds_in(events, name));
+    }
     let mut pairs = pairs
         .chunks(2)
         .map(|pair| pair.to_vec())
@@ -190,7 +213,12 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
                 };
                 json!({ "granted": a.held })
             }
-            "restart-empty" | "restart-delayed" | "clock-jump" | "partition-split" => {
+            "restart-empty"
+            | "restart-delayed"
+            | "clock-jump"
+            | "partition-split"
+            | "partition-split-before-quorum"
+            | "partition-split-after-quorum" => {
                 let Some([(a_who, a), (b_who, b)]) = pairs
                     .next()
                     .as_deref()
@@ -202,10 +230,18 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
                 if (a_who.as_str(), b_who.as_str()) != ("A", "B") {
                     bail!("{name}: the rounds are {a_who}'s and {b_who}'s, not A's and B's");
                 }
-                json!({
+                let mut found = json!({
                     "granted": b.held,
                     "two_holders": check::two_holders(&a, &b).as_option(),
-                })
+                });
+                if name.starts_with("partition-split-") {
+                    let [read] = &reads_in(events, name)[..] else {
+                        bail!("{name}: the history does not hold its one read-back");
+                    };
+                    let failed = [("A", &a), ("B", &b)].map(|(who, r)| (who, r.held));
+                    found["left_after_release"] = json!(left_by_failed(&failed, read));
+                }
+                found
             }
             "client-pause" => {
                 let (_, b_at, twice) = judge_client_pause(events, name)?;
@@ -265,9 +301,16 @@ pub fn check(history: &[Event]) -> Report {
     }
     let mut rounds = rounds_at(history, "restart");
     rounds.extend(rounds_at(history, "clock-jump"));
-    rounds.extend(rounds_at(history, "partition-split"));
+    for name in SPLIT_PARTS {
+        rounds.extend(rounds_at(history, name));
+    }
     for pair in rounds.chunks(2) {
         report.push(pair_exclusion(history, pair));
+    }
+    for name in &SPLIT_PARTS[1..] {
+        if let Some(finding) = failed_round_released(history, name) {
+            report.push(finding);
+        }
     }
     if history
         .iter()
@@ -310,6 +353,52 @@ fn pair_exclusion(history: &[Event], pair: &[(usize, String, Round)]) -> report:
     };
     let events = [Some(*a_at), Some(*b_at), read_at].into_iter().flatten();
     report::Finding::new(name, report::Outcome::broken_if(two), words, events)
+}
+
+/// A split in the middle of A's round: did the round that failed (A's short of its quorum,
+/// or B's) leave its value on no master? Decided by the masters' own answers read back
+/// while the split lasted; unknown where a master did not answer. None when the part is not
+/// in the history, or no round failed.
+fn failed_round_released(history: &[Event], name: &str) -> Option<report::Finding> {
+    let rounds = rounds_at(history, name);
+    let reads = reads_at(history, name);
+    if rounds.is_empty() && reads.is_empty() {
+        return None;
+    }
+    let title = format!("failed round released ({name})");
+    let ([(a_at, a_who, a), (b_at, b_who, b)], [(read_at, read)]) = (&rounds[..], &reads[..])
+    else {
+        let words = "the history does not hold both rounds and the one read-back";
+        let at = rounds.iter().map(|(at, _, _)| *at);
+        return Some(report::Finding::new(
+            title,
+            report::Outcome::Unknown,
+            words,
+            at,
+        ));
+    };
+    let (failed_at, who) = match (a.held, b.held) {
+        (false, _) => (*a_at, a_who),
+        (_, false) => (*b_at, b_who),
+        _ => return None,
+    };
+    let held = [(a_who.as_str(), a.held), (b_who.as_str(), b.held)];
+    let left = left_by_failed(&held, read);
+    let events = [failed_at, *read_at];
+    let (outcome, words) = if !left.is_empty() {
+        let words = format!(
+            "{who}'s value was still on {}: its release missed them",
+            left.join(", ")
+        );
+        (report::Outcome::Invalid, words)
+    } else if read.iter().all(|s| s.answered) {
+        let words = format!("no master held {who}'s value once its failed round had released");
+        (report::Outcome::Valid, words)
+    } else {
+        let words = "a master did not answer the read-back".to_string();
+        (report::Outcome::Unknown, words)
+    };
+    Some(report::Finding::new(title, outcome, words, events))
 }
 
 /// The client pause: was the lock granted twice within A's validity (the judgment the live
