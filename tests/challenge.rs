@@ -513,6 +513,20 @@ fn a_compare_and_set_followed_through_its_retries_is_neither_starved_nor_left_al
     }
 }
 
+/// `blind-retry` reads the version by touching the row, compares it at its write, and,
+/// refused, reads again and writes with no compare. When a fault follows its job to that
+/// retry while a newer holder waits after its read, the retry is held until the newer
+/// holder's write has landed, and then erases it (a lost update the data shows). Let go
+/// first, as lockslab did for a while, the blind retry never met a newer write, and the
+/// client passed pause and delay on every seed tried (11 of 11, by a hostile tester).
+#[test]
+fn a_blind_retry_after_a_refused_compare_never_passes_pause_or_delay() {
+    for name in ["pause", "delay"] {
+        let (code, verdict) = Reference::Rust.graded(name, 1, "blind-retry");
+        assert_ne!(code, 0, "{name} blind-retry --seed 1 passed: {verdict}");
+    }
+}
+
 /// A correct client passes on one of the first `seeds` seeds and fails on none: on a busy
 /// machine lockslab may play a fault late (undecided, said so), never a false fail.
 fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {

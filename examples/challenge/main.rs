@@ -35,6 +35,7 @@
 //! lockslab challenge pause        -- $R lastcheck        # never passes
 //! lockslab challenge delay        -- $R lastcheck-select # never passes
 //! lockslab challenge pause        -- $R lastcheck-decoy  # never passes
+//! lockslab challenge delay        -- $R blind-retry      # never passes
 //! lockslab challenge crash        -- $R shuffled         # fails
 //! ```
 //!
@@ -47,7 +48,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// Every reference by name: a design, and what it does wrong on purpose, if anything.
-const REFERENCES: [(&str, Design, Twist); 22] = [
+const REFERENCES: [(&str, Design, Twist); 23] = [
     ("none", Design::NoLock, Twist::Honest),
     ("setnx", Design::Setnx, Twist::Honest),
     ("late", Design::Setnx, Twist::WritingAfterCommit),
@@ -90,6 +91,7 @@ const REFERENCES: [(&str, Design, Twist); 22] = [
         Design::Optimistic { retry: false },
         Twist::Honest,
     ),
+    ("blind-retry", Design::BlindRetry, Twist::Honest),
 ];
 
 /// How a reference keeps two clients' jobs on one record apart, weakest first.
@@ -144,6 +146,13 @@ enum Design {
     /// `fail` — as safe, but not live: a job that loses five compares in a row is never
     /// done (most seeds, three clients).
     Optimistic { retry: bool },
+    /// Setnx + a compare-and-set on the row's version (`xmin`), read by an `UPDATE` that
+    /// changes nothing but the version (so every read moves it, and a reader who read
+    /// before it is refused at its compare). On a refused compare it reads again and writes
+    /// *without* the compare — the fallback that looks harmless because it only runs
+    /// after a conflict. A pause between that read and that write loses an update:
+    /// lockslab holds such a retry until a newer holder's write has landed.
+    BlindRetry,
 }
 
 impl Design {
@@ -152,7 +161,7 @@ impl Design {
         use Design::*;
         matches!(
             self,
-            Setnx | Checked | Fenced | Claimed | Once | Sentinel | Sequence
+            Setnx | Checked | Fenced | Claimed | Once | Sentinel | Sequence | BlindRetry
         )
     }
 
@@ -513,6 +522,7 @@ impl Client {
         let answer = match self.design {
             Design::ForUpdate | Design::Advisory => self.work_in_postgres(job),
             Design::Optimistic { retry } => self.work_optimistic(job, retry),
+            Design::BlindRetry => self.work_blind_retry(job),
             Design::Claimed => self.work_claimed(job, lock.as_ref()),
             Design::Checked => self.work_checked(job, lock.as_ref()),
             _ => self.work_in_one_transaction(job, lock.as_ref()),
@@ -752,6 +762,44 @@ impl Client {
                 return Answer::Fail("lost the compare: the record changed since my read");
             }
         }
+    }
+
+    /// `BlindRetry`: a compare on the version read, then, if refused, a write with none.
+    fn work_blind_retry(&mut self, job: &Job) -> Answer {
+        let table = &self.init.table;
+        let touch = format!(
+            "UPDATE {table} SET fence = fence WHERE record = $1 \
+             RETURNING value, items, xmin::text"
+        );
+        let row = self.db.query_one(&touch, &[&job.record]).unwrap();
+        let (was_value, was_items, version): (i64, Vec<String>, String) =
+            (row.get(0), row.get(1), row.get(2));
+        if was_items.contains(&job.append) {
+            return Answer::Ok;
+        }
+        self.out.note("writing", job.id);
+        job.work();
+        let (value, items) = job.written(was_value, was_items);
+        let compare = format!(
+            "UPDATE {table} SET value = $1, items = $2, job = $3 \
+             WHERE record = $4 AND xmin::text = $5"
+        );
+        let args: [&(dyn postgres::types::ToSql + Sync); 5] =
+            [&value, &items, &job.id, &job.record, &version];
+        if self.db.execute(&compare, &args).unwrap() == 1 {
+            return Answer::Ok;
+        }
+        // The bug: read again, and write what was read plus the job, with no compare.
+        let row = self.db.query_one(&touch, &[&job.record]).unwrap();
+        let (was_value, was_items): (i64, Vec<String>) = (row.get(0), row.get(1));
+        self.out.note("writing", job.id);
+        let (value, items) = job.written(was_value, was_items);
+        let blind =
+            format!("UPDATE {table} SET value = $1, items = $2, job = $3 WHERE record = $4");
+        self.db
+            .execute(&blind, &[&value, &items, &job.id, &job.record])
+            .unwrap();
+        Answer::Ok
     }
 
     /// `FailWhenSlow`: the job's entry is in its record already.

@@ -177,6 +177,9 @@ struct Run<'a> {
     /// last of them changed the record ([`aim::Aimed`]).
     writes_most_ok: Option<u32>,
     overtaking: Option<overtake::Overtake>,
+    retry_held: Option<overtake::RetryHeld>,
+    /// The jobs (by client) whose retry was held once for a newer holder's write.
+    retries_held: BTreeSet<(String, i64)>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
     /// Each job as it was handed out, and how it was answered.
@@ -301,6 +304,8 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         writing: None,
         writes_most_ok: None,
         overtaking: None,
+        retry_held: None,
+        retries_held: BTreeSet::new(),
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
             .map(|(redis, after)| failover::Failover::new(redis, after)),
@@ -583,6 +588,7 @@ impl Run<'_> {
                 self.overtake()?;
             }
             self.end_overtake()?;
+            self.let_the_retry_go()?;
             self.check_deadlines()?;
             self.hear_proxies()?;
             self.read_waits()?;

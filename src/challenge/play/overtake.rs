@@ -34,6 +34,16 @@ pub(super) struct Overtake {
     until: Instant,
 }
 
+/// An older holder's retry held while the newer holder writes first
+/// ([`Run::followed_into_the_worst_order`]).
+pub(super) struct RetryHeld {
+    older: String,
+    newer: String,
+    newer_job: i64,
+    /// When to let the retry go if the newer holder has not answered by then.
+    until: Instant,
+}
+
 /// How long the newer holder is held at most: the older one's write and answer take
 /// milliseconds, unless it waits for a row lock the newer one holds.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
@@ -46,7 +56,8 @@ impl Run<'_> {
             return Ok(());
         };
         let challenge = self.setup.challenge;
-        if self.overtaking.is_some() || !matches!(challenge, Challenge::Pause | Challenge::Delay) {
+        let playing = self.overtaking.is_some() || self.retry_held.is_some();
+        if playing || !matches!(challenge, Challenge::Pause | Challenge::Delay) {
             return Ok(());
         }
         let paused = self.paused();
@@ -116,17 +127,62 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The older holder's write, let go first, was refused and its retry (read afresh) is
+    /// The older holder's write, let go first, was refused, and its retry (read afresh) is
     /// held again by the fault that follows its job, while the newer holder is still held
-    /// after its read: the retry goes at once, in the same worst order — between the newer
-    /// holder's read and its write. Held until the newer holder's wait ran out instead, the
-    /// newer holder would write first, the retry would be refused again, and a
-    /// compare-and-set would be made to lose every round until the fault gave up following.
+    /// after its read. The first time in a job, the newer holder goes now, and the retry
+    /// waits until its write has been answered ([`Run::let_the_retry_go`]): the retry then
+    /// meets a write that landed after its read, as the first held write did. A retry that
+    /// drops its guard — a blind write after a refused compare — lands on that write and
+    /// erases it, which the data shows; a compare-and-set's retry is refused and reads
+    /// again. From the second time in a job, the retry goes at once, before the newer
+    /// holder's write: a compare-and-set, refused by every newer write it is made to wait
+    /// for while other clients write too, would otherwise lose every round until the fault
+    /// gave up following it (the run unknown).
     pub(super) fn followed_into_the_worst_order(&mut self, older: &str) -> Result<()> {
-        let Some(overtake) = self.overtaking.as_ref().filter(|o| o.older == older) else {
+        if self.overtaking.as_ref().is_none_or(|o| o.older != older) {
+            return Ok(());
+        }
+        let job = (self.seats.iter().find(|s| s.client.name == older))
+            .and_then(|s| s.job.map(|(job, _)| job));
+        let Some(job) = job else {
             return Ok(());
         };
-        let (newer, newer_job) = (overtake.newer.clone(), overtake.newer_job);
+        if !self.retries_held.insert((older.to_string(), job)) {
+            return self.let_the_retry_go_first(older);
+        }
+        let Some(overtake) = self.overtaking.take() else {
+            return Ok(());
+        };
+        let newer = overtake.newer;
+        if self.paused().contains(&newer) {
+            let words = format!(
+                "resumes {newer}, to write first: {older}'s retry is held until {newer}'s \
+                 write is answered"
+            );
+            self.play_now((Fault::Resume, &newer, How::default()), move |_| {
+                Note::from(words)
+            })?;
+            if let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == newer)
+                && let Some((_, since)) = seat.job.as_mut()
+            {
+                *since = Instant::now();
+            }
+        }
+        self.retry_held = Some(RetryHeld {
+            older: older.to_string(),
+            newer,
+            newer_job: overtake.newer_job,
+            until: Instant::now() + HOLD_AT_MOST,
+        });
+        Ok(())
+    }
+
+    /// A retry held again while the newer holder waits after its read goes at once, before
+    /// that holder's write: resumed, or its bytes let go.
+    fn let_the_retry_go_first(&mut self, older: &str) -> Result<()> {
+        let Some(newer) = self.overtaking.as_ref().map(|o| o.newer.clone()) else {
+            return Ok(());
+        };
         let Some(index) = self.seats.iter().position(|s| s.client.name == older) else {
             return Ok(());
         };
@@ -136,8 +192,8 @@ impl Run<'_> {
                 faults.withdraw(older, Fault::Resume);
             }
             let words = format!(
-                "resumes {older} at once: {newer} has read and is held, so {older}'s retry \
-                 goes first (the worst order again)"
+                "resumes {older} at once: its job's retry was held for a newer write once \
+                 already, and {newer} has read and is held, so the retry goes first"
             );
             self.play_now((Fault::Resume, older, How::default()), move |_| {
                 Note::from(words)
@@ -145,8 +201,8 @@ impl Run<'_> {
         } else if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
         {
             let note = format!(
-                "lets {older}'s retry go at once: {newer} has read and is held, so it goes \
-                 first (the worst order again)"
+                "lets {older}'s retry go at once: its job's retry was held for a newer write \
+                 once already, and {newer} has read and is held, so the retry goes first"
             );
             faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
             self.held_writes.remove(older);
@@ -154,9 +210,53 @@ impl Run<'_> {
         if let Some((_, since)) = self.seats[index].job.as_mut() {
             *since = Instant::now();
         }
-        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == older) {
-            strike.overtaken = true;
-            strike.overtaken_by = Some(newer_job);
+        Ok(())
+    }
+
+    /// Lets the held retry go once the newer holder has answered its job (or died), or
+    /// [`HOLD_AT_MOST`] has passed.
+    pub(super) fn let_the_retry_go(&mut self) -> Result<()> {
+        let Some(held) = &self.retry_held else {
+            return Ok(());
+        };
+        let answered = !self.seats.iter().any(|s| {
+            s.client.name == held.newer
+                && s.client.is_running()
+                && s.job.is_some_and(|(job, _)| job == held.newer_job)
+        });
+        if !answered && Instant::now() < held.until {
+            return Ok(());
+        }
+        let Some(held) = self.retry_held.take() else {
+            return Ok(());
+        };
+        let (older, newer) = (held.older, held.newer);
+        let Some(index) = self.seats.iter().position(|s| s.client.name == older) else {
+            return Ok(());
+        };
+        let after = if answered {
+            format!("{newer} answered")
+        } else {
+            format!("{newer} did not answer within {}", human(HOLD_AT_MOST))
+        };
+        if self.paused().contains(&older) {
+            if let Some(faults) = self.faults.as_mut() {
+                // Resumed now, its pause's end is not played again later.
+                faults.withdraw(&older, Fault::Resume);
+            }
+            let words = format!("resumes {older}, its retry after {newer}'s write ({after})");
+            self.play_now((Fault::Resume, &older, How::default()), move |_| {
+                Note::from(words)
+            })?;
+        } else if self.held_writes.contains(&older)
+            && let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
+        {
+            let note = format!("lets {older}'s retry go, after {newer}'s write ({after})");
+            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
+            self.held_writes.remove(&older);
+        }
+        if let Some((_, since)) = self.seats[index].job.as_mut() {
+            *since = Instant::now();
         }
         Ok(())
     }
