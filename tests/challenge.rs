@@ -79,7 +79,28 @@ fn challenge(name: &str, seed: u64, extra: &[&str], program: &[&str]) -> (i32, V
     args.extend_from_slice(program);
     let output = lockslab(&args).output().expect("running lockslab");
     let verdict = verdict_in(&output);
-    (output.status.code().unwrap_or(-1), verdict, output)
+    let code = output.status.code().unwrap_or(-1);
+    if matches!(code, 0 | 1 | 3) {
+        graded_again_offline(&output, &verdict);
+    }
+    (code, verdict, output)
+}
+
+/// Every graded run's `--json`, given to `lockslab check`, grades again to the same
+/// verdict — grade, problems, unknowns, faults that bit — from the history and the
+/// evidence the verdict carries, with no server.
+fn graded_again_offline(output: &Output, verdict: &Value) {
+    let run = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(run.path(), &output.stdout).unwrap();
+    let path = run.path().to_str().unwrap();
+    let check = lockslab(&["check", path]).output().unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains("Reproduced"),
+        "lockslab check graded the run otherwise than it was ({}):\n{said}\n{}",
+        verdict["grade"],
+        String::from_utf8_lossy(&check.stderr)
+    );
 }
 
 /// The verdict line of a challenge run with `--json`.

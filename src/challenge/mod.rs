@@ -355,18 +355,8 @@ fn grade(
     });
     removal.now(&outcome);
     let (played, evidence) = outcome?;
-    let mut report = crate::check::challenge::check(&evidence);
-    let grade = if played.client_failure.is_some() {
-        // The run stopped at the client's failure: the jobs not done by then were never
-        // given a chance, and forty "never done" lines would bury the one that matters.
-        use crate::check::challenge::Problem;
-        report
-            .problems
-            .retain(|p| !matches!(p, Problem::NeverDone { .. }));
-        Grade::Fail
-    } else {
-        report.grade()
-    };
+    let (report, grade) =
+        crate::check::challenge::graded(&evidence, played.client_failure.is_some());
     verdict::show(&setup, &run_id, &played, &evidence, &report, grade);
     if let Some(target) = picture {
         let verdict = verdict::json(&setup, &run_id, &played, &evidence, &report, grade);

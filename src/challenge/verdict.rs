@@ -168,6 +168,8 @@ pub fn json(
         "faults_bit": report.faults_bit,
         "replay": setup.replay.join(" "),
         "clients_isolated": setup.isolation.kind(),
+        // Everything the grade weighed, so `lockslab check` grades the run again offline.
+        "evidence": evidence,
     });
     crate::events::envelope::verdict_of("challenge", run_id, fields)
 }

@@ -52,7 +52,7 @@ mod items;
 pub use items::Gone;
 
 /// One job as lockslab handed it out.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub id: i64,
     pub record: String,
@@ -98,7 +98,7 @@ pub struct Statement {
 }
 
 /// One record as the run left it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Final {
     pub record: String,
     pub value: i64,
@@ -109,7 +109,7 @@ pub struct Final {
 pub type Finals = Vec<Final>;
 
 /// What the run produced, for the checker.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     pub jobs: Vec<JobSpec>,
     /// Jobs some client answered `ok` for.
@@ -175,7 +175,7 @@ pub struct KeyWait {
 
 /// How a client was held off by a faulted client's lock: who waited, how lockslab saw it,
 /// and how far into the fault.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldOff {
     pub waiter: String,
     /// `pg_blocking_pids`, or the key that still held the faulted client's value.
@@ -442,10 +442,10 @@ fn written_though_failed(changes: &[Change], deliveries: &[Delivery]) -> Vec<Pro
 
 /// A pause, a delay or a kill as it began: whom it hit, the job that client had, and the
 /// database's clock at that moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Strike {
     /// `pause`, `delay` or `kill`.
-    pub fault: &'static str,
+    pub fault: String,
     pub client: String,
     /// The job the client had, or else the last one it was given (none: not one yet).
     pub job: Option<i64>,
@@ -488,16 +488,16 @@ pub struct Strike {
     /// The Postgres session its held write went to (read by its proxy): the statements of
     /// that session after the fault are the held write's and what followed it, so a
     /// refusal is read there — not from an UPDATE the client sent on another connection.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_session: Option<i32>,
     /// It followed an earlier fault on the same job to the job's next write (see
     /// `challenge::play::aim`): a write retried after the held one was refused.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub follows: bool,
     /// The fault it followed bit (filled in by the checker): then this one, on the retry,
     /// misses nothing by finding nobody writing the record meanwhile — the retry read
     /// afresh, and nobody was left to be overtaken.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub followed_bit: bool,
     /// Its lock — a Redis or etcd key under the run's prefix, found when the fault began —
     /// still held its value when the fault ended (see `challenge::play::outlast`).
@@ -687,7 +687,7 @@ impl Strike {
     }
 
     fn verb(&self) -> &'static str {
-        match self.fault {
+        match self.fault.as_str() {
             "pause" => "paused",
             "kill" => "killed",
             _ => "delayed",
@@ -696,7 +696,7 @@ impl Strike {
 }
 
 /// One moment of a client's lock on a record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockMoment {
     pub t_ms: u64,
     pub client: String,
@@ -704,7 +704,7 @@ pub struct LockMoment {
     pub what: Moment,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Moment {
     /// A job on the record was sent to the client: from now it wants the lock.
@@ -1137,6 +1137,21 @@ impl Report {
     pub fn grade(&self) -> Grade {
         self.report().outcome.into()
     }
+}
+
+/// The run's grade: its evidence checked, or a fail if the client failed (crashed, hung,
+/// spoke garbage) — the jobs not done by then were never given a chance, and forty "never
+/// done" lines would bury the one that matters.
+pub fn graded(evidence: &Evidence, client_failed: bool) -> (Report, Grade) {
+    let mut report = check(evidence);
+    if !client_failed {
+        let grade = report.grade();
+        return (report, grade);
+    }
+    report
+        .problems
+        .retain(|p| !matches!(p, Problem::NeverDone { .. }));
+    (report, Grade::Fail)
 }
 
 /// Checks one run's evidence.
@@ -1787,7 +1802,7 @@ mod tests {
             ..Delivery::default()
         }];
         let held = Strike {
-            fault: "delay",
+            fault: "delay".into(),
             client: "c1".into(),
             job: Some(2),
             at_us: 500_000,
@@ -1828,7 +1843,7 @@ mod tests {
         run.lease_ms = 500;
         // Its held write, tried when it was caught, updated a row.
         let strike = |job: Option<i64>, at_us: i64| Strike {
-            fault: "pause",
+            fault: "pause".into(),
             client: "c1".into(),
             job,
             at_us,
@@ -2056,7 +2071,7 @@ mod tests {
             delivery(3, "c2", 1.3, 3.1, true),
         ];
         run.strikes = vec![Strike {
-            fault: "pause",
+            fault: "pause".into(),
             client: "c1".into(),
             job: Some(2),
             at_us: 1_500_000,
@@ -2117,7 +2132,7 @@ mod tests {
         run.finals[1].value = 0;
         fill_items(&mut run);
         run.strikes = vec![Strike {
-            fault: "pause",
+            fault: "pause".into(),
             client: "c1".into(),
             job: Some(2),
             at_us: 1_500_000,
@@ -2244,7 +2259,7 @@ mod tests {
     fn a_kill_bites_only_if_its_client_held_a_job_it_had_not_answered() {
         let mut run = clean_run();
         let kill = |job: Option<i64>, answered: bool| Strike {
-            fault: "kill",
+            fault: "kill".into(),
             client: "c2".into(),
             job,
             answered,

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 /// What trying the held write showed.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tried {
     /// Run when it was caught, it updated rows of the watched table.

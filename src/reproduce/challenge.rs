@@ -1,16 +1,16 @@
 //! A recorded `lockslab challenge` run graded again by [`crate::check::challenge`]: the jobs
-//! and the clients' `ok`s from the typed events, the database's log of changes from the
-//! verdict (where the run kept it), each record's final value and items from its last change.
-//!
-//! The live grader also weighs evidence the `--json` does not carry (the clients' lock
-//! notes, the statements, the waits, which faults bit): the replay grades what the history
-//! and the log decide — the problems in the data — and says what it leaves as recorded.
+//! and the clients' `ok`s from the typed events, and everything else the grade weighed —
+//! the database's log of changes and statements, each record's final value and items, the
+//! clients' lock notes, each fault as it began, the waits read from the servers — from the
+//! evidence the verdict carries. A run recorded before the verdict carried its evidence is
+//! graded on what the history and the change log decide (the problems in the data), and
+//! the rest is left as recorded.
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::check::challenge::{Change, Evidence, Final, JobSpec, Problem, check};
+use crate::check::challenge::{Change, Evidence, Final, Grade, JobSpec, Problem, check, graded};
 use crate::check::report::{Finding, Outcome, Report};
 use crate::events::{Event, What};
 use crate::labs::replay::{self, Replayed};
@@ -23,11 +23,62 @@ struct Graded {
     problems: Vec<Problem>,
 }
 
+/// What the replay decides of a challenge run whose verdict carries its evidence: the grade
+/// itself, and every field it rests on.
+#[derive(Serialize)]
+struct GradedWhole {
+    jobs: usize,
+    acknowledged: usize,
+    problems: Vec<Problem>,
+    unknown: Vec<String>,
+    faults_bit: usize,
+    grade: Grade,
+}
+
+/// The evidence the verdict carries (none: recorded before it did), with the `ok`s the
+/// history holds in place of the verdict's copy. Its jobs are the run's, sent or not (a run
+/// cut short by its client sent only some); each job the history sent must be among them.
+fn carried(events: &[Event], verdict: &Value) -> Result<Option<Evidence>> {
+    let Some(carried) = verdict.get("evidence").filter(|e| !e.is_null()) else {
+        return Ok(None);
+    };
+    let mut evidence: Evidence = serde_json::from_value(carried.clone())
+        .context("the verdict's `evidence` is not the grader's")?;
+    let from_history = evidence_of_the_data(events, verdict)?;
+    if let Some(job) = (from_history.jobs.iter()).find(|sent| !evidence.jobs.contains(sent)) {
+        bail!(
+            "job {} was sent as the history says, but the verdict's evidence has it \
+             otherwise, or not at all",
+            job.id
+        );
+    }
+    evidence.acknowledged = from_history.acknowledged;
+    Ok(Some(evidence))
+}
+
+fn client_failed(verdict: &Value) -> bool {
+    verdict.get("client_failure").is_some_and(|f| !f.is_null())
+}
+
 pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
-    let evidence = evidence(events, verdict)?;
+    let challenge = verdict["challenge"].as_str().unwrap_or("challenge");
+    if let Some(evidence) = carried(events, verdict)? {
+        let (report, grade) = graded(&evidence, client_failed(verdict));
+        let mut replayed = Replayed::default();
+        let whole = GradedWhole {
+            jobs: evidence.jobs.len(),
+            acknowledged: evidence.acknowledged.len(),
+            problems: report.problems,
+            unknown: report.undecided,
+            faults_bit: report.faults_bit,
+            grade,
+        };
+        replayed.part(format!("challenge {challenge}"), verdict, whole);
+        return Ok(replayed);
+    }
+    let evidence = evidence_of_the_data(events, verdict)?;
     let report = check(&evidence);
     let mut replayed = Replayed::default();
-    let challenge = verdict["challenge"].as_str().unwrap_or("challenge");
     let graded = Graded {
         jobs: evidence.jobs.len(),
         acknowledged: evidence.acknowledged.len(),
@@ -50,11 +101,15 @@ const BEYOND_THE_DATA: &str = "what the grade weighs besides the data (the clien
 
 /// The grader over a challenge's `--json`, as one [`Report`]: each problem it finds in the
 /// data an invalid finding at the events of its job (the job sent, the client's answers);
-/// each question the data leaves open an unknown one; and where the data shows no problem,
-/// an unknown finding for what the grade weighs besides it — never a pass from the history
-/// alone.
+/// each question the grade leaves open an unknown one. With the evidence the verdict
+/// carries, a run with neither is a valid finding; a run recorded without it gets an unknown
+/// finding for what the grade weighs besides the data — never a pass from the history alone.
 pub fn report(events: &[Event], verdict: &Value) -> Result<Report> {
-    let graded = check(&evidence(events, verdict)?);
+    let whole = carried(events, verdict)?;
+    let graded = match &whole {
+        Some(evidence) => graded(evidence, client_failed(verdict)).0,
+        None => check(&evidence_of_the_data(events, verdict)?),
+    };
     let of_job = |job: Option<i64>| {
         (0..events.len()).filter(move |&i| {
             matches!(&events[i].what, What::JobSent(j) | What::JobAnswered(j)
@@ -72,7 +127,14 @@ pub fn report(events: &[Event], verdict: &Value) -> Result<Report> {
     for why in &graded.undecided {
         report.push(Finding::new("unknown", Outcome::Unknown, why, []));
     }
-    if graded.problems.is_empty() {
+    if whole.is_some() && graded.problems.is_empty() && graded.undecided.is_empty() {
+        report.push(Finding::new(
+            "graded",
+            Outcome::Valid,
+            "every job's effect is in the data once, and every fault that played bit",
+            [],
+        ));
+    } else if whole.is_none() && graded.problems.is_empty() {
         report.push(Finding::new(
             "beyond the data",
             Outcome::Unknown,
@@ -85,7 +147,7 @@ pub fn report(events: &[Event], verdict: &Value) -> Result<Report> {
 
 /// The grader's evidence out of a recorded run: the jobs and the clients' `ok`s from the
 /// history, the change log and the faults from the verdict.
-fn evidence(events: &[Event], verdict: &Value) -> Result<Evidence> {
+fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
     let sent = events.iter().filter_map(|e| match &e.what {
         What::JobSent(job) => Some(job),
         _ => None,

@@ -247,7 +247,7 @@ impl Run<'_> {
                 let seat = &self.seats[index];
                 let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
                 self.strikes.push(Strike {
-                    fault: "kill",
+                    fault: "kill".into(),
                     client: name.clone(),
                     job: current.or(seat.last_job),
                     answered: current.is_none() && seat.last_job.is_some(),
@@ -300,7 +300,7 @@ impl Run<'_> {
         };
         self.played.push((client.clone(), kind));
         self.strikes.push(Strike {
-            fault,
+            fault: fault.into(),
             client,
             job,
             answered,
