@@ -350,6 +350,7 @@ fn grade(
             waits: played.waits.clone(),
             key_waits: played.key_waits.clone(),
             proxy_sessions: played.proxy_sessions.clone(),
+            clock_margin_us: played.clock_margin_us,
         };
         Ok((played, evidence))
     });

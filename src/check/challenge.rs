@@ -147,6 +147,11 @@ pub struct Evidence {
     /// proxies, or a session unread): a change made in any other session went around them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
+    /// How far off lockslab's times on the database's clock may be (µs): the moments it
+    /// read a client's line are its own clock's, put on the database's by one reading of
+    /// both, good to half that reading's round trip.
+    #[serde(default)]
+    pub clock_margin_us: i64,
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -355,11 +360,15 @@ fn matched_nothing(
     statements: &[Statement],
     deliveries: &[Delivery],
     next_on_client_us: Option<i64>,
+    margin_us: i64,
 ) -> bool {
     if strike.job.is_none() {
         return false;
     }
-    let until = answered_after(strike, deliveries);
+    // The answer was read after the statement ran; on lockslab's reckoning of the
+    // database's clock it may seem a little before it: by the reckoning's margin, and a
+    // millisecond for the scheduler.
+    let until = answered_after(strike, deliveries).saturating_add(margin_us + 1000);
     if let Some(held) = strike.held_session {
         let until = next_on_client_us.map_or(until, |next| until.min(next - 1));
         let mut after = statements
@@ -1323,6 +1332,7 @@ pub fn check(evidence: &Evidence) -> Report {
                 &evidence.statements,
                 &evidence.deliveries,
                 next_on_client_us,
+                evidence.clock_margin_us,
             );
         // Matching nothing after the fault is a refusal only for a write that, tried when
         // it was caught, would have changed the records: a write that matches nothing
@@ -1782,6 +1792,46 @@ mod tests {
             Grade::Undecided,
             "a clean log under no fault"
         );
+    }
+
+    /// The held write's refusal, logged by the database a fraction of a millisecond after
+    /// lockslab read the client's answer on its reckoning of the database's clock (a busy
+    /// machine, in CI): the answer came after the statement, so the refusal counts within
+    /// the reckoning's margin and a millisecond — and not past it.
+    #[test]
+    fn a_refusal_logged_just_after_the_answer_on_lockslabs_reckoning_still_counts() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        run.clock_margin_us = 400;
+        run.deliveries = vec![Delivery {
+            job: 2,
+            client: "c1".into(),
+            sent_us: 100_000,
+            answered_us: Some(1_000_000),
+            ok: Some(false),
+            ..Delivery::default()
+        }];
+        run.strikes = vec![Strike {
+            fault: "pause".into(),
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 500_000,
+            notes: true,
+            tried: Some(Tried::Changes),
+            held_session: Some(7),
+            ..Strike::default()
+        }];
+        let refused_at = |at_us| {
+            vec![Statement {
+                pid: 7,
+                at_us,
+                rows: 0,
+            }]
+        };
+        run.statements = refused_at(1_000_231);
+        assert_eq!(check(&run).faults_bit, 1, "{:?}", check(&run));
+        run.statements = refused_at(1_000_000 + 400 + 1000 + 1);
+        assert_eq!(check(&run).faults_bit, 0, "{:?}", check(&run));
     }
 
     /// The hostile tester's refusals from elsewhere: an UPDATE that matched nothing sent on

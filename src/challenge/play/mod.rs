@@ -95,6 +95,8 @@ pub struct Played {
     pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
     /// The jobs handed out: the seed's, then any spares the run added ([`Run::spare`]).
     pub jobs: Vec<JobSpec>,
+    /// How far off lockslab's reckoning of the database's clock may be, µs.
+    pub clock_margin_us: i64,
 }
 
 /// How far a client's notes for the job it holds have come: `acquired`, `writing` and
@@ -202,6 +204,8 @@ struct Run<'a> {
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
     clock_base: (Instant, i64),
+    /// How far off `clock_base` may be, µs.
+    clock_margin_us: i64,
 }
 
 /// A note's name, as the client says it.
@@ -311,8 +315,9 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
             .map(|(redis, after)| failover::Failover::new(redis, after)),
         clock: crate::connect::postgres(&setup.grader_url)?,
         clock_base: (start, 0),
+        clock_margin_us: 0,
     };
-    run.clock_base = clock_base(&mut run.clock)?;
+    (run.clock_base, run.clock_margin_us) = clock_base(&mut run.clock)?;
     let facts = crate::events::facts::RunFacts {
         run_id: Some(setup.run_id.clone()),
         ..Default::default()
@@ -377,6 +382,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         key_waits: std::mem::take(&mut run.key_waits),
         proxy_sessions,
         jobs: std::mem::take(&mut run.jobs),
+        clock_margin_us: run.clock_margin_us,
     })
 }
 
@@ -400,7 +406,9 @@ fn proxy_sessions(seats: &[Seat]) -> Option<BTreeMap<String, BTreeSet<i32>>> {
 /// take a hundred milliseconds, and an answer read a moment after a commit would seem to
 /// come before it (then a `fail` from a second delivery of the same job was blamed for the
 /// first delivery's write).
-fn clock_base(db: &mut crate::connect::PgClient) -> Result<(Instant, i64)> {
+/// A moment of lockslab's clock and the database's clock then, and how far off that
+/// pairing may be (half the shortest of five round trips, µs).
+fn clock_base(db: &mut crate::connect::PgClient) -> Result<((Instant, i64), i64)> {
     let mut best: Option<(Duration, Instant, i64)> = None;
     for _ in 0..5 {
         let asked = Instant::now();
@@ -410,8 +418,8 @@ fn clock_base(db: &mut crate::connect::PgClient) -> Result<(Instant, i64)> {
             best = Some((round_trip, asked + round_trip / 2, db_us));
         }
     }
-    let (_, at, db_us) = best.expect("five readings");
-    Ok((at, db_us))
+    let (round_trip, at, db_us) = best.expect("five readings");
+    Ok(((at, db_us), (round_trip / 2).as_micros() as i64))
 }
 
 /// A pause or delay that waits for another client's fault to end, with the resume that
