@@ -240,19 +240,19 @@ pub fn run(script: &RedlockClientScript) -> Result<()> {
     }
 
     let released = lock.release(&attempt.value);
-    let kept = released
+    let deleted = released
         .iter()
         .filter(|a| a.reply == redlock::Reply::Deleted)
         .count();
     let lines: Vec<String> = released.iter().map(redlock::answer_line).collect();
     me.send(me.event(
         facts::Released {
-            released: Some(kept > 0),
+            released: Some(deleted > 0),
             answers: Some(released.clone()),
             ..Default::default()
         },
         format!(
-            "releases on all {} masters ({kept} still held its value):\n{}",
+            "releases on all {} masters (deleted on {deleted}):\n{}",
             released.len(),
             indent(&lines)
         ),

@@ -31,7 +31,7 @@ use crate::check::redlock::{self as check, MasterState};
 use crate::events::{Kind, What};
 use crate::hosts::{Door, HOSTED_REDIS_PORT, HostedRedis, Hosts};
 use crate::labs::faults::Faults;
-use crate::lock::redlock::{Attempt, Master, Redlock, Reply, RoundOrder};
+use crate::lock::redlock::{Answer, Attempt, Master, Redlock, Reply, RoundOrder};
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::{Anchor, Schedule, Step};
 use crate::output::human;
@@ -129,17 +129,7 @@ impl Scene {
             granted: a.held,
             quorum: q,
             validity_ms: a.validity_ms,
-            meaning: format!(
-                "A reached {} of {n} masters; {} gave no answer within the {} per-instance \
-                 timeout (nothing refused: the packets vanished), and {} of {n} set the \
-                 key: {}, validity {}ms",
-                n - cut_off.len(),
-                cut_off.join(" and "),
-                human(self.settings.instance_timeout),
-                a.granted,
-                if a.held { "granted" } else { "refused" },
-                a.validity_ms
-            ),
+            meaning: cut_meaning(&a, &cut_off, self.settings.instance_timeout),
             rounds: vec![round("A", &a)],
             read_back: read,
             prevented_by: "nothing to prevent: a quorum is what lets a round survive a \
@@ -198,8 +188,8 @@ impl Scene {
 
     /// B's round once A's is over, the split still in place; the masters read back right
     /// after it, over their sockets; whether both held a majority's grant at once; then
-    /// the release of whichever round held (a failed round has released everywhere
-    /// already: the algorithm's own step).
+    /// the release of whichever round held (a failed round has sent its release to every
+    /// master already: the algorithm's own step).
     fn b_asks_while_split(
         &mut self,
         net: &Net,
@@ -299,9 +289,7 @@ impl Scene {
             meaning,
             rounds: vec![round("A", &a), round("B", &b)],
             read_back: read,
-            prevented_by: "a quorum, and the release on every master: a round cut short of \
-                           its quorum takes back what it got, and a quorum formed before the \
-                           cut keeps a master on the other side",
+            prevented_by: landing.prevented_by(),
             schedule: Some(faults.schedule().clone()),
             ..Default::default()
         })
@@ -390,6 +378,19 @@ impl Landing {
         }
     }
 
+    /// What keeps the two clients from holding at once, when the split lands so. The
+    /// release of a failed round is not it: it frees keys sooner (availability), and the
+    /// masters it reaches are the ones B cannot.
+    fn prevented_by(self) -> &'static str {
+        match self {
+            Landing::BeforeQuorum => "a quorum — a round cut short of its quorum holds nothing",
+            Landing::AfterQuorum => {
+                "a quorum — one formed before the cut keeps a master on the other side, and \
+                 any two majorities share a master"
+            }
+        }
+    }
+
     fn said(self) -> &'static str {
         match self {
             Landing::BeforeQuorum => "one short of its quorum",
@@ -420,25 +421,36 @@ fn mid_round_meaning(
             .filter(|s| s.holder.as_deref() == Some(client))
             .map(|s| s.master.as_str())
             .collect();
-        match masters.is_empty() {
-            true => "none".to_string(),
-            false => masters.join(", "),
-        }
+        listed(&masters)
     };
-    let deleted: Vec<&str> = (a.released.iter())
-        .filter(|answer| answer.reply == Reply::Deleted)
-        .map(|answer| answer.master.as_str())
-        .collect();
-    let short_of_quorum = format!(
-        "A's round fell short of a quorum, so it released on all {n} masters at once; the \
-         release deleted its key on {} (the masters it still reached), and B, on the \
-         majority's side, was granted.",
-        if deleted.is_empty() {
-            "none".to_string()
+    let short_of_quorum = || {
+        let deleted = masters_where(&a.released, |reply| *reply == Reply::Deleted);
+        let a_on_b_side: Vec<&str> = masters_where(&a.answers, |reply| *reply == Reply::Granted)
+            .into_iter()
+            .filter(|master| b_side.iter().any(|m| m == master))
+            .collect();
+        let b_granted = masters_where(&b.answers, |reply| *reply == Reply::Granted);
+        let what_b_found = if a_on_b_side.is_empty() {
+            format!(
+                "Nothing of A's stood on the masters B can reach: A's requests to {} never \
+                 arrived while the split lasted, so B found {} free.",
+                b_side.join(", "),
+                listed(&b_granted)
+            )
         } else {
-            deleted.join(", ")
-        }
-    );
+            format!(
+                "A's key stayed on {}, on B's side, out of its release's reach.",
+                a_on_b_side.join(", ")
+            )
+        };
+        format!(
+            "A's round fell short of a quorum, so it released on all {n} masters; the release \
+             deleted its key on {} (the masters it still reached, which B cannot). {what_b_found} \
+             The release helps availability (those keys need not wait out their TTL); safety \
+             comes from A never reaching a quorum.",
+            listed(&deleted)
+        )
+    };
     format!(
         "A with {} and B with {}. A set the key on {} of {n} in a round of \
          {}ms: {}. B set it on {} of {n}: {}. Read back while the split lasted, A's value \
@@ -453,12 +465,150 @@ fn mid_round_meaning(
         held_by("A"),
         held_by("B"),
         if two {
-            "Both held a majority's grant at once."
+            "Both held a majority's grant at once.".to_string()
         } else if a.held {
             "B's side is the network's majority, yet a master of it had granted A before the \
              cut: B cannot reach a quorum while A's key lives there."
+                .to_string()
         } else {
-            &short_of_quorum
+            short_of_quorum()
         }
     )
+}
+
+/// The masters whose reply in `answers` is one `wanted` accepts, in order.
+fn masters_where(answers: &[Answer], wanted: impl Fn(&Reply) -> bool) -> Vec<&str> {
+    (answers.iter())
+        .filter(|answer| wanted(&answer.reply))
+        .map(|answer| answer.master.as_str())
+        .collect()
+}
+
+/// Master names joined for a sentence, or "none".
+fn listed(masters: &[&str]) -> String {
+    match masters.is_empty() {
+        true => "none".to_string(),
+        false => masters.join(", "),
+    }
+}
+
+/// What A's round across the cut came to, counted from its answers: the masters that
+/// granted it, the cut ones that said nothing, and any master on A's side of the cut that
+/// missed the per-instance timeout too — nothing cut it, it was slow (a busy machine), and
+/// an answer after the timeout counts as none.
+fn cut_meaning(a: &Attempt, cut_off: &[String], timeout: std::time::Duration) -> String {
+    let n = a.answers.len();
+    let is_cut = |master: &str| cut_off.iter().any(|m| m == master);
+    let silent = masters_where(&a.answers, |reply| matches!(reply, Reply::NoAnswer { .. }));
+    let (silent_cut, silent_on_a_side): (Vec<&str>, Vec<&str>) =
+        silent.into_iter().partition(|master| is_cut(master));
+    let mut words = format!(
+        "A was cut from {}: {} gave no answer within the {} per-instance timeout (nothing \
+         refused: the packets vanished).",
+        cut_off.join(" and "),
+        match silent_cut.len() == cut_off.len() {
+            true => "they".to_string(),
+            false => listed(&silent_cut),
+        },
+        human(timeout)
+    );
+    if !silent_on_a_side.is_empty() {
+        words += &format!(
+            " {} on A's side of the cut did not answer in time either: nothing cut it, it \
+             was too slow (a busy machine), and a late answer counts as none.",
+            silent_on_a_side.join(", ")
+        );
+    }
+    let refused = masters_where(&a.answers, |reply| *reply == Reply::Refused);
+    if !refused.is_empty() {
+        words += &format!(" {} answered nil (the key taken).", refused.join(", "));
+    }
+    let granted = masters_where(&a.answers, |reply| *reply == Reply::Granted);
+    words
+        + &format!(
+            " {} of {n} granted ({}), quorum {}: {}",
+            granted.len(),
+            listed(&granted),
+            a.quorum,
+            if a.held {
+                format!("granted, validity {}ms", a.validity_ms)
+            } else {
+                "refused".to_string()
+            }
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The round of the first `kind` event (`acquired`, `gave_up`) of part `scenario` in
+    /// a recorded run (`run`: the fixture's lines).
+    fn recorded_round(run: &str, kind: &str, scenario: &str) -> Attempt {
+        let event = (run.lines())
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .find(|e| e["kind"] == kind && e["scenario"] == scenario)
+            .unwrap_or_else(|| panic!("no {kind} event in part {scenario}"));
+        serde_json::from_value(event["attempt"].clone()).unwrap()
+    }
+
+    /// A's round in the partition-cut part of a recorded run (m4 and m5 cut off).
+    fn recorded_cut_round() -> Attempt {
+        let run = include_str!("../../../tests/fixtures/redlock-partition.jsonl");
+        recorded_round(run, "acquired", "partition-cut")
+    }
+
+    const CUT_OFF: [&str; 2] = ["m4", "m5"];
+
+    fn meaning(a: &Attempt) -> String {
+        let cut_off = CUT_OFF.map(String::from);
+        cut_meaning(a, &cut_off, std::time::Duration::from_millis(50))
+    }
+
+    #[test]
+    fn the_cut_verdict_counts_the_masters_that_granted() {
+        let words = meaning(&recorded_cut_round());
+        assert!(words.contains("3 of 5 granted (m1, m2, m3)"), "{words}");
+        assert!(!words.contains("A's side of the cut"), "{words}");
+    }
+
+    /// On a busy machine m2, which nothing cut, missed the per-instance timeout: A had 2
+    /// of 5 and was refused, and the verdict must not say A reached 3.
+    #[test]
+    fn a_master_on_a_side_that_missed_the_timeout_is_named_and_not_counted() {
+        let mut a = recorded_cut_round();
+        a.answers[1].reply = Reply::NoAnswer {
+            why: "no answer in time".into(),
+        };
+        (a.granted, a.held) = (2, false);
+        let words = meaning(&a);
+        assert!(words.contains("2 of 5 granted (m1, m3)"), "{words}");
+        assert!(words.contains("refused"), "{words}");
+        assert!(
+            words.contains("m2 on A's side of the cut did not answer in time"),
+            "{words}"
+        );
+        assert!(!words.contains("3 of 5"), "{words}");
+    }
+
+    /// Part 7 of a recorded run: the split lands with A one grant short of its quorum.
+    #[test]
+    fn a_round_cut_short_holds_nothing_where_b_asks() {
+        let run = include_str!("../../../tests/fixtures/redlock-partition-mid-round.jsonl");
+        let round = |kind| recorded_round(run, kind, "partition-split-before-quorum");
+        let (a, b) = (round("gave_up"), round("acquired"));
+        let sides = (
+            ["m1", "m2"].map(String::from),
+            ["m3", "m4", "m5"].map(String::from),
+        );
+        let words = mid_round_meaning(&a, &b, &[], (&sides.0, &sides.1), false);
+        for said in [
+            "deleted its key on m1, m2",
+            "Nothing of A's stood on the masters B can reach",
+            "B found m3, m4, m5 free",
+            "safety comes from A never reaching a quorum",
+        ] {
+            assert!(words.contains(said), "{said:?} not in: {words}");
+        }
+    }
 }

@@ -269,7 +269,7 @@ impl Scene {
                 ..Released::default()
             },
             format!(
-                "releases on all {} masters ({deleted} still held its value):\n{}",
+                "releases on all {} masters (deleted on {deleted}):\n{}",
                 answers.len(),
                 indent(&lines)
             ),
