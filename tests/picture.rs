@@ -350,7 +350,7 @@ fn the_page_holds_the_drawing_the_verdict_and_the_hover_script() {
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_eq!(count(&html, "<svg "), 1);
     assert_eq!(count(&html, "<g class=\"ev "), run.events.len());
-    assert!(html.contains("<th>fencing false</th>") && html.contains("<th>fencing true</th>"));
+    assert!(html.contains("<th>no fencing</th>") && html.contains("<th>fenced</th>"));
     assert!(html.contains("<td>late_write</td><td>accepted</td><td>rejected</td>"));
     assert!(html.contains("<div id=\"tip\""));
     assert!(html.contains("data-tip"));

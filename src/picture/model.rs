@@ -1444,7 +1444,8 @@ fn table(items: &[Value]) -> Verdict {
                 .iter()
                 .filter(|(key, _)| NAMES.contains(&key.as_str()))
                 .map(|(key, value)| match key.as_str() {
-                    "fencing" => format!("fencing {value}"),
+                    "fencing" if value == "yes" => "fenced".to_string(),
+                    "fencing" => "no fencing".to_string(),
                     _ => value.clone(),
                 })
                 .collect();
@@ -1498,10 +1499,14 @@ fn flatten(item: &Value) -> Vec<(String, String)> {
     out
 }
 
-/// A fact in a table cell: attempts as `writer:token→ok`, anything long shortened.
+/// A fact in a table cell: attempts as `writer:token→ok`, other lists of records counted,
+/// yes and no rather than
+/// `true` and `false`, a dash for nothing, anything long shortened.
 fn cell(value: &Value) -> String {
     let text = match value {
-        Value::Null => "null".to_string(),
+        Value::Null => "—".to_string(),
+        Value::Bool(true) => "yes".to_string(),
+        Value::Bool(false) => "no".to_string(),
         Value::String(text) => text.clone(),
         Value::Array(items)
             if items.iter().all(|i| i.get("writer").is_some()) && !items.is_empty() =>
@@ -1522,6 +1527,11 @@ fn cell(value: &Value) -> String {
                 })
                 .collect::<Vec<_>>()
                 .join(" ")
+        }
+        // A list of records (Redlock's read-back of every master) does not fit a cell as
+        // JSON: it is counted, and read in the run's JSON.
+        Value::Array(items) if items.iter().all(Value::is_object) && !items.is_empty() => {
+            format!("{} entries, in the JSON", items.len())
         }
         other => other.to_string(),
     };
