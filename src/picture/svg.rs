@@ -575,14 +575,14 @@ fn draw_bands(out: &mut String, part: &Part, scale: &Scale, top: f64, bottom: f6
     }
 }
 
-/// Over each squeezed stretch, drawn last: a veil, and the axis's break marks at its top
-/// and bottom.
+/// Over each squeezed stretch, drawn last: a veil (light: a label drawn across the
+/// stretch stays readable), and the axis's break marks at its top and bottom.
 fn draw_breaks(out: &mut String, scale: &Scale, top: f64, bottom: f64) {
     for gap in scale.gaps() {
         let mid = (gap.x0 + gap.x1) / 2.0;
         let _ = writeln!(
             out,
-            "<g class=\"break\"><rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffffff\" fill-opacity=\"0.6\"/>\
+            "<g class=\"break\"><rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffffff\" fill-opacity=\"0.35\"/>\
              <path d=\"M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9\" stroke=\"#555\" stroke-width=\"1.4\"/></g>",
             gap.x0 + 3.0,
             gap.x1 - gap.x0 - 6.0,
@@ -752,6 +752,27 @@ fn draw_lane(
             );
         }
     }
+    let xs = mark_xs(lane, scale);
+    // A freeze's or held span's label where it fits, clear of the other spans and their
+    // labels; else it keeps its hover text only (lab 9's stalls: a dozen freezes of 100ms
+    // side by side).
+    let starts: Vec<f64> = (lane.freezes.iter().chain(&lane.held))
+        .map(|span| scale.x(span.from))
+        .collect();
+    let mut span_labels: Vec<(f64, f64)> = Vec::new();
+    let mut span_label = |x: f64, text: &str| -> (f64, String) {
+        let from = span_label_from(&xs, x);
+        let to = from + text.chars().count() as f64 * LABEL_CHAR;
+        let clear = span_labels
+            .iter()
+            .all(|(a, b)| to + 4.0 <= *a || from >= b + 4.0)
+            && starts.iter().all(|start| *start <= x || *start >= to + 2.0);
+        if to > WIDTH - 12.0 || !clear {
+            return (from, String::new());
+        }
+        span_labels.push((from, to));
+        (from, text.to_string())
+    };
     for freeze in &lane.freezes {
         let x = scale.x(freeze.from);
         let w = (scale.x(freeze.to) - x).max(2.0);
@@ -764,6 +785,7 @@ fn draw_lane(
                 ""
             }
         );
+        let (label_x, shown) = span_label(x, &text);
         let _ = writeln!(
             out,
             "<g class=\"freeze\"><title>{} {} (SIGSTOP → SIGCONT)</title>\
@@ -773,9 +795,9 @@ fn draw_lane(
             escape(&text),
             y + 3.0,
             height - 6.0,
-            x + 10.0,
+            label_x,
             y + 12.5,
-            escape(&text),
+            escape(&shown),
         );
     }
     for span in &lane.held {
@@ -791,6 +813,7 @@ fn draw_lane(
             seconds(span.to - span.from),
             if span.open { " (still at the end)" } else { "" }
         );
+        let (label_x, shown) = span_label(x, &text);
         let _ = writeln!(
             out,
             "<g class=\"held\"><title>{}: the proxy's fault on its path from +{} to +{} ({})</title>\
@@ -802,9 +825,9 @@ fn draw_lane(
             escape(&text),
             y + 3.0,
             height - 6.0,
-            x + 10.0,
+            label_x,
             y + 12.5,
-            escape(&text),
+            escape(&shown),
         );
     }
     draw_waits(out, part, lane, y + height - 2.5, scale);
@@ -818,7 +841,6 @@ fn draw_lane(
         _ => LANE / 2.0 + LABEL_ROW - 1.0,
     };
     // Marks first, then their labels: a later mark must not cover an earlier one's label.
-    let xs = mark_xs(lane, scale);
     for (mark, x) in lane.marks.iter().zip(&xs) {
         draw_mark(out, mark, (*x, mid), None);
     }
@@ -831,6 +853,15 @@ fn draw_lane(
         draw_mark(out, mark, (*x, mid), place.map(|(x, _)| (x, dy)));
     }
     out.push_str("</g>\n");
+}
+
+/// Where a freeze's or a held span's label starts: 10px into the span, or after the marks
+/// drawn at its start (the pause, the fault, the grant side by side) — not under them.
+fn span_label_from(xs: &[f64], span_x: f64) -> f64 {
+    (xs.iter().copied())
+        .filter(|x| *x >= span_x - 6.0 && *x <= span_x + 80.0)
+        .map(|x| x + 8.0)
+        .fold(span_x + 10.0, f64::max)
 }
 
 /// The height of one more row of labels.
@@ -901,8 +932,9 @@ fn overlap_label(lane: &Lane, overlap: &super::drawing::Overlap) -> String {
 /// refused, a kill) is placed first; a label with no room keeps its hover text only.
 fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
     let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); LABEL_ROWS];
+    let xs = mark_xs(lane, scale);
     for span in lane.freezes.iter().chain(&lane.held) {
-        let x = scale.x(span.from) + 10.0;
+        let x = span_label_from(&xs, scale.x(span.from));
         taken[0].push((x, x + 18.0 * LABEL_CHAR));
     }
     // A lock lane's "two holders" labels take the row under its bars.
@@ -930,7 +962,6 @@ fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
         }
     }
     // A label beside its mark must not cover another mark.
-    let xs = mark_xs(lane, scale);
     for x in &xs {
         taken[0].push((x - 6.0, x + 6.0));
     }
@@ -1163,13 +1194,14 @@ fn wait_name(wait: &super::waits::Wait) -> String {
 /// Where each wait's name goes: at the wait's start, else just after a freeze's or a held
 /// span's label it would run into, if that is still within the wait; else nowhere.
 fn wait_labels(lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
+    let xs = mark_xs(lane, scale);
     let spans: Vec<(f64, f64)> = lane
         .freezes
         .iter()
         .chain(&lane.held)
         .map(|span| {
             let x = scale.x(span.from);
-            (x - 2.0, x + 10.0 + 18.0 * LABEL_CHAR)
+            (x - 2.0, span_label_from(&xs, x) + 18.0 * LABEL_CHAR)
         })
         .collect();
     let mut placed: Vec<(f64, f64)> = Vec::new();
