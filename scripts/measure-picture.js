@@ -5,12 +5,13 @@
 //   overlaps   pairs of labels in one part whose boxes cross (1px across, 3px down)
 //   crammed    parts whose marks crowd: the densest 3% of the time axis holds more than
 //              half of the part's marks (the decisive moments squeezed into a sliver)
+//   stacked    marks of one lane at the same millisecond drawn on top of each other
 //   slivers    lock bars drawn narrower than 10px
 //   grid       cells in the guard × fault grid (lab 9's full run)
 //   bands      partition or stall bands drawn
 (function () {
   var svg = document.querySelector('svg');
-  var out = {overflow: [], overlaps: [], crammed: [], slivers: 0, grid: 0, bands: 0, parts: 0};
+  var out = {overflow: [], overlaps: [], crammed: [], stacked: [], slivers: 0, grid: 0, bands: 0, parts: 0};
   if (!svg) { report(); return; }
   var width = svg.viewBox.baseVal.width || 1280;
   var X0 = 150, X1 = 1230;
@@ -55,7 +56,8 @@
       // A text box holds its line gap too: rows 12px apart touch by ~1-2px without their
       // glyphs meeting, so a crossing counts from 3px down and 1px across.
       if (dx > 1 && dy > 3)
-        out.overlaps.push(name(boxes[a][1]) + ' × ' + name(boxes[c][1]));
+        out.overlaps.push(name(boxes[a][1]) + ' × ' + name(boxes[c][1]) + ' (' +
+          part.getAttribute('data-part') + ', x ' + Math.round(u.x) + ', y ' + Math.round(u.y) + ')');
     }
     // Where the part's marks are: the densest 3% of the axis.
     var xs = [];
@@ -72,6 +74,22 @@
     }
     if (xs.length >= 6 && most > xs.length / 2)
       out.crammed.push(part.getAttribute('data-part') + ': ' + most + ' of ' + xs.length + ' marks in 3%');
+  }
+  // Marks of one lane at the same millisecond drawn on top of each other (a grant and the
+  // kill of its holder): each must be seen.
+  var lanes = svg.querySelectorAll('g.lane');
+  for (var l = 0; l < lanes.length; l++) {
+    var seen = {};
+    var evs = lanes[l].querySelectorAll('g.ev');
+    for (var q = 0; q < evs.length; q++) {
+      var m = evs[q].transform.baseVal.consolidate();
+      if (!m) continue;
+      var t = evs[q].getAttribute('data-t'), x = m.matrix.e;
+      (seen[t] = seen[t] || []).forEach(function (other) {
+        if (Math.abs(other - x) < 6) out.stacked.push(lanes[l].getAttribute('data-lane') + ' at ' + t + 'ms');
+      });
+      seen[t].push(x);
+    }
   }
   var held = svg.querySelectorAll('g.bar rect.held');
   for (var h = 0; h < held.length; h++) if (held[h].width.baseVal.value < 9.9) out.slivers++;

@@ -350,7 +350,7 @@ fn the_page_holds_the_drawing_the_verdict_and_the_hover_script() {
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_eq!(count(&html, "<svg "), 1);
     assert_eq!(count(&html, "<g class=\"ev "), run.events.len());
-    assert!(html.contains("<th>fencing false</th>") && html.contains("<th>fencing true</th>"));
+    assert!(html.contains("<th>no fencing</th>") && html.contains("<th>fenced</th>"));
     assert!(html.contains("<td>late_write</td><td>accepted</td><td>rejected</td>"));
     assert!(html.contains("<div id=\"tip\""));
     assert!(html.contains("data-tip"));
@@ -1517,10 +1517,19 @@ fn a_challenge_draws_its_clients_locks_writes_and_findings() {
     let html = picture::html(&recording);
     let verdict = between(&html, "<section class=\"verdict\">", "</section>");
     assert!(
-        verdict.contains("<pre class=\"findings\">FAIL  challenge pause\n  - stale write: job 2 set r0 to 3 over 8 (change #3)"),
+        verdict.contains("<pre class=\"findings\">challenge pause: the client did not pass — 2 stale writes\n  - stale write: job 2 set r0 to 3 over 8 (change #3)"),
         "{verdict}"
     );
     assert!(verdict.contains("  - stale write: job 5 set r0 to 11 over 78 (change #24)"));
+    // The header says the grade and the findings in words, not the verdict's fields; the
+    // lab's pauses are labelled by their kind and client.
+    let drawing = between(&html, "<svg ", "Verdict</text>");
+    assert!(drawing.contains("challenge pause, seed 1: the client did not pass — 2 stale writes"));
+    assert!(!drawing.contains("grade fail") && !drawing.contains("faults planned"));
+    assert!(
+        drawing.contains(">pause c"),
+        "no pause labelled by its client"
+    );
     let named: Vec<&str> = verdict
         .split("<tr class=\"named\"><td>")
         .skip(1)

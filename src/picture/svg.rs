@@ -5,11 +5,12 @@
 //! wrong (a stale write taken, a kill, two holders), bluish green for a stale write refused,
 //! blue hatching for a freeze, orange for an expiry.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::drawing::{Bar, Lane, LaneKind, Mark, Part, Picture, Shape, Tone, Verdict};
 use super::escape;
-use super::scale::{GAP_PX, Scale, short_duration, tick_label};
+use super::scale::{GAP_PX, SIDE_BY_SIDE_PX, Scale, short_duration, tick_label};
 
 pub const WIDTH: f64 = 1280.0;
 const X0: f64 = 150.0;
@@ -382,8 +383,48 @@ fn part_axis(out: &mut String, scale: &Scale, part: &Part, y: f64, bottom: f64) 
     out.push_str("</g>\n");
 }
 
+/// How many marks one lane draws at each moment where it draws more than one: they are
+/// drawn side by side ([`mark_xs`]), and the axis keeps room for them.
+fn side_by_side(part: &Part) -> BTreeMap<u64, usize> {
+    let mut most: BTreeMap<u64, usize> = BTreeMap::new();
+    for lane in &part.lanes {
+        let mut here: BTreeMap<u64, usize> = BTreeMap::new();
+        for mark in &lane.marks {
+            *here.entry(mark.t).or_default() += 1;
+        }
+        for (t, n) in here.into_iter().filter(|(_, n)| *n > 1) {
+            let at = most.entry(t).or_default();
+            *at = (*at).max(n);
+        }
+    }
+    most
+}
+
+/// Where each of a lane's marks is drawn: at its time, and a mark at the same millisecond
+/// as an earlier one of its lane (a grant, then the kill of its holder) beside it, to its
+/// right, in the order they happened — not on top of it.
+fn mark_xs(lane: &Lane, scale: &Scale) -> Vec<f64> {
+    let mut earlier: BTreeMap<u64, usize> = BTreeMap::new();
+    lane.marks
+        .iter()
+        .map(|mark| {
+            let before = earlier.entry(mark.t).or_default();
+            let x = scale.x(mark.t) + SIDE_BY_SIDE_PX * *before as f64;
+            *before += 1;
+            x
+        })
+        .collect()
+}
+
 fn draw_part(out: &mut String, part: &Part, index: usize, top: f64) -> f64 {
-    let scale = &Scale::of(&moments(part), part.start, part.end, X0, X1);
+    let scale = &Scale::of_crowded(
+        &moments(part),
+        &side_by_side(part),
+        part.start,
+        part.end,
+        X0,
+        X1,
+    );
     let layouts: Vec<Labels> = part
         .lanes
         .iter()
@@ -534,14 +575,14 @@ fn draw_bands(out: &mut String, part: &Part, scale: &Scale, top: f64, bottom: f6
     }
 }
 
-/// Over each squeezed stretch, drawn last: a veil, and the axis's break marks at its top
-/// and bottom.
+/// Over each squeezed stretch, drawn last: a veil (light: a label drawn across the
+/// stretch stays readable), and the axis's break marks at its top and bottom.
 fn draw_breaks(out: &mut String, scale: &Scale, top: f64, bottom: f64) {
     for gap in scale.gaps() {
         let mid = (gap.x0 + gap.x1) / 2.0;
         let _ = writeln!(
             out,
-            "<g class=\"break\"><rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffffff\" fill-opacity=\"0.6\"/>\
+            "<g class=\"break\"><rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffffff\" fill-opacity=\"0.35\"/>\
              <path d=\"M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9M{:.1},{:.1}l5,-9\" stroke=\"#555\" stroke-width=\"1.4\"/></g>",
             gap.x0 + 3.0,
             gap.x1 - gap.x0 - 6.0,
@@ -711,6 +752,27 @@ fn draw_lane(
             );
         }
     }
+    let xs = mark_xs(lane, scale);
+    // A freeze's or held span's label where it fits, clear of the other spans and their
+    // labels; else it keeps its hover text only (lab 9's stalls: a dozen freezes of 100ms
+    // side by side).
+    let starts: Vec<f64> = (lane.freezes.iter().chain(&lane.held))
+        .map(|span| scale.x(span.from))
+        .collect();
+    let mut span_labels: Vec<(f64, f64)> = Vec::new();
+    let mut span_label = |x: f64, text: &str| -> (f64, String) {
+        let from = span_label_from(&xs, x);
+        let to = from + text.chars().count() as f64 * LABEL_CHAR;
+        let clear = span_labels
+            .iter()
+            .all(|(a, b)| to + 4.0 <= *a || from >= b + 4.0)
+            && starts.iter().all(|start| *start <= x || *start >= to + 2.0);
+        if to > WIDTH - 12.0 || !clear {
+            return (from, String::new());
+        }
+        span_labels.push((from, to));
+        (from, text.to_string())
+    };
     for freeze in &lane.freezes {
         let x = scale.x(freeze.from);
         let w = (scale.x(freeze.to) - x).max(2.0);
@@ -723,6 +785,7 @@ fn draw_lane(
                 ""
             }
         );
+        let (label_x, shown) = span_label(x, &text);
         let _ = writeln!(
             out,
             "<g class=\"freeze\"><title>{} {} (SIGSTOP → SIGCONT)</title>\
@@ -732,9 +795,9 @@ fn draw_lane(
             escape(&text),
             y + 3.0,
             height - 6.0,
-            x + 10.0,
+            label_x,
             y + 12.5,
-            escape(&text),
+            escape(&shown),
         );
     }
     for span in &lane.held {
@@ -750,6 +813,7 @@ fn draw_lane(
             seconds(span.to - span.from),
             if span.open { " (still at the end)" } else { "" }
         );
+        let (label_x, shown) = span_label(x, &text);
         let _ = writeln!(
             out,
             "<g class=\"held\"><title>{}: the proxy's fault on its path from +{} to +{} ({})</title>\
@@ -761,9 +825,9 @@ fn draw_lane(
             escape(&text),
             y + 3.0,
             height - 6.0,
-            x + 10.0,
+            label_x,
             y + 12.5,
-            escape(&text),
+            escape(&shown),
         );
     }
     draw_waits(out, part, lane, y + height - 2.5, scale);
@@ -777,18 +841,27 @@ fn draw_lane(
         _ => LANE / 2.0 + LABEL_ROW - 1.0,
     };
     // Marks first, then their labels: a later mark must not cover an earlier one's label.
-    for mark in &lane.marks {
-        draw_mark(out, mark, mid, scale, None);
+    for (mark, x) in lane.marks.iter().zip(&xs) {
+        draw_mark(out, mark, (*x, mid), None);
     }
-    for (mark, place) in lane.marks.iter().zip(&labels.places) {
+    for ((mark, place), x) in lane.marks.iter().zip(&labels.places).zip(&xs) {
         let dy = match place {
             Some((_, 0)) => 4.0,
             Some((_, row)) => first_extra + (row - 1) as f64 * LABEL_ROW,
             None => continue,
         };
-        draw_mark(out, mark, mid, scale, place.map(|(x, _)| (x, dy)));
+        draw_mark(out, mark, (*x, mid), place.map(|(x, _)| (x, dy)));
     }
     out.push_str("</g>\n");
+}
+
+/// Where a freeze's or a held span's label starts: 10px into the span, or after the marks
+/// drawn at its start (the pause, the fault, the grant side by side) — not under them.
+fn span_label_from(xs: &[f64], span_x: f64) -> f64 {
+    (xs.iter().copied())
+        .filter(|x| *x >= span_x - 6.0 && *x <= span_x + 80.0)
+        .map(|x| x + 8.0)
+        .fold(span_x + 10.0, f64::max)
 }
 
 /// The height of one more row of labels.
@@ -859,8 +932,9 @@ fn overlap_label(lane: &Lane, overlap: &super::drawing::Overlap) -> String {
 /// refused, a kill) is placed first; a label with no room keeps its hover text only.
 fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
     let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); LABEL_ROWS];
+    let xs = mark_xs(lane, scale);
     for span in lane.freezes.iter().chain(&lane.held) {
-        let x = scale.x(span.from) + 10.0;
+        let x = span_label_from(&xs, scale.x(span.from));
         taken[0].push((x, x + 18.0 * LABEL_CHAR));
     }
     // A lock lane's "two holders" labels take the row under its bars.
@@ -888,8 +962,7 @@ fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
         }
     }
     // A label beside its mark must not cover another mark.
-    for mark in &lane.marks {
-        let x = scale.x(mark.t);
+    for x in &xs {
         taken[0].push((x - 6.0, x + 6.0));
     }
     // Nor a wait's name (lab 10), drawn under the lane's start of waiting.
@@ -910,7 +983,7 @@ fn lay_out_labels(lane: &Lane, scale: &Scale) -> Labels {
     for i in order {
         let mark = &lane.marks[i];
         let Some(label) = &mark.label else { continue };
-        let x = scale.x(mark.t);
+        let x = xs[i];
         // Bold labels (a stale write, a kill) are wider than the plain ones.
         let per_char = match mark.tone {
             Tone::Bad | Tone::Good => BOLD_LABEL_CHAR,
@@ -1099,7 +1172,7 @@ fn draw_waits(out: &mut String, part: &Part, lane: &Lane, line_y: f64, scale: &S
             "<g class=\"wait\"><title>{} waits {on} from +{} to +{}{}</title>\
              <line x1=\"{x:.1}\" y1=\"{line_y:.1}\" x2=\"{to:.1}\" y2=\"{line_y:.1}\" stroke=\"{COLD}\" \
              stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\
-             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{COLD}\" font-size=\"8\">{}</text></g>",
+             <text class=\"lbl\" x=\"{:.1}\" y=\"{:.1}\" fill=\"{COLD}\">{}</text></g>",
             escape(&lane.name),
             seconds(wait.from - part.start),
             seconds(wait.to - part.start),
@@ -1121,13 +1194,14 @@ fn wait_name(wait: &super::waits::Wait) -> String {
 /// Where each wait's name goes: at the wait's start, else just after a freeze's or a held
 /// span's label it would run into, if that is still within the wait; else nowhere.
 fn wait_labels(lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
+    let xs = mark_xs(lane, scale);
     let spans: Vec<(f64, f64)> = lane
         .freezes
         .iter()
         .chain(&lane.held)
         .map(|span| {
             let x = scale.x(span.from);
-            (x - 2.0, x + 10.0 + 18.0 * LABEL_CHAR)
+            (x - 2.0, span_label_from(&xs, x) + 18.0 * LABEL_CHAR)
         })
         .collect();
     let mut placed: Vec<(f64, f64)> = Vec::new();
@@ -1136,7 +1210,10 @@ fn wait_labels(lane: &Lane, scale: &Scale) -> Vec<Option<(f64, f64)>> {
         .map(|wait| {
             let x = scale.x(wait.from);
             let to = scale.x(wait.to).max(x + 2.0);
-            let width = wait_name(wait).chars().count() as f64 * 4.8;
+            // Drawn in the labels' size (`.lbl`), so measured with their width per letter,
+            // and a few pixels more: a wide letter (`W`) makes "on W1" longer than the
+            // estimate.
+            let width = wait_name(wait).chars().count() as f64 * LABEL_CHAR + 4.0;
             let clear = |from: f64, taken: &[(f64, f64)]| {
                 taken.iter().all(|(a, b)| from + width <= *a || from >= *b)
             };
@@ -1225,11 +1302,12 @@ pub(super) fn place_bar_labels(lane: &Lane, scale: &Scale) -> Vec<Option<BarLabe
         .map(|bar| {
             let (x, w) = bar_extent(scale, bar);
             let true_width = scale.x(bar.held_to) - x;
-            let text = if true_width < MIN_BAR && !bar.open {
-                format!("{} · held {}ms", bar.label, bar.held_to - bar.from)
-            } else {
-                bar.label.clone()
-            };
+            let text =
+                if (true_width < MIN_BAR || scale.widened(bar.from, bar.held_to)) && !bar.open {
+                    format!("{} · held {}ms", bar.label, bar.held_to - bar.from)
+                } else {
+                    bar.label.clone()
+                };
             let width = text.chars().count() as f64 * 6.2;
             if width + 6.0 < w {
                 return Some(BarLabel {
@@ -1298,8 +1376,9 @@ fn shape_svg(shape: Shape, tone: Tone, big: bool) -> String {
     }
 }
 
-fn draw_mark(out: &mut String, mark: &Mark, y: f64, scale: &Scale, label_at: Option<(f64, f64)>) {
-    let x = scale.x(mark.t);
+/// A mark drawn at `(x, y)`; with `label_at` (the label's x and its row below), only its
+/// label.
+fn draw_mark(out: &mut String, mark: &Mark, (x, y): (f64, f64), label_at: Option<(f64, f64)>) {
     let big =
         mark.shape == Shape::Write && matches!(mark.tone, Tone::Bad | Tone::Good | Tone::Warn);
     if label_at.is_none() {
@@ -1474,6 +1553,19 @@ mod tests {
         assert!(width >= MIN_BAR, "drawn {width:.1}px wide");
         let label = place_bar_labels(&lane, &scale)[0].clone().expect("a label");
         assert!(label.text.contains("held 3ms"), "{label:?}");
+    }
+
+    /// Lab 2: A's grant and A's kill in the same millisecond were drawn on the same spot.
+    #[test]
+    fn marks_of_one_lane_at_one_millisecond_are_side_by_side_in_their_order() {
+        let mut lane = Lane::new("A", LaneKind::Worker);
+        lane.marks
+            .extend([mark(5, "granted"), mark(5, "kill A"), mark(900, "gave up")]);
+        let scale = Scale::of(&[0, 5, 900, 1000], 0, 1000, X0, X1);
+        let xs = mark_xs(&lane, &scale);
+        // A mark is ~9px wide: the second must not cover the first.
+        assert!(xs[1] - xs[0] >= 9.0, "{xs:?}");
+        assert_eq!(xs[2], scale.x(900));
     }
 
     /// A backend's mark on a lock lane (an expiry) is labelled beside it: the label must not
