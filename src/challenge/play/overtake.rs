@@ -186,26 +186,38 @@ impl Run<'_> {
         let Some(index) = self.seats.iter().position(|s| s.client.name == older) else {
             return Ok(());
         };
-        if self.paused().iter().any(|p| p == older) {
+        let resume = format!(
+            "resumes {older} at once: its job's retry was held for a newer write once \
+             already, and {newer} has read and is held, so the retry goes first"
+        );
+        let let_go = format!(
+            "lets {older}'s retry go at once: its job's retry was held for a newer write once \
+             already, and {newer} has read and is held, so the retry goes first"
+        );
+        self.release_retry(index, resume, let_go)
+    }
+
+    /// Lets `index`'s held retry go: its client resumed (its pause's end withdrawn, not
+    /// played again later), or its bytes let go from its proxy; the timeline says `resume`
+    /// or `let_go`.
+    fn release_retry(&mut self, index: usize, resume: String, let_go: String) -> Result<()> {
+        let older = self.seats[index].client.name.clone();
+        if self.paused().contains(&older) {
             if let Some(faults) = self.faults.as_mut() {
-                // Resumed now, its pause's end is not played again later.
-                faults.withdraw(older, Fault::Resume);
+                faults.withdraw(&older, Fault::Resume);
             }
-            let words = format!(
-                "resumes {older} at once: its job's retry was held for a newer write once \
-                 already, and {newer} has read and is held, so the retry goes first"
-            );
-            self.play_now((Fault::Resume, older, How::default()), move |_| {
-                Note::from(words)
+            self.play_now((Fault::Resume, &older, How::default()), move |_| {
+                Note::from(resume)
             })?;
-        } else if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
+        } else if self.held_writes.contains(&older)
+            && let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
         {
-            let note = format!(
-                "lets {older}'s retry go at once: its job's retry was held for a newer write \
-                 once already, and {newer} has read and is held, so the retry goes first"
+            faults.let_go(
+                proxy,
+                Note::from(let_go),
+                (&mut self.tape, &mut self.nemesis),
             );
-            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
-            self.held_writes.remove(older);
+            self.held_writes.remove(&older);
         }
         if let Some((_, since)) = self.seats[index].job.as_mut() {
             *since = Instant::now();
@@ -239,26 +251,9 @@ impl Run<'_> {
         } else {
             format!("{newer} did not answer within {}", human(HOLD_AT_MOST))
         };
-        if self.paused().contains(&older) {
-            if let Some(faults) = self.faults.as_mut() {
-                // Resumed now, its pause's end is not played again later.
-                faults.withdraw(&older, Fault::Resume);
-            }
-            let words = format!("resumes {older}, its retry after {newer}'s write ({after})");
-            self.play_now((Fault::Resume, &older, How::default()), move |_| {
-                Note::from(words)
-            })?;
-        } else if self.held_writes.contains(&older)
-            && let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
-        {
-            let note = format!("lets {older}'s retry go, after {newer}'s write ({after})");
-            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
-            self.held_writes.remove(&older);
-        }
-        if let Some((_, since)) = self.seats[index].job.as_mut() {
-            *since = Instant::now();
-        }
-        Ok(())
+        let resume = format!("resumes {older}, its retry after {newer}'s write ({after})");
+        let let_go = format!("lets {older}'s retry go, after {newer}'s write ({after})");
+        self.release_retry(index, resume, let_go)
     }
 
     /// Resumes the newer holder once the older one has answered its job (or died), or
