@@ -497,3 +497,111 @@ fn a_recorded_run_replayed_through_the_checkers_gives_its_verdict_again() {
     }
     assert_eq!(failed_somewhere, ["redis-lock", "fenced-write-only"]);
 }
+
+/// While the lab runs: each Postgres backend that waits directly on a frozen worker of
+/// `run_id`'s `approach` at one of `frozen` (session names end in `-w4`, `-w5`) is stopped
+/// once, for `stall`, the way a busy machine may leave a woken backend unscheduled. Returns
+/// how many it stopped. Every stopped backend is continued before this returns.
+fn stall_the_waiters(
+    run_id: &str,
+    approach: &str,
+    frozen: &[&str],
+    stall: std::time::Duration,
+    done: &std::sync::atomic::AtomicBool,
+) -> usize {
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+    let mut db = postgres::Client::connect(&servers().postgres, postgres::NoTls).unwrap();
+    let frozen: Vec<String> = frozen
+        .iter()
+        .map(|w| format!("lockslab-{run_id}-{approach}-{w}"))
+        .collect();
+    let mut stopped: Vec<(i32, Instant)> = Vec::new();
+    let mut seen: Vec<i32> = Vec::new();
+    while !done.load(Ordering::Relaxed) || !stopped.is_empty() {
+        if !done.load(Ordering::Relaxed) {
+            let waiters = db
+                .query(
+                    "SELECT other.pid FROM pg_stat_activity me, pg_stat_activity other
+                     WHERE me.application_name = ANY($1)
+                       AND me.pid = ANY(pg_blocking_pids(other.pid))",
+                    &[&frozen],
+                )
+                .unwrap();
+            for row in waiters {
+                let pid: i32 = row.get(0);
+                if !seen.contains(&pid) {
+                    seen.push(pid);
+                    kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+                    stopped.push((pid, Instant::now()));
+                }
+            }
+        }
+        stopped.retain(|&(pid, since)| {
+            let due = since.elapsed() >= stall || done.load(Ordering::Relaxed);
+            if due {
+                kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
+            }
+            !due
+        });
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    seen.len()
+}
+
+/// The lesson inside the transaction does not rest on a quiet machine. A worker frozen
+/// mid-write or before COMMIT is met by a newer holder that read before the COMMIT and
+/// queues on the row; on a busy machine that holder's backend may wake late, and a newcomer
+/// that read *after* the COMMIT would write first, raise the fence and get the stale write
+/// refused: `ok` or `untested` where the walkthrough promises FAILED. Here the test itself
+/// stops each such backend for longer than the TTL — the lab must still arrange the worst
+/// order from what Postgres shows (it holds the customer's lock until the waiters wrote).
+#[test]
+fn fenced_write_only_fails_inside_the_transaction_even_when_its_waiters_wake_late() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let design = "fenced-write-only";
+    let mut lab = lockslab(&[
+        "no-lock", design, "--fault", "freeze", "--jobs", "100", "--pause", "1s", "--ttl", "300ms",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = BufReader::new(lab.stdout.take().unwrap()).lines();
+    let mut lines: Vec<String> = Vec::new();
+    let run_id = loop {
+        let line = stdout.next().expect("the lab ended early").unwrap();
+        lines.push(line.clone());
+        if let Some(id) = event_line(&line).as_ref().and_then(|e| e.run_id()) {
+            break id.to_string();
+        }
+    };
+    let done = AtomicBool::new(false);
+    let stalled = std::thread::scope(|scope| {
+        let staller = scope.spawn(|| {
+            stall_the_waiters(
+                &run_id,
+                design,
+                &["w4", "w5"],
+                std::time::Duration::from_millis(1500),
+                &done,
+            )
+        });
+        lines.extend(stdout.map(|line| line.unwrap()));
+        done.store(true, Ordering::Relaxed);
+        staller.join().unwrap()
+    });
+    assert!(lab.wait().unwrap().success());
+    let (_, verdict) = events_and_verdict(&lines.join("\n"));
+    assert!(
+        stalled > 0,
+        "no backend waited on w4 or w5 to stall: {verdict}"
+    );
+    let a = approach(&verdict, design);
+    assert_eq!(
+        cells(a)[2..],
+        ["FAILED", "FAILED"],
+        "mid-write and before-commit, with the waiters' backends {stalled} times stalled: {}",
+        a["freezes"]
+    );
+}

@@ -389,3 +389,53 @@ fn a_woken_waiters_line_names_the_waiters_not_their_keys() {
     );
     assert!(text.contains("W2's key is gone"), "{text}");
 }
+
+/// A busy machine can starve a waiter's keepalive past its lease: etcd drops it from the
+/// line before the lab did anything, and the churn part cannot show its lesson. The lab must
+/// say so, at once, and why — not time out waiting for a wake that will never come, nor
+/// print a verdict of a line it did not play. Here the test starves W1 itself: it stops W1
+/// for 4 s (its lease is 1 s) once the whole line has joined.
+#[test]
+fn a_waiter_that_loses_its_lease_to_the_machine_is_named_and_the_part_says_why() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let tag = fresh_tag();
+    let mut lab = lockslab(&["queue", "--only", "churn", "--json"])
+        .env("LOCKSLAB_TEST_TAG", &tag)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(lab.stdout.take().unwrap());
+    let mut w1 = None;
+    let mut seen = Vec::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        let Some(event) = event_line(&line) else {
+            break;
+        };
+        if let What::Queued(queued) = &event.what {
+            if event.worker == "W1" {
+                w1 = queued.pid;
+            }
+            if event.worker == "W5" {
+                let w1 = Pid::from_raw(w1.expect("W1 joined before W5"));
+                kill(w1, Signal::SIGSTOP).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(4000));
+                kill(w1, Signal::SIGCONT).unwrap();
+            }
+        }
+    }
+    let output = lab.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}\n{}", seen.join("\n"));
+    assert!(
+        stderr.contains("W1 lost its place in the queue before the lab did anything to it")
+            && stderr.contains("too busy"),
+        "{stderr}"
+    );
+    assert_no_worker_left(&tag);
+}

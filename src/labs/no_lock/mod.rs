@@ -17,8 +17,10 @@
 //!
 //! A frozen worker is resumed after the pause only once another worker has met it —
 //! Postgres shows a worker session blocked on its transaction (`pg_blocking_pids`), or its
-//! job invoiced by another worker — so that no cell is a matter of timing; a point nobody
-//! met within the wait is reported `untested`, never `ok`.
+//! job invoiced by another worker — and those who wait on it write before anyone who reads
+//! after it wakes (the lab holds the customer's Redis lock until they have: `strike.rs`'s
+//! `Door`), so that no cell is a matter of timing or of a quiet machine; a point nobody met
+//! within the wait is reported `untested`, never `ok`.
 //!
 //! Then the tables are read back: invoices per (customer, period) must be exactly one, and
 //! every balance must equal the sum of its invoices. The Redis lock without fencing fails

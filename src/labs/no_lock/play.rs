@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 
 use super::points::{self, KILLED, VICTIMS, WATCHED};
+use super::strike::{Door, Met};
 use super::{ApproachVerdict, Fault, Plan};
 use crate::check::no_lock::Strike;
 use crate::connect::{self, PgClient, RedisConn};
@@ -41,6 +42,8 @@ pub(super) struct Faults {
     pub(super) resumed_at: Option<SystemTime>,
     pub(super) expired_seen: bool,
     pub(super) taken_seen: bool,
+    /// The customers' Redis locks the lab holds while waiters write (see [`Door`]).
+    pub(super) doors: Vec<Door>,
 }
 
 impl Faults {
@@ -381,6 +384,7 @@ impl Play<'_> {
             }
             watching.start_next(workers)?;
             self.resume_due(stage, db, hand, workers, &mut watching.faults)?;
+            self.open_doors(stage, db, &mut watching.faults)?;
             if watching.faults.watched().is_some_and(|f| !f.resumed)
                 && let Some(conn) = redis_watch.as_mut()
             {
@@ -448,7 +452,8 @@ impl Play<'_> {
     }
 
     /// Past its pause, a frozen worker is resumed once another worker has met it (waits
-    /// on its locks, or has done its job), or once that wait runs out.
+    /// on its locks, or has done its job), or once that wait runs out. Workers waiting on
+    /// it are let write first: the lab holds the customer's Redis lock meanwhile ([`Door`]).
     fn resume_due(
         &self,
         stage: &mut Stage,
@@ -471,6 +476,12 @@ impl Play<'_> {
             .collect();
         for (who, waited_enough) in due {
             let met = self.met(db, faults, &who)?;
+            if let Some(Met::Waiting(waiters)) = &met
+                && !waited_enough
+                && !self.hold_door(stage, faults, &who, waiters)?
+            {
+                continue;
+            }
             if met.is_some() || waited_enough {
                 self.resume(stage, db, hand, workers, faults, &who, met)?;
             }

@@ -3,18 +3,20 @@
 //! worker's Redis lock, its Postgres session, who waits on it.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
 use super::play::{Faults, Play, Struck, find};
 use super::points::{self, WATCHED};
 use crate::check::no_lock::{LockSeen, lock_seen};
-use crate::connect::{PgClient, RedisConn};
+use crate::connect::{self, PgClient, RedisConn};
 use crate::events::Event;
 use crate::events::facts::{Expired, FaultFacts, HolderNow, Session};
 use crate::invoices::Approach;
 use crate::labs::faults::Hand;
 use crate::labs::{Stage, WorkerHandle};
+use crate::lock::redis::{Held, RedisLock};
 use crate::nemesis::{self, Note};
 use crate::output::{count, human};
 
@@ -41,7 +43,138 @@ const MET: &str = "
               JOIN {jobs} j ON j.customer = i.customer AND j.period = i.period
             WHERE j.id = $3 AND i.worker <> $4)";
 
+/// The worst order, held from events: a frozen worker that others wait on is resumed only
+/// while the lab itself holds its customer's Redis lock, and the lab lets go once those
+/// waiters — who all read before the frozen worker's COMMIT — no longer wait on a lock,
+/// that is, once each has written. Nobody can take the lock, read after the COMMIT and
+/// write first: left to the scheduler, a busy machine lets such a newcomer in while the
+/// waiters are still waking up, and a write fenced only at the write is then refused for
+/// its lower token — the lesson would come out `ok` (or `untested`) by luck. The lab is one
+/// more client here, one that holds the lock and does nothing: every worker that gets the
+/// lock before it also reads before the COMMIT, and only adds a stale reader to the queue.
+pub(super) struct Door {
+    pub(super) customer: i32,
+    /// The frozen worker others waited on.
+    pub(super) of: String,
+    /// The waiters' sessions, as `pg_stat_activity` names them.
+    sessions: Vec<String>,
+    lock: RedisLock,
+    held: Held,
+    /// Let go by then whatever the waiters do: the waiters are real processes, and one may
+    /// wait on something else for good.
+    until: Instant,
+}
+
+/// How long the lab holds a customer's lock for the waiters at most, and the lock's TTL
+/// meanwhile (the lab lets go itself; the TTL only bounds a lab that died holding it).
+const DOOR_AT_MOST: Duration = Duration::from_secs(10);
+
+/// `$1` the waiters' sessions: how many of them still wait on a lock in Postgres.
+const STILL_WAITING: &str = "SELECT count(*) FROM pg_stat_activity
+    WHERE application_name = ANY($1) AND wait_event_type = 'Lock'";
+
 impl Play<'_> {
+    /// Before resuming `who`, whom `waiters` wait on: take its customer's Redis lock, so
+    /// that the next write to that customer is a waiter's ([`Door`]). True when the run may
+    /// resume `who` now (the lock is the lab's, or the approach takes no Redis lock); false
+    /// while another worker holds it — that one read before the COMMIT too, and the lab
+    /// asks again on its next turn.
+    pub(super) fn hold_door(
+        &self,
+        stage: &mut Stage,
+        faults: &mut Faults,
+        who: &str,
+        waiters: &[String],
+    ) -> Result<bool> {
+        let Some(url) = self.redis_url.filter(|_| self.approach.uses_redis()) else {
+            return Ok(true);
+        };
+        let Some(frozen) = faults.frozen.iter().find(|f| f.strike.worker == who) else {
+            bail!("no frozen worker {who}");
+        };
+        let Some(key) = frozen.lock_key.clone() else {
+            return Ok(true);
+        };
+        let customer = frozen.strike.customer;
+        let mut lock = RedisLock::new(connect::redis(url)?, &key, DOOR_AT_MOST);
+        let Some(held) = lock.try_acquire_as(&format!("lab-holds-for-{}", waiters.join("-")))?
+        else {
+            return Ok(false);
+        };
+        stage.record(Event::new(
+            "lab",
+            HolderNow {
+                holder: Some("lab".into()),
+                backend: Some("redis".into()),
+                key: Some(key),
+                ..HolderNow::default()
+            },
+            format!(
+                "takes customer {customer}'s Redis lock itself until {} {} written: nobody \
+                 reads after {who}'s COMMIT and writes first (the worst order)",
+                waiters.join(", "),
+                if waiters.len() == 1 { "has" } else { "have" }
+            ),
+        ));
+        faults.doors.push(Door {
+            customer,
+            of: who.to_string(),
+            sessions: waiters.iter().map(|w| self.session(w)).collect(),
+            lock,
+            held,
+            until: Instant::now() + DOOR_AT_MOST,
+        });
+        Ok(true)
+    }
+
+    /// Lets go of each customer's lock the lab holds once its frozen worker is resumed and
+    /// none of the waiters waits on a lock any more: each has written (or given up).
+    pub(super) fn open_doors(
+        &self,
+        stage: &mut Stage,
+        db: &mut PgClient,
+        faults: &mut Faults,
+    ) -> Result<()> {
+        let mut k = 0;
+        while k < faults.doors.len() {
+            let door = &faults.doors[k];
+            let resumed = faults
+                .frozen
+                .iter()
+                .any(|f| f.strike.worker == door.of && f.resumed);
+            let waiting: i64 = db.query_one(STILL_WAITING, &[&door.sessions])?.get(0);
+            let timed_out = Instant::now() >= door.until;
+            if !(resumed && waiting == 0 || timed_out) {
+                k += 1;
+                continue;
+            }
+            let mut door = faults.doors.remove(k);
+            door.lock.release(&door.held)?;
+            stage.record(Event::new(
+                "lab",
+                HolderNow {
+                    backend: Some("redis".into()),
+                    key: Some(door.lock.key.clone()),
+                    ..HolderNow::default()
+                },
+                if timed_out {
+                    format!(
+                        "lets go of customer {}'s Redis lock after {}: a waiter still waits",
+                        door.customer,
+                        human(DOOR_AT_MOST)
+                    )
+                } else {
+                    format!(
+                        "lets go of customer {}'s Redis lock: the workers that waited on {} \
+                         have written",
+                        door.customer, door.of
+                    )
+                },
+            ));
+        }
+        Ok(())
+    }
+
     /// A worker stopped at its point of a job and waits for `go`: SIGSTOP it there, then
     /// leave `go` in its pipe, for when it wakes. While w1 sleeps on an advisory lock, ask
     /// Postgres what a worker that should skip rather than queue would get.

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::output::human;
+
 use super::Plan;
 use super::verdict_churn::ChurnVerdict;
 use crate::connect::Backend;
@@ -68,11 +70,17 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     let mut workers: Vec<WorkerHandle> = Vec::new();
     for name in names {
         workers.push(stage.spawn(name, &WorkerSpec::Queuer(script(name)))?);
-        stage.wait_for(long, &format!("{name} to join the queue"), |e| {
-            e.is(name, Kind::Queued)
-        })?;
+        wait_unless_lost(
+            &mut stage,
+            plan,
+            long,
+            &format!("{name} to join the queue"),
+            |e| e.is(name, Kind::Queued),
+        )?;
     }
-    stage.wait_for(long, "H to take the lock", |e| e.is("H", Kind::Acquired))?;
+    wait_unless_lost(&mut stage, plan, long, "H to take the lock", |e| {
+        e.is("H", Kind::Acquired)
+    })?;
     // Declared after the workers: dropped first, so that a failure resumes before it kills.
     let mut nemesis = Nemesis::new();
     let key = |stage: &Stage, name: &str| {
@@ -91,20 +99,26 @@ pub(super) fn play(plan: &Plan, run: &Run) -> Result<ChurnVerdict> {
     let gone = key(&stage, GIVES_UP);
     let waiter = worker(&mut workers, GIVES_UP);
     waiter.tell("give-up")?;
-    stage.wait_for(long, "W2 to give up", |e| e.is(GIVES_UP, Kind::GaveUp))?;
-    stage.wait_for(long, "W3 to look again", |e| woken_by(e, KILLED, &gone))?;
+    wait_unless_lost(&mut stage, plan, long, "W2 to give up", |e| {
+        e.is(GIVES_UP, Kind::GaveUp)
+    })?;
+    wait_unless_lost(&mut stage, plan, long, "W3 to look again", |e| {
+        woken_by(e, KILLED, &gone)
+    })?;
 
     // 2. A waiter is killed (the schedule: once W2's departure woke it); its key stays
     // until its lease runs out.
     let gone = key(&stage, KILLED);
     let w3: &mut dyn Victim = worker(&mut workers, KILLED);
     stage.play(&mut faults, &mut nemesis, &mut [w3], Until::done(long))?;
-    stage.wait_for(long, "W4 to look again", |e| woken_by(e, "W4", &gone))?;
+    wait_unless_lost(&mut stage, plan, long, "W4 to look again", |e| {
+        woken_by(e, "W4", &gone)
+    })?;
 
     // 3. The holder lets go: the line is served.
     worker(&mut workers, "H").tell("release")?;
     for name in ["H", "W1", "W4", "W5"] {
-        stage.wait_for(long, &format!("{name} to let go"), |e| {
+        wait_unless_lost(&mut stage, plan, long, &format!("{name} to let go"), |e| {
             e.worker == name && matches!(e.kind(), Kind::Released | Kind::GaveUp | Kind::Lost)
         })?;
     }
@@ -142,6 +156,34 @@ fn worker<'a>(workers: &'a mut [WorkerHandle], name: &str) -> &'a mut WorkerHand
         .iter_mut()
         .find(|w| w.name == name)
         .expect("every name was spawned")
+}
+
+/// [`Stage::wait_for`], unless a worker says first that it lost its place in the queue — even
+/// where the caller would take a `lost` as a way to let go. In this part nobody's lease may
+/// run out — the killed waiter's runs out after its death, and says nothing — so a `lost`
+/// is the machine's doing: its keepalive did not get through
+/// within the lease (a busy machine starves it). The part cannot show its lesson then, and
+/// says so at once instead of waiting for what will not come.
+fn wait_unless_lost(
+    stage: &mut Stage,
+    plan: &Plan,
+    long: Duration,
+    what: &str,
+    matches: impl Fn(&Event) -> bool,
+) -> Result<Event> {
+    let event = stage.wait_for(long, what, |e| matches(e) || e.kind() == Kind::Lost)?;
+    if event.kind() == Kind::Lost {
+        anyhow::bail!(
+            "{} lost its place in the queue before the lab did anything to it ({}): its {} \
+             etcd lease was not kept alive in time, which on this machine means it is too \
+             busy for the churn part's lesson. Run it again when it is quieter, or with a \
+             longer lease (--lease 3s).",
+            event.worker,
+            event.text,
+            human(plan.lease)
+        );
+    }
+    Ok(event)
 }
 
 /// `waiter` reported that the delete of `gone` woke it.

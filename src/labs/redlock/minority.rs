@@ -10,9 +10,50 @@ use super::verdict::ScenarioVerdict;
 use crate::check::Finding;
 use crate::check::redlock::{self as check, MasterState};
 use crate::lock::redlock::Attempt;
+use crate::lock::redlock::Reply;
 use crate::nemesis::Fault;
 use crate::nemesis::schedule::Schedule;
 use crate::output::human;
+
+/// How many rounds A makes at most in a part where a master the lab left alone may miss
+/// the per-instance timeout on a busy machine.
+const ROUNDS_AT_MOST: usize = 3;
+/// How long A waits before it tries again (a fixed delay: the lab's runs replay alike).
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The masters of `attempt` that gave no answer in time although the lab did nothing to
+/// them: not a fault of the part, the machine's load.
+fn missed_untouched(attempt: &Attempt, touched: &[usize]) -> Vec<String> {
+    let touched: Vec<String> = touched.iter().map(|&i| name(i)).collect();
+    (attempt.answers.iter())
+        .filter(|a| matches!(a.reply, Reply::NoAnswer { .. }) && !touched.contains(&a.master))
+        .map(|a| a.master.clone())
+        .collect()
+}
+
+/// What the part's sentence adds when A needed more than one round, or never got a clean
+/// one: which live masters missed the timeout, and that this is the machine, not Redlock.
+fn busy_sentence(rounds: &[Attempt], touched: &[usize]) -> String {
+    let last = rounds.last().expect("at least one round");
+    let missed = missed_untouched(last, touched);
+    if !missed.is_empty() {
+        return format!(
+            " Not the lesson: {} — which the lab left alone — missed the per-instance \
+             timeout in each of A's {} rounds; this machine is too busy for this part (run \
+             it again when it is quieter, or with a longer --instance-timeout).",
+            missed.join(", "),
+            rounds.len()
+        );
+    }
+    if rounds.len() > 1 {
+        return format!(
+            " It took A {} rounds: a master the lab left alone missed the per-instance \
+             timeout before (a busy machine), and A tried again.",
+            rounds.len()
+        );
+    }
+    String::new()
+}
 
 impl Scene {
     /// Scenario 1: a minority down, a minority frozen, a majority down.
@@ -36,16 +77,38 @@ impl Scene {
     }
 
     /// A's round on the part's own key, the masters read back right after it, and its
-    /// release if it held.
-    fn a_round(&mut self, part: &str) -> (Attempt, Vec<MasterState>) {
+    /// release if it held. A round that missed a master the lab left alone (`touched` are
+    /// the ones it killed or froze) is tried again, as a Redlock client retries after a
+    /// failed round, up to [`ROUNDS_AT_MOST`]: on a busy machine a live master can miss the
+    /// per-instance timeout, and one such round says nothing about a minority being down.
+    /// Every round is returned, the last one deciding.
+    fn a_round(&mut self, part: &str, touched: &[usize]) -> (Vec<Attempt>, Vec<MasterState>) {
         let key = self.key(part);
         let mut lock = self.lock(&key);
-        let attempt = self.acquire("A", &mut lock);
-        let read = self.read_back(&key, "the masters, right after A's round");
-        if attempt.held {
-            self.release("A", &mut lock, &attempt);
+        let mut rounds = Vec::new();
+        loop {
+            let attempt = self.acquire("A", &mut lock);
+            let busy = missed_untouched(&attempt, touched);
+            rounds.push(attempt);
+            if busy.is_empty() || rounds.len() >= ROUNDS_AT_MOST {
+                break;
+            }
+            self.note(&format!(
+                "{} did not answer within the per-instance timeout, though the lab left {} \
+                 alone: this machine is busy. A tries again in {}, as a Redlock client does",
+                busy.join(", "),
+                if busy.len() == 1 { "it" } else { "them" },
+                human(RETRY_AFTER)
+            ));
+            std::thread::sleep(RETRY_AFTER);
         }
-        (attempt, read)
+        let read = self.read_back(&key, "the masters, right after A's round");
+        let last = rounds.last().expect("at least one round");
+        if last.held {
+            let last = last.clone();
+            self.release("A", &mut lock, &last);
+        }
+        (rounds, read)
     }
 
     /// The minority killed: connection refused at once, so they cost no validity.
@@ -60,7 +123,8 @@ impl Scene {
         );
         let mut faults = self.faults(&schedule);
         self.play_until(&mut faults, Fault::Kill, minority)?;
-        let (down, read) = self.a_round("minority-down");
+        let (rounds, read) = self.a_round("minority-down", minority);
+        let down = rounds.last().expect("at least one round").clone();
         self.play_until(&mut faults, Fault::Restart, minority)?;
         Ok(ScenarioVerdict {
             name: "minority-down",
@@ -68,16 +132,17 @@ impl Scene {
             quorum: q,
             validity_ms: down.validity_ms,
             meaning: format!(
-                "With {} down (connection refused at once), {} of {n} granted: {}.",
+                "With {} down (connection refused at once), {} of {n} granted: {}.{}",
                 self.names(minority.to_vec()),
                 down.granted,
                 if down.held {
                     "the lock holds, and the dead masters cost almost no validity"
                 } else {
                     "not held"
-                }
+                },
+                busy_sentence(&rounds, minority)
             ),
-            rounds: vec![round("A", &down)],
+            rounds: rounds.iter().map(|r| round("A", r)).collect(),
             read_back: read,
             prevented_by: "nothing needed: a minority down is what Redlock is built for",
             schedule: Some(schedule),
@@ -92,7 +157,8 @@ impl Scene {
         let schedule = Schedule::new(at_start(Fault::Pause, minority));
         let mut faults = self.faults(&schedule);
         self.play_until(&mut faults, Fault::Pause, minority)?;
-        let (frozen, read) = self.a_round("minority-frozen");
+        let (rounds, read) = self.a_round("minority-frozen", minority);
+        let frozen = rounds.last().expect("at least one round").clone();
         // The share of the round spent waiting on the frozen masters, from the same round.
         let waited = check::waited_on_silent_ms(&frozen.answers);
         Ok(ScenarioVerdict {
@@ -102,14 +168,15 @@ impl Scene {
             validity_ms: frozen.validity_ms,
             meaning: format!(
                 "With {} frozen, {} of {n} granted ({}). Of the round's {}ms, {waited:.0}ms \
-                 went on waiting for the frozen masters: validity {}ms.",
+                 went on waiting for the frozen masters: validity {}ms.{}",
                 self.names(minority.to_vec()),
                 frozen.granted,
                 if frozen.held { "held" } else { "not held" },
                 frozen.elapsed_whole_ms(),
-                frozen.validity_ms
+                frozen.validity_ms,
+                busy_sentence(&rounds, minority)
             ),
-            rounds: vec![round("A", &frozen)],
+            rounds: rounds.iter().map(|r| round("A", r)).collect(),
             read_back: read,
             prevented_by: "nothing needed; a shorter per-instance timeout costs less validity",
             schedule: Some(schedule),
@@ -210,5 +277,64 @@ fn once_thawed(woke: &[MasterState], set_once_thawed: &[String]) -> String {
                 silent.join(", ")
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::redlock::Answer;
+
+    fn attempt(replies: [Reply; 5]) -> Attempt {
+        let answers: Vec<Answer> = (replies.into_iter().enumerate())
+            .map(|(i, reply)| Answer {
+                master: name(i),
+                port: format!("{}", 7000 + i),
+                reply,
+                sent_ms: 0.0,
+                took_ms: 50.0,
+            })
+            .collect();
+        let granted = answers.iter().filter(|a| a.reply == Reply::Granted).count();
+        Attempt {
+            value: "v".into(),
+            answers,
+            granted,
+            quorum: 3,
+            ttl_ms: 2000,
+            elapsed_ms: 150.0,
+            drift_ms: 22,
+            validity_ms: 1828,
+            held: granted >= 3,
+            released: Vec::new(),
+            started: None,
+        }
+    }
+
+    fn late() -> Reply {
+        Reply::NoAnswer {
+            why: "no answer in time".into(),
+        }
+    }
+
+    #[test]
+    fn a_live_master_that_missed_the_timeout_is_the_machine_not_the_part() {
+        let minority = [3, 4];
+        let busy = attempt([late(), Reply::Granted, Reply::Granted, late(), late()]);
+        assert_eq!(missed_untouched(&busy, &minority), ["m1"]);
+        let clean = attempt([
+            Reply::Granted,
+            Reply::Granted,
+            Reply::Granted,
+            late(),
+            late(),
+        ]);
+        assert!(missed_untouched(&clean, &minority).is_empty());
+        // Held at the second round: said, not hidden.
+        assert!(busy_sentence(&[busy.clone(), clean.clone()], &minority).contains("2 rounds"));
+        // Never a clean round: the part says it is not the lesson.
+        let never = busy_sentence(&[busy.clone(), busy.clone(), busy], &minority);
+        assert!(never.contains("Not the lesson: m1"), "{never}");
+        assert!(busy_sentence(&[clean], &minority).is_empty());
     }
 }
