@@ -34,6 +34,7 @@
 //! `judge.rs` (the tables read back and handed to [`crate::check::no_lock`]) and
 //! `verdict.rs` (the tables and sentences).
 
+mod door;
 mod judge;
 mod play;
 pub mod points;

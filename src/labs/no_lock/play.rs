@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, anyhow, bail};
 use colored::Colorize;
 
+use super::door::{Door, Met};
 use super::points::{self, KILLED, VICTIMS, WATCHED};
-use super::strike::{Door, Met};
 use super::{ApproachVerdict, Fault, Plan};
 use crate::check::no_lock::Strike;
 use crate::connect::{self, PgClient, RedisConn};

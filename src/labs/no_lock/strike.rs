@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use super::door::{Door, Met};
 use super::play::{Faults, Play, Struck, find};
 use super::points::{self, WATCHED};
 use crate::check::no_lock::{LockSeen, lock_seen};
@@ -16,19 +17,9 @@ use crate::events::facts::{Expired, FaultFacts, HolderNow, Session};
 use crate::invoices::Approach;
 use crate::labs::faults::Hand;
 use crate::labs::{Stage, WorkerHandle};
-use crate::lock::redis::{Held, RedisLock};
+use crate::lock::redis::RedisLock;
 use crate::nemesis::{self, Note};
 use crate::output::{count, human};
-
-/// How another worker met a frozen one before its SIGCONT: what makes its point a test.
-pub(super) enum Met {
-    /// The workers whose sessions wait on the frozen worker's locks (`pg_blocking_pids`).
-    Waiting(Vec<String>),
-    /// The frozen job, invoiced (and committed) by this other worker.
-    DoneBy(String),
-    /// Partitioned: only the frozen worker may do its customers' jobs; nobody is to come.
-    Owner,
-}
 
 /// `$1` the frozen worker's session, `$2` the prefix of every worker session of this run,
 /// `$3` the frozen job, `$4` the frozen worker: the worker sessions that wait on the frozen one, and who else has
@@ -42,28 +33,6 @@ const MET: &str = "
            (SELECT min(i.worker) FROM {invoices} i
               JOIN {jobs} j ON j.customer = i.customer AND j.period = i.period
             WHERE j.id = $3 AND i.worker <> $4)";
-
-/// The worst order, held from events: a frozen worker that others wait on is resumed only
-/// while the lab itself holds its customer's Redis lock, and the lab lets go once those
-/// waiters — who all read before the frozen worker's COMMIT — no longer wait on a lock,
-/// that is, once each has written. Nobody can take the lock, read after the COMMIT and
-/// write first: left to the scheduler, a busy machine lets such a newcomer in while the
-/// waiters are still waking up, and a write fenced only at the write is then refused for
-/// its lower token — the lesson would come out `ok` (or `untested`) by luck. The lab is one
-/// more client here, one that holds the lock and does nothing: every worker that gets the
-/// lock before it also reads before the COMMIT, and only adds a stale reader to the queue.
-pub(super) struct Door {
-    pub(super) customer: i32,
-    /// The frozen worker others waited on.
-    pub(super) of: String,
-    /// The waiters' sessions, as `pg_stat_activity` names them.
-    sessions: Vec<String>,
-    lock: RedisLock,
-    held: Held,
-    /// Let go by then whatever the waiters do: the waiters are real processes, and one may
-    /// wait on something else for good.
-    until: Instant,
-}
 
 /// How long the lab holds a customer's lock for the waiters at most, and the lock's TTL
 /// meanwhile (the lab lets go itself; the TTL only bounds a lab that died holding it).
