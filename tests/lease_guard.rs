@@ -749,3 +749,61 @@ fn a_clock_left_by_a_killed_lab_is_swept_by_the_next_run() {
     );
     assert_run_left_nothing(verdict["run_id"].as_str().unwrap());
 }
+
+/// A busy machine can leave pause detection's sampler without a CPU for longer than the
+/// margin, in a cell whose fault stops nobody: the guard gives up on a gap the lab did not
+/// make, and the cell differs from the walkthrough's. The verdict must say that this was
+/// the machine, not the lesson. Here the test plays the busy machine: it stops A for 350 ms
+/// (margin 200 ms) while A works under clock-fast.
+#[test]
+fn pause_detection_that_gives_up_on_the_machines_gap_says_it_is_not_the_lesson() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut lab = lockslab(&[
+        "lease-guard",
+        "--guard",
+        "pause-detect",
+        "--fault",
+        "clock-fast",
+        "--json",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut a = None;
+    let mut lines = Vec::new();
+    for line in BufReader::new(lab.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        lines.push(line.clone());
+        let Some(event) = event_line(&line) else {
+            continue;
+        };
+        if event.worker != "A" {
+            continue;
+        }
+        if let What::Waiting(waiting) = &event.what {
+            a = waiting.pid;
+        }
+        if event.kind() == Kind::Working {
+            let a = Pid::from_raw(a.expect("A said its pid when it asked for the lock"));
+            kill(a, Signal::SIGSTOP).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(350));
+            kill(a, Signal::SIGCONT).unwrap();
+        }
+    }
+    assert!(lab.wait().unwrap().success());
+    let (_, verdict) = events_and_verdict(&lines.join("\n"));
+    let cell = cell(&verdict, "pause-detect", "clock-fast");
+    assert_eq!(cell["outcome"], "aborted", "the stop was seen: {cell}");
+    let text: Vec<&str> = (verdict["text"].as_array().unwrap().iter())
+        .map(|line| line.as_str().unwrap())
+        .collect();
+    let text = text.join(" ");
+    assert!(
+        text.contains("pause-detect under clock-fast: gave up on a gap")
+            && text.contains("A busy machine, not the lesson"),
+        "{text}"
+    );
+}

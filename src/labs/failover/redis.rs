@@ -345,36 +345,21 @@ impl Play<'_> {
         for worker in &mut b.workers {
             worker.tell("write")?;
         }
+        // Every one of B's writes, not its first: a client with two resources (B:incr writes
+        // not-lower, then same-holder) would otherwise have A told to write while B's second
+        // write is still to come, and on a busy machine A's lands first — no late write.
         for pair in &pairs {
-            let name = format!("B:{}", pair.label);
-            for _ in &pair.writes {
-                stage.wait_for(Duration::from_secs(10), &format!("{name} to write"), |e| {
-                    e.is(&name, Kind::Wrote)
-                })?;
-            }
+            wait_for_writes(stage, &format!("B:{}", pair.label), pair.writes.len())?;
         }
         for worker in &mut a.workers {
             worker.tell("write")?;
         }
         for (pair, confirmed) in pairs.iter().zip(&a.confirmed) {
-            let name = format!("A:{}", pair.label);
             let wanted = match confirmed {
                 Some(n) if *n < 1 => 0,
                 _ => pair.writes.len(),
             };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while stage
-                .log
-                .iter()
-                .filter(|e| e.is(&name, Kind::Wrote))
-                .count()
-                < wanted
-            {
-                if Instant::now() > deadline {
-                    bail!("timed out waiting for {name} to write");
-                }
-                stage.next(Duration::from_millis(50));
-            }
+            wait_for_writes(stage, &format!("A:{}", pair.label), wanted)?;
         }
         for worker in a.workers.iter_mut().chain(b.workers.iter_mut()) {
             worker.tell("finish")?;
@@ -547,4 +532,22 @@ pub(super) fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines()
         .find_map(|line| line.strip_prefix(&format!("{field}:")))
         .map(|value| value.trim().to_string())
+}
+
+/// Waits until the history holds `wanted` writes of `name` (10 s at most). Counted in the
+/// log: [`Stage::wait_for`] returns the first match it finds there, so waiting for it once
+/// a write would see the first write again and again.
+fn wait_for_writes(stage: &mut Stage, name: &str, wanted: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (stage.log.iter())
+        .filter(|e| e.is(name, Kind::Wrote))
+        .count()
+        < wanted
+    {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {name} to write");
+        }
+        stage.next(Duration::from_millis(50));
+    }
+    Ok(())
 }

@@ -584,6 +584,7 @@ impl Verdict {
         lines.extend(self.what_lock_delay_does());
         lines.extend(self.what_the_clock_speeds_did());
         lines.extend(self.stall_sentences());
+        lines.extend(self.gaps_no_fault_made());
         if self.plan.faults.contains(&LeaseFault::ClockBack) {
             lines.push(format!(
                 "clock-back moved A's wall clock only, {} back, with libfaketime; Redis's clock and every monotonic clock stayed true.",
@@ -591,6 +592,31 @@ impl Verdict {
             ));
         }
         lines
+    }
+
+    /// Pause detection that gave up under a fault that stops nobody before the check: the
+    /// gap it saw was the machine's — a sampler left waiting for a CPU looks exactly like a
+    /// stopped process. Such a cell is this machine's, not the guard's lesson, and the
+    /// verdict says so rather than let the table differ from the walkthrough silently.
+    fn gaps_no_fault_made(&self) -> Vec<String> {
+        (self.cells.iter())
+            .filter(|c| {
+                c.guard == Guard::PauseDetect
+                    && c.outcome == Outcome::Aborted
+                    && !matches!(c.fault, LeaseFault::PauseBeforeCheck | LeaseFault::Stall)
+            })
+            .map(|c| {
+                let gap = c.gap_ms.map_or(String::new(), |ms| format!(" of {ms}ms"));
+                format!(
+                    "pause-detect under {}: gave up on a gap{gap} that no fault made — nothing \
+                     stopped A before its check; this machine left A's sampler waiting for a \
+                     CPU longer than the margin. A busy machine, not the lesson: pause \
+                     detection cannot tell a stop from a wait for the CPU (run it again when \
+                     the machine is quieter).",
+                    c.fault.as_str()
+                )
+            })
+            .collect()
     }
 
     /// Fault by fault, the guards under which the stale write got through, and how long
