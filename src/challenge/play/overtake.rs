@@ -94,12 +94,7 @@ impl Run<'_> {
         })?;
         if paused.contains(&older_name) {
             let early = format!("resumes {older_name} early, after {newer}'s read");
-            self.play_now((Fault::Resume, &older_name, How::default()), move |_| {
-                Note::from(early)
-            })?;
-            if let Some((_, since)) = self.seats[older].job.as_mut() {
-                *since = Instant::now();
-            }
+            self.resume_to_write(&older_name, early)?;
         } else if let (Some(proxy), Some(faults)) = (&self.seats[older].proxy, self.faults.as_mut())
         {
             let note = format!(
@@ -159,14 +154,7 @@ impl Run<'_> {
                 "resumes {newer}, to write first: {older}'s retry is held until {newer}'s \
                  write is answered"
             );
-            self.play_now((Fault::Resume, &newer, How::default()), move |_| {
-                Note::from(words)
-            })?;
-            if let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == newer)
-                && let Some((_, since)) = seat.job.as_mut()
-            {
-                *since = Instant::now();
-            }
+            self.resume_to_write(&newer, words)?;
         }
         self.retry_held = Some(RetryHeld {
             older: older.to_string(),
@@ -206,10 +194,9 @@ impl Run<'_> {
             if let Some(faults) = self.faults.as_mut() {
                 faults.withdraw(&older, Fault::Resume);
             }
-            self.play_now((Fault::Resume, &older, How::default()), move |_| {
-                Note::from(resume)
-            })?;
-        } else if self.held_writes.contains(&older)
+            return self.resume_to_write(&older, resume);
+        }
+        if self.held_writes.contains(&older)
             && let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut())
         {
             faults.let_go(
@@ -225,17 +212,36 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Resumes `name` with `words` on the timeline, and counts its job's time from now:
+    /// the time it was held is not its own.
+    fn resume_to_write(&mut self, name: &str, words: String) -> Result<()> {
+        self.play_now((Fault::Resume, name, How::default()), move |_| {
+            Note::from(words)
+        })?;
+        if let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name)
+            && let Some((_, since)) = seat.job.as_mut()
+        {
+            *since = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Has `name` answered `job` (or died)?
+    fn done_with(&self, name: &str, job: i64) -> bool {
+        !self.seats.iter().any(|s| {
+            s.client.name == name
+                && s.client.is_running()
+                && s.job.is_some_and(|(held, _)| held == job)
+        })
+    }
+
     /// Lets the held retry go once the newer holder has answered its job (or died), or
     /// [`HOLD_AT_MOST`] has passed.
     pub(super) fn let_the_retry_go(&mut self) -> Result<()> {
         let Some(held) = &self.retry_held else {
             return Ok(());
         };
-        let answered = !self.seats.iter().any(|s| {
-            s.client.name == held.newer
-                && s.client.is_running()
-                && s.job.is_some_and(|(job, _)| job == held.newer_job)
-        });
+        let answered = self.done_with(&held.newer, held.newer_job);
         if !answered && Instant::now() < held.until {
             return Ok(());
         }
@@ -246,11 +252,7 @@ impl Run<'_> {
         let Some(index) = self.seats.iter().position(|s| s.client.name == older) else {
             return Ok(());
         };
-        let after = if answered {
-            format!("{newer} answered")
-        } else {
-            format!("{newer} did not answer within {}", human(HOLD_AT_MOST))
-        };
+        let after = answered_or_not(&newer, answered);
         let resume = format!("resumes {older}, its retry after {newer}'s write ({after})");
         let let_go = format!("lets {older}'s retry go, after {newer}'s write ({after})");
         self.release_retry(index, resume, let_go)
@@ -262,11 +264,7 @@ impl Run<'_> {
         let Some(overtake) = &self.overtaking else {
             return Ok(());
         };
-        let answered = !self.seats.iter().any(|s| {
-            s.client.name == overtake.older
-                && s.client.is_running()
-                && s.job.is_some_and(|(job, _)| job == overtake.job)
-        });
+        let answered = self.done_with(&overtake.older, overtake.job);
         if !answered && Instant::now() < overtake.until {
             return Ok(());
         }
@@ -275,29 +273,22 @@ impl Run<'_> {
         };
         let name = overtake.newer;
         let paused = self.paused().contains(&name);
-        let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name) else {
+        let Some(seat) = self.seats.iter().find(|s| s.client.name == name) else {
             return Ok(());
         };
         if paused && seat.client.is_running() {
-            let after = if answered {
-                format!("{} answered", overtake.older)
-            } else {
-                format!(
-                    "{} did not answer within {}",
-                    overtake.older,
-                    human(HOLD_AT_MOST)
-                )
-            };
-            let words = format!("resumes {name}, to write ({after})");
-            self.play_now((Fault::Resume, &name, How::default()), move |_| {
-                Note::from(words)
-            })?;
-            if let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name)
-                && let Some((_, since)) = seat.job.as_mut()
-            {
-                *since = Instant::now();
-            }
+            let after = answered_or_not(&overtake.older, answered);
+            self.resume_to_write(&name, format!("resumes {name}, to write ({after})"))?;
         }
         Ok(())
+    }
+}
+
+/// Why a held client goes on: `who` answered, or did not within [`HOLD_AT_MOST`].
+fn answered_or_not(who: &str, answered: bool) -> String {
+    if answered {
+        format!("{who} answered")
+    } else {
+        format!("{who} did not answer within {}", human(HOLD_AT_MOST))
     }
 }
