@@ -6,6 +6,8 @@
 //! graded on what the history and the change log decide (the problems in the data), and
 //! the rest is left as recorded.
 
+use std::collections::BTreeSet;
+
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::Value;
@@ -44,15 +46,15 @@ fn carried(events: &[Event], verdict: &Value) -> Result<Option<Evidence>> {
     };
     let mut evidence: Evidence = serde_json::from_value(carried.clone())
         .context("the verdict's `evidence` is not the grader's")?;
-    let from_history = evidence_of_the_data(events, verdict)?;
-    if let Some(job) = (from_history.jobs.iter()).find(|sent| !evidence.jobs.contains(sent)) {
+    let (sent, acknowledged) = jobs_and_oks(events)?;
+    if let Some(job) = sent.iter().find(|sent| !evidence.jobs.contains(sent)) {
         bail!(
             "job {} was sent as the history says, but the verdict's evidence has it \
              otherwise, or not at all",
             job.id
         );
     }
-    evidence.acknowledged = from_history.acknowledged;
+    evidence.acknowledged = acknowledged;
     Ok(Some(evidence))
 }
 
@@ -145,9 +147,8 @@ pub fn report(events: &[Event], verdict: &Value) -> Result<Report> {
     Ok(report)
 }
 
-/// The grader's evidence out of a recorded run: the jobs and the clients' `ok`s from the
-/// history, the change log and the faults from the verdict.
-fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
+/// The jobs the history sent (first deliveries, by id) and those a client answered `ok`.
+fn jobs_and_oks(events: &[Event]) -> Result<(Vec<JobSpec>, BTreeSet<i64>)> {
     let sent = events.iter().filter_map(|e| match &e.what {
         What::JobSent(job) => Some(job),
         _ => None,
@@ -159,10 +160,10 @@ fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
              that appended nothing. Record the challenge again with this lockslab to check it"
         );
     }
-    let mut evidence = Evidence::default();
+    let (mut jobs, mut acknowledged) = (Vec::new(), BTreeSet::new());
     for event in events {
         match &event.what {
-            What::JobSent(job) if job.resent.is_none() => evidence.jobs.push(JobSpec {
+            What::JobSent(job) if job.resent.is_none() => jobs.push(JobSpec {
                 id: job.job,
                 record: job
                     .record
@@ -172,12 +173,24 @@ fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
                 append: job.append.clone().unwrap_or_default(),
             }),
             What::JobAnswered(job) if job.ok == Some(true) => {
-                evidence.acknowledged.insert(job.job);
+                acknowledged.insert(job.job);
             }
             _ => {}
         }
     }
-    evidence.jobs.sort_by_key(|j| j.id);
+    jobs.sort_by_key(|j| j.id);
+    Ok((jobs, acknowledged))
+}
+
+/// The grader's evidence out of a recorded run: the jobs and the clients' `ok`s from the
+/// history, the change log and the faults from the verdict.
+fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
+    let (jobs, acknowledged) = jobs_and_oks(events)?;
+    let mut evidence = Evidence {
+        jobs,
+        acknowledged,
+        ..Evidence::default()
+    };
     evidence.changes = serde_json::from_value::<Vec<Change>>(verdict["changes"].clone())
         .context("the verdict carries no log of changes (`changes`)")?;
     let mut records: Vec<&str> = evidence.jobs.iter().map(|j| j.record.as_str()).collect();
