@@ -1309,17 +1309,20 @@ import json, sys, psycopg2
 init = json.loads(sys.stdin.readline())
 db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
 said = []
-for sql in ["CREATE TABLE {s}.done (job bigint PRIMARY KEY)", "CREATE SEQUENCE {s}.n",
-            "CREATE VIEW {s}.v AS SELECT * FROM {t}",
+for sql in ["CREATE TABLE {s}.done_{c} (job bigint PRIMARY KEY)", "CREATE SEQUENCE {s}.n_{c}",
+            "CREATE VIEW {s}.v_{c} AS SELECT * FROM {t}",
             "CREATE TEMP VIEW tv AS SELECT * FROM {t}",
-            "CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS "
+            "CREATE FUNCTION {s}.f_{c}() RETURNS int LANGUAGE sql AS "
             "'UPDATE {t} SET value = value WHERE false RETURNING 1'",
             "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
-            "CREATE RULE r AS ON INSERT TO {s}.done DO ALSO UPDATE {t} SET value = 0",
+            "CREATE RULE r_{c} AS ON INSERT TO {s}.done_{c} DO ALSO UPDATE {t} SET value = 0",
             "DO $$ BEGIN UPDATE {t} SET value = value WHERE false; END $$",
             "UPDATE {t} SET value = value WHERE false"]:
     try:
-        db.cursor().execute(sql.format(s=init["schema"], t=init["table"])); said.append("RAN")
+        # Each client its own names: the three run at once, and a table another made
+        # first would be refused as existing, not as forbidden.
+        sql = sql.format(s=init["schema"], t=init["table"], c=init["client"])
+        db.cursor().execute(sql); said.append("RAN")
     except psycopg2.Error:
         said.append("REFUSED")
 print("-".join(said), flush=True)
