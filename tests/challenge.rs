@@ -548,6 +548,53 @@ fn a_blind_retry_after_a_refused_compare_never_passes_pause_or_delay() {
     }
 }
 
+/// The clients of tests/fixtures/worst_order_dodgers.py, each built to slip a broken design
+/// past the worst order.
+const DODGERS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/worst_order_dodgers.py"
+);
+
+/// `newer-blind` writes blind after a compare the database always refuses. As the newer
+/// holder of a worst order it wrote that blind write where no fault held it, and passed
+/// `delay` on some seeds (2 of 6, by a hostile tester). Now the fault follows the newer
+/// holder's job to its next write, and the next holder to read the record writes first:
+/// the blind write erases it.
+#[test]
+fn a_blind_write_after_a_refused_compare_as_the_newer_holder_never_passes() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "newer-blind"];
+    for name in ["pause", "delay"] {
+        for seed in 1..=3 {
+            let (code, verdict, _) = challenge(name, seed, &[], &program);
+            assert_ne!(
+                code, 0,
+                "{name} newer-blind --seed {seed} passed: {verdict}"
+            );
+        }
+    }
+}
+
+/// `early-noop` checks its token only at the write (the design the worst order fails),
+/// says `writing` before its read, and sends an UPDATE that matches nothing after the hold:
+/// it passed `pause` and `delay` on every seed tried, the UPDATE taken for a refused
+/// compare-and-set. Its proxy sees that it had read nothing when it was held.
+#[test]
+fn an_update_that_matches_nothing_does_not_hide_a_writing_note_sent_before_the_read() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "early-noop"];
+    for name in ["pause", "delay"] {
+        let (code, verdict, _) = challenge(name, 1, &[], &program);
+        assert_ne!(code, 0, "{name} early-noop --seed 1 passed: {verdict}");
+        assert!(
+            verdict
+                .to_string()
+                .contains("its note came before its read"),
+            "{name} early-noop --seed 1: {verdict}"
+        );
+    }
+}
+
 /// A correct client passes on one of the first `seeds` seeds and fails on none: on a busy
 /// machine lockslab may play a fault late (undecided, said so), never a false fail.
 fn passes_within(name: &str, mode: &str, seeds: u64) -> Value {

@@ -519,6 +519,13 @@ pub struct Strike {
     pub overtaken: bool,
     /// The job of that newer holder, whose write shows whether it had really read first.
     pub overtaken_by: Option<i64>,
+    /// Whether that newer holder had sent a statement naming the records (a read) since its
+    /// job came, when it was held at its `writing` note — read by its proxy, which sees each
+    /// statement. False: its note came before its read, and the order tested nothing,
+    /// whatever it sent after (an UPDATE that matches nothing is no refused compare then).
+    /// None: not known (no proxy, or a recording from before lockslab read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newer_read: Option<bool>,
 }
 
 impl Strike {
@@ -608,6 +615,16 @@ impl Strike {
         if let Some(read_late) = write.and_then(|w| self.read_after_the_fault(job, w, own, changes))
         {
             return Some(read_late);
+        }
+        if let (true, Some(false), Some(newer)) =
+            (self.overtaken, self.newer_read, self.overtaken_by)
+        {
+            return Some(format!(
+                "{verb} {who} and held the newer holder of {record} at its `writing` note for \
+                 job {newer}, but that holder had sent nothing that reads {record} since the job \
+                 came (its proxy sees every statement): its note came before its read, so the \
+                 order tested nothing (say `writing` after your read)"
+            ));
         }
         if self.overtaken {
             // Its write went out between a newer holder's read and that holder's write: an
@@ -2031,6 +2048,20 @@ mod tests {
         // (c1 answered job 1 at 1.1s: a statement after that is not its own refusal.)
         run.deliveries[0].client = "c1".into();
         run.statements = vec![refusal(8, 1_500_000)];
+        assert_eq!(check(&run).faults_bit, 1);
+        // But its proxy saw it had read nothing since its job came when it was held: that
+        // UPDATE was no refused compare, and the order tested nothing.
+        run.strikes[0].newer_read = Some(false);
+        let report = check(&run);
+        assert_eq!(report.faults_bit, 0);
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("its note came before its read"),
+            "{report:?}"
+        );
+        run.strikes[0].newer_read = Some(true);
         assert_eq!(check(&run).faults_bit, 1);
         run.statements = vec![refusal(8, 2_500_000)];
         assert_eq!(

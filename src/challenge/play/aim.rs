@@ -48,6 +48,9 @@ pub(super) struct Aim {
     /// It follows a fault that held an earlier write of the same job ([`Follow`]): it is
     /// dropped, not played, if the job is answered or no write comes.
     follows: bool,
+    /// It follows a newer holder's job past the write the worst order let it make
+    /// ([`Run::follow_the_newer`]).
+    newer: bool,
 }
 
 /// A fault that held a write, kept to follow its job: once the held write went out, the
@@ -59,7 +62,7 @@ pub(super) struct Aim {
 /// write to come after a check of the lock. Followed, that write is held as well, and the
 /// data says whether the check was enough.
 #[derive(Clone)]
-struct Follow {
+pub(super) struct Follow {
     /// The schedule's action of the fault followed: each follow-up plays it again.
     action: Action,
     job: i64,
@@ -71,6 +74,11 @@ struct Follow {
 impl Aim {
     /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
+        if self.newer {
+            return "next write of the same job after the one the worst order let it make (the \
+                    fault follows the newer holder)"
+                .into();
+        }
         if self.follows {
             return "next write of the same job (the fault follows its job)".into();
         }
@@ -121,6 +129,11 @@ impl Aimed {
     /// Is a fault armed on `client`, waiting for its write, or has it frozen it there?
     pub(super) fn is_armed(&self, client: &str) -> bool {
         self.waiting.contains_key(client) || self.frozen.contains_key(client)
+    }
+
+    /// The fault that last held `client`'s write, if it is kept to follow its job.
+    pub(super) fn followed_for(&self, client: &str) -> Option<Follow> {
+        self.followed.get(client).cloned()
     }
 }
 
@@ -176,6 +189,7 @@ impl Run<'_> {
             nth: skip + 1,
             let_by: 0,
             follows: false,
+            newer: false,
         }
     }
 
@@ -277,10 +291,23 @@ impl Run<'_> {
     /// A write that, tried, changed nothing went by: if a fault waits for this client's
     /// write, the timeline says it let this one go (it is no write that counts).
     fn write_let_by(&mut self, index: usize) {
-        let name = &self.seats[index].client.name;
+        let seat = &self.seats[index];
+        let name = &seat.client.name;
         let Some(aim) = self.aimed.waiting.get_mut(name) else {
             return;
         };
+        if aim.newer && aim.skip > 0 {
+            // The newer holder's write the worst order let it make, refused already when
+            // tried: the next write is the one followed.
+            aim.skip -= 1;
+            if aim.skip == 0
+                && let Some(proxy) = &seat.proxy
+            {
+                proxy.set(Direction::Up, aim.net);
+                aim.told = Some(Told::WhenAimed);
+            }
+            return;
+        }
         aim.let_by += 1;
         if aim.let_by > 1 {
             return;
@@ -314,7 +341,7 @@ impl Run<'_> {
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
-        let follows = aim.follows;
+        let (follows, newer, job) = (aim.follows, aim.newer, aim.job);
         let result = self.write_caught_aimed(index, aim);
         if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
             strike.tried = Some(tried);
@@ -322,6 +349,9 @@ impl Run<'_> {
             strike.follows = follows;
         }
         result?;
+        if let Some(job) = job.filter(|_| newer) {
+            self.retries_to_hold.insert((name.clone(), job));
+        }
         if follows {
             self.followed_into_the_worst_order(&name)?;
         }
@@ -438,8 +468,56 @@ impl Run<'_> {
             nth: 1,
             let_by: 0,
             follows: true,
+            newer: false,
         };
         self.aimed.waiting.insert(name, aim);
+    }
+
+    /// The newer holder of a worst order, resumed to write: if its job sends another write
+    /// after that one, the fault that held the older holder's write (`follow`) follows it there. A newer holder
+    /// whose write was refused (a compare-and-set: the older write landed after its read)
+    /// reads again and writes again, and that write must meet a newer write too: held, the
+    /// next holder to read the record writes first ([`Run::newer_writes_first`]). Followed
+    /// only past one write, a client that guards its first write and drops the guard on the
+    /// retry would never have the retry tested. Dropped, unplayed, if the job is answered
+    /// with no other write.
+    pub(super) fn follow_the_newer(&mut self, follow: Follow, newer: &str, job: i64) -> Result<()> {
+        let Some(index) = self.seats.iter().position(|s| s.client.name == newer) else {
+            return Ok(());
+        };
+        if self.aimed.is_armed(newer) || self.seats[index].proxy.is_none() {
+            return Ok(());
+        }
+        let aimed_at = |action: Action| Action {
+            target: newer.to_string(),
+            ..action
+        };
+        let net = match follow.net {
+            NetFault::DelayWrite { .. } => {
+                let setup = self.setup;
+                let ms = Challenge::delay_ms(setup.seed, newer, setup.init.lease_ms);
+                NetFault::DelayWrite { ms }
+            }
+            net => net,
+        };
+        let skip = 1u32.saturating_sub(self.seats[index].writes_since_note);
+        let aim = Aim {
+            action: aimed_at(follow.action),
+            fault: follow.fault,
+            armed: Instant::now(),
+            job: Some(job),
+            resume: follow
+                .resume
+                .map(|(resume, lasts)| (aimed_at(resume), lasts)),
+            net,
+            told: None,
+            skip,
+            nth: skip + 1,
+            let_by: 0,
+            follows: true,
+            newer: true,
+        };
+        self.take_aim(index, aim)
     }
 
     /// The aims whose write will not come: their client answered the job aimed at (or

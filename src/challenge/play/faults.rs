@@ -315,6 +315,7 @@ impl Run<'_> {
             held_off: None,
             overtaken: false,
             overtaken_by: None,
+            newer_read: None,
             ..Strike::default()
         });
         self.find_lock(index, kind);

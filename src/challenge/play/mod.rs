@@ -121,8 +121,9 @@ struct Seat {
     lock: bool,
     /// The job it has, and since when it has been waited for.
     job: Option<(i64, Instant)>,
-    /// The last job it was given.
+    /// The last job it was given, and when.
     last_job: Option<i64>,
+    given_at: Option<Instant>,
     /// When its last protocol line was read.
     heard_at: Option<Instant>,
     /// Its notes so far for the job it holds.
@@ -182,6 +183,10 @@ struct Run<'a> {
     retry_held: Option<overtake::RetryHeld>,
     /// The jobs (by client) whose retry was held once for a newer holder's write.
     retries_held: BTreeSet<(String, i64)>,
+    /// The writes held by a fault that followed a newer holder's job past the worst order
+    /// ([`Run::follow_the_newer`]), by client and job: the next holder to read the record
+    /// writes before them.
+    retries_to_hold: BTreeSet<(String, i64)>,
     /// The failover challenge's Redis, and how far its failover has gone.
     failover: Option<failover::Failover<'a>>,
     /// Each job as it was handed out, and how it was answered.
@@ -310,6 +315,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         overtaking: None,
         retry_held: None,
         retries_held: BTreeSet::new(),
+        retries_to_hold: BTreeSet::new(),
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
             .map(|(redis, after)| failover::Failover::new(redis, after)),
@@ -476,6 +482,7 @@ impl Run<'_> {
             lock: true,
             job: Some((0, Instant::now())),
             last_job: None,
+            given_at: None,
             heard_at: None,
             stage: Stage::Given,
             writes_since_note: 0,
@@ -886,6 +893,7 @@ impl Run<'_> {
             let seat = &mut self.seats[index];
             seat.job = Some((job, Instant::now()));
             seat.last_job = Some(job);
+            seat.given_at = Some(Instant::now());
             seat.stage = Stage::Given;
             seat.writes_since_note = 0;
             self.deliveries.push(Delivery {

@@ -30,6 +30,10 @@ pub(super) struct Overtake {
     /// The older holder let go, and the job whose write it held.
     older: String,
     job: i64,
+    /// The fault that held the older write, to follow the newer holder's job with
+    /// ([`Run::follow_the_newer`]). None if that write was itself a follow-up of a fault on
+    /// its job (a retry): else every worst order would start another.
+    follow_the_newer: Option<aim::Follow>,
     /// When to resume the newer holder if the older one has not answered by then.
     until: Instant,
 }
@@ -85,10 +89,27 @@ impl Run<'_> {
             let seat = &self.seats[older];
             (seat.client.name.clone(), seat.job.map_or(0, |(job, _)| job))
         };
+        if self
+            .retries_to_hold
+            .remove(&(older_name.clone(), older_job))
+        {
+            return self.newer_writes_first(older, &newer, job);
+        }
+        let older_followed = (self.strikes.iter().rev())
+            .find(|s| s.client == older_name && s.job == Some(older_job))
+            .is_some_and(|s| s.follows);
+        let follow_the_newer = (!older_followed)
+            .then(|| self.aimed.followed_for(&older_name))
+            .flatten();
         let hold = format!(
             "holds {newer} after its read of {record} (SIGSTOP): {older_name}'s write first"
         );
         let newer_name = self.seats[at].client.name.clone();
+        // Had it read the record when it said `writing`? Its proxy saw every statement.
+        let newer_read = self.seats[at].proxy.as_ref().map(|proxy| {
+            let given = self.seats[at].given_at;
+            (proxy.last_read().zip(given)).is_some_and(|(read, given)| read >= given)
+        });
         self.play_now((Fault::Pause, &newer_name, How::default()), move |_| {
             Note::from(hold)
         })?;
@@ -111,12 +132,53 @@ impl Run<'_> {
         for strike in bit {
             strike.overtaken = true;
             strike.overtaken_by = Some(job);
+            strike.newer_read = newer_read;
         }
         self.overtaking = Some(Overtake {
             newer,
             newer_job: job,
             older: older_name,
             job: older_job,
+            follow_the_newer,
+            until: Instant::now() + HOLD_AT_MOST,
+        });
+        Ok(())
+    }
+
+    /// The held write is a newer holder's next write after the worst order let it go
+    /// ([`Run::follow_the_newer`]): its read came after the write it was refused by, so the
+    /// order that tests it is the other one — `newer`, who has read the record since,
+    /// writes first, and the held write goes after `newer`'s is answered. A compare-and-set
+    /// is refused again and reads afresh; a write that dropped its guard after a refusal
+    /// lands on `newer`'s and erases it, which the data shows.
+    ///
+    /// ```text
+    ///  c3  (newer holder, let go)  UPDATE … matches 0 rows · reads r0 · writing ── held ──┐
+    ///  c1                                        acquired · reads r0 · writes r0 = 9 + 4  │
+    ///  c3                                                   writes r0 = 9 + 3 (after c1) ◀┘
+    /// ```
+    fn newer_writes_first(&mut self, older: usize, newer: &str, newer_job: i64) -> Result<()> {
+        let (name, job) = {
+            let seat = &self.seats[older];
+            (seat.client.name.clone(), seat.job.map_or(0, |(job, _)| job))
+        };
+        if self.paused().contains(&name)
+            && let Some(faults) = self.faults.as_mut()
+        {
+            // Held until `newer` answers, not until the pause's own time is up.
+            faults.withdraw(&name, Fault::Resume);
+        }
+        self.retries_held.insert((name.clone(), job));
+        let text = format!(
+            "lets {newer} write first: {name}'s held write is its next of job {job} after \
+             the one the worst order let it make (a retry), and goes once {newer}'s write is \
+             answered"
+        );
+        self.note(crate::nemesis::LANE, What::Output, text);
+        self.retry_held = Some(RetryHeld {
+            older: name,
+            newer: newer.to_string(),
+            newer_job,
             until: Instant::now() + HOLD_AT_MOST,
         });
         Ok(())
@@ -279,6 +341,9 @@ impl Run<'_> {
         if paused && seat.client.is_running() {
             let after = answered_or_not(&overtake.older, answered);
             self.resume_to_write(&name, format!("resumes {name}, to write ({after})"))?;
+            if let Some(follow) = overtake.follow_the_newer {
+                self.follow_the_newer(follow, &name, overtake.newer_job)?;
+            }
         }
         Ok(())
     }
