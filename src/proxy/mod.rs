@@ -196,9 +196,6 @@ struct State {
     /// The last ticket handed to a write at the gate, and the last one let in.
     gate_tickets: u64,
     gate_opened: u64,
-    /// When the client last sent a statement that names the watched table (a read or a
-    /// write of it): a proxy that reads the protocol ([`Proxy::watch_writes`]) knows.
-    last_read: Option<Instant>,
 }
 
 impl State {
@@ -389,12 +386,6 @@ impl Proxy {
     /// What the proxy saw since the last call, oldest first.
     pub fn reports(&self) -> Vec<Report> {
         std::mem::take(&mut self.lock().reports)
-    }
-
-    /// When the client last sent a statement that names the watched table — read it, or
-    /// wrote it — on any of its connections through this proxy.
-    pub fn last_read(&self) -> Option<Instant> {
-        self.lock().last_read
     }
 
     /// How many client connections are open through it.
@@ -959,9 +950,6 @@ impl Pump {
             return self.relay(chunk).await;
         };
         let judged = reader.read(chunk);
-        if judged.iter().any(|m| m.reads) {
-            lock(&self.shared).last_read = Some(Instant::now());
-        }
         let answered_later = |m: &&pg::Message| matches!(m.kind, b'Q' | b'S');
         self.asked += judged.iter().filter(answered_later).count() as u64;
         let write = judged.iter().find(|m| m.writes).map(|m| m.start);

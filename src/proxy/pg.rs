@@ -62,9 +62,6 @@ pub struct Message {
     pub start: u64,
     pub kind: u8,
     pub writes: bool,
-    /// It runs a statement that names the table (a read, or a write): what a client read
-    /// of the records, and when, is known only from these.
-    pub reads: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,9 +95,6 @@ pub struct Frontend {
     statements: HashSet<Vec<u8>>,
     /// The portals that write, by name.
     portals: HashSet<Vec<u8>>,
-    /// The statements and portals that name the table (read it, or write it), by name.
-    reading_statements: HashSet<Vec<u8>>,
-    reading_portals: HashSet<Vec<u8>>,
 }
 
 impl Frontend {
@@ -117,8 +111,6 @@ impl Frontend {
             judged: false,
             statements: HashSet::new(),
             portals: HashSet::new(),
-            reading_statements: HashSet::new(),
-            reading_portals: HashSet::new(),
         }
     }
 
@@ -165,12 +157,11 @@ impl Frontend {
             bytes = self.advance(bytes, take);
             if !self.judged && (self.left == 0 || self.body.len() >= KEPT) {
                 self.judged = true;
-                let (writes, reads) = self.judge();
+                let writes = self.judge();
                 judged.push(Message {
                     start: self.start,
                     kind: self.kind,
                     writes,
-                    reads,
                 });
             }
             if self.left == 0 {
@@ -219,62 +210,43 @@ impl Frontend {
         }
     }
 
-    /// Whether the message just read writes the table, whether it runs a statement that
-    /// names it, and what it leaves named.
-    fn judge(&mut self) -> (bool, bool) {
+    /// Whether the message just read writes the table, and what it leaves named.
+    fn judge(&mut self) -> bool {
         let body = &self.body;
         match self.kind {
             b'Q' => {
                 let sql = cstr(body, 0).0;
-                let writes = query_does(sql, &self.table, &mut self.statements, Ask::Writes);
-                let reads = query_does(sql, &self.table, &mut self.reading_statements, Ask::Names);
-                (writes, reads)
+                query_writes(sql, &self.table, &mut self.statements)
             }
             b'P' => {
                 let (name, at) = cstr(body, 0);
                 let sql = cstr(body, at).0;
-                let writes = query_does(sql, &self.table, &mut self.statements, Ask::Writes);
-                let reads = query_does(sql, &self.table, &mut self.reading_statements, Ask::Names);
+                let writes = query_writes(sql, &self.table, &mut self.statements);
                 // A named statement is not replaced: Postgres refuses a second `Parse` of
                 // the name (only the unnamed one is), and the first stays as it was.
                 if name.is_empty() || writes {
                     mark(&mut self.statements, name, writes);
                 }
-                if name.is_empty() || reads {
-                    mark(&mut self.reading_statements, name, reads);
-                }
-                (false, false)
+                false
             }
             b'B' => {
                 let (portal, at) = cstr(body, 0);
                 let statement = cstr(body, at).0;
                 let writes = self.statements.contains(statement);
-                let reads = self.reading_statements.contains(statement);
                 mark(&mut self.portals, portal, writes);
-                mark(&mut self.reading_portals, portal, reads);
-                (writes, false)
+                writes
             }
-            b'E' => {
-                let portal = cstr(body, 0).0;
-                let reads = self.reading_portals.contains(portal);
-                (self.portals.contains(portal), reads)
-            }
+            b'E' => self.portals.contains(cstr(body, 0).0),
             b'C' => {
                 let name = cstr(body, 1).0;
                 match body.first() {
-                    Some(b'S') => {
-                        self.reading_statements.remove(name);
-                        self.statements.remove(name)
-                    }
-                    Some(b'P') => {
-                        self.reading_portals.remove(name);
-                        self.portals.remove(name)
-                    }
+                    Some(b'S') => self.statements.remove(name),
+                    Some(b'P') => self.portals.remove(name),
                     _ => false,
                 };
-                (false, false)
+                false
             }
-            _ => (false, false),
+            _ => false,
         }
     }
 }
@@ -538,32 +510,17 @@ fn quoted(sql: &[u8], at: usize, quote: u8, backslash: bool) -> (Vec<u8>, usize)
 /// A backslash in a plain string escapes the quote after it when the session has set
 /// `standard_conforming_strings` off (any role may), and is a plain character when it is
 /// on: the proxy does not follow the setting, so a query writes if it does read either way.
-#[cfg(test)]
 fn query_writes(sql: &[u8], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
-    query_does(sql, table, prepared, Ask::Writes)
-}
-
-/// What is asked of a statement: whether it writes the table, or names it at all (reads
-/// it, or writes it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Ask {
-    Writes,
-    Names,
-}
-
-/// Whether a query string does what `ask` asks of the table ([`query_writes`]);
-/// `prepared` holds the names prepared that do.
-fn query_does(sql: &[u8], table: &Table, prepared: &mut HashSet<Vec<u8>>, ask: Ask) -> bool {
-    let conforming = statements_do(&tokens(sql, false), table, prepared, ask);
+    let conforming = statements_write(&tokens(sql, false), table, prepared);
     // Without a backslash both readings are the same: read once.
     if !sql.contains(&b'\\') {
         return conforming;
     }
-    let escaping = statements_do(&tokens(sql, true), table, prepared, ask);
+    let escaping = statements_write(&tokens(sql, true), table, prepared);
     conforming || escaping
 }
 
-fn statements_do(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>, ask: Ask) -> bool {
+fn statements_write(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>) -> bool {
     let mut writes = false;
     for statement in all.split(|t| *t == Token::Semicolon) {
         let word = |n: usize| match statement.get(n) {
@@ -579,7 +536,7 @@ fn statements_do(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>, 
                     .map_or(&[][..], |at| &statement[at + 1..]);
                 // Never forgotten here: Postgres refuses to prepare a name again, and the
                 // statement prepared first stays (only `DEALLOCATE` lets it go).
-                if statement_does(body, table, ask) {
+                if statement_writes(body, table) {
                     prepared.insert(name.into_bytes());
                 }
             }
@@ -596,11 +553,11 @@ fn statements_do(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>, 
             (Some("do"), _) => {
                 // An anonymous block's body is a string of PL/pgSQL: its statements count.
                 writes |= statement.iter().any(|t| match t {
-                    Token::Text(body) => plpgsql_does(body, table, ask),
+                    Token::Text(body) => plpgsql_writes(body, table),
                     _ => false,
                 });
             }
-            _ => writes |= statement_does(statement, table, ask),
+            _ => writes |= statement_writes(statement, table),
         }
     }
     writes
@@ -609,22 +566,12 @@ fn statements_do(all: &[Token], table: &Table, prepared: &mut HashSet<Vec<u8>>, 
 /// Whether a PL/pgSQL body writes the table: its statements, and any string in it that
 /// does (`EXECUTE 'UPDATE …'`). A statement built from pieces at run time (`format`, `||`)
 /// is not seen.
-fn plpgsql_does(body: &[u8], table: &Table, ask: Ask) -> bool {
-    query_does(body, table, &mut HashSet::new(), ask)
+fn plpgsql_writes(body: &[u8], table: &Table) -> bool {
+    query_writes(body, table, &mut HashSet::new())
         || tokens(body, false).iter().any(|t| match t {
-            Token::Text(text) => plpgsql_does(text, table, ask),
+            Token::Text(text) => plpgsql_writes(text, table),
             _ => false,
         })
-}
-
-fn statement_does(statement: &[Token], table: &Table, ask: Ask) -> bool {
-    match ask {
-        Ask::Writes => statement_writes(statement, table),
-        // A name's first part: `x.records` names another schema's table.
-        Ask::Names => (0..statement.len()).any(|n| {
-            (n == 0 || statement[n - 1] != Token::Dot) && names_the_table(&statement[n..], table)
-        }),
-    }
 }
 
 /// Whether one statement's tokens hold a write of the table: `UPDATE [ONLY] t`, `INSERT
@@ -906,8 +853,7 @@ mod tests {
             vec![Message {
                 start: at,
                 kind: b'Q',
-                writes: true,
-                reads: true
+                writes: true
             }]
         );
         assert_eq!(reader.unjudged_from(), None);
@@ -923,41 +869,6 @@ mod tests {
         )));
         stream.extend(query("SELECT 1"));
         assert_eq!(writes_in(&stream, 1000), vec![at]);
-    }
-
-    /// The kinds and starts of the messages in `stream` that run a statement naming the
-    /// table (a read, or a write of it).
-    fn reads_in(stream: &[u8]) -> Vec<u8> {
-        let mut reader = Frontend::new(table());
-        let seen = reader.read(stream);
-        seen.iter().filter(|m| m.reads).map(|m| m.kind).collect()
-    }
-
-    #[test]
-    fn a_read_is_a_statement_that_names_the_table_where_it_runs() {
-        let reads = |sql: &str| !reads_in(&[startup(), query(sql)].concat()).is_empty();
-        assert!(reads(
-            "SELECT value, items FROM records WHERE record = 'r0'"
-        ));
-        assert!(reads("select * from lockslab_challenge_ab12.RECORDS"));
-        assert!(reads("TABLE records"));
-        assert!(reads("UPDATE records SET fence = fence RETURNING value"));
-        assert!(!reads("SELECT 1"));
-        assert!(!reads("SELECT 'records' -- records"));
-        // Another schema's table of the same name is not the records.
-        assert!(!reads("SELECT * FROM elsewhere.records"));
-        assert!(reads("PREPARE r AS SELECT * FROM records; EXECUTE r"));
-        // Extended: it runs where it is executed, however long ago it was prepared.
-        let mut stream = startup();
-        stream.extend(parse("s1", "SELECT value FROM records WHERE record = $1"));
-        stream.extend(sync());
-        stream.extend(parse("", "SELECT now()"));
-        stream.extend(bind("", ""));
-        stream.extend(execute(""));
-        stream.extend(bind("p", "s1"));
-        stream.extend(execute("p"));
-        stream.extend(sync());
-        assert_eq!(reads_in(&stream), vec![b'E']);
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub(super) struct Aim {
     /// It follows a fault that held an earlier write of the same job ([`Follow`]): it is
     /// dropped, not played, if the job is answered or no write comes.
     follows: bool,
-    /// It follows a newer holder's job past the write the worst order let it make
+    /// It follows a newer holder's job past the write the worst order held
     /// ([`Run::follow_the_newer`]).
     newer: bool,
 }
@@ -75,8 +75,8 @@ impl Aim {
     /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
         if self.newer {
-            return "next write of the same job after the one the worst order let it make (the \
-                    fault follows the newer holder)"
+            return "next write of the same job after the one the worst order held (the fault \
+                    follows the newer holder)"
                 .into();
         }
         if self.follows {
@@ -144,7 +144,7 @@ const MOST_HELD_PER_JOB: usize = 8;
 
 /// How long a pause waits for its client's write after it was armed: the job's work, then
 /// a lease. A client still not writing by then was not about to write under that lease.
-fn patience(lease_ms: u64) -> Duration {
+pub(super) fn patience(lease_ms: u64) -> Duration {
     Duration::from_millis(WORK_MS + lease_ms)
 }
 
@@ -232,6 +232,9 @@ impl Run<'_> {
             };
             for report in proxy.reports() {
                 match report.seen {
+                    Seen::WriteHeld { tried, session } if self.newer_write_awaited(index) => {
+                        self.newer_write_held(index, tried, session)?;
+                    }
                     Seen::WriteHeld { tried, session } => {
                         self.write_caught(index, tried, session)?;
                     }
@@ -291,23 +294,10 @@ impl Run<'_> {
     /// A write that, tried, changed nothing went by: if a fault waits for this client's
     /// write, the timeline says it let this one go (it is no write that counts).
     fn write_let_by(&mut self, index: usize) {
-        let seat = &self.seats[index];
-        let name = &seat.client.name;
+        let name = &self.seats[index].client.name;
         let Some(aim) = self.aimed.waiting.get_mut(name) else {
             return;
         };
-        if aim.newer && aim.skip > 0 {
-            // The newer holder's write the worst order let it make, refused already when
-            // tried: the next write is the one followed.
-            aim.skip -= 1;
-            if aim.skip == 0
-                && let Some(proxy) = &seat.proxy
-            {
-                proxy.set(Direction::Up, aim.net);
-                aim.told = Some(Told::WhenAimed);
-            }
-            return;
-        }
         aim.let_by += 1;
         if aim.let_by > 1 {
             return;
@@ -398,6 +388,10 @@ impl Run<'_> {
     /// client's went as it was resumed.
     fn write_sent(&mut self, index: usize, late_ms: u64) {
         let name = self.seats[index].client.name.clone();
+        if self.newer_let_go.remove(&name) {
+            // The worst order's hold of a newer holder's write: its end is on the timeline.
+            return;
+        }
         if self.aimed.frozen.remove(&name).is_some() {
             self.follow(index);
             return;
@@ -473,14 +467,14 @@ impl Run<'_> {
         self.aimed.waiting.insert(name, aim);
     }
 
-    /// The newer holder of a worst order, resumed to write: if its job sends another write
-    /// after that one, the fault that held the older holder's write (`follow`) follows it there. A newer holder
-    /// whose write was refused (a compare-and-set: the older write landed after its read)
-    /// reads again and writes again, and that write must meet a newer write too: held, the
-    /// next holder to read the record writes first ([`Run::newer_writes_first`]). Followed
-    /// only past one write, a client that guards its first write and drops the guard on the
-    /// retry would never have the retry tested. Dropped, unplayed, if the job is answered
-    /// with no other write.
+    /// The newer holder of a worst order, its held write let go: if its job sends another
+    /// write after that one, the fault that held the older holder's write (`follow`) follows
+    /// it there. A newer holder whose write was refused (a compare-and-set: the older write
+    /// landed after its read) reads again and writes again, and that write must meet a newer
+    /// write too: held, the next holder to read the record writes first
+    /// ([`Run::newer_writes_first`]). Followed only past one write, a client that guards its
+    /// first write and drops the guard on the retry would never have the retry tested.
+    /// Dropped, unplayed, if the job is answered with no other write.
     pub(super) fn follow_the_newer(&mut self, follow: Follow, newer: &str, job: i64) -> Result<()> {
         let Some(index) = self.seats.iter().position(|s| s.client.name == newer) else {
             return Ok(());
@@ -500,7 +494,6 @@ impl Run<'_> {
             }
             net => net,
         };
-        let skip = 1u32.saturating_sub(self.seats[index].writes_since_note);
         let aim = Aim {
             action: aimed_at(follow.action),
             fault: follow.fault,
@@ -511,8 +504,8 @@ impl Run<'_> {
                 .map(|(resume, lasts)| (aimed_at(resume), lasts)),
             net,
             told: None,
-            skip,
-            nth: skip + 1,
+            skip: 0,
+            nth: 1,
             let_by: 0,
             follows: true,
             newer: true,
@@ -598,10 +591,7 @@ impl Run<'_> {
     /// worst order, as the newer holder), the pause takes that hold over.
     fn freeze(&mut self, index: usize, action: &Action, text: String) -> Result<()> {
         let name = &self.seats[index].client.name;
-        let paused = self.paused().contains(name);
-        if paused && (self.overtaking.as_ref()).is_some_and(|o| o.newer == *name) {
-            self.overtaking = None;
-        } else if !paused {
+        if !self.paused().contains(name) {
             self.play(action, text)?;
         }
         self.faults_played += 1;

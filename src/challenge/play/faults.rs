@@ -76,8 +76,12 @@ impl Run<'_> {
         true
     }
 
-    /// The client, other than `client`, whose pause or delay is armed or playing.
+    /// The client, other than `client`, whose pause or delay is armed or playing — or
+    /// whose held write the worst order lets go before `client`'s ([`overtake`]).
     fn other_fault_on(&self, client: &str) -> Option<String> {
+        if let Some(overtake) = self.overtaking.as_ref().filter(|o| o.newer == client) {
+            return Some(overtake.older.clone());
+        }
         let paused = self.paused();
         (self.seats.iter())
             .map(|s| &s.client.name)
@@ -227,11 +231,9 @@ impl Run<'_> {
         if !self.seats[index].client.is_running() {
             return Ok(());
         }
-        let held_after_its_read = (self.overtaking.as_ref()).is_some_and(|o| o.newer == name);
         match action.fault {
-            // Aimed at its write: it lands as the write reaches the proxy (`aim`) — after
-            // the hold, if lockslab holds it after its read (the worst order, `overtake`).
-            Fault::Pause if !paused || held_after_its_read => self.aim_pause(index, action)?,
+            // Aimed at its write: it lands as the write reaches the proxy (`aim`).
+            Fault::Pause if !paused => self.aim_pause(index, action)?,
             Fault::Resume if paused => {
                 self.play(action, format!("resumes {name}"))?;
                 // Its time to answer counts again from now.
@@ -315,7 +317,8 @@ impl Run<'_> {
             held_off: None,
             overtaken: false,
             overtaken_by: None,
-            newer_read: None,
+            newer_tried: None,
+            newer_session: None,
             ..Strike::default()
         });
         self.find_lock(index, kind);

@@ -121,9 +121,8 @@ struct Seat {
     lock: bool,
     /// The job it has, and since when it has been waited for.
     job: Option<(i64, Instant)>,
-    /// The last job it was given, and when.
+    /// The last job it was given.
     last_job: Option<i64>,
-    given_at: Option<Instant>,
     /// When its last protocol line was read.
     heard_at: Option<Instant>,
     /// Its notes so far for the job it holds.
@@ -180,6 +179,9 @@ struct Run<'a> {
     /// last of them changed the record ([`aim::Aimed`]).
     writes_most_ok: Option<u32>,
     overtaking: Option<overtake::Overtake>,
+    /// Newer holders whose write, held by the worst order, was let go and has not gone
+    /// out yet: its going out is no fault's end.
+    newer_let_go: BTreeSet<String>,
     retry_held: Option<overtake::RetryHeld>,
     /// The jobs (by client) whose retry was held once for a newer holder's write.
     retries_held: BTreeSet<(String, i64)>,
@@ -313,6 +315,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         writing: None,
         writes_most_ok: None,
         overtaking: None,
+        newer_let_go: BTreeSet::new(),
         retry_held: None,
         retries_held: BTreeSet::new(),
         retries_to_hold: BTreeSet::new(),
@@ -482,7 +485,6 @@ impl Run<'_> {
             lock: true,
             job: Some((0, Instant::now())),
             last_job: None,
-            given_at: None,
             heard_at: None,
             stage: Stage::Given,
             writes_since_note: 0,
@@ -893,7 +895,6 @@ impl Run<'_> {
             let seat = &mut self.seats[index];
             seat.job = Some((job, Instant::now()));
             seat.last_job = Some(job);
-            seat.given_at = Some(Instant::now());
             seat.stage = Stage::Given;
             seat.writes_since_note = 0;
             self.deliveries.push(Delivery {

@@ -18,7 +18,7 @@
 //!  609ms  c1 (job 4 on r0) waits: lockslab:7b2f…:lock:r0 still holds c2's value
 //! 1667ms  c2's key lockslab:7b2f…:lock:r0 still has 3.9s to live: the pause lasts until it is gone
 //! 5570ms  c2's key lockslab:7b2f…:lock:r0 is gone: the pause lasts until a newer holder of r0 has read it
-//! 5591ms  holds c3 after its read of r0 (SIGSTOP): c2's write first
+//! 5591ms  holds c3's write at its proxy, after its read of r0: c2's write first
 //! ```
 //!
 //! While the fault lasts, lockslab also notes each other client with a job on the record

@@ -1,14 +1,14 @@
 //! The worst order for a held write (`pause`, `delay`): a newer holder of the record has
-//! read it and says `writing` — lockslab holds it there (SIGSTOP), lets the older holder's
-//! held write go (resumes it, or releases its bytes from the proxy), and resumes the newer
-//! holder once that write has been answered.
+//! read it and says `writing` — lockslab has its proxy hold its next write that would change
+//! the records, lets the older holder's held write go (resumes it, or releases its bytes
+//! from its proxy), and lets the newer holder's write go once that one has been answered.
 //!
 //! ```text
 //!  c1  acquired (token 5) · reads r0 = 7 · writing ──── frozen, or its write held ────┐
-//!  c2                        … acquired (token 6) · reads r0 = 7 · writing ──┐       │
-//!                                                         lockslab: hold c2 ─┘  let c1 go
+//!  c2                      … acquired (token 6) · reads r0 = 7 · writing · UPDATE ─┐  │
+//!                                        lockslab: c2's write held at its proxy ─┘  let c1 go
 //!  c1                                                        writes r0 = 7 + 2, fence 5 ◀┘
-//!  c2                                                        (resumed) writes r0 = 7 + 3, fence 6
+//!  c2                                                        (let go) writes r0 = 7 + 3, fence 6
 //! ```
 //!
 //! A client that checks its token only at its write lets both writes in — 5 is above every
@@ -16,25 +16,35 @@
 //! read refuses c1's write (r0 is claimed by 6 already). Left to the clock, c1's write would
 //! land after c2's, where a check at the write alone suffices: without this order, the
 //! `pause` and `delay` challenges could not tell the two fences apart.
+//!
+//! The newer holder is held at its write, not at its note: whatever it read, it read before
+//! its write, so the older write lands after its read however early it said `writing`. Its
+//! held write is tried first, in its own session (`proxy::dry_run`): an UPDATE that would
+//! have changed the records then and matches nothing once the older write landed is a
+//! refusal the database made; one that matches nothing whenever it runs is none.
 
 use super::*;
 use crate::nemesis::Note;
 use crate::nemesis::schedule::How;
 use crate::output::human;
+use crate::proxy::{Direction, NetFault, Tried};
 
-/// A newer holder held just before its write while an older holder's write goes first.
+/// A newer holder whose write is held at its proxy while an older holder's write goes first.
 pub(super) struct Overtake {
-    /// The newer holder, frozen, and the job it holds.
+    /// The newer holder, and the job it holds.
     pub(super) newer: String,
     newer_job: i64,
     /// The older holder let go, and the job whose write it held.
-    older: String,
+    pub(super) older: String,
     job: i64,
     /// The fault that held the older write, to follow the newer holder's job with
     /// ([`Run::follow_the_newer`]). None if that write was itself a follow-up of a fault on
     /// its job (a retry): else every worst order would start another.
     follow_the_newer: Option<aim::Follow>,
-    /// When to resume the newer holder if the older one has not answered by then.
+    /// The newer holder's write is held at its proxy (else it is still to come).
+    held: bool,
+    /// To come: when to stop waiting for it. Held: when to let it go if the older holder
+    /// has not answered by then.
     until: Instant,
 }
 
@@ -48,13 +58,15 @@ pub(super) struct RetryHeld {
     until: Instant,
 }
 
-/// How long the newer holder is held at most: the older one's write and answer take
+/// How long the newer holder's write is held at most: the older one's write and answer take
 /// milliseconds, unless it waits for a row lock the newer one holds.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
 
 impl Run<'_> {
     /// After a `writing` note: if another client's write to the same record is held (its
-    /// client frozen by a pause, or its bytes in the proxy by a delay), play the worst order.
+    /// client frozen by a pause, or its bytes in the proxy by a delay), the newer holder's
+    /// proxy holds its next write, and the worst order plays when it comes
+    /// ([`Run::newer_write_held`]).
     pub(super) fn overtake(&mut self) -> Result<()> {
         let Some((newer, job)) = self.writing.take() else {
             return Ok(());
@@ -65,8 +77,9 @@ impl Run<'_> {
             return Ok(());
         }
         let paused = self.paused();
-        if paused.contains(&newer) {
-            // Frozen at that note by its own pause: it is an older holder now.
+        if paused.contains(&newer) || self.aimed.is_armed(&newer) {
+            // Frozen at that note by its own pause (an older holder now), or its own fault
+            // waits for that write.
             return Ok(());
         }
         let record = self.spec(job).record.clone();
@@ -95,52 +108,24 @@ impl Run<'_> {
         {
             return self.newer_writes_first(older, &newer, job);
         }
+        let Some(proxy) = &self.seats[at].proxy else {
+            return Ok(());
+        };
+        proxy.set(Direction::Up, NetFault::HoldWrite);
         let older_followed = (self.strikes.iter().rev())
             .find(|s| s.client == older_name && s.job == Some(older_job))
             .is_some_and(|s| s.follows);
         let follow_the_newer = (!older_followed)
             .then(|| self.aimed.followed_for(&older_name))
             .flatten();
-        let hold = format!(
-            "holds {newer} after its read of {record} (SIGSTOP): {older_name}'s write first"
-        );
-        let newer_name = self.seats[at].client.name.clone();
-        // Had it read the record when it said `writing`? Its proxy saw every statement.
-        let newer_read = self.seats[at].proxy.as_ref().map(|proxy| {
-            let given = self.seats[at].given_at;
-            (proxy.last_read().zip(given)).is_some_and(|(read, given)| read >= given)
-        });
-        self.play_now((Fault::Pause, &newer_name, How::default()), move |_| {
-            Note::from(hold)
-        })?;
-        if paused.contains(&older_name) {
-            let early = format!("resumes {older_name} early, after {newer}'s read");
-            self.resume_to_write(&older_name, early)?;
-        } else if let (Some(proxy), Some(faults)) = (&self.seats[older].proxy, self.faults.as_mut())
-        {
-            let note = format!(
-                "lets {older_name}'s held write go early, after {newer}'s read: the worst \
-                 order, {older_name}'s write between {newer}'s read and its write"
-            );
-            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
-            // Let go early, its bytes are not reported as a late delivery: its write is no
-            // longer held, or every later `writing` on the record would be held for it.
-            self.held_writes.remove(&older_name);
-        }
-        let bit = (self.strikes.iter_mut())
-            .filter(|s| s.client == older_name && s.job == Some(older_job) && !s.answered);
-        for strike in bit {
-            strike.overtaken = true;
-            strike.overtaken_by = Some(job);
-            strike.newer_read = newer_read;
-        }
         self.overtaking = Some(Overtake {
             newer,
             newer_job: job,
             older: older_name,
             job: older_job,
             follow_the_newer,
-            until: Instant::now() + HOLD_AT_MOST,
+            held: false,
+            until: Instant::now() + aim::patience(self.setup.init.lease_ms),
         });
         Ok(())
     }
@@ -171,7 +156,7 @@ impl Run<'_> {
         self.retries_held.insert((name.clone(), job));
         let text = format!(
             "lets {newer} write first: {name}'s held write is its next of job {job} after \
-             the one the worst order let it make (a retry), and goes once {newer}'s write is \
+             the one the worst order held (a retry), and goes once {newer}'s write is \
              answered"
         );
         self.note(crate::nemesis::LANE, What::Output, text);
@@ -184,9 +169,86 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Is `index`'s write the one the worst order waits for?
+    pub(super) fn newer_write_awaited(&self, index: usize) -> bool {
+        let name = &self.seats[index].client.name;
+        (self.overtaking.as_ref()).is_some_and(|o| !o.held && o.newer == *name)
+    }
+
+    /// The newer holder's write came, and its proxy holds it (tried first: `tried`, in
+    /// `session`): the older holder's write goes now — resumed, or its bytes let go — and
+    /// the newer one's after it has been answered ([`Run::end_overtake`]).
+    pub(super) fn newer_write_held(
+        &mut self,
+        index: usize,
+        tried: Tried,
+        session: Option<i32>,
+    ) -> Result<()> {
+        let Some(overtake) = self.overtaking.as_mut() else {
+            return Ok(());
+        };
+        overtake.held = true;
+        overtake.until = Instant::now() + HOLD_AT_MOST;
+        let (newer, older, older_job) =
+            (overtake.newer.clone(), overtake.older.clone(), overtake.job);
+        let newer_job = overtake.newer_job;
+        let record = self.spec(newer_job).record.clone();
+        if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut()) {
+            let action = Action {
+                at_ms: faults.now_ms(&self.tape),
+                fault: Fault::Hold,
+                target: newer.clone(),
+                step: None,
+            };
+            let text = format!(
+                "holds {newer}'s write at its proxy, after its read of {record}: {older}'s \
+                 write first"
+            );
+            faults.caught(
+                action,
+                proxy,
+                Note::from(text),
+                (&mut self.tape, &mut self.nemesis),
+            );
+        }
+        let paused = self.paused();
+        let Some(at) = self.seats.iter().position(|s| s.client.name == older) else {
+            return Ok(());
+        };
+        if !self.write_held(&paused, &older) {
+            // Its fault ended meanwhile, and its write went: nothing to go before.
+            if let Some(overtake) = self.overtaking.as_mut() {
+                overtake.until = Instant::now();
+            }
+            return Ok(());
+        }
+        if paused.contains(&older) {
+            let early = format!("resumes {older} early, after {newer}'s read");
+            self.resume_to_write(&older, early)?;
+        } else if let (Some(proxy), Some(faults)) = (&self.seats[at].proxy, self.faults.as_mut()) {
+            let note = format!(
+                "lets {older}'s held write go early, after {newer}'s read: the worst order, \
+                 {older}'s write between {newer}'s read and its write"
+            );
+            faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
+            // Let go early, its bytes are not reported as a late delivery: its write is no
+            // longer held, or every later `writing` on the record would be held for it.
+            self.held_writes.remove(&older);
+        }
+        let bit = (self.strikes.iter_mut())
+            .filter(|s| s.client == older && s.job == Some(older_job) && !s.answered);
+        for strike in bit {
+            strike.overtaken = true;
+            strike.overtaken_by = Some(newer_job);
+            strike.newer_tried = Some(tried.clone());
+            strike.newer_session = session;
+        }
+        Ok(())
+    }
+
     /// The older holder's write, let go first, was refused, and its retry (read afresh) is
-    /// held again by the fault that follows its job, while the newer holder is still held
-    /// after its read. The first time in a job, the newer holder goes now, and the retry
+    /// held again by the fault that follows its job, while the newer holder's write is still
+    /// held at its proxy. The first time in a job, the newer write goes now, and the retry
     /// waits until its write has been answered ([`Run::let_the_retry_go`]): the retry then
     /// meets a write that landed after its read, as the first held write did. A retry that
     /// drops its guard — a blind write after a refused compare — lands on that write and
@@ -210,14 +272,12 @@ impl Run<'_> {
         let Some(overtake) = self.overtaking.take() else {
             return Ok(());
         };
-        let newer = overtake.newer;
-        if self.paused().contains(&newer) {
-            let words = format!(
-                "resumes {newer}, to write first: {older}'s retry is held until {newer}'s \
-                 write is answered"
-            );
-            self.resume_to_write(&newer, words)?;
-        }
+        let newer = overtake.newer.clone();
+        let words = format!(
+            "lets {newer}'s write go first: {older}'s retry is held until {newer}'s write is \
+             answered"
+        );
+        self.let_the_newer_write(&overtake, words);
         self.retry_held = Some(RetryHeld {
             older: older.to_string(),
             newer,
@@ -227,7 +287,7 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A retry held again while the newer holder waits after its read goes at once, before
+    /// A retry held again while the newer holder's write waits at its proxy goes at once, before
     /// that holder's write: resumed, or its bytes let go.
     fn let_the_retry_go_first(&mut self, older: &str) -> Result<()> {
         let Some(newer) = self.overtaking.as_ref().map(|o| o.newer.clone()) else {
@@ -238,11 +298,11 @@ impl Run<'_> {
         };
         let resume = format!(
             "resumes {older} at once: its job's retry was held for a newer write once \
-             already, and {newer} has read and is held, so the retry goes first"
+             already, and {newer}'s write is held, so the retry goes first"
         );
         let let_go = format!(
             "lets {older}'s retry go at once: its job's retry was held for a newer write once \
-             already, and {newer} has read and is held, so the retry goes first"
+             already, and {newer}'s write is held, so the retry goes first"
         );
         self.release_retry(index, resume, let_go)
     }
@@ -320,12 +380,38 @@ impl Run<'_> {
         self.release_retry(index, resume, let_go)
     }
 
-    /// Resumes the newer holder once the older one has answered its job (or died), or
-    /// [`HOLD_AT_MOST`] has passed.
+    /// The worst order ends: the newer holder's held write goes once the older holder has
+    /// answered its job (or died), or [`HOLD_AT_MOST`] has passed — and the fault follows
+    /// the newer holder's job to its next write ([`Run::follow_the_newer`]). A newer write
+    /// that does not come within its patience, or a job answered without one, ends it too:
+    /// the older write stays held for another holder to come.
     pub(super) fn end_overtake(&mut self) -> Result<()> {
         let Some(overtake) = &self.overtaking else {
             return Ok(());
         };
+        if !overtake.held {
+            let answered = self.done_with(&overtake.newer, overtake.newer_job);
+            if !answered && Instant::now() < overtake.until {
+                return Ok(());
+            }
+            let Some(overtake) = self.overtaking.take() else {
+                return Ok(());
+            };
+            let (newer, job) = (&overtake.newer, overtake.newer_job);
+            let why = if answered {
+                format!("{newer} answered job {job} with no write to hold")
+            } else {
+                format!(
+                    "{newer} sent no write that would change the records within {}",
+                    human(aim::patience(self.setup.init.lease_ms))
+                )
+            };
+            self.let_the_newer_write(
+                &overtake,
+                format!("{why}: {}'s write stays held", overtake.older),
+            );
+            return Ok(());
+        }
         let answered = self.done_with(&overtake.older, overtake.job);
         if !answered && Instant::now() < overtake.until {
             return Ok(());
@@ -333,19 +419,39 @@ impl Run<'_> {
         let Some(overtake) = self.overtaking.take() else {
             return Ok(());
         };
-        let name = overtake.newer;
-        let paused = self.paused().contains(&name);
-        let Some(seat) = self.seats.iter().find(|s| s.client.name == name) else {
-            return Ok(());
-        };
-        if paused && seat.client.is_running() {
-            let after = answered_or_not(&overtake.older, answered);
-            self.resume_to_write(&name, format!("resumes {name}, to write ({after})"))?;
-            if let Some(follow) = overtake.follow_the_newer {
-                self.follow_the_newer(follow, &name, overtake.newer_job)?;
-            }
+        let name = overtake.newer.clone();
+        let after = answered_or_not(&overtake.older, answered);
+        self.let_the_newer_write(&overtake, format!("lets {name}'s write go ({after})"));
+        let running = (self.seats.iter()).any(|s| s.client.name == name && s.client.is_running());
+        if let (Some(follow), true) = (overtake.follow_the_newer, running) {
+            self.follow_the_newer(follow, &name, overtake.newer_job)?;
         }
         Ok(())
+    }
+
+    /// The newer holder's proxy holds its writes no more: the one it held goes now (its
+    /// hold's end recorded, in `words`), or, none held yet, the next one goes unheld (and
+    /// `words` say why).
+    fn let_the_newer_write(&mut self, overtake: &Overtake, words: String) {
+        let Some(seat) = self.seats.iter().find(|s| s.client.name == overtake.newer) else {
+            return;
+        };
+        let Some(proxy) = &seat.proxy else {
+            return;
+        };
+        if overtake.held
+            && let Some(faults) = self.faults.as_mut()
+        {
+            faults.let_go(
+                proxy,
+                Note::from(words),
+                (&mut self.tape, &mut self.nemesis),
+            );
+            self.newer_let_go.insert(overtake.newer.clone());
+            return;
+        }
+        proxy.clear(Direction::Up);
+        self.note(crate::nemesis::LANE, What::Output, words);
     }
 }
 
