@@ -231,6 +231,12 @@ impl Run<'_> {
                 continue;
             };
             for report in proxy.reports() {
+                if let Seen::WriteHeld { .. } = report.seen {
+                    // A write held anew: any write of its let go by the worst order went out
+                    // before it, reported or not.
+                    let name = &self.seats[index].client.name;
+                    self.newer_let_go.remove(name);
+                }
                 match report.seen {
                     Seen::WriteHeld { tried, session } if self.newer_write_awaited(index) => {
                         self.newer_write_held(index, tried, session)?;
