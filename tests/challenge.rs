@@ -575,6 +575,24 @@ fn a_blind_write_after_a_refused_compare_as_the_newer_holder_never_passes() {
     }
 }
 
+/// `ok-first` answers `ok` right after a compare the database always refuses, and does the
+/// job's real write (read, work, blind UPDATE) after its answer, on a second connection,
+/// where no fault follows the job any more: it passed pause and delay on every seed a
+/// hostile tester tried (12 of 12). The log shows each such write committed after its `ok`.
+#[test]
+fn a_write_that_commits_after_its_ok_fails_the_run() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "ok-first"];
+    for name in ["pause", "delay"] {
+        let (code, verdict, _) = challenge(name, 1, &[], &program);
+        assert_eq!(code, 1, "{name} ok-first --seed 1: {verdict}");
+        assert!(
+            kinds(&verdict).iter().any(|k| k == "written-after-ok"),
+            "{verdict}"
+        );
+    }
+}
+
 /// `early-noop` checks its token only at the write (the design the worst order fails),
 /// says `writing` before its read, and sends an UPDATE that matches nothing after the note;
 /// `early-read` also reads, and throws that read away, before its note. Held at their note,
@@ -691,7 +709,7 @@ for line in sys.stdin:
     while True:
         owner = str(uuid.uuid4())
         while not r.set(key, owner, nx=True, px=lease):
-            time.sleep(0.005)
+            time.sleep(0.02)
         if first: say(type="acquired", job=job["id"])
         cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
         value, items = cur.fetchone()

@@ -216,8 +216,10 @@ pub fn show(
         .iter()
         .filter(|e| matches!(&e.what, What::JobAnswered(a) if a.ok == Some(false)))
         .count();
-    if failed > 0 {
-        crate::outln!("  {failed} answered fail and were sent again");
+    match failed {
+        0 => {}
+        1 => crate::outln!("  1 job answered fail and was sent again"),
+        n => crate::outln!("  {n} jobs answered fail and were sent again"),
     }
     const SHOWN: usize = 8;
     for problem in report.problems.iter().take(SHOWN) {

@@ -439,6 +439,45 @@ fn makers<'a>(change: &Change, deliveries: &'a [Delivery]) -> Vec<&'a Delivery> 
         .collect()
 }
 
+/// Each change committed after the client that last held its job answered `ok` for it, no
+/// delivery of the job open then (beyond the clock reckoning's `margin_us` and a
+/// millisecond): the client said the job was done before its write was.
+fn written_after_ok(changes: &[Change], deliveries: &[Delivery], margin_us: i64) -> Vec<Problem> {
+    let slack = margin_us + 1000;
+    let mut problems = Vec::new();
+    for change in changes {
+        let Some((job, at_us)) = change.job.zip(change.at_us) else {
+            continue;
+        };
+        let of_job = || deliveries.iter().filter(move |d| d.job == job);
+        let open = |d: &&Delivery| {
+            d.sent_us <= at_us
+                && d.answered_us
+                    .is_none_or(|answered| at_us <= answered + slack)
+        };
+        if of_job().any(|d| open(&d)) {
+            continue;
+        }
+        let last = of_job()
+            .filter(|d| d.sent_us <= at_us)
+            .max_by_key(|d| d.sent_us);
+        let Some((last, answered)) = last.and_then(|d| Some((d, d.answered_us?))) else {
+            continue;
+        };
+        if last.ok != Some(true) {
+            continue;
+        }
+        problems.push(Problem::WrittenAfterOk {
+            record: change.record.clone(),
+            job,
+            client: last.client.clone(),
+            seq: change.seq,
+            late_ms: (at_us - answered) / 1000,
+        });
+    }
+    problems
+}
+
 /// Each change that only clients who answered `fail` for its job can have made: the client
 /// said the write did not happen, and the log shows it did.
 fn written_though_failed(changes: &[Change], deliveries: &[Delivery]) -> Vec<Problem> {
@@ -833,6 +872,17 @@ pub enum Problem {
         client: String,
         seq: i64,
     },
+    /// A job its client answered `ok` for (its effect is in the table, it said) before its
+    /// write committed: the change `seq`, made `late_ms` after that answer, while no
+    /// delivery of the job was open. A write sent after the answer is the job's no more to
+    /// the challenge — no fault follows it — so it must not land after it.
+    WrittenAfterOk {
+        record: String,
+        job: i64,
+        client: String,
+        seq: i64,
+        late_ms: i64,
+    },
 }
 
 impl Problem {
@@ -850,6 +900,7 @@ impl Problem {
             Problem::TokenOutOfOrder(_) => "token-out-of-order",
             Problem::Unfenced { .. } => "unfenced",
             Problem::FailedButWritten { .. } => "failed-but-written",
+            Problem::WrittenAfterOk { .. } => "written-after-ok",
         }
     }
 
@@ -860,7 +911,8 @@ impl Problem {
             | Problem::Doubled { job, .. }
             | Problem::Lost { job, .. }
             | Problem::NeverDone { job }
-            | Problem::FailedButWritten { job, .. } => Some(*job),
+            | Problem::FailedButWritten { job, .. }
+            | Problem::WrittenAfterOk { job, .. } => Some(*job),
             Problem::Untagged { job, .. } | Problem::Unfenced { job, .. } => *job,
             Problem::TokenReused(tokens)
             | Problem::TokenWentBack(tokens)
@@ -876,7 +928,8 @@ impl Problem {
             Problem::StaleWrite { seq: named, .. }
             | Problem::Untagged { seq: named, .. }
             | Problem::Unfenced { seq: named, .. }
-            | Problem::FailedButWritten { seq: named, .. } => seq == Some(*named),
+            | Problem::FailedButWritten { seq: named, .. }
+            | Problem::WrittenAfterOk { seq: named, .. } => seq == Some(*named),
             Problem::TokenReused(tokens)
             | Problem::TokenWentBack(tokens)
             | Problem::TokenOutOfOrder(tokens) => {
@@ -1015,6 +1068,17 @@ impl Problem {
                  committed (change #{seq} of {record}): a `fail` says the job had no effect, \
                  so lockslab gave it out again; answer `fail` only for a write that \
                  cannot land any more (refused, or rolled back)"
+            ),
+            Problem::WrittenAfterOk {
+                record,
+                job,
+                client,
+                seq,
+                late_ms,
+            } => format!(
+                "written after ok: {client} answered ok for job {job}, and its write \
+                 committed {late_ms}ms later (change #{seq} of {record}): `ok` says the \
+                 job's effect is in the table; answer once its write has committed"
             ),
         }
     }
@@ -1295,6 +1359,11 @@ pub fn check(evidence: &Evidence) -> Report {
         })
         .collect();
     report.problems.extend(false_fails);
+    report.problems.extend(written_after_ok(
+        &changes,
+        &evidence.deliveries,
+        evidence.clock_margin_us,
+    ));
     if let Some(bound_ms) = evidence.stuck_bound_ms {
         report
             .problems
@@ -2192,6 +2261,41 @@ mod tests {
         // written it, so no client is blamed.
         run.deliveries[2] = delivery(2, "c3", 0.7, 2.2, true);
         run.deliveries[1].answered_us = Some(2_400_000);
+        assert!(check(&run).problems.is_empty());
+    }
+
+    /// An `ok` is a claim as well: job 2's one change (#2, at 2s) committed half a second
+    /// after c1 answered ok for it, with no delivery of job 2 open then. A write made after
+    /// the answer meets no fault (none follows a job past it), so it must not land after it.
+    #[test]
+    fn an_ok_answered_before_its_write_committed_is_a_finding() {
+        let mut run = clean_run();
+        run.deliveries = vec![
+            delivery(1, "c2", 0.5, 1.2, true),
+            delivery(2, "c1", 0.6, 1.5, true),
+            delivery(3, "c2", 1.3, 3.1, true),
+        ];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Fail, "{report:?}");
+        let kinds: Vec<&str> = report.problems.iter().map(|p| p.kind()).collect();
+        assert_eq!(kinds, vec!["written-after-ok"]);
+        let line = report.problems[0].describe();
+        assert!(
+            line.contains(
+                "c1 answered ok for job 2, and its write committed 500ms later (change #2 of r0)"
+            ),
+            "{line}"
+        );
+        assert!(report.problems[0].names_change(Some(2), Some(2)));
+        // Within the clock reckoning's margin and a millisecond of the answer: its own write,
+        // read a little late on lockslab's clock.
+        run.clock_margin_us = 400_000;
+        assert_eq!(check(&run).problems.len(), 1);
+        run.clock_margin_us = 499_000;
+        assert!(check(&run).problems.is_empty());
+        run.clock_margin_us = 0;
+        // Sent again meanwhile, to c3, who held it when the change came: c3's write.
+        run.deliveries.push(delivery(2, "c3", 1.8, 2.2, true));
         assert!(check(&run).problems.is_empty());
     }
 

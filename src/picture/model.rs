@@ -415,6 +415,7 @@ fn findings_counted(problems: &[Problem]) -> String {
                 "untagged" => format!("{n} write{s} naming no job"),
                 "stuck-lock" => format!("{n} lock{s} left held"),
                 "failed-but-written" => format!("{n} job{s} said failed but written"),
+                "written-after-ok" => format!("{n} job{s} answered ok before written"),
                 other => format!("{n} × {}", other.replace('-', " ")),
             }
         })

@@ -66,9 +66,11 @@ fn names(key: &str, record: &str) -> bool {
 /// (`given`: absent then, or held another value, or set again with a fresh expiry), held
 /// unchanged since its `acquired` note (when it sent one), preferring keys with an expiry,
 /// then those naming the record, then the first in line of an etcd queue. A key with no
-/// expiry counts only if it was created for this job (a counter was there already).
+/// expiry counts only if it was created for this job (a counter was there already). A key
+/// that names another of the run's records (`others`) and not this one is never its lock:
+/// another client's key (or a counter) on that record, made meanwhile.
 pub(super) fn its_lock(
-    record: &str,
+    (record, others): (&str, &[String]),
     given: &Keys,
     acquired: Option<&Keys>,
     now: &Keys,
@@ -81,8 +83,11 @@ pub(super) fn its_lock(
     let since_acquired = |name: &String, held: &Held| {
         acquired.is_none_or(|keys| keys.get(name).is_some_and(|then| then.same(held)))
     };
+    let another_records =
+        |name: &String| !names(name, record) && others.iter().any(|other| names(name, other));
     let mut found: Vec<(&String, &Held)> = (now.iter())
         .filter(|(name, held)| set_for_the_job(name, held) && since_acquired(name, held))
+        .filter(|(name, _)| !another_records(name))
         .collect();
     if found.iter().any(|(_, held)| held.ttl_ms.is_some()) {
         found.retain(|(_, held)| held.ttl_ms.is_some());
@@ -312,20 +317,26 @@ mod tests {
             ("p:lock:r0", redis("9f3c", Some(4900))),
             ("p:token", redis("42", None)),
         ]);
-        assert_eq!(its_lock("r0", &given, Some(&acquired), &now), ["p:lock:r0"]);
+        assert_eq!(
+            its_lock(("r0", &others()), &given, Some(&acquired), &now),
+            ["p:lock:r0"]
+        );
         // Another client's key taken after the `acquired` note, on the other record: not it.
         let mut later = now.clone();
         later.insert("p:lock:r1".into(), redis("c3c3", Some(500)));
         assert_eq!(
-            its_lock("r0", &given, Some(&acquired), &later),
+            its_lock(("r0", &others()), &given, Some(&acquired), &later),
             ["p:lock:r0"]
         );
         // Without notes: whatever was set since the job went out, the record's name first.
-        assert_eq!(its_lock("r0", &given, None, &later), ["p:lock:r0"]);
+        assert_eq!(
+            its_lock(("r0", &others()), &given, None, &later),
+            ["p:lock:r0"]
+        );
         // Set again with the same value (a client that names itself): its fresh expiry says so.
         let again = keys(&[("p:lock", redis("c1", Some(100)))]);
         let now = keys(&[("p:lock", redis("c1", Some(4900)))]);
-        assert_eq!(its_lock("r0", &again, None, &now), ["p:lock"]);
+        assert_eq!(its_lock(("r0", &others()), &again, None, &now), ["p:lock"]);
         // A key with no expiry is a lock only if it was created for the job: a counter that
         // went up is not.
         let given = keys(&[("p:token", redis("41", None))]);
@@ -333,11 +344,19 @@ mod tests {
             ("p:token", redis("42", None)),
             ("p:held", redis("c1", None)),
         ]);
-        assert_eq!(its_lock("r0", &given, None, &now), ["p:held"]);
+        assert_eq!(its_lock(("r0", &others()), &given, None, &now), ["p:held"]);
         // Gone, or taken by someone else since its `acquired`: no lock of its.
         let acquired = keys(&[("p:lock:r0", redis("9f3c", Some(500)))]);
         let now = keys(&[("p:lock:r0", redis("0b0b", Some(500)))]);
-        assert!(its_lock("r0", &Keys::new(), Some(&acquired), &now).is_empty());
+        assert!(its_lock(("r0", &others()), &Keys::new(), Some(&acquired), &now).is_empty());
+        // A counter of the other record's, made meanwhile (by any client): not r0's lock.
+        let now = keys(&[("p:token:r1", redis("1", None))]);
+        assert!(its_lock(("r0", &others()), &Keys::new(), None, &now).is_empty());
+    }
+
+    /// The run's records, as a run has them.
+    fn others() -> Vec<String> {
+        vec!["r0".into(), "r1".into()]
     }
 
     /// etcd's lock recipe: every contender puts a key under the lock's name with its own
@@ -349,7 +368,7 @@ mod tests {
             ("p/lock/r0/694d7", etcd(15, 2000)),
         ]);
         assert_eq!(
-            its_lock("r0", &Keys::new(), Some(&now), &now),
+            its_lock(("r0", &others()), &Keys::new(), Some(&now), &now),
             ["p/lock/r0/694d1"]
         );
         assert!(names("p/lock/r0/694d1", "r0") && !names("p:lock:r01", "r0"));

@@ -111,7 +111,9 @@ impl Run<'_> {
         let Some(now) = self.leases.as_mut().and_then(|servers| servers.all().ok()) else {
             return;
         };
-        let names = its_lock(&record, &given, acquired.as_ref(), &now);
+        let records = self.setup.jobs.iter().map(|j| j.record.clone());
+        let records: Vec<String> = records.collect::<BTreeSet<_>>().into_iter().collect();
+        let names = its_lock((&record, &records), &given, acquired.as_ref(), &now);
         let lock: Keys = (now.into_iter())
             .filter(|(name, _)| names.contains(name))
             .collect();
