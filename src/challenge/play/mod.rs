@@ -975,8 +975,9 @@ impl Run<'_> {
     /// holder to come while the write is held — the seed's jobs ran out, most often while
     /// a fault followed a compare-and-set through its retries, and another client did
     /// the rest. Without one, the fault tests nothing and the run could not be decided,
-    /// whatever the client's design. Added only when a client is free to take it, and at
-    /// most [`MOST_SPARES`] a run, one per fault that held a write.
+    /// whatever the client's design. Added only when a client is free to take it: no more
+    /// spares in all than the pauses and delays played so far (one fault may get two), and
+    /// at most [`MOST_SPARES`] a run.
     fn spare(&mut self, holder: &str, record: &str) {
         let free = (self.seats.iter()).any(|s| s.ready && s.job.is_none() && s.client.is_running());
         let strikes = self.strikes.iter().filter(|s| s.fault != "kill").count();
