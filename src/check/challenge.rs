@@ -666,8 +666,12 @@ impl Strike {
         }
         // The job's first write in the log: what its client had read is in it.
         let write = changes.iter().find(|c| c.job == Some(job));
-        if let Some(read_late) = write.and_then(|w| self.read_after_the_fault(job, w, own, changes))
-        {
+        // A retry held after a fault that bit: it read afresh after the held write (a
+        // claim, say, made before its read), as a retry should, and nobody may be left to
+        // overtake it.
+        let retried_after_a_bite = self.follows && self.followed_bit;
+        let read_late = write.and_then(|w| self.read_after_the_fault(job, w, own, changes));
+        if let Some(read_late) = read_late.filter(|_| !retried_after_a_bite) {
             return Some(read_late);
         }
         if self.overtaken {
@@ -707,9 +711,6 @@ impl Strike {
             Some((_, seq)) => format!("before job {job}'s write landed (change #{seq})"),
             None => format!("and job {job}'s write never landed"),
         };
-        // A retry held after a fault that bit, with nobody writing meanwhile: it read
-        // afresh, and nobody was left to overtake it.
-        let retried_after_a_bite = self.follows && self.followed_bit;
         (!(meanwhile || retried_after_a_bite)).then(|| {
             format!(
                 "{verb} {who} holding job {job}: nobody wrote {record} meanwhile ({held}), \
@@ -2262,6 +2263,45 @@ mod tests {
         run.deliveries[2] = delivery(2, "c3", 0.7, 2.2, true);
         run.deliveries[1].answered_us = Some(2_400_000);
         assert!(check(&run).problems.is_empty());
+    }
+
+    /// A fault that follows a job to its retry may hold a write made before the retry's
+    /// read (a claim of the row, say): the retry then reads what others wrote meanwhile, as
+    /// it should. Once the fault it follows bit, that is no sign of a `writing` note sent
+    /// before the read; before, it still is.
+    #[test]
+    fn a_retry_that_read_after_its_held_claim_is_no_early_note_once_the_fault_it_follows_bit() {
+        let jobs = [job(1, "r0", 3), job(2, "r0", 5)];
+        let jobs: BTreeMap<i64, &JobSpec> = jobs.iter().map(|j| (j.id, j)).collect();
+        let mut run = evidence(
+            vec![
+                change(1, "r0", Some(1), 0, 3),
+                change(2, "r0", Some(2), 3, 8),
+            ],
+            &[1, 2],
+            &[("r0", 8)],
+        );
+        fill_items(&mut run);
+        let retry = Strike {
+            fault: "pause".into(),
+            client: "c2".into(),
+            job: Some(2),
+            at_us: 500_000,
+            notes: true,
+            follows: true,
+            followed_bit: true,
+            ..Strike::default()
+        };
+        assert_eq!(retry.missed(&jobs, &run.changes), None);
+        let first = Strike {
+            followed_bit: false,
+            ..retry
+        };
+        let why = first.missed(&jobs, &run.changes).unwrap_or_default();
+        assert!(
+            why.contains("its `writing` note came before its read"),
+            "{why}"
+        );
     }
 
     /// An `ok` is a claim as well: job 2's one change (#2, at 2s) committed half a second

@@ -123,6 +123,9 @@ pub(super) struct Aimed {
     frozen: BTreeMap<String, bool>,
     /// The last fault that held each client's write, to follow its job.
     followed: BTreeMap<String, Follow>,
+    /// The jobs followed as far as a fault follows one, by client, and why: if another
+    /// write of the job comes, it goes untested, and the faults on the job say so.
+    followed_no_further: BTreeMap<String, (i64, String)>,
 }
 
 impl Aimed {
@@ -282,10 +285,14 @@ impl Run<'_> {
             return;
         };
         seat.writes_since_note += 1;
+        let holds = seat.job.map(|(job, _)| job);
+        self.untested_write(name, holds);
+        let Some(seat) = self.seats.iter_mut().find(|s| s.client.name == name) else {
+            return;
+        };
         let Some(proxy) = seat.proxy.as_ref() else {
             return;
         };
-        let holds = seat.job.map(|(job, _)| job);
         if let Some(aim) = (self.aimed.waiting.get_mut(name)).filter(|aim| aim.job == holds) {
             if aim.skip > 0 {
                 aim.skip -= 1;
@@ -295,6 +302,22 @@ impl Run<'_> {
             }
         }
         proxy.open_gate(ticket);
+    }
+
+    /// A write of `holds` came where no fault follows its job any more: the faults on that
+    /// job end at their bound (they followed it as far as one follows a job).
+    fn untested_write(&mut self, name: &str, holds: Option<i64>) {
+        let Some((job, why)) = self.aimed.followed_no_further.remove(name) else {
+            return;
+        };
+        if holds != Some(job) {
+            return;
+        }
+        let chain = (self.strikes.iter_mut())
+            .filter(|s| s.client == name && s.job == Some(job) && s.fault != "kill");
+        for strike in chain {
+            strike.bounded = Some(why.clone());
+        }
     }
 
     /// A write that, tried, changed nothing went by: if a fault waits for this client's
@@ -443,17 +466,18 @@ impl Run<'_> {
             .filter(|s| s.client == name && s.job == Some(follow.job) && s.fault != "kill");
         let chain: Vec<&mut Strike> = chain.collect();
         if chain.len() >= MOST_HELD_PER_JOB {
-            // Followed no further: the job's next write goes untested, so none of the
-            // faults on the job can say it was tested (the run is unknown, never a pass).
+            // Followed no further: should the job send another write, it goes untested, and
+            // none of the faults on the job can say it was tested (the run is unknown, never
+            // a pass) — [`Run::untested_write`].
             let why = format!(
                 "the fault followed job {} through {} of its writes, the most it follows, and \
                  its writes after those went untested",
                 follow.job,
                 chain.len()
             );
-            for strike in chain {
-                strike.bounded = Some(why.clone());
-            }
+            self.aimed
+                .followed_no_further
+                .insert(name, (follow.job, why));
             return;
         }
         let aim = Aim {
