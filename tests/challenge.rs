@@ -593,6 +593,23 @@ fn a_write_that_commits_after_its_ok_fails_the_run() {
     }
 }
 
+/// `value-lease` keeps its lease as a deadline in its Redis key's value, where Redis sees
+/// no expiry: lockslab ended each pause on its own time with the lease still running, and
+/// counted the others' wait as the lock holding them off — a pass on 5 of 6 seeds for a
+/// lock with no fence (a hostile tester's). Waited out as any lease, it is taken over and
+/// the frozen holder's late write lands stale.
+#[test]
+fn a_lease_kept_in_the_keys_value_is_waited_out_as_any_lease() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "value-lease"];
+    let (code, verdict, _) = challenge("pause", 1, &[], &program);
+    assert_eq!(code, 1, "pause value-lease --seed 1: {verdict}");
+    assert!(
+        kinds(&verdict).iter().any(|k| k == "stale-write"),
+        "{verdict}"
+    );
+}
+
 /// `early-noop` checks its token only at the write (the design the worst order fails),
 /// says `writing` before its read, and sends an UPDATE that matches nothing after the note;
 /// `early-read` also reads, and throws that read away, before its note. Held at their note,

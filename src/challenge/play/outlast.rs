@@ -9,8 +9,9 @@
 //! Postgres behind the faulted client's session instead, until that wait is seen (the lock
 //! held it off), or no other job on the record is left to come. At most
 //! [`Challenge::fault_bound`]: past it the fault ends, and the verdict says it ended because
-//! of the bound (unknown, never a pass). A key with no expiry cannot be waited out: the
-//! fault ends on its own time.
+//! of the bound (unknown, never a pass). A key with no expiry is waited out the same way:
+//! its lease may be kept where Redis cannot see it (a deadline in its value), and a lock
+//! that truly never expires keeps the fault to its bound.
 //!
 //! ```text
 //!  594ms  pauses c2 (SIGSTOP) for 2–3 TTLs at its write, held in its proxy
@@ -227,15 +228,11 @@ impl Run<'_> {
         let (record, strike) = (o.record.clone(), o.strike);
         let nothing_left = format!("no other job on {record} is held or waiting");
         let coming = self.coming_on(&record, &client);
+        // A key with no expiry of its own is waited out as one with: its lease may be kept
+        // elsewhere (a deadline in its value, taken over by the next holder once past), and
+        // "no expiry" is no promise that it never ends. A lock that truly never expires
+        // keeps the fault to its bound: unknown, never a pass.
         let why = match lock {
-            Lock::Kept(key, held) if held.ttl_ms.is_none() => {
-                self.strikes[strike].lock_kept = true;
-                format!(
-                    "{client}'s key {key} has no expiry, so no wait outlives it, and the {}'s \
-                     own time is up",
-                    noun
-                )
-            }
             Lock::Kept(..) if !coming => {
                 self.strikes[strike].lock_kept = true;
                 nothing_left
@@ -257,8 +254,8 @@ impl Run<'_> {
                 if !self.outlasting[i].said_alive {
                     self.outlasting[i].said_alive = true;
                     let text = format!(
-                        "{client}'s key {key} still has {}: the {} lasts until it is gone (at \
-                         most {})",
+                        "{client}'s key {key} still has {}: the {} lasts until it is gone or \
+                         taken over (at most {})",
                         held.left(),
                         noun,
                         flag_duration(bound)
