@@ -554,6 +554,12 @@ pub struct Strike {
     /// `challenge::play::aim`): a write retried after the held one was refused.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub follows: bool,
+    /// The write it held came right after a fresh `writing` note (a write made after a
+    /// read). A follow-up that held one with no new note may have held a write made before
+    /// the retry's read (a claim, a touch of the row): if a later follow-up of the same job
+    /// held the write after the retry's note, and bit, that one tested the retry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_note: bool,
     /// The fault it followed bit (filled in by the checker): then this one, on the retry,
     /// misses nothing by finding nobody writing the record meanwhile — the retry read
     /// afresh, and nobody was left to be overtaken.
@@ -1470,15 +1476,35 @@ pub fn check(evidence: &Evidence) -> Report {
             .extend(around_the_proxy(&changes, &evidence.statements, by_client));
     }
     let mut bit_last: BTreeMap<(String, Option<i64>), bool> = BTreeMap::new();
-    let mut missed = Vec::new();
+    let mut graded: Vec<(&Strike, Option<String>)> = Vec::new();
     for strike in &strikes {
-        let mut strike = strike.clone();
+        let mut weighed = strike.clone();
         let chain = (strike.client.clone(), strike.job);
-        strike.followed_bit = strike.follows && bit_last.get(&chain) == Some(&true);
-        let miss = strike.missed(&jobs, &changes);
+        weighed.followed_bit = strike.follows && bit_last.get(&chain) == Some(&true);
+        let miss = weighed.missed(&jobs, &changes);
         bit_last.insert(chain, miss.is_none());
-        missed.extend(miss);
+        graded.push((strike, miss));
     }
+    // A follow-up that held a write with no new `writing` note, and missed, is excused when a
+    // later follow-up of the same job held the write after the retry's note and bit: that
+    // write, made after the retry's read, is the one the retry is tested by.
+    let tested_later = |at: usize| {
+        let (strike, _) = graded[at];
+        (graded[at + 1..].iter()).any(|(later, miss)| {
+            later.follows
+                && later.after_note
+                && miss.is_none()
+                && later.client == strike.client
+                && later.job == strike.job
+        })
+    };
+    let missed: Vec<String> = (0..graded.len())
+        .filter_map(|at| {
+            let (strike, miss) = &graded[at];
+            let excused = strike.follows && !strike.after_note && tested_later(at);
+            miss.clone().filter(|_| !excused)
+        })
+        .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
@@ -1977,6 +2003,52 @@ mod tests {
                 "change #2 (job 2) was made in Postgres session 8, which no client's fault \
                  proxy opened"
             ),
+            "{report:?}"
+        );
+    }
+
+    /// A fault follows job 2 to its retry. The retry's first held write came with no new
+    /// `writing` note — a claim of the row, made before the retry's read — so it tested
+    /// nothing (the write that landed carries j1, committed after it began). The next
+    /// follow-up held the write after the retry's note, and bit: the retry was tested by
+    /// that one, and the first is excused. Without that later bite, it stays a miss.
+    #[test]
+    fn a_follow_up_held_before_the_retrys_read_is_excused_once_the_write_after_its_note_bit() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        let strike = |at_us: i64, follows: bool, after_note: bool, overtaken: bool| Strike {
+            fault: "pause".into(),
+            client: "c1".into(),
+            job: Some(2),
+            at_us,
+            notes: true,
+            tried: Some(Tried::Changes),
+            follows,
+            after_note,
+            overtaken,
+            ..Strike::default()
+        };
+        run.faults_planned = 1;
+        run.faults_played = 3;
+        run.strikes = vec![
+            strike(1_500_000, false, false, true),
+            strike(500_000, true, false, false),
+            strike(1_600_000, true, true, true),
+        ];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 3),
+            "{report:?}"
+        );
+        run.strikes[2].after_note = false;
+        let report = check(&run);
+        assert_eq!(report.faults_bit, 2, "{report:?}");
+        assert!(
+            report
+                .undecided
+                .join("")
+                .contains("its `writing` note came before its read"),
             "{report:?}"
         );
     }

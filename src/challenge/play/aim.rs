@@ -69,6 +69,9 @@ pub(super) struct Follow {
     fault: Fault,
     net: NetFault,
     resume: Option<(Action, u64)>,
+    /// It follows a newer holder's job, and has held no write after a fresh `writing` note
+    /// yet ([`Run::follow_the_newer`]).
+    newer: bool,
 }
 
 impl Aim {
@@ -368,11 +371,22 @@ impl Run<'_> {
             strike.follows = follows;
         }
         result?;
-        if let Some(job) = job.filter(|_| newer) {
-            self.retries_to_hold.insert((name.clone(), job));
+        // Held right after a fresh `writing` note: a write made after a read. One held with
+        // no new note since the last held write may come before the retry's read (a claim
+        // of the row, a touch of it): the order that tests a retry waits for the next.
+        let fresh = self.seats[index].writes_since_note <= 1;
+        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
+            strike.after_note = fresh;
         }
-        if follows {
-            self.followed_into_the_worst_order(&name)?;
+        if let Some(job) = job.filter(|_| newer) {
+            if fresh {
+                self.retries_to_hold.insert((name.clone(), job));
+            } else if let Some(follow) = self.aimed.followed.get_mut(&name) {
+                follow.newer = true;
+            }
+        }
+        if follows && !newer {
+            self.followed_into_the_worst_order(&name, fresh)?;
         }
         Ok(())
     }
@@ -386,6 +400,7 @@ impl Run<'_> {
                 fault: aim.fault,
                 net: aim.net,
                 resume: aim.resume.clone(),
+                newer: false,
             };
             self.aimed.followed.insert(name.clone(), follow);
         }
@@ -492,7 +507,7 @@ impl Run<'_> {
             nth: 1,
             let_by: 0,
             follows: true,
-            newer: false,
+            newer: follow.newer,
         };
         self.aimed.waiting.insert(name, aim);
     }

@@ -257,9 +257,17 @@ impl Run<'_> {
     /// holder's write: a compare-and-set, refused by every newer write it is made to wait
     /// for while other clients write too, would otherwise lose every round until the fault
     /// gave up following it (the run unknown).
-    pub(super) fn followed_into_the_worst_order(&mut self, older: &str) -> Result<()> {
+    pub(super) fn followed_into_the_worst_order(&mut self, older: &str, fresh: bool) -> Result<()> {
         if self.overtaking.as_ref().is_none_or(|o| o.older != older) {
             return Ok(());
+        }
+        if !fresh {
+            // No new `writing` note since its last held write: perhaps made before the
+            // retry's read (a claim, a touch of the row). It goes at once; the order is
+            // played on the write after its next note.
+            let why = "this write of its job came with no new `writing` note (made before a \
+                       read, perhaps), so the order waits for its write after the next one";
+            return self.let_the_retry_go_first(older, why);
         }
         let job = (self.seats.iter().find(|s| s.client.name == older))
             .and_then(|s| s.job.map(|(job, _)| job));
@@ -267,7 +275,8 @@ impl Run<'_> {
             return Ok(());
         };
         if !self.retries_held.insert((older.to_string(), job)) {
-            return self.let_the_retry_go_first(older);
+            let why = "its job's retry was held for a newer write once already";
+            return self.let_the_retry_go_first(older, why);
         }
         let Some(overtake) = self.overtaking.take() else {
             return Ok(());
@@ -287,9 +296,11 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A retry held again while the newer holder's write waits at its proxy goes at once, before
-    /// that holder's write: resumed, or its bytes let go.
-    fn let_the_retry_go_first(&mut self, older: &str) -> Result<()> {
+    /// A retry held while the newer holder's write waits at its proxy goes at once, before
+    /// that holder's write (resumed, or its bytes let go), `why` said on the timeline: held
+    /// once already in its job, or held with no new `writing` note since its last held
+    /// write.
+    fn let_the_retry_go_first(&mut self, older: &str, why: &str) -> Result<()> {
         let Some(newer) = self.overtaking.as_ref().map(|o| o.newer.clone()) else {
             return Ok(());
         };
@@ -297,12 +308,12 @@ impl Run<'_> {
             return Ok(());
         };
         let resume = format!(
-            "resumes {older} at once: its job's retry was held for a newer write once \
-             already, and {newer}'s write is held, so the retry goes first"
+            "resumes {older} at once: {why}, and {newer}'s write is held, so the retry goes \
+             first"
         );
         let let_go = format!(
-            "lets {older}'s retry go at once: its job's retry was held for a newer write once \
-             already, and {newer}'s write is held, so the retry goes first"
+            "lets {older}'s retry go at once: {why}, and {newer}'s write is held, so the \
+             retry goes first"
         );
         self.release_retry(index, resume, let_go)
     }
