@@ -1445,6 +1445,10 @@ pub fn check(evidence: &Evidence) -> Report {
                      write was not tried when it was caught ({why}): whether it would have \
                      changed the records then is unknown, so its 0 rows prove nothing"
                 ),
+                Some(Tried::ChangesNothing) => "an UPDATE of its session matched nothing \
+                     after the fault, but its held write, tried when it was caught, would have \
+                     changed nothing then either: its 0 rows refuse nothing"
+                    .to_string(),
                 _ => "an UPDATE of its session matched nothing after the fault, but no write \
                       of its was caught and tried: what it would have changed is unknown, so \
                       its 0 rows prove nothing"
