@@ -291,6 +291,23 @@ fn sweep_postgres(url: &str, mine: &Leftovers) -> anyhow::Result<usize> {
         if !dead {
             continue;
         }
+        // Still registered now that its lock is ours? The list was read before: a run that
+        // left cleanly since (its row deleted, its lock let go) is no dead run, and may be
+        // creating what its next part needs under the same name — it waits for this lock
+        // before it registers again.
+        let still_registered = client
+            .query_opt(
+                &format!("SELECT 1 FROM {schema}.lockslab_live_run WHERE run_id = $1"),
+                &[&run_id],
+            )
+            .is_ok_and(|row| row.is_some());
+        if !still_registered {
+            let _ = client.execute(
+                &format!("SELECT pg_catalog.pg_advisory_unlock({RUN_LOCK})"),
+                &[&run_id],
+            );
+            continue;
+        }
         if mine
             .of_dead_run(&run_id, Some((url, &schema, has_store)))
             .remove()
