@@ -422,12 +422,22 @@ pub struct Delivery {
 /// else the last one sent before it (its client had answered already, and its write was
 /// still on its way).
 fn makers<'a>(change: &Change, deliveries: &'a [Delivery]) -> Vec<&'a Delivery> {
+    makers_within(change, deliveries, 0)
+}
+
+/// [`makers`], a delivery counted as holding its job until `slack_us` after its answer (the
+/// clock reckoning's margin: an answer is read a little after it was sent).
+fn makers_within<'a>(
+    change: &Change,
+    deliveries: &'a [Delivery],
+    slack_us: i64,
+) -> Vec<&'a Delivery> {
     let Some((job, at_us)) = change.job.zip(change.at_us) else {
         return vec![];
     };
     let of_job = || deliveries.iter().filter(move |d| d.job == job);
     let holding: Vec<&Delivery> = of_job()
-        .filter(|d| d.sent_us <= at_us && d.answered_us.is_none_or(|a| at_us <= a))
+        .filter(|d| d.sent_us <= at_us && d.answered_us.is_none_or(|a| at_us <= a + slack_us))
         .collect();
     if !holding.is_empty() {
         return holding;
@@ -443,34 +453,26 @@ fn makers<'a>(change: &Change, deliveries: &'a [Delivery]) -> Vec<&'a Delivery> 
 /// delivery of the job open then (beyond the clock reckoning's `margin_us` and a
 /// millisecond): the client said the job was done before its write was.
 fn written_after_ok(changes: &[Change], deliveries: &[Delivery], margin_us: i64) -> Vec<Problem> {
-    let slack = margin_us + 1000;
+    let slack_us = margin_us + 1000;
     let mut problems = Vec::new();
     for change in changes {
         let Some((job, at_us)) = change.job.zip(change.at_us) else {
             continue;
         };
-        let of_job = || deliveries.iter().filter(move |d| d.job == job);
-        let open = |d: &&Delivery| {
-            d.sent_us <= at_us
-                && d.answered_us
-                    .is_none_or(|answered| at_us <= answered + slack)
-        };
-        if of_job().any(|d| open(&d)) {
-            continue;
-        }
-        let last = of_job()
-            .filter(|d| d.sent_us <= at_us)
-            .max_by_key(|d| d.sent_us);
-        let Some((last, answered)) = last.and_then(|d| Some((d, d.answered_us?))) else {
+        // No delivery held the job then: its maker is the last one answered before.
+        let [maker] = makers_within(change, deliveries, slack_us)[..] else {
             continue;
         };
-        if last.ok != Some(true) {
+        let Some(answered) = maker.answered_us.filter(|&a| a + slack_us < at_us) else {
+            continue;
+        };
+        if maker.ok != Some(true) {
             continue;
         }
         problems.push(Problem::WrittenAfterOk {
             record: change.record.clone(),
             job,
-            client: last.client.clone(),
+            client: maker.client.clone(),
             seq: change.seq,
             late_ms: (at_us - answered) / 1000,
         });

@@ -365,19 +365,17 @@ impl Run<'_> {
         };
         let (follows, newer, job) = (aim.follows, aim.newer, aim.job);
         let result = self.write_caught_aimed(index, aim);
-        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
-            strike.tried = Some(tried);
-            strike.held_session = session;
-            strike.follows = follows;
-        }
-        result?;
         // Held right after a fresh `writing` note: a write made after a read. One held with
         // no new note since the last held write may come before the retry's read (a claim
         // of the row, a touch of it): the order that tests a retry waits for the next.
         let fresh = self.seats[index].writes_since_note <= 1;
         if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
+            strike.tried = Some(tried);
+            strike.held_session = session;
+            strike.follows = follows;
             strike.after_note = fresh;
         }
+        result?;
         if let Some(job) = job.filter(|_| newer) {
             if fresh {
                 self.retries_to_hold.insert((name.clone(), job));

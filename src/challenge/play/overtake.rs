@@ -368,16 +368,22 @@ impl Run<'_> {
         })
     }
 
+    /// Whether what waits for `who`'s answer to `job` goes now: `Some(true)` once it answered
+    /// (or died), `Some(false)` once `until` has passed without, `None` while it waits.
+    fn time_to_go(&self, who: &str, job: i64, until: Instant) -> Option<bool> {
+        let answered = self.done_with(who, job);
+        (answered || Instant::now() >= until).then_some(answered)
+    }
+
     /// Lets the held retry go once the newer holder has answered its job (or died), or
     /// [`HOLD_AT_MOST`] has passed.
     pub(super) fn let_the_retry_go(&mut self) -> Result<()> {
         let Some(held) = &self.retry_held else {
             return Ok(());
         };
-        let answered = self.done_with(&held.newer, held.newer_job);
-        if !answered && Instant::now() < held.until {
+        let Some(answered) = self.time_to_go(&held.newer, held.newer_job, held.until) else {
             return Ok(());
-        }
+        };
         let Some(held) = self.retry_held.take() else {
             return Ok(());
         };
@@ -401,10 +407,10 @@ impl Run<'_> {
             return Ok(());
         };
         if !overtake.held {
-            let answered = self.done_with(&overtake.newer, overtake.newer_job);
-            if !answered && Instant::now() < overtake.until {
+            let waited = self.time_to_go(&overtake.newer, overtake.newer_job, overtake.until);
+            let Some(answered) = waited else {
                 return Ok(());
-            }
+            };
             let Some(overtake) = self.overtaking.take() else {
                 return Ok(());
             };
@@ -423,10 +429,9 @@ impl Run<'_> {
             );
             return Ok(());
         }
-        let answered = self.done_with(&overtake.older, overtake.job);
-        if !answered && Instant::now() < overtake.until {
+        let Some(answered) = self.time_to_go(&overtake.older, overtake.job, overtake.until) else {
             return Ok(());
-        }
+        };
         let Some(overtake) = self.overtaking.take() else {
             return Ok(());
         };
