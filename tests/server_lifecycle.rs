@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, QUICK_LAB, eventually, family_in, process_table};
+use common::{BIN, QUICK_LAB, eventually, process_table};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -134,9 +134,13 @@ fn comm(pid: i32) -> String {
         .to_string()
 }
 
-/// Every pid that was ever a descendant of a process while it ran.
+/// Every process that was ever a descendant of a process while it ran.
+///
+/// A process is known by its pid *and* its start time: on a busy machine a pid is reused
+/// within minutes, and a later process with a family member's pid (another test's Postgres)
+/// is no member, nor are its children, nor the shared memory it maps.
 struct Family {
-    pids: Arc<std::sync::Mutex<HashSet<i32>>>,
+    members: Arc<std::sync::Mutex<HashMap<i32, u64>>>,
     segments: Arc<std::sync::Mutex<HashSet<PathBuf>>>,
     done: Arc<AtomicBool>,
     watcher: Option<thread::JoinHandle<()>>,
@@ -165,27 +169,56 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// Adds to `members` (pid → start time) every process in `table` whose parent is a member
+/// that still lives as the same process; returns the members alive in `table`.
+fn live_family(table: &[common::Proc], members: &mut HashMap<i32, u64>) -> Vec<i32> {
+    let same = |members: &HashMap<i32, u64>, pid: i32| {
+        table
+            .iter()
+            .any(|p| p.pid == pid && members.get(&pid) == Some(&p.start))
+    };
+    loop {
+        let joining: Vec<(i32, u64)> = table
+            .iter()
+            .filter(|p| !same(members, p.pid) && same(members, p.ppid))
+            .map(|p| (p.pid, p.start))
+            .collect();
+        if joining.is_empty() {
+            break;
+        }
+        members.extend(joining);
+    }
+    table
+        .iter()
+        .filter(|p| members.get(&p.pid) == Some(&p.start))
+        .map(|p| p.pid)
+        .collect()
+}
+
 impl Family {
     fn watch(root: i32) -> Family {
-        let pids = Arc::new(std::sync::Mutex::new(HashSet::from([root])));
+        let start = process_table()
+            .into_iter()
+            .find(|p| p.pid == root)
+            .map(|p| p.start)
+            .expect("the watched process is running");
+        let members = Arc::new(std::sync::Mutex::new(HashMap::from([(root, start)])));
         let done = Arc::new(AtomicBool::new(false));
         let segments = Arc::new(std::sync::Mutex::new(HashSet::new()));
-        let (p, d, s) = (pids.clone(), done.clone(), segments.clone());
+        let (m, d, s) = (members.clone(), done.clone(), segments.clone());
         let watcher = thread::spawn(move || {
             while !d.load(Ordering::SeqCst) {
                 let table = process_table();
-                let mut known = p.lock().unwrap();
-                family_in(&table, &mut known);
-                let live: Vec<i32> = known.iter().copied().collect();
-                drop(known);
-                let mapped =
-                    (live.into_iter()).flat_map(lockslab::procs::postgres_segments_mapped_by);
+                let live = live_family(&table, &mut m.lock().unwrap());
+                let mapped = live
+                    .into_iter()
+                    .flat_map(lockslab::procs::postgres_segments_mapped_by);
                 s.lock().unwrap().extend(mapped);
                 thread::sleep(Duration::from_millis(3));
             }
         });
         Family {
-            pids,
+            members,
             segments,
             done,
             watcher: Some(watcher),
@@ -195,10 +228,10 @@ impl Family {
 
     /// Is a process named `name` among the live descendants now?
     fn has_live(&self, name: &str) -> bool {
-        let known = self.pids.lock().unwrap().clone();
-        known
+        let members = self.members.lock().unwrap().clone();
+        process_table()
             .iter()
-            .any(|pid| comm(*pid) == name && common::proc_state(*pid).is_some_and(|s| s != 'Z'))
+            .any(|p| members.get(&p.pid) == Some(&p.start) && p.name == name && p.state != 'Z')
     }
 
     fn stop(&mut self) -> Run {
@@ -207,7 +240,7 @@ impl Family {
             let _ = watcher.join();
         }
         Run {
-            pids: self.pids.lock().unwrap().clone(),
+            pids: self.members.lock().unwrap().keys().copied().collect(),
             segments: self.segments.lock().unwrap().clone(),
             from: self.since,
             until: unix_now(),
