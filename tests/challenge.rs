@@ -455,6 +455,40 @@ fn a_lock_held_in_postgres_passes_pause_and_delay_on_the_waits_it_caused() {
     }
 }
 
+/// A Postgres lock taken without waiting inside Postgres — `pg_try_advisory_xact_lock` or
+/// `FOR UPDATE NOWAIT`, asked again every 20ms — puts nobody in pg_blocking_pids: both were
+/// undecided ("nobody wrote r0 meanwhile"). lockslab now reads the lock itself from
+/// pg_locks while the fault lasts, and the others asking; the lock held them off.
+#[test]
+fn a_postgres_lock_taken_without_waiting_passes_pause_and_delay() {
+    for (name, mode) in [("pause", "try-advisory"), ("delay", "nowait")] {
+        let verdict = passes_within(name, mode, 3);
+        assert!(
+            verdict["notes"].to_string().contains("kept asking"),
+            "{verdict}"
+        );
+    }
+}
+
+/// `advisory-decoy` holds an advisory lock no other client ever asks for, and keeps its
+/// Postgres session busy while it waits for its (unfenced) Redis lock: a frozen holder is
+/// seen holding a Postgres lock while the others ask. But the others are not held off —
+/// the newer Redis holder writes the record while the fault lasts — and the stale write
+/// is caught.
+#[test]
+fn a_decoy_advisory_lock_holds_nobody_off() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "advisory-decoy"];
+    for name in ["pause", "delay"] {
+        let (code, verdict, _) = challenge(name, 1, &[], &program);
+        assert_eq!(code, 1, "{name} advisory-decoy --seed 1: {verdict}");
+        assert!(
+            kinds(&verdict).iter().any(|k| k == "stale-write"),
+            "{verdict}"
+        );
+    }
+}
+
 /// `outlast` asks for a lease ten times lease_ms, hoping each fault ends before its key
 /// does: it was unknown ("nobody wrote r0 meanwhile"), rewarded for the long lease. The
 /// pause (or the hold) now lasts until the key is gone and a newer holder has read, and the

@@ -26,6 +26,8 @@
     lockslab challenge failover -- python3 examples/challenge/reference.py sequence # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py for-update # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py advisory  # passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py try-advisory # passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py nowait    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic      # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic-fail # never done, often
     lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
@@ -103,6 +105,14 @@ for-update the lock is the row's: one transaction takes it (SELECT ... FOR UPDAT
         holder's lock goes with its session.
 advisory for-update, with a transaction-scoped advisory lock on the record
         (pg_advisory_xact_lock) taken before a plain read.
+try-advisory advisory that never waits inside Postgres: it asks
+        pg_try_advisory_xact_lock every 20ms until it is granted. Nobody is ever
+        seen waiting (pg_blocking_pids is empty): lockslab reads instead that the
+        frozen holder's session held the advisory lock (pg_locks) while another
+        client with a job on the record made no change.
+nowait  for-update with SELECT ... FOR UPDATE NOWAIT, asked again every 20ms while
+        the row is locked: lockslab reads the frozen holder's row lock from the
+        row itself (its xmax is the holder's open transaction).
 optimistic no lock at all (`ready` says `"lock": false`): read, work, then a
         compare-and-set, UPDATE ... WHERE value and items are still as read; on a
         compare that matched nothing, read again and retry, with a new `writing`
@@ -146,13 +156,15 @@ import time
 import uuid
 
 import psycopg2
+import psycopg2.errors
 import redis
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late", "early",
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "lastcheck-decoy",
-         "optimistic", "optimistic-fail", "for-update", "advisory", "outlast")
+         "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
+         "outlast")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
@@ -213,7 +225,7 @@ if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
-if MODE in ("sequence", "for-update", "advisory"):
+if MODE in ("sequence", "for-update", "advisory", "try-advisory", "nowait"):
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
@@ -310,8 +322,18 @@ def entry_there(job):
 def do_in_postgres(job):
     """for-update, advisory: the lock is Postgres's, held by the one transaction that reads,
     works and writes; the token is taken under it."""
+    if MODE == "nowait":
+        return do_nowait(job)
     with db, db.cursor() as cur:
-        if MODE == "advisory":
+        if MODE == "try-advisory":
+            lock = f"{table}/{job['record']}"
+            while True:  # asked again in the same transaction: a refusal aborts nothing
+                cur.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock,))
+                if cur.fetchone()[0]:
+                    break
+                time.sleep(0.02)
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        elif MODE == "advisory":
             cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{table}/{job['record']}",))
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
         else:
@@ -330,6 +352,30 @@ def do_in_postgres(job):
                          job["record"]))
     say(type="released", job=job["id"])  # the commit let the lock go
     return True
+
+
+def do_nowait(job):
+    """nowait: for-update that never waits for the row lock; a locked row is asked again."""
+    while True:
+        try:
+            with db, db.cursor() as cur:
+                cur.execute(f"SELECT value, items FROM {table} WHERE record = %s"
+                            " FOR UPDATE NOWAIT", (job["record"],))
+                value, items = cur.fetchone()
+                cur.execute(f"SELECT nextval('{init['schema']}.tokens')")
+                (token,) = cur.fetchone()
+                say(type="acquired", job=job["id"], token=token)
+                if job["append"] not in items:
+                    say(type="writing", job=job["id"])
+                    time.sleep(job["work_ms"] / 1000)
+                    cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s,"
+                                " fence = %s WHERE record = %s",
+                                (value + job["add"], items + [job["append"]], job["id"],
+                                 token, job["record"]))
+            say(type="released", job=job["id"])
+            return True
+        except psycopg2.errors.LockNotAvailable:
+            time.sleep(0.02)  # the row is another's: the transaction rolled back
 
 
 def do_optimistic(job):
@@ -358,7 +404,7 @@ def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "optimistic":
         return do_optimistic(job)
-    if MODE in ("for-update", "advisory"):
+    if MODE in ("for-update", "advisory", "try-advisory", "nowait"):
         return do_in_postgres(job)
     if MODE == "claimed":
         return do_claimed(job, token)
@@ -420,7 +466,7 @@ for line in sys.stdin:
         say(type="ok", job=job["id"])
         continue
     began = time.monotonic()
-    if MODE not in ("none", "optimistic", "for-update", "advisory"):
+    if MODE not in ("none", "optimistic", "for-update", "advisory", "try-advisory", "nowait"):
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")

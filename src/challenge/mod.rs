@@ -349,6 +349,7 @@ fn grade(
             statements,
             waits: played.waits.clone(),
             key_waits: played.key_waits.clone(),
+            pg_locks: played.pg_locks.clone(),
             proxy_sessions: played.proxy_sessions.clone(),
             clock_margin_us: played.clock_margin_us,
         };

@@ -143,6 +143,11 @@ pub struct Evidence {
     pub waits: Vec<Wait>,
     /// Clients seen waiting behind a faulted client's Redis or etcd lock.
     pub key_waits: Vec<KeyWait>,
+    /// Postgres locks (advisory, or a record's row lock) seen held while a fault lasted,
+    /// with the sessions that kept asking: a lock taken without waiting in Postgres
+    /// (`pg_try_advisory_lock`, `NOWAIT`, `SKIP LOCKED`) is never in `waits`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pg_locks: Vec<PgLockSeen>,
     /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`; none: no
     /// proxies, or a session unread): a change made in any other session went around them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,6 +165,21 @@ pub struct Wait {
     pub waiter: i32,
     pub blockers: Vec<i32>,
     pub at_us: i64,
+}
+
+/// A Postgres lock a session held, read from `pg_locks` while a fault lasted: an advisory
+/// lock (which record it guards is the client's business: unknown), or a row lock on the
+/// records (the record known when the row's `xmax` is the session's open transaction).
+/// `asking`: the run's other sessions that had sent a statement within the last 100ms then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgLockSeen {
+    pub session: i32,
+    /// `advisory` or `row`.
+    pub kind: String,
+    /// The record whose row lock it is, when known.
+    pub record: Option<String>,
+    pub at_us: i64,
+    pub asking: Vec<i32>,
 }
 
 /// A client seen waiting behind another's Redis or etcd lock while a fault lasted: the key,
@@ -283,6 +303,60 @@ fn held_off_by_key(
                 wait.holder, wait.key, wait.server
             ),
             after_ms: (wait.at_us - strike.at_us) / 1000,
+        })
+    })
+}
+
+/// The same for a Postgres lock taken without waiting in Postgres: while the fault lasted,
+/// a session of `strike`'s client held an advisory lock or the record's row lock, another
+/// client holding a job on the record kept asking (it sent statements then), and nobody
+/// but the faulted client changed the record until it answered. A frozen session keeps
+/// what it holds, so the lock held the asker off; a client that ignored the lock and wrote
+/// would have changed the record meanwhile, and one that was merely slow was not asking.
+fn held_off_by_postgres_lock(
+    strike: &Strike,
+    jobs: &BTreeMap<i64, &JobSpec>,
+    sessions: &BTreeMap<String, BTreeSet<i32>>,
+    locks: &[PgLockSeen],
+    deliveries: &[Delivery],
+    changes: &[Change],
+) -> Option<HeldOff> {
+    let record = &jobs.get(&strike.job?)?.record;
+    let own = sessions.get(&strike.client)?;
+    let until = answered_after(strike, deliveries);
+    let others_wrote = changes.iter().any(|change| {
+        &change.record == record
+            && change
+                .at_us
+                .is_some_and(|at| (strike.at_us..until).contains(&at))
+            && makers(change, deliveries)
+                .iter()
+                .any(|d| d.client != strike.client)
+    });
+    if others_wrote {
+        return None;
+    }
+    locks.iter().find_map(|seen| {
+        let its_lock = own.contains(&seen.session)
+            && seen.record.as_ref().is_none_or(|r| r == record)
+            && (strike.at_us..=until).contains(&seen.at_us);
+        if !its_lock {
+            return None;
+        }
+        let (asker, _) = sessions.iter().find(|(client, pids)| {
+            **client != strike.client
+                && seen.asking.iter().any(|pid| pids.contains(pid))
+                && holding_on(client, record, seen.at_us, jobs, deliveries).is_some()
+        })?;
+        let lock = match (seen.kind.as_str(), &seen.record) {
+            ("advisory", _) => "an advisory lock".to_string(),
+            (_, Some(record)) => format!("the row lock of {record}"),
+            _ => "a row lock on the records".to_string(),
+        };
+        Some(HeldOff {
+            waiter: asker.clone(),
+            seen: format!("pg_locks: its session held {lock} while {asker} kept asking"),
+            after_ms: (seen.at_us - strike.at_us) / 1000,
         })
     })
 }
@@ -1421,6 +1495,16 @@ pub fn check(evidence: &Evidence) -> Report {
                     &evidence.deliveries,
                     &changes,
                 )
+            })
+            .or_else(|| {
+                held_off_by_postgres_lock(
+                    &strike,
+                    &jobs,
+                    &sessions,
+                    &evidence.pg_locks,
+                    &evidence.deliveries,
+                    &changes,
+                )
             });
         }
         let next_on_client_us = (evidence.strikes.iter())
@@ -2484,6 +2568,51 @@ mod tests {
         assert_eq!(check(&run).faults_bit, 0);
         run.waits = vec![wait(12, 11, 1_200_000)];
         assert_eq!(check(&run).faults_bit, 0, "before the fault");
+    }
+
+    /// A lock taken without waiting in Postgres (`pg_try_advisory_lock` polled, `FOR
+    /// UPDATE NOWAIT`): nobody ever shows in pg_blocking_pids. c1's session (11) was seen
+    /// holding the lock while c2's (12), with a job on r0, kept asking: held off, the pause
+    /// bit. Not if c2 was not asking, if the row lock is another record's, if the lock was
+    /// seen before the fault, or if another client changed r0 while it lasted.
+    #[test]
+    fn a_lock_taken_without_waiting_held_them_off_if_the_others_kept_asking_and_wrote_nothing() {
+        let mut run = paused_while_c2_wanted_r0();
+        let seen = |kind: &str, record: Option<&str>, at_us, asking: Vec<i32>| PgLockSeen {
+            session: 11,
+            kind: kind.into(),
+            record: record.map(Into::into),
+            at_us,
+            asking,
+        };
+        for lock in [
+            seen("advisory", None, 1_700_000, vec![12]),
+            seen("row", Some("r0"), 1_700_000, vec![12]),
+            seen("row", None, 1_700_000, vec![12, 13]),
+        ] {
+            run.pg_locks = vec![lock];
+            let report = check(&run);
+            assert_eq!(
+                (report.grade(), report.faults_bit),
+                (Grade::Pass, 1),
+                "{report:?}"
+            );
+            assert!(report.notes.join("").contains("while c2 kept asking"));
+        }
+        for lock in [
+            seen("advisory", None, 1_700_000, vec![13]),
+            seen("row", Some("r1"), 1_700_000, vec![12]),
+            seen("advisory", None, 1_400_000, vec![12]),
+        ] {
+            run.pg_locks = vec![lock.clone()];
+            assert_eq!(check(&run).faults_bit, 0, "{lock:?}");
+        }
+        // c2 wrote r0 while c1 was frozen (its job 3 at 1.8s): the lock held nobody off
+        // (what the write did decides the pause, not the lock seen held).
+        run.pg_locks = vec![seen("advisory", None, 1_700_000, vec![12])];
+        run.changes[2].at_us = Some(1_800_000);
+        let report = check(&run);
+        assert!(!report.notes.join("").contains("kept asking"), "{report:?}");
     }
 
     /// A Redis (or etcd) lock: c2, with job 3 on r0 not yet written, was seen while c1's

@@ -4,9 +4,16 @@
 //! job on the same record waiting bit — the lock held them off — though nobody wrote the
 //! record meanwhile; the checker ties the sessions to the clients from the log. (A lock in
 //! Redis or etcd is read from its key instead: see `outlast`.)
+//!
+//! A client that never waits inside Postgres — `pg_try_advisory_lock` asked again and
+//! again, `FOR UPDATE NOWAIT` or `SKIP LOCKED` — shows up in no `pg_blocking_pids`. For it
+//! the Postgres locks themselves are read: each advisory lock granted in the run's database
+//! (`pg_locks`), and each record whose row lock an open transaction holds (the row's
+//! `xmax` is that transaction, and its holder has the transaction's id locked), with the
+//! sessions that sent a statement in the last moment — those that kept asking.
 
 use super::*;
-use crate::check::challenge::Wait;
+use crate::check::challenge::{PgLockSeen, Wait};
 use crate::nemesis::probe::HARD_BLOCKERS;
 
 /// How often the waits are read while a fault lasts.
@@ -40,6 +47,44 @@ fn waits_where(condition: &str) -> String {
     )
 }
 
+/// How recently a session must have sent a statement to count as asking while a lock was
+/// held: a client that asks again every 20ms is seen, one that sleeps is not.
+const ASKING_WITHIN_MS: i64 = 100;
+
+/// Every session of the run's database holding a lock it could have taken without waiting:
+/// an advisory lock (its record unknown: the key is the client's own), or a row lock on the
+/// records — which record, when the row's `xmax` is the session's open transaction; none
+/// when only its `RowShareLock` on the table shows it (`FOR UPDATE`/`FOR SHARE` take one;
+/// an `xmax` that a later savepoint's update turned into a multixact names no session).
+/// With the database's clock and the other sessions of the database that sent a statement
+/// within [`ASKING_WITHIN_MS`].
+fn postgres_locks_held(records: &str) -> String {
+    format!(
+        "WITH held AS (
+              SELECT l.pid, 'advisory' AS kind, NULL::text AS record
+                FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+               WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()
+              UNION
+              SELECT l.pid, 'row', NULL
+                FROM pg_locks l
+               WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'RowShareLock'
+                 AND l.relation = '{records}'::regclass
+              UNION
+              SELECT l.pid, 'row', r.record
+                FROM {records} r
+                JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
+                               AND l.mode = 'ExclusiveLock' AND l.transactionid = r.xmax)
+         SELECT h.pid, h.kind, h.record,
+                (1000000 * extract(epoch FROM clock_timestamp()))::bigint,
+                ARRAY(SELECT a.pid FROM pg_stat_activity a
+                       WHERE a.datname = current_database() AND a.pid <> h.pid
+                         AND a.pid <> pg_backend_pid()
+                         AND a.query_start > clock_timestamp()
+                                             - interval '{ASKING_WITHIN_MS} milliseconds')
+           FROM held h"
+    )
+}
+
 impl Run<'_> {
     /// Whether a session waits in Postgres behind one of the client's at `index`: a newer
     /// holder held off by its row or advisory lock, once its Redis or etcd lock is gone
@@ -64,6 +109,14 @@ impl Run<'_> {
         self.waits_read = Some(Instant::now());
         let rows = self.clock.query(&waiting(), &[])?;
         self.waits.extend(rows.iter().map(wait_of));
+        let rows = (self.clock).query(&postgres_locks_held(&self.setup.init.table), &[])?;
+        self.pg_locks.extend(rows.iter().map(|row| PgLockSeen {
+            session: row.get(0),
+            kind: row.get(1),
+            record: row.get(2),
+            at_us: row.get(3),
+            asking: row.get(4),
+        }));
         Ok(())
     }
 }

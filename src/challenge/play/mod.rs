@@ -12,7 +12,9 @@ use anyhow::{Result, bail};
 use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
-use crate::check::challenge::{Delivery, JobSpec, KeyWait, LockMoment, Moment, Strike, Wait};
+use crate::check::challenge::{
+    Delivery, JobSpec, KeyWait, LockMoment, Moment, PgLockSeen, Strike, Wait,
+};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::play::Faults;
@@ -90,6 +92,8 @@ pub struct Played {
     pub waits: Vec<Wait>,
     /// Clients seen waiting behind a faulted client's Redis or etcd key.
     pub key_waits: Vec<KeyWait>,
+    /// Postgres locks seen held while a fault lasted, and who kept asking.
+    pub pg_locks: Vec<PgLockSeen>,
     /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`); none
     /// when the clients had no proxies, or one could not read a session's number.
     pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
@@ -206,6 +210,7 @@ struct Run<'a> {
     outlasting: Vec<outlast::Outlast>,
     outlast_read: Option<Instant>,
     key_waits: Vec<KeyWait>,
+    pg_locks: Vec<PgLockSeen>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
@@ -307,6 +312,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         outlasting: Vec::new(),
         outlast_read: None,
         key_waits: Vec::new(),
+        pg_locks: Vec::new(),
         held_writes: BTreeSet::new(),
         gates: BTreeMap::new(),
         untried: BTreeSet::new(),
@@ -389,6 +395,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         deliveries: std::mem::take(&mut run.deliveries),
         waits: std::mem::take(&mut run.waits),
         key_waits: std::mem::take(&mut run.key_waits),
+        pg_locks: std::mem::take(&mut run.pg_locks),
         proxy_sessions,
         jobs: std::mem::take(&mut run.jobs),
         clock_margin_us: run.clock_margin_us,
