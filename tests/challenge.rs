@@ -455,6 +455,18 @@ fn a_lock_held_in_postgres_passes_pause_and_delay_on_the_waits_it_caused() {
     }
 }
 
+/// `claimed-retry` claims the row with its token before the read, and when fenced out takes
+/// the lock again and retries within the job (a new `writing` note). Under `pause` every
+/// retry held past its lease loses the record to another client, so the fault followed the
+/// job to its bound and the run was unknown on half the seeds; a job whose retry after a
+/// read was held and refused has its retry tested, and the bound is lifted.
+#[test]
+fn a_claim_that_retries_within_its_job_passes_pause_and_delay() {
+    for name in ["pause", "delay"] {
+        passes_within(name, "claimed-retry", 3);
+    }
+}
+
 /// A Postgres lock taken without waiting inside Postgres — `pg_try_advisory_xact_lock` or
 /// `FOR UPDATE NOWAIT`, asked again every 20ms — puts nobody in pg_blocking_pids: both were
 /// undecided ("nobody wrote r0 meanwhile"). lockslab now reads the lock itself from

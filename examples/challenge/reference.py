@@ -58,6 +58,10 @@ fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
         a newer write to refuse.
         A holder killed after its commit, before its answer, has its job resent:
         done twice. A job delivered twice is done twice, too.
+claimed-retry claimed that, fenced out (its claim or its write refused: a newer holder
+        claimed the row), lets its lock go and tries the job again from the lock (a new
+        `writing` note; `acquired` once, `released` at the end), instead of answering
+        fail (up to 8 tries).
 claimed setnx + a token that claims the row before the read, in its own short
         transaction; the work runs with no row lock held, and the write lands
         only if the row is still claimed by this token. No transaction stays
@@ -164,16 +168,17 @@ MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late"
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "lastcheck-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
-         "outlast")
+         "outlast", "claimed-retry")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
 LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-select"
 DECOY = MODE == "lastcheck-decoy"
+CLAIM_RETRY = MODE == "claimed-retry"
 RETRY = MODE == "optimistic"
 MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
         "lastcheck": "setnx", "lastcheck-select": "setnx", "lastcheck-decoy": "setnx",
-        "optimistic-fail": "optimistic"}.get(MODE, MODE)
+        "optimistic-fail": "optimistic", "claimed-retry": "claimed"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
 
 # Deletes the key only if it still holds our value: never someone else's lock.
@@ -466,6 +471,25 @@ for line in sys.stdin:
         say(type="ok", job=job["id"])
         continue
     began = time.monotonic()
+    if CLAIM_RETRY:
+        done = False
+        for attempt in range(8):
+            lock = acquire(job["record"])
+            if lock is None:
+                break
+            if attempt == 0:  # the notes of a retry: only its `writing` (acquired once)
+                say(type="acquired", job=job["id"], token=lock[2])
+            done = do(job, lock[2])
+            r.eval(RELEASE, 1, lock[0], lock[1])
+            if done:
+                break
+        if lock or done:
+            say(type="released", job=job["id"])
+        if done:
+            say(type="ok", job=job["id"])
+        else:
+            say(type="fail", job=job["id"], reason="fenced out 8 times, or no lock")
+        continue
     if MODE not in ("none", "optimistic", "for-update", "advisory", "try-advisory", "nowait"):
         lock = acquire(job["record"])
         if lock is None:

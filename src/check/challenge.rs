@@ -647,6 +647,15 @@ pub struct Strike {
     /// The fault ended at the challenge's bound, not because its client's lock was gone
     /// and a newer holder had read: why, in a sentence. Nothing past the bound was tested.
     pub bounded: Option<String>,
+    /// The bound was the follow's: the fault followed the job through as many writes as it
+    /// follows one, and another write of the job came after them. If a retry made after a
+    /// fresh read (`after_note`) was held among them and refused by the database, the job's
+    /// retry is tested, and the checker lifts the bound: the write past it is that retry's
+    /// code again (a client that drops its guard only from a retry past the bound goes
+    /// unseen — the follow has to stop somewhere, and a lease-based retry loses every
+    /// round it is held past its lease).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub followed_to_bound: bool,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -1543,7 +1552,8 @@ pub fn check(evidence: &Evidence) -> Report {
         }
         strike
     });
-    let strikes: Vec<Strike> = strikes.collect();
+    let mut strikes: Vec<Strike> = strikes.collect();
+    report.notes.extend(lift_follow_bounds(&mut strikes));
     for strike in &strikes {
         let Some(held) = strike
             .held_off
@@ -1612,6 +1622,39 @@ pub fn check(evidence: &Evidence) -> Report {
         report.undecided.extend(missed);
     }
     report
+}
+
+/// Lifts the follow's bound from each job whose retry was tested: among its followed writes,
+/// one made after a fresh `writing` note was held and refused by the database
+/// ([`Strike::followed_to_bound`]). A line for each such job says so.
+fn lift_follow_bounds(strikes: &mut [Strike]) -> Vec<String> {
+    let mut said = Vec::new();
+    let lifted: BTreeSet<(String, i64)> = (strikes.iter())
+        .filter(|s| s.followed_to_bound)
+        .filter_map(|s| Some((s.client.clone(), s.job?)))
+        .filter(|(client, job)| {
+            strikes.iter().any(|s| {
+                &s.client == client
+                    && s.job == Some(*job)
+                    && s.follows
+                    && s.after_note
+                    && s.matched_nothing
+            })
+        })
+        .collect();
+    for (client, job) in lifted {
+        let chain = (strikes.iter_mut())
+            .filter(|s| s.client == client && s.job == Some(job) && s.followed_to_bound);
+        let mut writes = 0;
+        for strike in chain {
+            strike.bounded = None;
+            writes += 1;
+        }
+        said.push(format!(
+            "the faults on {client}'s job {job} followed it as far as they follow a job              ({writes} held): its retries after a fresh read were refused when held, so the              write that landed past that is taken as the same retry"
+        ));
+    }
+    said
 }
 
 /// The UPDATEs of the records made in sessions that no client's fault proxy opened: a
@@ -2568,6 +2611,40 @@ mod tests {
         assert_eq!(check(&run).faults_bit, 0);
         run.waits = vec![wait(12, 11, 1_200_000)];
         assert_eq!(check(&run).faults_bit, 0, "before the fault");
+    }
+
+    /// A job followed to the bound: its writes past it are untested (unknown) unless one of
+    /// its followed retries made after a fresh read was held and refused by the database.
+    #[test]
+    fn the_follow_bound_is_lifted_only_for_a_job_whose_retry_after_a_read_was_refused() {
+        let strike = |follows, after_note, matched_nothing| Strike {
+            fault: "pause".into(),
+            client: "c1".into(),
+            job: Some(2),
+            follows,
+            after_note,
+            matched_nothing,
+            bounded: Some("followed as far as it follows".into()),
+            followed_to_bound: true,
+            ..Strike::default()
+        };
+        // Refused, but no retry after a read among them (the first write, and a claim).
+        let mut chain = vec![strike(false, true, true), strike(true, false, true)];
+        assert!(lift_follow_bounds(&mut chain).is_empty());
+        assert!(chain.iter().all(|s| s.bounded.is_some()));
+        // A retry after a read, held, that went through: no.
+        chain.push(strike(true, true, false));
+        assert!(lift_follow_bounds(&mut chain).is_empty());
+        // One that was refused: lifted, for this job's bounded strikes only.
+        chain.push(strike(true, true, true));
+        let mut other = strike(true, true, false);
+        other.job = Some(3);
+        chain.push(other);
+        let said = lift_follow_bounds(&mut chain);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].contains("c1's job 2") && said[0].contains("(4 held)"));
+        assert!(chain[..4].iter().all(|s| s.bounded.is_none()));
+        assert!(chain[4].bounded.is_some());
     }
 
     /// A lock taken without waiting in Postgres (`pg_try_advisory_lock` polled, `FOR

@@ -320,6 +320,7 @@ impl Run<'_> {
             .filter(|s| s.client == name && s.job == Some(job) && s.fault != "kill");
         for strike in chain {
             strike.bounded = Some(why.clone());
+            strike.followed_to_bound = true;
         }
     }
 
