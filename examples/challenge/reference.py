@@ -49,8 +49,9 @@ checked setnx + a fencing token (Redis INCR) checked only at the write: the UPDA
         writes after it, passes that check too: the older write is lost. lockslab
         plays that order (it holds the newer holder just before its write and
         lets the held one go), so it fails pause and delay.
-fenced  setnx + a fencing token (Redis INCR), checked by Postgres where the
-        record is read, in the same transaction (SELECT ... FOR UPDATE).
+fenced  setnx + a fencing token (Redis INCR), checked by the client against the
+        fence it read under the row lock (SELECT ... FOR UPDATE), in the same
+        transaction as its write.
         That transaction stays open across the work, so its row lock is what
         keeps pause and delay from catching it: a frozen or delayed holder keeps
         the row and the others wait for it (lockslab reads that wait from
@@ -115,8 +116,9 @@ try-advisory advisory that never waits inside Postgres: it asks
         frozen holder's session held the advisory lock (pg_locks) while another
         client with a job on the record made no change.
 nowait  for-update with SELECT ... FOR UPDATE NOWAIT, asked again every 20ms while
-        the row is locked: lockslab reads the frozen holder's row lock from the
-        row itself (its xmax is the holder's open transaction).
+        the row is locked: pg_locks lists no row locks, so lockslab reads the frozen
+        holder's from the row itself (its xmax names the holder's open transaction,
+        or a multixact whose members include it).
 optimistic no lock at all (`ready` says `"lock": false`): read, work, then a
         compare-and-set, UPDATE ... WHERE value and items are still as read; on a
         compare that matched nothing, read again and retry, with a new `writing`

@@ -257,9 +257,10 @@ fn grade(
     table::create(&mut db, &schema, &records)?;
     table::create_statement_log(&mut db, &schema)?;
     let role = table::client_role_of(&run_id);
-    let clients_url = table::create_client_role(&mut db, &schema, &role, &postgres)?;
-    let shared = clients_url.is_none();
-    let clients_url = clients_url.unwrap_or_else(|| postgres.clone());
+    let clients_role = table::create_client_role(&mut db, &schema, &role, &postgres)?;
+    let shared = clients_role.is_none();
+    let unguarded = clients_role.as_ref().is_some_and(|r| !r.makes_tables_only);
+    let clients_url = clients_role.map_or_else(|| postgres.clone(), |r| r.url);
     let key_prefix = format!("lockslab:{run_id}:");
     let logins = credentials::ClientLogins::make(
         servers.url(Backend::Redis),
@@ -316,7 +317,14 @@ fn grade(
         isolation,
     };
     if !args.json {
-        verdict::heading(&setup, &run_id, &servers, shared, logins.shared());
+        verdict::heading(
+            &setup,
+            &run_id,
+            &servers,
+            shared,
+            unguarded,
+            logins.shared(),
+        );
         if let Some(cluster) = &sentinels {
             let took = crate::output::human(cluster.started_in);
             let line = format!("Sentinel Redis: primary, replica, 3 Sentinels (private, {took})");

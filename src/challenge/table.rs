@@ -46,15 +46,21 @@ pub fn drop_sql(run_id: &str) -> String {
 ///
 /// Its `search_path` is set on the role: the run's schema, then the catalog, `pg_temp` last.
 ///
-/// Returns the clients' URL: `url` with the role and password in place of its own. `None`
-/// when `db`'s role may not create roles (a Postgres given to lockslab, or `lockslab up`'s
-/// role): the clients then share that role with the grader.
+/// Returns the clients' role: its URL (`url` with the role and password in place of its
+/// own), and whether what it may create is limited to tables, sequences and indexes (an
+/// event trigger, which only a superuser may make). `None` when `db`'s role may not create
+/// roles (a Postgres given to lockslab, or `lockslab up`'s role): the clients then share
+/// that role with the grader.
+///
+/// A grader that is no superuser is made a member of the role: Postgres shows the details
+/// of a session (its client port, when it last sent a statement) only to its own role and
+/// the roles that have its privileges, and the faults read both.
 pub fn create_client_role(
     db: &mut PgClient,
     schema: &str,
     role: &str,
     url: &str,
-) -> Result<Option<String>> {
+) -> Result<Option<ClientRole>> {
     let grader = db.query_one(
         "SELECT rolsuper, rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user",
         &[],
@@ -75,12 +81,25 @@ pub fn create_client_role(
     if superuser {
         db.batch_execute(&clients_make_tables_only(schema, role))
             .context("limiting what the clients' role may create")?;
+    } else {
+        db.batch_execute(&format!("GRANT {role} TO CURRENT_USER"))
+            .context("letting the grader see the clients' sessions")?;
     }
     let (_, rest) = url
         .split_once("://")
         .context("the Postgres URL has no scheme")?;
     let at = rest.rfind('@').map_or(rest, |i| &rest[i + 1..]);
-    Ok(Some(format!("postgres://{role}:{password}@{at}")))
+    Ok(Some(ClientRole {
+        url: format!("postgres://{role}:{password}@{at}"),
+        makes_tables_only: superuser,
+    }))
+}
+
+/// The clients' own Postgres role (see [`create_client_role`]).
+pub struct ClientRole {
+    pub url: String,
+    /// An event trigger refuses it anything but tables, sequences and indexes.
+    pub makes_tables_only: bool,
 }
 
 /// The kinds of object a client may make in the run's schema: tables and sequences of its
@@ -264,7 +283,7 @@ pub fn read_back(db: &mut PgClient, schema: &str) -> Result<(Vec<Change>, Finals
 
 /// Adds to a run's schema the evidence of statements, beside the log of changes: each
 /// change's session (backend pid), and every `UPDATE` that reaches the records, rows or
-/// none, with its session, its time and how many rows it changed — a statement-level
+/// none, with its session, its time and how many rows it updated — a statement-level
 /// trigger fires on a statement that matched nothing, where a row trigger does not. So a
 /// compare-and-set or a fenced write refused after a fault is seen to have run and changed
 /// nothing. Written as the owner (`SECURITY DEFINER`, its `search_path` pinned): the

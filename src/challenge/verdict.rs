@@ -47,6 +47,7 @@ pub fn heading(
     run_id: &str,
     servers: &Servers,
     shared_role: bool,
+    unguarded_role: bool,
     shared_logins: bool,
 ) {
     let challenge = setup.challenge;
@@ -81,6 +82,13 @@ pub fn heading(
             "  {}",
             "the clients share lockslab's Postgres role (it may not create one for them): \
              they could rewrite the log, or end the grader's connections"
+                .dimmed()
+        );
+    }
+    if unguarded_role {
+        crate::prose!(
+            "  {}",
+            "the clients' Postgres role may create views, rules, functions and triggers              (refusing them takes an event trigger, which only a superuser makes): a write              hidden in one is a write no fault can hold"
                 .dimmed()
         );
     }

@@ -87,7 +87,7 @@ pub struct Change {
 }
 
 /// One UPDATE statement that reached the records, whatever it matched (a statement-level
-/// trigger logs it): the session that ran it, when, and how many rows it changed — none
+/// trigger logs it): the session that ran it, when, and how many rows it updated — none
 /// for a compare-and-set or a fenced write the database refused. A statement rolled back
 /// is not in the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,16 +167,16 @@ pub struct Wait {
     pub at_us: i64,
 }
 
-/// A Postgres lock a session held, read from `pg_locks` while a fault lasted: an advisory
-/// lock (which record it guards is the client's business: unknown), or a row lock on the
-/// records (the record known when the row's `xmax` is the session's open transaction).
+/// A Postgres lock a session held, read while a fault lasted: an advisory lock (`pg_locks`;
+/// which record it guards is the client's business: unknown), or a record's row, locked or
+/// updated by the session's open transaction (the row's `xmax`, or its multixact's members).
 /// `asking`: the run's other sessions that had sent a statement within the last 100ms then.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgLockSeen {
     pub session: i32,
     /// `advisory` or `row`.
     pub kind: String,
-    /// The record whose row lock it is, when known.
+    /// The record whose row it is (a row lock).
     pub record: Option<String>,
     pub at_us: i64,
     pub asking: Vec<i32>,
@@ -337,8 +337,12 @@ fn held_off_by_postgres_lock(
         return None;
     }
     locks.iter().find_map(|seen| {
+        let guards_record = match seen.kind.as_str() {
+            "advisory" => true,
+            _ => seen.record.as_ref() == Some(record),
+        };
         let its_lock = own.contains(&seen.session)
-            && seen.record.as_ref().is_none_or(|r| r == record)
+            && guards_record
             && (strike.at_us..=until).contains(&seen.at_us);
         if !its_lock {
             return None;
@@ -348,14 +352,13 @@ fn held_off_by_postgres_lock(
                 && seen.asking.iter().any(|pid| pids.contains(pid))
                 && holding_on(client, record, seen.at_us, jobs, deliveries).is_some()
         })?;
-        let lock = match (seen.kind.as_str(), &seen.record) {
-            ("advisory", _) => "an advisory lock".to_string(),
-            (_, Some(record)) => format!("the row lock of {record}"),
-            _ => "a row lock on the records".to_string(),
+        let held = match seen.kind.as_str() {
+            "advisory" => "pg_locks: its session held an advisory lock".to_string(),
+            _ => format!("{record}'s xmax: its open transaction held the row"),
         };
         Some(HeldOff {
             waiter: asker.clone(),
-            seen: format!("pg_locks: its session held {lock} while {asker} kept asking"),
+            seen: format!("{held} while {asker} kept asking"),
             after_ms: (seen.at_us - strike.at_us) / 1000,
         })
     })
@@ -2664,8 +2667,7 @@ mod tests {
         };
         for lock in [
             seen("advisory", None, 1_700_000, vec![12]),
-            seen("row", Some("r0"), 1_700_000, vec![12]),
-            seen("row", None, 1_700_000, vec![12, 13]),
+            seen("row", Some("r0"), 1_700_000, vec![12, 13]),
         ] {
             run.pg_locks = vec![lock];
             let report = check(&run);
@@ -2679,6 +2681,7 @@ mod tests {
         for lock in [
             seen("advisory", None, 1_700_000, vec![13]),
             seen("row", Some("r1"), 1_700_000, vec![12]),
+            seen("row", None, 1_700_000, vec![12]),
             seen("advisory", None, 1_400_000, vec![12]),
         ] {
             run.pg_locks = vec![lock.clone()];

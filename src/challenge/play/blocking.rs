@@ -8,9 +8,9 @@
 //! A client that never waits inside Postgres — `pg_try_advisory_lock` asked again and
 //! again, `FOR UPDATE NOWAIT` or `SKIP LOCKED` — shows up in no `pg_blocking_pids`. For it
 //! the Postgres locks themselves are read: each advisory lock granted in the run's database
-//! (`pg_locks`), and each record whose row lock an open transaction holds (the row's
-//! `xmax` is that transaction, and its holder has the transaction's id locked), with the
-//! sessions that sent a statement in the last moment — those that kept asking.
+//! (`pg_locks`), and each record whose row an open transaction holds (the row's `xmax`,
+//! or the members of the multixact it names), with the sessions that sent a statement in
+//! the last moment — those that kept asking.
 
 use super::*;
 use crate::check::challenge::{PgLockSeen, Wait};
@@ -51,39 +51,54 @@ fn waits_where(condition: &str) -> String {
 /// held: a client that asks again every 20ms is seen, one that sleeps is not.
 const ASKING_WITHIN_MS: i64 = 100;
 
-/// Every session of the run's database holding a lock it could have taken without waiting:
-/// an advisory lock (its record unknown: the key is the client's own), or a row lock on the
-/// records — which record, when the row's `xmax` is the session's open transaction; none
-/// when only its `RowShareLock` on the table shows it (`FOR UPDATE`/`FOR SHARE` take one;
-/// an `xmax` that a later savepoint's update turned into a multixact names no session).
-/// With the database's clock and the other sessions of the database that sent a statement
-/// within [`ASKING_WITHIN_MS`].
-fn postgres_locks_held(records: &str) -> String {
+/// The database's clock, and the sessions of the run's database (lockslab's own aside) that
+/// sent a statement within [`ASKING_WITHIN_MS`]: those that kept asking.
+fn asking_now() -> String {
     format!(
-        "WITH held AS (
-              SELECT l.pid, 'advisory' AS kind, NULL::text AS record
-                FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-               WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()
-              UNION
-              SELECT l.pid, 'row', NULL
-                FROM pg_locks l
-               WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'RowShareLock'
-                 AND l.relation = '{records}'::regclass
-              UNION
-              SELECT l.pid, 'row', r.record
-                FROM {records} r
-                JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
-                               AND l.mode = 'ExclusiveLock' AND l.transactionid = r.xmax)
-         SELECT h.pid, h.kind, h.record,
-                (1000000 * extract(epoch FROM clock_timestamp()))::bigint,
+        "SELECT (1000000 * extract(epoch FROM clock_timestamp()))::bigint,
                 ARRAY(SELECT a.pid FROM pg_stat_activity a
-                       WHERE a.datname = current_database() AND a.pid <> h.pid
-                         AND a.pid <> pg_backend_pid()
+                       WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
                          AND a.query_start > clock_timestamp()
-                                             - interval '{ASKING_WITHIN_MS} milliseconds')
-           FROM held h"
+                                             - interval '{ASKING_WITHIN_MS} milliseconds')"
     )
 }
+
+/// Each session of the run's database holding an advisory lock (its record unknown: the
+/// key is the client's own), and each record whose row an open transaction has locked or
+/// updated: the row's `xmax` is that transaction, and its session holds the transaction's
+/// id (`pg_locks` lists no row locks, only the ids of the transactions that hold them).
+/// A record whose `xmax` names no such transaction comes back with it, to be read as a
+/// multixact ([`multixact_holders`]); a row's `xmax` may also be an old, finished one.
+fn postgres_locks_held(records: &str) -> String {
+    format!(
+        "SELECT l.pid, NULL::text, NULL::text
+           FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+          WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()
+         UNION ALL
+         SELECT l.pid, r.record, NULL
+           FROM {records} r
+           JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
+                          AND l.mode = 'ExclusiveLock' AND l.transactionid = r.xmax
+         UNION ALL
+         SELECT NULL, r.record, r.xmax::text
+           FROM {records} r
+          WHERE r.xmax::text <> '0'
+            AND NOT EXISTS (SELECT 1 FROM pg_locks l
+                             WHERE l.locktype = 'transactionid' AND l.transactionid = r.xmax)"
+    )
+}
+
+/// The sessions holding a row whose `xmax` is a multixact: several transactions locked it,
+/// or one locked it and a savepoint of its updated it — lockslab's own try of a held write
+/// does that, inside the holder's transaction. Its live members are the holders. An `xmax`
+/// that is a plain, finished transaction is no multixact: Postgres refuses to read it as
+/// one (an error, taken as no holder), or reads the members of an old multixact of the
+/// same number, whose transactions have all ended.
+const MULTIXACT_HOLDERS: &str = "
+    SELECT l.pid
+      FROM pg_get_multixact_members($1::text::xid) m
+      JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
+                     AND l.mode = 'ExclusiveLock' AND l.transactionid = m.xid";
 
 impl Run<'_> {
     /// Whether a session waits in Postgres behind one of the client's at `index`: a newer
@@ -109,14 +124,38 @@ impl Run<'_> {
         self.waits_read = Some(Instant::now());
         let rows = self.clock.query(&waiting(), &[])?;
         self.waits.extend(rows.iter().map(wait_of));
+        let now = self.clock.query_one(&asking_now(), &[])?;
+        let (at_us, asking): (i64, Vec<i32>) = (now.get(0), now.get(1));
+        let seen = |session, kind: &str, record| PgLockSeen {
+            session,
+            kind: kind.into(),
+            record,
+            at_us,
+            asking: asking
+                .iter()
+                .copied()
+                .filter(|&pid| pid != session)
+                .collect(),
+        };
         let rows = (self.clock).query(&postgres_locks_held(&self.setup.init.table), &[])?;
-        self.pg_locks.extend(rows.iter().map(|row| PgLockSeen {
-            session: row.get(0),
-            kind: row.get(1),
-            record: row.get(2),
-            at_us: row.get(3),
-            asking: row.get(4),
-        }));
+        for row in rows {
+            let (session, record, xmax): (Option<i32>, Option<String>, Option<String>) =
+                (row.get(0), row.get(1), row.get(2));
+            match (session, xmax) {
+                (Some(session), _) if record.is_none() => {
+                    self.pg_locks.push(seen(session, "advisory", None))
+                }
+                (Some(session), _) => self.pg_locks.push(seen(session, "row", record)),
+                (None, Some(xmax)) => {
+                    let holders = self.clock.query(MULTIXACT_HOLDERS, &[&xmax]);
+                    for holder in holders.into_iter().flatten() {
+                        self.pg_locks
+                            .push(seen(holder.get(0), "row", record.clone()));
+                    }
+                }
+                (None, None) => {}
+            }
+        }
         Ok(())
     }
 }

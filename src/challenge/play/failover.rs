@@ -233,8 +233,14 @@ impl Run<'_> {
                 // The shortest, for the lines' width: a counter's, where there is one.
                 let mut shown = lacks.clone();
                 shown.sort_by_key(String::len);
-                for lack in shown.iter().filter(|l| l.len() <= 48).take(2) {
-                    let text = format!("  {lack}");
+                let short: Vec<&String> = shown.iter().filter(|l| l.len() <= 48).take(2).collect();
+                let mut lines: Vec<String> = short.iter().map(|lack| format!("  {lack}")).collect();
+                if lacks.len() > short.len() {
+                    let more = lacks.len() - short.len();
+                    let which = if short.is_empty() { "" } else { " more" };
+                    lines.push(format!("  and {more}{which}, not shown (the longest)"));
+                }
+                for text in lines {
                     self.tape
                         .record(Event::new("redis", HolderNow::default(), text));
                 }
