@@ -1480,6 +1480,15 @@ pub fn check(evidence: &Evidence) -> Report {
         }
     }
     let sessions = sessions(&changes, &evidence.deliveries);
+    // Whose lock held whom off: every session a client's proxy opened is that client's, its
+    // lock connection too (one that never changed a record).
+    let mut every_session = sessions.clone();
+    for (client, opened) in evidence.proxy_sessions.iter().flatten() {
+        every_session
+            .entry(client.clone())
+            .or_default()
+            .extend(opened);
+    }
     let strikes = evidence.strikes.iter().map(|strike| {
         let mut strike = strike.clone();
         let job = strike.job.unwrap_or_default();
@@ -1495,7 +1504,7 @@ pub fn check(evidence: &Evidence) -> Report {
             strike.held_off = held_off(
                 &strike,
                 &jobs,
-                &sessions,
+                &every_session,
                 &evidence.waits,
                 &evidence.deliveries,
             )
@@ -1512,7 +1521,7 @@ pub fn check(evidence: &Evidence) -> Report {
                 held_off_by_postgres_lock(
                     &strike,
                     &jobs,
-                    &sessions,
+                    &every_session,
                     &evidence.pg_locks,
                     &evidence.deliveries,
                     &changes,
