@@ -482,6 +482,27 @@ fn a_postgres_lock_taken_without_waiting_passes_pause_and_delay() {
     }
 }
 
+/// `gives-up` asks for a Postgres advisory lock without waiting in Postgres, and after 6 ×
+/// lease_ms of asking writes without it: a pause of 2–3 TTLs saw the lock hold every
+/// waiter off, and passed a lock that a long enough pause breaks (a hostile tester's, 8 of
+/// 8). Held off in Postgres, the fault now lasts to its bound (12 TTLs), the waiter gives up
+/// meanwhile, and its write — or the frozen holder's, after it — is stale.
+#[test]
+fn a_waiter_that_gives_up_on_a_postgres_lock_is_caught_by_a_fault_held_to_its_bound() {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), "gives-up"];
+    let (code, verdict, output) = challenge("pause", 1, &[], &program);
+    assert_eq!(code, 1, "pause gives-up --seed 1: {verdict}");
+    let history = String::from_utf8_lossy(&output.stdout);
+    assert!(history.contains("lasts to its bound"), "{history}");
+    assert!(
+        kinds(&verdict)
+            .iter()
+            .any(|k| k == "stale-write" || k == "lost"),
+        "{verdict}"
+    );
+}
+
 /// `advisory-decoy` holds an advisory lock no other client ever asks for, and keeps its
 /// Postgres session busy while it waits for its (unfenced) Redis lock: a frozen holder is
 /// seen holding a Postgres lock while the others ask. But the others are not held off —

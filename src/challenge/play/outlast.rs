@@ -62,6 +62,41 @@ pub(super) struct Outlast {
     said_gone: bool,
     /// The waiters already noted, by job.
     seen_waiting: BTreeSet<i64>,
+    /// Its client's lock is none lockslab can read in Redis or etcd: a lock in Postgres, if
+    /// any (see [`Run::held_in_postgres`]).
+    keyless: bool,
+    /// The timeline was told the fault goes on to its bound, a waiter held off in Postgres.
+    said_held: bool,
+}
+
+impl Outlast {
+    /// A fault that began as the `strikes`th strike was recorded.
+    fn new(
+        client: String,
+        fault: Fault,
+        record: String,
+        job: i64,
+        strikes: usize,
+        lock: Keys,
+    ) -> Outlast {
+        Outlast {
+            client,
+            fault,
+            record,
+            job,
+            strike: strikes.saturating_sub(1),
+            lock,
+            began: Instant::now(),
+            due: None,
+            resume: None,
+            came: None,
+            said_alive: false,
+            said_gone: false,
+            seen_waiting: BTreeSet::new(),
+            keyless: false,
+            said_held: false,
+        }
+    }
 }
 
 /// The state of the faulted client's lock now.
@@ -119,6 +154,13 @@ impl Run<'_> {
             .filter(|(name, _)| names.contains(name))
             .collect();
         let Some((key, held)) = lock.iter().next() else {
+            // No key of its own: its lock, if any, is in Postgres — and held there, it holds
+            // off whoever asks for as long as it is held. The fault goes on to its bound if
+            // someone is held off, to see whether a waiter gives up and writes.
+            self.outlasting.push(Outlast {
+                keyless: true,
+                ..Outlast::new(client, fault, record, job, self.strikes.len(), lock)
+            });
             return;
         };
         let since = if acquired.is_some() {
@@ -136,21 +178,8 @@ impl Run<'_> {
             held.left()
         );
         self.note_ttl(held, text);
-        self.outlasting.push(Outlast {
-            client,
-            fault,
-            record,
-            job,
-            strike: self.strikes.len().saturating_sub(1),
-            lock,
-            began: Instant::now(),
-            due: None,
-            resume: None,
-            came: None,
-            said_alive: false,
-            said_gone: false,
-            seen_waiting: BTreeSet::new(),
-        });
+        let strikes = self.strikes.len();
+        (self.outlasting).push(Outlast::new(client, fault, record, job, strikes, lock));
     }
 
     /// A pause's resume, falling due: if the pause waits for its client's lock, its own
@@ -225,7 +254,21 @@ impl Run<'_> {
         }
         let past_bound = o.began.elapsed() >= bound;
         let noun = fault_word(fault);
-        let (record, strike) = (o.record.clone(), o.strike);
+        let (record, strike, keyless) = (o.record.clone(), o.strike, o.keyless);
+        if keyless {
+            let why = match self.held_off_in_postgres(i, index, bound)? {
+                Some(_) if !past_bound => return Ok(false),
+                Some(why) => format!(": {why}"),
+                None => String::new(),
+            };
+            let ends = match fault {
+                Fault::Pause => format!("resumes {client}{why}"),
+                _ => format!("lets {client}'s held bytes go{why}"),
+            };
+            let resume = self.outlasting[i].resume.take();
+            self.end_fault(index, (fault, resume), ends)?;
+            return Ok(true);
+        }
         let nothing_left = format!("no other job on {record} is held or waiting");
         let coming = self.coming_on(&record, &client);
         // A key with no expiry of its own is waited out as one with: its lease may be kept
@@ -281,13 +324,18 @@ impl Run<'_> {
                     self.tape
                         .record(Event::new(crate::nemesis::LANE, What::Expired(facts), text));
                 }
+                let held_off = if coming {
+                    self.held_off_in_postgres(i, index, bound)?
+                } else {
+                    None
+                };
                 if !coming {
                     nothing_left
-                } else if self.waits_behind(index)? {
-                    format!(
-                        "a session waits in Postgres behind {client}'s (pg_blocking_pids): the \
-                         lock held it off"
-                    )
+                } else if let Some(why) = held_off {
+                    if !past_bound {
+                        return Ok(false);
+                    }
+                    why
                 } else if past_bound {
                     self.strikes[strike].bounded = Some(format!(
                         "{client}'s lock was gone, and no newer holder of {record} had read it \
@@ -308,6 +356,49 @@ impl Run<'_> {
         let resume = self.outlasting[i].resume.take();
         self.end_fault(index, (fault, resume), format!("{ends}: {why}"))?;
         Ok(true)
+    }
+
+    /// Whether the faulted client's lock holds another client off in Postgres now: a session
+    /// waits behind one of its own (`pg_blocking_pids`), or — a lock taken without waiting —
+    /// its session holds an advisory lock or the record's row while another client with a
+    /// job on the record keeps asking. Then the fault lasts to its bound: a lock in Postgres
+    /// has no lease to outlive, but a waiter may give up on it (a `lock_timeout`, a try
+    /// given up after a while) and write, and that is what a longer fault tests. The
+    /// timeline is told once; at the bound, why the fault ends.
+    fn held_off_in_postgres(
+        &mut self,
+        i: usize,
+        index: usize,
+        bound: Duration,
+    ) -> Result<Option<String>> {
+        let (client, record) = (
+            self.outlasting[i].client.clone(),
+            self.outlasting[i].record.clone(),
+        );
+        let how = if self.waits_behind(index)? {
+            format!("a session waits in Postgres behind {client}'s (pg_blocking_pids)")
+        } else if self.asked_while_held(index, &record)? {
+            format!(
+                "{client}'s session holds a lock in Postgres, and another client with a job on \
+                 {record} keeps asking"
+            )
+        } else {
+            return Ok(None);
+        };
+        let noun = fault_word(self.outlasting[i].fault);
+        let bound = flag_duration(bound);
+        if !self.outlasting[i].said_held {
+            self.outlasting[i].said_held = true;
+            let text = format!(
+                "{how}: the {noun} lasts to its bound ({bound}), in case the waiter gives up \
+                 on the lock and writes"
+            );
+            self.tape
+                .record(Event::new(crate::nemesis::LANE, What::Output, text));
+        }
+        Ok(Some(format!(
+            "the lock held the waiter off for the whole {noun} ({bound})"
+        )))
     }
 
     /// Whether a newer holder of `record` may still come: a job on it waits to be handed
