@@ -609,7 +609,36 @@ fn statement_writes(statement: &[Token], table: &Table) -> bool {
 /// marks a transaction (a `COMMIT` in the batch would commit the try), copies, or runs a
 /// block.
 const TRIED_STATEMENTS: &[&str] = &[
-    "update", "insert", "delete", "merge", "with", "select", "values", "table", "execute",
+    "update", "insert", "delete", "merge", "with", "select", "values", "table",
+];
+
+/// Words a tried statement may not hold: calls that leave a trace a rollback does not undo
+/// (a sequence's step, an advisory lock, a sleep others can time, a notification, another
+/// session ended), and reads that tell a try from the real run (the settings the try sets,
+/// the timestamps its transaction moves, the session's own row in `pg_stat_activity` or
+/// `pg_locks`). A client that could tell would answer the try one way and the real run
+/// another, or signal the other clients that a fault is on; so such a write is held
+/// untried. Compared with each word, lowercased; a word beginning with one counts.
+const UNTRIED_WORDS: &[&str] = &[
+    "advisory",
+    "nextval",
+    "setval",
+    "pg_sleep",
+    "pg_notify",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "dblink",
+    "txid_",
+    "pg_current_xact_id",
+    "current_setting",
+    "set_config",
+    "pg_settings",
+    "pg_show_all_settings",
+    "statement_timestamp",
+    "timeofday",
+    "pg_stat_",
+    "pg_locks",
+    "pg_backend_pid",
 ];
 
 /// Why the held batch — the write aimed at, with what came in the same bytes — cannot be
@@ -617,8 +646,10 @@ const TRIED_STATEMENTS: &[&str] = &[
 /// one simple query, or one extended batch ending at its `Sync`, that: names no statement of
 /// its own (a `Parse` of a name would leave the name behind, and the real run would find it
 /// taken), closes nothing, and whose every statement begins as [`TRIED_STATEMENTS`] — read
-/// both ways a backslash may be taken — and calls no advisory lock (a session's advisory
-/// locks and unlocks outlive a rollback).
+/// both ways a backslash may be taken — and holds none of [`UNTRIED_WORDS`] (a session's
+/// advisory locks and a sequence's steps outlive a rollback; a setting or a timestamp read
+/// inside the statement would tell the try from the real run). `EXECUTE` runs a prepared
+/// statement whose text is not in the batch: untried too.
 pub fn why_not_try(batch: &[u8]) -> Option<&'static str> {
     let mut rest = batch;
     let mut messages = Vec::new();
@@ -662,9 +693,19 @@ pub fn why_not_try(batch: &[u8]) -> Option<&'static str> {
     let tried = |sql: &[u8]| {
         [false, true].iter().all(|&escaping| {
             let tokens = tokens(sql, escaping);
-            let calls_advisory = tokens
-                .iter()
-                .any(|t| matches!(t, Token::Word(w) if w.contains("advisory")));
+            // In a string constant, anywhere: a function that runs SQL from text
+            // (`query_to_xml`, `ts_stat`) would run the word there.
+            let tells_or_leaves_a_trace = tokens.iter().any(|t| match t {
+                Token::Word(w) | Token::Quoted(w) => {
+                    let w = w.to_ascii_lowercase();
+                    (UNTRIED_WORDS.iter()).any(|u| w.starts_with(u) || w.contains("advisory"))
+                }
+                Token::Text(text) => {
+                    let text = String::from_utf8_lossy(text).to_ascii_lowercase();
+                    UNTRIED_WORDS.iter().any(|u| text.contains(u))
+                }
+                _ => false,
+            });
             let begins_well =
                 tokens
                     .split(|t| *t == Token::Semicolon)
@@ -673,7 +714,7 @@ pub fn why_not_try(batch: &[u8]) -> Option<&'static str> {
                         Some(Token::Word(first)) => TRIED_STATEMENTS.contains(&first.as_str()),
                         Some(_) => false,
                     });
-            begins_well && !calls_advisory
+            begins_well && !tells_or_leaves_a_trace
         })
     };
     let untried = messages
@@ -1030,6 +1071,22 @@ mod tests {
             "DO $$ BEGIN UPDATE records SET value = 1; END $$"
         )));
         assert!(!tried(query("COPY records FROM STDIN")));
+        // What tells the try from the real run, or leaves a trace past its rollback.
+        for telling in [
+            "UPDATE records SET value = 1 WHERE current_setting('lock_timeout') = '0'",
+            "UPDATE records SET value = 1 WHERE nextval('s') > 0",
+            "UPDATE records SET value = 1 WHERE \"NextVal\"('s') > 0",
+            "UPDATE records SET value = 1 WHERE now() = statement_timestamp()",
+            "UPDATE records SET value = 1 WHERE pg_catalog.pg_sleep(0.3) IS NULL",
+            "UPDATE records SET value = 1 WHERE EXISTS (SELECT 1 FROM pg_stat_activity)",
+            "EXECUTE w(1)",
+            "UPDATE records SET value = 1 WHERE ts_stat('SELECT nextval(''s'')') IS NULL",
+        ] {
+            assert!(!tried(query(telling)), "{telling}");
+        }
+        assert!(tried(query(
+            "UPDATE records SET value = 1 WHERE until > clock_timestamp()"
+        )));
         let mut named = parse("w", "UPDATE records SET value = $1");
         named.extend(bound.clone());
         assert!(!tried(named));
