@@ -1504,6 +1504,67 @@ print("-".join(said), flush=True)
     );
 }
 
+/// Each client logs in as its own login of the run's role: it may not read another
+/// session's statement or state in `pg_stat_activity` (a hostile client watched there for
+/// the try lockslab runs in a frozen client's session, and had the others behave only
+/// then), nor end another client's session.
+#[test]
+fn a_client_cannot_read_or_end_another_clients_session() {
+    python_ready();
+    let snoop = r#"
+import json, sys, time, psycopg2
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True; cur = db.cursor()
+print(json.dumps({"type": "ready", "notes": False}), flush=True)
+time.sleep(1)  # the other clients are connected by now
+cur.execute("SELECT count(*) FILTER (WHERE query_start IS NOT NULL), count(*) FROM pg_stat_activity"
+            " WHERE pid <> pg_backend_pid() AND datname = current_database()")
+seen, sessions = cur.fetchone()
+cur.execute("SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+            " AND datname = current_database() AND usename LIKE 'lockslab_client%'")
+ended = 0
+for (pid,) in cur.fetchall():
+    try:
+        cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        ended += cur.fetchone()[0]
+    except psycopg2.Error:
+        pass  # refused: not its session
+sys.stderr.write("SNOOP-%s-saw-%s-of-%s-ended-%s\n" % (init["client"], seen, sessions, ended))
+sys.exit(1)
+"#;
+    // A Postgres on which lockslab may create roles (the test servers' labs role may not:
+    // there the clients share it, and the heading says so).
+    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
+    let superuser = format!("{server}/lockslab");
+    let output = lockslab(&[
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        snoop,
+    ])
+    .env("LOCKSLAB_POSTGRES_URL", &superuser)
+    .output()
+    .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(output.status.code(), Some(1), "{verdict}");
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    let said = failure.split("SNOOP-").nth(1).unwrap_or_default();
+    let parts: Vec<&str> = said.split('-').collect();
+    assert!(
+        parts.len() >= 7 && parts[2] == "0" && parts[6].starts_with('0'),
+        "a client read or ended another's session: {failure}"
+    );
+    assert!(
+        parts[4].parse::<u32>().unwrap_or(0) >= 1,
+        "it saw no other session at all: {failure}"
+    );
+}
+
 /// On a Postgres whose role may create roles, the clients connect as a role made for the
 /// run — not the grader's — and it is gone when the run ends.
 #[test]
@@ -1547,7 +1608,10 @@ print(said, flush=True)
     );
     let mut db = postgres::Client::connect(&superuser, postgres::NoTls).unwrap();
     let left: i64 = db
-        .query_one("SELECT count(*) FROM pg_roles WHERE rolname = $1", &[&role])
+        .query_one(
+            "SELECT count(*) FROM pg_roles WHERE rolname = $1 OR starts_with(rolname, $1 || '_')",
+            &[&role],
+        )
         .unwrap()
         .get(0);
     assert_eq!(left, 0, "the run's role {role} was not dropped");

@@ -257,10 +257,11 @@ fn grade(
     table::create(&mut db, &schema, &records)?;
     table::create_statement_log(&mut db, &schema)?;
     let role = table::client_role_of(&run_id);
-    let clients_role = table::create_client_role(&mut db, &schema, &role, &postgres)?;
-    let shared = clients_role.is_none();
-    let unguarded = clients_role.as_ref().is_some_and(|r| !r.makes_tables_only);
-    let clients_url = clients_role.map_or_else(|| postgres.clone(), |r| r.url);
+    let client_role = table::create_client_role(&mut db, &schema, &role, &postgres)?;
+    let shared = client_role.is_none();
+    let unguarded = client_role.as_ref().is_some_and(|r| !r.makes_tables_only);
+    // Each client's own login replaces this as it starts (see `play::Run::start_client`).
+    let clients_url = postgres.clone();
     let key_prefix = format!("lockslab:{run_id}:");
     let logins = credentials::ClientLogins::make(
         servers.url(Backend::Redis),
@@ -304,6 +305,7 @@ fn grade(
         patience,
         run_id: run_id.clone(),
         grader_url: owner.clone(),
+        client_role,
         admin_redis: servers.url(Backend::Redis).to_string(),
         admin_etcd: servers.url(Backend::Etcd).to_string(),
         replay: verdict::replay_words(

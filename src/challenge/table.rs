@@ -37,24 +37,23 @@ pub fn drop_sql(run_id: &str) -> String {
     )
 }
 
-/// Makes the clients' own role, with a fresh password (sent to them on their stdin, in
-/// `init`'s URL; never on a command line), and grants it what the protocol needs and
-/// nothing else: use the run's schema, and create tables of its own there; read the
-/// records and update their four columns. No right on the log — the trigger writes it as
-/// its owner — no superuser, no other role's rights: it cannot end the grader's
-/// connection (`pg_terminate_backend` wants the grader's role), nor rewrite the log.
+/// Makes the clients' own role, and grants it what the protocol needs and nothing else: use
+/// the run's schema, and create tables of its own there; read the records and update their
+/// four columns. No right on the log — the trigger writes it as its owner — no superuser,
+/// no other role's rights: it cannot end the grader's connection (`pg_terminate_backend`
+/// wants the grader's role), nor rewrite the log.
 ///
-/// Its `search_path` is set on the role: the run's schema, then the catalog, `pg_temp` last.
+/// The role logs in as nobody: each client gets a login of its own ([`client_login`]) that
+/// becomes the role as it connects. Postgres shows a session's details — its last
+/// statement, when it began, its transaction — only to its own login and to roles that
+/// have its privileges, so no client reads another's session: not what lockslab runs in a
+/// frozen client's session when it tries its write, nor the state a fault leaves it in.
+/// And a client may end only its own sessions.
 ///
-/// Returns the clients' role: its URL (`url` with the role and password in place of its
-/// own), and whether what it may create is limited to tables, sequences and indexes (an
-/// event trigger, which only a superuser may make). `None` when `db`'s role may not create
-/// roles (a Postgres given to lockslab, or `lockslab up`'s role): the clients then share
-/// that role with the grader.
-///
-/// A grader that is no superuser is made a member of the role: Postgres shows the details
-/// of a session (its client port, when it last sent a statement) only to its own role and
-/// the roles that have its privileges, and the faults read both.
+/// Returns the clients' role, and whether what it may create is limited to tables,
+/// sequences and indexes (an event trigger, which only a superuser may make). `None` when
+/// `db`'s role may not create roles (a Postgres given to lockslab, or `lockslab up`'s
+/// role): the clients then share that role with the grader.
 pub fn create_client_role(
     db: &mut PgClient,
     schema: &str,
@@ -69,11 +68,9 @@ pub fn create_client_role(
     if !(superuser || creates_roles) {
         return Ok(None);
     }
-    let password = crate::seed::os_hex(32);
     db.batch_execute(&format!(
-        "CREATE ROLE {role} LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE
-             NOREPLICATION NOBYPASSRLS NOINHERIT;
-         ALTER ROLE {role} SET search_path = {schema}, pg_catalog, pg_temp;
+        "CREATE ROLE {role} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION
+             NOBYPASSRLS NOINHERIT;
          GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
          GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
     ))
@@ -81,25 +78,60 @@ pub fn create_client_role(
     if superuser {
         db.batch_execute(&clients_make_tables_only(schema, role))
             .context("limiting what the clients' role may create")?;
-    } else {
-        db.batch_execute(&format!("GRANT {role} TO CURRENT_USER"))
-            .context("letting the grader see the clients' sessions")?;
     }
     let (_, rest) = url
         .split_once("://")
         .context("the Postgres URL has no scheme")?;
     let at = rest.rfind('@').map_or(rest, |i| &rest[i + 1..]);
     Ok(Some(ClientRole {
-        url: format!("postgres://{role}:{password}@{at}"),
+        role: role.to_string(),
+        schema: schema.to_string(),
+        at: at.to_string(),
         makes_tables_only: superuser,
+        grader_is_superuser: superuser,
     }))
 }
 
 /// The clients' own Postgres role (see [`create_client_role`]).
+#[derive(Clone, Debug)]
 pub struct ClientRole {
-    pub url: String,
+    role: String,
+    schema: String,
+    /// The server and database of the clients' URLs: `host:port/db`.
+    at: String,
     /// An event trigger refuses it anything but tables, sequences and indexes.
     pub makes_tables_only: bool,
+    grader_is_superuser: bool,
+}
+
+/// A login of `client`'s own, with a fresh password (sent to it on its stdin, in `init`'s
+/// URL; never on a command line), that becomes the clients' role as it connects: its
+/// tables are the role's, shared with the other clients. Its `search_path` is set on it:
+/// the run's schema, then the catalog, `pg_temp` last. A grader that is no superuser is
+/// made a member of it, to see its sessions (client port, last statement) and to end them.
+/// Returns the client's URL and its password.
+pub fn client_login(
+    db: &mut PgClient,
+    clients: &ClientRole,
+    client: &str,
+) -> Result<(String, String)> {
+    let ClientRole {
+        role, schema, at, ..
+    } = clients;
+    let login = format!("{role}_{client}");
+    let password = crate::seed::os_hex(32);
+    db.batch_execute(&format!(
+        "CREATE ROLE {login} LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE
+             NOREPLICATION NOBYPASSRLS NOINHERIT IN ROLE {role};
+         ALTER ROLE {login} SET search_path = {schema}, pg_catalog, pg_temp;
+         ALTER ROLE {login} SET role = '{role}';"
+    ))
+    .with_context(|| format!("creating {client}'s Postgres login"))?;
+    if !clients.grader_is_superuser {
+        db.batch_execute(&format!("GRANT {login} TO CURRENT_USER"))
+            .context("letting the grader see the clients' sessions")?;
+    }
+    Ok((format!("postgres://{login}:{password}@{at}"), password))
 }
 
 /// The kinds of object a client may make in the run's schema: tables and sequences of its
@@ -121,7 +153,8 @@ fn clients_make_tables_only(schema: &str, role: &str) -> String {
         "CREATE FUNCTION {schema}.clients_make_tables_only() RETURNS event_trigger
              LANGUAGE plpgsql SET search_path = pg_catalog AS $$
          BEGIN
-             IF session_user = '{role}' AND tg_tag NOT IN ({CLIENTS_MAY_CREATE}) THEN
+             IF pg_catalog.starts_with(session_user, '{role}_')
+                AND tg_tag NOT IN ({CLIENTS_MAY_CREATE}) THEN
                  RAISE EXCEPTION 'lockslab challenge: % is not allowed; a client may create \
 tables, sequences and indexes in its schema, and writes the records with statements of its \
 own that name them, so that lockslab can hold each write', tg_tag;

@@ -67,6 +67,9 @@ pub struct Setup {
     pub admin_etcd: String,
     /// The command that replays the run, one shell word each.
     pub replay: Vec<String>,
+    /// The clients' own Postgres role, each client logging in as its own login of it
+    /// (none: they share the grader's role).
+    pub client_role: Option<super::table::ClientRole>,
     /// Who the clients run as, and what they can reach.
     pub isolation: super::isolation::Isolation,
 }
@@ -213,6 +216,8 @@ struct Run<'a> {
     pg_locks: Vec<PgLockSeen>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
+    /// Each client's Postgres password, hidden wherever a client's words are shown.
+    client_passwords: Vec<String>,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
     clock_base: (Instant, i64),
@@ -329,6 +334,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
             .zip(setup.challenge.failover_after(setup.seed))
             .map(|(redis, after)| failover::Failover::new(redis, after)),
         clock: crate::connect::postgres(&setup.grader_url)?,
+        client_passwords: Vec::new(),
         clock_base: (start, 0),
         clock_margin_us: 0,
     };
@@ -452,8 +458,13 @@ impl Run<'_> {
         paused.iter().any(|p| p == name) || self.held_writes.contains(name)
     }
 
+    /// `text` with every password of the run hidden: the servers', and each client's own
+    /// Postgres login's.
     fn masked(&self, text: &str) -> String {
-        hide_passwords(text, &self.setup.init)
+        (self.client_passwords.iter())
+            .fold(hide_passwords(text, &self.setup.init), |text, password| {
+                text.replace(password, "***")
+            })
     }
 
     fn schedule_len(&self) -> usize {
@@ -465,6 +476,11 @@ impl Run<'_> {
             client: name.into(),
             ..self.setup.init.clone()
         };
+        if let Some(role) = &self.setup.client_role {
+            let (url, password) = super::table::client_login(&mut self.clock, role, name)?;
+            init.postgres_url = url;
+            self.client_passwords.push(password);
+        }
         let proxy = if self.setup.challenge.proxied() {
             let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
             let proxy = Proxy::start(&format!("{name}→postgres"), upstream)?;
@@ -682,6 +698,8 @@ impl Run<'_> {
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
+                let said = seat.client.last_words();
+                let said = self.masked(&said);
                 let how = match &status {
                     Some(status) => format!("exited ({status})"),
                     None => "closed its stdout, and was still running 1s later".to_string(),
@@ -689,7 +707,7 @@ impl Run<'_> {
                 if job == Some(0) && none_ready {
                     // No client got as far as ready: the program could not start here (a
                     // missing module, a wrong path), so there is nothing to grade.
-                    let words = hide_passwords(&seat.client.last_words(), &self.setup.init);
+                    let words = said.clone();
                     // The line that names the error, not Postgres's afterword to it.
                     let lines: Vec<&str> = words.split(" | ").collect();
                     let last = lines
@@ -732,7 +750,7 @@ impl Run<'_> {
                     Some(job) => format!(" during job {job}"),
                     None => " between jobs".to_string(),
                 };
-                let last_words = match hide_passwords(&seat.client.last_words(), &self.setup.init) {
+                let last_words = match said {
                     words if words.is_empty() => String::new(),
                     words => format!("; its stderr ended: {words}"),
                 };

@@ -111,9 +111,10 @@ pub fn end_challenge_sessions(run_id: &str) -> String {
     let role = challenge_role_of(run_id);
     let schema = challenge_schema_of(run_id);
     format!(
-        "DO $$ BEGIN \
+        "DO $$ DECLARE r text; BEGIN \
          PERFORM pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
-         WHERE a.pid <> pg_catalog.pg_backend_pid() AND (a.usename = '{role}' OR a.pid IN (\
+         WHERE a.pid <> pg_catalog.pg_backend_pid() AND (a.usename = '{role}' \
+           OR pg_catalog.starts_with(a.usename, '{role}_') OR a.pid IN (\
            SELECT l.pid FROM pg_catalog.pg_locks l, pg_catalog.pg_namespace n \
            WHERE n.nspname = '{schema}' AND l.database = (SELECT d.oid \
              FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()) \
@@ -121,8 +122,9 @@ pub fn end_challenge_sessions(run_id: &str) -> String {
                                WHERE c.relnamespace = n.oid) \
                 OR (l.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass \
                     AND l.objid = n.oid)))); \
-         IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN \
-         ALTER ROLE {role} NOLOGIN; END IF; \
+         FOR r IN SELECT rolname FROM pg_catalog.pg_roles \
+                   WHERE pg_catalog.starts_with(rolname, '{role}_') AND rolcanlogin LOOP \
+         EXECUTE pg_catalog.format('ALTER ROLE %I NOLOGIN', r); END LOOP; \
          EXCEPTION WHEN OTHERS THEN \
          RAISE WARNING 'lockslab: sessions of {role} left: %', SQLERRM; \
          END $$"
@@ -146,11 +148,16 @@ pub fn challenge_role_of(run_id: &str) -> String {
 /// the same batch.
 pub fn drop_challenge_role(run_id: &str) -> String {
     let role = challenge_role_of(run_id);
+    // Each client's login first (`{role}_c1`…), then the role they become.
     format!(
-        "DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN \
-         IF NOT pg_catalog.pg_has_role(current_user, '{role}', 'MEMBER') THEN \
-         GRANT {role} TO CURRENT_USER; END IF; \
-         DROP OWNED BY {role}; DROP ROLE {role}; END IF; \
+        "DO $$ DECLARE r text; BEGIN \
+         FOR r IN SELECT rolname FROM pg_catalog.pg_roles \
+                   WHERE pg_catalog.starts_with(rolname, '{role}_') OR rolname = '{role}' \
+                   ORDER BY rolname = '{role}', rolname LOOP \
+         IF NOT pg_catalog.pg_has_role(current_user, r, 'MEMBER') THEN \
+         EXECUTE pg_catalog.format('GRANT %I TO CURRENT_USER', r); END IF; \
+         EXECUTE pg_catalog.format('DROP OWNED BY %I', r); \
+         EXECUTE pg_catalog.format('DROP ROLE %I', r); END LOOP; \
          EXCEPTION WHEN OTHERS THEN RAISE WARNING 'lockslab: role {role} left: %', SQLERRM; \
          END $$"
     )
