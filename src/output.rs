@@ -272,7 +272,7 @@ pub fn init() {
 /// every worker and server, and exit with a status that says why, instead of panicking
 /// (what `println!` does) or carrying on unseen.
 pub fn line(text: &str) {
-    if captured(text) || kept_back(text) {
+    if kept_back(text) {
         return;
     }
     if !screens::held(text) {
@@ -797,29 +797,6 @@ pub fn json_line<T: Serialize>(value: &T) {
 }
 
 thread_local! {
-    /// While [`capture`] runs: the lines printed so far, without colour codes, and not shown.
-    static CAPTURED: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Whether [`capture`] is running: the lines printed now are not shown.
-pub fn capturing() -> bool {
-    CAPTURED.with(|captured| captured.borrow().is_some())
-}
-
-/// Runs `print` and returns the lines it would have printed on stdout, printing none.
-///
-/// What is left of "one output obtained by capturing another": the plain words of the
-/// verdicts not yet written as data ([`crate::labs::words::Said::Printed`]): no-lock,
-/// network, queue and redlock. Once they return their words as data, this goes.
-pub fn capture(print: impl FnOnce()) -> Vec<String> {
-    CAPTURED.with(|captured| *captured.borrow_mut() = Some(Vec::new()));
-    print();
-    CAPTURED
-        .with(|captured| captured.borrow_mut().take())
-        .unwrap_or_default()
-}
-
-thread_local! {
     /// While [`held_back`] runs on this thread: the lines it printed, colours and all.
     static HELD_BACK: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
 }
@@ -855,17 +832,6 @@ fn kept_back(text: &str) -> bool {
     HELD_BACK.with(|held| match held.borrow_mut().as_mut() {
         Some(lines) => {
             lines.push(text.to_string());
-            true
-        }
-        None => false,
-    })
-}
-
-/// Keeps `text` for [`capture`]; true when it is captured, and so not to be shown.
-fn captured(text: &str) -> bool {
-    CAPTURED.with(|captured| match captured.borrow_mut().as_mut() {
-        Some(lines) => {
-            lines.push(without_colors(text));
             true
         }
         None => false,

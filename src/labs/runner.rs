@@ -67,7 +67,7 @@ pub trait Verdict {
     fn fields(&self) -> Map<String, Value>;
     /// The verdict table and its sentences, as data: the runner exports them to the
     /// terminal, to `--json`'s `text` and to the picture ([`super::words`]).
-    fn words(&self) -> Words<'_>;
+    fn words(&self) -> Words;
     /// The `--step` stop before the verdict is shown, if the lab has one.
     fn checkpoint(&self) -> Option<&'static Checkpoint> {
         None

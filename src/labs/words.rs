@@ -20,7 +20,7 @@ use super::step::{self, Checkpoint};
 use crate::output::{self, fitted, table};
 
 /// One piece of a verdict's words, in the order they are said.
-pub enum Said<'a> {
+pub enum Said {
     /// An empty line between the parts.
     Blank,
     /// The title over a table (`Verdict (from the backends and the store)`), in bold.
@@ -41,19 +41,16 @@ pub enum Said<'a> {
     Aside(String),
     /// A `--step` stop between the words: a terminal stops there, a JSON text has none.
     Stop(&'static Checkpoint),
-    /// Words not yet written as data: a lab's old print, run as it is on a terminal and
-    /// captured for the plain text (see [`crate::output::capture`]).
-    Printed(Box<dyn Fn() + 'a>),
 }
 
 /// A verdict's words, in order.
 #[derive(Default)]
-pub struct Words<'a> {
-    said: Vec<Said<'a>>,
+pub struct Words {
+    said: Vec<Said>,
 }
 
-impl<'a> Words<'a> {
-    pub fn new() -> Words<'a> {
+impl Words {
+    pub fn new() -> Words {
         Words::default()
     }
 
@@ -63,17 +60,10 @@ impl<'a> Words<'a> {
         title: impl Into<String>,
         header: &[H],
         rows: Vec<Vec<String>>,
-    ) -> Words<'a> {
+    ) -> Words {
         let mut words = Words::new();
         words.blank().heading(title).table(header, rows).blank();
         words
-    }
-
-    /// Words a lab still prints itself (see [`Said::Printed`]).
-    pub fn printed_by(print: impl Fn() + 'a) -> Words<'a> {
-        Words {
-            said: vec![Said::Printed(Box::new(print))],
-        }
     }
 
     pub fn blank(&mut self) -> &mut Self {
@@ -108,7 +98,7 @@ impl<'a> Words<'a> {
         self.say(Said::Stop(at))
     }
 
-    pub fn say(&mut self, said: Said<'a>) -> &mut Self {
+    pub fn say(&mut self, said: Said) -> &mut Self {
         self.said.push(said);
         self
     }
@@ -128,7 +118,6 @@ impl<'a> Words<'a> {
                     step::checkpoint(at);
                     verdict = Some(output::screens::block());
                 }
-                Said::Printed(print) => print(),
                 data => {
                     let _one_block = output::screens::block();
                     if matches!(data, Said::Heading(_)) {
@@ -149,7 +138,6 @@ impl<'a> Words<'a> {
         for said in &self.said {
             match said {
                 Said::Stop(_) => {}
-                Said::Printed(print) => plain.extend(output::capture(print)),
                 data => plain.extend(lines(data).iter().map(|l| output::without_colors(l))),
             }
         }
@@ -172,6 +160,6 @@ fn lines(said: &Said) -> Vec<String> {
         }
         Said::Prose(text) => fitted(text),
         Said::Aside(line) => vec![format!("  {}", line.dimmed())],
-        Said::Stop(_) | Said::Printed(_) => Vec::new(),
+        Said::Stop(_) => Vec::new(),
     }
 }

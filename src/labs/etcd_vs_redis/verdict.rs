@@ -89,7 +89,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         matrix_words(&self.cells, &self.plan)
     }
 
@@ -496,7 +496,7 @@ fn late_write_sentence(cell: &Cell) -> String {
 /// The verdict's words: per scenario, a row per lock and a sentence on each; then what the
 /// matrix says. A table per scenario fits 80 columns (one table of all the cells, with
 /// its scenario column, does not), and a page of `--step` can end between two scenarios.
-fn matrix_words(cells: &[Cell], plan: &Plan) -> Words<'static> {
+fn matrix_words(cells: &[Cell], plan: &Plan) -> Words {
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
     let header = [
         "lock",

@@ -392,7 +392,7 @@ pub fn headline(row: &SplitRow) -> String {
 }
 
 /// The split brain's table, a sentence per round, and what the settings do and do not buy.
-pub fn words(words: &mut Words<'_>, rows: &[SplitRow]) {
+pub fn words(words: &mut Words, rows: &[SplitRow]) {
     let yes_no = |v: Option<bool>| match v {
         Some(true) => "YES".red().bold().to_string(),
         Some(false) => "no".green().to_string(),

@@ -228,7 +228,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         let mut words = if self.scenarios.is_empty() {
             Words::new()
         } else {
@@ -492,7 +492,7 @@ pub(super) fn replay_part(recorded: &Value, found: &Scenario, replayed: &mut Rep
 
 /// The verdict's words: a row per scenario, a sentence on each, and the caveats of the
 /// scenarios that used WAIT or min-replicas-to-write.
-fn verdict_words(scenarios: &[Scenario]) -> Words<'static> {
+fn verdict_words(scenarios: &[Scenario]) -> Words {
     let yes_no = |v: Option<bool>| match v {
         Some(true) => "YES".red().bold().to_string(),
         Some(false) => "no".green().to_string(),

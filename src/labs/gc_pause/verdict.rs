@@ -48,7 +48,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         verdict_words(&self.runs, self.plan.ttl, self.plan.pause)
     }
 
@@ -643,7 +643,7 @@ fn token_text(token: Option<i64>) -> String {
 }
 
 /// The verdict's words: a table with a column per run, then a sentence on each run.
-fn verdict_words(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) -> Words<'static> {
+fn verdict_words(verdicts: &[RunVerdict], ttl: Duration, pause: Duration) -> Words {
     let yes_no = |b: bool| {
         if b {
             "yes".to_string()

@@ -481,7 +481,7 @@ impl runner::Verdict for Verdict {
         Some(&crate::labs::step::lease_guard::VERDICT)
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         if self.plan.faults.len() > 3 {
             return self.words_numbered();
         }
@@ -507,7 +507,7 @@ impl Verdict {
     /// The matrix of more than three faults: a fault's name would make its column too wide
     /// for 80, so the columns are numbered, each cell a word of four letters, and a legend
     /// says both — one table on one screen, where a table of a block per guard took two.
-    fn words_numbered(&self) -> Words<'_> {
+    fn words_numbered(&self) -> Words {
         let faults = &self.plan.faults;
         let numbers: Vec<String> = (1..=faults.len()).map(|n| n.to_string()).collect();
         let header: Vec<&str> = std::iter::once("guard ↓  fault →")

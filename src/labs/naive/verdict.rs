@@ -297,7 +297,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         verdict_words(&self.scenarios)
     }
 
@@ -419,7 +419,7 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
 }
 
 /// The verdict's words: a row per scenario, then a sentence on each.
-fn verdict_words(verdicts: &[ScenarioVerdict]) -> Words<'static> {
+fn verdict_words(verdicts: &[ScenarioVerdict]) -> Words {
     let count = |t: &Tally, broken: bool| {
         let text = if t.trials > 1 {
             format!(

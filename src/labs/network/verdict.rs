@@ -120,7 +120,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         let mut words = Words::new();
         say_verdicts(&mut words, &self.runs);
         let lost = !self.lost_set.is_empty() || !self.lost_commit.is_empty();

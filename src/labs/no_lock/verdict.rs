@@ -18,7 +18,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::step::{self, Checkpoint};
 use crate::labs::words::Words;
-use crate::output::{count, human, table};
+use crate::output::{count, human};
 
 /// One approach's verdict: the `--json` verdict's `approaches` entries.
 #[derive(serde::Serialize, Clone, Debug)]
@@ -280,14 +280,14 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            if self.contention {
-                print_sweep(&self.approaches);
-            } else {
-                print_verdict(self);
-            }
-        })
+    fn words(&self) -> Words {
+        let mut words = Words::new();
+        if self.contention {
+            say_sweep(&mut words, &self.approaches);
+        } else {
+            say_verdict(&mut words, self);
+        }
+        words
     }
 
     fn headline(&self) -> String {
@@ -314,7 +314,12 @@ impl runner::Verdict for Verdict {
 }
 
 /// The verdict's first table: each approach, each freeze point, and the kill.
-fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration, ttl: Duration) {
+fn say_points(
+    words: &mut Words,
+    rows: &[(&str, &[PointVerdict], Option<bool>)],
+    pause: Duration,
+    ttl: Duration,
+) {
     let mark = |finding: Option<bool>| match finding {
         Some(true) => "ok".green().to_string(),
         Some(false) => "FAILED".red().bold().to_string(),
@@ -342,26 +347,20 @@ fn print_points(rows: &[(&str, &[PointVerdict], Option<bool>)], pause: Duration,
         })
         .collect();
     let against = if pause > ttl { "past" } else { "within" };
-    crate::outln!(
-        "{}",
-        format!(
+    words
+        .heading(format!(
             "Frozen {} ({against} the {} TTL) at each point of a job; killed mid-write",
             human(pause),
             human(ttl)
-        )
-        .bold()
-    );
-    crate::outln!("{}", table(&header, &body));
+        ))
+        .table(&header, body);
     if rows
         .iter()
         .any(|(_, points, _)| points.iter().any(|p| !p.exercised))
     {
-        crate::outln!(
-            "{}",
-            "  untested: no other worker waited on the frozen one or did its job before its\n  \
-             SIGCONT, so a right result there proves nothing"
-                .dimmed()
-        );
+        words
+            .aside("untested: no other worker waited on the frozen one or did its job before its")
+            .aside("SIGCONT, so a right result there proves nothing");
     }
 }
 
@@ -379,19 +378,19 @@ fn ms(value: Option<f64>) -> String {
     })
 }
 
-fn print_verdict(run: &Verdict) {
+/// The verdict's words: the freezes' table, the costs' table, then a sentence per approach
+/// (after a `--step` stop) and the lesson.
+fn say_verdict(words: &mut Words, run: &Verdict) {
     let verdicts = &run.approaches;
-    crate::outln!();
-    crate::outln!(
-        "{}",
-        "Verdict (read back from the invoices and balances)".bold()
-    );
+    words
+        .blank()
+        .heading("Verdict (read back from the invoices and balances)");
     let rows: Vec<(&str, &[PointVerdict], Option<bool>)> = verdicts
         .iter()
         .map(|v| (v.name, v.freezes.as_slice(), v.correct_under_kill))
         .collect();
-    print_points(&rows, run.pause, run.ttl);
-    crate::outln!();
+    say_points(words, &rows, run.pause, run.ttl);
+    words.blank();
     let header = [
         "approach",
         "done in",
@@ -414,29 +413,26 @@ fn print_verdict(run: &Verdict) {
             ]
         })
         .collect();
-    crate::outln!("{}", table(&header, &rows));
-    crate::outln!(
-        "{}",
-        "  done in: first invoice to the last job's first invoice, freezes included (the\n  \
-         time to finish, not a throughput); trips: requests per job; retries: attempts\n  \
-         that did nothing: conflicts, no-ops, refused tokens, and lock spins"
-            .dimmed()
-    );
-    step::checkpoint(&step::no_lock::VERDICT_REASONS);
-    crate::outln!();
+    words
+        .table(&header, rows)
+        .aside("done in: first invoice to the last job's first invoice, freezes included (the")
+        .aside("time to finish, not a throughput); trips: requests per job; retries: attempts")
+        .aside("that did nothing: conflicts, no-ops, refused tokens, and lock spins")
+        .stop(&step::no_lock::VERDICT_REASONS)
+        .blank();
+    // Wrapped here to 76 columns two in, as the walkthrough shows them.
     for v in verdicts {
         let text = format!("{}: {}", v.name, meaning(run, v));
         let wrapped = crate::output::wrap(&text, 76).join("\n");
         let (first, rest) = wrapped.split_at(v.name.len() + 1);
-        crate::outln!("  {}{}", first.bold(), rest.replace('\n', "\n  "));
+        words.prose(format!("  {}{}", first.bold(), rest.replace('\n', "\n  ")));
     }
-    crate::outln!();
-    crate::outln!(
+    words.blank().prose(
         "  A lock for efficiency keeps workers from doing the same work twice; when it\n  \
          fails, work is wasted. A lock for correctness must never fail — and a lease\n  \
          fails whenever a holder pauses past its TTL. Correctness belongs in the data\n  \
          itself, checked where the read happens and not only at the write: a version, a\n  \
-         unique key, a row claimed with a token, or a single owner."
+         unique key, a row claimed with a token, or a single owner.",
     );
 }
 
@@ -509,7 +505,9 @@ fn meaning(run: &Verdict, v: &ApproachVerdict) -> String {
     parts.join(" ")
 }
 
-fn print_sweep(verdicts: &[ApproachVerdict]) {
+/// `--contention`'s words: the retries and the jobs per second as the workers grow, then
+/// the runs that came out wrong.
+fn say_sweep(words: &mut Words, verdicts: &[ApproachVerdict]) {
     let mut names: Vec<&str> = Vec::new();
     for v in verdicts {
         if !names.contains(&v.name) {
@@ -535,38 +533,29 @@ fn print_sweep(verdicts: &[ApproachVerdict]) {
             })
             .collect()
     };
-    crate::outln!();
-    crate::outln!(
-        "{}",
-        "Retries (attempts that wrote nothing) as the workers grow".bold()
-    );
-    crate::outln!("{}", table(&header, &grid(&|v| v.retries.to_string())));
-    crate::outln!();
-    crate::outln!("{}", "Jobs per second".bold());
-    crate::outln!(
-        "{}",
-        table(
+    words
+        .blank()
+        .heading("Retries (attempts that wrote nothing) as the workers grow")
+        .table(&header, grid(&|v| v.retries.to_string()))
+        .blank()
+        .heading("Jobs per second")
+        .table(
             &header,
-            &grid(&|v| v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}")))
-        )
-    );
+            grid(&|v| v.jobs_per_s.map_or("-".into(), |r| format!("{r:.0}"))),
+        );
     let wrong: Vec<&ApproachVerdict> = verdicts
         .iter()
         .filter(|v| v.duplicates + v.lost_updates + v.lost_jobs > 0)
         .collect();
-    crate::outln!();
+    words.blank();
     if wrong.is_empty() {
-        crate::outln!("  Every run invoiced every job once, with every balance right.");
+        words.prose("  Every run invoiced every job once, with every balance right.");
     } else {
         for v in wrong {
-            crate::outln!(
+            words.prose(format!(
                 "  {} with {} workers: {} duplicates, {} wrong balances, {} lost jobs.",
-                v.name,
-                v.workers,
-                v.duplicates,
-                v.lost_updates,
-                v.lost_jobs
-            );
+                v.name, v.workers, v.duplicates, v.lost_updates, v.lost_jobs
+            ));
         }
     }
 }

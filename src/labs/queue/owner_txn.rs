@@ -30,6 +30,7 @@ use crate::connect::Backend;
 use crate::events::facts::{Acquired, RunFacts, Wrote};
 use crate::events::{Event, What};
 use crate::labs::runner::Run;
+use crate::labs::words::Words;
 use crate::lock::etcd::{Acquired as Got, EtcdLock, Held};
 use crate::store::Outcome;
 
@@ -55,38 +56,38 @@ impl OwnerTxnFound {
         self.a_while_holding && self.b && !self.a_late && self.value.as_deref() == Some("B")
     }
 
-    pub fn print(&self) {
-        crate::outln!();
-        crate::outln!("{}", "Verdict: the check inside etcd".bold());
+    /// The part's words: what etcd answered each guarded put, the key read back, and what
+    /// it means.
+    pub fn say(&self, words: &mut Words) {
         let yes = |b: bool| if b { "taken" } else { "refused" };
-        crate::outln!(
-            "  A's put, holding the lock (token {}): {}",
-            self.a_token,
-            yes(self.a_while_holding)
-        );
-        crate::outln!(
-            "  B's put, holding the lock (token {}): {}",
-            self.b_token,
-            yes(self.b)
-        );
-        crate::outln!(
-            "  A's put, its lease gone:              {}",
-            yes(self.a_late)
-        );
-        crate::outln!(
-            "  the key, read back:                   {}",
-            self.value.as_deref().unwrap_or("(missing)")
-        );
-        crate::prose!(
-            "{}",
-            if self.fenced() {
+        words
+            .blank()
+            .heading("Verdict: the check inside etcd")
+            .prose(format!(
+                "  A's put, holding the lock (token {}): {}",
+                self.a_token,
+                yes(self.a_while_holding)
+            ))
+            .prose(format!(
+                "  B's put, holding the lock (token {}): {}",
+                self.b_token,
+                yes(self.b)
+            ))
+            .prose(format!(
+                "  A's put, its lease gone:              {}",
+                yes(self.a_late)
+            ))
+            .prose(format!(
+                "  the key, read back:                   {}",
+                self.value.as_deref().unwrap_or("(missing)")
+            ))
+            .prose(if self.fenced() {
                 "etcd compared A's lock key and wrote in one transaction, and refused A once \
                  its key was gone: the check and the write were one step. It reaches only \
                  keys in this etcd; a resource outside it needs the token carried to it."
             } else {
                 "etcd did not refuse A's late put: the guard did not hold."
-            }
-        );
+            });
     }
 }
 

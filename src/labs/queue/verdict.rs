@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::Plan;
-use super::verdict_churn::{ChurnVerdict, ElectionVerdict, print_churn, print_election};
+use super::verdict_churn::{ChurnVerdict, ElectionVerdict, say_churn, say_election};
 use crate::check::queue::{
     QueueFacts, Woken, per_handover, queue_facts, skipped_the_gap, woken_waiter,
 };
@@ -21,7 +21,7 @@ use crate::labs::replay::{self, Replayed};
 use crate::labs::runner;
 use crate::labs::words::Words;
 use crate::nemesis::schedule::Schedule;
-use crate::output::{human, prose, table};
+use crate::output::human;
 use crate::store::ReadBack;
 
 pub struct Verdict {
@@ -248,27 +248,27 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
-        Words::printed_by(move || {
-            if !self.queues.is_empty() {
-                print_queues(&self.queues, self.plan.waiters);
-                if self.churn.is_some() || self.expiry.is_some() || self.election.is_some() {
-                    crate::labs::step::checkpoint(&crate::labs::step::queue::VERDICT_FAULTS);
-                }
+    fn words(&self) -> Words {
+        let mut words = Words::new();
+        if !self.queues.is_empty() {
+            say_queues(&mut words, &self.queues, self.plan.waiters);
+            if self.churn.is_some() || self.expiry.is_some() || self.election.is_some() {
+                words.stop(&crate::labs::step::queue::VERDICT_FAULTS);
             }
-            if let Some(churn) = &self.churn {
-                print_churn(churn);
-            }
-            if let Some(expiry) = &self.expiry {
-                print_expiry(expiry);
-            }
-            if let Some(election) = &self.election {
-                print_election(election);
-            }
-            if let Some(found) = &self.owner_txn {
-                found.print();
-            }
-        })
+        }
+        if let Some(churn) = &self.churn {
+            say_churn(&mut words, churn);
+        }
+        if let Some(expiry) = &self.expiry {
+            say_expiry(&mut words, expiry);
+        }
+        if let Some(election) = &self.election {
+            say_election(&mut words, election);
+        }
+        if let Some(found) = &self.owner_txn {
+            found.say(&mut words);
+        }
+        words
     }
 
     fn checkpoint(&self) -> Option<&'static crate::labs::step::Checkpoint> {
@@ -289,7 +289,8 @@ fn micros(value: Option<u64>) -> String {
     }
 }
 
-fn print_queues(queues: &[QueueVerdict], waiters: u32) {
+/// The herd part's words: the table of the ways of queueing, then a sentence per way.
+fn say_queues(words: &mut Words, queues: &[QueueVerdict], waiters: u32) {
     let header = [
         "way",
         "wake-ups/handover",
@@ -319,12 +320,13 @@ fn print_queues(queues: &[QueueVerdict], waiters: u32) {
             ]
         })
         .collect();
-    crate::outln!();
-    crate::outln!("{}", format!("The queue, {waiters} waiters:").bold());
+    words
+        .blank()
+        .heading(format!("The queue, {waiters} waiters:"));
     if queues.iter().any(|q| !q.facts.fair) {
-        crate::outln!("  (an overtake: a waiter served before one that had asked earlier)");
+        words.prose("  (an overtake: a waiter served before one that had asked earlier)");
     }
-    crate::outln!("{}", table(&header, &rows));
+    words.table(&header, rows);
     for q in queues {
         let total = q
             .server
@@ -352,25 +354,22 @@ fn print_queues(queues: &[QueueVerdict], waiters: u32) {
                 String::new()
             },
         );
-        prose(&format!("  {line}"));
+        words.prose(format!("  {line}"));
     }
-    prose(
+    words.prose(
         "  A hand-over is timed from the moment the holder sent its release to the moment \
          the next holder's grant returned to it, on the machine's monotonic clock.",
     );
 }
 
-fn print_expiry(expiry: &ExpiryVerdict) {
-    crate::outln!();
-    crate::outln!(
-        "{}",
-        format!(
-            "Expiry: {} leases, each freeze {}:",
-            human(Duration::from_millis(expiry.lease_ms)),
-            human(Duration::from_millis(expiry.freeze_ms))
-        )
-        .bold()
-    );
+/// The expiry part's words: what the frozen waiter, the waiter behind it and the frozen
+/// holder each found.
+fn say_expiry(words: &mut Words, expiry: &ExpiryVerdict) {
+    words.blank().heading(format!(
+        "Expiry: {} leases, each freeze {}:",
+        human(Duration::from_millis(expiry.lease_ms)),
+        human(Duration::from_millis(expiry.freeze_ms))
+    ));
     let w1 = match expiry.frozen_waiter {
         Woken::LearnedItWasGone => "W1, frozen while queued, woke to find its key gone and \
                                     left the queue without ever holding the lock."
@@ -383,7 +382,7 @@ fn print_expiry(expiry: &ExpiryVerdict) {
             .yellow()
             .to_string(),
     };
-    prose(&format!("  {w1}"));
+    words.prose(format!("  {w1}"));
     let gap = match expiry.skipped_the_gap.map_or(Finding::Unknown, |yes| {
         if yes { Finding::Yes } else { Finding::No }
     }) {
@@ -402,7 +401,7 @@ fn print_expiry(expiry: &ExpiryVerdict) {
             .yellow()
             .to_string(),
     };
-    prose(&format!("  {gap}"));
+    words.prose(format!("  {gap}"));
     let late = match expiry.late_write {
         "rejected" => format!(
             "H, frozen while holding, woke and wrote with token {}: the store refused it, \
@@ -415,8 +414,8 @@ fn print_expiry(expiry: &ExpiryVerdict) {
         "accepted" => "H's late write was taken, after W2's.".red().to_string(),
         _ => "H's write was not decided after W2's.".yellow().to_string(),
     };
-    prose(&format!("  {late}"));
+    words.prose(format!("  {late}"));
     if expiry.holder_learned {
-        prose("  Then H read its key back and found it gone: it was no longer the holder.");
+        words.prose("  Then H read its key back and found it gone: it was no longer the holder.");
     }
 }

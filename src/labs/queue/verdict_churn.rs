@@ -12,8 +12,8 @@ use crate::check::queue::{
 };
 use crate::events::{Event, Kind, What};
 use crate::labs::replay::read_back;
+use crate::labs::words::Words;
 use crate::nemesis::schedule::Schedule;
-use crate::output::prose;
 use crate::store::ReadBack;
 
 /// The churn part, read back: the checker's facts and the store's record.
@@ -142,18 +142,15 @@ fn told(finding: Option<bool>, yes: &str, no: &str, unknown: &str) -> String {
     }
 }
 
-pub fn print_churn(churn: &ChurnVerdict) {
+/// The churn part's words: whether the waiters behind a departure looked again, one holder
+/// at a time, the order served and the store's writes.
+pub fn say_churn(words: &mut Words, churn: &ChurnVerdict) {
     let facts = &churn.facts;
-    crate::outln!();
-    crate::outln!(
-        "{}",
-        format!(
-            "Churn: {} left the line while queued:",
-            facts.departed.join(" and ")
-        )
-        .bold()
-    );
-    prose(&format!(
+    words.blank().heading(format!(
+        "Churn: {} left the line while queued:",
+        facts.departed.join(" and ")
+    ));
+    words.prose(format!(
         "  {}",
         told(
             facts.gaps_rechecked,
@@ -163,7 +160,7 @@ pub fn print_churn(churn: &ChurnVerdict) {
             "No waiter left from the middle of the line with another behind it.",
         )
     ));
-    prose(&format!(
+    words.prose(format!(
         "  {}",
         told(
             facts.one_holder_at_a_time,
@@ -177,7 +174,7 @@ pub fn print_churn(churn: &ChurnVerdict) {
         "Served, in etcd's order of grants: {}.",
         facts.served.join(" ")
     );
-    prose(&format!(
+    words.prose(format!(
         "  {served} {}",
         told(
             Some(facts.nobody_skipped && facts.nobody_held_twice),
@@ -192,7 +189,7 @@ pub fn print_churn(churn: &ChurnVerdict) {
         .iter()
         .map(|a| format!("{} ({})", a.writer, a.token.unwrap_or_default()))
         .collect();
-    prose(&format!(
+    words.prose(format!(
         "  {}",
         told(
             Some(facts.store_in_order),
@@ -209,21 +206,24 @@ pub fn print_churn(churn: &ChurnVerdict) {
         )
     ));
     for line in &facts.evidence {
-        prose(&format!("  {}", line.red()));
+        words.prose(format!("  {}", line.red()));
     }
 }
 
-pub fn print_election(election: &ElectionVerdict) {
+/// The election part's words: the leaders in etcd's order, what the deposed leader did,
+/// and the store's decision on its late write.
+pub fn say_election(words: &mut Words, election: &ElectionVerdict) {
     let facts = &election.facts;
-    crate::outln!();
-    crate::outln!("{}", "Election: the leader frozen past its lease:".bold());
+    words
+        .blank()
+        .heading("Election: the leader frozen past its lease:");
     let elected: Vec<String> = facts
         .leaders
         .iter()
         .zip(&facts.generations)
         .map(|(who, generation)| format!("{who} (generation {generation})"))
         .collect();
-    prose(&format!(
+    words.prose(format!(
         "  Elected, in etcd's order: {}. {}",
         elected.join(", then "),
         told(
@@ -237,7 +237,7 @@ pub fn print_election(election: &ElectionVerdict) {
         )
     ));
     if facts.deposed_acted {
-        prose(&format!(
+        words.prose(format!(
             "  {}",
             "L1, woken, still believed it led: nothing had told it otherwise, and it wrote \
              as leader."
@@ -260,11 +260,11 @@ pub fn print_election(election: &ElectionVerdict) {
             .yellow()
             .to_string(),
     };
-    prose(&format!("  {late}"));
+    words.prose(format!("  {late}"));
     if facts.deposed_learned {
-        prose("  Then L1 asked etcd who leads, and learned that it no longer did.");
+        words.prose("  Then L1 asked etcd who leads, and learned that it no longer did.");
     }
     for line in &facts.evidence {
-        prose(&format!("  {}", line.red()));
+        words.prose(format!("  {}", line.red()));
     }
 }

@@ -489,7 +489,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         verdict_words(&self.scenarios, &self.plan.skipped)
     }
 
@@ -549,7 +549,7 @@ pub(super) fn state_line(state: &MasterState) -> String {
 
 /// The verdict as data: the table of scenarios, client-pause's resources, then a sentence
 /// per scenario with what prevents its failure, and the scenarios skipped.
-fn verdict_words<'a>(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) -> Words<'a> {
+fn verdict_words(verdicts: &[ScenarioVerdict], skipped: &[Scenario]) -> Words {
     let rows: Vec<Vec<String>> = verdicts
         .iter()
         .map(|v| {

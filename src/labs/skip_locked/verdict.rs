@@ -343,7 +343,7 @@ impl runner::Verdict for Verdict {
         fields
     }
 
-    fn words(&self) -> Words<'_> {
+    fn words(&self) -> Words {
         verdict_words(self)
     }
 
@@ -373,7 +373,7 @@ impl runner::Verdict for Verdict {
 }
 
 /// The verdict's words: a row per mode, then a sentence on each mode.
-fn verdict_words(verdict: &Verdict) -> Words<'static> {
+fn verdict_words(verdict: &Verdict) -> Words {
     let header = [
         "mode",
         "jobs",

@@ -59,8 +59,7 @@ static PART: std::sync::Mutex<(String, String)> =
     std::sync::Mutex::new((String::new(), String::new()));
 
 fn stop(name: &str, question: &str) {
-    // A verdict's words captured for their plain text are not shown: no stop between them.
-    if !stepping() || crate::procs::interrupted() || crate::output::capturing() {
+    if !stepping() || crate::procs::interrupted() {
         return;
     }
     show_held();
