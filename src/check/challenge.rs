@@ -741,9 +741,10 @@ impl Strike {
         if self.refused {
             return Some(format!(
                 "{verb} {who} holding job {job}, and {who} answered fail for it, but no UPDATE \
-                 of its session reached the records after the fault and matched nothing: a \
+                 of its session that matched nothing was committed after the fault: a \
                  refusal the database did not see (a check in the client before its write \
-                 tests nothing the fault aims at; refuse in the write itself, and commit it)"
+                 tests nothing the fault aims at, and a refused UPDATE rolled back leaves no \
+                 trace; refuse in the write itself, and commit it)"
             ));
         }
         let spec = jobs.get(&job)?;
@@ -783,12 +784,11 @@ impl Strike {
             });
             return newer.map(|(newer, seq)| {
                 format!(
-                    "{verb} {who} and held the newer holder of {record} at its `writing` note \
-                     for job {newer}, but that holder's write (change #{seq}) holds {own}, job \
-                     {job}'s entry: it wrote from {record} as it was after the held write — \
-                     it had not read {record} before its `writing` note, or it computed its \
-                     write in SQL from the row as it stood, using no read — so the order \
-                     tested nothing"
+                    "{verb} {who} and held the newer holder of {record} at its write for job \
+                     {newer}, but that holder's write (change #{seq}) holds {own}, job {job}'s \
+                     entry: it wrote from {record} as it was after the held write — it read \
+                     {record} again before writing, or it computed its write in SQL from the \
+                     row as it stood, using no read — so the order tested nothing"
                 )
             });
         }
