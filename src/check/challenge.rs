@@ -2323,18 +2323,18 @@ mod tests {
         overtaken.overtaken = true;
         run.strikes = vec![overtaken];
         assert_eq!(check(&run).faults_bit, 1);
-        // Job 1's write let go first, held until job 2's client said `writing`; but job 2's
-        // write holds j1: that client read r0 after job 1's write, its note came before its
-        // read, and the order tested nothing.
+        // Job 1's write let go first, job 2's held at its write; but job 2's write holds j1:
+        // that client read r0 again after job 1's write, and the order tested nothing.
         let mut early = strike(Some(1), 500_000);
         (early.overtaken, early.overtaken_by) = (true, Some(2));
         run.strikes = vec![early];
         let report = check(&run);
         assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
         assert!(
-            report.undecided.join("").contains(
-                "it had not read r0 before its `writing` note, or it computed its write in SQL"
-            ),
+            report
+                .undecided
+                .join("")
+                .contains("it read r0 again before writing, or it computed its write in SQL"),
             "{report:?}"
         );
         // Unless an UPDATE of the newer holder's matched nothing between the two writes: it
