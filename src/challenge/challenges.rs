@@ -5,7 +5,7 @@ use crate::check::challenge::JobSpec;
 use crate::events::Kind;
 use crate::nemesis::Fault;
 use crate::nemesis::generate::Rng;
-use crate::nemesis::schedule::{Anchor, Schedule, Step};
+use crate::nemesis::schedule::{Anchor, How, Schedule, Step};
 
 /// A challenge, by its command-line name.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,6 +214,12 @@ impl Challenge {
         let mut rng = Rng::new(seed);
         let mut steps = Vec::new();
         let reach = self.reach(clients.len());
+        // Pauses and delays are armed at their anchor and played at the client's next
+        // write, in its proxy (see [`How::at_write`]).
+        let at_write = How {
+            at_write: true,
+            ..How::default()
+        };
         match self {
             // Failover's faults are on the Redis servers, not on the clients: see
             // `failover_after`.
@@ -238,13 +244,14 @@ impl Challenge {
                         (true, false) => (Kind::Working, 0),
                         (false, false) => (Kind::JobSent, 6 + rng.below(8)),
                     };
-                    steps.push(Step {
+                    let step = Step {
                         at_ms,
                         after: Some(Anchor::on(name, event, 1 + rng.below(reach.min(3)) as u32)),
                         fault: if pause { Fault::Pause } else { Fault::Delay },
                         target: name.clone(),
                         duration_ms: pause.then(|| 2 * lease_ms + rng.below(lease_ms)),
-                    });
+                    };
+                    steps.push((step, at_write.clone()));
                 }
             }
             Challenge::Crash | Challenge::ExactlyOnce => {
@@ -271,17 +278,18 @@ impl Challenge {
                         (true, 1) => (Kind::Working, 0),
                         (true, _) => (Kind::Released, 0),
                     };
-                    steps.push(Step {
+                    let step = Step {
                         at_ms,
                         after: Some(Anchor::on(name, event, 1 + rng.below(reach) as u32)),
                         fault: Fault::Kill,
                         target: name.clone(),
                         duration_ms: None,
-                    });
+                    };
+                    steps.push((step, How::default()));
                 }
             }
         }
-        Schedule::new(steps)
+        Schedule::done_so(steps)
     }
 
     /// How many of its own notes a fault may count before it plays on a client: at most

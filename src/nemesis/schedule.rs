@@ -271,6 +271,12 @@ pub struct How {
     /// so that it lags ([`super::replication`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_link: bool,
+    /// A `pause` or a `delay` that its anchor only arms: it plays where the target's next
+    /// write to the watched records reaches the target's proxy, after the anchor — frozen
+    /// there, or that write held (the challenge's faults, `challenge::play::aim`). A
+    /// player with no proxy in front of the target plays it at the anchor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_write: bool,
 }
 
 impl How {
@@ -361,6 +367,7 @@ impl Schedule {
             by_ms: None,
             rate_percent: None,
             cut_link: false,
+            at_write: false,
         };
         self.hows.get(index).unwrap_or(&PLAIN)
     }
