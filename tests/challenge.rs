@@ -489,18 +489,8 @@ fn a_postgres_lock_taken_without_waiting_passes_pause_and_delay() {
 /// meanwhile, and its write — or the frozen holder's, after it — is stale.
 #[test]
 fn a_waiter_that_gives_up_on_a_postgres_lock_is_caught_by_a_fault_held_to_its_bound() {
-    python_ready();
-    let program = [PYTHON, &readable_copy(DODGERS), "gives-up"];
-    let (code, verdict, output) = challenge("pause", 1, &[], &program);
-    assert_eq!(code, 1, "pause gives-up --seed 1: {verdict}");
-    let history = String::from_utf8_lossy(&output.stdout);
+    let history = dodger_caught("gives-up", "pause", &["stale-write", "lost"]);
     assert!(history.contains("lasts to its bound"), "{history}");
-    assert!(
-        kinds(&verdict)
-            .iter()
-            .any(|k| k == "stale-write" || k == "lost"),
-        "{verdict}"
-    );
 }
 
 /// `advisory-decoy` holds an advisory lock no other client ever asks for, and keeps its
@@ -510,15 +500,8 @@ fn a_waiter_that_gives_up_on_a_postgres_lock_is_caught_by_a_fault_held_to_its_bo
 /// is caught.
 #[test]
 fn a_decoy_advisory_lock_holds_nobody_off() {
-    python_ready();
-    let program = [PYTHON, &readable_copy(DODGERS), "advisory-decoy"];
     for name in ["pause", "delay"] {
-        let (code, verdict, _) = challenge(name, 1, &[], &program);
-        assert_eq!(code, 1, "{name} advisory-decoy --seed 1: {verdict}");
-        assert!(
-            kinds(&verdict).iter().any(|k| k == "stale-write"),
-            "{verdict}"
-        );
+        dodger_caught("advisory-decoy", name, &["stale-write"]);
     }
 }
 
@@ -622,6 +605,22 @@ const DODGERS: &str = concat!(
     "/tests/fixtures/worst_order_dodgers.py"
 );
 
+/// Runs the dodger `mode` under challenge `name` on seed 1: it must fail, with a problem of
+/// one of `kinds`. Returns the run's timeline.
+fn dodger_caught(mode: &str, name: &str, kinds_any: &[&str]) -> String {
+    python_ready();
+    let program = [PYTHON, &readable_copy(DODGERS), mode];
+    let (code, verdict, output) = challenge(name, 1, &[], &program);
+    assert_eq!(code, 1, "{name} {mode} --seed 1: {verdict}");
+    assert!(
+        kinds(&verdict)
+            .iter()
+            .any(|k| kinds_any.contains(&k.as_str())),
+        "{name} {mode}, not {kinds_any:?}: {verdict}"
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `newer-blind` writes blind after a compare the database always refuses. As the newer
 /// holder of a worst order it wrote that blind write where no fault held it, and passed
 /// `pause` and `delay` on some seeds (2 of 6 each, by a hostile tester). Now the fault
@@ -648,15 +647,8 @@ fn a_blind_write_after_a_refused_compare_as_the_newer_holder_never_passes() {
 /// hostile tester tried (12 of 12). The log shows each such write committed after its `ok`.
 #[test]
 fn a_write_that_commits_after_its_ok_fails_the_run() {
-    python_ready();
-    let program = [PYTHON, &readable_copy(DODGERS), "ok-first"];
     for name in ["pause", "delay"] {
-        let (code, verdict, _) = challenge(name, 1, &[], &program);
-        assert_eq!(code, 1, "{name} ok-first --seed 1: {verdict}");
-        assert!(
-            kinds(&verdict).iter().any(|k| k == "written-after-ok"),
-            "{verdict}"
-        );
+        dodger_caught("ok-first", name, &["written-after-ok"]);
     }
 }
 
@@ -667,14 +659,7 @@ fn a_write_that_commits_after_its_ok_fails_the_run() {
 /// the frozen holder's late write lands stale.
 #[test]
 fn a_lease_kept_in_the_keys_value_is_waited_out_as_any_lease() {
-    python_ready();
-    let program = [PYTHON, &readable_copy(DODGERS), "value-lease"];
-    let (code, verdict, _) = challenge("pause", 1, &[], &program);
-    assert_eq!(code, 1, "pause value-lease --seed 1: {verdict}");
-    assert!(
-        kinds(&verdict).iter().any(|k| k == "stale-write"),
-        "{verdict}"
-    );
+    dodger_caught("value-lease", "pause", &["stale-write"]);
 }
 
 /// `early-noop` checks its token only at the write (the design the worst order fails),
@@ -685,20 +670,13 @@ fn a_lease_kept_in_the_keys_value_is_waited_out_as_any_lease() {
 /// a read the older write made stale, and the data shows it.
 #[test]
 fn a_writing_note_before_the_read_does_not_dodge_the_worst_order() {
-    python_ready();
     let runs = [
         ("early-noop", "pause"),
         ("early-noop", "delay"),
         ("early-read", "pause"),
     ];
     for (mode, name) in runs {
-        let program = [PYTHON, &readable_copy(DODGERS), mode];
-        let (code, verdict, _) = challenge(name, 1, &[], &program);
-        assert_eq!(code, 1, "{name} {mode} --seed 1: {verdict}");
-        assert!(
-            kinds(&verdict).iter().any(|k| k == "stale-write"),
-            "{verdict}"
-        );
+        dodger_caught(mode, name, &["stale-write"]);
     }
 }
 
