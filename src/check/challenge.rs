@@ -1620,7 +1620,8 @@ pub fn check(evidence: &Evidence) -> Report {
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
     if evidence.faults_played < evidence.faults_planned {
         report.undecided.push(format!(
-            "{} of {} faults played: the client never reached the moment the others aim at",
+            "{} of {} faults played: the run ended before the others' moment came (the next \
+             lines say which)",
             evidence.faults_played, evidence.faults_planned
         ));
         report.undecided.extend(evidence.unplayed.iter().cloned());

@@ -92,7 +92,14 @@ impl<'a> Failover<'a> {
         let wanted = match self.step {
             Step::Waiting => self.cut_after,
             Step::Cut { answered: at } => at + self.kill_after,
-            Step::Killed { .. } | Step::Done => return None,
+            Step::Killed { .. } => {
+                return Some(
+                    "the primary was killed, and the run ended before Sentinel promoted the \
+                     replica: the failover never finished"
+                        .to_string(),
+                );
+            }
+            Step::Done => return None,
         };
         Some(format!(
             "the failover waited for {wanted} jobs answered ok, and the run ended at \
