@@ -2386,7 +2386,9 @@ fn a_seat_neither_stalls_nor_lists_another_and_chaos_runs_on_a_seats_lines() {
     assert_eq!(pong, "PONG");
 
     // Row 6: chaos on a seat's lines alone writes real values on Redis and on etcd, inside
-    // the seat's namespace: no NOPERM, no "unknown".
+    // the seat's namespace: no NOPERM, no "unknown". Seed 5 draws one kill for both designs,
+    // a fault that always decides (seed 7 drew a partition, which a busy machine may leave
+    // undecided for reasons that are not the seat's).
     for design in ["redis-lock", "etcd-lease"] {
         let args = [
             "chaos",
@@ -2395,7 +2397,7 @@ fn a_seat_neither_stalls_nor_lists_another_and_chaos_runs_on_a_seats_lines() {
             "--schedules",
             "1",
             "--seed",
-            "7",
+            "5",
             "--no-shrink",
             "--json",
         ];

@@ -637,8 +637,11 @@ const UNTRIED_WORDS: &[&str] = &[
     "statement_timestamp",
     "timeofday",
     "pg_stat_",
-    "pg_locks",
+    "pg_lock",
     "pg_backend_pid",
+    "pg_xact",
+    "pg_current_snapshot",
+    "pg_snapshot",
 ];
 
 /// Why the held batch — the write aimed at, with what came in the same bytes — cannot be
@@ -1080,6 +1083,7 @@ mod tests {
             "UPDATE records SET value = 1 WHERE pg_catalog.pg_sleep(0.3) IS NULL",
             "UPDATE records SET value = 1 WHERE EXISTS (SELECT 1 FROM pg_stat_activity)",
             "EXECUTE w(1)",
+            "UPDATE records SET value = 1 WHERE NOT EXISTS (SELECT 1 FROM pg_lock_status() l)",
             "UPDATE records SET value = 1 WHERE ts_stat('SELECT nextval(''s'')') IS NULL",
         ] {
             assert!(!tried(query(telling)), "{telling}");

@@ -844,6 +844,15 @@ impl Run<'_> {
                 for strike in held.filter(|s| s.job == Some(job)) {
                     strike.refused = true;
                 }
+                // A client that gave up waiting for a lock a faulted client holds was right
+                // to: that try is the nemesis's, not one of the job's (a fault held to its
+                // bound outlasts a lock_timeout of a few TTLs, five times over).
+                let record = self.spec(job).record.clone();
+                if self.outlasting.iter().any(|o| o.record() == record) {
+                    if let Some(tries) = self.tries.get_mut(&job) {
+                        *tries = tries.saturating_sub(1);
+                    }
+                }
                 self.give_again(job);
             }
             FromClient::Acquired { job, token } => {

@@ -70,6 +70,11 @@ pub(super) struct Outlast {
 }
 
 impl Outlast {
+    /// The record of the job its client held when the fault began.
+    pub(super) fn record(&self) -> &str {
+        &self.record
+    }
+
     /// A fault that began as the `strikes`th strike was recorded.
     fn new(
         client: String,
@@ -385,6 +390,24 @@ impl Run<'_> {
         } else {
             return Ok(None);
         };
+        // Time held off behind a faulted client's lock is the nemesis's, as the faulted
+        // client's own is: the others with a job on the record answer within their patience
+        // counted from when the fault lets them go.
+        let held_off: Vec<usize> = (self.seats.iter().enumerate())
+            .filter(|(_, seat)| {
+                seat.client.name != client
+                    && seat
+                        .job
+                        .is_some_and(|(job, _)| job > 0 && self.spec(job).record == record)
+            })
+            .map(|(at, _)| at)
+            .collect();
+        let now = Instant::now();
+        for at in held_off {
+            if let Some((_, since)) = self.seats[at].job.as_mut() {
+                *since = now;
+            }
+        }
         let noun = fault_word(self.outlasting[i].fault);
         let bound = flag_duration(bound);
         if !self.outlasting[i].said_held {
