@@ -848,10 +848,9 @@ impl Run<'_> {
                 // to: that try is the nemesis's, not one of the job's (a fault held to its
                 // bound outlasts a lock_timeout of a few TTLs, five times over).
                 let record = self.spec(job).record.clone();
-                if self.outlasting.iter().any(|o| o.record() == record) {
-                    if let Some(tries) = self.tries.get_mut(&job) {
-                        *tries = tries.saturating_sub(1);
-                    }
+                let held_by_a_fault = self.outlasting.iter().any(|o| o.record() == record);
+                if let Some(tries) = self.tries.get_mut(&job).filter(|_| held_by_a_fault) {
+                    *tries = tries.saturating_sub(1);
                 }
                 self.give_again(job);
             }
