@@ -110,6 +110,11 @@ for-update the lock is the row's: one transaction takes it (SELECT ... FOR UPDAT
         holder's lock goes with its session.
 advisory for-update, with a transaction-scoped advisory lock on the record
         (pg_advisory_xact_lock) taken before a plain read.
+advisory-timeout advisory that waits at most 3 lease_ms for the lock (lock_timeout) and
+        answers `fail` when it gives up, having written nothing: lockslab gives the
+        job again. A fault that holds the others off lasts to its bound (12 TTLs),
+        longer than the wait: the tries given up on meanwhile do not count against
+        the job.
 try-advisory advisory that never waits inside Postgres: it asks
         pg_try_advisory_xact_lock every 20ms until it is granted. Nobody is ever
         seen waiting (pg_blocking_pids is empty): lockslab reads instead that the
@@ -170,7 +175,7 @@ MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late"
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "lastcheck-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
-         "outlast", "claimed-retry")
+         "outlast", "claimed-retry", "advisory-timeout")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
@@ -232,7 +237,7 @@ if MODE == "once":
     with db, db.cursor() as cur:  # every client creates it; the first one wins
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE TABLE IF NOT EXISTS {init['schema']}.done (job bigint PRIMARY KEY)")
-if MODE in ("sequence", "for-update", "advisory", "try-advisory", "nowait"):
+if MODE in ("sequence", "for-update", "advisory", "advisory-timeout", "try-advisory", "nowait"):
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
@@ -343,6 +348,14 @@ def do_in_postgres(job):
         elif MODE == "advisory":
             cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{table}/{job['record']}",))
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        elif MODE == "advisory-timeout":
+            cur.execute(f"SET LOCAL lock_timeout = {3 * ttl}")
+            try:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                            (f"{table}/{job['record']}",))
+            except psycopg2.errors.LockNotAvailable:
+                return False  # gave up waiting: nothing written, the job answered fail
+            cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
         else:
             cur.execute(f"SELECT value, items FROM {table} WHERE record = %s FOR UPDATE",
                         (job["record"],))
@@ -411,7 +424,7 @@ def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "optimistic":
         return do_optimistic(job)
-    if MODE in ("for-update", "advisory", "try-advisory", "nowait"):
+    if MODE in ("for-update", "advisory", "advisory-timeout", "try-advisory", "nowait"):
         return do_in_postgres(job)
     if MODE == "claimed":
         return do_claimed(job, token)
@@ -492,7 +505,8 @@ for line in sys.stdin:
         else:
             say(type="fail", job=job["id"], reason="fenced out 8 times, or no lock")
         continue
-    if MODE not in ("none", "optimistic", "for-update", "advisory", "try-advisory", "nowait"):
+    if MODE not in ("none", "optimistic", "for-update", "advisory", "advisory-timeout",
+                    "try-advisory", "nowait"):
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")
