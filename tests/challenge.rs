@@ -1485,6 +1485,31 @@ print("-".join(said), flush=True)
     );
 }
 
+/// `counter` on seed 1 with the Python client `code`, on a Postgres where lockslab may
+/// create roles (the test servers' labs role may not: there the clients share it, and the
+/// heading says so). Returns the run's output and that Postgres's superuser URL.
+fn counter_where_roles_are_made(code: &str) -> (Output, String) {
+    python_ready();
+    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
+    let superuser = format!("{server}/lockslab");
+    let args = [
+        "challenge",
+        "counter",
+        "--json",
+        "--seed",
+        "1",
+        "--",
+        PYTHON,
+        "-c",
+        code,
+    ];
+    let output = lockslab(&args)
+        .env("LOCKSLAB_POSTGRES_URL", &superuser)
+        .output()
+        .unwrap();
+    (output, superuser)
+}
+
 /// Each client logs in as its own login of the run's role: it may not read another
 /// session's statement or state in `pg_stat_activity` (a hostile client watched there for
 /// the try lockslab runs in a frozen client's session, and had the others behave only
@@ -1513,24 +1538,7 @@ for (pid,) in cur.fetchall():
 sys.stderr.write("SNOOP-%s-saw-%s-of-%s-ended-%s\n" % (init["client"], seen, sessions, ended))
 sys.exit(1)
 "#;
-    // A Postgres on which lockslab may create roles (the test servers' labs role may not:
-    // there the clients share it, and the heading says so).
-    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
-    let superuser = format!("{server}/lockslab");
-    let output = lockslab(&[
-        "challenge",
-        "counter",
-        "--json",
-        "--seed",
-        "1",
-        "--",
-        PYTHON,
-        "-c",
-        snoop,
-    ])
-    .env("LOCKSLAB_POSTGRES_URL", &superuser)
-    .output()
-    .unwrap();
+    let (output, _) = counter_where_roles_are_made(snoop);
     let verdict = verdict_in(&output);
     assert_eq!(output.status.code(), Some(1), "{verdict}");
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
@@ -1563,22 +1571,7 @@ cur.execute("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC")
 db.commit()
 print(said, flush=True)
 "#;
-    let (server, _) = servers().postgres_admin.rsplit_once('/').unwrap();
-    let superuser = format!("{server}/lockslab");
-    let output = lockslab(&[
-        "challenge",
-        "counter",
-        "--json",
-        "--seed",
-        "1",
-        "--",
-        PYTHON,
-        "-c",
-        whoami,
-    ])
-    .env("LOCKSLAB_POSTGRES_URL", &superuser)
-    .output()
-    .unwrap();
+    let (output, superuser) = counter_where_roles_are_made(whoami);
     let verdict = verdict_in(&output);
     let run_id = verdict["run_id"].as_str().unwrap();
     let role = format!("lockslab_client_{run_id}");
