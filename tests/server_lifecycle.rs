@@ -172,10 +172,12 @@ fn unix_now() -> u64 {
 /// Adds to `members` (pid → start time) every process in `table` whose parent is a member
 /// that still lives as the same process; returns the members alive in `table`.
 fn live_family(table: &[common::Proc], members: &mut HashMap<i32, u64>) -> Vec<i32> {
+    // Each pid's start time in this table, read once: the watcher runs every 3ms.
+    let started: HashMap<i32, u64> = table.iter().map(|p| (p.pid, p.start)).collect();
     let same = |members: &HashMap<i32, u64>, pid: i32| {
-        table
-            .iter()
-            .any(|p| p.pid == pid && members.get(&pid) == Some(&p.start))
+        started
+            .get(&pid)
+            .is_some_and(|start| members.get(&pid) == Some(start))
     };
     loop {
         let joining: Vec<(i32, u64)> = table
