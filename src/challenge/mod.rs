@@ -259,7 +259,7 @@ fn grade(
     let role = table::client_role_of(&run_id);
     let client_role = table::create_client_role(&mut db, &schema, &role, &postgres)?;
     let shared = client_role.is_none();
-    let unguarded = client_role.as_ref().is_some_and(|r| !r.makes_tables_only);
+    let unguarded = client_role.as_ref().is_some_and(|r| !r.makes_tables_only());
     // Each client's own login replaces this as it starts (see `play::Run::start_client`).
     let clients_url = postgres.clone();
     let key_prefix = format!("lockslab:{run_id}:");

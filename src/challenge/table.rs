@@ -87,7 +87,6 @@ pub fn create_client_role(
         role: role.to_string(),
         schema: schema.to_string(),
         at: at.to_string(),
-        makes_tables_only: superuser,
         grader_is_superuser: superuser,
     }))
 }
@@ -99,9 +98,17 @@ pub struct ClientRole {
     schema: String,
     /// The server and database of the clients' URLs: `host:port/db`.
     at: String,
-    /// An event trigger refuses it anything but tables, sequences and indexes.
-    pub makes_tables_only: bool,
+    /// The grader that made it is a superuser: then an event trigger refuses the role
+    /// anything but tables, sequences and indexes, and the grader sees every session.
     grader_is_superuser: bool,
+}
+
+impl ClientRole {
+    /// Whether an event trigger refuses the role anything but tables, sequences and
+    /// indexes (only a superuser may make one).
+    pub fn makes_tables_only(&self) -> bool {
+        self.grader_is_superuser
+    }
 }
 
 /// A login of `client`'s own, with a fresh password (sent to it on its stdin, in `init`'s
