@@ -63,7 +63,7 @@ pub(super) struct Outlast {
     /// The waiters already noted, by job.
     seen_waiting: BTreeSet<i64>,
     /// Its client's lock is none lockslab can read in Redis or etcd: a lock in Postgres, if
-    /// any (see [`Run::held_in_postgres`]).
+    /// any (see [`Run::held_off_in_postgres`]).
     keyless: bool,
     /// The timeline was told the fault goes on to its bound, a waiter held off in Postgres.
     said_held: bool,
@@ -261,14 +261,10 @@ impl Run<'_> {
         let noun = fault_word(fault);
         let (record, strike, keyless) = (o.record.clone(), o.strike, o.keyless);
         if keyless {
-            let why = match self.held_off_in_postgres(i, index, bound)? {
+            let ends = match self.held_off_in_postgres(i, index, bound)? {
                 Some(_) if !past_bound => return Ok(false),
-                Some(why) => format!(": {why}"),
-                None => String::new(),
-            };
-            let ends = match fault {
-                Fault::Pause => format!("resumes {client}{why}"),
-                _ => format!("lets {client}'s held bytes go{why}"),
+                Some(why) => format!("{}: {why}", ending(fault, &client)),
+                None => ending(fault, &client),
             };
             let resume = self.outlasting[i].resume.take();
             self.end_fault(index, (fault, resume), ends)?;
@@ -329,14 +325,9 @@ impl Run<'_> {
                     self.tape
                         .record(Event::new(crate::nemesis::LANE, What::Expired(facts), text));
                 }
-                let held_off = if coming {
-                    self.held_off_in_postgres(i, index, bound)?
-                } else {
-                    None
-                };
                 if !coming {
                     nothing_left
-                } else if let Some(why) = held_off {
+                } else if let Some(why) = self.held_off_in_postgres(i, index, bound)? {
                     if !past_bound {
                         return Ok(false);
                     }
@@ -354,12 +345,9 @@ impl Run<'_> {
                 }
             }
         };
-        let ends = match fault {
-            Fault::Pause => format!("resumes {client}"),
-            _ => format!("lets {client}'s held bytes go"),
-        };
         let resume = self.outlasting[i].resume.take();
-        self.end_fault(index, (fault, resume), format!("{ends}: {why}"))?;
+        let ends = format!("{}: {why}", ending(fault, &client));
+        self.end_fault(index, (fault, resume), ends)?;
         Ok(true)
     }
 
@@ -552,6 +540,14 @@ impl Run<'_> {
             self.held_writes.remove(&self.seats[index].client.name);
         }
         Ok(())
+    }
+}
+
+/// What ending `fault` on `client` does, for the timeline.
+fn ending(fault: Fault, client: &str) -> String {
+    match fault {
+        Fault::Pause => format!("resumes {client}"),
+        _ => format!("lets {client}'s held bytes go"),
     }
 }
 
