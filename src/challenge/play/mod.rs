@@ -258,16 +258,6 @@ fn passwords(init: &Init) -> Vec<String> {
         .collect()
 }
 
-/// What a client printed, with the servers' passwords hidden: a client that logs its URLs
-/// must not put them on the projector (nor in `--json`).
-fn hide_passwords(text: &str, init: &Init) -> String {
-    passwords(init)
-        .iter()
-        .fold(text.to_string(), |text, password| {
-            text.replace(password, "***")
-        })
-}
-
 /// Plays a run; `redis` is the failover challenge's Sentinel cluster, whose primary it
 /// kills mid-run.
 pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) -> Result<Played> {
@@ -458,13 +448,14 @@ impl Run<'_> {
         paused.iter().any(|p| p == name) || self.held_writes.contains(name)
     }
 
-    /// `text` with every password of the run hidden: the servers', and each client's own
-    /// Postgres login's.
+    /// `text` (what a client printed) with every password of the run hidden — the servers',
+    /// and each client's own Postgres login's: a client that logs its URLs must not put them
+    /// on the projector (nor in `--json`).
     fn masked(&self, text: &str) -> String {
-        (self.client_passwords.iter())
-            .fold(hide_passwords(text, &self.setup.init), |text, password| {
-                text.replace(password, "***")
-            })
+        let servers = passwords(&self.setup.init);
+        (servers.iter().chain(&self.client_passwords)).fold(text.to_string(), |text, password| {
+            text.replace(password, "***")
+        })
     }
 
     fn schedule_len(&self) -> usize {
