@@ -701,7 +701,7 @@ pub fn why_not_try(batch: &[u8]) -> Option<&'static str> {
             let tells_or_leaves_a_trace = tokens.iter().any(|t| match t {
                 Token::Word(w) | Token::Quoted(w) => {
                     let w = w.to_ascii_lowercase();
-                    (UNTRIED_WORDS.iter()).any(|u| w.starts_with(u) || w.contains("advisory"))
+                    w.contains("advisory") || UNTRIED_WORDS.iter().any(|u| w.starts_with(u))
                 }
                 Token::Text(text) => {
                     let text = String::from_utf8_lossy(text).to_ascii_lowercase();
