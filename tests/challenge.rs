@@ -1485,6 +1485,15 @@ print("-".join(said), flush=True)
     );
 }
 
+/// The `user:password` of the first `postgres://lockslab_client_…` URL in `text`.
+fn client_login_in(text: &str) -> String {
+    let from = text
+        .find("postgres://lockslab_client_")
+        .map(|at| at + "postgres://".len());
+    let rest = from.map(|at| &text[at..]).unwrap_or_default();
+    rest.split('@').next().unwrap_or_default().to_string()
+}
+
 /// `counter` on seed 1 with the Python client `code`, on a Postgres where lockslab may
 /// create roles (the test servers' labs role may not: there the clients share it, and the
 /// heading says so). Returns the run's output and that Postgres's superuser URL.
@@ -1630,6 +1639,15 @@ fn the_last_words_of_a_crashing_client_are_quoted() {
     let failure = verdict["client_failure"].as_str().unwrap_or_default();
     assert!(failure.contains("***"), "{failure}");
     assert!(!failure.contains(&password), "{failure}");
+    // ...nor the password of its own Postgres login, where it has one.
+    let (output, _) = counter_where_roles_are_made(
+        "import sys; init = sys.stdin.readline(); print('{\"type\": \"ready\"}', flush=True)\n\
+         sys.stderr.write('connecting to ' + init); sys.exit(1)",
+    );
+    let verdict = verdict_in(&output);
+    let failure = verdict["client_failure"].as_str().unwrap_or_default();
+    let login = client_login_in(failure);
+    assert!(login.ends_with(":***"), "{failure}");
 }
 
 /// Starts the pause challenge on the unfenced reference, tagged with `marker`, and stops
