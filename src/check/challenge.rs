@@ -174,12 +174,28 @@ pub struct Wait {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgLockSeen {
     pub session: i32,
-    /// `advisory` or `row`.
-    pub kind: String,
+    pub kind: PgLockKind,
     /// The record whose row it is (a row lock).
     pub record: Option<String>,
     pub at_us: i64,
     pub asking: Vec<i32>,
+}
+
+/// What kind of Postgres lock a [`PgLockSeen`] is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PgLockKind {
+    #[default]
+    Advisory,
+    Row,
+}
+
+impl PgLockSeen {
+    /// Whether this lock may be what guards `record`: any advisory lock (its key is the
+    /// client's own choice), or that record's row.
+    pub fn may_guard(&self, record: &str) -> bool {
+        self.kind == PgLockKind::Advisory || self.record.as_deref() == Some(record)
+    }
 }
 
 /// A client seen waiting behind another's Redis or etcd lock while a fault lasted: the key,
@@ -337,12 +353,8 @@ fn held_off_by_postgres_lock(
         return None;
     }
     locks.iter().find_map(|seen| {
-        let guards_record = match seen.kind.as_str() {
-            "advisory" => true,
-            _ => seen.record.as_ref() == Some(record),
-        };
         let its_lock = own.contains(&seen.session)
-            && guards_record
+            && seen.may_guard(record)
             && (strike.at_us..=until).contains(&seen.at_us);
         if !its_lock {
             return None;
@@ -352,9 +364,9 @@ fn held_off_by_postgres_lock(
                 && seen.asking.iter().any(|pid| pids.contains(pid))
                 && holding_on(client, record, seen.at_us, jobs, deliveries).is_some()
         })?;
-        let held = match seen.kind.as_str() {
-            "advisory" => "pg_locks: its session held an advisory lock".to_string(),
-            _ => format!("{record}'s xmax: its open transaction held the row"),
+        let held = match seen.kind {
+            PgLockKind::Advisory => "pg_locks: its session held an advisory lock".to_string(),
+            PgLockKind::Row => format!("{record}'s xmax: its open transaction held the row"),
         };
         Some(HeldOff {
             waiter: asker.clone(),
@@ -2668,16 +2680,16 @@ mod tests {
     #[test]
     fn a_lock_taken_without_waiting_held_them_off_if_the_others_kept_asking_and_wrote_nothing() {
         let mut run = paused_while_c2_wanted_r0();
-        let seen = |kind: &str, record: Option<&str>, at_us, asking: Vec<i32>| PgLockSeen {
+        let seen = |kind, record: Option<&str>, at_us, asking: Vec<i32>| PgLockSeen {
             session: 11,
-            kind: kind.into(),
+            kind,
             record: record.map(Into::into),
             at_us,
             asking,
         };
         for lock in [
-            seen("advisory", None, 1_700_000, vec![12]),
-            seen("row", Some("r0"), 1_700_000, vec![12, 13]),
+            seen(PgLockKind::Advisory, None, 1_700_000, vec![12]),
+            seen(PgLockKind::Row, Some("r0"), 1_700_000, vec![12, 13]),
         ] {
             run.pg_locks = vec![lock];
             let report = check(&run);
@@ -2689,17 +2701,17 @@ mod tests {
             assert!(report.notes.join("").contains("while c2 kept asking"));
         }
         for lock in [
-            seen("advisory", None, 1_700_000, vec![13]),
-            seen("row", Some("r1"), 1_700_000, vec![12]),
-            seen("row", None, 1_700_000, vec![12]),
-            seen("advisory", None, 1_400_000, vec![12]),
+            seen(PgLockKind::Advisory, None, 1_700_000, vec![13]),
+            seen(PgLockKind::Row, Some("r1"), 1_700_000, vec![12]),
+            seen(PgLockKind::Row, None, 1_700_000, vec![12]),
+            seen(PgLockKind::Advisory, None, 1_400_000, vec![12]),
         ] {
             run.pg_locks = vec![lock.clone()];
             assert_eq!(check(&run).faults_bit, 0, "{lock:?}");
         }
         // c2 wrote r0 while c1 was frozen (its job 3 at 1.8s): the lock held nobody off
         // (what the write did decides the pause, not the lock seen held).
-        run.pg_locks = vec![seen("advisory", None, 1_700_000, vec![12])];
+        run.pg_locks = vec![seen(PgLockKind::Advisory, None, 1_700_000, vec![12])];
         run.changes[2].at_us = Some(1_800_000);
         let report = check(&run);
         assert!(!report.notes.join("").contains("kept asking"), "{report:?}");

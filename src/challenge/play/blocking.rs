@@ -13,7 +13,7 @@
 //! the last moment — those that kept asking.
 
 use super::*;
-use crate::check::challenge::{PgLockSeen, Wait};
+use crate::check::challenge::{PgLockKind, PgLockSeen, Wait};
 use crate::nemesis::probe::HARD_BLOCKERS;
 
 /// How often the waits are read while a fault lasts.
@@ -153,7 +153,7 @@ impl Run<'_> {
         Ok(self.pg_locks.iter().any(|seen| {
             seen.at_us == latest
                 && own.contains(&seen.session)
-                && (seen.kind == "advisory" || seen.record.as_deref() == Some(record))
+                && seen.may_guard(record)
                 && seen.asking.iter().any(|pid| others.contains(pid))
         }))
     }
@@ -169,9 +169,9 @@ impl Run<'_> {
         self.waits.extend(rows.iter().map(wait_of));
         let now = self.clock.query_one(&asking_now(), &[])?;
         let (at_us, asking): (i64, Vec<i32>) = (now.get(0), now.get(1));
-        let seen = |session, kind: &str, record| PgLockSeen {
+        let seen = |session, kind, record| PgLockSeen {
             session,
-            kind: kind.into(),
+            kind,
             record,
             at_us,
             asking: asking
@@ -186,14 +186,15 @@ impl Run<'_> {
                 (row.get(0), row.get(1), row.get(2));
             match (session, xmax) {
                 (Some(session), _) if record.is_none() => {
-                    self.pg_locks.push(seen(session, "advisory", None))
+                    self.pg_locks
+                        .push(seen(session, PgLockKind::Advisory, None))
                 }
-                (Some(session), _) => self.pg_locks.push(seen(session, "row", record)),
+                (Some(session), _) => self.pg_locks.push(seen(session, PgLockKind::Row, record)),
                 (None, Some(xmax)) => {
                     let holders = self.clock.query(MULTIXACT_HOLDERS, &[&xmax]);
                     for holder in holders.into_iter().flatten() {
                         self.pg_locks
-                            .push(seen(holder.get(0), "row", record.clone()));
+                            .push(seen(holder.get(0), PgLockKind::Row, record.clone()));
                     }
                 }
                 (None, None) => {}
