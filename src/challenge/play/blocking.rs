@@ -118,44 +118,32 @@ impl Run<'_> {
     /// Whether, in the latest reading of the Postgres locks ([`Run::read_waits`]), a session
     /// of the client at `index` held an advisory lock or `record`'s row while a session of
     /// another client holding a job on `record` had just sent a statement (it kept asking).
-    /// The sessions are the clients' proxies', found by their ports.
-    pub(super) fn asked_while_held(&mut self, index: usize, record: &str) -> Result<bool> {
+    /// The sessions are those the clients' proxies opened, as each proxy read them.
+    pub(super) fn asked_while_held(&self, index: usize, record: &str) -> bool {
         let Some(latest) = self.pg_locks.iter().map(|seen| seen.at_us).max() else {
-            return Ok(false);
+            return false;
         };
-        let ports_of = |seat: &Seat| -> Vec<i32> {
+        let sessions_of = |seat: &Seat| -> BTreeSet<i32> {
             (seat.proxy.iter())
-                .flat_map(|proxy| proxy.server_ports())
-                .map(i32::from)
+                .flat_map(|proxy| proxy.sessions().pids)
                 .collect()
         };
-        let own = ports_of(&self.seats[index]);
-        let others: Vec<i32> = (self.seats.iter().enumerate())
+        let own = sessions_of(&self.seats[index]);
+        let others: BTreeSet<i32> = (self.seats.iter().enumerate())
             .filter(|(at, seat)| {
                 *at != index
                     && seat
                         .job
                         .is_some_and(|(job, _)| job > 0 && self.spec(job).record == record)
             })
-            .flat_map(|(_, seat)| ports_of(seat))
+            .flat_map(|(_, seat)| sessions_of(seat))
             .collect();
-        if own.is_empty() || others.is_empty() {
-            return Ok(false);
-        }
-        let mut pids = |ports: &[i32]| -> Result<Vec<i32>> {
-            let rows = self.clock.query(
-                "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1::int[])",
-                &[&ports],
-            )?;
-            Ok(rows.iter().map(|row| row.get(0)).collect())
-        };
-        let (own, others) = (pids(&own)?, pids(&others)?);
-        Ok(self.pg_locks.iter().any(|seen| {
+        self.pg_locks.iter().any(|seen| {
             seen.at_us == latest
                 && own.contains(&seen.session)
                 && seen.may_guard(record)
                 && seen.asking.iter().any(|pid| others.contains(pid))
-        }))
+        })
     }
 
     /// While a client is frozen or its write held, reads who waits behind whom.

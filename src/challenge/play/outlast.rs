@@ -370,7 +370,7 @@ impl Run<'_> {
         );
         let how = if self.waits_behind(index)? {
             format!("a session waits in Postgres behind {client}'s (pg_blocking_pids)")
-        } else if self.asked_while_held(index, &record)? {
+        } else if self.asked_while_held(index, &record) {
             format!(
                 "{client}'s session holds a lock in Postgres, and another client with a job on \
                  {record} keeps asking"
