@@ -2432,11 +2432,27 @@ pub(crate) fn free_port() -> Result<u16> {
     free_port_on(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// A port nobody listens on at `host` right now (see [`free_port`]).
+/// A port nobody listens on at `host` right now (see [`free_port`]), and one this process
+/// has not handed out before: servers launched together, before any of them binds, would
+/// otherwise be given the same port now and then. A room's seats are told apart by their
+/// address, so two seats on one port would each be reached with the other's certificate.
 fn free_port_on(host: std::net::IpAddr) -> Result<u16> {
-    let listener = TcpListener::bind((host, 0))
-        .with_context(|| format!("finding a free port on {host} (is it this machine's?)"))?;
-    Ok(listener.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<Vec<(std::net::IpAddr, u16)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // A kernel hands out ephemeral ports in turn, so a repeat is rare: a few tries find a new one.
+    for _ in 0..64 {
+        let listener = TcpListener::bind((host, 0))
+            .with_context(|| format!("finding a free port on {host} (is it this machine's?)"))?;
+        let port = listener.local_addr()?.port();
+        if !handed_out.contains(&(host, port)) {
+            handed_out.push((host, port));
+            return Ok(port);
+        }
+    }
+    bail!("found no port on {host} that this run had not already given to a server")
 }
 
 /// Finds a server binary on PATH, or (Postgres) under the usual Debian/Ubuntu locations.
