@@ -470,6 +470,30 @@ fn a_claim_that_retries_within_its_job_passes_pause_and_delay() {
     }
 }
 
+/// A lockless client that leaves the refusal to the database's isolation: read, work and
+/// write in one REPEATABLE READ or SERIALIZABLE transaction, retried from a fresh read on a
+/// serialization failure. Its refused writes leave nothing in the statement log (the
+/// transaction rolls back), so every fault was followed to its bound and the run was
+/// undecided on every seed. The client's proxy sees the server abort the transaction
+/// (SQLSTATE 40001), and that is the refusal.
+#[test]
+fn a_write_the_database_refuses_for_a_stale_snapshot_is_a_refusal() {
+    for (name, mode) in [("pause", "serializable"), ("delay", "repeatable-read")] {
+        let passed = (1..=3).find_map(|seed| {
+            let (code, verdict, output) = Reference::Python.run(name, seed, mode);
+            assert_ne!(code, 1, "{name} {mode} --seed {seed}: {verdict}");
+            (code == 0).then_some((verdict, output))
+        });
+        let (verdict, output) = passed.unwrap_or_else(|| panic!("{mode} never passed {name}"));
+        every_fault_played_and_bit(&verdict);
+        let history = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            history.contains(r#""kind":"pg_aborted""#) && history.contains("40001"),
+            "no aborted transaction in the history:\n{history}"
+        );
+    }
+}
+
 /// A Postgres lock taken without waiting inside Postgres — `pg_try_advisory_xact_lock` or
 /// `FOR UPDATE NOWAIT`, asked again every 20ms — puts nobody in pg_blocking_pids: both were
 /// undecided ("nobody wrote r0 meanwhile"). lockslab now reads the lock itself from

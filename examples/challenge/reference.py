@@ -30,6 +30,8 @@
     lockslab challenge delay   -- python3 examples/challenge/reference.py nowait    # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic      # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py optimistic-fail # never done, often
+    lockslab challenge pause   -- python3 examples/challenge/reference.py serializable # passes
+    lockslab challenge delay   -- python3 examples/challenge/reference.py repeatable-read # passes
     lockslab challenge pause   -- python3 examples/challenge/reference.py liar      # fails
     lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
@@ -134,6 +136,13 @@ optimistic-fail optimistic that answers `fail` on a lost compare instead of retr
         lockslab gives the job again. As safe, but not live: three clients on two
         records lose a compare often, and a job that loses five tries in a row is
         never done — it fails most seeds on that alone.
+serializable, repeatable-read  no lock, no compare in the SQL: read, work and
+        write in one transaction at that isolation level, and let Postgres refuse
+        a write whose read another commit made stale (SQLSTATE 40001, a
+        serialization failure: the transaction keeps nothing); roll back, read
+        again and retry, with a new `writing` note. The refused transaction leaves
+        nothing in the statement log; lockslab's proxy sees the server abort it,
+        and counts that as the refusal.
 liar    setnx with a lease of 3.5 lease_ms, that answers `fail` whenever its job took
         longer than one lease_ms, though its write committed (and, sent the job
         again, finds its entry there and answers ok without writing). A `fail` is
@@ -175,7 +184,7 @@ MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late"
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "lastcheck-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
-         "outlast", "claimed-retry", "advisory-timeout")
+         "outlast", "claimed-retry", "advisory-timeout", "serializable", "repeatable-read")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
@@ -241,7 +250,10 @@ if MODE in ("sequence", "for-update", "advisory", "advisory-timeout", "try-advis
     with db, db.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (init["schema"],))
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {init['schema']}.tokens")
-say(type="ready", notes=not QUIET, lock=MODE not in ("none", "optimistic"))
+ISOLATED = MODE in ("serializable", "repeatable-read")
+if ISOLATED:
+    db.set_session(isolation_level=MODE.upper().replace("-", " "))
+say(type="ready", notes=not QUIET, lock=MODE not in ("none", "optimistic") and not ISOLATED)
 
 
 def retried(call):
@@ -420,10 +432,35 @@ def do_optimistic(job):
             return False
 
 
+def do_isolated(job):
+    """Read, work and write in one transaction at REPEATABLE READ or SERIALIZABLE: Postgres
+    refuses the write (or the commit) with a serialization failure if another transaction
+    committed a change the read did not see. Then read again and retry."""
+    while True:
+        try:
+            with db, db.cursor() as cur:
+                cur.execute(f"SELECT value, items FROM {table} WHERE record = %s",
+                            (job["record"],))
+                value, items = cur.fetchone()
+                if job["append"] in items:
+                    return True  # done already, by an earlier delivery
+                say(type="writing", job=job["id"])
+                time.sleep(job["work_ms"] / 1000)  # the work, between read and write
+                cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s"
+                            " WHERE record = %s",
+                            (value + job["add"], items + [job["append"]], job["id"],
+                             job["record"]))
+            return True
+        except psycopg2.errors.SerializationFailure:
+            pass  # rolled back by the `with`: nothing of it was kept; read again
+
+
 def do(job, token):
     """One transaction: read, add, write. Returns False if fenced out."""
     if MODE == "optimistic":
         return do_optimistic(job)
+    if ISOLATED:
+        return do_isolated(job)
     if MODE in ("for-update", "advisory", "advisory-timeout", "try-advisory", "nowait"):
         return do_in_postgres(job)
     if MODE == "claimed":
@@ -506,7 +543,7 @@ for line in sys.stdin:
             say(type="fail", job=job["id"], reason="fenced out 8 times, or no lock")
         continue
     if MODE not in ("none", "optimistic", "for-update", "advisory", "advisory-timeout",
-                    "try-advisory", "nowait"):
+                    "try-advisory", "nowait") and not ISOLATED:
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")

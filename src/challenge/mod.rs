@@ -25,8 +25,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::check::challenge::{Evidence, Grade};
+use crate::check::challenge::{Evidence, Grade, LogBack};
 use crate::connect::{self, Backend};
+use crate::events::{Event, What};
 use crate::exit::Exit;
 use crate::labs::leftovers::Leftovers;
 use crate::servers::{self, ServerArgs};
@@ -337,14 +338,23 @@ fn grade(
         setup.init.redis_url = cluster.primary.url();
     }
     let played = play::play(&setup, sentinels.as_mut());
-    let outcome = played.and_then(|played| {
+    let outcome = played.and_then(|mut played| {
         let (mut changes, finals) = table::read_back(&mut db, &schema)?;
         let statements = table::read_statements(&mut db, &schema, &mut changes)?;
-        let evidence = Evidence {
+        let log = LogBack {
+            changes,
+            statements,
+            finals,
+        };
+        let mut read_back = Event::new("store", What::LogReadBack(log), String::new());
+        read_back.t_ms = played.started.elapsed().as_millis() as u64;
+        if args.json {
+            crate::output::json_line(&read_back);
+        }
+        played.events.push(read_back);
+        let mut evidence = Evidence {
             jobs: played.jobs.clone(),
             acknowledged: played.acknowledged.clone(),
-            changes,
-            finals,
             faults_planned: played.faults_planned,
             faults_played: played.faults_played,
             moments: played.moments.clone(),
@@ -356,13 +366,11 @@ fn grade(
             lease_ms,
             fences_must_rise: challenge == Challenge::Failover,
             deliveries: played.deliveries.clone(),
-            statements,
-            waits: played.waits.clone(),
-            key_waits: played.key_waits.clone(),
-            pg_locks: played.pg_locks.clone(),
             proxy_sessions: played.proxy_sessions.clone(),
             clock_margin_us: played.clock_margin_us,
+            ..Evidence::default()
         };
+        evidence.lay_readings(&played.events);
         Ok((played, evidence))
     });
     removal.now(&outcome);

@@ -399,6 +399,7 @@ pub fn read_statements(
             pid: row.get(0),
             at_us: row.get(1),
             rows: row.get(2),
+            aborted: None,
         })
         .collect();
     Ok(statements)

@@ -62,7 +62,7 @@ pub struct JobSpec {
 }
 
 /// One row of the change log, in the database's order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Change {
     pub seq: i64,
     pub record: String,
@@ -89,16 +89,23 @@ pub struct Change {
 /// One UPDATE statement that reached the records, whatever it matched (a statement-level
 /// trigger logs it): the session that ran it, when, and how many rows it updated — none
 /// for a compare-and-set or a fenced write the database refused. A statement rolled back
-/// is not in the log.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// is not in the log, save one kind: a transaction the server aborted for a serialization
+/// failure or a deadlock it found (`aborted`), which a client's fault proxy saw end — at
+/// REPEATABLE READ or SERIALIZABLE, how the database refuses a write made from a read
+/// another commit made stale. It kept nothing, so it is a statement of no rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Statement {
     pub pid: i32,
     pub at_us: i64,
     pub rows: i64,
+    /// The server's words (SQLSTATE and message) for the conflict that ended the
+    /// transaction, when this is such an abort rather than a logged UPDATE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<String>,
 }
 
 /// One record as the run left it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Final {
     pub record: String,
     pub value: i64,
@@ -108,14 +115,30 @@ pub struct Final {
 /// Each record as the run left it.
 pub type Finals = Vec<Final>;
 
+/// The database's own records of a challenge run, read back once the clients are done: its
+/// log of changes (each with the session that made it), every UPDATE statement that reached
+/// the records, and each record's final value and items — the store's read-back, an
+/// observation in the run's history (`log_read_back`) like the others the grade weighs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LogBack {
+    pub changes: Vec<Change>,
+    pub statements: Vec<Statement>,
+    pub finals: Finals,
+}
+
 /// What the run produced, for the checker.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     pub jobs: Vec<JobSpec>,
     /// Jobs some client answered `ok` for.
     pub acknowledged: BTreeSet<i64>,
-    /// The log, in its order.
+    /// The log, in its order, and each record as the run left it. This field and the five
+    /// readings of the servers below come from the run's history ([`Evidence::lay_readings`]),
+    /// so the verdict's copy of the evidence leaves them out (a recording from before they
+    /// were events carries them here).
+    #[serde(default, skip_serializing)]
     pub changes: Vec<Change>,
+    #[serde(default, skip_serializing)]
     pub finals: Finals,
     /// Faults the challenge meant to play, and those that played.
     pub faults_planned: usize,
@@ -137,16 +160,20 @@ pub struct Evidence {
     /// Each job as it was handed to a client, and how that client answered: whose write a
     /// logged change was, to hold a client's `fail` against the log (none: not checked).
     pub deliveries: Vec<Delivery>,
-    /// Every UPDATE statement on the records, rows or none.
+    /// Every UPDATE statement on the records, rows or none, and the transactions Postgres
+    /// aborted for a conflict (statements of no rows), in time order.
+    #[serde(default, skip_serializing)]
     pub statements: Vec<Statement>,
     /// Sessions seen waiting on others (`pg_blocking_pids`) while a fault lasted.
+    #[serde(default, skip_serializing)]
     pub waits: Vec<Wait>,
     /// Clients seen waiting behind a faulted client's Redis or etcd lock.
+    #[serde(default, skip_serializing)]
     pub key_waits: Vec<KeyWait>,
     /// Postgres locks (advisory, or a record's row lock) seen held while a fault lasted,
     /// with the sessions that kept asking: a lock taken without waiting in Postgres
     /// (`pg_try_advisory_lock`, `NOWAIT`, `SKIP LOCKED`) is never in `waits`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing)]
     pub pg_locks: Vec<PgLockSeen>,
     /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`; none: no
     /// proxies, or a session unread): a change made in any other session went around them.
@@ -159,8 +186,43 @@ pub struct Evidence {
     pub clock_margin_us: i64,
 }
 
+impl Evidence {
+    /// Lays into the evidence the readings of the servers that `events` hold: the log read
+    /// back at the end (`log_read_back`), and, while faults lasted, the waits, the locks
+    /// held, the clients waiting behind a key and the transactions Postgres aborted. A
+    /// history without the log read back is a recording from before these were events: its
+    /// evidence keeps the copies it carries.
+    pub fn lay_readings(&mut self, events: &[crate::events::Event]) {
+        use crate::events::What;
+        let log = events.iter().rev().find_map(|event| match &event.what {
+            What::LogReadBack(log) => Some(log),
+            _ => None,
+        });
+        let Some(log) = log else {
+            return;
+        };
+        self.changes = log.changes.clone();
+        self.finals = log.finals.clone();
+        self.statements = log.statements.clone();
+        self.waits.clear();
+        self.key_waits.clear();
+        self.pg_locks.clear();
+        for event in events {
+            match &event.what {
+                What::PgWaitSeen(wait) => self.waits.push(wait.clone()),
+                What::PgLockSeen(lock) => self.pg_locks.push(lock.clone()),
+                What::KeyWaitSeen(wait) => self.key_waits.push(wait.clone()),
+                What::PgAborted(aborted) => self.statements.push(aborted.clone()),
+                _ => {}
+            }
+        }
+        // A stable sort: the log's own order stands among statements of the same moment.
+        self.statements.sort_by_key(|statement| statement.at_us);
+    }
+}
+
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Wait {
     pub waiter: i32,
     pub blockers: Vec<i32>,
@@ -171,9 +233,12 @@ pub struct Wait {
 /// which record it guards is the client's business: unknown), or a record's row, locked or
 /// updated by the session's open transaction (the row's `xmax`, or its multixact's members).
 /// `asking`: the run's other sessions that had sent a statement within the last 100ms then.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PgLockSeen {
     pub session: i32,
+    /// Written `lock`: in the history, an event's `kind` is its own (recordings from before
+    /// it was an event wrote `kind`).
+    #[serde(rename = "lock", alias = "kind")]
     pub kind: PgLockKind,
     /// The record whose row it is (a row lock).
     pub record: Option<String>,
@@ -182,7 +247,9 @@ pub struct PgLockSeen {
 }
 
 /// What kind of Postgres lock a [`PgLockSeen`] is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PgLockKind {
     #[default]
@@ -201,7 +268,7 @@ impl PgLockSeen {
 /// A client seen waiting behind another's Redis or etcd lock while a fault lasted: the key,
 /// under the run's prefix, still held what it held when its (frozen, or held) client's fault
 /// began, and `waiter` had a job on the same record that it had not written.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct KeyWait {
     /// The faulted client, its lock's key, and the server that holds it (`Redis`, `etcd`).
     pub holder: String,
@@ -408,11 +475,7 @@ fn newer_refused(
     let (Some(job), Some(newer)) = (strike.job, strike.overtaken_by) else {
         return false;
     };
-    if strike
-        .newer_tried
-        .as_ref()
-        .is_some_and(|t| *t != Tried::Changes)
-    {
+    if strike.newer_tried.as_ref().is_some_and(|t| !t.writes()) {
         return false;
     }
     let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
@@ -1556,7 +1619,7 @@ pub fn check(evidence: &Evidence) -> Report {
         // Matching nothing after the fault is a refusal only for a write that, tried when
         // it was caught, would have changed the records: a write that matches nothing
         // whenever it runs (`… AND false`) refuses nothing.
-        strike.matched_nothing = zero_rows && strike.tried == Some(Tried::Changes);
+        strike.matched_nothing = zero_rows && strike.tried.as_ref().is_some_and(Tried::writes);
         if zero_rows && !strike.matched_nothing {
             strike.unweighed = Some(match &strike.tried {
                 Some(Tried::Untried(why)) => format!(
@@ -1764,6 +1827,89 @@ fn stuck_locks(moments: &[LockMoment], bound_ms: u64) -> Vec<Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The readings of the servers travel in the history: written as `--json` lines and
+    /// read back, they lay into the evidence what the live grade weighed — an aborted
+    /// transaction among the statements in time order, a lock's kind beside the event's.
+    #[test]
+    fn the_servers_readings_in_a_history_are_the_evidence_the_grade_weighs() {
+        use crate::events::{Event, What};
+        let statement = |pid, at_us, rows, aborted: Option<&str>| Statement {
+            pid,
+            at_us,
+            rows,
+            aborted: aborted.map(str::to_string),
+        };
+        let log = LogBack {
+            changes: Vec::new(),
+            statements: vec![statement(7, 100, 1, None), statement(8, 300, 0, None)],
+            finals: vec![Final {
+                record: "r0".into(),
+                value: 3,
+                items: vec!["j1".into()],
+            }],
+        };
+        let lock = PgLockSeen {
+            session: 7,
+            kind: PgLockKind::Row,
+            record: Some("r0".into()),
+            at_us: 150,
+            asking: vec![8],
+        };
+        let wait = Wait {
+            waiter: 8,
+            blockers: vec![7],
+            at_us: 160,
+        };
+        let aborted = statement(8, 200, 0, Some("40001: could not serialize access"));
+        let history = [
+            Event::new("lab", What::PgLockSeen(lock.clone()), ""),
+            Event::new("lab", What::PgWaitSeen(wait.clone()), ""),
+            Event::new("c2", What::PgAborted(aborted.clone()), "aborted"),
+            Event::new("store", What::LogReadBack(log.clone()), ""),
+        ];
+        let lines: Vec<String> = (history.iter())
+            .map(|event| serde_json::to_string(event).unwrap())
+            .collect();
+        assert!(
+            lines[0].contains(r#""kind":"pg_lock_seen""#),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains(r#""lock":"row""#), "{}", lines[0]);
+        let read: Vec<Event> = (lines.iter())
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let mut evidence = Evidence::default();
+        evidence.lay_readings(&read);
+        assert_eq!(evidence.finals, log.finals);
+        assert_eq!(evidence.pg_locks, vec![lock]);
+        assert_eq!(evidence.waits, vec![wait]);
+        assert_eq!(
+            evidence.statements,
+            vec![
+                log.statements[0].clone(),
+                aborted,
+                log.statements[1].clone()
+            ]
+        );
+        // The verdict's copy leaves the readings to the history.
+        let carried = serde_json::to_value(&evidence).unwrap();
+        for field in [
+            "changes",
+            "finals",
+            "statements",
+            "waits",
+            "key_waits",
+            "pg_locks",
+        ] {
+            assert!(carried.get(field).is_none(), "{field} in {carried}");
+        }
+        // A recording from before the readings were events keeps the evidence's copies.
+        let mut older = evidence.clone();
+        older.lay_readings(&read[..3]);
+        assert_eq!(older, evidence);
+    }
 
     fn job(id: i64, record: &str, add: i64) -> JobSpec {
         JobSpec {
@@ -2104,6 +2250,7 @@ mod tests {
                 pid: 7,
                 at_us,
                 rows: 0,
+                ..Statement::default()
             }]
         };
         run.statements = refused_at(1_000_231);
@@ -2140,7 +2287,12 @@ mod tests {
             ..Strike::default()
         };
         run.strikes = vec![held];
-        let statement = |pid, at_us, rows| Statement { pid, at_us, rows };
+        let statement = |pid, at_us, rows| Statement {
+            pid,
+            at_us,
+            rows,
+            aborted: None,
+        };
         // The held write (session 7) changed a row; 0 rows came from session 6.
         run.statements = vec![statement(6, 900_000, 0), statement(7, 950_000, 1)];
         assert_eq!(check(&run).faults_bit, 0, "{:?}", check(&run));
@@ -2272,6 +2424,7 @@ mod tests {
             pid,
             at_us,
             rows: 0,
+            ..Statement::default()
         };
         run.statements = vec![refusal(5, 900_000)];
         assert_eq!(check(&run).faults_bit, 0);
@@ -2487,6 +2640,7 @@ mod tests {
             pid: 9,
             at_us: 1_600_000,
             rows: 0,
+            ..Statement::default()
         }];
         let report = check(&run);
         assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));

@@ -163,6 +163,20 @@ pub enum What {
     JobSent(ChallengeJob),
     /// A learner's client answered a job: `ok` (done, once) or not (`fail`, with its reason).
     JobAnswered(ChallengeJob),
+    /// What the challenge read from the servers while a fault lasted, each reading as it
+    /// came: a Postgres session waiting behind others' locks (`pg_blocking_pids`)…
+    PgWaitSeen(crate::check::challenge::Wait),
+    /// …a Postgres lock held — an advisory lock (`pg_locks`), a row (its `xmax`) — and the
+    /// run's other sessions that had just sent a statement…
+    PgLockSeen(crate::check::challenge::PgLockSeen),
+    /// …a client waiting behind a faulted client's Redis or etcd key.
+    KeyWaitSeen(crate::check::challenge::KeyWait),
+    /// Postgres aborted a client's transaction for a serialization failure or a deadlock it
+    /// found, as the client's fault proxy saw it end: nothing it wrote was kept.
+    PgAborted(crate::check::challenge::Statement),
+    /// The database's logs read back once the challenge's clients were done: every change,
+    /// every UPDATE statement on the records, each record's final value and items.
+    LogReadBack(crate::check::challenge::LogBack),
     // lab 8 renewal failed (issue 22)
     /// A held lock's renewal failed (a Redis heartbeat's `PEXPIRE`, an etcd keepalive): the
     /// first failure after one that got through, before the holder gives the lock up.

@@ -37,8 +37,22 @@ pub enum Tried {
     Changes,
     /// Run when it was caught, it matched no row of the watched table.
     ChangesNothing,
+    /// Run when it was caught, the server refused it for a conflict it found — a
+    /// serialization failure or a deadlock ([`conflict_found_by_the_server`]), its words
+    /// here: the write was made from a read that a concurrent commit had made stale, which
+    /// REPEATABLE READ and SERIALIZABLE refuse. It is a write of the record, refused.
+    Refused(String),
     /// It was not tried, or the try told nothing: why.
     Untried(String),
+}
+
+impl Tried {
+    /// Tried when it was caught, it was a write of the records: it changed rows, or the
+    /// server refused it because its read was stale. Either way it is no write that matches
+    /// nothing whenever it runs, so a refusal of it after the fault is the fault biting.
+    pub fn writes(&self) -> bool {
+        matches!(self, Tried::Changes | Tried::Refused(_))
+    }
 }
 
 /// How long the try may take in all before the connection is given up, and the limits it
@@ -81,6 +95,12 @@ struct Talk {
     /// The server's process for this connection, from its `BackendKeyData`: the session
     /// whose statements and changes the server's logs name (`pg_backend_pid()`).
     backend_pid: Option<i32>,
+    /// A serialization failure or deadlock the server found in the open transaction
+    /// ([`conflict_found_by_the_server`]), until the transaction ends: aborted, or saved
+    /// by a rollback to a savepoint.
+    conflict: Option<String>,
+    /// Transactions the server ended for such a conflict, not yet taken ([`Conversation::aborted`]).
+    aborted: Vec<String>,
 }
 
 /// How the try asks the server what the write did: SQL for the end of the server's log of
@@ -97,6 +117,8 @@ struct Listening {
     part: usize,
     rows: Option<Vec<u8>>,
     trouble: Option<String>,
+    /// The write itself was refused for a conflict the server found.
+    refused: Option<String>,
     status_before: u8,
     done: Option<oneshot::Sender<Tried>>,
 }
@@ -128,9 +150,22 @@ impl Conversation {
                 talk.backend_pid = Some(i32::from_be_bytes([pid[0], pid[1], pid[2], pid[3]]));
             }
             let Some(listening) = talk.listening.as_mut() else {
+                if kind == b'E'
+                    && let Some(why) = conflict_found_by_the_server(&body)
+                {
+                    talk.conflict = Some(why);
+                }
                 if kind == b'Z' {
                     talk.answered += 1;
                     talk.status = body.first().copied().unwrap_or(b'I');
+                    match talk.status {
+                        // Back outside a transaction: the one in which the conflict was
+                        // found ended, and nothing it did was kept.
+                        b'I' => talk.aborted.extend(talk.conflict.take()),
+                        // A rollback to a savepoint saved the transaction: it goes on.
+                        b'T' => talk.conflict = None,
+                        _ => {}
+                    }
                     woke = true;
                 }
                 continue;
@@ -155,6 +190,12 @@ impl Conversation {
     pub(super) fn backend(&self) -> (Option<i32>, bool) {
         let talk = self.lock();
         (talk.backend_pid, talk.framer.opaque)
+    }
+
+    /// The transactions the server aborted for a serialization failure or a deadlock since
+    /// last asked, each as the server worded it (see [`conflict_found_by_the_server`]).
+    pub(super) fn aborted(&self) -> Vec<String> {
+        std::mem::take(&mut self.lock().aborted)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Talk> {
@@ -191,6 +232,7 @@ impl Conversation {
             part: 0,
             rows: None,
             trouble: None,
+            refused: None,
             status_before: status,
             done: Some(done),
         });
@@ -210,6 +252,9 @@ impl Listening {
         match kind {
             b'D' if self.part == 2 => self.rows = Some(first_column(body)),
             b'E' if self.trouble.is_none() => {
+                if self.part == 1 {
+                    self.refused = conflict_found_by_the_server(body);
+                }
                 let said = error_message(body);
                 let part = [
                     "opening the try",
@@ -235,6 +280,7 @@ impl Listening {
                 "the session's status after the try ({}) is not the one before ({})",
                 status_after as char, self.status_before as char
             )),
+            (Some(_), _) if let Some(conflict) = self.refused.take() => Tried::Refused(conflict),
             (Some(trouble), _) => Tried::Untried(trouble.clone()),
             (None, Some(0)) => Tried::ChangesNothing,
             (None, Some(_)) => Tried::Changes,
@@ -301,18 +347,43 @@ fn first_column(body: &[u8]) -> Vec<u8> {
 
 /// An `ErrorResponse`'s message field.
 fn error_message(body: &[u8]) -> String {
+    error_field(body, b'M').unwrap_or_else(|| "an error".into())
+}
+
+/// One field of an `ErrorResponse` (`C` its SQLSTATE, `M` its message, `F` the server's
+/// source file that raised it), if it came whole.
+fn error_field(body: &[u8], wanted: u8) -> Option<String> {
     let mut rest = body;
     while let Some((&code, tail)) = rest.split_first() {
         if code == 0 {
             break;
         }
-        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
-        if code == b'M' {
-            return String::from_utf8_lossy(&tail[..end]).into_owned();
+        let end = tail.iter().position(|&b| b == 0)?;
+        if code == wanted {
+            return Some(String::from_utf8_lossy(&tail[..end]).into_owned());
         }
         rest = tail.get(end + 1..).unwrap_or_default();
     }
-    "an error".into()
+    None
+}
+
+/// A serialization failure (SQLSTATE `40001`) or a deadlock (`40P01`) that the server
+/// itself found, as `"40001: <its message>"`: the transaction it ends keeps nothing, so the
+/// write in it was refused by the database — how REPEATABLE READ and SERIALIZABLE refuse a
+/// write made from a read that another transaction's commit has made stale. One that
+/// PL/pgSQL raised (`RAISE … USING ERRCODE`, source file `pl_exec.c`) is the client's
+/// own words, not a conflict the server found; a field cut off in the proxy's copy counts
+/// as not found either.
+fn conflict_found_by_the_server(body: &[u8]) -> Option<String> {
+    let code = error_field(body, b'C')?;
+    if code != "40001" && code != "40P01" {
+        return None;
+    }
+    let raised_in = error_field(body, b'F')?;
+    if raised_in == "pl_exec.c" {
+        return None;
+    }
+    Some(format!("{code}: {}", error_field(body, b'M')?))
 }
 
 /// Splits the server's bytes into messages, in pieces of any size; keeps the first bytes of
@@ -459,6 +530,61 @@ mod tests {
         encrypted.heard(&ready(b'I'));
         let talk = encrypted.lock();
         assert_eq!((talk.answered, talk.at_boundary), (0, false));
+    }
+
+    fn error(code: &str, file: &str) -> Vec<u8> {
+        let body = format!("SERROR\0C{code}\0Mcould not serialize access\0F{file}\0\0");
+        message(b'E', body.as_bytes())
+    }
+
+    #[test]
+    fn a_transaction_the_server_ended_for_a_conflict_is_told_once_it_is_over() {
+        let conversation = Conversation::default();
+        // Inside a transaction: failed, then rolled back.
+        let mut stream = error("40001", "nodeModifyTable.c");
+        stream.extend(ready(b'E'));
+        assert_eq!(conversation.heard(&stream), 0);
+        assert!(conversation.aborted().is_empty(), "not over yet");
+        assert_eq!(conversation.heard(&ready(b'I')), 0);
+        assert_eq!(
+            conversation.aborted(),
+            vec!["40001: could not serialize access".to_string()]
+        );
+        assert!(conversation.aborted().is_empty(), "told once");
+        // A deadlock, outside a transaction: over at once.
+        let mut stream = error("40P01", "deadlock.c");
+        stream.extend(ready(b'I'));
+        conversation.heard(&stream);
+        assert_eq!(conversation.aborted().len(), 1);
+    }
+
+    #[test]
+    fn a_conflict_saved_by_a_savepoint_or_raised_by_plpgsql_or_of_another_kind_is_no_abort() {
+        let conversation = Conversation::default();
+        let mut stream = error("40001", "nodeModifyTable.c");
+        stream.extend(ready(b'E'));
+        stream.extend(ready(b'T')); // ROLLBACK TO SAVEPOINT: the transaction goes on
+        stream.extend(ready(b'I'));
+        stream.extend(error("40001", "pl_exec.c")); // RAISE … USING ERRCODE
+        stream.extend(ready(b'I'));
+        stream.extend(error("23505", "nbtinsert.c")); // a unique violation
+        stream.extend(ready(b'I'));
+        conversation.heard(&stream);
+        assert!(conversation.aborted().is_empty());
+    }
+
+    #[test]
+    fn a_try_the_server_refuses_for_a_conflict_is_a_refused_write() {
+        let refused = answers("0", error("40001", "nodeModifyTable.c"));
+        let (tried, _) = tried_in_pieces(&refused, 3);
+        assert_eq!(
+            tried,
+            Tried::Refused("40001: could not serialize access".into())
+        );
+        assert!(tried.writes());
+        let raised = answers("0", error("40001", "pl_exec.c"));
+        let (tried, _) = tried_in_pieces(&raised, 3);
+        assert!(matches!(tried, Tried::Untried(_)), "{tried:?}");
     }
 
     #[test]

@@ -113,6 +113,10 @@ pub enum Seen {
     /// A write to the watched table came and waits at the gate ([`Proxy::gate_writes`])
     /// until [`Proxy::open_gate`] lets ticket `ticket` in.
     WriteGated { ticket: u64 },
+    /// The server ended a transaction of the session `session` for a serialization
+    /// failure or a deadlock it found (`why`: its SQLSTATE and message): whatever that
+    /// transaction wrote, the database refused it.
+    TransactionAborted { session: Option<i32>, why: String },
 }
 
 /// One report from the proxy: when, on which path, what.
@@ -931,6 +935,18 @@ impl Pump {
         {
             // The answers to a try are the proxy's own: they never reach the client.
             let from = conversation.heard(chunk);
+            let aborted = conversation.aborted();
+            if !aborted.is_empty() {
+                let session = conversation.backend().0;
+                let mut state = lock(&self.shared);
+                for why in aborted {
+                    state.reports.push(Report {
+                        at: Instant::now(),
+                        path: self.shared.path.clone(),
+                        seen: Seen::TransactionAborted { session, why },
+                    });
+                }
+            }
             if !self.session_told {
                 let (pid, encrypted) = conversation.backend();
                 if pid.is_some() || encrypted {

@@ -1,8 +1,9 @@
-//! A recorded `lockslab challenge` run graded again by [`crate::check::challenge`]: the jobs
-//! and the clients' `ok`s from the typed events, and everything else the grade weighed —
-//! the database's log of changes and statements, each record's final value and items, the
-//! clients' lock notes, each fault as it began, the waits read from the servers — from the
-//! evidence the verdict carries. A run recorded before the verdict carried its evidence is
+//! A recorded `lockslab challenge` run graded again by [`crate::check::challenge`]: from the
+//! typed events, the jobs, the clients' `ok`s and every reading of the servers — the
+//! database's log of changes and statements and each record's final value and items
+//! (`log_read_back`), the waits, locks and aborted transactions seen while faults lasted;
+//! and from the evidence the verdict carries, the rest the grade weighed — the clients'
+//! lock notes, each fault as it began. A run recorded before the verdict carried its evidence is
 //! graded on what the history and the change log decide (the problems in the data), and
 //! the rest is left as recorded.
 
@@ -55,6 +56,7 @@ fn carried(events: &[Event], verdict: &Value) -> Result<Option<Evidence>> {
         );
     }
     evidence.acknowledged = acknowledged;
+    evidence.lay_readings(events);
     Ok(Some(evidence))
 }
 

@@ -254,6 +254,9 @@ impl Run<'_> {
                     Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
                     Seen::DelayedSent { late_ms } => self.write_sent(index, late_ms),
+                    Seen::TransactionAborted { session, why } => {
+                        self.transaction_aborted(index, session, why, report.at);
+                    }
                     _ => {}
                 }
             }
@@ -261,6 +264,33 @@ impl Run<'_> {
         self.no_write_came()?;
         self.let_frozen_writes_go();
         Ok(())
+    }
+
+    /// Postgres aborted a transaction of this client's for a conflict it found (its proxy
+    /// saw it end): kept as a statement of no rows in that session, for the checker to weigh
+    /// as a refusal beside the log's, and said on the timeline.
+    fn transaction_aborted(
+        &mut self,
+        index: usize,
+        session: Option<i32>,
+        why: String,
+        at: Instant,
+    ) {
+        let name = self.seats[index].client.name.clone();
+        let text =
+            format!("Postgres aborted {name}'s transaction ({why}): nothing it wrote was kept");
+        // A session the proxy could not read is no session a refusal can be laid at.
+        let aborted = Statement {
+            pid: session.unwrap_or_default(),
+            at_us: self.db_us(at),
+            rows: 0,
+            aborted: Some(why),
+        };
+        let what = match session {
+            Some(_) => What::PgAborted(aborted),
+            None => What::Output,
+        };
+        self.note(&name, what, text);
     }
 
     /// A write came to its proxy's gate: lockslab reads every note its client wrote before

@@ -111,7 +111,9 @@ impl Run<'_> {
         };
         let ports: Vec<i32> = proxy.server_ports().into_iter().map(i32::from).collect();
         let rows = self.clock.query(&behind_its_sessions(), &[&ports])?;
-        self.waits.extend(rows.iter().map(wait_of));
+        for wait in rows.iter().map(wait_of) {
+            self.observe(What::PgWaitSeen(wait));
+        }
         Ok(!rows.is_empty())
     }
 
@@ -120,7 +122,7 @@ impl Run<'_> {
     /// another client holding a job on `record` had just sent a statement (it kept asking).
     /// The sessions are those the clients' proxies opened, as each proxy read them.
     pub(super) fn asked_while_held(&self, index: usize, record: &str) -> bool {
-        let Some(latest) = self.pg_locks.iter().map(|seen| seen.at_us).max() else {
+        let Some(latest) = self.pg_locks_seen().map(|seen| seen.at_us).max() else {
             return false;
         };
         let sessions_of = |seat: &Seat| -> BTreeSet<i32> {
@@ -138,7 +140,7 @@ impl Run<'_> {
             })
             .flat_map(|(_, seat)| sessions_of(seat))
             .collect();
-        self.pg_locks.iter().any(|seen| {
+        self.pg_locks_seen().any(|seen| {
             seen.at_us == latest
                 && own.contains(&seen.session)
                 && seen.may_guard(record)
@@ -154,7 +156,9 @@ impl Run<'_> {
         }
         self.waits_read = Some(Instant::now());
         let rows = self.clock.query(&waiting(), &[])?;
-        self.waits.extend(rows.iter().map(wait_of));
+        for wait in rows.iter().map(wait_of) {
+            self.observe(What::PgWaitSeen(wait));
+        }
         let now = self.clock.query_one(&asking_now(), &[])?;
         let (at_us, asking): (i64, Vec<i32>) = (now.get(0), now.get(1));
         let seen = |session, kind, record| PgLockSeen {
@@ -169,26 +173,39 @@ impl Run<'_> {
                 .collect(),
         };
         let rows = (self.clock).query(&postgres_locks_held(&self.setup.init.table), &[])?;
+        let mut held = Vec::new();
         for row in rows {
             let (session, record, xmax): (Option<i32>, Option<String>, Option<String>) =
                 (row.get(0), row.get(1), row.get(2));
             match (session, xmax) {
                 (Some(session), _) if record.is_none() => {
-                    self.pg_locks
-                        .push(seen(session, PgLockKind::Advisory, None))
+                    held.push(seen(session, PgLockKind::Advisory, None))
                 }
-                (Some(session), _) => self.pg_locks.push(seen(session, PgLockKind::Row, record)),
+                (Some(session), _) => held.push(seen(session, PgLockKind::Row, record)),
                 (None, Some(xmax)) => {
                     let holders = self.clock.query(MULTIXACT_HOLDERS, &[&xmax]);
                     for holder in holders.into_iter().flatten() {
-                        self.pg_locks
-                            .push(seen(holder.get(0), PgLockKind::Row, record.clone()));
+                        held.push(seen(holder.get(0), PgLockKind::Row, record.clone()));
                     }
                 }
                 (None, None) => {}
             }
         }
+        for lock in held {
+            self.observe(What::PgLockSeen(lock));
+        }
         Ok(())
+    }
+
+    /// The Postgres locks read so far, from the run's history.
+    fn pg_locks_seen(&self) -> impl Iterator<Item = &PgLockSeen> {
+        self.tape
+            .events
+            .iter()
+            .filter_map(|event| match &event.what {
+                What::PgLockSeen(seen) => Some(seen),
+                _ => None,
+            })
     }
 }
 

@@ -12,9 +12,7 @@ use anyhow::{Result, bail};
 use super::challenges::Challenge;
 use super::client::{Client, ClientFailed, Heard, failed};
 use super::protocol::{FromClient, Init, Job, ToClient};
-use crate::check::challenge::{
-    Delivery, JobSpec, KeyWait, LockMoment, Moment, PgLockSeen, Strike, Wait,
-};
+use crate::check::challenge::{Delivery, JobSpec, LockMoment, Moment, Statement, Strike};
 use crate::events::facts::{Acquired, ChallengeJob, Released};
 use crate::events::{Event, What};
 use crate::nemesis::play::Faults;
@@ -84,6 +82,8 @@ pub struct Played {
     pub client_failure: Option<String>,
     /// The run's typed history, for `--html`.
     pub events: Vec<Event>,
+    /// When the run's clock began (each event's `t_ms` counts from it).
+    pub started: Instant,
     pub moments: Vec<LockMoment>,
     /// Each pause and delay as it began, to tell afterwards whether it bit.
     pub strikes: Vec<Strike>,
@@ -91,12 +91,6 @@ pub struct Played {
     pub unplayed: Vec<String>,
     /// Each job as it was handed out, and how it was answered.
     pub deliveries: Vec<Delivery>,
-    /// Sessions seen waiting on others while a fault lasted.
-    pub waits: Vec<Wait>,
-    /// Clients seen waiting behind a faulted client's Redis or etcd key.
-    pub key_waits: Vec<KeyWait>,
-    /// Postgres locks seen held while a fault lasted, and who kept asking.
-    pub pg_locks: Vec<PgLockSeen>,
     /// The Postgres sessions each client's fault proxy opened (`pause`, `delay`); none
     /// when the clients had no proxies, or one could not read a session's number.
     pub proxy_sessions: Option<BTreeMap<String, BTreeSet<i32>>>,
@@ -200,8 +194,7 @@ struct Run<'a> {
     failover: Option<failover::Failover<'a>>,
     /// Each job as it was handed out, and how it was answered.
     deliveries: Vec<Delivery>,
-    /// Sessions seen waiting on others while a fault lasted, and when they were last read.
-    waits: Vec<Wait>,
+    /// When the waits and locks in Postgres were last read (each reading is an event).
     waits_read: Option<Instant>,
     /// lockslab's reading of the run's Redis and etcd keys (`pause`, `delay`): each
     /// client's last snapshot when its job went out and when it said `acquired` (with the
@@ -212,8 +205,6 @@ struct Run<'a> {
     keys_acquired: HashMap<String, (i64, leases::Keys)>,
     outlasting: Vec<outlast::Outlast>,
     outlast_read: Option<Instant>,
-    key_waits: Vec<KeyWait>,
-    pg_locks: Vec<PgLockSeen>,
     /// lockslab's own connection to Postgres: the database's clock when a fault begins.
     clock: crate::connect::PgClient,
     /// Each client's Postgres password, hidden wherever a client's words are shown.
@@ -293,7 +284,6 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         moments: Vec::new(),
         strikes: Vec::new(),
         deliveries: Vec::new(),
-        waits: Vec::new(),
         waits_read: None,
         leases: matches!(setup.challenge, Challenge::Pause | Challenge::Delay).then(|| {
             leases::Servers::connect(
@@ -306,8 +296,6 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         keys_acquired: HashMap::new(),
         outlasting: Vec::new(),
         outlast_read: None,
-        key_waits: Vec::new(),
-        pg_locks: Vec::new(),
         held_writes: BTreeSet::new(),
         gates: BTreeMap::new(),
         untried: BTreeSet::new(),
@@ -385,13 +373,11 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         faults_played: run.faults_played,
         client_failure: failure,
         events: std::mem::take(&mut run.tape.events),
+        started: run.tape.start,
         moments: std::mem::take(&mut run.moments),
         strikes: std::mem::take(&mut run.strikes),
         unplayed,
         deliveries: std::mem::take(&mut run.deliveries),
-        waits: std::mem::take(&mut run.waits),
-        key_waits: std::mem::take(&mut run.key_waits),
-        pg_locks: std::mem::take(&mut run.pg_locks),
         proxy_sessions,
         jobs: std::mem::take(&mut run.jobs),
         clock_margin_us: run.clock_margin_us,
@@ -552,6 +538,12 @@ impl Run<'_> {
     /// (an answer was shown to it before it was read: `killed_as_it_answers`).
     fn note(&mut self, worker: &str, what: What, text: String) {
         self.tape.record(Event::new(worker, what, text));
+    }
+
+    /// Keeps a reading of the servers in the history, off the timeline: the grader weighs
+    /// it (`lockslab check` too), the learner reads the lines that say what it meant.
+    fn observe(&mut self, what: What) {
+        self.note(crate::nemesis::LANE, what, String::new());
     }
 
     /// Shows the schedule's player a client's answer before lockslab reads it, and plays

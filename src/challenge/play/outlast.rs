@@ -479,14 +479,14 @@ impl Run<'_> {
         for (waiter, job) in waiting {
             self.outlasting[i].seen_waiting.insert(job);
             let at_us = self.db_us(Instant::now());
-            self.key_waits.push(KeyWait {
+            self.observe(What::KeyWaitSeen(KeyWait {
                 holder: holder.clone(),
                 key: key.to_string(),
                 server: server.to_string(),
                 waiter: waiter.clone(),
                 job,
                 at_us,
-            });
+            }));
             let facts = HolderNow {
                 holder: Some(holder.clone()),
                 backend: Some(server.to_string()),

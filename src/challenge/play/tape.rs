@@ -29,6 +29,10 @@ impl Record for Tape {
                 | What::Working
                 | What::Released(_)
                 | What::Run(_)
+                | What::PgWaitSeen(_)
+                | What::PgLockSeen(_)
+                | What::KeyWaitSeen(_)
+                | What::LogReadBack(_)
         ) {
             crate::outln!("{:>7}ms  {:<4} {}", event.t_ms, event.worker, event.text);
         }
