@@ -88,7 +88,9 @@ pub fn heading(
     if unguarded_role {
         crate::prose!(
             "  {}",
-            "the clients' Postgres role may create views, rules, functions and triggers              (refusing them takes an event trigger, which only a superuser makes): a write              hidden in one is a write no fault can hold"
+            "the clients' Postgres role may create views, rules, functions and triggers \
+            (refusing them takes an event trigger, which only a superuser makes): a write \
+            hidden in one is a write no fault can hold"
                 .dimmed()
         );
     }

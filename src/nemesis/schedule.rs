@@ -393,7 +393,8 @@ impl Schedule {
             }
             if step.fault == Fault::LeaderStall && (!is_server || step.duration_ms.is_none()) {
                 bail!(
-                    "a leader_stall is aimed at a cluster this run has ({}), with how long                      (duration_ms: past its election timeout): not '{}'{}",
+                    "a leader_stall is aimed at a cluster this run has ({}), with how long \
+                    (duration_ms: past its election timeout): not '{}'{}",
                     servers.join(", "),
                     step.target,
                     if step.duration_ms.is_none() {

@@ -254,20 +254,23 @@ fn clear_for_socket(socket: &Path, port: u16) -> Result<()> {
     };
     if meta.uid() != nix::unistd::Uid::effective().as_raw() {
         bail!(
-            "{} belongs to user {}, not to you: lockslab does not remove it; its owner (or root)              may, or give this proxy another port",
+            "{} belongs to user {}, not to you: lockslab does not remove it; its owner (or root) \
+            may, or give this proxy another port",
             socket.display(),
             meta.uid()
         );
     }
     if !meta.file_type().is_socket() {
         bail!(
-            "{} is in the way of this proxy's control socket and is not a socket: remove it,              or give this proxy another port",
+            "{} is in the way of this proxy's control socket and is not a socket: remove it, \
+            or give this proxy another port",
             socket.display()
         );
     }
     if UnixStream::connect(socket).is_ok() {
         bail!(
-            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give              this one another port",
+            "another `lockslab proxy` on port {port} takes faults at {}: stop it, or give \
+            this one another port",
             socket.display()
         );
     }

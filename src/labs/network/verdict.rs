@@ -254,7 +254,8 @@ pub fn replay(events: &[Event], verdict: &Value) -> Result<Replayed> {
     }
     if verdict.get("lost_set").is_some() {
         replayed.not_replayed.push(
-            "the lost replies (`lost_set`, `lost_commit`, `lost_lock`): they rest on              read-backs of the key's holder the history does not carry yet"
+            "the lost replies (`lost_set`, `lost_commit`, `lost_lock`): they rest on \
+            read-backs of the key's holder the history does not carry yet"
                 .into(),
         );
     }
