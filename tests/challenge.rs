@@ -345,7 +345,9 @@ fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() 
 /// A client that says `writing` only after its write committed (a lie, or a bug): the
 /// pause or delay aimed at the write after that note finds none — the client is done with
 /// the job — and plays there, with the job's write already in the database's log, so it
-/// missed. Before the grader read when the write landed, this client passed both.
+/// missed. Before the grader read when the write landed, this client passed both. Under
+/// `pause` the third pause lands in the middle of a job's work whatever the notes say, and
+/// may catch its lock (`late` is `setnx`): it fails there, on seed 1 as the walkthrough shows.
 #[test]
 fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() {
     python_ready();
@@ -356,14 +358,15 @@ fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() 
             history.contains("no write"),
             "the timeline says no write came: {history}"
         );
-        if name == "pause" {
-            assert_eq!(code, 3, "{verdict}");
-            assert_eq!(verdict["grade"], "unknown");
-        } else {
-            assert!(code == 1 || code == 3, "{verdict}");
-        }
-        assert_eq!(verdict["faults_played"], verdict["faults_planned"]);
-        assert_eq!(verdict["faults_bit"], 0, "{verdict}");
+        assert!(code == 1 || code == 3, "{verdict}");
+        // The two aimed at writes played (the pause in the work may wait for them and come
+        // too late); only the pause in the work can bite: the two found no write.
+        assert!(verdict["faults_played"].as_u64() >= Some(2), "{verdict}");
+        let most_bit = if name == "pause" { 1 } else { 0 };
+        assert!(
+            verdict["faults_bit"].as_u64() <= Some(most_bit),
+            "{verdict}"
+        );
         // Missed either way: the note came after the write, or — on a busy machine, where
         // the note's and the database's clocks are within a millisecond — lockslab was late.
         let said = verdict["unknown"].to_string();

@@ -174,11 +174,85 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
             [Seen::WriteHeld {
                 tried: Tried::Changes,
                 session: Some(_),
+                ..
             }]
         ),
         "{seen:?}"
     );
     assert_eq!(bench.value("r0"), 5, "the real write, once");
+}
+
+/// A REPEATABLE READ transaction's write, held while another session commits a change to
+/// the same row, is refused by the server when it goes through (40001): the proxy tells
+/// that the transaction ended for that conflict, in its answer to the held write's own
+/// request. A conflict the client provokes on a later statement is told with that
+/// statement's request, so it is never taken for the held write's refusal.
+#[test]
+fn a_held_write_the_server_refuses_for_a_stale_snapshot_is_told_with_its_request() {
+    let mut bench = Bench::new("stale");
+    let table = bench.table.clone();
+    let begin = format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT value FROM {table} WHERE record = 'r0'"
+    );
+    bench.client().simple_query(&begin).unwrap();
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    let sent = bench.send(format!("UPDATE {table} SET value = 1 WHERE record = 'r0'"));
+    let seen = caught(&bench.proxy);
+    let Some(&Seen::WriteHeld {
+        tried: Tried::Changes,
+        session: Some(session),
+        request,
+    }) = seen.last()
+    else {
+        panic!("not held as a write that changes the records: {seen:?}")
+    };
+    let concurrent = format!("UPDATE {table} SET value = 5 WHERE record = 'r0'");
+    bench.other.execute(&concurrent, &[]).unwrap();
+    bench.proxy.clear(Direction::Up);
+    assert!(bench.answer(sent).is_err(), "refused");
+    bench.client().simple_query("ROLLBACK").unwrap();
+    let mut told = Vec::new();
+    eventually(Duration::from_secs(10), || {
+        told.extend(bench.seen().into_iter().filter_map(|s| match s {
+            Seen::TransactionAborted {
+                session,
+                why,
+                request,
+            } => Some((session, why, request)),
+            _ => None,
+        }));
+        !told.is_empty()
+    });
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!((told[0].0, told[0].2), (Some(session), request), "{told:?}");
+    assert!(told[0].1.starts_with("40001: "), "{told:?}");
+    assert_eq!(bench.value("r0"), 5, "the refused write kept nothing");
+
+    // The held write goes through; a statement after it, on r1, meets a conflict.
+    bench.client().simple_query(&begin).unwrap();
+    bench.proxy.set(Direction::Up, NetFault::HoldWrite);
+    let sent = bench.send(format!("UPDATE {table} SET value = 2 WHERE record = 'r0'"));
+    let seen = caught(&bench.proxy);
+    let Some(&Seen::WriteHeld { request: held, .. }) = seen.last() else {
+        panic!("not held: {seen:?}")
+    };
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    let other_row = format!("UPDATE {table} SET value = 6 WHERE record = 'r1'");
+    bench.other.execute(&other_row, &[]).unwrap();
+    let later = format!("UPDATE {table} SET value = 3 WHERE record = 'r1'");
+    assert!(bench.client().simple_query(&later).is_err());
+    bench.client().simple_query("ROLLBACK").unwrap();
+    let mut later_told = Vec::new();
+    eventually(Duration::from_secs(10), || {
+        later_told.extend(bench.seen().into_iter().filter_map(|s| match s {
+            Seen::TransactionAborted { request, .. } => Some(request),
+            _ => None,
+        }));
+        !later_told.is_empty()
+    });
+    assert_eq!(later_told.len(), 1, "{later_told:?}");
+    assert!(later_told[0] > held, "{later_told:?} after the held {held}");
 }
 
 #[test]

@@ -18,7 +18,7 @@
     lockslab challenge pause   -- python3 examples/challenge/reference.py outlast 30 # unknown
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py fenced # fails
     lockslab challenge exactly-once -- python3 examples/challenge/reference.py once   # passes
-    lockslab challenge pause   -- python3 examples/challenge/reference.py late      # undecided
+    lockslab challenge pause   -- python3 examples/challenge/reference.py late      # fails, or undecided
     lockslab challenge delay   -- python3 examples/challenge/reference.py late      # undecided
     lockslab challenge pause   -- python3 examples/challenge/reference.py early     # never passes
     lockslab challenge crash   -- python3 examples/challenge/reference.py quiet     # fails
@@ -75,6 +75,8 @@ once    fenced + the job recorded as done in the same transaction: a resent (or
 late    setnx that lies: it says `writing` only after its write committed, so the
         faults aimed at that note find nothing left to hold up. They missed: the
         run is undecided, never a pass (the grader reads when the write landed).
+        Under pause, the third pause lands in the middle of a job's work, and there
+        the setnx lock breaks as ever: on seed 1 it fails.
 early   setnx that lies the other way: it says `writing` before its read. A fault
         aimed at that note lands before anything was read; the grader sees, in
         the items each write carries, that the read came after the fault. The

@@ -7,6 +7,11 @@ use crate::nemesis::Fault;
 use crate::nemesis::generate::Rng;
 use crate::nemesis::schedule::{Anchor, How, Schedule, Step};
 
+/// The work of every job, between its read and its write: long enough that a fault due just
+/// after a `writing` note lands before the write, even when lockslab runs late on a busy
+/// machine (a fault that lands after it missed).
+pub const WORK_MS: u64 = 100;
+
 /// A challenge, by its command-line name.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Challenge {
@@ -64,7 +69,7 @@ impl Challenge {
             },
             Challenge::Pause => About {
                 goal: "no stale write lands after the lock's TTL ran out",
-                faults: "two clients frozen at their write in turn, 2-3 TTLs or past their lock",
+                faults: "two clients frozen at their write in turn, a third mid-work; 2-3 TTLs or past their lock",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::Crash => About {
@@ -253,6 +258,9 @@ impl Challenge {
                     };
                     steps.push((step, at_write.clone()));
                 }
+                if pause {
+                    steps.extend(pause_in_the_work(&mut rng, clients, reach, lease_ms));
+                }
             }
             Challenge::Crash | Challenge::ExactlyOnce => {
                 // The three moments a kill can hurt — holding the lock; writing; done and
@@ -302,6 +310,45 @@ impl Challenge {
     }
 }
 
+/// `pause`'s third fault: a pause that lands where it falls, in the middle of a client's
+/// work — between its `writing` note and its write, a drawn time into the job's `work_ms`
+/// — not at the write. Aimed at the write alone, every pause came after whatever the client
+/// does just before writing, and a design could lean on that moment: a marker set just
+/// before the write that tells the others "wait for me now" is never missing when such a
+/// pause lands, and always missing when a real GC pause comes a little earlier. It goes to
+/// a client the first two faults do not aim at (the third or later, one with notes: a
+/// client with no notes has no work lockslab can see), so that no client waits for two
+/// faults at once; a run of two clients has none.
+fn pause_in_the_work(
+    rng: &mut Rng,
+    clients: &[(String, bool)],
+    reach: u64,
+    lease_ms: u64,
+) -> Option<(Step, How)> {
+    let noted: Vec<&String> = (clients.iter().skip(2))
+        .filter(|(_, notes)| *notes)
+        .map(|(name, _)| name)
+        .collect();
+    if noted.is_empty() {
+        return None;
+    }
+    let name = noted[rng.below(noted.len() as u64) as usize];
+    let work_ms = WORK_MS;
+    let step = Step {
+        // Past the first few milliseconds, and well before the work is done.
+        at_ms: work_ms / 5 + rng.below(work_ms / 2),
+        after: Some(Anchor::on(
+            name,
+            Kind::Working,
+            1 + rng.below(reach.min(3)) as u32,
+        )),
+        fault: Fault::Pause,
+        target: name.clone(),
+        duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
+    };
+    Some((step, How::default()))
+}
+
 trait Below {
     fn below(&mut self, n: u64) -> u64;
 }
@@ -347,13 +394,23 @@ mod tests {
     #[test]
     fn faults_aim_at_notes_only_for_a_client_that_sends_them_and_pauses_outlast_the_ttl() {
         let pause = Challenge::Pause.schedule(3, &clients(), 500);
-        assert_eq!(pause.steps().len(), 2);
-        for step in pause.steps() {
+        assert_eq!(pause.steps().len(), 3);
+        for (at, step) in pause.steps().iter().enumerate() {
             let anchor = step.after.as_ref().unwrap();
             let notes = anchor.worker == "c1" || anchor.worker == "c3";
             assert_eq!(anchor.event == Kind::Working.into(), notes);
             assert!(step.duration_ms.unwrap() >= 1000);
+            // Two aimed at a write; the third lands in the work of a client with notes.
+            assert_eq!(pause.how(at).at_write, at < 2);
         }
+        let in_the_work = &pause.steps()[2];
+        assert!(in_the_work.at_ms > 0 && in_the_work.at_ms < WORK_MS);
+        assert_eq!(
+            in_the_work.target, "c3",
+            "not a client the first two aim at"
+        );
+        let two: Vec<(String, bool)> = ["c1", "c2"].map(|n| (n.to_string(), true)).into();
+        assert_eq!(Challenge::Pause.schedule(3, &two, 500).steps().len(), 2);
         assert!(Challenge::Counter.schedule(3, &clients(), 500).is_empty());
         // Three clients with notes: every seed kills one holding its lock, one writing,
         // and one done and not yet answered.

@@ -370,7 +370,7 @@ fn grade(
             clock_margin_us: played.clock_margin_us,
             ..Evidence::default()
         };
-        evidence.lay_readings(&played.events);
+        crate::reproduce::challenge::lay_readings(&mut evidence, &played.events);
         Ok((played, evidence))
     });
     removal.now(&outcome);

@@ -132,10 +132,10 @@ pub struct Evidence {
     pub jobs: Vec<JobSpec>,
     /// Jobs some client answered `ok` for.
     pub acknowledged: BTreeSet<i64>,
-    /// The log, in its order, and each record as the run left it. This field and the five
-    /// readings of the servers below come from the run's history ([`Evidence::lay_readings`]),
-    /// so the verdict's copy of the evidence leaves them out (a recording from before they
-    /// were events carries them here).
+    /// The log, in its order, and each record as the run left it. These and the readings
+    /// of the servers below come from the run's history (`reproduce::challenge::
+    /// lay_readings`), so the verdict's copy of the evidence leaves them out (a recording
+    /// from before they were events carries them here).
     #[serde(default, skip_serializing)]
     pub changes: Vec<Change>,
     #[serde(default, skip_serializing)]
@@ -184,41 +184,6 @@ pub struct Evidence {
     /// both, good to half that reading's round trip.
     #[serde(default)]
     pub clock_margin_us: i64,
-}
-
-impl Evidence {
-    /// Lays into the evidence the readings of the servers that `events` hold: the log read
-    /// back at the end (`log_read_back`), and, while faults lasted, the waits, the locks
-    /// held, the clients waiting behind a key and the transactions Postgres aborted. A
-    /// history without the log read back is a recording from before these were events: its
-    /// evidence keeps the copies it carries.
-    pub fn lay_readings(&mut self, events: &[crate::events::Event]) {
-        use crate::events::What;
-        let log = events.iter().rev().find_map(|event| match &event.what {
-            What::LogReadBack(log) => Some(log),
-            _ => None,
-        });
-        let Some(log) = log else {
-            return;
-        };
-        self.changes = log.changes.clone();
-        self.finals = log.finals.clone();
-        self.statements = log.statements.clone();
-        self.waits.clear();
-        self.key_waits.clear();
-        self.pg_locks.clear();
-        for event in events {
-            match &event.what {
-                What::PgWaitSeen(wait) => self.waits.push(wait.clone()),
-                What::PgLockSeen(lock) => self.pg_locks.push(lock.clone()),
-                What::KeyWaitSeen(wait) => self.key_waits.push(wait.clone()),
-                What::PgAborted(aborted) => self.statements.push(aborted.clone()),
-                _ => {}
-            }
-        }
-        // A stable sort: the log's own order stands among statements of the same moment.
-        self.statements.sort_by_key(|statement| statement.at_us);
-    }
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -734,6 +699,13 @@ pub struct Strike {
     /// round it is held past its lease).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub followed_to_bound: bool,
+    /// A pause that landed in the middle of its client's work, not at its write (`pause`'s
+    /// third fault): no write was caught, so none was tried. It bites as a pause at the
+    /// write does, save that an UPDATE of its client's that matched nothing after it counts
+    /// as refused untried: this fault only adds what the data can show — a run passes only
+    /// if the faults at the writes bite too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_the_work: bool,
     /// lockslab let its held write go while a newer holder of the record, having read it,
     /// was held just before its own write (the worst order, see `challenge::play::overtake`).
     pub overtaken: bool,
@@ -810,6 +782,7 @@ impl Strike {
         if self.matched_nothing || self.held_off.is_some() {
             return None;
         }
+        let spec = jobs.get(&job)?;
         if let Some(why) = &self.unweighed {
             return Some(format!("{verb} {who} holding job {job}: {why}"));
         }
@@ -822,7 +795,6 @@ impl Strike {
                  trace; refuse in the write itself, and commit it)"
             ));
         }
-        let spec = jobs.get(&job)?;
         let (record, own) = (spec.record.as_str(), spec.append.as_str());
         if !self.notes {
             // Aimed only at the job's arrival: the client may not have read the record yet,
@@ -867,6 +839,19 @@ impl Strike {
                 )
             });
         }
+        self.nobody_came_within(job, record, first, changes)
+    }
+
+    /// The fault tested nothing if no other client's change to `record` committed from its
+    /// start until the job's first write landed (`first`: its time and number).
+    fn nobody_came_within(
+        &self,
+        job: i64,
+        record: &str,
+        first: Option<(i64, i64)>,
+        changes: &[Change],
+    ) -> Option<String> {
+        let (verb, who) = (self.verb(), &self.client);
         let landed = first.filter(|(at_us, _)| *at_us >= self.at_us);
         let meanwhile = changes.iter().any(|c| {
             c.record == record
@@ -1619,7 +1604,11 @@ pub fn check(evidence: &Evidence) -> Report {
         // Matching nothing after the fault is a refusal only for a write that, tried when
         // it was caught, would have changed the records: a write that matches nothing
         // whenever it runs (`… AND false`) refuses nothing.
-        strike.matched_nothing = zero_rows && strike.tried.as_ref().is_some_and(Tried::writes);
+        // A pause in the work caught no write to try: an UPDATE of its client's that matched
+        // nothing after it is a refusal all the same, since this fault only adds what the
+        // data can show — the faults aimed at the writes must bite too.
+        let weighable = strike.in_the_work || strike.tried.as_ref().is_some_and(Tried::writes);
+        strike.matched_nothing = zero_rows && weighable;
         if zero_rows && !strike.matched_nothing {
             strike.unweighed = Some(match &strike.tried {
                 Some(Tried::Untried(why)) => format!(
@@ -1693,11 +1682,19 @@ pub fn check(evidence: &Evidence) -> Report {
         })
         .collect();
     report.faults_bit = evidence.faults_played.saturating_sub(missed.len());
-    if evidence.faults_played < evidence.faults_planned {
+    // A fault that follows its job plays again and counts as played, so the count alone can
+    // reach the plan while a planned fault never played: the faults that never played are
+    // named, whatever the count.
+    if evidence.faults_played < evidence.faults_planned || !evidence.unplayed.is_empty() {
+        let never = evidence.unplayed.len().max(
+            evidence
+                .faults_planned
+                .saturating_sub(evidence.faults_played),
+        );
         report.undecided.push(format!(
-            "{} of {} faults played: the run ended before the others' moment came (the next \
-             lines say which)",
-            evidence.faults_played, evidence.faults_planned
+            "{never} of {} planned faults never played: the run ended before their moment \
+             came (the next lines say which)",
+            evidence.faults_planned
         ));
         report.undecided.extend(evidence.unplayed.iter().cloned());
     }
@@ -1739,7 +1736,9 @@ fn lift_follow_bounds(strikes: &mut [Strike]) -> Vec<String> {
             writes += 1;
         }
         said.push(format!(
-            "the faults on {client}'s job {job} followed it as far as they follow a job              ({writes} held): its retries after a fresh read were refused when held, so the              write that landed past that is taken as the same retry"
+            "the faults on {client}'s job {job} followed it as far as they follow a job \
+            ({writes} held): its retries after a fresh read were refused when held, so the \
+            write that landed past that is taken as the same retry"
         ));
     }
     said
@@ -1827,89 +1826,6 @@ fn stuck_locks(moments: &[LockMoment], bound_ms: u64) -> Vec<Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The readings of the servers travel in the history: written as `--json` lines and
-    /// read back, they lay into the evidence what the live grade weighed — an aborted
-    /// transaction among the statements in time order, a lock's kind beside the event's.
-    #[test]
-    fn the_servers_readings_in_a_history_are_the_evidence_the_grade_weighs() {
-        use crate::events::{Event, What};
-        let statement = |pid, at_us, rows, aborted: Option<&str>| Statement {
-            pid,
-            at_us,
-            rows,
-            aborted: aborted.map(str::to_string),
-        };
-        let log = LogBack {
-            changes: Vec::new(),
-            statements: vec![statement(7, 100, 1, None), statement(8, 300, 0, None)],
-            finals: vec![Final {
-                record: "r0".into(),
-                value: 3,
-                items: vec!["j1".into()],
-            }],
-        };
-        let lock = PgLockSeen {
-            session: 7,
-            kind: PgLockKind::Row,
-            record: Some("r0".into()),
-            at_us: 150,
-            asking: vec![8],
-        };
-        let wait = Wait {
-            waiter: 8,
-            blockers: vec![7],
-            at_us: 160,
-        };
-        let aborted = statement(8, 200, 0, Some("40001: could not serialize access"));
-        let history = [
-            Event::new("lab", What::PgLockSeen(lock.clone()), ""),
-            Event::new("lab", What::PgWaitSeen(wait.clone()), ""),
-            Event::new("c2", What::PgAborted(aborted.clone()), "aborted"),
-            Event::new("store", What::LogReadBack(log.clone()), ""),
-        ];
-        let lines: Vec<String> = (history.iter())
-            .map(|event| serde_json::to_string(event).unwrap())
-            .collect();
-        assert!(
-            lines[0].contains(r#""kind":"pg_lock_seen""#),
-            "{}",
-            lines[0]
-        );
-        assert!(lines[0].contains(r#""lock":"row""#), "{}", lines[0]);
-        let read: Vec<Event> = (lines.iter())
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect();
-        let mut evidence = Evidence::default();
-        evidence.lay_readings(&read);
-        assert_eq!(evidence.finals, log.finals);
-        assert_eq!(evidence.pg_locks, vec![lock]);
-        assert_eq!(evidence.waits, vec![wait]);
-        assert_eq!(
-            evidence.statements,
-            vec![
-                log.statements[0].clone(),
-                aborted,
-                log.statements[1].clone()
-            ]
-        );
-        // The verdict's copy leaves the readings to the history.
-        let carried = serde_json::to_value(&evidence).unwrap();
-        for field in [
-            "changes",
-            "finals",
-            "statements",
-            "waits",
-            "key_waits",
-            "pg_locks",
-        ] {
-            assert!(carried.get(field).is_none(), "{field} in {carried}");
-        }
-        // A recording from before the readings were events keeps the evidence's copies.
-        let mut older = evidence.clone();
-        older.lay_readings(&read[..3]);
-        assert_eq!(older, evidence);
-    }
 
     fn job(id: i64, record: &str, add: i64) -> JobSpec {
         JobSpec {

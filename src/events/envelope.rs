@@ -6,7 +6,7 @@
 //! version's field has one spelling and one meaning.
 //!
 //! ```text
-//! {"kind": "verdict", "json_version": 4, "lab": "gc-pause", "run_id": "3f2a91c0", ...the run's fields}
+//! {"kind": "verdict", "json_version": 5, "lab": "gc-pause", "run_id": "3f2a91c0", ...the run's fields}
 //! ```
 
 use anyhow::{Result, bail};

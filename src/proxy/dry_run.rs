@@ -96,11 +96,13 @@ struct Talk {
     /// whose statements and changes the server's logs name (`pg_backend_pid()`).
     backend_pid: Option<i32>,
     /// A serialization failure or deadlock the server found in the open transaction
-    /// ([`conflict_found_by_the_server`]), until the transaction ends: aborted, or saved
-    /// by a rollback to a savepoint.
-    conflict: Option<String>,
-    /// Transactions the server ended for such a conflict, not yet taken ([`Conversation::aborted`]).
-    aborted: Vec<String>,
+    /// ([`conflict_found_by_the_server`]), and the request it answered (counted as
+    /// `answered` counts them), until the transaction ends: aborted, or saved by a rollback
+    /// to a savepoint.
+    conflict: Option<(String, u64)>,
+    /// Transactions the server ended for such a conflict, not yet taken
+    /// ([`Conversation::aborted`]).
+    aborted: Vec<(String, u64)>,
 }
 
 /// How the try asks the server what the write did: SQL for the end of the server's log of
@@ -153,7 +155,7 @@ impl Conversation {
                 if kind == b'E'
                     && let Some(why) = conflict_found_by_the_server(&body)
                 {
-                    talk.conflict = Some(why);
+                    talk.conflict = Some((why, talk.answered + 1));
                 }
                 if kind == b'Z' {
                     talk.answered += 1;
@@ -193,8 +195,9 @@ impl Conversation {
     }
 
     /// The transactions the server aborted for a serialization failure or a deadlock since
-    /// last asked, each as the server worded it (see [`conflict_found_by_the_server`]).
-    pub(super) fn aborted(&self) -> Vec<String> {
+    /// last asked, each as the server worded it (see [`conflict_found_by_the_server`]), with
+    /// the request whose answer said so (the connection's first, its startup, is 1).
+    pub(super) fn aborted(&self) -> Vec<(String, u64)> {
         std::mem::take(&mut self.lock().aborted)
     }
 
@@ -546,16 +549,19 @@ mod tests {
         assert_eq!(conversation.heard(&stream), 0);
         assert!(conversation.aborted().is_empty(), "not over yet");
         assert_eq!(conversation.heard(&ready(b'I')), 0);
+        // The error answered the first request: nothing was answered before it.
         assert_eq!(
             conversation.aborted(),
-            vec!["40001: could not serialize access".to_string()]
+            vec![("40001: could not serialize access".to_string(), 1)]
         );
         assert!(conversation.aborted().is_empty(), "told once");
         // A deadlock, outside a transaction: over at once.
         let mut stream = error("40P01", "deadlock.c");
         stream.extend(ready(b'I'));
         conversation.heard(&stream);
-        assert_eq!(conversation.aborted().len(), 1);
+        let aborted = conversation.aborted();
+        assert_eq!(aborted.len(), 1);
+        assert_eq!(aborted[0].1, 3, "two requests were answered before it");
     }
 
     #[test]

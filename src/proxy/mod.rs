@@ -97,7 +97,13 @@ pub enum Seen {
     /// A write aimed at by [`NetFault::DelayWrite`] or [`NetFault::HoldWrite`] came, and
     /// is held; what trying it when it came showed ([`dry_run`]), and the server session
     /// it goes to (its `pg_backend_pid()`), when the proxy read it.
-    WriteHeld { tried: Tried, session: Option<i32> },
+    /// `request`: which of the connection's requests the write is, counted as the server
+    /// answers them (its startup the first), so that an answer to it can be told apart.
+    WriteHeld {
+        tried: Tried,
+        session: Option<i32>,
+        request: u64,
+    },
     /// A write to the watched table came while writes are watched for a fault, and,
     /// tried, it changed nothing: it went straight on, neither gated nor held.
     WriteChangedNothing,
@@ -114,9 +120,14 @@ pub enum Seen {
     /// until [`Proxy::open_gate`] lets ticket `ticket` in.
     WriteGated { ticket: u64 },
     /// The server ended a transaction of the session `session` for a serialization
-    /// failure or a deadlock it found (`why`: its SQLSTATE and message): whatever that
-    /// transaction wrote, the database refused it.
-    TransactionAborted { session: Option<i32>, why: String },
+    /// failure or a deadlock it found (`why`: its SQLSTATE and message), in its answer to
+    /// the connection's `request`th request: whatever that transaction wrote, the database
+    /// refused it.
+    TransactionAborted {
+        session: Option<i32>,
+        why: String,
+        request: u64,
+    },
 }
 
 /// One report from the proxy: when, on which path, what.
@@ -776,6 +787,8 @@ struct Pump {
     asked: u64,
     /// What trying the write caught last showed, told when its fault catches it.
     tried: Option<Tried>,
+    /// Which request of the connection the write caught last is (see [`Seen::WriteHeld`]).
+    caught_request: u64,
     /// The first bytes of a message not judged yet, kept back while a write is aimed at:
     /// it may be the write.
     unjudged: Vec<u8>,
@@ -830,6 +843,7 @@ impl Pump {
             // The startup packet is answered with a ReadyForQuery too, once logged in.
             asked: 1,
             tried: None,
+            caught_request: 0,
             session_told: false,
             unjudged: Vec::new(),
             gated: None,
@@ -939,11 +953,15 @@ impl Pump {
             if !aborted.is_empty() {
                 let session = conversation.backend().0;
                 let mut state = lock(&self.shared);
-                for why in aborted {
+                for (why, request) in aborted {
                     state.reports.push(Report {
                         at: Instant::now(),
                         path: self.shared.path.clone(),
-                        seen: Seen::TransactionAborted { session, why },
+                        seen: Seen::TransactionAborted {
+                            session,
+                            why,
+                            request,
+                        },
                     });
                 }
             }
@@ -1017,6 +1035,7 @@ impl Pump {
                 });
             }
             self.tried = Some(tried);
+            self.caught_request = asked_before + 1;
             if aimed {
                 return self.hold_write(rest).await;
             }
@@ -1104,7 +1123,12 @@ impl Pump {
                 let tried = self.tried.take();
                 let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
                 let session = (self.conversation.as_ref()).and_then(|c| c.backend().0);
-                let seen = Seen::WriteHeld { tried, session };
+                let request = self.caught_request;
+                let seen = Seen::WriteHeld {
+                    tried,
+                    session,
+                    request,
+                };
                 state.reports.push(Report {
                     at: now,
                     path,

@@ -56,8 +56,56 @@ fn carried(events: &[Event], verdict: &Value) -> Result<Option<Evidence>> {
         );
     }
     evidence.acknowledged = acknowledged;
-    evidence.lay_readings(events);
+    let logs = (events.iter())
+        .filter(|e| matches!(e.what, What::LogReadBack(_)))
+        .count();
+    match logs {
+        // A recording from before the readings were events carries the log in its evidence.
+        0 if carried.get("changes").is_none() => bail!(
+            "the history holds no `log_read_back` (the database's log, read back at the end), \
+             and the verdict's evidence no copy of it: nothing to grade the run on — was the \
+             file cut short or edited?"
+        ),
+        0 | 1 => {}
+        _ => bail!(
+            "the history holds {logs} `log_read_back` lines, where a run reads its log back \
+             once: was the file edited, or two runs joined?"
+        ),
+    }
+    lay_readings(&mut evidence, events);
     Ok(Some(evidence))
+}
+
+/// Lays into `evidence` the readings of the servers that `events` hold: the log read back
+/// at the end (`log_read_back`), and, while faults lasted, the waits, the locks held, the
+/// clients waiting behind a key and the transactions Postgres aborted. A history without
+/// the log read back is a recording from before these were events: its evidence keeps the
+/// copies it carries. The live grade lays them the same way.
+pub fn lay_readings(evidence: &mut Evidence, events: &[Event]) {
+    let log = events.iter().rev().find_map(|event| match &event.what {
+        What::LogReadBack(log) => Some(log),
+        _ => None,
+    });
+    let Some(log) = log else {
+        return;
+    };
+    evidence.changes = log.changes.clone();
+    evidence.finals = log.finals.clone();
+    evidence.statements = log.statements.clone();
+    evidence.waits.clear();
+    evidence.key_waits.clear();
+    evidence.pg_locks.clear();
+    for event in events {
+        match &event.what {
+            What::PgWaitSeen(wait) => evidence.waits.push(wait.clone()),
+            What::PgLockSeen(lock) => evidence.pg_locks.push(lock.clone()),
+            What::KeyWaitSeen(wait) => evidence.key_waits.push(wait.clone()),
+            What::PgAborted(aborted) => evidence.statements.push(aborted.clone()),
+            _ => {}
+        }
+    }
+    // A stable sort: the log's own order stands among statements of the same moment.
+    evidence.statements.sort_by_key(|statement| statement.at_us);
 }
 
 fn client_failed(verdict: &Value) -> bool {
@@ -209,4 +257,92 @@ fn evidence_of_the_data(events: &[Event], verdict: &Value) -> Result<Evidence> {
     evidence.faults_planned = replay::number(verdict, "faults_planned")? as usize;
     evidence.faults_played = replay::number(verdict, "faults_played")? as usize;
     Ok(evidence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The readings of the servers travel in the history: written as `--json` lines and
+    /// read back, they lay into the evidence what the live grade weighed — an aborted
+    /// transaction among the statements in time order, a lock's kind beside the event's.
+    #[test]
+    fn the_servers_readings_in_a_history_are_the_evidence_the_grade_weighs() {
+        use crate::check::challenge::{Final, LogBack, PgLockKind, PgLockSeen, Statement, Wait};
+        let statement = |pid, at_us, rows, aborted: Option<&str>| Statement {
+            pid,
+            at_us,
+            rows,
+            aborted: aborted.map(str::to_string),
+        };
+        let log = LogBack {
+            changes: Vec::new(),
+            statements: vec![statement(7, 100, 1, None), statement(8, 300, 0, None)],
+            finals: vec![Final {
+                record: "r0".into(),
+                value: 3,
+                items: vec!["j1".into()],
+            }],
+        };
+        let lock = PgLockSeen {
+            session: 7,
+            kind: PgLockKind::Row,
+            record: Some("r0".into()),
+            at_us: 150,
+            asking: vec![8],
+        };
+        let wait = Wait {
+            waiter: 8,
+            blockers: vec![7],
+            at_us: 160,
+        };
+        let aborted = statement(8, 200, 0, Some("40001: could not serialize access"));
+        let history = [
+            Event::new("lab", What::PgLockSeen(lock.clone()), ""),
+            Event::new("lab", What::PgWaitSeen(wait.clone()), ""),
+            Event::new("c2", What::PgAborted(aborted.clone()), "aborted"),
+            Event::new("store", What::LogReadBack(log.clone()), ""),
+        ];
+        let lines: Vec<String> = (history.iter())
+            .map(|event| serde_json::to_string(event).unwrap())
+            .collect();
+        assert!(
+            lines[0].contains(r#""kind":"pg_lock_seen""#),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains(r#""lock":"row""#), "{}", lines[0]);
+        let read: Vec<Event> = (lines.iter())
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let mut evidence = Evidence::default();
+        lay_readings(&mut evidence, &read);
+        assert_eq!(evidence.finals, log.finals);
+        assert_eq!(evidence.pg_locks, vec![lock]);
+        assert_eq!(evidence.waits, vec![wait]);
+        assert_eq!(
+            evidence.statements,
+            vec![
+                log.statements[0].clone(),
+                aborted,
+                log.statements[1].clone()
+            ]
+        );
+        // The verdict's copy leaves the readings to the history.
+        let carried = serde_json::to_value(&evidence).unwrap();
+        for field in [
+            "changes",
+            "finals",
+            "statements",
+            "waits",
+            "key_waits",
+            "pg_locks",
+        ] {
+            assert!(carried.get(field).is_none(), "{field} in {carried}");
+        }
+        // A recording from before the readings were events keeps the evidence's copies.
+        let mut older = evidence.clone();
+        lay_readings(&mut older, &read[..3]);
+        assert_eq!(older, evidence);
+    }
 }

@@ -237,6 +237,14 @@ impl Run<'_> {
                 continue;
             };
             for report in proxy.reports() {
+                if let Seen::WriteHeld {
+                    session: Some(session),
+                    request,
+                    ..
+                } = report.seen
+                {
+                    self.held_requests.insert((session, request));
+                }
                 if let Seen::WriteHeld { .. } = report.seen {
                     // A write held anew: any write of its let go by the worst order went out
                     // before it, reported or not.
@@ -244,18 +252,23 @@ impl Run<'_> {
                     self.newer_let_go.remove(name);
                 }
                 match report.seen {
-                    Seen::WriteHeld { tried, session } if self.newer_write_awaited(index) => {
+                    Seen::WriteHeld { tried, session, .. } if self.newer_write_awaited(index) => {
                         self.newer_write_held(index, tried, session)?;
                     }
-                    Seen::WriteHeld { tried, session } => {
+                    Seen::WriteHeld { tried, session, .. } => {
                         self.write_caught(index, tried, session)?;
                     }
                     Seen::WriteChangedNothing => self.write_let_by(index),
                     Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
                     Seen::DelayedSent { late_ms } => self.write_sent(index, late_ms),
-                    Seen::TransactionAborted { session, why } => {
-                        self.transaction_aborted(index, session, why, report.at);
+                    Seen::TransactionAborted {
+                        session,
+                        why,
+                        request,
+                    } => {
+                        let held = session.map(|session| (session, request));
+                        self.transaction_aborted(index, held, why, report.at);
                     }
                     _ => {}
                 }
@@ -267,30 +280,38 @@ impl Run<'_> {
     }
 
     /// Postgres aborted a transaction of this client's for a conflict it found (its proxy
-    /// saw it end): kept as a statement of no rows in that session, for the checker to weigh
-    /// as a refusal beside the log's, and said on the timeline.
+    /// saw it end), in its answer to the request `held` (the session, and which request of
+    /// its connection). If that request is a write lockslab held, the abort is the refusal
+    /// of that write: kept as a statement of no rows in that session, for the checker to
+    /// weigh beside the log's. A conflict found in any other request — a statement the
+    /// client sent after its held write had gone through, on a table of its own, say — is
+    /// the client's transaction failing, not the held write refused: said, and not kept.
     fn transaction_aborted(
         &mut self,
         index: usize,
-        session: Option<i32>,
+        held: Option<(i32, u64)>,
         why: String,
         at: Instant,
     ) {
         let name = self.seats[index].client.name.clone();
+        let refused = held.filter(|held| self.held_requests.contains(held));
+        let Some((pid, _)) = refused else {
+            let text = format!(
+                "Postgres aborted {name}'s transaction ({why}), though not in its answer to a \
+                 held write: no refusal of one"
+            );
+            self.note(&name, What::Output, text);
+            return;
+        };
         let text =
             format!("Postgres aborted {name}'s transaction ({why}): nothing it wrote was kept");
-        // A session the proxy could not read is no session a refusal can be laid at.
         let aborted = Statement {
-            pid: session.unwrap_or_default(),
+            pid,
             at_us: self.db_us(at),
             rows: 0,
             aborted: Some(why),
         };
-        let what = match session {
-            Some(_) => What::PgAborted(aborted),
-            None => What::Output,
-        };
-        self.note(&name, what, text);
+        self.note(&name, What::PgAborted(aborted), text);
     }
 
     /// A write came to its proxy's gate: lockslab reads every note its client wrote before

@@ -232,6 +232,9 @@ impl Run<'_> {
             return Ok(());
         }
         match action.fault {
+            Fault::Pause if !paused && !self.aimed_at_write(action) => {
+                self.pause_in_the_work(index, action)?
+            }
             // Aimed at its write: it lands as the write reaches the proxy (`aim`).
             Fault::Pause if !paused => self.aim_pause(index, action)?,
             Fault::Resume if paused => {
@@ -269,6 +272,35 @@ impl Run<'_> {
                 self.start_client(&next)?;
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether the schedule aims `action` at its target's next write (`How::at_write`).
+    fn aimed_at_write(&self, action: &Action) -> bool {
+        let how = |step| {
+            self.faults
+                .as_ref()
+                .map(|f| f.schedule().how(step).at_write)
+        };
+        action.step.and_then(how).unwrap_or(true)
+    }
+
+    /// `pause`'s pause in the middle of a client's work: it lands now, wherever the client
+    /// is — between its `writing` note and its write, most often — with no write caught.
+    fn pause_in_the_work(&mut self, index: usize, action: &Action) -> Result<()> {
+        let seat = &self.seats[index];
+        let name = seat.client.name.clone();
+        let since = (seat.heard_at).map_or(0, |at| at.elapsed().as_millis());
+        let text = format!(
+            "pauses {name} (SIGSTOP) for 2–3 TTLs {since}ms after its last note, in the \
+             middle of its work: a pause can come anywhere, not only at the write"
+        );
+        self.play(action, text)?;
+        self.faults_played += 1;
+        self.strike("pause", index)?;
+        if let Some(strike) = self.strikes.last_mut() {
+            strike.in_the_work = true;
         }
         Ok(())
     }
@@ -337,6 +369,15 @@ impl Run<'_> {
             }
             if let Some(line) = self.never_written(&step.target, step.fault) {
                 lines.push(line);
+                continue;
+            }
+            if (self.postponed.get(&step.target)).is_some_and(|p| p.action.fault == step.fault) {
+                lines.push(format!(
+                    "the {} of {} waited for another client's fault to end (one at a time), \
+                     then for its next `writing` note, and the run ended first",
+                    step.fault.as_str(),
+                    step.target
+                ));
                 continue;
             }
             let Some(anchor) = &step.after else { continue };

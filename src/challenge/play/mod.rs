@@ -33,10 +33,7 @@ mod outlast;
 mod overtake;
 mod tape;
 
-/// The work of every job, between its read and its write: long enough that a fault due just
-/// after a `writing` note lands before the write, even when lockslab runs late on a busy
-/// machine (a fault that lands after it missed).
-pub const WORK_MS: u64 = 100;
+pub use super::challenges::WORK_MS;
 /// How many times one job is given out before lockslab gives up on it.
 const TRIES: u32 = 5;
 
@@ -196,6 +193,10 @@ struct Run<'a> {
     deliveries: Vec<Delivery>,
     /// When the waits and locks in Postgres were last read (each reading is an event).
     waits_read: Option<Instant>,
+    /// The writes lockslab held, as their proxies named them: the session, and which
+    /// request of its connection each was (a conflict the server found in its answer to
+    /// one is that write refused).
+    held_requests: BTreeSet<(i32, u64)>,
     /// lockslab's reading of the run's Redis and etcd keys (`pause`, `delay`): each
     /// client's last snapshot when its job went out and when it said `acquired` (with the
     /// job), the faults that last until their client's lock is gone, and who waited
@@ -285,6 +286,7 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         strikes: Vec::new(),
         deliveries: Vec::new(),
         waits_read: None,
+        held_requests: BTreeSet::new(),
         leases: matches!(setup.challenge, Challenge::Pause | Challenge::Delay).then(|| {
             leases::Servers::connect(
                 &setup.admin_redis,
