@@ -140,9 +140,11 @@ optimistic-fail optimistic that answers `fail` on a lost compare instead of retr
         never done — it fails most seeds on that alone.
 serializable, repeatable-read  no lock, no compare in the SQL: read, work and
         write in one transaction at that isolation level, and let Postgres refuse
-        a write whose read another commit made stale (SQLSTATE 40001, a
-        serialization failure: the transaction keeps nothing); roll back, read
-        again and retry, with a new `writing` note. The refused transaction leaves
+        the UPDATE of a row another transaction changed and committed after this
+        one's snapshot (SQLSTATE 40001, a serialization failure: the transaction
+        keeps nothing); roll back, read again and retry, with a new `writing` note
+        (a deadlock, 40P01, likewise). At repeatable-read this is enough only
+        because the write goes to the very row the decision was read from. The refused transaction leaves
         nothing in the statement log; lockslab's proxy sees the server abort it,
         and counts that as the refusal.
 liar    setnx with a lease of 3.5 lease_ms, that answers `fail` whenever its job took
@@ -453,7 +455,7 @@ def do_isolated(job):
                             (value + job["add"], items + [job["append"]], job["id"],
                              job["record"]))
             return True
-        except psycopg2.errors.SerializationFailure:
+        except (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected):
             pass  # rolled back by the `with`: nothing of it was kept; read again
 
 

@@ -90,9 +90,10 @@ pub struct Change {
 /// trigger logs it): the session that ran it, when, and how many rows it updated — none
 /// for a compare-and-set or a fenced write the database refused. A statement rolled back
 /// is not in the log, save one kind: a transaction the server aborted for a serialization
-/// failure or a deadlock it found (`aborted`), which a client's fault proxy saw end — at
-/// REPEATABLE READ or SERIALIZABLE, how the database refuses a write made from a read
-/// another commit made stale. It kept nothing, so it is a statement of no rows.
+/// failure or a deadlock it found (`aborted`) in its answer to a held write, which the
+/// client's fault proxy saw end — at REPEATABLE READ or SERIALIZABLE, how the database
+/// refuses an UPDATE of a row changed by a transaction committed after the snapshot. It
+/// kept nothing, so it is a statement of no rows.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Statement {
     pub pid: i32,

@@ -39,8 +39,8 @@ pub enum Tried {
     ChangesNothing,
     /// Run when it was caught, the server refused it for a conflict it found — a
     /// serialization failure or a deadlock ([`conflict_found_by_the_server`]), its words
-    /// here: the write was made from a read that a concurrent commit had made stale, which
-    /// REPEATABLE READ and SERIALIZABLE refuse. It is a write of the record, refused.
+    /// here: at REPEATABLE READ or SERIALIZABLE, most often, the row it updates was changed
+    /// by a transaction committed after its snapshot. It is a write of the record, refused.
     Refused(String),
     /// It was not tried, or the try told nothing: why.
     Untried(String),
@@ -100,6 +100,9 @@ struct Talk {
     /// `answered` counts them), until the transaction ends: aborted, or saved by a rollback
     /// to a savepoint.
     conflict: Option<(String, u64)>,
+    /// An `UPDATE` completed in the answer to the request being answered now: a conflict
+    /// found after it in the same request is a later statement's, not the first one's.
+    updated_in_request: bool,
     /// Transactions the server ended for such a conflict, not yet taken
     /// ([`Conversation::aborted`]).
     aborted: Vec<(String, u64)>,
@@ -121,6 +124,8 @@ struct Listening {
     trouble: Option<String>,
     /// The write itself was refused for a conflict the server found.
     refused: Option<String>,
+    /// An `UPDATE` of the write's request completed before any error.
+    updated: bool,
     status_before: u8,
     done: Option<oneshot::Sender<Tried>>,
 }
@@ -152,13 +157,25 @@ impl Conversation {
                 talk.backend_pid = Some(i32::from_be_bytes([pid[0], pid[1], pid[2], pid[3]]));
             }
             let Some(listening) = talk.listening.as_mut() else {
+                if kind == b'C' && body.starts_with(b"UPDATE") {
+                    talk.updated_in_request = true;
+                }
                 if kind == b'E'
                     && let Some(why) = conflict_found_by_the_server(&body)
                 {
-                    talk.conflict = Some((why, talk.answered + 1));
+                    // Request 0 is none: a conflict after an UPDATE of the same request is a
+                    // later statement's (one of the client's own tables, say), never taken
+                    // for the refusal of a write that request began with.
+                    let request = if talk.updated_in_request {
+                        0
+                    } else {
+                        talk.answered + 1
+                    };
+                    talk.conflict = Some((why, request));
                 }
                 if kind == b'Z' {
                     talk.answered += 1;
+                    talk.updated_in_request = false;
                     talk.status = body.first().copied().unwrap_or(b'I');
                     match talk.status {
                         // Back outside a transaction: the one in which the conflict was
@@ -236,6 +253,7 @@ impl Conversation {
             rows: None,
             trouble: None,
             refused: None,
+            updated: false,
             status_before: status,
             done: Some(done),
         });
@@ -252,10 +270,13 @@ impl Talk {
 
 impl Listening {
     fn hear(&mut self, kind: u8, body: &[u8]) {
+        if kind == b'C' && self.part == 1 && body.starts_with(b"UPDATE") {
+            self.updated = true;
+        }
         match kind {
             b'D' if self.part == 2 => self.rows = Some(first_column(body)),
             b'E' if self.trouble.is_none() => {
-                if self.part == 1 {
+                if self.part == 1 && !self.updated {
                     self.refused = conflict_found_by_the_server(body);
                 }
                 let said = error_message(body);
@@ -371,12 +392,13 @@ fn error_field(body: &[u8], wanted: u8) -> Option<String> {
 }
 
 /// A serialization failure (SQLSTATE `40001`) or a deadlock (`40P01`) that the server
-/// itself found, as `"40001: <its message>"`: the transaction it ends keeps nothing, so the
-/// write in it was refused by the database — how REPEATABLE READ and SERIALIZABLE refuse a
-/// write made from a read that another transaction's commit has made stale. One that
-/// PL/pgSQL raised (`RAISE … USING ERRCODE`, source file `pl_exec.c`) is the client's
-/// own words, not a conflict the server found; a field cut off in the proxy's copy counts
-/// as not found either.
+/// itself found, as `"40001: <its message>"`: it fails the statement, and the transaction
+/// can keep nothing past it but what a rollback to a savepoint saves. At REPEATABLE READ or
+/// SERIALIZABLE it is how the database refuses an UPDATE of a row that a transaction
+/// committed after the snapshot has changed (SERIALIZABLE also refuses some conflicts
+/// through other rows); a deadlock can come at any level. One that PL/pgSQL raised
+/// (`RAISE … USING ERRCODE`, source file `pl_exec.c`) is the client's own words, not a
+/// conflict the server found; a field cut off in the proxy's copy counts as not found.
 fn conflict_found_by_the_server(body: &[u8]) -> Option<String> {
     let code = error_field(body, b'C')?;
     if code != "40001" && code != "40P01" {
@@ -577,6 +599,13 @@ mod tests {
         stream.extend(ready(b'I'));
         conversation.heard(&stream);
         assert!(conversation.aborted().is_empty());
+        // `UPDATE records …; UPDATE own …` in one request: the second one's conflict is no
+        // refusal of the first (request 0: none).
+        let mut stream = message(b'C', b"UPDATE 1\0");
+        stream.extend(error("40001", "nodeModifyTable.c"));
+        stream.extend(ready(b'I'));
+        conversation.heard(&stream);
+        assert_eq!(conversation.aborted()[0].1, 0);
     }
 
     #[test]
