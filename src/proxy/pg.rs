@@ -340,8 +340,8 @@ impl Frontend {
                 let mut commits = false;
                 for statement in tokens(sql, false).split(|t| *t == Token::Semicolon) {
                     let control = control(statement);
-                    let writes =
-                        control.is_none() && statements_write(statement, &self.table, &mut prepared);
+                    let writes = control.is_none()
+                        && statements_write(statement, &self.table, &mut prepared);
                     commits |= self.block.runs(control, writes);
                 }
                 commits
@@ -1089,7 +1089,9 @@ mod tests {
     fn a_block_with_no_write_or_rolled_back_commits_no_write() {
         let mut stream = startup();
         stream.extend(query("BEGIN"));
-        stream.extend(query("SELECT value FROM records WHERE record = 'r0' FOR UPDATE"));
+        stream.extend(query(
+            "SELECT value FROM records WHERE record = 'r0' FOR UPDATE",
+        ));
         stream.extend(query("UPDATE other SET value = 1"));
         stream.extend(query("COMMIT"));
         stream.extend(query("BEGIN"));
