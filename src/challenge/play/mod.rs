@@ -839,6 +839,7 @@ impl Run<'_> {
             }
             FromClient::Acquired { job, token } => {
                 self.moment(name, job, Moment::Acquired);
+                self.came_for_a_held_commit(name, job, "acquired");
                 self.snapshot_keys(name, job, true);
                 let at_us = self.db_us(heard_at);
                 let delivery = (self.deliveries.iter_mut().rev())
@@ -860,6 +861,7 @@ impl Run<'_> {
             FromClient::Writing { job } => {
                 seat.writes_since_note = 0;
                 self.note(name, What::Working, format!("writes job {job}"));
+                self.came_for_a_held_commit(name, job, "writing");
                 self.writing = Some((name.to_string(), job));
             }
             FromClient::Released { job } => {

@@ -200,9 +200,10 @@ impl Run<'_> {
                 target: newer.clone(),
                 step: None,
             };
+            let what = self.aimed.held_what(&older);
             let text = format!(
                 "holds {newer}'s write at its proxy, after its read of {record}: {older}'s \
-                 write first"
+                 {what} first"
             );
             faults.caught(
                 action,
@@ -226,9 +227,10 @@ impl Run<'_> {
             let early = format!("resumes {older} early, after {newer}'s read");
             self.resume_to_write(&older, early)?;
         } else if let (Some(proxy), Some(faults)) = (&self.seats[at].proxy, self.faults.as_mut()) {
+            let what = self.aimed.held_what(&older);
             let note = format!(
-                "lets {older}'s held write go early, after {newer}'s read: the worst order, \
-                 {older}'s write between {newer}'s read and its write"
+                "lets {older}'s held {what} go early, after {newer}'s read: the worst order, \
+                 {older}'s {what} between {newer}'s read and its write"
             );
             faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
             // Let go early, its bytes are not reported as a late delivery: its write is no
