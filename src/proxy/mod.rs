@@ -48,7 +48,7 @@ mod dry_run;
 pub mod guard;
 mod pg;
 mod url;
-pub use dry_run::{Probe, Tried};
+pub use dry_run::{LOCK_TIMEOUT_MS as TRY_LOCK_TIMEOUT_MS, Probe, Tried};
 pub use url::{through, upstream_of};
 
 /// Which way the bytes go.

@@ -536,8 +536,9 @@ impl Run<'_> {
             };
             self.aimed.followed.insert(name.clone(), follow);
         }
-        if aim.told == Some(Told::WhenAimed) {
-            // It came straight to the fault, not by the gate, where writes are counted.
+        if aim.told == Some(Told::WhenAimed) && !aim.at_commit {
+            // It came straight to the fault, not by the gate, where writes are counted (a
+            // commit is no write: its write was counted at the gate).
             self.seats[index].writes_since_note += 1;
         }
         let which = aim.which_write();
