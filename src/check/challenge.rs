@@ -784,7 +784,7 @@ impl Strike {
             });
         }
         if self.at_commit {
-            return self.commit_missed(job, jobs, changes);
+            return self.commit_missed(job, jobs);
         }
         let writes = changes.iter().filter(|c| c.job == Some(job));
         let first = writes.filter_map(|c| Some((c.at_us?, c.seq))).min();
@@ -915,12 +915,7 @@ impl Strike {
     /// was let write just after it by the worst order — or was held off by the faulted
     /// client's lock. A stale read in that window shows in the data (a lost update), and a
     /// lock that held until the commit passes.
-    fn commit_missed(
-        &self,
-        job: i64,
-        jobs: &BTreeMap<i64, &JobSpec>,
-        changes: &[Change],
-    ) -> Option<String> {
+    fn commit_missed(&self, job: i64, jobs: &BTreeMap<i64, &JobSpec>) -> Option<String> {
         let (who, verb) = (&self.client, self.verb());
         if !self.commit_held {
             return Some(format!(
@@ -957,7 +952,6 @@ impl Strike {
             // The newer holder came while the write was uncommitted. Whether what it read
             // then was stale is the data's to say: a lost update fails the run, and a lock
             // that held (or a compare refused) leaves the data right.
-            let _ = changes;
             return None;
         }
         Some(format!(
