@@ -2434,6 +2434,55 @@ mod tests {
         );
     }
 
+    /// A fault at the commit: its job's write ran before it (the rule at the write would
+    /// call it late), and it bit only if another client came for the record while the
+    /// commit was held, or was held off by the lock.
+    #[test]
+    fn a_fault_at_the_commit_bites_only_if_another_client_came_for_the_record_meanwhile() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        let strike = Strike {
+            fault: "delay".into(),
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 2_500_000,
+            notes: true,
+            released: true,
+            at_commit: true,
+            commit_held: true,
+            ..Strike::default()
+        };
+        run.strikes = vec![strike.clone()];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("nobody came for r0 while c1's commit was held"),
+            "{said}"
+        );
+        let came = Strike {
+            came_for: Some("c2 (job 3 on r0) said `acquired` while c1's commit was held".into()),
+            ..strike.clone()
+        };
+        run.strikes = vec![came];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        // No commit came to hold: missed, whoever came.
+        let none = Strike {
+            commit_held: false,
+            came_for: Some("c2 (job 3 on r0) said `writing` while c1's commit was held".into()),
+            ..strike
+        };
+        run.strikes = vec![none];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(report.undecided.join("").contains("no commit came"));
+    }
+
     #[test]
     fn a_pause_or_delay_bites_only_if_another_write_to_its_record_came_before_the_held_one() {
         let mut run = clean_run();
