@@ -755,7 +755,8 @@ pub struct Strike {
     /// ([`Strike::commit_missed`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_commit: bool,
-    /// The commit was caught and held (else the fault found none to hold).
+    /// The commit was caught and held. A fault aimed at the commit that found none to hold
+    /// landed where its client was, and is graded as any other (not `at_commit`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub commit_held: bool,
     /// Another client with a job on the record came for it while the commit was held —

@@ -742,8 +742,10 @@ impl Run<'_> {
     fn give_up(&mut self, index: usize, aim: Aim) -> Result<()> {
         let seat = &self.seats[index];
         let name = seat.client.name.clone();
-        let what = if aim.at_commit {
-            "no commit of a write"
+        // Aimed at the commit, a client that sent its write and no commit after it is
+        // frozen with the write in: the timeline says so.
+        let what = if aim.at_commit && seat.writes_since_note > 0 {
+            "no commit of its write"
         } else {
             "no write"
         };
@@ -755,21 +757,17 @@ impl Run<'_> {
                 crate::output::human(patience(self.setup.init.lease_ms))
             ),
         };
-        let at_commit = aim.at_commit;
+        // Graded as any fault that landed where its client was: a pause freezes it there
+        // (with its transaction open, perhaps, and its lock held), a delay holds nothing.
         if aim.fault == Fault::Pause {
             let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs: {why}");
-            self.land_pause(index, aim, text)?;
-        } else {
-            let text = format!("delay of {name} holds nothing: {why}");
-            let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
-            self.tape.record(event);
-            self.faults_played += 1;
-            self.strike("delay", index)?;
+            return self.land_pause(index, aim, text);
         }
-        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
-            strike.at_commit = at_commit;
-        }
-        Ok(())
+        let text = format!("delay of {name} holds nothing: {why}");
+        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
+        self.tape.record(event);
+        self.faults_played += 1;
+        self.strike("delay", index)
     }
 
     /// The pause lands: the client frozen, and its resume due as long after as drawn.
