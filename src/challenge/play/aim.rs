@@ -729,11 +729,41 @@ impl Run<'_> {
                 self.aimed.followed.remove(&name);
                 continue;
             }
+            let answered = seat.job.map(|(job, _)| job) != aim.job;
+            if answered && aim.let_by > 0 && !aim.at_commit {
+                self.wait_for_the_next_note(&name, aim);
+                continue;
+            }
             if seat.client.is_running() {
                 self.give_up(index, aim)?;
             }
         }
         Ok(())
+    }
+
+    /// The job aimed at was answered, and every write it sent while the fault waited had
+    /// been refused already — tried, it changed nothing, and went by: the database turned
+    /// it away before any fault could hold it (a claim taken over by a newer holder, say),
+    /// so nothing was there to test. The fault waits for the client's next note of the kind
+    /// it is anchored on, as one that waited for another fault to end does.
+    fn wait_for_the_next_note(&mut self, name: &str, aim: Aim) {
+        let job = aim.job.unwrap_or_default();
+        let text = format!(
+            "{name} answered job {job}, and its writes of it changed nothing when tried (refused \
+             before the {} could hold one): the {} waits for its next `writing` note",
+            aim.fault.as_str(),
+            aim.fault.as_str()
+        );
+        self.note(crate::nemesis::LANE, What::Output, text);
+        let resume = aim.resume.map(|(resume, lasts)| Action {
+            at_ms: aim.action.at_ms + lasts,
+            ..resume
+        });
+        let postponed = Postponed {
+            action: aim.action,
+            resume,
+        };
+        self.postponed.insert(name.to_string(), postponed);
     }
 
     /// A fault whose write will not come plays now, and the timeline says why: a pause

@@ -423,8 +423,8 @@ fn clock_base(db: &mut crate::connect::PgClient) -> Result<((Instant, i64), i64)
 /// A pause or delay that waits for another client's fault to end, with the resume that
 /// ends it (a pause's), taken back from the player meanwhile.
 pub(super) struct Postponed {
-    action: Action,
-    resume: Option<Action>,
+    pub(super) action: Action,
+    pub(super) resume: Option<Action>,
 }
 
 impl Run<'_> {
