@@ -221,8 +221,10 @@ fn caught_at_the_worst_order(name: &str) {
         }
         assert!(kinds(&verdict).iter().any(|k| k == "lost"), "{verdict}");
         let history = String::from_utf8_lossy(&output.stdout);
+        // The held one goes first: a write, or a commit (the fault aimed at the commit).
+        let first = history.contains("write first") || history.contains("commit first");
         assert!(
-            history.contains("after its read of r") && history.contains("write first"),
+            history.contains("after its read of r") && first,
             "the held newer holder is in the history: {history}"
         );
         return;
@@ -340,6 +342,21 @@ fn delay_catches_an_unfenced_write_that_arrives_late_and_passes_a_claimed_one() 
     caught_within("delay", "setnx", "stale-write", 3);
     caught_at_the_worst_order("delay");
     passes("delay", "claimed", 1);
+}
+
+/// A lock let go after the write but before its commit (`pg_advisory_unlock`, or the Redis
+/// key deleted, before `COMMIT`): the next holder reads the record without the write, which
+/// is not committed yet, and its own write lands on it computed from that stale read. One
+/// fault of each run holds the commit, and stretches that window (`play::aim`).
+#[test]
+fn pause_and_delay_catch_a_lock_let_go_before_the_commit() {
+    for name in ["pause", "delay"] {
+        for mode in ["unlock-early", "del-early"] {
+            let verdict = caught_within(name, mode, "stale-write", 3);
+            let lost = kinds(&verdict).iter().any(|k| k == "lost");
+            assert!(lost, "the stale write erased an ok job's entry: {verdict}");
+        }
+    }
 }
 
 /// A client that says `writing` only after its write committed (a lie, or a bug): the

@@ -36,6 +36,8 @@
     lockslab challenge crash   -- python3 examples/challenge/reference.py shuffled  # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck # never passes
     lockslab challenge delay   -- python3 examples/challenge/reference.py lastcheck-select # never passes
+    lockslab challenge pause   -- python3 examples/challenge/reference.py unlock-early # fails
+    lockslab challenge delay   -- python3 examples/challenge/reference.py del-early # fails
     lockslab challenge pause   -- python3 examples/challenge/reference.py lastcheck-decoy # never passes
 
 Every mode reads the record's value and items, and writes value + add and the
@@ -168,6 +170,17 @@ lastcheck-decoy lastcheck that sends, before its check, UPDATEs of the records t
         or the Nth, would land on one and the check would come after. lockslab tries
         each write first (rolled back) and lets those that match nothing by: never a
         pass.
+unlock-early the lock is a session advisory lock, asked with pg_try_advisory_lock every
+        20ms (as try-advisory) in the job's transaction, and let go with
+        pg_advisory_unlock after the UPDATE but before the COMMIT. Between the unlock
+        and the commit the next holder takes the lock and reads the record without the
+        write, which is not committed yet; its UPDATE waits for the row, then lands
+        computed from that stale read. The window is a round trip wide, and a client
+        asking every 20ms seldom lands in it; lockslab holds one fault's COMMIT (frozen,
+        or its bytes held) to stretch it: it fails.
+del-early setnx that deletes its key (the compare-and-delete) after the UPDATE but before
+        the COMMIT: the same window, opened by a Redis lock. It fails the same way (and,
+        a lease with no fence, at the write as setnx does).
 
 * unless a client stalls past the TTL by itself (a busy machine does that): then
   `counter` catches what `pause` is about, with no fault injected.
@@ -188,7 +201,8 @@ MODES = ("none", "setnx", "checked", "fenced", "claimed", "once", "long", "late"
          "quiet", "sentinel", "sequence", "liar", "shuffled", "lastcheck", "lastcheck-select",
          "lastcheck-decoy",
          "optimistic", "optimistic-fail", "for-update", "advisory", "try-advisory", "nowait",
-         "outlast", "claimed-retry", "advisory-timeout", "serializable", "repeatable-read")
+         "outlast", "claimed-retry", "advisory-timeout", "serializable", "repeatable-read",
+         "unlock-early", "del-early")
 assert MODE in MODES, f"unknown mode {MODE}"
 EARLY, QUIET = MODE == "early", MODE == "quiet"
 LIAR, SHUFFLED = MODE == "liar", MODE == "shuffled"
@@ -196,7 +210,8 @@ LASTCHECK, SELECT_FIRST = MODE.startswith("lastcheck"), MODE == "lastcheck-selec
 DECOY = MODE == "lastcheck-decoy"
 CLAIM_RETRY = MODE == "claimed-retry"
 RETRY = MODE == "optimistic"
-MODE = {"early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
+DEL_EARLY = MODE == "del-early"
+MODE = {"del-early": "setnx", "early": "setnx", "quiet": "fenced", "liar": "setnx", "shuffled": "long",
         "lastcheck": "setnx", "lastcheck-select": "setnx", "lastcheck-decoy": "setnx",
         "optimistic-fail": "optimistic", "claimed-retry": "claimed"}.get(MODE, MODE)
 NOTES = ("acquired", "writing", "released")
@@ -390,6 +405,28 @@ def do_in_postgres(job):
     return True
 
 
+def do_unlock_early(job):
+    """unlock-early: a session advisory lock, let go before the COMMIT (the bug)."""
+    lock = f"{table}/{job['record']}"
+    with db.cursor() as cur:  # psycopg2 opens the transaction (BEGIN) with this statement
+        while True:  # a session lock: it outlives the transaction, until unlocked
+            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock,))
+            if cur.fetchone()[0]:
+                break
+            time.sleep(0.02)
+        say(type="acquired", job=job["id"])
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        value, items = cur.fetchone()
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)  # the work, the lock held
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s WHERE record = %s",
+                    (value + job["add"], items + [job["append"]], job["id"], job["record"]))
+        cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock,))  # too early
+        say(type="released", job=job["id"])
+    db.commit()  # the write is committed only now
+    return True
+
+
 def do_nowait(job):
     """nowait: for-update that never waits for the row lock; a locked row is asked again."""
     while True:
@@ -465,6 +502,8 @@ def do(job, token):
         return do_optimistic(job)
     if ISOLATED:
         return do_isolated(job)
+    if MODE == "unlock-early":
+        return do_unlock_early(job)
     if MODE in ("for-update", "advisory", "advisory-timeout", "try-advisory", "nowait"):
         return do_in_postgres(job)
     if MODE == "claimed":
@@ -517,7 +556,13 @@ def do(job, token):
                     " WHERE record = %s",
                     (value + job["add"], items + [job["append"]], job["id"], token,
                      job["record"]))
+        if DEL_EARLY:  # the key deleted before the COMMIT that ends this `with`: too early
+            r.eval(RELEASE, 1, *LOCK)
+            say(type="released", job=job["id"])
     return True
+
+
+LOCK = ()  # del-early: the key and the owner value of the lock held now
 
 
 for line in sys.stdin:
@@ -547,14 +592,15 @@ for line in sys.stdin:
             say(type="fail", job=job["id"], reason="fenced out 8 times, or no lock")
         continue
     if MODE not in ("none", "optimistic", "for-update", "advisory", "advisory-timeout",
-                    "try-advisory", "nowait") and not ISOLATED:
+                    "try-advisory", "nowait", "unlock-early") and not ISOLATED:
         lock = acquire(job["record"])
         if lock is None:
             say(type="fail", job=job["id"], reason="no lock within 10s")
             continue
         say(type="acquired", job=job["id"], token=lock[2])
+        LOCK = lock[:2]
     done = do(job, lock[2] if lock else None)
-    if lock:
+    if lock and not DEL_EARLY:
         try:
             r.eval(RELEASE, 1, lock[0], lock[1])
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):

@@ -231,7 +231,12 @@ impl Challenge {
             Challenge::Counter | Challenge::Failover => {}
             Challenge::Pause | Challenge::Delay => {
                 let pause = self == Challenge::Pause;
-                for (name, notes) in clients.iter().take(2) {
+                // One of the two faults plays at the commit of the write it is aimed at,
+                // not at the write: a lock let go between the two lets the next holder read
+                // the record as it was before the write. Which one, the seed says (drawn
+                // apart, so that every other draw of a seed stays as it was).
+                let at_commit = Rng::new(seed ^ 0x636f_6d6d).below(2) as usize;
+                for (i, (name, notes)) in clients.iter().take(2).enumerate() {
                     // Between its read and its write: the worst moment for a stale write.
                     // Armed there, a pause freezes the client as its write reaches its
                     // proxy, and a delay holds that write (`play::aim`). Without notes, a
@@ -256,7 +261,11 @@ impl Challenge {
                         target: name.clone(),
                         duration_ms: pause.then(|| 2 * lease_ms + rng.below(lease_ms)),
                     };
-                    steps.push((step, at_write.clone()));
+                    let how = How {
+                        at_commit: i == at_commit,
+                        ..at_write.clone()
+                    };
+                    steps.push((step, how));
                 }
                 if pause {
                     steps.extend(pause_in_the_work(&mut rng, clients, reach, lease_ms));

@@ -722,6 +722,21 @@ pub struct Strike {
     /// The Postgres session that held write went to: its refusal is read there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub newer_session: Option<i32>,
+    /// The fault was aimed at the commit of the job's write, not at the write
+    /// (`challenge::play::aim`): a lock let go before the commit lets the next holder read
+    /// the record without that write. Its own rule decides whether it bit
+    /// ([`Strike::commit_missed`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_commit: bool,
+    /// The commit was caught and held. A fault aimed at the commit that found none to hold
+    /// landed where its client was, and is graded as any other (not `at_commit`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub commit_held: bool,
+    /// Another client with a job on the record came for it while the commit was held —
+    /// said `acquired` or `writing` then — in a sentence: it took the lock (or, with none,
+    /// read) in the window the fault stretched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub came_for: Option<String>,
 }
 
 impl Strike {
@@ -741,6 +756,9 @@ impl Strike {
             return self.answered.then(|| {
                 format!("{verb} {who} between jobs (it had answered job {job}): it held no job")
             });
+        }
+        if self.at_commit {
+            return self.commit_missed(job, jobs);
         }
         let writes = changes.iter().filter(|c| c.job == Some(job));
         let first = writes.filter_map(|c| Some((c.at_us?, c.seq))).min();
@@ -874,6 +892,60 @@ impl Strike {
                  so even an unfenced late write was right"
             )
         })
+    }
+
+    /// Why a fault aimed at the commit of job `job`'s write did not bite. Its write ran
+    /// before the fault, so the rule at the write (nobody else wrote the record before the
+    /// held write landed) does not apply: what the fault tests is the window between the
+    /// lock let go and the commit, and it bit only if another client with a job on the
+    /// record came for it while the commit was held — said `acquired` or `writing` then, or
+    /// was let write just after it by the worst order — or was held off by the faulted
+    /// client's lock. A stale read in that window shows in the data (a lost update), and a
+    /// lock that held until the commit passes.
+    fn commit_missed(&self, job: i64, jobs: &BTreeMap<i64, &JobSpec>) -> Option<String> {
+        let (who, verb) = (&self.client, self.verb());
+        if !self.commit_held {
+            return Some(format!(
+                "{verb} {who} holding job {job}, aimed at the commit of its write, and no \
+                 commit came: {}",
+                if self.answered {
+                    "it was between jobs"
+                } else {
+                    "its write, or its `writing` note, came after the fault was due (a note \
+                     sent after the commit leaves nothing to hold)"
+                }
+            ));
+        }
+        if let Some(bound) = &self.bounded {
+            return Some(format!(
+                "{verb} {who} at the commit of job {job}'s write, and the fault ended at its \
+                 bound: {bound}"
+            ));
+        }
+        if self.held_off.is_some() {
+            return None;
+        }
+        let record = jobs
+            .get(&job)
+            .map_or("its record", |spec| spec.record.as_str());
+        if !self.notes {
+            return Some(format!(
+                "{verb} {who} at the commit of job {job}'s write, but nobody was seen held off \
+                 by its lock, and without notes nobody can tell who came for {record} \
+                 meanwhile (say `acquired` and `writing`)"
+            ));
+        }
+        if self.overtaken || self.came_for.is_some() {
+            // The newer holder came while the write was uncommitted. Whether what it read
+            // then was stale is the data's to say: a lost update fails the run, and a lock
+            // that held (or a compare refused) leaves the data right.
+            return None;
+        }
+        Some(format!(
+            "{verb} {who} at the commit of job {job}'s write: nobody came for {record} while \
+             {who}'s commit was held, so the window between its lock let go and its commit \
+             was never tested"
+        ))
     }
 
     /// What a client read is in what it wrote: its items, but for its own entry at the end.
@@ -2278,6 +2350,55 @@ mod tests {
                 .contains("its `writing` note came before its read"),
             "{report:?}"
         );
+    }
+
+    /// A fault at the commit: its job's write ran before it (the rule at the write would
+    /// call it late), and it bit only if another client came for the record while the
+    /// commit was held, or was held off by the lock.
+    #[test]
+    fn a_fault_at_the_commit_bites_only_if_another_client_came_for_the_record_meanwhile() {
+        let mut run = clean_run();
+        run.lease_ms = 500;
+        let strike = Strike {
+            fault: "delay".into(),
+            client: "c1".into(),
+            job: Some(2),
+            at_us: 2_500_000,
+            notes: true,
+            released: true,
+            at_commit: true,
+            commit_held: true,
+            ..Strike::default()
+        };
+        run.strikes = vec![strike.clone()];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        let said = report.undecided.join("\n");
+        assert!(
+            said.contains("nobody came for r0 while c1's commit was held"),
+            "{said}"
+        );
+        let came = Strike {
+            came_for: Some("c2 (job 3 on r0) said `acquired` while c1's commit was held".into()),
+            ..strike.clone()
+        };
+        run.strikes = vec![came];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        // No commit came to hold: missed, whoever came.
+        let none = Strike {
+            commit_held: false,
+            came_for: Some("c2 (job 3 on r0) said `writing` while c1's commit was held".into()),
+            ..strike
+        };
+        run.strikes = vec![none];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(report.undecided.join("").contains("no commit came"));
     }
 
     #[test]

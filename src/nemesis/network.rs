@@ -18,10 +18,11 @@ use crate::proxy::{Direction, NetFault, Proxy};
 /// The history's name for a proxy fault.
 pub fn fault_of(net: NetFault) -> Fault {
     match net {
-        NetFault::Delay { .. } | NetFault::DelayNext { .. } | NetFault::DelayWrite { .. } => {
-            Fault::Delay
-        }
-        NetFault::Hold | NetFault::HoldWrite => Fault::Hold,
+        NetFault::Delay { .. }
+        | NetFault::DelayNext { .. }
+        | NetFault::DelayWrite { .. }
+        | NetFault::DelayCommit { .. } => Fault::Delay,
+        NetFault::Hold | NetFault::HoldWrite | NetFault::HoldCommit => Fault::Hold,
         NetFault::Reset | NetFault::BlackHole => Fault::Cut,
         NetFault::DropReply => Fault::DropReply,
     }

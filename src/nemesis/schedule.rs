@@ -277,6 +277,12 @@ pub struct How {
     /// player with no proxy in front of the target plays it at the anchor.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_write: bool,
+    /// An `at_write` fault that plays at the commit of that write instead: the `COMMIT`
+    /// that ends the transaction the write was sent in reaches the proxy, and is frozen
+    /// there or held. A client that lets its lock go after its write and before its commit
+    /// has the next holder read the record without that write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_commit: bool,
 }
 
 impl How {
@@ -368,6 +374,7 @@ impl Schedule {
             rate_percent: None,
             cut_link: false,
             at_write: false,
+            at_commit: false,
         };
         self.hows.get(index).unwrap_or(&PLAIN)
     }

@@ -59,7 +59,7 @@ impl Tried {
 /// sets on itself inside the server.
 const TRY_PATIENCE: Duration = Duration::from_secs(5);
 const STATEMENT_TIMEOUT_MS: u32 = 1500;
-const LOCK_TIMEOUT_MS: u32 = 500;
+pub const LOCK_TIMEOUT_MS: u32 = 500;
 /// How long the write waits for the client's earlier requests to be answered first.
 const IDLE_PATIENCE: Duration = Duration::from_secs(1);
 

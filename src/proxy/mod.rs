@@ -48,7 +48,7 @@ mod dry_run;
 pub mod guard;
 mod pg;
 mod url;
-pub use dry_run::{Probe, Tried};
+pub use dry_run::{LOCK_TIMEOUT_MS as TRY_LOCK_TIMEOUT_MS, Probe, Tried};
 pub use url::{through, upstream_of};
 
 /// Which way the bytes go.
@@ -87,6 +87,13 @@ pub enum NetFault {
     /// until the fault is lifted: on catching it (reported, [`Seen::WriteHeld`]) the fault
     /// becomes a [`NetFault::Hold`] (up only).
     HoldWrite,
+    /// [`NetFault::DelayWrite`] aimed at the commit of a write instead ([`pg`]'s notes): the
+    /// `COMMIT` that ends a transaction block in which a write of the watched table was
+    /// sent, or a write sent outside any block, which commits as it runs. The writes before
+    /// it go on time. Reported as it is caught ([`Seen::CommitHeld`]).
+    DelayCommit { ms: u64 },
+    /// [`NetFault::HoldWrite`] aimed at the commit of a write, as [`NetFault::DelayCommit`].
+    HoldCommit,
 }
 
 /// What the proxy saw happen to a fault it was given, for the run's history.
@@ -104,6 +111,10 @@ pub enum Seen {
         session: Option<i32>,
         request: u64,
     },
+    /// The commit of a write, aimed at by [`NetFault::DelayCommit`] or
+    /// [`NetFault::HoldCommit`], came and is held (with any write of the same request
+    /// before it), in the server session `session` when the proxy read it.
+    CommitHeld { session: Option<i32> },
     /// A write to the watched table came while writes are watched for a fault, and,
     /// tried, it changed nothing: it went straight on, neither gated nor held.
     WriteChangedNothing,
@@ -234,6 +245,15 @@ impl State {
         matches!(
             self.up,
             Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
+        )
+    }
+
+    /// Is a fault aimed at the next commit of a write ([`NetFault::DelayCommit`],
+    /// [`NetFault::HoldCommit`])?
+    fn commit_aimed(&self) -> bool {
+        matches!(
+            self.up,
+            Some(NetFault::DelayCommit { .. } | NetFault::HoldCommit)
         )
     }
 
@@ -756,6 +776,9 @@ struct Gated {
     ticket: u64,
     bytes: Vec<u8>,
     since: Instant,
+    /// The bytes hold the commit of a write too (the write's own, or a `COMMIT` after it):
+    /// a fault aimed at the commit by the time they are let in holds them all.
+    commits: bool,
 }
 
 /// One direction of one connection: reads, and forwards what it reads — at once when the
@@ -857,7 +880,7 @@ impl Pump {
         loop {
             if let Some(gated) = self.gated.take() {
                 self.wait_at_gate(&gated, &mut changed).await;
-                if let Next::Stop = self.through_gate(gated.bytes).await {
+                if let Next::Stop = self.through_gate(gated.bytes, gated.commits).await {
                     break;
                 }
                 continue;
@@ -987,25 +1010,39 @@ impl Pump {
         let answered_later = |m: &&pg::Message| matches!(m.kind, b'Q' | b'S');
         self.asked += judged.iter().filter(answered_later).count() as u64;
         let write = judged.iter().find(|m| m.writes).map(|m| m.start);
+        let commit = judged.iter().find(|m| m.commits).map(|m| m.start);
         let (unjudged, end) = (reader.unjudged_from(), reader.offset());
-        let (aimed, gating) = if self.shared.quiet.load(Ordering::SeqCst) {
-            (false, false)
+        let (aimed, commit_aimed, gating) = if self.shared.quiet.load(Ordering::SeqCst) {
+            (false, false, false)
         } else {
             let state = lock(&self.shared);
-            (state.write_aimed(), state.gate)
+            (state.write_aimed(), state.commit_aimed(), state.gate)
         };
-        if !aimed && !gating && self.unjudged.is_empty() {
+        if !aimed && !commit_aimed && !gating && self.unjudged.is_empty() {
             return self.relay(chunk).await;
         }
         let mut bytes = std::mem::take(&mut self.unjudged);
         bytes.extend_from_slice(chunk);
-        if !aimed && !gating {
+        if !aimed && !commit_aimed && !gating {
             return self.relay(&bytes).await;
         }
         // Where these bytes begin in the stream: the write may have begun before them, in
         // bytes that went before the aim was set.
         let from = end - bytes.len() as u64;
         let at = |offset: u64| offset.saturating_sub(from) as usize;
+        if commit_aimed && let Some(commit) = commit {
+            // Held from the commit, or from a write sent in the same bytes before it: the
+            // server would run them together anyway, and a lock let go between them is let
+            // go no earlier than the commit. Neither is tried: it is the commit that waits.
+            let held = write.map_or(commit, |write| write.min(commit));
+            let rest = bytes.split_off(at(held));
+            if !bytes.is_empty()
+                && let Next::Stop = self.relay(&bytes).await
+            {
+                return Next::Stop;
+            }
+            return self.hold_write(rest).await;
+        }
         if let Some(write) = write {
             let rest = bytes.split_off(at(write));
             if !bytes.is_empty()
@@ -1039,7 +1076,11 @@ impl Pump {
             if aimed {
                 return self.hold_write(rest).await;
             }
-            return self.stop_at_gate(rest);
+            if !gating {
+                return self.relay(&rest).await;
+            }
+            let commits = commit.is_some_and(|commit| commit >= write);
+            return self.stop_at_gate(rest, commits);
         }
         let keep = unjudged.map_or(bytes.len(), at);
         self.unjudged = bytes.split_off(keep);
@@ -1051,7 +1092,7 @@ impl Pump {
 
     /// A write came to the gate: it waits there, with everything after it, and the one who
     /// watches is told its ticket.
-    fn stop_at_gate(&mut self, bytes: Vec<u8>) -> Next {
+    fn stop_at_gate(&mut self, bytes: Vec<u8>, commits: bool) -> Next {
         let now = Instant::now();
         let mut state = lock(&self.shared);
         state.gate_tickets += 1;
@@ -1065,6 +1106,7 @@ impl Pump {
             ticket,
             bytes,
             since: now,
+            commits,
         });
         Next::Go
     }
@@ -1092,9 +1134,14 @@ impl Pump {
     }
 
     /// A write let in at the gate meets the path's fault now: caught if a fault is aimed
-    /// at it by now, else sent on (a later write in the same bytes is not stopped again).
-    async fn through_gate(&mut self, bytes: Vec<u8>) -> Next {
-        if lock(&self.shared).write_aimed() {
+    /// at it by now — or, if they hold its commit too, a fault aimed at the commit — else
+    /// sent on (a later write in the same bytes is not stopped again).
+    async fn through_gate(&mut self, bytes: Vec<u8>, commits: bool) -> Next {
+        let (write_aimed, commit_aimed) = {
+            let state = lock(&self.shared);
+            (state.write_aimed(), state.commit_aimed())
+        };
+        if write_aimed || (commit_aimed && commits) {
             return self.hold_write(bytes).await;
         }
         self.relay(&bytes).await
@@ -1106,12 +1153,13 @@ impl Pump {
         let now = Instant::now();
         let held = {
             let mut state = lock(&self.shared);
-            let due = match state.up {
-                Some(NetFault::DelayWrite { ms }) => {
+            let fault = state.up;
+            let due = match fault {
+                Some(NetFault::DelayWrite { ms } | NetFault::DelayCommit { ms }) => {
                     state.up = None;
                     Some(now + Duration::from_millis(ms))
                 }
-                Some(NetFault::HoldWrite) => {
+                Some(NetFault::HoldWrite | NetFault::HoldCommit) => {
                     state.up = Some(NetFault::Hold);
                     Some(now)
                 }
@@ -1120,14 +1168,21 @@ impl Pump {
             };
             if due.is_some() {
                 let path = self.shared.path.clone();
-                let tried = self.tried.take();
-                let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
                 let session = (self.conversation.as_ref()).and_then(|c| c.backend().0);
-                let request = self.caught_request;
-                let seen = Seen::WriteHeld {
-                    tried,
-                    session,
-                    request,
+                let seen = if matches!(
+                    fault,
+                    Some(NetFault::DelayCommit { .. } | NetFault::HoldCommit)
+                ) {
+                    Seen::CommitHeld { session }
+                } else {
+                    let tried = self.tried.take();
+                    let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
+                    let request = self.caught_request;
+                    Seen::WriteHeld {
+                        tried,
+                        session,
+                        request,
+                    }
                 };
                 state.reports.push(Report {
                     at: now,
@@ -1231,12 +1286,22 @@ impl Pump {
         }
         let due = match fault {
             // A write aimed at is caught in `came`: other bytes go on time.
-            None | Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite)
-                if self.queue.is_empty() =>
-            {
+            None
+            | Some(
+                NetFault::DelayWrite { .. }
+                | NetFault::HoldWrite
+                | NetFault::DelayCommit { .. }
+                | NetFault::HoldCommit,
+            ) if self.queue.is_empty() => {
                 return Way::Now;
             }
-            None | Some(NetFault::DelayWrite { .. } | NetFault::HoldWrite) => now,
+            None
+            | Some(
+                NetFault::DelayWrite { .. }
+                | NetFault::HoldWrite
+                | NetFault::DelayCommit { .. }
+                | NetFault::HoldCommit,
+            ) => now,
             Some(NetFault::Delay { ms, jitter_ms }) => {
                 let extra = if jitter_ms == 0 {
                     0
@@ -1516,6 +1581,61 @@ mod tests {
         got_only(&echo, &sent);
         let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
         assert!(matches!(seen[..], [Seen::DelayedSent { .. }]), "{seen:?}");
+    }
+
+    /// A fault aimed at the commit lets the write go and holds the `COMMIT` that ends its
+    /// block — not one that ends a block with no write — and, sent in one query with a
+    /// write, holds the query.
+    #[test]
+    fn a_held_commit_waits_for_the_lift_and_the_write_before_it_goes_on() {
+        use pg::wire::query;
+        let echo = Echo::start();
+        let (proxy, mut stream, mut sent) = watching(&echo);
+        proxy.set(Direction::Up, NetFault::HoldCommit);
+        for sql in [
+            "BEGIN",
+            "SELECT value FROM s.records",
+            "COMMIT",
+            "BEGIN",
+            "UPDATE s.records SET value = 2",
+            "SELECT pg_advisory_unlock(7)",
+        ] {
+            let message = query(sql);
+            assert_eq!(
+                ask(&mut stream, &message).unwrap(),
+                message,
+                "{sql} goes on"
+            );
+            sent.extend(&message);
+        }
+        let commit = query("COMMIT");
+        stream.write_all(&commit).unwrap();
+        got_only(&echo, &sent);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert!(matches!(seen[..], [Seen::CommitHeld { .. }]), "{seen:?}");
+        assert_eq!(proxy.fault(Direction::Up), Some(NetFault::Hold));
+        proxy.clear(Direction::Up);
+        sent.extend(&commit);
+        got_only(&echo, &sent);
+        let mut answer = vec![0u8; commit.len()];
+        stream.read_exact(&mut answer).unwrap();
+        // In one query with its write and the unlock: the whole query waits.
+        proxy.set(Direction::Up, NetFault::DelayCommit { ms: 300 });
+        let batch =
+            query("BEGIN; UPDATE s.records SET value = 3; SELECT pg_advisory_unlock(7); COMMIT");
+        assert_eq!(ask(&mut stream, &batch).unwrap(), batch);
+        let seen: Vec<Seen> = proxy.reports().into_iter().map(|r| r.seen).collect();
+        assert!(
+            matches!(
+                seen[..],
+                [
+                    Seen::DelayedSent { .. },
+                    Seen::CommitHeld { .. },
+                    Seen::DelayedSent { .. }
+                ]
+            ),
+            "{seen:?}"
+        );
     }
 
     /// The gate: a write waits (reads before it go on) until it is let in; a fault aimed

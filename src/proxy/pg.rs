@@ -19,8 +19,24 @@
 //! named in a comment or a string does not. A statement prepared once (named) writes each
 //! time it is bound; the unnamed one is replaced by every `Parse`. After a request for
 //! encryption that the server accepted, the rest is ciphertext: nothing is a write.
+//!
+//! The reader also follows the client's transactions as its messages open and end them,
+//! to find the **commit** of a write: a `COMMIT` (or `END`) that ends a transaction block
+//! in which a write of the table was sent, or a write sent outside any block (it commits
+//! as it runs: alone, with the rest of its simple query, or at its `Sync`). A client that
+//! lets its lock go after its write but before its commit lets the next holder read the
+//! record as it was before that write: the fault aimed at the commit stretches that window.
+//!
+//! ```text
+//!  Q  "BEGIN"                        a block opens
+//!  Q  "UPDATE records …"             a write in it
+//!  Q  "SELECT pg_advisory_unlock(1)"
+//!  Q  "COMMIT"                       commits: the block wrote
+//!  Q  "BEGIN; SELECT 1; COMMIT"      no write in the block: no commit of a write
+//!  Q  "BEGIN; UPDATE records …; ROLLBACK"  rolled back: nothing committed
+//! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The most of a message's body kept to tell whether it writes: a longer statement is
 /// judged on its first bytes, and its remaining bytes are only counted.
@@ -56,12 +72,60 @@ impl Table {
 }
 
 /// One message read whole (or judged on its first [`KEPT`] bytes): where it began in the
-/// stream, its type (0 for a startup packet), and whether it writes the table.
+/// stream, its type (0 for a startup packet), whether it writes the table, and whether it
+/// commits a write of it (see the module's notes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Message {
     pub start: u64,
     pub kind: u8,
     pub writes: bool,
+    pub commits: bool,
+}
+
+/// A statement that opens or ends a transaction block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    /// `BEGIN`, `START TRANSACTION`.
+    Begin,
+    /// `COMMIT`, `END` (not `COMMIT PREPARED`, which commits no block of this session's).
+    Commit,
+    /// `ROLLBACK`, `ABORT` (not `ROLLBACK TO` a savepoint), `PREPARE TRANSACTION`: the
+    /// block ends, and nothing of it is committed here.
+    Rollback,
+}
+
+/// The transaction block the client's messages opened and have not ended yet, as far as
+/// they say: open, and whether a write of the table was sent in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Block {
+    open: bool,
+    wrote: bool,
+}
+
+impl Block {
+    /// One statement runs: whether it commits a write of the table.
+    fn runs(&mut self, control: Option<Control>, writes: bool) -> bool {
+        match control {
+            Some(Control::Begin) => {
+                *self = Block {
+                    open: true,
+                    wrote: false,
+                };
+                false
+            }
+            Some(Control::Commit) => std::mem::take(self).wrote,
+            Some(Control::Rollback) => {
+                *self = Block::default();
+                false
+            }
+            // Outside a block a write commits as it runs (with the rest of its request).
+            None if writes && !self.open => true,
+            None => {
+                self.wrote |= writes;
+                false
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +159,11 @@ pub struct Frontend {
     statements: HashSet<Vec<u8>>,
     /// The portals that write, by name.
     portals: HashSet<Vec<u8>>,
+    /// The transaction block the messages so far leave open, and the prepared statements
+    /// and portals that open or end one, by name.
+    block: Block,
+    control_statements: HashMap<Vec<u8>, Control>,
+    control_portals: HashMap<Vec<u8>, Control>,
 }
 
 impl Frontend {
@@ -111,6 +180,9 @@ impl Frontend {
             judged: false,
             statements: HashSet::new(),
             portals: HashSet::new(),
+            block: Block::default(),
+            control_statements: HashMap::new(),
+            control_portals: HashMap::new(),
         }
     }
 
@@ -157,11 +229,13 @@ impl Frontend {
             bytes = self.advance(bytes, take);
             if !self.judged && (self.left == 0 || self.body.len() >= KEPT) {
                 self.judged = true;
+                let commits = self.follow_the_block();
                 let writes = self.judge();
                 judged.push(Message {
                     start: self.start,
                     kind: self.kind,
                     writes,
+                    commits,
                 });
             }
             if self.left == 0 {
@@ -248,6 +322,81 @@ impl Frontend {
             }
             _ => false,
         }
+    }
+}
+
+impl Frontend {
+    /// What the message just read does to the client's transaction block, before
+    /// [`Frontend::judge`] takes in the names it prepares: whether it commits a write of
+    /// the table. A simple query's statements run in order; in the extended protocol a
+    /// statement runs at its `Execute`, and its `Bind` already tells what it will do (the
+    /// first of the two is where a fault catches it).
+    fn follow_the_block(&mut self) -> bool {
+        let body = &self.body;
+        match self.kind {
+            b'Q' => {
+                let sql = cstr(body, 0).0;
+                let mut prepared = self.statements.clone();
+                let mut commits = false;
+                for statement in tokens(sql, false).split(|t| *t == Token::Semicolon) {
+                    let control = control(statement);
+                    let writes = control.is_none()
+                        && statements_write(statement, &self.table, &mut prepared);
+                    commits |= self.block.runs(control, writes);
+                }
+                commits
+            }
+            b'P' => {
+                let (name, at) = cstr(body, 0);
+                let sql = cstr(body, at).0;
+                let statement = tokens(sql, false);
+                match control(&statement) {
+                    Some(control) => {
+                        self.control_statements.insert(name.to_vec(), control);
+                    }
+                    None if name.is_empty() => {
+                        self.control_statements.remove(name);
+                    }
+                    None => {}
+                }
+                false
+            }
+            b'B' => {
+                let (portal, at) = cstr(body, 0);
+                let statement = cstr(body, at).0;
+                let control = self.control_statements.get(statement).copied();
+                match control {
+                    Some(control) => self.control_portals.insert(portal.to_vec(), control),
+                    None => self.control_portals.remove(portal),
+                };
+                let writes = self.statements.contains(statement);
+                // Told, not run: the block is as it was until the `Execute`.
+                self.block.clone().runs(control, writes)
+            }
+            b'E' => {
+                let portal = cstr(body, 0).0;
+                let control = self.control_portals.get(portal).copied();
+                let writes = self.portals.contains(portal);
+                self.block.runs(control, writes)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether a statement opens or ends a transaction block.
+fn control(statement: &[Token]) -> Option<Control> {
+    let word = |n: usize| match statement.get(n) {
+        Some(Token::Word(w)) => Some(w.as_str()),
+        _ => None,
+    };
+    match (word(0)?, word(1)) {
+        ("begin", _) | ("start", Some("transaction")) => Some(Control::Begin),
+        ("commit", Some("prepared")) => None,
+        ("commit" | "end", _) => Some(Control::Commit),
+        ("rollback", Some("to" | "prepared")) => None,
+        ("rollback" | "abort", _) | ("prepare", Some("transaction")) => Some(Control::Rollback),
+        _ => None,
     }
 }
 
@@ -897,10 +1046,117 @@ mod tests {
             vec![Message {
                 start: at,
                 kind: b'Q',
-                writes: true
+                writes: true,
+                // A write outside a transaction block commits as it runs.
+                commits: true,
             }]
         );
         assert_eq!(reader.unjudged_from(), None);
+    }
+
+    /// Reads `stream` in pieces of `piece` bytes; returns the start of each message that
+    /// commits a write.
+    fn commits_in(stream: &[u8], piece: usize) -> Vec<u64> {
+        let mut reader = Frontend::new(table());
+        let mut found = Vec::new();
+        for chunk in stream.chunks(piece) {
+            let judged = reader.read(chunk);
+            found.extend(judged.iter().filter(|m| m.commits).map(|m| m.start));
+        }
+        found
+    }
+
+    #[test]
+    fn the_commit_of_a_block_that_wrote_is_found_in_simple_queries() {
+        let mut stream = startup();
+        stream.extend(query("BEGIN"));
+        stream.extend(query("SELECT value FROM records WHERE record = 'r0'"));
+        stream.extend(query("UPDATE records SET value = 3 WHERE record = 'r0'"));
+        stream.extend(query("SELECT pg_advisory_unlock(7)"));
+        let commit = stream.len() as u64;
+        stream.extend(query("commit"));
+        // The next block: `END` commits it as well.
+        stream.extend(query("START TRANSACTION ISOLATION LEVEL SERIALIZABLE"));
+        stream.extend(query("UPDATE records SET value = 4 WHERE record = 'r0'"));
+        let end = stream.len() as u64;
+        stream.extend(query("END"));
+        for piece in [1, 7, stream.len()] {
+            assert_eq!(commits_in(&stream, piece), vec![commit, end]);
+        }
+    }
+
+    #[test]
+    fn a_block_with_no_write_or_rolled_back_commits_no_write() {
+        let mut stream = startup();
+        stream.extend(query("BEGIN"));
+        stream.extend(query(
+            "SELECT value FROM records WHERE record = 'r0' FOR UPDATE",
+        ));
+        stream.extend(query("UPDATE other SET value = 1"));
+        stream.extend(query("COMMIT"));
+        stream.extend(query("BEGIN"));
+        stream.extend(query("UPDATE records SET value = 3 WHERE record = 'r0'"));
+        stream.extend(query("ROLLBACK"));
+        stream.extend(query("COMMIT")); // outside any block: a warning, nothing committed
+        stream.extend(query("BEGIN"));
+        stream.extend(query("SAVEPOINT s"));
+        stream.extend(query("UPDATE records SET value = 3 WHERE record = 'r0'"));
+        stream.extend(query("ROLLBACK TO SAVEPOINT s"));
+        stream.extend(query("ABORT"));
+        assert_eq!(commits_in(&stream, 5), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_commit_in_the_same_query_as_its_write_or_a_write_outside_a_block_commits() {
+        let mut stream = startup();
+        let batch = stream.len() as u64;
+        stream.extend(query(
+            "BEGIN; UPDATE records SET value = 3; SELECT pg_advisory_unlock(7); COMMIT",
+        ));
+        stream.extend(query("BEGIN; SELECT 1; COMMIT"));
+        stream.extend(query("BEGIN"));
+        stream.extend(query("UPDATE records SET value = 4"));
+        let unlock_and_commit = stream.len() as u64;
+        stream.extend(query("SELECT pg_advisory_unlock(7); COMMIT"));
+        // Autocommit: the write is its own transaction.
+        let alone = stream.len() as u64;
+        stream.extend(query("UPDATE records SET value = 5"));
+        for piece in [3, stream.len()] {
+            assert_eq!(
+                commits_in(&stream, piece),
+                vec![batch, unlock_and_commit, alone]
+            );
+        }
+    }
+
+    #[test]
+    fn the_commit_of_a_block_that_wrote_is_found_in_the_extended_protocol() {
+        let mut stream = startup();
+        stream.extend(parse("begin", "BEGIN"));
+        stream.extend(parse("commit", "COMMIT"));
+        stream.extend(sync());
+        for statement in ["begin", ""] {
+            if statement.is_empty() {
+                stream.extend(parse("", "UPDATE records SET value = $1"));
+            }
+            stream.extend(bind("", statement));
+            stream.extend(execute(""));
+            stream.extend(sync());
+        }
+        let bound = stream.len() as u64;
+        stream.extend(bind("p", "commit"));
+        let executed = stream.len() as u64;
+        stream.extend(execute("p"));
+        stream.extend(sync());
+        // A block with no write: its commit is no commit of a write.
+        stream.extend(bind("", "begin"));
+        stream.extend(execute(""));
+        stream.extend(bind("p", "commit"));
+        stream.extend(execute("p"));
+        stream.extend(sync());
+        for piece in [1, 9, stream.len()] {
+            assert_eq!(commits_in(&stream, piece), vec![bound, executed]);
+        }
     }
 
     #[test]

@@ -17,6 +17,23 @@
 //! within [`patience`], or answers that job first, lands at once; a delay whose client
 //! answers first is lifted, and counts as played — the timeline says which happened, and
 //! the log whether the fault missed (a `writing` note sent after the write, most often).
+//!
+//! One of the two faults of a run is aimed at the **commit** of that write instead
+//! ([`How::at_commit`](crate::nemesis::schedule::How)): the proxy lets the write go and
+//! catches the `COMMIT` that ends its transaction (a write outside a transaction commits
+//! as it runs, and is caught itself). A client that lets its lock go between its write and
+//! its commit — `pg_advisory_unlock` before `COMMIT`, a Redis key deleted before it — lets
+//! the next holder read the record without the write, which is not committed yet; that
+//! holder's write then waits for the row, and lands computed from the stale read.
+//!
+//! ```text
+//!  c1  writing · UPDATE r0 · unlock · COMMIT ── held 2–3 TTLs ──────────────┐
+//!  c2                  lock · reads r0 (without c1's write) · writing · UPDATE (after c1) ◀┘
+//! ```
+//!
+//! Such a fault bit if another client with a job on the record came for it while the
+//! commit was held — said `acquired` or `writing` then — or was held off by the faulted
+//! client's lock (as a fault at the write is); else nobody tested the window.
 
 use super::*;
 use crate::nemesis::Note;
@@ -51,6 +68,8 @@ pub(super) struct Aim {
     /// It follows a newer holder's job past the write the worst order held
     /// ([`Run::follow_the_newer`]).
     newer: bool,
+    /// It is aimed at the commit of the job's write, not at the write.
+    at_commit: bool,
 }
 
 /// A fault that held a write, kept to follow its job: once the held write went out, the
@@ -77,6 +96,9 @@ pub(super) struct Follow {
 impl Aim {
     /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
+        if self.at_commit {
+            return "commit, after its write".into();
+        }
         if self.newer {
             return "next write of the same job after the one the worst order held (the fault \
                     follows the newer holder)"
@@ -129,6 +151,10 @@ pub(super) struct Aimed {
     /// The jobs followed as far as a fault follows one, by client, and why: if another
     /// write of the job comes, it goes untested, and the faults on the job say so.
     followed_no_further: BTreeMap<String, (i64, String)>,
+    /// The clients whose commit is held now (frozen with it, or its bytes in the proxy),
+    /// and the record their job writes: a client that comes for that record meanwhile
+    /// tests the window between the lock let go and the commit ([`Run::came_for_a_held_commit`]).
+    commits: BTreeMap<String, String>,
 }
 
 impl Aimed {
@@ -140,6 +166,15 @@ impl Aimed {
     /// The fault that last held `client`'s write, if it is kept to follow its job.
     pub(super) fn followed_for(&self, client: &str) -> Option<Follow> {
         self.followed.get(client).cloned()
+    }
+
+    /// What of `client`'s the fault on it holds, for the timeline: its commit, or its write.
+    pub(super) fn held_what(&self, client: &str) -> &'static str {
+        if self.commits.contains_key(client) {
+            "commit"
+        } else {
+            "write"
+        }
     }
 }
 
@@ -165,7 +200,12 @@ impl Run<'_> {
                 let lasts = resume.at_ms.saturating_sub(action.at_ms);
                 (resume, lasts)
             });
-        let aim = self.aim(index, action, NetFault::HoldWrite, resume);
+        let net = if self.at_commit(action) {
+            NetFault::HoldCommit
+        } else {
+            NetFault::HoldWrite
+        };
+        let aim = self.aim(index, action, net, resume);
         if self.seats[index].proxy.is_none() {
             let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs");
             return self.land_pause(index, aim, text);
@@ -182,7 +222,14 @@ impl Run<'_> {
     ) -> Aim {
         let seat = &self.seats[index];
         let job = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
-        let skip = Aimed::skip_for(seat, self.writes_most_ok);
+        let at_commit = matches!(net, NetFault::HoldCommit | NetFault::DelayCommit { .. });
+        // A job's writes before the one that counts are in its transaction: the commit
+        // after them is the one.
+        let skip = if at_commit {
+            0
+        } else {
+            Aimed::skip_for(seat, self.writes_most_ok)
+        };
         Aim {
             action: action.clone(),
             fault: action.fault,
@@ -196,7 +243,16 @@ impl Run<'_> {
             let_by: 0,
             follows: false,
             newer: false,
+            at_commit,
         }
+    }
+
+    /// Is the schedule's `action` aimed at the commit of its client's write
+    /// ([`How::at_commit`](crate::nemesis::schedule::How))?
+    fn at_commit(&self, action: &Action) -> bool {
+        (self.schedule.as_ref())
+            .zip(action.step)
+            .is_some_and(|(schedule, step)| schedule.how(step).at_commit)
     }
 
     /// A delay falls due: its client's proxy holds its next write for 2–3 TTLs.
@@ -204,7 +260,12 @@ impl Run<'_> {
         let setup = self.setup;
         let name = &self.seats[index].client.name;
         let ms = Challenge::delay_ms(setup.seed, name, setup.init.lease_ms);
-        let aim = self.aim(index, action, NetFault::DelayWrite { ms }, None);
+        let net = if self.at_commit(action) {
+            NetFault::DelayCommit { ms }
+        } else {
+            NetFault::DelayWrite { ms }
+        };
+        let aim = self.aim(index, action, net, None);
         if self.seats[index].proxy.is_none() {
             return Ok(());
         }
@@ -258,6 +319,7 @@ impl Run<'_> {
                     Seen::WriteHeld { tried, session, .. } => {
                         self.write_caught(index, tried, session)?;
                     }
+                    Seen::CommitHeld { session } => self.commit_caught(index, session)?,
                     Seen::WriteChangedNothing => self.write_let_by(index),
                     Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
@@ -441,9 +503,50 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The commit aimed at came: the fault plays on it as on a write, and its strike says
+    /// so. It follows nothing after: once committed, the job's write is in the log.
+    fn commit_caught(&mut self, index: usize, session: Option<i32>) -> Result<()> {
+        let name = self.seats[index].client.name.clone();
+        let Some(aim) = self.aimed.waiting.remove(&name) else {
+            return Ok(());
+        };
+        // A fault kept from an earlier job of this client's is no fault of this job's.
+        self.aimed.followed.remove(&name);
+        if let Some(job) = aim.job {
+            let record = self.spec(job).record.clone();
+            self.aimed.commits.insert(name.clone(), record);
+        }
+        self.write_caught_aimed(index, aim)?;
+        if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
+            strike.held_session = session;
+            strike.at_commit = true;
+            strike.commit_held = true;
+        }
+        Ok(())
+    }
+
+    /// A client said `acquired` or `writing` for `job`: each other client whose commit is
+    /// held for the same record has that window tested — the newer holder came for the
+    /// record before the older's write was committed — and its fault bit.
+    pub(super) fn came_for_a_held_commit(&mut self, name: &str, job: i64, note: &str) {
+        let record = self.spec(job).record.clone();
+        let held = (self.aimed.commits.iter())
+            .filter(|(older, held)| *older != name && **held == record)
+            .map(|(older, _)| older.clone());
+        for older in held.collect::<Vec<_>>() {
+            let strike = (self.strikes.iter_mut().rev())
+                .find(|s| s.client == older && s.at_commit && s.commit_held);
+            if let Some(strike) = strike.filter(|s| s.came_for.is_none()) {
+                strike.came_for = Some(format!(
+                    "{name} (job {job} on {record}) said `{note}` while {older}'s commit was held"
+                ));
+            }
+        }
+    }
+
     fn write_caught_aimed(&mut self, index: usize, aim: Aim) -> Result<()> {
         let name = self.seats[index].client.name.clone();
-        if let Some(job) = aim.job {
+        if let Some(job) = aim.job.filter(|_| !aim.at_commit) {
             let follow = Follow {
                 action: aim.action.clone(),
                 job,
@@ -454,8 +557,9 @@ impl Run<'_> {
             };
             self.aimed.followed.insert(name.clone(), follow);
         }
-        if aim.told == Some(Told::WhenAimed) {
-            // It came straight to the fault, not by the gate, where writes are counted.
+        if aim.told == Some(Told::WhenAimed) && !aim.at_commit {
+            // It came straight to the fault, not by the gate, where writes are counted (a
+            // commit is no write: its write was counted at the gate).
             self.seats[index].writes_since_note += 1;
         }
         let which = aim.which_write();
@@ -467,7 +571,11 @@ impl Run<'_> {
         }
         let setup = self.setup;
         let ms = Challenge::delay_ms(setup.seed, &name, setup.init.lease_ms);
-        let text = format!("delays {name}'s {which} by {ms}ms, held in its proxy");
+        let text = if aim.at_commit {
+            format!("delays {name}'s commit, after its write, by {ms}ms, held in its proxy")
+        } else {
+            format!("delays {name}'s {which} by {ms}ms, held in its proxy")
+        };
         if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut()) {
             let on = (&mut self.tape, &mut self.nemesis);
             faults.caught(aim.action, proxy, Note::from(text), on);
@@ -487,6 +595,7 @@ impl Run<'_> {
             return;
         }
         if self.aimed.frozen.remove(&name).is_some() {
+            self.aimed.commits.remove(&name);
             self.follow(index);
             return;
         }
@@ -495,14 +604,16 @@ impl Run<'_> {
         };
         // Let go early by the worst order (`overtake`), it is no longer among the held.
         let early = !self.held_writes.remove(&name);
+        let what = self.aimed.held_what(&name);
+        self.aimed.commits.remove(&name);
         // `held_ms` is the number the line says; `lasted_ms` (the nemesis's) counts from
         // when the write was caught.
         let text = if late_ms == 0 {
-            format!("{name}'s write reaches Postgres at once: nothing was held")
+            format!("{name}'s {what} reaches Postgres at once: nothing was held")
         } else if early {
-            format!("{name}'s write, let go early, reaches Postgres after {late_ms}ms held")
+            format!("{name}'s {what}, let go early, reaches Postgres after {late_ms}ms held")
         } else {
-            format!("{name}'s write reaches Postgres, held {late_ms}ms in the proxy")
+            format!("{name}'s {what} reaches Postgres, held {late_ms}ms in the proxy")
         };
         let facts = crate::events::facts::FaultFacts {
             held_ms: Some(late_ms),
@@ -558,6 +669,7 @@ impl Run<'_> {
             let_by: 0,
             follows: true,
             newer: follow.newer,
+            at_commit: false,
         };
         self.aimed.waiting.insert(name, aim);
     }
@@ -604,6 +716,7 @@ impl Run<'_> {
             let_by: 0,
             follows: true,
             newer: true,
+            at_commit: false,
         };
         self.take_aim(index, aim)
     }
@@ -637,11 +750,41 @@ impl Run<'_> {
                 self.aimed.followed.remove(&name);
                 continue;
             }
+            let answered = seat.job.map(|(job, _)| job) != aim.job;
+            if answered && aim.let_by > 0 && !aim.at_commit {
+                self.wait_for_the_next_note(&name, aim);
+                continue;
+            }
             if seat.client.is_running() {
                 self.give_up(index, aim)?;
             }
         }
         Ok(())
+    }
+
+    /// The job aimed at was answered, and every write it sent while the fault waited had
+    /// been refused already — tried, it changed nothing, and went by: the database turned
+    /// it away before any fault could hold it (a claim taken over by a newer holder, say),
+    /// so nothing was there to test. The fault waits for the client's next note of the kind
+    /// it is anchored on, as one that waited for another fault to end does.
+    fn wait_for_the_next_note(&mut self, name: &str, aim: Aim) {
+        let job = aim.job.unwrap_or_default();
+        let text = format!(
+            "{name} answered job {job}, and its writes of it changed nothing when tried (refused \
+             before the {} could hold one): the {} waits for its next `writing` note",
+            aim.fault.as_str(),
+            aim.fault.as_str()
+        );
+        self.note(crate::nemesis::LANE, What::Output, text);
+        let resume = aim.resume.map(|(resume, lasts)| Action {
+            at_ms: aim.action.at_ms + lasts,
+            ..resume
+        });
+        let postponed = Postponed {
+            action: aim.action,
+            resume,
+        };
+        self.postponed.insert(name.to_string(), postponed);
     }
 
     /// A fault whose write will not come plays now, and the timeline says why: a pause
@@ -650,14 +793,23 @@ impl Run<'_> {
     fn give_up(&mut self, index: usize, aim: Aim) -> Result<()> {
         let seat = &self.seats[index];
         let name = seat.client.name.clone();
+        // Aimed at the commit, a client that sent its write and no commit after it is
+        // frozen with the write in: the timeline says so.
+        let what = if aim.at_commit && seat.writes_since_note > 0 {
+            "no commit of its write"
+        } else {
+            "no write"
+        };
         let why = match (aim.job, seat.job.map(|(job, _)| job)) {
-            (None, _) => "no write, between jobs".to_string(),
-            (Some(job), held) if held != Some(job) => format!("no write, job {job} done"),
+            (None, _) => format!("{what}, between jobs"),
+            (Some(job), held) if held != Some(job) => format!("{what}, job {job} done"),
             _ => format!(
-                "no write within {}",
+                "{what} within {}",
                 crate::output::human(patience(self.setup.init.lease_ms))
             ),
         };
+        // Graded as any fault that landed where its client was: a pause freezes it there
+        // (with its transaction open, perhaps, and its lock held), a delay holds nothing.
         if aim.fault == Fault::Pause {
             let text = format!("pauses {name} (SIGSTOP) for 2–3 TTLs: {why}");
             return self.land_pause(index, aim, text);
@@ -717,9 +869,14 @@ impl Run<'_> {
             .waiting
             .get(target)
             .filter(|a| a.fault == fault && !a.follows)?;
+        let what = if aim.at_commit {
+            "the commit of its write to the records"
+        } else {
+            "its write to the records"
+        };
         Some(format!(
-            "the {} of {target} was aimed at its write to the records, and none came through \
-             its proxy before the run ended, {} later",
+            "the {} of {target} was aimed at {what}, and none came through its proxy before \
+             the run ended, {} later",
             fault.as_str(),
             crate::output::human(aim.armed.elapsed())
         ))

@@ -425,8 +425,8 @@ fn clock_base(db: &mut crate::connect::PgClient) -> Result<((Instant, i64), i64)
 /// A pause or delay that waits for another client's fault to end, with the resume that
 /// ends it (a pause's), taken back from the player meanwhile.
 pub(super) struct Postponed {
-    action: Action,
-    resume: Option<Action>,
+    pub(super) action: Action,
+    pub(super) resume: Option<Action>,
 }
 
 impl Run<'_> {
@@ -841,6 +841,7 @@ impl Run<'_> {
             }
             FromClient::Acquired { job, token } => {
                 self.moment(name, job, Moment::Acquired);
+                self.came_for_a_held_commit(name, job, "acquired");
                 self.snapshot_keys(name, job, true);
                 let at_us = self.db_us(heard_at);
                 let delivery = (self.deliveries.iter_mut().rev())
@@ -862,6 +863,7 @@ impl Run<'_> {
             FromClient::Writing { job } => {
                 seat.writes_since_note = 0;
                 self.note(name, What::Working, format!("writes job {job}"));
+                self.came_for_a_held_commit(name, job, "writing");
                 self.writing = Some((name.to_string(), job));
             }
             FromClient::Released { job } => {

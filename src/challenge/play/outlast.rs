@@ -257,6 +257,20 @@ impl Run<'_> {
         if o.due.is_none_or(|due| due > Instant::now()) {
             return Ok(false);
         }
+        if self.strikes[o.strike].at_commit {
+            // A fault at the commit stretches the window between a lock let go and the
+            // commit: its own 2–3 TTLs do that. Whether the lock outlives them, or a waiter
+            // gives up on it, is for the fault at the write, which lasts as long as the lock.
+            self.strikes[o.strike].lock_kept = matches!(lock, Lock::Kept(..));
+            let resume = self.outlasting[i].resume.take();
+            let ends = format!(
+                "{}: its 2–3 TTLs at the commit are up (a fault at the commit does not wait \
+                 out the lock: the one at the write does)",
+                ending(fault, &client)
+            );
+            self.end_fault(index, (fault, resume), ends)?;
+            return Ok(true);
+        }
         let past_bound = o.began.elapsed() >= bound;
         let noun = fault_word(fault);
         let (record, strike, keyless) = (o.record.clone(), o.strike, o.keyless);

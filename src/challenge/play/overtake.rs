@@ -27,7 +27,7 @@ use super::*;
 use crate::nemesis::Note;
 use crate::nemesis::schedule::How;
 use crate::output::human;
-use crate::proxy::{Direction, NetFault, Tried};
+use crate::proxy::{Direction, NetFault, TRY_LOCK_TIMEOUT_MS, Tried};
 
 /// A newer holder whose write is held at its proxy while an older holder's write goes first.
 pub(super) struct Overtake {
@@ -118,6 +118,12 @@ impl Run<'_> {
         let follow_the_newer = (!older_followed)
             .then(|| self.aimed.followed_for(&older_name))
             .flatten();
+        // Behind a held commit the newer holder's write, tried as it comes, waits for the
+        // row the older holder's uncommitted write holds, to the try's lock timeout.
+        let mut patience = aim::patience(self.setup.init.lease_ms);
+        if self.aimed.held_what(&older_name) == "commit" {
+            patience += Duration::from_millis(TRY_LOCK_TIMEOUT_MS.into());
+        }
         self.overtaking = Some(Overtake {
             newer,
             newer_job: job,
@@ -125,7 +131,7 @@ impl Run<'_> {
             job: older_job,
             follow_the_newer,
             held: false,
-            until: Instant::now() + aim::patience(self.setup.init.lease_ms),
+            until: Instant::now() + patience,
         });
         Ok(())
     }
@@ -200,9 +206,10 @@ impl Run<'_> {
                 target: newer.clone(),
                 step: None,
             };
+            let what = self.aimed.held_what(&older);
             let text = format!(
                 "holds {newer}'s write at its proxy, after its read of {record}: {older}'s \
-                 write first"
+                 {what} first"
             );
             faults.caught(
                 action,
@@ -226,9 +233,10 @@ impl Run<'_> {
             let early = format!("resumes {older} early, after {newer}'s read");
             self.resume_to_write(&older, early)?;
         } else if let (Some(proxy), Some(faults)) = (&self.seats[at].proxy, self.faults.as_mut()) {
+            let what = self.aimed.held_what(&older);
             let note = format!(
-                "lets {older}'s held write go early, after {newer}'s read: the worst order, \
-                 {older}'s write between {newer}'s read and its write"
+                "lets {older}'s held {what} go early, after {newer}'s read: the worst order, \
+                 {older}'s {what} between {newer}'s read and its write"
             );
             faults.let_go(proxy, Note::from(note), (&mut self.tape, &mut self.nemesis));
             // Let go early, its bytes are not reported as a late delivery: its write is no
@@ -423,9 +431,10 @@ impl Run<'_> {
                     human(aim::patience(self.setup.init.lease_ms))
                 )
             };
+            let what = self.aimed.held_what(&overtake.older);
             self.let_the_newer_write(
                 &overtake,
-                format!("{why}: {}'s write stays held", overtake.older),
+                format!("{why}: {}'s {what} stays held", overtake.older),
             );
             return Ok(());
         }
