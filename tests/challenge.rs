@@ -364,7 +364,7 @@ fn pause_and_delay_catch_a_lock_let_go_before_the_commit() {
 /// the job — and plays there, with the job's write already in the database's log, so it
 /// missed. Before the grader read when the write landed, this client passed both. Under
 /// `pause` the third pause lands in the middle of a job's work whatever the notes say, and
-/// may catch its lock (`late` is `setnx`): it fails there, on seed 1 as the walkthrough shows.
+/// may catch its lock (`late` is `setnx`) when it lands after a read: then it fails.
 #[test]
 fn faults_that_miss_because_the_writing_note_came_after_the_commit_never_pass() {
     python_ready();

@@ -78,7 +78,8 @@ late    setnx that lies: it says `writing` only after its write committed, so th
         faults aimed at that note find nothing left to hold up. They missed: the
         run is undecided, never a pass (the grader reads when the write landed).
         Under pause, the third pause lands in the middle of a job's work, and there
-        the setnx lock breaks as ever: on seed 1 it fails.
+        the setnx lock breaks as ever when that pause comes after a read: on such
+        seeds it fails.
 early   setnx that lies the other way: it says `writing` before its read. A fault
         aimed at that note lands before anything was read; the grader sees, in
         the items each write carries, that the read came after the fault. The
