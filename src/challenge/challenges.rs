@@ -69,7 +69,7 @@ impl Challenge {
             },
             Challenge::Pause => About {
                 goal: "no stale write lands after the lock's TTL ran out",
-                faults: "two clients frozen at their write in turn, a third mid-work; 2-3 TTLs or past their lock",
+                faults: "two clients frozen at a write or its commit in turn, a third mid-work; 2-3 TTLs or past their lock",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::Crash => About {
@@ -79,7 +79,7 @@ impl Challenge {
             },
             Challenge::Delay => About {
                 goal: "no stale write lands, though no client ever stopped",
-                faults: "two writes held in the network in turn, 2-3 TTLs or past their lock",
+                faults: "two writes (or a write's commit) held in the network in turn, 2-3 TTLs or past their lock",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::ExactlyOnce => About {
