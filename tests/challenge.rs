@@ -652,20 +652,30 @@ const DODGERS: &str = concat!(
     "/tests/fixtures/worst_order_dodgers.py"
 );
 
-/// Runs the dodger `mode` under challenge `name` on seed 1: it must fail, with a problem of
-/// one of `kinds`. Returns the run's timeline.
+/// Runs the dodger `mode` under challenge `name` on seeds 1 to 3 until it fails, with a
+/// problem of one of `kinds`; it must pass on none of them (a run may be unknown: a fault
+/// that found nobody coming for the record tested nothing). Returns the failed run's
+/// timeline.
 fn dodger_caught(mode: &str, name: &str, kinds_any: &[&str]) -> String {
     python_ready();
     let program = [PYTHON, &readable_copy(DODGERS), mode];
-    let (code, verdict, output) = challenge(name, 1, &[], &program);
-    assert_eq!(code, 1, "{name} {mode} --seed 1: {verdict}");
-    assert!(
-        kinds(&verdict)
-            .iter()
-            .any(|k| kinds_any.contains(&k.as_str())),
-        "{name} {mode}, not {kinds_any:?}: {verdict}"
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    for seed in 1..=3 {
+        let (code, verdict, output) = challenge(name, seed, &[], &program);
+        assert!(
+            code == 1 || code == 3,
+            "{name} {mode} --seed {seed}: {verdict}"
+        );
+        if code == 1 {
+            assert!(
+                kinds(&verdict)
+                    .iter()
+                    .any(|k| kinds_any.contains(&k.as_str())),
+                "{name} {mode}, not {kinds_any:?}: {verdict}"
+            );
+            return String::from_utf8_lossy(&output.stdout).into_owned();
+        }
+    }
+    panic!("{name} {mode} was caught on none of seeds 1 to 3")
 }
 
 /// `newer-blind` writes blind after a compare the database always refuses. As the newer
