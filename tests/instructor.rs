@@ -2641,13 +2641,20 @@ fn uid_of(pid: i32) -> Option<u32> {
 }
 
 /// The process listening on TCP `port` (IPv4), found through its socket's inode.
-fn listener_on(port: u16) -> Option<i32> {
+/// The process listening on `at` (an IPv4 `host:port`): the address counts too, since a
+/// port number free on one loopback address may be taken on another.
+fn listener_on(at: &str) -> Option<i32> {
+    let addr: std::net::SocketAddrV4 = at.parse().ok()?;
+    // /proc/net/tcp writes an address as its four bytes in the machine's order, in hex.
+    let [a, b, c, d] = addr.ip().octets();
+    let ip = format!("{d:02X}{c:02X}{b:02X}{a:02X}");
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     let inode = table.lines().skip(1).find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let local_port = fields.get(1)?.rsplit(':').next()?;
+        let (local_ip, local_port) = fields.get(1)?.split_once(':')?;
         let listening = fields.get(3) == Some(&"0A");
-        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+        let here = local_ip == ip || local_ip == "00000000";
+        (listening && here && u16::from_str_radix(local_port, 16).ok()? == addr.port())
             .then(|| fields.get(9).map(|inode| inode.to_string()))?
     })?;
     let wanted = std::path::PathBuf::from(format!("socket:[{inode}]"));
@@ -2712,8 +2719,7 @@ fn a_seats_servers_run_as_a_user_of_its_own_and_down_leaves_none() {
         // in the seat's directory, one above its etcd's).
         let [redis_door, etcd] = ["LOCKSLAB_REDIS_URL", "LOCKSLAB_ETCD_URL"].map(|var| {
             let at = host_port(&export_of(&seat, var));
-            let port = at.rsplit(':').next().unwrap().parse().unwrap();
-            listener_on(port).unwrap_or_else(|| panic!("nothing listens on {at}"))
+            listener_on(&at).unwrap_or_else(|| panic!("nothing listens on {at}"))
         });
         let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         assert_eq!(comm(redis_door).trim(), "lockslab-guard");
