@@ -96,6 +96,13 @@ pub enum NetFault {
     HoldCommit,
 }
 
+impl NetFault {
+    /// Aimed at the commit of a write ([`NetFault::DelayCommit`], [`NetFault::HoldCommit`]).
+    fn aims_at_a_commit(self) -> bool {
+        matches!(self, NetFault::DelayCommit { .. } | NetFault::HoldCommit)
+    }
+}
+
 /// What the proxy saw happen to a fault it was given, for the run's history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
@@ -251,10 +258,7 @@ impl State {
     /// Is a fault aimed at the next commit of a write ([`NetFault::DelayCommit`],
     /// [`NetFault::HoldCommit`])?
     fn commit_aimed(&self) -> bool {
-        matches!(
-            self.up,
-            Some(NetFault::DelayCommit { .. } | NetFault::HoldCommit)
-        )
+        self.up.is_some_and(NetFault::aims_at_a_commit)
     }
 
     /// Resets both sockets of a connection and forgets it.
@@ -1169,10 +1173,7 @@ impl Pump {
             if due.is_some() {
                 let path = self.shared.path.clone();
                 let session = (self.conversation.as_ref()).and_then(|c| c.backend().0);
-                let seen = if matches!(
-                    fault,
-                    Some(NetFault::DelayCommit { .. } | NetFault::HoldCommit)
-                ) {
+                let seen = if fault.is_some_and(NetFault::aims_at_a_commit) {
                     Seen::CommitHeld { session }
                 } else {
                     let tried = self.tried.take();
@@ -1285,23 +1286,20 @@ impl Pump {
             return Way::Cut;
         }
         let due = match fault {
-            // A write aimed at is caught in `came`: other bytes go on time.
+            // A write or a commit aimed at is caught in `came`: other bytes go on time,
+            // behind any queued before them.
             None
             | Some(
                 NetFault::DelayWrite { .. }
                 | NetFault::HoldWrite
                 | NetFault::DelayCommit { .. }
                 | NetFault::HoldCommit,
-            ) if self.queue.is_empty() => {
-                return Way::Now;
+            ) => {
+                if self.queue.is_empty() {
+                    return Way::Now;
+                }
+                now
             }
-            None
-            | Some(
-                NetFault::DelayWrite { .. }
-                | NetFault::HoldWrite
-                | NetFault::DelayCommit { .. }
-                | NetFault::HoldCommit,
-            ) => now,
             Some(NetFault::Delay { ms, jitter_ms }) => {
                 let extra = if jitter_ms == 0 {
                     0
