@@ -299,14 +299,12 @@ impl Run<'_> {
             };
             for report in proxy.reports() {
                 if let Seen::WriteHeld {
-                    session: Some(session),
-                    request,
-                    ..
+                    session, request, ..
                 } = report.seen
                 {
-                    self.held_requests.insert((session, request));
-                }
-                if let Seen::WriteHeld { .. } = report.seen {
+                    if let Some(session) = session {
+                        self.held_requests.insert((session, request));
+                    }
                     // A write held anew: any write of its let go by the worst order went out
                     // before it, reported or not.
                     let name = &self.seats[index].client.name;

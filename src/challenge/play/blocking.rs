@@ -122,9 +122,6 @@ impl Run<'_> {
     /// another client holding a job on `record` had just sent a statement (it kept asking).
     /// The sessions are those the clients' proxies opened, as each proxy read them.
     pub(super) fn asked_while_held(&self, index: usize, record: &str) -> bool {
-        let Some(latest) = self.pg_locks_seen().map(|seen| seen.at_us).max() else {
-            return false;
-        };
         let sessions_of = |seat: &Seat| -> BTreeSet<i32> {
             (seat.proxy.iter())
                 .flat_map(|proxy| proxy.sessions().pids)
@@ -140,9 +137,8 @@ impl Run<'_> {
             })
             .flat_map(|(_, seat)| sessions_of(seat))
             .collect();
-        self.pg_locks_seen().any(|seen| {
-            seen.at_us == latest
-                && own.contains(&seen.session)
+        self.latest_pg_locks().any(|seen| {
+            own.contains(&seen.session)
                 && seen.may_guard(record)
                 && seen.asking.iter().any(|pid| others.contains(pid))
         })
@@ -197,15 +193,19 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The Postgres locks read so far, from the run's history.
-    fn pg_locks_seen(&self) -> impl Iterator<Item = &PgLockSeen> {
-        self.tape
-            .events
-            .iter()
-            .filter_map(|event| match &event.what {
-                What::PgLockSeen(seen) => Some(seen),
-                _ => None,
-            })
+    /// The Postgres locks of the latest reading ([`Run::read_waits`]), from the run's
+    /// history: read from its end, as this is asked on every tick while a fault lasts.
+    /// Readings are kept in time order, so the latest are the last ones of one moment.
+    fn latest_pg_locks(&self) -> impl Iterator<Item = &PgLockSeen> {
+        let mut seen = (self.tape.events.iter().rev()).filter_map(|event| match &event.what {
+            What::PgLockSeen(seen) => Some(seen),
+            _ => None,
+        });
+        let first = seen.next();
+        let latest = first.map(|seen| seen.at_us);
+        first
+            .into_iter()
+            .chain(seen.take_while(move |seen| Some(seen.at_us) == latest))
     }
 }
 
