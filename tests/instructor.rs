@@ -2404,21 +2404,28 @@ fn a_seat_neither_stalls_nor_lists_another_and_chaos_runs_on_a_seats_lines() {
         let output = room.attendee_with(&a, &args).output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        // 0 or 1 (the unfenced design may well break): never 3, "nothing could be decided".
-        assert!(
-            matches!(output.status.code(), Some(0 | 1)),
-            "{design}: {:?}\n{stdout}\n{stderr}",
-            output.status
-        );
         assert!(!stderr.contains("NOPERM"), "{design}: {stderr}");
         let schedules: Vec<serde_json::Value> = stdout
             .lines()
             .filter_map(|line| serde_json::from_str(line).ok())
             .filter(|line: &serde_json::Value| line["kind"] == "schedule")
             .collect();
-        assert_eq!(schedules.len(), 1, "{design}: {stdout}");
+        assert_eq!(schedules.len(), 1, "{design}: {stdout}\n{stderr}");
         let accepted = schedules[0]["accepted"].as_u64().unwrap_or(0);
         assert!(accepted > 0, "{design}: no write landed: {}", schedules[0]);
+        // 0 or 1 (the unfenced design may well break). 3, "nothing could be decided", only
+        // for what a busy machine does to any run (CI at b98ad9d: a worker slowed past its
+        // lease, so its release found the lock gone), never for what the seat was refused.
+        let unknowns = schedules[0]["unknowns"].to_string();
+        let undecided_by_load = ["expired before it let go", "none of its faults played"]
+            .iter()
+            .any(|why| unknowns.contains(why));
+        assert!(
+            matches!(output.status.code(), Some(0 | 1))
+                || (output.status.code() == Some(3) && undecided_by_load),
+            "{design}: {:?}\n{stdout}\n{stderr}",
+            output.status
+        );
     }
 
     // `lockslab down` stops every seat's Redis with the room's servers.
