@@ -236,7 +236,8 @@ impl Challenge {
                 // the record as it was before the write. Which one, the seed says (drawn
                 // apart, so that every other draw of a seed stays as it was).
                 let at_commit = Rng::new(seed ^ 0x636f_6d6d).below(2) as usize;
-                for (i, (name, notes)) in clients.iter().take(2).enumerate() {
+                let (at_a_write, in_the_work) = aimed_at(seed, clients, pause);
+                for (i, (name, notes)) in at_a_write.into_iter().enumerate() {
                     // Between its read and its write: the worst moment for a stale write.
                     // Armed there, a pause freezes the client as its write reaches its
                     // proxy, and a delay holds that write (`play::aim`). Without notes, a
@@ -267,8 +268,8 @@ impl Challenge {
                     };
                     steps.push((step, how));
                 }
-                if pause {
-                    steps.extend(pause_in_the_work(&mut rng, clients, reach, lease_ms));
+                if let Some(name) = in_the_work {
+                    steps.push(pause_in_the_work(&mut rng, name, reach, lease_ms));
                 }
             }
             Challenge::Crash | Challenge::ExactlyOnce => {
@@ -319,29 +320,40 @@ impl Challenge {
     }
 }
 
+/// Which clients `pause` and `delay` aim at, dealt by the seed (drawn apart, so that every
+/// other draw of a seed stays as it was): two at a write, and for `pause` a third, with
+/// notes, whose work is paused. Dealt in a fixed order (c1 and c2 at their writes, c3 in
+/// its work), the roles were known before the run, and a client could tell from its name
+/// alone whether the fault it would meet came at its write or in its work: a design
+/// careless only in the role no fault plays passed.
+fn aimed_at(
+    seed: u64,
+    clients: &[(String, bool)],
+    pause: bool,
+) -> (Vec<&(String, bool)>, Option<&String>) {
+    let mut rng = Rng::new(seed ^ 0x726f_6c65);
+    let mut order: Vec<&(String, bool)> = clients.iter().collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    // A third fault only beside two others: a run of two clients has none.
+    let in_the_work = (pause && order.len() >= 3)
+        .then(|| order.iter().position(|(_, notes)| *notes))
+        .flatten()
+        .map(|at| &order.remove(at).0);
+    order.truncate(2);
+    (order, in_the_work)
+}
+
 /// `pause`'s third fault: a pause that lands where it falls, in the middle of a client's
 /// work — between its `writing` note and its write, a drawn time into the job's `work_ms`
 /// — not at the write. Aimed at the write alone, every pause came after whatever the client
 /// does just before writing, and a design could lean on that moment: a marker set just
 /// before the write that tells the others "wait for me now" is never missing when such a
 /// pause lands, and always missing when a real GC pause comes a little earlier. It goes to
-/// a client the first two faults do not aim at (the third or later, one with notes: a
-/// client with no notes has no work lockslab can see), so that no client waits for two
-/// faults at once; a run of two clients has none.
-fn pause_in_the_work(
-    rng: &mut Rng,
-    clients: &[(String, bool)],
-    reach: u64,
-    lease_ms: u64,
-) -> Option<(Step, How)> {
-    let noted: Vec<&String> = (clients.iter().skip(2))
-        .filter(|(_, notes)| *notes)
-        .map(|(name, _)| name)
-        .collect();
-    if noted.is_empty() {
-        return None;
-    }
-    let name = noted[rng.below(noted.len() as u64) as usize];
+/// a client with notes the first two faults do not aim at (a client with no notes has no
+/// work lockslab can see), so that no client waits for two faults at once.
+fn pause_in_the_work(rng: &mut Rng, name: &str, reach: u64, lease_ms: u64) -> (Step, How) {
     let work_ms = WORK_MS;
     let step = Step {
         // Past the first few milliseconds, and well before the work is done.
@@ -352,10 +364,10 @@ fn pause_in_the_work(
             1 + rng.below(reach.min(3)) as u32,
         )),
         fault: Fault::Pause,
-        target: name.clone(),
+        target: name.to_string(),
         duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
     };
-    Some((step, How::default()))
+    (step, How::default())
 }
 
 trait Below {
@@ -414,8 +426,10 @@ mod tests {
         }
         let in_the_work = &pause.steps()[2];
         assert!(in_the_work.at_ms > 0 && in_the_work.at_ms < WORK_MS);
-        assert_eq!(
-            in_the_work.target, "c3",
+        assert!(
+            pause.steps()[..2]
+                .iter()
+                .all(|at_write| at_write.target != in_the_work.target),
             "not a client the first two aim at"
         );
         let two: Vec<(String, bool)> = ["c1", "c2"].map(|n| (n.to_string(), true)).into();
@@ -452,6 +466,40 @@ mod tests {
             assert_eq!(step.fault, Fault::Delay);
             let held = Challenge::delay_ms(3, &step.target, 500);
             assert!((1000..1500).contains(&held), "{held}");
+        }
+    }
+
+    /// No client can tell its role from its name: over seeds, each of three clients is
+    /// paused in its work on some and met at its write on others, always by a fault of its
+    /// own; a client without notes is never the one paused in its work.
+    #[test]
+    fn the_seed_deals_which_client_meets_which_fault() {
+        let all_notes: Vec<(String, bool)> =
+            ["c1", "c2", "c3"].map(|n| (n.to_string(), true)).into();
+        let mut roles = std::collections::BTreeSet::new();
+        for seed in 0..60 {
+            for challenge in [Challenge::Pause, Challenge::Delay] {
+                let steps = challenge.schedule(seed, &all_notes, 500).steps().to_vec();
+                let mut targets: Vec<&str> = steps.iter().map(|s| s.target.as_str()).collect();
+                targets.sort();
+                targets.dedup();
+                assert_eq!(targets.len(), steps.len(), "one fault a client: {steps:?}");
+                for (at, step) in steps.iter().enumerate() {
+                    roles.insert((format!("{challenge:?}"), at >= 2, step.target.clone()));
+                }
+            }
+            let pause = Challenge::Pause.schedule(seed, &clients(), 500);
+            assert_ne!(pause.steps()[2].target, "c2", "c2 sends no notes");
+        }
+        for name in ["c1", "c2", "c3"] {
+            for (challenge, in_the_work) in [
+                (Challenge::Pause, false),
+                (Challenge::Pause, true),
+                (Challenge::Delay, false),
+            ] {
+                let role = (format!("{challenge:?}"), in_the_work, name.to_string());
+                assert!(roles.contains(&role), "never dealt: {role:?}");
+            }
         }
     }
 
