@@ -441,9 +441,9 @@ fn newer_refused(
     let (Some(job), Some(newer)) = (strike.job, strike.overtaken_by) else {
         return false;
     };
-    if strike.newer_tried.as_ref().is_some_and(|t| !t.writes()) {
-        return false;
-    }
+    // A write that, tried when it was caught, matched nothing refuses nothing by matching
+    // nothing; one the server aborted for a conflict it found is refused whatever the try.
+    let tried_writes = strike.newer_tried.as_ref().is_none_or(Tried::writes);
     let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
         return false;
     };
@@ -467,6 +467,7 @@ fn newer_refused(
     let held_there = |pid: i32| strike.newer_session.is_none_or(|held| held == pid);
     statements.iter().any(|s| {
         s.rows == 0
+            && (tried_writes || s.aborted.is_some())
             && from < s.at_us
             && s.at_us < to
             && held_there(s.pid)
@@ -500,7 +501,7 @@ fn matched_nothing(
     // millisecond for the scheduler.
     let until = answered_after(strike, deliveries).saturating_add(margin_us + 1000);
     if let Some(held) = strike.held_session {
-        let until = next_on_client_us.map_or(until, |next| until.min(next - 1));
+        let until = held_until(until, next_on_client_us);
         let mut after = statements
             .iter()
             .filter(|s| s.pid == held && (strike.at_us..=until).contains(&s.at_us))
@@ -514,6 +515,34 @@ fn matched_nothing(
             && (strike.at_us..=until).contains(&s.at_us)
             && (own.is_some_and(|pids| pids.contains(&s.pid)) || !anyones(s.pid))
     })
+}
+
+/// The end of what counts as the held write's answer on its own connection: `until`, or
+/// just before the next fault on the client (a fault follows its job).
+fn held_until(until: i64, next_on_client_us: Option<i64>) -> i64 {
+    next_on_client_us.map_or(until, |next| until.min(next - 1))
+}
+
+/// Did the server itself refuse `strike`'s held write — abort its transaction for a
+/// serialization failure or a deadlock it found, in its answer to that write (`aborted`
+/// statements are kept for held writes alone)? Such a write aimed at a row a transaction
+/// committed after its snapshot changed: no write that matches nothing whenever it runs
+/// draws it, so the refusal counts even when the write could not be tried as it was caught.
+fn refused_by_the_server(
+    strike: &Strike,
+    statements: &[Statement],
+    deliveries: &[Delivery],
+    next_on_client_us: Option<i64>,
+    margin_us: i64,
+) -> bool {
+    let (Some(held), Some(_)) = (strike.held_session, strike.job) else {
+        return false;
+    };
+    let until = answered_after(strike, deliveries).saturating_add(margin_us + 1000);
+    let until = held_until(until, next_on_client_us);
+    statements
+        .iter()
+        .any(|s| s.pid == held && s.aborted.is_some() && (strike.at_us..=until).contains(&s.at_us))
 }
 
 /// One delivery of a job to a client: when lockslab sent it, and when and how the client
@@ -1680,7 +1709,16 @@ pub fn check(evidence: &Evidence) -> Report {
         // A pause in the work caught no write to try: an UPDATE of its client's that matched
         // nothing after it is a refusal all the same, since this fault only adds what the
         // data can show — the faults aimed at the writes must bite too.
-        let weighable = strike.in_the_work || strike.tried.as_ref().is_some_and(Tried::writes);
+        // A write the server refused for a conflict it found is weighed whatever its try.
+        let weighable = strike.in_the_work
+            || strike.tried.as_ref().is_some_and(Tried::writes)
+            || refused_by_the_server(
+                &strike,
+                &evidence.statements,
+                &evidence.deliveries,
+                next_on_client_us,
+                evidence.clock_margin_us,
+            );
         strike.matched_nothing = zero_rows && weighable;
         if zero_rows && !strike.matched_nothing {
             strike.unweighed = Some(match &strike.tried {
@@ -2488,6 +2526,21 @@ mod tests {
             assert!(
                 format!("{report:?}").contains("0 rows prove nothing"),
                 "{report:?}"
+            );
+            // But the server itself aborted that held write's transaction for a conflict it
+            // found (40001, in its answer to the write): refused, whatever its try said.
+            unweighed.strikes[0].held_session = Some(6);
+            unweighed.statements = vec![Statement {
+                aborted: Some("40001: could not serialize access".into()),
+                ..refusal(6, 900_000)
+            }];
+            let report = check(&unweighed);
+            assert_eq!((report.grade(), report.faults_bit), (Grade::Pass, 1));
+            unweighed.statements = vec![refusal(6, 900_000)];
+            assert_eq!(
+                check(&unweighed).faults_bit,
+                0,
+                "a plain 0 rows still proves nothing"
             );
         }
         run.strikes = vec![strike(Some(2), 500_000)];

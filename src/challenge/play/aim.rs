@@ -341,8 +341,8 @@ impl Run<'_> {
 
     /// Postgres aborted a transaction of this client's for a conflict it found (its proxy
     /// saw it end), in its answer to the request `held` (the session, and which request of
-    /// its connection). If that request is a write lockslab held, the abort is the refusal
-    /// of that write: kept as a statement of no rows in that session, for the checker to
+    /// its connection). If that request is a write lockslab held, or any request of the job
+    /// a pause in the work struck, the abort is the refusal of that write: kept as a statement of no rows in that session, for the checker to
     /// weigh beside the log's. A conflict found in any other request — a statement the
     /// client sent after its held write had gone through, on a table of its own, say — is
     /// the client's transaction failing, not the held write refused: said, and not kept.
@@ -354,7 +354,9 @@ impl Run<'_> {
         at: Instant,
     ) {
         let name = self.seats[index].client.name.clone();
-        let refused = held.filter(|held| self.held_requests.contains(held));
+        let refused = held.filter(|held| {
+            self.held_requests.contains(held) || self.paused_in_the_work_of_this_job(index)
+        });
         let Some((pid, _)) = refused else {
             let text = format!(
                 "Postgres aborted {name}'s transaction ({why}), though not in its answer to a \
@@ -372,6 +374,17 @@ impl Run<'_> {
             aborted: Some(why),
         };
         self.note(&name, What::PgAborted(aborted), text);
+    }
+
+    /// The client's last fault was a pause in the middle of the work of the job it holds
+    /// now: the transaction the server aborts next is the one the pause made stale (no write
+    /// of it was caught, so none was held).
+    fn paused_in_the_work_of_this_job(&self, index: usize) -> bool {
+        let seat = &self.seats[index];
+        let job = seat.job.map(|(job, _)| job);
+        (self.strikes.iter().rev())
+            .find(|s| s.client == seat.client.name)
+            .is_some_and(|s| s.in_the_work && job.is_some() && s.job == job)
     }
 
     /// A write came to its proxy's gate: lockslab reads every note its client wrote before
