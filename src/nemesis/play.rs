@@ -198,6 +198,9 @@ pub struct Faults<'w> {
     paused_at: HashMap<String, Instant>,
     /// Victims that stop themselves: their pause is adopted, not sent.
     self_pausing: HashSet<String>,
+    /// Victims whose timed pause lasts its duration from its SIGSTOP, not from its due
+    /// moment ([`Faults::pauses_lasting_from_sigstop`]).
+    pauses_from_sigstop: HashSet<String>,
     acted: Vec<Action>,
     /// Steps (by their place in the schedule) whose fault came due and was not done, and
     /// why: its victim was gone, or not in the state the fault needs.
@@ -261,6 +264,7 @@ impl<'w> Faults<'w> {
             pending: VecDeque::new(),
             paused_at: HashMap::new(),
             self_pausing: HashSet::new(),
+            pauses_from_sigstop: HashSet::new(),
             acted: Vec::new(),
             skipped: Vec::new(),
             words: Box::new(|cue| Note::from(plain_words(cue))),
@@ -295,6 +299,20 @@ impl<'w> Faults<'w> {
     /// a pause due for it is adopted (checked, recorded, ended by the nemesis), not sent.
     pub fn self_pausing(mut self, victim: &str) -> Faults<'w> {
         self.self_pausing.insert(victim.into());
+        self
+    }
+
+    /// A timed pause of `victim` lasts its whole duration from the moment its SIGSTOP went
+    /// out, not from the moment it fell due. On a busy machine the lab's loop may send a
+    /// pause late (its anchor's event read late, the lab itself not scheduled), and a
+    /// resume kept at its due moment cuts the pause short by as much — to nothing once
+    /// the lateness reaches the duration. For a victim that must notice each pause (lab
+    /// 9's stall waits for A to say it ran again before the next stop) a pause cut short
+    /// is a pause missed, and the faults after it never come. A pause that falls due while
+    /// the victim is still stopped is not sent, and its resume goes with it: it would end
+    /// the pause that is on short.
+    pub fn pauses_lasting_from_sigstop(mut self, victim: &str) -> Faults<'w> {
+        self.pauses_from_sigstop.insert(victim.into());
         self
     }
 
@@ -838,6 +856,9 @@ impl<'w> Faults<'w> {
                     nemesis.adopt_pause(floor, &**victim, note)?;
                 } else {
                     nemesis.pause(floor, &**victim, note)?;
+                    if self.pauses_from_sigstop.contains(&target) {
+                        self.end_pause_its_duration_from_now(&action, floor);
+                    }
                 }
                 self.paused_at.insert(target, Instant::now());
             }
@@ -889,12 +910,63 @@ impl<'w> Faults<'w> {
                     ),
                 }
             }
-            Fault::Pause => return self.skip(&action, format!("{target} was paused already")),
+            Fault::Pause => {
+                if self.pauses_from_sigstop.contains(&target) {
+                    self.drop_end_of_pause_not_sent(&action);
+                }
+                return self.skip(&action, format!("{target} was paused already"));
+            }
             Fault::Resume => return self.skip(&action, format!("{target} was not paused")),
             other => bail!("{} is not a fault of a process", other.as_str()),
         }
         self.acted.push(action);
         Ok(())
+    }
+}
+
+impl Faults<'_> {
+    /// The resume that ends `pause` (a step with a duration), as the schedule made it:
+    /// due the duration after the pause was.
+    fn end_of(&self, pause: &Action) -> Option<(Action, u64)> {
+        let duration_ms = self.schedule.steps()[pause.step?].duration_ms?;
+        let end = Action {
+            at_ms: pause.at_ms.saturating_add(duration_ms),
+            fault: Fault::Resume,
+            target: pause.target.clone(),
+            step: None,
+        };
+        Some((end, duration_ms))
+    }
+
+    /// Takes back `action` wherever it waits: in the player still, or handed out already
+    /// (with the pause it ends, when the pause was sent as late as its duration).
+    fn take_back(&mut self, action: &Action) -> Option<Action> {
+        let handed_out = (self.pending.iter())
+            .position(|due| matches!(due, Due::Fault(a) if a == action))
+            .and_then(|at| self.pending.remove(at));
+        match handed_out {
+            Some(Due::Fault(action)) => Some(action),
+            _ => self.cursor.player_mut().withdraw_action(action),
+        }
+    }
+
+    /// `pause` went out just now: its resume is due its duration from now.
+    fn end_pause_its_duration_from_now(&mut self, pause: &Action, floor: &impl Floor) {
+        let Some((end, duration_ms)) = self.end_of(pause) else {
+            return;
+        };
+        if let Some(end) = self.take_back(&end) {
+            let at_ms = self.cursor.now_ms(floor) + duration_ms;
+            self.cursor.player_mut().add(Action { at_ms, ..end });
+        }
+    }
+
+    /// `pause` was not sent (its victim was stopped already, by an earlier pause that
+    /// came late): its resume goes with it, or it would end the earlier pause short.
+    fn drop_end_of_pause_not_sent(&mut self, pause: &Action) {
+        if let Some((end, _)) = self.end_of(pause) {
+            self.take_back(&end);
+        }
     }
 }
 

@@ -156,6 +156,46 @@ fn a_victim_that_stops_itself_has_its_pause_adopted() {
     assert_ne!(procs::process_state(pid), Some('T'));
 }
 
+/// How long the play kept its victim stopped: from its SIGSTOP's event to its SIGCONT's.
+fn stopped_ms(stage: &Stage) -> u64 {
+    let at = |kind: Kind| stage.log.iter().find(|e| e.kind() == kind).unwrap().t_ms;
+    at(Kind::Resumed) - at(Kind::Frozen)
+}
+
+/// A pause of 100ms sent 150ms late (the lab's loop busy), both its SIGSTOP and its
+/// SIGCONT due by the time the play looks: timed from its due moment it lasts next to
+/// nothing; lasting from its SIGSTOP, its 100ms. A second pause due while the first is
+/// on is not sent, and its resume does not end the first.
+#[test]
+fn a_pause_sent_late_lasts_its_duration_from_its_sigstop() {
+    let late = Duration::from_millis(150);
+    let play = |steps: Vec<Step>, from_sigstop: bool| {
+        let mut stage = stage();
+        let mut sleep = Sleep::start();
+        let mut nemesis = Nemesis::new();
+        let mut faults = Faults::new(&Schedule::new(steps), &stage);
+        if from_sigstop {
+            faults = faults.pauses_lasting_from_sigstop("S");
+        }
+        let mut cast: [&mut dyn Victim; 1] = [&mut sleep];
+        std::thread::sleep(late);
+        stage
+            .play(&mut faults, &mut nemesis, &mut cast, Until::done(LONG))
+            .unwrap();
+        assert!(nemesis.paused().is_empty());
+        assert_eq!(kinds(&stage), vec![Kind::Frozen, Kind::Resumed]);
+        stopped_ms(&stage)
+    };
+    let one = || vec![step(0, Fault::Pause, Some(100))];
+    assert!(play(one(), false) < 50, "timed from when it was due");
+    assert!(play(one(), true) >= 100, "lasting from its SIGSTOP");
+    let two = vec![
+        step(0, Fault::Pause, Some(100)),
+        step(30, Fault::Pause, Some(100)),
+    ];
+    assert!(play(two, true) >= 100, "the second pause's resume left out");
+}
+
 #[test]
 fn what_cannot_be_played_is_skipped_or_refused() {
     let mut stage = stage();

@@ -69,6 +69,14 @@ impl Cell<'_> {
         ) {
             faults = faults.self_pausing("A");
         }
+        // The stall's next stop waits for A to say it ran again, which A says only of a
+        // stop it could notice: a stop sent late (the lab's loop on a busy machine) must
+        // not be cut short by as much, or A says nothing and the stall ends after it. Nor
+        // may a stop that fell due while A was still stopped (A's sampler saw a gap of the
+        // scheduler's, and said so) end the stop that is on.
+        if fault == LeaseFault::Stall && schedule::runs_again_after(plan).is_some() {
+            faults = faults.pauses_lasting_from_sigstop("A");
+        }
         if let Some(clock) = &clock {
             faults = faults.on_clock("A", clock);
         }

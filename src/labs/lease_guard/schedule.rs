@@ -108,8 +108,11 @@ pub(super) fn runs_again_after(plan: &Plan) -> Option<Duration> {
 /// ended then. With `from_a_running`, each stop after the first comes [`STALL_RUN`] after A
 /// said it runs again (its sampler's first sample after the stop before): however busy the
 /// machine, A ran between two stops, and no two stops and the run between look like one to
-/// pause detection. Without it (stops too short to tell), [`STALL_RUN`] after the SIGCONT,
-/// the last stop cut short at `lasts_ms`.
+/// pause detection. Such a stop lasts `stop` from its SIGSTOP, however late that went out
+/// (the cell plays it so: `Faults::pauses_lasting_from_sigstop`): a stop cut short below
+/// the sampler's gap is one A never says it ran again after, and the stall would end
+/// there. Without it (stops too short to tell), [`STALL_RUN`] after the SIGCONT, the last
+/// stop cut short at `lasts_ms`.
 fn stall(stop: Duration, lasts_ms: u64, from_a_running: bool) -> Vec<Step> {
     let (stop_ms, run_ms) = (stop.as_millis() as u64, STALL_RUN.as_millis() as u64);
     let mut steps = Vec::new();

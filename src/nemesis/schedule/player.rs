@@ -217,6 +217,13 @@ impl Player {
         Some(self.timed.remove(at))
     }
 
+    /// Takes back `action` if it was not handed out yet (a timed pause's own resume,
+    /// which no other action equals: it names no step, and its time is the pause's).
+    pub fn withdraw_action(&mut self, action: &Action) -> Option<Action> {
+        let at = self.timed.iter().position(|a| a == action)?;
+        Some(self.timed.remove(at))
+    }
+
     /// Adds an action, due at its `at_ms` (after every action due no later).
     pub fn add(&mut self, action: Action) {
         self.last_ms = self.last_ms.max(action.at_ms);
