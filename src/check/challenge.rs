@@ -444,6 +444,7 @@ fn newer_refused(
     // A write that, tried when it was caught, matched nothing refuses nothing by matching
     // nothing; one the server aborted for a conflict it found is refused whatever the try.
     let tried_writes = strike.newer_tried.as_ref().is_none_or(Tried::writes);
+    let tried_nothing = matches!(strike.newer_tried, Some(Tried::ChangesNothing));
     let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
         return false;
     };
@@ -467,7 +468,7 @@ fn newer_refused(
     let held_there = |pid: i32| strike.newer_session.is_none_or(|held| held == pid);
     statements.iter().any(|s| {
         s.rows == 0
-            && (tried_writes || s.aborted.is_some())
+            && (tried_writes || (s.aborted.is_some() && !tried_nothing))
             && from < s.at_us
             && s.at_us < to
             && held_there(s.pid)
@@ -525,9 +526,10 @@ fn held_until(until: i64, next_on_client_us: Option<i64>) -> i64 {
 
 /// Did the server itself refuse `strike`'s held write — abort its transaction for a
 /// serialization failure or a deadlock it found, in its answer to that write (`aborted`
-/// statements are kept for held writes alone)? Such a write aimed at a row a transaction
-/// committed after its snapshot changed: no write that matches nothing whenever it runs
-/// draws it, so the refusal counts even when the write could not be tried as it was caught.
+/// statements are kept for held writes alone)? At REPEATABLE READ such a write aimed at a
+/// row a transaction committed after its snapshot changed; SERIALIZABLE may also abort it
+/// for what its transaction read, so the caller weighs it only for a write whose try did
+/// not show it matching nothing.
 fn refused_by_the_server(
     strike: &Strike,
     statements: &[Statement],
@@ -1709,16 +1711,19 @@ pub fn check(evidence: &Evidence) -> Report {
         // A pause in the work caught no write to try: an UPDATE of its client's that matched
         // nothing after it is a refusal all the same, since this fault only adds what the
         // data can show — the faults aimed at the writes must bite too.
-        // A write the server refused for a conflict it found is weighed whatever its try.
+        // A write the server refused for a conflict it found is weighed though it could
+        // not be tried — never one that, tried, matched nothing: SERIALIZABLE can abort a
+        // write that matches nothing for what its transaction read.
         let weighable = strike.in_the_work
             || strike.tried.as_ref().is_some_and(Tried::writes)
-            || refused_by_the_server(
-                &strike,
-                &evidence.statements,
-                &evidence.deliveries,
-                next_on_client_us,
-                evidence.clock_margin_us,
-            );
+            || !matches!(strike.tried, Some(Tried::ChangesNothing))
+                && refused_by_the_server(
+                    &strike,
+                    &evidence.statements,
+                    &evidence.deliveries,
+                    next_on_client_us,
+                    evidence.clock_margin_us,
+                );
         strike.matched_nothing = zero_rows && weighable;
         if zero_rows && !strike.matched_nothing {
             strike.unweighed = Some(match &strike.tried {
@@ -2542,6 +2547,18 @@ mod tests {
                 0,
                 "a plain 0 rows still proves nothing"
             );
+        }
+        {
+            // Tried as it was caught, it matched nothing (`… AND false`): an abort of its
+            // transaction after the fault (SERIALIZABLE, for what it read) refuses nothing.
+            let mut decoy = run.clone();
+            decoy.strikes[0].tried = Some(Tried::ChangesNothing);
+            decoy.strikes[0].held_session = Some(6);
+            decoy.statements = vec![Statement {
+                aborted: Some("40001: could not serialize access".into()),
+                ..refusal(6, 900_000)
+            }];
+            assert_eq!(check(&decoy).faults_bit, 0);
         }
         run.strikes = vec![strike(Some(2), 500_000)];
         assert_eq!(
