@@ -441,8 +441,8 @@ fn newer_refused(
     let (Some(job), Some(newer)) = (strike.job, strike.overtaken_by) else {
         return false;
     };
-    // A write that, tried when it was caught, matched nothing refuses nothing by matching
-    // nothing; one the server aborted for a conflict it found is refused whatever the try.
+    // A write that, tried when it was caught, matched nothing refuses nothing; one the
+    // server aborted for a conflict it found is refused though its try could tell nothing.
     let tried_writes = strike.newer_tried.as_ref().is_none_or(Tried::writes);
     let tried_nothing = matches!(strike.newer_tried, Some(Tried::ChangesNothing));
     let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
@@ -2533,7 +2533,7 @@ mod tests {
                 "{report:?}"
             );
             // But the server itself aborted that held write's transaction for a conflict it
-            // found (40001, in its answer to the write): refused, whatever its try said.
+            // found (40001, in its answer to the write): refused, though it was never tried.
             unweighed.strikes[0].held_session = Some(6);
             unweighed.statements = vec![Statement {
                 aborted: Some("40001: could not serialize access".into()),
