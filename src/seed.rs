@@ -49,10 +49,19 @@ pub fn seed() -> Option<u64> {
 
 /// A seed for a run that was given none: from the OS's random source.
 pub fn fresh() -> u64 {
+    // Short enough to read out and type again.
+    fresh_unguessable() % 1_000_000
+}
+
+/// A seed from the whole range, for a run whose draws the program under test must not
+/// guess: the challenge's seed deals which client meets which fault, and a client that
+/// could learn the seed — by trying each short seed until one draws the jobs it was sent —
+/// could be careful only where the faults will come. One of 2^53 (a number every JSON
+/// reader keeps exactly), too many to try; longer to type, and printed all the same.
+pub fn fresh_unguessable() -> u64 {
     let mut bytes = [0u8; 8];
     let _ = getrandom::fill(&mut bytes);
-    // Short enough to read out and type again.
-    u64::from_le_bytes(bytes) % 1_000_000
+    u64::from_le_bytes(bytes) % (1 << 53)
 }
 
 /// `chars` hex digits from the OS's random source, never from the seed: for run ids and

@@ -77,7 +77,8 @@ pub struct ChallengeArgs {
     /// Print a starting client in this language, and exit
     #[arg(long, value_name = "LANG", value_parser = ["python", "rust"])]
     pub template: Option<String>,
-    /// Draw the jobs and the faults from this seed (printed when not given)
+    /// Draw the jobs and the faults from this seed (printed when not given). A seed you
+    /// give is one a client could guess from its jobs: a grade that counts uses a drawn one
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// How many clients at once
@@ -229,7 +230,7 @@ fn grade(
     picture: Option<crate::picture::Target>,
     isolation: isolation::Isolation,
 ) -> Result<Exit> {
-    let seed = args.seed.unwrap_or_else(crate::seed::fresh);
+    let seed = args.seed.unwrap_or_else(crate::seed::fresh_unguessable);
     let servers = servers::provide(
         &args.servers,
         &[Backend::Redis, Backend::Etcd, Backend::Postgres],
@@ -289,7 +290,6 @@ fn grade(
             schema: schema.clone(),
             key_prefix,
             lease_ms,
-            seed,
             sentinels: sentinels
                 .iter()
                 .flat_map(|c| &c.sentinels)

@@ -45,7 +45,6 @@ pub struct Init {
     pub key_prefix: String,
     /// The lock's time to live this challenge is built around: its faults outlast it.
     pub lease_ms: u64,
-    pub seed: u64,
     /// Under `failover`, the Sentinels (`host:port`) that know which Redis is the primary
     /// of `master_name`; `redis_url` is then the primary at the start, which dies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -198,7 +197,6 @@ mod tests {
             schema: "s".into(),
             key_prefix: "k:".into(),
             lease_ms: 500,
-            seed: 1,
             sentinels: vec![],
             master_name: None,
             redis_password: None,
@@ -213,6 +211,8 @@ mod tests {
             !line.contains("sentinels") && !line.contains("master_name"),
             "{line}"
         );
+        // Nothing a client reads tells it the run's seed: the seed deals the faults.
+        assert!(!line.contains("seed"), "{line}");
         init.sentinels = vec!["127.0.0.1:26379".into()];
         init.master_name = Some("lockslab".into());
         init.redis_password = Some("pw".into());
