@@ -7,7 +7,7 @@ use super::ApproachVerdict;
 use super::play::{Faults, Play};
 use super::points::{FROZEN, KILLED};
 use super::verdict::round1;
-use crate::check::no_lock::{self as checks, Costs, Strike};
+use crate::check::no_lock::{self as checks, Costs, ReadBack, Strike};
 use crate::connect::PgClient;
 use crate::events::facts::{Observed, RoundFacts, Warning};
 use crate::events::{Event, What};
@@ -51,7 +51,7 @@ impl Play<'_> {
             sum(|t| t.lock_retries),
         );
         latencies.sort_unstable();
-        self.worst_order_missed(stage, &mut faults);
+        self.worst_order_missed(stage, &mut faults, &tables);
         let frozen: Vec<Strike> = faults.frozen.iter().map(|f| f.strike.clone()).collect();
         let killed = faults.killed.as_ref().map(|k| &k.strike);
         let freezes = checks::freezes(&frozen, &tables);
@@ -97,8 +97,11 @@ impl Play<'_> {
     /// COMMIT and writes first raises the fence past every waiter's token, and they are
     /// refused. The job then comes out right by luck (a busy machine's), not because the
     /// design held: a point whose waiter was refused on its customer is untested, never ok,
-    /// and the timeline says why.
-    fn worst_order_missed(&self, stage: &mut Stage, faults: &mut Faults) {
+    /// and the timeline says why. Unless the tables show the job wrong all the same: then a
+    /// holder that read before the COMMIT (not among the waiters the lab saw) wrote first,
+    /// the stale write landed, and the point was put to the test — on a busy machine it
+    /// happens.
+    fn worst_order_missed(&self, stage: &mut Stage, faults: &mut Faults, tables: &ReadBack) {
         if self.approach != Approach::FencedWriteOnly {
             return;
         }
@@ -108,7 +111,7 @@ impl Play<'_> {
             let Some(refused) = refused_waiter(&stage.log, name, &frozen.waiters, strike) else {
                 continue;
             };
-            if !strike.exercised {
+            if !strike.exercised || !luck_kept_it_right(tables, strike) {
                 continue;
             }
             strike.exercised = false;
@@ -270,6 +273,12 @@ fn refused_waiter(
         .map(|e| e.worker.clone())
 }
 
+/// The frozen job came out right by the tables: only then can a refused waiter have made
+/// it right by luck. A wrong job means a stale write landed, whoever wrote it.
+fn luck_kept_it_right(tables: &ReadBack, strike: &Strike) -> bool {
+    tables.job_is_right(strike.job, strike.customer)
+}
+
 #[cfg(test)]
 mod worst_order_tests {
     use super::*;
@@ -315,5 +324,25 @@ mod worst_order_tests {
             refused_waiter(&log, "fenced-write-only", &waiters, &strike).as_deref(),
             Some("w10")
         );
+    }
+
+    #[test]
+    fn a_refused_waiter_leaves_the_point_tested_when_the_tables_show_the_job_wrong() {
+        let strike = Strike {
+            worker: "w4".into(),
+            at: Moment::MidWrite,
+            job: 127,
+            customer: 7,
+            exercised: true,
+        };
+        // Job 127 invoiced once, customer 7's balance matching: right, perhaps by luck.
+        let right = checks::read_back(&[(127, 1), (87, 1)], &[(7, 20, 20)]);
+        assert!(luck_kept_it_right(&right, &strike));
+        // Customer 7's balance short of its invoices: a stale write landed all the same.
+        let lost = checks::read_back(&[(127, 1), (87, 1)], &[(7, 10, 20)]);
+        assert!(!luck_kept_it_right(&lost, &strike));
+        // Job 127 invoiced twice: the same.
+        let twice = checks::read_back(&[(127, 2), (87, 1)], &[(7, 30, 30)]);
+        assert!(!luck_kept_it_right(&twice, &strike));
     }
 }

@@ -356,7 +356,7 @@ fn say_points(
         .table(&header, body);
     if rows
         .iter()
-        .any(|(_, points, _)| points.iter().any(|p| !p.exercised))
+        .any(|(_, points, _)| points.iter().any(|p| p.finding().is_none()))
     {
         words
             .aside("untested: no other worker waited on the frozen one or did its job before its")
