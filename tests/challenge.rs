@@ -1004,7 +1004,7 @@ fn exactly_once_catches_a_job_applied_twice_and_passes_a_job_recorded_once() {
             .any(|p| p["in_items"].as_u64() > Some(1)),
         "{verdict}"
     );
-    passes("exactly-once", "once", 1);
+    passes_within("exactly-once", "once", 3);
 }
 
 /// `--html` draws the run from its typed history: the held write is on the page.
@@ -1034,7 +1034,10 @@ fn html_draws_the_run_with_its_network_faults() {
 #[test]
 fn crash_catches_a_resent_job_done_twice_and_passes_a_job_recorded_once() {
     caught_within("crash", "fenced", "doubled", 3);
-    passes("crash", "once", 1);
+    // A Redis lock is not fair: a client kept off it for most of the run may take too few
+    // jobs to reach the note its kill waits for (CI at fe42193: c1 given 3 jobs, its kill
+    // at its 4th `released`), and the run is unknown — the schedule's miss. Never a fail.
+    passes_within("crash", "once", 3);
 }
 
 /// Five clients share the 24 jobs, so each gets a few: every kill is aimed at a note its
