@@ -103,9 +103,18 @@ impl Play<'_> {
             _ => None,
         }
         .unwrap_or(0);
+        // From A's kill to B's grant, on the run's clock: B starts after the kill and asks
+        // from then, so its own wait is the shorter of the two.
+        let killed_t = (stage.log.iter().rev())
+            .find(|e| e.worker == "lab" && e.kind() == Kind::Killed)
+            .map(|e| e.t_ms);
+        let granted_after_kill_ms = killed_t
+            .filter(|_| b_result.kind() == Kind::Acquired)
+            .map(|killed| b_result.t_ms.saturating_sub(killed));
         let evidence = StuckEvidence {
             next_holder_got_lock: b_result.kind() == Kind::Acquired,
             waited_ms,
+            granted_after_kill_ms,
             pttl_ms_after_wait: pttl,
             ttl_ms: args.ttl.as_millis() as u64,
         };

@@ -60,7 +60,11 @@ pub struct RaceEvidence {
 #[derive(Serialize, Debug, Clone)]
 pub struct StuckEvidence {
     pub next_holder_got_lock: bool,
+    /// How long B asked before it got the lock or gave up.
     pub waited_ms: u64,
+    /// From A's kill to B's grant (none: B never got it, or a run recorded before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_after_kill_ms: Option<u64>,
     /// The key's PTTL after the wait: -1 no expiry, -2 gone.
     pub pttl_ms_after_wait: i64,
     pub ttl_ms: u64,
@@ -347,6 +351,13 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
         Evidence::Stuck(stuck) => human(Duration::from_millis(stuck.waited_ms)),
         _ => String::new(),
     };
+    let granted = |t: &Tally| match &t.evidence {
+        Evidence::Stuck(StuckEvidence {
+            granted_after_kill_ms: Some(ms),
+            ..
+        }) => format!("{} after A's kill", human(Duration::from_millis(*ms))),
+        _ => format!("after asking for {}", waited(t)),
+    };
     let fixed_ok = fixed.violations == 0;
     match scenario {
         Scenario::Race => {
@@ -393,9 +404,9 @@ fn meaning(scenario: Scenario, broken: &Tally, fixed: &Tally, plan: &Plan) -> St
             };
             let tail = if fixed_ok {
                 format!(
-                    "with SET NX PX the lock lapsed with its TTL ({}) and B got it after {}",
+                    "with SET NX PX the lock lapsed with its TTL ({}) and B got it {}",
                     human(plan.ttl),
-                    waited(fixed)
+                    granted(fixed)
                 )
             } else {
                 "with SET NX PX, B still did not get the lock: look at the timeline".into()
