@@ -443,8 +443,11 @@ fn newer_refused(
     };
     // A write that, tried when it was caught, matched nothing refuses nothing; one the
     // server aborted for a conflict it found is refused though its try could tell nothing.
-    let tried_writes = strike.newer_tried.as_ref().is_none_or(Tried::writes);
-    let tried_nothing = matches!(strike.newer_tried, Some(Tried::ChangesNothing));
+    let weighs = |s: &Statement| match &strike.newer_tried {
+        Some(Tried::ChangesNothing) => false,
+        Some(Tried::Untried(_)) => s.aborted.is_some(),
+        _ => true,
+    };
     let Some(older) = changes.iter().find(|c| c.job == Some(job)) else {
         return false;
     };
@@ -468,7 +471,7 @@ fn newer_refused(
     let held_there = |pid: i32| strike.newer_session.is_none_or(|held| held == pid);
     statements.iter().any(|s| {
         s.rows == 0
-            && (tried_writes || (s.aborted.is_some() && !tried_nothing))
+            && weighs(s)
             && from < s.at_us
             && s.at_us < to
             && held_there(s.pid)
@@ -497,18 +500,12 @@ fn matched_nothing(
     if strike.job.is_none() {
         return false;
     }
-    // The answer was read after the statement ran; on lockslab's reckoning of the
-    // database's clock it may seem a little before it: by the reckoning's margin, and a
-    // millisecond for the scheduler.
-    let until = answered_after(strike, deliveries).saturating_add(margin_us + 1000);
-    if let Some(held) = strike.held_session {
-        let until = held_until(until, next_on_client_us);
-        let mut after = statements
-            .iter()
-            .filter(|s| s.pid == held && (strike.at_us..=until).contains(&s.at_us))
-            .peekable();
+    if let Some(after) = held_answers(strike, statements, deliveries, next_on_client_us, margin_us)
+    {
+        let mut after = after.peekable();
         return after.peek().is_some() && after.all(|s| s.rows == 0);
     }
+    let until = answered_by(strike, deliveries, margin_us);
     let own = sessions.get(&strike.client);
     let anyones = |pid: i32| sessions.values().any(|pids| pids.contains(&pid));
     statements.iter().any(|s| {
@@ -518,10 +515,34 @@ fn matched_nothing(
     })
 }
 
-/// The end of what counts as the held write's answer on its own connection: `until`, or
-/// just before the next fault on the client (a fault follows its job).
-fn held_until(until: i64, next_on_client_us: Option<i64>) -> i64 {
-    next_on_client_us.map_or(until, |next| until.min(next - 1))
+/// When the client's answer to `strike`'s job came, on the database's clock, as late as a
+/// statement before it may seem: the answer was read after the statement ran, and on
+/// lockslab's reckoning of the database's clock it may seem a little before it — by the
+/// reckoning's margin, and a millisecond for the scheduler.
+fn answered_by(strike: &Strike, deliveries: &[Delivery], margin_us: i64) -> i64 {
+    answered_after(strike, deliveries).saturating_add(margin_us + 1000)
+}
+
+/// The statements of the session `strike`'s held write went to, from the fault to the
+/// client's answer or to just before the next fault on the client (a fault follows its
+/// job): the held write and what came after it on that connection. None when its proxy
+/// read no session.
+fn held_answers<'a>(
+    strike: &Strike,
+    statements: &'a [Statement],
+    deliveries: &[Delivery],
+    next_on_client_us: Option<i64>,
+    margin_us: i64,
+) -> Option<impl Iterator<Item = &'a Statement>> {
+    let held = strike.held_session?;
+    let until = answered_by(strike, deliveries, margin_us);
+    let until = next_on_client_us.map_or(until, |next| until.min(next - 1));
+    let from = strike.at_us;
+    Some(
+        statements
+            .iter()
+            .filter(move |s| s.pid == held && (from..=until).contains(&s.at_us)),
+    )
 }
 
 /// Did the server itself refuse `strike`'s held write — abort its transaction for a
@@ -537,14 +558,9 @@ fn refused_by_the_server(
     next_on_client_us: Option<i64>,
     margin_us: i64,
 ) -> bool {
-    let (Some(held), Some(_)) = (strike.held_session, strike.job) else {
-        return false;
-    };
-    let until = answered_after(strike, deliveries).saturating_add(margin_us + 1000);
-    let until = held_until(until, next_on_client_us);
-    statements
-        .iter()
-        .any(|s| s.pid == held && s.aborted.is_some() && (strike.at_us..=until).contains(&s.at_us))
+    strike.job.is_some()
+        && held_answers(strike, statements, deliveries, next_on_client_us, margin_us)
+            .is_some_and(|mut after| after.any(|s| s.aborted.is_some()))
 }
 
 /// One delivery of a job to a client: when lockslab sent it, and when and how the client
