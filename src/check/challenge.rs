@@ -885,8 +885,9 @@ impl Strike {
             // Its write went out between a newer holder's read and that holder's write: an
             // accepted write there is stale, and only a fence at the read refuses it —
             // unless the newer holder had not read yet (its `writing` note came before its
-            // read, or it computed its write in SQL with no read): then the next write on the record, the newer holder's, holds this
-            // job's entry, and the order tested nothing. (A retry of the newer job by
+            // read, or it computed its write in SQL with no read): then the next write on
+            // the record, the newer holder's, holds this job's entry, and the order tested
+            // nothing. (A retry of the newer job by
             // another client, later, read what it should: only the next write counts.)
             let newer = self.overtaken_by.zip(write).and_then(|(newer, older)| {
                 let next = (changes.iter()).find(|c| c.record == record && c.seq > older.seq)?;

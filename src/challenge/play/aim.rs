@@ -343,9 +343,10 @@ impl Run<'_> {
     /// saw it end), in its answer to the request `held` (the session, and which request of
     /// its connection). If that request is a write lockslab held, or any request of the job
     /// a pause in the work struck, the abort is the refusal of that write: kept as a
-    /// statement of no rows in that session, for the checker to weigh beside the log's. A conflict found in any other request — a statement the
-    /// client sent after its held write had gone through, on a table of its own, say — is
-    /// the client's transaction failing, not the held write refused: said, and not kept.
+    /// statement of no rows in that session, for the checker to weigh beside the log's. A
+    /// conflict found in any other request — a statement the client sent after its held
+    /// write had gone through, on a table of its own, say — is the client's transaction
+    /// failing, not the held write refused: said, and not kept.
     fn transaction_aborted(
         &mut self,
         index: usize,
