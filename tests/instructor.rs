@@ -645,7 +645,16 @@ fn stepping_lab_1_stops_at_each_reveal_and_changes_no_verdict() {
             .any(|e| matches!(e.kind(), Kind::Acquired | Kind::Waiting)),
         "no worker starts before the first checkpoint"
     );
-    assert!(stepped.screen()[first..].contains("Does B get the lock while A is frozen?"));
+    // The question follows the checkpoint's heading on the screen; the reader thread may
+    // have taken the heading's bytes before the question's (CI at 3843fa4).
+    let asked = eventually(std::time::Duration::from_secs(10), || {
+        stepped.screen()[first..].contains("Does B get the lock while A is frozen?")
+    });
+    assert!(
+        asked,
+        "the question after the checkpoint:\n{}",
+        stepped.screen()
+    );
     step_through(
         &mut stepped,
         &[
