@@ -182,6 +182,59 @@ fn a_write_that_matches_nothing_goes_by_and_the_one_that_changes_the_records_is_
     assert_eq!(bench.value("r0"), 5, "the real write, once");
 }
 
+/// A fault aimed at the commit holds the commit of a change, not a decoy: a write that
+/// commits as it runs (outside a block) is tried first and let by if it changes nothing,
+/// and a block whose writes all changed nothing when tried has its `COMMIT` let by. The
+/// commit of a block that wrote, and a write of its own that changes a row, are held.
+#[test]
+fn a_fault_at_the_commit_lets_the_commit_of_nothing_by_and_holds_the_commit_of_a_change() {
+    let mut bench = Bench::new("commit");
+    let table = bench.table.clone();
+    bench.proxy.set(Direction::Up, NetFault::HoldCommit);
+    let decoy = format!("UPDATE {table} SET value = value + 1 WHERE record = 'r0' AND false");
+    let sent = bench.send(decoy.clone());
+    bench.answered_at_once(sent).unwrap();
+    for sql in ["BEGIN".to_string(), decoy, "COMMIT".to_string()] {
+        let sent = bench.send(sql);
+        bench.answered_at_once(sent).unwrap();
+    }
+    assert_eq!(
+        bench.seen(),
+        vec![Seen::WriteChangedNothing, Seen::WriteChangedNothing],
+        "nothing changed: no commit held"
+    );
+    assert_eq!(bench.proxy.fault(Direction::Up), Some(NetFault::HoldCommit));
+    let write = format!("UPDATE {table} SET value = value + 5 WHERE record = 'r0'");
+    let sent = bench.send(write.clone());
+    let held = held_commit(&bench.proxy);
+    assert_eq!(bench.value("r0"), 0, "held before it ran: {held:?}");
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    assert_eq!(bench.value("r0"), 5, "the real write, once");
+    // In a block: the write goes on, and the COMMIT after it is held.
+    bench.proxy.set(Direction::Up, NetFault::HoldCommit);
+    for sql in ["BEGIN".to_string(), write] {
+        let sent = bench.send(sql);
+        bench.answered_at_once(sent).unwrap();
+    }
+    let sent = bench.send("COMMIT".to_string());
+    held_commit(&bench.proxy);
+    assert_eq!(bench.value("r0"), 5, "not committed while held");
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    assert_eq!(bench.value("r0"), 10);
+}
+
+/// Waits for the proxy to report a commit held, and returns what it reported.
+fn held_commit(proxy: &Proxy) -> Vec<Seen> {
+    let mut all = Vec::new();
+    eventually(Duration::from_secs(10), || {
+        all.extend(seen(proxy));
+        all.iter().any(|s| matches!(s, Seen::CommitHeld { .. }))
+    });
+    all
+}
+
 /// A REPEATABLE READ transaction's write, held while another session commits a change to
 /// the same row, is refused by the server when it goes through (40001): the proxy tells
 /// that the transaction ended for that conflict, in its answer to the held write's own

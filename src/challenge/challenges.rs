@@ -69,7 +69,7 @@ impl Challenge {
             },
             Challenge::Pause => About {
                 goal: "no stale write lands after the lock's TTL ran out",
-                faults: "two clients frozen at a write or its commit in turn, a third mid-work; 2-3 TTLs or past their lock",
+                faults: "two clients frozen at a write or its commit, a third mid-work (2-3 TTLs or past their lock); held writes land before and after a newer holder's",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::Crash => About {
@@ -79,7 +79,7 @@ impl Challenge {
             },
             Challenge::Delay => About {
                 goal: "no stale write lands, though no client ever stopped",
-                faults: "two writes (or a write's commit) held in the network in turn, 2-3 TTLs or past their lock",
+                faults: "three writes (one at its commit) held in the network (2-3 TTLs or past their lock); held writes land before and after a newer holder's",
                 target: "no write computed from a stale read; every job done once",
             },
             Challenge::ExactlyOnce => About {
@@ -231,12 +231,17 @@ impl Challenge {
             Challenge::Counter | Challenge::Failover => {}
             Challenge::Pause | Challenge::Delay => {
                 let pause = self == Challenge::Pause;
-                // One of the two faults plays at the commit of the write it is aimed at,
-                // not at the write: a lock let go between the two lets the next holder read
-                // the record as it was before the write. Which one, the seed says (drawn
+                // One of the first two faults plays at the commit of the write it is aimed
+                // at, not at the write: a lock let go between the two lets the next holder
+                // read the record as it was before the write. Which one, the seed says (drawn
                 // apart, so that every other draw of a seed stays as it was).
                 let at_commit = Rng::new(seed ^ 0x636f_6d6d).below(2) as usize;
-                let (at_a_write, in_the_work) = aimed_at(seed, clients, pause);
+                // Of the faults that hold a write (not a commit) — the one at a write, and
+                // the third — one plays the worst order when a newer holder comes and the
+                // other the natural order, the seed says which: a design safe in one order
+                // only fails every run. (Two clients: one such fault, its order drawn.)
+                let worst_at_the_write = Rng::new(seed ^ 0x6f72_6465).below(2) == 0;
+                let (at_a_write, third) = aimed_at(seed, clients, pause);
                 for (i, (name, notes)) in at_a_write.into_iter().enumerate() {
                     // Between its read and its write: the worst moment for a stale write.
                     // Armed there, a pause freezes the client as its write reaches its
@@ -264,12 +269,31 @@ impl Challenge {
                     };
                     let how = How {
                         at_commit: i == at_commit,
+                        newer_first: i != at_commit && !worst_at_the_write,
                         ..at_write.clone()
                     };
                     steps.push((step, how));
                 }
-                if let Some(name) = in_the_work {
-                    steps.push(pause_in_the_work(&mut rng, name, reach, lease_ms));
+                let newer_first = How {
+                    newer_first: worst_at_the_write,
+                    ..How::default()
+                };
+                match third {
+                    Some((name, _)) if pause => {
+                        let (step, _) = pause_in_the_work(&mut rng, name, reach, lease_ms);
+                        steps.push((step, newer_first));
+                    }
+                    Some((name, notes)) => {
+                        let step = third_delay(&mut rng, name, *notes, reach);
+                        steps.push((
+                            step,
+                            How {
+                                at_write: true,
+                                ..newer_first
+                            },
+                        ));
+                    }
+                    None => {}
                 }
             }
             Challenge::Crash | Challenge::ExactlyOnce => {
@@ -321,28 +345,27 @@ impl Challenge {
 }
 
 /// Which clients `pause` and `delay` aim at, dealt by the seed (drawn apart, so that every
-/// other draw of a seed stays as it was): two at a write, and for `pause` a third, with
-/// notes, whose work is paused. Dealt in a fixed order (c1 and c2 at their writes, c3 in
-/// its work), the roles were known before the run, and a client could tell from its name
-/// alone whether the fault it would meet came at its write or in its work: a design
-/// careless only in the role no fault plays passed.
-fn aimed_at(
-    seed: u64,
-    clients: &[(String, bool)],
-    pause: bool,
-) -> (Vec<&(String, bool)>, Option<&String>) {
+/// other draw of a seed stays as it was): two at a write, and a third — for `pause` one with
+/// notes, whose work is paused; for `delay` any, whose write is held too. Dealt in a fixed
+/// order (c1 and c2 at their writes, c3 in its work), the roles were known before the run,
+/// and a client could tell from its name alone whether the fault it would meet came at its
+/// write or in its work: a design careless only in the role no fault plays passed.
+fn aimed_at(seed: u64, clients: &[Client], pause: bool) -> (Vec<&Client>, Option<&Client>) {
     let mut rng = Rng::new(seed ^ 0x726f_6c65);
-    let mut order: Vec<&(String, bool)> = clients.iter().collect();
+    let mut order: Vec<&Client> = clients.iter().collect();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
     // A third fault only beside two others: a run of two clients has none.
-    let in_the_work = (pause && order.len() >= 3)
-        .then(|| order.iter().position(|(_, notes)| *notes))
-        .flatten()
-        .map(|at| &order.remove(at).0);
+    let third = if order.len() < 3 {
+        None
+    } else if pause {
+        (order.iter().position(|(_, notes)| *notes)).map(|at| order.remove(at))
+    } else {
+        Some(order.remove(order.len() - 1))
+    };
     order.truncate(2);
-    (order, in_the_work)
+    (order, third)
 }
 
 /// `pause`'s third fault: a pause that lands where it falls, in the middle of a client's
@@ -368,6 +391,28 @@ fn pause_in_the_work(rng: &mut Rng, name: &str, reach: u64, lease_ms: u64) -> (S
         duration_ms: Some(2 * lease_ms + rng.below(lease_ms)),
     };
     (step, How::default())
+}
+
+/// A client as the schedule sees it: its name, and whether it sends notes.
+type Client = (String, bool);
+
+/// `delay`'s third fault: a held write like the other two, on the third client, so that
+/// both orders are played — the worst on one held write, the natural on the other — and
+/// neither is left to the clock. Drawn last, so that every other draw of a seed stays as
+/// it was.
+fn third_delay(rng: &mut Rng, name: &str, notes: bool, reach: u64) -> Step {
+    let (event, at_ms) = if notes {
+        (Kind::Working, 0)
+    } else {
+        (Kind::JobSent, 6 + rng.below(8))
+    };
+    Step {
+        at_ms,
+        after: Some(Anchor::on(name, event, 1 + rng.below(reach.min(3)) as u32)),
+        fault: Fault::Delay,
+        target: name.to_string(),
+        duration_ms: None,
+    }
 }
 
 trait Below {
@@ -458,8 +503,13 @@ mod tests {
         assert!((4..=14).contains(&twice.len()), "{twice:?}");
         assert!(Challenge::Crash.duplicates(3, 24).is_empty());
         let delay = Challenge::Delay.schedule(3, &clients(), 500);
-        assert_eq!(delay.steps().len(), 2);
-        for step in delay.steps() {
+        assert_eq!(
+            delay.steps().len(),
+            3,
+            "three held writes: one at each client"
+        );
+        for (at, step) in delay.steps().iter().enumerate() {
+            assert!(delay.how(at).at_write);
             let anchor = step.after.as_ref().unwrap();
             let notes = anchor.worker == "c1" || anchor.worker == "c3";
             assert_eq!(anchor.event == Kind::Working.into(), notes);
@@ -496,9 +546,50 @@ mod tests {
                 (Challenge::Pause, false),
                 (Challenge::Pause, true),
                 (Challenge::Delay, false),
+                (Challenge::Delay, true),
             ] {
                 let role = (format!("{challenge:?}"), in_the_work, name.to_string());
                 assert!(roles.contains(&role), "never dealt: {role:?}");
+            }
+        }
+    }
+
+    /// Of the faults that hold a write (not a commit), one plays the worst order and the
+    /// other the natural one in every run of three clients, and the seed deals which: a
+    /// design careful in one order only fails every run, and cannot tell from its role
+    /// which order it will meet. The commit's fault plays the worst order.
+    #[test]
+    fn every_run_plays_both_orders_and_the_seed_deals_which_fault_gets_which() {
+        let all_notes: Vec<(String, bool)> =
+            ["c1", "c2", "c3"].map(|n| (n.to_string(), true)).into();
+        let mut dealt = std::collections::BTreeSet::new();
+        for seed in 0..60 {
+            for challenge in [Challenge::Pause, Challenge::Delay] {
+                let schedule = challenge.schedule(seed, &all_notes, 500);
+                let hows: Vec<&How> = (0..schedule.steps().len())
+                    .map(|at| schedule.how(at))
+                    .collect();
+                assert_eq!(hows.len(), 3, "{challenge:?} seed {seed}");
+                let commit: Vec<&&How> = hows.iter().filter(|h| h.at_commit).collect();
+                assert_eq!(commit.len(), 1, "one fault at a commit: {hows:?}");
+                assert!(!commit[0].newer_first, "{hows:?}");
+                let writes: Vec<&&How> = hows.iter().filter(|h| !h.at_commit).collect();
+                let natural = writes.iter().filter(|h| h.newer_first).count();
+                assert_eq!(natural, 1, "{challenge:?} seed {seed}: {hows:?}");
+                for (at, how) in hows.iter().enumerate() {
+                    dealt.insert((format!("{challenge:?}"), at, how.newer_first));
+                }
+            }
+            let two = &all_notes[..2];
+            let schedule = Challenge::Delay.schedule(seed, two, 500);
+            assert_eq!(schedule.steps().len(), 2);
+        }
+        for challenge in ["Pause", "Delay"] {
+            for at in 0..3 {
+                for natural in [false, true] {
+                    let deal = (challenge.to_string(), at, natural);
+                    assert!(dealt.contains(&deal), "never dealt: {deal:?}");
+                }
             }
         }
     }

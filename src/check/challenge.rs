@@ -759,6 +759,13 @@ pub struct Strike {
     pub overtaken: bool,
     /// The job of that newer holder, whose write shows whether it had really read first.
     pub overtaken_by: Option<i64>,
+    /// The fault plays the natural order when a newer holder of the record comes: that
+    /// holder's write goes first, and this one's held write (or frozen work) goes once it has
+    /// answered — the stale write arriving last, which only a check in the write refuses.
+    /// Whether it bit is the data's rule as for any fault: the newer holder's change committed
+    /// before the held write landed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub newer_first: bool,
     /// That newer holder's write, held at its proxy while this one went first: what
     /// trying it then showed (`proxy::dry_run`), before this write landed. Its refusal is
     /// weighed only if, tried then, it would have changed the records: an UPDATE that
@@ -784,6 +791,11 @@ pub struct Strike {
     /// read) in the window the fault stretched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub came_for: Option<String>,
+    /// The server aborted the held commit's transaction for a conflict it found, in its
+    /// answer to that commit (filled in by the checker): the job's change ran before the
+    /// commit and was rolled back with it, so the log has no trace of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub commit_refused: bool,
 }
 
 impl Strike {
@@ -805,7 +817,7 @@ impl Strike {
             });
         }
         if self.at_commit {
-            return self.commit_missed(job, jobs);
+            return self.commit_missed(job, jobs, changes);
         }
         let writes = changes.iter().filter(|c| c.job == Some(job));
         let first = writes.filter_map(|c| Some((c.at_us?, c.seq))).min();
@@ -950,7 +962,12 @@ impl Strike {
     /// was let write just after it by the worst order — or was held off by the faulted
     /// client's lock. A stale read in that window shows in the data (a lost update), and a
     /// lock that held until the commit passes.
-    fn commit_missed(&self, job: i64, jobs: &BTreeMap<i64, &JobSpec>) -> Option<String> {
+    fn commit_missed(
+        &self,
+        job: i64,
+        jobs: &BTreeMap<i64, &JobSpec>,
+        changes: &[Change],
+    ) -> Option<String> {
         let (who, verb) = (&self.client, self.verb());
         if !self.commit_held {
             return Some(format!(
@@ -968,6 +985,24 @@ impl Strike {
             return Some(format!(
                 "{verb} {who} at the commit of job {job}'s write, and the fault ended at its \
                  bound: {bound}"
+            ));
+        }
+        // The commit held is the job's write's only if that write had run, and changed the
+        // record, before the commit was caught — or the server aborted that commit, and the
+        // change with it: one that ran later was committed by another commit, and the one
+        // held committed nothing of the job's (a write that matched no row, sent ahead to
+        // take the fault).
+        let ran_before =
+            |c: &&Change| c.job == Some(job) && c.at_us.is_some_and(|at| at < self.at_us);
+        if !self.commit_refused && !changes.iter().any(|c| ran_before(&c)) {
+            let later = changes.iter().find(|c| c.job == Some(job));
+            return Some(format!(
+                "{verb} {who} at a commit while it held job {job}, but no change of job {job} \
+                 had run before that commit: {} — the commit held committed none of its",
+                match later {
+                    Some(c) => format!("its change (#{}) ran after the commit was caught", c.seq),
+                    None => "no change of the job is in the log".to_string(),
+                }
             ));
         }
         if self.held_off.is_some() {
@@ -1713,6 +1748,15 @@ pub fn check(evidence: &Evidence) -> Report {
             .filter(|s| s.client == strike.client && s.at_us > strike.at_us)
             .map(|s| s.at_us)
             .min();
+        strike.commit_refused = strike.at_commit
+            && held_answers(
+                &strike,
+                &evidence.statements,
+                &evidence.deliveries,
+                next_on_client_us,
+                evidence.clock_margin_us,
+            )
+            .is_some_and(|mut answers| answers.any(|s| s.aborted.is_some()));
         let zero_rows = strike.fault != "kill"
             && matched_nothing(
                 &strike,
@@ -2447,6 +2491,43 @@ mod tests {
         assert_eq!(
             (report.grade(), report.faults_bit),
             (Grade::Pass, 1),
+            "{report:?}"
+        );
+        // The server aborted the held commit for a conflict it found: the job's change ran
+        // before it and was rolled back (the log keeps no trace), and its retry came later.
+        let refused = Strike {
+            at_us: 1_500_000,
+            held_session: Some(7),
+            came_for: Some("c2 (job 3 on r0) said `acquired` while c1's commit was held".into()),
+            ..strike.clone()
+        };
+        run.strikes = vec![refused];
+        let abort = Statement {
+            pid: 7,
+            at_us: 1_600_000,
+            rows: 0,
+            aborted: Some("40001: could not serialize access".into()),
+        };
+        run.statements = vec![abort];
+        let report = check(&run);
+        assert_eq!(
+            (report.grade(), report.faults_bit),
+            (Grade::Pass, 1),
+            "{report:?}"
+        );
+        run.statements.clear();
+        // The commit held came before the job's write ran (at 2s): it committed a decoy —
+        // a write that matched nothing, sent ahead to take the fault — not the job's change.
+        let decoy = Strike {
+            at_us: 1_500_000,
+            came_for: Some("c2 (job 3 on r0) said `acquired` while c1's commit was held".into()),
+            ..strike.clone()
+        };
+        run.strikes = vec![decoy];
+        let report = check(&run);
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(
+            (report.undecided.join("")).contains("its change (#2) ran after the commit was caught"),
             "{report:?}"
         );
         // No commit came to hold: missed, whoever came.

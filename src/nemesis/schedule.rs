@@ -283,6 +283,13 @@ pub struct How {
     /// has the next holder read the record without that write.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_commit: bool,
+    /// A fault that holds a client's write (or freezes it in its work) plays the natural
+    /// order when a newer holder of the record comes: that holder writes first, and the held
+    /// write goes once it has answered — a stale write arriving last, where it erases the
+    /// newer one unless the write itself refuses it. Otherwise the worst order plays: the
+    /// held write lands between the newer holder's read and its write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub newer_first: bool,
 }
 
 impl How {
@@ -375,6 +382,7 @@ impl Schedule {
             cut_link: false,
             at_write: false,
             at_commit: false,
+            newer_first: false,
         };
         self.hows.get(index).unwrap_or(&PLAIN)
     }

@@ -106,6 +106,9 @@ struct Talk {
     /// Transactions the server ended for such a conflict, not yet taken
     /// ([`Conversation::aborted`]).
     aborted: Vec<(String, u64)>,
+    /// A statement of the open transaction changed rows (`UPDATE 1`, `INSERT 0 1`, …), as
+    /// the server answered it: its commit commits a change.
+    changed_in_transaction: bool,
 }
 
 /// How the try asks the server what the write did: SQL for the end of the server's log of
@@ -128,6 +131,17 @@ struct Listening {
     updated: bool,
     status_before: u8,
     done: Option<oneshot::Sender<Tried>>,
+}
+
+/// Whether a `CommandComplete` tag says its statement changed rows: `UPDATE n`,
+/// `DELETE n`, `MERGE n`, `INSERT oid n`, `COPY n`, with n above 0.
+fn changes_rows(tag: &[u8]) -> bool {
+    let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
+    let text = String::from_utf8_lossy(tag);
+    let mut words = text.split(' ');
+    let verb = words.next().unwrap_or_default();
+    let rows = words.next_back().and_then(|n| n.parse::<u64>().ok());
+    matches!(verb, "UPDATE" | "DELETE" | "MERGE" | "INSERT" | "COPY") && rows.is_some_and(|n| n > 0)
 }
 
 /// The answers of the try, each ending at a `ReadyForQuery`: the opening with the mark, the
@@ -160,6 +174,9 @@ impl Conversation {
                 if kind == b'C' && body.starts_with(b"UPDATE") {
                     talk.updated_in_request = true;
                 }
+                if kind == b'C' && changes_rows(&body) {
+                    talk.changed_in_transaction = true;
+                }
                 if kind == b'E'
                     && let Some(why) = conflict_found_by_the_server(&body)
                 {
@@ -180,7 +197,10 @@ impl Conversation {
                     match talk.status {
                         // Back outside a transaction: the one in which the conflict was
                         // found ended, and nothing it did was kept.
-                        b'I' => talk.aborted.extend(talk.conflict.take()),
+                        b'I' => {
+                            talk.aborted.extend(talk.conflict.take());
+                            talk.changed_in_transaction = false;
+                        }
                         // A rollback to a savepoint saved the transaction: it goes on.
                         b'T' => talk.conflict = None,
                         _ => {}
@@ -220,6 +240,16 @@ impl Conversation {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Talk> {
         self.talk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a `COMMIT` sent now, after `asked` requests, commits nothing: every request
+    /// before it was answered, and the open transaction changed no row (or failed, so that
+    /// its `COMMIT` rolls it back). A request not answered yet may have changed rows: then
+    /// it may commit something.
+    pub(super) fn commit_commits_nothing(&self, asked: u64) -> bool {
+        let talk = self.lock();
+        let settled = talk.answered >= asked && talk.at_boundary && talk.listening.is_none();
+        settled && (talk.status == b'E' || (talk.status == b'T' && !talk.changed_in_transaction))
     }
 
     /// Waits until the server has answered `asked` requests and its bytes stand at a
@@ -477,6 +507,23 @@ impl Framer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_tag_changes_rows_only_with_a_count_above_zero() {
+        for tag in ["UPDATE 1", "INSERT 0 3", "DELETE 2", "MERGE 1", "COPY 5"] {
+            assert!(changes_rows(format!("{tag}\0").as_bytes()), "{tag}");
+        }
+        for tag in [
+            "UPDATE 0",
+            "INSERT 0 0",
+            "SELECT 4",
+            "BEGIN",
+            "COMMIT",
+            "UPDATE",
+        ] {
+            assert!(!changes_rows(format!("{tag}\0").as_bytes()), "{tag}");
+        }
+    }
 
     fn message(kind: u8, body: &[u8]) -> Vec<u8> {
         let mut out = vec![kind];

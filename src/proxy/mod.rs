@@ -121,7 +121,11 @@ pub enum Seen {
     /// The commit of a write, aimed at by [`NetFault::DelayCommit`] or
     /// [`NetFault::HoldCommit`], came and is held (with any write of the same request
     /// before it), in the server session `session` when the proxy read it.
-    CommitHeld { session: Option<i32> },
+    CommitHeld {
+        session: Option<i32>,
+        /// Which request of the connection the commit is (counted as for a held write).
+        request: u64,
+    },
     /// A write to the watched table came while writes are watched for a fault, and,
     /// tried, it changed nothing: it went straight on, neither gated nor held.
     WriteChangedNothing,
@@ -1035,17 +1039,37 @@ impl Pump {
         let from = end - bytes.len() as u64;
         let at = |offset: u64| offset.saturating_sub(from) as usize;
         if commit_aimed && let Some(commit) = commit {
+            if write == Some(commit) {
+                // A write that commits as it runs (outside a block): tried as any write is,
+                // and let by, its commit with it, if it changes nothing.
+                return self.commit_of_its_own(bytes, at(commit), &judged).await;
+            }
+            let from_commit = judged.iter().filter(|m| m.start >= commit);
+            let asked_before = self.asked - from_commit.filter(answered_later).count() as u64;
+            let nothing = (self.conversation.as_ref())
+                .is_some_and(|c| c.commit_commits_nothing(asked_before));
+            if write.is_none() && nothing {
+                // The commit of a block that changed no row, as the server answered it (an
+                // `UPDATE … AND false` sent to take the fault, or a compare that lost): a
+                // commit of nothing, let by; the fault waits for one that commits a change.
+                return self.relay(&bytes).await;
+            }
             // Held from the commit, or from a write sent in the same bytes before it: the
             // server would run them together anyway, and a lock let go between them is let
             // go no earlier than the commit. Neither is tried: it is the commit that waits.
             let held = write.map_or(commit, |write| write.min(commit));
+            let from_held = judged.iter().filter(|m| m.start >= held);
+            self.caught_request = self.asked - from_held.filter(answered_later).count() as u64 + 1;
             let rest = bytes.split_off(at(held));
             if !bytes.is_empty()
                 && let Next::Stop = self.relay(&bytes).await
             {
                 return Next::Stop;
             }
-            return self.hold_write(rest).await;
+            if write.is_some() {
+                self.tried = Some(Tried::Untried("sent with its commit".into()));
+            }
+            return self.hold_write(rest, write.is_none()).await;
         }
         if let Some(write) = write {
             let rest = bytes.split_off(at(write));
@@ -1056,15 +1080,10 @@ impl Pump {
             }
             let in_rest = judged.iter().filter(|m| m.start >= write);
             let asked_before = self.asked - in_rest.filter(answered_later).count() as u64;
-            let tried = self.try_write(&rest, asked_before).await;
-            if tried == Tried::ChangesNothing {
-                lock(&self.shared).reports.push(Report {
-                    at: Instant::now(),
-                    path: self.shared.path.clone(),
-                    seen: Seen::WriteChangedNothing,
-                });
-                return self.relay(&rest).await;
-            }
+            let tried = match self.try_or_let_by(&rest, asked_before).await {
+                Ok(tried) => tried,
+                Err(next) => return next,
+            };
             if let Tried::Untried(why) = &tried
                 && self.conversation.is_some()
             {
@@ -1078,7 +1097,7 @@ impl Pump {
             self.tried = Some(tried);
             self.caught_request = asked_before + 1;
             if aimed {
-                return self.hold_write(rest).await;
+                return self.hold_write(rest, false).await;
             }
             if !gating {
                 return self.relay(&rest).await;
@@ -1092,6 +1111,52 @@ impl Pump {
             return Next::Go;
         }
         self.relay(&bytes).await
+    }
+
+    /// A fault is aimed at the commit, and the write at `write` (in `bytes`) commits as it
+    /// runs: the bytes before it go on, and it is tried first ([`Pump::try_write`]). One that
+    /// changes nothing is let by (reported as [`Seen::WriteChangedNothing`]); else it is held
+    /// as the commit.
+    async fn commit_of_its_own(
+        &mut self,
+        mut bytes: Vec<u8>,
+        write: usize,
+        judged: &[pg::Message],
+    ) -> Next {
+        let rest = bytes.split_off(write);
+        if !bytes.is_empty()
+            && let Next::Stop = self.relay(&bytes).await
+        {
+            return Next::Stop;
+        }
+        let answered_later = |m: &&pg::Message| matches!(m.kind, b'Q' | b'S');
+        let start = judged.iter().find(|m| m.commits).map_or(0, |m| m.start);
+        let in_rest = judged.iter().filter(|m| m.start >= start);
+        let asked_before = self.asked - in_rest.filter(answered_later).count() as u64;
+        match self.try_or_let_by(&rest, asked_before).await {
+            Ok(tried) => {
+                self.tried = Some(tried);
+                self.caught_request = asked_before + 1;
+                self.hold_write(rest, false).await
+            }
+            Err(next) => next,
+        }
+    }
+
+    /// Tries the write `rest` begins with ([`Pump::try_write`]): one that changes nothing
+    /// goes straight on (reported as [`Seen::WriteChangedNothing`]; `Err` holds what sending
+    /// it said); else what the try showed.
+    async fn try_or_let_by(&mut self, rest: &[u8], asked_before: u64) -> Result<Tried, Next> {
+        let tried = self.try_write(rest, asked_before).await;
+        if tried != Tried::ChangesNothing {
+            return Ok(tried);
+        }
+        lock(&self.shared).reports.push(Report {
+            at: Instant::now(),
+            path: self.shared.path.clone(),
+            seen: Seen::WriteChangedNothing,
+        });
+        Err(self.relay(rest).await)
     }
 
     /// A write came to the gate: it waits there, with everything after it, and the one who
@@ -1146,14 +1211,18 @@ impl Pump {
             (state.write_aimed(), state.commit_aimed())
         };
         if write_aimed || (commit_aimed && commits) {
-            return self.hold_write(bytes).await;
+            return self.hold_write(bytes, false).await;
         }
         self.relay(&bytes).await
     }
 
     /// Holds a write that was aimed at, and what comes after it: the aim is spent (a hold
-    /// becomes a plain [`NetFault::Hold`], lifted with the fault), and reported.
-    async fn hold_write(&mut self, bytes: Vec<u8>) -> Next {
+    /// becomes a plain [`NetFault::Hold`], lifted with the fault), and reported — as a held
+    /// write ([`Seen::WriteHeld`]) when `bytes` begin with the write, even under a fault
+    /// aimed at the commit (a write outside a block, or sent with its `COMMIT`: the write
+    /// and its commit wait together, and the write had not run); as a held commit
+    /// ([`Seen::CommitHeld`]) when the write ran before, and the `COMMIT` alone waits.
+    async fn hold_write(&mut self, bytes: Vec<u8>, commit_alone: bool) -> Next {
         let now = Instant::now();
         let held = {
             let mut state = lock(&self.shared);
@@ -1173,8 +1242,11 @@ impl Pump {
             if due.is_some() {
                 let path = self.shared.path.clone();
                 let session = (self.conversation.as_ref()).and_then(|c| c.backend().0);
-                let seen = if fault.is_some_and(NetFault::aims_at_a_commit) {
-                    Seen::CommitHeld { session }
+                let seen = if commit_alone && fault.is_some_and(NetFault::aims_at_a_commit) {
+                    Seen::CommitHeld {
+                        session,
+                        request: self.caught_request,
+                    }
                 } else {
                     let tried = self.tried.take();
                     let tried = tried.unwrap_or_else(|| Tried::Untried("not tried".into()));
@@ -1617,7 +1689,8 @@ mod tests {
         got_only(&echo, &sent);
         let mut answer = vec![0u8; commit.len()];
         stream.read_exact(&mut answer).unwrap();
-        // In one query with its write and the unlock: the whole query waits.
+        // In one query with its write and the unlock: the whole query waits, reported as a
+        // held write (the write had not run: it waits with its commit).
         proxy.set(Direction::Up, NetFault::DelayCommit { ms: 300 });
         let batch =
             query("BEGIN; UPDATE s.records SET value = 3; SELECT pg_advisory_unlock(7); COMMIT");
@@ -1628,7 +1701,7 @@ mod tests {
                 seen[..],
                 [
                     Seen::DelayedSent { .. },
-                    Seen::CommitHeld { .. },
+                    Seen::WriteHeld { .. },
                     Seen::DelayedSent { .. }
                 ]
             ),

@@ -18,7 +18,7 @@
 //! answers first is lifted, and counts as played — the timeline says which happened, and
 //! the log whether the fault missed (a `writing` note sent after the write, most often).
 //!
-//! One of the two faults of a run is aimed at the **commit** of that write instead
+//! One of the faults of a run is aimed at the **commit** of that write instead
 //! ([`How::at_commit`](crate::nemesis::schedule::How)): the proxy lets the write go and
 //! catches the `COMMIT` that ends its transaction (a write outside a transaction commits
 //! as it runs, and is caught itself). A client that lets its lock go between its write and
@@ -190,6 +190,39 @@ pub(super) fn patience(lease_ms: u64) -> Duration {
 }
 
 impl Run<'_> {
+    /// The records kept for a fault dealt the natural order ([`Run::natural_order_alone`]):
+    /// no job on them goes to another client meanwhile. A fault armed at a write keeps its
+    /// record until the write comes; a pause in the work, once one newer holder has a job on
+    /// the record, keeps it until its client answered — its client decides how to write
+    /// after it is resumed, and meets the newer holder's write alone.
+    pub(super) fn kept_for_the_natural_order(&self) -> BTreeSet<String> {
+        let Some(schedule) = self.schedule.as_ref() else {
+            return BTreeSet::new();
+        };
+        let armed = (self.aimed.waiting.values())
+            .filter(|aim| !aim.follows)
+            .filter(|aim| (aim.action.step).is_some_and(|step| schedule.how(step).newer_first))
+            .filter_map(|aim| aim.job.map(|job| self.spec(job).record.clone()));
+        let in_the_work = (self.strikes.iter())
+            .filter(|s| s.in_the_work && s.newer_first)
+            .filter_map(|s| {
+                let seat = self
+                    .seats
+                    .iter()
+                    .find(|seat| seat.client.name == s.client)?;
+                let job = s
+                    .job
+                    .filter(|&job| seat.job.is_some_and(|(held, _)| held == job))?;
+                let record = &self.spec(job).record;
+                let newer = self.seats.iter().any(|other| {
+                    other.client.name != s.client
+                        && (other.job).is_some_and(|(j, _)| j > 0 && self.spec(j).record == *record)
+                });
+                newer.then(|| record.clone())
+            });
+        armed.chain(in_the_work).collect()
+    }
+
     /// A pause falls due: its client's proxy is told to hold its next write, and the client
     /// is frozen when that write comes ([`Run::hear_proxies`]).
     pub(super) fn aim_pause(&mut self, index: usize, action: &Action) -> Result<()> {
@@ -317,7 +350,12 @@ impl Run<'_> {
                     Seen::WriteHeld { tried, session, .. } => {
                         self.write_caught(index, tried, session)?;
                     }
-                    Seen::CommitHeld { session } => self.commit_caught(index, session)?,
+                    Seen::CommitHeld { session, request } => {
+                        // The server's abort of the held commit's transaction, in its
+                        // answer to the commit, is told as a statement of no rows.
+                        self.held_requests.extend(session.map(|s| (s, request)));
+                        self.commit_caught(index, session)?;
+                    }
                     Seen::WriteChangedNothing => self.write_let_by(index),
                     Seen::WriteUntried { why } => self.write_untried(index, why),
                     Seen::WriteGated { ticket } => self.write_at_gate(index, ticket),
@@ -486,9 +524,21 @@ impl Run<'_> {
 
     fn write_caught(&mut self, index: usize, tried: Tried, session: Option<i32>) -> Result<()> {
         let name = self.seats[index].client.name.clone();
-        let Some(aim) = self.aimed.waiting.remove(&name) else {
+        let Some(mut aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
+        if aim.at_commit {
+            // Aimed at the commit, and caught with the write itself: a write outside a block
+            // (it commits as it runs) or sent with its `COMMIT`. The write had not run, so no
+            // lock could be let go between it and its commit: this is a fault at the write,
+            // graded and followed as one.
+            aim.at_commit = false;
+            aim.net = match aim.net {
+                NetFault::HoldCommit => NetFault::HoldWrite,
+                NetFault::DelayCommit { ms } => NetFault::DelayWrite { ms },
+                net => net,
+            };
+        }
         let (follows, newer, job) = (aim.follows, aim.newer, aim.job);
         let result = self.write_caught_aimed(index, aim);
         // Held right after a fresh `writing` note: a write made after a read. One held with
@@ -588,12 +638,13 @@ impl Run<'_> {
         } else {
             format!("delays {name}'s {which} by {ms}ms, held in its proxy")
         };
+        let action = aim.action.clone();
         if let (Some(proxy), Some(faults)) = (&self.seats[index].proxy, self.faults.as_mut()) {
             let on = (&mut self.tape, &mut self.nemesis);
             faults.caught(aim.action, proxy, Note::from(text), on);
         }
         self.faults_played += 1;
-        self.strike("delay", index)?;
+        self.strike("delay", index, &action)?;
         self.held_writes.insert(name);
         Ok(())
     }
@@ -830,7 +881,7 @@ impl Run<'_> {
         let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
         self.tape.record(event);
         self.faults_played += 1;
-        self.strike("delay", index)
+        self.strike("delay", index, &aim.action)
     }
 
     /// The pause lands: the client frozen, and its resume due as long after as drawn.
@@ -854,7 +905,7 @@ impl Run<'_> {
             self.play(action, text)?;
         }
         self.faults_played += 1;
-        self.strike("pause", index)
+        self.strike("pause", index, action)
     }
 
     /// The writes held for frozen clients go on once their clients run again: resumed at

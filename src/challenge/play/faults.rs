@@ -28,7 +28,7 @@ impl Run<'_> {
             if action.fault == Fault::Resume && self.resume_when_lock_gone(&action) {
                 continue;
             }
-            if self.one_fault_at_a_time(&action) {
+            if self.one_fault_at_a_time(&action) || self.natural_order_alone(&action) {
                 continue;
             }
             self.act(&action)?;
@@ -66,19 +66,73 @@ impl Run<'_> {
             "{}'s {what} waits until {other}'s fault ends (one at a time)",
             action.target
         );
-        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, text);
+        self.postpone(action, resume, text);
+        true
+    }
+
+    /// `action` waits for its client's next note of the kind its step is anchored on
+    /// ([`Run::rearm_postponed`]), with its pause's `resume`; the timeline says why.
+    fn postpone(&mut self, action: &Action, resume: Option<Action>, why: String) {
+        let event = crate::events::Event::new(crate::nemesis::LANE, What::Output, why);
         self.tape.record(event);
         let postponed = Postponed {
             action: action.clone(),
             resume,
         };
         self.postponed.insert(action.target.clone(), postponed);
+    }
+
+    /// A fault dealt the natural order ([`How::newer_first`]) waits for a job of its
+    /// client's that no other client has a job on the record of — then, while it waits for
+    /// the write, no job on that record goes to another client ([`Run::kept_for_the_natural_order`]),
+    /// and one goes first once the write is held: the newer holder comes only after the
+    /// faulted client wrote (or decided how to). A client careful only while another has
+    /// a job on its record — a compare-and-set then, a blind write when alone — writes
+    /// blind, and its stale write lands last. It waits at most [`NATURAL_WAITS`] of its
+    /// client's notes, then plays where it is; true when it waits.
+    fn natural_order_alone(&mut self, action: &Action) -> bool {
+        if !matches!(action.fault, Fault::Pause | Fault::Delay) {
+            return false;
+        }
+        let natural = (self.schedule.as_ref())
+            .zip(action.step)
+            .is_some_and(|(schedule, step)| schedule.how(step).newer_first);
+        let waited = self.natural_waits.get(&action.target).copied().unwrap_or(0);
+        if !natural || waited >= NATURAL_WAITS {
+            return false;
+        }
+        let Some(seat) = self.seats.iter().find(|s| s.client.name == action.target) else {
+            return false;
+        };
+        let Some(job) = seat.job.map(|(job, _)| job).filter(|&job| job > 0) else {
+            return false;
+        };
+        let record = self.spec(job).record.clone();
+        let others: Vec<String> = (self.seats.iter())
+            .filter(|s| s.client.name != action.target && s.client.is_running())
+            .filter(|s| (s.job).is_some_and(|(j, _)| j > 0 && self.spec(j).record == record))
+            .map(|s| s.client.name.clone())
+            .collect();
+        if others.is_empty() {
+            return false;
+        }
+        self.natural_waits.insert(action.target.clone(), waited + 1);
+        let resume = (self.faults.as_mut()).and_then(|f| f.withdraw(&action.target, Fault::Resume));
+        let text = format!(
+            "{}'s {} waits for its next `writing` note: {} {} a job on {record} too, and \
+             this fault plays the natural order on a record its client has to itself",
+            action.target,
+            action.fault.as_str(),
+            others.join(" and "),
+            if others.len() > 1 { "have" } else { "has" }
+        );
+        self.postpone(action, resume, text);
         true
     }
 
     /// The client, other than `client`, whose pause or delay is armed or playing — or
     /// whose held write the worst order lets go before `client`'s ([`overtake`]).
-    fn other_fault_on(&self, client: &str) -> Option<String> {
+    pub(super) fn other_fault_on(&self, client: &str) -> Option<String> {
         if let Some(overtake) = self.overtaking.as_ref().filter(|o| o.newer == client) {
             return Some(overtake.older.clone());
         }
@@ -298,16 +352,25 @@ impl Run<'_> {
         );
         self.play(action, text)?;
         self.faults_played += 1;
-        self.strike("pause", index)?;
+        self.strike("pause", index, action)?;
         if let Some(strike) = self.strikes.last_mut() {
             strike.in_the_work = true;
         }
         Ok(())
     }
 
-    /// A pause or a delay as it began: the job its client had, whether it had let that
-    /// job's lock go, and the database's clock — whether it bit is read from the log.
-    pub(super) fn strike(&mut self, fault: &'static str, index: usize) -> Result<()> {
+    /// A pause or a delay as it began (the schedule's `action`): the job its client had,
+    /// whether it had let that job's lock go, the order it plays when a newer holder comes,
+    /// and the database's clock — whether it bit is read from the log.
+    pub(super) fn strike(
+        &mut self,
+        fault: &'static str,
+        index: usize,
+        action: &Action,
+    ) -> Result<()> {
+        let newer_first = (self.schedule.as_ref())
+            .zip(action.step)
+            .is_some_and(|(schedule, step)| schedule.how(step).newer_first);
         let seat = &self.seats[index];
         let client = seat.client.name.clone();
         let current = seat.job.map(|(job, _)| job).filter(|&job| job > 0);
@@ -351,6 +414,7 @@ impl Run<'_> {
             overtaken_by: None,
             newer_tried: None,
             newer_session: None,
+            newer_first,
             ..Strike::default()
         });
         self.find_lock(index, kind);

@@ -40,6 +40,14 @@ const TRIES: u32 = 5;
 /// The most jobs a run adds for held writes that have no newer holder ([`Run::spare`]).
 const MOST_SPARES: usize = 8;
 
+/// The most jobs a run adds for faults still to play when the seed's jobs ran out
+/// ([`Run::spare_for_a_fault_to_come`]).
+const MOST_SPARES_TO_COME: usize = 6;
+
+/// How many of its client's notes a natural-order fault waits for a record to itself
+/// ([`Run::natural_order_alone`]).
+const NATURAL_WAITS: u32 = 8;
+
 /// What a run needs to know.
 pub struct Setup {
     pub challenge: Challenge,
@@ -183,6 +191,15 @@ struct Run<'a> {
     retry_held: Option<overtake::RetryHeld>,
     /// The jobs (by client) whose retry was held once for a newer holder's write.
     retries_held: BTreeSet<(String, i64)>,
+    /// The jobs (by client) whose held write met the natural order once: a retry of theirs
+    /// that the fault follows meets the worst order instead, or a compare-and-set, refused by
+    /// every newer write it is made to wait for, would lose every round.
+    naturals_played: BTreeSet<(String, i64)>,
+    /// The jobs added for faults still to play ([`Run::spare_for_a_fault_to_come`]).
+    spares_to_come: usize,
+    /// How many notes each client's natural-order fault has waited for a record to itself
+    /// ([`Run::natural_order_alone`]).
+    natural_waits: BTreeMap<String, u32>,
     /// The writes held by a fault that followed a newer holder's job past the worst order
     /// ([`Run::follow_the_newer`]), by client and job: the next holder to read the record
     /// writes before them.
@@ -309,6 +326,9 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         newer_let_go: BTreeSet::new(),
         retry_held: None,
         retries_held: BTreeSet::new(),
+        naturals_played: BTreeSet::new(),
+        spares_to_come: 0,
+        natural_waits: BTreeMap::new(),
         retries_to_hold: BTreeSet::new(),
         failover: redis
             .zip(setup.challenge.failover_after(setup.seed))
@@ -886,7 +906,12 @@ impl Run<'_> {
 
     fn hand_out(&mut self) {
         self.records_of_held_writes_first();
-        while let Some(&job) = self.pending.front() {
+        self.spare_for_a_fault_to_come();
+        let kept = self.kept_for_the_natural_order();
+        while let Some(at) =
+            (self.pending.iter()).position(|&j| !kept.contains(&self.spec(j).record))
+        {
+            let job = self.pending[at];
             if self.faults.is_none() {
                 return;
             }
@@ -897,7 +922,7 @@ impl Run<'_> {
             else {
                 return;
             };
-            self.pending.pop_front();
+            self.pending.remove(at);
             // A second copy does not count as a try; a first delivery of a job to be
             // delivered twice puts its copy first in line.
             let copy = self.copies.remove(&job);
@@ -981,6 +1006,54 @@ impl Run<'_> {
         }
     }
 
+    /// `pause`, `delay`: the seed's jobs ran out while a planned fault had not played — it
+    /// waited for another's to end (one at a time), or for a note its client had not reached
+    /// — its client is free, and no other fault is on: a spare job is added for it to meet
+    /// its fault in. Without
+    /// one the run ends undecided, whatever the client's design. At most
+    /// [`MOST_SPARES_TO_COME`] a run.
+    fn spare_for_a_fault_to_come(&mut self) {
+        let on = matches!(self.setup.challenge, Challenge::Pause | Challenge::Delay);
+        if !on || !self.pending.is_empty() || self.spares_to_come >= MOST_SPARES_TO_COME {
+            return;
+        }
+        let Some(schedule) = &self.schedule else {
+            return;
+        };
+        let mut played = self.played.clone();
+        let to_come: Vec<String> = (schedule.steps().iter())
+            .filter(|step| {
+                let hit = (step.target.clone(), step.fault);
+                let at = played.iter().position(|p| *p == hit);
+                at.map(|at| played.remove(at)).is_none()
+            })
+            .map(|step| step.target.clone())
+            .collect();
+        let free = |s: &Seat| s.ready && s.job.is_none() && s.client.is_running();
+        let Some(name) = to_come
+            .into_iter()
+            .find(|name| self.seats.iter().any(|s| s.client.name == *name && free(s)))
+        else {
+            return;
+        };
+        if self.other_fault_on(&name).is_some() || self.retry_held.is_some() {
+            // It would wait for that one to end (one at a time): a job now is done before.
+            return;
+        }
+        let id = self.jobs.len() as i64 + 1;
+        let records: BTreeSet<&String> = self.setup.jobs.iter().map(|j| &j.record).collect();
+        let Some(record) = records.iter().nth(id as usize % records.len().max(1)) else {
+            return;
+        };
+        let job = (self.setup.challenge).spare_job(self.setup.seed, id, record);
+        self.jobs.push(job);
+        self.pending.push_front(id);
+        self.spares_to_come += 1;
+        let text =
+            format!("the jobs ran out before {name}'s fault played: job {id} is added (a spare)");
+        self.note(crate::nemesis::LANE, What::Output, text);
+    }
+
     /// Does only one client hold a job on `record`?
     fn alone_on(&self, record: &str) -> bool {
         let on = |s: &&Seat| {
@@ -1001,7 +1074,7 @@ impl Run<'_> {
     fn spare(&mut self, holder: &str, record: &str) {
         let free = (self.seats.iter()).any(|s| s.ready && s.job.is_none() && s.client.is_running());
         let strikes = self.strikes.iter().filter(|s| s.fault != "kill").count();
-        let spares = self.jobs.len() - self.setup.jobs.len();
+        let spares = self.jobs.len() - self.setup.jobs.len() - self.spares_to_come;
         if !free || spares >= strikes.min(MOST_SPARES) {
             return;
         }

@@ -48,14 +48,26 @@ pub(super) struct Overtake {
     until: Instant,
 }
 
-/// An older holder's retry held while the newer holder writes first
-/// ([`Run::followed_into_the_worst_order`]).
+/// An older holder's write held while the newer holder writes first: its retry
+/// ([`Run::followed_into_the_worst_order`]), or the write its fault holds, dealt the natural
+/// order.
 pub(super) struct RetryHeld {
     older: String,
     newer: String,
     newer_job: i64,
+    order: Order,
     /// When to let the retry go if the newer holder has not answered by then.
     until: Instant,
+}
+
+/// Why an older holder's held write waits for a newer holder's answer
+/// ([`Run::newer_writes_first`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
+    /// A retry, after the worst order let it go: its read came after the write that refused it.
+    Retry,
+    /// The fault was dealt the natural order.
+    Natural,
 }
 
 /// How long the newer holder's write is held at most: the older one's write and answer take
@@ -106,7 +118,13 @@ impl Run<'_> {
             .retries_to_hold
             .remove(&(older_name.clone(), older_job))
         {
-            return self.newer_writes_first(older, &newer, job);
+            return self.newer_writes_first(older, &newer, job, Order::Retry);
+        }
+        let natural = (self.strikes.iter().rev())
+            .find(|s| s.client == older_name && s.job == Some(older_job))
+            .is_some_and(|s| s.newer_first);
+        if natural && (self.naturals_played).insert((older_name.clone(), older_job)) {
+            return self.newer_writes_first(older, &newer, job, Order::Natural);
         }
         let Some(proxy) = &self.seats[at].proxy else {
             return Ok(());
@@ -136,19 +154,41 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The held write is a newer holder's next write after the worst order let it go
-    /// ([`Run::follow_the_newer`]): its read came after the write it was refused by, so the
-    /// order that tests it is the other one — `newer`, who has read the record since,
-    /// writes first, and the held write goes after `newer`'s is answered. A compare-and-set
-    /// is refused again and reads afresh; a write that dropped its guard after a refusal
-    /// lands on `newer`'s and erases it, which the data shows.
+    /// `newer`, who has read the record since the held write was held, writes first, and the
+    /// held write goes once `newer` has answered its job: a stale write arriving last. A
+    /// write that checks nothing (a blind write, a compare dropped after a refusal) lands on
+    /// `newer`'s and erases it, which the data shows; a compare-and-set, or a fence checked
+    /// in the write, matches nothing and is refused.
+    ///
+    /// `Order::Natural`: the fault was dealt this order ([`How::newer_first`]). Only the
+    /// worst order played, a design careful only while another client's job on the record
+    /// is open — a compare-and-set when someone's lock ran out, a blind write otherwise —
+    /// passed: the held write, blind, always landed before the newer holder's compare.
+    ///
+    /// ```text
+    ///  c1  acquired · reads r0 = 7 · writing ── frozen, or its write held ─────────────┐
+    ///  c2           … acquired · reads r0 = 7 · writing · writes r0 = 7 + 3 · ok         │
+    ///  c1                                         (let go) writes r0 = 7 + 2, erasing +3 ◀┘
+    /// ```
+    ///
+    /// `Order::Retry`: the held write is a newer holder's next write after the worst order
+    /// let it go ([`Run::follow_the_newer`]): its read came after the write it was refused
+    /// by, so the order that tests it is this one. A compare-and-set is refused again and
+    /// reads afresh; a write that dropped its guard after a refusal lands on `newer`'s and
+    /// erases it.
     ///
     /// ```text
     ///  c3  (newer holder, let go)  UPDATE … matches 0 rows · reads r0 · writing ── held ──┐
     ///  c1                                        acquired · reads r0 · writes r0 = 9 + 4  │
     ///  c3                                                   writes r0 = 9 + 3 (after c1) ◀┘
     /// ```
-    fn newer_writes_first(&mut self, older: usize, newer: &str, newer_job: i64) -> Result<()> {
+    fn newer_writes_first(
+        &mut self,
+        older: usize,
+        newer: &str,
+        newer_job: i64,
+        order: Order,
+    ) -> Result<()> {
         let (name, job) = {
             let seat = &self.seats[older];
             (seat.client.name.clone(), seat.job.map_or(0, |(job, _)| job))
@@ -159,18 +199,37 @@ impl Run<'_> {
             // Held until `newer` answers, not until the pause's own time is up.
             faults.withdraw(&name, Fault::Resume);
         }
-        self.retries_held.insert((name.clone(), job));
-        let text = format!(
-            "lets {newer} write first: {name}'s held write is its next of job {job} after \
-             the one the worst order held (a retry), and goes once {newer}'s write is \
-             answered"
-        );
+        let what = self.aimed.held_what(&name);
+        let (text, until) = match order {
+            Order::Retry => {
+                self.retries_held.insert((name.clone(), job));
+                let text = format!(
+                    "lets {newer} write first: {name}'s held write is its next of job {job} \
+                     after the one the worst order held (a retry), and goes once {newer}'s \
+                     write is answered"
+                );
+                (text, HOLD_AT_MOST)
+            }
+            Order::Natural => {
+                let held = if self.held_writes.contains(&name) {
+                    format!("{name}'s held {what}")
+                } else {
+                    format!("{name}, frozen,")
+                };
+                let text = format!(
+                    "lets {newer} write first, the natural order: {held} goes once {newer} has \
+                     answered job {newer_job} — a stale write arriving last"
+                );
+                (text, aim::patience(self.setup.init.lease_ms) + HOLD_AT_MOST)
+            }
+        };
         self.note(crate::nemesis::LANE, What::Output, text);
         self.retry_held = Some(RetryHeld {
             older: name,
             newer: newer.to_string(),
             newer_job,
-            until: Instant::now() + HOLD_AT_MOST,
+            order,
+            until: Instant::now() + until,
         });
         Ok(())
     }
@@ -299,6 +358,7 @@ impl Run<'_> {
             older: older.to_string(),
             newer,
             newer_job: overtake.newer_job,
+            order: Order::Retry,
             until: Instant::now() + HOLD_AT_MOST,
         });
         Ok(())
@@ -400,8 +460,22 @@ impl Run<'_> {
             return Ok(());
         };
         let after = answered_or_not(&newer, answered);
-        let resume = format!("resumes {older}, its retry after {newer}'s write ({after})");
-        let let_go = format!("lets {older}'s retry go, after {newer}'s write ({after})");
+        let (resume, let_go) = match held.order {
+            Order::Retry => (
+                format!("resumes {older}, its retry after {newer}'s write ({after})"),
+                format!("lets {older}'s retry go, after {newer}'s write ({after})"),
+            ),
+            Order::Natural => {
+                let what = self.aimed.held_what(&older);
+                (
+                    format!("resumes {older}, after {newer}'s write ({after}): the natural order"),
+                    format!(
+                        "lets {older}'s held {what} go, after {newer}'s write ({after}): the \
+                         natural order"
+                    ),
+                )
+            }
+        };
         self.release_retry(index, resume, let_go)
     }
 
