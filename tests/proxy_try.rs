@@ -223,6 +223,22 @@ fn a_fault_at_the_commit_lets_the_commit_of_nothing_by_and_holds_the_commit_of_a
     bench.proxy.clear(Direction::Up);
     bench.answer(sent).unwrap();
     assert_eq!(bench.value("r0"), 10);
+    // A write inside a `WITH … SELECT` answers with the SELECT's tag: its commit is held.
+    bench.proxy.set(Direction::Up, NetFault::HoldCommit);
+    let hidden = format!(
+        "WITH u AS (UPDATE {table} SET value = value + 1 WHERE record = 'r1' RETURNING 1) \
+         SELECT count(*) FROM u"
+    );
+    for sql in ["BEGIN".to_string(), hidden] {
+        let sent = bench.send(sql);
+        bench.answered_at_once(sent).unwrap();
+    }
+    let sent = bench.send("COMMIT".to_string());
+    held_commit(&bench.proxy);
+    assert_eq!(bench.value("r1"), 0, "not committed while held");
+    bench.proxy.clear(Direction::Up);
+    bench.answer(sent).unwrap();
+    assert_eq!(bench.value("r1"), 1);
 }
 
 /// Waits for the proxy to report a commit held, and returns what it reported.

@@ -860,6 +860,12 @@ impl Strike {
         if self.matched_nothing || self.held_off.is_some() {
             return None;
         }
+        if self.followed_to_bound {
+            // Its job's chain had its bound lifted (`lift_follow_bounds`): a retry made after
+            // a fresh read was refused when held, and the write past the bound is taken as
+            // that retry — read after this fault, as every retry reads after the last.
+            return None;
+        }
         let spec = jobs.get(&job)?;
         if let Some(why) = &self.unweighed {
             return Some(format!("{verb} {who} holding job {job}: {why}"));
@@ -987,13 +993,17 @@ impl Strike {
                  bound: {bound}"
             ));
         }
-        // The commit held is the job's write's only if that write had run, and changed the
-        // record, before the commit was caught — or the server aborted that commit, and the
-        // change with it: one that ran later was committed by another commit, and the one
+        // The commit held is the job's write's only if that write had run in its session, and
+        // changed the record, before the commit was caught — or the server aborted that
+        // commit, and the change with it: one that ran later was committed by another commit, and the one
         // held committed nothing of the job's (a write that matched no row, sent ahead to
         // take the fault).
-        let ran_before =
-            |c: &&Change| c.job == Some(job) && c.at_us.is_some_and(|at| at < self.at_us);
+        // In the held session, when both are known: a change committed unheld on another
+        // connection is no change this commit carried.
+        let same_session = |c: &Change| self.held_session.zip(c.pid).is_none_or(|(s, p)| s == p);
+        let ran_before = |c: &&Change| {
+            c.job == Some(job) && c.at_us.is_some_and(|at| at < self.at_us) && same_session(c)
+        };
         if !self.commit_refused && !changes.iter().any(|c| ran_before(&c)) {
             let later = changes.iter().find(|c| c.job == Some(job));
             return Some(format!(

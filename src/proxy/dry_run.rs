@@ -107,8 +107,16 @@ struct Talk {
     /// ([`Conversation::aborted`]).
     aborted: Vec<(String, u64)>,
     /// A statement of the open transaction changed rows (`UPDATE 1`, `INSERT 0 1`, …), as
-    /// the server answered it: its commit commits a change.
+    /// the server answered it, or a write of the watched table completed with a tag that does
+    /// not say it changed none: its commit may commit a change. (A `ROLLBACK TO SAVEPOINT`
+    /// that undid the change leaves it set: the commit is held, and, with no change of its
+    /// job in the log, graded as missed.)
     changed_in_transaction: bool,
+    /// The requests that send a write of the watched table ([`Conversation::writes_in`]).
+    write_requests: std::collections::BTreeSet<u64>,
+    /// The request being answered now completed a statement whose tag does not say it changed
+    /// no row.
+    completed_unknown: bool,
 }
 
 /// How the try asks the server what the write did: SQL for the end of the server's log of
@@ -133,8 +141,21 @@ struct Listening {
     done: Option<oneshot::Sender<Tried>>,
 }
 
+/// Whether a `CommandComplete` tag says its statement changed no row: `UPDATE 0`,
+/// `DELETE 0`, `MERGE 0`, `INSERT 0 0` (or a transaction's control: `BEGIN`, `SAVEPOINT`).
+fn changes_none(tag: &[u8]) -> bool {
+    let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
+    let text = String::from_utf8_lossy(tag);
+    let mut words = text.split(' ');
+    let verb = words.next().unwrap_or_default();
+    let zero = words.next_back() == Some("0");
+    matches!(verb, "BEGIN" | "START" | "SAVEPOINT" | "SET")
+        || (matches!(verb, "UPDATE" | "DELETE" | "MERGE" | "INSERT") && zero)
+}
+
 /// Whether a `CommandComplete` tag says its statement changed rows: `UPDATE n`,
-/// `DELETE n`, `MERGE n`, `INSERT oid n`, `COPY n`, with n above 0.
+/// `DELETE n`, `MERGE n`, `INSERT oid n`, `COPY n` (from `COPY … FROM`; `COPY … TO`, a
+/// read, is counted too, erring toward holding), with n above 0.
 fn changes_rows(tag: &[u8]) -> bool {
     let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
     let text = String::from_utf8_lossy(tag);
@@ -177,6 +198,9 @@ impl Conversation {
                 if kind == b'C' && changes_rows(&body) {
                     talk.changed_in_transaction = true;
                 }
+                if kind == b'C' && !changes_none(&body) {
+                    talk.completed_unknown = true;
+                }
                 if kind == b'E'
                     && let Some(why) = conflict_found_by_the_server(&body)
                 {
@@ -192,6 +216,11 @@ impl Conversation {
                 }
                 if kind == b'Z' {
                     talk.answered += 1;
+                    let request = talk.answered;
+                    if talk.write_requests.remove(&request) && talk.completed_unknown {
+                        talk.changed_in_transaction = true;
+                    }
+                    talk.completed_unknown = false;
                     talk.updated_in_request = false;
                     talk.status = body.first().copied().unwrap_or(b'I');
                     match talk.status {
@@ -249,7 +278,20 @@ impl Conversation {
     pub(super) fn commit_commits_nothing(&self, asked: u64) -> bool {
         let talk = self.lock();
         let settled = talk.answered >= asked && talk.at_boundary && talk.listening.is_none();
-        settled && (talk.status == b'E' || (talk.status == b'T' && !talk.changed_in_transaction))
+        let nothing = match talk.status {
+            // No transaction open: a `COMMIT` only warns. A failed one: it rolls back.
+            b'I' | b'E' => true,
+            _ => !talk.changed_in_transaction,
+        };
+        settled && nothing
+    }
+
+    /// Request `request` (counted as `answered` counts them) sends a write of the watched
+    /// table: its answer counts as a change unless its tag says it changed no row — a
+    /// write inside a `WITH … SELECT` answers with the `SELECT`'s tag, which says nothing of
+    /// the rows it wrote.
+    pub(super) fn writes_in(&self, request: u64) {
+        self.lock().write_requests.insert(request);
     }
 
     /// Waits until the server has answered `asked` requests and its bytes stand at a
@@ -507,6 +549,17 @@ impl Framer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_tag_says_it_changed_nothing_only_with_a_zero_count() {
+        for tag in ["UPDATE 0", "INSERT 0 0", "DELETE 0", "MERGE 0", "BEGIN"] {
+            assert!(changes_none(format!("{tag}\0").as_bytes()), "{tag}");
+        }
+        // A write in a `WITH … SELECT` answers with the SELECT's tag: it may have changed rows.
+        for tag in ["UPDATE 1", "SELECT 0", "SELECT 3", "UPDATE"] {
+            assert!(!changes_none(format!("{tag}\0").as_bytes()), "{tag}");
+        }
+    }
 
     #[test]
     fn a_command_tag_changes_rows_only_with_a_count_above_zero() {

@@ -1055,8 +1055,8 @@ impl Pump {
                 return self.relay(&bytes).await;
             }
             // Held from the commit, or from a write sent in the same bytes before it: the
-            // server would run them together anyway, and a lock let go between them is let
-            // go no earlier than the commit. Neither is tried: it is the commit that waits.
+            // server runs them together, at its own speed — whatever runs between them (an
+            // unlock, say) leaves a gap the fault does not stretch. Neither is tried.
             let held = write.map_or(commit, |write| write.min(commit));
             let from_held = judged.iter().filter(|m| m.start >= held);
             self.caught_request = self.asked - from_held.filter(answered_later).count() as u64 + 1;
@@ -1084,6 +1084,9 @@ impl Pump {
                 Ok(tried) => tried,
                 Err(next) => return next,
             };
+            if let Some(conversation) = &self.conversation {
+                conversation.writes_in(asked_before + 1);
+            }
             if let Tried::Untried(why) = &tried
                 && self.conversation.is_some()
             {
