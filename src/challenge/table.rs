@@ -38,8 +38,11 @@ pub fn drop_sql(run_id: &str) -> String {
 }
 
 /// Makes the clients' own role, and grants it what the protocol needs and nothing else: use
-/// the run's schema, and create tables of its own there; read the records and update their
-/// four columns. No right on the log — the trigger writes it as its owner — no superuser,
+/// the run's schema, and create tables of its own there; read the records' five columns and
+/// update four of them. Read by column, not the whole table, so that a row's system
+/// columns (`xmax`, `ctid`) are refused: the try of a held write, rolled back, leaves its
+/// aborted transaction in the row's `xmax`, and a client that reads it would know its write
+/// was being held. No right on the log — the trigger writes it as its owner — no superuser,
 /// no other role's rights: it cannot end the grader's connection (`pg_terminate_backend`
 /// wants the grader's role), nor rewrite the log.
 ///
@@ -72,7 +75,8 @@ pub fn create_client_role(
         "CREATE ROLE {role} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION
              NOBYPASSRLS NOINHERIT;
          GRANT USAGE, CREATE ON SCHEMA {schema} TO {role};
-         GRANT SELECT, UPDATE (value, items, job, fence) ON {schema}.records TO {role};"
+         GRANT SELECT (record, value, items, job, fence), UPDATE (value, items, job, fence)
+             ON {schema}.records TO {role};"
     ))
     .context("creating the clients' Postgres role")?;
     if superuser {
