@@ -898,6 +898,57 @@ for line in sys.stdin:
     );
 }
 
+/// A session of a client's login that no proxy opened leaves the run unknown, whatever it
+/// does there: the hostile tester's helper kept one open to write a table of its own that
+/// cancelled a held write — no change of the records there, and every fault "bit". Here a
+/// correct compare-and-set keeps a direct session open and writes nothing through it.
+#[test]
+fn a_session_opened_around_the_fault_proxy_leaves_the_run_unknown() {
+    python_ready();
+    let around = r#"
+import json, sys, re, time, psycopg2
+def say(**m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+init = json.loads(sys.stdin.readline())
+db = psycopg2.connect(init["postgres_url"]); db.autocommit = True
+cur = db.cursor(); cur.execute("SELECT inet_server_port()"); port = cur.fetchone()[0]
+user, password, name = re.match(r"postgres://([^:]+):([^@]+)@[^/]+/(\w+)", init["postgres_url"]).groups()
+side = psycopg2.connect(host="127.0.0.1", port=port, user=user, password=password, dbname=name)
+table = init["table"]
+say(type="ready", notes=True, lock=False)
+for line in sys.stdin:
+    job = json.loads(line)
+    while True:
+        cur.execute(f"SELECT value, items FROM {table} WHERE record = %s", (job["record"],))
+        value, items = cur.fetchone()
+        say(type="writing", job=job["id"])
+        time.sleep(job["work_ms"] / 1000)
+        cur.execute(f"UPDATE {table} SET value = %s, items = %s, job = %s "
+                    "WHERE record = %s AND value = %s AND items = %s",
+                    (value + job["add"], items + [job["append"]], job["id"], job["record"],
+                     value, items))
+        if cur.rowcount == 1:
+            break
+    side.cursor().execute("SELECT 1")
+    say(type="ok", job=job["id"])
+"#;
+    // Private servers: a Postgres of lockslab's own, where each client logs in as its own
+    // login (on a given one whose role cannot make roles, the clients share it).
+    let output = lockslab(&["challenge", "pause", "--json", "--seed", "1", "--", PYTHON])
+        .args(["-c", around])
+        .env_remove("LOCKSLAB_POSTGRES_URL")
+        .env("LOCKSLAB_PRIVATE_SERVERS", "1")
+        .output()
+        .unwrap();
+    let verdict = verdict_in(&output);
+    assert_eq!(output.status.code(), Some(3), "{verdict}");
+    assert!(
+        verdict.to_string().contains("around its fault proxy"),
+        "{verdict}"
+    );
+    graded_again_offline(&output, &verdict);
+}
+
 /// A pause waits for its client's write a lease past the job's work at most: a client that
 /// works longer (here a row lock held across a slow job) is frozen then, where it is, and
 /// the timeline says that no write came.

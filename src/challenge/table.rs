@@ -125,7 +125,7 @@ pub fn client_login(
     db: &mut PgClient,
     clients: &ClientRole,
     client: &str,
-) -> Result<(String, String)> {
+) -> Result<(String, String, String)> {
     let ClientRole {
         role, schema, at, ..
     } = clients;
@@ -142,7 +142,8 @@ pub fn client_login(
         db.batch_execute(&format!("GRANT {login} TO CURRENT_USER"))
             .context("letting the grader see the clients' sessions")?;
     }
-    Ok((format!("postgres://{login}:{password}@{at}"), password))
+    let url = format!("postgres://{login}:{password}@{at}");
+    Ok((url, password, login))
 }
 
 /// The kinds of object a client may make in the run's schema: tables and sequences of its

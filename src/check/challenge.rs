@@ -168,6 +168,9 @@ pub struct Evidence {
     /// Sessions seen waiting on others (`pg_blocking_pids`) while a fault lasted.
     #[serde(default, skip_serializing)]
     pub waits: Vec<Wait>,
+    /// Sessions of the clients' logins that no fault proxy opened.
+    #[serde(default, skip_serializing)]
+    pub sessions_around: Vec<AroundProxy>,
     /// Clients seen waiting behind a faulted client's Redis or etcd lock.
     #[serde(default, skip_serializing)]
     pub key_waits: Vec<KeyWait>,
@@ -185,6 +188,16 @@ pub struct Evidence {
     /// both, good to half that reading's round trip.
     #[serde(default)]
     pub clock_margin_us: i64,
+}
+
+/// A Postgres session of a client's own login that no fault proxy opened (`pg_stat_activity`,
+/// read through the run): the client reached Postgres around its proxy, where no pause or
+/// delay holds what it sends.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct AroundProxy {
+    pub pid: i32,
+    pub login: String,
+    pub at_us: i64,
 }
 
 /// A Postgres session seen waiting for others' locks (row or advisory), and when.
@@ -1834,9 +1847,12 @@ pub fn check(evidence: &Evidence) -> Report {
         }
     }
     if let Some(by_client) = &evidence.proxy_sessions {
-        report
-            .undecided
-            .extend(around_the_proxy(&changes, &evidence.statements, by_client));
+        report.undecided.extend(around_the_proxy(
+            &changes,
+            &evidence.statements,
+            &evidence.sessions_around,
+            by_client,
+        ));
     }
     let mut bit_last: BTreeMap<(String, Option<i64>), bool> = BTreeMap::new();
     let mut graded: Vec<(&Strike, Option<String>)> = Vec::new();
@@ -1939,6 +1955,7 @@ fn lift_follow_bounds(strikes: &mut [Strike]) -> Vec<String> {
 fn around_the_proxy(
     changes: &[Change],
     statements: &[Statement],
+    sessions: &[AroundProxy],
     by_client: &BTreeMap<String, BTreeSet<i32>>,
 ) -> Option<String> {
     let proxied = |pid: i32| by_client.values().any(|pids| pids.contains(&pid));
@@ -1946,6 +1963,16 @@ fn around_the_proxy(
         .iter()
         .find(|c| c.pid.is_some_and(|pid| !proxied(pid)));
     let statement = statements.iter().find(|s| !proxied(s.pid));
+    let session = sessions.iter().find(|s| !proxied(s.pid));
+    if let (None, None, Some(session)) = (change, statement, session) {
+        return Some(format!(
+            "{}, a client's login, opened Postgres session {} around its fault proxy: what \
+             a client sends there meets no pause or delay (a helper writing a table of its \
+             own to cancel a write, say), so what the faults tested is unknown (connect only \
+             with the `postgres_url` that `init` gives)",
+            session.login, session.pid
+        ));
+    }
     let what = match (change, statement) {
         (Some(change), _) => format!(
             "change #{} ({}) was made in Postgres session {}",

@@ -174,6 +174,8 @@ pub enum What {
     /// Postgres aborted a client's transaction for a serialization failure or a deadlock it
     /// found, as the client's fault proxy saw it end: nothing it wrote was kept.
     PgAborted(crate::check::challenge::Statement),
+    /// A Postgres session of a client's login that no fault proxy opened.
+    SessionAroundProxy(crate::check::challenge::AroundProxy),
     /// The database's logs read back once the challenge's clients were done: every change,
     /// every UPDATE statement on the records, each record's final value and items.
     LogReadBack(crate::check::challenge::LogBack),

@@ -95,12 +95,14 @@ pub fn lay_readings(evidence: &mut Evidence, events: &[Event]) {
     evidence.waits.clear();
     evidence.key_waits.clear();
     evidence.pg_locks.clear();
+    evidence.sessions_around.clear();
     for event in events {
         match &event.what {
             What::PgWaitSeen(wait) => evidence.waits.push(wait.clone()),
             What::PgLockSeen(lock) => evidence.pg_locks.push(lock.clone()),
             What::KeyWaitSeen(wait) => evidence.key_waits.push(wait.clone()),
             What::PgAborted(aborted) => evidence.statements.push(aborted.clone()),
+            What::SessionAroundProxy(session) => evidence.sessions_around.push(session.clone()),
             _ => {}
         }
     }

@@ -13,7 +13,7 @@
 //! the last moment — those that kept asking.
 
 use super::*;
-use crate::check::challenge::{PgLockKind, PgLockSeen, Wait};
+use crate::check::challenge::{AroundProxy, PgLockKind, PgLockSeen, Wait};
 use crate::nemesis::probe::HARD_BLOCKERS;
 
 /// How often the waits are read while a fault lasts.
@@ -100,7 +100,76 @@ const MULTIXACT_HOLDERS: &str = "
       JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
                      AND l.mode = 'ExclusiveLock' AND l.transactionid = m.xid";
 
+/// How often the sessions of the clients' logins are read.
+const SESSIONS_EVERY: Duration = Duration::from_millis(50);
+
+/// The sessions of the clients' logins that no fault proxy opened, as they are read.
+#[derive(Default)]
+pub(super) struct Around {
+    read: Option<Instant>,
+    /// Seen once with no proxy's port or session: told if still so at the next reading
+    /// (a proxy's connection is listed by Postgres a moment before the proxy reads its
+    /// session number, and after its link closed).
+    once: BTreeSet<i32>,
+    told: BTreeSet<i32>,
+}
+
+/// Each session of the run's database logged in as one of `$1`, its port, and the clock.
+const SESSIONS_OF_LOGINS: &str = "
+    SELECT pid, usename::text, coalesce(client_port, -1),
+           (1000000 * extract(epoch FROM clock_timestamp()))::bigint
+      FROM pg_stat_activity
+     WHERE datname = current_database() AND usename = ANY($1)";
+
 impl Run<'_> {
+    /// `pause`, `delay`: reads the sessions of the clients' own logins, and tells each that
+    /// no fault proxy opened ([`What::SessionAroundProxy`]) — a client reaching Postgres
+    /// around its proxy, where no fault holds what it sends. Read every
+    /// [`SESSIONS_EVERY`]: a session that connects, writes and leaves in between is not
+    /// seen (a change or an UPDATE of the records made there still is, from the log).
+    pub(super) fn read_sessions_around(&mut self) -> Result<()> {
+        let due = self
+            .around
+            .read
+            .is_none_or(|at| at.elapsed() >= SESSIONS_EVERY);
+        if self.client_logins.is_empty() || !self.setup.challenge.proxied() || !due {
+            return Ok(());
+        }
+        self.around.read = Some(Instant::now());
+        let rows = self
+            .clock
+            .query(SESSIONS_OF_LOGINS, &[&self.client_logins])?;
+        let proxies = || self.seats.iter().filter_map(|seat| seat.proxy.as_ref());
+        let pids: BTreeSet<i32> = proxies().flat_map(|p| p.sessions().pids).collect();
+        let ports: BTreeSet<i32> = proxies()
+            .flat_map(|p| p.server_ports())
+            .map(i32::from)
+            .collect();
+        let mut stray = BTreeSet::new();
+        for row in rows {
+            let (pid, login, port, at_us): (i32, String, i32, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            if pids.contains(&pid) || ports.contains(&port) {
+                continue;
+            }
+            stray.insert(pid);
+            if self.around.once.contains(&pid) && self.around.told.insert(pid) {
+                let text = format!(
+                    "{login} opened Postgres session {pid} around its fault proxy: what it \
+                     sends there meets no fault"
+                );
+                let session = AroundProxy { pid, login, at_us };
+                self.note(
+                    crate::nemesis::LANE,
+                    What::SessionAroundProxy(session),
+                    text,
+                );
+            }
+        }
+        self.around.once = stray;
+        Ok(())
+    }
+
     /// Whether a session waits in Postgres behind one of the client's at `index`: a newer
     /// holder held off by its row or advisory lock, once its Redis or etcd lock is gone
     /// (`outlast`). The waits seen are kept, as [`Run::read_waits`] keeps its own. (A client

@@ -227,6 +227,10 @@ struct Run<'a> {
     clock: crate::connect::PgClient,
     /// Each client's Postgres password, hidden wherever a client's words are shown.
     client_passwords: Vec<String>,
+    /// The clients' own Postgres logins: a session of one that no proxy opened is told
+    /// ([`blocking::Around`]).
+    client_logins: Vec<String>,
+    around: blocking::Around,
     /// A moment of lockslab's clock and the database's clock then (µs): to put the
     /// clients' notes on the database's clock.
     clock_base: (Instant, i64),
@@ -303,6 +307,8 @@ pub fn play(setup: &Setup, redis: Option<&mut crate::cluster::SentinelCluster>) 
         strikes: Vec::new(),
         deliveries: Vec::new(),
         waits_read: None,
+        client_logins: Vec::new(),
+        around: Default::default(),
         held_requests: BTreeSet::new(),
         leases: matches!(setup.challenge, Challenge::Pause | Challenge::Delay).then(|| {
             leases::Servers::connect(
@@ -476,9 +482,10 @@ impl Run<'_> {
             ..self.setup.init.clone()
         };
         if let Some(role) = &self.setup.client_role {
-            let (url, password) = super::table::client_login(&mut self.clock, role, name)?;
+            let (url, password, login) = super::table::client_login(&mut self.clock, role, name)?;
             init.postgres_url = url;
             self.client_passwords.push(password);
+            self.client_logins.push(login);
         }
         let proxy = if self.setup.challenge.proxied() {
             let upstream = crate::proxy::upstream_of(&init.postgres_url)?;
@@ -637,6 +644,7 @@ impl Run<'_> {
             self.check_deadlines()?;
             self.hear_proxies()?;
             self.read_waits()?;
+            self.read_sessions_around()?;
             self.outlast()?;
             if self.faults.is_none() && self.seats.iter().all(|s| s.ready) {
                 self.start_schedule()?;
