@@ -190,6 +190,16 @@ pub(super) fn patience(lease_ms: u64) -> Duration {
 }
 
 impl Run<'_> {
+    /// What a fault holds of `client`'s, for the timeline: `c1's held write` (or commit),
+    /// or `c1 (frozen, no write caught)` for a pause that caught none (in the work, say).
+    pub(super) fn what_is_held(&self, client: &str) -> String {
+        if self.held_writes.contains(client) || self.aimed.frozen.contains_key(client) {
+            format!("{client}'s held {}", self.aimed.held_what(client))
+        } else {
+            format!("{client} (frozen, no write caught)")
+        }
+    }
+
     /// The records kept for a fault dealt the natural order ([`Run::natural_order_alone`]):
     /// no job on them goes to another client meanwhile. A fault armed at a write keeps its
     /// record until the write comes; a pause in the work, once one newer holder has a job on

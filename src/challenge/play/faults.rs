@@ -118,9 +118,19 @@ impl Run<'_> {
         }
         self.natural_waits.insert(action.target.clone(), waited + 1);
         let resume = (self.faults.as_mut()).and_then(|f| f.withdraw(&action.target, Fault::Resume));
+        if waited > 0 {
+            // Said once: the timeline says when it plays.
+            let postponed = Postponed {
+                action: action.clone(),
+                resume,
+            };
+            self.postponed.insert(action.target.clone(), postponed);
+            return true;
+        }
         let text = format!(
-            "{}'s {} waits for its next `writing` note: {} {} a job on {record} too, and \
-             this fault plays the natural order on a record its client has to itself",
+            "{}'s {} waits for a `writing` note on a record no other client has a job on (it \
+             plays the natural order there; {NATURAL_WAITS} notes at most): {} {} a job on \
+             {record} too",
             action.target,
             action.fault.as_str(),
             others.join(" and "),

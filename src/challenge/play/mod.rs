@@ -1090,9 +1090,10 @@ impl Run<'_> {
         let job = (self.setup.challenge).spare_job(self.setup.seed, id, record);
         self.jobs.push(job);
         self.pending.push_front(id);
+        let held = self.what_is_held(holder);
         let text = format!(
-            "no job is left on {record} for a newer holder to come while {holder}'s write is \
-             held: job {id} is added (a spare)"
+            "no job is left on {record} for a newer holder to come while {held} waits: job \
+             {id} is added (a spare)"
         );
         self.note(crate::nemesis::LANE, What::Output, text);
     }

@@ -199,7 +199,6 @@ impl Run<'_> {
             // Held until `newer` answers, not until the pause's own time is up.
             faults.withdraw(&name, Fault::Resume);
         }
-        let what = self.aimed.held_what(&name);
         let (text, until) = match order {
             Order::Retry => {
                 self.retries_held.insert((name.clone(), job));
@@ -211,11 +210,7 @@ impl Run<'_> {
                 (text, HOLD_AT_MOST)
             }
             Order::Natural => {
-                let held = if self.held_writes.contains(&name) {
-                    format!("{name}'s held {what}")
-                } else {
-                    format!("{name}, frozen,")
-                };
+                let held = self.what_is_held(&name);
                 let text = format!(
                     "lets {newer} write first, the natural order: {held} goes once {newer} has \
                      answered job {newer_job} — a stale write arriving last"
@@ -505,11 +500,8 @@ impl Run<'_> {
                     human(aim::patience(self.setup.init.lease_ms))
                 )
             };
-            let what = self.aimed.held_what(&overtake.older);
-            self.let_the_newer_write(
-                &overtake,
-                format!("{why}: {}'s {what} stays held", overtake.older),
-            );
+            let held = self.what_is_held(&overtake.older);
+            self.let_the_newer_write(&overtake, format!("{why}: {held} stays held"));
             return Ok(());
         }
         let Some(answered) = self.time_to_go(&overtake.older, overtake.job, overtake.until) else {
