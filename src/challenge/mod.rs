@@ -23,7 +23,7 @@ mod verdict;
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::check::challenge::{Evidence, Grade, LogBack};
 use crate::connect::{self, Backend};
@@ -260,6 +260,10 @@ fn grade(
     table::create_statement_log(&mut db, &schema)?;
     let role = table::client_role_of(&run_id);
     let client_role = table::create_client_role(&mut db, &schema, &role, &postgres)?;
+    if client_role.is_some() && servers.postgres_admin_url().is_some() {
+        db.batch_execute(table::HIDE_THE_TRIES)
+            .context("hiding the tries of held writes from the clients")?;
+    }
     let shared = client_role.is_none();
     let unguarded = client_role.as_ref().is_some_and(|r| !r.makes_tables_only());
     // Each client's own login replaces this as it starts (see `play::Run::start_client`).

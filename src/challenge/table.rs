@@ -157,6 +157,21 @@ const CLIENTS_MAY_CREATE: &str = "'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INT
     'DROP TABLE', 'DROP SEQUENCE', 'DROP INDEX', 'GRANT', 'REVOKE', 'COMMENT', \
     'ALTER DEFAULT PRIVILEGES'";
 
+/// What a client could read the tries of held writes off, taken from every role but the
+/// grader's — on a Postgres lockslab started for the run only, whose database is its own.
+/// A try runs in the client's own session and is rolled back: its transaction shows in
+/// `pg_locks` while it runs, ends as an aborted xid (`txid_status`, `pg_xact_status`), is
+/// counted in `pg_stat_database.xact_rollback`, and shows in the session's `pg_stat_activity`
+/// row (its query, its `backend_xid`). A client that turns careful only when it sees one of
+/// those behaves well under lockslab and blind in production. (The row's `xmax` is kept
+/// from the clients by their column grants, [`create_client_role`].)
+pub const HIDE_THE_TRIES: &str = "
+    REVOKE EXECUTE ON FUNCTION pg_catalog.txid_status(bigint), pg_catalog.pg_xact_status(xid8),
+        pg_catalog.pg_lock_status(), pg_catalog.pg_stat_get_db_xact_rollback(oid),
+        pg_catalog.pg_stat_get_activity(integer) FROM PUBLIC;
+    REVOKE SELECT ON pg_catalog.pg_locks, pg_catalog.pg_stat_database,
+        pg_catalog.pg_stat_activity FROM PUBLIC;";
+
 /// An event trigger (Postgres runs it before every DDL command of the database) that refuses
 /// the clients' role anything but [`CLIENTS_MAY_CREATE`]. Only a superuser may make one;
 /// it goes with the schema, as its function does.

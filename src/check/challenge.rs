@@ -1017,7 +1017,15 @@ impl Strike {
         let ran_before = |c: &&Change| {
             c.job == Some(job) && c.at_us.is_some_and(|at| at < self.at_us) && same_session(c)
         };
-        if !self.commit_refused && !changes.iter().any(|c| ran_before(&c)) {
+        if self.commit_refused {
+            // Excused if the fault, following the job, held its next commit and bit.
+            return Some(format!(
+                "{verb} {who} at the commit of job {job}'s write, and Postgres aborted that \
+                 commit for a conflict it found: the change was rolled back, and no later \
+                 commit of the job was held and bit"
+            ));
+        }
+        if !changes.iter().any(|c| ran_before(&c)) {
             let later = changes.iter().find(|c| c.job == Some(job));
             return Some(format!(
                 "{verb} {who} at a commit while it held job {job}, but no change of job {job} \
@@ -1877,10 +1885,23 @@ pub fn check(evidence: &Evidence) -> Report {
                 && later.job == strike.job
         })
     };
+    // A held commit the server aborted is excused when the fault, following the job, held
+    // a later commit of it and bit: that commit is the one the window is tested by.
+    let commit_tested_later = |at: usize| {
+        let (strike, _) = graded[at];
+        (graded[at + 1..].iter()).any(|(later, miss)| {
+            later.at_commit
+                && later.commit_held
+                && miss.is_none()
+                && later.client == strike.client
+                && later.job == strike.job
+        })
+    };
     let missed: Vec<String> = (0..graded.len())
         .filter_map(|at| {
             let (strike, miss) = &graded[at];
-            let excused = strike.follows && !strike.after_note && tested_later(at);
+            let excused = (strike.follows && !strike.after_note && tested_later(at))
+                || (strike.commit_refused && commit_tested_later(at));
             miss.clone().filter(|_| !excused)
         })
         .collect();
@@ -2531,14 +2552,16 @@ mod tests {
             "{report:?}"
         );
         // The server aborted the held commit for a conflict it found: the job's change ran
-        // before it and was rolled back (the log keeps no trace), and its retry came later.
+        // before it and was rolled back (the log keeps no trace). Alone, it tested nothing
+        // (a decoy made to fail at its COMMIT would take the fault so); the fault follows the
+        // job to its next commit, and if that one was held and bit, the first is excused.
         let refused = Strike {
             at_us: 1_500_000,
             held_session: Some(7),
             came_for: Some("c2 (job 3 on r0) said `acquired` while c1's commit was held".into()),
             ..strike.clone()
         };
-        run.strikes = vec![refused];
+        run.strikes = vec![refused.clone()];
         let abort = Statement {
             pid: 7,
             at_us: 1_600_000,
@@ -2547,11 +2570,20 @@ mod tests {
         };
         run.statements = vec![abort];
         let report = check(&run);
-        assert_eq!(
-            (report.grade(), report.faults_bit),
-            (Grade::Pass, 1),
+        assert_eq!((report.grade(), report.faults_bit), (Grade::Undecided, 0));
+        assert!(
+            (report.undecided.join("")).contains("Postgres aborted that commit"),
             "{report:?}"
         );
+        let next = Strike {
+            at_us: 2_500_000,
+            came_for: Some("c2 (job 3 on r0) said `writing` while c1's commit was held".into()),
+            ..strike.clone()
+        };
+        run.strikes = vec![refused, next];
+        let report = check(&run);
+        assert_eq!(report.grade(), Grade::Pass, "{report:?}");
+        assert!(report.undecided.is_empty(), "{report:?}");
         run.statements.clear();
         // The commit held came before the job's write ran (at 2s): it committed a decoy —
         // a write that matched nothing, sent ahead to take the fault — not the job's change.

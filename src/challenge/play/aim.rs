@@ -155,6 +155,10 @@ pub(super) struct Aimed {
     /// and the record their job writes: a client that comes for that record meanwhile
     /// tests the window between the lock let go and the commit ([`Run::came_for_a_held_commit`]).
     commits: BTreeMap<String, String>,
+    /// The fault that last held each client's commit, and the request (by session) that
+    /// commit was: if the server aborts that commit, the fault follows the job to its next
+    /// commit ([`Run::commit_aborted`]).
+    commit_follows: BTreeMap<String, (Follow, (i32, u64))>,
 }
 
 impl Aimed {
@@ -364,7 +368,7 @@ impl Run<'_> {
                         // The server's abort of the held commit's transaction, in its
                         // answer to the commit, is told as a statement of no rows.
                         self.held_requests.extend(session.map(|s| (s, request)));
-                        self.commit_caught(index, session)?;
+                        self.commit_caught(index, session.map(|s| (s, request)))?;
                     }
                     Seen::WriteChangedNothing => self.write_let_by(index),
                     Seen::WriteUntried { why } => self.write_untried(index, why),
@@ -406,7 +410,7 @@ impl Run<'_> {
         let refused = held.filter(|held| {
             self.held_requests.contains(held) || self.paused_in_the_work_of_this_job(index)
         });
-        let Some((pid, _)) = refused else {
+        let Some((pid, request)) = refused else {
             let text = format!(
                 "Postgres aborted {name}'s transaction ({why}), though not in its answer to a \
                  held write: no refusal of one"
@@ -414,6 +418,7 @@ impl Run<'_> {
             self.note(&name, What::Output, text);
             return;
         };
+        self.commit_aborted(index, (pid, request));
         let text =
             format!("Postgres aborted {name}'s transaction ({why}): nothing it wrote was kept");
         let aborted = Statement {
@@ -423,6 +428,47 @@ impl Run<'_> {
             aborted: Some(why),
         };
         self.note(&name, What::PgAborted(aborted), text);
+    }
+
+    /// The server aborted a client's held commit (`held`: its session and request) for a
+    /// conflict it found: the change it was to commit was rolled back, and the window
+    /// between the lock let go and the commit that counts is still to test. The fault
+    /// follows the job to its next commit, held the same way. (A decoy transaction made to
+    /// fail at its `COMMIT` would otherwise take the fault in the real commit's place.)
+    fn commit_aborted(&mut self, index: usize, held: (i32, u64)) {
+        let name = self.seats[index].client.name.clone();
+        let Some((follow, request)) = self.aimed.commit_follows.remove(&name) else {
+            return;
+        };
+        let holds = self.seats[index].job.map(|(job, _)| job);
+        if request != held || holds != Some(follow.job) || self.aimed.is_armed(&name) {
+            return;
+        }
+        let job = follow.job;
+        let aim = Aim {
+            action: follow.action,
+            fault: follow.fault,
+            armed: Instant::now(),
+            job: Some(job),
+            resume: follow.resume,
+            net: follow.net,
+            told: None,
+            skip: 0,
+            nth: 1,
+            let_by: 0,
+            follows: true,
+            newer: false,
+            at_commit: true,
+        };
+        let text = format!(
+            "Postgres aborted {name}'s held commit: its {} follows job {job} to its next commit",
+            follow.fault.as_str()
+        );
+        self.note(crate::nemesis::LANE, What::Output, text);
+        if let Err(e) = self.take_aim(index, aim) {
+            let text = format!("the fault could not follow {name}'s job {job}: {e}");
+            self.note(crate::nemesis::LANE, What::Output, text);
+        }
     }
 
     /// The client's last fault was a pause in the middle of the work of the job it holds
@@ -577,16 +623,31 @@ impl Run<'_> {
 
     /// The commit aimed at came: the fault plays on it as on a write, and its strike says
     /// so. It follows nothing after: once committed, the job's write is in the log.
-    fn commit_caught(&mut self, index: usize, session: Option<i32>) -> Result<()> {
+    fn commit_caught(&mut self, index: usize, held: Option<(i32, u64)>) -> Result<()> {
+        let session = held.map(|(session, _)| session);
         let name = self.seats[index].client.name.clone();
         let Some(aim) = self.aimed.waiting.remove(&name) else {
             return Ok(());
         };
         // A fault kept from an earlier job of this client's is no fault of this job's.
         self.aimed.followed.remove(&name);
+        self.aimed.commit_follows.remove(&name);
         if let Some(job) = aim.job {
             let record = self.spec(job).record.clone();
             self.aimed.commits.insert(name.clone(), record);
+            if let Some(held) = held {
+                let follow = Follow {
+                    action: aim.action.clone(),
+                    job,
+                    fault: aim.fault,
+                    net: aim.net,
+                    resume: aim.resume.clone(),
+                    newer: false,
+                };
+                self.aimed
+                    .commit_follows
+                    .insert(name.clone(), (follow, held));
+            }
         }
         self.write_caught_aimed(index, aim)?;
         if let Some(strike) = (self.strikes.iter_mut().rev()).find(|s| s.client == name) {
