@@ -158,7 +158,8 @@ const CLIENTS_MAY_CREATE: &str = "'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INT
     'ALTER DEFAULT PRIVILEGES'";
 
 /// What a client could read the tries of held writes off, taken from every role but the
-/// grader's — on a Postgres lockslab started for the run only, whose database is its own.
+/// grader's — under `pause` and `delay`, on a Postgres lockslab started for the run only,
+/// whose database is its own.
 /// A try runs in the client's own session and is rolled back: its transaction shows in
 /// `pg_locks` while it runs, ends as an aborted xid (`txid_status`, `pg_xact_status`), is
 /// counted in `pg_stat_database.xact_rollback`, and shows in the session's `pg_stat_activity`
