@@ -479,7 +479,8 @@ impl Run<'_> {
                     if given == 1 { "" } else { "s" }
                 )
             } else {
-                format!(": it was given {given} jobs")
+                let jobs = if given == 1 { "job" } else { "jobs" };
+                format!(": it was given {given} {jobs}")
             };
             lines.push(format!(
                 "the {} of {} waited for its {moment} #{}, which never came{why}",
