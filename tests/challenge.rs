@@ -943,7 +943,9 @@ for line in sys.stdin:
     let verdict = verdict_in(&output);
     assert_eq!(output.status.code(), Some(3), "{verdict}");
     assert!(
-        verdict.to_string().contains("around its fault proxy"),
+        verdict
+            .to_string()
+            .contains("were opened around their fault proxies"),
         "{verdict}"
     );
     graded_again_offline(&output, &verdict);

@@ -1984,14 +1984,17 @@ fn around_the_proxy(
         .iter()
         .find(|c| c.pid.is_some_and(|pid| !proxied(pid)));
     let statement = statements.iter().find(|s| !proxied(s.pid));
-    let session = sessions.iter().find(|s| !proxied(s.pid));
-    if let (None, None, Some(session)) = (change, statement, session) {
+    let around: Vec<String> = (sessions.iter())
+        .filter(|s| !proxied(s.pid))
+        .map(|s| format!("{} (session {})", s.login, s.pid))
+        .collect();
+    if let (None, None, false) = (change, statement, around.is_empty()) {
         return Some(format!(
-            "{}, a client's login, opened Postgres session {} around its fault proxy: what \
-             a client sends there meets no pause or delay (a helper writing a table of its \
-             own to cancel a write, say), so what the faults tested is unknown (connect only \
-             with the `postgres_url` that `init` gives)",
-            session.login, session.pid
+            "Postgres sessions of the clients' own logins were opened around their fault \
+             proxies — {}: what a client sends there meets no pause or delay (a helper \
+             writing a table of its own to cancel a write, say), so what the faults tested \
+             is unknown (connect only with the `postgres_url` that `init` gives)",
+            around.join(", ")
         ));
     }
     let what = match (change, statement) {
