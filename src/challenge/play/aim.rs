@@ -93,7 +93,41 @@ pub(super) struct Follow {
     newer: bool,
 }
 
+impl Follow {
+    /// The aim that follows the job to its next write — or, `at_commit`, to its next
+    /// commit.
+    fn aim(self, at_commit: bool) -> Aim {
+        Aim {
+            action: self.action,
+            fault: self.fault,
+            armed: Instant::now(),
+            job: Some(self.job),
+            resume: self.resume,
+            net: self.net,
+            told: None,
+            skip: 0,
+            nth: 1,
+            let_by: 0,
+            follows: true,
+            newer: self.newer,
+            at_commit,
+        }
+    }
+}
+
 impl Aim {
+    /// The fault that held this aim's write (or commit) in `job`, kept to follow the job.
+    fn follow(&self, job: i64) -> Follow {
+        Follow {
+            action: self.action.clone(),
+            job,
+            fault: self.fault,
+            net: self.net,
+            resume: self.resume.clone(),
+            newer: false,
+        }
+    }
+
     /// The write aimed at, for the timeline: "write", or "2nd write since its note".
     fn which_write(&self) -> String {
         if self.at_commit {
@@ -444,25 +478,11 @@ impl Run<'_> {
         if request != held || holds != Some(follow.job) || self.aimed.is_armed(&name) {
             return;
         }
-        let job = follow.job;
-        let aim = Aim {
-            action: follow.action,
-            fault: follow.fault,
-            armed: Instant::now(),
-            job: Some(job),
-            resume: follow.resume,
-            net: follow.net,
-            told: None,
-            skip: 0,
-            nth: 1,
-            let_by: 0,
-            follows: true,
-            newer: false,
-            at_commit: true,
-        };
+        let (job, fault) = (follow.job, follow.fault);
+        let aim = follow.aim(true);
         let text = format!(
             "Postgres aborted {name}'s held commit: its {} follows job {job} to its next commit",
-            follow.fault.as_str()
+            fault.as_str()
         );
         self.note(crate::nemesis::LANE, What::Output, text);
         if let Err(e) = self.take_aim(index, aim) {
@@ -636,14 +656,7 @@ impl Run<'_> {
             let record = self.spec(job).record.clone();
             self.aimed.commits.insert(name.clone(), record);
             if let Some(held) = held {
-                let follow = Follow {
-                    action: aim.action.clone(),
-                    job,
-                    fault: aim.fault,
-                    net: aim.net,
-                    resume: aim.resume.clone(),
-                    newer: false,
-                };
+                let follow = aim.follow(job);
                 self.aimed
                     .commit_follows
                     .insert(name.clone(), (follow, held));
@@ -680,15 +693,7 @@ impl Run<'_> {
     fn write_caught_aimed(&mut self, index: usize, aim: Aim) -> Result<()> {
         let name = self.seats[index].client.name.clone();
         if let Some(job) = aim.job.filter(|_| !aim.at_commit) {
-            let follow = Follow {
-                action: aim.action.clone(),
-                job,
-                fault: aim.fault,
-                net: aim.net,
-                resume: aim.resume.clone(),
-                newer: false,
-            };
-            self.aimed.followed.insert(name.clone(), follow);
+            self.aimed.followed.insert(name.clone(), aim.follow(job));
         }
         if aim.told == Some(Told::WhenAimed) && !aim.at_commit {
             // It came straight to the fault, not by the gate, where writes are counted (a
@@ -790,22 +795,7 @@ impl Run<'_> {
                 .insert(name, (follow.job, why));
             return;
         }
-        let aim = Aim {
-            action: follow.action.clone(),
-            fault: follow.fault,
-            armed: Instant::now(),
-            job: Some(follow.job),
-            resume: follow.resume,
-            net: follow.net,
-            told: None,
-            skip: 0,
-            nth: 1,
-            let_by: 0,
-            follows: true,
-            newer: follow.newer,
-            at_commit: false,
-        };
-        self.aimed.waiting.insert(name, aim);
+        self.aimed.waiting.insert(name, follow.aim(false));
     }
 
     /// The newer holder of a worst order, its held write let go: if its job sends another
@@ -835,24 +825,17 @@ impl Run<'_> {
             }
             net => net,
         };
-        let aim = Aim {
+        let followed = Follow {
             action: aimed_at(follow.action),
-            fault: follow.fault,
-            armed: Instant::now(),
-            job: Some(job),
+            job,
             resume: follow
                 .resume
                 .map(|(resume, lasts)| (aimed_at(resume), lasts)),
             net,
-            told: None,
-            skip: 0,
-            nth: 1,
-            let_by: 0,
-            follows: true,
             newer: true,
-            at_commit: false,
+            ..follow
         };
-        self.take_aim(index, aim)
+        self.take_aim(index, followed.aim(false))
     }
 
     /// The aims whose write will not come: their client answered the job aimed at (or
