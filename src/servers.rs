@@ -2791,6 +2791,17 @@ pub(crate) fn own_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Removes `dir` if lockslab made it ([`own_dir`]) and nothing but its mark is left in it:
+/// a `lockslab proxy` that made the state directory for its control socket leaves none
+/// behind, and a directory that holds `up`'s servers, or one the user made, is kept.
+pub(crate) fn release_own_dir(dir: &Path) {
+    let only_the_mark = fs::read_dir(dir)
+        .is_ok_and(|mut entries| entries.all(|e| e.is_ok_and(|e| e.file_name() == MADE_HERE)));
+    if only_the_mark && fs::remove_file(dir.join(MADE_HERE)).is_ok() {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
 /// In a state directory lockslab created itself: `down` removes the directory too. A
 /// directory the user made (LOCKSLAB_STATE_DIR) is emptied of lockslab's files and kept.
 const MADE_HERE: &str = ".made-by-lockslab";

@@ -283,9 +283,13 @@ struct SocketFile(PathBuf);
 impl Drop for SocketFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-        // The directory goes with the last proxy's socket; another's keeps it.
+        // The directory goes with the last proxy's socket; another's keeps it. So does the
+        // state directory, if this proxy made it and left nothing else there.
         if let Some(dir) = self.0.parent() {
             let _ = std::fs::remove_dir(dir);
+            if dir == control_dir() {
+                crate::servers::release_own_dir(&crate::servers::state_dir());
+            }
         }
     }
 }
