@@ -1872,26 +1872,11 @@ pub fn check(evidence: &Evidence) -> Report {
         bit_last.insert(chain, miss.is_none());
         graded.push((strike, miss));
     }
-    // A follow-up that held a write with no new `writing` note, and missed, is excused when a
-    // later follow-up of the same job held the write after the retry's note and bit: that
-    // write, made after the retry's read, is the one the retry is tested by.
-    let tested_later = |at: usize| {
+    // A later fault on the same client's same job, of the kind `tests_it`, that bit.
+    let bit_later = |at: usize, tests_it: fn(&Strike) -> bool| {
         let (strike, _) = graded[at];
         (graded[at + 1..].iter()).any(|(later, miss)| {
-            later.follows
-                && later.after_note
-                && miss.is_none()
-                && later.client == strike.client
-                && later.job == strike.job
-        })
-    };
-    // A held commit the server aborted is excused when the fault, following the job, held
-    // a later commit of it and bit: that commit is the one the window is tested by.
-    let commit_tested_later = |at: usize| {
-        let (strike, _) = graded[at];
-        (graded[at + 1..].iter()).any(|(later, miss)| {
-            later.at_commit
-                && later.commit_held
+            tests_it(later)
                 && miss.is_none()
                 && later.client == strike.client
                 && later.job == strike.job
@@ -1900,8 +1885,17 @@ pub fn check(evidence: &Evidence) -> Report {
     let missed: Vec<String> = (0..graded.len())
         .filter_map(|at| {
             let (strike, miss) = &graded[at];
-            let excused = (strike.follows && !strike.after_note && tested_later(at))
-                || (strike.commit_refused && commit_tested_later(at));
+            // A follow-up that held a write with no new `writing` note, and missed, is
+            // excused when a later follow-up of the same job held the write after the
+            // retry's note and bit: that write, made after the retry's read, is the one the
+            // retry is tested by. A held commit the server aborted is excused when the
+            // fault, following the job, held a later commit of it and bit: that commit is
+            // the one the window is tested by.
+            let excused = (strike.follows
+                && !strike.after_note
+                && bit_later(at, |later| later.follows && later.after_note))
+                || (strike.commit_refused
+                    && bit_later(at, |later| later.at_commit && later.commit_held));
             miss.clone().filter(|_| !excused)
         })
         .collect();
